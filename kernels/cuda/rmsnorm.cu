@@ -1,0 +1,37 @@
+// rmsnorm.cu - RMSNorm, one block per row.  Must match cpu/ref.c within tolerance
+// (tests/kernels/test_rmsnorm.c runs both when a GPU is present).
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/rmsnorm.cuh"
+
+// x (rows, dim), w (dim,) -> out (rows, dim).  Block-wide sum of squares in a fixed
+// tree order, so the result for a row does not depend on how many rows there are.
+__global__ static void rmsnorm_kernel(float *out, const float *x, const float *w, int dim, float eps) {
+        extern __shared__ float partial[];
+        const float *xr = x + (size_t)blockIdx.x * dim;
+        float *outr = out + (size_t)blockIdx.x * dim;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x)
+                ss += xr[i] * xr[i];
+        partial[threadIdx.x] = ss;
+        __syncthreads();
+        for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+                if (threadIdx.x < stride)
+                        partial[threadIdx.x] += partial[threadIdx.x + stride];
+                __syncthreads();
+        }
+        float scale = rsqrtf(partial[0] / (float)dim + eps);
+        for (int i = threadIdx.x; i < dim; i += blockDim.x)
+                outr[i] = xr[i] * scale * w[i];
+}
+
+extern "C" tsr_status tsr_cuda_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim,
+                                       float eps) {
+        const int threads = 256;   // a power of two: the tree reduction needs it
+        if (!out || !x || !w || dim == 0 || dim > 0x7fffffff)
+                return TSR_E_INVAL;
+        if (rows == 0)
+                return TSR_OK;
+        rmsnorm_kernel<<<(unsigned)rows, threads, threads * sizeof(float)>>>(out, x, w, (int)dim, eps);
+        TSR_CUDA_TRY(cudaGetLastError());
+        return TSR_OK;
+}
