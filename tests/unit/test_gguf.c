@@ -1,0 +1,816 @@
+/* test_gguf.c - the GGUF reader on bytes written here and on real model files.
+ *
+ * A small writer builds a file with every value type, nested arrays and two tensors;
+ * the test then checks every parsed field, truncates the file at every length, and
+ * corrupts one field at a time to check each is rejected with a message naming it.
+ * Real files (TSR_FIXTURES, TSR_SOURCE_ROOT/.cache/models) are checked against facts
+ * read with the Python `gguf` package; tests skip when a file is absent. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "worker/gguf.h"
+
+/* ---- a minimal GGUF writer ---------------------------------------------------- */
+
+static void w_bytes(tsr_buf *b, const void *p, size_t n) { assert_int_equal(tsr_buf_append(b, p, n), TSR_OK); }
+
+static void w_u8(tsr_buf *b, uint8_t x) { w_bytes(b, &x, 1); }
+
+static void w_le(tsr_buf *b, uint64_t x, int n) {
+        for (int i = 0; i < n; i++)
+                w_u8(b, (uint8_t)(x >> (8 * i)));
+}
+
+static void w_u32(tsr_buf *b, uint32_t x) { w_le(b, x, 4); }
+static void w_u64(tsr_buf *b, uint64_t x) { w_le(b, x, 8); }
+
+static void w_str(tsr_buf *b, const char *s) {
+        w_u64(b, strlen(s));
+        w_bytes(b, s, strlen(s));
+}
+
+static void w_key(tsr_buf *b, const char *key, tsr_gguf_type t) {
+        w_str(b, key);
+        w_u32(b, t);
+}
+
+static void w_f32(tsr_buf *b, float f) {
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        w_u32(b, bits);
+}
+
+static void w_f64(tsr_buf *b, double d) {
+        uint64_t bits;
+        memcpy(&bits, &d, 8);
+        w_u64(b, bits);
+}
+
+static void w_pad(tsr_buf *b, size_t align) {
+        while (b->len % align)
+                w_u8(b, 0);
+}
+
+static void put_u32(tsr_buf *b, size_t off, uint32_t x) {
+        for (int i = 0; i < 4; i++)
+                b->data[off + i] = (uint8_t)(x >> (8 * i));
+}
+
+static void put_u64(tsr_buf *b, size_t off, uint64_t x) {
+        for (int i = 0; i < 8; i++)
+                b->data[off + i] = (uint8_t)(x >> (8 * i));
+}
+
+/* Where the fields the corruption tests patch were written. */
+struct sample {
+        tsr_buf b;
+        size_t off_version, off_n_tensors, off_n_kv;
+        size_t off_key0_len;            /* length of the first key */
+        size_t off_type_u8;             /* value type of "t.u8" */
+        size_t off_key_i8;              /* the bytes of the key "t.i8" */
+        size_t off_str_len;             /* length of the value of "t.str" */
+        size_t off_arr_type, off_arr_count;     /* "t.arr_i32" */
+        size_t off_align_value;
+        size_t off_t0_ndims, off_t0_dim0;
+        size_t off_t1_name;             /* the bytes of "b.weight" */
+        size_t off_t1_dim0, off_t1_type, off_t1_offset;
+        size_t data_start;
+};
+
+#define SAMPLE_ALIGN 64
+
+static void build_sample(struct sample *s) {
+        tsr_buf *b = &s->b;
+
+        memset(s, 0, sizeof(*s));
+        tsr_buf_init(b, 1 << 20);
+        w_bytes(b, "GGUF", 4);
+        s->off_version = b->len;
+        w_u32(b, 3);
+        s->off_n_tensors = b->len;
+        w_u64(b, 2);
+        s->off_n_kv = b->len;
+        w_u64(b, 19);
+
+        s->off_key0_len = b->len;
+        w_key(b, "general.architecture", TSR_GGUF_TYPE_STRING);
+        w_str(b, "llama");
+        w_str(b, "t.u8");
+        s->off_type_u8 = b->len;
+        w_u32(b, TSR_GGUF_TYPE_UINT8);
+        w_u8(b, 200);
+        w_u64(b, 4);
+        s->off_key_i8 = b->len;
+        w_bytes(b, "t.i8", 4);
+        w_u32(b, TSR_GGUF_TYPE_INT8);
+        w_u8(b, (uint8_t)-5);
+        w_key(b, "t.u16", TSR_GGUF_TYPE_UINT16);
+        w_le(b, 60000, 2);
+        w_key(b, "t.i16", TSR_GGUF_TYPE_INT16);
+        w_le(b, (uint16_t)-300, 2);
+        w_key(b, "t.u32", TSR_GGUF_TYPE_UINT32);
+        w_u32(b, 4000000000u);
+        w_key(b, "t.i32", TSR_GGUF_TYPE_INT32);
+        w_u32(b, (uint32_t)-70000);
+        w_key(b, "t.f32", TSR_GGUF_TYPE_FLOAT32);
+        w_f32(b, 1.5f);
+        w_key(b, "t.bool", TSR_GGUF_TYPE_BOOL);
+        w_u8(b, 1);
+        w_key(b, "t.str", TSR_GGUF_TYPE_STRING);
+        s->off_str_len = b->len;
+        w_str(b, "hello");
+        w_key(b, "t.u64", TSR_GGUF_TYPE_UINT64);
+        w_u64(b, UINT64_C(1) << 40);
+        w_key(b, "t.i64", TSR_GGUF_TYPE_INT64);
+        w_u64(b, (uint64_t)INT64_MIN);
+        w_key(b, "t.f64", TSR_GGUF_TYPE_FLOAT64);
+        w_f64(b, 2.25);
+        w_key(b, "t.arr_i32", TSR_GGUF_TYPE_ARRAY);
+        s->off_arr_type = b->len;
+        w_u32(b, TSR_GGUF_TYPE_INT32);
+        s->off_arr_count = b->len;
+        w_u64(b, 3);
+        w_u32(b, 1);
+        w_u32(b, (uint32_t)-2);
+        w_u32(b, 3);
+        w_key(b, "t.arr_str", TSR_GGUF_TYPE_ARRAY);
+        w_u32(b, TSR_GGUF_TYPE_STRING);
+        w_u64(b, 3);
+        w_str(b, "a");
+        w_str(b, "bc");
+        w_str(b, "");
+        w_key(b, "t.arr_nested", TSR_GGUF_TYPE_ARRAY);   /* [[7, 8], [], [9]] of uint16 */
+        w_u32(b, TSR_GGUF_TYPE_ARRAY);
+        w_u64(b, 3);
+        w_u32(b, TSR_GGUF_TYPE_UINT16);
+        w_u64(b, 2);
+        w_le(b, 7, 2);
+        w_le(b, 8, 2);
+        w_u32(b, TSR_GGUF_TYPE_UINT16);
+        w_u64(b, 0);
+        w_u32(b, TSR_GGUF_TYPE_UINT16);
+        w_u64(b, 1);
+        w_le(b, 9, 2);
+        w_key(b, "t.arr_f64", TSR_GGUF_TYPE_ARRAY);
+        w_u32(b, TSR_GGUF_TYPE_FLOAT64);
+        w_u64(b, 2);
+        w_f64(b, -1.0);
+        w_f64(b, 0.5);
+        w_key(b, "t.arr_empty", TSR_GGUF_TYPE_ARRAY);
+        w_u32(b, TSR_GGUF_TYPE_STRING);
+        w_u64(b, 0);
+        w_key(b, "general.alignment", TSR_GGUF_TYPE_UINT32);
+        s->off_align_value = b->len;
+        w_u32(b, SAMPLE_ALIGN);
+
+        /* Tensor 0: "a.weight", F32 [4, 3] at 0 (48 bytes). */
+        w_str(b, "a.weight");
+        s->off_t0_ndims = b->len;
+        w_u32(b, 2);
+        s->off_t0_dim0 = b->len;
+        w_u64(b, 4);
+        w_u64(b, 3);
+        w_u32(b, TSR_GGML_TYPE_F32);
+        w_u64(b, 0);
+        /* Tensor 1: "b.weight", Q4_0 [64, 2] at 64 (4 blocks of 18 bytes). */
+        w_u64(b, 8);
+        s->off_t1_name = b->len;
+        w_bytes(b, "b.weight", 8);
+        w_u32(b, 2);
+        s->off_t1_dim0 = b->len;
+        w_u64(b, 64);
+        w_u64(b, 2);
+        s->off_t1_type = b->len;
+        w_u32(b, TSR_GGML_TYPE_Q4_0);
+        s->off_t1_offset = b->len;
+        w_u64(b, SAMPLE_ALIGN);
+
+        w_pad(b, SAMPLE_ALIGN);
+        s->data_start = b->len;
+        for (int i = 0; i < 12; i++)
+                w_f32(b, (float)i * 0.5f);
+        w_pad(b, SAMPLE_ALIGN);
+        for (int i = 0; i < 72; i++)
+                w_u8(b, (uint8_t)(0xA0 + i));
+}
+
+/* Parse from an exactly-sized heap copy so ASan flags any read past the end. */
+static tsr_status open_copy(const tsr_buf *b, size_t len, tsr_gguf **g, char *err, size_t errlen, void **copy) {
+        *copy = malloc(len ? len : 1);
+        assert_non_null(*copy);
+        if (len)
+                memcpy(*copy, b->data, len);
+        return tsr_gguf_open_memory(*copy, len, g, err, errlen);
+}
+
+static const tsr_gguf_value *kv(const tsr_gguf *g, const char *key) {
+        const tsr_gguf_kv *e = tsr_gguf_find_kv(g, key);
+        assert_non_null(e);
+        return &e->value;
+}
+
+static void test_sample_fields(void **state) {
+        struct sample s;
+        tsr_gguf *g = NULL;
+        char err[256] = "";
+        void *copy;
+        const tsr_gguf_value *v;
+        tsr_gguf_value e, inner;
+        const tsr_gguf_tensor *t;
+        uint64_t u;
+        int64_t i;
+        double d;
+        bool bo;
+        const char *str;
+        size_t len;
+
+        build_sample(&s);
+        assert_int_equal(open_copy(&s.b, s.b.len, &g, err, sizeof(err), &copy), TSR_OK);
+        assert_int_equal(tsr_gguf_version(g), 3);
+        assert_int_equal(tsr_gguf_alignment(g), SAMPLE_ALIGN);
+        assert_int_equal(tsr_gguf_data_offset(g), s.data_start);
+        assert_int_equal(tsr_gguf_file_size(g), s.b.len);
+        assert_int_equal(tsr_gguf_n_kv(g), 19);
+        assert_string_equal(tsr_gguf_kv_at(g, 0)->key, "general.architecture");
+        assert_string_equal(tsr_gguf_kv_at(g, 18)->key, "general.alignment");
+        assert_null(tsr_gguf_kv_at(g, 19));
+        assert_null(tsr_gguf_find_kv(g, "missing.key"));
+        assert_null(tsr_gguf_find_kv(g, "t.u"));
+
+        v = kv(g, "general.architecture");
+        assert_int_equal(tsr_gguf_get_str(v, &str, &len), TSR_OK);
+        assert_int_equal(len, 5);
+        assert_memory_equal(str, "llama", 5);
+        assert_int_equal(tsr_gguf_get_u64(v, &u), TSR_E_INVAL);
+
+        v = kv(g, "t.u8");
+        assert_int_equal(v->type, TSR_GGUF_TYPE_UINT8);
+        assert_int_equal(tsr_gguf_get_u64(v, &u), TSR_OK);
+        assert_int_equal(u, 200);
+        v = kv(g, "t.i8");
+        assert_int_equal(tsr_gguf_get_i64(v, &i), TSR_OK);
+        assert_int_equal(i, -5);
+        u = 77;
+        assert_int_equal(tsr_gguf_get_u64(v, &u), TSR_E_INVAL);     /* negative */
+        assert_int_equal(u, 77);                                    /* untouched on failure */
+        assert_int_equal(tsr_gguf_get_u64(kv(g, "t.u16"), &u), TSR_OK);
+        assert_int_equal(u, 60000);
+        assert_int_equal(tsr_gguf_get_i64(kv(g, "t.i16"), &i), TSR_OK);
+        assert_int_equal(i, -300);
+        assert_int_equal(tsr_gguf_get_u64(kv(g, "t.u32"), &u), TSR_OK);
+        assert_int_equal(u, 4000000000u);
+        assert_int_equal(tsr_gguf_get_i64(kv(g, "t.i32"), &i), TSR_OK);
+        assert_int_equal(i, -70000);
+        assert_int_equal(tsr_gguf_get_f64(kv(g, "t.f32"), &d), TSR_OK);
+        assert_true(d == 1.5);
+        assert_int_equal(tsr_gguf_get_bool(kv(g, "t.bool"), &bo), TSR_OK);
+        assert_true(bo);
+        assert_int_equal(tsr_gguf_get_bool(kv(g, "t.u8"), &bo), TSR_E_INVAL);
+        assert_int_equal(tsr_gguf_get_str(kv(g, "t.str"), &str, &len), TSR_OK);
+        assert_int_equal(len, 5);
+        assert_memory_equal(str, "hello", 5);
+        assert_int_equal(tsr_gguf_get_u64(kv(g, "t.u64"), &u), TSR_OK);
+        assert_int_equal(u, UINT64_C(1) << 40);
+        assert_int_equal(tsr_gguf_get_i64(kv(g, "t.i64"), &i), TSR_OK);
+        assert_true(i == INT64_MIN);
+        assert_int_equal(tsr_gguf_get_f64(kv(g, "t.f64"), &d), TSR_OK);
+        assert_true(d == 2.25);
+        assert_int_equal(tsr_gguf_get_f64(kv(g, "t.i32"), &d), TSR_OK);     /* integers widen */
+        assert_true(d == -70000.0);
+
+        v = kv(g, "t.arr_i32");
+        assert_int_equal(v->type, TSR_GGUF_TYPE_ARRAY);
+        assert_int_equal(v->elem_type, TSR_GGUF_TYPE_INT32);
+        assert_int_equal(v->count, 3);
+        assert_int_equal(tsr_gguf_array_elem(v, 1, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_get_i64(&e, &i), TSR_OK);
+        assert_int_equal(i, -2);
+        assert_int_equal(tsr_gguf_array_elem(v, 2, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_get_i64(&e, &i), TSR_OK);
+        assert_int_equal(i, 3);
+        assert_int_equal(tsr_gguf_array_elem(v, 3, &e), TSR_E_NOTFOUND);
+        assert_int_equal(tsr_gguf_array_elem(kv(g, "t.u8"), 0, &e), TSR_E_INVAL);
+
+        v = kv(g, "t.arr_str");
+        assert_int_equal(v->elem_type, TSR_GGUF_TYPE_STRING);
+        assert_int_equal(v->count, 3);
+        assert_int_equal(tsr_gguf_array_elem(v, 1, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_get_str(&e, &str, &len), TSR_OK);
+        assert_int_equal(len, 2);
+        assert_memory_equal(str, "bc", 2);
+        assert_int_equal(tsr_gguf_array_elem(v, 2, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_get_str(&e, &str, &len), TSR_OK);
+        assert_int_equal(len, 0);
+        assert_int_equal(tsr_gguf_array_elem(v, 0, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_get_str(&e, &str, &len), TSR_OK);
+        assert_int_equal(len, 1);
+        assert_memory_equal(str, "a", 1);
+
+        v = kv(g, "t.arr_nested");
+        assert_int_equal(v->elem_type, TSR_GGUF_TYPE_ARRAY);
+        assert_int_equal(v->count, 3);
+        assert_int_equal(tsr_gguf_array_elem(v, 0, &e), TSR_OK);
+        assert_int_equal(e.type, TSR_GGUF_TYPE_ARRAY);
+        assert_int_equal(e.elem_type, TSR_GGUF_TYPE_UINT16);
+        assert_int_equal(e.count, 2);
+        assert_int_equal(tsr_gguf_array_elem(&e, 1, &inner), TSR_OK);
+        assert_int_equal(tsr_gguf_get_u64(&inner, &u), TSR_OK);
+        assert_int_equal(u, 8);
+        assert_int_equal(tsr_gguf_array_elem(v, 1, &e), TSR_OK);
+        assert_int_equal(e.count, 0);
+        assert_int_equal(tsr_gguf_array_elem(v, 2, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_array_elem(&e, 0, &inner), TSR_OK);
+        assert_int_equal(tsr_gguf_get_u64(&inner, &u), TSR_OK);
+        assert_int_equal(u, 9);
+
+        v = kv(g, "t.arr_f64");
+        assert_int_equal(tsr_gguf_array_elem(v, 0, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_get_f64(&e, &d), TSR_OK);
+        assert_true(d == -1.0);
+        assert_int_equal(kv(g, "t.arr_empty")->count, 0);
+
+        assert_int_equal(tsr_gguf_n_tensors(g), 2);
+        t = tsr_gguf_tensor_at(g, 0);
+        assert_string_equal(t->name, "a.weight");
+        assert_int_equal(t->type, TSR_GGML_TYPE_F32);
+        assert_int_equal(t->n_dims, 2);
+        assert_int_equal(t->dims[0], 4);
+        assert_int_equal(t->dims[1], 3);
+        assert_int_equal(t->dims[2], 1);
+        assert_int_equal(t->dims[3], 1);
+        assert_int_equal(t->n_elements, 12);
+        assert_int_equal(t->n_bytes, 48);
+        assert_int_equal(t->offset, 0);
+        assert_ptr_equal(t->data, (const uint8_t *)copy + s.data_start);
+        {
+                float f;
+                memcpy(&f, (const uint8_t *)t->data + 5 * 4, 4);
+                assert_true(f == 2.5f);
+        }
+        t = tsr_gguf_find_tensor(g, "b.weight");
+        assert_non_null(t);
+        assert_ptr_equal(t, tsr_gguf_tensor_at(g, 1));
+        assert_int_equal(t->type, TSR_GGML_TYPE_Q4_0);
+        assert_int_equal(t->n_elements, 128);
+        assert_int_equal(t->n_bytes, 72);
+        assert_int_equal(t->offset, SAMPLE_ALIGN);
+        assert_int_equal(((const uint8_t *)t->data)[0], 0xA0);
+        assert_int_equal(((const uint8_t *)t->data)[71], 0xA0 + 71);
+        assert_null(tsr_gguf_find_tensor(g, "c.weight"));
+        assert_null(tsr_gguf_tensor_at(g, 2));
+
+        tsr_gguf_close(&g);
+        assert_null(g);
+        tsr_gguf_close(&g);     /* NULL is fine */
+        free(copy);
+        tsr_buf_done(&s.b);
+}
+
+static void test_type_tables(void **state) {
+        static const struct { uint32_t t; const char *name; uint32_t blck, bytes; } want[] = {
+                {TSR_GGML_TYPE_F32, "F32", 1, 4},       {TSR_GGML_TYPE_F16, "F16", 1, 2},
+                {TSR_GGML_TYPE_BF16, "BF16", 1, 2},     {TSR_GGML_TYPE_Q4_0, "Q4_0", 32, 18},
+                {TSR_GGML_TYPE_Q4_1, "Q4_1", 32, 20},   {TSR_GGML_TYPE_Q5_0, "Q5_0", 32, 22},
+                {TSR_GGML_TYPE_Q5_1, "Q5_1", 32, 24},   {TSR_GGML_TYPE_Q8_0, "Q8_0", 32, 34},
+                {TSR_GGML_TYPE_Q2_K, "Q2_K", 256, 84},  {TSR_GGML_TYPE_Q3_K, "Q3_K", 256, 110},
+                {TSR_GGML_TYPE_Q4_K, "Q4_K", 256, 144}, {TSR_GGML_TYPE_Q5_K, "Q5_K", 256, 176},
+                {TSR_GGML_TYPE_Q6_K, "Q6_K", 256, 210}, {TSR_GGML_TYPE_Q8_K, "Q8_K", 256, 292},
+                {TSR_GGML_TYPE_IQ4_NL, "IQ4_NL", 32, 18}, {TSR_GGML_TYPE_IQ4_XS, "IQ4_XS", 256, 136},
+        };
+        uint32_t blck = 0, bytes = 0;
+
+        for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
+                assert_string_equal(tsr_ggml_type_name(want[k].t), want[k].name);
+                assert_int_equal(tsr_ggml_type_size(want[k].t, &blck, &bytes), TSR_OK);
+                assert_int_equal(blck, want[k].blck);
+                assert_int_equal(bytes, want[k].bytes);
+        }
+        assert_null(tsr_ggml_type_name(4));     /* retired Q4_2 */
+        assert_null(tsr_ggml_type_name(31));
+        assert_null(tsr_ggml_type_name(1000));
+        assert_int_equal(tsr_ggml_type_size(5, &blck, &bytes), TSR_E_INVAL);
+        assert_string_equal(tsr_gguf_type_name(TSR_GGUF_TYPE_FLOAT64), "float64");
+        assert_string_equal(tsr_gguf_type_name((tsr_gguf_type)99), "?");
+}
+
+static void test_truncated_everywhere(void **state) {
+        struct sample s;
+        char err[256];
+
+        build_sample(&s);
+        for (size_t len = 0; len < s.b.len; len++) {
+                tsr_gguf *g = NULL;
+                void *copy;
+                tsr_status st;
+
+                err[0] = '\0';
+                st = open_copy(&s.b, len, &g, err, sizeof(err), &copy);
+                if (st == TSR_OK)
+                        fail_msg("truncated at %zu of %zu bytes but open succeeded", len, s.b.len);
+                assert_null(g);
+                assert_true(strncmp(err, "<memory>: ", 10) == 0);
+                free(copy);
+        }
+        tsr_buf_done(&s.b);
+}
+
+/* Patch the sample, open it, and expect failure with every `needle` in the message. */
+static void expect_reject(struct sample *s, tsr_status want, const char *needle1, const char *needle2) {
+        tsr_gguf *g = NULL;
+        char err[512] = "";
+        void *copy;
+        tsr_status st = open_copy(&s->b, s->b.len, &g, err, sizeof(err), &copy);
+
+        if (st == TSR_OK || (want != TSR_OK && st != want) || !strstr(err, needle1) ||
+            (needle2 && !strstr(err, needle2)))
+                fail_msg("status %d, message \"%s\"; wanted \"%s\" / \"%s\"", st, err, needle1,
+                         needle2 ? needle2 : "");
+        assert_null(g);
+        free(copy);
+        tsr_buf_done(&s->b);
+}
+
+static void test_corrupt_fields(void **state) {
+        struct sample s;
+
+        build_sample(&s);
+        s.b.data[0] = 'X';
+        expect_reject(&s, TSR_E_INVAL, "not a GGUF file", NULL);
+
+        build_sample(&s);
+        put_u32(&s.b, s.off_version, 1);
+        expect_reject(&s, TSR_E_UNSUPPORTED, "version", "not supported");
+
+        build_sample(&s);
+        put_u32(&s.b, s.off_version, 0x03000000u);
+        expect_reject(&s, TSR_E_UNSUPPORTED, "big-endian", NULL);
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_n_kv, UINT64_C(1) << 40);
+        expect_reject(&s, TSR_E_INVAL, "metadata_kv_count", NULL);
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_n_tensors, UINT64_MAX);
+        expect_reject(&s, TSR_E_INVAL, "tensor_count", NULL);
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_key0_len, UINT64_C(1) << 50);
+        expect_reject(&s, TSR_E_INVAL, "metadata key 0", "runs past the end");
+
+        build_sample(&s);
+        put_u32(&s.b, s.off_type_u8, 13);
+        expect_reject(&s, TSR_E_INVAL, "key 't.u8'", "unknown value type 13");
+
+        build_sample(&s);
+        s.b.data[s.off_key_i8 + 2] = 'u';       /* "t.i8" -> "t.u8" */
+        expect_reject(&s, TSR_E_INVAL, "duplicate metadata key 't.u8'", NULL);
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_str_len, 1u << 20);
+        expect_reject(&s, TSR_E_INVAL, "key 't.str'", "runs past the end");
+
+        build_sample(&s);
+        put_u32(&s.b, s.off_arr_type, 77);
+        expect_reject(&s, TSR_E_INVAL, "key 't.arr_i32'", "unknown array element type 77");
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_arr_count, UINT64_C(1) << 61);
+        expect_reject(&s, TSR_E_INVAL, "key 't.arr_i32'", "array count");
+
+        build_sample(&s);
+        put_u32(&s.b, s.off_align_value, 48);
+        expect_reject(&s, TSR_E_INVAL, "general.alignment", "power of two");
+
+        build_sample(&s);
+        put_u32(&s.b, s.off_align_value, 0);
+        expect_reject(&s, TSR_E_INVAL, "general.alignment", NULL);
+
+        build_sample(&s);
+        put_u32(&s.b, s.off_t0_ndims, 5);
+        expect_reject(&s, TSR_E_INVAL, "tensor 'a.weight'", "n_dims 5");
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_t0_dim0, UINT64_C(1) << 62);       /* 2^62 * 3 > 2^63 */
+        expect_reject(&s, TSR_E_INVAL, "tensor 'a.weight'", "dims overflow");
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_t0_dim0, UINT64_MAX);
+        expect_reject(&s, TSR_E_INVAL, "tensor 'a.weight'", "dims overflow");
+
+        build_sample(&s);
+        put_u32(&s.b, s.off_t1_type, 4);
+        expect_reject(&s, TSR_E_INVAL, "tensor 'b.weight'", "unknown ggml type 4");
+
+        build_sample(&s);
+        put_u32(&s.b, s.off_t1_type, 9999);
+        expect_reject(&s, TSR_E_INVAL, "tensor 'b.weight'", "unknown ggml type 9999");
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_t1_dim0, 48);       /* not a multiple of Q4_0's 32 */
+        expect_reject(&s, TSR_E_INVAL, "tensor 'b.weight'", "block size");
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_t1_offset, SAMPLE_ALIGN + 4);
+        expect_reject(&s, TSR_E_INVAL, "tensor 'b.weight'", "not a multiple of the alignment");
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_t1_offset, 2 * SAMPLE_ALIGN);
+        expect_reject(&s, TSR_E_INVAL, "tensor 'b.weight'", "outside the file");
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_t1_offset, UINT64_MAX - 63);       /* aligned, and offset + size wraps */
+        expect_reject(&s, TSR_E_INVAL, "tensor 'b.weight'", "outside the file");
+
+        build_sample(&s);
+        put_u64(&s.b, s.off_t1_dim0, UINT64_C(1) << 40);       /* fits the counts, not the file */
+        expect_reject(&s, TSR_E_INVAL, "tensor 'b.weight'", "outside the file");
+
+        build_sample(&s);
+        s.b.data[s.off_t1_name] = 'a';
+        expect_reject(&s, TSR_E_INVAL, "duplicate tensor name 'a.weight'", NULL);
+
+        build_sample(&s);
+        s.b.data[s.off_t1_name + 1] = '\0';
+        expect_reject(&s, TSR_E_INVAL, "tensor 1 name", "NUL");
+}
+
+/* Arrays nested deeper than TSR_GGUF_MAX_ARRAY_DEPTH are refused (the parser recurses). */
+static void test_nesting_limit(void **state) {
+        for (int depth = TSR_GGUF_MAX_ARRAY_DEPTH - 1; depth <= TSR_GGUF_MAX_ARRAY_DEPTH + 2; depth++) {
+                tsr_buf b;
+                tsr_gguf *g = NULL;
+                char err[256] = "";
+                void *copy;
+                tsr_status st;
+
+                tsr_buf_init(&b, 1 << 16);
+                w_bytes(&b, "GGUF", 4);
+                w_u32(&b, 2);
+                w_u64(&b, 0);
+                w_u64(&b, 1);
+                w_key(&b, "deep", TSR_GGUF_TYPE_ARRAY);
+                for (int k = 1; k < depth; k++) {      /* `depth` arrays in all, one element each */
+                        w_u32(&b, TSR_GGUF_TYPE_ARRAY);
+                        w_u64(&b, 1);
+                }
+                w_u32(&b, TSR_GGUF_TYPE_UINT8);
+                w_u64(&b, 1);
+                w_u8(&b, 42);
+                st = open_copy(&b, b.len, &g, err, sizeof(err), &copy);
+                if (depth <= TSR_GGUF_MAX_ARRAY_DEPTH) {
+                        assert_int_equal(st, TSR_OK);
+                        assert_int_equal(tsr_gguf_version(g), 2);
+                        assert_int_equal(tsr_gguf_n_tensors(g), 0);
+                        tsr_gguf_close(&g);
+                } else {
+                        assert_int_equal(st, TSR_E_INVAL);
+                        assert_non_null(strstr(err, "key 'deep'"));
+                        assert_non_null(strstr(err, "nested"));
+                }
+                free(copy);
+                tsr_buf_done(&b);
+        }
+}
+
+static void test_open_errors(void **state) {
+        tsr_gguf *g = NULL;
+        char err[256] = "";
+        char path[] = "/tmp/tsr_gguf_testXXXXXX";
+        int fd;
+
+        assert_int_equal(tsr_gguf_open("/nonexistent/x.gguf", &g, err, sizeof(err)), TSR_E_NOTFOUND);
+        assert_non_null(strstr(err, "/nonexistent/x.gguf"));
+        assert_null(g);
+        assert_int_equal(tsr_gguf_open("/tmp", &g, err, sizeof(err)), TSR_E_INVAL);
+        assert_non_null(strstr(err, "not a regular file"));
+
+        fd = mkstemp(path);
+        assert_true(fd >= 0);
+        assert_int_equal(tsr_gguf_open(path, &g, err, sizeof(err)), TSR_E_INVAL);  /* empty file */
+        assert_non_null(strstr(err, path));
+        assert_non_null(strstr(err, "magic"));
+        assert_int_equal(write(fd, "GGUF\x03\0\0\0", 8), 8);
+        assert_int_equal(tsr_gguf_open(path, &g, NULL, 0), TSR_E_INVAL);        /* no message buffer */
+        assert_int_equal(tsr_gguf_open(path, &g, err, sizeof(err)), TSR_E_INVAL);
+        assert_non_null(strstr(err, "tensor_count"));
+        assert_null(g);
+        close(fd);
+        unlink(path);
+}
+
+/* ---- real files ----------------------------------------------------------------- */
+
+static tsr_gguf *open_real(const char *env, const char *rel, char *path, size_t pathlen) {
+        const char *dir = getenv(env);
+        char err[512] = "";
+        tsr_gguf *g = NULL;
+
+        if (!dir)
+                return NULL;
+        snprintf(path, pathlen, "%s/%s", dir, rel);
+        if (access(path, R_OK) != 0)
+                return NULL;
+        if (tsr_gguf_open(path, &g, err, sizeof(err)) != TSR_OK)
+                fail_msg("%s", err);
+        return g;
+}
+
+static uint64_t key_u64(const tsr_gguf *g, const char *key) {
+        uint64_t u = 0;
+        assert_int_equal(tsr_gguf_get_u64(kv(g, key), &u), TSR_OK);
+        return u;
+}
+
+static void assert_key_str(const tsr_gguf *g, const char *key, const char *want) {
+        const char *s;
+        size_t len;
+
+        assert_int_equal(tsr_gguf_get_str(kv(g, key), &s, &len), TSR_OK);
+        if (len != strlen(want) || memcmp(s, want, len) != 0)
+                fail_msg("%s: \"%.*s\", wanted \"%s\"", key, (int)len, s, want);
+}
+
+static void assert_elem_str(const tsr_gguf *g, const char *key, uint64_t i, const char *want) {
+        tsr_gguf_value e;
+        const char *s;
+        size_t len;
+
+        assert_int_equal(tsr_gguf_array_elem(kv(g, key), i, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_get_str(&e, &s, &len), TSR_OK);
+        if (len != strlen(want) || memcmp(s, want, len) != 0)
+                fail_msg("%s[%llu]: \"%.*s\", wanted \"%s\"", key, (unsigned long long)i, (int)len, s, want);
+}
+
+static const tsr_gguf_tensor *tensor(const tsr_gguf *g, const char *name, tsr_ggml_type type, uint64_t d0,
+                                     uint64_t d1, uint64_t n_bytes, uint64_t offset) {
+        const tsr_gguf_tensor *t = tsr_gguf_find_tensor(g, name);
+
+        assert_non_null(t);
+        assert_int_equal(t->type, type);
+        assert_int_equal(t->dims[0], d0);
+        assert_int_equal(t->dims[1], d1);
+        assert_int_equal(t->n_bytes, n_bytes);
+        assert_int_equal(t->offset, offset);
+        return t;
+}
+
+static void test_stories260k(void **state) {
+        char path[4096];
+        tsr_gguf *g = open_real("TSR_FIXTURES", "models/stories260K.gguf", path, sizeof(path));
+        const tsr_gguf_tensor *t;
+        tsr_gguf_value e;
+        double d;
+        int64_t i;
+
+        if (!g)
+                skip();
+        assert_int_equal(tsr_gguf_version(g), 3);
+        assert_int_equal(tsr_gguf_n_kv(g), 19);
+        assert_int_equal(tsr_gguf_n_tensors(g), 48);
+        assert_int_equal(tsr_gguf_alignment(g), 32);
+        assert_int_equal(tsr_gguf_data_offset(g), 14176);
+        assert_int_equal(tsr_gguf_file_size(g), 1185376);
+        assert_key_str(g, "general.architecture", "llama");
+        assert_key_str(g, "tokenizer.ggml.model", "llama");
+        assert_int_equal(key_u64(g, "llama.context_length"), 2048);
+        assert_int_equal(key_u64(g, "llama.embedding_length"), 64);
+        assert_int_equal(key_u64(g, "llama.block_count"), 5);
+        assert_int_equal(key_u64(g, "llama.feed_forward_length"), 172);
+        assert_int_equal(key_u64(g, "llama.attention.head_count"), 8);
+        assert_int_equal(key_u64(g, "llama.attention.head_count_kv"), 4);
+        assert_int_equal(key_u64(g, "tokenizer.ggml.bos_token_id"), 1);
+        assert_int_equal(key_u64(g, "tokenizer.ggml.eos_token_id"), 2);
+        assert_int_equal(key_u64(g, "tokenizer.ggml.padding_token_id"), 0xFFFFFFFFu);
+        assert_int_equal(tsr_gguf_get_f64(kv(g, "llama.attention.layer_norm_rms_epsilon"), &d), TSR_OK);
+        assert_true(fabs(d - 1e-5) < 1e-9);
+        assert_int_equal(kv(g, "tokenizer.ggml.tokens")->count, 512);
+        assert_elem_str(g, "tokenizer.ggml.tokens", 0, "<unk>");
+        assert_elem_str(g, "tokenizer.ggml.tokens", 100, "<0x61>");
+        assert_int_equal(tsr_gguf_array_elem(kv(g, "tokenizer.ggml.scores"), 300, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_get_f64(&e, &d), TSR_OK);
+        assert_true(d == -41.0);
+        assert_int_equal(tsr_gguf_array_elem(kv(g, "tokenizer.ggml.token_type"), 0, &e), TSR_OK);
+        assert_int_equal(tsr_gguf_get_i64(&e, &i), TSR_OK);
+        assert_int_equal(i, 2);
+        tensor(g, "blk.0.ffn_down.weight", TSR_GGML_TYPE_F32, 172, 64, 44032, 355840);
+        t = tensor(g, "output_norm.weight", TSR_GGML_TYPE_F32, 64, 1, 256, 131072);
+        assert_int_equal(t->n_dims, 1);
+        assert_memory_equal(t->data, "\xef\x54\x1d\x40\x6e\x04\xaf\x3f", 8);   /* 2.458309, 1.3673227 */
+        assert_non_null(tsr_gguf_find_tensor(g, "output.weight"));
+        tsr_gguf_close(&g);
+}
+
+static void test_llama2_tiny_random(void **state) {
+        char path[4096];
+        tsr_gguf *g = open_real("TSR_FIXTURES", "models/llama-2-tiny-random.gguf", path, sizeof(path));
+        const tsr_gguf_tensor *t;
+
+        if (!g)
+                skip();
+        assert_int_equal(tsr_gguf_version(g), 3);
+        assert_int_equal(tsr_gguf_n_kv(g), 18);
+        assert_int_equal(tsr_gguf_n_tensors(g), 12);
+        assert_int_equal(tsr_gguf_data_offset(g), 724416);
+        assert_key_str(g, "general.architecture", "llama");
+        assert_key_str(g, "general.name", "LLaMA v2");
+        assert_key_str(g, "tokenizer.ggml.model", "llama");
+        assert_int_equal(key_u64(g, "llama.context_length"), 4096);
+        assert_int_equal(key_u64(g, "llama.embedding_length"), 8);
+        assert_int_equal(key_u64(g, "llama.block_count"), 1);
+        assert_int_equal(key_u64(g, "llama.feed_forward_length"), 32);
+        assert_int_equal(key_u64(g, "llama.attention.head_count"), 2);
+        assert_int_equal(key_u64(g, "llama.attention.head_count_kv"), 2);
+        assert_int_equal(key_u64(g, "general.file_type"), 1);
+        assert_int_equal(key_u64(g, "tokenizer.ggml.bos_token_id"), 1);
+        assert_int_equal(key_u64(g, "tokenizer.ggml.eos_token_id"), 2);
+        assert_int_equal(key_u64(g, "tokenizer.ggml.unknown_token_id"), 0);
+        assert_int_equal(kv(g, "tokenizer.ggml.tokens")->count, 32000);
+        assert_elem_str(g, "tokenizer.ggml.tokens", 31999, "\xe7\xbb\x99");     /* U+7ED9 */
+        tensor(g, "token_embd.weight", TSR_GGML_TYPE_F16, 8, 32000, 512000, 0);
+        t = tensor(g, "blk.0.attn_k.weight", TSR_GGML_TYPE_F16, 8, 8, 128, 512128);
+        assert_memory_equal(t->data, "\xc0\x25\x08\x1c\x35\x23\x1f\x12", 8);
+        t = tensor(g, "output_norm.weight", TSR_GGML_TYPE_F32, 8, 1, 32, 514112);
+        assert_memory_equal(t->data, "\x00\x00\x80\x3f\x00\x00\x80\x3f", 8);   /* 1.0f, 1.0f */
+        tsr_gguf_close(&g);
+}
+
+static void test_smollm2(void **state) {
+        char path[4096];
+        tsr_gguf *g = open_real("TSR_SOURCE_ROOT", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", path, sizeof(path));
+        const tsr_gguf_tensor *t;
+        const char *s;
+        size_t len;
+        double d;
+        bool b = true;
+
+        if (!g)
+                skip();
+        assert_int_equal(tsr_gguf_version(g), 3);
+        assert_int_equal(tsr_gguf_n_kv(g), 33);
+        assert_int_equal(tsr_gguf_n_tensors(g), 272);
+        assert_int_equal(tsr_gguf_data_offset(g), 1785664);
+        assert_int_equal(tsr_gguf_file_size(g), 98362432);
+        assert_key_str(g, "general.architecture", "llama");
+        assert_key_str(g, "general.size_label", "135M");
+        assert_key_str(g, "tokenizer.ggml.model", "gpt2");
+        assert_key_str(g, "tokenizer.ggml.pre", "smollm");
+        assert_int_equal(key_u64(g, "llama.context_length"), 8192);
+        assert_int_equal(key_u64(g, "llama.embedding_length"), 576);
+        assert_int_equal(key_u64(g, "llama.block_count"), 30);
+        assert_int_equal(key_u64(g, "llama.feed_forward_length"), 1536);
+        assert_int_equal(key_u64(g, "llama.attention.head_count"), 9);
+        assert_int_equal(key_u64(g, "llama.attention.head_count_kv"), 3);
+        assert_int_equal(key_u64(g, "llama.vocab_size"), 49152);
+        assert_int_equal(tsr_gguf_get_f64(kv(g, "llama.rope.freq_base"), &d), TSR_OK);
+        assert_true(d == 100000.0);
+        assert_int_equal(tsr_gguf_get_bool(kv(g, "tokenizer.ggml.add_bos_token"), &b), TSR_OK);
+        assert_false(b);
+        assert_int_equal(key_u64(g, "tokenizer.ggml.bos_token_id"), 1);
+        assert_int_equal(key_u64(g, "tokenizer.ggml.eos_token_id"), 2);
+        assert_int_equal(key_u64(g, "tokenizer.ggml.padding_token_id"), 2);
+        assert_int_equal(kv(g, "general.languages")->count, 1);
+        assert_elem_str(g, "general.languages", 0, "en");
+        assert_int_equal(kv(g, "tokenizer.ggml.tokens")->count, 49152);
+        assert_elem_str(g, "tokenizer.ggml.tokens", 0, "<|endoftext|>");
+        assert_elem_str(g, "tokenizer.ggml.tokens", 2, "<|im_end|>");
+        assert_elem_str(g, "tokenizer.ggml.tokens", 49151, "ectable");
+        assert_int_equal(kv(g, "tokenizer.ggml.merges")->count, 48900);
+        assert_elem_str(g, "tokenizer.ggml.merges", 0, "\xc4\xa0 t");          /* "Ġ t" */
+        assert_elem_str(g, "tokenizer.ggml.merges", 48899, "ect able");
+        assert_int_equal(tsr_gguf_get_str(kv(g, "tokenizer.chat_template"), &s, &len), TSR_OK);
+        assert_int_equal(len, 368);
+        assert_memory_equal(s, "{% for message in messages %}", 29);
+        t = tensor(g, "token_embd.weight", TSR_GGML_TYPE_Q8_0, 576, 49152, 30081024, 0);
+        assert_memory_equal(t->data, "\x32\x19\xd6\x0d\x13\xf7\xe5\xee", 8);
+        tensor(g, "blk.0.ffn_down.weight", TSR_GGML_TYPE_Q4_1, 1536, 576, 552960, 30083328);
+        tensor(g, "blk.0.attn_k.weight", TSR_GGML_TYPE_Q4_1, 576, 192, 69120, 31744512);
+        t = tensor(g, "output_norm.weight", TSR_GGML_TYPE_F32, 576, 1, 2304, 96574464);
+        assert_memory_equal(t->data, "\x00\x00\xe1\x3f\x00\x00\xe9\x3f", 8);   /* 1.7578125, 1.8203125 */
+        assert_null(tsr_gguf_find_tensor(g, "output.weight"));                  /* tied embeddings */
+        tsr_gguf_close(&g);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_sample_fields),
+                cmocka_unit_test(test_type_tables),
+                cmocka_unit_test(test_truncated_everywhere),
+                cmocka_unit_test(test_corrupt_fields),
+                cmocka_unit_test(test_nesting_limit),
+                cmocka_unit_test(test_open_errors),
+                cmocka_unit_test(test_stories260k),
+                cmocka_unit_test(test_llama2_tiny_random),
+                cmocka_unit_test(test_smollm2),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
