@@ -1,0 +1,176 @@
+/* api.c - the HTTP routes of the router: vLLM's paths, shapes and error bodies.
+ * Loop thread only.
+ *
+ * Served here: /health, /ping, /version, /v1/models.  The generation endpoints
+ * (/v1/completions, /v1/chat/completions, /tokenize, /detokenize) answer 501 until the
+ * router issue (#5) lands. */
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/log.h"
+#include "router.h"
+
+static void respond_json(http_conn *c, int status, json_t *body) {
+        char *text = json_dumps(body, JSON_COMPACT);
+        if (!text) {
+                http_conn_respond_error(c, 500, "Internal Server Error", "out of memory");
+        } else {
+                http_conn_respond(c, status, "application/json", text, strlen(text), NULL);
+                free(text);
+        }
+        json_decref(body);
+}
+
+/* FastAPI's own bodies for routing errors: {"detail": "..."}. */
+static void respond_detail(http_conn *c, int status, const char *detail) {
+        respond_json(c, status, json_pack("{s:s}", "detail", detail));
+}
+
+/* vLLM guards paths under /v1 with --api-key (Authorization: Bearer KEY, scheme
+ * case-insensitive) and answers 401 {"error":"Unauthorized"}.  Compare in constant
+ * time over the longest candidate so timing leaks no prefix. */
+static bool authorized(const router_ctx *r, const http_request *req) {
+        const char *h;
+        size_t given_len;
+        bool ok = false;
+
+        if (r->cfg->api_key.n == 0 || strncmp(req->path, "/v1", 3) != 0 || strcmp(req->method, "OPTIONS") == 0)
+                return true;
+        h = http_request_header(req, "authorization");
+        if (!h || strncasecmp(h, "bearer ", 7) != 0)
+                return false;
+        h += 7;
+        given_len = strlen(h);
+        for (size_t k = 0; k < r->cfg->api_key.n; k++) {
+                const char *key = r->cfg->api_key.items[k];
+                size_t key_len = strlen(key);
+                unsigned char diff = given_len != key_len;
+                for (size_t i = 0; i < key_len; i++)
+                        diff |= (unsigned char)(key[i] ^ (i < given_len ? h[i] : 0));
+                ok |= diff == 0;
+        }
+        return ok;
+}
+
+static void handle_health(router_ctx *r, http_conn *c) {
+        int status = worker_pool_num_live(r->workers) > 0 ? 200 : 503;
+        http_conn_respond(c, status, NULL, "", 0, NULL);
+}
+
+static void handle_version(router_ctx *r, http_conn *c) {
+        respond_json(c, 200, json_pack("{s:s}", "version", TSR_VERSION));
+}
+
+static bool name_seen(json_t *data, const char *name) {
+        size_t i;
+        json_t *card;
+        json_array_foreach(data, i, card) {
+                if (strcmp(json_string_value(json_object_get(card, "id")), name) == 0)
+                        return true;
+        }
+        return false;
+}
+
+/* One card per served name of every live worker (vLLM: one per --served-model-name,
+ * all sharing `root`).  Names served by several workers appear once. */
+static void handle_models(router_ctx *r, http_conn *c) {
+        json_t *data = json_array();
+        json_int_t created = (json_int_t)r->started_unix_s;
+
+        for (size_t i = 0; i < worker_pool_count(r->workers); i++) {
+                tsr_worker *w = worker_pool_get(r->workers, i);
+                const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
+                if (!mi || !tsr_worker_live(w))
+                        continue;
+                for (size_t k = 0; k < mi->n_served_model_names; k++) {
+                        const char *name = mi->served_model_names[k];
+                        if (name_seen(data, name))
+                                continue;
+                        json_t *perm = json_pack(
+                                "{s:s, s:s, s:I, s:b, s:b, s:b, s:b, s:b, s:b, s:s, s:n, s:b}", "id",
+                                "modelperm-tessera", "object", "model_permission", "created", created,
+                                "allow_create_engine", 0, "allow_sampling", 1, "allow_logprobs", 1,
+                                "allow_search_indices", 0, "allow_view", 1, "allow_fine_tuning", 0,
+                                "organization", "*", "group", "is_blocking", 0);
+                        json_array_append_new(
+                                data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:I, s:[o]}", "id", name, "object",
+                                                "model", "created", created, "owned_by", "vllm", "root",
+                                                mi->model_root, "parent", "max_model_len",
+                                                (json_int_t)mi->max_model_len, "permission", perm));
+                }
+        }
+        respond_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+static void handle_not_yet(http_conn *c, const char *path) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s is not implemented yet in this Tessera build (router issue #5)", path);
+        http_conn_respond_error(c, 501, "NotImplementedError", msg);
+}
+
+typedef struct route {
+        const char *path;
+        const char *methods;   /* space-separated */
+        int id;
+} route;
+
+enum { R_HEALTH, R_PING, R_VERSION, R_MODELS, R_NOT_YET };
+
+static const route routes[] = {
+        {"/health", "GET", R_HEALTH},
+        {"/ping", "GET POST", R_PING},
+        {"/version", "GET", R_VERSION},
+        {"/v1/models", "GET", R_MODELS},
+        {"/v1/completions", "POST", R_NOT_YET},
+        {"/v1/chat/completions", "POST", R_NOT_YET},
+        {"/tokenize", "POST", R_NOT_YET},
+        {"/detokenize", "POST", R_NOT_YET},
+};
+
+static bool method_allowed(const char *methods, const char *m) {
+        size_t n = strlen(m);
+        for (const char *p = methods; (p = strstr(p, m)) != NULL; p += n)
+                if ((p == methods || p[-1] == ' ') && (p[n] == ' ' || p[n] == '\0'))
+                        return true;
+        return false;
+}
+
+void router_api_handle(void *ud, http_conn *c, http_request *req) {
+        router_ctx *r = ud;
+        const route *rt = NULL;
+
+        for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+                if (strcmp(req->path, routes[i].path) == 0)
+                        rt = &routes[i];
+        if (!rt) {
+                respond_detail(c, 404, "Not Found");
+                return;
+        }
+        if (!method_allowed(rt->methods, req->method)) {
+                respond_detail(c, 405, "Method Not Allowed");
+                return;
+        }
+        if (!authorized(r, req)) {
+                respond_json(c, 401, json_pack("{s:s}", "error", "Unauthorized"));
+                return;
+        }
+        switch (rt->id) {
+        case R_HEALTH:
+        case R_PING:
+                handle_health(r, c);
+                break;
+        case R_VERSION:
+                handle_version(r, c);
+                break;
+        case R_MODELS:
+                handle_models(r, c);
+                break;
+        default:
+                handle_not_yet(c, rt->path);
+                break;
+        }
+}

@@ -1,0 +1,460 @@
+/* worker_link.c - ZeroMQ to workers on the libuv loop (see worker_link.h). */
+#include "worker_link.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "common/clock.h"
+#include "common/endpoint.h"
+#include "common/log.h"
+
+#define HELLO_RETRY_NS (1000ull * 1000000ull)
+#define DEFAULT_STATUS_INTERVAL_MS 100u
+#define MISSED_STATUS_LIMIT 3u
+#define TICK_MS 50
+
+typedef struct zsock_watch {
+        void *sock;
+        uv_poll_t poll;
+        tsr_worker *owner;
+        bool is_sub;
+} zsock_watch;
+
+struct tsr_worker {
+        worker_pool *pool;
+        char *endpoint;
+        char *status_endpoint;
+        zsock_watch dealer;
+        zsock_watch sub;
+        tsr_envelope *info;          /* latest ModelInfo envelope, owned */
+        tsr_envelope *tokenizer_env; /* the envelope whose ModelInfo carries the tokenizer, owned */
+        tsr_envelope *status;        /* latest Status envelope, owned */
+        uint64_t boot_epoch;         /* of `info` */
+        uint64_t last_status_ns;
+        uint64_t last_hello_ns;
+        bool was_live;
+        uint64_t n_bad_frames;
+};
+
+struct worker_pool {
+        uv_loop_t *loop;
+        void *zctx;
+        char router_id[64];
+        tsr_worker **workers;
+        size_t n_workers;
+        uv_timer_t tick;
+        uv_idle_t kick;              /* re-drain after sends: the ZMQ_FD edge rule */
+        int open_handles;
+        void (*closed_cb)(void *ud);
+        void *closed_ud;
+};
+
+static bool should_log(uint64_t n) { return n <= 10 || n % 1000 == 0; }
+
+static uint64_t status_window_ns(const tsr_worker *w) {
+        uint32_t ivl = DEFAULT_STATUS_INTERVAL_MS;
+        if (w->info && w->info->model_info->status_interval_ms)
+                ivl = w->info->model_info->status_interval_ms;
+        return (uint64_t)MISSED_STATUS_LIMIT * ivl * 1000000ull;
+}
+
+bool tsr_worker_live(const tsr_worker *w) {
+        return w->info && w->last_status_ns && tsr_now_ns() - w->last_status_ns <= status_window_ns(w);
+}
+
+const char *tsr_worker_endpoint(const tsr_worker *w) { return w->endpoint; }
+
+const Tessera__V1__ModelInfo *tsr_worker_model_info(const tsr_worker *w) {
+        return w->info ? w->info->model_info : NULL;
+}
+
+const Tessera__V1__Status *tsr_worker_status(const tsr_worker *w) { return w->status ? w->status->status : NULL; }
+
+size_t worker_pool_count(const worker_pool *p) { return p->n_workers; }
+tsr_worker *worker_pool_get(worker_pool *p, size_t i) { return i < p->n_workers ? p->workers[i] : NULL; }
+
+size_t worker_pool_num_live(const worker_pool *p) {
+        size_t n = 0;
+        for (size_t i = 0; i < p->n_workers; i++)
+                n += tsr_worker_live(p->workers[i]);
+        return n;
+}
+
+static void kick(worker_pool *p);
+static const Tessera__V1__ModelInfo *tokenizer_source(const tsr_worker *w);
+
+static void send_hello(tsr_worker *w) {
+        tsr_envelope env;
+        Tessera__V1__Hello h;
+        uint8_t *buf;
+        size_t n;
+
+        tessera__v1__envelope__init(&env);
+        tessera__v1__hello__init(&h);
+        h.router_id = w->pool->router_id;
+        h.tessera_version = TSR_VERSION;
+        if (tokenizer_source(w))
+                h.cached_tokenizer_hash = tokenizer_source(w)->tokenizer_hash;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_HELLO;
+        env.hello = &h;
+        w->last_hello_ns = tsr_now_ns();
+        if (tsr_wire_pack(&env, &buf, &n) != TSR_OK)
+                return;
+        /* DONTWAIT: a DEALER whose pipe is full (worker gone for long) drops the Hello;
+         * the tick retries every second until ModelInfo arrives. */
+        if (zmq_send(w->dealer.sock, buf, n, ZMQ_DONTWAIT) < 0)
+                log_debug("hello to %s not sent: %s", w->endpoint, zmq_strerror(zmq_errno()));
+        free(buf);
+        kick(w->pool);
+}
+
+/* The ModelInfo that carries the tokenizer bytes: the current one, or an earlier one
+ * kept because the worker later sent its ModelInfo without them (same hash). */
+static const Tessera__V1__ModelInfo *tokenizer_source(const tsr_worker *w) {
+        if (w->tokenizer_env)
+                return w->tokenizer_env->model_info;
+        if (w->info && !w->info->model_info->tokenizer_omitted)
+                return w->info->model_info;
+        return NULL;
+}
+
+const Tessera__V1__ModelInfo *tsr_worker_tokenizer(const tsr_worker *w) { return tokenizer_source(w); }
+
+/* Drop the ModelInfo (the worker restarted), keeping its tokenizer for the cache. */
+static void forget_info(tsr_worker *w) {
+        if (w->info && !w->info->model_info->tokenizer_omitted) {
+                tsr_wire_free(w->tokenizer_env);
+                w->tokenizer_env = w->info;
+        } else {
+                tsr_wire_free(w->info);
+        }
+        w->info = NULL;
+}
+
+static void on_model_info(tsr_worker *w, tsr_envelope *env) {
+        Tessera__V1__ModelInfo *mi = env->model_info;
+
+        if (mi->tokenizer_omitted) {
+                const Tessera__V1__ModelInfo *src = tokenizer_source(w);
+                if (!src || src->tokenizer_hash != mi->tokenizer_hash) {
+                        /* Our cache is gone or stale: drop it and ask for the full form. */
+                        tsr_wire_free(w->tokenizer_env);
+                        w->tokenizer_env = NULL;
+                        tsr_wire_free(w->info);
+                        w->info = NULL;
+                        tsr_wire_free(env);
+                        send_hello(w);
+                        return;
+                }
+                forget_info(w);   /* moves a tokenizer-carrying info into tokenizer_env */
+        } else {
+                tsr_wire_free(w->info);
+                tsr_wire_free(w->tokenizer_env);
+                w->tokenizer_env = NULL;
+        }
+        w->info = env;
+        w->boot_epoch = mi->boot_epoch;
+        log_info("worker %s: model info: %s (max_model_len %u, block_size %u, %llu KV blocks, engine %s%s)",
+                 w->endpoint, mi->served_model_names[0], mi->max_model_len, mi->block_size,
+                 (unsigned long long)mi->kv_blocks_total, mi->engine_ready ? "ready" : "not built",
+                 mi->tokenizer_omitted ? ", tokenizer from cache" : "");
+}
+
+static void on_status(tsr_worker *w, tsr_envelope *env) {
+        Tessera__V1__Status *s = env->status;
+        if (w->info && s->boot_epoch != w->boot_epoch) {
+                log_warn("worker %s restarted (boot epoch %llu -> %llu): asking for its model info again",
+                         w->endpoint, (unsigned long long)w->boot_epoch, (unsigned long long)s->boot_epoch);
+                forget_info(w);
+        }
+        tsr_wire_free(w->status);
+        w->status = env;
+        w->last_status_ns = tsr_now_ns();
+        if (!w->info && w->last_status_ns - w->last_hello_ns > 200ull * 1000000ull)
+                send_hello(w);
+}
+
+static void handle_frame(tsr_worker *w, bool from_sub, const void *p, size_t n) {
+        tsr_envelope *env = NULL;
+        char err[256];
+
+        if (tsr_wire_unpack(p, n, 0, &env, err, sizeof(err)) != TSR_OK) {
+                if (should_log(++w->n_bad_frames))
+                        log_warn("worker %s: dropped a frame: %s", w->endpoint, err);
+                return;
+        }
+        switch (env->msg_case) {
+        case TESSERA__V1__ENVELOPE__MSG_STATUS:
+                if (from_sub) {
+                        on_status(w, env);
+                        return;
+                }
+                break;
+        case TESSERA__V1__ENVELOPE__MSG_MODEL_INFO:
+                if (!from_sub) {
+                        on_model_info(w, env);
+                        return;
+                }
+                break;
+        case TESSERA__V1__ENVELOPE__MSG_ERROR:
+                log_warn("worker %s: error for request '%s': %s", w->endpoint, env->error->request_id,
+                         env->error->message);
+                break;
+        case TESSERA__V1__ENVELOPE__MSG_OUTPUT:
+                /* No request path yet (router issue #5). */
+                break;
+        default:
+                if (should_log(++w->n_bad_frames))
+                        log_warn("worker %s: unexpected %s message", w->endpoint, tsr_wire_msg_name(env));
+                break;
+        }
+        tsr_wire_free(env);
+}
+
+/* Read everything the socket has.  ZMQ_FD only signals edges, so stop only when
+ * ZMQ_EVENTS says there is nothing left; bounded per call so one busy worker cannot
+ * starve the loop (the idle kick comes back for the rest). */
+static bool drain(zsock_watch *z) {
+        for (int i = 0; i < 1024; i++) {
+                int events = 0;
+                size_t len = sizeof(events);
+                zmq_msg_t m;
+
+                if (zmq_getsockopt(z->sock, ZMQ_EVENTS, &events, &len) != 0 || !(events & ZMQ_POLLIN))
+                        return false;
+                zmq_msg_init(&m);
+                if (zmq_msg_recv(&m, z->sock, ZMQ_DONTWAIT) < 0) {
+                        zmq_msg_close(&m);
+                        return false;
+                }
+                if (zmq_msg_more(&m)) {
+                        /* One frame per message is the protocol: skip the rest. */
+                        zmq_msg_t junk;
+                        do {
+                                zmq_msg_init(&junk);
+                                if (zmq_msg_recv(&junk, z->sock, ZMQ_DONTWAIT) < 0) {
+                                        zmq_msg_close(&junk);
+                                        break;
+                                }
+                                int more = zmq_msg_more(&junk);
+                                zmq_msg_close(&junk);
+                                if (!more)
+                                        break;
+                        } while (1);
+                } else {
+                        handle_frame(z->owner, z->is_sub, zmq_msg_data(&m), zmq_msg_size(&m));
+                }
+                zmq_msg_close(&m);
+        }
+        return true;   /* more may be waiting */
+}
+
+static bool drain_all(worker_pool *p) {
+        bool more = false;
+        for (size_t i = 0; i < p->n_workers; i++) {
+                more |= drain(&p->workers[i]->dealer);
+                more |= drain(&p->workers[i]->sub);
+        }
+        return more;
+}
+
+static void on_poll(uv_poll_t *h, int status, int events) {
+        zsock_watch *z = h->data;
+        if (drain(z))
+                kick(z->owner->pool);
+}
+
+static void on_kick(uv_idle_t *h) {
+        worker_pool *p = h->data;
+        if (!drain_all(p))
+                uv_idle_stop(&p->kick);
+}
+
+static void kick(worker_pool *p) {
+        if (!uv_is_closing((uv_handle_t *)&p->kick))
+                uv_idle_start(&p->kick, on_kick);
+}
+
+static void on_tick(uv_timer_t *t) {
+        worker_pool *p = t->data;
+        uint64_t now = tsr_now_ns();
+        for (size_t i = 0; i < p->n_workers; i++) {
+                tsr_worker *w = p->workers[i];
+                bool live = tsr_worker_live(w);
+                if (live != w->was_live) {
+                        if (live)
+                                log_info("worker %s is live", w->endpoint);
+                        else
+                                log_warn("worker %s is down: %s", w->endpoint,
+                                         w->info ? "no Status within 3 intervals" : "no model info");
+                        w->was_live = live;
+                }
+                if (!w->info && now - w->last_hello_ns >= HELLO_RETRY_NS)
+                        send_hello(w);
+        }
+        /* Belt and braces for the edge-triggered fd: a periodic drain costs little. */
+        if (drain_all(p))
+                kick(p);
+}
+
+static int set_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof(v)); }
+
+static tsr_status watch_socket(worker_pool *p, tsr_worker *w, zsock_watch *z, void *sock, bool is_sub) {
+        int fd;
+        size_t len = sizeof(fd);
+        z->sock = sock;
+        z->owner = w;
+        z->is_sub = is_sub;
+        if (zmq_getsockopt(sock, ZMQ_FD, &fd, &len) != 0)
+                return TSR_E_INTERNAL;
+        if (uv_poll_init(p->loop, &z->poll, fd) != 0)
+                return TSR_E_INTERNAL;
+        p->open_handles++;
+        z->poll.data = z;
+        uv_poll_start(&z->poll, UV_READABLE, on_poll);
+        return TSR_OK;
+}
+
+static char *default_status_endpoint(const char *ep) {
+        char out[512];
+        return tsr_endpoint_status_default(ep, out, sizeof(out)) == TSR_OK ? strdup(out) : NULL;
+}
+
+tsr_status worker_pool_add(worker_pool *p, const char *spec) {
+        tsr_worker *w, **grown;
+        const char *comma = strchr(spec, ',');
+        int64_t maxmsg = TSR_WIRE_MAX_FRAME;
+        void *dealer = NULL, *sub = NULL;
+
+        w = calloc(1, sizeof(*w));
+        if (!w)
+                return TSR_E_NOMEM;
+        w->pool = p;
+        w->endpoint = comma ? strndup(spec, (size_t)(comma - spec)) : strdup(spec);
+        w->status_endpoint = comma ? strdup(comma + 1) : default_status_endpoint(spec);
+        if (!w->endpoint || !w->status_endpoint) {
+                log_error("--worker %s: expected tcp://HOST:PORT[,tcp://HOST:STATUS_PORT]", spec);
+                goto fail;
+        }
+        dealer = zmq_socket(p->zctx, ZMQ_DEALER);
+        sub = zmq_socket(p->zctx, ZMQ_SUB);
+        if (!dealer || !sub)
+                goto fail;
+        zmq_setsockopt(dealer, ZMQ_ROUTING_ID, p->router_id, strlen(p->router_id));
+        set_int(dealer, ZMQ_LINGER, 0);
+        set_int(dealer, ZMQ_SNDHWM, 100000);
+        set_int(dealer, ZMQ_RCVHWM, 100000);
+        set_int(dealer, ZMQ_RECONNECT_IVL, 100);
+        set_int(dealer, ZMQ_RECONNECT_IVL_MAX, 1000);
+        set_int(dealer, ZMQ_HEARTBEAT_IVL, 1000);
+        set_int(dealer, ZMQ_HEARTBEAT_TIMEOUT, 3000);
+        set_int(dealer, ZMQ_HEARTBEAT_TTL, 5000);
+        zmq_setsockopt(dealer, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        set_int(sub, ZMQ_LINGER, 0);
+        set_int(sub, ZMQ_RCVHWM, 100000);
+        set_int(sub, ZMQ_RECONNECT_IVL, 100);
+        set_int(sub, ZMQ_RECONNECT_IVL_MAX, 1000);
+        zmq_setsockopt(sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+        if (zmq_connect(dealer, w->endpoint) != 0 || zmq_connect(sub, w->status_endpoint) != 0) {
+                log_error("--worker %s: cannot connect: %s", spec, zmq_strerror(zmq_errno()));
+                goto fail;
+        }
+        grown = realloc(p->workers, (p->n_workers + 1) * sizeof(*grown));
+        if (!grown)
+                goto fail;
+        p->workers = grown;
+        if (watch_socket(p, w, &w->dealer, dealer, false) != TSR_OK)
+                goto fail;
+        if (watch_socket(p, w, &w->sub, sub, true) != TSR_OK) {
+                /* the dealer's poll handle is open: close it through the pool later */
+                p->workers[p->n_workers++] = w;
+                zmq_close(sub);
+                w->sub.sock = NULL;
+                return TSR_E_INTERNAL;
+        }
+        p->workers[p->n_workers++] = w;
+        log_info("worker %s (status %s) added", w->endpoint, w->status_endpoint);
+        send_hello(w);
+        return TSR_OK;
+fail:
+        if (dealer)
+                zmq_close(dealer);
+        if (sub)
+                zmq_close(sub);
+        free(w->endpoint);
+        free(w->status_endpoint);
+        free(w);
+        return TSR_E_INVAL;
+}
+
+tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool **ret) {
+        worker_pool *p = calloc(1, sizeof(*p));
+        if (!p)
+                return TSR_E_NOMEM;
+        p->loop = loop;
+        snprintf(p->router_id, sizeof(p->router_id), "%s", router_id);
+        p->zctx = zmq_ctx_new();
+        if (!p->zctx) {
+                free(p);
+                return TSR_E_INTERNAL;
+        }
+        uv_timer_init(loop, &p->tick);
+        uv_idle_init(loop, &p->kick);
+        p->tick.data = p;
+        p->kick.data = p;
+        p->open_handles = 2;
+        uv_timer_start(&p->tick, on_tick, TICK_MS, TICK_MS);
+        *ret = p;
+        return TSR_OK;
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+        worker_pool *p = h->data;
+        if (h->type == UV_POLL)
+                p = ((zsock_watch *)h->data)->owner->pool;
+        if (--p->open_handles == 0 && p->closed_cb)
+                p->closed_cb(p->closed_ud);
+}
+
+void worker_pool_close(worker_pool *p, void (*done)(void *ud), void *ud) {
+        p->closed_cb = done;
+        p->closed_ud = ud;
+        uv_close((uv_handle_t *)&p->tick, on_handle_closed);
+        uv_close((uv_handle_t *)&p->kick, on_handle_closed);
+        for (size_t i = 0; i < p->n_workers; i++) {
+                tsr_worker *w = p->workers[i];
+                /* Stop watching before the socket (and its fd) goes away. */
+                if (w->dealer.sock)
+                        uv_close((uv_handle_t *)&w->dealer.poll, on_handle_closed);
+                if (w->sub.sock)
+                        uv_close((uv_handle_t *)&w->sub.poll, on_handle_closed);
+        }
+}
+
+void worker_pool_free(worker_pool **pp) {
+        worker_pool *p;
+        if (!pp || !*pp)
+                return;
+        p = *pp;
+        for (size_t i = 0; i < p->n_workers; i++) {
+                tsr_worker *w = p->workers[i];
+                if (w->dealer.sock)
+                        zmq_close(w->dealer.sock);
+                if (w->sub.sock)
+                        zmq_close(w->sub.sock);
+                tsr_wire_free(w->info);
+                tsr_wire_free(w->tokenizer_env);
+                tsr_wire_free(w->status);
+                free(w->endpoint);
+                free(w->status_endpoint);
+                free(w);
+        }
+        free(p->workers);
+        zmq_ctx_term(p->zctx);
+        free(p);
+        *pp = NULL;
+}

@@ -1,0 +1,51 @@
+/* worker_link.h - the router's view of its workers, over ZeroMQ, on the libuv loop.
+ *
+ * Per worker: a DEALER connected to the worker's ROUTER (Hello/Submit/Abort out;
+ * ModelInfo/Output/Error in) and a SUB connected to its Status PUB.  Both sockets are
+ * owned by the loop thread; their ZMQ_FDs are watched with uv_poll and drained while
+ * ZMQ_EVENTS says POLLIN, and every send is followed by a re-check (the fd is
+ * edge-triggered: docs/architecture.md says why this design and not a zmq thread).
+ *
+ * A worker is live when its ModelInfo has arrived and its last Status is younger than
+ * 3 of its status intervals.  When a Status shows a new boot_epoch (the worker
+ * restarted) the router forgets the old ModelInfo and says Hello again. */
+#ifndef TSR_ROUTER_WORKER_LINK_H
+#define TSR_ROUTER_WORKER_LINK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/wire.h"
+
+typedef struct worker_pool worker_pool;
+typedef struct tsr_worker tsr_worker;
+
+/* Loop thread.  `router_id` becomes every DEALER's routing id (copied). */
+tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool **ret);
+/* Add a worker by spec "tcp://HOST:PORT" (Status on PORT+1) or
+ * "tcp://HOST:PORT,tcp://HOST:SPORT".  Connects at once; TSR_E_INVAL on a bad spec. */
+tsr_status worker_pool_add(worker_pool *p, const char *spec);
+/* Close every socket and handle; `done` runs on the loop once all handles are closed. */
+void worker_pool_close(worker_pool *p, void (*done)(void *ud), void *ud);
+/* After done ran.  Accepts NULL; clears *p. */
+void worker_pool_free(worker_pool **p);
+
+size_t worker_pool_count(const worker_pool *p);
+tsr_worker *worker_pool_get(worker_pool *p, size_t i);
+size_t worker_pool_num_live(const worker_pool *p);
+
+const char *tsr_worker_endpoint(const tsr_worker *w);
+bool tsr_worker_live(const tsr_worker *w);
+/* The worker's ModelInfo, NULL until it arrived (borrowed; valid until the next loop
+ * callback of the pool).  The tokenizer may come from an earlier ModelInfo with the
+ * same hash when the worker omitted it. */
+const Tessera__V1__ModelInfo *tsr_worker_model_info(const tsr_worker *w);
+/* The ModelInfo whose tokenizer fields hold the bytes (the current one, or an earlier
+ * one when the worker omitted them because we had them cached); NULL if none. */
+const Tessera__V1__ModelInfo *tsr_worker_tokenizer(const tsr_worker *w);
+/* The worker's last Status, NULL before the first. */
+const Tessera__V1__Status *tsr_worker_status(const tsr_worker *w);
+
+#endif

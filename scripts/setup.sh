@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install Tessera's build dependencies from Debian (only what is missing), then
+# configure and build into build/.  Safe to re-run.
+#   WERROR=true  treat warnings as errors (the test command and CI set it)
+#   BUILD_DIR    build folder (default: build)
+#   MESON_ARGS   extra `meson setup` arguments, space-separated (first configure only)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(build-essential pkg-config meson ninja-build python3 python3-venv
+      libuv1-dev node-llhttp libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
+      libjansson-dev libyaml-dev libpcre2-dev libcmocka-dev libxxhash-dev libsystemd-dev)
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+BUILD_DIR="${BUILD_DIR:-build}"
+WERROR="${WERROR:-false}"
+read -r -a extra_args <<< "${MESON_ARGS:-}"
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+    meson setup "$BUILD_DIR" --buildtype=debugoptimized -Dwerror="$WERROR" "${extra_args[@]}" >/dev/null
+else
+    meson configure "$BUILD_DIR" -Dwerror="$WERROR" >/dev/null
+fi
+meson compile -C "$BUILD_DIR" >/dev/null
+echo "setup: built $BUILD_DIR/ (tessera, tessera-router, tessera-worker)"

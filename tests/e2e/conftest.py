@@ -1,0 +1,189 @@
+"""The e2e harness: start real Tessera processes on loopback, wait on /health (no
+fixed sleeps), and kill their process groups at teardown.
+
+Environment: TESSERA_BUILD (default <repo>/build), TESSERA_TEST_MODEL (default the
+demo GGUF fetched by scripts/fetch-model.sh).  Tests that need the model skip when it
+is absent."""
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("TESSERA_BUILD", REPO / "build"))
+LAUNCHER = BUILD / "deploy" / "tessera"
+ROUTER = BUILD / "router" / "tessera-router"
+WORKER = BUILD / "worker" / "tessera-worker"
+DEMO_MODEL = Path(os.environ.get("TESSERA_TEST_MODEL",
+                                 REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
+FIXTURES = REPO.parent / "shared" / "fixtures"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_pair():
+    """Two consecutive free ports (a worker's requests and Status sockets)."""
+    for _ in range(100):
+        p = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 1))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+def wait_until(predicate, timeout, interval=0.02, what="condition"):
+    """Poll `predicate` until it returns a truthy value; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def http_status(url, **kw):
+    try:
+        return requests.get(url, timeout=2, **kw).status_code
+    except requests.RequestException:
+        return None
+
+
+def children_of(pid):
+    """Direct children of `pid` (Linux /proc)."""
+    kids = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        pass
+    return kids
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def pid_alive(pid):
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Proc:
+    """One process (and its process group) with its output in a log file."""
+
+    def __init__(self, args, log_path, env=None):
+        self.args = [str(a) for a in args]
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.p = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT,
+                                  start_new_session=True, env=env)
+        self.pid = self.p.pid
+
+    def output(self):
+        self.log.flush()
+        return Path(self.log_path).read_text(errors="replace")
+
+    def wait(self, timeout):
+        return self.p.wait(timeout=timeout)
+
+    def kill_group(self):
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.p.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture
+def spawn(tmp_path, request):
+    """spawn(args) -> Proc; every process is killed (group) at teardown, and its log
+    is printed when the test failed."""
+    procs = []
+
+    def _spawn(args, env=None):
+        proc = Proc(args, tmp_path / f"proc{len(procs)}.log", env=env)
+        procs.append(proc)
+        return proc
+
+    yield _spawn
+    for proc in procs:
+        proc.kill_group()
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+        for proc in procs:
+            print(f"---- {' '.join(proc.args)}\n{Path(proc.log_path).read_text(errors='replace')[-4000:]}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture
+def demo_model():
+    if not DEMO_MODEL.exists():
+        pytest.skip(f"demo model not fetched ({DEMO_MODEL}); run scripts/fetch-model.sh")
+    return DEMO_MODEL
+
+
+class Served:
+    def __init__(self, proc, port):
+        self.proc = proc
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+
+    def worker_pid(self):
+        for pid in children_of(self.proc.pid):
+            if cmdline(pid).endswith("tessera-worker"):
+                return pid
+        return None
+
+    def router_pid(self):
+        for pid in children_of(self.proc.pid):
+            if cmdline(pid).endswith("tessera-router"):
+                return pid
+        return None
+
+
+@pytest.fixture
+def serve(spawn, demo_model):
+    """serve(*extra_flags) -> Served: `tessera serve` on a free port, healthy."""
+
+    def _serve(*flags, model=None, wait=True):
+        port = free_port()
+        proc = spawn([LAUNCHER, "serve", model or demo_model, "--host", "127.0.0.1",
+                      "--port", port, *flags])
+        served = Served(proc, port)
+        if wait:
+            wait_until(lambda: proc.p.poll() is not None or http_status(served.base + "/health") == 200,
+                       timeout=60, what="/health 200")
+            assert proc.p.poll() is None, proc.output()
+        return served
+
+    return _serve

@@ -1,0 +1,154 @@
+"""Speak the protocol to a real worker with pyzmq: garbage is dropped and the worker
+keeps serving; Hello gets ModelInfo; Submit gets the engine's clear refusal."""
+import random
+import time
+
+import pytest
+import zmq
+
+from conftest import WORKER, free_port_pair
+
+# A few lines of protobuf encoding by hand, so the test depends on the wire format
+# itself (field numbers of proto/tessera.proto), not on generated Python code.
+
+
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def field(num, wire, payload):
+    key = varint((num << 3) | wire)
+    if wire == 0:
+        return key + varint(payload)
+    return key + varint(len(payload)) + payload
+
+
+def envelope(msg_field, body, version=1000):
+    return field(1, 0, version) + field(msg_field, 2, body)
+
+
+def read_fields(buf):
+    """Decode one protobuf message level: {field: [values]} (bytes for wire type 2)."""
+    out, i = {}, 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = _varint(buf, i)
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wire == 5:
+            v, i = buf[i:i + 4], i + 4
+        elif wire == 1:
+            v, i = buf[i:i + 8], i + 8
+        else:
+            raise ValueError(f"wire type {wire}")
+        out.setdefault(num, []).append(v)
+    return out
+
+
+def _varint(buf, i):
+    shift = n = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+HELLO, MODEL_INFO, SUBMIT, ERROR = 10, 11, 20, 23
+
+
+@pytest.fixture
+def worker(spawn, demo_model):
+    port = free_port_pair()
+    proc = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{port}", "--served-model-name", "wire"])
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.ROUTING_ID, b"pytest-router")
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    yield proc, sock
+    sock.close()
+    ctx.term()
+
+
+def request(sock, frame, timeout_ms=5000):
+    sock.send(frame)
+    if not sock.poll(timeout_ms):
+        raise AssertionError("no reply from the worker")
+    return read_fields(sock.recv())
+
+
+def hello(sock):
+    reply = request(sock, envelope(HELLO, field(1, 2, b"pytest-router")), timeout_ms=20000)
+    assert MODEL_INFO in reply, reply
+    return read_fields(reply[MODEL_INFO][0])
+
+
+def test_hello_gets_model_info(worker):
+    _, sock = worker
+    info = hello(sock)
+    assert info[3] == [b"wire"]                  # served_model_names
+    assert info[5] == [8192]                      # max_model_len
+    assert info[6] == [16]                        # block_size
+    assert 13 in info                             # the GGUF tokenizer is carried
+    gguf = read_fields(info[13][0])
+    assert gguf[1] == [b"gpt2"]                   # SmolLM2's tokenizer model
+    assert len(gguf[3]) == 49152                  # every token string
+
+
+def test_garbage_is_dropped_and_worker_keeps_serving(worker):
+    proc, sock = worker
+    hello(sock)
+    rng = random.Random(7)
+    frames = [b"", b"\x00", b"\xff" * 64, envelope(SUBMIT, b"\x0a\xff\xff\xff\xff\x0f"),  # huge declared length
+              envelope(HELLO, b"", version=2000)]                                     # another major version
+    frames += [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 300))) for _ in range(300)]
+    for f in frames:
+        sock.send(f)
+    sock.send_multipart([b"two", b"frames"])
+    # Drain whatever errors came back, then check the worker still answers Hello.
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and sock.poll(100):
+        sock.recv()
+    assert proc.p.poll() is None
+    hello(sock)
+    out = proc.output()
+    assert "dropped a frame" in out
+    assert "protocol version 2.0" in out
+
+
+def test_submit_refused_with_clear_retryable_error(worker):
+    _, sock = worker
+    hello(sock)
+    submit = (field(1, 2, b"cmpl-test-0") + field(2, 2, varint(1) + varint(2) + varint(3)) +
+              field(4, 0, 8) + field(8, 0, (1 << 64) - 1) + field(9, 0, (1 << 64) - 1))
+    reply = request(sock, envelope(SUBMIT, submit))
+    assert ERROR in reply
+    err = read_fields(reply[ERROR][0])
+    assert err[1] == [b"cmpl-test-0"]
+    assert err[2] == [3]                          # ERROR_UNAVAILABLE
+    assert err[4] == [1]                          # retryable
+    assert b"no model runner" in err[3][0]
+
+
+def test_invalid_submit_gets_invalid_error(worker):
+    _, sock = worker
+    hello(sock)
+    submit = field(1, 2, b"cmpl-bad") + field(4, 0, 8)   # no prompt tokens
+    reply = request(sock, envelope(SUBMIT, submit))
+    err = read_fields(reply[ERROR][0])
+    assert err[2] == [1]                          # ERROR_INVALID
+    assert b"empty prompt" in err[3][0]

@@ -1,0 +1,358 @@
+/* link.c - the worker io thread (see link.h). */
+#include "link.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/wire.h"
+#include "engine.h"
+
+typedef struct link {
+        const worker_link_opts *o;
+        void *zctx;
+        void *router;          /* ROUTER: requests and replies */
+        void *pub;             /* PUB: Status */
+        tsr_queue *inbox;
+        tsr_queue *outbox;
+        engine_stats stats;    /* latest snapshot from the engine */
+        uint64_t status_seq;
+        bool draining;
+        bool stop;
+        uint64_t n_bad_frames;
+        uint64_t n_send_drops;
+} link;
+
+/* Log the first few of a repeated problem, then one in a thousand (hot-path rate limit). */
+static bool should_log(uint64_t count) { return count <= 10 || count % 1000 == 0; }
+
+static void printable_id(const uint8_t *id, size_t len, char *out, size_t outlen) {
+        size_t j = 0;
+        for (size_t i = 0; i < len && j + 3 < outlen; i++) {
+                if (id[i] >= 0x21 && id[i] < 0x7f) {
+                        out[j++] = (char)id[i];
+                } else {
+                        snprintf(out + j, outlen - j, "%02x", id[i]);
+                        j += 2;
+                }
+        }
+        out[j] = '\0';
+}
+
+/* Send one envelope to one router.  Never blocks: a full pipe or a vanished router
+ * is counted and logged, never waited on. */
+static void send_to(link *l, const uint8_t *rid, size_t rid_len, const uint8_t *p, size_t n) {
+        if (zmq_send(l->router, rid, rid_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+            zmq_send(l->router, p, n, ZMQ_DONTWAIT) < 0) {
+                int e = zmq_errno();
+                char who[64];
+                printable_id(rid, rid_len, who, sizeof(who));
+                l->n_send_drops++;
+                if (should_log(l->n_send_drops))
+                        log_warn("send to router %s dropped: %s (drops=%llu)", who, zmq_strerror(e),
+                                 (unsigned long long)l->n_send_drops);
+        }
+}
+
+static void send_env(link *l, const uint8_t *rid, size_t rid_len, tsr_envelope *env) {
+        uint8_t *p;
+        size_t n;
+        if (tsr_wire_pack(env, &p, &n) != TSR_OK) {
+                log_error("could not pack a %s message", tsr_wire_msg_name(env));
+                return;
+        }
+        send_to(l, rid, rid_len, p, n);
+        free(p);
+}
+
+static void send_error(link *l, const uint8_t *rid, size_t rid_len, const char *request_id,
+                       Tessera__V1__ErrorCode code, bool retryable, const char *message) {
+        tsr_envelope env;
+        Tessera__V1__Error e;
+        tessera__v1__envelope__init(&env);
+        tessera__v1__error__init(&e);
+        e.request_id = (char *)(request_id ? request_id : "");
+        e.code = code;
+        e.retryable = retryable;
+        e.message = (char *)message;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_ERROR;
+        env.error = &e;
+        send_env(l, rid, rid_len, &env);
+}
+
+static void publish_status(link *l) {
+        tsr_envelope env;
+        Tessera__V1__Status s;
+        uint8_t *p;
+        size_t n;
+
+        tessera__v1__envelope__init(&env);
+        tessera__v1__status__init(&s);
+        s.worker_id = (char *)l->o->worker_id;
+        s.boot_epoch = l->o->boot_epoch;
+        s.seq = ++l->status_seq;
+        s.ts_unix_ns = tsr_wall_ns();
+        s.state = l->draining ? TESSERA__V1__STATUS__STATE__DRAINING : TESSERA__V1__STATUS__STATE__READY;
+        s.kv_blocks_total = l->stats.kv_blocks_total;
+        s.kv_blocks_free = l->stats.kv_blocks_free;
+        s.kv_blocks_active = l->stats.kv_blocks_active;
+        s.num_running = l->stats.num_running;
+        s.num_waiting = l->stats.num_waiting;
+        s.max_num_seqs = l->stats.max_num_seqs;
+        s.waiting_prompt_tokens = l->stats.waiting_prompt_tokens;
+        s.endpoint = (char *)l->o->listen;
+        s.engine_ready = l->stats.ready;
+        s.num_preemptions_total = l->stats.num_preemptions_total;
+        s.prefix_cache_queries_total = l->stats.prefix_cache_queries_total;
+        s.prefix_cache_hits_total = l->stats.prefix_cache_hits_total;
+        s.prompt_tokens_total = l->stats.prompt_tokens_total;
+        s.generation_tokens_total = l->stats.generation_tokens_total;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_STATUS;
+        env.status = &s;
+        if (tsr_wire_pack(&env, &p, &n) != TSR_OK)
+                return;
+        /* PUB never blocks: past its HWM a message is dropped, which is what a
+         * periodic snapshot wants. */
+        if (zmq_send(l->pub, p, n, ZMQ_DONTWAIT) < 0 && should_log(++l->n_send_drops))
+                log_warn("status publish failed: %s", zmq_strerror(zmq_errno()));
+        free(p);
+}
+
+static void to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env) {
+        engine_in *in = calloc(1, sizeof(*in));
+        const char *req = kind == ENGINE_IN_SUBMIT ? env->submit->request_id : NULL;
+        tsr_status st;
+
+        if (!in) {
+                tsr_wire_free(env);
+                if (req)
+                        send_error(l, rid, rid_len, NULL, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                                   "worker out of memory");
+                return;
+        }
+        in->kind = kind;
+        memcpy(in->router_id, rid, rid_len);
+        in->router_id_len = rid_len;
+        in->env = env;
+        st = tsr_queue_push(l->inbox, in);
+        if (st != TSR_OK) {
+                /* Engine inbox full: refuse now, retryable, rather than queue without bound. */
+                if (kind == ENGINE_IN_SUBMIT)
+                        send_error(l, rid, rid_len, req, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                                   "worker engine queue is full");
+                engine_in_free(in);
+        }
+}
+
+static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint8_t *p, size_t n) {
+        tsr_envelope *env = NULL;
+        char err[256], who[64];
+        tsr_status st = tsr_wire_unpack(p, n, 0, &env, err, sizeof(err));
+
+        printable_id(rid, rid_len, who, sizeof(who));
+        if (st != TSR_OK) {
+                l->n_bad_frames++;
+                if (should_log(l->n_bad_frames))
+                        log_warn("dropped a frame from router %s: %s (bad_frames=%llu)", who, err,
+                                 (unsigned long long)l->n_bad_frames);
+                /* Tell the sender why, when it speaks enough protocol to read the answer. */
+                if (st == TSR_E_INVAL || strstr(err, "protocol version"))
+                        send_error(l, rid, rid_len, NULL,
+                                   st == TSR_E_INVAL ? TESSERA__V1__ERROR_CODE__ERROR_INVALID
+                                                     : TESSERA__V1__ERROR_CODE__ERROR_VERSION,
+                                   false, err);
+                return;
+        }
+        switch (env->msg_case) {
+        case TESSERA__V1__ENVELOPE__MSG_HELLO: {
+                bool lean = env->hello->cached_tokenizer_hash != 0 &&
+                            env->hello->cached_tokenizer_hash == l->o->tokenizer_hash;
+                log_info("hello from router %s (version %s): sending model info%s", who,
+                         env->hello->tessera_version, lean ? " without tokenizer (cached)" : "");
+                if (lean)
+                        send_to(l, rid, rid_len, l->o->model_info_lean, l->o->model_info_lean_len);
+                else
+                        send_to(l, rid, rid_len, l->o->model_info_full, l->o->model_info_full_len);
+                break;
+        }
+        case TESSERA__V1__ENVELOPE__MSG_SUBMIT:
+                if (l->draining) {
+                        send_error(l, rid, rid_len, env->submit->request_id,
+                                   TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true, "worker is draining");
+                        break;
+                }
+                to_engine(l, ENGINE_IN_SUBMIT, rid, rid_len, env);
+                return;   /* env now owned by the engine */
+        case TESSERA__V1__ENVELOPE__MSG_ABORT:
+                to_engine(l, ENGINE_IN_ABORT, rid, rid_len, env);
+                return;
+        case TESSERA__V1__ENVELOPE__MSG_DRAIN:
+                log_info("drain requested by router %s: %s", who, env->drain->reason);
+                l->draining = true;
+                break;
+        case TESSERA__V1__ENVELOPE__MSG_SHUTDOWN:
+                log_info("shutdown requested by router %s", who);
+                l->stop = true;
+                break;
+        default:
+                l->n_bad_frames++;
+                if (should_log(l->n_bad_frames))
+                        log_warn("dropped an unexpected %s message from router %s", tsr_wire_msg_name(env), who);
+                break;
+        }
+        tsr_wire_free(env);
+}
+
+/* Drain the ROUTER socket.  zmq_poll reports level state here, but read in a bounded
+ * batch so the outbox and status timer are never starved. */
+static void drain_router(link *l) {
+        for (int i = 0; i < 256; i++) {
+                zmq_msg_t id, body;
+                int more;
+                size_t more_len = sizeof(more);
+
+                zmq_msg_init(&id);
+                if (zmq_msg_recv(&id, l->router, ZMQ_DONTWAIT) < 0) {
+                        zmq_msg_close(&id);
+                        return;
+                }
+                zmq_getsockopt(l->router, ZMQ_RCVMORE, &more, &more_len);
+                if (!more) {
+                        zmq_msg_close(&id);   /* identity with no body: nothing to do */
+                        continue;
+                }
+                zmq_msg_init(&body);
+                zmq_msg_recv(&body, l->router, ZMQ_DONTWAIT);
+                zmq_getsockopt(l->router, ZMQ_RCVMORE, &more, &more_len);
+                if (more) {
+                        /* One frame per message is the protocol: discard the rest. */
+                        zmq_msg_t junk;
+                        do {
+                                zmq_msg_init(&junk);
+                                zmq_msg_recv(&junk, l->router, ZMQ_DONTWAIT);
+                                zmq_getsockopt(l->router, ZMQ_RCVMORE, &more, &more_len);
+                                zmq_msg_close(&junk);
+                        } while (more);
+                        if (should_log(++l->n_bad_frames))
+                                log_warn("dropped a multi-frame message (protocol is one frame)");
+                } else if (zmq_msg_size(&id) <= ENGINE_ROUTER_ID_MAX) {
+                        handle_frame(l, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&body),
+                                     zmq_msg_size(&body));
+                }
+                zmq_msg_close(&body);
+                zmq_msg_close(&id);
+        }
+}
+
+static void drain_outbox(link *l) {
+        engine_out *out;
+        tsr_queue_ack_fd(l->outbox);
+        while ((out = tsr_queue_pop(l->outbox)) != NULL) {
+                switch (out->kind) {
+                case ENGINE_OUT_STATS:
+                        l->stats = out->stats;
+                        publish_status(l);    /* "on change", besides the timer */
+                        break;
+                case ENGINE_OUT_ERROR:
+                        send_error(l, out->router_id, out->router_id_len, out->request_id, out->error_code,
+                                   out->retryable, out->message);
+                        break;
+                }
+                engine_out_free(out);
+        }
+}
+
+static int set_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof(v)); }
+
+static tsr_status open_sockets(link *l) {
+        int64_t maxmsg = TSR_WIRE_MAX_FRAME;
+
+        l->zctx = zmq_ctx_new();
+        if (!l->zctx)
+                return log_err(TSR_E_INTERNAL, "zmq_ctx_new failed");
+        l->router = zmq_socket(l->zctx, ZMQ_ROUTER);
+        l->pub = zmq_socket(l->zctx, ZMQ_PUB);
+        if (!l->router || !l->pub)
+                return log_err(TSR_E_INTERNAL, "zmq_socket failed: %s", zmq_strerror(zmq_errno()));
+        /* Mandatory: a reply to a vanished router fails (counted) instead of vanishing
+         * silently; handover: a restarted router reusing its id takes over. */
+        set_int(l->router, ZMQ_ROUTER_MANDATORY, 1);
+        set_int(l->router, ZMQ_ROUTER_HANDOVER, 1);
+        set_int(l->router, ZMQ_LINGER, 0);
+        set_int(l->router, ZMQ_SNDHWM, 100000);
+        set_int(l->router, ZMQ_RCVHWM, 100000);
+        set_int(l->router, ZMQ_HEARTBEAT_IVL, 1000);
+        set_int(l->router, ZMQ_HEARTBEAT_TIMEOUT, 3000);
+        zmq_setsockopt(l->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+        set_int(l->pub, ZMQ_LINGER, 0);
+        set_int(l->pub, ZMQ_SNDHWM, 100000);
+        if (zmq_bind(l->router, l->o->listen) != 0)
+                return log_err(TSR_E_IO, "cannot listen on %s: %s", l->o->listen, zmq_strerror(zmq_errno()));
+        if (zmq_bind(l->pub, l->o->status_listen) != 0)
+                return log_err(TSR_E_IO, "cannot publish status on %s: %s", l->o->status_listen,
+                               zmq_strerror(zmq_errno()));
+        return TSR_OK;
+}
+
+static void close_sockets(link *l) {
+        if (l->router)
+                zmq_close(l->router);
+        if (l->pub)
+                zmq_close(l->pub);
+        if (l->zctx)
+                zmq_ctx_term(l->zctx);
+}
+
+tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queue *outbox, int stop_fd) {
+        link l = {.o = o, .inbox = inbox, .outbox = outbox};
+        uint64_t interval_ns = (uint64_t)(o->status_interval_ms > 0 ? o->status_interval_ms : 100) * 1000000ull;
+        uint64_t next_status;
+        tsr_status st;
+
+        st = open_sockets(&l);
+        if (st != TSR_OK) {
+                close_sockets(&l);
+                return st;
+        }
+        log_info("listening on %s, status on %s every %d ms", o->listen, o->status_listen, o->status_interval_ms);
+        if (o->on_listening)
+                o->on_listening(o->ud);
+        next_status = tsr_now_ns();
+        while (!l.stop) {
+                zmq_pollitem_t items[3] = {
+                        {.socket = l.router, .events = ZMQ_POLLIN},
+                        {.fd = tsr_queue_fd(outbox), .events = ZMQ_POLLIN},
+                        {.fd = stop_fd, .events = ZMQ_POLLIN},
+                };
+                uint64_t now = tsr_now_ns();
+                long timeout_ms = next_status > now ? (long)((next_status - now + 999999) / 1000000) : 0;
+                int n = zmq_poll(items, stop_fd >= 0 ? 3 : 2, timeout_ms);
+
+                if (n < 0 && zmq_errno() != EINTR) {
+                        st = log_err(TSR_E_IO, "zmq_poll failed: %s", zmq_strerror(zmq_errno()));
+                        break;
+                }
+                if (n > 0 && (items[0].revents & ZMQ_POLLIN))
+                        drain_router(&l);
+                if (n > 0 && (items[1].revents & ZMQ_POLLIN))
+                        drain_outbox(&l);
+                if (n > 0 && stop_fd >= 0 && (items[2].revents & ZMQ_POLLIN)) {
+                        log_info("stop requested");
+                        l.stop = true;
+                }
+                now = tsr_now_ns();
+                if (now >= next_status) {
+                        publish_status(&l);
+                        /* Skip missed ticks instead of bursting after a stall. */
+                        while (next_status <= now)
+                                next_status += interval_ns;
+                }
+        }
+        close_sockets(&l);
+        return st;
+}

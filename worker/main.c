@@ -1,0 +1,344 @@
+/* tessera-worker MODEL --listen tcp://HOST:PORT [vLLM flags]
+ *
+ * Parse the configuration, read the model's metadata (config + tokenizer), size the
+ * KV cache, then run two threads: the io thread (this one, link.c) and the engine
+ * thread (engine.c).  Exits 2 before binding any socket when the flags or the model
+ * files are bad, 0 on SIGTERM/SIGINT. */
+#include <errno.h>
+#include <stdint.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+#ifdef TSR_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
+
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/endpoint.h"
+#include "common/log.h"
+#include "common/wire.h"
+#include "engine.h"
+#include "exit_codes.h"
+#include "link.h"
+#include "model_meta.h"
+
+#define DEFAULT_KV_CACHE_BYTES (4ll << 30)
+#define CPU_DEFAULT_MAX_NUM_SEQS 128
+#define CPU_DEFAULT_MAX_BATCHED_TOKENS 2048
+
+typedef struct worker_plan {
+        char status_listen[512];
+        char worker_id[300];
+        uint32_t max_model_len;
+        uint64_t kv_blocks_total;
+        uint32_t max_num_seqs;
+        uint32_t max_num_batched_tokens;
+        uint64_t boot_epoch;
+} worker_plan;
+
+/* KV cache blocks the CPU backend can hold: K and V, every layer, float32.  The engine
+ * issue replaces this with the allocator's own count; the formula is the same. */
+static uint64_t plan_kv_blocks(const tsr_config *cfg, const tsr_model_meta *m, uint32_t block_size) {
+        long long budget = cfg->kv_cache_memory_bytes ? cfg->kv_cache_memory_bytes : DEFAULT_KV_CACHE_BYTES;
+        long long avail = (long long)sysconf(_SC_AVPHYS_PAGES) * (long long)sysconf(_SC_PAGESIZE);
+        uint64_t head_dim = m->head_dim ? m->head_dim : 64;
+        uint64_t kv_heads = m->num_key_value_heads ? m->num_key_value_heads : 1;
+        uint64_t layers = m->num_hidden_layers ? m->num_hidden_layers : 1;
+        uint64_t per_block = 2ull * layers * kv_heads * head_dim * block_size * sizeof(float);
+
+        if (cfg->num_gpu_blocks_override > 0)
+                return (uint64_t)cfg->num_gpu_blocks_override;
+        if (!cfg->kv_cache_memory_bytes && avail > 0 && budget > avail / 2)
+                budget = avail / 2;   /* the default never takes more than half of free RAM */
+        return per_block ? (uint64_t)budget / per_block : 0;
+}
+
+static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, worker_plan *p, char *err,
+                            size_t errlen) {
+        memset(p, 0, sizeof(*p));
+        if (cfg->status_listen) {
+                snprintf(p->status_listen, sizeof(p->status_listen), "%s", cfg->status_listen);
+        } else if (tsr_endpoint_status_default(cfg->worker_listen, p->status_listen, sizeof(p->status_listen)) != TSR_OK) {
+                snprintf(err, errlen, "--listen %s: expected tcp://HOST:PORT (or give --status-listen)",
+                         cfg->worker_listen);
+                return TSR_E_INVAL;
+        }
+        p->max_model_len = m->max_model_len;
+        if (cfg->max_model_len > 0) {
+                if (m->max_model_len && (uint32_t)cfg->max_model_len > m->max_model_len) {
+                        snprintf(err, errlen,
+                                 "--max-model-len %d is greater than the model's maximum context length %u",
+                                 cfg->max_model_len, m->max_model_len);
+                        return TSR_E_INVAL;
+                }
+                p->max_model_len = (uint32_t)cfg->max_model_len;
+        }
+        if (p->max_model_len == 0) {
+                snprintf(err, errlen, "%s: the model states no context length; pass --max-model-len", m->path);
+                return TSR_E_INVAL;
+        }
+        if (cfg->tensor_parallel_size != 1 || cfg->pipeline_parallel_size != 1 || cfg->data_parallel_size != 1) {
+                snprintf(err, errlen, "tensor/pipeline/data parallel sizes other than 1 are not supported yet");
+                return TSR_E_UNSUPPORTED;
+        }
+        p->kv_blocks_total = plan_kv_blocks(cfg, m, (uint32_t)cfg->block_size);
+        p->max_num_seqs = cfg->max_num_seqs > 0 ? (uint32_t)cfg->max_num_seqs : CPU_DEFAULT_MAX_NUM_SEQS;
+        p->max_num_batched_tokens = cfg->max_num_batched_tokens > 0 ? (uint32_t)cfg->max_num_batched_tokens
+                                                                    : CPU_DEFAULT_MAX_BATCHED_TOKENS;
+        p->boot_epoch = tsr_wall_ns();
+        snprintf(p->worker_id, sizeof(p->worker_id), "%s", cfg->worker_listen);
+        return TSR_OK;
+}
+
+/* Build and pack ModelInfo: once with the tokenizer, once without it (for routers
+ * that already have it cached).  Everything points into cfg/meta (borrowed). */
+static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m, const worker_plan *p,
+                                  uint8_t **full, size_t *full_len, uint8_t **lean, size_t *lean_len) {
+        tsr_envelope env;
+        Tessera__V1__ModelInfo mi;
+        Tessera__V1__HfTokenizer hf;
+        Tessera__V1__GgufTokenizer gg;
+        Tessera__V1__GenerationDefaults gen;
+        Tessera__V1__BlockHashSpec bh;
+        char *default_name[1] = {m->path};
+        tsr_status st;
+
+        tessera__v1__envelope__init(&env);
+        tessera__v1__model_info__init(&mi);
+        tessera__v1__hf_tokenizer__init(&hf);
+        tessera__v1__gguf_tokenizer__init(&gg);
+        tessera__v1__generation_defaults__init(&gen);
+        tessera__v1__block_hash_spec__init(&bh);
+
+        mi.worker_id = (char *)p->worker_id;
+        mi.boot_epoch = p->boot_epoch;
+        if (cfg->served_model_name.n) {
+                mi.served_model_names = cfg->served_model_name.items;
+                mi.n_served_model_names = cfg->served_model_name.n;
+        } else {
+                mi.served_model_names = default_name;
+                mi.n_served_model_names = 1;
+        }
+        mi.model_root = m->path;
+        mi.max_model_len = p->max_model_len;
+        mi.block_size = (uint32_t)cfg->block_size;
+        mi.eos_token_ids = m->eos_token_ids;
+        mi.n_eos_token_ids = m->n_eos_token_ids;
+        mi.bos_token_id = m->bos_token_id;
+        mi.vocab_size = m->vocab_size;
+        mi.tokenizer_hash = m->tokenizer_hash;
+        if (m->gguf_tokenizer) {
+                const tsr_gguf_tokenizer *t = m->gguf_tokenizer;
+                gg.model = t->model ? t->model : "";
+                gg.pre = t->pre ? t->pre : "";
+                gg.tokens = t->tokens;
+                gg.n_tokens = t->n_tokens;
+                gg.scores = t->scores;
+                gg.n_scores = t->scores ? t->n_tokens : 0;
+                gg.token_types = t->token_types;
+                gg.n_token_types = t->token_types ? t->n_tokens : 0;
+                gg.merges = t->merges;
+                gg.n_merges = t->n_merges;
+                gg.bos_token_id = t->bos_id;
+                gg.eos_token_id = t->eos_id;
+                gg.unk_token_id = t->unk_id;
+                gg.pad_token_id = t->pad_id;
+                gg.add_bos_token = t->add_bos;
+                gg.add_eos_token = t->add_eos;
+                gg.add_space_prefix = t->add_space_prefix;
+                mi.tokenizer_case = TESSERA__V1__MODEL_INFO__TOKENIZER_GGUF;
+                mi.gguf = &gg;
+        } else {
+                hf.tokenizer_json.data = m->tokenizer_json;
+                hf.tokenizer_json.len = m->tokenizer_json_len;
+                hf.tokenizer_config_json.data = m->tokenizer_config_json;
+                hf.tokenizer_config_json.len = m->tokenizer_config_json_len;
+                mi.tokenizer_case = TESSERA__V1__MODEL_INFO__TOKENIZER_HF;
+                mi.hf = &hf;
+        }
+        mi.chat_template = m->chat_template ? m->chat_template : "";
+        /* --generation-config vllm: neutral defaults; auto: the model's file. */
+        if (strcmp(cfg->generation_config, "vllm") != 0) {
+                gen.has_temperature = m->has_temperature;
+                gen.temperature = (float)m->temperature;
+                gen.has_top_p = m->has_top_p;
+                gen.top_p = (float)m->top_p;
+                gen.has_top_k = m->has_top_k;
+                gen.top_k = m->top_k < INT32_MIN ? INT32_MIN : m->top_k > INT32_MAX ? INT32_MAX : (int32_t)m->top_k;
+                gen.has_min_p = m->has_min_p;
+                gen.min_p = (float)m->min_p;
+                gen.has_repetition_penalty = m->has_repetition_penalty;
+                gen.repetition_penalty = (float)m->repetition_penalty;
+                gen.has_max_new_tokens = m->has_max_new_tokens && m->max_new_tokens > 0;
+                gen.max_new_tokens = m->max_new_tokens > (int64_t)UINT32_MAX ? UINT32_MAX
+                                     : m->max_new_tokens > 0 ? (uint32_t)m->max_new_tokens : 0;
+        }
+        mi.generation_defaults = &gen;
+        bh.algo = cfg->prefix_caching_hash_algo;
+        bh.seed = 0;
+        mi.block_hash = &bh;
+        mi.kv_blocks_total = p->kv_blocks_total;
+        mi.max_num_seqs = p->max_num_seqs;
+        mi.max_num_batched_tokens = p->max_num_batched_tokens;
+        mi.tensor_parallel_size = 1;
+        mi.pipeline_parallel_size = 1;
+        mi.dtype = "float32";
+        mi.backend = "cpu";
+        mi.architecture = m->architecture ? m->architecture : "";
+        mi.status_endpoint = (char *)p->status_listen;
+        mi.engine_ready = false;
+        mi.tessera_version = TSR_VERSION;
+        mi.max_logprobs = cfg->max_logprobs < 0 ? m->vocab_size : (uint32_t)cfg->max_logprobs;
+        mi.prefix_caching = cfg->enable_prefix_caching != TSR_TRI_FALSE;
+        mi.status_interval_ms = (uint32_t)cfg->status_interval_ms;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_MODEL_INFO;
+        env.model_info = &mi;
+
+        st = tsr_wire_pack(&env, full, full_len);
+        if (st != TSR_OK)
+                return st;
+        mi.tokenizer_case = TESSERA__V1__MODEL_INFO__TOKENIZER__NOT_SET;
+        mi.tokenizer_omitted = true;
+        st = tsr_wire_pack(&env, lean, lean_len);
+        if (st != TSR_OK) {
+                free(*full);
+                *full = NULL;
+        }
+        return st;
+}
+
+static void notify_ready(void *ud) {
+        (void)ud;
+#ifdef TSR_HAVE_SYSTEMD
+        sd_notify(0, "READY=1");
+#endif
+}
+
+int main(int argc, char **argv) {
+        tsr_config cfg;
+        tsr_model_meta *meta = NULL;
+        tsr_queue *inbox = NULL, *outbox = NULL;
+        tsr_engine *engine = NULL;
+        worker_plan plan;
+        uint8_t *mi_full = NULL, *mi_lean = NULL;
+        size_t mi_full_len = 0, mi_lean_len = 0;
+        char err[1024] = "";
+        int rc = TSR_EXIT_CONFIG, sfd = -1;
+        sigset_t stop_signals;
+        tsr_log_level level;
+        tsr_status st;
+
+        tsr_log_init("tessera-worker", TSR_LOG_INFO);
+        tsr_log_set_thread("io");
+        tsr_config_init(&cfg);
+        if (tsr_config_parse(&cfg, argc, argv, true, err, sizeof(err)) != TSR_OK ||
+            (!cfg.help && !cfg.version && tsr_config_validate(&cfg, err, sizeof(err)) != TSR_OK)) {
+                fprintf(stderr, "tessera-worker: error: %s\n", err);
+                goto out;
+        }
+        if (cfg.help) {
+                tsr_config_print_help(stdout, "usage: tessera-worker MODEL --listen tcp://HOST:PORT [options]",
+                                      TSR_OWNER_WORKER);
+                rc = TSR_EXIT_OK;
+                goto out;
+        }
+        if (cfg.version) {
+                printf("tessera-worker %s\n", TSR_VERSION);
+                rc = TSR_EXIT_OK;
+                goto out;
+        }
+        if (cfg.log_level && tsr_log_parse_level(cfg.log_level, &level))
+                tsr_log_set_level(level);
+        if (!cfg.model) {
+                fprintf(stderr, "tessera-worker: error: the following arguments are required: MODEL\n");
+                goto out;
+        }
+
+        st = tsr_model_meta_load(cfg.model, &meta, err, sizeof(err));
+        if (st != TSR_OK) {
+                log_error("cannot load model %s: %s", cfg.model, err);
+                goto out;
+        }
+        if (make_plan(&cfg, meta, &plan, err, sizeof(err)) != TSR_OK) {
+                log_error("%s", err);
+                goto out;
+        }
+        log_info("model %s: %s, %s format, vocab %u, max_model_len %u, %zu eos ids, chat template %s",
+                 meta->path, meta->architecture ? meta->architecture : "?", meta->format, meta->vocab_size,
+                 plan.max_model_len, meta->n_eos_token_ids, meta->chat_template ? "yes" : "no");
+        log_info("# KV blocks: %llu (block size %d, %.2fx concurrency at max_model_len %u)",
+                 (unsigned long long)plan.kv_blocks_total, cfg.block_size,
+                 (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len, plan.max_model_len);
+        if (pack_model_info(&cfg, meta, &plan, &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
+                log_error("model info for %s does not fit in one protocol frame", meta->path);
+                goto out;
+        }
+
+        /* Block the stop signals in every thread (the engine inherits the mask) and
+         * read them through a signalfd polled by the io loop. */
+        rc = TSR_EXIT_RUNTIME;
+        sigemptyset(&stop_signals);
+        sigaddset(&stop_signals, SIGTERM);
+        sigaddset(&stop_signals, SIGINT);
+        pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+        sfd = signalfd(-1, &stop_signals, SFD_CLOEXEC | SFD_NONBLOCK);
+        if (sfd < 0) {
+                log_error("signalfd: %s", strerror(errno));
+                goto out;
+        }
+        if (tsr_queue_new(4096, &inbox) != TSR_OK || tsr_queue_new(4096, &outbox) != TSR_OK) {
+                log_error("out of memory");
+                goto out;
+        }
+        engine_params ep = {
+                .kv_blocks_total = plan.kv_blocks_total,
+                .block_size = (uint32_t)cfg.block_size,
+                .max_model_len = plan.max_model_len,
+                .max_num_seqs = plan.max_num_seqs,
+                .max_num_batched_tokens = plan.max_num_batched_tokens,
+        };
+        if (tsr_engine_start(&ep, inbox, outbox, &engine) != TSR_OK) {
+                log_error("cannot start the engine thread");
+                goto out;
+        }
+        worker_link_opts lo = {
+                .listen = cfg.worker_listen,
+                .status_listen = plan.status_listen,
+                .status_interval_ms = cfg.status_interval_ms,
+                .worker_id = plan.worker_id,
+                .boot_epoch = plan.boot_epoch,
+                .model_info_full = mi_full,
+                .model_info_full_len = mi_full_len,
+                .model_info_lean = mi_lean,
+                .model_info_lean_len = mi_lean_len,
+                .tokenizer_hash = meta->tokenizer_hash,
+                .on_listening = notify_ready,
+        };
+        st = worker_link_run(&lo, inbox, outbox, sfd);
+        rc = st == TSR_OK ? TSR_EXIT_OK : TSR_EXIT_RUNTIME;
+out:
+        tsr_engine_stop(&engine);
+        if (outbox) {
+                engine_out *o;
+                while ((o = tsr_queue_pop(outbox)) != NULL)
+                        engine_out_free(o);
+        }
+        if (inbox) {
+                engine_in *i;
+                while ((i = tsr_queue_pop(inbox)) != NULL)
+                        engine_in_free(i);
+        }
+        tsr_queue_free(&inbox);
+        tsr_queue_free(&outbox);
+        if (sfd >= 0)
+                close(sfd);
+        free(mi_full);
+        free(mi_lean);
+        tsr_model_meta_free(&meta);
+        tsr_config_done(&cfg);
+        return rc;
+}
