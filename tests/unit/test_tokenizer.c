@@ -1,0 +1,527 @@
+/* test_tokenizer.c - the tokenizer against Hugging Face goldens, streaming detok, errors.
+ *
+ * Goldens come from tests/fixtures/make_tokenizer_goldens.py (HF `tokenizers` and
+ * `transformers`, never our code): strings.json holds the shared input strings and each
+ * <family>.golden.json their ids, the add_special_tokens prefix/suffix and decodes of
+ * random id sequences.  Trained families load their committed tokenizer.json; GGUF
+ * families are built from the GGUF metadata and skip when the file is absent.
+ *
+ * TSR_TOK_BENCH=<text file> makes the smollm2 test also print encode throughput. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/tokenizer.h"
+#include "worker/model_meta.h"
+
+static char *read_file(const char *path, size_t *len) {
+        FILE *f = fopen(path, "rb");
+        char *buf;
+        long n;
+
+        if (!f)
+                return NULL;
+        fseek(f, 0, SEEK_END);
+        n = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        buf = malloc((size_t)n + 1);
+        assert_non_null(buf);
+        assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+        buf[n] = '\0';
+        fclose(f);
+        *len = (size_t)n;
+        return buf;
+}
+
+static void fixture_path(char *out, size_t n, const char *name) {
+        const char *r = getenv("TSR_SOURCE_ROOT");
+        snprintf(out, n, "%s/tests/fixtures/tokenizers/%s", r ? r : ".", name);
+}
+
+static json_t *load_json(const char *name) {
+        char path[4096];
+        json_error_t je;
+        json_t *j;
+
+        fixture_path(path, sizeof(path), name);
+        j = json_load_file(path, JSON_ALLOW_NUL, &je);
+        if (!j)
+                print_error("%s: %s\n", path, je.text);
+        assert_non_null(j);
+        return j;
+}
+
+static tsr_tokenizer *tok_from_json_file(const char *path) {
+        size_t n;
+        char *s = read_file(path, &n), err[512] = "";
+        tsr_tokenizer *t = NULL;
+
+        if (!s)
+                return NULL;
+        if (tsr_tokenizer_new_json((const uint8_t *)s, n, NULL, 0, &t, err, sizeof(err)) != TSR_OK)
+                print_error("%s: %s\n", path, err);
+        free(s);
+        assert_non_null(t);
+        return t;
+}
+
+/* Build from a GGUF file through the worker's metadata reader; NULL if absent. */
+static tsr_tokenizer *tok_from_gguf(const char *path) {
+        tsr_model_meta *m = NULL;
+        tsr_gguf_tokenizer *g;
+        tsr_tok_gguf d;
+        tsr_tokenizer *t = NULL;
+        char err[512] = "";
+
+        if (access(path, R_OK) != 0)
+                return NULL;
+        if (tsr_model_meta_load(path, &m, err, sizeof(err)) != TSR_OK)
+                print_error("%s: %s\n", path, err);
+        assert_non_null(m);
+        g = m->gguf_tokenizer;
+        assert_non_null(g);
+        d = (tsr_tok_gguf){
+                .model = g->model, .pre = g->pre, .tokens = (const char *const *)g->tokens,
+                .n_tokens = g->n_tokens, .scores = g->scores, .token_types = g->token_types,
+                .merges = (const char *const *)g->merges, .n_merges = g->n_merges, .bos_id = g->bos_id,
+                .eos_id = g->eos_id, .unk_id = g->unk_id, .pad_id = g->pad_id, .add_bos = g->add_bos,
+                .add_eos = g->add_eos, .add_space_prefix = g->add_space_prefix,
+        };
+        if (tsr_tokenizer_new_gguf(&d, &t, err, sizeof(err)) != TSR_OK)
+                print_error("%s: %s\n", path, err);
+        tsr_model_meta_free(&m);
+        assert_non_null(t);
+        return t;
+}
+
+static void print_ids(const char *what, const uint32_t *ids, size_t n) {
+        size_t i;
+
+        print_message("  %s (%zu):", what, n);
+        for (i = 0; i < n; i++)
+                print_message(" %u", ids[i]);
+        print_message("\n");
+}
+
+static bool valid_utf8(const char *s, size_t n) {
+        const unsigned char *p = (const unsigned char *)s;
+        size_t i = 0;
+
+        while (i < n) {
+                unsigned c = p[i], k, need;
+                unsigned char lo = 0x80, hi = 0xBF;
+                if (c < 0x80) {
+                        i++;
+                        continue;
+                }
+                if (c >= 0xC2 && c <= 0xDF)
+                        need = 1;
+                else if (c >= 0xE0 && c <= 0xEF) {
+                        need = 2;
+                        lo = c == 0xE0 ? 0xA0 : 0x80;
+                        hi = c == 0xED ? 0x9F : 0xBF;
+                } else if (c >= 0xF0 && c <= 0xF4) {
+                        need = 3;
+                        lo = c == 0xF0 ? 0x90 : 0x80;
+                        hi = c == 0xF4 ? 0x8F : 0xBF;
+                } else
+                        return false;
+                for (k = 1; k <= need; k++) {
+                        if (i + k >= n)
+                                return false;
+                        if (p[i + k] < (k == 1 ? lo : 0x80) || p[i + k] > (k == 1 ? hi : 0xBF))
+                                return false;
+                }
+                i += need + 1;
+        }
+        return true;
+}
+
+/* Streaming decode one id at a time; returns false (after printing) on a mismatch. */
+static bool check_detok(const tsr_tokenizer *t, const uint32_t *ids, size_t n, bool skip, const char *want,
+                        size_t want_len) {
+        tsr_detok *d = NULL;
+        char *acc = NULL, *delta;
+        size_t acc_len = 0, dl, i;
+        bool ok = true;
+
+        assert_int_equal(tsr_detok_new(t, skip, &d), TSR_OK);
+        for (i = 0; i <= n; i++) {
+                if (i < n)
+                        assert_int_equal(tsr_detok_push(d, ids[i], &delta, &dl), TSR_OK);
+                else
+                        assert_int_equal(tsr_detok_flush(d, &delta, &dl), TSR_OK);
+                assert_int_equal(delta[dl], '\0');
+                if (!valid_utf8(delta, dl)) {
+                        print_message("detok emitted invalid UTF-8 at id #%zu\n", i);
+                        ok = false;
+                }
+                acc = realloc(acc, acc_len + dl + 1);
+                memcpy(acc + acc_len, delta, dl);
+                acc_len += dl;
+                free(delta);
+        }
+        if (acc_len != want_len || memcmp(acc, want, want_len) != 0) {
+                print_message("detok (skip=%d) gave \"%.*s\", want \"%s\"\n", skip, (int)acc_len, acc, want);
+                print_ids("ids", ids, n);
+                ok = false;
+        }
+        free(acc);
+        tsr_detok_free(&d);
+        assert_null(d);
+        return ok;
+}
+
+static uint32_t *json_ids(json_t *arr, size_t *n) {
+        size_t i;
+        uint32_t *v = malloc((json_array_size(arr) + 1) * sizeof(uint32_t));
+
+        assert_non_null(v);
+        for (i = 0; i < json_array_size(arr); i++)
+                v[i] = (uint32_t)json_integer_value(json_array_get(arr, i));
+        *n = json_array_size(arr);
+        return v;
+}
+
+static bool same_ids(const uint32_t *a, size_t na, const uint32_t *b, size_t nb) {
+        return na == nb && (na == 0 || memcmp(a, b, na * sizeof(uint32_t)) == 0);
+}
+
+/* Every golden of one family: encode both ways, decode both ways, streaming decode. */
+static void check_family(const tsr_tokenizer *t, const char *name) {
+        char gname[256];
+        json_t *strings = load_json("strings.json"), *g;
+        json_t *ids_all, *dec;
+        uint32_t *pre, *suf;
+        size_t npre, nsuf, i, n_ok = 0, n_fail = 0, n_dec_ok = 0, n_detok_ok = 0;
+
+        snprintf(gname, sizeof(gname), "%s.golden.json", name);
+        g = load_json(gname);
+        ids_all = json_object_get(g, "ids");
+        dec = json_object_get(g, "decode");
+        assert_int_equal(json_array_size(ids_all), json_array_size(strings));
+        assert_int_equal(tsr_tokenizer_vocab_size(t), (size_t)json_integer_value(json_object_get(g, "vocab_size")));
+        pre = json_ids(json_object_get(g, "prefix"), &npre);
+        suf = json_ids(json_object_get(g, "suffix"), &nsuf);
+        for (i = 0; i < json_array_size(strings); i++) {
+                json_t *js = json_array_get(strings, i);
+                const char *s = json_string_value(js);
+                size_t slen = json_string_length(js), nw, ng, ngs, tl;
+                uint32_t *want = json_ids(json_array_get(ids_all, i), &nw), *got = NULL, *gots = NULL, *wants;
+                char *text = NULL;
+                bool ok;
+
+                assert_int_equal(tsr_tokenizer_encode(t, s, slen, false, &got, &ng), TSR_OK);
+                assert_int_equal(tsr_tokenizer_encode(t, s, slen, true, &gots, &ngs), TSR_OK);
+                wants = malloc((npre + nw + nsuf + 1) * sizeof(uint32_t));
+                memcpy(wants, pre, npre * sizeof(uint32_t));
+                memcpy(wants + npre, want, nw * sizeof(uint32_t));
+                memcpy(wants + npre + nw, suf, nsuf * sizeof(uint32_t));
+                ok = same_ids(got, ng, want, nw) && same_ids(gots, ngs, wants, npre + nw + nsuf);
+                if (ok) {
+                        n_ok++;
+                } else if (n_fail++ < 3) {
+                        print_message("%s: string #%zu \"%s\" encodes differently\n", name, i, s);
+                        print_ids("want", want, nw);
+                        print_ids("got ", got, ng);
+                        print_ids("want(special)", wants, npre + nw + nsuf);
+                        print_ids("got (special)", gots, ngs);
+                }
+                /* every golden string's ids also stream back to their full decode */
+                assert_int_equal(tsr_tokenizer_decode(t, want, nw, false, &text, &tl), TSR_OK);
+                if (check_detok(t, want, nw, false, text, tl))
+                        n_detok_ok++;
+                else
+                        n_fail++;
+                free(text);
+                free(got);
+                free(gots);
+                free(want);
+                free(wants);
+        }
+        for (i = 0; i < json_array_size(dec); i++) {
+                json_t *e = json_array_get(dec, i);
+                size_t n, tl, k;
+                uint32_t *ids = json_ids(json_array_get(e, 0), &n);
+                for (k = 0; k < 2; k++) {
+                        json_t *w = json_array_get(e, 1 + k);
+                        char *text = NULL;
+                        bool skip = k == 0;
+                        assert_int_equal(tsr_tokenizer_decode(t, ids, n, skip, &text, &tl), TSR_OK);
+                        if (tl == json_string_length(w) && memcmp(text, json_string_value(w), tl) == 0) {
+                                n_dec_ok++;
+                        } else if (n_fail++ < 6) {
+                                print_message("%s: decode #%zu (skip=%d) gave \"%s\", want \"%s\"\n", name, i, skip,
+                                              text, json_string_value(w));
+                                print_ids("ids", ids, n);
+                        }
+                        if (!check_detok(t, ids, n, skip, json_string_value(w), json_string_length(w)))
+                                n_fail++;
+                        else
+                                n_detok_ok++;
+                        free(text);
+                }
+                free(ids);
+        }
+        print_message("%s: encode %zu/%zu exact, decode %zu/%zu exact, streaming %zu ok\n", name, n_ok,
+                      json_array_size(strings), n_dec_ok, 2 * json_array_size(dec), n_detok_ok);
+        free(pre);
+        free(suf);
+        json_decref(g);
+        json_decref(strings);
+        assert_int_equal(n_fail, 0);
+}
+
+static void test_trained(const char *name) {
+        char path[4096], file[256];
+        tsr_tokenizer *t;
+
+        snprintf(file, sizeof(file), "%s.tokenizer.json", name);
+        fixture_path(path, sizeof(path), file);
+        t = tok_from_json_file(path);
+        check_family(t, name);
+        tsr_tokenizer_free(&t);
+        assert_null(t);
+}
+
+static void test_llama3_style(void **state) {
+        (void)state;
+        test_trained("llama3_style");
+}
+
+static void test_o200k_style(void **state) {
+        (void)state;
+        test_trained("o200k_style");
+}
+
+static void test_metaspace_bf(void **state) {
+        (void)state;
+        test_trained("metaspace_bf");
+}
+
+static double now_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void bench(const tsr_tokenizer *t) {
+        const char *path = getenv("TSR_TOK_BENCH");
+        size_t n, nids = 0;
+        char *text;
+        uint32_t *ids = NULL;
+        double t0, best = 1e30;
+        int r;
+
+        if (!path || !(text = read_file(path, &n)))
+                return;
+        for (r = 0; r < 3; r++) {
+                t0 = now_s();
+                assert_int_equal(tsr_tokenizer_encode(t, text, n, false, &ids, &nids), TSR_OK);
+                if (now_s() - t0 < best)
+                        best = now_s() - t0;
+                free(ids);
+        }
+        print_message("bench: %zu bytes as one string -> %zu ids, best of 3: %.3f s, %.2f MB/s\n", n, nids, best,
+                      (double)n / best / 1e6);
+        /* line by line, one encode call each, as a server sees prompts */
+        {
+                size_t i = 0, total = 0;
+                t0 = now_s();
+                while (i < n) {
+                        const char *e = memchr(text + i, '\n', n - i);
+                        size_t l = e ? (size_t)(e - text - i) + 1 : n - i;
+                        assert_int_equal(tsr_tokenizer_encode(t, text + i, l, false, &ids, &nids), TSR_OK);
+                        total += nids;
+                        free(ids);
+                        i += l;
+                }
+                best = now_s() - t0;
+                print_message("bench: %zu bytes line by line -> %zu ids: %.3f s, %.2f MB/s\n", n, total, best,
+                              (double)n / best / 1e6);
+        }
+        free(text);
+}
+
+static void test_gguf(const char *dir_env, const char *sub, const char *file, const char *name) {
+        char path[4096];
+        const char *dir = dir_env ? getenv(dir_env) : getenv("TSR_SOURCE_ROOT");
+        tsr_tokenizer *t;
+
+        snprintf(path, sizeof(path), "%s/%s/%s", dir ? dir : ".", sub, file);
+        t = tok_from_gguf(path);
+        if (!t) {
+                print_message("%s absent, skipped\n", path);
+                skip();
+        }
+        check_family(t, name);
+        if (!strcmp(name, "smollm2_gguf")) {
+                /* transformers' converted tokenizer.json, when the generator left it in /tmp */
+                tsr_tokenizer *tj = NULL;
+                char jp[512];
+                snprintf(jp, sizeof(jp), "/tmp/%s.tokenizer.json", file);
+                if (access(jp, R_OK) == 0) {
+                        tj = tok_from_json_file(jp);
+                        check_family(tj, name);
+                        tsr_tokenizer_free(&tj);
+                }
+                bench(t);
+        }
+        tsr_tokenizer_free(&t);
+}
+
+static void test_smollm2_gguf(void **state) {
+        (void)state;
+        test_gguf(NULL, ".cache/models", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2_gguf");
+}
+
+static void test_stories260k_gguf(void **state) {
+        (void)state;
+        test_gguf("TSR_FIXTURES", "models", "stories260K.gguf", "stories260k_gguf");
+}
+
+static void test_llama2_tiny_gguf(void **state) {
+        (void)state;
+        test_gguf("TSR_FIXTURES", "models", "llama-2-tiny-random.gguf", "llama2_tiny_gguf");
+}
+
+/* ---- errors */
+
+static tsr_status try_json(const char *json, char *err, size_t errlen) {
+        tsr_tokenizer *t = NULL;
+        tsr_status st = tsr_tokenizer_new_json((const uint8_t *)json, strlen(json), NULL, 0, &t, err, errlen);
+
+        if (st == TSR_OK)
+                assert_non_null(t);
+        else
+                assert_null(t);
+        tsr_tokenizer_free(&t);
+        return st;
+}
+
+#define MINI_MODEL "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"ab\":2},\"merges\":[\"a b\"]}"
+
+static void test_bad_json(void **state) {
+        char err[512];
+        (void)state;
+
+        assert_int_equal(try_json("{", err, sizeof(err)), TSR_E_INVAL);
+        assert_non_null(strstr(err, "tokenizer.json"));
+        assert_int_equal(try_json("[]", err, sizeof(err)), TSR_E_INVAL);
+        assert_int_equal(try_json("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}", err, sizeof(err)), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "WordPiece"));
+        assert_int_equal(try_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":-1}}}", err, sizeof(err)), TSR_E_INVAL);
+        assert_non_null(strstr(err, "vocab"));
+        assert_int_equal(try_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a c\"]}}", err, sizeof(err)),
+                         TSR_E_INVAL);
+        assert_non_null(strstr(err, "merges[0]"));
+        assert_int_equal(try_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a a\"]}}", err, sizeof(err)),
+                         TSR_E_INVAL);
+        assert_non_null(strstr(err, "merged token"));
+        assert_int_equal(try_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[7]}}", err, sizeof(err)),
+                         TSR_E_INVAL);
+        assert_int_equal(try_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"continuing_subword_prefix\":\"##\"}}", err,
+                                  sizeof(err)), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "continuing_subword_prefix"));
+        assert_int_equal(try_json("{" MINI_MODEL ",\"normalizer\":{\"type\":\"NFKC\"}}", err, sizeof(err)), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "NFKC"));
+        assert_int_equal(try_json("{" MINI_MODEL ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},"
+                                  "\"behavior\":\"Isolated\"}}", err, sizeof(err)), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "regex"));
+        assert_int_equal(try_json("{" MINI_MODEL ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"x\"},"
+                                  "\"behavior\":\"Sideways\"}}", err, sizeof(err)), TSR_E_INVAL);
+        assert_int_equal(try_json("{" MINI_MODEL ",\"decoder\":{\"type\":\"WordPiece\"}}", err, sizeof(err)), TSR_E_UNSUPPORTED);
+        assert_int_equal(try_json("{" MINI_MODEL ",\"decoder\":{\"type\":\"Strip\",\"content\":\"ab\",\"start\":1,\"stop\":0}}",
+                                  err, sizeof(err)), TSR_E_INVAL);
+        assert_int_equal(try_json("{" MINI_MODEL ",\"added_tokens\":[{\"id\":3}]}", err, sizeof(err)), TSR_E_INVAL);
+        assert_non_null(strstr(err, "added_tokens[0]"));
+        assert_int_equal(try_json("{" MINI_MODEL ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":"
+                                  "[{\"SpecialToken\":{\"id\":\"<s>\"}}],\"special_tokens\":{}}}", err, sizeof(err)),
+                         TSR_E_INVAL);
+        assert_int_equal(try_json("{" MINI_MODEL "}", err, sizeof(err)), TSR_OK);
+}
+
+static void test_bad_input(void **state) {
+        tsr_tokenizer *t = NULL;
+        uint32_t *ids = NULL, bad[] = {0, 3}, good[] = {2, 0};
+        size_t n = 99, len;
+        char *text = NULL, *delta = NULL;
+        tsr_detok *d = NULL;
+        static const char *const invalid[] = {"\xff", "a\xc3", "\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"};
+        size_t i;
+        (void)state;
+
+        assert_int_equal(tsr_tokenizer_new_json((const uint8_t *)"{" MINI_MODEL "}", strlen("{" MINI_MODEL "}"), NULL, 0, &t,
+                                                NULL, 0), TSR_OK);
+        for (i = 0; i < sizeof(invalid) / sizeof(invalid[0]); i++) {
+                assert_int_equal(tsr_tokenizer_encode(t, invalid[i], strlen(invalid[i]), false, &ids, &n), TSR_E_INVAL);
+                assert_null(ids);
+                assert_int_equal(n, 99);
+        }
+        assert_int_equal(tsr_tokenizer_encode(t, "abab", 4, true, &ids, &n), TSR_OK);
+        assert_int_equal(n, 2);
+        assert_int_equal(ids[0], 2);
+        free(ids);
+        assert_int_equal(tsr_tokenizer_decode(t, bad, 2, false, &text, &len), TSR_E_INVAL);
+        assert_null(text);
+        assert_int_equal(tsr_tokenizer_decode(t, good, 2, false, &text, &len), TSR_OK);
+        assert_string_equal(text, "ab a");  /* no decoder: HF joins the tokens with spaces */
+        free(text);
+        assert_int_equal(tsr_detok_new(t, false, &d), TSR_OK);
+        assert_int_equal(tsr_detok_push(d, 3, &delta, &len), TSR_E_INVAL);
+        assert_null(delta);
+        tsr_detok_free(&d);
+        assert_null(d);
+        assert_int_equal(tsr_tokenizer_token_id(t, "ab", 2), 2);
+        assert_int_equal(tsr_tokenizer_token_id(t, "zz", 2), -1);
+        assert_string_equal(tsr_tokenizer_token_str(t, 1), "b");
+        assert_null(tsr_tokenizer_token_str(t, 3));
+        tsr_tokenizer_free(&t);
+        tsr_tokenizer_free(&t);
+        tsr_detok_free(NULL);
+}
+
+/* Huge inputs stay linear: a 4 MB single "word" and 4 MB of spaces. */
+static void test_big_inputs(void **state) {
+        char path[4096];
+        tsr_tokenizer *t;
+        size_t n = 4u << 20, nids, k;
+        char *s = malloc(n);
+        uint32_t *ids;
+        (void)state;
+
+        fixture_path(path, sizeof(path), "llama3_style.tokenizer.json");
+        t = tok_from_json_file(path);
+        for (k = 0; k < 2; k++) {
+                memset(s, k ? ' ' : 'a', n);
+                assert_int_equal(tsr_tokenizer_encode(t, s, n, false, &ids, &nids), TSR_OK);
+                assert_true(nids > 0);
+                free(ids);
+        }
+        free(s);
+        tsr_tokenizer_free(&t);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_bad_json),
+                cmocka_unit_test(test_bad_input),
+                cmocka_unit_test(test_llama3_style),
+                cmocka_unit_test(test_o200k_style),
+                cmocka_unit_test(test_metaspace_bf),
+                cmocka_unit_test(test_smollm2_gguf),
+                cmocka_unit_test(test_stories260k_gguf),
+                cmocka_unit_test(test_llama2_tiny_gguf),
+                cmocka_unit_test(test_big_inputs),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
