@@ -1,0 +1,5176 @@
+/* template.c - a Jinja2 subset interpreter for chat templates.
+ *
+ * Covered (jinja2 3.1 semantics, as transformers configures it):
+ *   - lexing: {{ }}, {% %}, {# #}, "-"/"+" whitespace control, trim_blocks,
+ *     lstrip_blocks, newline normalisation and the dropped trailing newline;
+ *   - statements: if/elif/else, for (tuple targets, "if" filter, else, loop.*),
+ *     break/continue, set (name, namespace attribute, tuple, block set), macro with
+ *     defaults and keyword arguments, generation (passthrough);
+ *   - expressions: literals, arithmetic with Python int/float rules, ~, comparisons,
+ *     and/or/not, in, is-tests, conditional expressions, subscripts, slices,
+ *     attributes, calls of the common str/dict methods, filters;
+ *   - undefined values behave like jinja2's default Undefined.
+ * Not covered: raw, call/caller, include/import/extends/block, with, filter blocks,
+ * varargs/kwargs in macros, %-formatting of strings, Unicode case mapping beyond ASCII.
+ * An unknown filter or test is a parse error, as in jinja2.
+ *
+ * Shape: the lexer turns the normalised source into one token array (whitespace
+ * control is applied there, exactly where jinja2's lexer applies it), a recursive
+ * descent parser builds an AST in the template's arena, and a tree-walking evaluator
+ * renders it.  Every render has its own arena (capped), its own output buffer (capped),
+ * a step counter and a depth counter, so a hostile template ends with TSR_E_LIMIT. */
+#include "template.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "buf.h"
+
+#define TPL_MAX_PARSE_DEPTH 200         /* nesting of expressions and blocks */
+#define TPL_MAX_EVAL_NEST 4000          /* C recursion of the evaluator, all causes */
+#define TPL_MAX_RANGE 100000            /* jinja2's sandbox MAX_RANGE */
+#define TPL_DEF_MAX_OUTPUT ((size_t)64 << 20)
+#define TPL_DEF_MAX_MEMORY ((size_t)256 << 20)
+#define TPL_DEF_MAX_STEPS 50000000ull
+#define TPL_DEF_MAX_DEPTH 64u
+
+typedef struct tstr {
+        const char *p;
+        size_t n;
+} tstr;
+
+/* ---------------------------------------------------------------- values */
+
+typedef enum tv_type {
+        TV_UNDEF,
+        TV_NONE,
+        TV_BOOL,
+        TV_INT,
+        TV_FLOAT,
+        TV_STR,
+        TV_LIST,        /* list or tuple (tlist.tuple) */
+        TV_DICT,
+        TV_NS,          /* namespace(): a dict with attribute assignment */
+        TV_MACRO,
+        TV_BUILTIN,     /* a global function */
+        TV_METHOD,      /* bound method: obj.name, called later */
+        TV_LOOP,
+} tv_type;
+
+typedef struct tlist tlist;
+typedef struct tdict tdict;
+typedef struct node node;
+typedef struct frame frame;
+typedef struct loopst loopst;
+typedef struct tv tv;
+
+struct tv {
+        uint8_t type;
+        union {
+                bool b;
+                int64_t i;
+                double f;
+                tstr s;
+                tlist *l;
+                tdict *d;
+                struct {
+                        const node *n;
+                        frame *f;
+                } m;
+                int builtin;
+                struct {
+                        tv *self;
+                        const char *name;
+                } meth;
+                loopst *loop;
+        } u;
+};
+
+struct tlist {
+        tv *v;
+        size_t n, cap;
+        bool tuple;
+};
+
+struct tdict {
+        tv *k;
+        tv *v;
+        size_t n, cap;
+};
+
+struct loopst {
+        tlist *items;
+        size_t index0;
+        int depth;
+};
+
+static const tv TV_UNDEFINED = {.type = TV_UNDEF};
+
+static tv tv_none(void) { tv v = {.type = TV_NONE}; return v; }
+static tv tv_bool(bool b) { tv v = {.type = TV_BOOL}; v.u.b = b; return v; }
+static tv tv_int(int64_t i) { tv v = {.type = TV_INT}; v.u.i = i; return v; }
+static tv tv_float(double f) { tv v = {.type = TV_FLOAT}; v.u.f = f; return v; }
+static tv tv_str(const char *p, size_t n) { tv v = {.type = TV_STR}; v.u.s.p = p; v.u.s.n = n; return v; }
+static tv tv_cstr(const char *p) { return tv_str(p, strlen(p)); }
+
+/* ---------------------------------------------------------------- UTF-8 helpers */
+
+/* Decode one code point at s[*i] (n bytes in all) and advance; invalid bytes decode as
+ * themselves (Latin-1) so nothing is ever skipped or read past n. */
+static uint32_t utf8_next(const char *s, size_t n, size_t *i) {
+        const unsigned char *p = (const unsigned char *)s + *i;
+        size_t left = n - *i;
+        uint32_t c = p[0];
+
+        if (c < 0x80 || left < 2) {
+                (*i)++;
+                return c;
+        }
+        if ((c & 0xe0) == 0xc0 && (p[1] & 0xc0) == 0x80) {
+                *i += 2;
+                return ((c & 0x1f) << 6) | (p[1] & 0x3f);
+        }
+        if ((c & 0xf0) == 0xe0 && left >= 3 && (p[1] & 0xc0) == 0x80 && (p[2] & 0xc0) == 0x80) {
+                *i += 3;
+                return ((c & 0x0f) << 12) | ((uint32_t)(p[1] & 0x3f) << 6) | (p[2] & 0x3f);
+        }
+        if ((c & 0xf8) == 0xf0 && left >= 4 && (p[1] & 0xc0) == 0x80 && (p[2] & 0xc0) == 0x80 &&
+            (p[3] & 0xc0) == 0x80) {
+                *i += 4;
+                return ((c & 0x07) << 18) | ((uint32_t)(p[1] & 0x3f) << 12) | ((uint32_t)(p[2] & 0x3f) << 6) |
+                       (p[3] & 0x3f);
+        }
+        (*i)++;
+        return c;
+}
+
+static size_t utf8_put(char *out, uint32_t c) {
+        if (c < 0x80) {
+                out[0] = (char)c;
+                return 1;
+        }
+        if (c < 0x800) {
+                out[0] = (char)(0xc0 | (c >> 6));
+                out[1] = (char)(0x80 | (c & 0x3f));
+                return 2;
+        }
+        if (c < 0x10000) {
+                out[0] = (char)(0xe0 | (c >> 12));
+                out[1] = (char)(0x80 | ((c >> 6) & 0x3f));
+                out[2] = (char)(0x80 | (c & 0x3f));
+                return 3;
+        }
+        out[0] = (char)(0xf0 | (c >> 18));
+        out[1] = (char)(0x80 | ((c >> 12) & 0x3f));
+        out[2] = (char)(0x80 | ((c >> 6) & 0x3f));
+        out[3] = (char)(0x80 | (c & 0x3f));
+        return 4;
+}
+
+static size_t utf8_len(const char *s, size_t n) {
+        size_t i = 0, k = 0;
+        while (i < n) {
+                utf8_next(s, n, &i);
+                k++;
+        }
+        return k;
+}
+
+/* Python's str.isspace(), which str.strip() and str.split() use. */
+static bool py_isspace(uint32_t c) {
+        if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f))
+                return true;
+        if (c < 0x85)
+                return false;
+        return c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
+               c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* Byte length of the trailing whitespace code points of s[0..n). */
+static size_t rstrip_ws_len(const char *s, size_t n) {
+        size_t end = n;
+        while (end > 0) {
+                size_t st = end - 1, j;
+                while (st > 0 && ((unsigned char)s[st] & 0xc0) == 0x80 && end - st < 4)
+                        st--;
+                j = st;
+                if (!py_isspace(utf8_next(s, end, &j)) || j != end)
+                        break;
+                end = st;
+        }
+        return n - end;
+}
+
+static size_t lstrip_ws_len(const char *s, size_t n) {
+        size_t i = 0;
+        while (i < n) {
+                size_t j = i;
+                if (!py_isspace(utf8_next(s, n, &j)))
+                        break;
+                i = j;
+        }
+        return i;
+}
+
+/* ---------------------------------------------------------------- AST */
+
+typedef enum nkind {
+        N_TEXT,
+        N_OUTPUT,
+        N_IF,
+        N_FOR,
+        N_SET,
+        N_SETBLOCK,
+        N_MACRO,
+        N_BREAK,
+        N_CONTINUE,
+        N_BODY,
+        N_CONST,
+        N_NAME,
+        N_GETATTR,
+        N_GETITEM,
+        N_SLICE,
+        N_CALL,
+        N_FILTER,
+        N_TEST,
+        N_NEG,
+        N_POS,
+        N_NOT,
+        N_BIN,
+        N_CMP,
+        N_AND,
+        N_OR,
+        N_COND,
+        N_LIST,
+        N_TUPLE,
+        N_DICT,
+} nkind;
+
+/* Comparison operators of N_CMP (and the tests that share them). */
+enum { CMP_EQ, CMP_NE, CMP_LT, CMP_LE, CMP_GT, CMP_GE, CMP_IN, CMP_NOTIN };
+
+/* Set targets */
+enum { TGT_NAME, TGT_ATTR, TGT_TUPLE };
+
+struct node {
+        uint8_t kind;
+        uint8_t op;             /* N_BIN operator, N_SET target kind */
+        uint8_t neg;            /* N_TEST: "is not" */
+        uint8_t tuple;          /* N_FOR: target written as a tuple */
+        int fid;                /* filter or test id */
+        uint32_t off;           /* source offset, for messages */
+        tstr name;
+        tstr name2;
+        tv val;                 /* N_CONST */
+        node *a, *b, *c, *d;
+        node **kids;
+        uint32_t nkids;
+        tstr *names;
+        uint32_t nnames;
+        uint32_t nkw;           /* trailing keyword arguments among kids (names[] holds them) */
+        uint8_t *ops;           /* N_CMP: one per kid */
+};
+
+struct tsr_template {
+        tsr_arena *arena;
+        char *src;              /* normalised source: tokens and constants point into it */
+        size_t len;
+        node *root;
+};
+
+/* Filters and tests, checked at parse time as jinja2 does ("No filter named ..."). */
+enum {
+        F_ABS, F_BATCH, F_CAPITALIZE, F_COUNT, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT,
+        F_FORMAT, F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER, F_MAP, F_MAX,
+        F_MIN, F_REJECT, F_REJECTATTR, F_REPLACE, F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR,
+        F_SORT, F_STRING, F_SUM, F_TITLE, F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_CENTER,
+        F_ATTR,
+};
+static const struct {
+        const char *name;
+        int id;
+} filter_names[] = {
+        {"abs", F_ABS}, {"attr", F_ATTR}, {"batch", F_BATCH}, {"capitalize", F_CAPITALIZE},
+        {"center", F_CENTER}, {"count", F_COUNT}, {"d", F_DEFAULT}, {"default", F_DEFAULT},
+        {"dictsort", F_DICTSORT}, {"e", F_ESCAPE}, {"escape", F_ESCAPE}, {"first", F_FIRST},
+        {"float", F_FLOAT}, {"format", F_FORMAT}, {"indent", F_INDENT}, {"int", F_INT},
+        {"items", F_ITEMS}, {"join", F_JOIN}, {"last", F_LAST}, {"length", F_LENGTH}, {"list", F_LIST},
+        {"lower", F_LOWER}, {"map", F_MAP}, {"max", F_MAX}, {"min", F_MIN}, {"reject", F_REJECT},
+        {"rejectattr", F_REJECTATTR}, {"replace", F_REPLACE}, {"reverse", F_REVERSE}, {"round", F_ROUND},
+        {"safe", F_SAFE}, {"select", F_SELECT}, {"selectattr", F_SELECTATTR}, {"sort", F_SORT},
+        {"string", F_STRING}, {"sum", F_SUM}, {"title", F_TITLE}, {"tojson", F_TOJSON}, {"trim", F_TRIM},
+        {"unique", F_UNIQUE}, {"upper", F_UPPER}, {"wordcount", F_WORDCOUNT},
+};
+
+enum {
+        T_DEFINED, T_UNDEFINED, T_NONE, T_BOOLEAN, T_FALSE, T_TRUE, T_INTEGER, T_FLOAT, T_NUMBER,
+        T_STRING, T_MAPPING, T_ITERABLE, T_SEQUENCE, T_CALLABLE, T_SAMEAS, T_ESCAPED, T_EQ, T_NE,
+        T_LT, T_LE, T_GT, T_GE, T_IN, T_ODD, T_EVEN, T_DIVISIBLEBY, T_LOWER, T_UPPER,
+};
+static const struct {
+        const char *name;
+        int id;
+} test_names[] = {
+        {"!=", T_NE}, {"<", T_LT}, {"<=", T_LE}, {"==", T_EQ}, {">", T_GT}, {">=", T_GE},
+        {"boolean", T_BOOLEAN}, {"callable", T_CALLABLE}, {"defined", T_DEFINED},
+        {"divisibleby", T_DIVISIBLEBY}, {"eq", T_EQ}, {"equalto", T_EQ}, {"escaped", T_ESCAPED},
+        {"even", T_EVEN}, {"false", T_FALSE}, {"float", T_FLOAT}, {"ge", T_GE}, {"greaterthan", T_GT},
+        {"gt", T_GT}, {"in", T_IN}, {"integer", T_INTEGER}, {"iterable", T_ITERABLE}, {"le", T_LE},
+        {"lessthan", T_LT}, {"lower", T_LOWER}, {"lt", T_LT}, {"mapping", T_MAPPING}, {"ne", T_NE},
+        {"none", T_NONE}, {"number", T_NUMBER}, {"odd", T_ODD}, {"sameas", T_SAMEAS},
+        {"sequence", T_SEQUENCE}, {"string", T_STRING}, {"true", T_TRUE}, {"undefined", T_UNDEFINED},
+        {"upper", T_UPPER},
+};
+
+static bool tstr_eq(tstr a, const char *b) { return a.n == strlen(b) && memcmp(a.p, b, a.n) == 0; }
+
+/* ---------------------------------------------------------------- lexer */
+
+typedef enum ttype {
+        K_DATA,
+        K_VAR_BEGIN,
+        K_VAR_END,
+        K_BLOCK_BEGIN,
+        K_BLOCK_END,
+        K_NAME,
+        K_STRING,
+        K_INT,
+        K_FLOAT,
+        K_OP,
+        K_EOF,
+} ttype;
+
+typedef struct token {
+        uint8_t type;
+        uint32_t off;
+        tstr s;                 /* NAME/OP: the text; STRING/DATA: the value */
+        int64_t i;
+        double f;
+} token;
+
+typedef struct parser {
+        tsr_arena *a;
+        const char *src;
+        size_t len;
+        token *toks;
+        size_t ntoks, cap, pos;
+        int depth;
+        tsr_status st;
+        char *err;
+        size_t errlen;
+        bool failed;
+} parser;
+
+static void src_linecol(const char *s, size_t len, size_t off, unsigned *line, unsigned *col) {
+        unsigned l = 1, c = 1;
+        size_t i;
+        if (off > len)
+                off = len;
+        for (i = 0; i < off; i++) {
+                if (s[i] == '\n') {
+                        l++;
+                        c = 1;
+                } else if (((unsigned char)s[i] & 0xc0) != 0x80) {
+                        c++;
+                }
+        }
+        *line = l;
+        *col = c;
+}
+
+static tsr_status perr(parser *p, size_t off, tsr_status st, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+static tsr_status perr(parser *p, size_t off, tsr_status st, const char *fmt, ...) {
+        va_list ap;
+        unsigned line, col;
+        int k = 0;
+
+        if (p->failed)
+                return p->st;
+        p->failed = true;
+        p->st = st;
+        if (!p->err || !p->errlen)
+                return st;
+        src_linecol(p->src, p->len, off, &line, &col);
+        k = snprintf(p->err, p->errlen, "line %u, column %u: ", line, col);
+        if (k >= 0 && (size_t)k < p->errlen) {
+                va_start(ap, fmt);
+                vsnprintf(p->err + k, p->errlen - (size_t)k, fmt, ap);
+                va_end(ap);
+        }
+        return st;
+}
+
+static tsr_status push_tok(parser *p, token t) {
+        if (p->ntoks == p->cap) {
+                size_t nc = p->cap ? p->cap * 2 : 256;
+                token *nt = tsr_arena_alloc(p->a, nc * sizeof(*nt));
+                if (!nt)
+                        return perr(p, t.off, TSR_E_NOMEM, "out of memory");
+                if (p->ntoks)
+                        memcpy(nt, p->toks, p->ntoks * sizeof(*nt));
+                p->toks = nt;
+                p->cap = nc;
+        }
+        p->toks[p->ntoks++] = t;
+        return TSR_OK;
+}
+
+static bool is_ascii_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+static size_t skip_ws_re(const char *s, size_t n, size_t i) {
+        /* Python's \s on str: every Unicode whitespace code point */
+        while (i < n) {
+                size_t j = i;
+                if (!py_isspace(utf8_next(s, n, &j)))
+                        break;
+                i = j;
+        }
+        return i;
+}
+
+static int hexval(char c) {
+        if (c >= '0' && c <= '9')
+                return c - '0';
+        if (c >= 'a' && c <= 'f')
+                return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F')
+                return c - 'A' + 10;
+        return -1;
+}
+
+/* Decode a string literal body the way jinja2 does (Python's unicode-escape codec). */
+static tsr_status lex_string_value(parser *p, const char *s, size_t n, size_t off, tstr *out) {
+        char *o = tsr_arena_alloc(p->a, n + 1);
+        size_t i = 0, k = 0;
+
+        if (!o)
+                return perr(p, off, TSR_E_NOMEM, "out of memory");
+        while (i < n) {
+                char c = s[i];
+                if (c != '\\' || i + 1 >= n) {
+                        o[k++] = c;
+                        i++;
+                        continue;
+                }
+                c = s[i + 1];
+                i += 2;
+                switch (c) {
+                case '\n': break;
+                case '\\': o[k++] = '\\'; break;
+                case '\'': o[k++] = '\''; break;
+                case '"': o[k++] = '"'; break;
+                case 'a': o[k++] = '\a'; break;
+                case 'b': o[k++] = '\b'; break;
+                case 'f': o[k++] = '\f'; break;
+                case 'n': o[k++] = '\n'; break;
+                case 'r': o[k++] = '\r'; break;
+                case 't': o[k++] = '\t'; break;
+                case 'v': o[k++] = '\v'; break;
+                case 'x': case 'u': case 'U': {
+                        int want = c == 'x' ? 2 : c == 'u' ? 4 : 8, d;
+                        uint32_t cp = 0;
+                        for (d = 0; d < want; d++) {
+                                int h = i + (size_t)d < n ? hexval(s[i + (size_t)d]) : -1;
+                                if (h < 0)
+                                        return perr(p, off, TSR_E_INVAL, "truncated \\%c escape in string", c);
+                                cp = cp * 16 + (uint32_t)h;
+                        }
+                        if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+                                return perr(p, off, TSR_E_INVAL, "escape out of range in string");
+                        i += (size_t)want;
+                        k += utf8_put(o + k, cp);       /* at most 4 bytes from >= 4 source bytes */
+                        break;
+                }
+                default:
+                        if (c >= '0' && c <= '7') {
+                                uint32_t cp = (uint32_t)(c - '0');
+                                int d;
+                                for (d = 0; d < 2 && i < n && s[i] >= '0' && s[i] <= '7'; d++)
+                                        cp = cp * 8 + (uint32_t)(s[i++] - '0');
+                                k += utf8_put(o + k, cp);
+                        } else {
+                                o[k++] = '\\';
+                                o[k++] = c;
+                        }
+                }
+        }
+        o[k] = '\0';
+        out->p = o;
+        out->n = k;
+        return TSR_OK;
+}
+
+static const char *const ops2[] = {"//", "**", "==", "!=", ">=", "<=", NULL};
+static const char ops1[] = "+-/*%~[](){}><=.:|,;";
+
+/* Lex the expression tokens of one tag starting at *pi, up to and including its end
+ * marker; `block` says which end marker. */
+static tsr_status lex_tag(parser *p, size_t *pi, bool block, bool *line_starting) {
+        const char *s = p->src;
+        size_t n = p->len, i = *pi;
+        int depth = 0;
+        char stack[TPL_MAX_PARSE_DEPTH];
+        tsr_status st;
+        size_t start = i;
+
+        for (;;) {
+                token t = {0};
+                if (i >= n)
+                        return perr(p, start, TSR_E_INVAL, "unexpected end of template, expected '%s'",
+                                    block ? "%}" : "}}");
+                if (depth == 0) {
+                        const char *e = block ? "%}" : "}}";
+                        size_t end = 0;
+                        if (block && s[i] == '+' && i + 2 < n + 0 && memcmp(s + i + 1, e, 2) == 0) {
+                                end = i + 3;
+                        } else if (s[i] == '-' && i + 2 < n + 1 && i + 3 <= n && memcmp(s + i + 1, e, 2) == 0) {
+                                end = skip_ws_re(s, n, i + 3);
+                        } else if (i + 2 <= n && memcmp(s + i, e, 2) == 0) {
+                                end = i + 2;
+                                if (block && end < n && s[end] == '\n')
+                                        end++;  /* trim_blocks */
+                        }
+                        if (end) {
+                                t.type = block ? K_BLOCK_END : K_VAR_END;
+                                t.off = (uint32_t)i;
+                                if ((st = push_tok(p, t)) != TSR_OK)
+                                        return st;
+                                *line_starting = s[end - 1] == '\n';
+                                *pi = end;
+                                return TSR_OK;
+                        }
+                }
+                if (is_ascii_ws(s[i])) {
+                        i++;
+                        continue;
+                }
+                t.off = (uint32_t)i;
+                if (isdigit((unsigned char)s[i])) {
+                        /* jinja2's float rule does not match right after a '.' ("x.0" is an
+                         * item access), its integer rule does */
+                        bool after_dot = i > 0 && s[i - 1] == '.';
+                        /* float: digits (. digits)? e[+-]digits | digits . digits; else integer */
+                        size_t j = i, k;
+                        bool isf = false;
+                        char num[64];
+                        size_t m = 0;
+                        while (j < n && (isdigit((unsigned char)s[j]) || (s[j] == '_' && j + 1 < n && isdigit((unsigned char)s[j + 1]))))
+                                j++;
+                        k = j;
+                        if (k + 1 < n && s[k] == '.' && isdigit((unsigned char)s[k + 1])) {
+                                k += 1;
+                                while (k < n && (isdigit((unsigned char)s[k]) || (s[k] == '_' && k + 1 < n && isdigit((unsigned char)s[k + 1]))))
+                                        k++;
+                                isf = true;
+                        }
+                        if (k < n && (s[k] == 'e' || s[k] == 'E')) {
+                                size_t e = k + 1;
+                                if (e < n && (s[e] == '+' || s[e] == '-'))
+                                        e++;
+                                if (e < n && isdigit((unsigned char)s[e])) {
+                                        while (e < n && isdigit((unsigned char)s[e]))
+                                                e++;
+                                        k = e;
+                                        isf = true;
+                                }
+                        }
+                        if (!isf || after_dot)
+                                k = j;
+                        isf = isf && !after_dot;
+                        for (j = i; j < k && m < sizeof(num) - 1; j++)
+                                if (s[j] != '_')
+                                        num[m++] = s[j];
+                        num[m] = '\0';
+                        if (k - i >= sizeof(num) - 1)
+                                return perr(p, i, TSR_E_INVAL, "number literal too long");
+                        if (isf) {
+                                t.type = K_FLOAT;
+                                t.f = strtod(num, NULL);
+                        } else {
+                                if (num[0] == '0' && m > 1 && num[1] != '0')
+                                        return perr(p, i, TSR_E_INVAL, "invalid integer literal");
+                                errno = 0;
+                                t.type = K_INT;
+                                t.i = strtoll(num, NULL, 10);
+                                if (errno == ERANGE)
+                                        return perr(p, i, TSR_E_INVAL, "integer literal too large");
+                        }
+                        i = k;
+                } else if (isalpha((unsigned char)s[i]) || s[i] == '_') {
+                        size_t j = i;
+                        while (j < n && (isalnum((unsigned char)s[j]) || s[j] == '_'))
+                                j++;
+                        t.type = K_NAME;
+                        t.s.p = s + i;
+                        t.s.n = j - i;
+                        i = j;
+                } else if (s[i] == '\'' || s[i] == '"') {
+                        char q = s[i];
+                        size_t j = i + 1;
+                        while (j < n && s[j] != q) {
+                                if (s[j] == '\\' && j + 1 < n)
+                                        j++;
+                                j++;
+                        }
+                        if (j >= n)
+                                return perr(p, i, TSR_E_INVAL, "unterminated string literal");
+                        t.type = K_STRING;
+                        if ((st = lex_string_value(p, s + i + 1, j - i - 1, i, &t.s)) != TSR_OK)
+                                return st;
+                        i = j + 1;
+                } else {
+                        size_t k, m = 0;
+                        for (k = 0; ops2[k]; k++)
+                                if (i + 2 <= n && memcmp(s + i, ops2[k], 2) == 0)
+                                        m = 2;
+                        if (!m && strchr(ops1, s[i]) && s[i])
+                                m = 1;
+                        if (!m)
+                                return perr(p, i, TSR_E_INVAL, "unexpected character '%c'", s[i]);
+                        t.type = K_OP;
+                        t.s.p = s + i;
+                        t.s.n = m;
+                        if (m == 1 && (s[i] == '(' || s[i] == '[' || s[i] == '{')) {
+                                if (depth >= TPL_MAX_PARSE_DEPTH)
+                                        return perr(p, i, TSR_E_LIMIT, "brackets nested too deep");
+                                stack[depth++] = s[i] == '(' ? ')' : s[i] == '[' ? ']' : '}';
+                        } else if (m == 1 && (s[i] == ')' || s[i] == ']' || s[i] == '}')) {
+                                if (depth == 0)
+                                        return perr(p, i, TSR_E_INVAL, "unexpected '%c'", s[i]);
+                                if (stack[depth - 1] != s[i])
+                                        return perr(p, i, TSR_E_INVAL, "unexpected '%c', expected '%c'", s[i],
+                                                    stack[depth - 1]);
+                                depth--;
+                        }
+                        i += m;
+                }
+                if ((st = push_tok(p, t)) != TSR_OK)
+                        return st;
+        }
+}
+
+static tsr_status lex(parser *p) {
+        const char *s = p->src;
+        size_t n = p->len, pos = 0;
+        bool line_starting = true;
+        tsr_status st;
+
+        while (pos < n) {
+                size_t k = pos, text_end;
+                char kind = 0, sign = 0;
+                token t = {0};
+
+                while (k + 1 < n && !(s[k] == '{' && (s[k + 1] == '{' || s[k + 1] == '%' || s[k + 1] == '#')))
+                        k++;
+                if (k + 1 >= n) {
+                        t.type = K_DATA;
+                        t.off = (uint32_t)pos;
+                        t.s.p = s + pos;
+                        t.s.n = n - pos;
+                        return push_tok(p, t);
+                }
+                kind = s[k + 1];
+                if (k + 2 < n && (s[k + 2] == '-' || s[k + 2] == '+'))
+                        sign = s[k + 2];
+                text_end = k;
+                if (sign == '-') {
+                        text_end -= rstrip_ws_len(s + pos, k - pos);
+                } else if (sign != '+' && kind != '{') {
+                        /* lstrip_blocks: drop spaces/tabs between the line start and the tag */
+                        size_t l = k;
+                        while (l > pos && s[l - 1] != '\n')
+                                l--;
+                        if ((l > pos || line_starting) && l < k && lstrip_ws_len(s + l, k - l) == k - l)
+                                text_end = l;
+                }
+                if (text_end > pos) {
+                        t.type = K_DATA;
+                        t.off = (uint32_t)pos;
+                        t.s.p = s + pos;
+                        t.s.n = text_end - pos;
+                        if ((st = push_tok(p, t)) != TSR_OK)
+                                return st;
+                }
+                pos = k + 2 + (sign ? 1 : 0);
+                if (kind == '#') {
+                        size_t i = pos, end = 0;
+                        for (; i + 1 < n; i++) {
+                                if ((s[i] == '+' || s[i] == '-') && i + 2 < n && s[i + 1] == '#' && s[i + 2] == '}') {
+                                        end = s[i] == '-' ? skip_ws_re(s, n, i + 3) : i + 3;
+                                        break;
+                                }
+                                if (s[i] == '#' && s[i + 1] == '}') {
+                                        end = i + 2;
+                                        if (end < n && s[end] == '\n')
+                                                end++;
+                                        break;
+                                }
+                        }
+                        if (!end)
+                                return perr(p, k, TSR_E_INVAL, "missing end of comment tag");
+                        line_starting = s[end - 1] == '\n';
+                        pos = end;
+                        continue;
+                }
+                t = (token){0};
+                t.type = kind == '%' ? K_BLOCK_BEGIN : K_VAR_BEGIN;
+                t.off = (uint32_t)k;
+                if ((st = push_tok(p, t)) != TSR_OK)
+                        return st;
+                if ((st = lex_tag(p, &pos, kind == '%', &line_starting)) != TSR_OK)
+                        return st;
+        }
+        return TSR_OK;
+}
+
+/* ---------------------------------------------------------------- parser */
+
+static token *cur(parser *p) { return &p->toks[p->pos]; }
+static token *peek(parser *p, size_t k) { return p->pos + k < p->ntoks ? &p->toks[p->pos + k] : &p->toks[p->ntoks - 1]; }
+static bool t_op(const token *t, const char *op) { return t->type == K_OP && tstr_eq(t->s, op); }
+static bool t_name(const token *t, const char *nm) { return t->type == K_NAME && tstr_eq(t->s, nm); }
+static void adv(parser *p) {
+        if (p->pos + 1 < p->ntoks)
+                p->pos++;
+}
+
+static const char *tok_desc(const token *t) {
+        switch (t->type) {
+        case K_DATA: return "template data";
+        case K_VAR_BEGIN: return "'{{'";
+        case K_VAR_END: return "end of print statement";
+        case K_BLOCK_BEGIN: return "'{%'";
+        case K_BLOCK_END: return "end of statement block";
+        case K_NAME: return "name";
+        case K_STRING: return "string";
+        case K_INT: return "integer";
+        case K_FLOAT: return "float";
+        case K_OP: return "operator";
+        default: return "end of template";
+        }
+}
+
+static node *mk(parser *p, nkind k, uint32_t off) {
+        node *n = tsr_arena_calloc(p->a, 1, sizeof(*n));
+        if (!n) {
+                perr(p, off, TSR_E_NOMEM, "out of memory");
+                return NULL;
+        }
+        n->kind = (uint8_t)k;
+        n->off = off;
+        return n;
+}
+
+/* Growable node-pointer vector in the arena (old copies are left behind: parse only). */
+typedef struct nvec {
+        node **v;
+        tstr *names;
+        uint32_t n, cap;
+} nvec;
+
+static bool nvec_push(parser *p, nvec *v, node *x, tstr name) {
+        if (v->n == v->cap) {
+                uint32_t nc = v->cap ? v->cap * 2 : 4;
+                node **nv = tsr_arena_alloc(p->a, nc * sizeof(*nv));
+                tstr *nn = tsr_arena_alloc(p->a, nc * sizeof(*nn));
+                if (!nv || !nn) {
+                        perr(p, cur(p)->off, TSR_E_NOMEM, "out of memory");
+                        return false;
+                }
+                if (v->n) {
+                        memcpy(nv, v->v, v->n * sizeof(*nv));
+                        memcpy(nn, v->names, v->n * sizeof(*nn));
+                }
+                v->v = nv;
+                v->names = nn;
+                v->cap = nc;
+        }
+        v->v[v->n] = x;
+        v->names[v->n] = name;
+        v->n++;
+        return true;
+}
+
+static bool expect_op(parser *p, const char *op) {
+        if (p->failed)
+                return false;
+        if (!t_op(cur(p), op)) {
+                perr(p, cur(p)->off, TSR_E_INVAL, "expected '%s', got %s", op, tok_desc(cur(p)));
+                return false;
+        }
+        adv(p);
+        return true;
+}
+
+static bool expect_type(parser *p, ttype ty, const char *what) {
+        if (p->failed)
+                return false;
+        if (cur(p)->type != ty) {
+                perr(p, cur(p)->off, TSR_E_INVAL, "expected %s, got %s", what, tok_desc(cur(p)));
+                return false;
+        }
+        adv(p);
+        return true;
+}
+
+static bool enter(parser *p) {
+        if (p->failed)
+                return false;
+        if (++p->depth > TPL_MAX_PARSE_DEPTH) {
+                perr(p, cur(p)->off, TSR_E_LIMIT, "template nests too deep");
+                return false;
+        }
+        return true;
+}
+
+static node *parse_expr(parser *p, bool condexpr);
+static node *parse_or(parser *p);
+static node *parse_unary(parser *p, bool with_filter);
+static node *parse_postfix(parser *p, node *n);
+static node *parse_filter_expr(parser *p, node *n);
+static node *parse_primary(parser *p);
+
+static bool tuple_end(parser *p, const char *extra) {
+        token *t = cur(p);
+        if (t->type == K_VAR_END || t->type == K_BLOCK_END || t->type == K_EOF || t_op(t, ")"))
+                return true;
+        return extra && t_name(t, extra);
+}
+
+/* mode: 0 = full expression, 1 = no conditional expression, 2 = primary only */
+static node *parse_tuple(parser *p, int mode, const char *extra_end, bool explicit_parens) {
+        nvec v = {0};
+        bool is_tuple = false;
+        uint32_t off = cur(p)->off;
+        node *n;
+
+        for (;;) {
+                node *x;
+                if (v.n && !expect_op(p, ","))
+                        return NULL;
+                if (tuple_end(p, extra_end))
+                        break;
+                x = mode == 2 ? parse_primary(p) : parse_expr(p, mode == 0);
+                if (!x || !nvec_push(p, &v, x, (tstr){0}))
+                        return NULL;
+                if (t_op(cur(p), ","))
+                        is_tuple = true;
+                else
+                        break;
+        }
+        if (!is_tuple) {
+                if (v.n)
+                        return v.v[0];
+                if (!explicit_parens) {
+                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an expression, got %s", tok_desc(cur(p)));
+                        return NULL;
+                }
+        }
+        if (!(n = mk(p, N_TUPLE, off)))
+                return NULL;
+        n->kids = v.v;
+        n->nkids = v.n;
+        return n;
+}
+
+static bool parse_call_args(parser *p, node *n) {
+        nvec v = {0};
+        uint32_t nkw = 0;
+        bool need_comma = false;
+
+        if (!expect_op(p, "("))
+                return false;
+        while (!t_op(cur(p), ")")) {
+                if (need_comma) {
+                        if (!expect_op(p, ","))
+                                return false;
+                        if (t_op(cur(p), ")"))
+                                break;
+                }
+                if (t_op(cur(p), "*") || t_op(cur(p), "**")) {
+                        perr(p, cur(p)->off, TSR_E_INVAL, "*args and **kwargs in calls are not supported");
+                        return false;
+                }
+                if (cur(p)->type == K_NAME && t_op(peek(p, 1), "=")) {
+                        tstr key = cur(p)->s;
+                        node *x;
+                        adv(p);
+                        adv(p);
+                        if (!(x = parse_expr(p, true)) || !nvec_push(p, &v, x, key))
+                                return false;
+                        nkw++;
+                } else {
+                        node *x;
+                        if (nkw) {
+                                perr(p, cur(p)->off, TSR_E_INVAL, "positional argument follows keyword argument");
+                                return false;
+                        }
+                        if (!(x = parse_expr(p, true)) || !nvec_push(p, &v, x, (tstr){0}))
+                                return false;
+                }
+                need_comma = true;
+        }
+        if (!expect_op(p, ")"))
+                return false;
+        n->kids = v.v;
+        n->nkids = v.n;
+        n->nkw = nkw;
+        n->names = v.names ? v.names + (v.n - nkw) : NULL;
+        n->nnames = nkw;
+        return true;
+}
+
+static bool dotted_name(parser *p, tstr *out) {
+        token *t = cur(p);
+        if (t->type != K_NAME) {
+                perr(p, t->off, TSR_E_INVAL, "expected a name, got %s", tok_desc(t));
+                return false;
+        }
+        *out = t->s;
+        adv(p);
+        return true;
+}
+
+static node *parse_filter(parser *p, node *operand) {
+        while (t_op(cur(p), "|")) {
+                node *n = mk(p, N_FILTER, cur(p)->off);
+                size_t k;
+                if (!n)
+                        return NULL;
+                adv(p);
+                n->off = cur(p)->off;
+                if (!dotted_name(p, &n->name))
+                        return NULL;
+                n->fid = -1;
+                for (k = 0; k < sizeof(filter_names) / sizeof(filter_names[0]); k++)
+                        if (tstr_eq(n->name, filter_names[k].name))
+                                n->fid = filter_names[k].id;
+                if (n->fid < 0) {
+                        perr(p, n->off, TSR_E_INVAL, "no filter named '%.*s'", (int)n->name.n, n->name.p);
+                        return NULL;
+                }
+                if (t_op(cur(p), "(") && !parse_call_args(p, n))
+                        return NULL;
+                n->a = operand;
+                operand = n;
+        }
+        return operand;
+}
+
+static node *parse_test(parser *p, node *operand) {
+        node *n = mk(p, N_TEST, cur(p)->off);
+        token *t;
+        size_t k;
+
+        if (!n)
+                return NULL;
+        adv(p);         /* is */
+        if (t_name(cur(p), "not")) {
+                n->neg = 1;
+                adv(p);
+        }
+        n->off = cur(p)->off;
+        if (!dotted_name(p, &n->name))
+                return NULL;
+        n->fid = -1;
+        for (k = 0; k < sizeof(test_names) / sizeof(test_names[0]); k++)
+                if (tstr_eq(n->name, test_names[k].name))
+                        n->fid = test_names[k].id;
+        if (n->fid < 0) {
+                perr(p, n->off, TSR_E_INVAL, "no test named '%.*s'", (int)n->name.n, n->name.p);
+                return NULL;
+        }
+        t = cur(p);
+        if (t_op(t, "(")) {
+                if (!parse_call_args(p, n))
+                        return NULL;
+        } else if ((t->type == K_NAME || t->type == K_STRING || t->type == K_INT || t->type == K_FLOAT ||
+                    t_op(t, "[") || t_op(t, "{")) &&
+                   !t_name(t, "else") && !t_name(t, "or") && !t_name(t, "and")) {
+                node *arg;
+                if (t_name(t, "is")) {
+                        perr(p, t->off, TSR_E_INVAL, "cannot chain multiple tests with 'is'");
+                        return NULL;
+                }
+                if (!(arg = parse_primary(p)) || !(arg = parse_postfix(p, arg)))
+                        return NULL;
+                if (!(n->kids = tsr_arena_alloc(p->a, sizeof(node *))))
+                        return NULL;
+                n->kids[0] = arg;
+                n->nkids = 1;
+        }
+        n->a = operand;
+        return n;
+}
+
+static node *parse_subscripted(parser *p) {
+        node *sl, *parts[3] = {NULL, NULL, NULL};
+        uint32_t off = cur(p)->off;
+
+        if (t_op(cur(p), ":")) {
+                adv(p);
+        } else {
+                node *x = parse_expr(p, true);
+                if (!x || !t_op(cur(p), ":"))
+                        return x;
+                adv(p);
+                parts[0] = x;
+        }
+        if (t_op(cur(p), ":")) {
+                /* no stop */
+        } else if (!t_op(cur(p), "]") && !t_op(cur(p), ",")) {
+                if (!(parts[1] = parse_expr(p, true)))
+                        return NULL;
+        }
+        if (t_op(cur(p), ":")) {
+                adv(p);
+                if (!t_op(cur(p), "]") && !t_op(cur(p), ",") && !(parts[2] = parse_expr(p, true)))
+                        return NULL;
+        }
+        if (!(sl = mk(p, N_SLICE, off)))
+                return NULL;
+        sl->a = parts[0];
+        sl->b = parts[1];
+        sl->c = parts[2];
+        return sl;
+}
+
+static node *parse_postfix(parser *p, node *n) {
+        while (n && !p->failed) {
+                token *t = cur(p);
+                if (t_op(t, ".")) {
+                        node *g;
+                        adv(p);
+                        t = cur(p);
+                        if (t->type == K_NAME) {
+                                if (!(g = mk(p, N_GETATTR, t->off)))
+                                        return NULL;
+                                g->name = t->s;
+                        } else if (t->type == K_INT) {
+                                node *c;
+                                if (!(g = mk(p, N_GETITEM, t->off)) || !(c = mk(p, N_CONST, t->off)))
+                                        return NULL;
+                                c->val = tv_int(t->i);
+                                g->b = c;
+                        } else {
+                                perr(p, t->off, TSR_E_INVAL, "expected name or number after '.'");
+                                return NULL;
+                        }
+                        adv(p);
+                        g->a = n;
+                        n = g;
+                } else if (t_op(t, "[")) {
+                        node *g = mk(p, N_GETITEM, t->off);
+                        nvec v = {0};
+                        if (!g)
+                                return NULL;
+                        adv(p);
+                        while (!t_op(cur(p), "]")) {
+                                node *x;
+                                if (v.n && !expect_op(p, ","))
+                                        return NULL;
+                                if (!(x = parse_subscripted(p)) || !nvec_push(p, &v, x, (tstr){0}))
+                                        return NULL;
+                        }
+                        if (!expect_op(p, "]"))
+                                return NULL;
+                        if (v.n == 1) {
+                                g->b = v.v[0];
+                        } else {
+                                node *tu = mk(p, N_TUPLE, g->off);
+                                if (!tu)
+                                        return NULL;
+                                tu->kids = v.v;
+                                tu->nkids = v.n;
+                                g->b = tu;
+                        }
+                        g->a = n;
+                        n = g;
+                } else if (t_op(t, "(")) {
+                        node *c = mk(p, N_CALL, t->off);
+                        if (!c || !parse_call_args(p, c))
+                                return NULL;
+                        c->a = n;
+                        n = c;
+                } else {
+                        break;
+                }
+        }
+        return p->failed ? NULL : n;
+}
+
+static node *parse_filter_expr(parser *p, node *n) {
+        while (n && !p->failed) {
+                token *t = cur(p);
+                if (t_op(t, "|")) {
+                        n = parse_filter(p, n);
+                } else if (t_name(t, "is")) {
+                        n = parse_test(p, n);
+                } else if (t_op(t, "(")) {
+                        node *c = mk(p, N_CALL, t->off);
+                        if (!c || !parse_call_args(p, c))
+                                return NULL;
+                        c->a = n;
+                        n = c;
+                } else {
+                        break;
+                }
+        }
+        return p->failed ? NULL : n;
+}
+
+static node *parse_primary(parser *p) {
+        token *t = cur(p);
+        node *n = NULL;
+
+        if (!enter(p))
+                return NULL;
+        if (t->type == K_NAME) {
+                if (!(n = mk(p, N_CONST, t->off)))
+                        return NULL;
+                if (tstr_eq(t->s, "true") || tstr_eq(t->s, "True"))
+                        n->val = tv_bool(true);
+                else if (tstr_eq(t->s, "false") || tstr_eq(t->s, "False"))
+                        n->val = tv_bool(false);
+                else if (tstr_eq(t->s, "none") || tstr_eq(t->s, "None"))
+                        n->val = tv_none();
+                else {
+                        n->kind = N_NAME;
+                        n->name = t->s;
+                }
+                adv(p);
+        } else if (t->type == K_STRING) {
+                tstr s = t->s;
+                adv(p);
+                while (cur(p)->type == K_STRING) {
+                        /* adjacent literals concatenate, as in Python */
+                        tstr s2 = cur(p)->s;
+                        char *c = tsr_arena_alloc(p->a, s.n + s2.n + 1);
+                        if (!c) {
+                                perr(p, t->off, TSR_E_NOMEM, "out of memory");
+                                return NULL;
+                        }
+                        memcpy(c, s.p, s.n);
+                        memcpy(c + s.n, s2.p, s2.n);
+                        c[s.n + s2.n] = '\0';
+                        s.p = c;
+                        s.n += s2.n;
+                        adv(p);
+                }
+                if (!(n = mk(p, N_CONST, t->off)))
+                        return NULL;
+                n->val = tv_str(s.p, s.n);
+        } else if (t->type == K_INT || t->type == K_FLOAT) {
+                if (!(n = mk(p, N_CONST, t->off)))
+                        return NULL;
+                n->val = t->type == K_INT ? tv_int(t->i) : tv_float(t->f);
+                adv(p);
+        } else if (t_op(t, "(")) {
+                adv(p);
+                if (!(n = parse_tuple(p, 0, NULL, true)) || !expect_op(p, ")"))
+                        n = NULL;
+        } else if (t_op(t, "[") || t_op(t, "{")) {
+                bool is_dict = t_op(t, "{");
+                nvec v = {0};
+                if (!(n = mk(p, is_dict ? N_DICT : N_LIST, t->off)))
+                        return NULL;
+                adv(p);
+                while (!t_op(cur(p), is_dict ? "}" : "]")) {
+                        node *x;
+                        if (v.n && !expect_op(p, ","))
+                                return NULL;
+                        if (t_op(cur(p), is_dict ? "}" : "]"))
+                                break;
+                        if (!(x = parse_expr(p, true)) || !nvec_push(p, &v, x, (tstr){0}))
+                                return NULL;
+                        if (is_dict) {
+                                if (!expect_op(p, ":") || !(x = parse_expr(p, true)) ||
+                                    !nvec_push(p, &v, x, (tstr){0}))
+                                        return NULL;
+                        }
+                }
+                if (!expect_op(p, is_dict ? "}" : "]"))
+                        return NULL;
+                n->kids = v.v;
+                n->nkids = v.n;
+        } else {
+                perr(p, t->off, TSR_E_INVAL, "unexpected %s", tok_desc(t));
+        }
+        p->depth--;
+        return p->failed ? NULL : n;
+}
+
+static node *parse_unary(parser *p, bool with_filter) {
+        token *t = cur(p);
+        node *n;
+
+        if (!enter(p))
+                return NULL;
+        if (t_op(t, "-") || t_op(t, "+")) {
+                node *x;
+                adv(p);
+                if (!(n = mk(p, t->s.p[0] == '-' ? N_NEG : N_POS, t->off)) || !(x = parse_unary(p, false)))
+                        return NULL;
+                n->a = x;
+        } else {
+                n = parse_primary(p);
+        }
+        n = parse_postfix(p, n);
+        if (with_filter)
+                n = parse_filter_expr(p, n);
+        p->depth--;
+        return n;
+}
+
+static node *mk_bin(parser *p, nkind k, uint8_t op, uint32_t off, node *l, node *r) {
+        node *n;
+        if (!l || !r || !(n = mk(p, k, off)))
+                return NULL;
+        n->op = op;
+        n->a = l;
+        n->b = r;
+        return n;
+}
+
+static node *parse_pow(parser *p) {
+        node *n = parse_unary(p, true);
+        while (n && t_op(cur(p), "**")) {
+                uint32_t off = cur(p)->off;
+                adv(p);
+                n = mk_bin(p, N_BIN, 'P', off, n, parse_unary(p, true));
+        }
+        return n;
+}
+
+static node *parse_math2(parser *p) {
+        node *n = parse_pow(p);
+        for (;;) {
+                token *t = cur(p);
+                uint8_t op;
+                if (!n)
+                        return NULL;
+                if (t_op(t, "*"))
+                        op = '*';
+                else if (t_op(t, "/"))
+                        op = '/';
+                else if (t_op(t, "//"))
+                        op = 'F';
+                else if (t_op(t, "%"))
+                        op = '%';
+                else
+                        return n;
+                adv(p);
+                n = mk_bin(p, N_BIN, op, t->off, n, parse_pow(p));
+        }
+}
+
+static node *parse_concat(parser *p) {
+        node *n = parse_math2(p);
+        while (n && t_op(cur(p), "~")) {
+                uint32_t off = cur(p)->off;
+                adv(p);
+                n = mk_bin(p, N_BIN, '~', off, n, parse_math2(p));
+        }
+        return n;
+}
+
+static node *parse_math1(parser *p) {
+        node *n = parse_concat(p);
+        for (;;) {
+                token *t = cur(p);
+                if (!n)
+                        return NULL;
+                if (!t_op(t, "+") && !t_op(t, "-"))
+                        return n;
+                adv(p);
+                n = mk_bin(p, N_BIN, (uint8_t)t->s.p[0], t->off, n, parse_concat(p));
+        }
+}
+
+static node *parse_compare(parser *p) {
+        node *first = parse_math1(p), *n;
+        nvec v = {0};
+        uint8_t ops[64];
+
+        if (!first)
+                return NULL;
+        for (;;) {
+                token *t = cur(p);
+                int op = -1;
+                node *x;
+                if (t_op(t, "=="))
+                        op = CMP_EQ;
+                else if (t_op(t, "!="))
+                        op = CMP_NE;
+                else if (t_op(t, "<"))
+                        op = CMP_LT;
+                else if (t_op(t, "<="))
+                        op = CMP_LE;
+                else if (t_op(t, ">"))
+                        op = CMP_GT;
+                else if (t_op(t, ">="))
+                        op = CMP_GE;
+                else if (t_name(t, "in"))
+                        op = CMP_IN;
+                else if (t_name(t, "not") && t_name(peek(p, 1), "in")) {
+                        op = CMP_NOTIN;
+                        adv(p);
+                }
+                if (op < 0)
+                        break;
+                if (v.n >= sizeof(ops)) {
+                        perr(p, t->off, TSR_E_LIMIT, "comparison chain too long");
+                        return NULL;
+                }
+                adv(p);
+                if (!(x = parse_math1(p)) || !nvec_push(p, &v, x, (tstr){0}))
+                        return NULL;
+                ops[v.n - 1] = (uint8_t)op;
+        }
+        if (!v.n)
+                return first;
+        if (!(n = mk(p, N_CMP, first->off)) || !(n->ops = tsr_arena_memdup(p->a, ops, v.n)))
+                return NULL;
+        n->a = first;
+        n->kids = v.v;
+        n->nkids = v.n;
+        return n;
+}
+
+static node *parse_not(parser *p) {
+        if (t_name(cur(p), "not")) {
+                uint32_t off = cur(p)->off;
+                node *n, *x;
+                if (!enter(p))
+                        return NULL;
+                adv(p);
+                if (!(x = parse_not(p)) || !(n = mk(p, N_NOT, off)))
+                        return NULL;
+                n->a = x;
+                p->depth--;
+                return n;
+        }
+        return parse_compare(p);
+}
+
+static node *parse_and(parser *p) {
+        node *n = parse_not(p);
+        while (n && t_name(cur(p), "and")) {
+                uint32_t off = cur(p)->off;
+                adv(p);
+                n = mk_bin(p, N_AND, 0, off, n, parse_not(p));
+        }
+        return n;
+}
+
+static node *parse_or(parser *p) {
+        node *n = parse_and(p);
+        while (n && t_name(cur(p), "or")) {
+                uint32_t off = cur(p)->off;
+                adv(p);
+                n = mk_bin(p, N_OR, 0, off, n, parse_and(p));
+        }
+        return n;
+}
+
+static node *parse_expr(parser *p, bool condexpr) {
+        node *n;
+        if (!enter(p))
+                return NULL;
+        n = parse_or(p);
+        while (condexpr && n && t_name(cur(p), "if")) {
+                node *c = mk(p, N_COND, cur(p)->off);
+                if (!c)
+                        return NULL;
+                adv(p);
+                if (!(c->a = parse_or(p)))
+                        return NULL;
+                if (t_name(cur(p), "else")) {
+                        adv(p);
+                        if (!(c->c = parse_expr(p, true)))
+                                return NULL;
+                }
+                c->b = n;
+                n = c;
+        }
+        p->depth--;
+        return p->failed ? NULL : n;
+}
+
+/* ---------------------------------------------------------------- statements */
+
+typedef struct pstate {
+        int loops;              /* enclosing for loops (in the current macro) */
+} pstate;
+
+static node *parse_body(parser *p, pstate *ps, const char *const *ends);
+
+static bool is_end_name(parser *p, const char *const *ends) {
+        size_t k;
+        for (k = 0; ends && ends[k]; k++)
+                if (t_name(cur(p), ends[k]))
+                        return true;
+        return false;
+}
+
+/* After a statement header: expect '%}' then parse the body up to one of `ends`,
+ * leaving the stream on the end name. */
+static node *parse_statements(parser *p, pstate *ps, const char *const *ends) {
+        node *b;
+        if (!expect_type(p, K_BLOCK_END, "end of statement block"))
+                return NULL;
+        b = parse_body(p, ps, ends);
+        if (!b)
+                return NULL;
+        if (cur(p)->type == K_EOF) {
+                perr(p, cur(p)->off, TSR_E_INVAL, "unexpected end of template, expected '%s'", ends[0]);
+                return NULL;
+        }
+        return b;
+}
+
+/* Targets: a name, or names separated by commas (optionally in parentheses). */
+static bool parse_targets(parser *p, node *n, const char *extra_end) {
+        node *t = parse_tuple(p, 2, extra_end, false);
+        uint32_t k;
+        if (!t)
+                return false;
+        if (t->kind == N_NAME) {
+                n->names = &t->name;
+                n->nnames = 1;
+                return true;
+        }
+        if (t->kind != N_TUPLE)
+                goto bad;
+        if (!(n->names = tsr_arena_alloc(p->a, (t->nkids ? t->nkids : 1) * sizeof(tstr)))) {
+                perr(p, t->off, TSR_E_NOMEM, "out of memory");
+                return false;
+        }
+        for (k = 0; k < t->nkids; k++) {
+                if (t->kids[k]->kind != N_NAME)
+                        goto bad;
+                n->names[k] = t->kids[k]->name;
+        }
+        n->nnames = t->nkids;
+        n->tuple = 1;
+        return true;
+bad:
+        perr(p, t->off, TSR_E_INVAL, "cannot assign to this expression");
+        return false;
+}
+
+static node *parse_for(parser *p, pstate *ps, uint32_t off) {
+        static const char *const ends1[] = {"endfor", "else", NULL};
+        static const char *const ends2[] = {"endfor", NULL};
+        node *n = mk(p, N_FOR, off);
+
+        if (!n || !parse_targets(p, n, "in"))
+                return NULL;
+        if (!t_name(cur(p), "in")) {
+                perr(p, cur(p)->off, TSR_E_INVAL, "expected 'in'");
+                return NULL;
+        }
+        adv(p);
+        if (!(n->a = parse_tuple(p, 1, "recursive", false)))
+                return NULL;
+        if (t_name(cur(p), "if")) {
+                adv(p);
+                if (!(n->b = parse_expr(p, true)))
+                        return NULL;
+        }
+        if (t_name(cur(p), "recursive")) {
+                perr(p, cur(p)->off, TSR_E_UNSUPPORTED, "recursive loops are not supported");
+                return NULL;
+        }
+        ps->loops++;
+        if (!(n->c = parse_statements(p, ps, ends1)))
+                return NULL;
+        ps->loops--;
+        if (t_name(cur(p), "else")) {
+                adv(p);
+                if (!(n->d = parse_statements(p, ps, ends2)))
+                        return NULL;
+        }
+        adv(p);         /* endfor */
+        return n;
+}
+
+static node *parse_if(parser *p, pstate *ps, uint32_t off) {
+        static const char *const ends1[] = {"endif", "elif", "else", NULL};
+        static const char *const ends2[] = {"endif", NULL};
+        node *first = mk(p, N_IF, off), *n = first;
+
+        if (!n)
+                return NULL;
+        for (;;) {
+                if (!(n->a = parse_tuple(p, 1, NULL, false)) || !(n->b = parse_statements(p, ps, ends1)))
+                        return NULL;
+                if (t_name(cur(p), "elif")) {
+                        node *e = mk(p, N_IF, cur(p)->off);
+                        if (!e)
+                                return NULL;
+                        adv(p);
+                        n->c = e;
+                        n = e;
+                        continue;
+                }
+                if (t_name(cur(p), "else")) {
+                        adv(p);
+                        if (!(n->c = parse_statements(p, ps, ends2)))
+                                return NULL;
+                }
+                adv(p);         /* endif */
+                return first;
+        }
+}
+
+static node *parse_set(parser *p, pstate *ps, uint32_t off) {
+        static const char *const ends[] = {"endset", NULL};
+        node *n = mk(p, N_SET, off);
+
+        if (!n)
+                return NULL;
+        if (cur(p)->type == K_NAME && t_op(peek(p, 1), ".")) {
+                n->op = TGT_ATTR;
+                n->name = cur(p)->s;
+                adv(p);
+                adv(p);
+                if (cur(p)->type != K_NAME) {
+                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an attribute name");
+                        return NULL;
+                }
+                n->name2 = cur(p)->s;
+                adv(p);
+        } else {
+                if (!parse_targets(p, n, NULL))
+                        return NULL;
+                n->op = n->tuple ? TGT_TUPLE : TGT_NAME;
+                n->name = n->names[0];
+        }
+        if (t_op(cur(p), "=")) {
+                adv(p);
+                n->a = parse_tuple(p, 0, NULL, false);
+                return n->a ? n : NULL;
+        }
+        if (n->op != TGT_NAME) {
+                perr(p, cur(p)->off, TSR_E_UNSUPPORTED, "block set supports a plain name only");
+                return NULL;
+        }
+        n->kind = N_SETBLOCK;
+        if (t_op(cur(p), "|") && !(n->c = parse_filter(p, NULL)))
+                return NULL;
+        if (!(n->b = parse_statements(p, ps, ends)))
+                return NULL;
+        adv(p);         /* endset */
+        return n;
+}
+
+static node *parse_macro(parser *p, uint32_t off) {
+        static const char *const ends[] = {"endmacro", NULL};
+        node *n = mk(p, N_MACRO, off);
+        nvec v = {0};
+        pstate inner = {0};
+        bool have_default = false;
+
+        if (!n)
+                return NULL;
+        if (cur(p)->type != K_NAME) {
+                perr(p, cur(p)->off, TSR_E_INVAL, "expected a macro name");
+                return NULL;
+        }
+        n->name = cur(p)->s;
+        adv(p);
+        if (!expect_op(p, "("))
+                return NULL;
+        while (!t_op(cur(p), ")")) {
+                tstr nm;
+                node *def = NULL;
+                if (v.n && !expect_op(p, ","))
+                        return NULL;
+                if (cur(p)->type != K_NAME) {
+                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an argument name");
+                        return NULL;
+                }
+                nm = cur(p)->s;
+                adv(p);
+                if (t_op(cur(p), "=")) {
+                        adv(p);
+                        if (!(def = parse_expr(p, true)))
+                                return NULL;
+                        have_default = true;
+                } else if (have_default) {
+                        perr(p, cur(p)->off, TSR_E_INVAL, "non-default argument follows default argument");
+                        return NULL;
+                }
+                if (!nvec_push(p, &v, def, nm))
+                        return NULL;
+        }
+        adv(p);
+        n->kids = v.v;
+        n->nkids = v.n;
+        n->names = v.names;
+        n->nnames = v.n;
+        if (!(n->b = parse_statements(p, &inner, ends)))
+                return NULL;
+        adv(p);         /* endmacro */
+        return n;
+}
+
+static node *parse_statement(parser *p, pstate *ps) {
+        token *t = cur(p);
+        node *n = NULL;
+
+        if (t->type != K_NAME) {
+                perr(p, t->off, TSR_E_INVAL, "tag name expected");
+                return NULL;
+        }
+        if (!enter(p))
+                return NULL;
+        adv(p);
+        if (tstr_eq(t->s, "for")) {
+                n = parse_for(p, ps, t->off);
+        } else if (tstr_eq(t->s, "if")) {
+                n = parse_if(p, ps, t->off);
+        } else if (tstr_eq(t->s, "set")) {
+                n = parse_set(p, ps, t->off);
+        } else if (tstr_eq(t->s, "macro")) {
+                n = parse_macro(p, t->off);
+        } else if (tstr_eq(t->s, "break") || tstr_eq(t->s, "continue")) {
+                if (!ps->loops)
+                        perr(p, t->off, TSR_E_INVAL, "'%.*s' outside of a loop", (int)t->s.n, t->s.p);
+                else
+                        n = mk(p, t->s.p[0] == 'b' ? N_BREAK : N_CONTINUE, t->off);
+        } else if (tstr_eq(t->s, "generation")) {
+                /* transformers' AssistantTracker: renders its body unchanged */
+                static const char *const ends[] = {"endgeneration", NULL};
+                if ((n = parse_statements(p, ps, ends)))
+                        adv(p);
+        } else {
+                perr(p, t->off, TSR_E_INVAL, "unknown or unsupported tag '%.*s'", (int)t->s.n, t->s.p);
+        }
+        p->depth--;
+        return p->failed ? NULL : n;
+}
+
+static node *parse_body(parser *p, pstate *ps, const char *const *ends) {
+        nvec v = {0};
+        node *body = mk(p, N_BODY, cur(p)->off);
+
+        if (!body || !enter(p))
+                return NULL;
+        for (;;) {
+                token *t = cur(p);
+                node *n = NULL;
+                if (t->type == K_EOF)
+                        break;
+                if (t->type == K_DATA) {
+                        if (!(n = mk(p, N_TEXT, t->off)))
+                                return NULL;
+                        n->name = t->s;
+                        adv(p);
+                } else if (t->type == K_VAR_BEGIN) {
+                        adv(p);
+                        if (!(n = mk(p, N_OUTPUT, t->off)) || !(n->a = parse_tuple(p, 0, NULL, false)) ||
+                            !expect_type(p, K_VAR_END, "end of print statement"))
+                                return NULL;
+                } else if (t->type == K_BLOCK_BEGIN) {
+                        adv(p);
+                        if (is_end_name(p, ends))
+                                break;
+                        if (cur(p)->type == K_NAME && !ends &&
+                            (tstr_eq(cur(p)->s, "endif") || tstr_eq(cur(p)->s, "endfor") ||
+                             tstr_eq(cur(p)->s, "endmacro") || tstr_eq(cur(p)->s, "else") ||
+                             tstr_eq(cur(p)->s, "elif") || tstr_eq(cur(p)->s, "endset"))) {
+                                perr(p, cur(p)->off, TSR_E_INVAL, "unexpected '%.*s'", (int)cur(p)->s.n,
+                                     cur(p)->s.p);
+                                return NULL;
+                        }
+                        if (!(n = parse_statement(p, ps)) || !expect_type(p, K_BLOCK_END, "end of statement block"))
+                                return NULL;
+                } else {
+                        perr(p, t->off, TSR_E_INVAL, "unexpected %s", tok_desc(t));
+                        return NULL;
+                }
+                if (!nvec_push(p, &v, n, (tstr){0}))
+                        return NULL;
+        }
+        if (!ends && cur(p)->type != K_EOF) {
+                perr(p, cur(p)->off, TSR_E_INVAL, "unexpected %s", tok_desc(cur(p)));
+                return NULL;
+        }
+        if (ends && !is_end_name(p, ends)) {
+                perr(p, cur(p)->off, TSR_E_INVAL, "unexpected end of template, expected '%s'", ends[0]);
+                return NULL;
+        }
+        body->kids = v.v;
+        body->nkids = v.n;
+        p->depth--;
+        return body;
+}
+
+tsr_status tsr_template_parse(const char *src, size_t len, tsr_template **ret, char *err, size_t errlen) {
+        parser p = {0};
+        tsr_template *t = NULL;
+        pstate ps = {0};
+        token eof = {0};
+        size_t i, k = 0;
+        char *s;
+
+        if (err && errlen)
+                err[0] = '\0';
+        if (!src && len)
+                return TSR_E_INVAL;
+        if (len > UINT32_MAX - 8) {
+                if (err && errlen)
+                        snprintf(err, errlen, "template too large");
+                return TSR_E_LIMIT;
+        }
+        t = calloc(1, sizeof(*t));
+        if (!t || !(t->arena = tsr_arena_new(0, 0)) || !(s = tsr_arena_alloc(t->arena, len + 1))) {
+                tsr_template_free(&t);
+                return TSR_E_NOMEM;
+        }
+        /* jinja2 normalises \r\n and \r to \n and drops one trailing newline
+         * (keep_trailing_newline is off) before lexing. */
+        for (i = 0; i < len; i++) {
+                if (src[i] == '\r') {
+                        s[k++] = '\n';
+                        if (i + 1 < len && src[i + 1] == '\n')
+                                i++;
+                } else {
+                        s[k++] = src[i];
+                }
+        }
+        if (k && s[k - 1] == '\n')
+                k--;
+        s[k] = '\0';
+        t->src = s;
+        t->len = k;
+        p.a = t->arena;
+        p.src = s;
+        p.len = k;
+        p.err = err;
+        p.errlen = errlen;
+        if (lex(&p) == TSR_OK) {
+                eof.type = K_EOF;
+                eof.off = (uint32_t)k;
+                if (push_tok(&p, eof) == TSR_OK)
+                        t->root = parse_body(&p, &ps, NULL);
+        }
+        if (p.failed || !t->root) {
+                tsr_status st = p.failed ? p.st : TSR_E_INTERNAL;
+                tsr_template_free(&t);
+                return st;
+        }
+        *ret = t;
+        return TSR_OK;
+}
+
+void tsr_template_free(tsr_template **t) {
+        if (!t || !*t)
+                return;
+        tsr_arena_free(&(*t)->arena);
+        free(*t);
+        *t = NULL;
+}
+
+/* ---------------------------------------------------------------- render state */
+
+struct frame {
+        frame *parent;
+        tstr *names;
+        tv *vals;
+        size_t n, cap;
+};
+
+typedef struct sb {
+        char *p;
+        size_t n, cap;
+} sb;
+
+typedef struct rctx {
+        tsr_arena *a;
+        const tsr_template_opts *o;
+        tsr_buf *out;           /* top-level output */
+        sb *cap;                /* non-NULL while a macro or block set captures output */
+        size_t max_output;
+        uint64_t steps, max_steps;
+        uint32_t depth, max_depth;
+        uint32_t nest;
+        tdict *vars;            /* the JSON context */
+        frame *root;
+        tsr_status st;
+        bool failed;
+        char *err;
+        size_t errlen;
+} rctx;
+
+enum { B_RANGE, B_NAMESPACE, B_DICT, B_RAISE, B_STRFTIME };
+static const char *const builtin_names[] = {"range", "namespace", "dict", "raise_exception", "strftime_now"};
+
+typedef struct args {
+        tv *pos;
+        size_t npos;
+        tv *kw;
+        const tstr *kwn;
+        size_t nkw;
+} args;
+
+static tsr_status rerr(rctx *c, tsr_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static tsr_status rerr(rctx *c, tsr_status st, const char *fmt, ...) {
+        va_list ap;
+        if (c->failed)
+                return c->st;
+        c->failed = true;
+        c->st = st;
+        if (c->err && c->errlen) {
+                va_start(ap, fmt);
+                vsnprintf(c->err, c->errlen, fmt, ap);
+                va_end(ap);
+        }
+        return st;
+}
+
+static tsr_status oom(rctx *c) {
+        if (tsr_arena_over_limit(c->a))
+                return rerr(c, TSR_E_LIMIT, "template render used more than its memory limit");
+        return rerr(c, TSR_E_NOMEM, "out of memory");
+}
+
+static void *ralloc(rctx *c, size_t n) {
+        void *p = tsr_arena_alloc(c->a, n ? n : 1);
+        if (!p)
+                oom(c);
+        return p;
+}
+
+static tsr_status step(rctx *c, uint64_t k) {
+        c->steps += k;
+        if (c->steps > c->max_steps)
+                return rerr(c, TSR_E_LIMIT, "template render took more than %" PRIu64 " steps", c->max_steps);
+        return TSR_OK;
+}
+
+static tsr_status nest_in(rctx *c) {
+        if (++c->nest > TPL_MAX_EVAL_NEST)
+                return rerr(c, TSR_E_LIMIT, "template render nested too deep");
+        return TSR_OK;
+}
+
+static bool sb_add(rctx *c, sb *b, const char *s, size_t n) {
+        if (c->failed)
+                return false;
+        if (n > c->max_output || b->n > c->max_output - n) {
+                rerr(c, TSR_E_LIMIT, "template output larger than %zu bytes", c->max_output);
+                return false;
+        }
+        if (b->n + n + 1 > b->cap) {
+                size_t nc = b->cap ? b->cap : 32;
+                char *np;
+                while (nc < b->n + n + 1)
+                        nc *= 2;
+                if (!(np = ralloc(c, nc)))
+                        return false;
+                if (b->n)
+                        memcpy(np, b->p, b->n);
+                b->p = np;
+                b->cap = nc;
+        }
+        if (n)
+                memcpy(b->p + b->n, s, n);
+        b->n += n;
+        b->p[b->n] = '\0';
+        return true;
+}
+
+static bool sb_adds(rctx *c, sb *b, const char *s) { return sb_add(c, b, s, strlen(s)); }
+static bool sb_addc(rctx *c, sb *b, char ch) { return sb_add(c, b, &ch, 1); }
+static tv sb_tv(sb *b) { return tv_str(b->p ? b->p : "", b->n); }
+
+static tsr_status emit(rctx *c, const char *s, size_t n) {
+        tsr_status st;
+        if (c->cap)
+                return sb_add(c, c->cap, s, n) ? TSR_OK : c->st;
+        st = tsr_buf_append(c->out, s, n);
+        if (st == TSR_E_LIMIT)
+                return rerr(c, st, "template output larger than %zu bytes", c->max_output);
+        if (st != TSR_OK)
+                return rerr(c, st, "out of memory");
+        return TSR_OK;
+}
+
+static tlist *list_new(rctx *c, size_t cap) {
+        tlist *l = ralloc(c, sizeof(*l));
+        if (!l)
+                return NULL;
+        memset(l, 0, sizeof(*l));
+        if (cap && !(l->v = ralloc(c, cap * sizeof(tv))))
+                return NULL;
+        l->cap = cap;
+        return l;
+}
+
+static bool list_push(rctx *c, tlist *l, tv v) {
+        if (l->n == l->cap) {
+                size_t nc = l->cap ? l->cap * 2 : 4;
+                tv *nv = ralloc(c, nc * sizeof(tv));
+                if (!nv)
+                        return false;
+                if (l->n)
+                        memcpy(nv, l->v, l->n * sizeof(tv));
+                l->v = nv;
+                l->cap = nc;
+        }
+        l->v[l->n++] = v;
+        return true;
+}
+
+static tv tv_list(tlist *l) { tv v = {.type = TV_LIST}; v.u.l = l; return v; }
+static tv tv_dict(tdict *d) { tv v = {.type = TV_DICT}; v.u.d = d; return v; }
+
+static tdict *dict_new(rctx *c) {
+        tdict *d = ralloc(c, sizeof(*d));
+        if (d)
+                memset(d, 0, sizeof(*d));
+        return d;
+}
+
+static bool tv_eq(rctx *c, tv a, tv b);
+
+static tv *dict_find(rctx *c, const tdict *d, tv key) {
+        size_t i;
+        for (i = 0; i < d->n; i++) {
+                tv k = d->k[i];
+                if (key.type == TV_STR && k.type == TV_STR) {
+                        if (k.u.s.n == key.u.s.n && memcmp(k.u.s.p, key.u.s.p, k.u.s.n) == 0)
+                                return &d->v[i];
+                } else if (tv_eq(c, k, key)) {
+                        return &d->v[i];
+                }
+        }
+        return NULL;
+}
+
+static tv *dict_finds(const tdict *d, const char *key, size_t n) {
+        size_t i;
+        for (i = 0; i < d->n; i++)
+                if (d->k[i].type == TV_STR && d->k[i].u.s.n == n && memcmp(d->k[i].u.s.p, key, n) == 0)
+                        return &d->v[i];
+        return NULL;
+}
+
+static bool dict_set(rctx *c, tdict *d, tv key, tv val) {
+        tv *slot = dict_find(c, d, key);
+        if (slot) {
+                *slot = val;
+                return true;
+        }
+        if (d->n == d->cap) {
+                size_t nc = d->cap ? d->cap * 2 : 4;
+                tv *nk = ralloc(c, nc * sizeof(tv)), *nv = ralloc(c, nc * sizeof(tv));
+                if (!nk || !nv)
+                        return false;
+                if (d->n) {
+                        memcpy(nk, d->k, d->n * sizeof(tv));
+                        memcpy(nv, d->v, d->n * sizeof(tv));
+                }
+                d->k = nk;
+                d->v = nv;
+                d->cap = nc;
+        }
+        d->k[d->n] = key;
+        d->v[d->n] = val;
+        d->n++;
+        return true;
+}
+
+static bool frame_set(rctx *c, frame *f, tstr name, tv val) {
+        size_t i;
+        for (i = 0; i < f->n; i++) {
+                if (f->names[i].n == name.n && memcmp(f->names[i].p, name.p, name.n) == 0) {
+                        f->vals[i] = val;
+                        return true;
+                }
+        }
+        if (f->n == f->cap) {
+                size_t nc = f->cap ? f->cap * 2 : 8;
+                tstr *nn = ralloc(c, nc * sizeof(tstr));
+                tv *nv = ralloc(c, nc * sizeof(tv));
+                if (!nn || !nv)
+                        return false;
+                if (f->n) {
+                        memcpy(nn, f->names, f->n * sizeof(tstr));
+                        memcpy(nv, f->vals, f->n * sizeof(tv));
+                }
+                f->names = nn;
+                f->vals = nv;
+                f->cap = nc;
+        }
+        f->names[f->n] = name;
+        f->vals[f->n] = val;
+        f->n++;
+        return true;
+}
+
+static frame *frame_new(rctx *c, frame *parent) {
+        frame *f = ralloc(c, sizeof(*f));
+        if (f) {
+                memset(f, 0, sizeof(*f));
+                f->parent = parent;
+        }
+        return f;
+}
+
+static tv lookup(rctx *c, const frame *f, tstr name) {
+        size_t i;
+        tv *v;
+        for (; f; f = f->parent)
+                for (i = f->n; i-- > 0;)
+                        if (f->names[i].n == name.n && memcmp(f->names[i].p, name.p, name.n) == 0)
+                                return f->vals[i];
+        if ((v = dict_finds(c->vars, name.p, name.n)))
+                return *v;
+        for (i = 0; i < sizeof(builtin_names) / sizeof(builtin_names[0]); i++) {
+                if (tstr_eq(name, builtin_names[i])) {
+                        tv b = {.type = TV_BUILTIN};
+                        b.u.builtin = (int)i;
+                        return b;
+                }
+        }
+        {
+                tv u = {.type = TV_UNDEF};
+                u.u.s = name;
+                return u;
+        }
+}
+
+static const char *type_name(tv v) {
+        switch (v.type) {
+        case TV_UNDEF: return "Undefined";
+        case TV_NONE: return "NoneType";
+        case TV_BOOL: return "bool";
+        case TV_INT: return "int";
+        case TV_FLOAT: return "float";
+        case TV_STR: return "str";
+        case TV_LIST: return v.u.l->tuple ? "tuple" : "list";
+        case TV_DICT: return "dict";
+        case TV_NS: return "Namespace";
+        case TV_MACRO: return "Macro";
+        case TV_LOOP: return "LoopContext";
+        default: return "builtin_function_or_method";
+        }
+}
+
+static tsr_status undef_err(rctx *c, tv u) {
+        if (u.u.s.p && u.u.s.n)
+                return rerr(c, TSR_E_INVAL, "'%.*s' is undefined", (int)u.u.s.n, u.u.s.p);
+        return rerr(c, TSR_E_INVAL, "value is undefined");
+}
+
+static bool truthy(tv v) {
+        switch (v.type) {
+        case TV_UNDEF:
+        case TV_NONE: return false;
+        case TV_BOOL: return v.u.b;
+        case TV_INT: return v.u.i != 0;
+        case TV_FLOAT: return v.u.f != 0.0;
+        case TV_STR: return v.u.s.n != 0;
+        case TV_LIST: return v.u.l->n != 0;
+        case TV_DICT: return v.u.d->n != 0;
+        default: return true;
+        }
+}
+
+static bool is_num(tv v) { return v.type == TV_BOOL || v.type == TV_INT || v.type == TV_FLOAT; }
+static bool is_intlike(tv v) { return v.type == TV_BOOL || v.type == TV_INT; }
+static int64_t as_int(tv v) { return v.type == TV_BOOL ? (int64_t)v.u.b : v.u.i; }
+static double as_dbl(tv v) { return v.type == TV_FLOAT ? v.u.f : (double)as_int(v); }
+
+static bool tv_eq(rctx *c, tv a, tv b) {
+        size_t i;
+        if (is_num(a) && is_num(b)) {
+                if (a.type == TV_FLOAT || b.type == TV_FLOAT)
+                        return as_dbl(a) == as_dbl(b);
+                return as_int(a) == as_int(b);
+        }
+        if (a.type != b.type)
+                return false;
+        switch (a.type) {
+        case TV_UNDEF:
+        case TV_NONE: return true;
+        case TV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
+        case TV_LIST:
+                if (a.u.l->tuple != b.u.l->tuple || a.u.l->n != b.u.l->n)
+                        return false;
+                if (a.u.l == b.u.l)
+                        return true;
+                if (nest_in(c) != TSR_OK)
+                        return false;
+                for (i = 0; i < a.u.l->n; i++)
+                        if (!tv_eq(c, a.u.l->v[i], b.u.l->v[i]))
+                                break;
+                c->nest--;
+                return i == a.u.l->n;
+        case TV_DICT:
+                if (a.u.d->n != b.u.d->n)
+                        return false;
+                if (a.u.d == b.u.d)
+                        return true;
+                if (nest_in(c) != TSR_OK)
+                        return false;
+                for (i = 0; i < a.u.d->n; i++) {
+                        tv *o = dict_find(c, b.u.d, a.u.d->k[i]);
+                        if (!o || !tv_eq(c, a.u.d->v[i], *o))
+                                break;
+                }
+                c->nest--;
+                return i == a.u.d->n;
+        case TV_NS: return a.u.d == b.u.d;
+        case TV_MACRO: return a.u.m.n == b.u.m.n;
+        case TV_BUILTIN: return a.u.builtin == b.u.builtin;
+        case TV_LOOP: return a.u.loop == b.u.loop;
+        default: return false;
+        }
+}
+
+/* Python ordering: returns TSR_OK and *r < 0, 0, > 0, or a TypeError. */
+static tsr_status tv_cmp(rctx *c, tv a, tv b, const char *op, int *r) {
+        if (is_num(a) && is_num(b)) {
+                if (a.type == TV_FLOAT || b.type == TV_FLOAT) {
+                        double x = as_dbl(a), y = as_dbl(b);
+                        *r = x < y ? -1 : x > y ? 1 : 0;
+                } else {
+                        int64_t x = as_int(a), y = as_int(b);
+                        *r = x < y ? -1 : x > y ? 1 : 0;
+                }
+                return TSR_OK;
+        }
+        if (a.type == TV_STR && b.type == TV_STR) {
+                /* UTF-8 byte order is code point order */
+                size_t n = a.u.s.n < b.u.s.n ? a.u.s.n : b.u.s.n;
+                int k = n ? memcmp(a.u.s.p, b.u.s.p, n) : 0;
+                *r = k ? k : a.u.s.n < b.u.s.n ? -1 : a.u.s.n > b.u.s.n ? 1 : 0;
+                return TSR_OK;
+        }
+        if (a.type == TV_LIST && b.type == TV_LIST && a.u.l->tuple == b.u.l->tuple) {
+                size_t i;
+                tsr_status st;
+                if ((st = nest_in(c)) != TSR_OK)
+                        return st;
+                for (i = 0; i < a.u.l->n && i < b.u.l->n; i++) {
+                        if (!tv_eq(c, a.u.l->v[i], b.u.l->v[i])) {
+                                st = tv_cmp(c, a.u.l->v[i], b.u.l->v[i], op, r);
+                                c->nest--;
+                                return st;
+                        }
+                }
+                c->nest--;
+                *r = a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n ? 1 : 0;
+                return c->failed ? c->st : TSR_OK;
+        }
+        if (a.type == TV_UNDEF)
+                return undef_err(c, a);
+        if (b.type == TV_UNDEF)
+                return undef_err(c, b);
+        return rerr(c, TSR_E_INVAL, "'%s' not supported between instances of '%s' and '%s'", op, type_name(a),
+                    type_name(b));
+}
+
+/* ---------------------------------------------------------------- str(), repr(), json */
+
+/* Python's repr(float): the shortest digits that round-trip, in fixed notation when the
+ * decimal exponent is in [-4, 16), with ".0" on integral values. */
+static void fmt_float(double d, char *out, size_t outlen) {
+        char tmp[40], digits[24];
+        int prec, exp10 = 0, nd = 0;
+        size_t k = 0, i;
+        const char *e;
+
+        if (isnan(d)) {
+                snprintf(out, outlen, "nan");
+                return;
+        }
+        if (isinf(d)) {
+                snprintf(out, outlen, d < 0 ? "-inf" : "inf");
+                return;
+        }
+        for (prec = 1; prec <= 17; prec++) {
+                snprintf(tmp, sizeof(tmp), "%.*e", prec - 1, d);
+                if (strtod(tmp, NULL) == d)
+                        break;
+        }
+        /* tmp = [-]D[.DDD]e[+-]XX */
+        for (i = 0; tmp[i] && tmp[i] != 'e'; i++)
+                if (isdigit((unsigned char)tmp[i]) && nd < (int)sizeof(digits) - 1)
+                        digits[nd++] = tmp[i];
+        digits[nd] = '\0';
+        e = strchr(tmp, 'e');
+        exp10 = e ? atoi(e + 1) : 0;
+        while (nd > 1 && digits[nd - 1] == '0')
+                digits[--nd] = '\0';
+        if (d < 0 || (d == 0 && signbit(d)))
+                out[k++] = '-';
+        if (exp10 >= -5 + 1 && exp10 < 16) {
+                if (exp10 < 0) {
+                        out[k++] = '0';
+                        out[k++] = '.';
+                        for (i = 0; i < (size_t)(-exp10 - 1); i++)
+                                out[k++] = '0';
+                        for (i = 0; i < (size_t)nd; i++)
+                                out[k++] = digits[i];
+                } else {
+                        for (i = 0; i <= (size_t)exp10; i++)
+                                out[k++] = i < (size_t)nd ? digits[i] : '0';
+                        out[k++] = '.';
+                        if ((size_t)nd > (size_t)exp10 + 1)
+                                for (i = (size_t)exp10 + 1; i < (size_t)nd; i++)
+                                        out[k++] = digits[i];
+                        else
+                                out[k++] = '0';
+                }
+                out[k] = '\0';
+        } else {
+                out[k++] = digits[0];
+                if (nd > 1) {
+                        out[k++] = '.';
+                        for (i = 1; i < (size_t)nd; i++)
+                                out[k++] = digits[i];
+                }
+                snprintf(out + k, outlen - k, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+        }
+}
+
+static bool repr_str(rctx *c, sb *b, tstr s) {
+        bool has_sq = memchr(s.p, '\'', s.n) != NULL, has_dq = memchr(s.p, '"', s.n) != NULL;
+        char q = has_sq && !has_dq ? '"' : '\'';
+        size_t i = 0;
+
+        if (!sb_addc(c, b, q))
+                return false;
+        while (i < s.n) {
+                size_t st = i;
+                uint32_t cp = utf8_next(s.p, s.n, &i);
+                char esc[16];
+                if (cp == (uint32_t)q || cp == '\\') {
+                        esc[0] = '\\';
+                        esc[1] = (char)cp;
+                        if (!sb_add(c, b, esc, 2))
+                                return false;
+                } else if (cp == '\n' || cp == '\r' || cp == '\t') {
+                        if (!sb_adds(c, b, cp == '\n' ? "\\n" : cp == '\r' ? "\\r" : "\\t"))
+                                return false;
+                } else if (cp < 0x20 || (cp >= 0x7f && cp <= 0xa0) || cp == 0xad) {
+                        snprintf(esc, sizeof(esc), "\\x%02x", cp);
+                        if (!sb_adds(c, b, esc))
+                                return false;
+                } else if (cp == 0x2028 || cp == 0x2029 || (cp >= 0x200b && cp <= 0x200f) || cp == 0xfeff) {
+                        snprintf(esc, sizeof(esc), "\\u%04x", cp);
+                        if (!sb_adds(c, b, esc))
+                                return false;
+                } else if (!sb_add(c, b, s.p + st, i - st)) {
+                        return false;
+                }
+        }
+        return sb_addc(c, b, q);
+}
+
+static bool str_append(rctx *c, sb *b, tv v);
+
+static bool repr_append(rctx *c, sb *b, tv v) {
+        if (v.type == TV_STR)
+                return repr_str(c, b, v.u.s);
+        return str_append(c, b, v);
+}
+
+/* Python str() of a value, as jinja2 prints it. */
+static bool str_append(rctx *c, sb *b, tv v) {
+        char num[48];
+        size_t i;
+        bool ok = true;
+
+        switch (v.type) {
+        case TV_UNDEF: return true;
+        case TV_NONE: return sb_adds(c, b, "None");
+        case TV_BOOL: return sb_adds(c, b, v.u.b ? "True" : "False");
+        case TV_INT:
+                snprintf(num, sizeof(num), "%" PRId64, v.u.i);
+                return sb_adds(c, b, num);
+        case TV_FLOAT:
+                fmt_float(v.u.f, num, sizeof(num));
+                return sb_adds(c, b, num);
+        case TV_STR: return sb_add(c, b, v.u.s.p, v.u.s.n);
+        case TV_LIST:
+                if (nest_in(c) != TSR_OK)
+                        return false;
+                ok = sb_addc(c, b, v.u.l->tuple ? '(' : '[');
+                for (i = 0; ok && i < v.u.l->n; i++)
+                        ok = (!i || sb_adds(c, b, ", ")) && repr_append(c, b, v.u.l->v[i]);
+                if (ok && v.u.l->tuple && v.u.l->n == 1)
+                        ok = sb_addc(c, b, ',');
+                ok = ok && sb_addc(c, b, v.u.l->tuple ? ')' : ']');
+                c->nest--;
+                return ok;
+        case TV_DICT:
+        case TV_NS:
+                if (nest_in(c) != TSR_OK)
+                        return false;
+                if (v.type == TV_NS)
+                        ok = sb_adds(c, b, "<Namespace ");
+                ok = ok && sb_addc(c, b, '{');
+                for (i = 0; ok && i < v.u.d->n; i++)
+                        ok = (!i || sb_adds(c, b, ", ")) && repr_append(c, b, v.u.d->k[i]) && sb_adds(c, b, ": ") &&
+                             repr_append(c, b, v.u.d->v[i]);
+                ok = ok && sb_addc(c, b, '}');
+                if (ok && v.type == TV_NS)
+                        ok = sb_addc(c, b, '>');
+                c->nest--;
+                return ok;
+        case TV_MACRO:
+                return sb_adds(c, b, "<Macro '") && sb_add(c, b, v.u.m.n->name.p, v.u.m.n->name.n) &&
+                       sb_adds(c, b, "'>");
+        case TV_LOOP: return sb_adds(c, b, "<LoopContext>");
+        case TV_METHOD: return sb_adds(c, b, "<built-in method ") && sb_adds(c, b, v.u.meth.name) && sb_adds(c, b, ">");
+        default: return sb_adds(c, b, "<built-in function>");
+        }
+}
+
+/* str(v) as a string value; strings come back without copying. */
+static tsr_status to_str(rctx *c, tv v, tstr *out) {
+        sb b = {0};
+        if (v.type == TV_STR) {
+                *out = v.u.s;
+                return TSR_OK;
+        }
+        if (v.type == TV_UNDEF) {
+                out->p = "";
+                out->n = 0;
+                return TSR_OK;
+        }
+        if (!str_append(c, &b, v))
+                return c->failed ? c->st : oom(c);
+        *out = sb_tv(&b).u.s;
+        return TSR_OK;
+}
+
+typedef struct jopt {
+        bool ensure_ascii;
+        bool indent;            /* indent given (not None) */
+        tstr ind;
+        tstr item_sep, key_sep;
+        bool sort_keys;
+} jopt;
+
+static bool json_str(rctx *c, sb *b, tstr s, bool ensure_ascii) {
+        size_t i = 0, run = 0;
+        if (!sb_addc(c, b, '"'))
+                return false;
+        while (i < s.n) {
+                unsigned char ch = (unsigned char)s.p[i];
+                char esc[16];
+                const char *e = NULL;
+                if (ch >= 0x20 && ch != '"' && ch != '\\' && (ch < 0x7f || (!ensure_ascii && ch >= 0x7f))) {
+                        i++;
+                        run++;
+                        continue;
+                }
+                if (run && !sb_add(c, b, s.p + i - run, run))
+                        return false;
+                run = 0;
+                switch (ch) {
+                case '"': e = "\\\""; break;
+                case '\\': e = "\\\\"; break;
+                case '\n': e = "\\n"; break;
+                case '\r': e = "\\r"; break;
+                case '\t': e = "\\t"; break;
+                case '\b': e = "\\b"; break;
+                case '\f': e = "\\f"; break;
+                default: break;
+                }
+                if (e) {
+                        i++;
+                } else if (ch < 0x80) {
+                        snprintf(esc, sizeof(esc), "\\u%04x", ch);
+                        e = esc;
+                        i++;
+                } else {
+                        uint32_t cp = utf8_next(s.p, s.n, &i);
+                        if (cp >= 0x10000) {
+                                cp -= 0x10000;
+                                snprintf(esc, sizeof(esc), "\\u%04x\\u%04x", 0xd800 + (cp >> 10), 0xdc00 + (cp & 0x3ff));
+                        } else {
+                                snprintf(esc, sizeof(esc), "\\u%04x", cp);
+                        }
+                        e = esc;
+                }
+                if (!sb_adds(c, b, e))
+                        return false;
+        }
+        if (run && !sb_add(c, b, s.p + i - run, run))
+                return false;
+        return sb_addc(c, b, '"');
+}
+
+static bool json_newline(rctx *c, sb *b, const jopt *o, int level) {
+        int k;
+        if (!sb_addc(c, b, '\n'))
+                return false;
+        for (k = 0; k < level; k++)
+                if (!sb_add(c, b, o->ind.p, o->ind.n))
+                        return false;
+        return true;
+}
+
+static int cmp_keys(rctx *c, tv a, tv b);
+static tsr_status sort_tv(rctx *c, tv *v, size_t n, int (*cmp)(rctx *, tv, tv, void *), void *u);
+
+static int cmp_dict_keys(rctx *c, tv a, tv b, void *u) {
+        const tv *keys = u;
+        return cmp_keys(c, keys[a.u.i], keys[b.u.i]);
+}
+
+static bool json_dump(rctx *c, sb *b, tv v, const jopt *o, int level) {
+        char num[48];
+        size_t i;
+        bool ok = true;
+
+        switch (v.type) {
+        case TV_NONE: return sb_adds(c, b, "null");
+        case TV_BOOL: return sb_adds(c, b, v.u.b ? "true" : "false");
+        case TV_INT:
+                snprintf(num, sizeof(num), "%" PRId64, v.u.i);
+                return sb_adds(c, b, num);
+        case TV_FLOAT:
+                if (isnan(v.u.f))
+                        return sb_adds(c, b, "NaN");
+                if (isinf(v.u.f))
+                        return sb_adds(c, b, v.u.f < 0 ? "-Infinity" : "Infinity");
+                fmt_float(v.u.f, num, sizeof(num));
+                return sb_adds(c, b, num);
+        case TV_STR: return json_str(c, b, v.u.s, o->ensure_ascii);
+        case TV_LIST:
+                if (!v.u.l->n)
+                        return sb_adds(c, b, "[]");
+                if (nest_in(c) != TSR_OK)
+                        return false;
+                ok = sb_addc(c, b, '[') && (!o->indent || json_newline(c, b, o, level + 1));
+                for (i = 0; ok && i < v.u.l->n; i++) {
+                        if (i)
+                                ok = sb_add(c, b, o->item_sep.p, o->item_sep.n) &&
+                                     (!o->indent || json_newline(c, b, o, level + 1));
+                        ok = ok && json_dump(c, b, v.u.l->v[i], o, level + 1);
+                }
+                ok = ok && (!o->indent || json_newline(c, b, o, level)) && sb_addc(c, b, ']');
+                c->nest--;
+                return ok;
+        case TV_DICT: {
+                tv *keys = v.u.d->k, *vals = v.u.d->v;
+                size_t n = v.u.d->n;
+                if (!n)
+                        return sb_adds(c, b, "{}");
+                if (nest_in(c) != TSR_OK)
+                        return false;
+                if (o->sort_keys) {
+                        tv *kk = ralloc(c, n * sizeof(tv)), *vv = ralloc(c, n * sizeof(tv)), *tmp = ralloc(c, n * sizeof(tv));
+                        if (!kk || !vv || !tmp)
+                                return false;
+                        for (i = 0; i < n; i++)
+                                tmp[i] = tv_int((int64_t)i);
+                        if (sort_tv(c, tmp, n, cmp_dict_keys, keys) != TSR_OK)
+                                return false;
+                        for (i = 0; i < n; i++) {
+                                kk[i] = keys[tmp[i].u.i];
+                                vv[i] = vals[tmp[i].u.i];
+                        }
+                        keys = kk;
+                        vals = vv;
+                        if (c->failed)
+                                return false;
+                }
+                ok = sb_addc(c, b, '{') && (!o->indent || json_newline(c, b, o, level + 1));
+                for (i = 0; ok && i < n; i++) {
+                        tv k = keys[i];
+                        if (i)
+                                ok = sb_add(c, b, o->item_sep.p, o->item_sep.n) &&
+                                     (!o->indent || json_newline(c, b, o, level + 1));
+                        if (!ok)
+                                break;
+                        if (k.type == TV_STR) {
+                                ok = json_str(c, b, k.u.s, o->ensure_ascii);
+                        } else if (k.type == TV_NONE || k.type == TV_BOOL || k.type == TV_INT || k.type == TV_FLOAT) {
+                                sb kb = {0};
+                                ok = json_dump(c, &kb, k, o, level) && json_str(c, b, sb_tv(&kb).u.s, o->ensure_ascii);
+                        } else {
+                                rerr(c, TSR_E_INVAL, "keys must be str, int, float, bool or None, not %s", type_name(k));
+                                ok = false;
+                        }
+                        ok = ok && sb_add(c, b, o->key_sep.p, o->key_sep.n) && json_dump(c, b, vals[i], o, level + 1);
+                }
+                ok = ok && (!o->indent || json_newline(c, b, o, level)) && sb_addc(c, b, '}');
+                c->nest--;
+                return ok;
+        }
+        default:
+                rerr(c, TSR_E_INVAL, "Object of type %s is not JSON serializable", type_name(v));
+                return false;
+        }
+}
+
+static tsr_status from_json(rctx *c, const json_t *j, tv *out, int depth) {
+        size_t i;
+        tsr_status st;
+
+        if (depth > 512)
+                return rerr(c, TSR_E_LIMIT, "context nests too deep");
+        if ((st = step(c, 1)) != TSR_OK)
+                return st;
+        switch (json_typeof(j)) {
+        case JSON_OBJECT: {
+                const char *key;
+                json_t *val;
+                tdict *d = dict_new(c);
+                if (!d)
+                        return c->st;
+                json_object_foreach((json_t *)j, key, val) {
+                        tv k = tv_cstr(key), v;
+                        if ((st = from_json(c, val, &v, depth + 1)) != TSR_OK)
+                                return st;
+                        /* keys are unique in a jansson object: append without a lookup */
+                        if (d->n == d->cap) {
+                                size_t nc = d->cap ? d->cap * 2 : 4;
+                                tv *nk = ralloc(c, nc * sizeof(tv)), *nv = ralloc(c, nc * sizeof(tv));
+                                if (!nk || !nv)
+                                        return c->st;
+                                if (d->n) {
+                                        memcpy(nk, d->k, d->n * sizeof(tv));
+                                        memcpy(nv, d->v, d->n * sizeof(tv));
+                                }
+                                d->k = nk;
+                                d->v = nv;
+                                d->cap = nc;
+                        }
+                        d->k[d->n] = k;
+                        d->v[d->n] = v;
+                        d->n++;
+                }
+                *out = tv_dict(d);
+                return TSR_OK;
+        }
+        case JSON_ARRAY: {
+                tlist *l = list_new(c, json_array_size(j));
+                if (!l)
+                        return c->st;
+                for (i = 0; i < json_array_size(j); i++) {
+                        if ((st = from_json(c, json_array_get(j, i), &l->v[i], depth + 1)) != TSR_OK)
+                                return st;
+                        l->n++;
+                }
+                *out = tv_list(l);
+                return TSR_OK;
+        }
+        case JSON_STRING: *out = tv_str(json_string_value(j), json_string_length(j)); return TSR_OK;
+        case JSON_INTEGER: *out = tv_int((int64_t)json_integer_value(j)); return TSR_OK;
+        case JSON_REAL: *out = tv_float(json_real_value(j)); return TSR_OK;
+        case JSON_TRUE: *out = tv_bool(true); return TSR_OK;
+        case JSON_FALSE: *out = tv_bool(false); return TSR_OK;
+        default: *out = tv_none(); return TSR_OK;
+        }
+}
+
+/* ---------------------------------------------------------------- sorting, strings */
+
+static int cmp_keys(rctx *c, tv a, tv b) {
+        int r = 0;
+        if (c->failed || tv_cmp(c, a, b, "<", &r) != TSR_OK)
+                return 0;
+        return r;
+}
+
+/* Stable merge sort (Python's sort is stable); a comparison error stops it. */
+static tsr_status sort_tv(rctx *c, tv *v, size_t n, int (*cmp)(rctx *, tv, tv, void *), void *u) {
+        tv *tmp;
+        size_t w, i;
+        tsr_status st;
+
+        if (n < 2)
+                return TSR_OK;
+        if (!(tmp = ralloc(c, n * sizeof(tv))))
+                return c->st;
+        for (w = 1; w < n; w *= 2) {
+                if ((st = step(c, n)) != TSR_OK)
+                        return st;
+                for (i = 0; i < n; i += 2 * w) {
+                        size_t lo = i, mid = i + w < n ? i + w : n, hi = i + 2 * w < n ? i + 2 * w : n;
+                        size_t a = lo, b = mid, k = lo;
+                        while (a < mid && b < hi)
+                                tmp[k++] = cmp(c, v[b], v[a], u) < 0 ? v[b++] : v[a++];
+                        while (a < mid)
+                                tmp[k++] = v[a++];
+                        while (b < hi)
+                                tmp[k++] = v[b++];
+                }
+                memcpy(v, tmp, n * sizeof(tv));
+                if (c->failed)
+                        return c->st;
+        }
+        return TSR_OK;
+}
+
+static bool str_is_ascii(tstr s) {
+        size_t i;
+        for (i = 0; i < s.n; i++)
+                if ((unsigned char)s.p[i] >= 0x80)
+                        return false;
+        return true;
+}
+
+/* Byte offsets of each code point of s, plus s.n at the end; NULL when s is ASCII. */
+static tsr_status cp_offsets(rctx *c, tstr s, size_t **offs, size_t *ncp) {
+        size_t i = 0, k = 0, *o;
+        if (str_is_ascii(s)) {
+                *offs = NULL;
+                *ncp = s.n;
+                return TSR_OK;
+        }
+        if (!(o = ralloc(c, (s.n + 1) * sizeof(size_t))))
+                return c->st;
+        while (i < s.n) {
+                o[k++] = i;
+                utf8_next(s.p, s.n, &i);
+        }
+        o[k] = s.n;
+        *offs = o;
+        *ncp = k;
+        return TSR_OK;
+}
+
+static tv str_dup(rctx *c, const char *p, size_t n) {
+        char *d = ralloc(c, n + 1);
+        if (!d)
+                return TV_UNDEFINED;
+        memcpy(d, p, n);
+        d[n] = '\0';
+        return tv_str(d, n);
+}
+
+/* ASCII case mapping; other code points pass through unchanged. */
+static tv str_map(rctx *c, tstr s, int mode) {
+        tv r = str_dup(c, s.p, s.n);
+        char *d = (char *)r.u.s.p;
+        size_t i;
+        bool prev_cased = false, first = true;
+
+        if (!d)
+                return r;
+        for (i = 0; i < s.n; i++) {
+                unsigned char ch = (unsigned char)d[i];
+                bool cased = isalpha(ch) != 0;
+                switch (mode) {
+                case 'l': d[i] = (char)tolower(ch); break;
+                case 'u': d[i] = (char)toupper(ch); break;
+                case 's': d[i] = (char)(islower(ch) ? toupper(ch) : tolower(ch)); break;
+                case 'c': d[i] = (char)(first ? toupper(ch) : tolower(ch)); break;
+                case 't': d[i] = (char)(prev_cased ? tolower(ch) : toupper(ch)); break;
+                default: break;
+                }
+                prev_cased = cased || (ch >= 0x80 && prev_cased);
+                if ((ch & 0xc0) != 0x80)
+                        first = false;
+        }
+        return r;
+}
+
+/* jinja2's title filter: words start after runs of '-', whitespace, '(', '{', '[', '<'. */
+static tv jinja_title(rctx *c, tstr s) {
+        tv r = str_dup(c, s.p, s.n);
+        char *d = (char *)r.u.s.p;
+        size_t i = 0;
+        bool start = true;
+
+        if (!d)
+                return r;
+        while (i < s.n) {
+                size_t st = i;
+                uint32_t cp = utf8_next(s.p, s.n, &i);
+                bool sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || py_isspace(cp);
+                if (sep) {
+                        start = true;
+                        continue;
+                }
+                if (i - st == 1)
+                        d[st] = (char)(start ? toupper((unsigned char)d[st]) : tolower((unsigned char)d[st]));
+                start = false;
+        }
+        return r;
+}
+
+static bool in_chars(uint32_t cp, tstr chars) {
+        size_t i = 0;
+        while (i < chars.n)
+                if (utf8_next(chars.p, chars.n, &i) == cp)
+                        return true;
+        return false;
+}
+
+/* Python str.strip family: which = 'l', 'r' or 'b'; chars NULL = whitespace. */
+static tstr str_strip(tstr s, const tstr *chars, char which) {
+        size_t a = 0, b = s.n;
+        if (which != 'r') {
+                while (a < b) {
+                        size_t j = a;
+                        uint32_t cp = utf8_next(s.p, b, &j);
+                        if (chars ? !in_chars(cp, *chars) : !py_isspace(cp))
+                                break;
+                        a = j;
+                }
+        }
+        if (which != 'l') {
+                while (b > a) {
+                        size_t st = b - 1, j;
+                        uint32_t cp;
+                        while (st > a && ((unsigned char)s.p[st] & 0xc0) == 0x80 && b - st < 4)
+                                st--;
+                        j = st;
+                        cp = utf8_next(s.p, b, &j);
+                        if (j != b || (chars ? !in_chars(cp, *chars) : !py_isspace(cp)))
+                                break;
+                        b = st;
+                }
+        }
+        s.p += a;
+        s.n = b - a;
+        return s;
+}
+
+static const char *memmem_s(tstr hay, size_t from, tstr needle) {
+        size_t i;
+        if (needle.n == 0)
+                return hay.p + from;
+        if (needle.n > hay.n)
+                return NULL;
+        for (i = from; i + needle.n <= hay.n; i++)
+                if (hay.p[i] == needle.p[0] && memcmp(hay.p + i, needle.p, needle.n) == 0)
+                        return hay.p + i;
+        return NULL;
+}
+
+static tsr_status str_replace(rctx *c, tstr s, tstr old, tstr new_, int64_t count, tv *out) {
+        sb b = {0};
+        size_t i = 0;
+        int64_t done = 0;
+
+        if (old.n == 0) {
+                /* Python inserts `new` before every code point and at the end */
+                while ((count < 0 || done < count) && i <= s.n) {
+                        size_t st = i;
+                        if (!sb_add(c, &b, new_.p, new_.n))
+                                return c->st;
+                        done++;
+                        if (i == s.n)
+                                break;
+                        utf8_next(s.p, s.n, &i);
+                        if (!sb_add(c, &b, s.p + st, i - st))
+                                return c->st;
+                }
+                if (i < s.n && !sb_add(c, &b, s.p + i, s.n - i))
+                        return c->st;
+                *out = sb_tv(&b);
+                return TSR_OK;
+        }
+        for (;;) {
+                const char *hit = (count < 0 || done < count) ? memmem_s(s, i, old) : NULL;
+                if (!hit) {
+                        if (!sb_add(c, &b, s.p + i, s.n - i))
+                                return c->st;
+                        break;
+                }
+                if (!sb_add(c, &b, s.p + i, (size_t)(hit - s.p) - i) || !sb_add(c, &b, new_.p, new_.n))
+                        return c->st;
+                i = (size_t)(hit - s.p) + old.n;
+                done++;
+                if (step(c, 1) != TSR_OK)
+                        return c->st;
+        }
+        *out = sb_tv(&b);
+        return TSR_OK;
+}
+
+static tsr_status str_split(rctx *c, tstr s, const tstr *sep, int64_t maxsplit, tv *out) {
+        tlist *l = list_new(c, 0);
+        size_t i = 0;
+        int64_t done = 0;
+
+        if (!l)
+                return c->st;
+        if (sep) {
+                if (!sep->n)
+                        return rerr(c, TSR_E_INVAL, "empty separator");
+                for (;;) {
+                        const char *hit = (maxsplit < 0 || done < maxsplit) ? memmem_s(s, i, *sep) : NULL;
+                        if (!hit) {
+                                if (!list_push(c, l, tv_str(s.p + i, s.n - i)))
+                                        return c->st;
+                                break;
+                        }
+                        if (!list_push(c, l, tv_str(s.p + i, (size_t)(hit - s.p) - i)))
+                                return c->st;
+                        i = (size_t)(hit - s.p) + sep->n;
+                        done++;
+                }
+        } else {
+                for (;;) {
+                        size_t st;
+                        i += lstrip_ws_len(s.p + i, s.n - i);
+                        if (i >= s.n)
+                                break;
+                        if (maxsplit >= 0 && done >= maxsplit) {
+                                tstr rest = str_strip(tv_str(s.p + i, s.n - i).u.s, NULL, 'r');
+                                if (!list_push(c, l, tv_str(rest.p, rest.n)))
+                                        return c->st;
+                                break;
+                        }
+                        st = i;
+                        while (i < s.n) {
+                                size_t j = i;
+                                if (py_isspace(utf8_next(s.p, s.n, &j)))
+                                        break;
+                                i = j;
+                        }
+                        if (!list_push(c, l, tv_str(s.p + st, i - st)))
+                                return c->st;
+                        done++;
+                }
+        }
+        if (step(c, l->n) != TSR_OK)
+                return c->st;
+        *out = tv_list(l);
+        return TSR_OK;
+}
+
+/* ---------------------------------------------------------------- access */
+
+static const char *const str_methods[] = {
+        "strip", "lstrip", "rstrip", "split", "rsplit", "startswith", "endswith", "lower", "upper", "title",
+        "capitalize", "swapcase", "casefold", "replace", "format", "join", "find", "rfind", "count", "index",
+        "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper", "isnumeric", "isdecimal",
+        "splitlines", "center", "zfill", "ljust", "rjust", NULL};
+static const char *const dict_methods[] = {"items", "keys", "values", "get", "copy", NULL};
+static const char *const dict_unsafe[] = {"pop", "popitem", "setdefault", "update", "clear", NULL};
+static const char *const list_methods[] = {"index", "count", "copy", NULL};
+static const char *const list_unsafe[] = {"append", "extend", "insert", "pop", "remove", "reverse", "sort", "clear",
+                                          NULL};
+
+static const char *find_name(const char *const *tab, tstr name) {
+        size_t k;
+        for (k = 0; tab[k]; k++)
+                if (tstr_eq(name, tab[k]))
+                        return tab[k];
+        return NULL;
+}
+
+static tv make_method(rctx *c, tv self, const char *name) {
+        tv m = {.type = TV_METHOD};
+        tv *s = ralloc(c, sizeof(tv));
+        if (!s)
+                return TV_UNDEFINED;
+        *s = self;
+        m.u.meth.self = s;
+        m.u.meth.name = name;
+        return m;
+}
+
+static tv undef_named(tstr name) {
+        tv u = {.type = TV_UNDEF};
+        u.u.s = name;
+        return u;
+}
+
+static tsr_status get_attr(rctx *c, tv obj, tstr name, tv *out) {
+        const char *m;
+        tv *v;
+
+        switch (obj.type) {
+        case TV_UNDEF: return undef_err(c, obj);
+        case TV_DICT:
+                if ((m = find_name(dict_methods, name))) {
+                        *out = make_method(c, obj, m);
+                        return c->failed ? c->st : TSR_OK;
+                }
+                if (find_name(dict_unsafe, name)) {
+                        *out = undef_named(name);
+                        return TSR_OK;
+                }
+                v = dict_finds(obj.u.d, name.p, name.n);
+                *out = v ? *v : undef_named(name);
+                return TSR_OK;
+        case TV_NS:
+                v = dict_finds(obj.u.d, name.p, name.n);
+                *out = v ? *v : undef_named(name);
+                return TSR_OK;
+        case TV_STR:
+                if ((m = find_name(str_methods, name))) {
+                        *out = make_method(c, obj, m);
+                        return c->failed ? c->st : TSR_OK;
+                }
+                break;
+        case TV_LIST:
+                if ((m = find_name(list_methods, name))) {
+                        *out = make_method(c, obj, m);
+                        return c->failed ? c->st : TSR_OK;
+                }
+                if (find_name(list_unsafe, name)) {
+                        /* the immutable sandbox hides mutating methods */
+                        *out = undef_named(name);
+                        return TSR_OK;
+                }
+                break;
+        case TV_LOOP: {
+                loopst *l = obj.u.loop;
+                int64_t len = (int64_t)l->items->n, i0 = (int64_t)l->index0;
+                if (tstr_eq(name, "index"))
+                        *out = tv_int(i0 + 1);
+                else if (tstr_eq(name, "index0"))
+                        *out = tv_int(i0);
+                else if (tstr_eq(name, "revindex"))
+                        *out = tv_int(len - i0);
+                else if (tstr_eq(name, "revindex0"))
+                        *out = tv_int(len - i0 - 1);
+                else if (tstr_eq(name, "first"))
+                        *out = tv_bool(i0 == 0);
+                else if (tstr_eq(name, "last"))
+                        *out = tv_bool(i0 == len - 1);
+                else if (tstr_eq(name, "length"))
+                        *out = tv_int(len);
+                else if (tstr_eq(name, "depth"))
+                        *out = tv_int(l->depth);
+                else if (tstr_eq(name, "depth0"))
+                        *out = tv_int(l->depth - 1);
+                else if (tstr_eq(name, "previtem"))
+                        *out = i0 > 0 ? l->items->v[i0 - 1] : undef_named(name);
+                else if (tstr_eq(name, "nextitem"))
+                        *out = i0 + 1 < len ? l->items->v[i0 + 1] : undef_named(name);
+                else if (tstr_eq(name, "cycle"))
+                        *out = make_method(c, obj, "cycle");
+                else
+                        *out = undef_named(name);
+                return c->failed ? c->st : TSR_OK;
+        }
+        default: break;
+        }
+        *out = undef_named(name);
+        return TSR_OK;
+}
+
+static tsr_status slice_bounds(rctx *c, tv lo, tv hi, tv stp, int64_t len, int64_t *start, int64_t *stop,
+                               int64_t *stepv) {
+        int64_t s, e, k = 1, lower, upper;
+        tv parts[3] = {lo, hi, stp};
+        int i;
+
+        for (i = 0; i < 3; i++)
+                if (parts[i].type != TV_NONE && !is_intlike(parts[i]))
+                        return rerr(c, TSR_E_INVAL, "slice indices must be integers or None");
+        if (stp.type != TV_NONE) {
+                k = as_int(stp);
+                if (k == 0)
+                        return rerr(c, TSR_E_INVAL, "slice step cannot be zero");
+                if (k == INT64_MIN)
+                        k = -INT64_MAX;
+        }
+        lower = k > 0 ? 0 : -1;
+        upper = k > 0 ? len : len - 1;
+        if (lo.type == TV_NONE) {
+                s = k < 0 ? upper : lower;
+        } else {
+                s = as_int(lo);
+                if (s < 0) {
+                        s = s < -len ? lower : s + len;
+                        if (s < lower)
+                                s = lower;
+                } else if (s > upper) {
+                        s = upper;
+                }
+        }
+        if (hi.type == TV_NONE) {
+                e = k < 0 ? lower : upper;
+        } else {
+                e = as_int(hi);
+                if (e < 0) {
+                        e = e < -len ? lower : e + len;
+                        if (e < lower)
+                                e = lower;
+                } else if (e > upper) {
+                        e = upper;
+                }
+        }
+        *start = s;
+        *stop = e;
+        *stepv = k;
+        return TSR_OK;
+}
+
+static tsr_status do_slice(rctx *c, tv obj, tv lo, tv hi, tv stp, tv *out) {
+        int64_t s, e, k, i, len;
+        tsr_status st;
+
+        if (obj.type == TV_LIST) {
+                tlist *l;
+                len = (int64_t)obj.u.l->n;
+                if ((st = slice_bounds(c, lo, hi, stp, len, &s, &e, &k)) != TSR_OK)
+                        return st;
+                if (!(l = list_new(c, 0)))
+                        return c->st;
+                l->tuple = obj.u.l->tuple;
+                for (i = s; k > 0 ? i < e : i > e; i += k)
+                        if (!list_push(c, l, obj.u.l->v[i]))
+                                return c->st;
+                if ((st = step(c, l->n)) != TSR_OK)
+                        return st;
+                *out = tv_list(l);
+                return TSR_OK;
+        }
+        if (obj.type == TV_STR) {
+                size_t *offs, ncp;
+                sb b = {0};
+                if ((st = cp_offsets(c, obj.u.s, &offs, &ncp)) != TSR_OK)
+                        return st;
+                len = (int64_t)ncp;
+                if ((st = slice_bounds(c, lo, hi, stp, len, &s, &e, &k)) != TSR_OK)
+                        return st;
+                if (k == 1) {
+                        size_t a = offs ? offs[s] : (size_t)s, z = offs ? offs[e > s ? e : s] : (size_t)(e > s ? e : s);
+                        *out = tv_str(obj.u.s.p + a, z - a);
+                        return TSR_OK;
+                }
+                for (i = s; k > 0 ? i < e : i > e; i += k) {
+                        size_t a = offs ? offs[i] : (size_t)i, z = offs ? offs[i + 1] : (size_t)i + 1;
+                        if (!sb_add(c, &b, obj.u.s.p + a, z - a))
+                                return c->st;
+                }
+                *out = sb_tv(&b);
+                return step(c, b.n);
+        }
+        if (obj.type == TV_UNDEF)
+                return undef_err(c, obj);
+        *out = TV_UNDEFINED;
+        return TSR_OK;
+}
+
+static tsr_status get_item(rctx *c, tv obj, tv key, tv *out) {
+        tv *v;
+        tsr_status st;
+
+        if (obj.type == TV_UNDEF)
+                return undef_err(c, obj);
+        if (obj.type == TV_DICT) {
+                if ((v = dict_find(c, obj.u.d, key))) {
+                        *out = *v;
+                        return TSR_OK;
+                }
+        } else if (obj.type == TV_LIST && is_intlike(key)) {
+                int64_t i = as_int(key), n = (int64_t)obj.u.l->n;
+                if (i < 0)
+                        i += n;
+                *out = i >= 0 && i < n ? obj.u.l->v[i] : TV_UNDEFINED;
+                return TSR_OK;
+        } else if (obj.type == TV_STR && is_intlike(key)) {
+                size_t *offs, ncp;
+                int64_t i = as_int(key);
+                if ((st = cp_offsets(c, obj.u.s, &offs, &ncp)) != TSR_OK)
+                        return st;
+                if (i < 0)
+                        i += (int64_t)ncp;
+                if (i < 0 || i >= (int64_t)ncp) {
+                        *out = TV_UNDEFINED;
+                        return TSR_OK;
+                }
+                *out = offs ? tv_str(obj.u.s.p + offs[i], offs[i + 1] - offs[i]) : tv_str(obj.u.s.p + i, 1);
+                return TSR_OK;
+        }
+        if (key.type == TV_STR && obj.type != TV_DICT)
+                return get_attr(c, obj, key.u.s, out);
+        if (key.type == TV_STR) {
+                /* a dict without that key: jinja2 falls back to the attribute (methods) */
+                const char *m = find_name(dict_methods, key.u.s);
+                *out = m ? make_method(c, obj, m) : undef_named(key.u.s);
+                return c->failed ? c->st : TSR_OK;
+        }
+        *out = TV_UNDEFINED;
+        return TSR_OK;
+}
+
+/* The values a for loop (or list(), join, ...) iterates over. */
+static tsr_status iter_list(rctx *c, tv v, tlist **out) {
+        tlist *l;
+        size_t i;
+
+        switch (v.type) {
+        case TV_LIST: *out = v.u.l; return TSR_OK;
+        case TV_UNDEF:
+                *out = list_new(c, 0);
+                return *out ? TSR_OK : c->st;
+        case TV_DICT:
+                if (!(l = list_new(c, v.u.d->n)))
+                        return c->st;
+                for (i = 0; i < v.u.d->n; i++)
+                        l->v[l->n++] = v.u.d->k[i];
+                *out = l;
+                return step(c, l->n);
+        case TV_STR: {
+                size_t k = 0;
+                if (!(l = list_new(c, v.u.s.n)))
+                        return c->st;
+                while (k < v.u.s.n) {
+                        size_t st = k;
+                        utf8_next(v.u.s.p, v.u.s.n, &k);
+                        l->v[l->n++] = tv_str(v.u.s.p + st, k - st);
+                }
+                *out = l;
+                return step(c, l->n);
+        }
+        default: return rerr(c, TSR_E_INVAL, "'%s' object is not iterable", type_name(v));
+        }
+}
+
+static tsr_status dict_items(rctx *c, tdict *d, tv *out) {
+        tlist *l = list_new(c, d->n);
+        size_t i;
+        if (!l)
+                return c->st;
+        for (i = 0; i < d->n; i++) {
+                tlist *pair = list_new(c, 2);
+                if (!pair)
+                        return c->st;
+                pair->tuple = true;
+                pair->v[0] = d->k[i];
+                pair->v[1] = d->v[i];
+                pair->n = 2;
+                l->v[l->n++] = tv_list(pair);
+        }
+        *out = tv_list(l);
+        return step(c, d->n);
+}
+
+static bool arg_get(const args *a, size_t i, const char *name, tv *out) {
+        size_t k;
+        if (i < a->npos) {
+                *out = a->pos[i];
+                return true;
+        }
+        for (k = 0; name && k < a->nkw; k++) {
+                if (tstr_eq(a->kwn[k], name)) {
+                        *out = a->kw[k];
+                        return true;
+                }
+        }
+        return false;
+}
+
+static tsr_status arg_str(rctx *c, const args *a, size_t i, const char *name, const char *what, tstr *out,
+                          bool *given) {
+        tv v;
+        *given = arg_get(a, i, name, &v) && v.type != TV_NONE;
+        if (!*given)
+                return TSR_OK;
+        if (v.type != TV_STR)
+                return rerr(c, TSR_E_INVAL, "%s must be a string, not %s", what, type_name(v));
+        *out = v.u.s;
+        return TSR_OK;
+}
+
+static tsr_status arg_int(rctx *c, const args *a, size_t i, const char *name, int64_t def, int64_t *out) {
+        tv v;
+        if (!arg_get(a, i, name, &v) || v.type == TV_NONE) {
+                *out = def;
+                return TSR_OK;
+        }
+        if (!is_intlike(v))
+                return rerr(c, TSR_E_INVAL, "'%s' object cannot be interpreted as an integer", type_name(v));
+        *out = as_int(v);
+        return TSR_OK;
+}
+
+static tsr_status str_format(rctx *c, tstr fmt, const args *a, tv *out) {
+        sb b = {0};
+        size_t i = 0, autoidx = 0;
+
+        while (i < fmt.n) {
+                char ch = fmt.p[i];
+                if ((ch == '{' || ch == '}') && i + 1 < fmt.n && fmt.p[i + 1] == ch) {
+                        if (!sb_addc(c, &b, ch))
+                                return c->st;
+                        i += 2;
+                        continue;
+                }
+                if (ch == '{') {
+                        size_t j = i + 1, k;
+                        tstr field;
+                        tv v;
+                        bool found = false;
+                        while (j < fmt.n && fmt.p[j] != '}')
+                                j++;
+                        if (j >= fmt.n)
+                                return rerr(c, TSR_E_INVAL, "Single '{' encountered in format string");
+                        field.p = fmt.p + i + 1;
+                        field.n = j - i - 1;
+                        if (memchr(field.p, ':', field.n) || memchr(field.p, '!', field.n) ||
+                            memchr(field.p, '.', field.n) || memchr(field.p, '[', field.n))
+                                return rerr(c, TSR_E_UNSUPPORTED, "format specs are not supported");
+                        if (field.n == 0) {
+                                found = autoidx < a->npos;
+                                if (found)
+                                        v = a->pos[autoidx++];
+                        } else if (isdigit((unsigned char)field.p[0])) {
+                                size_t idx = (size_t)strtoul(field.p, NULL, 10);
+                                found = idx < a->npos;
+                                if (found)
+                                        v = a->pos[idx];
+                        } else {
+                                for (k = 0; k < a->nkw && !found; k++) {
+                                        if (a->kwn[k].n == field.n && memcmp(a->kwn[k].p, field.p, field.n) == 0) {
+                                                v = a->kw[k];
+                                                found = true;
+                                        }
+                                }
+                        }
+                        if (!found)
+                                return rerr(c, TSR_E_INVAL, "format: no argument for '{%.*s}'", (int)field.n, field.p);
+                        if (!str_append(c, &b, v))
+                                return c->st;
+                        i = j + 1;
+                        continue;
+                }
+                if (ch == '}')
+                        return rerr(c, TSR_E_INVAL, "Single '}' encountered in format string");
+                if (!sb_addc(c, &b, ch))
+                        return c->st;
+                i++;
+        }
+        *out = sb_tv(&b);
+        return TSR_OK;
+}
+
+static tsr_status call_str_method(rctx *c, tstr s, const char *m, const args *a, tv *out) {
+        tstr arg, arg2;
+        bool given, given2;
+        tsr_status st;
+        int64_t n;
+
+        if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip")) {
+                if ((st = arg_str(c, a, 0, "chars", "strip arg", &arg, &given)) != TSR_OK)
+                        return st;
+                arg2 = str_strip(s, given ? &arg : NULL, m[0] == 's' ? 'b' : m[0]);
+                *out = tv_str(arg2.p, arg2.n);
+                return TSR_OK;
+        }
+        if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
+                if ((st = arg_str(c, a, 0, "sep", "separator", &arg, &given)) != TSR_OK ||
+                    (st = arg_int(c, a, 1, "maxsplit", -1, &n)) != TSR_OK)
+                        return st;
+                if (m[0] == 'r' && n >= 0)
+                        return rerr(c, TSR_E_UNSUPPORTED, "rsplit with maxsplit is not supported");
+                return str_split(c, s, given ? &arg : NULL, n, out);
+        }
+        if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
+                tv p;
+                size_t k, cnt;
+                bool hit = false;
+                if (!arg_get(a, 0, NULL, &p))
+                        return rerr(c, TSR_E_INVAL, "%s() takes at least 1 argument (0 given)", m);
+                cnt = p.type == TV_LIST && p.u.l->tuple ? p.u.l->n : 1;
+                for (k = 0; k < cnt && !hit; k++) {
+                        tv x = p.type == TV_LIST && p.u.l->tuple ? p.u.l->v[k] : p;
+                        if (x.type != TV_STR)
+                                return rerr(c, TSR_E_INVAL, "%s first arg must be str or a tuple of str, not %s", m,
+                                            type_name(x));
+                        if (x.u.s.n <= s.n)
+                                hit = m[0] == 's' ? memcmp(s.p, x.u.s.p, x.u.s.n) == 0
+                                                  : memcmp(s.p + s.n - x.u.s.n, x.u.s.p, x.u.s.n) == 0;
+                }
+                *out = tv_bool(hit);
+                return TSR_OK;
+        }
+        if (!strcmp(m, "lower") || !strcmp(m, "casefold")) {
+                *out = str_map(c, s, 'l');
+                return c->failed ? c->st : TSR_OK;
+        }
+        if (!strcmp(m, "upper") || !strcmp(m, "title") || !strcmp(m, "capitalize") || !strcmp(m, "swapcase")) {
+                *out = str_map(c, s, m[0] == 'u' ? 'u' : m[0] == 't' ? 't' : m[0] == 'c' ? 'c' : 's');
+                return c->failed ? c->st : TSR_OK;
+        }
+        if (!strcmp(m, "replace")) {
+                if ((st = arg_str(c, a, 0, NULL, "replace arg 1", &arg, &given)) != TSR_OK ||
+                    (st = arg_str(c, a, 1, NULL, "replace arg 2", &arg2, &given2)) != TSR_OK ||
+                    (st = arg_int(c, a, 2, "count", -1, &n)) != TSR_OK)
+                        return st;
+                if (!given || !given2)
+                        return rerr(c, TSR_E_INVAL, "replace expected at least 2 arguments");
+                return str_replace(c, s, arg, arg2, n, out);
+        }
+        if (!strcmp(m, "format"))
+                return str_format(c, s, a, out);
+        if (!strcmp(m, "join")) {
+                tv it;
+                tlist *l;
+                sb b = {0};
+                size_t k;
+                if (!arg_get(a, 0, NULL, &it))
+                        return rerr(c, TSR_E_INVAL, "join() takes exactly one argument");
+                if ((st = iter_list(c, it, &l)) != TSR_OK)
+                        return st;
+                for (k = 0; k < l->n; k++) {
+                        if (l->v[k].type != TV_STR)
+                                return rerr(c, TSR_E_INVAL, "sequence item %zu: expected str instance, %s found", k,
+                                            type_name(l->v[k]));
+                        if ((k && !sb_add(c, &b, s.p, s.n)) || !sb_add(c, &b, l->v[k].u.s.p, l->v[k].u.s.n))
+                                return c->st;
+                }
+                *out = sb_tv(&b);
+                return TSR_OK;
+        }
+        if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "index") || !strcmp(m, "count")) {
+                const char *hit = NULL, *h;
+                size_t from = 0;
+                int64_t cnt = 0;
+                if ((st = arg_str(c, a, 0, NULL, "substring", &arg, &given)) != TSR_OK)
+                        return st;
+                if (!given)
+                        return rerr(c, TSR_E_INVAL, "%s() takes at least 1 argument", m);
+                if (!strcmp(m, "count") && arg.n == 0) {
+                        *out = tv_int((int64_t)utf8_len(s.p, s.n) + 1);
+                        return TSR_OK;
+                }
+                while ((h = memmem_s(s, from, arg))) {
+                        if (!hit || m[0] == 'r')
+                                hit = h;
+                        cnt++;
+                        if (m[0] == 'f' || m[0] == 'i')
+                                break;
+                        from = (size_t)(h - s.p) + (arg.n ? arg.n : 1);
+                        if (from > s.n)
+                                break;
+                }
+                if (m[0] == 'c') {
+                        *out = tv_int(cnt);
+                } else if (!hit && m[0] == 'i') {
+                        return rerr(c, TSR_E_INVAL, "substring not found");
+                } else {
+                        *out = tv_int(hit ? (int64_t)utf8_len(s.p, (size_t)(hit - s.p)) : -1);
+                }
+                return TSR_OK;
+        }
+        if (!strncmp(m, "is", 2)) {
+                size_t k;
+                bool ok = s.n > 0, any_cased = false;
+                for (k = 0; k < s.n; k++) {
+                        unsigned char ch = (unsigned char)s.p[k];
+                        if (!strcmp(m, "isdigit") || !strcmp(m, "isnumeric") || !strcmp(m, "isdecimal"))
+                                ok = ok && isdigit(ch);
+                        else if (!strcmp(m, "isalpha"))
+                                ok = ok && isalpha(ch);
+                        else if (!strcmp(m, "isalnum"))
+                                ok = ok && isalnum(ch);
+                        else if (!strcmp(m, "isspace"))
+                                ok = ok && is_ascii_ws((char)ch);
+                        else if (!strcmp(m, "islower"))
+                                ok = ok && !isupper(ch), any_cased = any_cased || islower(ch);
+                        else if (!strcmp(m, "isupper"))
+                                ok = ok && !islower(ch), any_cased = any_cased || isupper(ch);
+                }
+                if (!strcmp(m, "islower") || !strcmp(m, "isupper"))
+                        ok = ok && any_cased;
+                *out = tv_bool(ok);
+                return TSR_OK;
+        }
+        if (!strcmp(m, "splitlines")) {
+                tlist *l = list_new(c, 0);
+                size_t k = 0, st0 = 0;
+                if (!l)
+                        return c->st;
+                while (k < s.n) {
+                        if (s.p[k] == '\n' || s.p[k] == '\r') {
+                                if (!list_push(c, l, tv_str(s.p + st0, k - st0)))
+                                        return c->st;
+                                if (s.p[k] == '\r' && k + 1 < s.n && s.p[k + 1] == '\n')
+                                        k++;
+                                st0 = k + 1;
+                        }
+                        k++;
+                }
+                if (st0 < s.n && !list_push(c, l, tv_str(s.p + st0, s.n - st0)))
+                        return c->st;
+                *out = tv_list(l);
+                return TSR_OK;
+        }
+        if (!strcmp(m, "center") || !strcmp(m, "ljust") || !strcmp(m, "rjust") || !strcmp(m, "zfill")) {
+                int64_t width, len = (int64_t)utf8_len(s.p, s.n), pad, left, k;
+                sb b = {0};
+                if ((st = arg_int(c, a, 0, "width", 0, &width)) != TSR_OK)
+                        return st;
+                if (width > (int64_t)c->max_output)
+                        return rerr(c, TSR_E_LIMIT, "padding width too large");
+                pad = width > len ? width - len : 0;
+                left = m[0] == 'c' ? pad / 2 + (pad & width & 1) : m[0] == 'l' ? 0 : pad;
+                for (k = 0; k < left; k++)
+                        if (!sb_addc(c, &b, m[0] == 'z' ? '0' : ' '))
+                                return c->st;
+                if (!sb_add(c, &b, s.p, s.n))
+                        return c->st;
+                for (k = left; k < pad; k++)
+                        if (!sb_addc(c, &b, ' '))
+                                return c->st;
+                *out = sb_tv(&b);
+                return TSR_OK;
+        }
+        return rerr(c, TSR_E_UNSUPPORTED, "str.%s is not supported", m);
+}
+
+/* ---------------------------------------------------------------- tests and filters */
+
+static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out);
+
+static int lookup_id(const void *tab, size_t n, size_t stride, tstr name) {
+        size_t k;
+        for (k = 0; k < n; k++) {
+                const struct {
+                        const char *name;
+                        int id;
+                } *e = (const void *)((const char *)tab + k * stride);
+                if (tstr_eq(name, e->name))
+                        return e->id;
+        }
+        return -1;
+}
+
+static tsr_status run_test(rctx *c, int id, tv v, const args *a, bool *out) {
+        tv x = TV_UNDEFINED;
+        int r;
+        tsr_status st;
+        bool have = arg_get(a, 0, NULL, &x);
+
+        switch (id) {
+        case T_DEFINED: *out = v.type != TV_UNDEF; return TSR_OK;
+        case T_UNDEFINED: *out = v.type == TV_UNDEF; return TSR_OK;
+        case T_NONE: *out = v.type == TV_NONE; return TSR_OK;
+        case T_BOOLEAN: *out = v.type == TV_BOOL; return TSR_OK;
+        case T_FALSE: *out = v.type == TV_BOOL && !v.u.b; return TSR_OK;
+        case T_TRUE: *out = v.type == TV_BOOL && v.u.b; return TSR_OK;
+        case T_INTEGER: *out = v.type == TV_INT; return TSR_OK;
+        case T_FLOAT: *out = v.type == TV_FLOAT; return TSR_OK;
+        case T_NUMBER: *out = is_num(v); return TSR_OK;
+        case T_STRING: *out = v.type == TV_STR; return TSR_OK;
+        case T_MAPPING: *out = v.type == TV_DICT; return TSR_OK;
+        case T_ITERABLE:
+                *out = v.type == TV_STR || v.type == TV_LIST || v.type == TV_DICT || v.type == TV_UNDEF ||
+                       v.type == TV_LOOP;
+                return TSR_OK;
+        case T_SEQUENCE:
+                *out = v.type == TV_STR || v.type == TV_LIST || v.type == TV_DICT || v.type == TV_UNDEF;
+                return TSR_OK;
+        case T_CALLABLE:
+                *out = v.type == TV_MACRO || v.type == TV_BUILTIN || v.type == TV_METHOD;
+                return TSR_OK;
+        case T_ESCAPED: *out = false; return TSR_OK;
+        case T_SAMEAS:
+                if (v.type != x.type)
+                        *out = false;
+                else if (v.type == TV_NONE || v.type == TV_UNDEF)
+                        *out = true;
+                else if (v.type == TV_BOOL)
+                        *out = v.u.b == x.u.b;
+                else if (v.type == TV_LIST)
+                        *out = v.u.l == x.u.l;
+                else if (v.type == TV_DICT || v.type == TV_NS)
+                        *out = v.u.d == x.u.d;
+                else
+                        *out = tv_eq(c, v, x);
+                return TSR_OK;
+        case T_EQ: *out = tv_eq(c, v, x); return c->failed ? c->st : TSR_OK;
+        case T_NE: *out = !tv_eq(c, v, x); return c->failed ? c->st : TSR_OK;
+        case T_LT: case T_LE: case T_GT: case T_GE:
+                if ((st = tv_cmp(c, v, x, id == T_LT ? "<" : id == T_LE ? "<=" : id == T_GT ? ">" : ">=", &r)) != TSR_OK)
+                        return st;
+                *out = id == T_LT ? r < 0 : id == T_LE ? r <= 0 : id == T_GT ? r > 0 : r >= 0;
+                return TSR_OK;
+        case T_IN: {
+                if (!have)
+                        return rerr(c, TSR_E_INVAL, "test 'in' needs an argument");
+                /* reuse the operator */
+                {
+                        size_t k;
+                        tlist *l;
+                        if (x.type == TV_STR) {
+                                if (v.type != TV_STR)
+                                        return rerr(c, TSR_E_INVAL, "'in <string>' requires string as left operand, not %s",
+                                                    type_name(v));
+                                *out = memmem_s(x.u.s, 0, v.u.s) != NULL;
+                                return TSR_OK;
+                        }
+                        if (x.type == TV_DICT) {
+                                *out = dict_find(c, x.u.d, v) != NULL;
+                                return TSR_OK;
+                        }
+                        if ((st = iter_list(c, x, &l)) != TSR_OK)
+                                return st;
+                        *out = false;
+                        for (k = 0; k < l->n && !*out; k++)
+                                *out = tv_eq(c, v, l->v[k]);
+                        return step(c, l->n);
+                }
+        }
+        case T_ODD: case T_EVEN: case T_DIVISIBLEBY:
+                if (!is_intlike(v) && !(id == T_DIVISIBLEBY && v.type == TV_FLOAT))
+                        return v.type == TV_UNDEF ? undef_err(c, v)
+                                                  : rerr(c, TSR_E_INVAL, "unsupported operand type(s) for %%: '%s' and 'int'",
+                                                         type_name(v));
+                if (id == T_DIVISIBLEBY) {
+                        if (!is_num(x))
+                                return rerr(c, TSR_E_INVAL, "divisibleby needs a number");
+                        if (as_dbl(x) == 0)
+                                return rerr(c, TSR_E_INVAL, "integer division or modulo by zero");
+                        if (is_intlike(v) && is_intlike(x))
+                                *out = as_int(x) == -1 || as_int(v) % as_int(x) == 0;
+                        else
+                                *out = fmod(as_dbl(v), as_dbl(x)) == 0;
+                        return TSR_OK;
+                }
+                *out = ((as_int(v) % 2) != 0) == (id == T_ODD);
+                return TSR_OK;
+        case T_LOWER: case T_UPPER: {
+                tstr s;
+                size_t k;
+                bool any = false, ok = true;
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                for (k = 0; k < s.n; k++) {
+                        unsigned char ch = (unsigned char)s.p[k];
+                        if (id == T_LOWER ? isupper(ch) : islower(ch))
+                                ok = false;
+                        if (isalpha(ch))
+                                any = true;
+                }
+                *out = ok && any;
+                return TSR_OK;
+        }
+        default: return rerr(c, TSR_E_INTERNAL, "unknown test");
+        }
+}
+
+/* Attribute path for map/selectattr/sort...: "a.b.0", each part through get_item. */
+static tsr_status attr_path(rctx *c, tv v, tstr path, tv *out) {
+        size_t i = 0;
+        tsr_status st;
+        while (i <= path.n) {
+                size_t j = i;
+                tstr part;
+                tv key;
+                bool digits = true;
+                while (j < path.n && path.p[j] != '.')
+                        j++;
+                part.p = path.p + i;
+                part.n = j - i;
+                for (size_t k = 0; k < part.n; k++)
+                        digits = digits && isdigit((unsigned char)part.p[k]);
+                key = digits && part.n && part.n < 18 ? tv_int(strtoll(part.p, NULL, 10)) : tv_str(part.p, part.n);
+                if ((st = get_item(c, v, key, &v)) != TSR_OK)
+                        return st;
+                i = j + 1;
+        }
+        *out = v;
+        return TSR_OK;
+}
+
+typedef struct sortctx {
+        bool case_sensitive;
+        bool by_value;          /* dictsort by='value' */
+        bool pairs;             /* items are (k, v) tuples */
+        tstr attr;
+        bool has_attr;
+} sortctx;
+
+static tv fold_case(rctx *c, tv v, bool case_sensitive) {
+        if (!case_sensitive && v.type == TV_STR)
+                return str_map(c, v.u.s, 'l');
+        return v;
+}
+
+static int cmp_sort(rctx *c, tv a, tv b, void *u) {
+        sortctx *s = u;
+        if (s->pairs) {
+                a = a.u.l->v[s->by_value ? 1 : 0];
+                b = b.u.l->v[s->by_value ? 1 : 0];
+        } else if (s->has_attr) {
+                if (attr_path(c, a, s->attr, &a) != TSR_OK || attr_path(c, b, s->attr, &b) != TSR_OK)
+                        return 0;
+        }
+        return cmp_keys(c, fold_case(c, a, s->case_sensitive), fold_case(c, b, s->case_sensitive));
+}
+
+static tsr_status copy_list(rctx *c, tlist *src, tlist **out) {
+        tlist *l = list_new(c, src->n);
+        if (!l)
+                return c->st;
+        if (src->n)
+                memcpy(l->v, src->v, src->n * sizeof(tv));
+        l->n = src->n;
+        *out = l;
+        return step(c, src->n);
+}
+
+/* select/reject/selectattr/rejectattr: args after the operand are
+ * [attr,] [test name, test args...]. */
+static tsr_status filter_select(rctx *c, tv v, const args *a, bool with_attr, bool keep, tv *out) {
+        tlist *l, *res;
+        size_t k, first = with_attr ? 1 : 0;
+        tstr attr = {0};
+        int tid = -1;
+        args targs = {0};
+        tsr_status st;
+
+        if (with_attr) {
+                if (a->npos < 1 || a->pos[0].type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "selectattr/rejectattr need an attribute name");
+                attr = a->pos[0].u.s;
+        }
+        if (a->npos > first) {
+                if (a->pos[first].type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "test name must be a string");
+                tid = lookup_id(test_names, sizeof(test_names) / sizeof(test_names[0]), sizeof(test_names[0]),
+                                a->pos[first].u.s);
+                if (tid < 0)
+                        return rerr(c, TSR_E_INVAL, "No test named '%.*s'.", (int)a->pos[first].u.s.n,
+                                    a->pos[first].u.s.p);
+                targs.pos = a->pos + first + 1;
+                targs.npos = a->npos - first - 1;
+        }
+        if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
+                return c->failed ? c->st : st;
+        for (k = 0; k < l->n; k++) {
+                tv item = l->v[k], x = item;
+                bool ok;
+                if (with_attr && (st = attr_path(c, item, attr, &x)) != TSR_OK)
+                        return st;
+                if (tid >= 0) {
+                        if ((st = run_test(c, tid, x, &targs, &ok)) != TSR_OK)
+                                return st;
+                } else {
+                        ok = truthy(x);
+                }
+                if (ok == keep && !list_push(c, res, item))
+                        return c->st;
+        }
+        *out = tv_list(res);
+        return step(c, l->n);
+}
+
+static tsr_status filter_map(rctx *c, tv v, const args *a, tv *out) {
+        tlist *l, *res;
+        size_t k;
+        tv attr, def = TV_UNDEFINED;
+        bool has_def = false;
+        tsr_status st;
+        int fid = -1;
+        args fargs = {0};
+
+        if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, l->n)))
+                return c->failed ? c->st : st;
+        if (a->npos == 0 && arg_get(a, 99, "attribute", &attr)) {
+                if (attr.type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "map attribute must be a string");
+                has_def = arg_get(a, 99, "default", &def);
+        } else {
+                if (a->npos < 1 || a->pos[0].type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "map needs a filter name or attribute=");
+                fid = lookup_id(filter_names, sizeof(filter_names) / sizeof(filter_names[0]), sizeof(filter_names[0]),
+                                a->pos[0].u.s);
+                if (fid < 0)
+                        return rerr(c, TSR_E_INVAL, "No filter named '%.*s'.", (int)a->pos[0].u.s.n, a->pos[0].u.s.p);
+                fargs.pos = a->pos + 1;
+                fargs.npos = a->npos - 1;
+                fargs.kw = a->kw;
+                fargs.kwn = a->kwn;
+                fargs.nkw = a->nkw;
+        }
+        for (k = 0; k < l->n; k++) {
+                tv x;
+                if (fid < 0) {
+                        if ((st = attr_path(c, l->v[k], attr.u.s, &x)) != TSR_OK)
+                                return st;
+                        if (x.type == TV_UNDEF && has_def)
+                                x = def;
+                } else if ((st = run_filter(c, fid, l->v[k], &fargs, &x)) != TSR_OK) {
+                        return st;
+                }
+                res->v[res->n++] = x;
+        }
+        *out = tv_list(res);
+        return step(c, l->n);
+}
+
+static tsr_status filter_tojson(rctx *c, tv v, const args *a, tv *out) {
+        jopt o = {0};
+        tv x;
+        sb b = {0};
+        char *spaces;
+
+        o.item_sep = tv_cstr(", ").u.s;
+        o.key_sep = tv_cstr(": ").u.s;
+        if (arg_get(a, 0, "ensure_ascii", &x))
+                o.ensure_ascii = truthy(x);
+        if (arg_get(a, 1, "indent", &x) && x.type != TV_NONE) {
+                o.indent = true;
+                o.item_sep = tv_cstr(",").u.s;
+                if (x.type == TV_STR) {
+                        o.ind = x.u.s;
+                } else if (is_intlike(x)) {
+                        int64_t n = as_int(x);
+                        if (n > 1024)
+                                return rerr(c, TSR_E_LIMIT, "tojson indent too large");
+                        if (n < 0)
+                                n = 0;
+                        if (!(spaces = ralloc(c, (size_t)n + 1)))
+                                return c->st;
+                        memset(spaces, ' ', (size_t)n);
+                        o.ind.p = spaces;
+                        o.ind.n = (size_t)n;
+                } else {
+                        return rerr(c, TSR_E_INVAL, "tojson indent must be an int or a string");
+                }
+        }
+        if (arg_get(a, 2, "separators", &x) && x.type != TV_NONE) {
+                if (x.type != TV_LIST || x.u.l->n != 2 || x.u.l->v[0].type != TV_STR || x.u.l->v[1].type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "tojson separators must be a pair of strings");
+                o.item_sep = x.u.l->v[0].u.s;
+                o.key_sep = x.u.l->v[1].u.s;
+        }
+        if (arg_get(a, 3, "sort_keys", &x))
+                o.sort_keys = truthy(x);
+        if (!json_dump(c, &b, v, &o, 0))
+                return c->failed ? c->st : oom(c);
+        *out = sb_tv(&b);
+        return step(c, b.n / 64);
+}
+
+static tsr_status to_number(rctx *c, tv v, bool want_float, tv def, tv *out) {
+        (void)c;
+        if (v.type == TV_INT || v.type == TV_BOOL) {
+                *out = want_float ? tv_float((double)as_int(v)) : tv_int(as_int(v));
+        } else if (v.type == TV_FLOAT) {
+                if (want_float)
+                        *out = v;
+                else if (isfinite(v.u.f) && fabs(v.u.f) < 9.2e18)
+                        *out = tv_int((int64_t)v.u.f);
+                else
+                        *out = def;
+        } else if (v.type == TV_STR) {
+                char buf[64], *end;
+                tstr s = str_strip(v.u.s, NULL, 'b');
+                size_t k, m = 0;
+                if (s.n == 0 || s.n >= sizeof(buf)) {
+                        *out = def;
+                        return TSR_OK;
+                }
+                for (k = 0; k < s.n; k++)
+                        if (s.p[k] != '_')
+                                buf[m++] = s.p[k];
+                buf[m] = '\0';
+                if (!want_float) {
+                        long long ll;
+                        errno = 0;
+                        ll = strtoll(buf, &end, 10);
+                        if (!*end && errno == 0) {
+                                *out = tv_int(ll);
+                                return TSR_OK;
+                        }
+                }
+                {
+                        double d = strtod(buf, &end);
+                        if (*end || (isdigit((unsigned char)buf[0]) == 0 && buf[0] != '-' && buf[0] != '+' &&
+                                     buf[0] != '.' && !isalpha((unsigned char)buf[0]))) {
+                                *out = def;
+                        } else if (want_float) {
+                                *out = tv_float(d);
+                        } else if (isfinite(d) && fabs(d) < 9.2e18) {
+                                *out = tv_int((int64_t)d);
+                        } else {
+                                *out = def;
+                        }
+                }
+        } else {
+                *out = def;
+        }
+        return TSR_OK;
+}
+
+static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tstr s, arg, arg2;
+        tlist *l;
+        tv x;
+        bool given, given2;
+        size_t k;
+
+        switch (fid) {
+        case F_SAFE:
+        case F_STRING:
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                *out = tv_str(s.p, s.n);
+                return TSR_OK;
+        case F_TRIM:
+                if ((st = to_str(c, v, &s)) != TSR_OK ||
+                    (st = arg_str(c, a, 0, "chars", "trim chars", &arg, &given)) != TSR_OK)
+                        return st;
+                s = str_strip(s, given ? &arg : NULL, 'b');
+                *out = tv_str(s.p, s.n);
+                return TSR_OK;
+        case F_LENGTH:
+        case F_COUNT:
+                switch (v.type) {
+                case TV_STR: *out = tv_int((int64_t)utf8_len(v.u.s.p, v.u.s.n)); return TSR_OK;
+                case TV_LIST: *out = tv_int((int64_t)v.u.l->n); return TSR_OK;
+                case TV_DICT: *out = tv_int((int64_t)v.u.d->n); return TSR_OK;
+                case TV_UNDEF: *out = tv_int(0); return TSR_OK;
+                default: return rerr(c, TSR_E_INVAL, "object of type '%s' has no len()", type_name(v));
+                }
+        case F_DEFAULT: {
+                tv def = tv_str("", 0), b = tv_bool(false);
+                arg_get(a, 0, "default_value", &def);
+                arg_get(a, 1, "boolean", &b);
+                *out = (v.type == TV_UNDEF || (truthy(b) && !truthy(v))) ? def : v;
+                return TSR_OK;
+        }
+        case F_TOJSON: return filter_tojson(c, v, a, out);
+        case F_UPPER:
+        case F_LOWER:
+        case F_CAPITALIZE:
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                *out = str_map(c, s, fid == F_UPPER ? 'u' : fid == F_LOWER ? 'l' : 'c');
+                return c->failed ? c->st : TSR_OK;
+        case F_TITLE:
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                *out = jinja_title(c, s);
+                return c->failed ? c->st : TSR_OK;
+        case F_REPLACE: {
+                int64_t n;
+                if ((st = to_str(c, v, &s)) != TSR_OK ||
+                    (st = arg_str(c, a, 0, "old", "replace old", &arg, &given)) != TSR_OK ||
+                    (st = arg_str(c, a, 1, "new", "replace new", &arg2, &given2)) != TSR_OK ||
+                    (st = arg_int(c, a, 2, "count", -1, &n)) != TSR_OK)
+                        return st;
+                if (!given || !given2)
+                        return rerr(c, TSR_E_INVAL, "replace needs old and new");
+                return str_replace(c, s, arg, arg2, n, out);
+        }
+        case F_JOIN: {
+                sb b = {0};
+                tv attr;
+                bool has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
+                arg.p = "";
+                arg.n = 0;
+                if ((st = arg_str(c, a, 0, "d", "join separator", &arg, &given)) != TSR_OK ||
+                    (st = iter_list(c, v, &l)) != TSR_OK)
+                        return st;
+                for (k = 0; k < l->n; k++) {
+                        tv item = l->v[k];
+                        if (has_attr && (st = attr_path(c, item, attr.u.s, &item)) != TSR_OK)
+                                return st;
+                        if ((k && !sb_add(c, &b, arg.p, arg.n)) || !str_append(c, &b, item))
+                                return c->st;
+                }
+                *out = sb_tv(&b);
+                return step(c, l->n);
+        }
+        case F_FIRST:
+        case F_LAST:
+                if ((st = iter_list(c, v, &l)) != TSR_OK)
+                        return st;
+                *out = l->n ? l->v[fid == F_FIRST ? 0 : l->n - 1] : TV_UNDEFINED;
+                return TSR_OK;
+        case F_ITEMS:
+                if (v.type == TV_UNDEF) {
+                        *out = tv_list(list_new(c, 0));
+                        return c->failed ? c->st : TSR_OK;
+                }
+                if (v.type != TV_DICT)
+                        return rerr(c, TSR_E_INVAL, "Can only get item pairs from a mapping.");
+                return dict_items(c, v.u.d, out);
+        case F_LIST:
+                if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
+                        return st;
+                *out = tv_list(l);
+                return TSR_OK;
+        case F_REVERSE:
+                if (v.type == TV_STR) {
+                        sb b = {0};
+                        size_t i = v.u.s.n;
+                        while (i > 0) {
+                                size_t st0 = i - 1;
+                                while (st0 > 0 && ((unsigned char)v.u.s.p[st0] & 0xc0) == 0x80 && i - st0 < 4)
+                                        st0--;
+                                if (!sb_add(c, &b, v.u.s.p + st0, i - st0))
+                                        return c->st;
+                                i = st0;
+                        }
+                        *out = sb_tv(&b);
+                        return TSR_OK;
+                }
+                if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
+                        return st;
+                for (k = 0; k < l->n / 2; k++) {
+                        x = l->v[k];
+                        l->v[k] = l->v[l->n - 1 - k];
+                        l->v[l->n - 1 - k] = x;
+                }
+                *out = tv_list(l);
+                return TSR_OK;
+        case F_MAP: return filter_map(c, v, a, out);
+        case F_SELECT: return filter_select(c, v, a, false, true, out);
+        case F_REJECT: return filter_select(c, v, a, false, false, out);
+        case F_SELECTATTR: return filter_select(c, v, a, true, true, out);
+        case F_REJECTATTR: return filter_select(c, v, a, true, false, out);
+        case F_UNIQUE: {
+                tlist *res;
+                tv cs = tv_bool(false), attr;
+                bool has_attr;
+                arg_get(a, 0, "case_sensitive", &cs);
+                has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
+                if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
+                        return c->failed ? c->st : st;
+                {
+                        tlist *seen = list_new(c, 0);
+                        if (!seen)
+                                return c->st;
+                        for (k = 0; k < l->n; k++) {
+                                tv key = l->v[k];
+                                size_t j;
+                                bool dup = false;
+                                if (has_attr && (st = attr_path(c, key, attr.u.s, &key)) != TSR_OK)
+                                        return st;
+                                key = fold_case(c, key, truthy(cs));
+                                for (j = 0; j < seen->n && !dup; j++)
+                                        dup = tv_eq(c, seen->v[j], key);
+                                if ((st = step(c, seen->n)) != TSR_OK)
+                                        return st;
+                                if (!dup && (!list_push(c, seen, key) || !list_push(c, res, l->v[k])))
+                                        return c->st;
+                        }
+                }
+                *out = tv_list(res);
+                return TSR_OK;
+        }
+        case F_SORT:
+        case F_DICTSORT: {
+                sortctx sc = {0};
+                tv rev = tv_bool(false), cs = tv_bool(false), attr, by;
+                if (fid == F_SORT) {
+                        arg_get(a, 0, "reverse", &rev);
+                        arg_get(a, 1, "case_sensitive", &cs);
+                        sc.has_attr = arg_get(a, 2, "attribute", &attr) && attr.type == TV_STR;
+                        if (sc.has_attr)
+                                sc.attr = attr.u.s;
+                        if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
+                                return st;
+                } else {
+                        arg_get(a, 0, "case_sensitive", &cs);
+                        if (arg_get(a, 1, "by", &by)) {
+                                if (by.type == TV_STR && tstr_eq(by.u.s, "value"))
+                                        sc.by_value = true;
+                                else if (!(by.type == TV_STR && tstr_eq(by.u.s, "key")))
+                                        return rerr(c, TSR_E_INVAL, "You can only sort by either \"key\" or \"value\"");
+                        }
+                        arg_get(a, 2, "reverse", &rev);
+                        if (v.type != TV_DICT)
+                                return rerr(c, TSR_E_INVAL, "dictsort needs a mapping");
+                        if ((st = dict_items(c, v.u.d, &x)) != TSR_OK)
+                                return st;
+                        l = x.u.l;
+                        sc.pairs = true;
+                }
+                sc.case_sensitive = truthy(cs);
+                if ((st = sort_tv(c, l->v, l->n, cmp_sort, &sc)) != TSR_OK)
+                        return st;
+                if (truthy(rev)) {
+                        /* Python sorts with reverse=True stably: equal items keep their order */
+                        tv *tmp = ralloc(c, (l->n ? l->n : 1) * sizeof(tv));
+                        size_t i = 0, j;
+                        if (!tmp)
+                                return c->st;
+                        while (i < l->n) {
+                                j = i + 1;
+                                while (j < l->n && cmp_sort(c, l->v[i], l->v[j], &sc) == 0)
+                                        j++;
+                                memcpy(tmp + (l->n - j), l->v + i, (j - i) * sizeof(tv));
+                                i = j;
+                        }
+                        memcpy(l->v, tmp, l->n * sizeof(tv));
+                }
+                *out = tv_list(l);
+                return c->failed ? c->st : TSR_OK;
+        }
+        case F_INT:
+        case F_FLOAT: {
+                tv def = fid == F_INT ? tv_int(0) : tv_float(0.0);
+                arg_get(a, 0, "default", &def);
+                return to_number(c, v, fid == F_FLOAT, def, out);
+        }
+        case F_ABS:
+                if (v.type == TV_FLOAT)
+                        *out = tv_float(fabs(v.u.f));
+                else if (is_intlike(v) && as_int(v) != INT64_MIN)
+                        *out = tv_int(as_int(v) < 0 ? -as_int(v) : as_int(v));
+                else
+                        return rerr(c, TSR_E_INVAL, "bad operand type for abs(): '%s'", type_name(v));
+                return TSR_OK;
+        case F_ROUND: {
+                int64_t prec;
+                tv method = tv_cstr("common");
+                double d, m;
+                if (!is_num(v))
+                        return rerr(c, TSR_E_INVAL, "round needs a number");
+                if ((st = arg_int(c, a, 0, "precision", 0, &prec)) != TSR_OK)
+                        return st;
+                arg_get(a, 1, "method", &method);
+                if (prec > 300 || prec < -300)
+                        return rerr(c, TSR_E_INVAL, "round precision out of range");
+                d = as_dbl(v);
+                m = pow(10.0, (double)prec);
+                if (method.type == TV_STR && tstr_eq(method.u.s, "ceil"))
+                        d = ceil(d * m) / m;
+                else if (method.type == TV_STR && tstr_eq(method.u.s, "floor"))
+                        d = floor(d * m) / m;
+                else if (method.type == TV_STR && tstr_eq(method.u.s, "common"))
+                        d = nearbyint(d * m) / m;
+                else
+                        return rerr(c, TSR_E_INVAL, "method must be common, ceil or floor");
+                *out = tv_float(d);
+                return TSR_OK;
+        }
+        case F_ESCAPE: {
+                sb b = {0};
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                for (k = 0; k < s.n; k++) {
+                        const char *e = NULL;
+                        switch (s.p[k]) {
+                        case '&': e = "&amp;"; break;
+                        case '<': e = "&lt;"; break;
+                        case '>': e = "&gt;"; break;
+                        case '"': e = "&#34;"; break;
+                        case '\'': e = "&#39;"; break;
+                        default: break;
+                        }
+                        if (e ? !sb_adds(c, &b, e) : !sb_addc(c, &b, s.p[k]))
+                                return c->st;
+                }
+                *out = sb_tv(&b);
+                return TSR_OK;
+        }
+        case F_INDENT: {
+                sb b = {0};
+                tv w = tv_int(4), first = tv_bool(false), blank = tv_bool(false);
+                tstr ind;
+                size_t i = 0;
+                bool line0 = true;
+                arg_get(a, 0, "width", &w);
+                arg_get(a, 1, "first", &first);
+                arg_get(a, 2, "blank", &blank);
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                if (w.type == TV_STR) {
+                        ind = w.u.s;
+                } else if (is_intlike(w)) {
+                        int64_t n = as_int(w) < 0 ? 0 : as_int(w);
+                        char *sp;
+                        if (n > 1024)
+                                return rerr(c, TSR_E_LIMIT, "indent width too large");
+                        if (!(sp = ralloc(c, (size_t)n + 1)))
+                                return c->st;
+                        memset(sp, ' ', (size_t)n);
+                        ind.p = sp;
+                        ind.n = (size_t)n;
+                } else {
+                        return rerr(c, TSR_E_INVAL, "indent width must be an int or a string");
+                }
+                if (truthy(first) && !sb_add(c, &b, ind.p, ind.n))
+                        return c->st;
+                /* s + "\n" split into lines (\n, \r\n, \r); each line but the first is indented
+                 * when it is not blank (or always with blank=True); lines join with "\n". */
+                while (i < s.n) {
+                        size_t st0 = i, e;
+                        while (i < s.n && s.p[i] != '\n' && s.p[i] != '\r')
+                                i++;
+                        e = i;
+                        if (i < s.n) {
+                                if (s.p[i] == '\r' && i + 1 < s.n && s.p[i + 1] == '\n')
+                                        i++;
+                                i++;
+                        }
+                        if (!line0 && !sb_addc(c, &b, '\n'))
+                                return c->st;
+                        if (!line0 && (e > st0 || truthy(blank)) && !sb_add(c, &b, ind.p, ind.n))
+                                return c->st;
+                        if (!sb_add(c, &b, s.p + st0, e - st0))
+                                return c->st;
+                        line0 = false;
+                }
+                *out = sb_tv(&b);
+                return TSR_OK;
+        }
+        case F_SUM: {
+                tv acc = tv_int(0), attr;
+                bool has_attr = arg_get(a, 0, "attribute", &attr) && attr.type == TV_STR;
+                arg_get(a, 1, "start", &acc);
+                if ((st = iter_list(c, v, &l)) != TSR_OK)
+                        return st;
+                for (k = 0; k < l->n; k++) {
+                        tv item = l->v[k];
+                        if (has_attr && (st = attr_path(c, item, attr.u.s, &item)) != TSR_OK)
+                                return st;
+                        if (!is_num(item) || !is_num(acc))
+                                return rerr(c, TSR_E_INVAL, "unsupported operand type(s) for +: '%s' and '%s'",
+                                            type_name(acc), type_name(item));
+                        if (acc.type == TV_FLOAT || item.type == TV_FLOAT) {
+                                acc = tv_float(as_dbl(acc) + as_dbl(item));
+                        } else {
+                                int64_t r;
+                                if (__builtin_add_overflow(as_int(acc), as_int(item), &r))
+                                        return rerr(c, TSR_E_INVAL, "integer overflow");
+                                acc = tv_int(r);
+                        }
+                }
+                *out = acc;
+                return step(c, l->n);
+        }
+        case F_MIN:
+        case F_MAX: {
+                sortctx sc = {0};
+                tv cs = tv_bool(false), attr;
+                arg_get(a, 0, "case_sensitive", &cs);
+                sc.case_sensitive = truthy(cs);
+                sc.has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
+                if (sc.has_attr)
+                        sc.attr = attr.u.s;
+                if ((st = iter_list(c, v, &l)) != TSR_OK)
+                        return st;
+                if (!l->n) {
+                        *out = TV_UNDEFINED;
+                        return TSR_OK;
+                }
+                x = l->v[0];
+                for (k = 1; k < l->n; k++) {
+                        int r = cmp_sort(c, l->v[k], x, &sc);
+                        if (fid == F_MIN ? r < 0 : r > 0)
+                                x = l->v[k];
+                }
+                *out = x;
+                return c->failed ? c->st : step(c, l->n);
+        }
+        case F_BATCH: {
+                int64_t n;
+                tv fill;
+                bool has_fill = arg_get(a, 1, "fill_with", &fill) && fill.type != TV_NONE;
+                tlist *res, *cur_ = NULL;
+                if ((st = arg_int(c, a, 0, "linecount", 1, &n)) != TSR_OK)
+                        return st;
+                if (n <= 0)
+                        return rerr(c, TSR_E_INVAL, "batch size must be positive");
+                if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
+                        return c->failed ? c->st : st;
+                for (k = 0; k < l->n; k++) {
+                        if (!cur_ || (int64_t)cur_->n == n) {
+                                if (!(cur_ = list_new(c, 0)) || !list_push(c, res, tv_list(cur_)))
+                                        return c->st;
+                        }
+                        if (!list_push(c, cur_, l->v[k]))
+                                return c->st;
+                }
+                while (has_fill && cur_ && (int64_t)cur_->n < n)
+                        if (!list_push(c, cur_, fill))
+                                return c->st;
+                *out = tv_list(res);
+                return step(c, l->n);
+        }
+        case F_WORDCOUNT: {
+                int64_t words = 0;
+                bool in = false;
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                for (k = 0; k < s.n; k++) {
+                        unsigned char ch = (unsigned char)s.p[k];
+                        bool w = isalnum(ch) || ch == '_' || ch >= 0x80;
+                        if (w && !in)
+                                words++;
+                        in = w;
+                }
+                *out = tv_int(words);
+                return TSR_OK;
+        }
+        case F_CENTER: {
+                args a2 = *a;
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                if (!a2.npos && !a2.nkw) {
+                        x = tv_int(80);
+                        a2.pos = &x;
+                        a2.npos = 1;
+                }
+                return call_str_method(c, s, "center", &a2, out);
+        }
+        case F_ATTR:
+                if (!arg_get(a, 0, "name", &x) || x.type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "attr needs a name");
+                if (v.type == TV_DICT || v.type == TV_NS) {
+                        /* getattr only: dict keys are not attributes */
+                        const char *m = v.type == TV_DICT ? find_name(dict_methods, x.u.s) : NULL;
+                        tv *val = v.type == TV_NS ? dict_finds(v.u.d, x.u.s.p, x.u.s.n) : NULL;
+                        *out = m ? make_method(c, v, m) : val ? *val : undef_named(x.u.s);
+                        return c->failed ? c->st : TSR_OK;
+                }
+                return get_attr(c, v, x.u.s, out);
+        case F_FORMAT: {
+                sb b = {0};
+                size_t ai = 0, i;
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                for (i = 0; i < s.n; i++) {
+                        if (s.p[i] != '%') {
+                                if (!sb_addc(c, &b, s.p[i]))
+                                        return c->st;
+                                continue;
+                        }
+                        if (i + 1 >= s.n)
+                                return rerr(c, TSR_E_INVAL, "incomplete format");
+                        i++;
+                        if (s.p[i] == '%') {
+                                if (!sb_addc(c, &b, '%'))
+                                        return c->st;
+                        } else if (s.p[i] == 's' || s.p[i] == 'd' || s.p[i] == 'i' || s.p[i] == 'r') {
+                                if (ai >= a->npos)
+                                        return rerr(c, TSR_E_INVAL, "not enough arguments for format string");
+                                x = a->pos[ai++];
+                                if (s.p[i] != 's' && s.p[i] != 'r' && !is_num(x))
+                                        return rerr(c, TSR_E_INVAL, "%%d format: a real number is required, not %s",
+                                                    type_name(x));
+                                if (s.p[i] != 's' && s.p[i] != 'r' && x.type == TV_FLOAT)
+                                        x = tv_int((int64_t)x.u.f);
+                                if (s.p[i] == 'd' && x.type == TV_BOOL)
+                                        x = tv_int(x.u.b);
+                                if (!(s.p[i] == 'r' ? repr_append(c, &b, x) : str_append(c, &b, x)))
+                                        return c->st;
+                        } else {
+                                return rerr(c, TSR_E_UNSUPPORTED, "format: unsupported conversion '%%%c'", s.p[i]);
+                        }
+                }
+                *out = sb_tv(&b);
+                return TSR_OK;
+        }
+        default: return rerr(c, TSR_E_INTERNAL, "unknown filter");
+        }
+}
+
+/* ---------------------------------------------------------------- calls */
+
+static tsr_status exec_body(rctx *c, const node *body, frame *f, int *flow);
+static tsr_status eval(rctx *c, const node *n, frame *f, tv *out);
+
+enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE };
+
+static tsr_status call_method(rctx *c, tv self, const char *m, const args *a, tv *out) {
+        tsr_status st;
+        tv x;
+        size_t k;
+
+        switch (self.type) {
+        case TV_STR: return call_str_method(c, self.u.s, m, a, out);
+        case TV_DICT:
+                if (!strcmp(m, "items"))
+                        return dict_items(c, self.u.d, out);
+                if (!strcmp(m, "keys") || !strcmp(m, "values")) {
+                        tlist *l = list_new(c, self.u.d->n);
+                        if (!l)
+                                return c->st;
+                        for (k = 0; k < self.u.d->n; k++)
+                                l->v[l->n++] = m[0] == 'k' ? self.u.d->k[k] : self.u.d->v[k];
+                        *out = tv_list(l);
+                        return step(c, l->n);
+                }
+                if (!strcmp(m, "get")) {
+                        tv *v;
+                        if (!arg_get(a, 0, NULL, &x))
+                                return rerr(c, TSR_E_INVAL, "get expected at least 1 argument, got 0");
+                        v = dict_find(c, self.u.d, x);
+                        if (v)
+                                *out = *v;
+                        else if (!arg_get(a, 1, NULL, out))
+                                *out = tv_none();
+                        return TSR_OK;
+                }
+                if (!strcmp(m, "copy")) {
+                        tdict *d = dict_new(c);
+                        if (!d)
+                                return c->st;
+                        for (k = 0; k < self.u.d->n; k++)
+                                if (!dict_set(c, d, self.u.d->k[k], self.u.d->v[k]))
+                                        return c->st;
+                        *out = tv_dict(d);
+                        return TSR_OK;
+                }
+                break;
+        case TV_LIST:
+                if (!strcmp(m, "copy")) {
+                        tlist *l;
+                        if ((st = copy_list(c, self.u.l, &l)) != TSR_OK)
+                                return st;
+                        *out = tv_list(l);
+                        return TSR_OK;
+                }
+                if (!arg_get(a, 0, NULL, &x))
+                        return rerr(c, TSR_E_INVAL, "%s() takes exactly one argument", m);
+                {
+                        int64_t cnt = 0;
+                        for (k = 0; k < self.u.l->n; k++) {
+                                if (tv_eq(c, self.u.l->v[k], x)) {
+                                        if (m[0] == 'i') {
+                                                *out = tv_int((int64_t)k);
+                                                return TSR_OK;
+                                        }
+                                        cnt++;
+                                }
+                        }
+                        if (m[0] == 'i')
+                                return rerr(c, TSR_E_INVAL, "value is not in list");
+                        *out = tv_int(cnt);
+                        return step(c, self.u.l->n);
+                }
+        case TV_LOOP:
+                if (!a->npos)
+                        return rerr(c, TSR_E_INVAL, "no items for cycling given");
+                *out = a->pos[self.u.loop->index0 % a->npos];
+                return TSR_OK;
+        default: break;
+        }
+        return rerr(c, TSR_E_UNSUPPORTED, "method %s is not supported on %s", m, type_name(self));
+}
+
+static size_t default_strftime(char *out, size_t outlen, const char *format, void *user) {
+        time_t now = time(NULL);
+        struct tm tm;
+        (void)user;
+        if (!localtime_r(&now, &tm))
+                return 0;
+        return strftime(out, outlen, format, &tm);
+}
+
+static tsr_status call_builtin(rctx *c, int b, const args *a, tv *out) {
+        tv x;
+        size_t k;
+        tsr_status st;
+
+        switch (b) {
+        case B_RANGE: {
+                int64_t lo = 0, hi, stp = 1, n, i;
+                tlist *l;
+                if (a->nkw)
+                        return rerr(c, TSR_E_INVAL, "range() takes no keyword arguments");
+                if (a->npos < 1 || a->npos > 3)
+                        return rerr(c, TSR_E_INVAL, "range expected 1 to 3 arguments, got %zu", a->npos);
+                for (k = 0; k < a->npos; k++)
+                        if (!is_intlike(a->pos[k]))
+                                return a->pos[k].type == TV_UNDEF
+                                               ? undef_err(c, a->pos[k])
+                                               : rerr(c, TSR_E_INVAL, "'%s' object cannot be interpreted as an integer",
+                                                      type_name(a->pos[k]));
+                if (a->npos == 1) {
+                        hi = as_int(a->pos[0]);
+                } else {
+                        lo = as_int(a->pos[0]);
+                        hi = as_int(a->pos[1]);
+                        if (a->npos == 3)
+                                stp = as_int(a->pos[2]);
+                }
+                if (stp == 0)
+                        return rerr(c, TSR_E_INVAL, "range() arg 3 must not be zero");
+                if (stp > 0)
+                        n = hi > lo ? (int64_t)(((uint64_t)hi - (uint64_t)lo - 1) / (uint64_t)stp + 1) : 0;
+                else
+                        n = lo > hi ? (int64_t)(((uint64_t)lo - (uint64_t)hi - 1) / ((uint64_t)(-(stp + 1)) + 1) + 1) : 0;
+                if (n > TPL_MAX_RANGE || n < 0)
+                        return rerr(c, TSR_E_LIMIT, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).",
+                                    TPL_MAX_RANGE);
+                if ((st = step(c, (uint64_t)n)) != TSR_OK || !(l = list_new(c, (size_t)n)))
+                        return c->failed ? c->st : st;
+                for (i = 0; i < n; i++)
+                        l->v[l->n++] = tv_int(lo + i * stp);
+                *out = tv_list(l);
+                return TSR_OK;
+        }
+        case B_NAMESPACE:
+        case B_DICT: {
+                tdict *d = dict_new(c);
+                if (!d)
+                        return c->st;
+                if (a->npos > 1)
+                        return rerr(c, TSR_E_INVAL, "%s expected at most 1 positional argument",
+                                    b == B_DICT ? "dict" : "namespace");
+                if (a->npos == 1) {
+                        x = a->pos[0];
+                        if (x.type == TV_DICT || x.type == TV_NS) {
+                                for (k = 0; k < x.u.d->n; k++)
+                                        if (!dict_set(c, d, x.u.d->k[k], x.u.d->v[k]))
+                                                return c->st;
+                        } else if (x.type == TV_LIST) {
+                                for (k = 0; k < x.u.l->n; k++) {
+                                        tv p = x.u.l->v[k];
+                                        if (p.type != TV_LIST || p.u.l->n != 2)
+                                                return rerr(c, TSR_E_INVAL, "dictionary update sequence element #%zu has wrong length", k);
+                                        if (!dict_set(c, d, p.u.l->v[0], p.u.l->v[1]))
+                                                return c->st;
+                                }
+                        } else {
+                                return rerr(c, TSR_E_INVAL, "'%s' object is not iterable", type_name(x));
+                        }
+                }
+                for (k = 0; k < a->nkw; k++)
+                        if (!dict_set(c, d, tv_str(a->kwn[k].p, a->kwn[k].n), a->kw[k]))
+                                return c->st;
+                if (b == B_NAMESPACE) {
+                        for (k = 0; k < d->n; k++)
+                                if (d->k[k].type == TV_STR && d->k[k].u.s.n && d->k[k].u.s.p[0] == '_')
+                                        return rerr(c, TSR_E_INVAL,
+                                                    "Chat templates cannot store underscore-prefixed attributes on a "
+                                                    "namespace, but got '%.*s'. Please rename the attribute.",
+                                                    (int)d->k[k].u.s.n, d->k[k].u.s.p);
+                        out->type = TV_NS;
+                        out->u.d = d;
+                } else {
+                        *out = tv_dict(d);
+                }
+                return TSR_OK;
+        }
+        case B_RAISE: {
+                tstr msg = {"", 0};
+                if (arg_get(a, 0, "message", &x) && (st = to_str(c, x, &msg)) != TSR_OK)
+                        return st;
+                return rerr(c, TSR_E_INVAL, "%.*s", (int)msg.n, msg.p);
+        }
+        case B_STRFTIME: {
+                char buf[256], fmt[256];
+                size_t n;
+                tsr_template_strftime_fn fn = c->o->strftime_now ? c->o->strftime_now : default_strftime;
+                if (!arg_get(a, 0, "format", &x) || x.type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "strftime_now needs a format string");
+                if (x.u.s.n >= sizeof(fmt) || memchr(x.u.s.p, '\0', x.u.s.n))
+                        return rerr(c, TSR_E_INVAL, "strftime_now format too long");
+                memcpy(fmt, x.u.s.p, x.u.s.n);
+                fmt[x.u.s.n] = '\0';
+                n = fn(buf, sizeof(buf), fmt, c->o->strftime_user);
+                if (n >= sizeof(buf))
+                        n = 0;
+                *out = str_dup(c, buf, n);
+                return c->failed ? c->st : TSR_OK;
+        }
+        default: return rerr(c, TSR_E_INTERNAL, "unknown builtin");
+        }
+}
+
+static tsr_status call_macro(rctx *c, tv m, const args *a, tv *out) {
+        const node *mn = m.u.m.n;
+        frame *f;
+        sb buf = {0}, *saved;
+        size_t k, j;
+        int flow = FLOW_NORMAL;
+        tsr_status st;
+
+        if (a->npos > mn->nnames)
+                return rerr(c, TSR_E_INVAL, "macro '%.*s' takes not more than %u argument(s)", (int)mn->name.n,
+                            mn->name.p, mn->nnames);
+        for (k = 0; k < a->nkw; k++) {
+                bool known = false;
+                for (j = 0; j < mn->nnames; j++)
+                        if (a->kwn[k].n == mn->names[j].n && memcmp(a->kwn[k].p, mn->names[j].p, a->kwn[k].n) == 0)
+                                known = j >= a->npos;
+                if (!known)
+                        return rerr(c, TSR_E_INVAL, "macro '%.*s' takes no keyword argument '%.*s'", (int)mn->name.n,
+                                    mn->name.p, (int)a->kwn[k].n, a->kwn[k].p);
+        }
+        if (c->depth >= c->max_depth)
+                return rerr(c, TSR_E_LIMIT, "macro calls nested deeper than %u", c->max_depth);
+        if (!(f = frame_new(c, m.u.m.f)))
+                return c->st;
+        for (k = 0; k < mn->nnames; k++) {
+                tv v = TV_UNDEFINED;
+                bool have = k < a->npos;
+                if (have)
+                        v = a->pos[k];
+                for (j = 0; !have && j < a->nkw; j++) {
+                        if (a->kwn[j].n == mn->names[k].n &&
+                            memcmp(a->kwn[j].p, mn->names[k].p, a->kwn[j].n) == 0) {
+                                v = a->kw[j];
+                                have = true;
+                        }
+                }
+                if (!have && mn->kids[k] && (st = eval(c, mn->kids[k], f, &v)) != TSR_OK)
+                        return st;
+                if (!have && !mn->kids[k])
+                        v = undef_named(mn->names[k]);
+                if (!frame_set(c, f, mn->names[k], v))
+                        return c->st;
+        }
+        saved = c->cap;
+        c->cap = &buf;
+        c->depth++;
+        st = exec_body(c, mn->b, f, &flow);
+        c->depth--;
+        c->cap = saved;
+        if (st != TSR_OK)
+                return st;
+        *out = sb_tv(&buf);
+        return TSR_OK;
+}
+
+static tsr_status call_value(rctx *c, tv fn, const args *a, tv *out) {
+        switch (fn.type) {
+        case TV_MACRO: return call_macro(c, fn, a, out);
+        case TV_BUILTIN: return call_builtin(c, fn.u.builtin, a, out);
+        case TV_METHOD: return call_method(c, *fn.u.meth.self, fn.u.meth.name, a, out);
+        case TV_UNDEF: return undef_err(c, fn);
+        default: return rerr(c, TSR_E_INVAL, "'%s' object is not callable", type_name(fn));
+        }
+}
+
+static tsr_status eval_args(rctx *c, const node *n, frame *f, args *a) {
+        size_t k, npos = n->nkids - n->nkw;
+        tv *vals;
+        tsr_status st;
+
+        memset(a, 0, sizeof(*a));
+        if (!n->nkids)
+                return TSR_OK;
+        if (!(vals = ralloc(c, n->nkids * sizeof(tv))))
+                return c->st;
+        for (k = 0; k < n->nkids; k++)
+                if ((st = eval(c, n->kids[k], f, &vals[k])) != TSR_OK)
+                        return st;
+        a->pos = vals;
+        a->npos = npos;
+        a->kw = vals + npos;
+        a->kwn = n->names;
+        a->nkw = n->nkw;
+        return TSR_OK;
+}
+
+/* ---------------------------------------------------------------- expressions */
+
+static tsr_status int_overflow(rctx *c) { return rerr(c, TSR_E_INVAL, "integer result out of range"); }
+
+static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
+        static const char *const names[] = {['+'] = "+", ['-'] = "-", ['*'] = "*", ['/'] = "/", ['F'] = "//",
+                                            ['%'] = "%", ['P'] = "**"};
+        int64_t x, y, z;
+
+        if (l.type == TV_UNDEF)
+                return undef_err(c, l);
+        if (r.type == TV_UNDEF)
+                return undef_err(c, r);
+        if (is_num(l) && is_num(r)) {
+                if (l.type != TV_FLOAT && r.type != TV_FLOAT && op != '/') {
+                        x = as_int(l);
+                        y = as_int(r);
+                        switch (op) {
+                        case '+': if (__builtin_add_overflow(x, y, &z)) return int_overflow(c); break;
+                        case '-': if (__builtin_sub_overflow(x, y, &z)) return int_overflow(c); break;
+                        case '*': if (__builtin_mul_overflow(x, y, &z)) return int_overflow(c); break;
+                        case 'F':
+                        case '%':
+                                if (y == 0)
+                                        return rerr(c, TSR_E_INVAL, "integer division or modulo by zero");
+                                if (x == INT64_MIN && y == -1) {
+                                        if (op == 'F')
+                                                return int_overflow(c);
+                                        z = 0;
+                                        break;
+                                }
+                                z = op == 'F' ? x / y : x % y;
+                                if ((x % y != 0) && ((x < 0) != (y < 0)))
+                                        z = op == 'F' ? z - 1 : z + y;
+                                break;
+                        case 'P':
+                                if (y < 0) {
+                                        if (x == 0)
+                                                return rerr(c, TSR_E_INVAL, "0.0 cannot be raised to a negative power");
+                                        *out = tv_float(pow((double)x, (double)y));
+                                        return TSR_OK;
+                                }
+                                z = 1;
+                                while (y > 0) {
+                                        if ((y & 1) && __builtin_mul_overflow(z, x, &z))
+                                                return int_overflow(c);
+                                        y >>= 1;
+                                        if (y && __builtin_mul_overflow(x, x, &x))
+                                                return int_overflow(c);
+                                }
+                                break;
+                        default: return rerr(c, TSR_E_INTERNAL, "bad operator");
+                        }
+                        *out = tv_int(z);
+                        return TSR_OK;
+                } else {
+                        double a = as_dbl(l), b = as_dbl(r), d;
+                        switch (op) {
+                        case '+': d = a + b; break;
+                        case '-': d = a - b; break;
+                        case '*': d = a * b; break;
+                        case '/':
+                                if (b == 0)
+                                        return rerr(c, TSR_E_INVAL, "division by zero");
+                                d = a / b;
+                                break;
+                        case 'F':
+                        case '%':
+                                if (b == 0)
+                                        return rerr(c, TSR_E_INVAL, "float modulo");
+                                {
+                                        /* CPython's float_divmod */
+                                        double mod = fmod(a, b), div = (a - mod) / b, fl;
+                                        if (mod != 0 && ((b < 0) != (mod < 0))) {
+                                                mod += b;
+                                                div -= 1.0;
+                                        }
+                                        fl = floor(div);
+                                        if (div - fl > 0.5)
+                                                fl += 1.0;
+                                        d = op == 'F' ? fl : mod;
+                                }
+                                break;
+                        case 'P':
+                                if (a == 0 && b < 0)
+                                        return rerr(c, TSR_E_INVAL, "0.0 cannot be raised to a negative power");
+                                d = pow(a, b);
+                                break;
+                        default: return rerr(c, TSR_E_INTERNAL, "bad operator");
+                        }
+                        *out = tv_float(d);
+                        return TSR_OK;
+                }
+        }
+        if (op == '+' && l.type == TV_STR && r.type == TV_STR) {
+                sb b = {0};
+                if (!sb_add(c, &b, l.u.s.p, l.u.s.n) || !sb_add(c, &b, r.u.s.p, r.u.s.n))
+                        return c->st;
+                *out = sb_tv(&b);
+                return TSR_OK;
+        }
+        if (op == '+' && l.type == TV_LIST && r.type == TV_LIST && l.u.l->tuple == r.u.l->tuple) {
+                tlist *n = list_new(c, l.u.l->n + r.u.l->n);
+                if (!n)
+                        return c->st;
+                if (l.u.l->n)
+                        memcpy(n->v, l.u.l->v, l.u.l->n * sizeof(tv));
+                if (r.u.l->n)
+                        memcpy(n->v + l.u.l->n, r.u.l->v, r.u.l->n * sizeof(tv));
+                n->n = l.u.l->n + r.u.l->n;
+                n->tuple = l.u.l->tuple;
+                *out = tv_list(n);
+                return step(c, n->n);
+        }
+        if (op == '*' && ((l.type == TV_STR || l.type == TV_LIST) && is_intlike(r))) {
+                int64_t times = as_int(r), i;
+                if (l.type == TV_STR) {
+                        sb b = {0};
+                        if (times > 0 && l.u.s.n && (uint64_t)times > c->max_output / l.u.s.n)
+                                return rerr(c, TSR_E_LIMIT, "string repetition larger than the output limit");
+                        for (i = 0; i < times; i++)
+                                if (!sb_add(c, &b, l.u.s.p, l.u.s.n))
+                                        return c->st;
+                        *out = sb_tv(&b);
+                        return step(c, b.n / 64);
+                } else {
+                        tlist *n;
+                        size_t k;
+                        if (times > 0 && l.u.l->n && (uint64_t)times > (uint64_t)TPL_MAX_RANGE * 10 / l.u.l->n)
+                                return rerr(c, TSR_E_LIMIT, "list repetition too large");
+                        if (!(n = list_new(c, 0)))
+                                return c->st;
+                        n->tuple = l.u.l->tuple;
+                        for (i = 0; i < times; i++)
+                                for (k = 0; k < l.u.l->n; k++)
+                                        if (!list_push(c, n, l.u.l->v[k]))
+                                                return c->st;
+                        *out = tv_list(n);
+                        return step(c, n->n);
+                }
+        }
+        if (op == '*' && is_intlike(l) && (r.type == TV_STR || r.type == TV_LIST))
+                return binop(c, op, r, l, out);
+        if (op == '+' && l.type == TV_STR)
+                return rerr(c, TSR_E_INVAL, "can only concatenate str (not \"%s\") to str", type_name(r));
+        if (op == '+' && l.type == TV_LIST)
+                return rerr(c, TSR_E_INVAL, "can only concatenate %s (not \"%s\") to %s", type_name(l), type_name(r),
+                            type_name(l));
+        return rerr(c, TSR_E_INVAL, "unsupported operand type(s) for %s: '%s' and '%s'", names[op], type_name(l),
+                    type_name(r));
+}
+
+static tsr_status contains(rctx *c, tv needle, tv hay, bool *out) {
+        args a = {0};
+        a.pos = &hay;
+        a.npos = 1;
+        if (hay.type == TV_UNDEF) {
+                *out = false;
+                return TSR_OK;
+        }
+        if (hay.type != TV_STR && hay.type != TV_LIST && hay.type != TV_DICT)
+                return rerr(c, TSR_E_INVAL, "argument of type '%s' is not iterable", type_name(hay));
+        return run_test(c, T_IN, needle, &a, out);
+}
+
+static tsr_status eval_inner(rctx *c, const node *n, frame *f, tv *out) {
+        tsr_status st;
+        tv l, r;
+        args a;
+        size_t k;
+
+        switch (n->kind) {
+        case N_CONST: *out = n->val; return TSR_OK;
+        case N_NAME: *out = lookup(c, f, n->name); return TSR_OK;
+        case N_GETATTR:
+                if ((st = eval(c, n->a, f, &l)) != TSR_OK)
+                        return st;
+                return get_attr(c, l, n->name, out);
+        case N_GETITEM:
+                if ((st = eval(c, n->a, f, &l)) != TSR_OK)
+                        return st;
+                if (n->b->kind == N_SLICE) {
+                        tv parts[3] = {tv_none(), tv_none(), tv_none()};
+                        const node *pn[3] = {n->b->a, n->b->b, n->b->c};
+                        for (k = 0; k < 3; k++)
+                                if (pn[k] && (st = eval(c, pn[k], f, &parts[k])) != TSR_OK)
+                                        return st;
+                        return do_slice(c, l, parts[0], parts[1], parts[2], out);
+                }
+                if ((st = eval(c, n->b, f, &r)) != TSR_OK)
+                        return st;
+                return get_item(c, l, r, out);
+        case N_CALL:
+                if (n->a->kind == N_GETATTR) {
+                        /* obj.method(...): skip building a bound method */
+                        tv self;
+                        if ((st = eval(c, n->a->a, f, &self)) != TSR_OK || (st = get_attr(c, self, n->a->name, &l)) != TSR_OK)
+                                return st;
+                } else if ((st = eval(c, n->a, f, &l)) != TSR_OK) {
+                        return st;
+                }
+                if ((st = eval_args(c, n, f, &a)) != TSR_OK)
+                        return st;
+                return call_value(c, l, &a, out);
+        case N_FILTER:
+                if (!n->a) {
+                        /* block set filter: the operand is the captured body, passed in *out */
+                        l = *out;
+                } else if ((st = eval(c, n->a, f, &l)) != TSR_OK) {
+                        return st;
+                }
+                if ((st = eval_args(c, n, f, &a)) != TSR_OK)
+                        return st;
+                return run_filter(c, n->fid, l, &a, out);
+        case N_TEST: {
+                bool b;
+                if ((st = eval(c, n->a, f, &l)) != TSR_OK || (st = eval_args(c, n, f, &a)) != TSR_OK ||
+                    (st = run_test(c, n->fid, l, &a, &b)) != TSR_OK)
+                        return st;
+                *out = tv_bool(n->neg ? !b : b);
+                return TSR_OK;
+        }
+        case N_NEG:
+        case N_POS:
+                if ((st = eval(c, n->a, f, &l)) != TSR_OK)
+                        return st;
+                if (l.type == TV_FLOAT) {
+                        *out = tv_float(n->kind == N_NEG ? -l.u.f : l.u.f);
+                } else if (is_intlike(l)) {
+                        if (n->kind == N_NEG && as_int(l) == INT64_MIN)
+                                return int_overflow(c);
+                        *out = tv_int(n->kind == N_NEG ? -as_int(l) : as_int(l));
+                } else if (l.type == TV_UNDEF) {
+                        return undef_err(c, l);
+                } else {
+                        return rerr(c, TSR_E_INVAL, "bad operand type for unary %c: '%s'", n->kind == N_NEG ? '-' : '+',
+                                    type_name(l));
+                }
+                return TSR_OK;
+        case N_NOT:
+                if ((st = eval(c, n->a, f, &l)) != TSR_OK)
+                        return st;
+                *out = tv_bool(!truthy(l));
+                return TSR_OK;
+        case N_AND:
+        case N_OR:
+                if ((st = eval(c, n->a, f, &l)) != TSR_OK)
+                        return st;
+                if (truthy(l) == (n->kind == N_OR)) {
+                        *out = l;
+                        return TSR_OK;
+                }
+                return eval(c, n->b, f, out);
+        case N_BIN:
+                if ((st = eval(c, n->a, f, &l)) != TSR_OK || (st = eval(c, n->b, f, &r)) != TSR_OK)
+                        return st;
+                if (n->op == '~') {
+                        sb b = {0};
+                        if (!str_append(c, &b, l) || !str_append(c, &b, r))
+                                return c->failed ? c->st : oom(c);
+                        *out = sb_tv(&b);
+                        return TSR_OK;
+                }
+                return binop(c, n->op, l, r, out);
+        case N_CMP:
+                if ((st = eval(c, n->a, f, &l)) != TSR_OK)
+                        return st;
+                for (k = 0; k < n->nkids; k++) {
+                        bool res;
+                        int cr;
+                        if ((st = eval(c, n->kids[k], f, &r)) != TSR_OK)
+                                return st;
+                        switch (n->ops[k]) {
+                        case CMP_EQ: res = tv_eq(c, l, r); break;
+                        case CMP_NE: res = !tv_eq(c, l, r); break;
+                        case CMP_IN:
+                        case CMP_NOTIN:
+                                if ((st = contains(c, l, r, &res)) != TSR_OK)
+                                        return st;
+                                if (n->ops[k] == CMP_NOTIN)
+                                        res = !res;
+                                break;
+                        default: {
+                                static const char *const opn[] = {"==", "!=", "<", "<=", ">", ">="};
+                                if ((st = tv_cmp(c, l, r, opn[n->ops[k]], &cr)) != TSR_OK)
+                                        return st;
+                                res = n->ops[k] == CMP_LT ? cr < 0 : n->ops[k] == CMP_LE ? cr <= 0
+                                    : n->ops[k] == CMP_GT ? cr > 0 : cr >= 0;
+                        }
+                        }
+                        if (c->failed)
+                                return c->st;
+                        if (!res) {
+                                *out = tv_bool(false);
+                                return TSR_OK;
+                        }
+                        l = r;
+                }
+                *out = tv_bool(true);
+                return TSR_OK;
+        case N_COND:
+                if ((st = eval(c, n->a, f, &l)) != TSR_OK)
+                        return st;
+                if (truthy(l))
+                        return eval(c, n->b, f, out);
+                if (n->c)
+                        return eval(c, n->c, f, out);
+                *out = TV_UNDEFINED;
+                return TSR_OK;
+        case N_LIST:
+        case N_TUPLE: {
+                tlist *lst = list_new(c, n->nkids);
+                if (!lst)
+                        return c->st;
+                lst->tuple = n->kind == N_TUPLE;
+                for (k = 0; k < n->nkids; k++) {
+                        if ((st = eval(c, n->kids[k], f, &lst->v[k])) != TSR_OK)
+                                return st;
+                        lst->n++;
+                }
+                *out = tv_list(lst);
+                return TSR_OK;
+        }
+        case N_DICT: {
+                tdict *d = dict_new(c);
+                if (!d)
+                        return c->st;
+                for (k = 0; k + 1 < n->nkids; k += 2) {
+                        if ((st = eval(c, n->kids[k], f, &l)) != TSR_OK || (st = eval(c, n->kids[k + 1], f, &r)) != TSR_OK)
+                                return st;
+                        if (l.type == TV_LIST && !l.u.l->tuple)
+                                return rerr(c, TSR_E_INVAL, "unhashable type: 'list'");
+                        if (l.type == TV_DICT)
+                                return rerr(c, TSR_E_INVAL, "unhashable type: 'dict'");
+                        if (!dict_set(c, d, l, r))
+                                return c->st;
+                }
+                *out = tv_dict(d);
+                return step(c, n->nkids);
+        }
+        default: return rerr(c, TSR_E_INTERNAL, "unexpected node in expression");
+        }
+}
+
+static tsr_status eval(rctx *c, const node *n, frame *f, tv *out) {
+        tsr_status st;
+        if ((st = step(c, 1)) != TSR_OK || (st = nest_in(c)) != TSR_OK)
+                return st;
+        st = eval_inner(c, n, f, out);
+        c->nest--;
+        if (st == TSR_OK && c->failed)
+                st = c->st;
+        return st;
+}
+
+/* ---------------------------------------------------------------- statements */
+
+static tsr_status assign_targets(rctx *c, frame *f, const node *n, tv v) {
+        tlist *l;
+        uint32_t k;
+        tsr_status st;
+
+        if (!n->tuple)
+                return frame_set(c, f, n->names[0], v) ? TSR_OK : c->st;
+        if ((st = iter_list(c, v, &l)) != TSR_OK)
+                return st;
+        if (l->n != n->nnames)
+                return rerr(c, TSR_E_INVAL, l->n > n->nnames ? "too many values to unpack (expected %u)"
+                                                              : "not enough values to unpack (expected %u, got %zu)",
+                            n->nnames, l->n);
+        for (k = 0; k < n->nnames; k++)
+                if (!frame_set(c, f, n->names[k], l->v[k]))
+                        return c->st;
+        return TSR_OK;
+}
+
+static tsr_status exec_for(rctx *c, const node *n, frame *f) {
+        tv it;
+        tlist *items;
+        loopst *ls;
+        frame *lf;
+        size_t k;
+        tsr_status st;
+        int flow;
+
+        if ((st = eval(c, n->a, f, &it)) != TSR_OK || (st = iter_list(c, it, &items)) != TSR_OK)
+                return st;
+        if (!(lf = frame_new(c, f)) || !(ls = ralloc(c, sizeof(*ls))))
+                return c->st;
+        if (n->b) {
+                /* "for x in y if cond": filter first, so loop.length and loop.last see only
+                 * the kept items, as jinja2 does */
+                tlist *kept = list_new(c, 0);
+                if (!kept)
+                        return c->st;
+                for (k = 0; k < items->n; k++) {
+                        tv cond;
+                        lf->n = 0;
+                        if ((st = assign_targets(c, lf, n, items->v[k])) != TSR_OK ||
+                            (st = eval(c, n->b, lf, &cond)) != TSR_OK)
+                                return st;
+                        if (truthy(cond) && !list_push(c, kept, items->v[k]))
+                                return c->st;
+                }
+                items = kept;
+        }
+        ls->items = items;
+        ls->depth = 1;
+        for (k = 0; k < items->n; k++) {
+                tv lv = {.type = TV_LOOP};
+                if ((st = step(c, 1)) != TSR_OK)
+                        return st;
+                lf->n = 0;      /* a fresh scope per iteration */
+                ls->index0 = k;
+                lv.u.loop = ls;
+                if (!frame_set(c, lf, tv_cstr("loop").u.s, lv))
+                        return c->st;
+                if ((st = assign_targets(c, lf, n, items->v[k])) != TSR_OK)
+                        return st;
+                flow = FLOW_NORMAL;
+                if ((st = exec_body(c, n->c, lf, &flow)) != TSR_OK)
+                        return st;
+                if (flow == FLOW_BREAK)
+                        break;
+        }
+        if (!items->n && n->d) {
+                flow = FLOW_NORMAL;
+                lf->n = 0;
+                return exec_body(c, n->d, lf, &flow);
+        }
+        return TSR_OK;
+}
+
+static tsr_status exec_node(rctx *c, const node *n, frame *f, int *flow) {
+        tsr_status st;
+        tv v;
+
+        switch (n->kind) {
+        case N_TEXT: return emit(c, n->name.p, n->name.n);
+        case N_OUTPUT: {
+                tstr s;
+                if ((st = eval(c, n->a, f, &v)) != TSR_OK)
+                        return st;
+                if (v.type == TV_STR)
+                        return emit(c, v.u.s.p, v.u.s.n);
+                if ((st = to_str(c, v, &s)) != TSR_OK)
+                        return st;
+                return emit(c, s.p, s.n);
+        }
+        case N_IF:
+                while (n && n->kind == N_IF) {
+                        if ((st = eval(c, n->a, f, &v)) != TSR_OK)
+                                return st;
+                        if (truthy(v))
+                                return exec_body(c, n->b, f, flow);
+                        n = n->c;
+                        if (n && n->kind == N_IF && (st = step(c, 1)) != TSR_OK)
+                                return st;
+                }
+                return n ? exec_body(c, n, f, flow) : TSR_OK;
+        case N_FOR: return exec_for(c, n, f);
+        case N_SET:
+                if ((st = eval(c, n->a, f, &v)) != TSR_OK)
+                        return st;
+                if (n->op == TGT_ATTR) {
+                        tv ns = lookup(c, f, n->name);
+                        if (ns.type != TV_NS)
+                                return rerr(c, TSR_E_INVAL, "cannot assign attribute on non-namespace object");
+                        if (n->name2.n && n->name2.p[0] == '_')
+                                return rerr(c, TSR_E_INVAL,
+                                            "Chat templates cannot store underscore-prefixed attributes on a namespace, "
+                                            "but got '%.*s'. Please rename the attribute.",
+                                            (int)n->name2.n, n->name2.p);
+                        return dict_set(c, ns.u.d, tv_str(n->name2.p, n->name2.n), v) ? TSR_OK : c->st;
+                }
+                return assign_targets(c, f, n, v);
+        case N_SETBLOCK: {
+                sb buf = {0}, *saved = c->cap;
+                int inner = FLOW_NORMAL;
+                c->cap = &buf;
+                st = exec_body(c, n->b, f, &inner);
+                c->cap = saved;
+                if (st != TSR_OK)
+                        return st;
+                v = sb_tv(&buf);
+                if (n->c) {
+                        /* filter chain with an empty innermost operand: feed the body in */
+                        const node *chain[64];
+                        size_t depth = 0, k;
+                        const node *x;
+                        for (x = n->c; x && depth < 64; x = x->a)
+                                chain[depth++] = x;
+                        if (x)
+                                return rerr(c, TSR_E_LIMIT, "filter chain too long");
+                        for (k = depth; k-- > 0;) {
+                                args a;
+                                tv r;
+                                if ((st = eval_args(c, chain[k], f, &a)) != TSR_OK ||
+                                    (st = run_filter(c, chain[k]->fid, v, &a, &r)) != TSR_OK)
+                                        return st;
+                                v = r;
+                        }
+                }
+                return frame_set(c, f, n->name, v) ? TSR_OK : c->st;
+        }
+        case N_MACRO: {
+                tv m = {.type = TV_MACRO};
+                m.u.m.n = n;
+                m.u.m.f = f;
+                return frame_set(c, f, n->name, m) ? TSR_OK : c->st;
+        }
+        case N_BREAK: *flow = FLOW_BREAK; return TSR_OK;
+        case N_CONTINUE: *flow = FLOW_CONTINUE; return TSR_OK;
+        case N_BODY: return exec_body(c, n, f, flow);
+        default: return rerr(c, TSR_E_INTERNAL, "unexpected node in statement list");
+        }
+}
+
+static tsr_status exec_body(rctx *c, const node *body, frame *f, int *flow) {
+        uint32_t k;
+        tsr_status st;
+
+        if ((st = nest_in(c)) != TSR_OK)
+                return st;
+        for (k = 0; k < body->nkids; k++) {
+                if ((st = step(c, 1)) != TSR_OK)
+                        break;
+                if ((st = exec_node(c, body->kids[k], f, flow)) != TSR_OK)
+                        break;
+                if (*flow != FLOW_NORMAL)
+                        break;
+        }
+        c->nest--;
+        return st;
+}
+
+tsr_status tsr_template_render(const tsr_template *t, const json_t *context, const tsr_template_opts *opts,
+                               char **out, size_t *out_len, char *err, size_t errlen) {
+        static const tsr_template_opts defaults = {0};
+        tsr_template_opts o = opts ? *opts : defaults;
+        rctx c = {0};
+        tsr_buf buf;
+        tv ctx;
+        tsr_status st;
+        int flow = FLOW_NORMAL;
+        uint8_t *data;
+        size_t len;
+
+        if (err && errlen)
+                err[0] = '\0';
+        if (!t || !out || !out_len)
+                return TSR_E_INVAL;
+        if (context && !json_is_object(context)) {
+                if (err && errlen)
+                        snprintf(err, errlen, "template context must be a JSON object");
+                return TSR_E_INVAL;
+        }
+        if (!o.max_output)
+                o.max_output = TPL_DEF_MAX_OUTPUT;
+        if (!o.max_memory)
+                o.max_memory = TPL_DEF_MAX_MEMORY;
+        if (!o.max_steps)
+                o.max_steps = TPL_DEF_MAX_STEPS;
+        if (!o.max_depth)
+                o.max_depth = TPL_DEF_MAX_DEPTH;
+        c.o = &o;
+        c.max_output = o.max_output;
+        c.max_steps = o.max_steps;
+        c.max_depth = o.max_depth;
+        c.err = err;
+        c.errlen = errlen;
+        if (!(c.a = tsr_arena_new(64 << 10, o.max_memory)))
+                return TSR_E_NOMEM;
+        tsr_buf_init(&buf, o.max_output);
+        c.out = &buf;
+        st = TSR_OK;
+        if (context) {
+                st = from_json(&c, context, &ctx, 0);
+                if (st == TSR_OK)
+                        c.vars = ctx.u.d;
+        } else if (!(c.vars = dict_new(&c))) {
+                st = c.st;
+        }
+        if (st == TSR_OK && !(c.root = frame_new(&c, NULL)))
+                st = c.st;
+        if (st == TSR_OK)
+                st = exec_body(&c, t->root, c.root, &flow);
+        if (st == TSR_OK && !buf.data) {
+                /* an empty render still hands back a NUL-terminated string */
+                if ((st = tsr_buf_reserve(&buf, 0)) != TSR_OK)
+                        rerr(&c, st, "out of memory");
+                else
+                        buf.data[0] = '\0';
+        }
+        tsr_arena_free(&c.a);
+        if (st != TSR_OK) {
+                tsr_buf_done(&buf);
+                return st;
+        }
+        data = tsr_buf_steal(&buf, &len);
+        *out = (char *)data;
+        *out_len = len;
+        return TSR_OK;
+}
