@@ -3,28 +3,99 @@
  * One vtable per backend, in the style of ggml's backend interface.  cpu/ref.c is the
  * specification: scalar, plain, with shape comments.  Fast CPU paths and CUDA kernels
  * are judged against it (tests/kernels).  Functions return a tsr_status and never
- * exit or abort on bad input.
+ * exit or abort on bad input: NULL pointers and zero or inconsistent sizes are
+ * TSR_E_INVAL, and an op that fails writes nothing.
  *
- * Only the ops the skeleton needs exist yet; the engine issue adds matmul, rope,
- * attention, silu_mul, softmax (docs/kernels.md: "adding an op"). */
+ * All tensors are float32, row-major, in the backend's memory (host for cpu, device for
+ * cuda).  Shapes are written (rows, cols) with the last index varying fastest.
+ *
+ * Batch invariance: every op computes each row of its output from that row's inputs
+ * alone, with one fixed reduction order per output element (no split-K, no blocking
+ * that depends on the number of rows).  A row's result is therefore bitwise the same
+ * whether it is computed alone or among other rows; tests enforce this.
+ *
+ * The CUDA table initialises the first three members positionally: keep `name`,
+ * `rmsnorm` and `sync` first, in that order, and append new ops after them. */
 #ifndef TSR_KERNELS_H
 #define TSR_KERNELS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "common/tsr_status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* How RoPE pairs the dimensions of one head of size d (models.md §0).
+ * NEOX ("rotate_half", HF Llama): dimension i rotates with i + d/2.
+ * INTERLEAVED (GPT-J, Meta and GGUF Llama checkpoints): dimension 2i rotates with 2i+1.
+ * Pair i turns by pos * inv_freq[i] in both layouts. */
+typedef enum tsr_rope_layout {
+        TSR_ROPE_NEOX = 0,
+        TSR_ROPE_INTERLEAVED = 1,
+} tsr_rope_layout;
+
+/* Where one layer of one sequence's cached keys and values live: vLLM's paged layout.
+ * Token t of the sequence is row (t % block_size) of block block_table[t / block_size];
+ * a row holds n_kv_heads * head_dim floats (head-major).  A contiguous cache is the
+ * special case of one block of block_size >= the sequence length and table {0}.
+ * K is stored after RoPE. */
+typedef struct tsr_kv_view {
+        float *k;                       /* (n_blocks, block_size, n_kv_heads, head_dim) */
+        float *v;                       /* (n_blocks, block_size, n_kv_heads, head_dim) */
+        const uint32_t *block_table;    /* (n_table,) block ids, each < n_blocks */
+        size_t n_table;                 /* entries in block_table */
+        size_t n_blocks;                /* blocks the k and v arrays hold */
+        size_t block_size;              /* token rows per block, >= 1 */
+        size_t n_kv_heads;
+        size_t head_dim;
+} tsr_kv_view;
+
 typedef struct tsr_kernels_ops {
         const char *name;
         /* out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w[:]
-         * x (rows, dim), w (dim,) -> out (rows, dim); out may alias x.
-         * Pointers are in the backend's memory (host for cpu, device for cuda). */
+         * x (rows, dim), w (dim,) -> out (rows, dim); out may alias x. */
         tsr_status (*rmsnorm)(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps);
         /* Wait for queued work (no-op on the CPU). */
         tsr_status (*sync)(void);
+
+        /* ---- appended ops: the CUDA table does not set these yet (NULL) ---- */
+
+        /* out[r,:] = table[ids[r],:]
+         * table (vocab, dim), ids (rows,) -> out (rows, dim).  An id >= vocab is TSR_E_INVAL. */
+        tsr_status (*embedding)(float *out, const float *table, size_t vocab, size_t dim,
+                                const uint32_t *ids, size_t rows);
+        /* out[r,i] = sum_k w[i,k] * x[r,k]: W (d,n) @ x[r] (n,) -> out[r] (d,), for each row r.
+         * x (rows, n), w (d, n) -> out (rows, d).  rows == 1 is the decode GEMV, rows > 1 the
+         * prefill GEMM; both use the same per-element reduction order.  out must not alias
+         * x or w. */
+        tsr_status (*matmul)(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d);
+        /* Rotate, in place, each head of each row by its position.
+         * x (rows, n_heads, head_dim), pos (rows,), inv_freq (head_dim/2,).  head_dim even. */
+        tsr_status (*rope)(float *x, size_t rows, size_t n_heads, size_t head_dim,
+                           const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout);
+        /* Store the keys and values of tokens past_len .. past_len+n-1 in the cache.
+         * k, v (n, n_kv_heads, head_dim) -> kv rows past_len.. past_len+n-1.  The view's
+         * table must cover past_len + n tokens. */
+        tsr_status (*kv_write)(const tsr_kv_view *kv, const float *k, const float *v, size_t n, size_t past_len);
+        /* Causal grouped-query attention for a chunk of n new tokens of one sequence, at
+         * positions past_len .. past_len+n-1, whose keys and values are already in the
+         * cache.  Query row t sees cached tokens 0 .. past_len+t.  Query head h reads kv
+         * head h / (n_heads / n_kv_heads).  scores = q.k * scale, softmax in float32 after
+         * subtracting the row maximum, out = P.v.
+         * q (n, n_heads, head_dim) -> out (n, n_heads, head_dim); out must not alias q. */
+        tsr_status (*attention)(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
+                                size_t n_heads, float scale);
+        /* out[i] = silu(gate[i]) * up[i], silu(a) = a / (1 + exp(-a)).
+         * gate, up (n,) -> out (n,); out may alias gate or up. */
+        tsr_status (*silu_mul)(float *out, const float *gate, const float *up, size_t n);
+        /* out[i] = a[i] + b[i].  a, b (n,) -> out (n,); out may alias a or b. */
+        tsr_status (*add)(float *out, const float *a, const float *b, size_t n);
+        /* Row-wise softmax and log-softmax (max subtracted first).
+         * x (rows, n) -> out (rows, n); out may alias x. */
+        tsr_status (*softmax)(float *out, const float *x, size_t rows, size_t n);
+        tsr_status (*log_softmax)(float *out, const float *x, size_t rows, size_t n);
 } tsr_kernels_ops;
 
 /* The scalar reference backend.  Always available. */

@@ -1,8 +1,34 @@
 /* cpu/ref.c - scalar reference kernels: the executable specification.
- * Never optimise this file; fast paths live elsewhere and are tested against it. */
+ * Never optimise this file; fast paths live elsewhere and are tested against it.
+ *
+ * Every reduction here runs in one fixed order that depends only on the length being
+ * reduced, never on how many rows are in the call: that is the batch-invariance promise
+ * of kernels.h.  Shapes are given llama2.c-style in the comments. */
 #include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/kernels.h"
+
+/* The dot product every matmul and attention score uses.
+ * a (n,) . b (n,) -> float
+ * Order (the specification): eight running float partial sums, lane j adding the
+ * terms k = j, j+8, j+16, ... in increasing k; then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)).
+ * Eight independent lanes instead of one chain are still one fixed order, and they let
+ * the compiler keep the lanes in vector registers, which makes this plain loop fast
+ * enough to run a 135M model in the tests. */
+static float dot_f32(const float *a, const float *b, size_t n) {
+        float lane[8] = {0};
+        size_t k = 0;
+
+        for (; k + 8 <= n; k += 8)
+                for (size_t j = 0; j < 8; j++)
+                        lane[j] += a[k + j] * b[k + j];
+        for (size_t j = 0; k + j < n; j++)
+                lane[j] += a[k + j] * b[k + j];
+        return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
 
 static tsr_status ref_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps) {
         if (!out || !x || !w || dim == 0)
@@ -24,10 +50,218 @@ static tsr_status ref_rmsnorm(float *out, const float *x, const float *w, size_t
 
 static tsr_status ref_sync(void) { return TSR_OK; }
 
+/* table (vocab, dim), ids (rows,) -> out (rows, dim) */
+static tsr_status ref_embedding(float *out, const float *table, size_t vocab, size_t dim,
+                                const uint32_t *ids, size_t rows) {
+        if (!out || !table || (!ids && rows) || dim == 0)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++)       /* check all ids before writing anything */
+                if (ids[r] >= vocab)
+                        return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++)
+                memcpy(out + r * dim, table + (size_t)ids[r] * dim, dim * sizeof(float));
+        return TSR_OK;
+}
+
+/* W (d,n) @ x[r] (n,) -> out[r] (d,), for r in 0..rows-1
+ * x (rows, n), w (d, n) -> out (rows, d) */
+static tsr_status ref_matmul(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d) {
+        if (!out || !x || !w || n == 0 || d == 0)
+                return TSR_E_INVAL;
+        /* Weight row outermost so it is read from memory once per call and reused from
+         * cache for every row of x; each element is still one dot_f32. */
+        for (size_t i = 0; i < d; i++) {
+                const float *wi = w + i * n;
+                for (size_t r = 0; r < rows; r++)
+                        out[r * d + i] = dot_f32(wi, x + r * n, n);
+        }
+        return TSR_OK;
+}
+
+/* x (rows, n_heads, head_dim), pos (rows,), inv_freq (head_dim/2,) -> x rotated in place.
+ * For pair i of a head: θ = pos * inv_freq[i] (a float32 product, as HF computes it),
+ *   a' = a cos θ - b sin θ
+ *   b' = b cos θ + a sin θ
+ * where (a, b) = (x[i], x[i + head_dim/2]) for NEOX and (x[2i], x[2i+1]) for INTERLEAVED. */
+static tsr_status ref_rope(float *x, size_t rows, size_t n_heads, size_t head_dim,
+                           const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout) {
+        size_t half = head_dim / 2;
+
+        if (!x || !pos || !inv_freq || head_dim == 0 || head_dim % 2 != 0)
+                return TSR_E_INVAL;
+        if (layout != TSR_ROPE_NEOX && layout != TSR_ROPE_INTERLEAVED)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++) {
+                for (size_t i = 0; i < half; i++) {
+                        float theta = (float)pos[r] * inv_freq[i];
+                        /* cos and sin of the float32 angle, rounded once to float32. */
+                        float c = (float)cos((double)theta), s = (float)sin((double)theta);
+                        for (size_t h = 0; h < n_heads; h++) {
+                                float *xh = x + (r * n_heads + h) * head_dim;
+                                size_t ia = layout == TSR_ROPE_NEOX ? i : 2 * i;
+                                size_t ib = layout == TSR_ROPE_NEOX ? i + half : 2 * i + 1;
+                                float a = xh[ia], b = xh[ib];
+                                xh[ia] = a * c - b * s;
+                                xh[ib] = b * c + a * s;
+                        }
+                }
+        }
+        return TSR_OK;
+}
+
+static bool kv_view_ok(const tsr_kv_view *kv, size_t n_tokens) {
+        if (!kv || !kv->k || !kv->v || !kv->block_table || kv->block_size == 0 || kv->n_kv_heads == 0 ||
+            kv->head_dim == 0)
+                return false;
+        if (n_tokens > kv->n_table * kv->block_size)
+                return false;
+        for (size_t b = 0; b * kv->block_size < n_tokens; b++)
+                if (kv->block_table[b] >= kv->n_blocks)
+                        return false;
+        return true;
+}
+
+/* Offset, in floats, of token t's row in kv->k and kv->v. */
+static size_t kv_row(const tsr_kv_view *kv, size_t t) {
+        size_t row = (size_t)kv->block_table[t / kv->block_size] * kv->block_size + t % kv->block_size;
+        return row * kv->n_kv_heads * kv->head_dim;
+}
+
+/* k, v (n, n_kv_heads, head_dim) -> cache rows past_len .. past_len+n-1 */
+static tsr_status ref_kv_write(const tsr_kv_view *kv, const float *k, const float *v, size_t n, size_t past_len) {
+        if (!k || !v || !kv_view_ok(kv, past_len + n))
+                return TSR_E_INVAL;
+        size_t width = kv->n_kv_heads * kv->head_dim;
+        for (size_t t = 0; t < n; t++) {
+                memcpy(kv->k + kv_row(kv, past_len + t), k + t * width, width * sizeof(float));
+                memcpy(kv->v + kv_row(kv, past_len + t), v + t * width, width * sizeof(float));
+        }
+        return TSR_OK;
+}
+
+/* q (n, n_heads, head_dim), cache K, V (past_len+n, n_kv_heads, head_dim)
+ *   -> out (n, n_heads, head_dim)
+ * For query row t (position p = past_len + t) and head h, with g = h / (n_heads/n_kv_heads):
+ *   s[j] = (q[t,h] . K[j,g]) * scale          for j = 0..p (causal)
+ *   P[j] = exp(s[j] - max s) / sum_j' exp(s[j'] - max s)   (float32, sums in j order)
+ *   out[t,h] = sum_j P[j] * V[j,g]            (float32, in j order) */
+static tsr_status ref_attention(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
+                                size_t n_heads, float scale) {
+        if (!out || !q || n_heads == 0 || !kv_view_ok(kv, past_len + n) || n_heads % kv->n_kv_heads != 0)
+                return TSR_E_INVAL;
+        size_t hd = kv->head_dim, group = n_heads / kv->n_kv_heads;
+        float *s = malloc((past_len + n) * sizeof(float));      /* scores of one (row, head) */
+        if (!s)
+                return TSR_E_NOMEM;
+
+        for (size_t t = 0; t < n; t++) {
+                size_t p = past_len + t;
+                for (size_t h = 0; h < n_heads; h++) {
+                        const float *qh = q + (t * n_heads + h) * hd;
+                        size_t g = h / group;
+                        float *oh = out + (t * n_heads + h) * hd;
+
+                        float max = -INFINITY;
+                        for (size_t j = 0; j <= p; j++) {
+                                s[j] = dot_f32(qh, kv->k + kv_row(kv, j) + g * hd, hd) * scale;
+                                if (s[j] > max)
+                                        max = s[j];
+                        }
+                        float sum = 0.0f;
+                        for (size_t j = 0; j <= p; j++) {
+                                s[j] = expf(s[j] - max);
+                                sum += s[j];
+                        }
+                        for (size_t i = 0; i < hd; i++)
+                                oh[i] = 0.0f;
+                        for (size_t j = 0; j <= p; j++) {
+                                float pj = s[j] / sum;
+                                const float *vj = kv->v + kv_row(kv, j) + g * hd;
+                                for (size_t i = 0; i < hd; i++)
+                                        oh[i] += pj * vj[i];
+                        }
+                }
+        }
+        free(s);
+        return TSR_OK;
+}
+
+/* gate, up (n,) -> out (n,): out = gate * sigmoid(gate) * up, as torch's silu(x) = x * sigmoid(x) */
+static tsr_status ref_silu_mul(float *out, const float *gate, const float *up, size_t n) {
+        if (!out || !gate || !up)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < n; i++) {
+                float g = gate[i];
+                out[i] = g * (1.0f / (1.0f + expf(-g))) * up[i];
+        }
+        return TSR_OK;
+}
+
+/* a, b (n,) -> out (n,) */
+static tsr_status ref_add(float *out, const float *a, const float *b, size_t n) {
+        if (!out || !a || !b)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < n; i++)
+                out[i] = a[i] + b[i];
+        return TSR_OK;
+}
+
+/* x (rows, n) -> out (rows, n).  exp(x - max) in float32, their sum in double (index order). */
+static tsr_status ref_softmax(float *out, const float *x, size_t rows, size_t n) {
+        if (!out || !x || n == 0)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++) {
+                const float *xr = x + r * n;
+                float *outr = out + r * n;
+                float max = xr[0];
+                for (size_t i = 1; i < n; i++)
+                        if (xr[i] > max)
+                                max = xr[i];
+                double sum = 0.0;
+                for (size_t i = 0; i < n; i++) {
+                        outr[i] = expf(xr[i] - max);
+                        sum += outr[i];
+                }
+                for (size_t i = 0; i < n; i++)
+                        outr[i] = (float)(outr[i] / sum);
+        }
+        return TSR_OK;
+}
+
+/* x (rows, n) -> out (rows, n): x - max - log(sum exp(x - max)), the sum in double. */
+static tsr_status ref_log_softmax(float *out, const float *x, size_t rows, size_t n) {
+        if (!out || !x || n == 0)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++) {
+                const float *xr = x + r * n;
+                float *outr = out + r * n;
+                float max = xr[0];
+                for (size_t i = 1; i < n; i++)
+                        if (xr[i] > max)
+                                max = xr[i];
+                double sum = 0.0;
+                for (size_t i = 0; i < n; i++)
+                        sum += exp((double)xr[i] - (double)max);
+                float lse = (float)log(sum);
+                for (size_t i = 0; i < n; i++)
+                        outr[i] = (xr[i] - max) - lse;
+        }
+        return TSR_OK;
+}
+
 static const tsr_kernels_ops cpu_ref_ops = {
         .name = "cpu-ref",
         .rmsnorm = ref_rmsnorm,
         .sync = ref_sync,
+        .embedding = ref_embedding,
+        .matmul = ref_matmul,
+        .rope = ref_rope,
+        .kv_write = ref_kv_write,
+        .attention = ref_attention,
+        .silu_mul = ref_silu_mul,
+        .add = ref_add,
+        .softmax = ref_softmax,
+        .log_softmax = ref_log_softmax,
 };
 
 const tsr_kernels_ops *tsr_kernels_cpu_ref(void) { return &cpu_ref_ops; }

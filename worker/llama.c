@@ -1,0 +1,388 @@
+/* llama.c - Llama weights + config + forward for one sequence over a paged KV layout. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/gguf.h"
+#include "worker/llama.h"
+
+struct tsr_llama {
+        tsr_llama_config cfg;
+        tsr_llama_weights *w;           /* owned */
+        const tsr_kernels_ops *ops;
+        float *inv_freq;                /* (head_dim/2,) */
+};
+
+struct tsr_llama_kv {
+        size_t n_layers, n_kv_heads, head_dim;
+        size_t block_size, n_blocks;
+        size_t len;                     /* valid positions */
+        float **k, **v;                 /* [n_layers] pools (n_blocks, block_size, n_kv_heads, head_dim) */
+        uint32_t *block_table;          /* (n_blocks,): 0, 1, 2, ... */
+};
+
+/* ---- config and load ------------------------------------------------------------- */
+
+tsr_status tsr_llama_rope_inv_freq(const tsr_llama_config *cfg, const float *divisors, float *out) {
+        size_t half;
+
+        if (!cfg || !out || cfg->head_dim == 0 || cfg->head_dim % 2 != 0 || !(cfg->rope_theta > 0))
+                return TSR_E_INVAL;
+        if (cfg->rope_llama3 && (!(cfg->rope_factor > 0) || !(cfg->rope_low_freq_factor > 0) ||
+                                 !(cfg->rope_high_freq_factor >= cfg->rope_low_freq_factor) ||
+                                 cfg->rope_original_max_pos == 0))
+                return TSR_E_INVAL;
+        half = cfg->head_dim / 2;
+        for (size_t i = 0; i < half; i++)
+                if (divisors && !(divisors[i] > 0))
+                        return TSR_E_INVAL;
+
+        for (size_t i = 0; i < half; i++) {
+                /* HF: 1 / base ** (arange(0, d, 2).float() / d): the exponent is a float32. */
+                float e = (float)(2 * i) / (float)cfg->head_dim;
+                double f = 1.0 / pow(cfg->rope_theta, (double)e);
+
+                if (cfg->rope_llama3) {
+                        /* Wavelengths shorter than O/hi keep their frequency, longer than
+                         * O/lo are slowed by `factor`, and the band between is blended. */
+                        double O = cfg->rope_original_max_pos, lo = cfg->rope_low_freq_factor;
+                        double hi = cfg->rope_high_freq_factor, fac = cfg->rope_factor;
+                        double wl = 2.0 * M_PI / f;
+                        if (wl < O / hi) {
+                                /* unchanged */
+                        } else if (wl > O / lo) {
+                                f = f / fac;
+                        } else if (hi != lo) {          /* hi == lo: the band is empty (vLLM: s = 0) */
+                                double s = (O / wl - lo) / (hi - lo);
+                                f = (1.0 - s) * f / fac + s * f;
+                        } else {
+                                f = f / fac;
+                        }
+                }
+                if (divisors)
+                        f = f / (double)divisors[i];
+                out[i] = (float)f;
+        }
+        return TSR_OK;
+}
+
+static bool ops_complete(const tsr_kernels_ops *o) {
+        return o && o->rmsnorm && o->embedding && o->matmul && o->rope && o->kv_write && o->attention &&
+               o->silu_mul && o->add;
+}
+
+
+tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const tsr_shard_spec *spec,
+                          tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
+                          char *err, size_t errlen) {
+        tsr_gguf *g = NULL;
+        tsr_llama *m = NULL;
+        tsr_llama_config cfg;
+        tsr_shard_spec whole;
+        tsr_status st;
+
+        if (!path || !ret)
+                return TSR_E_INVAL;
+        if (!ops_complete(ops)) {
+                tsr_errf(err, errlen, "%s: kernel backend '%s' lacks ops the Llama forward needs", path,
+                        ops && ops->name ? ops->name : "?");
+                return TSR_E_UNSUPPORTED;
+        }
+        if ((st = tsr_gguf_open(path, &g, err, errlen)) != TSR_OK)
+                return st;
+        if ((st = tsr_llama_config_from_gguf(g, path, &cfg, err, errlen)) != TSR_OK)
+                goto done;
+        whole = tsr_shard_spec_whole(cfg.n_layers);
+        m = calloc(1, sizeof *m);
+        if (!m || !(m->inv_freq = malloc(cfg.head_dim / 2 * sizeof(float)))) {
+                tsr_errf(err, errlen, "%s: out of memory", path);
+                st = TSR_E_NOMEM;
+                goto done;
+        }
+        m->cfg = cfg;
+        m->ops = ops;
+        st = tsr_llama_weights_load(g, path, &cfg, spec ? spec : &whole, progress, ud, &m->w, stats, err, errlen);
+        if (st != TSR_OK)
+                goto done;
+        if ((st = tsr_llama_rope_inv_freq(&cfg, m->w->rope_freqs, m->inv_freq)) != TSR_OK) {
+                tsr_errf(err, errlen, "%s: bad RoPE parameters", path);
+                goto done;
+        }
+        *ret = m;
+        m = NULL;
+done:
+        tsr_llama_free(&m);
+        tsr_gguf_close(&g);
+        return st;
+}
+
+void tsr_llama_free(tsr_llama **mp) {
+        if (!mp || !*mp)
+                return;
+        tsr_llama_weights_free(&(*mp)->w);
+        free((*mp)->inv_freq);
+        free(*mp);
+        *mp = NULL;
+}
+
+const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m) { return m ? &m->cfg : NULL; }
+
+/* ---- KV cache ---------------------------------------------------------------------- */
+
+tsr_status tsr_llama_kv_new(const tsr_llama *m, size_t max_tokens, size_t block_size, tsr_llama_kv **ret) {
+        tsr_llama_kv *kv;
+        size_t row, pool;
+
+        if (!m || !ret || max_tokens == 0)
+                return TSR_E_INVAL;
+        if (block_size == 0)
+                block_size = 16;
+        if (max_tokens > UINT32_MAX || block_size > UINT32_MAX)
+                return TSR_E_LIMIT;
+        kv = calloc(1, sizeof *kv);
+        if (!kv)
+                return TSR_E_NOMEM;
+        kv->n_layers = m->cfg.n_layers;
+        kv->n_kv_heads = m->cfg.n_kv_heads;
+        kv->head_dim = m->cfg.head_dim;
+        kv->block_size = block_size;
+        kv->n_blocks = (max_tokens + block_size - 1) / block_size;
+        row = kv->n_kv_heads * kv->head_dim;
+        if (kv->n_blocks > SIZE_MAX / block_size / row / sizeof(float)) {
+                free(kv);
+                return TSR_E_LIMIT;
+        }
+        pool = kv->n_blocks * block_size * row * sizeof(float);
+        kv->k = calloc(kv->n_layers, sizeof *kv->k);
+        kv->v = calloc(kv->n_layers, sizeof *kv->v);
+        kv->block_table = malloc(kv->n_blocks * sizeof *kv->block_table);
+        if (!kv->k || !kv->v || !kv->block_table)
+                goto nomem;
+        for (size_t l = 0; l < kv->n_layers; l++)
+                if (!(kv->k[l] = malloc(pool)) || !(kv->v[l] = malloc(pool)))
+                        goto nomem;
+        for (size_t b = 0; b < kv->n_blocks; b++)
+                kv->block_table[b] = (uint32_t)b;
+        *ret = kv;
+        return TSR_OK;
+nomem:
+        tsr_llama_kv_free(&kv);
+        return TSR_E_NOMEM;
+}
+
+void tsr_llama_kv_free(tsr_llama_kv **kvp) {
+        tsr_llama_kv *kv;
+
+        if (!kvp || !*kvp)
+                return;
+        kv = *kvp;
+        for (size_t l = 0; l < kv->n_layers; l++) {
+                if (kv->k)
+                        free(kv->k[l]);
+                if (kv->v)
+                        free(kv->v[l]);
+        }
+        free(kv->k);
+        free(kv->v);
+        free(kv->block_table);
+        free(kv);
+        *kvp = NULL;
+}
+
+size_t tsr_llama_kv_len(const tsr_llama_kv *kv) { return kv ? kv->len : 0; }
+
+size_t tsr_llama_kv_capacity(const tsr_llama_kv *kv) { return kv ? kv->n_blocks * kv->block_size : 0; }
+
+tsr_status tsr_llama_kv_truncate(tsr_llama_kv *kv, size_t len) {
+        if (!kv || len > kv->len)
+                return TSR_E_INVAL;
+        kv->len = len;
+        return TSR_OK;
+}
+
+/* The view of one layer through a block table: what the kernels read and write. */
+static tsr_kv_view kv_layer_view(const tsr_llama_kv *kv, size_t layer, const uint32_t *table, size_t n_table) {
+        return (tsr_kv_view){
+                .k = kv->k[layer],
+                .v = kv->v[layer],
+                .block_table = table,
+                .n_table = n_table,
+                .n_blocks = kv->n_blocks,
+                .block_size = kv->block_size,
+                .n_kv_heads = kv->n_kv_heads,
+                .head_dim = kv->head_dim,
+        };
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+/* Per-call activations for n tokens. */
+struct scratch {
+        float *x;       /* (n, dim) residual stream */
+        float *xb;      /* (n, dim) normed input of a sublayer, then its output */
+        float *q;       /* (n, n_heads * head_dim) */
+        float *k, *v;   /* (n, n_kv_heads * head_dim) */
+        float *att;     /* (n, n_heads * head_dim) attention output before o_proj */
+        float *hb, *hb2;  /* (n, hidden_dim) gate and up */
+        uint32_t *pos;  /* (n,) */
+};
+
+static void scratch_free(struct scratch *s) {
+        free(s->x);
+        free(s->xb);
+        free(s->q);
+        free(s->k);
+        free(s->v);
+        free(s->att);
+        free(s->hb);
+        free(s->hb2);
+        free(s->pos);
+}
+
+static tsr_status scratch_alloc(struct scratch *s, const tsr_llama_config *c, size_t n) {
+        size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+        size_t widest = c->dim;
+
+        if (q_dim > widest)
+                widest = q_dim;
+        if (c->hidden_dim > widest)
+                widest = c->hidden_dim;
+        memset(s, 0, sizeof *s);
+        if (n > SIZE_MAX / sizeof(float) / widest)
+                return TSR_E_LIMIT;
+        s->x = malloc(n * c->dim * sizeof(float));
+        s->xb = malloc(n * c->dim * sizeof(float));
+        s->q = malloc(n * q_dim * sizeof(float));
+        s->k = malloc(n * kv_dim * sizeof(float));
+        s->v = malloc(n * kv_dim * sizeof(float));
+        s->att = malloc(n * q_dim * sizeof(float));
+        s->hb = malloc(n * c->hidden_dim * sizeof(float));
+        s->hb2 = malloc(n * c->hidden_dim * sizeof(float));
+        s->pos = malloc(n * sizeof(uint32_t));
+        if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->pos) {
+                scratch_free(s);
+                return TSR_E_NOMEM;
+        }
+        return TSR_OK;
+}
+
+#define TRY(expr)                               \
+        do {                                    \
+                if ((st = (expr)) != TSR_OK)    \
+                        goto done;              \
+        } while (0)
+
+/* The forward over `kv`'s pools through `table`; arguments already checked. */
+static tsr_status forward_table(const tsr_llama *m, tsr_llama_kv *kv, const uint32_t *table, size_t n_table,
+                                const uint32_t *tokens, size_t n, size_t past_len, tsr_llama_logits which,
+                                float *logits) {
+        const tsr_llama_config *c = &m->cfg;
+        const tsr_kernels_ops *o = m->ops;
+        struct scratch s;
+        tsr_status st;
+
+        for (size_t t = 0; t < n; t++)
+                if (tokens[t] >= c->vocab_size)
+                        return TSR_E_INVAL;
+        if ((st = scratch_alloc(&s, c, n)) != TSR_OK)
+                return st;
+
+        size_t dim = c->dim, hd = c->head_dim, hid = c->hidden_dim;
+        size_t q_dim = (size_t)c->n_heads * hd, kv_dim = (size_t)c->n_kv_heads * hd;
+        float scale = (float)(1.0 / sqrt((double)hd));
+        const tsr_llama_weights *w = m->w;
+
+        for (size_t t = 0; t < n; t++)
+                s.pos[t] = (uint32_t)(past_len + t);
+        TRY(o->embedding(s.x, w->token_embd, c->vocab_size, dim, tokens, n));         /* x (n, dim) */
+
+        for (size_t l = 0; l < c->n_layers; l++) {
+                const tsr_llama_layer *L = &w->layers[l];
+                tsr_kv_view view = kv_layer_view(kv, l, table, n_table);
+
+                /* attention: x += o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x) */
+                TRY(o->rmsnorm(s.xb, s.x, L->attn_norm, n, dim, c->rms_eps));
+                TRY(o->matmul(s.q, s.xb, L->wq, n, dim, q_dim));                      /* q (n, q_dim) */
+                TRY(o->matmul(s.k, s.xb, L->wk, n, dim, kv_dim));                     /* k (n, kv_dim) */
+                TRY(o->matmul(s.v, s.xb, L->wv, n, dim, kv_dim));                     /* v (n, kv_dim) */
+                TRY(o->rope(s.q, n, c->n_heads, hd, s.pos, m->inv_freq, c->rope_layout));
+                TRY(o->rope(s.k, n, c->n_kv_heads, hd, s.pos, m->inv_freq, c->rope_layout));
+                TRY(o->kv_write(&view, s.k, s.v, n, past_len));
+                TRY(o->attention(s.att, s.q, &view, n, past_len, c->n_heads, scale));  /* att (n, q_dim) */
+                TRY(o->matmul(s.xb, s.att, L->wo, n, q_dim, dim));                    /* xb (n, dim) */
+                TRY(o->add(s.x, s.x, s.xb, n * dim));
+
+                /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) */
+                TRY(o->rmsnorm(s.xb, s.x, L->ffn_norm, n, dim, c->rms_eps));
+                TRY(o->matmul(s.hb, s.xb, L->w_gate, n, dim, hid));                   /* hb (n, hid) */
+                TRY(o->matmul(s.hb2, s.xb, L->w_up, n, dim, hid));                    /* hb2 (n, hid) */
+                TRY(o->silu_mul(s.hb, s.hb, s.hb2, n * hid));
+                TRY(o->matmul(s.xb, s.hb, L->w_down, n, hid, dim));                   /* xb (n, dim) */
+                TRY(o->add(s.x, s.x, s.xb, n * dim));
+        }
+
+        if (which != TSR_LLAMA_LOGITS_NONE) {
+                /* Only the rows whose logits are wanted go through the final norm and the
+                 * (vocab, dim) output matrix, the largest matmul of a decode step. */
+                size_t first = which == TSR_LLAMA_LOGITS_LAST ? n - 1 : 0, rows = n - first;
+                TRY(o->rmsnorm(s.xb, s.x + first * dim, w->output_norm, rows, dim, c->rms_eps));
+                TRY(o->matmul(logits, s.xb, w->output, rows, dim, c->vocab_size));   /* (rows, vocab) */
+        }
+done:
+        scratch_free(&s);
+        return st;
+}
+
+/* Shared argument checks of the two entry points. */
+static tsr_status forward_args_ok(const tsr_llama *m, const tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
+                                  size_t past_len, tsr_llama_logits which, const float *logits) {
+        if (!m || !kv || !tokens || n == 0 || (which != TSR_LLAMA_LOGITS_NONE && !logits))
+                return TSR_E_INVAL;
+        if (which != TSR_LLAMA_LOGITS_NONE && which != TSR_LLAMA_LOGITS_LAST && which != TSR_LLAMA_LOGITS_ALL)
+                return TSR_E_INVAL;
+        if (kv->n_layers != m->cfg.n_layers || kv->n_kv_heads != m->cfg.n_kv_heads ||
+            kv->head_dim != m->cfg.head_dim)
+                return TSR_E_INVAL;     /* a cache made for another model */
+        if (past_len > UINT32_MAX || n > UINT32_MAX - past_len)
+                return TSR_E_LIMIT;     /* positions are uint32 */
+        return TSR_OK;
+}
+
+tsr_status tsr_llama_forward(const tsr_llama *m, tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
+                             size_t past_len, tsr_llama_logits which, float *logits) {
+        tsr_status st = forward_args_ok(m, kv, tokens, n, past_len, which, logits);
+
+        if (st != TSR_OK)
+                return st;
+        if (past_len > kv->len)
+                return TSR_E_INVAL;
+        if (n > tsr_llama_kv_capacity(kv) - past_len)
+                return TSR_E_LIMIT;
+        for (size_t t = 0; t < n; t++)          /* before the cache is touched */
+                if (tokens[t] >= m->cfg.vocab_size)
+                        return TSR_E_INVAL;
+        /* From here on the cache rows >= past_len are being rewritten. */
+        kv->len = past_len;
+        st = forward_table(m, kv, kv->block_table, kv->n_blocks, tokens, n, past_len, which, logits);
+        if (st == TSR_OK)
+                kv->len = past_len + n;
+        return st;
+}
+
+tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_llama_kv *pool, const uint32_t *block_table,
+                                    size_t n_table, const uint32_t *tokens, size_t n, size_t past_len,
+                                    tsr_llama_logits which, float *logits) {
+        tsr_status st = forward_args_ok(m, pool, tokens, n, past_len, which, logits);
+
+        if (st != TSR_OK)
+                return st;
+        if (!block_table || n_table > SIZE_MAX / pool->block_size ||
+            past_len + n > n_table * pool->block_size)
+                return TSR_E_INVAL;
+        for (size_t b = 0; b < n_table; b++)
+                if (block_table[b] >= pool->n_blocks)
+                        return TSR_E_INVAL;
+        return forward_table(m, pool, block_table, n_table, tokens, n, past_len, which, logits);
+}

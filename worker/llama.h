@@ -1,0 +1,101 @@
+/* llama.h - the Llama forward pass for one sequence, written against kernels/kernels.h.
+ *
+ * The math is models.md §1.3 as transformers computes it, in float32:
+ *   h = embed[ids]
+ *   per layer: h += o_proj(attn(rope(q), rope(k), v)) of rmsnorm(h);  h += mlp(rmsnorm(h))
+ *   logits = rmsnorm(h) . W_outᵀ
+ * with the keys (after RoPE) and values of every position kept in a tsr_llama_kv, so a
+ * sequence is run as one prefill chunk followed by one-token decode steps, or in any
+ * chunks at all: by batch invariance (kernels.h) each position's logits are bitwise the
+ * same however the sequence was cut into calls.
+ *
+ * Thread safety: a loaded tsr_llama is read-only, so any number of threads may run
+ * forwards on it at once, each with its own tsr_llama_kv.  Scratch memory is allocated
+ * per call. */
+#ifndef TSR_LLAMA_H
+#define TSR_LLAMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "common/tsr_status.h"
+#include "kernels/kernels.h"
+#include "worker/weights.h"
+
+typedef struct tsr_llama tsr_llama;
+
+/* Open the GGUF at `path`, read its config and load the shard `spec` (NULL: the whole
+ * model) as float32 weights, run later with `ops` (every op the forward uses must be
+ * set: the CPU reference always is).  The file is closed before returning.  Progress and
+ * stats as tsr_llama_weights_load.  On success *ret is new (tsr_llama_free).  Errors as
+ * tsr_gguf_open, tsr_llama_config_from_gguf and tsr_llama_weights_load, with the file
+ * and tensor or key named in `err`; TSR_E_UNSUPPORTED if `ops` lacks an op. */
+tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const tsr_shard_spec *spec,
+                          tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
+                          char *err, size_t errlen);
+/* Accepts NULL and *m == NULL; clears *m. */
+void tsr_llama_free(tsr_llama **m);
+/* The model's config; lives as long as the model. */
+const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m);
+
+/* RoPE inverse frequencies, inv_freq (head_dim/2,), for `cfg`:
+ *   inv_freq[i] = 1 / theta^(2i / head_dim)        ("default", the exponent in float32 as HF)
+ * then, when cfg->rope_llama3, the llama3 rescaling of models.md §0, then, when
+ * `divisors` (head_dim/2,) is not NULL (a GGUF rope_freqs tensor), inv_freq[i] /= divisors[i].
+ * TSR_E_INVAL for a bad config (head_dim odd or zero, theta <= 0, llama3 factors out of
+ * range); *out written only on success. */
+tsr_status tsr_llama_rope_inv_freq(const tsr_llama_config *cfg, const float *divisors, float *out);
+
+/* ---- KV cache -------------------------------------------------------------------------
+ * Keys and values for all layers, stored paged (kernels.h tsr_kv_view: per-layer pools of
+ * blocks of block_size token rows, one block table shared by every layer, as vLLM lays it
+ * out).  Two uses:
+ *  - one sequence's cache (tsr_llama_forward): it uses its blocks 0, 1, 2, ... in order
+ *    and tracks how many positions are valid;
+ *  - a pool shared by many sequences (tsr_llama_forward_blocks): the caller's block
+ *    manager gives each sequence its own block table and does the bookkeeping.
+ * The forward itself only ever sees per-layer views through a table. */
+typedef struct tsr_llama_kv tsr_llama_kv;
+
+/* A cache for up to `max_tokens` positions of model `m`, in blocks of `block_size`
+ * (0: 16) token rows.  The model must outlive the cache.  TSR_E_INVAL (zero size),
+ * TSR_E_LIMIT (size overflows), TSR_E_NOMEM; *ret written only on success. */
+tsr_status tsr_llama_kv_new(const tsr_llama *m, size_t max_tokens, size_t block_size, tsr_llama_kv **ret);
+/* Accepts NULL and *kv == NULL; clears *kv. */
+void tsr_llama_kv_free(tsr_llama_kv **kv);
+/* Positions 0 .. len-1 hold valid keys and values. */
+size_t tsr_llama_kv_len(const tsr_llama_kv *kv);
+size_t tsr_llama_kv_capacity(const tsr_llama_kv *kv);
+/* Forget positions >= len (len <= the current length), e.g. to re-run from there. */
+tsr_status tsr_llama_kv_truncate(tsr_llama_kv *kv, size_t len);
+
+/* ---- forward -------------------------------------------------------------------------- */
+
+typedef enum tsr_llama_logits {
+        TSR_LLAMA_LOGITS_NONE = 0,      /* a prefill chunk whose logits nobody needs */
+        TSR_LLAMA_LOGITS_LAST = 1,      /* logits (vocab,) of the last token only */
+        TSR_LLAMA_LOGITS_ALL = 2,       /* logits (n, vocab) of every token */
+} tsr_llama_logits;
+
+/* Run tokens (n,) at positions past_len .. past_len+n-1 of the sequence whose first
+ * past_len positions are in `kv` (past_len <= tsr_llama_kv_len(kv)), append their keys
+ * and values to `kv` and, per `which`, write logits.  On success the cache holds
+ * past_len + n positions.  Returns TSR_E_INVAL (n == 0, a token >= vocab, past_len
+ * beyond the cache's length, NULL logits when some are asked for), TSR_E_LIMIT
+ * (past_len + n > capacity), TSR_E_NOMEM or a kernel's status.  On failure `logits` is
+ * untouched and positions 0 .. min(length, past_len)-1 of the cache are intact (a failure
+ * after the cache was touched leaves its length at past_len). */
+tsr_status tsr_llama_forward(const tsr_llama *m, tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
+                             size_t past_len, tsr_llama_logits which, float *logits);
+
+/* The same forward over a shared pool: the sequence's position t lives in block
+ * block_table[t / block_size] of `pool` (n_table entries covering past_len + n positions,
+ * each < the pool's block count).  The caller guarantees positions 0 .. past_len-1 of
+ * this sequence were written earlier through the same table (no length is tracked here:
+ * tsr_llama_kv_len is meaningless for a pool).  Errors as tsr_llama_forward; TSR_E_INVAL
+ * for a short table or a block id outside the pool.  Several threads may run it at once
+ * on one pool only if their tables share no block. */
+tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_llama_kv *pool, const uint32_t *block_table,
+                                    size_t n_table, const uint32_t *tokens, size_t n, size_t past_len,
+                                    tsr_llama_logits which, float *logits);
+
+#endif

@@ -1,0 +1,127 @@
+/* weights.h - a Llama's hyperparameters and float32 weights, loaded from a GGUF file.
+ *
+ * Every tensor is dequantized at load into a float32 array the forward reads directly
+ * (the fidelity path; a bf16 compute dtype comes later).  Supported ggml types: F32, F16,
+ * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+ *
+ * GGUF names (llama.cpp's) map to the HF ones of models.md §1.2 as
+ *   token_embd        model.embed_tokens            (vocab, dim)
+ *   blk.N.attn_norm   layers.N.input_layernorm       (dim,)
+ *   blk.N.attn_q/k/v  layers.N.self_attn.q/k/v_proj  (n_heads*head_dim | n_kv_heads*head_dim, dim)
+ *   blk.N.attn_output layers.N.self_attn.o_proj      (dim, n_heads*head_dim)
+ *   blk.N.ffn_norm    layers.N.post_attention_layernorm (dim,)
+ *   blk.N.ffn_gate/up layers.N.mlp.gate/up_proj      (hidden_dim, dim)
+ *   blk.N.ffn_down    layers.N.mlp.down_proj         (dim, hidden_dim)
+ *   output_norm       model.norm                     (dim,)
+ *   output            lm_head (absent: tied to token_embd)  (vocab, dim)
+ * ggml lists dims fastest-first, so a GGUF tensor of dims [n, d] is our row-major (d, n).
+ * llama.cpp's converter permutes the Q and K rows of HF checkpoints so that interleaved
+ * RoPE gives HF's rotate_half result; such files therefore use TSR_ROPE_INTERLEAVED.
+ *
+ * Loading is blocking file I/O plus dequantization: call it at startup.  Non-logging:
+ * failures return a status and a message naming the file and the tensor or key. */
+#ifndef TSR_WEIGHTS_H
+#define TSR_WEIGHTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "common/tsr_status.h"
+#include "kernels/kernels.h"
+#include "worker/gguf.h"
+
+/* What the forward needs to know about the architecture.  Plain data. */
+typedef struct tsr_llama_config {
+        uint32_t vocab_size;
+        uint32_t dim;                   /* hidden size */
+        uint32_t hidden_dim;            /* MLP intermediate size */
+        uint32_t n_layers;
+        uint32_t n_heads;
+        uint32_t n_kv_heads;            /* divides n_heads */
+        uint32_t head_dim;              /* even */
+        uint32_t max_seq_len;           /* context length the model was trained for; 0 if unknown */
+        float rms_eps;
+        double rope_theta;
+        tsr_rope_layout rope_layout;
+        /* llama3 frequency scaling (models.md §0) when rope_llama3 is set. */
+        bool rope_llama3;
+        double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+        uint32_t rope_original_max_pos;
+        bool tied_embeddings;           /* no separate output matrix: logits use token_embd */
+} tsr_llama_config;
+
+/* Which part of the model this worker holds.  Only the whole model (tp_rank 0,
+ * tp_size 1, layers 0 .. n_layers-1) is supported now; TP and PP will only change this. */
+typedef struct tsr_shard_spec {
+        uint32_t tp_rank, tp_size;
+        uint32_t first_layer, last_layer;       /* inclusive */
+} tsr_shard_spec;
+
+/* The spec for the whole model of n_layers layers. */
+tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers);
+
+typedef struct tsr_llama_layer {
+        float *attn_norm;       /* (dim,) */
+        float *wq;              /* (n_heads * head_dim, dim) */
+        float *wk;              /* (n_kv_heads * head_dim, dim) */
+        float *wv;              /* (n_kv_heads * head_dim, dim) */
+        float *wo;              /* (dim, n_heads * head_dim) */
+        float *ffn_norm;        /* (dim,) */
+        float *w_gate;          /* (hidden_dim, dim) */
+        float *w_up;            /* (hidden_dim, dim) */
+        float *w_down;          /* (dim, hidden_dim) */
+} tsr_llama_layer;
+
+typedef struct tsr_llama_weights {
+        tsr_llama_config cfg;
+        tsr_shard_spec shard;
+        float *token_embd;      /* (vocab, dim) */
+        tsr_llama_layer *layers;  /* [last_layer - first_layer + 1] */
+        float *output_norm;     /* (dim,) */
+        float *output;          /* (vocab, dim); == token_embd when tied (not a second copy) */
+        float *rope_freqs;      /* (head_dim/2,) llama.cpp's per-pair frequency divisors, NULL if absent */
+} tsr_llama_weights;
+
+/* What a load did, for the caller's progress and summary log lines. */
+typedef struct tsr_load_stats {
+        size_t n_tensors;       /* tensors read */
+        uint64_t file_bytes;    /* their bytes in the file */
+        uint64_t f32_bytes;     /* bytes of float32 they became */
+        double seconds;
+} tsr_load_stats;
+
+/* Called after each tensor; may be NULL.  `done` counts tensors and bytes so far out
+ * of `total`. */
+typedef void (*tsr_load_progress_fn)(void *ud, const tsr_load_stats *done, const tsr_load_stats *total);
+
+/* Read the Llama hyperparameters from `g`'s metadata (general.architecture must be
+ * "llama"): llama.embedding_length, .block_count, .attention.head_count,
+ * .attention.head_count_kv (default head_count), .attention.key_length (default
+ * dim / heads), .feed_forward_length, .context_length, .attention.layer_norm_rms_epsilon
+ * (default 1e-5), .rope.freq_base (default 10000), .rope.dimension_count (must equal
+ * head_dim), .vocab_size (else the tokenizer size, else token_embd's rows); no
+ * output.weight means tied embeddings.  A rope_freqs.weight tensor is llama3 scaling
+ * precomputed by llama.cpp.  Writes *ret only on success; TSR_E_INVAL (bad or missing
+ * key, message names it) or TSR_E_UNSUPPORTED (another architecture, rope scaling
+ * type, partial rotary). */
+tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_llama_config *ret,
+                                      char *err, size_t errlen);
+
+/* Load the tensors of `spec`'s shard.  `path` only names the file in messages.  On
+ * success *ret is new (free with tsr_llama_weights_free) and *stats (if not NULL) holds
+ * the totals.  Errors: TSR_E_NOTFOUND (a tensor missing), TSR_E_INVAL (wrong shape or
+ * config), TSR_E_UNSUPPORTED (tensor type, or a shard other than the whole model),
+ * TSR_E_NOMEM; `err` names the file and the tensor. */
+tsr_status tsr_llama_weights_load(const tsr_gguf *g, const char *path, const tsr_llama_config *cfg,
+                                  const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
+                                  tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen);
+
+/* Accepts NULL and *w == NULL; clears *w. */
+void tsr_llama_weights_free(tsr_llama_weights **w);
+
+/* Dequantize n elements of ggml type `type` stored at src (n / block elements blocks)
+ * into dst (n,).  TSR_E_UNSUPPORTED for a type not listed above, TSR_E_INVAL if n is not
+ * a multiple of the type's block size. */
+tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst);
+
+#endif
