@@ -1,6 +1,7 @@
 #include "wire.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,6 +203,41 @@ tsr_status tsr_wire_check(const tsr_envelope *env, char *err, size_t errlen) {
         }
 }
 
+/* protobuf-c 1.4 refuses field number 0 in a one-byte tag but keeps it, as an unknown
+ * field, when the tag is spelled in two bytes (0x85 0x00).  Such a frame is not valid
+ * protobuf and would no longer round-trip, so refuse it: walk every (sub)message for an
+ * unknown field tagged 0.  Depth is bounded by protobuf-c's own nesting limit. */
+static bool has_field0(const ProtobufCMessage *m) {
+        const ProtobufCMessageDescriptor *d;
+        if (!m)
+                return false;
+        for (unsigned i = 0; i < m->n_unknown_fields; i++)
+                if (m->unknown_fields[i].tag == 0)
+                        return true;
+        d = m->descriptor;
+        for (unsigned f = 0; f < d->n_fields; f++) {
+                const ProtobufCFieldDescriptor *fd = &d->fields[f];
+                const char *base = (const char *)m;
+                if (fd->type != PROTOBUF_C_TYPE_MESSAGE)
+                        continue;
+                if (fd->label == PROTOBUF_C_LABEL_REPEATED) {
+                        size_t n = *(const size_t *)(base + fd->quantifier_offset);
+                        ProtobufCMessage *const *arr = *(ProtobufCMessage *const *const *)(base + fd->offset);
+                        for (size_t k = 0; k < n; k++)
+                                if (has_field0(arr[k]))
+                                        return true;
+                } else {
+                        /* A oneof member is only present when its case says so. */
+                        if ((fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+                            *(const uint32_t *)(base + fd->quantifier_offset) != fd->id)
+                                continue;
+                        if (has_field0(*(ProtobufCMessage *const *)(base + fd->offset)))
+                                return true;
+                }
+        }
+        return false;
+}
+
 tsr_status tsr_wire_unpack(const uint8_t *p, size_t len, size_t max_len, tsr_envelope **ret, char *err,
                            size_t errlen) {
         tsr_envelope *env;
@@ -216,6 +252,10 @@ tsr_status tsr_wire_unpack(const uint8_t *p, size_t len, size_t max_len, tsr_env
         env = tessera__v1__envelope__unpack(NULL, len, p);
         if (!env)
                 return fail(TSR_E_PROTO, err, errlen, "frame of %zu bytes is not a valid Envelope", len);
+        if (has_field0(&env->base)) {
+                st = fail(TSR_E_PROTO, err, errlen, "frame of %zu bytes has a field numbered 0", len);
+                goto fail_free;
+        }
         if (env->protocol_version / 1000u != TSR_PROTO_MAJOR) {
                 st = fail(TSR_E_PROTO, err, errlen, "protocol version %u.%u, this side speaks %u.%u",
                           env->protocol_version / 1000u, env->protocol_version % 1000u, TSR_PROTO_MAJOR,

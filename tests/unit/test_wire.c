@@ -227,6 +227,20 @@ static void test_empty_envelope_rejected(void **state) {
         assert_non_null(strstr(err, "no known message"));
 }
 
+/* Found by the wire fuzzer: protobuf-c keeps a field numbered 0 as an unknown field
+ * when its tag is spelled in two bytes; such frames must be refused, at the top level
+ * and inside a nested message. */
+static void test_field_zero_refused(void **state) {
+        const uint8_t top[] = {0x08, 0xe8, 0x07, 0x52, 0x00, 0x85, 0x00, 0x00, 0x00, 0x00, 0x00};
+        const uint8_t nested[] = {0x08, 0xe8, 0x07, 0x52, 0x03, 0x80, 0x00, 0x01};
+        tsr_envelope *out = NULL;
+        char err[256];
+        assert_int_equal(tsr_wire_unpack(top, sizeof(top), 0, &out, err, sizeof(err)), TSR_E_PROTO);
+        assert_non_null(strstr(err, "numbered 0"));
+        assert_int_equal(tsr_wire_unpack(nested, sizeof(nested), 0, &out, err, sizeof(err)), TSR_E_PROTO);
+        assert_null(out);
+}
+
 static tsr_status unpack_submit_variant(void (*mutate)(Tessera__V1__Submit *, Tessera__V1__SamplingParams *),
                                         char *err, size_t errlen) {
         tsr_envelope env, *out = NULL;
@@ -300,6 +314,7 @@ int main(void) {
                 cmocka_unit_test(test_huge_declared_length),
                 cmocka_unit_test(test_other_major_version),
                 cmocka_unit_test(test_empty_envelope_rejected),
+                cmocka_unit_test(test_field_zero_refused),
                 cmocka_unit_test(test_submit_field_validation),
                 cmocka_unit_test(test_status_invariants),
         };
