@@ -239,16 +239,6 @@ _Static_assert(N_OPTS <= TSR_CONFIG_MAX_OPTS, "raise TSR_CONFIG_MAX_OPTS in conf
 static const tsr_opt *opt_config(void) { return &opts[N_OPTS - 1]; }
 static const tsr_opt *opt_model(void) { return &opts[0]; }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-        va_list ap;
-
-        if (!err || errlen == 0)
-                return;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-}
 
 /* ---------------------------------------------------------------- values -- */
 
@@ -405,12 +395,12 @@ static tsr_status check_ll(const tsr_opt *o, long long v, const char *text, char
         snprintf(num, sizeof(num), "%lld", v);
         if (o->choices && !choice_ok(o, num)) {
                 choices_str(o, buf, sizeof(buf));
-                set_err(why, whylen, "invalid choice: '%s' (choose from %s)", text ? text : num, buf);
+                tsr_errf(why, whylen, "invalid choice: '%s' (choose from %s)", text ? text : num, buf);
                 return TSR_E_INVAL;
         }
         if (v < o->min || v > o->max) {
                 range_str(o, buf, sizeof(buf));
-                set_err(why, whylen, "invalid value: '%s' (%s)", text ? text : num, buf);
+                tsr_errf(why, whylen, "invalid value: '%s' (%s)", text ? text : num, buf);
                 return TSR_E_INVAL;
         }
         return TSR_OK;
@@ -419,9 +409,9 @@ static tsr_status check_ll(const tsr_opt *o, long long v, const char *text, char
 static tsr_status check_double(const tsr_opt *o, double v, const char *text, char *why, size_t whylen) {
         if (!isfinite(v) || v < o->dmin || (o->dmin_open && v == o->dmin) || v > o->dmax) {
                 if (o->dmax == HUGE_VAL)
-                        set_err(why, whylen, "invalid value: '%s' (must be >= %g)", text, o->dmin);
+                        tsr_errf(why, whylen, "invalid value: '%s' (must be >= %g)", text, o->dmin);
                 else
-                        set_err(why, whylen, "invalid value: '%s' (must be in %s%g, %g])", text,
+                        tsr_errf(why, whylen, "invalid value: '%s' (must be in %s%g, %g])", text,
                                 o->dmin_open ? "(" : "[", o->dmin, o->dmax);
                 return TSR_E_INVAL;
         }
@@ -439,20 +429,20 @@ static tsr_status convert(const tsr_opt *o, const char *v, long long *ll, double
                 errno = 0;
                 *ll = strtoll(v, &end, 10);
                 if (end == v || *end || isspace((unsigned char)v[0])) {
-                        set_err(why, whylen, "invalid int value: '%s'", v);
+                        tsr_errf(why, whylen, "invalid int value: '%s'", v);
                         return TSR_E_INVAL;
                 }
                 if (errno == ERANGE) {
                         char buf[128];
                         range_str(o, buf, sizeof(buf));
-                        set_err(why, whylen, "invalid value: '%s' (%s)", v, buf);
+                        tsr_errf(why, whylen, "invalid value: '%s' (%s)", v, buf);
                         return TSR_E_INVAL;
                 }
                 return check_ll(o, *ll, v, why, whylen);
         case OPT_INT_HR:
         case OPT_SIZE:
                 if (tsr_parse_size(v, ll) != TSR_OK) {
-                        set_err(why, whylen, "invalid size value: '%s'", v);
+                        tsr_errf(why, whylen, "invalid size value: '%s'", v);
                         return TSR_E_INVAL;
                 }
                 return check_ll(o, *ll, v, why, whylen);
@@ -460,7 +450,7 @@ static tsr_status convert(const tsr_opt *o, const char *v, long long *ll, double
                 errno = 0;
                 *d = strtod(v, &end);
                 if (end == v || *end || isspace((unsigned char)v[0]) || errno == ERANGE || !isfinite(*d)) {
-                        set_err(why, whylen, "invalid float value: '%s'", v);
+                        tsr_errf(why, whylen, "invalid float value: '%s'", v);
                         return TSR_E_INVAL;
                 }
                 return check_double(o, *d, v, why, whylen);
@@ -469,7 +459,7 @@ static tsr_status convert(const tsr_opt *o, const char *v, long long *ll, double
                 if (!choice_ok(o, v)) {
                         char buf[160];
                         choices_str(o, buf, sizeof(buf));
-                        set_err(why, whylen, "invalid choice: '%s' (choose from %s)", v, buf);
+                        tsr_errf(why, whylen, "invalid choice: '%s' (choose from %s)", v, buf);
                         return TSR_E_INVAL;
                 }
                 return TSR_OK;
@@ -477,7 +467,7 @@ static tsr_status convert(const tsr_opt *o, const char *v, long long *ll, double
         case OPT_TRI:
                 break;
         }
-        set_err(why, whylen, "takes no value");
+        tsr_errf(why, whylen, "takes no value");
         return TSR_E_INVAL;
 }
 
@@ -682,26 +672,26 @@ static tsr_status yaml_apply(pass *p, yaml_document_t *doc, const char *key, yam
         tsr_status st;
 
         if (!o) {
-                set_err(why, whylen, "unknown option");
+                tsr_errf(why, whylen, "unknown option");
                 return TSR_E_INVAL;
         }
         if (o == opt_config()) {
-                set_err(why, whylen, "a config file cannot name another config file");
+                tsr_errf(why, whylen, "a config file cannot name another config file");
                 return TSR_E_INVAL;
         }
         if (!val) {
-                set_err(why, whylen, "missing value");
+                tsr_errf(why, whylen, "missing value");
                 return TSR_E_INVAL;
         }
         if (val->type == YAML_MAPPING_NODE) {
-                set_err(why, whylen, "nested mappings are not supported (write the value as a string)");
+                tsr_errf(why, whylen, "nested mappings are not supported (write the value as a string)");
                 return TSR_E_INVAL;
         }
         if (o->type == OPT_BOOL || o->type == OPT_TRI) {
                 int b = val->type == YAML_SCALAR_NODE ? yaml_bool(val) : -1;
 
                 if (b < 0) {
-                        set_err(why, whylen, "expected true or false");
+                        tsr_errf(why, whylen, "expected true or false");
                         return TSR_E_INVAL;
                 }
                 if (b == 0) {
@@ -719,14 +709,14 @@ static tsr_status yaml_apply(pass *p, yaml_document_t *doc, const char *key, yam
                 yaml_node_item_t *it;
 
                 if (o->type != OPT_LIST) {
-                        set_err(why, whylen, "expected a single value, not a list");
+                        tsr_errf(why, whylen, "expected a single value, not a list");
                         return TSR_E_INVAL;
                 }
                 for (it = val->data.sequence.items.start; it < val->data.sequence.items.top; it++) {
                         yaml_node_t *item = yaml_document_get_node(doc, *it);
 
                         if (!item || item->type != YAML_SCALAR_NODE || yaml_null(item)) {
-                                set_err(why, whylen, "list items must be plain values");
+                                tsr_errf(why, whylen, "list items must be plain values");
                                 return TSR_E_INVAL;
                         }
                         st = opt_set_value(p, o, (const char *)item->data.scalar.value, why, whylen);
@@ -736,7 +726,7 @@ static tsr_status yaml_apply(pass *p, yaml_document_t *doc, const char *key, yam
                 return TSR_OK;
         }
         if (yaml_null(val)) {
-                set_err(why, whylen, "missing value");
+                tsr_errf(why, whylen, "missing value");
                 return TSR_E_INVAL;
         }
         return opt_set_value(p, o, (const char *)val->data.scalar.value, why, whylen);
@@ -745,14 +735,14 @@ static tsr_status yaml_apply(pass *p, yaml_document_t *doc, const char *key, yam
 static tsr_status yaml_error(yaml_parser_t *parser, const char *path, char *err, size_t errlen) {
         switch (parser->error) {
         case YAML_MEMORY_ERROR:
-                set_err(err, errlen, "%s: out of memory", path);
+                tsr_errf(err, errlen, "%s: out of memory", path);
                 return TSR_E_NOMEM;
         case YAML_READER_ERROR:
-                set_err(err, errlen, "%s: byte %zu: %s", path, parser->problem_offset,
+                tsr_errf(err, errlen, "%s: byte %zu: %s", path, parser->problem_offset,
                         parser->problem ? parser->problem : "cannot read");
                 return parser->problem && strcmp(parser->problem, "input error") == 0 ? TSR_E_IO : TSR_E_INVAL;
         default:
-                set_err(err, errlen, "%s: line %zu, column %zu: %s%s%s", path, parser->problem_mark.line + 1,
+                tsr_errf(err, errlen, "%s: line %zu, column %zu: %s%s%s", path, parser->problem_mark.line + 1,
                         parser->problem_mark.column + 1, parser->problem ? parser->problem : "syntax error",
                         parser->context ? " " : "", parser->context ? parser->context : "");
                 return TSR_E_INVAL;
@@ -771,16 +761,16 @@ static tsr_status load_yaml(pass *p, const char *path, char *err, size_t errlen)
         char why[256];
 
         if (!ends_with(path, ".yaml") && !ends_with(path, ".yml")) {
-                set_err(err, errlen, "%s: config file must end in .yaml or .yml", path);
+                tsr_errf(err, errlen, "%s: config file must end in .yaml or .yml", path);
                 return TSR_E_INVAL;
         }
         f = fopen(path, "rb");
         if (!f) {
-                set_err(err, errlen, "%s: %s", path, strerror(errno));
+                tsr_errf(err, errlen, "%s: %s", path, strerror(errno));
                 return errno == ENOENT || errno == ENOTDIR ? TSR_E_NOTFOUND : TSR_E_IO;
         }
         if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-                set_err(err, errlen, "%s: not a regular file", path);
+                tsr_errf(err, errlen, "%s: not a regular file", path);
                 st = TSR_E_IO;
                 goto done;
         }
@@ -797,12 +787,12 @@ static tsr_status load_yaml(pass *p, const char *path, char *err, size_t errlen)
         doc_ok = true;
         root = yaml_document_get_root_node(&doc);
         if (!root) {
-                set_err(err, errlen, "%s: empty file (expected a mapping of option names to values)", path);
+                tsr_errf(err, errlen, "%s: empty file (expected a mapping of option names to values)", path);
                 st = TSR_E_INVAL;
                 goto done;
         }
         if (root->type != YAML_MAPPING_NODE) {
-                set_err(err, errlen, "%s: expected a mapping of option names to values at the top", path);
+                tsr_errf(err, errlen, "%s: expected a mapping of option names to values at the top", path);
                 st = TSR_E_INVAL;
                 goto done;
         }
@@ -811,17 +801,17 @@ static tsr_status load_yaml(pass *p, const char *path, char *err, size_t errlen)
                 yaml_node_t *v = yaml_document_get_node(&doc, pair->value);
 
                 if (!k || k->type != YAML_SCALAR_NODE) {
-                        set_err(err, errlen, "%s: keys must be option names", path);
+                        tsr_errf(err, errlen, "%s: keys must be option names", path);
                         st = TSR_E_INVAL;
                         goto done;
                 }
                 st = yaml_apply(p, &doc, (const char *)k->data.scalar.value, v, path, why, sizeof(why));
                 if (st == TSR_E_NOMEM) {
-                        set_err(err, errlen, "%s: out of memory", path);
+                        tsr_errf(err, errlen, "%s: out of memory", path);
                         goto done;
                 }
                 if (st != TSR_OK) {
-                        set_err(err, errlen, "%s: key '%s': %s", path, (const char *)k->data.scalar.value, why);
+                        tsr_errf(err, errlen, "%s: key '%s': %s", path, (const char *)k->data.scalar.value, why);
                         goto done;
                 }
         }
@@ -866,7 +856,7 @@ static tsr_status prescan(tsr_config *cfg, int argc, char **argv, const char **c
                         cfg->version = true;
                 else if (strcmp(a, "--config") == 0 || strncmp(a, "--config=", 9) == 0) {
                         if (*config) {
-                                set_err(err, errlen, "argument --config: given more than once");
+                                tsr_errf(err, errlen, "argument --config: given more than once");
                                 return TSR_E_INVAL;
                         }
                         if (a[8] == '=') {
@@ -874,7 +864,7 @@ static tsr_status prescan(tsr_config *cfg, int argc, char **argv, const char **c
                         } else if (i + 1 < argc && !is_flag(argv[i + 1])) {
                                 *config = argv[++i];
                         } else {
-                                set_err(err, errlen, "argument --config: expected one argument");
+                                tsr_errf(err, errlen, "argument --config: expected one argument");
                                 return TSR_E_INVAL;
                         }
                 }
@@ -909,7 +899,7 @@ static tsr_status parse_cli(pass *p, int argc, char **argv, bool allow_model, ch
                         positional_model = true;
                         st = opt_set_value(p, opt_model(), a, why, sizeof(why));
                         if (st != TSR_OK) {
-                                set_err(err, errlen, "argument MODEL: %s", why);
+                                tsr_errf(err, errlen, "argument MODEL: %s", why);
                                 return st;
                         }
                         continue;
@@ -931,7 +921,7 @@ static tsr_status parse_cli(pass *p, int argc, char **argv, bool allow_model, ch
                 flag_name(o, fname, sizeof(fname));
                 if (o->type == OPT_BOOL || o->type == OPT_TRI) {
                         if (eq) {
-                                set_err(err, errlen, "argument %s%s: ignored explicit argument '%s'",
+                                tsr_errf(err, errlen, "argument %s%s: ignored explicit argument '%s'",
                                         negated ? "--no-" : fname, negated ? o->name : "", eq + 1);
                                 return TSR_E_INVAL;
                         }
@@ -950,18 +940,18 @@ static tsr_status parse_cli(pass *p, int argc, char **argv, bool allow_model, ch
                 } else if (i + 1 < argc && !is_flag(argv[i + 1])) {
                         val = argv[++i];
                 } else {
-                        set_err(err, errlen, "argument %s: expected %s argument", fname,
+                        tsr_errf(err, errlen, "argument %s: expected %s argument", fname,
                                 o->type == OPT_LIST ? "at least one" : "one");
                         return TSR_E_INVAL;
                 }
                 for (;;) {
                         st = opt_set_value(p, o, val, why, sizeof(why));
                         if (st == TSR_E_NOMEM) {
-                                set_err(err, errlen, "out of memory");
+                                tsr_errf(err, errlen, "out of memory");
                                 return st;
                         }
                         if (st != TSR_OK) {
-                                set_err(err, errlen, "argument %s: %s", fname, why);
+                                tsr_errf(err, errlen, "argument %s: %s", fname, why);
                                 return st;
                         }
                         /* A list takes every following value up to the next flag. */
@@ -971,11 +961,11 @@ static tsr_status parse_cli(pass *p, int argc, char **argv, bool allow_model, ch
                 }
         }
         if (unrec[0]) {
-                set_err(err, errlen, "unrecognized arguments: %s", unrec);
+                tsr_errf(err, errlen, "unrecognized arguments: %s", unrec);
                 return TSR_E_INVAL;
         }
         if (positional_model && flag_model) {
-                set_err(err, errlen, "argument --model: give the model either as MODEL or with --model, not both");
+                tsr_errf(err, errlen, "argument --model: give the model either as MODEL or with --model, not both");
                 return TSR_E_INVAL;
         }
         return TSR_OK;
@@ -1059,7 +1049,7 @@ tsr_status tsr_config_validate(const tsr_config *cfg, char *err, size_t errlen) 
                 case OPT_TRI:
                         ll = *CAT(cfg, o, int);
                         if (ll < TSR_TRI_UNSET || ll > TSR_TRI_TRUE) {
-                                set_err(why, sizeof(why), "invalid tri-state value %lld", ll);
+                                tsr_errf(why, sizeof(why), "invalid tri-state value %lld", ll);
                                 st = TSR_E_INVAL;
                         }
                         break;
@@ -1068,33 +1058,33 @@ tsr_status tsr_config_validate(const tsr_config *cfg, char *err, size_t errlen) 
                         break;
                 }
                 if (st != TSR_OK) {
-                        set_err(err, errlen, "argument --%s: %s", o->name, why);
+                        tsr_errf(err, errlen, "argument --%s: %s", o->name, why);
                         return st;
                 }
         }
         if (cfg->enable_auto_tool_choice && !cfg->tool_call_parser) {
-                set_err(err, errlen, "argument --enable-auto-tool-choice: requires --tool-call-parser");
+                tsr_errf(err, errlen, "argument --enable-auto-tool-choice: requires --tool-call-parser");
                 return TSR_E_INVAL;
         }
         if (cfg->max_num_seqs > 0 && cfg->max_num_batched_tokens > 0 &&
             cfg->max_num_batched_tokens < cfg->max_num_seqs) {
-                set_err(err, errlen, "argument --max-num-batched-tokens: %d is less than --max-num-seqs %d",
+                tsr_errf(err, errlen, "argument --max-num-batched-tokens: %d is less than --max-num-seqs %d",
                         cfg->max_num_batched_tokens, cfg->max_num_seqs);
                 return TSR_E_INVAL;
         }
         /* Without chunking a prompt must fit one step (vLLM refuses this too). */
         if (cfg->enable_chunked_prefill == TSR_TRI_FALSE && cfg->max_num_batched_tokens > 0 &&
             cfg->max_model_len > 0 && cfg->max_num_batched_tokens < cfg->max_model_len) {
-                set_err(err, errlen, "argument --max-num-batched-tokens: %d is less than --max-model-len %d "
+                tsr_errf(err, errlen, "argument --max-num-batched-tokens: %d is less than --max-model-len %d "
                         "with chunked prefill off", cfg->max_num_batched_tokens, cfg->max_model_len);
                 return TSR_E_INVAL;
         }
         if ((long long)cfg->tensor_parallel_size * cfg->pipeline_parallel_size * cfg->data_parallel_size > 1024) {
-                set_err(err, errlen, "argument --tensor-parallel-size: tp * pp * dp is over 1024");
+                tsr_errf(err, errlen, "argument --tensor-parallel-size: tp * pp * dp is over 1024");
                 return TSR_E_INVAL;
         }
         if (cfg->status_listen && cfg->worker_listen && strcmp(cfg->status_listen, cfg->worker_listen) == 0) {
-                set_err(err, errlen, "argument --status-listen: must differ from --listen");
+                tsr_errf(err, errlen, "argument --status-listen: must differ from --listen");
                 return TSR_E_INVAL;
         }
         return TSR_OK;

@@ -1,3 +1,6 @@
+#include <stdarg.h>
+#include <stdio.h>
+
 #include "tsr_status.h"
 
 const char *tsr_status_str(tsr_status st) {
@@ -20,4 +23,13 @@ const char *tsr_status_str(tsr_status st) {
         case TSR_E_INTERNAL: return "internal error";
         }
         return "unknown status";
+}
+
+void tsr_errf(char *err, size_t errlen, const char *fmt, ...) {
+        va_list ap;
+        if (!err || errlen == 0)
+                return;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
 }

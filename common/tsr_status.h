@@ -29,4 +29,11 @@ typedef enum tsr_status {
 /* Stable lower-case name ("ok", "invalid argument", ...).  Never NULL. */
 const char *tsr_status_str(tsr_status st);
 
+#include <stddef.h>
+
+/* Write a one-line error message into a caller's buffer (err may be NULL or errlen 0:
+ * then nothing is written).  The convention of every non-logging module: return a
+ * status, describe it here, let the caller log it once. */
+void tsr_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #endif

@@ -1,9 +1,8 @@
 /* api.c - the HTTP routes of the router: vLLM's paths, shapes and error bodies.
  * Loop thread only.
  *
- * Served here: /health, /ping, /version, /v1/models.  The generation endpoints
- * (/v1/completions, /v1/chat/completions, /tokenize, /detokenize) answer 501 until the
- * router issue (#5) lands. */
+ * Served here: /health, /ping, /version, /v1/models, /metrics; the generation and
+ * tokenizer endpoints are handed to request.c. */
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -11,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/buf.h"
 #include "common/log.h"
 #include "router.h"
 
@@ -106,10 +106,14 @@ static void handle_models(router_ctx *r, http_conn *c) {
         respond_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
-static void handle_not_yet(http_conn *c, const char *path) {
-        char msg[256];
-        snprintf(msg, sizeof(msg), "%s is not implemented yet in this Tessera build (router issue #5)", path);
-        http_conn_respond_error(c, 501, "NotImplementedError", msg);
+static void handle_metrics(router_ctx *r, http_conn *c) {
+        tsr_buf out;
+        tsr_buf_init(&out, 64u << 20);
+        if (tsr_metrics_render(r->metrics, &out) != TSR_OK)
+                http_conn_respond_error(c, 500, "InternalServerError", "metrics exposition failed");
+        else
+                http_conn_respond(c, 200, TSR_METRICS_CONTENT_TYPE, out.data, out.len, NULL);
+        tsr_buf_done(&out);
 }
 
 typedef struct route {
@@ -118,17 +122,19 @@ typedef struct route {
         int id;
 } route;
 
-enum { R_HEALTH, R_PING, R_VERSION, R_MODELS, R_NOT_YET };
+enum { R_HEALTH, R_PING, R_VERSION, R_MODELS, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_METRICS };
 
 static const route routes[] = {
         {"/health", "GET", R_HEALTH},
         {"/ping", "GET POST", R_PING},
         {"/version", "GET", R_VERSION},
         {"/v1/models", "GET", R_MODELS},
-        {"/v1/completions", "POST", R_NOT_YET},
-        {"/v1/chat/completions", "POST", R_NOT_YET},
-        {"/tokenize", "POST", R_NOT_YET},
-        {"/detokenize", "POST", R_NOT_YET},
+        {"/v1/completions", "POST", R_COMPLETIONS},
+        {"/v1/chat/completions", "POST", R_CHAT},
+        {"/tokenize", "POST", R_TOKENIZE},
+        {"/detokenize", "POST", R_DETOKENIZE},
+        {"/metrics", "GET", R_METRICS},
+        {"/metrics/", "GET", R_METRICS},
 };
 
 static bool method_allowed(const char *methods, const char *m) {
@@ -169,8 +175,20 @@ void router_api_handle(void *ud, http_conn *c, http_request *req) {
         case R_MODELS:
                 handle_models(r, c);
                 break;
-        default:
-                handle_not_yet(c, rt->path);
+        case R_COMPLETIONS:
+                request_handle_generate(r->requests, c, req, OAI_COMPLETIONS);
+                break;
+        case R_CHAT:
+                request_handle_generate(r->requests, c, req, OAI_CHAT);
+                break;
+        case R_TOKENIZE:
+                request_handle_tokenize(r->requests, c, req);
+                break;
+        case R_DETOKENIZE:
+                request_handle_detokenize(r->requests, c, req);
+                break;
+        case R_METRICS:
+                handle_metrics(r, c);
                 break;
         }
 }

@@ -28,10 +28,16 @@ typedef struct router_main {
         bool stopping;
 } router_main;
 
+/* Closing a uv_signal handle restores the default disposition; a second SIGTERM
+ * (a supervisor repeating itself) must not kill a router that is already on its way out. */
+static void on_signal_closed(uv_handle_t *h) {
+        signal(h == (uv_handle_t *)&((router_main *)h->data)->sigterm ? SIGTERM : SIGINT, SIG_IGN);
+}
+
 static void on_pool_closed(void *ud) {
         router_main *m = ud;
-        uv_close((uv_handle_t *)&m->sigterm, NULL);
-        uv_close((uv_handle_t *)&m->sigint, NULL);
+        uv_close((uv_handle_t *)&m->sigterm, on_signal_closed);
+        uv_close((uv_handle_t *)&m->sigint, on_signal_closed);
 }
 
 static void on_http_closed(void *ud) {
@@ -103,9 +109,17 @@ int main(int argc, char **argv) {
         m.r.cfg = &cfg;
         m.r.started_unix_s = (uint64_t)time(NULL);
         make_router_id(m.r.router_id, sizeof(m.r.router_id));
-        if (worker_pool_new(loop, m.r.router_id, &m.r.workers) != TSR_OK) {
-                log_error("cannot create the worker pool");
-                goto out;
+        if (worker_pool_new(loop, m.r.router_id, &m.r.workers) != TSR_OK ||
+            model_registry_new(loop, &cfg, &m.r.models) != TSR_OK ||
+            request_layer_new(&m.r, &m.r.requests) != TSR_OK) {
+                log_error("out of memory");
+                goto out_close;
+        }
+        tsr_metrics_opts mopts = {.disable_log_stats = cfg.disable_log_stats,
+                                  .show_hidden_metrics_for_version = cfg.show_hidden_metrics_for_version};
+        if (tsr_metrics_new(&mopts, &m.r.metrics) != TSR_OK) {
+                log_error("out of memory");
+                goto out_close;
         }
         for (size_t i = 0; i < cfg.worker.n; i++)
                 if (worker_pool_add(m.r.workers, cfg.worker.items[i]) != TSR_OK)
@@ -141,14 +155,19 @@ int main(int argc, char **argv) {
 
 out_close:
         /* Failed start: close what was opened, run the loop until the handles are gone. */
+        if (!loop)
+                goto out;
         if (m.r.workers)
                 worker_pool_close(m.r.workers, NULL, NULL);
         if (m.r.http)
                 http_server_shutdown(m.r.http, 0, NULL, NULL);
         uv_run(loop, UV_RUN_DEFAULT);
 out_free:
+        request_layer_free(&m.r.requests);
         http_server_free(&m.r.http);
         worker_pool_free(&m.r.workers);
+        model_registry_free(&m.r.models);
+        tsr_metrics_free(&m.r.metrics);
         uv_loop_close(loop);
         log_info("exit");
 out:

@@ -8,6 +8,9 @@
 
 #include "common/config.h"
 #include "http_server.h"
+#include "metrics.h"
+#include "models.h"
+#include "request.h"
 #include "worker_link.h"
 
 typedef struct router_ctx {
@@ -15,6 +18,9 @@ typedef struct router_ctx {
         const tsr_config *cfg;
         http_server *http;
         worker_pool *workers;
+        model_registry *models;
+        request_layer *requests;
+        tsr_metrics *metrics;
         char router_id[64];
         uint64_t started_unix_s;
 } router_ctx;

@@ -37,6 +37,7 @@ struct tsr_worker {
         uint64_t last_hello_ns;
         bool was_live;
         uint64_t n_bad_frames;
+        int inflight;
 };
 
 struct worker_pool {
@@ -48,11 +49,14 @@ struct worker_pool {
         uv_timer_t tick;
         uv_idle_t kick;              /* re-drain after sends: the ZMQ_FD edge rule */
         int open_handles;
+        worker_events ev;
         void (*closed_cb)(void *ud);
         void *closed_ud;
 };
 
 static bool should_log(uint64_t n) { return n <= 10 || n % 1000 == 0; }
+
+static void kick(worker_pool *p);
 
 static uint64_t status_window_ns(const tsr_worker *w) {
         uint32_t ivl = DEFAULT_STATUS_INTERVAL_MS;
@@ -74,6 +78,30 @@ const Tessera__V1__ModelInfo *tsr_worker_model_info(const tsr_worker *w) {
 const Tessera__V1__Status *tsr_worker_status(const tsr_worker *w) { return w->status ? w->status->status : NULL; }
 
 size_t worker_pool_count(const worker_pool *p) { return p->n_workers; }
+
+void worker_pool_set_events(worker_pool *p, const worker_events *ev) { p->ev = *ev; }
+
+void tsr_worker_add_inflight(tsr_worker *w, int delta) {
+        w->inflight += delta;
+        if (w->inflight < 0)
+                w->inflight = 0;
+}
+
+int tsr_worker_inflight(const tsr_worker *w) { return w->inflight; }
+
+tsr_status tsr_worker_send(tsr_worker *w, tsr_envelope *env) {
+        uint8_t *buf;
+        size_t n;
+        tsr_status st = tsr_wire_pack(env, &buf, &n);
+        if (st != TSR_OK)
+                return st;
+        st = zmq_send(w->dealer.sock, buf, n, ZMQ_DONTWAIT) < 0 ? TSR_E_UNAVAILABLE : TSR_OK;
+        if (st != TSR_OK)
+                log_warn("worker %s: %s not sent: %s", w->endpoint, tsr_wire_msg_name(env), zmq_strerror(zmq_errno()));
+        free(buf);
+        kick(w->pool);
+        return st;
+}
 tsr_worker *worker_pool_get(worker_pool *p, size_t i) { return i < p->n_workers ? p->workers[i] : NULL; }
 
 size_t worker_pool_num_live(const worker_pool *p) {
@@ -83,7 +111,6 @@ size_t worker_pool_num_live(const worker_pool *p) {
         return n;
 }
 
-static void kick(worker_pool *p);
 static const Tessera__V1__ModelInfo *tokenizer_source(const tsr_worker *w);
 
 static void send_hello(tsr_worker *w) {
@@ -161,6 +188,8 @@ static void on_model_info(tsr_worker *w, tsr_envelope *env) {
                  w->endpoint, mi->served_model_names[0], mi->max_model_len, mi->block_size,
                  (unsigned long long)mi->kv_blocks_total, mi->engine_ready ? "ready" : "not built",
                  mi->tokenizer_omitted ? ", tokenizer from cache" : "");
+        if (w->pool->ev.on_model_info)
+                w->pool->ev.on_model_info(w->pool->ev.ud, w, mi);
 }
 
 static void on_status(tsr_worker *w, tsr_envelope *env) {
@@ -169,10 +198,18 @@ static void on_status(tsr_worker *w, tsr_envelope *env) {
                 log_warn("worker %s restarted (boot epoch %llu -> %llu): asking for its model info again",
                          w->endpoint, (unsigned long long)w->boot_epoch, (unsigned long long)s->boot_epoch);
                 forget_info(w);
+                /* Whatever it had in flight died with the old process. */
+                if (w->was_live) {
+                        w->was_live = false;
+                        if (w->pool->ev.on_worker_down)
+                                w->pool->ev.on_worker_down(w->pool->ev.ud, w);
+                }
         }
         tsr_wire_free(w->status);
         w->status = env;
         w->last_status_ns = tsr_now_ns();
+        if (w->info && w->pool->ev.on_status)
+                w->pool->ev.on_status(w->pool->ev.ud, w, s);
         if (!w->info && w->last_status_ns - w->last_hello_ns > 200ull * 1000000ull)
                 send_hello(w);
 }
@@ -200,11 +237,17 @@ static void handle_frame(tsr_worker *w, bool from_sub, const void *p, size_t n) 
                 }
                 break;
         case TESSERA__V1__ENVELOPE__MSG_ERROR:
-                log_warn("worker %s: error for request '%s': %s", w->endpoint, env->error->request_id,
-                         env->error->message);
+                if (!from_sub && w->pool->ev.on_error && env->error->request_id[0]) {
+                        w->pool->ev.on_error(w->pool->ev.ud, w, env->error);
+                } else {
+                        log_warn("worker %s: error%s%s: %s", w->endpoint, env->error->request_id[0] ? " for " : "",
+                                 env->error->request_id, env->error->message);
+                }
                 break;
         case TESSERA__V1__ENVELOPE__MSG_OUTPUT:
-                /* No request path yet (router issue #5). */
+                if (!from_sub && w->pool->ev.on_output)
+                        for (size_t i = 0; i < env->output->n_outputs; i++)
+                                w->pool->ev.on_output(w->pool->ev.ud, w, env->output->outputs[i]);
                 break;
         default:
                 if (should_log(++w->n_bad_frames))
@@ -291,6 +334,8 @@ static void on_tick(uv_timer_t *t) {
                                 log_warn("worker %s is down: %s", w->endpoint,
                                          w->info ? "no Status within 3 intervals" : "no model info");
                         w->was_live = live;
+                        if (!live && p->ev.on_worker_down)
+                                p->ev.on_worker_down(p->ev.ud, w);
                 }
                 if (!w->info && now - w->last_hello_ns >= HELLO_RETRY_NS)
                         send_hello(w);

@@ -22,6 +22,21 @@
 typedef struct worker_pool worker_pool;
 typedef struct tsr_worker tsr_worker;
 
+/* What the pool reports to the request layer (loop thread).  Each callback borrows
+ * the message for the duration of the call. */
+typedef struct worker_events {
+        void (*on_output)(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out);
+        void (*on_error)(void *ud, tsr_worker *w, const Tessera__V1__Error *err);
+        /* The worker stopped being live (no Status within 3 intervals, or restarted):
+         * requests in flight there will get no more Outputs. */
+        void (*on_worker_down)(void *ud, tsr_worker *w);
+        /* A ModelInfo arrived (new worker, or the same one after a restart). */
+        void (*on_model_info)(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo *mi);
+        /* Every Status of a worker whose ModelInfo is known. */
+        void (*on_status)(void *ud, tsr_worker *w, const Tessera__V1__Status *st);
+        void *ud;
+} worker_events;
+
 /* Loop thread.  `router_id` becomes every DEALER's routing id (copied). */
 tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool **ret);
 /* Add a worker by spec "tcp://HOST:PORT" (Status on PORT+1) or
@@ -29,6 +44,15 @@ tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool *
 tsr_status worker_pool_add(worker_pool *p, const char *spec);
 /* Close every socket and handle; `done` runs on the loop once all handles are closed. */
 void worker_pool_close(worker_pool *p, void (*done)(void *ud), void *ud);
+/* Route Outputs, Errors and liveness changes to the request layer. */
+void worker_pool_set_events(worker_pool *p, const worker_events *ev);
+/* Send one envelope to the worker (non-blocking).  TSR_E_UNAVAILABLE when the socket
+ * cannot take it now (pipe full, no connection). */
+tsr_status tsr_worker_send(tsr_worker *w, tsr_envelope *env);
+/* Requests this router has in flight on the worker (kept by the request layer for
+ * placement: what the last Status cannot know yet). */
+void tsr_worker_add_inflight(tsr_worker *w, int delta);
+int tsr_worker_inflight(const tsr_worker *w);
 /* After done ran.  Accepts NULL; clears *p. */
 void worker_pool_free(worker_pool **p);
 

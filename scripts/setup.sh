@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install Tessera's build dependencies from Debian (only what is missing), then
-# configure and build into build/.  Safe to re-run.
+# configure and build into build/.  Safe to re-run.  clang and libclang-rt-14-dev are
+# for the libFuzzer targets (tests/fuzz).
 #   WERROR=true  treat warnings as errors (the test command and CI set it)
 #   BUILD_DIR    build folder (default: build)
 #   MESON_ARGS   extra `meson setup` arguments, space-separated (first configure only)
@@ -9,7 +10,8 @@ cd "$(dirname "$0")/.."
 
 PKGS=(build-essential pkg-config meson ninja-build python3 python3-venv
       libuv1-dev node-llhttp libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
-      libjansson-dev libyaml-dev libpcre2-dev libcmocka-dev libxxhash-dev libsystemd-dev)
+      libjansson-dev libyaml-dev libpcre2-dev libcmocka-dev libxxhash-dev libsystemd-dev
+      libssl-dev clang libclang-rt-14-dev)
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
@@ -27,6 +29,7 @@ BUILD_DIR="${BUILD_DIR:-build}"
 WERROR="${WERROR:-false}"
 read -r -a extra_args <<< "${MESON_ARGS:-}"
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+    # CC (e.g. CC=clang for the fuzz build) is honoured by meson at setup time.
     meson setup "$BUILD_DIR" --buildtype=debugoptimized -Dwerror="$WERROR" "${extra_args[@]}" >/dev/null
 else
     meson configure "$BUILD_DIR" -Dwerror="$WERROR" >/dev/null

@@ -3,7 +3,9 @@
 #   unit   cmocka tests of common/, proto framing, worker loaders, router HTTP (build/)
 #   asan   the same unit tests built with -fsanitize=address,undefined (build-asan/)
 #   gpu    CUDA kernels vs the CPU reference (skipped without a device)
+#   fuzz   libFuzzer targets (clang, ASan+UBSan) for TSR_FUZZ_SECONDS (15) each
 #   e2e    pytest: real tessera processes on loopback, the official openai SDK
+#   e2e-asan  the process-level e2e tests again with the ASan+UBSan binaries
 # Ends with one line "N passed, N failed[, N skipped]" summing all suites; exits
 # non-zero if anything failed.
 set -uo pipefail
@@ -12,6 +14,9 @@ ROOT="$(pwd)"
 
 WERROR=true ./scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 BUILD_DIR=build-asan WERROR=true MESON_ARGS="-Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled" \
+    ./scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
+CC=clang BUILD_DIR=build-fuzz WERROR=false \
+    MESON_ARGS="-Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled" \
     ./scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 ./scripts/fetch-model.sh >/dev/null || echo "test: demo model not fetched; e2e tests that need it will skip"
 
@@ -31,16 +36,31 @@ meson test -C build --suite unit --suite gpu --print-errorlogs --num-processes 2
 tail -n 12 "$RESULTS/unit.log"
 
 echo "== unit under ASan+UBSan (build-asan/)"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+# TSR_SANITIZED: the slowest model tests (SmolLM2 greedy decoding) run a shorter
+# version under the sanitizers; the full version runs in build/ above.
+TSR_SANITIZED=1 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     meson test -C build-asan --suite unit --print-errorlogs --num-processes 2 \
     --logbase asan >"$RESULTS/asan.log" 2>&1
 tail -n 12 "$RESULTS/asan.log"
+
+echo "== fuzz (build-fuzz/, ${TSR_FUZZ_SECONDS:-15} s per target)"
+meson test -C build-fuzz --suite fuzz --print-errorlogs --num-processes 2 \
+    --logbase fuzz >"$RESULTS/fuzz.log" 2>&1
+tail -n 12 "$RESULTS/fuzz.log"
 
 echo "== e2e (pytest)"
 TESSERA_BUILD="$ROOT/build" .venv/bin/python -m pytest tests/e2e -q -p no:cacheprovider \
     --junitxml="$RESULTS/e2e.xml" 2>&1 | tee "$RESULTS/e2e.log" | tail -n 25
 
+echo "== e2e under ASan+UBSan (build-asan/: skeleton and wire tests)"
+TESSERA_BUILD="$ROOT/build-asan" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    .venv/bin/python -m pytest tests/e2e/test_skeleton.py tests/e2e/test_worker_wire.py -q -p no:cacheprovider \
+    --junitxml="$RESULTS/e2e-asan.xml" 2>&1 | tee "$RESULTS/e2e-asan.log" | tail -n 5
+
 .venv/bin/python tests/summarize.py \
     "unit=build/meson-logs/unit.json" \
     "asan=build-asan/meson-logs/asan.json" \
-    "e2e=$RESULTS/e2e.xml"
+    "fuzz=build-fuzz/meson-logs/fuzz.json" \
+    "e2e=$RESULTS/e2e.xml" \
+    "e2e-asan=$RESULTS/e2e-asan.xml"

@@ -1,22 +1,124 @@
-/* engine.c - the engine thread.  Until issue #4 this is the skeleton: no model runner,
- * every Submit refused with a clear, retryable Error; capacity reported as configured. */
+/* engine.c - the engine thread: continuous batching as vLLM V1 schedules it.
+ *
+ *   for (;;) {
+ *           take new Submits and Aborts from the inbox (block when idle);
+ *           schedule(): token budget, running first, then waiting, preempt on OOM;
+ *           run each scheduled chunk through the model (one sequence at a time, so
+ *                   every sequence's logits are bitwise independent of the batch);
+ *           sample where a chunk reached the end of the known tokens, check stops;
+ *           emit one Output per router, free finished requests, publish stats;
+ *   }
+ */
 #include "engine.h"
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
+
+typedef enum slot_state { SLOT_WAITING, SLOT_RUNNING, SLOT_FINISHED } slot_state;
+
+typedef struct slot {
+        char request_id[TSR_WIRE_MAX_ID_LEN + 1];
+        uint8_t router_id[ENGINE_ROUTER_ID_MAX];
+        size_t router_id_len;
+        slot_state state;
+        uint32_t *tokens;             /* prompt then output */
+        size_t n_prompt;
+        size_t n_tokens;
+        size_t cap_tokens;
+        uint32_t max_tokens;
+        bool ignore_eos;
+        uint32_t *stop_ids;
+        size_t n_stop_ids;
+        tsr_logit_bias *bias;
+        size_t n_bias;
+        tsr_sampling sampling;        /* arrays point into this slot */
+        uint64_t rng_key;
+        int32_t priority;
+        uint64_t arrival_ns;          /* engine clock when admitted */
+        uint64_t seq;                 /* admission order: FCFS tie-break */
+        uint64_t first_scheduled_ns;
+        uint64_t first_token_ns;
+        uint32_t num_preemptions;
+        size_t num_cached_tokens;     /* prefix hit at first scheduling */
+        bool cached_known;
+        tsr_kv_req kv;
+        /* this step's output */
+        uint32_t step_new[1];
+        tsr_token_logprobs step_lp;
+        bool step_has_token;
+        bool step_has_lp;
+        Tessera__V1__FinishReason finish;
+        bool has_stop_token_id;
+        uint32_t stop_token_id;
+        bool reported_prompt;         /* prompt/cached counts go in the first Output */
+} slot;
+
+typedef struct slot_list {
+        slot **items;
+        size_t n, cap;
+} slot_list;
 
 struct tsr_engine {
         pthread_t thread;
         engine_params params;
         tsr_queue *inbox;
         tsr_queue *outbox;
+        tsr_kv_cache *kv;
+        slot_list running;            /* admission order */
+        slot_list waiting;            /* FCFS order (front = next), preempted requests pushed to the front */
         engine_stats stats;
+        engine_stats last_published;
+        uint64_t step;
+        uint64_t next_seq;
+        float *logits;                /* (vocab,) */
+        float *scratch;               /* (2 * vocab,) */
+        bool stopping;
 };
+
+/* ------------------------------------------------------------------ small helpers */
+
+static tsr_status list_push(slot_list *l, slot *s) {
+        if (l->n == l->cap) {
+                size_t cap = l->cap ? l->cap * 2 : 16;
+                slot **g = realloc(l->items, cap * sizeof(*g));
+                if (!g)
+                        return TSR_E_NOMEM;
+                l->items = g;
+                l->cap = cap;
+        }
+        l->items[l->n++] = s;
+        return TSR_OK;
+}
+
+static tsr_status list_push_front(slot_list *l, slot *s) {
+        tsr_status st = list_push(l, s);
+        if (st != TSR_OK)
+                return st;
+        memmove(l->items + 1, l->items, (l->n - 1) * sizeof(*l->items));
+        l->items[0] = s;
+        return TSR_OK;
+}
+
+static void list_remove_at(slot_list *l, size_t i) {
+        memmove(l->items + i, l->items + i + 1, (l->n - i - 1) * sizeof(*l->items));
+        l->n--;
+}
+
+static bool list_remove(slot_list *l, slot *s) {
+        for (size_t i = 0; i < l->n; i++)
+                if (l->items[i] == s) {
+                        list_remove_at(l, i);
+                        return true;
+                }
+        return false;
+}
 
 void engine_in_free(engine_in *in) {
         if (!in)
@@ -25,91 +127,614 @@ void engine_in_free(engine_in *in) {
         free(in);
 }
 
-void engine_out_free(engine_out *out) { free(out); }
+void engine_out_free(engine_out *out) {
+        if (!out)
+                return;
+        for (size_t i = 0; i < out->n_outputs; i++) {
+                free(out->outputs[i].new_tokens);
+                free(out->outputs[i].logprobs);
+        }
+        free(out->outputs);
+        tsr_kv_events_free(&out->events);
+        free(out);
+}
+
+static void slot_free(tsr_engine *e, slot *s) {
+        if (!s)
+                return;
+        tsr_kv_req_done(e->kv, &s->kv);
+        free(s->tokens);
+        free(s->stop_ids);
+        free(s->bias);
+        free(s);
+}
 
 /* The engine never blocks on the network; a full outbox means the io thread is
  * behind, so wait for it briefly (bounded) rather than drop a reply. */
 static void push_out(tsr_engine *e, engine_out *out) {
-        for (int tries = 0; tries < 1000; tries++) {
+        for (int tries = 0; tries < 2000; tries++) {
                 tsr_status st = tsr_queue_push(e->outbox, out);
                 if (st == TSR_OK)
                         return;
                 if (st == TSR_E_CLOSED)
                         break;
-                nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+                nanosleep(&(struct timespec){.tv_nsec = 500000}, NULL);
         }
-        log_warn("outbox full or closed: dropped a %s message",
-                 out->kind == ENGINE_OUT_STATS ? "stats" : "error");
+        log_warn("outbox full or closed for 1 s: dropped a message (kind %d)", (int)out->kind);
         engine_out_free(out);
 }
 
-static void publish_stats(tsr_engine *e) {
-        engine_out *out = calloc(1, sizeof(*out));
-        if (!out)
-                return;
-        out->kind = ENGINE_OUT_STATS;
-        out->stats = e->stats;
-        push_out(e, out);
-}
+static void send_error(tsr_engine *e, const uint8_t *rid, size_t rid_len, const char *request_id,
+                       Tessera__V1__ErrorCode code, bool retryable, const char *fmt, ...)
+        __attribute__((format(printf, 7, 8)));
 
-static void refuse_submit(tsr_engine *e, engine_in *in) {
+static void send_error(tsr_engine *e, const uint8_t *rid, size_t rid_len, const char *request_id,
+                       Tessera__V1__ErrorCode code, bool retryable, const char *fmt, ...) {
         engine_out *out = calloc(1, sizeof(*out));
+        va_list ap;
         if (!out)
                 return;
         out->kind = ENGINE_OUT_ERROR;
-        memcpy(out->router_id, in->router_id, in->router_id_len);
-        out->router_id_len = in->router_id_len;
-        snprintf(out->request_id, sizeof(out->request_id), "%s", in->env->submit->request_id);
-        out->error_code = TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE;
-        out->retryable = true;
-        snprintf(out->message, sizeof(out->message),
-                 "this worker has no model runner yet (engine issue #4): it serves model info only");
-        log_req(TSR_LOG_INFO, out->request_id, "submit refused: no model runner (prompt_tokens=%zu)",
-                in->env->submit->n_prompt_token_ids);
+        memcpy(out->router_id, rid, rid_len);
+        out->router_id_len = rid_len;
+        snprintf(out->request_id, sizeof(out->request_id), "%s", request_id);
+        out->error_code = code;
+        out->retryable = retryable;
+        va_start(ap, fmt);
+        vsnprintf(out->message, sizeof(out->message), fmt, ap);
+        va_end(ap);
         push_out(e, out);
 }
 
-static void *engine_main(void *arg) {
-        tsr_engine *e = arg;
-        engine_in *in;
+static void refresh_stats(tsr_engine *e) {
+        tsr_kv_stats ks;
+        uint64_t waiting_tokens = 0;
+        tsr_kv_cache_stats(e->kv, &ks);
+        for (size_t i = 0; i < e->waiting.n; i++)
+                waiting_tokens += e->waiting.items[i]->n_tokens;
+        e->stats.kv_blocks_total = ks.num_blocks;
+        e->stats.kv_blocks_free = ks.num_free;
+        e->stats.kv_blocks_active = ks.num_active;
+        e->stats.num_running = (uint32_t)e->running.n;
+        e->stats.num_waiting = (uint32_t)e->waiting.n;
+        e->stats.waiting_prompt_tokens = waiting_tokens;
+        e->stats.prefix_cache_queries_total = ks.prefix_cache_queries;
+        e->stats.prefix_cache_hits_total = ks.prefix_cache_hits;
+}
 
-        tsr_log_set_thread("engine");
-        log_info("engine up: kv_blocks=%llu block_size=%u max_model_len=%u (no model runner: skeleton)",
-                 (unsigned long long)e->params.kv_blocks_total, e->params.block_size, e->params.max_model_len);
-        publish_stats(e);
-        /* pop_wait returns NULL only when the inbox is closed and empty. */
-        while ((in = tsr_queue_pop_wait(e->inbox, -1)) != NULL) {
-                switch (in->kind) {
-                case ENGINE_IN_SUBMIT:
-                        refuse_submit(e, in);
-                        break;
-                case ENGINE_IN_ABORT:
-                        /* Nothing runs, so nothing to abort; Abort is idempotent anyway. */
-                        break;
+/* Publish when something a router can see changed, with the prefix-cache events. */
+static void publish_stats(tsr_engine *e, bool force) {
+        engine_out *out;
+        tsr_kv_events *events = NULL;
+
+        refresh_stats(e);
+        if (e->kv)
+                tsr_kv_cache_take_events(e->kv, &events);
+        if (!force && !events && memcmp(&e->stats, &e->last_published, sizeof(e->stats)) == 0)
+                return;
+        out = calloc(1, sizeof(*out));
+        if (!out) {
+                tsr_kv_events_free(&events);
+                return;
+        }
+        out->kind = ENGINE_OUT_STATS;
+        out->stats = e->stats;
+        out->events = events;
+        e->last_published = e->stats;
+        push_out(e, out);
+}
+
+/* ------------------------------------------------------------------ admission */
+
+static void admit(tsr_engine *e, engine_in *in) {
+        const Tessera__V1__Submit *m = in->env->submit;
+        const Tessera__V1__SamplingParams *sp = m->sampling;
+        const engine_params *p = &e->params;
+        size_t vocab = p->model->vocab;
+        slot *s;
+
+        if (m->n_prompt_token_ids + 1 > p->max_model_len) {
+                send_error(e, in->router_id, in->router_id_len, m->request_id, TESSERA__V1__ERROR_CODE__ERROR_TOO_LONG,
+                           false, "The decoder prompt (length %zu) is longer than the maximum model length of %u.",
+                           m->n_prompt_token_ids, p->max_model_len);
+                return;
+        }
+        for (size_t i = 0; i < m->n_prompt_token_ids; i++)
+                if (m->prompt_token_ids[i] >= vocab) {
+                        send_error(e, in->router_id, in->router_id_len, m->request_id,
+                                   TESSERA__V1__ERROR_CODE__ERROR_INVALID, false, "Token id %u is out of vocabulary",
+                                   m->prompt_token_ids[i]);
+                        return;
+                }
+        s = calloc(1, sizeof(*s));
+        if (!s)
+                goto oom;
+        snprintf(s->request_id, sizeof(s->request_id), "%s", m->request_id);
+        memcpy(s->router_id, in->router_id, in->router_id_len);
+        s->router_id_len = in->router_id_len;
+        s->n_prompt = m->n_prompt_token_ids;
+        s->n_tokens = s->n_prompt;
+        /* Room for every token the request may ever hold. */
+        s->max_tokens = m->max_tokens;
+        if (s->n_prompt + s->max_tokens > p->max_model_len)
+                s->max_tokens = (uint32_t)(p->max_model_len - s->n_prompt);
+        s->cap_tokens = s->n_prompt + s->max_tokens + 1;
+        s->tokens = malloc(s->cap_tokens * sizeof(uint32_t));
+        if (!s->tokens)
+                goto oom;
+        memcpy(s->tokens, m->prompt_token_ids, s->n_prompt * sizeof(uint32_t));
+        s->ignore_eos = m->ignore_eos;
+        if (m->n_stop_token_ids) {
+                s->stop_ids = malloc(m->n_stop_token_ids * sizeof(uint32_t));
+                if (!s->stop_ids)
+                        goto oom;
+                memcpy(s->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof(uint32_t));
+                s->n_stop_ids = m->n_stop_token_ids;
+        }
+        tsr_sampling_init(&s->sampling);
+        if (sp) {
+                s->sampling.temperature = sp->temperature;
+                s->sampling.top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
+                s->sampling.top_k = sp->top_k;
+                s->sampling.min_p = sp->min_p;
+                s->sampling.repetition_penalty = sp->repetition_penalty > 0 ? sp->repetition_penalty : 1.0f;
+                s->sampling.presence_penalty = sp->presence_penalty;
+                s->sampling.frequency_penalty = sp->frequency_penalty;
+                if (sp->n_logit_bias) {
+                        s->bias = calloc(sp->n_logit_bias, sizeof(*s->bias));
+                        if (!s->bias)
+                                goto oom;
+                        for (size_t i = 0; i < sp->n_logit_bias; i++) {
+                                s->bias[i].id = sp->logit_bias[i]->key;
+                                s->bias[i].bias = sp->logit_bias[i]->value;
+                        }
+                        s->n_bias = sp->n_logit_bias;
+                }
+        }
+        s->sampling.min_tokens = m->min_tokens;
+        s->sampling.eos_ids = s->ignore_eos ? NULL : p->eos_ids;
+        s->sampling.n_eos = s->ignore_eos ? 0 : p->n_eos_ids;
+        s->sampling.stop_ids = s->stop_ids;
+        s->sampling.n_stop = s->n_stop_ids;
+        s->sampling.bias = s->bias;
+        s->sampling.n_bias = s->n_bias;
+        s->sampling.logprobs = m->logprobs > TSR_SAMPLER_MAX_LOGPROBS ? TSR_SAMPLER_MAX_LOGPROBS : m->logprobs;
+        if (tsr_sampling_check(&s->sampling, vocab) != TSR_OK) {
+                send_error(e, in->router_id, in->router_id_len, m->request_id, TESSERA__V1__ERROR_CODE__ERROR_INVALID,
+                           false, "sampling parameters out of range for this model (logit_bias or stop ids outside "
+                           "the vocabulary?)");
+                slot_free(e, s);
+                return;
+        }
+        /* Seeded: the same key whatever else runs, so the same tokens alone or in any
+         * batch.  Unseeded: the engine seed mixed with the admission order. */
+        s->rng_key = sp && sp->has_seed ? sp->seed * 0x9e3779b97f4a7c15ull + 1
+                                        : (p->seed ^ 0xa0761d6478bd642full) + e->next_seq * 0xe7037ed1a0b428dbull;
+        s->priority = m->priority;
+        s->arrival_ns = tsr_now_ns();
+        s->seq = e->next_seq++;
+        s->state = SLOT_WAITING;
+        if (tsr_kv_req_init(&s->kv, NULL, 0) != TSR_OK || list_push(&e->waiting, s) != TSR_OK)
+                goto oom;
+        return;
+oom:
+        slot_free(e, s);
+        send_error(e, in->router_id, in->router_id_len, m->request_id, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                   "worker out of memory");
+}
+
+static void abort_requests(tsr_engine *e, engine_in *in) {
+        const Tessera__V1__Abort *a = in->env->abort;
+        slot_list *lists[2] = {&e->running, &e->waiting};
+        for (int li = 0; li < 2; li++) {
+                slot_list *l = lists[li];
+                for (size_t i = 0; i < l->n;) {
+                        slot *s = l->items[i];
+                        bool hit = a->all_from_router && s->router_id_len == in->router_id_len &&
+                                   memcmp(s->router_id, in->router_id, in->router_id_len) == 0;
+                        for (size_t k = 0; !hit && k < a->n_request_ids; k++)
+                                hit = strcmp(s->request_id, a->request_ids[k]) == 0 &&
+                                      s->router_id_len == in->router_id_len &&
+                                      memcmp(s->router_id, in->router_id, in->router_id_len) == 0;
+                        if (!hit) {
+                                i++;
+                                continue;
+                        }
+                        /* Aborted requests get no Output: the router already let go. */
+                        list_remove_at(l, i);
+                        log_req(TSR_LOG_DEBUG, s->request_id, "aborted (%s)", a->reason);
+                        slot_free(e, s);
+                }
+        }
+}
+
+static void take_inbox(tsr_engine *e, bool block) {
+        engine_in *in;
+        bool first = true;
+        for (;;) {
+                in = first && block ? tsr_queue_pop_wait(e->inbox, -1) : tsr_queue_pop(e->inbox);
+                first = false;
+                if (!in) {
+                        if (block)
+                                e->stopping = true;   /* closed and empty */
+                        return;
+                }
+                if (in->kind == ENGINE_IN_SUBMIT) {
+                        if (!e->params.model)
+                                send_error(e, in->router_id, in->router_id_len, in->env->submit->request_id,
+                                           TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                                           "this worker has no model runner for its model family");
+                        else
+                                admit(e, in);
+                } else {
+                        abort_requests(e, in);
                 }
                 engine_in_free(in);
+                block = false;
         }
-        log_info("engine stopped");
+}
+
+/* ------------------------------------------------------------------ scheduling */
+
+typedef struct sched_entry {
+        slot *s;
+        size_t num_new;
+} sched_entry;
+
+static void preempt(tsr_engine *e, slot *victim) {
+        tsr_kv_cache_free_blocks(e->kv, &victim->kv);
+        list_remove(&e->running, victim);
+        victim->state = SLOT_WAITING;
+        victim->num_preemptions++;
+        e->stats.num_preemptions_total++;
+        /* Recompute on resume: the generated tokens are kept and re-prefilled. */
+        list_push_front(&e->waiting, victim);
+        log_req(TSR_LOG_DEBUG, victim->request_id, "preempted (recompute later): KV blocks exhausted");
+}
+
+/* The running request to preempt: FCFS takes the last admitted; priority the one with
+ * the highest (priority, arrival). */
+static slot *pick_victim(tsr_engine *e) {
+        slot *v = e->running.items[e->running.n - 1];
+        if (e->params.priority_scheduling)
+                for (size_t i = 0; i < e->running.n; i++) {
+                        slot *s = e->running.items[i];
+                        if (s->priority > v->priority || (s->priority == v->priority && s->seq > v->seq))
+                                v = s;
+                }
+        return v;
+}
+
+/* Index in `waiting` of the next request to admit. */
+static size_t next_waiting(const tsr_engine *e) {
+        size_t best = 0;
+        if (!e->params.priority_scheduling)
+                return 0;
+        for (size_t i = 1; i < e->waiting.n; i++) {
+                const slot *a = e->waiting.items[i], *b = e->waiting.items[best];
+                if (a->priority < b->priority || (a->priority == b->priority && a->seq < b->seq))
+                        best = i;
+        }
+        return best;
+}
+
+static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
+        const engine_params *p = &e->params;
+        size_t budget = p->max_num_batched_tokens, n_plan = 0;
+        bool preempted = false;
+
+        /* (1) running requests, in admission order (a snapshot: preemption edits the list) */
+        size_t n_snap = e->running.n;
+        slot **snap = malloc((n_snap ? n_snap : 1) * sizeof(*snap));
+        if (!snap)
+                return 0;
+        if (n_snap)
+                memcpy(snap, e->running.items, n_snap * sizeof(*snap));
+        for (size_t i = 0; i < n_snap && budget > 0 && n_plan < plan_cap; i++) {
+                slot *s = snap[i];
+                size_t num_new, room;
+                if (s->state != SLOT_RUNNING)
+                        continue;   /* preempted earlier in this step */
+                num_new = s->n_tokens - s->kv.n_computed;
+                room = p->max_model_len > s->kv.n_computed ? p->max_model_len - s->kv.n_computed : 0;
+                if (num_new > budget)
+                        num_new = budget;
+                if (num_new > room)
+                        num_new = room;
+                if (num_new == 0)
+                        continue;
+                while (tsr_kv_cache_allocate_slots(e->kv, &s->kv, num_new) != TSR_OK) {
+                        slot *victim = pick_victim(e);
+                        /* A victim already planned this step gives its budget back. */
+                        for (size_t k = 0; k < n_plan; k++)
+                                if (plan[k].s == victim) {
+                                        budget += plan[k].num_new;
+                                        plan[k] = plan[--n_plan];
+                                        break;
+                                }
+                        preempt(e, victim);
+                        preempted = true;
+                        if (victim == s)
+                                break;
+                }
+                if (s->state != SLOT_RUNNING)
+                        continue;
+                if (!s->first_scheduled_ns)
+                        s->first_scheduled_ns = tsr_now_ns();
+                plan[n_plan].s = s;
+                plan[n_plan].num_new = num_new;
+                n_plan++;
+                budget -= num_new;
+        }
+        free(snap);
+        /* (2) waiting requests, only if nothing was preempted this step */
+        while (!preempted && budget > 0 && e->waiting.n && e->running.n < p->max_num_seqs && n_plan < plan_cap) {
+                size_t wi = next_waiting(e);
+                slot *s = e->waiting.items[wi];
+                size_t cached = 0, num_new;
+
+                if (s->kv.n_blocks == 0 &&
+                    tsr_kv_cache_get_computed_blocks(e->kv, &s->kv, s->tokens, s->n_tokens, false, &cached) != TSR_OK)
+                        cached = 0;
+                if (!s->cached_known) {
+                        s->num_cached_tokens = cached;
+                        s->cached_known = true;
+                }
+                num_new = s->n_tokens - (s->kv.n_computed + cached);
+                if (num_new > budget)
+                        num_new = budget;
+                if (tsr_kv_cache_allocate_slots(e->kv, &s->kv, num_new) != TSR_OK)
+                        break;   /* head-of-line: wait for blocks */
+                list_remove_at(&e->waiting, wi);
+                s->state = SLOT_RUNNING;
+                list_push(&e->running, s);
+                if (!s->first_scheduled_ns)
+                        s->first_scheduled_ns = tsr_now_ns();
+                plan[n_plan].s = s;
+                plan[n_plan].num_new = num_new;
+                n_plan++;
+                budget -= num_new;
+        }
+        return n_plan;
+}
+
+/* ------------------------------------------------------------------ execution */
+
+static bool is_eos(const tsr_engine *e, uint32_t t) {
+        for (size_t i = 0; i < e->params.n_eos_ids; i++)
+                if (e->params.eos_ids[i] == t)
+                        return true;
+        return false;
+}
+
+/* vLLM's check_stop order: min_tokens gate, EOS, stop_token_ids, length. */
+static void check_stop(tsr_engine *e, slot *s, uint32_t t) {
+        size_t n_out = s->n_tokens - s->n_prompt;
+        if (n_out >= s->sampling.min_tokens) {
+                if (!s->ignore_eos && is_eos(e, t)) {
+                        s->finish = TESSERA__V1__FINISH_REASON__FINISH_STOP;
+                        return;
+                }
+                for (size_t i = 0; i < s->n_stop_ids; i++)
+                        if (s->stop_ids[i] == t) {
+                                s->finish = TESSERA__V1__FINISH_REASON__FINISH_STOP;
+                                s->has_stop_token_id = true;
+                                s->stop_token_id = t;
+                                return;
+                        }
+        }
+        if (n_out >= s->max_tokens || s->n_tokens >= e->params.max_model_len)
+                s->finish = TESSERA__V1__FINISH_REASON__FINISH_LENGTH;
+}
+
+static tsr_status run_entry(tsr_engine *e, sched_entry *pe) {
+        slot *s = pe->s;
+        size_t past = s->kv.n_computed;
+        bool completes = past + pe->num_new == s->n_tokens;
+        const engine_model *m = e->params.model;
+        tsr_status st;
+
+        st = m->forward(m->ud, s->kv.block_ids, s->kv.n_blocks, s->tokens + past, pe->num_new, past,
+                        completes ? e->logits : NULL);
+        if (st != TSR_OK)
+                return st;
+        st = tsr_kv_cache_commit(e->kv, &s->kv, s->tokens, past + pe->num_new);
+        if (st != TSR_OK)
+                return st;
+        if (!completes)
+                return TSR_OK;   /* a prefill chunk: nothing to sample */
+        tsr_sample_history h = {
+                .prompt = s->tokens,
+                .n_prompt = s->n_prompt,
+                .output = s->tokens + s->n_prompt,
+                .n_output = s->n_tokens - s->n_prompt,
+        };
+        tsr_sample_result r;
+        st = tsr_sample(&s->sampling, &h, s->rng_key, e->logits, m->vocab, e->scratch, &r);
+        if (st != TSR_OK)
+                return st;
+        s->tokens[s->n_tokens++] = r.token;
+        s->step_new[0] = r.token;
+        s->step_has_token = true;
+        s->step_has_lp = r.has_logprobs;
+        if (r.has_logprobs)
+                s->step_lp = r.lp;
+        if (!s->first_token_ns)
+                s->first_token_ns = tsr_now_ns();
+        e->stats.generation_tokens_total++;
+        if (s->n_tokens - s->n_prompt == 1)
+                e->stats.prompt_tokens_total += s->n_prompt;
+        check_stop(e, s, r.token);
+        return TSR_OK;
+}
+
+/* One Output per router with every request of it that produced a token or finished. */
+static void emit_outputs(tsr_engine *e, sched_entry *plan, size_t n_plan) {
+        bool *done = calloc(n_plan ? n_plan : 1, sizeof(bool));
+        if (!done)
+                return;
+        for (size_t i = 0; i < n_plan; i++) {
+                slot *lead = plan[i].s;
+                size_t count = 0;
+                engine_out *out;
+                if (done[i])
+                        continue;
+                for (size_t k = i; k < n_plan; k++) {
+                        slot *s = plan[k].s;
+                        if (!done[k] && s->router_id_len == lead->router_id_len &&
+                            memcmp(s->router_id, lead->router_id, lead->router_id_len) == 0 &&
+                            (s->step_has_token || s->finish))
+                                count++;
+                }
+                if (count == 0) {
+                        done[i] = true;
+                        continue;
+                }
+                out = calloc(1, sizeof(*out));
+                if (out)
+                        out->outputs = calloc(count, sizeof(*out->outputs));
+                if (!out || !out->outputs) {
+                        engine_out_free(out);
+                        break;
+                }
+                out->kind = ENGINE_OUT_OUTPUT;
+                out->step = e->step;
+                memcpy(out->router_id, lead->router_id, lead->router_id_len);
+                out->router_id_len = lead->router_id_len;
+                for (size_t k = i; k < n_plan; k++) {
+                        slot *s = plan[k].s;
+                        engine_req_output *o;
+                        if (done[k] || s->router_id_len != lead->router_id_len ||
+                            memcmp(s->router_id, lead->router_id, lead->router_id_len) != 0)
+                                continue;
+                        done[k] = true;
+                        if (!s->step_has_token && !s->finish)
+                                continue;
+                        o = &out->outputs[out->n_outputs++];
+                        snprintf(o->request_id, sizeof(o->request_id), "%s", s->request_id);
+                        if (s->step_has_token) {
+                                o->new_tokens = malloc(sizeof(uint32_t));
+                                if (o->new_tokens) {
+                                        o->new_tokens[0] = s->step_new[0];
+                                        o->n_new = 1;
+                                }
+                                if (s->step_has_lp && (o->logprobs = malloc(sizeof(*o->logprobs))))
+                                        o->logprobs[0] = s->step_lp;
+                        }
+                        o->finish = s->finish;
+                        o->has_stop_token_id = s->has_stop_token_id;
+                        o->stop_token_id = s->stop_token_id;
+                        o->num_generated = (uint32_t)(s->n_tokens - s->n_prompt);
+                        if (!s->reported_prompt) {
+                                o->num_prompt_tokens = (uint32_t)s->n_prompt;
+                                o->num_cached_tokens = (uint32_t)s->num_cached_tokens;
+                                s->reported_prompt = true;
+                        }
+                        if (s->finish) {
+                                uint64_t now = tsr_now_ns();
+                                o->queued_ns = s->first_scheduled_ns - s->arrival_ns;
+                                o->prefill_ns = s->first_token_ns ? s->first_token_ns - s->first_scheduled_ns : 0;
+                                o->decode_ns = s->first_token_ns ? now - s->first_token_ns : 0;
+                                o->num_preemptions = s->num_preemptions;
+                        }
+                }
+                push_out(e, out);
+        }
+        free(done);
+}
+
+static void step(tsr_engine *e) {
+        size_t cap = e->running.n + e->waiting.n;
+        sched_entry *plan = calloc(cap ? cap : 1, sizeof(*plan));
+        size_t n_plan;
+
+        if (!plan)
+                return;
+        n_plan = schedule(e, plan, cap);
+        e->step++;
+        for (size_t i = 0; i < n_plan; i++) {
+                slot *s = plan[i].s;
+                s->step_has_token = false;
+                s->step_has_lp = false;
+                if (run_entry(e, &plan[i]) != TSR_OK) {
+                        log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed: finishing it with an error");
+                        s->finish = TESSERA__V1__FINISH_REASON__FINISH_ERROR;
+                }
+        }
+        emit_outputs(e, plan, n_plan);
+        for (size_t i = 0; i < n_plan; i++) {
+                slot *s = plan[i].s;
+                if (!s->finish)
+                        continue;
+                list_remove(&e->running, s);
+                slot_free(e, s);
+        }
+        free(plan);
+}
+
+/* ------------------------------------------------------------------ thread */
+
+static void *engine_main(void *arg) {
+        tsr_engine *e = arg;
+
+        tsr_log_set_thread("engine");
+        if (e->params.model)
+                log_info("engine up: %llu KV blocks of %u tokens, max_model_len %u, max_num_seqs %u, "
+                         "max_num_batched_tokens %u, prefix caching %s",
+                         (unsigned long long)e->params.kv_blocks_total, e->params.block_size, e->params.max_model_len,
+                         e->params.max_num_seqs, e->params.max_num_batched_tokens,
+                         e->params.enable_prefix_caching ? "on" : "off");
+        else
+                log_info("engine up without a model runner: Submits are refused");
+        publish_stats(e, true);
+        while (!e->stopping) {
+                take_inbox(e, e->running.n == 0 && e->waiting.n == 0);
+                if (e->stopping)
+                        break;
+                if (e->running.n || e->waiting.n)
+                        step(e);
+                publish_stats(e, false);
+        }
+        log_info("engine stopped (%zu running, %zu waiting dropped)", e->running.n, e->waiting.n);
         return NULL;
 }
 
 tsr_status tsr_engine_start(const engine_params *p, tsr_queue *inbox, tsr_queue *outbox, tsr_engine **ret) {
         tsr_engine *e = calloc(1, sizeof(*e));
+        tsr_status st;
         if (!e)
                 return TSR_E_NOMEM;
         e->params = *p;
         e->inbox = inbox;
         e->outbox = outbox;
-        e->stats.ready = false;
-        e->stats.kv_blocks_total = p->kv_blocks_total;
-        e->stats.kv_blocks_free = p->kv_blocks_total;
         e->stats.max_num_seqs = p->max_num_seqs;
-        if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        e->stats.ready = p->model != NULL;
+        st = tsr_kv_cache_new((uint32_t)(p->kv_blocks_total ? p->kv_blocks_total : 1), p->block_size,
+                              p->enable_prefix_caching, p->hash_algo, &e->kv);
+        if (st != TSR_OK) {
                 free(e);
-                return TSR_E_INTERNAL;
+                return st;
+        }
+        if (p->model) {
+                e->logits = malloc(p->model->vocab * sizeof(float));
+                e->scratch = malloc(2 * p->model->vocab * sizeof(float));
+                if (!e->logits || !e->scratch) {
+                        st = TSR_E_NOMEM;
+                        goto fail;
+                }
+        }
+        if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+                st = TSR_E_INTERNAL;
+                goto fail;
         }
         *ret = e;
         return TSR_OK;
+fail:
+        free(e->logits);
+        free(e->scratch);
+        tsr_kv_cache_free(&e->kv);
+        free(e);
+        return st;
 }
 
 void tsr_engine_stop(tsr_engine **ep) {
@@ -119,6 +744,15 @@ void tsr_engine_stop(tsr_engine **ep) {
         e = *ep;
         tsr_queue_close(e->inbox);
         pthread_join(e->thread, NULL);
+        for (size_t i = 0; i < e->running.n; i++)
+                slot_free(e, e->running.items[i]);
+        for (size_t i = 0; i < e->waiting.n; i++)
+                slot_free(e, e->waiting.items[i]);
+        free(e->running.items);
+        free(e->waiting.items);
+        free(e->logits);
+        free(e->scratch);
+        tsr_kv_cache_free(&e->kv);
         free(e);
         *ep = NULL;
 }

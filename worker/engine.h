@@ -1,14 +1,19 @@
 /* engine.h - the worker's engine thread and the messages it trades with the io thread.
  *
- * Threads (docs/threading.md): the io thread (link.c) owns the sockets and decodes
- * protobuf; the engine thread owns the model, the KV cache and the scheduler.  They
- * talk only through two bounded queues: `inbox` (io -> engine, engine_in items) and
- * `outbox` (engine -> io, engine_out items).  Whoever pops an item owns it and frees
- * it with engine_in_free / engine_out_free.
+ * Threads (docs/threading.md): the io thread (link.c) owns the sockets and protobuf;
+ * the engine thread owns the model, the KV cache and the scheduler.  They talk only
+ * through two bounded queues: `inbox` (io -> engine, engine_in items) and `outbox`
+ * (engine -> io, engine_out items).  Whoever pops an item owns it and frees it with
+ * engine_in_free / engine_out_free.
  *
- * Until the engine issue (#4) lands, the engine has no model runner: it answers every
- * Submit with a retryable UNAVAILABLE Error saying so, and reports the KV capacity it
- * was configured with (all free). */
+ * The engine follows vLLM's V1 scheduler (../shared/reference/vllm-surface.md section 6):
+ * one token budget per step (max_num_batched_tokens), running requests first, chunked
+ * prefill, FCFS or priority waiting queue, preemption by recompute when KV blocks run
+ * out, prefix caching on full blocks.  Each step emits at most one Output per router,
+ * carrying every request of that router that moved.
+ *
+ * With no model (engine_params.model == NULL) every Submit is refused with a retryable
+ * UNAVAILABLE Error: the skeleton mode used when a model family has no runner. */
 #ifndef TSR_WORKER_ENGINE_H
 #define TSR_WORKER_ENGINE_H
 
@@ -16,17 +21,39 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/block_hash.h"
 #include "common/queue.h"
 #include "common/wire.h"
+#include "kv_cache.h"
+#include "sampler.h"
 
 #define ENGINE_ROUTER_ID_MAX 255
 
+/* What the engine needs from a model: its vocabulary and one forward over a paged KV
+ * cache.  The KV memory belongs to the model adapter, indexed by the engine's block ids. */
+typedef struct engine_model {
+        size_t vocab;
+        void *ud;
+        /* Run tokens (n,) at positions past_len.. of a sequence whose KV lives in the
+         * blocks of block_table (n_table,); store their KV; when logits is not NULL write
+         * the last token's logits (vocab,).  Engine thread. */
+        tsr_status (*forward)(void *ud, const uint32_t *block_table, size_t n_table, const uint32_t *tokens,
+                              size_t n, size_t past_len, float *logits);
+} engine_model;
+
 typedef struct engine_params {
+        const engine_model *model;     /* NULL: skeleton mode (refuse Submit) */
         uint64_t kv_blocks_total;
         uint32_t block_size;
         uint32_t max_model_len;
         uint32_t max_num_seqs;
         uint32_t max_num_batched_tokens;
+        bool enable_prefix_caching;
+        tsr_block_hash_algo hash_algo;
+        bool priority_scheduling;      /* --scheduling-policy priority */
+        const uint32_t *eos_ids;       /* the model's EOS ids (borrowed; outlive the engine) */
+        size_t n_eos_ids;
+        uint64_t seed;                 /* --seed: key for requests without their own seed */
 } engine_params;
 
 /* What the engine publishes about itself; the io thread turns it into Status. */
@@ -58,20 +85,44 @@ typedef struct engine_in {
         tsr_envelope *env;     /* owned; decoded and validated by the io thread */
 } engine_in;
 
+/* One request's progress in one step. */
+typedef struct engine_req_output {
+        char request_id[TSR_WIRE_MAX_ID_LEN + 1];
+        uint32_t *new_tokens;           /* n_new */
+        uint32_t n_new;
+        tsr_token_logprobs *logprobs;   /* n_new entries, or NULL */
+        Tessera__V1__FinishReason finish;
+        bool has_stop_token_id;
+        uint32_t stop_token_id;
+        uint32_t num_prompt_tokens;
+        uint32_t num_cached_tokens;
+        uint32_t num_generated;
+        uint64_t queued_ns, prefill_ns, decode_ns;
+        uint32_t num_preemptions;
+} engine_req_output;
+
 typedef enum engine_out_kind {
         ENGINE_OUT_ERROR,      /* an Error for one request of router_id */
-        ENGINE_OUT_STATS,      /* a new engine_stats snapshot */
+        ENGINE_OUT_STATS,      /* a new engine_stats snapshot (+ prefix-cache events) */
+        ENGINE_OUT_OUTPUT,     /* one step's outputs for router_id */
 } engine_out_kind;
 
 typedef struct engine_out {
         engine_out_kind kind;
         uint8_t router_id[ENGINE_ROUTER_ID_MAX];
         size_t router_id_len;
+        /* ERROR */
         char request_id[TSR_WIRE_MAX_ID_LEN + 1];
         Tessera__V1__ErrorCode error_code;
         bool retryable;
         char message[256];
+        /* STATS */
         engine_stats stats;
+        tsr_kv_events *events;          /* owned, may be NULL */
+        /* OUTPUT */
+        uint64_t step;
+        engine_req_output *outputs;     /* owned */
+        size_t n_outputs;
 } engine_out;
 
 void engine_in_free(engine_in *in);
@@ -79,10 +130,11 @@ void engine_out_free(engine_out *out);
 
 typedef struct tsr_engine tsr_engine;
 
-/* Start the engine thread.  Borrows both queues (they must outlive the engine).
- * *ret written only on success. */
+/* Start the engine thread.  Borrows both queues and the model (they must outlive the
+ * engine).  *ret written only on success. */
 tsr_status tsr_engine_start(const engine_params *p, tsr_queue *inbox, tsr_queue *outbox, tsr_engine **ret);
-/* Close the inbox, let the thread finish, join it.  Accepts NULL; clears *e. */
+/* Close the inbox, let the thread finish its current step, join it.  Accepts NULL;
+ * clears *e. */
 void tsr_engine_stop(tsr_engine **e);
 
 #endif

@@ -85,9 +85,12 @@ static void send_error(link *l, const uint8_t *rid, size_t rid_len, const char *
         send_env(l, rid, rid_len, &env);
 }
 
-static void publish_status(link *l) {
+/* Status, with the prefix-cache events of this engine snapshot when there are some
+ * (`events` may be NULL: the periodic heartbeat). */
+static void publish_status(link *l, const tsr_kv_events *events) {
         tsr_envelope env;
         Tessera__V1__Status s;
+        Tessera__V1__BlockHashEvent *evs = NULL, **evp = NULL;
         uint8_t *p;
         size_t n;
 
@@ -112,9 +115,31 @@ static void publish_status(link *l) {
         s.prefix_cache_hits_total = l->stats.prefix_cache_hits_total;
         s.prompt_tokens_total = l->stats.prompt_tokens_total;
         s.generation_tokens_total = l->stats.generation_tokens_total;
+        if (events && events->n) {
+                evs = calloc(events->n, sizeof(*evs));
+                evp = calloc(events->n, sizeof(*evp));
+                if (evs && evp) {
+                        for (size_t i = 0; i < events->n; i++) {
+                                const tsr_kv_event *ke = &events->ev[i];
+                                tessera__v1__block_hash_event__init(&evs[i]);
+                                evs[i].kind = ke->kind == TSR_KV_EVENT_STORED    ? TESSERA__V1__BLOCK_HASH_EVENT__KIND__STORED
+                                              : ke->kind == TSR_KV_EVENT_REMOVED ? TESSERA__V1__BLOCK_HASH_EVENT__KIND__REMOVED
+                                                                                 : TESSERA__V1__BLOCK_HASH_EVENT__KIND__ALL_CLEARED;
+                                evs[i].block_hashes = (uint64_t *)ke->hashes;
+                                evs[i].n_block_hashes = ke->n_hashes;
+                                evs[i].parent_block_hash = ke->has_parent ? ke->parent_hash : 0;
+                                evp[i] = &evs[i];
+                        }
+                        s.events = evp;
+                        s.n_events = events->n;
+                }
+        }
         env.msg_case = TESSERA__V1__ENVELOPE__MSG_STATUS;
         env.status = &s;
-        if (tsr_wire_pack(&env, &p, &n) != TSR_OK)
+                tsr_status packed = tsr_wire_pack(&env, &p, &n);
+        free(evs);
+        free(evp);
+        if (packed != TSR_OK)
                 return;
         /* PUB never blocks: past its HWM a message is dropped, which is what a
          * periodic snapshot wants. */
@@ -249,6 +274,74 @@ static void drain_router(link *l) {
         }
 }
 
+/* One engine step's outputs for one router -> one Output envelope. */
+static void send_outputs(link *l, const engine_out *out) {
+        tsr_envelope env;
+        Tessera__V1__Output o;
+        Tessera__V1__RequestOutput *ro = calloc(out->n_outputs, sizeof(*ro));
+        Tessera__V1__RequestOutput **rop = calloc(out->n_outputs, sizeof(*rop));
+        Tessera__V1__TokenLogprobs *lps = NULL, **lpp = NULL;
+        size_t n_lp = 0, k = 0;
+
+        for (size_t i = 0; i < out->n_outputs; i++)
+                n_lp += out->outputs[i].logprobs ? out->outputs[i].n_new : 0;
+        if (n_lp) {
+                lps = calloc(n_lp, sizeof(*lps));
+                lpp = calloc(n_lp, sizeof(*lpp));
+        }
+        if (!ro || !rop || (n_lp && (!lps || !lpp))) {
+                log_error("out of memory sending outputs");
+                goto out;
+        }
+        tessera__v1__envelope__init(&env);
+        tessera__v1__output__init(&o);
+        o.step = out->step;
+        for (size_t i = 0; i < out->n_outputs; i++) {
+                const engine_req_output *eo = &out->outputs[i];
+                Tessera__V1__RequestOutput *r = &ro[i];
+                tessera__v1__request_output__init(r);
+                r->request_id = (char *)eo->request_id;
+                r->new_token_ids = eo->new_tokens;
+                r->n_new_token_ids = eo->n_new;
+                if (eo->logprobs) {
+                        r->logprobs = &lpp[k];
+                        r->n_logprobs = eo->n_new;
+                        for (uint32_t t = 0; t < eo->n_new; t++, k++) {
+                                const tsr_token_logprobs *src = &eo->logprobs[t];
+                                tessera__v1__token_logprobs__init(&lps[k]);
+                                lps[k].logprob = src->logprob;
+                                lps[k].rank = src->rank;
+                                lps[k].top_token_ids = (uint32_t *)src->top_ids;
+                                lps[k].n_top_token_ids = src->n_top;
+                                lps[k].top_logprobs = (float *)src->top_logprobs;
+                                lps[k].n_top_logprobs = src->n_top;
+                                lpp[k] = &lps[k];
+                        }
+                }
+                r->finish_reason = eo->finish;
+                r->has_stop_token_id = eo->has_stop_token_id;
+                r->stop_token_id = eo->stop_token_id;
+                r->num_prompt_tokens = eo->num_prompt_tokens;
+                r->num_cached_tokens = eo->num_cached_tokens;
+                r->num_generated_tokens = eo->num_generated;
+                r->queued_ns = eo->queued_ns;
+                r->prefill_ns = eo->prefill_ns;
+                r->decode_ns = eo->decode_ns;
+                r->num_preemptions = eo->num_preemptions;
+                rop[i] = r;
+        }
+        o.outputs = rop;
+        o.n_outputs = out->n_outputs;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_OUTPUT;
+        env.output = &o;
+        send_env(l, out->router_id, out->router_id_len, &env);
+out:
+        free(ro);
+        free(rop);
+        free(lps);
+        free(lpp);
+}
+
 static void drain_outbox(link *l) {
         engine_out *out;
         tsr_queue_ack_fd(l->outbox);
@@ -256,7 +349,10 @@ static void drain_outbox(link *l) {
                 switch (out->kind) {
                 case ENGINE_OUT_STATS:
                         l->stats = out->stats;
-                        publish_status(l);    /* "on change", besides the timer */
+                        publish_status(l, out->events);    /* "on change", besides the timer */
+                        break;
+                case ENGINE_OUT_OUTPUT:
+                        send_outputs(l, out);
                         break;
                 case ENGINE_OUT_ERROR:
                         send_error(l, out->router_id, out->router_id_len, out->request_id, out->error_code,
@@ -347,7 +443,7 @@ tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queu
                 }
                 now = tsr_now_ns();
                 if (now >= next_status) {
-                        publish_status(&l);
+                        publish_status(&l, NULL);
                         /* Skip missed ticks instead of bursting after a stall. */
                         while (next_status <= now)
                                 next_status += interval_ns;

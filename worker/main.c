@@ -25,6 +25,7 @@
 #include "exit_codes.h"
 #include "link.h"
 #include "model_meta.h"
+#include "runner.h"
 
 #define DEFAULT_KV_CACHE_BYTES (4ll << 30)
 #define CPU_DEFAULT_MAX_NUM_SEQS 128
@@ -35,6 +36,7 @@ typedef struct worker_plan {
         char worker_id[300];
         uint32_t max_model_len;
         uint64_t kv_blocks_total;
+        uint64_t kv_block_bytes;
         uint32_t max_num_seqs;
         uint32_t max_num_batched_tokens;
         uint64_t boot_epoch;
@@ -42,18 +44,25 @@ typedef struct worker_plan {
 
 /* KV cache blocks the CPU backend can hold: K and V, every layer, float32.  The engine
  * issue replaces this with the allocator's own count; the formula is the same. */
-static uint64_t plan_kv_blocks(const tsr_config *cfg, const tsr_model_meta *m, uint32_t block_size) {
-        long long budget = cfg->kv_cache_memory_bytes ? cfg->kv_cache_memory_bytes : DEFAULT_KV_CACHE_BYTES;
-        long long avail = (long long)sysconf(_SC_AVPHYS_PAGES) * (long long)sysconf(_SC_PAGESIZE);
+/* Bytes of one KV block on the CPU backend: K and V, every layer, float32.  The
+ * runner allocates exactly this per block. */
+static uint64_t kv_block_bytes(const tsr_model_meta *m, uint32_t block_size) {
         uint64_t head_dim = m->head_dim ? m->head_dim : 64;
         uint64_t kv_heads = m->num_key_value_heads ? m->num_key_value_heads : 1;
         uint64_t layers = m->num_hidden_layers ? m->num_hidden_layers : 1;
-        uint64_t per_block = 2ull * layers * kv_heads * head_dim * block_size * sizeof(float);
+        return 2ull * layers * kv_heads * head_dim * block_size * sizeof(float);
+}
+
+/* KV cache blocks: --num-gpu-blocks-override, else --kv-cache-memory-bytes (default
+ * 4 GiB, never more than half of the free RAM) divided by the block size. */
+static uint64_t plan_kv_blocks(const tsr_config *cfg, uint64_t per_block) {
+        long long budget = cfg->kv_cache_memory_bytes ? cfg->kv_cache_memory_bytes : DEFAULT_KV_CACHE_BYTES;
+        long long avail = (long long)sysconf(_SC_AVPHYS_PAGES) * (long long)sysconf(_SC_PAGESIZE);
 
         if (cfg->num_gpu_blocks_override > 0)
                 return (uint64_t)cfg->num_gpu_blocks_override;
         if (!cfg->kv_cache_memory_bytes && avail > 0 && budget > avail / 2)
-                budget = avail / 2;   /* the default never takes more than half of free RAM */
+                budget = avail / 2;
         return per_block ? (uint64_t)budget / per_block : 0;
 }
 
@@ -85,7 +94,11 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, work
                 snprintf(err, errlen, "tensor/pipeline/data parallel sizes other than 1 are not supported yet");
                 return TSR_E_UNSUPPORTED;
         }
-        p->kv_blocks_total = plan_kv_blocks(cfg, m, (uint32_t)cfg->block_size);
+        p->kv_block_bytes = kv_block_bytes(m, (uint32_t)cfg->block_size);
+        p->kv_blocks_total = plan_kv_blocks(cfg, p->kv_block_bytes);
+        if (p->kv_blocks_total * cfg->block_size < p->max_model_len)
+                log_warn("the KV cache holds %llu tokens, less than max_model_len %u: long requests will wait or be "
+                         "refused", (unsigned long long)(p->kv_blocks_total * cfg->block_size), p->max_model_len);
         p->max_num_seqs = cfg->max_num_seqs > 0 ? (uint32_t)cfg->max_num_seqs : CPU_DEFAULT_MAX_NUM_SEQS;
         p->max_num_batched_tokens = cfg->max_num_batched_tokens > 0 ? (uint32_t)cfg->max_num_batched_tokens
                                                                     : CPU_DEFAULT_MAX_BATCHED_TOKENS;
@@ -96,7 +109,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, work
 
 /* Build and pack ModelInfo: once with the tokenizer, once without it (for routers
  * that already have it cached).  Everything points into cfg/meta (borrowed). */
-static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m, const worker_plan *p,
+static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m, const worker_plan *p, bool ready,
                                   uint8_t **full, size_t *full_len, uint8_t **lean, size_t *lean_len) {
         tsr_envelope env;
         Tessera__V1__ModelInfo mi;
@@ -179,7 +192,7 @@ static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m
         }
         mi.generation_defaults = &gen;
         bh.algo = cfg->prefix_caching_hash_algo;
-        bh.seed = 0;
+        bh.seed = TSR_BLOCK_HASH_NONE;
         mi.block_hash = &bh;
         mi.kv_blocks_total = p->kv_blocks_total;
         mi.max_num_seqs = p->max_num_seqs;
@@ -190,7 +203,7 @@ static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m
         mi.backend = "cpu";
         mi.architecture = m->architecture ? m->architecture : "";
         mi.status_endpoint = (char *)p->status_listen;
-        mi.engine_ready = false;
+        mi.engine_ready = ready;
         mi.tessera_version = TSR_VERSION;
         mi.max_logprobs = cfg->max_logprobs < 0 ? m->vocab_size : (uint32_t)cfg->max_logprobs;
         mi.prefix_caching = cfg->enable_prefix_caching != TSR_TRI_FALSE;
@@ -223,6 +236,8 @@ int main(int argc, char **argv) {
         tsr_model_meta *meta = NULL;
         tsr_queue *inbox = NULL, *outbox = NULL;
         tsr_engine *engine = NULL;
+        tsr_runner *runner = NULL;
+        tsr_block_hash_algo hash_algo = TSR_BLOCK_HASH_SHA256;
         worker_plan plan;
         uint8_t *mi_full = NULL, *mi_lean = NULL;
         size_t mi_full_len = 0, mi_lean_len = 0;
@@ -273,7 +288,25 @@ int main(int argc, char **argv) {
         log_info("# KV blocks: %llu (block size %d, %.2fx concurrency at max_model_len %u)",
                  (unsigned long long)plan.kv_blocks_total, cfg.block_size,
                  (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len, plan.max_model_len);
-        if (pack_model_info(&cfg, meta, &plan, &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
+        /* The model runner: weights and KV pool.  A format without a runner still
+         * serves its metadata (and refuses Submit), so routers can list it. */
+        tsr_load_stats lstats = {0};
+        st = tsr_runner_new(cfg.model, plan.kv_blocks_total, (uint32_t)cfg.block_size, &runner, &lstats, err, sizeof(err));
+        if (st == TSR_E_UNSUPPORTED) {
+                log_warn("model %s: no model runner (%s); serving its metadata only, Submit is refused", cfg.model, err);
+        } else if (st != TSR_OK) {
+                log_error("cannot load model %s: %s", cfg.model, err);
+                goto out;
+        } else {
+                log_info("loaded %zu tensors (%.1f MB in the file, %.1f MB as float32) in %.2f s; KV pool %.1f MB",
+                         lstats.n_tensors, (double)lstats.file_bytes / 1e6, (double)lstats.f32_bytes / 1e6,
+                         lstats.seconds, (double)plan.kv_blocks_total * plan.kv_block_bytes / 1e6);
+        }
+        if (tsr_block_hash_algo_parse(cfg.prefix_caching_hash_algo, &hash_algo) != TSR_OK) {
+                log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);
+                goto out;
+        }
+        if (pack_model_info(&cfg, meta, &plan, runner != NULL, &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
                 log_error("model info for %s does not fit in one protocol frame", meta->path);
                 goto out;
         }
@@ -295,11 +328,18 @@ int main(int argc, char **argv) {
                 goto out;
         }
         engine_params ep = {
+                .model = runner ? tsr_runner_model(runner) : NULL,
                 .kv_blocks_total = plan.kv_blocks_total,
                 .block_size = (uint32_t)cfg.block_size,
                 .max_model_len = plan.max_model_len,
                 .max_num_seqs = plan.max_num_seqs,
                 .max_num_batched_tokens = plan.max_num_batched_tokens,
+                .enable_prefix_caching = cfg.enable_prefix_caching != TSR_TRI_FALSE,
+                .hash_algo = hash_algo,
+                .priority_scheduling = strcmp(cfg.scheduling_policy, "priority") == 0,
+                .eos_ids = meta->eos_token_ids,
+                .n_eos_ids = meta->n_eos_token_ids,
+                .seed = (uint64_t)cfg.seed,
         };
         if (tsr_engine_start(&ep, inbox, outbox, &engine) != TSR_OK) {
                 log_error("cannot start the engine thread");
@@ -338,6 +378,7 @@ out:
                 close(sfd);
         free(mi_full);
         free(mi_lean);
+        tsr_runner_free(&runner);   /* after the engine thread has stopped */
         tsr_model_meta_free(&meta);
         tsr_config_done(&cfg);
         return rc;

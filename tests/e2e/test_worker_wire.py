@@ -130,18 +130,38 @@ def test_garbage_is_dropped_and_worker_keeps_serving(worker):
     assert "protocol version 2.0" in out
 
 
-def test_submit_refused_with_clear_retryable_error(worker):
+OUTPUT = 22
+
+
+def test_submit_streams_outputs_until_length(worker):
+    """A Submit straight on the wire: one Output per engine step, 8 tokens, then
+    finish_reason LENGTH with the prompt count reported once."""
     _, sock = worker
     hello(sock)
-    submit = (field(1, 2, b"cmpl-test-0") + field(2, 2, varint(1) + varint(2) + varint(3)) +
+    submit = (field(1, 2, b"cmpl-test-0") + field(2, 2, varint(504) + varint(3365) + varint(28)) +
               field(4, 0, 8) + field(8, 0, (1 << 64) - 1) + field(9, 0, (1 << 64) - 1))
-    reply = request(sock, envelope(SUBMIT, submit))
-    assert ERROR in reply
-    err = read_fields(reply[ERROR][0])
-    assert err[1] == [b"cmpl-test-0"]
-    assert err[2] == [3]                          # ERROR_UNAVAILABLE
-    assert err[4] == [1]                          # retryable
-    assert b"no model runner" in err[3][0]
+    sock.send(envelope(SUBMIT, submit))
+    tokens, finish, prompt_tokens = [], 0, None
+    deadline = time.monotonic() + 60
+    while not finish and time.monotonic() < deadline:
+        assert sock.poll(30000), "no Output from the worker"
+        msg = read_fields(sock.recv())
+        assert OUTPUT in msg, msg
+        for raw in read_fields(msg[OUTPUT][0]).get(2, []):       # Output.outputs
+            ro = read_fields(raw)
+            assert ro[1] == [b"cmpl-test-0"]
+            for packed in ro.get(2, []):                         # new_token_ids (packed)
+                i = 0
+                while i < len(packed):
+                    v, i = _varint(packed, i)
+                    tokens.append(v)
+            if 8 in ro:
+                prompt_tokens = ro[8][0]
+            finish = ro.get(5, [0])[0]
+    assert len(tokens) == 8
+    assert all(0 <= t < 49152 for t in tokens)
+    assert finish == 2                                           # FINISH_LENGTH
+    assert prompt_tokens == 3
 
 
 def test_invalid_submit_gets_invalid_error(worker):

@@ -1,0 +1,677 @@
+/* openai.c - parsing and validation of OpenAI request bodies (see openai.h).
+ * The checks and messages follow vLLM 0.12: protocol.py (pydantic models and their
+ * validators) and SamplingParams._verify_args. */
+#include "openai.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GREEDY_EPS 1e-5   /* vLLM's _SAMPLING_EPS: below it, temperature means greedy */
+
+void oai_limits_default(oai_limits *l) {
+        l->max_prompts = 4096;
+        l->max_prompt_ids = 1u << 20;
+        l->max_messages = 10000;
+        l->max_n = 128;
+        l->max_stop = 64;
+        l->max_stop_len = 4096;
+        l->max_logit_bias = 4096;
+        l->max_logprobs = 20;
+        l->max_json_depth = 64;
+}
+
+void oai_py_float_repr(double v, char *out, size_t n) {
+        if (isnan(v)) {
+                snprintf(out, n, "nan");
+                return;
+        }
+        if (isinf(v)) {
+                snprintf(out, n, v < 0 ? "-inf" : "inf");
+                return;
+        }
+        /* Shortest %g that reads back to the same double, as Python's repr does. */
+        char buf[64];
+        for (int prec = 1; prec <= 17; prec++) {
+                snprintf(buf, sizeof(buf), "%.*g", prec, v);
+                if (strtod(buf, NULL) == v)
+                        break;
+        }
+        /* Python writes exponents with at least two digits and keeps ".0" on integral
+         * values without an exponent: 1e-05, 1e+16, 2.0. */
+        char *e = strchr(buf, 'e');
+        if (e) {
+                char mant[40];
+                int exp = atoi(e + 1);
+                snprintf(mant, sizeof(mant), "%.*s", (int)(e - buf), buf);
+                snprintf(out, n, "%se%c%02d", mant, exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+        } else if (!strchr(buf, '.')) {
+                snprintf(out, n, "%s.0", buf);
+        } else {
+                snprintf(out, n, "%s", buf);
+        }
+}
+
+static tsr_status fail(oai_error *err, int status, const char *type, const char *param, const char *fmt, ...)
+        __attribute__((format(printf, 5, 6)));
+
+static tsr_status fail(oai_error *err, int status, const char *type, const char *param, const char *fmt, ...) {
+        va_list ap;
+        err->status = status;
+        err->type = type;
+        err->param = param;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof(err->message), fmt, ap);
+        va_end(ap);
+        return TSR_E_INVAL;
+}
+
+/* Type errors are pydantic's job in vLLM (400 "Bad Request"); value errors come from
+ * validators and SamplingParams (400 "BadRequestError"). */
+#define TYPE_ERR(err, field, what) \
+        fail((err), 400, "Bad Request", (field), "%s: Input should be %s", (field), (what))
+#define VALUE_ERR(err, field, ...) fail((err), 400, "BadRequestError", (field), __VA_ARGS__)
+
+static const char *fmt_float(double v, char *buf, size_t n) {
+        oai_py_float_repr(v, buf, n);
+        return buf;
+}
+
+/* ---- typed field access: absent or null = unset, other types = error ---- */
+
+static json_t *field(json_t *root, const char *name) {
+        json_t *v = json_object_get(root, name);
+        return json_is_null(v) ? NULL : v;
+}
+
+static tsr_status get_bool(json_t *root, const char *name, bool *out, oai_error *err) {
+        json_t *v = field(root, name);
+        if (!v)
+                return TSR_OK;
+        if (json_is_boolean(v)) {
+                *out = json_is_true(v);
+                return TSR_OK;
+        }
+        /* pydantic's lax mode also takes 0 and 1. */
+        if (json_is_integer(v) && (json_integer_value(v) == 0 || json_integer_value(v) == 1)) {
+                *out = json_integer_value(v) == 1;
+                return TSR_OK;
+        }
+        return TYPE_ERR(err, name, "a valid boolean");
+}
+
+/* An int, or a float with no fractional part (pydantic lax mode). */
+static tsr_status int_value(json_t *v, const char *name, int64_t *out, oai_error *err) {
+        if (json_is_integer(v)) {
+                *out = json_integer_value(v);
+                return TSR_OK;
+        }
+        if (json_is_real(v)) {
+                double d = json_real_value(v);
+                if (d == floor(d) && fabs(d) < 9.2e18) {
+                        *out = (int64_t)d;
+                        return TSR_OK;
+                }
+                return TYPE_ERR(err, name, "a valid integer, got a number with a fractional part");
+        }
+        return TYPE_ERR(err, name, "a valid integer");
+}
+
+static tsr_status get_int(json_t *root, const char *name, bool *has, int64_t *out, oai_error *err) {
+        json_t *v = field(root, name);
+        if (!v)
+                return TSR_OK;
+        tsr_status st = int_value(v, name, out, err);
+        if (st == TSR_OK && has)
+                *has = true;
+        return st;
+}
+
+static tsr_status get_number(json_t *root, const char *name, bool *has, double *out, oai_error *err) {
+        json_t *v = field(root, name);
+        if (!v)
+                return TSR_OK;
+        if (!json_is_number(v))
+                return TYPE_ERR(err, name, "a valid number");
+        *out = json_number_value(v);
+        if (has)
+                *has = true;
+        return TSR_OK;
+}
+
+static tsr_status get_string(json_t *root, const char *name, const char **out, oai_error *err) {
+        json_t *v = field(root, name);
+        if (!v)
+                return TSR_OK;
+        if (!json_is_string(v))
+                return TYPE_ERR(err, name, "a valid string");
+        *out = json_string_value(v);
+        return TSR_OK;
+}
+
+#define TRY(expr)                                  \
+        do {                                       \
+                tsr_status try_st_ = (expr);       \
+                if (try_st_ != TSR_OK)             \
+                        return try_st_;            \
+        } while (0)
+
+static size_t json_depth(json_t *v, size_t limit) {
+        size_t best = 0, i;
+        const char *k;
+        json_t *child;
+        if (limit == 0)
+                return 1;
+        if (json_is_array(v)) {
+                json_array_foreach(v, i, child) {
+                        size_t d = json_depth(child, limit - 1);
+                        if (d > best)
+                                best = d;
+                        if (best >= limit)
+                                break;
+                }
+                return best + 1;
+        }
+        if (json_is_object(v)) {
+                json_object_foreach(v, k, child) {
+                        size_t d = json_depth(child, limit - 1);
+                        if (d > best)
+                                best = d;
+                        if (best >= limit)
+                                break;
+                }
+                return best + 1;
+        }
+        return 0;
+}
+
+/* ---- completions prompt: str | [str] | [int] | [[int]] ---- */
+
+static tsr_status ids_from(json_t *arr, const oai_limits *lim, tsr_arena *a, oai_prompt *p, oai_error *err) {
+        size_t i, n = json_array_size(arr);
+        json_t *v;
+        if (n > lim->max_prompt_ids)
+                return VALUE_ERR(err, "prompt", "prompt has %zu token ids, more than the %zu allowed", n,
+                                 lim->max_prompt_ids);
+        p->is_ids = true;
+        p->n_ids = n;
+        p->ids = tsr_arena_calloc(a, n ? n : 1, sizeof(uint32_t));
+        if (!p->ids)
+                return fail(err, 500, "InternalServerError", NULL, "out of memory");
+        json_array_foreach(arr, i, v) {
+                int64_t id;
+                if (!json_is_integer(v))
+                        return TYPE_ERR(err, "prompt", "a list of integers (token ids)");
+                id = json_integer_value(v);
+                if (id < 0 || id > 0x7fffffff)
+                        return VALUE_ERR(err, "prompt", "token id %lld in the prompt is out of range", (long long)id);
+                p->ids[i] = (uint32_t)id;
+        }
+        return TSR_OK;
+}
+
+static tsr_status parse_prompts(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+        json_t *prompt = field(root, "prompt"), *first, *v;
+        size_t i, n;
+
+        if (!prompt || (json_is_array(prompt) && json_array_size(prompt) == 0))
+                return VALUE_ERR(err, "prompt", "Either prompt or prompt_embeds must be provided and non-empty.");
+        if (json_is_string(prompt)) {
+                r->prompts = tsr_arena_calloc(a, 1, sizeof(oai_prompt));
+                if (!r->prompts)
+                        return fail(err, 500, "InternalServerError", NULL, "out of memory");
+                r->prompts[0].text = json_string_value(prompt);
+                r->prompts[0].text_len = json_string_length(prompt);
+                r->n_prompts = 1;
+                if (r->prompts[0].text_len == 0)
+                        return VALUE_ERR(err, "prompt", "Prompt cannot be empty.");
+                return TSR_OK;
+        }
+        if (!json_is_array(prompt))
+                return TYPE_ERR(err, "prompt", "a string, a list of strings, a list of token ids or a list of lists of token ids");
+        first = json_array_get(prompt, 0);
+        if (json_is_integer(first)) {   /* one prompt of ids */
+                r->prompts = tsr_arena_calloc(a, 1, sizeof(oai_prompt));
+                if (!r->prompts)
+                        return fail(err, 500, "InternalServerError", NULL, "out of memory");
+                r->n_prompts = 1;
+                return ids_from(prompt, lim, a, &r->prompts[0], err);
+        }
+        n = json_array_size(prompt);
+        if (n > lim->max_prompts)
+                return VALUE_ERR(err, "prompt", "%zu prompts in one request, more than the %zu allowed", n,
+                                 lim->max_prompts);
+        r->prompts = tsr_arena_calloc(a, n, sizeof(oai_prompt));
+        if (!r->prompts)
+                return fail(err, 500, "InternalServerError", NULL, "out of memory");
+        r->n_prompts = n;
+        json_array_foreach(prompt, i, v) {
+                if (json_is_string(v)) {
+                        if (json_is_array(first))
+                                return TYPE_ERR(err, "prompt", "a list of one kind: strings or lists of token ids");
+                        r->prompts[i].text = json_string_value(v);
+                        r->prompts[i].text_len = json_string_length(v);
+                        if (r->prompts[i].text_len == 0)
+                                return VALUE_ERR(err, "prompt", "Prompt cannot be empty.");
+                } else if (json_is_array(v)) {
+                        if (json_is_string(first))
+                                return TYPE_ERR(err, "prompt", "a list of one kind: strings or lists of token ids");
+                        if (json_array_size(v) == 0)
+                                return VALUE_ERR(err, "prompt", "Prompt cannot be empty.");
+                        TRY(ids_from(v, lim, a, &r->prompts[i], err));
+                } else {
+                        return TYPE_ERR(err, "prompt", "a string, a list of strings, a list of token ids or a list of lists of token ids");
+                }
+        }
+        return TSR_OK;
+}
+
+/* ---- chat messages ---- */
+
+static tsr_status check_content(json_t *content, size_t idx, oai_error *err) {
+        size_t i;
+        json_t *part;
+        if (!content || json_is_null(content) || json_is_string(content))
+                return TSR_OK;
+        if (!json_is_array(content))
+                return TYPE_ERR(err, "messages", "a message content that is a string or a list of content parts");
+        json_array_foreach(content, i, part) {
+                const char *type = json_string_value(json_object_get(part, "type"));
+                if (!json_is_object(part) || !type)
+                        return TYPE_ERR(err, "messages", "content parts that are objects with a `type`");
+                if (strcmp(type, "text") == 0) {
+                        if (!json_is_string(json_object_get(part, "text")))
+                                return TYPE_ERR(err, "messages", "a text content part with a string `text`");
+                } else {
+                        return VALUE_ERR(err, "messages",
+                                         "message %zu: content part type '%.64s' is not supported by this text-only model",
+                                         idx, type);
+                }
+        }
+        return TSR_OK;
+}
+
+static tsr_status parse_messages(json_t *root, const oai_limits *lim, oai_request *r, oai_error *err) {
+        json_t *msgs = json_object_get(root, "messages"), *m;
+        size_t i;
+
+        if (!msgs || json_is_null(msgs))
+                return TYPE_ERR(err, "messages", "present: the field is required");
+        if (!json_is_array(msgs))
+                return TYPE_ERR(err, "messages", "a valid list");
+        if (json_array_size(msgs) == 0)
+                return VALUE_ERR(err, "messages", "messages must contain at least one message.");
+        if (json_array_size(msgs) > lim->max_messages)
+                return VALUE_ERR(err, "messages", "%zu messages, more than the %zu allowed", json_array_size(msgs),
+                                 lim->max_messages);
+        json_array_foreach(msgs, i, m) {
+                json_t *role;
+                if (!json_is_object(m))
+                        return TYPE_ERR(err, "messages", "a list of message objects");
+                role = json_object_get(m, "role");
+                /* vLLM also accepts custom roles (CustomChatCompletionMessageParam). */
+                if (!json_is_string(role) || json_string_length(role) == 0)
+                        return TYPE_ERR(err, "messages", "messages that each have a string `role`");
+                TRY(check_content(json_object_get(m, "content"), i, err));
+        }
+        r->messages = msgs;
+        return TSR_OK;
+}
+
+static tsr_status parse_tools(json_t *root, oai_request *r, oai_error *err) {
+        json_t *tools = field(root, "tools"), *tc = field(root, "tool_choice"), *t;
+        size_t i;
+
+        if (tools) {
+                if (!json_is_array(tools))
+                        return TYPE_ERR(err, "tools", "a valid list");
+                json_array_foreach(tools, i, t) {
+                        json_t *fn = json_object_get(t, "function");
+                        if (!json_is_object(t) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+                                return TYPE_ERR(err, "tools", "tools of the form {type: function, function: {name, ...}}");
+                }
+                r->tools = tools;
+        }
+        if (!tc) {
+                /* vLLM: tool_choice defaults to "none", and to "auto" when tools are given. */
+                r->tool_choice = tools && json_array_size(tools) ? "auto" : "none";
+                return TSR_OK;
+        }
+        if (json_is_string(tc)) {
+                const char *s = json_string_value(tc);
+                if (strcmp(s, "none") && strcmp(s, "auto") && strcmp(s, "required"))
+                        return TYPE_ERR(err, "tool_choice", "'none', 'auto', 'required' or a named tool");
+                r->tool_choice = s;
+                return TSR_OK;
+        }
+        const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+        if (!json_is_object(tc) || !name)
+                return TYPE_ERR(err, "tool_choice", "'none', 'auto', 'required' or {type: function, function: {name}}");
+        r->tool_choice = "function";
+        r->tool_choice_name = name;
+        if (!tools)
+                return VALUE_ERR(err, "tool_choice", "When using `tool_choice`, `tools` must be set.");
+        json_array_foreach(tools, i, t) {
+                const char *tn = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+                if (tn && strcmp(tn, name) == 0)
+                        return TSR_OK;
+        }
+        return VALUE_ERR(err, "tool_choice", "The tool specified in `tool_choice` does not match any of the specified `tools`");
+}
+
+/* ---- both endpoints ---- */
+
+static tsr_status parse_stop(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+        json_t *stop = field(root, "stop"), *ids = field(root, "stop_token_ids"), *v;
+        size_t i;
+
+        if (stop) {
+                size_t n = json_is_string(stop) ? 1 : json_array_size(stop);
+                if (!json_is_string(stop) && !json_is_array(stop))
+                        return TYPE_ERR(err, "stop", "a string or a list of strings");
+                if (n > lim->max_stop)
+                        return VALUE_ERR(err, "stop", "%zu stop strings, more than the %zu allowed", n, lim->max_stop);
+                r->stop = tsr_arena_calloc(a, n ? n : 1, sizeof(char *));
+                if (!r->stop)
+                        return fail(err, 500, "InternalServerError", NULL, "out of memory");
+                for (i = 0; i < n; i++) {
+                        v = json_is_string(stop) ? stop : json_array_get(stop, i);
+                        if (!json_is_string(v))
+                                return TYPE_ERR(err, "stop", "a string or a list of strings");
+                        if (json_string_length(v) == 0)
+                                return VALUE_ERR(err, "stop", "stop cannot contain an empty string.");
+                        if (json_string_length(v) > lim->max_stop_len)
+                                return VALUE_ERR(err, "stop", "a stop string of %zu bytes is longer than the %zu allowed",
+                                                 json_string_length(v), lim->max_stop_len);
+                        r->stop[i] = json_string_value(v);
+                }
+                r->n_stop = n;
+        }
+        if (ids) {
+                if (!json_is_array(ids))
+                        return TYPE_ERR(err, "stop_token_ids", "a valid list");
+                if (json_array_size(ids) > lim->max_stop * 16)
+                        return VALUE_ERR(err, "stop_token_ids", "too many stop_token_ids");
+                r->stop_token_ids = tsr_arena_calloc(a, json_array_size(ids) + 1, sizeof(uint32_t));
+                if (!r->stop_token_ids)
+                        return fail(err, 500, "InternalServerError", NULL, "out of memory");
+                json_array_foreach(ids, i, v) {
+                        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 0x7fffffff)
+                                return VALUE_ERR(err, "stop_token_ids", "stop_token_ids must contain only integers (token ids).");
+                        r->stop_token_ids[r->n_stop_token_ids++] = (uint32_t)json_integer_value(v);
+                }
+        }
+        return TSR_OK;
+}
+
+static tsr_status parse_logit_bias(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+        json_t *lb = field(root, "logit_bias"), *v;
+        const char *key;
+
+        if (!lb)
+                return TSR_OK;
+        if (!json_is_object(lb))
+                return TYPE_ERR(err, "logit_bias", "a valid dictionary");
+        if (json_object_size(lb) > lim->max_logit_bias)
+                return VALUE_ERR(err, "logit_bias", "%zu logit_bias entries, more than the %zu allowed",
+                                 json_object_size(lb), lim->max_logit_bias);
+        r->logit_bias = tsr_arena_calloc(a, json_object_size(lb) + 1, sizeof(oai_logit_bias));
+        if (!r->logit_bias)
+                return fail(err, 500, "InternalServerError", NULL, "out of memory");
+        json_object_foreach(lb, key, v) {
+                char *end;
+                long long id;
+                errno = 0;
+                id = strtoll(key, &end, 10);
+                if (!*key || *end || errno || id < 0 || id > 0x7fffffff)
+                        return VALUE_ERR(err, "logit_bias",
+                                         "logit_bias contains key(s) that cannot be converted to integer token IDs: ['%.64s']",
+                                         key);
+                if (!json_is_number(v))
+                        return TYPE_ERR(err, "logit_bias", "a dictionary of token id -> number");
+                double b = json_number_value(v);
+                b = b < -100.0 ? -100.0 : b > 100.0 ? 100.0 : b;
+                r->logit_bias[r->n_logit_bias].token_id = (uint32_t)id;
+                r->logit_bias[r->n_logit_bias].bias = (float)b;
+                r->n_logit_bias++;
+        }
+        return TSR_OK;
+}
+
+/* SamplingParams._verify_args, in vLLM's order and words. */
+static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, oai_error *err) {
+        char f[64];
+        if (r->n < 1)
+                return VALUE_ERR(err, "n", "n must be at least 1, got %d.", r->n);
+        if (r->n > lim->max_n)
+                return VALUE_ERR(err, "n", "n must be at most %d, got %d.", lim->max_n, r->n);
+        if (!(r->presence_penalty >= -2.0 && r->presence_penalty <= 2.0))
+                return VALUE_ERR(err, "presence_penalty", "presence_penalty must be in [-2, 2], got %s.",
+                                 fmt_float(r->presence_penalty, f, sizeof(f)));
+        if (!(r->frequency_penalty >= -2.0 && r->frequency_penalty <= 2.0))
+                return VALUE_ERR(err, "frequency_penalty", "frequency_penalty must be in [-2, 2], got %s.",
+                                 fmt_float(r->frequency_penalty, f, sizeof(f)));
+        if (r->has_repetition_penalty && !isfinite(r->repetition_penalty))
+                return VALUE_ERR(err, "repetition_penalty", "repetition_penalty must be a finite number, got %s.",
+                                 fmt_float(r->repetition_penalty, f, sizeof(f)));
+        if (r->has_repetition_penalty && r->repetition_penalty <= 0.0)
+                return VALUE_ERR(err, "repetition_penalty", "repetition_penalty must be greater than zero, got %s.",
+                                 fmt_float(r->repetition_penalty, f, sizeof(f)));
+        if (r->has_temperature && !isfinite(r->temperature))
+                return VALUE_ERR(err, "temperature", "temperature must be a finite number, got %s.",
+                                 fmt_float(r->temperature, f, sizeof(f)));
+        if (r->has_temperature && r->temperature < 0.0)
+                return VALUE_ERR(err, "temperature", "temperature must be non-negative, got %s.",
+                                 fmt_float(r->temperature, f, sizeof(f)));
+        if (r->has_top_p && !(r->top_p > 0.0 && r->top_p <= 1.0))
+                return VALUE_ERR(err, "top_p", "top_p must be in (0, 1], got %s.", fmt_float(r->top_p, f, sizeof(f)));
+        if (r->has_top_k && r->top_k < -1)
+                return VALUE_ERR(err, "top_k", "top_k must be 0 (disable), or at least 1, got %lld.", (long long)r->top_k);
+        if (r->has_min_p && !(r->min_p >= 0.0 && r->min_p <= 1.0))
+                return VALUE_ERR(err, "min_p", "min_p must be in [0, 1], got %s.", fmt_float(r->min_p, f, sizeof(f)));
+        if (r->has_max_tokens && r->max_tokens < 1 && !(r->kind == OAI_COMPLETIONS && r->echo && r->max_tokens == 0))
+                return VALUE_ERR(err, "max_tokens", "max_tokens must be at least 1, got %lld.", (long long)r->max_tokens);
+        if (r->min_tokens < 0)
+                return VALUE_ERR(err, "min_tokens", "min_tokens must be greater than or equal to 0, got %lld.",
+                                 (long long)r->min_tokens);
+        if (r->has_max_tokens && r->max_tokens > 0 && r->min_tokens > r->max_tokens)
+                return VALUE_ERR(err, "min_tokens", "min_tokens must be less than or equal to max_tokens=%lld, got %lld.",
+                                 (long long)r->max_tokens, (long long)r->min_tokens);
+        if (r->prompt_logprobs < -1)
+                return VALUE_ERR(err, "prompt_logprobs", "prompt_logprobs must be non-negative or -1, got %d.",
+                                 r->prompt_logprobs);
+        if (oai_request_is_greedy(r) && r->n > 1)
+                return VALUE_ERR(err, "n", "n must be 1 when using greedy sampling, got %d.", r->n);
+        return TSR_OK;
+}
+
+bool oai_request_is_greedy(const oai_request *r) { return r->has_temperature && r->temperature < GREEDY_EPS; }
+
+static tsr_status parse_common(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+        int64_t v = 0;
+        bool has = false;
+        json_t *so;
+
+        TRY(get_string(root, "model", &r->model, err));
+        TRY(get_string(root, "request_id", &r->request_id, err));
+        TRY(get_int(root, "n", &has, &v, err));
+        if (has) {
+                if (v < -1000000 || v > 1000000)
+                        return VALUE_ERR(err, "n", "n must be at most %d, got %lld.", lim->max_n, (long long)v);
+                r->n = (int)v;
+        }
+        TRY(get_number(root, "temperature", &r->has_temperature, &r->temperature, err));
+        TRY(get_number(root, "top_p", &r->has_top_p, &r->top_p, err));
+        TRY(get_int(root, "top_k", &r->has_top_k, &r->top_k, err));
+        TRY(get_number(root, "min_p", &r->has_min_p, &r->min_p, err));
+        TRY(get_number(root, "repetition_penalty", &r->has_repetition_penalty, &r->repetition_penalty, err));
+        TRY(get_number(root, "presence_penalty", NULL, &r->presence_penalty, err));
+        TRY(get_number(root, "frequency_penalty", NULL, &r->frequency_penalty, err));
+        TRY(get_int(root, "seed", &r->has_seed, &r->seed, err));
+        if (r->has_seed && r->seed == -1)
+                r->has_seed = false;   /* vLLM: seed -1 means none */
+        TRY(parse_stop(root, lim, a, r, err));
+        TRY(get_bool(root, "include_stop_str_in_output", &r->include_stop_str_in_output, err));
+        TRY(get_bool(root, "ignore_eos", &r->ignore_eos, err));
+        TRY(get_int(root, "min_tokens", NULL, &r->min_tokens, err));
+        TRY(get_bool(root, "skip_special_tokens", &r->skip_special_tokens, err));
+        TRY(get_bool(root, "spaces_between_special_tokens", &r->spaces_between_special_tokens, err));
+        TRY(parse_logit_bias(root, lim, a, r, err));
+        TRY(get_bool(root, "stream", &r->stream, err));
+        has = false;
+        TRY(get_int(root, "prompt_logprobs", &has, &v, err));
+        if (has) {
+                /* Only an explicit prompt_logprobs is refused with stream (not one
+                 * implied by echo + logprobs), as vLLM's model validator does. */
+                if (r->stream && v > 0)
+                        return VALUE_ERR(err, "prompt_logprobs", "`prompt_logprobs` are not available when `stream=True`.");
+                r->prompt_logprobs = v < -1000 ? -1000 : v > 1000000 ? 1000000 : (int)v;
+        }
+        so = field(root, "stream_options");
+        if (so) {
+                if (!json_is_object(so))
+                        return TYPE_ERR(err, "stream_options", "a valid dictionary");
+                if (!r->stream)
+                        return VALUE_ERR(err, "stream_options", "Stream options can only be defined when `stream=True`.");
+                r->include_usage = true;   /* 0.12: true when the object is present */
+                TRY(get_bool(so, "include_usage", &r->include_usage, err));
+                TRY(get_bool(so, "continuous_usage_stats", &r->continuous_usage_stats, err));
+        }
+        TRY(get_bool(root, "add_special_tokens", &r->add_special_tokens, err));
+        TRY(get_int(root, "priority", NULL, &r->priority, err));
+        return TSR_OK;
+}
+
+static tsr_status parse_completions(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+        int64_t v = 0;
+        bool has = false;
+        json_t *suffix = field(root, "suffix");
+
+        TRY(parse_prompts(root, lim, a, r, err));
+        if (suffix)
+                return VALUE_ERR(err, "suffix", "suffix is not currently supported");
+        TRY(get_bool(root, "echo", &r->echo, err));
+        r->has_max_tokens = true;
+        r->max_tokens = 16;   /* completions default */
+        if (json_object_get(root, "max_tokens") && json_is_null(json_object_get(root, "max_tokens")))
+                r->has_max_tokens = false;   /* explicit null: the rest of the context */
+        TRY(get_int(root, "max_tokens", NULL, &r->max_tokens, err));
+        TRY(get_int(root, "logprobs", &has, &v, err));
+        if (has) {
+                if (v < 0)
+                        return VALUE_ERR(err, "logprobs", "logprobs must be non-negative or -1, got %lld.", (long long)v);
+                if (lim->max_logprobs >= 0 && v > lim->max_logprobs)
+                        return VALUE_ERR(err, "logprobs", "Requested sample logprobs of %lld, which is greater than max allowed: %d",
+                                         (long long)v, lim->max_logprobs);
+                r->logprobs = (int)v;
+                /* vLLM: echo makes prompt_logprobs default to logprobs. */
+                if (r->echo && r->prompt_logprobs < 0)
+                        r->prompt_logprobs = (int)v;
+        }
+        return TSR_OK;
+}
+
+static tsr_status parse_chat(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+        int64_t v = 0;
+        bool has = false;
+        json_t *kw;
+
+        TRY(parse_messages(root, lim, r, err));
+        TRY(parse_tools(root, r, err));
+        TRY(get_int(root, "max_tokens", &r->has_max_tokens, &r->max_tokens, err));
+        has = false;
+        TRY(get_int(root, "max_completion_tokens", &has, &v, err));
+        if (has) {   /* max_completion_tokens wins over the deprecated max_tokens */
+                r->has_max_tokens = true;
+                r->max_tokens = v;
+        }
+        TRY(get_bool(root, "echo", &r->echo, err));
+        TRY(get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err));
+        TRY(get_bool(root, "continue_final_message", &r->continue_final_message, err));
+        if (r->add_generation_prompt && r->continue_final_message)
+                return VALUE_ERR(err, "continue_final_message",
+                                 "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+        kw = field(root, "chat_template_kwargs");
+        if (kw && !json_is_object(kw))
+                return TYPE_ERR(err, "chat_template_kwargs", "a valid dictionary");
+        r->chat_template_kwargs = kw;
+        TRY(get_string(root, "chat_template", &r->chat_template, err));
+        TRY(get_bool(root, "logprobs", &r->chat_logprobs, err));
+        has = false;
+        TRY(get_int(root, "top_logprobs", &has, &v, err));
+        if (has) {
+                if (v < -1)
+                        return VALUE_ERR(err, "top_logprobs", "`top_logprobs` must be a non-negative value or -1.");
+                if (v != 0 && !r->chat_logprobs)
+                        return VALUE_ERR(err, "top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.");
+                if (lim->max_logprobs >= 0 && (v > lim->max_logprobs || v == -1))
+                        return VALUE_ERR(err, "top_logprobs", "Requested sample logprobs of %lld, which is greater than max allowed: %d",
+                                         (long long)v, lim->max_logprobs);
+                r->top_logprobs = (int)v;
+        }
+        if (r->chat_logprobs)
+                r->logprobs = r->top_logprobs;
+        return TSR_OK;
+}
+
+tsr_status oai_parse(oai_kind kind, const char *body, size_t len, const oai_limits *lim, tsr_arena *arena,
+                     oai_request *req, oai_error *err) {
+        oai_request r;
+        json_error_t jerr;
+        json_t *root;
+        tsr_status st;
+
+        memset(&r, 0, sizeof(r));
+        r.kind = kind;
+        r.n = 1;
+        r.logprobs = -1;
+        r.prompt_logprobs = -1;
+        r.skip_special_tokens = true;
+        r.spaces_between_special_tokens = true;
+        r.add_generation_prompt = true;
+        r.add_special_tokens = kind == OAI_COMPLETIONS;
+
+        root = json_loadb(body, len, 0, &jerr);
+        if (!root)
+                return fail(err, 400, "Bad Request", NULL, "JSON decode error: %s (line %d, column %d)", jerr.text,
+                            jerr.line, jerr.column);
+        if (!json_is_object(root)) {
+                json_decref(root);
+                return fail(err, 400, "Bad Request", NULL, "Input should be a valid dictionary or object");
+        }
+        if (json_depth(root, lim->max_json_depth + 1) > lim->max_json_depth) {
+                json_decref(root);
+                return fail(err, 400, "Bad Request", NULL, "the request body is nested deeper than %zu levels",
+                            lim->max_json_depth);
+        }
+        r.root = root;
+        st = kind == OAI_COMPLETIONS ? parse_completions(root, lim, arena, &r, err)
+                                     : parse_chat(root, lim, arena, &r, err);
+        if (st == TSR_OK)
+                st = parse_common(root, lim, arena, &r, err);
+        if (st == TSR_OK)
+                st = verify_sampling(&r, lim, err);
+        if (st != TSR_OK) {
+                json_decref(root);
+                return st;
+        }
+        *req = r;
+        return TSR_OK;
+}
+
+void oai_request_done(oai_request *req) {
+        if (req->root)
+                json_decref(req->root);
+        req->root = NULL;
+}
+
+char *oai_error_json(const oai_error *err) {
+        json_t *body = json_pack("{s:{s:s, s:s, s:o, s:i}}", "error", "message", err->message, "type", err->type,
+                                 "param", err->param ? json_string(err->param) : json_null(), "code", err->status);
+        char *s = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(body);
+        return s;
+}

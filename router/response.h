@@ -1,0 +1,67 @@
+/* response.h - vLLM's response bodies for /v1/completions and /v1/chat/completions,
+ * key for key (../shared/reference/vllm-surface.md section 3):
+ *
+ *   - non-stream bodies and completions chunks are serialised by vLLM with every key
+ *     present, nulls included (model_dump);
+ *   - chat chunks carry only the keys vLLM sets (exclude_unset): the first chunk of a
+ *     choice has delta {role, content: ""}, then deltas {content}, the last one has
+ *     finish_reason and stop_reason;
+ *   - the usage chunk (stream_options.include_usage) has "choices": [] and usage
+ *     without null fields.
+ * Builders return new jansson references (NULL on OOM); arguments documented as
+ * "stolen" are consumed even on failure.  Any thread. */
+#ifndef TSR_ROUTER_RESPONSE_H
+#define TSR_ROUTER_RESPONSE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct resp_usage {
+        uint32_t prompt_tokens;
+        uint32_t completion_tokens;
+        bool has_cached_tokens;       /* --enable-prompt-tokens-details */
+        uint32_t cached_tokens;
+} resp_usage;
+
+typedef struct resp_head {
+        const char *id;               /* "cmpl-..." / "chatcmpl-..." */
+        int64_t created;
+        const char *model;
+} resp_head;
+
+/* {"prompt_tokens","total_tokens","completion_tokens","prompt_tokens_details"}; the
+ * last is null unless cached tokens are reported.  `with_null_details`: false for
+ * stream usage chunks (exclude_none). */
+json_t *resp_usage_json(const resp_usage *u, bool with_null_details);
+
+/* stop_reason: JSON null, an integer (stop_token_id) or a string (stop string). */
+json_t *resp_stop_reason(bool has_token, uint32_t token, const char *stop_string);
+
+/* ---- non-stream ---- */
+json_t *resp_completion_choice(int index, const char *text, size_t len, json_t *logprobs /* stolen, NULL = null */,
+                               const char *finish_reason, json_t *stop_reason /* stolen */);
+json_t *resp_completion(const resp_head *h, json_t *choices /* stolen array */, const resp_usage *u);
+json_t *resp_chat_choice(int index, const char *role, const char *content, size_t len,
+                         json_t *logprobs /* stolen, NULL = null */, const char *finish_reason,
+                         json_t *stop_reason /* stolen */);
+json_t *resp_chat(const resp_head *h, json_t *choices /* stolen array */, const resp_usage *u);
+
+/* ---- stream chunks ---- */
+/* usage: NULL -> "usage": null (completions always has the key). */
+json_t *resp_completion_chunk(const resp_head *h, int index, const char *text, size_t len,
+                              json_t *logprobs /* stolen */, const char *finish_reason,
+                              json_t *stop_reason /* stolen, only used when finish_reason */, const resp_usage *usage);
+/* The first chunk of a chat choice: delta {role, content: ""}. */
+json_t *resp_chat_role_chunk(const resp_head *h, int index, const char *role, const resp_usage *usage);
+json_t *resp_chat_chunk(const resp_head *h, int index, const char *content, size_t len, json_t *logprobs /* stolen */,
+                        const char *finish_reason, json_t *stop_reason /* stolen */, const resp_usage *usage);
+/* {"id",...,"choices":[],"usage":{...}} for both APIs. */
+json_t *resp_usage_chunk(const resp_head *h, bool chat, const resp_usage *u);
+
+/* "data: <compact json>\n\n" (malloc'd, *len set); NULL on OOM.  Takes the reference. */
+char *resp_sse_event(json_t *obj, size_t *len);
+#define RESP_SSE_DONE "data: [DONE]\n\n"
+
+#endif

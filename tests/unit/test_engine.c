@@ -1,0 +1,370 @@
+/* worker/engine: the V1 scheduler end to end through the real queues, with a fake
+ * model whose next token is a hash of the WHOLE context, read back through the paged
+ * KV cache.  Any mistake in block tables, chunking, preemption or prefix-cache reuse
+ * changes a sequence's context and therefore its tokens, which are checked against
+ * the hash computed directly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "worker/engine.h"
+
+#define VOCAB 97u
+#define EOS 0u
+#define BS 4u
+
+typedef struct fake_model {
+        uint32_t *kv;          /* token id stored per KV slot, UINT32_MAX = never written */
+        size_t n_slots;
+        size_t forwards;
+        size_t tokens_run;
+} fake_model;
+
+static uint32_t next_of(const uint32_t *ctx, size_t n) {
+        uint64_t h = 1469598103934665603ull;
+        for (size_t i = 0; i < n; i++)
+                h = (h ^ ctx[i]) * 1099511628211ull;
+        return (uint32_t)(h % (VOCAB - 1)) + 1;   /* never EOS */
+}
+
+static tsr_status fake_forward(void *ud, const uint32_t *bt, size_t n_table, const uint32_t *tokens, size_t n,
+                               size_t past, float *logits) {
+        fake_model *m = ud;
+        uint32_t ctx[4096];
+        if (past + n > n_table * BS || past + n > 4096)
+                return TSR_E_INVAL;
+        for (size_t p = 0; p < past; p++) {
+                size_t slot = (size_t)bt[p / BS] * BS + p % BS;
+                if (slot >= m->n_slots || m->kv[slot] == UINT32_MAX)
+                        return TSR_E_INTERNAL;   /* reading KV that was never written */
+                ctx[p] = m->kv[slot];
+        }
+        for (size_t t = 0; t < n; t++) {
+                size_t slot = (size_t)bt[(past + t) / BS] * BS + (past + t) % BS;
+                m->kv[slot] = tokens[t];
+                ctx[past + t] = tokens[t];
+        }
+        m->forwards++;
+        m->tokens_run += n;
+        if (logits) {
+                for (size_t v = 0; v < VOCAB; v++)
+                        logits[v] = -10.0f;
+                logits[next_of(ctx, past + n)] = 10.0f;
+        }
+        return TSR_OK;
+}
+
+typedef struct harness {
+        fake_model fm;
+        engine_model model;
+        tsr_queue *in, *out;
+        tsr_engine *e;
+        uint32_t eos[1];
+} harness;
+
+static harness *start(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix) {
+        harness *h = calloc(1, sizeof(*h));
+        h->fm.n_slots = blocks * BS;
+        h->fm.kv = malloc(h->fm.n_slots * sizeof(uint32_t));
+        memset(h->fm.kv, 0xff, h->fm.n_slots * sizeof(uint32_t));
+        h->model.vocab = VOCAB;
+        h->model.ud = &h->fm;
+        h->model.forward = fake_forward;
+        h->eos[0] = EOS;
+        assert_int_equal(tsr_queue_new(4096, &h->in), TSR_OK);
+        assert_int_equal(tsr_queue_new(65536, &h->out), TSR_OK);
+        engine_params p = {
+                .model = &h->model, .kv_blocks_total = blocks, .block_size = BS, .max_model_len = 1024,
+                .max_num_seqs = max_seqs, .max_num_batched_tokens = max_batched, .enable_prefix_caching = prefix,
+                .hash_algo = TSR_BLOCK_HASH_XXHASH, .eos_ids = h->eos, .n_eos_ids = 1,
+        };
+        assert_int_equal(tsr_engine_start(&p, h->in, h->out, &h->e), TSR_OK);
+        return h;
+}
+
+static void stop(harness *h) {
+        engine_out *o;
+        tsr_engine_stop(&h->e);
+        while ((o = tsr_queue_pop(h->out)))
+                engine_out_free(o);
+        tsr_queue_free(&h->in);
+        tsr_queue_free(&h->out);
+        free(h->fm.kv);
+        free(h);
+}
+
+static void submit(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
+                   const uint32_t *stop_ids, size_t n_stop) {
+        tsr_envelope env;
+        Tessera__V1__Submit s;
+        Tessera__V1__SamplingParams sp;
+        uint8_t *buf;
+        size_t len;
+        engine_in *in = calloc(1, sizeof(*in));
+        tessera__v1__envelope__init(&env);
+        tessera__v1__submit__init(&s);
+        tessera__v1__sampling_params__init(&sp);
+        sp.temperature = 0.0f;   /* greedy */
+        sp.top_p = 1.0f;
+        sp.repetition_penalty = 1.0f;
+        s.request_id = (char *)id;
+        s.prompt_token_ids = (uint32_t *)prompt;
+        s.n_prompt_token_ids = n;
+        s.sampling = &sp;
+        s.max_tokens = max_tokens;
+        s.stop_token_ids = (uint32_t *)stop_ids;
+        s.n_stop_token_ids = n_stop;
+        s.logprobs = -1;
+        s.prompt_logprobs = -1;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_SUBMIT;
+        env.submit = &s;
+        assert_int_equal(tsr_wire_pack(&env, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_wire_unpack(buf, len, 0, &in->env, NULL, 0), TSR_OK);
+        free(buf);
+        in->kind = ENGINE_IN_SUBMIT;
+        memcpy(in->router_id, "r1", 2);
+        in->router_id_len = 2;
+        assert_int_equal(tsr_queue_push(h->in, in), TSR_OK);
+}
+
+static void abort_req(harness *h, const char *id) {
+        tsr_envelope env;
+        Tessera__V1__Abort a;
+        char *ids[1] = {(char *)id};
+        uint8_t *buf;
+        size_t len;
+        engine_in *in = calloc(1, sizeof(*in));
+        tessera__v1__envelope__init(&env);
+        tessera__v1__abort__init(&a);
+        a.request_ids = ids;
+        a.n_request_ids = 1;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_ABORT;
+        env.abort = &a;
+        assert_int_equal(tsr_wire_pack(&env, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_wire_unpack(buf, len, 0, &in->env, NULL, 0), TSR_OK);
+        free(buf);
+        in->kind = ENGINE_IN_ABORT;
+        memcpy(in->router_id, "r1", 2);
+        in->router_id_len = 2;
+        assert_int_equal(tsr_queue_push(h->in, in), TSR_OK);
+}
+
+typedef struct result {
+        uint32_t tokens[512];
+        size_t n;
+        Tessera__V1__FinishReason finish;
+        uint32_t cached;
+        uint32_t stop_id;
+        bool has_stop_id;
+        bool error;
+} result;
+
+/* Collect outputs until every id in `ids` finished; return the last stats seen. */
+static engine_stats collect(harness *h, const char *const *ids, result *res, size_t n_ids) {
+        size_t finished = 0;
+        engine_stats last = {0};
+        while (finished < n_ids) {
+                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                if (!o)
+                        fail_msg("engine produced nothing for 20 s (%zu of %zu finished)", finished, n_ids);
+                if (o->kind == ENGINE_OUT_STATS)
+                        last = o->stats;
+                for (size_t i = 0; i < o->n_outputs; i++) {
+                        engine_req_output *ro = &o->outputs[i];
+                        for (size_t k = 0; k < n_ids; k++) {
+                                if (strcmp(ids[k], ro->request_id) != 0)
+                                        continue;
+                                for (uint32_t t = 0; t < ro->n_new; t++)
+                                        res[k].tokens[res[k].n++] = ro->new_tokens[t];
+                                if (ro->num_prompt_tokens)
+                                        res[k].cached = ro->num_cached_tokens;
+                                if (ro->finish) {
+                                        res[k].finish = ro->finish;
+                                        res[k].has_stop_id = ro->has_stop_token_id;
+                                        res[k].stop_id = ro->stop_token_id;
+                                        finished++;
+                                }
+                        }
+                }
+                if (o->kind == ENGINE_OUT_ERROR)
+                        fail_msg("engine error for %s: %s", o->request_id, o->message);
+                engine_out_free(o);
+        }
+        return last;
+}
+
+/* Stats once the engine is idle again. */
+static engine_stats idle_stats(harness *h) {
+        engine_stats last = {0};
+        for (int quiet = 0; quiet < 100;) {   /* up to 5 s of silence */
+                engine_out *o = tsr_queue_pop_wait(h->out, 50);
+                quiet = o ? 0 : quiet + 1;
+                if (!o) {
+                        if (last.num_running == 0 && last.num_waiting == 0 && last.kv_blocks_total)
+                                return last;
+                        continue;
+                }
+                if (o->kind == ENGINE_OUT_STATS)
+                        last = o->stats;
+                engine_out_free(o);
+        }
+        return last;
+}
+
+static void expected(const uint32_t *prompt, size_t n, size_t max_tokens, uint32_t *out) {
+        uint32_t ctx[2048];
+        memcpy(ctx, prompt, n * sizeof(uint32_t));
+        for (size_t i = 0; i < max_tokens; i++) {
+                ctx[n + i] = next_of(ctx, n + i);
+                out[i] = ctx[n + i];
+        }
+}
+
+static void make_prompt(uint32_t *p, size_t n, uint32_t seed) {
+        for (size_t i = 0; i < n; i++)
+                p[i] = 1 + (seed * 31u + (uint32_t)i * 7u) % (VOCAB - 1);
+}
+
+static void test_single_request_greedy(void **state) {
+        harness *h = start(256, 64, 8, true);
+        uint32_t prompt[10], want[20];
+        result res[1] = {0};
+        const char *ids[] = {"a"};
+        make_prompt(prompt, 10, 1);
+        submit(h, "a", prompt, 10, 20, NULL, 0);
+        collect(h, ids, res, 1);
+        expected(prompt, 10, 20, want);
+        assert_int_equal(res[0].n, 20);
+        assert_memory_equal(res[0].tokens, want, sizeof(want));
+        assert_int_equal(res[0].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        stop(h);
+}
+
+static void test_many_concurrent_with_preemption_and_chunking(void **state) {
+        /* 24 blocks of 4 tokens for 16 requests of up to 60 tokens each: preemption is
+         * certain; a budget of 8 tokens per step forces chunked prefill. */
+        harness *h = start(24, 8, 16, true);
+        uint32_t prompts[16][40], want[16][24];
+        size_t lens[16];
+        result res[16];
+        const char *ids[16];
+        char names[16][8];
+        memset(res, 0, sizeof(res));
+        for (int i = 0; i < 16; i++) {
+                lens[i] = 3 + (size_t)(i * 7) % 37;
+                make_prompt(prompts[i], lens[i], (uint32_t)i + 5);
+                snprintf(names[i], sizeof(names[i]), "r%d", i);
+                ids[i] = names[i];
+                submit(h, ids[i], prompts[i], lens[i], 24, NULL, 0);
+                expected(prompts[i], lens[i], 24, want[i]);
+        }
+        collect(h, ids, res, 16);
+        for (int i = 0; i < 16; i++) {
+                if (res[i].n != 24 || memcmp(res[i].tokens, want[i], sizeof(want[i])) != 0)
+                        fail_msg("request %d: %zu tokens, or wrong tokens", i, res[i].n);
+                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        }
+        engine_stats st = idle_stats(h);
+        assert_true(st.num_preemptions_total > 0);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);   /* every block back */
+        stop(h);
+}
+
+static void test_prefix_cache_hit_same_output(void **state) {
+        harness *h = start(64, 256, 4, true);
+        uint32_t prompt[18], want[6];
+        result r1[1] = {0}, r2[1] = {0};
+        const char *a[] = {"first"}, *b[] = {"second"};
+        make_prompt(prompt, 18, 9);
+        expected(prompt, 18, 6, want);
+        submit(h, "first", prompt, 18, 6, NULL, 0);
+        collect(h, a, r1, 1);
+        size_t tokens_before = h->fm.tokens_run;
+        submit(h, "second", prompt, 18, 6, NULL, 0);
+        collect(h, b, r2, 1);
+        assert_memory_equal(r1[0].tokens, want, sizeof(want));
+        assert_memory_equal(r2[0].tokens, want, sizeof(want));
+        assert_int_equal(r1[0].cached, 0);
+        assert_int_equal(r2[0].cached, 16);     /* 4 full blocks of the 18-token prompt */
+        /* The second request computed 2 prompt tokens + 5 decode steps, not 18 + 5. */
+        assert_int_equal(h->fm.tokens_run - tokens_before, 2 + 5);
+        engine_stats st = idle_stats(h);
+        assert_true(st.prefix_cache_hits_total >= 16);
+        stop(h);
+}
+
+static void test_stop_token_and_eos(void **state) {
+        harness *h = start(64, 64, 4, false);
+        uint32_t prompt[5], want[30];
+        result res[1] = {0};
+        const char *ids[] = {"s"};
+        make_prompt(prompt, 5, 3);
+        expected(prompt, 5, 30, want);
+        uint32_t stop_id = want[7];
+        size_t first = 0;
+        while (want[first] != stop_id)
+                first++;
+        submit(h, "s", prompt, 5, 30, &stop_id, 1);
+        collect(h, ids, res, 1);
+        assert_int_equal(res[0].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+        assert_true(res[0].has_stop_id);
+        assert_int_equal(res[0].stop_id, stop_id);
+        assert_int_equal(res[0].n, first + 1);   /* the stop token is the last one returned */
+        stop(h);
+}
+
+static void test_abort_frees_blocks(void **state) {
+        harness *h = start(64, 64, 4, false);
+        uint32_t prompt[12];
+        make_prompt(prompt, 12, 4);
+        submit(h, "long", prompt, 12, 1000, NULL, 0);
+        /* Wait for it to start, then abort it. */
+        for (;;) {
+                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                assert_non_null(o);
+                bool started = o->kind == ENGINE_OUT_OUTPUT;
+                engine_out_free(o);
+                if (started)
+                        break;
+        }
+        abort_req(h, "long");
+        engine_stats st = idle_stats(h);
+        assert_int_equal(st.num_running, 0);
+        /* Aborted well before its 1000 tokens: the abort, not the length limit, ended it. */
+        assert_true(st.generation_tokens_total < 1000);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+static void test_too_long_prompt_refused(void **state) {
+        harness *h = start(64, 64, 4, false);
+        uint32_t *prompt = calloc(2000, sizeof(uint32_t));
+        make_prompt(prompt, 2000, 2);
+        submit(h, "big", prompt, 2000, 4, NULL, 0);
+        engine_out *o;
+        while ((o = tsr_queue_pop_wait(h->out, 5000)) && o->kind != ENGINE_OUT_ERROR)
+                engine_out_free(o);
+        assert_non_null(o);
+        assert_string_equal(o->request_id, "big");
+        assert_int_equal(o->error_code, TESSERA__V1__ERROR_CODE__ERROR_TOO_LONG);
+        engine_out_free(o);
+        free(prompt);
+        stop(h);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_single_request_greedy),
+                cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),
+                cmocka_unit_test(test_prefix_cache_hit_same_output),
+                cmocka_unit_test(test_stop_token_and_eos),
+                cmocka_unit_test(test_abort_frees_blocks),
+                cmocka_unit_test(test_too_long_prompt_refused),
+        };
+        return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
+}
