@@ -77,7 +77,8 @@ struct tsr_engine {
         engine_stats last_published;
         uint64_t step;
         uint64_t next_seq;
-        float *logits;                /* (vocab,) */
+        float *logits;                /* (logits_rows, vocab): one row per sequence sampled this step */
+        size_t logits_rows;
         float *scratch;               /* (2 * vocab,) */
         bool stopping;
 };
@@ -527,22 +528,17 @@ static void check_stop(tsr_engine *e, slot *s, uint32_t t) {
                 s->finish = TESSERA__V1__FINISH_REASON__FINISH_LENGTH;
 }
 
-static tsr_status run_entry(tsr_engine *e, sched_entry *pe) {
+/* After the step's forward: store the chunk's KV in the prefix cache and, when the
+ * chunk reached the end of the known tokens, sample from its logits row. */
+static tsr_status finish_entry(tsr_engine *e, sched_entry *pe, const float *logits) {
         slot *s = pe->s;
         size_t past = s->kv.n_computed;
-        bool completes = past + pe->num_new == s->n_tokens;
         const engine_model *m = e->params.model;
         tsr_status st;
 
-        st = m->forward(m->ud, s->kv.block_ids, s->kv.n_blocks, s->tokens + past, pe->num_new, past,
-                        completes ? e->logits : NULL);
-        if (st != TSR_OK)
-                return st;
         st = tsr_kv_cache_commit(e->kv, &s->kv, s->tokens, past + pe->num_new);
-        if (st != TSR_OK)
-                return st;
-        if (!completes)
-                return TSR_OK;   /* a prefill chunk: nothing to sample */
+        if (st != TSR_OK || !logits)
+                return st;   /* a prefill chunk: nothing to sample */
         tsr_sample_history h = {
                 .prompt = s->tokens,
                 .n_prompt = s->n_prompt,
@@ -550,7 +546,7 @@ static tsr_status run_entry(tsr_engine *e, sched_entry *pe) {
                 .n_output = s->n_tokens - s->n_prompt,
         };
         tsr_sample_result r;
-        st = tsr_sample(&s->sampling, &h, s->rng_key, e->logits, m->vocab, e->scratch, &r);
+        st = tsr_sample(&s->sampling, &h, s->rng_key, logits, m->vocab, e->scratch, &r);
         if (st != TSR_OK)
                 return st;
         s->tokens[s->n_tokens++] = r.token;
@@ -566,6 +562,33 @@ static tsr_status run_entry(tsr_engine *e, sched_entry *pe) {
                 e->stats.prompt_tokens_total += s->n_prompt;
         check_stop(e, s, r.token);
         return TSR_OK;
+}
+
+/* Every chunk of the step through the model in one call. */
+static tsr_status run_plan(tsr_engine *e, sched_entry *plan, size_t n_plan, engine_seq *seqs, size_t *n_want) {
+        const engine_model *m = e->params.model;
+        *n_want = 0;
+        for (size_t i = 0; i < n_plan; i++) {
+                slot *s = plan[i].s;
+                size_t past = s->kv.n_computed;
+                seqs[i] = (engine_seq){
+                        .block_table = s->kv.block_ids,
+                        .n_table = s->kv.n_blocks,
+                        .tokens = s->tokens + past,
+                        .n = plan[i].num_new,
+                        .past_len = past,
+                        .want_logits = past + plan[i].num_new == s->n_tokens,
+                };
+                *n_want += seqs[i].want_logits;
+        }
+        if (*n_want > e->logits_rows) {
+                float *g = realloc(e->logits, *n_want * m->vocab * sizeof(float));
+                if (!g)
+                        return TSR_E_NOMEM;
+                e->logits = g;
+                e->logits_rows = *n_want;
+        }
+        return m->forward(m->ud, seqs, n_plan, e->logits);
 }
 
 /* One Output per router with every request of it that produced a token or finished. */
@@ -644,20 +667,26 @@ static void emit_outputs(tsr_engine *e, sched_entry *plan, size_t n_plan) {
 }
 
 static void step(tsr_engine *e) {
-        size_t cap = e->running.n + e->waiting.n;
+        size_t cap = e->running.n + e->waiting.n, n_plan, n_want = 0;
         sched_entry *plan = calloc(cap ? cap : 1, sizeof(*plan));
-        size_t n_plan;
+        engine_seq *seqs = calloc(cap ? cap : 1, sizeof(*seqs));
+        tsr_status st;
 
-        if (!plan)
-                return;
+        if (!plan || !seqs)
+                goto out;
         n_plan = schedule(e, plan, cap);
         e->step++;
         for (size_t i = 0; i < n_plan; i++) {
+                plan[i].s->step_has_token = false;
+                plan[i].s->step_has_lp = false;
+        }
+        st = n_plan ? run_plan(e, plan, n_plan, seqs, &n_want) : TSR_OK;
+        for (size_t i = 0, row = 0; i < n_plan; i++) {
                 slot *s = plan[i].s;
-                s->step_has_token = false;
-                s->step_has_lp = false;
-                if (run_entry(e, &plan[i]) != TSR_OK) {
-                        log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed: finishing it with an error");
+                const float *lg = seqs[i].want_logits ? e->logits + row++ * e->params.model->vocab : NULL;
+                if (st != TSR_OK || finish_entry(e, &plan[i], lg) != TSR_OK) {
+                        log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed (%s): finishing it with an error",
+                                tsr_status_str(st));
                         s->finish = TESSERA__V1__FINISH_REASON__FINISH_ERROR;
                 }
         }
@@ -669,7 +698,9 @@ static void step(tsr_engine *e) {
                 list_remove(&e->running, s);
                 slot_free(e, s);
         }
+out:
         free(plan);
+        free(seqs);
 }
 
 /* ------------------------------------------------------------------ thread */
@@ -717,6 +748,7 @@ tsr_status tsr_engine_start(const engine_params *p, tsr_queue *inbox, tsr_queue 
         }
         if (p->model) {
                 e->logits = malloc(p->model->vocab * sizeof(float));
+                e->logits_rows = 1;
                 e->scratch = malloc(2 * p->model->vocab * sizeof(float));
                 if (!e->logits || !e->scratch) {
                         st = TSR_E_NOMEM;

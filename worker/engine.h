@@ -29,16 +29,27 @@
 
 #define ENGINE_ROUTER_ID_MAX 255
 
+/* One scheduled chunk of one sequence in a step. */
+typedef struct engine_seq {
+        const uint32_t *block_table;   /* (n_table,) the sequence's blocks */
+        size_t n_table;
+        const uint32_t *tokens;        /* (n,) at positions past_len .. past_len+n-1 */
+        size_t n;
+        size_t past_len;
+        bool want_logits;              /* the chunk ends the known tokens: sample after it */
+} engine_seq;
+
 /* What the engine needs from a model: its vocabulary and one forward over a paged KV
- * cache.  The KV memory belongs to the model adapter, indexed by the engine's block ids. */
+ * cache for a whole step.  The KV memory belongs to the model adapter, indexed by the
+ * engine's block ids. */
 typedef struct engine_model {
         size_t vocab;
         void *ud;
-        /* Run tokens (n,) at positions past_len.. of a sequence whose KV lives in the
-         * blocks of block_table (n_table,); store their KV; when logits is not NULL write
-         * the last token's logits (vocab,).  Engine thread. */
-        tsr_status (*forward)(void *ud, const uint32_t *block_table, size_t n_table, const uint32_t *tokens,
-                              size_t n, size_t past_len, float *logits);
+        /* Run every chunk of the step (store their KV), and write the last token's
+         * logits (vocab,) of each chunk with want_logits, in order, to `logits`.  A
+         * chunk's logits must not depend on the others (batch invariance).  Engine
+         * thread. */
+        tsr_status (*forward)(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits);
 } engine_model;
 
 typedef struct engine_params {

@@ -274,71 +274,109 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama_config *c, si
                         goto done;              \
         } while (0)
 
-/* The forward over `kv`'s pools through `table`; arguments already checked. */
-static tsr_status forward_table(const tsr_llama *m, tsr_llama_kv *kv, const uint32_t *table, size_t n_table,
-                                const uint32_t *tokens, size_t n, size_t past_len, tsr_llama_logits which,
-                                float *logits) {
+/* The forward of several sequences at once over `kv`'s pools; arguments already checked.
+ * Their token rows are stacked into one (N, dim) batch, so every matmul reads its
+ * weights once for all rows (continuous batching's gain on a memory-bound decode);
+ * only kv_write and attention work per sequence, through its own block table.  Each
+ * row's arithmetic is the same whatever else is in the batch (matmul, rmsnorm and rope
+ * are per row with a fixed order), so batching never changes a sequence's logits.
+ * Logits: per segment, none, the last row, or every row, packed in segment order. */
+static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const tsr_llama_seq *seqs, size_t n_seqs,
+                                   float *logits) {
         const tsr_llama_config *c = &m->cfg;
         const tsr_kernels_ops *o = m->ops;
         struct scratch s;
+        uint32_t *tokens = NULL;
+        size_t N = 0, n_rows_out = 0;
         tsr_status st;
 
-        for (size_t t = 0; t < n; t++)
-                if (tokens[t] >= c->vocab_size)
-                        return TSR_E_INVAL;
-        if ((st = scratch_alloc(&s, c, n)) != TSR_OK)
+        for (size_t i = 0; i < n_seqs; i++) {
+                for (size_t t = 0; t < seqs[i].n; t++)
+                        if (seqs[i].tokens[t] >= c->vocab_size)
+                                return TSR_E_INVAL;
+                N += seqs[i].n;
+        }
+        if ((st = scratch_alloc(&s, c, N)) != TSR_OK)
                 return st;
+        tokens = malloc(N * sizeof(uint32_t));
+        if (!tokens) {
+                scratch_free(&s);
+                return TSR_E_NOMEM;
+        }
 
         size_t dim = c->dim, hd = c->head_dim, hid = c->hidden_dim;
         size_t q_dim = (size_t)c->n_heads * hd, kv_dim = (size_t)c->n_kv_heads * hd;
         float scale = (float)(1.0 / sqrt((double)hd));
         const tsr_llama_weights *w = m->w;
 
-        for (size_t t = 0; t < n; t++)
-                s.pos[t] = (uint32_t)(past_len + t);
-        TRY(o->embedding(s.x, w->token_embd, c->vocab_size, dim, tokens, n));         /* x (n, dim) */
+        for (size_t i = 0, row = 0; i < n_seqs; i++)
+                for (size_t t = 0; t < seqs[i].n; t++, row++) {
+                        tokens[row] = seqs[i].tokens[t];
+                        s.pos[row] = (uint32_t)(seqs[i].past_len + t);
+                }
+        TRY(o->embedding(s.x, w->token_embd, c->vocab_size, dim, tokens, N));         /* x (N, dim) */
 
         for (size_t l = 0; l < c->n_layers; l++) {
                 const tsr_llama_layer *L = &w->layers[l];
-                tsr_kv_view view = kv_layer_view(kv, l, table, n_table);
 
                 /* attention: x += o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x) */
-                TRY(o->rmsnorm(s.xb, s.x, L->attn_norm, n, dim, c->rms_eps));
-                TRY(o->matmul(s.q, s.xb, L->wq, n, dim, q_dim));                      /* q (n, q_dim) */
-                TRY(o->matmul(s.k, s.xb, L->wk, n, dim, kv_dim));                     /* k (n, kv_dim) */
-                TRY(o->matmul(s.v, s.xb, L->wv, n, dim, kv_dim));                     /* v (n, kv_dim) */
-                TRY(o->rope(s.q, n, c->n_heads, hd, s.pos, m->inv_freq, c->rope_layout));
-                TRY(o->rope(s.k, n, c->n_kv_heads, hd, s.pos, m->inv_freq, c->rope_layout));
-                TRY(o->kv_write(&view, s.k, s.v, n, past_len));
-                TRY(o->attention(s.att, s.q, &view, n, past_len, c->n_heads, scale));  /* att (n, q_dim) */
-                TRY(o->matmul(s.xb, s.att, L->wo, n, q_dim, dim));                    /* xb (n, dim) */
-                TRY(o->add(s.x, s.x, s.xb, n * dim));
+                TRY(o->rmsnorm(s.xb, s.x, L->attn_norm, N, dim, c->rms_eps));
+                TRY(o->matmul(s.q, s.xb, L->wq, N, dim, q_dim));                      /* q (N, q_dim) */
+                TRY(o->matmul(s.k, s.xb, L->wk, N, dim, kv_dim));                     /* k (N, kv_dim) */
+                TRY(o->matmul(s.v, s.xb, L->wv, N, dim, kv_dim));                     /* v (N, kv_dim) */
+                TRY(o->rope(s.q, N, c->n_heads, hd, s.pos, m->inv_freq, c->rope_layout));
+                TRY(o->rope(s.k, N, c->n_kv_heads, hd, s.pos, m->inv_freq, c->rope_layout));
+                for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
+                        tsr_kv_view view = kv_layer_view(kv, l, seqs[i].block_table, seqs[i].n_table);
+                        TRY(o->kv_write(&view, s.k + row * kv_dim, s.v + row * kv_dim, seqs[i].n, seqs[i].past_len));
+                        TRY(o->attention(s.att + row * q_dim, s.q + row * q_dim, &view, seqs[i].n,
+                                         seqs[i].past_len, c->n_heads, scale));       /* att (n_i, q_dim) */
+                }
+                TRY(o->matmul(s.xb, s.att, L->wo, N, q_dim, dim));                    /* xb (N, dim) */
+                TRY(o->add(s.x, s.x, s.xb, N * dim));
 
                 /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) */
-                TRY(o->rmsnorm(s.xb, s.x, L->ffn_norm, n, dim, c->rms_eps));
-                TRY(o->matmul(s.hb, s.xb, L->w_gate, n, dim, hid));                   /* hb (n, hid) */
-                TRY(o->matmul(s.hb2, s.xb, L->w_up, n, dim, hid));                    /* hb2 (n, hid) */
-                TRY(o->silu_mul(s.hb, s.hb, s.hb2, n * hid));
-                TRY(o->matmul(s.xb, s.hb, L->w_down, n, hid, dim));                   /* xb (n, dim) */
-                TRY(o->add(s.x, s.x, s.xb, n * dim));
+                TRY(o->rmsnorm(s.xb, s.x, L->ffn_norm, N, dim, c->rms_eps));
+                TRY(o->matmul(s.hb, s.xb, L->w_gate, N, dim, hid));                   /* hb (N, hid) */
+                TRY(o->matmul(s.hb2, s.xb, L->w_up, N, dim, hid));                    /* hb2 (N, hid) */
+                TRY(o->silu_mul(s.hb, s.hb, s.hb2, N * hid));
+                TRY(o->matmul(s.xb, s.hb, L->w_down, N, hid, dim));                   /* xb (N, dim) */
+                TRY(o->add(s.x, s.x, s.xb, N * dim));
         }
 
-        if (which != TSR_LLAMA_LOGITS_NONE) {
-                /* Only the rows whose logits are wanted go through the final norm and the
-                 * (vocab, dim) output matrix, the largest matmul of a decode step. */
-                size_t first = which == TSR_LLAMA_LOGITS_LAST ? n - 1 : 0, rows = n - first;
-                TRY(o->rmsnorm(s.xb, s.x + first * dim, w->output_norm, rows, dim, c->rms_eps));
-                TRY(o->matmul(logits, s.xb, w->output, rows, dim, c->vocab_size));   /* (rows, vocab) */
+        /* Only the rows whose logits are wanted go through the final norm and the
+         * (vocab, dim) output matrix, the largest matmul of a decode step: gather them. */
+        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
+                size_t first = seqs[i].which == TSR_LLAMA_LOGITS_LAST ? seqs[i].n - 1 : 0;
+                size_t rows = seqs[i].which == TSR_LLAMA_LOGITS_NONE ? 0 : seqs[i].n - first;
+                memcpy(s.xb + n_rows_out * dim, s.x + (row + first) * dim, rows * dim * sizeof(float));
+                n_rows_out += rows;
+        }
+        if (n_rows_out) {
+                TRY(o->rmsnorm(s.xb, s.xb, w->output_norm, n_rows_out, dim, c->rms_eps));
+                TRY(o->matmul(logits, s.xb, w->output, n_rows_out, dim, c->vocab_size));   /* (rows, vocab) */
         }
 done:
+        free(tokens);
         scratch_free(&s);
         return st;
 }
 
-/* Shared argument checks of the two entry points. */
-static tsr_status forward_args_ok(const tsr_llama *m, const tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
-                                  size_t past_len, tsr_llama_logits which, const float *logits) {
-        if (!m || !kv || !tokens || n == 0 || (which != TSR_LLAMA_LOGITS_NONE && !logits))
+/* One sequence through `table`. */
+static tsr_status forward_table(const tsr_llama *m, tsr_llama_kv *kv, const uint32_t *table, size_t n_table,
+                                const uint32_t *tokens, size_t n, size_t past_len, tsr_llama_logits which,
+                                float *logits) {
+        tsr_llama_seq one = {
+                .block_table = table, .n_table = n_table, .tokens = tokens, .n = n, .past_len = past_len,
+                .which = which,
+        };
+        return forward_segments(m, kv, &one, 1, logits);
+}
+
+/* Checks of one sequence's arguments, shared by every entry point. */
+static tsr_status seq_args_ok(const tsr_llama *m, const tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
+                              size_t past_len, tsr_llama_logits which) {
+        if (!m || !kv || !tokens || n == 0)
                 return TSR_E_INVAL;
         if (which != TSR_LLAMA_LOGITS_NONE && which != TSR_LLAMA_LOGITS_LAST && which != TSR_LLAMA_LOGITS_ALL)
                 return TSR_E_INVAL;
@@ -348,6 +386,13 @@ static tsr_status forward_args_ok(const tsr_llama *m, const tsr_llama_kv *kv, co
         if (past_len > UINT32_MAX || n > UINT32_MAX - past_len)
                 return TSR_E_LIMIT;     /* positions are uint32 */
         return TSR_OK;
+}
+
+static tsr_status forward_args_ok(const tsr_llama *m, const tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
+                                  size_t past_len, tsr_llama_logits which, const float *logits) {
+        if (which != TSR_LLAMA_LOGITS_NONE && !logits)
+                return TSR_E_INVAL;
+        return seq_args_ok(m, kv, tokens, n, past_len, which);
 }
 
 tsr_status tsr_llama_forward(const tsr_llama *m, tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
@@ -369,6 +414,29 @@ tsr_status tsr_llama_forward(const tsr_llama *m, tsr_llama_kv *kv, const uint32_
         if (st == TSR_OK)
                 kv->len = past_len + n;
         return st;
+}
+
+tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_llama_kv *pool, const tsr_llama_seq *seqs, size_t n_seqs,
+                                   float *logits) {
+        bool want = false;
+        if (!seqs || n_seqs == 0)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < n_seqs; i++) {
+                const tsr_llama_seq *q = &seqs[i];
+                tsr_status st = seq_args_ok(m, pool, q->tokens, q->n, q->past_len, q->which);
+                if (st != TSR_OK)
+                        return st;
+                if (!q->block_table || q->n_table > SIZE_MAX / pool->block_size ||
+                    q->past_len + q->n > q->n_table * pool->block_size)
+                        return TSR_E_INVAL;
+                for (size_t b = 0; b < q->n_table; b++)
+                        if (q->block_table[b] >= pool->n_blocks)
+                                return TSR_E_INVAL;
+                want |= q->which != TSR_LLAMA_LOGITS_NONE;
+        }
+        if (want && !logits)
+                return TSR_E_INVAL;
+        return forward_segments(m, pool, seqs, n_seqs, logits);
 }
 
 tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_llama_kv *pool, const uint32_t *block_table,

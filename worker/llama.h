@@ -98,4 +98,23 @@ tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_llama_kv *pool, cons
                                     size_t n_table, const uint32_t *tokens, size_t n, size_t past_len,
                                     tsr_llama_logits which, float *logits);
 
+/* One sequence of a batched forward. */
+typedef struct tsr_llama_seq {
+        const uint32_t *block_table;    /* (n_table,) this sequence's blocks in the pool */
+        size_t n_table;
+        const uint32_t *tokens;         /* (n,) at positions past_len .. past_len+n-1 */
+        size_t n;
+        size_t past_len;
+        tsr_llama_logits which;         /* NONE, LAST (1 row) or ALL (n rows) */
+} tsr_llama_seq;
+
+/* Several sequences over one shared pool in a single pass: their rows are stacked so
+ * every weight matrix is read once for all of them.  Each sequence's results are bitwise
+ * those of running it alone (tsr_llama_forward_blocks).  `logits` receives, in sequence
+ * order, the rows each one asked for (vocab floats per row).  Errors as
+ * tsr_llama_forward_blocks, for any sequence; the pools may then hold partial writes
+ * beyond each sequence's past_len (as after any failed forward). */
+tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_llama_kv *pool, const tsr_llama_seq *seqs, size_t n_seqs,
+                                   float *logits);
+
 #endif

@@ -15,11 +15,26 @@ struct tsr_runner {
         engine_model em;
 };
 
-static tsr_status runner_forward(void *ud, const uint32_t *block_table, size_t n_table, const uint32_t *tokens,
-                                 size_t n, size_t past_len, float *logits) {
+/* The whole step in one batched forward: each weight matrix is read once for every
+ * sequence in the step. */
+static tsr_status runner_forward(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits) {
         tsr_runner *r = ud;
-        return tsr_llama_forward_blocks(r->model, r->pool, block_table, n_table, tokens, n, past_len,
-                                        logits ? TSR_LLAMA_LOGITS_LAST : TSR_LLAMA_LOGITS_NONE, logits);
+        tsr_llama_seq *ls = malloc(n_seqs * sizeof(*ls));   /* one small allocation per step */
+        tsr_status st;
+        if (!ls)
+                return TSR_E_NOMEM;
+        for (size_t i = 0; i < n_seqs; i++)
+                ls[i] = (tsr_llama_seq){
+                        .block_table = seqs[i].block_table,
+                        .n_table = seqs[i].n_table,
+                        .tokens = seqs[i].tokens,
+                        .n = seqs[i].n,
+                        .past_len = seqs[i].past_len,
+                        .which = seqs[i].want_logits ? TSR_LLAMA_LOGITS_LAST : TSR_LLAMA_LOGITS_NONE,
+                };
+        st = tsr_llama_forward_batch(r->model, r->pool, ls, n_seqs, logits);
+        free(ls);
+        return st;
 }
 
 static void progress(void *ud, const tsr_load_stats *done, const tsr_load_stats *total) {

@@ -32,9 +32,8 @@ static uint32_t next_of(const uint32_t *ctx, size_t n) {
         return (uint32_t)(h % (VOCAB - 1)) + 1;   /* never EOS */
 }
 
-static tsr_status fake_forward(void *ud, const uint32_t *bt, size_t n_table, const uint32_t *tokens, size_t n,
-                               size_t past, float *logits) {
-        fake_model *m = ud;
+static tsr_status fake_forward_one(fake_model *m, const uint32_t *bt, size_t n_table, const uint32_t *tokens,
+                                   size_t n, size_t past, float *logits) {
         uint32_t ctx[4096];
         if (past + n > n_table * BS || past + n > 4096)
                 return TSR_E_INVAL;
@@ -55,6 +54,19 @@ static tsr_status fake_forward(void *ud, const uint32_t *bt, size_t n_table, con
                 for (size_t v = 0; v < VOCAB; v++)
                         logits[v] = -10.0f;
                 logits[next_of(ctx, past + n)] = 10.0f;
+        }
+        return TSR_OK;
+}
+
+static tsr_status fake_forward(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits) {
+        fake_model *m = ud;
+        for (size_t i = 0; i < n_seqs; i++) {
+                tsr_status st = fake_forward_one(m, seqs[i].block_table, seqs[i].n_table, seqs[i].tokens, seqs[i].n,
+                                                 seqs[i].past_len, seqs[i].want_logits ? logits : NULL);
+                if (st != TSR_OK)
+                        return st;
+                if (seqs[i].want_logits)
+                        logits += VOCAB;
         }
         return TSR_OK;
 }

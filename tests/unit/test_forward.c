@@ -638,6 +638,54 @@ static void test_stories260k_pool(void **state) {
         free(got);
 }
 
+/* The engine's step: several sequences in one tsr_llama_forward_batch (a prefill chunk
+ * wanting every row, a decode step wanting its last row, a chunk wanting none) give,
+ * bitwise, the logits each gives alone: batching never changes a sequence's result. */
+static void test_stories260k_batch(void **state) {
+        tsr_llama *m = load_model("TSR_FIXTURES", "models/stories260K.gguf");
+        tsr_llama_kv *pool = NULL, *alone = NULL;
+        enum { BS = 4, T = 10 };
+        static const uint32_t tab_a[3] = {4, 0, 8}, tab_b[3] = {1, 6, 2}, tab_c[3] = {3, 7, 5};
+        uint32_t ids[3][T];
+
+        if (!m)
+                skip();
+        size_t V = tsr_llama_config_of(m)->vocab_size;
+        float *want[3], *got = malloc((T + 1) * V * sizeof(float));
+        for (int q = 0; q < 3; q++) {
+                want[q] = malloc(T * V * sizeof(float));
+                for (size_t i = 0; i < T; i++)
+                        ids[q][i] = (uint32_t)(3 + 53 * i + 17 * (size_t)q) % 512;
+                assert_int_equal(tsr_llama_kv_new(m, T, 0, &alone), TSR_OK);
+                assert_int_equal(tsr_llama_forward(m, alone, ids[q], T, 0, TSR_LLAMA_LOGITS_ALL, want[q]), TSR_OK);
+                tsr_llama_kv_free(&alone);
+        }
+        assert_int_equal(tsr_llama_kv_new(m, 9 * BS, BS, &pool), TSR_OK);
+        /* b and c already hold 6 positions; a starts now. */
+        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_b, 3, ids[1], 6, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_c, 3, ids[2], 6, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
+        tsr_llama_seq seqs[3] = {
+                {.block_table = tab_a, .n_table = 3, .tokens = ids[0], .n = T, .past_len = 0, .which = TSR_LLAMA_LOGITS_ALL},
+                {.block_table = tab_b, .n_table = 3, .tokens = ids[1] + 6, .n = 1, .past_len = 6, .which = TSR_LLAMA_LOGITS_LAST},
+                {.block_table = tab_c, .n_table = 3, .tokens = ids[2] + 6, .n = 3, .past_len = 6, .which = TSR_LLAMA_LOGITS_NONE},
+        };
+        assert_int_equal(tsr_llama_forward_batch(m, pool, seqs, 3, got), TSR_OK);
+        assert_memory_equal(got, want[0], T * V * sizeof(float));              /* a: every row */
+        assert_memory_equal(got + T * V, want[1] + 6 * V, V * sizeof(float));  /* b: its one row */
+        /* c's KV was written by the batch: its next step alone matches too. */
+        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_c, 3, ids[2] + 9, 1, 9, TSR_LLAMA_LOGITS_LAST, got),
+                         TSR_OK);
+        assert_memory_equal(got, want[2] + 9 * V, V * sizeof(float));
+        /* a bad member refuses the whole batch */
+        seqs[1].n_table = 1;
+        assert_int_equal(tsr_llama_forward_batch(m, pool, seqs, 3, got), TSR_E_INVAL);
+        tsr_llama_kv_free(&pool);
+        tsr_llama_free(&m);
+        for (int q = 0; q < 3; q++)
+                free(want[q]);
+        free(got);
+}
+
 /* ---- llama-2-tiny-random (F16) ---------------------------------------------------- */
 
 static void test_llama2_tiny(void **state) {
@@ -893,6 +941,7 @@ int main(void) {
                 cmocka_unit_test(test_load_errors),
                 cmocka_unit_test(test_stories260k),
                 cmocka_unit_test(test_stories260k_pool),
+                cmocka_unit_test(test_stories260k_batch),
                 cmocka_unit_test(test_llama2_tiny),
         };
         const struct CMUnitTest smollm2[] = {
