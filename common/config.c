@@ -170,7 +170,7 @@ static const tsr_opt opts[] = {
         {O_INT("port", port, 0, 65535), .owner = R, .group = GRP_FRONTEND, .metavar = "PORT", .def = "8000",
          .help = "HTTP port"},
         {O_LIST("api-key", api_key), .owner = R, .group = GRP_FRONTEND, .metavar = "KEY",
-         .def_help = "env VLLM_API_KEY", .help = "bearer keys accepted on /v1"},
+         .def_help = "env TESSERA_API_KEY or VLLM_API_KEY", .help = "bearer keys accepted on /v1"},
         {O_STR("chat-template", chat_template), .owner = R, .group = GRP_FRONTEND, .metavar = "TEMPLATE",
          .def_help = "the model's", .help = "chat template file or inline text"},
         {O_STR("response-role", response_role), .owner = R, .group = GRP_FRONTEND, .metavar = "ROLE",
@@ -998,12 +998,15 @@ tsr_status tsr_config_parse(tsr_config *cfg, int argc, char **argv, bool allow_m
         if (st != TSR_OK)
                 return st;
 
-        /* vLLM reads VLLM_API_KEY when no key was given.  Not marked as set: children
-         * inherit the environment, and a key kept off argv stays out of `ps`. */
+        /* vLLM reads VLLM_API_KEY when no key was given; TESSERA_API_KEY is our own
+         * spelling and wins over it.  Not marked as set: children inherit the
+         * environment, and a key kept off argv stays out of `ps`. */
         for (size_t i = 0; i < N_OPTS; i++)
                 if (opts[i].off == offsetof(tsr_config, api_key))
                         api = &opts[i];
-        env = getenv("VLLM_API_KEY");
+        env = getenv("TESSERA_API_KEY");
+        if (!env || !*env)
+                env = getenv("VLLM_API_KEY");
         if (api && !cfg->_set[api - opts] && cfg->api_key.n == 0 && env && *env) {
                 if (list_append(&cfg->api_key, env) != TSR_OK)
                         return TSR_E_NOMEM;

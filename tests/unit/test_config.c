@@ -847,6 +847,15 @@ static void test_api_key_env(void **state) {
         assert_string_equal(c.api_key.items[0], "from-yaml");
         tsr_config_done(&c);
 
+        /* TESSERA_API_KEY wins over VLLM_API_KEY */
+        setenv("TESSERA_API_KEY", "ours", 1);
+        tsr_config_init(&c);
+        assert_int_equal(parse(&c, NULL), TSR_OK);
+        assert_int_equal(c.api_key.n, 1);
+        assert_string_equal(c.api_key.items[0], "ours");
+        tsr_config_done(&c);
+        unsetenv("TESSERA_API_KEY");
+
         setenv("VLLM_API_KEY", "", 1);
         tsr_config_init(&c);
         assert_int_equal(parse(&c, NULL), TSR_OK);
