@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "worker/gguf.h"
 #include "worker/llama.h"
@@ -74,13 +75,50 @@ static bool ops_complete(const tsr_kernels_ops *o) {
 }
 
 
+/* A GGUF file: config from its metadata, tensors dequantized; the file is closed after. */
+static tsr_status load_gguf(const char *path, const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
+                            tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
+        tsr_gguf *g = NULL;
+        tsr_llama_config cfg;
+        tsr_shard_spec whole;
+        tsr_status st;
+
+        if ((st = tsr_gguf_open(path, &g, err, errlen)) != TSR_OK)
+                return st;
+        if ((st = tsr_llama_config_from_gguf(g, path, &cfg, err, errlen)) == TSR_OK) {
+                whole = tsr_shard_spec_whole(cfg.n_layers);
+                st = tsr_llama_weights_load(g, path, &cfg, spec ? spec : &whole, progress, ud, ret, stats, err,
+                                            errlen);
+        }
+        tsr_gguf_close(&g);
+        return st;
+}
+
+/* A Hugging Face folder: config.json first (an unsupported model fails before any
+ * weights are mapped), then the safetensors, unmapped after conversion. */
+static tsr_status load_hf(const char *dir, const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
+                          tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
+        tsr_safetensors_set *set = NULL;
+        tsr_llama_config cfg;
+        tsr_shard_spec whole;
+        tsr_status st;
+
+        if ((st = tsr_llama_config_from_hf(dir, &cfg, err, errlen)) != TSR_OK)
+                return st;
+        if ((st = tsr_safetensors_set_open(dir, &set, err, errlen)) != TSR_OK)
+                return st;
+        whole = tsr_shard_spec_whole(cfg.n_layers);
+        st = tsr_llama_weights_load_hf(set, &cfg, spec ? spec : &whole, progress, ud, ret, stats, err, errlen);
+        tsr_safetensors_set_close(&set);
+        return st;
+}
+
 tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const tsr_shard_spec *spec,
                           tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
                           char *err, size_t errlen) {
-        tsr_gguf *g = NULL;
+        tsr_llama_weights *w = NULL;
         tsr_llama *m = NULL;
-        tsr_llama_config cfg;
-        tsr_shard_spec whole;
+        struct stat sb;
         tsr_status st;
 
         if (!path || !ret)
@@ -90,23 +128,23 @@ tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const ts
                         ops && ops->name ? ops->name : "?");
                 return TSR_E_UNSUPPORTED;
         }
-        if ((st = tsr_gguf_open(path, &g, err, errlen)) != TSR_OK)
+        if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+                st = load_hf(path, spec, progress, ud, &w, stats, err, errlen);
+        else
+                st = load_gguf(path, spec, progress, ud, &w, stats, err, errlen);
+        if (st != TSR_OK)
                 return st;
-        if ((st = tsr_llama_config_from_gguf(g, path, &cfg, err, errlen)) != TSR_OK)
-                goto done;
-        whole = tsr_shard_spec_whole(cfg.n_layers);
         m = calloc(1, sizeof *m);
-        if (!m || !(m->inv_freq = malloc(cfg.head_dim / 2 * sizeof(float)))) {
+        if (!m || !(m->inv_freq = malloc(w->cfg.head_dim / 2 * sizeof(float)))) {
                 tsr_errf(err, errlen, "%s: out of memory", path);
                 st = TSR_E_NOMEM;
                 goto done;
         }
-        m->cfg = cfg;
+        m->cfg = w->cfg;
         m->ops = ops;
-        st = tsr_llama_weights_load(g, path, &cfg, spec ? spec : &whole, progress, ud, &m->w, stats, err, errlen);
-        if (st != TSR_OK)
-                goto done;
-        if ((st = tsr_llama_rope_inv_freq(&cfg, m->w->rope_freqs, m->inv_freq)) != TSR_OK) {
+        m->w = w;
+        w = NULL;
+        if ((st = tsr_llama_rope_inv_freq(&m->cfg, m->w->rope_freqs, m->inv_freq)) != TSR_OK) {
                 tsr_errf(err, errlen, "%s: bad RoPE parameters", path);
                 goto done;
         }
@@ -114,7 +152,7 @@ tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const ts
         m = NULL;
 done:
         tsr_llama_free(&m);
-        tsr_gguf_close(&g);
+        tsr_llama_weights_free(&w);
         return st;
 }
 

@@ -23,11 +23,15 @@
 
 typedef struct tsr_llama tsr_llama;
 
-/* Open the GGUF at `path`, read its config and load the shard `spec` (NULL: the whole
- * model) as float32 weights, run later with `ops` (every op the forward uses must be
- * set: the CPU reference always is).  The file is closed before returning.  Progress and
- * stats as tsr_llama_weights_load.  On success *ret is new (tsr_llama_free).  Errors as
- * tsr_gguf_open, tsr_llama_config_from_gguf and tsr_llama_weights_load, with the file
+/* Load the model at `path` and the shard `spec` of it (NULL: the whole model) as float32
+ * weights, run later with `ops` (every op the forward uses must be set: the CPU
+ * reference always is).  `path` is either
+ *  - a directory: a Hugging Face LlamaForCausalLM folder, config.json plus
+ *    model.safetensors or model.safetensors.index.json shards (tsr_llama_config_from_hf,
+ *    tsr_safetensors_set_open, tsr_llama_weights_load_hf); or
+ *  - a GGUF file (tsr_gguf_open, tsr_llama_config_from_gguf, tsr_llama_weights_load).
+ * The files are unmapped before returning.  Progress and stats as tsr_llama_weights_load.
+ * On success *ret is new (tsr_llama_free).  Errors as the functions named, with the file
  * and tensor or key named in `err`; TSR_E_UNSUPPORTED if `ops` lacks an op. */
 tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const tsr_shard_spec *spec,
                           tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,

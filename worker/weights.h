@@ -1,4 +1,5 @@
-/* weights.h - a Llama's hyperparameters and float32 weights, loaded from a GGUF file.
+/* weights.h - a Llama's hyperparameters and float32 weights, loaded from a GGUF file or
+ * a Hugging Face folder (config.json + safetensors; weights_hf.c, at the end).
  *
  * Every tensor is dequantized at load into a float32 array the forward reads directly
  * (the fidelity path; a bf16 compute dtype comes later).  Supported ggml types: F32, F16,
@@ -29,6 +30,7 @@
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
 #include "worker/gguf.h"
+#include "worker/safetensors.h"
 
 /* What the forward needs to know about the architecture.  Plain data. */
 typedef struct tsr_llama_config {
@@ -123,5 +125,37 @@ void tsr_llama_weights_free(tsr_llama_weights **w);
  * into dst (n,).  TSR_E_UNSUPPORTED for a type not listed above, TSR_E_INVAL if n is not
  * a multiple of the type's block size. */
 tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst);
+
+/* ---- Hugging Face folders (weights_hf.c) ----------------------------------------------
+ * A LlamaForCausalLM checkpoint: config.json and safetensors in HF naming (models.md
+ * §1.2), F32, F16 or BF16 tensors converted to float32.  HF's q_proj/k_proj rows are in
+ * rotate_half order, so the config gets TSR_ROPE_NEOX. */
+
+/* Parse config.json's bytes (`path` only names the file in messages).  Reads
+ * architectures (must be ["LlamaForCausalLM"]; absent: model_type must be "llama"),
+ * hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default
+ * num_attention_heads), head_dim (default hidden_size / num_attention_heads),
+ * intermediate_size, vocab_size, max_position_embeddings (default unknown),
+ * rms_norm_eps (default 1e-6, as LlamaConfig), tie_word_embeddings (default false), and
+ * the RoPE parameters in either transformers style: rope_theta (default 10000) with
+ * rope_scaling (4.x), or rope_parameters holding rope_theta too (5.x); rope_type
+ * "default" or "llama3" (factor, low_freq_factor, high_freq_factor,
+ * original_max_position_embeddings).  Writes *ret only on success; TSR_E_INVAL (bad or
+ * missing field, message names it) or TSR_E_UNSUPPORTED (another architecture, rope
+ * type, activation, partial rotary, attention or MLP biases). */
+tsr_status tsr_llama_config_from_hf_json(const char *json, size_t len, const char *path, tsr_llama_config *ret,
+                                         char *err, size_t errlen);
+/* The same for dir/config.json (TSR_E_NOTFOUND when it is absent; at most 16 MiB). */
+tsr_status tsr_llama_config_from_hf(const char *dir, tsr_llama_config *ret, char *err, size_t errlen);
+
+/* Load `spec`'s shard from the safetensors of `set` (tsr_safetensors_set_open), as
+ * tsr_llama_weights_load does from a GGUF: the same results, statuses and stats.  Each
+ * tensor must have exactly the shape of models.md §1.2 ([out, in] for a linear weight);
+ * lm_head.weight is not read when cfg->tied_embeddings.  A ".bias" tensor anywhere is
+ * TSR_E_UNSUPPORTED (this loader would silently drop it).  `err` names the file and the
+ * tensor. */
+tsr_status tsr_llama_weights_load_hf(const tsr_safetensors_set *set, const tsr_llama_config *cfg,
+                                     const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
+                                     tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen);
 
 #endif
