@@ -45,6 +45,14 @@ typedef struct choice {
         uint64_t first_token_ns;      /* router clock: TTFT, ITL */
         uint64_t last_token_ns;
         uint64_t queued_ns, prefill_ns, decode_ns;   /* engine's, from the final Output */
+        /* logprobs (the request asked for them) */
+        resp_token_lp *lp;            /* one per generated token, in order */
+        size_t n_lp, cap_lp;
+        size_t lp_sent;               /* streaming: entries of `lp` already sent */
+        resp_token_lp *plp;           /* prompt_logprobs: one per prompt position, [0] without */
+        bool echo_lp_sent;            /* streaming echo: the prompt's entries went out */
+        size_t sent_chars;            /* streaming: code points of `text` sent (text_offset) */
+        size_t echo_chars;            /* ... of which the echoed prompt */
 } choice;
 
 struct rq {
@@ -110,6 +118,8 @@ static void rq_free(rq *r) {
                 tsr_detok_free(&ch->detok);
                 tsr_buf_done(&ch->text);
                 json_decref(ch->stop_reason);
+                free(ch->lp);
+                free(ch->plp);
         }
         free(r->choices);
         if (r->prompt_ids)
@@ -280,6 +290,129 @@ static bool content_type_json(const http_request *req) {
         return n == 16 && strncasecmp(ct, "application/json", 16) == 0;
 }
 
+/* ------------------------------------------------------------------ logprobs */
+
+/* echo with max_tokens 0: the engine runs one token, the response carries only the
+ * prompt (text and logprobs), as vLLM does. */
+static bool echo_only(const rq *r) {
+        return r->kind == OAI_COMPLETIONS && r->req.echo && r->req.has_max_tokens && r->req.max_tokens == 0;
+}
+
+/* resp_tokens.decode: one token's text, special tokens kept (vLLM's decoded_token is
+ * tokenizer.decode([id])).  Loop thread. */
+static char *decode_one(void *ud, uint32_t id, size_t *len) {
+        char *text = NULL;
+        if (tsr_tokenizer_decode(ud, &id, 1, false, &text, len) != TSR_OK)
+                return NULL;
+        return text;
+}
+
+static resp_tokens tokens_of(const rq *r) { return (resp_tokens){.decode = decode_one, .ud = r->model->tok}; }
+
+static void lp_from_wire(const Tessera__V1__TokenLogprobs *w, uint32_t token, resp_token_lp *lp) {
+        size_t n_top = w->n_top_token_ids < w->n_top_logprobs ? w->n_top_token_ids : w->n_top_logprobs;
+        memset(lp, 0, sizeof(*lp));
+        lp->token = token;
+        lp->has = true;
+        lp->logprob = w->logprob;
+        lp->rank = w->rank;
+        lp->n_top = (uint32_t)(n_top < RESP_MAX_TOP ? n_top : RESP_MAX_TOP);
+        for (uint32_t i = 0; i < lp->n_top; i++) {
+                lp->top_ids[i] = w->top_token_ids[i];
+                lp->top_logprobs[i] = w->top_logprobs[i];
+        }
+}
+
+/* The first Output's prompt logprobs (positions 1.. on the wire) as one entry per
+ * prompt position; a position the worker sent nothing for has none (like position 0). */
+static tsr_status take_prompt_lp(choice *ch, const Tessera__V1__RequestOutput *out) {
+        rq *r = ch->r;
+        size_t n = r->prompt_lens[ch->prompt];
+        const uint32_t *ids = r->prompt_ids[ch->prompt];
+        resp_token_lp *plp = calloc(n ? n : 1, sizeof(*plp));
+        if (!plp)
+                return TSR_E_NOMEM;
+        for (size_t i = 0; i < n; i++) {
+                plp[i].token = ids[i];
+                if (i >= 1 && i - 1 < out->n_prompt_logprobs && out->prompt_logprobs[i - 1])
+                        lp_from_wire(out->prompt_logprobs[i - 1], ids[i], &plp[i]);
+        }
+        free(ch->plp);
+        ch->plp = plp;
+        return TSR_OK;
+}
+
+static tsr_status push_lp(choice *ch, uint32_t token, const Tessera__V1__TokenLogprobs *w) {
+        if (ch->n_lp == ch->cap_lp) {
+                size_t cap = ch->cap_lp ? ch->cap_lp * 2 : 16;
+                resp_token_lp *g = realloc(ch->lp, cap * sizeof(*g));
+                if (!g)
+                        return TSR_E_NOMEM;
+                ch->lp = g;
+                ch->cap_lp = cap;
+        }
+        if (w) {
+                lp_from_wire(w, token, &ch->lp[ch->n_lp]);
+        } else {
+                memset(&ch->lp[ch->n_lp], 0, sizeof(*ch->lp));
+                ch->lp[ch->n_lp].token = token;
+        }
+        ch->n_lp++;
+        return TSR_OK;
+}
+
+/* The entries a completions logprobs object covers: with echo the prompt's first
+ * (`with_prompt`), then generated ones from `from`.  malloc'd; *n set. */
+static resp_token_lp *completion_entries(const rq *r, const choice *ch, bool with_prompt, size_t from, size_t *n) {
+        size_t n_prompt = with_prompt ? r->prompt_lens[ch->prompt] : 0, n_gen = ch->n_lp - from;
+        resp_token_lp *all = malloc((n_prompt + n_gen) ? (n_prompt + n_gen) * sizeof(*all) : 1);
+        if (!all)
+                return NULL;
+        for (size_t i = 0; i < n_prompt; i++) {
+                if (ch->plp) {
+                        all[i] = ch->plp[i];
+                } else {
+                        memset(&all[i], 0, sizeof(all[i]));
+                        all[i].token = r->prompt_ids[ch->prompt][i];
+                }
+        }
+        if (n_gen)
+                memcpy(all + n_prompt, ch->lp + from, n_gen * sizeof(*all));
+        *n = n_prompt + n_gen;
+        return all;
+}
+
+/* The logprobs of a stream chunk: every token not sent yet (a chunk suppressed for an
+ * empty delta hands its tokens to the next one).  NULL when none were asked. */
+static json_t *stream_logprobs(rq *r, choice *ch) {
+        resp_tokens t = tokens_of(r);
+        json_t *o = NULL;
+        if (r->kind == OAI_CHAT) {
+                if (!r->req.chat_logprobs)
+                        return NULL;
+                o = resp_chat_logprobs(ch->lp + ch->lp_sent, ch->n_lp - ch->lp_sent, r->req.top_logprobs, &t);
+        } else {
+                size_t n;
+                bool first_echo = r->req.echo && !ch->echo_lp_sent;
+                resp_token_lp *all;
+                if (r->req.logprobs < 0)
+                        return NULL;
+                all = completion_entries(r, ch, first_echo, ch->lp_sent, &n);
+                if (!all)
+                        return NULL;
+                /* vLLM's initial_text_offset: the generated text streamed before (the
+                 * echoed prompt does not count). */
+                o = resp_completion_logprobs(all, n, r->req.logprobs,
+                                             first_echo || ch->sent_chars < ch->echo_chars ? 0
+                                                                                           : ch->sent_chars - ch->echo_chars,
+                                             &t);
+                free(all);
+                ch->echo_lp_sent = true;
+        }
+        ch->lp_sent = ch->n_lp;
+        return o;
+}
+
 /* ------------------------------------------------------------------ streaming */
 
 static const resp_head *head_of(rq *r, resp_head *h) {
@@ -352,12 +485,15 @@ static void stream_choice(rq *r, choice *ch) {
                         stream_write_obj(r, resp_chat_role_chunk(&h, ch->index, r->L->ctx->cfg->response_role, up));
                         ch->role_sent = true;
                 }
-                stream_write_obj(r, resp_chat_chunk(&h, ch->index, delta, delta_len, NULL, ch->finish_reason,
-                                                    ch->finished ? json_incref(ch->stop_reason) : NULL, up));
+                stream_write_obj(r, resp_chat_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
+                                                    ch->finish_reason, ch->finished ? json_incref(ch->stop_reason) : NULL,
+                                                    up));
         } else {
-                stream_write_obj(r, resp_completion_chunk(&h, ch->index, delta, delta_len, NULL, ch->finish_reason,
+                stream_write_obj(r, resp_completion_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
+                                                          ch->finish_reason,
                                                           ch->finished ? json_incref(ch->stop_reason) : NULL, up));
         }
+        ch->sent_chars += utf8_count(delta, delta_len);
         ch->sent = upto;
 }
 
@@ -383,27 +519,45 @@ static void finish_request(rq *r) {
                 }
         } else {
                 json_t *choices = json_array(), *body;
+                resp_tokens t = tokens_of(r);
                 char *text;
                 for (size_t i = 0; i < r->n_choices; i++) {
                         choice *ch = &r->choices[i];
+                        json_t *lp = NULL, *c;
                         if (r->kind == OAI_CHAT) {
+                                if (r->req.chat_logprobs)
+                                        lp = resp_chat_logprobs(ch->lp, ch->n_lp, r->req.top_logprobs, &t);
                                 json_array_append_new(choices, resp_chat_choice(ch->index, r->L->ctx->cfg->response_role,
-                                                                                (char *)ch->text.data, ch->text.len, NULL,
+                                                                                (char *)ch->text.data, ch->text.len, lp,
                                                                                 ch->finish_reason,
                                                                                 json_incref(ch->stop_reason)));
                         } else {
                                 tsr_buf full;
+                                size_t n;
+                                resp_token_lp *all;
                                 tsr_buf_init(&full, (size_t)-1 / 2);
                                 if (r->req.echo)
                                         tsr_buf_append_str(&full, r->prompt_texts[ch->prompt]);
                                 tsr_buf_append(&full, ch->text.data, ch->text.len);
-                                json_array_append_new(choices, resp_completion_choice(ch->index, (char *)full.data,
-                                                                                      full.len, NULL, ch->finish_reason,
-                                                                                      json_incref(ch->stop_reason)));
+                                /* echo: the prompt's tokens first (position 0 without a
+                                 * logprob), then the generated ones (none for echo_only). */
+                                if (r->req.logprobs >= 0 && (all = completion_entries(r, ch, r->req.echo, 0, &n))) {
+                                        lp = resp_completion_logprobs(all, n, r->req.logprobs, 0, &t);
+                                        free(all);
+                                }
+                                c = resp_completion_choice(ch->index, (char *)full.data, full.len, lp, ch->finish_reason,
+                                                           json_incref(ch->stop_reason));
+                                if (r->req.prompt_logprobs >= 0 && ch->plp)
+                                        resp_set_prompt_logprobs(
+                                                c, resp_prompt_logprobs(ch->plp, r->prompt_lens[ch->prompt], &t));
+                                json_array_append_new(choices, c);
                                 tsr_buf_done(&full);
                         }
                 }
                 body = r->kind == OAI_CHAT ? resp_chat(&h, choices, &u) : resp_completion(&h, choices, &u);
+                /* Chat: one prompt, so one prompt_logprobs list at the top (vLLM). */
+                if (r->kind == OAI_CHAT && r->req.prompt_logprobs >= 0 && r->n_choices && r->choices[0].plp)
+                        resp_set_prompt_logprobs(body, resp_prompt_logprobs(r->choices[0].plp, r->prompt_lens[0], &t));
                 text = body ? json_dumps(body, JSON_COMPACT) : NULL;
                 json_decref(body);
                 if (text)
@@ -545,8 +699,12 @@ static tsr_status submit_choice(choice *ch, tsr_worker *avoid) {
         s.stop_token_ids = stop_ids;
         s.n_stop_token_ids = r->req.n_stop_token_ids;
         s.ignore_eos = r->req.ignore_eos;
-        s.logprobs = -1;              /* logprobs in responses: not wired yet */
-        s.prompt_logprobs = -1;
+        /* Completions `logprobs: k`, chat `logprobs: true` + `top_logprobs: k` (openai.c
+         * folds both into req.logprobs); prompt_logprobs explicit or implied by echo. */
+        s.logprobs = r->req.logprobs < 0 ? -1 : r->req.logprobs > RESP_MAX_TOP ? RESP_MAX_TOP : r->req.logprobs;
+        s.prompt_logprobs = r->req.prompt_logprobs < 0 ? -1
+                            : r->req.prompt_logprobs > RESP_MAX_TOP ? RESP_MAX_TOP
+                                                                    : r->req.prompt_logprobs;
         s.priority = (int32_t)r->req.priority;
         s.arrival_time_unix_ns = tsr_wall_ns();
         env.msg_case = TESSERA__V1__ENVELOPE__MSG_SUBMIT;
@@ -612,11 +770,23 @@ static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput 
                 }
                 ch->last_token_ns = now;
         }
+        /* The first Output carries the prompt's logprobs when they were asked. */
+        if (r->req.prompt_logprobs >= 0 && out->num_prompt_tokens && take_prompt_lp(ch, out) != TSR_OK) {
+                fail_request(r, 500, "InternalServerError", "out of memory");
+                return;
+        }
         size_t before = ch->text.len;
         for (size_t i = 0; i < out->n_new_token_ids && !ch->finished; i++) {
                 char *delta = NULL;
                 size_t dlen = 0;
                 ch->n_generated++;
+                if (echo_only(r))
+                        continue;   /* counted (vLLM's completion_tokens: 1), never shown */
+                if (r->req.logprobs >= 0 &&
+                    push_lp(ch, out->new_token_ids[i], i < out->n_logprobs ? out->logprobs[i] : NULL) != TSR_OK) {
+                        fail_request(r, 500, "InternalServerError", "out of memory");
+                        return;
+                }
                 if (tsr_detok_push(ch->detok, out->new_token_ids[i], &delta, &dlen) != TSR_OK) {
                         free(delta);
                         fail_request(r, 500, "InternalServerError", "the worker returned token id %u, outside the vocabulary",
@@ -647,7 +817,7 @@ static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput 
                 size_t tlen = 0;
                 const char *reason = "stop";
                 json_t *stop_reason = NULL;
-                if (tsr_detok_flush(ch->detok, &tail, &tlen) == TSR_OK && tlen)
+                if (!echo_only(r) && tsr_detok_flush(ch->detok, &tail, &tlen) == TSR_OK && tlen)
                         tsr_buf_append(&ch->text, tail, tlen);
                 free(tail);
                 if (r->req.n_stop && tlen) {
@@ -993,8 +1163,10 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
                         return;
                 }
                 /* echo in a stream: the prompt text goes first (vLLM). */
-                if (r->streaming && r->req.echo && r->kind == OAI_COMPLETIONS)
+                if (r->streaming && r->req.echo && r->kind == OAI_COMPLETIONS) {
                         tsr_buf_append_str(&ch->text, r->prompt_texts[ch->prompt]);
+                        ch->echo_chars = utf8_count((char *)ch->text.data, ch->text.len);
+                }
         }
         log_req(TSR_LOG_DEBUG, r->id, "submitted %zu choice(s), max_tokens=%lld", r->n_choices, (long long)r->max_tokens);
 }

@@ -1,5 +1,6 @@
 #include "response.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -157,6 +158,163 @@ json_t *resp_usage_chunk(const resp_head *h, bool chat, const resp_usage *u) {
         json_object_set_new(o, "choices", json_array());
         json_object_set_new(o, "usage", resp_usage_json(u, false));
         return o;
+}
+
+/* ------------------------------------------------------------------ logprobs */
+
+/* Python's len() of a token text: code points of valid UTF-8. */
+static size_t code_points(const char *s, size_t len) {
+        size_t n = 0;
+        for (size_t i = 0; i < len; i++)
+                n += ((unsigned char)s[i] & 0xc0) != 0x80;
+        return n;
+}
+
+static char *token_text(const resp_tokens *t, uint32_t id, size_t *len) {
+        char *s = t && t->decode ? t->decode(t->ud, id, len) : NULL;
+        if (!s) {
+                s = strdup("");
+                *len = 0;
+        }
+        return s;
+}
+
+/* max(v, -9999.0) as vLLM writes it (-inf and NaN included: JSON has neither). */
+static json_t *floored(float v) {
+        double d = (double)v;
+        return json_real(d >= RESP_LOGPROB_FLOOR ? d : RESP_LOGPROB_FLOOR);
+}
+
+/* One token's engine dict as vLLM builds it: the token itself with its own rank, then
+ * the alternatives with ranks 1..; an id met again keeps its first place and takes the
+ * later value (a Python dict).  Returns the number of entries (<= RESP_MAX_TOP + 1). */
+static size_t lp_entries(const resp_token_lp *lp, uint32_t *ids, float *vals, uint32_t *ranks) {
+        size_t n = 1, n_top = lp->n_top < RESP_MAX_TOP ? lp->n_top : RESP_MAX_TOP;
+        ids[0] = lp->token;
+        vals[0] = lp->logprob;
+        ranks[0] = lp->rank;
+        for (size_t i = 0; i < n_top; i++) {
+                size_t j = 0;
+                while (j < n && ids[j] != lp->top_ids[i])
+                        j++;
+                ids[j] = lp->top_ids[i];
+                vals[j] = lp->top_logprobs[i];
+                ranks[j] = (uint32_t)i + 1;
+                if (j == n)
+                        n++;
+        }
+        return n;
+}
+
+json_t *resp_completion_logprobs(const resp_token_lp *lps, size_t n, int k, size_t initial_offset,
+                                 const resp_tokens *t) {
+        json_t *o = json_object(), *offsets = json_array(), *values = json_array(), *tokens = json_array(),
+               *tops = json_array();
+        size_t offset = initial_offset;
+        uint32_t ids[RESP_MAX_TOP + 1], ranks[RESP_MAX_TOP + 1];
+        float vals[RESP_MAX_TOP + 1];
+
+        for (size_t i = 0; i < n; i++) {
+                size_t len, tlen;
+                char *text = token_text(t, lps[i].token, &len);
+                json_array_append_new(tokens, stringn(text, len));
+                json_array_append_new(offsets, json_integer((json_int_t)offset));
+                offset += code_points(text, len);
+                free(text);
+                if (!lps[i].has) {
+                        json_array_append_new(values, json_null());
+                        json_array_append_new(tops, json_null());
+                        continue;
+                }
+                size_t ne = lp_entries(&lps[i], ids, vals, ranks);
+                json_t *d = json_object();
+                json_array_append_new(values, floored(vals[0]));
+                /* The first k + 1 entries; texts that collide keep the first key's place
+                 * and the last value, as the Python dict comprehension does. */
+                for (size_t j = 0; j < ne && (int)j <= (k > 0 ? k : 0); j++) {
+                        char *alt = token_text(t, ids[j], &tlen);
+                        json_object_setn_new(d, alt, tlen, floored(vals[j]));   /* steals even on failure */
+                        free(alt);
+                }
+                json_array_append_new(tops, d);
+        }
+        json_object_set_new(o, "text_offset", offsets);
+        json_object_set_new(o, "token_logprobs", values);
+        json_object_set_new(o, "tokens", tokens);
+        json_object_set_new(o, "top_logprobs", tops);
+        return o;
+}
+
+static json_t *utf8_bytes(const char *s, size_t len) {
+        json_t *a = json_array();
+        for (size_t i = 0; i < len; i++)
+                json_array_append_new(a, json_integer((unsigned char)s[i]));
+        return a;
+}
+
+/* {"token","logprob","bytes"} of one alternative; takes `text`. */
+static json_t *chat_alt(char *text, size_t len, json_t *logprob) {
+        json_t *o = json_object();
+        json_object_set_new(o, "token", stringn(text, len));
+        json_object_set_new(o, "logprob", logprob);
+        json_object_set_new(o, "bytes", utf8_bytes(text, len));
+        free(text);
+        return o;
+}
+
+json_t *resp_chat_logprobs(const resp_token_lp *lps, size_t n, int top, const resp_tokens *t) {
+        json_t *content = json_array();
+        uint32_t ids[RESP_MAX_TOP + 1], ranks[RESP_MAX_TOP + 1];
+        float vals[RESP_MAX_TOP + 1];
+
+        for (size_t i = 0; i < n; i++) {
+                size_t len, ne = lps[i].has ? lp_entries(&lps[i], ids, vals, ranks) : 0;
+                char *text = token_text(t, lps[i].token, &len);
+                json_t *e = chat_alt(text, len, ne ? floored(vals[0]) : json_real(RESP_LOGPROB_FLOOR));
+                json_t *alts = json_array();
+                for (size_t j = 0; j < ne && (top < 0 || (int)j < top); j++) {
+                        size_t alen;
+                        char *alt = token_text(t, ids[j], &alen);
+                        json_array_append_new(alts, chat_alt(alt, alen, floored(vals[j])));
+                }
+                json_object_set_new(e, "top_logprobs", alts);
+                json_array_append_new(content, e);
+        }
+        return json_pack("{s:o}", "content", content);
+}
+
+json_t *resp_prompt_logprobs(const resp_token_lp *lps, size_t n, const resp_tokens *t) {
+        json_t *a = json_array();
+        uint32_t ids[RESP_MAX_TOP + 1], ranks[RESP_MAX_TOP + 1];
+        float vals[RESP_MAX_TOP + 1];
+
+        for (size_t i = 0; i < n; i++) {
+                if (!lps[i].has) {
+                        json_array_append_new(a, json_null());
+                        continue;
+                }
+                size_t ne = lp_entries(&lps[i], ids, vals, ranks);
+                json_t *d = json_object();
+                for (size_t j = 0; j < ne; j++) {
+                        char key[16], *text;
+                        size_t len;
+                        json_t *v = json_object();
+                        snprintf(key, sizeof(key), "%u", ids[j]);
+                        text = token_text(t, ids[j], &len);
+                        json_object_set_new(v, "logprob", floored(vals[j]));
+                        json_object_set_new(v, "rank", json_integer(ranks[j]));
+                        json_object_set_new(v, "decoded_token", stringn(text, len));
+                        free(text);
+                        json_object_set_new(d, key, v);
+                }
+                json_array_append_new(a, d);
+        }
+        return a;
+}
+
+void resp_set_prompt_logprobs(json_t *obj, json_t *prompt_logprobs) {
+        if (prompt_logprobs)
+                json_object_set_new(obj, "prompt_logprobs", prompt_logprobs);   /* replaces the null in place */
 }
 
 char *resp_sse_event(json_t *obj, size_t *len) {

@@ -60,6 +60,51 @@ json_t *resp_chat_chunk(const resp_head *h, int index, const char *content, size
 /* {"id",...,"choices":[],"usage":{...}} for both APIs. */
 json_t *resp_usage_chunk(const resp_head *h, bool chat, const resp_usage *u);
 
+/* ---- logprobs ---- */
+#define RESP_LOGPROB_FLOOR -9999.0    /* vLLM's JSON-safe stand-in for -inf */
+#define RESP_MAX_TOP 20               /* alternatives kept per token (the wire's --max-logprobs) */
+
+/* One returned token's logprobs as the engine reports them: the token itself (sampled,
+ * or the prompt token) with its logprob and rank, then the top n_top by rank.  `has`
+ * false: no logprob at all (prompt position 0). */
+typedef struct resp_token_lp {
+        uint32_t token;
+        bool has;
+        float logprob;
+        uint32_t rank;
+        uint32_t n_top;
+        uint32_t top_ids[RESP_MAX_TOP];
+        float top_logprobs[RESP_MAX_TOP];
+} resp_token_lp;
+
+/* The text of one token alone (the tokenizer's decode of [id], special tokens kept, as
+ * vLLM's decoded_token): malloc'd valid UTF-8, *len set; NULL when it cannot (then ""
+ * is used). */
+typedef struct resp_tokens {
+        char *(*decode)(void *ud, uint32_t id, size_t *len);
+        void *ud;
+} resp_tokens;
+
+/* Completions' {"text_offset","token_logprobs","tokens","top_logprobs"} for tokens
+ * (n,), in vLLM's _create_completion_logprobs way: tokens and top_logprobs keys are
+ * single-token texts; top_logprobs[i] takes the token itself then its alternatives by
+ * rank, id duplicates merged, the first k + 1 of those, then texts that collide merged
+ * (the first position, the last value); a token without a logprob gets null in both
+ * lists; logprobs below RESP_LOGPROB_FLOOR become it; text_offset starts at
+ * `initial_offset` and adds each token text's length in code points. */
+json_t *resp_completion_logprobs(const resp_token_lp *lps, size_t n, int k, size_t initial_offset,
+                                 const resp_tokens *t);
+/* Chat's {"content":[{"token","logprob","bytes","top_logprobs":[{"token","logprob","bytes"}...]}]}:
+ * top_logprobs lists the first `top` entries of (token itself, alternatives by rank), id
+ * duplicates merged; bytes are the UTF-8 bytes of the token text. */
+json_t *resp_chat_logprobs(const resp_token_lp *lps, size_t n, int top, const resp_tokens *t);
+/* vLLM's prompt_logprobs list: null for a position without a logprob, else
+ * {"<id>": {"logprob", "rank", "decoded_token"}} with the prompt token first (its own
+ * rank), then the alternatives with ranks 1.. by position; -inf becomes -9999.0. */
+json_t *resp_prompt_logprobs(const resp_token_lp *lps, size_t n, const resp_tokens *t);
+/* Replace the "prompt_logprobs" value (null) of a completion choice or a chat body. */
+void resp_set_prompt_logprobs(json_t *obj, json_t *prompt_logprobs /* stolen */);
+
 /* "data: <compact json>\n\n" (malloc'd, *len set); NULL on OOM.  Takes the reference. */
 char *resp_sse_event(json_t *obj, size_t *len);
 #define RESP_SSE_DONE "data: [DONE]\n\n"

@@ -5,6 +5,7 @@
  *           schedule(): token budget, running first, then waiting, preempt on OOM;
  *           run each scheduled chunk through the model (one sequence at a time, so
  *                   every sequence's logits are bitwise independent of the batch);
+ *           gather prompt logprobs from every row of a prompt_logprobs chunk;
  *           sample where a chunk reached the end of the known tokens, check stops;
  *           emit one Output per router, free finished requests, publish stats;
  *   }
@@ -39,6 +40,8 @@ typedef struct slot {
         tsr_logit_bias *bias;
         size_t n_bias;
         tsr_sampling sampling;        /* arrays point into this slot */
+        int32_t prompt_logprobs;      /* -1: none; else top k of every prompt position */
+        tsr_token_logprobs *prompt_lp;/* (n_prompt - 1,): position p at p - 1; moves to the first Output */
         uint64_t rng_key;
         int32_t priority;
         uint64_t arrival_ns;          /* engine clock when admitted */
@@ -77,8 +80,9 @@ struct tsr_engine {
         engine_stats last_published;
         uint64_t step;
         uint64_t next_seq;
-        float *logits;                /* (logits_rows, vocab): one row per sequence sampled this step */
+        float *logits;                /* (logits_rows, vocab): the rows of this step (engine_model.forward) */
         size_t logits_rows;
+        size_t max_lp_rows;           /* prompt-logprobs rows one step may ask for (bounds `logits`) */
         float *scratch;               /* (2 * vocab,) */
         bool stopping;
 };
@@ -134,6 +138,7 @@ void engine_out_free(engine_out *out) {
         for (size_t i = 0; i < out->n_outputs; i++) {
                 free(out->outputs[i].new_tokens);
                 free(out->outputs[i].logprobs);
+                free(out->outputs[i].prompt_logprobs);
         }
         free(out->outputs);
         tsr_kv_events_free(&out->events);
@@ -147,6 +152,7 @@ static void slot_free(tsr_engine *e, slot *s) {
         free(s->tokens);
         free(s->stop_ids);
         free(s->bias);
+        free(s->prompt_lp);
         free(s);
 }
 
@@ -300,6 +306,14 @@ static void admit(tsr_engine *e, engine_in *in) {
         s->sampling.bias = s->bias;
         s->sampling.n_bias = s->n_bias;
         s->sampling.logprobs = m->logprobs > TSR_SAMPLER_MAX_LOGPROBS ? TSR_SAMPLER_MAX_LOGPROBS : m->logprobs;
+        s->prompt_logprobs = m->prompt_logprobs > TSR_SAMPLER_MAX_LOGPROBS ? TSR_SAMPLER_MAX_LOGPROBS : m->prompt_logprobs;
+        if ((size_t)s->prompt_logprobs > vocab && s->prompt_logprobs >= 0)
+                s->prompt_logprobs = (int32_t)vocab;
+        if (s->prompt_logprobs >= 0 && s->n_prompt > 1) {
+                s->prompt_lp = calloc(s->n_prompt - 1, sizeof(*s->prompt_lp));
+                if (!s->prompt_lp)
+                        goto oom;
+        }
         if (tsr_sampling_check(&s->sampling, vocab) != TSR_OK) {
                 send_error(e, in->router_id, in->router_id_len, m->request_id, TESSERA__V1__ERROR_CODE__ERROR_INVALID,
                            false, "sampling parameters out of range for this model (logit_bias or stop ids outside "
@@ -382,6 +396,10 @@ typedef struct sched_entry {
         size_t num_new;
 } sched_entry;
 
+/* A request whose prompt logprobs are still to be computed: its prefill chunks need a
+ * logits row for every token, not just the last. */
+static bool wants_prompt_lp(const slot *s) { return s->prompt_lp && !s->reported_prompt && s->kv.n_computed < s->n_prompt; }
+
 static void preempt(tsr_engine *e, slot *victim) {
         tsr_kv_cache_free_blocks(e->kv, &victim->kv);
         list_remove(&e->running, victim);
@@ -422,6 +440,9 @@ static size_t next_waiting(const tsr_engine *e) {
 static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
         const engine_params *p = &e->params;
         size_t budget = p->max_num_batched_tokens, n_plan = 0;
+        /* Prompt-logprobs chunks take one logits row per token: their share of the step
+         * is capped so the logits buffer stays bounded (the rest comes in later chunks). */
+        size_t lp_rows = e->max_lp_rows;
         bool preempted = false;
 
         /* (1) running requests, in admission order (a snapshot: preemption edits the list) */
@@ -442,6 +463,8 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         num_new = budget;
                 if (num_new > room)
                         num_new = room;
+                if (wants_prompt_lp(s) && num_new > lp_rows)
+                        num_new = lp_rows;
                 if (num_new == 0)
                         continue;
                 while (tsr_kv_cache_allocate_slots(e->kv, &s->kv, num_new) != TSR_OK) {
@@ -466,6 +489,8 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                 plan[n_plan].num_new = num_new;
                 n_plan++;
                 budget -= num_new;
+                if (wants_prompt_lp(s))
+                        lp_rows -= num_new;
         }
         free(snap);
         /* (2) waiting requests, only if nothing was preempted this step */
@@ -474,8 +499,11 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                 slot *s = e->waiting.items[wi];
                 size_t cached = 0, num_new;
 
+                /* prompt_logprobs needs the logits of every prompt position, so such a
+                 * request reads nothing from the prefix cache (vLLM does the same). */
                 if (s->kv.n_blocks == 0 &&
-                    tsr_kv_cache_get_computed_blocks(e->kv, &s->kv, s->tokens, s->n_tokens, false, &cached) != TSR_OK)
+                    tsr_kv_cache_get_computed_blocks(e->kv, &s->kv, s->tokens, s->n_tokens, s->prompt_logprobs >= 0,
+                                                     &cached) != TSR_OK)
                         cached = 0;
                 if (!s->cached_known) {
                         s->num_cached_tokens = cached;
@@ -484,8 +512,15 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                 num_new = s->n_tokens - (s->kv.n_computed + cached);
                 if (num_new > budget)
                         num_new = budget;
+                if (wants_prompt_lp(s) && num_new > lp_rows) {
+                        num_new = lp_rows;
+                        if (num_new == 0)
+                                break;   /* head-of-line: no logits rows left this step */
+                }
                 if (tsr_kv_cache_allocate_slots(e->kv, &s->kv, num_new) != TSR_OK)
                         break;   /* head-of-line: wait for blocks */
+                if (wants_prompt_lp(s))
+                        lp_rows -= num_new;
                 list_remove_at(&e->waiting, wi);
                 s->state = SLOT_RUNNING;
                 list_push(&e->running, s);
@@ -528,17 +563,39 @@ static void check_stop(tsr_engine *e, slot *s, uint32_t t) {
                 s->finish = TESSERA__V1__FINISH_REASON__FINISH_LENGTH;
 }
 
-/* After the step's forward: store the chunk's KV in the prefix cache and, when the
- * chunk reached the end of the known tokens, sample from its logits row. */
-static tsr_status finish_entry(tsr_engine *e, sched_entry *pe, const float *logits) {
+/* Prompt logprobs of the chunk at positions past .. past+n-1: row t holds the logits
+ * after position past + t, which score the prompt token at past + t + 1.  A re-run of
+ * the same chunk after a preemption writes the same values again. */
+static tsr_status gather_prompt_lp(tsr_engine *e, slot *s, size_t past, size_t n, const float *rows) {
+        size_t vocab = e->params.model->vocab;
+        for (size_t t = 0; t < n && past + t + 1 < s->n_prompt; t++) {
+                size_t pos = past + t + 1;
+                tsr_status st = tsr_logprobs_gather(rows + t * vocab, vocab, s->tokens[pos], (uint32_t)s->prompt_logprobs,
+                                                    &s->prompt_lp[pos - 1]);
+                if (st != TSR_OK)
+                        return st;
+        }
+        return TSR_OK;
+}
+
+/* After the step's forward: store the chunk's KV in the prefix cache, gather its
+ * prompt logprobs (seq->want_all_logits: `rows` has one row per token) and, when the
+ * chunk reached the end of the known tokens, sample from its last row. */
+static tsr_status finish_entry(tsr_engine *e, sched_entry *pe, const engine_seq *seq, const float *rows) {
         slot *s = pe->s;
         size_t past = s->kv.n_computed;
         const engine_model *m = e->params.model;
+        const float *logits;
         tsr_status st;
 
         st = tsr_kv_cache_commit(e->kv, &s->kv, s->tokens, past + pe->num_new);
-        if (st != TSR_OK || !logits)
-                return st;   /* a prefill chunk: nothing to sample */
+        if (st != TSR_OK)
+                return st;
+        if (seq->want_all_logits && (st = gather_prompt_lp(e, s, past, pe->num_new, rows)) != TSR_OK)
+                return st;
+        if (!seq->want_logits)
+                return TSR_OK;   /* a prefill chunk: nothing to sample */
+        logits = seq->want_all_logits ? rows + (pe->num_new - 1) * m->vocab : rows;
         tsr_sample_history h = {
                 .prompt = s->tokens,
                 .n_prompt = s->n_prompt,
@@ -564,6 +621,9 @@ static tsr_status finish_entry(tsr_engine *e, sched_entry *pe, const float *logi
         return TSR_OK;
 }
 
+/* Logits rows chunk `q` takes in the step's buffer (engine_model.forward). */
+static size_t seq_rows(const engine_seq *q) { return q->want_all_logits ? q->n : q->want_logits ? 1 : 0; }
+
 /* Every chunk of the step through the model in one call. */
 static tsr_status run_plan(tsr_engine *e, sched_entry *plan, size_t n_plan, engine_seq *seqs, size_t *n_want) {
         const engine_model *m = e->params.model;
@@ -578,8 +638,9 @@ static tsr_status run_plan(tsr_engine *e, sched_entry *plan, size_t n_plan, engi
                         .n = plan[i].num_new,
                         .past_len = past,
                         .want_logits = past + plan[i].num_new == s->n_tokens,
+                        .want_all_logits = wants_prompt_lp(s),
                 };
-                *n_want += seqs[i].want_logits;
+                *n_want += seq_rows(&seqs[i]);
         }
         if (*n_want > e->logits_rows) {
                 float *g = realloc(e->logits, *n_want * m->vocab * sizeof(float));
@@ -652,6 +713,12 @@ static void emit_outputs(tsr_engine *e, sched_entry *plan, size_t n_plan) {
                                 o->num_prompt_tokens = (uint32_t)s->n_prompt;
                                 o->num_cached_tokens = (uint32_t)s->num_cached_tokens;
                                 s->reported_prompt = true;
+                                /* The Output owns them now; the slot never needs them again. */
+                                if (s->prompt_lp) {
+                                        o->prompt_logprobs = s->prompt_lp;
+                                        o->n_prompt_logprobs = (uint32_t)(s->n_prompt - 1);
+                                        s->prompt_lp = NULL;
+                                }
                         }
                         if (s->finish) {
                                 uint64_t now = tsr_now_ns();
@@ -683,11 +750,22 @@ static void step(tsr_engine *e) {
         st = n_plan ? run_plan(e, plan, n_plan, seqs, &n_want) : TSR_OK;
         for (size_t i = 0, row = 0; i < n_plan; i++) {
                 slot *s = plan[i].s;
-                const float *lg = seqs[i].want_logits ? e->logits + row++ * e->params.model->vocab : NULL;
-                if (st != TSR_OK || finish_entry(e, &plan[i], lg) != TSR_OK) {
+                const float *rows = e->logits + row * e->params.model->vocab;
+                row += seq_rows(&seqs[i]);
+                if (st != TSR_OK || finish_entry(e, &plan[i], &seqs[i], rows) != TSR_OK) {
                         log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed (%s): finishing it with an error",
                                 tsr_status_str(st));
                         s->finish = TESSERA__V1__FINISH_REASON__FINISH_ERROR;
+                }
+        }
+        /* A prompt-logprobs step may have grown the buffer to max_lp_rows rows: give the
+         * memory back once the steps that need it are over. */
+        if (e->logits_rows > e->params.max_num_seqs && n_want <= e->params.max_num_seqs) {
+                size_t keep = e->params.max_num_seqs ? e->params.max_num_seqs : 1;
+                float *g = realloc(e->logits, keep * e->params.model->vocab * sizeof(float));
+                if (g) {
+                        e->logits = g;
+                        e->logits_rows = keep;
                 }
         }
         emit_outputs(e, plan, n_plan);
@@ -749,6 +827,12 @@ tsr_status tsr_engine_start(const engine_params *p, tsr_queue *inbox, tsr_queue 
         if (p->model) {
                 e->logits = malloc(p->model->vocab * sizeof(float));
                 e->logits_rows = 1;
+                /* 256 MiB of prompt-logprobs rows per step at most (a 128k vocabulary
+                 * gives 512 positions a step), and at least one. */
+                e->max_lp_rows = p->max_prompt_lp_rows ? p->max_prompt_lp_rows
+                                                       : ((size_t)256 << 20) / sizeof(float) / p->model->vocab;
+                if (e->max_lp_rows == 0)
+                        e->max_lp_rows = 1;
                 e->scratch = malloc(2 * p->model->vocab * sizeof(float));
                 if (!e->logits || !e->scratch) {
                         st = TSR_E_NOMEM;

@@ -37,6 +37,7 @@ typedef struct engine_seq {
         size_t n;
         size_t past_len;
         bool want_logits;              /* the chunk ends the known tokens: sample after it */
+        bool want_all_logits;          /* prompt_logprobs: a row for every token of the chunk */
 } engine_seq;
 
 /* What the engine needs from a model: its vocabulary and one forward over a paged KV
@@ -45,10 +46,12 @@ typedef struct engine_seq {
 typedef struct engine_model {
         size_t vocab;
         void *ud;
-        /* Run every chunk of the step (store their KV), and write the last token's
-         * logits (vocab,) of each chunk with want_logits, in order, to `logits`.  A
-         * chunk's logits must not depend on the others (batch invariance).  Engine
-         * thread. */
+        /* Run every chunk of the step (store their KV) and write logits rows (vocab,)
+         * to `logits`, chunk after chunk in order: n rows (one per token) for a chunk
+         * with want_all_logits, else one row (its last token) for a chunk with
+         * want_logits, else none.  With both flags the last of the n rows is the one
+         * sampled from.  A chunk's logits must not depend on the others (batch
+         * invariance).  Engine thread. */
         tsr_status (*forward)(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits);
 } engine_model;
 
@@ -65,6 +68,7 @@ typedef struct engine_params {
         const uint32_t *eos_ids;       /* the model's EOS ids (borrowed; outlive the engine) */
         size_t n_eos_ids;
         uint64_t seed;                 /* --seed: key for requests without their own seed */
+        size_t max_prompt_lp_rows;     /* prompt-logprobs positions per step; 0: 256 MiB of logits */
 } engine_params;
 
 /* What the engine publishes about itself; the io thread turns it into Status. */
@@ -102,6 +106,11 @@ typedef struct engine_req_output {
         uint32_t *new_tokens;           /* n_new */
         uint32_t n_new;
         tsr_token_logprobs *logprobs;   /* n_new entries, or NULL */
+        /* Submit.prompt_logprobs >= 0, first Output only: entry i is prompt position
+         * i + 1 (its token in .token) under the logits of position i.  Position 0 has
+         * no logprob and no entry, so there are num_prompt_tokens - 1 of them. */
+        tsr_token_logprobs *prompt_logprobs;
+        uint32_t n_prompt_logprobs;
         Tessera__V1__FinishReason finish;
         bool has_stop_token_id;
         uint32_t stop_token_id;

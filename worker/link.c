@@ -274,7 +274,20 @@ static void drain_router(link *l) {
         }
 }
 
-/* One engine step's outputs for one router -> one Output envelope. */
+/* One tsr_token_logprobs as the wire's TokenLogprobs; `dst` borrows src's arrays. */
+static void pack_logprobs(const tsr_token_logprobs *src, Tessera__V1__TokenLogprobs *dst) {
+        tessera__v1__token_logprobs__init(dst);
+        dst->logprob = src->logprob;
+        dst->rank = src->rank;
+        dst->top_token_ids = (uint32_t *)src->top_ids;
+        dst->n_top_token_ids = src->n_top;
+        dst->top_logprobs = (float *)src->top_logprobs;
+        dst->n_top_logprobs = src->n_top;
+}
+
+/* One engine step's outputs for one router -> one Output envelope.  Io thread.  Every
+ * TokenLogprobs of the message (sampled and prompt ones) lives in one array for the
+ * duration of the send. */
 static void send_outputs(link *l, const engine_out *out) {
         tsr_envelope env;
         Tessera__V1__Output o;
@@ -284,7 +297,8 @@ static void send_outputs(link *l, const engine_out *out) {
         size_t n_lp = 0, k = 0;
 
         for (size_t i = 0; i < out->n_outputs; i++)
-                n_lp += out->outputs[i].logprobs ? out->outputs[i].n_new : 0;
+                n_lp += (out->outputs[i].logprobs ? out->outputs[i].n_new : 0) +
+                        (out->outputs[i].prompt_logprobs ? out->outputs[i].n_prompt_logprobs : 0);
         if (n_lp) {
                 lps = calloc(n_lp, sizeof(*lps));
                 lpp = calloc(n_lp, sizeof(*lpp));
@@ -307,14 +321,16 @@ static void send_outputs(link *l, const engine_out *out) {
                         r->logprobs = &lpp[k];
                         r->n_logprobs = eo->n_new;
                         for (uint32_t t = 0; t < eo->n_new; t++, k++) {
-                                const tsr_token_logprobs *src = &eo->logprobs[t];
-                                tessera__v1__token_logprobs__init(&lps[k]);
-                                lps[k].logprob = src->logprob;
-                                lps[k].rank = src->rank;
-                                lps[k].top_token_ids = (uint32_t *)src->top_ids;
-                                lps[k].n_top_token_ids = src->n_top;
-                                lps[k].top_logprobs = (float *)src->top_logprobs;
-                                lps[k].n_top_logprobs = src->n_top;
+                                pack_logprobs(&eo->logprobs[t], &lps[k]);
+                                lpp[k] = &lps[k];
+                        }
+                }
+                /* Positions 1 .. n-1 of the prompt, in order (position 0 has none). */
+                if (eo->prompt_logprobs) {
+                        r->prompt_logprobs = &lpp[k];
+                        r->n_prompt_logprobs = eo->n_prompt_logprobs;
+                        for (uint32_t t = 0; t < eo->n_prompt_logprobs; t++, k++) {
+                                pack_logprobs(&eo->prompt_logprobs[t], &lps[k]);
                                 lpp[k] = &lps[k];
                         }
                 }

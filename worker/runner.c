@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/log.h"
 #include "kernels/kernels.h"
@@ -30,7 +31,9 @@ static tsr_status runner_forward(void *ud, const engine_seq *seqs, size_t n_seqs
                         .tokens = seqs[i].tokens,
                         .n = seqs[i].n,
                         .past_len = seqs[i].past_len,
-                        .which = seqs[i].want_logits ? TSR_LLAMA_LOGITS_LAST : TSR_LLAMA_LOGITS_NONE,
+                        .which = seqs[i].want_all_logits ? TSR_LLAMA_LOGITS_ALL
+                                 : seqs[i].want_logits   ? TSR_LLAMA_LOGITS_LAST
+                                                         : TSR_LLAMA_LOGITS_NONE,
                 };
         st = tsr_llama_forward_batch(r->model, r->pool, ls, n_seqs, logits);
         free(ls);
@@ -43,14 +46,21 @@ static void progress(void *ud, const tsr_load_stats *done, const tsr_load_stats 
                 log_info("loading weights: %zu/%zu tensors", done->n_tensors, total->n_tensors);
 }
 
+static bool is_dir(const char *path) {
+        struct stat sb;
+        return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 tsr_status tsr_runner_new(const char *path, uint64_t num_blocks, uint32_t block_size, tsr_runner **ret,
                           tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_runner *r;
         tsr_status st;
         size_t len = strlen(path);
 
-        if (len < 5 || strcmp(path + len - 5, ".gguf") != 0) {
-                snprintf(err, errlen, "only GGUF files have a model runner yet (Hugging Face safetensors: issue #4)");
+        /* A Hugging Face folder or a .gguf file; tsr_llama_load tells the two apart and
+         * refuses architectures other than Llama with TSR_E_UNSUPPORTED. */
+        if (!is_dir(path) && (len < 5 || strcmp(path + len - 5, ".gguf") != 0)) {
+                snprintf(err, errlen, "a model is a Hugging Face folder or a .gguf file");
                 return TSR_E_UNSUPPORTED;
         }
         r = calloc(1, sizeof(*r));

@@ -211,3 +211,185 @@ def test_greedy_matches_transformers_through_the_server(server):
         want_text = requests.post(base + "/detokenize", json={"tokens": g["greedy"]}, timeout=10).json()["prompt"]
         assert r["choices"][0]["text"] == want_text, g["text"]
         assert r["usage"]["completion_tokens"] == len(g["greedy"])
+
+
+def _tokenize(base, text):
+    return requests.post(base + "/tokenize", json={"prompt": text, "add_special_tokens": False},
+                         timeout=10).json()["tokens"]
+
+
+def _lm_eval_parse(resp, ctxlens):
+    """lm-eval's parse_logprobs for local-completions: choices by index, the echoed
+    prompt's continuation slice [ctxlen:-1] (the last element is the 1 generated token)."""
+    out = []
+    for choice, ctxlen in zip(sorted(resp["choices"], key=lambda c: c["index"]), ctxlens):
+        lp = choice["logprobs"]
+        logprobs = lp["token_logprobs"][ctxlen:-1]
+        tops = lp["top_logprobs"][ctxlen:-1]
+        is_greedy = all(isinstance(top, dict) and tok == max(top, key=top.get)
+                        for tok, top in zip(lp["tokens"][ctxlen:-1], tops))
+        out.append((sum(logprobs), is_greedy))
+    return out
+
+
+def test_loglikelihood_like_lm_eval(server):
+    """The exact body lm-eval's local-completions sends for loglikelihood, parsed as
+    lm-eval parses it, checked for self-consistency across three engine paths: the echoed
+    prompt (prompt logprobs over chunked prefill), a generation step, and the choice's
+    vLLM prompt_logprobs list."""
+    base, _ = server
+    pairs = [("The capital of France is", " Paris"), ("One, two, three,", " four, five")]
+    ctxs = [_tokenize(base, c) for c, _ in pairs]
+    conts = [_tokenize(base, x) for _, x in pairs]
+    body = {"model": MODEL, "prompt": [c + x for c, x in zip(ctxs, conts)], "temperature": 0, "max_tokens": 1,
+            "logprobs": 1, "seed": 1234, "echo": True}
+    r = requests.post(base + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    resp = r.json()
+    assert [c["index"] for c in resp["choices"]] == [0, 1]
+    for choice, ids in zip(resp["choices"], body["prompt"]):
+        lp = choice["logprobs"]
+        assert set(lp) == {"text_offset", "token_logprobs", "tokens", "top_logprobs"}
+        n = len(ids) + 1                                   # the prompt, then the generated token
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["text_offset"][0] == 0
+        for i in range(1, n):
+            assert lp["text_offset"][i] == lp["text_offset"][i - 1] + len(lp["tokens"][i - 1])
+            v, top = lp["token_logprobs"][i], lp["top_logprobs"][i]
+            assert v <= 0 and isinstance(top, dict) and 1 <= len(top) <= 2
+            assert top[lp["tokens"][i]] == v               # the token itself is always a key
+            assert max(top.values()) >= v
+        # (a) the generated (greedy) token: rank 1, so its logprob is the dict's maximum
+        assert lp["token_logprobs"][-1] == max(lp["top_logprobs"][-1].values())
+        assert choice["text"] == "".join(lp["tokens"])
+        # the choice's vLLM-shaped prompt_logprobs agree with the echoed list
+        plp = choice["prompt_logprobs"]
+        assert len(plp) == len(ids) and plp[0] is None
+        for i in range(1, len(ids)):
+            entry = plp[i][str(ids[i])]
+            assert entry["logprob"] == lp["token_logprobs"][i] and entry["decoded_token"] == lp["tokens"][i]
+            assert entry["rank"] >= 1
+    assert resp["usage"]["completion_tokens"] == 2
+    parsed = _lm_eval_parse(resp, [len(c) for c in ctxs])
+    assert parsed[0][1] is True                            # " Paris" is SmolLM2's greedy answer
+    assert all(ll < 0 for ll, _ in parsed)
+    # (c) a second request computes the same continuation sums (no prefix-cache read, same math)
+    again = _lm_eval_parse(requests.post(base + "/v1/completions", json=body, timeout=120).json(),
+                           [len(c) for c in ctxs])
+    for (a, ga), (b, gb) in zip(parsed, again):
+        assert abs(a - b) < 1e-5 and ga == gb
+    # (b) the logprob of a prompt token via echo equals the one a generation step reports
+    # for the same token at the same context
+    ctx = ctxs[1]
+    gen = requests.post(base + "/v1/completions", json={"model": MODEL, "prompt": ctx, "max_tokens": 1,
+                                                        "temperature": 0, "logprobs": 3}, timeout=60).json()
+    glp = gen["choices"][0]["logprobs"]
+    assert glp["text_offset"] == [0] and len(glp["tokens"]) == 1
+    assert len(glp["top_logprobs"][0]) == 3                # rank 1 token plus two more
+    g_tok, g_lp = glp["tokens"][0], glp["token_logprobs"][0]
+    g_id = _tokenize(base, g_tok)
+    assert len(g_id) == 1                                  # " four": its text re-tokenizes to itself
+    echo = requests.post(base + "/v1/completions", json={"model": MODEL, "prompt": ctx + g_id, "max_tokens": 1,
+                                                         "temperature": 0, "logprobs": 1, "echo": True},
+                         timeout=60).json()["choices"][0]["logprobs"]
+    assert echo["tokens"][len(ctx)] == g_tok
+    assert abs(echo["token_logprobs"][len(ctx)] - g_lp) < 1e-4
+
+
+def test_logprobs_match_transformers_goldens(server):
+    """Independent numbers: the goldens hold transformers' full last-position logits and
+    per-position top-20 logits for SmolLM2 (tests/fixtures/make_forward_goldens.py).
+    log_softmax preserves logit differences, so the echoed logprob of prompt token t minus
+    the rank-1 alternative's must equal their logit difference at position t-1; and the
+    generated token's logprob must equal log_softmax of the full last-position logits."""
+    import math
+    import struct
+    base, _ = server
+    goldens = json.loads(GOLDENS.read_text())
+    for gi, g in enumerate(goldens["logit_prompts"][:3]):
+        ids = g["ids"]
+        r = requests.post(base + "/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 1,
+                                                          "temperature": 0, "logprobs": 1, "echo": True},
+                          timeout=120).json()
+        lp = r["choices"][0]["logprobs"]
+        checked = 0
+        for t in range(1, len(ids)):
+            top20 = dict((i, v) for i, v in g["top20"][t - 1])
+            tol = 2e-3 * g["max_abs"][t - 1]
+            best_id = g["top20"][t - 1][0][0]
+            if ids[t] not in top20 or len(lp["top_logprobs"][t]) != 2:
+                continue
+            # the two keys: the prompt token and the rank-1 token (when they differ)
+            (k1, v1), = [(k, v) for k, v in lp["top_logprobs"][t].items() if k != lp["tokens"][t]]
+            best_text = requests.post(base + "/detokenize", json={"tokens": [best_id]}, timeout=10).json()["prompt"]
+            if k1 != best_text:
+                continue                                   # a near-tie resolved differently: skip
+            assert abs((lp["token_logprobs"][t] - v1) - (top20[ids[t]] - top20[best_id])) < tol, (gi, t)
+            checked += 1
+        assert checked >= 3, gi
+        raw = (GOLDENS.parent / g["last_logits_file"]).read_bytes()
+        last = struct.unpack(f"<{len(raw) // 4}f", raw)
+        m = max(last)
+        lse = m + math.log(sum(math.exp(x - m) for x in last))
+        want = max(last) - lse                             # the greedy token's logprob
+        assert abs(lp["token_logprobs"][-1] - want) < 2e-3 * g["max_abs"][-1], gi
+
+
+def test_echo_max_tokens_zero_returns_prompt_only(server):
+    base, _ = server
+    ids = _tokenize(base, "The capital of France")
+    for stream in (False, True):
+        body = {"model": MODEL, "prompt": ids, "max_tokens": 0, "logprobs": 0, "echo": True, "temperature": 0,
+                "stream": stream}
+        if stream:
+            r = requests.post(base + "/v1/completions", json=body, stream=True, timeout=60)
+            events = [json.loads(line[6:]) for line in r.iter_lines(decode_unicode=True)
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+            assert len(events) == 1
+            choice = events[0]["choices"][0]
+        else:
+            resp = requests.post(base + "/v1/completions", json=body, timeout=60).json()
+            assert resp["usage"]["completion_tokens"] == 1  # vLLM counts the one token it ran
+            choice = resp["choices"][0]
+        assert choice["text"] == "The capital of France"
+        assert choice["finish_reason"] == "length"
+        assert len(choice["logprobs"]["tokens"]) == len(ids)
+        assert choice["logprobs"]["token_logprobs"][0] is None
+
+
+def test_stream_logprobs_follow_the_text(server):
+    base, _ = server
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "logprobs": 2,
+            "stream": True}
+    full = requests.post(base + "/v1/completions", json=dict(body, stream=False), timeout=60).json()["choices"][0]
+    r = requests.post(base + "/v1/completions", json=body, stream=True, timeout=60)
+    chunks = [json.loads(line[6:])["choices"][0] for line in r.iter_lines(decode_unicode=True)
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    tokens = [t for c in chunks for t in c["logprobs"]["tokens"]]
+    offsets = [o for c in chunks for o in c["logprobs"]["text_offset"]]
+    assert tokens == full["logprobs"]["tokens"] and offsets == full["logprobs"]["text_offset"]
+    assert [v for c in chunks for v in c["logprobs"]["token_logprobs"]] == full["logprobs"]["token_logprobs"]
+    assert "".join(c["text"] for c in chunks) == full["text"]
+
+
+def test_chat_logprobs_with_sdk(client):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 2+2?"}],
+                                       max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(c.token for c in content) == r.choices[0].message.content
+    for c in content:
+        assert len(c.top_logprobs) == 3
+        assert c.top_logprobs[0].token == c.token and c.top_logprobs[0].logprob == c.logprob  # greedy: rank 1
+        assert c.logprob <= 0 and c.bytes == list(c.token.encode())
+        assert [a.logprob for a in c.top_logprobs] == sorted((a.logprob for a in c.top_logprobs), reverse=True)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 2+2?"}],
+                                                 max_tokens=8, temperature=0, logprobs=True, top_logprobs=3,
+                                                 stream=True))
+    streamed = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert r.choices[0].logprobs is not None
+    plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                           temperature=0)
+    assert plain.choices[0].logprobs is None

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <math.h>
 
 #include "worker/engine.h"
 
@@ -32,8 +33,16 @@ static uint32_t next_of(const uint32_t *ctx, size_t n) {
         return (uint32_t)(h % (VOCAB - 1)) + 1;   /* never EOS */
 }
 
+/* The fake model's logits after the context ctx (n,): 10 at next_of(ctx), -10 elsewhere. */
+static void fake_row(const uint32_t *ctx, size_t n, float *logits) {
+        for (size_t v = 0; v < VOCAB; v++)
+                logits[v] = -10.0f;
+        logits[next_of(ctx, n)] = 10.0f;
+}
+
+/* logits: NULL, one row (the last token's), or with `all` one row per token. */
 static tsr_status fake_forward_one(fake_model *m, const uint32_t *bt, size_t n_table, const uint32_t *tokens,
-                                   size_t n, size_t past, float *logits) {
+                                   size_t n, size_t past, bool all, float *logits) {
         uint32_t ctx[4096];
         if (past + n > n_table * BS || past + n > 4096)
                 return TSR_E_INVAL;
@@ -50,23 +59,23 @@ static tsr_status fake_forward_one(fake_model *m, const uint32_t *bt, size_t n_t
         }
         m->forwards++;
         m->tokens_run += n;
-        if (logits) {
-                for (size_t v = 0; v < VOCAB; v++)
-                        logits[v] = -10.0f;
-                logits[next_of(ctx, past + n)] = 10.0f;
-        }
+        if (logits && all)
+                for (size_t t = 0; t < n; t++)
+                        fake_row(ctx, past + t + 1, logits + t * VOCAB);
+        else if (logits)
+                fake_row(ctx, past + n, logits);
         return TSR_OK;
 }
 
 static tsr_status fake_forward(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits) {
         fake_model *m = ud;
         for (size_t i = 0; i < n_seqs; i++) {
+                bool any = seqs[i].want_logits || seqs[i].want_all_logits;
                 tsr_status st = fake_forward_one(m, seqs[i].block_table, seqs[i].n_table, seqs[i].tokens, seqs[i].n,
-                                                 seqs[i].past_len, seqs[i].want_logits ? logits : NULL);
+                                                 seqs[i].past_len, seqs[i].want_all_logits, any ? logits : NULL);
                 if (st != TSR_OK)
                         return st;
-                if (seqs[i].want_logits)
-                        logits += VOCAB;
+                logits += (seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0) * VOCAB;
         }
         return TSR_OK;
 }
@@ -79,7 +88,7 @@ typedef struct harness {
         uint32_t eos[1];
 } harness;
 
-static harness *start(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix) {
+static harness *start_lp(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix, size_t lp_rows) {
         harness *h = calloc(1, sizeof(*h));
         h->fm.n_slots = blocks * BS;
         h->fm.kv = malloc(h->fm.n_slots * sizeof(uint32_t));
@@ -94,9 +103,14 @@ static harness *start(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, 
                 .model = &h->model, .kv_blocks_total = blocks, .block_size = BS, .max_model_len = 1024,
                 .max_num_seqs = max_seqs, .max_num_batched_tokens = max_batched, .enable_prefix_caching = prefix,
                 .hash_algo = TSR_BLOCK_HASH_XXHASH, .eos_ids = h->eos, .n_eos_ids = 1,
+                .max_prompt_lp_rows = lp_rows,
         };
         assert_int_equal(tsr_engine_start(&p, h->in, h->out, &h->e), TSR_OK);
         return h;
+}
+
+static harness *start(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix) {
+        return start_lp(blocks, max_batched, max_seqs, prefix, 0);
 }
 
 static void stop(harness *h) {
@@ -110,8 +124,8 @@ static void stop(harness *h) {
         free(h);
 }
 
-static void submit(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
-                   const uint32_t *stop_ids, size_t n_stop) {
+static void submit_lp(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
+                      const uint32_t *stop_ids, size_t n_stop, int32_t logprobs, int32_t prompt_logprobs) {
         tsr_envelope env;
         Tessera__V1__Submit s;
         Tessera__V1__SamplingParams sp;
@@ -131,8 +145,8 @@ static void submit(harness *h, const char *id, const uint32_t *prompt, size_t n,
         s.max_tokens = max_tokens;
         s.stop_token_ids = (uint32_t *)stop_ids;
         s.n_stop_token_ids = n_stop;
-        s.logprobs = -1;
-        s.prompt_logprobs = -1;
+        s.logprobs = logprobs;
+        s.prompt_logprobs = prompt_logprobs;
         env.msg_case = TESSERA__V1__ENVELOPE__MSG_SUBMIT;
         env.submit = &s;
         assert_int_equal(tsr_wire_pack(&env, &buf, &len), TSR_OK);
@@ -142,6 +156,11 @@ static void submit(harness *h, const char *id, const uint32_t *prompt, size_t n,
         memcpy(in->router_id, "r1", 2);
         in->router_id_len = 2;
         assert_int_equal(tsr_queue_push(h->in, in), TSR_OK);
+}
+
+static void submit(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
+                   const uint32_t *stop_ids, size_t n_stop) {
+        submit_lp(h, id, prompt, n, max_tokens, stop_ids, n_stop, -1, -1);
 }
 
 static void abort_req(harness *h, const char *id) {
@@ -174,6 +193,11 @@ typedef struct result {
         uint32_t stop_id;
         bool has_stop_id;
         bool error;
+        tsr_token_logprobs lp[512];      /* one per token when logprobs were asked */
+        size_t n_lp;
+        tsr_token_logprobs plp[64];      /* prompt positions 1.. */
+        size_t n_plp;
+        int n_plp_outputs;               /* Outputs that carried prompt logprobs */
 } result;
 
 /* Collect outputs until every id in `ids` finished; return the last stats seen. */
@@ -193,6 +217,13 @@ static engine_stats collect(harness *h, const char *const *ids, result *res, siz
                                         continue;
                                 for (uint32_t t = 0; t < ro->n_new; t++)
                                         res[k].tokens[res[k].n++] = ro->new_tokens[t];
+                                for (uint32_t t = 0; ro->logprobs && t < ro->n_new && res[k].n_lp < 512; t++)
+                                        res[k].lp[res[k].n_lp++] = ro->logprobs[t];
+                                if (ro->prompt_logprobs) {
+                                        res[k].n_plp_outputs++;
+                                        for (uint32_t t = 0; t < ro->n_prompt_logprobs && res[k].n_plp < 64; t++)
+                                                res[k].plp[res[k].n_plp++] = ro->prompt_logprobs[t];
+                                }
                                 if (ro->num_prompt_tokens)
                                         res[k].cached = ro->num_cached_tokens;
                                 if (ro->finish) {
@@ -369,6 +400,106 @@ static void test_too_long_prompt_refused(void **state) {
         stop(h);
 }
 
+/* prompt_logprobs: every prompt position from 1 is scored under the fake model's
+ * logits of the position before it (10 at next_of(context), -10 elsewhere), so a
+ * prompt token the model predicts has logprob -log(1 + 96 e^-20) ~ -2e-7 and rank 1,
+ * any other -20 and rank 97 (all 96 others tie with it).  The prompt is long enough to
+ * be prefilled in chunks (3 logits rows per step), and the same prompt was cached just
+ * before: the request must not read the prefix cache (its logits would be missing). */
+static void test_prompt_logprobs(void **state) {
+        harness *h = start_lp(64, 6, 4, true, 3);
+        enum { N = 14 };
+        uint32_t prompt[N], want[3];
+        result warm[1] = {0}, res[1] = {0};
+        const char *a[] = {"warm"}, *b[] = {"plp"};
+        const double hit = -log1p(96.0 * exp(-20.0)), miss = -20.0 + hit;
+
+        prompt[0] = 5;
+        for (size_t i = 1; i < N; i++) {
+                uint32_t nx = next_of(prompt, i);
+                prompt[i] = i % 3 == 1 ? nx : 1 + (nx + 10) % (VOCAB - 1);   /* predicted, or surely not */
+        }
+        expected(prompt, N, 3, want);
+        submit(h, "warm", prompt, N, 3, NULL, 0);
+        collect(h, a, warm, 1);
+        assert_int_equal(warm[0].n_plp_outputs, 0);
+        assert_int_equal(warm[0].n_lp, 0);
+        size_t tokens_before = h->fm.tokens_run;
+
+        submit_lp(h, "plp", prompt, N, 3, NULL, 0, 1, 2);
+        collect(h, b, res, 1);
+        assert_memory_equal(res[0].tokens, want, sizeof(want));
+        assert_int_equal(res[0].cached, 0);                       /* no prefix-cache read */
+        assert_int_equal(h->fm.tokens_run - tokens_before, N + 2); /* the whole prompt, then 2 decodes */
+        assert_int_equal(res[0].n_plp_outputs, 1);                /* in the first Output only */
+        assert_int_equal(res[0].n_plp, N - 1);
+        for (size_t pos = 1; pos < N; pos++) {
+                const tsr_token_logprobs *lp = &res[0].plp[pos - 1];
+                uint32_t nx = next_of(prompt, pos);
+                bool predicted = prompt[pos] == nx;
+                assert_int_equal(predicted, pos % 3 == 1);
+                assert_int_equal(lp->token, prompt[pos]);
+                assert_true(fabs(lp->logprob - (predicted ? hit : miss)) < 1e-4);
+                assert_int_equal(lp->rank, predicted ? 1 : VOCAB);
+                assert_int_equal(lp->n_top, 2);
+                assert_int_equal(lp->top_ids[0], nx);
+                assert_true(fabs(lp->top_logprobs[0] - hit) < 1e-4);
+                assert_int_equal(lp->top_ids[1], 0);                     /* ties: the lowest id first */
+                assert_true(fabs(lp->top_logprobs[1] - miss) < 1e-4);
+        }
+        /* The generated tokens' own logprobs (logprobs: 1): the greedy token, rank 1. */
+        assert_int_equal(res[0].n_lp, 3);
+        for (size_t i = 0; i < 3; i++) {
+                assert_int_equal(res[0].lp[i].token, want[i]);
+                assert_int_equal(res[0].lp[i].rank, 1);
+                assert_int_equal(res[0].lp[i].n_top, 1);
+                assert_int_equal(res[0].lp[i].top_ids[0], want[i]);
+                assert_true(fabs(res[0].lp[i].logprob - hit) < 1e-4);
+        }
+        engine_stats st = idle_stats(h);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+/* A one-token prompt has no position to score: an empty list, still in the first
+ * Output; and prompt_logprobs requests survive preemption (re-prefill) intact. */
+static void test_prompt_logprobs_edge_cases(void **state) {
+        harness *h = start_lp(12, 8, 8, false, 5);
+        uint32_t one[1] = {9}, prompts[6][20];
+        result r1[1] = {0}, rs[6];
+        const char *a[] = {"one"}, *ids[6];
+        char names[6][8];
+        submit_lp(h, "one", one, 1, 2, NULL, 0, -1, 0);
+        collect(h, a, r1, 1);
+        assert_int_equal(r1[0].n, 2);
+        assert_int_equal(r1[0].n_plp, 0);
+        memset(rs, 0, sizeof(rs));
+        for (int i = 0; i < 6; i++) {
+                make_prompt(prompts[i], 20, (uint32_t)i + 40);
+                snprintf(names[i], sizeof(names[i]), "p%d", i);
+                ids[i] = names[i];
+                submit_lp(h, ids[i], prompts[i], 20, 8, NULL, 0, -1, 0);
+        }
+        collect(h, ids, rs, 6);
+        for (int i = 0; i < 6; i++) {
+                uint32_t want[8];
+                expected(prompts[i], 20, 8, want);
+                assert_memory_equal(rs[i].tokens, want, sizeof(want));
+                assert_int_equal(rs[i].n_plp, 19);
+                assert_int_equal(rs[i].n_plp_outputs, 1);
+                for (size_t pos = 1; pos < 20; pos++) {
+                        bool predicted = prompts[i][pos] == next_of(prompts[i], pos);
+                        assert_int_equal(rs[i].plp[pos - 1].token, prompts[i][pos]);
+                        assert_int_equal(rs[i].plp[pos - 1].rank, predicted ? 1 : VOCAB);
+                        assert_int_equal(rs[i].plp[pos - 1].n_top, 0);
+                }
+        }
+        engine_stats st = idle_stats(h);
+        assert_true(st.num_preemptions_total > 0);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_single_request_greedy),
@@ -377,6 +508,8 @@ int main(void) {
                 cmocka_unit_test(test_stop_token_and_eos),
                 cmocka_unit_test(test_abort_frees_blocks),
                 cmocka_unit_test(test_too_long_prompt_refused),
+                cmocka_unit_test(test_prompt_logprobs),
+                cmocka_unit_test(test_prompt_logprobs_edge_cases),
         };
         return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <math.h>
 
 #include "router/response.h"
 #include "router/stop.h"
@@ -150,6 +151,84 @@ static void test_sse_framing(void **state) {
         assert_null(resp_sse_event(NULL, &n));
 }
 
+/* A five-token vocabulary: 3 and 4 both decode to U+FFFD (as broken byte tokens do). */
+static char *fake_decode(void *ud, uint32_t id, size_t *len) {
+        static const char *const texts[] = {"A", " b", "\xc3\xa9", "\xef\xbf\xbd", "\xef\xbf\xbd"};
+        (void)ud;
+        if (id >= 5)
+                return NULL;
+        *len = strlen(texts[id]);
+        return strdup(texts[id]);
+}
+
+static void fill_lps(resp_token_lp *lps) {
+        memset(lps, 0, 3 * sizeof(*lps));
+        lps[0].token = 0;                       /* prompt position 0: no logprob */
+        lps[1] = (resp_token_lp){.token = 1, .has = true, .logprob = -0.5f, .rank = 2, .n_top = 2,
+                                 .top_ids = {2, 1}, .top_logprobs = {-0.25f, -0.5f}};
+        lps[2] = (resp_token_lp){.token = 3, .has = true, .logprob = -INFINITY, .rank = 5, .n_top = 2,
+                                 .top_ids = {4, 2}, .top_logprobs = {-0.75f, -1.0f}};
+}
+
+static void test_completion_logprobs_shape(void **state) {
+        resp_token_lp lps[3];
+        resp_tokens t = {.decode = fake_decode};
+        fill_lps(lps);
+        /* k = 1: the token itself plus one more entry; token 1 is also in its own top
+         * list (merged by id); 3 and 4 share a text (merged by text: first place, last
+         * value); -inf is floored; offsets count code points (" b" is 2, "é" 1). */
+        char *s = dump(resp_completion_logprobs(lps, 3, 1, 0, &t));
+        assert_string_equal(s, "{\"text_offset\":[0,1,3],\"token_logprobs\":[null,-0.5,-9999.0],"
+                               "\"tokens\":[\"A\",\" b\",\"\xef\xbf\xbd\"],"
+                               "\"top_logprobs\":[null,{\" b\":-0.5,\"\xc3\xa9\":-0.25},{\"\xef\xbf\xbd\":-0.75}]}");
+        free(s);
+        /* A stream chunk continues the offsets; k = 0 keeps only the token itself. */
+        s = dump(resp_completion_logprobs(lps + 1, 2, 0, 7, &t));
+        assert_string_equal(s, "{\"text_offset\":[7,9],\"token_logprobs\":[-0.5,-9999.0],"
+                               "\"tokens\":[\" b\",\"\xef\xbf\xbd\"],"
+                               "\"top_logprobs\":[{\" b\":-0.5},{\"\xef\xbf\xbd\":-9999.0}]}");
+        free(s);
+        /* In a completion choice, with the prompt_logprobs list beside it. */
+        json_t *c = resp_completion_choice(0, "A b", 3, resp_completion_logprobs(lps, 2, 1, 0, &t), "length", NULL);
+        resp_set_prompt_logprobs(c, resp_prompt_logprobs(lps, 2, &t));
+        s = dump(c);
+        assert_string_equal(s, "{\"index\":0,\"text\":\"A b\",\"logprobs\":{\"text_offset\":[0,1],"
+                               "\"token_logprobs\":[null,-0.5],\"tokens\":[\"A\",\" b\"],"
+                               "\"top_logprobs\":[null,{\" b\":-0.5,\"\xc3\xa9\":-0.25}]},"
+                               "\"finish_reason\":\"length\",\"stop_reason\":null,\"token_ids\":null,"
+                               "\"prompt_logprobs\":[null,{\"1\":{\"logprob\":-0.5,\"rank\":2,\"decoded_token\":\" b\"},"
+                               "\"2\":{\"logprob\":-0.25,\"rank\":1,\"decoded_token\":\"\xc3\xa9\"}}],"
+                               "\"prompt_token_ids\":null}");
+        free(s);
+}
+
+static void test_chat_logprobs_shape(void **state) {
+        resp_token_lp lps[3];
+        resp_tokens t = {.decode = fake_decode};
+        fill_lps(lps);
+        char *s = dump(resp_chat_logprobs(lps + 1, 2, 2, &t));
+        assert_string_equal(s,
+                "{\"content\":[{\"token\":\" b\",\"logprob\":-0.5,\"bytes\":[32,98],\"top_logprobs\":["
+                "{\"token\":\" b\",\"logprob\":-0.5,\"bytes\":[32,98]},"
+                "{\"token\":\"\xc3\xa9\",\"logprob\":-0.25,\"bytes\":[195,169]}]},"
+                "{\"token\":\"\xef\xbf\xbd\",\"logprob\":-9999.0,\"bytes\":[239,191,189],\"top_logprobs\":["
+                "{\"token\":\"\xef\xbf\xbd\",\"logprob\":-9999.0,\"bytes\":[239,191,189]},"
+                "{\"token\":\"\xef\xbf\xbd\",\"logprob\":-0.75,\"bytes\":[239,191,189]}]}]}");
+        free(s);
+        /* top_logprobs 0: an empty list per token. */
+        s = dump(resp_chat_logprobs(lps + 1, 1, 0, &t));
+        assert_string_equal(s, "{\"content\":[{\"token\":\" b\",\"logprob\":-0.5,\"bytes\":[32,98],\"top_logprobs\":[]}]}");
+        free(s);
+        /* A chat body's top-level prompt_logprobs. */
+        resp_head h = {.id = "chatcmpl-x", .created = 1, .model = "m"};
+        resp_usage u = {0};
+        json_t *body = resp_chat(&h, json_array(), &u);
+        resp_set_prompt_logprobs(body, resp_prompt_logprobs(lps, 1, &t));
+        s = dump(body);
+        assert_non_null(strstr(s, "\"prompt_logprobs\":[null],\"prompt_token_ids\":null"));
+        free(s);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_stop_basic_and_across_tokens),
@@ -159,6 +238,8 @@ int main(void) {
                 cmocka_unit_test(test_completion_shapes),
                 cmocka_unit_test(test_chat_shapes),
                 cmocka_unit_test(test_sse_framing),
+                cmocka_unit_test(test_completion_logprobs_shape),
+                cmocka_unit_test(test_chat_logprobs_shape),
         };
         return cmocka_run_group_tests_name("response", tests, NULL, NULL);
 }
