@@ -483,6 +483,11 @@ static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, o
         if (r->prompt_logprobs < -1)
                 return VALUE_ERR(err, "prompt_logprobs", "prompt_logprobs must be non-negative or -1, got %d.",
                                  r->prompt_logprobs);
+        /* -1 (the whole vocabulary) is checked against the cap once the model's
+         * vocabulary is known (request.c). */
+        if (lim->max_logprobs >= 0 && r->prompt_logprobs > lim->max_logprobs)
+                return VALUE_ERR(err, "prompt_logprobs", "Requested prompt logprobs of %d, which is greater than max allowed: %d",
+                                 r->prompt_logprobs, lim->max_logprobs);
         if (oai_request_is_greedy(r) && r->n > 1)
                 return VALUE_ERR(err, "n", "n must be 1 when using greedy sampling, got %d.", r->n);
         return TSR_OK;
@@ -529,6 +534,7 @@ static tsr_status parse_common(json_t *root, const oai_limits *lim, tsr_arena *a
                 if (r->stream && v > 0)
                         return VALUE_ERR(err, "prompt_logprobs", "`prompt_logprobs` are not available when `stream=True`.");
                 r->prompt_logprobs = v < -1000 ? -1000 : v > 1000000 ? 1000000 : (int)v;
+                r->prompt_logprobs_all = v == -1;
         }
         so = field(root, "stream_options");
         if (so) {

@@ -107,6 +107,7 @@ typedef struct oai_request {
         oai_logit_bias *logit_bias;
         size_t n_logit_bias;
         int prompt_logprobs;         /* -1 = none */
+        bool prompt_logprobs_all;    /* explicit `prompt_logprobs: -1`: the whole vocabulary (vLLM) */
         bool stream;
         bool include_usage;          /* stream_options.include_usage (true when the object is present, as 0.12) */
         bool continuous_usage_stats;

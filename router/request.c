@@ -72,6 +72,7 @@ struct rq {
         bool gone;                    /* the client disconnected */
         bool answered;                /* a response (or stream end) was sent */
         bool streaming;               /* SSE headers sent */
+        bool id_from_header;          /* X-Request-Id named the id */
         /* prepared prompts */
         uint32_t **prompt_ids;
         size_t *prompt_lens;
@@ -566,9 +567,11 @@ static void finish_request(rq *r) {
                         http_conn_respond_error(r->c, 500, "InternalServerError", "out of memory");
                 free(text);
         }
-        log_req(TSR_LOG_INFO, r->id, "done: choices=%zu prompt_tokens=%u cached_tokens=%u completion_tokens=%u e2e_ms=%.1f",
-                r->n_choices, u.prompt_tokens, u.cached_tokens, u.completion_tokens,
-                (double)(tsr_now_ns() - r->arrival_ns) / 1e6);
+        if (!r->L->ctx->cfg->disable_log_requests)
+                log_req(TSR_LOG_INFO, r->id,
+                        "done: choices=%zu prompt_tokens=%u cached_tokens=%u completion_tokens=%u e2e_ms=%.1f",
+                        r->n_choices, u.prompt_tokens, u.cached_tokens, u.completion_tokens,
+                        (double)(tsr_now_ns() - r->arrival_ns) / 1e6);
         r->answered = true;
         rq_maybe_free(r);
 }
@@ -1216,8 +1219,16 @@ static void parse_done(uv_work_t *w, int status) {   /* loop */
                 return;
         }
         r->model = model_ref(m);
-        if (!r->req.request_id)
-                (void)0;
+        /* vLLM's id: X-Request-Id, else the body's request_id, else random hex. */
+        if (!r->id_from_header && r->req.request_id && *r->req.request_id)
+                snprintf(r->id, sizeof(r->id), "%s%.200s", r->kind == OAI_CHAT ? "chatcmpl-" : "cmpl-",
+                         r->req.request_id);
+        if (r->req.prompt_logprobs_all && cfg->max_logprobs >= 0 && (int64_t)m->vocab_size > cfg->max_logprobs) {
+                fail_request(r, 400, "BadRequestError",
+                             "Requested prompt logprobs of %u, which is greater than max allowed: %d", m->vocab_size,
+                             cfg->max_logprobs);
+                return;
+        }
         if (r->kind == OAI_CHAT) {
                 if (!m->tpl) {
                         fail_request(r, 400, "BadRequestError",
@@ -1287,7 +1298,8 @@ static rq *rq_new(request_layer *L, http_conn *c, http_request *req, const char 
         memcpy(r->body, req->body, req->body_len);
         r->body[req->body_len] = '\0';
         r->body_len = req->body_len;
-        if (!xid || !*xid) {
+        r->id_from_header = xid && *xid;
+        if (!r->id_from_header) {
                 make_random_hex(rnd, 32);
                 xid = rnd;
         }

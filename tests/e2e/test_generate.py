@@ -393,3 +393,16 @@ def test_chat_logprobs_with_sdk(client):
     plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
                                            temperature=0)
     assert plain.choices[0].logprobs is None
+
+
+def test_request_ids_follow_vllm(server):
+    """id = prefix + X-Request-Id, else + the body's request_id, else random hex."""
+    base, _ = server
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    r = requests.post(base + "/v1/completions", json=body, headers={"X-Request-Id": "hdr-1"}, timeout=30).json()
+    assert r["id"] == "cmpl-hdr-1"
+    r = requests.post(base + "/v1/completions", json={**body, "request_id": "body-2"}, timeout=30).json()
+    assert r["id"] == "cmpl-body-2"
+    r = requests.post(base + "/v1/chat/completions", json={"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "Hi"}]}, timeout=30).json()
+    assert r["id"].startswith("chatcmpl-") and len(r["id"]) == len("chatcmpl-") + 32

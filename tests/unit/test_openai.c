@@ -167,6 +167,8 @@ static void test_sampling_messages(void **state) {
                      "logit_bias contains key(s) that cannot be converted to integer token IDs: ['a']");
         expect_error(f, OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stream_options\":{}}", 400, "BadRequestError",
                      "Stream options can only be defined when `stream=True`.");
+        expect_error(f, OAI_COMPLETIONS, "{\"prompt\":\"x\",\"prompt_logprobs\":21}", 400, "BadRequestError",
+                     "Requested prompt logprobs of 21, which is greater than max allowed: 20");
         expect_error(f, OAI_COMPLETIONS, "{\"prompt\":\"x\",\"stream\":true,\"prompt_logprobs\":1}", 400,
                      "BadRequestError", "`prompt_logprobs` are not available when `stream=True`.");
         expect_error(f, OAI_COMPLETIONS, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", 400, "Bad Request",
