@@ -1086,8 +1086,18 @@ static node *parse_postfix(parser *p, node *n) {
                         if (v.n == 1) {
                                 g->b = v.v[0];
                         } else {
-                                node *tu = mk(p, N_TUPLE, g->off);
-                                if (!tu)
+                                node *tu;
+                                /* jinja2 parses x[a, b:c] but Python cannot compile a slice
+                                 * inside a tuple, so from_string fails there too: refuse it
+                                 * here rather than meet a slice node where a value belongs. */
+                                for (size_t i = 0; i < v.n; i++) {
+                                        if (v.v[i]->kind == N_SLICE) {
+                                                perr(p, v.v[i]->off, TSR_E_INVAL,
+                                                     "a slice cannot be part of a subscript tuple");
+                                                return NULL;
+                                        }
+                                }
+                                if (!(tu = mk(p, N_TUPLE, g->off)))
                                         return NULL;
                                 tu->kids = v.v;
                                 tu->nkids = v.n;
@@ -4000,8 +4010,10 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
                 sc.case_sensitive = truthy(cs);
                 if ((st = sort_tv(c, l->v, l->n, cmp_sort, &sc)) != TSR_OK)
                         return st;
-                if (truthy(rev)) {
-                        /* Python sorts with reverse=True stably: equal items keep their order */
+                if (truthy(rev) && l->n > 1) {
+                        /* Python sorts with reverse=True stably: equal items keep their order.
+                         * An empty list may have no storage, and memcpy from NULL is undefined
+                         * even for zero bytes. */
                         tv *tmp = ralloc(c, (l->n ? l->n : 1) * sizeof(tv));
                         size_t i = 0, j;
                         if (!tmp)
@@ -4460,7 +4472,14 @@ static tsr_status call_builtin(rctx *c, int b, const args *a, tv *out) {
         }
         case B_RAISE: {
                 tstr msg = {"", 0};
-                if (arg_get(a, 0, "message", &x) && (st = to_str(c, x, &msg)) != TSR_OK)
+                /* transformers' raise_exception(message) has no default: called bare, Python
+                 * raises a TypeError with this text (prefixed by the helper's qualname, which
+                 * changes between transformers versions, so it is left out), and an empty
+                 * message would otherwise reach the client. */
+                if (!arg_get(a, 0, "message", &x))
+                        return rerr(c, TSR_E_INVAL, "raise_exception() missing 1 required positional argument: "
+                                    "'message'");
+                if ((st = to_str(c, x, &msg)) != TSR_OK)
                         return st;
                 return rerr(c, TSR_E_INVAL, "%.*s", (int)msg.n, msg.p);
         }

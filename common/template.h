@@ -38,7 +38,9 @@ typedef struct tsr_template_opts {
 /* Parse `len` bytes of template source (UTF-8, need not be NUL-terminated).  On success
  * *ret is a new template the caller frees with tsr_template_free; it keeps no pointer
  * into `src`.  Returns TSR_E_INVAL for a syntax error, with "line L, column C: ..." in
- * `err` (if not NULL), TSR_E_LIMIT when the source nests too deep, TSR_E_NOMEM. */
+ * `err` (if not NULL), TSR_E_UNSUPPORTED for valid Jinja outside the subset (a recursive
+ * loop, `set` of a dotted name as a block), TSR_E_LIMIT when the source nests too deep,
+ * TSR_E_NOMEM. */
 tsr_status tsr_template_parse(const char *src, size_t len, tsr_template **ret, char *err, size_t errlen);
 
 /* Render `t` with the variables of the JSON object `context` (messages, tools,
@@ -47,6 +49,7 @@ tsr_status tsr_template_parse(const char *src, size_t len, tsr_template **ret, c
  * On success *out is a new NUL-terminated string (free() it) of *out_len bytes.
  * Returns TSR_E_INVAL for raise_exception (err holds its message, exactly) or a runtime
  * error such as a type error or an attribute of an undefined value (err says which);
+ * TSR_E_UNSUPPORTED for a Python method, format spec or conversion outside the subset;
  * TSR_E_LIMIT when output, memory, steps or depth pass their bound; TSR_E_NOMEM.
  * Outputs are written only on success.  Thread-safe for a shared `t`. */
 tsr_status tsr_template_render(const tsr_template *t, const json_t *context, const tsr_template_opts *opts,

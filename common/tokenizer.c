@@ -1426,7 +1426,8 @@ static tsr_status lossy_drain(tsr_detok *d, bool final) {
                 run = i;
         }
 stop:
-        if ((st = dstream(d, d->fuse_at + 1, b->p + run, i - run)) != TSR_OK)
+        /* An empty buffer may have no storage yet, and NULL + 0 is undefined in C. */
+        if (i > run && (st = dstream(d, d->fuse_at + 1, b->p + run, i - run)) != TSR_OK)
                 return st;
         keep = b->n - i;
         if (keep && i)

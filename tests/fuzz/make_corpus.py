@@ -414,6 +414,95 @@ def model_meta_seeds():
     return out
 
 
+# ------------------------------------------------------------------ tokenizer and templates
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "fixtures")
+
+TOKENIZER_TEXTS = [
+    "", " ", "\n", "hello world", "The quick brown fox jumps over the lazy dog. It's 3:45pm; we're late.",
+    "I'M SHOUTING, You're Whispering. Don't stop. O'Neil's caf\u00e9 served cr\u00e8me br\u00fbl\u00e9e.",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n",
+    "for (int i = 0; i < n; i++) {\r\n\tsum += a[i];\t// dot\r\n}",
+    "Numbers: 0 7 42 123 4567 89012 3141592653589793 1,000,000.00 -17e-3 0x1F",
+    "   leading and trailing   \n\n\n\t\t tabs\t and  double  spaces \r\n\r\n",
+    "\u4e2d\u6587\u6587\u672c\u3002\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \ud55c\uad6d\uc5b4 \u0645\u0631\u062d\u0628\u0627 \u05e9\u05dc\u05d5\u05dd \u0928\u092e\u0938\u094d\u0924\u0947",
+    "Emoji: \U0001f600 \U0001f44d\U0001f3fd \U0001f468\u200d\U0001f469\u200d\U0001f467 \U0001f3f3\ufe0f\u200d\U0001f308 1\ufe0f\u20e3",
+    "e\u0301 a\u0308 Z\u0351\u036ba\u0310l\u0300g\u0312o\u0308 \u00a0nbsp\u2003em\u3000\u200bzw\u2028ls\u0085nel \ufeff\ufffd",
+    "<|begin_of_text|>hello<|eot_id|>", "a<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>",
+    "a [USER] b", "[USER]x", "the fox, foxes, firefox fox", "<|python_tag|> fox [USER]<|eom_id|>",
+    "can't won't 'S 'LL \u2019s \x00\x01\x7f",
+]
+
+
+def tokenizer_seeds():
+    """Byte 0 even: text (valid UTF-8 and a few broken sequences); odd: little-endian
+    16-bit ids, taken from the llama3_style goldens (bit 1: skip_special_tokens)."""
+    seeds = {}
+    for i, s in enumerate(TOKENIZER_TEXTS):
+        seeds["text_%02d" % i] = b"\x00" + s.encode("utf-8")
+    for i, b in enumerate([b"\xff", b"ab\xc3", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"x\xe2\x82 y"]):
+        seeds["text_invalid_%d" % i] = b"\x00" + b
+    with open(os.path.join(FIXTURES, "tokenizers", "llama3_style.golden.json"), encoding="utf-8") as f:
+        g = json.load(f)
+    for i, (ids, _, _) in enumerate(g["decode"][:24]):
+        seeds["ids_%02d" % i] = bytes([1 | (i & 1) << 1]) + b"".join(struct.pack("<H", x) for x in ids)
+    # Split UTF-8 across byte tokens (ByteLevel maps every byte to one token), and ids past
+    # the vocabulary.
+    seeds["ids_split_utf8"] = b"\x01" + struct.pack("<6H", 227, 106, 106, 194, 194, 243)
+    seeds["ids_out_of_range"] = b"\x03" + struct.pack("<4H", 64, 712, 0xFFFF, 65)
+    return seeds
+
+
+# Small chat templates written for the fuzzer: the constructs the real ones lean on
+# (loops over messages, namespace, macros, tojson, string methods, raise_exception).
+CHAT_TEMPLATES = [
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{{- bos_token }}{%- for m in messages %}{%- if m['role'] == 'system' %}{{- m['content'] | trim }}"
+    "{%- elif m.content is string %}[{{ m.role | upper }}] {{ m.content }}{{ eos_token }}"
+    "{%- else %}{%- for p in m.content %}{{ p.text | default('') }}{%- endfor %}{%- endif %}{%- endfor %}",
+    "{%- set ns = namespace(sys='', n=0) %}{%- for m in messages %}{%- if m.role == 'system' %}"
+    "{%- set ns.sys = m.content %}{%- else %}{%- set ns.n = ns.n + 1 %}{%- endif %}{%- endfor %}"
+    "{{ ns.sys }}|{{ ns.n }}|{{ messages | length }}|{{ messages[-1].role }}",
+    "{%- if tools %}{%- for t in tools %}{{ t | tojson(indent=2) }}\n{%- endfor %}{%- endif %}"
+    "{%- for m in messages if m.tool_calls is defined %}{%- for c in m.tool_calls %}"
+    "<tool_call>{{ c.function.name }}{{ c.function.arguments | tojson }}</tool_call>{%- endfor %}{%- endfor %}",
+    "{% macro render(m, i) %}{{ i }}:{{ m.role[:3] }}{% if m.content is string %}={{ m.content.split(' ')"
+    " | join('_') }}{% endif %}{% endmacro %}{% for m in messages %}{{ render(m, loop.index0) }}"
+    "{% if not loop.last %},{% endif %}{% else %}none{% endfor %}",
+    "{% for m in messages %}{% if m.role == 'assistant' and '</think>' in m.content %}"
+    "{{ m.content.split('</think>')[-1].lstrip() }}{% elif m.role not in ['user', 'system', 'assistant', 'tool'] %}"
+    "{{ raise_exception('bad role ' ~ m.role) }}{% endif %}{% endfor %}"
+    "{{ strftime_now('%d %b %Y') }}{{ (enable_thinking | default(true)) | string | lower }}",
+    "{{ messages | map(attribute='role') | unique | list | tojson }}{{ messages | selectattr('role', 'equalto', "
+    "'user') | list | length }}{{ {'b': 1, 'a': 2} | dictsort }}{{ '%s-%d' % ('x', n) }}{{ x * 2 // 1 }}"
+    "{{ 'abc'.replace('b', 'B').title().center(9) if n is number else none }}{{ range(3) | sum }}",
+    "{% set d = dict(a=1, b=[1, 2]) %}{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}"
+    "{{ d.b[1:] }}{{ 'x'.join(['1', '2']) }}{{ none is none }}{{ (1, 2) | first }}{{ [3, 1] | sort | last }}"
+    "{%- filter upper %}low{% endfilter %}{{ 'a\\tb' | indent(2, true) }}{{ 7 % 3 }}{{ 2 ** 10 }}",
+]
+
+
+def template_seeds():
+    """Template source, NUL, JSON context.  The focused language cases of the template
+    goldens (tests/fixtures/templates/goldens.json, written by this project's
+    make_template_goldens.py) with their contexts, plus the chat templates above with no
+    context (the harness then supplies its fixed chat)."""
+    seeds = {}
+    for i, s in enumerate(CHAT_TEMPLATES):
+        seeds["chat_%02d" % i] = s.encode("utf-8")
+    with open(os.path.join(FIXTURES, "templates", "goldens.json"), encoding="utf-8") as f:
+        g = json.load(f)
+    for u in g["unit"]:
+        ctx = json.dumps(u.get("context") or {}, ensure_ascii=False, separators=(",", ":"))
+        seeds["unit_" + u["name"]] = u["template"].encode("utf-8") + b"\x00" + ctx.encode("utf-8")
+    seeds["syntax_unclosed_if"] = b"{% if x %}never closed"
+    seeds["syntax_bad_filter"] = b"{{ x | nosuchfilter }}"
+    seeds["limit_recursion"] = b"{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"
+    seeds["limit_loops"] = b"{% for i in range(1000) %}{% for j in range(1000) %}{{ i }}{% endfor %}{% endfor %}"
+    seeds["ctx_not_object"] = b"{{ messages }}\x00[1, 2]"
+    return seeds
+
+
 def write(target, seeds):
     d = os.path.join(CORPUS, target)
     os.makedirs(d, exist_ok=True)
@@ -433,6 +522,8 @@ def main():
     total += write("gguf", gguf_seeds())
     total += write("config_yaml", config_seeds())
     total += write("model_meta", model_meta_seeds())
+    total += write("tokenizer", tokenizer_seeds())
+    total += write("template", template_seeds())
     print("total %d bytes" % total)
     if total > 300 * 1024:
         sys.exit("make_corpus.py: the corpus is over 300 KB; keep seeds small")

@@ -496,6 +496,35 @@ static void test_raise_and_errors(void **state) {
         assert_int_equal(st, TSR_E_INVAL);
 }
 
+/* Inputs the fuzzer (tests/fuzz/fuzz_template.c) found; the same files are replayed from
+ * tests/fuzz/regressions/template/.  Expected text from Python jinja2. */
+static void test_fuzz_regressions(void **state) {
+        char *out = NULL, err[512];
+        (void)state;
+
+        /* sort(reverse=true) of an empty list copied from its NULL storage (UBSan) */
+        assert_int_equal(render_str("{{ xs | sort(reverse=true) }}|{{ [] | sort(reverse=true) }}|"
+                                    "{{ [2, 1, 2] | sort(reverse=true) }}", NULL, NULL, &out, err, sizeof(err)),
+                         TSR_OK);
+        assert_string_equal(out, "[]|[]|[2, 2, 1]");
+        free(out);
+        out = NULL;
+        /* valid Jinja outside the subset is TSR_E_UNSUPPORTED with a position (template.h) */
+        assert_int_equal(render_str("{% set ns = namespace(n=0) %}{% set ns.n %}1{% endset %}", NULL, NULL, &out, err,
+                                    sizeof(err)), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "line 1, column"));
+        assert_null(out);
+        /* a slice inside a subscript tuple reached the evaluator as a value (TSR_E_INTERNAL);
+         * jinja2's from_string fails on it (Python cannot compile it), so it is a syntax error */
+        expect_syntax("{{ m['', :] }}", "line 1, column 10: a slice cannot be part of a subscript tuple");
+        expect_syntax("{{ m[:, 1] }}", "a slice cannot be part of a subscript tuple");
+        /* raise_exception() with no message failed with an empty one; Python raises a TypeError */
+        assert_int_equal(render_str("{% if true %}{{ raise_exception() }}{% endif %}after", NULL, NULL, &out, err,
+                                    sizeof(err)), TSR_E_INVAL);
+        assert_string_equal(err, "raise_exception() missing 1 required positional argument: 'message'");
+        assert_null(out);
+}
+
 static void test_api_edges(void **state) {
         tsr_template *t = NULL;
         char *out = NULL, err[256];
@@ -550,6 +579,7 @@ int main(void) {
                 cmocka_unit_test(test_deep_nesting),
                 cmocka_unit_test(test_raise_and_errors),
                 cmocka_unit_test(test_api_edges),
+                cmocka_unit_test(test_fuzz_regressions),
                 cmocka_unit_test(test_strftime_default),
         };
         return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -308,6 +308,44 @@ static void test_metaspace_bf(void **state) {
         test_trained("metaspace_bf");
 }
 
+/* Nemotron-3-Nano's shape (models.md 5.3): the specials sit at the ids the real vocabulary
+ * gives them, add_special_tokens adds nothing (add_bos_token=false), and the reasoning and
+ * tool tags are added tokens that skip_special_tokens keeps. */
+static void test_nemotron_style(void **state) {
+        static const char *const first[] = {"<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]",
+                                            "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]",
+                                            "[TOOL_CALLS]", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                                            "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"};
+        char path[4096];
+        tsr_tokenizer *t;
+        uint32_t *ids = NULL, think[] = {12, 11, 13};
+        size_t n, i, len;
+        char *text = NULL;
+        (void)state;
+
+        fixture_path(path, sizeof(path), "nemotron_style.tokenizer.json");
+        t = tok_from_json_file(path);
+        for (i = 0; i < sizeof(first) / sizeof(first[0]); i++) {
+                assert_int_equal(tsr_tokenizer_token_id(t, first[i], strlen(first[i])), (int64_t)i);
+                assert_int_equal(tsr_tokenizer_is_special(t, (uint32_t)i), i < 12);
+        }
+        assert_false(tsr_tokenizer_add_bos(t));
+        assert_false(tsr_tokenizer_add_eos(t));
+        assert_int_equal(tsr_tokenizer_encode(t, "<|im_start|>user\n", 17, true, &ids, &n), TSR_OK);
+        assert_true(n >= 2);
+        assert_int_equal(ids[0], 10);
+        free(ids);
+        /* single digits: "2024" is four pieces of one digit each */
+        assert_int_equal(tsr_tokenizer_encode(t, "2024", 4, false, &ids, &n), TSR_OK);
+        assert_int_equal(n, 4);
+        free(ids);
+        assert_int_equal(tsr_tokenizer_decode(t, think, 3, true, &text, &len), TSR_OK);
+        assert_string_equal(text, "<think></think>");
+        free(text);
+        check_family(t, "nemotron_style");
+        tsr_tokenizer_free(&t);
+}
+
 static double now_s(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -473,6 +511,19 @@ static void test_bad_input(void **state) {
         free(ids);
         assert_int_equal(tsr_tokenizer_decode(t, bad, 2, false, &text, &len), TSR_E_INVAL);
         assert_null(text);
+        /* nothing to decode: an empty string, not a NULL-plus-zero in the UTF-8 check (fuzz
+         * regression tests/fuzz/regressions/tokenizer/empty-text-decode-null-plus-zero) */
+        assert_int_equal(tsr_tokenizer_decode(t, NULL, 0, false, &text, &len), TSR_OK);
+        assert_int_equal(len, 0);
+        assert_string_equal(text, "");
+        free(text);
+        assert_int_equal(tsr_detok_new(t, true, &d), TSR_OK);
+        assert_int_equal(tsr_detok_flush(d, &delta, &len), TSR_OK);
+        assert_int_equal(len, 0);
+        assert_string_equal(delta, "");
+        free(delta);
+        delta = NULL;
+        tsr_detok_free(&d);
         assert_int_equal(tsr_tokenizer_decode(t, good, 2, false, &text, &len), TSR_OK);
         assert_string_equal(text, "ab a");  /* no decoder: HF joins the tokens with spaces */
         free(text);
@@ -518,6 +569,7 @@ int main(void) {
                 cmocka_unit_test(test_llama3_style),
                 cmocka_unit_test(test_o200k_style),
                 cmocka_unit_test(test_metaspace_bf),
+                cmocka_unit_test(test_nemotron_style),
                 cmocka_unit_test(test_smollm2_gguf),
                 cmocka_unit_test(test_stories260k_gguf),
                 cmocka_unit_test(test_llama2_tiny_gguf),
