@@ -197,6 +197,7 @@ static void send_abort(choice *ch, const char *why) {
 
         if (!ch->worker || !ch->wire_id)
                 return;
+        tsr_metrics_counter_add(ch->r->L->ctx->metrics, TSR_METRICS_ABORTS, why, 1);
         snprintf(idbuf, sizeof(idbuf), "%" PRIu64, ch->wire_id);
         tessera__v1__envelope__init(&env);
         tessera__v1__abort__init(&ab);
@@ -241,7 +242,7 @@ static void fail_request(rq *r, int status, const char *type, const char *fmt, .
 /* Answer with `err` (a body before the headers, an error event after them). */
 static void fail_with(rq *r, const oai_error *err) {
         oai_error e = *err;
-        abort_all(r, "request failed");
+        abort_all(r, "request_failed");
         if (r->c && !r->answered) {
                 if (r->streaming) {
                         /* After the headers: an error event, then [DONE] (vLLM). */
@@ -452,7 +453,7 @@ static void stream_write_obj(rq *r, json_t *obj) {
         if (http_conn_stream_write(r->c, ev, n) == TSR_E_LIMIT) {
                 /* A client that does not read: stop generating for it (STYLE.md 2.7). */
                 log_req(TSR_LOG_WARN, r->id, "client is not reading: write queue over its cap, aborting");
-                abort_all(r, "slow client");
+                abort_all(r, "slow_client");
                 http_conn_abort(r->c);
                 r->c = NULL;
                 r->gone = true;
@@ -610,7 +611,7 @@ static void finish_choice(choice *ch, const char *reason, json_t *stop_reason, b
         ch->finish_reason = reason;
         json_decref(ch->stop_reason);
         ch->stop_reason = stop_reason ? stop_reason : json_null();
-        close_choice(ch, abort_worker, "finished by the router");
+        close_choice(ch, abort_worker, "stop_string");
         observe_finished(ch);
         if (r->streaming)
                 stream_choice(r, ch);
@@ -642,6 +643,8 @@ static tsr_worker *pick_worker(rq *r, tsr_worker *avoid) {
                 }
         }
         r->L->rotate++;
+        if (best)
+                tsr_metrics_counter_add(r->L->ctx->metrics, TSR_METRICS_PLACEMENTS, "least_load", 1);
         return best;
 }
 
@@ -736,6 +739,7 @@ static void retry_or_fail(choice *ch, const char *why) {
         r->n_open++;   /* still open: being resubmitted */
         if (can_retry && submit_choice(ch, failed) == TSR_OK) {
                 log_req(TSR_LOG_INFO, r->id, "choice %d resubmitted (attempt %d): %s", ch->index, ch->attempts, why);
+                tsr_metrics_counter_add(r->L->ctx->metrics, TSR_METRICS_RETRIES, NULL, 1);
                 return;
         }
         r->n_open--;
@@ -1275,7 +1279,7 @@ static void on_client_gone(void *ud) {
         r->gone = true;
         if (r->n_open)
                 log_req(TSR_LOG_INFO, r->id, "client disconnected: aborting %zu choice(s)", r->n_open);
-        abort_all(r, "client disconnected");
+        abort_all(r, "client_disconnected");
         rq_maybe_free(r);
 }
 
@@ -1369,7 +1373,7 @@ void request_layer_free(request_layer **Lp) {
          * shutdown (on_close ran) or have jobs that finished; free the rest. */
         while (L->active) {
                 rq *r = L->active;
-                abort_all(r, "router shutting down");
+                abort_all(r, "router_shutdown");
                 r->jobs = 0;
                 r->gone = true;
                 rq_free(r);

@@ -104,6 +104,8 @@ def test_stop_string_cuts_and_reports(client):
     assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].text == text.split(",")[0]     # cut before the stop string
     assert r.choices[0].model_extra.get("stop_reason") == ","
+    metrics = requests.get(str(client.base_url).replace("/v1/", "/metrics"), timeout=5).text
+    assert 'tessera:request_aborts_total{cause="stop_string"}' in metrics
 
 
 def test_n_and_multiple_prompts(server):
@@ -167,6 +169,9 @@ def test_disconnect_mid_stream_frees_kv(server):
         line = [l for l in text.splitlines() if l.startswith("vllm:num_requests_running{")][0]
         return float(line.rsplit(" ", 1)[1])
     wait_until(lambda: running() == 0.0, timeout=10, what="request aborted after the client left")
+    text = requests.get(base + "/metrics", timeout=5).text
+    aborts = [l for l in text.splitlines() if l.startswith('tessera:request_aborts_total{cause="client_disconnected"}')]
+    assert aborts and float(aborts[0].rsplit(" ", 1)[1]) >= 1
 
 
 def test_metrics_count_requests(server, client):
