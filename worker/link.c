@@ -26,6 +26,8 @@ typedef struct link {
         bool stop;
         uint64_t n_bad_frames;
         uint64_t n_send_drops;
+        engine_stats logged;   /* counters at the last stats line */
+        uint64_t logged_ns;
 } link;
 
 /* Log the first few of a repeated problem, then one in a thousand (hot-path rate limit). */
@@ -358,6 +360,32 @@ out:
         free(lpp);
 }
 
+/* vLLM's LoggingStatLogger line, CPU-worded: throughput over the interval, queue
+ * lengths, KV usage and the prefix-cache hit rate of the interval.  INFO while the
+ * engine has work or had some in the interval, DEBUG when idle (as vLLM). */
+static void log_stats(link *l, uint64_t now) {
+        const engine_stats *s = &l->stats, *o = &l->logged;
+        double dt = (double)(now - l->logged_ns) / 1e9;
+        double prompt_tps = dt > 0 ? (double)(s->prompt_tokens_total - o->prompt_tokens_total) / dt : 0;
+        double gen_tps = dt > 0 ? (double)(s->generation_tokens_total - o->generation_tokens_total) / dt : 0;
+        uint64_t queries = s->prefix_cache_queries_total - o->prefix_cache_queries_total;
+        uint64_t hits = s->prefix_cache_hits_total - o->prefix_cache_hits_total;
+        uint64_t preempted = s->num_preemptions_total - o->num_preemptions_total;
+        double usage = s->kv_blocks_total ? 100.0 * (1.0 - (double)s->kv_blocks_free / (double)s->kv_blocks_total) : 0;
+        char extra[48] = "";
+        bool busy = s->num_running || s->num_waiting || prompt_tps > 0 || gen_tps > 0;
+
+        if (preempted)
+                snprintf(extra, sizeof(extra), ", Preemptions: %llu", (unsigned long long)preempted);
+        tsr_log(busy ? TSR_LOG_INFO : TSR_LOG_DEBUG, NULL,
+                "Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+                "Running: %u reqs, Waiting: %u reqs%s, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+                prompt_tps, gen_tps, s->num_running, s->num_waiting, extra, usage,
+                queries ? 100.0 * (double)hits / (double)queries : 0.0);
+        l->logged = *s;
+        l->logged_ns = now;
+}
+
 static void drain_outbox(link *l) {
         engine_out *out;
         tsr_queue_ack_fd(l->outbox);
@@ -435,6 +463,7 @@ tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queu
         if (o->on_listening)
                 o->on_listening(o->ud);
         next_status = tsr_now_ns();
+        l.logged_ns = next_status;
         while (!l.stop) {
                 zmq_pollitem_t items[3] = {
                         {.socket = l.router, .events = ZMQ_POLLIN},
@@ -458,6 +487,8 @@ tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queu
                         l.stop = true;
                 }
                 now = tsr_now_ns();
+                if (o->log_stats_interval_s > 0 && now - l.logged_ns >= (uint64_t)(o->log_stats_interval_s * 1e9))
+                        log_stats(&l, now);
                 if (now >= next_status) {
                         publish_status(&l, NULL);
                         /* Skip missed ticks instead of bursting after a stall. */

@@ -30,6 +30,9 @@ typedef struct worker_link_opts {
         const uint8_t *model_info_lean;
         size_t model_info_lean_len;
         uint64_t tokenizer_hash;
+        /* vLLM's periodic "Engine 000: Avg prompt throughput ..." line every this many
+         * seconds (VLLM_LOG_STATS_INTERVAL, 10); 0 = off (--disable-log-stats). */
+        double log_stats_interval_s;
         /* Called once both sockets are bound (e.g. sd_notify READY=1); may be NULL. */
         void (*on_listening)(void *ud);
         void *ud;

@@ -224,6 +224,14 @@ static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m
         return st;
 }
 
+/* VLLM_LOG_STATS_INTERVAL, seconds (vLLM's default 10). */
+static double stats_interval_s(void) {
+        const char *env = getenv("VLLM_LOG_STATS_INTERVAL");
+        char *end;
+        double v = env ? strtod(env, &end) : 10.0;
+        return env && (*end || !(v > 0)) ? 10.0 : v;
+}
+
 static void notify_ready(void *ud) {
         (void)ud;
 #ifdef TSR_HAVE_SYSTEMD
@@ -357,6 +365,7 @@ int main(int argc, char **argv) {
                 .model_info_lean_len = mi_lean_len,
                 .tokenizer_hash = meta->tokenizer_hash,
                 .on_listening = notify_ready,
+                .log_stats_interval_s = cfg.disable_log_stats ? 0 : stats_interval_s(),
         };
         st = worker_link_run(&lo, inbox, outbox, sfd);
         rc = st == TSR_OK ? TSR_EXIT_OK : TSR_EXIT_RUNTIME;

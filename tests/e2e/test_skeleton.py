@@ -186,3 +186,36 @@ def test_help_lists_vllm_flags():
     for flag in ("--tensor-parallel-size", "--max-model-len", "--block-size", "--enable-prefix-caching",
                  "--served-model-name", "--api-key", "--config", "(default: 8000)"):
         assert flag in out.stdout, flag
+
+
+def test_engine_stats_log_line(spawn, demo_model):
+    """vLLM's periodic line, every VLLM_LOG_STATS_INTERVAL seconds, CPU-worded; gone
+    with --disable-log-stats."""
+    env = dict(os.environ, VLLM_LOG_STATS_INTERVAL="0.3")
+    port = free_port()
+    p = spawn([LAUNCHER, "serve", demo_model, "--host", "127.0.0.1", "--port", port,
+               "--kv-cache-memory-bytes", "64M"], env=env)
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http_status(base + "/health") == 200, timeout=60, what="/health")
+    wait_until(lambda: requests.post(base + "/tokenize", json={"prompt": "x"}, timeout=5).status_code == 200,
+               timeout=30, what="tokenizer ready")
+    r = requests.post(base + "/v1/completions", json={"prompt": "Hello", "max_tokens": 24, "temperature": 0},
+                      timeout=60)
+    assert r.status_code == 200
+    line = wait_until(lambda: next((l for l in p.output().splitlines()
+                                    if "Engine 000: Avg prompt throughput:" in l and "Avg generation throughput:" in l
+                                    and "KV cache usage:" in l and "Prefix cache hit rate:" in l), None),
+                      timeout=10, what="stats line")
+    assert " tokens/s, Running: " in line
+
+    port2 = free_port()
+    q = spawn([LAUNCHER, "serve", demo_model, "--host", "127.0.0.1", "--port", port2,
+               "--kv-cache-memory-bytes", "64M", "--disable-log-stats"], env=env)
+    base2 = f"http://127.0.0.1:{port2}"
+    wait_until(lambda: http_status(base2 + "/health") == 200, timeout=60, what="/health")
+    wait_until(lambda: requests.post(base2 + "/tokenize", json={"prompt": "x"}, timeout=5).status_code == 200,
+               timeout=30, what="tokenizer ready")
+    requests.post(base2 + "/v1/completions", json={"prompt": "Hello", "max_tokens": 8, "temperature": 0}, timeout=60)
+    metrics = requests.get(base2 + "/metrics", timeout=5).text
+    assert "vllm:" not in metrics                       # --disable-log-stats removes the vllm:* series
+    assert "Engine 000:" not in q.output()
