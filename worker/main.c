@@ -28,7 +28,7 @@
 #include "runner.h"
 
 #define DEFAULT_KV_CACHE_BYTES (4ll << 30)
-#define CPU_DEFAULT_MAX_NUM_SEQS 128
+#define CPU_DEFAULT_MAX_NUM_SEQS 256   /* issue #4; vLLM's server default below 70 GiB */
 #define CPU_DEFAULT_MAX_BATCHED_TOKENS 2048
 
 typedef struct worker_plan {
