@@ -85,6 +85,7 @@ static const char *const backend_choices[] = {"mp", "uni", NULL};
 static const char *const block_size_choices[] = {"1", "8", "16", "32", "64", "128", "256", NULL};
 static const char *const hash_algo_choices[] = {"sha256", "sha256_cbor", "xxhash", NULL};
 static const char *const policy_choices[] = {"fcfs", "priority", NULL};
+static const char *const routing_policy_choices[] = {"kv", "least_load", "round_robin", NULL};
 static const char *const log_level_choices[] = {"debug", "info", "warning", "error", NULL};
 
 /* Order is --help order within a group.  `model` must stay first and `config` last
@@ -221,6 +222,9 @@ static const tsr_opt opts[] = {
          .def = "1", .help = "event loops sharing the HTTP port"},
         {O_LIST("worker", worker), .owner = R, .group = GRP_TESSERA, .metavar = "ENDPOINT",
          .help = "worker endpoint (tcp://HOST:PORT) to route to; repeatable"},
+        {O_STR("routing-policy", routing_policy), .owner = R, .group = GRP_TESSERA, .metavar = "POLICY",
+         .def = "kv", .choices = routing_policy_choices,
+         .help = "placement: kv = prefix-cache overlap and load, least_load, round_robin"},
         {O_STR("log-level", log_level), .owner = TSR_OWNER_ALL, .group = GRP_TESSERA, .metavar = "LEVEL",
          .def_help = "info", .choices = log_level_choices, .help = "least severe level logged"},
         {O_STR("config", config_file), .owner = TSR_OWNER_ALL, .group = GRP_TESSERA, .metavar = "FILE.yaml",

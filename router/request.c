@@ -9,6 +9,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "common/block_hash.h"
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -77,6 +78,14 @@ struct rq {
         uint32_t **prompt_ids;
         size_t *prompt_lens;
         char **prompt_texts;          /* echo: the prompt as text */
+        /* Block-hash chain per prompt, for kv placement: computed by prep_work on the
+         * thread pool with the spec read (loop thread) before it was queued. */
+        uint64_t **prompt_hashes;     /* NULL when not hashed (policy, no spec, OOM) */
+        size_t *prompt_n_hashes;
+        size_t n_hashed;              /* entries of prompt_hashes */
+        bool hash_wanted;
+        tsr_block_hash_algo hash_algo;
+        uint32_t hash_block_size;
         tsr_status prep_st;
         oai_error err;
         /* resolved sampling */
@@ -128,6 +137,11 @@ static void rq_free(rq *r) {
                         free(r->prompt_ids[i]);
                         free(r->prompt_texts[i]);
                 }
+        if (r->prompt_hashes)
+                for (size_t i = 0; i < r->n_hashed; i++)
+                        free(r->prompt_hashes[i]);
+        free(r->prompt_hashes);
+        free(r->prompt_n_hashes);
         free(r->prompt_ids);
         free(r->prompt_lens);
         free(r->prompt_texts);
@@ -621,31 +635,83 @@ static void finish_choice(choice *ch, const char *reason, json_t *stop_reason, b
 
 /* ------------------------------------------------------------------ placement and submission */
 
-static tsr_worker *pick_worker(rq *r, tsr_worker *avoid) {
+typedef enum routing_policy { ROUTE_KV, ROUTE_LEAST_LOAD, ROUTE_ROUND_ROBIN } routing_policy;
+
+static routing_policy policy_of(const tsr_config *cfg) {
+        const char *p = cfg->routing_policy;
+        if (p && strcmp(p, "least_load") == 0)
+                return ROUTE_LEAST_LOAD;
+        if (p && strcmp(p, "round_robin") == 0)
+                return ROUTE_ROUND_ROBIN;
+        return ROUTE_KV;
+}
+
+static const char *const policy_names[] = {"kv", "least_load", "round_robin"};
+
+/* Loop thread.  Candidates are the live workers serving the model, listed from a
+ * rotating start so that ties spread.  kv: tsr_placement_pick over the §6.4 cost with
+ * the prompt's prefix hits in each worker's mirror (no hashes: hits 0, i.e. least
+ * load plus queued prefill); least_load: the same with B = 0 and no queued prefill
+ * term, i.e. running + waiting + this router's in-flight; round_robin: the first
+ * candidate. */
+static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
         router_ctx *ctx = r->L->ctx;
-        tsr_worker *best = NULL;
-        long best_load = 0;
-        size_t n = worker_pool_count(ctx->workers);
-        for (size_t k = 0; k < n; k++) {
-                tsr_worker *w = worker_pool_get(ctx->workers, (k + r->L->rotate) % n);
-                const Tessera__V1__Status *st = tsr_worker_status(w);
-                long load;
-                if (!tsr_worker_live(w) || !model_served_by(r->model, tsr_worker_model_info(w)))
-                        continue;
-                if (w == avoid && n > 1)
-                        continue;
-                /* Least loaded: what the worker last reported plus what this router sent
-                 * since (the Status cannot know it yet). */
-                load = (st ? (long)st->num_running + (long)st->num_waiting : 0) + tsr_worker_inflight(w);
-                if (!best || load < best_load) {
-                        best = w;
-                        best_load = load;
+        routing_policy pol = policy_of(ctx->cfg);
+        size_t n = worker_pool_count(ctx->workers), n_cand = 0, best;
+        const uint64_t *hashes = r->prompt_hashes ? r->prompt_hashes[prompt] : NULL;
+        size_t n_hashes = hashes ? r->prompt_n_hashes[prompt] : 0;
+        tsr_worker *stack_w[16], **ws = stack_w;
+        tsr_placement_cand stack_c[16], *cs = stack_c;
+
+        if (n > 16) {
+                ws = malloc(n * sizeof(*ws));
+                cs = malloc(n * sizeof(*cs));
+                if (!ws || !cs) {   /* degrade to the first 16 rather than fail the request */
+                        free(ws);
+                        free(cs);
+                        ws = stack_w;
+                        cs = stack_c;
+                        n = 16;
                 }
         }
+        for (size_t k = 0; k < worker_pool_count(ctx->workers) && n_cand < n; k++) {
+                tsr_worker *w = worker_pool_get(ctx->workers, (k + r->L->rotate) % worker_pool_count(ctx->workers));
+                const Tessera__V1__Status *st = tsr_worker_status(w);
+                tsr_placement_cand *c = &cs[n_cand];
+                if (!tsr_worker_live(w) || !model_served_by(r->model, tsr_worker_model_info(w)))
+                        continue;
+                if (w == avoid && worker_pool_count(ctx->workers) > 1)
+                        continue;
+                /* Load is what the worker last reported plus what this router sent since
+                 * (the Status cannot know it yet). */
+                memset(c, 0, sizeof(*c));
+                c->num_running = st ? st->num_running : 0;
+                c->num_waiting = st ? st->num_waiting : 0;
+                c->inflight = tsr_worker_inflight(w);
+                c->block_size = r->hash_block_size;
+                if (pol == ROUTE_KV) {
+                        c->blocks = n_hashes;
+                        c->hits = n_hashes ? tsr_worker_prefix_hits(w, hashes, n_hashes) : 0;
+                        c->waiting_prompt_tokens = st ? st->waiting_prompt_tokens : 0;
+                        if (!c->block_size)
+                                c->block_size = r->model->block_size;
+                }
+                ws[n_cand++] = w;
+        }
         r->L->rotate++;
-        if (best)
-                tsr_metrics_counter_add(r->L->ctx->metrics, TSR_METRICS_PLACEMENTS, "least_load", 1);
-        return best;
+        best = pol == ROUTE_ROUND_ROBIN ? (n_cand ? 0 : (size_t)-1) : tsr_placement_pick(cs, n_cand);
+        tsr_worker *w = best == (size_t)-1 ? NULL : ws[best];
+        if (w) {
+                tsr_metrics_counter_add(ctx->metrics, TSR_METRICS_PLACEMENTS, policy_names[pol], 1);
+                if (pol == ROUTE_KV)
+                        log_debug("%s: placed on %s (%zu of %zu blocks cached there)", r->id, tsr_worker_endpoint(w),
+                                  cs[best].hits, cs[best].blocks);
+        }
+        if (ws != stack_w) {
+                free(ws);
+                free(cs);
+        }
+        return w;
 }
 
 static tsr_status submit_choice(choice *ch, tsr_worker *avoid) {
@@ -656,7 +722,7 @@ static tsr_status submit_choice(choice *ch, tsr_worker *avoid) {
         Tessera__V1__SamplingParams__LogitBiasEntry *lb = NULL, **lbp = NULL;
         uint32_t *stop_ids = r->req.stop_token_ids;
         char idbuf[24];
-        tsr_worker *w = pick_worker(r, avoid);
+        tsr_worker *w = pick_worker(r, ch->prompt, avoid);
         tsr_status st;
 
         if (!w)
@@ -971,6 +1037,57 @@ static tsr_status render_chat(rq *r, char **prompt, size_t *len) {
         return st;
 }
 
+/* Thread pool, after tokenization: each prompt's block-hash chain, the same as the
+ * worker's prefix cache computes (common/block_hash.h, no salt), so that placement on
+ * the loop only has to look hashes up.  Best effort: on any failure the request is
+ * placed without prefix affinity. */
+static void hash_prompts(rq *r, size_t n) {
+        if (!r->hash_wanted || !r->hash_block_size)
+                return;
+        r->prompt_hashes = calloc(n, sizeof(uint64_t *));
+        r->prompt_n_hashes = calloc(n, sizeof(size_t));
+        if (!r->prompt_hashes || !r->prompt_n_hashes)
+                goto fail;
+        for (size_t i = 0; i < n; i++) {
+                size_t nb = r->prompt_lens[i] / r->hash_block_size;
+                r->prompt_hashes[i] = malloc((nb ? nb : 1) * sizeof(uint64_t));
+                if (!r->prompt_hashes[i] ||
+                    tsr_block_hash_chain(r->hash_algo, r->prompt_ids[i], r->prompt_lens[i], r->hash_block_size,
+                                         NULL, 0, r->prompt_hashes[i], &r->prompt_n_hashes[i]) != TSR_OK)
+                        goto fail;
+        }
+        r->n_hashed = n;
+        return;
+fail:
+        if (r->prompt_hashes)
+                for (size_t i = 0; i < n; i++)
+                        free(r->prompt_hashes[i]);
+        free(r->prompt_hashes);
+        free(r->prompt_n_hashes);
+        r->prompt_hashes = NULL;
+        r->prompt_n_hashes = NULL;
+}
+
+/* Loop thread, before prep_work is queued: how the workers serving the model hash
+ * their blocks (the first such worker with prefix caching on; workers of one model
+ * are expected to agree — one that does not simply never shows hits). */
+static void choose_hash_spec(rq *r) {
+        router_ctx *ctx = r->L->ctx;
+        if (policy_of(ctx->cfg) != ROUTE_KV)
+                return;
+        for (size_t k = 0; k < worker_pool_count(ctx->workers); k++) {
+                const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(worker_pool_get(ctx->workers, k));
+                if (!mi || !mi->prefix_caching || !mi->block_size || !mi->block_hash ||
+                    !model_served_by(r->model, mi))
+                        continue;
+                if (tsr_block_hash_algo_parse(mi->block_hash->algo, &r->hash_algo) != TSR_OK)
+                        continue;
+                r->hash_block_size = mi->block_size;
+                r->hash_wanted = true;
+                return;
+        }
+}
+
 static void prep_work(uv_work_t *w) {   /* thread pool */
         rq *r = w->data;
         size_t n = r->req.n_prompts ? r->req.n_prompts : 1;
@@ -993,6 +1110,7 @@ static void prep_work(uv_work_t *w) {   /* thread pool */
                 r->prompt_texts[0] = text;
                 if (r->prep_st != TSR_OK)
                         goto tokenize_failed;
+                hash_prompts(r, 1);
                 return;
         }
         for (size_t i = 0; i < r->req.n_prompts; i++) {
@@ -1024,6 +1142,7 @@ static void prep_work(uv_work_t *w) {   /* thread pool */
                         r->prompt_texts[i] = strndup(p->text, p->text_len);
                 }
         }
+        hash_prompts(r, n);
         return;
 tokenize_failed:
         r->err.status = 400;
@@ -1263,6 +1382,7 @@ static void parse_done(uv_work_t *w, int status) {   /* loop */
                 fail_request(r, 400, "BadRequestError", "Priority scheduling is not enabled.");
                 return;
         }
+        choose_hash_spec(r);
         r->work.data = r;
         r->jobs++;
         if (uv_queue_work(L->ctx->loop, &r->work, prep_work, prep_done) != 0) {

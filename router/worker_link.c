@@ -15,6 +15,10 @@
 #define DEFAULT_STATUS_INTERVAL_MS 100u
 #define MISSED_STATUS_LIMIT 3u
 #define TICK_MS 50
+/* Most hashes mirrored per worker when its Status does not say how many blocks it
+ * has: 8 MiB of set at most.  A worker cannot cache more hashes than KV blocks. */
+#define MIRROR_CAP_DEFAULT (1u << 20)
+#define MIRROR_CAP_MAX (1u << 24)
 
 typedef struct zsock_watch {
         void *sock;
@@ -38,6 +42,7 @@ struct tsr_worker {
         bool was_live;
         uint64_t n_bad_frames;
         int inflight;
+        tsr_prefix_mirror mirror;    /* its cached block hashes (loop thread) */
 };
 
 struct worker_pool {
@@ -192,8 +197,93 @@ static void on_model_info(tsr_worker *w, tsr_envelope *env) {
                 w->pool->ev.on_model_info(w->pool->ev.ud, w, mi);
 }
 
+void tsr_prefix_mirror_init(tsr_prefix_mirror *m) {
+        memset(m, 0, sizeof(*m));
+        tsr_hashset_init(&m->set, MIRROR_CAP_DEFAULT);
+}
+
+void tsr_prefix_mirror_done(tsr_prefix_mirror *m) { tsr_hashset_done(&m->set); }
+
+size_t tsr_prefix_mirror_hits(const tsr_prefix_mirror *m, const uint64_t *hashes, size_t n) {
+        size_t k = 0;
+        while (k < n && tsr_hashset_has(&m->set, hashes[k]))
+                k++;
+        return k;
+}
+
+size_t tsr_worker_prefix_hits(const tsr_worker *w, const uint64_t *hashes, size_t n) {
+        return tsr_prefix_mirror_hits(&w->mirror, hashes, n);
+}
+
+size_t tsr_worker_mirror_size(const tsr_worker *w) { return tsr_hashset_size(&w->mirror.set); }
+
+/* Loop thread (see worker_link.h for why a gap or restart empties the mirror). */
+bool tsr_prefix_mirror_apply(tsr_prefix_mirror *m, const Tessera__V1__Status *s) {
+        size_t cap = s->kv_blocks_total ? (size_t)s->kv_blocks_total : MIRROR_CAP_DEFAULT;
+        bool gap = m->seq && s->seq != m->seq + 1;
+        bool restarted = m->seq && s->boot_epoch != m->epoch;
+
+        if (gap || restarted) {
+                m->resets++;
+                tsr_hashset_clear(&m->set);
+        }
+        m->epoch = s->boot_epoch;
+        m->seq = s->seq;
+        m->set.cap = cap < MIRROR_CAP_MAX ? cap : MIRROR_CAP_MAX;
+        for (size_t i = 0; i < s->n_events; i++) {
+                const Tessera__V1__BlockHashEvent *e = s->events[i];
+                switch (e->kind) {
+                case TESSERA__V1__BLOCK_HASH_EVENT__KIND__STORED:
+                        /* Past the cap (or out of memory) the hash is simply not
+                         * mirrored: fewer hits predicted, never a wrong one. */
+                        for (size_t k = 0; k < e->n_block_hashes; k++)
+                                (void)tsr_hashset_add(&m->set, e->block_hashes[k]);
+                        break;
+                case TESSERA__V1__BLOCK_HASH_EVENT__KIND__REMOVED:
+                        for (size_t k = 0; k < e->n_block_hashes; k++)
+                                tsr_hashset_remove(&m->set, e->block_hashes[k]);
+                        break;
+                case TESSERA__V1__BLOCK_HASH_EVENT__KIND__ALL_CLEARED:
+                        tsr_hashset_clear(&m->set);
+                        break;
+                default:
+                        break;
+                }
+        }
+        return gap || restarted;
+}
+
+static double cand_load(const tsr_placement_cand *c) {
+        return (double)c->num_running + (double)c->num_waiting + (double)(c->inflight > 0 ? c->inflight : 0);
+}
+
+double tsr_placement_cost(const tsr_placement_cand *c) {
+        double bs = c->block_size ? (double)c->block_size : 1.0;
+        double prefill = c->hits < c->blocks ? (double)(c->blocks - c->hits) : 0.0;
+        return prefill + (double)c->waiting_prompt_tokens / bs + cand_load(c);
+}
+
+size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n) {
+        size_t best = (size_t)-1;
+        double best_cost = 0, best_load = 0;
+        for (size_t i = 0; i < n; i++) {
+                double cost = tsr_placement_cost(&c[i]), load = cand_load(&c[i]);
+                if (best == (size_t)-1 || cost < best_cost || (cost == best_cost && load < best_load)) {
+                        best = i;
+                        best_cost = cost;
+                        best_load = load;
+                }
+        }
+        return best;
+}
+
 static void on_status(tsr_worker *w, tsr_envelope *env) {
         Tessera__V1__Status *s = env->status;
+        uint64_t prev_seq = w->mirror.seq;
+        if (tsr_prefix_mirror_apply(&w->mirror, s) && should_log(w->mirror.resets))
+                log_info("worker %s: prefix-cache mirror reset (%s, seq %llu after %llu)", w->endpoint,
+                         s->boot_epoch != w->boot_epoch ? "worker restarted" : "status lost",
+                         (unsigned long long)s->seq, (unsigned long long)prev_seq);
         if (w->info && s->boot_epoch != w->boot_epoch) {
                 log_warn("worker %s restarted (boot epoch %llu -> %llu): asking for its model info again",
                          w->endpoint, (unsigned long long)w->boot_epoch, (unsigned long long)s->boot_epoch);
@@ -378,6 +468,7 @@ tsr_status worker_pool_add(worker_pool *p, const char *spec) {
         if (!w)
                 return TSR_E_NOMEM;
         w->pool = p;
+        tsr_prefix_mirror_init(&w->mirror);
         w->endpoint = comma ? strndup(spec, (size_t)(comma - spec)) : strdup(spec);
         w->status_endpoint = comma ? strdup(comma + 1) : default_status_endpoint(spec);
         if (!w->endpoint || !w->status_endpoint) {
@@ -494,6 +585,7 @@ void worker_pool_free(worker_pool **pp) {
                 tsr_wire_free(w->info);
                 tsr_wire_free(w->tokenizer_env);
                 tsr_wire_free(w->status);
+                tsr_prefix_mirror_done(&w->mirror);
                 free(w->endpoint);
                 free(w->status_endpoint);
                 free(w);

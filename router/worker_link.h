@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "common/wire.h"
+#include "hashset.h"
 
 typedef struct worker_pool worker_pool;
 typedef struct tsr_worker tsr_worker;
@@ -71,5 +72,62 @@ const Tessera__V1__ModelInfo *tsr_worker_model_info(const tsr_worker *w);
 const Tessera__V1__ModelInfo *tsr_worker_tokenizer(const tsr_worker *w);
 /* The worker's last Status, NULL before the first. */
 const Tessera__V1__Status *tsr_worker_status(const tsr_worker *w);
+/* Loop thread.  How many leading hashes of a request's block-hash chain the worker
+ * has cached, by the router's mirror of its prefix cache (the Status events; cleared
+ * after a lost Status or a restart, so it may under-report): counting stops at the
+ * first miss, as the worker's prefix match does. */
+size_t tsr_worker_prefix_hits(const tsr_worker *w, const uint64_t *hashes, size_t n);
+/* Hashes in the mirror (diagnostics, tests). */
+size_t tsr_worker_mirror_size(const tsr_worker *w);
+
+/* ---- the mirror itself: one per worker, owned by the loop thread ----
+ *
+ * The set of block hashes the worker's prefix cache can hit, rebuilt from the
+ * BlockHashEvents of its Statuses applied in order (worker/kv_cache.h: STORED adds,
+ * REMOVED deletes, ALL_CLEARED empties).  The events are deltas, so when a Status
+ * was lost (seq is not the last + 1: PUB/SUB drops past its high-water mark or while
+ * reconnecting) or the worker restarted (boot_epoch changed) the mirror starts over
+ * from empty and refills as the worker stores new blocks; blocks it cached before
+ * stay invisible until evicted and stored again, which costs affinity, never
+ * correctness.  Asking the worker for a snapshot/replay after a gap (routers.md §6.2,
+ * the Replay channel) is future work.  At most min(kv_blocks_total, 2^24) hashes. */
+typedef struct tsr_prefix_mirror {
+        tsr_hashset set;
+        uint64_t epoch;              /* boot_epoch of the Statuses applied */
+        uint64_t seq;                /* seq of the last Status applied; 0 = none yet */
+        uint64_t resets;             /* gaps and restarts seen */
+} tsr_prefix_mirror;
+
+void tsr_prefix_mirror_init(tsr_prefix_mirror *m);
+void tsr_prefix_mirror_done(tsr_prefix_mirror *m);
+/* Apply one Status; true when it first reset the mirror (gap or restart). */
+bool tsr_prefix_mirror_apply(tsr_prefix_mirror *m, const Tessera__V1__Status *s);
+/* Leading hashes present, stopping at the first miss. */
+size_t tsr_prefix_mirror_hits(const tsr_prefix_mirror *m, const uint64_t *hashes, size_t n);
+
+/* ---- placement cost (routers.md §6.4, simplified): pure, any thread ----
+ *
+ *   cost_w = (B - h_w) + waiting_prompt_tokens_w / block_size
+ *            + (num_running_w + num_waiting_w + inflight_w)
+ *
+ * B = full blocks of the prompt, h_w = leading blocks the worker has cached: the
+ * prefill it would still do, plus its queued prefill in blocks, plus its requests
+ * (running, waiting, and sent by this router since its last Status).  No capacity
+ * filters or imbalance guard yet: the load term keeps a hot prefix from pulling
+ * every request onto one worker once its queue grows past the saved blocks. */
+typedef struct tsr_placement_cand {
+        size_t blocks;                   /* B */
+        size_t hits;                     /* h_w <= B */
+        uint64_t waiting_prompt_tokens;
+        uint32_t block_size;             /* 0 counts as 1 */
+        uint32_t num_running, num_waiting;
+        int inflight;
+} tsr_placement_cand;
+
+double tsr_placement_cost(const tsr_placement_cand *c);
+/* Index of the candidate with the lowest cost; ties go to the lower load
+ * (num_running + num_waiting + inflight), then to the earlier index (the caller
+ * lists candidates from a rotating start).  (size_t)-1 when n == 0. */
+size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n);
 
 #endif

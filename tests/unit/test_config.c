@@ -137,6 +137,7 @@ static void test_defaults(void **state) {
         assert_int_equal(c.max_request_body, 32LL << 20);
         assert_int_equal(c.router_threads, 1);
         assert_int_equal(c.worker.n, 0);
+        assert_string_equal(c.routing_policy, "kv");
         assert_null(c.log_level);
         assert_null(c.config_file);
         assert_false(c.help);
@@ -479,6 +480,11 @@ static void test_invalid_choice(void **state) {
         assert_int_equal(c.block_size, 32);
         assert_int_equal(parse(&c, "--log-level", "verbose", NULL), TSR_E_INVAL);
         assert_int_equal(parse(&c, "--distributed-executor-backend", "ray", NULL), TSR_E_INVAL);
+        assert_int_equal(parse(&c, "--routing-policy", "round_robin", NULL), TSR_OK);
+        assert_string_equal(c.routing_policy, "round_robin");
+        assert_int_equal(parse(&c, "--routing-policy", "random", NULL), TSR_E_INVAL);
+        assert_string_equal(err, "argument --routing-policy: invalid choice: 'random' "
+                                 "(choose from kv, least_load, round_robin)");
         /* generation-config takes any directory besides its two words */
         assert_int_equal(parse(&c, "--generation-config", "/models/x", NULL), TSR_OK);
         assert_string_equal(c.generation_config, "/models/x");

@@ -1,0 +1,92 @@
+"""Placement: with two workers, the kv routing policy sends repeats of a prompt to the
+worker whose prefix cache holds it (the router mirrors each worker's cached block
+hashes from its Status events).  Visible from outside only through
+usage.prompt_tokens_details.cached_tokens: a repeat hits the cache only if it lands
+where the first one ran."""
+import re
+import time
+
+import requests
+
+from conftest import ROUTER, WORKER, free_port, free_port_pair, wait_until
+
+PARAGRAPH = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a "
+    "small brass lamp and a notebook in which he recorded the colour of the sky, the "
+    "direction of the wind, and the names of the ships that passed beyond the reef. "
+    "Over forty years the notebooks filled three shelves in the cottage below, and "
+    "nobody but the keeper had ever read a single page of them."
+)
+OTHER = (
+    "In the mountain village the baker rose long before the sun, kneading dough by the "
+    "light of a single candle while the river outside ran loud with melted snow. Her "
+    "bread was famous across the valley, and travellers would walk for hours along the "
+    "narrow path just to buy one warm loaf before it sold out at noon. On feast days "
+    "she baked twice as much and still the shelves were empty by the time the bells rang."
+)
+
+
+def start_cluster(spawn, demo_model, *router_flags):
+    workers = []
+    for _ in range(2):
+        port = free_port_pair()
+        spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{port}",
+               "--kv-cache-memory-bytes", "256M"])
+        workers.append(f"tcp://127.0.0.1:{port}")
+    http = free_port()
+    args = [ROUTER, "--host", "127.0.0.1", "--port", http, "--enable-prompt-tokens-details", *router_flags]
+    for w in workers:
+        args += ["--worker", w]
+    router = spawn(args)
+    base = f"http://127.0.0.1:{http}"
+
+    def both_up():
+        assert router.p.poll() is None, router.output()
+        try:
+            text = requests.get(base + "/metrics", timeout=2).text
+        except requests.RequestException:
+            return False
+        return len(re.findall(r'^tessera:worker_up\{[^}]*\} 1(\.0)?$', text, re.M)) == 2
+
+    wait_until(both_up, timeout=90, interval=0.1, what="both workers live at the router")
+    return base
+
+
+def complete(base, prompt):
+    r = requests.post(base + "/v1/completions", timeout=60, json={
+        "model": requests.get(base + "/v1/models", timeout=5).json()["data"][0]["id"],
+        "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    assert r.status_code == 200, r.text
+    usage = r.json()["usage"]
+    return usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+def test_kv_policy_repeats_hit_the_cache(spawn, demo_model):
+    base = start_cluster(spawn, demo_model)
+    n_prompt, cached = complete(base, PARAGRAPH)
+    assert n_prompt >= 64
+    assert cached == 0
+    for _ in range(6):
+        # the worker's Status (its STORED events) follows the Output by at most one
+        # status interval; give the router that long to see it
+        time.sleep(0.3)
+        n, cached = complete(base, PARAGRAPH)
+        assert n == n_prompt
+        assert cached > 0, "a repeat missed the cache: it went to the other worker"
+    # another prompt family: goes wherever the cost says, and succeeds
+    for _ in range(3):
+        time.sleep(0.3)
+        n, cached = complete(base, OTHER)
+        assert n >= 64
+    text = requests.get(base + "/metrics", timeout=5).text
+    assert re.search(r'^tessera:placement_decisions(_total)?\{[^}]*policy="kv"[^}]*\} 10(\.0)?$', text, re.M), \
+        [l for l in text.splitlines() if "placement" in l]
+
+
+def test_round_robin_policy_serves(spawn, demo_model):
+    base = start_cluster(spawn, demo_model, "--routing-policy", "round_robin")
+    for _ in range(4):
+        n, _cached = complete(base, PARAGRAPH)
+        assert n >= 64
+    text = requests.get(base + "/metrics", timeout=5).text
+    assert 'policy="round_robin"' in text
