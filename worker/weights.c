@@ -413,6 +413,25 @@ static double now_s(void) {
         return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_spec *spec, const char *src,
+                                   char *err, size_t errlen) {
+        if (spec->tp_size != 1 || spec->tp_rank != 0 || spec->first_layer != 0 ||
+            spec->last_layer + 1 != cfg->n_layers) {
+                tsr_errf(err, errlen, "%s: shard tp %" PRIu32 "/%" PRIu32 " layers %" PRIu32 "..%" PRIu32
+                        ": only the whole model (tp 0/1, layers 0..%" PRIu32 ") is supported", src,
+                        spec->tp_rank, spec->tp_size, spec->first_layer, spec->last_layer,
+                        cfg->n_layers ? cfg->n_layers - 1 : 0);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->vocab_size == 0 || cfg->dim == 0 || cfg->hidden_dim == 0 || cfg->n_heads == 0 ||
+            cfg->n_kv_heads == 0 || cfg->n_heads % cfg->n_kv_heads != 0 || cfg->head_dim == 0 ||
+            cfg->head_dim % 2 != 0) {
+                tsr_errf(err, errlen, "%s: inconsistent model config", src);
+                return TSR_E_INVAL;
+        }
+        return TSR_OK;
+}
+
 tsr_status tsr_llama_weights_load(const tsr_gguf *g, const char *path, const tsr_llama_config *cfg,
                                   const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
                                   tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
@@ -427,20 +446,10 @@ tsr_status tsr_llama_weights_load(const tsr_gguf *g, const char *path, const tsr
                 return TSR_E_INVAL;
         if (!path)
                 path = "<gguf>";
-        if (spec->tp_size != 1 || spec->tp_rank != 0 || spec->first_layer != 0 ||
-            spec->last_layer + 1 != cfg->n_layers) {
-                tsr_errf(err, errlen, "%s: shard tp %" PRIu32 "/%" PRIu32 " layers %" PRIu32 "..%" PRIu32
-                        ": only the whole model (tp 0/1, layers 0..%" PRIu32 ") is supported", path,
-                        spec->tp_rank, spec->tp_size, spec->first_layer, spec->last_layer,
-                        cfg->n_layers ? cfg->n_layers - 1 : 0);
-                return TSR_E_UNSUPPORTED;
-        }
-        if (cfg->vocab_size == 0 || cfg->dim == 0 || cfg->hidden_dim == 0 || cfg->n_heads == 0 ||
-            cfg->n_kv_heads == 0 || cfg->n_heads % cfg->n_kv_heads != 0 || cfg->head_dim == 0 ||
-            cfg->head_dim % 2 != 0) {
-                tsr_errf(err, errlen, "%s: inconsistent model config", path);
-                return TSR_E_INVAL;
-        }
+        st = tsr_llama_weights_check(cfg, spec, path, err, errlen);
+        if (st != TSR_OK)
+                return st;
+        st = TSR_E_NOMEM;       /* what a `goto fail` below reports unless it sets st */
         n_layers = spec->last_layer - spec->first_layer + 1;
         w = calloc(1, sizeof *w);
         if (w)

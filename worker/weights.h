@@ -59,6 +59,12 @@ typedef struct tsr_shard_spec {
         uint32_t first_layer, last_layer;       /* inclusive */
 } tsr_shard_spec;
 
+/* What both loaders (GGUF, safetensors) require before reading a tensor: a shard spec
+ * of the whole model (TP/PP shards come later) and a consistent config.  `src` names the
+ * file or folder in the message.  TSR_OK, TSR_E_UNSUPPORTED or TSR_E_INVAL. */
+tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_spec *spec, const char *src,
+                                   char *err, size_t errlen);
+
 /* The spec for the whole model of n_layers layers. */
 tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers);
 

@@ -421,20 +421,10 @@ tsr_status tsr_llama_weights_load_hf(const tsr_safetensors_set *set, const tsr_l
         if (!set || !cfg || !spec || !ret)
                 return TSR_E_INVAL;
         src = tsr_safetensors_set_source(set);
-        if (spec->tp_size != 1 || spec->tp_rank != 0 || spec->first_layer != 0 ||
-            spec->last_layer + 1 != cfg->n_layers) {
-                tsr_errf(err, errlen, "%s: shard tp %" PRIu32 "/%" PRIu32 " layers %" PRIu32 "..%" PRIu32
-                        ": only the whole model (tp 0/1, layers 0..%" PRIu32 ") is supported", src,
-                        spec->tp_rank, spec->tp_size, spec->first_layer, spec->last_layer,
-                        cfg->n_layers ? cfg->n_layers - 1 : 0);
-                return TSR_E_UNSUPPORTED;
-        }
-        if (cfg->vocab_size == 0 || cfg->dim == 0 || cfg->hidden_dim == 0 || cfg->n_heads == 0 ||
-            cfg->n_kv_heads == 0 || cfg->n_heads % cfg->n_kv_heads != 0 || cfg->head_dim == 0 ||
-            cfg->head_dim % 2 != 0) {
-                tsr_errf(err, errlen, "%s: inconsistent model config", src);
-                return TSR_E_INVAL;
-        }
+        st = tsr_llama_weights_check(cfg, spec, src, err, errlen);
+        if (st != TSR_OK)
+                return st;
+        st = TSR_E_NOMEM;       /* what a `goto fail` below reports unless it sets st */
         /* Biases (Qwen2-style checkpoints labelled Llama) would be dropped silently. */
         for (size_t i = 0; i < tsr_safetensors_set_n_tensors(set); i++) {
                 const tsr_safetensors_tensor *t = tsr_safetensors_set_tensor_at(set, i, &file);
