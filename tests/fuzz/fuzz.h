@@ -94,4 +94,42 @@ static inline void fuzz_file_set(fuzz_file *f, const void *p, size_t n) {
         }
 }
 
+/* Well-formed UTF-8 (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF).
+ * Written here, apart from common/tokenizer.c's own check, so the harnesses judge the
+ * code under test with an independent oracle. */
+static inline bool fuzz_valid_utf8(const uint8_t *p, size_t n) {
+        size_t i = 0;
+
+        while (i < n) {
+                unsigned c = p[i], need;
+                uint8_t lo = 0x80, hi = 0xBF;
+
+                if (c < 0x80) {
+                        i++;
+                        continue;
+                }
+                if (c >= 0xC2 && c <= 0xDF) {
+                        need = 1;
+                } else if (c >= 0xE0 && c <= 0xEF) {
+                        need = 2;
+                        lo = c == 0xE0 ? 0xA0 : 0x80;
+                        hi = c == 0xED ? 0x9F : 0xBF;
+                } else if (c >= 0xF0 && c <= 0xF4) {
+                        need = 3;
+                        lo = c == 0xF0 ? 0x90 : 0x80;
+                        hi = c == 0xF4 ? 0x8F : 0xBF;
+                } else {
+                        return false;
+                }
+                for (unsigned k = 1; k <= need; k++) {
+                        if (i + k >= n)
+                                return false;
+                        if (p[i + k] < (k == 1 ? lo : 0x80) || p[i + k] > (k == 1 ? hi : 0xBF))
+                                return false;
+                }
+                i += need + 1;
+        }
+        return true;
+}
+
 #endif

@@ -61,40 +61,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         return 0;
 }
 
-static bool valid_utf8(const uint8_t *p, size_t n) {
-        size_t i = 0;
-
-        while (i < n) {
-                unsigned c = p[i], need;
-                uint8_t lo = 0x80, hi = 0xBF;
-
-                if (c < 0x80) {
-                        i++;
-                        continue;
-                }
-                if (c >= 0xC2 && c <= 0xDF) {
-                        need = 1;
-                } else if (c >= 0xE0 && c <= 0xEF) {
-                        need = 2;
-                        lo = c == 0xE0 ? 0xA0 : 0x80;
-                        hi = c == 0xED ? 0x9F : 0xBF;
-                } else if (c >= 0xF0 && c <= 0xF4) {
-                        need = 3;
-                        lo = c == 0xF0 ? 0x90 : 0x80;
-                        hi = c == 0xF4 ? 0x8F : 0xBF;
-                } else {
-                        return false;
-                }
-                for (unsigned k = 1; k <= need; k++) {
-                        if (i + k >= n)
-                                return false;
-                        if (p[i + k] < (k == 1 ? lo : 0x80) || p[i + k] > (k == 1 ? hi : 0xBF))
-                                return false;
-                }
-                i += need + 1;
-        }
-        return true;
-}
 
 static bool documented(tsr_status st) {
         return st == TSR_E_INVAL || st == TSR_E_UNSUPPORTED || st == TSR_E_LIMIT || st == TSR_E_NOMEM;
@@ -141,7 +107,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 FUZZ_CHECK(err[0] != '\0' || (st == TSR_E_INVAL && memmem(data, src_len, "raise_exception", 15)));
         } else {
                 FUZZ_CHECK(out != NULL && out[out_len] == '\0' && out_len <= o.max_output);
-                if (valid_utf8(data, src_len) && !valid_utf8((const uint8_t *)out, out_len)) {
+                if (fuzz_valid_utf8(data, src_len) && !fuzz_valid_utf8((const uint8_t *)out, out_len)) {
                         fprintf(stderr, "render gave invalid UTF-8: \"%s\"\n", out);
                         FUZZ_CHECK(!"a valid UTF-8 template renders valid UTF-8");
                 }

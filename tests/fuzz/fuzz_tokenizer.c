@@ -73,40 +73,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 /* The same rules as the reader in test_tokenizer.c: shortest form, no surrogates, at most
  * U+10FFFF. */
-static bool valid_utf8(const uint8_t *p, size_t n) {
-        size_t i = 0;
-
-        while (i < n) {
-                unsigned c = p[i], need;
-                uint8_t lo = 0x80, hi = 0xBF;
-
-                if (c < 0x80) {
-                        i++;
-                        continue;
-                }
-                if (c >= 0xC2 && c <= 0xDF) {
-                        need = 1;
-                } else if (c >= 0xE0 && c <= 0xEF) {
-                        need = 2;
-                        lo = c == 0xE0 ? 0xA0 : 0x80;
-                        hi = c == 0xED ? 0x9F : 0xBF;
-                } else if (c >= 0xF0 && c <= 0xF4) {
-                        need = 3;
-                        lo = c == 0xF0 ? 0x90 : 0x80;
-                        hi = c == 0xF4 ? 0x8F : 0xBF;
-                } else {
-                        return false;
-                }
-                for (unsigned k = 1; k <= need; k++) {
-                        if (i + k >= n)
-                                return false;
-                        if (p[i + k] < (k == 1 ? lo : 0x80) || p[i + k] > (k == 1 ? hi : 0xBF))
-                                return false;
-                }
-                i += need + 1;
-        }
-        return true;
-}
 
 static bool same(const char *a, size_t na, const char *b, size_t nb) {
         return na == nb && (na == 0 || memcmp(a, b, na) == 0);
@@ -132,7 +98,7 @@ static void check_ids(const uint32_t *ids, size_t n, bool skip) {
         }
         FUZZ_CHECK(st == TSR_OK && text != NULL);
         FUZZ_CHECK(text[len] == '\0');
-        FUZZ_CHECK(valid_utf8((const uint8_t *)text, len));
+        FUZZ_CHECK(fuzz_valid_utf8((const uint8_t *)text, len));
 
         FUZZ_CHECK(tsr_detok_new(tok, skip, &d) == TSR_OK && d != NULL);
         for (size_t i = 0; i <= n; i++) {
@@ -147,7 +113,7 @@ static void check_ids(const uint32_t *ids, size_t n, bool skip) {
                         st = tsr_detok_flush(d, &delta, &dl);
                 }
                 FUZZ_CHECK(st == TSR_OK && delta != NULL && delta[dl] == '\0');
-                FUZZ_CHECK(valid_utf8((const uint8_t *)delta, dl));
+                FUZZ_CHECK(fuzz_valid_utf8((const uint8_t *)delta, dl));
                 acc = realloc(acc, acc_len + dl + 1);
                 FUZZ_CHECK(acc != NULL);
                 memcpy(acc + acc_len, delta, dl);
@@ -169,7 +135,7 @@ static void check_text(const uint8_t *p, size_t n) {
         uint32_t *ids = NULL, *ids_sp = NULL;
         size_t n_ids = 0, n_sp = 0, len = 0;
         char *text = NULL;
-        bool valid = valid_utf8(p, n);
+        bool valid = fuzz_valid_utf8(p, n);
         tsr_status st;
 
         st = tsr_tokenizer_encode(tok, (const char *)p, n, false, &ids, &n_ids);
