@@ -810,8 +810,12 @@ static void retry_or_fail(choice *ch, const char *why) {
         }
         r->n_open--;
         ch->finished = true;
-        fail_request(r, ch->n_generated ? 500 : 503, ch->n_generated ? "InternalServerError" : "ServiceUnavailableError",
-                     "%s", why);
+        /* After tokens the upstream failed mid-answer: 502 (issue #5; a stream gets an
+         * error event instead).  Before any token and no worker left: 503. */
+        if (ch->n_generated)
+                fail_request(r, 502, "BadGatewayError", "%s", why);
+        else
+                fail_request(r, 503, "ServiceUnavailableError", "%s", why);
 }
 
 /* ------------------------------------------------------------------ worker events */

@@ -219,3 +219,66 @@ def test_engine_stats_log_line(spawn, demo_model):
     metrics = requests.get(base2 + "/metrics", timeout=5).text
     assert "vllm:" not in metrics                       # --disable-log-stats removes the vllm:* series
     assert "Engine 000:" not in q.output()
+
+
+def _running(base):
+    text = requests.get(base + "/metrics", timeout=5).text
+    line = [l for l in text.splitlines() if l.startswith("vllm:num_requests_running{")]
+    return float(line[0].rsplit(" ", 1)[1]) if line else 0.0
+
+
+def _generated(base):
+    text = requests.get(base + "/metrics", timeout=5).text
+    line = [l for l in text.splitlines() if l.startswith("vllm:generation_tokens_total{")]
+    return float(line[0].rsplit(" ", 1)[1]) if line else 0.0
+
+
+def _serve_ready(serve):
+    s = serve("--served-model-name", "smol", "--kv-cache-memory-bytes", "64M")
+    wait_until(lambda: requests.post(s.base + "/tokenize", json={"prompt": "x"}, timeout=5).status_code == 200,
+               timeout=30, what="tokenizer ready")
+    return s
+
+
+def test_worker_killed_mid_request_non_stream_gets_502(serve):
+    """The only worker dies after tokens were produced: the request ends at once with a
+    502 and vLLM's error body, no hang; the supervisor brings the worker back."""
+    import threading
+    s = _serve_ready(serve)
+    out = {}
+
+    def call():
+        out["r"] = requests.post(s.base + "/v1/completions", json={
+            "model": "smol", "prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True,
+            "temperature": 0}, timeout=60)
+    t = threading.Thread(target=call)
+    t.start()
+    wait_until(lambda: _running(s.base) >= 1 and _generated(s.base) >= 4, timeout=20,
+               what="request producing tokens on the worker")
+    os.kill(s.worker_pid(), signal.SIGKILL)
+    t.join(timeout=15)
+    assert not t.is_alive(), "the request hung after its worker died"
+    r = out["r"]
+    assert r.status_code == 502
+    err = r.json()["error"]
+    assert err["code"] == 502 and err["type"] == "BadGatewayError" and "worker" in err["message"]
+    wait_until(lambda: http_status(s.base + "/health") == 200, timeout=30, what="worker restarted")
+
+
+def test_worker_killed_mid_stream_ends_with_error_event(serve):
+    s = _serve_ready(serve)
+    with requests.post(s.base + "/v1/completions", json={"model": "smol", "prompt": "Once upon a time",
+                                                         "max_tokens": 2000, "ignore_eos": True, "stream": True},
+                       stream=True, timeout=60) as r:
+        events = []
+        for line in r.iter_lines():
+            if not line:
+                continue
+            events.append(line)
+            if len(events) == 3:
+                os.kill(s.worker_pid(), signal.SIGKILL)
+            if line == b"data: [DONE]":
+                break
+    assert events[-1] == b"data: [DONE]"
+    err = json.loads(events[-2][6:])["error"]
+    assert err["code"] == 502 and "worker" in err["message"]
