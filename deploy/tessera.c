@@ -8,8 +8,10 @@
  *     answering (503 on /health until the worker is back); a worker that exits 2
  *     (bad flags or model files: restarting cannot help) stops everything, exit 2;
  *   - a router that dies stops everything, exit 1 (2 if it rejected its flags);
- *   - SIGINT/SIGTERM/SIGHUP go to both children as SIGTERM; after 15 s they get
- *     SIGKILL; the launcher exits 0 once both are reaped.
+ *   - SIGINT/SIGTERM/SIGHUP: SIGTERM to the router, which stops accepting and lets its
+ *     in-flight requests finish (up to 10 s); once it has exited the worker gets
+ *     SIGTERM; whatever still runs after 15 s gets SIGKILL; the launcher exits 0 once
+ *     both are reaped.
  * Children are started with PR_SET_PDEATHSIG so that even a SIGKILLed launcher leaves
  * no orphans. */
 #include <arpa/inet.h>
@@ -187,6 +189,7 @@ int main(int argc, char **argv) {
         sigset_t sigs;
         int sfd = -1, rc = EXIT_BAD_CONFIG, nflags;
         bool stopping = false;
+        bool draining = false;      /* ordered stop: router first, then the worker */
         uint64_t kill_at_ms = 0;
 
         tsr_log_init("tessera", TSR_LOG_INFO);
@@ -300,10 +303,18 @@ int main(int argc, char **argv) {
                         struct signalfd_siginfo si;
                         while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
                                 if (si.ssi_signo != SIGCHLD && !stopping) {
-                                        log_info("%s: stopping worker and router", strsignal((int)si.ssi_signo));
+                                        /* Router first: it stops accepting and lets the streams it
+                                         * is serving finish, which needs the worker; the worker
+                                         * gets SIGTERM once the router is gone. */
+                                        log_info("%s: stopping the router (in-flight requests finish), then the worker",
+                                                 strsignal((int)si.ssi_signo));
                                         stopping = true;
+                                        draining = true;
                                         kill_at_ms = now + STOP_GRACE_MS;
-                                        stop_children(kids, 2, SIGTERM);
+                                        if (router->pid > 0)
+                                                kill(router->pid, SIGTERM);
+                                        else
+                                                stop_children(kids, 2, SIGTERM);
                                 }
                                 if (si.ssi_signo != SIGCHLD)
                                         continue;
@@ -318,6 +329,8 @@ int main(int argc, char **argv) {
                                         describe_exit(status, how, sizeof(how));
                                         if (stopping) {
                                                 log_info("%s %s", c->name, how);
+                                                if (draining && c == router && worker->pid > 0)
+                                                        kill(worker->pid, SIGTERM);
                                                 continue;
                                         }
                                         if (c == router) {

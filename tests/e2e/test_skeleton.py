@@ -282,3 +282,30 @@ def test_worker_killed_mid_stream_ends_with_error_event(serve):
     assert events[-1] == b"data: [DONE]"
     err = json.loads(events[-2][6:])["error"]
     assert err["code"] == 502 and "worker" in err["message"]
+
+
+def test_sigterm_lets_inflight_streams_finish(serve):
+    """SIGTERM to `tessera serve` mid-stream: the router stops accepting but the stream
+    it is serving runs to its end ([DONE], finish_reason length); then everything exits 0."""
+    from conftest import SANITIZED
+    if SANITIZED:
+        pytest.skip("24 tokens outlast the router's 10 s drain at sanitized speed")
+    s = _serve_ready(serve)
+    kids = [s.worker_pid(), s.router_pid()]
+    with requests.post(s.base + "/v1/completions", json={"model": "smol", "prompt": "Once upon a time",
+                                                         "max_tokens": 24, "ignore_eos": True, "stream": True,
+                                                         "temperature": 0}, stream=True, timeout=60) as r:
+        events = []
+        for line in r.iter_lines():
+            if not line:
+                continue
+            events.append(line)
+            if len(events) == 2:
+                s.proc.p.send_signal(signal.SIGTERM)
+    assert events[-1] == b"data: [DONE]"
+    bodies = [json.loads(e[6:]) for e in events[:-1]]
+    assert bodies[-1]["choices"][0]["finish_reason"] == "length"
+    assert sum(1 for b in bodies if b["choices"][0]["text"]) >= 20   # the whole answer came
+    assert s.proc.wait(timeout=30) == 0
+    for pid in kids:
+        wait_until(lambda: not pid_alive(pid), timeout=5, what=f"child {pid} gone")
