@@ -48,17 +48,6 @@ static const char TEKKEN_PATTERN[] =
 
 /* ------------------------------------------------------------------ small helpers */
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-        va_list ap;
-
-        if (!err || !errlen)
-                return;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-}
-
 /* Growable arrays; every size_t product is checked so that a huge input fails with
  * TSR_E_NOMEM instead of wrapping. */
 static tsr_status grow(void **p, size_t *cap, size_t need, size_t elem) {
@@ -580,7 +569,7 @@ static tsr_status compile_re_opt(const char *pat, size_t len, uint32_t opt, pcre
         if (!re) {
                 PCRE2_UCHAR msg[160];
                 pcre2_get_error_message(ec, msg, sizeof(msg));
-                seterr(err, errlen, "regex '%.*s': %s at offset %zu", (int)(len > 200 ? 200 : len), pat,
+                tsr_errf(err, errlen, "regex '%.*s': %s at offset %zu", (int)(len > 200 ? 200 : len), pat,
                        (const char *)msg, (size_t)off);
                 return TSR_E_UNSUPPORTED;
         }
@@ -1788,7 +1777,7 @@ static tsr_status put_vocab(ld *L, uint32_t id, const char *s, size_t n) {
         if (n > UINT32_MAX)
                 return TSR_E_INVAL;
         if (t->vstr[id]) {
-                seterr(L->err, L->errlen, "vocab: id %u given twice", id);
+                tsr_errf(L->err, L->errlen, "vocab: id %u given twice", id);
                 return TSR_E_INVAL;
         }
         t->vstr[id] = xstrndup(s, n);
@@ -1810,7 +1799,7 @@ static tsr_status put_merge(ld *L, const char *a, size_t an, const char *b, size
         if (ia < 0 || ib < 0) {
                 if (lenient)
                         return TSR_OK;
-                seterr(L->err, L->errlen, "model.merges[%u]: token '%.*s' not in vocab", rank,
+                tsr_errf(L->err, L->errlen, "model.merges[%u]: token '%.*s' not in vocab", rank,
                        (int)(ia < 0 ? (an > 100 ? 100 : an) : (bn > 100 ? 100 : bn)), ia < 0 ? a : b);
                 return TSR_E_INVAL;
         }
@@ -1824,7 +1813,7 @@ static tsr_status put_merge(ld *L, const char *a, size_t an, const char *b, size
         if (im < 0) {
                 if (lenient)
                         return TSR_OK;
-                seterr(L->err, L->errlen, "model.merges[%u]: merged token '%.*s%.*s' not in vocab", rank,
+                tsr_errf(L->err, L->errlen, "model.merges[%u]: merged token '%.*s%.*s' not in vocab", rank,
                        (int)(an > 100 ? 100 : an), a, (int)(bn > 100 ? 100 : bn), b);
                 return TSR_E_INVAL;
         }
@@ -1964,12 +1953,12 @@ static tsr_status get_pattern(ld *L, json_t *o, const char *where, char **lit, s
         }
         if ((v = json_object_get(p, "Regex")) && json_is_string(v)) {
                 if (!re) {
-                        seterr(L->err, L->errlen, "%s: a Regex pattern is not supported here", where);
+                        tsr_errf(L->err, L->errlen, "%s: a Regex pattern is not supported here", where);
                         return TSR_E_UNSUPPORTED;
                 }
                 return compile_re(json_string_value(v), json_string_length(v), re, L->err, L->errlen);
         }
-        seterr(L->err, L->errlen, "%s: field 'pattern': expected {\"String\": ...} or {\"Regex\": ...}", where);
+        tsr_errf(L->err, L->errlen, "%s: field 'pattern': expected {\"String\": ...} or {\"Regex\": ...}", where);
         return TSR_E_INVAL;
 }
 
@@ -1981,7 +1970,7 @@ static tsr_status one_char(ld *L, json_t *o, const char *k, const char *def, con
         if (!s)
                 s = def;
         if (!s || !*s || !utf8_valid(s, strlen(s)) || utf8_dec(s, &cp) != strlen(s)) {
-                seterr(L->err, L->errlen, "%s: field '%s': expected one character", where, k);
+                tsr_errf(L->err, L->errlen, "%s: field '%s': expected one character", where, k);
                 return TSR_E_INVAL;
         }
         *outlen = strlen(s);
@@ -2008,13 +1997,13 @@ static tsr_status load_normalizer(ld *L, json_t *o, int depth) {
                 return TSR_OK;
         type = jstr(o, "type");
         if (!type) {
-                seterr(L->err, L->errlen, "normalizer: field 'type' missing");
+                tsr_errf(L->err, L->errlen, "normalizer: field 'type' missing");
                 return TSR_E_INVAL;
         }
         if (!strcmp(type, "Sequence")) {
                 json_t *arr = json_object_get(o, "normalizers");
                 if (!json_is_array(arr) || depth >= MAX_NEST) {
-                        seterr(L->err, L->errlen, "normalizer Sequence: field 'normalizers': expected an array");
+                        tsr_errf(L->err, L->errlen, "normalizer Sequence: field 'normalizers': expected an array");
                         return TSR_E_INVAL;
                 }
                 for (i = 0; i < json_array_size(arr); i++)
@@ -2023,11 +2012,11 @@ static tsr_status load_normalizer(ld *L, json_t *o, int depth) {
                 return TSR_OK;
         }
         if (strcmp(type, "Prepend") && strcmp(type, "Replace")) {
-                seterr(L->err, L->errlen, "normalizer '%s' is not supported (supported: Prepend, Replace, Sequence)", type);
+                tsr_errf(L->err, L->errlen, "normalizer '%s' is not supported (supported: Prepend, Replace, Sequence)", type);
                 return TSR_E_UNSUPPORTED;
         }
         if (t->n_norm == MAX_STAGES) {
-                seterr(L->err, L->errlen, "normalizer: more than %d steps", MAX_STAGES);
+                tsr_errf(L->err, L->errlen, "normalizer: more than %d steps", MAX_STAGES);
                 return TSR_E_UNSUPPORTED;
         }
         op = &t->norm[t->n_norm++];
@@ -2036,7 +2025,7 @@ static tsr_status load_normalizer(ld *L, json_t *o, int depth) {
                 json_t *v = json_object_get(o, "prepend");
                 op->kind = NORM_PREPEND;
                 if (!json_is_string(v)) {
-                        seterr(L->err, L->errlen, "normalizer Prepend: field 'prepend': expected a string");
+                        tsr_errf(L->err, L->errlen, "normalizer Prepend: field 'prepend': expected a string");
                         return TSR_E_INVAL;
                 }
                 op->alen = json_string_length(v);
@@ -2049,7 +2038,7 @@ static tsr_status load_normalizer(ld *L, json_t *o, int depth) {
         {
                 json_t *v = json_object_get(o, "content");
                 if (!json_is_string(v)) {
-                        seterr(L->err, L->errlen, "normalizer Replace: field 'content': expected a string");
+                        tsr_errf(L->err, L->errlen, "normalizer Replace: field 'content': expected a string");
                         return TSR_E_INVAL;
                 }
                 op->blen = json_string_length(v);
@@ -2069,13 +2058,13 @@ static tsr_status load_pretok(ld *L, json_t *o, int depth) {
                 return TSR_OK;
         type = jstr(o, "type");
         if (!type) {
-                seterr(L->err, L->errlen, "pre_tokenizer: field 'type' missing");
+                tsr_errf(L->err, L->errlen, "pre_tokenizer: field 'type' missing");
                 return TSR_E_INVAL;
         }
         if (!strcmp(type, "Sequence")) {
                 json_t *arr = json_object_get(o, "pretokenizers");
                 if (!json_is_array(arr) || depth >= MAX_NEST) {
-                        seterr(L->err, L->errlen, "pre_tokenizer Sequence: field 'pretokenizers': expected an array");
+                        tsr_errf(L->err, L->errlen, "pre_tokenizer Sequence: field 'pretokenizers': expected an array");
                         return TSR_E_INVAL;
                 }
                 for (i = 0; i < json_array_size(arr); i++)
@@ -2084,13 +2073,13 @@ static tsr_status load_pretok(ld *L, json_t *o, int depth) {
                 return TSR_OK;
         }
         if (t->n_pre == MAX_STAGES) {
-                seterr(L->err, L->errlen, "pre_tokenizer: more than %d steps", MAX_STAGES);
+                tsr_errf(L->err, L->errlen, "pre_tokenizer: more than %d steps", MAX_STAGES);
                 return TSR_E_UNSUPPORTED;
         }
         if (t->n_pre && t->pre[t->n_pre - 1].kind == PRE_BYTELEVEL) {
                 /* BPE reads ByteLevel's byte mapping straight from the bytes, so nothing may
                  * act on the mapped text. */
-                seterr(L->err, L->errlen, "pre_tokenizer '%s' after ByteLevel is not supported", type);
+                tsr_errf(L->err, L->errlen, "pre_tokenizer '%s' after ByteLevel is not supported", type);
                 return TSR_E_UNSUPPORTED;
         }
         op = &t->pre[t->n_pre];
@@ -2102,7 +2091,7 @@ static tsr_status load_pretok(ld *L, json_t *o, int depth) {
                 if ((st = get_pattern(L, o, "pre_tokenizer Split", &op->lit, &op->litlen, &op->re)) != TSR_OK)
                         return st;
                 if (!beh) {
-                        seterr(L->err, L->errlen, "pre_tokenizer Split: field 'behavior' missing");
+                        tsr_errf(L->err, L->errlen, "pre_tokenizer Split: field 'behavior' missing");
                         return TSR_E_INVAL;
                 }
                 if (!strcmp(beh, "Removed"))
@@ -2116,7 +2105,7 @@ static tsr_status load_pretok(ld *L, json_t *o, int depth) {
                 else if (!strcmp(beh, "Contiguous"))
                         op->beh = BEH_CONTIGUOUS;
                 else {
-                        seterr(L->err, L->errlen, "pre_tokenizer Split: unknown behavior '%s'", beh);
+                        tsr_errf(L->err, L->errlen, "pre_tokenizer Split: unknown behavior '%s'", beh);
                         return TSR_E_INVAL;
                 }
                 op->invert = jbool(o, "invert", false);
@@ -2147,7 +2136,7 @@ static tsr_status load_pretok(ld *L, json_t *o, int depth) {
                         return compile_re(GPT2_PATTERN, sizeof(GPT2_PATTERN) - 1, &op->re, L->err, L->errlen);
                 return TSR_OK;
         }
-        seterr(L->err, L->errlen,
+        tsr_errf(L->err, L->errlen,
                "pre_tokenizer '%s' is not supported (supported: ByteLevel, Split, Metaspace, Digits, Sequence)", type);
         return TSR_E_UNSUPPORTED;
 }
@@ -2164,13 +2153,13 @@ static tsr_status load_decoder(ld *L, json_t *o, int depth) {
                 return TSR_OK;
         type = jstr(o, "type");
         if (!type) {
-                seterr(L->err, L->errlen, "decoder: field 'type' missing");
+                tsr_errf(L->err, L->errlen, "decoder: field 'type' missing");
                 return TSR_E_INVAL;
         }
         if (!strcmp(type, "Sequence")) {
                 json_t *arr = json_object_get(o, "decoders");
                 if (!json_is_array(arr) || depth >= MAX_NEST) {
-                        seterr(L->err, L->errlen, "decoder Sequence: field 'decoders': expected an array");
+                        tsr_errf(L->err, L->errlen, "decoder Sequence: field 'decoders': expected an array");
                         return TSR_E_INVAL;
                 }
                 for (i = 0; i < json_array_size(arr); i++)
@@ -2179,7 +2168,7 @@ static tsr_status load_decoder(ld *L, json_t *o, int depth) {
                 return TSR_OK;
         }
         if (t->n_dec == MAX_STAGES) {
-                seterr(L->err, L->errlen, "decoder: more than %d steps", MAX_STAGES);
+                tsr_errf(L->err, L->errlen, "decoder: more than %d steps", MAX_STAGES);
                 return TSR_E_UNSUPPORTED;
         }
         for (i = 0; i < t->n_dec; i++)
@@ -2188,7 +2177,7 @@ static tsr_status load_decoder(ld *L, json_t *o, int depth) {
         memset(op, 0, sizeof(*op));
         if (!strcmp(type, "ByteLevel") || !strcmp(type, "ByteFallback")) {
                 if (fused) {
-                        seterr(L->err, L->errlen, "decoder '%s' after Fuse or ByteLevel is not supported", type);
+                        tsr_errf(L->err, L->errlen, "decoder '%s' after Fuse or ByteLevel is not supported", type);
                         return TSR_E_UNSUPPORTED;
                 }
                 op->kind = !strcmp(type, "ByteLevel") ? DEC_BYTELEVEL : DEC_BYTEFALLBACK;
@@ -2207,7 +2196,7 @@ static tsr_status load_decoder(ld *L, json_t *o, int depth) {
                 if ((st = get_pattern(L, o, "decoder Replace", &op->a, &op->alen, NULL)) != TSR_OK)
                         return st;
                 if (!json_is_string(v)) {
-                        seterr(L->err, L->errlen, "decoder Replace: field 'content': expected a string");
+                        tsr_errf(L->err, L->errlen, "decoder Replace: field 'content': expected a string");
                         return TSR_E_INVAL;
                 }
                 op->blen = json_string_length(v);
@@ -2231,7 +2220,7 @@ static tsr_status load_decoder(ld *L, json_t *o, int depth) {
                         json_t *a = json_object_get(o, "start"), *b = json_object_get(o, "stop");
                         if (!json_is_integer(a) || !json_is_integer(b) || json_integer_value(a) < 0 ||
                             json_integer_value(b) < 0 || json_integer_value(a) > 1000000 || json_integer_value(b) > 1000000) {
-                                seterr(L->err, L->errlen, "decoder Strip: fields 'start'/'stop': expected small integers");
+                                tsr_errf(L->err, L->errlen, "decoder Strip: fields 'start'/'stop': expected small integers");
                                 return TSR_E_INVAL;
                         }
                         op->start = (size_t)json_integer_value(a);
@@ -2241,7 +2230,7 @@ static tsr_status load_decoder(ld *L, json_t *o, int depth) {
                 }
                 return TSR_OK;
         }
-        seterr(L->err, L->errlen,
+        tsr_errf(L->err, L->errlen,
                "decoder '%s' is not supported (supported: ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence)",
                type);
         return TSR_E_UNSUPPORTED;
@@ -2266,7 +2255,7 @@ static tsr_status load_post(ld *L, json_t *o, int depth) {
                 return TSR_OK;
         type = jstr(o, "type");
         if (!type) {
-                seterr(L->err, L->errlen, "post_processor: field 'type' missing");
+                tsr_errf(L->err, L->errlen, "post_processor: field 'type' missing");
                 return TSR_E_INVAL;
         }
         if (!strcmp(type, "ByteLevel"))
@@ -2274,7 +2263,7 @@ static tsr_status load_post(ld *L, json_t *o, int depth) {
         if (!strcmp(type, "Sequence")) {
                 json_t *arr = json_object_get(o, "processors");
                 if (!json_is_array(arr) || depth >= MAX_NEST) {
-                        seterr(L->err, L->errlen, "post_processor Sequence: field 'processors': expected an array");
+                        tsr_errf(L->err, L->errlen, "post_processor Sequence: field 'processors': expected an array");
                         return TSR_E_INVAL;
                 }
                 for (i = 0; i < json_array_size(arr); i++)
@@ -2283,7 +2272,7 @@ static tsr_status load_post(ld *L, json_t *o, int depth) {
                 return TSR_OK;
         }
         if (t->has_tmpl) {
-                seterr(L->err, L->errlen, "post_processor: more than one template");
+                tsr_errf(L->err, L->errlen, "post_processor: more than one template");
                 return TSR_E_UNSUPPORTED;
         }
         if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
@@ -2291,7 +2280,7 @@ static tsr_status load_post(ld *L, json_t *o, int depth) {
                 json_t *ci = json_array_get(cls, 1), *si = json_array_get(sep, 1);
                 if (!json_is_integer(ci) || !json_is_integer(si) || json_integer_value(ci) < 0 ||
                     json_integer_value(si) < 0 || json_integer_value(ci) >= MAX_VOCAB || json_integer_value(si) >= MAX_VOCAB) {
-                        seterr(L->err, L->errlen, "post_processor %s: fields 'cls'/'sep': expected [token, id]", type);
+                        tsr_errf(L->err, L->errlen, "post_processor %s: fields 'cls'/'sep': expected [token, id]", type);
                         return TSR_E_INVAL;
                 }
                 t->has_tmpl = true;
@@ -2304,7 +2293,7 @@ static tsr_status load_post(ld *L, json_t *o, int depth) {
                 json_t *single = json_object_get(o, "single"), *sp = json_object_get(o, "special_tokens");
                 bool seq = false;
                 if (!json_is_array(single)) {
-                        seterr(L->err, L->errlen, "post_processor TemplateProcessing: field 'single': expected an array");
+                        tsr_errf(L->err, L->errlen, "post_processor TemplateProcessing: field 'single': expected an array");
                         return TSR_E_INVAL;
                 }
                 t->has_tmpl = true;
@@ -2312,7 +2301,7 @@ static tsr_status load_post(ld *L, json_t *o, int depth) {
                         json_t *it = json_array_get(single, i), *v;
                         if ((v = json_object_get(it, "Sequence"))) {
                                 if (seq) {
-                                        seterr(L->err, L->errlen, "post_processor TemplateProcessing: two sequences in 'single'");
+                                        tsr_errf(L->err, L->errlen, "post_processor TemplateProcessing: two sequences in 'single'");
                                         return TSR_E_UNSUPPORTED;
                                 }
                                 seq = true;
@@ -2322,7 +2311,7 @@ static tsr_status load_post(ld *L, json_t *o, int depth) {
                                 const char *name = jstr(v, "id");
                                 json_t *e = name ? json_object_get(sp, name) : NULL, *ids = json_object_get(e, "ids");
                                 if (!json_is_array(ids)) {
-                                        seterr(L->err, L->errlen,
+                                        tsr_errf(L->err, L->errlen,
                                                "post_processor TemplateProcessing: special token '%s' missing from 'special_tokens'",
                                                name ? name : "?");
                                         return TSR_E_INVAL;
@@ -2330,14 +2319,14 @@ static tsr_status load_post(ld *L, json_t *o, int depth) {
                                 for (j = 0; j < json_array_size(ids); j++) {
                                         json_t *x = json_array_get(ids, j);
                                         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= MAX_VOCAB) {
-                                                seterr(L->err, L->errlen, "post_processor TemplateProcessing: bad id for '%s'", name);
+                                                tsr_errf(L->err, L->errlen, "post_processor TemplateProcessing: bad id for '%s'", name);
                                                 return TSR_E_INVAL;
                                         }
                                         if (tmpl_add(t, (uint32_t)json_integer_value(x)) != TSR_OK)
                                                 return TSR_E_NOMEM;
                                 }
                         } else {
-                                seterr(L->err, L->errlen, "post_processor TemplateProcessing: 'single'[%zu]: expected Sequence or SpecialToken", i);
+                                tsr_errf(L->err, L->errlen, "post_processor TemplateProcessing: 'single'[%zu]: expected Sequence or SpecialToken", i);
                                 return TSR_E_INVAL;
                         }
                 }
@@ -2345,7 +2334,7 @@ static tsr_status load_post(ld *L, json_t *o, int depth) {
                         return TSR_E_NOMEM;
                 return TSR_OK;
         }
-        seterr(L->err, L->errlen,
+        tsr_errf(L->err, L->errlen,
                "post_processor '%s' is not supported (supported: TemplateProcessing, ByteLevel, BertProcessing, RobertaProcessing, Sequence)",
                type);
         return TSR_E_UNSUPPORTED;
@@ -2358,37 +2347,37 @@ static tsr_status load_model(ld *L, json_t *m) {
         tsr_status st;
 
         if (!json_is_object(m)) {
-                seterr(L->err, L->errlen, "field 'model': expected an object");
+                tsr_errf(L->err, L->errlen, "field 'model': expected an object");
                 return TSR_E_INVAL;
         }
         if (type && strcmp(type, "BPE")) {
-                seterr(L->err, L->errlen, "model type '%s' is not supported (only BPE)", type);
+                tsr_errf(L->err, L->errlen, "model type '%s' is not supported (only BPE)", type);
                 return TSR_E_UNSUPPORTED;
         }
         if (!json_is_object(vocab)) {
-                seterr(L->err, L->errlen, "model: field 'vocab': expected an object");
+                tsr_errf(L->err, L->errlen, "model: field 'vocab': expected an object");
                 return TSR_E_INVAL;
         }
         if (merges && !json_is_array(merges)) {
-                seterr(L->err, L->errlen, "model: field 'merges': expected an array");
+                tsr_errf(L->err, L->errlen, "model: field 'merges': expected an array");
                 return TSR_E_INVAL;
         }
         v = json_object_get(m, "dropout");
         if (v && !json_is_null(v) && !(json_is_number(v) && json_number_value(v) == 0.0)) {
-                seterr(L->err, L->errlen, "model: BPE dropout is not supported");
+                tsr_errf(L->err, L->errlen, "model: BPE dropout is not supported");
                 return TSR_E_UNSUPPORTED;
         }
         if ((key = jstr(m, "continuing_subword_prefix")) && *key) {
-                seterr(L->err, L->errlen, "model: continuing_subword_prefix is not supported");
+                tsr_errf(L->err, L->errlen, "model: continuing_subword_prefix is not supported");
                 return TSR_E_UNSUPPORTED;
         }
         if ((key = jstr(m, "end_of_word_suffix")) && *key) {
-                seterr(L->err, L->errlen, "model: end_of_word_suffix is not supported");
+                tsr_errf(L->err, L->errlen, "model: end_of_word_suffix is not supported");
                 return TSR_E_UNSUPPORTED;
         }
         json_object_foreach(vocab, key, v) {
                 if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= MAX_VOCAB) {
-                        seterr(L->err, L->errlen, "model.vocab['%.100s']: expected an id in [0, %u)", key, MAX_VOCAB);
+                        tsr_errf(L->err, L->errlen, "model.vocab['%.100s']: expected an id in [0, %u)", key, MAX_VOCAB);
                         return TSR_E_INVAL;
                 }
                 if ((size_t)json_integer_value(v) + 1 > max)
@@ -2410,7 +2399,7 @@ static tsr_status load_model(ld *L, json_t *m) {
                         const char *s = json_string_value(e), *sp = strchr(s, ' ');
                         size_t n = json_string_length(e);
                         if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s))) {
-                                seterr(L->err, L->errlen, "model.merges[%zu]: expected \"left right\"", i);
+                                tsr_errf(L->err, L->errlen, "model.merges[%zu]: expected \"left right\"", i);
                                 return TSR_E_INVAL;
                         }
                         st = put_merge(L, s, (size_t)(sp - s), sp + 1, n - (size_t)(sp + 1 - s), (uint32_t)i, false);
@@ -2420,7 +2409,7 @@ static tsr_status load_model(ld *L, json_t *m) {
                         st = put_merge(L, json_string_value(a), json_string_length(a), json_string_value(b),
                                        json_string_length(b), (uint32_t)i, false);
                 } else {
-                        seterr(L->err, L->errlen, "model.merges[%zu]: expected \"left right\" or [left, right]", i);
+                        tsr_errf(L->err, L->errlen, "model.merges[%zu]: expected \"left right\" or [left, right]", i);
                         return TSR_E_INVAL;
                 }
                 if (st != TSR_OK)
@@ -2441,14 +2430,14 @@ static tsr_status load_added(ld *L, json_t *arr) {
         if (!arr || json_is_null(arr))
                 return TSR_OK;
         if (!json_is_array(arr)) {
-                seterr(L->err, L->errlen, "field 'added_tokens': expected an array");
+                tsr_errf(L->err, L->errlen, "field 'added_tokens': expected an array");
                 return TSR_E_INVAL;
         }
         for (i = 0; i < json_array_size(arr); i++) {
                 json_t *a = json_array_get(arr, i), *id = json_object_get(a, "id"), *c = json_object_get(a, "content");
                 if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= MAX_VOCAB ||
                     !json_is_string(c) || !json_string_length(c)) {
-                        seterr(L->err, L->errlen, "added_tokens[%zu]: expected a non-empty 'content' and an 'id' in [0, %u)",
+                        tsr_errf(L->err, L->errlen, "added_tokens[%zu]: expected a non-empty 'content' and an 'id' in [0, %u)",
                                i, MAX_VOCAB);
                         return TSR_E_INVAL;
                 }
@@ -2476,19 +2465,19 @@ tsr_status tsr_tokenizer_new_json(const uint8_t *json, size_t len, const uint8_t
         tsr_status st;
 
         if (!json || !ret) {
-                seterr(err, errlen, "no tokenizer.json given");
+                tsr_errf(err, errlen, "no tokenizer.json given");
                 return TSR_E_INVAL;
         }
         root = json_loadb((const char *)json, len, 0, &je);
         if (!json_is_object(root)) {
-                seterr(err, errlen, "tokenizer.json: %s (line %d)", root ? "expected an object" : je.text, je.line);
+                tsr_errf(err, errlen, "tokenizer.json: %s (line %d)", root ? "expected an object" : je.text, je.line);
                 json_decref(root);
                 return TSR_E_INVAL;
         }
         if (config_json && config_len) {
                 cfg = json_loadb((const char *)config_json, config_len, 0, &je);
                 if (!json_is_object(cfg)) {
-                        seterr(err, errlen, "tokenizer_config.json: %s (line %d)", cfg ? "expected an object" : je.text, je.line);
+                        tsr_errf(err, errlen, "tokenizer_config.json: %s (line %d)", cfg ? "expected an object" : je.text, je.line);
                         json_decref(root);
                         json_decref(cfg);
                         return TSR_E_INVAL;
@@ -2523,7 +2512,7 @@ tsr_status tsr_tokenizer_new_json(const uint8_t *json, size_t len, const uint8_t
         L.t = NULL;
 out:
         if (st == TSR_E_NOMEM)
-                seterr(err, errlen, "out of memory");
+                tsr_errf(err, errlen, "out of memory");
         tsr_tokenizer_free(&L.t);
         json_decref(root);
         json_decref(cfg);
@@ -2662,20 +2651,20 @@ tsr_status tsr_tokenizer_new_gguf(const tsr_tok_gguf *d, tsr_tokenizer **ret, ch
         tsr_status st;
 
         if (!d || !ret || !d->model || (!d->tokens && d->n_tokens)) {
-                seterr(err, errlen, "gguf tokenizer: no metadata");
+                tsr_errf(err, errlen, "gguf tokenizer: no metadata");
                 return TSR_E_INVAL;
         }
         gpt2 = !strcmp(d->model, "gpt2");
         if (!gpt2 && strcmp(d->model, "llama")) {
-                seterr(err, errlen, "gguf tokenizer: model '%s' is not supported (gpt2, llama)", d->model);
+                tsr_errf(err, errlen, "gguf tokenizer: model '%s' is not supported (gpt2, llama)", d->model);
                 return TSR_E_UNSUPPORTED;
         }
         if (d->n_tokens == 0 || d->n_tokens > MAX_VOCAB) {
-                seterr(err, errlen, "gguf tokenizer: %zu tokens", d->n_tokens);
+                tsr_errf(err, errlen, "gguf tokenizer: %zu tokens", d->n_tokens);
                 return TSR_E_INVAL;
         }
         if (!gpt2 && !d->scores) {
-                seterr(err, errlen, "gguf tokenizer: model 'llama' needs tokenizer.ggml.scores");
+                tsr_errf(err, errlen, "gguf tokenizer: model 'llama' needs tokenizer.ggml.scores");
                 return TSR_E_INVAL;
         }
         L.t = t = tok_alloc();
@@ -2692,7 +2681,7 @@ tsr_status tsr_tokenizer_new_gguf(const tsr_tok_gguf *d, tsr_tokenizer **ret, ch
                 size_t n = s ? strlen(s) : 0, j, cl;
                 bool respell = false;
                 if (!s || !utf8_valid(s, n)) {
-                        seterr(err, errlen, "gguf tokenizer: token %zu is not valid UTF-8", i);
+                        tsr_errf(err, errlen, "gguf tokenizer: token %zu is not valid UTF-8", i);
                         st = TSR_E_INVAL;
                         goto out;
                 }
@@ -2727,7 +2716,7 @@ tsr_status tsr_tokenizer_new_gguf(const tsr_tok_gguf *d, tsr_tokenizer **ret, ch
                 for (i = 0; i < d->n_merges; i++) {
                         const char *m = d->merges ? d->merges[i] : NULL, *sp = m ? strchr(m, ' ') : NULL;
                         if (!sp) {
-                                seterr(err, errlen, "gguf tokenizer: merge %zu is not \"left right\"", i);
+                                tsr_errf(err, errlen, "gguf tokenizer: merge %zu is not \"left right\"", i);
                                 st = TSR_E_INVAL;
                                 goto out;
                         }
@@ -2812,7 +2801,7 @@ tsr_status tsr_tokenizer_new_gguf(const tsr_tok_gguf *d, tsr_tokenizer **ret, ch
         L.t = NULL;
 out:
         if (st == TSR_E_NOMEM)
-                seterr(err, errlen, "out of memory");
+                tsr_errf(err, errlen, "out of memory");
         tsr_tokenizer_free(&L.t);
         return st;
 }
