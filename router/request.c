@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "models.h"
+#include "placement.h"
 #include "response.h"
 #include "router.h"
 #include "stop.h"
@@ -106,6 +107,16 @@ struct request_layer {
         rq *active;                   /* every live request, for shutdown */
         size_t n_active;
         unsigned rotate;              /* placement tie-break */
+        /* What this router sent each worker since that worker's last Status: the
+         * "pending" terms of placement.h, which the Status cannot count yet.  An entry
+         * is stale, and reads as zero, once the worker's Status seq moves on. */
+        struct pending_dispatch {
+                const tsr_worker *w;
+                uint64_t boot_epoch, seq;
+                uint64_t prefill_blocks, decode_blocks;
+                uint32_t requests;
+        } *pending;
+        size_t n_pending;
 };
 
 static void finish_request(rq *r);
@@ -648,12 +659,39 @@ static routing_policy policy_of(const tsr_config *cfg) {
 
 static const char *const policy_names[] = {"kv", "least_load", "round_robin"};
 
+/* The pending-dispatch entry of worker w as of its Status st (NULL: none yet),
+ * reset when st is newer than the entry; NULL when out of memory. */
+static struct pending_dispatch *pending_of(request_layer *L, const tsr_worker *w, const Tessera__V1__Status *st) {
+        uint64_t epoch = st ? st->boot_epoch : 0, seq = st ? st->seq : 0;
+        struct pending_dispatch *p = NULL;
+        for (size_t i = 0; i < L->n_pending && !p; i++)
+                if (L->pending[i].w == w)
+                        p = &L->pending[i];
+        if (!p) {
+                struct pending_dispatch *grown = realloc(L->pending, (L->n_pending + 1) * sizeof(*grown));
+                if (!grown)
+                        return NULL;
+                L->pending = grown;
+                p = &L->pending[L->n_pending++];
+                memset(p, 0, sizeof(*p));
+                p->w = w;
+        }
+        if (p->boot_epoch != epoch || p->seq != seq) {
+                memset(p, 0, sizeof(*p));
+                p->w = w;
+                p->boot_epoch = epoch;
+                p->seq = seq;
+        }
+        return p;
+}
+
+static const char *const place_path_names[] = {"cost", "all_filtered", "imbalance_guard"};
+
 /* Loop thread.  Candidates are the live workers serving the model, listed from a
- * rotating start so that ties spread.  kv: tsr_placement_pick over the §6.4 cost with
- * the prompt's prefix hits in each worker's mirror (no hashes: hits 0, i.e. least
- * load plus queued prefill); least_load: the same with B = 0 and no queued prefill
- * term, i.e. running + waiting + this router's in-flight; round_robin: the first
- * candidate. */
+ * rotating start so that ties spread.  kv: tsr_placement_pick (placement.h: capacity
+ * filters, cost with the prompt's prefix hits in each worker's mirror, imbalance
+ * guard); least_load: the fewest requests running, waiting and sent since the last
+ * Status; round_robin: the first candidate. */
 static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
         router_ctx *ctx = r->L->ctx;
         routing_policy pol = policy_of(ctx->cfg);
@@ -662,6 +700,7 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
         size_t n_hashes = hashes ? r->prompt_n_hashes[prompt] : 0;
         tsr_worker *stack_w[16], **ws = stack_w;
         tsr_placement_cand stack_c[16], *cs = stack_c;
+        tsr_placement_path path = TSR_PLACE_COST;
 
         if (n > 16) {
                 ws = malloc(n * sizeof(*ws));
@@ -682,30 +721,50 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                         continue;
                 if (w == avoid && worker_pool_count(ctx->workers) > 1)
                         continue;
-                /* Load is what the worker last reported plus what this router sent since
-                 * (the Status cannot know it yet). */
+                const struct pending_dispatch *p = pending_of(r->L, w, st);
                 memset(c, 0, sizeof(*c));
-                c->num_running = st ? st->num_running : 0;
-                c->num_waiting = st ? st->num_waiting : 0;
-                c->inflight = tsr_worker_inflight(w);
-                c->block_size = r->hash_block_size;
+                c->block_size = r->hash_block_size ? r->hash_block_size : r->model->block_size;
+                if (st) {
+                        c->num_running = st->num_running;
+                        c->num_waiting = st->num_waiting;
+                        c->waiting_prompt_tokens = st->waiting_prompt_tokens;
+                        c->kv_total = st->kv_blocks_total;
+                        c->kv_free = st->kv_blocks_free;
+                        c->kv_active = st->kv_blocks_active;
+                }
+                if (p) {
+                        c->pending_prefill_blocks = p->prefill_blocks;
+                        c->pending_decode_blocks = p->decode_blocks;
+                        c->pending_requests = p->requests;
+                }
+                c->reserve_blocks = tsr_placement_reserve(r->max_tokens > 0 ? (uint64_t)r->max_tokens : 1,
+                                                          c->block_size);
                 if (pol == ROUTE_KV) {
                         c->blocks = n_hashes;
                         c->hits = n_hashes ? tsr_worker_prefix_hits(w, hashes, n_hashes) : 0;
-                        c->waiting_prompt_tokens = st ? st->waiting_prompt_tokens : 0;
-                        if (!c->block_size)
-                                c->block_size = r->model->block_size;
                 }
                 ws[n_cand++] = w;
         }
         r->L->rotate++;
-        best = pol == ROUTE_ROUND_ROBIN ? (n_cand ? 0 : (size_t)-1) : tsr_placement_pick(cs, n_cand);
+        if (pol == ROUTE_ROUND_ROBIN)
+                best = n_cand ? 0 : (size_t)-1;
+        else if (pol == ROUTE_LEAST_LOAD)
+                best = tsr_placement_pick_least_load(cs, n_cand);
+        else
+                best = tsr_placement_pick(cs, n_cand, NULL, &path);
         tsr_worker *w = best == (size_t)-1 ? NULL : ws[best];
         if (w) {
+                struct pending_dispatch *p = pending_of(r->L, w, tsr_worker_status(w));
+                if (p) {
+                        p->prefill_blocks += cs[best].blocks - (cs[best].hits < cs[best].blocks ? cs[best].hits
+                                                                                                : cs[best].blocks);
+                        p->decode_blocks += cs[best].blocks;
+                        p->requests++;
+                }
                 tsr_metrics_counter_add(ctx->metrics, TSR_METRICS_PLACEMENTS, policy_names[pol], 1);
                 if (pol == ROUTE_KV)
-                        log_debug("%s: placed on %s (%zu of %zu blocks cached there)", r->id, tsr_worker_endpoint(w),
-                                  cs[best].hits, cs[best].blocks);
+                        log_debug("%s: placed on %s (%zu of %zu blocks cached there, %s)", r->id,
+                                  tsr_worker_endpoint(w), cs[best].hits, cs[best].blocks, place_path_names[path]);
         }
         if (ws != stack_w) {
                 free(ws);
@@ -1503,6 +1562,7 @@ void request_layer_free(request_layer **Lp) {
                 rq_free(r);
         }
         free(L->table);
+        free(L->pending);
         free(L);
         *Lp = NULL;
 }

@@ -253,30 +253,6 @@ bool tsr_prefix_mirror_apply(tsr_prefix_mirror *m, const Tessera__V1__Status *s)
         return gap || restarted;
 }
 
-static double cand_load(const tsr_placement_cand *c) {
-        return (double)c->num_running + (double)c->num_waiting + (double)(c->inflight > 0 ? c->inflight : 0);
-}
-
-double tsr_placement_cost(const tsr_placement_cand *c) {
-        double bs = c->block_size ? (double)c->block_size : 1.0;
-        double prefill = c->hits < c->blocks ? (double)(c->blocks - c->hits) : 0.0;
-        return prefill + (double)c->waiting_prompt_tokens / bs + cand_load(c);
-}
-
-size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n) {
-        size_t best = (size_t)-1;
-        double best_cost = 0, best_load = 0;
-        for (size_t i = 0; i < n; i++) {
-                double cost = tsr_placement_cost(&c[i]), load = cand_load(&c[i]);
-                if (best == (size_t)-1 || cost < best_cost || (cost == best_cost && load < best_load)) {
-                        best = i;
-                        best_cost = cost;
-                        best_load = load;
-                }
-        }
-        return best;
-}
-
 static void on_status(tsr_worker *w, tsr_envelope *env) {
         Tessera__V1__Status *s = env->status;
         uint64_t prev_seq = w->mirror.seq;

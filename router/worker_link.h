@@ -105,29 +105,4 @@ bool tsr_prefix_mirror_apply(tsr_prefix_mirror *m, const Tessera__V1__Status *s)
 /* Leading hashes present, stopping at the first miss. */
 size_t tsr_prefix_mirror_hits(const tsr_prefix_mirror *m, const uint64_t *hashes, size_t n);
 
-/* ---- placement cost (routers.md §6.4, simplified): pure, any thread ----
- *
- *   cost_w = (B - h_w) + waiting_prompt_tokens_w / block_size
- *            + (num_running_w + num_waiting_w + inflight_w)
- *
- * B = full blocks of the prompt, h_w = leading blocks the worker has cached: the
- * prefill it would still do, plus its queued prefill in blocks, plus its requests
- * (running, waiting, and sent by this router since its last Status).  No capacity
- * filters or imbalance guard yet: the load term keeps a hot prefix from pulling
- * every request onto one worker once its queue grows past the saved blocks. */
-typedef struct tsr_placement_cand {
-        size_t blocks;                   /* B */
-        size_t hits;                     /* h_w <= B */
-        uint64_t waiting_prompt_tokens;
-        uint32_t block_size;             /* 0 counts as 1 */
-        uint32_t num_running, num_waiting;
-        int inflight;
-} tsr_placement_cand;
-
-double tsr_placement_cost(const tsr_placement_cand *c);
-/* Index of the candidate with the lowest cost; ties go to the lower load
- * (num_running + num_waiting + inflight), then to the earlier index (the caller
- * lists candidates from a rotating start).  (size_t)-1 when n == 0. */
-size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n);
-
 #endif

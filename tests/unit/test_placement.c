@@ -1,5 +1,5 @@
 /* router placement: the hash set behind the prefix-cache mirror, the mirror's event
- * and gap rules, and the routers.md §6.4 cost and its tie-breaks. */
+ * and gap rules, and the routers.md §6.4 filters, cost, imbalance guard and tie-breaks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "router/hashset.h"
+#include "router/placement.h"
 #include "router/worker_link.h"
 
 static void test_hashset_basic(void **state) {
@@ -136,47 +137,131 @@ static void test_mirror_events_and_gaps(void **state) {
         tsr_prefix_mirror_done(&m);
 }
 
+/* A worker with 100 KV blocks of 16 tokens, `active` of them held by running requests. */
 static tsr_placement_cand cand(size_t blocks, size_t hits, uint64_t wpt, uint32_t running, uint32_t waiting,
-                               int inflight) {
+                               uint64_t active) {
         tsr_placement_cand c = {.blocks = blocks, .hits = hits, .waiting_prompt_tokens = wpt, .block_size = 16,
-                                .num_running = running, .num_waiting = waiting, .inflight = inflight};
+                                .num_running = running, .num_waiting = waiting, .kv_total = 100,
+                                .kv_free = 100 - active, .kv_active = active, .reserve_blocks = 1};
         return c;
 }
 
 static void test_cost(void **state) {
+        (void)state;
+        /* (B - h) + queued prefill in blocks + active blocks */
         tsr_placement_cand c = cand(10, 4, 32, 1, 2, 3);
-        assert_true(tsr_placement_cost(&c) == 6.0 + 2.0 + 6.0);
-        c = cand(10, 12, 0, 0, 0, -5);   /* hits past B and a negative in-flight count clamp */
+        assert_true(tsr_placement_cost(&c) == 6.0 + 2.0 + 3.0);
+        /* what this router sent since the last Status counts as queued and active */
+        c.pending_prefill_blocks = 5;
+        c.pending_decode_blocks = 7;
+        assert_true(tsr_placement_cost(&c) == 6.0 + 2.0 + 5.0 + 3.0 + 7.0);
+        c = cand(10, 12, 0, 0, 0, 0);    /* hits past B clamp */
         assert_true(tsr_placement_cost(&c) == 0.0);
         c = cand(3, 0, 10, 0, 0, 0);
         c.block_size = 0;                /* unknown block size counts as 1 */
         assert_true(tsr_placement_cost(&c) == 13.0);
+        c.pending_requests = 4;
+        assert_true(tsr_placement_load(&c) == 4.0);
+        /* reserve: ceil(max_tokens / block size), at most 16 blocks */
+        assert_int_equal(tsr_placement_reserve(1, 16), 1);
+        assert_int_equal(tsr_placement_reserve(32, 16), 2);
+        assert_int_equal(tsr_placement_reserve(33, 16), 3);
+        assert_int_equal(tsr_placement_reserve(100000, 16), 16);
+        assert_int_equal(tsr_placement_reserve(5, 0), 5);
+}
+
+static void test_filters(void **state) {
+        tsr_placement_params p = TSR_PLACEMENT_DEFAULTS;
+        (void)state;
+        tsr_placement_cand c = cand(10, 0, 0, 0, 0, 0);
+        assert_true(tsr_placement_passes(&c, &p));
+        /* free blocks must hold the prefill plus the reserve */
+        c = cand(10, 0, 0, 0, 0, 80);    /* 80 active <= 0.8 * 100, 20 free >= 10 + 1 */
+        assert_true(tsr_placement_passes(&c, &p));
+        c.kv_free = 10;                  /* 10 < 10 + 1 */
+        assert_false(tsr_placement_passes(&c, &p));
+        c.hits = 5;                      /* 10 >= 5 + 1 */
+        assert_true(tsr_placement_passes(&c, &p));
+        /* saturation: more than 0.8 of the blocks active */
+        c = cand(1, 0, 0, 0, 0, 81);
+        assert_false(tsr_placement_passes(&c, &p));
+        /* a backed-up queue */
+        c = cand(1, 0, 0, 0, 128, 0);
+        assert_false(tsr_placement_passes(&c, &p));
+        c.num_waiting = 127;
+        assert_true(tsr_placement_passes(&c, &p));
+        /* no KV report: only the queue filter applies */
+        c = cand(50, 0, 0, 0, 0, 0);
+        c.kv_total = c.kv_free = 0;
+        assert_true(tsr_placement_passes(&c, &p));
 }
 
 static void test_pick(void **state) {
         tsr_placement_cand c[3] = {0};
-        assert_int_equal(tsr_placement_pick(c, 0), (size_t)-1);
-        /* the worker holding the prefix wins while its extra load is below the saving */
-        c[0] = cand(20, 0, 0, 0, 0, 0);
-        c[1] = cand(20, 18, 0, 2, 1, 1);
-        c[2] = cand(20, 5, 0, 0, 0, 0);
-        assert_int_equal(tsr_placement_pick(c, 3), 1);
-        /* ... and loses once it is busier than the prefill it saves */
-        c[1] = cand(20, 18, 0, 10, 10, 0);
-        assert_int_equal(tsr_placement_pick(c, 3), 2);
-        /* queued prefill counts in blocks */
-        c[2] = cand(20, 5, 16 * 100, 0, 0, 0);
-        assert_int_equal(tsr_placement_pick(c, 3), 0);
-        /* equal cost: lower load wins (cost 5 = 5 blocks, or 3 blocks + 2 requests) */
-        c[0] = cand(5, 0, 0, 0, 0, 0);
-        c[1] = cand(5, 2, 0, 1, 1, 0);
-        c[2] = cand(5, 0, 0, 0, 0, 0);
-        assert_int_equal(tsr_placement_pick(c, 2), 0);
-        c[0] = cand(5, 2, 0, 1, 1, 0);
+        tsr_placement_path path;
+        (void)state;
+        assert_int_equal(tsr_placement_pick(c, 0, NULL, &path), (size_t)-1);
+        /* routers.md §6.4's worked example: cached 2/5/8 of 10 blocks, queued prefill
+         * 8-2 / 5-5 / 2-8 ... expressed as (B - h) + Q + D = 18, 10, 11: W2 */
+        c[0] = cand(10, 2, 0, 0, 0, 10);         /* 8 + 0 + 10 */
+        c[1] = cand(10, 5, 0, 0, 0, 5);          /* 5 + 0 + 5 */
+        c[2] = cand(10, 8, 0, 0, 0, 9);          /* 2 + 0 + 9 */
+        assert_int_equal(tsr_placement_pick(c, 3, NULL, &path), 1);
+        assert_int_equal(path, TSR_PLACE_COST);
+        /* the worker holding the prefix loses once its active KV outweighs the saving */
+        c[1] = cand(10, 5, 0, 0, 0, 30);
+        assert_int_equal(tsr_placement_pick(c, 3, NULL, &path), 2);
+        /* a filtered worker is skipped however cheap it looks */
+        c[0] = cand(10, 10, 0, 0, 0, 0);
+        c[0].kv_free = 0;
+        assert_int_equal(tsr_placement_pick(c, 3, NULL, &path), 2);
+        /* when every worker is filtered, all are candidates again */
+        c[1].kv_free = c[2].kv_free = 0;
+        assert_int_equal(tsr_placement_pick(c, 3, NULL, &path), 0);
+        assert_int_equal(path, TSR_PLACE_ALL_FILTERED);
+        /* equal cost: fewer waiting, then lower load, then the earlier index */
+        c[0] = cand(5, 0, 0, 3, 1, 0);
         c[1] = cand(5, 0, 0, 0, 0, 0);
-        assert_int_equal(tsr_placement_pick(c, 2), 1);
-        /* full tie: the first listed (the caller rotates the order) */
-        assert_int_equal(tsr_placement_pick(&c[1], 2), 0);
+        assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 1);
+        c[0] = cand(5, 0, 0, 3, 0, 0);
+        c[1] = cand(5, 0, 0, 1, 0, 0);
+        assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 1);
+        c[0] = cand(5, 0, 0, 1, 0, 0);
+        assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 0);
+}
+
+static void test_imbalance_guard(void **state) {
+        tsr_placement_cand c[3];
+        tsr_placement_path path;
+        (void)state;
+        /* A hot prefix: worker 0 holds all of it but runs 100 requests; the others
+         * run 10 and 20.  100 - 10 > 64 and 100 > 1.5 * 10: only loads <= 74 stay,
+         * and of those the longer prefix hit wins (worker 2), not the cheaper cost. */
+        c[0] = cand(20, 20, 0, 100, 0, 0);
+        c[1] = cand(20, 0, 0, 10, 0, 0);
+        c[2] = cand(20, 3, 0, 20, 0, 10);        /* cost 17 + 10 = 27 > worker 1's 20 */
+        assert_int_equal(tsr_placement_pick(c, 3, NULL, &path), 2);
+        assert_int_equal(path, TSR_PLACE_GUARD);
+        /* a 64-request gap is not enough */
+        c[0].num_running = 74;
+        assert_int_equal(tsr_placement_pick(c, 3, NULL, &path), 0);
+        assert_int_equal(path, TSR_PLACE_COST);
+        /* nor a large gap that is under 1.5x */
+        for (int i = 0; i < 3; i++)
+                c[i].num_running += 200;        /* 274 vs 210: gap 64, 1.3x */
+        c[0].num_running = 300;                 /* gap 90, 300 < 1.5 * 210 */
+        assert_int_equal(tsr_placement_pick(c, 3, NULL, &path), 0);
+        assert_int_equal(path, TSR_PLACE_COST);
+        /* pending requests count as load */
+        c[0] = cand(20, 20, 0, 0, 0, 0);
+        c[0].pending_requests = 80;
+        c[1] = cand(20, 0, 0, 0, 0, 0);
+        c[2] = cand(20, 1, 0, 0, 0, 0);
+        assert_int_equal(tsr_placement_pick(c, 3, NULL, &path), 2);
+        assert_int_equal(path, TSR_PLACE_GUARD);
+        /* least_load: fewest requests, ties to the earlier index */
+        assert_int_equal(tsr_placement_pick_least_load(c, 3), 1);
+        assert_int_equal(tsr_placement_pick_least_load(c, 0), (size_t)-1);
 }
 
 int main(void) {
@@ -186,7 +271,9 @@ int main(void) {
                 cmocka_unit_test(test_hashset_cap),
                 cmocka_unit_test(test_mirror_events_and_gaps),
                 cmocka_unit_test(test_cost),
+                cmocka_unit_test(test_filters),
                 cmocka_unit_test(test_pick),
+                cmocka_unit_test(test_imbalance_guard),
         };
         return cmocka_run_group_tests_name("placement", tests, NULL, NULL);
 }

@@ -1,0 +1,111 @@
+/* placement.c - the routers.md §6.4 placement formula (see placement.h). */
+#include "router/placement.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+static uint64_t prefill_blocks(const tsr_placement_cand *c) {
+        return c->hits < c->blocks ? (uint64_t)(c->blocks - c->hits) : 0;
+}
+
+double tsr_placement_load(const tsr_placement_cand *c) {
+        return (double)c->num_running + (double)c->num_waiting + (double)c->pending_requests;
+}
+
+double tsr_placement_cost(const tsr_placement_cand *c) {
+        double bs = c->block_size ? (double)c->block_size : 1.0;
+        double q = (double)c->waiting_prompt_tokens / bs + (double)c->pending_prefill_blocks;
+        double d = (double)c->kv_active + (double)c->pending_decode_blocks;
+        return (double)prefill_blocks(c) + q + d;
+}
+
+int tsr_placement_passes(const tsr_placement_cand *c, const tsr_placement_params *p) {
+        if (c->num_waiting >= p->queue_cap)
+                return 0;
+        if (c->kv_total == 0)           /* no KV report: nothing to filter on */
+                return 1;
+        if (c->kv_free < prefill_blocks(c) + c->reserve_blocks)
+                return 0;
+        return (double)c->kv_active <= p->saturation * (double)c->kv_total;
+}
+
+/* Strictly better than the incumbent under the tie-break order of placement.h. */
+static bool better(const tsr_placement_cand *a, double cost_a, const tsr_placement_cand *b, double cost_b) {
+        if (cost_a != cost_b)
+                return cost_a < cost_b;
+        if (a->num_waiting != b->num_waiting)
+                return a->num_waiting < b->num_waiting;
+        return tsr_placement_load(a) < tsr_placement_load(b);
+}
+
+size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n, const tsr_placement_params *p,
+                          tsr_placement_path *path) {
+        tsr_placement_params defaults = TSR_PLACEMENT_DEFAULTS;
+        bool *keep;
+        size_t kept = 0, best = (size_t)-1;
+        double min_load = 0, max_load = 0;
+        tsr_placement_path how = TSR_PLACE_COST;
+
+        if (n == 0)
+                return (size_t)-1;
+        if (!p)
+                p = &defaults;
+        keep = calloc(n, sizeof(*keep));       /* NULL (no memory): plain argmin over all */
+        for (size_t i = 0; keep && i < n; i++)
+                kept += (keep[i] = tsr_placement_passes(&c[i], p));
+        if (keep && kept == 0) {
+                how = TSR_PLACE_ALL_FILTERED;
+                for (size_t i = 0; i < n; i++)
+                        keep[i] = true;
+        }
+
+        for (size_t i = 0, first = 1; i < n; i++) {
+                if (keep && !keep[i])
+                        continue;
+                double l = tsr_placement_load(&c[i]);
+                if (first || l < min_load)
+                        min_load = l;
+                if (first || l > max_load)
+                        max_load = l;
+                first = 0;
+        }
+        if (keep && max_load - min_load > p->guard_abs && max_load > p->guard_rel * min_load) {
+                /* Imbalance guard: among the not-overloaded, the longest prefix hit;
+                 * equal hits fall back to the cost order. */
+                how = TSR_PLACE_GUARD;
+                for (size_t i = 0; i < n; i++) {
+                        if (!keep[i] || tsr_placement_load(&c[i]) > min_load + p->guard_abs)
+                                continue;
+                        if (best == (size_t)-1 || c[i].hits > c[best].hits ||
+                            (c[i].hits == c[best].hits &&
+                             better(&c[i], tsr_placement_cost(&c[i]), &c[best], tsr_placement_cost(&c[best]))))
+                                best = i;
+                }
+        } else {
+                for (size_t i = 0; i < n; i++) {
+                        if (keep && !keep[i])
+                                continue;
+                        if (best == (size_t)-1 ||
+                            better(&c[i], tsr_placement_cost(&c[i]), &c[best], tsr_placement_cost(&c[best])))
+                                best = i;
+                }
+        }
+        free(keep);
+        if (path)
+                *path = how;
+        return best;
+}
+
+size_t tsr_placement_pick_least_load(const tsr_placement_cand *c, size_t n) {
+        size_t best = (size_t)-1;
+        for (size_t i = 0; i < n; i++)
+                if (best == (size_t)-1 || tsr_placement_load(&c[i]) < tsr_placement_load(&c[best]))
+                        best = i;
+        return best;
+}
+
+uint64_t tsr_placement_reserve(uint64_t max_tokens, uint32_t block_size) {
+        uint64_t bs = block_size ? block_size : 1;
+        uint64_t blocks = max_tokens / bs + (max_tokens % bs != 0);
+        return blocks < 16 ? blocks : 16;
+}

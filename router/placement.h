@@ -1,0 +1,79 @@
+/* placement.h - which worker gets a request: the routers.md §6.4 formula, pure.
+ *
+ * The request path (router/request.c, loop thread) fills one candidate per live worker
+ * serving the model from that worker's last Status, its prefix-cache mirror and what
+ * this router sent it since that Status, and asks tsr_placement_pick for an index.
+ * Nothing here touches sockets or the clock, so the unit tests drive it directly.
+ *
+ *   filter  kv_free >= (B - h) + reserve      room for the prefill and some decode
+ *           kv_active / kv_total <= 0.8       not saturated
+ *           num_waiting < queue_cap           queue not backed up
+ *           (a worker that reports no KV total skips the two KV filters; when no
+ *           candidate passes, all are kept: the engines queue, the router never
+ *           refuses a request that some worker could take later)
+ *   cost    max(0, (B - h) + Q) + D
+ *           Q = waiting_prompt_tokens / block_size + pending_prefill_blocks
+ *           D = kv_active + pending_decode_blocks
+ *   guard   load = running + waiting + pending_requests; when max - min > 64 and
+ *           max > 1.5 min, only workers with load <= min + 64 stay, and among them
+ *           the longest prefix hit wins (SGLang's imbalance guard): a hot prefix
+ *           cannot pile every request onto one worker
+ *   pick    argmin cost; ties to fewer waiting, then lower load, then the earlier
+ *           index (the caller lists workers from a rotating start)
+ *
+ * B = full blocks of the prompt, h = the leading ones the worker has cached.  The
+ * "pending" terms are what this router dispatched there since the worker's last
+ * Status, which cannot have counted it yet. */
+#ifndef TSR_ROUTER_PLACEMENT_H
+#define TSR_ROUTER_PLACEMENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tsr_placement_cand {
+        size_t blocks;                   /* B */
+        size_t hits;                     /* h (clamped to B) */
+        uint32_t block_size;             /* 0 counts as 1 */
+        uint64_t waiting_prompt_tokens;  /* the worker's queued prefill, in tokens */
+        uint32_t num_running, num_waiting;
+        uint64_t kv_total, kv_free, kv_active;  /* blocks; kv_total 0 = not reported */
+        uint64_t reserve_blocks;         /* decode room wanted besides the prefill */
+        /* Dispatched by this router since the worker's last Status. */
+        uint64_t pending_prefill_blocks, pending_decode_blocks;
+        uint32_t pending_requests;
+} tsr_placement_cand;
+
+typedef struct tsr_placement_params {
+        double saturation;               /* kv_active / kv_total above this is filtered (0.8) */
+        uint32_t queue_cap;              /* num_waiting at or above this is filtered (128) */
+        double guard_abs;                /* imbalance guard: absolute load gap (64) */
+        double guard_rel;                /* ... and relative ratio (1.5) */
+} tsr_placement_params;
+
+#define TSR_PLACEMENT_DEFAULTS ((tsr_placement_params){0.8, 128, 64.0, 1.5})
+
+/* Why a pick came out as it did, for logs and metrics. */
+typedef enum tsr_placement_path {
+        TSR_PLACE_COST = 0,              /* argmin cost over the filtered candidates */
+        TSR_PLACE_ALL_FILTERED = 1,      /* no candidate passed: argmin cost over all */
+        TSR_PLACE_GUARD = 2,             /* the imbalance guard chose by prefix hits */
+} tsr_placement_path;
+
+double tsr_placement_cost(const tsr_placement_cand *c);
+/* requests running, waiting, and sent since the last Status */
+double tsr_placement_load(const tsr_placement_cand *c);
+int tsr_placement_passes(const tsr_placement_cand *c, const tsr_placement_params *p);
+/* Index of the chosen candidate, (size_t)-1 when n == 0.  `path` may be NULL. */
+size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n, const tsr_placement_params *p,
+                          tsr_placement_path *path);
+
+/* --routing-policy least_load: the lowest tsr_placement_load, ties to the earlier
+ * index; (size_t)-1 when n == 0. */
+size_t tsr_placement_pick_least_load(const tsr_placement_cand *c, size_t n);
+
+/* Decode room a request asks of a worker: ceil(max_tokens / block_size), capped at
+ * 16 blocks so that a chat request defaulting to "the rest of the context" does not
+ * filter out every worker. */
+uint64_t tsr_placement_reserve(uint64_t max_tokens, uint32_t block_size);
+
+#endif
