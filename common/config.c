@@ -222,6 +222,8 @@ static const tsr_opt opts[] = {
          .def = "1", .help = "event loops sharing the HTTP port"},
         {O_LIST("worker", worker), .owner = R, .group = GRP_TESSERA, .metavar = "ENDPOINT",
          .help = "worker endpoint (tcp://HOST:PORT) to route to; repeatable"},
+        {O_LIST("worker-dns", worker_dns), .owner = R, .group = GRP_TESSERA, .metavar = "NAME:PORT",
+         .help = "route to every address of a DNS name (e.g. a headless Service), re-resolved every 5 s; repeatable"},
         {O_STR("routing-policy", routing_policy), .owner = R, .group = GRP_TESSERA, .metavar = "POLICY",
          .def = "kv", .choices = routing_policy_choices,
          .help = "placement: kv = prefix-cache overlap and load, least_load, round_robin"},

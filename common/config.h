@@ -114,6 +114,7 @@ typedef struct tsr_config {
         long long max_request_body;        /* Tessera: 32 MiB; 413 past it */
         int router_threads;                /* Tessera: event loops on one port, 1 */
         tsr_strlist worker;                /* Tessera: --worker tcp://HOST:PORT (router), repeatable */
+        tsr_strlist worker_dns;            /* Tessera: --worker-dns NAME:PORT (router), repeatable */
         char *routing_policy;              /* Tessera: kv|least_load|round_robin (router), "kv" */
 
         /* ---- every process ---- */

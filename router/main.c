@@ -18,11 +18,13 @@
 #include "common/config.h"
 #include "common/log.h"
 #include "router.h"
+#include "worker_dns.h"
 
 #define SHUTDOWN_GRACE_MS 10000
 
 typedef struct router_main {
         router_ctx r;
+        worker_dns *dns;             /* --worker-dns lookups; NULL without the flag */
         uv_signal_t sigterm;
         uv_signal_t sigint;
         bool stopping;
@@ -51,6 +53,7 @@ static void on_signal(uv_signal_t *h, int signum) {
         if (m->stopping)
                 return;
         m->stopping = true;
+        worker_dns_close(m->dns);    /* before the pool closes: no workers added after */
         log_info("%s: shutting down (grace %d ms)", signum == SIGTERM ? "SIGTERM" : "SIGINT", SHUTDOWN_GRACE_MS);
 #ifdef TSR_HAVE_SYSTEMD
         sd_notify(0, "STOPPING=1");
@@ -124,8 +127,14 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < cfg.worker.n; i++)
                 if (worker_pool_add(m.r.workers, cfg.worker.items[i]) != TSR_OK)
                         goto out_close;
-        if (cfg.worker.n == 0)
-                log_warn("no --worker given: /health answers 503 until one is configured");
+        if (cfg.worker_dns.n &&
+            worker_dns_start(loop, m.r.workers, (const char *const *)cfg.worker_dns.items, cfg.worker_dns.n,
+                             TSR_WORKER_DNS_INTERVAL_MS, &m.dns, err, sizeof(err)) != TSR_OK) {
+                fprintf(stderr, "tessera-router: error: %s\n", err);
+                goto out_close;
+        }
+        if (cfg.worker.n == 0 && cfg.worker_dns.n == 0)
+                log_warn("no --worker or --worker-dns given: /health answers 503 until one is configured");
 
         http_server_opts_default(&hopts);
         hopts.max_body = (size_t)cfg.max_request_body;
@@ -157,6 +166,7 @@ out_close:
         /* Failed start: close what was opened, run the loop until the handles are gone. */
         if (!loop)
                 goto out;
+        worker_dns_close(m.dns);
         if (m.r.workers)
                 worker_pool_close(m.r.workers, NULL, NULL);
         if (m.r.http)
@@ -165,6 +175,7 @@ out_close:
 out_free:
         request_layer_free(&m.r.requests);
         http_server_free(&m.r.http);
+        worker_dns_free(&m.dns);
         worker_pool_free(&m.r.workers);
         model_registry_free(&m.r.models);
         tsr_metrics_free(&m.r.metrics);

@@ -90,3 +90,29 @@ def test_round_robin_policy_serves(spawn, demo_model):
         assert n >= 64
     text = requests.get(base + "/metrics", timeout=5).text
     assert 'policy="round_robin"' in text
+
+
+def test_worker_dns_discovers_workers(spawn, demo_model):
+    """--worker-dns NAME:PORT: the router resolves the name (here localhost, from
+    /etc/hosts) and routes to the worker at that address; a bad spec is a config error."""
+    port = free_port_pair()
+    spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{port}", "--kv-cache-memory-bytes", "256M"])
+    http = free_port()
+    router = spawn([ROUTER, "--host", "127.0.0.1", "--port", http, "--worker-dns", f"localhost:{port}"])
+    base = f"http://127.0.0.1:{http}"
+
+    def healthy():
+        assert router.p.poll() is None, router.output()
+        try:
+            return requests.get(base + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_until(healthy, timeout=90, interval=0.1, what="the DNS-discovered worker live at the router")
+    n, _cached = complete(base, PARAGRAPH)
+    assert n >= 64
+    assert f"new worker tcp://127.0.0.1:{port}" in router.output()
+
+    bad = spawn([ROUTER, "--host", "127.0.0.1", "--port", free_port(), "--worker-dns", "localhost"])
+    assert bad.wait(30) == 2
+    assert "--worker-dns localhost: expected NAME:PORT" in bad.output()

@@ -10,6 +10,7 @@
 
 #include "router/hashset.h"
 #include "router/placement.h"
+#include "router/worker_dns.h"
 #include "router/worker_link.h"
 
 static void test_hashset_basic(void **state) {
@@ -264,6 +265,84 @@ static void test_imbalance_guard(void **state) {
         assert_int_equal(tsr_placement_pick_least_load(c, 0), (size_t)-1);
 }
 
+static void test_worker_dns_parse(void **state) {
+        char name[64], err[256];
+        int port = 0;
+        (void)state;
+        assert_int_equal(worker_dns_parse("tessera-workers.default.svc:5555", name, sizeof(name), &port, err,
+                                          sizeof(err)), TSR_OK);
+        assert_string_equal(name, "tessera-workers.default.svc");
+        assert_int_equal(port, 5555);
+        assert_int_equal(worker_dns_parse("localhost:1", name, sizeof(name), &port, err, sizeof(err)), TSR_OK);
+        const char *bad[] = {"localhost", ":5555", "localhost:", "localhost:0", "localhost:65536", "localhost:55x",
+                             "tcp://localhost:5555", "localhost:-1"};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                err[0] = '\0';
+                assert_int_equal(worker_dns_parse(bad[i], name, sizeof(name), &port, err, sizeof(err)), TSR_E_INVAL);
+                assert_non_null(strstr(err, "--worker-dns"));
+        }
+        /* a name longer than the buffer is refused, not cut */
+        assert_int_equal(worker_dns_parse("a-rather-long-name:80", name, 8, &port, err, sizeof(err)), TSR_E_INVAL);
+}
+
+typedef struct dns_probe {
+        worker_pool *pool;
+        worker_dns *dns;
+        uv_timer_t poll;
+        int ticks;
+} dns_probe;
+
+static void dns_probe_tick(uv_timer_t *t) {
+        dns_probe *p = t->data;
+        /* done once localhost was resolved and added, or after ~10 s */
+        if (worker_pool_count(p->pool) > 0 || ++p->ticks > 1000) {
+                uv_timer_stop(t);
+                uv_close((uv_handle_t *)t, NULL);
+                worker_dns_close(p->dns);
+                worker_pool_close(p->pool, NULL, NULL);
+        }
+}
+
+/* "localhost" resolves (via /etc/hosts, no network) to 127.0.0.1, which becomes a
+ * worker of the pool with the given port; a second answer adds nothing twice. */
+static void test_worker_dns_adds_localhost(void **state) {
+        uv_loop_t loop;
+        dns_probe p = {0};
+        char err[256];
+        const char *specs[] = {"localhost:45601"};
+        (void)state;
+        assert_int_equal(uv_loop_init(&loop), 0);
+        assert_int_equal(worker_pool_new(&loop, "router-test", &p.pool), TSR_OK);
+        assert_int_equal(worker_pool_add(p.pool, "tcp://127.0.0.1:45601"), TSR_OK);   /* also a --worker */
+        assert_int_equal(worker_dns_start(&loop, p.pool, specs, 1, 10, &p.dns, err, sizeof(err)), TSR_OK);
+        uv_timer_init(&loop, &p.poll);
+        p.poll.data = &p;
+        /* let several lookups (10 ms apart) complete before closing */
+        p.ticks = 990;
+        uv_timer_start(&p.poll, dns_probe_tick, 100, 10);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        assert_int_equal(worker_pool_count(p.pool), 1);
+        assert_string_equal(tsr_worker_endpoint(worker_pool_get(p.pool, 0)), "tcp://127.0.0.1:45601");
+        worker_dns_free(&p.dns);
+        worker_pool_free(&p.pool);
+        assert_int_equal(uv_loop_close(&loop), 0);
+
+        /* without the --worker entry, the lookup adds it */
+        memset(&p, 0, sizeof(p));
+        assert_int_equal(uv_loop_init(&loop), 0);
+        assert_int_equal(worker_pool_new(&loop, "router-test", &p.pool), TSR_OK);
+        assert_int_equal(worker_dns_start(&loop, p.pool, specs, 1, 10, &p.dns, err, sizeof(err)), TSR_OK);
+        uv_timer_init(&loop, &p.poll);
+        p.poll.data = &p;
+        uv_timer_start(&p.poll, dns_probe_tick, 10, 10);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        assert_int_equal(worker_pool_count(p.pool), 1);
+        assert_string_equal(tsr_worker_endpoint(worker_pool_get(p.pool, 0)), "tcp://127.0.0.1:45601");
+        worker_dns_free(&p.dns);
+        worker_pool_free(&p.pool);
+        assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_hashset_basic),
@@ -274,6 +353,8 @@ int main(void) {
                 cmocka_unit_test(test_filters),
                 cmocka_unit_test(test_pick),
                 cmocka_unit_test(test_imbalance_guard),
+                cmocka_unit_test(test_worker_dns_parse),
+                cmocka_unit_test(test_worker_dns_adds_localhost),
         };
         return cmocka_run_group_tests_name("placement", tests, NULL, NULL);
 }
