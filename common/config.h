@@ -113,6 +113,7 @@ typedef struct tsr_config {
         bool disable_uvicorn_access_log;   /* accepted: turns off the router's access log */
         long long max_request_body;        /* Tessera: 32 MiB; 413 past it */
         int router_threads;                /* Tessera: event loops on one port, 1 */
+        int request_timeout_secs;          /* Tessera (SGLang router's name): 1800; 0 = none */
         tsr_strlist worker;                /* Tessera: --worker tcp://HOST:PORT (router), repeatable */
         tsr_strlist worker_dns;            /* Tessera: --worker-dns NAME:PORT (router), repeatable */
         char *routing_policy;              /* Tessera: kv|least_load|round_robin (router), "kv" */

@@ -54,6 +54,7 @@ static void on_signal(uv_signal_t *h, int signum) {
                 return;
         m->stopping = true;
         worker_dns_close(m->dns);    /* before the pool closes: no workers added after */
+        request_layer_close(m->r.requests);
         log_info("%s: shutting down (grace %d ms)", signum == SIGTERM ? "SIGTERM" : "SIGINT", SHUTDOWN_GRACE_MS);
 #ifdef TSR_HAVE_SYSTEMD
         sd_notify(0, "STOPPING=1");
@@ -167,6 +168,7 @@ out_close:
         if (!loop)
                 goto out;
         worker_dns_close(m.dns);
+        request_layer_close(m.r.requests);
         if (m.r.workers)
                 worker_pool_close(m.r.workers, NULL, NULL);
         if (m.r.http)

@@ -70,6 +70,7 @@ struct rq {
         char id[300];
         int64_t created;
         uint64_t arrival_ns;
+        uint64_t deadline_ns;         /* monotonic; 0 = none (--request-timeout-secs 0) */
         int jobs;                     /* thread-pool jobs in flight */
         bool gone;                    /* the client disconnected */
         bool answered;                /* a response (or stream end) was sent */
@@ -117,6 +118,10 @@ struct request_layer {
                 uint32_t requests;
         } *pending;
         size_t n_pending;
+        /* Every 200 ms, fail the submitted requests past their deadline (one timer for
+         * all requests: a per-request uv_timer would need an async close per request). */
+        uv_timer_t deadline_sweep;
+        bool sweep_started;
 };
 
 static void finish_request(rq *r);
@@ -838,6 +843,10 @@ static tsr_status submit_choice(choice *ch, tsr_worker *avoid) {
                                                                     : r->req.prompt_logprobs;
         s.priority = (int32_t)r->req.priority;
         s.arrival_time_unix_ns = tsr_wall_ns();
+        if (r->deadline_ns) {   /* the same instant on the wall clock (the worker does not act on it yet) */
+                uint64_t now = tsr_now_ns();
+                s.deadline_unix_ns = s.arrival_time_unix_ns + (r->deadline_ns > now ? r->deadline_ns - now : 0);
+        }
         env.msg_case = TESSERA__V1__ENVELOPE__MSG_SUBMIT;
         env.submit = &s;
         st = tsr_worker_send(w, &env);
@@ -1493,6 +1502,8 @@ static rq *rq_new(request_layer *L, http_conn *c, http_request *req, const char 
         snprintf(r->id, sizeof(r->id), "%s%.200s", prefix, xid);
         r->created = (int64_t)time(NULL);
         r->arrival_ns = tsr_now_ns();
+        if (L->ctx->cfg->request_timeout_secs > 0)
+                r->deadline_ns = r->arrival_ns + (uint64_t)L->ctx->cfg->request_timeout_secs * 1000000000ull;
         r->next_active = L->active;
         if (L->active)
                 L->active->prev_active = r;
@@ -1524,6 +1535,29 @@ void request_handle_generate(request_layer *L, http_conn *c, http_request *req, 
 
 size_t request_layer_active(const request_layer *L) { return L->n_active; }
 
+/* Loop thread.  A request past its deadline that is at a worker (prompt prepared and
+ * submitted) is aborted there and answered 504, or its stream ends with that error
+ * event; one still being parsed or prepared waits for that bounded step to end. */
+static void on_deadline_sweep(uv_timer_t *t) {
+        request_layer *L = t->data;
+        uint64_t now = tsr_now_ns();
+        rq *next;
+        for (rq *r = L->active; r; r = next) {
+                next = r->next_active;  /* r may be freed below */
+                if (!r->deadline_ns || now < r->deadline_ns || r->answered || r->gone || r->jobs || !r->n_open)
+                        continue;
+                abort_all(r, "deadline");
+                fail_request(r, 504, "GatewayTimeoutError",
+                             "The request did not finish within %d s (--request-timeout-secs).",
+                             L->ctx->cfg->request_timeout_secs);
+        }
+}
+
+void request_layer_close(request_layer *L) {
+        if (L && L->sweep_started && !uv_is_closing((uv_handle_t *)&L->deadline_sweep))
+                uv_close((uv_handle_t *)&L->deadline_sweep, NULL);
+}
+
 tsr_status request_layer_new(router_ctx *ctx, request_layer **ret) {
         request_layer *L = calloc(1, sizeof(*L));
         worker_events ev = {
@@ -1543,6 +1577,13 @@ tsr_status request_layer_new(router_ctx *ctx, request_layer **ret) {
         L->ctx = ctx;
         ev.ud = L;
         worker_pool_set_events(ctx->workers, &ev);
+        if (ctx->cfg->request_timeout_secs > 0) {
+                uv_timer_init(ctx->loop, &L->deadline_sweep);
+                L->deadline_sweep.data = L;
+                uv_timer_start(&L->deadline_sweep, on_deadline_sweep, 200, 200);
+                uv_unref((uv_handle_t *)&L->deadline_sweep);   /* does not keep the loop alive */
+                L->sweep_started = true;
+        }
         *ret = L;
         return TSR_OK;
 }

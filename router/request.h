@@ -27,6 +27,8 @@ struct router_ctx;
 typedef struct request_layer request_layer;
 
 tsr_status request_layer_new(struct router_ctx *r, request_layer **ret);
+/* Loop thread, at shutdown: close the deadline timer (before the loop's last run). */
+void request_layer_close(request_layer *l);
 /* Abort what is in flight and free.  Accepts NULL; clears *l. */
 void request_layer_free(request_layer **l);
 
