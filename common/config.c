@@ -225,6 +225,12 @@ static const tsr_opt opts[] = {
          .def = "1", .help = "event loops sharing the HTTP port"},
         {O_LIST("worker", worker), .owner = R, .group = GRP_TESSERA, .metavar = "ENDPOINT",
          .help = "worker endpoint (tcp://HOST:PORT) to route to; repeatable"},
+        {O_STR("zmq-curve-secret-file", zmq_curve_secret_file), .owner = R | W, .group = GRP_TESSERA,
+         .metavar = "FILE", .help = "encrypt and authenticate router-worker ZeroMQ traffic (CurveZMQ): this "
+                                    "process's secret key; with --zmq-curve-peers-file"},
+        {O_STR("zmq-curve-peers-file", zmq_curve_peers_file), .owner = R | W, .group = GRP_TESSERA,
+         .metavar = "FILE", .help = "CurveZMQ public keys: on a worker the routers allowed, on a router the "
+                                    "workers trusted ([tcp://HOST:PORT ]KEY per line)"},
         {O_LIST("worker-dns", worker_dns), .owner = R, .group = GRP_TESSERA, .metavar = "NAME:PORT",
          .help = "route to every address of a DNS name (e.g. a headless Service), re-resolved every 5 s; repeatable"},
         {O_STR("routing-policy", routing_policy), .owner = R, .group = GRP_TESSERA, .metavar = "POLICY",

@@ -115,6 +115,8 @@ typedef struct tsr_config {
         int router_threads;                /* Tessera: event loops on one port, 1 */
         int request_timeout_secs;          /* Tessera (SGLang router's name): 1800; 0 = none */
         tsr_strlist worker;                /* Tessera: --worker tcp://HOST:PORT (router), repeatable */
+        char *zmq_curve_secret_file;       /* Tessera: this process's CURVE secret key (router+worker) */
+        char *zmq_curve_peers_file;        /* Tessera: trusted/allowed CURVE public keys (router+worker) */
         tsr_strlist worker_dns;            /* Tessera: --worker-dns NAME:PORT (router), repeatable */
         char *routing_policy;              /* Tessera: kv|least_load|round_robin (router), "kv" */
 
