@@ -4,6 +4,7 @@
  * SIGTERM/SIGINT: stop accepting, let in-flight responses finish (bounded), close the
  * worker sockets, exit 0. */
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,27 @@ static void on_signal(uv_signal_t *h, int signum) {
         http_server_shutdown(m->r.http, SHUTDOWN_GRACE_MS, on_http_closed, m);
 }
 
+/* Every client connection is a file descriptor: raise the soft limit toward 65535 as
+ * vLLM's set_ulimit does (a default soft limit of 1024 would refuse the 1,000th
+ * concurrent client long before --max-connections-like caps matter). */
+static void raise_fd_limit(void) {
+        struct rlimit rl;
+        const rlim_t want = 65535;
+        if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+                return;
+        rlim_t target = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > want ? want : rl.rlim_max;
+        if (target > rl.rlim_cur) {
+                rlim_t old = rl.rlim_cur;
+                rl.rlim_cur = target;
+                if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+                        log_debug("open-file limit raised from %llu to %llu", (unsigned long long)old,
+                                  (unsigned long long)target);
+        }
+        if (target < 4096)
+                log_warn("open-file limit is %llu: at most about that many concurrent connections",
+                         (unsigned long long)target);
+}
+
 static void make_router_id(char *out, size_t n) {
         char host[64] = "host";
         gethostname(host, sizeof(host) - 1);
@@ -107,6 +129,7 @@ int main(int argc, char **argv) {
                 goto out;
         }
         signal(SIGPIPE, SIG_IGN);
+        raise_fd_limit();
 
         loop = uv_default_loop();
         m.r.loop = loop;
