@@ -192,20 +192,23 @@ def test_prefix_cache_hit_on_repeated_prompt(worker, tiny):
     assert s["prefix_cache_hits_total"] >= 96
 
 
-def test_n4_siblings_share_the_prompt_kv(worker, tiny):
+def test_n4_siblings_share_the_prompt_kv(worker, tiny_long):
     """n = 4 arrives as four Submits with one prompt and seeds seed+0..3 (how the
-    router fans it out).  One is prefilled; the three others read the prompt's 6 full
-    blocks from the prefix cache, and each is bitwise what it is alone on a worker
-    without prefix caching."""
+    router fans it out).  The prompt (2,000 tokens) takes 8 steps of 256 to prefill;
+    the siblings arrive during the first and wait for it instead of starting beside
+    it, then read all 124 full blocks the lookup may use (every block but the one
+    holding the last prompt token) from the prefix cache.  Each is bitwise what it is
+    alone on a worker without prefix caching."""
     rng = random.Random(4)
-    prompt = random_prompt(rng, 100, 300)
-    ref = worker(tiny, "--no-enable-prefix-caching")
+    prompt = random_prompt(rng, 2000, 300)
+    flags = ("--max-num-batched-tokens", "256", "--max-model-len", "8192")
+    ref = worker(tiny_long, "--no-enable-prefix-caching", *flags)
     alone = [ref.run(f"ref{k}", prompt, 16, temperature=0.9, seed=77 + k, logprobs=1) for k in range(4)]
-    w = worker(tiny)
+    w = worker(tiny_long, *flags)
     for k in range(4):
         w.submit(f"n{k}", prompt, 16, temperature=0.9, seed=77 + k, logprobs=1)
     got = w.collect([f"n{k}" for k in range(4)])
-    assert sorted(got[f"n{k}"].cached for k in range(4)) == [0, 96, 96, 96]
+    assert sorted(got[f"n{k}"].cached for k in range(4)) == [0, 1984, 1984, 1984]
     for k in range(4):
         same(got[f"n{k}"], alone[k])
     assert len({tuple(got[f"n{k}"].tokens) for k in range(4)}) > 1   # four samples, not one
