@@ -343,3 +343,35 @@ def test_sigterm_aborts_what_outlasts_the_shutdown_timeout(worker, demo_model):
     assert r["queued"].error is not None and r["queued"].error[0] == 3 and r["queued"].error[2]
     assert w.proc.wait(timeout=30) == 0
     assert "shutdown timeout" in w.proc.output()
+
+
+# ---------------------------------------------------------------- through the router
+
+
+def test_router_n4_prefills_the_prompt_once(serve):
+    """`n` = 4 through tessera serve: the router fans it out as four Submits and the
+    worker prefills the prompt once; the prefix-cache counters (/metrics, from the
+    worker's Status) show the three siblings hitting the prompt's full blocks.  (Here
+    the siblings often reach the engine after the first one's one-step prefill anyway;
+    test_n4_siblings_share_the_prompt_kv is the case where only the wait gives hits.)"""
+    import requests
+    s = serve("--served-model-name", "smol", "--kv-cache-memory-bytes", "64M")
+    wait_until(lambda: requests.post(s.base + "/tokenize", json={"prompt": "x"}, timeout=5).status_code == 200,
+               timeout=30, what="tokenizer ready")
+    prompt = ("The history of the Roman Empire is long and full of turns: kings, a republic, "
+              "civil wars, emperors good and bad, and finally a slow division and decline")
+    body = {"model": "smol", "prompt": prompt, "max_tokens": 4, "n": 4, "temperature": 0.8, "seed": 3}
+    r = requests.post(s.base + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert len(out["choices"]) == 4
+    n_prompt = out["usage"]["prompt_tokens"]
+    full_blocks = (n_prompt - 1) // 16
+    assert full_blocks >= 2
+
+    def hits():
+        for line in requests.get(s.base + "/metrics", timeout=10).text.splitlines():
+            if line.startswith("vllm:prefix_cache_hits_total"):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+    wait_until(lambda: hits() >= 3 * 16 * full_blocks, timeout=10, what="prefix-cache hits in /metrics")
