@@ -317,14 +317,14 @@ def test_sigterm_lets_inflight_finish_within_shutdown_timeout(worker, demo_model
     if SANITIZED:
         pytest.skip("timing rests on the normal build's speed")
     w = worker(demo_model, "--shutdown-timeout", "60")
-    w.submit("inflight", [504, 2365, 6354, 16438], 24)
+    w.submit("inflight", [504, 2365, 6354, 16438], 48)
     wait_until(lambda: w.pump(200) and len(w.results["inflight"].tokens) >= 1, timeout=60, what="first token")
     w.proc.p.send_signal(signal.SIGTERM)
     w.wait_status(lambda s: s["state"] == 2, what="Status DRAINING")
     w.submit("late", [504, 2365], 4)
     r = w.collect(["inflight", "late"])
     assert r["late"].error is not None and r["late"].error[0] == 3 and r["late"].error[2]   # UNAVAILABLE, retryable
-    assert r["inflight"].finish == "length" and len(r["inflight"].tokens) == 24
+    assert r["inflight"].finish == "length" and len(r["inflight"].tokens) == 48
     assert w.proc.wait(timeout=30) == 0
 
 
@@ -339,7 +339,9 @@ def test_sigterm_aborts_what_outlasts_the_shutdown_timeout(worker, demo_model):
     w.proc.p.send_signal(signal.SIGTERM)
     at_signal = len(w.results["long"].tokens)
     r = w.collect(["long", "queued"], timeout=60)
-    assert r["long"].finish == "abort" and at_signal < len(r["long"].tokens) < 2000
+    assert r["long"].finish == "abort" and len(r["long"].tokens) < 2000
+    if not SANITIZED:   # at ~30x slower a 2 s grace may see no further step
+        assert len(r["long"].tokens) > at_signal   # it ran on after the signal
     assert r["queued"].error is not None and r["queued"].error[0] == 3 and r["queued"].error[2]
     assert w.proc.wait(timeout=30) == 0
     assert "shutdown timeout" in w.proc.output()
