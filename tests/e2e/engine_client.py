@@ -97,6 +97,7 @@ class EngineWorker:
         self.sub.connect(f"tcp://127.0.0.1:{port + 1}")
         self.results = {}
         self.last_status = None
+        self.max_step_outputs = 0    # most requests one Output (one engine step) carried
         self.info = self._hello()
 
     def close(self):
@@ -140,7 +141,9 @@ class EngineWorker:
         while self.sock.poll(0):
             msg = read_fields(self.sock.recv())
             if OUTPUT in msg:
-                for raw in read_fields(msg[OUTPUT][0]).get(2, []):
+                outs = read_fields(msg[OUTPUT][0]).get(2, [])
+                self.max_step_outputs = max(self.max_step_outputs, len(outs))
+                for raw in outs:
                     ro = read_fields(raw)
                     r = self.results.setdefault(ro[1][0].decode(), Result())
                     r.tokens += _uints(ro.get(2, []))

@@ -117,9 +117,11 @@ def test_64_concurrent_mixed_lengths(worker, request, which, budget):
         reqs.append((random_prompt(rng, n, vocab), rng.randint(1, min(48, ctx - n - 1)), None))
     w = worker(model, "--max-num-batched-tokens", budget)
     alone = [w.run(f"alone{i}", p, m, logprobs=3) for i, (p, m, _) in enumerate(reqs)]
+    assert w.max_step_outputs == 1
     for i, (p, m, _) in enumerate(reqs):
         w.submit(f"batch{i}", p, m, logprobs=3)
     batch = w.collect([f"batch{i}" for i in range(64)])
+    assert w.max_step_outputs >= 32   # they really ran together: one step moved half of them
     for i, (p, m, golden) in enumerate(reqs):
         b = batch[f"batch{i}"]
         assert b.finish == "length" and len(b.tokens) == m, (i, b)
