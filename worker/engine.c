@@ -466,7 +466,9 @@ static size_t next_waiting(const tsr_engine *e) {
  * others hit every full block of it and compute only the partial last block.  Waiting
  * is bounded: the running request only moves forward (or is preempted, and then no
  * longer holds anyone back).  Requests that skip the cache (prompt_logprobs) never
- * wait. */
+ * wait.  Skipping such a request for this round is V1's own skip-and-requeue of a
+ * waiting request that cannot start yet (remote KV, grammar, LoRA slot); requests
+ * behind it may go first. */
 static bool prefix_in_flight(tsr_engine *e, slot *s) {
         size_t bs = e->params.block_size, readable;
         if (!e->params.enable_prefix_caching || s->prompt_logprobs >= 0 || s->n_tokens <= bs)
