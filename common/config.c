@@ -164,6 +164,9 @@ static const tsr_opt opts[] = {
          .help = "schedule the next step while the current one runs"},
         {O_DBL("swap-space", swap_space), .dmin = 0, .dmax = HUGE_VAL, .owner = W, .group = GRP_CACHE,
          .metavar = "GIB", .def = "4", .help = "accepted, unused: preempted requests are recomputed"},
+        {O_INT("shutdown-timeout", shutdown_timeout, 0, INT_MAX), .owner = W, .group = GRP_CACHE,
+         .metavar = "SECONDS", .def = "0",
+         .help = "after SIGTERM, time in-flight requests may finish before they are aborted"},
 
         /* ---- HTTP front end ---- */
         {O_STR("host", host), .owner = R, .group = GRP_FRONTEND, .metavar = "HOST",

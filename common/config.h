@@ -85,6 +85,7 @@ typedef struct tsr_config {
         char *scheduling_policy;           /* fcfs|priority */
         bool async_scheduling;
         double swap_space;                 /* GiB, 4; accepted, unused (recompute preemption) */
+        int shutdown_timeout;              /* seconds in-flight requests may finish after SIGTERM; 0 = abort */
         int cpu_threads;                   /* Tessera: CPU backend threads, 0 = all cores */
         char *worker_listen;               /* Tessera: --listen, ZeroMQ ROUTER endpoint */
         char *status_listen;               /* Tessera: Status PUB endpoint; NULL = listen port + 1 */

@@ -50,6 +50,8 @@ typedef struct slot {
         uint64_t first_token_ns;
         uint32_t num_preemptions;
         size_t num_cached_tokens;     /* prefix hit at first scheduling */
+        uint64_t deferred_round;      /* schedule() round that left it waiting for a running
+                                       * request to compute its shared prefix */
         bool cached_known;
         tsr_kv_req kv;
         /* this step's output */
@@ -85,6 +87,12 @@ struct tsr_engine {
         size_t max_lp_rows;           /* prompt-logprobs rows one step may ask for (bounds `logits`) */
         float *scratch;               /* (2 * vocab,) */
         bool stopping;
+        uint64_t sched_round;         /* schedule() calls */
+        /* ENGINE_IN_SHUTDOWN: no new Submits; at the deadline (or once idle) the rest is
+         * aborted and ENGINE_OUT_STOPPED sent (shutdown_done). */
+        bool shutting_down;
+        bool shutdown_done;
+        uint64_t shutdown_deadline_ns;
 };
 
 /* ------------------------------------------------------------------ small helpers */
@@ -379,10 +387,20 @@ static void take_inbox(tsr_engine *e, bool block) {
                                 send_error(e, in->router_id, in->router_id_len, in->env->submit->request_id,
                                            TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
                                            "this worker has no model runner for its model family");
+                        else if (e->shutting_down)
+                                send_error(e, in->router_id, in->router_id_len, in->env->submit->request_id,
+                                           TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                                           "worker is shutting down");
                         else
                                 admit(e, in);
-                } else {
+                } else if (in->kind == ENGINE_IN_ABORT) {
                         abort_requests(e, in);
+                } else if (!e->shutting_down) {
+                        e->shutting_down = true;
+                        e->shutdown_deadline_ns = tsr_now_ns() + e->params.shutdown_timeout_ms * 1000000ull;
+                        log_info("shutting down: no new requests; %zu running and %zu waiting may finish within "
+                                 "%llu ms, then are aborted", e->running.n, e->waiting.n,
+                                 (unsigned long long)e->params.shutdown_timeout_ms);
                 }
                 engine_in_free(in);
                 block = false;
@@ -424,17 +442,47 @@ static slot *pick_victim(tsr_engine *e) {
         return v;
 }
 
-/* Index in `waiting` of the next request to admit. */
+/* Index in `waiting` of the next request to admit, skipping those deferred in this
+ * round (prefix_in_flight); SIZE_MAX when none is left. */
 static size_t next_waiting(const tsr_engine *e) {
-        size_t best = 0;
-        if (!e->params.priority_scheduling)
-                return 0;
-        for (size_t i = 1; i < e->waiting.n; i++) {
-                const slot *a = e->waiting.items[i], *b = e->waiting.items[best];
-                if (a->priority < b->priority || (a->priority == b->priority && a->seq < b->seq))
+        size_t best = SIZE_MAX;
+        for (size_t i = 0; i < e->waiting.n; i++) {
+                const slot *a = e->waiting.items[i], *b;
+                if (a->deferred_round == e->sched_round)
+                        continue;
+                if (!e->params.priority_scheduling)
+                        return i;
+                b = best == SIZE_MAX ? NULL : e->waiting.items[best];
+                if (!b || a->priority < b->priority || (a->priority == b->priority && a->seq < b->seq))
                         best = i;
         }
         return best;
+}
+
+/* True when a running request is computing, right now, full blocks of s's tokens that
+ * s could read from the prefix cache once they are done: s then waits for them rather
+ * than computing them a second time.  This is what makes the `n` samples of one prompt
+ * (n requests, submitted together) share the prompt's KV: the first is prefilled, the
+ * others hit every full block of it and compute only the partial last block.  Waiting
+ * is bounded: the running request only moves forward (or is preempted, and then no
+ * longer holds anyone back).  Requests that skip the cache (prompt_logprobs) never
+ * wait.  Skipping such a request for this round is V1's own skip-and-requeue of a
+ * waiting request that cannot start yet (remote KV, grammar, LoRA slot); requests
+ * behind it may go first. */
+static bool prefix_in_flight(tsr_engine *e, slot *s) {
+        size_t bs = e->params.block_size, readable;
+        if (!e->params.enable_prefix_caching || s->prompt_logprobs >= 0 || s->n_tokens <= bs)
+                return false;
+        readable = (s->n_tokens - 1) / bs;   /* a lookup leaves at least one token to compute */
+        for (size_t i = 0; i < e->running.n; i++) {
+                const slot *x = e->running.items[i];
+                size_t common = tsr_kv_req_common_blocks(e->kv, &s->kv, s->tokens, s->n_tokens, &x->kv);
+                if (common > readable)
+                        common = readable;
+                if (common && x->kv.n_computed < common * bs)
+                        return true;
+        }
+        return false;
 }
 
 static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
@@ -444,6 +492,8 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
          * is capped so the logits buffer stays bounded (the rest comes in later chunks). */
         size_t lp_rows = e->max_lp_rows;
         bool preempted = false;
+
+        e->sched_round++;
 
         /* (1) running requests, in admission order (a snapshot: preemption edits the list) */
         size_t n_snap = e->running.n;
@@ -496,8 +546,16 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
         /* (2) waiting requests, only if nothing was preempted this step */
         while (!preempted && budget > 0 && e->waiting.n && e->running.n < p->max_num_seqs && n_plan < plan_cap) {
                 size_t wi = next_waiting(e);
-                slot *s = e->waiting.items[wi];
+                slot *s;
                 size_t cached = 0, num_new;
+
+                if (wi == SIZE_MAX)
+                        break;
+                s = e->waiting.items[wi];
+                if (s->kv.n_blocks == 0 && prefix_in_flight(e, s)) {
+                        s->deferred_round = e->sched_round;
+                        continue;
+                }
 
                 /* prompt_logprobs needs the logits of every prompt position, so such a
                  * request reads nothing from the prefix cache (vLLM does the same). */
@@ -781,6 +839,54 @@ out:
         free(seqs);
 }
 
+/* ------------------------------------------------------------------ shutdown */
+
+/* The shutdown deadline has come (or nothing is left to run): end every request
+ * still here.  One that already streamed tokens cannot move to another worker, so it
+ * ends with finish ABORT; one that did not is handed back with a retryable Error, and
+ * its router resubmits it elsewhere.  Then tell the io thread it may close. */
+static void finish_shutdown(tsr_engine *e) {
+        size_t n = e->running.n + e->waiting.n, n_plan = 0, n_retry = 0;
+        sched_entry *plan = calloc(n ? n : 1, sizeof(*plan));
+        slot_list *lists[2] = {&e->running, &e->waiting};
+        engine_out *out;
+
+        for (int li = 0; li < 2; li++)
+                for (size_t i = 0; i < lists[li]->n; i++) {
+                        slot *s = lists[li]->items[i];
+                        s->step_has_token = false;
+                        if (s->n_tokens > s->n_prompt && plan) {
+                                s->finish = TESSERA__V1__FINISH_REASON__FINISH_ABORT;
+                                plan[n_plan++].s = s;
+                        } else {
+                                send_error(e, s->router_id, s->router_id_len, s->request_id,
+                                           TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                                           "worker shut down before this request produced a token");
+                                n_retry++;
+                        }
+                }
+        if (n_plan)
+                emit_outputs(e, plan, n_plan);
+        free(plan);
+        for (int li = 0; li < 2; li++) {
+                for (size_t i = 0; i < lists[li]->n; i++)
+                        slot_free(e, lists[li]->items[i]);
+                lists[li]->n = 0;
+        }
+        if (n)
+                log_info("shutdown timeout: %zu request(s) aborted after their first tokens, %zu handed back "
+                         "for a retry elsewhere", n_plan, n_retry);
+        else
+                log_info("shutdown: every request finished");
+        e->shutdown_done = true;
+        publish_stats(e, true);
+        out = calloc(1, sizeof(*out));
+        if (out) {
+                out->kind = ENGINE_OUT_STOPPED;
+                push_out(e, out);
+        }
+}
+
 /* ------------------------------------------------------------------ thread */
 
 static void *engine_main(void *arg) {
@@ -797,9 +903,14 @@ static void *engine_main(void *arg) {
                 log_info("engine up without a model runner: Submits are refused");
         publish_stats(e, true);
         while (!e->stopping) {
-                take_inbox(e, e->running.n == 0 && e->waiting.n == 0);
+                bool idle = e->running.n == 0 && e->waiting.n == 0;
+                take_inbox(e, idle && (!e->shutting_down || e->shutdown_done));
                 if (e->stopping)
                         break;
+                /* Between steps: the deadline is checked once per step (a step is short). */
+                if (e->shutting_down && !e->shutdown_done &&
+                    ((e->running.n == 0 && e->waiting.n == 0) || tsr_now_ns() >= e->shutdown_deadline_ns))
+                        finish_shutdown(e);
                 if (e->running.n || e->waiting.n)
                         step(e);
                 publish_stats(e, false);

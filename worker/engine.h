@@ -12,6 +12,11 @@
  * out, prefix caching on full blocks.  Each step emits at most one Output per router,
  * carrying every request of that router that moved.
  *
+ * Beyond vLLM: a waiting request whose next uncached full prompt blocks are being
+ * computed by a running request right now (the `n` samples of one prompt, which the
+ * router submits as n requests; any requests sharing a long system prompt) waits for
+ * them instead of computing them twice, then reads them from the prefix cache.
+ *
  * With no model (engine_params.model == NULL) every Submit is refused with a retryable
  * UNAVAILABLE Error: the skeleton mode used when a model family has no runner. */
 #ifndef TSR_WORKER_ENGINE_H
@@ -69,6 +74,8 @@ typedef struct engine_params {
         size_t n_eos_ids;
         uint64_t seed;                 /* --seed: key for requests without their own seed */
         size_t max_prompt_lp_rows;     /* prompt-logprobs positions per step; 0: 256 MiB of logits */
+        uint64_t shutdown_timeout_ms;  /* --shutdown-timeout: how long in-flight requests may run on after
+                                        * ENGINE_IN_SHUTDOWN; 0 = abort them at once (vLLM's default) */
 } engine_params;
 
 /* What the engine publishes about itself; the io thread turns it into Status. */
@@ -91,6 +98,12 @@ typedef struct engine_stats {
 typedef enum engine_in_kind {
         ENGINE_IN_SUBMIT,      /* env->submit */
         ENGINE_IN_ABORT,       /* env->abort */
+        /* env NULL: SIGTERM.  Refuse new Submits (retryable), let the admitted requests
+         * run for params.shutdown_timeout_ms, then end the rest: an Output with
+         * finish ABORT for those that already produced tokens, a retryable
+         * UNAVAILABLE Error for those that did not (the router resubmits them
+         * elsewhere); then answer ENGINE_OUT_STOPPED.  Later ones are ignored. */
+        ENGINE_IN_SHUTDOWN,
 } engine_in_kind;
 
 typedef struct engine_in {
@@ -125,6 +138,7 @@ typedef enum engine_out_kind {
         ENGINE_OUT_ERROR,      /* an Error for one request of router_id */
         ENGINE_OUT_STATS,      /* a new engine_stats snapshot (+ prefix-cache events) */
         ENGINE_OUT_OUTPUT,     /* one step's outputs for router_id */
+        ENGINE_OUT_STOPPED,    /* after ENGINE_IN_SHUTDOWN: every request answered, nothing runs */
 } engine_out_kind;
 
 typedef struct engine_out {

@@ -423,6 +423,19 @@ tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, con
         return TSR_OK;
 }
 
+size_t tsr_kv_req_common_blocks(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *tokens, size_t n_tokens,
+                                const tsr_kv_req *other) {
+        size_t n, i = 0;
+        if (!kv->caching || req_hash_up_to(kv, r, tokens, n_tokens / kv->block_size) != TSR_OK)
+                return 0;
+        n = r->_n_hashes < other->_n_hashes ? r->_n_hashes : other->_n_hashes;
+        /* Chained hashes: equal at block i means equal blocks 0..i (and salt), so the
+         * first difference ends the common prefix. */
+        while (i < n && r->_hashes[i] == other->_hashes[i])
+                i++;
+        return i;
+}
+
 tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t num_new_tokens) {
         const size_t bs = kv->block_size;
         size_t have, total, need, n_new, free_hits = 0;

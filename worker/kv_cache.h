@@ -93,6 +93,15 @@ uint32_t tsr_kv_cache_block_size(const tsr_kv_cache *kv);
 tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *tokens,
                                             size_t n_tokens, bool skip_read, size_t *ret_cached);
 
+/* How many leading full blocks of tokens[0..n_tokens) `r` has in common with the hash
+ * chain of `other` (the blocks `other` has hashed: its full blocks up to its last
+ * lookup, plus every block it committed since).  Hashes r's full blocks first, as
+ * get_computed_blocks would (kept in r, so that lookup does not hash them again).
+ * 0 with caching disabled or when hashing fails.  For the scheduler: a waiting request
+ * sharing blocks that a running one has not computed yet can wait for them. */
+size_t tsr_kv_req_common_blocks(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *tokens, size_t n_tokens,
+                                const tsr_kv_req *other);
+
 /* Make room for `num_new_tokens` more tokens after the request's computed ones
  * (parked hits included).  First references the parked hits (ref++, a ref-0 block
  * leaves the free queue), then takes new blocks from the head of the free queue

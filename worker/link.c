@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>   /* readv: <unistd.h> would clash with `link` below */
 #include <zmq.h>
 
 #include "common/clock.h"
@@ -23,6 +24,7 @@ typedef struct link {
         engine_stats stats;    /* latest snapshot from the engine */
         uint64_t status_seq;
         bool draining;
+        bool shutting_down;    /* stop signal seen: waiting for the engine's ENGINE_OUT_STOPPED */
         bool stop;
         uint64_t n_bad_frames;
         uint64_t n_send_drops;
@@ -210,7 +212,8 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
         case TESSERA__V1__ENVELOPE__MSG_SUBMIT:
                 if (l->draining) {
                         send_error(l, rid, rid_len, env->submit->request_id,
-                                   TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true, "worker is draining");
+                                   TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                                   l->shutting_down ? "worker is shutting down" : "worker is draining");
                         break;
                 }
                 to_engine(l, ENGINE_IN_SUBMIT, rid, rid_len, env);
@@ -402,6 +405,9 @@ static void drain_outbox(link *l) {
                         send_error(l, out->router_id, out->router_id_len, out->request_id, out->error_code,
                                    out->retryable, out->message);
                         break;
+                case ENGINE_OUT_STOPPED:
+                        l->stop = true;   /* every request answered (engine.h, ENGINE_IN_SHUTDOWN) */
+                        break;
                 }
                 engine_out_free(out);
         }
@@ -440,12 +446,47 @@ static tsr_status open_sockets(link *l) {
 }
 
 static void close_sockets(link *l) {
+        /* After a graceful stop the last Outputs and Errors may still be queued: give
+         * them a moment to leave (bounded; a vanished router does not hold us). */
+        if (l->router && l->shutting_down)
+                set_int(l->router, ZMQ_LINGER, 1000);
         if (l->router)
                 zmq_close(l->router);
         if (l->pub)
                 zmq_close(l->pub);
         if (l->zctx)
                 zmq_ctx_term(l->zctx);
+}
+
+/* A stop signal (SIGTERM/SIGINT).  The first: refuse new Submits (retryable Error,
+ * Status DRAINING) and ask the engine to finish or abort what it holds within
+ * --shutdown-timeout; the loop ends at its ENGINE_OUT_STOPPED.  A second signal, or
+ * an engine that cannot be told, ends the loop at once. */
+static void begin_stop(link *l, int stop_fd) {
+        char siginfo[128];   /* one struct signalfd_siginfo: read it so the fd quiets */
+        struct iovec iov = {.iov_base = siginfo, .iov_len = sizeof(siginfo)};
+        engine_in *in;
+
+        if (readv(stop_fd, &iov, 1) < 0 && errno != EAGAIN)
+                log_debug("reading the stop fd: %s", strerror(errno));
+        if (l->shutting_down) {
+                log_info("second stop signal: stopping now");
+                l->stop = true;
+                return;
+        }
+        l->shutting_down = true;
+        l->draining = true;
+        in = calloc(1, sizeof(*in));
+        if (in)
+                in->kind = ENGINE_IN_SHUTDOWN;
+        if (!in || tsr_queue_push(l->inbox, in) != TSR_OK) {
+                log_warn("stop requested: cannot reach the engine, stopping now");
+                free(in);
+                l->stop = true;
+                return;
+        }
+        log_info("stop requested: refusing new requests, letting the engine finish");
+        publish_status(l, NULL);   /* routers see DRAINING now, not at the next tick */
 }
 
 tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queue *outbox, int stop_fd) {
@@ -482,10 +523,8 @@ tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queu
                         drain_router(&l);
                 if (n > 0 && (items[1].revents & ZMQ_POLLIN))
                         drain_outbox(&l);
-                if (n > 0 && stop_fd >= 0 && (items[2].revents & ZMQ_POLLIN)) {
-                        log_info("stop requested");
-                        l.stop = true;
-                }
+                if (n > 0 && stop_fd >= 0 && (items[2].revents & ZMQ_POLLIN))
+                        begin_stop(&l, stop_fd);
                 now = tsr_now_ns();
                 if (o->log_stats_interval_s > 0 && now - l.logged_ns >= (uint64_t)(o->log_stats_interval_s * 1e9))
                         log_stats(&l, now);

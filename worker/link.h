@@ -38,9 +38,10 @@ typedef struct worker_link_opts {
         void *ud;
 } worker_link_opts;
 
-/* Bind the sockets and run the io loop on the calling thread until stop_fd becomes
- * readable (a signalfd for SIGTERM/SIGINT) or a Shutdown message arrives.  Borrows the
- * queues.  Returns TSR_OK on a clean stop, TSR_E_IO if a socket could not be bound
+/* Bind the sockets and run the io loop on the calling thread until a Shutdown message
+ * arrives, or stop_fd (a signalfd for SIGTERM/SIGINT) becomes readable and the engine
+ * then reports ENGINE_OUT_STOPPED (new Submits are refused meanwhile; a second signal
+ * stops at once).  Borrows the queues.  Returns TSR_OK on a clean stop, TSR_E_IO if a socket could not be bound
  * (logged with the endpoint). */
 tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queue *outbox, int stop_fd);
 

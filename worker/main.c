@@ -3,7 +3,8 @@
  * Parse the configuration, read the model's metadata (config + tokenizer), size the
  * KV cache, then run two threads: the io thread (this one, link.c) and the engine
  * thread (engine.c).  Exits 2 before binding any socket when the flags or the model
- * files are bad, 0 on SIGTERM/SIGINT. */
+ * files are bad, 0 on SIGTERM/SIGINT (after --shutdown-timeout lets in-flight requests
+ * finish, link.c and engine.h). */
 #include <errno.h>
 #include <stdint.h>
 #include <signal.h>
@@ -348,6 +349,8 @@ int main(int argc, char **argv) {
                 .eos_ids = meta->eos_token_ids,
                 .n_eos_ids = meta->n_eos_token_ids,
                 .seed = (uint64_t)cfg.seed,
+                /* SIGTERM: link.c stops admitting, the engine finishes or aborts (engine.h) */
+                .shutdown_timeout_ms = (uint64_t)cfg.shutdown_timeout * 1000u,
         };
         if (tsr_engine_start(&ep, inbox, outbox, &engine) != TSR_OK) {
                 log_error("cannot start the engine thread");

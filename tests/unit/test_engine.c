@@ -88,7 +88,8 @@ typedef struct harness {
         uint32_t eos[1];
 } harness;
 
-static harness *start_lp(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix, size_t lp_rows) {
+static harness *start_full(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix, size_t lp_rows,
+                           uint64_t shutdown_ms) {
         harness *h = calloc(1, sizeof(*h));
         h->fm.n_slots = blocks * BS;
         h->fm.kv = malloc(h->fm.n_slots * sizeof(uint32_t));
@@ -103,10 +104,14 @@ static harness *start_lp(uint64_t blocks, uint32_t max_batched, uint32_t max_seq
                 .model = &h->model, .kv_blocks_total = blocks, .block_size = BS, .max_model_len = 1024,
                 .max_num_seqs = max_seqs, .max_num_batched_tokens = max_batched, .enable_prefix_caching = prefix,
                 .hash_algo = TSR_BLOCK_HASH_XXHASH, .eos_ids = h->eos, .n_eos_ids = 1,
-                .max_prompt_lp_rows = lp_rows,
+                .max_prompt_lp_rows = lp_rows, .shutdown_timeout_ms = shutdown_ms,
         };
         assert_int_equal(tsr_engine_start(&p, h->in, h->out, &h->e), TSR_OK);
         return h;
+}
+
+static harness *start_lp(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix, size_t lp_rows) {
+        return start_full(blocks, max_batched, max_seqs, prefix, lp_rows, 0);
 }
 
 static harness *start(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix) {
@@ -500,6 +505,170 @@ static void test_prompt_logprobs_edge_cases(void **state) {
         stop(h);
 }
 
+/* `n` = 4 arrives as four requests with one prompt (the router fans it out).  The
+ * first is prefilled; the other three wait for it and then read every full block of
+ * the prompt from the prefix cache, computing only the partial last block.  Run with
+ * a budget that prefills in one step and with one that needs two chunks (without the
+ * wait, a sibling would start beside the second chunk and hit only 8 tokens). */
+static void n_siblings(uint32_t budget) {
+        harness *h = start(64, budget, 8, true);
+        enum { N = 18, K = 4, OUT = 6 };
+        uint32_t prompt[N], want[OUT];
+        result res[K];
+        const char *ids[K] = {"c0", "c1", "c2", "c3"};
+        memset(res, 0, sizeof(res));
+        make_prompt(prompt, N, 11);
+        expected(prompt, N, OUT, want);
+        for (int i = 0; i < K; i++)
+                submit(h, ids[i], prompt, N, OUT, NULL, 0);
+        collect(h, ids, res, K);
+        for (int i = 0; i < K; i++) {
+                assert_int_equal(res[i].n, OUT);
+                assert_memory_equal(res[i].tokens, want, sizeof(want));
+                /* FCFS: c0 is the one prefilled; each sibling hit the 4 full blocks. */
+                assert_int_equal(res[i].cached, i == 0 ? 0 : 16);
+        }
+        /* Prompt work: 18 tokens once, then 2 per sibling; plus every decode step. */
+        assert_int_equal(h->fm.tokens_run, N + (K - 1) * (N - 16) + K * (OUT - 1));
+        engine_stats st = idle_stats(h);
+        assert_int_equal(st.prefix_cache_hits_total, (K - 1) * 16);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+static void test_n_siblings_share_prompt_kv(void **state) { n_siblings(256); }
+static void test_n_siblings_share_prompt_kv_chunked(void **state) { n_siblings(10); }
+
+/* Two different 14-token prompts sharing their first three blocks, submitted
+ * together with a budget of 10 tokens per step: the second waits only until the
+ * shared blocks are computed (step 2 would otherwise start it beside the first's last
+ * chunk, with two blocks cached), hits them, and computes its own tail. */
+static void test_shared_prefix_waits_only_for_shared_blocks(void **state) {
+        harness *h = start(64, 10, 8, true);
+        uint32_t a[14], b[14], wa[5], wb[5];
+        result res[2];
+        const char *ids[2] = {"a", "b"};
+        memset(res, 0, sizeof(res));
+        make_prompt(a, 14, 21);
+        memcpy(b, a, sizeof(b));
+        for (size_t i = 12; i < 14; i++)
+                b[i] = 1 + (a[i] + 5) % (VOCAB - 1);
+        expected(a, 14, 5, wa);
+        expected(b, 14, 5, wb);
+        submit(h, "a", a, 14, 5, NULL, 0);
+        submit(h, "b", b, 14, 5, NULL, 0);
+        collect(h, ids, res, 2);
+        assert_memory_equal(res[0].tokens, wa, sizeof(wa));
+        assert_memory_equal(res[1].tokens, wb, sizeof(wb));
+        assert_int_equal(res[0].cached, 0);
+        assert_int_equal(res[1].cached, 12);
+        assert_int_equal(h->fm.tokens_run, 14 + 2 + 2 * 4);
+        stop(h);
+}
+
+static void push_shutdown(harness *h) {
+        engine_in *in = calloc(1, sizeof(*in));
+        in->kind = ENGINE_IN_SHUTDOWN;
+        assert_int_equal(tsr_queue_push(h->in, in), TSR_OK);
+}
+
+/* Wait for the first Output of anything (the engine is generating). */
+static void wait_started(harness *h) {
+        for (;;) {
+                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                assert_non_null(o);
+                bool started = o->kind == ENGINE_OUT_OUTPUT;
+                engine_out_free(o);
+                if (started)
+                        return;
+        }
+}
+
+/* SIGTERM with time to spare: the running request runs to its end (all its tokens),
+ * a Submit after the signal is refused with a retryable UNAVAILABLE, then STOPPED. */
+static void test_shutdown_lets_inflight_finish(void **state) {
+        harness *h = start_full(64, 64, 4, false, 0, 60000);
+        uint32_t prompt[12], want[40];
+        size_t n = 0;
+        bool refused = false, stopped = false, finished = false;
+        make_prompt(prompt, 12, 6);
+        expected(prompt, 12, 40, want);
+        submit(h, "run", prompt, 12, 40, NULL, 0);
+        wait_started(h);
+        n = 1;   /* wait_started consumed the first token's Output */
+        push_shutdown(h);
+        submit(h, "late", prompt, 12, 4, NULL, 0);
+        while (!stopped) {
+                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                assert_non_null(o);
+                if (o->kind == ENGINE_OUT_ERROR) {
+                        assert_string_equal(o->request_id, "late");
+                        assert_int_equal(o->error_code, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE);
+                        assert_true(o->retryable);
+                        refused = true;
+                }
+                for (size_t i = 0; i < o->n_outputs; i++) {
+                        assert_string_equal(o->outputs[i].request_id, "run");
+                        for (uint32_t t = 0; t < o->outputs[i].n_new; t++, n++)
+                                assert_int_equal(o->outputs[i].new_tokens[t], want[n]);
+                        if (o->outputs[i].finish) {
+                                assert_int_equal(o->outputs[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                                finished = true;
+                        }
+                }
+                if (o->kind == ENGINE_OUT_STOPPED) {
+                        assert_true(finished);   /* STOPPED comes after the last Output */
+                        stopped = true;
+                }
+                engine_out_free(o);
+        }
+        assert_true(refused);
+        assert_int_equal(n, 40);
+        stop(h);
+}
+
+/* SIGTERM with --shutdown-timeout 0: the running request (tokens already out) ends
+ * with finish ABORT; the waiting one (nothing out yet) is handed back with a
+ * retryable Error; every block is free again and STOPPED closes the sequence. */
+static void test_shutdown_timeout_aborts_the_rest(void **state) {
+        harness *h = start_full(64, 64, 1, false, 0, 0);
+        uint32_t prompt[12];
+        bool aborted = false, handed_back = false, stopped = false;
+        engine_stats last = {0};
+        make_prompt(prompt, 12, 7);
+        submit(h, "running", prompt, 12, 1000, NULL, 0);
+        submit(h, "waiting", prompt, 12, 1000, NULL, 0);   /* max_num_seqs 1: it waits */
+        wait_started(h);
+        push_shutdown(h);
+        while (!stopped) {
+                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                assert_non_null(o);
+                if (o->kind == ENGINE_OUT_STATS)
+                        last = o->stats;
+                if (o->kind == ENGINE_OUT_ERROR) {
+                        assert_string_equal(o->request_id, "waiting");
+                        assert_int_equal(o->error_code, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE);
+                        assert_true(o->retryable);
+                        handed_back = true;
+                }
+                for (size_t i = 0; i < o->n_outputs; i++) {
+                        assert_string_equal(o->outputs[i].request_id, "running");
+                        if (o->outputs[i].finish) {
+                                assert_int_equal(o->outputs[i].finish, TESSERA__V1__FINISH_REASON__FINISH_ABORT);
+                                assert_true(o->outputs[i].num_generated < 1000);
+                                aborted = true;
+                        }
+                }
+                stopped = o->kind == ENGINE_OUT_STOPPED;
+                engine_out_free(o);
+        }
+        assert_true(aborted);
+        assert_true(handed_back);
+        assert_int_equal(last.num_running + last.num_waiting, 0);
+        assert_int_equal(last.kv_blocks_free, last.kv_blocks_total);
+        stop(h);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_single_request_greedy),
@@ -510,6 +679,11 @@ int main(void) {
                 cmocka_unit_test(test_too_long_prompt_refused),
                 cmocka_unit_test(test_prompt_logprobs),
                 cmocka_unit_test(test_prompt_logprobs_edge_cases),
+                cmocka_unit_test(test_n_siblings_share_prompt_kv),
+                cmocka_unit_test(test_n_siblings_share_prompt_kv_chunked),
+                cmocka_unit_test(test_shared_prefix_waits_only_for_shared_blocks),
+                cmocka_unit_test(test_shutdown_lets_inflight_finish),
+                cmocka_unit_test(test_shutdown_timeout_aborts_the_rest),
         };
         return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
 }
