@@ -718,37 +718,44 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                         n = 16;
                 }
         }
-        for (size_t k = 0; k < worker_pool_count(ctx->workers) && n_cand < n; k++) {
-                tsr_worker *w = worker_pool_get(ctx->workers, (k + r->L->rotate) % worker_pool_count(ctx->workers));
-                const Tessera__V1__Status *st = tsr_worker_status(w);
-                tsr_placement_cand *c = &cs[n_cand];
-                if (!tsr_worker_live(w) || !model_served_by(r->model, tsr_worker_model_info(w)))
-                        continue;
-                if (w == avoid && worker_pool_count(ctx->workers) > 1)
-                        continue;
-                const struct pending_dispatch *p = pending_of(r->L, w, st);
-                memset(c, 0, sizeof(*c));
-                c->block_size = r->hash_block_size ? r->hash_block_size : r->model->block_size;
-                if (st) {
-                        c->num_running = st->num_running;
-                        c->num_waiting = st->num_waiting;
-                        c->waiting_prompt_tokens = st->waiting_prompt_tokens;
-                        c->kv_total = st->kv_blocks_total;
-                        c->kv_free = st->kv_blocks_free;
-                        c->kv_active = st->kv_blocks_active;
+        /* A draining worker (SIGTERM, --shutdown-timeout) refuses new requests: list
+         * it only when no other worker can take the request (second pass). */
+        for (int pass = 0; pass < 2 && n_cand == 0; pass++) {
+                for (size_t k = 0; k < worker_pool_count(ctx->workers) && n_cand < n; k++) {
+                        size_t idx = (k + r->L->rotate) % worker_pool_count(ctx->workers);
+                        tsr_worker *w = worker_pool_get(ctx->workers, idx);
+                        const Tessera__V1__Status *st = tsr_worker_status(w);
+                        tsr_placement_cand *c = &cs[n_cand];
+                        if (!tsr_worker_live(w) || !model_served_by(r->model, tsr_worker_model_info(w)))
+                                continue;
+                        if (w == avoid && worker_pool_count(ctx->workers) > 1)
+                                continue;
+                        if (pass == 0 && st && st->state == TESSERA__V1__STATUS__STATE__DRAINING)
+                                continue;
+                        const struct pending_dispatch *p = pending_of(r->L, w, st);
+                        memset(c, 0, sizeof(*c));
+                        c->block_size = r->hash_block_size ? r->hash_block_size : r->model->block_size;
+                        if (st) {
+                                c->num_running = st->num_running;
+                                c->num_waiting = st->num_waiting;
+                                c->waiting_prompt_tokens = st->waiting_prompt_tokens;
+                                c->kv_total = st->kv_blocks_total;
+                                c->kv_free = st->kv_blocks_free;
+                                c->kv_active = st->kv_blocks_active;
+                        }
+                        if (p) {
+                                c->pending_prefill_blocks = p->prefill_blocks;
+                                c->pending_decode_blocks = p->decode_blocks;
+                                c->pending_requests = p->requests;
+                        }
+                        c->reserve_blocks = tsr_placement_reserve(r->max_tokens > 0 ? (uint64_t)r->max_tokens : 1,
+                                                                  c->block_size);
+                        if (pol == ROUTE_KV) {
+                                c->blocks = n_hashes;
+                                c->hits = n_hashes ? tsr_worker_prefix_hits(w, hashes, n_hashes) : 0;
+                        }
+                        ws[n_cand++] = w;
                 }
-                if (p) {
-                        c->pending_prefill_blocks = p->prefill_blocks;
-                        c->pending_decode_blocks = p->decode_blocks;
-                        c->pending_requests = p->requests;
-                }
-                c->reserve_blocks = tsr_placement_reserve(r->max_tokens > 0 ? (uint64_t)r->max_tokens : 1,
-                                                          c->block_size);
-                if (pol == ROUTE_KV) {
-                        c->blocks = n_hashes;
-                        c->hits = n_hashes ? tsr_worker_prefix_hits(w, hashes, n_hashes) : 0;
-                }
-                ws[n_cand++] = w;
         }
         r->L->rotate++;
         if (pol == ROUTE_ROUND_ROBIN)

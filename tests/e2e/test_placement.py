@@ -61,15 +61,24 @@ def complete(base, prompt):
     return usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
 
+def settled(base):
+    """The router has the Status that followed the last Output: nothing running (so
+    the finished request's blocks no longer count as active) and its STORED events
+    applied.  Polled, because on a loaded machine a Status can lag well past its 100 ms."""
+    def idle():
+        text = requests.get(base + "/metrics", timeout=5).text
+        return re.search(r'^vllm:num_requests_running\{[^}]*\} 0(\.0)?$', text, re.M)
+    wait_until(idle, timeout=10, interval=0.05, what="workers idle at the router")
+    time.sleep(0.15)   # one more Status interval: the events ride with or before it
+
+
 def test_kv_policy_repeats_hit_the_cache(spawn, demo_model):
     base = start_cluster(spawn, demo_model)
     n_prompt, cached = complete(base, PARAGRAPH)
     assert n_prompt >= 64
     assert cached == 0
     for _ in range(6):
-        # the worker's Status (its STORED events) follows the Output by at most one
-        # status interval; give the router that long to see it
-        time.sleep(0.3)
+        settled(base)
         n, cached = complete(base, PARAGRAPH)
         assert n == n_prompt
         assert cached > 0, "a repeat missed the cache: it went to the other worker"
@@ -103,8 +112,8 @@ def test_worker_dns_discovers_workers(spawn, demo_model):
 
     def healthy():
         assert router.p.poll() is None, router.output()
-        try:
-            return requests.get(base + "/health", timeout=2).status_code == 200
+        try:   # live, and its tokenizer loaded at the router
+            return requests.post(base + "/tokenize", json={"prompt": "x"}, timeout=2).status_code == 200
         except requests.RequestException:
             return False
 
