@@ -29,6 +29,7 @@
 #define TSR_WIRE_MAX_PROMPT_TOKENS (1u << 22) /* 4 Mi tokens */
 #define TSR_WIRE_MAX_TOKEN_ID 0x7fffffffu
 #define TSR_WIRE_MAX_LOGPROBS 1024
+#define TSR_WIRE_MAX_HEARTBEAT_MS 60000u      /* Heartbeat.interval_ms */
 
 typedef Tessera__V1__Envelope tsr_envelope;
 

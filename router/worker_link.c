@@ -15,6 +15,11 @@
 #define DEFAULT_STATUS_INTERVAL_MS 100u
 #define MISSED_STATUS_LIMIT 3u
 #define TICK_MS 50
+/* Heartbeat cadence to every worker (docs/protocol.md, "Router liveness").  Sent from
+ * the loop's tick, so it says "this router's loop runs", not merely "its process has a
+ * TCP connection": ZMTP heartbeats are answered by libzmq's own io thread.  Four a
+ * second costs a few bytes per worker; the worker reaps after 12 silent intervals. */
+#define HEARTBEAT_MS 250u
 /* Most hashes mirrored per worker when its Status does not say how many blocks it
  * has: 8 MiB of set at most.  A worker cannot cache more hashes than KV blocks. */
 #define MIRROR_CAP_DEFAULT (1u << 20)
@@ -40,6 +45,7 @@ struct tsr_worker {
         uint64_t last_status_ns;
         uint64_t last_hello_ns;
         bool was_live;
+        bool abort_on_return;        /* declared down: abort our ghosts when it speaks again */
         uint64_t n_bad_frames;
         int inflight;
         tsr_prefix_mirror mirror;    /* its cached block hashes (loop thread) */
@@ -53,6 +59,8 @@ struct worker_pool {
         size_t n_workers;
         uv_timer_t tick;
         uv_idle_t kick;              /* re-drain after sends: the ZMQ_FD edge rule */
+        uint64_t last_heartbeat_ns;
+        uint64_t heartbeat_seq;
         int open_handles;
         worker_events ev;
         void (*closed_cb)(void *ud);
@@ -62,6 +70,7 @@ struct worker_pool {
 static bool should_log(uint64_t n) { return n <= 10 || n % 1000 == 0; }
 
 static void kick(worker_pool *p);
+static void abort_all_on(tsr_worker *w);
 
 static uint64_t status_window_ns(const tsr_worker *w) {
         uint32_t ivl = DEFAULT_STATUS_INTERVAL_MS;
@@ -295,6 +304,17 @@ static void on_status(tsr_worker *w, tsr_envelope *env) {
                                 w->pool->ev.on_worker_down(w->pool->ev.ud, w);
                 }
         }
+        /* Back from being declared down, same process (it was stalled, not dead): the
+         * Abort sent when it went down may have been lost with a reconnect, so send
+         * it again, before any placement can see this worker live (the Submits that
+         * follow queue behind it on the same pipe). */
+        if (w->abort_on_return) {
+                w->abort_on_return = false;
+                if (w->info && s->boot_epoch == w->boot_epoch) {
+                        log_info("worker %s is back: aborting whatever it still runs for us", w->endpoint);
+                        abort_all_on(w);
+                }
+        }
         tsr_wire_free(w->status);
         w->status = env;
         w->last_status_ns = tsr_now_ns();
@@ -411,9 +431,61 @@ static void kick(worker_pool *p) {
                 uv_idle_start(&p->kick, on_kick);
 }
 
+/* Pack and send one small control envelope on w's DEALER; never blocks (a DEALER
+ * with no connected pipe refuses at once, which for these messages is fine). */
+static void send_control(tsr_worker *w, tsr_envelope *env) {
+        uint8_t *buf;
+        size_t n;
+        if (tsr_wire_pack(env, &buf, &n) != TSR_OK)
+                return;
+        if (zmq_send(w->dealer.sock, buf, n, ZMQ_DONTWAIT) < 0)
+                log_debug("%s to %s not sent: %s", tsr_wire_msg_name(env), w->endpoint, zmq_strerror(zmq_errno()));
+        free(buf);
+}
+
+static void send_heartbeats(worker_pool *p) {
+        tsr_envelope env;
+        Tessera__V1__Heartbeat hb;
+
+        tessera__v1__envelope__init(&env);
+        tessera__v1__heartbeat__init(&hb);
+        hb.router_id = p->router_id;
+        hb.interval_ms = HEARTBEAT_MS;
+        hb.seq = ++p->heartbeat_seq;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_HEARTBEAT;
+        env.heartbeat = &hb;
+        for (size_t i = 0; i < p->n_workers; i++)
+                send_control(p->workers[i], &env);
+        kick(p);
+}
+
+/* A worker we just declared down (no Status for 3 intervals) may only be stalled
+ * (SIGSTOP, swapping, a long GC-like pause).  Every choice we had there has been
+ * retried or failed by on_worker_down, so whatever it still runs for us is a ghost.
+ * Abort all of it now: the message waits in the pipe and the worker reads it, in
+ * order, before any Submit we send after it comes back.  A worker that really died
+ * never reads it; a restarted one has nothing of ours (Abort is idempotent). */
+static void abort_all_on(tsr_worker *w) {
+        tsr_envelope env;
+        Tessera__V1__Abort a;
+
+        tessera__v1__envelope__init(&env);
+        tessera__v1__abort__init(&a);
+        a.all_from_router = true;
+        a.reason = "the router declared this worker down";
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_ABORT;
+        env.abort = &a;
+        send_control(w, &env);
+        kick(w->pool);
+}
+
 static void on_tick(uv_timer_t *t) {
         worker_pool *p = t->data;
         uint64_t now = tsr_now_ns();
+        if (now - p->last_heartbeat_ns >= HEARTBEAT_MS * 1000000ull) {
+                p->last_heartbeat_ns = now;
+                send_heartbeats(p);
+        }
         for (size_t i = 0; i < p->n_workers; i++) {
                 tsr_worker *w = p->workers[i];
                 bool live = tsr_worker_live(w);
@@ -426,6 +498,10 @@ static void on_tick(uv_timer_t *t) {
                         w->was_live = live;
                         if (!live && p->ev.on_worker_down)
                                 p->ev.on_worker_down(p->ev.ud, w);
+                        if (!live && w->info) {
+                                abort_all_on(w);
+                                w->abort_on_return = true;
+                        }
                 }
                 if (!w->info && now - w->last_hello_ns >= HELLO_RETRY_NS)
                         send_hello(w);
