@@ -20,6 +20,11 @@
  * TCP connection": ZMTP heartbeats are answered by libzmq's own io thread.  Four a
  * second costs a few bytes per worker; the worker reaps after 12 silent intervals. */
 #define HEARTBEAT_MS 250u
+/* A tick this late means our own loop (or process) was not running: the workers'
+ * Status is unread, not missing.  Give them DOWN_GRACE_NS (the queued Status is read
+ * on the first drain) before declaring any down. */
+#define LOOP_STALL_NS (1000ull * 1000000ull)
+#define DOWN_GRACE_NS (1000ull * 1000000ull)
 /* Most hashes mirrored per worker when its Status does not say how many blocks it
  * has: 8 MiB of set at most.  A worker cannot cache more hashes than KV blocks. */
 #define MIRROR_CAP_DEFAULT (1u << 20)
@@ -61,6 +66,8 @@ struct worker_pool {
         uv_idle_t kick;              /* re-drain after sends: the ZMQ_FD edge rule */
         uint64_t last_heartbeat_ns;
         uint64_t heartbeat_seq;
+        uint64_t last_tick_ns;
+        uint64_t down_grace_until_ns; /* after a stall of ours: no worker declared down before */
         int open_handles;
         worker_events ev;
         void (*closed_cb)(void *ud);
@@ -324,6 +331,19 @@ static void on_status(tsr_worker *w, tsr_envelope *env) {
                 send_hello(w);
 }
 
+/* The worker took this router for dead (no Heartbeat within its deadline: our loop
+ * or process was stalled) and aborted everything we had there; those requests will
+ * never get another Output.  First Abort whatever we submitted since (it races the
+ * notice; the pipe is FIFO, so the Abort lands before the retries that follow), then
+ * let the request layer retry or fail every choice there, as for a worker that went
+ * down.  The worker itself is fine and stays live. */
+static void on_reaped(tsr_worker *w, const Tessera__V1__Error *err) {
+        log_warn("worker %s: %s", w->endpoint, err->message);
+        abort_all_on(w);
+        if (w->pool->ev.on_worker_down)
+                w->pool->ev.on_worker_down(w->pool->ev.ud, w);
+}
+
 static void handle_frame(tsr_worker *w, bool from_sub, const void *p, size_t n) {
         tsr_envelope *env = NULL;
         char err[256];
@@ -347,7 +367,9 @@ static void handle_frame(tsr_worker *w, bool from_sub, const void *p, size_t n) 
                 }
                 break;
         case TESSERA__V1__ENVELOPE__MSG_ERROR:
-                if (!from_sub && w->pool->ev.on_error && env->error->request_id[0]) {
+                if (!from_sub && env->error->code == TESSERA__V1__ERROR_CODE__ERROR_ROUTER_REAPED) {
+                        on_reaped(w, env->error);
+                } else if (!from_sub && w->pool->ev.on_error && env->error->request_id[0]) {
                         w->pool->ev.on_error(w->pool->ev.ud, w, env->error);
                 } else {
                         log_warn("worker %s: error%s%s: %s", w->endpoint, env->error->request_id[0] ? " for " : "",
@@ -482,6 +504,12 @@ static void abort_all_on(tsr_worker *w) {
 static void on_tick(uv_timer_t *t) {
         worker_pool *p = t->data;
         uint64_t now = tsr_now_ns();
+        if (p->last_tick_ns && now - p->last_tick_ns > LOOP_STALL_NS) {
+                log_warn("router loop stalled for %.1f s: reading the workers' Status before judging them",
+                         (double)(now - p->last_tick_ns) / 1e9);
+                p->down_grace_until_ns = now + DOWN_GRACE_NS;
+        }
+        p->last_tick_ns = now;
         if (now - p->last_heartbeat_ns >= HEARTBEAT_MS * 1000000ull) {
                 p->last_heartbeat_ns = now;
                 send_heartbeats(p);
@@ -489,7 +517,9 @@ static void on_tick(uv_timer_t *t) {
         for (size_t i = 0; i < p->n_workers; i++) {
                 tsr_worker *w = p->workers[i];
                 bool live = tsr_worker_live(w);
-                if (live != w->was_live) {
+                if (!live && w->was_live && now < p->down_grace_until_ns) {
+                        /* just back from our own stall: drain first (below) */
+                } else if (live != w->was_live) {
                         if (live)
                                 log_info("worker %s is live", w->endpoint);
                         else

@@ -29,6 +29,10 @@
 #define REAP_MIN_NS (2000ull * 1000000ull)
 #define IO_STALL_NS (1000ull * 1000000ull)
 #define MAX_TRACKED_ROUTERS 256
+/* Reaped routers remembered, so that one which was only stalled is told (Error
+ * ROUTER_REAPED) when it speaks again, instead of waiting forever for Outputs of
+ * requests that no longer exist.  A ring: a killed router simply ages out. */
+#define MAX_REAPED_REMEMBERED 32
 
 typedef struct router_peer {
         uint8_t id[ENGINE_ROUTER_ID_MAX];
@@ -56,6 +60,8 @@ typedef struct link {
         size_t n_peers;
         uint64_t last_iter_ns;  /* end of the previous io loop iteration */
         uint64_t n_reaped;
+        router_peer reaped[MAX_REAPED_REMEMBERED];  /* ring; id_len 0 = empty */
+        size_t reaped_next;
 } link;
 
 /* Log the first few of a repeated problem, then one in a thousand (hot-path rate limit). */
@@ -81,11 +87,38 @@ static router_peer *find_peer(link *l, const uint8_t *rid, size_t rid_len) {
         return NULL;
 }
 
-/* Any frame from a tracked router, well-formed or not, is a sign of life. */
-static void peer_heard(link *l, const uint8_t *rid, size_t rid_len) {
+static void send_error(link *l, const uint8_t *rid, size_t rid_len, const char *request_id,
+                       Tessera__V1__ErrorCode code, bool retryable, const char *message);
+
+/* Any frame from a tracked router, well-formed or not, is a sign of life.  A router
+ * we reaped that speaks again learns it once (then it is a new peer like any other,
+ * from its next Heartbeat). */
+static void peer_heard(link *l, const uint8_t *rid, size_t rid_len, const char *who) {
         router_peer *pr = find_peer(l, rid, rid_len);
-        if (pr)
+        if (pr) {
                 pr->last_heard_ns = tsr_now_ns();
+                return;
+        }
+        for (size_t i = 0; i < MAX_REAPED_REMEMBERED; i++) {
+                router_peer *r = &l->reaped[i];
+                char msg[160];
+                if (!r->id_len || r->id_len != rid_len || memcmp(r->id, rid, rid_len) != 0)
+                        continue;
+                log_warn("router %s speaks again after being reaped: telling it its requests were aborted", who);
+                snprintf(msg, sizeof(msg),
+                         "this worker aborted every request of router %s: no heartbeat for %.1f s", who,
+                         (double)r->deadline_ns / 1e9);
+                send_error(l, rid, rid_len, NULL, TESSERA__V1__ERROR_CODE__ERROR_ROUTER_REAPED, false, msg);
+                r->id_len = 0;
+                return;
+        }
+}
+
+static void remember_reaped(link *l, const router_peer *pr, uint64_t silent_ns) {
+        router_peer *r = &l->reaped[l->reaped_next];
+        l->reaped_next = (l->reaped_next + 1) % MAX_REAPED_REMEMBERED;
+        *r = *pr;
+        r->deadline_ns = silent_ns;   /* here: how long it had been silent */
 }
 
 static void on_heartbeat(link *l, const uint8_t *rid, size_t rid_len, const Tessera__V1__Heartbeat *hb,
@@ -110,16 +143,18 @@ static void on_heartbeat(link *l, const uint8_t *rid, size_t rid_len, const Tess
         pr->last_heard_ns = tsr_now_ns();
 }
 
-static void to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env);
+static tsr_status to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env);
 
 /* Abort every request of one router, through the engine's ordinary Abort path.  The
- * envelope goes through the codec so the engine frees it like a received one. */
-static void abort_router(link *l, const uint8_t *rid, size_t rid_len, const char *reason) {
+ * envelope goes through the codec so the engine frees it like a received one.  False
+ * when the engine inbox refused it (full): the caller tries again later. */
+static bool abort_router(link *l, const uint8_t *rid, size_t rid_len, const char *reason) {
         tsr_envelope env, *owned = NULL;
         Tessera__V1__Abort a;
         uint8_t *p;
         size_t n;
         char err[128];
+        bool sent = false;
 
         tessera__v1__envelope__init(&env);
         tessera__v1__abort__init(&a);
@@ -128,10 +163,11 @@ static void abort_router(link *l, const uint8_t *rid, size_t rid_len, const char
         env.msg_case = TESSERA__V1__ENVELOPE__MSG_ABORT;
         env.abort = &a;
         if (tsr_wire_pack(&env, &p, &n) != TSR_OK)
-                return;
+                return false;
         if (tsr_wire_unpack(p, n, 0, &owned, err, sizeof(err)) == TSR_OK)
-                to_engine(l, ENGINE_IN_ABORT, rid, rid_len, owned);
+                sent = to_engine(l, ENGINE_IN_ABORT, rid, rid_len, owned) == TSR_OK;
         free(p);
+        return sent;
 }
 
 static bool router_input_pending(link *l) {
@@ -163,11 +199,15 @@ static void reap_silent_routers(link *l, uint64_t now) {
                         continue;
                 }
                 printable_id(pr->id, pr->id_len, who, sizeof(who));
+                if (!abort_router(l, pr->id, pr->id_len, "router vanished (no heartbeat)")) {
+                        i++;   /* engine inbox full: keep it, try on the next iteration */
+                        continue;
+                }
                 l->n_reaped++;
                 log_warn("router %s silent for %.1f s (deadline %.1f s): aborting all its requests (reaped=%llu)", who,
                          (double)(now - pr->last_heard_ns) / 1e9, (double)pr->deadline_ns / 1e9,
                          (unsigned long long)l->n_reaped);
-                abort_router(l, pr->id, pr->id_len, "router vanished (no heartbeat)");
+                remember_reaped(l, pr, now - pr->last_heard_ns);
                 *pr = l->peers[--l->n_peers];   /* order does not matter */
         }
 }
@@ -276,17 +316,19 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         free(p);
 }
 
-static void to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env) {
+/* Hand a message to the engine thread; the envelope is consumed either way.  A full
+ * inbox refuses a Submit now, retryable, rather than queue without bound. */
+static tsr_status to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env) {
         engine_in *in = calloc(1, sizeof(*in));
         const char *req = kind == ENGINE_IN_SUBMIT ? env->submit->request_id : NULL;
         tsr_status st;
 
         if (!in) {
-                tsr_wire_free(env);
                 if (req)
-                        send_error(l, rid, rid_len, NULL, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                        send_error(l, rid, rid_len, req, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
                                    "worker out of memory");
-                return;
+                tsr_wire_free(env);
+                return TSR_E_NOMEM;
         }
         in->kind = kind;
         memcpy(in->router_id, rid, rid_len);
@@ -294,12 +336,12 @@ static void to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t r
         in->env = env;
         st = tsr_queue_push(l->inbox, in);
         if (st != TSR_OK) {
-                /* Engine inbox full: refuse now, retryable, rather than queue without bound. */
                 if (kind == ENGINE_IN_SUBMIT)
                         send_error(l, rid, rid_len, req, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
                                    "worker engine queue is full");
                 engine_in_free(in);
         }
+        return st;
 }
 
 static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint8_t *p, size_t n) {
@@ -308,7 +350,7 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
         tsr_status st = tsr_wire_unpack(p, n, 0, &env, err, sizeof(err));
 
         printable_id(rid, rid_len, who, sizeof(who));
-        peer_heard(l, rid, rid_len);
+        peer_heard(l, rid, rid_len, who);
         if (st != TSR_OK) {
                 l->n_bad_frames++;
                 if (should_log(l->n_bad_frames))

@@ -230,6 +230,39 @@ def test_worker_reaps_requests_of_a_killed_router(spawn, demo_model, watches):
     assert worker.p.poll() is None
 
 
+def test_router_stalled_past_the_deadline_is_told_and_recovers(spawn, demo_model, watches):
+    """SIGSTOP a router mid-stream for longer than the worker's heartbeat deadline: the
+    worker reaps its request (every KV block free again).  SIGCONT: the router does
+    not take its own stall for dead workers; the worker tells it that its requests
+    were aborted (Error ROUTER_REAPED), so the stream ends with an error event instead
+    of waiting forever for Outputs that will never come, and the router serves the
+    next request on the same worker."""
+    worker, wport = start_worker(spawn, demo_model)
+    status = watches(wport + 1)
+    router, base = start_router(spawn, [wport])
+    wait_serving(router, base, 1)
+    stream = Stream(base, 2000, prompt="A story that never ends:")
+    wait_until(lambda: (status.latest() or {}).get("running") == 1 and stream.chunks >= 1, timeout=60,
+               interval=0.05, what="the stream generating")
+    os.kill(router.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: (lambda s: s["running"] == 0 and s["free"] == s["total"])(status.latest()), timeout=20,
+                   interval=0.05, what="the stalled router's request reaped")
+        assert "aborting all its requests" in worker.output()
+    finally:
+        os.kill(router.pid, signal.SIGCONT)
+    assert stream.join(30), "the stream hung after its router came back"
+    assert stream.outcome == "error", stream.outcome
+    assert stream.error["code"] == 502, stream.error
+    wait_until(lambda: "speaks again after being reaped" in worker.output(), timeout=10, what="worker notice")
+    out = router.output()
+    assert re.search(r"this worker aborted every request of router router-\S+: no heartbeat for \d+\.\d s", out), out[-3000:]
+    assert "router loop stalled for" in out
+    assert "is down" not in out          # its own stall was not blamed on the worker
+    complete(base)
+    assert worker_up(base) == {f"tcp://127.0.0.1:{wport}": 1}
+
+
 # ----------------------------------------------------------------- 2. worker killed -9 under load
 
 
