@@ -15,7 +15,7 @@
 #define DEFAULT_STATUS_INTERVAL_MS 100u
 #define MISSED_STATUS_LIMIT 3u
 #define TICK_MS 50
-/* Heartbeat cadence to every worker (docs/protocol.md, "Router liveness").  Sent from
+/* Heartbeat cadence to every worker (docs/protocol.md, "Liveness and failure").  Sent from
  * the loop's tick, so it says "this router's loop runs", not merely "its process has a
  * TCP connection": ZMTP heartbeats are answered by libzmq's own io thread.  Four a
  * second costs a few bytes per worker; the worker reaps after 12 silent intervals. */
@@ -453,8 +453,9 @@ static void kick(worker_pool *p) {
                 uv_idle_start(&p->kick, on_kick);
 }
 
-/* Pack and send one small control envelope on w's DEALER; never blocks (a DEALER
- * with no connected pipe refuses at once, which for these messages is fine). */
+/* Pack and send one small control envelope on w's DEALER; never blocks.  While the
+ * worker is away the message waits in the DEALER's pipe; past the HWM (a worker gone
+ * for hours) it is dropped, which for these messages is fine. */
 static void send_control(tsr_worker *w, tsr_envelope *env) {
         uint8_t *buf;
         size_t n;
@@ -504,6 +505,7 @@ static void abort_all_on(tsr_worker *w) {
 static void on_tick(uv_timer_t *t) {
         worker_pool *p = t->data;
         uint64_t now = tsr_now_ns();
+        bool more;
         if (p->last_tick_ns && now - p->last_tick_ns > LOOP_STALL_NS) {
                 log_warn("router loop stalled for %.1f s: reading the workers' Status before judging them",
                          (double)(now - p->last_tick_ns) / 1e9);
@@ -514,6 +516,10 @@ static void on_tick(uv_timer_t *t) {
                 p->last_heartbeat_ns = now;
                 send_heartbeats(p);
         }
+        /* Read what is queued before judging liveness: a Status waiting unread is not
+         * a missing one (belt and braces for the edge-triggered fd, too). */
+        more = drain_all(p);
+        now = tsr_now_ns();
         for (size_t i = 0; i < p->n_workers; i++) {
                 tsr_worker *w = p->workers[i];
                 bool live = tsr_worker_live(w);
@@ -536,8 +542,7 @@ static void on_tick(uv_timer_t *t) {
                 if (!w->info && now - w->last_hello_ns >= HELLO_RETRY_NS)
                         send_hello(w);
         }
-        /* Belt and braces for the edge-triggered fd: a periodic drain costs little. */
-        if (drain_all(p))
+        if (more)
                 kick(p);
 }
 

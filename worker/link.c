@@ -13,7 +13,7 @@
 #include "common/wire.h"
 #include "engine.h"
 
-/* Router liveness (docs/protocol.md, "Router liveness").  A router that sends
+/* Router liveness (docs/protocol.md, "Liveness and failure").  A router that sends
  * Heartbeats is reaped, every request of its routing id aborted, once it has been
  * silent for REAP_MISSED_HEARTBEATS of its own intervals (at least REAP_MIN_NS): a
  * kill -9'd router otherwise leaves its requests generating here until max_tokens,
@@ -21,8 +21,8 @@
  * name a connection, not a routing id; ZMQ_ROUTER_NOTIFY is draft API; and ZMTP
  * heartbeats are answered by libzmq's io thread, so they prove a process, not a
  * router loop.  Bookkeeping is the io thread's alone; the engine only ever sees an
- * ordinary Abort{all_from_router}.  A busy router is never reaped falsely: any frame
- * from it counts as life, its heartbeats come from a timer of its loop, and the
+ * ordinary Abort{all_from_router}.  A busy router is not reaped: any frame from it
+ * counts as life, its heartbeats come from a timer of its loop, and the
  * deadline is 12 intervals (3 s at 250 ms); a stall of this thread itself (SIGSTOP,
  * an overloaded host) pushes every deadline back instead of reaping. */
 #define REAP_MISSED_HEARTBEATS 12u
