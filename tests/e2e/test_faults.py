@@ -342,16 +342,19 @@ def test_sigstopped_worker_is_avoided_then_comes_back(spawn, demo_model, watches
         assert on_a.error["code"] == 502
         assert on_b.outcome is None
 
+        on_b.stop.set()                  # its client leaves: B goes idle
+        assert on_b.join(30)
+        wait_until(lambda: (lambda s: s["running"] == 0 and s["waiting"] == 0)(sb.latest()), timeout=20,
+                   interval=0.05, what="worker B idle")
         retries0 = metric(base, "tessera:request_retries_total") or metric(base, "tessera:request_retries")
         generated_b = sb.latest()["generated"]
         for i in range(4):
             complete(base, max_tokens=6, prompt=f"Question {i}:")
         assert (metric(base, "tessera:request_retries_total") or metric(base, "tessera:request_retries")) == retries0
-        wait_until(lambda: sb.latest()["generated"] >= generated_b + 4 * 6, timeout=10,
-                   what="the 4 requests counted on worker B")
+        # B generated exactly those 4 x 6 tokens (its Status follows within 100 ms).
+        wait_until(lambda: sb.latest()["generated"] == generated_b + 4 * 6, timeout=10,
+                   what="the 4 requests' tokens counted on worker B")
         assert wa.p.poll() is None and worker_up(base).get(ep_a) == 0
-        on_b.stop.set()
-        assert on_b.join(30)
     finally:
         os.kill(wa.pid, signal.SIGCONT)
 
