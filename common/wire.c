@@ -33,6 +33,7 @@ const char *tsr_wire_msg_name(const tsr_envelope *env) {
         case E(STATUS): return "status";
         case E(DRAIN): return "drain";
         case E(SHUTDOWN): return "shutdown";
+        case E(HEARTBEAT): return "heartbeat";
         case E(JOIN): return "join";
         case E(PLAN): return "plan";
         case E(STAGE_DONE): return "stage_done";
@@ -171,6 +172,17 @@ static tsr_status check_status(const Tessera__V1__Status *m, char *err, size_t e
         return TSR_OK;
 }
 
+/* The worker derives its reaping deadline from interval_ms: 0 would reap at once,
+ * a huge value would never reap. */
+static tsr_status check_heartbeat(const Tessera__V1__Heartbeat *m, char *err, size_t errlen) {
+        if (!id_ok(m->router_id, 1))
+                return fail(TSR_E_INVAL, err, errlen, "heartbeat: bad router_id");
+        if (m->interval_ms == 0 || m->interval_ms > TSR_WIRE_MAX_HEARTBEAT_MS)
+                return fail(TSR_E_INVAL, err, errlen, "heartbeat: interval_ms %u out of range 1 .. %u", m->interval_ms,
+                            TSR_WIRE_MAX_HEARTBEAT_MS);
+        return TSR_OK;
+}
+
 static tsr_status check_abort(const Tessera__V1__Abort *m, char *err, size_t errlen) {
         for (size_t i = 0; i < m->n_request_ids; i++)
                 if (!id_ok(m->request_ids[i], 0))
@@ -191,6 +203,7 @@ tsr_status tsr_wire_check(const tsr_envelope *env, char *err, size_t errlen) {
                 return id_ok(env->error->request_id, 1) ? TSR_OK
                                                         : fail(TSR_E_INVAL, err, errlen, "error: bad request_id");
         case E(STATUS): return check_status(env->status, err, errlen);
+        case E(HEARTBEAT): return check_heartbeat(env->heartbeat, err, errlen);
         case E(DRAIN):
         case E(SHUTDOWN):
         case E(JOIN):

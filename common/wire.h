@@ -18,7 +18,7 @@
 #include "tsr_status.h"
 
 #define TSR_PROTO_MAJOR 1u
-#define TSR_PROTO_MINOR 0u
+#define TSR_PROTO_MINOR 1u   /* 1.1: Heartbeat, ERROR_ROUTER_REAPED */
 #define TSR_PROTO_VERSION (TSR_PROTO_MAJOR * 1000u + TSR_PROTO_MINOR)
 
 /* Largest frame either side accepts (ModelInfo carries tokenizers of tens of MB).
@@ -29,6 +29,7 @@
 #define TSR_WIRE_MAX_PROMPT_TOKENS (1u << 22) /* 4 Mi tokens */
 #define TSR_WIRE_MAX_TOKEN_ID 0x7fffffffu
 #define TSR_WIRE_MAX_LOGPROBS 1024
+#define TSR_WIRE_MAX_HEARTBEAT_MS 60000u      /* Heartbeat.interval_ms */
 
 typedef Tessera__V1__Envelope tsr_envelope;
 

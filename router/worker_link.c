@@ -15,6 +15,16 @@
 #define DEFAULT_STATUS_INTERVAL_MS 100u
 #define MISSED_STATUS_LIMIT 3u
 #define TICK_MS 50
+/* Heartbeat cadence to every worker (docs/protocol.md, "Liveness and failure").  Sent from
+ * the loop's tick, so it says "this router's loop runs", not merely "its process has a
+ * TCP connection": ZMTP heartbeats are answered by libzmq's own io thread.  Four a
+ * second costs a few bytes per worker; the worker reaps after 12 silent intervals. */
+#define HEARTBEAT_MS 250u
+/* A tick this late means our own loop (or process) was not running: the workers'
+ * Status is unread, not missing.  Give them DOWN_GRACE_NS (the queued Status is read
+ * on the first drain) before declaring any down. */
+#define LOOP_STALL_NS (1000ull * 1000000ull)
+#define DOWN_GRACE_NS (1000ull * 1000000ull)
 /* Most hashes mirrored per worker when its Status does not say how many blocks it
  * has: 8 MiB of set at most.  A worker cannot cache more hashes than KV blocks. */
 #define MIRROR_CAP_DEFAULT (1u << 20)
@@ -40,6 +50,7 @@ struct tsr_worker {
         uint64_t last_status_ns;
         uint64_t last_hello_ns;
         bool was_live;
+        bool abort_on_return;        /* declared down: abort our ghosts when it speaks again */
         uint64_t n_bad_frames;
         int inflight;
         tsr_prefix_mirror mirror;    /* its cached block hashes (loop thread) */
@@ -53,6 +64,10 @@ struct worker_pool {
         size_t n_workers;
         uv_timer_t tick;
         uv_idle_t kick;              /* re-drain after sends: the ZMQ_FD edge rule */
+        uint64_t last_heartbeat_ns;
+        uint64_t heartbeat_seq;
+        uint64_t last_tick_ns;
+        uint64_t down_grace_until_ns; /* after a stall of ours: no worker declared down before */
         int open_handles;
         worker_events ev;
         void (*closed_cb)(void *ud);
@@ -62,6 +77,7 @@ struct worker_pool {
 static bool should_log(uint64_t n) { return n <= 10 || n % 1000 == 0; }
 
 static void kick(worker_pool *p);
+static void abort_all_on(tsr_worker *w);
 
 static uint64_t status_window_ns(const tsr_worker *w) {
         uint32_t ivl = DEFAULT_STATUS_INTERVAL_MS;
@@ -271,6 +287,17 @@ static void on_status(tsr_worker *w, tsr_envelope *env) {
                                 w->pool->ev.on_worker_down(w->pool->ev.ud, w);
                 }
         }
+        /* Back from being declared down, same process (it was stalled, not dead): the
+         * Abort sent when it went down may have been lost with a reconnect, so send
+         * it again, before any placement can see this worker live (the Submits that
+         * follow queue behind it on the same pipe). */
+        if (w->abort_on_return) {
+                w->abort_on_return = false;
+                if (w->info && s->boot_epoch == w->boot_epoch) {
+                        log_info("worker %s is back: aborting whatever it still runs for us", w->endpoint);
+                        abort_all_on(w);
+                }
+        }
         tsr_wire_free(w->status);
         w->status = env;
         w->last_status_ns = tsr_now_ns();
@@ -278,6 +305,19 @@ static void on_status(tsr_worker *w, tsr_envelope *env) {
                 w->pool->ev.on_status(w->pool->ev.ud, w, s);
         if (!w->info && w->last_status_ns - w->last_hello_ns > 200ull * 1000000ull)
                 send_hello(w);
+}
+
+/* The worker took this router for dead (no Heartbeat within its deadline: our loop
+ * or process was stalled) and aborted everything we had there; those requests will
+ * never get another Output.  First Abort whatever we submitted since (it races the
+ * notice; the pipe is FIFO, so the Abort lands before the retries that follow), then
+ * let the request layer retry or fail every choice there, as for a worker that went
+ * down.  The worker itself is fine and stays live. */
+static void on_reaped(tsr_worker *w, const Tessera__V1__Error *err) {
+        log_warn("worker %s: %s", w->endpoint, err->message);
+        abort_all_on(w);
+        if (w->pool->ev.on_worker_down)
+                w->pool->ev.on_worker_down(w->pool->ev.ud, w);
 }
 
 static void handle_frame(tsr_worker *w, bool from_sub, const void *p, size_t n) {
@@ -303,7 +343,9 @@ static void handle_frame(tsr_worker *w, bool from_sub, const void *p, size_t n) 
                 }
                 break;
         case TESSERA__V1__ENVELOPE__MSG_ERROR:
-                if (!from_sub && w->pool->ev.on_error && env->error->request_id[0]) {
+                if (!from_sub && env->error->code == TESSERA__V1__ERROR_CODE__ERROR_ROUTER_REAPED) {
+                        on_reaped(w, env->error);
+                } else if (!from_sub && w->pool->ev.on_error && env->error->request_id[0]) {
                         w->pool->ev.on_error(w->pool->ev.ud, w, env->error);
                 } else {
                         log_warn("worker %s: error%s%s: %s", w->endpoint, env->error->request_id[0] ? " for " : "",
@@ -387,13 +429,79 @@ static void kick(worker_pool *p) {
                 uv_idle_start(&p->kick, on_kick);
 }
 
+/* Pack and send one small control envelope on w's DEALER; never blocks.  While the
+ * worker is away the message waits in the DEALER's pipe; past the HWM (a worker gone
+ * for hours) it is dropped, which for these messages is fine. */
+static void send_control(tsr_worker *w, tsr_envelope *env) {
+        uint8_t *buf;
+        size_t n;
+        if (tsr_wire_pack(env, &buf, &n) != TSR_OK)
+                return;
+        if (zmq_send(w->dealer.sock, buf, n, ZMQ_DONTWAIT) < 0)
+                log_debug("%s to %s not sent: %s", tsr_wire_msg_name(env), w->endpoint, zmq_strerror(zmq_errno()));
+        free(buf);
+}
+
+static void send_heartbeats(worker_pool *p) {
+        tsr_envelope env;
+        Tessera__V1__Heartbeat hb;
+
+        tessera__v1__envelope__init(&env);
+        tessera__v1__heartbeat__init(&hb);
+        hb.router_id = p->router_id;
+        hb.interval_ms = HEARTBEAT_MS;
+        hb.seq = ++p->heartbeat_seq;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_HEARTBEAT;
+        env.heartbeat = &hb;
+        for (size_t i = 0; i < p->n_workers; i++)
+                send_control(p->workers[i], &env);
+        kick(p);
+}
+
+/* A worker we just declared down (no Status for 3 intervals) may only be stalled
+ * (SIGSTOP, swapping, a long GC-like pause).  Every choice we had there has been
+ * retried or failed by on_worker_down, so whatever it still runs for us is a ghost.
+ * Abort all of it now: the message waits in the pipe and the worker reads it, in
+ * order, before any Submit we send after it comes back.  A worker that really died
+ * never reads it; a restarted one has nothing of ours (Abort is idempotent). */
+static void abort_all_on(tsr_worker *w) {
+        tsr_envelope env;
+        Tessera__V1__Abort a;
+
+        tessera__v1__envelope__init(&env);
+        tessera__v1__abort__init(&a);
+        a.all_from_router = true;
+        a.reason = "the router declared this worker down";
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_ABORT;
+        env.abort = &a;
+        send_control(w, &env);
+        kick(w->pool);
+}
+
 static void on_tick(uv_timer_t *t) {
         worker_pool *p = t->data;
         uint64_t now = tsr_now_ns();
+        bool more;
+        if (p->last_tick_ns && now - p->last_tick_ns > LOOP_STALL_NS) {
+                log_warn("router loop stalled for %.1f s: reading the workers' Status before judging them",
+                         (double)(now - p->last_tick_ns) / 1e9);
+                p->down_grace_until_ns = now + DOWN_GRACE_NS;
+        }
+        p->last_tick_ns = now;
+        if (now - p->last_heartbeat_ns >= HEARTBEAT_MS * 1000000ull) {
+                p->last_heartbeat_ns = now;
+                send_heartbeats(p);
+        }
+        /* Read what is queued before judging liveness: a Status waiting unread is not
+         * a missing one (belt and braces for the edge-triggered fd, too). */
+        more = drain_all(p);
+        now = tsr_now_ns();
         for (size_t i = 0; i < p->n_workers; i++) {
                 tsr_worker *w = p->workers[i];
                 bool live = tsr_worker_live(w);
-                if (live != w->was_live) {
+                if (!live && w->was_live && now < p->down_grace_until_ns) {
+                        /* just back from our own stall: drain first (below) */
+                } else if (live != w->was_live) {
                         if (live)
                                 log_info("worker %s is live", w->endpoint);
                         else
@@ -402,12 +510,15 @@ static void on_tick(uv_timer_t *t) {
                         w->was_live = live;
                         if (!live && p->ev.on_worker_down)
                                 p->ev.on_worker_down(p->ev.ud, w);
+                        if (!live && w->info) {
+                                abort_all_on(w);
+                                w->abort_on_return = true;
+                        }
                 }
                 if (!w->info && now - w->last_hello_ns >= HELLO_RETRY_NS)
                         send_hello(w);
         }
-        /* Belt and braces for the edge-triggered fd: a periodic drain costs little. */
-        if (drain_all(p))
+        if (more)
                 kick(p);
 }
 

@@ -14,6 +14,34 @@
 #include "common/wire.h"
 #include "engine.h"
 
+/* Router liveness (docs/protocol.md, "Liveness and failure").  A router that sends
+ * Heartbeats is reaped, every request of its routing id aborted, once it has been
+ * silent for REAP_MISSED_HEARTBEATS of its own intervals (at least REAP_MIN_NS): a
+ * kill -9'd router otherwise leaves its requests generating here until max_tokens,
+ * holding KV blocks (ghosts).  Why not ZeroMQ's own signals: socket-monitor events
+ * name a connection, not a routing id; ZMQ_ROUTER_NOTIFY is draft API; and ZMTP
+ * heartbeats are answered by libzmq's io thread, so they prove a process, not a
+ * router loop.  Bookkeeping is the io thread's alone; the engine only ever sees an
+ * ordinary Abort{all_from_router}.  A busy router is not reaped: any frame from it
+ * counts as life, its heartbeats come from a timer of its loop, and the
+ * deadline is 12 intervals (3 s at 250 ms); a stall of this thread itself (SIGSTOP,
+ * an overloaded host) pushes every deadline back instead of reaping. */
+#define REAP_MISSED_HEARTBEATS 12u
+#define REAP_MIN_NS (2000ull * 1000000ull)
+#define IO_STALL_NS (1000ull * 1000000ull)
+#define MAX_TRACKED_ROUTERS 256
+/* Reaped routers remembered, so that one which was only stalled is told (Error
+ * ROUTER_REAPED) when it speaks again, instead of waiting forever for Outputs of
+ * requests that no longer exist.  A ring: a killed router simply ages out. */
+#define MAX_REAPED_REMEMBERED 32
+
+typedef struct router_peer {
+        uint8_t id[ENGINE_ROUTER_ID_MAX];
+        size_t id_len;
+        uint64_t last_heard_ns;
+        uint64_t deadline_ns;   /* silence that reaps it */
+} router_peer;
+
 typedef struct link {
         const worker_link_opts *o;
         void *zctx;
@@ -30,6 +58,12 @@ typedef struct link {
         uint64_t n_send_drops;
         engine_stats logged;   /* counters at the last stats line */
         uint64_t logged_ns;
+        router_peer peers[MAX_TRACKED_ROUTERS];  /* routers that sent a Heartbeat */
+        size_t n_peers;
+        uint64_t last_iter_ns;  /* end of the previous io loop iteration */
+        uint64_t n_reaped;
+        router_peer reaped[MAX_REAPED_REMEMBERED];  /* ring; id_len 0 = empty */
+        size_t reaped_next;
 } link;
 
 /* Log the first few of a repeated problem, then one in a thousand (hot-path rate limit). */
@@ -46,6 +80,138 @@ static void printable_id(const uint8_t *id, size_t len, char *out, size_t outlen
                 }
         }
         out[j] = '\0';
+}
+
+static router_peer *find_peer(link *l, const uint8_t *rid, size_t rid_len) {
+        for (size_t i = 0; i < l->n_peers; i++)
+                if (l->peers[i].id_len == rid_len && memcmp(l->peers[i].id, rid, rid_len) == 0)
+                        return &l->peers[i];
+        return NULL;
+}
+
+static void send_error(link *l, const uint8_t *rid, size_t rid_len, const char *request_id,
+                       Tessera__V1__ErrorCode code, bool retryable, const char *message);
+
+/* Any frame from a tracked router, well-formed or not, is a sign of life.  A router
+ * we reaped that speaks again learns it once (then it is a new peer like any other,
+ * from its next Heartbeat). */
+static void peer_heard(link *l, const uint8_t *rid, size_t rid_len, const char *who) {
+        router_peer *pr = find_peer(l, rid, rid_len);
+        if (pr) {
+                pr->last_heard_ns = tsr_now_ns();
+                return;
+        }
+        for (size_t i = 0; i < MAX_REAPED_REMEMBERED; i++) {
+                router_peer *r = &l->reaped[i];
+                char msg[160];
+                if (!r->id_len || r->id_len != rid_len || memcmp(r->id, rid, rid_len) != 0)
+                        continue;
+                log_warn("router %s speaks again after being reaped: telling it its requests were aborted", who);
+                snprintf(msg, sizeof(msg),
+                         "this worker aborted every request of router %s: no heartbeat for %.1f s", who,
+                         (double)r->deadline_ns / 1e9);
+                send_error(l, rid, rid_len, NULL, TESSERA__V1__ERROR_CODE__ERROR_ROUTER_REAPED, false, msg);
+                r->id_len = 0;
+                return;
+        }
+}
+
+static void remember_reaped(link *l, const router_peer *pr, uint64_t silent_ns) {
+        router_peer *r = &l->reaped[l->reaped_next];
+        l->reaped_next = (l->reaped_next + 1) % MAX_REAPED_REMEMBERED;
+        *r = *pr;
+        r->deadline_ns = silent_ns;   /* here: how long it had been silent */
+}
+
+static void on_heartbeat(link *l, const uint8_t *rid, size_t rid_len, const Tessera__V1__Heartbeat *hb,
+                         const char *who) {
+        router_peer *pr = find_peer(l, rid, rid_len);
+        uint64_t deadline = (uint64_t)REAP_MISSED_HEARTBEATS * hb->interval_ms * 1000000ull;
+
+        if (!pr) {
+                if (l->n_peers == MAX_TRACKED_ROUTERS) {
+                        if (should_log(++l->n_bad_frames))
+                                log_warn("heartbeat from router %s: already tracking %d routers, not reaping this one",
+                                         who, MAX_TRACKED_ROUTERS);
+                        return;
+                }
+                pr = &l->peers[l->n_peers++];
+                memcpy(pr->id, rid, rid_len);
+                pr->id_len = rid_len;
+                log_info("router %s sends heartbeats every %u ms: its requests are aborted after %.1f s of silence",
+                         who, hb->interval_ms, (double)(deadline > REAP_MIN_NS ? deadline : REAP_MIN_NS) / 1e9);
+        }
+        pr->deadline_ns = deadline > REAP_MIN_NS ? deadline : REAP_MIN_NS;
+        pr->last_heard_ns = tsr_now_ns();
+}
+
+static tsr_status to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env);
+
+/* Abort every request of one router, through the engine's ordinary Abort path.  The
+ * envelope goes through the codec so the engine frees it like a received one.  False
+ * when the engine inbox refused it (full): the caller tries again later. */
+static bool abort_router(link *l, const uint8_t *rid, size_t rid_len, const char *reason) {
+        tsr_envelope env, *owned = NULL;
+        Tessera__V1__Abort a;
+        uint8_t *p;
+        size_t n;
+        char err[128];
+        bool sent = false;
+
+        tessera__v1__envelope__init(&env);
+        tessera__v1__abort__init(&a);
+        a.all_from_router = true;
+        a.reason = (char *)reason;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_ABORT;
+        env.abort = &a;
+        if (tsr_wire_pack(&env, &p, &n) != TSR_OK)
+                return false;
+        if (tsr_wire_unpack(p, n, 0, &owned, err, sizeof(err)) == TSR_OK)
+                sent = to_engine(l, ENGINE_IN_ABORT, rid, rid_len, owned) == TSR_OK;
+        free(p);
+        return sent;
+}
+
+static bool router_input_pending(link *l) {
+        int events = 0;
+        size_t len = sizeof(events);
+        return zmq_getsockopt(l->router, ZMQ_EVENTS, &events, &len) == 0 && (events & ZMQ_POLLIN);
+}
+
+/* Io thread, once per loop iteration, after the socket was drained. */
+static void reap_silent_routers(link *l, uint64_t now) {
+        if (l->last_iter_ns && now - l->last_iter_ns > IO_STALL_NS && l->n_peers) {
+                /* We were not running (stopped, starved): the silence is ours, and the
+                 * routers' heartbeats may still sit in libzmq's queues.  Start every
+                 * deadline again. */
+                log_warn("io thread stalled for %.1f s: restarting the heartbeat deadlines of %zu router(s)",
+                         (double)(now - l->last_iter_ns) / 1e9, l->n_peers);
+                for (size_t i = 0; i < l->n_peers; i++)
+                        l->peers[i].last_heard_ns = now;
+        }
+        l->last_iter_ns = now;
+        /* Unread input may hold a heartbeat: read it first (next iteration). */
+        if (!l->n_peers || router_input_pending(l))
+                return;
+        for (size_t i = 0; i < l->n_peers;) {
+                router_peer *pr = &l->peers[i];
+                char who[64];
+                if (now - pr->last_heard_ns <= pr->deadline_ns) {
+                        i++;
+                        continue;
+                }
+                printable_id(pr->id, pr->id_len, who, sizeof(who));
+                if (!abort_router(l, pr->id, pr->id_len, "router vanished (no heartbeat)")) {
+                        i++;   /* engine inbox full: keep it, try on the next iteration */
+                        continue;
+                }
+                l->n_reaped++;
+                log_warn("router %s silent for %.1f s (deadline %.1f s): aborting all its requests (reaped=%llu)", who,
+                         (double)(now - pr->last_heard_ns) / 1e9, (double)pr->deadline_ns / 1e9,
+                         (unsigned long long)l->n_reaped);
+                remember_reaped(l, pr, now - pr->last_heard_ns);
+                *pr = l->peers[--l->n_peers];   /* order does not matter */
+        }
 }
 
 /* Send one envelope to one router.  Never blocks: a full pipe or a vanished router
@@ -152,17 +318,19 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         free(p);
 }
 
-static void to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env) {
+/* Hand a message to the engine thread; the envelope is consumed either way.  A full
+ * inbox refuses a Submit now, retryable, rather than queue without bound. */
+static tsr_status to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env) {
         engine_in *in = calloc(1, sizeof(*in));
         const char *req = kind == ENGINE_IN_SUBMIT ? env->submit->request_id : NULL;
         tsr_status st;
 
         if (!in) {
-                tsr_wire_free(env);
                 if (req)
-                        send_error(l, rid, rid_len, NULL, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                        send_error(l, rid, rid_len, req, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
                                    "worker out of memory");
-                return;
+                tsr_wire_free(env);
+                return TSR_E_NOMEM;
         }
         in->kind = kind;
         memcpy(in->router_id, rid, rid_len);
@@ -170,12 +338,12 @@ static void to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t r
         in->env = env;
         st = tsr_queue_push(l->inbox, in);
         if (st != TSR_OK) {
-                /* Engine inbox full: refuse now, retryable, rather than queue without bound. */
                 if (kind == ENGINE_IN_SUBMIT)
                         send_error(l, rid, rid_len, req, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
                                    "worker engine queue is full");
                 engine_in_free(in);
         }
+        return st;
 }
 
 static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint8_t *p, size_t n) {
@@ -184,6 +352,7 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
         tsr_status st = tsr_wire_unpack(p, n, 0, &env, err, sizeof(err));
 
         printable_id(rid, rid_len, who, sizeof(who));
+        peer_heard(l, rid, rid_len, who);
         if (st != TSR_OK) {
                 l->n_bad_frames++;
                 if (should_log(l->n_bad_frames))
@@ -221,6 +390,9 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
         case TESSERA__V1__ENVELOPE__MSG_ABORT:
                 to_engine(l, ENGINE_IN_ABORT, rid, rid_len, env);
                 return;
+        case TESSERA__V1__ENVELOPE__MSG_HEARTBEAT:
+                on_heartbeat(l, rid, rid_len, env->heartbeat, who);
+                break;
         case TESSERA__V1__ENVELOPE__MSG_DRAIN:
                 log_info("drain requested by router %s: %s", who, env->drain->reason);
                 l->draining = true;
@@ -526,6 +698,7 @@ tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queu
                 if (n > 0 && stop_fd >= 0 && (items[2].revents & ZMQ_POLLIN))
                         begin_stop(&l, stop_fd);
                 now = tsr_now_ns();
+                reap_silent_routers(&l, now);
                 if (o->log_stats_interval_s > 0 && now - l.logged_ns >= (uint64_t)(o->log_stats_interval_s * 1e9))
                         log_stats(&l, now);
                 if (now >= next_status) {

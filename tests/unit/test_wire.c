@@ -305,6 +305,53 @@ static void test_status_invariants(void **state) {
         free(p);
 }
 
+/* Heartbeat: round trip, and the interval the worker's reaping deadline rests on is
+ * bounded (0 would reap at once, a huge one never). */
+static void test_heartbeat(void **state) {
+        static const struct {
+                const char *router_id;
+                uint32_t interval_ms;
+                tsr_status want;
+                const char *needle;
+        } cases[] = {
+                {"router-h-1-abc", 250, TSR_OK, NULL},
+                {"router-h-1-abc", 1, TSR_OK, NULL},
+                {"router-h-1-abc", TSR_WIRE_MAX_HEARTBEAT_MS, TSR_OK, NULL},
+                {"", 250, TSR_OK, NULL},
+                {"router-h-1-abc", 0, TSR_E_INVAL, "interval_ms 0 out of range"},
+                {"router-h-1-abc", TSR_WIRE_MAX_HEARTBEAT_MS + 1, TSR_E_INVAL, "interval_ms 60001"},
+                {"bad\nid", 250, TSR_E_INVAL, "heartbeat: bad router_id"},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                tsr_envelope env, *out = NULL;
+                Tessera__V1__Heartbeat hb;
+                size_t n;
+                char err[256] = "";
+                tessera__v1__envelope__init(&env);
+                tessera__v1__heartbeat__init(&hb);
+                hb.router_id = (char *)cases[i].router_id;
+                hb.interval_ms = cases[i].interval_ms;
+                hb.seq = 7 + i;
+                env.msg_case = TESSERA__V1__ENVELOPE__MSG_HEARTBEAT;
+                env.heartbeat = &hb;
+                uint8_t *p = pack(&env, &n);
+                tsr_status st = tsr_wire_unpack(p, n, 0, &out, err, sizeof(err));
+                free(p);
+                if (st != cases[i].want)
+                        fail_msg("case %zu: status %d, want %d (%s)", i, st, cases[i].want, err);
+                if (cases[i].want != TSR_OK) {
+                        if (!strstr(err, cases[i].needle))
+                                fail_msg("case %zu: '%s' does not mention '%s'", i, err, cases[i].needle);
+                        continue;
+                }
+                assert_string_equal(tsr_wire_msg_name(out), "heartbeat");
+                assert_string_equal(out->heartbeat->router_id, cases[i].router_id);
+                assert_int_equal(out->heartbeat->interval_ms, cases[i].interval_ms);
+                assert_int_equal(out->heartbeat->seq, 7 + i);
+                tsr_wire_free(out);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_submit_round_trip),
@@ -317,6 +364,7 @@ int main(void) {
                 cmocka_unit_test(test_field_zero_refused),
                 cmocka_unit_test(test_submit_field_validation),
                 cmocka_unit_test(test_status_invariants),
+                cmocka_unit_test(test_heartbeat),
         };
         return cmocka_run_group_tests_name("wire", tests, NULL, NULL);
 }
