@@ -376,6 +376,12 @@ static tsr_status load_local_tokenizer(const char *path, tsr_tokenizer **tok, ch
                 return TSR_E_NOTFOUND;
         }
         tsr_status st = tsr_tokenizer_new_json(j, jl, c, cl, tok, err, errlen);
+        if (st != TSR_OK && c && strstr(err, "tokenizer_config.json")) {
+                /* e.g. transformers' model_max_length sentinel (1e30 written as an
+                 * integer) is past what jansson reads: the tokenizer itself is fine. */
+                fprintf(stderr, "WARNING: %s: %s; loading the tokenizer without it\n", cfg_path, err);
+                st = tsr_tokenizer_new_json(j, jl, NULL, 0, tok, err, errlen);
+        }
         free(j);
         free(c);
         return st;
@@ -1120,6 +1126,7 @@ int bench_serve_main(int argc, char **argv) {
         if (!a.temperature)
                 printf("WARNING: no --temperature given: the server's default applies (vLLM >= 0.11 sends none); "
                        "pass --temperature 0 for greedy decoding.\n");
+        printf("Starting initial single prompt test run...\n");
         if (a.ready_check_timeout_sec > 0) {
                 job test = jobs[0];
                 bench_output o;
