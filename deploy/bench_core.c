@@ -838,6 +838,8 @@ void bench_samples_free(bench_sample *s, size_t n) {
 tsr_status bench_random_dataset(const bench_tok *t, bench_rng *r, const bench_random_cfg *c, size_t n,
                                 bench_sample **ret, int64_t *mismatch_total, char *err, size_t errlen) {
         int64_t in_lo, in_hi, out_lo, out_hi, mismatch;
+        *ret = NULL;
+        *mismatch_total = 0;
         tsr_status st = bench_random_bounds(c, t->num_special_tokens_to_add, &in_lo, &in_hi, &out_lo, &out_hi, err,
                                             errlen);
         if (st != TSR_OK)
