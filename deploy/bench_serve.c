@@ -218,7 +218,7 @@ static int parse_args(int argc, char **argv, bench_args *a) {
                 if (eq) {
                         value = eq + 1;
                 } else {
-                        if (i + 1 >= argc)
+                        if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
                                 return flag_error("argument %s: expected one argument", name);
                         value = argv[++i];
                 }
@@ -942,10 +942,11 @@ int bench_serve_main(int argc, char **argv) {
         pm_copy = strdup(a.percentile_metrics ? a.percentile_metrics : "ttft,tpot,itl");
         for (char *save = NULL, *t = strtok_r(pm_copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                 if (!valid_metric(t)) {
+                        r = flag_error("--percentile-metrics: unknown metric '%s' (ttft, tpot, itl, e2el, "
+                                       "client_queue_time, e2el_including_client_queue)", t);
                         free(pm_copy);
                         free(pm);
-                        return flag_error("--percentile-metrics: unknown metric '%s' (ttft, tpot, itl, e2el, "
-                                          "client_queue_time, e2el_including_client_queue)", t);
+                        return r;
                 }
                 pm = realloc(pm, (n_pm + 1) * sizeof(*pm));
                 pm[n_pm++] = t;
@@ -955,11 +956,12 @@ int bench_serve_main(int argc, char **argv) {
                 for (char *save = NULL, *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                         double p;
                         if (!parse_double(t, &p) || p < 0 || p > 100) {
+                                r = flag_error("--metric-percentiles: '%s' is not a number in [0, 100]", t);
                                 free(copy);
                                 free(pm_copy);
                                 free(pm);
                                 free(percentiles);
-                                return flag_error("--metric-percentiles: '%s' is not a number in [0, 100]", t);
+                                return r;
                         }
                         percentiles = realloc(percentiles, (n_pct + 1) * sizeof(double));
                         percentiles[n_pct++] = p;
