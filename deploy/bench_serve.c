@@ -853,6 +853,13 @@ static bool valid_metric(const char *m) {
         return false;
 }
 
+/* An error in the flags: usage and the message on stderr, exit 2, everything freed. */
+#define FAIL_FLAGS(...)                                       \
+        do {                                                  \
+                rc_exit = flag_error(__VA_ARGS__);            \
+                goto out;                                     \
+        } while (0)
+
 int bench_serve_main(int argc, char **argv);
 int bench_serve_main(int argc, char **argv) {
         bench_args a = {
@@ -881,11 +888,13 @@ int bench_serve_main(int argc, char **argv) {
         char request_id_prefix[64];
 
         int r = parse_args(argc, argv, &a);
-        if (r)
+        if (r || a.help) {
+                if (a.help && !r)
+                        usage(stdout);
+                free(a.goodput);
+                free(a.metadata);
+                free(a.header);
                 return r;
-        if (a.help) {
-                usage(stdout);
-                return 0;
         }
         /* --- checks that need nothing but the flags (exit 2, as argparse/ValueError) */
         if (strcmp(a.backend, "openai") == 0 || strcmp(a.backend, "vllm") == 0) {
@@ -893,26 +902,26 @@ int bench_serve_main(int argc, char **argv) {
         } else if (strcmp(a.backend, "openai-chat") == 0) {
                 c.chat = true;
         } else {
-                return flag_error("argument --backend: '%s' is not supported (choose from 'openai', 'vllm', "
+                FAIL_FLAGS("argument --backend: '%s' is not supported (choose from 'openai', 'vllm', "
                                   "'openai-chat')", a.backend);
         }
         if (strcmp(a.dataset_name, "random") != 0)
-                return flag_error("argument --dataset-name: only 'random' is supported, not '%s'", a.dataset_name);
+                FAIL_FLAGS("argument --dataset-name: only 'random' is supported, not '%s'", a.dataset_name);
         if (a.max_concurrency != -1 && a.max_concurrency <= 0)
-                return flag_error("--max-concurrency must be greater than 0");
+                FAIL_FLAGS("--max-concurrency must be greater than 0");
         if (a.num_prompts <= 0)
-                return flag_error("--num-prompts must be at least 1");
+                FAIL_FLAGS("--num-prompts must be at least 1");
         if (!(a.request_rate > 0))
-                return flag_error("--request-rate must be positive (or inf)");
+                FAIL_FLAGS("--request-rate must be positive (or inf)");
         if (!(a.burstiness > 0))
-                return flag_error("A positive burstiness factor is expected, but given %g.", a.burstiness);
+                FAIL_FLAGS("A positive burstiness factor is expected, but given %g.", a.burstiness);
         if (a.num_warmups < 0 || a.input_len < 0 || a.output_len < 0 || a.prefix_len < 0)
-                return flag_error("lengths and --num-warmups must be non-negative");
+                FAIL_FLAGS("lengths and --num-warmups must be non-negative");
         {
                 size_t el = strlen(a.endpoint);
                 const char *want = c.chat ? "chat/completions" : "completions";
                 if (el < strlen(want) || strcmp(a.endpoint + el - strlen(want), want) != 0)
-                        return flag_error("%s URL must end with one of: {'%s'}.",
+                        FAIL_FLAGS("%s URL must end with one of: {'%s'}.",
                                           c.chat ? "OpenAI Chat Completions API" : "OpenAI Completions API", want);
         }
         if (a.range_ratio[0] == '{') {
@@ -925,29 +934,25 @@ int bench_serve_main(int argc, char **argv) {
                 }
                 json_decref(rr);
                 if (!ok)
-                        return flag_error("--random-range-ratio: a JSON dict must hold numbers 'input' and 'output'");
+                        FAIL_FLAGS("--random-range-ratio: a JSON dict must hold numbers 'input' and 'output'");
         } else if (!parse_double(a.range_ratio, &rc.input_range_ratio)) {
-                return flag_error("argument --random-range-ratio: invalid value: '%s'", a.range_ratio);
+                FAIL_FLAGS("argument --random-range-ratio: invalid value: '%s'", a.range_ratio);
         } else {
                 rc.output_range_ratio = rc.input_range_ratio;
         }
         if (!(rc.input_range_ratio >= 0 && rc.input_range_ratio < 1 && rc.output_range_ratio >= 0 &&
               rc.output_range_ratio < 1))
-                return flag_error("--random-range-ratio: values must be in [0, 1)");
+                FAIL_FLAGS("--random-range-ratio: values must be in [0, 1)");
         rc.input_len = a.input_len;
         rc.output_len = a.output_len;
         rc.prefix_len = a.prefix_len;
         if (bench_goodput_parse(a.goodput, a.n_goodput, &gp, err, sizeof(err)) != TSR_OK)
-                return flag_error("%s", err);
+                FAIL_FLAGS("%s", err);
         pm_copy = strdup(a.percentile_metrics ? a.percentile_metrics : "ttft,tpot,itl");
         for (char *save = NULL, *t = strtok_r(pm_copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-                if (!valid_metric(t)) {
-                        r = flag_error("--percentile-metrics: unknown metric '%s' (ttft, tpot, itl, e2el, "
-                                       "client_queue_time, e2el_including_client_queue)", t);
-                        free(pm_copy);
-                        free(pm);
-                        return r;
-                }
+                if (!valid_metric(t))
+                        FAIL_FLAGS("--percentile-metrics: unknown metric '%s' (ttft, tpot, itl, e2el, "
+                                   "client_queue_time, e2el_including_client_queue)", t);
                 pm = realloc(pm, (n_pm + 1) * sizeof(*pm));
                 pm[n_pm++] = t;
         }
@@ -956,12 +961,9 @@ int bench_serve_main(int argc, char **argv) {
                 for (char *save = NULL, *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
                         double p;
                         if (!parse_double(t, &p) || p < 0 || p > 100) {
-                                r = flag_error("--metric-percentiles: '%s' is not a number in [0, 100]", t);
+                                rc_exit = flag_error("--metric-percentiles: '%s' is not a number in [0, 100]", t);
                                 free(copy);
-                                free(pm_copy);
-                                free(pm);
-                                free(percentiles);
-                                return r;
+                                goto out;
                         }
                         percentiles = realloc(percentiles, (n_pct + 1) * sizeof(double));
                         percentiles[n_pct++] = p;
@@ -987,11 +989,7 @@ int bench_serve_main(int argc, char **argv) {
                         json_t *eb = json_loads(a.extra_body, 0, NULL);
                         if (!json_is_object(eb)) {
                                 json_decref(eb);
-                                json_decref(c.extra_body);
-                                free(pm_copy);
-                                free(pm);
-                                free(percentiles);
-                                return flag_error("argument --extra-body: not a JSON object: '%s'", a.extra_body);
+                                FAIL_FLAGS("argument --extra-body: not a JSON object: '%s'", a.extra_body);
                         }
                         json_object_update(c.extra_body, eb);
                         json_decref(eb);
@@ -1001,16 +999,14 @@ int bench_serve_main(int argc, char **argv) {
                 const char *eq = strchr(a.header[i], '=');
                 char h[1024];
                 if (!eq) {
-                        rc_exit = flag_error("Invalid header format. Please use KEY=VALUE format.");
-                        goto out;
+                        FAIL_FLAGS("Invalid header format. Please use KEY=VALUE format.");
                 }
                 snprintf(h, sizeof(h), "%.*s: %s", (int)(eq - a.header[i]), a.header[i], eq + 1);
                 c.headers = curl_slist_append(c.headers, h);
         }
         for (size_t i = 0; i < a.n_metadata; i++)
                 if (!strchr(a.metadata[i], '=')) {
-                        rc_exit = flag_error("Invalid metadata format. Please use KEY=VALUE format.");
-                        goto out;
+                        FAIL_FLAGS("Invalid metadata format. Please use KEY=VALUE format.");
                 }
         if (getenv("OPENAI_API_KEY") && *getenv("OPENAI_API_KEY")) {
                 char h[1024];
