@@ -10,92 +10,214 @@
 
 /* ------------------------------------------------------------------ random numbers */
 
-static uint64_t splitmix64(uint64_t *x) {
-        uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
+/* numpy/random/bit_generator.pyx SeedSequence: hash the entropy words into a pool of
+ * four, then generate_state(4, uint64). */
+static uint32_t seq_hashmix(uint32_t value, uint32_t *hash_const) {
+        value ^= *hash_const;
+        *hash_const *= 0x931e8875u;
+        value *= *hash_const;
+        return value ^ (value >> 16);
+}
+
+static uint32_t seq_mix(uint32_t x, uint32_t y) {
+        uint32_t r = 0xca01f9ddu * x - 0x4973f715u * y;
+        return r ^ (r >> 16);
+}
+
+static void seed_sequence(uint64_t seed, uint64_t out[4]) {
+        uint32_t entropy[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)}, pool[4], hash_const = 0x43b0d7e5u;
+        size_t n_entropy = seed >> 32 ? 2 : 1;
+        for (size_t i = 0; i < 4; i++)
+                pool[i] = seq_hashmix(i < n_entropy ? entropy[i] : 0, &hash_const);
+        for (size_t src = 0; src < 4; src++)
+                for (size_t dst = 0; dst < 4; dst++)
+                        if (src != dst)
+                                pool[dst] = seq_mix(pool[dst], seq_hashmix(pool[src], &hash_const));
+        uint32_t hb = 0x8b51f9ddu, words[8];
+        for (size_t i = 0; i < 8; i++) {
+                uint32_t v = pool[i % 4] ^ hb;
+                hb *= 0x58f38dedu;
+                v *= hb;
+                words[i] = v ^ (v >> 16);
+        }
+        for (size_t i = 0; i < 4; i++)
+                out[i] = (uint64_t)words[2 * i] | ((uint64_t)words[2 * i + 1] << 32);
+}
+
+#define PCG_MULT (((unsigned __int128)0x2360ED051FC65DA4ull << 64) | 0x4385DF649FCCF645ull)
+
+static inline void pcg_step(bench_rng *r) {
+        r->state = r->state * PCG_MULT + r->inc;
 }
 
 void bench_rng_seed(bench_rng *r, uint64_t seed) {
-        for (int i = 0; i < 4; i++)
-                r->s[i] = splitmix64(&seed);
+        uint64_t v[4];
+        seed_sequence(seed, v);
+        /* pcg64_set_seed: state = v[0]:v[1], sequence = v[2]:v[3] (high word first) */
+        unsigned __int128 initstate = ((unsigned __int128)v[0] << 64) | v[1];
+        unsigned __int128 initseq = ((unsigned __int128)v[2] << 64) | v[3];
+        r->state = 0;
+        r->inc = (initseq << 1) | 1;
+        pcg_step(r);
+        r->state += initstate;
+        pcg_step(r);
+        r->has_uint32 = false;
+        r->uinteger = 0;
 }
 
-static inline uint64_t rotl(uint64_t x, int k) {
-        return (x << k) | (x >> (64 - k));
+uint64_t bench_rng_u64(bench_rng *r) {   /* XSL-RR output of the stepped state */
+        pcg_step(r);
+        uint64_t x = (uint64_t)(r->state >> 64) ^ (uint64_t)r->state;
+        unsigned rot = (unsigned)(r->state >> 122);
+        return (x >> rot) | (x << ((64 - rot) & 63));
 }
 
-uint64_t bench_rng_u64(bench_rng *r) {   /* xoshiro256** */
-        uint64_t *s = r->s;
-        uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-        s[2] ^= s[0];
-        s[3] ^= s[1];
-        s[1] ^= s[2];
-        s[0] ^= s[3];
-        s[2] ^= t;
-        s[3] = rotl(s[3], 45);
-        return result;
+static uint32_t rng_u32(bench_rng *r) {   /* pcg64_next32: halves of one 64-bit draw, low first */
+        if (r->has_uint32) {
+                r->has_uint32 = false;
+                return r->uinteger;
+        }
+        uint64_t next = bench_rng_u64(r);
+        r->has_uint32 = true;
+        r->uinteger = (uint32_t)(next >> 32);
+        return (uint32_t)next;
 }
 
-double bench_rng_uniform(bench_rng *r) {
-        return (double)(bench_rng_u64(r) >> 11) * 0x1.0p-53;
-}
-
+/* random_bounded_uint64_fill() with use_masked = false, for one value. */
 int64_t bench_rng_range(bench_rng *r, int64_t lo, int64_t hi) {
+        uint64_t rng = (uint64_t)hi - (uint64_t)lo;
         if (hi <= lo)
                 return lo;
-        uint64_t span = (uint64_t)hi - (uint64_t)lo + 1;
-        if (span == 0)                          /* the whole 64-bit range */
-                return (int64_t)bench_rng_u64(r);
-        /* Rejection below the largest multiple of span: no modulo bias. */
-        uint64_t limit = UINT64_MAX - UINT64_MAX % span, x;
-        do
-                x = bench_rng_u64(r);
-        while (x >= limit);
-        return lo + (int64_t)(x % span);
-}
-
-static double rng_normal(bench_rng *r) {     /* Marsaglia polar method */
-        double u, v, s;
-        do {
-                u = 2.0 * bench_rng_uniform(r) - 1.0;
-                v = 2.0 * bench_rng_uniform(r) - 1.0;
-                s = u * u + v * v;
-        } while (s >= 1.0 || s == 0.0);
-        return u * sqrt(-2.0 * log(s) / s);
-}
-
-double bench_rng_gamma(bench_rng *r, double shape, double scale) {
-        if (shape == 1.0)                       /* exponential: the Poisson case */
-                return -log1p(-bench_rng_uniform(r)) * scale;
-        if (shape < 1.0) {
-                double u = bench_rng_uniform(r);
-                return bench_rng_gamma(r, shape + 1.0, scale) * pow(1.0 - u, 1.0 / shape);
+        if (rng <= 0xffffffffull) {
+                if (rng == 0xffffffffull)
+                        return lo + (int64_t)rng_u32(r);
+                uint32_t excl = (uint32_t)rng + 1;
+                uint64_t m = (uint64_t)rng_u32(r) * excl;
+                uint32_t leftover = (uint32_t)m;
+                if (leftover < excl) {
+                        uint32_t threshold = (UINT32_MAX - (uint32_t)rng) % excl;
+                        while (leftover < threshold) {
+                                m = (uint64_t)rng_u32(r) * excl;
+                                leftover = (uint32_t)m;
+                        }
+                }
+                return lo + (int64_t)(m >> 32);
         }
-        double d = shape - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
+        if (rng == UINT64_MAX)
+                return (int64_t)((uint64_t)lo + bench_rng_u64(r));
+        uint64_t excl = rng + 1;
+        unsigned __int128 m = (unsigned __int128)bench_rng_u64(r) * excl;
+        uint64_t leftover = (uint64_t)m;
+        if (leftover < excl) {
+                uint64_t threshold = (UINT64_MAX - rng) % excl;
+                while (leftover < threshold) {
+                        m = (unsigned __int128)bench_rng_u64(r) * excl;
+                        leftover = (uint64_t)m;
+                }
+        }
+        return (int64_t)((uint64_t)lo + (uint64_t)(m >> 64));
+}
+
+/* MT19937 (init_genrand seeding), numpy's legacy RandomState stream. */
+void bench_mt_seed(bench_mt *m, uint32_t seed) {
+        m->mt[0] = seed;
+        for (int i = 1; i < 624; i++)
+                m->mt[i] = 1812433253u * (m->mt[i - 1] ^ (m->mt[i - 1] >> 30)) + (uint32_t)i;
+        m->pos = 624;
+        m->has_gauss = false;
+        m->gauss = 0.0;
+}
+
+uint32_t bench_mt_u32(bench_mt *m) {
+        if (m->pos >= 624) {
+                for (int k = 0; k < 624; k++) {
+                        uint32_t y = (m->mt[k] & 0x80000000u) | (m->mt[(k + 1) % 624] & 0x7fffffffu);
+                        m->mt[k] = m->mt[(k + 397) % 624] ^ (y >> 1) ^ ((y & 1) ? 0x9908b0dfu : 0);
+                }
+                m->pos = 0;
+        }
+        uint32_t y = m->mt[m->pos++];
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c5680u;
+        y ^= (y << 15) & 0xefc60000u;
+        return y ^ (y >> 18);
+}
+
+double bench_mt_double(bench_mt *m) {   /* 53 bits: genrand_res53 */
+        uint32_t a = bench_mt_u32(m) >> 5, b = bench_mt_u32(m) >> 6;
+        return ((double)a * 67108864.0 + (double)b) / 9007199254740992.0;
+}
+
+static double mt_exponential(bench_mt *m) {
+        return -log(1.0 - bench_mt_double(m));
+}
+
+static double mt_gauss(bench_mt *m) {
+        if (m->has_gauss) {
+                m->has_gauss = false;
+                return m->gauss;
+        }
+        double x1, x2, r2;
+        do {
+                x1 = 2.0 * bench_mt_double(m) - 1.0;
+                x2 = 2.0 * bench_mt_double(m) - 1.0;
+                r2 = x1 * x1 + x2 * x2;
+        } while (r2 >= 1.0 || r2 == 0.0);
+        double f = sqrt(-2.0 * log(r2) / r2);
+        m->gauss = f * x1;
+        m->has_gauss = true;
+        return f * x2;
+}
+
+static double mt_standard_gamma(bench_mt *m, double shape) {
+        if (shape == 1.0)
+                return mt_exponential(m);
+        if (shape == 0.0)
+                return 0.0;
+        if (shape < 1.0) {
+                for (;;) {
+                        double u = bench_mt_double(m), v = mt_exponential(m);
+                        if (u <= 1.0 - shape) {
+                                double x = pow(u, 1.0 / shape);
+                                if (x <= v)
+                                        return x;
+                        } else {
+                                double y = -log((1 - u) / shape);
+                                double x = pow(1.0 - shape + shape * y, 1.0 / shape);
+                                if (x <= v + y)
+                                        return x;
+                        }
+                }
+        }
+        double b = shape - 1.0 / 3.0, c = 1.0 / sqrt(9 * b);
         for (;;) {
                 double x, v, u;
                 do {
-                        x = rng_normal(r);
+                        x = mt_gauss(m);
                         v = 1.0 + c * x;
                 } while (v <= 0.0);
                 v = v * v * v;
-                u = bench_rng_uniform(r);
-                if (u < 1.0 - 0.0331 * x * x * x * x || log(u) < 0.5 * x * x + d * (1.0 - v + log(v)))
-                        return d * v * scale;
+                u = bench_mt_double(m);
+                if (u < 1.0 - 0.0331 * (x * x) * (x * x))
+                        return b * v;
+                if (log(u) < 0.5 * x * x + b * (1.0 - v + log(v)))
+                        return b * v;
         }
 }
 
+double bench_mt_gamma(bench_mt *m, double shape, double scale) {
+        return scale * mt_standard_gamma(m, shape);
+}
+
 /* serve.py get_request() without ramp-up. */
-void bench_arrival_delays(bench_rng *r, size_t n, double rate, double burstiness, double *out) {
+void bench_arrival_delays(bench_mt *m, size_t n, double rate, double burstiness, double *out) {
         for (size_t i = 0; i < n; i++) {
                 if (isinf(rate))
                         out[i] = 0.0;
                 else if (isinf(burstiness))
                         out[i] = 1.0 / rate;
                 else
-                        out[i] = bench_rng_gamma(r, burstiness, 1.0 / (rate * burstiness));
+                        out[i] = bench_mt_gamma(m, burstiness, 1.0 / (rate * burstiness));
         }
         for (size_t i = 1; i < n; i++)
                 out[i] += out[i - 1];

@@ -15,8 +15,8 @@
  *     number formats and keys);
  *   - RandomDataset's length logic and prompt construction against any tokenizer.
  *
- * The random generator is xoshiro256** (seeded through splitmix64), not numpy's PCG64:
- * the same --seed gives the same prompts run after run, but not numpy's prompts.
+ * The random streams are numpy's: default_rng(seed) for the dataset and the legacy
+ * np.random (MT19937) for arrival gaps, so a --seed gives vLLM's prompts and schedule.
  *
  * Threads: none of this is shared; `tessera bench serve` is one thread. */
 #ifndef TSR_BENCH_CORE_H
@@ -33,23 +33,41 @@
 
 /* ------------------------------------------------------------------ random numbers */
 
+/* numpy.random.default_rng(seed): SeedSequence -> PCG64 (XSL-RR), with numpy's 32-bit
+ * buffering; bench_rng_range draws exactly what Generator.integers draws (Lemire's
+ * method as numpy implements it), so the random dataset is vLLM's prompt for prompt. */
 typedef struct bench_rng {
-        uint64_t s[4];
+        unsigned __int128 state, inc;
+        bool has_uint32;
+        uint32_t uinteger;
 } bench_rng;
 
+/* seed >= 0 (numpy's SeedSequence takes the integer's 32-bit words, low first). */
 void bench_rng_seed(bench_rng *r, uint64_t seed);
 uint64_t bench_rng_u64(bench_rng *r);
-/* Uniform in [0, 1). */
-double bench_rng_uniform(bench_rng *r);
-/* Uniform integer in [lo, hi] (inclusive, as numpy's integers(lo, hi + 1)), unbiased. */
+/* Uniform integer in [lo, hi] (inclusive): numpy's integers(lo, hi + 1), one value. */
 int64_t bench_rng_range(bench_rng *r, int64_t lo, int64_t hi);
-/* Gamma(shape, scale) (Marsaglia-Tsang; shape < 1 by the U^(1/shape) boost). */
-double bench_rng_gamma(bench_rng *r, double shape, double scale);
+
+/* numpy's legacy global generator after np.random.seed(seed): MT19937 seeded with
+ * init_genrand(seed) (seeds below 2^32, as np.random.seed takes them), and the legacy
+ * gamma (Marsaglia-Tsang, polar normals with the cached second value; shape < 1 by
+ * Johnk/Best's rejection; shape 1 the exponential) that np.random.gamma draws. */
+typedef struct bench_mt {
+        uint32_t mt[624];
+        int pos;
+        bool has_gauss;
+        double gauss;
+} bench_mt;
+
+void bench_mt_seed(bench_mt *m, uint32_t seed);
+uint32_t bench_mt_u32(bench_mt *m);
+double bench_mt_double(bench_mt *m);
+double bench_mt_gamma(bench_mt *m, double shape, double scale);
 
 /* Arrival offsets (seconds from the start) of n requests, as serve.py's get_request:
- * rate = +inf -> all 0; burstiness = +inf -> 1/rate each; else gamma(burstiness,
+ * rate = +inf -> all 0; burstiness = +inf -> 1/rate each; else np.random.gamma(burstiness,
  * 1/(rate*burstiness)) gaps; cumulative; then rescaled so the last is n/rate. */
-void bench_arrival_delays(bench_rng *r, size_t n, double rate, double burstiness, double *out);
+void bench_arrival_delays(bench_mt *m, size_t n, double rate, double burstiness, double *out);
 
 /* ------------------------------------------------------------------ SSE */
 

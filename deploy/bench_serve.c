@@ -915,6 +915,8 @@ int bench_serve_main(int argc, char **argv) {
                 FAIL_FLAGS("--request-rate must be positive (or inf)");
         if (!(a.burstiness > 0))
                 FAIL_FLAGS("A positive burstiness factor is expected, but given %g.", a.burstiness);
+        if (a.seed < 0 || a.seed > 0xffffffffll)
+                FAIL_FLAGS("--seed must be in [0, 2**32 - 1] (numpy's np.random.seed range)");
         if (a.num_warmups < 0 || a.input_len < 0 || a.output_len < 0 || a.prefix_len < 0)
                 FAIL_FLAGS("lengths and --num-warmups must be non-negative");
         {
@@ -1089,10 +1091,12 @@ int bench_serve_main(int argc, char **argv) {
         }
 
         /* --- dataset */
-        bench_rng data_rng, arrival_rng;
+        bench_rng data_rng;
+        bench_mt arrival_rng;
+        /* As vLLM: the dataset from default_rng(seed), the arrival gaps from the global
+         * np.random.seed(seed) stream. */
         bench_rng_seed(&data_rng, (uint64_t)a.seed);
-        /* vLLM draws arrivals from numpy's global generator, the dataset from its own. */
-        bench_rng_seed(&arrival_rng, (uint64_t)a.seed ^ 0x5eed0a55a1ba1ull);
+        bench_mt_seed(&arrival_rng, (uint32_t)a.seed);
         size_t n = (size_t)a.num_prompts;
         /* the random dataset with an OpenAI backend always ignores EOS (serve.py) */
         a.ignore_eos = true;

@@ -323,10 +323,10 @@ static void test_goodput_parse(void **state) {
 /* ------------------------------------------------------------------ arrivals */
 
 static void test_arrival_delays(void **state) {
-        bench_rng r;
+        bench_mt m;
         double d[200];
-        bench_rng_seed(&r, 0);
-        bench_arrival_delays(&r, 200, 20.0, 1.0, d);
+        bench_mt_seed(&m, 0);
+        bench_arrival_delays(&m, 200, 20.0, 1.0, d);
         for (int i = 1; i < 200; i++)
                 assert_true(d[i] >= d[i - 1]);
         assert_true(fabs(d[199] - 10.0) < 1e-9);         /* rescaled: last arrival = n / rate */
@@ -339,35 +339,48 @@ static void test_arrival_delays(void **state) {
                 var += (d[i] - d[i - 1] - mean) * (d[i] - d[i - 1] - mean);
         var /= 199;
         assert_true(sqrt(var) / mean > 0.7 && sqrt(var) / mean < 1.3);
-        bench_arrival_delays(&r, 10, INFINITY, 1.0, d);
+        bench_arrival_delays(&m, 10, INFINITY, 1.0, d);
         for (int i = 0; i < 10; i++)
                 assert_true(d[i] == 0.0);
-        bench_arrival_delays(&r, 4, 2.0, INFINITY, d);     /* constant gaps */
+        bench_arrival_delays(&m, 4, 2.0, INFINITY, d);     /* constant gaps */
         assert_true(fabs(d[0] - 0.5) < 1e-12 && fabs(d[3] - 2.0) < 1e-12);
-        /* same seed, same schedule */
-        double e[50], f[50];
-        bench_rng_seed(&r, 7);
-        bench_arrival_delays(&r, 50, 5.0, 0.5, e);
-        bench_rng_seed(&r, 7);
-        bench_arrival_delays(&r, 50, 5.0, 0.5, f);
-        assert_memory_equal(e, f, sizeof(e));
+        /* np.random.seed(0); gaps gamma(1, 1/(4*1)) = 0.19896862704077750,
+         * 0.31398269074145946, 0.23080578645101720 (numpy), then rescaled to end at 3/4 */
+        bench_mt_seed(&m, 0);
+        bench_arrival_delays(&m, 3, 4.0, 1.0, d);
+        double g0 = 0.1989686270407775, g1 = 0.31398269074145946, g2 = 0.2308057864510172;
+        double k = 0.75 / (g0 + g1 + g2);
+        assert_true(fabs(d[0] - g0 * k) < 1e-15 && fabs(d[1] - (g0 + g1) * k) < 1e-15);
+        assert_true(fabs(d[2] - 0.75) < 1e-15);
 }
 
-static void test_rng_range_inclusive(void **state) {
+/* numpy is the reference: default_rng(seed).integers(...) and np.random.seed(s);
+ * np.random.gamma(...), values printed by numpy 2.x. */
+static void test_rng_is_numpy(void **state) {
         bench_rng r;
-        int seen[5] = {0};
-        bench_rng_seed(&r, 1);
-        for (int i = 0; i < 5000; i++) {
-                int64_t v = bench_rng_range(&r, 3, 7);
-                assert_true(v >= 3 && v <= 7);
-                seen[v - 3]++;
-        }
-        for (int i = 0; i < 5; i++)
-                assert_true(seen[i] > 800 && seen[i] < 1200);
-        double sum = 0;
-        for (int i = 0; i < 20000; i++)
-                sum += bench_rng_gamma(&r, 2.0, 0.5);    /* mean shape * scale = 1 */
-        assert_true(fabs(sum / 20000 - 1.0) < 0.05);
+        bench_rng_seed(&r, 0);
+        const int64_t a[5] = {41809, 31307, 25123, 13260, 15130}, b[6] = {10, 10, 10, 11, 18, 16}, c[4] = {2, 1, 1, 2};
+        for (int i = 0; i < 5; i++)             /* integers(0, 49152, size=5) */
+                assert_int_equal(bench_rng_range(&r, 0, 49151), a[i]);
+        for (int i = 0; i < 6; i++)             /* integers(10, 20, size=6) */
+                assert_int_equal(bench_rng_range(&r, 10, 19), b[i]);
+        for (int i = 0; i < 4; i++)             /* integers(0, 3, size=4) */
+                assert_int_equal(bench_rng_range(&r, 0, 2), c[i]);
+        bench_rng_seed(&r, (1ull << 40) + 5);   /* a two-word seed */
+        assert_int_equal(bench_rng_range(&r, 0, 999), 14);
+        assert_int_equal(bench_rng_range(&r, 0, 999), 4);
+        assert_int_equal(bench_rng_range(&r, 0, 999), 449);
+        assert_int_equal(bench_rng_range(&r, 5, 5), 5);   /* integers(5, 6): no draw */
+
+        bench_mt m;
+        const double g05[3] = {0.01164591005435917, 0.38440530842518983, 0.14411897207626556};
+        const double g3[3] = {0.1975865787425526, 0.15746905899873226, 0.267004115549442};
+        bench_mt_seed(&m, 7);
+        for (int i = 0; i < 3; i++)             /* gamma(shape=0.5, scale=2.0) */
+                assert_true(bench_mt_gamma(&m, 0.5, 2.0) == g05[i]);
+        bench_mt_seed(&m, 7);
+        for (int i = 0; i < 3; i++)             /* gamma(shape=3.0, scale=0.1) */
+                assert_true(bench_mt_gamma(&m, 3.0, 0.1) == g3[i]);
 }
 
 /* ------------------------------------------------------------------ random dataset */
@@ -549,7 +562,7 @@ int main(void) {
                 cmocka_unit_test(test_pyfloat_and_filename),
                 cmocka_unit_test(test_goodput_parse),
                 cmocka_unit_test(test_arrival_delays),
-                cmocka_unit_test(test_rng_range_inclusive),
+                cmocka_unit_test(test_rng_is_numpy),
                 cmocka_unit_test(test_random_bounds),
                 cmocka_unit_test(test_decode_to_target_len),
                 cmocka_unit_test(test_random_dataset),
