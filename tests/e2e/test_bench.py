@@ -295,3 +295,33 @@ def test_chat_backend_and_server_tokenizer(server, tmp_path):
     assert path.name.startswith(f"openai-chat-infqps-{MODEL}-")
     assert d["backend"] == "openai-chat" and d["output_lens"] == [out_len] * n
     assert all(len(itl) == out_len - 1 for itl in d["itls"])   # the role chunk is not a token
+
+
+def test_dataset_and_schedule_are_numpys(server, tmp_path):
+    """vLLM draws the random dataset from numpy.random.default_rng(seed) and the arrival
+    gaps from the legacy np.random.seed(seed) stream; tessera bench serve reproduces both,
+    so numpy here predicts the per-request lengths and the send schedule."""
+    base, port, _ = server
+    n, seed, rate, in_len, out_len, ratio = 6, 11, 4.0, 16, 4, 0.5
+    r = bench("--port", port, "--model", MODEL, "--tokenizer", DEMO_MODEL, "--num-prompts", n, "--seed", seed,
+              "--random-input-len", in_len, "--random-output-len", out_len, "--random-range-ratio", ratio,
+              "--request-rate", rate, "--ignore-eos", "--temperature", "0", "--disable-tqdm",
+              "--save-result", "--save-detailed", "--result-dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    _, d = one_json(tmp_path)
+    # datasets/utils.py get_sampling_params (SmolLM2 adds no special tokens)
+    rng = np.random.default_rng(seed)
+    want_in = rng.integers(int(np.floor(in_len * (1 - ratio))), int(np.ceil(in_len * (1 + ratio))) + 1, size=n)
+    want_out = rng.integers(max(1, int(np.floor(out_len * (1 - ratio)))), int(np.ceil(out_len * (1 + ratio))) + 1,
+                            size=n)
+    assert d["output_lens"] == want_out.tolist()          # --ignore-eos: exactly max_tokens
+    if "WARNING: across all generated prompts" not in r.stdout:
+        assert d["input_lens"] == want_in.tolist()        # server-counted prompt tokens
+    # serve.py get_request: gamma gaps from np.random.seed(seed), cumulative, rescaled to n/rate
+    np.random.seed(seed)
+    gaps = np.cumsum([np.random.gamma(shape=1.0, scale=1.0 / rate) for _ in range(n)])
+    due = gaps * (n / rate) / gaps[-1]
+    starts = np.array(d["start_times"])
+    # never sent before its arrival time (measured from the first request; 0.2 s for a late first send)
+    assert np.all(starts - starts[0] >= due - due[0] - 0.2), (starts - starts[0], due - due[0])
+    assert d["duration"] >= due[-1] - 0.2
