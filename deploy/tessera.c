@@ -52,6 +52,7 @@ typedef struct child {
 
 static void usage(FILE *out) {
         fprintf(out, "usage: tessera serve MODEL [options]   (tessera serve --help lists every option)\n"
+                     "       tessera bench serve [options]   (vllm bench serve's flags; --help lists them)\n"
                      "       tessera --version\n");
 }
 
@@ -198,6 +199,16 @@ int main(int argc, char **argv) {
         if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0)) {
                 printf("tessera %s\n", TSR_VERSION);
                 return 0;
+        }
+        if (argc >= 2 && strcmp(argv[1], "bench") == 0) {
+                /* `tessera bench serve ...`: the benchmark client is its own binary
+                 * (it links libcurl, the launcher does not); replace this process. */
+                char *bench = find_binary("tessera-bench", "deploy");
+                argv[1] = bench;
+                execvp(bench, argv + 1);
+                fprintf(stderr, "tessera bench: cannot run %s: %s\n", bench, strerror(errno));
+                free(bench);
+                return EXIT_BAD_CONFIG;
         }
         if (argc < 2 || strcmp(argv[1], "serve") != 0) {
                 if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {

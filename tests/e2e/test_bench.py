@@ -1,0 +1,327 @@
+"""`tessera bench serve` (deploy/bench_serve.c) against a live `tessera serve` with the
+demo SmolLM2 model.  The expected block layout and JSON keys are read from vLLM 0.33.0's
+vllm/benchmarks/serve.py (benchmark(), process_one_metric(), main_async()); every
+statistic is recomputed here with numpy from the per-request arrays of the JSON."""
+import json
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+
+from conftest import BUILD, DEMO_MODEL, LAUNCHER, Proc, free_port, http_status, wait_until
+
+MODEL = "smol"
+BENCH_TIMEOUT = 600   # a loaded 2-core machine runs SmolLM2 at a few tokens/s per request
+
+# serve.py's print order: (label, kind) with kind "int" for "{:<40} {:<10}" and
+# "f2" for "{:<40} {:<10.2f}"; None marks lines printed only under a condition.
+HEAD = "============ Serving Benchmark Result ============"
+TAIL = "=" * 50
+
+
+def block_lines(stdout):
+    lines = stdout.splitlines()
+    start = lines.index(HEAD)
+    end = lines.index(TAIL, start + 1)
+    return lines[start:end + 1]
+
+
+def expected_labels(max_concurrency, rate, goodput, metrics, percentiles):
+    rows = [("Successful requests:", "int"), ("Failed requests:", "int")]
+    if max_concurrency is not None:
+        rows.append(("Maximum request concurrency:", "int"))
+    if rate is not None:
+        rows.append(("Request rate configured (RPS):", "f2"))
+    rows += [("Benchmark duration (s):", "f2"), ("Total input tokens:", "int"),
+             ("Total generated tokens:", "int"), ("Request throughput (req/s):", "f2")]
+    if goodput:
+        rows.append(("Request goodput (req/s):", "f2"))
+    rows += [("Output token throughput (tok/s):", "f2"), ("Peak output token throughput (tok/s):", "f2"),
+             ("Peak concurrent requests:", "f2"), ("Total token throughput (tok/s):", "f2")]
+    sections = [("ttft", "TTFT", "Time to First Token"),
+                ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+                ("itl", "ITL", "Inter-token Latency"),
+                ("e2el", "E2EL", "End-to-end Latency")]
+    for attr, name, header in sections:
+        if attr not in metrics:
+            continue
+        rows.append(("{s:{c}^{n}}".format(s=header, n=50, c="-"), "header"))
+        rows.append((f"Mean {name} (ms):", "f2"))
+        rows.append((f"Median {name} (ms):", "f2"))
+        for p in percentiles:
+            word = str(int(p)) if int(p) == p else str(p)
+            rows.append((f"P{word} {name} (ms):", "f2"))
+    return rows
+
+
+def check_block(stdout, **kw):
+    """Every line of the block exactly as Python's str.format would lay it out."""
+    lines = block_lines(stdout)
+    rows = expected_labels(**kw)
+    assert lines[0] == HEAD and lines[-1] == TAIL
+    body = lines[1:-1]
+    assert [r[0] if r[1] == "header" else r[0] for r in rows] == \
+        [line if line.startswith("-") else line[:40].rstrip() for line in body], "\n".join(lines)
+    values = {}
+    for (label, kind), line in zip(rows, body):
+        if kind == "header":
+            assert line == label
+            continue
+        raw = line[41:]
+        assert line[:41] == "{:<40} ".format(label)
+        if kind == "int":
+            v = int(raw)
+            assert line == "{:<40} {:<10}".format(label, v)
+        else:
+            v = float(raw)
+            assert re.fullmatch(r"-?\d+\.\d\d *", raw), line
+            assert line == "{:<40} {:<10.2f}".format(label, v)
+        values[label] = v
+    return values
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not DEMO_MODEL.exists():
+        pytest.skip("demo model not fetched")
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port,
+                 "--served-model-name", MODEL, "--max-model-len", "2048", "--max-num-seqs", "16",
+                 "--kv-cache-memory-bytes", "512M"], log)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        if proc.p.poll() is not None:
+            raise AssertionError(proc.output())
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=120, interval=0.1, what="server ready")
+    yield base, port, proc
+    proc.kill_group()
+
+
+def bench(*flags, timeout=BENCH_TIMEOUT):
+    return subprocess.run([str(LAUNCHER), "bench", "serve", *map(str, flags)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_json(result_dir):
+    files = list(Path(result_dir).glob("*.json"))
+    assert len(files) == 1, files
+    return files[0], json.loads(files[0].read_text())
+
+
+# ------------------------------------------------------------------ flags (no server)
+
+@pytest.mark.parametrize("flags, message", [
+    (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--num-prompts"], "expected one argument"),
+    (["--num-prompts", "ten"], "invalid int value: 'ten'"),
+    (["--request-rate", "fast"], "invalid float value: 'fast'"),
+    (["--backend", "tgi"], "--backend"),
+    (["--dataset-name", "sharegpt"], "--dataset-name"),
+    (["--max-concurrency", "0"], "--max-concurrency must be greater than 0"),
+    (["--random-range-ratio", "1.5"], "[0, 1)"),
+    (["--ramp-up-strategy", "linear"], "not supported by tessera bench serve"),
+    (["--goodput", "itl:5"], "Invalid metric name"),
+    (["--percentile-metrics", "ttft,foo"], "unknown metric 'foo'"),
+    (["--backend", "openai-chat"], "must end with one of: {'chat/completions'}"),
+    (["--header", "novalue"], "KEY=VALUE"),
+    (["--metric-percentiles", "99,abc"], "'abc' is not a number"),
+    (["--ignore-eos=1"], "ignored explicit argument"),
+])
+def test_bad_flags_exit_2(flags, message):
+    if not LAUNCHER.exists():
+        pytest.skip("not built")
+    r = bench(*flags, "--port", "1", timeout=60)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert message in r.stderr, r.stderr
+    assert "usage: tessera bench serve" in r.stderr
+
+
+def test_help_and_launcher_usage():
+    if not LAUNCHER.exists():
+        pytest.skip("not built")
+    r = bench("--help", timeout=60)
+    assert r.returncode == 0 and "--max-concurrency" in r.stdout
+    r = subprocess.run([str(LAUNCHER), "bench"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "tessera bench serve" in r.stderr
+
+
+# ------------------------------------------------------------------ live runs
+
+def test_completions_block_json_and_concurrency(server, tmp_path):
+    base, port, _ = server
+    n, out_len, in_len, conc = 6, 6, 24, 2
+    running = []
+    stop = threading.Event()
+
+    def watch():   # the server's own view of the running batch
+        while not stop.is_set():
+            try:
+                text = requests.get(base + "/metrics", timeout=5).text
+                m = re.search(r'^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$', text, re.M)
+                if m:
+                    running.append(float(m.group(1)))
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        r = bench("--port", port, "--model", MODEL, "--tokenizer", DEMO_MODEL, "--num-prompts", n,
+                  "--random-input-len", in_len, "--random-output-len", out_len, "--max-concurrency", conc,
+                  "--ignore-eos", "--temperature", "0", "--seed", "3",
+                  "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99.5",
+                  "--goodput", "ttft:3600000", "--save-result", "--save-detailed", "--result-dir", tmp_path / "res")
+    finally:
+        stop.set()
+        t.join()
+    assert r.returncode == 0, r.stderr
+    values = check_block(r.stdout, max_concurrency=conc, rate=None, goodput=True,
+                         metrics=["ttft", "tpot", "itl", "e2el"], percentiles=[50, 90, 99.5])
+    assert values["Successful requests:"] == n
+    assert values["Failed requests:"] == 0
+    assert values["Maximum request concurrency:"] == conc
+    assert values["Total generated tokens:"] == n * out_len
+    assert "100%|" in r.stderr                     # the progress bar
+
+    path, d = one_json(tmp_path / "res")
+    # vLLM's default name: {backend}-{rate}qps-concurrency{C}-{basename(model)}-{YYYYmmdd-HHMMSS}.json
+    assert re.fullmatch(rf"openai-infqps-concurrency{conc}-{MODEL}-\d{{8}}-\d{{6}}\.json", path.name), path.name
+    head = ["date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+            "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
+            "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+            "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "itls",
+            "latencies", "start_times", "queue_times", "generated_texts", "errors", "max_output_tokens_per_s",
+            "max_concurrent_requests", "rtfx"]
+    assert list(d)[:len(head)] == head
+    assert d["backend"] == d["endpoint_type"] == "openai" and d["label"] is None
+    assert d["model_id"] == MODEL and d["tokenizer_id"] == str(DEMO_MODEL)
+    assert d["request_rate"] == "inf" and d["burstiness"] == 1.0 and d["max_concurrency"] == conc
+    assert d["num_prompts"] == n and d["completed"] == n and d["failed"] == 0
+    assert d["output_lens"] == [out_len] * n and d["total_output_tokens"] == n * out_len
+    assert all(isinstance(x, int) for x in d["input_lens"]) and sum(d["input_lens"]) == d["total_input_tokens"]
+    assert all(x == in_len for x in d["input_lens"])          # server-counted prompt tokens
+    assert d["errors"] == [""] * n and all(isinstance(s, str) and s for s in d["generated_texts"])
+    for key in ("duration", "request_throughput", "output_throughput", "total_token_throughput",
+                "max_output_tokens_per_s", "rtfx", "request_goodput"):
+        assert isinstance(d[key], float), key
+    assert isinstance(d["max_concurrent_requests"], int)
+    assert all(len(itl) == out_len - 1 for itl in d["itls"])   # one chunk per token after the first
+
+    # every statistic from the per-request arrays, as calculate_metrics() computes it
+    ttfts, lat = np.array(d["ttfts"]), np.array(d["latencies"])
+    tpots = (lat - ttfts) / (np.array(d["output_lens"]) - 1)
+    itls = [x for per in d["itls"] for x in per]
+    dur = d["duration"]
+    assert d["request_throughput"] == pytest.approx(n / dur, rel=1e-12)
+    assert d["output_throughput"] == pytest.approx(n * out_len / dur, rel=1e-12)
+    assert d["total_token_throughput"] == pytest.approx((d["total_input_tokens"] + n * out_len) / dur, rel=1e-12)
+    assert d["request_goodput"] == pytest.approx(n / dur, rel=1e-12)   # an SLO every request meets
+    for attr, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", lat)):
+        assert d[f"mean_{attr}_ms"] == pytest.approx(np.mean(vals) * 1000, rel=1e-9)
+        assert d[f"median_{attr}_ms"] == pytest.approx(np.median(vals) * 1000, rel=1e-9)
+        assert d[f"std_{attr}_ms"] == pytest.approx(np.std(vals) * 1000, rel=1e-9, abs=1e-9)
+        for p in (50, 90, 99.5):
+            word = str(int(p)) if int(p) == p else str(p)
+            assert d[f"p{word}_{attr}_ms"] == pytest.approx(np.percentile(vals, p) * 1000, rel=1e-9)
+    assert values["Mean TTFT (ms):"] == pytest.approx(d["mean_ttft_ms"], abs=0.006)
+    assert values["P99.5 ITL (ms):"] == pytest.approx(d["p99.5_itl_ms"], abs=0.006)
+    assert values["Benchmark duration (s):"] == pytest.approx(dur, abs=0.006)
+
+    # --max-concurrency: never more than `conc` requests between send and last token ...
+    starts = np.array(d["start_times"])
+    events = sorted([(s, 1) for s in starts] + [(s + l, -1) for s, l in zip(starts, lat)],
+                    key=lambda e: (e[0], e[1]))
+    live = peak = 0
+    for _, step in events:
+        live += step
+        peak = max(peak, live)
+    assert peak == conc
+    # ... and the server never saw more than that running at once
+    assert running and max(running) <= conc
+    # queued requests waited for a slot (client queue time > 0 for the later ones)
+    assert max(d["queue_times"]) > 0
+
+
+def test_poisson_rate_and_default_json(server, tmp_path):
+    base, port, _ = server
+    n, rate = 6, 4.0
+    r = bench("--port", port, "--model", MODEL, "--tokenizer", DEMO_MODEL, "--num-prompts", n,
+              "--random-input-len", 8, "--random-output-len", 3, "--request-rate", rate, "--seed", "1",
+              "--disable-tqdm", "--save-result", "--result-dir", tmp_path, "--result-filename", "r.json")
+    assert r.returncode == 0, r.stderr
+    assert "Traffic request rate: 4.0" in r.stdout
+    assert "Burstiness factor: 1.0 (Poisson process)" in r.stdout
+    values = check_block(r.stdout, max_concurrency=None, rate=rate, goodput=False,
+                         metrics=["ttft", "tpot", "itl"], percentiles=[99])
+    assert values["Request rate configured (RPS):"] == 4.0
+    assert values["Successful requests:"] == n
+    assert "%|" not in r.stderr                    # --disable-tqdm
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert d["request_rate"] == 4.0 and d["max_concurrency"] is None and d["request_goodput"] is None
+    # without --save-detailed the per-request arrays go, as in vLLM (latencies/queue_times stay)
+    for gone in ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors"):
+        assert gone not in d
+    assert len(d["latencies"]) == n and len(d["queue_times"]) == n
+    assert "p99_ttft_ms" in d and "mean_e2el_ms" not in d
+    # arrivals were spread over about n/rate s (the schedule is rescaled to end at n/rate),
+    # not sent at once: the run cannot be shorter than the last arrival
+    assert d["duration"] >= 0.9 * n / rate
+
+
+def test_chat_backend_and_server_tokenizer(server, tmp_path):
+    """openai-chat against /v1/chat/completions, and no local tokenizer: the dataset is built
+    with the server's /tokenize and /detokenize."""
+    base, port, _ = server
+    n, out_len = 3, 4
+    r = bench("--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--base-url", base,
+              "--model", MODEL, "--num-prompts", n, "--random-input-len", 12, "--random-output-len", out_len,
+              "--ignore-eos", "--temperature", "0", "--disable-tqdm", "--save-result", "--save-detailed",
+              "--result-dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "server's /tokenize" in r.stdout
+    values = check_block(r.stdout, max_concurrency=None, rate=None, goodput=False,
+                         metrics=["ttft", "tpot", "itl"], percentiles=[99])
+    assert values["Successful requests:"] == n
+    assert values["Total generated tokens:"] == n * out_len
+    path, d = one_json(tmp_path)
+    assert path.name.startswith(f"openai-chat-infqps-{MODEL}-")
+    assert d["backend"] == "openai-chat" and d["output_lens"] == [out_len] * n
+    assert all(len(itl) == out_len - 1 for itl in d["itls"])   # the role chunk is not a token
+
+
+def test_dataset_and_schedule_are_numpys(server, tmp_path):
+    """vLLM draws the random dataset from numpy.random.default_rng(seed) and the arrival
+    gaps from the legacy np.random.seed(seed) stream; tessera bench serve reproduces both,
+    so numpy here predicts the per-request lengths and the send schedule."""
+    base, port, _ = server
+    n, seed, rate, in_len, out_len, ratio = 6, 11, 4.0, 16, 4, 0.5
+    r = bench("--port", port, "--model", MODEL, "--tokenizer", DEMO_MODEL, "--num-prompts", n, "--seed", seed,
+              "--random-input-len", in_len, "--random-output-len", out_len, "--random-range-ratio", ratio,
+              "--request-rate", rate, "--ignore-eos", "--temperature", "0", "--disable-tqdm",
+              "--save-result", "--save-detailed", "--result-dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    _, d = one_json(tmp_path)
+    # datasets/utils.py get_sampling_params (SmolLM2 adds no special tokens)
+    rng = np.random.default_rng(seed)
+    want_in = rng.integers(int(np.floor(in_len * (1 - ratio))), int(np.ceil(in_len * (1 + ratio))) + 1, size=n)
+    want_out = rng.integers(max(1, int(np.floor(out_len * (1 - ratio)))), int(np.ceil(out_len * (1 + ratio))) + 1,
+                            size=n)
+    assert d["output_lens"] == want_out.tolist()          # --ignore-eos: exactly max_tokens
+    if "WARNING: across all generated prompts" not in r.stdout:
+        assert d["input_lens"] == want_in.tolist()        # server-counted prompt tokens
+    # serve.py get_request: gamma gaps from np.random.seed(seed), cumulative, rescaled to n/rate
+    np.random.seed(seed)
+    gaps = np.cumsum([np.random.gamma(shape=1.0, scale=1.0 / rate) for _ in range(n)])
+    due = gaps * (n / rate) / gaps[-1]
+    starts = np.array(d["start_times"])
+    # never sent before its arrival time (measured from the first request; 0.2 s for a late first send)
+    assert np.all(starts - starts[0] >= due - due[0] - 0.2), (starts - starts[0], due - due[0])
+    assert d["duration"] >= due[-1] - 0.2
