@@ -80,9 +80,11 @@ static tsr_status load_secret(tsr_curve *c, const char *path, char *err, size_t 
                 char *t = trim_line(line);
                 const char *key;
                 lineno++;
+                /* A key is one word (Z85 has '=' and '#' but no spaces); lines of more
+                 * words, and the section names, are the rest of a czmq certificate. */
                 if (!*t || strcmp(t, "curve") == 0 || strcmp(t, "metadata") == 0 ||
-                    (strchr(t, '=') && strncmp(t, "secret-key", 10) != 0))
-                        continue;       /* the other lines of a czmq certificate */
+                    (strpbrk(t, " \t") && strncmp(t, "secret-key", 10) != 0))
+                        continue;
                 key = key_of_secret_line(t);
                 if (!key || !tsr_curve_key_valid(key)) {
                         fclose(f);
