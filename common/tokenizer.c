@@ -2644,6 +2644,14 @@ tsr_status tsr_tokenizer_new_gguf(const tsr_tok_gguf *d, tsr_tokenizer **ret, ch
                                              "midm-2.0", "lfm2", "dbrx", "smaug-bpe", NULL};
         static const char *const o200k[] = {"gpt-4o", "llama4", "kanana2", "minimax-m2", NULL};
         static const char *const tekken[] = {"tekken", NULL};
+        /* Vocabularies whose original tokenizer.json sets ignore_merges (tiktoken semantics: a
+         * pre-token that is itself in the vocab is one token).  transformers' GGUF converter
+         * drops the flag, which changes ids on real text (Llama 3: "Cửa Việt" would be
+         * 34 91163 11655 26298 83 instead of 34 91163 101798); llama.cpp and the HF-generated ids in
+         * its models/ggml-vocab-llama-bpe.gguf.out keep it, and so does Tessera. */
+        static const char *const whole_words[] = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+                                                  "pixtral", "midm-2.0", "lfm2", "tekken", "gpt-4o", "llama4",
+                                                  NULL};
         ld L = {0};
         tsr_tokenizer *t;
         bool gpt2, byte_alpha[324] = {false};
@@ -2733,6 +2741,7 @@ tsr_status tsr_tokenizer_new_gguf(const tsr_tok_gguf *d, tsr_tokenizer **ret, ch
                         st = gguf_pre(&L, NULL, 0);
                 if (st != TSR_OK)
                         goto out;
+                t->ignore_merges = d->pre && in_list(d->pre, whole_words);
                 t->dec[t->n_dec++].kind = DEC_BYTELEVEL;
         } else {
                 pre_op *op = &t->pre[t->n_pre++];

@@ -63,7 +63,10 @@ tsr_status tsr_tokenizer_new_json(const uint8_t *json, size_t len, const uint8_t
  * "gpt2" is byte-level BPE with the file's merges and the split regex chosen by `pre`
  * ("llama-bpe"/"llama3"/... the Llama 3 pattern, "llama4"/"gpt-4o" the o200k pattern,
  * "tekken" the Tekken pattern; anything else, "smollm" included, the GPT-2 pattern of
- * ByteLevel(use_regex=true)); "llama" is SentencePiece-style BPE with byte fallback whose
+ * ByteLevel(use_regex=true)), with one difference: for the Llama 3, o200k and Tekken names
+ * ignore_merges is on, as in those models' own tokenizer.json and in llama.cpp (transformers'
+ * converter drops it and then disagrees with the original tokenizer on words such as
+ * "Việt"); "llama" is SentencePiece-style BPE with byte fallback whose
  * merges are derived from the vocabulary and ranked by token score (best first), a
  * Metaspace pre-tokenizer and the Llama 2 decoder.  Control (3) and user-defined (4)
  * tokens become special and plain added tokens.  Errors as for tsr_tokenizer_new_json. */

@@ -432,6 +432,103 @@ static void test_llama2_tiny_gguf(void **state) {
         test_gguf("TSR_FIXTURES", "models", "llama-2-tiny-random.gguf", "llama2_tiny_gguf");
 }
 
+/* ---- real vocabularies fetched by scripts/fetch-vocab.sh into .cache/vocab (skip when absent) */
+
+static void vocab_path(char *out, size_t n, const char *file) {
+        const char *r = getenv("TSR_SOURCE_ROOT");
+        snprintf(out, n, "%s/.cache/vocab/%s", r ? r : ".", file);
+}
+
+/* llama.cpp's test strings (.inp, separated by "\n__ggml_vocab_test__\n") and the ids HF's
+ * tokenizer of the original model gave for them (.out, one line of ids per string). */
+static void check_inp_out(const tsr_tokenizer *t, const char *gguf_path) {
+        static const char sep[] = "\n__ggml_vocab_test__\n";
+        char path[4200];
+        size_t ni, no, n_ok = 0, n_all = 0;
+        char *inp, *out, *s, *o;
+
+        snprintf(path, sizeof(path), "%s.inp", gguf_path);
+        inp = read_file(path, &ni);
+        snprintf(path, sizeof(path), "%s.out", gguf_path);
+        out = read_file(path, &no);
+        assert_non_null(inp);
+        assert_non_null(out);
+        for (s = inp, o = out; *s || *o;) {
+                char *e = strstr(s, sep), *oe = strchr(o, '\n');
+                size_t sl = e ? (size_t)(e - s) : strlen(s), nw = 0, ng, k;
+                uint32_t want[512], *got = NULL;
+                char *p = o, *end;
+
+                if (oe)
+                        *oe = '\0';
+                while (nw < 512 && (k = strtoul(p, &end, 10), end != p)) {
+                        want[nw++] = (uint32_t)k;
+                        p = end;
+                }
+                if (sl || nw) {
+                        n_all++;
+                        assert_int_equal(tsr_tokenizer_encode(t, s, sl, false, &got, &ng), TSR_OK);
+                        if (same_ids(got, ng, want, nw))
+                                n_ok++;
+                        else {
+                                print_message(".inp string #%zu \"%.*s\" encodes differently\n", n_all, (int)sl, s);
+                                print_ids("want", want, nw);
+                                print_ids("got ", got, ng);
+                        }
+                        free(got);
+                }
+                s = e ? e + sizeof(sep) - 1 : s + sl;
+                o = oe ? oe + 1 : o + strlen(o);
+        }
+        print_message("%s: %zu/%zu of llama.cpp's HF-generated encodings exact\n", gguf_path, n_ok, n_all);
+        assert_true(n_all >= 40);
+        assert_int_equal(n_ok, n_all);
+        free(inp);
+        free(out);
+}
+
+static void test_llama_bpe_gguf(void **state) {
+        char path[4096];
+        tsr_tokenizer *t;
+        (void)state;
+
+        vocab_path(path, sizeof(path), "llama-bpe.gguf");
+        t = tok_from_gguf(path);
+        if (!t) {
+                print_message("%s absent (scripts/fetch-vocab.sh fetches it), skipped\n", path);
+                skip();
+        }
+        assert_int_equal(tsr_tokenizer_vocab_size(t), 128256);
+        check_inp_out(t, path);
+        check_family(t, "llama_bpe_gguf");
+        tsr_tokenizer_free(&t);
+}
+
+static void test_real_json(const char *file, const char *name, size_t vocab) {
+        char path[4096];
+        tsr_tokenizer *t;
+
+        vocab_path(path, sizeof(path), file);
+        t = tok_from_json_file(path);
+        if (!t) {
+                print_message("%s absent (scripts/fetch-vocab.sh fetches it), skipped\n", path);
+                skip();
+        }
+        assert_int_equal(tsr_tokenizer_vocab_size(t), vocab);
+        check_family(t, name);
+        tsr_tokenizer_free(&t);
+}
+
+static void test_o200k_real(void **state) {
+        (void)state;
+        test_real_json("o200k.tokenizer.json", "o200k_real", 200019);
+}
+
+static void test_tekken_real(void **state) {
+        (void)state;
+        test_real_json("tekken.tokenizer.json", "tekken_real", 131072);
+}
+
 /* ---- errors */
 
 static tsr_status try_json(const char *json, char *err, size_t errlen) {
@@ -573,6 +670,9 @@ int main(void) {
                 cmocka_unit_test(test_smollm2_gguf),
                 cmocka_unit_test(test_stories260k_gguf),
                 cmocka_unit_test(test_llama2_tiny_gguf),
+                cmocka_unit_test(test_llama_bpe_gguf),
+                cmocka_unit_test(test_o200k_real),
+                cmocka_unit_test(test_tekken_real),
                 cmocka_unit_test(test_big_inputs),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
