@@ -1247,6 +1247,17 @@ struct tsr_detok {
         size_t cnt[MAX_STAGES];         /* stream Strip: leading chars stripped so far */
         bool lead_done[MAX_STAGES];
         sbuf out;
+
+        /* vLLM's view of the stream (tsr_detok_push/flush only; tsr_tokenizer_decode does not
+         * use these).  vLLM streams through tokenizers' DecodeStream, which hands out new text
+         * only when the decode so far does not end in U+FFFD; the request's text is what it
+         * handed out, so a stream ending in U+FFFD (an unfinished or broken UTF-8 sequence, a
+         * run of invalid <0xNN> bytes, a U+FFFD token) loses everything after its last step
+         * that did not. */
+        sbuf vis;                       /* settled text held because the decode ended in U+FFFD */
+        sbuf good_tail;                 /* at the last step whose decode did not end in U+FFFD:
+                                         * what finishing then would have added */
+        bool out_fffd;                  /* the text handed out so far ends in U+FFFD */
 };
 
 static const char FFFD[] = "\xEF\xBF\xBD";
@@ -1596,6 +1607,46 @@ static void detok_done(tsr_detok *d) {
         }
         free(d->lossy.p);
         free(d->out.p);
+        free(d->vis.p);
+        free(d->good_tail.p);
+}
+
+static bool ends_fffd(const sbuf *b) {
+        return b->n >= 3 && memcmp(b->p + b->n - 3, FFFD, 3) == 0;
+}
+
+static tsr_status sb_copy(sbuf *dst, const sbuf *src) {
+        *dst = (sbuf){0};
+        return src->n ? sb_add(dst, src->p, src->n) : TSR_OK;
+}
+
+/* What detok_finish would output now, without finishing `d`: run it on a copy.  Empty
+ * when nothing is held back. */
+static tsr_status detok_tail(const tsr_detok *d, sbuf *tail) {
+        tsr_detok c;
+        bool held = d->lossy.n > 0;
+        size_t k;
+        tsr_status st = TSR_OK;
+
+        tail->n = 0;
+        for (k = 0; k < MAX_STAGES && !held; k++)
+                held = d->group[k].n || d->hold[k].n;
+        if (!held)
+                return TSR_OK;
+        c = *d;
+        c.out = c.vis = c.good_tail = (sbuf){0};
+        for (k = 0; k < MAX_STAGES; k++)
+                c.group[k] = c.hold[k] = (sbuf){0};
+        c.lossy = (sbuf){0};
+        for (k = 0; k < MAX_STAGES && st == TSR_OK; k++)
+                if ((st = sb_copy(&c.group[k], &d->group[k])) == TSR_OK)
+                        st = sb_copy(&c.hold[k], &d->hold[k]);
+        if (st == TSR_OK && (st = sb_copy(&c.lossy, &d->lossy)) == TSR_OK)
+                st = detok_finish(&c);
+        if (st == TSR_OK && c.out.n)
+                st = sb_add(tail, c.out.p, c.out.n);
+        detok_done(&c);
+        return st;
 }
 
 /* The spelling a decoder sees for `id`, or NULL for an id HF could not map. */
@@ -1669,18 +1720,21 @@ tsr_status tsr_detok_new(const tsr_tokenizer *t, bool skip_special_tokens, tsr_d
         return TSR_OK;
 }
 
-static tsr_status take_delta(tsr_detok *d, char **delta, size_t *delta_len) {
-        char *p = xstrndup(d->out.p ? d->out.p : "", d->out.n);
+/* Hand out `b` as a fresh NUL-terminated string and empty it. */
+static tsr_status give(sbuf *b, char **delta, size_t *delta_len) {
+        char *p = xstrndup(b->p ? b->p : "", b->n);
 
         if (!p)
                 return TSR_E_NOMEM;
         *delta = p;
-        *delta_len = d->out.n;
-        d->out.n = 0;
+        *delta_len = b->n;
+        b->n = 0;
         return TSR_OK;
 }
 
 tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta_len) {
+        sbuf tail = {0};
+        bool fffd;
         tsr_status st;
 
         if (!d || !delta || !delta_len || d->done || !tok_str(d->t, id, &(size_t){0}))
@@ -1688,7 +1742,25 @@ tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta
         d->out.n = 0;
         if ((st = detok_add(d, id)) != TSR_OK)
                 return st;
-        return take_delta(d, delta, delta_len);
+        if (d->out.n && sb_add(&d->vis, d->out.p, d->out.n) != TSR_OK)
+                return TSR_E_NOMEM;
+        d->out.n = 0;
+        /* Does the decode of every id so far end in U+FFFD?  Its last char is in the held-back
+         * tail if there is one, else in the settled text. */
+        if ((st = detok_tail(d, &tail)) != TSR_OK) {
+                free(tail.p);
+                return st;
+        }
+        fffd = tail.n ? ends_fffd(&tail) : d->vis.n ? ends_fffd(&d->vis) : d->out_fffd;
+        if (fffd) {
+                free(tail.p);
+                return give(&d->out, delta, delta_len);    /* "" until a later step settles it */
+        }
+        free(d->good_tail.p);
+        d->good_tail = tail;
+        if (d->vis.n)
+                d->out_fffd = ends_fffd(&d->vis);
+        return give(&d->vis, delta, delta_len);
 }
 
 tsr_status tsr_detok_flush(tsr_detok *d, char **delta, size_t *delta_len) {
@@ -1699,7 +1771,11 @@ tsr_status tsr_detok_flush(tsr_detok *d, char **delta, size_t *delta_len) {
         d->out.n = 0;
         if ((st = detok_finish(d)) != TSR_OK)
                 return st;
-        return take_delta(d, delta, delta_len);
+        if (d->out.n ? ends_fffd(&d->out) : d->vis.n ? ends_fffd(&d->vis) : d->out_fffd)
+                return give(&d->good_tail, delta, delta_len);
+        if (d->out.n && sb_add(&d->vis, d->out.p, d->out.n) != TSR_OK)
+                return TSR_E_NOMEM;
+        return give(&d->vis, delta, delta_len);
 }
 
 void tsr_detok_free(tsr_detok **dp) {

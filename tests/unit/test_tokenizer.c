@@ -196,13 +196,36 @@ static bool same_ids(const uint32_t *a, size_t na, const uint32_t *b, size_t nb)
         return na == nb && (na == 0 || memcmp(a, b, na * sizeof(uint32_t)) == 0);
 }
 
+/* What vLLM returns for the ids of golden `kind` #i (streamed or not) when it is not their
+ * full decode: the golden's "stream" entry, or NULL (then it is the decode).  *reset is set
+ * for the sequences whose DecodeStream restarts, which Tessera does not mimic. */
+static json_t *stream_want(json_t *g, const char *kind, size_t i, bool skip, bool *reset) {
+        json_t *arr = json_object_get(g, "stream"), *e;
+        size_t k;
+
+        *reset = false;
+        json_array_foreach(arr, k, e) {
+                const char *ek = json_string_value(json_array_get(e, 0));
+                bool is_reset = !strcmp(ek, "reset");
+                if ((size_t)json_integer_value(json_array_get(e, 1)) != i ||
+                    json_is_true(json_array_get(e, 2)) != skip ||
+                    strcmp(is_reset ? json_string_value(json_array_get(e, 4)) : ek, kind))
+                        continue;
+                *reset = is_reset;
+                return json_array_get(e, 3);
+        }
+        return NULL;
+}
+
 /* Every golden of one family: encode both ways, decode both ways, streaming decode. */
 static void check_family(const tsr_tokenizer *t, const char *name) {
         char gname[256];
         json_t *strings = load_json("strings.json"), *g;
         json_t *ids_all, *dec;
         uint32_t *pre, *suf;
-        size_t npre, nsuf, i, n_ok = 0, n_fail = 0, n_dec_ok = 0, n_detok_ok = 0;
+        size_t npre, nsuf, i, n_ok = 0, n_fail = 0, n_dec_ok = 0, n_detok_ok = 0, n_reset = 0, n_tail = 0;
+        json_t *sw;
+        bool reset;
 
         snprintf(gname, sizeof(gname), "%s.golden.json", name);
         g = load_json(gname);
@@ -236,9 +259,15 @@ static void check_family(const tsr_tokenizer *t, const char *name) {
                         print_ids("want(special)", wants, npre + nw + nsuf);
                         print_ids("got (special)", gots, ngs);
                 }
-                /* every golden string's ids also stream back to their full decode */
+                /* every golden string's ids also stream back to their full decode, or to what
+                 * vLLM returns when that decode ends in U+FFFD */
                 assert_int_equal(tsr_tokenizer_decode(t, want, nw, false, &text, &tl), TSR_OK);
-                if (check_detok(t, want, nw, false, text, tl))
+                sw = stream_want(g, "ids", i, false, &reset);
+                n_tail += sw && !reset;
+                if (reset)
+                        n_reset++;
+                else if (sw ? check_detok(t, want, nw, false, json_string_value(sw), json_string_length(sw))
+                            : check_detok(t, want, nw, false, text, tl))
                         n_detok_ok++;
                 else
                         n_fail++;
@@ -264,7 +293,13 @@ static void check_family(const tsr_tokenizer *t, const char *name) {
                                               text, json_string_value(w));
                                 print_ids("ids", ids, n);
                         }
-                        if (!check_detok(t, ids, n, skip, json_string_value(w), json_string_length(w)))
+                        sw = stream_want(g, "decode", i, skip, &reset);
+                        n_tail += sw && !reset;
+                        if (sw)
+                                w = sw;
+                        if (reset)
+                                n_reset++;
+                        else if (!check_detok(t, ids, n, skip, json_string_value(w), json_string_length(w)))
                                 n_fail++;
                         else
                                 n_detok_ok++;
@@ -272,8 +307,9 @@ static void check_family(const tsr_tokenizer *t, const char *name) {
                 }
                 free(ids);
         }
-        print_message("%s: encode %zu/%zu exact, decode %zu/%zu exact, streaming %zu ok\n", name, n_ok,
-                      json_array_size(strings), n_dec_ok, 2 * json_array_size(dec), n_detok_ok);
+        print_message("%s: encode %zu/%zu exact, decode %zu/%zu exact, streaming %zu ok (%zu lose a U+FFFD tail as "
+                      "in vLLM; %zu DecodeStream restarts not compared)\n", name, n_ok, json_array_size(strings),
+                      n_dec_ok, 2 * json_array_size(dec), n_detok_ok, n_tail, n_reset);
         free(pre);
         free(suf);
         json_decref(g);
