@@ -15,7 +15,8 @@
  *   model        BPE: vocab, merges ("a b" strings or [a, b] pairs), byte_fallback,
  *                ignore_merges, unk_token, fuse_unk (continuing_subword_prefix and
  *                end_of_word_suffix must be empty or null; dropout must be null or 0)
- *   normalizer   null, Prepend, Replace (String pattern), Sequence
+ *   normalizer   null, Prepend, Replace (String pattern), NFC, NFD, NFKC, NFKD (utf8proc),
+ *                Sequence
  *   pre_tokenizer null, ByteLevel (add_prefix_space, use_regex; must come last),
  *                Split (String or Regex pattern, any behavior, invert), Metaspace
  *                (replacement, prepend_scheme always/first/never, split), Digits, Sequence

@@ -307,6 +307,32 @@ static void check_family(const tsr_tokenizer *t, const char *name) {
                 }
                 free(ids);
         }
+        /* normalizer families: strings aimed at the Unicode normalization forms */
+        {
+                json_t *xs = json_object_get(g, "extra_strings"), *xi = json_object_get(g, "extra_ids");
+                size_t n_x = 0;
+                assert_int_equal(json_array_size(xs), json_array_size(xi));
+                for (i = 0; i < json_array_size(xs); i++) {
+                        json_t *js = json_array_get(xs, i);
+                        size_t nw, ng;
+                        uint32_t *want = json_ids(json_array_get(xi, i), &nw), *got = NULL;
+                        assert_int_equal(tsr_tokenizer_encode(t, json_string_value(js), json_string_length(js), false,
+                                                              &got, &ng), TSR_OK);
+                        if (same_ids(got, ng, want, nw)) {
+                                n_x++;
+                        } else {
+                                n_fail++;
+                                print_message("%s: normalization string #%zu \"%s\" encodes differently\n", name, i,
+                                              json_string_value(js));
+                                print_ids("want", want, nw);
+                                print_ids("got ", got, ng);
+                        }
+                        free(got);
+                        free(want);
+                }
+                if (xs)
+                        print_message("%s: %zu/%zu normalization strings exact\n", name, n_x, json_array_size(xs));
+        }
         print_message("%s: encode %zu/%zu exact, decode %zu/%zu exact, streaming %zu ok (%zu lose a U+FFFD tail as "
                       "in vLLM; %zu DecodeStream restarts not compared)\n", name, n_ok, json_array_size(strings),
                       n_dec_ok, 2 * json_array_size(dec), n_detok_ok, n_tail, n_reset);
@@ -468,6 +494,26 @@ static void test_llama2_tiny_gguf(void **state) {
         test_gguf("TSR_FIXTURES", "models", "llama-2-tiny-random.gguf", "llama2_tiny_gguf");
 }
 
+static void test_nfc(void **state) {
+        (void)state;
+        test_trained("nfc_bytelevel");
+}
+
+static void test_nfkc(void **state) {
+        (void)state;
+        test_trained("nfkc_bytelevel");
+}
+
+static void test_nfd(void **state) {
+        (void)state;
+        test_trained("nfd_bytelevel");
+}
+
+static void test_nfkd(void **state) {
+        (void)state;
+        test_trained("nfkd_bytelevel");
+}
+
 /* ---- real vocabularies fetched by scripts/fetch-vocab.sh into .cache/vocab (skip when absent) */
 
 static void vocab_path(char *out, size_t n, const char *file) {
@@ -603,8 +649,8 @@ static void test_bad_json(void **state) {
         assert_int_equal(try_json("{\"model\":{\"type\":\"BPE\",\"vocab\":{},\"continuing_subword_prefix\":\"##\"}}", err,
                                   sizeof(err)), TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "continuing_subword_prefix"));
-        assert_int_equal(try_json("{" MINI_MODEL ",\"normalizer\":{\"type\":\"NFKC\"}}", err, sizeof(err)), TSR_E_UNSUPPORTED);
-        assert_non_null(strstr(err, "NFKC"));
+        assert_int_equal(try_json("{" MINI_MODEL ",\"normalizer\":{\"type\":\"Precompiled\"}}", err, sizeof(err)), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "Precompiled"));
         assert_int_equal(try_json("{" MINI_MODEL ",\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},"
                                   "\"behavior\":\"Isolated\"}}", err, sizeof(err)), TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "regex"));
@@ -706,6 +752,10 @@ int main(void) {
                 cmocka_unit_test(test_smollm2_gguf),
                 cmocka_unit_test(test_stories260k_gguf),
                 cmocka_unit_test(test_llama2_tiny_gguf),
+                cmocka_unit_test(test_nfc),
+                cmocka_unit_test(test_nfkc),
+                cmocka_unit_test(test_nfd),
+                cmocka_unit_test(test_nfkd),
                 cmocka_unit_test(test_llama_bpe_gguf),
                 cmocka_unit_test(test_o200k_real),
                 cmocka_unit_test(test_tekken_real),
