@@ -10,8 +10,9 @@
  *     and/or/not, in, is-tests, conditional expressions, subscripts, slices,
  *     attributes, calls of the common str/dict methods, filters;
  *   - undefined values behave like jinja2's default Undefined.
- * Not covered: raw, call/caller, include/import/extends/block, with, filter blocks,
- * varargs/kwargs in macros, %-formatting of strings, Unicode case mapping beyond ASCII.
+ *   - call blocks ({% call(params) m(args) %}...{% endcall %} and caller() in the macro)
+ *     and filter blocks ({% filter f(args) | g %}...{% endfilter %});
+ * Not covered: raw, include/import/extends/block, with, varargs/kwargs in macros, %-formatting of strings, Unicode case mapping beyond ASCII.
  * An unknown filter or test is a parse error, as in jinja2.
  *
  * Shape: the lexer turns the normalised source into one token array (whitespace
@@ -229,7 +230,9 @@ typedef enum nkind {
         N_FOR,
         N_SET,
         N_SETBLOCK,
-        N_MACRO,
+        N_MACRO,        /* op: the body names `caller` (jinja2 then passes one) */
+        N_FILTERBLOCK,  /* c: filter chain (innermost operand NULL), b: body */
+        N_CALLBLOCK,    /* a: the call, b: the caller's body, names/kids: its parameters */
         N_BREAK,
         N_CONTINUE,
         N_BODY,
@@ -367,6 +370,7 @@ typedef struct parser {
         char *err;
         size_t errlen;
         bool failed;
+        bool saw_caller;        /* a name `caller` was parsed (in the current macro body) */
 } parser;
 
 static void src_linecol(const char *s, size_t len, size_t off, unsigned *line, unsigned *col) {
@@ -940,28 +944,32 @@ static bool dotted_name(parser *p, tstr *out) {
         return true;
 }
 
+/* One filter, its name at the current token: NAME or NAME(args), applied to `operand`. */
+static node *parse_one_filter(parser *p, node *operand) {
+        node *n = mk(p, N_FILTER, cur(p)->off);
+        size_t k;
+
+        if (!n || !dotted_name(p, &n->name))
+                return NULL;
+        n->fid = -1;
+        for (k = 0; k < sizeof(filter_names) / sizeof(filter_names[0]); k++)
+                if (tstr_eq(n->name, filter_names[k].name))
+                        n->fid = filter_names[k].id;
+        if (n->fid < 0) {
+                perr(p, n->off, TSR_E_INVAL, "no filter named '%.*s'", (int)n->name.n, n->name.p);
+                return NULL;
+        }
+        if (t_op(cur(p), "(") && !parse_call_args(p, n))
+                return NULL;
+        n->a = operand;
+        return n;
+}
+
 static node *parse_filter(parser *p, node *operand) {
         while (t_op(cur(p), "|")) {
-                node *n = mk(p, N_FILTER, cur(p)->off);
-                size_t k;
-                if (!n)
-                        return NULL;
                 adv(p);
-                n->off = cur(p)->off;
-                if (!dotted_name(p, &n->name))
+                if (!(operand = parse_one_filter(p, operand)))
                         return NULL;
-                n->fid = -1;
-                for (k = 0; k < sizeof(filter_names) / sizeof(filter_names[0]); k++)
-                        if (tstr_eq(n->name, filter_names[k].name))
-                                n->fid = filter_names[k].id;
-                if (n->fid < 0) {
-                        perr(p, n->off, TSR_E_INVAL, "no filter named '%.*s'", (int)n->name.n, n->name.p);
-                        return NULL;
-                }
-                if (t_op(cur(p), "(") && !parse_call_args(p, n))
-                        return NULL;
-                n->a = operand;
-                operand = n;
         }
         return operand;
 }
@@ -1156,6 +1164,8 @@ static node *parse_primary(parser *p) {
                 else {
                         n->kind = N_NAME;
                         n->name = t->s;
+                        if (tstr_eq(t->s, "caller"))
+                                p->saw_caller = true;
                 }
                 adv(p);
         } else if (t->type == K_STRING) {
@@ -1584,12 +1594,63 @@ static node *parse_set(parser *p, pstate *ps, uint32_t off) {
         return n;
 }
 
+/* "(a, b=default, ...)": the parameters of a macro or a caller, into n->names/kids. */
+static bool parse_params(parser *p, node *n) {
+        nvec v = {0};
+        bool have_default = false;
+
+        if (!expect_op(p, "("))
+                return false;
+        while (!t_op(cur(p), ")")) {
+                tstr nm;
+                node *def = NULL;
+                if (v.n && !expect_op(p, ","))
+                        return false;
+                if (cur(p)->type != K_NAME) {
+                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an argument name");
+                        return false;
+                }
+                nm = cur(p)->s;
+                adv(p);
+                if (t_op(cur(p), "=")) {
+                        adv(p);
+                        if (!(def = parse_expr(p, true)))
+                                return false;
+                        have_default = true;
+                } else if (have_default) {
+                        perr(p, cur(p)->off, TSR_E_INVAL, "non-default argument follows default argument");
+                        return false;
+                }
+                if (!nvec_push(p, &v, def, nm))
+                        return false;
+        }
+        adv(p);
+        n->kids = v.v;
+        n->nkids = v.n;
+        n->names = v.names;
+        n->nnames = v.n;
+        return true;
+}
+
+/* A macro or caller body: its own loop state; whether it names `caller` is recorded in
+ * n->op (jinja2 passes a caller only to a macro whose body names it). */
+static bool parse_callable_body(parser *p, node *n, const char *const *ends) {
+        pstate inner = {0};
+        bool outer = p->saw_caller;
+
+        p->saw_caller = false;
+        n->b = parse_statements(p, &inner, ends);
+        n->op = p->saw_caller;
+        p->saw_caller = outer || p->saw_caller;
+        if (!n->b)
+                return false;
+        adv(p);         /* the end tag */
+        return true;
+}
+
 static node *parse_macro(parser *p, uint32_t off) {
         static const char *const ends[] = {"endmacro", NULL};
         node *n = mk(p, N_MACRO, off);
-        nvec v = {0};
-        pstate inner = {0};
-        bool have_default = false;
 
         if (!n)
                 return NULL;
@@ -1599,39 +1660,43 @@ static node *parse_macro(parser *p, uint32_t off) {
         }
         n->name = cur(p)->s;
         adv(p);
-        if (!expect_op(p, "("))
+        if (!parse_params(p, n) || !parse_callable_body(p, n, ends))
                 return NULL;
-        while (!t_op(cur(p), ")")) {
-                tstr nm;
-                node *def = NULL;
-                if (v.n && !expect_op(p, ","))
-                        return NULL;
-                if (cur(p)->type != K_NAME) {
-                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an argument name");
-                        return NULL;
-                }
-                nm = cur(p)->s;
-                adv(p);
-                if (t_op(cur(p), "=")) {
-                        adv(p);
-                        if (!(def = parse_expr(p, true)))
-                                return NULL;
-                        have_default = true;
-                } else if (have_default) {
-                        perr(p, cur(p)->off, TSR_E_INVAL, "non-default argument follows default argument");
-                        return NULL;
-                }
-                if (!nvec_push(p, &v, def, nm))
-                        return NULL;
+        return n;
+}
+
+/* {% call [(params)] callee(args) %}body{% endcall %}: the body becomes the macro
+ * `caller` passed to the call. */
+static node *parse_call_block(parser *p, uint32_t off) {
+        static const char *const ends[] = {"endcall", NULL};
+        node *n = mk(p, N_CALLBLOCK, off);
+
+        if (!n)
+                return NULL;
+        if (t_op(cur(p), "(") && !parse_params(p, n))
+                return NULL;
+        if (!(n->a = parse_expr(p, true)))
+                return NULL;
+        if (n->a->kind != N_CALL) {
+                perr(p, n->a->off, TSR_E_INVAL, "expected call");
+                return NULL;
         }
-        adv(p);
-        n->kids = v.v;
-        n->nkids = v.n;
-        n->names = v.names;
-        n->nnames = v.n;
-        if (!(n->b = parse_statements(p, &inner, ends)))
+        if (!parse_callable_body(p, n, ends))
                 return NULL;
-        adv(p);         /* endmacro */
+        n->op = 0;      /* a caller is never given a caller */
+        return n;
+}
+
+/* {% filter f(args) | g %}body{% endfilter %} */
+static node *parse_filter_block(parser *p, pstate *ps, uint32_t off) {
+        static const char *const ends[] = {"endfilter", NULL};
+        node *n = mk(p, N_FILTERBLOCK, off), *first;
+
+        if (!n || !(first = parse_one_filter(p, NULL)) || !(n->c = parse_filter(p, first)))
+                return NULL;
+        if (!(n->b = parse_statements(p, ps, ends)))
+                return NULL;
+        adv(p);         /* endfilter */
         return n;
 }
 
@@ -1654,6 +1719,10 @@ static node *parse_statement(parser *p, pstate *ps) {
                 n = parse_set(p, ps, t->off);
         } else if (tstr_eq(t->s, "macro")) {
                 n = parse_macro(p, t->off);
+        } else if (tstr_eq(t->s, "call")) {
+                n = parse_call_block(p, t->off);
+        } else if (tstr_eq(t->s, "filter")) {
+                n = parse_filter_block(p, ps, t->off);
         } else if (tstr_eq(t->s, "break") || tstr_eq(t->s, "continue")) {
                 if (!ps->loops)
                         perr(p, t->off, TSR_E_INVAL, "'%.*s' outside of a loop", (int)t->s.n, t->s.p);
@@ -1833,6 +1902,7 @@ typedef struct args {
         tv *kw;
         const tstr *kwn;
         size_t nkw;
+        tv caller;              /* a call block's body (TV_MACRO), or TV_UNDEF */
 } args;
 
 static tsr_status rerr(rctx *c, tsr_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -4504,25 +4574,40 @@ static tsr_status call_builtin(rctx *c, int b, const args *a, tv *out) {
 }
 
 static tsr_status call_macro(rctx *c, tv m, const args *a, tv *out) {
+        static const char caller_name[] = "caller";
         const node *mn = m.u.m.n;
         frame *f;
         sb buf = {0}, *saved;
         size_t k, j;
         int flow = FLOW_NORMAL;
+        tv caller = a->caller;
         tsr_status st;
+        /* jinja2 names a call block's caller None */
+        const char *q = mn->kind == N_CALLBLOCK ? "" : "'";
+        tstr label = mn->kind == N_CALLBLOCK ? (tstr){"None", 4} : mn->name;
 
         if (a->npos > mn->nnames)
-                return rerr(c, TSR_E_INVAL, "macro '%.*s' takes not more than %u argument(s)", (int)mn->name.n,
-                            mn->name.p, mn->nnames);
+                return rerr(c, TSR_E_INVAL, "macro %s%.*s%s takes not more than %u argument(s)", q, (int)label.n,
+                            label.p, q, mn->nnames);
         for (k = 0; k < a->nkw; k++) {
                 bool known = false;
+                if (tstr_eq(a->kwn[k], caller_name) && mn->op) {
+                        caller = a->kw[k];
+                        continue;
+                }
                 for (j = 0; j < mn->nnames; j++)
                         if (a->kwn[k].n == mn->names[j].n && memcmp(a->kwn[k].p, mn->names[j].p, a->kwn[k].n) == 0)
                                 known = j >= a->npos;
+                if (!known && tstr_eq(a->kwn[k], caller_name))
+                        return rerr(c, TSR_E_INVAL, "macro %s%.*s%s was invoked with two values for the special caller "
+                                    "argument. This is most likely a bug.", q, (int)label.n, label.p, q);
                 if (!known)
-                        return rerr(c, TSR_E_INVAL, "macro '%.*s' takes no keyword argument '%.*s'", (int)mn->name.n,
-                                    mn->name.p, (int)a->kwn[k].n, a->kwn[k].p);
+                        return rerr(c, TSR_E_INVAL, "macro %s%.*s%s takes no keyword argument '%.*s'", q, (int)label.n,
+                                    label.p, q, (int)a->kwn[k].n, a->kwn[k].p);
         }
+        if (caller.type != TV_UNDEF && !mn->op)
+                return rerr(c, TSR_E_INVAL, "macro %s%.*s%s was invoked with two values for the special caller argument. "
+                            "This is most likely a bug.", q, (int)label.n, label.p, q);
         if (c->depth >= c->max_depth)
                 return rerr(c, TSR_E_LIMIT, "macro calls nested deeper than %u", c->max_depth);
         if (!(f = frame_new(c, m.u.m.f)))
@@ -4546,6 +4631,9 @@ static tsr_status call_macro(rctx *c, tv m, const args *a, tv *out) {
                 if (!frame_set(c, f, mn->names[k], v))
                         return c->st;
         }
+        if (mn->op && !frame_set(c, f, (tstr){caller_name, sizeof(caller_name) - 1},
+                                 caller.type != TV_UNDEF ? caller : undef_named((tstr){caller_name, 6})))
+                return c->st;
         saved = c->cap;
         c->cap = &buf;
         c->depth++;
@@ -5099,6 +5187,68 @@ static tsr_status exec_node(rctx *c, const node *n, frame *f, int *flow) {
                 m.u.m.n = n;
                 m.u.m.f = f;
                 return frame_set(c, f, n->name, m) ? TSR_OK : c->st;
+        }
+        case N_FILTERBLOCK: {
+                /* the body renders in its own scope (jinja2's filter_frame), then goes
+                 * through the chain; the result is output, and must be a string there */
+                sb buf = {0}, *saved = c->cap;
+                int inner = FLOW_NORMAL;
+                frame *bf = frame_new(c, f);
+                const node *chain[64];
+                size_t depth = 0, k;
+                const node *x;
+                if (!bf)
+                        return c->st;
+                c->cap = &buf;
+                st = exec_body(c, n->b, bf, &inner);
+                c->cap = saved;
+                if (st != TSR_OK)
+                        return st;
+                v = sb_tv(&buf);
+                for (x = n->c; x && depth < 64; x = x->a)
+                        chain[depth++] = x;
+                if (x)
+                        return rerr(c, TSR_E_LIMIT, "filter chain too long");
+                for (k = depth; k-- > 0;) {
+                        args a;
+                        tv r;
+                        if ((st = eval_args(c, chain[k], f, &a)) != TSR_OK ||
+                            (st = run_filter(c, chain[k]->fid, v, &a, &r)) != TSR_OK)
+                                return st;
+                        v = r;
+                }
+                if (v.type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "sequence item 0: expected str instance, %s found", type_name(v));
+                return emit(c, v.u.s.p, v.u.s.n);
+        }
+        case N_CALLBLOCK: {
+                args a;
+                tv fn, r;
+                tstr s;
+                const node *call = n->a;
+                if (call->a->kind == N_GETATTR) {
+                        tv self;
+                        if ((st = eval(c, call->a->a, f, &self)) != TSR_OK ||
+                            (st = get_attr(c, self, call->a->name, &fn)) != TSR_OK)
+                                return st;
+                } else if ((st = eval(c, call->a, f, &fn)) != TSR_OK) {
+                        return st;
+                }
+                if ((st = eval_args(c, call, f, &a)) != TSR_OK)
+                        return st;
+                if (fn.type != TV_MACRO)
+                        return fn.type == TV_UNDEF ? undef_err(c, fn)
+                                                   : rerr(c, TSR_E_UNSUPPORTED, "call block on a %s", type_name(fn));
+                a.caller = (tv){.type = TV_MACRO};
+                a.caller.u.m.n = n;
+                a.caller.u.m.f = f;
+                if ((st = call_macro(c, fn, &a, &r)) != TSR_OK)
+                        return st;
+                if (r.type == TV_STR)
+                        return emit(c, r.u.s.p, r.u.s.n);
+                if ((st = to_str(c, r, &s)) != TSR_OK)
+                        return st;
+                return emit(c, s.p, s.n);
         }
         case N_BREAK: *flow = FLOW_BREAK; return TSR_OK;
         case N_CONTINUE: *flow = FLOW_CONTINUE; return TSR_OK;
