@@ -12,8 +12,13 @@
  *   - undefined values behave like jinja2's default Undefined.
  *   - call blocks ({% call(params) m(args) %}...{% endcall %} and caller() in the macro)
  *     and filter blocks ({% filter f(args) | g %}...{% endfilter %});
- * Not covered: raw, include/import/extends/block, with, varargs/kwargs in macros, %-formatting of strings, Unicode case mapping beyond ASCII.
- * An unknown filter or test is a parse error, as in jinja2.
+ * Not covered: raw, include/import/extends/block, with, varargs/kwargs in macros,
+ * %-formatting of strings, Unicode case mapping beyond ASCII, generators (map, select and
+ * the like give lists, so a template that tojson's one renders where jinja2 raises).
+ * An unknown filter or test is a parse error, as in jinja2, except inside if statements
+ * and conditional expressions, where jinja2 3 raises only if it runs.  A string from
+ * |safe or |escape is a Markup for `+` (markupsafe escapes the other operand); other
+ * operations drop the mark.
  *
  * Shape: the lexer turns the normalised source into one token array (whitespace
  * control is applied there, exactly where jinja2's lexer applies it), a recursive
@@ -75,6 +80,7 @@ typedef struct tv tv;
 
 struct tv {
         uint8_t type;
+        uint8_t markup;         /* TV_STR: a markupsafe.Markup (from |safe or |escape) */
         union {
                 bool b;
                 int64_t i;
@@ -99,6 +105,8 @@ struct tlist {
         tv *v;
         size_t n, cap;
         bool tuple;
+        bool gen;               /* a generator in jinja2 (map, select...): true even when empty,
+                                 * no len(), not JSON; |list and the like copy it to a list */
 };
 
 struct tdict {
@@ -371,6 +379,16 @@ typedef struct parser {
         size_t errlen;
         bool failed;
         bool saw_caller;        /* a name `caller` was parsed (in the current macro body) */
+        /* jinja2 3 fails at compile time on an unknown filter or test only outside if
+         * statements and conditional expressions ("soft" frames; a loop, macro, call,
+         * filter or set block body is hard again); inside, only when it runs.  Unknown
+         * ones are parsed with fid -1 and judged when the template is complete. */
+        bool soft;
+        struct {
+                const node *n;
+                bool soft;
+        } unknown[32];
+        size_t n_unknown;
 } parser;
 
 static void src_linecol(const char *s, size_t len, size_t off, unsigned *line, unsigned *col) {
@@ -944,6 +962,28 @@ static bool dotted_name(parser *p, tstr *out) {
         return true;
 }
 
+/* An unknown filter or test: an error now in a hard frame, else remembered (see parser). */
+static bool note_unknown(parser *p, const node *n, const char *what) {
+        if (p->n_unknown == sizeof(p->unknown) / sizeof(p->unknown[0])) {
+                perr(p, n->off, TSR_E_INVAL, "no %s named '%.*s'", what, (int)n->name.n, n->name.p);
+                return false;
+        }
+        p->unknown[p->n_unknown].n = n;
+        p->unknown[p->n_unknown++].soft = p->soft;
+        return true;
+}
+
+/* After the whole template: the unknown filters and tests outside soft frames. */
+static void judge_unknown(parser *p) {
+        size_t k;
+
+        for (k = 0; k < p->n_unknown && !p->failed; k++)
+                if (!p->unknown[k].soft)
+                        perr(p, p->unknown[k].n->off, TSR_E_INVAL, "no %s named '%.*s'",
+                             p->unknown[k].n->kind == N_TEST ? "test" : "filter", (int)p->unknown[k].n->name.n,
+                             p->unknown[k].n->name.p);
+}
+
 /* One filter, its name at the current token: NAME or NAME(args), applied to `operand`. */
 static node *parse_one_filter(parser *p, node *operand) {
         node *n = mk(p, N_FILTER, cur(p)->off);
@@ -955,10 +995,8 @@ static node *parse_one_filter(parser *p, node *operand) {
         for (k = 0; k < sizeof(filter_names) / sizeof(filter_names[0]); k++)
                 if (tstr_eq(n->name, filter_names[k].name))
                         n->fid = filter_names[k].id;
-        if (n->fid < 0) {
-                perr(p, n->off, TSR_E_INVAL, "no filter named '%.*s'", (int)n->name.n, n->name.p);
+        if (n->fid < 0 && !note_unknown(p, n, "filter"))
                 return NULL;
-        }
         if (t_op(cur(p), "(") && !parse_call_args(p, n))
                 return NULL;
         n->a = operand;
@@ -993,10 +1031,8 @@ static node *parse_test(parser *p, node *operand) {
         for (k = 0; k < sizeof(test_names) / sizeof(test_names[0]); k++)
                 if (tstr_eq(n->name, test_names[k].name))
                         n->fid = test_names[k].id;
-        if (n->fid < 0) {
-                perr(p, n->off, TSR_E_INVAL, "no test named '%.*s'", (int)n->name.n, n->name.p);
+        if (n->fid < 0 && !note_unknown(p, n, "test"))
                 return NULL;
-        }
         t = cur(p);
         if (t_op(t, "(")) {
                 if (!parse_call_args(p, n))
@@ -1404,24 +1440,35 @@ static node *parse_or(parser *p) {
 
 static node *parse_expr(parser *p, bool condexpr) {
         node *n;
+        size_t first_unknown = p->n_unknown, k;
+        bool soft = p->soft;
+
         if (!enter(p))
                 return NULL;
         n = parse_or(p);
-        while (condexpr && n && t_name(cur(p), "if")) {
+        if (n && condexpr && t_name(cur(p), "if")) {
+                /* a conditional expression: all of it is a soft frame, expr1 included,
+                 * which was parsed before the `if` showed what it was */
+                for (k = first_unknown; k < p->n_unknown; k++)
+                        p->unknown[k].soft = true;
+                p->soft = true;
+        }
+        while (condexpr && n && !p->failed && t_name(cur(p), "if")) {
                 node *c = mk(p, N_COND, cur(p)->off);
                 if (!c)
-                        return NULL;
+                        break;
                 adv(p);
                 if (!(c->a = parse_or(p)))
-                        return NULL;
+                        break;
                 if (t_name(cur(p), "else")) {
                         adv(p);
                         if (!(c->c = parse_expr(p, true)))
-                                return NULL;
+                                break;
                 }
                 c->b = n;
                 n = c;
         }
+        p->soft = soft;
         p->depth--;
         return p->failed ? NULL : n;
 }
@@ -1511,6 +1558,7 @@ static node *parse_for(parser *p, pstate *ps, uint32_t off) {
                 perr(p, cur(p)->off, TSR_E_UNSUPPORTED, "recursive loops are not supported");
                 return NULL;
         }
+        p->soft = false;        /* the loop body is a new frame (restored by parse_statement) */
         ps->loops++;
         if (!(n->c = parse_statements(p, ps, ends1)))
                 return NULL;
@@ -1531,6 +1579,7 @@ static node *parse_if(parser *p, pstate *ps, uint32_t off) {
 
         if (!n)
                 return NULL;
+        p->soft = true;         /* restored by parse_statement */
         for (;;) {
                 if (!(n->a = parse_tuple(p, 1, NULL, false)) || !(n->b = parse_statements(p, ps, ends1)))
                         return NULL;
@@ -1586,6 +1635,7 @@ static node *parse_set(parser *p, pstate *ps, uint32_t off) {
                 return NULL;
         }
         n->kind = N_SETBLOCK;
+        p->soft = false;        /* restored by parse_statement */
         if (t_op(cur(p), "|") && !(n->c = parse_filter(p, NULL)))
                 return NULL;
         if (!(n->b = parse_statements(p, ps, ends)))
@@ -1639,6 +1689,7 @@ static bool parse_callable_body(parser *p, node *n, const char *const *ends) {
         bool outer = p->saw_caller;
 
         p->saw_caller = false;
+        p->soft = false;        /* restored by parse_statement */
         n->b = parse_statements(p, &inner, ends);
         n->op = p->saw_caller;
         p->saw_caller = outer || p->saw_caller;
@@ -1692,6 +1743,7 @@ static node *parse_filter_block(parser *p, pstate *ps, uint32_t off) {
         static const char *const ends[] = {"endfilter", NULL};
         node *n = mk(p, N_FILTERBLOCK, off), *first;
 
+        p->soft = false;        /* restored by parse_statement */
         if (!n || !(first = parse_one_filter(p, NULL)) || !(n->c = parse_filter(p, first)))
                 return NULL;
         if (!(n->b = parse_statements(p, ps, ends)))
@@ -1708,6 +1760,8 @@ static node *parse_statement(parser *p, pstate *ps) {
                 perr(p, t->off, TSR_E_INVAL, "tag name expected");
                 return NULL;
         }
+        bool soft = p->soft;
+
         if (!enter(p))
                 return NULL;
         adv(p);
@@ -1736,6 +1790,7 @@ static node *parse_statement(parser *p, pstate *ps) {
         } else {
                 perr(p, t->off, TSR_E_INVAL, "unknown or unsupported tag '%.*s'", (int)t->s.n, t->s.p);
         }
+        p->soft = soft;
         p->depth--;
         return p->failed ? NULL : n;
 }
@@ -1842,8 +1897,8 @@ tsr_status tsr_template_parse(const char *src, size_t len, tsr_template **ret, c
         if (lex(&p) == TSR_OK) {
                 eof.type = K_EOF;
                 eof.off = (uint32_t)k;
-                if (push_tok(&p, eof) == TSR_OK)
-                        t->root = parse_body(&p, &ps, NULL);
+                if (push_tok(&p, eof) == TSR_OK && (t->root = parse_body(&p, &ps, NULL)))
+                        judge_unknown(&p);
         }
         if (p.failed || !t->root) {
                 tsr_status st = p.failed ? p.st : TSR_E_INTERNAL;
@@ -2141,7 +2196,7 @@ static const char *type_name(tv v) {
         case TV_INT: return "int";
         case TV_FLOAT: return "float";
         case TV_STR: return "str";
-        case TV_LIST: return v.u.l->tuple ? "tuple" : "list";
+        case TV_LIST: return v.u.l->gen ? "generator" : v.u.l->tuple ? "tuple" : "list";
         case TV_DICT: return "dict";
         case TV_NS: return "Namespace";
         case TV_MACRO: return "Macro";
@@ -2164,7 +2219,7 @@ static bool truthy(tv v) {
         case TV_INT: return v.u.i != 0;
         case TV_FLOAT: return v.u.f != 0.0;
         case TV_STR: return v.u.s.n != 0;
-        case TV_LIST: return v.u.l->n != 0;
+        case TV_LIST: return v.u.l->gen || v.u.l->n != 0;
         case TV_DICT: return v.u.d->n != 0;
         default: return true;
         }
@@ -2537,6 +2592,10 @@ static bool json_dump(rctx *c, sb *b, tv v, const jopt *o, int level) {
                 return sb_adds(c, b, num);
         case TV_STR: return json_str(c, b, v.u.s, o->ensure_ascii);
         case TV_LIST:
+                if (v.u.l->gen) {
+                        rerr(c, TSR_E_INVAL, "Object of type generator is not JSON serializable");
+                        return false;
+                }
                 if (!v.u.l->n)
                         return sb_adds(c, b, "[]");
                 if (nest_in(c) != TSR_OK)
@@ -3715,6 +3774,15 @@ static tsr_status filter_select(rctx *c, tv v, const args *a, bool with_attr, bo
         args targs = {0};
         tsr_status st;
 
+        /* jinja2's _select_or_reject yields nothing for a false value (None, undefined, an
+         * empty sequence) without looking at its arguments */
+        if (!truthy(v)) {
+                if (!(res = list_new(c, 0)))
+                        return c->st;
+                res->gen = true;
+                *out = tv_list(res);
+                return TSR_OK;
+        }
         if (with_attr) {
                 if (a->npos < 1 || a->pos[0].type != TV_STR)
                         return rerr(c, TSR_E_INVAL, "selectattr/rejectattr need an attribute name");
@@ -3747,6 +3815,7 @@ static tsr_status filter_select(rctx *c, tv v, const args *a, bool with_attr, bo
                 if (ok == keep && !list_push(c, res, item))
                         return c->st;
         }
+        res->gen = true;
         *out = tv_list(res);
         return step(c, l->n);
 }
@@ -3760,6 +3829,13 @@ static tsr_status filter_map(rctx *c, tv v, const args *a, tv *out) {
         int fid = -1;
         args fargs = {0};
 
+        if (!truthy(v)) {       /* do_map: "if value:", as for select */
+                if (!(res = list_new(c, 0)))
+                        return c->st;
+                res->gen = true;
+                *out = tv_list(res);
+                return TSR_OK;
+        }
         if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, l->n)))
                 return c->failed ? c->st : st;
         if (a->npos == 0 && arg_get(a, 99, "attribute", &attr)) {
@@ -3791,6 +3867,7 @@ static tsr_status filter_map(rctx *c, tv v, const args *a, tv *out) {
                 }
                 res->v[res->n++] = x;
         }
+        res->gen = true;
         *out = tv_list(res);
         return step(c, l->n);
 }
@@ -3890,6 +3967,23 @@ static tsr_status to_number(rctx *c, tv v, bool want_float, tv def, tv *out) {
         return TSR_OK;
 }
 
+/* Length of the line break str.splitlines() sees at p (\n, \r\n, \r, \v, \f, \x1c-\x1e,
+ * U+0085, U+2028, U+2029), or 0. */
+static size_t py_linebreak(const char *p, size_t n) {
+        unsigned char c0 = (unsigned char)p[0];
+
+        if (c0 == '\r')
+                return n > 1 && p[1] == '\n' ? 2 : 1;
+        if (c0 == '\n' || c0 == '\v' || c0 == '\f' || (c0 >= 0x1c && c0 <= 0x1e))
+                return 1;
+        if (n > 1 && c0 == 0xC2 && (unsigned char)p[1] == 0x85)
+                return 2;
+        if (n > 2 && c0 == 0xE2 && (unsigned char)p[1] == 0x80 &&
+            ((unsigned char)p[2] == 0xA8 || (unsigned char)p[2] == 0xA9))
+                return 3;
+        return 0;
+}
+
 static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
         tsr_status st;
         tstr s, arg, arg2;
@@ -3904,6 +3998,8 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
                 if ((st = to_str(c, v, &s)) != TSR_OK)
                         return st;
                 *out = tv_str(s.p, s.n);
+                /* safe makes a Markup; string (soft_str) keeps one */
+                out->markup = fid == F_SAFE || (v.type == TV_STR && v.markup);
                 return TSR_OK;
         case F_TRIM:
                 if ((st = to_str(c, v, &s)) != TSR_OK ||
@@ -3916,7 +4012,11 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
         case F_COUNT:
                 switch (v.type) {
                 case TV_STR: *out = tv_int((int64_t)utf8_len(v.u.s.p, v.u.s.n)); return TSR_OK;
-                case TV_LIST: *out = tv_int((int64_t)v.u.l->n); return TSR_OK;
+                case TV_LIST:
+                        if (v.u.l->gen)
+                                return rerr(c, TSR_E_INVAL, "object of type 'generator' has no len()");
+                        *out = tv_int((int64_t)v.u.l->n);
+                        return TSR_OK;
                 case TV_DICT: *out = tv_int((int64_t)v.u.d->n); return TSR_OK;
                 case TV_UNDEF: *out = tv_int(0); return TSR_OK;
                 default: return rerr(c, TSR_E_INVAL, "object of type '%s' has no len()", type_name(v));
@@ -4140,6 +4240,10 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
         }
         case F_ESCAPE: {
                 sb b = {0};
+                if (v.type == TV_STR && v.markup) {     /* Markup is not escaped twice */
+                        *out = v;
+                        return TSR_OK;
+                }
                 if ((st = to_str(c, v, &s)) != TSR_OK)
                         return st;
                 for (k = 0; k < s.n; k++) {
@@ -4156,6 +4260,7 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
                                 return c->st;
                 }
                 *out = sb_tv(&b);
+                out->markup = 1;
                 return TSR_OK;
         }
         case F_INDENT: {
@@ -4186,18 +4291,15 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
                 }
                 if (truthy(first) && !sb_add(c, &b, ind.p, ind.n))
                         return c->st;
-                /* s + "\n" split into lines (\n, \r\n, \r); each line but the first is indented
-                 * when it is not blank (or always with blank=True); lines join with "\n". */
-                while (i < s.n) {
-                        size_t st0 = i, e;
-                        while (i < s.n && s.p[i] != '\n' && s.p[i] != '\r')
+                /* (s + "\n").splitlines(): Python's line breaks, and a break at the very end
+                 * leaves one more, empty, line; each line but the first is indented when it is
+                 * not blank (or always with blank=True); lines join with "\n". */
+                for (;;) {
+                        size_t st0 = i, e, brk = 0;
+                        while (i < s.n && !(brk = py_linebreak(s.p + i, s.n - i)))
                                 i++;
                         e = i;
-                        if (i < s.n) {
-                                if (s.p[i] == '\r' && i + 1 < s.n && s.p[i + 1] == '\n')
-                                        i++;
-                                i++;
-                        }
+                        i += brk;
                         if (!line0 && !sb_addc(c, &b, '\n'))
                                 return c->st;
                         if (!line0 && (e > st0 || truthy(blank)) && !sb_add(c, &b, ind.p, ind.n))
@@ -4205,6 +4307,8 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
                         if (!sb_add(c, &b, s.p + st0, e - st0))
                                 return c->st;
                         line0 = false;
+                        if (!brk)
+                                break;
                 }
                 *out = sb_tv(&b);
                 return TSR_OK;
@@ -4773,9 +4877,18 @@ static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
         }
         if (op == '+' && l.type == TV_STR && r.type == TV_STR) {
                 sb b = {0};
+                /* Markup + str and str + Markup escape the plain str (markupsafe) */
+                if (l.markup != r.markup) {
+                        args none = {0};
+                        tv *plain = l.markup ? &r : &l;
+                        tsr_status est = run_filter(c, F_ESCAPE, *plain, &none, plain);
+                        if (est != TSR_OK)
+                                return est;
+                }
                 if (!sb_add(c, &b, l.u.s.p, l.u.s.n) || !sb_add(c, &b, r.u.s.p, r.u.s.n))
                         return c->st;
                 *out = sb_tv(&b);
+                out->markup = l.markup || r.markup;
                 return TSR_OK;
         }
         if (op == '+' && l.type == TV_LIST && r.type == TV_LIST && l.u.l->tuple == r.u.l->tuple) {
@@ -4888,11 +5001,15 @@ static tsr_status eval_inner(rctx *c, const node *n, frame *f, tv *out) {
                 } else if ((st = eval(c, n->a, f, &l)) != TSR_OK) {
                         return st;
                 }
+                if (n->fid < 0)
+                        return rerr(c, TSR_E_INVAL, "No filter named '%.*s' found.", (int)n->name.n, n->name.p);
                 if ((st = eval_args(c, n, f, &a)) != TSR_OK)
                         return st;
                 return run_filter(c, n->fid, l, &a, out);
         case N_TEST: {
                 bool b;
+                if (n->fid < 0)
+                        return rerr(c, TSR_E_INVAL, "No test named '%.*s' found.", (int)n->name.n, n->name.p);
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK || (st = eval_args(c, n, f, &a)) != TSR_OK ||
                     (st = run_test(c, n->fid, l, &a, &b)) != TSR_OK)
                         return st;

