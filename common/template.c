@@ -10,9 +10,15 @@
  *     and/or/not, in, is-tests, conditional expressions, subscripts, slices,
  *     attributes, calls of the common str/dict methods, filters;
  *   - undefined values behave like jinja2's default Undefined.
- * Not covered: raw, call/caller, include/import/extends/block, with, filter blocks,
- * varargs/kwargs in macros, %-formatting of strings, Unicode case mapping beyond ASCII.
- * An unknown filter or test is a parse error, as in jinja2.
+ *   - call blocks ({% call(params) m(args) %}...{% endcall %} and caller() in the macro)
+ *     and filter blocks ({% filter f(args) | g %}...{% endfilter %});
+ * Not covered: raw, include/import/extends/block, with, varargs/kwargs in macros,
+ * %-formatting of strings, Unicode case mapping beyond ASCII, generators (map, select and
+ * the like give lists, so a template that tojson's one renders where jinja2 raises).
+ * An unknown filter or test is a parse error, as in jinja2, except inside if statements
+ * and conditional expressions, where jinja2 3 raises only if it runs.  A string from
+ * |safe or |escape is a Markup for `+` (markupsafe escapes the other operand); other
+ * operations drop the mark.
  *
  * Shape: the lexer turns the normalised source into one token array (whitespace
  * control is applied there, exactly where jinja2's lexer applies it), a recursive
@@ -74,6 +80,7 @@ typedef struct tv tv;
 
 struct tv {
         uint8_t type;
+        uint8_t markup;         /* TV_STR: a markupsafe.Markup (from |safe or |escape) */
         union {
                 bool b;
                 int64_t i;
@@ -98,6 +105,8 @@ struct tlist {
         tv *v;
         size_t n, cap;
         bool tuple;
+        bool gen;               /* a generator in jinja2 (map, select...): true even when empty,
+                                 * no len(), not JSON; |list and the like copy it to a list */
 };
 
 struct tdict {
@@ -229,7 +238,9 @@ typedef enum nkind {
         N_FOR,
         N_SET,
         N_SETBLOCK,
-        N_MACRO,
+        N_MACRO,        /* op: the body names `caller` (jinja2 then passes one) */
+        N_FILTERBLOCK,  /* c: filter chain (innermost operand NULL), b: body */
+        N_CALLBLOCK,    /* a: the call, b: the caller's body, names/kids: its parameters */
         N_BREAK,
         N_CONTINUE,
         N_BODY,
@@ -367,6 +378,17 @@ typedef struct parser {
         char *err;
         size_t errlen;
         bool failed;
+        bool saw_caller;        /* a name `caller` was parsed (in the current macro body) */
+        /* jinja2 3 fails at compile time on an unknown filter or test only outside if
+         * statements and conditional expressions ("soft" frames; a loop, macro, call,
+         * filter or set block body is hard again); inside, only when it runs.  Unknown
+         * ones are parsed with fid -1 and judged when the template is complete. */
+        bool soft;
+        struct {
+                const node *n;
+                bool soft;
+        } unknown[32];
+        size_t n_unknown;
 } parser;
 
 static void src_linecol(const char *s, size_t len, size_t off, unsigned *line, unsigned *col) {
@@ -940,28 +962,52 @@ static bool dotted_name(parser *p, tstr *out) {
         return true;
 }
 
+/* An unknown filter or test: an error now in a hard frame, else remembered (see parser). */
+static bool note_unknown(parser *p, const node *n, const char *what) {
+        if (p->n_unknown == sizeof(p->unknown) / sizeof(p->unknown[0])) {
+                perr(p, n->off, TSR_E_INVAL, "no %s named '%.*s'", what, (int)n->name.n, n->name.p);
+                return false;
+        }
+        p->unknown[p->n_unknown].n = n;
+        p->unknown[p->n_unknown++].soft = p->soft;
+        return true;
+}
+
+/* After the whole template: the unknown filters and tests outside soft frames. */
+static void judge_unknown(parser *p) {
+        size_t k;
+
+        for (k = 0; k < p->n_unknown && !p->failed; k++)
+                if (!p->unknown[k].soft)
+                        perr(p, p->unknown[k].n->off, TSR_E_INVAL, "no %s named '%.*s'",
+                             p->unknown[k].n->kind == N_TEST ? "test" : "filter", (int)p->unknown[k].n->name.n,
+                             p->unknown[k].n->name.p);
+}
+
+/* One filter, its name at the current token: NAME or NAME(args), applied to `operand`. */
+static node *parse_one_filter(parser *p, node *operand) {
+        node *n = mk(p, N_FILTER, cur(p)->off);
+        size_t k;
+
+        if (!n || !dotted_name(p, &n->name))
+                return NULL;
+        n->fid = -1;
+        for (k = 0; k < sizeof(filter_names) / sizeof(filter_names[0]); k++)
+                if (tstr_eq(n->name, filter_names[k].name))
+                        n->fid = filter_names[k].id;
+        if (n->fid < 0 && !note_unknown(p, n, "filter"))
+                return NULL;
+        if (t_op(cur(p), "(") && !parse_call_args(p, n))
+                return NULL;
+        n->a = operand;
+        return n;
+}
+
 static node *parse_filter(parser *p, node *operand) {
         while (t_op(cur(p), "|")) {
-                node *n = mk(p, N_FILTER, cur(p)->off);
-                size_t k;
-                if (!n)
-                        return NULL;
                 adv(p);
-                n->off = cur(p)->off;
-                if (!dotted_name(p, &n->name))
+                if (!(operand = parse_one_filter(p, operand)))
                         return NULL;
-                n->fid = -1;
-                for (k = 0; k < sizeof(filter_names) / sizeof(filter_names[0]); k++)
-                        if (tstr_eq(n->name, filter_names[k].name))
-                                n->fid = filter_names[k].id;
-                if (n->fid < 0) {
-                        perr(p, n->off, TSR_E_INVAL, "no filter named '%.*s'", (int)n->name.n, n->name.p);
-                        return NULL;
-                }
-                if (t_op(cur(p), "(") && !parse_call_args(p, n))
-                        return NULL;
-                n->a = operand;
-                operand = n;
         }
         return operand;
 }
@@ -985,10 +1031,8 @@ static node *parse_test(parser *p, node *operand) {
         for (k = 0; k < sizeof(test_names) / sizeof(test_names[0]); k++)
                 if (tstr_eq(n->name, test_names[k].name))
                         n->fid = test_names[k].id;
-        if (n->fid < 0) {
-                perr(p, n->off, TSR_E_INVAL, "no test named '%.*s'", (int)n->name.n, n->name.p);
+        if (n->fid < 0 && !note_unknown(p, n, "test"))
                 return NULL;
-        }
         t = cur(p);
         if (t_op(t, "(")) {
                 if (!parse_call_args(p, n))
@@ -1156,6 +1200,8 @@ static node *parse_primary(parser *p) {
                 else {
                         n->kind = N_NAME;
                         n->name = t->s;
+                        if (tstr_eq(t->s, "caller"))
+                                p->saw_caller = true;
                 }
                 adv(p);
         } else if (t->type == K_STRING) {
@@ -1394,24 +1440,35 @@ static node *parse_or(parser *p) {
 
 static node *parse_expr(parser *p, bool condexpr) {
         node *n;
+        size_t first_unknown = p->n_unknown, k;
+        bool soft = p->soft;
+
         if (!enter(p))
                 return NULL;
         n = parse_or(p);
-        while (condexpr && n && t_name(cur(p), "if")) {
+        if (n && condexpr && t_name(cur(p), "if")) {
+                /* a conditional expression: all of it is a soft frame, expr1 included,
+                 * which was parsed before the `if` showed what it was */
+                for (k = first_unknown; k < p->n_unknown; k++)
+                        p->unknown[k].soft = true;
+                p->soft = true;
+        }
+        while (condexpr && n && !p->failed && t_name(cur(p), "if")) {
                 node *c = mk(p, N_COND, cur(p)->off);
                 if (!c)
-                        return NULL;
+                        break;
                 adv(p);
                 if (!(c->a = parse_or(p)))
-                        return NULL;
+                        break;
                 if (t_name(cur(p), "else")) {
                         adv(p);
                         if (!(c->c = parse_expr(p, true)))
-                                return NULL;
+                                break;
                 }
                 c->b = n;
                 n = c;
         }
+        p->soft = soft;
         p->depth--;
         return p->failed ? NULL : n;
 }
@@ -1501,6 +1558,7 @@ static node *parse_for(parser *p, pstate *ps, uint32_t off) {
                 perr(p, cur(p)->off, TSR_E_UNSUPPORTED, "recursive loops are not supported");
                 return NULL;
         }
+        p->soft = false;        /* the loop body is a new frame (restored by parse_statement) */
         ps->loops++;
         if (!(n->c = parse_statements(p, ps, ends1)))
                 return NULL;
@@ -1521,6 +1579,7 @@ static node *parse_if(parser *p, pstate *ps, uint32_t off) {
 
         if (!n)
                 return NULL;
+        p->soft = true;         /* restored by parse_statement */
         for (;;) {
                 if (!(n->a = parse_tuple(p, 1, NULL, false)) || !(n->b = parse_statements(p, ps, ends1)))
                         return NULL;
@@ -1576,6 +1635,7 @@ static node *parse_set(parser *p, pstate *ps, uint32_t off) {
                 return NULL;
         }
         n->kind = N_SETBLOCK;
+        p->soft = false;        /* restored by parse_statement */
         if (t_op(cur(p), "|") && !(n->c = parse_filter(p, NULL)))
                 return NULL;
         if (!(n->b = parse_statements(p, ps, ends)))
@@ -1584,12 +1644,64 @@ static node *parse_set(parser *p, pstate *ps, uint32_t off) {
         return n;
 }
 
+/* "(a, b=default, ...)": the parameters of a macro or a caller, into n->names/kids. */
+static bool parse_params(parser *p, node *n) {
+        nvec v = {0};
+        bool have_default = false;
+
+        if (!expect_op(p, "("))
+                return false;
+        while (!t_op(cur(p), ")")) {
+                tstr nm;
+                node *def = NULL;
+                if (v.n && !expect_op(p, ","))
+                        return false;
+                if (cur(p)->type != K_NAME) {
+                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an argument name");
+                        return false;
+                }
+                nm = cur(p)->s;
+                adv(p);
+                if (t_op(cur(p), "=")) {
+                        adv(p);
+                        if (!(def = parse_expr(p, true)))
+                                return false;
+                        have_default = true;
+                } else if (have_default) {
+                        perr(p, cur(p)->off, TSR_E_INVAL, "non-default argument follows default argument");
+                        return false;
+                }
+                if (!nvec_push(p, &v, def, nm))
+                        return false;
+        }
+        adv(p);
+        n->kids = v.v;
+        n->nkids = v.n;
+        n->names = v.names;
+        n->nnames = v.n;
+        return true;
+}
+
+/* A macro or caller body: its own loop state; whether it names `caller` is recorded in
+ * n->op (jinja2 passes a caller only to a macro whose body names it). */
+static bool parse_callable_body(parser *p, node *n, const char *const *ends) {
+        pstate inner = {0};
+        bool outer = p->saw_caller;
+
+        p->saw_caller = false;
+        p->soft = false;        /* restored by parse_statement */
+        n->b = parse_statements(p, &inner, ends);
+        n->op = p->saw_caller;
+        p->saw_caller = outer || p->saw_caller;
+        if (!n->b)
+                return false;
+        adv(p);         /* the end tag */
+        return true;
+}
+
 static node *parse_macro(parser *p, uint32_t off) {
         static const char *const ends[] = {"endmacro", NULL};
         node *n = mk(p, N_MACRO, off);
-        nvec v = {0};
-        pstate inner = {0};
-        bool have_default = false;
 
         if (!n)
                 return NULL;
@@ -1599,39 +1711,44 @@ static node *parse_macro(parser *p, uint32_t off) {
         }
         n->name = cur(p)->s;
         adv(p);
-        if (!expect_op(p, "("))
+        if (!parse_params(p, n) || !parse_callable_body(p, n, ends))
                 return NULL;
-        while (!t_op(cur(p), ")")) {
-                tstr nm;
-                node *def = NULL;
-                if (v.n && !expect_op(p, ","))
-                        return NULL;
-                if (cur(p)->type != K_NAME) {
-                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an argument name");
-                        return NULL;
-                }
-                nm = cur(p)->s;
-                adv(p);
-                if (t_op(cur(p), "=")) {
-                        adv(p);
-                        if (!(def = parse_expr(p, true)))
-                                return NULL;
-                        have_default = true;
-                } else if (have_default) {
-                        perr(p, cur(p)->off, TSR_E_INVAL, "non-default argument follows default argument");
-                        return NULL;
-                }
-                if (!nvec_push(p, &v, def, nm))
-                        return NULL;
+        return n;
+}
+
+/* {% call [(params)] callee(args) %}body{% endcall %}: the body becomes the macro
+ * `caller` passed to the call. */
+static node *parse_call_block(parser *p, uint32_t off) {
+        static const char *const ends[] = {"endcall", NULL};
+        node *n = mk(p, N_CALLBLOCK, off);
+
+        if (!n)
+                return NULL;
+        if (t_op(cur(p), "(") && !parse_params(p, n))
+                return NULL;
+        if (!(n->a = parse_expr(p, true)))
+                return NULL;
+        if (n->a->kind != N_CALL) {
+                perr(p, n->a->off, TSR_E_INVAL, "expected call");
+                return NULL;
         }
-        adv(p);
-        n->kids = v.v;
-        n->nkids = v.n;
-        n->names = v.names;
-        n->nnames = v.n;
-        if (!(n->b = parse_statements(p, &inner, ends)))
+        if (!parse_callable_body(p, n, ends))
                 return NULL;
-        adv(p);         /* endmacro */
+        n->op = 0;      /* a caller is never given a caller */
+        return n;
+}
+
+/* {% filter f(args) | g %}body{% endfilter %} */
+static node *parse_filter_block(parser *p, pstate *ps, uint32_t off) {
+        static const char *const ends[] = {"endfilter", NULL};
+        node *n = mk(p, N_FILTERBLOCK, off), *first;
+
+        p->soft = false;        /* restored by parse_statement */
+        if (!n || !(first = parse_one_filter(p, NULL)) || !(n->c = parse_filter(p, first)))
+                return NULL;
+        if (!(n->b = parse_statements(p, ps, ends)))
+                return NULL;
+        adv(p);         /* endfilter */
         return n;
 }
 
@@ -1643,6 +1760,8 @@ static node *parse_statement(parser *p, pstate *ps) {
                 perr(p, t->off, TSR_E_INVAL, "tag name expected");
                 return NULL;
         }
+        bool soft = p->soft;
+
         if (!enter(p))
                 return NULL;
         adv(p);
@@ -1654,6 +1773,10 @@ static node *parse_statement(parser *p, pstate *ps) {
                 n = parse_set(p, ps, t->off);
         } else if (tstr_eq(t->s, "macro")) {
                 n = parse_macro(p, t->off);
+        } else if (tstr_eq(t->s, "call")) {
+                n = parse_call_block(p, t->off);
+        } else if (tstr_eq(t->s, "filter")) {
+                n = parse_filter_block(p, ps, t->off);
         } else if (tstr_eq(t->s, "break") || tstr_eq(t->s, "continue")) {
                 if (!ps->loops)
                         perr(p, t->off, TSR_E_INVAL, "'%.*s' outside of a loop", (int)t->s.n, t->s.p);
@@ -1667,6 +1790,7 @@ static node *parse_statement(parser *p, pstate *ps) {
         } else {
                 perr(p, t->off, TSR_E_INVAL, "unknown or unsupported tag '%.*s'", (int)t->s.n, t->s.p);
         }
+        p->soft = soft;
         p->depth--;
         return p->failed ? NULL : n;
 }
@@ -1773,8 +1897,8 @@ tsr_status tsr_template_parse(const char *src, size_t len, tsr_template **ret, c
         if (lex(&p) == TSR_OK) {
                 eof.type = K_EOF;
                 eof.off = (uint32_t)k;
-                if (push_tok(&p, eof) == TSR_OK)
-                        t->root = parse_body(&p, &ps, NULL);
+                if (push_tok(&p, eof) == TSR_OK && (t->root = parse_body(&p, &ps, NULL)))
+                        judge_unknown(&p);
         }
         if (p.failed || !t->root) {
                 tsr_status st = p.failed ? p.st : TSR_E_INTERNAL;
@@ -1833,6 +1957,7 @@ typedef struct args {
         tv *kw;
         const tstr *kwn;
         size_t nkw;
+        tv caller;              /* a call block's body (TV_MACRO), or TV_UNDEF */
 } args;
 
 static tsr_status rerr(rctx *c, tsr_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -2071,7 +2196,7 @@ static const char *type_name(tv v) {
         case TV_INT: return "int";
         case TV_FLOAT: return "float";
         case TV_STR: return "str";
-        case TV_LIST: return v.u.l->tuple ? "tuple" : "list";
+        case TV_LIST: return v.u.l->gen ? "generator" : v.u.l->tuple ? "tuple" : "list";
         case TV_DICT: return "dict";
         case TV_NS: return "Namespace";
         case TV_MACRO: return "Macro";
@@ -2094,7 +2219,7 @@ static bool truthy(tv v) {
         case TV_INT: return v.u.i != 0;
         case TV_FLOAT: return v.u.f != 0.0;
         case TV_STR: return v.u.s.n != 0;
-        case TV_LIST: return v.u.l->n != 0;
+        case TV_LIST: return v.u.l->gen || v.u.l->n != 0;
         case TV_DICT: return v.u.d->n != 0;
         default: return true;
         }
@@ -2467,6 +2592,10 @@ static bool json_dump(rctx *c, sb *b, tv v, const jopt *o, int level) {
                 return sb_adds(c, b, num);
         case TV_STR: return json_str(c, b, v.u.s, o->ensure_ascii);
         case TV_LIST:
+                if (v.u.l->gen) {
+                        rerr(c, TSR_E_INVAL, "Object of type generator is not JSON serializable");
+                        return false;
+                }
                 if (!v.u.l->n)
                         return sb_adds(c, b, "[]");
                 if (nest_in(c) != TSR_OK)
@@ -3645,6 +3774,15 @@ static tsr_status filter_select(rctx *c, tv v, const args *a, bool with_attr, bo
         args targs = {0};
         tsr_status st;
 
+        /* jinja2's _select_or_reject yields nothing for a false value (None, undefined, an
+         * empty sequence) without looking at its arguments */
+        if (!truthy(v)) {
+                if (!(res = list_new(c, 0)))
+                        return c->st;
+                res->gen = true;
+                *out = tv_list(res);
+                return TSR_OK;
+        }
         if (with_attr) {
                 if (a->npos < 1 || a->pos[0].type != TV_STR)
                         return rerr(c, TSR_E_INVAL, "selectattr/rejectattr need an attribute name");
@@ -3677,6 +3815,7 @@ static tsr_status filter_select(rctx *c, tv v, const args *a, bool with_attr, bo
                 if (ok == keep && !list_push(c, res, item))
                         return c->st;
         }
+        res->gen = true;
         *out = tv_list(res);
         return step(c, l->n);
 }
@@ -3690,6 +3829,13 @@ static tsr_status filter_map(rctx *c, tv v, const args *a, tv *out) {
         int fid = -1;
         args fargs = {0};
 
+        if (!truthy(v)) {       /* do_map: "if value:", as for select */
+                if (!(res = list_new(c, 0)))
+                        return c->st;
+                res->gen = true;
+                *out = tv_list(res);
+                return TSR_OK;
+        }
         if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, l->n)))
                 return c->failed ? c->st : st;
         if (a->npos == 0 && arg_get(a, 99, "attribute", &attr)) {
@@ -3721,6 +3867,7 @@ static tsr_status filter_map(rctx *c, tv v, const args *a, tv *out) {
                 }
                 res->v[res->n++] = x;
         }
+        res->gen = true;
         *out = tv_list(res);
         return step(c, l->n);
 }
@@ -3820,6 +3967,23 @@ static tsr_status to_number(rctx *c, tv v, bool want_float, tv def, tv *out) {
         return TSR_OK;
 }
 
+/* Length of the line break str.splitlines() sees at p (\n, \r\n, \r, \v, \f, \x1c-\x1e,
+ * U+0085, U+2028, U+2029), or 0. */
+static size_t py_linebreak(const char *p, size_t n) {
+        unsigned char c0 = (unsigned char)p[0];
+
+        if (c0 == '\r')
+                return n > 1 && p[1] == '\n' ? 2 : 1;
+        if (c0 == '\n' || c0 == '\v' || c0 == '\f' || (c0 >= 0x1c && c0 <= 0x1e))
+                return 1;
+        if (n > 1 && c0 == 0xC2 && (unsigned char)p[1] == 0x85)
+                return 2;
+        if (n > 2 && c0 == 0xE2 && (unsigned char)p[1] == 0x80 &&
+            ((unsigned char)p[2] == 0xA8 || (unsigned char)p[2] == 0xA9))
+                return 3;
+        return 0;
+}
+
 static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
         tsr_status st;
         tstr s, arg, arg2;
@@ -3834,6 +3998,8 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
                 if ((st = to_str(c, v, &s)) != TSR_OK)
                         return st;
                 *out = tv_str(s.p, s.n);
+                /* safe makes a Markup; string (soft_str) keeps one */
+                out->markup = fid == F_SAFE || (v.type == TV_STR && v.markup);
                 return TSR_OK;
         case F_TRIM:
                 if ((st = to_str(c, v, &s)) != TSR_OK ||
@@ -3846,7 +4012,11 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
         case F_COUNT:
                 switch (v.type) {
                 case TV_STR: *out = tv_int((int64_t)utf8_len(v.u.s.p, v.u.s.n)); return TSR_OK;
-                case TV_LIST: *out = tv_int((int64_t)v.u.l->n); return TSR_OK;
+                case TV_LIST:
+                        if (v.u.l->gen)
+                                return rerr(c, TSR_E_INVAL, "object of type 'generator' has no len()");
+                        *out = tv_int((int64_t)v.u.l->n);
+                        return TSR_OK;
                 case TV_DICT: *out = tv_int((int64_t)v.u.d->n); return TSR_OK;
                 case TV_UNDEF: *out = tv_int(0); return TSR_OK;
                 default: return rerr(c, TSR_E_INVAL, "object of type '%s' has no len()", type_name(v));
@@ -4070,6 +4240,10 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
         }
         case F_ESCAPE: {
                 sb b = {0};
+                if (v.type == TV_STR && v.markup) {     /* Markup is not escaped twice */
+                        *out = v;
+                        return TSR_OK;
+                }
                 if ((st = to_str(c, v, &s)) != TSR_OK)
                         return st;
                 for (k = 0; k < s.n; k++) {
@@ -4086,6 +4260,7 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
                                 return c->st;
                 }
                 *out = sb_tv(&b);
+                out->markup = 1;
                 return TSR_OK;
         }
         case F_INDENT: {
@@ -4116,18 +4291,15 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
                 }
                 if (truthy(first) && !sb_add(c, &b, ind.p, ind.n))
                         return c->st;
-                /* s + "\n" split into lines (\n, \r\n, \r); each line but the first is indented
-                 * when it is not blank (or always with blank=True); lines join with "\n". */
-                while (i < s.n) {
-                        size_t st0 = i, e;
-                        while (i < s.n && s.p[i] != '\n' && s.p[i] != '\r')
+                /* (s + "\n").splitlines(): Python's line breaks, and a break at the very end
+                 * leaves one more, empty, line; each line but the first is indented when it is
+                 * not blank (or always with blank=True); lines join with "\n". */
+                for (;;) {
+                        size_t st0 = i, e, brk = 0;
+                        while (i < s.n && !(brk = py_linebreak(s.p + i, s.n - i)))
                                 i++;
                         e = i;
-                        if (i < s.n) {
-                                if (s.p[i] == '\r' && i + 1 < s.n && s.p[i + 1] == '\n')
-                                        i++;
-                                i++;
-                        }
+                        i += brk;
                         if (!line0 && !sb_addc(c, &b, '\n'))
                                 return c->st;
                         if (!line0 && (e > st0 || truthy(blank)) && !sb_add(c, &b, ind.p, ind.n))
@@ -4135,6 +4307,8 @@ static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
                         if (!sb_add(c, &b, s.p + st0, e - st0))
                                 return c->st;
                         line0 = false;
+                        if (!brk)
+                                break;
                 }
                 *out = sb_tv(&b);
                 return TSR_OK;
@@ -4504,25 +4678,40 @@ static tsr_status call_builtin(rctx *c, int b, const args *a, tv *out) {
 }
 
 static tsr_status call_macro(rctx *c, tv m, const args *a, tv *out) {
+        static const char caller_name[] = "caller";
         const node *mn = m.u.m.n;
         frame *f;
         sb buf = {0}, *saved;
         size_t k, j;
         int flow = FLOW_NORMAL;
+        tv caller = a->caller;
         tsr_status st;
+        /* jinja2 names a call block's caller None */
+        const char *q = mn->kind == N_CALLBLOCK ? "" : "'";
+        tstr label = mn->kind == N_CALLBLOCK ? (tstr){"None", 4} : mn->name;
 
         if (a->npos > mn->nnames)
-                return rerr(c, TSR_E_INVAL, "macro '%.*s' takes not more than %u argument(s)", (int)mn->name.n,
-                            mn->name.p, mn->nnames);
+                return rerr(c, TSR_E_INVAL, "macro %s%.*s%s takes not more than %u argument(s)", q, (int)label.n,
+                            label.p, q, mn->nnames);
         for (k = 0; k < a->nkw; k++) {
                 bool known = false;
+                if (tstr_eq(a->kwn[k], caller_name) && mn->op) {
+                        caller = a->kw[k];
+                        continue;
+                }
                 for (j = 0; j < mn->nnames; j++)
                         if (a->kwn[k].n == mn->names[j].n && memcmp(a->kwn[k].p, mn->names[j].p, a->kwn[k].n) == 0)
                                 known = j >= a->npos;
+                if (!known && tstr_eq(a->kwn[k], caller_name))
+                        return rerr(c, TSR_E_INVAL, "macro %s%.*s%s was invoked with two values for the special caller "
+                                    "argument. This is most likely a bug.", q, (int)label.n, label.p, q);
                 if (!known)
-                        return rerr(c, TSR_E_INVAL, "macro '%.*s' takes no keyword argument '%.*s'", (int)mn->name.n,
-                                    mn->name.p, (int)a->kwn[k].n, a->kwn[k].p);
+                        return rerr(c, TSR_E_INVAL, "macro %s%.*s%s takes no keyword argument '%.*s'", q, (int)label.n,
+                                    label.p, q, (int)a->kwn[k].n, a->kwn[k].p);
         }
+        if (caller.type != TV_UNDEF && !mn->op)
+                return rerr(c, TSR_E_INVAL, "macro %s%.*s%s was invoked with two values for the special caller argument. "
+                            "This is most likely a bug.", q, (int)label.n, label.p, q);
         if (c->depth >= c->max_depth)
                 return rerr(c, TSR_E_LIMIT, "macro calls nested deeper than %u", c->max_depth);
         if (!(f = frame_new(c, m.u.m.f)))
@@ -4546,6 +4735,9 @@ static tsr_status call_macro(rctx *c, tv m, const args *a, tv *out) {
                 if (!frame_set(c, f, mn->names[k], v))
                         return c->st;
         }
+        if (mn->op && !frame_set(c, f, (tstr){caller_name, sizeof(caller_name) - 1},
+                                 caller.type != TV_UNDEF ? caller : undef_named((tstr){caller_name, 6})))
+                return c->st;
         saved = c->cap;
         c->cap = &buf;
         c->depth++;
@@ -4685,9 +4877,18 @@ static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
         }
         if (op == '+' && l.type == TV_STR && r.type == TV_STR) {
                 sb b = {0};
+                /* Markup + str and str + Markup escape the plain str (markupsafe) */
+                if (l.markup != r.markup) {
+                        args none = {0};
+                        tv *plain = l.markup ? &r : &l;
+                        tsr_status est = run_filter(c, F_ESCAPE, *plain, &none, plain);
+                        if (est != TSR_OK)
+                                return est;
+                }
                 if (!sb_add(c, &b, l.u.s.p, l.u.s.n) || !sb_add(c, &b, r.u.s.p, r.u.s.n))
                         return c->st;
                 *out = sb_tv(&b);
+                out->markup = l.markup || r.markup;
                 return TSR_OK;
         }
         if (op == '+' && l.type == TV_LIST && r.type == TV_LIST && l.u.l->tuple == r.u.l->tuple) {
@@ -4800,11 +5001,15 @@ static tsr_status eval_inner(rctx *c, const node *n, frame *f, tv *out) {
                 } else if ((st = eval(c, n->a, f, &l)) != TSR_OK) {
                         return st;
                 }
+                if (n->fid < 0)
+                        return rerr(c, TSR_E_INVAL, "No filter named '%.*s' found.", (int)n->name.n, n->name.p);
                 if ((st = eval_args(c, n, f, &a)) != TSR_OK)
                         return st;
                 return run_filter(c, n->fid, l, &a, out);
         case N_TEST: {
                 bool b;
+                if (n->fid < 0)
+                        return rerr(c, TSR_E_INVAL, "No test named '%.*s' found.", (int)n->name.n, n->name.p);
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK || (st = eval_args(c, n, f, &a)) != TSR_OK ||
                     (st = run_test(c, n->fid, l, &a, &b)) != TSR_OK)
                         return st;
@@ -5099,6 +5304,68 @@ static tsr_status exec_node(rctx *c, const node *n, frame *f, int *flow) {
                 m.u.m.n = n;
                 m.u.m.f = f;
                 return frame_set(c, f, n->name, m) ? TSR_OK : c->st;
+        }
+        case N_FILTERBLOCK: {
+                /* the body renders in its own scope (jinja2's filter_frame), then goes
+                 * through the chain; the result is output, and must be a string there */
+                sb buf = {0}, *saved = c->cap;
+                int inner = FLOW_NORMAL;
+                frame *bf = frame_new(c, f);
+                const node *chain[64];
+                size_t depth = 0, k;
+                const node *x;
+                if (!bf)
+                        return c->st;
+                c->cap = &buf;
+                st = exec_body(c, n->b, bf, &inner);
+                c->cap = saved;
+                if (st != TSR_OK)
+                        return st;
+                v = sb_tv(&buf);
+                for (x = n->c; x && depth < 64; x = x->a)
+                        chain[depth++] = x;
+                if (x)
+                        return rerr(c, TSR_E_LIMIT, "filter chain too long");
+                for (k = depth; k-- > 0;) {
+                        args a;
+                        tv r;
+                        if ((st = eval_args(c, chain[k], f, &a)) != TSR_OK ||
+                            (st = run_filter(c, chain[k]->fid, v, &a, &r)) != TSR_OK)
+                                return st;
+                        v = r;
+                }
+                if (v.type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "sequence item 0: expected str instance, %s found", type_name(v));
+                return emit(c, v.u.s.p, v.u.s.n);
+        }
+        case N_CALLBLOCK: {
+                args a;
+                tv fn, r;
+                tstr s;
+                const node *call = n->a;
+                if (call->a->kind == N_GETATTR) {
+                        tv self;
+                        if ((st = eval(c, call->a->a, f, &self)) != TSR_OK ||
+                            (st = get_attr(c, self, call->a->name, &fn)) != TSR_OK)
+                                return st;
+                } else if ((st = eval(c, call->a, f, &fn)) != TSR_OK) {
+                        return st;
+                }
+                if ((st = eval_args(c, call, f, &a)) != TSR_OK)
+                        return st;
+                if (fn.type != TV_MACRO)
+                        return fn.type == TV_UNDEF ? undef_err(c, fn)
+                                                   : rerr(c, TSR_E_UNSUPPORTED, "call block on a %s", type_name(fn));
+                a.caller = (tv){.type = TV_MACRO};
+                a.caller.u.m.n = n;
+                a.caller.u.m.f = f;
+                if ((st = call_macro(c, fn, &a, &r)) != TSR_OK)
+                        return st;
+                if (r.type == TV_STR)
+                        return emit(c, r.u.s.p, r.u.s.n);
+                if ((st = to_str(c, r, &s)) != TSR_OK)
+                        return st;
+                return emit(c, s.p, s.n);
         }
         case N_BREAK: *flow = FLOW_BREAK; return TSR_OK;
         case N_CONTINUE: *flow = FLOW_CONTINUE; return TSR_OK;

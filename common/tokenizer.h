@@ -15,7 +15,8 @@
  *   model        BPE: vocab, merges ("a b" strings or [a, b] pairs), byte_fallback,
  *                ignore_merges, unk_token, fuse_unk (continuing_subword_prefix and
  *                end_of_word_suffix must be empty or null; dropout must be null or 0)
- *   normalizer   null, Prepend, Replace (String pattern), Sequence
+ *   normalizer   null, Prepend, Replace (String pattern), NFC, NFD, NFKC, NFKD (utf8proc),
+ *                Sequence
  *   pre_tokenizer null, ByteLevel (add_prefix_space, use_regex; must come last),
  *                Split (String or Regex pattern, any behavior, invert), Metaspace
  *                (replacement, prepend_scheme always/first/never, split), Digits, Sequence
@@ -63,7 +64,10 @@ tsr_status tsr_tokenizer_new_json(const uint8_t *json, size_t len, const uint8_t
  * "gpt2" is byte-level BPE with the file's merges and the split regex chosen by `pre`
  * ("llama-bpe"/"llama3"/... the Llama 3 pattern, "llama4"/"gpt-4o" the o200k pattern,
  * "tekken" the Tekken pattern; anything else, "smollm" included, the GPT-2 pattern of
- * ByteLevel(use_regex=true)); "llama" is SentencePiece-style BPE with byte fallback whose
+ * ByteLevel(use_regex=true)), with one difference: for the Llama 3, o200k and Tekken names
+ * ignore_merges is on, as in those models' own tokenizer.json and in llama.cpp (transformers'
+ * converter drops it and then disagrees with the original tokenizer on words such as
+ * "Việt"); "llama" is SentencePiece-style BPE with byte fallback whose
  * merges are derived from the vocabulary and ranked by token score (best first), a
  * Metaspace pre-tokenizer and the Llama 2 decoder.  Control (3) and user-defined (4)
  * tokens become special and plain added tokens.  Errors as for tsr_tokenizer_new_json. */
@@ -101,15 +105,26 @@ tsr_status tsr_tokenizer_decode(const tsr_tokenizer *t, const uint32_t *ids, siz
                                 bool skip_special_tokens, char **text, size_t *len);
 
 /* Incremental detokenizer for streaming.  Push ids one at a time; each push returns the
- * text that became final (possibly empty).  The concatenation of every delta and the flush
- * equals tsr_tokenizer_decode of all the ids pushed, and every delta is valid UTF-8: bytes
- * of an unfinished UTF-8 sequence, a run of <0xNN> byte tokens, or characters a decoder may
- * still strip are held back until they are settled.  Deltas are malloc'd and NUL-terminated
- * (the caller frees them; never NULL on success). */
+ * text that became final (possibly empty).  Every delta is valid UTF-8: bytes of an
+ * unfinished UTF-8 sequence, a run of <0xNN> byte tokens, or characters a decoder may still
+ * strip are held back until they are settled.  Deltas are malloc'd and NUL-terminated (the
+ * caller frees them; never NULL on success).
+ *
+ * The concatenation of every delta and the flush is the text vLLM returns for these ids, in
+ * a stream or in a whole response: vLLM (v1 FastIncrementalDetokenizer, 0.12) keeps only what
+ * tokenizers' DecodeStream hands out, and DecodeStream hands out nothing while the decode so
+ * far ends in U+FFFD.  So the text is tsr_tokenizer_decode of all the ids pushed when that
+ * does not end in U+FFFD, and otherwise the decode of the longest prefix of them whose
+ * decode does not (a stream cut inside a multi-byte character loses that character's bytes
+ * instead of ending in U+FFFD).  Text ending in U+FFFD is held back, so no delta has to be
+ * taken back.  Not mimicked: the DecodeStream restart vLLM does when a <0xNN> run turns an
+ * earlier byte into U+FFFD ("Invalid prefix", byte_fallback tokenizers only), and vLLM's
+ * priming of the stream with the prompt's last tokens (it matters for SentencePiece-style
+ * decoders, whose first token would otherwise lose its leading space). */
 tsr_status tsr_detok_new(const tsr_tokenizer *t, bool skip_special_tokens, tsr_detok **ret);
 /* TSR_E_INVAL for an out-of-range id (the stream is unchanged). */
 tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta_len);
-/* End of stream: returns what was held back.  The detok may not be pushed again. */
+/* End of stream: returns what was held back (see above).  The detok may not be pushed again. */
 tsr_status tsr_detok_flush(tsr_detok *d, char **delta, size_t *delta_len);
 /* Accepts NULL and *d == NULL; clears *d. */
 void tsr_detok_free(tsr_detok **d);

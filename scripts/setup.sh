@@ -14,6 +14,7 @@ PKGS=(build-essential pkg-config meson ninja-build python3 python3-venv
       libssl-dev clang libclang-rt-14-dev libcurl4-openssl-dev)
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+PKGS+=(libutf8proc-dev)   # tokenizer NFC/NFKC normalizers (common/tokenizer.c)
 
 missing=()
 for p in "${PKGS[@]}"; do

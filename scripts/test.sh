@@ -19,6 +19,7 @@ CC=clang BUILD_DIR=build-fuzz WERROR=false \
     MESON_ARGS="-Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled" \
     ./scripts/setup.sh || { echo "0 passed, 1 failed"; exit 1; }
 ./scripts/fetch-model.sh >/dev/null || echo "test: demo model not fetched; e2e tests that need it will skip"
+./scripts/fetch-vocab.sh >/dev/null || echo "test: real vocabularies not fetched; their tokenizer tests will skip"
 
 # Python test tools in a virtual environment, re-installed only when the pins change.
 if [ ! -x .venv/bin/python ] || ! cmp -s tests/requirements.txt .venv/requirements.installed; then
