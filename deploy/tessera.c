@@ -16,6 +16,7 @@
  * no orphans. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -29,6 +30,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "common/clock.h"
 #include "common/config.h"
@@ -53,7 +55,48 @@ typedef struct child {
 static void usage(FILE *out) {
         fprintf(out, "usage: tessera serve MODEL [options]   (tessera serve --help lists every option)\n"
                      "       tessera bench serve [options]   (vllm bench serve's flags; --help lists them)\n"
+                     "       tessera curve-keygen PREFIX     (writes PREFIX.key and PREFIX.pub for --zmq-curve-*)\n"
                      "       tessera --version\n");
+}
+
+/* `tessera curve-keygen PREFIX`: a CurveZMQ key pair for --zmq-curve-secret-file
+ * (PREFIX.key, the secret, mode 0600, never overwritten) and for the other side's
+ * --zmq-curve-peers-file (PREFIX.pub). */
+static int curve_keygen(int argc, char **argv) {
+        char pub[41], sec[41], path[PATH_MAX];
+        FILE *f;
+        int fd;
+
+        if (argc != 1 || argv[0][0] == '-') {
+                fprintf(stderr, "usage: tessera curve-keygen PREFIX   (writes PREFIX.key and PREFIX.pub)\n");
+                return 2;
+        }
+        if (zmq_curve_keypair(pub, sec) != 0) {
+                fprintf(stderr, "tessera curve-keygen: %s (is libzmq built with CURVE?)\n", zmq_strerror(zmq_errno()));
+                return 1;
+        }
+        snprintf(path, sizeof(path), "%s.key", argv[0]);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        if (fd < 0 || !(f = fdopen(fd, "w"))) {
+                fprintf(stderr, "tessera curve-keygen: %s: %s\n", path, strerror(errno));
+                if (fd >= 0)
+                        close(fd);
+                return 1;
+        }
+        fprintf(f, "# CurveZMQ secret key (tessera curve-keygen): keep private\n%s\n", sec);
+        memset(sec, 0, sizeof(sec));
+        if (fclose(f) != 0)
+                return 1;
+        snprintf(path, sizeof(path), "%s.pub", argv[0]);
+        if (!(f = fopen(path, "w"))) {
+                fprintf(stderr, "tessera curve-keygen: %s: %s\n", path, strerror(errno));
+                return 1;
+        }
+        fprintf(f, "%s\n", pub);
+        if (fclose(f) != 0)
+                return 1;
+        printf("%s\n", pub);
+        return 0;
 }
 
 /* Directory of this executable, for finding the other two binaries beside it (an
@@ -200,6 +243,8 @@ int main(int argc, char **argv) {
                 printf("tessera %s\n", TSR_VERSION);
                 return 0;
         }
+        if (argc >= 2 && strcmp(argv[1], "curve-keygen") == 0)
+                return curve_keygen(argc - 2, argv + 2);
         if (argc >= 2 && strcmp(argv[1], "bench") == 0) {
                 /* `tessera bench serve ...`: the benchmark client is its own binary
                  * (it links libcurl, the launcher does not); replace this process. */

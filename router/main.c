@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "common/config.h"
 #include "common/log.h"
+#include "common/zmq_curve.h"
 #include "router.h"
 #include "worker_dns.h"
 
@@ -25,6 +26,7 @@
 
 typedef struct router_main {
         router_ctx r;
+        tsr_curve curve;             /* --zmq-curve-* keys; disabled = plain TCP */
         worker_dns *dns;             /* --worker-dns lookups; NULL without the flag */
         uv_signal_t sigterm;
         uv_signal_t sigint;
@@ -128,6 +130,11 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tessera-router: error: --router-threads other than 1 is not supported yet\n");
                 goto out;
         }
+        if (tsr_curve_load(&m.curve, cfg.zmq_curve_secret_file, cfg.zmq_curve_peers_file, err, sizeof(err)) !=
+            TSR_OK) {
+                fprintf(stderr, "tessera-router: error: %s\n", err);
+                goto out;
+        }
         signal(SIGPIPE, SIG_IGN);
         raise_fd_limit();
 
@@ -148,6 +155,10 @@ int main(int argc, char **argv) {
                 log_error("out of memory");
                 goto out_close;
         }
+        worker_pool_set_curve(m.r.workers, &m.curve);
+        if (m.curve.enabled)
+                log_info("CurveZMQ on: public key %s, %zu worker key(s) trusted", m.curve.public_key,
+                         m.curve.n_peers);
         for (size_t i = 0; i < cfg.worker.n; i++)
                 if (worker_pool_add(m.r.workers, cfg.worker.items[i]) != TSR_OK)
                         goto out_close;
@@ -207,6 +218,7 @@ out_free:
         uv_loop_close(loop);
         log_info("exit");
 out:
+        tsr_curve_done(&m.curve);
         tsr_config_done(&cfg);
         return rc;
 }

@@ -10,6 +10,7 @@
 #include "common/clock.h"
 #include "common/endpoint.h"
 #include "common/log.h"
+#include "common/zmq_curve.h"
 
 #define HELLO_RETRY_NS (1000ull * 1000000ull)
 #define DEFAULT_STATUS_INTERVAL_MS 100u
@@ -68,6 +69,7 @@ struct worker_pool {
         uint64_t heartbeat_seq;
         uint64_t last_tick_ns;
         uint64_t down_grace_until_ns; /* after a stall of ours: no worker declared down before */
+        const tsr_curve *curve;      /* CurveZMQ keys (borrowed), NULL or disabled = plain TCP */
         int open_handles;
         worker_events ev;
         void (*closed_cb)(void *ud);
@@ -582,6 +584,19 @@ tsr_status worker_pool_add(worker_pool *p, const char *spec) {
         set_int(sub, ZMQ_RECONNECT_IVL_MAX, 1000);
         zmq_setsockopt(sub, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
         zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+        /* Both sockets reach the same worker process: the key of its request endpoint
+         * authenticates its Status publisher too. */
+        if (p->curve && p->curve->enabled) {
+                tsr_status cst = tsr_curve_client(p->curve, dealer, w->endpoint);
+                if (cst == TSR_OK)
+                        cst = tsr_curve_client(p->curve, sub, w->endpoint);
+                if (cst != TSR_OK) {
+                        log_error("--worker %s: %s", spec,
+                                  cst == TSR_E_NOTFOUND ? "no public key for it in --zmq-curve-peers-file"
+                                                        : "cannot set its CurveZMQ keys");
+                        goto fail;
+                }
+        }
         if (zmq_connect(dealer, w->endpoint) != 0 || zmq_connect(sub, w->status_endpoint) != 0) {
                 log_error("--worker %s: cannot connect: %s", spec, zmq_strerror(zmq_errno()));
                 goto fail;
@@ -634,6 +649,8 @@ tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool *
         *ret = p;
         return TSR_OK;
 }
+
+void worker_pool_set_curve(worker_pool *p, const tsr_curve *curve) { p->curve = curve; }
 
 static void on_handle_closed(uv_handle_t *h) {
         worker_pool *p = h->data;

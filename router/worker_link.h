@@ -40,6 +40,10 @@ typedef struct worker_events {
 
 /* Loop thread.  `router_id` becomes every DEALER's routing id (copied). */
 tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool **ret);
+/* CurveZMQ for every worker added after this call (common/zmq_curve.h); borrowed,
+ * must outlive the pool.  NULL or disabled: plain TCP. */
+struct tsr_curve;
+void worker_pool_set_curve(worker_pool *p, const struct tsr_curve *curve);
 /* Add a worker by spec "tcp://HOST:PORT" (Status on PORT+1) or
  * "tcp://HOST:PORT,tcp://HOST:SPORT".  Connects at once; TSR_E_INVAL on a bad spec. */
 tsr_status worker_pool_add(worker_pool *p, const char *spec);

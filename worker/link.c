@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/wire.h"
+#include "common/zmq_curve.h"
 #include "engine.h"
 
 /* Router liveness (docs/protocol.md, "Liveness and failure").  A router that sends
@@ -47,6 +48,7 @@ typedef struct link {
         void *zctx;
         void *router;          /* ROUTER: requests and replies */
         void *pub;             /* PUB: Status */
+        tsr_curve_zap *zap;    /* CurveZMQ authentication (--zmq-curve-*), NULL when off */
         tsr_queue *inbox;
         tsr_queue *outbox;
         engine_stats stats;    /* latest snapshot from the engine */
@@ -609,6 +611,16 @@ static tsr_status open_sockets(link *l) {
         zmq_setsockopt(l->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
         set_int(l->pub, ZMQ_LINGER, 0);
         set_int(l->pub, ZMQ_SNDHWM, 100000);
+        if (l->o->curve && l->o->curve->enabled) {
+                /* Encrypted, and only routers whose keys are listed get through: the
+                 * ZAP thread answers libzmq before any frame reaches this loop. */
+                if (tsr_curve_zap_start(l->zctx, l->o->curve, &l->zap) != TSR_OK ||
+                    tsr_curve_server(l->o->curve, l->router) != TSR_OK ||
+                    tsr_curve_server(l->o->curve, l->pub) != TSR_OK)
+                        return log_err(TSR_E_INTERNAL, "cannot set up CurveZMQ: %s", zmq_strerror(zmq_errno()));
+                log_info("CurveZMQ on: public key %s, %zu router key(s) allowed", l->o->curve->public_key,
+                         l->o->curve->n_peers);
+        }
         if (zmq_bind(l->router, l->o->listen) != 0)
                 return log_err(TSR_E_IO, "cannot listen on %s: %s", l->o->listen, zmq_strerror(zmq_errno()));
         if (zmq_bind(l->pub, l->o->status_listen) != 0)
@@ -626,6 +638,7 @@ static void close_sockets(link *l) {
                 zmq_close(l->router);
         if (l->pub)
                 zmq_close(l->pub);
+        tsr_curve_zap_stop(&l->zap);    /* its socket too must close before the context ends */
         if (l->zctx)
                 zmq_ctx_term(l->zctx);
 }

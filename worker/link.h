@@ -33,6 +33,8 @@ typedef struct worker_link_opts {
         /* vLLM's periodic "Engine 000: Avg prompt throughput ..." line every this many
          * seconds (VLLM_LOG_STATS_INTERVAL, 10); 0 = off (--disable-log-stats). */
         double log_stats_interval_s;
+        /* CurveZMQ keys (common/zmq_curve.h); NULL or disabled = plain TCP.  Borrowed. */
+        const struct tsr_curve *curve;
         /* Called once both sockets are bound (e.g. sd_notify READY=1); may be NULL. */
         void (*on_listening)(void *ud);
         void *ud;

@@ -22,6 +22,7 @@
 #include "common/endpoint.h"
 #include "common/log.h"
 #include "common/wire.h"
+#include "common/zmq_curve.h"
 #include "engine.h"
 #include "exit_codes.h"
 #include "link.h"
@@ -251,6 +252,7 @@ int main(int argc, char **argv) {
         uint8_t *mi_full = NULL, *mi_lean = NULL;
         size_t mi_full_len = 0, mi_lean_len = 0;
         char err[1024] = "";
+        tsr_curve curve = {0};
         int rc = TSR_EXIT_CONFIG, sfd = -1;
         sigset_t stop_signals;
         tsr_log_level level;
@@ -279,6 +281,12 @@ int main(int argc, char **argv) {
                 tsr_log_set_level(level);
         if (!cfg.model) {
                 fprintf(stderr, "tessera-worker: error: the following arguments are required: MODEL\n");
+                goto out;
+        }
+        /* Key files are checked before the (slow) model load: a bad one is exit 2 at once. */
+        if (tsr_curve_load(&curve, cfg.zmq_curve_secret_file, cfg.zmq_curve_peers_file, err, sizeof(err)) !=
+            TSR_OK) {
+                fprintf(stderr, "tessera-worker: error: %s\n", err);
                 goto out;
         }
 
@@ -368,6 +376,7 @@ int main(int argc, char **argv) {
                 .model_info_lean_len = mi_lean_len,
                 .tokenizer_hash = meta->tokenizer_hash,
                 .on_listening = notify_ready,
+                .curve = &curve,
                 .log_stats_interval_s = cfg.disable_log_stats ? 0 : stats_interval_s(),
         };
         st = worker_link_run(&lo, inbox, outbox, sfd);
@@ -392,6 +401,7 @@ out:
         free(mi_lean);
         tsr_runner_free(&runner);   /* after the engine thread has stopped */
         tsr_model_meta_free(&meta);
+        tsr_curve_done(&curve);
         tsr_config_done(&cfg);
         return rc;
 }
