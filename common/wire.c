@@ -34,6 +34,7 @@ const char *tsr_wire_msg_name(const tsr_envelope *env) {
         case E(DRAIN): return "drain";
         case E(SHUTDOWN): return "shutdown";
         case E(HEARTBEAT): return "heartbeat";
+        case E(RESYNC): return "resync";
         case E(JOIN): return "join";
         case E(PLAN): return "plan";
         case E(STAGE_DONE): return "stage_done";
@@ -204,6 +205,9 @@ tsr_status tsr_wire_check(const tsr_envelope *env, char *err, size_t errlen) {
                                                         : fail(TSR_E_INVAL, err, errlen, "error: bad request_id");
         case E(STATUS): return check_status(env->status, err, errlen);
         case E(HEARTBEAT): return check_heartbeat(env->heartbeat, err, errlen);
+        case E(RESYNC):
+                return id_ok(env->resync->router_id, 1) ? TSR_OK
+                                                        : fail(TSR_E_INVAL, err, errlen, "resync: bad router_id");
         case E(DRAIN):
         case E(SHUTDOWN):
         case E(JOIN):

@@ -18,7 +18,7 @@
 #include "tsr_status.h"
 
 #define TSR_PROTO_MAJOR 1u
-#define TSR_PROTO_MINOR 1u   /* 1.1: Heartbeat, ERROR_ROUTER_REAPED */
+#define TSR_PROTO_MINOR 2u   /* 1.1: Heartbeat, ERROR_ROUTER_REAPED; 1.2: Resync */
 #define TSR_PROTO_VERSION (TSR_PROTO_MAJOR * 1000u + TSR_PROTO_MINOR)
 
 /* Largest frame either side accepts (ModelInfo carries tokenizers of tens of MB).

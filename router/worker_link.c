@@ -30,6 +30,8 @@
  * has: 8 MiB of set at most.  A worker cannot cache more hashes than KV blocks. */
 #define MIRROR_CAP_DEFAULT (1u << 20)
 #define MIRROR_CAP_MAX (1u << 24)
+/* At most one Resync a second per worker: a snapshot is every cached hash. */
+#define RESYNC_MIN_GAP_NS (1000ull * 1000000ull)
 
 typedef struct zsock_watch {
         void *sock;
@@ -50,6 +52,7 @@ struct tsr_worker {
         uint64_t boot_epoch;         /* of `info` */
         uint64_t last_status_ns;
         uint64_t last_hello_ns;
+        uint64_t last_resync_ns;     /* last Resync asked (maybe_ask_resync) */
         bool was_live;
         bool abort_on_return;        /* declared down: abort our ghosts when it speaks again */
         uint64_t n_bad_frames;
@@ -79,6 +82,7 @@ struct worker_pool {
 static bool should_log(uint64_t n) { return n <= 10 || n % 1000 == 0; }
 
 static void kick(worker_pool *p);
+static void send_control(tsr_worker *w, tsr_envelope *env);
 static void abort_all_on(tsr_worker *w);
 
 static uint64_t status_window_ns(const tsr_worker *w) {
@@ -244,7 +248,11 @@ bool tsr_prefix_mirror_apply(tsr_prefix_mirror *m, const Tessera__V1__Status *s)
         if (gap || restarted) {
                 m->resets++;
                 tsr_hashset_clear(&m->set);
+                m->exact = false;
         }
+        /* Seq 1 is the worker's first Status: no event came before it. */
+        if (s->seq == 1)
+                m->exact = true;
         m->epoch = s->boot_epoch;
         m->seq = s->seq;
         m->set.cap = cap < MIRROR_CAP_MAX ? cap : MIRROR_CAP_MAX;
@@ -263,12 +271,35 @@ bool tsr_prefix_mirror_apply(tsr_prefix_mirror *m, const Tessera__V1__Status *s)
                         break;
                 case TESSERA__V1__BLOCK_HASH_EVENT__KIND__ALL_CLEARED:
                         tsr_hashset_clear(&m->set);
+                        m->exact = true;        /* a snapshot follows, in this Status */
                         break;
                 default:
                         break;
                 }
         }
         return gap || restarted;
+}
+
+/* The mirror is not exact (this router joined late, or a Status was lost): ask the
+ * worker for a snapshot, at most once a second.  It comes in a later Status as
+ * ALL_CLEARED + STORED events, in order with everything else (proto Resync). */
+static void maybe_ask_resync(tsr_worker *w) {
+        tsr_envelope env;
+        Tessera__V1__Resync rs;
+        uint64_t now = tsr_now_ns();
+
+        if (w->mirror.exact || !w->info || now - w->last_resync_ns < RESYNC_MIN_GAP_NS)
+                return;
+        w->last_resync_ns = now;
+        w->mirror.resyncs_asked++;
+        tessera__v1__envelope__init(&env);
+        tessera__v1__resync__init(&rs);
+        rs.router_id = w->pool->router_id;
+        rs.after_seq = w->mirror.seq;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_RESYNC;
+        env.resync = &rs;
+        send_control(w, &env);
+        kick(w->pool);
 }
 
 static void on_status(tsr_worker *w, tsr_envelope *env) {
@@ -278,6 +309,7 @@ static void on_status(tsr_worker *w, tsr_envelope *env) {
                 log_info("worker %s: prefix-cache mirror reset (%s, seq %llu after %llu)", w->endpoint,
                          s->boot_epoch != w->boot_epoch ? "worker restarted" : "status lost",
                          (unsigned long long)s->seq, (unsigned long long)prev_seq);
+        maybe_ask_resync(w);
         if (w->info && s->boot_epoch != w->boot_epoch) {
                 log_warn("worker %s restarted (boot epoch %llu -> %llu): asking for its model info again",
                          w->endpoint, (unsigned long long)w->boot_epoch, (unsigned long long)s->boot_epoch);

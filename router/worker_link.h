@@ -91,15 +91,20 @@ size_t tsr_worker_mirror_size(const tsr_worker *w);
  * REMOVED deletes, ALL_CLEARED empties).  The events are deltas, so when a Status
  * was lost (seq is not the last + 1: PUB/SUB drops past its high-water mark or while
  * reconnecting) or the worker restarted (boot_epoch changed) the mirror starts over
- * from empty and refills as the worker stores new blocks; blocks it cached before
- * stay invisible until evicted and stored again, which costs affinity, never
- * correctness.  Asking the worker for a snapshot/replay after a gap (routers.md §6.2,
- * the Replay channel) is future work.  At most min(kv_blocks_total, 2^24) hashes. */
+ * from empty.  Until it is exact again (below) the router asks the worker for a
+ * snapshot (proto Resync, routers.md §6.2's replay), which arrives as ALL_CLEARED +
+ * STORED events in a later Status; meanwhile it under-reports hits, which costs
+ * affinity, never correctness.  At most min(kv_blocks_total, 2^24) hashes. */
 typedef struct tsr_prefix_mirror {
         tsr_hashset set;
         uint64_t epoch;              /* boot_epoch of the Statuses applied */
         uint64_t seq;                /* seq of the last Status applied; 0 = none yet */
         uint64_t resets;             /* gaps and restarts seen */
+        /* The set equals the worker's: it was rebuilt from a snapshot (an ALL_CLEARED
+         * event, which a Resync asks for) or follows the worker's first Status, with
+         * no gap since.  While false the router asks for a Resync. */
+        bool exact;
+        uint64_t resyncs_asked;
 } tsr_prefix_mirror;
 
 void tsr_prefix_mirror_init(tsr_prefix_mirror *m);

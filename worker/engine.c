@@ -395,6 +395,9 @@ static void take_inbox(tsr_engine *e, bool block) {
                                 admit(e, in);
                 } else if (in->kind == ENGINE_IN_ABORT) {
                         abort_requests(e, in);
+                } else if (in->kind == ENGINE_IN_RESYNC) {
+                        if (e->kv)      /* publish_stats after this drain sends it */
+                                tsr_kv_cache_resync(e->kv);
                 } else if (!e->shutting_down) {
                         e->shutting_down = true;
                         e->shutdown_deadline_ns = tsr_now_ns() + e->params.shutdown_timeout_ms * 1000000ull;

@@ -104,6 +104,8 @@ typedef enum engine_in_kind {
          * UNAVAILABLE Error for those that did not (the router resubmits them
          * elsewhere); then answer ENGINE_OUT_STOPPED.  Later ones are ignored. */
         ENGINE_IN_SHUTDOWN,
+        /* env->resync: the next Status carries a full snapshot of the prefix cache. */
+        ENGINE_IN_RESYNC,
 } engine_in_kind;
 
 typedef struct engine_in {

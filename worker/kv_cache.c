@@ -128,10 +128,9 @@ static void map_remove(tsr_kv_cache *kv, uint32_t id) {
 
 static void event_push(tsr_kv_cache *kv, tsr_kv_event_kind kind, uint64_t h, bool has_parent, uint64_t parent);
 
-/* Overflow: drop the queue and describe the current state from scratch.  Fits by
+/* Drop the queue and describe the current state from scratch.  Fits by
  * construction: num_cached <= num_blocks <= h_cap hashes and ev_cap = h_cap + 1. */
-static void event_resync(tsr_kv_cache *kv) {
-        kv->overflows++;
+void tsr_kv_cache_resync(tsr_kv_cache *kv) {
         kv->n_ev = kv->n_h = 0;
         event_push(kv, TSR_KV_EVENT_ALL_CLEARED, 0, false, 0);
         for (uint32_t id = 0; id < kv->num_blocks; id++) {
@@ -139,6 +138,12 @@ static void event_resync(tsr_kv_cache *kv) {
                 if (b->has_hash)
                         event_push(kv, TSR_KV_EVENT_STORED, b->hash, b->has_parent, b->parent);
         }
+}
+
+/* Overflow: the same snapshot, counted. */
+static void event_resync(tsr_kv_cache *kv) {
+        kv->overflows++;
+        tsr_kv_cache_resync(kv);
 }
 
 /* Queue one event about one hash, merging into the previous event where the router

@@ -186,6 +186,10 @@ void tsr_kv_events_free(tsr_kv_events **e);
  * events with a resync (as an overflow).  TSR_E_NOMEM keeps the old queue. */
 tsr_status tsr_kv_cache_set_event_cap(tsr_kv_cache *kv, size_t cap);
 
+/* Replace the queued events by ALL_CLEARED and a STORED event per cached block (a
+ * router asked for a snapshot: proto Resync).  Engine thread, like every call here. */
+void tsr_kv_cache_resync(tsr_kv_cache *kv);
+
 /* Write up to `cap` cached hashes (in block-id order) to `out`; returns how many
  * blocks carry a hash (may exceed cap).  For a router resync and for tests. */
 size_t tsr_kv_cache_cached_hashes(const tsr_kv_cache *kv, uint64_t *out, size_t cap);

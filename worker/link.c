@@ -395,6 +395,11 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
         case TESSERA__V1__ENVELOPE__MSG_HEARTBEAT:
                 on_heartbeat(l, rid, rid_len, env->heartbeat, who);
                 break;
+        case TESSERA__V1__ENVELOPE__MSG_RESYNC:
+                log_info("router %s asks for a prefix-cache snapshot (it applied status seq %llu)", who,
+                         (unsigned long long)env->resync->after_seq);
+                to_engine(l, ENGINE_IN_RESYNC, rid, rid_len, env);
+                return;   /* env now owned by the engine */
         case TESSERA__V1__ENVELOPE__MSG_DRAIN:
                 log_info("drain requested by router %s: %s", who, env->drain->reason);
                 l->draining = true;

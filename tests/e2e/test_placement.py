@@ -125,3 +125,48 @@ def test_worker_dns_discovers_workers(spawn, demo_model):
     bad = spawn([ROUTER, "--host", "127.0.0.1", "--port", free_port(), "--worker-dns", "localhost"])
     assert bad.wait(30) == 2
     assert "--worker-dns localhost: expected NAME:PORT" in bad.output()
+
+
+def test_late_router_gets_a_prefix_snapshot(spawn, demo_model):
+    """A router that joins after a worker has cached blocks does not see them in the
+    Status events (they were published before it subscribed): it asks the worker for
+    a snapshot (proto Resync) and places a repeat of the prompt there at once.
+    Without the snapshot its mirrors are empty, the costs tie, and the rotation sends
+    the first request to the first listed worker, which holds nothing."""
+    ports, workers = [], []
+    for _ in range(2):
+        port = free_port_pair()
+        workers.append(spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{port}",
+                              "--kv-cache-memory-bytes", "256M"]))
+        ports.append(port)
+    holder, empty = ports
+
+    def router(*worker_ports):
+        http = free_port()
+        args = [ROUTER, "--host", "127.0.0.1", "--port", http, "--enable-prompt-tokens-details"]
+        for p in worker_ports:
+            args += ["--worker", f"tcp://127.0.0.1:{p}"]
+        proc, base = spawn(args), f"http://127.0.0.1:{http}"
+
+        def ready():
+            assert proc.p.poll() is None, proc.output()
+            try:
+                text = requests.get(base + "/metrics", timeout=2).text
+                ok = requests.post(base + "/tokenize", json={"prompt": "x"}, timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+            return ok and len(re.findall(r'^tessera:worker_up\{[^}]*\} 1(\.0)?$', text, re.M)) == len(worker_ports)
+        wait_until(ready, timeout=90, interval=0.1, what="workers live at the router")
+        return proc, base
+
+    _, first = router(holder)
+    n, cached = complete(first, PARAGRAPH)
+    assert n >= 64 and cached == 0
+    settled(first)
+    late, base = router(empty, holder)          # the worker holding the blocks is listed second
+    wait_until(lambda: workers[0].output().count("asks for a prefix-cache snapshot") >= 2, timeout=30,
+               what="the late router's Resync at the worker holding the blocks")
+    settled(base)
+    n2, cached = complete(base, PARAGRAPH)
+    assert n2 == n
+    assert cached >= 64, "the late router placed the repeat on the worker without the blocks"

@@ -110,8 +110,11 @@ static void test_mirror_events_and_gaps(void **state) {
 
         tsr_prefix_mirror_init(&m);
         assert_int_equal(tsr_prefix_mirror_hits(&m, query, 5), 0);
-        /* the first Status seen may have any seq: nothing to compare with */
+        /* the first Status seen may have any seq: nothing to compare with, but events
+         * before it were missed, so the mirror is not exact (the router asks a Resync) */
+        assert_false(m.exact);
         assert_false(tsr_prefix_mirror_apply(&m, mk(&f, 7, 40, TESSERA__V1__BLOCK_HASH_EVENT__KIND__STORED, chain, 4)));
+        assert_false(m.exact);
         assert_int_equal(tsr_prefix_mirror_hits(&m, query, 5), 4);
         assert_int_equal(tsr_prefix_mirror_hits(&m, query, 2), 2);
         assert_false(tsr_prefix_mirror_apply(&m, mk(&f, 7, 41, TESSERA__V1__BLOCK_HASH_EVENT__KIND__REMOVED, rm, 1)));
@@ -121,6 +124,7 @@ static void test_mirror_events_and_gaps(void **state) {
         assert_false(tsr_prefix_mirror_apply(&m, mk(&f, 7, 43, TESSERA__V1__BLOCK_HASH_EVENT__KIND__ALL_CLEARED,
                                                     NULL, 0)));
         assert_int_equal(tsr_prefix_mirror_hits(&m, query, 5), 0);
+        assert_true(m.exact);            /* a snapshot (what a Resync brings) starts here */
         assert_false(tsr_prefix_mirror_apply(&m, mk(&f, 7, 44, TESSERA__V1__BLOCK_HASH_EVENT__KIND__STORED, chain, 4)));
         assert_int_equal(tsr_prefix_mirror_hits(&m, query, 5), 4);
         /* seq 45 lost: the mirror cannot be trusted, start over; this Status's own
@@ -129,9 +133,12 @@ static void test_mirror_events_and_gaps(void **state) {
         assert_int_equal(tsr_prefix_mirror_hits(&m, query, 5), 0);
         assert_int_equal(tsr_prefix_mirror_hits(&m, other, 1), 1);
         assert_int_equal(m.resets, 1);
+        assert_false(m.exact);           /* until the snapshot the router asked for */
         assert_false(tsr_prefix_mirror_apply(&m, mk(&f, 7, 47, TESSERA__V1__BLOCK_HASH_EVENT__KIND__STORED, chain, 4)));
-        /* restarted worker: new epoch, seq from 1 */
+        assert_false(m.exact);
+        /* restarted worker: new epoch, seq from 1, its first Status: nothing was missed */
         assert_true(tsr_prefix_mirror_apply(&m, mk(&f, 8, 1, -1, NULL, 0)));
+        assert_true(m.exact);
         assert_int_equal(tsr_prefix_mirror_hits(&m, query, 5), 0);
         assert_int_equal(tsr_prefix_mirror_hits(&m, other, 1), 0);
         assert_int_equal(m.resets, 2);

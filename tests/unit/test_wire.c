@@ -352,8 +352,38 @@ static void test_heartbeat(void **state) {
         }
 }
 
+static void test_resync(void **state) {
+        (void)state;
+        for (int good = 0; good < 2; good++) {
+                tsr_envelope env, *out = NULL;
+                Tessera__V1__Resync rs;
+                size_t n;
+                char err[256] = "";
+                tessera__v1__envelope__init(&env);
+                tessera__v1__resync__init(&rs);
+                rs.router_id = good ? "router-h-1-abc" : "bad\x01id";
+                rs.after_seq = 41;
+                env.msg_case = TESSERA__V1__ENVELOPE__MSG_RESYNC;
+                env.resync = &rs;
+                uint8_t *p = pack(&env, &n);
+                tsr_status st = tsr_wire_unpack(p, n, 0, &out, err, sizeof(err));
+                free(p);
+                if (!good) {
+                        assert_int_equal(st, TSR_E_INVAL);
+                        assert_non_null(strstr(err, "resync: bad router_id"));
+                        continue;
+                }
+                assert_int_equal(st, TSR_OK);
+                assert_string_equal(tsr_wire_msg_name(out), "resync");
+                assert_string_equal(out->resync->router_id, "router-h-1-abc");
+                assert_int_equal(out->resync->after_seq, 41);
+                tsr_wire_free(out);
+        }
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_resync),
                 cmocka_unit_test(test_submit_round_trip),
                 cmocka_unit_test(test_model_info_and_status_round_trip),
                 cmocka_unit_test(test_pack_refuses_empty),
