@@ -227,6 +227,15 @@ nomem:
 
 bool tsr_llama_is_bf16(const tsr_llama *m) { return m && m->bf16; }
 
+tsr_status tsr_llama_set_ops(tsr_llama *m, const tsr_kernels_ops *ops) {
+        if (!m)
+                return TSR_E_INVAL;
+        if (!ops_complete(ops) || (m->bf16 && !ops->matmul_bf16))
+                return TSR_E_UNSUPPORTED;
+        m->ops = ops;
+        return TSR_OK;
+}
+
 void tsr_llama_free(tsr_llama **mp) {
         if (!mp || !*mp)
                 return;

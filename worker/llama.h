@@ -47,6 +47,10 @@ void tsr_llama_free(tsr_llama **m);
  * TSR_OK (also when already bf16), TSR_E_UNSUPPORTED (the ops lack matmul_bf16),
  * TSR_E_NOMEM (the model is then unchanged). */
 tsr_status tsr_llama_use_bf16(tsr_llama *m);
+/* Run later forwards with `ops` instead (e.g. the reference and the fast CPU tables in
+ * tests; both hold host memory).  Not while a forward runs.  TSR_E_UNSUPPORTED if `ops`
+ * lacks an op the forward needs (matmul_bf16 included for a bf16 model). */
+tsr_status tsr_llama_set_ops(tsr_llama *m, const tsr_kernels_ops *ops);
 bool tsr_llama_is_bf16(const tsr_llama *m);
 /* The model's config; lives as long as the model. */
 const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m);
