@@ -126,6 +126,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_
                 snprintf(err, errlen, "cannot convert the weights to bfloat16: %s", tsr_status_str(st));
                 goto fail;
         }
+        if (bf16)
+                log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
         st = tsr_llama_kv_new(r->model, (size_t)num_blocks * block_size, block_size, &r->pool);
         if (st != TSR_OK) {
                 snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens): %s",

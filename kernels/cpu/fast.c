@@ -79,14 +79,14 @@ AVX2_INLINE float sum_lanes_ref_order(__m256 v) {
         return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
-/* out[b*ldo + a] = dot_f32(w + a*n, x + b*n, n) for a < NI, b < NR (NI, NR <= 4,
+/* out[b*ldo + a] = dot_f32(w + a*n, x + b*n, n) for a < NI, b < NR (NI <= 8, NR <= 4,
  * constants after inlining).  Each dot is ref.c's, bit for bit. */
 AVX2_INLINE void tile_f32(const int NI, const int NR, const float *w, const float *x, size_t n, float *out,
                           size_t ldo) {
-        __m256 acc[4][4];
+        __m256 acc[8][4];
         size_t k = 0;
 
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < NI; a++)
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
@@ -96,7 +96,7 @@ AVX2_INLINE void tile_f32(const int NI, const int NR, const float *w, const floa
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
                         xv[b] = _mm256_loadu_ps(x + b * n + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int a = 0; a < NI; a++) {
                         __m256 wv = _mm256_loadu_ps(w + a * n + k);
 #pragma GCC unroll 4
@@ -110,7 +110,7 @@ AVX2_INLINE void tile_f32(const int NI, const int NR, const float *w, const floa
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
                         xv[b] = _mm256_maskload_ps(x + b * n + k, m);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int a = 0; a < NI; a++) {
                         __m256 wv = _mm256_maskload_ps(w + a * n + k, m);
 #pragma GCC unroll 4
@@ -118,7 +118,7 @@ AVX2_INLINE void tile_f32(const int NI, const int NR, const float *w, const floa
                                 acc[a][b] = _mm256_add_ps(acc[a][b], _mm256_mul_ps(wv, xv[b]));
                 }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < NI; a++)
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
@@ -135,10 +135,10 @@ AVX2_INLINE __m256 widen8_bf16(const uint16_t *p) {
  * ref.c's ref_matmul_bf16 order, bit for bit. */
 AVX2_INLINE void tile_bf16_widened(const int NI, const int NR, const uint16_t *w, const float *xr, size_t n,
                                    float *out, size_t ldo) {
-        __m256 acc[4][4];
+        __m256 acc[8][4];
         size_t k = 0;
 
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < NI; a++)
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
@@ -148,7 +148,7 @@ AVX2_INLINE void tile_bf16_widened(const int NI, const int NR, const uint16_t *w
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
                         xv[b] = _mm256_loadu_ps(xr + b * n + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int a = 0; a < NI; a++) {
                         __m256 wv = widen8_bf16(w + a * n + k);
 #pragma GCC unroll 4
@@ -162,7 +162,7 @@ AVX2_INLINE void tile_bf16_widened(const int NI, const int NR, const uint16_t *w
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
                         xv[b] = _mm256_maskload_ps(xr + b * n + k, m);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int a = 0; a < NI; a++) {
                         uint16_t pad[8] = {0};          /* bf16 +0 in the unused lanes */
                         memcpy(pad, w + a * n + k, (n - k) * sizeof(uint16_t));
@@ -172,7 +172,7 @@ AVX2_INLINE void tile_bf16_widened(const int NI, const int NR, const uint16_t *w
                                 acc[a][b] = _mm256_add_ps(acc[a][b], _mm256_mul_ps(wv, xv[b]));
                 }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < NI; a++)
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
@@ -185,10 +185,10 @@ AVX2_INLINE void tile_bf16_widened(const int NI, const int NR, const uint16_t *w
  * fixed tree.  The same for every tile shape: NI, NR only choose how many run at once. */
 BF16_INLINE void tile_bf16_dp(const int NI, const int NR, const uint16_t *w, const uint16_t *xb, size_t n,
                               float *out, size_t ldo) {
-        __m512 acc[4][4];
+        __m512 acc[8][4];
         size_t k = 0;
 
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < NI; a++)
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
@@ -198,7 +198,7 @@ BF16_INLINE void tile_bf16_dp(const int NI, const int NR, const uint16_t *w, con
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
                         xv[b] = (__m512bh)_mm512_loadu_si512(xb + b * n + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int a = 0; a < NI; a++) {
                         __m512bh wv = (__m512bh)_mm512_loadu_si512(w + a * n + k);
 #pragma GCC unroll 4
@@ -212,7 +212,7 @@ BF16_INLINE void tile_bf16_dp(const int NI, const int NR, const uint16_t *w, con
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
                         xv[b] = (__m512bh)_mm512_maskz_loadu_epi16(m, xb + b * n + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
                 for (int a = 0; a < NI; a++) {
                         __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + a * n + k);
 #pragma GCC unroll 4
@@ -220,7 +220,7 @@ BF16_INLINE void tile_bf16_dp(const int NI, const int NR, const uint16_t *w, con
                                 acc[a][b] = _mm512_dpbf16_ps(acc[a][b], wv, xv[b]);
                 }
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int a = 0; a < NI; a++)
 #pragma GCC unroll 4
                 for (int b = 0; b < NR; b++)
@@ -240,25 +240,28 @@ struct mm_ctx {
         size_t rows, n, d;
 };
 
-/* The tiles of weight rows [i0, i1) x rows of x [r0, r1): 4x3 where it fits, then 4x1,
- * then single weight rows.  T(NI, NR, i, r) runs one tile. */
+/* The tiles of weight rows [i0, i1) x rows of x [r0, r1): 4x3 over the rows of x in
+ * threes, then the one or two rows left (all of them at decode batch 1) in 8x1 tiles,
+ * whose eight independent accumulator chains hide the add latency that a single dot
+ * (one chain of dependent adds, by ref's order) cannot.  T(NI, NR, i, r) runs one tile. */
 #define SWEEP(T)                                                                          \
         do {                                                                              \
-                size_t i = i0;                                                            \
-                for (; i + 4 <= i1; i += 4) {                                             \
-                        size_t r = r0;                                                    \
-                        for (; r + 3 <= r1; r += 3)                                       \
+                size_t rf = r0 + (r1 - r0) / 3 * 3, i, r;                                 \
+                for (i = i0; i + 4 <= i1; i += 4)                                         \
+                        for (r = r0; r < rf; r += 3)                                      \
                                 T(4, 3, i, r);                                            \
-                        for (; r < r1; r++)                                               \
-                                T(4, 1, i, r);                                            \
-                }                                                                         \
-                for (; i < i1; i++) {                                                     \
-                        size_t r = r0;                                                    \
-                        for (; r + 3 <= r1; r += 3)                                       \
+                for (; i < i1; i++)                                                       \
+                        for (r = r0; r < rf; r += 3)                                      \
                                 T(1, 3, i, r);                                            \
-                        for (; r < r1; r++)                                               \
+                for (i = i0; i + 8 <= i1; i += 8)                                         \
+                        for (r = rf; r < r1; r++)                                         \
+                                T(8, 1, i, r);                                            \
+                for (; i + 4 <= i1; i += 4)                                               \
+                        for (r = rf; r < r1; r++)                                         \
+                                T(4, 1, i, r);                                            \
+                for (; i < i1; i++)                                                       \
+                        for (r = rf; r < r1; r++)                                         \
                                 T(1, 1, i, r);                                            \
-                }                                                                         \
         } while (0)
 
 AVX2_FN static void mm_f32_range(const struct mm_ctx *c, size_t i0, size_t i1, size_t r0, size_t r1) {
