@@ -22,7 +22,6 @@
  * ref.c's own functions.
  *
  * Thread: ops run on the caller (the engine thread) plus the pool's helpers. */
-#include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -33,6 +32,11 @@
 
 #include "kernels/cpu/pool.h"
 #include "kernels/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define FAST_X86 1
+#include <immintrin.h>
+#endif
 
 #define AVX2_FN __attribute__((target("avx2")))
 #define AVX2_INLINE static inline __attribute__((always_inline, target("avx2")))
@@ -56,16 +60,20 @@ static struct {
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 
 static void detect(void) {
-        __builtin_cpu_init();
         fast.best = TSR_CPU_ISA_SCALAR;
+#ifdef FAST_X86
+        __builtin_cpu_init();
         if (__builtin_cpu_supports("avx2"))
                 fast.best = TSR_CPU_ISA_AVX2;
         if (fast.best == TSR_CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
             __builtin_cpu_supports("avx512bf16"))
                 fast.best = TSR_CPU_ISA_AVX512_BF16;
+#endif
         fast.isa = fast.best;
 }
+
+#ifdef FAST_X86
 
 /* ---- the micro-kernels ------------------------------------------------------------------ */
 
@@ -467,6 +475,23 @@ static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *
         free(c.scores);
         return TSR_OK;
 }
+
+#else  /* not x86: only the reference's scalar code (fast.best stays TSR_CPU_ISA_SCALAR) */
+
+static tsr_status fast_matmul(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d) {
+        return tsr_kernels_cpu_ref()->matmul(out, x, w, rows, n, d);
+}
+
+static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d) {
+        return tsr_kernels_cpu_ref()->matmul_bf16(out, x, w, rows, n, d);
+}
+
+static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
+                                 size_t n_heads, float scale) {
+        return tsr_kernels_cpu_ref()->attention(out, q, kv, n, past_len, n_heads, scale);
+}
+
+#endif
 
 /* ---- the table and its configuration ---------------------------------------------------- */
 
