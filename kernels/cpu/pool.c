@@ -14,6 +14,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -118,12 +119,23 @@ tsr_pool *tsr_pool_new(int n_threads) {
                 p->args = calloc((size_t)n_threads - 1, sizeof *p->args);
                 if (!p->helpers || !p->args)
                         goto fail;
-                for (int i = 0; i < n_threads - 1; i++) {
+                /* Helpers take no signals: they inherit a full mask, so a process-directed
+                 * SIGTERM still reaches the thread that waits for it (the worker's
+                 * signalfd), even when the pool is made before the caller blocks it. */
+                sigset_t all, old;
+                bool ok = true;
+                sigfillset(&all);
+                pthread_sigmask(SIG_SETMASK, &all, &old);
+                for (int i = 0; i < n_threads - 1 && ok; i++) {
                         p->args[i] = (struct helper_arg){.p = p, .worker = i + 1};
                         if (pthread_create(&p->helpers[i], NULL, helper_main, &p->args[i]) != 0)
-                                goto fail;
-                        p->n_started++;
+                                ok = false;
+                        else
+                                p->n_started++;
                 }
+                pthread_sigmask(SIG_SETMASK, &old, NULL);
+                if (!ok)
+                        goto fail;
         }
         return p;
 fail:
