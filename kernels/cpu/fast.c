@@ -18,8 +18,8 @@
  *    element (same kernel for any tile, no split K), so it is batch- and thread-invariant
  *    too; elsewhere the bf16 weights are widened and run in ref's order (bitwise).
  *
- * Ops not listed here (rmsnorm, rope, softmax, ...) are cheap next to the matmuls and are
- * ref.c's own functions.
+ * silu_mul, add and rmsnorm are ref.c's functions run on slices across the pool; the
+ * other ops (rope, softmax, ...) are cheap next to the matmuls and are ref.c's as they are.
  *
  * Thread: ops run on the caller (the engine thread) plus the pool's helpers. */
 #include <math.h>
@@ -493,6 +493,64 @@ static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *
 
 #endif
 
+/* ---- elementwise and per-row ops: ref.c's own functions on slices, across the pool ----
+ * Each output element (silu_mul, add) or row (rmsnorm) depends on its own inputs only,
+ * so running ref's function on slices is bitwise ref's whole-array result. */
+
+#define ELEMS_PER_TASK 16384    /* below this an op runs on the caller alone */
+
+struct slice_ctx {
+        int op;                 /* 0 silu_mul, 1 add, 2 rmsnorm */
+        float *out;
+        const float *a, *b;     /* silu_mul: gate, up; add: a, b; rmsnorm: x, w */
+        size_t n, dim, per_task;
+        float eps;
+};
+
+static void slice_task(void *ctx, size_t task, int worker) {
+        const struct slice_ctx *c = ctx;
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref();
+        size_t lo = task * c->per_task, hi = lo + c->per_task < c->n ? lo + c->per_task : c->n;
+
+        (void)worker;
+        if (c->op == 0)
+                ref->silu_mul(c->out + lo, c->a + lo, c->b + lo, hi - lo);
+        else if (c->op == 1)
+                ref->add(c->out + lo, c->a + lo, c->b + lo, hi - lo);
+        else    /* lo, hi count rows */
+                ref->rmsnorm(c->out + lo * c->dim, c->a + lo * c->dim, c->b, hi - lo, c->dim, c->eps);
+}
+
+static void slice_run(struct slice_ctx *c, size_t elems_per_unit) {
+        size_t units_per_task = ELEMS_PER_TASK / elems_per_unit + 1;
+        c->per_task = units_per_task;
+        tsr_pool_run(fast.pool, (c->n + units_per_task - 1) / units_per_task, slice_task, c);
+}
+
+static tsr_status fast_silu_mul(float *out, const float *gate, const float *up, size_t n) {
+        if (!fast.pool || n < 2 * ELEMS_PER_TASK || !out || !gate || !up)
+                return tsr_kernels_cpu_ref()->silu_mul(out, gate, up, n);
+        struct slice_ctx c = {.op = 0, .out = out, .a = gate, .b = up, .n = n};
+        slice_run(&c, 1);
+        return TSR_OK;
+}
+
+static tsr_status fast_add(float *out, const float *a, const float *b, size_t n) {
+        if (!fast.pool || n < 2 * ELEMS_PER_TASK || !out || !a || !b)
+                return tsr_kernels_cpu_ref()->add(out, a, b, n);
+        struct slice_ctx c = {.op = 1, .out = out, .a = a, .b = b, .n = n};
+        slice_run(&c, 1);
+        return TSR_OK;
+}
+
+static tsr_status fast_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps) {
+        if (!fast.pool || dim == 0 || rows * dim < 2 * ELEMS_PER_TASK || !out || !x || !w)
+                return tsr_kernels_cpu_ref()->rmsnorm(out, x, w, rows, dim, eps);
+        struct slice_ctx c = {.op = 2, .out = out, .a = x, .b = w, .n = rows, .dim = dim, .eps = eps};
+        slice_run(&c, dim);
+        return TSR_OK;
+}
+
 /* ---- the table and its configuration ---------------------------------------------------- */
 
 static tsr_status fast_sync(void) { return TSR_OK; }
@@ -508,6 +566,9 @@ static void table_init(void) {
         fast_ops.matmul = fast_matmul;
         fast_ops.attention = fast_attention;
         fast_ops.matmul_bf16 = fast_matmul_bf16;
+        fast_ops.silu_mul = fast_silu_mul;
+        fast_ops.add = fast_add;
+        fast_ops.rmsnorm = fast_rmsnorm;
 }
 
 static int online_cores(void) {

@@ -325,6 +325,57 @@ static void test_batch_invariance(void **state) {
         assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
+/* ---- elementwise and per-row ops (sliced across the pool) -------------------------------- */
+
+static void test_elementwise_bitwise(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        static const size_t sizes[] = {1, 100, 32768, 40000, 100003};
+        static const size_t norm_shapes[][2] = {{1, 576}, {67, 576}, {200, 1539}, {3, 70000}};
+
+        for (int t = 1; t <= 3; t++) {
+                assert_int_equal(tsr_kernels_cpu_configure(t, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+                for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+                        size_t n = sizes[i];
+                        float *a = rand_vec(n), *b = rand_vec(n), *o1 = malloc(n * sizeof(float));
+                        float *o2 = malloc(n * sizeof(float)), *alias = malloc(n * sizeof(float));
+                        assert_int_equal(ref->silu_mul(o1, a, b, n), TSR_OK);
+                        assert_int_equal(fast->silu_mul(o2, a, b, n), TSR_OK);
+                        expect_bitwise("silu_mul", o2, o1, 1, n);
+                        memcpy(alias, a, n * sizeof(float));
+                        assert_int_equal(fast->silu_mul(alias, alias, b, n), TSR_OK);   /* out aliases gate */
+                        expect_bitwise("silu_mul in place", alias, o1, 1, n);
+                        assert_int_equal(ref->add(o1, a, b, n), TSR_OK);
+                        assert_int_equal(fast->add(o2, a, b, n), TSR_OK);
+                        expect_bitwise("add", o2, o1, 1, n);
+                        memcpy(alias, a, n * sizeof(float));
+                        assert_int_equal(fast->add(alias, alias, b, n), TSR_OK);
+                        expect_bitwise("add in place", alias, o1, 1, n);
+                        free(a);
+                        free(b);
+                        free(o1);
+                        free(o2);
+                        free(alias);
+                }
+                for (size_t i = 0; i < sizeof norm_shapes / sizeof *norm_shapes; i++) {
+                        size_t rows = norm_shapes[i][0], dim = norm_shapes[i][1];
+                        float *x = rand_vec(rows * dim), *w = rand_vec(dim), *o1 = malloc(rows * dim * sizeof(float));
+                        float *o2 = malloc(rows * dim * sizeof(float));
+                        assert_int_equal(ref->rmsnorm(o1, x, w, rows, dim, 1e-5f), TSR_OK);
+                        assert_int_equal(fast->rmsnorm(o2, x, w, rows, dim, 1e-5f), TSR_OK);
+                        expect_bitwise("rmsnorm", o2, o1, rows, dim);
+                        assert_int_equal(fast->rmsnorm(x, x, w, rows, dim, 1e-5f), TSR_OK);     /* in place */
+                        expect_bitwise("rmsnorm in place", x, o1, rows, dim);
+                        free(x);
+                        free(w);
+                        free(o1);
+                        free(o2);
+                }
+        }
+        assert_int_equal(fast->add(NULL, NULL, NULL, 100000), TSR_E_INVAL);
+        assert_int_equal(fast->rmsnorm(NULL, NULL, NULL, 100, 1000, 1e-5f), TSR_E_INVAL);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
 /* ---- the pool ------------------------------------------------------------------------------- */
 
 struct count_ctx {
@@ -402,6 +453,7 @@ int main(void) {
                 cmocka_unit_test(test_bf16_rounding),
                 cmocka_unit_test(test_matmul_bf16),
                 cmocka_unit_test(test_batch_invariance),
+                cmocka_unit_test(test_elementwise_bitwise),
         };
         print_message("fast CPU backend: best isa %s\n", tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
         return cmocka_run_group_tests(tests, NULL, teardown);
