@@ -251,25 +251,28 @@ struct mm_ctx {
 /* The tiles of weight rows [i0, i1) x rows of x [r0, r1): 4x3 over the rows of x in
  * threes, then the one or two rows left (all of them at decode batch 1) in 8x1 tiles,
  * whose eight independent accumulator chains hide the add latency that a single dot
- * (one chain of dependent adds, by ref's order) cannot.  T(NI, NR, i, r) runs one tile. */
+ * (one chain of dependent adds, by ref's order) cannot.  Rows of x outermost: each row
+ * of out gets its ROWS_PER_TASK results (one cache line) in one go; the other nesting
+ * revisits every row of out once per tile, and rows d floats apart (d a multiple of
+ * 1024: 4 KiB apart) all fall in the same cache set and evict each other.
+ * T(NI, NR, i, r) runs one tile. */
 #define SWEEP(T)                                                                          \
         do {                                                                              \
                 size_t rf = r0 + (r1 - r0) / 3 * 3, i, r;                                 \
-                for (i = i0; i + 4 <= i1; i += 4)                                         \
-                        for (r = r0; r < rf; r += 3)                                      \
+                for (r = r0; r < rf; r += 3) {                                            \
+                        for (i = i0; i + 4 <= i1; i += 4)                                 \
                                 T(4, 3, i, r);                                            \
-                for (; i < i1; i++)                                                       \
-                        for (r = r0; r < rf; r += 3)                                      \
+                        for (; i < i1; i++)                                               \
                                 T(1, 3, i, r);                                            \
-                for (i = i0; i + 8 <= i1; i += 8)                                         \
-                        for (r = rf; r < r1; r++)                                         \
+                }                                                                         \
+                for (r = rf; r < r1; r++) {                                               \
+                        for (i = i0; i + 8 <= i1; i += 8)                                 \
                                 T(8, 1, i, r);                                            \
-                for (; i + 4 <= i1; i += 4)                                               \
-                        for (r = rf; r < r1; r++)                                         \
+                        for (; i + 4 <= i1; i += 4)                                       \
                                 T(4, 1, i, r);                                            \
-                for (; i < i1; i++)                                                       \
-                        for (r = rf; r < r1; r++)                                         \
+                        for (; i < i1; i++)                                               \
                                 T(1, 1, i, r);                                            \
+                }                                                                         \
         } while (0)
 
 AVX2_FN static void mm_f32_range(const struct mm_ctx *c, size_t i0, size_t i1, size_t r0, size_t r1) {
