@@ -96,10 +96,57 @@ typedef struct tsr_kernels_ops {
          * x (rows, n) -> out (rows, n); out may alias x. */
         tsr_status (*softmax)(float *out, const float *x, size_t rows, size_t n);
         tsr_status (*log_softmax)(float *out, const float *x, size_t rows, size_t n);
+
+        /* ---- bf16 weights (--dtype bfloat16) ---- */
+
+        /* out[r,i] = sum_k f(w[i,k]) * f(b(x[r,k])): W (d,n) in bfloat16 @ x[r] (n,).
+         * x (rows, n) float32, w (d, n) bfloat16 bits -> out (rows, d) float32, where
+         * b() rounds a float32 to bfloat16 (nearest, ties to even; NaN stays NaN) and f()
+         * widens bfloat16 to float32 (exact).  Each product is exact in float32.
+         * Reference order (cpu/ref.c): dot_f32's eight lanes over the widened values.
+         * A fast backend may use its own order (e.g. AVX512_BF16 pairs) provided that
+         * order is fixed per element: independent of rows, d, tiling and threads.
+         * out must not alias x or w. */
+        tsr_status (*matmul_bf16)(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d);
 } tsr_kernels_ops;
 
 /* The scalar reference backend.  Always available. */
 const tsr_kernels_ops *tsr_kernels_cpu_ref(void);
+
+/* float32 <-> bfloat16 bits: round to nearest even (NaN kept a quiet NaN); widen exactly. */
+uint16_t tsr_f32_to_bf16(float x);
+float tsr_bf16_to_f32(uint16_t h);
+
+/* ---- the fast CPU backend (cpu/fast.c) ----------------------------------------------
+ * SIMD kernels picked at run time (__builtin_cpu_supports) plus a thread pool that
+ * splits OUTPUT elements only (weight rows of a matmul, (row, head) pairs of attention),
+ * so every float32 result is bitwise that of cpu/ref.c whatever the ISA, the thread
+ * count or the batch (tests/kernels/test_cpu_fast.c).  Ops without a fast version are
+ * the reference's.  matmul_bf16 follows its own fixed order on AVX512_BF16 (within a
+ * few ulps of the reference's) and is bitwise the reference's elsewhere. */
+
+typedef enum tsr_cpu_isa {
+        TSR_CPU_ISA_SCALAR = 0,         /* the reference functions */
+        TSR_CPU_ISA_AVX2 = 1,           /* 8-wide float32, no FMA (it would change rounding) */
+        TSR_CPU_ISA_AVX512_BF16 = 2,    /* AVX2 float32 + AVX512_BF16 dot products for bf16 weights */
+} tsr_cpu_isa;
+
+/* (Re)configure the fast backend: `n_threads` threads in all, the caller included
+ * (0 = the online cores), using at most `max_isa` (what the CPU lacks is never used).
+ * Starts the pool; any earlier pool is stopped first.  Call from one thread while no op
+ * of this backend runs (startup, or between ops in tests).  TSR_E_INVAL for
+ * n_threads < 0, TSR_E_NOMEM/TSR_E_IO when threads cannot be made (the backend then
+ * runs single-threaded and still works). */
+tsr_status tsr_kernels_cpu_configure(int n_threads, tsr_cpu_isa max_isa);
+/* The fast table.  Configures with (0, the best ISA) on first use if not configured. */
+const tsr_kernels_ops *tsr_kernels_cpu_fast(void);
+/* What the fast table runs now: its ISA, by name too ("scalar", "avx2", "avx512_bf16"),
+ * and its thread count. */
+tsr_cpu_isa tsr_kernels_cpu_isa(void);
+const char *tsr_cpu_isa_name(tsr_cpu_isa isa);
+int tsr_kernels_cpu_threads(void);
+/* Stop the pool's threads (at exit; the table keeps working, single-threaded). */
+void tsr_kernels_cpu_shutdown(void);
 
 /* The CUDA backend, or NULL when not built or no device is present. */
 const tsr_kernels_ops *tsr_kernels_cuda(void);

@@ -9,11 +9,18 @@
 #include "worker/gguf.h"
 #include "worker/llama.h"
 
+/* The matmul weights of a layer, in the order bf16[] stores them. */
+enum { MM_Q, MM_K, MM_V, MM_O, MM_GATE, MM_UP, MM_DOWN, MM_PER_LAYER };
+
 struct tsr_llama {
         tsr_llama_config cfg;
         tsr_llama_weights *w;           /* owned */
         const tsr_kernels_ops *ops;
         float *inv_freq;                /* (head_dim/2,) */
+        /* --dtype bfloat16 (tsr_llama_use_bf16): the matmul weights as bf16 bits, their
+         * float32 copies in w freed (NULL), except token_embd which the embedding reads. */
+        uint16_t **bf16;                /* [n_layers * MM_PER_LAYER], NULL when float32 */
+        uint16_t *output_bf16;          /* (vocab, dim) */
 };
 
 struct tsr_llama_kv {
@@ -25,6 +32,16 @@ struct tsr_llama_kv {
 };
 
 /* ---- config and load ------------------------------------------------------------- */
+
+static void bf16_free(tsr_llama *m) {
+        if (m->bf16)
+                for (size_t i = 0; i < (size_t)m->cfg.n_layers * MM_PER_LAYER; i++)
+                        free(m->bf16[i]);
+        free(m->bf16);
+        free(m->output_bf16);
+        m->bf16 = NULL;
+        m->output_bf16 = NULL;
+}
 
 tsr_status tsr_llama_rope_inv_freq(const tsr_llama_config *cfg, const float *divisors, float *out) {
         size_t half;
@@ -156,9 +173,73 @@ done:
         return st;
 }
 
+/* A float32 (rows, cols) matrix as bf16, rounded to nearest even. */
+static uint16_t *to_bf16(const float *src, size_t rows, size_t cols) {
+        uint16_t *dst = malloc(rows * cols * sizeof *dst);
+        if (dst)
+                for (size_t i = 0; i < rows * cols; i++)
+                        dst[i] = tsr_f32_to_bf16(src[i]);
+        return dst;
+}
+
+tsr_status tsr_llama_use_bf16(tsr_llama *m) {
+        if (!m)
+                return TSR_E_INVAL;
+        if (m->bf16)
+                return TSR_OK;
+        if (!m->ops->matmul_bf16)
+                return TSR_E_UNSUPPORTED;
+        const tsr_llama_config *c = &m->cfg;
+        size_t n_layers = c->n_layers, q_dim = (size_t)c->n_heads * c->head_dim;
+        size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+        m->bf16 = calloc(n_layers * MM_PER_LAYER, sizeof *m->bf16);
+        m->output_bf16 = to_bf16(m->w->output, c->vocab_size, c->dim);
+        if (!m->bf16 || !m->output_bf16)
+                goto nomem;
+        /* Convert everything first, free the float32 copies only once nothing can fail. */
+        for (size_t l = 0; l < n_layers; l++) {
+                const tsr_llama_layer *L = &m->w->layers[l];
+                uint16_t **b = m->bf16 + l * MM_PER_LAYER;
+                if (!(b[MM_Q] = to_bf16(L->wq, q_dim, c->dim)) || !(b[MM_K] = to_bf16(L->wk, kv_dim, c->dim)) ||
+                    !(b[MM_V] = to_bf16(L->wv, kv_dim, c->dim)) || !(b[MM_O] = to_bf16(L->wo, c->dim, q_dim)) ||
+                    !(b[MM_GATE] = to_bf16(L->w_gate, c->hidden_dim, c->dim)) ||
+                    !(b[MM_UP] = to_bf16(L->w_up, c->hidden_dim, c->dim)) ||
+                    !(b[MM_DOWN] = to_bf16(L->w_down, c->dim, c->hidden_dim)))
+                        goto nomem;
+        }
+        for (size_t l = 0; l < n_layers; l++) {
+                tsr_llama_layer *L = &m->w->layers[l];
+                float **f32[MM_PER_LAYER] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+                for (int i = 0; i < MM_PER_LAYER; i++) {
+                        free(*f32[i]);
+                        *f32[i] = NULL;
+                }
+        }
+        if (!c->tied_embeddings) {      /* tied: output is token_embd, which the embedding still reads */
+                free(m->w->output);
+                m->w->output = NULL;
+        }
+        return TSR_OK;
+nomem:
+        bf16_free(m);
+        return TSR_E_NOMEM;
+}
+
+bool tsr_llama_is_bf16(const tsr_llama *m) { return m && m->bf16; }
+
+tsr_status tsr_llama_set_ops(tsr_llama *m, const tsr_kernels_ops *ops) {
+        if (!m)
+                return TSR_E_INVAL;
+        if (!ops_complete(ops) || (m->bf16 && !ops->matmul_bf16))
+                return TSR_E_UNSUPPORTED;
+        m->ops = ops;
+        return TSR_OK;
+}
+
 void tsr_llama_free(tsr_llama **mp) {
         if (!mp || !*mp)
                 return;
+        bf16_free(*mp);
         tsr_llama_weights_free(&(*mp)->w);
         free((*mp)->inv_freq);
         free(*mp);
@@ -306,6 +387,16 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama_config *c, si
         return TSR_OK;
 }
 
+/* W (d, n) @ x (rows, n) -> out (rows, d) with layer l's matmul `which` (l < 0: the
+ * output matrix), in the dtype the model holds. */
+static tsr_status mm(const tsr_llama *m, float *out, const float *x, long l, int which, const float *w_f32,
+                     size_t rows, size_t n, size_t d) {
+        if (!m->bf16)
+                return m->ops->matmul(out, x, w_f32, rows, n, d);
+        const uint16_t *wb = l < 0 ? m->output_bf16 : m->bf16[(size_t)l * MM_PER_LAYER + (size_t)which];
+        return m->ops->matmul_bf16(out, x, wb, rows, n, d);
+}
+
 #define TRY(expr)                               \
         do {                                    \
                 if ((st = (expr)) != TSR_OK)    \
@@ -359,9 +450,9 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const t
 
                 /* attention: x += o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x) */
                 TRY(o->rmsnorm(s.xb, s.x, L->attn_norm, N, dim, c->rms_eps));
-                TRY(o->matmul(s.q, s.xb, L->wq, N, dim, q_dim));                      /* q (N, q_dim) */
-                TRY(o->matmul(s.k, s.xb, L->wk, N, dim, kv_dim));                     /* k (N, kv_dim) */
-                TRY(o->matmul(s.v, s.xb, L->wv, N, dim, kv_dim));                     /* v (N, kv_dim) */
+                TRY(mm(m, s.q, s.xb, (long)l, MM_Q, L->wq, N, dim, q_dim));                      /* q (N, q_dim) */
+                TRY(mm(m, s.k, s.xb, (long)l, MM_K, L->wk, N, dim, kv_dim));                     /* k (N, kv_dim) */
+                TRY(mm(m, s.v, s.xb, (long)l, MM_V, L->wv, N, dim, kv_dim));                     /* v (N, kv_dim) */
                 TRY(o->rope(s.q, N, c->n_heads, hd, s.pos, m->inv_freq, c->rope_layout));
                 TRY(o->rope(s.k, N, c->n_kv_heads, hd, s.pos, m->inv_freq, c->rope_layout));
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
@@ -370,15 +461,15 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const t
                         TRY(o->attention(s.att + row * q_dim, s.q + row * q_dim, &view, seqs[i].n,
                                          seqs[i].past_len, c->n_heads, scale));       /* att (n_i, q_dim) */
                 }
-                TRY(o->matmul(s.xb, s.att, L->wo, N, q_dim, dim));                    /* xb (N, dim) */
+                TRY(mm(m, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));                    /* xb (N, dim) */
                 TRY(o->add(s.x, s.x, s.xb, N * dim));
 
                 /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) */
                 TRY(o->rmsnorm(s.xb, s.x, L->ffn_norm, N, dim, c->rms_eps));
-                TRY(o->matmul(s.hb, s.xb, L->w_gate, N, dim, hid));                   /* hb (N, hid) */
-                TRY(o->matmul(s.hb2, s.xb, L->w_up, N, dim, hid));                    /* hb2 (N, hid) */
+                TRY(mm(m, s.hb, s.xb, (long)l, MM_GATE, L->w_gate, N, dim, hid));                   /* hb (N, hid) */
+                TRY(mm(m, s.hb2, s.xb, (long)l, MM_UP, L->w_up, N, dim, hid));                    /* hb2 (N, hid) */
                 TRY(o->silu_mul(s.hb, s.hb, s.hb2, N * hid));
-                TRY(o->matmul(s.xb, s.hb, L->w_down, N, hid, dim));                   /* xb (N, dim) */
+                TRY(mm(m, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));                   /* xb (N, dim) */
                 TRY(o->add(s.x, s.x, s.xb, N * dim));
         }
 
@@ -392,7 +483,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const t
         }
         if (n_rows_out) {
                 TRY(o->rmsnorm(s.xb, s.xb, w->output_norm, n_rows_out, dim, c->rms_eps));
-                TRY(o->matmul(logits, s.xb, w->output, n_rows_out, dim, c->vocab_size));   /* (rows, vocab) */
+                TRY(mm(m, logits, s.xb, -1, 0, w->output, n_rows_out, dim, c->vocab_size));   /* (rows, vocab) */
         }
 done:
         free(tokens);

@@ -15,6 +15,7 @@
 #ifndef TSR_LLAMA_H
 #define TSR_LLAMA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "common/tsr_status.h"
@@ -38,6 +39,19 @@ tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const ts
                           char *err, size_t errlen);
 /* Accepts NULL and *m == NULL; clears *m. */
 void tsr_llama_free(tsr_llama **m);
+
+/* --dtype bfloat16: convert the matmul weights (q, k, v, o, gate, up, down, output) to
+ * bfloat16, rounding each float32 to nearest even, and free their float32 copies; the
+ * forward then runs the ops table's matmul_bf16 on them (activations, norms, attention
+ * and the KV cache stay float32).  Call once, after load and before any forward.
+ * TSR_OK (also when already bf16), TSR_E_UNSUPPORTED (the ops lack matmul_bf16),
+ * TSR_E_NOMEM (the model is then unchanged). */
+tsr_status tsr_llama_use_bf16(tsr_llama *m);
+/* Run later forwards with `ops` instead (e.g. the reference and the fast CPU tables in
+ * tests; both hold host memory).  Not while a forward runs.  TSR_E_UNSUPPORTED if `ops`
+ * lacks an op the forward needs (matmul_bf16 included for a bf16 model). */
+tsr_status tsr_llama_set_ops(tsr_llama *m, const tsr_kernels_ops *ops);
+bool tsr_llama_is_bf16(const tsr_llama *m);
 /* The model's config; lives as long as the model. */
 const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m);
 

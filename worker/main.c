@@ -112,7 +112,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, work
 /* Build and pack ModelInfo: once with the tokenizer, once without it (for routers
  * that already have it cached).  Everything points into cfg/meta (borrowed). */
 static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m, const worker_plan *p, bool ready,
-                                  uint8_t **full, size_t *full_len, uint8_t **lean, size_t *lean_len) {
+                                  const char *dtype, uint8_t **full, size_t *full_len, uint8_t **lean, size_t *lean_len) {
         tsr_envelope env;
         Tessera__V1__ModelInfo mi;
         Tessera__V1__HfTokenizer hf;
@@ -201,7 +201,7 @@ static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m
         mi.max_num_batched_tokens = p->max_num_batched_tokens;
         mi.tensor_parallel_size = 1;
         mi.pipeline_parallel_size = 1;
-        mi.dtype = "float32";
+        mi.dtype = (char *)dtype;
         mi.backend = "cpu";
         mi.architecture = m->architecture ? m->architecture : "";
         mi.status_endpoint = (char *)p->status_listen;
@@ -308,7 +308,9 @@ int main(int argc, char **argv) {
         /* The model runner: weights and KV pool.  A format without a runner still
          * serves its metadata (and refuses Submit), so routers can list it. */
         tsr_load_stats lstats = {0};
-        st = tsr_runner_new(cfg.model, plan.kv_blocks_total, (uint32_t)cfg.block_size, &runner, &lstats, err, sizeof(err));
+        tsr_runner_opts ropts = {.dtype = cfg.dtype, .cpu_threads = cfg.cpu_threads};
+        st = tsr_runner_new(cfg.model, &ropts, plan.kv_blocks_total, (uint32_t)cfg.block_size, &runner, &lstats, err,
+                            sizeof(err));
         if (st == TSR_E_UNSUPPORTED) {
                 log_warn("model %s: no model runner (%s); serving its metadata only, Submit is refused", cfg.model, err);
         } else if (st != TSR_OK) {
@@ -323,7 +325,7 @@ int main(int argc, char **argv) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);
                 goto out;
         }
-        if (pack_model_info(&cfg, meta, &plan, runner != NULL, &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
+        if (pack_model_info(&cfg, meta, &plan, runner != NULL, runner ? tsr_runner_dtype(runner) : "float32", &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
                 log_error("model info for %s does not fit in one protocol frame", meta->path);
                 goto out;
         }

@@ -1,4 +1,4 @@
-/* runner.c - a Llama GGUF on the CPU reference kernels, as an engine_model. */
+/* runner.c - a Llama (GGUF or HF folder) on the CPU kernels, as an engine_model. */
 #include "runner.h"
 
 #include <stdio.h>
@@ -12,6 +12,7 @@
 
 struct tsr_runner {
         tsr_llama *model;
+        bool fast;                 /* the fast CPU backend (its pool is stopped in tsr_runner_free) */
         tsr_llama_kv *pool;        /* every sequence's KV, indexed by the engine's block ids */
         engine_model em;
 };
@@ -51,8 +52,57 @@ static bool is_dir(const char *path) {
         return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-tsr_status tsr_runner_new(const char *path, uint64_t num_blocks, uint32_t block_size, tsr_runner **ret,
-                          tsr_load_stats *stats, char *err, size_t errlen) {
+/* The kernels and weight dtype for `opts`; see runner.h.  Starts the fast backend's
+ * threads.  Main thread, at startup. */
+static tsr_status pick_backend(const tsr_runner_opts *opts, const tsr_kernels_ops **ops, bool *bf16, char *err,
+                               size_t errlen) {
+        const char *dtype = opts && opts->dtype ? opts->dtype : "auto";
+        const char *kern = getenv("TESSERA_KERNELS");
+        tsr_cpu_isa max_isa = TSR_CPU_ISA_AVX512_BF16;
+        tsr_status st;
+
+        if (strcmp(dtype, "half") == 0 || strcmp(dtype, "float16") == 0) {
+                snprintf(err, errlen, "--dtype %s is not supported by the CPU backend (use bfloat16 or float32)",
+                         dtype);
+                return TSR_E_INVAL;
+        }
+        if (kern && *kern && strcmp(kern, "fast") != 0 && strcmp(kern, "ref") != 0 && strcmp(kern, "avx2") != 0) {
+                snprintf(err, errlen, "TESSERA_KERNELS=%s: expected fast, avx2 or ref", kern);
+                return TSR_E_INVAL;
+        }
+        if (kern && strcmp(kern, "ref") == 0) {
+                *ops = tsr_kernels_cpu_ref();
+                *bf16 = strcmp(dtype, "bfloat16") == 0;
+                log_info("kernels: cpu-ref (TESSERA_KERNELS=ref), 1 thread, dtype %s", *bf16 ? "bfloat16" : "float32");
+                return TSR_OK;
+        }
+        if (kern && strcmp(kern, "avx2") == 0)
+                max_isa = TSR_CPU_ISA_AVX2;
+        st = tsr_kernels_cpu_configure(opts ? opts->cpu_threads : 0, max_isa);
+        if (st == TSR_E_INVAL) {
+                snprintf(err, errlen, "--cpu-threads %d is not valid", opts->cpu_threads);
+                return st;
+        }
+        if (st != TSR_OK)
+                log_warn("kernels: cannot start %d threads (%s); running single-threaded",
+                         opts ? opts->cpu_threads : 0, tsr_status_str(st));
+        *ops = tsr_kernels_cpu_fast();
+        /* auto: bfloat16 only where the CPU has dot-product instructions for it (vLLM's CPU
+         * platform downcasts float32 checkpoints to bfloat16 unconditionally; here the
+         * AVX2 fallback would halve the bytes too, but rounds x through bf16 for no
+         * speed-up in compute, so auto keeps float32's fidelity there). */
+        *bf16 = strcmp(dtype, "bfloat16") == 0 ||
+                (strcmp(dtype, "auto") == 0 && tsr_kernels_cpu_isa() >= TSR_CPU_ISA_AVX512_BF16);
+        log_info("kernels: %s, isa %s, %d thread%s, dtype %s%s", (*ops)->name, tsr_cpu_isa_name(tsr_kernels_cpu_isa()),
+                 tsr_kernels_cpu_threads(), tsr_kernels_cpu_threads() == 1 ? "" : "s", *bf16 ? "bfloat16" : "float32",
+                 strcmp(dtype, "auto") == 0 ? " (--dtype auto)" : "");
+        return TSR_OK;
+}
+
+tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_t num_blocks, uint32_t block_size,
+                          tsr_runner **ret, tsr_load_stats *stats, char *err, size_t errlen) {
+        const tsr_kernels_ops *ops = NULL;
+        bool bf16 = false;
         tsr_runner *r;
         tsr_status st;
         size_t len = strlen(path);
@@ -66,9 +116,18 @@ tsr_status tsr_runner_new(const char *path, uint64_t num_blocks, uint32_t block_
         r = calloc(1, sizeof(*r));
         if (!r)
                 return TSR_E_NOMEM;
-        st = tsr_llama_load(path, tsr_kernels_cpu_ref(), NULL, progress, NULL, &r->model, stats, err, errlen);
+        if ((st = pick_backend(opts, &ops, &bf16, err, errlen)) != TSR_OK)
+                goto fail;
+        r->fast = ops == tsr_kernels_cpu_fast();
+        st = tsr_llama_load(path, ops, NULL, progress, NULL, &r->model, stats, err, errlen);
         if (st != TSR_OK)
                 goto fail;
+        if (bf16 && (st = tsr_llama_use_bf16(r->model)) != TSR_OK) {
+                snprintf(err, errlen, "cannot convert the weights to bfloat16: %s", tsr_status_str(st));
+                goto fail;
+        }
+        if (bf16)
+                log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
         st = tsr_llama_kv_new(r->model, (size_t)num_blocks * block_size, block_size, &r->pool);
         if (st != TSR_OK) {
                 snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens): %s",
@@ -92,8 +151,14 @@ void tsr_runner_free(tsr_runner **rp) {
         r = *rp;
         tsr_llama_kv_free(&r->pool);
         tsr_llama_free(&r->model);
+        if (r->fast)
+                tsr_kernels_cpu_shutdown();
         free(r);
         *rp = NULL;
 }
 
 const engine_model *tsr_runner_model(const tsr_runner *r) { return &r->em; }
+
+const char *tsr_runner_dtype(const tsr_runner *r) {
+        return r && tsr_llama_is_bf16(r->model) ? "bfloat16" : "float32";
+}

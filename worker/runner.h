@@ -14,11 +14,24 @@
 
 typedef struct tsr_runner tsr_runner;
 
+/* How the runner computes: the worker's --dtype and --cpu-threads. */
+typedef struct tsr_runner_opts {
+        const char *dtype;      /* auto | float32 | float | bfloat16 (half/float16: TSR_E_INVAL); NULL = auto */
+        int cpu_threads;        /* threads of the fast CPU backend; 0 = the online cores */
+} tsr_runner_opts;
+
 /* Load `path` and allocate a KV pool of `num_blocks` blocks of `block_size` tokens.
+ * Kernels: the fast CPU backend (kernels.h), configured with opts->cpu_threads; the
+ * environment variable TESSERA_KERNELS=ref selects the scalar reference instead (tests,
+ * debugging), =avx2 caps the fast backend at AVX2.  dtype auto means bfloat16 weights
+ * where the CPU has AVX512_BF16 and the reference is not forced, float32 otherwise.
  * TSR_E_UNSUPPORTED when the file is not a model this runner knows (the caller then
- * serves metadata only), other statuses with the file and tensor named in err. */
-tsr_status tsr_runner_new(const char *path, uint64_t num_blocks, uint32_t block_size, tsr_runner **ret,
-                          tsr_load_stats *stats, char *err, size_t errlen);
+ * serves metadata only), TSR_E_INVAL for a dtype the CPU backend cannot run, other
+ * statuses with the file and tensor named in err. */
+tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_t num_blocks, uint32_t block_size,
+                          tsr_runner **ret, tsr_load_stats *stats, char *err, size_t errlen);
+/* The dtype the weights are held in: "float32" or "bfloat16". */
+const char *tsr_runner_dtype(const tsr_runner *r);
 void tsr_runner_free(tsr_runner **r);
 /* The engine's view of the runner; valid while the runner lives. */
 const engine_model *tsr_runner_model(const tsr_runner *r);

@@ -78,6 +78,47 @@ static tsr_status ref_matmul(float *out, const float *x, const float *w, size_t 
         return TSR_OK;
 }
 
+uint16_t tsr_f32_to_bf16(float x) {
+        uint32_t u;
+        memcpy(&u, &x, sizeof u);
+        if ((u & 0x7fffffffu) > 0x7f800000u)    /* NaN: keep the sign and the top payload, force quiet */
+                return (uint16_t)((u >> 16) | 0x0040u);
+        u += 0x7fffu + ((u >> 16) & 1u);        /* round to nearest, ties to even; overflow gives inf */
+        return (uint16_t)(u >> 16);
+}
+
+float tsr_bf16_to_f32(uint16_t h) {
+        uint32_t u = (uint32_t)h << 16;
+        float x;
+        memcpy(&x, &u, sizeof x);
+        return x;
+}
+
+/* W (d,n) bfloat16 @ x[r] (n,) -> out[r] (d,), for r in 0..rows-1
+ * x (rows, n) float32, w (d, n) bfloat16 bits -> out (rows, d)
+ * The same eight lanes and final pairs as dot_f32, over widen(w) and widen(round(x)). */
+static tsr_status ref_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d) {
+        if (!out || !x || !w || n == 0 || d == 0)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < d; i++) {
+                const uint16_t *wi = w + i * n;
+                for (size_t r = 0; r < rows; r++) {
+                        const float *xr = x + r * n;
+                        float lane[8] = {0};
+                        size_t k = 0;
+                        for (; k + 8 <= n; k += 8)
+                                for (size_t j = 0; j < 8; j++)
+                                        lane[j] += tsr_bf16_to_f32(wi[k + j]) *
+                                                   tsr_bf16_to_f32(tsr_f32_to_bf16(xr[k + j]));
+                        for (size_t j = 0; k + j < n; j++)
+                                lane[j] += tsr_bf16_to_f32(wi[k + j]) * tsr_bf16_to_f32(tsr_f32_to_bf16(xr[k + j]));
+                        out[r * d + i] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                                         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+                }
+        }
+        return TSR_OK;
+}
+
 /* x (rows, n_heads, head_dim), pos (rows,), inv_freq (head_dim/2,) -> x rotated in place.
  * For pair i of a head: θ = pos * inv_freq[i] (a float32 product, as HF computes it),
  *   a' = a cos θ - b sin θ
@@ -262,6 +303,7 @@ static const tsr_kernels_ops cpu_ref_ops = {
         .add = ref_add,
         .softmax = ref_softmax,
         .log_softmax = ref_log_softmax,
+        .matmul_bf16 = ref_matmul_bf16,
 };
 
 const tsr_kernels_ops *tsr_kernels_cpu_ref(void) { return &cpu_ref_ops; }

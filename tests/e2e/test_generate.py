@@ -22,7 +22,8 @@ def server(tmp_path_factory, request):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port,
                  "--served-model-name", MODEL, "--max-model-len", "2048", "--max-num-seqs", "16",
-                 "--kv-cache-memory-bytes", "512M"], log)
+                 "--kv-cache-memory-bytes", "512M",
+                 "--dtype", "float32"], log)   # compared with float32 transformers goldens
     base = f"http://127.0.0.1:{port}"
 
     def ready():

@@ -17,7 +17,8 @@ GOLDEN = json.loads((FIX / "golden.json").read_text())
 def test_greedy_matches_transformers(spawn, variant):
     port = free_port()
     proc = spawn([LAUNCHER, "serve", FIX / variant, "--host", "127.0.0.1", "--port", port,
-                  "--served-model-name", "tiny", "--kv-cache-memory-bytes", "64M"])
+                  "--served-model-name", "tiny", "--kv-cache-memory-bytes", "64M",
+                  "--dtype", "float32"])   # the goldens are float32 math (auto may pick bf16)
     base = f"http://127.0.0.1:{port}"
 
     def ready():

@@ -885,18 +885,25 @@ static void test_smollm2_greedy(void **state) {
                 if (smol_runs(i, true))
                         json_array_append(subset, json_array_get(ps, i));
         size_t n_prompts = json_array_size(subset);
+        /* The fast table: bitwise the reference's (test_smollm2_fast_bitwise) and several
+         * times quicker.  The two threads share its pool: one drives it, the other's ops
+         * run inline (pool.h). */
+        assert_int_equal(tsr_kernels_cpu_configure(2, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(tsr_llama_set_ops(smol, tsr_kernels_cpu_fast()), TSR_OK);
         for (int t = 0; t < 2; t++) {
                 jobs[t] = (struct greedy_job){.prompts = subset, .first = (size_t)t, .step = 2, .n_new = n_new};
                 assert_int_equal(pthread_create(&th[t], NULL, greedy_thread, &jobs[t]), 0);
         }
         for (int t = 0; t < 2; t++)
                 assert_int_equal(pthread_join(th[t], NULL), 0);
+        assert_int_equal(tsr_llama_set_ops(smol, tsr_kernels_cpu_ref()), TSR_OK);
+        tsr_kernels_cpu_shutdown();
         for (int t = 0; t < 2; t++)
                 if (jobs[t].msg[0])
                         fail_msg("%s", jobs[t].msg);
         double dec_tok = (double)(jobs[0].done_tokens + jobs[1].done_tokens);
         double pre_tok = (double)(jobs[0].prefill_tokens + jobs[1].prefill_tokens);
-        print_message("SmolLM2 greedy: %zu prompts x %d tokens exact; per thread (2 running): decode %.1f tok/s, "
+        print_message("SmolLM2 greedy (cpu-fast): %zu prompts x %d tokens exact; per thread (2 running): decode %.1f tok/s, "
                       "prefill %.1f tok/s\n", n_prompts, (int)n_new,
                       dec_tok / (jobs[0].decode_s + jobs[1].decode_s),
                       pre_tok / (jobs[0].prefill_s + jobs[1].prefill_s));
@@ -930,6 +937,130 @@ static void test_smollm2_speed(void **state) {
         free(lg);
 }
 
+/* The fast CPU table (kernels/cpu/fast.c) through the whole model: every logit of a
+ * prefill and of decode steps bitwise equal to the reference's, with 1 and 2 threads,
+ * and a batch of sequences giving each one's logits bitwise as when run alone. */
+static void test_smollm2_fast_bitwise(void **state) {
+        if (!smol || !smol_golden)
+                skip();
+        size_t V = tsr_llama_config_of(smol)->vocab_size;
+        json_t *P = json_array_get(json_object_get(smol_golden, "logit_prompts"), 1);
+        uint32_t ids[64];
+        size_t n = json_ids(json_object_get(P, "ids"), ids, 64);
+        float *want = malloc((n + 2) * V * sizeof(float)), *got = malloc((n + 2) * V * sizeof(float));
+        tsr_llama_kv *kv = NULL;
+        uint32_t next[2] = {17, 4242};
+
+        assert_non_null(want);
+        assert_non_null(got);
+        assert_int_equal(tsr_llama_kv_new(smol, 128, 0, &kv), TSR_OK);
+        /* Reference: prefill with all logits, then two decode steps. */
+        assert_int_equal(tsr_llama_forward(smol, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, want), TSR_OK);
+        for (size_t s = 0; s < 2; s++)
+                assert_int_equal(tsr_llama_forward(smol, kv, &next[s], 1, n + s, TSR_LLAMA_LOGITS_LAST,
+                                                   want + (n + s) * V), TSR_OK);
+        assert_int_equal(tsr_llama_set_ops(smol, tsr_kernels_cpu_fast()), TSR_OK);
+        for (int threads = 1; threads <= 2; threads++) {
+                assert_int_equal(tsr_kernels_cpu_configure(threads, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+                memset(got, 0, (n + 2) * V * sizeof(float));
+                assert_int_equal(tsr_llama_forward(smol, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got), TSR_OK);
+                for (size_t s = 0; s < 2; s++)
+                        assert_int_equal(tsr_llama_forward(smol, kv, &next[s], 1, n + s, TSR_LLAMA_LOGITS_LAST,
+                                                           got + (n + s) * V), TSR_OK);
+                if (memcmp(got, want, (n + 2) * V * sizeof(float)) != 0) {
+                        for (size_t i = 0; i < (n + 2) * V; i++)
+                                if (got[i] != want[i])
+                                        fail_msg("%s, %d threads: logit [%zu, %zu] %.9g, cpu-ref %.9g",
+                                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), threads, i / V, i % V,
+                                                 got[i], want[i]);
+                        fail_msg("logits differ in bits only (signed zeros or NaN payloads)");
+                }
+        }
+        /* Batch invariance through the fast table: this prompt's decode step alone (want)
+         * vs together with two other sequences' prefill and decode in one forward. */
+        tsr_llama_kv *pool = NULL;
+        assert_int_equal(tsr_llama_kv_new(smol, 16 * 24, 16, &pool), TSR_OK);
+        uint32_t t0[8] = {0, 1, 2, 3, 4, 5, 6, 7}, t1[8] = {8, 9, 10, 11, 12, 13, 14, 15};
+        uint32_t t2[8] = {16, 17, 18, 19, 20, 21, 22, 23};
+        uint32_t other[5] = {1, 2, 3, 4, 5};
+        assert_int_equal(tsr_llama_forward_blocks(smol, pool, t0, 8, ids, n, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(smol, pool, t2, 8, other, 3, 0, TSR_LLAMA_LOGITS_NONE, NULL),
+                         TSR_OK);
+        tsr_llama_seq seqs[3] = {
+                {.block_table = t1, .n_table = 8, .tokens = other, .n = 5, .past_len = 0, .which = TSR_LLAMA_LOGITS_ALL},
+                {.block_table = t0, .n_table = 8, .tokens = &next[0], .n = 1, .past_len = n,
+                 .which = TSR_LLAMA_LOGITS_LAST},
+                {.block_table = t2, .n_table = 8, .tokens = &other[3], .n = 2, .past_len = 3,
+                 .which = TSR_LLAMA_LOGITS_LAST},
+        };
+        float *batch = malloc(7 * V * sizeof(float));
+        assert_non_null(batch);
+        assert_int_equal(tsr_llama_forward_batch(smol, pool, seqs, 3, batch), TSR_OK);
+        assert_memory_equal(batch + 5 * V, want + n * V, V * sizeof(float));
+        free(batch);
+        tsr_llama_kv_free(&pool);
+        assert_int_equal(tsr_llama_set_ops(smol, tsr_kernels_cpu_ref()), TSR_OK);
+        tsr_kernels_cpu_shutdown();
+        tsr_llama_kv_free(&kv);
+        free(want);
+        free(got);
+}
+
+/* --dtype bfloat16 against transformers' float32 logits: bf16 weights (rounded from the
+ * dequantized float32) and bf16-rounded matmul inputs move every logit a little, so the
+ * check is statistical: the full last-position logits of each prompt with cosine
+ * similarity >= 0.999 to the goldens, and the argmax (top-1) agreeing at >= 99% of all
+ * positions of all prompts. */
+static void test_smollm2_bf16(void **state) {
+        if (!smol || !smol_golden || sanitized())
+                skip();
+        char path[1024], err[512];
+        tsr_llama *m = NULL;
+        assert_true(env_path("TSR_SOURCE_ROOT", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", path, sizeof path));
+        assert_int_equal(tsr_kernels_cpu_configure(0, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(tsr_llama_load(path, tsr_kernels_cpu_fast(), NULL, NULL, NULL, &m, NULL, err, sizeof err),
+                         TSR_OK);
+        assert_int_equal(tsr_llama_use_bf16(m), TSR_OK);
+        assert_true(tsr_llama_is_bf16(m));
+        assert_int_equal(tsr_llama_set_ops(m, tsr_kernels_cpu_ref()), TSR_OK);   /* ref has matmul_bf16 too */
+        assert_int_equal(tsr_llama_set_ops(m, tsr_kernels_cpu_fast()), TSR_OK);
+
+        size_t V = tsr_llama_config_of(m)->vocab_size, positions = 0, agree = 0;
+        json_t *ps = json_object_get(smol_golden, "logit_prompts");
+        tsr_llama_kv *kv = NULL;
+        double worst_cos = 1.0;
+        assert_int_equal(tsr_llama_kv_new(m, 64, 0, &kv), TSR_OK);
+        for (size_t pi = 0; pi < json_array_size(ps); pi++) {
+                json_t *P = json_array_get(ps, pi), *top = json_object_get(P, "top20");
+                uint32_t ids[64];
+                size_t n = json_ids(json_object_get(P, "ids"), ids, 64);
+                float *lg = malloc(n * V * sizeof(float));
+                float *last = load_f32(json_string_value(json_object_get(P, "last_logits_file")), V);
+                assert_int_equal(tsr_llama_forward(m, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, lg), TSR_OK);
+                for (size_t t = 0; t < n; t++, positions++)
+                        agree += argmax(lg + t * V, V) ==
+                                 (size_t)json_integer_value(json_array_get(json_array_get(json_array_get(top, t), 0), 0));
+                double dot = 0, na = 0, nb = 0;
+                for (size_t i = 0; i < V; i++) {
+                        dot += (double)lg[(n - 1) * V + i] * last[i];
+                        na += (double)lg[(n - 1) * V + i] * lg[(n - 1) * V + i];
+                        nb += (double)last[i] * last[i];
+                }
+                double cos = dot / sqrt(na * nb);
+                worst_cos = fmin(worst_cos, cos);
+                if (!(cos >= 0.999))
+                        fail_msg("prompt %zu: cosine(bf16 logits, transformers) = %.6f < 0.999", pi, cos);
+                free(lg);
+                free(last);
+        }
+        print_message("SmolLM2 bf16 (%s): worst last-position cosine %.6f, top-1 agreement %zu/%zu positions\n",
+                      tsr_cpu_isa_name(tsr_kernels_cpu_isa()), worst_cos, agree, positions);
+        assert_true((double)agree >= 0.99 * (double)positions);
+        tsr_llama_kv_free(&kv);
+        tsr_llama_free(&m);
+        tsr_kernels_cpu_shutdown();
+}
+
 int main(void) {
         const struct CMUnitTest kernels[] = {
                 cmocka_unit_test(test_matmul_shapes),
@@ -948,6 +1079,8 @@ int main(void) {
                 cmocka_unit_test(test_smollm2_logits),
                 cmocka_unit_test(test_smollm2_greedy),
                 cmocka_unit_test(test_smollm2_speed),
+                cmocka_unit_test(test_smollm2_fast_bitwise),
+                cmocka_unit_test(test_smollm2_bf16),
         };
         int failed = cmocka_run_group_tests_name("forward", kernels, NULL, NULL);
         failed += cmocka_run_group_tests_name("forward_smollm2", smollm2, smol_setup, smol_teardown);

@@ -1,0 +1,630 @@
+/* cpu/fast.c - SIMD and threaded CPU kernels, bitwise equal to cpu/ref.c for float32.
+ *
+ * Where the speed comes from, and why the results cannot move:
+ *  - Register blocking over OUTPUTS: a micro-kernel computes a tile of up to 4 weight rows
+ *    x 3 rows of x at once, so each loaded vector of W or x feeds several dot products.
+ *    Every output element still has its own accumulator running over k = 0, 8, 16, ...
+ *    exactly as ref.c's dot_f32: one __m256 is ref's eight lanes, _mm256_mul_ps then
+ *    _mm256_add_ps (never FMA: a fused multiply-add rounds once where ref rounds twice,
+ *    and this file is compiled with -ffp-contract=off so the compiler cannot fuse
+ *    them either), a masked tail that adds +0 to the unused lanes (a lane that starts at
+ *    +0 is never -0, so +0 leaves it bitwise unchanged), and ref's final pairs, done with
+ *    two hadds.  Tiles never split K, so the tile shape (which depends on rows and d)
+ *    changes nothing.
+ *  - Threads (pool.c) split OUTPUT elements only: chunks of weight rows for a matmul,
+ *    (query row, head) pairs for attention.  Thread count and batch change nothing.
+ *  - bfloat16 weights halve the bytes a memory-bound decode reads.  On AVX512_BF16 the
+ *    dot products use VDPBF16PS, whose lane/pair order is this file's own but fixed per
+ *    element (same kernel for any tile, no split K), so it is batch- and thread-invariant
+ *    too; elsewhere the bf16 weights are widened and run in ref's order (bitwise).
+ *
+ * silu_mul, add and rmsnorm are ref.c's functions run on slices across the pool; the
+ * other ops (rope, softmax, ...) are cheap next to the matmuls and are ref.c's as they are.
+ *
+ * Thread: ops run on the caller (the engine thread) plus the pool's helpers. */
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/cpu/pool.h"
+#include "kernels/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define FAST_X86 1
+#include <immintrin.h>
+#endif
+
+#define AVX2_FN __attribute__((target("avx2")))
+#define AVX2_INLINE static inline __attribute__((always_inline, target("avx2")))
+#define BF16_TARGET "avx2,avx512f,avx512bw,avx512vl,avx512bf16"
+#define BF16_FN __attribute__((target(BF16_TARGET)))
+#define BF16_INLINE static inline __attribute__((always_inline, target(BF16_TARGET)))
+
+/* Weight rows per pool task: a multiple of the 4-row tile, small enough that a decode
+ * matmul of d = 576 rows still makes 36 tasks for the threads to share. */
+#define ROWS_PER_TASK 16
+/* Rows of x swept per pass over a task's weight rows: 48 x 1536 floats = 288 KiB, in L2. */
+#define X_ROWS_PER_PASS 48
+
+static struct {
+        tsr_pool *pool;         /* NULL: single-threaded */
+        int threads;
+        tsr_cpu_isa isa;        /* what the ops run now */
+        tsr_cpu_isa best;       /* what the CPU supports */
+} fast = {.threads = 1};
+
+static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+
+static void detect(void) {
+        fast.best = TSR_CPU_ISA_SCALAR;
+#ifdef FAST_X86
+        __builtin_cpu_init();
+        if (__builtin_cpu_supports("avx2"))
+                fast.best = TSR_CPU_ISA_AVX2;
+        if (fast.best == TSR_CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
+            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+            __builtin_cpu_supports("avx512bf16"))
+                fast.best = TSR_CPU_ISA_AVX512_BF16;
+#endif
+        fast.isa = fast.best;
+}
+
+#ifdef FAST_X86
+
+/* ---- the micro-kernels ------------------------------------------------------------------ */
+
+/* _mm256_loadu_si256(tail_mask + 8 - r): the first r lanes set (0 < r < 8). */
+static const int32_t tail_mask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+/* ref.c's ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) of one __m256 of lanes l0..l7. */
+AVX2_INLINE float sum_lanes_ref_order(__m256 v) {
+        __m256 t = _mm256_hadd_ps(v, v);        /* l0+l1, l2+l3, ., ., l4+l5, l6+l7, ., . */
+        t = _mm256_hadd_ps(t, t);               /* (l0+l1)+(l2+l3) in lane 0, (l4+l5)+(l6+l7) in lane 4 */
+        return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+/* out[b*ldo + a] = dot_f32(w + a*n, x + b*n, n) for a < NI, b < NR (NI <= 8, NR <= 4,
+ * constants after inlining).  Each dot is ref.c's, bit for bit. */
+AVX2_INLINE void tile_f32(const int NI, const int NR, const float *w, const float *x, size_t n, float *out,
+                          size_t ldo) {
+        __m256 acc[8][4];
+        size_t k = 0;
+
+#pragma GCC unroll 8
+        for (int a = 0; a < NI; a++)
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        acc[a][b] = _mm256_setzero_ps();
+        for (; k + 8 <= n; k += 8) {
+                __m256 xv[4];
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        xv[b] = _mm256_loadu_ps(x + b * n + k);
+#pragma GCC unroll 8
+                for (int a = 0; a < NI; a++) {
+                        __m256 wv = _mm256_loadu_ps(w + a * n + k);
+#pragma GCC unroll 4
+                        for (int b = 0; b < NR; b++)
+                                acc[a][b] = _mm256_add_ps(acc[a][b], _mm256_mul_ps(wv, xv[b]));
+                }
+        }
+        if (k < n) {
+                __m256i m = _mm256_loadu_si256((const __m256i *)(tail_mask + 8 - (n - k)));
+                __m256 xv[4];
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        xv[b] = _mm256_maskload_ps(x + b * n + k, m);
+#pragma GCC unroll 8
+                for (int a = 0; a < NI; a++) {
+                        __m256 wv = _mm256_maskload_ps(w + a * n + k, m);
+#pragma GCC unroll 4
+                        for (int b = 0; b < NR; b++)
+                                acc[a][b] = _mm256_add_ps(acc[a][b], _mm256_mul_ps(wv, xv[b]));
+                }
+        }
+#pragma GCC unroll 8
+        for (int a = 0; a < NI; a++)
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        out[(size_t)b * ldo + a] = sum_lanes_ref_order(acc[a][b]);
+}
+
+/* Eight bf16 weights widened to float32 (exact: the bf16 bits are the float's top half). */
+AVX2_INLINE __m256 widen8_bf16(const uint16_t *p) {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+/* As tile_f32 with bf16 weights widened and x already rounded through bf16 (xr, float32):
+ * ref.c's ref_matmul_bf16 order, bit for bit. */
+AVX2_INLINE void tile_bf16_widened(const int NI, const int NR, const uint16_t *w, const float *xr, size_t n,
+                                   float *out, size_t ldo) {
+        __m256 acc[8][4];
+        size_t k = 0;
+
+#pragma GCC unroll 8
+        for (int a = 0; a < NI; a++)
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        acc[a][b] = _mm256_setzero_ps();
+        for (; k + 8 <= n; k += 8) {
+                __m256 xv[4];
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        xv[b] = _mm256_loadu_ps(xr + b * n + k);
+#pragma GCC unroll 8
+                for (int a = 0; a < NI; a++) {
+                        __m256 wv = widen8_bf16(w + a * n + k);
+#pragma GCC unroll 4
+                        for (int b = 0; b < NR; b++)
+                                acc[a][b] = _mm256_add_ps(acc[a][b], _mm256_mul_ps(wv, xv[b]));
+                }
+        }
+        if (k < n) {
+                __m256i m = _mm256_loadu_si256((const __m256i *)(tail_mask + 8 - (n - k)));
+                __m256 xv[4];
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        xv[b] = _mm256_maskload_ps(xr + b * n + k, m);
+#pragma GCC unroll 8
+                for (int a = 0; a < NI; a++) {
+                        uint16_t pad[8] = {0};          /* bf16 +0 in the unused lanes */
+                        memcpy(pad, w + a * n + k, (n - k) * sizeof(uint16_t));
+                        __m256 wv = widen8_bf16(pad);
+#pragma GCC unroll 4
+                        for (int b = 0; b < NR; b++)
+                                acc[a][b] = _mm256_add_ps(acc[a][b], _mm256_mul_ps(wv, xv[b]));
+                }
+        }
+#pragma GCC unroll 8
+        for (int a = 0; a < NI; a++)
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        out[(size_t)b * ldo + a] = sum_lanes_ref_order(acc[a][b]);
+}
+
+/* AVX512_BF16: out[b*ldo + a] = dot of bf16 rows w + a*n and xb + b*n.  Per element:
+ * sixteen float32 lanes, lane j taking the pairs k = 32m+2j, 32m+2j+1 for m = 0, 1, ...
+ * in one VDPBF16PS each (pairs past n read as bf16 zero), then _mm512_reduce_add_ps's
+ * fixed tree.  The same for every tile shape: NI, NR only choose how many run at once. */
+BF16_INLINE void tile_bf16_dp(const int NI, const int NR, const uint16_t *w, const uint16_t *xb, size_t n,
+                              float *out, size_t ldo) {
+        __m512 acc[8][4];
+        size_t k = 0;
+
+#pragma GCC unroll 8
+        for (int a = 0; a < NI; a++)
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        acc[a][b] = _mm512_setzero_ps();
+        for (; k + 32 <= n; k += 32) {
+                __m512bh xv[4];
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        xv[b] = (__m512bh)_mm512_loadu_si512(xb + b * n + k);
+#pragma GCC unroll 8
+                for (int a = 0; a < NI; a++) {
+                        __m512bh wv = (__m512bh)_mm512_loadu_si512(w + a * n + k);
+#pragma GCC unroll 4
+                        for (int b = 0; b < NR; b++)
+                                acc[a][b] = _mm512_dpbf16_ps(acc[a][b], wv, xv[b]);
+                }
+        }
+        if (k < n) {
+                __mmask32 m = (__mmask32)((1ull << (n - k)) - 1);
+                __m512bh xv[4];
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        xv[b] = (__m512bh)_mm512_maskz_loadu_epi16(m, xb + b * n + k);
+#pragma GCC unroll 8
+                for (int a = 0; a < NI; a++) {
+                        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(m, w + a * n + k);
+#pragma GCC unroll 4
+                        for (int b = 0; b < NR; b++)
+                                acc[a][b] = _mm512_dpbf16_ps(acc[a][b], wv, xv[b]);
+                }
+        }
+#pragma GCC unroll 8
+        for (int a = 0; a < NI; a++)
+#pragma GCC unroll 4
+                for (int b = 0; b < NR; b++)
+                        out[(size_t)b * ldo + a] = _mm512_reduce_add_ps(acc[a][b]);
+}
+
+/* ---- matmul drivers: one task = ROWS_PER_TASK rows of W against every row of x ---------- */
+
+enum mm_kind { MM_F32, MM_BF16_WIDENED, MM_BF16_DP };
+
+struct mm_ctx {
+        enum mm_kind kind;
+        float *out;             /* (rows, d) */
+        const float *x;         /* (rows, n) float32: MM_F32 the input, MM_BF16_WIDENED rounded via bf16 */
+        const uint16_t *xb;     /* (rows, n) bf16 of x (MM_BF16_DP) */
+        const void *w;          /* (d, n) float or bf16 */
+        size_t rows, n, d;
+};
+
+/* The tiles of weight rows [i0, i1) x rows of x [r0, r1): 4x3 over the rows of x in
+ * threes, then the one or two rows left (all of them at decode batch 1) in 8x1 tiles,
+ * whose eight independent accumulator chains hide the add latency that a single dot
+ * (one chain of dependent adds, by ref's order) cannot.  Rows of x outermost: each row
+ * of out gets its ROWS_PER_TASK results (one cache line) in one go; the other nesting
+ * revisits every row of out once per tile, and rows d floats apart (d a multiple of
+ * 1024: 4 KiB apart) all fall in the same cache set and evict each other.
+ * T(NI, NR, i, r) runs one tile. */
+#define SWEEP(T)                                                                          \
+        do {                                                                              \
+                size_t rf = r0 + (r1 - r0) / 3 * 3, i, r;                                 \
+                for (r = r0; r < rf; r += 3) {                                            \
+                        for (i = i0; i + 4 <= i1; i += 4)                                 \
+                                T(4, 3, i, r);                                            \
+                        for (; i < i1; i++)                                               \
+                                T(1, 3, i, r);                                            \
+                }                                                                         \
+                for (r = rf; r < r1; r++) {                                               \
+                        for (i = i0; i + 8 <= i1; i += 8)                                 \
+                                T(8, 1, i, r);                                            \
+                        for (; i + 4 <= i1; i += 4)                                       \
+                                T(4, 1, i, r);                                            \
+                        for (; i < i1; i++)                                               \
+                                T(1, 1, i, r);                                            \
+                }                                                                         \
+        } while (0)
+
+AVX2_FN static void mm_f32_range(const struct mm_ctx *c, size_t i0, size_t i1, size_t r0, size_t r1) {
+        const float *w = c->w;
+#define T_F32(NI, NR, i, r) tile_f32(NI, NR, w + (i) * c->n, c->x + (r) * c->n, c->n, c->out + (r) * c->d + (i), c->d)
+        SWEEP(T_F32);
+#undef T_F32
+}
+
+AVX2_FN static void mm_bf16_widened_range(const struct mm_ctx *c, size_t i0, size_t i1, size_t r0, size_t r1) {
+        const uint16_t *w = c->w;
+#define T_BW(NI, NR, i, r) \
+        tile_bf16_widened(NI, NR, w + (i) * c->n, c->x + (r) * c->n, c->n, c->out + (r) * c->d + (i), c->d)
+        SWEEP(T_BW);
+#undef T_BW
+}
+
+BF16_FN static void mm_bf16_dp_range(const struct mm_ctx *c, size_t i0, size_t i1, size_t r0, size_t r1) {
+        const uint16_t *w = c->w;
+#define T_DP(NI, NR, i, r) \
+        tile_bf16_dp(NI, NR, w + (i) * c->n, c->xb + (r) * c->n, c->n, c->out + (r) * c->d + (i), c->d)
+        SWEEP(T_DP);
+#undef T_DP
+}
+
+static void mm_task(void *ctx, size_t task, int worker) {
+        const struct mm_ctx *c = ctx;
+        size_t i0 = task * ROWS_PER_TASK, i1 = i0 + ROWS_PER_TASK < c->d ? i0 + ROWS_PER_TASK : c->d;
+
+        (void)worker;
+        for (size_t r0 = 0; r0 < c->rows; r0 += X_ROWS_PER_PASS) {
+                size_t r1 = r0 + X_ROWS_PER_PASS < c->rows ? r0 + X_ROWS_PER_PASS : c->rows;
+                switch (c->kind) {
+                case MM_F32:
+                        mm_f32_range(c, i0, i1, r0, r1);
+                        break;
+                case MM_BF16_WIDENED:
+                        mm_bf16_widened_range(c, i0, i1, r0, r1);
+                        break;
+                case MM_BF16_DP:
+                        mm_bf16_dp_range(c, i0, i1, r0, r1);
+                        break;
+                }
+        }
+}
+
+static void mm_run(struct mm_ctx *c) {
+        tsr_pool_run(fast.pool, (c->d + ROWS_PER_TASK - 1) / ROWS_PER_TASK, mm_task, c);
+}
+
+static tsr_status fast_matmul(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d) {
+        if (fast.isa < TSR_CPU_ISA_AVX2)
+                return tsr_kernels_cpu_ref()->matmul(out, x, w, rows, n, d);
+        if (!out || !x || !w || n == 0 || d == 0)
+                return TSR_E_INVAL;
+        struct mm_ctx c = {.kind = MM_F32, .out = out, .x = x, .w = w, .rows = rows, .n = n, .d = d};
+        mm_run(&c);
+        return TSR_OK;
+}
+
+static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d) {
+        if (fast.isa < TSR_CPU_ISA_AVX2)
+                return tsr_kernels_cpu_ref()->matmul_bf16(out, x, w, rows, n, d);
+        if (!out || !x || !w || n == 0 || d == 0)
+                return TSR_E_INVAL;
+        if (rows == 0)
+                return TSR_OK;
+        if (rows > SIZE_MAX / sizeof(float) / n)
+                return TSR_E_LIMIT;
+        struct mm_ctx c = {.out = out, .w = w, .rows = rows, .n = n, .d = d};
+        void *buf;
+        /* x through bf16 once per call, O(rows*n) next to the matmul's O(rows*n*d). */
+        if (fast.isa >= TSR_CPU_ISA_AVX512_BF16) {
+                uint16_t *xb = malloc(rows * n * sizeof *xb);
+                if (!xb)
+                        return TSR_E_NOMEM;
+                for (size_t i = 0; i < rows * n; i++)
+                        xb[i] = tsr_f32_to_bf16(x[i]);
+                c.kind = MM_BF16_DP;
+                c.xb = xb;
+                buf = xb;
+        } else {
+                float *xr = malloc(rows * n * sizeof *xr);
+                if (!xr)
+                        return TSR_E_NOMEM;
+                for (size_t i = 0; i < rows * n; i++)
+                        xr[i] = tsr_bf16_to_f32(tsr_f32_to_bf16(x[i]));
+                c.kind = MM_BF16_WIDENED;
+                c.x = xr;
+                buf = xr;
+        }
+        mm_run(&c);
+        free(buf);
+        return TSR_OK;
+}
+
+/* ---- attention: one task per (query row, head) ------------------------------------------ */
+
+static bool kv_view_ok(const tsr_kv_view *kv, size_t n_tokens) {
+        if (!kv || !kv->k || !kv->v || !kv->block_table || kv->block_size == 0 || kv->n_kv_heads == 0 ||
+            kv->head_dim == 0)
+                return false;
+        if (n_tokens > kv->n_table * kv->block_size)
+                return false;
+        for (size_t b = 0; b * kv->block_size < n_tokens; b++)
+                if (kv->block_table[b] >= kv->n_blocks)
+                        return false;
+        return true;
+}
+
+/* Offset, in floats, of token t's row in kv->k and kv->v (as ref.c). */
+static size_t kv_row(const tsr_kv_view *kv, size_t t) {
+        size_t row = (size_t)kv->block_table[t / kv->block_size] * kv->block_size + t % kv->block_size;
+        return row * kv->n_kv_heads * kv->head_dim;
+}
+
+struct att_ctx {
+        float *out;
+        const float *q;
+        const tsr_kv_view *kv;
+        size_t past_len, n_heads, group;
+        float scale;
+        float *scores;          /* (threads, past_len + n) */
+        size_t scores_stride;
+};
+
+/* ref_attention for one (t, h), in ref's order: scores by dot_f32 (tile_f32 1x1), the
+ * maximum, expf and their float sum in j order, P = s / sum, then out[i] = sum_j P[j] *
+ * V[j][i] over j in order for each i, eight i at a time (elementwise, so vectors do not
+ * reorder anything). */
+AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
+        const struct att_ctx *c = ctx;
+        const tsr_kv_view *kv = c->kv;
+        size_t hd = kv->head_dim, t = task / c->n_heads, h = task % c->n_heads;
+        size_t p = c->past_len + t, g = h / c->group;
+        const float *qh = c->q + (t * c->n_heads + h) * hd;
+        float *oh = c->out + (t * c->n_heads + h) * hd;
+        float *s = c->scores + (size_t)worker * c->scores_stride;
+
+        float max = -INFINITY;
+        for (size_t j = 0; j <= p; j++) {
+                float dot;
+                tile_f32(1, 1, qh, kv->k + kv_row(kv, j) + g * hd, hd, &dot, 1);
+                s[j] = dot * c->scale;
+                if (s[j] > max)
+                        max = s[j];
+        }
+        float sum = 0.0f;
+        for (size_t j = 0; j <= p; j++) {
+                s[j] = expf(s[j] - max);
+                sum += s[j];
+        }
+        for (size_t j = 0; j <= p; j++)
+                s[j] = s[j] / sum;
+        size_t i = 0;
+        for (; i + 32 <= hd; i += 32) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (size_t j = 0; j <= p; j++) {
+                        const float *vj = kv->v + kv_row(kv, j) + g * hd + i;
+                        __m256 pj = _mm256_set1_ps(s[j]);
+                        a0 = _mm256_add_ps(a0, _mm256_mul_ps(pj, _mm256_loadu_ps(vj)));
+                        a1 = _mm256_add_ps(a1, _mm256_mul_ps(pj, _mm256_loadu_ps(vj + 8)));
+                        a2 = _mm256_add_ps(a2, _mm256_mul_ps(pj, _mm256_loadu_ps(vj + 16)));
+                        a3 = _mm256_add_ps(a3, _mm256_mul_ps(pj, _mm256_loadu_ps(vj + 24)));
+                }
+                _mm256_storeu_ps(oh + i, a0);
+                _mm256_storeu_ps(oh + i + 8, a1);
+                _mm256_storeu_ps(oh + i + 16, a2);
+                _mm256_storeu_ps(oh + i + 24, a3);
+        }
+        for (; i + 8 <= hd; i += 8) {
+                __m256 a0 = _mm256_setzero_ps();
+                for (size_t j = 0; j <= p; j++)
+                        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[j]),
+                                                             _mm256_loadu_ps(kv->v + kv_row(kv, j) + g * hd + i)));
+                _mm256_storeu_ps(oh + i, a0);
+        }
+        for (; i < hd; i++) {
+                float a = 0.0f;
+                for (size_t j = 0; j <= p; j++)
+                        a += s[j] * kv->v[kv_row(kv, j) + g * hd + i];
+                oh[i] = a;
+        }
+}
+
+static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
+                                 size_t n_heads, float scale) {
+        if (fast.isa < TSR_CPU_ISA_AVX2)
+                return tsr_kernels_cpu_ref()->attention(out, q, kv, n, past_len, n_heads, scale);
+        if (!out || !q || n_heads == 0 || !kv_view_ok(kv, past_len + n) || n_heads % kv->n_kv_heads != 0)
+                return TSR_E_INVAL;
+        if (n == 0)
+                return TSR_OK;
+        int threads = tsr_pool_threads(fast.pool);
+        struct att_ctx c = {
+                .out = out, .q = q, .kv = kv, .past_len = past_len, .n_heads = n_heads,
+                .group = n_heads / kv->n_kv_heads, .scale = scale, .scores_stride = past_len + n,
+        };
+        c.scores = malloc((size_t)threads * c.scores_stride * sizeof(float));
+        if (!c.scores)
+                return TSR_E_NOMEM;
+        tsr_pool_run(fast.pool, n * n_heads, att_task, &c);
+        free(c.scores);
+        return TSR_OK;
+}
+
+#else  /* not x86: only the reference's scalar code (fast.best stays TSR_CPU_ISA_SCALAR) */
+
+static tsr_status fast_matmul(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d) {
+        return tsr_kernels_cpu_ref()->matmul(out, x, w, rows, n, d);
+}
+
+static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d) {
+        return tsr_kernels_cpu_ref()->matmul_bf16(out, x, w, rows, n, d);
+}
+
+static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
+                                 size_t n_heads, float scale) {
+        return tsr_kernels_cpu_ref()->attention(out, q, kv, n, past_len, n_heads, scale);
+}
+
+#endif
+
+/* ---- elementwise and per-row ops: ref.c's own functions on slices, across the pool ----
+ * Each output element (silu_mul, add) or row (rmsnorm) depends on its own inputs only,
+ * so running ref's function on slices is bitwise ref's whole-array result. */
+
+#define ELEMS_PER_TASK 16384    /* below this an op runs on the caller alone */
+
+struct slice_ctx {
+        int op;                 /* 0 silu_mul, 1 add, 2 rmsnorm */
+        float *out;
+        const float *a, *b;     /* silu_mul: gate, up; add: a, b; rmsnorm: x, w */
+        size_t n, dim, per_task;
+        float eps;
+};
+
+static void slice_task(void *ctx, size_t task, int worker) {
+        const struct slice_ctx *c = ctx;
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref();
+        size_t lo = task * c->per_task, hi = lo + c->per_task < c->n ? lo + c->per_task : c->n;
+
+        (void)worker;
+        if (c->op == 0)
+                ref->silu_mul(c->out + lo, c->a + lo, c->b + lo, hi - lo);
+        else if (c->op == 1)
+                ref->add(c->out + lo, c->a + lo, c->b + lo, hi - lo);
+        else    /* lo, hi count rows */
+                ref->rmsnorm(c->out + lo * c->dim, c->a + lo * c->dim, c->b, hi - lo, c->dim, c->eps);
+}
+
+static void slice_run(struct slice_ctx *c, size_t elems_per_unit) {
+        size_t units_per_task = ELEMS_PER_TASK / elems_per_unit + 1;
+        c->per_task = units_per_task;
+        tsr_pool_run(fast.pool, (c->n + units_per_task - 1) / units_per_task, slice_task, c);
+}
+
+static tsr_status fast_silu_mul(float *out, const float *gate, const float *up, size_t n) {
+        if (!fast.pool || n < 2 * ELEMS_PER_TASK || !out || !gate || !up)
+                return tsr_kernels_cpu_ref()->silu_mul(out, gate, up, n);
+        struct slice_ctx c = {.op = 0, .out = out, .a = gate, .b = up, .n = n};
+        slice_run(&c, 1);
+        return TSR_OK;
+}
+
+static tsr_status fast_add(float *out, const float *a, const float *b, size_t n) {
+        if (!fast.pool || n < 2 * ELEMS_PER_TASK || !out || !a || !b)
+                return tsr_kernels_cpu_ref()->add(out, a, b, n);
+        struct slice_ctx c = {.op = 1, .out = out, .a = a, .b = b, .n = n};
+        slice_run(&c, 1);
+        return TSR_OK;
+}
+
+static tsr_status fast_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps) {
+        if (!fast.pool || dim == 0 || rows * dim < 2 * ELEMS_PER_TASK || !out || !x || !w)
+                return tsr_kernels_cpu_ref()->rmsnorm(out, x, w, rows, dim, eps);
+        struct slice_ctx c = {.op = 2, .out = out, .a = x, .b = w, .n = rows, .dim = dim, .eps = eps};
+        slice_run(&c, dim);
+        return TSR_OK;
+}
+
+/* ---- the table and its configuration ---------------------------------------------------- */
+
+static tsr_status fast_sync(void) { return TSR_OK; }
+
+static tsr_kernels_ops fast_ops;
+static pthread_once_t table_once = PTHREAD_ONCE_INIT;
+
+static void table_init(void) {
+        pthread_once(&detect_once, detect);
+        fast_ops = *tsr_kernels_cpu_ref();
+        fast_ops.name = "cpu-fast";
+        fast_ops.sync = fast_sync;
+        fast_ops.matmul = fast_matmul;
+        fast_ops.attention = fast_attention;
+        fast_ops.matmul_bf16 = fast_matmul_bf16;
+        fast_ops.silu_mul = fast_silu_mul;
+        fast_ops.add = fast_add;
+        fast_ops.rmsnorm = fast_rmsnorm;
+}
+
+static int online_cores(void) {
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+                return CPU_COUNT(&set);
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        return n > 0 ? (int)n : 1;
+}
+
+tsr_status tsr_kernels_cpu_configure(int n_threads, tsr_cpu_isa max_isa) {
+        if (n_threads < 0)
+                return TSR_E_INVAL;
+        pthread_once(&table_once, table_init);
+        tsr_pool_free(&fast.pool);
+        fast.threads = 1;
+        fast.isa = max_isa < fast.best ? max_isa : fast.best;
+        if (n_threads == 0)
+                n_threads = online_cores();
+        if (n_threads > 1) {
+                fast.pool = tsr_pool_new(n_threads);
+                if (!fast.pool)
+                        return TSR_E_NOMEM;
+                fast.threads = n_threads;
+        }
+        return TSR_OK;
+}
+
+const tsr_kernels_ops *tsr_kernels_cpu_fast(void) {
+        pthread_once(&table_once, table_init);
+        return &fast_ops;
+}
+
+tsr_cpu_isa tsr_kernels_cpu_isa(void) {
+        pthread_once(&table_once, table_init);
+        return fast.isa;
+}
+
+const char *tsr_cpu_isa_name(tsr_cpu_isa isa) {
+        switch (isa) {
+        case TSR_CPU_ISA_SCALAR:
+                return "scalar";
+        case TSR_CPU_ISA_AVX2:
+                return "avx2";
+        case TSR_CPU_ISA_AVX512_BF16:
+                return "avx512_bf16";
+        }
+        return "?";
+}
+
+int tsr_kernels_cpu_threads(void) { return fast.threads; }
+
+void tsr_kernels_cpu_shutdown(void) {
+        tsr_pool_free(&fast.pool);
+        fast.threads = 1;
+}

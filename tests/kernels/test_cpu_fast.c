@@ -1,0 +1,460 @@
+/* test_cpu_fast.c - the fast CPU backend (kernels/cpu/fast.c) against the reference.
+ *
+ * float32 ops must be BITWISE ref.c's: over a table of odd shapes, for every ISA level
+ * the CPU has (scalar, avx2, avx512_bf16) and for 1, 2 and 3 threads.  bf16 matmul:
+ * bitwise the reference's where the dot products are widened (AVX2), within the float32
+ * summation error bound where VDPBF16PS runs (its own pair order); in both cases bitwise
+ * invariant to the thread count and to the rows around a row.  Also: the bf16 rounding
+ * and the thread pool (every task exactly once, a second driving thread). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <float.h>
+#include <stdbool.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/pool.h"
+#include "kernels/kernels.h"
+
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+
+static float frand(void) {      /* uniform in [-1, 1), xorshift64* */
+        rng_state ^= rng_state >> 12;
+        rng_state ^= rng_state << 25;
+        rng_state ^= rng_state >> 27;
+        return (float)((rng_state * 0x2545f4914f6cdd1dull) >> 40) / (float)(1u << 23) - 1.0f;
+}
+
+/* Values spread over several magnitudes, so a changed summation order shows. */
+static float *rand_vec(size_t n) {
+        float *v = malloc((n ? n : 1) * sizeof(float));
+        assert_non_null(v);
+        for (size_t i = 0; i < n; i++) {
+                float m = frand();
+                v[i] = frand() * (m > 0.6f ? 1000.0f : m < -0.6f ? 1e-3f : 1.0f);
+        }
+        return v;
+}
+
+/* Compare bitwise; on a mismatch print the first few and fail. */
+static void expect_bitwise(const char *what, const float *got, const float *want, size_t rows, size_t cols) {
+        int shown = 0;
+        size_t bad = 0;
+        for (size_t i = 0; i < rows * cols; i++) {
+                if (memcmp(&got[i], &want[i], sizeof(float)) == 0)
+                        continue;
+                if (shown++ < 5)
+                        print_message("%s: [%zu,%zu] got %.9g (0x%08x) want %.9g (0x%08x)\n", what, i / cols, i % cols,
+                                      got[i], *(const uint32_t *)&got[i], want[i], *(const uint32_t *)&want[i]);
+                bad++;
+        }
+        if (bad)
+                fail_msg("%s: %zu of %zu elements differ", what, bad, rows * cols);
+}
+
+static const tsr_cpu_isa isas[] = {TSR_CPU_ISA_SCALAR, TSR_CPU_ISA_AVX2, TSR_CPU_ISA_AVX512_BF16};
+static const int thread_counts[] = {1, 2, 3};
+
+static const size_t ns[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 576, 1536 + 3};
+static const size_t ds[] = {1, 3, 4, 5, 17, 64, 67};
+static const size_t rows_list[] = {1, 2, 3, 4, 5, 7, 48, 49, 67};
+
+/* ---- matmul f32 ------------------------------------------------------------------------- */
+
+static void test_matmul_f32_bitwise(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        size_t checked = 0;
+
+        for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++)
+                for (size_t ti = 0; ti < sizeof thread_counts / sizeof *thread_counts; ti++) {
+                        assert_int_equal(tsr_kernels_cpu_configure(thread_counts[ti], isas[ii]), TSR_OK);
+                        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+                                for (size_t b = 0; b < sizeof ds / sizeof *ds; b++)
+                                        for (size_t c = 0; c < sizeof rows_list / sizeof *rows_list; c++) {
+                                                size_t n = ns[a], d = ds[b], rows = rows_list[c];
+                                                if (n * d * rows > 4000000 && ti > 0)
+                                                        continue;       /* the big ones once per ISA */
+                                                float *x = rand_vec(rows * n), *w = rand_vec(d * n);
+                                                float *o1 = malloc(rows * d * sizeof(float));
+                                                float *o2 = malloc(rows * d * sizeof(float));
+                                                char what[128];
+                                                assert_int_equal(ref->matmul(o1, x, w, rows, n, d), TSR_OK);
+                                                assert_int_equal(fast->matmul(o2, x, w, rows, n, d), TSR_OK);
+                                                snprintf(what, sizeof what, "matmul %s t%d rows %zu n %zu d %zu",
+                                                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()),
+                                                         tsr_kernels_cpu_threads(), rows, n, d);
+                                                expect_bitwise(what, o2, o1, rows, d);
+                                                checked++;
+                                                free(x);
+                                                free(w);
+                                                free(o1);
+                                                free(o2);
+                                        }
+                }
+        print_message("matmul f32: %zu shape/isa/thread cases bitwise equal to cpu-ref (best isa %s)\n", checked,
+                      tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
+/* Special values: zeros of both signs, infinities and NaN lanes go through the same adds. */
+static void test_matmul_f32_special(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        size_t n = 19, d = 9, rows = 5;
+        float *x = rand_vec(rows * n), *w = rand_vec(d * n);
+        float o1[45], o2[45];
+
+        x[0] = -0.0f;
+        w[0] = 0.0f;            /* row 0: -0 * +0 = -0 on lane 0 */
+        w[n + 3] = INFINITY;    /* row 1 with an infinity */
+        w[2 * n + 17] = NAN;    /* row 2 with a NaN in the tail */
+        for (size_t k = 0; k < n; k++)
+                w[3 * n + k] = -0.0f;   /* row 3 all -0: a dot of -0 products */
+        assert_int_equal(tsr_kernels_cpu_configure(2, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(ref->matmul(o1, x, w, rows, n, d), TSR_OK);
+        assert_int_equal(fast->matmul(o2, x, w, rows, n, d), TSR_OK);
+        for (size_t i = 0; i < rows * d; i++)
+                if (isnan(o1[i]))
+                        assert_true(isnan(o2[i]));
+                else
+                        assert_memory_equal(&o1[i], &o2[i], sizeof(float));
+        assert_int_equal(fast->matmul(o2, x, NULL, rows, n, d), TSR_E_INVAL);
+        assert_int_equal(fast->matmul(o2, x, w, rows, 0, d), TSR_E_INVAL);
+        assert_int_equal(fast->matmul(o2, x, w, 0, n, d), TSR_OK);
+        free(x);
+        free(w);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+struct att_case {
+        size_t n, past_len, n_heads, n_kv_heads, head_dim, block_size;
+};
+
+static void run_attention_case(const struct att_case *ac, const char *tag) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        size_t total = ac->past_len + ac->n, bs = ac->block_size;
+        size_t n_table = (total + bs - 1) / bs, n_blocks = n_table + 3;
+        size_t width = ac->n_kv_heads * ac->head_dim, q_width = ac->n_heads * ac->head_dim;
+        float *k = rand_vec(n_blocks * bs * width), *v = rand_vec(n_blocks * bs * width);
+        float *q = rand_vec(ac->n * q_width);
+        float *o1 = malloc(ac->n * q_width * sizeof(float)), *o2 = malloc(ac->n * q_width * sizeof(float));
+        uint32_t *table = malloc(n_table * sizeof(uint32_t));
+        char what[160];
+
+        for (size_t i = 0; i < n_table; i++)
+                table[i] = (uint32_t)((i * 7 + 2) % n_blocks);  /* scattered, distinct blocks */
+        for (size_t i = 0; i < ac->n * q_width; i++)
+                q[i] *= 0.05f;                                  /* keep exp() in range */
+        tsr_kv_view kv = {.k = k, .v = v, .block_table = table, .n_table = n_table, .n_blocks = n_blocks,
+                          .block_size = bs, .n_kv_heads = ac->n_kv_heads, .head_dim = ac->head_dim};
+        float scale = 1.0f / sqrtf((float)ac->head_dim);
+        assert_int_equal(ref->attention(o1, q, &kv, ac->n, ac->past_len, ac->n_heads, scale), TSR_OK);
+        assert_int_equal(fast->attention(o2, q, &kv, ac->n, ac->past_len, ac->n_heads, scale), TSR_OK);
+        snprintf(what, sizeof what, "attention %s n %zu past %zu heads %zu/%zu hd %zu bs %zu", tag, ac->n,
+                 ac->past_len, ac->n_heads, ac->n_kv_heads, ac->head_dim, ac->block_size);
+        expect_bitwise(what, o2, o1, ac->n, q_width);
+        free(k);
+        free(v);
+        free(q);
+        free(o1);
+        free(o2);
+        free(table);
+}
+
+static void test_attention_bitwise(void **state) {
+        static const struct att_case cases[] = {
+                {1, 0, 9, 3, 64, 16},   {1, 37, 9, 3, 64, 16}, {5, 0, 9, 3, 64, 16},  {17, 40, 9, 3, 64, 4},
+                {3, 5, 4, 4, 40, 3},    {2, 9, 8, 1, 12, 5},   {1, 70, 2, 2, 4, 1},   {9, 0, 6, 2, 33, 7},
+                {64, 0, 4, 2, 128, 16}, {1, 200, 3, 1, 96, 16},
+        };
+        for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++)
+                for (size_t ti = 0; ti < sizeof thread_counts / sizeof *thread_counts; ti++) {
+                        char tag[64];
+                        assert_int_equal(tsr_kernels_cpu_configure(thread_counts[ti], isas[ii]), TSR_OK);
+                        snprintf(tag, sizeof tag, "%s t%d", tsr_cpu_isa_name(tsr_kernels_cpu_isa()),
+                                 tsr_kernels_cpu_threads());
+                        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+                                run_attention_case(&cases[c], tag);
+                }
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
+/* ---- bf16 --------------------------------------------------------------------------------- */
+
+static void test_bf16_rounding(void **state) {
+        static const struct {
+                uint32_t in;
+                uint16_t out;
+        } cases[] = {
+                {0x3f800000u, 0x3f80}, /* 1.0 */
+                {0x3f808000u, 0x3f80}, /* tie, even stays */
+                {0x3f818000u, 0x3f82}, /* tie, odd rounds up */
+                {0x3f808001u, 0x3f81}, /* above the tie */
+                {0x3f807fffu, 0x3f80}, /* below the tie */
+                {0xbf818000u, 0xbf82}, /* negative tie */
+                {0x7f7fffffu, 0x7f80}, /* FLT_MAX rounds to +inf */
+                {0x7f800000u, 0x7f80}, /* +inf */
+                {0xff800000u, 0xff80}, /* -inf */
+                {0x80000000u, 0x8000}, /* -0 */
+                {0x00000001u, 0x0000}, /* smallest denormal rounds to 0 */
+                {0x00018000u, 0x0002}, /* denormal tie to even */
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+                float f;
+                memcpy(&f, &cases[i].in, sizeof f);
+                if (tsr_f32_to_bf16(f) != cases[i].out)
+                        fail_msg("bf16(0x%08x) = 0x%04x, want 0x%04x", cases[i].in, tsr_f32_to_bf16(f), cases[i].out);
+                float back = tsr_bf16_to_f32(cases[i].out);
+                uint32_t bits;
+                memcpy(&bits, &back, sizeof bits);
+                assert_int_equal(bits, (uint32_t)cases[i].out << 16);
+        }
+        uint16_t qnan = tsr_f32_to_bf16(NAN);
+        assert_true(isnan(tsr_bf16_to_f32(qnan)));
+        uint32_t snan_bits = 0x7f800001u;       /* a NaN whose payload lives in the dropped half */
+        float snan;
+        memcpy(&snan, &snan_bits, sizeof snan);
+        assert_true(isnan(tsr_bf16_to_f32(tsr_f32_to_bf16(snan))));
+}
+
+static uint16_t *to_bf16_vec(const float *x, size_t n) {
+        uint16_t *b = malloc((n ? n : 1) * sizeof *b);
+        assert_non_null(b);
+        for (size_t i = 0; i < n; i++)
+                b[i] = tsr_f32_to_bf16(x[i]);
+        return b;
+}
+
+/* The float32 error bound of any summation order of these products: both orders are
+ * within (n-1) u sum |p| of the exact sum, so of each other within twice that. */
+static double dot_bound(const uint16_t *w, const float *x, size_t n) {
+        double s = 0;
+        for (size_t k = 0; k < n; k++)
+                s += fabs((double)tsr_bf16_to_f32(w[k]) * (double)tsr_bf16_to_f32(tsr_f32_to_bf16(x[k])));
+        return 2.0 * (double)(n > 1 ? n - 1 : 1) * (FLT_EPSILON / 2) * s + 1e-30;
+}
+
+static void test_matmul_bf16(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        size_t checked = 0, bitwise = 0;
+        double worst = 0;
+
+        for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++) {
+                assert_int_equal(tsr_kernels_cpu_configure(1, isas[ii]), TSR_OK);
+                bool exact = tsr_kernels_cpu_isa() < TSR_CPU_ISA_AVX512_BF16;
+                for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+                        for (size_t b = 0; b < sizeof ds / sizeof *ds; b++)
+                                for (size_t c = 0; c < sizeof rows_list / sizeof *rows_list; c += 2) {
+                                        size_t n = ns[a], d = ds[b], rows = rows_list[c];
+                                        float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
+                                        uint16_t *w = to_bf16_vec(wf, d * n);
+                                        float *o1 = malloc(rows * d * sizeof(float));
+                                        float *o2 = malloc(rows * d * sizeof(float));
+                                        float *o3 = malloc(rows * d * sizeof(float));
+                                        char what[128];
+                                        snprintf(what, sizeof what, "matmul_bf16 %s rows %zu n %zu d %zu",
+                                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), rows, n, d);
+                                        assert_int_equal(ref->matmul_bf16(o1, x, w, rows, n, d), TSR_OK);
+                                        assert_int_equal(fast->matmul_bf16(o2, x, w, rows, n, d), TSR_OK);
+                                        if (exact) {
+                                                expect_bitwise(what, o2, o1, rows, d);
+                                                bitwise++;
+                                        } else {
+                                                for (size_t r = 0; r < rows; r++)
+                                                        for (size_t i = 0; i < d; i++) {
+                                                                double bound = dot_bound(w + i * n, x + r * n, n);
+                                                                double diff = fabs((double)o2[r * d + i] -
+                                                                                   (double)o1[r * d + i]);
+                                                                worst = fmax(worst, diff / bound);
+                                                                if (!(diff <= bound))
+                                                                        fail_msg("%s [%zu,%zu]: %.9g vs ref %.9g, "
+                                                                                 "bound %.3g", what, r, i,
+                                                                                 o2[r * d + i], o1[r * d + i], bound);
+                                                        }
+                                        }
+                                        /* Thread count: bitwise the same. */
+                                        assert_int_equal(tsr_kernels_cpu_configure(3, isas[ii]), TSR_OK);
+                                        assert_int_equal(fast->matmul_bf16(o3, x, w, rows, n, d), TSR_OK);
+                                        expect_bitwise(what, o3, o2, rows, d);
+                                        assert_int_equal(tsr_kernels_cpu_configure(1, isas[ii]), TSR_OK);
+                                        /* Batch: the last row alone is bitwise that row among the others. */
+                                        assert_int_equal(fast->matmul_bf16(o3, x + (rows - 1) * n, w, 1, n, d), TSR_OK);
+                                        expect_bitwise(what, o3, o2 + (rows - 1) * d, 1, d);
+                                        checked++;
+                                        free(x);
+                                        free(wf);
+                                        free(w);
+                                        free(o1);
+                                        free(o2);
+                                        free(o3);
+                                }
+        }
+        print_message("matmul_bf16: %zu cases, %zu bitwise to cpu-ref, worst |fast-ref| / error bound = %.3g\n",
+                      checked, bitwise, worst);
+}
+
+/* ---- batch invariance through the table ----------------------------------------------------- */
+
+static void test_batch_invariance(void **state) {
+        const tsr_kernels_ops *fast = tsr_kernels_cpu_fast();
+        size_t n = 576, d = 131, rows = 37;
+        float *x = rand_vec(rows * n), *w = rand_vec(d * n);
+        float *all = malloc(rows * d * sizeof(float)), *one = malloc(d * sizeof(float));
+
+        for (int t = 1; t <= 3; t++) {
+                assert_int_equal(tsr_kernels_cpu_configure(t, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+                assert_int_equal(fast->matmul(all, x, w, rows, n, d), TSR_OK);
+                for (size_t r = 0; r < rows; r++) {
+                        assert_int_equal(fast->matmul(one, x + r * n, w, 1, n, d), TSR_OK);
+                        expect_bitwise("row alone vs in batch", one, all + r * d, 1, d);
+                }
+        }
+        free(x);
+        free(w);
+        free(all);
+        free(one);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
+/* ---- elementwise and per-row ops (sliced across the pool) -------------------------------- */
+
+static void test_elementwise_bitwise(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        static const size_t sizes[] = {1, 100, 32768, 40000, 100003};
+        static const size_t norm_shapes[][2] = {{1, 576}, {67, 576}, {200, 1539}, {3, 70000}};
+
+        for (int t = 1; t <= 3; t++) {
+                assert_int_equal(tsr_kernels_cpu_configure(t, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+                for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+                        size_t n = sizes[i];
+                        float *a = rand_vec(n), *b = rand_vec(n), *o1 = malloc(n * sizeof(float));
+                        float *o2 = malloc(n * sizeof(float)), *alias = malloc(n * sizeof(float));
+                        assert_int_equal(ref->silu_mul(o1, a, b, n), TSR_OK);
+                        assert_int_equal(fast->silu_mul(o2, a, b, n), TSR_OK);
+                        expect_bitwise("silu_mul", o2, o1, 1, n);
+                        memcpy(alias, a, n * sizeof(float));
+                        assert_int_equal(fast->silu_mul(alias, alias, b, n), TSR_OK);   /* out aliases gate */
+                        expect_bitwise("silu_mul in place", alias, o1, 1, n);
+                        assert_int_equal(ref->add(o1, a, b, n), TSR_OK);
+                        assert_int_equal(fast->add(o2, a, b, n), TSR_OK);
+                        expect_bitwise("add", o2, o1, 1, n);
+                        memcpy(alias, a, n * sizeof(float));
+                        assert_int_equal(fast->add(alias, alias, b, n), TSR_OK);
+                        expect_bitwise("add in place", alias, o1, 1, n);
+                        free(a);
+                        free(b);
+                        free(o1);
+                        free(o2);
+                        free(alias);
+                }
+                for (size_t i = 0; i < sizeof norm_shapes / sizeof *norm_shapes; i++) {
+                        size_t rows = norm_shapes[i][0], dim = norm_shapes[i][1];
+                        float *x = rand_vec(rows * dim), *w = rand_vec(dim), *o1 = malloc(rows * dim * sizeof(float));
+                        float *o2 = malloc(rows * dim * sizeof(float));
+                        assert_int_equal(ref->rmsnorm(o1, x, w, rows, dim, 1e-5f), TSR_OK);
+                        assert_int_equal(fast->rmsnorm(o2, x, w, rows, dim, 1e-5f), TSR_OK);
+                        expect_bitwise("rmsnorm", o2, o1, rows, dim);
+                        assert_int_equal(fast->rmsnorm(x, x, w, rows, dim, 1e-5f), TSR_OK);     /* in place */
+                        expect_bitwise("rmsnorm in place", x, o1, rows, dim);
+                        free(x);
+                        free(w);
+                        free(o1);
+                        free(o2);
+                }
+        }
+        assert_int_equal(fast->add(NULL, NULL, NULL, 100000), TSR_E_INVAL);
+        assert_int_equal(fast->rmsnorm(NULL, NULL, NULL, 100, 1000, 1e-5f), TSR_E_INVAL);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
+/* ---- the pool ------------------------------------------------------------------------------- */
+
+struct count_ctx {
+        _Atomic int *hits;
+        int threads;
+        atomic_bool bad_worker;
+};
+
+static void count_task(void *ctx, size_t i, int worker) {
+        struct count_ctx *c = ctx;
+        if (worker < 0 || worker >= c->threads)
+                atomic_store(&c->bad_worker, true);
+        atomic_fetch_add(&c->hits[i], 1);
+}
+
+struct driver {
+        tsr_pool *pool;
+        int threads;
+        bool ok;
+};
+
+static void *drive(void *arg) {
+        struct driver *dr = arg;
+        size_t n = 1000;
+        _Atomic int *hits = calloc(n, sizeof *hits);
+        dr->ok = hits != NULL;
+        for (int round = 0; dr->ok && round < 200; round++) {
+                struct count_ctx c = {.hits = hits, .threads = dr->threads};
+                atomic_init(&c.bad_worker, false);
+                for (size_t i = 0; i < n; i++)
+                        atomic_store(&hits[i], 0);
+                tsr_pool_run(dr->pool, n - (size_t)round, count_task, &c);
+                for (size_t i = 0; i < n; i++)
+                        if (atomic_load(&hits[i]) != (i < n - (size_t)round ? 1 : 0))
+                                dr->ok = false;
+                if (atomic_load(&c.bad_worker))
+                        dr->ok = false;
+        }
+        free(hits);
+        return NULL;
+}
+
+static void test_pool(void **state) {
+        for (int t = 1; t <= 4; t++) {
+                tsr_pool *p = tsr_pool_new(t);
+                assert_non_null(p);
+                assert_int_equal(tsr_pool_threads(p), t);
+                /* Two threads driving one pool at once: one gets it, the other runs inline. */
+                struct driver a = {.pool = p, .threads = t}, b = {.pool = p, .threads = t};
+                pthread_t th;
+                assert_int_equal(pthread_create(&th, NULL, drive, &a), 0);
+                drive(&b);
+                assert_int_equal(pthread_join(th, NULL), 0);
+                assert_true(a.ok);
+                assert_true(b.ok);
+                tsr_pool_free(&p);
+                assert_null(p);
+        }
+        tsr_pool_free(NULL);
+        assert_null(tsr_pool_new(0));
+        assert_int_equal(tsr_kernels_cpu_configure(-1, TSR_CPU_ISA_AVX2), TSR_E_INVAL);
+}
+
+static int teardown(void **state) {
+        tsr_kernels_cpu_shutdown();
+        return 0;
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_pool),
+                cmocka_unit_test(test_matmul_f32_bitwise),
+                cmocka_unit_test(test_matmul_f32_special),
+                cmocka_unit_test(test_attention_bitwise),
+                cmocka_unit_test(test_bf16_rounding),
+                cmocka_unit_test(test_matmul_bf16),
+                cmocka_unit_test(test_batch_invariance),
+                cmocka_unit_test(test_elementwise_bitwise),
+        };
+        print_message("fast CPU backend: best isa %s\n", tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+        return cmocka_run_group_tests(tests, NULL, teardown);
+}

@@ -1,0 +1,310 @@
+/* bench_engine.c - tessera-bench-engine: forward-pass throughput of a Llama model on the
+ * CPU kernels, and this machine's memory bandwidth to put it against.  A benchmark, not a
+ * test: it prints numbers and asserts nothing (docs/benchmarks.md has the table).
+ *
+ *   tessera-bench-engine [MODEL.gguf|HF-DIR] [--threads 1,2] [--batches 1,8,32,64]
+ *                        [--steps N] [--prefill N] [--repeat N] [--kernels fast|ref]
+ *                        [--dtypes float32,bfloat16] [--no-bandwidth]
+ *
+ * For each dtype, thread count and batch B: B sequences each prefilled with 16 tokens,
+ * then --steps decode steps of all B at once through tsr_llama_forward_batch (what one
+ * engine step runs), timed: decode tok/s = B * steps / seconds.  Prefill: one sequence of
+ * --prefill tokens, last logits only.  Each number is the best of --repeat runs (the
+ * cores are shared with other work).  Bandwidth: a STREAM-like triad a = b + s*c over
+ * three arrays of 512 MiB (far beyond the last-level cache), bytes = 3 * 4 * n per pass,
+ * best of 5, per thread count listed, before and after the model runs (the best is
+ * used).  Roofline for batch-1 decode: the bytes of the matmul weights read per token
+ * divided by the best bandwidth is the fastest a step could be if it only streamed
+ * weights; fraction = that time / the best measured time.  A model whose weights fit in
+ * the last-level cache can exceed 1. */
+#include <math.h>
+#include <stdbool.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/kernels.h"
+#include "worker/llama.h"
+
+#define MAX_LIST 16
+
+static double now_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static size_t parse_list(const char *s, int *out) {
+        size_t n = 0;
+        char *end;
+        while (*s && n < MAX_LIST) {
+                long v = strtol(s, &end, 10);
+                if (end == s || v < 0 || v > 4096) {
+                        fprintf(stderr, "bad number list near '%s'\n", s);
+                        exit(2);
+                }
+                out[n++] = (int)v;
+                s = *end == ',' ? end + 1 : end;
+        }
+        return n;
+}
+
+/* ---- bandwidth ------------------------------------------------------------------------- */
+
+struct triad_job {
+        float *a;
+        const float *b, *c;
+        size_t n;
+};
+
+static void *triad_part(void *arg) {
+        struct triad_job *j = arg;
+        for (size_t i = 0; i < j->n; i++)
+                j->a[i] = j->b[i] + 3.0f * j->c[i];
+        return NULL;
+}
+
+/* Best GB/s of a triad over three n-float arrays split across `threads` threads. */
+static double triad_gbs(float *a, const float *b, const float *c, size_t n, int threads) {
+        double best = 0;
+        pthread_t th[64];
+        struct triad_job jobs[64];
+        if (threads > 64)
+                threads = 64;
+        for (int rep = 0; rep < 5; rep++) {
+                double t0 = now_s();
+                for (int t = 0; t < threads; t++) {
+                        size_t lo = n * (size_t)t / (size_t)threads, hi = n * (size_t)(t + 1) / (size_t)threads;
+                        jobs[t] = (struct triad_job){.a = a + lo, .b = b + lo, .c = c + lo, .n = hi - lo};
+                        if (t > 0)
+                                pthread_create(&th[t], NULL, triad_part, &jobs[t]);
+                }
+                triad_part(&jobs[0]);
+                for (int t = 1; t < threads; t++)
+                        pthread_join(th[t], NULL);
+                double gbs = 3.0 * 4.0 * (double)n / (now_s() - t0) / 1e9;
+                if (gbs > best)
+                        best = gbs;
+        }
+        return best;
+}
+
+/* Best triad GB/s over the thread counts listed, printed; 0 when memory is short. */
+static double measure_bandwidth(const int *threads, size_t n_threads, const char *when) {
+        size_t n = (size_t)512 << 20 >> 2;      /* 512 MiB per array */
+        float *a = malloc(n * 4), *b = malloc(n * 4), *c = malloc(n * 4);
+        double best = 0;
+        if (!a || !b || !c) {
+                fprintf(stderr, "cannot allocate 1.5 GiB for the bandwidth test\n");
+                goto out;
+        }
+        for (size_t i = 0; i < n; i++) {
+                a[i] = 0;
+                b[i] = (float)(i & 1023);
+                c[i] = 1.0f;
+        }
+        for (size_t t = 0; t < n_threads; t++) {
+                int nt = threads[t] ? threads[t] : 2;
+                double gbs = triad_gbs(a, b, c, n, nt);
+                printf("bandwidth (%s): triad over 3 x 512 MiB, %d thread(s): %.1f GB/s\n", when, nt, gbs);
+                best = fmax(best, gbs);
+        }
+out:
+        free(a);
+        free(b);
+        free(c);
+        return best;
+}
+
+/* ---- model runs -------------------------------------------------------------------------- */
+
+#define PROMPT 16
+
+/* Seconds of `steps` batched decode steps of `batch` sequences (after their prefill). */
+static double run_decode(tsr_llama *m, int batch, int steps, float *logits) {
+        size_t block = 16, per_seq = (PROMPT + (size_t)steps + block - 1) / block;
+        tsr_llama_kv *pool = NULL;
+        uint32_t *tables = malloc((size_t)batch * per_seq * sizeof(uint32_t));
+        uint32_t *toks = malloc((size_t)batch * sizeof(uint32_t));
+        tsr_llama_seq *seqs = malloc((size_t)batch * sizeof *seqs);
+        uint32_t prompt[PROMPT];
+        double secs = -1;
+
+        if (!tables || !toks || !seqs ||
+            tsr_llama_kv_new(m, (size_t)batch * per_seq * block, block, &pool) != TSR_OK)
+                goto out;
+        for (size_t i = 0; i < (size_t)batch * per_seq; i++)
+                tables[i] = (uint32_t)i;
+        for (int s = 0; s < batch; s++) {
+                for (int t = 0; t < PROMPT; t++)
+                        prompt[t] = (uint32_t)(1 + (s * 131 + t * 17) % 4000);
+                if (tsr_llama_forward_blocks(m, pool, tables + (size_t)s * per_seq, per_seq, prompt, PROMPT, 0,
+                                             TSR_LLAMA_LOGITS_NONE, NULL) != TSR_OK)
+                        goto out;
+                toks[s] = (uint32_t)(100 + s);
+        }
+        double t0 = now_s();
+        for (int step = 0; step < steps; step++) {
+                for (int s = 0; s < batch; s++)
+                        seqs[s] = (tsr_llama_seq){.block_table = tables + (size_t)s * per_seq, .n_table = per_seq,
+                                                  .tokens = &toks[s], .n = 1, .past_len = (size_t)(PROMPT + step),
+                                                  .which = TSR_LLAMA_LOGITS_LAST};
+                if (tsr_llama_forward_batch(m, pool, seqs, (size_t)batch, logits) != TSR_OK)
+                        goto out;
+        }
+        secs = now_s() - t0;
+out:
+        tsr_llama_kv_free(&pool);
+        free(tables);
+        free(toks);
+        free(seqs);
+        return secs;
+}
+
+static double run_prefill(tsr_llama *m, int n, float *logits) {
+        tsr_llama_kv *kv = NULL;
+        uint32_t *ids = malloc((size_t)n * sizeof *ids);
+        double secs = -1;
+        if (ids && tsr_llama_kv_new(m, (size_t)n, 0, &kv) == TSR_OK) {
+                for (int i = 0; i < n; i++)
+                        ids[i] = (uint32_t)(1 + (i * 37) % 4000);
+                double t0 = now_s();
+                if (tsr_llama_forward(m, kv, ids, (size_t)n, 0, TSR_LLAMA_LOGITS_LAST, logits) == TSR_OK)
+                        secs = now_s() - t0;
+        }
+        tsr_llama_kv_free(&kv);
+        free(ids);
+        return secs;
+}
+
+/* Bytes of matmul weights one decode token reads (q k v o gate up down per layer, output). */
+static double weight_bytes(const tsr_llama_config *c, double bytes_per_weight) {
+        double q = (double)c->n_heads * c->head_dim, kv = (double)c->n_kv_heads * c->head_dim;
+        double per_layer = (double)c->dim * (q + 2 * kv) + q * c->dim + 3.0 * c->dim * c->hidden_dim;
+        return bytes_per_weight * (per_layer * c->n_layers + (double)c->vocab_size * c->dim);
+}
+
+int main(int argc, char **argv) {
+        const char *model = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", *kernels = "fast";
+        const char *dtypes = "float32,bfloat16";
+        int threads[MAX_LIST] = {1, 2}, batches[MAX_LIST] = {1, 8, 32, 64};
+        size_t n_threads = 2, n_batches = 4;
+        int steps = 16, prefill = 128, repeat = 3;
+        bool bandwidth = true;
+
+        for (int i = 1; i < argc; i++) {
+                const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+                if (strcmp(a, "--no-bandwidth") == 0) {
+                        bandwidth = false;
+                        continue;
+                }
+                if (a[0] != '-') {
+                        model = a;
+                        continue;
+                }
+                if (!v) {
+                        fprintf(stderr, "%s needs a value\n", a);
+                        return 2;
+                }
+                i++;
+                if (strcmp(a, "--threads") == 0)
+                        n_threads = parse_list(v, threads);
+                else if (strcmp(a, "--batches") == 0)
+                        n_batches = parse_list(v, batches);
+                else if (strcmp(a, "--steps") == 0)
+                        steps = atoi(v);
+                else if (strcmp(a, "--prefill") == 0)
+                        prefill = atoi(v);
+                else if (strcmp(a, "--repeat") == 0)
+                        repeat = atoi(v);
+                else if (strcmp(a, "--kernels") == 0)
+                        kernels = v;
+                else if (strcmp(a, "--dtypes") == 0)
+                        dtypes = v;
+                else {
+                        fprintf(stderr, "unknown option %s (see the comment at the top of bench_engine.c)\n", a);
+                        return 2;
+                }
+        }
+        if (steps < 1 || prefill < 1 || repeat < 1) {
+                fprintf(stderr, "--steps, --prefill and --repeat must be >= 1\n");
+                return 2;
+        }
+        bool ref = strcmp(kernels, "ref") == 0;
+
+        double best_bw = bandwidth ? measure_bandwidth(threads, n_threads, "before") : 0;
+        double best_b1[2] = {0, 0};     /* best batch-1 decode tok/s, float32 and bfloat16 */
+        double wbytes_of[2] = {0, 0};
+        printf("kernels %s, best isa %s, model %s\n", ref ? "cpu-ref" : "cpu-fast",
+               tsr_cpu_isa_name(tsr_kernels_cpu_isa()), model);
+        printf("| dtype | threads | what | tok/s | |\n|---|---|---|---|---|\n");
+        char dt[64];
+        snprintf(dt, sizeof dt, "%s", dtypes);
+        for (char *save = NULL, *dtype = strtok_r(dt, ",", &save); dtype; dtype = strtok_r(NULL, ",", &save)) {
+                bool bf16 = strcmp(dtype, "bfloat16") == 0;
+                char err[512];
+                tsr_llama *m = NULL;
+                const tsr_kernels_ops *ops = ref ? tsr_kernels_cpu_ref() : tsr_kernels_cpu_fast();
+                if (tsr_llama_load(model, ops, NULL, NULL, NULL, &m, NULL, err, sizeof err) != TSR_OK) {
+                        fprintf(stderr, "%s\n", err);
+                        return 1;
+                }
+                if (bf16 && tsr_llama_use_bf16(m) != TSR_OK) {
+                        fprintf(stderr, "cannot convert to bfloat16\n");
+                        return 1;
+                }
+                const tsr_llama_config *c = tsr_llama_config_of(m);
+                int max_batch = 1;
+                for (size_t b = 0; b < n_batches; b++)
+                        if (batches[b] > max_batch)
+                                max_batch = batches[b];
+                float *logits = malloc((size_t)max_batch * c->vocab_size * sizeof(float));
+                double wbytes = weight_bytes(c, bf16 ? 2.0 : 4.0);
+                for (size_t t = 0; t < (ref ? 1 : n_threads); t++) {
+                        if (!ref)
+                                tsr_kernels_cpu_configure(threads[t], TSR_CPU_ISA_AVX512_BF16);
+                        int nt = ref ? 1 : tsr_kernels_cpu_threads();
+                        for (size_t b = 0; b < n_batches; b++) {
+                                double best = 1e30;
+                                for (int r = 0; r < repeat; r++) {
+                                        double s = run_decode(m, batches[b], steps, logits);
+                                        if (s > 0 && s < best)
+                                                best = s;
+                                }
+                                double tps = (double)batches[b] * steps / best;
+                                if (batches[b] == 1) {
+                                        printf("| %s | %d | decode batch 1 | %.1f | weights streamed at %.1f GB/s "
+                                               "(%.0f MB/token) |\n", dtype, nt, tps, wbytes * tps / 1e9, wbytes / 1e6);
+                                        best_b1[bf16] = fmax(best_b1[bf16], tps);
+                                        wbytes_of[bf16] = wbytes;
+                                } else
+                                        printf("| %s | %d | decode batch %d | %.1f | |\n", dtype, nt, batches[b], tps);
+                                fflush(stdout);
+                        }
+                        double best = 1e30;
+                        for (int r = 0; r < repeat; r++) {
+                                double s = run_prefill(m, prefill, logits);
+                                if (s > 0 && s < best)
+                                        best = s;
+                        }
+                        printf("| %s | %d | prefill %d tokens | %.1f | |\n", dtype, nt, prefill, prefill / best);
+                        fflush(stdout);
+                }
+                free(logits);
+                tsr_llama_free(&m);
+        }
+        tsr_kernels_cpu_shutdown();
+        if (bandwidth) {
+                best_bw = fmax(best_bw, measure_bandwidth(threads, n_threads, "after"));
+                for (int i = 0; i < 2; i++)
+                        if (best_b1[i] > 0)
+                                printf("roofline, %s decode batch 1: %.0f MB of weights per token / %.1f GB/s = "
+                                       "%.1f ms floor; best measured %.1f ms per token: fraction %.2f\n",
+                                       i ? "bfloat16" : "float32", wbytes_of[i] / 1e6, best_bw,
+                                       wbytes_of[i] / (best_bw * 1e9) * 1e3, 1e3 / best_b1[i],
+                                       (wbytes_of[i] / (best_bw * 1e9)) * best_b1[i]);
+        }
+        return 0;
+}
