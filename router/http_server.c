@@ -103,6 +103,7 @@ struct http_server {
         int port;
         http_conn *conns;
         size_t n_conns;
+        http_server_stats stats;
         bool iterating;               /* walking `conns`: on_close callbacks must not free any */
 
         bool shutting_down;
@@ -415,14 +416,17 @@ static void conn_timer_cb(uv_timer_t *t) {
         switch (c->req_state) {
         case REQ_NONE:
                 /* nothing of a request yet (idle keep-alive or a silent new connection) */
+                c->s->stats.idle_timeouts++;
                 conn_close(c, true);
                 break;
         case REQ_HEAD:
+                c->s->stats.header_timeouts++;
                 snprintf(msg, sizeof(msg), "Request headers not received within %llu ms",
                          (unsigned long long)c->s->opts.header_timeout_ms);
                 conn_fail(c, 408, msg);
                 break;
         case REQ_BODY:
+                c->s->stats.body_timeouts++;
                 snprintf(msg, sizeof(msg), "Request body stalled for %llu ms",
                          (unsigned long long)c->s->opts.header_timeout_ms);
                 conn_fail(c, 408, msg);
@@ -833,6 +837,10 @@ static void on_connection(uv_stream_t *listener, int status) {
                 return;
         }
         if (!s || s->shutting_down || s->n_conns >= s->opts.max_connections) {
+                if (s && !s->shutting_down) {
+                        s->stats.rejected_cap++;
+                        log_debug("http: %zu connections open: new connection refused", s->n_conns);
+                }
                 reject_connection(listener);
                 return;
         }
@@ -859,6 +867,7 @@ static void on_connection(uv_stream_t *listener, int status) {
                 conn_close(c, false);
                 return;
         }
+        s->stats.accepted++;
         uv_tcp_nodelay(&c->tcp, 1);   /* stream chunks are small and latency-bound */
         conn_arm_timer(c, s->opts.header_timeout_ms, conn_timer_cb);
         conn_update_reading(c);
@@ -981,6 +990,8 @@ tsr_status http_server_listen(http_server *s, const char *host, int port) {
 int http_server_port(const http_server *s) { return s->listener ? s->port : -1; }
 
 size_t http_server_num_connections(const http_server *s) { return s->n_conns; }
+
+void http_server_get_stats(const http_server *s, http_server_stats *out) { *out = s->stats; }
 
 static void grace_close_cb(uv_handle_t *h) {
         http_server *s = h->data;

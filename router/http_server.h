@@ -119,6 +119,21 @@ void http_server_free(http_server **s);
 /* Connections accepted and not yet freed (closing ones included).  Loop thread. */
 size_t http_server_num_connections(const http_server *s);
 
+/* Totals since the server was created, for the router's tessera:router_connections*
+ * series (api.c copies them into the registry at each /metrics scrape). */
+typedef struct http_server_stats {
+        uint64_t accepted;            /* connections taken into service */
+        uint64_t rejected_cap;        /* accepted and closed at once: max_connections reached */
+        uint64_t header_timeouts;     /* 408: request head not complete within header_timeout_ms */
+        uint64_t body_timeouts;       /* 408: body upload stalled for header_timeout_ms */
+        uint64_t idle_timeouts;       /* closed after idle_timeout_ms without a request byte
+                                       * (keep-alive idle, or a new connection that sent nothing
+                                       * within header_timeout_ms) */
+} http_server_stats;
+
+/* Copy the totals into *out.  Loop thread. */
+void http_server_get_stats(const http_server *s, http_server_stats *out);
+
 /* Send a complete response with a Content-Length.  `content_type` may be NULL (no
  * header); `body` is copied (the caller keeps it); `extra_headers` is "Name: v\r\n"...
  * or NULL.  Ends the handler's ownership whatever it returns.  Returns TSR_OK,
