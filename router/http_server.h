@@ -178,6 +178,26 @@ void http_conn_on_close(http_conn *c, void (*cb)(void *ud), void *ud);
  * rule as http_conn_respond.  Loop thread. */
 tsr_status http_conn_respond_error(http_conn *c, int status, const char *type, const char *message);
 
+/* One request parsed from a buffer, exactly as a connection would parse it (the same
+ * llhttp callbacks and limits), with no socket and no loop: for unit tests and the
+ * fuzz target (tests/fuzz/fuzz_http.c).  Exactly one of:
+ *   - a request: status 0, incomplete false, `req` filled (free with http_parsed_done),
+ *     `consumed` = bytes of `data` it used (pipelined bytes may follow);
+ *   - a valid prefix: incomplete true (the server would wait for more bytes);
+ *   - an error the server answers itself: status 400, 413, 431 or 500 and `message`
+ *     (a static string), as in its vLLM-shaped error body. */
+typedef struct http_parsed {
+        int status;
+        const char *message;
+        bool incomplete;
+        size_t consumed;
+        http_request req;
+} http_parsed;
+
+/* `o` NULL means the defaults.  TSR_OK (see http_parsed) or TSR_E_NOMEM.  Any thread. */
+tsr_status http_parse_one(const http_server_opts *o, const void *data, size_t len, http_parsed *out);
+void http_parsed_done(http_parsed *p);
+
 /* Standard reason phrase for `status` ("Not Found"); "Unknown" if not known.  Static
  * string.  Any thread. */
 const char *http_reason_phrase(int status);
