@@ -37,6 +37,7 @@
 struct fx {
         uv_loop_t loop;
         http_server *srv;
+        http_server_stats stats;      /* the server's totals, read just before it is freed */
         http_server_opts opts;
         uint64_t grace_ms;
         uv_async_t async;
@@ -197,6 +198,7 @@ static void run_ex(struct fx *f, void (*client)(struct fx *f), bool client_signa
         assert_false(f->timed_out);
         assert_true(f->done_called);
         assert_int_equal(http_server_num_connections(f->srv), 0);
+        http_server_get_stats(f->srv, &f->stats);
         http_server_free(&f->srv);
         assert_null(f->srv);
         assert_int_equal(uv_loop_close(&f->loop), 0);   /* no handle left behind */
@@ -698,6 +700,10 @@ static void test_header_timeout(void **state) {
         assert_string_equal(f->got[1], "");
         assert_int_equal(f->ints[1], 0);
         assert_int_equal(f->n_requests, 0);
+        assert_int_equal(f->stats.accepted, 2);
+        assert_int_equal(f->stats.header_timeouts, 1);   /* the partial head: 408 */
+        assert_int_equal(f->stats.idle_timeouts, 1);     /* the silent connection */
+        assert_int_equal(f->stats.rejected_cap, 0);
 }
 
 static void cl_idle_timeout(struct fx *f) {
@@ -884,6 +890,8 @@ static void test_max_connections(void **state) {
         assert_string_equal(f->got[1], "");
         assert_string_equal(f->got[2], HI_KEEP);
         assert_int_equal(f->n_requests, 2);
+        assert_int_equal(f->stats.rejected_cap, 1);   /* tessera:router_connections_dropped{reason="cap"} */
+        assert_int_equal(f->stats.accepted, 1);       /* both requests on the first connection */
 }
 
 static void cl_flood(struct fx *f) {
