@@ -163,5 +163,14 @@ def metric_value(text, name):
     return None
 
 
+def metric_sum(text, name):
+    """The sum of every sample of `name` (all label sets), 0.0 if none."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def error_of(body):
     return json.loads(body)["error"]
