@@ -182,6 +182,14 @@ TABLE = [
         ("10MB-ignored-field-ok", C, lambda s: comp(user="x" * (10 * 2**20)), 200, ("ok",), b""),
         ("10MB-stop-string", C, lambda s: comp(stop=["x" * (10 * 2**20)]), 400,
          ("vllm", BRE, R(r"^a stop string of \d+ bytes is longer than the 4096 allowed$")), b""),
+        # -- /tokenize and /detokenize --
+        ("tokenize-invalid-json", "/tokenize", b'{"prompt": ', 400, ("vllm", BR, R(r"^JSON decode error: ")), b""),
+        ("tokenize-not-object", "/tokenize", b'[1]', 400, ("vllm", BR, R(r"^JSON decode error: ")), b""),
+        ("detokenize-out-of-vocab", "/detokenize", b'{"tokens": [1, 999999]}', 400,
+         ("vllm", BRE, "token id at position 1 is out of vocabulary"), b""),
+        ("detokenize-negative", "/detokenize", b'{"tokens": [-1]}', 400,
+         ("vllm", BRE, "token id at position 0 is out of vocabulary"), b""),
+        ("detokenize-wrong-type", "/detokenize", b'{"tokens": "abc"}', 400, ("vllm", BR, "tokens: Input should be a valid list"), b""),
         # -- content type --
         ("content-type-text", C, comp(), 400, ("vllm", BR, "Unsupported Media Type: Only 'application/json' is allowed"),
          "text/plain"),
