@@ -899,6 +899,8 @@ tsr_status http_parse_one(const http_server_opts *o, const void *data, size_t le
         http_server *s;
         http_conn *c;
         llhttp_errno_t err;
+        const char *pos;
+
         memset(out, 0, sizeof(*out));
         s = calloc(1, sizeof(*s));
         c = calloc(1, sizeof(*c));
@@ -930,7 +932,8 @@ tsr_status http_parse_one(const http_server_opts *o, const void *data, size_t le
         } else {
                 out->status = c->err_status ? c->err_status : 400;
                 out->message = fail_message(c->err_status);
-                out->consumed = (size_t)(llhttp_get_error_pos(&c->parser) - (const char *)data);
+                pos = llhttp_get_error_pos(&c->parser);
+                out->consumed = pos && pos >= (const char *)data ? (size_t)(pos - (const char *)data) : len;
                 if (out->consumed > len)
                         out->consumed = len;
         }
