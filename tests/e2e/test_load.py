@@ -196,7 +196,7 @@ def test_slow_readers_memory_capped(server):
 
 def test_keepalive_soak(server):
     pids = {"router": server.router_pid(), "worker": server.worker_pid()}
-    result = soak.soak(server.base, pids, n=2000, warmup=300)
+    result = soak.soak(server.base, pids, n=2000, warmup=soak.TEST_WARMUP)
     print(result)
     assert result["errors"] == 0, result["first_errors"]
     for name in pids:
