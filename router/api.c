@@ -106,8 +106,28 @@ static void handle_models(router_ctx *r, http_conn *c) {
         respond_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
+/* The HTTP server counts its connections itself (it knows nothing of the registry);
+ * copy its totals in before rendering.  Errors here only lose a sample, never the scrape. */
+static void sync_connection_metrics(router_ctx *r) {
+        http_server_stats st;
+
+        if (!r->http)
+                return;
+        http_server_get_stats(r->http, &st);
+        tsr_metrics_gauge_set(r->metrics, TSR_METRICS_CONNECTIONS, NULL, (double)http_server_num_connections(r->http));
+        tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_ACCEPTED, NULL, (double)st.accepted);
+        tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_DROPPED, "cap", (double)st.rejected_cap);
+        tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_DROPPED, "header_timeout",
+                                      (double)st.header_timeouts);
+        tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_DROPPED, "body_timeout",
+                                      (double)st.body_timeouts);
+        tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_DROPPED, "idle_timeout",
+                                      (double)st.idle_timeouts);
+}
+
 static void handle_metrics(router_ctx *r, http_conn *c) {
         tsr_buf out;
+        sync_connection_metrics(r);
         tsr_buf_init(&out, 64u << 20);
         if (tsr_metrics_render(r->metrics, &out) != TSR_OK)
                 http_conn_respond_error(c, 500, "InternalServerError", "metrics exposition failed");

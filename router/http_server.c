@@ -79,6 +79,7 @@ struct http_conn {
         bool in_header_field;
         bool head_done;               /* later header callbacks are trailers: ignored */
         bool streaming_chunked;
+        bool detached;                /* http_parse_one's connection: no socket, no timer */
         int err_status;               /* set by a parser callback that fails the request */
         void (*on_close)(void *ud);
         void *on_close_ud;
@@ -103,6 +104,7 @@ struct http_server {
         int port;
         http_conn *conns;
         size_t n_conns;
+        http_server_stats stats;
         bool iterating;               /* walking `conns`: on_close callbacks must not free any */
 
         bool shutting_down;
@@ -184,7 +186,7 @@ const char *http_request_header(const http_request *r, const char *lower_name) {
 }
 
 static void conn_arm_timer(http_conn *c, uint64_t ms, uv_timer_cb cb) {
-        if (c->closing)
+        if (c->closing || c->detached)
                 return;
         if (ms == 0) {
                 uv_timer_stop(&c->timer);
@@ -415,14 +417,17 @@ static void conn_timer_cb(uv_timer_t *t) {
         switch (c->req_state) {
         case REQ_NONE:
                 /* nothing of a request yet (idle keep-alive or a silent new connection) */
+                c->s->stats.idle_timeouts++;
                 conn_close(c, true);
                 break;
         case REQ_HEAD:
+                c->s->stats.header_timeouts++;
                 snprintf(msg, sizeof(msg), "Request headers not received within %llu ms",
                          (unsigned long long)c->s->opts.header_timeout_ms);
                 conn_fail(c, 408, msg);
                 break;
         case REQ_BODY:
+                c->s->stats.body_timeouts++;
                 snprintf(msg, sizeof(msg), "Request body stalled for %llu ms",
                          (unsigned long long)c->s->opts.header_timeout_ms);
                 conn_fail(c, 408, msg);
@@ -651,7 +656,7 @@ static int on_headers_complete(llhttp_t *p) {
                 return fail_cb(c, 413);
         expect = http_request_header(r, "expect");
         if (expect && strcasecmp(expect, "100-continue") == 0 && r->http_major == 1 && r->http_minor >= 1 &&
-            ((p->flags & F_CHUNKED) || p->content_length > 0)) {
+            ((p->flags & F_CHUNKED) || p->content_length > 0) && !c->detached) {
                 static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
                 if (conn_write2(c, cont, sizeof(cont) - 1, NULL, 0) != TSR_OK)
                         return fail_cb(c, 500);
@@ -833,6 +838,10 @@ static void on_connection(uv_stream_t *listener, int status) {
                 return;
         }
         if (!s || s->shutting_down || s->n_conns >= s->opts.max_connections) {
+                if (s && !s->shutting_down) {
+                        s->stats.rejected_cap++;
+                        log_debug("http: %zu connections open: new connection refused", s->n_conns);
+                }
                 reject_connection(listener);
                 return;
         }
@@ -859,12 +868,87 @@ static void on_connection(uv_stream_t *listener, int status) {
                 conn_close(c, false);
                 return;
         }
+        s->stats.accepted++;
         uv_tcp_nodelay(&c->tcp, 1);   /* stream chunks are small and latency-bound */
         conn_arm_timer(c, s->opts.header_timeout_ms, conn_timer_cb);
         conn_update_reading(c);
 }
 
 /* ---- server ------------------------------------------------------------------------ */
+
+static void settings_init(llhttp_settings_t *st) {
+        llhttp_settings_init(st);
+        st->on_message_begin = on_message_begin;
+        st->on_url = on_url;
+        st->on_url_complete = on_url_complete;
+        st->on_header_field = on_header_field;
+        st->on_header_field_complete = on_header_field_complete;
+        st->on_header_value = on_header_value;
+        st->on_header_value_complete = on_header_value_complete;
+        st->on_headers_complete = on_headers_complete;
+        st->on_body = on_body;
+        st->on_message_complete = on_message_complete;
+}
+
+/* ---- one request from a buffer (tests, fuzzing) ------------------------------------ */
+
+/* The same llhttp settings and callbacks as a live connection, on a detached http_conn
+ * (no socket, no timer, no 100 Continue), so what this accepts or refuses is exactly
+ * what the server would. */
+tsr_status http_parse_one(const http_server_opts *o, const void *data, size_t len, http_parsed *out) {
+        http_server *s;
+        http_conn *c;
+        llhttp_errno_t err;
+        const char *pos;
+
+        memset(out, 0, sizeof(*out));
+        s = calloc(1, sizeof(*s));
+        c = calloc(1, sizeof(*c));
+        if (!s || !c) {
+                free(s);
+                free(c);
+                return TSR_E_NOMEM;
+        }
+        if (o)
+                s->opts = *o;
+        else
+                http_server_opts_default(&s->opts);
+        settings_init(&s->settings);
+        c->s = s;
+        c->detached = true;
+        llhttp_init(&c->parser, HTTP_REQUEST, &s->settings);
+        c->parser.data = c;
+        err = llhttp_execute(&c->parser, data, len);
+        if ((err == HPE_PAUSED || err == HPE_PAUSED_UPGRADE) && c->req_ready) {
+                if (err == HPE_PAUSED_UPGRADE)
+                        c->req.keep_alive = false;   /* as conn_parse: answer, then close */
+                out->status = 0;
+                out->consumed = (size_t)(llhttp_get_error_pos(&c->parser) - (const char *)data);
+                out->req = c->req;             /* the arena (and the body in it) moves to `out` */
+                memset(&c->req, 0, sizeof(c->req));
+        } else if (err == HPE_OK) {
+                out->incomplete = true;        /* a valid prefix: the server would wait for more */
+                out->consumed = len;
+        } else {
+                out->status = c->err_status ? c->err_status : 400;
+                out->message = fail_message(c->err_status);
+                pos = llhttp_get_error_pos(&c->parser);
+                out->consumed = pos && pos >= (const char *)data ? (size_t)(pos - (const char *)data) : len;
+                if (out->consumed > len)
+                        out->consumed = len;
+        }
+        conn_request_done(c);   /* whatever is left of a partial or failed request */
+        free(c);
+        free(s);
+        return TSR_OK;
+}
+
+void http_parsed_done(http_parsed *p) {
+        if (!p)
+                return;
+        tsr_arena_free(&p->req.arena);
+        memset(p, 0, sizeof(*p));
+}
 
 tsr_status http_server_new(uv_loop_t *loop, const http_server_opts *o, http_handler_fn fn, void *ud,
                            http_server **ret) {
@@ -886,17 +970,7 @@ tsr_status http_server_new(uv_loop_t *loop, const http_server_opts *o, http_hand
         s->fn = fn;
         s->ud = ud;
         s->port = -1;
-        llhttp_settings_init(&s->settings);
-        s->settings.on_message_begin = on_message_begin;
-        s->settings.on_url = on_url;
-        s->settings.on_url_complete = on_url_complete;
-        s->settings.on_header_field = on_header_field;
-        s->settings.on_header_field_complete = on_header_field_complete;
-        s->settings.on_header_value = on_header_value;
-        s->settings.on_header_value_complete = on_header_value_complete;
-        s->settings.on_headers_complete = on_headers_complete;
-        s->settings.on_body = on_body;
-        s->settings.on_message_complete = on_message_complete;
+        settings_init(&s->settings);
         *ret = s;
         return TSR_OK;
 }
@@ -981,6 +1055,8 @@ tsr_status http_server_listen(http_server *s, const char *host, int port) {
 int http_server_port(const http_server *s) { return s->listener ? s->port : -1; }
 
 size_t http_server_num_connections(const http_server *s) { return s->n_conns; }
+
+void http_server_get_stats(const http_server *s, http_server_stats *out) { *out = s->stats; }
 
 static void grace_close_cb(uv_handle_t *h) {
         http_server *s = h->data;

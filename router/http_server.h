@@ -119,6 +119,21 @@ void http_server_free(http_server **s);
 /* Connections accepted and not yet freed (closing ones included).  Loop thread. */
 size_t http_server_num_connections(const http_server *s);
 
+/* Totals since the server was created, for the router's tessera:router_connections*
+ * series (api.c copies them into the registry at each /metrics scrape). */
+typedef struct http_server_stats {
+        uint64_t accepted;            /* connections taken into service */
+        uint64_t rejected_cap;        /* accepted and closed at once: max_connections reached */
+        uint64_t header_timeouts;     /* 408: request head not complete within header_timeout_ms */
+        uint64_t body_timeouts;       /* 408: body upload stalled for header_timeout_ms */
+        uint64_t idle_timeouts;       /* closed after idle_timeout_ms without a request byte
+                                       * (keep-alive idle, or a new connection that sent nothing
+                                       * within header_timeout_ms) */
+} http_server_stats;
+
+/* Copy the totals into *out.  Loop thread. */
+void http_server_get_stats(const http_server *s, http_server_stats *out);
+
 /* Send a complete response with a Content-Length.  `content_type` may be NULL (no
  * header); `body` is copied (the caller keeps it); `extra_headers` is "Name: v\r\n"...
  * or NULL.  Ends the handler's ownership whatever it returns.  Returns TSR_OK,
@@ -162,6 +177,26 @@ void http_conn_on_close(http_conn *c, void (*cb)(void *ud), void *ud);
  * `type` NULL means the HTTP reason phrase ("Bad Request").  Same returns and ownership
  * rule as http_conn_respond.  Loop thread. */
 tsr_status http_conn_respond_error(http_conn *c, int status, const char *type, const char *message);
+
+/* One request parsed from a buffer, exactly as a connection would parse it (the same
+ * llhttp callbacks and limits), with no socket and no loop: for unit tests and the
+ * fuzz target (tests/fuzz/fuzz_http.c).  Exactly one of:
+ *   - a request: status 0, incomplete false, `req` filled (free with http_parsed_done),
+ *     `consumed` = bytes of `data` it used (pipelined bytes may follow);
+ *   - a valid prefix: incomplete true (the server would wait for more bytes);
+ *   - an error the server answers itself: status 400, 413, 431 or 500 and `message`
+ *     (a static string), as in its vLLM-shaped error body. */
+typedef struct http_parsed {
+        int status;
+        const char *message;
+        bool incomplete;
+        size_t consumed;
+        http_request req;
+} http_parsed;
+
+/* `o` NULL means the defaults.  TSR_OK (see http_parsed) or TSR_E_NOMEM.  Any thread. */
+tsr_status http_parse_one(const http_server_opts *o, const void *data, size_t len, http_parsed *out);
+void http_parsed_done(http_parsed *p);
 
 /* Standard reason phrase for `status` ("Not Found"); "Unknown" if not known.  Static
  * string.  Any thread. */

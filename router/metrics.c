@@ -169,6 +169,10 @@ static const family_def defs[F_COUNT] = {
         [F_TESSERA_FIRST + TSR_METRICS_CONNECTIONS_ACCEPTED] = {"tessera:router_connections_accepted",
                                                                 "HTTP connections accepted.", KIND_COUNTER,
                                                                 BUCKETS_NONE, NULL},
+        [F_TESSERA_FIRST + TSR_METRICS_CONNECTIONS_DROPPED] = {"tessera:router_connections_dropped",
+                                                               "HTTP connections the router closed on its own, by reason "
+                                                               "(cap, header_timeout, body_timeout, idle_timeout).",
+                                                               KIND_COUNTER, BUCKETS_NONE, "reason"},
 };
 
 static const char *const finish_names[TSR_METRICS_FINISH_COUNT] = {"stop", "length", "abort", "error"};
@@ -898,6 +902,18 @@ tsr_status tsr_metrics_counter_add(tsr_metrics *m, tsr_metrics_id id, const char
                 return TSR_E_INVAL;
         TRY(tessera_child(m, id, KIND_COUNTER, label_value, &c));
         c->value += delta;
+        return TSR_OK;
+}
+
+tsr_status tsr_metrics_counter_set_total(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double total) {
+        child *c;
+
+        if (isnan(total) || total < 0)
+                return TSR_E_INVAL;
+        TRY(tessera_child(m, id, KIND_COUNTER, label_value, &c));
+        if (total < c->value)
+                return TSR_E_INVAL;
+        c->value = total;
         return TSR_OK;
 }
 

@@ -168,6 +168,9 @@ typedef enum tsr_metrics_id {
         TSR_METRICS_ABORTS,           /* counter tessera:request_aborts{cause} */
         TSR_METRICS_CONNECTIONS,      /* gauge tessera:router_connections (open now) */
         TSR_METRICS_CONNECTIONS_ACCEPTED, /* counter tessera:router_connections_accepted */
+        TSR_METRICS_CONNECTIONS_DROPPED,  /* counter tessera:router_connections_dropped{reason}: closed by
+                                           * the server itself: "cap", "header_timeout", "body_timeout",
+                                           * "idle_timeout" */
         TSR_METRICS_ID_COUNT,
 } tsr_metrics_id;
 
@@ -178,6 +181,10 @@ typedef enum tsr_metrics_id {
 tsr_status tsr_metrics_counter_add(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double delta);
 tsr_status tsr_metrics_gauge_set(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double value);
 tsr_status tsr_metrics_gauge_add(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double delta);
+/* A counter kept elsewhere (the HTTP server's totals), copied in at scrape time: sets the
+ * child to `total`.  TSR_E_INVAL as counter_add, and when `total` is below the current
+ * value (a counter never goes down). */
+tsr_status tsr_metrics_counter_set_total(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double total);
 
 /* Append the whole exposition (text format 0.0.4) to `out`.  On error `out` may hold
  * part of it (the caller answers 500 and drops it).  TSR_E_LIMIT from the buffer cap,

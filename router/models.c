@@ -43,6 +43,7 @@ void model_unref(model_entry *m) {
         for (size_t i = 0; i < m->n_names; i++)
                 free(m->names[i]);
         free(m->names);
+        free(m->name);
         free(m->root);
         free(m->load_error);
         free(m->bos_token);

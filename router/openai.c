@@ -540,9 +540,11 @@ static tsr_status parse_common(json_t *root, const oai_limits *lim, tsr_arena *a
         if (so) {
                 if (!json_is_object(so))
                         return TYPE_ERR(err, "stream_options", "a valid dictionary");
-                if (!r->stream)
+                /* vLLM tests `data.get("stream_options") and not stream`: an empty
+                 * object is falsy there and accepted (and means nothing) without stream. */
+                if (!r->stream && json_object_size(so) > 0)
                         return VALUE_ERR(err, "stream_options", "Stream options can only be defined when `stream=True`.");
-                r->include_usage = true;   /* 0.12: true when the object is present */
+                r->include_usage = r->stream;   /* 0.12: true when the object is present */
                 TRY(get_bool(so, "include_usage", &r->include_usage, err));
                 TRY(get_bool(so, "continuous_usage_stats", &r->continuous_usage_stats, err));
         }
@@ -640,7 +642,9 @@ tsr_status oai_parse(oai_kind kind, const char *body, size_t len, const oai_limi
         r.add_generation_prompt = true;
         r.add_special_tokens = kind == OAI_COMPLETIONS;
 
-        root = json_loadb(body, len, 0, &jerr);
+        /* JSON_DECODE_ANY: a body that is valid JSON but not an object ("hello", 5) gets
+         * pydantic's "valid dictionary" message below, not a decode error. */
+        root = json_loadb(body, len, JSON_DECODE_ANY, &jerr);
         if (!root)
                 return fail(err, 400, "Bad Request", NULL, "JSON decode error: %s (line %d, column %d)", jerr.text,
                             jerr.line, jerr.column);

@@ -148,8 +148,8 @@ static void rq_free(rq *r) {
                 free(ch->plp);
         }
         free(r->choices);
-        if (r->prompt_ids)
-                for (size_t i = 0; i < r->req.n_prompts; i++) {
+        if (r->prompt_ids)   /* chat: n_prompts is 0, and prep_work fills slot 0 (valgrind.sh found the leak) */
+                for (size_t i = 0; i < (r->req.n_prompts ? r->req.n_prompts : 1); i++) {
                         free(r->prompt_ids[i]);
                         free(r->prompt_texts[i]);
                 }

@@ -6,6 +6,7 @@
 #   fuzz   libFuzzer targets (clang, ASan+UBSan) for TSR_FUZZ_SECONDS (15) each
 #   e2e    pytest: real tessera processes on loopback, the official openai SDK
 #   e2e-asan  the process-level e2e tests again with the ASan+UBSan binaries
+#   valgrind  the router under memcheck over a short e2e pass (scripts/valgrind.sh, ~30 s)
 # Ends with one line "N passed, N failed[, N skipped]" summing all suites; exits
 # non-zero if anything failed.
 set -uo pipefail
@@ -59,9 +60,19 @@ TESSERA_BUILD="$ROOT/build-asan" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     .venv/bin/python -m pytest tests/e2e/test_skeleton.py tests/e2e/test_worker_wire.py -q -p no:cacheprovider \
     --junitxml="$RESULTS/e2e-asan.xml" 2>&1 | tee "$RESULTS/e2e-asan.log" | tail -n 5
 
+echo "== valgrind (router under memcheck: scripts/valgrind.sh)"
+# One JUnit case for the summary line: failed on any memcheck error or failed request.
+vg_case='<testcase classname="valgrind" name="router_memcheck"/>'
+if ! ./scripts/valgrind.sh >"$RESULTS/valgrind.log" 2>&1; then
+    vg_case='<testcase classname="valgrind" name="router_memcheck"><failure message="see valgrind.log"/></testcase>'
+fi
+tail -n 6 "$RESULTS/valgrind.log"
+echo "<testsuite name=\"valgrind\">$vg_case</testsuite>" >"$RESULTS/valgrind.xml"
+
 .venv/bin/python tests/summarize.py \
     "unit=build/meson-logs/unit.json" \
     "asan=build-asan/meson-logs/asan.json" \
     "fuzz=build-fuzz/meson-logs/fuzz.json" \
     "e2e=$RESULTS/e2e.xml" \
-    "e2e-asan=$RESULTS/e2e-asan.xml"
+    "e2e-asan=$RESULTS/e2e-asan.xml" \
+    "valgrind=$RESULTS/valgrind.xml"

@@ -503,6 +503,46 @@ def template_seeds():
     return seeds
 
 
+def http_seeds():
+    """Raw HTTP/1.1 requests as a client writes them (fuzz_http.c): the OpenAI bodies
+    the router validates, framing variants (chunked, pipelined, 100-continue), and
+    requests at the edges of the target's small limits (4 KiB body, 16 headers)."""
+
+    def post(path, body, extra=b"", te_chunked=False):
+        if te_chunked:
+            chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (body[:7], body[7:]) if p)
+            return (b"POST %s HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\n"
+                    b"Transfer-Encoding: chunked\r\n%s\r\n%s0\r\n\r\n" % (path, extra, chunks))
+        return (b"POST %s HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+                % (path, len(body), extra) + body)
+
+    comp = json.dumps({"model": "m", "prompt": "Hi", "max_tokens": 4, "temperature": 0.5, "top_p": 0.9,
+                       "top_k": 5, "stop": ["\n", "x"], "logit_bias": {"7": 3}, "seed": 1, "n": 2,
+                       "logprobs": 2, "echo": True}).encode()
+    chat = json.dumps({"messages": [{"role": "system", "content": "s"},
+                                    {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                       "max_completion_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
+                       "logprobs": True, "top_logprobs": 2,
+                       "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                       "tool_choice": {"type": "function", "function": {"name": "f"}}}).encode()
+    seeds = {}
+    seeds["completions"] = post(b"/v1/completions", comp)
+    seeds["completions_ids"] = post(b"/v1/completions", b'{"prompt":[[1,2,3],[4]],"max_tokens":1,"echo":true,"prompt_logprobs":1}')
+    seeds["chat"] = post(b"/v1/chat/completions", chat)
+    seeds["chat_chunked"] = post(b"/v1/chat/completions", b'{"messages":[{"role":"user","content":"hi"}]}', te_chunked=True)
+    seeds["bad_values"] = post(b"/v1/completions", b'{"prompt":"a","n":0,"temperature":-1,"top_p":2,"stream_options":{"x":1}}')
+    seeds["bad_json"] = post(b"/v1/completions", b'{"prompt": [1, 2, {"a": [[[[')
+    seeds["pipelined"] = (b"GET /health HTTP/1.1\r\nHost: h\r\n\r\n" + post(b"/v1/completions", b'{"prompt":"x"}')
+                          + b"GET /v1/models?x=1 HTTP/1.0\r\n\r\n")
+    seeds["expect_continue"] = post(b"/v1/completions", b'{"prompt":"x"}', extra=b"Expect: 100-continue\r\n")
+    seeds["too_big"] = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 5000\r\n\r\n{"
+    seeds["many_headers"] = b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(17)) + b"\r\n"
+    seeds["upgrade"] = b"GET /ws HTTP/1.1\r\nHost: h\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nrest"
+    seeds["smuggle"] = b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    seeds["partial"] = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 10\r\n\r\n{\"pr"
+    return seeds
+
+
 def write(target, seeds):
     d = os.path.join(CORPUS, target)
     os.makedirs(d, exist_ok=True)
@@ -524,6 +564,7 @@ def main():
     total += write("model_meta", model_meta_seeds())
     total += write("tokenizer", tokenizer_seeds())
     total += write("template", template_seeds())
+    total += write("http", http_seeds())
     print("total %d bytes" % total)
     if total > 300 * 1024:
         sys.exit("make_corpus.py: the corpus is over 300 KB; keep seeds small")

@@ -37,6 +37,7 @@
 struct fx {
         uv_loop_t loop;
         http_server *srv;
+        http_server_stats stats;      /* the server's totals, read just before it is freed */
         http_server_opts opts;
         uint64_t grace_ms;
         uv_async_t async;
@@ -197,6 +198,7 @@ static void run_ex(struct fx *f, void (*client)(struct fx *f), bool client_signa
         assert_false(f->timed_out);
         assert_true(f->done_called);
         assert_int_equal(http_server_num_connections(f->srv), 0);
+        http_server_get_stats(f->srv, &f->stats);
         http_server_free(&f->srv);
         assert_null(f->srv);
         assert_int_equal(uv_loop_close(&f->loop), 0);   /* no handle left behind */
@@ -698,6 +700,10 @@ static void test_header_timeout(void **state) {
         assert_string_equal(f->got[1], "");
         assert_int_equal(f->ints[1], 0);
         assert_int_equal(f->n_requests, 0);
+        assert_int_equal(f->stats.accepted, 2);
+        assert_int_equal(f->stats.header_timeouts, 1);   /* the partial head: 408 */
+        assert_int_equal(f->stats.idle_timeouts, 1);     /* the silent connection */
+        assert_int_equal(f->stats.rejected_cap, 0);
 }
 
 static void cl_idle_timeout(struct fx *f) {
@@ -884,6 +890,8 @@ static void test_max_connections(void **state) {
         assert_string_equal(f->got[1], "");
         assert_string_equal(f->got[2], HI_KEEP);
         assert_int_equal(f->n_requests, 2);
+        assert_int_equal(f->stats.rejected_cap, 1);   /* tessera:router_connections_dropped{reason="cap"} */
+        assert_int_equal(f->stats.accepted, 1);       /* both requests on the first connection */
 }
 
 static void cl_flood(struct fx *f) {
@@ -978,6 +986,45 @@ static void test_api_misuse(void **state) {
         assert_string_equal(http_reason_phrase(999), "Unknown");
 }
 
+/* http_parse_one: the server's parser on a buffer, no socket (the fuzz target's entry). */
+static void test_parse_one(void **state) {
+        static const char two[] = "POST /v1/completions?a=b HTTP/1.1\r\nHost: h\r\nX-Up: V\r\n"
+                                  "Content-Length: 4\r\n\r\nbodyGET /health HTTP/1.1\r\n\r\n";
+        http_server_opts o;
+        http_parsed p;
+
+        (void)state;
+        assert_int_equal(http_parse_one(NULL, two, sizeof(two) - 1, &p), TSR_OK);
+        assert_int_equal(p.status, 0);
+        assert_false(p.incomplete);
+        assert_string_equal(p.req.method, "POST");
+        assert_string_equal(p.req.path, "/v1/completions");
+        assert_string_equal(p.req.query, "a=b");
+        assert_string_equal(http_request_header(&p.req, "x-up"), "V");
+        assert_int_equal(p.req.body_len, 4);
+        assert_memory_equal(p.req.body, "body", 5);
+        assert_true(p.req.keep_alive);
+        assert_string_equal(two + p.consumed, "GET /health HTTP/1.1\r\n\r\n");
+        http_parsed_done(&p);
+        assert_null(p.req.arena);
+
+        assert_int_equal(http_parse_one(NULL, "GET /x HTTP/1.1\r\nHo", 19, &p), TSR_OK);
+        assert_true(p.incomplete);
+        assert_int_equal(p.status, 0);
+
+        assert_int_equal(http_parse_one(NULL, "\x01\x02 x\r\n\r\n", 8, &p), TSR_OK);
+        assert_int_equal(p.status, 400);
+        assert_string_equal(p.message, "Invalid HTTP request received.");
+
+        http_server_opts_default(&o);
+        o.max_body = 10;
+        assert_int_equal(http_parse_one(&o, "POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n", 39, &p), TSR_OK);
+        assert_int_equal(p.status, 413);
+        o.max_headers = 1;
+        assert_int_equal(http_parse_one(&o, "GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\n\r\n", 30, &p), TSR_OK);
+        assert_int_equal(p.status, 431);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_api_misuse),
@@ -1001,6 +1048,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_max_connections, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_write_queue_limit, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_respond_error, setup, teardown),
+                cmocka_unit_test(test_parse_one),
         };
         alarm(120);   /* last resort: a hung test kills the binary instead of the CI job */
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -171,7 +171,10 @@ static void test_exact_small_registry(void **state) {
                 "tessera:router_connections_accepted_total 1.2345678e+07\n"
                 "# HELP tessera:router_connections_accepted_created HTTP connections accepted.\n"
                 "# TYPE tessera:router_connections_accepted_created gauge\n"
-                "tessera:router_connections_accepted_created 1.7000000005e+09\n");
+                "tessera:router_connections_accepted_created 1.7000000005e+09\n"
+                "# HELP tessera:router_connections_dropped_total HTTP connections the router closed on its own, by "
+                "reason (cap, header_timeout, body_timeout, idle_timeout).\n"
+                "# TYPE tessera:router_connections_dropped_total counter\n");
         free(t);
         tsr_metrics_free(&m);
         assert_null(m);
@@ -579,6 +582,12 @@ static void test_label_escaping(void **state) {
         assert_int_equal(tsr_metrics_counter_add(m, TSR_METRICS_ABORTS, NULL, 1), TSR_E_INVAL);
         assert_int_equal(tsr_metrics_counter_add(m, TSR_METRICS_ABORTS, "client", -1), TSR_E_INVAL);
         assert_int_equal(tsr_metrics_counter_add(m, TSR_METRICS_CONNECTIONS, NULL, 1), TSR_E_INVAL);
+        /* counter_set_total: a total copied in from the HTTP server, never going down. */
+        assert_int_equal(tsr_metrics_counter_set_total(m, TSR_METRICS_CONNECTIONS_DROPPED, "cap", 5), TSR_OK);
+        assert_int_equal(tsr_metrics_counter_set_total(m, TSR_METRICS_CONNECTIONS_DROPPED, "cap", 5), TSR_OK);
+        assert_int_equal(tsr_metrics_counter_set_total(m, TSR_METRICS_CONNECTIONS_DROPPED, "cap", 4), TSR_E_INVAL);
+        assert_int_equal(tsr_metrics_counter_set_total(m, TSR_METRICS_CONNECTIONS_DROPPED, NULL, 1), TSR_E_INVAL);
+        assert_int_equal(tsr_metrics_counter_set_total(m, TSR_METRICS_CONNECTIONS, NULL, 1), TSR_E_INVAL);
         assert_int_equal(tsr_metrics_gauge_set(m, TSR_METRICS_RETRIES, NULL, 1), TSR_E_INVAL);
         assert_int_equal(tsr_metrics_gauge_set(m, TSR_METRICS_ID_COUNT, NULL, 1), TSR_E_INVAL);
         tsr_metrics_free(&m);
