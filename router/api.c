@@ -56,9 +56,25 @@ static bool authorized(const router_ctx *r, const http_request *req) {
         return ok;
 }
 
+/* Healthy = a request could be served now: some worker is live and the router has
+ * built its model's tokenizer (and template).  A worker live before its tokenizer is
+ * ready would turn the first completion after a 200 into a 503 "still loading",
+ * which a client that waited for /health (as for vLLM) does not expect. */
+static bool can_serve(router_ctx *r) {
+        for (size_t i = 0; i < worker_pool_count(r->workers); i++) {
+                tsr_worker *w = worker_pool_get(r->workers, i);
+                const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
+                if (!tsr_worker_live(w) || !mi || mi->n_served_model_names == 0)
+                        continue;
+                model_entry *m = model_registry_find(r->models, mi->served_model_names[0]);
+                if (m && m->ready)
+                        return true;
+        }
+        return false;
+}
+
 static void handle_health(router_ctx *r, http_conn *c) {
-        int status = worker_pool_num_live(r->workers) > 0 ? 200 : 503;
-        http_conn_respond(c, status, NULL, "", 0, NULL);
+        http_conn_respond(c, can_serve(r) ? 200 : 503, NULL, "", 0, NULL);
 }
 
 static void handle_version(router_ctx *r, http_conn *c) {

@@ -11,7 +11,7 @@ import openai
 import pytest
 import requests
 
-from conftest import SANITIZED, wait_until
+from conftest import SANITIZED, http_status, wait_until
 
 MODEL = "smol"
 
@@ -107,3 +107,13 @@ def test_1000_idle_connections(smol):
         scraper.close()
     # every descriptor comes back
     wait_until(lambda: open_fds(router) <= baseline + 2, timeout=30, what="router fds back to baseline")
+
+
+def test_health_200_means_requests_are_served(serve):
+    """A client that waits for /health 200 (as for vLLM) gets its first completion
+    served, not a 503 "still loading": health waits for the router's tokenizer too."""
+    s = serve(wait=False)
+    wait_until(lambda: http_status(s.base + "/health") == 200, timeout=90, interval=0.02, what="/health 200")
+    r = requests.post(s.base + "/v1/completions", timeout=60,
+                      json={"prompt": "Hello", "max_tokens": 2, "temperature": 0})
+    assert r.status_code == 200, r.text
