@@ -15,6 +15,7 @@
 #define HELLO_RETRY_NS (1000ull * 1000000ull)
 #define DEFAULT_STATUS_INTERVAL_MS 100u
 #define MISSED_STATUS_LIMIT 3u
+#define MISSED_STATUS_MIN_NS (1000ull * 1000000ull)
 #define TICK_MS 50
 /* Heartbeat cadence to every worker (docs/protocol.md, "Liveness and failure").  Sent from
  * the loop's tick, so it says "this router's loop runs", not merely "its process has a
@@ -89,7 +90,11 @@ static uint64_t status_window_ns(const tsr_worker *w) {
         uint32_t ivl = DEFAULT_STATUS_INTERVAL_MS;
         if (w->info && w->info->model_info->status_interval_ms)
                 ivl = w->info->model_info->status_interval_ms;
-        return (uint64_t)MISSED_STATUS_LIMIT * ivl * 1000000ull;
+        uint64_t window = (uint64_t)MISSED_STATUS_LIMIT * ivl * 1000000ull;
+        /* Never under a second: at the default 100 ms a worker whose io thread waits
+         * 300 ms for a core (a loaded host) was being declared down, failing its
+         * requests with 503s (seen in the keep-alive soak at load 13). */
+        return window > MISSED_STATUS_MIN_NS ? window : MISSED_STATUS_MIN_NS;
 }
 
 bool tsr_worker_live(const tsr_worker *w) {
