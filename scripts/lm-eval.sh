@@ -14,7 +14,7 @@
 #   MODEL      GGUF file [.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf]
 #   TASKS      lm-eval tasks [gsm8k_local,gsm8k_mc_local,gsm8k_ppl_local], defined in
 #              tests/lm_eval/ over ../shared/fixtures/gsm8k/test.jsonl
-#   LIMIT      documents per task [25]
+#   LIMIT      documents per task [10]
 #   CONCURRENT requests in flight (lm-eval num_concurrent) [8]
 #   OUT        where results and samples go [/tmp/tessera-lm-eval]
 #   VENV       the Python environment, created when missing [/tmp/lmeval-venv]
@@ -32,7 +32,7 @@ MODE="${1:-}"
 [ $# -gt 0 ] && shift
 MODEL="$(realpath "${MODEL:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}")"
 TASKS="${TASKS:-gsm8k_local,gsm8k_mc_local,gsm8k_ppl_local}"
-LIMIT="${LIMIT:-25}"
+LIMIT="${LIMIT:-10}"
 CONCURRENT="${CONCURRENT:-8}"
 OUT="${OUT:-/tmp/tessera-lm-eval}"
 VENV="${VENV:-/tmp/lmeval-venv}"
@@ -43,7 +43,7 @@ LM_EVAL_VERSION=0.4.13
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 usage() {
-        sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
 }
 
@@ -93,8 +93,12 @@ trap stop_server EXIT
 start_server() {
         PORT="$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
         mkdir -p "$OUT"
+        # --status-interval-ms 1000: the router declares a worker down after 3 missed
+        # Status intervals, and on a loaded machine the default 300 ms window is missed
+        # by a router that was merely descheduled (docs/accuracy.md, "Problems found"),
+        # failing every request in flight.
         "$BUILD/deploy/tessera" serve "$MODEL" --served-model-name "$SERVED_NAME" \
-                --host 127.0.0.1 --port "$PORT" > "$OUT/serve.log" 2>&1 &
+                --host 127.0.0.1 --port "$PORT" --status-interval-ms 1000 > "$OUT/serve.log" 2>&1 &
         SERVER_PID=$!
         for _ in $(seq 300); do
                 if curl -sf "http://127.0.0.1:$PORT/health" > /dev/null; then

@@ -82,7 +82,7 @@ def compare_generations(name, a, b, show):
 
 
 def compare_loglikelihoods(name, a, b, tolerance, show):
-    worst = 0.0
+    worst = worst_relative = 0.0
     within = total = greedy_same = greedy_total = argmax_same = choice_docs = 0
     shown = 0
     for key in sorted(a):
@@ -98,6 +98,7 @@ def compare_loglikelihoods(name, a, b, tolerance, show):
             total += 1
             difference = abs(ll_a - ll_b)
             worst = max(worst, difference)
+            worst_relative = max(worst_relative, difference / max(abs(ll_b), 1e-30))
             if difference <= tolerance:
                 within += 1
             elif shown < show:
@@ -107,7 +108,7 @@ def compare_loglikelihoods(name, a, b, tolerance, show):
                 greedy_total += 1
                 greedy_same += greedy_a == greedy_b
     line = (f"{name}: {within}/{total} log-likelihoods within {tolerance:g}, "
-            f"largest difference {worst:.3e}")
+            f"largest difference {worst:.3e} (relative {worst_relative:.1e})")
     if greedy_total:
         line += f", is_greedy equal {greedy_same}/{greedy_total}"
     if choice_docs:
