@@ -25,11 +25,14 @@
 #include "router/http_server.h"
 
 #include <assert.h>
+#include <errno.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 
 #include <jansson.h>
 #include <llhttp.h>
@@ -104,7 +107,12 @@ struct http_server {
         int port;
         http_conn *conns;
         size_t n_conns;
-        http_server_stats stats;
+        /* Totals behind http_server_get_stats, atomic so that another loop's thread
+         * may read them (--router-threads: /metrics sums every loop's server). */
+        struct {
+                atomic_uint_least64_t accepted, rejected_cap, header_timeouts, body_timeouts, idle_timeouts;
+                atomic_size_t open;
+        } counters;
         bool iterating;               /* walking `conns`: on_close callbacks must not free any */
 
         bool shutting_down;
@@ -233,6 +241,7 @@ static void conn_maybe_free(http_conn *c) {
         if (c->next)
                 c->next->prev = c->prev;
         s->n_conns--;
+        atomic_fetch_sub_explicit(&s->counters.open, 1, memory_order_relaxed);
         free(c);
         server_check_done(s);
 }
@@ -417,17 +426,17 @@ static void conn_timer_cb(uv_timer_t *t) {
         switch (c->req_state) {
         case REQ_NONE:
                 /* nothing of a request yet (idle keep-alive or a silent new connection) */
-                c->s->stats.idle_timeouts++;
+                atomic_fetch_add_explicit(&c->s->counters.idle_timeouts, 1, memory_order_relaxed);
                 conn_close(c, true);
                 break;
         case REQ_HEAD:
-                c->s->stats.header_timeouts++;
+                atomic_fetch_add_explicit(&c->s->counters.header_timeouts, 1, memory_order_relaxed);
                 snprintf(msg, sizeof(msg), "Request headers not received within %llu ms",
                          (unsigned long long)c->s->opts.header_timeout_ms);
                 conn_fail(c, 408, msg);
                 break;
         case REQ_BODY:
-                c->s->stats.body_timeouts++;
+                atomic_fetch_add_explicit(&c->s->counters.body_timeouts, 1, memory_order_relaxed);
                 snprintf(msg, sizeof(msg), "Request body stalled for %llu ms",
                          (unsigned long long)c->s->opts.header_timeout_ms);
                 conn_fail(c, 408, msg);
@@ -839,7 +848,7 @@ static void on_connection(uv_stream_t *listener, int status) {
         }
         if (!s || s->shutting_down || s->n_conns >= s->opts.max_connections) {
                 if (s && !s->shutting_down) {
-                        s->stats.rejected_cap++;
+                        atomic_fetch_add_explicit(&s->counters.rejected_cap, 1, memory_order_relaxed);
                         log_debug("http: %zu connections open: new connection refused", s->n_conns);
                 }
                 reject_connection(listener);
@@ -862,13 +871,14 @@ static void on_connection(uv_stream_t *listener, int status) {
                 s->conns->prev = c;
         s->conns = c;
         s->n_conns++;
+        atomic_fetch_add_explicit(&s->counters.open, 1, memory_order_relaxed);
         llhttp_init(&c->parser, HTTP_REQUEST, &s->settings);
         c->parser.data = c;
         if (uv_accept(listener, (uv_stream_t *)&c->tcp) < 0) {
                 conn_close(c, false);
                 return;
         }
-        s->stats.accepted++;
+        atomic_fetch_add_explicit(&s->counters.accepted, 1, memory_order_relaxed);
         uv_tcp_nodelay(&c->tcp, 1);   /* stream chunks are small and latency-bound */
         conn_arm_timer(c, s->opts.header_timeout_ms, conn_timer_cb);
         conn_update_reading(c);
@@ -1026,14 +1036,25 @@ tsr_status http_server_listen(http_server *s, const char *host, int port) {
         s->listener = malloc(sizeof(*s->listener));
         if (!s->listener)
                 return TSR_E_NOMEM;
-        r = uv_tcp_init(s->loop, s->listener);
+        /* --router-threads: several loops listen on one port and the kernel spreads
+         * connections over them (SO_REUSEPORT); the socket must exist before bind. */
+        r = s->opts.reuse_port ? uv_tcp_init_ex(s->loop, s->listener, ss.ss_family) : uv_tcp_init(s->loop, s->listener);
         if (r < 0) {
                 free(s->listener);
                 s->listener = NULL;
                 return TSR_E_IO;
         }
         s->listener->data = s;
-        r = uv_tcp_bind(s->listener, (const struct sockaddr *)&ss, 0);
+        r = 0;
+        if (s->opts.reuse_port) {
+                uv_os_fd_t fd;
+                int one = 1;
+                if (uv_fileno((uv_handle_t *)s->listener, &fd) != 0 ||
+                    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) != 0)
+                        r = UV_EINVAL;
+        }
+        if (r == 0)
+                r = uv_tcp_bind(s->listener, (const struct sockaddr *)&ss, 0);
         if (r == 0)
                 r = uv_listen((uv_stream_t *)s->listener, LISTEN_BACKLOG, on_connection);
         if (r == 0)
@@ -1054,9 +1075,19 @@ tsr_status http_server_listen(http_server *s, const char *host, int port) {
 
 int http_server_port(const http_server *s) { return s->listener ? s->port : -1; }
 
-size_t http_server_num_connections(const http_server *s) { return s->n_conns; }
+size_t http_server_num_connections(const http_server *s) {
+        return atomic_load_explicit(&((http_server *)s)->counters.open, memory_order_relaxed);
+}
 
-void http_server_get_stats(const http_server *s, http_server_stats *out) { *out = s->stats; }
+void http_server_get_stats(const http_server *s, http_server_stats *out) {
+        /* the casts drop const: C11's atomic_load takes a non-const pointer */
+        http_server *w = (http_server *)s;
+        out->accepted = atomic_load_explicit(&w->counters.accepted, memory_order_relaxed);
+        out->rejected_cap = atomic_load_explicit(&w->counters.rejected_cap, memory_order_relaxed);
+        out->header_timeouts = atomic_load_explicit(&w->counters.header_timeouts, memory_order_relaxed);
+        out->body_timeouts = atomic_load_explicit(&w->counters.body_timeouts, memory_order_relaxed);
+        out->idle_timeouts = atomic_load_explicit(&w->counters.idle_timeouts, memory_order_relaxed);
+}
 
 static void grace_close_cb(uv_handle_t *h) {
         http_server *s = h->data;

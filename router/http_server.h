@@ -79,6 +79,7 @@ typedef struct http_server_opts {
         size_t max_connections;       /* 10000: past it new connections are accepted and closed at once */
         size_t max_write_queue;       /* 8 MiB per connection of bytes not yet taken by the kernel:
                                        * http_conn_stream_write returns TSR_E_LIMIT past it */
+        bool reuse_port;              /* false: SO_REUSEPORT on the listener (--router-threads) */
 } http_server_opts;
 
 /* Fill `o` with the defaults above.  Any thread. */
@@ -116,7 +117,7 @@ void http_server_shutdown(http_server *s, uint64_t grace_ms, void (*done)(void *
  * server never listened successfully.  Loop thread. */
 void http_server_free(http_server **s);
 
-/* Connections accepted and not yet freed (closing ones included).  Loop thread. */
+/* Connections accepted and not yet freed (closing ones included).  Any thread. */
 size_t http_server_num_connections(const http_server *s);
 
 /* Totals since the server was created, for the router's tessera:router_connections*
@@ -131,7 +132,7 @@ typedef struct http_server_stats {
                                        * within header_timeout_ms) */
 } http_server_stats;
 
-/* Copy the totals into *out.  Loop thread. */
+/* Copy the totals into *out.  Any thread (the counters are atomic). */
 void http_server_get_stats(const http_server *s, http_server_stats *out);
 
 /* Send a complete response with a Content-Length.  `content_type` may be NULL (no

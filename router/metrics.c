@@ -10,6 +10,7 @@
 #include "metrics.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,6 +222,9 @@ typedef struct worker {
 } worker;
 
 struct tsr_metrics {
+        /* Every public function holds it: with --router-threads each event loop
+         * updates the one registry and any of them renders it. */
+        pthread_mutex_t lock;
         bool disable_log_stats;
         bool show_hidden;
         double (*clock)(void *ud);
@@ -420,6 +424,7 @@ tsr_status tsr_metrics_new(const tsr_metrics_opts *o, tsr_metrics **ret) {
 
         if (!m)
                 return TSR_E_NOMEM;
+        pthread_mutex_init(&m->lock, NULL);
         for (size_t i = 0; i < F_COUNT; i++)
                 m->fam[i].def = &defs[i];
         if (o) {
@@ -469,6 +474,7 @@ void tsr_metrics_free(tsr_metrics **mp) {
                 free(m->workers[i]);
         }
         free(m->workers);
+        pthread_mutex_destroy(&m->lock);
         free(m);
         *mp = NULL;
 }
@@ -580,7 +586,7 @@ done:
         return TSR_OK;
 }
 
-tsr_status tsr_metrics_add_model(tsr_metrics *m, const char *model_name, uint32_t max_model_len,
+static tsr_status add_model_locked(tsr_metrics *m, const char *model_name, uint32_t max_model_len,
                                  const tsr_metrics_cache_info *ci) {
         tsr_metrics_cache_info defaults;
         const char *names[] = {"model_name", "engine", "finished_reason"};
@@ -660,6 +666,17 @@ oom:
         m->n_models--;
         model_free(md);
         return TSR_E_NOMEM;
+}
+
+tsr_status tsr_metrics_add_model(tsr_metrics *m, const char *model_name, uint32_t max_model_len,
+                                 const tsr_metrics_cache_info *ci) {
+        tsr_status st;
+        if (!m)
+                return TSR_E_INVAL;
+        pthread_mutex_lock(&m->lock);
+        st = add_model_locked(m, model_name, max_model_len, ci);
+        pthread_mutex_unlock(&m->lock);
+        return st;
 }
 
 /* ---------------------------------------------------------------- workers */
@@ -742,7 +759,7 @@ static tsr_status worker_up_child(tsr_metrics *m, worker *w) {
         return w->up ? TSR_OK : TSR_E_NOMEM;
 }
 
-tsr_status tsr_metrics_worker_status(tsr_metrics *m, const char *model_name, const char *worker_key,
+static tsr_status worker_status_locked(tsr_metrics *m, const char *model_name, const char *worker_key,
                                      uint64_t boot_epoch, const tsr_metrics_worker_sample *s) {
         worker *w;
         model *md;
@@ -791,7 +808,18 @@ tsr_status tsr_metrics_worker_status(tsr_metrics *m, const char *model_name, con
         return TSR_OK;
 }
 
-void tsr_metrics_worker_gone(tsr_metrics *m, const char *worker_key) {
+tsr_status tsr_metrics_worker_status(tsr_metrics *m, const char *model_name, const char *worker_key,
+                                     uint64_t boot_epoch, const tsr_metrics_worker_sample *s) {
+        tsr_status st;
+        if (!m)
+                return TSR_E_INVAL;
+        pthread_mutex_lock(&m->lock);
+        st = worker_status_locked(m, model_name, worker_key, boot_epoch, s);
+        pthread_mutex_unlock(&m->lock);
+        return st;
+}
+
+static void worker_gone_locked(tsr_metrics *m, const char *worker_key) {
         worker *w = find_worker(m, worker_key);
 
         if (!w)
@@ -803,6 +831,14 @@ void tsr_metrics_worker_gone(tsr_metrics *m, const char *worker_key) {
                 model_refresh_gauges(m, w->model);
 }
 
+void tsr_metrics_worker_gone(tsr_metrics *m, const char *worker_key) {
+        if (!m)
+                return;
+        pthread_mutex_lock(&m->lock);
+        worker_gone_locked(m, worker_key);
+        pthread_mutex_unlock(&m->lock);
+}
+
 /* ---------------------------------------------------------------- request path */
 
 static model *live_model(tsr_metrics *m, const char *name) {
@@ -811,7 +847,7 @@ static model *live_model(tsr_metrics *m, const char *name) {
         return find_model(m, name, NULL);
 }
 
-void tsr_metrics_request_finished(tsr_metrics *m, const char *model_name, const tsr_metrics_request *r) {
+static void request_finished_locked(tsr_metrics *m, const char *model_name, const tsr_metrics_request *r) {
         model *md = live_model(m, model_name);
         double tpot = 0;
 
@@ -833,7 +869,15 @@ void tsr_metrics_request_finished(tsr_metrics *m, const char *model_name, const 
                 observe(md->c[F_PARAMS_MAX_TOKENS], (double)r->max_tokens);
 }
 
-void tsr_metrics_request_group_finished(tsr_metrics *m, const char *model_name, uint32_t n,
+void tsr_metrics_request_finished(tsr_metrics *m, const char *model_name, const tsr_metrics_request *r) {
+        if (!m)
+                return;
+        pthread_mutex_lock(&m->lock);
+        request_finished_locked(m, model_name, r);
+        pthread_mutex_unlock(&m->lock);
+}
+
+static void request_group_finished_locked(tsr_metrics *m, const char *model_name, uint32_t n,
                                         uint32_t max_num_generation_tokens) {
         model *md = live_model(m, model_name);
 
@@ -843,14 +887,31 @@ void tsr_metrics_request_group_finished(tsr_metrics *m, const char *model_name, 
         observe(md->c[F_REQ_MAX_GENERATION_TOKENS], (double)max_num_generation_tokens);
 }
 
-void tsr_metrics_observe_ttft(tsr_metrics *m, const char *model_name, double seconds) {
+void tsr_metrics_request_group_finished(tsr_metrics *m, const char *model_name, uint32_t n,
+                                        uint32_t max_num_generation_tokens) {
+        if (!m)
+                return;
+        pthread_mutex_lock(&m->lock);
+        request_group_finished_locked(m, model_name, n, max_num_generation_tokens);
+        pthread_mutex_unlock(&m->lock);
+}
+
+static void observe_ttft_locked(tsr_metrics *m, const char *model_name, double seconds) {
         model *md = live_model(m, model_name);
 
         if (md)
                 observe(md->c[F_TTFT], seconds);
 }
 
-void tsr_metrics_observe_itl(tsr_metrics *m, const char *model_name, double seconds) {
+void tsr_metrics_observe_ttft(tsr_metrics *m, const char *model_name, double seconds) {
+        if (!m)
+                return;
+        pthread_mutex_lock(&m->lock);
+        observe_ttft_locked(m, model_name, seconds);
+        pthread_mutex_unlock(&m->lock);
+}
+
+static void observe_itl_locked(tsr_metrics *m, const char *model_name, double seconds) {
         model *md = live_model(m, model_name);
 
         if (!md)
@@ -859,11 +920,27 @@ void tsr_metrics_observe_itl(tsr_metrics *m, const char *model_name, double seco
         observe(md->c[F_TPOT], seconds);        /* NULL unless shown */
 }
 
-void tsr_metrics_observe_iteration(tsr_metrics *m, const char *model_name, uint64_t num_tokens) {
+void tsr_metrics_observe_itl(tsr_metrics *m, const char *model_name, double seconds) {
+        if (!m)
+                return;
+        pthread_mutex_lock(&m->lock);
+        observe_itl_locked(m, model_name, seconds);
+        pthread_mutex_unlock(&m->lock);
+}
+
+static void observe_iteration_locked(tsr_metrics *m, const char *model_name, uint64_t num_tokens) {
         model *md = live_model(m, model_name);
 
         if (md)
                 observe(md->c[F_ITERATION_TOKENS], (double)num_tokens);
+}
+
+void tsr_metrics_observe_iteration(tsr_metrics *m, const char *model_name, uint64_t num_tokens) {
+        if (!m)
+                return;
+        pthread_mutex_lock(&m->lock);
+        observe_iteration_locked(m, model_name, num_tokens);
+        pthread_mutex_unlock(&m->lock);
 }
 
 /* ---------------------------------------------------------------- tessera:* */
@@ -895,7 +972,7 @@ static tsr_status tessera_child(tsr_metrics *m, tsr_metrics_id id, kind want, co
         return *ret ? TSR_OK : TSR_E_NOMEM;
 }
 
-tsr_status tsr_metrics_counter_add(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double delta) {
+static tsr_status counter_add_locked(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double delta) {
         child *c;
 
         if (isnan(delta) || delta < 0)
@@ -905,7 +982,17 @@ tsr_status tsr_metrics_counter_add(tsr_metrics *m, tsr_metrics_id id, const char
         return TSR_OK;
 }
 
-tsr_status tsr_metrics_counter_set_total(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double total) {
+tsr_status tsr_metrics_counter_add(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double delta) {
+        tsr_status st;
+        if (!m)
+                return TSR_E_INVAL;
+        pthread_mutex_lock(&m->lock);
+        st = counter_add_locked(m, id, label_value, delta);
+        pthread_mutex_unlock(&m->lock);
+        return st;
+}
+
+static tsr_status counter_set_total_locked(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double total) {
         child *c;
 
         if (isnan(total) || total < 0)
@@ -917,7 +1004,17 @@ tsr_status tsr_metrics_counter_set_total(tsr_metrics *m, tsr_metrics_id id, cons
         return TSR_OK;
 }
 
-tsr_status tsr_metrics_gauge_set(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double value) {
+tsr_status tsr_metrics_counter_set_total(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double total) {
+        tsr_status st;
+        if (!m)
+                return TSR_E_INVAL;
+        pthread_mutex_lock(&m->lock);
+        st = counter_set_total_locked(m, id, label_value, total);
+        pthread_mutex_unlock(&m->lock);
+        return st;
+}
+
+static tsr_status gauge_set_locked(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double value) {
         child *c;
 
         TRY(tessera_child(m, id, KIND_GAUGE, label_value, &c));
@@ -925,12 +1022,32 @@ tsr_status tsr_metrics_gauge_set(tsr_metrics *m, tsr_metrics_id id, const char *
         return TSR_OK;
 }
 
-tsr_status tsr_metrics_gauge_add(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double delta) {
+tsr_status tsr_metrics_gauge_set(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double value) {
+        tsr_status st;
+        if (!m)
+                return TSR_E_INVAL;
+        pthread_mutex_lock(&m->lock);
+        st = gauge_set_locked(m, id, label_value, value);
+        pthread_mutex_unlock(&m->lock);
+        return st;
+}
+
+static tsr_status gauge_add_locked(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double delta) {
         child *c;
 
         TRY(tessera_child(m, id, KIND_GAUGE, label_value, &c));
         c->value += delta;
         return TSR_OK;
+}
+
+tsr_status tsr_metrics_gauge_add(tsr_metrics *m, tsr_metrics_id id, const char *label_value, double delta) {
+        tsr_status st;
+        if (!m)
+                return TSR_E_INVAL;
+        pthread_mutex_lock(&m->lock);
+        st = gauge_add_locked(m, id, label_value, delta);
+        pthread_mutex_unlock(&m->lock);
+        return st;
 }
 
 /* ---------------------------------------------------------------- exposition */
@@ -1027,7 +1144,7 @@ static tsr_status render_family(const family *f, tsr_buf *out) {
         return TSR_OK;
 }
 
-tsr_status tsr_metrics_render(const tsr_metrics *m, tsr_buf *out) {
+static tsr_status render_locked(const tsr_metrics *m, tsr_buf *out) {
         for (size_t i = 0; i < F_COUNT; i++) {
                 if (i < F_VLLM_COUNT && m->disable_log_stats)
                         continue;
@@ -1036,4 +1153,14 @@ tsr_status tsr_metrics_render(const tsr_metrics *m, tsr_buf *out) {
                 TRY(render_family(&m->fam[i], out));
         }
         return TSR_OK;
+}
+
+tsr_status tsr_metrics_render(const tsr_metrics *m, tsr_buf *out) {
+        tsr_status st;
+        if (!m)
+                return TSR_E_INVAL;
+        pthread_mutex_lock((pthread_mutex_t *)&m->lock);
+        st = render_locked(m, out);
+        pthread_mutex_unlock((pthread_mutex_t *)&m->lock);
+        return st;
 }
