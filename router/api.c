@@ -125,20 +125,31 @@ static void handle_models(router_ctx *r, http_conn *c) {
 /* The HTTP server counts its connections itself (it knows nothing of the registry);
  * copy its totals in before rendering.  Errors here only lose a sample, never the scrape. */
 static void sync_connection_metrics(router_ctx *r) {
-        http_server_stats st;
+        http_server_stats sum = {0}, st;
+        size_t open = 0, n = r->all_http ? r->n_http : 1;
 
-        if (!r->http)
-                return;
-        http_server_get_stats(r->http, &st);
-        tsr_metrics_gauge_set(r->metrics, TSR_METRICS_CONNECTIONS, NULL, (double)http_server_num_connections(r->http));
-        tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_ACCEPTED, NULL, (double)st.accepted);
-        tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_DROPPED, "cap", (double)st.rejected_cap);
+        /* Every loop's server (--router-threads): their counters are atomic. */
+        for (size_t i = 0; i < n; i++) {
+                const http_server *s = r->all_http ? r->all_http[i] : r->http;
+                if (!s)
+                        continue;
+                http_server_get_stats(s, &st);
+                open += http_server_num_connections(s);
+                sum.accepted += st.accepted;
+                sum.rejected_cap += st.rejected_cap;
+                sum.header_timeouts += st.header_timeouts;
+                sum.body_timeouts += st.body_timeouts;
+                sum.idle_timeouts += st.idle_timeouts;
+        }
+        tsr_metrics_gauge_set(r->metrics, TSR_METRICS_CONNECTIONS, NULL, (double)open);
+        tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_ACCEPTED, NULL, (double)sum.accepted);
+        tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_DROPPED, "cap", (double)sum.rejected_cap);
         tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_DROPPED, "header_timeout",
-                                      (double)st.header_timeouts);
+                                      (double)sum.header_timeouts);
         tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_DROPPED, "body_timeout",
-                                      (double)st.body_timeouts);
+                                      (double)sum.body_timeouts);
         tsr_metrics_counter_set_total(r->metrics, TSR_METRICS_CONNECTIONS_DROPPED, "idle_timeout",
-                                      (double)st.idle_timeouts);
+                                      (double)sum.idle_timeouts);
 }
 
 static void handle_metrics(router_ctx *r, http_conn *c) {

@@ -1022,7 +1022,8 @@ static void on_error(void *ud, tsr_worker *w, const Tessera__V1__Error *err) {
 
 static void on_worker_down(void *ud, tsr_worker *w) {
         request_layer *L = ud;
-        tsr_metrics_worker_gone(L->ctx->metrics, tsr_worker_endpoint(w));
+        if (L->ctx->loop_index == 0)    /* see on_status */
+                tsr_metrics_worker_gone(L->ctx->metrics, tsr_worker_endpoint(w));
         for (size_t i = 0; i < TABLE_SIZE; i++) {
                 choice *ch = L->table[i];
                 if (ch && ch->worker == w)
@@ -1063,7 +1064,10 @@ static void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st) {
                 .prompt_tokens_total = st->prompt_tokens_total,
                 .generation_tokens_total = st->generation_tokens_total,
         };
-        if (mi)
+        /* With --router-threads every loop hears every worker's Status; the engine
+         * series (gauges, and counters fed as deltas of the worker's totals) come from
+         * loop 0 alone, or a lagging loop's older sample would read as a restart. */
+        if (mi && L->ctx->loop_index == 0)
                 tsr_metrics_worker_status(L->ctx->metrics, mi->served_model_names[0], tsr_worker_endpoint(w),
                                           st->boot_epoch, &s);
 }

@@ -1,5 +1,6 @@
 /* router.h - the router's context: created in main, passed to every module.
- * No globals (STYLE.md 1.6).  Loop thread only. */
+ * No globals (STYLE.md 1.6).  One per event loop (--router-threads); each is used by
+ * its loop's thread only, except `metrics`, which every loop shares. */
 #ifndef TSR_ROUTER_H
 #define TSR_ROUTER_H
 
@@ -20,9 +21,14 @@ typedef struct router_ctx {
         worker_pool *workers;
         model_registry *models;
         request_layer *requests;
-        tsr_metrics *metrics;
+        tsr_metrics *metrics;        /* shared by every loop (--router-threads), locked inside */
         char router_id[64];
         uint64_t started_unix_s;
+        int loop_index;              /* 0 .. --router-threads - 1 */
+        /* Every loop's HTTP server, for the connection counts in /metrics (their
+         * counters are atomic); n_http = --router-threads. */
+        http_server *const *all_http;
+        size_t n_http;
 } router_ctx;
 
 /* The HTTP handler for every request (api.c); `ud` is the router_ctx. */
