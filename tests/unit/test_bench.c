@@ -167,7 +167,8 @@ static bench_output make_output(double start, double ttft, const double *itl, si
         o.success = success;
         o.ttft = ttft;
         o.itl = malloc((n_itl ? n_itl : 1) * sizeof(double));
-        memcpy(o.itl, itl, n_itl * sizeof(double));
+        if (n_itl)      /* memcpy from NULL is undefined even for 0 bytes (UBSan) */
+                memcpy(o.itl, itl, n_itl * sizeof(double));
         o.n_itl = o.itl_cap = n_itl;
         double lat = ttft;
         for (size_t i = 0; i < n_itl; i++)
