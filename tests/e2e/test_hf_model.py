@@ -13,6 +13,18 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama3-hf"
 GOLDEN = json.loads((FIX / "golden.json").read_text())
 
 
+def completion_text(base, ids):
+    """What vLLM returns as a completion's text for these ids: /detokenize (the full
+    decode) of the longest prefix whose decode does not end in U+FFFD.  A generation
+    cut inside a multi-byte character drops its bytes; the detokenize endpoint keeps
+    the replacement characters (common/tokenizer.h, tsr_detok)."""
+    for k in range(len(ids), -1, -1):
+        text = requests.post(base + "/detokenize", json={"tokens": ids[:k]}, timeout=5).json()["prompt"]
+        if not text.endswith("\ufffd"):
+            return text
+    return ""
+
+
 @pytest.mark.parametrize("variant", ["f32", "bf16"])
 def test_greedy_matches_transformers(spawn, variant):
     port = free_port()
@@ -32,5 +44,4 @@ def test_greedy_matches_transformers(spawn, variant):
         r = requests.post(base + "/v1/completions", json={"model": "tiny", "prompt": prompt["ids"], "temperature": 0,
                                                           "max_tokens": len(want), "ignore_eos": True,
                                                           "skip_special_tokens": False}, timeout=60).json()
-        want_text = requests.post(base + "/detokenize", json={"tokens": want}, timeout=5).json()["prompt"]
-        assert r["choices"][0]["text"] == want_text, prompt["text"]
+        assert r["choices"][0]["text"] == completion_text(base, want), prompt["text"]

@@ -9,7 +9,7 @@ import openai
 import pytest
 import requests
 
-from conftest import (LAUNCHER, ROUTER, WORKER, free_port, free_port_pair, http_status, pid_alive,
+from conftest import (LAUNCHER, ROUTER, SANITIZED, WORKER, free_port, free_port_pair, http_status, pid_alive,
                       wait_until)
 
 
@@ -144,8 +144,9 @@ def test_yaml_config_is_honoured(spawn, tmp_path, demo_model):
     cfg.write_text(f"host: 127.0.0.1\nport: {port}\nserved-model-name: from-yaml\nmax_model_len: 1024\n")
     p = spawn([LAUNCHER, "serve", demo_model, "--config", cfg])
     base = f"http://127.0.0.1:{port}"
-    wait_until(lambda: p.p.poll() is not None or http_status(base + "/health") == 200, timeout=60,
-               what="/health")
+    # /health waits for the router's tokenizer too: minutes with the ASan build
+    wait_until(lambda: p.p.poll() is not None or http_status(base + "/health") == 200,
+               timeout=240 if SANITIZED else 60, what="/health")
     data = requests.get(base + "/v1/models", timeout=5).json()["data"]
     assert [(m["id"], m["max_model_len"]) for m in data] == [("from-yaml", 1024)]
 
