@@ -17,6 +17,7 @@ lm-eval tokenizes with its huggingface backend from a tokenizer folder written f
 GGUF without torch (tests/lm_eval/gguf_tokenizer.py); both tests check that its ids are
 Tessera's /tokenize ids for the prompts sent.  Nothing is downloaded (HF_*_OFFLINE)."""
 import glob
+import importlib.util
 import json
 import os
 import subprocess
@@ -30,8 +31,12 @@ from conftest import FIXTURES, REPO, SANITIZED
 
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (tests/requirements.txt)")
 transformers = pytest.importorskip("transformers")
-sys.path.insert(0, str(REPO / "tests" / "lm_eval"))
-from gguf_tokenizer import write_tokenizer  # noqa: E402
+pytest.importorskip("gguf")
+# Loaded by path, not through sys.path: tests/lm_eval also holds a module named utils.
+_spec = importlib.util.spec_from_file_location(
+    "gguf_tokenizer", REPO / "tests" / "lm_eval" / "gguf_tokenizer.py")
+gguf_tokenizer = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gguf_tokenizer)
 
 pytestmark = pytest.mark.skipif(SANITIZED, reason="lm-eval runs take minutes even on "
                                 "the normal build; the sanitized one is ~30x slower")
@@ -52,7 +57,7 @@ TIMEOUT = 1500
 
 @pytest.fixture
 def tokenizer_dir(demo_model, tmp_path):
-    return write_tokenizer(str(demo_model), str(tmp_path / "tokenizer"))
+    return gguf_tokenizer.write_tokenizer(str(demo_model), str(tmp_path / "tokenizer"))
 
 
 @pytest.fixture
