@@ -1333,6 +1333,14 @@ struct tsr_detok {
         sbuf good_tail;                 /* at the last step whose decode did not end in U+FFFD:
                                          * what finishing then would have added */
         bool out_fffd;                  /* the text handed out so far ends in U+FFFD */
+
+        /* Priming with the prompt (tsr_detok_prime): the prompt's ids went through the
+         * pipeline first, so what comes out is decode(prompt + generated); vLLM hands out
+         * only what follows decode(prompt). */
+        bool pushed;                    /* a generated id was pushed (priming is over) */
+        size_t skip;                    /* bytes of the prompt's decode still to drop */
+        sbuf pending;                   /* prompt text to hand out with the first delta
+                                         * (only when the prompt's decode ends in U+FFFD) */
 };
 
 static const char FFFD[] = "\xEF\xBF\xBD";
@@ -1684,6 +1692,7 @@ static void detok_done(tsr_detok *d) {
         free(d->out.p);
         free(d->vis.p);
         free(d->good_tail.p);
+        free(d->pending.p);
 }
 
 static bool ends_fffd(const sbuf *b) {
@@ -1709,7 +1718,7 @@ static tsr_status detok_tail(const tsr_detok *d, sbuf *tail) {
         if (!held)
                 return TSR_OK;
         c = *d;
-        c.out = c.vis = c.good_tail = (sbuf){0};
+        c.out = c.vis = c.good_tail = c.pending = (sbuf){0};
         for (k = 0; k < MAX_STAGES; k++)
                 c.group[k] = c.hold[k] = (sbuf){0};
         c.lossy = (sbuf){0};
@@ -1809,13 +1818,32 @@ static tsr_status give(sbuf *b, char **delta, size_t *delta_len) {
         return TSR_OK;
 }
 
-tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta_len) {
+/* Hand out `b` as vLLM would: after the prompt text a primed stream still owes (pending)
+ * and without the bytes of the prompt's decode not dropped yet (skip). */
+static tsr_status hand_out(tsr_detok *d, sbuf *b, char **delta, size_t *delta_len) {
+        size_t k = d->skip < b->n ? d->skip : b->n;
+
+        if (k) {
+                memmove(b->p, b->p + k, b->n - k);
+                b->n -= k;
+                d->skip -= k;
+        }
+        if (d->pending.n) {
+                if (b->n && sb_add(&d->pending, b->p, b->n) != TSR_OK)
+                        return TSR_E_NOMEM;
+                b->n = 0;
+                return give(&d->pending, delta, delta_len);
+        }
+        return give(b, delta, delta_len);
+}
+
+/* One DecodeStream step: feed `id`; *emit is whether the decode of every id so far does not
+ * end in U+FFFD, and then d->vis holds the text that step hands out. */
+static tsr_status detok_step(tsr_detok *d, uint32_t id, bool *emit) {
         sbuf tail = {0};
         bool fffd;
         tsr_status st;
 
-        if (!d || !delta || !delta_len || d->done || !tok_str(d->t, id, &(size_t){0}))
-                return TSR_E_INVAL;
         d->out.n = 0;
         if ((st = detok_add(d, id)) != TSR_OK)
                 return st;
@@ -1829,15 +1857,66 @@ tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta
                 return st;
         }
         fffd = tail.n ? ends_fffd(&tail) : d->vis.n ? ends_fffd(&d->vis) : d->out_fffd;
+        *emit = !fffd;
         if (fffd) {
                 free(tail.p);
-                return give(&d->out, delta, delta_len);    /* "" until a later step settles it */
+                return TSR_OK;
         }
         free(d->good_tail.p);
         d->good_tail = tail;
         if (d->vis.n)
                 d->out_fffd = ends_fffd(&d->vis);
-        return give(&d->vis, delta, delta_len);
+        return TSR_OK;
+}
+
+tsr_status tsr_detok_prime(tsr_detok *d, const uint32_t *ids, size_t n) {
+        bool emit = true;
+        tsr_status st;
+        size_t i;
+
+        if (!d || (!ids && n) || d->done || d->pushed)
+                return TSR_E_INVAL;
+        for (i = 0; i < n; i++) {
+                /* An id with no spelling (a token-id prompt may hold one; the router checks only
+                 * the range) is dropped, as HF's decode drops it. */
+                if (!tok_str(d->t, ids[i], &(size_t){0}))
+                        continue;
+                if ((st = detok_step(d, ids[i], &emit)) != TSR_OK)
+                        return st;
+                if (emit && d->vis.n) {
+                        if (sb_add(&d->pending, d->vis.p, d->vis.n) != TSR_OK)
+                                return TSR_E_NOMEM;
+                        d->vis.n = 0;
+                }
+        }
+        if (!n)
+                return TSR_OK;
+        if (emit) {
+                /* DecodeStream's prefix is decode(prompt): what went out (pending) and what is
+                 * still held (good_tail, this step's tail).  Drop both. */
+                d->pending.n = 0;
+                d->skip = d->good_tail.n;
+        } else {
+                /* decode(prompt) ends in U+FFFD: DecodeStream keeps an empty prefix, and its
+                 * first chunk is the decode of the prompt and generated ids together.  Until a
+                 * step ends elsewhere than in U+FFFD, nothing is handed out. */
+                d->good_tail.n = 0;
+        }
+        return TSR_OK;
+}
+
+tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta_len) {
+        bool emit;
+        tsr_status st;
+
+        if (!d || !delta || !delta_len || d->done || !tok_str(d->t, id, &(size_t){0}))
+                return TSR_E_INVAL;
+        d->pushed = true;
+        if ((st = detok_step(d, id, &emit)) != TSR_OK)
+                return st;
+        if (!emit)
+                return give(&d->out, delta, delta_len);    /* "" until a later step settles it */
+        return hand_out(d, &d->vis, delta, delta_len);
 }
 
 tsr_status tsr_detok_flush(tsr_detok *d, char **delta, size_t *delta_len) {
@@ -1845,14 +1924,17 @@ tsr_status tsr_detok_flush(tsr_detok *d, char **delta, size_t *delta_len) {
 
         if (!d || !delta || !delta_len || d->done)
                 return TSR_E_INVAL;
+        d->pushed = true;
         d->out.n = 0;
         if ((st = detok_finish(d)) != TSR_OK)
                 return st;
-        if (d->out.n ? ends_fffd(&d->out) : d->vis.n ? ends_fffd(&d->vis) : d->out_fffd)
-                return give(&d->good_tail, delta, delta_len);
+        if (d->out.n ? ends_fffd(&d->out) : d->vis.n ? ends_fffd(&d->vis) : d->out_fffd) {
+                d->pending.n = 0;       /* a primed stream that never left U+FFFD hands out nothing */
+                return hand_out(d, &d->good_tail, delta, delta_len);
+        }
         if (d->out.n && sb_add(&d->vis, d->out.p, d->out.n) != TSR_OK)
                 return TSR_E_NOMEM;
-        return give(&d->vis, delta, delta_len);
+        return hand_out(d, &d->vis, delta, delta_len);
 }
 
 void tsr_detok_free(tsr_detok **dp) {

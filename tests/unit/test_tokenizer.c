@@ -146,15 +146,28 @@ static bool valid_utf8(const char *s, size_t n) {
         return true;
 }
 
-/* Streaming decode one id at a time; returns false (after printing) on a mismatch. */
-static bool check_detok(const tsr_tokenizer *t, const uint32_t *ids, size_t n, bool skip, const char *want,
-                        size_t want_len) {
+static uint32_t *json_ids(json_t *arr, size_t *n) {
+        size_t i;
+        uint32_t *v = malloc((json_array_size(arr) + 1) * sizeof(uint32_t));
+
+        assert_non_null(v);
+        for (i = 0; i < json_array_size(arr); i++)
+                v[i] = (uint32_t)json_integer_value(json_array_get(arr, i));
+        *n = json_array_size(arr);
+        return v;
+}
+
+/* Streaming decode one id at a time, after priming with `prompt` (n_prompt ids, 0 for none);
+ * returns false (after printing) on a mismatch. */
+static bool check_detok_primed(const tsr_tokenizer *t, const uint32_t *prompt, size_t n_prompt, const uint32_t *ids,
+                               size_t n, bool skip, const char *want, size_t want_len) {
         tsr_detok *d = NULL;
         char *acc = NULL, *delta;
         size_t acc_len = 0, dl, i;
         bool ok = true;
 
         assert_int_equal(tsr_detok_new(t, skip, &d), TSR_OK);
+        assert_int_equal(tsr_detok_prime(d, prompt, n_prompt), TSR_OK);
         for (i = 0; i <= n; i++) {
                 if (i < n)
                         assert_int_equal(tsr_detok_push(d, ids[i], &delta, &dl), TSR_OK);
@@ -172,6 +185,8 @@ static bool check_detok(const tsr_tokenizer *t, const uint32_t *ids, size_t n, b
         }
         if (acc_len != want_len || memcmp(acc, want, want_len) != 0) {
                 print_message("detok (skip=%d) gave \"%.*s\", want \"%s\"\n", skip, (int)acc_len, acc, want);
+                if (n_prompt)
+                        print_ids("prompt", prompt, n_prompt);
                 print_ids("ids", ids, n);
                 ok = false;
         }
@@ -181,15 +196,44 @@ static bool check_detok(const tsr_tokenizer *t, const uint32_t *ids, size_t n, b
         return ok;
 }
 
-static uint32_t *json_ids(json_t *arr, size_t *n) {
-        size_t i;
-        uint32_t *v = malloc((json_array_size(arr) + 1) * sizeof(uint32_t));
+static bool check_detok(const tsr_tokenizer *t, const uint32_t *ids, size_t n, bool skip, const char *want,
+                        size_t want_len) {
+        return check_detok_primed(t, NULL, 0, ids, n, skip, want, want_len);
+}
 
-        assert_non_null(v);
-        for (i = 0; i < json_array_size(arr); i++)
-                v[i] = (uint32_t)json_integer_value(json_array_get(arr, i));
-        *n = json_array_size(arr);
-        return v;
+/* The golden's "primed" cases: the stream primed with a prompt, as vLLM primes its
+ * DecodeStream, gives vLLM's text.  Returns the number of mismatches. */
+static size_t check_primed(const tsr_tokenizer *t, json_t *g, const char *name) {
+        json_t *cases = json_object_get(g, "primed"), *c;
+        size_t k, n_ok = 0, n_fail = 0, n_reset = 0, n_primed_only = 0;
+
+        if (!cases)
+                return 0;
+        json_array_foreach(cases, k, c) {
+                size_t np, ng;
+                uint32_t *p = json_ids(json_array_get(c, 0), &np), *gen = json_ids(json_array_get(c, 1), &ng);
+                bool skip = json_is_true(json_array_get(c, 2));
+                json_t *w = json_array_get(c, 3);
+                char *plain = NULL;
+                size_t plain_len = 0;
+
+                if (json_array_size(c) > 4) {
+                        n_reset++;      /* vLLM's stream restarted ("Invalid prefix"): not mimicked */
+                } else if (check_detok_primed(t, p, np, gen, ng, skip, json_string_value(w), json_string_length(w))) {
+                        n_ok++;
+                        assert_int_equal(tsr_tokenizer_decode(t, gen, ng, skip, &plain, &plain_len), TSR_OK);
+                        if (plain_len != json_string_length(w) || memcmp(plain, json_string_value(w), plain_len))
+                                n_primed_only++;
+                        free(plain);
+                } else {
+                        n_fail++;
+                }
+                free(p);
+                free(gen);
+        }
+        print_message("%s: primed streaming %zu/%zu as vLLM (%zu differ from the unprimed decode; %zu DecodeStream "
+                      "restarts not compared)\n", name, n_ok, json_array_size(cases), n_primed_only, n_reset);
+        return n_fail;
 }
 
 static bool same_ids(const uint32_t *a, size_t na, const uint32_t *b, size_t nb) {
@@ -333,6 +377,7 @@ static void check_family(const tsr_tokenizer *t, const char *name) {
                 if (xs)
                         print_message("%s: %zu/%zu normalization strings exact\n", name, n_x, json_array_size(xs));
         }
+        n_fail += check_primed(t, g, name);
         print_message("%s: encode %zu/%zu exact, decode %zu/%zu exact, streaming %zu ok (%zu lose a U+FFFD tail as "
                       "in vLLM; %zu DecodeStream restarts not compared)\n", name, n_ok, json_array_size(strings),
                       n_dec_ok, 2 * json_array_size(dec), n_detok_ok, n_tail, n_reset);
