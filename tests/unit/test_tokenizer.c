@@ -6,7 +6,9 @@
  * random id sequences.  Trained families load their committed tokenizer.json; GGUF
  * families are built from the GGUF metadata and skip when the file is absent.
  *
- * TSR_TOK_BENCH=<text file> makes the smollm2 test also print encode throughput. */
+ * TSR_TOK_BENCH=<text file> TSR_TOK_BENCH_GGUF=<gguf> runs an encode benchmark instead of the
+ * tests (bench_main; tests/fixtures/tok_bench.py drives it). */
+#include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -459,42 +461,80 @@ static double now_s(void) {
         return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void bench(const tsr_tokenizer *t) {
-        const char *path = getenv("TSR_TOK_BENCH");
-        size_t n, nids = 0;
-        char *text;
-        uint32_t *ids = NULL;
-        double t0, best = 1e30;
-        int r;
+static void write_ids(const char *prefix, const char *what, const uint32_t *ids, size_t n) {
+        char path[4096];
+        FILE *f;
 
-        if (!path || !(text = read_file(path, &n)))
-                return;
-        for (r = 0; r < 3; r++) {
-                t0 = now_s();
-                assert_int_equal(tsr_tokenizer_encode(t, text, n, false, &ids, &nids), TSR_OK);
-                if (now_s() - t0 < best)
-                        best = now_s() - t0;
-                free(ids);
+        snprintf(path, sizeof(path), "%s.%s.u32", prefix, what);
+        f = fopen(path, "wb");
+        if (!f || fwrite(ids, sizeof(uint32_t), n, f) != n) {
+                fprintf(stderr, "%s: %s\n", path, strerror(errno));
+                exit(1);
         }
-        print_message("bench: %zu bytes as one string -> %zu ids, best of 3: %.3f s, %.2f MB/s\n", n, nids, best,
-                      (double)n / best / 1e6);
-        /* line by line, one encode call each, as a server sees prompts */
-        {
-                size_t i = 0, total = 0;
-                t0 = now_s();
-                while (i < n) {
-                        const char *e = memchr(text + i, '\n', n - i);
-                        size_t l = e ? (size_t)(e - text - i) + 1 : n - i;
-                        assert_int_equal(tsr_tokenizer_encode(t, text + i, l, false, &ids, &nids), TSR_OK);
-                        total += nids;
-                        free(ids);
-                        i += l;
+        fclose(f);
+}
+
+/* Benchmark mode, not a test: TSR_TOK_BENCH=<text file> TSR_TOK_BENCH_GGUF=<gguf> runs one
+ * timed encode of the whole file as one string and one of it line by line (one call per
+ * line, "\n" kept, as a server sees prompts), add_special_tokens off, this thread only, and
+ * prints the times; TSR_TOK_BENCH_IDS=<prefix> also writes the ids (<prefix>.one.u32,
+ * <prefix>.lines.u32) for comparison with HF.  tests/fixtures/tok_bench.py drives it
+ * (alternating with HF tokenizers, best of 3). */
+static int bench_main(const char *path) {
+        const char *gguf = getenv("TSR_TOK_BENCH_GGUF"), *idp = getenv("TSR_TOK_BENCH_IDS");
+        tsr_tokenizer *t;
+        size_t n, nids = 0, i = 0, total = 0, calls = 0, cap = 0;
+        char *text;
+        uint32_t *ids = NULL, *all = NULL;
+        double t0, t1;
+
+        if (!gguf || access(gguf, R_OK) != 0 || !(text = read_file(path, &n))) {
+                fprintf(stderr, "bench: need TSR_TOK_BENCH=<readable text file> and TSR_TOK_BENCH_GGUF=<gguf>\n");
+                return 2;
+        }
+        t = tok_from_gguf(gguf);
+        t0 = now_s();
+        if (tsr_tokenizer_encode(t, text, n, false, &ids, &nids) != TSR_OK) {
+                fprintf(stderr, "bench: encode failed\n");
+                return 1;
+        }
+        t1 = now_s();
+        printf("tessera one_string bytes=%zu ids=%zu s=%.6f MB/s=%.3f\n", n, nids, t1 - t0, (double)n / (t1 - t0) / 1e6);
+        if (idp)
+                write_ids(idp, "one", ids, nids);
+        free(ids);
+        t0 = now_s();
+        while (i < n) {
+                const char *e = memchr(text + i, '\n', n - i);
+                size_t l = e ? (size_t)(e - text - i) + 1 : n - i;
+                if (tsr_tokenizer_encode(t, text + i, l, false, &ids, &nids) != TSR_OK) {
+                        fprintf(stderr, "bench: encode failed at byte %zu\n", i);
+                        return 1;
                 }
-                best = now_s() - t0;
-                print_message("bench: %zu bytes line by line -> %zu ids: %.3f s, %.2f MB/s\n", n, total, best,
-                              (double)n / best / 1e6);
+                if (idp) {      /* the check run only; timed runs leave TSR_TOK_BENCH_IDS unset */
+                        if (total + nids > cap) {
+                                cap = 2 * (total + nids) + 1024;
+                                all = realloc(all, cap * sizeof(uint32_t));
+                                if (!all)
+                                        return 1;
+                        }
+                        if (nids)
+                                memcpy(all + total, ids, nids * sizeof(uint32_t));
+                }
+                total += nids;
+                calls++;
+                free(ids);
+                i += l;
         }
+        t1 = now_s();
+        printf("tessera lines bytes=%zu calls=%zu ids=%zu s=%.6f MB/s=%.3f\n", n, calls, total, t1 - t0,
+               (double)n / (t1 - t0) / 1e6);
+        if (idp)
+                write_ids(idp, "lines", all, total);
+        free(all);
         free(text);
+        tsr_tokenizer_free(&t);
+        return 0;
 }
 
 static void test_gguf(const char *dir_env, const char *sub, const char *file, const char *name) {
@@ -519,7 +559,6 @@ static void test_gguf(const char *dir_env, const char *sub, const char *file, co
                         check_family(tj, name);
                         tsr_tokenizer_free(&tj);
                 }
-                bench(t);
         }
         tsr_tokenizer_free(&t);
 }
@@ -806,5 +845,7 @@ int main(void) {
                 cmocka_unit_test(test_tekken_real),
                 cmocka_unit_test(test_big_inputs),
         };
+        if (getenv("TSR_TOK_BENCH"))
+                return bench_main(getenv("TSR_TOK_BENCH"));
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
