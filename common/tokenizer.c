@@ -1339,8 +1339,6 @@ struct tsr_detok {
          * only what follows decode(prompt). */
         bool pushed;                    /* a generated id was pushed (priming is over) */
         size_t skip;                    /* bytes of the prompt's decode still to drop */
-        sbuf pending;                   /* prompt text to hand out with the first delta
-                                         * (only when the prompt's decode ends in U+FFFD) */
 };
 
 static const char FFFD[] = "\xEF\xBF\xBD";
@@ -1692,7 +1690,6 @@ static void detok_done(tsr_detok *d) {
         free(d->out.p);
         free(d->vis.p);
         free(d->good_tail.p);
-        free(d->pending.p);
 }
 
 static bool ends_fffd(const sbuf *b) {
@@ -1718,7 +1715,7 @@ static tsr_status detok_tail(const tsr_detok *d, sbuf *tail) {
         if (!held)
                 return TSR_OK;
         c = *d;
-        c.out = c.vis = c.good_tail = c.pending = (sbuf){0};
+        c.out = c.vis = c.good_tail = (sbuf){0};
         for (k = 0; k < MAX_STAGES; k++)
                 c.group[k] = c.hold[k] = (sbuf){0};
         c.lossy = (sbuf){0};
@@ -1818,8 +1815,7 @@ static tsr_status give(sbuf *b, char **delta, size_t *delta_len) {
         return TSR_OK;
 }
 
-/* Hand out `b` as vLLM would: after the prompt text a primed stream still owes (pending)
- * and without the bytes of the prompt's decode not dropped yet (skip). */
+/* Hand out `b` without the bytes of the prompt's decode not dropped yet (skip). */
 static tsr_status hand_out(tsr_detok *d, sbuf *b, char **delta, size_t *delta_len) {
         size_t k = d->skip < b->n ? d->skip : b->n;
 
@@ -1828,25 +1824,17 @@ static tsr_status hand_out(tsr_detok *d, sbuf *b, char **delta, size_t *delta_le
                 b->n -= k;
                 d->skip -= k;
         }
-        if (d->pending.n) {
-                if (b->n && sb_add(&d->pending, b->p, b->n) != TSR_OK)
-                        return TSR_E_NOMEM;
-                b->n = 0;
-                return give(&d->pending, delta, delta_len);
-        }
         return give(b, delta, delta_len);
 }
 
-/* One DecodeStream step: feed `id`; *emit is whether the decode of every id so far does not
- * end in U+FFFD, and then d->vis holds the text that step hands out. */
-static tsr_status detok_step(tsr_detok *d, uint32_t id, bool *emit) {
+/* The end of a DecodeStream step, after the step's ids went through detok_add: *emit is
+ * whether the decode of every id so far does not end in U+FFFD, and then d->vis holds the
+ * text that step hands out. */
+static tsr_status detok_settle(tsr_detok *d, bool *emit) {
         sbuf tail = {0};
         bool fffd;
         tsr_status st;
 
-        d->out.n = 0;
-        if ((st = detok_add(d, id)) != TSR_OK)
-                return st;
         if (d->out.n && sb_add(&d->vis, d->out.p, d->out.n) != TSR_OK)
                 return TSR_E_NOMEM;
         d->out.n = 0;
@@ -1870,36 +1858,38 @@ static tsr_status detok_step(tsr_detok *d, uint32_t id, bool *emit) {
 }
 
 tsr_status tsr_detok_prime(tsr_detok *d, const uint32_t *ids, size_t n) {
-        bool emit = true;
+        bool emit, any = false;
         tsr_status st;
         size_t i;
 
         if (!d || (!ids && n) || d->done || d->pushed)
                 return TSR_E_INVAL;
+        /* The whole prompt as one step: only the state after its last id matters (what it
+         * decodes to, what is still held, whether it ends in U+FFFD). */
+        d->out.n = 0;
         for (i = 0; i < n; i++) {
                 /* An id with no spelling (a token-id prompt may hold one; the router checks only
                  * the range) is dropped, as HF's decode drops it. */
                 if (!tok_str(d->t, ids[i], &(size_t){0}))
                         continue;
-                if ((st = detok_step(d, ids[i], &emit)) != TSR_OK)
+                if ((st = detok_add(d, ids[i])) != TSR_OK)
                         return st;
-                if (emit && d->vis.n) {
-                        if (sb_add(&d->pending, d->vis.p, d->vis.n) != TSR_OK)
-                                return TSR_E_NOMEM;
-                        d->vis.n = 0;
-                }
+                any = true;
         }
-        if (!n)
+        if (!any)
                 return TSR_OK;
+        if ((st = detok_settle(d, &emit)) != TSR_OK)
+                return st;
         if (emit) {
-                /* DecodeStream's prefix is decode(prompt): what went out (pending) and what is
-                 * still held (good_tail, this step's tail).  Drop both. */
-                d->pending.n = 0;
+                /* DecodeStream's prefix is decode(prompt): the settled text (vis) and what is
+                 * still held (good_tail, this step's tail).  Drop the one, skip the other. */
+                d->vis.n = 0;
                 d->skip = d->good_tail.n;
         } else {
                 /* decode(prompt) ends in U+FFFD: DecodeStream keeps an empty prefix, and its
-                 * first chunk is the decode of the prompt and generated ids together.  Until a
-                 * step ends elsewhere than in U+FFFD, nothing is handed out. */
+                 * first chunk is the decode of the prompt and generated ids together (vis
+                 * keeps the prompt's text for it).  Until a step ends elsewhere than in
+                 * U+FFFD, nothing is handed out. */
                 d->good_tail.n = 0;
         }
         return TSR_OK;
@@ -1912,7 +1902,8 @@ tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta
         if (!d || !delta || !delta_len || d->done || !tok_str(d->t, id, &(size_t){0}))
                 return TSR_E_INVAL;
         d->pushed = true;
-        if ((st = detok_step(d, id, &emit)) != TSR_OK)
+        d->out.n = 0;
+        if ((st = detok_add(d, id)) != TSR_OK || (st = detok_settle(d, &emit)) != TSR_OK)
                 return st;
         if (!emit)
                 return give(&d->out, delta, delta_len);    /* "" until a later step settles it */
@@ -1928,10 +1919,8 @@ tsr_status tsr_detok_flush(tsr_detok *d, char **delta, size_t *delta_len) {
         d->out.n = 0;
         if ((st = detok_finish(d)) != TSR_OK)
                 return st;
-        if (d->out.n ? ends_fffd(&d->out) : d->vis.n ? ends_fffd(&d->vis) : d->out_fffd) {
-                d->pending.n = 0;       /* a primed stream that never left U+FFFD hands out nothing */
+        if (d->out.n ? ends_fffd(&d->out) : d->vis.n ? ends_fffd(&d->vis) : d->out_fffd)
                 return hand_out(d, &d->good_tail, delta, delta_len);
-        }
         if (d->out.n && sb_add(&d->vis, d->out.p, d->out.n) != TSR_OK)
                 return TSR_E_NOMEM;
         return hand_out(d, &d->vis, delta, delta_len);
