@@ -1337,7 +1337,7 @@ struct tsr_detok {
         /* Priming with the prompt (tsr_detok_prime): the prompt's ids went through the
          * pipeline first, so what comes out is decode(prompt + generated); vLLM hands out
          * only what follows decode(prompt). */
-        bool pushed;                    /* a generated id was pushed (priming is over) */
+        bool started;                   /* primed, pushed or flushed: no more priming */
         size_t skip;                    /* bytes of the prompt's decode still to drop */
 };
 
@@ -1862,8 +1862,9 @@ tsr_status tsr_detok_prime(tsr_detok *d, const uint32_t *ids, size_t n) {
         tsr_status st;
         size_t i;
 
-        if (!d || (!ids && n) || d->done || d->pushed)
+        if (!d || (!ids && n) || d->done || d->started)
                 return TSR_E_INVAL;
+        d->started = true;
         /* The whole prompt as one step: only the state after its last id matters (what it
          * decodes to, what is still held, whether it ends in U+FFFD). */
         d->out.n = 0;
@@ -1901,7 +1902,7 @@ tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta
 
         if (!d || !delta || !delta_len || d->done || !tok_str(d->t, id, &(size_t){0}))
                 return TSR_E_INVAL;
-        d->pushed = true;
+        d->started = true;
         d->out.n = 0;
         if ((st = detok_add(d, id)) != TSR_OK || (st = detok_settle(d, &emit)) != TSR_OK)
                 return st;
@@ -1915,7 +1916,7 @@ tsr_status tsr_detok_flush(tsr_detok *d, char **delta, size_t *delta_len) {
 
         if (!d || !delta || !delta_len || d->done)
                 return TSR_E_INVAL;
-        d->pushed = true;
+        d->started = true;
         d->out.n = 0;
         if ((st = detok_finish(d)) != TSR_OK)
                 return st;

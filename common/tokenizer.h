@@ -130,8 +130,8 @@ tsr_status tsr_detok_new(const tsr_tokenizer *t, bool skip_special_tokens, tsr_d
  * + "▁world" streams " world", not "world").  When decode(prompt) ends in U+FFFD (a token-id
  * prompt cut inside a character) DecodeStream keeps an empty prefix and its first chunk is
  * the prompt's text and the generated text together; that is reproduced too.  n == 0 is a
- * no-op.  Ids with no spelling are skipped, as HF's decode drops them.  TSR_E_INVAL after a
- * push; TSR_E_NOMEM. */
+ * no-op.  Ids with no spelling are skipped, as HF's decode drops them.  At most once, before
+ * any push: TSR_E_INVAL otherwise.  TSR_E_NOMEM (the stream is then unusable). */
 tsr_status tsr_detok_prime(tsr_detok *d, const uint32_t *prompt_ids, size_t n);
 /* TSR_E_INVAL for an out-of-range id (the stream is unchanged). */
 tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta_len);

@@ -170,6 +170,7 @@ static bool check_detok_primed(const tsr_tokenizer *t, const uint32_t *prompt, s
 
         assert_int_equal(tsr_detok_new(t, skip, &d), TSR_OK);
         assert_int_equal(tsr_detok_prime(d, prompt, n_prompt), TSR_OK);
+        assert_int_equal(tsr_detok_prime(d, prompt, n_prompt), TSR_E_INVAL);      /* once only */
         for (i = 0; i <= n; i++) {
                 if (i < n)
                         assert_int_equal(tsr_detok_push(d, ids[i], &delta, &dl), TSR_OK);
