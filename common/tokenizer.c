@@ -1333,6 +1333,12 @@ struct tsr_detok {
         sbuf good_tail;                 /* at the last step whose decode did not end in U+FFFD:
                                          * what finishing then would have added */
         bool out_fffd;                  /* the text handed out so far ends in U+FFFD */
+
+        /* Priming with the prompt (tsr_detok_prime): the prompt's ids went through the
+         * pipeline first, so what comes out is decode(prompt + generated); vLLM hands out
+         * only what follows decode(prompt). */
+        bool started;                   /* primed, pushed or flushed: no more priming */
+        size_t skip;                    /* bytes of the prompt's decode still to drop */
 };
 
 static const char FFFD[] = "\xEF\xBF\xBD";
@@ -1809,16 +1815,26 @@ static tsr_status give(sbuf *b, char **delta, size_t *delta_len) {
         return TSR_OK;
 }
 
-tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta_len) {
+/* Hand out `b` without the bytes of the prompt's decode not dropped yet (skip). */
+static tsr_status hand_out(tsr_detok *d, sbuf *b, char **delta, size_t *delta_len) {
+        size_t k = d->skip < b->n ? d->skip : b->n;
+
+        if (k) {
+                memmove(b->p, b->p + k, b->n - k);
+                b->n -= k;
+                d->skip -= k;
+        }
+        return give(b, delta, delta_len);
+}
+
+/* The end of a DecodeStream step, after the step's ids went through detok_add: *emit is
+ * whether the decode of every id so far does not end in U+FFFD, and then d->vis holds the
+ * text that step hands out. */
+static tsr_status detok_settle(tsr_detok *d, bool *emit) {
         sbuf tail = {0};
         bool fffd;
         tsr_status st;
 
-        if (!d || !delta || !delta_len || d->done || !tok_str(d->t, id, &(size_t){0}))
-                return TSR_E_INVAL;
-        d->out.n = 0;
-        if ((st = detok_add(d, id)) != TSR_OK)
-                return st;
         if (d->out.n && sb_add(&d->vis, d->out.p, d->out.n) != TSR_OK)
                 return TSR_E_NOMEM;
         d->out.n = 0;
@@ -1829,15 +1845,70 @@ tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta
                 return st;
         }
         fffd = tail.n ? ends_fffd(&tail) : d->vis.n ? ends_fffd(&d->vis) : d->out_fffd;
+        *emit = !fffd;
         if (fffd) {
                 free(tail.p);
-                return give(&d->out, delta, delta_len);    /* "" until a later step settles it */
+                return TSR_OK;
         }
         free(d->good_tail.p);
         d->good_tail = tail;
         if (d->vis.n)
                 d->out_fffd = ends_fffd(&d->vis);
-        return give(&d->vis, delta, delta_len);
+        return TSR_OK;
+}
+
+tsr_status tsr_detok_prime(tsr_detok *d, const uint32_t *ids, size_t n) {
+        bool emit, any = false;
+        tsr_status st;
+        size_t i;
+
+        if (!d || (!ids && n) || d->done || d->started)
+                return TSR_E_INVAL;
+        d->started = true;
+        /* The whole prompt as one step: only the state after its last id matters (what it
+         * decodes to, what is still held, whether it ends in U+FFFD). */
+        d->out.n = 0;
+        for (i = 0; i < n; i++) {
+                /* An id with no spelling (a token-id prompt may hold one; the router checks only
+                 * the range) is dropped, as HF's decode drops it. */
+                if (!tok_str(d->t, ids[i], &(size_t){0}))
+                        continue;
+                if ((st = detok_add(d, ids[i])) != TSR_OK)
+                        return st;
+                any = true;
+        }
+        if (!any)
+                return TSR_OK;
+        if ((st = detok_settle(d, &emit)) != TSR_OK)
+                return st;
+        if (emit) {
+                /* DecodeStream's prefix is decode(prompt): the settled text (vis) and what is
+                 * still held (good_tail, this step's tail).  Drop the one, skip the other. */
+                d->vis.n = 0;
+                d->skip = d->good_tail.n;
+        } else {
+                /* decode(prompt) ends in U+FFFD: DecodeStream keeps an empty prefix, and its
+                 * first chunk is the decode of the prompt and generated ids together (vis
+                 * keeps the prompt's text for it).  Until a step ends elsewhere than in
+                 * U+FFFD, nothing is handed out. */
+                d->good_tail.n = 0;
+        }
+        return TSR_OK;
+}
+
+tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta_len) {
+        bool emit;
+        tsr_status st;
+
+        if (!d || !delta || !delta_len || d->done || !tok_str(d->t, id, &(size_t){0}))
+                return TSR_E_INVAL;
+        d->started = true;
+        d->out.n = 0;
+        if ((st = detok_add(d, id)) != TSR_OK || (st = detok_settle(d, &emit)) != TSR_OK)
+                return st;
+        if (!emit)
+                return give(&d->out, delta, delta_len);    /* "" until a later step settles it */
+        return hand_out(d, &d->vis, delta, delta_len);
 }
 
 tsr_status tsr_detok_flush(tsr_detok *d, char **delta, size_t *delta_len) {
@@ -1845,14 +1916,15 @@ tsr_status tsr_detok_flush(tsr_detok *d, char **delta, size_t *delta_len) {
 
         if (!d || !delta || !delta_len || d->done)
                 return TSR_E_INVAL;
+        d->started = true;
         d->out.n = 0;
         if ((st = detok_finish(d)) != TSR_OK)
                 return st;
         if (d->out.n ? ends_fffd(&d->out) : d->vis.n ? ends_fffd(&d->vis) : d->out_fffd)
-                return give(&d->good_tail, delta, delta_len);
+                return hand_out(d, &d->good_tail, delta, delta_len);
         if (d->out.n && sb_add(&d->vis, d->out.p, d->out.n) != TSR_OK)
                 return TSR_E_NOMEM;
-        return give(&d->vis, delta, delta_len);
+        return hand_out(d, &d->vis, delta, delta_len);
 }
 
 void tsr_detok_free(tsr_detok **dp) {

@@ -118,10 +118,21 @@ tsr_status tsr_tokenizer_decode(const tsr_tokenizer *t, const uint32_t *ids, siz
  * decode does not (a stream cut inside a multi-byte character loses that character's bytes
  * instead of ending in U+FFFD).  Text ending in U+FFFD is held back, so no delta has to be
  * taken back.  Not mimicked: the DecodeStream restart vLLM does when a <0xNN> run turns an
- * earlier byte into U+FFFD ("Invalid prefix", byte_fallback tokenizers only), and vLLM's
- * priming of the stream with the prompt's last tokens (it matters for SentencePiece-style
- * decoders, whose first token would otherwise lose its leading space). */
+ * earlier byte into U+FFFD ("Invalid prefix", byte_fallback tokenizers only).
+ * tsr_detok_prime gives the stream the prompt, as vLLM does (below). */
 tsr_status tsr_detok_new(const tsr_tokenizer *t, bool skip_special_tokens, tsr_detok **ret);
+/* Prime the stream with the request's prompt ids, before the first push, as vLLM 0.33's
+ * FastIncrementalDetokenizer does: it builds its DecodeStream with ids=prompt_token_ids (the
+ * whole prompt), and tokenizers (0.23) then takes decode(prompt) as the stream's prefix, so
+ * the text handed out is decode(prompt + generated) less its first len(decode(prompt))
+ * bytes.  For byte-level tokenizers that is the unprimed text; for SentencePiece-style
+ * decoders (Metaspace, Strip) the first generated token keeps its leading space ("Hello"
+ * + "▁world" streams " world", not "world").  When decode(prompt) ends in U+FFFD (a token-id
+ * prompt cut inside a character) DecodeStream keeps an empty prefix and its first chunk is
+ * the prompt's text and the generated text together; that is reproduced too.  n == 0 is a
+ * no-op.  Ids with no spelling are skipped, as HF's decode drops them.  At most once, before
+ * any push: TSR_E_INVAL otherwise.  TSR_E_NOMEM (the stream is then unusable). */
+tsr_status tsr_detok_prime(tsr_detok *d, const uint32_t *prompt_ids, size_t n);
 /* TSR_E_INVAL for an out-of-range id (the stream is unchanged). */
 tsr_status tsr_detok_push(tsr_detok *d, uint32_t id, char **delta, size_t *delta_len);
 /* End of stream: returns what was held back (see above).  The detok may not be pushed again. */

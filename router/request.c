@@ -1349,7 +1349,10 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
                 ch->prompt = (int)(i / (size_t)r->req.n);
                 tsr_buf_init(&ch->text, MAX_OUTPUT_BYTES);
                 ch->stop_reason = json_null();
-                if (tsr_detok_new(r->model->tok, r->req.skip_special_tokens, &ch->detok) != TSR_OK) {
+                /* Primed with the prompt the worker gets, as vLLM primes its DecodeStream (a
+                 * SentencePiece model's first token keeps its leading space). */
+                if (tsr_detok_new(r->model->tok, r->req.skip_special_tokens, &ch->detok) != TSR_OK ||
+                    tsr_detok_prime(ch->detok, r->prompt_ids[ch->prompt], r->prompt_lens[ch->prompt]) != TSR_OK) {
                         fail_request(r, 500, "InternalServerError", "out of memory");
                         return;
                 }

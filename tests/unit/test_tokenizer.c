@@ -6,7 +6,9 @@
  * random id sequences.  Trained families load their committed tokenizer.json; GGUF
  * families are built from the GGUF metadata and skip when the file is absent.
  *
- * TSR_TOK_BENCH=<text file> makes the smollm2 test also print encode throughput. */
+ * TSR_TOK_BENCH=<text file> TSR_TOK_BENCH_GGUF=<gguf> runs an encode benchmark instead of the
+ * tests (bench_main; tests/fixtures/tok_bench.py drives it). */
+#include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -146,15 +148,29 @@ static bool valid_utf8(const char *s, size_t n) {
         return true;
 }
 
-/* Streaming decode one id at a time; returns false (after printing) on a mismatch. */
-static bool check_detok(const tsr_tokenizer *t, const uint32_t *ids, size_t n, bool skip, const char *want,
-                        size_t want_len) {
+static uint32_t *json_ids(json_t *arr, size_t *n) {
+        size_t i;
+        uint32_t *v = malloc((json_array_size(arr) + 1) * sizeof(uint32_t));
+
+        assert_non_null(v);
+        for (i = 0; i < json_array_size(arr); i++)
+                v[i] = (uint32_t)json_integer_value(json_array_get(arr, i));
+        *n = json_array_size(arr);
+        return v;
+}
+
+/* Streaming decode one id at a time, after priming with `prompt` (n_prompt ids, 0 for none);
+ * returns false (after printing) on a mismatch. */
+static bool check_detok_primed(const tsr_tokenizer *t, const uint32_t *prompt, size_t n_prompt, const uint32_t *ids,
+                               size_t n, bool skip, const char *want, size_t want_len) {
         tsr_detok *d = NULL;
         char *acc = NULL, *delta;
         size_t acc_len = 0, dl, i;
         bool ok = true;
 
         assert_int_equal(tsr_detok_new(t, skip, &d), TSR_OK);
+        assert_int_equal(tsr_detok_prime(d, prompt, n_prompt), TSR_OK);
+        assert_int_equal(tsr_detok_prime(d, prompt, n_prompt), TSR_E_INVAL);      /* once only */
         for (i = 0; i <= n; i++) {
                 if (i < n)
                         assert_int_equal(tsr_detok_push(d, ids[i], &delta, &dl), TSR_OK);
@@ -172,6 +188,8 @@ static bool check_detok(const tsr_tokenizer *t, const uint32_t *ids, size_t n, b
         }
         if (acc_len != want_len || memcmp(acc, want, want_len) != 0) {
                 print_message("detok (skip=%d) gave \"%.*s\", want \"%s\"\n", skip, (int)acc_len, acc, want);
+                if (n_prompt)
+                        print_ids("prompt", prompt, n_prompt);
                 print_ids("ids", ids, n);
                 ok = false;
         }
@@ -181,15 +199,44 @@ static bool check_detok(const tsr_tokenizer *t, const uint32_t *ids, size_t n, b
         return ok;
 }
 
-static uint32_t *json_ids(json_t *arr, size_t *n) {
-        size_t i;
-        uint32_t *v = malloc((json_array_size(arr) + 1) * sizeof(uint32_t));
+static bool check_detok(const tsr_tokenizer *t, const uint32_t *ids, size_t n, bool skip, const char *want,
+                        size_t want_len) {
+        return check_detok_primed(t, NULL, 0, ids, n, skip, want, want_len);
+}
 
-        assert_non_null(v);
-        for (i = 0; i < json_array_size(arr); i++)
-                v[i] = (uint32_t)json_integer_value(json_array_get(arr, i));
-        *n = json_array_size(arr);
-        return v;
+/* The golden's "primed" cases: the stream primed with a prompt, as vLLM primes its
+ * DecodeStream, gives vLLM's text.  Returns the number of mismatches. */
+static size_t check_primed(const tsr_tokenizer *t, json_t *g, const char *name) {
+        json_t *cases = json_object_get(g, "primed"), *c;
+        size_t k, n_ok = 0, n_fail = 0, n_reset = 0, n_primed_only = 0;
+
+        if (!cases)
+                return 0;
+        json_array_foreach(cases, k, c) {
+                size_t np, ng;
+                uint32_t *p = json_ids(json_array_get(c, 0), &np), *gen = json_ids(json_array_get(c, 1), &ng);
+                bool skip = json_is_true(json_array_get(c, 2));
+                json_t *w = json_array_get(c, 3);
+                char *plain = NULL;
+                size_t plain_len = 0;
+
+                if (json_array_size(c) > 4) {
+                        n_reset++;      /* vLLM's stream restarted ("Invalid prefix"): not mimicked */
+                } else if (check_detok_primed(t, p, np, gen, ng, skip, json_string_value(w), json_string_length(w))) {
+                        n_ok++;
+                        assert_int_equal(tsr_tokenizer_decode(t, gen, ng, skip, &plain, &plain_len), TSR_OK);
+                        if (plain_len != json_string_length(w) || memcmp(plain, json_string_value(w), plain_len))
+                                n_primed_only++;
+                        free(plain);
+                } else {
+                        n_fail++;
+                }
+                free(p);
+                free(gen);
+        }
+        print_message("%s: primed streaming %zu/%zu as vLLM (%zu differ from the unprimed decode; %zu DecodeStream "
+                      "restarts not compared)\n", name, n_ok, json_array_size(cases), n_primed_only, n_reset);
+        return n_fail;
 }
 
 static bool same_ids(const uint32_t *a, size_t na, const uint32_t *b, size_t nb) {
@@ -333,6 +380,7 @@ static void check_family(const tsr_tokenizer *t, const char *name) {
                 if (xs)
                         print_message("%s: %zu/%zu normalization strings exact\n", name, n_x, json_array_size(xs));
         }
+        n_fail += check_primed(t, g, name);
         print_message("%s: encode %zu/%zu exact, decode %zu/%zu exact, streaming %zu ok (%zu lose a U+FFFD tail as "
                       "in vLLM; %zu DecodeStream restarts not compared)\n", name, n_ok, json_array_size(strings),
                       n_dec_ok, 2 * json_array_size(dec), n_detok_ok, n_tail, n_reset);
@@ -414,42 +462,80 @@ static double now_s(void) {
         return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void bench(const tsr_tokenizer *t) {
-        const char *path = getenv("TSR_TOK_BENCH");
-        size_t n, nids = 0;
-        char *text;
-        uint32_t *ids = NULL;
-        double t0, best = 1e30;
-        int r;
+static void write_ids(const char *prefix, const char *what, const uint32_t *ids, size_t n) {
+        char path[4096];
+        FILE *f;
 
-        if (!path || !(text = read_file(path, &n)))
-                return;
-        for (r = 0; r < 3; r++) {
-                t0 = now_s();
-                assert_int_equal(tsr_tokenizer_encode(t, text, n, false, &ids, &nids), TSR_OK);
-                if (now_s() - t0 < best)
-                        best = now_s() - t0;
-                free(ids);
+        snprintf(path, sizeof(path), "%s.%s.u32", prefix, what);
+        f = fopen(path, "wb");
+        if (!f || fwrite(ids, sizeof(uint32_t), n, f) != n) {
+                fprintf(stderr, "%s: %s\n", path, strerror(errno));
+                exit(1);
         }
-        print_message("bench: %zu bytes as one string -> %zu ids, best of 3: %.3f s, %.2f MB/s\n", n, nids, best,
-                      (double)n / best / 1e6);
-        /* line by line, one encode call each, as a server sees prompts */
-        {
-                size_t i = 0, total = 0;
-                t0 = now_s();
-                while (i < n) {
-                        const char *e = memchr(text + i, '\n', n - i);
-                        size_t l = e ? (size_t)(e - text - i) + 1 : n - i;
-                        assert_int_equal(tsr_tokenizer_encode(t, text + i, l, false, &ids, &nids), TSR_OK);
-                        total += nids;
-                        free(ids);
-                        i += l;
+        fclose(f);
+}
+
+/* Benchmark mode, not a test: TSR_TOK_BENCH=<text file> TSR_TOK_BENCH_GGUF=<gguf> runs one
+ * timed encode of the whole file as one string and one of it line by line (one call per
+ * line, "\n" kept, as a server sees prompts), add_special_tokens off, this thread only, and
+ * prints the times; TSR_TOK_BENCH_IDS=<prefix> also writes the ids (<prefix>.one.u32,
+ * <prefix>.lines.u32) for comparison with HF.  tests/fixtures/tok_bench.py drives it
+ * (alternating with HF tokenizers, best of 3). */
+static int bench_main(const char *path) {
+        const char *gguf = getenv("TSR_TOK_BENCH_GGUF"), *idp = getenv("TSR_TOK_BENCH_IDS");
+        tsr_tokenizer *t;
+        size_t n, nids = 0, i = 0, total = 0, calls = 0, cap = 0;
+        char *text;
+        uint32_t *ids = NULL, *all = NULL;
+        double t0, t1;
+
+        if (!gguf || access(gguf, R_OK) != 0 || !(text = read_file(path, &n))) {
+                fprintf(stderr, "bench: need TSR_TOK_BENCH=<readable text file> and TSR_TOK_BENCH_GGUF=<gguf>\n");
+                return 2;
+        }
+        t = tok_from_gguf(gguf);
+        t0 = now_s();
+        if (tsr_tokenizer_encode(t, text, n, false, &ids, &nids) != TSR_OK) {
+                fprintf(stderr, "bench: encode failed\n");
+                return 1;
+        }
+        t1 = now_s();
+        printf("tessera one_string bytes=%zu ids=%zu s=%.6f MB/s=%.3f\n", n, nids, t1 - t0, (double)n / (t1 - t0) / 1e6);
+        if (idp)
+                write_ids(idp, "one", ids, nids);
+        free(ids);
+        t0 = now_s();
+        while (i < n) {
+                const char *e = memchr(text + i, '\n', n - i);
+                size_t l = e ? (size_t)(e - text - i) + 1 : n - i;
+                if (tsr_tokenizer_encode(t, text + i, l, false, &ids, &nids) != TSR_OK) {
+                        fprintf(stderr, "bench: encode failed at byte %zu\n", i);
+                        return 1;
                 }
-                best = now_s() - t0;
-                print_message("bench: %zu bytes line by line -> %zu ids: %.3f s, %.2f MB/s\n", n, total, best,
-                              (double)n / best / 1e6);
+                if (idp) {      /* the check run only; timed runs leave TSR_TOK_BENCH_IDS unset */
+                        if (total + nids > cap) {
+                                cap = 2 * (total + nids) + 1024;
+                                all = realloc(all, cap * sizeof(uint32_t));
+                                if (!all)
+                                        return 1;
+                        }
+                        if (nids)
+                                memcpy(all + total, ids, nids * sizeof(uint32_t));
+                }
+                total += nids;
+                calls++;
+                free(ids);
+                i += l;
         }
+        t1 = now_s();
+        printf("tessera lines bytes=%zu calls=%zu ids=%zu s=%.6f MB/s=%.3f\n", n, calls, total, t1 - t0,
+               (double)n / (t1 - t0) / 1e6);
+        if (idp)
+                write_ids(idp, "lines", all, total);
+        free(all);
         free(text);
+        tsr_tokenizer_free(&t);
+        return 0;
 }
 
 static void test_gguf(const char *dir_env, const char *sub, const char *file, const char *name) {
@@ -474,7 +560,6 @@ static void test_gguf(const char *dir_env, const char *sub, const char *file, co
                         check_family(tj, name);
                         tsr_tokenizer_free(&tj);
                 }
-                bench(t);
         }
         tsr_tokenizer_free(&t);
 }
@@ -761,5 +846,7 @@ int main(void) {
                 cmocka_unit_test(test_tekken_real),
                 cmocka_unit_test(test_big_inputs),
         };
+        if (getenv("TSR_TOK_BENCH"))
+                return bench_main(getenv("TSR_TOK_BENCH"));
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
