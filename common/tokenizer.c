@@ -2709,7 +2709,10 @@ tsr_status tsr_tokenizer_new_json(const uint8_t *json, size_t len, const uint8_t
                 return TSR_E_INVAL;
         }
         if (config_json && config_len) {
-                cfg = json_loadb((const char *)config_json, config_len, 0, &je);
+                /* JSON_DECODE_INT_AS_REAL: transformers writes model_max_length = 1e30 as
+                 * an integer when a model sets none, past what jansson reads as one;
+                 * nothing read here is an integer. */
+                cfg = json_loadb((const char *)config_json, config_len, JSON_DECODE_INT_AS_REAL, &je);
                 if (!json_is_object(cfg)) {
                         tsr_errf(err, errlen, "tokenizer_config.json: %s (line %d)", cfg ? "expected an object" : je.text, je.line);
                         json_decref(root);

@@ -139,9 +139,9 @@ static tsr_status eos_add(const meta_ctx *c, tsr_model_meta *m, uint64_t id) {
 
 /* ---- Hugging Face folders ------------------------------------------------------- */
 
-static tsr_status json_parse(const meta_ctx *c, const uint8_t *buf, size_t len, json_t **ret) {
+static tsr_status json_parse(const meta_ctx *c, const uint8_t *buf, size_t len, size_t flags, json_t **ret) {
         json_error_t jerr;
-        json_t *root = json_loadb((const char *)buf, len, JSON_REJECT_DUPLICATES, &jerr);
+        json_t *root = json_loadb((const char *)buf, len, JSON_REJECT_DUPLICATES | flags, &jerr);
 
         if (!root)
                 return meta_fail(c, TSR_E_INVAL, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
@@ -420,7 +420,12 @@ static tsr_status hf_read_json(meta_ctx *c, const char *dir, const char *name, b
         if (st == TSR_E_NOTFOUND)
                 st = meta_fail(c, st, "no such file (a Hugging Face model folder needs it)");
         if (st == TSR_OK)
-                st = json_parse(c, buf, len, &root);
+                /* transformers writes model_max_length = 1e30 as an integer when a model
+                 * sets none; jansson refuses integers past int64 ("too big integer").
+                 * Nothing read from tokenizer_config.json is an integer: read them as
+                 * reals there. */
+                st = json_parse(c, buf, len, strcmp(name, "tokenizer_config.json") == 0 ? JSON_DECODE_INT_AS_REAL : 0,
+                                &root);
         if (st == TSR_OK) {
                 *ret = root;
                 if (ret_buf) {

@@ -203,7 +203,9 @@ static void test_hf_variants(void **state) {
                   " \"top_k\": null, \"min_p\": 0.05}");
         write_str(dir, "tokenizer_config.json",
                   "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"TOOLS\"},"
-                  " {\"name\": \"default\", \"template\": \"DEFAULT {{ messages }}\"}]}");
+                  " {\"name\": \"default\", \"template\": \"DEFAULT {{ messages }}\"}],"
+                  /* what transformers writes when a model sets no maximum: past int64 */
+                  " \"model_max_length\": 1000000000000000019884624838656}");
         m = load_ok(dir);
         assert_string_equal(m->architecture, "Llama4ForConditionalGeneration");
         assert_int_equal(m->hidden_size, 5120);
