@@ -11,7 +11,7 @@ import pytest
 import requests
 import zmq
 
-from conftest import LAUNCHER, ROUTER, WORKER, free_port, free_port_pair, wait_until
+from conftest import LAUNCHER, ROUTER, WORKER, free_port, free_port_pair, http_status, wait_until
 
 
 def keypair(tmp_path, name):
@@ -52,10 +52,9 @@ def test_curve_between_router_and_worker(spawn, demo_model, tmp_path):
 
     def serving():
         assert good.p.poll() is None, good.output()
-        try:
-            return requests.post(base + "/tokenize", json={"prompt": "x"}, timeout=5).status_code == 200
-        except requests.ConnectionError:
-            return False
+        # /health 200: the worker is live (its first Status came through the CURVE SUB
+        # too, which may lag the ModelInfo) and its tokenizer is built
+        return http_status(base + "/health") == 200
     wait_until(serving, timeout=90, interval=0.1, what="the worker live over CurveZMQ")
     model = requests.get(base + "/v1/models", timeout=5).json()["data"][0]["id"]
     r = requests.post(base + "/v1/completions", timeout=60,

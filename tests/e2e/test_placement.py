@@ -112,8 +112,8 @@ def test_worker_dns_discovers_workers(spawn, demo_model):
 
     def healthy():
         assert router.p.poll() is None, router.output()
-        try:   # live, and its tokenizer loaded at the router
-            return requests.post(base + "/tokenize", json={"prompt": "x"}, timeout=2).status_code == 200
+        try:   # /health 200: live, and its tokenizer loaded at the router
+            return requests.get(base + "/health", timeout=2).status_code == 200
         except requests.RequestException:
             return False
 
