@@ -85,6 +85,11 @@ struct rq {
         uint64_t **prompt_hashes;     /* NULL when not hashed (policy, no spec, OOM) */
         size_t *prompt_n_hashes;
         size_t n_hashed;              /* entries of prompt_hashes */
+        /* One detokenizer per choice (prompt i / n), primed with its prompt by prep_work
+         * on the thread pool: priming decodes the whole prompt.  prep_done moves each into
+         * its choice; rq_free frees what was not taken. */
+        tsr_detok **detoks;
+        size_t n_detoks;
         bool hash_wanted;
         tsr_block_hash_algo hash_algo;
         uint32_t hash_block_size;
@@ -158,6 +163,9 @@ static void rq_free(rq *r) {
                         free(r->prompt_hashes[i]);
         free(r->prompt_hashes);
         free(r->prompt_n_hashes);
+        for (size_t i = 0; i < r->n_detoks; i++)
+                tsr_detok_free(&r->detoks[i]);
+        free(r->detoks);
         free(r->prompt_ids);
         free(r->prompt_lens);
         free(r->prompt_texts);
@@ -247,8 +255,6 @@ static void close_choice(choice *ch, bool abort_worker, const char *why) {
         if (abort_worker)
                 send_abort(ch, why);
         table_del(r->L, ch);
-        if (ch->worker)
-                tsr_worker_add_inflight(ch->worker, -1);
         ch->worker = NULL;
         r->n_open--;
 }
@@ -865,7 +871,6 @@ static tsr_status submit_choice(choice *ch, tsr_worker *avoid) {
         }
         ch->worker = w;
         ch->attempts++;
-        tsr_worker_add_inflight(w, 1);
         return TSR_OK;
 }
 
@@ -1171,6 +1176,23 @@ static void choose_hash_spec(rq *r) {
         }
 }
 
+/* Thread pool.  A detokenizer for every choice, primed with its prompt as vLLM primes
+ * its DecodeStream (a SentencePiece model's first token keeps its leading space). */
+static tsr_status prime_detoks(rq *r, size_t n_prompts) {
+        size_t per = r->req.n > 0 ? (size_t)r->req.n : 1;
+        r->detoks = calloc(n_prompts * per, sizeof(*r->detoks));
+        if (!r->detoks)
+                return TSR_E_NOMEM;
+        r->n_detoks = n_prompts * per;
+        for (size_t i = 0; i < r->n_detoks; i++) {
+                size_t p = i / per;
+                if (tsr_detok_new(r->model->tok, r->req.skip_special_tokens, &r->detoks[i]) != TSR_OK ||
+                    tsr_detok_prime(r->detoks[i], r->prompt_ids[p], r->prompt_lens[p]) != TSR_OK)
+                        return TSR_E_NOMEM;
+        }
+        return TSR_OK;
+}
+
 static void prep_work(uv_work_t *w) {   /* thread pool */
         rq *r = w->data;
         size_t n = r->req.n_prompts ? r->req.n_prompts : 1;
@@ -1194,6 +1216,8 @@ static void prep_work(uv_work_t *w) {   /* thread pool */
                 if (r->prep_st != TSR_OK)
                         goto tokenize_failed;
                 hash_prompts(r, 1);
+                if (prime_detoks(r, 1) != TSR_OK)
+                        goto oom;
                 return;
         }
         for (size_t i = 0; i < r->req.n_prompts; i++) {
@@ -1226,6 +1250,8 @@ static void prep_work(uv_work_t *w) {   /* thread pool */
                 }
         }
         hash_prompts(r, n);
+        if (prime_detoks(r, n) != TSR_OK)
+                goto oom;
         return;
 tokenize_failed:
         r->err.status = 400;
@@ -1349,13 +1375,9 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
                 ch->prompt = (int)(i / (size_t)r->req.n);
                 tsr_buf_init(&ch->text, MAX_OUTPUT_BYTES);
                 ch->stop_reason = json_null();
-                /* Primed with the prompt the worker gets, as vLLM primes its DecodeStream (a
-                 * SentencePiece model's first token keeps its leading space). */
-                if (tsr_detok_new(r->model->tok, r->req.skip_special_tokens, &ch->detok) != TSR_OK ||
-                    tsr_detok_prime(ch->detok, r->prompt_ids[ch->prompt], r->prompt_lens[ch->prompt]) != TSR_OK) {
-                        fail_request(r, 500, "InternalServerError", "out of memory");
-                        return;
-                }
+                /* primed by prep_work (prime_detoks): choice i is detoks[i] */
+                ch->detok = r->detoks[i];
+                r->detoks[i] = NULL;
         }
         if (r->req.stream) {
                 if (http_conn_stream_start(r->c, 200, "text/event-stream; charset=utf-8", NULL) != TSR_OK) {

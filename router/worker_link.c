@@ -57,7 +57,6 @@ struct tsr_worker {
         bool was_live;
         bool abort_on_return;        /* declared down: abort our ghosts when it speaks again */
         uint64_t n_bad_frames;
-        int inflight;
         tsr_prefix_mirror mirror;    /* its cached block hashes (loop thread) */
 };
 
@@ -112,14 +111,6 @@ const Tessera__V1__Status *tsr_worker_status(const tsr_worker *w) { return w->st
 size_t worker_pool_count(const worker_pool *p) { return p->n_workers; }
 
 void worker_pool_set_events(worker_pool *p, const worker_events *ev) { p->ev = *ev; }
-
-void tsr_worker_add_inflight(tsr_worker *w, int delta) {
-        w->inflight += delta;
-        if (w->inflight < 0)
-                w->inflight = 0;
-}
-
-int tsr_worker_inflight(const tsr_worker *w) { return w->inflight; }
 
 tsr_status tsr_worker_send(tsr_worker *w, tsr_envelope *env) {
         uint8_t *buf;

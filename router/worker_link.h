@@ -54,10 +54,6 @@ void worker_pool_set_events(worker_pool *p, const worker_events *ev);
 /* Send one envelope to the worker (non-blocking).  TSR_E_UNAVAILABLE when the socket
  * cannot take it now (pipe full, no connection). */
 tsr_status tsr_worker_send(tsr_worker *w, tsr_envelope *env);
-/* Requests this router has in flight on the worker (kept by the request layer for
- * placement: what the last Status cannot know yet). */
-void tsr_worker_add_inflight(tsr_worker *w, int delta);
-int tsr_worker_inflight(const tsr_worker *w);
 /* After done ran.  Accepts NULL; clears *p. */
 void worker_pool_free(worker_pool **p);
 
