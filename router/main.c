@@ -40,6 +40,8 @@ typedef struct router_loop {
         worker_dns *dns;             /* --worker-dns lookups; NULL without the flag */
         uv_async_t stop;             /* loop 0's signal handler wakes the others with it */
         bool stop_init;
+        uv_timer_t ready_publish;    /* with several loops: publishes router_can_serve */
+        bool ready_publish_init;
         bool stopping;
         pthread_t thread;
         bool thread_started;
@@ -50,6 +52,7 @@ struct router_main {
         tsr_curve curve;             /* --zmq-curve-* keys; disabled = plain TCP */
         tsr_metrics *metrics;        /* shared by every loop (locked inside) */
         http_server **http;          /* every loop's server, for /metrics (read-only after start) */
+        atomic_bool *loops_ready;    /* one per loop, written by that loop only */
         router_loop *loops;
         int n_loops;
         uv_signal_t sigterm;
@@ -67,6 +70,8 @@ static void on_pool_closed(void *ud) {
         router_loop *l = ud;
         if (l->stop_init)
                 uv_close((uv_handle_t *)&l->stop, NULL);
+        if (l->ready_publish_init)
+                uv_close((uv_handle_t *)&l->ready_publish, NULL);
         if (l == &l->owner->loops[0] && l->owner->signals_init) {
                 uv_close((uv_handle_t *)&l->owner->sigterm, on_signal_closed);
                 uv_close((uv_handle_t *)&l->owner->sigint, on_signal_closed);
@@ -91,6 +96,14 @@ static void loop_begin_stop(router_loop *l) {
 }
 
 static void on_stop_async(uv_async_t *h) { loop_begin_stop(h->data); }
+
+/* Loop thread.  Without this, /health on loop 0 could say 200 while loop 1 has not
+ * yet built its tokenizer, and the client's next connection, landing there, a 503. */
+static void on_ready_publish(uv_timer_t *t) {
+        router_loop *l = t->data;
+        atomic_store_explicit(&l->r.loops_ready[l->r.loop_index], !l->stopping && router_can_serve(&l->r),
+                              memory_order_relaxed);
+}
 
 static void on_signal(uv_signal_t *h, int signum) {
         router_main *m = h->data;
@@ -163,12 +176,20 @@ static int loop_setup(router_main *m, int i, int port, char *err, size_t errlen)
         l->r.loop_index = i;
         l->r.all_http = m->http;
         l->r.n_http = (size_t)m->n_loops;
+        l->r.loops_ready = m->loops_ready;
         l->r.started_unix_s = (uint64_t)time(NULL);
         make_router_id(l->r.router_id, sizeof(l->r.router_id), i);
         if (uv_async_init(l->r.loop, &l->stop, on_stop_async) != 0)
                 return 1;
         l->stop.data = l;
         l->stop_init = true;
+        if (m->loops_ready) {
+                uv_timer_init(l->r.loop, &l->ready_publish);
+                l->ready_publish.data = l;
+                uv_timer_start(&l->ready_publish, on_ready_publish, 0, TSR_READY_PUBLISH_MS);
+                uv_unref((uv_handle_t *)&l->ready_publish);   /* does not keep the loop alive */
+                l->ready_publish_init = true;
+        }
         if (worker_pool_new(l->r.loop, l->r.router_id, &l->r.workers) != TSR_OK ||
             model_registry_new(l->r.loop, cfg, &l->r.models) != TSR_OK ||
             request_layer_new(&l->r, &l->r.requests) != TSR_OK) {
@@ -228,6 +249,8 @@ static void loops_teardown(router_main *m, bool failed) {
                                 http_server_shutdown(l->r.http, 0, NULL, NULL);
                         if (l->stop_init && !uv_is_closing((uv_handle_t *)&l->stop))
                                 uv_close((uv_handle_t *)&l->stop, NULL);
+                        if (l->ready_publish_init && !uv_is_closing((uv_handle_t *)&l->ready_publish))
+                                uv_close((uv_handle_t *)&l->ready_publish, NULL);
                         uv_run(l->r.loop, UV_RUN_DEFAULT);
                 }
                 request_layer_free(&l->r.requests);
@@ -288,7 +311,9 @@ int main(int argc, char **argv) {
         m.n_loops = cfg.router_threads;
         m.loops = calloc((size_t)m.n_loops, sizeof(*m.loops));
         m.http = calloc((size_t)m.n_loops, sizeof(*m.http));
-        if (!m.loops || !m.http || tsr_metrics_new(&mopts, &m.metrics) != TSR_OK) {
+        if (m.n_loops > 1)
+                m.loops_ready = calloc((size_t)m.n_loops, sizeof(*m.loops_ready));
+        if (!m.loops || !m.http || (m.n_loops > 1 && !m.loops_ready) || tsr_metrics_new(&mopts, &m.metrics) != TSR_OK) {
                 log_error("out of memory");
                 rc = 1;
                 goto out;
@@ -350,6 +375,7 @@ out:
         tsr_metrics_free(&m.metrics);
         free(m.loops);
         free(m.http);
+        free(m.loops_ready);
         tsr_curve_done(&m.curve);
         tsr_config_done(&cfg);
         return rc;

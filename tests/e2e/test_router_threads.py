@@ -19,8 +19,11 @@ def value(text, prefix):
 
 def test_three_loops_share_the_port(serve):
     s = serve("--router-threads", "3", "--served-model-name", "smol")
-    wait_until(lambda: requests.post(s.base + "/tokenize", json={"prompt": "x"}, timeout=5).status_code == 200,
-               timeout=60, interval=0.1, what="tokenizer ready")
+    # /health is 200 only once every loop has a live worker and its tokenizer: a
+    # completion right after it must not meet a loop still loading (CI saw a 503 when
+    # this waited for one /tokenize, which reached one loop only)
+    wait_until(lambda: requests.get(s.base + "/health", timeout=5).status_code == 200,
+               timeout=60, interval=0.1, what="every loop ready")
     router = s.router_pid()
     names = {open(f"/proc/{router}/task/{t}/comm").read().strip() for t in os.listdir(f"/proc/{router}/task")}
     assert {"loop1", "loop2"} <= names, names
