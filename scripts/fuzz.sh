@@ -5,7 +5,8 @@
 #                                      the test command runs them (meson test --suite fuzz)
 #   scripts/fuzz.sh TARGET SECONDS [libFuzzer args...]
 #                                      one target for as long as asked: a campaign.  TARGET
-#                                      is wire, gguf, config_yaml, model_meta or http; extra
+#                                      is wire, gguf, config_yaml, model_meta, http,
+#                                      safetensors, tokenizer or template; extra
 #                                      arguments go to libFuzzer (e.g. -jobs=2 -workers=2)
 #
 # Builds build-fuzz/ with clang, -fsanitize=fuzzer on the targets and ASan+UBSan on the
@@ -17,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD=build-fuzz
-TARGETS="wire gguf config_yaml model_meta http"
+TARGETS="wire gguf config_yaml model_meta http safetensors tokenizer template"
 
 for pkg in clang libclang-rt-14-dev; do
         if ! dpkg -s "$pkg" >/dev/null 2>&1; then
