@@ -4910,6 +4910,9 @@ static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
                         sb b = {0};
                         if (times > 0 && l.u.s.n && (uint64_t)times > c->max_output / l.u.s.n)
                                 return rerr(c, TSR_E_LIMIT, "string repetition larger than the output limit");
+                        /* '' * 10**12 is '' at once, not 10**12 empty appends (fuzz_template). */
+                        if (l.u.s.n == 0)
+                                times = 0;
                         for (i = 0; i < times; i++)
                                 if (!sb_add(c, &b, l.u.s.p, l.u.s.n))
                                         return c->st;

@@ -554,6 +554,13 @@ static void test_fuzz_regressions(void **state) {
                                     sizeof(err)), TSR_E_INVAL);
         assert_string_equal(err, "raise_exception() missing 1 required positional argument: 'message'");
         assert_null(out);
+        /* '' times 555,555,555,553 ran that many empty appends (a 15 s libFuzzer timeout);
+         * Python gives '' at once */
+        assert_int_equal(render_str("{{ ('' * 555555555553) | length }}|{{ 'ab' * -3 }}|{{ 'ab' * 3 }}|"
+                                    "{{ 'a'[0] * 2 * -2 * 2 * 555555555555 }}.", NULL, NULL, &out, err, sizeof(err)),
+                         TSR_OK);
+        assert_string_equal(out, "0||ababab|.");
+        free(out);
 }
 
 static void test_api_edges(void **state) {
