@@ -9,6 +9,10 @@
  *           sample where a chunk reached the end of the known tokens, check stops;
  *           emit one Output per router, free finished requests, publish stats;
  *   }
+ *
+ * With --async-scheduling (loop_async) the forward and sampling of step N run on a
+ * "runner" thread while this loop's other work (Outputs of N-1, inbox, stats,
+ * scheduling N+1 with one placeholder per token N will sample) runs beside it.
  */
 #include "engine.h"
 
@@ -54,6 +58,16 @@ typedef struct slot {
                                        * request to compute its shared prefix */
         bool cached_known;
         tsr_kv_req kv;
+        /* Scheduled ahead of the KV cache (--async-scheduling schedules step N+1 while N
+         * runs; synchronously both are 0 whenever schedule() reads them): tokens in a
+         * step not yet applied, and the tokens those steps will sample (placeholders:
+         * position known, id not yet).  `epoch` grows at every preemption, which makes
+         * a step scheduled before it stale. */
+        size_t n_ahead;
+        size_t n_placeholders;
+        uint64_t epoch;
+        bool in_flight;               /* in the step the runner thread is computing */
+        bool aborted;                 /* aborted while in flight: freed when that step returns */
         /* this step's output */
         uint32_t step_new[1];
         tsr_token_logprobs step_lp;
@@ -70,6 +84,36 @@ typedef struct slot_list {
         size_t n, cap;
 } slot_list;
 
+/* One request's chunk in one step, and what the step made of it. */
+typedef struct sched_entry {
+        slot *s;
+        size_t num_new;
+        size_t past;                  /* tokens before the chunk (computed, or computed by the step before) */
+        uint64_t epoch;               /* s->epoch when scheduled */
+        bool will_sample;             /* the chunk ends the known tokens (placeholders counted) */
+        /* execute_plan's results (the runner thread with --async-scheduling) */
+        tsr_status st;
+        bool sampled;
+        uint32_t token;
+        bool has_lp;
+        tsr_token_logprobs lp;
+} sched_entry;
+
+/* One engine step: schedule() fills the entries, prepare_plan() the forward's inputs
+ * (copies: with --async-scheduling the engine thread may grow a block table while the
+ * runner thread reads the step's), execute_plan() runs the model and samples,
+ * apply_plan() stores the results in the slots, emit_outputs() tells the routers. */
+typedef struct step_plan {
+        sched_entry *entries;
+        size_t n, cap;
+        engine_seq *seqs;             /* (cap,) parallel to entries until apply_plan */
+        uint32_t *inputs;             /* the seqs' tokens and block tables */
+        size_t inputs_cap;
+        size_t n_want;                /* logits rows the forward writes */
+        tsr_status st;                /* preparing or running the forward */
+        uint64_t step;
+} step_plan;
+
 struct tsr_engine {
         pthread_t thread;
         engine_params params;
@@ -82,6 +126,8 @@ struct tsr_engine {
         engine_stats last_published;
         uint64_t step;
         uint64_t next_seq;
+        /* logits, logits_rows and scratch belong to execute_plan: the runner thread's
+         * with --async-scheduling */
         float *logits;                /* (logits_rows, vocab): the rows of this step (engine_model.forward) */
         size_t logits_rows;
         size_t max_lp_rows;           /* prompt-logprobs rows one step may ask for (bounds `logits`) */
@@ -93,6 +139,18 @@ struct tsr_engine {
         bool shutting_down;
         bool shutdown_done;
         uint64_t shutdown_deadline_ns;
+        step_plan plans[2];           /* synchronous: plans[0]; async: the one in flight and the next */
+        /* --async-scheduling: the "runner" thread runs execute_plan(run_job) while the
+         * engine thread emits, takes the inbox and schedules the next step.  run_mu
+         * guards run_job, run_done and run_quit; the plan itself belongs to the runner
+         * from runner_launch until runner_wait returns. */
+        bool runner_up;
+        pthread_t runner;
+        pthread_mutex_t run_mu;
+        pthread_cond_t run_cv;
+        step_plan *run_job;
+        bool run_done;
+        bool run_quit;
 };
 
 /* ------------------------------------------------------------------ small helpers */
@@ -366,7 +424,10 @@ static void abort_requests(tsr_engine *e, engine_in *in) {
                         /* Aborted requests get no Output: the router already let go. */
                         list_remove_at(l, i);
                         log_req(TSR_LOG_DEBUG, s->request_id, "aborted (%s)", a->reason);
-                        slot_free(e, s);
+                        if (s->in_flight)
+                                s->aborted = true;   /* the runner still reads it: apply_plan frees it */
+                        else
+                                slot_free(e, s);
                 }
         }
 }
@@ -412,19 +473,30 @@ static void take_inbox(tsr_engine *e, bool block) {
 
 /* ------------------------------------------------------------------ scheduling */
 
-typedef struct sched_entry {
-        slot *s;
-        size_t num_new;
-} sched_entry;
-
 /* A request whose prompt logprobs are still to be computed: its prefill chunks need a
  * logits row for every token, not just the last. */
-static bool wants_prompt_lp(const slot *s) { return s->prompt_lp && !s->reported_prompt && s->kv.n_computed < s->n_prompt; }
+static bool wants_prompt_lp(const slot *s, size_t computed) {
+        return s->prompt_lp && !s->reported_prompt && computed < s->n_prompt;
+}
+
+/* One entry of the plan being scheduled; the request's tokens now run ahead of its KV. */
+static void plan_add(sched_entry *pe, slot *s, size_t past, size_t num_new, bool will_sample) {
+        *pe = (sched_entry){.s = s, .num_new = num_new, .past = past, .epoch = s->epoch, .will_sample = will_sample};
+        s->n_ahead += num_new;
+        if (will_sample)
+                s->n_placeholders++;
+}
 
 static void preempt(tsr_engine *e, slot *victim) {
         tsr_kv_cache_free_blocks(e->kv, &victim->kv);
         list_remove(&e->running, victim);
         victim->state = SLOT_WAITING;
+        /* A step of it still in flight (--async-scheduling) is now stale: apply_plan
+         * drops its result and the recompute produces the same token again.  Its
+         * blocks may go to others at once: their steps run after the one in flight. */
+        victim->n_ahead = 0;
+        victim->n_placeholders = 0;
+        victim->epoch++;
         victim->num_preemptions++;
         e->stats.num_preemptions_total++;
         /* Recompute on resume: the generated tokens are kept and re-prefilled. */
@@ -488,6 +560,9 @@ static bool prefix_in_flight(tsr_engine *e, slot *s) {
         return false;
 }
 
+/* Fill plan[0..] (at most plan_cap entries) for the next step.  A running request's
+ * known tokens count its placeholders and its computed ones the tokens of the step in
+ * flight (vLLM's AsyncScheduler); synchronously both additions are 0. */
 static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
         const engine_params *p = &e->params;
         size_t budget = p->max_num_batched_tokens, n_plan = 0;
@@ -507,20 +582,27 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                 memcpy(snap, e->running.items, n_snap * sizeof(*snap));
         for (size_t i = 0; i < n_snap && budget > 0 && n_plan < plan_cap; i++) {
                 slot *s = snap[i];
-                size_t num_new, room;
+                size_t num_new, room, computed, known;
                 if (s->state != SLOT_RUNNING)
                         continue;   /* preempted earlier in this step */
-                num_new = s->n_tokens - s->kv.n_computed;
-                room = p->max_model_len > s->kv.n_computed ? p->max_model_len - s->kv.n_computed : 0;
+                computed = s->kv.n_computed + s->n_ahead;
+                known = s->n_tokens + s->n_placeholders;
+                /* Its pending token is its last for sure (max_tokens, max_model_len):
+                 * nothing to schedule after it (vLLM's max_total check). */
+                if (s->n_placeholders &&
+                    (known - s->n_prompt >= s->max_tokens || known >= p->max_model_len))
+                        continue;
+                num_new = known - computed;
+                room = p->max_model_len > computed ? p->max_model_len - computed : 0;
                 if (num_new > budget)
                         num_new = budget;
                 if (num_new > room)
                         num_new = room;
-                if (wants_prompt_lp(s) && num_new > lp_rows)
+                if (wants_prompt_lp(s, computed) && num_new > lp_rows)
                         num_new = lp_rows;
                 if (num_new == 0)
                         continue;
-                while (tsr_kv_cache_allocate_slots(e->kv, &s->kv, num_new) != TSR_OK) {
+                while (tsr_kv_cache_allocate_slots(e->kv, &s->kv, s->n_ahead + num_new) != TSR_OK) {
                         slot *victim = pick_victim(e);
                         /* A victim already planned this step gives its budget back. */
                         for (size_t k = 0; k < n_plan; k++)
@@ -538,11 +620,9 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         continue;
                 if (!s->first_scheduled_ns)
                         s->first_scheduled_ns = tsr_now_ns();
-                plan[n_plan].s = s;
-                plan[n_plan].num_new = num_new;
-                n_plan++;
+                plan_add(&plan[n_plan++], s, computed, num_new, computed + num_new == known);
                 budget -= num_new;
-                if (wants_prompt_lp(s))
+                if (wants_prompt_lp(s, computed))
                         lp_rows -= num_new;
         }
         free(snap);
@@ -573,23 +653,22 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                 num_new = s->n_tokens - (s->kv.n_computed + cached);
                 if (num_new > budget)
                         num_new = budget;
-                if (wants_prompt_lp(s) && num_new > lp_rows) {
+                if (wants_prompt_lp(s, s->kv.n_computed) && num_new > lp_rows) {
                         num_new = lp_rows;
                         if (num_new == 0)
                                 break;   /* head-of-line: no logits rows left this step */
                 }
                 if (tsr_kv_cache_allocate_slots(e->kv, &s->kv, num_new) != TSR_OK)
                         break;   /* head-of-line: wait for blocks */
-                if (wants_prompt_lp(s))
+                if (wants_prompt_lp(s, s->kv.n_computed))
                         lp_rows -= num_new;
                 list_remove_at(&e->waiting, wi);
                 s->state = SLOT_RUNNING;
                 list_push(&e->running, s);
                 if (!s->first_scheduled_ns)
                         s->first_scheduled_ns = tsr_now_ns();
-                plan[n_plan].s = s;
-                plan[n_plan].num_new = num_new;
-                n_plan++;
+                /* allocate_slots took the prefix hits: kv.n_computed counts them now */
+                plan_add(&plan[n_plan++], s, s->kv.n_computed, num_new, s->kv.n_computed + num_new == s->n_tokens);
                 budget -= num_new;
         }
         return n_plan;
@@ -639,82 +718,208 @@ static tsr_status gather_prompt_lp(tsr_engine *e, slot *s, size_t past, size_t n
         return TSR_OK;
 }
 
-/* After the step's forward: store the chunk's KV in the prefix cache, gather its
- * prompt logprobs (seq->want_all_logits: `rows` has one row per token) and, when the
- * chunk reached the end of the known tokens, sample from its last row. */
-static tsr_status finish_entry(tsr_engine *e, sched_entry *pe, const engine_seq *seq, const float *rows) {
-        slot *s = pe->s;
-        size_t past = s->kv.n_computed;
-        const engine_model *m = e->params.model;
-        const float *logits;
-        tsr_status st;
-
-        st = tsr_kv_cache_commit(e->kv, &s->kv, s->tokens, past + pe->num_new);
-        if (st != TSR_OK)
-                return st;
-        if (seq->want_all_logits && (st = gather_prompt_lp(e, s, past, pe->num_new, rows)) != TSR_OK)
-                return st;
-        if (!seq->want_logits)
-                return TSR_OK;   /* a prefill chunk: nothing to sample */
-        logits = seq->want_all_logits ? rows + (pe->num_new - 1) * m->vocab : rows;
-        tsr_sample_history h = {
-                .prompt = s->tokens,
-                .n_prompt = s->n_prompt,
-                .output = s->tokens + s->n_prompt,
-                .n_output = s->n_tokens - s->n_prompt,
-        };
-        tsr_sample_result r;
-        st = tsr_sample(&s->sampling, &h, s->rng_key, logits, m->vocab, e->scratch, &r);
-        if (st != TSR_OK)
-                return st;
-        s->tokens[s->n_tokens++] = r.token;
-        s->step_new[0] = r.token;
-        s->step_has_token = true;
-        s->step_has_lp = r.has_logprobs;
-        if (r.has_logprobs)
-                s->step_lp = r.lp;
-        if (!s->first_token_ns)
-                s->first_token_ns = tsr_now_ns();
-        e->stats.generation_tokens_total++;
-        if (s->n_tokens - s->n_prompt == 1)
-                e->stats.prompt_tokens_total += s->n_prompt;
-        check_stop(e, s, r.token);
-        return TSR_OK;
-}
-
 /* Logits rows chunk `q` takes in the step's buffer (engine_model.forward). */
 static size_t seq_rows(const engine_seq *q) { return q->want_all_logits ? q->n : q->want_logits ? 1 : 0; }
 
-/* Every chunk of the step through the model in one call. */
-static tsr_status run_plan(tsr_engine *e, sched_entry *plan, size_t n_plan, engine_seq *seqs, size_t *n_want) {
-        const engine_model *m = e->params.model;
-        *n_want = 0;
-        for (size_t i = 0; i < n_plan; i++) {
-                slot *s = plan[i].s;
-                size_t past = s->kv.n_computed;
-                seqs[i] = (engine_seq){
-                        .block_table = s->kv.block_ids,
-                        .n_table = s->kv.n_blocks,
-                        .tokens = s->tokens + past,
-                        .n = plan[i].num_new,
-                        .past_len = past,
-                        .want_logits = past + plan[i].num_new == s->n_tokens,
-                        .want_all_logits = wants_prompt_lp(s),
-                };
-                *n_want += seq_rows(&seqs[i]);
-        }
-        if (*n_want > e->logits_rows) {
-                float *g = realloc(e->logits, *n_want * m->vocab * sizeof(float));
-                if (!g)
-                        return TSR_E_NOMEM;
-                e->logits = g;
-                e->logits_rows = *n_want;
-        }
-        return m->forward(m->ud, seqs, n_plan, e->logits);
+static tsr_status plan_reserve(step_plan *p, size_t cap) {
+        if (cap <= p->cap)
+                return TSR_OK;
+        sched_entry *en = realloc(p->entries, cap * sizeof(*en));
+        if (!en)
+                return TSR_E_NOMEM;
+        p->entries = en;
+        engine_seq *sq = realloc(p->seqs, cap * sizeof(*sq));
+        if (!sq)
+                return TSR_E_NOMEM;
+        p->seqs = sq;
+        p->cap = cap;
+        return TSR_OK;
 }
 
-/* One Output per router with every request of it that produced a token or finished. */
-static void emit_outputs(tsr_engine *e, sched_entry *plan, size_t n_plan) {
+static void plan_free(step_plan *p) {
+        free(p->entries);
+        free(p->seqs);
+        free(p->inputs);
+        memset(p, 0, sizeof(*p));
+}
+
+/* schedule() into `p`.  Engine thread. */
+static void schedule_plan(tsr_engine *e, step_plan *p) {
+        size_t cap = e->running.n + e->waiting.n;
+        p->n = 0;
+        p->st = TSR_OK;
+        if (plan_reserve(p, cap ? cap : 1) != TSR_OK)
+                return;   /* nothing scheduled: the requests wait for the next round */
+        p->n = schedule(e, p->entries, cap);
+}
+
+/* Just before the step runs (the step before it applied): drop the entries the step
+ * before made moot (its request finished, or was preempted since), and copy every
+ * chunk's tokens (placeholders are real tokens by now) and block table for the
+ * forward.  Engine thread. */
+static void prepare_plan(tsr_engine *e, step_plan *p) {
+        size_t kept = 0, need = 0, used = 0;
+        p->st = TSR_OK;
+        p->n_want = 0;
+        for (size_t i = 0; i < p->n; i++) {
+                sched_entry *pe = &p->entries[i];
+                slot *s = pe->s;
+                if (s->finish || s->epoch != pe->epoch)
+                        continue;   /* its token of the step before was its last, or it was preempted */
+                if (pe->past != s->kv.n_computed || pe->past + pe->num_new > s->n_tokens) {
+                        log_req(TSR_LOG_ERROR, s->request_id, "scheduled chunk no longer fits (%zu+%zu, computed %zu, "
+                                "known %zu): rescheduled", pe->past, pe->num_new, s->kv.n_computed, s->n_tokens);
+                        s->n_ahead -= pe->num_new;
+                        if (pe->will_sample)
+                                s->n_placeholders--;
+                        continue;
+                }
+                p->entries[kept++] = *pe;
+                need += pe->num_new + s->kv.n_blocks;
+        }
+        p->n = kept;
+        if (need > p->inputs_cap) {
+                uint32_t *g = realloc(p->inputs, need * sizeof(uint32_t));
+                if (!g) {
+                        p->st = TSR_E_NOMEM;
+                        return;
+                }
+                p->inputs = g;
+                p->inputs_cap = need;
+        }
+        for (size_t i = 0; i < p->n; i++) {
+                sched_entry *pe = &p->entries[i];
+                slot *s = pe->s;
+                uint32_t *toks = p->inputs + used, *table = toks + pe->num_new;
+                memcpy(toks, s->tokens + pe->past, pe->num_new * sizeof(uint32_t));
+                memcpy(table, s->kv.block_ids, s->kv.n_blocks * sizeof(uint32_t));
+                used += pe->num_new + s->kv.n_blocks;
+                p->seqs[i] = (engine_seq){
+                        .block_table = table,
+                        .n_table = s->kv.n_blocks,
+                        .tokens = toks,
+                        .n = pe->num_new,
+                        .past_len = pe->past,
+                        .want_logits = pe->past + pe->num_new == s->n_tokens,
+                        .want_all_logits = wants_prompt_lp(s, pe->past),
+                };
+                p->n_want += seq_rows(&p->seqs[i]);
+        }
+}
+
+/* The step's forward, then for each chunk its prompt logprobs (seq->want_all_logits:
+ * a row per token) and, where the chunk reached the end of the known tokens, a token
+ * sampled from its last row.  Results go to the entries; the slots are only read (the
+ * sampler's history), except prompt_lp rows no one else touches until the request's
+ * first Output.  The runner thread with --async-scheduling, else the engine thread. */
+static void execute_plan(tsr_engine *e, step_plan *p) {
+        const engine_model *m = e->params.model;
+        if (p->n == 0)
+                return;
+        if (p->st == TSR_OK && p->n_want > e->logits_rows) {
+                float *g = realloc(e->logits, p->n_want * m->vocab * sizeof(float));
+                if (g) {
+                        e->logits = g;
+                        e->logits_rows = p->n_want;
+                } else {
+                        p->st = TSR_E_NOMEM;
+                }
+        }
+        if (p->st == TSR_OK)
+                p->st = m->forward(m->ud, p->seqs, p->n, e->logits);
+        for (size_t i = 0, row = 0; i < p->n; i++) {
+                sched_entry *pe = &p->entries[i];
+                const engine_seq *q = &p->seqs[i];
+                slot *s = pe->s;
+                const float *rows = e->logits + row * m->vocab, *logits;
+                tsr_sample_result r;
+                row += seq_rows(q);
+                pe->sampled = false;
+                pe->has_lp = false;
+                if ((pe->st = p->st) != TSR_OK)
+                        continue;
+                if (q->want_all_logits && (pe->st = gather_prompt_lp(e, s, q->past_len, q->n, rows)) != TSR_OK)
+                        continue;
+                if (!q->want_logits)
+                        continue;   /* a prefill chunk: nothing to sample */
+                logits = q->want_all_logits ? rows + (q->n - 1) * m->vocab : rows;
+                tsr_sample_history h = {
+                        .prompt = s->tokens,
+                        .n_prompt = s->n_prompt,
+                        .output = s->tokens + s->n_prompt,
+                        .n_output = s->n_tokens - s->n_prompt,
+                };
+                if ((pe->st = tsr_sample(&s->sampling, &h, s->rng_key, logits, m->vocab, e->scratch, &r)) != TSR_OK)
+                        continue;
+                pe->sampled = true;
+                pe->token = r.token;
+                pe->has_lp = r.has_logprobs;
+                if (r.has_logprobs)
+                        pe->lp = r.lp;
+        }
+        /* A prompt-logprobs step may have grown the buffer to max_lp_rows rows: give the
+         * memory back once the steps that need it are over. */
+        if (e->logits_rows > e->params.max_num_seqs && p->n_want <= e->params.max_num_seqs) {
+                size_t keep = e->params.max_num_seqs ? e->params.max_num_seqs : 1;
+                float *g = realloc(e->logits, keep * m->vocab * sizeof(float));
+                if (g) {
+                        e->logits = g;
+                        e->logits_rows = keep;
+                }
+        }
+}
+
+/* The step's results into the slots: store each chunk's KV in the prefix cache, append
+ * the sampled tokens, check stops.  Entries of requests preempted or aborted while the
+ * step ran are dropped (an aborted request is freed here: the runner is done with it).
+ * Engine thread. */
+static void apply_plan(tsr_engine *e, step_plan *p) {
+        size_t kept = 0;
+        for (size_t i = 0; i < p->n; i++) {
+                sched_entry *pe = &p->entries[i];
+                slot *s = pe->s;
+                tsr_status st = pe->st;
+                s->in_flight = false;
+                if (s->aborted) {
+                        slot_free(e, s);
+                        continue;
+                }
+                if (s->epoch != pe->epoch)
+                        continue;
+                s->step_has_token = false;
+                s->step_has_lp = false;
+                s->n_ahead -= pe->num_new;
+                if (pe->will_sample)
+                        s->n_placeholders--;
+                if (st == TSR_OK)
+                        st = tsr_kv_cache_commit(e->kv, &s->kv, s->tokens, pe->past + pe->num_new);
+                if (st == TSR_OK && pe->sampled) {
+                        s->tokens[s->n_tokens++] = pe->token;
+                        s->step_new[0] = pe->token;
+                        s->step_has_token = true;
+                        s->step_has_lp = pe->has_lp;
+                        if (pe->has_lp)
+                                s->step_lp = pe->lp;
+                        if (!s->first_token_ns)
+                                s->first_token_ns = tsr_now_ns();
+                        e->stats.generation_tokens_total++;
+                        if (s->n_tokens - s->n_prompt == 1)
+                                e->stats.prompt_tokens_total += s->n_prompt;
+                        check_stop(e, s, pe->token);
+                }
+                if (st != TSR_OK) {
+                        log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed (%s): finishing it with an error",
+                                tsr_status_str(st));
+                        s->finish = TESSERA__V1__FINISH_REASON__FINISH_ERROR;
+                }
+                p->entries[kept++] = *pe;
+        }
+        p->n = kept;
+}
+
+/* One Output per router with every request of it that produced a token or finished.
+ * Engine thread (with --async-scheduling while the runner computes the next step). */
+static void emit_outputs(tsr_engine *e, const sched_entry *plan, size_t n_plan, uint64_t step) {
         bool *done = calloc(n_plan ? n_plan : 1, sizeof(bool));
         if (!done)
                 return;
@@ -743,7 +948,7 @@ static void emit_outputs(tsr_engine *e, sched_entry *plan, size_t n_plan) {
                         break;
                 }
                 out->kind = ENGINE_OUT_OUTPUT;
-                out->step = e->step;
+                out->step = step;
                 memcpy(out->router_id, lead->router_id, lead->router_id_len);
                 out->router_id_len = lead->router_id_len;
                 for (size_t k = i; k < n_plan; k++) {
@@ -794,52 +999,27 @@ static void emit_outputs(tsr_engine *e, sched_entry *plan, size_t n_plan) {
         free(done);
 }
 
-static void step(tsr_engine *e) {
-        size_t cap = e->running.n + e->waiting.n, n_plan, n_want = 0;
-        sched_entry *plan = calloc(cap ? cap : 1, sizeof(*plan));
-        engine_seq *seqs = calloc(cap ? cap : 1, sizeof(*seqs));
-        tsr_status st;
-
-        if (!plan || !seqs)
-                goto out;
-        n_plan = schedule(e, plan, cap);
-        e->step++;
-        for (size_t i = 0; i < n_plan; i++) {
-                plan[i].s->step_has_token = false;
-                plan[i].s->step_has_lp = false;
-        }
-        st = n_plan ? run_plan(e, plan, n_plan, seqs, &n_want) : TSR_OK;
-        for (size_t i = 0, row = 0; i < n_plan; i++) {
-                slot *s = plan[i].s;
-                const float *rows = e->logits + row * e->params.model->vocab;
-                row += seq_rows(&seqs[i]);
-                if (st != TSR_OK || finish_entry(e, &plan[i], &seqs[i], rows) != TSR_OK) {
-                        log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed (%s): finishing it with an error",
-                                tsr_status_str(st));
-                        s->finish = TESSERA__V1__FINISH_REASON__FINISH_ERROR;
-                }
-        }
-        /* A prompt-logprobs step may have grown the buffer to max_lp_rows rows: give the
-         * memory back once the steps that need it are over. */
-        if (e->logits_rows > e->params.max_num_seqs && n_want <= e->params.max_num_seqs) {
-                size_t keep = e->params.max_num_seqs ? e->params.max_num_seqs : 1;
-                float *g = realloc(e->logits, keep * e->params.model->vocab * sizeof(float));
-                if (g) {
-                        e->logits = g;
-                        e->logits_rows = keep;
-                }
-        }
-        emit_outputs(e, plan, n_plan);
-        for (size_t i = 0; i < n_plan; i++) {
-                slot *s = plan[i].s;
+/* After a step's Outputs: free the requests that finished in it. */
+static void retire_finished(tsr_engine *e, const step_plan *p) {
+        for (size_t i = 0; i < p->n; i++) {
+                slot *s = p->entries[i].s;
                 if (!s->finish)
                         continue;
                 list_remove(&e->running, s);
                 slot_free(e, s);
         }
-out:
-        free(plan);
-        free(seqs);
+}
+
+/* One synchronous step (no --async-scheduling): schedule, run, sample, emit. */
+static void step(tsr_engine *e) {
+        step_plan *p = &e->plans[0];
+        schedule_plan(e, p);
+        p->step = ++e->step;
+        prepare_plan(e, p);
+        execute_plan(e, p);
+        apply_plan(e, p);
+        emit_outputs(e, p->entries, p->n, p->step);
+        retire_finished(e, p);
 }
 
 /* ------------------------------------------------------------------ shutdown */
@@ -869,7 +1049,7 @@ static void finish_shutdown(tsr_engine *e) {
                         }
                 }
         if (n_plan)
-                emit_outputs(e, plan, n_plan);
+                emit_outputs(e, plan, n_plan, e->step);
         free(plan);
         for (int li = 0; li < 2; li++) {
                 for (size_t i = 0; i < lists[li]->n; i++)
@@ -890,34 +1070,177 @@ static void finish_shutdown(tsr_engine *e) {
         }
 }
 
+/* ------------------------------------------------------------------ runner thread */
+
+static void *runner_main(void *arg) {
+        tsr_engine *e = arg;
+        tsr_log_set_thread("runner");
+        pthread_mutex_lock(&e->run_mu);
+        for (;;) {
+                step_plan *job;
+                while (!e->run_job && !e->run_quit)
+                        pthread_cond_wait(&e->run_cv, &e->run_mu);
+                if (!e->run_job)
+                        break;   /* quit, nothing left to run */
+                job = e->run_job;
+                pthread_mutex_unlock(&e->run_mu);
+                execute_plan(e, job);
+                pthread_mutex_lock(&e->run_mu);
+                e->run_job = NULL;
+                e->run_done = true;
+                pthread_cond_broadcast(&e->run_cv);
+        }
+        pthread_mutex_unlock(&e->run_mu);
+        return NULL;
+}
+
+static void runner_launch(tsr_engine *e, step_plan *p) {
+        pthread_mutex_lock(&e->run_mu);
+        e->run_job = p;
+        e->run_done = false;
+        pthread_cond_broadcast(&e->run_cv);
+        pthread_mutex_unlock(&e->run_mu);
+}
+
+static void runner_wait(tsr_engine *e) {
+        pthread_mutex_lock(&e->run_mu);
+        while (!e->run_done)
+                pthread_cond_wait(&e->run_cv, &e->run_mu);
+        pthread_mutex_unlock(&e->run_mu);
+}
+
+static bool runner_start(tsr_engine *e) {
+        if (pthread_mutex_init(&e->run_mu, NULL) != 0)
+                return false;
+        if (pthread_cond_init(&e->run_cv, NULL) != 0) {
+                pthread_mutex_destroy(&e->run_mu);
+                return false;
+        }
+        if (pthread_create(&e->runner, NULL, runner_main, e) != 0) {
+                pthread_cond_destroy(&e->run_cv);
+                pthread_mutex_destroy(&e->run_mu);
+                return false;
+        }
+        e->runner_up = true;
+        return true;
+}
+
+static void runner_stop(tsr_engine *e) {
+        if (!e->runner_up)
+                return;
+        pthread_mutex_lock(&e->run_mu);
+        e->run_quit = true;
+        pthread_cond_broadcast(&e->run_cv);
+        pthread_mutex_unlock(&e->run_mu);
+        pthread_join(e->runner, NULL);
+        pthread_cond_destroy(&e->run_cv);
+        pthread_mutex_destroy(&e->run_mu);
+        e->runner_up = false;
+}
+
 /* ------------------------------------------------------------------ thread */
 
-static void *engine_main(void *arg) {
-        tsr_engine *e = arg;
+/* True once SIGTERM's deadline has come or nothing is left to run. */
+static bool shutdown_due(const tsr_engine *e) {
+        return e->shutting_down && !e->shutdown_done &&
+               ((e->running.n == 0 && e->waiting.n == 0) || tsr_now_ns() >= e->shutdown_deadline_ns);
+}
 
-        tsr_log_set_thread("engine");
-        if (e->params.model)
-                log_info("engine up: %llu KV blocks of %u tokens, max_model_len %u, max_num_seqs %u, "
-                         "max_num_batched_tokens %u, prefix caching %s",
-                         (unsigned long long)e->params.kv_blocks_total, e->params.block_size, e->params.max_model_len,
-                         e->params.max_num_seqs, e->params.max_num_batched_tokens,
-                         e->params.enable_prefix_caching ? "on" : "off");
-        else
-                log_info("engine up without a model runner: Submits are refused");
-        publish_stats(e, true);
+static void loop_sync(tsr_engine *e) {
         while (!e->stopping) {
                 bool idle = e->running.n == 0 && e->waiting.n == 0;
                 take_inbox(e, idle && (!e->shutting_down || e->shutdown_done));
                 if (e->stopping)
                         break;
                 /* Between steps: the deadline is checked once per step (a step is short). */
-                if (e->shutting_down && !e->shutdown_done &&
-                    ((e->running.n == 0 && e->waiting.n == 0) || tsr_now_ns() >= e->shutdown_deadline_ns))
+                if (shutdown_due(e))
                         finish_shutdown(e);
                 if (e->running.n || e->waiting.n)
                         step(e);
                 publish_stats(e, false);
         }
+}
+
+/* --async-scheduling: step N's forward and sampling run on the runner thread while
+ * this thread emits step N-1's Outputs, frees what finished in it, publishes stats,
+ * takes the inbox and schedules step N+1 against placeholders for N's tokens.  When N
+ * returns its results are applied (tokens appended, stops checked), the entries of
+ * N+1 that N made moot are dropped, and N+1 starts at once.  Same tokens as the
+ * synchronous loop: a chunk reads only tokens known when it starts, and a request
+ * that finished in N never runs in N+1. */
+static void loop_async(tsr_engine *e) {
+        step_plan *inflight = NULL, *ready = NULL;
+        while (!e->stopping) {
+                step_plan *next;
+                if (ready) {
+                        emit_outputs(e, ready->entries, ready->n, ready->step);
+                        retire_finished(e, ready);
+                        ready = NULL;
+                }
+                publish_stats(e, false);
+                bool idle = !inflight && e->running.n == 0 && e->waiting.n == 0;
+                take_inbox(e, idle && (!e->shutting_down || e->shutdown_done));
+                if (e->stopping)
+                        break;
+                if (shutdown_due(e)) {
+                        if (inflight) {   /* let the running step end first: finish_shutdown frees every slot */
+                                runner_wait(e);
+                                apply_plan(e, inflight);
+                                emit_outputs(e, inflight->entries, inflight->n, inflight->step);
+                                retire_finished(e, inflight);
+                                inflight = NULL;
+                        }
+                        finish_shutdown(e);
+                }
+                next = inflight == &e->plans[0] ? &e->plans[1] : &e->plans[0];
+                next->n = 0;
+                if (e->running.n || e->waiting.n)
+                        schedule_plan(e, next);
+                if (inflight) {
+                        runner_wait(e);
+                        apply_plan(e, inflight);
+                        ready = inflight;
+                        inflight = NULL;
+                }
+                prepare_plan(e, next);
+                if (next->n) {
+                        next->step = ++e->step;
+                        for (size_t i = 0; i < next->n; i++)
+                                next->entries[i].s->in_flight = true;
+                        runner_launch(e, next);
+                        inflight = next;
+                }
+        }
+        if (inflight) {   /* stopping: the runner must be done with the slots before they are freed */
+                runner_wait(e);
+                apply_plan(e, inflight);
+        }
+}
+
+static void *engine_main(void *arg) {
+        tsr_engine *e = arg;
+        bool async = false;
+
+        tsr_log_set_thread("engine");
+        if (e->params.model && e->params.async_scheduling) {
+                async = runner_start(e);
+                if (!async)
+                        log_warn("cannot start the runner thread: scheduling synchronously");
+        }
+        if (e->params.model)
+                log_info("engine up: %llu KV blocks of %u tokens, max_model_len %u, max_num_seqs %u, "
+                         "max_num_batched_tokens %u, prefix caching %s, async scheduling %s",
+                         (unsigned long long)e->params.kv_blocks_total, e->params.block_size, e->params.max_model_len,
+                         e->params.max_num_seqs, e->params.max_num_batched_tokens,
+                         e->params.enable_prefix_caching ? "on" : "off", async ? "on" : "off");
+        else
+                log_info("engine up without a model runner: Submits are refused");
+        publish_stats(e, true);
+        if (async)
+                loop_async(e);
+        else
+                loop_sync(e);
+        runner_stop(e);
         log_info("engine stopped (%zu running, %zu waiting dropped)", e->running.n, e->waiting.n);
         return NULL;
 }
@@ -980,6 +1303,8 @@ void tsr_engine_stop(tsr_engine **ep) {
                 slot_free(e, e->waiting.items[i]);
         free(e->running.items);
         free(e->waiting.items);
+        plan_free(&e->plans[0]);
+        plan_free(&e->plans[1]);
         free(e->logits);
         free(e->scratch);
         tsr_kv_cache_free(&e->kv);

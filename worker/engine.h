@@ -1,7 +1,9 @@
 /* engine.h - the worker's engine thread and the messages it trades with the io thread.
  *
  * Threads (docs/threading.md): the io thread (link.c) owns the sockets and protobuf;
- * the engine thread owns the model, the KV cache and the scheduler.  They talk only
+ * the engine thread owns the model, the KV cache and the scheduler (with
+ * --async-scheduling a "runner" thread of the engine's runs each step's forward and
+ * sampling while the engine thread schedules the next one).  They talk only
  * through two bounded queues: `inbox` (io -> engine, engine_in items) and `outbox`
  * (engine -> io, engine_out items).  Whoever pops an item owns it and frees it with
  * engine_in_free / engine_out_free.
@@ -56,7 +58,8 @@ typedef struct engine_model {
          * with want_all_logits, else one row (its last token) for a chunk with
          * want_logits, else none.  With both flags the last of the n rows is the one
          * sampled from.  A chunk's logits must not depend on the others (batch
-         * invariance).  Engine thread. */
+         * invariance).  Engine thread, or its runner thread with --async-scheduling
+         * (one call at a time either way). */
         tsr_status (*forward)(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits);
 } engine_model;
 
@@ -76,6 +79,8 @@ typedef struct engine_params {
         size_t max_prompt_lp_rows;     /* prompt-logprobs positions per step; 0: 256 MiB of logits */
         uint64_t shutdown_timeout_ms;  /* --shutdown-timeout: how long in-flight requests may run on after
                                         * ENGINE_IN_SHUTDOWN; 0 = abort them at once (vLLM's default) */
+        bool async_scheduling;         /* --async-scheduling: forward and sampling on a "runner" thread
+                                        * while the engine thread schedules the next step (engine.c) */
 } engine_params;
 
 /* What the engine publishes about itself; the io thread turns it into Status. */

@@ -361,6 +361,7 @@ int main(int argc, char **argv) {
                 .seed = (uint64_t)cfg.seed,
                 /* SIGTERM: link.c stops admitting, the engine finishes or aborts (engine.h) */
                 .shutdown_timeout_ms = (uint64_t)cfg.shutdown_timeout * 1000u,
+                .async_scheduling = cfg.async_scheduling,
         };
         if (tsr_engine_start(&ep, inbox, outbox, &engine) != TSR_OK) {
                 log_error("cannot start the engine thread");

@@ -74,6 +74,8 @@ class Result:
     num_prompt_tokens: int = None
     cached: int = None
     num_preemptions: int = 0
+    num_generated: int = None                                # of the finishing Output
+    stop_token_id: int = None                                # finish "stop" by a stop_token_id
     error: tuple = None                                      # (code, message, retryable)
 
     @property
@@ -118,7 +120,7 @@ class EngineWorker:
         raise AssertionError("no ModelInfo from the worker:\n" + self.proc.output()[-3000:])
 
     def submit(self, rid, prompt, max_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=None, logprobs=-1,
-               prompt_logprobs=-1, ignore_eos=True, stop_token_ids=()):
+               prompt_logprobs=-1, ignore_eos=True, stop_token_ids=(), min_tokens=0):
         sp = (_f32(1, temperature) + _f32(2, top_p) + field(3, 0, _i64(top_k)) + _f32(5, 1.0))
         if seed is not None:
             sp += field(8, 0, 1) + field(9, 0, seed)
@@ -128,6 +130,8 @@ class EngineWorker:
             body += field(6, 2, b"".join(varint(t) for t in stop_token_ids))
         if ignore_eos:
             body += field(7, 0, 1)
+        if min_tokens:
+            body += field(5, 0, min_tokens)
         self.results[rid] = Result()
         self.sock.send(envelope(SUBMIT, body))
 
@@ -155,6 +159,9 @@ class EngineWorker:
                     if ro.get(5, [0])[0]:
                         r.finish = FINISH[ro[5][0]]
                         r.num_preemptions = ro.get(14, [0])[0]
+                        r.num_generated = ro.get(10, [0])[0]
+                        if ro.get(7, [0])[0]:
+                            r.stop_token_id = ro.get(6, [0])[0]
             elif ERROR in msg:
                 e = read_fields(msg[ERROR][0])
                 rid = e.get(1, [b""])[0].decode()

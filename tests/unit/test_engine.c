@@ -2,7 +2,14 @@
  * model whose next token is a hash of the WHOLE context, read back through the paged
  * KV cache.  Any mistake in block tables, chunking, preemption or prefix-cache reuse
  * changes a sequence's context and therefore its tokens, which are checked against
- * the hash computed directly. */
+ * the hash computed directly.
+ *
+ * Every test runs twice: synchronously, and with --async-scheduling (the forward on the
+ * engine's runner thread while the next step is scheduled against placeholders), where
+ * the fake model's speed makes the two threads interleave at every step.
+ * test_async_matches_sync runs one mixed workload (seeded sampling, stop ids under
+ * min_tokens, max_tokens 1, logprobs, prompt logprobs, preemption, chunking, prefix
+ * hits, an abort) both ways and compares everything a router sees. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -80,6 +87,8 @@ static tsr_status fake_forward(void *ud, const engine_seq *seqs, size_t n_seqs, 
         return TSR_OK;
 }
 
+static bool g_async;   /* start engines with async_scheduling (the second group) */
+
 typedef struct harness {
         fake_model fm;
         engine_model model;
@@ -104,7 +113,7 @@ static harness *start_full(uint64_t blocks, uint32_t max_batched, uint32_t max_s
                 .model = &h->model, .kv_blocks_total = blocks, .block_size = BS, .max_model_len = 1024,
                 .max_num_seqs = max_seqs, .max_num_batched_tokens = max_batched, .enable_prefix_caching = prefix,
                 .hash_algo = TSR_BLOCK_HASH_XXHASH, .eos_ids = h->eos, .n_eos_ids = 1,
-                .max_prompt_lp_rows = lp_rows, .shutdown_timeout_ms = shutdown_ms,
+                .max_prompt_lp_rows = lp_rows, .shutdown_timeout_ms = shutdown_ms, .async_scheduling = g_async,
         };
         assert_int_equal(tsr_engine_start(&p, h->in, h->out, &h->e), TSR_OK);
         return h;
@@ -129,8 +138,16 @@ static void stop(harness *h) {
         free(h);
 }
 
-static void submit_lp(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
-                      const uint32_t *stop_ids, size_t n_stop, int32_t logprobs, int32_t prompt_logprobs) {
+typedef struct submit_opts {
+        float temperature;        /* 0: greedy */
+        bool has_seed;
+        uint64_t seed;
+        uint32_t min_tokens;
+} submit_opts;
+
+static void submit_full(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
+                        const uint32_t *stop_ids, size_t n_stop, int32_t logprobs, int32_t prompt_logprobs,
+                        const submit_opts *so) {
         tsr_envelope env;
         Tessera__V1__Submit s;
         Tessera__V1__SamplingParams sp;
@@ -140,9 +157,12 @@ static void submit_lp(harness *h, const char *id, const uint32_t *prompt, size_t
         tessera__v1__envelope__init(&env);
         tessera__v1__submit__init(&s);
         tessera__v1__sampling_params__init(&sp);
-        sp.temperature = 0.0f;   /* greedy */
+        sp.temperature = so ? so->temperature : 0.0f;   /* greedy by default */
         sp.top_p = 1.0f;
         sp.repetition_penalty = 1.0f;
+        sp.has_seed = so && so->has_seed;
+        sp.seed = so ? so->seed : 0;
+        s.min_tokens = so ? so->min_tokens : 0;
         s.request_id = (char *)id;
         s.prompt_token_ids = (uint32_t *)prompt;
         s.n_prompt_token_ids = n;
@@ -161,6 +181,11 @@ static void submit_lp(harness *h, const char *id, const uint32_t *prompt, size_t
         memcpy(in->router_id, "r1", 2);
         in->router_id_len = 2;
         assert_int_equal(tsr_queue_push(h->in, in), TSR_OK);
+}
+
+static void submit_lp(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
+                      const uint32_t *stop_ids, size_t n_stop, int32_t logprobs, int32_t prompt_logprobs) {
+        submit_full(h, id, prompt, n, max_tokens, stop_ids, n_stop, logprobs, prompt_logprobs, NULL);
 }
 
 static void submit(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
@@ -197,6 +222,7 @@ typedef struct result {
         uint32_t cached;
         uint32_t stop_id;
         bool has_stop_id;
+        uint32_t num_generated;          /* of the finishing Output */
         bool error;
         tsr_token_logprobs lp[512];      /* one per token when logprobs were asked */
         size_t n_lp;
@@ -233,6 +259,7 @@ static engine_stats collect(harness *h, const char *const *ids, result *res, siz
                                         res[k].cached = ro->num_cached_tokens;
                                 if (ro->finish) {
                                         res[k].finish = ro->finish;
+                                        res[k].num_generated = ro->num_generated;
                                         res[k].has_stop_id = ro->has_stop_token_id;
                                         res[k].stop_id = ro->stop_token_id;
                                         finished++;
@@ -598,7 +625,9 @@ static void test_shutdown_lets_inflight_finish(void **state) {
         n = 1;   /* wait_started consumed the first token's Output */
         push_shutdown(h);
         submit(h, "late", prompt, 12, 4, NULL, 0);
-        while (!stopped) {
+        /* "late" may be refused after STOPPED: when the engine took the shutdown alone and
+         * "run" ended before the next inbox drain. */
+        while (!stopped || !refused) {
                 engine_out *o = tsr_queue_pop_wait(h->out, 20000);
                 assert_non_null(o);
                 if (o->kind == ENGINE_OUT_ERROR) {
@@ -669,6 +698,183 @@ static void test_shutdown_timeout_aborts_the_rest(void **state) {
         stop(h);
 }
 
+/* One mixed workload, run by a synchronous engine and by an async one; every request's
+ * tokens, finish, stop id, num_generated, logprobs and prompt logprobs must agree, and
+ * both must end with every block free.  KV for ~6 requests of 40 tokens and a budget of
+ * 12 tokens a step: preemption and chunked prefill; every 4th request shares a prompt
+ * (prefix hits); "abort" is aborted after its first Output. */
+enum { MIX = 40 };
+
+typedef struct mix_run {
+        result res[MIX];
+        engine_stats st;
+} mix_run;
+
+static void run_mix(bool async, mix_run *out) {
+        bool saved = g_async;
+        uint32_t prompts[MIX][48], shared[48];
+        size_t lens[MIX];
+        const char *ids[MIX];
+        char names[MIX][8];
+        harness *h;
+
+        g_async = async;
+        h = start_lp(60, 12, 16, true, 8);
+        g_async = saved;
+        memset(out, 0, sizeof(*out));
+        make_prompt(shared, 30, 77);
+        for (int i = 0; i < MIX; i++) {
+                uint32_t want[64], stop_id;
+                submit_opts so = {0};
+                int32_t lp = -1, plp = -1;
+                uint32_t max_tokens = 4 + (uint32_t)(i * 5) % 21;
+                lens[i] = 2 + (size_t)(i * 11) % 40;
+                if (i % 4 == 0) {
+                        lens[i] = 30;
+                        memcpy(prompts[i], shared, sizeof(shared));
+                } else {
+                        make_prompt(prompts[i], lens[i], (uint32_t)i + 100);
+                }
+                snprintf(names[i], sizeof(names[i]), "m%d", i);
+                ids[i] = names[i];
+                if (i % 3 == 1) {   /* seeded sampling, flat logits: anything may come */
+                        so.temperature = 25.0f;
+                        so.has_seed = true;
+                        so.seed = 1000u + (uint64_t)i;
+                }
+                if (i % 5 == 2)
+                        max_tokens = 1;   /* finishes in its first step, with its prefill */
+                if (i % 6 == 3)
+                        lp = 2;
+                if (i % 7 == 5)
+                        plp = 1;
+                expected(prompts[i], lens[i], 64, want);
+                stop_id = want[6];
+                if (i % 4 == 2) {   /* greedy stop id, gated by min_tokens (the sampler masks it before) */
+                        so.min_tokens = 5;
+                        max_tokens = 30;
+                        submit_full(h, ids[i], prompts[i], lens[i], max_tokens, &stop_id, 1, lp, plp, &so);
+                } else {
+                        submit_full(h, ids[i], prompts[i], lens[i], max_tokens, NULL, 0, lp, plp, &so);
+                }
+        }
+        submit(h, "abort", prompts[1], lens[1], 400, NULL, 0);
+        {
+                const char *aid[] = {"abort"};
+                bool seen = false;
+                (void)aid;
+                /* Collect the mix; abort "abort" as soon as it produced something. */
+                size_t finished = 0;
+                while (finished < MIX) {
+                        engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                        if (!o)
+                                fail_msg("engine produced nothing for 20 s (%zu of %d finished)", finished, MIX);
+                        if (o->kind == ENGINE_OUT_ERROR)
+                                fail_msg("engine error for %s: %s", o->request_id, o->message);
+                        for (size_t i = 0; i < o->n_outputs; i++) {
+                                engine_req_output *ro = &o->outputs[i];
+                                if (strcmp(ro->request_id, "abort") == 0) {
+                                        if (!seen)
+                                                abort_req(h, "abort");
+                                        seen = true;
+                                        assert_int_not_equal(ro->finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                                        continue;
+                                }
+                                for (int k = 0; k < MIX; k++) {
+                                        result *r = &out->res[k];
+                                        if (strcmp(ids[k], ro->request_id) != 0)
+                                                continue;
+                                        for (uint32_t t = 0; t < ro->n_new; t++)
+                                                r->tokens[r->n++] = ro->new_tokens[t];
+                                        for (uint32_t t = 0; ro->logprobs && t < ro->n_new; t++)
+                                                r->lp[r->n_lp++] = ro->logprobs[t];
+                                        if (ro->prompt_logprobs) {
+                                                r->n_plp_outputs++;
+                                                for (uint32_t t = 0; t < ro->n_prompt_logprobs && r->n_plp < 64; t++)
+                                                        r->plp[r->n_plp++] = ro->prompt_logprobs[t];
+                                        }
+                                        if (ro->num_prompt_tokens)
+                                                r->cached = ro->num_cached_tokens;
+                                        if (ro->finish) {
+                                                r->finish = ro->finish;
+                                                r->num_generated = ro->num_generated;
+                                                r->has_stop_id = ro->has_stop_token_id;
+                                                r->stop_id = ro->stop_token_id;
+                                                finished++;
+                                        }
+                                }
+                        }
+                        engine_out_free(o);
+                }
+                assert_true(seen);
+        }
+        out->st = idle_stats(h);
+        /* the 40 greedy-or-seeded requests checked against their own definitions */
+        for (int i = 0; i < MIX; i++) {
+                result *r = &out->res[i];
+                assert_int_equal(r->n, r->num_generated);
+                uint32_t want[64];
+                size_t first = 0;
+                expected(prompts[i], lens[i], 64, want);
+                while (want[first] != want[6])
+                        first++;
+                if (i % 4 == 2 && first < 5)
+                        continue;   /* min_tokens masked the stop id: another continuation */
+                if (i % 3 != 1 && memcmp(r->tokens, want, r->n * sizeof(uint32_t)) != 0)
+                        fail_msg("m%d (async %d): greedy tokens differ from the fake model's", i, async);
+                if (i % 4 == 2 && i % 3 != 1) {
+                        /* stop id want[6], first produced at `first` >= min_tokens: ends there */
+                        assert_int_equal(r->finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+                        assert_int_equal(r->n, first + 1);
+                        assert_int_equal(r->tokens[r->n - 1], r->stop_id);
+                }
+        }
+        stop(h);
+}
+
+static void same_lp(const tsr_token_logprobs *a, const tsr_token_logprobs *b) {
+        assert_int_equal(a->token, b->token);
+        assert_true(a->logprob == b->logprob);   /* bitwise: the same rows, the same code */
+        assert_int_equal(a->rank, b->rank);
+        assert_int_equal(a->n_top, b->n_top);
+        for (uint32_t k = 0; k < a->n_top; k++) {
+                assert_int_equal(a->top_ids[k], b->top_ids[k]);
+                assert_true(a->top_logprobs[k] == b->top_logprobs[k]);
+        }
+}
+
+static void test_async_matches_sync(void **state) {
+        static mix_run a, b;   /* large: off the stack */
+        run_mix(false, &a);
+        run_mix(true, &b);
+        for (int i = 0; i < MIX; i++) {
+                result *x = &a.res[i], *y = &b.res[i];
+                if (x->n != y->n || memcmp(x->tokens, y->tokens, x->n * sizeof(uint32_t)) != 0)
+                        fail_msg("request m%d: %zu tokens synchronously, %zu with async scheduling, or different ones",
+                                 i, x->n, y->n);
+                assert_int_equal(x->finish, y->finish);
+                assert_int_equal(x->num_generated, y->num_generated);
+                assert_int_equal(x->has_stop_id, y->has_stop_id);
+                assert_int_equal(x->stop_id, y->stop_id);
+                assert_int_equal(x->n_lp, y->n_lp);
+                for (size_t t = 0; t < x->n_lp; t++)
+                        same_lp(&x->lp[t], &y->lp[t]);
+                assert_int_equal(x->n_plp, y->n_plp);
+                assert_int_equal(x->n_plp_outputs, y->n_plp_outputs);
+                for (size_t t = 0; t < x->n_plp; t++)
+                        same_lp(&x->plp[t], &y->plp[t]);
+                if (i % 5 == 2 && i % 4 != 2)
+                        assert_int_equal(x->n, 1);   /* max_tokens 1: exactly one, both ways */
+        }
+        assert_true(a.st.num_preemptions_total > 0);
+        assert_true(b.st.num_preemptions_total > 0);
+        assert_true(a.st.prefix_cache_hits_total > 0);
+        assert_true(b.st.prefix_cache_hits_total > 0);
+        assert_int_equal(a.st.kv_blocks_free, a.st.kv_blocks_total);
+        assert_int_equal(b.st.kv_blocks_free, b.st.kv_blocks_total);
+        assert_int_equal(b.st.num_running + b.st.num_waiting, 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_single_request_greedy),
@@ -684,6 +890,10 @@ int main(void) {
                 cmocka_unit_test(test_shared_prefix_waits_only_for_shared_blocks),
                 cmocka_unit_test(test_shutdown_lets_inflight_finish),
                 cmocka_unit_test(test_shutdown_timeout_aborts_the_rest),
+                cmocka_unit_test(test_async_matches_sync),
         };
-        return cmocka_run_group_tests_name("engine", tests, NULL, NULL);
+        int failed = cmocka_run_group_tests_name("engine", tests, NULL, NULL);
+        g_async = true;
+        failed += cmocka_run_group_tests_name("engine --async-scheduling", tests, NULL, NULL);
+        return failed;
 }
