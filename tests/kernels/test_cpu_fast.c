@@ -3,9 +3,10 @@
  * float32 ops must be BITWISE ref.c's: over a table of odd shapes, for every ISA level
  * the CPU has (scalar, avx2, avx512_bf16) and for 1, 2 and 3 threads.  bf16 matmul:
  * bitwise the reference's where the dot products are widened (AVX2), within the float32
- * summation error bound where VDPBF16PS runs (its own pair order); in both cases bitwise
- * invariant to the thread count and to the rows around a row.  Also: the bf16 rounding
- * and the thread pool (every task exactly once, a second driving thread). */
+ * summation error bound where VDPBF16PS or AMX TDPBF16PS runs (their own orders; the
+ * AMX level is skipped on CPUs without it); in every case bitwise invariant to the
+ * thread count and to the rows around a row.  Also: the bf16 rounding and the thread
+ * pool (every task exactly once, a second driving thread). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -61,11 +62,25 @@ static void expect_bitwise(const char *what, const float *got, const float *want
 }
 
 static const tsr_cpu_isa isas[] = {TSR_CPU_ISA_SCALAR, TSR_CPU_ISA_AVX2, TSR_CPU_ISA_AVX512_BF16};
+/* The bf16 matmul has one more level: AMX tiles (kernels/cpu/amx.c). */
+static const tsr_cpu_isa bf16_isas[] = {TSR_CPU_ISA_SCALAR, TSR_CPU_ISA_AVX2, TSR_CPU_ISA_AVX512_BF16,
+                                        TSR_CPU_ISA_AMX_BF16};
 static const int thread_counts[] = {1, 2, 3};
 
 static const size_t ns[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 576, 1536 + 3};
 static const size_t ds[] = {1, 3, 4, 5, 17, 64, 67};
 static const size_t rows_list[] = {1, 2, 3, 4, 5, 7, 48, 49, 67};
+
+/* Configure `threads` at `isa`; false (and a note) when the CPU lacks that level, so the
+ * caller skips it instead of testing a lower level twice. */
+static bool configure_isa(int threads, tsr_cpu_isa isa) {
+        assert_int_equal(tsr_kernels_cpu_configure(threads, isa), TSR_OK);
+        if (tsr_kernels_cpu_isa() == isa)
+                return true;
+        print_message("isa %s not available here (best %s): skipped\n", tsr_cpu_isa_name(isa),
+                      tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+        return false;
+}
 
 /* ---- matmul f32 ------------------------------------------------------------------------- */
 
@@ -245,11 +260,12 @@ static double dot_bound(const uint16_t *w, const float *x, size_t n) {
 
 static void test_matmul_bf16(void **state) {
         const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
-        size_t checked = 0, bitwise = 0;
-        double worst = 0;
 
-        for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++) {
-                assert_int_equal(tsr_kernels_cpu_configure(1, isas[ii]), TSR_OK);
+        for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++) {
+                size_t checked = 0, bitwise = 0;
+                double worst = 0;
+                if (!configure_isa(1, bf16_isas[ii]))
+                        continue;
                 bool exact = tsr_kernels_cpu_isa() < TSR_CPU_ISA_AVX512_BF16;
                 for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
                         for (size_t b = 0; b < sizeof ds / sizeof *ds; b++)
@@ -282,10 +298,10 @@ static void test_matmul_bf16(void **state) {
                                                         }
                                         }
                                         /* Thread count: bitwise the same. */
-                                        assert_int_equal(tsr_kernels_cpu_configure(3, isas[ii]), TSR_OK);
+                                        assert_int_equal(tsr_kernels_cpu_configure(3, bf16_isas[ii]), TSR_OK);
                                         assert_int_equal(fast->matmul_bf16(o3, x, w, rows, n, d), TSR_OK);
                                         expect_bitwise(what, o3, o2, rows, d);
-                                        assert_int_equal(tsr_kernels_cpu_configure(1, isas[ii]), TSR_OK);
+                                        assert_int_equal(tsr_kernels_cpu_configure(1, bf16_isas[ii]), TSR_OK);
                                         /* Batch: the last row alone is bitwise that row among the others. */
                                         assert_int_equal(fast->matmul_bf16(o3, x + (rows - 1) * n, w, 1, n, d), TSR_OK);
                                         expect_bitwise(what, o3, o2 + (rows - 1) * d, 1, d);
@@ -297,9 +313,84 @@ static void test_matmul_bf16(void **state) {
                                         free(o2);
                                         free(o3);
                                 }
+                print_message("matmul_bf16 %s: %zu cases, %zu bitwise to cpu-ref, worst |fast-ref| / error bound "
+                              "= %.3g\n", tsr_cpu_isa_name(tsr_kernels_cpu_isa()), checked, bitwise, worst);
         }
-        print_message("matmul_bf16: %zu cases, %zu bitwise to cpu-ref, worst |fast-ref| / error bound = %.3g\n",
-                      checked, bitwise, worst);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+}
+
+/* Infinities and NaN in some weight rows stay in those rows' outputs: the k tail and the
+ * ragged last block of weight rows (n = 45, d = 21) never mix another row's values in
+ * (0 x inf would be NaN), and finite outputs stay within the error bound. */
+static void test_matmul_bf16_special(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        size_t n = 45, d = 21, rows = 3;
+        float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
+        float o1[63], o2[63];
+
+        wf[2 * n] = INFINITY;           /* weight row 2 starts with +inf: row 1's tail ends next to it */
+        wf[5 * n + 3] = NAN;            /* row 5: the first row of the last (overlapping) block of 16 */
+        wf[20 * n + 44] = -INFINITY;    /* row 20: the last element of w */
+        uint16_t *w = to_bf16_vec(wf, d * n);
+        for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++) {
+                if (!configure_isa(2, bf16_isas[ii]))
+                        continue;
+                assert_int_equal(ref->matmul_bf16(o1, x, w, rows, n, d), TSR_OK);
+                assert_int_equal(fast->matmul_bf16(o2, x, w, rows, n, d), TSR_OK);
+                for (size_t r = 0; r < rows; r++)
+                        for (size_t i = 0; i < d; i++) {
+                                float a = o2[r * d + i], b = o1[r * d + i];
+                                if (isnan(b) || isinf(b)) {
+                                        if (!(isnan(b) ? isnan(a) : a == b))
+                                                fail_msg("matmul_bf16 %s [%zu,%zu]: %g, cpu-ref %g",
+                                                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()), r, i, a, b);
+                                } else if (!(fabs((double)a - (double)b) <= dot_bound(w + i * n, x + r * n, n))) {
+                                        fail_msg("matmul_bf16 %s [%zu,%zu]: %.9g, cpu-ref %.9g",
+                                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), r, i, a, b);
+                                }
+                        }
+        }
+        free(x);
+        free(wf);
+        free(w);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+}
+
+/* Batch invariance of the bf16 matmul at every level: each of 64 rows computed alone
+ * (decode) is bitwise that row among the 63 others (prefill), for 1, 2 and 3 threads and
+ * for the rows in the middle of a batch too (rows 20 .. 27 of it as a batch of 8).  On
+ * AMX a row alone sits in column 0 of a tile padded with zeros, and among others in
+ * column r % 16 of block r / 16. */
+static void test_matmul_bf16_batch_invariance(void **state) {
+        const tsr_kernels_ops *fast = tsr_kernels_cpu_fast();
+        size_t n = 576 + 7, d = 131, rows = 64;
+        float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
+        uint16_t *w = to_bf16_vec(wf, d * n);
+        float *all = malloc(rows * d * sizeof(float)), *part = malloc(8 * d * sizeof(float));
+        float *one = malloc(d * sizeof(float));
+
+        for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++)
+                for (int t = 1; t <= 3; t++) {
+                        char what[96];
+                        if (!configure_isa(t, bf16_isas[ii]))
+                                break;
+                        snprintf(what, sizeof what, "matmul_bf16 %s t%d: row alone vs among 64",
+                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), t);
+                        assert_int_equal(fast->matmul_bf16(all, x, w, rows, n, d), TSR_OK);
+                        for (size_t r = 0; r < rows; r++) {
+                                assert_int_equal(fast->matmul_bf16(one, x + r * n, w, 1, n, d), TSR_OK);
+                                expect_bitwise(what, one, all + r * d, 1, d);
+                        }
+                        assert_int_equal(fast->matmul_bf16(part, x + 20 * n, w, 8, n, d), TSR_OK);
+                        expect_bitwise(what, part, all + 20 * d, 8, d);
+                }
+        free(x);
+        free(wf);
+        free(w);
+        free(all);
+        free(part);
+        free(one);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
 /* ---- batch invariance through the table ----------------------------------------------------- */
@@ -452,6 +543,8 @@ int main(void) {
                 cmocka_unit_test(test_attention_bitwise),
                 cmocka_unit_test(test_bf16_rounding),
                 cmocka_unit_test(test_matmul_bf16),
+                cmocka_unit_test(test_matmul_bf16_special),
+                cmocka_unit_test(test_matmul_bf16_batch_invariance),
                 cmocka_unit_test(test_batch_invariance),
                 cmocka_unit_test(test_elementwise_bitwise),
         };
