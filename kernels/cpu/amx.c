@@ -56,7 +56,10 @@
 #define TILE_ROWS 16            /* weight rows per A / C tile, and rows of x per C tile (columns) */
 #define TILE_K 32               /* bf16 of k per A tile row: one TDPBF16PS step */
 #define TILE_WORDS 256          /* 32-bit words in one packed B tile (16 x 16 pairs) */
-#define BLOCKS_PER_TASK 2       /* blocks of 16 weight rows per pool task (the 2 x 2 tiles below) */
+#ifndef PREFETCH_KB
+#define PREFETCH_KB 2           /* blocks of k ahead that the weight prefetches run */
+#endif
+#define TASKS_PER_THREAD 4      /* pool tasks per thread: balance against LDTILECFG per task */
 
 /* ---- detection --------------------------------------------------------------------- */
 
@@ -106,6 +109,7 @@ struct amx_ctx {
         size_t n_kb_full;       /* blocks of 32 k read straight from w */
         size_t n_mb;            /* blocks of 16 rows of x */
         size_t n_db;            /* blocks of 16 weight rows */
+        size_t blocks_per_task; /* even: a task runs pairs of blocks */
 };
 
 /* Write the C tile in `c` (16 weight rows x 16 rows of x, row-major floats) transposed:
@@ -114,6 +118,15 @@ struct amx_ctx {
 AMX_INLINE void store_transposed(const float *c, float *out, size_t d, size_t n_m, __mmask16 keep) {
         __m512 r[16], s[16], u[16];
 
+        if (n_m < 4) {          /* decode: a column or three, gathered */
+                const __m512i col0 = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48,
+                                                      32, 16, 0);
+                for (size_t j = 0; j < n_m; j++)
+                        _mm512_mask_storeu_ps(out + j * d, keep,
+                                              _mm512_i32gather_ps(_mm512_add_epi32(col0, _mm512_set1_epi32((int)j)),
+                                                                  c, 4));
+                return;
+        }
         for (int i = 0; i < 16; i++)
                 r[i] = _mm512_load_ps(c + 16 * i);
         /* In each 128-bit lane L: s[2i] = rows 2i, 2i+1 at columns 4L, 4L+1, interleaved;
@@ -150,7 +163,7 @@ AMX_INLINE void store_transposed(const float *c, float *out, size_t d, size_t n_
  * first row block.  The C tiles land in c (4 x 256 floats: tile a*2+b at (a*2+b)*256). */
 AMX_INLINE void amx_tiles(const int ND, const int NM, const struct amx_ctx *ctx, const uint16_t *a0,
                           const uint16_t *a1, const uint16_t *tail0, const uint16_t *tail1, const uint32_t *b,
-                          float *c) {
+                          float *c, bool prefetch) {
         const long stride = (long)(ctx->n * sizeof(uint16_t));
         const uint32_t *b1 = b + ctx->n_kb * TILE_WORDS;
         size_t kb;
@@ -163,6 +176,17 @@ AMX_INLINE void amx_tiles(const int ND, const int NM, const struct amx_ctx *ctx,
         if (ND > 1 && NM > 1)
                 _tile_zero(3);
         for (kb = 0; kb < ctx->n_kb_full; kb++) {
+                /* A tile load touches 16 lines n * 2 bytes apart, a pattern the hardware
+                 * prefetchers follow poorly: ask for the weights PREFETCH_KB blocks ahead on
+                 * the first pass over them (later passes find them in L1/L2). */
+                if (prefetch && kb + PREFETCH_KB < ctx->n_kb_full)
+                        for (int r = 0; r < TILE_ROWS; r++) {
+                                _mm_prefetch((const char *)(a0 + r * ctx->n + (kb + PREFETCH_KB) * TILE_K),
+                                             _MM_HINT_T0);
+                                if (ND > 1)
+                                        _mm_prefetch((const char *)(a1 + r * ctx->n + (kb + PREFETCH_KB) * TILE_K),
+                                                     _MM_HINT_T0);
+                        }
                 _tile_loadd(6, b + kb * TILE_WORDS, 64);
                 _tile_loadd(4, a0 + kb * TILE_K, stride);
                 if (NM > 1)
@@ -201,18 +225,15 @@ AMX_INLINE void amx_tiles(const int ND, const int NM, const struct amx_ctx *ctx,
                 _tile_stored(3, c + 3 * TILE_WORDS, 64);
 }
 
-/* One task: weight-row blocks [task * 2, task * 2 + 2) against every row of x. */
-AMX_FN static void amx_task(void *arg, size_t task, int worker) {
-        const struct amx_ctx *ctx = arg;
-        size_t db0 = task * BLOCKS_PER_TASK;
-        size_t nd = ctx->n_db - db0 < BLOCKS_PER_TASK ? ctx->n_db - db0 : BLOCKS_PER_TASK;
-        uint16_t tail[BLOCKS_PER_TASK][TILE_ROWS * TILE_K] __attribute__((aligned(64)));
+/* Weight-row blocks db0 .. db0 + nd - 1 (nd = 1 or 2) against every row of x, two blocks
+ * of 16 rows of x at a time.  The tile configuration is loaded. */
+AMX_INLINE void amx_pair(const struct amx_ctx *ctx, size_t db0, size_t nd) {
+        uint16_t tail[2][TILE_ROWS * TILE_K] __attribute__((aligned(64)));
         float c[4 * TILE_WORDS] __attribute__((aligned(64)));
-        const uint16_t *a[BLOCKS_PER_TASK];
-        size_t base[BLOCKS_PER_TASK];
-        __mmask16 keep[BLOCKS_PER_TASK];
+        const uint16_t *a[2];
+        size_t base[2];
+        __mmask16 keep[2];
 
-        (void)worker;
         for (size_t t = 0; t < nd; t++) {
                 size_t first = (db0 + t) * TILE_ROWS;           /* the block's own rows: first .. */
                 size_t end = first + TILE_ROWS < ctx->d ? first + TILE_ROWS : ctx->d;  /* .. end - 1 */
@@ -230,7 +251,6 @@ AMX_FN static void amx_task(void *arg, size_t task, int worker) {
         /* TILELOADD's asm does not tell the compiler it reads memory: make the tail
          * copies happen before it. */
         __asm__ volatile("" ::: "memory");
-        _tile_loadconfig(&tile_cfg);
         for (size_t mb = 0; mb < ctx->n_mb; mb += 2) {
                 const uint32_t *b = ctx->xp + mb * ctx->n_kb * TILE_WORDS;
                 size_t m0 = mb * TILE_ROWS;
@@ -240,13 +260,13 @@ AMX_FN static void amx_task(void *arg, size_t task, int worker) {
                                                                                 : TILE_ROWS)
                                     : 0;
                 if (nd == 2 && two_m)
-                        amx_tiles(2, 2, ctx, a[0], a[1], tail[0], tail[1], b, c);
+                        amx_tiles(2, 2, ctx, a[0], a[1], tail[0], tail[1], b, c, mb == 0);
                 else if (nd == 2)
-                        amx_tiles(2, 1, ctx, a[0], a[1], tail[0], tail[1], b, c);
+                        amx_tiles(2, 1, ctx, a[0], a[1], tail[0], tail[1], b, c, mb == 0);
                 else if (two_m)
-                        amx_tiles(1, 2, ctx, a[0], a[0], tail[0], tail[0], b, c);
+                        amx_tiles(1, 2, ctx, a[0], a[0], tail[0], tail[0], b, c, mb == 0);
                 else
-                        amx_tiles(1, 1, ctx, a[0], a[0], tail[0], tail[0], b, c);
+                        amx_tiles(1, 1, ctx, a[0], a[0], tail[0], tail[0], b, c, mb == 0);
                 for (size_t t = 0; t < nd; t++) {
                         float *o = ctx->out + m0 * ctx->d + base[t];
                         store_transposed(c + (2 * t) * TILE_WORDS, o, ctx->d, n_m0, keep[t]);
@@ -255,6 +275,20 @@ AMX_FN static void amx_task(void *arg, size_t task, int worker) {
                                                  keep[t]);
                 }
         }
+}
+
+/* One pool task: weight-row blocks [task * blocks_per_task, + blocks_per_task), pair by
+ * pair.  Loads the tile configuration first and releases the tiles last, so the thread
+ * that ran it (any of the pool's) holds no tile state afterwards. */
+AMX_FN static void amx_task(void *arg, size_t task, int worker) {
+        const struct amx_ctx *ctx = arg;
+        size_t db0 = task * ctx->blocks_per_task;
+        size_t db1 = db0 + ctx->blocks_per_task < ctx->n_db ? db0 + ctx->blocks_per_task : ctx->n_db;
+
+        (void)worker;
+        _tile_loadconfig(&tile_cfg);
+        for (size_t db = db0; db < db1; db += 2)
+                amx_pair(ctx, db, db1 - db < 2 ? db1 - db : 2);
         _tile_release();
 }
 
@@ -302,7 +336,12 @@ tsr_status tsr_amx_matmul_bf16(tsr_pool *pool, float *out, const float *x, const
         memset(xp, 0, xp_bytes);
         pack_x(xp, x, rows, n, ctx.n_kb);
         ctx.xp = xp;
-        tsr_pool_run(pool, (ctx.n_db + BLOCKS_PER_TASK - 1) / BLOCKS_PER_TASK, amx_task, &ctx);
+        /* About TASKS_PER_THREAD tasks per thread (claimed dynamically, so a thread that
+         * loses its core does not hold the rest back), each a whole number of pairs. */
+        size_t want = (size_t)tsr_pool_threads(pool) * TASKS_PER_THREAD;
+        ctx.blocks_per_task = (ctx.n_db + want - 1) / want;
+        ctx.blocks_per_task += ctx.blocks_per_task & 1;
+        tsr_pool_run(pool, (ctx.n_db + ctx.blocks_per_task - 1) / ctx.blocks_per_task, amx_task, &ctx);
         free(wpad);
         free(xp);
         return TSR_OK;

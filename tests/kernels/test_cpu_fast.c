@@ -360,14 +360,17 @@ static void test_matmul_bf16_special(void **state) {
  * (decode) is bitwise that row among the 63 others (prefill), for 1, 2 and 3 threads and
  * for the rows in the middle of a batch too (rows 20 .. 27 of it as a batch of 8).  On
  * AMX a row alone sits in column 0 of a tile padded with zeros, and among others in
- * column r % 16 of block r / 16. */
+ * column r % 16 of block r / 16.  d = 131 is 9 blocks of 16 weight rows, several per
+ * pool task; the batch is also checked against the reference (error bound). */
 static void test_matmul_bf16_batch_invariance(void **state) {
-        const tsr_kernels_ops *fast = tsr_kernels_cpu_fast();
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         size_t n = 576 + 7, d = 131, rows = 64;
         float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
         uint16_t *w = to_bf16_vec(wf, d * n);
         float *all = malloc(rows * d * sizeof(float)), *part = malloc(8 * d * sizeof(float));
-        float *one = malloc(d * sizeof(float));
+        float *one = malloc(d * sizeof(float)), *want = malloc(rows * d * sizeof(float));
+
+        assert_int_equal(ref->matmul_bf16(want, x, w, rows, n, d), TSR_OK);
 
         for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++)
                 for (int t = 1; t <= 3; t++) {
@@ -377,6 +380,11 @@ static void test_matmul_bf16_batch_invariance(void **state) {
                         snprintf(what, sizeof what, "matmul_bf16 %s t%d: row alone vs among 64",
                                  tsr_cpu_isa_name(tsr_kernels_cpu_isa()), t);
                         assert_int_equal(fast->matmul_bf16(all, x, w, rows, n, d), TSR_OK);
+                        for (size_t i = 0; i < rows * d; i++)
+                                if (!(fabs((double)all[i] - (double)want[i]) <=
+                                      dot_bound(w + i % d * n, x + i / d * n, n)))
+                                        fail_msg("%s: [%zu,%zu] %.9g, cpu-ref %.9g", what, i / d, i % d, all[i],
+                                                 want[i]);
                         for (size_t r = 0; r < rows; r++) {
                                 assert_int_equal(fast->matmul_bf16(one, x + r * n, w, 1, n, d), TSR_OK);
                                 expect_bitwise(what, one, all + r * d, 1, d);
@@ -390,6 +398,7 @@ static void test_matmul_bf16_batch_invariance(void **state) {
         free(all);
         free(part);
         free(one);
+        free(want);
         assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
