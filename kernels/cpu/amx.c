@@ -292,16 +292,36 @@ AMX_FN static void amx_task(void *arg, size_t task, int worker) {
         _tile_release();
 }
 
-/* x (rows, n) float32 -> bf16 pairs in B's layout, zeros past n and past rows. */
-static void pack_x(uint32_t *xp, const float *x, size_t rows, size_t n, size_t n_kb) {
+/* tsr_f32_to_bf16 on 16 lanes, the bf16 bits in the low half of each: round to nearest
+ * even, a NaN kept with its sign and top payload and made quiet. */
+AMX_INLINE __m512i bf16_bits(__m512 v) {
+        __m512i u = _mm512_castps_si512(v);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+        __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+        __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+        __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+        return _mm512_mask_blend_epi32(nan, rounded, quiet);
+}
+
+/* x (rows, n) float32 -> bf16 pairs in B's layout, zeros past n and past rows (xp comes
+ * zeroed).  32 floats of a row at a time: one block of k, 16 pair words that go down
+ * column r % 16 of that block's tile (64 bytes apart). */
+AMX_FN static void pack_x(uint32_t *xp, const float *x, size_t rows, size_t n, size_t n_kb) {
+        const __m512i down = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16,
+                                              0);
         for (size_t r = 0; r < rows; r++) {
                 const float *xr = x + r * n;
                 uint32_t *blk = xp + (r / TILE_ROWS) * n_kb * TILE_WORDS + r % TILE_ROWS;
-                for (size_t q = 0; 2 * q < n; q++) {
-                        uint32_t lo = tsr_f32_to_bf16(xr[2 * q]);
-                        uint32_t hi = 2 * q + 1 < n ? tsr_f32_to_bf16(xr[2 * q + 1]) : 0;
-                        /* pair q: block q / 16, tile row q % 16, column r % 16 */
-                        blk[(q / 16) * TILE_WORDS + (q % 16) * TILE_ROWS] = lo | hi << 16;
+                for (size_t kb = 0; kb < n_kb; kb++) {
+                        size_t k = kb * TILE_K, left = n - k;
+                        __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+                        __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+                        __m256i lo = _mm512_cvtepi32_epi16(bf16_bits(_mm512_maskz_loadu_ps(m0, xr + k)));
+                        __m256i hi = _mm512_cvtepi32_epi16(bf16_bits(_mm512_maskz_loadu_ps(m1, xr + k + 16)));
+                        /* 32 bf16 in k order = 16 little-endian words (x[2q] | x[2q+1] << 16) */
+                        __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                        _mm512_i32scatter_epi32(blk + kb * TILE_WORDS, down, pairs, 4);
                 }
         }
 }

@@ -356,6 +356,39 @@ static void test_matmul_bf16_special(void **state) {
         assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
+/* The rounding of x to bf16 inside matmul_bf16 (vectorised on AMX) is exactly b() of
+ * kernels.h: with n = 1 each output is one exact product f(w) * f(b(x)), so every level
+ * must match the reference bitwise, ties and overflow to inf included, and keep NaN.
+ * (No subnormal x here: VDPBF16PS and TDPBF16PS read bf16 subnormals as zero.) */
+static void test_matmul_bf16_x_rounding(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        static const uint32_t xbits[] = {
+                0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0xbf818000u, 0x7f7fffffu,
+                0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa00000u, 0x7f800001u, 0x00800000u, 0x4b7fff80u, 0xc2fe8000u,
+                0x3eaaaaabu, 0x41200000u, 0x3dcccccdu, 0xc0490fdbu,
+        };
+        enum { ROWS = sizeof xbits / sizeof *xbits, D = 19 };
+        size_t rows = ROWS, d = D;
+        float x[ROWS], o1[ROWS * D], o2[ROWS * D];
+        uint16_t w[D];
+
+        for (size_t r = 0; r < rows; r++)
+                memcpy(&x[r], &xbits[r], sizeof(float));
+        for (size_t i = 0; i < d; i++)
+                w[i] = tsr_f32_to_bf16(i % 2 ? -2.0f : 1.0f + (float)i / 8.0f);
+        for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++) {
+                if (!configure_isa(1, bf16_isas[ii]))
+                        continue;
+                assert_int_equal(ref->matmul_bf16(o1, x, w, rows, 1, d), TSR_OK);
+                assert_int_equal(fast->matmul_bf16(o2, x, w, rows, 1, d), TSR_OK);
+                for (size_t i = 0; i < rows * d; i++)
+                        if (isnan(o1[i]) ? !isnan(o2[i]) : memcmp(&o1[i], &o2[i], sizeof(float)) != 0)
+                                fail_msg("matmul_bf16 %s: x 0x%08x w[%zu]: %.9g, cpu-ref %.9g",
+                                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()), xbits[i / d], i % d, o2[i], o1[i]);
+        }
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+}
+
 /* Batch invariance of the bf16 matmul at every level: each of 64 rows computed alone
  * (decode) is bitwise that row among the 63 others (prefill), for 1, 2 and 3 threads and
  * for the rows in the middle of a batch too (rows 20 .. 27 of it as a batch of 8).  On
@@ -553,6 +586,7 @@ int main(void) {
                 cmocka_unit_test(test_bf16_rounding),
                 cmocka_unit_test(test_matmul_bf16),
                 cmocka_unit_test(test_matmul_bf16_special),
+                cmocka_unit_test(test_matmul_bf16_x_rounding),
                 cmocka_unit_test(test_matmul_bf16_batch_invariance),
                 cmocka_unit_test(test_batch_invariance),
                 cmocka_unit_test(test_elementwise_bitwise),
