@@ -118,7 +118,8 @@ uint16_t tsr_f32_to_bf16(float x);
 float tsr_bf16_to_f32(uint16_t h);
 
 /* ---- the fast CPU backend (cpu/fast.c) ----------------------------------------------
- * SIMD kernels picked at run time (__builtin_cpu_supports) plus a thread pool that
+ * SIMD kernels picked at run time (__builtin_cpu_supports; AMX: CPUID and the Linux
+ * grant of the tile state) plus a thread pool that
  * splits OUTPUT elements only (weight rows of a matmul, (row, head) pairs of attention),
  * so every float32 result is bitwise that of cpu/ref.c whatever the ISA, the thread
  * count or the batch (tests/kernels/test_cpu_fast.c).  Ops without a fast version are
