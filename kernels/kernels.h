@@ -119,13 +119,12 @@ float tsr_bf16_to_f32(uint16_t h);
 
 /* ---- the fast CPU backend (cpu/fast.c) ----------------------------------------------
  * SIMD kernels picked at run time (__builtin_cpu_supports; AMX: CPUID and the Linux
- * grant of the tile state) plus a thread pool that
- * splits OUTPUT elements only (weight rows of a matmul, (row, head) pairs of attention),
- * so every float32 result is bitwise that of cpu/ref.c whatever the ISA, the thread
- * count or the batch (tests/kernels/test_cpu_fast.c).  Ops without a fast version are
- * the reference's.  matmul_bf16 follows its own fixed order on AVX512_BF16 and on AMX
- * (within the float32 summation error of the reference's) and is bitwise the
- * reference's elsewhere. */
+ * grant of the tile state) plus a thread pool that splits OUTPUT elements only (weight
+ * rows of a matmul, (row, head) pairs of attention), so every float32 result is bitwise
+ * that of cpu/ref.c whatever the ISA, the thread count or the batch
+ * (tests/kernels/test_cpu_fast.c).  Ops without a fast version are the reference's.
+ * matmul_bf16 follows its own fixed order on AVX512_BF16 and on AMX (within the float32
+ * summation error of the reference's) and is bitwise the reference's elsewhere. */
 
 typedef enum tsr_cpu_isa {
         TSR_CPU_ISA_SCALAR = 0,         /* the reference functions */
