@@ -50,15 +50,15 @@
 #define AMX_FN __attribute__((target(AMX_TARGET)))
 #define AMX_INLINE static inline __attribute__((always_inline, target(AMX_TARGET)))
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
+#ifndef ARCH_REQ_XCOMP_PERM
+#define ARCH_REQ_XCOMP_PERM 0x1023     /* <asm/prctl.h>, Linux 5.16 */
+#endif
 #define XFEATURE_XTILEDATA 18
 
 #define TILE_ROWS 16            /* weight rows per A / C tile, and rows of x per C tile (columns) */
 #define TILE_K 32               /* bf16 of k per A tile row: one TDPBF16PS step */
 #define TILE_WORDS 256          /* 32-bit words in one packed B tile (16 x 16 pairs) */
-#ifndef PREFETCH_KB
 #define PREFETCH_KB 2           /* blocks of k ahead that the weight prefetches run */
-#endif
 #define TASKS_PER_THREAD 4      /* pool tasks per thread: balance against LDTILECFG per task */
 
 /* ---- detection --------------------------------------------------------------------- */

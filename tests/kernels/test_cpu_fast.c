@@ -435,6 +435,61 @@ static void test_matmul_bf16_batch_invariance(void **state) {
         assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
+/* Two threads calling matmul_bf16 at once: one drives the pool, the other runs its tasks
+ * inline (pool.h); on AMX each task loads and releases the tile configuration itself, so
+ * both get bitwise what they get alone. */
+struct bf16_caller {
+        const float *x;
+        const uint16_t *w;
+        const float *want;
+        size_t rows, n, d;
+        bool ok;
+};
+
+static void *call_bf16(void *arg) {
+        struct bf16_caller *c = arg;
+        float *o = malloc(c->rows * c->d * sizeof(float));
+        c->ok = o != NULL;
+        for (int i = 0; c->ok && i < 40; i++)
+                c->ok = tsr_kernels_cpu_fast()->matmul_bf16(o, c->x, c->w, c->rows, c->n, c->d) == TSR_OK &&
+                        memcmp(o, c->want, c->rows * c->d * sizeof(float)) == 0;
+        free(o);
+        return NULL;
+}
+
+static void test_matmul_bf16_two_callers(void **state) {
+        const tsr_kernels_ops *fast = tsr_kernels_cpu_fast();
+        size_t n = 200, d = 96;
+        struct bf16_caller c[2] = {{.rows = 1, .n = n, .d = d}, {.rows = 21, .n = n, .d = d}};
+        float *buf[6];
+
+        for (int i = 0; i < 2; i++) {
+                float *x = rand_vec(c[i].rows * n), *wf = rand_vec(d * n);
+                float *want = malloc(c[i].rows * d * sizeof(float));
+                uint16_t *w = to_bf16_vec(wf, d * n);
+                assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+                assert_int_equal(fast->matmul_bf16(want, x, w, c[i].rows, n, d), TSR_OK);
+                c[i].x = x;
+                c[i].w = w;
+                c[i].want = want;
+                buf[3 * i] = x;
+                buf[3 * i + 1] = wf;
+                buf[3 * i + 2] = want;
+        }
+        assert_int_equal(tsr_kernels_cpu_configure(2, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, call_bf16, &c[0]), 0);
+        call_bf16(&c[1]);
+        assert_int_equal(pthread_join(th, NULL), 0);
+        assert_true(c[0].ok);
+        assert_true(c[1].ok);
+        for (int i = 0; i < 6; i++)
+                free(buf[i]);
+        free((void *)c[0].w);
+        free((void *)c[1].w);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+}
+
 /* ---- batch invariance through the table ----------------------------------------------------- */
 
 static void test_batch_invariance(void **state) {
@@ -588,6 +643,7 @@ int main(void) {
                 cmocka_unit_test(test_matmul_bf16_special),
                 cmocka_unit_test(test_matmul_bf16_x_rounding),
                 cmocka_unit_test(test_matmul_bf16_batch_invariance),
+                cmocka_unit_test(test_matmul_bf16_two_callers),
                 cmocka_unit_test(test_batch_invariance),
                 cmocka_unit_test(test_elementwise_bitwise),
         };

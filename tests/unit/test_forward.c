@@ -1066,8 +1066,10 @@ static void check_bf16_batch_invariance(tsr_llama *m) {
         /* The same decode step again (it rewrites the same KV row), now among others. */
         assert_int_equal(tsr_llama_forward_blocks(m, pool, t2, 8, other, 3, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
         tsr_llama_seq seqs[3] = {
-                {.block_table = t1, .n_table = 8, .tokens = other, .n = 5, .past_len = 0, .which = TSR_LLAMA_LOGITS_ALL},
-                {.block_table = t0, .n_table = 8, .tokens = &next, .n = 1, .past_len = n, .which = TSR_LLAMA_LOGITS_LAST},
+                {.block_table = t1, .n_table = 8, .tokens = other, .n = 5, .past_len = 0,
+                 .which = TSR_LLAMA_LOGITS_ALL},
+                {.block_table = t0, .n_table = 8, .tokens = &next, .n = 1, .past_len = n,
+                 .which = TSR_LLAMA_LOGITS_LAST},
                 {.block_table = t2, .n_table = 8, .tokens = &other[3], .n = 2, .past_len = 3,
                  .which = TSR_LLAMA_LOGITS_LAST},
         };
