@@ -304,24 +304,39 @@ AMX_INLINE __m512i bf16_bits(__m512 v) {
         return _mm512_mask_blend_epi32(nan, rounded, quiet);
 }
 
-/* x (rows, n) float32 -> bf16 pairs in B's layout, zeros past n and past rows (xp comes
- * zeroed).  32 floats of a row at a time: one block of k, 16 pair words that go down
- * column r % 16 of that block's tile (64 bytes apart). */
-AMX_FN static void pack_x(uint32_t *xp, const float *x, size_t rows, size_t n, size_t n_kb) {
+struct pack_ctx {
+        uint32_t *xp;           /* (n_mb, n_kb, 16, 16) */
+        const float *x;         /* (rows, n) */
+        size_t rows, n, n_kb;
+};
+
+/* Row block `task` of x (rows 16 task .. 16 task + 15) float32 -> bf16 pairs in B's
+ * layout, zeros past n and past rows.  32 floats of a row at a time: one block of k, 16
+ * pair words that go down column r % 16 of that block's tile (64 bytes apart).  Pool
+ * task: the blocks are disjoint. */
+AMX_FN static void pack_task(void *arg, size_t task, int worker) {
+        const struct pack_ctx *c = arg;
         const __m512i down = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16,
                                               0);
-        for (size_t r = 0; r < rows; r++) {
-                const float *xr = x + r * n;
-                uint32_t *blk = xp + (r / TILE_ROWS) * n_kb * TILE_WORDS + r % TILE_ROWS;
-                for (size_t kb = 0; kb < n_kb; kb++) {
-                        size_t k = kb * TILE_K, left = n - k;
+        size_t r0 = task * TILE_ROWS, r1 = r0 + TILE_ROWS < c->rows ? r0 + TILE_ROWS : c->rows;
+        uint32_t *xp = c->xp + task * c->n_kb * TILE_WORDS;
+
+        (void)worker;
+        if (r1 - r0 < TILE_ROWS)        /* the columns past the last row stay zero */
+                memset(xp, 0, c->n_kb * TILE_WORDS * sizeof(uint32_t));
+        for (size_t r = r0; r < r1; r++) {
+                const float *xr = c->x + r * c->n;
+                uint32_t *col = xp + r % TILE_ROWS;
+                for (size_t kb = 0; kb < c->n_kb; kb++) {
+                        size_t k = kb * TILE_K, left = c->n - k;
                         __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
                         __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
                         __m256i lo = _mm512_cvtepi32_epi16(bf16_bits(_mm512_maskz_loadu_ps(m0, xr + k)));
                         __m256i hi = _mm512_cvtepi32_epi16(bf16_bits(_mm512_maskz_loadu_ps(m1, xr + k + 16)));
-                        /* 32 bf16 in k order = 16 little-endian words (x[2q] | x[2q+1] << 16) */
+                        /* 32 bf16 in k order = 16 little-endian words (x[2q] | x[2q+1] << 16);
+                         * masked-off lanes are +0, so pairs past n are zero words */
                         __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                        _mm512_i32scatter_epi32(blk + kb * TILE_WORDS, down, pairs, 4);
+                        _mm512_i32scatter_epi32(col + kb * TILE_WORDS, down, pairs, 4);
                 }
         }
 }
@@ -353,8 +368,8 @@ tsr_status tsr_amx_matmul_bf16(tsr_pool *pool, float *out, const float *x, const
                 ctx.w = wpad;
                 ctx.w_rows = TILE_ROWS;
         }
-        memset(xp, 0, xp_bytes);
-        pack_x(xp, x, rows, n, ctx.n_kb);
+        struct pack_ctx pc = {.xp = xp, .x = x, .rows = rows, .n = n, .n_kb = ctx.n_kb};
+        tsr_pool_run(pool, ctx.n_mb, pack_task, &pc);
         ctx.xp = xp;
         /* About TASKS_PER_THREAD tasks per thread (claimed dynamically, so a thread that
          * loses its core does not hold the rest back), each a whole number of pairs. */
