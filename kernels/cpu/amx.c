@@ -22,12 +22,13 @@
  * is the one ending at row d (it overlaps the block before; only its own rows are
  * stored), and when d < 16 the rows are copied into a zeroed block; a k tail (n % 32 != 0)
  * of the weights is copied into a zeroed 16 x 32 tile per block, and x's pairs past n are
- * zero.  The results differ from VDPBF16PS's (fast.c) in summation order only: the same
- * exact bf16 products, float32 sums.
+ * zero.  The results differ from VDPBF16PS's (fast.c) in summation order: the same
+ * exact bf16 products, float32 sums (both read bf16 subnormals as zero).
  *
- * Threads: the caller (engine thread) packs x; the pool's tasks each own a range of weight
- * rows, load the tile configuration, compute, and release the tiles (TILERELEASE), so a
- * thread holds no tile state between tasks. */
+ * Threads: the caller (engine thread) drives two pool runs: packing x (one task per 16
+ * rows), then the tile products, each task owning a range of weight rows, loading the
+ * tile configuration, computing, and releasing the tiles (TILERELEASE), so a thread holds
+ * no tile state between tasks. */
 #include "kernels/cpu/amx.h"
 
 #include <pthread.h>
