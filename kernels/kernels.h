@@ -118,17 +118,20 @@ uint16_t tsr_f32_to_bf16(float x);
 float tsr_bf16_to_f32(uint16_t h);
 
 /* ---- the fast CPU backend (cpu/fast.c) ----------------------------------------------
- * SIMD kernels picked at run time (__builtin_cpu_supports) plus a thread pool that
- * splits OUTPUT elements only (weight rows of a matmul, (row, head) pairs of attention),
- * so every float32 result is bitwise that of cpu/ref.c whatever the ISA, the thread
- * count or the batch (tests/kernels/test_cpu_fast.c).  Ops without a fast version are
- * the reference's.  matmul_bf16 follows its own fixed order on AVX512_BF16 (within a
- * few ulps of the reference's) and is bitwise the reference's elsewhere. */
+ * SIMD kernels picked at run time (__builtin_cpu_supports; AMX: CPUID and the Linux
+ * grant of the tile state) plus a thread pool that splits OUTPUT elements only (weight
+ * rows of a matmul, (row, head) pairs of attention), so every float32 result is bitwise
+ * that of cpu/ref.c whatever the ISA, the thread count or the batch
+ * (tests/kernels/test_cpu_fast.c).  Ops without a fast version are the reference's.
+ * matmul_bf16 follows its own fixed order on AVX512_BF16 and on AMX (within the float32
+ * summation error of the reference's) and is bitwise the reference's elsewhere. */
 
 typedef enum tsr_cpu_isa {
         TSR_CPU_ISA_SCALAR = 0,         /* the reference functions */
         TSR_CPU_ISA_AVX2 = 1,           /* 8-wide float32, no FMA (it would change rounding) */
         TSR_CPU_ISA_AVX512_BF16 = 2,    /* AVX2 float32 + AVX512_BF16 dot products for bf16 weights */
+        TSR_CPU_ISA_AMX_BF16 = 3,       /* AVX512_BF16 + AMX tiles (TDPBF16PS) for the bf16 matmul; needs
+                                         * Linux's grant of the tile state (arch_prctl) */
 } tsr_cpu_isa;
 
 /* (Re)configure the fast backend: `n_threads` threads in all, the caller included
@@ -140,7 +143,7 @@ typedef enum tsr_cpu_isa {
 tsr_status tsr_kernels_cpu_configure(int n_threads, tsr_cpu_isa max_isa);
 /* The fast table.  Configures with (0, the best ISA) on first use if not configured. */
 const tsr_kernels_ops *tsr_kernels_cpu_fast(void);
-/* What the fast table runs now: its ISA, by name too ("scalar", "avx2", "avx512_bf16"),
+/* What the fast table runs now: its ISA, by name too ("scalar", "avx2", "avx512_bf16", "amx_bf16"),
  * and its thread count. */
 tsr_cpu_isa tsr_kernels_cpu_isa(void);
 const char *tsr_cpu_isa_name(tsr_cpu_isa isa);

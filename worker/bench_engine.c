@@ -3,7 +3,8 @@
  * test: it prints numbers and asserts nothing (docs/benchmarks.md has the table).
  *
  *   tessera-bench-engine [MODEL.gguf|HF-DIR] [--threads 1,2] [--batches 1,8,32,64]
- *                        [--steps N] [--prefill N] [--repeat N] [--kernels fast|ref]
+ *                        [--steps N] [--prefill N] [--repeat N]
+ *                        [--kernels fast|amx_bf16|avx512_bf16|avx2|ref]
  *                        [--dtypes float32,bfloat16] [--no-bandwidth]
  *
  * For each dtype, thread count and batch B: B sequences each prefilled with 16 tokens,
@@ -16,7 +17,8 @@
  * used).  Roofline for batch-1 decode: the bytes of the matmul weights read per token
  * divided by the best bandwidth is the fastest a step could be if it only streamed
  * weights; fraction = that time / the best measured time.  A model whose weights fit in
- * the last-level cache can exceed 1. */
+ * the last-level cache can exceed 1.  --kernels caps the fast kernels at an ISA (fast = the
+ * best this CPU has), e.g. avx512_bf16 to time VDPBF16PS against AMX's tiles for bf16. */
 #include <math.h>
 #include <stdbool.h>
 #include <pthread.h>
@@ -233,11 +235,22 @@ int main(int argc, char **argv) {
                 return 2;
         }
         bool ref = strcmp(kernels, "ref") == 0;
+        tsr_cpu_isa max_isa = TSR_CPU_ISA_AMX_BF16;
+        if (strcmp(kernels, "avx512_bf16") == 0)
+                max_isa = TSR_CPU_ISA_AVX512_BF16;
+        else if (strcmp(kernels, "avx2") == 0)
+                max_isa = TSR_CPU_ISA_AVX2;
+        else if (!ref && strcmp(kernels, "fast") != 0 && strcmp(kernels, "amx_bf16") != 0) {
+                fprintf(stderr, "--kernels %s: expected fast, amx_bf16, avx512_bf16, avx2 or ref\n", kernels);
+                return 2;
+        }
+        if (!ref)
+                tsr_kernels_cpu_configure(1, max_isa);
 
         double best_bw = bandwidth ? measure_bandwidth(threads, n_threads, "before") : 0;
         double best_b1[2] = {0, 0};     /* best batch-1 decode tok/s, float32 and bfloat16 */
         double wbytes_of[2] = {0, 0};
-        printf("kernels %s, best isa %s, model %s\n", ref ? "cpu-ref" : "cpu-fast",
+        printf("kernels %s, isa %s, model %s\n", ref ? "cpu-ref" : "cpu-fast",
                tsr_cpu_isa_name(tsr_kernels_cpu_isa()), model);
         printf("| dtype | threads | what | tok/s | |\n|---|---|---|---|---|\n");
         char dt[64];
@@ -264,7 +277,7 @@ int main(int argc, char **argv) {
                 double wbytes = weight_bytes(c, bf16 ? 2.0 : 4.0);
                 for (size_t t = 0; t < (ref ? 1 : n_threads); t++) {
                         if (!ref)
-                                tsr_kernels_cpu_configure(threads[t], TSR_CPU_ISA_AVX512_BF16);
+                                tsr_kernels_cpu_configure(threads[t], max_isa);
                         int nt = ref ? 1 : tsr_kernels_cpu_threads();
                         for (size_t b = 0; b < n_batches; b++) {
                                 double best = 1e30;

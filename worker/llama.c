@@ -173,9 +173,11 @@ done:
         return st;
 }
 
-/* A float32 (rows, cols) matrix as bf16, rounded to nearest even. */
+/* A float32 (rows, cols) matrix as bf16, rounded to nearest even.  64-byte aligned: the
+ * AMX kernel loads 64-byte tile rows, which straddle two cache lines otherwise. */
 static uint16_t *to_bf16(const float *src, size_t rows, size_t cols) {
-        uint16_t *dst = malloc(rows * cols * sizeof *dst);
+        size_t bytes = rows * cols * sizeof(uint16_t);
+        uint16_t *dst = aligned_alloc(64, (bytes + 63) / 64 * 64);
         if (dst)
                 for (size_t i = 0; i < rows * cols; i++)
                         dst[i] = tsr_f32_to_bf16(src[i]);

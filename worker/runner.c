@@ -58,7 +58,7 @@ static tsr_status pick_backend(const tsr_runner_opts *opts, const tsr_kernels_op
                                size_t errlen) {
         const char *dtype = opts && opts->dtype ? opts->dtype : "auto";
         const char *kern = getenv("TESSERA_KERNELS");
-        tsr_cpu_isa max_isa = TSR_CPU_ISA_AVX512_BF16;
+        tsr_cpu_isa max_isa = TSR_CPU_ISA_AMX_BF16;     /* the best the CPU has */
         tsr_status st;
 
         if (strcmp(dtype, "half") == 0 || strcmp(dtype, "float16") == 0) {
@@ -66,8 +66,9 @@ static tsr_status pick_backend(const tsr_runner_opts *opts, const tsr_kernels_op
                          dtype);
                 return TSR_E_INVAL;
         }
-        if (kern && *kern && strcmp(kern, "fast") != 0 && strcmp(kern, "ref") != 0 && strcmp(kern, "avx2") != 0) {
-                snprintf(err, errlen, "TESSERA_KERNELS=%s: expected fast, avx2 or ref", kern);
+        if (kern && *kern && strcmp(kern, "fast") != 0 && strcmp(kern, "ref") != 0 && strcmp(kern, "avx2") != 0 &&
+            strcmp(kern, "avx512_bf16") != 0 && strcmp(kern, "amx_bf16") != 0) {
+                snprintf(err, errlen, "TESSERA_KERNELS=%s: expected fast, amx_bf16, avx512_bf16, avx2 or ref", kern);
                 return TSR_E_INVAL;
         }
         if (kern && strcmp(kern, "ref") == 0) {
@@ -78,6 +79,8 @@ static tsr_status pick_backend(const tsr_runner_opts *opts, const tsr_kernels_op
         }
         if (kern && strcmp(kern, "avx2") == 0)
                 max_isa = TSR_CPU_ISA_AVX2;
+        if (kern && strcmp(kern, "avx512_bf16") == 0)  /* bf16 matmul on VDPBF16PS, not AMX */
+                max_isa = TSR_CPU_ISA_AVX512_BF16;
         st = tsr_kernels_cpu_configure(opts ? opts->cpu_threads : 0, max_isa);
         if (st == TSR_E_INVAL) {
                 snprintf(err, errlen, "--cpu-threads %d is not valid", opts->cpu_threads);

@@ -23,7 +23,8 @@ typedef struct tsr_runner_opts {
 /* Load `path` and allocate a KV pool of `num_blocks` blocks of `block_size` tokens.
  * Kernels: the fast CPU backend (kernels.h), configured with opts->cpu_threads; the
  * environment variable TESSERA_KERNELS=ref selects the scalar reference instead (tests,
- * debugging), =avx2 caps the fast backend at AVX2.  dtype auto means bfloat16 weights
+ * debugging), =avx2 / =avx512_bf16 / =amx_bf16 cap the fast backend at that ISA (the
+ * start-up log names the one in use).  dtype auto means bfloat16 weights
  * where the CPU has AVX512_BF16 and the reference is not forced, float32 otherwise.
  * TSR_E_UNSUPPORTED when the file is not a model this runner knows (the caller then
  * serves metadata only), TSR_E_INVAL for a dtype the CPU backend cannot run, other

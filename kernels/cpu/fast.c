@@ -17,6 +17,9 @@
  *    dot products use VDPBF16PS, whose lane/pair order is this file's own but fixed per
  *    element (same kernel for any tile, no split K), so it is batch- and thread-invariant
  *    too; elsewhere the bf16 weights are widened and run in ref's order (bitwise).
+ *    Where the CPU has AMX-BF16 and Linux grants the tile state, cpu/amx.c runs every
+ *    bf16 matmul (decode rows included) on TDPBF16PS tiles instead, with its own fixed
+ *    per-element order.
  *
  * silu_mul, add and rmsnorm are ref.c's functions run on slices across the pool; the
  * other ops (rope, softmax, ...) are cheap next to the matmuls and are ref.c's as they are.
@@ -30,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/kernels.h"
 
@@ -69,6 +73,9 @@ static void detect(void) {
             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
             __builtin_cpu_supports("avx512bf16"))
                 fast.best = TSR_CPU_ISA_AVX512_BF16;
+        /* AMX tiles for the bf16 matmul; the rest stays on the AVX2 / AVX512 code. */
+        if (fast.best == TSR_CPU_ISA_AVX512_BF16 && tsr_amx_init())
+                fast.best = TSR_CPU_ISA_AMX_BF16;
 #endif
         fast.isa = fast.best;
 }
@@ -342,6 +349,9 @@ static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w
                 return TSR_OK;
         if (rows > SIZE_MAX / sizeof(float) / n)
                 return TSR_E_LIMIT;
+        /* AMX for every rows count, one alone too: a row's order must not depend on the batch. */
+        if (fast.isa >= TSR_CPU_ISA_AMX_BF16)
+                return tsr_amx_matmul_bf16(fast.pool, out, x, w, rows, n, d);
         struct mm_ctx c = {.out = out, .w = w, .rows = rows, .n = n, .d = d};
         void *buf;
         /* x through bf16 once per call, O(rows*n) next to the matmul's O(rows*n*d). */
@@ -618,6 +628,8 @@ const char *tsr_cpu_isa_name(tsr_cpu_isa isa) {
                 return "avx2";
         case TSR_CPU_ISA_AVX512_BF16:
                 return "avx512_bf16";
+        case TSR_CPU_ISA_AMX_BF16:
+                return "amx_bf16";
         }
         return "?";
 }

@@ -3,9 +3,10 @@
  * float32 ops must be BITWISE ref.c's: over a table of odd shapes, for every ISA level
  * the CPU has (scalar, avx2, avx512_bf16) and for 1, 2 and 3 threads.  bf16 matmul:
  * bitwise the reference's where the dot products are widened (AVX2), within the float32
- * summation error bound where VDPBF16PS runs (its own pair order); in both cases bitwise
- * invariant to the thread count and to the rows around a row.  Also: the bf16 rounding
- * and the thread pool (every task exactly once, a second driving thread). */
+ * summation error bound where VDPBF16PS or AMX TDPBF16PS runs (their own orders; the
+ * AMX level is skipped on CPUs without it); in every case bitwise invariant to the
+ * thread count and to the rows around a row.  Also: the bf16 rounding and the thread
+ * pool (every task exactly once, a second driving thread). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -61,11 +62,25 @@ static void expect_bitwise(const char *what, const float *got, const float *want
 }
 
 static const tsr_cpu_isa isas[] = {TSR_CPU_ISA_SCALAR, TSR_CPU_ISA_AVX2, TSR_CPU_ISA_AVX512_BF16};
+/* The bf16 matmul has one more level: AMX tiles (kernels/cpu/amx.c). */
+static const tsr_cpu_isa bf16_isas[] = {TSR_CPU_ISA_SCALAR, TSR_CPU_ISA_AVX2, TSR_CPU_ISA_AVX512_BF16,
+                                        TSR_CPU_ISA_AMX_BF16};
 static const int thread_counts[] = {1, 2, 3};
 
 static const size_t ns[] = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 576, 1536 + 3};
 static const size_t ds[] = {1, 3, 4, 5, 17, 64, 67};
 static const size_t rows_list[] = {1, 2, 3, 4, 5, 7, 48, 49, 67};
+
+/* Configure `threads` at `isa`; false (and a note) when the CPU lacks that level, so the
+ * caller skips it instead of testing a lower level twice. */
+static bool configure_isa(int threads, tsr_cpu_isa isa) {
+        assert_int_equal(tsr_kernels_cpu_configure(threads, isa), TSR_OK);
+        if (tsr_kernels_cpu_isa() == isa)
+                return true;
+        print_message("isa %s not available here (best %s): skipped\n", tsr_cpu_isa_name(isa),
+                      tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+        return false;
+}
 
 /* ---- matmul f32 ------------------------------------------------------------------------- */
 
@@ -245,11 +260,12 @@ static double dot_bound(const uint16_t *w, const float *x, size_t n) {
 
 static void test_matmul_bf16(void **state) {
         const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
-        size_t checked = 0, bitwise = 0;
-        double worst = 0;
 
-        for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++) {
-                assert_int_equal(tsr_kernels_cpu_configure(1, isas[ii]), TSR_OK);
+        for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++) {
+                size_t checked = 0, bitwise = 0;
+                double worst = 0;
+                if (!configure_isa(1, bf16_isas[ii]))
+                        continue;
                 bool exact = tsr_kernels_cpu_isa() < TSR_CPU_ISA_AVX512_BF16;
                 for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
                         for (size_t b = 0; b < sizeof ds / sizeof *ds; b++)
@@ -282,10 +298,10 @@ static void test_matmul_bf16(void **state) {
                                                         }
                                         }
                                         /* Thread count: bitwise the same. */
-                                        assert_int_equal(tsr_kernels_cpu_configure(3, isas[ii]), TSR_OK);
+                                        assert_int_equal(tsr_kernels_cpu_configure(3, bf16_isas[ii]), TSR_OK);
                                         assert_int_equal(fast->matmul_bf16(o3, x, w, rows, n, d), TSR_OK);
                                         expect_bitwise(what, o3, o2, rows, d);
-                                        assert_int_equal(tsr_kernels_cpu_configure(1, isas[ii]), TSR_OK);
+                                        assert_int_equal(tsr_kernels_cpu_configure(1, bf16_isas[ii]), TSR_OK);
                                         /* Batch: the last row alone is bitwise that row among the others. */
                                         assert_int_equal(fast->matmul_bf16(o3, x + (rows - 1) * n, w, 1, n, d), TSR_OK);
                                         expect_bitwise(what, o3, o2 + (rows - 1) * d, 1, d);
@@ -297,9 +313,181 @@ static void test_matmul_bf16(void **state) {
                                         free(o2);
                                         free(o3);
                                 }
+                print_message("matmul_bf16 %s: %zu cases, %zu bitwise to cpu-ref, worst |fast-ref| / error bound "
+                              "= %.3g\n", tsr_cpu_isa_name(tsr_kernels_cpu_isa()), checked, bitwise, worst);
         }
-        print_message("matmul_bf16: %zu cases, %zu bitwise to cpu-ref, worst |fast-ref| / error bound = %.3g\n",
-                      checked, bitwise, worst);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+}
+
+/* Infinities and NaN in some weight rows stay in those rows' outputs: the k tail and the
+ * ragged last block of weight rows (n = 45, d = 21) never mix another row's values in
+ * (0 x inf would be NaN), and finite outputs stay within the error bound. */
+static void test_matmul_bf16_special(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        size_t n = 45, d = 21, rows = 3;
+        float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
+        float o1[63], o2[63];
+
+        wf[2 * n] = INFINITY;           /* weight row 2 starts with +inf: row 1's tail ends next to it */
+        wf[5 * n + 3] = NAN;            /* row 5: the first row of the last (overlapping) block of 16 */
+        wf[20 * n + 44] = -INFINITY;    /* row 20: the last element of w */
+        uint16_t *w = to_bf16_vec(wf, d * n);
+        for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++) {
+                if (!configure_isa(2, bf16_isas[ii]))
+                        continue;
+                assert_int_equal(ref->matmul_bf16(o1, x, w, rows, n, d), TSR_OK);
+                assert_int_equal(fast->matmul_bf16(o2, x, w, rows, n, d), TSR_OK);
+                for (size_t r = 0; r < rows; r++)
+                        for (size_t i = 0; i < d; i++) {
+                                float a = o2[r * d + i], b = o1[r * d + i];
+                                if (isnan(b) || isinf(b)) {
+                                        if (!(isnan(b) ? isnan(a) : a == b))
+                                                fail_msg("matmul_bf16 %s [%zu,%zu]: %g, cpu-ref %g",
+                                                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()), r, i, a, b);
+                                } else if (!(fabs((double)a - (double)b) <= dot_bound(w + i * n, x + r * n, n))) {
+                                        fail_msg("matmul_bf16 %s [%zu,%zu]: %.9g, cpu-ref %.9g",
+                                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), r, i, a, b);
+                                }
+                        }
+        }
+        free(x);
+        free(wf);
+        free(w);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+}
+
+/* The rounding of x to bf16 inside matmul_bf16 (vectorised on AMX) is exactly b() of
+ * kernels.h: with n = 1 each output is one exact product f(w) * f(b(x)), so every level
+ * must match the reference bitwise, ties and overflow to inf included, and keep NaN.
+ * (No subnormal x here: VDPBF16PS and TDPBF16PS read bf16 subnormals as zero.) */
+static void test_matmul_bf16_x_rounding(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        static const uint32_t xbits[] = {
+                0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0xbf818000u, 0x7f7fffffu,
+                0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa00000u, 0x7f800001u, 0x00800000u, 0x4b7fff80u, 0xc2fe8000u,
+                0x3eaaaaabu, 0x41200000u, 0x3dcccccdu, 0xc0490fdbu,
+        };
+        enum { ROWS = sizeof xbits / sizeof *xbits, D = 19 };
+        size_t rows = ROWS, d = D;
+        float x[ROWS], o1[ROWS * D], o2[ROWS * D];
+        uint16_t w[D];
+
+        for (size_t r = 0; r < rows; r++)
+                memcpy(&x[r], &xbits[r], sizeof(float));
+        for (size_t i = 0; i < d; i++)
+                w[i] = tsr_f32_to_bf16(i % 2 ? -2.0f : 1.0f + (float)i / 8.0f);
+        for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++) {
+                if (!configure_isa(1, bf16_isas[ii]))
+                        continue;
+                assert_int_equal(ref->matmul_bf16(o1, x, w, rows, 1, d), TSR_OK);
+                assert_int_equal(fast->matmul_bf16(o2, x, w, rows, 1, d), TSR_OK);
+                for (size_t i = 0; i < rows * d; i++)
+                        if (isnan(o1[i]) ? !isnan(o2[i]) : memcmp(&o1[i], &o2[i], sizeof(float)) != 0)
+                                fail_msg("matmul_bf16 %s: x 0x%08x w[%zu]: %.9g, cpu-ref %.9g",
+                                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()), xbits[i / d], i % d, o2[i], o1[i]);
+        }
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+}
+
+/* Batch invariance of the bf16 matmul at every level: each of 64 rows computed alone
+ * (decode) is bitwise that row among the 63 others (prefill), for 1, 2 and 3 threads and
+ * for the rows in the middle of a batch too (rows 20 .. 27 of it as a batch of 8).  On
+ * AMX a row alone sits in column 0 of a tile padded with zeros, and among others in
+ * column r % 16 of block r / 16.  d = 131 is 9 blocks of 16 weight rows, several per
+ * pool task; the batch is also checked against the reference (error bound). */
+static void test_matmul_bf16_batch_invariance(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        size_t n = 576 + 7, d = 131, rows = 64;
+        float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
+        uint16_t *w = to_bf16_vec(wf, d * n);
+        float *all = malloc(rows * d * sizeof(float)), *part = malloc(8 * d * sizeof(float));
+        float *one = malloc(d * sizeof(float)), *want = malloc(rows * d * sizeof(float));
+
+        assert_int_equal(ref->matmul_bf16(want, x, w, rows, n, d), TSR_OK);
+
+        for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++)
+                for (int t = 1; t <= 3; t++) {
+                        char what[96];
+                        if (!configure_isa(t, bf16_isas[ii]))
+                                break;
+                        snprintf(what, sizeof what, "matmul_bf16 %s t%d: row alone vs among 64",
+                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), t);
+                        assert_int_equal(fast->matmul_bf16(all, x, w, rows, n, d), TSR_OK);
+                        for (size_t i = 0; i < rows * d; i++)
+                                if (!(fabs((double)all[i] - (double)want[i]) <=
+                                      dot_bound(w + i % d * n, x + i / d * n, n)))
+                                        fail_msg("%s: [%zu,%zu] %.9g, cpu-ref %.9g", what, i / d, i % d, all[i],
+                                                 want[i]);
+                        for (size_t r = 0; r < rows; r++) {
+                                assert_int_equal(fast->matmul_bf16(one, x + r * n, w, 1, n, d), TSR_OK);
+                                expect_bitwise(what, one, all + r * d, 1, d);
+                        }
+                        assert_int_equal(fast->matmul_bf16(part, x + 20 * n, w, 8, n, d), TSR_OK);
+                        expect_bitwise(what, part, all + 20 * d, 8, d);
+                }
+        free(x);
+        free(wf);
+        free(w);
+        free(all);
+        free(part);
+        free(one);
+        free(want);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+}
+
+/* Two threads calling matmul_bf16 at once: one drives the pool, the other runs its tasks
+ * inline (pool.h); on AMX each task loads and releases the tile configuration itself, so
+ * both get bitwise what they get alone. */
+struct bf16_caller {
+        const float *x;
+        const uint16_t *w;
+        const float *want;
+        size_t rows, n, d;
+        bool ok;
+};
+
+static void *call_bf16(void *arg) {
+        struct bf16_caller *c = arg;
+        float *o = malloc(c->rows * c->d * sizeof(float));
+        c->ok = o != NULL;
+        for (int i = 0; c->ok && i < 40; i++)
+                c->ok = tsr_kernels_cpu_fast()->matmul_bf16(o, c->x, c->w, c->rows, c->n, c->d) == TSR_OK &&
+                        memcmp(o, c->want, c->rows * c->d * sizeof(float)) == 0;
+        free(o);
+        return NULL;
+}
+
+static void test_matmul_bf16_two_callers(void **state) {
+        const tsr_kernels_ops *fast = tsr_kernels_cpu_fast();
+        size_t n = 200, d = 96;
+        struct bf16_caller c[2] = {{.rows = 1, .n = n, .d = d}, {.rows = 21, .n = n, .d = d}};
+        float *buf[6];
+
+        for (int i = 0; i < 2; i++) {
+                float *x = rand_vec(c[i].rows * n), *wf = rand_vec(d * n);
+                float *want = malloc(c[i].rows * d * sizeof(float));
+                uint16_t *w = to_bf16_vec(wf, d * n);
+                assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+                assert_int_equal(fast->matmul_bf16(want, x, w, c[i].rows, n, d), TSR_OK);
+                c[i].x = x;
+                c[i].w = w;
+                c[i].want = want;
+                buf[3 * i] = x;
+                buf[3 * i + 1] = wf;
+                buf[3 * i + 2] = want;
+        }
+        assert_int_equal(tsr_kernels_cpu_configure(2, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+        pthread_t th;
+        assert_int_equal(pthread_create(&th, NULL, call_bf16, &c[0]), 0);
+        call_bf16(&c[1]);
+        assert_int_equal(pthread_join(th, NULL), 0);
+        assert_true(c[0].ok);
+        assert_true(c[1].ok);
+        for (int i = 0; i < 6; i++)
+                free(buf[i]);
+        free((void *)c[0].w);
+        free((void *)c[1].w);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
 /* ---- batch invariance through the table ----------------------------------------------------- */
@@ -452,6 +640,10 @@ int main(void) {
                 cmocka_unit_test(test_attention_bitwise),
                 cmocka_unit_test(test_bf16_rounding),
                 cmocka_unit_test(test_matmul_bf16),
+                cmocka_unit_test(test_matmul_bf16_special),
+                cmocka_unit_test(test_matmul_bf16_x_rounding),
+                cmocka_unit_test(test_matmul_bf16_batch_invariance),
+                cmocka_unit_test(test_matmul_bf16_two_callers),
                 cmocka_unit_test(test_batch_invariance),
                 cmocka_unit_test(test_elementwise_bitwise),
         };

@@ -1010,26 +1010,12 @@ static void test_smollm2_fast_bitwise(void **state) {
  * dequantized float32) and bf16-rounded matmul inputs move every logit a little, so the
  * check is statistical: the full last-position logits of each prompt with cosine
  * similarity >= 0.999 to the goldens, and the argmax (top-1) agreeing at >= 99% of all
- * positions of all prompts. */
-static void test_smollm2_bf16(void **state) {
-        if (!smol || !smol_golden || sanitized())
-                skip();
-        char path[1024], err[512];
-        tsr_llama *m = NULL;
-        assert_true(env_path("TSR_SOURCE_ROOT", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", path, sizeof path));
-        assert_int_equal(tsr_kernels_cpu_configure(0, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
-        assert_int_equal(tsr_llama_load(path, tsr_kernels_cpu_fast(), NULL, NULL, NULL, &m, NULL, err, sizeof err),
-                         TSR_OK);
-        assert_int_equal(tsr_llama_use_bf16(m), TSR_OK);
-        assert_true(tsr_llama_is_bf16(m));
-        assert_int_equal(tsr_llama_set_ops(m, tsr_kernels_cpu_ref()), TSR_OK);   /* ref has matmul_bf16 too */
-        assert_int_equal(tsr_llama_set_ops(m, tsr_kernels_cpu_fast()), TSR_OK);
-
+ * positions of all prompts.  Run on the bf16 matmul the fast table has now. */
+static void check_bf16_fidelity(tsr_llama *m, tsr_llama_kv *kv) {
         size_t V = tsr_llama_config_of(m)->vocab_size, positions = 0, agree = 0;
         json_t *ps = json_object_get(smol_golden, "logit_prompts");
-        tsr_llama_kv *kv = NULL;
         double worst_cos = 1.0;
-        assert_int_equal(tsr_llama_kv_new(m, 64, 0, &kv), TSR_OK);
+
         for (size_t pi = 0; pi < json_array_size(ps); pi++) {
                 json_t *P = json_array_get(ps, pi), *top = json_object_get(P, "top20");
                 uint32_t ids[64];
@@ -1049,13 +1035,78 @@ static void test_smollm2_bf16(void **state) {
                 double cos = dot / sqrt(na * nb);
                 worst_cos = fmin(worst_cos, cos);
                 if (!(cos >= 0.999))
-                        fail_msg("prompt %zu: cosine(bf16 logits, transformers) = %.6f < 0.999", pi, cos);
+                        fail_msg("%s, prompt %zu: cosine(bf16 logits, transformers) = %.6f < 0.999",
+                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), pi, cos);
                 free(lg);
                 free(last);
         }
         print_message("SmolLM2 bf16 (%s): worst last-position cosine %.6f, top-1 agreement %zu/%zu positions\n",
                       tsr_cpu_isa_name(tsr_kernels_cpu_isa()), worst_cos, agree, positions);
         assert_true((double)agree >= 0.99 * (double)positions);
+}
+
+/* Batch invariance through the whole bf16 model: a decode step of one sequence run alone
+ * gives bitwise the logits of the same step run in one forward with another sequence's
+ * 5-token prefill and a third's 2-token chunk (the bf16 matmuls then see 8 rows, not 1). */
+static void check_bf16_batch_invariance(tsr_llama *m) {
+        size_t V = tsr_llama_config_of(m)->vocab_size;
+        json_t *P = json_array_get(json_object_get(smol_golden, "logit_prompts"), 1);
+        uint32_t ids[64], next = 4242, other[5] = {1, 2, 3, 4, 5};
+        size_t n = json_ids(json_object_get(P, "ids"), ids, 64);
+        uint32_t t0[8] = {0, 1, 2, 3, 4, 5, 6, 7}, t1[8] = {8, 9, 10, 11, 12, 13, 14, 15};
+        uint32_t t2[8] = {16, 17, 18, 19, 20, 21, 22, 23};
+        float *alone = malloc(V * sizeof(float)), *batch = malloc(7 * V * sizeof(float));
+        tsr_llama_kv *pool = NULL;
+
+        assert_non_null(alone);
+        assert_non_null(batch);
+        assert_int_equal(tsr_llama_kv_new(m, 16 * 24, 16, &pool), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, pool, t0, 8, ids, n, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, pool, t0, 8, &next, 1, n, TSR_LLAMA_LOGITS_LAST, alone), TSR_OK);
+        /* The same decode step again (it rewrites the same KV row), now among others. */
+        assert_int_equal(tsr_llama_forward_blocks(m, pool, t2, 8, other, 3, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
+        tsr_llama_seq seqs[3] = {
+                {.block_table = t1, .n_table = 8, .tokens = other, .n = 5, .past_len = 0,
+                 .which = TSR_LLAMA_LOGITS_ALL},
+                {.block_table = t0, .n_table = 8, .tokens = &next, .n = 1, .past_len = n,
+                 .which = TSR_LLAMA_LOGITS_LAST},
+                {.block_table = t2, .n_table = 8, .tokens = &other[3], .n = 2, .past_len = 3,
+                 .which = TSR_LLAMA_LOGITS_LAST},
+        };
+        assert_int_equal(tsr_llama_forward_batch(m, pool, seqs, 3, batch), TSR_OK);
+        if (memcmp(batch + 5 * V, alone, V * sizeof(float)) != 0)
+                fail_msg("%s: bf16 decode logits in a batch differ from the same step alone",
+                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+        tsr_llama_kv_free(&pool);
+        free(alone);
+        free(batch);
+}
+
+/* The fidelity and batch checks on each bf16 matmul this CPU has: AMX tiles
+ * (kernels/cpu/amx.c) where present, then VDPBF16PS (or the widened AVX2 path on older
+ * CPUs). */
+static void test_smollm2_bf16(void **state) {
+        if (!smol || !smol_golden || sanitized())
+                skip();
+        char path[1024], err[512];
+        tsr_llama *m = NULL;
+        tsr_llama_kv *kv = NULL;
+        assert_true(env_path("TSR_SOURCE_ROOT", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", path, sizeof path));
+        assert_int_equal(tsr_kernels_cpu_configure(0, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+        assert_int_equal(tsr_llama_load(path, tsr_kernels_cpu_fast(), NULL, NULL, NULL, &m, NULL, err, sizeof err),
+                         TSR_OK);
+        assert_int_equal(tsr_llama_use_bf16(m), TSR_OK);
+        assert_true(tsr_llama_is_bf16(m));
+        assert_int_equal(tsr_llama_set_ops(m, tsr_kernels_cpu_ref()), TSR_OK);   /* ref has matmul_bf16 too */
+        assert_int_equal(tsr_llama_set_ops(m, tsr_kernels_cpu_fast()), TSR_OK);
+        assert_int_equal(tsr_llama_kv_new(m, 64, 0, &kv), TSR_OK);
+        check_bf16_fidelity(m, kv);
+        check_bf16_batch_invariance(m);
+        if (tsr_kernels_cpu_isa() == TSR_CPU_ISA_AMX_BF16) {
+                assert_int_equal(tsr_kernels_cpu_configure(0, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+                check_bf16_fidelity(m, kv);
+                check_bf16_batch_invariance(m);
+        }
         tsr_llama_kv_free(&kv);
         tsr_llama_free(&m);
         tsr_kernels_cpu_shutdown();
