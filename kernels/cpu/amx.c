@@ -158,6 +158,25 @@ AMX_INLINE void store_transposed(const float *c, float *out, size_t d, size_t n_
                 _mm512_mask_storeu_ps(out + j * d, keep, s[j]);
 }
 
+/* One 32-wide block of k into the C tiles 0..3: weight tiles 4 (a0) and 5 (a1, ND > 1),
+ * x tiles 6 (b0) and 7 (b1, NM > 1). */
+AMX_INLINE void amx_kblock(const int ND, const int NM, const uint16_t *a0, const uint16_t *a1, long a_stride,
+                           const uint32_t *b0, const uint32_t *b1) {
+        _tile_loadd(6, b0, 64);
+        _tile_loadd(4, a0, a_stride);
+        if (NM > 1)
+                _tile_loadd(7, b1, 64);
+        if (ND > 1)
+                _tile_loadd(5, a1, a_stride);
+        _tile_dpbf16ps(0, 4, 6);
+        if (NM > 1)
+                _tile_dpbf16ps(1, 4, 7);
+        if (ND > 1)
+                _tile_dpbf16ps(2, 5, 6);
+        if (ND > 1 && NM > 1)
+                _tile_dpbf16ps(3, 5, 7);
+}
+
 /* The C tiles of ND (1 or 2) blocks of 16 weight rows x NM (1 or 2) blocks of 16 rows of
  * x, over all of k: a0/a1 the weight blocks' first rows (stride n), tail0/tail1 their
  * zero-padded last 32 k (16 x 32, stride 64 bytes) when n % 32, b the packed x of the
@@ -188,35 +207,11 @@ AMX_INLINE void amx_tiles(const int ND, const int NM, const struct amx_ctx *ctx,
                                         _mm_prefetch((const char *)(a1 + r * ctx->n + (kb + PREFETCH_KB) * TILE_K),
                                                      _MM_HINT_T0);
                         }
-                _tile_loadd(6, b + kb * TILE_WORDS, 64);
-                _tile_loadd(4, a0 + kb * TILE_K, stride);
-                if (NM > 1)
-                        _tile_loadd(7, b1 + kb * TILE_WORDS, 64);
-                if (ND > 1)
-                        _tile_loadd(5, a1 + kb * TILE_K, stride);
-                _tile_dpbf16ps(0, 4, 6);
-                if (NM > 1)
-                        _tile_dpbf16ps(1, 4, 7);
-                if (ND > 1)
-                        _tile_dpbf16ps(2, 5, 6);
-                if (ND > 1 && NM > 1)
-                        _tile_dpbf16ps(3, 5, 7);
+                amx_kblock(ND, NM, a0 + kb * TILE_K, a1 + kb * TILE_K, stride, b + kb * TILE_WORDS,
+                           b1 + kb * TILE_WORDS);
         }
-        if (kb < ctx->n_kb) {   /* the k tail, from the zero-padded copies */
-                _tile_loadd(6, b + kb * TILE_WORDS, 64);
-                _tile_loadd(4, tail0, 64);
-                if (NM > 1)
-                        _tile_loadd(7, b1 + kb * TILE_WORDS, 64);
-                if (ND > 1)
-                        _tile_loadd(5, tail1, 64);
-                _tile_dpbf16ps(0, 4, 6);
-                if (NM > 1)
-                        _tile_dpbf16ps(1, 4, 7);
-                if (ND > 1)
-                        _tile_dpbf16ps(2, 5, 6);
-                if (ND > 1 && NM > 1)
-                        _tile_dpbf16ps(3, 5, 7);
-        }
+        if (kb < ctx->n_kb)     /* the k tail, from the zero-padded copies */
+                amx_kblock(ND, NM, tail0, tail1, 64, b + kb * TILE_WORDS, b1 + kb * TILE_WORDS);
         _tile_stored(0, c, 64);
         if (NM > 1)
                 _tile_stored(1, c + TILE_WORDS, 64);
