@@ -22,9 +22,10 @@ WORKER = BUILD / "worker" / "tessera-worker"
 DEMO_MODEL = Path(os.environ.get("TESSERA_TEST_MODEL",
                                  REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 FIXTURES = REPO.parent / "shared" / "fixtures"
-# The ASan+UBSan binaries compute ~30x slower: tests whose timing assumptions rest on
-# the normal build's speed (e.g. finishing within the router's 10 s drain) skip there.
-SANITIZED = "asan" in BUILD.name
+# The ASan+UBSan binaries compute ~30x slower (the ThreadSanitizer build, build-tsan,
+# slower still): tests whose timing assumptions rest on the normal build's speed (e.g.
+# finishing within the router's 10 s drain) skip there.
+SANITIZED = "asan" in BUILD.name or "tsan" in BUILD.name
 
 
 def free_port():
@@ -185,7 +186,7 @@ def serve(spawn, demo_model):
         served = Served(proc, port)
         if wait:
             wait_until(lambda: proc.p.poll() is not None or http_status(served.base + "/health") == 200,
-                       timeout=60, what="/health 200")
+                       timeout=240 if SANITIZED else 60, what="/health 200")
             assert proc.p.poll() is None, proc.output()
         return served
 
