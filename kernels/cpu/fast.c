@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "kernels/cpu/amx.h"
+#include "kernels/cpu/kv_view.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/kernels.h"
 
@@ -380,24 +381,6 @@ static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w
 }
 
 /* ---- attention: one task per (query row, head) ------------------------------------------ */
-
-static bool kv_view_ok(const tsr_kv_view *kv, size_t n_tokens) {
-        if (!kv || !kv->k || !kv->v || !kv->block_table || kv->block_size == 0 || kv->n_kv_heads == 0 ||
-            kv->head_dim == 0)
-                return false;
-        if (n_tokens > kv->n_table * kv->block_size)
-                return false;
-        for (size_t b = 0; b * kv->block_size < n_tokens; b++)
-                if (kv->block_table[b] >= kv->n_blocks)
-                        return false;
-        return true;
-}
-
-/* Offset, in floats, of token t's row in kv->k and kv->v (as ref.c). */
-static size_t kv_row(const tsr_kv_view *kv, size_t t) {
-        size_t row = (size_t)kv->block_table[t / kv->block_size] * kv->block_size + t % kv->block_size;
-        return row * kv->n_kv_heads * kv->head_dim;
-}
 
 struct att_ctx {
         float *out;

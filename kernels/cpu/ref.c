@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/kv_view.h"
 #include "kernels/kernels.h"
 
 /* The dot product every matmul and attention score uses.
@@ -148,24 +149,6 @@ static tsr_status ref_rope(float *x, size_t rows, size_t n_heads, size_t head_di
                 }
         }
         return TSR_OK;
-}
-
-static bool kv_view_ok(const tsr_kv_view *kv, size_t n_tokens) {
-        if (!kv || !kv->k || !kv->v || !kv->block_table || kv->block_size == 0 || kv->n_kv_heads == 0 ||
-            kv->head_dim == 0)
-                return false;
-        if (n_tokens > kv->n_table * kv->block_size)
-                return false;
-        for (size_t b = 0; b * kv->block_size < n_tokens; b++)
-                if (kv->block_table[b] >= kv->n_blocks)
-                        return false;
-        return true;
-}
-
-/* Offset, in floats, of token t's row in kv->k and kv->v. */
-static size_t kv_row(const tsr_kv_view *kv, size_t t) {
-        size_t row = (size_t)kv->block_table[t / kv->block_size] * kv->block_size + t % kv->block_size;
-        return row * kv->n_kv_heads * kv->head_dim;
 }
 
 /* k, v (n, n_kv_heads, head_dim) -> cache rows past_len .. past_len+n-1 */
