@@ -140,9 +140,32 @@ static int bind_loopback(int port) {
 
 /* Two consecutive free loopback ports (requests on P, Status on P+1).  The ports are
  * released before the worker binds them; losing that race makes the worker exit 1,
- * and the supervisor restarts it on the same ports. */
+ * and the supervisor restarts it on the same ports.  They are taken below the kernel's
+ * ephemeral range (ip_local_port_range), where no outgoing connection (the router's
+ * ZeroMQ reconnects, HTTP clients) can be given P+1 as its local port in the meantime:
+ * CI once saw a worker restarted 7 times on a Status port held that way. */
 static int pick_port_pair(void) {
-        for (int tries = 0; tries < 50; tries++) {
+        int lo = 32768, hi = 60999;
+        FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+        if (f) {
+                if (fscanf(f, "%d %d", &lo, &hi) != 2)
+                        lo = 32768;
+                fclose(f);
+        }
+        if (lo > 10000 + 2) {
+                unsigned seed = (unsigned)getpid() ^ (unsigned)tsr_now_ms();
+                for (int tries = 0; tries < 200; tries++) {
+                        int port = 10000 + (int)(rand_r(&seed) % (unsigned)(lo - 10000 - 1));
+                        int fd = bind_loopback(port), fd2 = fd >= 0 ? bind_loopback(port + 1) : -1;
+                        if (fd >= 0)
+                                close(fd);
+                        if (fd2 >= 0) {
+                                close(fd2);
+                                return port;
+                        }
+                }
+        }
+        for (int tries = 0; tries < 50; tries++) {   /* no room below: any free pair */
                 struct sockaddr_in a;
                 socklen_t alen = sizeof(a);
                 int fd = bind_loopback(0), fd2;
