@@ -94,11 +94,16 @@ typedef struct harness {
         engine_model model;
         tsr_queue *in, *out;
         tsr_engine *e;
+        engine_params params;
         uint32_t eos[1];
 } harness;
 
-static harness *start_full(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix, size_t lp_rows,
-                           uint64_t shutdown_ms) {
+/* A harness whose engine is not running yet: what is submitted before go() is in the
+ * inbox when the engine takes its first step.  Tests that need a given load (preemption,
+ * a request that must wait behind others) build it this way; submitting to a running
+ * engine races with its steps, which may see the requests one at a time. */
+static harness *held_full(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix, size_t lp_rows,
+                          uint64_t shutdown_ms) {
         harness *h = calloc(1, sizeof(*h));
         h->fm.n_slots = blocks * BS;
         h->fm.kv = malloc(h->fm.n_slots * sizeof(uint32_t));
@@ -115,7 +120,22 @@ static harness *start_full(uint64_t blocks, uint32_t max_batched, uint32_t max_s
                 .hash_algo = TSR_BLOCK_HASH_XXHASH, .eos_ids = h->eos, .n_eos_ids = 1,
                 .max_prompt_lp_rows = lp_rows, .shutdown_timeout_ms = shutdown_ms, .async_scheduling = g_async,
         };
-        assert_int_equal(tsr_engine_start(&p, h->in, h->out, &h->e), TSR_OK);
+        h->params = p;
+        return h;
+}
+
+static void go(harness *h) {
+        assert_int_equal(tsr_engine_start(&h->params, h->in, h->out, &h->e), TSR_OK);
+}
+
+static harness *held(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix, size_t lp_rows) {
+        return held_full(blocks, max_batched, max_seqs, prefix, lp_rows, 0);
+}
+
+static harness *start_full(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, bool prefix, size_t lp_rows,
+                           uint64_t shutdown_ms) {
+        harness *h = held_full(blocks, max_batched, max_seqs, prefix, lp_rows, shutdown_ms);
+        go(h);
         return h;
 }
 
@@ -323,7 +343,7 @@ static void test_single_request_greedy(void **state) {
 static void test_many_concurrent_with_preemption_and_chunking(void **state) {
         /* 24 blocks of 4 tokens for 16 requests of up to 60 tokens each: preemption is
          * certain; a budget of 8 tokens per step forces chunked prefill. */
-        harness *h = start(24, 8, 16, true);
+        harness *h = held(24, 8, 16, true, 0);
         uint32_t prompts[16][40], want[16][24];
         size_t lens[16];
         result res[16];
@@ -338,6 +358,7 @@ static void test_many_concurrent_with_preemption_and_chunking(void **state) {
                 submit(h, ids[i], prompts[i], lens[i], 24, NULL, 0);
                 expected(prompts[i], lens[i], 24, want[i]);
         }
+        go(h);
         collect(h, ids, res, 16);
         for (int i = 0; i < 16; i++) {
                 if (res[i].n != 24 || memcmp(res[i].tokens, want[i], sizeof(want[i])) != 0)
@@ -505,6 +526,9 @@ static void test_prompt_logprobs_edge_cases(void **state) {
         collect(h, a, r1, 1);
         assert_int_equal(r1[0].n, 2);
         assert_int_equal(r1[0].n_plp, 0);
+        stop(h);
+        /* six 20-token prompts on 48 KV slots, all in the inbox at the first step */
+        h = held(12, 8, 8, false, 5);
         memset(rs, 0, sizeof(rs));
         for (int i = 0; i < 6; i++) {
                 make_prompt(prompts[i], 20, (uint32_t)i + 40);
@@ -512,6 +536,7 @@ static void test_prompt_logprobs_edge_cases(void **state) {
                 ids[i] = names[i];
                 submit_lp(h, ids[i], prompts[i], 20, 8, NULL, 0, -1, 0);
         }
+        go(h);
         collect(h, ids, rs, 6);
         for (int i = 0; i < 6; i++) {
                 uint32_t want[8];
@@ -538,7 +563,7 @@ static void test_prompt_logprobs_edge_cases(void **state) {
  * a budget that prefills in one step and with one that needs two chunks (without the
  * wait, a sibling would start beside the second chunk and hit only 8 tokens). */
 static void n_siblings(uint32_t budget) {
-        harness *h = start(64, budget, 8, true);
+        harness *h = held(64, budget, 8, true, 0);
         enum { N = 18, K = 4, OUT = 6 };
         uint32_t prompt[N], want[OUT];
         result res[K];
@@ -548,6 +573,7 @@ static void n_siblings(uint32_t budget) {
         expected(prompt, N, OUT, want);
         for (int i = 0; i < K; i++)
                 submit(h, ids[i], prompt, N, OUT, NULL, 0);
+        go(h);
         collect(h, ids, res, K);
         for (int i = 0; i < K; i++) {
                 assert_int_equal(res[i].n, OUT);
@@ -571,7 +597,7 @@ static void test_n_siblings_share_prompt_kv_chunked(void **state) { n_siblings(1
  * shared blocks are computed (step 2 would otherwise start it beside the first's last
  * chunk, with two blocks cached), hits them, and computes its own tail. */
 static void test_shared_prefix_waits_only_for_shared_blocks(void **state) {
-        harness *h = start(64, 10, 8, true);
+        harness *h = held(64, 10, 8, true, 0);
         uint32_t a[14], b[14], wa[5], wb[5];
         result res[2];
         const char *ids[2] = {"a", "b"};
@@ -584,6 +610,7 @@ static void test_shared_prefix_waits_only_for_shared_blocks(void **state) {
         expected(b, 14, 5, wb);
         submit(h, "a", a, 14, 5, NULL, 0);
         submit(h, "b", b, 14, 5, NULL, 0);
+        go(h);
         collect(h, ids, res, 2);
         assert_memory_equal(res[0].tokens, wa, sizeof(wa));
         assert_memory_equal(res[1].tokens, wb, sizeof(wb));
@@ -719,7 +746,7 @@ static void run_mix(bool async, mix_run *out) {
         harness *h;
 
         g_async = async;
-        h = start_lp(60, 12, 16, true, 8);
+        h = held(60, 12, 16, true, 8);
         g_async = saved;
         memset(out, 0, sizeof(*out));
         make_prompt(shared, 30, 77);
@@ -759,13 +786,16 @@ static void run_mix(bool async, mix_run *out) {
                 }
         }
         submit(h, "abort", prompts[1], lens[1], 400, NULL, 0);
+        go(h);
         {
                 const char *aid[] = {"abort"};
                 bool seen = false;
                 (void)aid;
-                /* Collect the mix; abort "abort" as soon as it produced something. */
+                /* Collect the mix; abort "abort" as soon as it produced something.  It was
+                 * submitted last, and FCFS with preempted requests going back to the head
+                 * may finish the whole mix before its first token: wait for both. */
                 size_t finished = 0;
-                while (finished < MIX) {
+                while (finished < MIX || !seen) {
                         engine_out *o = tsr_queue_pop_wait(h->out, 20000);
                         if (!o)
                                 fail_msg("engine produced nothing for 20 s (%zu of %d finished)", finished, MIX);
