@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/bf16_simd.h"
 #include "kernels/kernels.h"
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -288,18 +289,6 @@ AMX_FN static void amx_task(void *arg, size_t task, int worker) {
         _tile_release();
 }
 
-/* tsr_f32_to_bf16 on 16 lanes, the bf16 bits in the low half of each: round to nearest
- * even, a NaN kept with its sign and top payload and made quiet. */
-AMX_INLINE __m512i bf16_bits(__m512 v) {
-        __m512i u = _mm512_castps_si512(v);
-        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                _mm512_set1_epi32(0x7f800000));
-        __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
-        __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-        return _mm512_mask_blend_epi32(nan, rounded, quiet);
-}
-
 struct pack_ctx {
         uint32_t *xp;           /* (n_mb, n_kb, 16, 16) */
         const float *x;         /* (rows, n) */
@@ -327,8 +316,8 @@ AMX_FN static void pack_task(void *arg, size_t task, int worker) {
                         size_t k = kb * TILE_K, left = c->n - k;
                         __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
                         __mmask16 m1 = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-                        __m256i lo = _mm512_cvtepi32_epi16(bf16_bits(_mm512_maskz_loadu_ps(m0, xr + k)));
-                        __m256i hi = _mm512_cvtepi32_epi16(bf16_bits(_mm512_maskz_loadu_ps(m1, xr + k + 16)));
+                        __m256i lo = _mm512_cvtepi32_epi16(tsr_bf16_bits16(_mm512_maskz_loadu_ps(m0, xr + k)));
+                        __m256i hi = _mm512_cvtepi32_epi16(tsr_bf16_bits16(_mm512_maskz_loadu_ps(m1, xr + k + 16)));
                         /* 32 bf16 in k order = 16 little-endian words (x[2q] | x[2q+1] << 16);
                          * masked-off lanes are +0, so pairs past n are zero words */
                         __m512i pairs = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "kernels/cpu/amx.h"
+#include "kernels/cpu/bf16_simd.h"
 #include "kernels/cpu/kv_view.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/kernels.h"
@@ -341,6 +342,11 @@ static tsr_status fast_matmul(float *out, const float *x, const float *w, size_t
         return TSR_OK;
 }
 
+/* x through bf16 for the VDPBF16PS path, as ref.c rounds it (bf16_simd.h). */
+BF16_FN static void round_x_bf16(uint16_t *xb, const float *x, size_t count) {
+        tsr_bf16_round_row(xb, x, count);
+}
+
 static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d) {
         if (fast.isa < TSR_CPU_ISA_AVX2)
                 return tsr_kernels_cpu_ref()->matmul_bf16(out, x, w, rows, n, d);
@@ -360,8 +366,7 @@ static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w
                 uint16_t *xb = malloc(rows * n * sizeof *xb);
                 if (!xb)
                         return TSR_E_NOMEM;
-                for (size_t i = 0; i < rows * n; i++)
-                        xb[i] = tsr_f32_to_bf16(x[i]);
+                round_x_bf16(xb, x, rows * n);
                 c.kind = MM_BF16_DP;
                 c.xb = xb;
                 buf = xb;

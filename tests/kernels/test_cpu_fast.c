@@ -356,10 +356,42 @@ static void test_matmul_bf16_special(void **state) {
         assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
+/* Float32 subnormals and the smallest normals as x, n = 1 (see the comment below):
+ * every output is ref's product or zero, and the normal ones are ref's exactly. */
+static void test_matmul_bf16_subnormal_x(const uint16_t *w, size_t d) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        static const uint32_t xbits[] = {
+                0x00000001u, 0x00008000u, 0x00018000u, 0x00400000u, 0x007fffffu, 0x807f0000u, 0x80000001u,
+                0x00800000u, 0x80800000u, 0x007fc000u, 0x00010000u, 0x00000000u, 0x80000000u, 0x00c00000u,
+                0x003f8000u, 0x80200000u, 0x00700000u,
+        };
+        enum { ROWS = sizeof xbits / sizeof *xbits, D_MAX = 19 };
+        float x[ROWS], o1[ROWS * D_MAX], o2[ROWS * D_MAX];
+
+        assert_true(d <= D_MAX);
+        for (size_t r = 0; r < ROWS; r++)
+                memcpy(&x[r], &xbits[r], sizeof(float));
+        assert_int_equal(ref->matmul_bf16(o1, x, w, ROWS, 1, d), TSR_OK);
+        assert_int_equal(fast->matmul_bf16(o2, x, w, ROWS, 1, d), TSR_OK);
+        size_t zeroed = 0;
+        for (size_t i = 0; i < ROWS * d; i++) {
+                bool normal_x = fabsf(x[i / d]) >= FLT_MIN;
+                zeroed += o1[i] != 0.0f && o2[i] == 0.0f;
+                bool same = memcmp(&o1[i], &o2[i], sizeof(float)) == 0;
+                if (normal_x ? !same : !(same || o2[i] == 0.0f))
+                        fail_msg("matmul_bf16 %s: x 0x%08x w[%zu]: %.9g, cpu-ref %.9g",
+                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), xbits[i / d], i % d, o2[i], o1[i]);
+        }
+        print_message("matmul_bf16 %s: subnormal x, %zu of %zu products read as zero\n",
+                      tsr_cpu_isa_name(tsr_kernels_cpu_isa()), zeroed, ROWS * d);
+}
+
 /* The rounding of x to bf16 inside matmul_bf16 (vectorised on AMX) is exactly b() of
  * kernels.h: with n = 1 each output is one exact product f(w) * f(b(x)), so every level
  * must match the reference bitwise, ties and overflow to inf included, and keep NaN.
- * (No subnormal x here: VDPBF16PS and TDPBF16PS read bf16 subnormals as zero.) */
+ * Subnormal x (test_matmul_bf16_subnormal_x): b() keeps them as bf16 subnormals, which
+ * ref.c multiplies as they are and VDPBF16PS and TDPBF16PS read as zero, so there an
+ * output is the reference's product or a zero (of either sign). */
 static void test_matmul_bf16_x_rounding(void **state) {
         const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         static const uint32_t xbits[] = {
@@ -385,6 +417,7 @@ static void test_matmul_bf16_x_rounding(void **state) {
                         if (isnan(o1[i]) ? !isnan(o2[i]) : memcmp(&o1[i], &o2[i], sizeof(float)) != 0)
                                 fail_msg("matmul_bf16 %s: x 0x%08x w[%zu]: %.9g, cpu-ref %.9g",
                                          tsr_cpu_isa_name(tsr_kernels_cpu_isa()), xbits[i / d], i % d, o2[i], o1[i]);
+                test_matmul_bf16_subnormal_x(w, d);
         }
         assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
