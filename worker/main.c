@@ -98,6 +98,13 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, work
         }
         p->kv_block_bytes = kv_block_bytes(m, (uint32_t)cfg->block_size);
         p->kv_blocks_total = plan_kv_blocks(cfg, p->kv_block_bytes);
+        if (p->kv_blocks_total == 0) {   /* vLLM: "No available memory for the cache blocks" */
+                snprintf(err, errlen,
+                         "no available memory for the cache blocks: one block of %d tokens takes %llu bytes; "
+                         "increase --kv-cache-memory",
+                         cfg->block_size, (unsigned long long)p->kv_block_bytes);
+                return TSR_E_INVAL;
+        }
         if (p->kv_blocks_total * cfg->block_size < p->max_model_len)
                 log_warn("the KV cache holds %llu tokens, less than max_model_len %u: long requests will wait or be "
                          "refused", (unsigned long long)(p->kv_blocks_total * cfg->block_size), p->max_model_len);
@@ -227,6 +234,30 @@ static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m
 }
 
 /* VLLM_LOG_STATS_INTERVAL, seconds (vLLM's default 10). */
+/* n with a comma every three digits, as Python's f"{n:,}" writes it. */
+static const char *thousands(uint64_t n, char *buf, size_t len) {
+        char digits[24];
+        size_t nd = (size_t)snprintf(digits, sizeof(digits), "%llu", (unsigned long long)n), o = 0;
+        for (size_t i = 0; i < nd && o + 1 < len; i++) {
+                if (i > 0 && (nd - i) % 3 == 0 && o + 2 < len)
+                        buf[o++] = ',';
+                buf[o++] = digits[i];
+        }
+        buf[o] = '\0';
+        return buf;
+}
+
+/* The family the Llama runner serves: GGUF general.architecture "llama", or an HF
+ * config whose architectures[0] is LlamaForCausalLM (model_type "llama" when the list
+ * is absent).  Such a model that the runner cannot load (a dtype, a bias, partial
+ * rotary) is a startup error; a model of another family (Llama 4, NemotronH) has no
+ * runner yet and is served as metadata only. */
+static bool runner_family(const tsr_model_meta *m) {
+        if (m->architecture)
+                return strcmp(m->architecture, "llama") == 0 || strcmp(m->architecture, "LlamaForCausalLM") == 0;
+        return m->model_type && strcmp(m->model_type, "llama") == 0;
+}
+
 static double stats_interval_s(void) {
         const char *env = getenv("VLLM_LOG_STATS_INTERVAL");
         char *end;
@@ -305,21 +336,31 @@ int main(int argc, char **argv) {
         log_info("# KV blocks: %llu (block size %d, %.2fx concurrency at max_model_len %u)",
                  (unsigned long long)plan.kv_blocks_total, cfg.block_size,
                  (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len, plan.max_model_len);
-        /* The model runner: weights and KV pool.  A format without a runner still
-         * serves its metadata (and refuses Submit), so routers can list it. */
+        {       /* vLLM V1's capacity line, word for word (kv_cache_utils), for runbooks that grep it */
+                char kv_tokens[32], model_len[32];
+                log_info("CPU KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",
+                         thousands(plan.kv_blocks_total * (uint64_t)cfg.block_size, kv_tokens, sizeof(kv_tokens)),
+                         thousands(plan.max_model_len, model_len, sizeof(model_len)),
+                         (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len);
+        }
+        /* The model runner: weights and KV pool.  A family without a runner still
+         * serves its metadata (and refuses Submit), so routers can list it; a Llama the
+         * runner cannot load exits here, before any socket is bound (runner_family). */
         tsr_load_stats lstats = {0};
         tsr_runner_opts ropts = {.dtype = cfg.dtype, .cpu_threads = cfg.cpu_threads};
         st = tsr_runner_new(cfg.model, &ropts, plan.kv_blocks_total, (uint32_t)cfg.block_size, &runner, &lstats, err,
                             sizeof(err));
-        if (st == TSR_E_UNSUPPORTED) {
+        if (st == TSR_E_UNSUPPORTED && !runner_family(meta)) {
                 log_warn("model %s: no model runner (%s); serving its metadata only, Submit is refused", cfg.model, err);
         } else if (st != TSR_OK) {
                 log_error("cannot load model %s: %s", cfg.model, err);
                 goto out;
         } else {
-                log_info("loaded %zu tensors (%.1f MB in the file, %.1f MB as float32) in %.2f s; KV pool %.1f MB",
+                log_info("loaded %zu tensors (%.1f MB in the file, %.1f MB as float32) in %.2f s, %.1f MB/s; "
+                         "KV pool %.1f MB",
                          lstats.n_tensors, (double)lstats.file_bytes / 1e6, (double)lstats.f32_bytes / 1e6,
-                         lstats.seconds, (double)plan.kv_blocks_total * plan.kv_block_bytes / 1e6);
+                         lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
+                         (double)plan.kv_blocks_total * plan.kv_block_bytes / 1e6);
         }
         if (tsr_block_hash_algo_parse(cfg.prefix_caching_hash_algo, &hash_algo) != TSR_OK) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);

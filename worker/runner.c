@@ -41,10 +41,16 @@ static tsr_status runner_forward(void *ud, const engine_seq *seqs, size_t n_seqs
         return st;
 }
 
+/* Every 64th tensor and the last: tensors and file bytes read so far, and the rate
+ * (file bytes over the seconds since the load began, dequantizing included). */
 static void progress(void *ud, const tsr_load_stats *done, const tsr_load_stats *total) {
         (void)ud;
-        if (done->n_tensors == total->n_tensors || done->n_tensors % 64 == 0)
-                log_info("loading weights: %zu/%zu tensors", done->n_tensors, total->n_tensors);
+        if (done->n_tensors != total->n_tensors && done->n_tensors % 64 != 0)
+                return;
+        log_info("loading weights: %zu/%zu tensors, %.1f/%.1f MB (%.0f%%), %.1f MB/s", done->n_tensors,
+                 total->n_tensors, (double)done->file_bytes / 1e6, (double)total->file_bytes / 1e6,
+                 total->file_bytes ? 100.0 * (double)done->file_bytes / (double)total->file_bytes : 100.0,
+                 done->seconds > 0 ? (double)done->file_bytes / 1e6 / done->seconds : 0.0);
 }
 
 static bool is_dir(const char *path) {

@@ -10,8 +10,11 @@ import os
 import random
 import re
 import signal
+import shutil
+import struct
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -468,9 +471,36 @@ def test_truncated_model_fails_clearly(spawn, tmp_path, demo_model):
     assert w.wait(timeout=60) == 2
     out = w.output()
     assert "cannot load model" in out and str(cut) in out and "outside the file" in out, out
+    assert "tensor 'token_embd.weight'" in out, out     # the first tensor whose bytes are missing
 
     s = spawn([LAUNCHER, "serve", cut, "--host", "127.0.0.1", "--port", free_port()])
     assert s.wait(timeout=60) == 2
     out = s.output()
     assert str(cut) in out and "restarting cannot help" in out, out
     assert out.count("cannot load model") == 1, "the launcher restarted a worker that cannot load"
+
+
+def test_llama_with_unsupported_dtype_exits_before_binding(spawn, tmp_path):
+    """A Llama checkpoint whose tensor has a dtype the loader does not take (I32 here;
+    F32, F16 and BF16 are) is a startup error naming the file, the tensor and the
+    dtype: exit 2 before the sockets are bound, not a worker serving metadata only
+    (that is for model families without a runner)."""
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama3-hf" / "f32"
+    model = tmp_path / "i32-llama"
+    shutil.copytree(src, model)
+    name = "model.layers.0.input_layernorm.weight"
+    shard = model / json.loads((model / "model.safetensors.index.json").read_text())["weight_map"][name]
+    blob = shard.read_bytes()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    assert header[name]["dtype"] == "F32"
+    header[name]["dtype"] = "I32"          # same 4 bytes an element: only the dtype is wrong
+    text = json.dumps(header).encode()
+    shard.write_bytes(struct.pack("<Q", len(text)) + text + blob[8 + n:])
+
+    port = free_port_pair()
+    w = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{port}"])
+    assert w.wait(timeout=60) == 2
+    out = w.output()
+    assert "cannot load model" in out and shard.name in out and name in out and "I32" in out, out
+    assert "listening on" not in out and "metadata only" not in out, out

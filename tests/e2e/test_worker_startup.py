@@ -1,0 +1,78 @@
+"""The worker's start-up as an operator sees it: the loading progress, the KV capacity
+lines (vLLM's wording), the scheduler defaults, and a KV budget too small for one block.
+
+The defaults checked here are vLLM's for the CPU backend as Tessera documents them
+(docs/configuration.md): --block-size 16, --max-num-seqs 256, --max-num-batched-tokens
+2048, --kv-cache-memory 4 GiB capped by half the free RAM, prefix caching on, async
+scheduling off."""
+import re
+import signal
+
+from conftest import SANITIZED, WORKER, free_port_pair, wait_until
+
+KV_DEFAULT_BYTES = 4 << 30
+START_S = 240 if SANITIZED else 60
+
+
+def mem_free_bytes():
+    """MemFree of /proc/meminfo: what sysconf(_SC_AVPHYS_PAGES) counts."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemFree:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_startup_lines_and_defaults(spawn, demo_model):
+    free_bytes_before = mem_free_bytes()
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}"])
+    wait_until(lambda: "engine up" in w.output() or w.p.poll() is not None, START_S, what="engine up")
+    out = w.output()
+    assert "engine up" in out, out
+
+    # Progress while loading: tensors and bytes so far, percent and rate; the last at 100%.
+    progress = re.findall(r"loading weights: (\d+)/(\d+) tensors, ([\d.]+)/([\d.]+) MB \((\d+)%\), ([\d.]+) MB/s",
+                          out)
+    assert progress, out
+    done, total, mb, total_mb, pct, rate = progress[-1]
+    assert done == total and mb == total_mb and pct == "100" and float(rate) > 0, progress[-1]
+    assert [int(p[0]) for p in progress] == sorted(int(p[0]) for p in progress)
+    loaded = re.search(r"loaded (\d+) tensors \(([\d.]+) MB in the file, [\d.]+ MB as float32\) in [\d.]+ s, "
+                       r"([\d.]+) MB/s", out)
+    assert loaded and loaded.group(1) == total and loaded.group(2) == total_mb and float(loaded.group(3)) > 0, out
+
+    # Capacity: our line and vLLM V1's, consistent with each other and with the default budget.
+    blocks = re.search(r"# KV blocks: (\d+) \(block size 16, ([\d.]+)x concurrency at max_model_len (\d+)\)", out)
+    assert blocks, out
+    n_blocks, max_model_len = int(blocks.group(1)), int(blocks.group(3))
+    vllm_line = re.search(r"CPU KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per "
+                          r"request: ([\d.]+)x", out)
+    assert vllm_line, out
+    assert int(vllm_line.group(1).replace(",", "")) == n_blocks * 16
+    assert vllm_line.group(2) == f"{max_model_len:,}" and max_model_len == 8192    # SmolLM2's context
+    assert vllm_line.group(3) == f"{n_blocks * 16 / max_model_len:.2f}" == blocks.group(2)
+    # SmolLM2: 30 layers x 3 KV heads x 64 x (K and V) x 4 bytes x 16 tokens = 737,280 bytes a block.
+    # 4 GiB unless half the free RAM (read after loading) is less: then fewer blocks.
+    if free_bytes_before / 2 > KV_DEFAULT_BYTES + (1 << 30):   # a margin for what loading takes
+        assert n_blocks == KV_DEFAULT_BYTES // 737280, n_blocks
+    else:
+        assert 0 < n_blocks <= KV_DEFAULT_BYTES // 737280, n_blocks
+
+    up = re.search(r"engine up: (\d+) KV blocks of (\d+) tokens, max_model_len (\d+), max_num_seqs (\d+), "
+                   r"max_num_batched_tokens (\d+), prefix caching (\w+), async scheduling (\w+)", out)
+    assert up, out
+    assert up.groups() == (str(n_blocks), "16", str(max_model_len), "256", "2048", "on", "off"), up.groups()
+
+    w.p.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=60) == 0
+
+
+def test_kv_budget_below_one_block_exits_before_binding(spawn, demo_model):
+    """vLLM refuses to start when no cache block fits ("No available memory for the
+    cache blocks"); so does the worker, naming the flag, before any socket is bound."""
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}",
+               "--kv-cache-memory", "100000"])
+    assert w.wait(timeout=START_S) == 2
+    out = w.output()
+    assert "no available memory for the cache blocks" in out and "--kv-cache-memory" in out, out
+    assert "737280 bytes" in out and "listening on" not in out, out
