@@ -2,8 +2,11 @@
 llama3 rope scaling that tests/fixtures/make_tiny_llama_hf.py builds with transformers
 (f32 in three shards, and bf16), with transformers' greedy continuations as goldens."""
 import json
+import shutil
+import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 
@@ -45,3 +48,69 @@ def test_greedy_matches_transformers(spawn, variant):
                                                           "max_tokens": len(want), "ignore_eos": True,
                                                           "skip_special_tokens": False}, timeout=60).json()
         assert r["choices"][0]["text"] == completion_text(base, want), prompt["text"]
+
+
+def write_safetensors(path, header, data):
+    """A safetensors file: u64 LE header length, the JSON header, the data."""
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def f16_pair(dst):
+    """Two checkpoints from the f32 fixture with the same weight values: every tensor
+    rounded to float16 and stored as F16 in one, widened back and stored as F32 in the
+    other.  float16 -> float32 is exact, so a loader that reads F16 right gives the
+    same float32 weights from both, hence bitwise the same outputs."""
+    out = {}
+    for dtype in ("F16", "F32"):
+        d = dst / dtype.lower()
+        shutil.copytree(FIX / "f32", d)
+        for shard in sorted(d.glob("*.safetensors")):
+            blob = shard.read_bytes()
+            n = struct.unpack("<Q", blob[:8])[0]
+            header, body = json.loads(blob[8:8 + n]), blob[8 + n:]
+            new_header, parts, offset = {}, [], 0
+            for name, t in header.items():
+                if name == "__metadata__":
+                    new_header[name] = t
+                    continue
+                assert t["dtype"] == "F32"
+                a, b = t["data_offsets"]
+                x = np.frombuffer(body[a:b], dtype="<f4").astype("<f2")
+                raw = (x if dtype == "F16" else x.astype("<f4")).tobytes()
+                new_header[name] = {"dtype": dtype, "shape": t["shape"], "data_offsets": [offset, offset + len(raw)]}
+                parts.append(raw)
+                offset += len(raw)
+            write_safetensors(shard, new_header, b"".join(parts))
+        out[dtype] = d
+    return out
+
+
+def test_f16_checkpoint_loads_exact_values(spawn, tmp_path):
+    """F16 safetensors (the dtype of many real checkpoints) load to exactly the values
+    an F32 file holds: greedy tokens and their logprobs bitwise equal."""
+    pair = f16_pair(tmp_path)
+    results = {}
+    for dtype, model in pair.items():
+        port = free_port()
+        proc = spawn([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
+                      "--kv-cache-memory-bytes", "64M", "--dtype", "float32"])
+        base = f"http://127.0.0.1:{port}"
+
+        def ready():
+            assert proc.p.poll() is None, proc.output()
+            return http_status(base + "/health") == 200
+        wait_until(ready, timeout=60, interval=0.1, what=f"{dtype} tiny model served")
+        results[dtype] = []
+        for prompt in GOLDEN["prompts"]:
+            r = requests.post(base + "/v1/completions", json={"model": "tiny", "prompt": prompt["ids"],
+                                                              "temperature": 0, "max_tokens": 8, "ignore_eos": True,
+                                                              "logprobs": 3}, timeout=60)
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            results[dtype].append((choice["text"], choice["logprobs"]["token_logprobs"],
+                                   choice["logprobs"]["top_logprobs"]))
+        proc.p.terminate()
+        assert proc.wait(timeout=60) == 0
+    assert results["F16"] == results["F32"]
+    assert any(lp != 0.0 for _, lps, _ in results["F16"] for lp in lps)   # real numbers were compared

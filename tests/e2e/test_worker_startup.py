@@ -63,6 +63,15 @@ def test_startup_lines_and_defaults(spawn, demo_model):
     assert up, out
     assert up.groups() == (str(n_blocks), "16", str(max_model_len), "256", "2048", "on", "off"), up.groups()
 
+    # --dtype auto: bfloat16 where the CPU has AVX512_BF16 or AMX-BF16, else float32.
+    kernels = re.search(r"kernels: cpu-fast, isa (\w+), \d+ threads?, dtype (\w+) \(--dtype auto\)", out)
+    assert kernels, out
+    isa, dtype = kernels.groups()
+    assert dtype == ("bfloat16" if isa in ("avx512_bf16", "amx_bf16") else "float32"), kernels.group(0)
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    assert (isa in ("avx512_bf16", "amx_bf16")) == (" avx512_bf16" in flags or " amx_bf16" in flags), isa
+
     w.p.send_signal(signal.SIGTERM)
     assert w.wait(timeout=60) == 0
 
