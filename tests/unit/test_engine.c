@@ -1145,11 +1145,12 @@ static size_t expected_eos(const uint32_t *prompt, size_t n, size_t max_tokens, 
 }
 
 static void test_eos_finishes_unless_ignore_eos(void **state) {
-        enum { N = 4, LEN = 6, MAX = 16 };
-        static const char *const ids[N] = {"eos", "ignore", "min", "stop_too"};
+        enum { N = 7, LEN = 6, MAX = 16 };
+        static const char *const ids[N] = {"eos", "ignore", "min", "stop_too", "last", "at_first", "at_first_min"};
         harness *h = held(64, 64, 8, false, 0);
-        uint32_t prompt[LEN], want[MAX], eos, min_want[MAX];
-        size_t first = 0, min_n;
+        uint32_t prompt[LEN], other[LEN], want[MAX], eos, min_want[MAX], other_want[MAX];
+        size_t first = 0, min_n, other_n;
+        uint32_t k = 0;
         result res[N];
         memset(res, 0, sizeof(res));
         make_prompt(prompt, LEN, 13);
@@ -1158,15 +1159,29 @@ static void test_eos_finishes_unless_ignore_eos(void **state) {
         while (want[first] != eos)
                 first++;
         h->eos[0] = eos;
+        /* A prompt whose very first token is EOS: it ends in its prefill step. */
+        memcpy(other, prompt, sizeof(other));
+        do {
+                assert_true(++k < (VOCAB - 1) * (VOCAB - 1));
+                other[LEN - 1] = 1 + k % (VOCAB - 1);
+                other[LEN - 2] = 1 + k / (VOCAB - 1);
+                expected(other, LEN, 1, other_want);
+        } while (other_want[0] != eos);
         min_n = expected_eos(prompt, LEN, MAX, eos, first + 2, min_want);
+        other_n = expected_eos(other, LEN, MAX, eos, 1, other_want);
         submit(h, "eos", prompt, LEN, MAX, NULL, 0);
         submit_full(h, "ignore", prompt, LEN, MAX, NULL, 0, -1, -1, &(submit_opts){.ignore_eos = true});
         submit_full(h, "min", prompt, LEN, MAX, NULL, 0, -1, -1, &(submit_opts){.min_tokens = (uint32_t)first + 2});
         submit(h, "stop_too", prompt, LEN, MAX, &eos, 1);
+        submit(h, "last", prompt, LEN, (uint32_t)first + 1, NULL, 0);   /* EOS is also its max_tokens-th */
+        submit(h, "at_first", other, LEN, MAX, NULL, 0);
+        submit_full(h, "at_first_min", other, LEN, MAX, NULL, 0, -1, -1, &(submit_opts){.min_tokens = 1});
         go(h);
         collect(h, ids, res, N);
 
-        for (int i = 0; i < N; i += 3) {   /* "eos", and "stop_too": EOS wins over the stop id */
+        /* "eos"; "stop_too": EOS is checked before the stop ids (no stop id reported);
+         * "last": before the length too (STOP, not LENGTH). */
+        for (int i = 0; i < 5; i += i == 0 ? 3 : 1) {
                 assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
                 assert_false(res[i].has_stop_id);
                 assert_int_equal(res[i].n, first + 1);
@@ -1183,6 +1198,15 @@ static void test_eos_finishes_unless_ignore_eos(void **state) {
         assert_int_equal(res[2].finish, min_n < MAX || min_want[MAX - 1] == eos ? TESSERA__V1__FINISH_REASON__FINISH_STOP
                                                                                 : TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
         assert_false(res[2].has_stop_id);
+        assert_int_equal(res[5].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+        assert_int_equal(res[5].n, 1);
+        assert_int_equal(res[5].tokens[0], eos);
+        assert_int_equal(res[6].n, other_n);
+        assert_memory_equal(res[6].tokens, other_want, other_n * sizeof(uint32_t));
+        assert_int_equal(res[6].tokens[0], 0);
+        assert_int_equal(res[6].finish, other_n < MAX || other_want[MAX - 1] == eos
+                                                ? TESSERA__V1__FINISH_REASON__FINISH_STOP
+                                                : TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
         engine_stats st = idle_stats(h);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
@@ -1190,23 +1214,27 @@ static void test_eos_finishes_unless_ignore_eos(void **state) {
 
 /* max_model_len caps prompt + output (vLLM: num_tokens >= max_model_len is LENGTH):
  * a 28-token prompt under max_model_len 32 gets 4 tokens whatever max_tokens says, a
- * 31-token one gets 1.  The model never computes position max_model_len - 1 or later
- * (nothing samples from it), with --async-scheduling included. */
+ * 31-token one gets 1, and a min_tokens beyond the room does not keep a request going
+ * (vLLM's API refuses such a request; the engine still ends it).  The model never
+ * computes position max_model_len - 1 or later (nothing samples from it), with
+ * --async-scheduling included. */
 static void test_length_at_max_model_len(void **state) {
-        static const char *const ids[3] = {"p28", "p31", "short"};
-        static const size_t lens[3] = {28, 31, 4}, outs[3] = {4, 1, 6}, max_tokens[3] = {100, 100, 6};
+        enum { N = 4 };
+        static const char *const ids[N] = {"p28", "p31", "short", "p28min"};
+        static const size_t lens[N] = {28, 31, 4, 28}, outs[N] = {4, 1, 6, 4}, max_tokens[N] = {100, 100, 6, 100};
         harness *h = held(64, 64, 4, false, 0);
-        uint32_t prompts[3][31];
-        result res[3];
+        uint32_t prompts[N][31];
+        result res[N];
         memset(res, 0, sizeof(res));
         h->params.max_model_len = 32;
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < N; i++) {
                 make_prompt(prompts[i], lens[i], (uint32_t)i + 80);
-                submit(h, ids[i], prompts[i], lens[i], (uint32_t)max_tokens[i], NULL, 0);
+                submit_full(h, ids[i], prompts[i], lens[i], (uint32_t)max_tokens[i], NULL, 0, -1, -1,
+                            &(submit_opts){.min_tokens = i == 3 ? 10 : 0});
         }
         go(h);
-        collect(h, ids, res, 3);
-        for (int i = 0; i < 3; i++) {
+        collect(h, ids, res, N);
+        for (int i = 0; i < N; i++) {
                 uint32_t want[8];
                 expected(prompts[i], lens[i], outs[i], want);
                 assert_int_equal(res[i].n, outs[i]);
