@@ -9,7 +9,13 @@
  * the fake model's speed makes the two threads interleave at every step.
  * test_async_matches_sync runs one mixed workload (seeded sampling, stop ids under
  * min_tokens, max_tokens 1, logprobs, prompt logprobs, preemption, chunking, prefix
- * hits, an abort) both ways and compares everything a router sees. */
+ * hits, an abort) both ways and compares everything a router sees.
+ *
+ * No test depends on timing: a test that needs a given load submits before the engine
+ * starts (held + go), and one that needs a request to arrive while others run makes
+ * the fake model hold a given step until the request is in the inbox (hold_at). */
+#include <errno.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 #include <math.h>
 
@@ -31,6 +38,19 @@ typedef struct fake_model {
         size_t n_slots;
         size_t forwards;
         size_t tokens_run;
+        /* mu guards the rest: the engine's forward runs on its own thread (the runner
+         * with --async-scheduling), the test reads these from the test thread. */
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        size_t steps;            /* forward calls: one per engine step */
+        size_t max_step_seqs;    /* the most chunks one step ran */
+        size_t max_step_tokens;  /* the most tokens one step ran */
+        size_t max_pos_end;      /* the highest position computed, + 1 */
+        /* hold_at: the forward call of that number (1 = the first) waits, holding, until
+         * released: the test then knows exactly which steps ran before what it submits. */
+        size_t hold_at;
+        bool holding;
+        bool released;
 } fake_model;
 
 static uint32_t next_of(const uint32_t *ctx, size_t n) {
@@ -76,6 +96,24 @@ static tsr_status fake_forward_one(fake_model *m, const uint32_t *bt, size_t n_t
 
 static tsr_status fake_forward(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits) {
         fake_model *m = ud;
+        size_t step_tokens = 0;
+        pthread_mutex_lock(&m->mu);
+        if (++m->steps == m->hold_at) {
+                m->holding = true;
+                pthread_cond_broadcast(&m->cv);
+                while (!m->released)
+                        pthread_cond_wait(&m->cv, &m->mu);
+        }
+        for (size_t i = 0; i < n_seqs; i++) {
+                step_tokens += seqs[i].n;
+                if (seqs[i].past_len + seqs[i].n > m->max_pos_end)
+                        m->max_pos_end = seqs[i].past_len + seqs[i].n;
+        }
+        if (n_seqs > m->max_step_seqs)
+                m->max_step_seqs = n_seqs;
+        if (step_tokens > m->max_step_tokens)
+                m->max_step_tokens = step_tokens;
+        pthread_mutex_unlock(&m->mu);
         for (size_t i = 0; i < n_seqs; i++) {
                 bool any = seqs[i].want_logits || seqs[i].want_all_logits;
                 tsr_status st = fake_forward_one(m, seqs[i].block_table, seqs[i].n_table, seqs[i].tokens, seqs[i].n,
@@ -111,6 +149,8 @@ static harness *held_full(uint64_t blocks, uint32_t max_batched, uint32_t max_se
         h->model.vocab = VOCAB;
         h->model.ud = &h->fm;
         h->model.forward = fake_forward;
+        pthread_mutex_init(&h->fm.mu, NULL);
+        pthread_cond_init(&h->fm.cv, NULL);
         h->eos[0] = EOS;
         assert_int_equal(tsr_queue_new(4096, &h->in), TSR_OK);
         assert_int_equal(tsr_queue_new(65536, &h->out), TSR_OK);
@@ -147,14 +187,53 @@ static harness *start(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, 
         return start_lp(blocks, max_batched, max_seqs, prefix, 0);
 }
 
+typedef struct step_records {
+        size_t max_step_seqs, max_step_tokens, max_pos_end;
+} step_records;
+
+/* The fake model's per-step records, read under its lock. */
+static step_records model_records(harness *h) {
+        step_records r;
+        pthread_mutex_lock(&h->fm.mu);
+        r = (step_records){h->fm.max_step_seqs, h->fm.max_step_tokens, h->fm.max_pos_end};
+        pthread_mutex_unlock(&h->fm.mu);
+        return r;
+}
+
+/* Wait until the engine is inside forward call number h->fm.hold_at (set before go). */
+static void wait_holding(harness *h) {
+        struct timespec deadline;
+        int rc = 0;
+        bool holding;
+        clock_gettime(CLOCK_REALTIME, &deadline);
+        deadline.tv_sec += 20;
+        pthread_mutex_lock(&h->fm.mu);
+        while (!h->fm.holding && rc != ETIMEDOUT)
+                rc = pthread_cond_timedwait(&h->fm.cv, &h->fm.mu, &deadline);
+        holding = h->fm.holding;
+        pthread_mutex_unlock(&h->fm.mu);
+        if (!holding)
+                fail_msg("the engine did not reach forward call %zu in 20 s", h->fm.hold_at);
+}
+
+static void release(harness *h) {
+        pthread_mutex_lock(&h->fm.mu);
+        h->fm.released = true;
+        pthread_cond_broadcast(&h->fm.cv);
+        pthread_mutex_unlock(&h->fm.mu);
+}
+
 static void stop(harness *h) {
         engine_out *o;
+        release(h);   /* a failed test may have left the model holding */
         tsr_engine_stop(&h->e);
         while ((o = tsr_queue_pop(h->out)))
                 engine_out_free(o);
         tsr_queue_free(&h->in);
         tsr_queue_free(&h->out);
         free(h->fm.kv);
+        pthread_cond_destroy(&h->fm.cv);
+        pthread_mutex_destroy(&h->fm.mu);
         free(h);
 }
 
@@ -163,6 +242,8 @@ typedef struct submit_opts {
         bool has_seed;
         uint64_t seed;
         uint32_t min_tokens;
+        int32_t priority;         /* --scheduling-policy priority: lower first */
+        bool ignore_eos;
 } submit_opts;
 
 static void submit_full(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
@@ -183,6 +264,8 @@ static void submit_full(harness *h, const char *id, const uint32_t *prompt, size
         sp.has_seed = so && so->has_seed;
         sp.seed = so ? so->seed : 0;
         s.min_tokens = so ? so->min_tokens : 0;
+        s.priority = so ? so->priority : 0;
+        s.ignore_eos = so && so->ignore_eos;
         s.request_id = (char *)id;
         s.prompt_token_ids = (uint32_t *)prompt;
         s.n_prompt_token_ids = n;
@@ -249,11 +332,15 @@ typedef struct result {
         tsr_token_logprobs plp[64];      /* prompt positions 1.. */
         size_t n_plp;
         int n_plp_outputs;               /* Outputs that carried prompt logprobs */
+        uint32_t num_preemptions;        /* of the finishing Output */
+        int first_rank, finish_rank;     /* collect()'s count of request Outputs at its first token,
+                                          * at its finish (from 1; 0: never) */
 } result;
 
 /* Collect outputs until every id in `ids` finished; return the last stats seen. */
 static engine_stats collect(harness *h, const char *const *ids, result *res, size_t n_ids) {
         size_t finished = 0;
+        int rank = 0;
         engine_stats last = {0};
         while (finished < n_ids) {
                 engine_out *o = tsr_queue_pop_wait(h->out, 20000);
@@ -266,6 +353,9 @@ static engine_stats collect(harness *h, const char *const *ids, result *res, siz
                         for (size_t k = 0; k < n_ids; k++) {
                                 if (strcmp(ids[k], ro->request_id) != 0)
                                         continue;
+                                rank++;
+                                if (ro->n_new && res[k].n == 0)
+                                        res[k].first_rank = rank;
                                 for (uint32_t t = 0; t < ro->n_new; t++)
                                         res[k].tokens[res[k].n++] = ro->new_tokens[t];
                                 for (uint32_t t = 0; ro->logprobs && t < ro->n_new && res[k].n_lp < 512; t++)
@@ -282,6 +372,8 @@ static engine_stats collect(harness *h, const char *const *ids, result *res, siz
                                         res[k].num_generated = ro->num_generated;
                                         res[k].has_stop_id = ro->has_stop_token_id;
                                         res[k].stop_id = ro->stop_token_id;
+                                        res[k].num_preemptions = ro->num_preemptions;
+                                        res[k].finish_rank = rank;
                                         finished++;
                                 }
                         }
@@ -905,6 +997,314 @@ static void test_async_matches_sync(void **state) {
         assert_int_equal(b.st.num_running + b.st.num_waiting, 0);
 }
 
+/* --scheduling-policy priority admits the waiting request with the lowest (priority,
+ * arrival) first, as vLLM's priority queue does (negative values are allowed); FCFS
+ * admits in submit order whatever the priorities.  max_num_seqs 1 runs one request at
+ * a time, so the order of first tokens is the admission order. */
+static void admission_order(bool priority) {
+        enum { N = 5 };
+        static const char *const ids[N] = {"p5", "p0", "p2", "p0b", "m1"};
+        static const int32_t prio[N] = {5, 0, 2, 0, -1};
+        static const int by_priority[N] = {4, 1, 3, 2, 0};   /* m1, p0, p0b (its tie: later), p2, p5 */
+        static const int by_arrival[N] = {0, 1, 2, 3, 4};
+        const int *order = priority ? by_priority : by_arrival;
+        harness *h = held(64, 64, 1, false, 0);
+        uint32_t prompts[N][6];
+        result res[N];
+        memset(res, 0, sizeof(res));
+        h->params.priority_scheduling = priority;
+        for (int i = 0; i < N; i++) {
+                submit_opts so = {.priority = prio[i]};
+                make_prompt(prompts[i], 6, (uint32_t)i + 50);
+                submit_full(h, ids[i], prompts[i], 6, 4, NULL, 0, -1, -1, &so);
+        }
+        go(h);
+        collect(h, ids, res, N);
+        for (int i = 0; i < N; i++) {
+                uint32_t want[4];
+                expected(prompts[i], 6, 4, want);
+                assert_int_equal(res[i].n, 4);
+                assert_memory_equal(res[i].tokens, want, sizeof(want));
+                assert_int_equal(res[i].num_preemptions, 0);
+        }
+        for (int k = 0; k + 1 < N; k++)
+                if (res[order[k]].finish_rank >= res[order[k + 1]].first_rank)
+                        fail_msg("%s policy: %s started before %s finished", priority ? "priority" : "fcfs",
+                                 ids[order[k + 1]], ids[order[k]]);
+        stop(h);
+}
+
+static void test_priority_admission_order(void **state) { admission_order(true); }
+static void test_fcfs_admission_ignores_priority(void **state) { admission_order(false); }
+
+/* When a running request cannot get a KV block, the victim is the running request with
+ * the largest (priority, arrival) under the priority policy, the last admitted under
+ * FCFS (vLLM V1's Scheduler.schedule).  "a" (priority 0) and "b" (9) start together;
+ * the model holds its second step until "c" (1) is submitted, so "c" is admitted after
+ * "b" and is the last in the running list.  Three 8-token prompts growing to 32 tokens
+ * need 24 blocks together, 16 for any two: of 18 blocks, one request is preempted and
+ * the other two then run to their end.  Priority preempts "b", FCFS "c". */
+static void preemption_victim(bool priority) {
+        enum { N = 3 };
+        static const char *const ids[N] = {"a", "b", "c"};
+        static const int32_t prio[N] = {0, 9, 1};
+        const int victim = priority ? 1 : 2;
+        harness *h = held(18, 64, 4, false, 0);
+        uint32_t prompts[N][8];
+        result res[N];
+        memset(res, 0, sizeof(res));
+        h->params.priority_scheduling = priority;
+        h->fm.hold_at = 2;
+        for (int i = 0; i < N; i++)
+                make_prompt(prompts[i], 8, (uint32_t)i + 60);
+        for (int i = 0; i < 2; i++)
+                submit_full(h, ids[i], prompts[i], 8, 24, NULL, 0, -1, -1, &(submit_opts){.priority = prio[i]});
+        go(h);
+        wait_holding(h);
+        submit_full(h, ids[2], prompts[2], 8, 24, NULL, 0, -1, -1, &(submit_opts){.priority = prio[2]});
+        release(h);
+        collect(h, ids, res, N);
+        for (int i = 0; i < N; i++) {
+                uint32_t want[24];
+                expected(prompts[i], 8, 24, want);
+                assert_int_equal(res[i].n, 24);
+                assert_memory_equal(res[i].tokens, want, sizeof(want));
+                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                if (i == victim)
+                        assert_true(res[i].num_preemptions > 0);
+                else if (res[i].num_preemptions != 0)
+                        fail_msg("%s policy: %s preempted %u times, only %s should be", priority ? "priority" : "fcfs",
+                                 ids[i], res[i].num_preemptions, ids[victim]);
+        }
+        engine_stats st = idle_stats(h);
+        assert_int_equal(st.num_preemptions_total, res[victim].num_preemptions);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+static void test_priority_preempts_largest_priority_value(void **state) { preemption_victim(true); }
+static void test_fcfs_preempts_last_admitted(void **state) { preemption_victim(false); }
+
+/* A more urgent request arriving while a less urgent one runs waits for room: V1
+ * preempts only when a RUNNING request needs a block, never to admit a waiting one.
+ * Once with max_num_seqs 1, once with too few free blocks for its prompt. */
+static void urgent_waits(uint32_t max_seqs, uint64_t blocks, size_t urgent_len) {
+        static const char *const ids[2] = {"slow", "urgent"};
+        harness *h = held(blocks, 64, max_seqs, false, 0);
+        uint32_t slow[8], urgent[32], want_slow[24], want_urgent[4];
+        result res[2];
+        memset(res, 0, sizeof(res));
+        h->params.priority_scheduling = true;
+        h->fm.hold_at = 2;
+        make_prompt(slow, 8, 70);
+        make_prompt(urgent, urgent_len, 71);
+        expected(slow, 8, 24, want_slow);
+        expected(urgent, urgent_len, 4, want_urgent);
+        submit_full(h, "slow", slow, 8, 24, NULL, 0, -1, -1, &(submit_opts){.priority = 9});
+        go(h);
+        wait_holding(h);
+        submit_full(h, "urgent", urgent, urgent_len, 4, NULL, 0, -1, -1, &(submit_opts){.priority = -5});
+        release(h);
+        collect(h, ids, res, 2);
+        assert_memory_equal(res[0].tokens, want_slow, sizeof(want_slow));
+        assert_memory_equal(res[1].tokens, want_urgent, sizeof(want_urgent));
+        assert_int_equal(res[0].num_preemptions, 0);
+        assert_int_equal(res[1].num_preemptions, 0);
+        assert_true(res[0].finish_rank < res[1].first_rank);   /* it waited for "slow" to end */
+        engine_stats st = idle_stats(h);
+        assert_int_equal(st.num_preemptions_total, 0);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+/* "slow" grows to 8 blocks of 9; "urgent"'s 28-token prompt needs 7 while "slow" runs. */
+static void test_priority_waiting_never_preempts(void **state) {
+        urgent_waits(1, 64, 8);
+        urgent_waits(4, 9, 28);
+}
+
+/* The model's EOS (engine_params.eos_ids) ends a request with finish STOP and no stop
+ * id (vLLM's check_stop tests EOS before stop_token_ids), the EOS token being the last
+ * of its tokens: vLLM returns it in token_ids and leaves only its text out (the router's
+ * job).  ignore_eos runs on to max_tokens; min_tokens masks EOS before it (the sampler
+ * gives -inf to EOS, and the fake model's other logits tie: greedy takes the lowest id,
+ * 0), which the reference below reproduces. */
+static size_t expected_eos(const uint32_t *prompt, size_t n, size_t max_tokens, uint32_t eos, size_t min_tokens,
+                           uint32_t *out) {
+        uint32_t ctx[256];
+        memcpy(ctx, prompt, n * sizeof(uint32_t));
+        for (size_t i = 0; i < max_tokens; i++) {
+                uint32_t t = next_of(ctx, n + i);
+                if (i < min_tokens && t == eos)
+                        t = 0;
+                ctx[n + i] = out[i] = t;
+                if (t == eos)
+                        return i + 1;
+        }
+        return max_tokens;
+}
+
+static void test_eos_finishes_unless_ignore_eos(void **state) {
+        enum { N = 7, LEN = 6, MAX = 16 };
+        static const char *const ids[N] = {"eos", "ignore", "min", "stop_too", "last", "at_first", "at_first_min"};
+        harness *h = held(64, 64, 8, false, 0);
+        uint32_t prompt[LEN], other[LEN], want[MAX], eos, min_want[MAX], other_want[MAX];
+        size_t first = 0, min_n, other_n;
+        uint32_t k = 0;
+        result res[N];
+        memset(res, 0, sizeof(res));
+        make_prompt(prompt, LEN, 13);
+        expected(prompt, LEN, MAX, want);
+        eos = want[3];
+        while (want[first] != eos)
+                first++;
+        h->eos[0] = eos;
+        /* A prompt whose very first token is EOS: it ends in its prefill step. */
+        memcpy(other, prompt, sizeof(other));
+        do {
+                assert_true(++k < (VOCAB - 1) * (VOCAB - 1));
+                other[LEN - 1] = 1 + k % (VOCAB - 1);
+                other[LEN - 2] = 1 + k / (VOCAB - 1);
+                expected(other, LEN, 1, other_want);
+        } while (other_want[0] != eos);
+        min_n = expected_eos(prompt, LEN, MAX, eos, first + 2, min_want);
+        other_n = expected_eos(other, LEN, MAX, eos, 1, other_want);
+        submit(h, "eos", prompt, LEN, MAX, NULL, 0);
+        submit_full(h, "ignore", prompt, LEN, MAX, NULL, 0, -1, -1, &(submit_opts){.ignore_eos = true});
+        submit_full(h, "min", prompt, LEN, MAX, NULL, 0, -1, -1, &(submit_opts){.min_tokens = (uint32_t)first + 2});
+        submit(h, "stop_too", prompt, LEN, MAX, &eos, 1);
+        submit(h, "last", prompt, LEN, (uint32_t)first + 1, NULL, 0);   /* EOS is also its max_tokens-th */
+        submit(h, "at_first", other, LEN, MAX, NULL, 0);
+        submit_full(h, "at_first_min", other, LEN, MAX, NULL, 0, -1, -1, &(submit_opts){.min_tokens = 1});
+        go(h);
+        collect(h, ids, res, N);
+
+        /* "eos"; "stop_too": EOS is checked before the stop ids (no stop id reported);
+         * "last": before the length too (STOP, not LENGTH). */
+        for (int i = 0; i < 5; i += i == 0 ? 3 : 1) {
+                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+                assert_false(res[i].has_stop_id);
+                assert_int_equal(res[i].n, first + 1);
+                assert_int_equal(res[i].num_generated, first + 1);
+                assert_memory_equal(res[i].tokens, want, (first + 1) * sizeof(uint32_t));
+                assert_int_equal(res[i].tokens[first], eos);
+        }
+        assert_int_equal(res[1].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        assert_int_equal(res[1].n, MAX);
+        assert_memory_equal(res[1].tokens, want, sizeof(want));
+        assert_int_equal(res[2].n, min_n);
+        assert_memory_equal(res[2].tokens, min_want, min_n * sizeof(uint32_t));
+        assert_int_equal(res[2].tokens[first], 0);   /* masked: not EOS */
+        assert_int_equal(res[2].finish, min_n < MAX || min_want[MAX - 1] == eos ? TESSERA__V1__FINISH_REASON__FINISH_STOP
+                                                                                : TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        assert_false(res[2].has_stop_id);
+        assert_int_equal(res[5].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+        assert_int_equal(res[5].n, 1);
+        assert_int_equal(res[5].tokens[0], eos);
+        assert_int_equal(res[6].n, other_n);
+        assert_memory_equal(res[6].tokens, other_want, other_n * sizeof(uint32_t));
+        assert_int_equal(res[6].tokens[0], 0);
+        assert_int_equal(res[6].finish, other_n < MAX || other_want[MAX - 1] == eos
+                                                ? TESSERA__V1__FINISH_REASON__FINISH_STOP
+                                                : TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        engine_stats st = idle_stats(h);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+/* max_model_len caps prompt + output (vLLM: num_tokens >= max_model_len is LENGTH):
+ * a 28-token prompt under max_model_len 32 gets 4 tokens whatever max_tokens says, a
+ * 31-token one gets 1, and a min_tokens beyond the room does not keep a request going
+ * (vLLM's API refuses such a request; the engine still ends it).  The model never
+ * computes position max_model_len - 1 or later (nothing samples from it), with
+ * --async-scheduling included. */
+static void test_length_at_max_model_len(void **state) {
+        enum { N = 4 };
+        static const char *const ids[N] = {"p28", "p31", "short", "p28min"};
+        static const size_t lens[N] = {28, 31, 4, 28}, outs[N] = {4, 1, 6, 4}, max_tokens[N] = {100, 100, 6, 100};
+        harness *h = held(64, 64, 4, false, 0);
+        uint32_t prompts[N][31];
+        result res[N];
+        memset(res, 0, sizeof(res));
+        h->params.max_model_len = 32;
+        for (int i = 0; i < N; i++) {
+                make_prompt(prompts[i], lens[i], (uint32_t)i + 80);
+                submit_full(h, ids[i], prompts[i], lens[i], (uint32_t)max_tokens[i], NULL, 0, -1, -1,
+                            &(submit_opts){.min_tokens = i == 3 ? 10 : 0});
+        }
+        go(h);
+        collect(h, ids, res, N);
+        for (int i = 0; i < N; i++) {
+                uint32_t want[8];
+                expected(prompts[i], lens[i], outs[i], want);
+                assert_int_equal(res[i].n, outs[i]);
+                assert_int_equal(res[i].num_generated, outs[i]);
+                assert_memory_equal(res[i].tokens, want, outs[i] * sizeof(uint32_t));
+                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        }
+        assert_int_equal(model_records(h).max_pos_end, 32 - 1);
+        engine_stats st = idle_stats(h);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+/* No step runs more than max_num_batched_tokens tokens or max_num_seqs sequences, and
+ * both limits are reached (the check is not vacuous): a heavy mix of long and short
+ * prompts, priorities, shared prefixes, prompt logprobs and seeded sampling on a KV
+ * cache that forces preemption, under either policy. */
+static void step_limits(bool priority) {
+        enum { N = 30, BUDGET = 16, SEQS = 6 };
+        harness *h = held(40, BUDGET, SEQS, true, 0);
+        uint32_t prompts[N][40], shared[40];
+        size_t lens[N];
+        uint32_t max_tokens[N];
+        const char *ids[N];
+        char names[N][8];
+        static result res[N];
+        memset(res, 0, sizeof(res));
+        h->params.priority_scheduling = priority;
+        make_prompt(shared, 40, 90);
+        for (int i = 0; i < N; i++) {
+                submit_opts so = {.priority = (int32_t)(i * 7 % 5) - 2};
+                lens[i] = 2 + (size_t)(i * 13) % 39;
+                max_tokens[i] = 3 + (uint32_t)(i * 11) % 28;
+                if (i % 5 == 0)
+                        memcpy(prompts[i], shared, sizeof(shared));
+                else
+                        make_prompt(prompts[i], lens[i], (uint32_t)i + 200);
+                if (i % 4 == 3) {
+                        so.temperature = 5.0f;
+                        so.has_seed = true;
+                        so.seed = (uint64_t)i;
+                }
+                snprintf(names[i], sizeof(names[i]), "s%d", i);
+                ids[i] = names[i];
+                submit_full(h, ids[i], prompts[i], lens[i], max_tokens[i], NULL, 0, -1, i % 7 == 6 ? 1 : -1, &so);
+        }
+        go(h);
+        collect(h, ids, res, N);
+        for (int i = 0; i < N; i++) {
+                uint32_t want[32];
+                assert_int_equal(res[i].n, max_tokens[i]);
+                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                expected(prompts[i], lens[i], max_tokens[i], want);
+                if (i % 4 != 3 && memcmp(res[i].tokens, want, max_tokens[i] * sizeof(uint32_t)) != 0)
+                        fail_msg("s%d: greedy tokens differ from the fake model's", i);
+        }
+        step_records r = model_records(h);
+        engine_stats st = idle_stats(h);
+        if (r.max_step_tokens != BUDGET || r.max_step_seqs != SEQS)
+                fail_msg("%s policy: at most %zu tokens and %zu sequences in a step (limits %d and %d)",
+                         priority ? "priority" : "fcfs", r.max_step_tokens, r.max_step_seqs, BUDGET, SEQS);
+        assert_true(st.num_preemptions_total > 0);
+        assert_true(st.prefix_cache_hits_total > 0);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+static void test_step_limits_fcfs(void **state) { step_limits(false); }
+static void test_step_limits_priority(void **state) { step_limits(true); }
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_single_request_greedy),
@@ -921,6 +1321,15 @@ int main(void) {
                 cmocka_unit_test(test_shutdown_lets_inflight_finish),
                 cmocka_unit_test(test_shutdown_timeout_aborts_the_rest),
                 cmocka_unit_test(test_async_matches_sync),
+                cmocka_unit_test(test_priority_admission_order),
+                cmocka_unit_test(test_fcfs_admission_ignores_priority),
+                cmocka_unit_test(test_priority_preempts_largest_priority_value),
+                cmocka_unit_test(test_fcfs_preempts_last_admitted),
+                cmocka_unit_test(test_priority_waiting_never_preempts),
+                cmocka_unit_test(test_eos_finishes_unless_ignore_eos),
+                cmocka_unit_test(test_length_at_max_model_len),
+                cmocka_unit_test(test_step_limits_fcfs),
+                cmocka_unit_test(test_step_limits_priority),
         };
         int failed = cmocka_run_group_tests_name("engine", tests, NULL, NULL);
         g_async = true;
