@@ -5,8 +5,10 @@
  * bitwise the reference's where the dot products are widened (AVX2), within the float32
  * summation error bound where VDPBF16PS or AMX TDPBF16PS runs (their own orders; the
  * AMX level is skipped on CPUs without it); in every case bitwise invariant to the
- * thread count and to the rows around a row.  Also: the bf16 rounding and the thread
- * pool (every task exactly once, a second driving thread). */
+ * thread count and to the rows around a row.  add_rmsnorm (the residual add fused with
+ * the next norm): ref's is bitwise ref's add then rmsnorm, fast's bitwise ref's, and a
+ * NaN or an infinity stays in its row.  Also: the bf16 rounding and the thread pool
+ * (every task exactly once, a second driving thread). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
