@@ -15,7 +15,8 @@
  * whether it is computed alone or among other rows; tests enforce this.
  *
  * The CUDA table initialises the first three members positionally: keep `name`,
- * `rmsnorm` and `sync` first, in that order, and append new ops after them. */
+ * `rmsnorm` and `sync` first, in that order, and append new ops after them.  An op a
+ * backend does not implement is NULL (the CUDA table sets rmsnorm and add_rmsnorm). */
 #ifndef TSR_KERNELS_H
 #define TSR_KERNELS_H
 
@@ -60,7 +61,7 @@ typedef struct tsr_kernels_ops {
         /* Wait for queued work (no-op on the CPU). */
         tsr_status (*sync)(void);
 
-        /* ---- appended ops: the CUDA table does not set these yet (NULL) ---- */
+        /* ---- appended ops: the CUDA table does not set these yet (NULL) up to matmul_bf16 ---- */
 
         /* out[r,:] = table[ids[r],:]
          * table (vocab, dim), ids (rows,) -> out (rows, dim).  An id >= vocab is TSR_E_INVAL. */
@@ -108,6 +109,21 @@ typedef struct tsr_kernels_ops {
          * order is fixed per element: independent of rows, d, tiling and threads.
          * out must not alias x or w. */
         tsr_status (*matmul_bf16)(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d);
+
+        /* ---- fused ops ---- */
+
+        /* The residual add of a pre-norm transformer and the RMSNorm that follows it:
+         *     residual[r,:] = residual[r,:] + x[r,:]             (the running hidden state, in place)
+         *     out[r,:]      = rmsnorm(residual[r,:]) * w[:]      (the next sublayer's input)
+         * residual, x (rows, dim), w (dim,) -> residual (rows, dim) updated, out (rows, dim).
+         * Defined as add(residual, residual, x, rows * dim) then rmsnorm(out, residual, w,
+         * rows, dim, eps): the CPU backends give bitwise that sequence's result (cpu/ref.c
+         * composes the two), CUDA its rmsnorm's within tolerance.  The gain is memory
+         * traffic: the sum row is squared while it is in registers, not read back from memory.
+         * out may alias x (the forward writes the normed row over the sublayer's output);
+         * residual must alias neither.  rows == 0 is TSR_OK. */
+        tsr_status (*add_rmsnorm)(float *out, float *residual, const float *x, const float *w, size_t rows,
+                                  size_t dim, float eps);
 } tsr_kernels_ops;
 
 /* The scalar reference backend.  Always available. */

@@ -88,7 +88,7 @@ tsr_status tsr_llama_rope_inv_freq(const tsr_llama_config *cfg, const float *div
 
 static bool ops_complete(const tsr_kernels_ops *o) {
         return o && o->rmsnorm && o->embedding && o->matmul && o->rope && o->kv_write && o->attention &&
-               o->silu_mul && o->add;
+               o->silu_mul && o->add && o->add_rmsnorm;
 }
 
 
@@ -409,8 +409,9 @@ static tsr_status mm(const tsr_llama *m, float *out, const float *x, long l, int
  * Their token rows are stacked into one (N, dim) batch, so every matmul reads its
  * weights once for all rows (continuous batching's gain on a memory-bound decode);
  * only kv_write and attention work per sequence, through its own block table.  Each
- * row's arithmetic is the same whatever else is in the batch (matmul, rmsnorm and rope
- * are per row with a fixed order), so batching never changes a sequence's logits.
+ * row's arithmetic is the same whatever else is in the batch (matmul, rmsnorm,
+ * add_rmsnorm and rope are per row with a fixed order), so batching never changes a
+ * sequence's logits.
  * Logits: per segment, none, the last row, or every row, packed in segment order. */
 static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const tsr_llama_seq *seqs, size_t n_seqs,
                                    float *logits) {
@@ -446,12 +447,15 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const t
                         s.pos[row] = (uint32_t)(seqs[i].past_len + t);
                 }
         TRY(o->embedding(s.x, w->token_embd, c->vocab_size, dim, tokens, N));         /* x (N, dim) */
+        /* The first layer's attention norm; each later norm is fused with the residual add
+         * before it (add_rmsnorm: x += xb, xb = rmsnorm(x), bitwise the two ops in turn). */
+        if (c->n_layers)
+                TRY(o->rmsnorm(s.xb, s.x, w->layers[0].attn_norm, N, dim, c->rms_eps));
 
         for (size_t l = 0; l < c->n_layers; l++) {
                 const tsr_llama_layer *L = &w->layers[l];
 
-                /* attention: x += o_proj(attn(rope(q), rope(k), v)) of rmsnorm(x) */
-                TRY(o->rmsnorm(s.xb, s.x, L->attn_norm, N, dim, c->rms_eps));
+                /* attention: x += o_proj(attn(rope(q), rope(k), v)) of xb = rmsnorm(x) */
                 TRY(mm(m, s.q, s.xb, (long)l, MM_Q, L->wq, N, dim, q_dim));                      /* q (N, q_dim) */
                 TRY(mm(m, s.k, s.xb, (long)l, MM_K, L->wk, N, dim, kv_dim));                     /* k (N, kv_dim) */
                 TRY(mm(m, s.v, s.xb, (long)l, MM_V, L->wv, N, dim, kv_dim));                     /* v (N, kv_dim) */
@@ -464,15 +468,17 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const t
                                          seqs[i].past_len, c->n_heads, scale));       /* att (n_i, q_dim) */
                 }
                 TRY(mm(m, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));                    /* xb (N, dim) */
-                TRY(o->add(s.x, s.x, s.xb, N * dim));
 
-                /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) */
-                TRY(o->rmsnorm(s.xb, s.x, L->ffn_norm, N, dim, c->rms_eps));
+                /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) after the attention's add */
+                TRY(o->add_rmsnorm(s.xb, s.x, s.xb, L->ffn_norm, N, dim, c->rms_eps));
                 TRY(mm(m, s.hb, s.xb, (long)l, MM_GATE, L->w_gate, N, dim, hid));                   /* hb (N, hid) */
                 TRY(mm(m, s.hb2, s.xb, (long)l, MM_UP, L->w_up, N, dim, hid));                    /* hb2 (N, hid) */
                 TRY(o->silu_mul(s.hb, s.hb, s.hb2, N * hid));
                 TRY(mm(m, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));                   /* xb (N, dim) */
-                TRY(o->add(s.x, s.x, s.xb, N * dim));
+                if (l + 1 < c->n_layers)        /* with the next layer's attention norm */
+                        TRY(o->add_rmsnorm(s.xb, s.x, s.xb, w->layers[l + 1].attn_norm, N, dim, c->rms_eps));
+                else                            /* the final norm runs on the gathered rows only */
+                        TRY(o->add(s.x, s.x, s.xb, N * dim));
         }
 
         /* Only the rows whose logits are wanted go through the final norm and the

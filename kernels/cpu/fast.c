@@ -21,8 +21,11 @@
  *    bf16 matmul (decode rows included) on TDPBF16PS tiles instead, with its own fixed
  *    per-element order.
  *
- * silu_mul, add and rmsnorm are ref.c's functions run on slices across the pool; the
- * other ops (rope, softmax, ...) are cheap next to the matmuls and are ref.c's as they are.
+ * silu_mul, add and rmsnorm are ref.c's functions run on slices across the pool;
+ * add_rmsnorm (the residual add fused with the next norm) has an AVX2 row kernel that
+ * does ref's float adds, double squares and index-order double sum in one pass, and ref's
+ * two float multiplies in a second.  The other ops (rope, softmax, ...) are cheap next to
+ * the matmuls and are ref.c's as they are.
  *
  * Thread: ops run on the caller (the engine thread) plus the pool's helpers. */
 #include <math.h>
@@ -501,12 +504,68 @@ static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *
 #define ELEMS_PER_TASK 16384    /* below this an op runs on the caller alone */
 
 struct slice_ctx {
-        int op;                 /* 0 silu_mul, 1 add, 2 rmsnorm */
+        int op;                 /* 0 silu_mul, 1 add, 2 rmsnorm, 3 add_rmsnorm */
         float *out;
-        const float *a, *b;     /* silu_mul: gate, up; add: a, b; rmsnorm: x, w */
+        float *residual;        /* add_rmsnorm only */
+        const float *a, *b;     /* silu_mul: gate, up; add: a, b; rmsnorm, add_rmsnorm: x, w */
         size_t n, dim, per_task;
         float eps;
 };
+
+#ifdef FAST_X86
+/* One row of add_rmsnorm, bitwise ref_add_rmsnorm's (ref_add then ref_rmsnorm):
+ *  pass 1: res[i] = res[i] + x[i] (the same float add, 8 lanes at a time), and the
+ *          square of each stored sum widened to double (exact: a float's 24-bit
+ *          significand squared fits in double's 53) added to ss one by one in index
+ *          order, ref's serial double sum;
+ *  pass 2: out[i] = (res[i] * scale) * w[i], ref's two float multiplies in its order.
+ * The serial double sum bounds pass 1's speed, as in ref; what the fusion saves is the
+ * separate add's read and write of the row.  out may alias x: x is done with before
+ * pass 2 writes out. */
+AVX2_FN static void add_rmsnorm_row_avx2(float *out, float *res, const float *x, const float *w, size_t dim,
+                                         float eps) {
+        double ss = 0.0, sq[8];
+        size_t i = 0;
+
+        for (; i + 8 <= dim; i += 8) {
+                __m256 s = _mm256_add_ps(_mm256_loadu_ps(res + i), _mm256_loadu_ps(x + i));
+                _mm256_storeu_ps(res + i, s);
+                __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(s));
+                __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(s, 1));
+                _mm256_storeu_pd(sq, _mm256_mul_pd(lo, lo));
+                _mm256_storeu_pd(sq + 4, _mm256_mul_pd(hi, hi));
+                for (int j = 0; j < 8; j++)
+                        ss += sq[j];
+        }
+        for (; i < dim; i++) {
+                res[i] = res[i] + x[i];
+                ss += (double)res[i] * (double)res[i];
+        }
+        float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+        __m256 sv = _mm256_set1_ps(scale);
+        for (i = 0; i + 8 <= dim; i += 8)
+                _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(res + i), sv),
+                                                        _mm256_loadu_ps(w + i)));
+        for (; i < dim; i++)
+                out[i] = res[i] * scale * w[i];
+}
+#endif
+
+/* Rows lo .. hi-1 of add_rmsnorm: the AVX2 row kernel where the ISA allows, else ref's. */
+static void add_rmsnorm_rows(const struct slice_ctx *c, size_t lo, size_t hi) {
+        size_t dim = c->dim;
+
+#ifdef FAST_X86
+        if (fast.isa >= TSR_CPU_ISA_AVX2) {
+                for (size_t r = lo; r < hi; r++)
+                        add_rmsnorm_row_avx2(c->out + r * dim, c->residual + r * dim, c->a + r * dim, c->b, dim,
+                                             c->eps);
+                return;
+        }
+#endif
+        tsr_kernels_cpu_ref()->add_rmsnorm(c->out + lo * dim, c->residual + lo * dim, c->a + lo * dim, c->b, hi - lo,
+                                           dim, c->eps);
+}
 
 static void slice_task(void *ctx, size_t task, int worker) {
         const struct slice_ctx *c = ctx;
@@ -518,8 +577,10 @@ static void slice_task(void *ctx, size_t task, int worker) {
                 ref->silu_mul(c->out + lo, c->a + lo, c->b + lo, hi - lo);
         else if (c->op == 1)
                 ref->add(c->out + lo, c->a + lo, c->b + lo, hi - lo);
-        else    /* lo, hi count rows */
+        else if (c->op == 2)    /* lo, hi count rows */
                 ref->rmsnorm(c->out + lo * c->dim, c->a + lo * c->dim, c->b, hi - lo, c->dim, c->eps);
+        else                    /* rows too */
+                add_rmsnorm_rows(c, lo, hi);
 }
 
 static void slice_run(struct slice_ctx *c, size_t elems_per_unit) {
@@ -552,6 +613,22 @@ static tsr_status fast_rmsnorm(float *out, const float *x, const float *w, size_
         return TSR_OK;
 }
 
+/* Rows split across the pool like rmsnorm's; below two tasks' worth (a decode step of a
+ * small batch) the caller runs them alone, still on the row kernel. */
+static tsr_status fast_add_rmsnorm(float *out, float *residual, const float *x, const float *w, size_t rows,
+                                   size_t dim, float eps) {
+        if (!out || !residual || !x || !w || dim == 0)
+                return TSR_E_INVAL;
+        struct slice_ctx c = {.op = 3, .out = out, .residual = residual, .a = x, .b = w, .n = rows, .dim = dim,
+                              .eps = eps};
+        if (!fast.pool || rows * dim < 2 * ELEMS_PER_TASK) {
+                add_rmsnorm_rows(&c, 0, rows);
+                return TSR_OK;
+        }
+        slice_run(&c, dim);
+        return TSR_OK;
+}
+
 /* ---- the table and its configuration ---------------------------------------------------- */
 
 static tsr_status fast_sync(void) { return TSR_OK; }
@@ -570,6 +647,7 @@ static void table_init(void) {
         fast_ops.silu_mul = fast_silu_mul;
         fast_ops.add = fast_add;
         fast_ops.rmsnorm = fast_rmsnorm;
+        fast_ops.add_rmsnorm = fast_add_rmsnorm;
 }
 
 static int online_cores(void) {

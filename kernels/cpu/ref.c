@@ -273,6 +273,22 @@ static tsr_status ref_log_softmax(float *out, const float *x, size_t rows, size_
         return TSR_OK;
 }
 
+/* residual, x (rows, dim), w (dim,) -> residual += x, out = rmsnorm(residual) * w.
+ * The specification of the fused op is the unfused pair, row by row: ref_add over the
+ * row, then ref_rmsnorm of the stored sum.  Row by row so that out may alias x: row r of
+ * x is read in full before row r of out is written. */
+static tsr_status ref_add_rmsnorm(float *out, float *residual, const float *x, const float *w, size_t rows,
+                                  size_t dim, float eps) {
+        if (!out || !residual || !x || !w || dim == 0)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++) {
+                float *res = residual + r * dim;
+                ref_add(res, res, x + r * dim, dim);
+                ref_rmsnorm(out + r * dim, res, w, 1, dim, eps);
+        }
+        return TSR_OK;
+}
+
 static const tsr_kernels_ops cpu_ref_ops = {
         .name = "cpu-ref",
         .rmsnorm = ref_rmsnorm,
@@ -287,6 +303,7 @@ static const tsr_kernels_ops cpu_ref_ops = {
         .softmax = ref_softmax,
         .log_softmax = ref_log_softmax,
         .matmul_bf16 = ref_matmul_bf16,
+        .add_rmsnorm = ref_add_rmsnorm,
 };
 
 const tsr_kernels_ops *tsr_kernels_cpu_ref(void) { return &cpu_ref_ops; }

@@ -2,6 +2,7 @@
 // no device is present, so callers fall back to the CPU backend.
 #include "kernels/kernels.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/add_rmsnorm.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 
 static tsr_status cuda_sync(void) {
@@ -9,11 +10,18 @@ static tsr_status cuda_sync(void) {
         return TSR_OK;
 }
 
-static const tsr_kernels_ops cuda_ops = {
-        "cuda",
-        tsr_cuda_rmsnorm,
-        cuda_sync,
-};
+// Built by assignment: C++17 has no designated initialisers, and the ops between sync and
+// add_rmsnorm stay NULL (not implemented on CUDA yet).
+static tsr_kernels_ops make_cuda_ops(void) {
+        tsr_kernels_ops o = {};
+        o.name = "cuda";
+        o.rmsnorm = tsr_cuda_rmsnorm;
+        o.sync = cuda_sync;
+        o.add_rmsnorm = tsr_cuda_add_rmsnorm;
+        return o;
+}
+
+static const tsr_kernels_ops cuda_ops = make_cuda_ops();
 
 extern "C" const tsr_kernels_ops *tsr_kernels_cuda(void) {
         int n = 0;

@@ -5,8 +5,10 @@
  * bitwise the reference's where the dot products are widened (AVX2), within the float32
  * summation error bound where VDPBF16PS or AMX TDPBF16PS runs (their own orders; the
  * AMX level is skipped on CPUs without it); in every case bitwise invariant to the
- * thread count and to the rows around a row.  Also: the bf16 rounding and the thread
- * pool (every task exactly once, a second driving thread). */
+ * thread count and to the rows around a row.  add_rmsnorm (the residual add fused with
+ * the next norm): ref's is bitwise ref's add then rmsnorm, fast's bitwise ref's, and a
+ * NaN or an infinity stays in its row.  Also: the bf16 rounding and the thread pool
+ * (every task exactly once, a second driving thread). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -597,6 +599,186 @@ static void test_elementwise_bitwise(void **state) {
         assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
+/* ---- add_rmsnorm (the residual add fused with the next norm) -------------------------- */
+
+/* Bitwise, NaN included: the fused op promises the unfused pair's exact floats. */
+static void expect_same_bits(const char *what, const float *got, const float *want, size_t rows, size_t cols) {
+        for (size_t i = 0; i < rows * cols; i++)
+                if (isnan(got[i]) && isnan(want[i]))
+                        continue;       /* a NaN is a NaN: its payload is not part of the promise */
+                else if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+                        expect_bitwise(what, got, want, rows, cols);
+                        return;
+                }
+}
+
+/* ref's add_rmsnorm is, bit for bit, ref's add over the rows then ref's rmsnorm of the
+ * sums: the specification of the fused op is the unfused pair.  out == x is checked too,
+ * the forward's use. */
+static void test_add_rmsnorm_ref_is_add_then_rmsnorm(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref();
+        static const size_t shapes[][2] = {{1, 1}, {1, 7}, {3, 9}, {5, 64}, {4, 576}, {2, 1539}};
+
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+                size_t rows = shapes[i][0], dim = shapes[i][1], n = rows * dim;
+                float *res = rand_vec(n), *x = rand_vec(n), *w = rand_vec(dim);
+                float *res1 = malloc(n * sizeof(float)), *res2 = malloc(n * sizeof(float));
+                float *o1 = malloc(n * sizeof(float)), *o2 = malloc(n * sizeof(float));
+                char what[96];
+
+                memcpy(res1, res, n * sizeof(float));
+                memcpy(res2, res, n * sizeof(float));
+                assert_int_equal(ref->add(res1, res1, x, n), TSR_OK);
+                assert_int_equal(ref->rmsnorm(o1, res1, w, rows, dim, 1e-5f), TSR_OK);
+                assert_int_equal(ref->add_rmsnorm(o2, res2, x, w, rows, dim, 1e-5f), TSR_OK);
+                snprintf(what, sizeof what, "ref add_rmsnorm rows %zu dim %zu: residual", rows, dim);
+                expect_bitwise(what, res2, res1, rows, dim);
+                snprintf(what, sizeof what, "ref add_rmsnorm rows %zu dim %zu: out", rows, dim);
+                expect_bitwise(what, o2, o1, rows, dim);
+                memcpy(res2, res, n * sizeof(float));
+                memcpy(o2, x, n * sizeof(float));
+                assert_int_equal(ref->add_rmsnorm(o2, res2, o2, w, rows, dim, 1e-5f), TSR_OK);      /* out == x */
+                expect_bitwise("ref add_rmsnorm out == x: residual", res2, res1, rows, dim);
+                expect_bitwise("ref add_rmsnorm out == x: out", o2, o1, rows, dim);
+                free(res);
+                free(x);
+                free(w);
+                free(res1);
+                free(res2);
+                free(o1);
+                free(o2);
+        }
+}
+
+/* One fast-vs-ref case: fresh copies of residual for each side; out separate, then out == x. */
+static void add_rmsnorm_case(const float *res, const float *x, const float *w, size_t rows, size_t dim,
+                             const char *tag) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        size_t n = rows * dim;
+        float *res1 = malloc(n * sizeof(float)), *res2 = malloc(n * sizeof(float));
+        float *o1 = malloc(n * sizeof(float)), *o2 = malloc(n * sizeof(float));
+        char what[160];
+
+        memcpy(res1, res, n * sizeof(float));
+        memcpy(res2, res, n * sizeof(float));
+        assert_int_equal(ref->add_rmsnorm(o1, res1, x, w, rows, dim, 1e-5f), TSR_OK);
+        assert_int_equal(fast->add_rmsnorm(o2, res2, x, w, rows, dim, 1e-5f), TSR_OK);
+        snprintf(what, sizeof what, "add_rmsnorm %s %s t%d rows %zu dim %zu: residual", tag,
+                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), tsr_kernels_cpu_threads(), rows, dim);
+        expect_same_bits(what, res2, res1, rows, dim);
+        snprintf(what, sizeof what, "add_rmsnorm %s %s t%d rows %zu dim %zu: out", tag,
+                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), tsr_kernels_cpu_threads(), rows, dim);
+        expect_same_bits(what, o2, o1, rows, dim);
+        memcpy(res2, res, n * sizeof(float));
+        memcpy(o2, x, n * sizeof(float));
+        assert_int_equal(fast->add_rmsnorm(o2, res2, o2, w, rows, dim, 1e-5f), TSR_OK);     /* out == x */
+        snprintf(what, sizeof what, "add_rmsnorm %s out == x t%d rows %zu dim %zu", tag, tsr_kernels_cpu_threads(),
+                 rows, dim);
+        expect_same_bits(what, res2, res1, rows, dim);
+        expect_same_bits(what, o2, o1, rows, dim);
+        free(res1);
+        free(res2);
+        free(o1);
+        free(o2);
+}
+
+/* fast vs ref bitwise: every ISA level the CPU has x 1, 2, 3 threads x the odd-shape
+ * table (dims around the 8-lane width and its tail) and shapes big enough for the pool. */
+static void test_add_rmsnorm_bitwise(void **state) {
+        static const size_t big[][2] = {{67, 576}, {200, 1539}, {3, 70000}, {57, 577}};
+        size_t checked = 0;
+
+        for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++)
+                for (size_t ti = 0; ti < sizeof thread_counts / sizeof *thread_counts; ti++) {
+                        if (!configure_isa(thread_counts[ti], isas[ii]))
+                                continue;
+                        for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+                                for (size_t c = 0; c < sizeof rows_list / sizeof *rows_list; c++) {
+                                        size_t dim = ns[a], rows = rows_list[c];
+                                        float *res = rand_vec(rows * dim), *x = rand_vec(rows * dim);
+                                        float *w = rand_vec(dim);
+                                        add_rmsnorm_case(res, x, w, rows, dim, "table");
+                                        checked++;
+                                        free(res);
+                                        free(x);
+                                        free(w);
+                                }
+                        for (size_t b = 0; b < sizeof big / sizeof *big; b++) {
+                                size_t rows = big[b][0], dim = big[b][1];
+                                float *res = rand_vec(rows * dim), *x = rand_vec(rows * dim), *w = rand_vec(dim);
+                                add_rmsnorm_case(res, x, w, rows, dim, "pool");
+                                checked++;
+                                free(res);
+                                free(x);
+                                free(w);
+                        }
+                }
+        print_message("add_rmsnorm: %zu shape/isa/thread cases bitwise equal to cpu-ref\n", checked);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
+/* A NaN or an infinity in one row poisons that row's norm and no other: rows are
+ * independent whatever the slicing.  Also the argument checks, and that a failed call
+ * writes nothing. */
+static void test_add_rmsnorm_special(void **state) {
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        size_t rows = 40, dim = 1539, n = rows * dim;   /* 61560 elements: the pool slices it */
+        float *res = rand_vec(n), *x = rand_vec(n), *w = rand_vec(dim);
+        float *res2 = malloc(n * sizeof(float)), *out = malloc(n * sizeof(float));
+
+        x[1 * dim + 13] = NAN;          /* row 1: NaN in the vector part */
+        x[5 * dim + dim - 1] = NAN;     /* row 5: NaN in the tail */
+        res[9 * dim + 100] = INFINITY;  /* row 9: inf + finite = inf, inf^2 = inf, scale 0 */
+        res[17 * dim] = INFINITY;       /* row 17: inf + -inf = NaN */
+        x[17 * dim] = -INFINITY;
+        x[23 * dim + 8] = -0.0f;        /* row 23: signed zeros through the add */
+        res[23 * dim + 8] = -0.0f;
+        for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++)
+                for (int t = 1; t <= 3; t++) {
+                        if (!configure_isa(t, isas[ii]))
+                                continue;
+                        add_rmsnorm_case(res, x, w, rows, dim, "special");
+                        memcpy(res2, res, n * sizeof(float));
+                        assert_int_equal(fast->add_rmsnorm(out, res2, x, w, rows, dim, 1e-5f), TSR_OK);
+                        for (size_t r = 0; r < rows; r++) {
+                                bool poisoned = r == 1 || r == 5 || r == 9 || r == 17;
+                                size_t nan_count = 0;
+                                for (size_t i = 0; i < dim; i++)
+                                        nan_count += isnan(out[r * dim + i]) != 0;
+                                if (poisoned)
+                                        assert_true(nan_count > 0);
+                                else
+                                        assert_int_equal(nan_count, 0);
+                        }
+                }
+        assert_true(signbit(res2[23 * dim + 8]));       /* -0 + -0 = -0 */
+
+        /* bad arguments: TSR_E_INVAL and nothing written */
+        memcpy(res2, res, n * sizeof(float));
+        memset(out, 0x5a, n * sizeof(float));
+        float *outc = malloc(n * sizeof(float));
+        memcpy(outc, out, n * sizeof(float));
+        const tsr_kernels_ops *tables[] = {ref, fast};
+        for (size_t k = 0; k < 2; k++) {
+                const tsr_kernels_ops *o = tables[k];
+                assert_int_equal(o->add_rmsnorm(NULL, res2, x, w, rows, dim, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(o->add_rmsnorm(out, NULL, x, w, rows, dim, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(o->add_rmsnorm(out, res2, NULL, w, rows, dim, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(o->add_rmsnorm(out, res2, x, NULL, rows, dim, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(o->add_rmsnorm(out, res2, x, w, rows, 0, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(o->add_rmsnorm(out, res2, x, w, 0, dim, 1e-5f), TSR_OK);
+                assert_memory_equal(res2, res, n * sizeof(float));
+                assert_memory_equal(out, outc, n * sizeof(float));
+        }
+        free(outc);
+        free(res);
+        free(x);
+        free(w);
+        free(res2);
+        free(out);
+        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
 /* ---- the pool ------------------------------------------------------------------------------- */
 
 struct count_ctx {
@@ -679,6 +861,9 @@ int main(void) {
                 cmocka_unit_test(test_matmul_bf16_two_callers),
                 cmocka_unit_test(test_batch_invariance),
                 cmocka_unit_test(test_elementwise_bitwise),
+                cmocka_unit_test(test_add_rmsnorm_ref_is_add_then_rmsnorm),
+                cmocka_unit_test(test_add_rmsnorm_bitwise),
+                cmocka_unit_test(test_add_rmsnorm_special),
         };
         print_message("fast CPU backend: best isa %s\n", tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
         return cmocka_run_group_tests(tests, NULL, teardown);
