@@ -617,7 +617,7 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                                 break;
                 }
                 if (s->state != SLOT_RUNNING)
-                        continue;
+                        break;      /* it preempted itself: as vLLM, no running request after it this step */
                 if (!s->first_scheduled_ns)
                         s->first_scheduled_ns = tsr_now_ns();
                 plan_add(&plan[n_plan++], s, computed, num_new, computed + num_new == known);
