@@ -170,7 +170,8 @@ def spawn(tmp_path, request):
     yield _spawn
     for proc in procs:
         proc.kill_group()
-    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+    # the logs of a test that failed, or whose fixture did (a server that never became healthy)
+    if any(getattr(getattr(request.node, "rep_" + when, None), "failed", False) for when in ("setup", "call")):
         for proc in procs:
             print(f"---- {' '.join(proc.args)}\n{Path(proc.log_path).read_text(errors='replace')[-4000:]}")
 
