@@ -365,8 +365,9 @@ static void admit(tsr_engine *e, engine_in *in) {
                 }
         }
         s->sampling.min_tokens = m->min_tokens;
-        s->sampling.eos_ids = s->ignore_eos ? NULL : p->eos_ids;
-        s->sampling.n_eos = s->ignore_eos ? 0 : p->n_eos_ids;
+        /* min_tokens masks every EOS id, ignore_eos or not (vLLM's _all_stop_token_ids). */
+        s->sampling.eos_ids = p->eos_ids;
+        s->sampling.n_eos = p->n_eos_ids;
         s->sampling.stop_ids = s->stop_ids;
         s->sampling.n_stop = s->n_stop_ids;
         s->sampling.bias = s->bias;
@@ -676,8 +677,16 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
 
 /* ------------------------------------------------------------------ execution */
 
+/* eos_ids[0] is the tokenizer's EOS, the one vLLM stops on as EOS (no stop reason). */
 static bool is_eos(const tsr_engine *e, uint32_t t) {
-        for (size_t i = 0; i < e->params.n_eos_ids; i++)
+        return e->params.n_eos_ids > 0 && e->params.eos_ids[0] == t;
+}
+
+/* The model's other EOS ids (generation_config's list less the tokenizer's): vLLM's
+ * update_from_generation_config adds them to the request's stop_token_ids unless
+ * ignore_eos, so they finish a request as stop ids do, reported as its stop reason. */
+static bool is_extra_eos(const tsr_engine *e, uint32_t t) {
+        for (size_t i = 1; i < e->params.n_eos_ids; i++)
                 if (e->params.eos_ids[i] == t)
                         return true;
         return false;
@@ -691,13 +700,15 @@ static void check_stop(tsr_engine *e, slot *s, uint32_t t) {
                         s->finish = TESSERA__V1__FINISH_REASON__FINISH_STOP;
                         return;
                 }
-                for (size_t i = 0; i < s->n_stop_ids; i++)
-                        if (s->stop_ids[i] == t) {
-                                s->finish = TESSERA__V1__FINISH_REASON__FINISH_STOP;
-                                s->has_stop_token_id = true;
-                                s->stop_token_id = t;
-                                return;
-                        }
+                bool stop_id = !s->ignore_eos && is_extra_eos(e, t);
+                for (size_t i = 0; i < s->n_stop_ids && !stop_id; i++)
+                        stop_id = s->stop_ids[i] == t;
+                if (stop_id) {
+                        s->finish = TESSERA__V1__FINISH_REASON__FINISH_STOP;
+                        s->has_stop_token_id = true;
+                        s->stop_token_id = t;
+                        return;
+                }
         }
         if (n_out >= s->max_tokens || s->n_tokens >= e->params.max_model_len)
                 s->finish = TESSERA__V1__FINISH_REASON__FINISH_LENGTH;

@@ -73,7 +73,11 @@ typedef struct engine_params {
         bool enable_prefix_caching;
         tsr_block_hash_algo hash_algo;
         bool priority_scheduling;      /* --scheduling-policy priority */
-        const uint32_t *eos_ids;       /* the model's EOS ids (borrowed; outlive the engine) */
+        /* The model's EOS ids (borrowed; outlive the engine).  [0] is the tokenizer's EOS,
+         * which finishes a request as EOS; the others finish it as stop ids would (the
+         * id reported), as vLLM treats generation_config's extra EOS ids.  min_tokens
+         * masks all of them. */
+        const uint32_t *eos_ids;
         size_t n_eos_ids;
         uint64_t seed;                 /* --seed: key for requests without their own seed */
         size_t max_prompt_lp_rows;     /* prompt-logprobs positions per step; 0: 256 MiB of logits */

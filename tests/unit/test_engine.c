@@ -133,7 +133,7 @@ typedef struct harness {
         tsr_queue *in, *out;
         tsr_engine *e;
         engine_params params;
-        uint32_t eos[1];
+        uint32_t eos[2];   /* [0] the tokenizer's EOS; [1] an extra one where a test sets n_eos_ids 2 */
 } harness;
 
 /* A harness whose engine is not running yet: what is submitted before go() is in the
@@ -1212,6 +1212,61 @@ static void test_eos_finishes_unless_ignore_eos(void **state) {
         stop(h);
 }
 
+/* Several EOS ids (Llama 3's generation_config lists three): eos_ids[0] is the
+ * tokenizer's, the EOS proper; vLLM makes the others stop_token_ids
+ * (SamplingParams.update_from_generation_config), so finishing on one reports it as the
+ * stop id, and ignore_eos lets a request run past it.  min_tokens masks them all,
+ * ignore_eos or not (vLLM's _all_stop_token_ids). */
+static void test_extra_eos_ids_are_stop_ids(void **state) {
+        enum { N = 4, LEN = 6, MAX = 16 };
+        static const char *const ids[N] = {"plain", "ignore", "ignore_min", "min"};
+        harness *h = held(64, 64, 8, false, 0);
+        uint32_t prompt[LEN], want[MAX], extra;
+        size_t first = 0;
+        result res[N];
+        memset(res, 0, sizeof(res));
+        make_prompt(prompt, LEN, 29);
+        expected(prompt, LEN, MAX, want);
+        extra = want[3];
+        while (want[first] != extra)
+                first++;
+        h->eos[0] = EOS;              /* the fake model never produces it */
+        h->eos[1] = extra;
+        h->params.n_eos_ids = 2;
+        submit(h, "plain", prompt, LEN, MAX, NULL, 0);
+        submit_full(h, "ignore", prompt, LEN, MAX, NULL, 0, -1, -1, &(submit_opts){.ignore_eos = true});
+        submit_full(h, "ignore_min", prompt, LEN, MAX, NULL, 0, -1, -1,
+                    &(submit_opts){.ignore_eos = true, .min_tokens = (uint32_t)first + 1});
+        submit_full(h, "min", prompt, LEN, MAX, NULL, 0, -1, -1, &(submit_opts){.min_tokens = (uint32_t)first + 1});
+        go(h);
+        collect(h, ids, res, N);
+
+        /* "plain": STOP at the extra EOS, reported as the stop id, the token kept. */
+        assert_int_equal(res[0].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+        assert_true(res[0].has_stop_id);
+        assert_int_equal(res[0].stop_id, extra);
+        assert_int_equal(res[0].n, first + 1);
+        assert_memory_equal(res[0].tokens, want, (first + 1) * sizeof(uint32_t));
+        /* "ignore": not a stop id under ignore_eos: the greedy run to max_tokens. */
+        assert_int_equal(res[1].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        assert_false(res[1].has_stop_id);
+        assert_int_equal(res[1].n, MAX);
+        assert_memory_equal(res[1].tokens, want, sizeof(want));
+        /* "ignore_min", "min": masked while n_output < min_tokens, so position `first`
+         * takes another token; the prefix before it is the greedy one. */
+        for (int i = 2; i < N; i++) {
+                assert_true(res[i].n > first);
+                assert_memory_equal(res[i].tokens, want, first * sizeof(uint32_t));
+                assert_int_not_equal(res[i].tokens[first], extra);
+                assert_int_not_equal(res[i].tokens[first], EOS);
+        }
+        assert_int_equal(res[2].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        assert_int_equal(res[2].n, MAX);
+        engine_stats st = idle_stats(h);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
 /* max_model_len caps prompt + output (vLLM: num_tokens >= max_model_len is LENGTH):
  * a 28-token prompt under max_model_len 32 gets 4 tokens whatever max_tokens says, a
  * 31-token one gets 1, and a min_tokens beyond the room does not keep a request going
@@ -1327,6 +1382,7 @@ int main(void) {
                 cmocka_unit_test(test_fcfs_preempts_last_admitted),
                 cmocka_unit_test(test_priority_waiting_never_preempts),
                 cmocka_unit_test(test_eos_finishes_unless_ignore_eos),
+                cmocka_unit_test(test_extra_eos_ids_are_stop_ids),
                 cmocka_unit_test(test_length_at_max_model_len),
                 cmocka_unit_test(test_step_limits_fcfs),
                 cmocka_unit_test(test_step_limits_priority),
