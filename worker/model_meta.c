@@ -442,6 +442,53 @@ done:
         return st;
 }
 
+/* The tokenizer's EOS id first in eos_token_ids (added when the config files did not
+ * list it): vLLM stops on the tokenizer's eos_token_id as EOS and on generation_config's
+ * other ids as stop ids (engine.h, eos_ids).  tokenizer_config.json "eos_token" is a
+ * string or {"content": ...}; its id is that of the tokenizer.json added token with this
+ * content, else its entry in model.vocab.  Nothing resolvable (no eos_token, a string no
+ * table has, a tokenizer.json jansson cannot parse - the router reports that one): the
+ * order stays as read.  Startup only. */
+static tsr_status hf_tokenizer_eos_first(const meta_ctx *c, json_t *tok_cfg, tsr_model_meta *m) {
+        json_t *eos = json_object_get(tok_cfg, "eos_token"), *tok, *e, *id = NULL;
+        const char *content;
+        size_t i, at;
+
+        if (json_is_object(eos))
+                eos = json_object_get(eos, "content");
+        if (!json_is_string(eos) || !m->tokenizer_json)
+                return TSR_OK;
+        content = json_string_value(eos);
+        tok = json_loadb((const char *)m->tokenizer_json, m->tokenizer_json_len, 0, NULL);
+        if (!tok)
+                return TSR_OK;
+        json_array_foreach(json_object_get(tok, "added_tokens"), i, e) {
+                json_t *ct = json_object_get(e, "content");
+                if (json_is_string(ct) && strcmp(json_string_value(ct), content) == 0) {
+                        id = json_object_get(e, "id");
+                        break;
+                }
+        }
+        if (!id)
+                id = json_object_get(json_object_get(json_object_get(tok, "model"), "vocab"), content);
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) > (json_int_t)UINT32_MAX) {
+                json_decref(tok);
+                return TSR_OK;
+        }
+        uint32_t eos_id = (uint32_t)json_integer_value(id);
+        json_decref(tok);
+        for (at = 0; at < m->n_eos_token_ids && m->eos_token_ids[at] != eos_id; at++)
+                ;
+        if (at == m->n_eos_token_ids) {
+                tsr_status st = eos_add(c, m, eos_id);
+                if (st != TSR_OK)
+                        return st;
+        }
+        memmove(m->eos_token_ids + 1, m->eos_token_ids, at * sizeof(*m->eos_token_ids));
+        m->eos_token_ids[0] = eos_id;
+        return TSR_OK;
+}
+
 static tsr_status hf_load(const char *dir, tsr_model_meta *m, char *err, size_t errlen) {
         meta_ctx c = {.file = dir, .err = err, .errlen = errlen};
         json_t *config = NULL, *gen = NULL, *tok_cfg = NULL;
@@ -487,6 +534,8 @@ static tsr_status hf_load(const char *dir, tsr_model_meta *m, char *err, size_t 
                 path = path_join(dir, "tokenizer_config.json");
                 c.file = path ? path : dir;
                 st = path ? hf_chat_template(&c, tok_cfg, m) : meta_fail(&c, TSR_E_NOMEM, "out of memory");
+                if (st == TSR_OK)
+                        st = hf_tokenizer_eos_first(&c, tok_cfg, m);
                 c.file = dir;
                 free(path);
                 path = NULL;

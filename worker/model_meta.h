@@ -45,7 +45,9 @@ typedef struct tsr_model_meta {
         int64_t bos_token_id;           /* -1 if absent */
         /* Union in first-seen order, without duplicates, of config.json eos_token_id (int or
          * list), generation_config.json eos_token_id (int or list); for GGUF of
-         * tokenizer.ggml.eos_token_id, .eot_token_id and .eom_token_id. */
+         * tokenizer.ggml.eos_token_id, .eot_token_id and .eom_token_id.  The tokenizer's
+         * own EOS is [0] (HF: tokenizer_config.json eos_token looked up in tokenizer.json,
+         * moved or added to the front; GGUF: tokenizer.ggml.eos_token_id is first). */
         uint32_t *eos_token_ids;
         size_t n_eos_token_ids;
         /* tokenizer_config.json "chat_template" (a string, or the list of {name, template}

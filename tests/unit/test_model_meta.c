@@ -250,6 +250,49 @@ static void test_hf_variants(void **state) {
         rm_dir(dir);
 }
 
+/* The tokenizer's EOS goes first (engine.h: eos_ids[0] stops as EOS, the others as stop
+ * ids, as vLLM): Llama 3.3 Instruct's layout, where config.json lists [128001, 128008,
+ * 128009] and the tokenizer's eos_token is <|eot_id|> (128009); one whose eos_token the
+ * configs do not list (added in front); one found in model.vocab, not added_tokens; and
+ * one no table has (order unchanged). */
+static void test_hf_tokenizer_eos_first(void **state) {
+        static const char tok_json[] =
+                "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":128000,\"content\":\"<|begin_of_text|>\"},"
+                "{\"id\":128001,\"content\":\"<|end_of_text|>\"},{\"id\":128008,\"content\":\"<|eom_id|>\"},"
+                "{\"id\":128009,\"content\":\"<|eot_id|>\"}],"
+                "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"</s>\":7},\"merges\":[]}}";
+        static const struct {
+                const char *eos_token;          /* tokenizer_config.json's value, JSON */
+                uint32_t want[4];
+                size_t n;
+        } cases[] = {
+                {"\"<|eot_id|>\"", {128009, 128001, 128008}, 3},
+                {"{\"content\": \"<|eot_id|>\", \"special\": true}", {128009, 128001, 128008}, 3},
+                {"\"<|begin_of_text|>\"", {128000, 128001, 128008, 128009}, 4},
+                {"\"</s>\"", {7, 128001, 128008, 128009}, 4},
+                {"\"<|nowhere|>\"", {128001, 128008, 128009}, 3},
+                {"null", {128001, 128008, 128009}, 3},
+        };
+        for (size_t k = 0; k < sizeof(cases) / sizeof(*cases); k++) {
+                char dir[64], tok_cfg[256];
+                tsr_model_meta *m;
+                make_hf_dir(dir, sizeof(dir),
+                            "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\","
+                            " \"eos_token_id\": [128001, 128008, 128009], \"max_position_embeddings\": 64,"
+                            " \"vocab_size\": 128256}");
+                write_str(dir, "tokenizer.json", tok_json);
+                snprintf(tok_cfg, sizeof(tok_cfg), "{\"eos_token\": %s}", cases[k].eos_token);
+                write_str(dir, "tokenizer_config.json", tok_cfg);
+                m = load_ok(dir);
+                if (m->n_eos_token_ids != cases[k].n ||
+                    memcmp(m->eos_token_ids, cases[k].want, cases[k].n * sizeof(uint32_t)) != 0)
+                        fail_msg("eos_token %s: %zu ids, first %u", cases[k].eos_token, m->n_eos_token_ids,
+                                 m->n_eos_token_ids ? m->eos_token_ids[0] : 0);
+                tsr_model_meta_free(&m);
+                rm_dir(dir);
+        }
+}
+
 static void test_hf_errors(void **state) {
         char dir[64], path[128], err[512];
         tsr_model_meta *m = NULL;
@@ -590,6 +633,7 @@ int main(void) {
                 cmocka_unit_test(test_tiny_hf),
                 cmocka_unit_test(test_hf_variants),
                 cmocka_unit_test(test_hf_errors),
+                cmocka_unit_test(test_hf_tokenizer_eos_first),
                 cmocka_unit_test(test_gguf_small_and_errors),
                 cmocka_unit_test(test_gguf_stories260k),
                 cmocka_unit_test(test_gguf_llama2_tiny_random),
