@@ -114,3 +114,37 @@ def test_f16_checkpoint_loads_exact_values(spawn, tmp_path):
         assert proc.wait(timeout=60) == 0
     assert results["F16"] == results["F32"]
     assert any(lp != 0.0 for _, lps, _ in results["F16"] for lp in lps)   # real numbers were compared
+
+
+def test_extra_eos_id_is_a_stop_reason(spawn, tmp_path):
+    """generation_config.json listing more EOS ids than the tokenizer's own (Llama 3's
+    [128001, 128008, 128009] with eos_token <|eot_id|>): as vLLM, finishing on one of the
+    others is finish_reason "stop" with that id as stop_reason, and ignore_eos runs past
+    it.  Here the tiny model's greedy third token (129 for the first golden prompt) is
+    made an extra EOS id."""
+    model = tmp_path / "extra-eos"
+    shutil.copytree(FIX / "f32", model)
+    prompt = GOLDEN["prompts"][0]["ids"]
+    greedy = GOLDEN["variants"]["f32"]["greedy"][0]
+    extra = greedy[2]
+    assert extra not in greedy[:2]
+    gen = json.loads((model / "generation_config.json").read_text())
+    gen["eos_token_id"] = [2, extra]
+    (model / "generation_config.json").write_text(json.dumps(gen))
+
+    port = free_port()
+    proc = spawn([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
+                  "--kv-cache-memory-bytes", "64M", "--dtype", "float32"])
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert proc.p.poll() is None, proc.output()
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=60, interval=0.1, what="tiny model with an extra EOS id served")
+    body = {"model": "tiny", "prompt": prompt, "temperature": 0, "max_tokens": 16}
+    r = requests.post(base + "/v1/completions", json=body, timeout=60).json()
+    assert r["choices"][0]["finish_reason"] == "stop" and r["choices"][0]["stop_reason"] == extra, r
+    assert r["usage"]["completion_tokens"] == 3, r
+    r = requests.post(base + "/v1/completions", json=dict(body, ignore_eos=True), timeout=60).json()
+    assert r["choices"][0]["finish_reason"] == "length" and r["choices"][0]["stop_reason"] is None, r
+    assert r["usage"]["completion_tokens"] == 16, r
