@@ -25,6 +25,7 @@
 #include "common/zmq_curve.h"
 #include "engine.h"
 #include "exit_codes.h"
+#include "gen_config.h"
 #include "link.h"
 #include "model_meta.h"
 #include "runner.h"
@@ -118,8 +119,8 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, work
 
 /* Build and pack ModelInfo: once with the tokenizer, once without it (for routers
  * that already have it cached).  Everything points into cfg/meta (borrowed). */
-static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m, const worker_plan *p, bool ready,
-                                  const char *dtype, uint8_t **full, size_t *full_len, uint8_t **lean, size_t *lean_len) {
+static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m, const tsr_gen_defaults *gd,
+                                  const worker_plan *p, bool ready, const char *dtype, uint8_t **full, size_t *full_len, uint8_t **lean, size_t *lean_len) {
         tsr_envelope env;
         Tessera__V1__ModelInfo mi;
         Tessera__V1__HfTokenizer hf;
@@ -183,22 +184,20 @@ static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m
                 mi.hf = &hf;
         }
         mi.chat_template = m->chat_template ? m->chat_template : "";
-        /* --generation-config vllm: neutral defaults; auto: the model's file. */
-        if (strcmp(cfg->generation_config, "vllm") != 0) {
-                gen.has_temperature = m->has_temperature;
-                gen.temperature = (float)m->temperature;
-                gen.has_top_p = m->has_top_p;
-                gen.top_p = (float)m->top_p;
-                gen.has_top_k = m->has_top_k;
-                gen.top_k = m->top_k < INT32_MIN ? INT32_MIN : m->top_k > INT32_MAX ? INT32_MAX : (int32_t)m->top_k;
-                gen.has_min_p = m->has_min_p;
-                gen.min_p = (float)m->min_p;
-                gen.has_repetition_penalty = m->has_repetition_penalty;
-                gen.repetition_penalty = (float)m->repetition_penalty;
-                gen.has_max_new_tokens = m->has_max_new_tokens && m->max_new_tokens > 0;
-                gen.max_new_tokens = m->max_new_tokens > (int64_t)UINT32_MAX ? UINT32_MAX
-                                     : m->max_new_tokens > 0 ? (uint32_t)m->max_new_tokens : 0;
-        }
+        /* --generation-config / --override-generation-config, resolved at startup. */
+        gen.has_temperature = gd->has_temperature;
+        gen.temperature = (float)gd->temperature;
+        gen.has_top_p = gd->has_top_p;
+        gen.top_p = (float)gd->top_p;
+        gen.has_top_k = gd->has_top_k;
+        gen.top_k = gd->top_k < INT32_MIN ? INT32_MIN : gd->top_k > INT32_MAX ? INT32_MAX : (int32_t)gd->top_k;
+        gen.has_min_p = gd->has_min_p;
+        gen.min_p = (float)gd->min_p;
+        gen.has_repetition_penalty = gd->has_repetition_penalty;
+        gen.repetition_penalty = (float)gd->repetition_penalty;
+        gen.has_max_new_tokens = gd->has_max_new_tokens && gd->max_new_tokens > 0;
+        gen.max_new_tokens = gd->max_new_tokens > (int64_t)UINT32_MAX ? UINT32_MAX
+                             : gd->max_new_tokens > 0 ? (uint32_t)gd->max_new_tokens : 0;
         mi.generation_defaults = &gen;
         bh.algo = cfg->prefix_caching_hash_algo;
         bh.seed = TSR_BLOCK_HASH_NONE;
@@ -284,6 +283,10 @@ int main(int argc, char **argv) {
         size_t mi_full_len = 0, mi_lean_len = 0;
         char err[1024] = "";
         tsr_curve curve = {0};
+        tsr_gen_override gen_override;
+        tsr_gen_defaults gen_defaults;
+        bool gen_no_file = false;
+        char gen_text[256];
         int rc = TSR_EXIT_CONFIG, sfd = -1;
         sigset_t stop_signals;
         tsr_log_level level;
@@ -314,6 +317,11 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tessera-worker: error: the following arguments are required: MODEL\n");
                 goto out;
         }
+        /* Like the key files below, checked before the (slow) model load: exit 2 at once. */
+        if (tsr_gen_override_parse(cfg.override_generation_config, &gen_override, err, sizeof(err)) != TSR_OK) {
+                fprintf(stderr, "tessera-worker: error: %s\n", err);
+                goto out;
+        }
         /* Key files are checked before the (slow) model load: a bad one is exit 2 at once. */
         if (tsr_curve_load(&curve, cfg.zmq_curve_secret_file, cfg.zmq_curve_peers_file, err, sizeof(err)) !=
             TSR_OK) {
@@ -326,6 +334,19 @@ int main(int argc, char **argv) {
                 log_error("cannot load model %s: %s", cfg.model, err);
                 goto out;
         }
+        st = tsr_gen_defaults_resolve(cfg.generation_config, meta, &gen_override, &gen_defaults, &gen_no_file, err,
+                                      sizeof(err));
+        if (st != TSR_OK) {
+                log_error("--generation-config %s: %s", cfg.generation_config, err);
+                goto out;
+        }
+        tsr_gen_defaults_format(&gen_defaults, gen_text, sizeof(gen_text));
+        if (gen_no_file)
+                log_info("--generation-config %s: no generation_config.json there; no defaults from a file",
+                         cfg.generation_config);
+        log_info("default sampling parameters (--generation-config %s, --override-generation-config %s): %s",
+                 cfg.generation_config, cfg.override_generation_config ? cfg.override_generation_config : "{}",
+                 gen_text);
         if (make_plan(&cfg, meta, &plan, err, sizeof(err)) != TSR_OK) {
                 log_error("%s", err);
                 goto out;
@@ -366,7 +387,7 @@ int main(int argc, char **argv) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);
                 goto out;
         }
-        if (pack_model_info(&cfg, meta, &plan, runner != NULL, runner ? tsr_runner_dtype(runner) : "float32", &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
+        if (pack_model_info(&cfg, meta, &gen_defaults, &plan, runner != NULL, runner ? tsr_runner_dtype(runner) : "float32", &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
                 log_error("model info for %s does not fit in one protocol frame", meta->path);
                 goto out;
         }

@@ -1014,6 +1014,52 @@ done:
         return TSR_OK;
 }
 
+tsr_status tsr_model_meta_load_generation_config(const char *dir, tsr_model_meta **ret, char *err, size_t errlen) {
+        meta_ctx c = {.file = dir, .err = err, .errlen = errlen};
+        tsr_model_meta *m = NULL;
+        json_t *gen = NULL;
+        char *path = NULL;
+        struct stat sb;
+        tsr_status st;
+
+        /* A missing folder is a mistyped flag, not a folder without the file: INVAL. */
+        if (stat(dir, &sb) != 0)
+                return meta_fail(&c, errno == ENOENT || errno == ENOTDIR ? TSR_E_INVAL : TSR_E_IO, "%s",
+                                 strerror(errno));
+        if (!S_ISDIR(sb.st_mode))
+                return meta_fail(&c, TSR_E_INVAL, "not a directory");
+        m = calloc(1, sizeof(*m));
+        if (!m)
+                return meta_fail(&c, TSR_E_NOMEM, "out of memory");
+        m->bos_token_id = -1;
+        m->path = strdup(dir);
+        m->format = strdup("hf");
+        if (!m->path || !m->format) {
+                st = meta_fail(&c, TSR_E_NOMEM, "out of memory");
+                goto done;
+        }
+        st = hf_read_json(&c, dir, "generation_config.json", false, TSR_MODEL_META_MAX_SMALL_JSON, NULL, NULL, &gen);
+        if (st == TSR_OK && !gen) {
+                st = TSR_E_NOTFOUND;    /* absent: no message, the caller decides */
+                goto done;
+        }
+        if (st == TSR_OK) {
+                path = path_join(dir, "generation_config.json");
+                c.file = path ? path : dir;
+                st = path ? hf_generation_config(&c, gen, m) : meta_fail(&c, TSR_E_NOMEM, "out of memory");
+                c.file = dir;
+        }
+done:
+        json_decref(gen);
+        free(path);
+        if (st != TSR_OK) {
+                tsr_model_meta_free(&m);
+                return st;
+        }
+        *ret = m;
+        return TSR_OK;
+}
+
 void tsr_model_meta_free(tsr_model_meta **mp) {
         tsr_model_meta *m;
 
