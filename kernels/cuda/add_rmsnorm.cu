@@ -3,6 +3,7 @@
 // row matches ref within tolerance (tests/kernels/test_add_rmsnorm.c runs both when a
 // GPU is present).
 #include "kernels/cuda/add_rmsnorm.cuh"
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
 
 // residual, x (rows, dim), w (dim,) -> residual += x, out = rmsnorm(residual) * w.
@@ -22,14 +23,7 @@ __global__ static void add_rmsnorm_kernel(float *out, float *residual, const flo
                 res[i] = s;
                 ss += s * s;
         }
-        partial[threadIdx.x] = ss;
-        __syncthreads();
-        for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-                if (threadIdx.x < stride)
-                        partial[threadIdx.x] += partial[threadIdx.x + stride];
-                __syncthreads();
-        }
-        float scale = rsqrtf(partial[0] / (float)dim + eps);
+        float scale = rsqrtf(tsr_block_sum_fixed_tree(ss, partial) / (float)dim + eps);
         for (int i = threadIdx.x; i < dim; i += blockDim.x)
                 outr[i] = res[i] * scale * w[i];
 }

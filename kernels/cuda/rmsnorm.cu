@@ -2,6 +2,7 @@
 // (tests/kernels/test_rmsnorm.c runs both when a GPU is present).
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/block_reduce.cuh"
 
 // x (rows, dim), w (dim,) -> out (rows, dim).  Block-wide sum of squares in a fixed
 // tree order, so the result for a row does not depend on how many rows there are.
@@ -12,14 +13,7 @@ __global__ static void rmsnorm_kernel(float *out, const float *x, const float *w
         float ss = 0.0f;
         for (int i = threadIdx.x; i < dim; i += blockDim.x)
                 ss += xr[i] * xr[i];
-        partial[threadIdx.x] = ss;
-        __syncthreads();
-        for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-                if (threadIdx.x < stride)
-                        partial[threadIdx.x] += partial[threadIdx.x + stride];
-                __syncthreads();
-        }
-        float scale = rsqrtf(partial[0] / (float)dim + eps);
+        float scale = rsqrtf(tsr_block_sum_fixed_tree(ss, partial) / (float)dim + eps);
         for (int i = threadIdx.x; i < dim; i += blockDim.x)
                 outr[i] = xr[i] * scale * w[i];
 }
