@@ -50,6 +50,21 @@ def test_greedy_matches_transformers(spawn, variant):
         assert r["choices"][0]["text"] == completion_text(base, want), prompt["text"]
 
 
+def serve_tiny(spawn, model):
+    """`tessera serve` of a tiny-model folder as "tiny" in float32: (proc, base URL)
+    once /health is 200."""
+    port = free_port()
+    proc = spawn([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
+                  "--kv-cache-memory-bytes", "64M", "--dtype", "float32"])
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert proc.p.poll() is None, proc.output()
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=60, interval=0.1, what=f"{model.name} served")
+    return proc, base
+
+
 def write_safetensors(path, header, data):
     """A safetensors file: u64 LE header length, the JSON header, the data."""
     text = json.dumps(header).encode()
@@ -92,15 +107,7 @@ def test_f16_checkpoint_loads_exact_values(spawn, tmp_path):
     pair = f16_pair(tmp_path)
     results = {}
     for dtype, model in pair.items():
-        port = free_port()
-        proc = spawn([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
-                      "--kv-cache-memory-bytes", "64M", "--dtype", "float32"])
-        base = f"http://127.0.0.1:{port}"
-
-        def ready():
-            assert proc.p.poll() is None, proc.output()
-            return http_status(base + "/health") == 200
-        wait_until(ready, timeout=60, interval=0.1, what=f"{dtype} tiny model served")
+        proc, base = serve_tiny(spawn, model)
         results[dtype] = []
         for prompt in GOLDEN["prompts"]:
             r = requests.post(base + "/v1/completions", json={"model": "tiny", "prompt": prompt["ids"],
@@ -132,15 +139,7 @@ def test_extra_eos_id_is_a_stop_reason(spawn, tmp_path):
     gen["eos_token_id"] = [2, extra]
     (model / "generation_config.json").write_text(json.dumps(gen))
 
-    port = free_port()
-    proc = spawn([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
-                  "--kv-cache-memory-bytes", "64M", "--dtype", "float32"])
-    base = f"http://127.0.0.1:{port}"
-
-    def ready():
-        assert proc.p.poll() is None, proc.output()
-        return http_status(base + "/health") == 200
-    wait_until(ready, timeout=60, interval=0.1, what="tiny model with an extra EOS id served")
+    _, base = serve_tiny(spawn, model)
     body = {"model": "tiny", "prompt": prompt, "temperature": 0, "max_tokens": 16}
     r = requests.post(base + "/v1/completions", json=body, timeout=60).json()
     assert r["choices"][0]["finish_reason"] == "stop" and r["choices"][0]["stop_reason"] == extra, r
