@@ -94,20 +94,7 @@ done:
         return st;
 }
 
-static void from_meta(const tsr_model_meta *m, tsr_gen_defaults *d) {
-        d->has_temperature = m->has_temperature;
-        d->temperature = m->temperature;
-        d->has_top_p = m->has_top_p;
-        d->top_p = m->top_p;
-        d->has_top_k = m->has_top_k;
-        d->top_k = m->top_k;
-        d->has_min_p = m->has_min_p;
-        d->min_p = m->min_p;
-        d->has_repetition_penalty = m->has_repetition_penalty;
-        d->repetition_penalty = m->repetition_penalty;
-        d->has_max_new_tokens = m->has_max_new_tokens;
-        d->max_new_tokens = m->max_new_tokens;
-}
+static void from_meta(const tsr_model_meta *m, tsr_gen_defaults *d) { *d = m->gen; }
 
 tsr_status tsr_gen_defaults_resolve(const char *source, const tsr_model_meta *model, const tsr_gen_override *ov,
                                     tsr_gen_defaults *ret, bool *ret_no_file, char *err, size_t errlen) {

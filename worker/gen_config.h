@@ -21,21 +21,8 @@
 #include "common/tsr_status.h"
 #include "model_meta.h"
 
-/* has_x says x is a default; a field without it is left to the router's neutral value. */
-typedef struct tsr_gen_defaults {
-        bool has_temperature;
-        double temperature;
-        bool has_top_p;
-        double top_p;
-        bool has_top_k;
-        int64_t top_k;
-        bool has_min_p;
-        double min_p;
-        bool has_repetition_penalty;
-        double repetition_penalty;
-        bool has_max_new_tokens;
-        int64_t max_new_tokens;
-} tsr_gen_defaults;
+/* tsr_gen_defaults (model_meta.h): has_x says x is a default; a field without it is
+ * left to the router's neutral value. */
 
 /* What the override does to one key. */
 typedef enum tsr_gen_action {

@@ -360,20 +360,20 @@ static tsr_status hf_generation_config(const meta_ctx *c, json_t *root, tsr_mode
                 }
         }
         if (st == TSR_OK)
-                st = cfg_f64(c, root, "temperature", &m->temperature, &m->has_temperature);
+                st = cfg_f64(c, root, "temperature", &m->gen.temperature, &m->gen.has_temperature);
         if (st == TSR_OK)
-                st = cfg_f64(c, root, "top_p", &m->top_p, &m->has_top_p);
+                st = cfg_f64(c, root, "top_p", &m->gen.top_p, &m->gen.has_top_p);
         if (st == TSR_OK)
-                st = cfg_i64(c, root, "top_k", &m->top_k, &m->has_top_k);
+                st = cfg_i64(c, root, "top_k", &m->gen.top_k, &m->gen.has_top_k);
         if (st == TSR_OK)
-                st = cfg_f64(c, root, "min_p", &m->min_p, &m->has_min_p);
+                st = cfg_f64(c, root, "min_p", &m->gen.min_p, &m->gen.has_min_p);
         if (st == TSR_OK)
-                st = cfg_f64(c, root, "repetition_penalty", &m->repetition_penalty, &m->has_repetition_penalty);
+                st = cfg_f64(c, root, "repetition_penalty", &m->gen.repetition_penalty, &m->gen.has_repetition_penalty);
         if (st == TSR_OK)
-                st = cfg_i64(c, root, "max_new_tokens", &m->max_new_tokens, &m->has_max_new_tokens);
-        if (st == TSR_OK && m->has_max_new_tokens && m->max_new_tokens < 0)
+                st = cfg_i64(c, root, "max_new_tokens", &m->gen.max_new_tokens, &m->gen.has_max_new_tokens);
+        if (st == TSR_OK && m->gen.has_max_new_tokens && m->gen.max_new_tokens < 0)
                 return meta_fail(c, TSR_E_INVAL, "field 'max_new_tokens': %lld is negative",
-                                 (long long)m->max_new_tokens);
+                                 (long long)m->gen.max_new_tokens);
         return st;
 }
 

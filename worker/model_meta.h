@@ -35,6 +35,24 @@ typedef struct tsr_gguf_tokenizer {
         bool add_bos, add_eos, add_space_prefix;
 } tsr_gguf_tokenizer;
 
+/* The sampling defaults of a generation_config.json (vLLM reads these six keys);
+ * has_x says x was given.  Also what a worker announces, after --generation-config and
+ * --override-generation-config (gen_config.h). */
+typedef struct tsr_gen_defaults {
+        bool has_temperature;
+        double temperature;
+        bool has_top_p;
+        double top_p;
+        bool has_top_k;
+        int64_t top_k;
+        bool has_min_p;
+        double min_p;
+        bool has_repetition_penalty;
+        double repetition_penalty;
+        bool has_max_new_tokens;
+        int64_t max_new_tokens;
+} tsr_gen_defaults;
+
 typedef struct tsr_model_meta {
         char *path;                     /* as given to tsr_model_meta_load */
         char *format;                   /* "hf" or "gguf" */
@@ -73,18 +91,7 @@ typedef struct tsr_model_meta {
         uint64_t tokenizer_hash;
 
         /* Generation defaults (generation_config.json; GGUF has none).  has_x says x was given. */
-        bool has_temperature;
-        double temperature;
-        bool has_top_p;
-        double top_p;
-        bool has_top_k;
-        int64_t top_k;
-        bool has_min_p;
-        double min_p;
-        bool has_repetition_penalty;
-        double repetition_penalty;
-        bool has_max_new_tokens;
-        int64_t max_new_tokens;
+        tsr_gen_defaults gen;
 
         /* Dims for KV sizing; 0 when the source does not give them.  HF fields missing at
          * the top level of config.json are looked up in "text_config" (multimodal configs

@@ -53,16 +53,16 @@ static tsr_model_meta model_with_defaults(void) {
 
         memset(&m, 0, sizeof(m));
         m.bos_token_id = -1;
-        m.has_temperature = true;
-        m.temperature = 0.7;
-        m.has_top_p = true;
-        m.top_p = 0.9;
-        m.has_top_k = true;
-        m.top_k = 20;
-        m.has_repetition_penalty = true;
-        m.repetition_penalty = 1.05;
-        m.has_max_new_tokens = true;
-        m.max_new_tokens = 128;
+        m.gen.has_temperature = true;
+        m.gen.temperature = 0.7;
+        m.gen.has_top_p = true;
+        m.gen.top_p = 0.9;
+        m.gen.has_top_k = true;
+        m.gen.top_k = 20;
+        m.gen.has_repetition_penalty = true;
+        m.gen.repetition_penalty = 1.05;
+        m.gen.has_max_new_tokens = true;
+        m.gen.max_new_tokens = 128;
         return m;
 }
 

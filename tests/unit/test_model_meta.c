@@ -129,12 +129,12 @@ static void test_tiny_hf(void **state) {
         assert_true(starts_with(m->chat_template, "{% for message in messages %}{{ '<|im_start|>' + message['role']"));
         assert_non_null(strstr(m->chat_template, "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"));
 
-        assert_true(m->has_temperature && fabs(m->temperature - 0.7) < 1e-12);
-        assert_true(m->has_top_p && fabs(m->top_p - 0.9) < 1e-12);
-        assert_true(m->has_top_k && m->top_k == 20);
-        assert_false(m->has_min_p);
-        assert_true(m->has_repetition_penalty && fabs(m->repetition_penalty - 1.05) < 1e-12);
-        assert_true(m->has_max_new_tokens && m->max_new_tokens == 128);
+        assert_true(m->gen.has_temperature && fabs(m->gen.temperature - 0.7) < 1e-12);
+        assert_true(m->gen.has_top_p && fabs(m->gen.top_p - 0.9) < 1e-12);
+        assert_true(m->gen.has_top_k && m->gen.top_k == 20);
+        assert_false(m->gen.has_min_p);
+        assert_true(m->gen.has_repetition_penalty && fabs(m->gen.repetition_penalty - 1.05) < 1e-12);
+        assert_true(m->gen.has_max_new_tokens && m->gen.max_new_tokens == 128);
 
         assert_int_equal(m->hidden_size, 64);
         assert_int_equal(m->num_hidden_layers, 2);
@@ -222,9 +222,9 @@ static void test_hf_variants(void **state) {
         assert_int_equal(m->eos_token_ids[1], 200007);
         assert_int_equal(m->eos_token_ids[2], 200008);
         assert_string_equal(m->chat_template, "DEFAULT {{ messages }}");
-        assert_false(m->has_temperature);
-        assert_false(m->has_top_k);
-        assert_true(m->has_min_p && m->min_p == 0.05);
+        assert_false(m->gen.has_temperature);
+        assert_false(m->gen.has_top_k);
+        assert_true(m->gen.has_min_p && m->gen.min_p == 0.05);
         tsr_model_meta_free(&m);
         rm_dir(dir);
 
@@ -245,7 +245,7 @@ static void test_hf_variants(void **state) {
         assert_null(m->tokenizer_config_json);
         assert_int_equal(m->tokenizer_config_json_len, 0);
         assert_true(m->tokenizer_hash == XXH64(m->tokenizer_json, m->tokenizer_json_len, 0));
-        assert_false(m->has_temperature || m->has_top_p || m->has_top_k || m->has_max_new_tokens);
+        assert_false(m->gen.has_temperature || m->gen.has_top_p || m->gen.has_top_k || m->gen.has_max_new_tokens);
         tsr_model_meta_free(&m);
         rm_dir(dir);
 }
