@@ -91,7 +91,7 @@ stop_server() {
 trap stop_server EXIT
 
 start_server() {
-        PORT="$("$VENV/bin/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+        PORT="$("$VENV/bin/python" scripts/free_port.py)"
         mkdir -p "$OUT"
         # --status-interval-ms 1000: the router declares a worker down after 3 missed
         # Status intervals, and on a loaded machine the default 300 ms window is missed

@@ -40,9 +40,9 @@ for f in "$BUILD/router/tessera-router" "$BUILD/worker/tessera-worker" "$MODEL";
 done
 command -v valgrind >/dev/null || { echo "valgrind.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 2; }
 
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-WPORT=$(free_port)
-HPORT=$(free_port)
+# Below the ephemeral range (scripts/free_port.py): the router connects before the
+# worker binds, and its connection's source port must not be the worker's.
+read -r WPORT HPORT < <("$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); from free_port import free_port; print(free_port(2), free_port())' scripts)
 worker_pid= router_pid=
 cleanup() {
         [ -n "$router_pid" ] && kill -KILL "$router_pid" 2>/dev/null

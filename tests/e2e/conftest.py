@@ -5,10 +5,10 @@ Environment: TESSERA_BUILD (default <repo>/build), TESSERA_TEST_MODEL (default t
 demo GGUF fetched by scripts/fetch-model.sh).  Tests that need the model skip when it
 is absent."""
 import os
-import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,50 +29,8 @@ FIXTURES = REPO.parent / "shared" / "fixtures"
 SANITIZED = "asan" in BUILD.name or "tsan" in BUILD.name
 
 
-def _ephemeral_low():
-    """The first port of the kernel's ephemeral range: outgoing connections take their
-    source ports from it, so a port chosen there now may be some connection's by the
-    time a spawned process binds it (a router connecting to a worker not yet up holds
-    one; CI saw a worker's Status port taken that way)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _bindable(port):
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-_handed_out = set()                                  # never hand a port out twice in a session
-_rng = random.Random(os.getpid() ^ time.time_ns())
-
-
-def free_port(count=1):
-    """The first of `count` consecutive free loopback ports, below the ephemeral range
-    (10000 .. its start), where only explicit binds land; the ephemeral way (port 0)
-    only when there is no room below."""
-    low = _ephemeral_low()
-    if low > 10000 + count:
-        for _ in range(1000):
-            p = _rng.randrange(10000, low - count)
-            ports = range(p, p + count)
-            if not _handed_out.intersection(ports) and all(_bindable(q) for q in ports):
-                _handed_out.update(ports)
-                return p
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        if all(_bindable(q) for q in range(p + 1, p + count)):
-            return p
-    raise RuntimeError(f"no {count} free consecutive loopback ports")
+sys.path.insert(0, str(REPO / "scripts"))
+from free_port import free_port  # noqa: E402  (below the ephemeral range; see scripts/free_port.py)
 
 
 def free_port_pair():
