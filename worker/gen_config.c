@@ -94,29 +94,23 @@ done:
         return st;
 }
 
-static void from_meta(const tsr_model_meta *m, tsr_gen_defaults *d) { *d = m->gen; }
-
 tsr_status tsr_gen_defaults_resolve(const char *source, const tsr_model_meta *model, const tsr_gen_override *ov,
                                     tsr_gen_defaults *ret, bool *ret_no_file, char *err, size_t errlen) {
         tsr_gen_defaults d = {0};
-        tsr_model_meta *dir_meta = NULL;
         tsr_status st;
 
         if (ret_no_file)
                 *ret_no_file = false;
         if (!source || strcmp(source, "auto") == 0) {
                 if (model)
-                        from_meta(model, &d);
+                        d = model->gen;
         } else if (strcmp(source, "vllm") != 0) {
-                st = tsr_model_meta_load_generation_config(source, &dir_meta, err, errlen);
+                st = tsr_model_meta_load_generation_config(source, &d, err, errlen);
                 if (st == TSR_E_NOTFOUND) {
                         if (ret_no_file)
                                 *ret_no_file = true;
                 } else if (st != TSR_OK) {
                         return st;
-                } else {
-                        from_meta(dir_meta, &d);
-                        tsr_model_meta_free(&dir_meta);
                 }
         }
         for (size_t i = 0; ov && i < sizeof(override_keys) / sizeof(override_keys[0]); i++) {

@@ -1014,9 +1014,9 @@ done:
         return TSR_OK;
 }
 
-tsr_status tsr_model_meta_load_generation_config(const char *dir, tsr_model_meta **ret, char *err, size_t errlen) {
+tsr_status tsr_model_meta_load_generation_config(const char *dir, tsr_gen_defaults *ret, char *err, size_t errlen) {
         meta_ctx c = {.file = dir, .err = err, .errlen = errlen};
-        tsr_model_meta *m = NULL;
+        tsr_model_meta tmp = {.bos_token_id = -1};   /* hf_generation_config's output; only .gen is kept */
         json_t *gen = NULL;
         char *path = NULL;
         struct stat sb;
@@ -1028,36 +1028,20 @@ tsr_status tsr_model_meta_load_generation_config(const char *dir, tsr_model_meta
                                  strerror(errno));
         if (!S_ISDIR(sb.st_mode))
                 return meta_fail(&c, TSR_E_INVAL, "not a directory");
-        m = calloc(1, sizeof(*m));
-        if (!m)
-                return meta_fail(&c, TSR_E_NOMEM, "out of memory");
-        m->bos_token_id = -1;
-        m->path = strdup(dir);
-        m->format = strdup("hf");
-        if (!m->path || !m->format) {
-                st = meta_fail(&c, TSR_E_NOMEM, "out of memory");
-                goto done;
-        }
         st = hf_read_json(&c, dir, "generation_config.json", false, TSR_MODEL_META_MAX_SMALL_JSON, NULL, NULL, &gen);
-        if (st == TSR_OK && !gen) {
-                st = TSR_E_NOTFOUND;    /* absent: no message, the caller decides */
-                goto done;
-        }
+        if (st == TSR_OK && !gen)
+                return TSR_E_NOTFOUND;  /* absent: no message, the caller decides */
         if (st == TSR_OK) {
                 path = path_join(dir, "generation_config.json");
                 c.file = path ? path : dir;
-                st = path ? hf_generation_config(&c, gen, m) : meta_fail(&c, TSR_E_NOMEM, "out of memory");
-                c.file = dir;
+                st = path ? hf_generation_config(&c, gen, &tmp) : meta_fail(&c, TSR_E_NOMEM, "out of memory");
         }
-done:
         json_decref(gen);
         free(path);
-        if (st != TSR_OK) {
-                tsr_model_meta_free(&m);
-                return st;
-        }
-        *ret = m;
-        return TSR_OK;
+        free(tmp.eos_token_ids);
+        if (st == TSR_OK)
+                *ret = tmp.gen;
+        return st;
 }
 
 void tsr_model_meta_free(tsr_model_meta **mp) {

@@ -118,13 +118,11 @@ typedef struct tsr_model_meta {
  * Blocking file I/O: call it at startup, not from a loop thread. */
 tsr_status tsr_model_meta_load(const char *path, tsr_model_meta **ret, char *err, size_t errlen);
 /* Read only DIR/generation_config.json (vLLM's --generation-config DIR), with the
- * parser tsr_model_meta_load uses for a model folder's.  On success *ret is a new
- * tsr_model_meta (free with tsr_model_meta_free) of which only the generation defaults
- * (has_temperature ...), eos_token_ids and bos_token_id are filled.  Returns
+ * parser tsr_model_meta_load uses for a model folder's, into *ret.  Returns
  * TSR_E_NOTFOUND, with no message, when DIR has no generation_config.json;
  * TSR_E_INVAL (DIR missing or not a directory, malformed JSON or field), TSR_E_LIMIT,
  * TSR_E_IO or TSR_E_NOMEM with a message naming DIR or the file.  Blocking. */
-tsr_status tsr_model_meta_load_generation_config(const char *dir, tsr_model_meta **ret, char *err, size_t errlen);
+tsr_status tsr_model_meta_load_generation_config(const char *dir, tsr_gen_defaults *ret, char *err, size_t errlen);
 /* Accepts NULL and *m == NULL; clears *m. */
 void tsr_model_meta_free(tsr_model_meta **m);
 
