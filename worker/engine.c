@@ -561,6 +561,15 @@ static bool prefix_in_flight(tsr_engine *e, slot *s) {
         return false;
 }
 
+/* --long-prefill-token-threshold, as vLLM V1 applies it to running and waiting requests
+ * alike before the step's budget: more than the threshold to compute means a chunk of
+ * exactly the threshold.  A decode step (one token) is never capped. */
+static size_t long_prefill_cap(const engine_params *p, size_t num_new) {
+        if (p->long_prefill_token_threshold > 0 && num_new > p->long_prefill_token_threshold)
+                return p->long_prefill_token_threshold;
+        return num_new;
+}
+
 /* Fill plan[0..] (at most plan_cap entries) for the next step.  A running request's
  * known tokens count its placeholders and its computed ones the tokens of the step in
  * flight (vLLM's AsyncScheduler); synchronously both additions are 0. */
@@ -595,6 +604,7 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         continue;
                 num_new = known - computed;
                 room = p->max_model_len > computed ? p->max_model_len - computed : 0;
+                num_new = long_prefill_cap(p, num_new);
                 if (num_new > budget)
                         num_new = budget;
                 if (num_new > room)
@@ -651,7 +661,7 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         s->num_cached_tokens = cached;
                         s->cached_known = true;
                 }
-                num_new = s->n_tokens - (s->kv.n_computed + cached);
+                num_new = long_prefill_cap(p, s->n_tokens - (s->kv.n_computed + cached));
                 if (num_new > budget)
                         num_new = budget;
                 if (wants_prompt_lp(s, s->kv.n_computed) && num_new > lp_rows) {

@@ -83,6 +83,9 @@ typedef struct engine_params {
         size_t max_prompt_lp_rows;     /* prompt-logprobs positions per step; 0: 256 MiB of logits */
         uint64_t shutdown_timeout_ms;  /* --shutdown-timeout: how long in-flight requests may run on after
                                         * ENGINE_IN_SHUTDOWN; 0 = abort them at once (vLLM's default) */
+        uint32_t long_prefill_token_threshold; /* --long-prefill-token-threshold: a request's chunk in one step
+                                        * is at most this many tokens when it has more to compute
+                                        * (vLLM V1's cap); 0 = no cap */
         bool async_scheduling;         /* --async-scheduling: forward and sampling on a "runner" thread
                                         * while the engine thread schedules the next step (engine.c) */
 } engine_params;

@@ -46,6 +46,7 @@ typedef struct fake_model {
         size_t max_step_seqs;    /* the most chunks one step ran */
         size_t max_step_tokens;  /* the most tokens one step ran */
         size_t max_pos_end;      /* the highest position computed, + 1 */
+        size_t max_chunk;        /* the most tokens one sequence ran in one step */
         /* hold_at: the forward call of that number (1 = the first) waits, holding, until
          * released: the test then knows exactly which steps ran before what it submits. */
         size_t hold_at;
@@ -106,6 +107,8 @@ static tsr_status fake_forward(void *ud, const engine_seq *seqs, size_t n_seqs, 
         }
         for (size_t i = 0; i < n_seqs; i++) {
                 step_tokens += seqs[i].n;
+                if (seqs[i].n > m->max_chunk)
+                        m->max_chunk = seqs[i].n;
                 if (seqs[i].past_len + seqs[i].n > m->max_pos_end)
                         m->max_pos_end = seqs[i].past_len + seqs[i].n;
         }
@@ -188,14 +191,14 @@ static harness *start(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, 
 }
 
 typedef struct step_records {
-        size_t max_step_seqs, max_step_tokens, max_pos_end;
+        size_t max_step_seqs, max_step_tokens, max_pos_end, max_chunk;
 } step_records;
 
 /* The fake model's per-step records, read under its lock. */
 static step_records model_records(harness *h) {
         step_records r;
         pthread_mutex_lock(&h->fm.mu);
-        r = (step_records){h->fm.max_step_seqs, h->fm.max_step_tokens, h->fm.max_pos_end};
+        r = (step_records){h->fm.max_step_seqs, h->fm.max_step_tokens, h->fm.max_pos_end, h->fm.max_chunk};
         pthread_mutex_unlock(&h->fm.mu);
         return r;
 }
@@ -1360,6 +1363,36 @@ static void step_limits(bool priority) {
 static void test_step_limits_fcfs(void **state) { step_limits(false); }
 static void test_step_limits_priority(void **state) { step_limits(true); }
 
+/* --long-prefill-token-threshold: with a threshold, no sequence runs more than that many
+ * tokens in a step, though the budget would take whole prompts, and the cap is reached
+ * (prompts of 23 and 30 tokens go in chunks of 5); the outputs are the same as without
+ * it.  Without a threshold the same prompts go whole. */
+static void long_prefill(uint32_t threshold, size_t want_max_chunk) {
+        harness *h = held(64, 256, 8, false, 0);
+        uint32_t p1[23], p2[30], w1[6], w2[6];
+        const char *ids[2] = {"a", "b"};
+        static result res[2];
+        memset(res, 0, sizeof(res));
+        h->params.long_prefill_token_threshold = threshold;
+        make_prompt(p1, 23, 7);
+        make_prompt(p2, 30, 8);
+        submit(h, "a", p1, 23, 6, NULL, 0);
+        submit(h, "b", p2, 30, 6, NULL, 0);
+        go(h);
+        collect(h, ids, res, 2);
+        expected(p1, 23, 6, w1);
+        expected(p2, 30, 6, w2);
+        assert_int_equal(res[0].n, 6);
+        assert_int_equal(res[1].n, 6);
+        assert_memory_equal(res[0].tokens, w1, sizeof(w1));
+        assert_memory_equal(res[1].tokens, w2, sizeof(w2));
+        assert_int_equal(model_records(h).max_chunk, want_max_chunk);
+        stop(h);
+}
+
+static void test_long_prefill_threshold_caps_chunks(void **state) { long_prefill(5, 5); }
+static void test_long_prefill_threshold_zero_is_no_cap(void **state) { long_prefill(0, 30); }
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_single_request_greedy),
@@ -1386,6 +1419,8 @@ int main(void) {
                 cmocka_unit_test(test_length_at_max_model_len),
                 cmocka_unit_test(test_step_limits_fcfs),
                 cmocka_unit_test(test_step_limits_priority),
+                cmocka_unit_test(test_long_prefill_threshold_caps_chunks),
+                cmocka_unit_test(test_long_prefill_threshold_zero_is_no_cap),
         };
         int failed = cmocka_run_group_tests_name("engine", tests, NULL, NULL);
         g_async = true;
