@@ -97,17 +97,17 @@ static const tsr_opt opts[] = {
         {O_LIST("served-model-name", served_model_name), .owner = R | W, .group = GRP_MODEL, .metavar = "NAME",
          .def_help = "the model path", .help = "names the API answers to; responses carry the first"},
         {O_STR("tokenizer", tokenizer), .owner = W, .group = GRP_MODEL, .metavar = "PATH",
-         .def_help = "the model's", .help = "tokenizer directory when it is not the model's"},
+         .def_help = "the model's", .help = "tokenizer directory; only the model's own for now"},
         {O_INT_HR("max-model-len", max_model_len, 0, INT_MAX), .owner = W, .group = GRP_MODEL, .metavar = "N",
          .def_help = "from the model's config", .help = "context length in tokens; 1k = 1000, 1K = 1024"},
         {O_STR("dtype", dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE", .def = "auto",
          .choices = dtype_choices, .help = "weight and activation precision"},
         {O_STR("kv-cache-dtype", kv_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
-         .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache"},
+         .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache; only auto (float32) for now"},
         {O_STR("quantization", quantization), .alias = "-q", .owner = W, .group = GRP_MODEL, .metavar = "METHOD",
-         .def_help = "from the checkpoint", .help = "weight quantization method"},
+         .def_help = "from the checkpoint", .help = "weight quantization method; none is supported yet"},
         {O_STR("load-format", load_format), .owner = W, .group = GRP_MODEL, .metavar = "FORMAT", .def = "auto",
-         .choices = load_format_choices, .help = "weight file format; dummy = random weights for testing"},
+         .choices = load_format_choices, .help = "weight file format; must match the model; dummy (random weights) is not supported yet"},
         {O_STR("generation-config", generation_config), .owner = W, .group = GRP_MODEL, .metavar = "SRC",
          .def = "auto", .help = "sampling defaults: auto (the model's), vllm (neutral) or a directory"},
         {O_STR("override-generation-config", override_generation_config), .owner = W, .group = GRP_MODEL,
@@ -117,20 +117,20 @@ static const tsr_opt opts[] = {
         {O_LL("seed", seed), .owner = W, .group = GRP_MODEL, .metavar = "N", .def = "0",
          .help = "seed for sampling without a per-request seed"},
         {O_BOOL("trust-remote-code", trust_remote_code), .owner = W, .group = GRP_MODEL,
-         .help = "accepted for compatibility; Tessera never runs model code"},
+         .help = "no effect: Tessera never runs model code"},
         {O_BOOL("enforce-eager", enforce_eager), .owner = W, .group = GRP_MODEL,
-         .help = "do not capture CUDA graphs"},
+         .help = "do not capture CUDA graphs; no effect: the CPU backend always runs eagerly"},
 
         /* ---- parallelism ---- */
         {O_INT("tensor-parallel-size", tensor_parallel_size, 1, 1024), .alias = "-tp", .owner = W,
-         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "GPUs each layer is split across"},
+         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "GPUs each layer is split across; only 1 for now"},
         {O_INT("pipeline-parallel-size", pipeline_parallel_size, 1, 1024), .alias = "-pp", .owner = W,
-         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "pipeline stages the layers are split into"},
+         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "pipeline stages the layers are split into; only 1 for now"},
         {O_INT("data-parallel-size", data_parallel_size, 1, 1024), .alias = "-dp", .owner = W,
-         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "independent engine replicas"},
+         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "independent engine replicas; only 1 for now"},
         {O_STR("distributed-executor-backend", distributed_executor_backend), .owner = W, .group = GRP_PARALLEL,
          .metavar = "BACKEND", .def_help = "auto", .choices = backend_choices,
-         .help = "how ranks are started: processes (mp) or in-process (uni)"},
+         .help = "how ranks are started: processes (mp) or in-process (uni); no effect with one rank"},
 
         /* ---- cache and scheduler ---- */
         {O_INT("block-size", block_size, 1, 256), .owner = W, .group = GRP_CACHE, .metavar = "N", .def = "16",
@@ -142,7 +142,7 @@ static const tsr_opt opts[] = {
          .help = "hash chaining prefix blocks (the router hashes the same way)"},
         {O_DBL("gpu-memory-utilization", gpu_memory_utilization), .dmin = 0, .dmax = 1, .dmin_open = true,
          .owner = W, .group = GRP_CACHE, .metavar = "FRACTION", .def = "0.9",
-         .help = "share of total GPU memory this worker may use"},
+         .help = "share of total GPU memory this worker may use; no effect on the CPU backend"},
         {O_SIZE("kv-cache-memory-bytes", kv_cache_memory_bytes, 0, LLONG_MAX), .alt = "kv-cache-memory",
          .owner = W, .group = GRP_CACHE, .metavar = "SIZE", .def_help = "derived; CPU: 4GiB capped by free RAM",
          .help = "KV cache size, overriding --gpu-memory-utilization"},
@@ -153,9 +153,9 @@ static const tsr_opt opts[] = {
         {O_INT_HR("max-num-batched-tokens", max_num_batched_tokens, 0, INT_MAX), .owner = W, .group = GRP_CACHE,
          .metavar = "N", .def_help = "platform default", .help = "tokens processed per engine step"},
         {O_TRI("enable-chunked-prefill", enable_chunked_prefill), .owner = W, .group = GRP_CACHE,
-         .def_help = "on", .help = "split long prompts across steps"},
+         .def_help = "on", .help = "split long prompts across steps; off is not supported yet"},
         {O_INT("max-num-partial-prefills", max_num_partial_prefills, 1, INT_MAX), .owner = W, .group = GRP_CACHE,
-         .metavar = "N", .def = "1", .help = "prompts that may be mid-prefill at once"},
+         .metavar = "N", .def = "1", .help = "prompts that may be mid-prefill at once; only 1 for now"},
         {O_INT("long-prefill-token-threshold", long_prefill_token_threshold, 0, INT_MAX), .owner = W,
          .group = GRP_CACHE, .metavar = "N", .def = "0", .help = "cap on prompt tokens per request per step; 0 = none"},
         {O_STR("scheduling-policy", scheduling_policy), .owner = W, .group = GRP_CACHE, .metavar = "POLICY",
@@ -163,7 +163,7 @@ static const tsr_opt opts[] = {
         {O_BOOL("async-scheduling", async_scheduling), .owner = W, .group = GRP_CACHE,
          .help = "schedule the next step while the current one runs"},
         {O_DBL("swap-space", swap_space), .dmin = 0, .dmax = HUGE_VAL, .owner = W, .group = GRP_CACHE,
-         .metavar = "GIB", .def = "4", .help = "accepted, unused: preempted requests are recomputed"},
+         .metavar = "GIB", .def = "4", .help = "no effect: preempted requests are recomputed, never swapped"},
         {O_INT("shutdown-timeout", shutdown_timeout, 0, INT_MAX), .owner = W, .group = GRP_CACHE,
          .metavar = "SECONDS", .def = "0",
          .help = "after SIGTERM, time in-flight requests may finish before they are aborted"},
@@ -180,11 +180,11 @@ static const tsr_opt opts[] = {
         {O_STR("response-role", response_role), .owner = R, .group = GRP_FRONTEND, .metavar = "ROLE",
          .def = "assistant", .help = "role of generated chat messages"},
         {O_STR("root-path", root_path), .owner = R, .group = GRP_FRONTEND, .metavar = "PATH",
-         .help = "URL prefix when behind a path-based proxy"},
+         .help = "URL prefix when behind a path-based proxy; not supported yet"},
         {O_BOOL("enable-log-requests", enable_log_requests), .owner = R, .group = GRP_FRONTEND,
-         .help = "log every request"},
+         .help = "log every request (no effect: the router logs each request already)"},
         {O_BOOL("disable-log-requests", disable_log_requests), .owner = R, .group = GRP_FRONTEND,
-         .help = "deprecated; request logging is already off"},
+         .help = "deprecated in vLLM; turns off the router's line per finished request"},
         {O_BOOL("disable-log-stats", disable_log_stats), .owner = R | W, .group = GRP_FRONTEND,
          .help = "no periodic stats line and no vllm:* metrics"},
         {O_BOOL("enable-prompt-tokens-details", enable_prompt_tokens_details), .owner = R,
@@ -192,23 +192,23 @@ static const tsr_opt opts[] = {
         {O_BOOL("enable-force-include-usage", enable_force_include_usage), .owner = R, .group = GRP_FRONTEND,
          .help = "send usage on every stream"},
         {O_BOOL("enable-request-id-headers", enable_request_id_headers), .owner = R, .group = GRP_FRONTEND,
-         .help = "return X-Request-Id"},
+         .help = "return X-Request-Id; not supported yet"},
         {O_BOOL("enable-server-load-tracking", enable_server_load_tracking), .owner = R, .group = GRP_FRONTEND,
-         .help = "serve /load"},
+         .help = "serve /load; not supported yet"},
         {O_BOOL("enable-tokenizer-info-endpoint", enable_tokenizer_info_endpoint), .owner = R,
-         .group = GRP_FRONTEND, .help = "serve /tokenizer_info"},
+         .group = GRP_FRONTEND, .help = "serve /tokenizer_info; not supported yet"},
         {O_BOOL("enable-auto-tool-choice", enable_auto_tool_choice), .owner = R, .group = GRP_FRONTEND,
-         .help = "let the model decide when to call tools (needs --tool-call-parser)"},
+         .help = "let the model decide when to call tools; not supported yet"},
         {O_STR("tool-call-parser", tool_call_parser), .owner = R, .group = GRP_FRONTEND, .metavar = "NAME",
-         .help = "parser turning model output into tool calls"},
+         .help = "parser turning model output into tool calls; not supported yet"},
         {O_STR("reasoning-parser", reasoning_parser), .owner = R, .group = GRP_FRONTEND, .metavar = "NAME",
-         .help = "parser splitting reasoning from the answer"},
+         .help = "parser splitting reasoning from the answer; not supported yet"},
         {O_STR("show-hidden-metrics-for-version", show_hidden_metrics_for_version), .owner = R,
          .group = GRP_FRONTEND, .metavar = "VERSION", .help = "bring back metrics deprecated since VERSION"},
         {O_INT("stream-interval", stream_interval, 1, INT_MAX), .owner = R, .group = GRP_FRONTEND,
-         .metavar = "N", .def = "1", .help = "tokens gathered into one streamed chunk"},
+         .metavar = "N", .def = "1", .help = "tokens gathered into one streamed chunk; only 1 for now"},
         {O_BOOL("disable-uvicorn-access-log", disable_uvicorn_access_log), .owner = R, .group = GRP_FRONTEND,
-         .help = "turn off the HTTP access log"},
+         .help = "turn off the HTTP access log (no effect: the router writes none)"},
 
         /* ---- Tessera ---- */
         {O_STR("listen", worker_listen), .owner = W, .group = GRP_TESSERA, .metavar = "ENDPOINT",
@@ -1034,6 +1034,154 @@ tsr_status tsr_config_parse(tsr_config *cfg, int argc, char **argv, bool allow_m
 
 /* -------------------------------------------------------------- validate -- */
 
+/* The same file twice: equal names, or one file (device and inode) under two. */
+static bool same_path(const char *a, const char *b) {
+        struct stat sa, sb;
+
+        if (!a || !b)
+                return false;
+        if (strcmp(a, b) == 0)
+                return true;
+        return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* Values that are vLLM's, so the table takes them, but that Tessera cannot honour yet.
+ * Serving without them would give a user something other than what was asked (FP8 KV,
+ * tool calls, a /load endpoint), so every process refuses them at start-up with one line
+ * naming the flag, the value and what works; docs/configuration.md ("Flag status") says
+ * which issue brings each.  Checked by every process, so `tessera serve` refuses before
+ * it starts a child. */
+static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errlen) {
+        static const struct {
+                const char *name;
+                size_t off;
+        } sizes[] = {
+                {"tensor-parallel-size", offsetof(tsr_config, tensor_parallel_size)},
+                {"pipeline-parallel-size", offsetof(tsr_config, pipeline_parallel_size)},
+                {"data-parallel-size", offsetof(tsr_config, data_parallel_size)},
+        };
+        const char *model_file = "the model's own path";
+
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+                int v = *(const int *)(const void *)((const char *)cfg + sizes[i].off);
+                if (v != 1) {
+                        tsr_errf(err, errlen, "argument --%s: %d is not supported yet: a worker runs the whole model "
+                                 "in one process (supported: 1)", sizes[i].name, v);
+                        return TSR_E_UNSUPPORTED;
+                }
+        }
+        if (cfg->kv_cache_dtype && strcmp(cfg->kv_cache_dtype, "auto") != 0) {
+                tsr_errf(err, errlen, "argument --kv-cache-dtype: '%s' is not supported yet: the KV cache is "
+                         "float32 (supported: auto)", cfg->kv_cache_dtype);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->quantization) {
+                tsr_errf(err, errlen, "argument --quantization: '%s' is not supported yet: no quantization method "
+                         "is; weights are read from the checkpoint as stored and computed in --dtype (supported: "
+                         "leave it unset)", cfg->quantization);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->load_format && strcmp(cfg->load_format, "dummy") == 0) {
+                tsr_errf(err, errlen, "argument --load-format: 'dummy' is not supported yet: weights are always "
+                         "read from the model files (supported: auto, safetensors, gguf)");
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->tokenizer && !same_path(cfg->tokenizer, cfg->model)) {
+                if (cfg->model)
+                        model_file = cfg->model;
+                tsr_errf(err, errlen, "argument --tokenizer: '%s' is not supported yet: the tokenizer is always "
+                         "the model's own (supported: %s, or leave it unset)", cfg->tokenizer, model_file);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->enable_chunked_prefill == TSR_TRI_FALSE) {
+                tsr_errf(err, errlen, "argument --no-enable-chunked-prefill: not supported yet: a prompt longer "
+                         "than the step's token budget is always split across steps (supported: "
+                         "--enable-chunked-prefill, the default)");
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->max_num_partial_prefills != 1) {
+                tsr_errf(err, errlen, "argument --max-num-partial-prefills: %d is not supported yet: concurrent "
+                         "partial prefills are not implemented (supported: 1)", cfg->max_num_partial_prefills);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->stream_interval != 1) {
+                tsr_errf(err, errlen, "argument --stream-interval: %d is not supported yet: every token is "
+                         "streamed as soon as it is generated (supported: 1)", cfg->stream_interval);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->root_path && cfg->root_path[0]) {
+                tsr_errf(err, errlen, "argument --root-path: '%s' is not supported yet: the routes are served "
+                         "from / only (supported: leave it unset)", cfg->root_path);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->enable_request_id_headers) {
+                tsr_errf(err, errlen, "argument --enable-request-id-headers: not supported yet: responses carry "
+                         "no X-Request-Id header (supported: leave it off)");
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->enable_server_load_tracking) {
+                tsr_errf(err, errlen, "argument --enable-server-load-tracking: not supported yet: there is no "
+                         "/load endpoint (supported: leave it off)");
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->enable_tokenizer_info_endpoint) {
+                tsr_errf(err, errlen, "argument --enable-tokenizer-info-endpoint: not supported yet: there is "
+                         "no /tokenizer_info endpoint (supported: leave it off)");
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->enable_auto_tool_choice) {
+                tsr_errf(err, errlen, "argument --enable-auto-tool-choice: not supported yet: model output is "
+                         "not parsed for tool calls (supported: leave it off)");
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->tool_call_parser) {
+                tsr_errf(err, errlen, "argument --tool-call-parser: '%s' is not supported yet: model output is "
+                         "not parsed for tool calls (supported: leave it unset)", cfg->tool_call_parser);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->reasoning_parser) {
+                tsr_errf(err, errlen, "argument --reasoning-parser: '%s' is not supported yet: model output is "
+                         "not split into reasoning and answer (supported: leave it unset)", cfg->reasoning_parser);
+                return TSR_E_UNSUPPORTED;
+        }
+        return TSR_OK;
+}
+
+size_t tsr_config_noop_notes(const tsr_config *cfg, unsigned owner, const char **lines, size_t cap) {
+        const struct {
+                unsigned owner;
+                bool set;
+                const char *line;
+        } notes[] = {
+                {TSR_OWNER_WORKER, cfg->enforce_eager,
+                 "--enforce-eager has no effect by design: the CPU backend never captures graphs, it always "
+                 "runs eagerly"},
+                {TSR_OWNER_WORKER, cfg->gpu_memory_utilization != 0.9,
+                 "--gpu-memory-utilization has no effect by design on the CPU backend: the KV cache is sized by "
+                 "--kv-cache-memory-bytes (vLLM's CPU backend also sizes it from its own setting)"},
+                {TSR_OWNER_WORKER, cfg->swap_space != 4.0,
+                 "--swap-space has no effect by design: preempted requests are recomputed, never swapped "
+                 "(vLLM V1 ignores it too)"},
+                {TSR_OWNER_WORKER, cfg->trust_remote_code,
+                 "--trust-remote-code has no effect by design: Tessera never runs code from a model repository"},
+                {TSR_OWNER_WORKER, cfg->distributed_executor_backend != NULL,
+                 "--distributed-executor-backend has no effect by design: with every parallel size 1 the "
+                 "worker is one process, with nothing to distribute"},
+                {TSR_OWNER_ROUTER, cfg->enable_log_requests,
+                 "--enable-log-requests has no effect by design: the router logs a line for every finished "
+                 "request already (ids, token counts, latency; never the prompt text) unless "
+                 "--disable-log-requests"},
+                {TSR_OWNER_ROUTER, cfg->disable_uvicorn_access_log,
+                 "--disable-uvicorn-access-log has no effect by design: the router writes no HTTP access log"},
+        };
+        size_t n = 0;
+
+        for (size_t i = 0; i < sizeof(notes) / sizeof(notes[0]); i++)
+                if ((notes[i].owner & owner) && notes[i].set && n < cap)
+                        lines[n++] = notes[i].line;
+        return n;
+}
+
 tsr_status tsr_config_validate(const tsr_config *cfg, char *err, size_t errlen) {
         char why[256];
         long long ll;
@@ -1083,25 +1231,12 @@ tsr_status tsr_config_validate(const tsr_config *cfg, char *err, size_t errlen) 
                         return st;
                 }
         }
-        if (cfg->enable_auto_tool_choice && !cfg->tool_call_parser) {
-                tsr_errf(err, errlen, "argument --enable-auto-tool-choice: requires --tool-call-parser");
-                return TSR_E_INVAL;
-        }
+        if (check_supported(cfg, err, errlen) != TSR_OK)
+                return TSR_E_UNSUPPORTED;
         if (cfg->max_num_seqs > 0 && cfg->max_num_batched_tokens > 0 &&
             cfg->max_num_batched_tokens < cfg->max_num_seqs) {
                 tsr_errf(err, errlen, "argument --max-num-batched-tokens: %d is less than --max-num-seqs %d",
                         cfg->max_num_batched_tokens, cfg->max_num_seqs);
-                return TSR_E_INVAL;
-        }
-        /* Without chunking a prompt must fit one step (vLLM refuses this too). */
-        if (cfg->enable_chunked_prefill == TSR_TRI_FALSE && cfg->max_num_batched_tokens > 0 &&
-            cfg->max_model_len > 0 && cfg->max_num_batched_tokens < cfg->max_model_len) {
-                tsr_errf(err, errlen, "argument --max-num-batched-tokens: %d is less than --max-model-len %d "
-                        "with chunked prefill off", cfg->max_num_batched_tokens, cfg->max_model_len);
-                return TSR_E_INVAL;
-        }
-        if ((long long)cfg->tensor_parallel_size * cfg->pipeline_parallel_size * cfg->data_parallel_size > 1024) {
-                tsr_errf(err, errlen, "argument --tensor-parallel-size: tp * pp * dp is over 1024");
                 return TSR_E_INVAL;
         }
         if (cfg->status_listen && cfg->worker_listen && strcmp(cfg->status_listen, cfg->worker_listen) == 0) {

@@ -67,7 +67,7 @@ typedef struct tsr_config {
         /* ---- parallelism (worker) ---- */
         int tensor_parallel_size;          /* -tp, 1 */
         int pipeline_parallel_size;        /* -pp, 1 */
-        int data_parallel_size;            /* -dp, 1 (only 1 supported for now) */
+        int data_parallel_size;            /* -dp, 1 (only 1 supported for now: tsr_config_validate) */
         char *distributed_executor_backend;/* NULL = auto; mp|uni */
 
         /* ---- cache and scheduler (worker) ---- */
@@ -84,7 +84,7 @@ typedef struct tsr_config {
         int long_prefill_token_threshold;  /* 0 */
         char *scheduling_policy;           /* fcfs|priority */
         bool async_scheduling;
-        double swap_space;                 /* GiB, 4; accepted, unused (recompute preemption) */
+        double swap_space;                 /* GiB, 4; no effect by design (recompute preemption) */
         int shutdown_timeout;              /* seconds in-flight requests may finish after SIGTERM; 0 = abort */
         int cpu_threads;                   /* Tessera: CPU backend threads, 0 = all cores */
         char *worker_listen;               /* Tessera: --listen, ZeroMQ ROUTER endpoint */
@@ -99,7 +99,7 @@ typedef struct tsr_config {
         char *response_role;               /* "assistant" */
         char *root_path;
         bool enable_log_requests;
-        bool disable_log_requests;         /* deprecated vLLM alias, accepted */
+        bool disable_log_requests;         /* deprecated in vLLM; turns off the router's per-request line */
         bool disable_log_stats;
         bool enable_prompt_tokens_details;
         bool enable_force_include_usage;
@@ -111,7 +111,7 @@ typedef struct tsr_config {
         char *reasoning_parser;
         char *show_hidden_metrics_for_version;
         int stream_interval;               /* 1 */
-        bool disable_uvicorn_access_log;   /* accepted: turns off the router's access log */
+        bool disable_uvicorn_access_log;   /* no effect by design: the router writes no access log */
         long long max_request_body;        /* Tessera: 32 MiB; 413 past it */
         int router_threads;                /* Tessera: event loops on one port, 1 */
         int request_timeout_secs;          /* Tessera (SGLang router's name): 1800; 0 = none */
@@ -152,8 +152,23 @@ tsr_status tsr_config_parse(tsr_config *cfg, int argc, char **argv, bool allow_m
 /* Load one YAML file into cfg (keys override what is there).  Same error rules. */
 tsr_status tsr_config_load_yaml(tsr_config *cfg, const char *path, char *err, size_t errlen);
 
-/* Cross-field checks after parsing (e.g. positive sizes, tp*pp, ranges).  Same errors. */
+/* Checks after parsing: every range and choice again, rules across flags, and the
+ * values Tessera accepts as vLLM's but cannot honour yet (a --kv-cache-dtype other than
+ * auto, any --quantization, the tool-call and reasoning parsers, ...: the list is in
+ * docs/configuration.md, "Flag status").  Returns TSR_OK, TSR_E_INVAL for a bad value
+ * or TSR_E_UNSUPPORTED for one not implemented yet, with one line in err naming the
+ * flag, the value and what is supported, e.g.
+ *   "argument --kv-cache-dtype: 'fp8' is not supported yet: the KV cache is float32 (supported: auto)"
+ * Every process calls it, whichever process owns the flag, so `tessera serve` refuses
+ * before it starts a child. */
 tsr_status tsr_config_validate(const tsr_config *cfg, char *err, size_t errlen);
+
+/* The flags of `owner` (TSR_OWNER_* bits) that are set to a non-default value which is
+ * accepted and, by design, changes nothing (--enforce-eager on the CPU backend,
+ * --swap-space, --trust-remote-code, ...): one line each saying why, for the process to
+ * log at start-up.  Writes up to `cap` pointers to static strings into lines[] and
+ * returns how many. */
+size_t tsr_config_noop_notes(const tsr_config *cfg, unsigned owner, const char **lines, size_t cap);
 
 /* Print usage: every flag owned by any bit of `owner_mask`, with its default. */
 void tsr_config_print_help(FILE *out, const char *usage_line, unsigned owner_mask);

@@ -293,6 +293,12 @@ int main(int argc, char **argv) {
         }
         if (cfg.log_level && tsr_log_parse_level(cfg.log_level, &level))
                 tsr_log_set_level(level);
+        {       /* flags accepted that change nothing here, by design (docs/configuration.md) */
+                const char *notes[16];
+                size_t n = tsr_config_noop_notes(&cfg, TSR_OWNER_ROUTER, notes, 16);
+                for (size_t i = 0; i < n; i++)
+                        log_info("%s", notes[i]);
+        }
         if (tsr_curve_load(&m.curve, cfg.zmq_curve_secret_file, cfg.zmq_curve_peers_file, err, sizeof(err)) !=
             TSR_OK) {
                 fprintf(stderr, "tessera-router: error: %s\n", err);

@@ -93,10 +93,6 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, work
                 snprintf(err, errlen, "%s: the model states no context length; pass --max-model-len", m->path);
                 return TSR_E_INVAL;
         }
-        if (cfg->tensor_parallel_size != 1 || cfg->pipeline_parallel_size != 1 || cfg->data_parallel_size != 1) {
-                snprintf(err, errlen, "tensor/pipeline/data parallel sizes other than 1 are not supported yet");
-                return TSR_E_UNSUPPORTED;
-        }
         p->kv_block_bytes = kv_block_bytes(m, (uint32_t)cfg->block_size);
         p->kv_blocks_total = plan_kv_blocks(cfg, p->kv_block_bytes);
         if (p->kv_blocks_total == 0) {   /* vLLM: "No available memory for the cache blocks" */
@@ -317,6 +313,12 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tessera-worker: error: the following arguments are required: MODEL\n");
                 goto out;
         }
+        {       /* flags accepted that change nothing here, by design (docs/configuration.md) */
+                const char *notes[16];
+                size_t n = tsr_config_noop_notes(&cfg, TSR_OWNER_WORKER, notes, 16);
+                for (size_t i = 0; i < n; i++)
+                        log_info("%s", notes[i]);
+        }
         /* Like the key files below, checked before the (slow) model load: exit 2 at once. */
         if (tsr_gen_override_parse(cfg.override_generation_config, &gen_override, err, sizeof(err)) != TSR_OK) {
                 fprintf(stderr, "tessera-worker: error: %s\n", err);
@@ -332,6 +334,16 @@ int main(int argc, char **argv) {
         st = tsr_model_meta_load(cfg.model, &meta, err, sizeof(err));
         if (st != TSR_OK) {
                 log_error("cannot load model %s: %s", cfg.model, err);
+                goto out;
+        }
+        /* --load-format names the format the model must have: the loader goes by the files
+         * (a directory of safetensors, or one GGUF file), so a mismatch is refused. */
+        if (strcmp(cfg.load_format, "auto") != 0 &&
+            strcmp(strcmp(meta->format, "gguf") == 0 ? "gguf" : "safetensors", cfg.load_format) != 0) {
+                fprintf(stderr, "tessera-worker: error: argument --load-format: '%s' does not match %s, which is %s "
+                        "(supported here: auto, %s)\n", cfg.load_format, cfg.model,
+                        strcmp(meta->format, "gguf") == 0 ? "a GGUF file" : "a safetensors checkpoint directory",
+                        strcmp(meta->format, "gguf") == 0 ? "gguf" : "safetensors");
                 goto out;
         }
         st = tsr_gen_defaults_resolve(cfg.generation_config, meta, &gen_override, &gen_defaults, &gen_no_file, err,
@@ -424,6 +436,7 @@ int main(int argc, char **argv) {
                 /* SIGTERM: link.c stops admitting, the engine finishes or aborts (engine.h) */
                 .shutdown_timeout_ms = (uint64_t)cfg.shutdown_timeout * 1000u,
                 .async_scheduling = cfg.async_scheduling,
+                .long_prefill_token_threshold = (uint32_t)cfg.long_prefill_token_threshold,
         };
         if (tsr_engine_start(&ep, inbox, outbox, &engine) != TSR_OK) {
                 log_error("cannot start the engine thread");
