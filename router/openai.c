@@ -493,6 +493,76 @@ static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, o
         return TSR_OK;
 }
 
+/* vLLM request fields that would change the output but are not implemented here: a
+ * request using one gets 400, never an answer that silently ignores it (issue #12).
+ * Fields that cannot change the output alone stay accepted, as vLLM accepts unknown
+ * ones: user, parallel_tool_calls and include_reasoning (no tool calls or reasoning
+ * are parsed), guided_decoding_backend and guided_whitespace_pattern (they only tune a
+ * guided_* constraint, refused below), length_penalty (beam search only),
+ * kv_transfer_params, mm_processor_kwargs, vllm_xargs (read by logits processors only)
+ * and reasoning_effort (only the harmony format reads it). */
+#define NOT_YET(err, field, ...) VALUE_ERR(err, field, __VA_ARGS__)
+
+static tsr_status refuse_unimplemented(json_t *root, oai_error *err) {
+        static const char *const structured[] = {"structured_outputs", "guided_json", "guided_regex",
+                                                 "guided_choice", "guided_grammar"};
+        static const struct {
+                const char *name;
+                const char *why;
+        } present[] = {   /* refused whenever present and not null */
+                {"logits_processors", "custom logits processors are not implemented"},
+                {"allowed_token_ids", "restricting sampling to given token ids is not implemented"},
+                {"truncate_prompt_tokens", "prompts are never truncated"},
+                {"prompt_embeds", "prompts are text or token ids only"},
+                {"documents", "the chat template is given no documents"},
+                {"cache_salt", "the prefix cache is shared by every request"},
+        };
+        static const struct {
+                const char *name;
+                const char *why;
+        } flags[] = {   /* refused when true */
+                {"use_beam_search", "beam search is not implemented"},
+                {"return_tokens_as_token_ids", "tokens are returned as text"},
+                {"return_token_ids", "responses carry no token ids"},
+        };
+        json_t *rf = field(root, "response_format"), *v;
+        int64_t best_of = 1;
+
+        if (rf) {
+                const char *type = json_string_value(json_object_get(rf, "type"));
+                if (!json_is_object(rf) || !type)
+                        return TYPE_ERR(err, "response_format", "an object with a string `type`");
+                if (strcmp(type, "text") != 0)
+                        return NOT_YET(err, "response_format",
+                                       "response_format type '%.64s' is not supported yet: structured outputs are "
+                                       "not implemented (supported: 'text')", type);
+        }
+        for (size_t i = 0; i < sizeof(structured) / sizeof(structured[0]); i++)
+                if (field(root, structured[i]))
+                        return NOT_YET(err, structured[i],
+                                       "%s is not supported yet: structured outputs are not implemented",
+                                       structured[i]);
+        for (size_t i = 0; i < sizeof(present) / sizeof(present[0]); i++)
+                if (field(root, present[i].name))
+                        return NOT_YET(err, present[i].name, "%s is not supported yet: %s", present[i].name,
+                                       present[i].why);
+        for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+                bool on = false;
+                TRY(get_bool(root, flags[i].name, &on, err));
+                if (on)
+                        return NOT_YET(err, flags[i].name, "%s is not supported yet: %s", flags[i].name,
+                                       flags[i].why);
+        }
+        v = field(root, "bad_words");
+        if (v && !(json_is_array(v) && json_array_size(v) == 0))
+                return NOT_YET(err, "bad_words", "bad_words is not supported yet: banning words is not implemented");
+        TRY(get_int(root, "best_of", NULL, &best_of, err));
+        if (best_of > 1)
+                return NOT_YET(err, "best_of", "best_of is not supported yet: returning the best of several "
+                               "candidates is not implemented (n=%lld returns them all)", (long long)best_of);
+        return TSR_OK;
+}
+
 bool oai_request_is_greedy(const oai_request *r) { return r->has_temperature && r->temperature < GREEDY_EPS; }
 
 static tsr_status parse_common(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
@@ -664,6 +734,8 @@ tsr_status oai_parse(oai_kind kind, const char *body, size_t len, const oai_limi
                 st = parse_common(root, lim, arena, &r, err);
         if (st == TSR_OK)
                 st = verify_sampling(&r, lim, err);
+        if (st == TSR_OK)
+                st = refuse_unimplemented(root, err);
         if (st != TSR_OK) {
                 json_decref(root);
                 return st;

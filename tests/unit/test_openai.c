@@ -281,6 +281,95 @@ static void test_chat_errors(void **state) {
                      400, "Bad Request", NULL);
 }
 
+/* Fields that would change the output but are not implemented: 400 BadRequestError
+ * naming the field, on both endpoints; their neutral values and the fields that change
+ * nothing alone are accepted. */
+static void test_unimplemented_fields_refused(void **state) {
+        fixture *f = *state;
+        static const struct {
+                const char *field;     /* "key": value, spliced into a body */
+                const char *param;
+                const char *message;
+        } rows[] = {
+                {"\"response_format\":{\"type\":\"json_object\"}", "response_format",
+                 "response_format type 'json_object' is not supported yet: structured outputs are not implemented "
+                 "(supported: 'text')"},
+                {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}",
+                 "response_format",
+                 "response_format type 'json_schema' is not supported yet: structured outputs are not implemented "
+                 "(supported: 'text')"},
+                {"\"response_format\":{\"type\":\"structural_tag\"}", "response_format",
+                 "response_format type 'structural_tag' is not supported yet: structured outputs are not "
+                 "implemented (supported: 'text')"},
+                {"\"response_format\":{\"type\":\"yaml\"}", "response_format",
+                 "response_format type 'yaml' is not supported yet: structured outputs are not implemented "
+                 "(supported: 'text')"},
+                {"\"structured_outputs\":{\"choice\":[\"a\",\"b\"]}", "structured_outputs",
+                 "structured_outputs is not supported yet: structured outputs are not implemented"},
+                {"\"guided_json\":{\"type\":\"object\"}", "guided_json",
+                 "guided_json is not supported yet: structured outputs are not implemented"},
+                {"\"guided_regex\":\"[a-z]+\"", "guided_regex",
+                 "guided_regex is not supported yet: structured outputs are not implemented"},
+                {"\"guided_choice\":[\"yes\",\"no\"]", "guided_choice",
+                 "guided_choice is not supported yet: structured outputs are not implemented"},
+                {"\"guided_grammar\":\"root ::= \\\"a\\\"\"", "guided_grammar",
+                 "guided_grammar is not supported yet: structured outputs are not implemented"},
+                {"\"logits_processors\":[\"my.proc\"]", "logits_processors",
+                 "logits_processors is not supported yet: custom logits processors are not implemented"},
+                {"\"allowed_token_ids\":[1,2]", "allowed_token_ids",
+                 "allowed_token_ids is not supported yet: restricting sampling to given token ids is not "
+                 "implemented"},
+                {"\"truncate_prompt_tokens\":5", "truncate_prompt_tokens",
+                 "truncate_prompt_tokens is not supported yet: prompts are never truncated"},
+                {"\"cache_salt\":\"tenant-a\"", "cache_salt",
+                 "cache_salt is not supported yet: the prefix cache is shared by every request"},
+                {"\"use_beam_search\":true", "use_beam_search",
+                 "use_beam_search is not supported yet: beam search is not implemented"},
+                {"\"return_tokens_as_token_ids\":true", "return_tokens_as_token_ids",
+                 "return_tokens_as_token_ids is not supported yet: tokens are returned as text"},
+                {"\"return_token_ids\":true", "return_token_ids",
+                 "return_token_ids is not supported yet: responses carry no token ids"},
+                {"\"bad_words\":[\"darn\"]", "bad_words",
+                 "bad_words is not supported yet: banning words is not implemented"},
+                {"\"best_of\":3", "best_of",
+                 "best_of is not supported yet: returning the best of several candidates is not implemented "
+                 "(n=3 returns them all)"},
+        };
+        static const char *const fine[] = {
+                "\"response_format\":{\"type\":\"text\"}", "\"response_format\":null", "\"guided_json\":null",
+                "\"structured_outputs\":null", "\"use_beam_search\":false", "\"return_token_ids\":false",
+                "\"return_tokens_as_token_ids\":false", "\"bad_words\":[]", "\"best_of\":1", "\"best_of\":null",
+                "\"guided_decoding_backend\":\"xgrammar\"", "\"parallel_tool_calls\":false", "\"user\":\"u\"",
+                "\"length_penalty\":1.5", "\"include_reasoning\":false", "\"logits_processors\":null",
+        };
+        char body[512];
+
+        for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+                snprintf(body, sizeof(body), "{\"prompt\":\"x\",%s}", rows[i].field);
+                expect_error(f, OAI_COMPLETIONS, body, 400, "BadRequestError", rows[i].message);
+                assert_string_equal(f->err.param, rows[i].param);
+                snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}",
+                         rows[i].field);
+                expect_error(f, OAI_CHAT, body, 400, "BadRequestError", rows[i].message);
+        }
+        for (size_t i = 0; i < sizeof(fine) / sizeof(fine[0]); i++) {
+                snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}", fine[i]);
+                if (parse(f, OAI_CHAT, body) != TSR_OK)
+                        fail_msg("refused: %s: %s", body, f->err.message);
+        }
+        expect_error(f, OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"documents\":[{\"t\":1}]}",
+                     400, "BadRequestError", "documents is not supported yet: the chat template is given no documents");
+        expect_error(f, OAI_COMPLETIONS, "{\"prompt\":\"x\",\"prompt_embeds\":\"AAAA\"}", 400, "BadRequestError",
+                     "prompt_embeds is not supported yet: prompts are text or token ids only");
+        /* type errors stay pydantic's */
+        expect_error(f, OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":\"json\"}",
+                     400, "Bad Request", "response_format: Input should be an object with a string `type`");
+        expect_error(f, OAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{}}",
+                     400, "Bad Request", "response_format: Input should be an object with a string `type`");
+        expect_error(f, OAI_COMPLETIONS, "{\"prompt\":\"x\",\"use_beam_search\":\"yes\"}", 400, "Bad Request",
+                     "use_beam_search: Input should be a valid boolean");
+}
+
 static void test_malformed_bodies(void **state) {
         fixture *f = *state;
         expect_error(f, OAI_COMPLETIONS, "{\"prompt\":", 400, "Bad Request", NULL);
@@ -331,6 +420,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_chat_basic, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_chat_tools, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_chat_errors, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_unimplemented_fields_refused, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_malformed_bodies, setup, teardown),
                 cmocka_unit_test(test_error_json),
         };
