@@ -8,7 +8,9 @@ scheduling off."""
 import re
 import signal
 
-from conftest import SANITIZED, WORKER, free_port_pair, wait_until
+import pytest
+
+from conftest import LAUNCHER, ROUTER, SANITIZED, WORKER, free_port, free_port_pair, wait_until
 
 KV_DEFAULT_BYTES = 4 << 30
 START_S = 240 if SANITIZED else 60
@@ -85,3 +87,66 @@ def test_kv_budget_below_one_block_exits_before_binding(spawn, demo_model):
     out = w.output()
     assert "no available memory for the cache blocks" in out and "--kv-cache-memory" in out, out
     assert "737280 bytes" in out and "listening on" not in out, out
+
+
+# Values vLLM has but Tessera cannot honour yet (docs/configuration.md, "Flag status"):
+# the process exits 2 at once with one line naming the flag, the value and what works,
+# before the model is loaded or a socket bound.  `tessera serve` refuses before starting
+# a child, and the router refuses them too (one YAML file serves every process).
+REFUSED = [
+    (["--kv-cache-dtype", "fp8"],
+     "argument --kv-cache-dtype: 'fp8' is not supported yet: the KV cache is float32 (supported: auto)"),
+    (["--quantization", "fp8"],
+     "argument --quantization: 'fp8' is not supported yet: no quantization method is; weights are read from the "
+     "checkpoint as stored and computed in --dtype (supported: leave it unset)"),
+    (["--tool-call-parser", "hermes"],
+     "argument --tool-call-parser: 'hermes' is not supported yet: model output is not parsed for tool calls "
+     "(supported: leave it unset)"),
+]
+
+
+@pytest.mark.parametrize("args,message", REFUSED, ids=[r[0][0].lstrip("-") for r in REFUSED])
+@pytest.mark.parametrize("binary", ["worker", "serve", "router"])
+def test_unsupported_flag_values_exit_2(spawn, demo_model, binary, args, message):
+    if binary == "worker":
+        argv = [WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}"]
+        prog = "tessera-worker"
+    elif binary == "serve":
+        argv = [LAUNCHER, "serve", demo_model, "--port", free_port()]
+        prog = "tessera serve"
+    else:
+        argv = [ROUTER, "--port", free_port()]
+        prog = "tessera-router"
+    p = spawn(argv + args)
+    assert p.wait(timeout=30) == 2
+    out = p.output()
+    assert f"{prog}: error: {message}\n" in out, out
+    assert "loading weights" not in out and "listening on" not in out, out
+
+
+def test_load_format_must_match_the_model(spawn, demo_model):
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--load-format", "safetensors"])
+    assert w.wait(timeout=START_S) == 2
+    out = w.output()
+    assert (f"argument --load-format: 'safetensors' does not match {demo_model}, which is a GGUF file "
+            "(supported here: auto, gguf)") in out, out
+
+
+def test_noop_flags_are_logged_and_the_worker_serves(spawn, demo_model):
+    """Accepted flags that change nothing on the CPU backend, by design: one line each at
+    start-up with the reason; the worker starts as usual, with the other in-effect flags."""
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--enforce-eager",
+               "--swap-space", "8", "--trust-remote-code", "--gpu-memory-utilization", "0.5",
+               "--distributed-executor-backend", "uni", "--load-format", "gguf",
+               "--long-prefill-token-threshold", "64", "--tokenizer", demo_model])
+    wait_until(lambda: "engine up" in w.output() or w.p.poll() is not None, START_S, what="engine up")
+    out = w.output()
+    assert "engine up" in out, out
+    for line in ("--enforce-eager has no effect by design: the CPU backend never captures graphs",
+                 "--swap-space has no effect by design: preempted requests are recomputed",
+                 "--trust-remote-code has no effect by design",
+                 "--gpu-memory-utilization has no effect by design on the CPU backend",
+                 "--distributed-executor-backend has no effect by design"):
+        assert line in out, (line, out)
+    w.p.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=60) == 0
