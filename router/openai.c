@@ -499,8 +499,8 @@ static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, o
  * ones: user, parallel_tool_calls and include_reasoning (no tool calls or reasoning
  * are parsed), guided_decoding_backend and guided_whitespace_pattern (they only tune a
  * guided_* constraint, refused below), length_penalty (beam search only),
- * kv_transfer_params, mm_processor_kwargs, vllm_xargs (read by logits processors only)
- * and reasoning_effort (only the harmony format reads it). */
+ * kv_transfer_params, mm_processor_kwargs (a text-only model) and vllm_xargs (read by
+ * logits processors only). */
 #define NOT_YET(err, field, ...) VALUE_ERR(err, field, __VA_ARGS__)
 
 static tsr_status refuse_unimplemented(json_t *root, oai_error *err) {
@@ -516,6 +516,8 @@ static tsr_status refuse_unimplemented(json_t *root, oai_error *err) {
                 {"prompt_embeds", "prompts are text or token ids only"},
                 {"documents", "the chat template is given no documents"},
                 {"cache_salt", "the prefix cache is shared by every request"},
+                {"reasoning_effort", "it does not reach the chat template; a template that reads it can be "
+                                     "given it in chat_template_kwargs"},
         };
         static const struct {
                 const char *name;

@@ -323,6 +323,9 @@ static void test_unimplemented_fields_refused(void **state) {
                  "truncate_prompt_tokens is not supported yet: prompts are never truncated"},
                 {"\"cache_salt\":\"tenant-a\"", "cache_salt",
                  "cache_salt is not supported yet: the prefix cache is shared by every request"},
+                {"\"reasoning_effort\":\"low\"", "reasoning_effort",
+                 "reasoning_effort is not supported yet: it does not reach the chat template; a template that "
+                 "reads it can be given it in chat_template_kwargs"},
                 {"\"use_beam_search\":true", "use_beam_search",
                  "use_beam_search is not supported yet: beam search is not implemented"},
                 {"\"return_tokens_as_token_ids\":true", "return_tokens_as_token_ids",
