@@ -39,7 +39,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 static void check_failure(tsr_status st, const char *err) {
-        FUZZ_CHECK(st == TSR_E_INVAL || st == TSR_E_IO || st == TSR_E_NOTFOUND || st == TSR_E_NOMEM);
+        FUZZ_CHECK(st == TSR_E_INVAL || st == TSR_E_UNSUPPORTED || st == TSR_E_IO || st == TSR_E_NOTFOUND ||
+                   st == TSR_E_NOMEM);
         FUZZ_CHECK(err[0] != '\0');
 }
 
