@@ -1052,21 +1052,20 @@ static bool same_path(const char *a, const char *b) {
  * which issue brings each.  Checked by every process, so `tessera serve` refuses before
  * it starts a child. */
 static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errlen) {
-        static const struct {
+        const struct {
                 const char *name;
-                size_t off;
+                int value;
         } sizes[] = {
-                {"tensor-parallel-size", offsetof(tsr_config, tensor_parallel_size)},
-                {"pipeline-parallel-size", offsetof(tsr_config, pipeline_parallel_size)},
-                {"data-parallel-size", offsetof(tsr_config, data_parallel_size)},
+                {"tensor-parallel-size", cfg->tensor_parallel_size},
+                {"pipeline-parallel-size", cfg->pipeline_parallel_size},
+                {"data-parallel-size", cfg->data_parallel_size},
         };
         const char *model_file = "the model's own path";
 
         for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-                int v = *(const int *)(const void *)((const char *)cfg + sizes[i].off);
-                if (v != 1) {
+                if (sizes[i].value != 1) {
                         tsr_errf(err, errlen, "argument --%s: %d is not supported yet: a worker runs the whole model "
-                                 "in one process (supported: 1)", sizes[i].name, v);
+                                 "in one process (supported: 1)", sizes[i].name, sizes[i].value);
                         return TSR_E_UNSUPPORTED;
                 }
         }

@@ -501,8 +501,6 @@ static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, o
  * guided_* constraint, refused below), length_penalty (beam search only),
  * kv_transfer_params, mm_processor_kwargs (a text-only model) and vllm_xargs (read by
  * logits processors only). */
-#define NOT_YET(err, field, ...) VALUE_ERR(err, field, __VA_ARGS__)
-
 static tsr_status refuse_unimplemented(json_t *root, oai_error *err) {
         static const char *const structured[] = {"structured_outputs", "guided_json", "guided_regex",
                                                  "guided_choice", "guided_grammar"};
@@ -535,33 +533,33 @@ static tsr_status refuse_unimplemented(json_t *root, oai_error *err) {
                 if (!json_is_object(rf) || !type)
                         return TYPE_ERR(err, "response_format", "an object with a string `type`");
                 if (strcmp(type, "text") != 0)
-                        return NOT_YET(err, "response_format",
-                                       "response_format type '%.64s' is not supported yet: structured outputs are "
-                                       "not implemented (supported: 'text')", type);
+                        return VALUE_ERR(err, "response_format",
+                                         "response_format type '%.64s' is not supported yet: structured outputs are "
+                                         "not implemented (supported: 'text')", type);
         }
         for (size_t i = 0; i < sizeof(structured) / sizeof(structured[0]); i++)
                 if (field(root, structured[i]))
-                        return NOT_YET(err, structured[i],
-                                       "%s is not supported yet: structured outputs are not implemented",
-                                       structured[i]);
+                        return VALUE_ERR(err, structured[i],
+                                         "%s is not supported yet: structured outputs are not implemented",
+                                         structured[i]);
         for (size_t i = 0; i < sizeof(present) / sizeof(present[0]); i++)
                 if (field(root, present[i].name))
-                        return NOT_YET(err, present[i].name, "%s is not supported yet: %s", present[i].name,
-                                       present[i].why);
+                        return VALUE_ERR(err, present[i].name, "%s is not supported yet: %s", present[i].name,
+                                         present[i].why);
         for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
                 bool on = false;
                 TRY(get_bool(root, flags[i].name, &on, err));
                 if (on)
-                        return NOT_YET(err, flags[i].name, "%s is not supported yet: %s", flags[i].name,
-                                       flags[i].why);
+                        return VALUE_ERR(err, flags[i].name, "%s is not supported yet: %s", flags[i].name,
+                                         flags[i].why);
         }
         v = field(root, "bad_words");
         if (v && !(json_is_array(v) && json_array_size(v) == 0))
-                return NOT_YET(err, "bad_words", "bad_words is not supported yet: banning words is not implemented");
+                return VALUE_ERR(err, "bad_words", "bad_words is not supported yet: banning words is not implemented");
         TRY(get_int(root, "best_of", NULL, &best_of, err));
         if (best_of > 1)
-                return NOT_YET(err, "best_of", "best_of is not supported yet: returning the best of several "
-                               "candidates is not implemented (n=%lld returns them all)", (long long)best_of);
+                return VALUE_ERR(err, "best_of", "best_of is not supported yet: returning the best of several "
+                                 "candidates is not implemented (n=%lld returns them all)", (long long)best_of);
         return TSR_OK;
 }
 
