@@ -102,6 +102,13 @@ struct rq {
         choice *choices;
         size_t n_choices;
         size_t n_open;
+        /* Whose prefix-cache hits usage.prompt_tokens_details reports: vLLM runs each of
+         * n samples as a child request and copies num_cached_tokens from the child whose
+         * output it is handling, so a stream reports the child whose first output came
+         * first, and a full response the child of the last prompt that finished last
+         * (usage_of).  Borrowed from `choices`; NULL until set. */
+        const choice *first_out;
+        const choice *last_done;
         uv_work_t work;
         rq *next_active, *prev_active;
 };
@@ -464,7 +471,11 @@ static bool want_usage_chunk(const rq *r) {
         return r->req.include_usage || r->L->ctx->cfg->enable_force_include_usage;
 }
 
+/* `only`: the per-chunk usage of one choice (stream_options.continuous_usage_stats),
+ * which vLLM never gives prompt_tokens_details; NULL: the request's usage. */
 static void usage_of(const rq *r, const choice *only, resp_usage *u) {
+        const choice *src;
+
         memset(u, 0, sizeof(*u));
         /* vLLM counts every prompt once per choice set: prompt tokens of each prompt,
          * generated tokens of every choice. */
@@ -472,13 +483,18 @@ static void usage_of(const rq *r, const choice *only, resp_usage *u) {
                 const choice *ch = &r->choices[i];
                 if (only && ch != only)
                         continue;
-                if (only || ch->index % r->req.n == 0) {
+                if (only || ch->index % r->req.n == 0)
                         u->prompt_tokens += ch->prompt_tokens ? ch->prompt_tokens : (uint32_t)r->prompt_lens[ch->prompt];
-                        u->cached_tokens += ch->cached_tokens;
-                }
                 u->completion_tokens += ch->n_generated;
         }
-        u->has_cached_tokens = r->L->ctx->cfg->enable_prompt_tokens_details;
+        if (only)
+                return;
+        /* Cached tokens are one child's, never a sum (see first_out), and vLLM 0.12 sets
+         * the details only when that count is non-zero: null in a body, absent from
+         * the usage chunk otherwise. */
+        src = r->streaming ? r->first_out : r->last_done;
+        u->cached_tokens = src ? src->cached_tokens : 0;
+        u->has_cached_tokens = r->L->ctx->cfg->enable_prompt_tokens_details && u->cached_tokens > 0;
 }
 
 static void stream_write_obj(rq *r, json_t *obj) {
@@ -645,6 +661,8 @@ static void finish_choice(choice *ch, const char *reason, json_t *stop_reason, b
                 return;
         ch->finished = true;
         ch->finish_reason = reason;
+        if (ch->prompt == (int)(r->req.n_prompts ? r->req.n_prompts - 1 : 0))
+                r->last_done = ch;
         json_decref(ch->stop_reason);
         ch->stop_reason = stop_reason ? stop_reason : json_null();
         close_choice(ch, abort_worker, "stop_string");
@@ -908,6 +926,8 @@ static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput 
         if (!ch || ch->worker != w)
                 return;   /* late output of an aborted or finished choice */
         r = ch->r;
+        if (!r->first_out)
+                r->first_out = ch;
         if (out->num_prompt_tokens)
                 ch->prompt_tokens = out->num_prompt_tokens;
         if (out->num_cached_tokens)
