@@ -750,7 +750,8 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                         tsr_worker *w = worker_pool_get(ctx->workers, idx);
                         const Tessera__V1__Status *st = tsr_worker_status(w);
                         tsr_placement_cand *c = &cs[n_cand];
-                        if (!tsr_worker_live(w) || !model_served_by(r->model, tsr_worker_model_info(w)))
+                        if (!tsr_worker_live(w) || !tsr_worker_accepting(w) ||
+                            !model_served_by(r->model, tsr_worker_model_info(w)))
                                 continue;
                         if (w == avoid && worker_pool_count(ctx->workers) > 1)
                                 continue;
@@ -1053,6 +1054,31 @@ static void on_worker_down(void *ud, tsr_worker *w) {
                 choice *ch = L->table[i];
                 if (ch && ch->worker == w)
                         retry_or_fail(ch, "the worker serving this request stopped responding");
+        }
+}
+
+/* Loop thread, from the pool's tick while w is retired: our choices running there. */
+static size_t in_flight(void *ud, const tsr_worker *w) {
+        request_layer *L = ud;
+        size_t n = 0;
+        for (const rq *r = L->active; r; r = r->next_active)
+                for (size_t i = 0; i < r->n_choices; i++)
+                        n += r->choices[i].wire_id && r->choices[i].worker == w;
+        return n;
+}
+
+/* Loop thread.  The pool drops w (retired, in_flight 0, so no choice points at it):
+ * forget its pending-dispatch entry, whose address a later worker may reuse, and,
+ * on loop 0 which feeds /metrics (see on_status), its series. */
+static void on_worker_removed(void *ud, tsr_worker *w) {
+        request_layer *L = ud;
+        if (L->ctx->loop_index == 0)
+                tsr_metrics_worker_remove(L->ctx->metrics, tsr_worker_endpoint(w));
+        for (size_t i = 0; i < L->n_pending; i++) {
+                if (L->pending[i].w == w) {
+                        L->pending[i] = L->pending[--L->n_pending];
+                        break;
+                }
         }
 }
 
@@ -1622,6 +1648,8 @@ tsr_status request_layer_new(router_ctx *ctx, request_layer **ret) {
                 .on_worker_down = on_worker_down,
                 .on_model_info = on_model_info,
                 .on_status = on_status,
+                .in_flight = in_flight,
+                .on_worker_removed = on_worker_removed,
         };
         if (!L)
                 return TSR_E_NOMEM;
