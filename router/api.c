@@ -64,7 +64,7 @@ bool router_can_serve(router_ctx *r) {
         for (size_t i = 0; i < worker_pool_count(r->workers); i++) {
                 tsr_worker *w = worker_pool_get(r->workers, i);
                 const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
-                if (!tsr_worker_live(w) || !mi || mi->n_served_model_names == 0)
+                if (!tsr_worker_live(w) || !tsr_worker_accepting(w) || !mi || mi->n_served_model_names == 0)
                         continue;
                 model_entry *m = model_registry_find(r->models, mi->served_model_names[0]);
                 if (m && m->ready)

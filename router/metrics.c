@@ -839,6 +839,36 @@ void tsr_metrics_worker_gone(tsr_metrics *m, const char *worker_key) {
         pthread_mutex_unlock(&m->lock);
 }
 
+static void worker_remove_locked(tsr_metrics *m, const char *worker_key) {
+        worker *w = find_worker(m, worker_key);
+        size_t model_idx;
+
+        if (!w)
+                return;
+        model_idx = w->model;
+        if (w->up)
+                child_remove(&m->fam[F_TESSERA_FIRST + TSR_METRICS_WORKER_UP], w->up);
+        for (size_t i = 0; i < m->n_workers; i++) {
+                if (m->workers[i] == w) {
+                        memmove(m->workers + i, m->workers + i + 1, (m->n_workers - i - 1) * sizeof(*m->workers));
+                        m->n_workers--;
+                        break;
+                }
+        }
+        free(w->key);
+        free(w);
+        if (model_idx != SIZE_MAX)
+                model_refresh_gauges(m, model_idx);
+}
+
+void tsr_metrics_worker_remove(tsr_metrics *m, const char *worker_key) {
+        if (!m)
+                return;
+        pthread_mutex_lock(&m->lock);
+        worker_remove_locked(m, worker_key);
+        pthread_mutex_unlock(&m->lock);
+}
+
 /* ---------------------------------------------------------------- request path */
 
 static model *live_model(tsr_metrics *m, const char *name) {

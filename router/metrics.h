@@ -115,6 +115,12 @@ tsr_status tsr_metrics_worker_status(tsr_metrics *m, const char *model_name, con
  * sight is counted once when it comes back with the same boot_epoch.  Unknown keys
  * are ignored. */
 void tsr_metrics_worker_gone(tsr_metrics *m, const char *worker_key);
+/* The worker left the router's pool for good (a --worker-dns address that dropped out
+ * of the answer): its tessera:worker_up series disappears and its sample stops counting
+ * in the gauges.  Its counter baseline goes too, so if the address is added again its
+ * first Status is a baseline, as for any new worker: what it did while outside the pool
+ * was not this router's work.  Unknown keys are ignored. */
+void tsr_metrics_worker_remove(tsr_metrics *m, const char *worker_key);
 
 typedef enum tsr_metrics_finish {
         TSR_METRICS_FINISH_STOP = 0,

@@ -102,6 +102,13 @@ struct rq {
         choice *choices;
         size_t n_choices;
         size_t n_open;
+        /* Whose prefix-cache hits usage.prompt_tokens_details reports: vLLM runs each of
+         * n samples as a child request and copies num_cached_tokens from the child whose
+         * output it is handling, so a stream reports the child whose first output came
+         * first, and a full response the child of the last prompt that finished last
+         * (usage_of).  Borrowed from `choices`; NULL until set. */
+        const choice *first_out;
+        const choice *last_done;
         uv_work_t work;
         rq *next_active, *prev_active;
 };
@@ -464,7 +471,11 @@ static bool want_usage_chunk(const rq *r) {
         return r->req.include_usage || r->L->ctx->cfg->enable_force_include_usage;
 }
 
+/* `only`: the per-chunk usage of one choice (stream_options.continuous_usage_stats),
+ * which vLLM never gives prompt_tokens_details; NULL: the request's usage. */
 static void usage_of(const rq *r, const choice *only, resp_usage *u) {
+        const choice *src;
+
         memset(u, 0, sizeof(*u));
         /* vLLM counts every prompt once per choice set: prompt tokens of each prompt,
          * generated tokens of every choice. */
@@ -472,13 +483,18 @@ static void usage_of(const rq *r, const choice *only, resp_usage *u) {
                 const choice *ch = &r->choices[i];
                 if (only && ch != only)
                         continue;
-                if (only || ch->index % r->req.n == 0) {
+                if (only || ch->index % r->req.n == 0)
                         u->prompt_tokens += ch->prompt_tokens ? ch->prompt_tokens : (uint32_t)r->prompt_lens[ch->prompt];
-                        u->cached_tokens += ch->cached_tokens;
-                }
                 u->completion_tokens += ch->n_generated;
         }
-        u->has_cached_tokens = r->L->ctx->cfg->enable_prompt_tokens_details;
+        if (only)
+                return;
+        /* Cached tokens are one child's, never a sum (see first_out), and vLLM 0.12 sets
+         * the details only when that count is non-zero: null in a body, absent from
+         * the usage chunk otherwise. */
+        src = r->streaming ? r->first_out : r->last_done;
+        u->cached_tokens = src ? src->cached_tokens : 0;
+        u->has_cached_tokens = r->L->ctx->cfg->enable_prompt_tokens_details && u->cached_tokens > 0;
 }
 
 static void stream_write_obj(rq *r, json_t *obj) {
@@ -645,6 +661,8 @@ static void finish_choice(choice *ch, const char *reason, json_t *stop_reason, b
                 return;
         ch->finished = true;
         ch->finish_reason = reason;
+        if (ch->prompt == (int)(r->req.n_prompts ? r->req.n_prompts - 1 : 0))
+                r->last_done = ch;
         json_decref(ch->stop_reason);
         ch->stop_reason = stop_reason ? stop_reason : json_null();
         close_choice(ch, abort_worker, "stop_string");
@@ -732,7 +750,8 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                         tsr_worker *w = worker_pool_get(ctx->workers, idx);
                         const Tessera__V1__Status *st = tsr_worker_status(w);
                         tsr_placement_cand *c = &cs[n_cand];
-                        if (!tsr_worker_live(w) || !model_served_by(r->model, tsr_worker_model_info(w)))
+                        if (!tsr_worker_live(w) || !tsr_worker_accepting(w) ||
+                            !model_served_by(r->model, tsr_worker_model_info(w)))
                                 continue;
                         if (w == avoid && worker_pool_count(ctx->workers) > 1)
                                 continue;
@@ -908,6 +927,8 @@ static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput 
         if (!ch || ch->worker != w)
                 return;   /* late output of an aborted or finished choice */
         r = ch->r;
+        if (!r->first_out)
+                r->first_out = ch;
         if (out->num_prompt_tokens)
                 ch->prompt_tokens = out->num_prompt_tokens;
         if (out->num_cached_tokens)
@@ -1033,6 +1054,31 @@ static void on_worker_down(void *ud, tsr_worker *w) {
                 choice *ch = L->table[i];
                 if (ch && ch->worker == w)
                         retry_or_fail(ch, "the worker serving this request stopped responding");
+        }
+}
+
+/* Loop thread, from the pool's tick while w is retired: our choices running there. */
+static size_t in_flight(void *ud, const tsr_worker *w) {
+        request_layer *L = ud;
+        size_t n = 0;
+        for (const rq *r = L->active; r; r = r->next_active)
+                for (size_t i = 0; i < r->n_choices; i++)
+                        n += r->choices[i].wire_id && r->choices[i].worker == w;
+        return n;
+}
+
+/* Loop thread.  The pool drops w (retired, in_flight 0, so no choice points at it):
+ * forget its pending-dispatch entry, whose address a later worker may reuse, and,
+ * on loop 0 which feeds /metrics (see on_status), its series. */
+static void on_worker_removed(void *ud, tsr_worker *w) {
+        request_layer *L = ud;
+        if (L->ctx->loop_index == 0)
+                tsr_metrics_worker_remove(L->ctx->metrics, tsr_worker_endpoint(w));
+        for (size_t i = 0; i < L->n_pending; i++) {
+                if (L->pending[i].w == w) {
+                        L->pending[i] = L->pending[--L->n_pending];
+                        break;
+                }
         }
 }
 
@@ -1602,6 +1648,8 @@ tsr_status request_layer_new(router_ctx *ctx, request_layer **ret) {
                 .on_worker_down = on_worker_down,
                 .on_model_info = on_model_info,
                 .on_status = on_status,
+                .in_flight = in_flight,
+                .on_worker_removed = on_worker_removed,
         };
         if (!L)
                 return TSR_E_NOMEM;

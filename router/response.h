@@ -21,7 +21,7 @@
 typedef struct resp_usage {
         uint32_t prompt_tokens;
         uint32_t completion_tokens;
-        bool has_cached_tokens;       /* --enable-prompt-tokens-details */
+        bool has_cached_tokens;       /* --enable-prompt-tokens-details and cached_tokens > 0 (vLLM) */
         uint32_t cached_tokens;
 } resp_usage;
 

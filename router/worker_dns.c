@@ -23,13 +23,26 @@ typedef struct dns_name {
         size_t n_last;               /* addresses in the last answer */
 } dns_name;
 
+/* A worker this module put in the pool, tracked until the pool has removed it.  An
+ * endpoint the pool already had (a --worker, or another name's) is never ours, so a
+ * --worker is never retired by a DNS answer. */
+typedef struct dns_addr {
+        char endpoint[INET_ADDRSTRLEN + 16];   /* "tcp://A.B.C.D:PORT" */
+        size_t owner;                /* the name whose answers can retire it */
+        unsigned absent;             /* the owner's answers in a row without it */
+        bool seen;                   /* scratch for worker_dns_apply: in this answer */
+} dns_addr;
+
 struct worker_dns {
         uv_loop_t *loop;
         worker_pool *pool;
         dns_name *names;
         size_t n_names;
+        dns_addr *addrs;
+        size_t n_addrs, cap_addrs;
         uv_timer_t timer;
         unsigned interval_ms;
+        bool timer_init;
         bool closing;
 };
 
@@ -54,18 +67,91 @@ tsr_status worker_dns_parse(const char *spec, char *name, size_t name_len, int *
         return TSR_OK;
 }
 
-/* The pool already has a worker at this endpoint (from --worker or an earlier answer). */
-static bool pool_has(worker_pool *pool, const char *endpoint) {
-        for (size_t i = 0; i < worker_pool_count(pool); i++)
-                if (strcmp(tsr_worker_endpoint(worker_pool_get(pool, i)), endpoint) == 0)
-                        return true;
-        return false;
+static dns_addr *find_addr(worker_dns *d, const char *endpoint) {
+        for (size_t i = 0; i < d->n_addrs; i++)
+                if (strcmp(d->addrs[i].endpoint, endpoint) == 0)
+                        return &d->addrs[i];
+        return NULL;
 }
 
+/* Add `endpoint` to the pool and track it as ours.  false: not added (logged). */
+static bool add_worker(worker_dns *d, size_t name_idx, const char *endpoint) {
+        const dns_name *n = &d->names[name_idx];
+        dns_addr *a = find_addr(d, endpoint);
+
+        if (!a && d->n_addrs == d->cap_addrs) {
+                size_t cap = d->cap_addrs ? d->cap_addrs * 2 : 8;
+                dns_addr *grown = realloc(d->addrs, cap * sizeof(*grown));
+                if (!grown) {
+                        log_warn("--worker-dns %s:%d: cannot add worker %s: out of memory", n->name, n->port, endpoint);
+                        return false;
+                }
+                d->addrs = grown;
+                d->cap_addrs = cap;
+        }
+        if (strlen(endpoint) >= sizeof(a->endpoint) || worker_pool_add(d->pool, endpoint) != TSR_OK) {
+                log_warn("--worker-dns %s:%d: cannot add worker %s", n->name, n->port, endpoint);
+                return false;
+        }
+        if (!a) {
+                a = &d->addrs[d->n_addrs++];
+                snprintf(a->endpoint, sizeof(a->endpoint), "%s", endpoint);
+                a->owner = name_idx;
+        }
+        a->absent = 0;
+        a->seen = true;
+        log_info("--worker-dns %s:%d: new worker %s", n->name, n->port, endpoint);
+        return true;
+}
+
+void worker_dns_apply(worker_dns *d, size_t name_idx, const char *const *endpoints, size_t n) {
+        const dns_name *nm = &d->names[name_idx];
+
+        for (size_t k = 0; k < d->n_addrs; k++)
+                d->addrs[k].seen = false;
+        for (size_t i = 0; i < n; i++) {
+                dns_addr *a = find_addr(d, endpoints[i]);
+                tsr_worker *w = worker_pool_find(d->pool, endpoints[i]);
+                if (!a) {
+                        if (!w)   /* else a --worker or another name's: not ours */
+                                add_worker(d, name_idx, endpoints[i]);
+                        continue;
+                }
+                /* Any name listing it keeps it, whichever name added it. */
+                a->seen = true;
+                if (a->absent >= TSR_WORKER_DNS_GONE_ANSWERS && w)
+                        log_info("--worker-dns %s:%d: %s is back in the answer", nm->name, nm->port, a->endpoint);
+                a->absent = 0;
+                if (w)
+                        worker_pool_unretire(d->pool, w);
+                else
+                        add_worker(d, name_idx, endpoints[i]);   /* removed since: a new worker */
+        }
+        for (size_t k = d->n_addrs; k-- > 0;) {
+                dns_addr *a = &d->addrs[k];
+                tsr_worker *w;
+                if (a->owner != name_idx || a->seen)
+                        continue;
+                w = worker_pool_find(d->pool, a->endpoint);
+                if (!w) {   /* the pool removed it (retired, then idle): forget it */
+                        d->addrs[k] = d->addrs[--d->n_addrs];
+                        continue;
+                }
+                if (++a->absent == TSR_WORKER_DNS_GONE_ANSWERS) {
+                        log_info("--worker-dns %s:%d: %s missing from %u answers in a row: retiring it", nm->name,
+                                 nm->port, a->endpoint, a->absent);
+                        worker_pool_retire(d->pool, w);
+                }
+        }
+}
+
+/* Threadpool lookup done; loop thread. */
 static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
         dns_name *n = req->data;
         worker_dns *d = n->owner;
-        size_t count = 0;
+        char (*eps)[INET_ADDRSTRLEN + 16] = NULL;
+        const char **list = NULL;
+        size_t count = 0, cap = 0;
 
         n->busy = false;
         if (d->closing || status == UV_ECANCELED) {
@@ -78,30 +164,47 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
                                  uv_strerror(status), d->interval_ms);
                 n->failing = true;
                 uv_freeaddrinfo(res);
+                /* "No such name" and "no address" are answers: the name has no workers now
+                 * (a headless Service scaled to zero).  Any other failure says nothing
+                 * about the workers, so it retires none. */
+                if (status == UV_EAI_NONAME || status == UV_EAI_NODATA) {
+                        if (n->n_last)
+                                log_info("--worker-dns %s:%d: 0 address(es)", n->name, n->port);
+                        n->n_last = 0;
+                        worker_dns_apply(d, (size_t)(n - d->names), NULL, 0);
+                }
                 return;
         }
         if (n->failing)
                 log_info("--worker-dns %s:%d: lookup works again", n->name, n->port);
         n->failing = false;
-        for (struct addrinfo *a = res; a; a = a->ai_next) {
-                char ip[INET_ADDRSTRLEN], endpoint[INET_ADDRSTRLEN + 32];
+        for (struct addrinfo *a = res; a; a = a->ai_next)
+                cap += a->ai_family == AF_INET;
+        eps = calloc(cap ? cap : 1, sizeof(*eps));
+        list = calloc(cap ? cap : 1, sizeof(*list));
+        if (!eps || !list) {   /* skip this round; the next one retries */
+                free(eps);
+                free(list);
+                uv_freeaddrinfo(res);
+                return;
+        }
+        for (struct addrinfo *a = res; a && count < cap; a = a->ai_next) {
+                char ip[INET_ADDRSTRLEN];
                 if (a->ai_family != AF_INET)
                         continue;
                 if (!inet_ntop(AF_INET, &((struct sockaddr_in *)a->ai_addr)->sin_addr, ip, sizeof(ip)))
                         continue;
+                snprintf(eps[count], sizeof(eps[count]), "tcp://%s:%d", ip, n->port);
+                list[count] = eps[count];
                 count++;
-                snprintf(endpoint, sizeof(endpoint), "tcp://%s:%d", ip, n->port);
-                if (pool_has(d->pool, endpoint))
-                        continue;
-                if (worker_pool_add(d->pool, endpoint) == TSR_OK)
-                        log_info("--worker-dns %s:%d: new worker %s", n->name, n->port, endpoint);
-                else
-                        log_warn("--worker-dns %s:%d: cannot add worker %s", n->name, n->port, endpoint);
         }
+        uv_freeaddrinfo(res);
         if (count != n->n_last)
                 log_info("--worker-dns %s:%d: %zu address(es)", n->name, n->port, count);
         n->n_last = count;
-        uv_freeaddrinfo(res);
+        worker_dns_apply(d, (size_t)(n - d->names), list, count);
+        free(eps);
+        free(list);
 }
 
 static void resolve_all(uv_timer_t *t) {
@@ -143,9 +246,12 @@ tsr_status worker_dns_start(uv_loop_t *loop, worker_pool *pool, const char *cons
         d->loop = loop;
         d->pool = pool;
         d->interval_ms = interval_ms;
-        uv_timer_init(loop, &d->timer);
-        d->timer.data = d;
-        uv_timer_start(&d->timer, resolve_all, 0, interval_ms);
+        if (interval_ms) {
+                uv_timer_init(loop, &d->timer);
+                d->timer.data = d;
+                uv_timer_start(&d->timer, resolve_all, 0, interval_ms);
+                d->timer_init = true;
+        }
         *out = d;
         return TSR_OK;
 }
@@ -154,8 +260,10 @@ void worker_dns_close(worker_dns *d) {
         if (!d || d->closing)
                 return;
         d->closing = true;
-        uv_timer_stop(&d->timer);
-        uv_close((uv_handle_t *)&d->timer, NULL);
+        if (d->timer_init) {
+                uv_timer_stop(&d->timer);
+                uv_close((uv_handle_t *)&d->timer, NULL);
+        }
         /* A lookup already running on the thread pool cannot be cancelled; its callback
          * still comes (the loop waits for it) and finds `closing` set. */
         for (size_t i = 0; i < d->n_names; i++)
@@ -167,6 +275,7 @@ void worker_dns_free(worker_dns **dp) {
         if (!dp || !*dp)
                 return;
         free((*dp)->names);
+        free((*dp)->addrs);
         free(*dp);
         *dp = NULL;
 }

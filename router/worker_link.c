@@ -56,6 +56,9 @@ struct tsr_worker {
         uint64_t last_resync_ns;     /* last Resync asked (maybe_ask_resync) */
         bool was_live;
         bool abort_on_return;        /* declared down: abort our ghosts when it speaks again */
+        bool retired;                /* worker_pool_retire: no new requests, removed when idle */
+        bool removed;                /* out of the pool; freed when `closing` handles have closed */
+        int closing;                 /* its poll handles still closing after removal */
         uint64_t n_bad_frames;
         tsr_prefix_mirror mirror;    /* its cached block hashes (loop thread) */
 };
@@ -126,6 +129,31 @@ tsr_status tsr_worker_send(tsr_worker *w, tsr_envelope *env) {
         return st;
 }
 tsr_worker *worker_pool_get(worker_pool *p, size_t i) { return i < p->n_workers ? p->workers[i] : NULL; }
+
+tsr_worker *worker_pool_find(worker_pool *p, const char *endpoint) {
+        for (size_t i = 0; i < p->n_workers; i++)
+                if (strcmp(p->workers[i]->endpoint, endpoint) == 0)
+                        return p->workers[i];
+        return NULL;
+}
+
+bool tsr_worker_accepting(const tsr_worker *w) { return !w->retired; }
+
+void worker_pool_retire(worker_pool *p, tsr_worker *w) {
+        (void)p;
+        if (w->retired)
+                return;
+        w->retired = true;
+        log_info("worker %s retired: no new requests; removed once none of ours is in flight there", w->endpoint);
+}
+
+void worker_pool_unretire(worker_pool *p, tsr_worker *w) {
+        (void)p;
+        if (!w->retired)
+                return;
+        w->retired = false;
+        log_info("worker %s takes requests again", w->endpoint);
+}
 
 size_t worker_pool_num_live(const worker_pool *p) {
         size_t n = 0;
@@ -508,6 +536,19 @@ static void abort_all_on(tsr_worker *w) {
         kick(w->pool);
 }
 
+static void remove_worker(worker_pool *p, size_t idx);
+
+/* Remove the retired workers none of our requests runs on any more.  Last in the tick,
+ * after the liveness pass: a retired worker that died has had its requests failed over
+ * by on_worker_down just before, so it goes in the same tick. */
+static void reap_retired(worker_pool *p) {
+        for (size_t i = p->n_workers; i-- > 0;) {
+                tsr_worker *w = p->workers[i];
+                if (w->retired && (!p->ev.in_flight || p->ev.in_flight(p->ev.ud, w) == 0))
+                        remove_worker(p, i);
+        }
+}
+
 static void on_tick(uv_timer_t *t) {
         worker_pool *p = t->data;
         uint64_t now = tsr_now_ns();
@@ -548,6 +589,7 @@ static void on_tick(uv_timer_t *t) {
                 if (!w->info && now - w->last_hello_ns >= HELLO_RETRY_NS)
                         send_hello(w);
         }
+        reap_retired(p);
         if (more)
                 kick(p);
 }
@@ -680,12 +722,58 @@ tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool *
 
 void worker_pool_set_curve(worker_pool *p, const tsr_curve *curve) { p->curve = curve; }
 
+/* Sockets, messages and memory of a worker whose poll handles are closed (or never
+ * opened). */
+static void worker_free(tsr_worker *w) {
+        if (w->dealer.sock)
+                zmq_close(w->dealer.sock);
+        if (w->sub.sock)
+                zmq_close(w->sub.sock);
+        tsr_wire_free(w->info);
+        tsr_wire_free(w->tokenizer_env);
+        tsr_wire_free(w->status);
+        tsr_prefix_mirror_done(&w->mirror);
+        free(w->endpoint);
+        free(w->status_endpoint);
+        free(w);
+}
+
 static void on_handle_closed(uv_handle_t *h) {
         worker_pool *p = h->data;
-        if (h->type == UV_POLL)
-                p = ((zsock_watch *)h->data)->owner->pool;
+        if (h->type == UV_POLL) {
+                tsr_worker *w = ((zsock_watch *)h->data)->owner;
+                p = w->pool;
+                /* A removed worker's sockets close only now: libuv must not poll an fd
+                 * that is gone, and the handle's memory (inside w) lives until here. */
+                if (w->removed && --w->closing == 0)
+                        worker_free(w);
+        }
         if (--p->open_handles == 0 && p->closed_cb)
                 p->closed_cb(p->closed_ud);
+}
+
+/* Loop thread, from the tick.  Out of the array first, so that nothing iterating the
+ * pool (drain_all, placement, /metrics) sees it again; then the request layer drops
+ * its pointers; then the handles close and on_handle_closed frees the rest. */
+static void remove_worker(worker_pool *p, size_t idx) {
+        tsr_worker *w = p->workers[idx];
+
+        memmove(p->workers + idx, p->workers + idx + 1, (p->n_workers - idx - 1) * sizeof(*p->workers));
+        p->n_workers--;
+        log_info("worker %s removed from the pool (retired, no requests in flight)", w->endpoint);
+        if (p->ev.on_worker_removed)
+                p->ev.on_worker_removed(p->ev.ud, w);
+        w->removed = true;
+        if (w->dealer.sock) {
+                w->closing++;
+                uv_close((uv_handle_t *)&w->dealer.poll, on_handle_closed);
+        }
+        if (w->sub.sock) {
+                w->closing++;
+                uv_close((uv_handle_t *)&w->sub.poll, on_handle_closed);
+        }
+        if (w->closing == 0)
+                worker_free(w);
 }
 
 void worker_pool_close(worker_pool *p, void (*done)(void *ud), void *ud) {
@@ -708,20 +796,8 @@ void worker_pool_free(worker_pool **pp) {
         if (!pp || !*pp)
                 return;
         p = *pp;
-        for (size_t i = 0; i < p->n_workers; i++) {
-                tsr_worker *w = p->workers[i];
-                if (w->dealer.sock)
-                        zmq_close(w->dealer.sock);
-                if (w->sub.sock)
-                        zmq_close(w->sub.sock);
-                tsr_wire_free(w->info);
-                tsr_wire_free(w->tokenizer_env);
-                tsr_wire_free(w->status);
-                tsr_prefix_mirror_done(&w->mirror);
-                free(w->endpoint);
-                free(w->status_endpoint);
-                free(w);
-        }
+        for (size_t i = 0; i < p->n_workers; i++)
+                worker_free(p->workers[i]);
         free(p->workers);
         zmq_ctx_term(p->zctx);
         free(p);

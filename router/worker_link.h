@@ -35,6 +35,12 @@ typedef struct worker_events {
         void (*on_model_info)(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo *mi);
         /* Every Status of a worker whose ModelInfo is known. */
         void (*on_status)(void *ud, tsr_worker *w, const Tessera__V1__Status *st);
+        /* How many of this router's requests are in flight on w.  A retired worker
+         * (worker_pool_retire) is removed only at 0.  NULL: always 0. */
+        size_t (*in_flight)(void *ud, const tsr_worker *w);
+        /* w is leaving the pool (retired, nothing in flight): drop every pointer to it.
+         * It is freed after this call, once its sockets' poll handles have closed. */
+        void (*on_worker_removed)(void *ud, tsr_worker *w);
         void *ud;
 } worker_events;
 
@@ -60,6 +66,20 @@ void worker_pool_free(worker_pool **p);
 size_t worker_pool_count(const worker_pool *p);
 tsr_worker *worker_pool_get(worker_pool *p, size_t i);
 size_t worker_pool_num_live(const worker_pool *p);
+/* The worker whose request endpoint is `endpoint` ("tcp://HOST:PORT"), NULL if none.
+ * Borrowed: valid until the worker is removed (never hold it across loop callbacks). */
+tsr_worker *worker_pool_find(worker_pool *p, const char *endpoint);
+/* Loop thread.  Take w out of the pool gently (a --worker-dns address that left the
+ * answer): from now on placement skips it (tsr_worker_accepting), and the pool's tick
+ * removes it, with a log line and events.on_worker_removed, once events.in_flight says
+ * none of our requests runs there: those finish, fail over when the worker dies, or
+ * end at their deadline.  Idempotent. */
+void worker_pool_retire(worker_pool *p, tsr_worker *w);
+/* Loop thread.  Undo worker_pool_retire for a worker not removed yet (its address came
+ * back).  No-op otherwise. */
+void worker_pool_unretire(worker_pool *p, tsr_worker *w);
+/* False once the worker is retired: place no new request there. */
+bool tsr_worker_accepting(const tsr_worker *w);
 
 const char *tsr_worker_endpoint(const tsr_worker *w);
 bool tsr_worker_live(const tsr_worker *w);

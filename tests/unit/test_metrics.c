@@ -512,6 +512,37 @@ static void test_gauges_over_workers(void **state) {
         tsr_metrics_free(&m);
 }
 
+/* A --worker-dns address that left the pool: its series goes, the gauges drop its
+ * sample, and when it is added again its first Status is a baseline. */
+static void test_worker_removed(void **state) {
+        tsr_metrics *m = new_metrics(false, NULL);
+        tsr_metrics_worker_sample a = sample(1000, 500), b = sample(0, 0);
+        char *t;
+
+        a.num_running = 2;
+        b.num_running = 3;
+        assert_int_equal(tsr_metrics_add_model(m, "m", 8192, NULL), TSR_OK);
+        assert_int_equal(tsr_metrics_worker_status(m, "m", "w1", 1, &a), TSR_OK);
+        assert_int_equal(tsr_metrics_worker_status(m, "m", "w2", 1, &b), TSR_OK);
+        tsr_metrics_worker_remove(m, "w1");
+        tsr_metrics_worker_remove(m, "nobody");
+        t = render(m);
+        assert_null(strstr(t, "worker=\"w1\""));
+        assert_true(sample_value(t, "tessera:worker_up{worker=\"w2\"}") == 1);
+        assert_true(sample_value(t, "vllm:num_requests_running" L0) == 3);
+        free(t);
+
+        /* Back (the same process, counters grown): a baseline, no spike. */
+        a = sample(5000, 900);
+        assert_int_equal(tsr_metrics_worker_status(m, "m", "w1", 1, &a), TSR_OK);
+        t = render(m);
+        assert_true(sample_value(t, "tessera:worker_up{worker=\"w1\"}") == 1);
+        assert_true(sample_value(t, "vllm:prompt_tokens_total" L0) == 0);
+        assert_true(sample_value(t, "vllm:num_requests_running" L0) == 3);
+        free(t);
+        tsr_metrics_free(&m);
+}
+
 /* ---------------------------------------------------------------- flags */
 
 static void test_disable_log_stats(void **state) {
@@ -742,6 +773,7 @@ int main(void) {
                 cmocka_unit_test(test_buckets),
                 cmocka_unit_test(test_counters_monotonic_across_restart),
                 cmocka_unit_test(test_gauges_over_workers),
+                cmocka_unit_test(test_worker_removed),
                 cmocka_unit_test(test_disable_log_stats),
                 cmocka_unit_test(test_hidden_metric),
                 cmocka_unit_test(test_label_escaping),

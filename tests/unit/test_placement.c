@@ -350,6 +350,113 @@ static void test_worker_dns_adds_localhost(void **state) {
         assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+static size_t fake_in_flight_n;
+static size_t fake_in_flight(void *ud, const tsr_worker *w) {
+        (void)ud;
+        (void)w;
+        return fake_in_flight_n;
+}
+static int removed_calls;
+static void count_removed(void *ud, tsr_worker *w) {
+        (void)ud;
+        (void)w;
+        removed_calls++;
+}
+
+static void set_flag(uv_timer_t *t) { *(bool *)t->data = true; }
+
+/* Run the loop past one of the pool's 50 ms ticks (which reaps retired workers), and
+ * the close callbacks after it.  A 60 ms timer, since UV_RUN_ONCE alone may return
+ * early while the pool's idle kick is active. */
+static void one_tick(uv_loop_t *loop) {
+        uv_timer_t t;
+        bool fired = false;
+        uv_timer_init(loop, &t);
+        t.data = &fired;
+        uv_timer_start(&t, set_flag, 60, 0);
+        while (!fired)
+                uv_run(loop, UV_RUN_ONCE);
+        uv_close((uv_handle_t *)&t, NULL);
+        uv_run(loop, UV_RUN_NOWAIT);
+}
+
+/* The pool bookkeeping of --worker-dns, with answers fed by hand: an address gone from
+ * TSR_WORKER_DNS_GONE_ANSWERS answers in a row is retired (no new requests), removed
+ * only once nothing is in flight there, and added again when it comes back; a
+ * --worker at an address the name also lists is never touched. */
+static void test_worker_dns_retires_gone_addresses(void **state) {
+        uv_loop_t loop;
+        worker_pool *pool;
+        worker_dns *dns;
+        char err[256];
+        const char *specs[] = {"svc:45611"};
+        const char *both[] = {"tcp://127.0.0.1:45611", "tcp://127.0.0.2:45611"};
+        const char *one[] = {"tcp://127.0.0.1:45611"};
+        const char *other[] = {"tcp://127.0.0.2:45611"};
+        worker_events ev = {.in_flight = fake_in_flight, .on_worker_removed = count_removed};
+        (void)state;
+
+        fake_in_flight_n = 0;
+        removed_calls = 0;
+        assert_int_equal(uv_loop_init(&loop), 0);
+        assert_int_equal(worker_pool_new(&loop, "router-test", &pool), TSR_OK);
+        worker_pool_set_events(pool, &ev);
+        assert_int_equal(worker_pool_add(pool, "tcp://127.0.0.1:45611"), TSR_OK);   /* a --worker */
+        assert_int_equal(worker_dns_start(&loop, pool, specs, 1, 0, &dns, err, sizeof(err)), TSR_OK);
+
+        worker_dns_apply(dns, 0, both, 2);
+        assert_int_equal(worker_pool_count(pool), 2);
+        assert_non_null(worker_pool_find(pool, "tcp://127.0.0.2:45611"));
+
+        /* The --worker leaves the answer: never retired. */
+        for (unsigned i = 0; i < 2 * TSR_WORKER_DNS_GONE_ANSWERS; i++)
+                worker_dns_apply(dns, 0, other, 1);
+        assert_true(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.1:45611")));
+
+        /* Ours leaves: kept for GONE_ANSWERS - 1 answers, then retired. */
+        for (unsigned i = 0; i + 1 < TSR_WORKER_DNS_GONE_ANSWERS; i++)
+                worker_dns_apply(dns, 0, one, 1);
+        assert_true(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.2:45611")));
+        worker_dns_apply(dns, 0, one, 1);
+        assert_false(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.2:45611")));
+
+        /* Back before removal: taken again, and the count starts over. */
+        worker_dns_apply(dns, 0, both, 2);
+        assert_true(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.2:45611")));
+        worker_dns_apply(dns, 0, one, 1);
+        one_tick(&loop);
+        assert_int_equal(worker_pool_count(pool), 2);
+
+        /* Gone again, with a request in flight there: retired, not removed. */
+        for (unsigned i = 0; i < TSR_WORKER_DNS_GONE_ANSWERS; i++)
+                worker_dns_apply(dns, 0, one, 1);
+        fake_in_flight_n = 1;
+        one_tick(&loop);
+        assert_int_equal(worker_pool_count(pool), 2);
+        assert_int_equal(removed_calls, 0);
+        /* ... until it ends. */
+        fake_in_flight_n = 0;
+        one_tick(&loop);
+        assert_int_equal(worker_pool_count(pool), 1);
+        assert_int_equal(removed_calls, 1);
+        assert_null(worker_pool_find(pool, "tcp://127.0.0.2:45611"));
+        assert_non_null(worker_pool_find(pool, "tcp://127.0.0.1:45611"));
+
+        /* An empty answer (the name is gone) still spares the --worker; the address
+         * coming back is a new worker. */
+        worker_dns_apply(dns, 0, NULL, 0);
+        worker_dns_apply(dns, 0, both, 2);
+        assert_int_equal(worker_pool_count(pool), 2);
+        assert_true(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.2:45611")));
+
+        worker_dns_close(dns);
+        worker_pool_close(pool, NULL, NULL);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        worker_dns_free(&dns);
+        worker_pool_free(&pool);
+        assert_int_equal(uv_loop_close(&loop), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_hashset_basic),
@@ -362,6 +469,7 @@ int main(void) {
                 cmocka_unit_test(test_imbalance_guard),
                 cmocka_unit_test(test_worker_dns_parse),
                 cmocka_unit_test(test_worker_dns_adds_localhost),
+                cmocka_unit_test(test_worker_dns_retires_gone_addresses),
         };
         return cmocka_run_group_tests_name("placement", tests, NULL, NULL);
 }
