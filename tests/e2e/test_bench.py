@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import BUILD, DEMO_MODEL, LAUNCHER, Proc, free_port, http_status, wait_until
+from conftest import BUILD, DEMO_MODEL, LAUNCHER, Proc, free_port, http_status, skip_because, wait_until
 
 MODEL = "smol"
 BENCH_TIMEOUT = 600   # a loaded 2-core machine runs SmolLM2 at a few tokens/s per request
@@ -88,7 +88,7 @@ def check_block(stdout, **kw):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     if not DEMO_MODEL.exists():
-        pytest.skip("demo model not fetched")
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port,
@@ -136,8 +136,7 @@ def one_json(result_dir):
     (["--ignore-eos=1"], "ignored explicit argument"),
 ])
 def test_bad_flags_exit_2(flags, message):
-    if not LAUNCHER.exists():
-        pytest.skip("not built")
+    assert LAUNCHER.exists(), f"{LAUNCHER} not built"
     r = bench(*flags, "--port", "1", timeout=60)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr, r.stderr
@@ -145,8 +144,7 @@ def test_bad_flags_exit_2(flags, message):
 
 
 def test_help_and_launcher_usage():
-    if not LAUNCHER.exists():
-        pytest.skip("not built")
+    assert LAUNCHER.exists(), f"{LAUNCHER} not built"
     r = bench("--help", timeout=60)
     assert r.returncode == 0 and "--max-concurrency" in r.stdout
     r = subprocess.run([str(LAUNCHER), "bench"], capture_output=True, text=True, timeout=60)
