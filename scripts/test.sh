@@ -46,6 +46,21 @@ if [ ! -x .venv/bin/python ] || ! cmp -s tests/requirements.txt .venv/requiremen
         setup_failed "could not install the Python test tools (pip install -r tests/requirements.txt)"
     fi
 fi
+# vLLM's own benchmark client, for tests/e2e/test_bench.py's cross-check: the vllm wheel
+# without its dependencies (torch and CUDA are not installable here and not on the
+# client's path; deploy/bench_vllm_crosscheck.py says how), in a venv of its own since it
+# pins an older transformers than tests/requirements.txt.
+if [ ! -x .venv-vllm/bin/python ] || ! cmp -s tests/requirements-vllm.txt .venv-vllm/requirements.installed; then
+    rm -rf .venv-vllm
+    vllm_pin=$(sed -n 's/^# wheel: //p' tests/requirements-vllm.txt)
+    if python3 -m venv .venv-vllm &&
+       .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-warn-conflicts "$vllm_pin" &&
+       .venv-vllm/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --no-warn-conflicts -r tests/requirements-vllm.txt; then
+        cp tests/requirements-vllm.txt .venv-vllm/requirements.installed
+    else
+        setup_failed "could not install vLLM's benchmark client (tests/requirements-vllm.txt)"
+    fi
+fi
 # The summary runs on the system python when the venv could not be made.
 PY=python3
 [ -x .venv/bin/python ] && PY=.venv/bin/python
