@@ -1,29 +1,73 @@
 #!/usr/bin/env python3
 """Sum the results of every suite into one closing line: "N passed, N failed, N skipped".
 
-Arguments are NAME=PATH pairs.  A PATH ending in .json is a meson test log (one JSON
-object per line): a cmocka binary counts each of its test cases (read from its
-"[  PASSED  ] N test(s)" / "[  FAILED  ] N test(s)" / "[  SKIPPED ] N test(s)" lines);
-any other test counts once.  A binary that failed without a cmocka summary (crash,
-sanitizer abort, timeout) counts as one failure.  A PATH ending in .xml is a JUnit
-report (pytest).  A missing file counts as one failure: a suite that did not run did
-not pass.  Exit status 1 if anything failed.
+Arguments are NAME=PATH[:RC] pairs; RC is the exit status of the command that ran the
+suite.
+- PATH ending in .json: a meson test log (one JSON object per line).  A cmocka binary
+  counts each of its cases (its "[  PASSED  ] N test(s)" lines); any other test counts
+  once.  A binary that failed without a cmocka summary (crash, sanitizer abort,
+  timeout) counts as one failure.
+- PATH ending in .xml: a JUnit report (pytest).
+- PATH ending in .txt: one failure per non-empty line (set-up steps that failed: a
+  build, a download); an empty file is no failure.
+A missing or unreadable log, a suite that ran no test, and a non-zero RC with no failure
+counted each count as one failure: a suite that did not run did not pass.
+
+Skips: each must carry a reason key ("[skip:KEY] ...", tests/skips.py) that is allowed
+on this machine; any other skip is counted as a failure and listed.  Exit status 1 if
+anything failed.
 """
 import json
 import re
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
+
+import skips
 
 CMOCKA = {
     "passed": re.compile(r"^\[  PASSED  \] (\d+) test", re.M),
     "failed": re.compile(r"^\[  FAILED  \] (\d+) test", re.M),
     "skipped": re.compile(r"^\[  SKIPPED \] (\d+) test", re.M),
 }
+RUN = re.compile(r"^\[ RUN      \] (\S+)")
+CASE_SKIPPED = re.compile(r"^\[  SKIPPED \] (\S+)$")
+GROUP_START = re.compile(r"^\[==========\] (?:tests: )?Running ")
+GROUP_END = re.compile(r"^\[==========\] (?:tests: )?\d+ test\(s\) run")
 
 
-def meson_counts(path):
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    failures = []
+class Suite:
+    def __init__(self, name):
+        self.name = name
+        self.counts = Counter(passed=0, failed=0, skipped=0)
+        self.failures = []
+        self.skips = []         # (test, key or None, message)
+
+    def skip(self, test, message):
+        self.skips.append((test, skips.key_of(message), message.strip()))
+
+
+def cmocka_skips(out):
+    """(case, the text it printed) for each skipped cmocka case of one binary's output."""
+    found, current, text, in_group = [], None, [], False
+    for line in out.splitlines():
+        if GROUP_START.match(line):
+            in_group, current = True, None
+        elif GROUP_END.match(line):
+            in_group, current = False, None
+        elif not in_group:
+            continue
+        elif m := RUN.match(line):
+            current, text = m.group(1), []
+        elif (m := CASE_SKIPPED.match(line)) and m.group(1) == current:
+            found.append((current, "\n".join(text)))
+            current = None
+        elif current:
+            text.append(line)
+    return found
+
+
+def read_meson(path, s):
     with open(path) as f:
         for line in f:
             if not line.strip():
@@ -33,53 +77,99 @@ def meson_counts(path):
             found = {k: sum(int(n) for n in rx.findall(out)) for k, rx in CMOCKA.items()}
             result = t.get("result", "")
             if any(found.values()):
-                for k in counts:
-                    counts[k] += found[k]
+                s.counts.update(found)
+                cases = cmocka_skips(out)
+                for case, text in cases:
+                    s.skip(f'{t["name"]}::{case}', text)
+                if len(cases) != found["skipped"]:      # a skip we cannot check is not allowed
+                    s.counts["skipped"] -= found["skipped"] - len(cases)
+                    s.counts["failed"] += found["skipped"] - len(cases)
+                    s.failures.append(f'{t["name"]}: {found["skipped"]} skips, {len(cases)} found in its output')
                 if result not in ("OK", "SKIP") and found["failed"] == 0:
-                    counts["failed"] += 1       # e.g. a leak report after all cases passed
-                    failures.append(t["name"])
+                    s.counts["failed"] += 1       # e.g. a leak report after all cases passed
+                    s.failures.append(f'{t["name"]} ({result} after its cases passed)')
                 elif found["failed"]:
-                    failures.append(t["name"])
+                    s.failures.append(t["name"])
             elif result == "OK":
-                counts["passed"] += 1
+                s.counts["passed"] += 1
             elif result == "SKIP":
-                counts["skipped"] += 1
+                s.counts["skipped"] += 1
+                s.skip(t["name"], out)
             else:
-                counts["failed"] += 1
-                failures.append(f'{t["name"]} ({result})')
-    return counts, failures
+                s.counts["failed"] += 1
+                s.failures.append(f'{t["name"]} ({result})')
 
 
-def junit_counts(path):
+def read_junit(path, s):
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    failures = []
-    for s in suites:
-        for case in s.iter("testcase"):
+    for suite in suites:
+        for case in suite.iter("testcase"):
+            name = f'{case.get("classname")}::{case.get("name")}'
+            sk = case.find("skipped")
             if case.find("failure") is not None or case.find("error") is not None:
-                counts["failed"] += 1
-                failures.append(f'{case.get("classname")}::{case.get("name")}')
-            elif case.find("skipped") is not None:
-                counts["skipped"] += 1
+                s.counts["failed"] += 1
+                s.failures.append(name)
+            elif sk is not None:
+                s.counts["skipped"] += 1
+                s.skip(name, (sk.get("message") or "") + "\n" + (sk.text or ""))
             else:
-                counts["passed"] += 1
-    return counts, failures
+                s.counts["passed"] += 1
+
+
+def read_list(path, s):
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                s.counts["failed"] += 1
+                s.failures.append(line.strip())
+
+
+def summarize(arg):
+    name, _, spec = arg.partition("=")
+    path, rc = spec, None
+    if re.search(r":-?\d+$", spec):
+        path, _, rc_text = spec.rpartition(":")
+        rc = int(rc_text)
+    s = Suite(name)
+    reader = read_junit if path.endswith(".xml") else read_list if path.endswith(".txt") else read_meson
+    try:
+        reader(path, s)
+    except (OSError, ValueError, ET.ParseError) as e:
+        s.counts["failed"] += 1
+        s.failures.append(f"{path}: {e}")
+        return s
+    if reader is not read_list and sum(s.counts.values()) == 0:
+        s.counts["failed"] += 1
+        s.failures.append(f"{path}: the suite ran no test")
+    elif rc and s.counts["failed"] == 0:
+        s.counts["failed"] += 1
+        s.failures.append(f"its command exited {rc} with no failing test counted")
+    return s
 
 
 def main(argv):
-    total = {"passed": 0, "failed": 0, "skipped": 0}
+    total = Counter(passed=0, failed=0, skipped=0)
     for arg in argv:
-        name, _, path = arg.partition("=")
-        try:
-            counts, failures = (junit_counts if path.endswith(".xml") else meson_counts)(path)
-        except (OSError, ValueError, ET.ParseError) as e:
-            counts, failures = {"passed": 0, "failed": 1, "skipped": 0}, [f"{path}: {e}"]
-        for k in total:
-            total[k] += counts[k]
-        print(f'{name}: {counts["passed"]} passed, {counts["failed"]} failed, {counts["skipped"]} skipped')
-        for f in failures:
-            print(f"  FAILED {name}: {f}")
+        s = summarize(arg)
+        allowed_skips = []
+        for test, key, message in s.skips:
+            ok, why = skips.allowed(key) if key else (False, "no [skip:KEY] reason")
+            if ok:
+                allowed_skips.append(f"{test}: [{key}] {why}")
+            else:
+                s.counts["skipped"] -= 1
+                s.counts["failed"] += 1
+                lines = [ln for ln in message.splitlines() if ln.strip()] or [""]
+                said = next((ln for ln in lines if skips.TAG.search(ln)), lines[-1])
+                s.failures.append(f"{test} skipped, not allowed here ({why}): {said.strip()[:300]}")
+        total.update(s.counts)
+        print(f'{s.name}: {s.counts["passed"]} passed, {s.counts["failed"]} failed, '
+              f'{s.counts["skipped"]} skipped')
+        for f in s.failures:
+            print(f"  FAILED {s.name}: {f}")
+        for a in allowed_skips:
+            print(f"  skipped {s.name}: {a}")
     print(f'{total["passed"]} passed, {total["failed"]} failed, {total["skipped"]} skipped')
     return 1 if total["failed"] else 0
 

@@ -1,10 +1,15 @@
 """The e2e harness: start real Tessera processes on loopback, wait on /health (no
-fixed sleeps), and kill their process groups at teardown.
+fixed sleeps), and stop their process groups at teardown: SIGTERM first, so the
+processes run their shutdown paths (and, in the sanitizer pass, LeakSanitizer), then
+SIGKILL for what is still there.  A sanitizer report in a process's output fails the
+test.
 
 Environment: TESSERA_BUILD (default <repo>/build), TESSERA_TEST_MODEL (default the
-demo GGUF fetched by scripts/fetch-model.sh).  Tests that need the model skip when it
-is absent."""
+demo GGUF fetched by scripts/fetch-model.sh).  A test skips only through
+skip_because(KEY, why), KEY one of tests/skips.py's reasons; a test needing the demo
+model skips "not-fetched" without it, which the test command counts as a failure."""
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,8 +30,23 @@ DEMO_MODEL = Path(os.environ.get("TESSERA_TEST_MODEL",
 FIXTURES = REPO.parent / "shared" / "fixtures"
 # The ASan+UBSan binaries compute ~30x slower (the ThreadSanitizer build, build-tsan,
 # slower still): tests whose timing assumptions rest on the normal build's speed (e.g.
-# finishing within the router's 10 s drain) skip there.
+# finishing within the router's 10 s drain) are marked `slow_under_sanitizers`, and the
+# sanitizer pass deselects them (-m "not slow_under_sanitizers"): not run, not skipped.
 SANITIZED = "asan" in BUILD.name or "tsan" in BUILD.name
+# What a sanitizer prints when it finds something (ASan, LSan, UBSan, TSan).
+SANITIZER_REPORT = re.compile(r"ERROR: (?:Address|Leak|Thread|Memory)Sanitizer|runtime error: |"
+                              r"WARNING: ThreadSanitizer")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow_under_sanitizers: too slow for the ASan/TSan builds; the "
+                            "sanitizer pass deselects it")
+
+
+def skip_because(key, why):
+    """Skip the current test for reason `key` (tests/skips.py: allowed only where the
+    machine confirms it, e.g. "no-shared-fixtures" without ../shared)."""
+    pytest.skip(f"[skip:{key}] {why}")
 
 
 sys.path.insert(0, str(REPO / "scripts"))
@@ -77,6 +97,21 @@ def cmdline(pid):
         return ""
 
 
+def group_alive(pgid):
+    """True while a live (not zombie) process is in process group `pgid`."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
 def pid_alive(pid):
     """True while `pid` exists and is not a zombie."""
     try:
@@ -104,14 +139,38 @@ class Proc:
     def wait(self, timeout):
         return self.p.wait(timeout=timeout)
 
-    def kill_group(self):
+    def kill_group(self, grace=None):
+        """Stop the process group: SIGTERM (and SIGCONT, for a stopped one), up to
+        `grace` seconds for a clean exit, then SIGKILL.  Raises AssertionError when the
+        output holds a sanitizer report (a leak found at exit included)."""
+        if grace is None:
+            grace = 60 if SANITIZED else 15
         if self.p.poll() is None:
+            for sig in (signal.SIGTERM, signal.SIGCONT):
+                try:
+                    os.killpg(self.pid, sig)
+                except ProcessLookupError:
+                    pass
             try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                self.p.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
                 pass
+        # children (a launcher's worker and router) may outlive the leader: wait for the
+        # group to empty, then SIGKILL whatever did not stop
+        deadline = time.monotonic() + grace
+        while group_alive(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if self.p.poll() is None:
             self.p.wait(timeout=10)
         self.log.close()
+        found = SANITIZER_REPORT.search(Path(self.log_path).read_text(errors="replace"))
+        if found:
+            raise AssertionError(f"sanitizer report in the output of {' '.join(self.args)}:\n"
+                                 + Path(self.log_path).read_text(errors="replace")[-6000:])
 
 
 @pytest.fixture
@@ -126,12 +185,17 @@ def spawn(tmp_path, request):
         return proc
 
     yield _spawn
+    reports = []
     for proc in procs:
-        proc.kill_group()
+        try:
+            proc.kill_group()
+        except AssertionError as e:
+            reports.append(str(e))
     # the logs of a test that failed, or whose fixture did (a server that never became healthy)
     if any(getattr(getattr(request.node, "rep_" + when, None), "failed", False) for when in ("setup", "call")):
         for proc in procs:
             print(f"---- {' '.join(proc.args)}\n{Path(proc.log_path).read_text(errors='replace')[-4000:]}")
+    assert not reports, "\n".join(reports)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -144,7 +208,7 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture
 def demo_model():
     if not DEMO_MODEL.exists():
-        pytest.skip(f"demo model not fetched ({DEMO_MODEL}); run scripts/fetch-model.sh")
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     return DEMO_MODEL
 
 

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from conftest import SANITIZED, wait_until
+from conftest import wait_until
 from test_engine_worker import (FORWARD, random_prompt, same, stories, tiny, tiny_long,  # noqa: F401 (fixtures)
                                 worker)
 
@@ -197,12 +197,11 @@ def test_smollm2_goldens_with_async(worker, demo_model):
         same_result(got[0][f"g{i}"], got[1][f"g{i}"], i)
 
 
+@pytest.mark.slow_under_sanitizers
 def test_sigterm_drain_with_async(worker, demo_model):
     """SIGTERM with --shutdown-timeout 60: the running request gets all its tokens (the
     step in flight is applied before the engine stops), a late Submit is refused
     (retryable), the worker exits 0."""
-    if SANITIZED:
-        pytest.skip("timing rests on the normal build's speed")
     w = worker(demo_model, "--shutdown-timeout", "60", ASYNC)
     w.submit("inflight", [504, 2365, 6354, 16438], 48)
     wait_until(lambda: w.pump(200) and len(w.results["inflight"].tokens) >= 1, timeout=60, what="first token")

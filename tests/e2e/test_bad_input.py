@@ -10,7 +10,7 @@ import re
 import pytest
 import requests
 
-from conftest import DEMO_MODEL, pid_alive
+from conftest import DEMO_MODEL, pid_alive, skip_because
 from hostile import error_of, post_bytes, raw_request, start_served
 
 C = "/v1/completions"
@@ -21,7 +21,7 @@ MSG = [{"role": "user", "content": "Hi"}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     if not DEMO_MODEL.exists():
-        pytest.skip(f"demo model not fetched ({DEMO_MODEL}); run scripts/fetch-model.sh")
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     served, proc = start_served(tmp_path_factory.mktemp("bad_input"), DEMO_MODEL)
     served.max_model_len = requests.get(served.base + "/v1/models", timeout=30).json()["data"][0]["max_model_len"]
     served.model = requests.get(served.base + "/v1/models", timeout=30).json()["data"][0]["id"]
@@ -343,7 +343,7 @@ def test_bad_http(server, row):
 
 def test_api_key(tmp_path_factory):
     if not DEMO_MODEL.exists():
-        pytest.skip("demo model not fetched")
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     served, proc = start_served(tmp_path_factory.mktemp("api_key"), DEMO_MODEL, "--api-key", "s3cret", name="keyed",
                                   headers={"Authorization": "Bearer s3cret"})
     try:

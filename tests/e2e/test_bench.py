@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import BUILD, DEMO_MODEL, LAUNCHER, Proc, free_port, http_status, wait_until
+from conftest import BUILD, DEMO_MODEL, LAUNCHER, REPO, Proc, free_port, http_status, skip_because, wait_until
 
 MODEL = "smol"
 BENCH_TIMEOUT = 600   # a loaded 2-core machine runs SmolLM2 at a few tokens/s per request
@@ -88,7 +88,7 @@ def check_block(stdout, **kw):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     if not DEMO_MODEL.exists():
-        pytest.skip("demo model not fetched")
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port,
@@ -136,8 +136,7 @@ def one_json(result_dir):
     (["--ignore-eos=1"], "ignored explicit argument"),
 ])
 def test_bad_flags_exit_2(flags, message):
-    if not LAUNCHER.exists():
-        pytest.skip("not built")
+    assert LAUNCHER.exists(), f"{LAUNCHER} not built"
     r = bench(*flags, "--port", "1", timeout=60)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr, r.stderr
@@ -145,8 +144,7 @@ def test_bad_flags_exit_2(flags, message):
 
 
 def test_help_and_launcher_usage():
-    if not LAUNCHER.exists():
-        pytest.skip("not built")
+    assert LAUNCHER.exists(), f"{LAUNCHER} not built"
     r = bench("--help", timeout=60)
     assert r.returncode == 0 and "--max-concurrency" in r.stdout
     r = subprocess.run([str(LAUNCHER), "bench"], capture_output=True, text=True, timeout=60)
@@ -325,3 +323,42 @@ def test_dataset_and_schedule_are_numpys(server, tmp_path):
     # never sent before its arrival time (measured from the first request; 0.2 s for a late first send)
     assert np.all(starts - starts[0] >= due - due[0] - 0.2), (starts - starts[0], due - due[0])
     assert d["duration"] >= due[-1] - 0.2
+
+
+# ------------------------------------------------------------------ vLLM's own client
+VLLM_VENV = REPO / ".venv-vllm"     # scripts/test.sh: vllm --no-deps + tests/requirements-vllm.txt
+CROSSCHECK = REPO / "deploy" / "bench_vllm_crosscheck.py"
+
+
+def test_vllm_client_crosscheck(server, tmp_path):
+    """vLLM's `vllm bench serve` (its serve.py, unmodified, through
+    deploy/bench_vllm_crosscheck.py) and `tessera bench serve`, same flags, same server,
+    same tokenizer files: the same requests (input lengths), the same greedy outputs
+    byte for byte, the same result-block lines in the same order and the same JSON keys
+    in the same order."""
+    py = VLLM_VENV / "bin" / "python"
+    assert py.exists(), f"{py} missing: scripts/test.sh makes it (pip install --no-deps vllm)"
+    base, port, _ = server
+    tok = tmp_path / "tok"
+    r = subprocess.run([py, CROSSCHECK, "tokenizer", DEMO_MODEL, tok], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    flags = ["--backend", "openai", "--port", str(port), "--model", MODEL, "--tokenizer", str(tok),
+             "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "8",
+             "--random-range-ratio", "0.5", "--num-prompts", "8", "--temperature", "0", "--seed", "5",
+             "--save-result", "--save-detailed"]
+    out = {}
+    for who, cmd in (("vllm", [py, CROSSCHECK, "serve"]), ("tessera", [LAUNCHER, "bench", "serve"])):
+        d = tmp_path / who
+        r = subprocess.run([str(c) for c in cmd] + flags + ["--result-dir", str(d)], capture_output=True,
+                           text=True, timeout=BENCH_TIMEOUT)
+        assert r.returncode == 0, f"{who}: {r.stdout[-3000:]}{r.stderr[-3000:]}"
+        block = r.stdout[r.stdout.index("============ Serving Benchmark Result"):]
+        labels = [ln.split(":")[0].strip() for ln in block.splitlines() if ":" in ln]
+        out[who] = (labels, one_json(d)[1])
+    (v_labels, v), (t_labels, t) = out["vllm"], out["tessera"]
+    assert t_labels == v_labels
+    assert list(t.keys()) == list(v.keys())
+    assert t["input_lens"] == v["input_lens"] and len(v["input_lens"]) == 8
+    assert t["output_lens"] == v["output_lens"]
+    assert t["generated_texts"] == v["generated_texts"]
+    assert t["completed"] == v["completed"] == 8

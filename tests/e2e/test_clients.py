@@ -11,7 +11,7 @@ import openai
 import pytest
 import requests
 
-from conftest import SANITIZED, http_status, wait_until
+from conftest import http_status, skip_because, wait_until
 
 MODEL = "smol"
 
@@ -24,7 +24,7 @@ def smol(serve):
     return s
 
 
-@pytest.mark.skipif(SANITIZED, reason="32 generations on the ASan build take minutes")
+@pytest.mark.slow_under_sanitizers      # 32 generations on the ASan build take minutes
 def test_async_sdk_32_concurrent_streams(smol):
     n, max_tokens = 32, 12
     prompts = [f"Write the number {i} in words, then count on." for i in range(n)]
@@ -82,7 +82,7 @@ def test_1000_idle_connections(smol):
     is accepted."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 1200:
-        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below 1,200")
+        skip_because("rlimit-nofile", f"RLIMIT_NOFILE hard limit {hard} is below 1,200")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
     router = smol.router_pid()
     host, port = "127.0.0.1", smol.port

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FIXTURES, REPO, SANITIZED, wait_until
+from conftest import FIXTURES, REPO, SANITIZED, skip_because, wait_until
 from engine_client import EngineWorker
 
 TINY = REPO / "tests" / "fixtures" / "tiny-llama3-hf"
@@ -65,7 +65,7 @@ def tiny_long(tmp_path):
 @pytest.fixture
 def stories():
     if not STORIES.exists():
-        pytest.skip(f"{STORIES} absent (../shared fixtures)")
+        skip_because("no-shared-fixtures", f"{STORIES} absent")
     return STORIES
 
 
@@ -311,12 +311,11 @@ def test_smollm2_batch_matches_goldens(worker, demo_model):
 # ---------------------------------------------------------------- shutdown
 
 
+@pytest.mark.slow_under_sanitizers
 def test_sigterm_lets_inflight_finish_within_shutdown_timeout(worker, demo_model):
     """--shutdown-timeout 60: after SIGTERM a new Submit gets a retryable UNAVAILABLE
     Error (the router retries it elsewhere), the running request still gets all its
     tokens, and the worker exits 0."""
-    if SANITIZED:
-        pytest.skip("timing rests on the normal build's speed")
     w = worker(demo_model, "--shutdown-timeout", "60")
     w.submit("inflight", [504, 2365, 6354, 16438], 48)
     wait_until(lambda: w.pump(200) and len(w.results["inflight"].tokens) >= 1, timeout=60, what="first token")

@@ -15,9 +15,9 @@ MODEL = "smol"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, request):
     """One `tessera serve` for the module (loading SmolLM2 takes a few seconds)."""
-    from conftest import DEMO_MODEL, LAUNCHER, Proc, free_port
+    from conftest import DEMO_MODEL, LAUNCHER, Proc, free_port, skip_because
     if not DEMO_MODEL.exists():
-        pytest.skip("demo model not fetched")
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port,

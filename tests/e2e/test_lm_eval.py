@@ -27,19 +27,19 @@ import time
 import pytest
 import requests
 
-from conftest import FIXTURES, REPO, SANITIZED
+from conftest import FIXTURES, REPO, skip_because
 
-pytest.importorskip("lm_eval", reason="lm-eval is not installed (tests/requirements.txt)")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("gguf")
+import gguf  # noqa: E402,F401  (tests/requirements.txt installs all three: a missing one fails)
+import lm_eval  # noqa: E402,F401
+import transformers  # noqa: E402
 # Loaded by path, not through sys.path: tests/lm_eval also holds a module named utils.
 _spec = importlib.util.spec_from_file_location(
     "gguf_tokenizer", REPO / "tests" / "lm_eval" / "gguf_tokenizer.py")
 gguf_tokenizer = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gguf_tokenizer)
 
-pytestmark = pytest.mark.skipif(SANITIZED, reason="lm-eval runs take minutes even on "
-                                "the normal build; the sanitized one is ~30x slower")
+# lm-eval runs take minutes even on the normal build; the sanitized one is ~30x slower
+pytestmark = pytest.mark.slow_under_sanitizers
 
 SERVED = "SmolLM2-135M-Instruct"
 GOLDENS = REPO / "tests" / "fixtures" / "lm_eval" / "goldens.json"
@@ -150,8 +150,9 @@ def test_loglikelihood_matches_transformers(serve, tmp_path, tokenizer_dir, hf_t
           f"difference {worst:.2e}")
 
 
-@pytest.mark.skipif(not GSM8K.exists(), reason=f"{GSM8K} is absent (../shared/fixtures)")
 def test_gsm8k_generation_completions_and_chat(serve, tmp_path, tokenizer_dir, hf_tokenizer):
+    if not GSM8K.exists():
+        skip_because("no-shared-fixtures", f"{GSM8K} is absent")
     served = start(serve)
     common = ("--limit", "20", "--num_fewshot", str(NUM_FEWSHOT),
               "--gen_kwargs", f"max_gen_toks={MAX_GEN_TOKS}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import DEMO_MODEL, pid_alive, wait_until
+from conftest import DEMO_MODEL, pid_alive, skip_because, wait_until
 from hostile import fd_count, metric_sum, metric_value, rss_kb, start_served
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "load"))
@@ -28,12 +28,12 @@ HEADER_TIMEOUT_S = 10   # http_server_opts_default: header_timeout_ms (no flag s
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     if not DEMO_MODEL.exists():
-        pytest.skip(f"demo model not fetched ({DEMO_MODEL}); run scripts/fetch-model.sh")
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     # 1,000 client sockets here and as many in the router (which inherits the limit).
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, 8192)
     if want < 2 * N_STREAMS + 200:
-        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is too low for {N_STREAMS} connections")
+        skip_because("rlimit-nofile", f"RLIMIT_NOFILE hard limit {hard} is too low for {N_STREAMS} connections")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, want), hard))
     served, proc = start_served(tmp_path_factory.mktemp("load"), DEMO_MODEL, *soak.SERVE_FLAGS)
     yield served

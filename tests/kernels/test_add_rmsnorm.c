@@ -57,7 +57,7 @@ int main(void) {
         int failures = 0, cases = 0;
 
         if (!gpu) {
-                printf("no CUDA device: skipped\n");
+                printf("[skip:no-gpu] no CUDA device\n");
                 return 77;
         }
         if (!gpu->add_rmsnorm) {

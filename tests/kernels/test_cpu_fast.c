@@ -8,12 +8,18 @@
  * thread count and to the rows around a row.  add_rmsnorm (the residual add fused with
  * the next norm): ref's is bitwise ref's add then rmsnorm, fast's bitwise ref's, and a
  * NaN or an infinity stays in its row.  Also: the bf16 rounding and the thread pool
- * (every task exactly once, a second driving thread). */
+ * (every task exactly once, a second driving thread).
+ *
+ * The cases loop over the levels the CPU has; one case per level above scalar
+ * (isa_avx2, isa_avx512_bf16, isa_amx_bf16) runs that level alone and is the one that
+ * skips, "[skip:cpu-lacks:LEVEL]", where the CPU lacks it, so the closing line counts
+ * every level this machine could not test. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/tsr_test.h"
 
 #include <float.h>
 #include <stdbool.h>
@@ -847,9 +853,51 @@ static int teardown(void **state) {
         return 0;
 }
 
+/* ---- one case per ISA level --------------------------------------------------------- */
+
+/* The level alone, at 2 threads: it is what runs, float32 matmul bitwise ref's, bf16
+ * matmul within the summation bound (bitwise below AVX512_BF16).  Skips where the CPU
+ * (or, for AMX, Linux) does not grant the level. */
+static void test_isa_level(void **state) {
+        const tsr_cpu_isa isa = *(const tsr_cpu_isa *)*state;
+        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
+        const size_t rows = 5, n = 67, d = 33;
+
+        assert_int_equal(tsr_kernels_cpu_configure(2, isa), TSR_OK);
+        if (tsr_kernels_cpu_isa() != isa) {
+                print_message("[skip:cpu-lacks:%s] this CPU runs %s at most\n", tsr_cpu_isa_name(isa),
+                              tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+                skip();
+        }
+        float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
+        uint16_t *w = to_bf16_vec(wf, d * n);
+        float *o1 = malloc(rows * d * sizeof(float)), *o2 = malloc(rows * d * sizeof(float));
+        assert_int_equal(ref->matmul(o1, x, wf, rows, n, d), TSR_OK);
+        assert_int_equal(fast->matmul(o2, x, wf, rows, n, d), TSR_OK);
+        expect_bitwise("matmul f32", o2, o1, rows, d);
+        assert_int_equal(ref->matmul_bf16(o1, x, w, rows, n, d), TSR_OK);
+        assert_int_equal(fast->matmul_bf16(o2, x, w, rows, n, d), TSR_OK);
+        for (size_t r = 0; r < rows; r++)
+                for (size_t i = 0; i < d; i++) {
+                        double bound = isa < TSR_CPU_ISA_AVX512_BF16 ? 0 : dot_bound(w + i * n, x + r * n, n);
+                        double diff = fabs((double)o2[r * d + i] - (double)o1[r * d + i]);
+                        if (!(diff <= bound))
+                                fail_msg("matmul_bf16 %s [%zu,%zu]: %.9g vs ref %.9g, bound %.3g",
+                                         tsr_cpu_isa_name(isa), r, i, o2[r * d + i], o1[r * d + i], bound);
+                }
+        free(x), free(wf), free(w), free(o1), free(o2);
+        assert_int_equal(tsr_kernels_cpu_configure(0, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+}
+
+static const tsr_cpu_isa level_avx2 = TSR_CPU_ISA_AVX2, level_avx512_bf16 = TSR_CPU_ISA_AVX512_BF16,
+                         level_amx_bf16 = TSR_CPU_ISA_AMX_BF16;
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_pool),
+                {"isa_avx2", test_isa_level, NULL, NULL, (void *)&level_avx2},
+                {"isa_avx512_bf16", test_isa_level, NULL, NULL, (void *)&level_avx512_bf16},
+                {"isa_amx_bf16", test_isa_level, NULL, NULL, (void *)&level_amx_bf16},
                 cmocka_unit_test(test_matmul_f32_bitwise),
                 cmocka_unit_test(test_matmul_f32_special),
                 cmocka_unit_test(test_attention_bitwise),

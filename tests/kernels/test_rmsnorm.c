@@ -20,7 +20,7 @@ int main(void) {
         int failures = 0;
 
         if (!gpu) {
-                printf("no CUDA device: skipped\n");
+                printf("[skip:no-gpu] no CUDA device\n");
                 return 77;
         }
         srand(1234);

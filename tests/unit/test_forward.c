@@ -8,18 +8,22 @@
  *   llama-2-tiny-random (F16)  last-position top-50 within 1e-4, argmax per position
  *   SmolLM2-135M Q4_1          top-20 per position within 1e-3 * max|logit|, same argmax,
  *                              greedy 64 tokens exact for 10 prompts via the decode path
- * Models come from TSR_FIXTURES/models and TSR_SOURCE_ROOT/.cache/models; a test skips
- * when its model is absent.  Speeds are printed, not asserted.
+ * Models come from TSR_FIXTURES/models (a test skips, "no-shared-fixtures", when that
+ * folder is absent, as in a user's clone) and TSR_SOURCE_ROOT/.cache/models (absent: a
+ * "not-fetched" skip, which fails the test command).  The goldens are committed: a
+ * missing one fails.  Speeds are printed, not asserted (tessera-bench-engine measures).
  *
  * Sanitized builds (TSR_SANITIZED set, or gcc's __SANITIZE_ADDRESS__): ASan instruments
  * every load of the matmul's inner loop and runs it ~10x slower, so the SmolLM2 tests run
- * a short subset (2 logit prompts; 2 greedy prompts of 16 tokens) and skip the speed
- * test.  The stories260K and llama-2-tiny tests, which cover the same code, run in full. */
+ * a short subset (2 logit prompts; 2 greedy prompts of 16 tokens), and the bf16 case is
+ * not registered there (minutes at sanitized speed).  The stories260K and llama-2-tiny
+ * tests, which cover the same code, run in full. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/tsr_test.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -87,10 +91,8 @@ static json_t *load_golden(const char *name) {
         json_error_t je;
         json_t *j;
 
-        if (!env_path("TSR_SOURCE_ROOT", name, path, sizeof path)) {
-                print_message("golden %s absent\n", name);
-                return NULL;
-        }
+        if (!env_path("TSR_SOURCE_ROOT", name, path, sizeof path))
+                fail_msg("golden %s absent (it is committed: run from the source tree)", name);
         j = json_load_file(path, 0, &je);
         if (!j)
                 print_message("%s: %s (line %d)\n", path, je.text, je.line);
@@ -456,7 +458,7 @@ static void test_load_errors(void **state) {
                          TSR_E_NOTFOUND);
         assert_null(m);
         if (!env_path("TSR_FIXTURES", "models/stories260K.gguf", path, sizeof path))
-                skip();
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "models/stories260K.gguf absent from TSR_FIXTURES");
         p = read_file(path, &n);
 
         err[0] = 0;
@@ -509,13 +511,14 @@ static void test_stories260k(void **state) {
         tsr_llama_kv *kv = NULL;
 
         if (!m)
-                skip();
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "its GGUF is absent from TSR_FIXTURES/models");
         j = load_golden("tests/fixtures/forward/stories260K.json");
         const tsr_llama_config *c = tsr_llama_config_of(m);
         size_t V = c->vocab_size;
         assert_int_equal(V, 512);
         assert_int_equal(tsr_llama_kv_new(m, 64, 4, &kv), TSR_OK);      /* small blocks: many of them */
         json_t *ps = json_object_get(j, "prompts");
+        assert_true(json_array_size(ps) > 0);        /* a golden without prompts checks nothing */
         double worst = 0;
         for (size_t pi = 0; pi < json_array_size(ps); pi++) {
                 json_t *P = json_array_get(ps, pi);
@@ -594,7 +597,7 @@ static void test_stories260k_pool(void **state) {
         uint32_t ids_a[T], ids_b[T];
 
         if (!m)
-                skip();
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "its GGUF is absent from TSR_FIXTURES/models");
         size_t V = tsr_llama_config_of(m)->vocab_size;
         float *want_a = malloc(T * V * sizeof(float)), *want_b = malloc(T * V * sizeof(float));
         float *got = malloc(V * sizeof(float));
@@ -649,7 +652,7 @@ static void test_stories260k_batch(void **state) {
         uint32_t ids[3][T];
 
         if (!m)
-                skip();
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "its GGUF is absent from TSR_FIXTURES/models");
         size_t V = tsr_llama_config_of(m)->vocab_size;
         float *want[3], *got = malloc((T + 1) * V * sizeof(float));
         for (int q = 0; q < 3; q++) {
@@ -694,10 +697,11 @@ static void test_llama2_tiny(void **state) {
         json_t *j;
 
         if (!m)
-                skip();
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "its GGUF is absent from TSR_FIXTURES/models");
         j = load_golden("tests/fixtures/forward/llama2_tiny.json");
         size_t V = tsr_llama_config_of(m)->vocab_size;
         json_t *ps = json_object_get(j, "prompts");
+        assert_true(json_array_size(ps) > 0);        /* a golden without prompts checks nothing */
         double worst = 0;
         assert_int_equal(tsr_llama_kv_new(m, 64, 0, &kv), TSR_OK);
         for (size_t pi = 0; pi < json_array_size(ps); pi++) {
@@ -761,10 +765,11 @@ static int smol_teardown(void **state) {
 }
 
 static void test_smollm2_logits(void **state) {
-        if (!smol || !smol_golden)
-                skip();
+        if (!smol)
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "the demo model is absent (scripts/fetch-model.sh fetches it)");
         size_t V = tsr_llama_config_of(smol)->vocab_size;
         json_t *ps = json_object_get(smol_golden, "logit_prompts");
+        assert_true(json_array_size(ps) > 0);        /* a golden without prompts checks nothing */
         tsr_llama_kv *kv = NULL;
         double worst = 0, tok = 0, secs = 0;
 
@@ -871,9 +876,10 @@ out:
 }
 
 static void test_smollm2_greedy(void **state) {
-        if (!smol || !smol_golden)
-                skip();
+        if (!smol)
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "the demo model is absent (scripts/fetch-model.sh fetches it)");
         json_t *ps = json_object_get(smol_golden, "greedy_prompts");
+        assert_true(json_array_size(ps) > 0);        /* a golden without prompts checks nothing */
         /* Two threads (this machine's cores), each its own cache, sharing the read-only model. */
         struct greedy_job jobs[2];
         pthread_t th[2];
@@ -910,39 +916,12 @@ static void test_smollm2_greedy(void **state) {
         json_decref(subset);
 }
 
-/* Decode speed at batch 1 with one thread, and prefill speed (last logits only).  Measured,
- * not asserted. */
-static void test_smollm2_speed(void **state) {
-        if (!smol || sanitized())
-                skip();
-        size_t V = tsr_llama_config_of(smol)->vocab_size;
-        uint32_t ids[64];
-        float *lg = malloc(V * sizeof(float));
-        tsr_llama_kv *kv = NULL;
-
-        for (size_t i = 0; i < 64; i++)
-                ids[i] = (uint32_t)(100 + 37 * i);
-        assert_int_equal(tsr_llama_kv_new(smol, 128, 0, &kv), TSR_OK);
-        double t0 = now_s();
-        assert_int_equal(tsr_llama_forward(smol, kv, ids, 64, 0, TSR_LLAMA_LOGITS_LAST, lg), TSR_OK);
-        double t1 = now_s();
-        for (size_t s = 0; s < 16; s++) {
-                uint32_t tok = (uint32_t)argmax(lg, V);
-                assert_int_equal(tsr_llama_forward(smol, kv, &tok, 1, 64 + s, TSR_LLAMA_LOGITS_LAST, lg), TSR_OK);
-        }
-        double t2 = now_s();
-        print_message("SmolLM2 fp32 cpu-ref, 1 thread: prefill 64 tokens %.1f tok/s, decode batch 1 %.1f tok/s\n",
-                      64 / (t1 - t0), 16 / (t2 - t1));
-        tsr_llama_kv_free(&kv);
-        free(lg);
-}
-
 /* The fast CPU table (kernels/cpu/fast.c) through the whole model: every logit of a
  * prefill and of decode steps bitwise equal to the reference's, with 1 and 2 threads,
  * and a batch of sequences giving each one's logits bitwise as when run alone. */
 static void test_smollm2_fast_bitwise(void **state) {
-        if (!smol || !smol_golden)
-                skip();
+        if (!smol)
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "the demo model is absent (scripts/fetch-model.sh fetches it)");
         size_t V = tsr_llama_config_of(smol)->vocab_size;
         json_t *P = json_array_get(json_object_get(smol_golden, "logit_prompts"), 1);
         uint32_t ids[64];
@@ -1014,6 +993,7 @@ static void test_smollm2_fast_bitwise(void **state) {
 static void check_bf16_fidelity(tsr_llama *m, tsr_llama_kv *kv) {
         size_t V = tsr_llama_config_of(m)->vocab_size, positions = 0, agree = 0;
         json_t *ps = json_object_get(smol_golden, "logit_prompts");
+        assert_true(json_array_size(ps) > 0);        /* a golden without prompts checks nothing */
         double worst_cos = 1.0;
 
         for (size_t pi = 0; pi < json_array_size(ps); pi++) {
@@ -1086,8 +1066,8 @@ static void check_bf16_batch_invariance(tsr_llama *m) {
  * (kernels/cpu/amx.c) where present, then VDPBF16PS (or the widened AVX2 path on older
  * CPUs). */
 static void test_smollm2_bf16(void **state) {
-        if (!smol || !smol_golden || sanitized())
-                skip();
+        if (!smol)
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "the demo model is absent (scripts/fetch-model.sh fetches it)");
         char path[1024], err[512];
         tsr_llama *m = NULL;
         tsr_llama_kv *kv = NULL;
@@ -1129,11 +1109,11 @@ int main(void) {
         const struct CMUnitTest smollm2[] = {
                 cmocka_unit_test(test_smollm2_logits),
                 cmocka_unit_test(test_smollm2_greedy),
-                cmocka_unit_test(test_smollm2_speed),
                 cmocka_unit_test(test_smollm2_fast_bitwise),
-                cmocka_unit_test(test_smollm2_bf16),
+                cmocka_unit_test(test_smollm2_bf16),      /* last: not registered when sanitized */
         };
         int failed = cmocka_run_group_tests_name("forward", kernels, NULL, NULL);
-        failed += cmocka_run_group_tests_name("forward_smollm2", smollm2, smol_setup, smol_teardown);
+        size_t n_smol = sizeof smollm2 / sizeof *smollm2 - (sanitized() ? 1 : 0);
+        failed += _cmocka_run_group_tests("forward_smollm2", smollm2, n_smol, smol_setup, smol_teardown);
         return failed ? 1 : 0;
 }

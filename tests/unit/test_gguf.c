@@ -10,6 +10,7 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/tsr_test.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -673,7 +674,7 @@ static void test_stories260k(void **state) {
         int64_t i;
 
         if (!g)
-                skip();
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "%s absent", path);
         assert_int_equal(tsr_gguf_version(g), 3);
         assert_int_equal(tsr_gguf_n_kv(g), 19);
         assert_int_equal(tsr_gguf_n_tensors(g), 48);
@@ -716,7 +717,7 @@ static void test_llama2_tiny_random(void **state) {
         const tsr_gguf_tensor *t;
 
         if (!g)
-                skip();
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "%s absent", path);
         assert_int_equal(tsr_gguf_version(g), 3);
         assert_int_equal(tsr_gguf_n_kv(g), 18);
         assert_int_equal(tsr_gguf_n_tensors(g), 12);
@@ -754,7 +755,7 @@ static void test_smollm2(void **state) {
         bool b = true;
 
         if (!g)
-                skip();
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "%s absent (scripts/fetch-model.sh fetches it)", path);
         assert_int_equal(tsr_gguf_version(g), 3);
         assert_int_equal(tsr_gguf_n_kv(g), 33);
         assert_int_equal(tsr_gguf_n_tensors(g), 272);

@@ -8,6 +8,7 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/tsr_test.h"
 
 #include <math.h>
 #include <fcntl.h>
@@ -491,7 +492,7 @@ static void test_gguf_stories260k(void **state) {
         const tsr_gguf_tokenizer *t;
 
         if (!fixture("TSR_FIXTURES", "models/stories260K.gguf", path, sizeof(path)))
-                skip();
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "%s absent", path);
         m = load_ok(path);
         assert_string_equal(m->format, "gguf");
         assert_string_equal(m->architecture, "llama");
@@ -544,7 +545,7 @@ static void test_gguf_llama2_tiny_random(void **state) {
         tsr_model_meta *m, *s;
 
         if (!fixture("TSR_FIXTURES", "models/llama-2-tiny-random.gguf", path, sizeof(path)))
-                skip();
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "%s absent", path);
         m = load_ok(path);
         assert_string_equal(m->architecture, "llama");
         assert_int_equal(m->max_model_len, 4096);
@@ -582,7 +583,7 @@ static void test_gguf_smollm2(void **state) {
         const tsr_gguf_tokenizer *t;
 
         if (!fixture("TSR_SOURCE_ROOT", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", path, sizeof(path)))
-                skip();
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "%s absent (scripts/fetch-model.sh fetches it)", path);
         m = load_ok(path);
         assert_string_equal(m->architecture, "llama");
         assert_int_equal(m->max_model_len, 8192);

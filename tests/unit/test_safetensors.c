@@ -458,8 +458,7 @@ static void test_open_files_and_sets(void **state) {
         expect_err(tsr_safetensors_open("/nonexistent/model.safetensors", &f, err, sizeof err), TSR_E_NOTFOUND,
                    "/nonexistent/model.safetensors: ");
         expect_err(tsr_safetensors_open("/", &f, err, sizeof err), TSR_E_INVAL, "not a regular file");
-        if (!src_path(FIXTURE "/bf16", path, sizeof path))
-                skip();
+        assert_non_null(src_path(FIXTURE "/bf16", path, sizeof path));       /* committed */
 
         /* one file */
         assert_int_equal(tsr_safetensors_set_open(path, &s, err, sizeof err), TSR_OK);
@@ -700,8 +699,9 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
         size_t n_prompts = json_array_size(ps), rows = 0, n_steps;
         double worst = 0, worst_dec = 0;
 
-        if (!golden || !var || !src_path(FIXTURE, path, sizeof path))
-                skip();
+        assert_non_null(golden);                                              /* committed */
+        assert_non_null(var);
+        assert_non_null(src_path(FIXTURE, path, sizeof path));
         snprintf(path + strlen(path), sizeof path - strlen(path), "/%s",
                  json_string_value(json_object_get(var, "dir")));
         tsr_status s = tsr_llama_load(path, tsr_kernels_cpu_ref(), NULL, NULL, NULL, &m, &st, err, sizeof err);
@@ -846,8 +846,7 @@ static void test_load_errors(void **state) {
         char path[1024], err[512], file[1100];
         tsr_llama *m = NULL;
 
-        if (!src_path(FIXTURE "/bf16", path, sizeof path))
-                skip();
+        assert_non_null(src_path(FIXTURE "/bf16", path, sizeof path));       /* committed */
         mk_tmpdir();
         snprintf(file, sizeof file, "%s/model.safetensors", tmpdir);
 

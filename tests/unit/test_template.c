@@ -14,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <cmocka.h>
+#include "tests/tsr_test.h"
 #include <jansson.h>
 
 #include "common/template.h"
@@ -288,30 +290,37 @@ static json_t *case_context(const json_t *tpl, const json_t *cs) {
 
 /* ---------------------------------------------------------------- golden templates */
 
-static void test_golden_templates(void **state) {
-        size_t i, k, n_run = 0, n_fail = 0, n_skip = 0;
+/* Every golden template from `shared` (../shared/fixtures) or from every other source
+ * (the repo, the demo model, llama.cpp's collection fetched by scripts/fetch-vocab.sh).
+ * A template that is absent or whose file differs from the golden's sha256 fails: the
+ * test command fetches pinned files, so only a whole ../shared missing is a skip. */
+static void run_golden_templates(bool shared) {
+        size_t i, k, n_run = 0, n_fail = 0, n_templates = 0;
         const json_t *tpls = json_object_get(goldens, "templates");
-        (void)state;
 
         for (i = 0; i < json_array_size(tpls); i++) {
                 const json_t *tpl = json_array_get(tpls, i), *cases = json_object_get(tpl, "cases");
                 const char *name = json_string_value(json_object_get(tpl, "name"));
+                const char *source = json_string_value(json_object_get(tpl, "source"));
                 char why[4600] = "", hex[65], err[512], what[512];
                 size_t len = 0, pass = 0;
-                char *src = template_source(tpl, &len, why, sizeof(why));
+                char *src;
                 tsr_template *t = NULL;
                 tsr_status st;
 
-                if (!src) {
-                        printf("SKIP %s: %s\n", name, why);
-                        n_skip++;
+                if ((source && !strcmp(source, "shared")) != shared)
+                        continue;
+                n_templates++;
+                if (!(src = template_source(tpl, &len, why, sizeof(why)))) {
+                        fprintf(stderr, "FAIL %s: %s\n", name, why);
+                        n_fail += json_array_size(cases);
                         continue;
                 }
                 sha256_hex(src, len, hex);
                 if (strcmp(hex, json_string_value(json_object_get(tpl, "sha256"))) != 0) {
-                        printf("SKIP %s: sha256 %s differs from the golden's\n", name, hex);
+                        fprintf(stderr, "FAIL %s: sha256 %s differs from the golden's\n", name, hex);
                         free(src);
-                        n_skip++;
+                        n_fail += json_array_size(cases);
                         continue;
                 }
                 st = tsr_template_parse(src, len, &t, err, sizeof(err));
@@ -346,8 +355,27 @@ static void test_golden_templates(void **state) {
                 printf("%-45s %zu/%zu cases pass\n", name, pass, json_array_size(cases));
                 tsr_template_free(&t);
         }
-        printf("golden templates: %zu cases run, %zu failed, %zu templates skipped\n", n_run, n_fail, n_skip);
+        printf("golden templates (%s): %zu templates, %zu cases run, %zu failed\n", shared ? "shared" : "repo and fetched",
+               n_templates, n_run, n_fail);
+        assert_true(n_templates > 0);
         assert_int_equal(n_fail, 0);
+}
+
+static void test_golden_templates(void **state) {
+        (void)state;
+        run_golden_templates(false);
+}
+
+static void test_golden_templates_shared(void **state) {
+        const char *fx = getenv("TSR_FIXTURES");
+        char dir[4096];
+        struct stat sb;
+        (void)state;
+
+        snprintf(dir, sizeof(dir), "%s/chat_templates", fx ? fx : "../shared/fixtures");
+        if (stat(dir, &sb) != 0)
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "%s absent", dir);
+        run_golden_templates(true);
 }
 
 static void test_golden_unit(void **state) {
@@ -611,6 +639,7 @@ static void test_strftime_default(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_golden_templates),
+                cmocka_unit_test(test_golden_templates_shared),
                 cmocka_unit_test(test_golden_unit),
                 cmocka_unit_test(test_syntax_errors),
                 cmocka_unit_test(test_limits),

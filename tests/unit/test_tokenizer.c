@@ -14,6 +14,7 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/tsr_test.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -546,8 +547,9 @@ static void test_gguf(const char *dir_env, const char *sub, const char *file, co
         snprintf(path, sizeof(path), "%s/%s/%s", dir ? dir : ".", sub, file);
         t = tok_from_gguf(path);
         if (!t) {
-                print_message("%s absent, skipped\n", path);
-                skip();
+                if (dir_env)
+                        TSR_SKIP(TSR_SKIP_NO_SHARED, "%s absent", path);
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "%s absent (scripts/fetch-model.sh fetches it)", path);
         }
         check_family(t, name);
         if (!strcmp(name, "smollm2_gguf")) {
@@ -661,10 +663,8 @@ static void test_llama_bpe_gguf(void **state) {
 
         vocab_path(path, sizeof(path), "llama-bpe.gguf");
         t = tok_from_gguf(path);
-        if (!t) {
-                print_message("%s absent (scripts/fetch-vocab.sh fetches it), skipped\n", path);
-                skip();
-        }
+        if (!t)
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "%s absent (scripts/fetch-vocab.sh fetches it)", path);
         assert_int_equal(tsr_tokenizer_vocab_size(t), 128256);
         check_inp_out(t, path);
         check_family(t, "llama_bpe_gguf");
@@ -677,10 +677,8 @@ static void test_real_json(const char *file, const char *name, size_t vocab) {
 
         vocab_path(path, sizeof(path), file);
         t = tok_from_json_file(path);
-        if (!t) {
-                print_message("%s absent (scripts/fetch-vocab.sh fetches it), skipped\n", path);
-                skip();
-        }
+        if (!t)
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "%s absent (scripts/fetch-vocab.sh fetches it)", path);
         assert_int_equal(tsr_tokenizer_vocab_size(t), vocab);
         check_family(t, name);
         tsr_tokenizer_free(&t);
