@@ -11,7 +11,6 @@ import os
 import re
 import time
 
-import pytest
 import requests
 
 from conftest import BUILD, ROUTER, WORKER, free_port, free_port_pair, wait_until
@@ -27,8 +26,7 @@ def worker_up(base):
 
 
 def test_address_leaving_the_answer_leaves_the_pool(spawn, demo_model, tmp_path):
-    if not FAKE_DNS.exists():
-        pytest.skip(f"{FAKE_DNS} not built")
+    assert FAKE_DNS.exists(), f"{FAKE_DNS} not built (tests/meson.build)"
     port = free_port_pair()
     for ip in ("127.0.0.1", "127.0.0.2"):
         spawn([WORKER, demo_model, "--listen", f"tcp://{ip}:{port}", "--kv-cache-memory-bytes", "256M"])
