@@ -3,8 +3,9 @@
  *   for (;;) {
  *           take new Submits and Aborts from the inbox (block when idle);
  *           schedule(): token budget, running first, then waiting, preempt on OOM;
- *           run each scheduled chunk through the model (one sequence at a time, so
- *                   every sequence's logits are bitwise independent of the batch);
+ *           run every scheduled chunk through the model in one forward call (each
+ *                   row's logits are bitwise independent of the batch: the kernels
+ *                   reduce per row in a fixed order, kernels/kernels.h);
  *           gather prompt logprobs from every row of a prompt_logprobs chunk;
  *           sample where a chunk reached the end of the known tokens, check stops;
  *           emit one Output per router, free finished requests, publish stats;

@@ -1,5 +1,6 @@
 /* exit_codes.h - what a worker's exit status tells its supervisor (tessera serve,
- * systemd, Kubernetes).  docs/operations.md has the table. */
+ * systemd, Kubernetes): 1 is worth a restart with backoff, 2 is not (docs/deployment.md,
+ * "tessera serve"; deploy/systemd's units stop restarting on 2). */
 #ifndef TSR_WORKER_EXIT_CODES_H
 #define TSR_WORKER_EXIT_CODES_H
 

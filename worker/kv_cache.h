@@ -1,7 +1,8 @@
 /* kv_cache.h - paged KV block pool with prefix caching: the bookkeeping half.
  *
- * The engine owns the tensor memory (per layer, [num_blocks][block_size][kv heads]
- * [head_dim] for K and for V) and indexes it by the block ids kept here: token t of a
+ * The model runner owns the tensor memory (worker/runner.c: per layer,
+ * [num_blocks][block_size][kv heads][head_dim] for K and for V); the engine passes it
+ * the block ids kept here, which index that memory: token t of a
  * request lives in block r->block_ids[t / block_size], row t % block_size.  This
  * module decides which ids a request gets, which full blocks can be shared through
  * the prefix cache, and which cached block to evict, with vLLM V1's semantics
