@@ -27,6 +27,7 @@
  * a step counter and a depth counter, so a hostile template ends with TSR_E_LIMIT. */
 #include "template.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -297,29 +298,9 @@ struct tsr_template {
         node *root;
 };
 
-/* Filters and tests, checked at parse time as jinja2 does ("No filter named ..."). */
-enum {
-        F_ABS, F_BATCH, F_CAPITALIZE, F_COUNT, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT,
-        F_FORMAT, F_INDENT, F_INT, F_ITEMS, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER, F_MAP, F_MAX,
-        F_MIN, F_REJECT, F_REJECTATTR, F_REPLACE, F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR,
-        F_SORT, F_STRING, F_SUM, F_TITLE, F_TOJSON, F_TRIM, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_CENTER,
-        F_ATTR,
-};
-static const struct {
-        const char *name;
-        int id;
-} filter_names[] = {
-        {"abs", F_ABS}, {"attr", F_ATTR}, {"batch", F_BATCH}, {"capitalize", F_CAPITALIZE},
-        {"center", F_CENTER}, {"count", F_COUNT}, {"d", F_DEFAULT}, {"default", F_DEFAULT},
-        {"dictsort", F_DICTSORT}, {"e", F_ESCAPE}, {"escape", F_ESCAPE}, {"first", F_FIRST},
-        {"float", F_FLOAT}, {"format", F_FORMAT}, {"indent", F_INDENT}, {"int", F_INT},
-        {"items", F_ITEMS}, {"join", F_JOIN}, {"last", F_LAST}, {"length", F_LENGTH}, {"list", F_LIST},
-        {"lower", F_LOWER}, {"map", F_MAP}, {"max", F_MAX}, {"min", F_MIN}, {"reject", F_REJECT},
-        {"rejectattr", F_REJECTATTR}, {"replace", F_REPLACE}, {"reverse", F_REVERSE}, {"round", F_ROUND},
-        {"safe", F_SAFE}, {"select", F_SELECT}, {"selectattr", F_SELECTATTR}, {"sort", F_SORT},
-        {"string", F_STRING}, {"sum", F_SUM}, {"title", F_TITLE}, {"tojson", F_TOJSON}, {"trim", F_TRIM},
-        {"unique", F_UNIQUE}, {"upper", F_UPPER}, {"wordcount", F_WORDCOUNT},
-};
+/* Filters and tests, checked at parse time as jinja2 does ("No filter named ...").
+ * Filters are looked up in a table next to their functions (filter_find); tests here. */
+static int filter_find(tstr name);
 
 enum {
         T_DEFINED, T_UNDEFINED, T_NONE, T_BOOLEAN, T_FALSE, T_TRUE, T_INTEGER, T_FLOAT, T_NUMBER,
@@ -987,14 +968,10 @@ static void judge_unknown(parser *p) {
 /* One filter, its name at the current token: NAME or NAME(args), applied to `operand`. */
 static node *parse_one_filter(parser *p, node *operand) {
         node *n = mk(p, N_FILTER, cur(p)->off);
-        size_t k;
 
         if (!n || !dotted_name(p, &n->name))
                 return NULL;
-        n->fid = -1;
-        for (k = 0; k < sizeof(filter_names) / sizeof(filter_names[0]); k++)
-                if (tstr_eq(n->name, filter_names[k].name))
-                        n->fid = filter_names[k].id;
+        n->fid = filter_find(n->name);
         if (n->fid < 0 && !note_unknown(p, n, "filter"))
                 return NULL;
         if (t_op(cur(p), "(") && !parse_call_args(p, n))
@@ -3766,7 +3743,7 @@ static tsr_status copy_list(rctx *c, tlist *src, tlist **out) {
 
 /* select/reject/selectattr/rejectattr: args after the operand are
  * [attr,] [test name, test args...]. */
-static tsr_status filter_select(rctx *c, tv v, const args *a, bool with_attr, bool keep, tv *out) {
+static tsr_status select_or_reject(rctx *c, tv v, const args *a, bool with_attr, bool keep, tv *out) {
         tlist *l, *res;
         size_t k, first = with_attr ? 1 : 0;
         tstr attr = {0};
@@ -3845,8 +3822,7 @@ static tsr_status filter_map(rctx *c, tv v, const args *a, tv *out) {
         } else {
                 if (a->npos < 1 || a->pos[0].type != TV_STR)
                         return rerr(c, TSR_E_INVAL, "map needs a filter name or attribute=");
-                fid = lookup_id(filter_names, sizeof(filter_names) / sizeof(filter_names[0]), sizeof(filter_names[0]),
-                                a->pos[0].u.s);
+                fid = filter_find(a->pos[0].u.s);
                 if (fid < 0)
                         return rerr(c, TSR_E_INVAL, "No filter named '%.*s'.", (int)a->pos[0].u.s.n, a->pos[0].u.s.p);
                 fargs.pos = a->pos + 1;
@@ -3984,485 +3960,708 @@ static size_t py_linebreak(const char *p, size_t n) {
         return 0;
 }
 
-static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
+static tsr_status filter_str(rctx *c, tv v, const args *a, tv *out, bool markup) {
+        tsr_status st;
+        tstr s;
+        (void)a;
+
+        if ((st = to_str(c, v, &s)) != TSR_OK)
+                return st;
+        *out = tv_str(s.p, s.n);
+        /* safe makes a Markup; string (soft_str) keeps one */
+        out->markup = markup || (v.type == TV_STR && v.markup);
+        return TSR_OK;
+}
+
+static tsr_status filter_safe(rctx *c, tv v, const args *a, tv *out) {
+        return filter_str(c, v, a, out, true);
+}
+
+static tsr_status filter_string(rctx *c, tv v, const args *a, tv *out) {
+        return filter_str(c, v, a, out, false);
+}
+
+static tsr_status filter_trim(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tstr s, arg;
+        bool given;
+
+        if ((st = to_str(c, v, &s)) != TSR_OK ||
+            (st = arg_str(c, a, 0, "chars", "trim chars", &arg, &given)) != TSR_OK)
+                return st;
+        s = str_strip(s, given ? &arg : NULL, 'b');
+        *out = tv_str(s.p, s.n);
+        return TSR_OK;
+}
+
+static tsr_status filter_length(rctx *c, tv v, const args *a, tv *out) {
+        (void)a;
+
+        switch (v.type) {
+        case TV_STR: *out = tv_int((int64_t)utf8_len(v.u.s.p, v.u.s.n)); return TSR_OK;
+        case TV_LIST:
+                if (v.u.l->gen)
+                        return rerr(c, TSR_E_INVAL, "object of type 'generator' has no len()");
+                *out = tv_int((int64_t)v.u.l->n);
+                return TSR_OK;
+        case TV_DICT: *out = tv_int((int64_t)v.u.d->n); return TSR_OK;
+        case TV_UNDEF: *out = tv_int(0); return TSR_OK;
+        default: return rerr(c, TSR_E_INVAL, "object of type '%s' has no len()", type_name(v));
+        }
+}
+
+static tsr_status filter_default(rctx *c, tv v, const args *a, tv *out) {
+        tv def = tv_str("", 0), b = tv_bool(false);
+        (void)c;
+
+        arg_get(a, 0, "default_value", &def);
+        arg_get(a, 1, "boolean", &b);
+        *out = (v.type == TV_UNDEF || (truthy(b) && !truthy(v))) ? def : v;
+        return TSR_OK;
+}
+
+static tsr_status filter_case(rctx *c, tv v, const args *a, tv *out, int mode) {
+        tsr_status st;
+        tstr s;
+        (void)a;
+
+        if ((st = to_str(c, v, &s)) != TSR_OK)
+                return st;
+        *out = str_map(c, s, mode);
+        return c->failed ? c->st : TSR_OK;
+}
+
+static tsr_status filter_upper(rctx *c, tv v, const args *a, tv *out) {
+        return filter_case(c, v, a, out, 'u');
+}
+
+static tsr_status filter_lower(rctx *c, tv v, const args *a, tv *out) {
+        return filter_case(c, v, a, out, 'l');
+}
+
+static tsr_status filter_capitalize(rctx *c, tv v, const args *a, tv *out) {
+        return filter_case(c, v, a, out, 'c');
+}
+
+static tsr_status filter_title(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tstr s;
+        (void)a;
+
+        if ((st = to_str(c, v, &s)) != TSR_OK)
+                return st;
+        *out = jinja_title(c, s);
+        return c->failed ? c->st : TSR_OK;
+}
+
+static tsr_status filter_replace(rctx *c, tv v, const args *a, tv *out) {
         tsr_status st;
         tstr s, arg, arg2;
+        bool given, given2;
+        int64_t n;
+
+        if ((st = to_str(c, v, &s)) != TSR_OK ||
+            (st = arg_str(c, a, 0, "old", "replace old", &arg, &given)) != TSR_OK ||
+            (st = arg_str(c, a, 1, "new", "replace new", &arg2, &given2)) != TSR_OK ||
+            (st = arg_int(c, a, 2, "count", -1, &n)) != TSR_OK)
+                return st;
+        if (!given || !given2)
+                return rerr(c, TSR_E_INVAL, "replace needs old and new");
+        return str_replace(c, s, arg, arg2, n, out);
+}
+
+static tsr_status filter_join(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tstr arg;
+        tlist *l;
+        bool given;
+        size_t k;
+        sb b = {0};
+        tv attr;
+        bool has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
+
+        arg.p = "";
+        arg.n = 0;
+        if ((st = arg_str(c, a, 0, "d", "join separator", &arg, &given)) != TSR_OK ||
+            (st = iter_list(c, v, &l)) != TSR_OK)
+                return st;
+        for (k = 0; k < l->n; k++) {
+                tv item = l->v[k];
+                if (has_attr && (st = attr_path(c, item, attr.u.s, &item)) != TSR_OK)
+                        return st;
+                if ((k && !sb_add(c, &b, arg.p, arg.n)) || !str_append(c, &b, item))
+                        return c->st;
+        }
+        *out = sb_tv(&b);
+        return step(c, l->n);
+}
+
+static tsr_status filter_end(rctx *c, tv v, const args *a, tv *out, bool last) {
+        tsr_status st;
+        tlist *l;
+        (void)a;
+
+        if ((st = iter_list(c, v, &l)) != TSR_OK)
+                return st;
+        *out = l->n ? l->v[last ? l->n - 1 : 0] : TV_UNDEFINED;
+        return TSR_OK;
+}
+
+static tsr_status filter_first(rctx *c, tv v, const args *a, tv *out) {
+        return filter_end(c, v, a, out, false);
+}
+
+static tsr_status filter_last(rctx *c, tv v, const args *a, tv *out) {
+        return filter_end(c, v, a, out, true);
+}
+
+static tsr_status filter_items(rctx *c, tv v, const args *a, tv *out) {
+        (void)a;
+
+        if (v.type == TV_UNDEF) {
+                *out = tv_list(list_new(c, 0));
+                return c->failed ? c->st : TSR_OK;
+        }
+        if (v.type != TV_DICT)
+                return rerr(c, TSR_E_INVAL, "Can only get item pairs from a mapping.");
+        return dict_items(c, v.u.d, out);
+}
+
+static tsr_status filter_list(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tlist *l;
+        (void)a;
+
+        if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
+                return st;
+        *out = tv_list(l);
+        return TSR_OK;
+}
+
+static tsr_status filter_reverse(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
         tlist *l;
         tv x;
-        bool given, given2;
         size_t k;
+        (void)a;
 
-        switch (fid) {
-        case F_SAFE:
-        case F_STRING:
-                if ((st = to_str(c, v, &s)) != TSR_OK)
-                        return st;
-                *out = tv_str(s.p, s.n);
-                /* safe makes a Markup; string (soft_str) keeps one */
-                out->markup = fid == F_SAFE || (v.type == TV_STR && v.markup);
-                return TSR_OK;
-        case F_TRIM:
-                if ((st = to_str(c, v, &s)) != TSR_OK ||
-                    (st = arg_str(c, a, 0, "chars", "trim chars", &arg, &given)) != TSR_OK)
-                        return st;
-                s = str_strip(s, given ? &arg : NULL, 'b');
-                *out = tv_str(s.p, s.n);
-                return TSR_OK;
-        case F_LENGTH:
-        case F_COUNT:
-                switch (v.type) {
-                case TV_STR: *out = tv_int((int64_t)utf8_len(v.u.s.p, v.u.s.n)); return TSR_OK;
-                case TV_LIST:
-                        if (v.u.l->gen)
-                                return rerr(c, TSR_E_INVAL, "object of type 'generator' has no len()");
-                        *out = tv_int((int64_t)v.u.l->n);
-                        return TSR_OK;
-                case TV_DICT: *out = tv_int((int64_t)v.u.d->n); return TSR_OK;
-                case TV_UNDEF: *out = tv_int(0); return TSR_OK;
-                default: return rerr(c, TSR_E_INVAL, "object of type '%s' has no len()", type_name(v));
-                }
-        case F_DEFAULT: {
-                tv def = tv_str("", 0), b = tv_bool(false);
-                arg_get(a, 0, "default_value", &def);
-                arg_get(a, 1, "boolean", &b);
-                *out = (v.type == TV_UNDEF || (truthy(b) && !truthy(v))) ? def : v;
-                return TSR_OK;
-        }
-        case F_TOJSON: return filter_tojson(c, v, a, out);
-        case F_UPPER:
-        case F_LOWER:
-        case F_CAPITALIZE:
-                if ((st = to_str(c, v, &s)) != TSR_OK)
-                        return st;
-                *out = str_map(c, s, fid == F_UPPER ? 'u' : fid == F_LOWER ? 'l' : 'c');
-                return c->failed ? c->st : TSR_OK;
-        case F_TITLE:
-                if ((st = to_str(c, v, &s)) != TSR_OK)
-                        return st;
-                *out = jinja_title(c, s);
-                return c->failed ? c->st : TSR_OK;
-        case F_REPLACE: {
-                int64_t n;
-                if ((st = to_str(c, v, &s)) != TSR_OK ||
-                    (st = arg_str(c, a, 0, "old", "replace old", &arg, &given)) != TSR_OK ||
-                    (st = arg_str(c, a, 1, "new", "replace new", &arg2, &given2)) != TSR_OK ||
-                    (st = arg_int(c, a, 2, "count", -1, &n)) != TSR_OK)
-                        return st;
-                if (!given || !given2)
-                        return rerr(c, TSR_E_INVAL, "replace needs old and new");
-                return str_replace(c, s, arg, arg2, n, out);
-        }
-        case F_JOIN: {
+        if (v.type == TV_STR) {
                 sb b = {0};
-                tv attr;
-                bool has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
-                arg.p = "";
-                arg.n = 0;
-                if ((st = arg_str(c, a, 0, "d", "join separator", &arg, &given)) != TSR_OK ||
-                    (st = iter_list(c, v, &l)) != TSR_OK)
-                        return st;
-                for (k = 0; k < l->n; k++) {
-                        tv item = l->v[k];
-                        if (has_attr && (st = attr_path(c, item, attr.u.s, &item)) != TSR_OK)
-                                return st;
-                        if ((k && !sb_add(c, &b, arg.p, arg.n)) || !str_append(c, &b, item))
+                size_t i = v.u.s.n;
+                while (i > 0) {
+                        size_t st0 = i - 1;
+                        while (st0 > 0 && ((unsigned char)v.u.s.p[st0] & 0xc0) == 0x80 && i - st0 < 4)
+                                st0--;
+                        if (!sb_add(c, &b, v.u.s.p + st0, i - st0))
                                 return c->st;
+                        i = st0;
                 }
                 *out = sb_tv(&b);
-                return step(c, l->n);
-        }
-        case F_FIRST:
-        case F_LAST:
-                if ((st = iter_list(c, v, &l)) != TSR_OK)
-                        return st;
-                *out = l->n ? l->v[fid == F_FIRST ? 0 : l->n - 1] : TV_UNDEFINED;
-                return TSR_OK;
-        case F_ITEMS:
-                if (v.type == TV_UNDEF) {
-                        *out = tv_list(list_new(c, 0));
-                        return c->failed ? c->st : TSR_OK;
-                }
-                if (v.type != TV_DICT)
-                        return rerr(c, TSR_E_INVAL, "Can only get item pairs from a mapping.");
-                return dict_items(c, v.u.d, out);
-        case F_LIST:
-                if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
-                        return st;
-                *out = tv_list(l);
-                return TSR_OK;
-        case F_REVERSE:
-                if (v.type == TV_STR) {
-                        sb b = {0};
-                        size_t i = v.u.s.n;
-                        while (i > 0) {
-                                size_t st0 = i - 1;
-                                while (st0 > 0 && ((unsigned char)v.u.s.p[st0] & 0xc0) == 0x80 && i - st0 < 4)
-                                        st0--;
-                                if (!sb_add(c, &b, v.u.s.p + st0, i - st0))
-                                        return c->st;
-                                i = st0;
-                        }
-                        *out = sb_tv(&b);
-                        return TSR_OK;
-                }
-                if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
-                        return st;
-                for (k = 0; k < l->n / 2; k++) {
-                        x = l->v[k];
-                        l->v[k] = l->v[l->n - 1 - k];
-                        l->v[l->n - 1 - k] = x;
-                }
-                *out = tv_list(l);
-                return TSR_OK;
-        case F_MAP: return filter_map(c, v, a, out);
-        case F_SELECT: return filter_select(c, v, a, false, true, out);
-        case F_REJECT: return filter_select(c, v, a, false, false, out);
-        case F_SELECTATTR: return filter_select(c, v, a, true, true, out);
-        case F_REJECTATTR: return filter_select(c, v, a, true, false, out);
-        case F_UNIQUE: {
-                tlist *res;
-                tv cs = tv_bool(false), attr;
-                bool has_attr;
-                arg_get(a, 0, "case_sensitive", &cs);
-                has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
-                if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
-                        return c->failed ? c->st : st;
-                {
-                        tlist *seen = list_new(c, 0);
-                        if (!seen)
-                                return c->st;
-                        for (k = 0; k < l->n; k++) {
-                                tv key = l->v[k];
-                                size_t j;
-                                bool dup = false;
-                                if (has_attr && (st = attr_path(c, key, attr.u.s, &key)) != TSR_OK)
-                                        return st;
-                                key = fold_case(c, key, truthy(cs));
-                                for (j = 0; j < seen->n && !dup; j++)
-                                        dup = tv_eq(c, seen->v[j], key);
-                                if ((st = step(c, seen->n)) != TSR_OK)
-                                        return st;
-                                if (!dup && (!list_push(c, seen, key) || !list_push(c, res, l->v[k])))
-                                        return c->st;
-                        }
-                }
-                *out = tv_list(res);
                 return TSR_OK;
         }
-        case F_SORT:
-        case F_DICTSORT: {
-                sortctx sc = {0};
-                tv rev = tv_bool(false), cs = tv_bool(false), attr, by;
-                if (fid == F_SORT) {
-                        arg_get(a, 0, "reverse", &rev);
-                        arg_get(a, 1, "case_sensitive", &cs);
-                        sc.has_attr = arg_get(a, 2, "attribute", &attr) && attr.type == TV_STR;
-                        if (sc.has_attr)
-                                sc.attr = attr.u.s;
-                        if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
-                                return st;
-                } else {
-                        arg_get(a, 0, "case_sensitive", &cs);
-                        if (arg_get(a, 1, "by", &by)) {
-                                if (by.type == TV_STR && tstr_eq(by.u.s, "value"))
-                                        sc.by_value = true;
-                                else if (!(by.type == TV_STR && tstr_eq(by.u.s, "key")))
-                                        return rerr(c, TSR_E_INVAL, "You can only sort by either \"key\" or \"value\"");
-                        }
-                        arg_get(a, 2, "reverse", &rev);
-                        if (v.type != TV_DICT)
-                                return rerr(c, TSR_E_INVAL, "dictsort needs a mapping");
-                        if ((st = dict_items(c, v.u.d, &x)) != TSR_OK)
-                                return st;
-                        l = x.u.l;
-                        sc.pairs = true;
-                }
-                sc.case_sensitive = truthy(cs);
-                if ((st = sort_tv(c, l->v, l->n, cmp_sort, &sc)) != TSR_OK)
-                        return st;
-                if (truthy(rev) && l->n > 1) {
-                        /* Python sorts with reverse=True stably: equal items keep their order.
-                         * An empty list may have no storage, and memcpy from NULL is undefined
-                         * even for zero bytes. */
-                        tv *tmp = ralloc(c, (l->n ? l->n : 1) * sizeof(tv));
-                        size_t i = 0, j;
-                        if (!tmp)
-                                return c->st;
-                        while (i < l->n) {
-                                j = i + 1;
-                                while (j < l->n && cmp_sort(c, l->v[i], l->v[j], &sc) == 0)
-                                        j++;
-                                memcpy(tmp + (l->n - j), l->v + i, (j - i) * sizeof(tv));
-                                i = j;
-                        }
-                        memcpy(l->v, tmp, l->n * sizeof(tv));
-                }
-                *out = tv_list(l);
-                return c->failed ? c->st : TSR_OK;
+        if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
+                return st;
+        for (k = 0; k < l->n / 2; k++) {
+                x = l->v[k];
+                l->v[k] = l->v[l->n - 1 - k];
+                l->v[l->n - 1 - k] = x;
         }
-        case F_INT:
-        case F_FLOAT: {
-                tv def = fid == F_INT ? tv_int(0) : tv_float(0.0);
-                arg_get(a, 0, "default", &def);
-                return to_number(c, v, fid == F_FLOAT, def, out);
-        }
-        case F_ABS:
-                if (v.type == TV_FLOAT)
-                        *out = tv_float(fabs(v.u.f));
-                else if (is_intlike(v) && as_int(v) != INT64_MIN)
-                        *out = tv_int(as_int(v) < 0 ? -as_int(v) : as_int(v));
-                else
-                        return rerr(c, TSR_E_INVAL, "bad operand type for abs(): '%s'", type_name(v));
-                return TSR_OK;
-        case F_ROUND: {
-                int64_t prec;
-                tv method = tv_cstr("common");
-                double d, m;
-                if (!is_num(v))
-                        return rerr(c, TSR_E_INVAL, "round needs a number");
-                if ((st = arg_int(c, a, 0, "precision", 0, &prec)) != TSR_OK)
-                        return st;
-                arg_get(a, 1, "method", &method);
-                if (prec > 300 || prec < -300)
-                        return rerr(c, TSR_E_INVAL, "round precision out of range");
-                d = as_dbl(v);
-                m = pow(10.0, (double)prec);
-                if (method.type == TV_STR && tstr_eq(method.u.s, "ceil"))
-                        d = ceil(d * m) / m;
-                else if (method.type == TV_STR && tstr_eq(method.u.s, "floor"))
-                        d = floor(d * m) / m;
-                else if (method.type == TV_STR && tstr_eq(method.u.s, "common"))
-                        d = nearbyint(d * m) / m;
-                else
-                        return rerr(c, TSR_E_INVAL, "method must be common, ceil or floor");
-                *out = tv_float(d);
-                return TSR_OK;
-        }
-        case F_ESCAPE: {
-                sb b = {0};
-                if (v.type == TV_STR && v.markup) {     /* Markup is not escaped twice */
-                        *out = v;
-                        return TSR_OK;
-                }
-                if ((st = to_str(c, v, &s)) != TSR_OK)
-                        return st;
-                for (k = 0; k < s.n; k++) {
-                        const char *e = NULL;
-                        switch (s.p[k]) {
-                        case '&': e = "&amp;"; break;
-                        case '<': e = "&lt;"; break;
-                        case '>': e = "&gt;"; break;
-                        case '"': e = "&#34;"; break;
-                        case '\'': e = "&#39;"; break;
-                        default: break;
-                        }
-                        if (e ? !sb_adds(c, &b, e) : !sb_addc(c, &b, s.p[k]))
-                                return c->st;
-                }
-                *out = sb_tv(&b);
-                out->markup = 1;
-                return TSR_OK;
-        }
-        case F_INDENT: {
-                sb b = {0};
-                tv w = tv_int(4), first = tv_bool(false), blank = tv_bool(false);
-                tstr ind;
-                size_t i = 0;
-                bool line0 = true;
-                arg_get(a, 0, "width", &w);
-                arg_get(a, 1, "first", &first);
-                arg_get(a, 2, "blank", &blank);
-                if ((st = to_str(c, v, &s)) != TSR_OK)
-                        return st;
-                if (w.type == TV_STR) {
-                        ind = w.u.s;
-                } else if (is_intlike(w)) {
-                        int64_t n = as_int(w) < 0 ? 0 : as_int(w);
-                        char *sp;
-                        if (n > 1024)
-                                return rerr(c, TSR_E_LIMIT, "indent width too large");
-                        if (!(sp = ralloc(c, (size_t)n + 1)))
-                                return c->st;
-                        memset(sp, ' ', (size_t)n);
-                        ind.p = sp;
-                        ind.n = (size_t)n;
-                } else {
-                        return rerr(c, TSR_E_INVAL, "indent width must be an int or a string");
-                }
-                if (truthy(first) && !sb_add(c, &b, ind.p, ind.n))
+        *out = tv_list(l);
+        return TSR_OK;
+}
+
+static tsr_status filter_select(rctx *c, tv v, const args *a, tv *out) {
+        return select_or_reject(c, v, a, false, true, out);
+}
+
+static tsr_status filter_reject(rctx *c, tv v, const args *a, tv *out) {
+        return select_or_reject(c, v, a, false, false, out);
+}
+
+static tsr_status filter_selectattr(rctx *c, tv v, const args *a, tv *out) {
+        return select_or_reject(c, v, a, true, true, out);
+}
+
+static tsr_status filter_rejectattr(rctx *c, tv v, const args *a, tv *out) {
+        return select_or_reject(c, v, a, true, false, out);
+}
+
+static tsr_status filter_unique(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tlist *l;
+        size_t k;
+        tlist *res;
+        tv cs = tv_bool(false), attr;
+        bool has_attr;
+
+        arg_get(a, 0, "case_sensitive", &cs);
+        has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
+        if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
+                return c->failed ? c->st : st;
+        {
+                tlist *seen = list_new(c, 0);
+                if (!seen)
                         return c->st;
-                /* (s + "\n").splitlines(): Python's line breaks, and a break at the very end
-                 * leaves one more, empty, line; each line but the first is indented when it is
-                 * not blank (or always with blank=True); lines join with "\n". */
-                for (;;) {
-                        size_t st0 = i, e, brk = 0;
-                        while (i < s.n && !(brk = py_linebreak(s.p + i, s.n - i)))
-                                i++;
-                        e = i;
-                        i += brk;
-                        if (!line0 && !sb_addc(c, &b, '\n'))
-                                return c->st;
-                        if (!line0 && (e > st0 || truthy(blank)) && !sb_add(c, &b, ind.p, ind.n))
-                                return c->st;
-                        if (!sb_add(c, &b, s.p + st0, e - st0))
-                                return c->st;
-                        line0 = false;
-                        if (!brk)
-                                break;
-                }
-                *out = sb_tv(&b);
-                return TSR_OK;
-        }
-        case F_SUM: {
-                tv acc = tv_int(0), attr;
-                bool has_attr = arg_get(a, 0, "attribute", &attr) && attr.type == TV_STR;
-                arg_get(a, 1, "start", &acc);
-                if ((st = iter_list(c, v, &l)) != TSR_OK)
-                        return st;
                 for (k = 0; k < l->n; k++) {
-                        tv item = l->v[k];
-                        if (has_attr && (st = attr_path(c, item, attr.u.s, &item)) != TSR_OK)
+                        tv key = l->v[k];
+                        size_t j;
+                        bool dup = false;
+                        if (has_attr && (st = attr_path(c, key, attr.u.s, &key)) != TSR_OK)
                                 return st;
-                        if (!is_num(item) || !is_num(acc))
-                                return rerr(c, TSR_E_INVAL, "unsupported operand type(s) for +: '%s' and '%s'",
-                                            type_name(acc), type_name(item));
-                        if (acc.type == TV_FLOAT || item.type == TV_FLOAT) {
-                                acc = tv_float(as_dbl(acc) + as_dbl(item));
-                        } else {
-                                int64_t r;
-                                if (__builtin_add_overflow(as_int(acc), as_int(item), &r))
-                                        return rerr(c, TSR_E_INVAL, "integer overflow");
-                                acc = tv_int(r);
-                        }
+                        key = fold_case(c, key, truthy(cs));
+                        for (j = 0; j < seen->n && !dup; j++)
+                                dup = tv_eq(c, seen->v[j], key);
+                        if ((st = step(c, seen->n)) != TSR_OK)
+                                return st;
+                        if (!dup && (!list_push(c, seen, key) || !list_push(c, res, l->v[k])))
+                                return c->st;
                 }
-                *out = acc;
-                return step(c, l->n);
         }
-        case F_MIN:
-        case F_MAX: {
-                sortctx sc = {0};
-                tv cs = tv_bool(false), attr;
-                arg_get(a, 0, "case_sensitive", &cs);
-                sc.case_sensitive = truthy(cs);
-                sc.has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
+        *out = tv_list(res);
+        return TSR_OK;
+}
+
+static tsr_status filter_sorted(rctx *c, tv v, const args *a, tv *out, bool dict) {
+        tsr_status st;
+        tlist *l;
+        tv x;
+        sortctx sc = {0};
+        tv rev = tv_bool(false), cs = tv_bool(false), attr, by;
+
+        if (!dict) {
+                arg_get(a, 0, "reverse", &rev);
+                arg_get(a, 1, "case_sensitive", &cs);
+                sc.has_attr = arg_get(a, 2, "attribute", &attr) && attr.type == TV_STR;
                 if (sc.has_attr)
                         sc.attr = attr.u.s;
-                if ((st = iter_list(c, v, &l)) != TSR_OK)
+                if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
                         return st;
-                if (!l->n) {
-                        *out = TV_UNDEFINED;
-                        return TSR_OK;
+        } else {
+                arg_get(a, 0, "case_sensitive", &cs);
+                if (arg_get(a, 1, "by", &by)) {
+                        if (by.type == TV_STR && tstr_eq(by.u.s, "value"))
+                                sc.by_value = true;
+                        else if (!(by.type == TV_STR && tstr_eq(by.u.s, "key")))
+                                return rerr(c, TSR_E_INVAL, "You can only sort by either \"key\" or \"value\"");
                 }
-                x = l->v[0];
-                for (k = 1; k < l->n; k++) {
-                        int r = cmp_sort(c, l->v[k], x, &sc);
-                        if (fid == F_MIN ? r < 0 : r > 0)
-                                x = l->v[k];
-                }
-                *out = x;
-                return c->failed ? c->st : step(c, l->n);
+                arg_get(a, 2, "reverse", &rev);
+                if (v.type != TV_DICT)
+                        return rerr(c, TSR_E_INVAL, "dictsort needs a mapping");
+                if ((st = dict_items(c, v.u.d, &x)) != TSR_OK)
+                        return st;
+                l = x.u.l;
+                sc.pairs = true;
         }
-        case F_BATCH: {
-                int64_t n;
-                tv fill;
-                bool has_fill = arg_get(a, 1, "fill_with", &fill) && fill.type != TV_NONE;
-                tlist *res, *cur_ = NULL;
-                if ((st = arg_int(c, a, 0, "linecount", 1, &n)) != TSR_OK)
-                        return st;
-                if (n <= 0)
-                        return rerr(c, TSR_E_INVAL, "batch size must be positive");
-                if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
-                        return c->failed ? c->st : st;
-                for (k = 0; k < l->n; k++) {
-                        if (!cur_ || (int64_t)cur_->n == n) {
-                                if (!(cur_ = list_new(c, 0)) || !list_push(c, res, tv_list(cur_)))
-                                        return c->st;
-                        }
-                        if (!list_push(c, cur_, l->v[k]))
-                                return c->st;
+        sc.case_sensitive = truthy(cs);
+        if ((st = sort_tv(c, l->v, l->n, cmp_sort, &sc)) != TSR_OK)
+                return st;
+        if (truthy(rev) && l->n > 1) {
+                /* Python sorts with reverse=True stably: equal items keep their order.
+                 * An empty list may have no storage, and memcpy from NULL is undefined
+                 * even for zero bytes. */
+                tv *tmp = ralloc(c, (l->n ? l->n : 1) * sizeof(tv));
+                size_t i = 0, j;
+                if (!tmp)
+                        return c->st;
+                while (i < l->n) {
+                        j = i + 1;
+                        while (j < l->n && cmp_sort(c, l->v[i], l->v[j], &sc) == 0)
+                                j++;
+                        memcpy(tmp + (l->n - j), l->v + i, (j - i) * sizeof(tv));
+                        i = j;
                 }
-                while (has_fill && cur_ && (int64_t)cur_->n < n)
-                        if (!list_push(c, cur_, fill))
-                                return c->st;
-                *out = tv_list(res);
-                return step(c, l->n);
+                memcpy(l->v, tmp, l->n * sizeof(tv));
         }
-        case F_WORDCOUNT: {
-                int64_t words = 0;
-                bool in = false;
-                if ((st = to_str(c, v, &s)) != TSR_OK)
-                        return st;
-                for (k = 0; k < s.n; k++) {
-                        unsigned char ch = (unsigned char)s.p[k];
-                        bool w = isalnum(ch) || ch == '_' || ch >= 0x80;
-                        if (w && !in)
-                                words++;
-                        in = w;
-                }
-                *out = tv_int(words);
+        *out = tv_list(l);
+        return c->failed ? c->st : TSR_OK;
+}
+
+static tsr_status filter_sort(rctx *c, tv v, const args *a, tv *out) {
+        return filter_sorted(c, v, a, out, false);
+}
+
+static tsr_status filter_dictsort(rctx *c, tv v, const args *a, tv *out) {
+        return filter_sorted(c, v, a, out, true);
+}
+
+static tsr_status filter_number(rctx *c, tv v, const args *a, tv *out, bool want_float) {
+        tv def = want_float ? tv_float(0.0) : tv_int(0);
+
+        arg_get(a, 0, "default", &def);
+        return to_number(c, v, want_float, def, out);
+}
+
+static tsr_status filter_int(rctx *c, tv v, const args *a, tv *out) {
+        return filter_number(c, v, a, out, false);
+}
+
+static tsr_status filter_float(rctx *c, tv v, const args *a, tv *out) {
+        return filter_number(c, v, a, out, true);
+}
+
+static tsr_status filter_abs(rctx *c, tv v, const args *a, tv *out) {
+        (void)a;
+
+        if (v.type == TV_FLOAT)
+                *out = tv_float(fabs(v.u.f));
+        else if (is_intlike(v) && as_int(v) != INT64_MIN)
+                *out = tv_int(as_int(v) < 0 ? -as_int(v) : as_int(v));
+        else
+                return rerr(c, TSR_E_INVAL, "bad operand type for abs(): '%s'", type_name(v));
+        return TSR_OK;
+}
+
+static tsr_status filter_round(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        int64_t prec;
+        tv method = tv_cstr("common");
+        double d, m;
+
+        if (!is_num(v))
+                return rerr(c, TSR_E_INVAL, "round needs a number");
+        if ((st = arg_int(c, a, 0, "precision", 0, &prec)) != TSR_OK)
+                return st;
+        arg_get(a, 1, "method", &method);
+        if (prec > 300 || prec < -300)
+                return rerr(c, TSR_E_INVAL, "round precision out of range");
+        d = as_dbl(v);
+        m = pow(10.0, (double)prec);
+        if (method.type == TV_STR && tstr_eq(method.u.s, "ceil"))
+                d = ceil(d * m) / m;
+        else if (method.type == TV_STR && tstr_eq(method.u.s, "floor"))
+                d = floor(d * m) / m;
+        else if (method.type == TV_STR && tstr_eq(method.u.s, "common"))
+                d = nearbyint(d * m) / m;
+        else
+                return rerr(c, TSR_E_INVAL, "method must be common, ceil or floor");
+        *out = tv_float(d);
+        return TSR_OK;
+}
+
+static tsr_status filter_escape(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tstr s;
+        size_t k;
+        sb b = {0};
+        (void)a;
+
+        if (v.type == TV_STR && v.markup) {     /* Markup is not escaped twice */
+                *out = v;
                 return TSR_OK;
         }
-        case F_CENTER: {
-                args a2 = *a;
-                if ((st = to_str(c, v, &s)) != TSR_OK)
-                        return st;
-                if (!a2.npos && !a2.nkw) {
-                        x = tv_int(80);
-                        a2.pos = &x;
-                        a2.npos = 1;
+        if ((st = to_str(c, v, &s)) != TSR_OK)
+                return st;
+        for (k = 0; k < s.n; k++) {
+                const char *e = NULL;
+                switch (s.p[k]) {
+                case '&': e = "&amp;"; break;
+                case '<': e = "&lt;"; break;
+                case '>': e = "&gt;"; break;
+                case '"': e = "&#34;"; break;
+                case '\'': e = "&#39;"; break;
+                default: break;
                 }
-                return call_str_method(c, s, "center", &a2, out);
+                if (e ? !sb_adds(c, &b, e) : !sb_addc(c, &b, s.p[k]))
+                        return c->st;
         }
-        case F_ATTR:
-                if (!arg_get(a, 0, "name", &x) || x.type != TV_STR)
-                        return rerr(c, TSR_E_INVAL, "attr needs a name");
-                if (v.type == TV_DICT || v.type == TV_NS) {
-                        /* getattr only: dict keys are not attributes */
-                        const char *m = v.type == TV_DICT ? find_name(dict_methods, x.u.s) : NULL;
-                        tv *val = v.type == TV_NS ? dict_finds(v.u.d, x.u.s.p, x.u.s.n) : NULL;
-                        *out = m ? make_method(c, v, m) : val ? *val : undef_named(x.u.s);
-                        return c->failed ? c->st : TSR_OK;
-                }
-                return get_attr(c, v, x.u.s, out);
-        case F_FORMAT: {
-                sb b = {0};
-                size_t ai = 0, i;
-                if ((st = to_str(c, v, &s)) != TSR_OK)
-                        return st;
-                for (i = 0; i < s.n; i++) {
-                        if (s.p[i] != '%') {
-                                if (!sb_addc(c, &b, s.p[i]))
-                                        return c->st;
-                                continue;
-                        }
-                        if (i + 1 >= s.n)
-                                return rerr(c, TSR_E_INVAL, "incomplete format");
+        *out = sb_tv(&b);
+        out->markup = 1;
+        return TSR_OK;
+}
+
+static tsr_status filter_indent(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tstr s;
+        sb b = {0};
+        tv w = tv_int(4), first = tv_bool(false), blank = tv_bool(false);
+        tstr ind;
+        size_t i = 0;
+        bool line0 = true;
+
+        arg_get(a, 0, "width", &w);
+        arg_get(a, 1, "first", &first);
+        arg_get(a, 2, "blank", &blank);
+        if ((st = to_str(c, v, &s)) != TSR_OK)
+                return st;
+        if (w.type == TV_STR) {
+                ind = w.u.s;
+        } else if (is_intlike(w)) {
+                int64_t n = as_int(w) < 0 ? 0 : as_int(w);
+                char *sp;
+                if (n > 1024)
+                        return rerr(c, TSR_E_LIMIT, "indent width too large");
+                if (!(sp = ralloc(c, (size_t)n + 1)))
+                        return c->st;
+                memset(sp, ' ', (size_t)n);
+                ind.p = sp;
+                ind.n = (size_t)n;
+        } else {
+                return rerr(c, TSR_E_INVAL, "indent width must be an int or a string");
+        }
+        if (truthy(first) && !sb_add(c, &b, ind.p, ind.n))
+                return c->st;
+        /* (s + "\n").splitlines(): Python's line breaks, and a break at the very end
+         * leaves one more, empty, line; each line but the first is indented when it is
+         * not blank (or always with blank=True); lines join with "\n". */
+        for (;;) {
+                size_t st0 = i, e, brk = 0;
+                while (i < s.n && !(brk = py_linebreak(s.p + i, s.n - i)))
                         i++;
-                        if (s.p[i] == '%') {
-                                if (!sb_addc(c, &b, '%'))
-                                        return c->st;
-                        } else if (s.p[i] == 's' || s.p[i] == 'd' || s.p[i] == 'i' || s.p[i] == 'r') {
-                                if (ai >= a->npos)
-                                        return rerr(c, TSR_E_INVAL, "not enough arguments for format string");
-                                x = a->pos[ai++];
-                                if (s.p[i] != 's' && s.p[i] != 'r' && !is_num(x))
-                                        return rerr(c, TSR_E_INVAL, "%%d format: a real number is required, not %s",
-                                                    type_name(x));
-                                if (s.p[i] != 's' && s.p[i] != 'r' && x.type == TV_FLOAT)
-                                        x = tv_int((int64_t)x.u.f);
-                                if (s.p[i] == 'd' && x.type == TV_BOOL)
-                                        x = tv_int(x.u.b);
-                                if (!(s.p[i] == 'r' ? repr_append(c, &b, x) : str_append(c, &b, x)))
-                                        return c->st;
-                        } else {
-                                return rerr(c, TSR_E_UNSUPPORTED, "format: unsupported conversion '%%%c'", s.p[i]);
-                        }
+                e = i;
+                i += brk;
+                if (!line0 && !sb_addc(c, &b, '\n'))
+                        return c->st;
+                if (!line0 && (e > st0 || truthy(blank)) && !sb_add(c, &b, ind.p, ind.n))
+                        return c->st;
+                if (!sb_add(c, &b, s.p + st0, e - st0))
+                        return c->st;
+                line0 = false;
+                if (!brk)
+                        break;
+        }
+        *out = sb_tv(&b);
+        return TSR_OK;
+}
+
+static tsr_status filter_sum(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tlist *l;
+        size_t k;
+        tv acc = tv_int(0), attr;
+        bool has_attr = arg_get(a, 0, "attribute", &attr) && attr.type == TV_STR;
+
+        arg_get(a, 1, "start", &acc);
+        if ((st = iter_list(c, v, &l)) != TSR_OK)
+                return st;
+        for (k = 0; k < l->n; k++) {
+                tv item = l->v[k];
+                if (has_attr && (st = attr_path(c, item, attr.u.s, &item)) != TSR_OK)
+                        return st;
+                if (!is_num(item) || !is_num(acc))
+                        return rerr(c, TSR_E_INVAL, "unsupported operand type(s) for +: '%s' and '%s'",
+                                    type_name(acc), type_name(item));
+                if (acc.type == TV_FLOAT || item.type == TV_FLOAT) {
+                        acc = tv_float(as_dbl(acc) + as_dbl(item));
+                } else {
+                        int64_t r;
+                        if (__builtin_add_overflow(as_int(acc), as_int(item), &r))
+                                return rerr(c, TSR_E_INVAL, "integer overflow");
+                        acc = tv_int(r);
                 }
-                *out = sb_tv(&b);
+        }
+        *out = acc;
+        return step(c, l->n);
+}
+
+static tsr_status filter_extreme(rctx *c, tv v, const args *a, tv *out, bool max) {
+        tsr_status st;
+        tlist *l;
+        tv x;
+        size_t k;
+        sortctx sc = {0};
+        tv cs = tv_bool(false), attr;
+
+        arg_get(a, 0, "case_sensitive", &cs);
+        sc.case_sensitive = truthy(cs);
+        sc.has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
+        if (sc.has_attr)
+                sc.attr = attr.u.s;
+        if ((st = iter_list(c, v, &l)) != TSR_OK)
+                return st;
+        if (!l->n) {
+                *out = TV_UNDEFINED;
                 return TSR_OK;
         }
-        default: return rerr(c, TSR_E_INTERNAL, "unknown filter");
+        x = l->v[0];
+        for (k = 1; k < l->n; k++) {
+                int r = cmp_sort(c, l->v[k], x, &sc);
+                if (max ? r > 0 : r < 0)
+                        x = l->v[k];
         }
+        *out = x;
+        return c->failed ? c->st : step(c, l->n);
+}
+
+static tsr_status filter_min(rctx *c, tv v, const args *a, tv *out) {
+        return filter_extreme(c, v, a, out, false);
+}
+
+static tsr_status filter_max(rctx *c, tv v, const args *a, tv *out) {
+        return filter_extreme(c, v, a, out, true);
+}
+
+static tsr_status filter_batch(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tlist *l;
+        size_t k;
+        int64_t n;
+        tv fill;
+        bool has_fill = arg_get(a, 1, "fill_with", &fill) && fill.type != TV_NONE;
+        tlist *res, *cur_ = NULL;
+
+        if ((st = arg_int(c, a, 0, "linecount", 1, &n)) != TSR_OK)
+                return st;
+        if (n <= 0)
+                return rerr(c, TSR_E_INVAL, "batch size must be positive");
+        if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
+                return c->failed ? c->st : st;
+        for (k = 0; k < l->n; k++) {
+                if (!cur_ || (int64_t)cur_->n == n) {
+                        if (!(cur_ = list_new(c, 0)) || !list_push(c, res, tv_list(cur_)))
+                                return c->st;
+                }
+                if (!list_push(c, cur_, l->v[k]))
+                        return c->st;
+        }
+        while (has_fill && cur_ && (int64_t)cur_->n < n)
+                if (!list_push(c, cur_, fill))
+                        return c->st;
+        *out = tv_list(res);
+        return step(c, l->n);
+}
+
+static tsr_status filter_wordcount(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tstr s;
+        size_t k;
+        int64_t words = 0;
+        bool in = false;
+        (void)a;
+
+        if ((st = to_str(c, v, &s)) != TSR_OK)
+                return st;
+        for (k = 0; k < s.n; k++) {
+                unsigned char ch = (unsigned char)s.p[k];
+                bool w = isalnum(ch) || ch == '_' || ch >= 0x80;
+                if (w && !in)
+                        words++;
+                in = w;
+        }
+        *out = tv_int(words);
+        return TSR_OK;
+}
+
+static tsr_status filter_center(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tstr s;
+        tv x;
+        args a2 = *a;
+
+        if ((st = to_str(c, v, &s)) != TSR_OK)
+                return st;
+        if (!a2.npos && !a2.nkw) {
+                x = tv_int(80);
+                a2.pos = &x;
+                a2.npos = 1;
+        }
+        return call_str_method(c, s, "center", &a2, out);
+}
+
+static tsr_status filter_attr(rctx *c, tv v, const args *a, tv *out) {
+        tv x;
+
+        if (!arg_get(a, 0, "name", &x) || x.type != TV_STR)
+                return rerr(c, TSR_E_INVAL, "attr needs a name");
+        if (v.type == TV_DICT || v.type == TV_NS) {
+                /* getattr only: dict keys are not attributes */
+                const char *m = v.type == TV_DICT ? find_name(dict_methods, x.u.s) : NULL;
+                tv *val = v.type == TV_NS ? dict_finds(v.u.d, x.u.s.p, x.u.s.n) : NULL;
+                *out = m ? make_method(c, v, m) : val ? *val : undef_named(x.u.s);
+                return c->failed ? c->st : TSR_OK;
+        }
+        return get_attr(c, v, x.u.s, out);
+}
+
+static tsr_status filter_format(rctx *c, tv v, const args *a, tv *out) {
+        tsr_status st;
+        tstr s;
+        tv x;
+        sb b = {0};
+        size_t ai = 0, i;
+
+        if ((st = to_str(c, v, &s)) != TSR_OK)
+                return st;
+        for (i = 0; i < s.n; i++) {
+                if (s.p[i] != '%') {
+                        if (!sb_addc(c, &b, s.p[i]))
+                                return c->st;
+                        continue;
+                }
+                if (i + 1 >= s.n)
+                        return rerr(c, TSR_E_INVAL, "incomplete format");
+                i++;
+                if (s.p[i] == '%') {
+                        if (!sb_addc(c, &b, '%'))
+                                return c->st;
+                } else if (s.p[i] == 's' || s.p[i] == 'd' || s.p[i] == 'i' || s.p[i] == 'r') {
+                        if (ai >= a->npos)
+                                return rerr(c, TSR_E_INVAL, "not enough arguments for format string");
+                        x = a->pos[ai++];
+                        if (s.p[i] != 's' && s.p[i] != 'r' && !is_num(x))
+                                return rerr(c, TSR_E_INVAL, "%%d format: a real number is required, not %s",
+                                            type_name(x));
+                        if (s.p[i] != 's' && s.p[i] != 'r' && x.type == TV_FLOAT)
+                                x = tv_int((int64_t)x.u.f);
+                        if (s.p[i] == 'd' && x.type == TV_BOOL)
+                                x = tv_int(x.u.b);
+                        if (!(s.p[i] == 'r' ? repr_append(c, &b, x) : str_append(c, &b, x)))
+                                return c->st;
+                } else {
+                        return rerr(c, TSR_E_UNSUPPORTED, "format: unsupported conversion '%%%c'", s.p[i]);
+                }
+        }
+        *out = sb_tv(&b);
+        return TSR_OK;
+}
+
+typedef tsr_status (*filter_fn)(rctx *c, tv v, const args *a, tv *out);
+
+/* Every filter, sorted by name (strcmp order) for bsearch; an alias is one more row with
+ * the same function.  A sorted const array rather than a hash: 42 rows take six compares,
+ * lookups happen at parse time (and once per map() call), and the table needs no
+ * initialisation and no mutable state, so parsed templates stay shareable between
+ * threads.  Adding a filter is one function above and one row here. */
+static const struct filter_def {
+        const char *name;
+        filter_fn fn;
+} filters[] = {
+        {"abs", filter_abs}, {"attr", filter_attr}, {"batch", filter_batch}, {"capitalize", filter_capitalize},
+        {"center", filter_center}, {"count", filter_length}, {"d", filter_default}, {"default", filter_default},
+        {"dictsort", filter_dictsort}, {"e", filter_escape}, {"escape", filter_escape}, {"first", filter_first},
+        {"float", filter_float}, {"format", filter_format}, {"indent", filter_indent}, {"int", filter_int},
+        {"items", filter_items}, {"join", filter_join}, {"last", filter_last}, {"length", filter_length},
+        {"list", filter_list}, {"lower", filter_lower}, {"map", filter_map}, {"max", filter_max},
+        {"min", filter_min}, {"reject", filter_reject}, {"rejectattr", filter_rejectattr},
+        {"replace", filter_replace}, {"reverse", filter_reverse}, {"round", filter_round}, {"safe", filter_safe},
+        {"select", filter_select}, {"selectattr", filter_selectattr}, {"sort", filter_sort},
+        {"string", filter_string}, {"sum", filter_sum}, {"title", filter_title}, {"tojson", filter_tojson},
+        {"trim", filter_trim}, {"unique", filter_unique}, {"upper", filter_upper},
+        {"wordcount", filter_wordcount}
+};
+
+static int filter_cmp(const void *key, const void *elem) {
+        const tstr *k = key;
+        const char *name = ((const struct filter_def *)elem)->name;
+        size_t n = strlen(name);
+        size_t m = k->n < n ? k->n : n;
+        int r = m ? memcmp(k->p, name, m) : 0;   /* an empty tstr may have p == NULL */
+        if (r)
+                return r;
+        return k->n < n ? -1 : k->n > n;
+}
+
+static int filter_find(tstr name) {
+        const struct filter_def *e;
+#ifndef NDEBUG
+        for (size_t k = 1; k < sizeof(filters) / sizeof(filters[0]); k++)
+                assert(strcmp(filters[k - 1].name, filters[k].name) < 0);
+#endif
+        e = bsearch(&name, filters, sizeof(filters) / sizeof(filters[0]), sizeof(filters[0]), filter_cmp);
+        return e ? (int)(e - filters) : -1;
+}
+
+static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
+        return filters[fid].fn(c, v, a, out);
 }
 
 /* ---------------------------------------------------------------- calls */
@@ -4881,7 +5080,7 @@ static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
                 if (l.markup != r.markup) {
                         args none = {0};
                         tv *plain = l.markup ? &r : &l;
-                        tsr_status est = run_filter(c, F_ESCAPE, *plain, &none, plain);
+                        tsr_status est = filter_escape(c, *plain, &none, plain);
                         if (est != TSR_OK)
                                 return est;
                 }
