@@ -299,28 +299,10 @@ struct tsr_template {
 };
 
 /* Filters and tests, checked at parse time as jinja2 does ("No filter named ...").
- * Filters are looked up in a table next to their functions (filter_find); tests here. */
+ * Both are looked up in tables next to their functions (filter_find, test_find). */
 static int filter_find(tstr name);
 
-enum {
-        T_DEFINED, T_UNDEFINED, T_NONE, T_BOOLEAN, T_FALSE, T_TRUE, T_INTEGER, T_FLOAT, T_NUMBER,
-        T_STRING, T_MAPPING, T_ITERABLE, T_SEQUENCE, T_CALLABLE, T_SAMEAS, T_ESCAPED, T_EQ, T_NE,
-        T_LT, T_LE, T_GT, T_GE, T_IN, T_ODD, T_EVEN, T_DIVISIBLEBY, T_LOWER, T_UPPER,
-};
-static const struct {
-        const char *name;
-        int id;
-} test_names[] = {
-        {"!=", T_NE}, {"<", T_LT}, {"<=", T_LE}, {"==", T_EQ}, {">", T_GT}, {">=", T_GE},
-        {"boolean", T_BOOLEAN}, {"callable", T_CALLABLE}, {"defined", T_DEFINED},
-        {"divisibleby", T_DIVISIBLEBY}, {"eq", T_EQ}, {"equalto", T_EQ}, {"escaped", T_ESCAPED},
-        {"even", T_EVEN}, {"false", T_FALSE}, {"float", T_FLOAT}, {"ge", T_GE}, {"greaterthan", T_GT},
-        {"gt", T_GT}, {"in", T_IN}, {"integer", T_INTEGER}, {"iterable", T_ITERABLE}, {"le", T_LE},
-        {"lessthan", T_LT}, {"lower", T_LOWER}, {"lt", T_LT}, {"mapping", T_MAPPING}, {"ne", T_NE},
-        {"none", T_NONE}, {"number", T_NUMBER}, {"odd", T_ODD}, {"sameas", T_SAMEAS},
-        {"sequence", T_SEQUENCE}, {"string", T_STRING}, {"true", T_TRUE}, {"undefined", T_UNDEFINED},
-        {"upper", T_UPPER},
-};
+static int test_find(tstr name);
 
 static bool tstr_eq(tstr a, const char *b) { return a.n == strlen(b) && memcmp(a.p, b, a.n) == 0; }
 
@@ -992,7 +974,6 @@ static node *parse_filter(parser *p, node *operand) {
 static node *parse_test(parser *p, node *operand) {
         node *n = mk(p, N_TEST, cur(p)->off);
         token *t;
-        size_t k;
 
         if (!n)
                 return NULL;
@@ -1004,10 +985,7 @@ static node *parse_test(parser *p, node *operand) {
         n->off = cur(p)->off;
         if (!dotted_name(p, &n->name))
                 return NULL;
-        n->fid = -1;
-        for (k = 0; k < sizeof(test_names) / sizeof(test_names[0]); k++)
-                if (tstr_eq(n->name, test_names[k].name))
-                        n->fid = test_names[k].id;
+        n->fid = test_find(n->name);
         if (n->fid < 0 && !note_unknown(p, n, "test"))
                 return NULL;
         t = cur(p);
@@ -3553,131 +3531,271 @@ static tsr_status call_str_method(rctx *c, tstr s, const char *m, const args *a,
 
 static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out);
 
-static int lookup_id(const void *tab, size_t n, size_t stride, tstr name) {
+/* bsearch comparator of a tstr key against a table row whose first member is its name:
+ * byte order, as strcmp sorts the tables. */
+static int name_cmp(const void *key, const void *elem) {
+        const tstr *k = key;
+        const char *name = *(const char *const *)elem;
+        size_t n = strlen(name);
+        size_t m = k->n < n ? k->n : n;
+        int r = m ? memcmp(k->p, name, m) : 0;   /* an empty tstr may have p == NULL */
+        if (r)
+                return r;
+        return k->n < n ? -1 : k->n > n;
+}
+
+/* Every jinja2 test takes the value and at most one argument: `x` is the first argument
+ * (positional or keyword) or undefined, `have` says whether one was given. */
+typedef tsr_status (*test_fn)(rctx *c, tv v, tv x, bool have, bool *out);
+
+static tsr_status test_defined(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type != TV_UNDEF;
+        return TSR_OK;
+}
+
+static tsr_status test_undefined(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_UNDEF;
+        return TSR_OK;
+}
+
+static tsr_status test_none(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_NONE;
+        return TSR_OK;
+}
+
+static tsr_status test_boolean(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_BOOL;
+        return TSR_OK;
+}
+
+static tsr_status test_false(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_BOOL && !v.u.b;
+        return TSR_OK;
+}
+
+static tsr_status test_true(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_BOOL && v.u.b;
+        return TSR_OK;
+}
+
+static tsr_status test_integer(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_INT;
+        return TSR_OK;
+}
+
+static tsr_status test_float(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_FLOAT;
+        return TSR_OK;
+}
+
+static tsr_status test_number(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = is_num(v);
+        return TSR_OK;
+}
+
+static tsr_status test_string(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_STR;
+        return TSR_OK;
+}
+
+static tsr_status test_mapping(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_DICT;
+        return TSR_OK;
+}
+
+static tsr_status test_iterable(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_STR || v.type == TV_LIST || v.type == TV_DICT || v.type == TV_UNDEF ||
+               v.type == TV_LOOP;
+        return TSR_OK;
+}
+
+static tsr_status test_sequence(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_STR || v.type == TV_LIST || v.type == TV_DICT || v.type == TV_UNDEF;
+        return TSR_OK;
+}
+
+static tsr_status test_callable(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = v.type == TV_MACRO || v.type == TV_BUILTIN || v.type == TV_METHOD;
+        return TSR_OK;
+}
+
+static tsr_status test_escaped(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = false;
+        return TSR_OK;
+}
+
+static tsr_status test_sameas(rctx *c, tv v, tv x, bool have, bool *out) {
+        if (v.type != x.type)
+                *out = false;
+        else if (v.type == TV_NONE || v.type == TV_UNDEF)
+                *out = true;
+        else if (v.type == TV_BOOL)
+                *out = v.u.b == x.u.b;
+        else if (v.type == TV_LIST)
+                *out = v.u.l == x.u.l;
+        else if (v.type == TV_DICT || v.type == TV_NS)
+                *out = v.u.d == x.u.d;
+        else
+                *out = tv_eq(c, v, x);
+        return TSR_OK;
+}
+
+static tsr_status test_eq(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = tv_eq(c, v, x);
+        return c->failed ? c->st : TSR_OK;
+}
+
+static tsr_status test_ne(rctx *c, tv v, tv x, bool have, bool *out) {
+        *out = !tv_eq(c, v, x);
+        return c->failed ? c->st : TSR_OK;
+}
+
+/* lt, le, gt, ge: `op` is the operator's text, for tv_cmp's message */
+static tsr_status test_order(rctx *c, tv v, tv x, const char *op, bool *out) {
+        tsr_status st;
+        int r;
+
+        if ((st = tv_cmp(c, v, x, op, &r)) != TSR_OK)
+                return st;
+        *out = op[0] == '<' ? (op[1] ? r <= 0 : r < 0) : (op[1] ? r >= 0 : r > 0);
+        return TSR_OK;
+}
+
+static tsr_status test_lt(rctx *c, tv v, tv x, bool have, bool *out) {
+        return test_order(c, v, x, "<", out);
+}
+
+static tsr_status test_le(rctx *c, tv v, tv x, bool have, bool *out) {
+        return test_order(c, v, x, "<=", out);
+}
+
+static tsr_status test_gt(rctx *c, tv v, tv x, bool have, bool *out) {
+        return test_order(c, v, x, ">", out);
+}
+
+static tsr_status test_ge(rctx *c, tv v, tv x, bool have, bool *out) {
+        return test_order(c, v, x, ">=", out);
+}
+
+/* also the `in` operator (contains) */
+static tsr_status test_in(rctx *c, tv v, tv x, bool have, bool *out) {
+        tsr_status st;
         size_t k;
-        for (k = 0; k < n; k++) {
-                const struct {
-                        const char *name;
-                        int id;
-                } *e = (const void *)((const char *)tab + k * stride);
-                if (tstr_eq(name, e->name))
-                        return e->id;
+        tlist *l;
+
+        if (!have)
+                return rerr(c, TSR_E_INVAL, "test 'in' needs an argument");
+        if (x.type == TV_STR) {
+                if (v.type != TV_STR)
+                        return rerr(c, TSR_E_INVAL, "'in <string>' requires string as left operand, not %s",
+                                    type_name(v));
+                *out = memmem_s(x.u.s, 0, v.u.s) != NULL;
+                return TSR_OK;
         }
-        return -1;
+        if (x.type == TV_DICT) {
+                *out = dict_find(c, x.u.d, v) != NULL;
+                return TSR_OK;
+        }
+        if ((st = iter_list(c, x, &l)) != TSR_OK)
+                return st;
+        *out = false;
+        for (k = 0; k < l->n && !*out; k++)
+                *out = tv_eq(c, v, l->v[k]);
+        return step(c, l->n);
+}
+
+/* odd, even (divisor 0) and divisibleby */
+static tsr_status test_divisible(rctx *c, tv v, tv x, int by, bool *out) {
+        if (!is_intlike(v) && !(by == 0 && v.type == TV_FLOAT))
+                return v.type == TV_UNDEF ? undef_err(c, v)
+                                          : rerr(c, TSR_E_INVAL, "unsupported operand type(s) for %%: '%s' and 'int'",
+                                                 type_name(v));
+        if (by == 0) {
+                if (!is_num(x))
+                        return rerr(c, TSR_E_INVAL, "divisibleby needs a number");
+                if (as_dbl(x) == 0)
+                        return rerr(c, TSR_E_INVAL, "integer division or modulo by zero");
+                if (is_intlike(v) && is_intlike(x))
+                        *out = as_int(x) == -1 || as_int(v) % as_int(x) == 0;
+                else
+                        *out = fmod(as_dbl(v), as_dbl(x)) == 0;
+                return TSR_OK;
+        }
+        *out = ((as_int(v) % 2) != 0) == (by == 1);
+        return TSR_OK;
+}
+
+static tsr_status test_odd(rctx *c, tv v, tv x, bool have, bool *out) {
+        return test_divisible(c, v, x, 1, out);
+}
+
+static tsr_status test_even(rctx *c, tv v, tv x, bool have, bool *out) {
+        return test_divisible(c, v, x, 2, out);
+}
+
+static tsr_status test_divisibleby(rctx *c, tv v, tv x, bool have, bool *out) {
+        return test_divisible(c, v, x, 0, out);
+}
+
+/* lower, upper: some cased letter, and none of the other case (ASCII only) */
+static tsr_status test_case(rctx *c, tv v, bool lower, bool *out) {
+        tsr_status st;
+        tstr s;
+        size_t k;
+        bool any = false, ok = true;
+
+        if ((st = to_str(c, v, &s)) != TSR_OK)
+                return st;
+        for (k = 0; k < s.n; k++) {
+                unsigned char ch = (unsigned char)s.p[k];
+                if (lower ? isupper(ch) : islower(ch))
+                        ok = false;
+                if (isalpha(ch))
+                        any = true;
+        }
+        *out = ok && any;
+        return TSR_OK;
+}
+
+static tsr_status test_lower(rctx *c, tv v, tv x, bool have, bool *out) {
+        return test_case(c, v, true, out);
+}
+
+static tsr_status test_upper(rctx *c, tv v, tv x, bool have, bool *out) {
+        return test_case(c, v, false, out);
+}
+
+/* Every test, sorted by name (strcmp order) for bsearch, as filters[] is; aliases are
+ * rows with the same function. */
+static const struct test_def {
+        const char *name;
+        test_fn fn;
+} tests[] = {
+        {"!=", test_ne}, {"<", test_lt}, {"<=", test_le}, {"==", test_eq}, {">", test_gt}, {">=", test_ge},
+        {"boolean", test_boolean}, {"callable", test_callable}, {"defined", test_defined},
+        {"divisibleby", test_divisibleby}, {"eq", test_eq}, {"equalto", test_eq}, {"escaped", test_escaped},
+        {"even", test_even}, {"false", test_false}, {"float", test_float}, {"ge", test_ge}, {"greaterthan", test_gt},
+        {"gt", test_gt}, {"in", test_in}, {"integer", test_integer}, {"iterable", test_iterable}, {"le", test_le},
+        {"lessthan", test_lt}, {"lower", test_lower}, {"lt", test_lt}, {"mapping", test_mapping}, {"ne", test_ne},
+        {"none", test_none}, {"number", test_number}, {"odd", test_odd}, {"sameas", test_sameas},
+        {"sequence", test_sequence}, {"string", test_string}, {"true", test_true}, {"undefined", test_undefined},
+        {"upper", test_upper},
+};
+
+static int test_find(tstr name) {
+        const struct test_def *e;
+#ifndef NDEBUG
+        for (size_t k = 1; k < sizeof(tests) / sizeof(tests[0]); k++)
+                assert(strcmp(tests[k - 1].name, tests[k].name) < 0);
+#endif
+        e = bsearch(&name, tests, sizeof(tests) / sizeof(tests[0]), sizeof(tests[0]), name_cmp);
+        return e ? (int)(e - tests) : -1;
 }
 
 static tsr_status run_test(rctx *c, int id, tv v, const args *a, bool *out) {
         tv x = TV_UNDEFINED;
-        int r;
-        tsr_status st;
         bool have = arg_get(a, 0, NULL, &x);
-
-        switch (id) {
-        case T_DEFINED: *out = v.type != TV_UNDEF; return TSR_OK;
-        case T_UNDEFINED: *out = v.type == TV_UNDEF; return TSR_OK;
-        case T_NONE: *out = v.type == TV_NONE; return TSR_OK;
-        case T_BOOLEAN: *out = v.type == TV_BOOL; return TSR_OK;
-        case T_FALSE: *out = v.type == TV_BOOL && !v.u.b; return TSR_OK;
-        case T_TRUE: *out = v.type == TV_BOOL && v.u.b; return TSR_OK;
-        case T_INTEGER: *out = v.type == TV_INT; return TSR_OK;
-        case T_FLOAT: *out = v.type == TV_FLOAT; return TSR_OK;
-        case T_NUMBER: *out = is_num(v); return TSR_OK;
-        case T_STRING: *out = v.type == TV_STR; return TSR_OK;
-        case T_MAPPING: *out = v.type == TV_DICT; return TSR_OK;
-        case T_ITERABLE:
-                *out = v.type == TV_STR || v.type == TV_LIST || v.type == TV_DICT || v.type == TV_UNDEF ||
-                       v.type == TV_LOOP;
-                return TSR_OK;
-        case T_SEQUENCE:
-                *out = v.type == TV_STR || v.type == TV_LIST || v.type == TV_DICT || v.type == TV_UNDEF;
-                return TSR_OK;
-        case T_CALLABLE:
-                *out = v.type == TV_MACRO || v.type == TV_BUILTIN || v.type == TV_METHOD;
-                return TSR_OK;
-        case T_ESCAPED: *out = false; return TSR_OK;
-        case T_SAMEAS:
-                if (v.type != x.type)
-                        *out = false;
-                else if (v.type == TV_NONE || v.type == TV_UNDEF)
-                        *out = true;
-                else if (v.type == TV_BOOL)
-                        *out = v.u.b == x.u.b;
-                else if (v.type == TV_LIST)
-                        *out = v.u.l == x.u.l;
-                else if (v.type == TV_DICT || v.type == TV_NS)
-                        *out = v.u.d == x.u.d;
-                else
-                        *out = tv_eq(c, v, x);
-                return TSR_OK;
-        case T_EQ: *out = tv_eq(c, v, x); return c->failed ? c->st : TSR_OK;
-        case T_NE: *out = !tv_eq(c, v, x); return c->failed ? c->st : TSR_OK;
-        case T_LT: case T_LE: case T_GT: case T_GE:
-                if ((st = tv_cmp(c, v, x, id == T_LT ? "<" : id == T_LE ? "<=" : id == T_GT ? ">" : ">=", &r)) != TSR_OK)
-                        return st;
-                *out = id == T_LT ? r < 0 : id == T_LE ? r <= 0 : id == T_GT ? r > 0 : r >= 0;
-                return TSR_OK;
-        case T_IN: {
-                if (!have)
-                        return rerr(c, TSR_E_INVAL, "test 'in' needs an argument");
-                /* reuse the operator */
-                {
-                        size_t k;
-                        tlist *l;
-                        if (x.type == TV_STR) {
-                                if (v.type != TV_STR)
-                                        return rerr(c, TSR_E_INVAL, "'in <string>' requires string as left operand, not %s",
-                                                    type_name(v));
-                                *out = memmem_s(x.u.s, 0, v.u.s) != NULL;
-                                return TSR_OK;
-                        }
-                        if (x.type == TV_DICT) {
-                                *out = dict_find(c, x.u.d, v) != NULL;
-                                return TSR_OK;
-                        }
-                        if ((st = iter_list(c, x, &l)) != TSR_OK)
-                                return st;
-                        *out = false;
-                        for (k = 0; k < l->n && !*out; k++)
-                                *out = tv_eq(c, v, l->v[k]);
-                        return step(c, l->n);
-                }
-        }
-        case T_ODD: case T_EVEN: case T_DIVISIBLEBY:
-                if (!is_intlike(v) && !(id == T_DIVISIBLEBY && v.type == TV_FLOAT))
-                        return v.type == TV_UNDEF ? undef_err(c, v)
-                                                  : rerr(c, TSR_E_INVAL, "unsupported operand type(s) for %%: '%s' and 'int'",
-                                                         type_name(v));
-                if (id == T_DIVISIBLEBY) {
-                        if (!is_num(x))
-                                return rerr(c, TSR_E_INVAL, "divisibleby needs a number");
-                        if (as_dbl(x) == 0)
-                                return rerr(c, TSR_E_INVAL, "integer division or modulo by zero");
-                        if (is_intlike(v) && is_intlike(x))
-                                *out = as_int(x) == -1 || as_int(v) % as_int(x) == 0;
-                        else
-                                *out = fmod(as_dbl(v), as_dbl(x)) == 0;
-                        return TSR_OK;
-                }
-                *out = ((as_int(v) % 2) != 0) == (id == T_ODD);
-                return TSR_OK;
-        case T_LOWER: case T_UPPER: {
-                tstr s;
-                size_t k;
-                bool any = false, ok = true;
-                if ((st = to_str(c, v, &s)) != TSR_OK)
-                        return st;
-                for (k = 0; k < s.n; k++) {
-                        unsigned char ch = (unsigned char)s.p[k];
-                        if (id == T_LOWER ? isupper(ch) : islower(ch))
-                                ok = false;
-                        if (isalpha(ch))
-                                any = true;
-                }
-                *out = ok && any;
-                return TSR_OK;
-        }
-        default: return rerr(c, TSR_E_INTERNAL, "unknown test");
-        }
+        return tests[id].fn(c, v, x, have, out);
 }
 
 /* Attribute path for map/selectattr/sort...: "a.b.0", each part through get_item. */
@@ -3768,8 +3886,7 @@ static tsr_status select_or_reject(rctx *c, tv v, const args *a, bool with_attr,
         if (a->npos > first) {
                 if (a->pos[first].type != TV_STR)
                         return rerr(c, TSR_E_INVAL, "test name must be a string");
-                tid = lookup_id(test_names, sizeof(test_names) / sizeof(test_names[0]), sizeof(test_names[0]),
-                                a->pos[first].u.s);
+                tid = test_find(a->pos[first].u.s);
                 if (tid < 0)
                         return rerr(c, TSR_E_INVAL, "No test named '%.*s'.", (int)a->pos[first].u.s.n,
                                     a->pos[first].u.s.p);
@@ -3963,7 +4080,6 @@ static size_t py_linebreak(const char *p, size_t n) {
 static tsr_status filter_str(rctx *c, tv v, const args *a, tv *out, bool markup) {
         tsr_status st;
         tstr s;
-        (void)a;
 
         if ((st = to_str(c, v, &s)) != TSR_OK)
                 return st;
@@ -3995,8 +4111,6 @@ static tsr_status filter_trim(rctx *c, tv v, const args *a, tv *out) {
 }
 
 static tsr_status filter_length(rctx *c, tv v, const args *a, tv *out) {
-        (void)a;
-
         switch (v.type) {
         case TV_STR: *out = tv_int((int64_t)utf8_len(v.u.s.p, v.u.s.n)); return TSR_OK;
         case TV_LIST:
@@ -4012,7 +4126,6 @@ static tsr_status filter_length(rctx *c, tv v, const args *a, tv *out) {
 
 static tsr_status filter_default(rctx *c, tv v, const args *a, tv *out) {
         tv def = tv_str("", 0), b = tv_bool(false);
-        (void)c;
 
         arg_get(a, 0, "default_value", &def);
         arg_get(a, 1, "boolean", &b);
@@ -4023,7 +4136,6 @@ static tsr_status filter_default(rctx *c, tv v, const args *a, tv *out) {
 static tsr_status filter_case(rctx *c, tv v, const args *a, tv *out, int mode) {
         tsr_status st;
         tstr s;
-        (void)a;
 
         if ((st = to_str(c, v, &s)) != TSR_OK)
                 return st;
@@ -4046,7 +4158,6 @@ static tsr_status filter_capitalize(rctx *c, tv v, const args *a, tv *out) {
 static tsr_status filter_title(rctx *c, tv v, const args *a, tv *out) {
         tsr_status st;
         tstr s;
-        (void)a;
 
         if ((st = to_str(c, v, &s)) != TSR_OK)
                 return st;
@@ -4099,7 +4210,6 @@ static tsr_status filter_join(rctx *c, tv v, const args *a, tv *out) {
 static tsr_status filter_end(rctx *c, tv v, const args *a, tv *out, bool last) {
         tsr_status st;
         tlist *l;
-        (void)a;
 
         if ((st = iter_list(c, v, &l)) != TSR_OK)
                 return st;
@@ -4116,8 +4226,6 @@ static tsr_status filter_last(rctx *c, tv v, const args *a, tv *out) {
 }
 
 static tsr_status filter_items(rctx *c, tv v, const args *a, tv *out) {
-        (void)a;
-
         if (v.type == TV_UNDEF) {
                 *out = tv_list(list_new(c, 0));
                 return c->failed ? c->st : TSR_OK;
@@ -4130,7 +4238,6 @@ static tsr_status filter_items(rctx *c, tv v, const args *a, tv *out) {
 static tsr_status filter_list(rctx *c, tv v, const args *a, tv *out) {
         tsr_status st;
         tlist *l;
-        (void)a;
 
         if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
                 return st;
@@ -4143,7 +4250,6 @@ static tsr_status filter_reverse(rctx *c, tv v, const args *a, tv *out) {
         tlist *l;
         tv x;
         size_t k;
-        (void)a;
 
         if (v.type == TV_STR) {
                 sb b = {0};
@@ -4300,8 +4406,6 @@ static tsr_status filter_float(rctx *c, tv v, const args *a, tv *out) {
 }
 
 static tsr_status filter_abs(rctx *c, tv v, const args *a, tv *out) {
-        (void)a;
-
         if (v.type == TV_FLOAT)
                 *out = tv_float(fabs(v.u.f));
         else if (is_intlike(v) && as_int(v) != INT64_MIN)
@@ -4343,7 +4447,6 @@ static tsr_status filter_escape(rctx *c, tv v, const args *a, tv *out) {
         tstr s;
         size_t k;
         sb b = {0};
-        (void)a;
 
         if (v.type == TV_STR && v.markup) {     /* Markup is not escaped twice */
                 *out = v;
@@ -4526,7 +4629,6 @@ static tsr_status filter_wordcount(rctx *c, tv v, const args *a, tv *out) {
         size_t k;
         int64_t words = 0;
         bool in = false;
-        (void)a;
 
         if ((st = to_str(c, v, &s)) != TSR_OK)
                 return st;
@@ -4639,24 +4741,13 @@ static const struct filter_def {
         {"wordcount", filter_wordcount}
 };
 
-static int filter_cmp(const void *key, const void *elem) {
-        const tstr *k = key;
-        const char *name = ((const struct filter_def *)elem)->name;
-        size_t n = strlen(name);
-        size_t m = k->n < n ? k->n : n;
-        int r = m ? memcmp(k->p, name, m) : 0;   /* an empty tstr may have p == NULL */
-        if (r)
-                return r;
-        return k->n < n ? -1 : k->n > n;
-}
-
 static int filter_find(tstr name) {
         const struct filter_def *e;
 #ifndef NDEBUG
         for (size_t k = 1; k < sizeof(filters) / sizeof(filters[0]); k++)
                 assert(strcmp(filters[k - 1].name, filters[k].name) < 0);
 #endif
-        e = bsearch(&name, filters, sizeof(filters) / sizeof(filters[0]), sizeof(filters[0]), filter_cmp);
+        e = bsearch(&name, filters, sizeof(filters) / sizeof(filters[0]), sizeof(filters[0]), name_cmp);
         return e ? (int)(e - filters) : -1;
 }
 
@@ -5145,16 +5236,13 @@ static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
 }
 
 static tsr_status contains(rctx *c, tv needle, tv hay, bool *out) {
-        args a = {0};
-        a.pos = &hay;
-        a.npos = 1;
         if (hay.type == TV_UNDEF) {
                 *out = false;
                 return TSR_OK;
         }
         if (hay.type != TV_STR && hay.type != TV_LIST && hay.type != TV_DICT)
                 return rerr(c, TSR_E_INVAL, "argument of type '%s' is not iterable", type_name(hay));
-        return run_test(c, T_IN, needle, &a, out);
+        return test_in(c, needle, hay, true, out);
 }
 
 static tsr_status eval_inner(rctx *c, const node *n, frame *f, tv *out) {
