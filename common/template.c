@@ -41,101 +41,106 @@
 #include "arena.h"
 #include "buf.h"
 
-#define TPL_MAX_PARSE_DEPTH 200         /* nesting of expressions and blocks */
-#define TPL_MAX_EVAL_NEST 4000          /* C recursion of the evaluator, all causes */
-#define TPL_MAX_RANGE 100000            /* jinja2's sandbox MAX_RANGE */
-#define TPL_DEF_MAX_OUTPUT ((size_t)64 << 20)
-#define TPL_DEF_MAX_MEMORY ((size_t)256 << 20)
-#define TPL_DEF_MAX_STEPS 50000000ull
-#define TPL_DEF_MAX_DEPTH 64u
+#define TSR_TPL_MAX_PARSE_DEPTH 200     /* nesting of expressions and blocks */
+#define TSR_TPL_MAX_EVAL_NEST 4000      /* C recursion of the evaluator, all causes */
+#define TSR_TPL_MAX_RANGE 100000        /* jinja2's sandbox MAX_RANGE */
+#define TSR_TPL_DEF_MAX_OUTPUT ((size_t)64 << 20)
+#define TSR_TPL_DEF_MAX_MEMORY ((size_t)256 << 20)
+#define TSR_TPL_DEF_MAX_STEPS 50000000ull
+#define TSR_TPL_DEF_MAX_DEPTH 64u
 
-typedef struct tstr {
+typedef struct tsr_tpl_str {
         const char *p;
         size_t n;
-} tstr;
+} tsr_tpl_str;
 
 /* ---------------------------------------------------------------- values */
 
-typedef enum tv_type {
-        TV_UNDEF,
-        TV_NONE,
-        TV_BOOL,
-        TV_INT,
-        TV_FLOAT,
-        TV_STR,
-        TV_LIST,        /* list or tuple (tlist.tuple) */
-        TV_DICT,
-        TV_NS,          /* namespace(): a dict with attribute assignment */
-        TV_MACRO,
-        TV_BUILTIN,     /* a global function */
-        TV_METHOD,      /* bound method: obj.name, called later */
-        TV_LOOP,
-} tv_type;
+typedef enum tsr_tpl_val_type {
+        TSR_TPL_VAL_UNDEF,
+        TSR_TPL_VAL_NONE,
+        TSR_TPL_VAL_BOOL,
+        TSR_TPL_VAL_INT,
+        TSR_TPL_VAL_FLOAT,
+        TSR_TPL_VAL_STR,
+        TSR_TPL_VAL_LIST,        /* list or tuple (tsr_tpl_list.tuple) */
+        TSR_TPL_VAL_DICT,
+        TSR_TPL_VAL_NS,          /* namespace(): a dict with attribute assignment */
+        TSR_TPL_VAL_MACRO,
+        TSR_TPL_VAL_BUILTIN,     /* a global function */
+        TSR_TPL_VAL_METHOD,      /* bound method: obj.name, called later */
+        TSR_TPL_VAL_LOOP,
+} tsr_tpl_val_type;
 
-typedef struct tlist tlist;
-typedef struct tdict tdict;
-typedef struct node node;
-typedef struct frame frame;
-typedef struct loopst loopst;
-typedef struct tv tv;
+typedef struct tsr_tpl_list tsr_tpl_list;
+typedef struct tsr_tpl_dict tsr_tpl_dict;
+typedef struct tsr_tpl_node tsr_tpl_node;
+typedef struct tsr_tpl_frame tsr_tpl_frame;
+typedef struct tsr_tpl_loop tsr_tpl_loop;
+typedef struct tsr_tpl_val tsr_tpl_val;
 
-struct tv {
+struct tsr_tpl_val {
         uint8_t type;
-        uint8_t markup;         /* TV_STR: a markupsafe.Markup (from |safe or |escape) */
+        uint8_t markup;         /* TSR_TPL_VAL_STR: a markupsafe.Markup (from |safe or |escape) */
         union {
                 bool b;
                 int64_t i;
                 double f;
-                tstr s;
-                tlist *l;
-                tdict *d;
+                tsr_tpl_str s;
+                tsr_tpl_list *l;
+                tsr_tpl_dict *d;
                 struct {
-                        const node *n;
-                        frame *f;
+                        const tsr_tpl_node *n;
+                        tsr_tpl_frame *f;
                 } m;
                 int builtin;
                 struct {
-                        tv *self;
+                        tsr_tpl_val *self;
                         const char *name;
                 } meth;
-                loopst *loop;
+                tsr_tpl_loop *loop;
         } u;
 };
 
-struct tlist {
-        tv *v;
+struct tsr_tpl_list {
+        tsr_tpl_val *v;
         size_t n, cap;
         bool tuple;
         bool gen;               /* a generator in jinja2 (map, select...): true even when empty,
                                  * no len(), not JSON; |list and the like copy it to a list */
 };
 
-struct tdict {
-        tv *k;
-        tv *v;
+struct tsr_tpl_dict {
+        tsr_tpl_val *k;
+        tsr_tpl_val *v;
         size_t n, cap;
 };
 
-struct loopst {
-        tlist *items;
+struct tsr_tpl_loop {
+        tsr_tpl_list *items;
         size_t index0;
         int depth;
 };
 
-static const tv TV_UNDEFINED = {.type = TV_UNDEF};
+static const tsr_tpl_val TSR_TPL_VAL_UNDEFINED = {.type = TSR_TPL_VAL_UNDEF};
 
-static tv tv_none(void) { tv v = {.type = TV_NONE}; return v; }
-static tv tv_bool(bool b) { tv v = {.type = TV_BOOL}; v.u.b = b; return v; }
-static tv tv_int(int64_t i) { tv v = {.type = TV_INT}; v.u.i = i; return v; }
-static tv tv_float(double f) { tv v = {.type = TV_FLOAT}; v.u.f = f; return v; }
-static tv tv_str(const char *p, size_t n) { tv v = {.type = TV_STR}; v.u.s.p = p; v.u.s.n = n; return v; }
-static tv tv_cstr(const char *p) { return tv_str(p, strlen(p)); }
+static tsr_tpl_val tsr_tpl_val_none(void) { tsr_tpl_val v = {.type = TSR_TPL_VAL_NONE}; return v; }
+static tsr_tpl_val tsr_tpl_val_bool(bool b) { tsr_tpl_val v = {.type = TSR_TPL_VAL_BOOL}; v.u.b = b; return v; }
+static tsr_tpl_val tsr_tpl_val_int(int64_t i) { tsr_tpl_val v = {.type = TSR_TPL_VAL_INT}; v.u.i = i; return v; }
+static tsr_tpl_val tsr_tpl_val_float(double f) { tsr_tpl_val v = {.type = TSR_TPL_VAL_FLOAT}; v.u.f = f; return v; }
+static tsr_tpl_val tsr_tpl_val_str(const char *p, size_t n) {
+        tsr_tpl_val v = {.type = TSR_TPL_VAL_STR};
+        v.u.s.p = p;
+        v.u.s.n = n;
+        return v;
+}
+static tsr_tpl_val tsr_tpl_val_cstr(const char *p) { return tsr_tpl_val_str(p, strlen(p)); }
 
 /* ---------------------------------------------------------------- UTF-8 helpers */
 
 /* Decode one code point at s[*i] (n bytes in all) and advance; invalid bytes decode as
  * themselves (Latin-1) so nothing is ever skipped or read past n. */
-static uint32_t utf8_next(const char *s, size_t n, size_t *i) {
+static uint32_t tsr_tpl_utf8_next(const char *s, size_t n, size_t *i) {
         const unsigned char *p = (const unsigned char *)s + *i;
         size_t left = n - *i;
         uint32_t c = p[0];
@@ -162,7 +167,7 @@ static uint32_t utf8_next(const char *s, size_t n, size_t *i) {
         return c;
 }
 
-static size_t utf8_put(char *out, uint32_t c) {
+static size_t tsr_tpl_utf8_put(char *out, uint32_t c) {
         if (c < 0x80) {
                 out[0] = (char)c;
                 return 1;
@@ -185,17 +190,17 @@ static size_t utf8_put(char *out, uint32_t c) {
         return 4;
 }
 
-static size_t utf8_len(const char *s, size_t n) {
+static size_t tsr_tpl_utf8_len(const char *s, size_t n) {
         size_t i = 0, k = 0;
         while (i < n) {
-                utf8_next(s, n, &i);
+                tsr_tpl_utf8_next(s, n, &i);
                 k++;
         }
         return k;
 }
 
 /* Python's str.isspace(), which str.strip() and str.split() use. */
-static bool py_isspace(uint32_t c) {
+static bool tsr_tpl_py_isspace(uint32_t c) {
         if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f))
                 return true;
         if (c < 0x85)
@@ -205,25 +210,25 @@ static bool py_isspace(uint32_t c) {
 }
 
 /* Byte length of the trailing whitespace code points of s[0..n). */
-static size_t rstrip_ws_len(const char *s, size_t n) {
+static size_t tsr_tpl_rstrip_ws_len(const char *s, size_t n) {
         size_t end = n;
         while (end > 0) {
                 size_t st = end - 1, j;
                 while (st > 0 && ((unsigned char)s[st] & 0xc0) == 0x80 && end - st < 4)
                         st--;
                 j = st;
-                if (!py_isspace(utf8_next(s, end, &j)) || j != end)
+                if (!tsr_tpl_py_isspace(tsr_tpl_utf8_next(s, end, &j)) || j != end)
                         break;
                 end = st;
         }
         return n - end;
 }
 
-static size_t lstrip_ws_len(const char *s, size_t n) {
+static size_t tsr_tpl_lstrip_ws_len(const char *s, size_t n) {
         size_t i = 0;
         while (i < n) {
                 size_t j = i;
-                if (!py_isspace(utf8_next(s, n, &j)))
+                if (!tsr_tpl_py_isspace(tsr_tpl_utf8_next(s, n, &j)))
                         break;
                 i = j;
         }
@@ -232,109 +237,118 @@ static size_t lstrip_ws_len(const char *s, size_t n) {
 
 /* ---------------------------------------------------------------- AST */
 
-typedef enum nkind {
-        N_TEXT,
-        N_OUTPUT,
-        N_IF,
-        N_FOR,
-        N_SET,
-        N_SETBLOCK,
-        N_MACRO,        /* op: the body names `caller` (jinja2 then passes one) */
-        N_FILTERBLOCK,  /* c: filter chain (innermost operand NULL), b: body */
-        N_CALLBLOCK,    /* a: the call, b: the caller's body, names/kids: its parameters */
-        N_BREAK,
-        N_CONTINUE,
-        N_BODY,
-        N_CONST,
-        N_NAME,
-        N_GETATTR,
-        N_GETITEM,
-        N_SLICE,
-        N_CALL,
-        N_FILTER,
-        N_TEST,
-        N_NEG,
-        N_POS,
-        N_NOT,
-        N_BIN,
-        N_CMP,
-        N_AND,
-        N_OR,
-        N_COND,
-        N_LIST,
-        N_TUPLE,
-        N_DICT,
-} nkind;
+typedef enum tsr_tpl_nkind {
+        TSR_TPL_N_TEXT,
+        TSR_TPL_N_OUTPUT,
+        TSR_TPL_N_IF,
+        TSR_TPL_N_FOR,
+        TSR_TPL_N_SET,
+        TSR_TPL_N_SETBLOCK,
+        TSR_TPL_N_MACRO,        /* op: the body names `caller` (jinja2 then passes one) */
+        TSR_TPL_N_FILTERBLOCK,  /* c: filter chain (innermost operand NULL), b: body */
+        TSR_TPL_N_CALLBLOCK,    /* a: the call, b: the caller's body, names/kids: its parameters */
+        TSR_TPL_N_BREAK,
+        TSR_TPL_N_CONTINUE,
+        TSR_TPL_N_BODY,
+        TSR_TPL_N_CONST,
+        TSR_TPL_N_NAME,
+        TSR_TPL_N_GETATTR,
+        TSR_TPL_N_GETITEM,
+        TSR_TPL_N_SLICE,
+        TSR_TPL_N_CALL,
+        TSR_TPL_N_FILTER,
+        TSR_TPL_N_TEST,
+        TSR_TPL_N_NEG,
+        TSR_TPL_N_POS,
+        TSR_TPL_N_NOT,
+        TSR_TPL_N_BIN,
+        TSR_TPL_N_CMP,
+        TSR_TPL_N_AND,
+        TSR_TPL_N_OR,
+        TSR_TPL_N_COND,
+        TSR_TPL_N_LIST,
+        TSR_TPL_N_TUPLE,
+        TSR_TPL_N_DICT,
+} tsr_tpl_nkind;
 
-/* Comparison operators of N_CMP (and the tests that share them). */
-enum { CMP_EQ, CMP_NE, CMP_LT, CMP_LE, CMP_GT, CMP_GE, CMP_IN, CMP_NOTIN };
+/* Comparison operators of TSR_TPL_N_CMP (and the tests that share them). */
+enum {
+        TSR_TPL_CMP_EQ,
+        TSR_TPL_CMP_NE,
+        TSR_TPL_CMP_LT,
+        TSR_TPL_CMP_LE,
+        TSR_TPL_CMP_GT,
+        TSR_TPL_CMP_GE,
+        TSR_TPL_CMP_IN,
+        TSR_TPL_CMP_NOTIN
+};
 
 /* Set targets */
-enum { TGT_NAME, TGT_ATTR, TGT_TUPLE };
+enum { TSR_TPL_TGT_NAME, TSR_TPL_TGT_ATTR, TSR_TPL_TGT_TUPLE };
 
-struct node {
+struct tsr_tpl_node {
         uint8_t kind;
-        uint8_t op;             /* N_BIN operator, N_SET target kind */
-        uint8_t neg;            /* N_TEST: "is not" */
-        uint8_t tuple;          /* N_FOR: target written as a tuple */
+        uint8_t op;             /* TSR_TPL_N_BIN operator, TSR_TPL_N_SET target kind */
+        uint8_t neg;            /* TSR_TPL_N_TEST: "is not" */
+        uint8_t tuple;          /* TSR_TPL_N_FOR: target written as a tuple */
         int fid;                /* filter or test id */
         uint32_t off;           /* source offset, for messages */
-        tstr name;
-        tstr name2;
-        tv val;                 /* N_CONST */
-        node *a, *b, *c, *d;
-        node **kids;
+        tsr_tpl_str name;
+        tsr_tpl_str name2;
+        tsr_tpl_val val;                /* TSR_TPL_N_CONST */
+        tsr_tpl_node *a, *b, *c, *d;
+        tsr_tpl_node **kids;
         uint32_t nkids;
-        tstr *names;
+        tsr_tpl_str *names;
         uint32_t nnames;
         uint32_t nkw;           /* trailing keyword arguments among kids (names[] holds them) */
-        uint8_t *ops;           /* N_CMP: one per kid */
+        uint8_t *ops;           /* TSR_TPL_N_CMP: one per kid */
 };
 
 struct tsr_template {
         tsr_arena *arena;
         char *src;              /* normalised source: tokens and constants point into it */
         size_t len;
-        node *root;
+        tsr_tpl_node *root;
 };
 
 /* Filters and tests, checked at parse time as jinja2 does ("No filter named ...").
- * Both are looked up in tables next to their functions (filter_find, test_find). */
-static int filter_find(tstr name);
+ * Both are looked up in tables next to their functions (tsr_tpl_filter_find, tsr_tpl_test_find). */
+static int tsr_tpl_filter_find(tsr_tpl_str name);
 
-static int test_find(tstr name);
+static int tsr_tpl_test_find(tsr_tpl_str name);
 
-static bool tstr_eq(tstr a, const char *b) { return a.n == strlen(b) && memcmp(a.p, b, a.n) == 0; }
+static bool tsr_tpl_str_eq(tsr_tpl_str a, const char *b) { return a.n == strlen(b) && memcmp(a.p, b, a.n) == 0; }
 
 /* ---------------------------------------------------------------- lexer */
 
-typedef enum ttype {
-        K_DATA,
-        K_VAR_BEGIN,
-        K_VAR_END,
-        K_BLOCK_BEGIN,
-        K_BLOCK_END,
-        K_NAME,
-        K_STRING,
-        K_INT,
-        K_FLOAT,
-        K_OP,
-        K_EOF,
-} ttype;
+typedef enum tsr_tpl_ttype {
+        TSR_TPL_K_DATA,
+        TSR_TPL_K_VAR_BEGIN,
+        TSR_TPL_K_VAR_END,
+        TSR_TPL_K_BLOCK_BEGIN,
+        TSR_TPL_K_BLOCK_END,
+        TSR_TPL_K_NAME,
+        TSR_TPL_K_STRING,
+        TSR_TPL_K_INT,
+        TSR_TPL_K_FLOAT,
+        TSR_TPL_K_OP,
+        TSR_TPL_K_EOF,
+} tsr_tpl_ttype;
 
-typedef struct token {
+typedef struct tsr_tpl_token {
         uint8_t type;
         uint32_t off;
-        tstr s;                 /* NAME/OP: the text; STRING/DATA: the value */
+        tsr_tpl_str s;                 /* NAME/OP: the text; STRING/DATA: the value */
         int64_t i;
         double f;
-} token;
+} tsr_tpl_token;
 
-typedef struct parser {
+typedef struct tsr_tpl_parser {
         tsr_arena *a;
         const char *src;
         size_t len;
-        token *toks;
+        tsr_tpl_token *toks;
         size_t ntoks, cap, pos;
         int depth;
         tsr_status st;
@@ -348,11 +362,11 @@ typedef struct parser {
          * ones are parsed with fid -1 and judged when the template is complete. */
         bool soft;
         struct {
-                const node *n;
+                const tsr_tpl_node *n;
                 bool soft;
         } unknown[32];
         size_t n_unknown;
-} parser;
+} tsr_tpl_parser;
 
 static void src_linecol(const char *s, size_t len, size_t off, unsigned *line, unsigned *col) {
         unsigned l = 1, c = 1;
@@ -371,9 +385,9 @@ static void src_linecol(const char *s, size_t len, size_t off, unsigned *line, u
         *col = c;
 }
 
-static tsr_status perr(parser *p, size_t off, tsr_status st, const char *fmt, ...)
+static tsr_status tsr_tpl_perr(tsr_tpl_parser *p, size_t off, tsr_status st, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
-static tsr_status perr(parser *p, size_t off, tsr_status st, const char *fmt, ...) {
+static tsr_status tsr_tpl_perr(tsr_tpl_parser *p, size_t off, tsr_status st, const char *fmt, ...) {
         va_list ap;
         unsigned line, col;
         int k = 0;
@@ -394,12 +408,12 @@ static tsr_status perr(parser *p, size_t off, tsr_status st, const char *fmt, ..
         return st;
 }
 
-static tsr_status push_tok(parser *p, token t) {
+static tsr_status tsr_tpl_push_tok(tsr_tpl_parser *p, tsr_tpl_token t) {
         if (p->ntoks == p->cap) {
                 size_t nc = p->cap ? p->cap * 2 : 256;
-                token *nt = tsr_arena_alloc(p->a, nc * sizeof(*nt));
+                tsr_tpl_token *nt = tsr_arena_alloc(p->a, nc * sizeof(*nt));
                 if (!nt)
-                        return perr(p, t.off, TSR_E_NOMEM, "out of memory");
+                        return tsr_tpl_perr(p, t.off, TSR_E_NOMEM, "out of memory");
                 if (p->ntoks)
                         memcpy(nt, p->toks, p->ntoks * sizeof(*nt));
                 p->toks = nt;
@@ -409,13 +423,15 @@ static tsr_status push_tok(parser *p, token t) {
         return TSR_OK;
 }
 
-static bool is_ascii_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+static bool tsr_tpl_is_ascii_ws(char c) {
+        return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 static size_t skip_ws_re(const char *s, size_t n, size_t i) {
         /* Python's \s on str: every Unicode whitespace code point */
         while (i < n) {
                 size_t j = i;
-                if (!py_isspace(utf8_next(s, n, &j)))
+                if (!tsr_tpl_py_isspace(tsr_tpl_utf8_next(s, n, &j)))
                         break;
                 i = j;
         }
@@ -433,12 +449,12 @@ static int hexval(char c) {
 }
 
 /* Decode a string literal body the way jinja2 does (Python's unicode-escape codec). */
-static tsr_status lex_string_value(parser *p, const char *s, size_t n, size_t off, tstr *out) {
+static tsr_status lex_string_value(tsr_tpl_parser *p, const char *s, size_t n, size_t off, tsr_tpl_str *out) {
         char *o = tsr_arena_alloc(p->a, n + 1);
         size_t i = 0, k = 0;
 
         if (!o)
-                return perr(p, off, TSR_E_NOMEM, "out of memory");
+                return tsr_tpl_perr(p, off, TSR_E_NOMEM, "out of memory");
         while (i < n) {
                 char c = s[i];
                 if (c != '\\' || i + 1 >= n) {
@@ -466,13 +482,13 @@ static tsr_status lex_string_value(parser *p, const char *s, size_t n, size_t of
                         for (d = 0; d < want; d++) {
                                 int h = i + (size_t)d < n ? hexval(s[i + (size_t)d]) : -1;
                                 if (h < 0)
-                                        return perr(p, off, TSR_E_INVAL, "truncated \\%c escape in string", c);
+                                        return tsr_tpl_perr(p, off, TSR_E_INVAL, "truncated \\%c escape in string", c);
                                 cp = cp * 16 + (uint32_t)h;
                         }
                         if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-                                return perr(p, off, TSR_E_INVAL, "escape out of range in string");
+                                return tsr_tpl_perr(p, off, TSR_E_INVAL, "escape out of range in string");
                         i += (size_t)want;
-                        k += utf8_put(o + k, cp);       /* at most 4 bytes from >= 4 source bytes */
+                        k += tsr_tpl_utf8_put(o + k, cp);  /* at most 4 bytes from >= 4 source bytes */
                         break;
                 }
                 default:
@@ -481,7 +497,7 @@ static tsr_status lex_string_value(parser *p, const char *s, size_t n, size_t of
                                 int d;
                                 for (d = 0; d < 2 && i < n && s[i] >= '0' && s[i] <= '7'; d++)
                                         cp = cp * 8 + (uint32_t)(s[i++] - '0');
-                                k += utf8_put(o + k, cp);
+                                k += tsr_tpl_utf8_put(o + k, cp);
                         } else {
                                 o[k++] = '\\';
                                 o[k++] = c;
@@ -499,18 +515,18 @@ static const char ops1[] = "+-/*%~[](){}><=.:|,;";
 
 /* Lex the expression tokens of one tag starting at *pi, up to and including its end
  * marker; `block` says which end marker. */
-static tsr_status lex_tag(parser *p, size_t *pi, bool block, bool *line_starting) {
+static tsr_status lex_tag(tsr_tpl_parser *p, size_t *pi, bool block, bool *line_starting) {
         const char *s = p->src;
         size_t n = p->len, i = *pi;
         int depth = 0;
-        char stack[TPL_MAX_PARSE_DEPTH];
+        char stack[TSR_TPL_MAX_PARSE_DEPTH];
         tsr_status st;
         size_t start = i;
 
         for (;;) {
-                token t = {0};
+                tsr_tpl_token t = {0};
                 if (i >= n)
-                        return perr(p, start, TSR_E_INVAL, "unexpected end of template, expected '%s'",
+                        return tsr_tpl_perr(p, start, TSR_E_INVAL, "unexpected end of template, expected '%s'",
                                     block ? "%}" : "}}");
                 if (depth == 0) {
                         const char *e = block ? "%}" : "}}";
@@ -525,16 +541,16 @@ static tsr_status lex_tag(parser *p, size_t *pi, bool block, bool *line_starting
                                         end++;  /* trim_blocks */
                         }
                         if (end) {
-                                t.type = block ? K_BLOCK_END : K_VAR_END;
+                                t.type = block ? TSR_TPL_K_BLOCK_END : TSR_TPL_K_VAR_END;
                                 t.off = (uint32_t)i;
-                                if ((st = push_tok(p, t)) != TSR_OK)
+                                if ((st = tsr_tpl_push_tok(p, t)) != TSR_OK)
                                         return st;
                                 *line_starting = s[end - 1] == '\n';
                                 *pi = end;
                                 return TSR_OK;
                         }
                 }
-                if (is_ascii_ws(s[i])) {
+                if (tsr_tpl_is_ascii_ws(s[i])) {
                         i++;
                         continue;
                 }
@@ -548,12 +564,14 @@ static tsr_status lex_tag(parser *p, size_t *pi, bool block, bool *line_starting
                         bool isf = false;
                         char num[64];
                         size_t m = 0;
-                        while (j < n && (isdigit((unsigned char)s[j]) || (s[j] == '_' && j + 1 < n && isdigit((unsigned char)s[j + 1]))))
+                        while (j < n && (isdigit((unsigned char)s[j]) ||
+                                         (s[j] == '_' && j + 1 < n && isdigit((unsigned char)s[j + 1]))))
                                 j++;
                         k = j;
                         if (k + 1 < n && s[k] == '.' && isdigit((unsigned char)s[k + 1])) {
                                 k += 1;
-                                while (k < n && (isdigit((unsigned char)s[k]) || (s[k] == '_' && k + 1 < n && isdigit((unsigned char)s[k + 1]))))
+                                while (k < n && (isdigit((unsigned char)s[k]) ||
+                                                 (s[k] == '_' && k + 1 < n && isdigit((unsigned char)s[k + 1]))))
                                         k++;
                                 isf = true;
                         }
@@ -576,25 +594,25 @@ static tsr_status lex_tag(parser *p, size_t *pi, bool block, bool *line_starting
                                         num[m++] = s[j];
                         num[m] = '\0';
                         if (k - i >= sizeof(num) - 1)
-                                return perr(p, i, TSR_E_INVAL, "number literal too long");
+                                return tsr_tpl_perr(p, i, TSR_E_INVAL, "number literal too long");
                         if (isf) {
-                                t.type = K_FLOAT;
+                                t.type = TSR_TPL_K_FLOAT;
                                 t.f = strtod(num, NULL);
                         } else {
                                 if (num[0] == '0' && m > 1 && num[1] != '0')
-                                        return perr(p, i, TSR_E_INVAL, "invalid integer literal");
+                                        return tsr_tpl_perr(p, i, TSR_E_INVAL, "invalid integer literal");
                                 errno = 0;
-                                t.type = K_INT;
+                                t.type = TSR_TPL_K_INT;
                                 t.i = strtoll(num, NULL, 10);
                                 if (errno == ERANGE)
-                                        return perr(p, i, TSR_E_INVAL, "integer literal too large");
+                                        return tsr_tpl_perr(p, i, TSR_E_INVAL, "integer literal too large");
                         }
                         i = k;
                 } else if (isalpha((unsigned char)s[i]) || s[i] == '_') {
                         size_t j = i;
                         while (j < n && (isalnum((unsigned char)s[j]) || s[j] == '_'))
                                 j++;
-                        t.type = K_NAME;
+                        t.type = TSR_TPL_K_NAME;
                         t.s.p = s + i;
                         t.s.n = j - i;
                         i = j;
@@ -607,8 +625,8 @@ static tsr_status lex_tag(parser *p, size_t *pi, bool block, bool *line_starting
                                 j++;
                         }
                         if (j >= n)
-                                return perr(p, i, TSR_E_INVAL, "unterminated string literal");
-                        t.type = K_STRING;
+                                return tsr_tpl_perr(p, i, TSR_E_INVAL, "unterminated string literal");
+                        t.type = TSR_TPL_K_STRING;
                         if ((st = lex_string_value(p, s + i + 1, j - i - 1, i, &t.s)) != TSR_OK)
                                 return st;
                         i = j + 1;
@@ -620,30 +638,30 @@ static tsr_status lex_tag(parser *p, size_t *pi, bool block, bool *line_starting
                         if (!m && strchr(ops1, s[i]) && s[i])
                                 m = 1;
                         if (!m)
-                                return perr(p, i, TSR_E_INVAL, "unexpected character '%c'", s[i]);
-                        t.type = K_OP;
+                                return tsr_tpl_perr(p, i, TSR_E_INVAL, "unexpected character '%c'", s[i]);
+                        t.type = TSR_TPL_K_OP;
                         t.s.p = s + i;
                         t.s.n = m;
                         if (m == 1 && (s[i] == '(' || s[i] == '[' || s[i] == '{')) {
-                                if (depth >= TPL_MAX_PARSE_DEPTH)
-                                        return perr(p, i, TSR_E_LIMIT, "brackets nested too deep");
+                                if (depth >= TSR_TPL_MAX_PARSE_DEPTH)
+                                        return tsr_tpl_perr(p, i, TSR_E_LIMIT, "brackets nested too deep");
                                 stack[depth++] = s[i] == '(' ? ')' : s[i] == '[' ? ']' : '}';
                         } else if (m == 1 && (s[i] == ')' || s[i] == ']' || s[i] == '}')) {
                                 if (depth == 0)
-                                        return perr(p, i, TSR_E_INVAL, "unexpected '%c'", s[i]);
+                                        return tsr_tpl_perr(p, i, TSR_E_INVAL, "unexpected '%c'", s[i]);
                                 if (stack[depth - 1] != s[i])
-                                        return perr(p, i, TSR_E_INVAL, "unexpected '%c', expected '%c'", s[i],
+                                        return tsr_tpl_perr(p, i, TSR_E_INVAL, "unexpected '%c', expected '%c'", s[i],
                                                     stack[depth - 1]);
                                 depth--;
                         }
                         i += m;
                 }
-                if ((st = push_tok(p, t)) != TSR_OK)
+                if ((st = tsr_tpl_push_tok(p, t)) != TSR_OK)
                         return st;
         }
 }
 
-static tsr_status lex(parser *p) {
+static tsr_status tsr_tpl_lex(tsr_tpl_parser *p) {
         const char *s = p->src;
         size_t n = p->len, pos = 0;
         bool line_starting = true;
@@ -652,37 +670,37 @@ static tsr_status lex(parser *p) {
         while (pos < n) {
                 size_t k = pos, text_end;
                 char kind = 0, sign = 0;
-                token t = {0};
+                tsr_tpl_token t = {0};
 
                 while (k + 1 < n && !(s[k] == '{' && (s[k + 1] == '{' || s[k + 1] == '%' || s[k + 1] == '#')))
                         k++;
                 if (k + 1 >= n) {
-                        t.type = K_DATA;
+                        t.type = TSR_TPL_K_DATA;
                         t.off = (uint32_t)pos;
                         t.s.p = s + pos;
                         t.s.n = n - pos;
-                        return push_tok(p, t);
+                        return tsr_tpl_push_tok(p, t);
                 }
                 kind = s[k + 1];
                 if (k + 2 < n && (s[k + 2] == '-' || s[k + 2] == '+'))
                         sign = s[k + 2];
                 text_end = k;
                 if (sign == '-') {
-                        text_end -= rstrip_ws_len(s + pos, k - pos);
+                        text_end -= tsr_tpl_rstrip_ws_len(s + pos, k - pos);
                 } else if (sign != '+' && kind != '{') {
                         /* lstrip_blocks: drop spaces/tabs between the line start and the tag */
                         size_t l = k;
                         while (l > pos && s[l - 1] != '\n')
                                 l--;
-                        if ((l > pos || line_starting) && l < k && lstrip_ws_len(s + l, k - l) == k - l)
+                        if ((l > pos || line_starting) && l < k && tsr_tpl_lstrip_ws_len(s + l, k - l) == k - l)
                                 text_end = l;
                 }
                 if (text_end > pos) {
-                        t.type = K_DATA;
+                        t.type = TSR_TPL_K_DATA;
                         t.off = (uint32_t)pos;
                         t.s.p = s + pos;
                         t.s.n = text_end - pos;
-                        if ((st = push_tok(p, t)) != TSR_OK)
+                        if ((st = tsr_tpl_push_tok(p, t)) != TSR_OK)
                                 return st;
                 }
                 pos = k + 2 + (sign ? 1 : 0);
@@ -701,15 +719,15 @@ static tsr_status lex(parser *p) {
                                 }
                         }
                         if (!end)
-                                return perr(p, k, TSR_E_INVAL, "missing end of comment tag");
+                                return tsr_tpl_perr(p, k, TSR_E_INVAL, "missing end of comment tag");
                         line_starting = s[end - 1] == '\n';
                         pos = end;
                         continue;
                 }
-                t = (token){0};
-                t.type = kind == '%' ? K_BLOCK_BEGIN : K_VAR_BEGIN;
+                t = (tsr_tpl_token){0};
+                t.type = kind == '%' ? TSR_TPL_K_BLOCK_BEGIN : TSR_TPL_K_VAR_BEGIN;
                 t.off = (uint32_t)k;
-                if ((st = push_tok(p, t)) != TSR_OK)
+                if ((st = tsr_tpl_push_tok(p, t)) != TSR_OK)
                         return st;
                 if ((st = lex_tag(p, &pos, kind == '%', &line_starting)) != TSR_OK)
                         return st;
@@ -719,35 +737,41 @@ static tsr_status lex(parser *p) {
 
 /* ---------------------------------------------------------------- parser */
 
-static token *cur(parser *p) { return &p->toks[p->pos]; }
-static token *peek(parser *p, size_t k) { return p->pos + k < p->ntoks ? &p->toks[p->pos + k] : &p->toks[p->ntoks - 1]; }
-static bool t_op(const token *t, const char *op) { return t->type == K_OP && tstr_eq(t->s, op); }
-static bool t_name(const token *t, const char *nm) { return t->type == K_NAME && tstr_eq(t->s, nm); }
-static void adv(parser *p) {
+static tsr_tpl_token *cur(tsr_tpl_parser *p) { return &p->toks[p->pos]; }
+static tsr_tpl_token *peek(tsr_tpl_parser *p, size_t k) {
+        return p->pos + k < p->ntoks ? &p->toks[p->pos + k] : &p->toks[p->ntoks - 1];
+}
+static bool t_op(const tsr_tpl_token *t, const char *op) {
+        return t->type == TSR_TPL_K_OP && tsr_tpl_str_eq(t->s, op);
+}
+static bool t_name(const tsr_tpl_token *t, const char *nm) {
+        return t->type == TSR_TPL_K_NAME && tsr_tpl_str_eq(t->s, nm);
+}
+static void adv(tsr_tpl_parser *p) {
         if (p->pos + 1 < p->ntoks)
                 p->pos++;
 }
 
-static const char *tok_desc(const token *t) {
+static const char *tok_desc(const tsr_tpl_token *t) {
         switch (t->type) {
-        case K_DATA: return "template data";
-        case K_VAR_BEGIN: return "'{{'";
-        case K_VAR_END: return "end of print statement";
-        case K_BLOCK_BEGIN: return "'{%'";
-        case K_BLOCK_END: return "end of statement block";
-        case K_NAME: return "name";
-        case K_STRING: return "string";
-        case K_INT: return "integer";
-        case K_FLOAT: return "float";
-        case K_OP: return "operator";
+        case TSR_TPL_K_DATA: return "template data";
+        case TSR_TPL_K_VAR_BEGIN: return "'{{'";
+        case TSR_TPL_K_VAR_END: return "end of print statement";
+        case TSR_TPL_K_BLOCK_BEGIN: return "'{%'";
+        case TSR_TPL_K_BLOCK_END: return "end of statement block";
+        case TSR_TPL_K_NAME: return "name";
+        case TSR_TPL_K_STRING: return "string";
+        case TSR_TPL_K_INT: return "integer";
+        case TSR_TPL_K_FLOAT: return "float";
+        case TSR_TPL_K_OP: return "operator";
         default: return "end of template";
         }
 }
 
-static node *mk(parser *p, nkind k, uint32_t off) {
-        node *n = tsr_arena_calloc(p->a, 1, sizeof(*n));
+static tsr_tpl_node *mk(tsr_tpl_parser *p, tsr_tpl_nkind k, uint32_t off) {
+        tsr_tpl_node *n = tsr_arena_calloc(p->a, 1, sizeof(*n));
         if (!n) {
-                perr(p, off, TSR_E_NOMEM, "out of memory");
+                tsr_tpl_perr(p, off, TSR_E_NOMEM, "out of memory");
                 return NULL;
         }
         n->kind = (uint8_t)k;
@@ -757,18 +781,18 @@ static node *mk(parser *p, nkind k, uint32_t off) {
 
 /* Growable node-pointer vector in the arena (old copies are left behind: parse only). */
 typedef struct nvec {
-        node **v;
-        tstr *names;
+        tsr_tpl_node **v;
+        tsr_tpl_str *names;
         uint32_t n, cap;
 } nvec;
 
-static bool nvec_push(parser *p, nvec *v, node *x, tstr name) {
+static bool nvec_push(tsr_tpl_parser *p, nvec *v, tsr_tpl_node *x, tsr_tpl_str name) {
         if (v->n == v->cap) {
                 uint32_t nc = v->cap ? v->cap * 2 : 4;
-                node **nv = tsr_arena_alloc(p->a, nc * sizeof(*nv));
-                tstr *nn = tsr_arena_alloc(p->a, nc * sizeof(*nn));
+                tsr_tpl_node **nv = tsr_arena_alloc(p->a, nc * sizeof(*nv));
+                tsr_tpl_str *nn = tsr_arena_alloc(p->a, nc * sizeof(*nn));
                 if (!nv || !nn) {
-                        perr(p, cur(p)->off, TSR_E_NOMEM, "out of memory");
+                        tsr_tpl_perr(p, cur(p)->off, TSR_E_NOMEM, "out of memory");
                         return false;
                 }
                 if (v->n) {
@@ -785,67 +809,67 @@ static bool nvec_push(parser *p, nvec *v, node *x, tstr name) {
         return true;
 }
 
-static bool expect_op(parser *p, const char *op) {
+static bool expect_op(tsr_tpl_parser *p, const char *op) {
         if (p->failed)
                 return false;
         if (!t_op(cur(p), op)) {
-                perr(p, cur(p)->off, TSR_E_INVAL, "expected '%s', got %s", op, tok_desc(cur(p)));
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "expected '%s', got %s", op, tok_desc(cur(p)));
                 return false;
         }
         adv(p);
         return true;
 }
 
-static bool expect_type(parser *p, ttype ty, const char *what) {
+static bool expect_type(tsr_tpl_parser *p, tsr_tpl_ttype ty, const char *what) {
         if (p->failed)
                 return false;
         if (cur(p)->type != ty) {
-                perr(p, cur(p)->off, TSR_E_INVAL, "expected %s, got %s", what, tok_desc(cur(p)));
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "expected %s, got %s", what, tok_desc(cur(p)));
                 return false;
         }
         adv(p);
         return true;
 }
 
-static bool enter(parser *p) {
+static bool enter(tsr_tpl_parser *p) {
         if (p->failed)
                 return false;
-        if (++p->depth > TPL_MAX_PARSE_DEPTH) {
-                perr(p, cur(p)->off, TSR_E_LIMIT, "template nests too deep");
+        if (++p->depth > TSR_TPL_MAX_PARSE_DEPTH) {
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_LIMIT, "template nests too deep");
                 return false;
         }
         return true;
 }
 
-static node *parse_expr(parser *p, bool condexpr);
-static node *parse_or(parser *p);
-static node *parse_unary(parser *p, bool with_filter);
-static node *parse_postfix(parser *p, node *n);
-static node *parse_filter_expr(parser *p, node *n);
-static node *parse_primary(parser *p);
+static tsr_tpl_node *parse_expr(tsr_tpl_parser *p, bool condexpr);
+static tsr_tpl_node *parse_or(tsr_tpl_parser *p);
+static tsr_tpl_node *parse_unary(tsr_tpl_parser *p, bool with_filter);
+static tsr_tpl_node *parse_postfix(tsr_tpl_parser *p, tsr_tpl_node *n);
+static tsr_tpl_node *parse_filter_expr(tsr_tpl_parser *p, tsr_tpl_node *n);
+static tsr_tpl_node *parse_primary(tsr_tpl_parser *p);
 
-static bool tuple_end(parser *p, const char *extra) {
-        token *t = cur(p);
-        if (t->type == K_VAR_END || t->type == K_BLOCK_END || t->type == K_EOF || t_op(t, ")"))
+static bool tuple_end(tsr_tpl_parser *p, const char *extra) {
+        tsr_tpl_token *t = cur(p);
+        if (t->type == TSR_TPL_K_VAR_END || t->type == TSR_TPL_K_BLOCK_END || t->type == TSR_TPL_K_EOF || t_op(t, ")"))
                 return true;
         return extra && t_name(t, extra);
 }
 
 /* mode: 0 = full expression, 1 = no conditional expression, 2 = primary only */
-static node *parse_tuple(parser *p, int mode, const char *extra_end, bool explicit_parens) {
+static tsr_tpl_node *parse_tuple(tsr_tpl_parser *p, int mode, const char *extra_end, bool explicit_parens) {
         nvec v = {0};
         bool is_tuple = false;
         uint32_t off = cur(p)->off;
-        node *n;
+        tsr_tpl_node *n;
 
         for (;;) {
-                node *x;
+                tsr_tpl_node *x;
                 if (v.n && !expect_op(p, ","))
                         return NULL;
                 if (tuple_end(p, extra_end))
                         break;
                 x = mode == 2 ? parse_primary(p) : parse_expr(p, mode == 0);
-                if (!x || !nvec_push(p, &v, x, (tstr){0}))
+                if (!x || !nvec_push(p, &v, x, (tsr_tpl_str){0}))
                         return NULL;
                 if (t_op(cur(p), ","))
                         is_tuple = true;
@@ -856,18 +880,18 @@ static node *parse_tuple(parser *p, int mode, const char *extra_end, bool explic
                 if (v.n)
                         return v.v[0];
                 if (!explicit_parens) {
-                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an expression, got %s", tok_desc(cur(p)));
+                        tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "expected an expression, got %s", tok_desc(cur(p)));
                         return NULL;
                 }
         }
-        if (!(n = mk(p, N_TUPLE, off)))
+        if (!(n = mk(p, TSR_TPL_N_TUPLE, off)))
                 return NULL;
         n->kids = v.v;
         n->nkids = v.n;
         return n;
 }
 
-static bool parse_call_args(parser *p, node *n) {
+static bool parse_call_args(tsr_tpl_parser *p, tsr_tpl_node *n) {
         nvec v = {0};
         uint32_t nkw = 0;
         bool need_comma = false;
@@ -882,24 +906,25 @@ static bool parse_call_args(parser *p, node *n) {
                                 break;
                 }
                 if (t_op(cur(p), "*") || t_op(cur(p), "**")) {
-                        perr(p, cur(p)->off, TSR_E_INVAL, "*args and **kwargs in calls are not supported");
+                        tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "*args and **kwargs in calls are not supported");
                         return false;
                 }
-                if (cur(p)->type == K_NAME && t_op(peek(p, 1), "=")) {
-                        tstr key = cur(p)->s;
-                        node *x;
+                if (cur(p)->type == TSR_TPL_K_NAME && t_op(peek(p, 1), "=")) {
+                        tsr_tpl_str key = cur(p)->s;
+                        tsr_tpl_node *x;
                         adv(p);
                         adv(p);
                         if (!(x = parse_expr(p, true)) || !nvec_push(p, &v, x, key))
                                 return false;
                         nkw++;
                 } else {
-                        node *x;
+                        tsr_tpl_node *x;
                         if (nkw) {
-                                perr(p, cur(p)->off, TSR_E_INVAL, "positional argument follows keyword argument");
+                                tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL,
+                                             "positional argument follows keyword argument");
                                 return false;
                         }
-                        if (!(x = parse_expr(p, true)) || !nvec_push(p, &v, x, (tstr){0}))
+                        if (!(x = parse_expr(p, true)) || !nvec_push(p, &v, x, (tsr_tpl_str){0}))
                                 return false;
                 }
                 need_comma = true;
@@ -914,10 +939,10 @@ static bool parse_call_args(parser *p, node *n) {
         return true;
 }
 
-static bool dotted_name(parser *p, tstr *out) {
-        token *t = cur(p);
-        if (t->type != K_NAME) {
-                perr(p, t->off, TSR_E_INVAL, "expected a name, got %s", tok_desc(t));
+static bool dotted_name(tsr_tpl_parser *p, tsr_tpl_str *out) {
+        tsr_tpl_token *t = cur(p);
+        if (t->type != TSR_TPL_K_NAME) {
+                tsr_tpl_perr(p, t->off, TSR_E_INVAL, "expected a name, got %s", tok_desc(t));
                 return false;
         }
         *out = t->s;
@@ -926,9 +951,9 @@ static bool dotted_name(parser *p, tstr *out) {
 }
 
 /* An unknown filter or test: an error now in a hard frame, else remembered (see parser). */
-static bool note_unknown(parser *p, const node *n, const char *what) {
+static bool note_unknown(tsr_tpl_parser *p, const tsr_tpl_node *n, const char *what) {
         if (p->n_unknown == sizeof(p->unknown) / sizeof(p->unknown[0])) {
-                perr(p, n->off, TSR_E_INVAL, "no %s named '%.*s'", what, (int)n->name.n, n->name.p);
+                tsr_tpl_perr(p, n->off, TSR_E_INVAL, "no %s named '%.*s'", what, (int)n->name.n, n->name.p);
                 return false;
         }
         p->unknown[p->n_unknown].n = n;
@@ -937,23 +962,23 @@ static bool note_unknown(parser *p, const node *n, const char *what) {
 }
 
 /* After the whole template: the unknown filters and tests outside soft frames. */
-static void judge_unknown(parser *p) {
+static void judge_unknown(tsr_tpl_parser *p) {
         size_t k;
 
         for (k = 0; k < p->n_unknown && !p->failed; k++)
                 if (!p->unknown[k].soft)
-                        perr(p, p->unknown[k].n->off, TSR_E_INVAL, "no %s named '%.*s'",
-                             p->unknown[k].n->kind == N_TEST ? "test" : "filter", (int)p->unknown[k].n->name.n,
+                        tsr_tpl_perr(p, p->unknown[k].n->off, TSR_E_INVAL, "no %s named '%.*s'",
+                             p->unknown[k].n->kind == TSR_TPL_N_TEST ? "test" : "filter", (int)p->unknown[k].n->name.n,
                              p->unknown[k].n->name.p);
 }
 
 /* One filter, its name at the current token: NAME or NAME(args), applied to `operand`. */
-static node *parse_one_filter(parser *p, node *operand) {
-        node *n = mk(p, N_FILTER, cur(p)->off);
+static tsr_tpl_node *parse_one_filter(tsr_tpl_parser *p, tsr_tpl_node *operand) {
+        tsr_tpl_node *n = mk(p, TSR_TPL_N_FILTER, cur(p)->off);
 
         if (!n || !dotted_name(p, &n->name))
                 return NULL;
-        n->fid = filter_find(n->name);
+        n->fid = tsr_tpl_filter_find(n->name);
         if (n->fid < 0 && !note_unknown(p, n, "filter"))
                 return NULL;
         if (t_op(cur(p), "(") && !parse_call_args(p, n))
@@ -962,7 +987,7 @@ static node *parse_one_filter(parser *p, node *operand) {
         return n;
 }
 
-static node *parse_filter(parser *p, node *operand) {
+static tsr_tpl_node *parse_filter(tsr_tpl_parser *p, tsr_tpl_node *operand) {
         while (t_op(cur(p), "|")) {
                 adv(p);
                 if (!(operand = parse_one_filter(p, operand)))
@@ -971,9 +996,9 @@ static node *parse_filter(parser *p, node *operand) {
         return operand;
 }
 
-static node *parse_test(parser *p, node *operand) {
-        node *n = mk(p, N_TEST, cur(p)->off);
-        token *t;
+static tsr_tpl_node *parse_test(tsr_tpl_parser *p, tsr_tpl_node *operand) {
+        tsr_tpl_node *n = mk(p, TSR_TPL_N_TEST, cur(p)->off);
+        tsr_tpl_token *t;
 
         if (!n)
                 return NULL;
@@ -985,24 +1010,24 @@ static node *parse_test(parser *p, node *operand) {
         n->off = cur(p)->off;
         if (!dotted_name(p, &n->name))
                 return NULL;
-        n->fid = test_find(n->name);
+        n->fid = tsr_tpl_test_find(n->name);
         if (n->fid < 0 && !note_unknown(p, n, "test"))
                 return NULL;
         t = cur(p);
         if (t_op(t, "(")) {
                 if (!parse_call_args(p, n))
                         return NULL;
-        } else if ((t->type == K_NAME || t->type == K_STRING || t->type == K_INT || t->type == K_FLOAT ||
-                    t_op(t, "[") || t_op(t, "{")) &&
+        } else if ((t->type == TSR_TPL_K_NAME || t->type == TSR_TPL_K_STRING || t->type == TSR_TPL_K_INT ||
+                    t->type == TSR_TPL_K_FLOAT || t_op(t, "[") || t_op(t, "{")) &&
                    !t_name(t, "else") && !t_name(t, "or") && !t_name(t, "and")) {
-                node *arg;
+                tsr_tpl_node *arg;
                 if (t_name(t, "is")) {
-                        perr(p, t->off, TSR_E_INVAL, "cannot chain multiple tests with 'is'");
+                        tsr_tpl_perr(p, t->off, TSR_E_INVAL, "cannot chain multiple tests with 'is'");
                         return NULL;
                 }
                 if (!(arg = parse_primary(p)) || !(arg = parse_postfix(p, arg)))
                         return NULL;
-                if (!(n->kids = tsr_arena_alloc(p->a, sizeof(node *))))
+                if (!(n->kids = tsr_arena_alloc(p->a, sizeof(tsr_tpl_node *))))
                         return NULL;
                 n->kids[0] = arg;
                 n->nkids = 1;
@@ -1011,14 +1036,14 @@ static node *parse_test(parser *p, node *operand) {
         return n;
 }
 
-static node *parse_subscripted(parser *p) {
-        node *sl, *parts[3] = {NULL, NULL, NULL};
+static tsr_tpl_node *parse_subscripted(tsr_tpl_parser *p) {
+        tsr_tpl_node *sl, *parts[3] = {NULL, NULL, NULL};
         uint32_t off = cur(p)->off;
 
         if (t_op(cur(p), ":")) {
                 adv(p);
         } else {
-                node *x = parse_expr(p, true);
+                tsr_tpl_node *x = parse_expr(p, true);
                 if (!x || !t_op(cur(p), ":"))
                         return x;
                 adv(p);
@@ -1035,7 +1060,7 @@ static node *parse_subscripted(parser *p) {
                 if (!t_op(cur(p), "]") && !t_op(cur(p), ",") && !(parts[2] = parse_expr(p, true)))
                         return NULL;
         }
-        if (!(sl = mk(p, N_SLICE, off)))
+        if (!(sl = mk(p, TSR_TPL_N_SLICE, off)))
                 return NULL;
         sl->a = parts[0];
         sl->b = parts[1];
@@ -1043,41 +1068,41 @@ static node *parse_subscripted(parser *p) {
         return sl;
 }
 
-static node *parse_postfix(parser *p, node *n) {
+static tsr_tpl_node *parse_postfix(tsr_tpl_parser *p, tsr_tpl_node *n) {
         while (n && !p->failed) {
-                token *t = cur(p);
+                tsr_tpl_token *t = cur(p);
                 if (t_op(t, ".")) {
-                        node *g;
+                        tsr_tpl_node *g;
                         adv(p);
                         t = cur(p);
-                        if (t->type == K_NAME) {
-                                if (!(g = mk(p, N_GETATTR, t->off)))
+                        if (t->type == TSR_TPL_K_NAME) {
+                                if (!(g = mk(p, TSR_TPL_N_GETATTR, t->off)))
                                         return NULL;
                                 g->name = t->s;
-                        } else if (t->type == K_INT) {
-                                node *c;
-                                if (!(g = mk(p, N_GETITEM, t->off)) || !(c = mk(p, N_CONST, t->off)))
+                        } else if (t->type == TSR_TPL_K_INT) {
+                                tsr_tpl_node *c;
+                                if (!(g = mk(p, TSR_TPL_N_GETITEM, t->off)) || !(c = mk(p, TSR_TPL_N_CONST, t->off)))
                                         return NULL;
-                                c->val = tv_int(t->i);
+                                c->val = tsr_tpl_val_int(t->i);
                                 g->b = c;
                         } else {
-                                perr(p, t->off, TSR_E_INVAL, "expected name or number after '.'");
+                                tsr_tpl_perr(p, t->off, TSR_E_INVAL, "expected name or number after '.'");
                                 return NULL;
                         }
                         adv(p);
                         g->a = n;
                         n = g;
                 } else if (t_op(t, "[")) {
-                        node *g = mk(p, N_GETITEM, t->off);
+                        tsr_tpl_node *g = mk(p, TSR_TPL_N_GETITEM, t->off);
                         nvec v = {0};
                         if (!g)
                                 return NULL;
                         adv(p);
                         while (!t_op(cur(p), "]")) {
-                                node *x;
+                                tsr_tpl_node *x;
                                 if (v.n && !expect_op(p, ","))
                                         return NULL;
-                                if (!(x = parse_subscripted(p)) || !nvec_push(p, &v, x, (tstr){0}))
+                                if (!(x = parse_subscripted(p)) || !nvec_push(p, &v, x, (tsr_tpl_str){0}))
                                         return NULL;
                         }
                         if (!expect_op(p, "]"))
@@ -1085,18 +1110,18 @@ static node *parse_postfix(parser *p, node *n) {
                         if (v.n == 1) {
                                 g->b = v.v[0];
                         } else {
-                                node *tu;
+                                tsr_tpl_node *tu;
                                 /* jinja2 parses x[a, b:c] but Python cannot compile a slice
                                  * inside a tuple, so from_string fails there too: refuse it
                                  * here rather than meet a slice node where a value belongs. */
                                 for (size_t i = 0; i < v.n; i++) {
-                                        if (v.v[i]->kind == N_SLICE) {
-                                                perr(p, v.v[i]->off, TSR_E_INVAL,
+                                        if (v.v[i]->kind == TSR_TPL_N_SLICE) {
+                                                tsr_tpl_perr(p, v.v[i]->off, TSR_E_INVAL,
                                                      "a slice cannot be part of a subscript tuple");
                                                 return NULL;
                                         }
                                 }
-                                if (!(tu = mk(p, N_TUPLE, g->off)))
+                                if (!(tu = mk(p, TSR_TPL_N_TUPLE, g->off)))
                                         return NULL;
                                 tu->kids = v.v;
                                 tu->nkids = v.n;
@@ -1105,7 +1130,7 @@ static node *parse_postfix(parser *p, node *n) {
                         g->a = n;
                         n = g;
                 } else if (t_op(t, "(")) {
-                        node *c = mk(p, N_CALL, t->off);
+                        tsr_tpl_node *c = mk(p, TSR_TPL_N_CALL, t->off);
                         if (!c || !parse_call_args(p, c))
                                 return NULL;
                         c->a = n;
@@ -1117,15 +1142,15 @@ static node *parse_postfix(parser *p, node *n) {
         return p->failed ? NULL : n;
 }
 
-static node *parse_filter_expr(parser *p, node *n) {
+static tsr_tpl_node *parse_filter_expr(tsr_tpl_parser *p, tsr_tpl_node *n) {
         while (n && !p->failed) {
-                token *t = cur(p);
+                tsr_tpl_token *t = cur(p);
                 if (t_op(t, "|")) {
                         n = parse_filter(p, n);
                 } else if (t_name(t, "is")) {
                         n = parse_test(p, n);
                 } else if (t_op(t, "(")) {
-                        node *c = mk(p, N_CALL, t->off);
+                        tsr_tpl_node *c = mk(p, TSR_TPL_N_CALL, t->off);
                         if (!c || !parse_call_args(p, c))
                                 return NULL;
                         c->a = n;
@@ -1137,37 +1162,37 @@ static node *parse_filter_expr(parser *p, node *n) {
         return p->failed ? NULL : n;
 }
 
-static node *parse_primary(parser *p) {
-        token *t = cur(p);
-        node *n = NULL;
+static tsr_tpl_node *parse_primary(tsr_tpl_parser *p) {
+        tsr_tpl_token *t = cur(p);
+        tsr_tpl_node *n = NULL;
 
         if (!enter(p))
                 return NULL;
-        if (t->type == K_NAME) {
-                if (!(n = mk(p, N_CONST, t->off)))
+        if (t->type == TSR_TPL_K_NAME) {
+                if (!(n = mk(p, TSR_TPL_N_CONST, t->off)))
                         return NULL;
-                if (tstr_eq(t->s, "true") || tstr_eq(t->s, "True"))
-                        n->val = tv_bool(true);
-                else if (tstr_eq(t->s, "false") || tstr_eq(t->s, "False"))
-                        n->val = tv_bool(false);
-                else if (tstr_eq(t->s, "none") || tstr_eq(t->s, "None"))
-                        n->val = tv_none();
+                if (tsr_tpl_str_eq(t->s, "true") || tsr_tpl_str_eq(t->s, "True"))
+                        n->val = tsr_tpl_val_bool(true);
+                else if (tsr_tpl_str_eq(t->s, "false") || tsr_tpl_str_eq(t->s, "False"))
+                        n->val = tsr_tpl_val_bool(false);
+                else if (tsr_tpl_str_eq(t->s, "none") || tsr_tpl_str_eq(t->s, "None"))
+                        n->val = tsr_tpl_val_none();
                 else {
-                        n->kind = N_NAME;
+                        n->kind = TSR_TPL_N_NAME;
                         n->name = t->s;
-                        if (tstr_eq(t->s, "caller"))
+                        if (tsr_tpl_str_eq(t->s, "caller"))
                                 p->saw_caller = true;
                 }
                 adv(p);
-        } else if (t->type == K_STRING) {
-                tstr s = t->s;
+        } else if (t->type == TSR_TPL_K_STRING) {
+                tsr_tpl_str s = t->s;
                 adv(p);
-                while (cur(p)->type == K_STRING) {
+                while (cur(p)->type == TSR_TPL_K_STRING) {
                         /* adjacent literals concatenate, as in Python */
-                        tstr s2 = cur(p)->s;
+                        tsr_tpl_str s2 = cur(p)->s;
                         char *c = tsr_arena_alloc(p->a, s.n + s2.n + 1);
                         if (!c) {
-                                perr(p, t->off, TSR_E_NOMEM, "out of memory");
+                                tsr_tpl_perr(p, t->off, TSR_E_NOMEM, "out of memory");
                                 return NULL;
                         }
                         memcpy(c, s.p, s.n);
@@ -1177,13 +1202,13 @@ static node *parse_primary(parser *p) {
                         s.n += s2.n;
                         adv(p);
                 }
-                if (!(n = mk(p, N_CONST, t->off)))
+                if (!(n = mk(p, TSR_TPL_N_CONST, t->off)))
                         return NULL;
-                n->val = tv_str(s.p, s.n);
-        } else if (t->type == K_INT || t->type == K_FLOAT) {
-                if (!(n = mk(p, N_CONST, t->off)))
+                n->val = tsr_tpl_val_str(s.p, s.n);
+        } else if (t->type == TSR_TPL_K_INT || t->type == TSR_TPL_K_FLOAT) {
+                if (!(n = mk(p, TSR_TPL_N_CONST, t->off)))
                         return NULL;
-                n->val = t->type == K_INT ? tv_int(t->i) : tv_float(t->f);
+                n->val = t->type == TSR_TPL_K_INT ? tsr_tpl_val_int(t->i) : tsr_tpl_val_float(t->f);
                 adv(p);
         } else if (t_op(t, "(")) {
                 adv(p);
@@ -1192,20 +1217,20 @@ static node *parse_primary(parser *p) {
         } else if (t_op(t, "[") || t_op(t, "{")) {
                 bool is_dict = t_op(t, "{");
                 nvec v = {0};
-                if (!(n = mk(p, is_dict ? N_DICT : N_LIST, t->off)))
+                if (!(n = mk(p, is_dict ? TSR_TPL_N_DICT : TSR_TPL_N_LIST, t->off)))
                         return NULL;
                 adv(p);
                 while (!t_op(cur(p), is_dict ? "}" : "]")) {
-                        node *x;
+                        tsr_tpl_node *x;
                         if (v.n && !expect_op(p, ","))
                                 return NULL;
                         if (t_op(cur(p), is_dict ? "}" : "]"))
                                 break;
-                        if (!(x = parse_expr(p, true)) || !nvec_push(p, &v, x, (tstr){0}))
+                        if (!(x = parse_expr(p, true)) || !nvec_push(p, &v, x, (tsr_tpl_str){0}))
                                 return NULL;
                         if (is_dict) {
                                 if (!expect_op(p, ":") || !(x = parse_expr(p, true)) ||
-                                    !nvec_push(p, &v, x, (tstr){0}))
+                                    !nvec_push(p, &v, x, (tsr_tpl_str){0}))
                                         return NULL;
                         }
                 }
@@ -1214,22 +1239,23 @@ static node *parse_primary(parser *p) {
                 n->kids = v.v;
                 n->nkids = v.n;
         } else {
-                perr(p, t->off, TSR_E_INVAL, "unexpected %s", tok_desc(t));
+                tsr_tpl_perr(p, t->off, TSR_E_INVAL, "unexpected %s", tok_desc(t));
         }
         p->depth--;
         return p->failed ? NULL : n;
 }
 
-static node *parse_unary(parser *p, bool with_filter) {
-        token *t = cur(p);
-        node *n;
+static tsr_tpl_node *parse_unary(tsr_tpl_parser *p, bool with_filter) {
+        tsr_tpl_token *t = cur(p);
+        tsr_tpl_node *n;
 
         if (!enter(p))
                 return NULL;
         if (t_op(t, "-") || t_op(t, "+")) {
-                node *x;
+                tsr_tpl_node *x;
                 adv(p);
-                if (!(n = mk(p, t->s.p[0] == '-' ? N_NEG : N_POS, t->off)) || !(x = parse_unary(p, false)))
+                if (!(n = mk(p, t->s.p[0] == '-' ? TSR_TPL_N_NEG : TSR_TPL_N_POS, t->off)) ||
+                    !(x = parse_unary(p, false)))
                         return NULL;
                 n->a = x;
         } else {
@@ -1242,8 +1268,9 @@ static node *parse_unary(parser *p, bool with_filter) {
         return n;
 }
 
-static node *mk_bin(parser *p, nkind k, uint8_t op, uint32_t off, node *l, node *r) {
-        node *n;
+static tsr_tpl_node *mk_bin(tsr_tpl_parser *p, tsr_tpl_nkind k, uint8_t op, uint32_t off, tsr_tpl_node *l,
+                            tsr_tpl_node *r) {
+        tsr_tpl_node *n;
         if (!l || !r || !(n = mk(p, k, off)))
                 return NULL;
         n->op = op;
@@ -1252,20 +1279,20 @@ static node *mk_bin(parser *p, nkind k, uint8_t op, uint32_t off, node *l, node 
         return n;
 }
 
-static node *parse_pow(parser *p) {
-        node *n = parse_unary(p, true);
+static tsr_tpl_node *parse_pow(tsr_tpl_parser *p) {
+        tsr_tpl_node *n = parse_unary(p, true);
         while (n && t_op(cur(p), "**")) {
                 uint32_t off = cur(p)->off;
                 adv(p);
-                n = mk_bin(p, N_BIN, 'P', off, n, parse_unary(p, true));
+                n = mk_bin(p, TSR_TPL_N_BIN, 'P', off, n, parse_unary(p, true));
         }
         return n;
 }
 
-static node *parse_math2(parser *p) {
-        node *n = parse_pow(p);
+static tsr_tpl_node *parse_math2(tsr_tpl_parser *p) {
+        tsr_tpl_node *n = parse_pow(p);
         for (;;) {
-                token *t = cur(p);
+                tsr_tpl_token *t = cur(p);
                 uint8_t op;
                 if (!n)
                         return NULL;
@@ -1280,76 +1307,76 @@ static node *parse_math2(parser *p) {
                 else
                         return n;
                 adv(p);
-                n = mk_bin(p, N_BIN, op, t->off, n, parse_pow(p));
+                n = mk_bin(p, TSR_TPL_N_BIN, op, t->off, n, parse_pow(p));
         }
 }
 
-static node *parse_concat(parser *p) {
-        node *n = parse_math2(p);
+static tsr_tpl_node *parse_concat(tsr_tpl_parser *p) {
+        tsr_tpl_node *n = parse_math2(p);
         while (n && t_op(cur(p), "~")) {
                 uint32_t off = cur(p)->off;
                 adv(p);
-                n = mk_bin(p, N_BIN, '~', off, n, parse_math2(p));
+                n = mk_bin(p, TSR_TPL_N_BIN, '~', off, n, parse_math2(p));
         }
         return n;
 }
 
-static node *parse_math1(parser *p) {
-        node *n = parse_concat(p);
+static tsr_tpl_node *parse_math1(tsr_tpl_parser *p) {
+        tsr_tpl_node *n = parse_concat(p);
         for (;;) {
-                token *t = cur(p);
+                tsr_tpl_token *t = cur(p);
                 if (!n)
                         return NULL;
                 if (!t_op(t, "+") && !t_op(t, "-"))
                         return n;
                 adv(p);
-                n = mk_bin(p, N_BIN, (uint8_t)t->s.p[0], t->off, n, parse_concat(p));
+                n = mk_bin(p, TSR_TPL_N_BIN, (uint8_t)t->s.p[0], t->off, n, parse_concat(p));
         }
 }
 
-static node *parse_compare(parser *p) {
-        node *first = parse_math1(p), *n;
+static tsr_tpl_node *parse_compare(tsr_tpl_parser *p) {
+        tsr_tpl_node *first = parse_math1(p), *n;
         nvec v = {0};
         uint8_t ops[64];
 
         if (!first)
                 return NULL;
         for (;;) {
-                token *t = cur(p);
+                tsr_tpl_token *t = cur(p);
                 int op = -1;
-                node *x;
+                tsr_tpl_node *x;
                 if (t_op(t, "=="))
-                        op = CMP_EQ;
+                        op = TSR_TPL_CMP_EQ;
                 else if (t_op(t, "!="))
-                        op = CMP_NE;
+                        op = TSR_TPL_CMP_NE;
                 else if (t_op(t, "<"))
-                        op = CMP_LT;
+                        op = TSR_TPL_CMP_LT;
                 else if (t_op(t, "<="))
-                        op = CMP_LE;
+                        op = TSR_TPL_CMP_LE;
                 else if (t_op(t, ">"))
-                        op = CMP_GT;
+                        op = TSR_TPL_CMP_GT;
                 else if (t_op(t, ">="))
-                        op = CMP_GE;
+                        op = TSR_TPL_CMP_GE;
                 else if (t_name(t, "in"))
-                        op = CMP_IN;
+                        op = TSR_TPL_CMP_IN;
                 else if (t_name(t, "not") && t_name(peek(p, 1), "in")) {
-                        op = CMP_NOTIN;
+                        op = TSR_TPL_CMP_NOTIN;
                         adv(p);
                 }
                 if (op < 0)
                         break;
                 if (v.n >= sizeof(ops)) {
-                        perr(p, t->off, TSR_E_LIMIT, "comparison chain too long");
+                        tsr_tpl_perr(p, t->off, TSR_E_LIMIT, "comparison chain too long");
                         return NULL;
                 }
                 adv(p);
-                if (!(x = parse_math1(p)) || !nvec_push(p, &v, x, (tstr){0}))
+                if (!(x = parse_math1(p)) || !nvec_push(p, &v, x, (tsr_tpl_str){0}))
                         return NULL;
                 ops[v.n - 1] = (uint8_t)op;
         }
         if (!v.n)
                 return first;
-        if (!(n = mk(p, N_CMP, first->off)) || !(n->ops = tsr_arena_memdup(p->a, ops, v.n)))
+        if (!(n = mk(p, TSR_TPL_N_CMP, first->off)) || !(n->ops = tsr_arena_memdup(p->a, ops, v.n)))
                 return NULL;
         n->a = first;
         n->kids = v.v;
@@ -1357,14 +1384,14 @@ static node *parse_compare(parser *p) {
         return n;
 }
 
-static node *parse_not(parser *p) {
+static tsr_tpl_node *parse_not(tsr_tpl_parser *p) {
         if (t_name(cur(p), "not")) {
                 uint32_t off = cur(p)->off;
-                node *n, *x;
+                tsr_tpl_node *n, *x;
                 if (!enter(p))
                         return NULL;
                 adv(p);
-                if (!(x = parse_not(p)) || !(n = mk(p, N_NOT, off)))
+                if (!(x = parse_not(p)) || !(n = mk(p, TSR_TPL_N_NOT, off)))
                         return NULL;
                 n->a = x;
                 p->depth--;
@@ -1373,28 +1400,28 @@ static node *parse_not(parser *p) {
         return parse_compare(p);
 }
 
-static node *parse_and(parser *p) {
-        node *n = parse_not(p);
+static tsr_tpl_node *parse_and(tsr_tpl_parser *p) {
+        tsr_tpl_node *n = parse_not(p);
         while (n && t_name(cur(p), "and")) {
                 uint32_t off = cur(p)->off;
                 adv(p);
-                n = mk_bin(p, N_AND, 0, off, n, parse_not(p));
+                n = mk_bin(p, TSR_TPL_N_AND, 0, off, n, parse_not(p));
         }
         return n;
 }
 
-static node *parse_or(parser *p) {
-        node *n = parse_and(p);
+static tsr_tpl_node *parse_or(tsr_tpl_parser *p) {
+        tsr_tpl_node *n = parse_and(p);
         while (n && t_name(cur(p), "or")) {
                 uint32_t off = cur(p)->off;
                 adv(p);
-                n = mk_bin(p, N_OR, 0, off, n, parse_and(p));
+                n = mk_bin(p, TSR_TPL_N_OR, 0, off, n, parse_and(p));
         }
         return n;
 }
 
-static node *parse_expr(parser *p, bool condexpr) {
-        node *n;
+static tsr_tpl_node *parse_expr(tsr_tpl_parser *p, bool condexpr) {
+        tsr_tpl_node *n;
         size_t first_unknown = p->n_unknown, k;
         bool soft = p->soft;
 
@@ -1409,7 +1436,7 @@ static node *parse_expr(parser *p, bool condexpr) {
                 p->soft = true;
         }
         while (condexpr && n && !p->failed && t_name(cur(p), "if")) {
-                node *c = mk(p, N_COND, cur(p)->off);
+                tsr_tpl_node *c = mk(p, TSR_TPL_N_COND, cur(p)->off);
                 if (!c)
                         break;
                 adv(p);
@@ -1434,9 +1461,9 @@ typedef struct pstate {
         int loops;              /* enclosing for loops (in the current macro) */
 } pstate;
 
-static node *parse_body(parser *p, pstate *ps, const char *const *ends);
+static tsr_tpl_node *parse_body(tsr_tpl_parser *p, pstate *ps, const char *const *ends);
 
-static bool is_end_name(parser *p, const char *const *ends) {
+static bool is_end_name(tsr_tpl_parser *p, const char *const *ends) {
         size_t k;
         for (k = 0; ends && ends[k]; k++)
                 if (t_name(cur(p), ends[k]))
@@ -1446,39 +1473,39 @@ static bool is_end_name(parser *p, const char *const *ends) {
 
 /* After a statement header: expect '%}' then parse the body up to one of `ends`,
  * leaving the stream on the end name. */
-static node *parse_statements(parser *p, pstate *ps, const char *const *ends) {
-        node *b;
-        if (!expect_type(p, K_BLOCK_END, "end of statement block"))
+static tsr_tpl_node *parse_statements(tsr_tpl_parser *p, pstate *ps, const char *const *ends) {
+        tsr_tpl_node *b;
+        if (!expect_type(p, TSR_TPL_K_BLOCK_END, "end of statement block"))
                 return NULL;
         b = parse_body(p, ps, ends);
         if (!b)
                 return NULL;
-        if (cur(p)->type == K_EOF) {
-                perr(p, cur(p)->off, TSR_E_INVAL, "unexpected end of template, expected '%s'", ends[0]);
+        if (cur(p)->type == TSR_TPL_K_EOF) {
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "unexpected end of template, expected '%s'", ends[0]);
                 return NULL;
         }
         return b;
 }
 
 /* Targets: a name, or names separated by commas (optionally in parentheses). */
-static bool parse_targets(parser *p, node *n, const char *extra_end) {
-        node *t = parse_tuple(p, 2, extra_end, false);
+static bool parse_targets(tsr_tpl_parser *p, tsr_tpl_node *n, const char *extra_end) {
+        tsr_tpl_node *t = parse_tuple(p, 2, extra_end, false);
         uint32_t k;
         if (!t)
                 return false;
-        if (t->kind == N_NAME) {
+        if (t->kind == TSR_TPL_N_NAME) {
                 n->names = &t->name;
                 n->nnames = 1;
                 return true;
         }
-        if (t->kind != N_TUPLE)
+        if (t->kind != TSR_TPL_N_TUPLE)
                 goto bad;
-        if (!(n->names = tsr_arena_alloc(p->a, (t->nkids ? t->nkids : 1) * sizeof(tstr)))) {
-                perr(p, t->off, TSR_E_NOMEM, "out of memory");
+        if (!(n->names = tsr_arena_alloc(p->a, (t->nkids ? t->nkids : 1) * sizeof(tsr_tpl_str)))) {
+                tsr_tpl_perr(p, t->off, TSR_E_NOMEM, "out of memory");
                 return false;
         }
         for (k = 0; k < t->nkids; k++) {
-                if (t->kids[k]->kind != N_NAME)
+                if (t->kids[k]->kind != TSR_TPL_N_NAME)
                         goto bad;
                 n->names[k] = t->kids[k]->name;
         }
@@ -1486,19 +1513,19 @@ static bool parse_targets(parser *p, node *n, const char *extra_end) {
         n->tuple = 1;
         return true;
 bad:
-        perr(p, t->off, TSR_E_INVAL, "cannot assign to this expression");
+        tsr_tpl_perr(p, t->off, TSR_E_INVAL, "cannot assign to this expression");
         return false;
 }
 
-static node *parse_for(parser *p, pstate *ps, uint32_t off) {
+static tsr_tpl_node *parse_for(tsr_tpl_parser *p, pstate *ps, uint32_t off) {
         static const char *const ends1[] = {"endfor", "else", NULL};
         static const char *const ends2[] = {"endfor", NULL};
-        node *n = mk(p, N_FOR, off);
+        tsr_tpl_node *n = mk(p, TSR_TPL_N_FOR, off);
 
         if (!n || !parse_targets(p, n, "in"))
                 return NULL;
         if (!t_name(cur(p), "in")) {
-                perr(p, cur(p)->off, TSR_E_INVAL, "expected 'in'");
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "expected 'in'");
                 return NULL;
         }
         adv(p);
@@ -1510,7 +1537,7 @@ static node *parse_for(parser *p, pstate *ps, uint32_t off) {
                         return NULL;
         }
         if (t_name(cur(p), "recursive")) {
-                perr(p, cur(p)->off, TSR_E_UNSUPPORTED, "recursive loops are not supported");
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_UNSUPPORTED, "recursive loops are not supported");
                 return NULL;
         }
         p->soft = false;        /* the loop body is a new frame (restored by parse_statement) */
@@ -1527,10 +1554,10 @@ static node *parse_for(parser *p, pstate *ps, uint32_t off) {
         return n;
 }
 
-static node *parse_if(parser *p, pstate *ps, uint32_t off) {
+static tsr_tpl_node *parse_if(tsr_tpl_parser *p, pstate *ps, uint32_t off) {
         static const char *const ends1[] = {"endif", "elif", "else", NULL};
         static const char *const ends2[] = {"endif", NULL};
-        node *first = mk(p, N_IF, off), *n = first;
+        tsr_tpl_node *first = mk(p, TSR_TPL_N_IF, off), *n = first;
 
         if (!n)
                 return NULL;
@@ -1539,7 +1566,7 @@ static node *parse_if(parser *p, pstate *ps, uint32_t off) {
                 if (!(n->a = parse_tuple(p, 1, NULL, false)) || !(n->b = parse_statements(p, ps, ends1)))
                         return NULL;
                 if (t_name(cur(p), "elif")) {
-                        node *e = mk(p, N_IF, cur(p)->off);
+                        tsr_tpl_node *e = mk(p, TSR_TPL_N_IF, cur(p)->off);
                         if (!e)
                                 return NULL;
                         adv(p);
@@ -1557,19 +1584,19 @@ static node *parse_if(parser *p, pstate *ps, uint32_t off) {
         }
 }
 
-static node *parse_set(parser *p, pstate *ps, uint32_t off) {
+static tsr_tpl_node *parse_set(tsr_tpl_parser *p, pstate *ps, uint32_t off) {
         static const char *const ends[] = {"endset", NULL};
-        node *n = mk(p, N_SET, off);
+        tsr_tpl_node *n = mk(p, TSR_TPL_N_SET, off);
 
         if (!n)
                 return NULL;
-        if (cur(p)->type == K_NAME && t_op(peek(p, 1), ".")) {
-                n->op = TGT_ATTR;
+        if (cur(p)->type == TSR_TPL_K_NAME && t_op(peek(p, 1), ".")) {
+                n->op = TSR_TPL_TGT_ATTR;
                 n->name = cur(p)->s;
                 adv(p);
                 adv(p);
-                if (cur(p)->type != K_NAME) {
-                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an attribute name");
+                if (cur(p)->type != TSR_TPL_K_NAME) {
+                        tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "expected an attribute name");
                         return NULL;
                 }
                 n->name2 = cur(p)->s;
@@ -1577,7 +1604,7 @@ static node *parse_set(parser *p, pstate *ps, uint32_t off) {
         } else {
                 if (!parse_targets(p, n, NULL))
                         return NULL;
-                n->op = n->tuple ? TGT_TUPLE : TGT_NAME;
+                n->op = n->tuple ? TSR_TPL_TGT_TUPLE : TSR_TPL_TGT_NAME;
                 n->name = n->names[0];
         }
         if (t_op(cur(p), "=")) {
@@ -1585,11 +1612,11 @@ static node *parse_set(parser *p, pstate *ps, uint32_t off) {
                 n->a = parse_tuple(p, 0, NULL, false);
                 return n->a ? n : NULL;
         }
-        if (n->op != TGT_NAME) {
-                perr(p, cur(p)->off, TSR_E_UNSUPPORTED, "block set supports a plain name only");
+        if (n->op != TSR_TPL_TGT_NAME) {
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_UNSUPPORTED, "block set supports a plain name only");
                 return NULL;
         }
-        n->kind = N_SETBLOCK;
+        n->kind = TSR_TPL_N_SETBLOCK;
         p->soft = false;        /* restored by parse_statement */
         if (t_op(cur(p), "|") && !(n->c = parse_filter(p, NULL)))
                 return NULL;
@@ -1600,19 +1627,19 @@ static node *parse_set(parser *p, pstate *ps, uint32_t off) {
 }
 
 /* "(a, b=default, ...)": the parameters of a macro or a caller, into n->names/kids. */
-static bool parse_params(parser *p, node *n) {
+static bool parse_params(tsr_tpl_parser *p, tsr_tpl_node *n) {
         nvec v = {0};
         bool have_default = false;
 
         if (!expect_op(p, "("))
                 return false;
         while (!t_op(cur(p), ")")) {
-                tstr nm;
-                node *def = NULL;
+                tsr_tpl_str nm;
+                tsr_tpl_node *def = NULL;
                 if (v.n && !expect_op(p, ","))
                         return false;
-                if (cur(p)->type != K_NAME) {
-                        perr(p, cur(p)->off, TSR_E_INVAL, "expected an argument name");
+                if (cur(p)->type != TSR_TPL_K_NAME) {
+                        tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "expected an argument name");
                         return false;
                 }
                 nm = cur(p)->s;
@@ -1623,7 +1650,7 @@ static bool parse_params(parser *p, node *n) {
                                 return false;
                         have_default = true;
                 } else if (have_default) {
-                        perr(p, cur(p)->off, TSR_E_INVAL, "non-default argument follows default argument");
+                        tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "non-default argument follows default argument");
                         return false;
                 }
                 if (!nvec_push(p, &v, def, nm))
@@ -1639,7 +1666,7 @@ static bool parse_params(parser *p, node *n) {
 
 /* A macro or caller body: its own loop state; whether it names `caller` is recorded in
  * n->op (jinja2 passes a caller only to a macro whose body names it). */
-static bool parse_callable_body(parser *p, node *n, const char *const *ends) {
+static bool parse_callable_body(tsr_tpl_parser *p, tsr_tpl_node *n, const char *const *ends) {
         pstate inner = {0};
         bool outer = p->saw_caller;
 
@@ -1654,14 +1681,14 @@ static bool parse_callable_body(parser *p, node *n, const char *const *ends) {
         return true;
 }
 
-static node *parse_macro(parser *p, uint32_t off) {
+static tsr_tpl_node *parse_macro(tsr_tpl_parser *p, uint32_t off) {
         static const char *const ends[] = {"endmacro", NULL};
-        node *n = mk(p, N_MACRO, off);
+        tsr_tpl_node *n = mk(p, TSR_TPL_N_MACRO, off);
 
         if (!n)
                 return NULL;
-        if (cur(p)->type != K_NAME) {
-                perr(p, cur(p)->off, TSR_E_INVAL, "expected a macro name");
+        if (cur(p)->type != TSR_TPL_K_NAME) {
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "expected a macro name");
                 return NULL;
         }
         n->name = cur(p)->s;
@@ -1673,9 +1700,9 @@ static node *parse_macro(parser *p, uint32_t off) {
 
 /* {% call [(params)] callee(args) %}body{% endcall %}: the body becomes the macro
  * `caller` passed to the call. */
-static node *parse_call_block(parser *p, uint32_t off) {
+static tsr_tpl_node *parse_call_block(tsr_tpl_parser *p, uint32_t off) {
         static const char *const ends[] = {"endcall", NULL};
-        node *n = mk(p, N_CALLBLOCK, off);
+        tsr_tpl_node *n = mk(p, TSR_TPL_N_CALLBLOCK, off);
 
         if (!n)
                 return NULL;
@@ -1683,8 +1710,8 @@ static node *parse_call_block(parser *p, uint32_t off) {
                 return NULL;
         if (!(n->a = parse_expr(p, true)))
                 return NULL;
-        if (n->a->kind != N_CALL) {
-                perr(p, n->a->off, TSR_E_INVAL, "expected call");
+        if (n->a->kind != TSR_TPL_N_CALL) {
+                tsr_tpl_perr(p, n->a->off, TSR_E_INVAL, "expected call");
                 return NULL;
         }
         if (!parse_callable_body(p, n, ends))
@@ -1694,9 +1721,9 @@ static node *parse_call_block(parser *p, uint32_t off) {
 }
 
 /* {% filter f(args) | g %}body{% endfilter %} */
-static node *parse_filter_block(parser *p, pstate *ps, uint32_t off) {
+static tsr_tpl_node *parse_filter_block(tsr_tpl_parser *p, pstate *ps, uint32_t off) {
         static const char *const ends[] = {"endfilter", NULL};
-        node *n = mk(p, N_FILTERBLOCK, off), *first;
+        tsr_tpl_node *n = mk(p, TSR_TPL_N_FILTERBLOCK, off), *first;
 
         p->soft = false;        /* restored by parse_statement */
         if (!n || !(first = parse_one_filter(p, NULL)) || !(n->c = parse_filter(p, first)))
@@ -1707,12 +1734,12 @@ static node *parse_filter_block(parser *p, pstate *ps, uint32_t off) {
         return n;
 }
 
-static node *parse_statement(parser *p, pstate *ps) {
-        token *t = cur(p);
-        node *n = NULL;
+static tsr_tpl_node *parse_statement(tsr_tpl_parser *p, pstate *ps) {
+        tsr_tpl_token *t = cur(p);
+        tsr_tpl_node *n = NULL;
 
-        if (t->type != K_NAME) {
-                perr(p, t->off, TSR_E_INVAL, "tag name expected");
+        if (t->type != TSR_TPL_K_NAME) {
+                tsr_tpl_perr(p, t->off, TSR_E_INVAL, "tag name expected");
                 return NULL;
         }
         bool soft = p->soft;
@@ -1720,84 +1747,85 @@ static node *parse_statement(parser *p, pstate *ps) {
         if (!enter(p))
                 return NULL;
         adv(p);
-        if (tstr_eq(t->s, "for")) {
+        if (tsr_tpl_str_eq(t->s, "for")) {
                 n = parse_for(p, ps, t->off);
-        } else if (tstr_eq(t->s, "if")) {
+        } else if (tsr_tpl_str_eq(t->s, "if")) {
                 n = parse_if(p, ps, t->off);
-        } else if (tstr_eq(t->s, "set")) {
+        } else if (tsr_tpl_str_eq(t->s, "set")) {
                 n = parse_set(p, ps, t->off);
-        } else if (tstr_eq(t->s, "macro")) {
+        } else if (tsr_tpl_str_eq(t->s, "macro")) {
                 n = parse_macro(p, t->off);
-        } else if (tstr_eq(t->s, "call")) {
+        } else if (tsr_tpl_str_eq(t->s, "call")) {
                 n = parse_call_block(p, t->off);
-        } else if (tstr_eq(t->s, "filter")) {
+        } else if (tsr_tpl_str_eq(t->s, "filter")) {
                 n = parse_filter_block(p, ps, t->off);
-        } else if (tstr_eq(t->s, "break") || tstr_eq(t->s, "continue")) {
+        } else if (tsr_tpl_str_eq(t->s, "break") || tsr_tpl_str_eq(t->s, "continue")) {
                 if (!ps->loops)
-                        perr(p, t->off, TSR_E_INVAL, "'%.*s' outside of a loop", (int)t->s.n, t->s.p);
+                        tsr_tpl_perr(p, t->off, TSR_E_INVAL, "'%.*s' outside of a loop", (int)t->s.n, t->s.p);
                 else
-                        n = mk(p, t->s.p[0] == 'b' ? N_BREAK : N_CONTINUE, t->off);
-        } else if (tstr_eq(t->s, "generation")) {
+                        n = mk(p, t->s.p[0] == 'b' ? TSR_TPL_N_BREAK : TSR_TPL_N_CONTINUE, t->off);
+        } else if (tsr_tpl_str_eq(t->s, "generation")) {
                 /* transformers' AssistantTracker: renders its body unchanged */
                 static const char *const ends[] = {"endgeneration", NULL};
                 if ((n = parse_statements(p, ps, ends)))
                         adv(p);
         } else {
-                perr(p, t->off, TSR_E_INVAL, "unknown or unsupported tag '%.*s'", (int)t->s.n, t->s.p);
+                tsr_tpl_perr(p, t->off, TSR_E_INVAL, "unknown or unsupported tag '%.*s'", (int)t->s.n, t->s.p);
         }
         p->soft = soft;
         p->depth--;
         return p->failed ? NULL : n;
 }
 
-static node *parse_body(parser *p, pstate *ps, const char *const *ends) {
+static tsr_tpl_node *parse_body(tsr_tpl_parser *p, pstate *ps, const char *const *ends) {
         nvec v = {0};
-        node *body = mk(p, N_BODY, cur(p)->off);
+        tsr_tpl_node *body = mk(p, TSR_TPL_N_BODY, cur(p)->off);
 
         if (!body || !enter(p))
                 return NULL;
         for (;;) {
-                token *t = cur(p);
-                node *n = NULL;
-                if (t->type == K_EOF)
+                tsr_tpl_token *t = cur(p);
+                tsr_tpl_node *n = NULL;
+                if (t->type == TSR_TPL_K_EOF)
                         break;
-                if (t->type == K_DATA) {
-                        if (!(n = mk(p, N_TEXT, t->off)))
+                if (t->type == TSR_TPL_K_DATA) {
+                        if (!(n = mk(p, TSR_TPL_N_TEXT, t->off)))
                                 return NULL;
                         n->name = t->s;
                         adv(p);
-                } else if (t->type == K_VAR_BEGIN) {
+                } else if (t->type == TSR_TPL_K_VAR_BEGIN) {
                         adv(p);
-                        if (!(n = mk(p, N_OUTPUT, t->off)) || !(n->a = parse_tuple(p, 0, NULL, false)) ||
-                            !expect_type(p, K_VAR_END, "end of print statement"))
+                        if (!(n = mk(p, TSR_TPL_N_OUTPUT, t->off)) || !(n->a = parse_tuple(p, 0, NULL, false)) ||
+                            !expect_type(p, TSR_TPL_K_VAR_END, "end of print statement"))
                                 return NULL;
-                } else if (t->type == K_BLOCK_BEGIN) {
+                } else if (t->type == TSR_TPL_K_BLOCK_BEGIN) {
                         adv(p);
                         if (is_end_name(p, ends))
                                 break;
-                        if (cur(p)->type == K_NAME && !ends &&
-                            (tstr_eq(cur(p)->s, "endif") || tstr_eq(cur(p)->s, "endfor") ||
-                             tstr_eq(cur(p)->s, "endmacro") || tstr_eq(cur(p)->s, "else") ||
-                             tstr_eq(cur(p)->s, "elif") || tstr_eq(cur(p)->s, "endset"))) {
-                                perr(p, cur(p)->off, TSR_E_INVAL, "unexpected '%.*s'", (int)cur(p)->s.n,
+                        if (cur(p)->type == TSR_TPL_K_NAME && !ends &&
+                            (tsr_tpl_str_eq(cur(p)->s, "endif") || tsr_tpl_str_eq(cur(p)->s, "endfor") ||
+                             tsr_tpl_str_eq(cur(p)->s, "endmacro") || tsr_tpl_str_eq(cur(p)->s, "else") ||
+                             tsr_tpl_str_eq(cur(p)->s, "elif") || tsr_tpl_str_eq(cur(p)->s, "endset"))) {
+                                tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "unexpected '%.*s'", (int)cur(p)->s.n,
                                      cur(p)->s.p);
                                 return NULL;
                         }
-                        if (!(n = parse_statement(p, ps)) || !expect_type(p, K_BLOCK_END, "end of statement block"))
+                        if (!(n = parse_statement(p, ps)) ||
+                            !expect_type(p, TSR_TPL_K_BLOCK_END, "end of statement block"))
                                 return NULL;
                 } else {
-                        perr(p, t->off, TSR_E_INVAL, "unexpected %s", tok_desc(t));
+                        tsr_tpl_perr(p, t->off, TSR_E_INVAL, "unexpected %s", tok_desc(t));
                         return NULL;
                 }
-                if (!nvec_push(p, &v, n, (tstr){0}))
+                if (!nvec_push(p, &v, n, (tsr_tpl_str){0}))
                         return NULL;
         }
-        if (!ends && cur(p)->type != K_EOF) {
-                perr(p, cur(p)->off, TSR_E_INVAL, "unexpected %s", tok_desc(cur(p)));
+        if (!ends && cur(p)->type != TSR_TPL_K_EOF) {
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "unexpected %s", tok_desc(cur(p)));
                 return NULL;
         }
         if (ends && !is_end_name(p, ends)) {
-                perr(p, cur(p)->off, TSR_E_INVAL, "unexpected end of template, expected '%s'", ends[0]);
+                tsr_tpl_perr(p, cur(p)->off, TSR_E_INVAL, "unexpected end of template, expected '%s'", ends[0]);
                 return NULL;
         }
         body->kids = v.v;
@@ -1807,10 +1835,10 @@ static node *parse_body(parser *p, pstate *ps, const char *const *ends) {
 }
 
 tsr_status tsr_template_parse(const char *src, size_t len, tsr_template **ret, char *err, size_t errlen) {
-        parser p = {0};
+        tsr_tpl_parser p = {0};
         tsr_template *t = NULL;
         pstate ps = {0};
-        token eof = {0};
+        tsr_tpl_token eof = {0};
         size_t i, k = 0;
         char *s;
 
@@ -1849,10 +1877,10 @@ tsr_status tsr_template_parse(const char *src, size_t len, tsr_template **ret, c
         p.len = k;
         p.err = err;
         p.errlen = errlen;
-        if (lex(&p) == TSR_OK) {
-                eof.type = K_EOF;
+        if (tsr_tpl_lex(&p) == TSR_OK) {
+                eof.type = TSR_TPL_K_EOF;
                 eof.off = (uint32_t)k;
-                if (push_tok(&p, eof) == TSR_OK && (t->root = parse_body(&p, &ps, NULL)))
+                if (tsr_tpl_push_tok(&p, eof) == TSR_OK && (t->root = parse_body(&p, &ps, NULL)))
                         judge_unknown(&p);
         }
         if (p.failed || !t->root) {
@@ -1874,49 +1902,50 @@ void tsr_template_free(tsr_template **t) {
 
 /* ---------------------------------------------------------------- render state */
 
-struct frame {
-        frame *parent;
-        tstr *names;
-        tv *vals;
+struct tsr_tpl_frame {
+        tsr_tpl_frame *parent;
+        tsr_tpl_str *names;
+        tsr_tpl_val *vals;
         size_t n, cap;
 };
 
-typedef struct sb {
+typedef struct tsr_tpl_sb {
         char *p;
         size_t n, cap;
-} sb;
+} tsr_tpl_sb;
 
-typedef struct rctx {
+typedef struct tsr_tpl_rctx {
         tsr_arena *a;
         const tsr_template_opts *o;
         tsr_buf *out;           /* top-level output */
-        sb *cap;                /* non-NULL while a macro or block set captures output */
+        tsr_tpl_sb *cap;        /* non-NULL while a macro or block set captures output */
         size_t max_output;
         uint64_t steps, max_steps;
         uint32_t depth, max_depth;
         uint32_t nest;
-        tdict *vars;            /* the JSON context */
-        frame *root;
+        tsr_tpl_dict *vars;            /* the JSON context */
+        tsr_tpl_frame *root;
         tsr_status st;
         bool failed;
         char *err;
         size_t errlen;
-} rctx;
+} tsr_tpl_rctx;
 
-enum { B_RANGE, B_NAMESPACE, B_DICT, B_RAISE, B_STRFTIME };
-static const char *const builtin_names[] = {"range", "namespace", "dict", "raise_exception", "strftime_now"};
+enum { TSR_TPL_B_RANGE, TSR_TPL_B_NAMESPACE, TSR_TPL_B_DICT, TSR_TPL_B_RAISE, TSR_TPL_B_STRFTIME };
+static const char *const tsr_tpl_builtin_names[] = {"range", "namespace", "dict", "raise_exception", "strftime_now"};
 
-typedef struct args {
-        tv *pos;
+typedef struct tsr_tpl_args {
+        tsr_tpl_val *pos;
         size_t npos;
-        tv *kw;
-        const tstr *kwn;
+        tsr_tpl_val *kw;
+        const tsr_tpl_str *kwn;
         size_t nkw;
-        tv caller;              /* a call block's body (TV_MACRO), or TV_UNDEF */
-} args;
+        tsr_tpl_val caller;             /* a call block's body (TSR_TPL_VAL_MACRO), or TSR_TPL_VAL_UNDEF */
+} tsr_tpl_args;
 
-static tsr_status rerr(rctx *c, tsr_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static tsr_status rerr(rctx *c, tsr_status st, const char *fmt, ...) {
+static tsr_status tsr_tpl_rerr(tsr_tpl_rctx *c, tsr_status st, const char *fmt, ...)
+        __attribute__((format(printf, 3, 4)));
+static tsr_status tsr_tpl_rerr(tsr_tpl_rctx *c, tsr_status st, const char *fmt, ...) {
         va_list ap;
         if (c->failed)
                 return c->st;
@@ -1930,37 +1959,37 @@ static tsr_status rerr(rctx *c, tsr_status st, const char *fmt, ...) {
         return st;
 }
 
-static tsr_status oom(rctx *c) {
+static tsr_status tsr_tpl_oom(tsr_tpl_rctx *c) {
         if (tsr_arena_over_limit(c->a))
-                return rerr(c, TSR_E_LIMIT, "template render used more than its memory limit");
-        return rerr(c, TSR_E_NOMEM, "out of memory");
+                return tsr_tpl_rerr(c, TSR_E_LIMIT, "template render used more than its memory limit");
+        return tsr_tpl_rerr(c, TSR_E_NOMEM, "out of memory");
 }
 
-static void *ralloc(rctx *c, size_t n) {
+static void *tsr_tpl_ralloc(tsr_tpl_rctx *c, size_t n) {
         void *p = tsr_arena_alloc(c->a, n ? n : 1);
         if (!p)
-                oom(c);
+                tsr_tpl_oom(c);
         return p;
 }
 
-static tsr_status step(rctx *c, uint64_t k) {
+static tsr_status tsr_tpl_step(tsr_tpl_rctx *c, uint64_t k) {
         c->steps += k;
         if (c->steps > c->max_steps)
-                return rerr(c, TSR_E_LIMIT, "template render took more than %" PRIu64 " steps", c->max_steps);
+                return tsr_tpl_rerr(c, TSR_E_LIMIT, "template render took more than %" PRIu64 " steps", c->max_steps);
         return TSR_OK;
 }
 
-static tsr_status nest_in(rctx *c) {
-        if (++c->nest > TPL_MAX_EVAL_NEST)
-                return rerr(c, TSR_E_LIMIT, "template render nested too deep");
+static tsr_status tsr_tpl_nest_in(tsr_tpl_rctx *c) {
+        if (++c->nest > TSR_TPL_MAX_EVAL_NEST)
+                return tsr_tpl_rerr(c, TSR_E_LIMIT, "template render nested too deep");
         return TSR_OK;
 }
 
-static bool sb_add(rctx *c, sb *b, const char *s, size_t n) {
+static bool tsr_tpl_sb_add(tsr_tpl_rctx *c, tsr_tpl_sb *b, const char *s, size_t n) {
         if (c->failed)
                 return false;
         if (n > c->max_output || b->n > c->max_output - n) {
-                rerr(c, TSR_E_LIMIT, "template output larger than %zu bytes", c->max_output);
+                tsr_tpl_rerr(c, TSR_E_LIMIT, "template output larger than %zu bytes", c->max_output);
                 return false;
         }
         if (b->n + n + 1 > b->cap) {
@@ -1968,7 +1997,7 @@ static bool sb_add(rctx *c, sb *b, const char *s, size_t n) {
                 char *np;
                 while (nc < b->n + n + 1)
                         nc *= 2;
-                if (!(np = ralloc(c, nc)))
+                if (!(np = tsr_tpl_ralloc(c, nc)))
                         return false;
                 if (b->n)
                         memcpy(np, b->p, b->n);
@@ -1982,41 +2011,43 @@ static bool sb_add(rctx *c, sb *b, const char *s, size_t n) {
         return true;
 }
 
-static bool sb_adds(rctx *c, sb *b, const char *s) { return sb_add(c, b, s, strlen(s)); }
-static bool sb_addc(rctx *c, sb *b, char ch) { return sb_add(c, b, &ch, 1); }
-static tv sb_tv(sb *b) { return tv_str(b->p ? b->p : "", b->n); }
+static bool tsr_tpl_sb_adds(tsr_tpl_rctx *c, tsr_tpl_sb *b, const char *s) {
+        return tsr_tpl_sb_add(c, b, s, strlen(s));
+}
+static bool tsr_tpl_sb_addc(tsr_tpl_rctx *c, tsr_tpl_sb *b, char ch) { return tsr_tpl_sb_add(c, b, &ch, 1); }
+static tsr_tpl_val tsr_tpl_sb_val(tsr_tpl_sb *b) { return tsr_tpl_val_str(b->p ? b->p : "", b->n); }
 
-static tsr_status emit(rctx *c, const char *s, size_t n) {
+static tsr_status tsr_tpl_emit(tsr_tpl_rctx *c, const char *s, size_t n) {
         tsr_status st;
         if (c->cap)
-                return sb_add(c, c->cap, s, n) ? TSR_OK : c->st;
+                return tsr_tpl_sb_add(c, c->cap, s, n) ? TSR_OK : c->st;
         st = tsr_buf_append(c->out, s, n);
         if (st == TSR_E_LIMIT)
-                return rerr(c, st, "template output larger than %zu bytes", c->max_output);
+                return tsr_tpl_rerr(c, st, "template output larger than %zu bytes", c->max_output);
         if (st != TSR_OK)
-                return rerr(c, st, "out of memory");
+                return tsr_tpl_rerr(c, st, "out of memory");
         return TSR_OK;
 }
 
-static tlist *list_new(rctx *c, size_t cap) {
-        tlist *l = ralloc(c, sizeof(*l));
+static tsr_tpl_list *tsr_tpl_list_new(tsr_tpl_rctx *c, size_t cap) {
+        tsr_tpl_list *l = tsr_tpl_ralloc(c, sizeof(*l));
         if (!l)
                 return NULL;
         memset(l, 0, sizeof(*l));
-        if (cap && !(l->v = ralloc(c, cap * sizeof(tv))))
+        if (cap && !(l->v = tsr_tpl_ralloc(c, cap * sizeof(tsr_tpl_val))))
                 return NULL;
         l->cap = cap;
         return l;
 }
 
-static bool list_push(rctx *c, tlist *l, tv v) {
+static bool tsr_tpl_list_push(tsr_tpl_rctx *c, tsr_tpl_list *l, tsr_tpl_val v) {
         if (l->n == l->cap) {
                 size_t nc = l->cap ? l->cap * 2 : 4;
-                tv *nv = ralloc(c, nc * sizeof(tv));
+                tsr_tpl_val *nv = tsr_tpl_ralloc(c, nc * sizeof(tsr_tpl_val));
                 if (!nv)
                         return false;
                 if (l->n)
-                        memcpy(nv, l->v, l->n * sizeof(tv));
+                        memcpy(nv, l->v, l->n * sizeof(tsr_tpl_val));
                 l->v = nv;
                 l->cap = nc;
         }
@@ -2024,54 +2055,63 @@ static bool list_push(rctx *c, tlist *l, tv v) {
         return true;
 }
 
-static tv tv_list(tlist *l) { tv v = {.type = TV_LIST}; v.u.l = l; return v; }
-static tv tv_dict(tdict *d) { tv v = {.type = TV_DICT}; v.u.d = d; return v; }
+static tsr_tpl_val tsr_tpl_val_list(tsr_tpl_list *l) {
+        tsr_tpl_val v = {.type = TSR_TPL_VAL_LIST};
+        v.u.l = l;
+        return v;
+}
+static tsr_tpl_val tsr_tpl_val_dict(tsr_tpl_dict *d) {
+        tsr_tpl_val v = {.type = TSR_TPL_VAL_DICT};
+        v.u.d = d;
+        return v;
+}
 
-static tdict *dict_new(rctx *c) {
-        tdict *d = ralloc(c, sizeof(*d));
+static tsr_tpl_dict *tsr_tpl_dict_new(tsr_tpl_rctx *c) {
+        tsr_tpl_dict *d = tsr_tpl_ralloc(c, sizeof(*d));
         if (d)
                 memset(d, 0, sizeof(*d));
         return d;
 }
 
-static bool tv_eq(rctx *c, tv a, tv b);
+static bool tsr_tpl_val_eq(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b);
 
-static tv *dict_find(rctx *c, const tdict *d, tv key) {
+static tsr_tpl_val *tsr_tpl_dict_find(tsr_tpl_rctx *c, const tsr_tpl_dict *d, tsr_tpl_val key) {
         size_t i;
         for (i = 0; i < d->n; i++) {
-                tv k = d->k[i];
-                if (key.type == TV_STR && k.type == TV_STR) {
+                tsr_tpl_val k = d->k[i];
+                if (key.type == TSR_TPL_VAL_STR && k.type == TSR_TPL_VAL_STR) {
                         if (k.u.s.n == key.u.s.n && memcmp(k.u.s.p, key.u.s.p, k.u.s.n) == 0)
                                 return &d->v[i];
-                } else if (tv_eq(c, k, key)) {
+                } else if (tsr_tpl_val_eq(c, k, key)) {
                         return &d->v[i];
                 }
         }
         return NULL;
 }
 
-static tv *dict_finds(const tdict *d, const char *key, size_t n) {
+static tsr_tpl_val *tsr_tpl_dict_finds(const tsr_tpl_dict *d, const char *key, size_t n) {
         size_t i;
         for (i = 0; i < d->n; i++)
-                if (d->k[i].type == TV_STR && d->k[i].u.s.n == n && memcmp(d->k[i].u.s.p, key, n) == 0)
+                if (d->k[i].type == TSR_TPL_VAL_STR && d->k[i].u.s.n == n && memcmp(d->k[i].u.s.p, key, n) == 0)
                         return &d->v[i];
         return NULL;
 }
 
-static bool dict_set(rctx *c, tdict *d, tv key, tv val) {
-        tv *slot = dict_find(c, d, key);
+static bool tsr_tpl_dict_set(tsr_tpl_rctx *c, tsr_tpl_dict *d, tsr_tpl_val key, tsr_tpl_val val) {
+        tsr_tpl_val *slot = tsr_tpl_dict_find(c, d, key);
         if (slot) {
                 *slot = val;
                 return true;
         }
         if (d->n == d->cap) {
                 size_t nc = d->cap ? d->cap * 2 : 4;
-                tv *nk = ralloc(c, nc * sizeof(tv)), *nv = ralloc(c, nc * sizeof(tv));
+                tsr_tpl_val *nk = tsr_tpl_ralloc(c, nc * sizeof(tsr_tpl_val)),
+                            *nv = tsr_tpl_ralloc(c, nc * sizeof(tsr_tpl_val));
                 if (!nk || !nv)
                         return false;
                 if (d->n) {
-                        memcpy(nk, d->k, d->n * sizeof(tv));
-                        memcpy(nv, d->v, d->n * sizeof(tv));
+                        memcpy(nk, d->k, d->n * sizeof(tsr_tpl_val));
+                        memcpy(nv, d->v, d->n * sizeof(tsr_tpl_val));
                 }
                 d->k = nk;
                 d->v = nv;
@@ -2083,7 +2123,7 @@ static bool dict_set(rctx *c, tdict *d, tv key, tv val) {
         return true;
 }
 
-static bool frame_set(rctx *c, frame *f, tstr name, tv val) {
+static bool tsr_tpl_frame_set(tsr_tpl_rctx *c, tsr_tpl_frame *f, tsr_tpl_str name, tsr_tpl_val val) {
         size_t i;
         for (i = 0; i < f->n; i++) {
                 if (f->names[i].n == name.n && memcmp(f->names[i].p, name.p, name.n) == 0) {
@@ -2093,13 +2133,13 @@ static bool frame_set(rctx *c, frame *f, tstr name, tv val) {
         }
         if (f->n == f->cap) {
                 size_t nc = f->cap ? f->cap * 2 : 8;
-                tstr *nn = ralloc(c, nc * sizeof(tstr));
-                tv *nv = ralloc(c, nc * sizeof(tv));
+                tsr_tpl_str *nn = tsr_tpl_ralloc(c, nc * sizeof(tsr_tpl_str));
+                tsr_tpl_val *nv = tsr_tpl_ralloc(c, nc * sizeof(tsr_tpl_val));
                 if (!nn || !nv)
                         return false;
                 if (f->n) {
-                        memcpy(nn, f->names, f->n * sizeof(tstr));
-                        memcpy(nv, f->vals, f->n * sizeof(tv));
+                        memcpy(nn, f->names, f->n * sizeof(tsr_tpl_str));
+                        memcpy(nv, f->vals, f->n * sizeof(tsr_tpl_val));
                 }
                 f->names = nn;
                 f->vals = nv;
@@ -2111,8 +2151,8 @@ static bool frame_set(rctx *c, frame *f, tstr name, tv val) {
         return true;
 }
 
-static frame *frame_new(rctx *c, frame *parent) {
-        frame *f = ralloc(c, sizeof(*f));
+static tsr_tpl_frame *tsr_tpl_frame_new(tsr_tpl_rctx *c, tsr_tpl_frame *parent) {
+        tsr_tpl_frame *f = tsr_tpl_ralloc(c, sizeof(*f));
         if (f) {
                 memset(f, 0, sizeof(*f));
                 f->parent = parent;
@@ -2120,145 +2160,147 @@ static frame *frame_new(rctx *c, frame *parent) {
         return f;
 }
 
-static tv lookup(rctx *c, const frame *f, tstr name) {
+static tsr_tpl_val tsr_tpl_lookup(tsr_tpl_rctx *c, const tsr_tpl_frame *f, tsr_tpl_str name) {
         size_t i;
-        tv *v;
+        tsr_tpl_val *v;
         for (; f; f = f->parent)
                 for (i = f->n; i-- > 0;)
                         if (f->names[i].n == name.n && memcmp(f->names[i].p, name.p, name.n) == 0)
                                 return f->vals[i];
-        if ((v = dict_finds(c->vars, name.p, name.n)))
+        if ((v = tsr_tpl_dict_finds(c->vars, name.p, name.n)))
                 return *v;
-        for (i = 0; i < sizeof(builtin_names) / sizeof(builtin_names[0]); i++) {
-                if (tstr_eq(name, builtin_names[i])) {
-                        tv b = {.type = TV_BUILTIN};
+        for (i = 0; i < sizeof(tsr_tpl_builtin_names) / sizeof(tsr_tpl_builtin_names[0]); i++) {
+                if (tsr_tpl_str_eq(name, tsr_tpl_builtin_names[i])) {
+                        tsr_tpl_val b = {.type = TSR_TPL_VAL_BUILTIN};
                         b.u.builtin = (int)i;
                         return b;
                 }
         }
         {
-                tv u = {.type = TV_UNDEF};
+                tsr_tpl_val u = {.type = TSR_TPL_VAL_UNDEF};
                 u.u.s = name;
                 return u;
         }
 }
 
-static const char *type_name(tv v) {
+static const char *tsr_tpl_type_name(tsr_tpl_val v) {
         switch (v.type) {
-        case TV_UNDEF: return "Undefined";
-        case TV_NONE: return "NoneType";
-        case TV_BOOL: return "bool";
-        case TV_INT: return "int";
-        case TV_FLOAT: return "float";
-        case TV_STR: return "str";
-        case TV_LIST: return v.u.l->gen ? "generator" : v.u.l->tuple ? "tuple" : "list";
-        case TV_DICT: return "dict";
-        case TV_NS: return "Namespace";
-        case TV_MACRO: return "Macro";
-        case TV_LOOP: return "LoopContext";
+        case TSR_TPL_VAL_UNDEF: return "Undefined";
+        case TSR_TPL_VAL_NONE: return "NoneType";
+        case TSR_TPL_VAL_BOOL: return "bool";
+        case TSR_TPL_VAL_INT: return "int";
+        case TSR_TPL_VAL_FLOAT: return "float";
+        case TSR_TPL_VAL_STR: return "str";
+        case TSR_TPL_VAL_LIST: return v.u.l->gen ? "generator" : v.u.l->tuple ? "tuple" : "list";
+        case TSR_TPL_VAL_DICT: return "dict";
+        case TSR_TPL_VAL_NS: return "Namespace";
+        case TSR_TPL_VAL_MACRO: return "Macro";
+        case TSR_TPL_VAL_LOOP: return "LoopContext";
         default: return "builtin_function_or_method";
         }
 }
 
-static tsr_status undef_err(rctx *c, tv u) {
+static tsr_status tsr_tpl_undef_err(tsr_tpl_rctx *c, tsr_tpl_val u) {
         if (u.u.s.p && u.u.s.n)
-                return rerr(c, TSR_E_INVAL, "'%.*s' is undefined", (int)u.u.s.n, u.u.s.p);
-        return rerr(c, TSR_E_INVAL, "value is undefined");
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "'%.*s' is undefined", (int)u.u.s.n, u.u.s.p);
+        return tsr_tpl_rerr(c, TSR_E_INVAL, "value is undefined");
 }
 
-static bool truthy(tv v) {
+static bool tsr_tpl_truthy(tsr_tpl_val v) {
         switch (v.type) {
-        case TV_UNDEF:
-        case TV_NONE: return false;
-        case TV_BOOL: return v.u.b;
-        case TV_INT: return v.u.i != 0;
-        case TV_FLOAT: return v.u.f != 0.0;
-        case TV_STR: return v.u.s.n != 0;
-        case TV_LIST: return v.u.l->gen || v.u.l->n != 0;
-        case TV_DICT: return v.u.d->n != 0;
+        case TSR_TPL_VAL_UNDEF:
+        case TSR_TPL_VAL_NONE: return false;
+        case TSR_TPL_VAL_BOOL: return v.u.b;
+        case TSR_TPL_VAL_INT: return v.u.i != 0;
+        case TSR_TPL_VAL_FLOAT: return v.u.f != 0.0;
+        case TSR_TPL_VAL_STR: return v.u.s.n != 0;
+        case TSR_TPL_VAL_LIST: return v.u.l->gen || v.u.l->n != 0;
+        case TSR_TPL_VAL_DICT: return v.u.d->n != 0;
         default: return true;
         }
 }
 
-static bool is_num(tv v) { return v.type == TV_BOOL || v.type == TV_INT || v.type == TV_FLOAT; }
-static bool is_intlike(tv v) { return v.type == TV_BOOL || v.type == TV_INT; }
-static int64_t as_int(tv v) { return v.type == TV_BOOL ? (int64_t)v.u.b : v.u.i; }
-static double as_dbl(tv v) { return v.type == TV_FLOAT ? v.u.f : (double)as_int(v); }
+static bool tsr_tpl_is_num(tsr_tpl_val v) {
+        return v.type == TSR_TPL_VAL_BOOL || v.type == TSR_TPL_VAL_INT || v.type == TSR_TPL_VAL_FLOAT;
+}
+static bool tsr_tpl_is_intlike(tsr_tpl_val v) { return v.type == TSR_TPL_VAL_BOOL || v.type == TSR_TPL_VAL_INT; }
+static int64_t tsr_tpl_as_int(tsr_tpl_val v) { return v.type == TSR_TPL_VAL_BOOL ? (int64_t)v.u.b : v.u.i; }
+static double tsr_tpl_as_dbl(tsr_tpl_val v) { return v.type == TSR_TPL_VAL_FLOAT ? v.u.f : (double)tsr_tpl_as_int(v); }
 
-static bool tv_eq(rctx *c, tv a, tv b) {
+static bool tsr_tpl_val_eq(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b) {
         size_t i;
-        if (is_num(a) && is_num(b)) {
-                if (a.type == TV_FLOAT || b.type == TV_FLOAT)
-                        return as_dbl(a) == as_dbl(b);
-                return as_int(a) == as_int(b);
+        if (tsr_tpl_is_num(a) && tsr_tpl_is_num(b)) {
+                if (a.type == TSR_TPL_VAL_FLOAT || b.type == TSR_TPL_VAL_FLOAT)
+                        return tsr_tpl_as_dbl(a) == tsr_tpl_as_dbl(b);
+                return tsr_tpl_as_int(a) == tsr_tpl_as_int(b);
         }
         if (a.type != b.type)
                 return false;
         switch (a.type) {
-        case TV_UNDEF:
-        case TV_NONE: return true;
-        case TV_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
-        case TV_LIST:
+        case TSR_TPL_VAL_UNDEF:
+        case TSR_TPL_VAL_NONE: return true;
+        case TSR_TPL_VAL_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
+        case TSR_TPL_VAL_LIST:
                 if (a.u.l->tuple != b.u.l->tuple || a.u.l->n != b.u.l->n)
                         return false;
                 if (a.u.l == b.u.l)
                         return true;
-                if (nest_in(c) != TSR_OK)
+                if (tsr_tpl_nest_in(c) != TSR_OK)
                         return false;
                 for (i = 0; i < a.u.l->n; i++)
-                        if (!tv_eq(c, a.u.l->v[i], b.u.l->v[i]))
+                        if (!tsr_tpl_val_eq(c, a.u.l->v[i], b.u.l->v[i]))
                                 break;
                 c->nest--;
                 return i == a.u.l->n;
-        case TV_DICT:
+        case TSR_TPL_VAL_DICT:
                 if (a.u.d->n != b.u.d->n)
                         return false;
                 if (a.u.d == b.u.d)
                         return true;
-                if (nest_in(c) != TSR_OK)
+                if (tsr_tpl_nest_in(c) != TSR_OK)
                         return false;
                 for (i = 0; i < a.u.d->n; i++) {
-                        tv *o = dict_find(c, b.u.d, a.u.d->k[i]);
-                        if (!o || !tv_eq(c, a.u.d->v[i], *o))
+                        tsr_tpl_val *o = tsr_tpl_dict_find(c, b.u.d, a.u.d->k[i]);
+                        if (!o || !tsr_tpl_val_eq(c, a.u.d->v[i], *o))
                                 break;
                 }
                 c->nest--;
                 return i == a.u.d->n;
-        case TV_NS: return a.u.d == b.u.d;
-        case TV_MACRO: return a.u.m.n == b.u.m.n;
-        case TV_BUILTIN: return a.u.builtin == b.u.builtin;
-        case TV_LOOP: return a.u.loop == b.u.loop;
+        case TSR_TPL_VAL_NS: return a.u.d == b.u.d;
+        case TSR_TPL_VAL_MACRO: return a.u.m.n == b.u.m.n;
+        case TSR_TPL_VAL_BUILTIN: return a.u.builtin == b.u.builtin;
+        case TSR_TPL_VAL_LOOP: return a.u.loop == b.u.loop;
         default: return false;
         }
 }
 
 /* Python ordering: returns TSR_OK and *r < 0, 0, > 0, or a TypeError. */
-static tsr_status tv_cmp(rctx *c, tv a, tv b, const char *op, int *r) {
-        if (is_num(a) && is_num(b)) {
-                if (a.type == TV_FLOAT || b.type == TV_FLOAT) {
-                        double x = as_dbl(a), y = as_dbl(b);
+static tsr_status tsr_tpl_val_cmp(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b, const char *op, int *r) {
+        if (tsr_tpl_is_num(a) && tsr_tpl_is_num(b)) {
+                if (a.type == TSR_TPL_VAL_FLOAT || b.type == TSR_TPL_VAL_FLOAT) {
+                        double x = tsr_tpl_as_dbl(a), y = tsr_tpl_as_dbl(b);
                         *r = x < y ? -1 : x > y ? 1 : 0;
                 } else {
-                        int64_t x = as_int(a), y = as_int(b);
+                        int64_t x = tsr_tpl_as_int(a), y = tsr_tpl_as_int(b);
                         *r = x < y ? -1 : x > y ? 1 : 0;
                 }
                 return TSR_OK;
         }
-        if (a.type == TV_STR && b.type == TV_STR) {
+        if (a.type == TSR_TPL_VAL_STR && b.type == TSR_TPL_VAL_STR) {
                 /* UTF-8 byte order is code point order */
                 size_t n = a.u.s.n < b.u.s.n ? a.u.s.n : b.u.s.n;
                 int k = n ? memcmp(a.u.s.p, b.u.s.p, n) : 0;
                 *r = k ? k : a.u.s.n < b.u.s.n ? -1 : a.u.s.n > b.u.s.n ? 1 : 0;
                 return TSR_OK;
         }
-        if (a.type == TV_LIST && b.type == TV_LIST && a.u.l->tuple == b.u.l->tuple) {
+        if (a.type == TSR_TPL_VAL_LIST && b.type == TSR_TPL_VAL_LIST && a.u.l->tuple == b.u.l->tuple) {
                 size_t i;
                 tsr_status st;
-                if ((st = nest_in(c)) != TSR_OK)
+                if ((st = tsr_tpl_nest_in(c)) != TSR_OK)
                         return st;
                 for (i = 0; i < a.u.l->n && i < b.u.l->n; i++) {
-                        if (!tv_eq(c, a.u.l->v[i], b.u.l->v[i])) {
-                                st = tv_cmp(c, a.u.l->v[i], b.u.l->v[i], op, r);
+                        if (!tsr_tpl_val_eq(c, a.u.l->v[i], b.u.l->v[i])) {
+                                st = tsr_tpl_val_cmp(c, a.u.l->v[i], b.u.l->v[i], op, r);
                                 c->nest--;
                                 return st;
                         }
@@ -2267,12 +2309,12 @@ static tsr_status tv_cmp(rctx *c, tv a, tv b, const char *op, int *r) {
                 *r = a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n ? 1 : 0;
                 return c->failed ? c->st : TSR_OK;
         }
-        if (a.type == TV_UNDEF)
-                return undef_err(c, a);
-        if (b.type == TV_UNDEF)
-                return undef_err(c, b);
-        return rerr(c, TSR_E_INVAL, "'%s' not supported between instances of '%s' and '%s'", op, type_name(a),
-                    type_name(b));
+        if (a.type == TSR_TPL_VAL_UNDEF)
+                return tsr_tpl_undef_err(c, a);
+        if (b.type == TSR_TPL_VAL_UNDEF)
+                return tsr_tpl_undef_err(c, b);
+        return tsr_tpl_rerr(c, TSR_E_INVAL, "'%s' not supported between instances of '%s' and '%s'", op,
+                            tsr_tpl_type_name(a), tsr_tpl_type_name(b));
 }
 
 /* ---------------------------------------------------------------- str(), repr(), json */
@@ -2339,129 +2381,131 @@ static void fmt_float(double d, char *out, size_t outlen) {
         }
 }
 
-static bool repr_str(rctx *c, sb *b, tstr s) {
+static bool repr_str(tsr_tpl_rctx *c, tsr_tpl_sb *b, tsr_tpl_str s) {
         bool has_sq = memchr(s.p, '\'', s.n) != NULL, has_dq = memchr(s.p, '"', s.n) != NULL;
         char q = has_sq && !has_dq ? '"' : '\'';
         size_t i = 0;
 
-        if (!sb_addc(c, b, q))
+        if (!tsr_tpl_sb_addc(c, b, q))
                 return false;
         while (i < s.n) {
                 size_t st = i;
-                uint32_t cp = utf8_next(s.p, s.n, &i);
+                uint32_t cp = tsr_tpl_utf8_next(s.p, s.n, &i);
                 char esc[16];
                 if (cp == (uint32_t)q || cp == '\\') {
                         esc[0] = '\\';
                         esc[1] = (char)cp;
-                        if (!sb_add(c, b, esc, 2))
+                        if (!tsr_tpl_sb_add(c, b, esc, 2))
                                 return false;
                 } else if (cp == '\n' || cp == '\r' || cp == '\t') {
-                        if (!sb_adds(c, b, cp == '\n' ? "\\n" : cp == '\r' ? "\\r" : "\\t"))
+                        if (!tsr_tpl_sb_adds(c, b, cp == '\n' ? "\\n" : cp == '\r' ? "\\r" : "\\t"))
                                 return false;
                 } else if (cp < 0x20 || (cp >= 0x7f && cp <= 0xa0) || cp == 0xad) {
                         snprintf(esc, sizeof(esc), "\\x%02x", cp);
-                        if (!sb_adds(c, b, esc))
+                        if (!tsr_tpl_sb_adds(c, b, esc))
                                 return false;
                 } else if (cp == 0x2028 || cp == 0x2029 || (cp >= 0x200b && cp <= 0x200f) || cp == 0xfeff) {
                         snprintf(esc, sizeof(esc), "\\u%04x", cp);
-                        if (!sb_adds(c, b, esc))
+                        if (!tsr_tpl_sb_adds(c, b, esc))
                                 return false;
-                } else if (!sb_add(c, b, s.p + st, i - st)) {
+                } else if (!tsr_tpl_sb_add(c, b, s.p + st, i - st)) {
                         return false;
                 }
         }
-        return sb_addc(c, b, q);
+        return tsr_tpl_sb_addc(c, b, q);
 }
 
-static bool str_append(rctx *c, sb *b, tv v);
+static bool tsr_tpl_str_append(tsr_tpl_rctx *c, tsr_tpl_sb *b, tsr_tpl_val v);
 
-static bool repr_append(rctx *c, sb *b, tv v) {
-        if (v.type == TV_STR)
+static bool tsr_tpl_repr_append(tsr_tpl_rctx *c, tsr_tpl_sb *b, tsr_tpl_val v) {
+        if (v.type == TSR_TPL_VAL_STR)
                 return repr_str(c, b, v.u.s);
-        return str_append(c, b, v);
+        return tsr_tpl_str_append(c, b, v);
 }
 
 /* Python str() of a value, as jinja2 prints it. */
-static bool str_append(rctx *c, sb *b, tv v) {
+static bool tsr_tpl_str_append(tsr_tpl_rctx *c, tsr_tpl_sb *b, tsr_tpl_val v) {
         char num[48];
         size_t i;
         bool ok = true;
 
         switch (v.type) {
-        case TV_UNDEF: return true;
-        case TV_NONE: return sb_adds(c, b, "None");
-        case TV_BOOL: return sb_adds(c, b, v.u.b ? "True" : "False");
-        case TV_INT:
+        case TSR_TPL_VAL_UNDEF: return true;
+        case TSR_TPL_VAL_NONE: return tsr_tpl_sb_adds(c, b, "None");
+        case TSR_TPL_VAL_BOOL: return tsr_tpl_sb_adds(c, b, v.u.b ? "True" : "False");
+        case TSR_TPL_VAL_INT:
                 snprintf(num, sizeof(num), "%" PRId64, v.u.i);
-                return sb_adds(c, b, num);
-        case TV_FLOAT:
+                return tsr_tpl_sb_adds(c, b, num);
+        case TSR_TPL_VAL_FLOAT:
                 fmt_float(v.u.f, num, sizeof(num));
-                return sb_adds(c, b, num);
-        case TV_STR: return sb_add(c, b, v.u.s.p, v.u.s.n);
-        case TV_LIST:
-                if (nest_in(c) != TSR_OK)
+                return tsr_tpl_sb_adds(c, b, num);
+        case TSR_TPL_VAL_STR: return tsr_tpl_sb_add(c, b, v.u.s.p, v.u.s.n);
+        case TSR_TPL_VAL_LIST:
+                if (tsr_tpl_nest_in(c) != TSR_OK)
                         return false;
-                ok = sb_addc(c, b, v.u.l->tuple ? '(' : '[');
+                ok = tsr_tpl_sb_addc(c, b, v.u.l->tuple ? '(' : '[');
                 for (i = 0; ok && i < v.u.l->n; i++)
-                        ok = (!i || sb_adds(c, b, ", ")) && repr_append(c, b, v.u.l->v[i]);
+                        ok = (!i || tsr_tpl_sb_adds(c, b, ", ")) && tsr_tpl_repr_append(c, b, v.u.l->v[i]);
                 if (ok && v.u.l->tuple && v.u.l->n == 1)
-                        ok = sb_addc(c, b, ',');
-                ok = ok && sb_addc(c, b, v.u.l->tuple ? ')' : ']');
+                        ok = tsr_tpl_sb_addc(c, b, ',');
+                ok = ok && tsr_tpl_sb_addc(c, b, v.u.l->tuple ? ')' : ']');
                 c->nest--;
                 return ok;
-        case TV_DICT:
-        case TV_NS:
-                if (nest_in(c) != TSR_OK)
+        case TSR_TPL_VAL_DICT:
+        case TSR_TPL_VAL_NS:
+                if (tsr_tpl_nest_in(c) != TSR_OK)
                         return false;
-                if (v.type == TV_NS)
-                        ok = sb_adds(c, b, "<Namespace ");
-                ok = ok && sb_addc(c, b, '{');
+                if (v.type == TSR_TPL_VAL_NS)
+                        ok = tsr_tpl_sb_adds(c, b, "<Namespace ");
+                ok = ok && tsr_tpl_sb_addc(c, b, '{');
                 for (i = 0; ok && i < v.u.d->n; i++)
-                        ok = (!i || sb_adds(c, b, ", ")) && repr_append(c, b, v.u.d->k[i]) && sb_adds(c, b, ": ") &&
-                             repr_append(c, b, v.u.d->v[i]);
-                ok = ok && sb_addc(c, b, '}');
-                if (ok && v.type == TV_NS)
-                        ok = sb_addc(c, b, '>');
+                        ok = (!i || tsr_tpl_sb_adds(c, b, ", ")) && tsr_tpl_repr_append(c, b, v.u.d->k[i]) &&
+                             tsr_tpl_sb_adds(c, b, ": ") && tsr_tpl_repr_append(c, b, v.u.d->v[i]);
+                ok = ok && tsr_tpl_sb_addc(c, b, '}');
+                if (ok && v.type == TSR_TPL_VAL_NS)
+                        ok = tsr_tpl_sb_addc(c, b, '>');
                 c->nest--;
                 return ok;
-        case TV_MACRO:
-                return sb_adds(c, b, "<Macro '") && sb_add(c, b, v.u.m.n->name.p, v.u.m.n->name.n) &&
-                       sb_adds(c, b, "'>");
-        case TV_LOOP: return sb_adds(c, b, "<LoopContext>");
-        case TV_METHOD: return sb_adds(c, b, "<built-in method ") && sb_adds(c, b, v.u.meth.name) && sb_adds(c, b, ">");
-        default: return sb_adds(c, b, "<built-in function>");
+        case TSR_TPL_VAL_MACRO:
+                return tsr_tpl_sb_adds(c, b, "<Macro '") && tsr_tpl_sb_add(c, b, v.u.m.n->name.p, v.u.m.n->name.n) &&
+                       tsr_tpl_sb_adds(c, b, "'>");
+        case TSR_TPL_VAL_LOOP: return tsr_tpl_sb_adds(c, b, "<LoopContext>");
+        case TSR_TPL_VAL_METHOD:
+                return tsr_tpl_sb_adds(c, b, "<built-in method ") && tsr_tpl_sb_adds(c, b, v.u.meth.name) &&
+                       tsr_tpl_sb_adds(c, b, ">");
+        default: return tsr_tpl_sb_adds(c, b, "<built-in function>");
         }
 }
 
 /* str(v) as a string value; strings come back without copying. */
-static tsr_status to_str(rctx *c, tv v, tstr *out) {
-        sb b = {0};
-        if (v.type == TV_STR) {
+static tsr_status tsr_tpl_to_str(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_str *out) {
+        tsr_tpl_sb b = {0};
+        if (v.type == TSR_TPL_VAL_STR) {
                 *out = v.u.s;
                 return TSR_OK;
         }
-        if (v.type == TV_UNDEF) {
+        if (v.type == TSR_TPL_VAL_UNDEF) {
                 out->p = "";
                 out->n = 0;
                 return TSR_OK;
         }
-        if (!str_append(c, &b, v))
-                return c->failed ? c->st : oom(c);
-        *out = sb_tv(&b).u.s;
+        if (!tsr_tpl_str_append(c, &b, v))
+                return c->failed ? c->st : tsr_tpl_oom(c);
+        *out = tsr_tpl_sb_val(&b).u.s;
         return TSR_OK;
 }
 
-typedef struct jopt {
+typedef struct tsr_tpl_jopt {
         bool ensure_ascii;
         bool indent;            /* indent given (not None) */
-        tstr ind;
-        tstr item_sep, key_sep;
+        tsr_tpl_str ind;
+        tsr_tpl_str item_sep, key_sep;
         bool sort_keys;
-} jopt;
+} tsr_tpl_jopt;
 
-static bool json_str(rctx *c, sb *b, tstr s, bool ensure_ascii) {
+static bool json_str(tsr_tpl_rctx *c, tsr_tpl_sb *b, tsr_tpl_str s, bool ensure_ascii) {
         size_t i = 0, run = 0;
-        if (!sb_addc(c, b, '"'))
+        if (!tsr_tpl_sb_addc(c, b, '"'))
                 return false;
         while (i < s.n) {
                 unsigned char ch = (unsigned char)s.p[i];
@@ -2472,7 +2516,7 @@ static bool json_str(rctx *c, sb *b, tstr s, bool ensure_ascii) {
                         run++;
                         continue;
                 }
-                if (run && !sb_add(c, b, s.p + i - run, run))
+                if (run && !tsr_tpl_sb_add(c, b, s.p + i - run, run))
                         return false;
                 run = 0;
                 switch (ch) {
@@ -2492,93 +2536,97 @@ static bool json_str(rctx *c, sb *b, tstr s, bool ensure_ascii) {
                         e = esc;
                         i++;
                 } else {
-                        uint32_t cp = utf8_next(s.p, s.n, &i);
+                        uint32_t cp = tsr_tpl_utf8_next(s.p, s.n, &i);
                         if (cp >= 0x10000) {
                                 cp -= 0x10000;
-                                snprintf(esc, sizeof(esc), "\\u%04x\\u%04x", 0xd800 + (cp >> 10), 0xdc00 + (cp & 0x3ff));
+                                snprintf(esc, sizeof(esc), "\\u%04x\\u%04x", 0xd800 + (cp >> 10),
+                                         0xdc00 + (cp & 0x3ff));
                         } else {
                                 snprintf(esc, sizeof(esc), "\\u%04x", cp);
                         }
                         e = esc;
                 }
-                if (!sb_adds(c, b, e))
+                if (!tsr_tpl_sb_adds(c, b, e))
                         return false;
         }
-        if (run && !sb_add(c, b, s.p + i - run, run))
+        if (run && !tsr_tpl_sb_add(c, b, s.p + i - run, run))
                 return false;
-        return sb_addc(c, b, '"');
+        return tsr_tpl_sb_addc(c, b, '"');
 }
 
-static bool json_newline(rctx *c, sb *b, const jopt *o, int level) {
+static bool json_newline(tsr_tpl_rctx *c, tsr_tpl_sb *b, const tsr_tpl_jopt *o, int level) {
         int k;
-        if (!sb_addc(c, b, '\n'))
+        if (!tsr_tpl_sb_addc(c, b, '\n'))
                 return false;
         for (k = 0; k < level; k++)
-                if (!sb_add(c, b, o->ind.p, o->ind.n))
+                if (!tsr_tpl_sb_add(c, b, o->ind.p, o->ind.n))
                         return false;
         return true;
 }
 
-static int cmp_keys(rctx *c, tv a, tv b);
-static tsr_status sort_tv(rctx *c, tv *v, size_t n, int (*cmp)(rctx *, tv, tv, void *), void *u);
+static int tsr_tpl_cmp_keys(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b);
+static tsr_status tsr_tpl_sort_tv(tsr_tpl_rctx *c, tsr_tpl_val *v, size_t n,
+                                  int (*cmp)(tsr_tpl_rctx *, tsr_tpl_val, tsr_tpl_val, void *), void *u);
 
-static int cmp_dict_keys(rctx *c, tv a, tv b, void *u) {
-        const tv *keys = u;
-        return cmp_keys(c, keys[a.u.i], keys[b.u.i]);
+static int cmp_dict_keys(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b, void *u) {
+        const tsr_tpl_val *keys = u;
+        return tsr_tpl_cmp_keys(c, keys[a.u.i], keys[b.u.i]);
 }
 
-static bool json_dump(rctx *c, sb *b, tv v, const jopt *o, int level) {
+static bool tsr_tpl_json_dump(tsr_tpl_rctx *c, tsr_tpl_sb *b, tsr_tpl_val v, const tsr_tpl_jopt *o, int level) {
         char num[48];
         size_t i;
         bool ok = true;
 
         switch (v.type) {
-        case TV_NONE: return sb_adds(c, b, "null");
-        case TV_BOOL: return sb_adds(c, b, v.u.b ? "true" : "false");
-        case TV_INT:
+        case TSR_TPL_VAL_NONE: return tsr_tpl_sb_adds(c, b, "null");
+        case TSR_TPL_VAL_BOOL: return tsr_tpl_sb_adds(c, b, v.u.b ? "true" : "false");
+        case TSR_TPL_VAL_INT:
                 snprintf(num, sizeof(num), "%" PRId64, v.u.i);
-                return sb_adds(c, b, num);
-        case TV_FLOAT:
+                return tsr_tpl_sb_adds(c, b, num);
+        case TSR_TPL_VAL_FLOAT:
                 if (isnan(v.u.f))
-                        return sb_adds(c, b, "NaN");
+                        return tsr_tpl_sb_adds(c, b, "NaN");
                 if (isinf(v.u.f))
-                        return sb_adds(c, b, v.u.f < 0 ? "-Infinity" : "Infinity");
+                        return tsr_tpl_sb_adds(c, b, v.u.f < 0 ? "-Infinity" : "Infinity");
                 fmt_float(v.u.f, num, sizeof(num));
-                return sb_adds(c, b, num);
-        case TV_STR: return json_str(c, b, v.u.s, o->ensure_ascii);
-        case TV_LIST:
+                return tsr_tpl_sb_adds(c, b, num);
+        case TSR_TPL_VAL_STR: return json_str(c, b, v.u.s, o->ensure_ascii);
+        case TSR_TPL_VAL_LIST:
                 if (v.u.l->gen) {
-                        rerr(c, TSR_E_INVAL, "Object of type generator is not JSON serializable");
+                        tsr_tpl_rerr(c, TSR_E_INVAL, "Object of type generator is not JSON serializable");
                         return false;
                 }
                 if (!v.u.l->n)
-                        return sb_adds(c, b, "[]");
-                if (nest_in(c) != TSR_OK)
+                        return tsr_tpl_sb_adds(c, b, "[]");
+                if (tsr_tpl_nest_in(c) != TSR_OK)
                         return false;
-                ok = sb_addc(c, b, '[') && (!o->indent || json_newline(c, b, o, level + 1));
+                ok = tsr_tpl_sb_addc(c, b, '[') && (!o->indent || json_newline(c, b, o, level + 1));
                 for (i = 0; ok && i < v.u.l->n; i++) {
                         if (i)
-                                ok = sb_add(c, b, o->item_sep.p, o->item_sep.n) &&
+                                ok = tsr_tpl_sb_add(c, b, o->item_sep.p, o->item_sep.n) &&
                                      (!o->indent || json_newline(c, b, o, level + 1));
-                        ok = ok && json_dump(c, b, v.u.l->v[i], o, level + 1);
+                        ok = ok && tsr_tpl_json_dump(c, b, v.u.l->v[i], o, level + 1);
                 }
-                ok = ok && (!o->indent || json_newline(c, b, o, level)) && sb_addc(c, b, ']');
+                ok = ok && (!o->indent || json_newline(c, b, o, level)) && tsr_tpl_sb_addc(c, b, ']');
                 c->nest--;
                 return ok;
-        case TV_DICT: {
-                tv *keys = v.u.d->k, *vals = v.u.d->v;
+        case TSR_TPL_VAL_DICT: {
+                tsr_tpl_val *keys = v.u.d->k, *vals = v.u.d->v;
                 size_t n = v.u.d->n;
                 if (!n)
-                        return sb_adds(c, b, "{}");
-                if (nest_in(c) != TSR_OK)
+                        return tsr_tpl_sb_adds(c, b, "{}");
+                if (tsr_tpl_nest_in(c) != TSR_OK)
                         return false;
                 if (o->sort_keys) {
-                        tv *kk = ralloc(c, n * sizeof(tv)), *vv = ralloc(c, n * sizeof(tv)), *tmp = ralloc(c, n * sizeof(tv));
+                        tsr_tpl_val *kk = tsr_tpl_ralloc(c, n * sizeof(tsr_tpl_val)),
+                                    *vv = tsr_tpl_ralloc(c, n * sizeof(tsr_tpl_val)),
+                                    *tmp = tsr_tpl_ralloc(c, n * sizeof(tsr_tpl_val));
                         if (!kk || !vv || !tmp)
                                 return false;
                         for (i = 0; i < n; i++)
-                                tmp[i] = tv_int((int64_t)i);
-                        if (sort_tv(c, tmp, n, cmp_dict_keys, keys) != TSR_OK)
+                                tmp[i] = tsr_tpl_val_int((int64_t)i);
+                        if (tsr_tpl_sort_tv(c, tmp, n, cmp_dict_keys, keys) != TSR_OK)
                                 return false;
                         for (i = 0; i < n; i++) {
                                 kk[i] = keys[tmp[i].u.i];
@@ -2589,63 +2637,68 @@ static bool json_dump(rctx *c, sb *b, tv v, const jopt *o, int level) {
                         if (c->failed)
                                 return false;
                 }
-                ok = sb_addc(c, b, '{') && (!o->indent || json_newline(c, b, o, level + 1));
+                ok = tsr_tpl_sb_addc(c, b, '{') && (!o->indent || json_newline(c, b, o, level + 1));
                 for (i = 0; ok && i < n; i++) {
-                        tv k = keys[i];
+                        tsr_tpl_val k = keys[i];
                         if (i)
-                                ok = sb_add(c, b, o->item_sep.p, o->item_sep.n) &&
+                                ok = tsr_tpl_sb_add(c, b, o->item_sep.p, o->item_sep.n) &&
                                      (!o->indent || json_newline(c, b, o, level + 1));
                         if (!ok)
                                 break;
-                        if (k.type == TV_STR) {
+                        if (k.type == TSR_TPL_VAL_STR) {
                                 ok = json_str(c, b, k.u.s, o->ensure_ascii);
-                        } else if (k.type == TV_NONE || k.type == TV_BOOL || k.type == TV_INT || k.type == TV_FLOAT) {
-                                sb kb = {0};
-                                ok = json_dump(c, &kb, k, o, level) && json_str(c, b, sb_tv(&kb).u.s, o->ensure_ascii);
+                        } else if (k.type == TSR_TPL_VAL_NONE || k.type == TSR_TPL_VAL_BOOL ||
+                                   k.type == TSR_TPL_VAL_INT || k.type == TSR_TPL_VAL_FLOAT) {
+                                tsr_tpl_sb kb = {0};
+                                ok = tsr_tpl_json_dump(c, &kb, k, o, level) &&
+                                     json_str(c, b, tsr_tpl_sb_val(&kb).u.s, o->ensure_ascii);
                         } else {
-                                rerr(c, TSR_E_INVAL, "keys must be str, int, float, bool or None, not %s", type_name(k));
+                                tsr_tpl_rerr(c, TSR_E_INVAL, "keys must be str, int, float, bool or None, not %s",
+                                             tsr_tpl_type_name(k));
                                 ok = false;
                         }
-                        ok = ok && sb_add(c, b, o->key_sep.p, o->key_sep.n) && json_dump(c, b, vals[i], o, level + 1);
+                        ok = ok && tsr_tpl_sb_add(c, b, o->key_sep.p, o->key_sep.n) &&
+                             tsr_tpl_json_dump(c, b, vals[i], o, level + 1);
                 }
-                ok = ok && (!o->indent || json_newline(c, b, o, level)) && sb_addc(c, b, '}');
+                ok = ok && (!o->indent || json_newline(c, b, o, level)) && tsr_tpl_sb_addc(c, b, '}');
                 c->nest--;
                 return ok;
         }
         default:
-                rerr(c, TSR_E_INVAL, "Object of type %s is not JSON serializable", type_name(v));
+                tsr_tpl_rerr(c, TSR_E_INVAL, "Object of type %s is not JSON serializable", tsr_tpl_type_name(v));
                 return false;
         }
 }
 
-static tsr_status from_json(rctx *c, const json_t *j, tv *out, int depth) {
+static tsr_status tsr_tpl_from_json(tsr_tpl_rctx *c, const json_t *j, tsr_tpl_val *out, int depth) {
         size_t i;
         tsr_status st;
 
         if (depth > 512)
-                return rerr(c, TSR_E_LIMIT, "context nests too deep");
-        if ((st = step(c, 1)) != TSR_OK)
+                return tsr_tpl_rerr(c, TSR_E_LIMIT, "context nests too deep");
+        if ((st = tsr_tpl_step(c, 1)) != TSR_OK)
                 return st;
         switch (json_typeof(j)) {
         case JSON_OBJECT: {
                 const char *key;
                 json_t *val;
-                tdict *d = dict_new(c);
+                tsr_tpl_dict *d = tsr_tpl_dict_new(c);
                 if (!d)
                         return c->st;
                 json_object_foreach((json_t *)j, key, val) {
-                        tv k = tv_cstr(key), v;
-                        if ((st = from_json(c, val, &v, depth + 1)) != TSR_OK)
+                        tsr_tpl_val k = tsr_tpl_val_cstr(key), v;
+                        if ((st = tsr_tpl_from_json(c, val, &v, depth + 1)) != TSR_OK)
                                 return st;
                         /* keys are unique in a jansson object: append without a lookup */
                         if (d->n == d->cap) {
                                 size_t nc = d->cap ? d->cap * 2 : 4;
-                                tv *nk = ralloc(c, nc * sizeof(tv)), *nv = ralloc(c, nc * sizeof(tv));
+                                tsr_tpl_val *nk = tsr_tpl_ralloc(c, nc * sizeof(tsr_tpl_val)),
+                                            *nv = tsr_tpl_ralloc(c, nc * sizeof(tsr_tpl_val));
                                 if (!nk || !nv)
                                         return c->st;
                                 if (d->n) {
-                                        memcpy(nk, d->k, d->n * sizeof(tv));
-                                        memcpy(nv, d->v, d->n * sizeof(tv));
+                                        memcpy(nk, d->k, d->n * sizeof(tsr_tpl_val));
+                                        memcpy(nv, d->v, d->n * sizeof(tsr_tpl_val));
                                 }
                                 d->k = nk;
                                 d->v = nv;
@@ -2655,51 +2708,52 @@ static tsr_status from_json(rctx *c, const json_t *j, tv *out, int depth) {
                         d->v[d->n] = v;
                         d->n++;
                 }
-                *out = tv_dict(d);
+                *out = tsr_tpl_val_dict(d);
                 return TSR_OK;
         }
         case JSON_ARRAY: {
-                tlist *l = list_new(c, json_array_size(j));
+                tsr_tpl_list *l = tsr_tpl_list_new(c, json_array_size(j));
                 if (!l)
                         return c->st;
                 for (i = 0; i < json_array_size(j); i++) {
-                        if ((st = from_json(c, json_array_get(j, i), &l->v[i], depth + 1)) != TSR_OK)
+                        if ((st = tsr_tpl_from_json(c, json_array_get(j, i), &l->v[i], depth + 1)) != TSR_OK)
                                 return st;
                         l->n++;
                 }
-                *out = tv_list(l);
+                *out = tsr_tpl_val_list(l);
                 return TSR_OK;
         }
-        case JSON_STRING: *out = tv_str(json_string_value(j), json_string_length(j)); return TSR_OK;
-        case JSON_INTEGER: *out = tv_int((int64_t)json_integer_value(j)); return TSR_OK;
-        case JSON_REAL: *out = tv_float(json_real_value(j)); return TSR_OK;
-        case JSON_TRUE: *out = tv_bool(true); return TSR_OK;
-        case JSON_FALSE: *out = tv_bool(false); return TSR_OK;
-        default: *out = tv_none(); return TSR_OK;
+        case JSON_STRING: *out = tsr_tpl_val_str(json_string_value(j), json_string_length(j)); return TSR_OK;
+        case JSON_INTEGER: *out = tsr_tpl_val_int((int64_t)json_integer_value(j)); return TSR_OK;
+        case JSON_REAL: *out = tsr_tpl_val_float(json_real_value(j)); return TSR_OK;
+        case JSON_TRUE: *out = tsr_tpl_val_bool(true); return TSR_OK;
+        case JSON_FALSE: *out = tsr_tpl_val_bool(false); return TSR_OK;
+        default: *out = tsr_tpl_val_none(); return TSR_OK;
         }
 }
 
 /* ---------------------------------------------------------------- sorting, strings */
 
-static int cmp_keys(rctx *c, tv a, tv b) {
+static int tsr_tpl_cmp_keys(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b) {
         int r = 0;
-        if (c->failed || tv_cmp(c, a, b, "<", &r) != TSR_OK)
+        if (c->failed || tsr_tpl_val_cmp(c, a, b, "<", &r) != TSR_OK)
                 return 0;
         return r;
 }
 
 /* Stable merge sort (Python's sort is stable); a comparison error stops it. */
-static tsr_status sort_tv(rctx *c, tv *v, size_t n, int (*cmp)(rctx *, tv, tv, void *), void *u) {
-        tv *tmp;
+static tsr_status tsr_tpl_sort_tv(tsr_tpl_rctx *c, tsr_tpl_val *v, size_t n,
+                                  int (*cmp)(tsr_tpl_rctx *, tsr_tpl_val, tsr_tpl_val, void *), void *u) {
+        tsr_tpl_val *tmp;
         size_t w, i;
         tsr_status st;
 
         if (n < 2)
                 return TSR_OK;
-        if (!(tmp = ralloc(c, n * sizeof(tv))))
+        if (!(tmp = tsr_tpl_ralloc(c, n * sizeof(tsr_tpl_val))))
                 return c->st;
         for (w = 1; w < n; w *= 2) {
-                if ((st = step(c, n)) != TSR_OK)
+                if ((st = tsr_tpl_step(c, n)) != TSR_OK)
                         return st;
                 for (i = 0; i < n; i += 2 * w) {
                         size_t lo = i, mid = i + w < n ? i + w : n, hi = i + 2 * w < n ? i + 2 * w : n;
@@ -2711,14 +2765,14 @@ static tsr_status sort_tv(rctx *c, tv *v, size_t n, int (*cmp)(rctx *, tv, tv, v
                         while (b < hi)
                                 tmp[k++] = v[b++];
                 }
-                memcpy(v, tmp, n * sizeof(tv));
+                memcpy(v, tmp, n * sizeof(tsr_tpl_val));
                 if (c->failed)
                         return c->st;
         }
         return TSR_OK;
 }
 
-static bool str_is_ascii(tstr s) {
+static bool str_is_ascii(tsr_tpl_str s) {
         size_t i;
         for (i = 0; i < s.n; i++)
                 if ((unsigned char)s.p[i] >= 0x80)
@@ -2727,18 +2781,18 @@ static bool str_is_ascii(tstr s) {
 }
 
 /* Byte offsets of each code point of s, plus s.n at the end; NULL when s is ASCII. */
-static tsr_status cp_offsets(rctx *c, tstr s, size_t **offs, size_t *ncp) {
+static tsr_status cp_offsets(tsr_tpl_rctx *c, tsr_tpl_str s, size_t **offs, size_t *ncp) {
         size_t i = 0, k = 0, *o;
         if (str_is_ascii(s)) {
                 *offs = NULL;
                 *ncp = s.n;
                 return TSR_OK;
         }
-        if (!(o = ralloc(c, (s.n + 1) * sizeof(size_t))))
+        if (!(o = tsr_tpl_ralloc(c, (s.n + 1) * sizeof(size_t))))
                 return c->st;
         while (i < s.n) {
                 o[k++] = i;
-                utf8_next(s.p, s.n, &i);
+                tsr_tpl_utf8_next(s.p, s.n, &i);
         }
         o[k] = s.n;
         *offs = o;
@@ -2746,18 +2800,18 @@ static tsr_status cp_offsets(rctx *c, tstr s, size_t **offs, size_t *ncp) {
         return TSR_OK;
 }
 
-static tv str_dup(rctx *c, const char *p, size_t n) {
-        char *d = ralloc(c, n + 1);
+static tsr_tpl_val tsr_tpl_str_dup(tsr_tpl_rctx *c, const char *p, size_t n) {
+        char *d = tsr_tpl_ralloc(c, n + 1);
         if (!d)
-                return TV_UNDEFINED;
+                return TSR_TPL_VAL_UNDEFINED;
         memcpy(d, p, n);
         d[n] = '\0';
-        return tv_str(d, n);
+        return tsr_tpl_val_str(d, n);
 }
 
 /* ASCII case mapping; other code points pass through unchanged. */
-static tv str_map(rctx *c, tstr s, int mode) {
-        tv r = str_dup(c, s.p, s.n);
+static tsr_tpl_val tsr_tpl_str_map(tsr_tpl_rctx *c, tsr_tpl_str s, int mode) {
+        tsr_tpl_val r = tsr_tpl_str_dup(c, s.p, s.n);
         char *d = (char *)r.u.s.p;
         size_t i;
         bool prev_cased = false, first = true;
@@ -2783,8 +2837,8 @@ static tv str_map(rctx *c, tstr s, int mode) {
 }
 
 /* jinja2's title filter: words start after runs of '-', whitespace, '(', '{', '[', '<'. */
-static tv jinja_title(rctx *c, tstr s) {
-        tv r = str_dup(c, s.p, s.n);
+static tsr_tpl_val tsr_tpl_jinja_title(tsr_tpl_rctx *c, tsr_tpl_str s) {
+        tsr_tpl_val r = tsr_tpl_str_dup(c, s.p, s.n);
         char *d = (char *)r.u.s.p;
         size_t i = 0;
         bool start = true;
@@ -2793,8 +2847,8 @@ static tv jinja_title(rctx *c, tstr s) {
                 return r;
         while (i < s.n) {
                 size_t st = i;
-                uint32_t cp = utf8_next(s.p, s.n, &i);
-                bool sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || py_isspace(cp);
+                uint32_t cp = tsr_tpl_utf8_next(s.p, s.n, &i);
+                bool sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || tsr_tpl_py_isspace(cp);
                 if (sep) {
                         start = true;
                         continue;
@@ -2806,22 +2860,22 @@ static tv jinja_title(rctx *c, tstr s) {
         return r;
 }
 
-static bool in_chars(uint32_t cp, tstr chars) {
+static bool in_chars(uint32_t cp, tsr_tpl_str chars) {
         size_t i = 0;
         while (i < chars.n)
-                if (utf8_next(chars.p, chars.n, &i) == cp)
+                if (tsr_tpl_utf8_next(chars.p, chars.n, &i) == cp)
                         return true;
         return false;
 }
 
 /* Python str.strip family: which = 'l', 'r' or 'b'; chars NULL = whitespace. */
-static tstr str_strip(tstr s, const tstr *chars, char which) {
+static tsr_tpl_str tsr_tpl_str_strip(tsr_tpl_str s, const tsr_tpl_str *chars, char which) {
         size_t a = 0, b = s.n;
         if (which != 'r') {
                 while (a < b) {
                         size_t j = a;
-                        uint32_t cp = utf8_next(s.p, b, &j);
-                        if (chars ? !in_chars(cp, *chars) : !py_isspace(cp))
+                        uint32_t cp = tsr_tpl_utf8_next(s.p, b, &j);
+                        if (chars ? !in_chars(cp, *chars) : !tsr_tpl_py_isspace(cp))
                                 break;
                         a = j;
                 }
@@ -2833,8 +2887,8 @@ static tstr str_strip(tstr s, const tstr *chars, char which) {
                         while (st > a && ((unsigned char)s.p[st] & 0xc0) == 0x80 && b - st < 4)
                                 st--;
                         j = st;
-                        cp = utf8_next(s.p, b, &j);
-                        if (j != b || (chars ? !in_chars(cp, *chars) : !py_isspace(cp)))
+                        cp = tsr_tpl_utf8_next(s.p, b, &j);
+                        if (j != b || (chars ? !in_chars(cp, *chars) : !tsr_tpl_py_isspace(cp)))
                                 break;
                         b = st;
                 }
@@ -2844,7 +2898,7 @@ static tstr str_strip(tstr s, const tstr *chars, char which) {
         return s;
 }
 
-static const char *memmem_s(tstr hay, size_t from, tstr needle) {
+static const char *tsr_tpl_memmem_s(tsr_tpl_str hay, size_t from, tsr_tpl_str needle) {
         size_t i;
         if (needle.n == 0)
                 return hay.p + from;
@@ -2856,8 +2910,9 @@ static const char *memmem_s(tstr hay, size_t from, tstr needle) {
         return NULL;
 }
 
-static tsr_status str_replace(rctx *c, tstr s, tstr old, tstr new_, int64_t count, tv *out) {
-        sb b = {0};
+static tsr_status tsr_tpl_str_replace(tsr_tpl_rctx *c, tsr_tpl_str s, tsr_tpl_str old, tsr_tpl_str new_, int64_t count,
+                                      tsr_tpl_val *out) {
+        tsr_tpl_sb b = {0};
         size_t i = 0;
         int64_t done = 0;
 
@@ -2865,40 +2920,41 @@ static tsr_status str_replace(rctx *c, tstr s, tstr old, tstr new_, int64_t coun
                 /* Python inserts `new` before every code point and at the end */
                 while ((count < 0 || done < count) && i <= s.n) {
                         size_t st = i;
-                        if (!sb_add(c, &b, new_.p, new_.n))
+                        if (!tsr_tpl_sb_add(c, &b, new_.p, new_.n))
                                 return c->st;
                         done++;
                         if (i == s.n)
                                 break;
-                        utf8_next(s.p, s.n, &i);
-                        if (!sb_add(c, &b, s.p + st, i - st))
+                        tsr_tpl_utf8_next(s.p, s.n, &i);
+                        if (!tsr_tpl_sb_add(c, &b, s.p + st, i - st))
                                 return c->st;
                 }
-                if (i < s.n && !sb_add(c, &b, s.p + i, s.n - i))
+                if (i < s.n && !tsr_tpl_sb_add(c, &b, s.p + i, s.n - i))
                         return c->st;
-                *out = sb_tv(&b);
+                *out = tsr_tpl_sb_val(&b);
                 return TSR_OK;
         }
         for (;;) {
-                const char *hit = (count < 0 || done < count) ? memmem_s(s, i, old) : NULL;
+                const char *hit = (count < 0 || done < count) ? tsr_tpl_memmem_s(s, i, old) : NULL;
                 if (!hit) {
-                        if (!sb_add(c, &b, s.p + i, s.n - i))
+                        if (!tsr_tpl_sb_add(c, &b, s.p + i, s.n - i))
                                 return c->st;
                         break;
                 }
-                if (!sb_add(c, &b, s.p + i, (size_t)(hit - s.p) - i) || !sb_add(c, &b, new_.p, new_.n))
+                if (!tsr_tpl_sb_add(c, &b, s.p + i, (size_t)(hit - s.p) - i) || !tsr_tpl_sb_add(c, &b, new_.p, new_.n))
                         return c->st;
                 i = (size_t)(hit - s.p) + old.n;
                 done++;
-                if (step(c, 1) != TSR_OK)
+                if (tsr_tpl_step(c, 1) != TSR_OK)
                         return c->st;
         }
-        *out = sb_tv(&b);
+        *out = tsr_tpl_sb_val(&b);
         return TSR_OK;
 }
 
-static tsr_status str_split(rctx *c, tstr s, const tstr *sep, int64_t maxsplit, tv *out) {
-        tlist *l = list_new(c, 0);
+static tsr_status tsr_tpl_str_split(tsr_tpl_rctx *c, tsr_tpl_str s, const tsr_tpl_str *sep, int64_t maxsplit,
+                                    tsr_tpl_val *out) {
+        tsr_tpl_list *l = tsr_tpl_list_new(c, 0);
         size_t i = 0;
         int64_t done = 0;
 
@@ -2906,15 +2962,15 @@ static tsr_status str_split(rctx *c, tstr s, const tstr *sep, int64_t maxsplit, 
                 return c->st;
         if (sep) {
                 if (!sep->n)
-                        return rerr(c, TSR_E_INVAL, "empty separator");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "empty separator");
                 for (;;) {
-                        const char *hit = (maxsplit < 0 || done < maxsplit) ? memmem_s(s, i, *sep) : NULL;
+                        const char *hit = (maxsplit < 0 || done < maxsplit) ? tsr_tpl_memmem_s(s, i, *sep) : NULL;
                         if (!hit) {
-                                if (!list_push(c, l, tv_str(s.p + i, s.n - i)))
+                                if (!tsr_tpl_list_push(c, l, tsr_tpl_val_str(s.p + i, s.n - i)))
                                         return c->st;
                                 break;
                         }
-                        if (!list_push(c, l, tv_str(s.p + i, (size_t)(hit - s.p) - i)))
+                        if (!tsr_tpl_list_push(c, l, tsr_tpl_val_str(s.p + i, (size_t)(hit - s.p) - i)))
                                 return c->st;
                         i = (size_t)(hit - s.p) + sep->n;
                         done++;
@@ -2922,30 +2978,30 @@ static tsr_status str_split(rctx *c, tstr s, const tstr *sep, int64_t maxsplit, 
         } else {
                 for (;;) {
                         size_t st;
-                        i += lstrip_ws_len(s.p + i, s.n - i);
+                        i += tsr_tpl_lstrip_ws_len(s.p + i, s.n - i);
                         if (i >= s.n)
                                 break;
                         if (maxsplit >= 0 && done >= maxsplit) {
-                                tstr rest = str_strip(tv_str(s.p + i, s.n - i).u.s, NULL, 'r');
-                                if (!list_push(c, l, tv_str(rest.p, rest.n)))
+                                tsr_tpl_str rest = tsr_tpl_str_strip(tsr_tpl_val_str(s.p + i, s.n - i).u.s, NULL, 'r');
+                                if (!tsr_tpl_list_push(c, l, tsr_tpl_val_str(rest.p, rest.n)))
                                         return c->st;
                                 break;
                         }
                         st = i;
                         while (i < s.n) {
                                 size_t j = i;
-                                if (py_isspace(utf8_next(s.p, s.n, &j)))
+                                if (tsr_tpl_py_isspace(tsr_tpl_utf8_next(s.p, s.n, &j)))
                                         break;
                                 i = j;
                         }
-                        if (!list_push(c, l, tv_str(s.p + st, i - st)))
+                        if (!tsr_tpl_list_push(c, l, tsr_tpl_val_str(s.p + st, i - st)))
                                 return c->st;
                         done++;
                 }
         }
-        if (step(c, l->n) != TSR_OK)
+        if (tsr_tpl_step(c, l->n) != TSR_OK)
                 return c->st;
-        *out = tv_list(l);
+        *out = tsr_tpl_val_list(l);
         return TSR_OK;
 }
 
@@ -2956,135 +3012,135 @@ static const char *const str_methods[] = {
         "capitalize", "swapcase", "casefold", "replace", "format", "join", "find", "rfind", "count", "index",
         "isdigit", "isalpha", "isalnum", "isspace", "islower", "isupper", "isnumeric", "isdecimal",
         "splitlines", "center", "zfill", "ljust", "rjust", NULL};
-static const char *const dict_methods[] = {"items", "keys", "values", "get", "copy", NULL};
+static const char *const tsr_tpl_dict_methods[] = {"items", "keys", "values", "get", "copy", NULL};
 static const char *const dict_unsafe[] = {"pop", "popitem", "setdefault", "update", "clear", NULL};
 static const char *const list_methods[] = {"index", "count", "copy", NULL};
 static const char *const list_unsafe[] = {"append", "extend", "insert", "pop", "remove", "reverse", "sort", "clear",
                                           NULL};
 
-static const char *find_name(const char *const *tab, tstr name) {
+static const char *tsr_tpl_find_name(const char *const *tab, tsr_tpl_str name) {
         size_t k;
         for (k = 0; tab[k]; k++)
-                if (tstr_eq(name, tab[k]))
+                if (tsr_tpl_str_eq(name, tab[k]))
                         return tab[k];
         return NULL;
 }
 
-static tv make_method(rctx *c, tv self, const char *name) {
-        tv m = {.type = TV_METHOD};
-        tv *s = ralloc(c, sizeof(tv));
+static tsr_tpl_val tsr_tpl_make_method(tsr_tpl_rctx *c, tsr_tpl_val self, const char *name) {
+        tsr_tpl_val m = {.type = TSR_TPL_VAL_METHOD};
+        tsr_tpl_val *s = tsr_tpl_ralloc(c, sizeof(tsr_tpl_val));
         if (!s)
-                return TV_UNDEFINED;
+                return TSR_TPL_VAL_UNDEFINED;
         *s = self;
         m.u.meth.self = s;
         m.u.meth.name = name;
         return m;
 }
 
-static tv undef_named(tstr name) {
-        tv u = {.type = TV_UNDEF};
+static tsr_tpl_val tsr_tpl_undef_named(tsr_tpl_str name) {
+        tsr_tpl_val u = {.type = TSR_TPL_VAL_UNDEF};
         u.u.s = name;
         return u;
 }
 
-static tsr_status get_attr(rctx *c, tv obj, tstr name, tv *out) {
+static tsr_status tsr_tpl_get_attr(tsr_tpl_rctx *c, tsr_tpl_val obj, tsr_tpl_str name, tsr_tpl_val *out) {
         const char *m;
-        tv *v;
+        tsr_tpl_val *v;
 
         switch (obj.type) {
-        case TV_UNDEF: return undef_err(c, obj);
-        case TV_DICT:
-                if ((m = find_name(dict_methods, name))) {
-                        *out = make_method(c, obj, m);
+        case TSR_TPL_VAL_UNDEF: return tsr_tpl_undef_err(c, obj);
+        case TSR_TPL_VAL_DICT:
+                if ((m = tsr_tpl_find_name(tsr_tpl_dict_methods, name))) {
+                        *out = tsr_tpl_make_method(c, obj, m);
                         return c->failed ? c->st : TSR_OK;
                 }
-                if (find_name(dict_unsafe, name)) {
-                        *out = undef_named(name);
+                if (tsr_tpl_find_name(dict_unsafe, name)) {
+                        *out = tsr_tpl_undef_named(name);
                         return TSR_OK;
                 }
-                v = dict_finds(obj.u.d, name.p, name.n);
-                *out = v ? *v : undef_named(name);
+                v = tsr_tpl_dict_finds(obj.u.d, name.p, name.n);
+                *out = v ? *v : tsr_tpl_undef_named(name);
                 return TSR_OK;
-        case TV_NS:
-                v = dict_finds(obj.u.d, name.p, name.n);
-                *out = v ? *v : undef_named(name);
+        case TSR_TPL_VAL_NS:
+                v = tsr_tpl_dict_finds(obj.u.d, name.p, name.n);
+                *out = v ? *v : tsr_tpl_undef_named(name);
                 return TSR_OK;
-        case TV_STR:
-                if ((m = find_name(str_methods, name))) {
-                        *out = make_method(c, obj, m);
+        case TSR_TPL_VAL_STR:
+                if ((m = tsr_tpl_find_name(str_methods, name))) {
+                        *out = tsr_tpl_make_method(c, obj, m);
                         return c->failed ? c->st : TSR_OK;
                 }
                 break;
-        case TV_LIST:
-                if ((m = find_name(list_methods, name))) {
-                        *out = make_method(c, obj, m);
+        case TSR_TPL_VAL_LIST:
+                if ((m = tsr_tpl_find_name(list_methods, name))) {
+                        *out = tsr_tpl_make_method(c, obj, m);
                         return c->failed ? c->st : TSR_OK;
                 }
-                if (find_name(list_unsafe, name)) {
+                if (tsr_tpl_find_name(list_unsafe, name)) {
                         /* the immutable sandbox hides mutating methods */
-                        *out = undef_named(name);
+                        *out = tsr_tpl_undef_named(name);
                         return TSR_OK;
                 }
                 break;
-        case TV_LOOP: {
-                loopst *l = obj.u.loop;
+        case TSR_TPL_VAL_LOOP: {
+                tsr_tpl_loop *l = obj.u.loop;
                 int64_t len = (int64_t)l->items->n, i0 = (int64_t)l->index0;
-                if (tstr_eq(name, "index"))
-                        *out = tv_int(i0 + 1);
-                else if (tstr_eq(name, "index0"))
-                        *out = tv_int(i0);
-                else if (tstr_eq(name, "revindex"))
-                        *out = tv_int(len - i0);
-                else if (tstr_eq(name, "revindex0"))
-                        *out = tv_int(len - i0 - 1);
-                else if (tstr_eq(name, "first"))
-                        *out = tv_bool(i0 == 0);
-                else if (tstr_eq(name, "last"))
-                        *out = tv_bool(i0 == len - 1);
-                else if (tstr_eq(name, "length"))
-                        *out = tv_int(len);
-                else if (tstr_eq(name, "depth"))
-                        *out = tv_int(l->depth);
-                else if (tstr_eq(name, "depth0"))
-                        *out = tv_int(l->depth - 1);
-                else if (tstr_eq(name, "previtem"))
-                        *out = i0 > 0 ? l->items->v[i0 - 1] : undef_named(name);
-                else if (tstr_eq(name, "nextitem"))
-                        *out = i0 + 1 < len ? l->items->v[i0 + 1] : undef_named(name);
-                else if (tstr_eq(name, "cycle"))
-                        *out = make_method(c, obj, "cycle");
+                if (tsr_tpl_str_eq(name, "index"))
+                        *out = tsr_tpl_val_int(i0 + 1);
+                else if (tsr_tpl_str_eq(name, "index0"))
+                        *out = tsr_tpl_val_int(i0);
+                else if (tsr_tpl_str_eq(name, "revindex"))
+                        *out = tsr_tpl_val_int(len - i0);
+                else if (tsr_tpl_str_eq(name, "revindex0"))
+                        *out = tsr_tpl_val_int(len - i0 - 1);
+                else if (tsr_tpl_str_eq(name, "first"))
+                        *out = tsr_tpl_val_bool(i0 == 0);
+                else if (tsr_tpl_str_eq(name, "last"))
+                        *out = tsr_tpl_val_bool(i0 == len - 1);
+                else if (tsr_tpl_str_eq(name, "length"))
+                        *out = tsr_tpl_val_int(len);
+                else if (tsr_tpl_str_eq(name, "depth"))
+                        *out = tsr_tpl_val_int(l->depth);
+                else if (tsr_tpl_str_eq(name, "depth0"))
+                        *out = tsr_tpl_val_int(l->depth - 1);
+                else if (tsr_tpl_str_eq(name, "previtem"))
+                        *out = i0 > 0 ? l->items->v[i0 - 1] : tsr_tpl_undef_named(name);
+                else if (tsr_tpl_str_eq(name, "nextitem"))
+                        *out = i0 + 1 < len ? l->items->v[i0 + 1] : tsr_tpl_undef_named(name);
+                else if (tsr_tpl_str_eq(name, "cycle"))
+                        *out = tsr_tpl_make_method(c, obj, "cycle");
                 else
-                        *out = undef_named(name);
+                        *out = tsr_tpl_undef_named(name);
                 return c->failed ? c->st : TSR_OK;
         }
         default: break;
         }
-        *out = undef_named(name);
+        *out = tsr_tpl_undef_named(name);
         return TSR_OK;
 }
 
-static tsr_status slice_bounds(rctx *c, tv lo, tv hi, tv stp, int64_t len, int64_t *start, int64_t *stop,
-                               int64_t *stepv) {
+static tsr_status slice_bounds(tsr_tpl_rctx *c, tsr_tpl_val lo, tsr_tpl_val hi, tsr_tpl_val stp, int64_t len,
+                               int64_t *start, int64_t *stop, int64_t *stepv) {
         int64_t s, e, k = 1, lower, upper;
-        tv parts[3] = {lo, hi, stp};
+        tsr_tpl_val parts[3] = {lo, hi, stp};
         int i;
 
         for (i = 0; i < 3; i++)
-                if (parts[i].type != TV_NONE && !is_intlike(parts[i]))
-                        return rerr(c, TSR_E_INVAL, "slice indices must be integers or None");
-        if (stp.type != TV_NONE) {
-                k = as_int(stp);
+                if (parts[i].type != TSR_TPL_VAL_NONE && !tsr_tpl_is_intlike(parts[i]))
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "slice indices must be integers or None");
+        if (stp.type != TSR_TPL_VAL_NONE) {
+                k = tsr_tpl_as_int(stp);
                 if (k == 0)
-                        return rerr(c, TSR_E_INVAL, "slice step cannot be zero");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "slice step cannot be zero");
                 if (k == INT64_MIN)
                         k = -INT64_MAX;
         }
         lower = k > 0 ? 0 : -1;
         upper = k > 0 ? len : len - 1;
-        if (lo.type == TV_NONE) {
+        if (lo.type == TSR_TPL_VAL_NONE) {
                 s = k < 0 ? upper : lower;
         } else {
-                s = as_int(lo);
+                s = tsr_tpl_as_int(lo);
                 if (s < 0) {
                         s = s < -len ? lower : s + len;
                         if (s < lower)
@@ -3093,10 +3149,10 @@ static tsr_status slice_bounds(rctx *c, tv lo, tv hi, tv stp, int64_t len, int64
                         s = upper;
                 }
         }
-        if (hi.type == TV_NONE) {
+        if (hi.type == TSR_TPL_VAL_NONE) {
                 e = k < 0 ? lower : upper;
         } else {
-                e = as_int(hi);
+                e = tsr_tpl_as_int(hi);
                 if (e < 0) {
                         e = e < -len ? lower : e + len;
                         if (e < lower)
@@ -3111,29 +3167,30 @@ static tsr_status slice_bounds(rctx *c, tv lo, tv hi, tv stp, int64_t len, int64
         return TSR_OK;
 }
 
-static tsr_status do_slice(rctx *c, tv obj, tv lo, tv hi, tv stp, tv *out) {
+static tsr_status tsr_tpl_do_slice(tsr_tpl_rctx *c, tsr_tpl_val obj, tsr_tpl_val lo, tsr_tpl_val hi, tsr_tpl_val stp,
+                                   tsr_tpl_val *out) {
         int64_t s, e, k, i, len;
         tsr_status st;
 
-        if (obj.type == TV_LIST) {
-                tlist *l;
+        if (obj.type == TSR_TPL_VAL_LIST) {
+                tsr_tpl_list *l;
                 len = (int64_t)obj.u.l->n;
                 if ((st = slice_bounds(c, lo, hi, stp, len, &s, &e, &k)) != TSR_OK)
                         return st;
-                if (!(l = list_new(c, 0)))
+                if (!(l = tsr_tpl_list_new(c, 0)))
                         return c->st;
                 l->tuple = obj.u.l->tuple;
                 for (i = s; k > 0 ? i < e : i > e; i += k)
-                        if (!list_push(c, l, obj.u.l->v[i]))
+                        if (!tsr_tpl_list_push(c, l, obj.u.l->v[i]))
                                 return c->st;
-                if ((st = step(c, l->n)) != TSR_OK)
+                if ((st = tsr_tpl_step(c, l->n)) != TSR_OK)
                         return st;
-                *out = tv_list(l);
+                *out = tsr_tpl_val_list(l);
                 return TSR_OK;
         }
-        if (obj.type == TV_STR) {
+        if (obj.type == TSR_TPL_VAL_STR) {
                 size_t *offs, ncp;
-                sb b = {0};
+                tsr_tpl_sb b = {0};
                 if ((st = cp_offsets(c, obj.u.s, &offs, &ncp)) != TSR_OK)
                         return st;
                 len = (int64_t)ncp;
@@ -3141,126 +3198,127 @@ static tsr_status do_slice(rctx *c, tv obj, tv lo, tv hi, tv stp, tv *out) {
                         return st;
                 if (k == 1) {
                         size_t a = offs ? offs[s] : (size_t)s, z = offs ? offs[e > s ? e : s] : (size_t)(e > s ? e : s);
-                        *out = tv_str(obj.u.s.p + a, z - a);
+                        *out = tsr_tpl_val_str(obj.u.s.p + a, z - a);
                         return TSR_OK;
                 }
                 for (i = s; k > 0 ? i < e : i > e; i += k) {
                         size_t a = offs ? offs[i] : (size_t)i, z = offs ? offs[i + 1] : (size_t)i + 1;
-                        if (!sb_add(c, &b, obj.u.s.p + a, z - a))
+                        if (!tsr_tpl_sb_add(c, &b, obj.u.s.p + a, z - a))
                                 return c->st;
                 }
-                *out = sb_tv(&b);
-                return step(c, b.n);
+                *out = tsr_tpl_sb_val(&b);
+                return tsr_tpl_step(c, b.n);
         }
-        if (obj.type == TV_UNDEF)
-                return undef_err(c, obj);
-        *out = TV_UNDEFINED;
+        if (obj.type == TSR_TPL_VAL_UNDEF)
+                return tsr_tpl_undef_err(c, obj);
+        *out = TSR_TPL_VAL_UNDEFINED;
         return TSR_OK;
 }
 
-static tsr_status get_item(rctx *c, tv obj, tv key, tv *out) {
-        tv *v;
+static tsr_status tsr_tpl_get_item(tsr_tpl_rctx *c, tsr_tpl_val obj, tsr_tpl_val key, tsr_tpl_val *out) {
+        tsr_tpl_val *v;
         tsr_status st;
 
-        if (obj.type == TV_UNDEF)
-                return undef_err(c, obj);
-        if (obj.type == TV_DICT) {
-                if ((v = dict_find(c, obj.u.d, key))) {
+        if (obj.type == TSR_TPL_VAL_UNDEF)
+                return tsr_tpl_undef_err(c, obj);
+        if (obj.type == TSR_TPL_VAL_DICT) {
+                if ((v = tsr_tpl_dict_find(c, obj.u.d, key))) {
                         *out = *v;
                         return TSR_OK;
                 }
-        } else if (obj.type == TV_LIST && is_intlike(key)) {
-                int64_t i = as_int(key), n = (int64_t)obj.u.l->n;
+        } else if (obj.type == TSR_TPL_VAL_LIST && tsr_tpl_is_intlike(key)) {
+                int64_t i = tsr_tpl_as_int(key), n = (int64_t)obj.u.l->n;
                 if (i < 0)
                         i += n;
-                *out = i >= 0 && i < n ? obj.u.l->v[i] : TV_UNDEFINED;
+                *out = i >= 0 && i < n ? obj.u.l->v[i] : TSR_TPL_VAL_UNDEFINED;
                 return TSR_OK;
-        } else if (obj.type == TV_STR && is_intlike(key)) {
+        } else if (obj.type == TSR_TPL_VAL_STR && tsr_tpl_is_intlike(key)) {
                 size_t *offs, ncp;
-                int64_t i = as_int(key);
+                int64_t i = tsr_tpl_as_int(key);
                 if ((st = cp_offsets(c, obj.u.s, &offs, &ncp)) != TSR_OK)
                         return st;
                 if (i < 0)
                         i += (int64_t)ncp;
                 if (i < 0 || i >= (int64_t)ncp) {
-                        *out = TV_UNDEFINED;
+                        *out = TSR_TPL_VAL_UNDEFINED;
                         return TSR_OK;
                 }
-                *out = offs ? tv_str(obj.u.s.p + offs[i], offs[i + 1] - offs[i]) : tv_str(obj.u.s.p + i, 1);
+                *out = offs ? tsr_tpl_val_str(obj.u.s.p + offs[i], offs[i + 1] - offs[i])
+                            : tsr_tpl_val_str(obj.u.s.p + i, 1);
                 return TSR_OK;
         }
-        if (key.type == TV_STR && obj.type != TV_DICT)
-                return get_attr(c, obj, key.u.s, out);
-        if (key.type == TV_STR) {
+        if (key.type == TSR_TPL_VAL_STR && obj.type != TSR_TPL_VAL_DICT)
+                return tsr_tpl_get_attr(c, obj, key.u.s, out);
+        if (key.type == TSR_TPL_VAL_STR) {
                 /* a dict without that key: jinja2 falls back to the attribute (methods) */
-                const char *m = find_name(dict_methods, key.u.s);
-                *out = m ? make_method(c, obj, m) : undef_named(key.u.s);
+                const char *m = tsr_tpl_find_name(tsr_tpl_dict_methods, key.u.s);
+                *out = m ? tsr_tpl_make_method(c, obj, m) : tsr_tpl_undef_named(key.u.s);
                 return c->failed ? c->st : TSR_OK;
         }
-        *out = TV_UNDEFINED;
+        *out = TSR_TPL_VAL_UNDEFINED;
         return TSR_OK;
 }
 
 /* The values a for loop (or list(), join, ...) iterates over. */
-static tsr_status iter_list(rctx *c, tv v, tlist **out) {
-        tlist *l;
+static tsr_status tsr_tpl_iter_list(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_list **out) {
+        tsr_tpl_list *l;
         size_t i;
 
         switch (v.type) {
-        case TV_LIST: *out = v.u.l; return TSR_OK;
-        case TV_UNDEF:
-                *out = list_new(c, 0);
+        case TSR_TPL_VAL_LIST: *out = v.u.l; return TSR_OK;
+        case TSR_TPL_VAL_UNDEF:
+                *out = tsr_tpl_list_new(c, 0);
                 return *out ? TSR_OK : c->st;
-        case TV_DICT:
-                if (!(l = list_new(c, v.u.d->n)))
+        case TSR_TPL_VAL_DICT:
+                if (!(l = tsr_tpl_list_new(c, v.u.d->n)))
                         return c->st;
                 for (i = 0; i < v.u.d->n; i++)
                         l->v[l->n++] = v.u.d->k[i];
                 *out = l;
-                return step(c, l->n);
-        case TV_STR: {
+                return tsr_tpl_step(c, l->n);
+        case TSR_TPL_VAL_STR: {
                 size_t k = 0;
-                if (!(l = list_new(c, v.u.s.n)))
+                if (!(l = tsr_tpl_list_new(c, v.u.s.n)))
                         return c->st;
                 while (k < v.u.s.n) {
                         size_t st = k;
-                        utf8_next(v.u.s.p, v.u.s.n, &k);
-                        l->v[l->n++] = tv_str(v.u.s.p + st, k - st);
+                        tsr_tpl_utf8_next(v.u.s.p, v.u.s.n, &k);
+                        l->v[l->n++] = tsr_tpl_val_str(v.u.s.p + st, k - st);
                 }
                 *out = l;
-                return step(c, l->n);
+                return tsr_tpl_step(c, l->n);
         }
-        default: return rerr(c, TSR_E_INVAL, "'%s' object is not iterable", type_name(v));
+        default: return tsr_tpl_rerr(c, TSR_E_INVAL, "'%s' object is not iterable", tsr_tpl_type_name(v));
         }
 }
 
-static tsr_status dict_items(rctx *c, tdict *d, tv *out) {
-        tlist *l = list_new(c, d->n);
+static tsr_status tsr_tpl_dict_items(tsr_tpl_rctx *c, tsr_tpl_dict *d, tsr_tpl_val *out) {
+        tsr_tpl_list *l = tsr_tpl_list_new(c, d->n);
         size_t i;
         if (!l)
                 return c->st;
         for (i = 0; i < d->n; i++) {
-                tlist *pair = list_new(c, 2);
+                tsr_tpl_list *pair = tsr_tpl_list_new(c, 2);
                 if (!pair)
                         return c->st;
                 pair->tuple = true;
                 pair->v[0] = d->k[i];
                 pair->v[1] = d->v[i];
                 pair->n = 2;
-                l->v[l->n++] = tv_list(pair);
+                l->v[l->n++] = tsr_tpl_val_list(pair);
         }
-        *out = tv_list(l);
-        return step(c, d->n);
+        *out = tsr_tpl_val_list(l);
+        return tsr_tpl_step(c, d->n);
 }
 
-static bool arg_get(const args *a, size_t i, const char *name, tv *out) {
+static bool tsr_tpl_arg_get(const tsr_tpl_args *a, size_t i, const char *name, tsr_tpl_val *out) {
         size_t k;
         if (i < a->npos) {
                 *out = a->pos[i];
                 return true;
         }
         for (k = 0; name && k < a->nkw; k++) {
-                if (tstr_eq(a->kwn[k], name)) {
+                if (tsr_tpl_str_eq(a->kwn[k], name)) {
                         *out = a->kw[k];
                         return true;
                 }
@@ -3268,56 +3326,58 @@ static bool arg_get(const args *a, size_t i, const char *name, tv *out) {
         return false;
 }
 
-static tsr_status arg_str(rctx *c, const args *a, size_t i, const char *name, const char *what, tstr *out,
-                          bool *given) {
-        tv v;
-        *given = arg_get(a, i, name, &v) && v.type != TV_NONE;
+static tsr_status tsr_tpl_arg_str(tsr_tpl_rctx *c, const tsr_tpl_args *a, size_t i, const char *name, const char *what,
+                                  tsr_tpl_str *out, bool *given) {
+        tsr_tpl_val v;
+        *given = tsr_tpl_arg_get(a, i, name, &v) && v.type != TSR_TPL_VAL_NONE;
         if (!*given)
                 return TSR_OK;
-        if (v.type != TV_STR)
-                return rerr(c, TSR_E_INVAL, "%s must be a string, not %s", what, type_name(v));
+        if (v.type != TSR_TPL_VAL_STR)
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "%s must be a string, not %s", what, tsr_tpl_type_name(v));
         *out = v.u.s;
         return TSR_OK;
 }
 
-static tsr_status arg_int(rctx *c, const args *a, size_t i, const char *name, int64_t def, int64_t *out) {
-        tv v;
-        if (!arg_get(a, i, name, &v) || v.type == TV_NONE) {
+static tsr_status tsr_tpl_arg_int(tsr_tpl_rctx *c, const tsr_tpl_args *a, size_t i, const char *name, int64_t def,
+                                  int64_t *out) {
+        tsr_tpl_val v;
+        if (!tsr_tpl_arg_get(a, i, name, &v) || v.type == TSR_TPL_VAL_NONE) {
                 *out = def;
                 return TSR_OK;
         }
-        if (!is_intlike(v))
-                return rerr(c, TSR_E_INVAL, "'%s' object cannot be interpreted as an integer", type_name(v));
-        *out = as_int(v);
+        if (!tsr_tpl_is_intlike(v))
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "'%s' object cannot be interpreted as an integer",
+                                    tsr_tpl_type_name(v));
+        *out = tsr_tpl_as_int(v);
         return TSR_OK;
 }
 
-static tsr_status str_format(rctx *c, tstr fmt, const args *a, tv *out) {
-        sb b = {0};
+static tsr_status str_format(tsr_tpl_rctx *c, tsr_tpl_str fmt, const tsr_tpl_args *a, tsr_tpl_val *out) {
+        tsr_tpl_sb b = {0};
         size_t i = 0, autoidx = 0;
 
         while (i < fmt.n) {
                 char ch = fmt.p[i];
                 if ((ch == '{' || ch == '}') && i + 1 < fmt.n && fmt.p[i + 1] == ch) {
-                        if (!sb_addc(c, &b, ch))
+                        if (!tsr_tpl_sb_addc(c, &b, ch))
                                 return c->st;
                         i += 2;
                         continue;
                 }
                 if (ch == '{') {
                         size_t j = i + 1, k;
-                        tstr field;
-                        tv v;
+                        tsr_tpl_str field;
+                        tsr_tpl_val v;
                         bool found = false;
                         while (j < fmt.n && fmt.p[j] != '}')
                                 j++;
                         if (j >= fmt.n)
-                                return rerr(c, TSR_E_INVAL, "Single '{' encountered in format string");
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "Single '{' encountered in format string");
                         field.p = fmt.p + i + 1;
                         field.n = j - i - 1;
                         if (memchr(field.p, ':', field.n) || memchr(field.p, '!', field.n) ||
                             memchr(field.p, '.', field.n) || memchr(field.p, '[', field.n))
-                                return rerr(c, TSR_E_UNSUPPORTED, "format specs are not supported");
+                                return tsr_tpl_rerr(c, TSR_E_UNSUPPORTED, "format specs are not supported");
                         if (field.n == 0) {
                                 found = autoidx < a->npos;
                                 if (found)
@@ -3336,113 +3396,118 @@ static tsr_status str_format(rctx *c, tstr fmt, const args *a, tv *out) {
                                 }
                         }
                         if (!found)
-                                return rerr(c, TSR_E_INVAL, "format: no argument for '{%.*s}'", (int)field.n, field.p);
-                        if (!str_append(c, &b, v))
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "format: no argument for '{%.*s}'", (int)field.n,
+                                                    field.p);
+                        if (!tsr_tpl_str_append(c, &b, v))
                                 return c->st;
                         i = j + 1;
                         continue;
                 }
                 if (ch == '}')
-                        return rerr(c, TSR_E_INVAL, "Single '}' encountered in format string");
-                if (!sb_addc(c, &b, ch))
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "Single '}' encountered in format string");
+                if (!tsr_tpl_sb_addc(c, &b, ch))
                         return c->st;
                 i++;
         }
-        *out = sb_tv(&b);
+        *out = tsr_tpl_sb_val(&b);
         return TSR_OK;
 }
 
-static tsr_status call_str_method(rctx *c, tstr s, const char *m, const args *a, tv *out) {
-        tstr arg, arg2;
+static tsr_status tsr_tpl_call_str_method(tsr_tpl_rctx *c, tsr_tpl_str s, const char *m, const tsr_tpl_args *a,
+                                          tsr_tpl_val *out) {
+        tsr_tpl_str arg, arg2;
         bool given, given2;
         tsr_status st;
         int64_t n;
 
         if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip")) {
-                if ((st = arg_str(c, a, 0, "chars", "strip arg", &arg, &given)) != TSR_OK)
+                if ((st = tsr_tpl_arg_str(c, a, 0, "chars", "strip arg", &arg, &given)) != TSR_OK)
                         return st;
-                arg2 = str_strip(s, given ? &arg : NULL, m[0] == 's' ? 'b' : m[0]);
-                *out = tv_str(arg2.p, arg2.n);
+                arg2 = tsr_tpl_str_strip(s, given ? &arg : NULL, m[0] == 's' ? 'b' : m[0]);
+                *out = tsr_tpl_val_str(arg2.p, arg2.n);
                 return TSR_OK;
         }
         if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
-                if ((st = arg_str(c, a, 0, "sep", "separator", &arg, &given)) != TSR_OK ||
-                    (st = arg_int(c, a, 1, "maxsplit", -1, &n)) != TSR_OK)
+                if ((st = tsr_tpl_arg_str(c, a, 0, "sep", "separator", &arg, &given)) != TSR_OK ||
+                    (st = tsr_tpl_arg_int(c, a, 1, "maxsplit", -1, &n)) != TSR_OK)
                         return st;
                 if (m[0] == 'r' && n >= 0)
-                        return rerr(c, TSR_E_UNSUPPORTED, "rsplit with maxsplit is not supported");
-                return str_split(c, s, given ? &arg : NULL, n, out);
+                        return tsr_tpl_rerr(c, TSR_E_UNSUPPORTED, "rsplit with maxsplit is not supported");
+                return tsr_tpl_str_split(c, s, given ? &arg : NULL, n, out);
         }
         if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
-                tv p;
+                tsr_tpl_val p;
                 size_t k, cnt;
                 bool hit = false;
-                if (!arg_get(a, 0, NULL, &p))
-                        return rerr(c, TSR_E_INVAL, "%s() takes at least 1 argument (0 given)", m);
-                cnt = p.type == TV_LIST && p.u.l->tuple ? p.u.l->n : 1;
+                if (!tsr_tpl_arg_get(a, 0, NULL, &p))
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "%s() takes at least 1 argument (0 given)", m);
+                cnt = p.type == TSR_TPL_VAL_LIST && p.u.l->tuple ? p.u.l->n : 1;
                 for (k = 0; k < cnt && !hit; k++) {
-                        tv x = p.type == TV_LIST && p.u.l->tuple ? p.u.l->v[k] : p;
-                        if (x.type != TV_STR)
-                                return rerr(c, TSR_E_INVAL, "%s first arg must be str or a tuple of str, not %s", m,
-                                            type_name(x));
+                        tsr_tpl_val x = p.type == TSR_TPL_VAL_LIST && p.u.l->tuple ? p.u.l->v[k] : p;
+                        if (x.type != TSR_TPL_VAL_STR)
+                                return tsr_tpl_rerr(c, TSR_E_INVAL,
+                                                    "%s first arg must be str or a tuple of str, not %s", m,
+                                                    tsr_tpl_type_name(x));
                         if (x.u.s.n <= s.n)
                                 hit = m[0] == 's' ? memcmp(s.p, x.u.s.p, x.u.s.n) == 0
                                                   : memcmp(s.p + s.n - x.u.s.n, x.u.s.p, x.u.s.n) == 0;
                 }
-                *out = tv_bool(hit);
+                *out = tsr_tpl_val_bool(hit);
                 return TSR_OK;
         }
         if (!strcmp(m, "lower") || !strcmp(m, "casefold")) {
-                *out = str_map(c, s, 'l');
+                *out = tsr_tpl_str_map(c, s, 'l');
                 return c->failed ? c->st : TSR_OK;
         }
         if (!strcmp(m, "upper") || !strcmp(m, "title") || !strcmp(m, "capitalize") || !strcmp(m, "swapcase")) {
-                *out = str_map(c, s, m[0] == 'u' ? 'u' : m[0] == 't' ? 't' : m[0] == 'c' ? 'c' : 's');
+                *out = tsr_tpl_str_map(c, s, m[0] == 'u' ? 'u' : m[0] == 't' ? 't' : m[0] == 'c' ? 'c' : 's');
                 return c->failed ? c->st : TSR_OK;
         }
         if (!strcmp(m, "replace")) {
-                if ((st = arg_str(c, a, 0, NULL, "replace arg 1", &arg, &given)) != TSR_OK ||
-                    (st = arg_str(c, a, 1, NULL, "replace arg 2", &arg2, &given2)) != TSR_OK ||
-                    (st = arg_int(c, a, 2, "count", -1, &n)) != TSR_OK)
+                if ((st = tsr_tpl_arg_str(c, a, 0, NULL, "replace arg 1", &arg, &given)) != TSR_OK ||
+                    (st = tsr_tpl_arg_str(c, a, 1, NULL, "replace arg 2", &arg2, &given2)) != TSR_OK ||
+                    (st = tsr_tpl_arg_int(c, a, 2, "count", -1, &n)) != TSR_OK)
                         return st;
                 if (!given || !given2)
-                        return rerr(c, TSR_E_INVAL, "replace expected at least 2 arguments");
-                return str_replace(c, s, arg, arg2, n, out);
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "replace expected at least 2 arguments");
+                return tsr_tpl_str_replace(c, s, arg, arg2, n, out);
         }
         if (!strcmp(m, "format"))
                 return str_format(c, s, a, out);
         if (!strcmp(m, "join")) {
-                tv it;
-                tlist *l;
-                sb b = {0};
+                tsr_tpl_val it;
+                tsr_tpl_list *l;
+                tsr_tpl_sb b = {0};
                 size_t k;
-                if (!arg_get(a, 0, NULL, &it))
-                        return rerr(c, TSR_E_INVAL, "join() takes exactly one argument");
-                if ((st = iter_list(c, it, &l)) != TSR_OK)
+                if (!tsr_tpl_arg_get(a, 0, NULL, &it))
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "join() takes exactly one argument");
+                if ((st = tsr_tpl_iter_list(c, it, &l)) != TSR_OK)
                         return st;
                 for (k = 0; k < l->n; k++) {
-                        if (l->v[k].type != TV_STR)
-                                return rerr(c, TSR_E_INVAL, "sequence item %zu: expected str instance, %s found", k,
-                                            type_name(l->v[k]));
-                        if ((k && !sb_add(c, &b, s.p, s.n)) || !sb_add(c, &b, l->v[k].u.s.p, l->v[k].u.s.n))
+                        if (l->v[k].type != TSR_TPL_VAL_STR)
+                                return tsr_tpl_rerr(c, TSR_E_INVAL,
+                                                    "sequence item %zu: expected str instance, %s found", k,
+                                                    tsr_tpl_type_name(l->v[k]));
+                        if ((k && !tsr_tpl_sb_add(c, &b, s.p, s.n)) ||
+                            !tsr_tpl_sb_add(c, &b, l->v[k].u.s.p, l->v[k].u.s.n))
                                 return c->st;
                 }
-                *out = sb_tv(&b);
+                *out = tsr_tpl_sb_val(&b);
                 return TSR_OK;
         }
         if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "index") || !strcmp(m, "count")) {
                 const char *hit = NULL, *h;
                 size_t from = 0;
                 int64_t cnt = 0;
-                if ((st = arg_str(c, a, 0, NULL, "substring", &arg, &given)) != TSR_OK)
+                if ((st = tsr_tpl_arg_str(c, a, 0, NULL, "substring", &arg, &given)) != TSR_OK)
                         return st;
                 if (!given)
-                        return rerr(c, TSR_E_INVAL, "%s() takes at least 1 argument", m);
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "%s() takes at least 1 argument", m);
                 if (!strcmp(m, "count") && arg.n == 0) {
-                        *out = tv_int((int64_t)utf8_len(s.p, s.n) + 1);
+                        *out = tsr_tpl_val_int((int64_t)tsr_tpl_utf8_len(s.p, s.n) + 1);
                         return TSR_OK;
                 }
-                while ((h = memmem_s(s, from, arg))) {
+                while ((h = tsr_tpl_memmem_s(s, from, arg))) {
                         if (!hit || m[0] == 'r')
                                 hit = h;
                         cnt++;
@@ -3453,11 +3518,11 @@ static tsr_status call_str_method(rctx *c, tstr s, const char *m, const args *a,
                                 break;
                 }
                 if (m[0] == 'c') {
-                        *out = tv_int(cnt);
+                        *out = tsr_tpl_val_int(cnt);
                 } else if (!hit && m[0] == 'i') {
-                        return rerr(c, TSR_E_INVAL, "substring not found");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "substring not found");
                 } else {
-                        *out = tv_int(hit ? (int64_t)utf8_len(s.p, (size_t)(hit - s.p)) : -1);
+                        *out = tsr_tpl_val_int(hit ? (int64_t)tsr_tpl_utf8_len(s.p, (size_t)(hit - s.p)) : -1);
                 }
                 return TSR_OK;
         }
@@ -3473,7 +3538,7 @@ static tsr_status call_str_method(rctx *c, tstr s, const char *m, const args *a,
                         else if (!strcmp(m, "isalnum"))
                                 ok = ok && isalnum(ch);
                         else if (!strcmp(m, "isspace"))
-                                ok = ok && is_ascii_ws((char)ch);
+                                ok = ok && tsr_tpl_is_ascii_ws((char)ch);
                         else if (!strcmp(m, "islower"))
                                 ok = ok && !isupper(ch), any_cased = any_cased || islower(ch);
                         else if (!strcmp(m, "isupper"))
@@ -3481,17 +3546,17 @@ static tsr_status call_str_method(rctx *c, tstr s, const char *m, const args *a,
                 }
                 if (!strcmp(m, "islower") || !strcmp(m, "isupper"))
                         ok = ok && any_cased;
-                *out = tv_bool(ok);
+                *out = tsr_tpl_val_bool(ok);
                 return TSR_OK;
         }
         if (!strcmp(m, "splitlines")) {
-                tlist *l = list_new(c, 0);
+                tsr_tpl_list *l = tsr_tpl_list_new(c, 0);
                 size_t k = 0, st0 = 0;
                 if (!l)
                         return c->st;
                 while (k < s.n) {
                         if (s.p[k] == '\n' || s.p[k] == '\r') {
-                                if (!list_push(c, l, tv_str(s.p + st0, k - st0)))
+                                if (!tsr_tpl_list_push(c, l, tsr_tpl_val_str(s.p + st0, k - st0)))
                                         return c->st;
                                 if (s.p[k] == '\r' && k + 1 < s.n && s.p[k + 1] == '\n')
                                         k++;
@@ -3499,46 +3564,46 @@ static tsr_status call_str_method(rctx *c, tstr s, const char *m, const args *a,
                         }
                         k++;
                 }
-                if (st0 < s.n && !list_push(c, l, tv_str(s.p + st0, s.n - st0)))
+                if (st0 < s.n && !tsr_tpl_list_push(c, l, tsr_tpl_val_str(s.p + st0, s.n - st0)))
                         return c->st;
-                *out = tv_list(l);
+                *out = tsr_tpl_val_list(l);
                 return TSR_OK;
         }
         if (!strcmp(m, "center") || !strcmp(m, "ljust") || !strcmp(m, "rjust") || !strcmp(m, "zfill")) {
-                int64_t width, len = (int64_t)utf8_len(s.p, s.n), pad, left, k;
-                sb b = {0};
-                if ((st = arg_int(c, a, 0, "width", 0, &width)) != TSR_OK)
+                int64_t width, len = (int64_t)tsr_tpl_utf8_len(s.p, s.n), pad, left, k;
+                tsr_tpl_sb b = {0};
+                if ((st = tsr_tpl_arg_int(c, a, 0, "width", 0, &width)) != TSR_OK)
                         return st;
                 if (width > (int64_t)c->max_output)
-                        return rerr(c, TSR_E_LIMIT, "padding width too large");
+                        return tsr_tpl_rerr(c, TSR_E_LIMIT, "padding width too large");
                 pad = width > len ? width - len : 0;
                 left = m[0] == 'c' ? pad / 2 + (pad & width & 1) : m[0] == 'l' ? 0 : pad;
                 for (k = 0; k < left; k++)
-                        if (!sb_addc(c, &b, m[0] == 'z' ? '0' : ' '))
+                        if (!tsr_tpl_sb_addc(c, &b, m[0] == 'z' ? '0' : ' '))
                                 return c->st;
-                if (!sb_add(c, &b, s.p, s.n))
+                if (!tsr_tpl_sb_add(c, &b, s.p, s.n))
                         return c->st;
                 for (k = left; k < pad; k++)
-                        if (!sb_addc(c, &b, ' '))
+                        if (!tsr_tpl_sb_addc(c, &b, ' '))
                                 return c->st;
-                *out = sb_tv(&b);
+                *out = tsr_tpl_sb_val(&b);
                 return TSR_OK;
         }
-        return rerr(c, TSR_E_UNSUPPORTED, "str.%s is not supported", m);
+        return tsr_tpl_rerr(c, TSR_E_UNSUPPORTED, "str.%s is not supported", m);
 }
 
 /* ---------------------------------------------------------------- tests and filters */
 
-static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out);
+static tsr_status tsr_tpl_filter_run(tsr_tpl_rctx *c, int fid, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out);
 
-/* bsearch comparator of a tstr key against a table row whose first member is its name:
+/* bsearch comparator of a tsr_tpl_str key against a table row whose first member is its name:
  * byte order, as strcmp sorts the tables. */
 static int name_cmp(const void *key, const void *elem) {
-        const tstr *k = key;
+        const tsr_tpl_str *k = key;
         const char *name = *(const char *const *)elem;
         size_t n = strlen(name);
         size_t m = k->n < n ? k->n : n;
-        int r = m ? memcmp(k->p, name, m) : 0;   /* an empty tstr may have p == NULL */
+        int r = m ? memcmp(k->p, name, m) : 0;  /* an empty tsr_tpl_str may have p == NULL */
         if (r)
                 return r;
         return k->n < n ? -1 : k->n > n;
@@ -3546,205 +3611,207 @@ static int name_cmp(const void *key, const void *elem) {
 
 /* Every jinja2 test takes the value and at most one argument: `x` is the first argument
  * (positional or keyword) or undefined, `have` says whether one was given. */
-typedef tsr_status (*test_fn)(rctx *c, tv v, tv x, bool have, bool *out);
+typedef tsr_status (*test_fn)(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out);
 
-static tsr_status test_defined(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type != TV_UNDEF;
+static tsr_status test_defined(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type != TSR_TPL_VAL_UNDEF;
         return TSR_OK;
 }
 
-static tsr_status test_undefined(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_UNDEF;
+static tsr_status test_undefined(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_UNDEF;
         return TSR_OK;
 }
 
-static tsr_status test_none(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_NONE;
+static tsr_status test_none(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_NONE;
         return TSR_OK;
 }
 
-static tsr_status test_boolean(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_BOOL;
+static tsr_status test_boolean(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_BOOL;
         return TSR_OK;
 }
 
-static tsr_status test_false(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_BOOL && !v.u.b;
+static tsr_status test_false(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_BOOL && !v.u.b;
         return TSR_OK;
 }
 
-static tsr_status test_true(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_BOOL && v.u.b;
+static tsr_status test_true(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_BOOL && v.u.b;
         return TSR_OK;
 }
 
-static tsr_status test_integer(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_INT;
+static tsr_status test_integer(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_INT;
         return TSR_OK;
 }
 
-static tsr_status test_float(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_FLOAT;
+static tsr_status test_float(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_FLOAT;
         return TSR_OK;
 }
 
-static tsr_status test_number(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = is_num(v);
+static tsr_status test_number(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = tsr_tpl_is_num(v);
         return TSR_OK;
 }
 
-static tsr_status test_string(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_STR;
+static tsr_status test_string(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_STR;
         return TSR_OK;
 }
 
-static tsr_status test_mapping(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_DICT;
+static tsr_status test_mapping(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_DICT;
         return TSR_OK;
 }
 
-static tsr_status test_iterable(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_STR || v.type == TV_LIST || v.type == TV_DICT || v.type == TV_UNDEF ||
-               v.type == TV_LOOP;
+static tsr_status test_iterable(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_STR || v.type == TSR_TPL_VAL_LIST || v.type == TSR_TPL_VAL_DICT ||
+               v.type == TSR_TPL_VAL_UNDEF || v.type == TSR_TPL_VAL_LOOP;
         return TSR_OK;
 }
 
-static tsr_status test_sequence(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_STR || v.type == TV_LIST || v.type == TV_DICT || v.type == TV_UNDEF;
+static tsr_status test_sequence(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_STR || v.type == TSR_TPL_VAL_LIST || v.type == TSR_TPL_VAL_DICT ||
+               v.type == TSR_TPL_VAL_UNDEF;
         return TSR_OK;
 }
 
-static tsr_status test_callable(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = v.type == TV_MACRO || v.type == TV_BUILTIN || v.type == TV_METHOD;
+static tsr_status test_callable(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = v.type == TSR_TPL_VAL_MACRO || v.type == TSR_TPL_VAL_BUILTIN || v.type == TSR_TPL_VAL_METHOD;
         return TSR_OK;
 }
 
-static tsr_status test_escaped(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_escaped(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         *out = false;
         return TSR_OK;
 }
 
-static tsr_status test_sameas(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_sameas(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         if (v.type != x.type)
                 *out = false;
-        else if (v.type == TV_NONE || v.type == TV_UNDEF)
+        else if (v.type == TSR_TPL_VAL_NONE || v.type == TSR_TPL_VAL_UNDEF)
                 *out = true;
-        else if (v.type == TV_BOOL)
+        else if (v.type == TSR_TPL_VAL_BOOL)
                 *out = v.u.b == x.u.b;
-        else if (v.type == TV_LIST)
+        else if (v.type == TSR_TPL_VAL_LIST)
                 *out = v.u.l == x.u.l;
-        else if (v.type == TV_DICT || v.type == TV_NS)
+        else if (v.type == TSR_TPL_VAL_DICT || v.type == TSR_TPL_VAL_NS)
                 *out = v.u.d == x.u.d;
         else
-                *out = tv_eq(c, v, x);
+                *out = tsr_tpl_val_eq(c, v, x);
         return TSR_OK;
 }
 
-static tsr_status test_eq(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = tv_eq(c, v, x);
+static tsr_status test_eq(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = tsr_tpl_val_eq(c, v, x);
         return c->failed ? c->st : TSR_OK;
 }
 
-static tsr_status test_ne(rctx *c, tv v, tv x, bool have, bool *out) {
-        *out = !tv_eq(c, v, x);
+static tsr_status test_ne(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
+        *out = !tsr_tpl_val_eq(c, v, x);
         return c->failed ? c->st : TSR_OK;
 }
 
-/* lt, le, gt, ge: `op` is the operator's text, for tv_cmp's message */
-static tsr_status test_order(rctx *c, tv v, tv x, const char *op, bool *out) {
+/* lt, le, gt, ge: `op` is the operator's text, for tsr_tpl_val_cmp's message */
+static tsr_status test_order(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, const char *op, bool *out) {
         tsr_status st;
         int r;
 
-        if ((st = tv_cmp(c, v, x, op, &r)) != TSR_OK)
+        if ((st = tsr_tpl_val_cmp(c, v, x, op, &r)) != TSR_OK)
                 return st;
         *out = op[0] == '<' ? (op[1] ? r <= 0 : r < 0) : (op[1] ? r >= 0 : r > 0);
         return TSR_OK;
 }
 
-static tsr_status test_lt(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_lt(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         return test_order(c, v, x, "<", out);
 }
 
-static tsr_status test_le(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_le(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         return test_order(c, v, x, "<=", out);
 }
 
-static tsr_status test_gt(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_gt(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         return test_order(c, v, x, ">", out);
 }
 
-static tsr_status test_ge(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_ge(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         return test_order(c, v, x, ">=", out);
 }
 
 /* also the `in` operator (contains) */
-static tsr_status test_in(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status tsr_tpl_test_in(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         tsr_status st;
         size_t k;
-        tlist *l;
+        tsr_tpl_list *l;
 
         if (!have)
-                return rerr(c, TSR_E_INVAL, "test 'in' needs an argument");
-        if (x.type == TV_STR) {
-                if (v.type != TV_STR)
-                        return rerr(c, TSR_E_INVAL, "'in <string>' requires string as left operand, not %s",
-                                    type_name(v));
-                *out = memmem_s(x.u.s, 0, v.u.s) != NULL;
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "test 'in' needs an argument");
+        if (x.type == TSR_TPL_VAL_STR) {
+                if (v.type != TSR_TPL_VAL_STR)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "'in <string>' requires string as left operand, not %s",
+                                    tsr_tpl_type_name(v));
+                *out = tsr_tpl_memmem_s(x.u.s, 0, v.u.s) != NULL;
                 return TSR_OK;
         }
-        if (x.type == TV_DICT) {
-                *out = dict_find(c, x.u.d, v) != NULL;
+        if (x.type == TSR_TPL_VAL_DICT) {
+                *out = tsr_tpl_dict_find(c, x.u.d, v) != NULL;
                 return TSR_OK;
         }
-        if ((st = iter_list(c, x, &l)) != TSR_OK)
+        if ((st = tsr_tpl_iter_list(c, x, &l)) != TSR_OK)
                 return st;
         *out = false;
         for (k = 0; k < l->n && !*out; k++)
-                *out = tv_eq(c, v, l->v[k]);
-        return step(c, l->n);
+                *out = tsr_tpl_val_eq(c, v, l->v[k]);
+        return tsr_tpl_step(c, l->n);
 }
 
 /* odd, even (divisor 0) and divisibleby */
-static tsr_status test_divisible(rctx *c, tv v, tv x, int by, bool *out) {
-        if (!is_intlike(v) && !(by == 0 && v.type == TV_FLOAT))
-                return v.type == TV_UNDEF ? undef_err(c, v)
-                                          : rerr(c, TSR_E_INVAL, "unsupported operand type(s) for %%: '%s' and 'int'",
-                                                 type_name(v));
+static tsr_status test_divisible(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, int by, bool *out) {
+        if (!tsr_tpl_is_intlike(v) && !(by == 0 && v.type == TSR_TPL_VAL_FLOAT))
+                return v.type == TSR_TPL_VAL_UNDEF
+                               ? tsr_tpl_undef_err(c, v)
+                               : tsr_tpl_rerr(c, TSR_E_INVAL, "unsupported operand type(s) for %%: '%s' and 'int'",
+                                              tsr_tpl_type_name(v));
         if (by == 0) {
-                if (!is_num(x))
-                        return rerr(c, TSR_E_INVAL, "divisibleby needs a number");
-                if (as_dbl(x) == 0)
-                        return rerr(c, TSR_E_INVAL, "integer division or modulo by zero");
-                if (is_intlike(v) && is_intlike(x))
-                        *out = as_int(x) == -1 || as_int(v) % as_int(x) == 0;
+                if (!tsr_tpl_is_num(x))
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "divisibleby needs a number");
+                if (tsr_tpl_as_dbl(x) == 0)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "integer division or modulo by zero");
+                if (tsr_tpl_is_intlike(v) && tsr_tpl_is_intlike(x))
+                        *out = tsr_tpl_as_int(x) == -1 || tsr_tpl_as_int(v) % tsr_tpl_as_int(x) == 0;
                 else
-                        *out = fmod(as_dbl(v), as_dbl(x)) == 0;
+                        *out = fmod(tsr_tpl_as_dbl(v), tsr_tpl_as_dbl(x)) == 0;
                 return TSR_OK;
         }
-        *out = ((as_int(v) % 2) != 0) == (by == 1);
+        *out = ((tsr_tpl_as_int(v) % 2) != 0) == (by == 1);
         return TSR_OK;
 }
 
-static tsr_status test_odd(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_odd(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         return test_divisible(c, v, x, 1, out);
 }
 
-static tsr_status test_even(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_even(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         return test_divisible(c, v, x, 2, out);
 }
 
-static tsr_status test_divisibleby(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_divisibleby(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         return test_divisible(c, v, x, 0, out);
 }
 
 /* lower, upper: some cased letter, and none of the other case (ASCII only) */
-static tsr_status test_case(rctx *c, tv v, bool lower, bool *out) {
+static tsr_status test_case(tsr_tpl_rctx *c, tsr_tpl_val v, bool lower, bool *out) {
         tsr_status st;
-        tstr s;
+        tsr_tpl_str s;
         size_t k;
         bool any = false, ok = true;
 
-        if ((st = to_str(c, v, &s)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                 return st;
         for (k = 0; k < s.n; k++) {
                 unsigned char ch = (unsigned char)s.p[k];
@@ -3757,11 +3824,11 @@ static tsr_status test_case(rctx *c, tv v, bool lower, bool *out) {
         return TSR_OK;
 }
 
-static tsr_status test_lower(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_lower(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         return test_case(c, v, true, out);
 }
 
-static tsr_status test_upper(rctx *c, tv v, tv x, bool have, bool *out) {
+static tsr_status test_upper(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {
         return test_case(c, v, false, out);
 }
 
@@ -3771,18 +3838,46 @@ static const struct test_def {
         const char *name;
         test_fn fn;
 } tests[] = {
-        {"!=", test_ne}, {"<", test_lt}, {"<=", test_le}, {"==", test_eq}, {">", test_gt}, {">=", test_ge},
-        {"boolean", test_boolean}, {"callable", test_callable}, {"defined", test_defined},
-        {"divisibleby", test_divisibleby}, {"eq", test_eq}, {"equalto", test_eq}, {"escaped", test_escaped},
-        {"even", test_even}, {"false", test_false}, {"float", test_float}, {"ge", test_ge}, {"greaterthan", test_gt},
-        {"gt", test_gt}, {"in", test_in}, {"integer", test_integer}, {"iterable", test_iterable}, {"le", test_le},
-        {"lessthan", test_lt}, {"lower", test_lower}, {"lt", test_lt}, {"mapping", test_mapping}, {"ne", test_ne},
-        {"none", test_none}, {"number", test_number}, {"odd", test_odd}, {"sameas", test_sameas},
-        {"sequence", test_sequence}, {"string", test_string}, {"true", test_true}, {"undefined", test_undefined},
+        {"!=", test_ne},
+        {"<", test_lt},
+        {"<=", test_le},
+        {"==", test_eq},
+        {">", test_gt},
+        {">=", test_ge},
+        {"boolean", test_boolean},
+        {"callable", test_callable},
+        {"defined", test_defined},
+        {"divisibleby", test_divisibleby},
+        {"eq", test_eq},
+        {"equalto", test_eq},
+        {"escaped", test_escaped},
+        {"even", test_even},
+        {"false", test_false},
+        {"float", test_float},
+        {"ge", test_ge},
+        {"greaterthan", test_gt},
+        {"gt", test_gt},
+        {"in", tsr_tpl_test_in},
+        {"integer", test_integer},
+        {"iterable", test_iterable},
+        {"le", test_le},
+        {"lessthan", test_lt},
+        {"lower", test_lower},
+        {"lt", test_lt},
+        {"mapping", test_mapping},
+        {"ne", test_ne},
+        {"none", test_none},
+        {"number", test_number},
+        {"odd", test_odd},
+        {"sameas", test_sameas},
+        {"sequence", test_sequence},
+        {"string", test_string},
+        {"true", test_true},
+        {"undefined", test_undefined},
         {"upper", test_upper},
 };
 
-static int test_find(tstr name) {
+static int tsr_tpl_test_find(tsr_tpl_str name) {
         const struct test_def *e;
 #ifndef NDEBUG
         for (size_t k = 1; k < sizeof(tests) / sizeof(tests[0]); k++)
@@ -3792,20 +3887,20 @@ static int test_find(tstr name) {
         return e ? (int)(e - tests) : -1;
 }
 
-static tsr_status run_test(rctx *c, int id, tv v, const args *a, bool *out) {
-        tv x = TV_UNDEFINED;
-        bool have = arg_get(a, 0, NULL, &x);
+static tsr_status tsr_tpl_test_run(tsr_tpl_rctx *c, int id, tsr_tpl_val v, const tsr_tpl_args *a, bool *out) {
+        tsr_tpl_val x = TSR_TPL_VAL_UNDEFINED;
+        bool have = tsr_tpl_arg_get(a, 0, NULL, &x);
         return tests[id].fn(c, v, x, have, out);
 }
 
-/* Attribute path for map/selectattr/sort...: "a.b.0", each part through get_item. */
-static tsr_status attr_path(rctx *c, tv v, tstr path, tv *out) {
+/* Attribute path for map/selectattr/sort...: "a.b.0", each part through tsr_tpl_get_item. */
+static tsr_status attr_path(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_str path, tsr_tpl_val *out) {
         size_t i = 0;
         tsr_status st;
         while (i <= path.n) {
                 size_t j = i;
-                tstr part;
-                tv key;
+                tsr_tpl_str part;
+                tsr_tpl_val key;
                 bool digits = true;
                 while (j < path.n && path.p[j] != '.')
                         j++;
@@ -3813,8 +3908,9 @@ static tsr_status attr_path(rctx *c, tv v, tstr path, tv *out) {
                 part.n = j - i;
                 for (size_t k = 0; k < part.n; k++)
                         digits = digits && isdigit((unsigned char)part.p[k]);
-                key = digits && part.n && part.n < 18 ? tv_int(strtoll(part.p, NULL, 10)) : tv_str(part.p, part.n);
-                if ((st = get_item(c, v, key, &v)) != TSR_OK)
+                key = digits && part.n && part.n < 18 ? tsr_tpl_val_int(strtoll(part.p, NULL, 10))
+                                                      : tsr_tpl_val_str(part.p, part.n);
+                if ((st = tsr_tpl_get_item(c, v, key, &v)) != TSR_OK)
                         return st;
                 i = j + 1;
         }
@@ -3826,17 +3922,17 @@ typedef struct sortctx {
         bool case_sensitive;
         bool by_value;          /* dictsort by='value' */
         bool pairs;             /* items are (k, v) tuples */
-        tstr attr;
+        tsr_tpl_str attr;
         bool has_attr;
 } sortctx;
 
-static tv fold_case(rctx *c, tv v, bool case_sensitive) {
-        if (!case_sensitive && v.type == TV_STR)
-                return str_map(c, v.u.s, 'l');
+static tsr_tpl_val fold_case(tsr_tpl_rctx *c, tsr_tpl_val v, bool case_sensitive) {
+        if (!case_sensitive && v.type == TSR_TPL_VAL_STR)
+                return tsr_tpl_str_map(c, v.u.s, 'l');
         return v;
 }
 
-static int cmp_sort(rctx *c, tv a, tv b, void *u) {
+static int cmp_sort(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b, void *u) {
         sortctx *s = u;
         if (s->pairs) {
                 a = a.u.l->v[s->by_value ? 1 : 0];
@@ -3845,103 +3941,105 @@ static int cmp_sort(rctx *c, tv a, tv b, void *u) {
                 if (attr_path(c, a, s->attr, &a) != TSR_OK || attr_path(c, b, s->attr, &b) != TSR_OK)
                         return 0;
         }
-        return cmp_keys(c, fold_case(c, a, s->case_sensitive), fold_case(c, b, s->case_sensitive));
+        return tsr_tpl_cmp_keys(c, fold_case(c, a, s->case_sensitive), fold_case(c, b, s->case_sensitive));
 }
 
-static tsr_status copy_list(rctx *c, tlist *src, tlist **out) {
-        tlist *l = list_new(c, src->n);
+static tsr_status tsr_tpl_copy_list(tsr_tpl_rctx *c, tsr_tpl_list *src, tsr_tpl_list **out) {
+        tsr_tpl_list *l = tsr_tpl_list_new(c, src->n);
         if (!l)
                 return c->st;
         if (src->n)
-                memcpy(l->v, src->v, src->n * sizeof(tv));
+                memcpy(l->v, src->v, src->n * sizeof(tsr_tpl_val));
         l->n = src->n;
         *out = l;
-        return step(c, src->n);
+        return tsr_tpl_step(c, src->n);
 }
 
 /* select/reject/selectattr/rejectattr: args after the operand are
  * [attr,] [test name, test args...]. */
-static tsr_status select_or_reject(rctx *c, tv v, const args *a, bool with_attr, bool keep, tv *out) {
-        tlist *l, *res;
+static tsr_status select_or_reject(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, bool with_attr, bool keep,
+                                   tsr_tpl_val *out) {
+        tsr_tpl_list *l, *res;
         size_t k, first = with_attr ? 1 : 0;
-        tstr attr = {0};
+        tsr_tpl_str attr = {0};
         int tid = -1;
-        args targs = {0};
+        tsr_tpl_args targs = {0};
         tsr_status st;
 
         /* jinja2's _select_or_reject yields nothing for a false value (None, undefined, an
          * empty sequence) without looking at its arguments */
-        if (!truthy(v)) {
-                if (!(res = list_new(c, 0)))
+        if (!tsr_tpl_truthy(v)) {
+                if (!(res = tsr_tpl_list_new(c, 0)))
                         return c->st;
                 res->gen = true;
-                *out = tv_list(res);
+                *out = tsr_tpl_val_list(res);
                 return TSR_OK;
         }
         if (with_attr) {
-                if (a->npos < 1 || a->pos[0].type != TV_STR)
-                        return rerr(c, TSR_E_INVAL, "selectattr/rejectattr need an attribute name");
+                if (a->npos < 1 || a->pos[0].type != TSR_TPL_VAL_STR)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "selectattr/rejectattr need an attribute name");
                 attr = a->pos[0].u.s;
         }
         if (a->npos > first) {
-                if (a->pos[first].type != TV_STR)
-                        return rerr(c, TSR_E_INVAL, "test name must be a string");
-                tid = test_find(a->pos[first].u.s);
+                if (a->pos[first].type != TSR_TPL_VAL_STR)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "test name must be a string");
+                tid = tsr_tpl_test_find(a->pos[first].u.s);
                 if (tid < 0)
-                        return rerr(c, TSR_E_INVAL, "No test named '%.*s'.", (int)a->pos[first].u.s.n,
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "No test named '%.*s'.", (int)a->pos[first].u.s.n,
                                     a->pos[first].u.s.p);
                 targs.pos = a->pos + first + 1;
                 targs.npos = a->npos - first - 1;
         }
-        if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK || !(res = tsr_tpl_list_new(c, 0)))
                 return c->failed ? c->st : st;
         for (k = 0; k < l->n; k++) {
-                tv item = l->v[k], x = item;
+                tsr_tpl_val item = l->v[k], x = item;
                 bool ok;
                 if (with_attr && (st = attr_path(c, item, attr, &x)) != TSR_OK)
                         return st;
                 if (tid >= 0) {
-                        if ((st = run_test(c, tid, x, &targs, &ok)) != TSR_OK)
+                        if ((st = tsr_tpl_test_run(c, tid, x, &targs, &ok)) != TSR_OK)
                                 return st;
                 } else {
-                        ok = truthy(x);
+                        ok = tsr_tpl_truthy(x);
                 }
-                if (ok == keep && !list_push(c, res, item))
+                if (ok == keep && !tsr_tpl_list_push(c, res, item))
                         return c->st;
         }
         res->gen = true;
-        *out = tv_list(res);
-        return step(c, l->n);
+        *out = tsr_tpl_val_list(res);
+        return tsr_tpl_step(c, l->n);
 }
 
-static tsr_status filter_map(rctx *c, tv v, const args *a, tv *out) {
-        tlist *l, *res;
+static tsr_status filter_map(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
+        tsr_tpl_list *l, *res;
         size_t k;
-        tv attr, def = TV_UNDEFINED;
+        tsr_tpl_val attr, def = TSR_TPL_VAL_UNDEFINED;
         bool has_def = false;
         tsr_status st;
         int fid = -1;
-        args fargs = {0};
+        tsr_tpl_args fargs = {0};
 
-        if (!truthy(v)) {       /* do_map: "if value:", as for select */
-                if (!(res = list_new(c, 0)))
+        if (!tsr_tpl_truthy(v)) {       /* do_map: "if value:", as for select */
+                if (!(res = tsr_tpl_list_new(c, 0)))
                         return c->st;
                 res->gen = true;
-                *out = tv_list(res);
+                *out = tsr_tpl_val_list(res);
                 return TSR_OK;
         }
-        if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, l->n)))
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK || !(res = tsr_tpl_list_new(c, l->n)))
                 return c->failed ? c->st : st;
-        if (a->npos == 0 && arg_get(a, 99, "attribute", &attr)) {
-                if (attr.type != TV_STR)
-                        return rerr(c, TSR_E_INVAL, "map attribute must be a string");
-                has_def = arg_get(a, 99, "default", &def);
+        if (a->npos == 0 && tsr_tpl_arg_get(a, 99, "attribute", &attr)) {
+                if (attr.type != TSR_TPL_VAL_STR)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "map attribute must be a string");
+                has_def = tsr_tpl_arg_get(a, 99, "default", &def);
         } else {
-                if (a->npos < 1 || a->pos[0].type != TV_STR)
-                        return rerr(c, TSR_E_INVAL, "map needs a filter name or attribute=");
-                fid = filter_find(a->pos[0].u.s);
+                if (a->npos < 1 || a->pos[0].type != TSR_TPL_VAL_STR)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "map needs a filter name or attribute=");
+                fid = tsr_tpl_filter_find(a->pos[0].u.s);
                 if (fid < 0)
-                        return rerr(c, TSR_E_INVAL, "No filter named '%.*s'.", (int)a->pos[0].u.s.n, a->pos[0].u.s.p);
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "No filter named '%.*s'.", (int)a->pos[0].u.s.n,
+                                            a->pos[0].u.s.p);
                 fargs.pos = a->pos + 1;
                 fargs.npos = a->npos - 1;
                 fargs.kw = a->kw;
@@ -3949,80 +4047,81 @@ static tsr_status filter_map(rctx *c, tv v, const args *a, tv *out) {
                 fargs.nkw = a->nkw;
         }
         for (k = 0; k < l->n; k++) {
-                tv x;
+                tsr_tpl_val x;
                 if (fid < 0) {
                         if ((st = attr_path(c, l->v[k], attr.u.s, &x)) != TSR_OK)
                                 return st;
-                        if (x.type == TV_UNDEF && has_def)
+                        if (x.type == TSR_TPL_VAL_UNDEF && has_def)
                                 x = def;
-                } else if ((st = run_filter(c, fid, l->v[k], &fargs, &x)) != TSR_OK) {
+                } else if ((st = tsr_tpl_filter_run(c, fid, l->v[k], &fargs, &x)) != TSR_OK) {
                         return st;
                 }
                 res->v[res->n++] = x;
         }
         res->gen = true;
-        *out = tv_list(res);
-        return step(c, l->n);
+        *out = tsr_tpl_val_list(res);
+        return tsr_tpl_step(c, l->n);
 }
 
-static tsr_status filter_tojson(rctx *c, tv v, const args *a, tv *out) {
-        jopt o = {0};
-        tv x;
-        sb b = {0};
+static tsr_status filter_tojson(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
+        tsr_tpl_jopt o = {0};
+        tsr_tpl_val x;
+        tsr_tpl_sb b = {0};
         char *spaces;
 
-        o.item_sep = tv_cstr(", ").u.s;
-        o.key_sep = tv_cstr(": ").u.s;
-        if (arg_get(a, 0, "ensure_ascii", &x))
-                o.ensure_ascii = truthy(x);
-        if (arg_get(a, 1, "indent", &x) && x.type != TV_NONE) {
+        o.item_sep = tsr_tpl_val_cstr(", ").u.s;
+        o.key_sep = tsr_tpl_val_cstr(": ").u.s;
+        if (tsr_tpl_arg_get(a, 0, "ensure_ascii", &x))
+                o.ensure_ascii = tsr_tpl_truthy(x);
+        if (tsr_tpl_arg_get(a, 1, "indent", &x) && x.type != TSR_TPL_VAL_NONE) {
                 o.indent = true;
-                o.item_sep = tv_cstr(",").u.s;
-                if (x.type == TV_STR) {
+                o.item_sep = tsr_tpl_val_cstr(",").u.s;
+                if (x.type == TSR_TPL_VAL_STR) {
                         o.ind = x.u.s;
-                } else if (is_intlike(x)) {
-                        int64_t n = as_int(x);
+                } else if (tsr_tpl_is_intlike(x)) {
+                        int64_t n = tsr_tpl_as_int(x);
                         if (n > 1024)
-                                return rerr(c, TSR_E_LIMIT, "tojson indent too large");
+                                return tsr_tpl_rerr(c, TSR_E_LIMIT, "tojson indent too large");
                         if (n < 0)
                                 n = 0;
-                        if (!(spaces = ralloc(c, (size_t)n + 1)))
+                        if (!(spaces = tsr_tpl_ralloc(c, (size_t)n + 1)))
                                 return c->st;
                         memset(spaces, ' ', (size_t)n);
                         o.ind.p = spaces;
                         o.ind.n = (size_t)n;
                 } else {
-                        return rerr(c, TSR_E_INVAL, "tojson indent must be an int or a string");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "tojson indent must be an int or a string");
                 }
         }
-        if (arg_get(a, 2, "separators", &x) && x.type != TV_NONE) {
-                if (x.type != TV_LIST || x.u.l->n != 2 || x.u.l->v[0].type != TV_STR || x.u.l->v[1].type != TV_STR)
-                        return rerr(c, TSR_E_INVAL, "tojson separators must be a pair of strings");
+        if (tsr_tpl_arg_get(a, 2, "separators", &x) && x.type != TSR_TPL_VAL_NONE) {
+                if (x.type != TSR_TPL_VAL_LIST || x.u.l->n != 2 || x.u.l->v[0].type != TSR_TPL_VAL_STR ||
+                    x.u.l->v[1].type != TSR_TPL_VAL_STR)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "tojson separators must be a pair of strings");
                 o.item_sep = x.u.l->v[0].u.s;
                 o.key_sep = x.u.l->v[1].u.s;
         }
-        if (arg_get(a, 3, "sort_keys", &x))
-                o.sort_keys = truthy(x);
-        if (!json_dump(c, &b, v, &o, 0))
-                return c->failed ? c->st : oom(c);
-        *out = sb_tv(&b);
-        return step(c, b.n / 64);
+        if (tsr_tpl_arg_get(a, 3, "sort_keys", &x))
+                o.sort_keys = tsr_tpl_truthy(x);
+        if (!tsr_tpl_json_dump(c, &b, v, &o, 0))
+                return c->failed ? c->st : tsr_tpl_oom(c);
+        *out = tsr_tpl_sb_val(&b);
+        return tsr_tpl_step(c, b.n / 64);
 }
 
-static tsr_status to_number(rctx *c, tv v, bool want_float, tv def, tv *out) {
+static tsr_status to_number(tsr_tpl_rctx *c, tsr_tpl_val v, bool want_float, tsr_tpl_val def, tsr_tpl_val *out) {
         (void)c;
-        if (v.type == TV_INT || v.type == TV_BOOL) {
-                *out = want_float ? tv_float((double)as_int(v)) : tv_int(as_int(v));
-        } else if (v.type == TV_FLOAT) {
+        if (v.type == TSR_TPL_VAL_INT || v.type == TSR_TPL_VAL_BOOL) {
+                *out = want_float ? tsr_tpl_val_float((double)tsr_tpl_as_int(v)) : tsr_tpl_val_int(tsr_tpl_as_int(v));
+        } else if (v.type == TSR_TPL_VAL_FLOAT) {
                 if (want_float)
                         *out = v;
                 else if (isfinite(v.u.f) && fabs(v.u.f) < 9.2e18)
-                        *out = tv_int((int64_t)v.u.f);
+                        *out = tsr_tpl_val_int((int64_t)v.u.f);
                 else
                         *out = def;
-        } else if (v.type == TV_STR) {
+        } else if (v.type == TSR_TPL_VAL_STR) {
                 char buf[64], *end;
-                tstr s = str_strip(v.u.s, NULL, 'b');
+                tsr_tpl_str s = tsr_tpl_str_strip(v.u.s, NULL, 'b');
                 size_t k, m = 0;
                 if (s.n == 0 || s.n >= sizeof(buf)) {
                         *out = def;
@@ -4037,7 +4136,7 @@ static tsr_status to_number(rctx *c, tv v, bool want_float, tv def, tv *out) {
                         errno = 0;
                         ll = strtoll(buf, &end, 10);
                         if (!*end && errno == 0) {
-                                *out = tv_int(ll);
+                                *out = tsr_tpl_val_int(ll);
                                 return TSR_OK;
                         }
                 }
@@ -4047,9 +4146,9 @@ static tsr_status to_number(rctx *c, tv v, bool want_float, tv def, tv *out) {
                                      buf[0] != '.' && !isalpha((unsigned char)buf[0]))) {
                                 *out = def;
                         } else if (want_float) {
-                                *out = tv_float(d);
+                                *out = tsr_tpl_val_float(d);
                         } else if (isfinite(d) && fabs(d) < 9.2e18) {
-                                *out = tv_int((int64_t)d);
+                                *out = tsr_tpl_val_int((int64_t)d);
                         } else {
                                 *out = def;
                         }
@@ -4077,295 +4176,295 @@ static size_t py_linebreak(const char *p, size_t n) {
         return 0;
 }
 
-static tsr_status filter_str(rctx *c, tv v, const args *a, tv *out, bool markup) {
+static tsr_status filter_str(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out, bool markup) {
         tsr_status st;
-        tstr s;
+        tsr_tpl_str s;
 
-        if ((st = to_str(c, v, &s)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                 return st;
-        *out = tv_str(s.p, s.n);
+        *out = tsr_tpl_val_str(s.p, s.n);
         /* safe makes a Markup; string (soft_str) keeps one */
-        out->markup = markup || (v.type == TV_STR && v.markup);
+        out->markup = markup || (v.type == TSR_TPL_VAL_STR && v.markup);
         return TSR_OK;
 }
 
-static tsr_status filter_safe(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_safe(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_str(c, v, a, out, true);
 }
 
-static tsr_status filter_string(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_string(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_str(c, v, a, out, false);
 }
 
-static tsr_status filter_trim(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_trim(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tstr s, arg;
+        tsr_tpl_str s, arg;
         bool given;
 
-        if ((st = to_str(c, v, &s)) != TSR_OK ||
-            (st = arg_str(c, a, 0, "chars", "trim chars", &arg, &given)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK ||
+            (st = tsr_tpl_arg_str(c, a, 0, "chars", "trim chars", &arg, &given)) != TSR_OK)
                 return st;
-        s = str_strip(s, given ? &arg : NULL, 'b');
-        *out = tv_str(s.p, s.n);
+        s = tsr_tpl_str_strip(s, given ? &arg : NULL, 'b');
+        *out = tsr_tpl_val_str(s.p, s.n);
         return TSR_OK;
 }
 
-static tsr_status filter_length(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_length(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         switch (v.type) {
-        case TV_STR: *out = tv_int((int64_t)utf8_len(v.u.s.p, v.u.s.n)); return TSR_OK;
-        case TV_LIST:
+        case TSR_TPL_VAL_STR: *out = tsr_tpl_val_int((int64_t)tsr_tpl_utf8_len(v.u.s.p, v.u.s.n)); return TSR_OK;
+        case TSR_TPL_VAL_LIST:
                 if (v.u.l->gen)
-                        return rerr(c, TSR_E_INVAL, "object of type 'generator' has no len()");
-                *out = tv_int((int64_t)v.u.l->n);
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "object of type 'generator' has no len()");
+                *out = tsr_tpl_val_int((int64_t)v.u.l->n);
                 return TSR_OK;
-        case TV_DICT: *out = tv_int((int64_t)v.u.d->n); return TSR_OK;
-        case TV_UNDEF: *out = tv_int(0); return TSR_OK;
-        default: return rerr(c, TSR_E_INVAL, "object of type '%s' has no len()", type_name(v));
+        case TSR_TPL_VAL_DICT: *out = tsr_tpl_val_int((int64_t)v.u.d->n); return TSR_OK;
+        case TSR_TPL_VAL_UNDEF: *out = tsr_tpl_val_int(0); return TSR_OK;
+        default: return tsr_tpl_rerr(c, TSR_E_INVAL, "object of type '%s' has no len()", tsr_tpl_type_name(v));
         }
 }
 
-static tsr_status filter_default(rctx *c, tv v, const args *a, tv *out) {
-        tv def = tv_str("", 0), b = tv_bool(false);
+static tsr_status filter_default(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
+        tsr_tpl_val def = tsr_tpl_val_str("", 0), b = tsr_tpl_val_bool(false);
 
-        arg_get(a, 0, "default_value", &def);
-        arg_get(a, 1, "boolean", &b);
-        *out = (v.type == TV_UNDEF || (truthy(b) && !truthy(v))) ? def : v;
+        tsr_tpl_arg_get(a, 0, "default_value", &def);
+        tsr_tpl_arg_get(a, 1, "boolean", &b);
+        *out = (v.type == TSR_TPL_VAL_UNDEF || (tsr_tpl_truthy(b) && !tsr_tpl_truthy(v))) ? def : v;
         return TSR_OK;
 }
 
-static tsr_status filter_case(rctx *c, tv v, const args *a, tv *out, int mode) {
+static tsr_status filter_case(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out, int mode) {
         tsr_status st;
-        tstr s;
+        tsr_tpl_str s;
 
-        if ((st = to_str(c, v, &s)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                 return st;
-        *out = str_map(c, s, mode);
+        *out = tsr_tpl_str_map(c, s, mode);
         return c->failed ? c->st : TSR_OK;
 }
 
-static tsr_status filter_upper(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_upper(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_case(c, v, a, out, 'u');
 }
 
-static tsr_status filter_lower(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_lower(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_case(c, v, a, out, 'l');
 }
 
-static tsr_status filter_capitalize(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_capitalize(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_case(c, v, a, out, 'c');
 }
 
-static tsr_status filter_title(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_title(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tstr s;
+        tsr_tpl_str s;
 
-        if ((st = to_str(c, v, &s)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                 return st;
-        *out = jinja_title(c, s);
+        *out = tsr_tpl_jinja_title(c, s);
         return c->failed ? c->st : TSR_OK;
 }
 
-static tsr_status filter_replace(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_replace(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tstr s, arg, arg2;
+        tsr_tpl_str s, arg, arg2;
         bool given, given2;
         int64_t n;
 
-        if ((st = to_str(c, v, &s)) != TSR_OK ||
-            (st = arg_str(c, a, 0, "old", "replace old", &arg, &given)) != TSR_OK ||
-            (st = arg_str(c, a, 1, "new", "replace new", &arg2, &given2)) != TSR_OK ||
-            (st = arg_int(c, a, 2, "count", -1, &n)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK ||
+            (st = tsr_tpl_arg_str(c, a, 0, "old", "replace old", &arg, &given)) != TSR_OK ||
+            (st = tsr_tpl_arg_str(c, a, 1, "new", "replace new", &arg2, &given2)) != TSR_OK ||
+            (st = tsr_tpl_arg_int(c, a, 2, "count", -1, &n)) != TSR_OK)
                 return st;
         if (!given || !given2)
-                return rerr(c, TSR_E_INVAL, "replace needs old and new");
-        return str_replace(c, s, arg, arg2, n, out);
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "replace needs old and new");
+        return tsr_tpl_str_replace(c, s, arg, arg2, n, out);
 }
 
-static tsr_status filter_join(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_join(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tstr arg;
-        tlist *l;
+        tsr_tpl_str arg;
+        tsr_tpl_list *l;
         bool given;
         size_t k;
-        sb b = {0};
-        tv attr;
-        bool has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
+        tsr_tpl_sb b = {0};
+        tsr_tpl_val attr;
+        bool has_attr = tsr_tpl_arg_get(a, 1, "attribute", &attr) && attr.type == TSR_TPL_VAL_STR;
 
         arg.p = "";
         arg.n = 0;
-        if ((st = arg_str(c, a, 0, "d", "join separator", &arg, &given)) != TSR_OK ||
-            (st = iter_list(c, v, &l)) != TSR_OK)
+        if ((st = tsr_tpl_arg_str(c, a, 0, "d", "join separator", &arg, &given)) != TSR_OK ||
+            (st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK)
                 return st;
         for (k = 0; k < l->n; k++) {
-                tv item = l->v[k];
+                tsr_tpl_val item = l->v[k];
                 if (has_attr && (st = attr_path(c, item, attr.u.s, &item)) != TSR_OK)
                         return st;
-                if ((k && !sb_add(c, &b, arg.p, arg.n)) || !str_append(c, &b, item))
+                if ((k && !tsr_tpl_sb_add(c, &b, arg.p, arg.n)) || !tsr_tpl_str_append(c, &b, item))
                         return c->st;
         }
-        *out = sb_tv(&b);
-        return step(c, l->n);
+        *out = tsr_tpl_sb_val(&b);
+        return tsr_tpl_step(c, l->n);
 }
 
-static tsr_status filter_end(rctx *c, tv v, const args *a, tv *out, bool last) {
+static tsr_status filter_end(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out, bool last) {
         tsr_status st;
-        tlist *l;
+        tsr_tpl_list *l;
 
-        if ((st = iter_list(c, v, &l)) != TSR_OK)
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK)
                 return st;
-        *out = l->n ? l->v[last ? l->n - 1 : 0] : TV_UNDEFINED;
+        *out = l->n ? l->v[last ? l->n - 1 : 0] : TSR_TPL_VAL_UNDEFINED;
         return TSR_OK;
 }
 
-static tsr_status filter_first(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_first(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_end(c, v, a, out, false);
 }
 
-static tsr_status filter_last(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_last(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_end(c, v, a, out, true);
 }
 
-static tsr_status filter_items(rctx *c, tv v, const args *a, tv *out) {
-        if (v.type == TV_UNDEF) {
-                *out = tv_list(list_new(c, 0));
+static tsr_status filter_items(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
+        if (v.type == TSR_TPL_VAL_UNDEF) {
+                *out = tsr_tpl_val_list(tsr_tpl_list_new(c, 0));
                 return c->failed ? c->st : TSR_OK;
         }
-        if (v.type != TV_DICT)
-                return rerr(c, TSR_E_INVAL, "Can only get item pairs from a mapping.");
-        return dict_items(c, v.u.d, out);
+        if (v.type != TSR_TPL_VAL_DICT)
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "Can only get item pairs from a mapping.");
+        return tsr_tpl_dict_items(c, v.u.d, out);
 }
 
-static tsr_status filter_list(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_list(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tlist *l;
+        tsr_tpl_list *l;
 
-        if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK || (st = tsr_tpl_copy_list(c, l, &l)) != TSR_OK)
                 return st;
-        *out = tv_list(l);
+        *out = tsr_tpl_val_list(l);
         return TSR_OK;
 }
 
-static tsr_status filter_reverse(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_reverse(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tlist *l;
-        tv x;
+        tsr_tpl_list *l;
+        tsr_tpl_val x;
         size_t k;
 
-        if (v.type == TV_STR) {
-                sb b = {0};
+        if (v.type == TSR_TPL_VAL_STR) {
+                tsr_tpl_sb b = {0};
                 size_t i = v.u.s.n;
                 while (i > 0) {
                         size_t st0 = i - 1;
                         while (st0 > 0 && ((unsigned char)v.u.s.p[st0] & 0xc0) == 0x80 && i - st0 < 4)
                                 st0--;
-                        if (!sb_add(c, &b, v.u.s.p + st0, i - st0))
+                        if (!tsr_tpl_sb_add(c, &b, v.u.s.p + st0, i - st0))
                                 return c->st;
                         i = st0;
                 }
-                *out = sb_tv(&b);
+                *out = tsr_tpl_sb_val(&b);
                 return TSR_OK;
         }
-        if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK || (st = tsr_tpl_copy_list(c, l, &l)) != TSR_OK)
                 return st;
         for (k = 0; k < l->n / 2; k++) {
                 x = l->v[k];
                 l->v[k] = l->v[l->n - 1 - k];
                 l->v[l->n - 1 - k] = x;
         }
-        *out = tv_list(l);
+        *out = tsr_tpl_val_list(l);
         return TSR_OK;
 }
 
-static tsr_status filter_select(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_select(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return select_or_reject(c, v, a, false, true, out);
 }
 
-static tsr_status filter_reject(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_reject(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return select_or_reject(c, v, a, false, false, out);
 }
 
-static tsr_status filter_selectattr(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_selectattr(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return select_or_reject(c, v, a, true, true, out);
 }
 
-static tsr_status filter_rejectattr(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_rejectattr(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return select_or_reject(c, v, a, true, false, out);
 }
 
-static tsr_status filter_unique(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_unique(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tlist *l;
+        tsr_tpl_list *l;
         size_t k;
-        tlist *res;
-        tv cs = tv_bool(false), attr;
+        tsr_tpl_list *res;
+        tsr_tpl_val cs = tsr_tpl_val_bool(false), attr;
         bool has_attr;
 
-        arg_get(a, 0, "case_sensitive", &cs);
-        has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
-        if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
+        tsr_tpl_arg_get(a, 0, "case_sensitive", &cs);
+        has_attr = tsr_tpl_arg_get(a, 1, "attribute", &attr) && attr.type == TSR_TPL_VAL_STR;
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK || !(res = tsr_tpl_list_new(c, 0)))
                 return c->failed ? c->st : st;
         {
-                tlist *seen = list_new(c, 0);
+                tsr_tpl_list *seen = tsr_tpl_list_new(c, 0);
                 if (!seen)
                         return c->st;
                 for (k = 0; k < l->n; k++) {
-                        tv key = l->v[k];
+                        tsr_tpl_val key = l->v[k];
                         size_t j;
                         bool dup = false;
                         if (has_attr && (st = attr_path(c, key, attr.u.s, &key)) != TSR_OK)
                                 return st;
-                        key = fold_case(c, key, truthy(cs));
+                        key = fold_case(c, key, tsr_tpl_truthy(cs));
                         for (j = 0; j < seen->n && !dup; j++)
-                                dup = tv_eq(c, seen->v[j], key);
-                        if ((st = step(c, seen->n)) != TSR_OK)
+                                dup = tsr_tpl_val_eq(c, seen->v[j], key);
+                        if ((st = tsr_tpl_step(c, seen->n)) != TSR_OK)
                                 return st;
-                        if (!dup && (!list_push(c, seen, key) || !list_push(c, res, l->v[k])))
+                        if (!dup && (!tsr_tpl_list_push(c, seen, key) || !tsr_tpl_list_push(c, res, l->v[k])))
                                 return c->st;
                 }
         }
-        *out = tv_list(res);
+        *out = tsr_tpl_val_list(res);
         return TSR_OK;
 }
 
-static tsr_status filter_sorted(rctx *c, tv v, const args *a, tv *out, bool dict) {
+static tsr_status filter_sorted(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out, bool dict) {
         tsr_status st;
-        tlist *l;
-        tv x;
+        tsr_tpl_list *l;
+        tsr_tpl_val x;
         sortctx sc = {0};
-        tv rev = tv_bool(false), cs = tv_bool(false), attr, by;
+        tsr_tpl_val rev = tsr_tpl_val_bool(false), cs = tsr_tpl_val_bool(false), attr, by;
 
         if (!dict) {
-                arg_get(a, 0, "reverse", &rev);
-                arg_get(a, 1, "case_sensitive", &cs);
-                sc.has_attr = arg_get(a, 2, "attribute", &attr) && attr.type == TV_STR;
+                tsr_tpl_arg_get(a, 0, "reverse", &rev);
+                tsr_tpl_arg_get(a, 1, "case_sensitive", &cs);
+                sc.has_attr = tsr_tpl_arg_get(a, 2, "attribute", &attr) && attr.type == TSR_TPL_VAL_STR;
                 if (sc.has_attr)
                         sc.attr = attr.u.s;
-                if ((st = iter_list(c, v, &l)) != TSR_OK || (st = copy_list(c, l, &l)) != TSR_OK)
+                if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK || (st = tsr_tpl_copy_list(c, l, &l)) != TSR_OK)
                         return st;
         } else {
-                arg_get(a, 0, "case_sensitive", &cs);
-                if (arg_get(a, 1, "by", &by)) {
-                        if (by.type == TV_STR && tstr_eq(by.u.s, "value"))
+                tsr_tpl_arg_get(a, 0, "case_sensitive", &cs);
+                if (tsr_tpl_arg_get(a, 1, "by", &by)) {
+                        if (by.type == TSR_TPL_VAL_STR && tsr_tpl_str_eq(by.u.s, "value"))
                                 sc.by_value = true;
-                        else if (!(by.type == TV_STR && tstr_eq(by.u.s, "key")))
-                                return rerr(c, TSR_E_INVAL, "You can only sort by either \"key\" or \"value\"");
+                        else if (!(by.type == TSR_TPL_VAL_STR && tsr_tpl_str_eq(by.u.s, "key")))
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "You can only sort by either \"key\" or \"value\"");
                 }
-                arg_get(a, 2, "reverse", &rev);
-                if (v.type != TV_DICT)
-                        return rerr(c, TSR_E_INVAL, "dictsort needs a mapping");
-                if ((st = dict_items(c, v.u.d, &x)) != TSR_OK)
+                tsr_tpl_arg_get(a, 2, "reverse", &rev);
+                if (v.type != TSR_TPL_VAL_DICT)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "dictsort needs a mapping");
+                if ((st = tsr_tpl_dict_items(c, v.u.d, &x)) != TSR_OK)
                         return st;
                 l = x.u.l;
                 sc.pairs = true;
         }
-        sc.case_sensitive = truthy(cs);
-        if ((st = sort_tv(c, l->v, l->n, cmp_sort, &sc)) != TSR_OK)
+        sc.case_sensitive = tsr_tpl_truthy(cs);
+        if ((st = tsr_tpl_sort_tv(c, l->v, l->n, cmp_sort, &sc)) != TSR_OK)
                 return st;
-        if (truthy(rev) && l->n > 1) {
+        if (tsr_tpl_truthy(rev) && l->n > 1) {
                 /* Python sorts with reverse=True stably: equal items keep their order.
                  * An empty list may have no storage, and memcpy from NULL is undefined
                  * even for zero bytes. */
-                tv *tmp = ralloc(c, (l->n ? l->n : 1) * sizeof(tv));
+                tsr_tpl_val *tmp = tsr_tpl_ralloc(c, (l->n ? l->n : 1) * sizeof(tsr_tpl_val));
                 size_t i = 0, j;
                 if (!tmp)
                         return c->st;
@@ -4373,86 +4472,87 @@ static tsr_status filter_sorted(rctx *c, tv v, const args *a, tv *out, bool dict
                         j = i + 1;
                         while (j < l->n && cmp_sort(c, l->v[i], l->v[j], &sc) == 0)
                                 j++;
-                        memcpy(tmp + (l->n - j), l->v + i, (j - i) * sizeof(tv));
+                        memcpy(tmp + (l->n - j), l->v + i, (j - i) * sizeof(tsr_tpl_val));
                         i = j;
                 }
-                memcpy(l->v, tmp, l->n * sizeof(tv));
+                memcpy(l->v, tmp, l->n * sizeof(tsr_tpl_val));
         }
-        *out = tv_list(l);
+        *out = tsr_tpl_val_list(l);
         return c->failed ? c->st : TSR_OK;
 }
 
-static tsr_status filter_sort(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_sort(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_sorted(c, v, a, out, false);
 }
 
-static tsr_status filter_dictsort(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_dictsort(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_sorted(c, v, a, out, true);
 }
 
-static tsr_status filter_number(rctx *c, tv v, const args *a, tv *out, bool want_float) {
-        tv def = want_float ? tv_float(0.0) : tv_int(0);
+static tsr_status filter_number(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out,
+                                bool want_float) {
+        tsr_tpl_val def = want_float ? tsr_tpl_val_float(0.0) : tsr_tpl_val_int(0);
 
-        arg_get(a, 0, "default", &def);
+        tsr_tpl_arg_get(a, 0, "default", &def);
         return to_number(c, v, want_float, def, out);
 }
 
-static tsr_status filter_int(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_int(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_number(c, v, a, out, false);
 }
 
-static tsr_status filter_float(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_float(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_number(c, v, a, out, true);
 }
 
-static tsr_status filter_abs(rctx *c, tv v, const args *a, tv *out) {
-        if (v.type == TV_FLOAT)
-                *out = tv_float(fabs(v.u.f));
-        else if (is_intlike(v) && as_int(v) != INT64_MIN)
-                *out = tv_int(as_int(v) < 0 ? -as_int(v) : as_int(v));
+static tsr_status filter_abs(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
+        if (v.type == TSR_TPL_VAL_FLOAT)
+                *out = tsr_tpl_val_float(fabs(v.u.f));
+        else if (tsr_tpl_is_intlike(v) && tsr_tpl_as_int(v) != INT64_MIN)
+                *out = tsr_tpl_val_int(tsr_tpl_as_int(v) < 0 ? -tsr_tpl_as_int(v) : tsr_tpl_as_int(v));
         else
-                return rerr(c, TSR_E_INVAL, "bad operand type for abs(): '%s'", type_name(v));
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "bad operand type for abs(): '%s'", tsr_tpl_type_name(v));
         return TSR_OK;
 }
 
-static tsr_status filter_round(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_round(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
         int64_t prec;
-        tv method = tv_cstr("common");
+        tsr_tpl_val method = tsr_tpl_val_cstr("common");
         double d, m;
 
-        if (!is_num(v))
-                return rerr(c, TSR_E_INVAL, "round needs a number");
-        if ((st = arg_int(c, a, 0, "precision", 0, &prec)) != TSR_OK)
+        if (!tsr_tpl_is_num(v))
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "round needs a number");
+        if ((st = tsr_tpl_arg_int(c, a, 0, "precision", 0, &prec)) != TSR_OK)
                 return st;
-        arg_get(a, 1, "method", &method);
+        tsr_tpl_arg_get(a, 1, "method", &method);
         if (prec > 300 || prec < -300)
-                return rerr(c, TSR_E_INVAL, "round precision out of range");
-        d = as_dbl(v);
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "round precision out of range");
+        d = tsr_tpl_as_dbl(v);
         m = pow(10.0, (double)prec);
-        if (method.type == TV_STR && tstr_eq(method.u.s, "ceil"))
+        if (method.type == TSR_TPL_VAL_STR && tsr_tpl_str_eq(method.u.s, "ceil"))
                 d = ceil(d * m) / m;
-        else if (method.type == TV_STR && tstr_eq(method.u.s, "floor"))
+        else if (method.type == TSR_TPL_VAL_STR && tsr_tpl_str_eq(method.u.s, "floor"))
                 d = floor(d * m) / m;
-        else if (method.type == TV_STR && tstr_eq(method.u.s, "common"))
+        else if (method.type == TSR_TPL_VAL_STR && tsr_tpl_str_eq(method.u.s, "common"))
                 d = nearbyint(d * m) / m;
         else
-                return rerr(c, TSR_E_INVAL, "method must be common, ceil or floor");
-        *out = tv_float(d);
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "method must be common, ceil or floor");
+        *out = tsr_tpl_val_float(d);
         return TSR_OK;
 }
 
-static tsr_status filter_escape(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status tsr_tpl_filter_escape(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tstr s;
+        tsr_tpl_str s;
         size_t k;
-        sb b = {0};
+        tsr_tpl_sb b = {0};
 
-        if (v.type == TV_STR && v.markup) {     /* Markup is not escaped twice */
+        if (v.type == TSR_TPL_VAL_STR && v.markup) {  /* Markup is not escaped twice */
                 *out = v;
                 return TSR_OK;
         }
-        if ((st = to_str(c, v, &s)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                 return st;
         for (k = 0; k < s.n; k++) {
                 const char *e = NULL;
@@ -4464,44 +4564,44 @@ static tsr_status filter_escape(rctx *c, tv v, const args *a, tv *out) {
                 case '\'': e = "&#39;"; break;
                 default: break;
                 }
-                if (e ? !sb_adds(c, &b, e) : !sb_addc(c, &b, s.p[k]))
+                if (e ? !tsr_tpl_sb_adds(c, &b, e) : !tsr_tpl_sb_addc(c, &b, s.p[k]))
                         return c->st;
         }
-        *out = sb_tv(&b);
+        *out = tsr_tpl_sb_val(&b);
         out->markup = 1;
         return TSR_OK;
 }
 
-static tsr_status filter_indent(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_indent(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tstr s;
-        sb b = {0};
-        tv w = tv_int(4), first = tv_bool(false), blank = tv_bool(false);
-        tstr ind;
+        tsr_tpl_str s;
+        tsr_tpl_sb b = {0};
+        tsr_tpl_val w = tsr_tpl_val_int(4), first = tsr_tpl_val_bool(false), blank = tsr_tpl_val_bool(false);
+        tsr_tpl_str ind;
         size_t i = 0;
         bool line0 = true;
 
-        arg_get(a, 0, "width", &w);
-        arg_get(a, 1, "first", &first);
-        arg_get(a, 2, "blank", &blank);
-        if ((st = to_str(c, v, &s)) != TSR_OK)
+        tsr_tpl_arg_get(a, 0, "width", &w);
+        tsr_tpl_arg_get(a, 1, "first", &first);
+        tsr_tpl_arg_get(a, 2, "blank", &blank);
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                 return st;
-        if (w.type == TV_STR) {
+        if (w.type == TSR_TPL_VAL_STR) {
                 ind = w.u.s;
-        } else if (is_intlike(w)) {
-                int64_t n = as_int(w) < 0 ? 0 : as_int(w);
+        } else if (tsr_tpl_is_intlike(w)) {
+                int64_t n = tsr_tpl_as_int(w) < 0 ? 0 : tsr_tpl_as_int(w);
                 char *sp;
                 if (n > 1024)
-                        return rerr(c, TSR_E_LIMIT, "indent width too large");
-                if (!(sp = ralloc(c, (size_t)n + 1)))
+                        return tsr_tpl_rerr(c, TSR_E_LIMIT, "indent width too large");
+                if (!(sp = tsr_tpl_ralloc(c, (size_t)n + 1)))
                         return c->st;
                 memset(sp, ' ', (size_t)n);
                 ind.p = sp;
                 ind.n = (size_t)n;
         } else {
-                return rerr(c, TSR_E_INVAL, "indent width must be an int or a string");
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "indent width must be an int or a string");
         }
-        if (truthy(first) && !sb_add(c, &b, ind.p, ind.n))
+        if (tsr_tpl_truthy(first) && !tsr_tpl_sb_add(c, &b, ind.p, ind.n))
                 return c->st;
         /* (s + "\n").splitlines(): Python's line breaks, and a break at the very end
          * leaves one more, empty, line; each line but the first is indented when it is
@@ -4512,67 +4612,67 @@ static tsr_status filter_indent(rctx *c, tv v, const args *a, tv *out) {
                         i++;
                 e = i;
                 i += brk;
-                if (!line0 && !sb_addc(c, &b, '\n'))
+                if (!line0 && !tsr_tpl_sb_addc(c, &b, '\n'))
                         return c->st;
-                if (!line0 && (e > st0 || truthy(blank)) && !sb_add(c, &b, ind.p, ind.n))
+                if (!line0 && (e > st0 || tsr_tpl_truthy(blank)) && !tsr_tpl_sb_add(c, &b, ind.p, ind.n))
                         return c->st;
-                if (!sb_add(c, &b, s.p + st0, e - st0))
+                if (!tsr_tpl_sb_add(c, &b, s.p + st0, e - st0))
                         return c->st;
                 line0 = false;
                 if (!brk)
                         break;
         }
-        *out = sb_tv(&b);
+        *out = tsr_tpl_sb_val(&b);
         return TSR_OK;
 }
 
-static tsr_status filter_sum(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_sum(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tlist *l;
+        tsr_tpl_list *l;
         size_t k;
-        tv acc = tv_int(0), attr;
-        bool has_attr = arg_get(a, 0, "attribute", &attr) && attr.type == TV_STR;
+        tsr_tpl_val acc = tsr_tpl_val_int(0), attr;
+        bool has_attr = tsr_tpl_arg_get(a, 0, "attribute", &attr) && attr.type == TSR_TPL_VAL_STR;
 
-        arg_get(a, 1, "start", &acc);
-        if ((st = iter_list(c, v, &l)) != TSR_OK)
+        tsr_tpl_arg_get(a, 1, "start", &acc);
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK)
                 return st;
         for (k = 0; k < l->n; k++) {
-                tv item = l->v[k];
+                tsr_tpl_val item = l->v[k];
                 if (has_attr && (st = attr_path(c, item, attr.u.s, &item)) != TSR_OK)
                         return st;
-                if (!is_num(item) || !is_num(acc))
-                        return rerr(c, TSR_E_INVAL, "unsupported operand type(s) for +: '%s' and '%s'",
-                                    type_name(acc), type_name(item));
-                if (acc.type == TV_FLOAT || item.type == TV_FLOAT) {
-                        acc = tv_float(as_dbl(acc) + as_dbl(item));
+                if (!tsr_tpl_is_num(item) || !tsr_tpl_is_num(acc))
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "unsupported operand type(s) for +: '%s' and '%s'",
+                                    tsr_tpl_type_name(acc), tsr_tpl_type_name(item));
+                if (acc.type == TSR_TPL_VAL_FLOAT || item.type == TSR_TPL_VAL_FLOAT) {
+                        acc = tsr_tpl_val_float(tsr_tpl_as_dbl(acc) + tsr_tpl_as_dbl(item));
                 } else {
                         int64_t r;
-                        if (__builtin_add_overflow(as_int(acc), as_int(item), &r))
-                                return rerr(c, TSR_E_INVAL, "integer overflow");
-                        acc = tv_int(r);
+                        if (__builtin_add_overflow(tsr_tpl_as_int(acc), tsr_tpl_as_int(item), &r))
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "integer overflow");
+                        acc = tsr_tpl_val_int(r);
                 }
         }
         *out = acc;
-        return step(c, l->n);
+        return tsr_tpl_step(c, l->n);
 }
 
-static tsr_status filter_extreme(rctx *c, tv v, const args *a, tv *out, bool max) {
+static tsr_status filter_extreme(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out, bool max) {
         tsr_status st;
-        tlist *l;
-        tv x;
+        tsr_tpl_list *l;
+        tsr_tpl_val x;
         size_t k;
         sortctx sc = {0};
-        tv cs = tv_bool(false), attr;
+        tsr_tpl_val cs = tsr_tpl_val_bool(false), attr;
 
-        arg_get(a, 0, "case_sensitive", &cs);
-        sc.case_sensitive = truthy(cs);
-        sc.has_attr = arg_get(a, 1, "attribute", &attr) && attr.type == TV_STR;
+        tsr_tpl_arg_get(a, 0, "case_sensitive", &cs);
+        sc.case_sensitive = tsr_tpl_truthy(cs);
+        sc.has_attr = tsr_tpl_arg_get(a, 1, "attribute", &attr) && attr.type == TSR_TPL_VAL_STR;
         if (sc.has_attr)
                 sc.attr = attr.u.s;
-        if ((st = iter_list(c, v, &l)) != TSR_OK)
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK)
                 return st;
         if (!l->n) {
-                *out = TV_UNDEFINED;
+                *out = TSR_TPL_VAL_UNDEFINED;
                 return TSR_OK;
         }
         x = l->v[0];
@@ -4582,55 +4682,55 @@ static tsr_status filter_extreme(rctx *c, tv v, const args *a, tv *out, bool max
                         x = l->v[k];
         }
         *out = x;
-        return c->failed ? c->st : step(c, l->n);
+        return c->failed ? c->st : tsr_tpl_step(c, l->n);
 }
 
-static tsr_status filter_min(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_min(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_extreme(c, v, a, out, false);
 }
 
-static tsr_status filter_max(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_max(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filter_extreme(c, v, a, out, true);
 }
 
-static tsr_status filter_batch(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_batch(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tlist *l;
+        tsr_tpl_list *l;
         size_t k;
         int64_t n;
-        tv fill;
-        bool has_fill = arg_get(a, 1, "fill_with", &fill) && fill.type != TV_NONE;
-        tlist *res, *cur_ = NULL;
+        tsr_tpl_val fill;
+        bool has_fill = tsr_tpl_arg_get(a, 1, "fill_with", &fill) && fill.type != TSR_TPL_VAL_NONE;
+        tsr_tpl_list *res, *cur_ = NULL;
 
-        if ((st = arg_int(c, a, 0, "linecount", 1, &n)) != TSR_OK)
+        if ((st = tsr_tpl_arg_int(c, a, 0, "linecount", 1, &n)) != TSR_OK)
                 return st;
         if (n <= 0)
-                return rerr(c, TSR_E_INVAL, "batch size must be positive");
-        if ((st = iter_list(c, v, &l)) != TSR_OK || !(res = list_new(c, 0)))
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "batch size must be positive");
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK || !(res = tsr_tpl_list_new(c, 0)))
                 return c->failed ? c->st : st;
         for (k = 0; k < l->n; k++) {
                 if (!cur_ || (int64_t)cur_->n == n) {
-                        if (!(cur_ = list_new(c, 0)) || !list_push(c, res, tv_list(cur_)))
+                        if (!(cur_ = tsr_tpl_list_new(c, 0)) || !tsr_tpl_list_push(c, res, tsr_tpl_val_list(cur_)))
                                 return c->st;
                 }
-                if (!list_push(c, cur_, l->v[k]))
+                if (!tsr_tpl_list_push(c, cur_, l->v[k]))
                         return c->st;
         }
         while (has_fill && cur_ && (int64_t)cur_->n < n)
-                if (!list_push(c, cur_, fill))
+                if (!tsr_tpl_list_push(c, cur_, fill))
                         return c->st;
-        *out = tv_list(res);
-        return step(c, l->n);
+        *out = tsr_tpl_val_list(res);
+        return tsr_tpl_step(c, l->n);
 }
 
-static tsr_status filter_wordcount(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_wordcount(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tstr s;
+        tsr_tpl_str s;
         size_t k;
         int64_t words = 0;
         bool in = false;
 
-        if ((st = to_str(c, v, &s)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                 return st;
         for (k = 0; k < s.n; k++) {
                 unsigned char ch = (unsigned char)s.p[k];
@@ -4639,84 +4739,84 @@ static tsr_status filter_wordcount(rctx *c, tv v, const args *a, tv *out) {
                         words++;
                 in = w;
         }
-        *out = tv_int(words);
+        *out = tsr_tpl_val_int(words);
         return TSR_OK;
 }
 
-static tsr_status filter_center(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_center(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tstr s;
-        tv x;
-        args a2 = *a;
+        tsr_tpl_str s;
+        tsr_tpl_val x;
+        tsr_tpl_args a2 = *a;
 
-        if ((st = to_str(c, v, &s)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                 return st;
         if (!a2.npos && !a2.nkw) {
-                x = tv_int(80);
+                x = tsr_tpl_val_int(80);
                 a2.pos = &x;
                 a2.npos = 1;
         }
-        return call_str_method(c, s, "center", &a2, out);
+        return tsr_tpl_call_str_method(c, s, "center", &a2, out);
 }
 
-static tsr_status filter_attr(rctx *c, tv v, const args *a, tv *out) {
-        tv x;
+static tsr_status filter_attr(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
+        tsr_tpl_val x;
 
-        if (!arg_get(a, 0, "name", &x) || x.type != TV_STR)
-                return rerr(c, TSR_E_INVAL, "attr needs a name");
-        if (v.type == TV_DICT || v.type == TV_NS) {
+        if (!tsr_tpl_arg_get(a, 0, "name", &x) || x.type != TSR_TPL_VAL_STR)
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "attr needs a name");
+        if (v.type == TSR_TPL_VAL_DICT || v.type == TSR_TPL_VAL_NS) {
                 /* getattr only: dict keys are not attributes */
-                const char *m = v.type == TV_DICT ? find_name(dict_methods, x.u.s) : NULL;
-                tv *val = v.type == TV_NS ? dict_finds(v.u.d, x.u.s.p, x.u.s.n) : NULL;
-                *out = m ? make_method(c, v, m) : val ? *val : undef_named(x.u.s);
+                const char *m = v.type == TSR_TPL_VAL_DICT ? tsr_tpl_find_name(tsr_tpl_dict_methods, x.u.s) : NULL;
+                tsr_tpl_val *val = v.type == TSR_TPL_VAL_NS ? tsr_tpl_dict_finds(v.u.d, x.u.s.p, x.u.s.n) : NULL;
+                *out = m ? tsr_tpl_make_method(c, v, m) : val ? *val : tsr_tpl_undef_named(x.u.s);
                 return c->failed ? c->st : TSR_OK;
         }
-        return get_attr(c, v, x.u.s, out);
+        return tsr_tpl_get_attr(c, v, x.u.s, out);
 }
 
-static tsr_status filter_format(rctx *c, tv v, const args *a, tv *out) {
+static tsr_status filter_format(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         tsr_status st;
-        tstr s;
-        tv x;
-        sb b = {0};
+        tsr_tpl_str s;
+        tsr_tpl_val x;
+        tsr_tpl_sb b = {0};
         size_t ai = 0, i;
 
-        if ((st = to_str(c, v, &s)) != TSR_OK)
+        if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                 return st;
         for (i = 0; i < s.n; i++) {
                 if (s.p[i] != '%') {
-                        if (!sb_addc(c, &b, s.p[i]))
+                        if (!tsr_tpl_sb_addc(c, &b, s.p[i]))
                                 return c->st;
                         continue;
                 }
                 if (i + 1 >= s.n)
-                        return rerr(c, TSR_E_INVAL, "incomplete format");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "incomplete format");
                 i++;
                 if (s.p[i] == '%') {
-                        if (!sb_addc(c, &b, '%'))
+                        if (!tsr_tpl_sb_addc(c, &b, '%'))
                                 return c->st;
                 } else if (s.p[i] == 's' || s.p[i] == 'd' || s.p[i] == 'i' || s.p[i] == 'r') {
                         if (ai >= a->npos)
-                                return rerr(c, TSR_E_INVAL, "not enough arguments for format string");
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "not enough arguments for format string");
                         x = a->pos[ai++];
-                        if (s.p[i] != 's' && s.p[i] != 'r' && !is_num(x))
-                                return rerr(c, TSR_E_INVAL, "%%d format: a real number is required, not %s",
-                                            type_name(x));
-                        if (s.p[i] != 's' && s.p[i] != 'r' && x.type == TV_FLOAT)
-                                x = tv_int((int64_t)x.u.f);
-                        if (s.p[i] == 'd' && x.type == TV_BOOL)
-                                x = tv_int(x.u.b);
-                        if (!(s.p[i] == 'r' ? repr_append(c, &b, x) : str_append(c, &b, x)))
+                        if (s.p[i] != 's' && s.p[i] != 'r' && !tsr_tpl_is_num(x))
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "%%d format: a real number is required, not %s",
+                                            tsr_tpl_type_name(x));
+                        if (s.p[i] != 's' && s.p[i] != 'r' && x.type == TSR_TPL_VAL_FLOAT)
+                                x = tsr_tpl_val_int((int64_t)x.u.f);
+                        if (s.p[i] == 'd' && x.type == TSR_TPL_VAL_BOOL)
+                                x = tsr_tpl_val_int(x.u.b);
+                        if (!(s.p[i] == 'r' ? tsr_tpl_repr_append(c, &b, x) : tsr_tpl_str_append(c, &b, x)))
                                 return c->st;
                 } else {
-                        return rerr(c, TSR_E_UNSUPPORTED, "format: unsupported conversion '%%%c'", s.p[i]);
+                        return tsr_tpl_rerr(c, TSR_E_UNSUPPORTED, "format: unsupported conversion '%%%c'", s.p[i]);
                 }
         }
-        *out = sb_tv(&b);
+        *out = tsr_tpl_sb_val(&b);
         return TSR_OK;
 }
 
-typedef tsr_status (*filter_fn)(rctx *c, tv v, const args *a, tv *out);
+typedef tsr_status (*filter_fn)(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out);
 
 /* Every filter, sorted by name (strcmp order) for bsearch; an alias is one more row with
  * the same function.  A sorted const array rather than a hash: 42 rows take six compares,
@@ -4727,21 +4827,51 @@ static const struct filter_def {
         const char *name;
         filter_fn fn;
 } filters[] = {
-        {"abs", filter_abs}, {"attr", filter_attr}, {"batch", filter_batch}, {"capitalize", filter_capitalize},
-        {"center", filter_center}, {"count", filter_length}, {"d", filter_default}, {"default", filter_default},
-        {"dictsort", filter_dictsort}, {"e", filter_escape}, {"escape", filter_escape}, {"first", filter_first},
-        {"float", filter_float}, {"format", filter_format}, {"indent", filter_indent}, {"int", filter_int},
-        {"items", filter_items}, {"join", filter_join}, {"last", filter_last}, {"length", filter_length},
-        {"list", filter_list}, {"lower", filter_lower}, {"map", filter_map}, {"max", filter_max},
-        {"min", filter_min}, {"reject", filter_reject}, {"rejectattr", filter_rejectattr},
-        {"replace", filter_replace}, {"reverse", filter_reverse}, {"round", filter_round}, {"safe", filter_safe},
-        {"select", filter_select}, {"selectattr", filter_selectattr}, {"sort", filter_sort},
-        {"string", filter_string}, {"sum", filter_sum}, {"title", filter_title}, {"tojson", filter_tojson},
-        {"trim", filter_trim}, {"unique", filter_unique}, {"upper", filter_upper},
-        {"wordcount", filter_wordcount}
+        {"abs", filter_abs},
+        {"attr", filter_attr},
+        {"batch", filter_batch},
+        {"capitalize", filter_capitalize},
+        {"center", filter_center},
+        {"count", filter_length},
+        {"d", filter_default},
+        {"default", filter_default},
+        {"dictsort", filter_dictsort},
+        {"e", tsr_tpl_filter_escape},
+        {"escape", tsr_tpl_filter_escape},
+        {"first", filter_first},
+        {"float", filter_float},
+        {"format", filter_format},
+        {"indent", filter_indent},
+        {"int", filter_int},
+        {"items", filter_items},
+        {"join", filter_join},
+        {"last", filter_last},
+        {"length", filter_length},
+        {"list", filter_list},
+        {"lower", filter_lower},
+        {"map", filter_map},
+        {"max", filter_max},
+        {"min", filter_min},
+        {"reject", filter_reject},
+        {"rejectattr", filter_rejectattr},
+        {"replace", filter_replace},
+        {"reverse", filter_reverse},
+        {"round", filter_round},
+        {"safe", filter_safe},
+        {"select", filter_select},
+        {"selectattr", filter_selectattr},
+        {"sort", filter_sort},
+        {"string", filter_string},
+        {"sum", filter_sum},
+        {"title", filter_title},
+        {"tojson", filter_tojson},
+        {"trim", filter_trim},
+        {"unique", filter_unique},
+        {"upper", filter_upper},
+        {"wordcount", filter_wordcount},
 };
 
-static int filter_find(tstr name) {
+static int tsr_tpl_filter_find(tsr_tpl_str name) {
         const struct filter_def *e;
 #ifndef NDEBUG
         for (size_t k = 1; k < sizeof(filters) / sizeof(filters[0]); k++)
@@ -4751,92 +4881,93 @@ static int filter_find(tstr name) {
         return e ? (int)(e - filters) : -1;
 }
 
-static tsr_status run_filter(rctx *c, int fid, tv v, const args *a, tv *out) {
+static tsr_status tsr_tpl_filter_run(tsr_tpl_rctx *c, int fid, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out) {
         return filters[fid].fn(c, v, a, out);
 }
 
 /* ---------------------------------------------------------------- calls */
 
-static tsr_status exec_body(rctx *c, const node *body, frame *f, int *flow);
-static tsr_status eval(rctx *c, const node *n, frame *f, tv *out);
+static tsr_status exec_body(tsr_tpl_rctx *c, const tsr_tpl_node *body, tsr_tpl_frame *f, int *flow);
+static tsr_status eval(tsr_tpl_rctx *c, const tsr_tpl_node *n, tsr_tpl_frame *f, tsr_tpl_val *out);
 
 enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE };
 
-static tsr_status call_method(rctx *c, tv self, const char *m, const args *a, tv *out) {
+static tsr_status tsr_tpl_call_method(tsr_tpl_rctx *c, tsr_tpl_val self, const char *m, const tsr_tpl_args *a,
+                                      tsr_tpl_val *out) {
         tsr_status st;
-        tv x;
+        tsr_tpl_val x;
         size_t k;
 
         switch (self.type) {
-        case TV_STR: return call_str_method(c, self.u.s, m, a, out);
-        case TV_DICT:
+        case TSR_TPL_VAL_STR: return tsr_tpl_call_str_method(c, self.u.s, m, a, out);
+        case TSR_TPL_VAL_DICT:
                 if (!strcmp(m, "items"))
-                        return dict_items(c, self.u.d, out);
+                        return tsr_tpl_dict_items(c, self.u.d, out);
                 if (!strcmp(m, "keys") || !strcmp(m, "values")) {
-                        tlist *l = list_new(c, self.u.d->n);
+                        tsr_tpl_list *l = tsr_tpl_list_new(c, self.u.d->n);
                         if (!l)
                                 return c->st;
                         for (k = 0; k < self.u.d->n; k++)
                                 l->v[l->n++] = m[0] == 'k' ? self.u.d->k[k] : self.u.d->v[k];
-                        *out = tv_list(l);
-                        return step(c, l->n);
+                        *out = tsr_tpl_val_list(l);
+                        return tsr_tpl_step(c, l->n);
                 }
                 if (!strcmp(m, "get")) {
-                        tv *v;
-                        if (!arg_get(a, 0, NULL, &x))
-                                return rerr(c, TSR_E_INVAL, "get expected at least 1 argument, got 0");
-                        v = dict_find(c, self.u.d, x);
+                        tsr_tpl_val *v;
+                        if (!tsr_tpl_arg_get(a, 0, NULL, &x))
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "get expected at least 1 argument, got 0");
+                        v = tsr_tpl_dict_find(c, self.u.d, x);
                         if (v)
                                 *out = *v;
-                        else if (!arg_get(a, 1, NULL, out))
-                                *out = tv_none();
+                        else if (!tsr_tpl_arg_get(a, 1, NULL, out))
+                                *out = tsr_tpl_val_none();
                         return TSR_OK;
                 }
                 if (!strcmp(m, "copy")) {
-                        tdict *d = dict_new(c);
+                        tsr_tpl_dict *d = tsr_tpl_dict_new(c);
                         if (!d)
                                 return c->st;
                         for (k = 0; k < self.u.d->n; k++)
-                                if (!dict_set(c, d, self.u.d->k[k], self.u.d->v[k]))
+                                if (!tsr_tpl_dict_set(c, d, self.u.d->k[k], self.u.d->v[k]))
                                         return c->st;
-                        *out = tv_dict(d);
+                        *out = tsr_tpl_val_dict(d);
                         return TSR_OK;
                 }
                 break;
-        case TV_LIST:
+        case TSR_TPL_VAL_LIST:
                 if (!strcmp(m, "copy")) {
-                        tlist *l;
-                        if ((st = copy_list(c, self.u.l, &l)) != TSR_OK)
+                        tsr_tpl_list *l;
+                        if ((st = tsr_tpl_copy_list(c, self.u.l, &l)) != TSR_OK)
                                 return st;
-                        *out = tv_list(l);
+                        *out = tsr_tpl_val_list(l);
                         return TSR_OK;
                 }
-                if (!arg_get(a, 0, NULL, &x))
-                        return rerr(c, TSR_E_INVAL, "%s() takes exactly one argument", m);
+                if (!tsr_tpl_arg_get(a, 0, NULL, &x))
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "%s() takes exactly one argument", m);
                 {
                         int64_t cnt = 0;
                         for (k = 0; k < self.u.l->n; k++) {
-                                if (tv_eq(c, self.u.l->v[k], x)) {
+                                if (tsr_tpl_val_eq(c, self.u.l->v[k], x)) {
                                         if (m[0] == 'i') {
-                                                *out = tv_int((int64_t)k);
+                                                *out = tsr_tpl_val_int((int64_t)k);
                                                 return TSR_OK;
                                         }
                                         cnt++;
                                 }
                         }
                         if (m[0] == 'i')
-                                return rerr(c, TSR_E_INVAL, "value is not in list");
-                        *out = tv_int(cnt);
-                        return step(c, self.u.l->n);
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "value is not in list");
+                        *out = tsr_tpl_val_int(cnt);
+                        return tsr_tpl_step(c, self.u.l->n);
                 }
-        case TV_LOOP:
+        case TSR_TPL_VAL_LOOP:
                 if (!a->npos)
-                        return rerr(c, TSR_E_INVAL, "no items for cycling given");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "no items for cycling given");
                 *out = a->pos[self.u.loop->index0 % a->npos];
                 return TSR_OK;
         default: break;
         }
-        return rerr(c, TSR_E_UNSUPPORTED, "method %s is not supported on %s", m, type_name(self));
+        return tsr_tpl_rerr(c, TSR_E_UNSUPPORTED, "method %s is not supported on %s", m, tsr_tpl_type_name(self));
 }
 
 static size_t default_strftime(char *out, size_t outlen, const char *format, void *user) {
@@ -4848,166 +4979,176 @@ static size_t default_strftime(char *out, size_t outlen, const char *format, voi
         return strftime(out, outlen, format, &tm);
 }
 
-static tsr_status call_builtin(rctx *c, int b, const args *a, tv *out) {
-        tv x;
+static tsr_status call_builtin(tsr_tpl_rctx *c, int b, const tsr_tpl_args *a, tsr_tpl_val *out) {
+        tsr_tpl_val x;
         size_t k;
         tsr_status st;
 
         switch (b) {
-        case B_RANGE: {
+        case TSR_TPL_B_RANGE: {
                 int64_t lo = 0, hi, stp = 1, n, i;
-                tlist *l;
+                tsr_tpl_list *l;
                 if (a->nkw)
-                        return rerr(c, TSR_E_INVAL, "range() takes no keyword arguments");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "range() takes no keyword arguments");
                 if (a->npos < 1 || a->npos > 3)
-                        return rerr(c, TSR_E_INVAL, "range expected 1 to 3 arguments, got %zu", a->npos);
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "range expected 1 to 3 arguments, got %zu", a->npos);
                 for (k = 0; k < a->npos; k++)
-                        if (!is_intlike(a->pos[k]))
-                                return a->pos[k].type == TV_UNDEF
-                                               ? undef_err(c, a->pos[k])
-                                               : rerr(c, TSR_E_INVAL, "'%s' object cannot be interpreted as an integer",
-                                                      type_name(a->pos[k]));
+                        if (!tsr_tpl_is_intlike(a->pos[k]))
+                                return a->pos[k].type == TSR_TPL_VAL_UNDEF
+                                               ? tsr_tpl_undef_err(c, a->pos[k])
+                                               : tsr_tpl_rerr(c, TSR_E_INVAL,
+                                                              "'%s' object cannot be interpreted as an integer",
+                                                              tsr_tpl_type_name(a->pos[k]));
                 if (a->npos == 1) {
-                        hi = as_int(a->pos[0]);
+                        hi = tsr_tpl_as_int(a->pos[0]);
                 } else {
-                        lo = as_int(a->pos[0]);
-                        hi = as_int(a->pos[1]);
+                        lo = tsr_tpl_as_int(a->pos[0]);
+                        hi = tsr_tpl_as_int(a->pos[1]);
                         if (a->npos == 3)
-                                stp = as_int(a->pos[2]);
+                                stp = tsr_tpl_as_int(a->pos[2]);
                 }
                 if (stp == 0)
-                        return rerr(c, TSR_E_INVAL, "range() arg 3 must not be zero");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "range() arg 3 must not be zero");
                 if (stp > 0)
                         n = hi > lo ? (int64_t)(((uint64_t)hi - (uint64_t)lo - 1) / (uint64_t)stp + 1) : 0;
                 else
-                        n = lo > hi ? (int64_t)(((uint64_t)lo - (uint64_t)hi - 1) / ((uint64_t)(-(stp + 1)) + 1) + 1) : 0;
-                if (n > TPL_MAX_RANGE || n < 0)
-                        return rerr(c, TSR_E_LIMIT, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).",
-                                    TPL_MAX_RANGE);
-                if ((st = step(c, (uint64_t)n)) != TSR_OK || !(l = list_new(c, (size_t)n)))
+                        n = lo > hi ? (int64_t)(((uint64_t)lo - (uint64_t)hi - 1) / ((uint64_t)(-(stp + 1)) + 1) + 1)
+                                    : 0;
+                if (n > TSR_TPL_MAX_RANGE || n < 0)
+                        return tsr_tpl_rerr(c, TSR_E_LIMIT,
+                                            "Range too big. The sandbox blocks ranges larger than MAX_RANGE (%d).",
+                                            TSR_TPL_MAX_RANGE);
+                if ((st = tsr_tpl_step(c, (uint64_t)n)) != TSR_OK || !(l = tsr_tpl_list_new(c, (size_t)n)))
                         return c->failed ? c->st : st;
                 for (i = 0; i < n; i++)
-                        l->v[l->n++] = tv_int(lo + i * stp);
-                *out = tv_list(l);
+                        l->v[l->n++] = tsr_tpl_val_int(lo + i * stp);
+                *out = tsr_tpl_val_list(l);
                 return TSR_OK;
         }
-        case B_NAMESPACE:
-        case B_DICT: {
-                tdict *d = dict_new(c);
+        case TSR_TPL_B_NAMESPACE:
+        case TSR_TPL_B_DICT: {
+                tsr_tpl_dict *d = tsr_tpl_dict_new(c);
                 if (!d)
                         return c->st;
                 if (a->npos > 1)
-                        return rerr(c, TSR_E_INVAL, "%s expected at most 1 positional argument",
-                                    b == B_DICT ? "dict" : "namespace");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "%s expected at most 1 positional argument",
+                                    b == TSR_TPL_B_DICT ? "dict" : "namespace");
                 if (a->npos == 1) {
                         x = a->pos[0];
-                        if (x.type == TV_DICT || x.type == TV_NS) {
+                        if (x.type == TSR_TPL_VAL_DICT || x.type == TSR_TPL_VAL_NS) {
                                 for (k = 0; k < x.u.d->n; k++)
-                                        if (!dict_set(c, d, x.u.d->k[k], x.u.d->v[k]))
+                                        if (!tsr_tpl_dict_set(c, d, x.u.d->k[k], x.u.d->v[k]))
                                                 return c->st;
-                        } else if (x.type == TV_LIST) {
+                        } else if (x.type == TSR_TPL_VAL_LIST) {
                                 for (k = 0; k < x.u.l->n; k++) {
-                                        tv p = x.u.l->v[k];
-                                        if (p.type != TV_LIST || p.u.l->n != 2)
-                                                return rerr(c, TSR_E_INVAL, "dictionary update sequence element #%zu has wrong length", k);
-                                        if (!dict_set(c, d, p.u.l->v[0], p.u.l->v[1]))
+                                        tsr_tpl_val p = x.u.l->v[k];
+                                        if (p.type != TSR_TPL_VAL_LIST || p.u.l->n != 2)
+                                                return tsr_tpl_rerr(
+                                                        c, TSR_E_INVAL,
+                                                        "dictionary update sequence element #%zu has wrong length", k);
+                                        if (!tsr_tpl_dict_set(c, d, p.u.l->v[0], p.u.l->v[1]))
                                                 return c->st;
                                 }
                         } else {
-                                return rerr(c, TSR_E_INVAL, "'%s' object is not iterable", type_name(x));
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "'%s' object is not iterable",
+                                                    tsr_tpl_type_name(x));
                         }
                 }
                 for (k = 0; k < a->nkw; k++)
-                        if (!dict_set(c, d, tv_str(a->kwn[k].p, a->kwn[k].n), a->kw[k]))
+                        if (!tsr_tpl_dict_set(c, d, tsr_tpl_val_str(a->kwn[k].p, a->kwn[k].n), a->kw[k]))
                                 return c->st;
-                if (b == B_NAMESPACE) {
+                if (b == TSR_TPL_B_NAMESPACE) {
                         for (k = 0; k < d->n; k++)
-                                if (d->k[k].type == TV_STR && d->k[k].u.s.n && d->k[k].u.s.p[0] == '_')
-                                        return rerr(c, TSR_E_INVAL,
+                                if (d->k[k].type == TSR_TPL_VAL_STR && d->k[k].u.s.n && d->k[k].u.s.p[0] == '_')
+                                        return tsr_tpl_rerr(c, TSR_E_INVAL,
                                                     "Chat templates cannot store underscore-prefixed attributes on a "
                                                     "namespace, but got '%.*s'. Please rename the attribute.",
                                                     (int)d->k[k].u.s.n, d->k[k].u.s.p);
-                        out->type = TV_NS;
+                        out->type = TSR_TPL_VAL_NS;
                         out->u.d = d;
                 } else {
-                        *out = tv_dict(d);
+                        *out = tsr_tpl_val_dict(d);
                 }
                 return TSR_OK;
         }
-        case B_RAISE: {
-                tstr msg = {"", 0};
+        case TSR_TPL_B_RAISE: {
+                tsr_tpl_str msg = {"", 0};
                 /* transformers' raise_exception(message) has no default: called bare, Python
                  * raises a TypeError with this text (prefixed by the helper's qualname, which
                  * changes between transformers versions, so it is left out), and an empty
                  * message would otherwise reach the client. */
-                if (!arg_get(a, 0, "message", &x))
-                        return rerr(c, TSR_E_INVAL, "raise_exception() missing 1 required positional argument: "
+                if (!tsr_tpl_arg_get(a, 0, "message", &x))
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "raise_exception() missing 1 required positional argument: "
                                     "'message'");
-                if ((st = to_str(c, x, &msg)) != TSR_OK)
+                if ((st = tsr_tpl_to_str(c, x, &msg)) != TSR_OK)
                         return st;
-                return rerr(c, TSR_E_INVAL, "%.*s", (int)msg.n, msg.p);
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "%.*s", (int)msg.n, msg.p);
         }
-        case B_STRFTIME: {
+        case TSR_TPL_B_STRFTIME: {
                 char buf[256], fmt[256];
                 size_t n;
                 tsr_template_strftime_fn fn = c->o->strftime_now ? c->o->strftime_now : default_strftime;
-                if (!arg_get(a, 0, "format", &x) || x.type != TV_STR)
-                        return rerr(c, TSR_E_INVAL, "strftime_now needs a format string");
+                if (!tsr_tpl_arg_get(a, 0, "format", &x) || x.type != TSR_TPL_VAL_STR)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "strftime_now needs a format string");
                 if (x.u.s.n >= sizeof(fmt) || memchr(x.u.s.p, '\0', x.u.s.n))
-                        return rerr(c, TSR_E_INVAL, "strftime_now format too long");
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "strftime_now format too long");
                 memcpy(fmt, x.u.s.p, x.u.s.n);
                 fmt[x.u.s.n] = '\0';
                 n = fn(buf, sizeof(buf), fmt, c->o->strftime_user);
                 if (n >= sizeof(buf))
                         n = 0;
-                *out = str_dup(c, buf, n);
+                *out = tsr_tpl_str_dup(c, buf, n);
                 return c->failed ? c->st : TSR_OK;
         }
-        default: return rerr(c, TSR_E_INTERNAL, "unknown builtin");
+        default: return tsr_tpl_rerr(c, TSR_E_INTERNAL, "unknown builtin");
         }
 }
 
-static tsr_status call_macro(rctx *c, tv m, const args *a, tv *out) {
+static tsr_status call_macro(tsr_tpl_rctx *c, tsr_tpl_val m, const tsr_tpl_args *a, tsr_tpl_val *out) {
         static const char caller_name[] = "caller";
-        const node *mn = m.u.m.n;
-        frame *f;
-        sb buf = {0}, *saved;
+        const tsr_tpl_node *mn = m.u.m.n;
+        tsr_tpl_frame *f;
+        tsr_tpl_sb buf = {0}, *saved;
         size_t k, j;
         int flow = FLOW_NORMAL;
-        tv caller = a->caller;
+        tsr_tpl_val caller = a->caller;
         tsr_status st;
         /* jinja2 names a call block's caller None */
-        const char *q = mn->kind == N_CALLBLOCK ? "" : "'";
-        tstr label = mn->kind == N_CALLBLOCK ? (tstr){"None", 4} : mn->name;
+        const char *q = mn->kind == TSR_TPL_N_CALLBLOCK ? "" : "'";
+        tsr_tpl_str label = mn->kind == TSR_TPL_N_CALLBLOCK ? (tsr_tpl_str){"None", 4} : mn->name;
 
         if (a->npos > mn->nnames)
-                return rerr(c, TSR_E_INVAL, "macro %s%.*s%s takes not more than %u argument(s)", q, (int)label.n,
-                            label.p, q, mn->nnames);
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "macro %s%.*s%s takes not more than %u argument(s)", q,
+                                    (int)label.n, label.p, q, mn->nnames);
         for (k = 0; k < a->nkw; k++) {
                 bool known = false;
-                if (tstr_eq(a->kwn[k], caller_name) && mn->op) {
+                if (tsr_tpl_str_eq(a->kwn[k], caller_name) && mn->op) {
                         caller = a->kw[k];
                         continue;
                 }
                 for (j = 0; j < mn->nnames; j++)
                         if (a->kwn[k].n == mn->names[j].n && memcmp(a->kwn[k].p, mn->names[j].p, a->kwn[k].n) == 0)
                                 known = j >= a->npos;
-                if (!known && tstr_eq(a->kwn[k], caller_name))
-                        return rerr(c, TSR_E_INVAL, "macro %s%.*s%s was invoked with two values for the special caller "
-                                    "argument. This is most likely a bug.", q, (int)label.n, label.p, q);
+                if (!known && tsr_tpl_str_eq(a->kwn[k], caller_name))
+                        return tsr_tpl_rerr(c, TSR_E_INVAL,
+                                            "macro %s%.*s%s was invoked with two values for the special caller "
+                                            "argument. This is most likely a bug.",
+                                            q, (int)label.n, label.p, q);
                 if (!known)
-                        return rerr(c, TSR_E_INVAL, "macro %s%.*s%s takes no keyword argument '%.*s'", q, (int)label.n,
-                                    label.p, q, (int)a->kwn[k].n, a->kwn[k].p);
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "macro %s%.*s%s takes no keyword argument '%.*s'", q,
+                                            (int)label.n, label.p, q, (int)a->kwn[k].n, a->kwn[k].p);
         }
-        if (caller.type != TV_UNDEF && !mn->op)
-                return rerr(c, TSR_E_INVAL, "macro %s%.*s%s was invoked with two values for the special caller argument. "
-                            "This is most likely a bug.", q, (int)label.n, label.p, q);
+        if (caller.type != TSR_TPL_VAL_UNDEF && !mn->op)
+                return tsr_tpl_rerr(c, TSR_E_INVAL,
+                                    "macro %s%.*s%s was invoked with two values for the special caller argument. "
+                                    "This is most likely a bug.",
+                                    q, (int)label.n, label.p, q);
         if (c->depth >= c->max_depth)
-                return rerr(c, TSR_E_LIMIT, "macro calls nested deeper than %u", c->max_depth);
-        if (!(f = frame_new(c, m.u.m.f)))
+                return tsr_tpl_rerr(c, TSR_E_LIMIT, "macro calls nested deeper than %u", c->max_depth);
+        if (!(f = tsr_tpl_frame_new(c, m.u.m.f)))
                 return c->st;
         for (k = 0; k < mn->nnames; k++) {
-                tv v = TV_UNDEFINED;
+                tsr_tpl_val v = TSR_TPL_VAL_UNDEFINED;
                 bool have = k < a->npos;
                 if (have)
                         v = a->pos[k];
@@ -5021,12 +5162,14 @@ static tsr_status call_macro(rctx *c, tv m, const args *a, tv *out) {
                 if (!have && mn->kids[k] && (st = eval(c, mn->kids[k], f, &v)) != TSR_OK)
                         return st;
                 if (!have && !mn->kids[k])
-                        v = undef_named(mn->names[k]);
-                if (!frame_set(c, f, mn->names[k], v))
+                        v = tsr_tpl_undef_named(mn->names[k]);
+                if (!tsr_tpl_frame_set(c, f, mn->names[k], v))
                         return c->st;
         }
-        if (mn->op && !frame_set(c, f, (tstr){caller_name, sizeof(caller_name) - 1},
-                                 caller.type != TV_UNDEF ? caller : undef_named((tstr){caller_name, 6})))
+        if (mn->op &&
+            !tsr_tpl_frame_set(c, f, (tsr_tpl_str){caller_name, sizeof(caller_name) - 1},
+                               caller.type != TSR_TPL_VAL_UNDEF ? caller
+                                                                : tsr_tpl_undef_named((tsr_tpl_str){caller_name, 6})))
                 return c->st;
         saved = c->cap;
         c->cap = &buf;
@@ -5036,29 +5179,29 @@ static tsr_status call_macro(rctx *c, tv m, const args *a, tv *out) {
         c->cap = saved;
         if (st != TSR_OK)
                 return st;
-        *out = sb_tv(&buf);
+        *out = tsr_tpl_sb_val(&buf);
         return TSR_OK;
 }
 
-static tsr_status call_value(rctx *c, tv fn, const args *a, tv *out) {
+static tsr_status call_value(tsr_tpl_rctx *c, tsr_tpl_val fn, const tsr_tpl_args *a, tsr_tpl_val *out) {
         switch (fn.type) {
-        case TV_MACRO: return call_macro(c, fn, a, out);
-        case TV_BUILTIN: return call_builtin(c, fn.u.builtin, a, out);
-        case TV_METHOD: return call_method(c, *fn.u.meth.self, fn.u.meth.name, a, out);
-        case TV_UNDEF: return undef_err(c, fn);
-        default: return rerr(c, TSR_E_INVAL, "'%s' object is not callable", type_name(fn));
+        case TSR_TPL_VAL_MACRO: return call_macro(c, fn, a, out);
+        case TSR_TPL_VAL_BUILTIN: return call_builtin(c, fn.u.builtin, a, out);
+        case TSR_TPL_VAL_METHOD: return tsr_tpl_call_method(c, *fn.u.meth.self, fn.u.meth.name, a, out);
+        case TSR_TPL_VAL_UNDEF: return tsr_tpl_undef_err(c, fn);
+        default: return tsr_tpl_rerr(c, TSR_E_INVAL, "'%s' object is not callable", tsr_tpl_type_name(fn));
         }
 }
 
-static tsr_status eval_args(rctx *c, const node *n, frame *f, args *a) {
+static tsr_status eval_args(tsr_tpl_rctx *c, const tsr_tpl_node *n, tsr_tpl_frame *f, tsr_tpl_args *a) {
         size_t k, npos = n->nkids - n->nkw;
-        tv *vals;
+        tsr_tpl_val *vals;
         tsr_status st;
 
         memset(a, 0, sizeof(*a));
         if (!n->nkids)
                 return TSR_OK;
-        if (!(vals = ralloc(c, n->nkids * sizeof(tv))))
+        if (!(vals = tsr_tpl_ralloc(c, n->nkids * sizeof(tsr_tpl_val))))
                 return c->st;
         for (k = 0; k < n->nkids; k++)
                 if ((st = eval(c, n->kids[k], f, &vals[k])) != TSR_OK)
@@ -5073,21 +5216,21 @@ static tsr_status eval_args(rctx *c, const node *n, frame *f, args *a) {
 
 /* ---------------------------------------------------------------- expressions */
 
-static tsr_status int_overflow(rctx *c) { return rerr(c, TSR_E_INVAL, "integer result out of range"); }
+static tsr_status int_overflow(tsr_tpl_rctx *c) { return tsr_tpl_rerr(c, TSR_E_INVAL, "integer result out of range"); }
 
-static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
+static tsr_status binop(tsr_tpl_rctx *c, int op, tsr_tpl_val l, tsr_tpl_val r, tsr_tpl_val *out) {
         static const char *const names[] = {['+'] = "+", ['-'] = "-", ['*'] = "*", ['/'] = "/", ['F'] = "//",
                                             ['%'] = "%", ['P'] = "**"};
         int64_t x, y, z;
 
-        if (l.type == TV_UNDEF)
-                return undef_err(c, l);
-        if (r.type == TV_UNDEF)
-                return undef_err(c, r);
-        if (is_num(l) && is_num(r)) {
-                if (l.type != TV_FLOAT && r.type != TV_FLOAT && op != '/') {
-                        x = as_int(l);
-                        y = as_int(r);
+        if (l.type == TSR_TPL_VAL_UNDEF)
+                return tsr_tpl_undef_err(c, l);
+        if (r.type == TSR_TPL_VAL_UNDEF)
+                return tsr_tpl_undef_err(c, r);
+        if (tsr_tpl_is_num(l) && tsr_tpl_is_num(r)) {
+                if (l.type != TSR_TPL_VAL_FLOAT && r.type != TSR_TPL_VAL_FLOAT && op != '/') {
+                        x = tsr_tpl_as_int(l);
+                        y = tsr_tpl_as_int(r);
                         switch (op) {
                         case '+': if (__builtin_add_overflow(x, y, &z)) return int_overflow(c); break;
                         case '-': if (__builtin_sub_overflow(x, y, &z)) return int_overflow(c); break;
@@ -5095,7 +5238,7 @@ static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
                         case 'F':
                         case '%':
                                 if (y == 0)
-                                        return rerr(c, TSR_E_INVAL, "integer division or modulo by zero");
+                                        return tsr_tpl_rerr(c, TSR_E_INVAL, "integer division or modulo by zero");
                                 if (x == INT64_MIN && y == -1) {
                                         if (op == 'F')
                                                 return int_overflow(c);
@@ -5109,8 +5252,9 @@ static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
                         case 'P':
                                 if (y < 0) {
                                         if (x == 0)
-                                                return rerr(c, TSR_E_INVAL, "0.0 cannot be raised to a negative power");
-                                        *out = tv_float(pow((double)x, (double)y));
+                                                return tsr_tpl_rerr(c, TSR_E_INVAL,
+                                                                    "0.0 cannot be raised to a negative power");
+                                        *out = tsr_tpl_val_float(pow((double)x, (double)y));
                                         return TSR_OK;
                                 }
                                 z = 1;
@@ -5122,25 +5266,25 @@ static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
                                                 return int_overflow(c);
                                 }
                                 break;
-                        default: return rerr(c, TSR_E_INTERNAL, "bad operator");
+                        default: return tsr_tpl_rerr(c, TSR_E_INTERNAL, "bad operator");
                         }
-                        *out = tv_int(z);
+                        *out = tsr_tpl_val_int(z);
                         return TSR_OK;
                 } else {
-                        double a = as_dbl(l), b = as_dbl(r), d;
+                        double a = tsr_tpl_as_dbl(l), b = tsr_tpl_as_dbl(r), d;
                         switch (op) {
                         case '+': d = a + b; break;
                         case '-': d = a - b; break;
                         case '*': d = a * b; break;
                         case '/':
                                 if (b == 0)
-                                        return rerr(c, TSR_E_INVAL, "division by zero");
+                                        return tsr_tpl_rerr(c, TSR_E_INVAL, "division by zero");
                                 d = a / b;
                                 break;
                         case 'F':
                         case '%':
                                 if (b == 0)
-                                        return rerr(c, TSR_E_INVAL, "float modulo");
+                                        return tsr_tpl_rerr(c, TSR_E_INVAL, "float modulo");
                                 {
                                         /* CPython's float_divmod */
                                         double mod = fmod(a, b), div = (a - mod) / b, fl;
@@ -5156,127 +5300,129 @@ static tsr_status binop(rctx *c, int op, tv l, tv r, tv *out) {
                                 break;
                         case 'P':
                                 if (a == 0 && b < 0)
-                                        return rerr(c, TSR_E_INVAL, "0.0 cannot be raised to a negative power");
+                                        return tsr_tpl_rerr(c, TSR_E_INVAL, "0.0 cannot be raised to a negative power");
                                 d = pow(a, b);
                                 break;
-                        default: return rerr(c, TSR_E_INTERNAL, "bad operator");
+                        default: return tsr_tpl_rerr(c, TSR_E_INTERNAL, "bad operator");
                         }
-                        *out = tv_float(d);
+                        *out = tsr_tpl_val_float(d);
                         return TSR_OK;
                 }
         }
-        if (op == '+' && l.type == TV_STR && r.type == TV_STR) {
-                sb b = {0};
+        if (op == '+' && l.type == TSR_TPL_VAL_STR && r.type == TSR_TPL_VAL_STR) {
+                tsr_tpl_sb b = {0};
                 /* Markup + str and str + Markup escape the plain str (markupsafe) */
                 if (l.markup != r.markup) {
-                        args none = {0};
-                        tv *plain = l.markup ? &r : &l;
-                        tsr_status est = filter_escape(c, *plain, &none, plain);
+                        tsr_tpl_args none = {0};
+                        tsr_tpl_val *plain = l.markup ? &r : &l;
+                        tsr_status est = tsr_tpl_filter_escape(c, *plain, &none, plain);
                         if (est != TSR_OK)
                                 return est;
                 }
-                if (!sb_add(c, &b, l.u.s.p, l.u.s.n) || !sb_add(c, &b, r.u.s.p, r.u.s.n))
+                if (!tsr_tpl_sb_add(c, &b, l.u.s.p, l.u.s.n) || !tsr_tpl_sb_add(c, &b, r.u.s.p, r.u.s.n))
                         return c->st;
-                *out = sb_tv(&b);
+                *out = tsr_tpl_sb_val(&b);
                 out->markup = l.markup || r.markup;
                 return TSR_OK;
         }
-        if (op == '+' && l.type == TV_LIST && r.type == TV_LIST && l.u.l->tuple == r.u.l->tuple) {
-                tlist *n = list_new(c, l.u.l->n + r.u.l->n);
+        if (op == '+' && l.type == TSR_TPL_VAL_LIST && r.type == TSR_TPL_VAL_LIST && l.u.l->tuple == r.u.l->tuple) {
+                tsr_tpl_list *n = tsr_tpl_list_new(c, l.u.l->n + r.u.l->n);
                 if (!n)
                         return c->st;
                 if (l.u.l->n)
-                        memcpy(n->v, l.u.l->v, l.u.l->n * sizeof(tv));
+                        memcpy(n->v, l.u.l->v, l.u.l->n * sizeof(tsr_tpl_val));
                 if (r.u.l->n)
-                        memcpy(n->v + l.u.l->n, r.u.l->v, r.u.l->n * sizeof(tv));
+                        memcpy(n->v + l.u.l->n, r.u.l->v, r.u.l->n * sizeof(tsr_tpl_val));
                 n->n = l.u.l->n + r.u.l->n;
                 n->tuple = l.u.l->tuple;
-                *out = tv_list(n);
-                return step(c, n->n);
+                *out = tsr_tpl_val_list(n);
+                return tsr_tpl_step(c, n->n);
         }
-        if (op == '*' && ((l.type == TV_STR || l.type == TV_LIST) && is_intlike(r))) {
-                int64_t times = as_int(r), i;
-                if (l.type == TV_STR) {
-                        sb b = {0};
+        if (op == '*' && ((l.type == TSR_TPL_VAL_STR || l.type == TSR_TPL_VAL_LIST) && tsr_tpl_is_intlike(r))) {
+                int64_t times = tsr_tpl_as_int(r), i;
+                if (l.type == TSR_TPL_VAL_STR) {
+                        tsr_tpl_sb b = {0};
                         if (times > 0 && l.u.s.n && (uint64_t)times > c->max_output / l.u.s.n)
-                                return rerr(c, TSR_E_LIMIT, "string repetition larger than the output limit");
+                                return tsr_tpl_rerr(c, TSR_E_LIMIT, "string repetition larger than the output limit");
                         /* '' * 10**12 is '' at once, not 10**12 empty appends (fuzz_template). */
                         if (l.u.s.n == 0)
                                 times = 0;
                         for (i = 0; i < times; i++)
-                                if (!sb_add(c, &b, l.u.s.p, l.u.s.n))
+                                if (!tsr_tpl_sb_add(c, &b, l.u.s.p, l.u.s.n))
                                         return c->st;
-                        *out = sb_tv(&b);
-                        return step(c, b.n / 64);
+                        *out = tsr_tpl_sb_val(&b);
+                        return tsr_tpl_step(c, b.n / 64);
                 } else {
-                        tlist *n;
+                        tsr_tpl_list *n;
                         size_t k;
-                        if (times > 0 && l.u.l->n && (uint64_t)times > (uint64_t)TPL_MAX_RANGE * 10 / l.u.l->n)
-                                return rerr(c, TSR_E_LIMIT, "list repetition too large");
-                        if (!(n = list_new(c, 0)))
+                        if (times > 0 && l.u.l->n && (uint64_t)times > (uint64_t)TSR_TPL_MAX_RANGE * 10 / l.u.l->n)
+                                return tsr_tpl_rerr(c, TSR_E_LIMIT, "list repetition too large");
+                        if (!(n = tsr_tpl_list_new(c, 0)))
                                 return c->st;
                         n->tuple = l.u.l->tuple;
                         for (i = 0; i < times; i++)
                                 for (k = 0; k < l.u.l->n; k++)
-                                        if (!list_push(c, n, l.u.l->v[k]))
+                                        if (!tsr_tpl_list_push(c, n, l.u.l->v[k]))
                                                 return c->st;
-                        *out = tv_list(n);
-                        return step(c, n->n);
+                        *out = tsr_tpl_val_list(n);
+                        return tsr_tpl_step(c, n->n);
                 }
         }
-        if (op == '*' && is_intlike(l) && (r.type == TV_STR || r.type == TV_LIST))
+        if (op == '*' && tsr_tpl_is_intlike(l) && (r.type == TSR_TPL_VAL_STR || r.type == TSR_TPL_VAL_LIST))
                 return binop(c, op, r, l, out);
-        if (op == '+' && l.type == TV_STR)
-                return rerr(c, TSR_E_INVAL, "can only concatenate str (not \"%s\") to str", type_name(r));
-        if (op == '+' && l.type == TV_LIST)
-                return rerr(c, TSR_E_INVAL, "can only concatenate %s (not \"%s\") to %s", type_name(l), type_name(r),
-                            type_name(l));
-        return rerr(c, TSR_E_INVAL, "unsupported operand type(s) for %s: '%s' and '%s'", names[op], type_name(l),
-                    type_name(r));
+        if (op == '+' && l.type == TSR_TPL_VAL_STR)
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "can only concatenate str (not \"%s\") to str",
+                                    tsr_tpl_type_name(r));
+        if (op == '+' && l.type == TSR_TPL_VAL_LIST)
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "can only concatenate %s (not \"%s\") to %s", tsr_tpl_type_name(l),
+                                    tsr_tpl_type_name(r), tsr_tpl_type_name(l));
+        return tsr_tpl_rerr(c, TSR_E_INVAL, "unsupported operand type(s) for %s: '%s' and '%s'", names[op],
+                            tsr_tpl_type_name(l), tsr_tpl_type_name(r));
 }
 
-static tsr_status contains(rctx *c, tv needle, tv hay, bool *out) {
-        if (hay.type == TV_UNDEF) {
+static tsr_status contains(tsr_tpl_rctx *c, tsr_tpl_val needle, tsr_tpl_val hay, bool *out) {
+        if (hay.type == TSR_TPL_VAL_UNDEF) {
                 *out = false;
                 return TSR_OK;
         }
-        if (hay.type != TV_STR && hay.type != TV_LIST && hay.type != TV_DICT)
-                return rerr(c, TSR_E_INVAL, "argument of type '%s' is not iterable", type_name(hay));
-        return test_in(c, needle, hay, true, out);
+        if (hay.type != TSR_TPL_VAL_STR && hay.type != TSR_TPL_VAL_LIST && hay.type != TSR_TPL_VAL_DICT)
+                return tsr_tpl_rerr(c, TSR_E_INVAL, "argument of type '%s' is not iterable", tsr_tpl_type_name(hay));
+        return tsr_tpl_test_in(c, needle, hay, true, out);
 }
 
-static tsr_status eval_inner(rctx *c, const node *n, frame *f, tv *out) {
+static tsr_status eval_inner(tsr_tpl_rctx *c, const tsr_tpl_node *n, tsr_tpl_frame *f, tsr_tpl_val *out) {
         tsr_status st;
-        tv l, r;
-        args a;
+        tsr_tpl_val l, r;
+        tsr_tpl_args a;
         size_t k;
 
         switch (n->kind) {
-        case N_CONST: *out = n->val; return TSR_OK;
-        case N_NAME: *out = lookup(c, f, n->name); return TSR_OK;
-        case N_GETATTR:
+        case TSR_TPL_N_CONST: *out = n->val; return TSR_OK;
+        case TSR_TPL_N_NAME: *out = tsr_tpl_lookup(c, f, n->name); return TSR_OK;
+        case TSR_TPL_N_GETATTR:
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK)
                         return st;
-                return get_attr(c, l, n->name, out);
-        case N_GETITEM:
+                return tsr_tpl_get_attr(c, l, n->name, out);
+        case TSR_TPL_N_GETITEM:
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK)
                         return st;
-                if (n->b->kind == N_SLICE) {
-                        tv parts[3] = {tv_none(), tv_none(), tv_none()};
-                        const node *pn[3] = {n->b->a, n->b->b, n->b->c};
+                if (n->b->kind == TSR_TPL_N_SLICE) {
+                        tsr_tpl_val parts[3] = {tsr_tpl_val_none(), tsr_tpl_val_none(), tsr_tpl_val_none()};
+                        const tsr_tpl_node *pn[3] = {n->b->a, n->b->b, n->b->c};
                         for (k = 0; k < 3; k++)
                                 if (pn[k] && (st = eval(c, pn[k], f, &parts[k])) != TSR_OK)
                                         return st;
-                        return do_slice(c, l, parts[0], parts[1], parts[2], out);
+                        return tsr_tpl_do_slice(c, l, parts[0], parts[1], parts[2], out);
                 }
                 if ((st = eval(c, n->b, f, &r)) != TSR_OK)
                         return st;
-                return get_item(c, l, r, out);
-        case N_CALL:
-                if (n->a->kind == N_GETATTR) {
+                return tsr_tpl_get_item(c, l, r, out);
+        case TSR_TPL_N_CALL:
+                if (n->a->kind == TSR_TPL_N_GETATTR) {
                         /* obj.method(...): skip building a bound method */
-                        tv self;
-                        if ((st = eval(c, n->a->a, f, &self)) != TSR_OK || (st = get_attr(c, self, n->a->name, &l)) != TSR_OK)
+                        tsr_tpl_val self;
+                        if ((st = eval(c, n->a->a, f, &self)) != TSR_OK ||
+                            (st = tsr_tpl_get_attr(c, self, n->a->name, &l)) != TSR_OK)
                                 return st;
                 } else if ((st = eval(c, n->a, f, &l)) != TSR_OK) {
                         return st;
@@ -5284,7 +5430,7 @@ static tsr_status eval_inner(rctx *c, const node *n, frame *f, tv *out) {
                 if ((st = eval_args(c, n, f, &a)) != TSR_OK)
                         return st;
                 return call_value(c, l, &a, out);
-        case N_FILTER:
+        case TSR_TPL_N_FILTER:
                 if (!n->a) {
                         /* block set filter: the operand is the captured body, passed in *out */
                         l = *out;
@@ -5292,63 +5438,63 @@ static tsr_status eval_inner(rctx *c, const node *n, frame *f, tv *out) {
                         return st;
                 }
                 if (n->fid < 0)
-                        return rerr(c, TSR_E_INVAL, "No filter named '%.*s' found.", (int)n->name.n, n->name.p);
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "No filter named '%.*s' found.", (int)n->name.n, n->name.p);
                 if ((st = eval_args(c, n, f, &a)) != TSR_OK)
                         return st;
-                return run_filter(c, n->fid, l, &a, out);
-        case N_TEST: {
+                return tsr_tpl_filter_run(c, n->fid, l, &a, out);
+        case TSR_TPL_N_TEST: {
                 bool b;
                 if (n->fid < 0)
-                        return rerr(c, TSR_E_INVAL, "No test named '%.*s' found.", (int)n->name.n, n->name.p);
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "No test named '%.*s' found.", (int)n->name.n, n->name.p);
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK || (st = eval_args(c, n, f, &a)) != TSR_OK ||
-                    (st = run_test(c, n->fid, l, &a, &b)) != TSR_OK)
+                    (st = tsr_tpl_test_run(c, n->fid, l, &a, &b)) != TSR_OK)
                         return st;
-                *out = tv_bool(n->neg ? !b : b);
+                *out = tsr_tpl_val_bool(n->neg ? !b : b);
                 return TSR_OK;
         }
-        case N_NEG:
-        case N_POS:
+        case TSR_TPL_N_NEG:
+        case TSR_TPL_N_POS:
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK)
                         return st;
-                if (l.type == TV_FLOAT) {
-                        *out = tv_float(n->kind == N_NEG ? -l.u.f : l.u.f);
-                } else if (is_intlike(l)) {
-                        if (n->kind == N_NEG && as_int(l) == INT64_MIN)
+                if (l.type == TSR_TPL_VAL_FLOAT) {
+                        *out = tsr_tpl_val_float(n->kind == TSR_TPL_N_NEG ? -l.u.f : l.u.f);
+                } else if (tsr_tpl_is_intlike(l)) {
+                        if (n->kind == TSR_TPL_N_NEG && tsr_tpl_as_int(l) == INT64_MIN)
                                 return int_overflow(c);
-                        *out = tv_int(n->kind == N_NEG ? -as_int(l) : as_int(l));
-                } else if (l.type == TV_UNDEF) {
-                        return undef_err(c, l);
+                        *out = tsr_tpl_val_int(n->kind == TSR_TPL_N_NEG ? -tsr_tpl_as_int(l) : tsr_tpl_as_int(l));
+                } else if (l.type == TSR_TPL_VAL_UNDEF) {
+                        return tsr_tpl_undef_err(c, l);
                 } else {
-                        return rerr(c, TSR_E_INVAL, "bad operand type for unary %c: '%s'", n->kind == N_NEG ? '-' : '+',
-                                    type_name(l));
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "bad operand type for unary %c: '%s'",
+                                            n->kind == TSR_TPL_N_NEG ? '-' : '+', tsr_tpl_type_name(l));
                 }
                 return TSR_OK;
-        case N_NOT:
+        case TSR_TPL_N_NOT:
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK)
                         return st;
-                *out = tv_bool(!truthy(l));
+                *out = tsr_tpl_val_bool(!tsr_tpl_truthy(l));
                 return TSR_OK;
-        case N_AND:
-        case N_OR:
+        case TSR_TPL_N_AND:
+        case TSR_TPL_N_OR:
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK)
                         return st;
-                if (truthy(l) == (n->kind == N_OR)) {
+                if (tsr_tpl_truthy(l) == (n->kind == TSR_TPL_N_OR)) {
                         *out = l;
                         return TSR_OK;
                 }
                 return eval(c, n->b, f, out);
-        case N_BIN:
+        case TSR_TPL_N_BIN:
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK || (st = eval(c, n->b, f, &r)) != TSR_OK)
                         return st;
                 if (n->op == '~') {
-                        sb b = {0};
-                        if (!str_append(c, &b, l) || !str_append(c, &b, r))
-                                return c->failed ? c->st : oom(c);
-                        *out = sb_tv(&b);
+                        tsr_tpl_sb b = {0};
+                        if (!tsr_tpl_str_append(c, &b, l) || !tsr_tpl_str_append(c, &b, r))
+                                return c->failed ? c->st : tsr_tpl_oom(c);
+                        *out = tsr_tpl_sb_val(&b);
                         return TSR_OK;
                 }
                 return binop(c, n->op, l, r, out);
-        case N_CMP:
+        case TSR_TPL_N_CMP:
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK)
                         return st;
                 for (k = 0; k < n->nkids; k++) {
@@ -5357,80 +5503,81 @@ static tsr_status eval_inner(rctx *c, const node *n, frame *f, tv *out) {
                         if ((st = eval(c, n->kids[k], f, &r)) != TSR_OK)
                                 return st;
                         switch (n->ops[k]) {
-                        case CMP_EQ: res = tv_eq(c, l, r); break;
-                        case CMP_NE: res = !tv_eq(c, l, r); break;
-                        case CMP_IN:
-                        case CMP_NOTIN:
+                        case TSR_TPL_CMP_EQ: res = tsr_tpl_val_eq(c, l, r); break;
+                        case TSR_TPL_CMP_NE: res = !tsr_tpl_val_eq(c, l, r); break;
+                        case TSR_TPL_CMP_IN:
+                        case TSR_TPL_CMP_NOTIN:
                                 if ((st = contains(c, l, r, &res)) != TSR_OK)
                                         return st;
-                                if (n->ops[k] == CMP_NOTIN)
+                                if (n->ops[k] == TSR_TPL_CMP_NOTIN)
                                         res = !res;
                                 break;
                         default: {
                                 static const char *const opn[] = {"==", "!=", "<", "<=", ">", ">="};
-                                if ((st = tv_cmp(c, l, r, opn[n->ops[k]], &cr)) != TSR_OK)
+                                if ((st = tsr_tpl_val_cmp(c, l, r, opn[n->ops[k]], &cr)) != TSR_OK)
                                         return st;
-                                res = n->ops[k] == CMP_LT ? cr < 0 : n->ops[k] == CMP_LE ? cr <= 0
-                                    : n->ops[k] == CMP_GT ? cr > 0 : cr >= 0;
+                                res = n->ops[k] == TSR_TPL_CMP_LT ? cr < 0 : n->ops[k] == TSR_TPL_CMP_LE ? cr <= 0
+                                    : n->ops[k] == TSR_TPL_CMP_GT ? cr > 0 : cr >= 0;
                         }
                         }
                         if (c->failed)
                                 return c->st;
                         if (!res) {
-                                *out = tv_bool(false);
+                                *out = tsr_tpl_val_bool(false);
                                 return TSR_OK;
                         }
                         l = r;
                 }
-                *out = tv_bool(true);
+                *out = tsr_tpl_val_bool(true);
                 return TSR_OK;
-        case N_COND:
+        case TSR_TPL_N_COND:
                 if ((st = eval(c, n->a, f, &l)) != TSR_OK)
                         return st;
-                if (truthy(l))
+                if (tsr_tpl_truthy(l))
                         return eval(c, n->b, f, out);
                 if (n->c)
                         return eval(c, n->c, f, out);
-                *out = TV_UNDEFINED;
+                *out = TSR_TPL_VAL_UNDEFINED;
                 return TSR_OK;
-        case N_LIST:
-        case N_TUPLE: {
-                tlist *lst = list_new(c, n->nkids);
+        case TSR_TPL_N_LIST:
+        case TSR_TPL_N_TUPLE: {
+                tsr_tpl_list *lst = tsr_tpl_list_new(c, n->nkids);
                 if (!lst)
                         return c->st;
-                lst->tuple = n->kind == N_TUPLE;
+                lst->tuple = n->kind == TSR_TPL_N_TUPLE;
                 for (k = 0; k < n->nkids; k++) {
                         if ((st = eval(c, n->kids[k], f, &lst->v[k])) != TSR_OK)
                                 return st;
                         lst->n++;
                 }
-                *out = tv_list(lst);
+                *out = tsr_tpl_val_list(lst);
                 return TSR_OK;
         }
-        case N_DICT: {
-                tdict *d = dict_new(c);
+        case TSR_TPL_N_DICT: {
+                tsr_tpl_dict *d = tsr_tpl_dict_new(c);
                 if (!d)
                         return c->st;
                 for (k = 0; k + 1 < n->nkids; k += 2) {
-                        if ((st = eval(c, n->kids[k], f, &l)) != TSR_OK || (st = eval(c, n->kids[k + 1], f, &r)) != TSR_OK)
+                        if ((st = eval(c, n->kids[k], f, &l)) != TSR_OK ||
+                            (st = eval(c, n->kids[k + 1], f, &r)) != TSR_OK)
                                 return st;
-                        if (l.type == TV_LIST && !l.u.l->tuple)
-                                return rerr(c, TSR_E_INVAL, "unhashable type: 'list'");
-                        if (l.type == TV_DICT)
-                                return rerr(c, TSR_E_INVAL, "unhashable type: 'dict'");
-                        if (!dict_set(c, d, l, r))
+                        if (l.type == TSR_TPL_VAL_LIST && !l.u.l->tuple)
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "unhashable type: 'list'");
+                        if (l.type == TSR_TPL_VAL_DICT)
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "unhashable type: 'dict'");
+                        if (!tsr_tpl_dict_set(c, d, l, r))
                                 return c->st;
                 }
-                *out = tv_dict(d);
-                return step(c, n->nkids);
+                *out = tsr_tpl_val_dict(d);
+                return tsr_tpl_step(c, n->nkids);
         }
-        default: return rerr(c, TSR_E_INTERNAL, "unexpected node in expression");
+        default: return tsr_tpl_rerr(c, TSR_E_INTERNAL, "unexpected node in expression");
         }
 }
 
-static tsr_status eval(rctx *c, const node *n, frame *f, tv *out) {
+static tsr_status eval(tsr_tpl_rctx *c, const tsr_tpl_node *n, tsr_tpl_frame *f, tsr_tpl_val *out) {
         tsr_status st;
-        if ((st = step(c, 1)) != TSR_OK || (st = nest_in(c)) != TSR_OK)
+        if ((st = tsr_tpl_step(c, 1)) != TSR_OK || (st = tsr_tpl_nest_in(c)) != TSR_OK)
                 return st;
         st = eval_inner(c, n, f, out);
         c->nest--;
@@ -5441,51 +5588,51 @@ static tsr_status eval(rctx *c, const node *n, frame *f, tv *out) {
 
 /* ---------------------------------------------------------------- statements */
 
-static tsr_status assign_targets(rctx *c, frame *f, const node *n, tv v) {
-        tlist *l;
+static tsr_status assign_targets(tsr_tpl_rctx *c, tsr_tpl_frame *f, const tsr_tpl_node *n, tsr_tpl_val v) {
+        tsr_tpl_list *l;
         uint32_t k;
         tsr_status st;
 
         if (!n->tuple)
-                return frame_set(c, f, n->names[0], v) ? TSR_OK : c->st;
-        if ((st = iter_list(c, v, &l)) != TSR_OK)
+                return tsr_tpl_frame_set(c, f, n->names[0], v) ? TSR_OK : c->st;
+        if ((st = tsr_tpl_iter_list(c, v, &l)) != TSR_OK)
                 return st;
         if (l->n != n->nnames)
-                return rerr(c, TSR_E_INVAL, l->n > n->nnames ? "too many values to unpack (expected %u)"
+                return tsr_tpl_rerr(c, TSR_E_INVAL, l->n > n->nnames ? "too many values to unpack (expected %u)"
                                                               : "not enough values to unpack (expected %u, got %zu)",
                             n->nnames, l->n);
         for (k = 0; k < n->nnames; k++)
-                if (!frame_set(c, f, n->names[k], l->v[k]))
+                if (!tsr_tpl_frame_set(c, f, n->names[k], l->v[k]))
                         return c->st;
         return TSR_OK;
 }
 
-static tsr_status exec_for(rctx *c, const node *n, frame *f) {
-        tv it;
-        tlist *items;
-        loopst *ls;
-        frame *lf;
+static tsr_status exec_for(tsr_tpl_rctx *c, const tsr_tpl_node *n, tsr_tpl_frame *f) {
+        tsr_tpl_val it;
+        tsr_tpl_list *items;
+        tsr_tpl_loop *ls;
+        tsr_tpl_frame *lf;
         size_t k;
         tsr_status st;
         int flow;
 
-        if ((st = eval(c, n->a, f, &it)) != TSR_OK || (st = iter_list(c, it, &items)) != TSR_OK)
+        if ((st = eval(c, n->a, f, &it)) != TSR_OK || (st = tsr_tpl_iter_list(c, it, &items)) != TSR_OK)
                 return st;
-        if (!(lf = frame_new(c, f)) || !(ls = ralloc(c, sizeof(*ls))))
+        if (!(lf = tsr_tpl_frame_new(c, f)) || !(ls = tsr_tpl_ralloc(c, sizeof(*ls))))
                 return c->st;
         if (n->b) {
                 /* "for x in y if cond": filter first, so loop.length and loop.last see only
                  * the kept items, as jinja2 does */
-                tlist *kept = list_new(c, 0);
+                tsr_tpl_list *kept = tsr_tpl_list_new(c, 0);
                 if (!kept)
                         return c->st;
                 for (k = 0; k < items->n; k++) {
-                        tv cond;
+                        tsr_tpl_val cond;
                         lf->n = 0;
                         if ((st = assign_targets(c, lf, n, items->v[k])) != TSR_OK ||
                             (st = eval(c, n->b, lf, &cond)) != TSR_OK)
                                 return st;
-                        if (truthy(cond) && !list_push(c, kept, items->v[k]))
+                        if (tsr_tpl_truthy(cond) && !tsr_tpl_list_push(c, kept, items->v[k]))
                                 return c->st;
                 }
                 items = kept;
@@ -5493,13 +5640,13 @@ static tsr_status exec_for(rctx *c, const node *n, frame *f) {
         ls->items = items;
         ls->depth = 1;
         for (k = 0; k < items->n; k++) {
-                tv lv = {.type = TV_LOOP};
-                if ((st = step(c, 1)) != TSR_OK)
+                tsr_tpl_val lv = {.type = TSR_TPL_VAL_LOOP};
+                if ((st = tsr_tpl_step(c, 1)) != TSR_OK)
                         return st;
                 lf->n = 0;      /* a fresh scope per iteration */
                 ls->index0 = k;
                 lv.u.loop = ls;
-                if (!frame_set(c, lf, tv_cstr("loop").u.s, lv))
+                if (!tsr_tpl_frame_set(c, lf, tsr_tpl_val_cstr("loop").u.s, lv))
                         return c->st;
                 if ((st = assign_targets(c, lf, n, items->v[k])) != TSR_OK)
                         return st;
@@ -5517,93 +5664,94 @@ static tsr_status exec_for(rctx *c, const node *n, frame *f) {
         return TSR_OK;
 }
 
-static tsr_status exec_node(rctx *c, const node *n, frame *f, int *flow) {
+static tsr_status exec_node(tsr_tpl_rctx *c, const tsr_tpl_node *n, tsr_tpl_frame *f, int *flow) {
         tsr_status st;
-        tv v;
+        tsr_tpl_val v;
 
         switch (n->kind) {
-        case N_TEXT: return emit(c, n->name.p, n->name.n);
-        case N_OUTPUT: {
-                tstr s;
+        case TSR_TPL_N_TEXT: return tsr_tpl_emit(c, n->name.p, n->name.n);
+        case TSR_TPL_N_OUTPUT: {
+                tsr_tpl_str s;
                 if ((st = eval(c, n->a, f, &v)) != TSR_OK)
                         return st;
-                if (v.type == TV_STR)
-                        return emit(c, v.u.s.p, v.u.s.n);
-                if ((st = to_str(c, v, &s)) != TSR_OK)
+                if (v.type == TSR_TPL_VAL_STR)
+                        return tsr_tpl_emit(c, v.u.s.p, v.u.s.n);
+                if ((st = tsr_tpl_to_str(c, v, &s)) != TSR_OK)
                         return st;
-                return emit(c, s.p, s.n);
+                return tsr_tpl_emit(c, s.p, s.n);
         }
-        case N_IF:
-                while (n && n->kind == N_IF) {
+        case TSR_TPL_N_IF:
+                while (n && n->kind == TSR_TPL_N_IF) {
                         if ((st = eval(c, n->a, f, &v)) != TSR_OK)
                                 return st;
-                        if (truthy(v))
+                        if (tsr_tpl_truthy(v))
                                 return exec_body(c, n->b, f, flow);
                         n = n->c;
-                        if (n && n->kind == N_IF && (st = step(c, 1)) != TSR_OK)
+                        if (n && n->kind == TSR_TPL_N_IF && (st = tsr_tpl_step(c, 1)) != TSR_OK)
                                 return st;
                 }
                 return n ? exec_body(c, n, f, flow) : TSR_OK;
-        case N_FOR: return exec_for(c, n, f);
-        case N_SET:
+        case TSR_TPL_N_FOR: return exec_for(c, n, f);
+        case TSR_TPL_N_SET:
                 if ((st = eval(c, n->a, f, &v)) != TSR_OK)
                         return st;
-                if (n->op == TGT_ATTR) {
-                        tv ns = lookup(c, f, n->name);
-                        if (ns.type != TV_NS)
-                                return rerr(c, TSR_E_INVAL, "cannot assign attribute on non-namespace object");
+                if (n->op == TSR_TPL_TGT_ATTR) {
+                        tsr_tpl_val ns = tsr_tpl_lookup(c, f, n->name);
+                        if (ns.type != TSR_TPL_VAL_NS)
+                                return tsr_tpl_rerr(c, TSR_E_INVAL, "cannot assign attribute on non-namespace object");
                         if (n->name2.n && n->name2.p[0] == '_')
-                                return rerr(c, TSR_E_INVAL,
-                                            "Chat templates cannot store underscore-prefixed attributes on a namespace, "
-                                            "but got '%.*s'. Please rename the attribute.",
-                                            (int)n->name2.n, n->name2.p);
-                        return dict_set(c, ns.u.d, tv_str(n->name2.p, n->name2.n), v) ? TSR_OK : c->st;
+                                return tsr_tpl_rerr(
+                                        c, TSR_E_INVAL,
+                                        "Chat templates cannot store underscore-prefixed attributes on a namespace, "
+                                        "but got '%.*s'. Please rename the attribute.",
+                                        (int)n->name2.n, n->name2.p);
+                        return tsr_tpl_dict_set(c, ns.u.d, tsr_tpl_val_str(n->name2.p, n->name2.n), v) ? TSR_OK : c->st;
                 }
                 return assign_targets(c, f, n, v);
-        case N_SETBLOCK: {
-                sb buf = {0}, *saved = c->cap;
+        case TSR_TPL_N_SETBLOCK: {
+                tsr_tpl_sb buf = {0}, *saved = c->cap;
                 int inner = FLOW_NORMAL;
                 c->cap = &buf;
                 st = exec_body(c, n->b, f, &inner);
                 c->cap = saved;
                 if (st != TSR_OK)
                         return st;
-                v = sb_tv(&buf);
+                v = tsr_tpl_sb_val(&buf);
                 if (n->c) {
                         /* filter chain with an empty innermost operand: feed the body in */
-                        const node *chain[64];
+                        const tsr_tpl_node *chain[64];
                         size_t depth = 0, k;
-                        const node *x;
+                        const tsr_tpl_node *x;
                         for (x = n->c; x && depth < 64; x = x->a)
                                 chain[depth++] = x;
                         if (x)
-                                return rerr(c, TSR_E_LIMIT, "filter chain too long");
+                                return tsr_tpl_rerr(c, TSR_E_LIMIT, "filter chain too long");
                         for (k = depth; k-- > 0;) {
-                                args a;
-                                tv r;
+                                tsr_tpl_args a;
+                                tsr_tpl_val r;
                                 if ((st = eval_args(c, chain[k], f, &a)) != TSR_OK ||
-                                    (st = run_filter(c, chain[k]->fid, v, &a, &r)) != TSR_OK)
+                                    (st = tsr_tpl_filter_run(c, chain[k]->fid, v, &a, &r)) != TSR_OK)
                                         return st;
                                 v = r;
                         }
                 }
-                return frame_set(c, f, n->name, v) ? TSR_OK : c->st;
+                return tsr_tpl_frame_set(c, f, n->name, v) ? TSR_OK : c->st;
         }
-        case N_MACRO: {
-                tv m = {.type = TV_MACRO};
+        case TSR_TPL_N_MACRO: {
+                tsr_tpl_val m = {.type = TSR_TPL_VAL_MACRO};
                 m.u.m.n = n;
                 m.u.m.f = f;
-                return frame_set(c, f, n->name, m) ? TSR_OK : c->st;
+                return tsr_tpl_frame_set(c, f, n->name, m) ? TSR_OK : c->st;
         }
-        case N_FILTERBLOCK: {
+        case TSR_TPL_N_FILTERBLOCK: {
                 /* the body renders in its own scope (jinja2's filter_frame), then goes
                  * through the chain; the result is output, and must be a string there */
-                sb buf = {0}, *saved = c->cap;
+                tsr_tpl_sb buf = {0}, *saved = c->cap;
                 int inner = FLOW_NORMAL;
-                frame *bf = frame_new(c, f);
-                const node *chain[64];
+                tsr_tpl_frame *bf = tsr_tpl_frame_new(c, f);
+                const tsr_tpl_node *chain[64];
                 size_t depth = 0, k;
-                const node *x;
+                const tsr_tpl_node *x;
                 if (!bf)
                         return c->st;
                 c->cap = &buf;
@@ -5611,67 +5759,69 @@ static tsr_status exec_node(rctx *c, const node *n, frame *f, int *flow) {
                 c->cap = saved;
                 if (st != TSR_OK)
                         return st;
-                v = sb_tv(&buf);
+                v = tsr_tpl_sb_val(&buf);
                 for (x = n->c; x && depth < 64; x = x->a)
                         chain[depth++] = x;
                 if (x)
-                        return rerr(c, TSR_E_LIMIT, "filter chain too long");
+                        return tsr_tpl_rerr(c, TSR_E_LIMIT, "filter chain too long");
                 for (k = depth; k-- > 0;) {
-                        args a;
-                        tv r;
+                        tsr_tpl_args a;
+                        tsr_tpl_val r;
                         if ((st = eval_args(c, chain[k], f, &a)) != TSR_OK ||
-                            (st = run_filter(c, chain[k]->fid, v, &a, &r)) != TSR_OK)
+                            (st = tsr_tpl_filter_run(c, chain[k]->fid, v, &a, &r)) != TSR_OK)
                                 return st;
                         v = r;
                 }
-                if (v.type != TV_STR)
-                        return rerr(c, TSR_E_INVAL, "sequence item 0: expected str instance, %s found", type_name(v));
-                return emit(c, v.u.s.p, v.u.s.n);
+                if (v.type != TSR_TPL_VAL_STR)
+                        return tsr_tpl_rerr(c, TSR_E_INVAL, "sequence item 0: expected str instance, %s found",
+                                            tsr_tpl_type_name(v));
+                return tsr_tpl_emit(c, v.u.s.p, v.u.s.n);
         }
-        case N_CALLBLOCK: {
-                args a;
-                tv fn, r;
-                tstr s;
-                const node *call = n->a;
-                if (call->a->kind == N_GETATTR) {
-                        tv self;
+        case TSR_TPL_N_CALLBLOCK: {
+                tsr_tpl_args a;
+                tsr_tpl_val fn, r;
+                tsr_tpl_str s;
+                const tsr_tpl_node *call = n->a;
+                if (call->a->kind == TSR_TPL_N_GETATTR) {
+                        tsr_tpl_val self;
                         if ((st = eval(c, call->a->a, f, &self)) != TSR_OK ||
-                            (st = get_attr(c, self, call->a->name, &fn)) != TSR_OK)
+                            (st = tsr_tpl_get_attr(c, self, call->a->name, &fn)) != TSR_OK)
                                 return st;
                 } else if ((st = eval(c, call->a, f, &fn)) != TSR_OK) {
                         return st;
                 }
                 if ((st = eval_args(c, call, f, &a)) != TSR_OK)
                         return st;
-                if (fn.type != TV_MACRO)
-                        return fn.type == TV_UNDEF ? undef_err(c, fn)
-                                                   : rerr(c, TSR_E_UNSUPPORTED, "call block on a %s", type_name(fn));
-                a.caller = (tv){.type = TV_MACRO};
+                if (fn.type != TSR_TPL_VAL_MACRO)
+                        return fn.type == TSR_TPL_VAL_UNDEF ? tsr_tpl_undef_err(c, fn)
+                                                            : tsr_tpl_rerr(c, TSR_E_UNSUPPORTED, "call block on a %s",
+                                                                           tsr_tpl_type_name(fn));
+                a.caller = (tsr_tpl_val){.type = TSR_TPL_VAL_MACRO};
                 a.caller.u.m.n = n;
                 a.caller.u.m.f = f;
                 if ((st = call_macro(c, fn, &a, &r)) != TSR_OK)
                         return st;
-                if (r.type == TV_STR)
-                        return emit(c, r.u.s.p, r.u.s.n);
-                if ((st = to_str(c, r, &s)) != TSR_OK)
+                if (r.type == TSR_TPL_VAL_STR)
+                        return tsr_tpl_emit(c, r.u.s.p, r.u.s.n);
+                if ((st = tsr_tpl_to_str(c, r, &s)) != TSR_OK)
                         return st;
-                return emit(c, s.p, s.n);
+                return tsr_tpl_emit(c, s.p, s.n);
         }
-        case N_BREAK: *flow = FLOW_BREAK; return TSR_OK;
-        case N_CONTINUE: *flow = FLOW_CONTINUE; return TSR_OK;
-        case N_BODY: return exec_body(c, n, f, flow);
-        default: return rerr(c, TSR_E_INTERNAL, "unexpected node in statement list");
+        case TSR_TPL_N_BREAK: *flow = FLOW_BREAK; return TSR_OK;
+        case TSR_TPL_N_CONTINUE: *flow = FLOW_CONTINUE; return TSR_OK;
+        case TSR_TPL_N_BODY: return exec_body(c, n, f, flow);
+        default: return tsr_tpl_rerr(c, TSR_E_INTERNAL, "unexpected node in statement list");
         }
 }
 
-static tsr_status exec_body(rctx *c, const node *body, frame *f, int *flow) {
+static tsr_status exec_body(tsr_tpl_rctx *c, const tsr_tpl_node *body, tsr_tpl_frame *f, int *flow) {
         uint32_t k;
         tsr_status st;
 
-        if ((st = nest_in(c)) != TSR_OK)
+        if ((st = tsr_tpl_nest_in(c)) != TSR_OK)
                 return st;
         for (k = 0; k < body->nkids; k++) {
-                if ((st = step(c, 1)) != TSR_OK)
+                if ((st = tsr_tpl_step(c, 1)) != TSR_OK)
                         break;
                 if ((st = exec_node(c, body->kids[k], f, flow)) != TSR_OK)
                         break;
@@ -5686,9 +5836,9 @@ tsr_status tsr_template_render(const tsr_template *t, const json_t *context, con
                                char **out, size_t *out_len, char *err, size_t errlen) {
         static const tsr_template_opts defaults = {0};
         tsr_template_opts o = opts ? *opts : defaults;
-        rctx c = {0};
+        tsr_tpl_rctx c = {0};
         tsr_buf buf;
-        tv ctx;
+        tsr_tpl_val ctx;
         tsr_status st;
         int flow = FLOW_NORMAL;
         uint8_t *data;
@@ -5704,13 +5854,13 @@ tsr_status tsr_template_render(const tsr_template *t, const json_t *context, con
                 return TSR_E_INVAL;
         }
         if (!o.max_output)
-                o.max_output = TPL_DEF_MAX_OUTPUT;
+                o.max_output = TSR_TPL_DEF_MAX_OUTPUT;
         if (!o.max_memory)
-                o.max_memory = TPL_DEF_MAX_MEMORY;
+                o.max_memory = TSR_TPL_DEF_MAX_MEMORY;
         if (!o.max_steps)
-                o.max_steps = TPL_DEF_MAX_STEPS;
+                o.max_steps = TSR_TPL_DEF_MAX_STEPS;
         if (!o.max_depth)
-                o.max_depth = TPL_DEF_MAX_DEPTH;
+                o.max_depth = TSR_TPL_DEF_MAX_DEPTH;
         c.o = &o;
         c.max_output = o.max_output;
         c.max_steps = o.max_steps;
@@ -5723,20 +5873,20 @@ tsr_status tsr_template_render(const tsr_template *t, const json_t *context, con
         c.out = &buf;
         st = TSR_OK;
         if (context) {
-                st = from_json(&c, context, &ctx, 0);
+                st = tsr_tpl_from_json(&c, context, &ctx, 0);
                 if (st == TSR_OK)
                         c.vars = ctx.u.d;
-        } else if (!(c.vars = dict_new(&c))) {
+        } else if (!(c.vars = tsr_tpl_dict_new(&c))) {
                 st = c.st;
         }
-        if (st == TSR_OK && !(c.root = frame_new(&c, NULL)))
+        if (st == TSR_OK && !(c.root = tsr_tpl_frame_new(&c, NULL)))
                 st = c.st;
         if (st == TSR_OK)
                 st = exec_body(&c, t->root, c.root, &flow);
         if (st == TSR_OK && !buf.data) {
                 /* an empty render still hands back a NUL-terminated string */
                 if ((st = tsr_buf_reserve(&buf, 0)) != TSR_OK)
-                        rerr(&c, st, "out of memory");
+                        tsr_tpl_rerr(&c, st, "out of memory");
                 else
                         buf.data[0] = '\0';
         }
