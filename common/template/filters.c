@@ -7,9 +7,6 @@
 #include <math.h>
 #include <stdlib.h>
 
-/* ---------------------------------------------------------------- tests and filters */
-
-
 /* bsearch comparator of a tsr_tpl_str key against a table row whose first member is its name:
  * byte order, as strcmp sorts the tables. */
 static int name_cmp(const void *key, const void *elem) {
@@ -23,8 +20,8 @@ static int name_cmp(const void *key, const void *elem) {
         return k->n < n ? -1 : k->n > n;
 }
 
-/* Every jinja2 test takes the value and at most one argument: `x` is the first argument
- * (positional or keyword) or undefined, `have` says whether one was given. */
+/* Every jinja2 test takes the value and at most one argument: `x` is the first positional
+ * argument or undefined, `have` says whether one was given. */
 typedef tsr_status (*test_fn)(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out);
 
 static tsr_status test_defined(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out) {

@@ -1,5 +1,7 @@
-/* lexer.c - template source to tokens: newline normalisation, whitespace control
- * (trim_blocks, lstrip_blocks, "-" and "+"), string and number literals. */
+/* lexer.c - template source to tokens: data, tags with their whitespace control
+ * (trim_blocks, lstrip_blocks, "-" and "+"), names, operators, string and number
+ * literals; and the parse-error message with its line and column (tsr_tpl_perr).
+ * tsr_template_parse (parser.c) normalises newlines before calling tsr_tpl_lex. */
 #include "template_int.h"
 
 #include <ctype.h>

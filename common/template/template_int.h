@@ -24,10 +24,12 @@
  * |safe or |escape is a Markup for `+` (markupsafe escapes the other operand); other
  * operations drop the mark.
  *
- * Shape: the lexer turns the normalised source into one token array (whitespace
- * control is applied there, exactly where jinja2's lexer applies it), a recursive
- * descent parser builds an AST in the template's arena, and a tree-walking evaluator
- * renders it.  Every render has its own arena (capped), its own output buffer (capped),
+ * Shape: the lexer (lexer.c) turns the normalised source into one token array
+ * (whitespace control is applied there, exactly where jinja2's lexer applies it), a
+ * recursive descent parser (parser.c) builds an AST in the template's arena, and a
+ * tree-walking evaluator (eval.c) renders it, with the values and their Python
+ * semantics in value.c, str/dict/list methods in methods.c, and filters and tests in
+ * filters.c.  Every render has its own arena (capped), its own output buffer (capped),
  * a step counter and a depth counter, so a hostile template ends with TSR_E_LIMIT. */
 #ifndef TSR_TEMPLATE_INT_H
 #define TSR_TEMPLATE_INT_H
@@ -126,10 +128,25 @@ struct tsr_tpl_loop {
 
 static const tsr_tpl_val TSR_TPL_VAL_UNDEFINED = {.type = TSR_TPL_VAL_UNDEF};
 
-static inline tsr_tpl_val tsr_tpl_val_none(void) { tsr_tpl_val v = {.type = TSR_TPL_VAL_NONE}; return v; }
-static inline tsr_tpl_val tsr_tpl_val_bool(bool b) { tsr_tpl_val v = {.type = TSR_TPL_VAL_BOOL}; v.u.b = b; return v; }
-static inline tsr_tpl_val tsr_tpl_val_int(int64_t i) { tsr_tpl_val v = {.type = TSR_TPL_VAL_INT}; v.u.i = i; return v; }
-static inline tsr_tpl_val tsr_tpl_val_float(double f) { tsr_tpl_val v = {.type = TSR_TPL_VAL_FLOAT}; v.u.f = f; return v; }
+static inline tsr_tpl_val tsr_tpl_val_none(void) {
+        tsr_tpl_val v = {.type = TSR_TPL_VAL_NONE};
+        return v;
+}
+static inline tsr_tpl_val tsr_tpl_val_bool(bool b) {
+        tsr_tpl_val v = {.type = TSR_TPL_VAL_BOOL};
+        v.u.b = b;
+        return v;
+}
+static inline tsr_tpl_val tsr_tpl_val_int(int64_t i) {
+        tsr_tpl_val v = {.type = TSR_TPL_VAL_INT};
+        v.u.i = i;
+        return v;
+}
+static inline tsr_tpl_val tsr_tpl_val_float(double f) {
+        tsr_tpl_val v = {.type = TSR_TPL_VAL_FLOAT};
+        v.u.f = f;
+        return v;
+}
 static inline tsr_tpl_val tsr_tpl_val_str(const char *p, size_t n) {
         tsr_tpl_val v = {.type = TSR_TPL_VAL_STR};
         v.u.s.p = p;
@@ -215,10 +232,9 @@ struct tsr_template {
         tsr_tpl_node *root;
 };
 
-/* Filters and tests, checked at parse time as jinja2 does ("No filter named ...").
- * Both are looked up in tables next to their functions (tsr_tpl_filter_find, tsr_tpl_test_find). */
-
-static inline bool tsr_tpl_str_eq(tsr_tpl_str a, const char *b) { return a.n == strlen(b) && memcmp(a.p, b, a.n) == 0; }
+static inline bool tsr_tpl_str_eq(tsr_tpl_str a, const char *b) {
+        return a.n == strlen(b) && memcmp(a.p, b, a.n) == 0;
+}
 
 /* ---------------------------------------------------------------- lexer */
 
@@ -318,26 +334,51 @@ typedef struct tsr_tpl_jopt {
         bool sort_keys;
 } tsr_tpl_jopt;
 
-/* value.c: values, strings, access, str()/repr()/JSON, the render context */
+/* ---------------------------------------------------------------- value.c */
+
+/* UTF-8 and Python whitespace over byte ranges.  tsr_tpl_utf8_next decodes invalid bytes
+ * as themselves (Latin-1), so it never skips a byte or reads past n. */
 uint32_t tsr_tpl_utf8_next(const char *s, size_t n, size_t *i);
 size_t tsr_tpl_utf8_put(char *out, uint32_t c);
 size_t tsr_tpl_utf8_len(const char *s, size_t n);
 bool tsr_tpl_py_isspace(uint32_t c);
 size_t tsr_tpl_rstrip_ws_len(const char *s, size_t n);
 size_t tsr_tpl_lstrip_ws_len(const char *s, size_t n);
+
+/* Render errors.  The first error wins: it sets c->failed, c->st and the message, and
+ * later calls return c->st unchanged, so a caller may simply return what it got.
+ * tsr_tpl_ralloc returns NULL with the error set (TSR_E_LIMIT past max_memory, else
+ * TSR_E_NOMEM); the bool helpers below fail the same way, and their callers return
+ * c->st.  tsr_tpl_step counts evaluation work against max_steps; tsr_tpl_nest_in counts
+ * C recursion against TSR_TPL_MAX_EVAL_NEST (the caller decrements c->nest). */
 tsr_status tsr_tpl_rerr(tsr_tpl_rctx *c, tsr_status st, const char *fmt, ...)
         __attribute__((format(printf, 3, 4)));
 tsr_status tsr_tpl_oom(tsr_tpl_rctx *c);
 void *tsr_tpl_ralloc(tsr_tpl_rctx *c, size_t n);
 tsr_status tsr_tpl_step(tsr_tpl_rctx *c, uint64_t k);
 tsr_status tsr_tpl_nest_in(tsr_tpl_rctx *c);
+
+/* String building in the render arena, and output: tsr_tpl_emit writes to the capture
+ * buffer while a macro or block set captures, else to the capped output. */
 bool tsr_tpl_sb_add(tsr_tpl_rctx *c, tsr_tpl_sb *b, const char *s, size_t n);
 bool tsr_tpl_sb_adds(tsr_tpl_rctx *c, tsr_tpl_sb *b, const char *s);
+static inline bool tsr_tpl_sb_addc(tsr_tpl_rctx *c, tsr_tpl_sb *b, char ch) { return tsr_tpl_sb_add(c, b, &ch, 1); }
+static inline tsr_tpl_val tsr_tpl_sb_val(tsr_tpl_sb *b) { return tsr_tpl_val_str(b->p ? b->p : "", b->n); }
 tsr_status tsr_tpl_emit(tsr_tpl_rctx *c, const char *s, size_t n);
+
+/* Lists, dicts (insertion-ordered, linear lookup) and variable frames, all in the arena. */
 tsr_tpl_list *tsr_tpl_list_new(tsr_tpl_rctx *c, size_t cap);
 bool tsr_tpl_list_push(tsr_tpl_rctx *c, tsr_tpl_list *l, tsr_tpl_val v);
-tsr_tpl_val tsr_tpl_val_list(tsr_tpl_list *l);
-tsr_tpl_val tsr_tpl_val_dict(tsr_tpl_dict *d);
+static inline tsr_tpl_val tsr_tpl_val_list(tsr_tpl_list *l) {
+        tsr_tpl_val v = {.type = TSR_TPL_VAL_LIST};
+        v.u.l = l;
+        return v;
+}
+static inline tsr_tpl_val tsr_tpl_val_dict(tsr_tpl_dict *d) {
+        tsr_tpl_val v = {.type = TSR_TPL_VAL_DICT};
+        v.u.d = d;
+        return v;
+}
 tsr_tpl_dict *tsr_tpl_dict_new(tsr_tpl_rctx *c);
 tsr_tpl_val *tsr_tpl_dict_find(tsr_tpl_rctx *c, const tsr_tpl_dict *d, tsr_tpl_val key);
 tsr_tpl_val *tsr_tpl_dict_finds(const tsr_tpl_dict *d, const char *key, size_t n);
@@ -345,17 +386,29 @@ bool tsr_tpl_dict_set(tsr_tpl_rctx *c, tsr_tpl_dict *d, tsr_tpl_val key, tsr_tpl
 bool tsr_tpl_frame_set(tsr_tpl_rctx *c, tsr_tpl_frame *f, tsr_tpl_str name, tsr_tpl_val val);
 tsr_tpl_frame *tsr_tpl_frame_new(tsr_tpl_rctx *c, tsr_tpl_frame *parent);
 tsr_tpl_val tsr_tpl_lookup(tsr_tpl_rctx *c, const tsr_tpl_frame *f, tsr_tpl_str name);
+
+/* Python semantics of values: type names for messages, truth, ==, ordering. */
 const char *tsr_tpl_type_name(tsr_tpl_val v);
 tsr_status tsr_tpl_undef_err(tsr_tpl_rctx *c, tsr_tpl_val u);
 bool tsr_tpl_truthy(tsr_tpl_val v);
 bool tsr_tpl_is_num(tsr_tpl_val v);
+static inline bool tsr_tpl_is_intlike(tsr_tpl_val v) { return v.type == TSR_TPL_VAL_BOOL || v.type == TSR_TPL_VAL_INT; }
+static inline int64_t tsr_tpl_as_int(tsr_tpl_val v) { return v.type == TSR_TPL_VAL_BOOL ? (int64_t)v.u.b : v.u.i; }
+static inline double tsr_tpl_as_dbl(tsr_tpl_val v) {
+        return v.type == TSR_TPL_VAL_FLOAT ? v.u.f : (double)tsr_tpl_as_int(v);
+}
 bool tsr_tpl_val_eq(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b);
 tsr_status tsr_tpl_val_cmp(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b, const char *op, int *r);
+
+/* str(), repr(), tojson and the JSON context. */
 bool tsr_tpl_repr_append(tsr_tpl_rctx *c, tsr_tpl_sb *b, tsr_tpl_val v);
 bool tsr_tpl_str_append(tsr_tpl_rctx *c, tsr_tpl_sb *b, tsr_tpl_val v);
 tsr_status tsr_tpl_to_str(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_str *out);
 bool tsr_tpl_json_dump(tsr_tpl_rctx *c, tsr_tpl_sb *b, tsr_tpl_val v, const tsr_tpl_jopt *o, int level);
 tsr_status tsr_tpl_from_json(tsr_tpl_rctx *c, const json_t *j, tsr_tpl_val *out, int depth);
+
+/* Sorting (a stable merge sort, counted in steps) and the string operations filters and
+ * methods share. */
 int tsr_tpl_cmp_keys(tsr_tpl_rctx *c, tsr_tpl_val a, tsr_tpl_val b);
 tsr_status tsr_tpl_sort_tv(tsr_tpl_rctx *c, tsr_tpl_val *v, size_t n,
                            int (*cmp)(tsr_tpl_rctx *, tsr_tpl_val, tsr_tpl_val, void *), void *u);
@@ -368,6 +421,9 @@ tsr_status tsr_tpl_str_replace(tsr_tpl_rctx *c, tsr_tpl_str s, tsr_tpl_str old, 
                                tsr_tpl_val *out);
 tsr_status tsr_tpl_str_split(tsr_tpl_rctx *c, tsr_tpl_str s, const tsr_tpl_str *sep, int64_t maxsplit,
                              tsr_tpl_val *out);
+
+/* Attribute and item access, slices, iteration, and call arguments (positional index i,
+ * or keyword `name`). */
 extern const char *const tsr_tpl_dict_methods[];
 const char *tsr_tpl_find_name(const char *const *tab, tsr_tpl_str name);
 tsr_tpl_val tsr_tpl_make_method(tsr_tpl_rctx *c, tsr_tpl_val self, const char *name);
@@ -383,32 +439,39 @@ tsr_status tsr_tpl_arg_str(tsr_tpl_rctx *c, const tsr_tpl_args *a, size_t i, con
                            tsr_tpl_str *out, bool *given);
 tsr_status tsr_tpl_arg_int(tsr_tpl_rctx *c, const tsr_tpl_args *a, size_t i, const char *name, int64_t def,
                            int64_t *out);
-static inline bool tsr_tpl_sb_addc(tsr_tpl_rctx *c, tsr_tpl_sb *b, char ch) { return tsr_tpl_sb_add(c, b, &ch, 1); }
-static inline tsr_tpl_val tsr_tpl_sb_val(tsr_tpl_sb *b) { return tsr_tpl_val_str(b->p ? b->p : "", b->n); }
-static inline bool tsr_tpl_is_intlike(tsr_tpl_val v) { return v.type == TSR_TPL_VAL_BOOL || v.type == TSR_TPL_VAL_INT; }
-static inline int64_t tsr_tpl_as_int(tsr_tpl_val v) { return v.type == TSR_TPL_VAL_BOOL ? (int64_t)v.u.b : v.u.i; }
-static inline double tsr_tpl_as_dbl(tsr_tpl_val v) { return v.type == TSR_TPL_VAL_FLOAT ? v.u.f : (double)tsr_tpl_as_int(v); }
 
-/* lexer.c */
+/* ---------------------------------------------------------------- lexer.c */
+
+/* Parse errors: "line L, column C: ..." into p->err, first error wins (p->failed). */
 tsr_status tsr_tpl_perr(tsr_tpl_parser *p, size_t off, tsr_status st, const char *fmt, ...)
         __attribute__((format(printf, 4, 5)));
 tsr_status tsr_tpl_push_tok(tsr_tpl_parser *p, tsr_tpl_token t);
 bool tsr_tpl_is_ascii_ws(char c);
+/* Tokenise p->src, which tsr_template_parse has normalised (newlines, trailing newline),
+ * into p->toks; tsr_template_parse then appends the TSR_TPL_K_EOF token. */
 tsr_status tsr_tpl_lex(tsr_tpl_parser *p);
 
-/* methods.c: Python str/dict/list methods */
+/* ---------------------------------------------------------------- methods.c */
+
+/* obj.m(args) for the methods get_attr hands out (tsr_tpl_make_method); anything else is
+ * TSR_E_UNSUPPORTED. */
 tsr_status tsr_tpl_call_str_method(tsr_tpl_rctx *c, tsr_tpl_str s, const char *m, const tsr_tpl_args *a,
                                    tsr_tpl_val *out);
 tsr_status tsr_tpl_call_method(tsr_tpl_rctx *c, tsr_tpl_val self, const char *m, const tsr_tpl_args *a,
                                tsr_tpl_val *out);
 
-/* filters.c: filters and tests */
-tsr_status tsr_tpl_test_in(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out);
-int tsr_tpl_test_find(tsr_tpl_str name);
-tsr_status tsr_tpl_test_run(tsr_tpl_rctx *c, int id, tsr_tpl_val v, const tsr_tpl_args *a, bool *out);
-tsr_status tsr_tpl_copy_list(tsr_tpl_rctx *c, tsr_tpl_list *src, tsr_tpl_list **out);
-tsr_status tsr_tpl_filter_escape(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out);
+/* ---------------------------------------------------------------- filters.c */
+
+/* Filters and tests are checked at parse time, as jinja2 does ("No filter named ..."):
+ * the parser stores the index _find returns (-1 for an unknown one, judged later) in
+ * node.fid, and the evaluator passes it back to _run. */
 int tsr_tpl_filter_find(tsr_tpl_str name);
 tsr_status tsr_tpl_filter_run(tsr_tpl_rctx *c, int fid, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out);
+int tsr_tpl_test_find(tsr_tpl_str name);
+tsr_status tsr_tpl_test_run(tsr_tpl_rctx *c, int id, tsr_tpl_val v, const tsr_tpl_args *a, bool *out);
+/* |escape, also for Markup + str; `in` of a test and of the operator */
+tsr_status tsr_tpl_filter_escape(tsr_tpl_rctx *c, tsr_tpl_val v, const tsr_tpl_args *a, tsr_tpl_val *out);
+tsr_status tsr_tpl_test_in(tsr_tpl_rctx *c, tsr_tpl_val v, tsr_tpl_val x, bool have, bool *out);
+tsr_status tsr_tpl_copy_list(tsr_tpl_rctx *c, tsr_tpl_list *src, tsr_tpl_list **out);
 
 #endif

@@ -217,17 +217,6 @@ bool tsr_tpl_list_push(tsr_tpl_rctx *c, tsr_tpl_list *l, tsr_tpl_val v) {
         return true;
 }
 
-tsr_tpl_val tsr_tpl_val_list(tsr_tpl_list *l) {
-        tsr_tpl_val v = {.type = TSR_TPL_VAL_LIST};
-        v.u.l = l;
-        return v;
-}
-tsr_tpl_val tsr_tpl_val_dict(tsr_tpl_dict *d) {
-        tsr_tpl_val v = {.type = TSR_TPL_VAL_DICT};
-        v.u.d = d;
-        return v;
-}
-
 tsr_tpl_dict *tsr_tpl_dict_new(tsr_tpl_rctx *c) {
         tsr_tpl_dict *d = tsr_tpl_ralloc(c, sizeof(*d));
         if (d)
