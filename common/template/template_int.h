@@ -315,6 +315,8 @@ typedef struct tsr_tpl_rctx {
         size_t errlen;
 } tsr_tpl_rctx;
 
+/* The global functions (u.builtin of a TSR_TPL_VAL_BUILTIN), in the order of
+ * builtin_names in value.c. */
 enum { TSR_TPL_B_RANGE, TSR_TPL_B_NAMESPACE, TSR_TPL_B_DICT, TSR_TPL_B_RAISE, TSR_TPL_B_STRFTIME };
 
 typedef struct tsr_tpl_args {

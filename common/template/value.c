@@ -108,7 +108,12 @@ size_t tsr_tpl_lstrip_ws_len(const char *s, size_t n) {
         return i;
 }
 
-static const char *const tsr_tpl_builtin_names[] = {"range", "namespace", "dict", "raise_exception", "strftime_now"};
+/* ---------------------------------------------------------------- render state */
+
+/* The globals, in the order of TSR_TPL_B_* (template_int.h): tsr_tpl_lookup turns a name
+ * into its index, which call_builtin in eval.c switches on. */
+static const char *const builtin_names[] = {"range", "namespace", "dict", "raise_exception", "strftime_now"};
+
 tsr_status tsr_tpl_rerr(tsr_tpl_rctx *c, tsr_status st, const char *fmt, ...) {
         va_list ap;
         if (c->failed)
@@ -319,8 +324,8 @@ tsr_tpl_val tsr_tpl_lookup(tsr_tpl_rctx *c, const tsr_tpl_frame *f, tsr_tpl_str 
                                 return f->vals[i];
         if ((v = tsr_tpl_dict_finds(c->vars, name.p, name.n)))
                 return *v;
-        for (i = 0; i < sizeof(tsr_tpl_builtin_names) / sizeof(tsr_tpl_builtin_names[0]); i++) {
-                if (tsr_tpl_str_eq(name, tsr_tpl_builtin_names[i])) {
+        for (i = 0; i < sizeof(builtin_names) / sizeof(builtin_names[0]); i++) {
+                if (tsr_tpl_str_eq(name, builtin_names[i])) {
                         tsr_tpl_val b = {.type = TSR_TPL_VAL_BUILTIN};
                         b.u.builtin = (int)i;
                         return b;
