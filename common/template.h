@@ -4,7 +4,8 @@
  * for apply_chat_template: ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks
  * and the loopcontrols extension; the globals raise_exception, strftime_now, namespace,
  * dict and range; a tojson filter that is json.dumps(ensure_ascii=False, ...).  The
- * language covered, and what is left out, is listed at the top of template.c.
+ * language covered, and what is left out, is listed at the top of
+ * template/template_int.h (the engine's files are in common/template/).
  *
  * A parsed tsr_template is immutable: any number of threads may render it at once.
  * Rendering allocates only per call (an arena freed before return), so the bounds in
