@@ -5,7 +5,7 @@
  * process uses the flags it owns (TSR_OWNER_*), and `tessera serve` hands each child
  * only the flags that child owns (tsr_config_child_argv).
  *
- * Rules, as vLLM's argparse has them (../shared/reference/vllm-surface.md section 5):
+ * Rules, as vLLM's argparse has them (docs/configuration.md):
  *   - `--name value` and `--name=value`; dashes and underscores are interchangeable;
  *   - booleans are `--flag` / `--no-flag`;
  *   - list flags (`--served-model-name a b`, `--api-key k1 k2`, `--worker ...`) take one

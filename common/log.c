@@ -9,7 +9,7 @@
 
 #include "clock.h"
 
-/* The log sink is Tessera's one global (STYLE.md 1.6): written once in main before
+/* The log sink is Tessera's one global (everything else is passed in a context): written once in main before
  * threads start, read-only afterwards except for the level, which is a plain int
  * read racily on purpose (a stale level for one line is harmless). */
 static char g_process[32] = "tessera";

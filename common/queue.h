@@ -2,7 +2,7 @@
  * messages between threads (worker io <-> engine).
  *
  * A full queue is an answer, not a reason to grow: push returns TSR_E_UNAVAILABLE
- * and the producer turns that into backpressure (STYLE.md 1.7).  The consumer can
+ * and the producer turns that into backpressure (every queue has a bound).  The consumer can
  * sleep in tsr_queue_pop_wait, or poll tsr_queue_fd() (an eventfd) together with
  * its sockets, e.g. as a zmq_pollitem_t with .fd set.
  *

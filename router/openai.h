@@ -23,7 +23,7 @@
 
 typedef enum oai_kind { OAI_COMPLETIONS, OAI_CHAT } oai_kind;
 
-/* Caps on client-controlled sizes (STYLE.md 1.6).  oai_limits_default fills them. */
+/* Caps on client-controlled sizes (every size a client sets is bounded).  oai_limits_default fills them. */
 typedef struct oai_limits {
         size_t max_prompts;          /* completions: prompts in one request (4096) */
         size_t max_prompt_ids;       /* token ids in one prompt given as ids (1 Mi) */

@@ -1,4 +1,4 @@
-/* placement.c - the routers.md §6.4 placement formula (see placement.h). */
+/* placement.c - the placement formula (see placement.h). */
 #include "router/placement.h"
 
 #include <stdbool.h>

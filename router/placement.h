@@ -1,4 +1,5 @@
-/* placement.h - which worker gets a request: the routers.md §6.4 formula, pure.
+/* placement.h - which worker gets a request: capacity filters, prefix overlap, load, pure
+ * (docs/architecture.md describes the policy).
  *
  * The request path (router/request.c, loop thread) fills one candidate per live worker
  * serving the model from that worker's last Status, its prefix-cache mirror and what

@@ -503,7 +503,7 @@ static void stream_write_obj(rq *r, json_t *obj) {
         if (!ev || !r->c)
                 goto out;
         if (http_conn_stream_write(r->c, ev, n) == TSR_E_LIMIT) {
-                /* A client that does not read: stop generating for it (STYLE.md 2.7). */
+                /* A client that does not read: stop generating for it (output we cannot send is not buffered without bound). */
                 log_req(TSR_LOG_WARN, r->id, "client is not reading: write queue over its cap, aborting");
                 abort_all(r, "slow_client");
                 http_conn_abort(r->c);

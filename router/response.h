@@ -1,5 +1,5 @@
 /* response.h - vLLM's response bodies for /v1/completions and /v1/chat/completions,
- * key for key (../shared/reference/vllm-surface.md section 3):
+ * key for key (vLLM's OpenAI protocol models; docs/errors.md for the error bodies):
  *
  *   - non-stream bodies and completions chunks are serialised by vLLM with every key
  *     present, nulls included (model_dump);

@@ -1,5 +1,5 @@
 /* router.h - the router's context: created in main, passed to every module.
- * No globals (STYLE.md 1.6).  One per event loop (--router-threads); each is used by
+ * No globals.  One per event loop (--router-threads); each is used by
  * its loop's thread only, except `metrics`, which every loop shares. */
 #ifndef TSR_ROUTER_H
 #define TSR_ROUTER_H

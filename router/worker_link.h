@@ -108,7 +108,7 @@ size_t tsr_worker_mirror_size(const tsr_worker *w);
  * was lost (seq is not the last + 1: PUB/SUB drops past its high-water mark or while
  * reconnecting) or the worker restarted (boot_epoch changed) the mirror starts over
  * from empty.  Until it is exact again (below) the router asks the worker for a
- * snapshot (proto Resync, routers.md §6.2's replay), which arrives as ALL_CLEARED +
+ * snapshot (proto Resync: a replay of every cached block, docs/protocol.md), which arrives as ALL_CLEARED +
  * STORED events in a later Status; meanwhile it under-reports hits, which costs
  * affinity, never correctness.  At most min(kv_blocks_total, 2^24) hashes. */
 typedef struct tsr_prefix_mirror {

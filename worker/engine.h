@@ -8,7 +8,7 @@
  * (engine -> io, engine_out items).  Whoever pops an item owns it and frees it with
  * engine_in_free / engine_out_free.
  *
- * The engine follows vLLM's V1 scheduler (../shared/reference/vllm-surface.md section 6):
+ * The engine follows vLLM's V1 scheduler (its Scheduler class):
  * one token budget per step (max_num_batched_tokens), running requests first, chunked
  * prefill, FCFS or priority waiting queue, preemption by recompute when KV blocks run
  * out, prefix caching on full blocks.  Each step emits at most one Output per router,

@@ -6,7 +6,7 @@
  * request lives in block r->block_ids[t / block_size], row t % block_size.  This
  * module decides which ids a request gets, which full blocks can be shared through
  * the prefix cache, and which cached block to evict, with vLLM V1's semantics
- * (vllm-surface.md section 6, "KV blocks & prefix caching"):
+ * (vLLM's KVCacheManager and BlockPool):
  *
  *  - every block has a ref count; blocks with ref 0 sit in one free queue (an
  *    intrusive doubly linked list over block ids, all operations O(1));

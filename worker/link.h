@@ -5,7 +5,7 @@
  *   PUB    bind (--status-listen)   -> Status every status_interval_ms
  *
  * The sockets are owned by the thread that calls worker_link_run and never touched by
- * any other (STYLE.md anti-pattern 2).  Decoded Submit/Abort go to the engine inbox;
+ * any other (a ZeroMQ socket is not thread-safe).  Decoded Submit/Abort go to the engine inbox;
  * the engine's replies come back on the outbox, whose eventfd is polled beside the
  * sockets. */
 #ifndef TSR_WORKER_LINK_H

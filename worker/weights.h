@@ -5,7 +5,7 @@
  * (the fidelity path; a bf16 compute dtype comes later).  Supported ggml types: F32, F16,
  * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
  *
- * GGUF names (llama.cpp's) map to the HF ones of models.md §1.2 as
+ * GGUF names (llama.cpp's) map to transformers' LlamaForCausalLM ones as
  *   token_embd        model.embed_tokens            (vocab, dim)
  *   blk.N.attn_norm   layers.N.input_layernorm       (dim,)
  *   blk.N.attn_q/k/v  layers.N.self_attn.q/k/v_proj  (n_heads*head_dim | n_kv_heads*head_dim, dim)
@@ -45,7 +45,7 @@ typedef struct tsr_llama_config {
         float rms_eps;
         double rope_theta;
         tsr_rope_layout rope_layout;
-        /* llama3 frequency scaling (models.md §0) when rope_llama3 is set. */
+        /* llama3 frequency scaling (transformers' _compute_llama3_parameters) when rope_llama3 is set. */
         bool rope_llama3;
         double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
         uint32_t rope_original_max_pos;
@@ -133,8 +133,8 @@ void tsr_llama_weights_free(tsr_llama_weights **w);
 tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst);
 
 /* ---- Hugging Face folders (weights_hf.c) ----------------------------------------------
- * A LlamaForCausalLM checkpoint: config.json and safetensors in HF naming (models.md
- * §1.2), F32, F16 or BF16 tensors converted to float32.  HF's q_proj/k_proj rows are in
+ * A LlamaForCausalLM checkpoint: config.json and safetensors in HF naming
+ * (transformers' LlamaForCausalLM), F32, F16 or BF16 tensors converted to float32.  HF's q_proj/k_proj rows are in
  * rotate_half order, so the config gets TSR_ROPE_NEOX. */
 
 /* Parse config.json's bytes (`path` only names the file in messages).  Reads
@@ -156,7 +156,7 @@ tsr_status tsr_llama_config_from_hf(const char *dir, tsr_llama_config *ret, char
 
 /* Load `spec`'s shard from the safetensors of `set` (tsr_safetensors_set_open), as
  * tsr_llama_weights_load does from a GGUF: the same results, statuses and stats.  Each
- * tensor must have exactly the shape of models.md §1.2 ([out, in] for a linear weight);
+ * tensor must have exactly transformers' shape ([out, in] for a linear weight);
  * lm_head.weight is not read when cfg->tied_embeddings.  A ".bias" tensor anywhere is
  * TSR_E_UNSUPPORTED (this loader would silently drop it).  `err` names the file and the
  * tensor. */

@@ -1,7 +1,7 @@
 /* weights_hf.c - Llama config from a Hugging Face config.json, and its safetensors
  * tensors converted to float32.
  *
- * The field names and defaults are transformers' LlamaConfig (models.md §1.1).  Both
+ * The field names and defaults are transformers' LlamaConfig.  Both
  * config styles occur in the wild: transformers 4 writes a top-level rope_theta and a
  * rope_scaling object (null for plain RoPE); transformers 5 writes rope_parameters with
  * rope_theta inside.  Older files spell rope_type as "type". */
@@ -444,7 +444,7 @@ tsr_status tsr_llama_weights_load_hf(const tsr_safetensors_set *set, const tsr_l
         }
         w->cfg = *cfg;
 
-        /* models.md §1.2, in the order of weights.h. */
+        /* transformers' LlamaForCausalLM names, in the order of weights.h. */
         uint64_t dim = cfg->dim, q_dim = (uint64_t)cfg->n_heads * cfg->head_dim;
         uint64_t kv_dim = (uint64_t)cfg->n_kv_heads * cfg->head_dim, hid = cfg->hidden_dim;
         hf_want_add(wants, &n_wants, "model.embed_tokens.weight", cfg->vocab_size, dim, &w->token_embd);
