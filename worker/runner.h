@@ -2,7 +2,8 @@
  * paged attention reads, behind engine.h's engine_model interface.
  *
  * Built by the worker's main thread before the engine starts, then used only by the
- * engine thread.  Today: Llama-architecture GGUF files on the CPU reference kernels. */
+ * engine thread (which then drives the backend it borrowed).  Today: Llama-architecture
+ * GGUF files and HF folders on a CPU backend (kernels.h). */
 #ifndef TSR_WORKER_RUNNER_H
 #define TSR_WORKER_RUNNER_H
 
