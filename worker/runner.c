@@ -128,10 +128,10 @@ tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_
         tsr_status st;
         size_t len = strlen(path);
 
-        /* A Hugging Face folder or a .gguf file; tsr_llama_load tells the two apart and
-         * refuses architectures other than Llama with TSR_E_UNSUPPORTED. */
         if (!opts || !opts->backend)
                 return TSR_E_INVAL;
+        /* A Hugging Face folder or a .gguf file; tsr_llama_load tells the two apart and
+         * refuses architectures other than Llama with TSR_E_UNSUPPORTED. */
         if (!is_dir(path) && (len < 5 || strcmp(path + len - 5, ".gguf") != 0)) {
                 snprintf(err, errlen, "a model is a Hugging Face folder or a .gguf file");
                 return TSR_E_UNSUPPORTED;
