@@ -1,25 +1,46 @@
 /* kernels.h - the operator interface the forward pass is written against.
  *
- * One vtable per backend, in the style of ggml's backend interface.  cpu/ref.c is the
- * specification: scalar, plain, with shape comments.  Fast CPU paths and CUDA kernels
- * are judged against it (tests/kernels).  Functions return a tsr_status and never
- * exit or abort on bad input: NULL pointers and zero or inconsistent sizes are
- * TSR_E_INVAL, and an op that fails writes nothing.
+ * A backend is an object with a handle (tsr_backend *), in the style of ggml's backend
+ * interface: one per device or per CPU thread pool, created by tsr_backend_cpu_new,
+ * tsr_backend_cpu_ref_new or tsr_backend_cuda_new and freed by tsr_backend_free.  Every
+ * operator takes the backend first; so do memory (alloc/free, upload/download) and
+ * synchronize.  A backend holds all of its state (thread pool, ISA, device ordinal):
+ * kernels/ keeps no mutable state of its own, so two backends (tensor-parallel ranks as
+ * threads of one worker, two engines in one test) run side by side in one process.
  *
- * All tensors are float32, row-major, in the backend's memory (host for cpu, device for
- * cuda).  Shapes are written (rows, cols) with the last index varying fastest.
+ * cpu/ref.c is the specification: scalar, plain, with shape comments.  Fast CPU paths
+ * and CUDA kernels are judged against it (tests/kernels).  Functions return a tsr_status
+ * and never exit or abort on bad input: NULL pointers and zero or inconsistent sizes
+ * are TSR_E_INVAL, an op or weight dtype the backend does not implement is
+ * TSR_E_UNSUPPORTED, and an op that fails writes nothing.
+ *
+ * Activations are float32, row-major, in the backend's memory (host for cpu, device for
+ * cuda; tsr_backend_mem_alloc gives such memory).  Shapes are written (rows, cols) with
+ * the last index varying fastest.  Weights of a matmul come in one of tsr_dtype's
+ * formats; the backend picks the kernel for the format (a new format is a new kernel
+ * behind tsr_backend_matmul, not a new entry point).
  *
  * Batch invariance: every op computes each row of its output from that row's inputs
  * alone, with one fixed reduction order per output element (no split-K, no blocking
  * that depends on the number of rows).  A row's result is therefore bitwise the same
  * whether it is computed alone or among other rows; tests enforce this.
  *
- * The CUDA table initialises the first three members positionally: keep `name`,
- * `rmsnorm` and `sync` first, in that order, and append new ops after them.  An op a
- * backend does not implement is NULL (the CUDA table sets rmsnorm and add_rmsnorm). */
+ * Threads: a backend is driven by one thread at a time (the engine thread, or one rank's
+ * thread); its ops may use the backend's own helper threads.  Different backends may be
+ * driven from different threads at once.  Creating and freeing: any thread, while no op
+ * of that backend runs.
+ *
+ * Why an opaque struct with functions rather than a visible { ops, ctx } pair: the
+ * operator table (kernels/backend_impl.h) stays private to kernels/, so adding an op or
+ * a weight format changes no caller; the wrappers here check the handle and answer
+ * TSR_E_UNSUPPORTED for an op a backend lacks instead of every caller testing a NULL
+ * slot; and the handle's queries (name, ISA, threads) are plain reads of fields set at
+ * creation.  The price is one direct call per op on top of the indirect one, nothing
+ * next to a kernel's run time. */
 #ifndef TSR_KERNELS_H
 #define TSR_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "common/tsr_status.h"
@@ -53,122 +74,175 @@ typedef struct tsr_kv_view {
         size_t head_dim;
 } tsr_kv_view;
 
-typedef struct tsr_kernels_ops {
-        const char *name;
-        /* out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w[:]
-         * x (rows, dim), w (dim,) -> out (rows, dim); out may alias x. */
-        tsr_status (*rmsnorm)(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps);
-        /* Wait for queued work (no-op on the CPU). */
-        tsr_status (*sync)(void);
+/* Weight formats of tsr_backend_matmul.  Later: F16, FP8, NVFP4, GGUF block types;
+ * each a kernel inside the backends that run it. */
+typedef enum tsr_dtype {
+        TSR_DTYPE_F32 = 0,              /* float32 */
+        TSR_DTYPE_BF16 = 1,             /* bfloat16 bits (uint16_t) */
+        TSR_DTYPE_COUNT
+} tsr_dtype;
 
-        /* ---- appended ops: the CUDA table does not set these yet (NULL) up to matmul_bf16 ---- */
+/* Name of a dtype ("f32", "bf16"); "?" for a value out of range. */
+const char *tsr_dtype_name(tsr_dtype t);
 
-        /* out[r,:] = table[ids[r],:]
-         * table (vocab, dim), ids (rows,) -> out (rows, dim).  An id >= vocab is TSR_E_INVAL. */
-        tsr_status (*embedding)(float *out, const float *table, size_t vocab, size_t dim,
-                                const uint32_t *ids, size_t rows);
-        /* out[r,i] = sum_k w[i,k] * x[r,k]: W (d,n) @ x[r] (n,) -> out[r] (d,), for each row r.
-         * x (rows, n), w (d, n) -> out (rows, d).  rows == 1 is the decode GEMV, rows > 1 the
-         * prefill GEMM; both use the same per-element reduction order.  out must not alias
-         * x or w. */
-        tsr_status (*matmul)(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d);
-        /* Rotate, in place, each head of each row by its position.
-         * x (rows, n_heads, head_dim), pos (rows,), inv_freq (head_dim/2,).  head_dim even. */
-        tsr_status (*rope)(float *x, size_t rows, size_t n_heads, size_t head_dim,
-                           const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout);
-        /* Store the keys and values of tokens past_len .. past_len+n-1 in the cache.
-         * k, v (n, n_kv_heads, head_dim) -> kv rows past_len.. past_len+n-1.  The view's
-         * table must cover past_len + n tokens. */
-        tsr_status (*kv_write)(const tsr_kv_view *kv, const float *k, const float *v, size_t n, size_t past_len);
-        /* Causal grouped-query attention for a chunk of n new tokens of one sequence, at
-         * positions past_len .. past_len+n-1, whose keys and values are already in the
-         * cache.  Query row t sees cached tokens 0 .. past_len+t.  Query head h reads kv
-         * head h / (n_heads / n_kv_heads).  scores = q.k * scale, softmax in float32 after
-         * subtracting the row maximum, out = P.v.
-         * q (n, n_heads, head_dim) -> out (n, n_heads, head_dim); out must not alias q. */
-        tsr_status (*attention)(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
-                                size_t n_heads, float scale);
-        /* out[i] = silu(gate[i]) * up[i], silu(a) = a / (1 + exp(-a)).
-         * gate, up (n,) -> out (n,); out may alias gate or up. */
-        tsr_status (*silu_mul)(float *out, const float *gate, const float *up, size_t n);
-        /* out[i] = a[i] + b[i].  a, b (n,) -> out (n,); out may alias a or b. */
-        tsr_status (*add)(float *out, const float *a, const float *b, size_t n);
-        /* Row-wise softmax and log-softmax (max subtracted first).
-         * x (rows, n) -> out (rows, n); out may alias x. */
-        tsr_status (*softmax)(float *out, const float *x, size_t rows, size_t n);
-        tsr_status (*log_softmax)(float *out, const float *x, size_t rows, size_t n);
-
-        /* ---- bf16 weights (--dtype bfloat16) ---- */
-
-        /* out[r,i] = sum_k f(w[i,k]) * f(b(x[r,k])): W (d,n) in bfloat16 @ x[r] (n,).
-         * x (rows, n) float32, w (d, n) bfloat16 bits -> out (rows, d) float32, where
-         * b() rounds a float32 to bfloat16 (nearest, ties to even; NaN stays NaN) and f()
-         * widens bfloat16 to float32 (exact).  Each product is exact in float32.
-         * Reference order (cpu/ref.c): dot_f32's eight lanes over the widened values.
-         * A fast backend may use its own order (e.g. AVX512_BF16 pairs) provided that
-         * order is fixed per element: independent of rows, d, tiling and threads.
-         * out must not alias x or w. */
-        tsr_status (*matmul_bf16)(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d);
-
-        /* ---- fused ops ---- */
-
-        /* The residual add of a pre-norm transformer and the RMSNorm that follows it:
-         *     residual[r,:] = residual[r,:] + x[r,:]             (the running hidden state, in place)
-         *     out[r,:]      = rmsnorm(residual[r,:]) * w[:]      (the next sublayer's input)
-         * residual, x (rows, dim), w (dim,) -> residual (rows, dim) updated, out (rows, dim).
-         * Defined as add(residual, residual, x, rows * dim) then rmsnorm(out, residual, w,
-         * rows, dim, eps): the CPU backends give bitwise that sequence's result (cpu/ref.c
-         * composes the two), CUDA its rmsnorm's within tolerance.  The gain is memory
-         * traffic: the sum row is squared while it is in registers, not read back from memory.
-         * out may alias x (the forward writes the normed row over the sublayer's output);
-         * residual must alias neither.  rows == 0 is TSR_OK. */
-        tsr_status (*add_rmsnorm)(float *out, float *residual, const float *x, const float *w, size_t rows,
-                                  size_t dim, float eps);
-} tsr_kernels_ops;
-
-/* The scalar reference backend.  Always available. */
-const tsr_kernels_ops *tsr_kernels_cpu_ref(void);
-
-/* float32 <-> bfloat16 bits: round to nearest even (NaN kept a quiet NaN); widen exactly. */
-uint16_t tsr_f32_to_bf16(float x);
-float tsr_bf16_to_f32(uint16_t h);
-
-/* ---- the fast CPU backend (cpu/fast.c) ----------------------------------------------
- * SIMD kernels picked at run time (__builtin_cpu_supports; AMX: CPUID and the Linux
- * grant of the tile state) plus a thread pool that splits OUTPUT elements only (weight
- * rows of a matmul, (row, head) pairs of attention), so every float32 result is bitwise
- * that of cpu/ref.c whatever the ISA, the thread count or the batch
- * (tests/kernels/test_cpu_fast.c).  Ops without a fast version are the reference's.
- * matmul_bf16 follows its own fixed order on AVX512_BF16 and on AMX (within the float32
- * summation error of the reference's) and is bitwise the reference's elsewhere. */
-
+/* The CPU instruction set a CPU backend's kernels use. */
 typedef enum tsr_cpu_isa {
-        TSR_CPU_ISA_SCALAR = 0,         /* the reference functions */
+        TSR_CPU_ISA_SCALAR = 0,         /* the reference functions (also: not a CPU backend) */
         TSR_CPU_ISA_AVX2 = 1,           /* 8-wide float32, no FMA (it would change rounding) */
         TSR_CPU_ISA_AVX512_BF16 = 2,    /* AVX2 float32 + AVX512_BF16 dot products for bf16 weights */
         TSR_CPU_ISA_AMX_BF16 = 3,       /* AVX512_BF16 + AMX tiles (TDPBF16PS) for the bf16 matmul; needs
                                          * Linux's grant of the tile state (arch_prctl) */
 } tsr_cpu_isa;
 
-/* (Re)configure the fast backend: `n_threads` threads in all, the caller included
- * (0 = the online cores), using at most `max_isa` (what the CPU lacks is never used).
- * Starts the pool; any earlier pool is stopped first.  Call from one thread while no op
- * of this backend runs (startup, or between ops in tests).  TSR_E_INVAL for
- * n_threads < 0, TSR_E_NOMEM/TSR_E_IO when threads cannot be made (the backend then
- * runs single-threaded and still works). */
-tsr_status tsr_kernels_cpu_configure(int n_threads, tsr_cpu_isa max_isa);
-/* The fast table.  Configures with (0, the best ISA) on first use if not configured. */
-const tsr_kernels_ops *tsr_kernels_cpu_fast(void);
-/* What the fast table runs now: its ISA, by name too ("scalar", "avx2", "avx512_bf16", "amx_bf16"),
- * and its thread count. */
-tsr_cpu_isa tsr_kernels_cpu_isa(void);
+/* "scalar", "avx2", "avx512_bf16", "amx_bf16"; "?" for a value out of range. */
 const char *tsr_cpu_isa_name(tsr_cpu_isa isa);
-int tsr_kernels_cpu_threads(void);
-/* Stop the pool's threads (at exit; the table keeps working, single-threaded). */
-void tsr_kernels_cpu_shutdown(void);
+/* The best ISA this CPU (and Linux's AMX grant) offers.  Any thread. */
+tsr_cpu_isa tsr_cpu_isa_best(void);
 
-/* The CUDA backend, or NULL when not built or no device is present. */
-const tsr_kernels_ops *tsr_kernels_cuda(void);
+typedef struct tsr_backend tsr_backend;
+
+/* ---- creating and freeing ------------------------------------------------------------- */
+
+/* The fast CPU backend (cpu/fast.c): SIMD kernels picked at run time (__builtin_cpu_supports;
+ * AMX: CPUID and the Linux grant of the tile state) plus a thread pool of its own that
+ * splits OUTPUT elements only (weight rows of a matmul, (row, head) pairs of attention),
+ * so every float32 result is bitwise that of cpu/ref.c whatever the ISA, the thread count
+ * or the batch (tests/kernels/test_cpu_fast.c).  Ops without a fast version are the
+ * reference's.  The bf16 matmul follows its own fixed order on AVX512_BF16 and on AMX
+ * (within the float32 summation error of the reference's) and is bitwise the reference's
+ * elsewhere. */
+typedef struct tsr_cpu_backend_config {
+        int n_threads;          /* threads in all, the calling thread included; 0 = the online cores */
+        tsr_cpu_isa max_isa;    /* use at most this ISA (what the CPU lacks is never used) */
+} tsr_cpu_backend_config;
+
+/* A fast CPU backend with its own pool of cfg->n_threads - 1 helper threads (started
+ * here, stopped by tsr_backend_free).  *ret written only on success.  TSR_E_INVAL for a
+ * NULL argument or n_threads < 0; TSR_E_NOMEM when the backend or its threads cannot be
+ * made (a caller may then retry with n_threads = 1, which starts no thread). */
+tsr_status tsr_backend_cpu_new(const tsr_cpu_backend_config *cfg, tsr_backend **ret);
+/* The scalar reference backend (cpu/ref.c): one thread, ISA scalar.  Always available;
+ * TSR_E_NOMEM or TSR_E_INVAL only. */
+tsr_status tsr_backend_cpu_ref_new(tsr_backend **ret);
+/* A CUDA backend on device `device` (an ordinal): every call of this backend first makes
+ * that device current on the calling thread.  TSR_E_UNSUPPORTED when CUDA is not built,
+ * TSR_E_NOTFOUND when there is no such device, TSR_E_CUDA on a runtime error. */
+tsr_status tsr_backend_cuda_new(int device, tsr_backend **ret);
+/* Stop the backend's threads and free it; accepts NULL and *be == NULL, clears *be.
+ * Memory from tsr_backend_mem_alloc must be freed before.  Not while an op runs. */
+void tsr_backend_free(tsr_backend **be);
+
+/* ---- queries: fixed at creation, any thread ------------------------------------------- */
+
+/* "cpu-fast", "cpu-ref", "cuda". */
+const char *tsr_backend_name(const tsr_backend *be);
+/* The ISA a CPU backend runs (TSR_CPU_ISA_SCALAR for the reference and for CUDA). */
+tsr_cpu_isa tsr_backend_cpu_isa(const tsr_backend *be);
+/* Threads an op may use, the caller included (1 for the reference and for CUDA). */
+int tsr_backend_threads(const tsr_backend *be);
+/* True when the backend's memory is the host's (pointers from malloc work in its ops). */
+bool tsr_backend_host_memory(const tsr_backend *be);
+/* The ops the callers name when asking tsr_backend_supports. */
+typedef enum tsr_op {
+        TSR_OP_RMSNORM,
+        TSR_OP_EMBEDDING,
+        TSR_OP_MATMUL,          /* with a weight dtype */
+        TSR_OP_ROPE,
+        TSR_OP_KV_WRITE,
+        TSR_OP_ATTENTION,
+        TSR_OP_SILU_MUL,
+        TSR_OP_ADD,
+        TSR_OP_SOFTMAX,
+        TSR_OP_LOG_SOFTMAX,
+        TSR_OP_ADD_RMSNORM,
+        TSR_OP_COUNT
+} tsr_op;
+/* Whether `op` runs on this backend; for TSR_OP_MATMUL, with weights of `w_dtype` (ignored
+ * for the other ops).  False for a NULL backend. */
+bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype);
+
+/* ---- memory --------------------------------------------------------------------------- */
+
+/* `bytes` of backend memory, 64-byte aligned, uninitialised.  *ret written only on
+ * success.  TSR_E_NOMEM (TSR_E_CUDA for other CUDA errors), TSR_E_INVAL for bytes == 0. */
+tsr_status tsr_backend_mem_alloc(tsr_backend *be, size_t bytes, void **ret);
+/* Free memory from tsr_backend_mem_alloc of the same backend; NULL is a no-op. */
+void tsr_backend_mem_free(tsr_backend *be, void *p);
+/* Copy host -> backend memory (upload) and backend -> host memory (download): memcpy on
+ * the CPU.  Synchronous: when they return, `src` may be reused (upload) and `dst` holds
+ * the data, after all work queued on the backend before the call (download). */
+tsr_status tsr_backend_upload(tsr_backend *be, void *dst, const void *src, size_t bytes);
+tsr_status tsr_backend_download(tsr_backend *be, void *dst, const void *src, size_t bytes);
+/* Wait for all work queued on this backend (no-op on the CPU, whose ops return when done). */
+tsr_status tsr_backend_synchronize(tsr_backend *be);
+
+/* ---- operators ------------------------------------------------------------------------ */
+
+/* out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w[:]
+ * x (rows, dim), w (dim,) -> out (rows, dim); out may alias x. */
+tsr_status tsr_backend_rmsnorm(tsr_backend *be, float *out, const float *x, const float *w, size_t rows, size_t dim,
+                               float eps);
+/* out[r,:] = table[ids[r],:]
+ * table (vocab, dim), ids (rows,) host memory -> out (rows, dim).  An id >= vocab is
+ * TSR_E_INVAL. */
+tsr_status tsr_backend_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
+                                 const uint32_t *ids, size_t rows);
+/* out[r,i] = sum_k w[i,k] * x[r,k]: W (d,n) @ x[r] (n,) -> out[r] (d,), for each row r.
+ * x (rows, n) float32, w (d, n) in `w_dtype`, -> out (rows, d) float32.  rows == 1 is the
+ * decode GEMV, rows > 1 the prefill GEMM; both use the same per-element reduction order.
+ * out must not alias x or w.  A dtype the backend has no kernel for is TSR_E_UNSUPPORTED.
+ *
+ * TSR_DTYPE_F32: reference order (cpu/ref.c dot_f32); the fast CPU backend is bitwise it.
+ * TSR_DTYPE_BF16: w holds bfloat16 bits; out[r,i] = sum_k f(w[i,k]) * f(b(x[r,k])), where
+ * b() rounds a float32 to bfloat16 (nearest, ties to even; NaN stays NaN) and f() widens
+ * bfloat16 to float32 (exact).  Each product is exact in float32.  Reference order:
+ * dot_f32's eight lanes over the widened values.  A fast backend may use its own order
+ * (e.g. AVX512_BF16 pairs) provided that order is fixed per element: independent of rows,
+ * d, tiling and threads. */
+tsr_status tsr_backend_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                              size_t rows, size_t n, size_t d);
+/* Rotate, in place, each head of each row by its position.
+ * x (rows, n_heads, head_dim), pos (rows,), inv_freq (head_dim/2,).  head_dim even. */
+tsr_status tsr_backend_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
+                            const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout);
+/* Store the keys and values of tokens past_len .. past_len+n-1 in the cache.
+ * k, v (n, n_kv_heads, head_dim) -> kv rows past_len.. past_len+n-1.  The view's
+ * table must cover past_len + n tokens. */
+tsr_status tsr_backend_kv_write(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,
+                                size_t past_len);
+/* Causal grouped-query attention for a chunk of n new tokens of one sequence, at
+ * positions past_len .. past_len+n-1, whose keys and values are already in the
+ * cache.  Query row t sees cached tokens 0 .. past_len+t.  Query head h reads kv
+ * head h / (n_heads / n_kv_heads).  scores = q.k * scale, softmax in float32 after
+ * subtracting the row maximum, out = P.v.
+ * q (n, n_heads, head_dim) -> out (n, n_heads, head_dim); out must not alias q. */
+tsr_status tsr_backend_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
+                                 size_t past_len, size_t n_heads, float scale);
+/* out[i] = silu(gate[i]) * up[i], silu(a) = a / (1 + exp(-a)).
+ * gate, up (n,) -> out (n,); out may alias gate or up. */
+tsr_status tsr_backend_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n);
+/* out[i] = a[i] + b[i].  a, b (n,) -> out (n,); out may alias a or b. */
+tsr_status tsr_backend_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n);
+/* Row-wise softmax and log-softmax (max subtracted first).
+ * x (rows, n) -> out (rows, n); out may alias x. */
+tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
+tsr_status tsr_backend_log_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
+/* The residual add of a pre-norm transformer and the RMSNorm that follows it:
+ *     residual[r,:] = residual[r,:] + x[r,:]             (the running hidden state, in place)
+ *     out[r,:]      = rmsnorm(residual[r,:]) * w[:]      (the next sublayer's input)
+ * residual, x (rows, dim), w (dim,) -> residual (rows, dim) updated, out (rows, dim).
+ * Defined as add(residual, residual, x, rows * dim) then rmsnorm(out, residual, w,
+ * rows, dim, eps): the CPU backends give bitwise that sequence's result (cpu/ref.c
+ * composes the two), CUDA its rmsnorm's within tolerance.  The gain is memory
+ * traffic: the sum row is squared while it is in registers, not read back from memory.
+ * out may alias x (the forward writes the normed row over the sublayer's output);
+ * residual must alias neither.  rows == 0 is TSR_OK. */
+tsr_status tsr_backend_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
+                                   size_t rows, size_t dim, float eps);
+
+/* float32 <-> bfloat16 bits: round to nearest even (NaN kept a quiet NaN); widen exactly. */
+uint16_t tsr_f32_to_bf16(float x);
+float tsr_bf16_to_f32(uint16_t h);
 
 #ifdef __cplusplus
 }

@@ -125,7 +125,7 @@ out:
 #define PROMPT 16
 
 /* Seconds of `steps` batched decode steps of `batch` sequences (after their prefill). */
-static double run_decode(tsr_llama *m, int batch, int steps, float *logits) {
+static double run_decode(tsr_llama *m, tsr_backend *be, int batch, int steps, float *logits) {
         size_t block = 16, per_seq = (PROMPT + (size_t)steps + block - 1) / block;
         tsr_llama_kv *pool = NULL;
         uint32_t *tables = malloc((size_t)batch * per_seq * sizeof(uint32_t));
@@ -142,7 +142,7 @@ static double run_decode(tsr_llama *m, int batch, int steps, float *logits) {
         for (int s = 0; s < batch; s++) {
                 for (int t = 0; t < PROMPT; t++)
                         prompt[t] = (uint32_t)(1 + (s * 131 + t * 17) % 4000);
-                if (tsr_llama_forward_blocks(m, pool, tables + (size_t)s * per_seq, per_seq, prompt, PROMPT, 0,
+                if (tsr_llama_forward_blocks(m, be, pool, tables + (size_t)s * per_seq, per_seq, prompt, PROMPT, 0,
                                              TSR_LLAMA_LOGITS_NONE, NULL) != TSR_OK)
                         goto out;
                 toks[s] = (uint32_t)(100 + s);
@@ -153,7 +153,7 @@ static double run_decode(tsr_llama *m, int batch, int steps, float *logits) {
                         seqs[s] = (tsr_llama_seq){.block_table = tables + (size_t)s * per_seq, .n_table = per_seq,
                                                   .tokens = &toks[s], .n = 1, .past_len = (size_t)(PROMPT + step),
                                                   .which = TSR_LLAMA_LOGITS_LAST};
-                if (tsr_llama_forward_batch(m, pool, seqs, (size_t)batch, logits) != TSR_OK)
+                if (tsr_llama_forward_batch(m, be, pool, seqs, (size_t)batch, logits) != TSR_OK)
                         goto out;
         }
         secs = now_s() - t0;
@@ -165,7 +165,7 @@ out:
         return secs;
 }
 
-static double run_prefill(tsr_llama *m, int n, float *logits) {
+static double run_prefill(tsr_llama *m, tsr_backend *be, int n, float *logits) {
         tsr_llama_kv *kv = NULL;
         uint32_t *ids = malloc((size_t)n * sizeof *ids);
         double secs = -1;
@@ -173,7 +173,7 @@ static double run_prefill(tsr_llama *m, int n, float *logits) {
                 for (int i = 0; i < n; i++)
                         ids[i] = (uint32_t)(1 + (i * 37) % 4000);
                 double t0 = now_s();
-                if (tsr_llama_forward(m, kv, ids, (size_t)n, 0, TSR_LLAMA_LOGITS_LAST, logits) == TSR_OK)
+                if (tsr_llama_forward(m, be, kv, ids, (size_t)n, 0, TSR_LLAMA_LOGITS_LAST, logits) == TSR_OK)
                         secs = now_s() - t0;
         }
         tsr_llama_kv_free(&kv);
@@ -244,14 +244,12 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "--kernels %s: expected fast, amx_bf16, avx512_bf16, avx2 or ref\n", kernels);
                 return 2;
         }
-        if (!ref)
-                tsr_kernels_cpu_configure(1, max_isa);
 
         double best_bw = bandwidth ? measure_bandwidth(threads, n_threads, "before") : 0;
         double best_b1[2] = {0, 0};     /* best batch-1 decode tok/s, float32 and bfloat16 */
         double wbytes_of[2] = {0, 0};
-        printf("kernels %s, isa %s, model %s\n", ref ? "cpu-ref" : "cpu-fast",
-               tsr_cpu_isa_name(tsr_kernels_cpu_isa()), model);
+        tsr_cpu_isa isa = ref ? TSR_CPU_ISA_SCALAR : max_isa < tsr_cpu_isa_best() ? max_isa : tsr_cpu_isa_best();
+        printf("kernels %s, isa %s, model %s\n", ref ? "cpu-ref" : "cpu-fast", tsr_cpu_isa_name(isa), model);
         printf("| dtype | threads | what | tok/s | |\n|---|---|---|---|---|\n");
         char dt[64];
         snprintf(dt, sizeof dt, "%s", dtypes);
@@ -259,8 +257,7 @@ int main(int argc, char **argv) {
                 bool bf16 = strcmp(dtype, "bfloat16") == 0;
                 char err[512];
                 tsr_llama *m = NULL;
-                const tsr_kernels_ops *ops = ref ? tsr_kernels_cpu_ref() : tsr_kernels_cpu_fast();
-                if (tsr_llama_load(model, ops, NULL, NULL, NULL, &m, NULL, err, sizeof err) != TSR_OK) {
+                if (tsr_llama_load(model, NULL, NULL, NULL, &m, NULL, err, sizeof err) != TSR_OK) {
                         fprintf(stderr, "%s\n", err);
                         return 1;
                 }
@@ -276,13 +273,22 @@ int main(int argc, char **argv) {
                 float *logits = malloc((size_t)max_batch * c->vocab_size * sizeof(float));
                 double wbytes = weight_bytes(c, bf16 ? 2.0 : 4.0);
                 for (size_t t = 0; t < (ref ? 1 : n_threads); t++) {
-                        if (!ref)
-                                tsr_kernels_cpu_configure(threads[t], max_isa);
-                        int nt = ref ? 1 : tsr_kernels_cpu_threads();
+                        /* One backend per thread count: its pool has exactly that many threads. */
+                        tsr_backend *be = NULL;
+                        tsr_status bst = ref ? tsr_backend_cpu_ref_new(&be)
+                                             : tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = threads[t],
+                                                                                             .max_isa = max_isa},
+                                                                   &be);
+                        if (bst != TSR_OK) {
+                                fprintf(stderr, "cannot make the backend (%d threads): %s\n", threads[t],
+                                        tsr_status_str(bst));
+                                return 1;
+                        }
+                        int nt = tsr_backend_threads(be);
                         for (size_t b = 0; b < n_batches; b++) {
                                 double best = 1e30;
                                 for (int r = 0; r < repeat; r++) {
-                                        double s = run_decode(m, batches[b], steps, logits);
+                                        double s = run_decode(m, be, batches[b], steps, logits);
                                         if (s > 0 && s < best)
                                                 best = s;
                                 }
@@ -298,17 +304,17 @@ int main(int argc, char **argv) {
                         }
                         double best = 1e30;
                         for (int r = 0; r < repeat; r++) {
-                                double s = run_prefill(m, prefill, logits);
+                                double s = run_prefill(m, be, prefill, logits);
                                 if (s > 0 && s < best)
                                         best = s;
                         }
                         printf("| %s | %d | prefill %d tokens | %.1f | |\n", dtype, nt, prefill, prefill / best);
                         fflush(stdout);
+                        tsr_backend_free(&be);
                 }
                 free(logits);
                 tsr_llama_free(&m);
         }
-        tsr_kernels_cpu_shutdown();
         if (bandwidth) {
                 best_bw = fmax(best_bw, measure_bandwidth(threads, n_threads, "after"));
                 for (int i = 0; i < 2; i++)

@@ -15,7 +15,6 @@ enum { MM_Q, MM_K, MM_V, MM_O, MM_GATE, MM_UP, MM_DOWN, MM_PER_LAYER };
 struct tsr_llama {
         tsr_llama_config cfg;
         tsr_llama_weights *w;           /* owned */
-        const tsr_kernels_ops *ops;
         float *inv_freq;                /* (head_dim/2,) */
         /* --dtype bfloat16 (tsr_llama_use_bf16): the matmul weights as bf16 bits, their
          * float32 copies in w freed (NULL), except token_embd which the embedding reads. */
@@ -86,9 +85,19 @@ tsr_status tsr_llama_rope_inv_freq(const tsr_llama_config *cfg, const float *div
         return TSR_OK;
 }
 
-static bool ops_complete(const tsr_kernels_ops *o) {
-        return o && o->rmsnorm && o->embedding && o->matmul && o->rope && o->kv_write && o->attention &&
-               o->silu_mul && o->add && o->add_rmsnorm;
+tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be) {
+        static const tsr_op needed[] = {TSR_OP_RMSNORM, TSR_OP_EMBEDDING, TSR_OP_ROPE,    TSR_OP_KV_WRITE,
+                                        TSR_OP_ATTENTION, TSR_OP_SILU_MUL, TSR_OP_ADD, TSR_OP_ADD_RMSNORM};
+        if (!m || !be)
+                return TSR_E_INVAL;
+        /* The weights, activations and KV pools are host memory today. */
+        if (!tsr_backend_host_memory(be))
+                return TSR_E_UNSUPPORTED;
+        for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
+                if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
+                        return TSR_E_UNSUPPORTED;
+        return tsr_backend_supports(be, TSR_OP_MATMUL, m->bf16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32) ? TSR_OK
+                                                                                             : TSR_E_UNSUPPORTED;
 }
 
 
@@ -130,7 +139,7 @@ static tsr_status load_hf(const char *dir, const tsr_shard_spec *spec, tsr_load_
         return st;
 }
 
-tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const tsr_shard_spec *spec,
+tsr_status tsr_llama_load(const char *path, const tsr_shard_spec *spec,
                           tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
                           char *err, size_t errlen) {
         tsr_llama_weights *w = NULL;
@@ -140,11 +149,6 @@ tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const ts
 
         if (!path || !ret)
                 return TSR_E_INVAL;
-        if (!ops_complete(ops)) {
-                tsr_errf(err, errlen, "%s: kernel backend '%s' lacks ops the Llama forward needs", path,
-                        ops && ops->name ? ops->name : "?");
-                return TSR_E_UNSUPPORTED;
-        }
         if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
                 st = load_hf(path, spec, progress, ud, &w, stats, err, errlen);
         else
@@ -158,7 +162,6 @@ tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const ts
                 goto done;
         }
         m->cfg = w->cfg;
-        m->ops = ops;
         m->w = w;
         w = NULL;
         if ((st = tsr_llama_rope_inv_freq(&m->cfg, m->w->rope_freqs, m->inv_freq)) != TSR_OK) {
@@ -189,8 +192,6 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
                 return TSR_E_INVAL;
         if (m->bf16)
                 return TSR_OK;
-        if (!m->ops->matmul_bf16)
-                return TSR_E_UNSUPPORTED;
         const tsr_llama_config *c = &m->cfg;
         size_t n_layers = c->n_layers, q_dim = (size_t)c->n_heads * c->head_dim;
         size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
@@ -229,14 +230,6 @@ nomem:
 
 bool tsr_llama_is_bf16(const tsr_llama *m) { return m && m->bf16; }
 
-tsr_status tsr_llama_set_ops(tsr_llama *m, const tsr_kernels_ops *ops) {
-        if (!m)
-                return TSR_E_INVAL;
-        if (!ops_complete(ops) || (m->bf16 && !ops->matmul_bf16))
-                return TSR_E_UNSUPPORTED;
-        m->ops = ops;
-        return TSR_OK;
-}
 
 void tsr_llama_free(tsr_llama **mp) {
         if (!mp || !*mp)
@@ -391,12 +384,12 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama_config *c, si
 
 /* W (d, n) @ x (rows, n) -> out (rows, d) with layer l's matmul `which` (l < 0: the
  * output matrix), in the dtype the model holds. */
-static tsr_status mm(const tsr_llama *m, float *out, const float *x, long l, int which, const float *w_f32,
-                     size_t rows, size_t n, size_t d) {
+static tsr_status mm(const tsr_llama *m, tsr_backend *be, float *out, const float *x, long l, int which,
+                     const float *w_f32, size_t rows, size_t n, size_t d) {
         if (!m->bf16)
-                return m->ops->matmul(out, x, w_f32, rows, n, d);
+                return tsr_backend_matmul(be, out, x, w_f32, TSR_DTYPE_F32, rows, n, d);
         const uint16_t *wb = l < 0 ? m->output_bf16 : m->bf16[(size_t)l * MM_PER_LAYER + (size_t)which];
-        return m->ops->matmul_bf16(out, x, wb, rows, n, d);
+        return tsr_backend_matmul(be, out, x, wb, TSR_DTYPE_BF16, rows, n, d);
 }
 
 #define TRY(expr)                               \
@@ -413,10 +406,9 @@ static tsr_status mm(const tsr_llama *m, float *out, const float *x, long l, int
  * add_rmsnorm and rope are per row with a fixed order), so batching never changes a
  * sequence's logits.
  * Logits: per segment, none, the last row, or every row, packed in segment order. */
-static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const tsr_llama_seq *seqs, size_t n_seqs,
-                                   float *logits) {
+static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, const tsr_llama_seq *seqs,
+                                   size_t n_seqs, float *logits) {
         const tsr_llama_config *c = &m->cfg;
-        const tsr_kernels_ops *o = m->ops;
         struct scratch s;
         uint32_t *tokens = NULL;
         size_t N = 0, n_rows_out = 0;
@@ -446,39 +438,41 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const t
                         tokens[row] = seqs[i].tokens[t];
                         s.pos[row] = (uint32_t)(seqs[i].past_len + t);
                 }
-        TRY(o->embedding(s.x, w->token_embd, c->vocab_size, dim, tokens, N));         /* x (N, dim) */
+        TRY(tsr_backend_embedding(be, s.x, w->token_embd, c->vocab_size, dim, tokens, N));   /* x (N, dim) */
         /* The first layer's attention norm; each later norm is fused with the residual add
          * before it (add_rmsnorm: x += xb, xb = rmsnorm(x), bitwise the two ops in turn). */
         if (c->n_layers)
-                TRY(o->rmsnorm(s.xb, s.x, w->layers[0].attn_norm, N, dim, c->rms_eps));
+                TRY(tsr_backend_rmsnorm(be, s.xb, s.x, w->layers[0].attn_norm, N, dim, c->rms_eps));
 
         for (size_t l = 0; l < c->n_layers; l++) {
                 const tsr_llama_layer *L = &w->layers[l];
 
                 /* attention: x += o_proj(attn(rope(q), rope(k), v)) of xb = rmsnorm(x) */
-                TRY(mm(m, s.q, s.xb, (long)l, MM_Q, L->wq, N, dim, q_dim));                      /* q (N, q_dim) */
-                TRY(mm(m, s.k, s.xb, (long)l, MM_K, L->wk, N, dim, kv_dim));                     /* k (N, kv_dim) */
-                TRY(mm(m, s.v, s.xb, (long)l, MM_V, L->wv, N, dim, kv_dim));                     /* v (N, kv_dim) */
-                TRY(o->rope(s.q, N, c->n_heads, hd, s.pos, m->inv_freq, c->rope_layout));
-                TRY(o->rope(s.k, N, c->n_kv_heads, hd, s.pos, m->inv_freq, c->rope_layout));
+                TRY(mm(m, be, s.q, s.xb, (long)l, MM_Q, L->wq, N, dim, q_dim));                  /* q (N, q_dim) */
+                TRY(mm(m, be, s.k, s.xb, (long)l, MM_K, L->wk, N, dim, kv_dim));                 /* k (N, kv_dim) */
+                TRY(mm(m, be, s.v, s.xb, (long)l, MM_V, L->wv, N, dim, kv_dim));                 /* v (N, kv_dim) */
+                TRY(tsr_backend_rope(be, s.q, N, c->n_heads, hd, s.pos, m->inv_freq, c->rope_layout));
+                TRY(tsr_backend_rope(be, s.k, N, c->n_kv_heads, hd, s.pos, m->inv_freq, c->rope_layout));
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                         tsr_kv_view view = kv_layer_view(kv, l, seqs[i].block_table, seqs[i].n_table);
-                        TRY(o->kv_write(&view, s.k + row * kv_dim, s.v + row * kv_dim, seqs[i].n, seqs[i].past_len));
-                        TRY(o->attention(s.att + row * q_dim, s.q + row * q_dim, &view, seqs[i].n,
-                                         seqs[i].past_len, c->n_heads, scale));       /* att (n_i, q_dim) */
+                        TRY(tsr_backend_kv_write(be, &view, s.k + row * kv_dim, s.v + row * kv_dim, seqs[i].n,
+                                                 seqs[i].past_len));
+                        TRY(tsr_backend_attention(be, s.att + row * q_dim, s.q + row * q_dim, &view, seqs[i].n,
+                                                  seqs[i].past_len, c->n_heads, scale));       /* att (n_i, q_dim) */
                 }
-                TRY(mm(m, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));                    /* xb (N, dim) */
+                TRY(mm(m, be, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));                /* xb (N, dim) */
 
                 /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) after the attention's add */
-                TRY(o->add_rmsnorm(s.xb, s.x, s.xb, L->ffn_norm, N, dim, c->rms_eps));
-                TRY(mm(m, s.hb, s.xb, (long)l, MM_GATE, L->w_gate, N, dim, hid));                   /* hb (N, hid) */
-                TRY(mm(m, s.hb2, s.xb, (long)l, MM_UP, L->w_up, N, dim, hid));                    /* hb2 (N, hid) */
-                TRY(o->silu_mul(s.hb, s.hb, s.hb2, N * hid));
-                TRY(mm(m, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));                   /* xb (N, dim) */
+                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, L->ffn_norm, N, dim, c->rms_eps));
+                TRY(mm(m, be, s.hb, s.xb, (long)l, MM_GATE, L->w_gate, N, dim, hid));            /* hb (N, hid) */
+                TRY(mm(m, be, s.hb2, s.xb, (long)l, MM_UP, L->w_up, N, dim, hid));               /* hb2 (N, hid) */
+                TRY(tsr_backend_silu_mul(be, s.hb, s.hb, s.hb2, N * hid));
+                TRY(mm(m, be, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));            /* xb (N, dim) */
                 if (l + 1 < c->n_layers)        /* with the next layer's attention norm */
-                        TRY(o->add_rmsnorm(s.xb, s.x, s.xb, w->layers[l + 1].attn_norm, N, dim, c->rms_eps));
+                        TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, w->layers[l + 1].attn_norm, N, dim,
+                                                    c->rms_eps));
                 else                            /* the final norm runs on the gathered rows only */
-                        TRY(o->add(s.x, s.x, s.xb, N * dim));
+                        TRY(tsr_backend_add(be, s.x, s.x, s.xb, N * dim));
         }
 
         /* Only the rows whose logits are wanted go through the final norm and the
@@ -490,8 +484,8 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_llama_kv *kv, const t
                 n_rows_out += rows;
         }
         if (n_rows_out) {
-                TRY(o->rmsnorm(s.xb, s.xb, w->output_norm, n_rows_out, dim, c->rms_eps));
-                TRY(mm(m, logits, s.xb, -1, 0, w->output, n_rows_out, dim, c->vocab_size));   /* (rows, vocab) */
+                TRY(tsr_backend_rmsnorm(be, s.xb, s.xb, w->output_norm, n_rows_out, dim, c->rms_eps));
+                TRY(mm(m, be, logits, s.xb, -1, 0, w->output, n_rows_out, dim, c->vocab_size));   /* (rows, vocab) */
         }
 done:
         free(tokens);
@@ -500,14 +494,14 @@ done:
 }
 
 /* One sequence through `table`. */
-static tsr_status forward_table(const tsr_llama *m, tsr_llama_kv *kv, const uint32_t *table, size_t n_table,
-                                const uint32_t *tokens, size_t n, size_t past_len, tsr_llama_logits which,
-                                float *logits) {
+static tsr_status forward_table(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, const uint32_t *table,
+                                size_t n_table, const uint32_t *tokens, size_t n, size_t past_len,
+                                tsr_llama_logits which, float *logits) {
         tsr_llama_seq one = {
                 .block_table = table, .n_table = n_table, .tokens = tokens, .n = n, .past_len = past_len,
                 .which = which,
         };
-        return forward_segments(m, kv, &one, 1, logits);
+        return forward_segments(m, be, kv, &one, 1, logits);
 }
 
 /* Checks of one sequence's arguments, shared by every entry point. */
@@ -525,16 +519,20 @@ static tsr_status seq_args_ok(const tsr_llama *m, const tsr_llama_kv *kv, const 
         return TSR_OK;
 }
 
-static tsr_status forward_args_ok(const tsr_llama *m, const tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
-                                  size_t past_len, tsr_llama_logits which, const float *logits) {
+static tsr_status forward_args_ok(const tsr_llama *m, const tsr_backend *be, const tsr_llama_kv *kv,
+                                  const uint32_t *tokens, size_t n, size_t past_len, tsr_llama_logits which,
+                                  const float *logits) {
+        tsr_status st;
         if (which != TSR_LLAMA_LOGITS_NONE && !logits)
                 return TSR_E_INVAL;
-        return seq_args_ok(m, kv, tokens, n, past_len, which);
+        if ((st = seq_args_ok(m, kv, tokens, n, past_len, which)) != TSR_OK)
+                return st;
+        return tsr_llama_check_backend(m, be);
 }
 
-tsr_status tsr_llama_forward(const tsr_llama *m, tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
+tsr_status tsr_llama_forward(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
                              size_t past_len, tsr_llama_logits which, float *logits) {
-        tsr_status st = forward_args_ok(m, kv, tokens, n, past_len, which, logits);
+        tsr_status st = forward_args_ok(m, be, kv, tokens, n, past_len, which, logits);
 
         if (st != TSR_OK)
                 return st;
@@ -547,14 +545,14 @@ tsr_status tsr_llama_forward(const tsr_llama *m, tsr_llama_kv *kv, const uint32_
                         return TSR_E_INVAL;
         /* From here on the cache rows >= past_len are being rewritten. */
         kv->len = past_len;
-        st = forward_table(m, kv, kv->block_table, kv->n_blocks, tokens, n, past_len, which, logits);
+        st = forward_table(m, be, kv, kv->block_table, kv->n_blocks, tokens, n, past_len, which, logits);
         if (st == TSR_OK)
                 kv->len = past_len + n;
         return st;
 }
 
-tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_llama_kv *pool, const tsr_llama_seq *seqs, size_t n_seqs,
-                                   float *logits) {
+tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
+                                   size_t n_seqs, float *logits) {
         bool want = false;
         if (!seqs || n_seqs == 0)
                 return TSR_E_INVAL;
@@ -573,13 +571,16 @@ tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_llama_kv *pool, const
         }
         if (want && !logits)
                 return TSR_E_INVAL;
-        return forward_segments(m, pool, seqs, n_seqs, logits);
+        tsr_status st = tsr_llama_check_backend(m, be);
+        if (st != TSR_OK)
+                return st;
+        return forward_segments(m, be, pool, seqs, n_seqs, logits);
 }
 
-tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_llama_kv *pool, const uint32_t *block_table,
-                                    size_t n_table, const uint32_t *tokens, size_t n, size_t past_len,
-                                    tsr_llama_logits which, float *logits) {
-        tsr_status st = forward_args_ok(m, pool, tokens, n, past_len, which, logits);
+tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool,
+                                    const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
+                                    size_t past_len, tsr_llama_logits which, float *logits) {
+        tsr_status st = forward_args_ok(m, be, pool, tokens, n, past_len, which, logits);
 
         if (st != TSR_OK)
                 return st;
@@ -589,5 +590,5 @@ tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_llama_kv *pool, cons
         for (size_t b = 0; b < n_table; b++)
                 if (block_table[b] >= pool->n_blocks)
                         return TSR_E_INVAL;
-        return forward_table(m, pool, block_table, n_table, tokens, n, past_len, which, logits);
+        return forward_table(m, be, pool, block_table, n_table, tokens, n, past_len, which, logits);
 }

@@ -10,8 +10,13 @@
  * same however the sequence was cut into calls.
  *
  * Thread safety: a loaded tsr_llama is read-only, so any number of threads may run
- * forwards on it at once, each with its own tsr_llama_kv.  Scratch memory is allocated
- * per call. */
+ * forwards on it at once, each with its own tsr_llama_kv and its own backend (kernels.h:
+ * a backend is driven by one thread at a time).  Scratch memory is allocated per call.
+ *
+ * The backend is an argument of every forward rather than part of the model: the model
+ * is weights in host memory, the backend is what runs the ops (and owns the threads), so
+ * one model serves several backends (the reference and the fast CPU one in tests, one
+ * per thread) without being reloaded. */
 #ifndef TSR_LLAMA_H
 #define TSR_LLAMA_H
 
@@ -25,16 +30,15 @@
 typedef struct tsr_llama tsr_llama;
 
 /* Load the model at `path` and the shard `spec` of it (NULL: the whole model) as float32
- * weights, run later with `ops` (every op the forward uses must be set: the CPU
- * reference always is).  `path` is either
+ * weights in host memory.  `path` is either
  *  - a directory: a Hugging Face LlamaForCausalLM folder, config.json plus
  *    model.safetensors or model.safetensors.index.json shards (tsr_llama_config_from_hf,
  *    tsr_safetensors_set_open, tsr_llama_weights_load_hf); or
  *  - a GGUF file (tsr_gguf_open, tsr_llama_config_from_gguf, tsr_llama_weights_load).
  * The files are unmapped before returning.  Progress and stats as tsr_llama_weights_load.
  * On success *ret is new (tsr_llama_free).  Errors as the functions named, with the file
- * and tensor or key named in `err`; TSR_E_UNSUPPORTED if `ops` lacks an op. */
-tsr_status tsr_llama_load(const char *path, const tsr_kernels_ops *ops, const tsr_shard_spec *spec,
+ * and tensor or key named in `err`. */
+tsr_status tsr_llama_load(const char *path, const tsr_shard_spec *spec,
                           tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
                           char *err, size_t errlen);
 /* Accepts NULL and *m == NULL; clears *m. */
@@ -42,15 +46,16 @@ void tsr_llama_free(tsr_llama **m);
 
 /* --dtype bfloat16: convert the matmul weights (q, k, v, o, gate, up, down, output) to
  * bfloat16, rounding each float32 to nearest even, and free their float32 copies; the
- * forward then runs the ops table's matmul_bf16 on them (activations, norms, attention
- * and the KV cache stay float32).  Call once, after load and before any forward.
- * TSR_OK (also when already bf16), TSR_E_UNSUPPORTED (the ops lack matmul_bf16),
- * TSR_E_NOMEM (the model is then unchanged). */
+ * forward then runs the backend's matmul with TSR_DTYPE_BF16 weights on them
+ * (activations, norms, attention and the KV cache stay float32).  Call once, after load
+ * and before any forward.  TSR_OK (also when already bf16), TSR_E_NOMEM (the model is
+ * then unchanged). */
 tsr_status tsr_llama_use_bf16(tsr_llama *m);
-/* Run later forwards with `ops` instead (e.g. the reference and the fast CPU tables in
- * tests; both hold host memory).  Not while a forward runs.  TSR_E_UNSUPPORTED if `ops`
- * lacks an op the forward needs (matmul_bf16 included for a bf16 model). */
-tsr_status tsr_llama_set_ops(tsr_llama *m, const tsr_kernels_ops *ops);
+/* Whether `be` can run this model's forward: TSR_OK, TSR_E_UNSUPPORTED when it lacks an
+ * op the forward uses (the matmul for the model's weight dtype included) or its memory is
+ * not the host's (the weights, activations and KV pools are host memory), TSR_E_INVAL for
+ * NULL.  Every forward checks it too; call it once at start-up to fail early. */
+tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be);
 bool tsr_llama_is_bf16(const tsr_llama *m);
 /* The model's config; lives as long as the model. */
 const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m);
@@ -101,8 +106,9 @@ typedef enum tsr_llama_logits {
  * beyond the cache's length, NULL logits when some are asked for), TSR_E_LIMIT
  * (past_len + n > capacity), TSR_E_NOMEM or a kernel's status.  On failure `logits` is
  * untouched and positions 0 .. min(length, past_len)-1 of the cache are intact (a failure
- * after the cache was touched leaves its length at past_len). */
-tsr_status tsr_llama_forward(const tsr_llama *m, tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
+ * after the cache was touched leaves its length at past_len).  Runs every op on `be`
+ * (tsr_llama_check_backend's statuses; the calling thread drives it). */
+tsr_status tsr_llama_forward(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, const uint32_t *tokens, size_t n,
                              size_t past_len, tsr_llama_logits which, float *logits);
 
 /* The same forward over a shared pool: the sequence's position t lives in block
@@ -112,9 +118,9 @@ tsr_status tsr_llama_forward(const tsr_llama *m, tsr_llama_kv *kv, const uint32_
  * tsr_llama_kv_len is meaningless for a pool).  Errors as tsr_llama_forward; TSR_E_INVAL
  * for a short table or a block id outside the pool.  Several threads may run it at once
  * on one pool only if their tables share no block. */
-tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_llama_kv *pool, const uint32_t *block_table,
-                                    size_t n_table, const uint32_t *tokens, size_t n, size_t past_len,
-                                    tsr_llama_logits which, float *logits);
+tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool,
+                                    const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
+                                    size_t past_len, tsr_llama_logits which, float *logits);
 
 /* One sequence of a batched forward. */
 typedef struct tsr_llama_seq {
@@ -132,7 +138,7 @@ typedef struct tsr_llama_seq {
  * order, the rows each one asked for (vocab floats per row).  Errors as
  * tsr_llama_forward_blocks, for any sequence; the pools may then hold partial writes
  * beyond each sequence's past_len (as after any failed forward). */
-tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_llama_kv *pool, const tsr_llama_seq *seqs, size_t n_seqs,
-                                   float *logits);
+tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
+                                   size_t n_seqs, float *logits);
 
 #endif

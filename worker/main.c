@@ -273,6 +273,7 @@ int main(int argc, char **argv) {
         tsr_queue *inbox = NULL, *outbox = NULL;
         tsr_engine *engine = NULL;
         tsr_runner *runner = NULL;
+        tsr_backend *backend = NULL;    /* the CPU backend every forward runs on; freed after the runner */
         tsr_block_hash_algo hash_algo = TSR_BLOCK_HASH_SHA256;
         worker_plan plan;
         uint8_t *mi_full = NULL, *mi_lean = NULL;
@@ -380,7 +381,12 @@ int main(int argc, char **argv) {
          * serves its metadata (and refuses Submit), so routers can list it; a Llama the
          * runner cannot load exits here, before any socket is bound (runner_family). */
         tsr_load_stats lstats = {0};
-        tsr_runner_opts ropts = {.dtype = cfg.dtype, .cpu_threads = cfg.cpu_threads};
+        st = tsr_runner_backend_new(cfg.cpu_threads, &backend, err, sizeof(err));
+        if (st != TSR_OK) {
+                log_error("cannot load model %s: %s", cfg.model, err);
+                goto out;
+        }
+        tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend};
         st = tsr_runner_new(cfg.model, &ropts, plan.kv_blocks_total, (uint32_t)cfg.block_size, &runner, &lstats, err,
                             sizeof(err));
         if (st == TSR_E_UNSUPPORTED && !runner_family(meta)) {
@@ -478,6 +484,7 @@ out:
         free(mi_full);
         free(mi_lean);
         tsr_runner_free(&runner);   /* after the engine thread has stopped */
+        tsr_backend_free(&backend); /* after the runner, which borrowed it; stops its threads */
         tsr_model_meta_free(&meta);
         tsr_curve_done(&curve);
         tsr_config_done(&cfg);

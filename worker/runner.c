@@ -12,7 +12,7 @@
 
 struct tsr_runner {
         tsr_llama *model;
-        bool fast;                 /* the fast CPU backend (its pool is stopped in tsr_runner_free) */
+        tsr_backend *be;           /* borrowed from the caller (tsr_runner_opts); runs every forward */
         tsr_llama_kv *pool;        /* every sequence's KV, indexed by the engine's block ids */
         engine_model em;
 };
@@ -36,7 +36,7 @@ static tsr_status runner_forward(void *ud, const engine_seq *seqs, size_t n_seqs
                                  : seqs[i].want_logits   ? TSR_LLAMA_LOGITS_LAST
                                                          : TSR_LLAMA_LOGITS_NONE,
                 };
-        st = tsr_llama_forward_batch(r->model, r->pool, ls, n_seqs, logits);
+        st = tsr_llama_forward_batch(r->model, r->be, r->pool, ls, n_seqs, logits);
         free(ls);
         return st;
 }
@@ -58,64 +58,78 @@ static bool is_dir(const char *path) {
         return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-/* The kernels and weight dtype for `opts`; see runner.h.  Starts the fast backend's
- * threads.  Main thread, at startup. */
-static tsr_status pick_backend(const tsr_runner_opts *opts, const tsr_kernels_ops **ops, bool *bf16, char *err,
-                               size_t errlen) {
-        const char *dtype = opts && opts->dtype ? opts->dtype : "auto";
+tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err, size_t errlen) {
         const char *kern = getenv("TESSERA_KERNELS");
-        tsr_cpu_isa max_isa = TSR_CPU_ISA_AMX_BF16;     /* the best the CPU has */
+        tsr_cpu_backend_config cfg = {.n_threads = cpu_threads, .max_isa = TSR_CPU_ISA_AMX_BF16};  /* the best */
         tsr_status st;
 
-        if (strcmp(dtype, "half") == 0 || strcmp(dtype, "float16") == 0) {
-                snprintf(err, errlen, "--dtype %s is not supported by the CPU backend (use bfloat16 or float32)",
-                         dtype);
-                return TSR_E_INVAL;
-        }
         if (kern && *kern && strcmp(kern, "fast") != 0 && strcmp(kern, "ref") != 0 && strcmp(kern, "avx2") != 0 &&
             strcmp(kern, "avx512_bf16") != 0 && strcmp(kern, "amx_bf16") != 0) {
                 snprintf(err, errlen, "TESSERA_KERNELS=%s: expected fast, amx_bf16, avx512_bf16, avx2 or ref", kern);
                 return TSR_E_INVAL;
         }
         if (kern && strcmp(kern, "ref") == 0) {
-                *ops = tsr_kernels_cpu_ref();
+                if ((st = tsr_backend_cpu_ref_new(ret)) != TSR_OK)
+                        snprintf(err, errlen, "cannot make the reference backend: %s", tsr_status_str(st));
+                return st;
+        }
+        if (kern && strcmp(kern, "avx2") == 0)
+                cfg.max_isa = TSR_CPU_ISA_AVX2;
+        if (kern && strcmp(kern, "avx512_bf16") == 0)  /* bf16 matmul on VDPBF16PS, not AMX */
+                cfg.max_isa = TSR_CPU_ISA_AVX512_BF16;
+        st = tsr_backend_cpu_new(&cfg, ret);
+        if (st == TSR_E_INVAL) {
+                snprintf(err, errlen, "--cpu-threads %d is not valid", cpu_threads);
+                return st;
+        }
+        if (st != TSR_OK) {
+                log_warn("kernels: cannot start %d threads (%s); running single-threaded", cpu_threads,
+                         tsr_status_str(st));
+                cfg.n_threads = 1;      /* starts no thread */
+                if ((st = tsr_backend_cpu_new(&cfg, ret)) != TSR_OK)
+                        snprintf(err, errlen, "cannot make the CPU backend: %s", tsr_status_str(st));
+        }
+        return st;
+}
+
+/* The weight dtype for `opts` on the backend, and the start-up line naming both.  Main
+ * thread, at startup. */
+static tsr_status pick_dtype(const tsr_runner_opts *opts, bool *bf16, char *err, size_t errlen) {
+        const char *dtype = opts->dtype ? opts->dtype : "auto";
+        const tsr_backend *be = opts->backend;
+        int threads = tsr_backend_threads(be);
+
+        if (strcmp(dtype, "half") == 0 || strcmp(dtype, "float16") == 0) {
+                snprintf(err, errlen, "--dtype %s is not supported by the CPU backend (use bfloat16 or float32)",
+                         dtype);
+                return TSR_E_INVAL;
+        }
+        if (strcmp(tsr_backend_name(be), "cpu-ref") == 0) {    /* only TESSERA_KERNELS=ref makes one here */
                 *bf16 = strcmp(dtype, "bfloat16") == 0;
                 log_info("kernels: cpu-ref (TESSERA_KERNELS=ref), 1 thread, dtype %s", *bf16 ? "bfloat16" : "float32");
                 return TSR_OK;
         }
-        if (kern && strcmp(kern, "avx2") == 0)
-                max_isa = TSR_CPU_ISA_AVX2;
-        if (kern && strcmp(kern, "avx512_bf16") == 0)  /* bf16 matmul on VDPBF16PS, not AMX */
-                max_isa = TSR_CPU_ISA_AVX512_BF16;
-        st = tsr_kernels_cpu_configure(opts ? opts->cpu_threads : 0, max_isa);
-        if (st == TSR_E_INVAL) {
-                snprintf(err, errlen, "--cpu-threads %d is not valid", opts->cpu_threads);
-                return st;
-        }
-        if (st != TSR_OK)
-                log_warn("kernels: cannot start %d threads (%s); running single-threaded",
-                         opts ? opts->cpu_threads : 0, tsr_status_str(st));
-        *ops = tsr_kernels_cpu_fast();
         /* auto: bfloat16 only where the CPU has dot-product instructions for it (vLLM's CPU
          * platform downcasts float32 checkpoints to bfloat16 unconditionally; here the
          * AVX2 fallback would halve the bytes too, but rounds x through bf16 for no
          * speed-up in compute, so auto keeps float32's fidelity there). */
         *bf16 = strcmp(dtype, "bfloat16") == 0 ||
-                (strcmp(dtype, "auto") == 0 && tsr_kernels_cpu_isa() >= TSR_CPU_ISA_AVX512_BF16);
-        log_info("kernels: %s, isa %s, %d thread%s, dtype %s%s", (*ops)->name, tsr_cpu_isa_name(tsr_kernels_cpu_isa()),
-                 tsr_kernels_cpu_threads(), tsr_kernels_cpu_threads() == 1 ? "" : "s", *bf16 ? "bfloat16" : "float32",
-                 strcmp(dtype, "auto") == 0 ? " (--dtype auto)" : "");
+                (strcmp(dtype, "auto") == 0 && tsr_backend_cpu_isa(be) >= TSR_CPU_ISA_AVX512_BF16);
+        log_info("kernels: %s, isa %s, %d thread%s, dtype %s%s", tsr_backend_name(be),
+                 tsr_cpu_isa_name(tsr_backend_cpu_isa(be)), threads, threads == 1 ? "" : "s",
+                 *bf16 ? "bfloat16" : "float32", strcmp(dtype, "auto") == 0 ? " (--dtype auto)" : "");
         return TSR_OK;
 }
 
 tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_t num_blocks, uint32_t block_size,
                           tsr_runner **ret, tsr_load_stats *stats, char *err, size_t errlen) {
-        const tsr_kernels_ops *ops = NULL;
         bool bf16 = false;
         tsr_runner *r;
         tsr_status st;
         size_t len = strlen(path);
 
+        if (!opts || !opts->backend)
+                return TSR_E_INVAL;
         /* A Hugging Face folder or a .gguf file; tsr_llama_load tells the two apart and
          * refuses architectures other than Llama with TSR_E_UNSUPPORTED. */
         if (!is_dir(path) && (len < 5 || strcmp(path + len - 5, ".gguf") != 0)) {
@@ -125,10 +139,10 @@ tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_
         r = calloc(1, sizeof(*r));
         if (!r)
                 return TSR_E_NOMEM;
-        if ((st = pick_backend(opts, &ops, &bf16, err, errlen)) != TSR_OK)
+        r->be = opts->backend;
+        if ((st = pick_dtype(opts, &bf16, err, errlen)) != TSR_OK)
                 goto fail;
-        r->fast = ops == tsr_kernels_cpu_fast();
-        st = tsr_llama_load(path, ops, NULL, progress, NULL, &r->model, stats, err, errlen);
+        st = tsr_llama_load(path, NULL, progress, NULL, &r->model, stats, err, errlen);
         if (st != TSR_OK)
                 goto fail;
         if (bf16 && (st = tsr_llama_use_bf16(r->model)) != TSR_OK) {
@@ -137,6 +151,10 @@ tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_
         }
         if (bf16)
                 log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
+        if ((st = tsr_llama_check_backend(r->model, r->be)) != TSR_OK) {
+                snprintf(err, errlen, "kernel backend '%s' lacks ops the Llama forward needs", tsr_backend_name(r->be));
+                goto fail;
+        }
         st = tsr_llama_kv_new(r->model, (size_t)num_blocks * block_size, block_size, &r->pool);
         if (st != TSR_OK) {
                 snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens): %s",
@@ -160,8 +178,6 @@ void tsr_runner_free(tsr_runner **rp) {
         r = *rp;
         tsr_llama_kv_free(&r->pool);
         tsr_llama_free(&r->model);
-        if (r->fast)
-                tsr_kernels_cpu_shutdown();
         free(r);
         *rp = NULL;
 }

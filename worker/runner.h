@@ -2,7 +2,8 @@
  * paged attention reads, behind engine.h's engine_model interface.
  *
  * Built by the worker's main thread before the engine starts, then used only by the
- * engine thread.  Today: Llama-architecture GGUF files on the CPU reference kernels. */
+ * engine thread (which then drives the backend it borrowed).  Today: Llama-architecture
+ * GGUF files and HF folders on a CPU backend (kernels.h). */
 #ifndef TSR_WORKER_RUNNER_H
 #define TSR_WORKER_RUNNER_H
 
@@ -10,25 +11,31 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "kernels/kernels.h"
 #include "weights.h"
 
 typedef struct tsr_runner tsr_runner;
 
-/* How the runner computes: the worker's --dtype and --cpu-threads. */
+/* How the runner computes: the worker's --dtype and the backend its forwards run on. */
 typedef struct tsr_runner_opts {
         const char *dtype;      /* auto | float32 | float | bfloat16 (half/float16: TSR_E_INVAL); NULL = auto */
-        int cpu_threads;        /* threads of the fast CPU backend; 0 = the online cores */
+        tsr_backend *backend;   /* borrowed: must outlive the runner (tsr_runner_backend_new) */
 } tsr_runner_opts;
 
-/* Load `path` and allocate a KV pool of `num_blocks` blocks of `block_size` tokens.
- * Kernels: the fast CPU backend (kernels.h), configured with opts->cpu_threads; the
- * environment variable TESSERA_KERNELS=ref selects the scalar reference instead (tests,
- * debugging), =avx2 / =avx512_bf16 / =amx_bf16 cap the fast backend at that ISA (the
- * start-up log names the one in use).  dtype auto means bfloat16 weights
- * where the CPU has AVX512_BF16 and the reference is not forced, float32 otherwise.
- * TSR_E_UNSUPPORTED when the file is not a model this runner knows (the caller then
- * serves metadata only), TSR_E_INVAL for a dtype the CPU backend cannot run, other
- * statuses with the file and tensor named in err. */
+/* The worker's CPU backend: the fast one with `cpu_threads` threads (0 = the online
+ * cores); the environment variable TESSERA_KERNELS=ref selects the scalar reference
+ * instead (tests, debugging), =avx2 / =avx512_bf16 / =amx_bf16 cap the fast backend at
+ * that ISA.  When the threads cannot be started, logs a warning and runs single-threaded.
+ * TSR_E_INVAL (a bad TESSERA_KERNELS or thread count) or TSR_E_NOMEM, with the reason in
+ * err; *ret written only on success (tsr_backend_free).  Main thread, at startup. */
+tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err, size_t errlen);
+
+/* Load `path` and allocate a KV pool of `num_blocks` blocks of `block_size` tokens; the
+ * forwards run on opts->backend (the start-up log names it, its ISA and threads).  dtype
+ * auto means bfloat16 weights where the backend has AVX512_BF16 and is not the
+ * reference, float32 otherwise.  TSR_E_UNSUPPORTED when the file is not a model this
+ * runner knows (the caller then serves metadata only), TSR_E_INVAL for a dtype the CPU
+ * backend cannot run or no backend, other statuses with the file and tensor named in err. */
 tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_t num_blocks, uint32_t block_size,
                           tsr_runner **ret, tsr_load_stats *stats, char *err, size_t errlen);
 /* The dtype the weights are held in: "float32" or "bfloat16". */

@@ -1,4 +1,4 @@
-/* cpu/amx.c - matmul_bf16 on AMX tiles (TDPBF16PS), for CPUs with AMX-TILE and AMX-BF16.
+/* cpu/amx.c - the bf16 matmul on AMX tiles (TDPBF16PS), for CPUs with AMX-TILE and AMX-BF16.
  *
  * The product is computed transposed, out^T = W x^T, so that the weights need no
  * repacking: W (d, n) bf16 row-major is exactly the layout of the A operand (a tile row

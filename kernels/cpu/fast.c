@@ -27,7 +27,9 @@
  * two float multiplies in a second.  The other ops (rope, softmax, ...) are cheap next to
  * the matmuls and are ref.c's as they are.
  *
- * Thread: ops run on the caller (the engine thread) plus the pool's helpers. */
+ * Thread: ops run on the caller (the thread driving this backend: the engine thread, or
+ * one rank's) plus the helpers of this backend's own pool.  All state is per backend
+ * (struct cpu_fast), so backends with different pools run at once in one process. */
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -40,7 +42,8 @@
 #include "kernels/cpu/bf16_simd.h"
 #include "kernels/cpu/kv_view.h"
 #include "kernels/cpu/pool.h"
-#include "kernels/kernels.h"
+#include "kernels/backend_impl.h"
+#include "kernels/cpu/ref.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define FAST_X86 1
@@ -59,30 +62,37 @@
 /* Rows of x swept per pass over a task's weight rows: 48 x 1536 floats = 288 KiB, in L2. */
 #define X_ROWS_PER_PASS 48
 
-static struct {
+/* One fast CPU backend's state (be->ctx): its pool and the ISA its ops run.  Set by
+ * tsr_backend_cpu_new, read-only after; the pool's own state is the pool's. */
+struct cpu_fast {
         tsr_pool *pool;         /* NULL: single-threaded */
-        int threads;
-        tsr_cpu_isa isa;        /* what the ops run now */
-        tsr_cpu_isa best;       /* what the CPU supports */
-} fast = {.threads = 1};
+        tsr_cpu_isa isa;        /* min(the config's max_isa, what the CPU supports) */
+};
 
+/* What the CPU supports: a fact about the machine, not backend state, found once under
+ * pthread_once and only read after (AMX's grant is per process: amx.c asks once too). */
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
+static tsr_cpu_isa cpu_best = TSR_CPU_ISA_SCALAR;
 
 static void detect(void) {
-        fast.best = TSR_CPU_ISA_SCALAR;
+        tsr_cpu_isa best = TSR_CPU_ISA_SCALAR;
 #ifdef FAST_X86
         __builtin_cpu_init();
         if (__builtin_cpu_supports("avx2"))
-                fast.best = TSR_CPU_ISA_AVX2;
-        if (fast.best == TSR_CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") &&
-            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-            __builtin_cpu_supports("avx512bf16"))
-                fast.best = TSR_CPU_ISA_AVX512_BF16;
+                best = TSR_CPU_ISA_AVX2;
+        if (best == TSR_CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16"))
+                best = TSR_CPU_ISA_AVX512_BF16;
         /* AMX tiles for the bf16 matmul; the rest stays on the AVX2 / AVX512 code. */
-        if (fast.best == TSR_CPU_ISA_AVX512_BF16 && tsr_amx_init())
-                fast.best = TSR_CPU_ISA_AMX_BF16;
+        if (best == TSR_CPU_ISA_AVX512_BF16 && tsr_amx_init())
+                best = TSR_CPU_ISA_AMX_BF16;
 #endif
-        fast.isa = fast.best;
+        cpu_best = best;
+}
+
+tsr_cpu_isa tsr_cpu_isa_best(void) {
+        pthread_once(&detect_once, detect);
+        return cpu_best;
 }
 
 #ifdef FAST_X86
@@ -152,7 +162,7 @@ AVX2_INLINE __m256 widen8_bf16(const uint16_t *p) {
 }
 
 /* As tile_f32 with bf16 weights widened and x already rounded through bf16 (xr, float32):
- * ref.c's ref_matmul_bf16 order, bit for bit. */
+ * ref.c's tsr_ref_matmul_bf16 order, bit for bit. */
 AVX2_INLINE void tile_bf16_widened(const int NI, const int NR, const uint16_t *w, const float *xr, size_t n,
                                    float *out, size_t ldo) {
         __m256 acc[8][4];
@@ -331,17 +341,18 @@ static void mm_task(void *ctx, size_t task, int worker) {
         }
 }
 
-static void mm_run(struct mm_ctx *c) {
-        tsr_pool_run(fast.pool, (c->d + ROWS_PER_TASK - 1) / ROWS_PER_TASK, mm_task, c);
+static void mm_run(const struct cpu_fast *f, struct mm_ctx *c) {
+        tsr_pool_run(f->pool, (c->d + ROWS_PER_TASK - 1) / ROWS_PER_TASK, mm_task, c);
 }
 
-static tsr_status fast_matmul(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d) {
-        if (fast.isa < TSR_CPU_ISA_AVX2)
-                return tsr_kernels_cpu_ref()->matmul(out, x, w, rows, n, d);
+static tsr_status fast_matmul_f32(const struct cpu_fast *f, float *out, const float *x, const float *w, size_t rows,
+                                  size_t n, size_t d) {
+        if (f->isa < TSR_CPU_ISA_AVX2)
+                return tsr_ref_matmul_f32(out, x, w, rows, n, d);
         if (!out || !x || !w || n == 0 || d == 0)
                 return TSR_E_INVAL;
         struct mm_ctx c = {.kind = MM_F32, .out = out, .x = x, .w = w, .rows = rows, .n = n, .d = d};
-        mm_run(&c);
+        mm_run(f, &c);
         return TSR_OK;
 }
 
@@ -350,9 +361,10 @@ BF16_FN static void round_x_bf16(uint16_t *xb, const float *x, size_t count) {
         tsr_bf16_round_row(xb, x, count);
 }
 
-static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d) {
-        if (fast.isa < TSR_CPU_ISA_AVX2)
-                return tsr_kernels_cpu_ref()->matmul_bf16(out, x, w, rows, n, d);
+static tsr_status fast_matmul_bf16(const struct cpu_fast *f, float *out, const float *x, const uint16_t *w,
+                                   size_t rows, size_t n, size_t d) {
+        if (f->isa < TSR_CPU_ISA_AVX2)
+                return tsr_ref_matmul_bf16(out, x, w, rows, n, d);
         if (!out || !x || !w || n == 0 || d == 0)
                 return TSR_E_INVAL;
         if (rows == 0)
@@ -360,12 +372,12 @@ static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w
         if (rows > SIZE_MAX / sizeof(float) / n)
                 return TSR_E_LIMIT;
         /* AMX for every rows count, one alone too: a row's order must not depend on the batch. */
-        if (fast.isa >= TSR_CPU_ISA_AMX_BF16)
-                return tsr_amx_matmul_bf16(fast.pool, out, x, w, rows, n, d);
+        if (f->isa >= TSR_CPU_ISA_AMX_BF16)
+                return tsr_amx_matmul_bf16(f->pool, out, x, w, rows, n, d);
         struct mm_ctx c = {.out = out, .w = w, .rows = rows, .n = n, .d = d};
         void *buf;
         /* x through bf16 once per call, O(rows*n) next to the matmul's O(rows*n*d). */
-        if (fast.isa >= TSR_CPU_ISA_AVX512_BF16) {
+        if (f->isa >= TSR_CPU_ISA_AVX512_BF16) {
                 uint16_t *xb = malloc(rows * n * sizeof *xb);
                 if (!xb)
                         return TSR_E_NOMEM;
@@ -383,7 +395,7 @@ static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w
                 c.x = xr;
                 buf = xr;
         }
-        mm_run(&c);
+        mm_run(f, &c);
         free(buf);
         return TSR_OK;
 }
@@ -459,15 +471,15 @@ AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
         }
 }
 
-static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
-                                 size_t n_heads, float scale) {
-        if (fast.isa < TSR_CPU_ISA_AVX2)
-                return tsr_kernels_cpu_ref()->attention(out, q, kv, n, past_len, n_heads, scale);
+static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const float *q, const tsr_kv_view *kv,
+                                     size_t n, size_t past_len, size_t n_heads, float scale) {
+        if (f->isa < TSR_CPU_ISA_AVX2)
+                return tsr_ref_attention(out, q, kv, n, past_len, n_heads, scale);
         if (!out || !q || n_heads == 0 || !kv_view_ok(kv, past_len + n) || n_heads % kv->n_kv_heads != 0)
                 return TSR_E_INVAL;
         if (n == 0)
                 return TSR_OK;
-        int threads = tsr_pool_threads(fast.pool);
+        int threads = tsr_pool_threads(f->pool);
         struct att_ctx c = {
                 .out = out, .q = q, .kv = kv, .past_len = past_len, .n_heads = n_heads,
                 .group = n_heads / kv->n_kv_heads, .scale = scale, .scores_stride = past_len + n,
@@ -475,24 +487,29 @@ static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *
         c.scores = malloc((size_t)threads * c.scores_stride * sizeof(float));
         if (!c.scores)
                 return TSR_E_NOMEM;
-        tsr_pool_run(fast.pool, n * n_heads, att_task, &c);
+        tsr_pool_run(f->pool, n * n_heads, att_task, &c);
         free(c.scores);
         return TSR_OK;
 }
 
-#else  /* not x86: only the reference's scalar code (fast.best stays TSR_CPU_ISA_SCALAR) */
+#else  /* not x86: only the reference's scalar code (cpu_best stays TSR_CPU_ISA_SCALAR) */
 
-static tsr_status fast_matmul(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d) {
-        return tsr_kernels_cpu_ref()->matmul(out, x, w, rows, n, d);
+static tsr_status fast_matmul_f32(const struct cpu_fast *f, float *out, const float *x, const float *w, size_t rows,
+                                  size_t n, size_t d) {
+        (void)f;
+        return tsr_ref_matmul_f32(out, x, w, rows, n, d);
 }
 
-static tsr_status fast_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d) {
-        return tsr_kernels_cpu_ref()->matmul_bf16(out, x, w, rows, n, d);
+static tsr_status fast_matmul_bf16(const struct cpu_fast *f, float *out, const float *x, const uint16_t *w,
+                                   size_t rows, size_t n, size_t d) {
+        (void)f;
+        return tsr_ref_matmul_bf16(out, x, w, rows, n, d);
 }
 
-static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
-                                 size_t n_heads, float scale) {
-        return tsr_kernels_cpu_ref()->attention(out, q, kv, n, past_len, n_heads, scale);
+static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const float *q, const tsr_kv_view *kv,
+                                     size_t n, size_t past_len, size_t n_heads, float scale) {
+        (void)f;
+        return tsr_ref_attention(out, q, kv, n, past_len, n_heads, scale);
 }
 
 #endif
@@ -505,6 +522,7 @@ static tsr_status fast_attention(float *out, const float *q, const tsr_kv_view *
 
 struct slice_ctx {
         int op;                 /* 0 silu_mul, 1 add, 2 rmsnorm, 3 add_rmsnorm */
+        tsr_cpu_isa isa;        /* the backend's (add_rmsnorm's row kernel) */
         float *out;
         float *residual;        /* add_rmsnorm only */
         const float *a, *b;     /* silu_mul: gate, up; add: a, b; rmsnorm, add_rmsnorm: x, w */
@@ -556,99 +574,163 @@ static void add_rmsnorm_rows(const struct slice_ctx *c, size_t lo, size_t hi) {
         size_t dim = c->dim;
 
 #ifdef FAST_X86
-        if (fast.isa >= TSR_CPU_ISA_AVX2) {
+        if (c->isa >= TSR_CPU_ISA_AVX2) {
                 for (size_t r = lo; r < hi; r++)
                         add_rmsnorm_row_avx2(c->out + r * dim, c->residual + r * dim, c->a + r * dim, c->b, dim,
                                              c->eps);
                 return;
         }
 #endif
-        tsr_kernels_cpu_ref()->add_rmsnorm(c->out + lo * dim, c->residual + lo * dim, c->a + lo * dim, c->b, hi - lo,
-                                           dim, c->eps);
+        tsr_ref_add_rmsnorm(c->out + lo * dim, c->residual + lo * dim, c->a + lo * dim, c->b, hi - lo, dim, c->eps);
 }
 
 static void slice_task(void *ctx, size_t task, int worker) {
         const struct slice_ctx *c = ctx;
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref();
         size_t lo = task * c->per_task, hi = lo + c->per_task < c->n ? lo + c->per_task : c->n;
 
         (void)worker;
         if (c->op == 0)
-                ref->silu_mul(c->out + lo, c->a + lo, c->b + lo, hi - lo);
+                tsr_ref_silu_mul(c->out + lo, c->a + lo, c->b + lo, hi - lo);
         else if (c->op == 1)
-                ref->add(c->out + lo, c->a + lo, c->b + lo, hi - lo);
+                tsr_ref_add(c->out + lo, c->a + lo, c->b + lo, hi - lo);
         else if (c->op == 2)    /* lo, hi count rows */
-                ref->rmsnorm(c->out + lo * c->dim, c->a + lo * c->dim, c->b, hi - lo, c->dim, c->eps);
+                tsr_ref_rmsnorm(c->out + lo * c->dim, c->a + lo * c->dim, c->b, hi - lo, c->dim, c->eps);
         else                    /* rows too */
                 add_rmsnorm_rows(c, lo, hi);
 }
 
-static void slice_run(struct slice_ctx *c, size_t elems_per_unit) {
+static void slice_run(const struct cpu_fast *f, struct slice_ctx *c, size_t elems_per_unit) {
         size_t units_per_task = ELEMS_PER_TASK / elems_per_unit + 1;
         c->per_task = units_per_task;
-        tsr_pool_run(fast.pool, (c->n + units_per_task - 1) / units_per_task, slice_task, c);
+        tsr_pool_run(f->pool, (c->n + units_per_task - 1) / units_per_task, slice_task, c);
 }
 
-static tsr_status fast_silu_mul(float *out, const float *gate, const float *up, size_t n) {
-        if (!fast.pool || n < 2 * ELEMS_PER_TASK || !out || !gate || !up)
-                return tsr_kernels_cpu_ref()->silu_mul(out, gate, up, n);
+static tsr_status fast_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n) {
+        const struct cpu_fast *f = be->ctx;
+        if (!f->pool || n < 2 * ELEMS_PER_TASK || !out || !gate || !up)
+                return tsr_ref_silu_mul(out, gate, up, n);
         struct slice_ctx c = {.op = 0, .out = out, .a = gate, .b = up, .n = n};
-        slice_run(&c, 1);
+        slice_run(f, &c, 1);
         return TSR_OK;
 }
 
-static tsr_status fast_add(float *out, const float *a, const float *b, size_t n) {
-        if (!fast.pool || n < 2 * ELEMS_PER_TASK || !out || !a || !b)
-                return tsr_kernels_cpu_ref()->add(out, a, b, n);
+static tsr_status fast_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {
+        const struct cpu_fast *f = be->ctx;
+        if (!f->pool || n < 2 * ELEMS_PER_TASK || !out || !a || !b)
+                return tsr_ref_add(out, a, b, n);
         struct slice_ctx c = {.op = 1, .out = out, .a = a, .b = b, .n = n};
-        slice_run(&c, 1);
+        slice_run(f, &c, 1);
         return TSR_OK;
 }
 
-static tsr_status fast_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps) {
-        if (!fast.pool || dim == 0 || rows * dim < 2 * ELEMS_PER_TASK || !out || !x || !w)
-                return tsr_kernels_cpu_ref()->rmsnorm(out, x, w, rows, dim, eps);
+static tsr_status fast_rmsnorm(tsr_backend *be, float *out, const float *x, const float *w, size_t rows, size_t dim,
+                               float eps) {
+        const struct cpu_fast *f = be->ctx;
+        if (!f->pool || dim == 0 || rows * dim < 2 * ELEMS_PER_TASK || !out || !x || !w)
+                return tsr_ref_rmsnorm(out, x, w, rows, dim, eps);
         struct slice_ctx c = {.op = 2, .out = out, .a = x, .b = w, .n = rows, .dim = dim, .eps = eps};
-        slice_run(&c, dim);
+        slice_run(f, &c, dim);
         return TSR_OK;
 }
 
 /* Rows split across the pool like rmsnorm's; below two tasks' worth (a decode step of a
  * small batch) the caller runs them alone, still on the row kernel. */
-static tsr_status fast_add_rmsnorm(float *out, float *residual, const float *x, const float *w, size_t rows,
-                                   size_t dim, float eps) {
+static tsr_status fast_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
+                                   size_t rows, size_t dim, float eps) {
+        const struct cpu_fast *f = be->ctx;
         if (!out || !residual || !x || !w || dim == 0)
                 return TSR_E_INVAL;
-        struct slice_ctx c = {.op = 3, .out = out, .residual = residual, .a = x, .b = w, .n = rows, .dim = dim,
-                              .eps = eps};
-        if (!fast.pool || rows * dim < 2 * ELEMS_PER_TASK) {
+        struct slice_ctx c = {.op = 3, .isa = f->isa, .out = out, .residual = residual, .a = x, .b = w, .n = rows,
+                              .dim = dim, .eps = eps};
+        if (!f->pool || rows * dim < 2 * ELEMS_PER_TASK) {
                 add_rmsnorm_rows(&c, 0, rows);
                 return TSR_OK;
         }
-        slice_run(&c, dim);
+        slice_run(f, &c, dim);
         return TSR_OK;
 }
 
-/* ---- the table and its configuration ---------------------------------------------------- */
+/* ---- the backend: table, constructor ------------------------------------------------------ */
 
-static tsr_status fast_sync(void) { return TSR_OK; }
-
-static tsr_kernels_ops fast_ops;
-static pthread_once_t table_once = PTHREAD_ONCE_INIT;
-
-static void table_init(void) {
-        pthread_once(&detect_once, detect);
-        fast_ops = *tsr_kernels_cpu_ref();
-        fast_ops.name = "cpu-fast";
-        fast_ops.sync = fast_sync;
-        fast_ops.matmul = fast_matmul;
-        fast_ops.attention = fast_attention;
-        fast_ops.matmul_bf16 = fast_matmul_bf16;
-        fast_ops.silu_mul = fast_silu_mul;
-        fast_ops.add = fast_add;
-        fast_ops.rmsnorm = fast_rmsnorm;
-        fast_ops.add_rmsnorm = fast_add_rmsnorm;
+/* The weight dtype picks the kernel (the wrapper has checked it is one of ours). */
+static tsr_status fast_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                              size_t rows, size_t n, size_t d) {
+        const struct cpu_fast *f = be->ctx;
+        switch (w_dtype) {
+        case TSR_DTYPE_F32:
+                return fast_matmul_f32(f, out, x, w, rows, n, d);
+        case TSR_DTYPE_BF16:
+                return fast_matmul_bf16(f, out, x, w, rows, n, d);
+        case TSR_DTYPE_COUNT:
+                break;
+        }
+        return TSR_E_UNSUPPORTED;
 }
+
+static tsr_status fast_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
+                                 size_t past_len, size_t n_heads, float scale) {
+        return fast_attention_run(be->ctx, out, q, kv, n, past_len, n_heads, scale);
+}
+
+/* The ops without a fast version: the reference's, as they are. */
+static tsr_status fast_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
+                                 const uint32_t *ids, size_t rows) {
+        (void)be;
+        return tsr_ref_embedding(out, table, vocab, dim, ids, rows);
+}
+
+static tsr_status fast_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
+                            const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout) {
+        (void)be;
+        return tsr_ref_rope(x, rows, n_heads, head_dim, pos, inv_freq, layout);
+}
+
+static tsr_status fast_kv_write(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,
+                                size_t past_len) {
+        (void)be;
+        return tsr_ref_kv_write(kv, k, v, n, past_len);
+}
+
+static tsr_status fast_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
+        (void)be;
+        return tsr_ref_softmax(out, x, rows, n);
+}
+
+static tsr_status fast_log_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
+        (void)be;
+        return tsr_ref_log_softmax(out, x, rows, n);
+}
+
+static void fast_ctx_free(void *ctx) {
+        struct cpu_fast *f = ctx;
+        if (!f)
+                return;
+        tsr_pool_free(&f->pool);
+        free(f);
+}
+
+static const tsr_backend_ops cpu_fast_ops = {
+        .name = "cpu-fast",
+        .host_memory = true,
+        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16,
+        .ctx_free = fast_ctx_free,
+        .mem_alloc = tsr_backend_host_alloc,
+        .mem_free = tsr_backend_host_free,
+        .upload = tsr_backend_host_copy,
+        .download = tsr_backend_host_copy,
+        .synchronize = tsr_backend_host_sync,
+        .rmsnorm = fast_rmsnorm,
+        .embedding = fast_embedding,
+        .matmul = fast_matmul,
+        .rope = fast_rope,
+        .kv_write = fast_kv_write,
+        .attention = fast_attention,
+        .silu_mul = fast_silu_mul,
+        .add = fast_add,
+        .softmax = fast_softmax,
+        .log_softmax = fast_log_softmax,
+        .add_rmsnorm = fast_add_rmsnorm,
+};
 
 static int online_cores(void) {
         cpu_set_t set;
@@ -658,51 +740,20 @@ static int online_cores(void) {
         return n > 0 ? (int)n : 1;
 }
 
-tsr_status tsr_kernels_cpu_configure(int n_threads, tsr_cpu_isa max_isa) {
-        if (n_threads < 0)
+tsr_status tsr_backend_cpu_new(const tsr_cpu_backend_config *cfg, tsr_backend **ret) {
+        struct cpu_fast *f;
+        int n_threads;
+
+        if (!cfg || !ret || cfg->n_threads < 0)
                 return TSR_E_INVAL;
-        pthread_once(&table_once, table_init);
-        tsr_pool_free(&fast.pool);
-        fast.threads = 1;
-        fast.isa = max_isa < fast.best ? max_isa : fast.best;
-        if (n_threads == 0)
-                n_threads = online_cores();
-        if (n_threads > 1) {
-                fast.pool = tsr_pool_new(n_threads);
-                if (!fast.pool)
-                        return TSR_E_NOMEM;
-                fast.threads = n_threads;
+        f = calloc(1, sizeof *f);
+        if (!f)
+                return TSR_E_NOMEM;
+        f->isa = cfg->max_isa < tsr_cpu_isa_best() ? cfg->max_isa : tsr_cpu_isa_best();
+        n_threads = cfg->n_threads ? cfg->n_threads : online_cores();
+        if (n_threads > 1 && !(f->pool = tsr_pool_new(n_threads))) {
+                free(f);
+                return TSR_E_NOMEM;
         }
-        return TSR_OK;
-}
-
-const tsr_kernels_ops *tsr_kernels_cpu_fast(void) {
-        pthread_once(&table_once, table_init);
-        return &fast_ops;
-}
-
-tsr_cpu_isa tsr_kernels_cpu_isa(void) {
-        pthread_once(&table_once, table_init);
-        return fast.isa;
-}
-
-const char *tsr_cpu_isa_name(tsr_cpu_isa isa) {
-        switch (isa) {
-        case TSR_CPU_ISA_SCALAR:
-                return "scalar";
-        case TSR_CPU_ISA_AVX2:
-                return "avx2";
-        case TSR_CPU_ISA_AVX512_BF16:
-                return "avx512_bf16";
-        case TSR_CPU_ISA_AMX_BF16:
-                return "amx_bf16";
-        }
-        return "?";
-}
-
-int tsr_kernels_cpu_threads(void) { return fast.threads; }
-
-void tsr_kernels_cpu_shutdown(void) {
-        tsr_pool_free(&fast.pool);
-        fast.threads = 1;
+        return tsr_backend_make(&cpu_fast_ops, f, f->isa, n_threads > 1 ? n_threads : 1, ret);
 }

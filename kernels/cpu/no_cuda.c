@@ -2,4 +2,8 @@
 #include <stddef.h>
 #include "kernels/kernels.h"
 
-const tsr_kernels_ops *tsr_kernels_cuda(void) { return NULL; }
+tsr_status tsr_backend_cuda_new(int device, tsr_backend **ret) {
+        (void)device;
+        (void)ret;
+        return TSR_E_UNSUPPORTED;
+}

@@ -10,7 +10,8 @@
 #include <string.h>
 
 #include "kernels/cpu/kv_view.h"
-#include "kernels/kernels.h"
+#include "kernels/backend_impl.h"
+#include "kernels/cpu/ref.h"
 
 /* The dot product every matmul and attention score uses.
  * a (n,) . b (n,) -> float
@@ -31,7 +32,7 @@ static float dot_f32(const float *a, const float *b, size_t n) {
         return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-static tsr_status ref_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps) {
+tsr_status tsr_ref_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps) {
         if (!out || !x || !w || dim == 0)
                 return TSR_E_INVAL;
         for (size_t r = 0; r < rows; r++) {
@@ -49,10 +50,8 @@ static tsr_status ref_rmsnorm(float *out, const float *x, const float *w, size_t
         return TSR_OK;
 }
 
-static tsr_status ref_sync(void) { return TSR_OK; }
-
 /* table (vocab, dim), ids (rows,) -> out (rows, dim) */
-static tsr_status ref_embedding(float *out, const float *table, size_t vocab, size_t dim,
+tsr_status tsr_ref_embedding(float *out, const float *table, size_t vocab, size_t dim,
                                 const uint32_t *ids, size_t rows) {
         if (!out || !table || (!ids && rows) || dim == 0)
                 return TSR_E_INVAL;
@@ -66,7 +65,7 @@ static tsr_status ref_embedding(float *out, const float *table, size_t vocab, si
 
 /* W (d,n) @ x[r] (n,) -> out[r] (d,), for r in 0..rows-1
  * x (rows, n), w (d, n) -> out (rows, d) */
-static tsr_status ref_matmul(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d) {
+tsr_status tsr_ref_matmul_f32(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d) {
         if (!out || !x || !w || n == 0 || d == 0)
                 return TSR_E_INVAL;
         /* Weight row outermost so it is read from memory once per call and reused from
@@ -98,7 +97,7 @@ float tsr_bf16_to_f32(uint16_t h) {
 /* W (d,n) bfloat16 @ x[r] (n,) -> out[r] (d,), for r in 0..rows-1
  * x (rows, n) float32, w (d, n) bfloat16 bits -> out (rows, d)
  * The same eight lanes and final pairs as dot_f32, over widen(w) and widen(round(x)). */
-static tsr_status ref_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d) {
+tsr_status tsr_ref_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d) {
         if (!out || !x || !w || n == 0 || d == 0)
                 return TSR_E_INVAL;
         for (size_t i = 0; i < d; i++) {
@@ -125,7 +124,7 @@ static tsr_status ref_matmul_bf16(float *out, const float *x, const uint16_t *w,
  *   a' = a cos θ - b sin θ
  *   b' = b cos θ + a sin θ
  * where (a, b) = (x[i], x[i + head_dim/2]) for NEOX and (x[2i], x[2i+1]) for INTERLEAVED. */
-static tsr_status ref_rope(float *x, size_t rows, size_t n_heads, size_t head_dim,
+tsr_status tsr_ref_rope(float *x, size_t rows, size_t n_heads, size_t head_dim,
                            const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout) {
         size_t half = head_dim / 2;
 
@@ -152,7 +151,7 @@ static tsr_status ref_rope(float *x, size_t rows, size_t n_heads, size_t head_di
 }
 
 /* k, v (n, n_kv_heads, head_dim) -> cache rows past_len .. past_len+n-1 */
-static tsr_status ref_kv_write(const tsr_kv_view *kv, const float *k, const float *v, size_t n, size_t past_len) {
+tsr_status tsr_ref_kv_write(const tsr_kv_view *kv, const float *k, const float *v, size_t n, size_t past_len) {
         if (!k || !v || !kv_view_ok(kv, past_len + n))
                 return TSR_E_INVAL;
         size_t width = kv->n_kv_heads * kv->head_dim;
@@ -169,7 +168,7 @@ static tsr_status ref_kv_write(const tsr_kv_view *kv, const float *k, const floa
  *   s[j] = (q[t,h] . K[j,g]) * scale          for j = 0..p (causal)
  *   P[j] = exp(s[j] - max s) / sum_j' exp(s[j'] - max s)   (float32, sums in j order)
  *   out[t,h] = sum_j P[j] * V[j,g]            (float32, in j order) */
-static tsr_status ref_attention(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
+tsr_status tsr_ref_attention(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
                                 size_t n_heads, float scale) {
         if (!out || !q || n_heads == 0 || !kv_view_ok(kv, past_len + n) || n_heads % kv->n_kv_heads != 0)
                 return TSR_E_INVAL;
@@ -211,7 +210,7 @@ static tsr_status ref_attention(float *out, const float *q, const tsr_kv_view *k
 }
 
 /* gate, up (n,) -> out (n,): out = gate * sigmoid(gate) * up, as torch's silu(x) = x * sigmoid(x) */
-static tsr_status ref_silu_mul(float *out, const float *gate, const float *up, size_t n) {
+tsr_status tsr_ref_silu_mul(float *out, const float *gate, const float *up, size_t n) {
         if (!out || !gate || !up)
                 return TSR_E_INVAL;
         for (size_t i = 0; i < n; i++) {
@@ -222,7 +221,7 @@ static tsr_status ref_silu_mul(float *out, const float *gate, const float *up, s
 }
 
 /* a, b (n,) -> out (n,) */
-static tsr_status ref_add(float *out, const float *a, const float *b, size_t n) {
+tsr_status tsr_ref_add(float *out, const float *a, const float *b, size_t n) {
         if (!out || !a || !b)
                 return TSR_E_INVAL;
         for (size_t i = 0; i < n; i++)
@@ -231,7 +230,7 @@ static tsr_status ref_add(float *out, const float *a, const float *b, size_t n) 
 }
 
 /* x (rows, n) -> out (rows, n).  exp(x - max) in float32, their sum in double (index order). */
-static tsr_status ref_softmax(float *out, const float *x, size_t rows, size_t n) {
+tsr_status tsr_ref_softmax(float *out, const float *x, size_t rows, size_t n) {
         if (!out || !x || n == 0)
                 return TSR_E_INVAL;
         for (size_t r = 0; r < rows; r++) {
@@ -253,7 +252,7 @@ static tsr_status ref_softmax(float *out, const float *x, size_t rows, size_t n)
 }
 
 /* x (rows, n) -> out (rows, n): x - max - log(sum exp(x - max)), the sum in double. */
-static tsr_status ref_log_softmax(float *out, const float *x, size_t rows, size_t n) {
+tsr_status tsr_ref_log_softmax(float *out, const float *x, size_t rows, size_t n) {
         if (!out || !x || n == 0)
                 return TSR_E_INVAL;
         for (size_t r = 0; r < rows; r++) {
@@ -277,33 +276,117 @@ static tsr_status ref_log_softmax(float *out, const float *x, size_t rows, size_
  * The specification of the fused op is the unfused pair, row by row: ref_add over the
  * row, then ref_rmsnorm of the stored sum.  Row by row so that out may alias x: row r of
  * x is read in full before row r of out is written. */
-static tsr_status ref_add_rmsnorm(float *out, float *residual, const float *x, const float *w, size_t rows,
+tsr_status tsr_ref_add_rmsnorm(float *out, float *residual, const float *x, const float *w, size_t rows,
                                   size_t dim, float eps) {
         if (!out || !residual || !x || !w || dim == 0)
                 return TSR_E_INVAL;
         for (size_t r = 0; r < rows; r++) {
                 float *res = residual + r * dim;
-                ref_add(res, res, x + r * dim, dim);
-                ref_rmsnorm(out + r * dim, res, w, 1, dim, eps);
+                tsr_ref_add(res, res, x + r * dim, dim);
+                tsr_ref_rmsnorm(out + r * dim, res, w, 1, dim, eps);
         }
         return TSR_OK;
 }
 
-static const tsr_kernels_ops cpu_ref_ops = {
+/* ---- the reference backend: the functions above behind the backend table ---------------- */
+
+static tsr_status ref_be_rmsnorm(tsr_backend *be, float *out, const float *x, const float *w, size_t rows,
+                                 size_t dim, float eps) {
+        (void)be;
+        return tsr_ref_rmsnorm(out, x, w, rows, dim, eps);
+}
+
+static tsr_status ref_be_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
+                                   const uint32_t *ids, size_t rows) {
+        (void)be;
+        return tsr_ref_embedding(out, table, vocab, dim, ids, rows);
+}
+
+/* The weight dtype picks the kernel (the wrapper has checked it is one of ours). */
+static tsr_status ref_be_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                                size_t rows, size_t n, size_t d) {
+        (void)be;
+        switch (w_dtype) {
+        case TSR_DTYPE_F32:
+                return tsr_ref_matmul_f32(out, x, w, rows, n, d);
+        case TSR_DTYPE_BF16:
+                return tsr_ref_matmul_bf16(out, x, w, rows, n, d);
+        case TSR_DTYPE_COUNT:
+                break;
+        }
+        return TSR_E_UNSUPPORTED;
+}
+
+static tsr_status ref_be_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
+                              const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout) {
+        (void)be;
+        return tsr_ref_rope(x, rows, n_heads, head_dim, pos, inv_freq, layout);
+}
+
+static tsr_status ref_be_kv_write(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,
+                                  size_t past_len) {
+        (void)be;
+        return tsr_ref_kv_write(kv, k, v, n, past_len);
+}
+
+static tsr_status ref_be_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
+                                   size_t past_len, size_t n_heads, float scale) {
+        (void)be;
+        return tsr_ref_attention(out, q, kv, n, past_len, n_heads, scale);
+}
+
+static tsr_status ref_be_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n) {
+        (void)be;
+        return tsr_ref_silu_mul(out, gate, up, n);
+}
+
+static tsr_status ref_be_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {
+        (void)be;
+        return tsr_ref_add(out, a, b, n);
+}
+
+static tsr_status ref_be_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
+        (void)be;
+        return tsr_ref_softmax(out, x, rows, n);
+}
+
+static tsr_status ref_be_log_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
+        (void)be;
+        return tsr_ref_log_softmax(out, x, rows, n);
+}
+
+static tsr_status ref_be_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
+                                     size_t rows, size_t dim, float eps) {
+        (void)be;
+        return tsr_ref_add_rmsnorm(out, residual, x, w, rows, dim, eps);
+}
+
+static const tsr_backend_ops cpu_ref_ops = {
         .name = "cpu-ref",
-        .rmsnorm = ref_rmsnorm,
-        .sync = ref_sync,
-        .embedding = ref_embedding,
-        .matmul = ref_matmul,
-        .rope = ref_rope,
-        .kv_write = ref_kv_write,
-        .attention = ref_attention,
-        .silu_mul = ref_silu_mul,
-        .add = ref_add,
-        .softmax = ref_softmax,
-        .log_softmax = ref_log_softmax,
-        .matmul_bf16 = ref_matmul_bf16,
-        .add_rmsnorm = ref_add_rmsnorm,
+        .host_memory = true,
+        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16,
+        .mem_alloc = tsr_backend_host_alloc,
+        .mem_free = tsr_backend_host_free,
+        .upload = tsr_backend_host_copy,
+        .download = tsr_backend_host_copy,
+        .synchronize = tsr_backend_host_sync,
+        .rmsnorm = ref_be_rmsnorm,
+        .embedding = ref_be_embedding,
+        .matmul = ref_be_matmul,
+        .rope = ref_be_rope,
+        .kv_write = ref_be_kv_write,
+        .attention = ref_be_attention,
+        .silu_mul = ref_be_silu_mul,
+        .add = ref_be_add,
+        .softmax = ref_be_softmax,
+        .log_softmax = ref_be_log_softmax,
+        .add_rmsnorm = ref_be_add_rmsnorm,
 };
 
-const tsr_kernels_ops *tsr_kernels_cpu_ref(void) { return &cpu_ref_ops; }
+/* No context: the reference keeps no state, so every reference backend is the same
+ * table behind its own handle. */
+tsr_status tsr_backend_cpu_ref_new(tsr_backend **ret) {
+        if (!ret)
+                return TSR_E_INVAL;
+        return tsr_backend_make(&cpu_ref_ops, NULL, TSR_CPU_ISA_SCALAR, 1, ret);
+}

@@ -1,13 +1,12 @@
 /* CUDA add_rmsnorm against the CPU reference over a shape table with odd sizes: the
  * updated residual bitwise (float adds round the same on both), the normed output
  * within rmsnorm's tolerance, for out separate and out == x (the forward's use).
+ * Device memory through the backend (tsr_backend_mem_alloc, upload, download).
  * Exit 77 (meson: skipped) when there is no CUDA device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <cuda_runtime.h>
 
 #include "kernels/kernels.h"
 
@@ -17,19 +16,26 @@ static const struct { size_t rows, dim; } shapes[] = {
 
 static float frand(void) { return (float)rand() / (float)RAND_MAX - 0.5f; }
 
-/* Bytes to and from the device; false (and a message) on any failure. */
+/* The CUDA backend every device call below goes through (made in main). */
+static tsr_backend *gpu;
+
+/* n floats of device memory holding `h` (NULL: uninitialised); false (and a message) on
+ * any failure. */
 static int to_dev(float **d, const float *h, size_t n) {
-        if (cudaMalloc((void **)d, n * sizeof(float)) != cudaSuccess ||
-            cudaMemcpy(*d, h, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) {
-                fprintf(stderr, "cudaMalloc/cudaMemcpy failed\n");
+        void *p = NULL;
+        if (tsr_backend_mem_alloc(gpu, n * sizeof(float), &p) != TSR_OK ||
+            (h && tsr_backend_upload(gpu, p, h, n * sizeof(float)) != TSR_OK)) {
+                fprintf(stderr, "device alloc/upload failed\n");
+                tsr_backend_mem_free(gpu, p);
                 return 0;
         }
+        *d = p;
         return 1;
 }
 
 static int from_dev(float *h, const float *d, size_t n) {
-        if (cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) {
-                fprintf(stderr, "cudaMemcpy back failed\n");
+        if (tsr_backend_download(gpu, h, d, n * sizeof(float)) != TSR_OK) {
+                fprintf(stderr, "download failed\n");
                 return 0;
         }
         return 1;
@@ -52,16 +58,20 @@ static int compare(const char *tag, size_t rows, size_t dim, const float *got_re
 }
 
 int main(void) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref();
-        const tsr_kernels_ops *gpu = tsr_kernels_cuda();
+        tsr_backend *ref = NULL;
         int failures = 0, cases = 0;
+        tsr_status st = tsr_backend_cuda_new(0, &gpu);
 
-        if (!gpu) {
+        if (st == TSR_E_UNSUPPORTED || st == TSR_E_NOTFOUND) {
                 printf("[skip:no-gpu] no CUDA device\n");
                 return 77;
         }
-        if (!gpu->add_rmsnorm) {
-                fprintf(stderr, "the CUDA table has no add_rmsnorm\n");
+        if (st != TSR_OK || tsr_backend_cpu_ref_new(&ref) != TSR_OK) {
+                fprintf(stderr, "cannot make the backends: %s\n", tsr_status_str(st));
+                return 1;
+        }
+        if (!tsr_backend_supports(gpu, TSR_OP_ADD_RMSNORM, TSR_DTYPE_F32)) {
+                fprintf(stderr, "the CUDA backend has no add_rmsnorm\n");
                 return 1;
         }
         srand(4321);
@@ -79,13 +89,13 @@ int main(void) {
                 for (size_t i = 0; i < dim; i++)
                         w[i] = 1.0f + frand();
                 memcpy(want_res, res, n * sizeof(float));
-                ref->add_rmsnorm(want, want_res, x, w, rows, dim, 1e-5f);
+                tsr_backend_add_rmsnorm(ref, want, want_res, x, w, rows, dim, 1e-5f);
 
                 /* out separate from x */
-                if (!to_dev(&dres, res, n) || !to_dev(&dx, x, n) || !to_dev(&dw, w, dim) ||
-                    cudaMalloc((void **)&dout, n * sizeof(float)) != cudaSuccess)
+                if (!to_dev(&dres, res, n) || !to_dev(&dx, x, n) || !to_dev(&dw, w, dim) || !to_dev(&dout, NULL, n))
                         return 1;
-                if (gpu->add_rmsnorm(dout, dres, dx, dw, rows, dim, 1e-5f) != TSR_OK || gpu->sync() != TSR_OK) {
+                if (tsr_backend_add_rmsnorm(gpu, dout, dres, dx, dw, rows, dim, 1e-5f) != TSR_OK ||
+                    tsr_backend_synchronize(gpu) != TSR_OK) {
                         fprintf(stderr, "add_rmsnorm launch failed rows=%zu dim=%zu\n", rows, dim);
                         return 1;
                 }
@@ -95,9 +105,10 @@ int main(void) {
                 cases++;
 
                 /* out == x: the forward writes the normed row over the sublayer's output */
-                if (cudaMemcpy(dres, res, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+                if (tsr_backend_upload(gpu, dres, res, n * sizeof(float)) != TSR_OK)
                         return 1;
-                if (gpu->add_rmsnorm(dx, dres, dx, dw, rows, dim, 1e-5f) != TSR_OK || gpu->sync() != TSR_OK) {
+                if (tsr_backend_add_rmsnorm(gpu, dx, dres, dx, dw, rows, dim, 1e-5f) != TSR_OK ||
+                    tsr_backend_synchronize(gpu) != TSR_OK) {
                         fprintf(stderr, "add_rmsnorm (out == x) launch failed rows=%zu dim=%zu\n", rows, dim);
                         return 1;
                 }
@@ -106,10 +117,10 @@ int main(void) {
                 failures += compare("add_rmsnorm out == x", rows, dim, got_res, want_res, got, want) != 0;
                 cases++;
 
-                cudaFree(dres);
-                cudaFree(dx);
-                cudaFree(dw);
-                cudaFree(dout);
+                tsr_backend_mem_free(gpu, dres);
+                tsr_backend_mem_free(gpu, dx);
+                tsr_backend_mem_free(gpu, dw);
+                tsr_backend_mem_free(gpu, dout);
                 free(res);
                 free(x);
                 free(w);
@@ -120,16 +131,18 @@ int main(void) {
         }
         /* argument checks: rejected before any launch */
         float *d = NULL;
-        if (cudaMalloc((void **)&d, 16 * sizeof(float)) != cudaSuccess)
+        if (!to_dev(&d, NULL, 16))
                 return 1;
-        if (gpu->add_rmsnorm(NULL, d, d, d, 1, 4, 1e-5f) != TSR_E_INVAL ||
-            gpu->add_rmsnorm(d, NULL, d, d, 1, 4, 1e-5f) != TSR_E_INVAL ||
-            gpu->add_rmsnorm(d, d + 4, d, d, 1, 0, 1e-5f) != TSR_E_INVAL ||
-            gpu->add_rmsnorm(d, d + 4, d, d + 8, 0, 4, 1e-5f) != TSR_OK) {
+        if (tsr_backend_add_rmsnorm(gpu, NULL, d, d, d, 1, 4, 1e-5f) != TSR_E_INVAL ||
+            tsr_backend_add_rmsnorm(gpu, d, NULL, d, d, 1, 4, 1e-5f) != TSR_E_INVAL ||
+            tsr_backend_add_rmsnorm(gpu, d, d + 4, d, d, 1, 0, 1e-5f) != TSR_E_INVAL ||
+            tsr_backend_add_rmsnorm(gpu, d, d + 4, d, d + 8, 0, 4, 1e-5f) != TSR_OK) {
                 fprintf(stderr, "add_rmsnorm argument checks wrong\n");
                 failures++;
         }
-        cudaFree(d);
+        tsr_backend_mem_free(gpu, d);
+        tsr_backend_free(&gpu);
+        tsr_backend_free(&ref);
         printf("%d of %d cases failed\n", failures, cases);
         return failures ? 1 : 0;
 }

@@ -33,6 +33,25 @@
 #include "kernels/cpu/pool.h"
 #include "kernels/kernels.h"
 
+/* The backends under test: the reference, and the fast one that configure() remakes with
+ * a thread count and an ISA cap (the whole backend: pool and ISA are its own). */
+static tsr_backend *ref, *fast;
+
+static tsr_status configure(int threads, tsr_cpu_isa isa) {
+        tsr_backend_free(&fast);
+        return tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = threads, .max_isa = isa}, &fast);
+}
+
+/* The matmul with float32 / bfloat16 weights. */
+static tsr_status mm_f32(tsr_backend *be, float *out, const float *x, const float *w, size_t rows, size_t n, size_t d) {
+        return tsr_backend_matmul(be, out, x, w, TSR_DTYPE_F32, rows, n, d);
+}
+
+static tsr_status mm_bf16(tsr_backend *be, float *out, const float *x, const uint16_t *w, size_t rows, size_t n,
+                          size_t d) {
+        return tsr_backend_matmul(be, out, x, w, TSR_DTYPE_BF16, rows, n, d);
+}
+
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
 
 static float frand(void) {      /* uniform in [-1, 1), xorshift64* */
@@ -82,23 +101,22 @@ static const size_t rows_list[] = {1, 2, 3, 4, 5, 7, 48, 49, 67};
 /* Configure `threads` at `isa`; false (and a note) when the CPU lacks that level, so the
  * caller skips it instead of testing a lower level twice. */
 static bool configure_isa(int threads, tsr_cpu_isa isa) {
-        assert_int_equal(tsr_kernels_cpu_configure(threads, isa), TSR_OK);
-        if (tsr_kernels_cpu_isa() == isa)
+        assert_int_equal(configure(threads, isa), TSR_OK);
+        if (tsr_backend_cpu_isa(fast) == isa)
                 return true;
         print_message("isa %s not available here (best %s): skipped\n", tsr_cpu_isa_name(isa),
-                      tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+                      tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)));
         return false;
 }
 
 /* ---- matmul f32 ------------------------------------------------------------------------- */
 
 static void test_matmul_f32_bitwise(void **state) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         size_t checked = 0;
 
         for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++)
                 for (size_t ti = 0; ti < sizeof thread_counts / sizeof *thread_counts; ti++) {
-                        assert_int_equal(tsr_kernels_cpu_configure(thread_counts[ti], isas[ii]), TSR_OK);
+                        assert_int_equal(configure(thread_counts[ti], isas[ii]), TSR_OK);
                         for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
                                 for (size_t b = 0; b < sizeof ds / sizeof *ds; b++)
                                         for (size_t c = 0; c < sizeof rows_list / sizeof *rows_list; c++) {
@@ -109,11 +127,11 @@ static void test_matmul_f32_bitwise(void **state) {
                                                 float *o1 = malloc(rows * d * sizeof(float));
                                                 float *o2 = malloc(rows * d * sizeof(float));
                                                 char what[128];
-                                                assert_int_equal(ref->matmul(o1, x, w, rows, n, d), TSR_OK);
-                                                assert_int_equal(fast->matmul(o2, x, w, rows, n, d), TSR_OK);
+                                                assert_int_equal(mm_f32(ref, o1, x, w, rows, n, d), TSR_OK);
+                                                assert_int_equal(mm_f32(fast, o2, x, w, rows, n, d), TSR_OK);
                                                 snprintf(what, sizeof what, "matmul %s t%d rows %zu n %zu d %zu",
-                                                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()),
-                                                         tsr_kernels_cpu_threads(), rows, n, d);
+                                                         tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)),
+                                                         tsr_backend_threads(fast), rows, n, d);
                                                 expect_bitwise(what, o2, o1, rows, d);
                                                 checked++;
                                                 free(x);
@@ -123,13 +141,12 @@ static void test_matmul_f32_bitwise(void **state) {
                                         }
                 }
         print_message("matmul f32: %zu shape/isa/thread cases bitwise equal to cpu-ref (best isa %s)\n", checked,
-                      tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+                      tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)));
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
 /* Special values: zeros of both signs, infinities and NaN lanes go through the same adds. */
 static void test_matmul_f32_special(void **state) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         size_t n = 19, d = 9, rows = 5;
         float *x = rand_vec(rows * n), *w = rand_vec(d * n);
         float o1[45], o2[45];
@@ -140,20 +157,20 @@ static void test_matmul_f32_special(void **state) {
         w[2 * n + 17] = NAN;    /* row 2 with a NaN in the tail */
         for (size_t k = 0; k < n; k++)
                 w[3 * n + k] = -0.0f;   /* row 3 all -0: a dot of -0 products */
-        assert_int_equal(tsr_kernels_cpu_configure(2, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
-        assert_int_equal(ref->matmul(o1, x, w, rows, n, d), TSR_OK);
-        assert_int_equal(fast->matmul(o2, x, w, rows, n, d), TSR_OK);
+        assert_int_equal(configure(2, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(mm_f32(ref, o1, x, w, rows, n, d), TSR_OK);
+        assert_int_equal(mm_f32(fast, o2, x, w, rows, n, d), TSR_OK);
         for (size_t i = 0; i < rows * d; i++)
                 if (isnan(o1[i]))
                         assert_true(isnan(o2[i]));
                 else
                         assert_memory_equal(&o1[i], &o2[i], sizeof(float));
-        assert_int_equal(fast->matmul(o2, x, NULL, rows, n, d), TSR_E_INVAL);
-        assert_int_equal(fast->matmul(o2, x, w, rows, 0, d), TSR_E_INVAL);
-        assert_int_equal(fast->matmul(o2, x, w, 0, n, d), TSR_OK);
+        assert_int_equal(mm_f32(fast, o2, x, NULL, rows, n, d), TSR_E_INVAL);
+        assert_int_equal(mm_f32(fast, o2, x, w, rows, 0, d), TSR_E_INVAL);
+        assert_int_equal(mm_f32(fast, o2, x, w, 0, n, d), TSR_OK);
         free(x);
         free(w);
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -163,7 +180,6 @@ struct att_case {
 };
 
 static void run_attention_case(const struct att_case *ac, const char *tag) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         size_t total = ac->past_len + ac->n, bs = ac->block_size;
         size_t n_table = (total + bs - 1) / bs, n_blocks = n_table + 3;
         size_t width = ac->n_kv_heads * ac->head_dim, q_width = ac->n_heads * ac->head_dim;
@@ -180,8 +196,8 @@ static void run_attention_case(const struct att_case *ac, const char *tag) {
         tsr_kv_view kv = {.k = k, .v = v, .block_table = table, .n_table = n_table, .n_blocks = n_blocks,
                           .block_size = bs, .n_kv_heads = ac->n_kv_heads, .head_dim = ac->head_dim};
         float scale = 1.0f / sqrtf((float)ac->head_dim);
-        assert_int_equal(ref->attention(o1, q, &kv, ac->n, ac->past_len, ac->n_heads, scale), TSR_OK);
-        assert_int_equal(fast->attention(o2, q, &kv, ac->n, ac->past_len, ac->n_heads, scale), TSR_OK);
+        assert_int_equal(tsr_backend_attention(ref, o1, q, &kv, ac->n, ac->past_len, ac->n_heads, scale), TSR_OK);
+        assert_int_equal(tsr_backend_attention(fast, o2, q, &kv, ac->n, ac->past_len, ac->n_heads, scale), TSR_OK);
         snprintf(what, sizeof what, "attention %s n %zu past %zu heads %zu/%zu hd %zu bs %zu", tag, ac->n,
                  ac->past_len, ac->n_heads, ac->n_kv_heads, ac->head_dim, ac->block_size);
         expect_bitwise(what, o2, o1, ac->n, q_width);
@@ -202,13 +218,13 @@ static void test_attention_bitwise(void **state) {
         for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++)
                 for (size_t ti = 0; ti < sizeof thread_counts / sizeof *thread_counts; ti++) {
                         char tag[64];
-                        assert_int_equal(tsr_kernels_cpu_configure(thread_counts[ti], isas[ii]), TSR_OK);
-                        snprintf(tag, sizeof tag, "%s t%d", tsr_cpu_isa_name(tsr_kernels_cpu_isa()),
-                                 tsr_kernels_cpu_threads());
+                        assert_int_equal(configure(thread_counts[ti], isas[ii]), TSR_OK);
+                        snprintf(tag, sizeof tag, "%s t%d", tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)),
+                                 tsr_backend_threads(fast));
                         for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
                                 run_attention_case(&cases[c], tag);
                 }
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
 /* ---- bf16 --------------------------------------------------------------------------------- */
@@ -267,14 +283,13 @@ static double dot_bound(const uint16_t *w, const float *x, size_t n) {
 }
 
 static void test_matmul_bf16(void **state) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
 
         for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++) {
                 size_t checked = 0, bitwise = 0;
                 double worst = 0;
                 if (!configure_isa(1, bf16_isas[ii]))
                         continue;
-                bool exact = tsr_kernels_cpu_isa() < TSR_CPU_ISA_AVX512_BF16;
+                bool exact = tsr_backend_cpu_isa(fast) < TSR_CPU_ISA_AVX512_BF16;
                 for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
                         for (size_t b = 0; b < sizeof ds / sizeof *ds; b++)
                                 for (size_t c = 0; c < sizeof rows_list / sizeof *rows_list; c += 2) {
@@ -286,9 +301,9 @@ static void test_matmul_bf16(void **state) {
                                         float *o3 = malloc(rows * d * sizeof(float));
                                         char what[128];
                                         snprintf(what, sizeof what, "matmul_bf16 %s rows %zu n %zu d %zu",
-                                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), rows, n, d);
-                                        assert_int_equal(ref->matmul_bf16(o1, x, w, rows, n, d), TSR_OK);
-                                        assert_int_equal(fast->matmul_bf16(o2, x, w, rows, n, d), TSR_OK);
+                                                 tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), rows, n, d);
+                                        assert_int_equal(mm_bf16(ref, o1, x, w, rows, n, d), TSR_OK);
+                                        assert_int_equal(mm_bf16(fast, o2, x, w, rows, n, d), TSR_OK);
                                         if (exact) {
                                                 expect_bitwise(what, o2, o1, rows, d);
                                                 bitwise++;
@@ -306,12 +321,12 @@ static void test_matmul_bf16(void **state) {
                                                         }
                                         }
                                         /* Thread count: bitwise the same. */
-                                        assert_int_equal(tsr_kernels_cpu_configure(3, bf16_isas[ii]), TSR_OK);
-                                        assert_int_equal(fast->matmul_bf16(o3, x, w, rows, n, d), TSR_OK);
+                                        assert_int_equal(configure(3, bf16_isas[ii]), TSR_OK);
+                                        assert_int_equal(mm_bf16(fast, o3, x, w, rows, n, d), TSR_OK);
                                         expect_bitwise(what, o3, o2, rows, d);
-                                        assert_int_equal(tsr_kernels_cpu_configure(1, bf16_isas[ii]), TSR_OK);
+                                        assert_int_equal(configure(1, bf16_isas[ii]), TSR_OK);
                                         /* Batch: the last row alone is bitwise that row among the others. */
-                                        assert_int_equal(fast->matmul_bf16(o3, x + (rows - 1) * n, w, 1, n, d), TSR_OK);
+                                        assert_int_equal(mm_bf16(fast, o3, x + (rows - 1) * n, w, 1, n, d), TSR_OK);
                                         expect_bitwise(what, o3, o2 + (rows - 1) * d, 1, d);
                                         checked++;
                                         free(x);
@@ -322,16 +337,15 @@ static void test_matmul_bf16(void **state) {
                                         free(o3);
                                 }
                 print_message("matmul_bf16 %s: %zu cases, %zu bitwise to cpu-ref, worst |fast-ref| / error bound "
-                              "= %.3g\n", tsr_cpu_isa_name(tsr_kernels_cpu_isa()), checked, bitwise, worst);
+                              "= %.3g\n", tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), checked, bitwise, worst);
         }
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
 /* Infinities and NaN in some weight rows stay in those rows' outputs: the k tail and the
  * ragged last block of weight rows (n = 45, d = 21) never mix another row's values in
  * (0 x inf would be NaN), and finite outputs stay within the error bound. */
 static void test_matmul_bf16_special(void **state) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         size_t n = 45, d = 21, rows = 3;
         float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
         float o1[63], o2[63];
@@ -343,31 +357,30 @@ static void test_matmul_bf16_special(void **state) {
         for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++) {
                 if (!configure_isa(2, bf16_isas[ii]))
                         continue;
-                assert_int_equal(ref->matmul_bf16(o1, x, w, rows, n, d), TSR_OK);
-                assert_int_equal(fast->matmul_bf16(o2, x, w, rows, n, d), TSR_OK);
+                assert_int_equal(mm_bf16(ref, o1, x, w, rows, n, d), TSR_OK);
+                assert_int_equal(mm_bf16(fast, o2, x, w, rows, n, d), TSR_OK);
                 for (size_t r = 0; r < rows; r++)
                         for (size_t i = 0; i < d; i++) {
                                 float a = o2[r * d + i], b = o1[r * d + i];
                                 if (isnan(b) || isinf(b)) {
                                         if (!(isnan(b) ? isnan(a) : a == b))
                                                 fail_msg("matmul_bf16 %s [%zu,%zu]: %g, cpu-ref %g",
-                                                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()), r, i, a, b);
+                                                         tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), r, i, a, b);
                                 } else if (!(fabs((double)a - (double)b) <= dot_bound(w + i * n, x + r * n, n))) {
                                         fail_msg("matmul_bf16 %s [%zu,%zu]: %.9g, cpu-ref %.9g",
-                                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), r, i, a, b);
+                                                 tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), r, i, a, b);
                                 }
                         }
         }
         free(x);
         free(wf);
         free(w);
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
 /* Float32 subnormals and the smallest normals as x, n = 1 (see the comment below):
  * every output is ref's product or zero, and the normal ones are ref's exactly. */
 static void test_matmul_bf16_subnormal_x(const uint16_t *w, size_t d) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         static const uint32_t xbits[] = {
                 0x00000001u, 0x00008000u, 0x00018000u, 0x00400000u, 0x007fffffu, 0x807f0000u, 0x80000001u,
                 0x00800000u, 0x80800000u, 0x007fc000u, 0x00010000u, 0x00000000u, 0x80000000u, 0x00c00000u,
@@ -379,8 +392,8 @@ static void test_matmul_bf16_subnormal_x(const uint16_t *w, size_t d) {
         assert_true(d <= D_MAX);
         for (size_t r = 0; r < ROWS; r++)
                 memcpy(&x[r], &xbits[r], sizeof(float));
-        assert_int_equal(ref->matmul_bf16(o1, x, w, ROWS, 1, d), TSR_OK);
-        assert_int_equal(fast->matmul_bf16(o2, x, w, ROWS, 1, d), TSR_OK);
+        assert_int_equal(mm_bf16(ref, o1, x, w, ROWS, 1, d), TSR_OK);
+        assert_int_equal(mm_bf16(fast, o2, x, w, ROWS, 1, d), TSR_OK);
         size_t zeroed = 0;
         for (size_t i = 0; i < ROWS * d; i++) {
                 bool normal_x = fabsf(x[i / d]) >= FLT_MIN;
@@ -388,10 +401,10 @@ static void test_matmul_bf16_subnormal_x(const uint16_t *w, size_t d) {
                 bool same = memcmp(&o1[i], &o2[i], sizeof(float)) == 0;
                 if (normal_x ? !same : !(same || o2[i] == 0.0f))
                         fail_msg("matmul_bf16 %s: x 0x%08x w[%zu]: %.9g, cpu-ref %.9g",
-                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), xbits[i / d], i % d, o2[i], o1[i]);
+                                 tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), xbits[i / d], i % d, o2[i], o1[i]);
         }
         print_message("matmul_bf16 %s: subnormal x, %zu of %zu products read as zero\n",
-                      tsr_cpu_isa_name(tsr_kernels_cpu_isa()), zeroed, ROWS * d);
+                      tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), zeroed, ROWS * d);
 }
 
 /* The rounding of x to bf16 inside matmul_bf16 (vectorised on AMX) is exactly b() of
@@ -401,7 +414,6 @@ static void test_matmul_bf16_subnormal_x(const uint16_t *w, size_t d) {
  * ref.c multiplies as they are and VDPBF16PS and TDPBF16PS read as zero, so there an
  * output is the reference's product or a zero (of either sign). */
 static void test_matmul_bf16_x_rounding(void **state) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         static const uint32_t xbits[] = {
                 0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0xbf818000u, 0x7f7fffffu,
                 0x7f800000u, 0xff800000u, 0x7fc00001u, 0xffa00000u, 0x7f800001u, 0x00800000u, 0x4b7fff80u, 0xc2fe8000u,
@@ -419,15 +431,16 @@ static void test_matmul_bf16_x_rounding(void **state) {
         for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++) {
                 if (!configure_isa(1, bf16_isas[ii]))
                         continue;
-                assert_int_equal(ref->matmul_bf16(o1, x, w, rows, 1, d), TSR_OK);
-                assert_int_equal(fast->matmul_bf16(o2, x, w, rows, 1, d), TSR_OK);
+                assert_int_equal(mm_bf16(ref, o1, x, w, rows, 1, d), TSR_OK);
+                assert_int_equal(mm_bf16(fast, o2, x, w, rows, 1, d), TSR_OK);
                 for (size_t i = 0; i < rows * d; i++)
                         if (isnan(o1[i]) ? !isnan(o2[i]) : memcmp(&o1[i], &o2[i], sizeof(float)) != 0)
                                 fail_msg("matmul_bf16 %s: x 0x%08x w[%zu]: %.9g, cpu-ref %.9g",
-                                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()), xbits[i / d], i % d, o2[i], o1[i]);
+                                         tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), xbits[i / d], i % d, o2[i],
+                                         o1[i]);
                 test_matmul_bf16_subnormal_x(w, d);
         }
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
 /* Batch invariance of the bf16 matmul at every level: each of 64 rows computed alone
@@ -437,14 +450,13 @@ static void test_matmul_bf16_x_rounding(void **state) {
  * column r % 16 of block r / 16.  d = 131 is 9 blocks of 16 weight rows, several per
  * pool task; the batch is also checked against the reference (error bound). */
 static void test_matmul_bf16_batch_invariance(void **state) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         size_t n = 576 + 7, d = 131, rows = 64;
         float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
         uint16_t *w = to_bf16_vec(wf, d * n);
         float *all = malloc(rows * d * sizeof(float)), *part = malloc(8 * d * sizeof(float));
         float *one = malloc(d * sizeof(float)), *want = malloc(rows * d * sizeof(float));
 
-        assert_int_equal(ref->matmul_bf16(want, x, w, rows, n, d), TSR_OK);
+        assert_int_equal(mm_bf16(ref, want, x, w, rows, n, d), TSR_OK);
 
         for (size_t ii = 0; ii < sizeof bf16_isas / sizeof *bf16_isas; ii++)
                 for (int t = 1; t <= 3; t++) {
@@ -452,18 +464,18 @@ static void test_matmul_bf16_batch_invariance(void **state) {
                         if (!configure_isa(t, bf16_isas[ii]))
                                 break;
                         snprintf(what, sizeof what, "matmul_bf16 %s t%d: row alone vs among 64",
-                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), t);
-                        assert_int_equal(fast->matmul_bf16(all, x, w, rows, n, d), TSR_OK);
+                                 tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), t);
+                        assert_int_equal(mm_bf16(fast, all, x, w, rows, n, d), TSR_OK);
                         for (size_t i = 0; i < rows * d; i++)
                                 if (!(fabs((double)all[i] - (double)want[i]) <=
                                       dot_bound(w + i % d * n, x + i / d * n, n)))
                                         fail_msg("%s: [%zu,%zu] %.9g, cpu-ref %.9g", what, i / d, i % d, all[i],
                                                  want[i]);
                         for (size_t r = 0; r < rows; r++) {
-                                assert_int_equal(fast->matmul_bf16(one, x + r * n, w, 1, n, d), TSR_OK);
+                                assert_int_equal(mm_bf16(fast, one, x + r * n, w, 1, n, d), TSR_OK);
                                 expect_bitwise(what, one, all + r * d, 1, d);
                         }
-                        assert_int_equal(fast->matmul_bf16(part, x + 20 * n, w, 8, n, d), TSR_OK);
+                        assert_int_equal(mm_bf16(fast, part, x + 20 * n, w, 8, n, d), TSR_OK);
                         expect_bitwise(what, part, all + 20 * d, 8, d);
                 }
         free(x);
@@ -473,7 +485,7 @@ static void test_matmul_bf16_batch_invariance(void **state) {
         free(part);
         free(one);
         free(want);
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
 /* Two threads calling matmul_bf16 at once: one drives the pool, the other runs its tasks
@@ -492,14 +504,13 @@ static void *call_bf16(void *arg) {
         float *o = malloc(c->rows * c->d * sizeof(float));
         c->ok = o != NULL;
         for (int i = 0; c->ok && i < 40; i++)
-                c->ok = tsr_kernels_cpu_fast()->matmul_bf16(o, c->x, c->w, c->rows, c->n, c->d) == TSR_OK &&
+                c->ok = mm_bf16(fast, o, c->x, c->w, c->rows, c->n, c->d) == TSR_OK &&
                         memcmp(o, c->want, c->rows * c->d * sizeof(float)) == 0;
         free(o);
         return NULL;
 }
 
 static void test_matmul_bf16_two_callers(void **state) {
-        const tsr_kernels_ops *fast = tsr_kernels_cpu_fast();
         size_t n = 200, d = 96;
         struct bf16_caller c[2] = {{.rows = 1, .n = n, .d = d}, {.rows = 21, .n = n, .d = d}};
         float *buf[6];
@@ -508,8 +519,8 @@ static void test_matmul_bf16_two_callers(void **state) {
                 float *x = rand_vec(c[i].rows * n), *wf = rand_vec(d * n);
                 float *want = malloc(c[i].rows * d * sizeof(float));
                 uint16_t *w = to_bf16_vec(wf, d * n);
-                assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
-                assert_int_equal(fast->matmul_bf16(want, x, w, c[i].rows, n, d), TSR_OK);
+                assert_int_equal(configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+                assert_int_equal(mm_bf16(fast, want, x, w, c[i].rows, n, d), TSR_OK);
                 c[i].x = x;
                 c[i].w = w;
                 c[i].want = want;
@@ -517,7 +528,7 @@ static void test_matmul_bf16_two_callers(void **state) {
                 buf[3 * i + 1] = wf;
                 buf[3 * i + 2] = want;
         }
-        assert_int_equal(tsr_kernels_cpu_configure(2, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+        assert_int_equal(configure(2, TSR_CPU_ISA_AMX_BF16), TSR_OK);
         pthread_t th;
         assert_int_equal(pthread_create(&th, NULL, call_bf16, &c[0]), 0);
         call_bf16(&c[1]);
@@ -528,22 +539,21 @@ static void test_matmul_bf16_two_callers(void **state) {
                 free(buf[i]);
         free((void *)c[0].w);
         free((void *)c[1].w);
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
 /* ---- batch invariance through the table ----------------------------------------------------- */
 
 static void test_batch_invariance(void **state) {
-        const tsr_kernels_ops *fast = tsr_kernels_cpu_fast();
         size_t n = 576, d = 131, rows = 37;
         float *x = rand_vec(rows * n), *w = rand_vec(d * n);
         float *all = malloc(rows * d * sizeof(float)), *one = malloc(d * sizeof(float));
 
         for (int t = 1; t <= 3; t++) {
-                assert_int_equal(tsr_kernels_cpu_configure(t, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
-                assert_int_equal(fast->matmul(all, x, w, rows, n, d), TSR_OK);
+                assert_int_equal(configure(t, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+                assert_int_equal(mm_f32(fast, all, x, w, rows, n, d), TSR_OK);
                 for (size_t r = 0; r < rows; r++) {
-                        assert_int_equal(fast->matmul(one, x + r * n, w, 1, n, d), TSR_OK);
+                        assert_int_equal(mm_f32(fast, one, x + r * n, w, 1, n, d), TSR_OK);
                         expect_bitwise("row alone vs in batch", one, all + r * d, 1, d);
                 }
         }
@@ -551,33 +561,33 @@ static void test_batch_invariance(void **state) {
         free(w);
         free(all);
         free(one);
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
 /* ---- elementwise and per-row ops (sliced across the pool) -------------------------------- */
 
 static void test_elementwise_bitwise(void **state) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         static const size_t sizes[] = {1, 100, 32768, 40000, 100003};
         static const size_t norm_shapes[][2] = {{1, 576}, {67, 576}, {200, 1539}, {3, 70000}};
 
         for (int t = 1; t <= 3; t++) {
-                assert_int_equal(tsr_kernels_cpu_configure(t, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+                assert_int_equal(configure(t, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
                 for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
                         size_t n = sizes[i];
                         float *a = rand_vec(n), *b = rand_vec(n), *o1 = malloc(n * sizeof(float));
                         float *o2 = malloc(n * sizeof(float)), *alias = malloc(n * sizeof(float));
-                        assert_int_equal(ref->silu_mul(o1, a, b, n), TSR_OK);
-                        assert_int_equal(fast->silu_mul(o2, a, b, n), TSR_OK);
+                        assert_int_equal(tsr_backend_silu_mul(ref, o1, a, b, n), TSR_OK);
+                        assert_int_equal(tsr_backend_silu_mul(fast, o2, a, b, n), TSR_OK);
                         expect_bitwise("silu_mul", o2, o1, 1, n);
                         memcpy(alias, a, n * sizeof(float));
-                        assert_int_equal(fast->silu_mul(alias, alias, b, n), TSR_OK);   /* out aliases gate */
+                        /* out aliases gate */
+                        assert_int_equal(tsr_backend_silu_mul(fast, alias, alias, b, n), TSR_OK);
                         expect_bitwise("silu_mul in place", alias, o1, 1, n);
-                        assert_int_equal(ref->add(o1, a, b, n), TSR_OK);
-                        assert_int_equal(fast->add(o2, a, b, n), TSR_OK);
+                        assert_int_equal(tsr_backend_add(ref, o1, a, b, n), TSR_OK);
+                        assert_int_equal(tsr_backend_add(fast, o2, a, b, n), TSR_OK);
                         expect_bitwise("add", o2, o1, 1, n);
                         memcpy(alias, a, n * sizeof(float));
-                        assert_int_equal(fast->add(alias, alias, b, n), TSR_OK);
+                        assert_int_equal(tsr_backend_add(fast, alias, alias, b, n), TSR_OK);
                         expect_bitwise("add in place", alias, o1, 1, n);
                         free(a);
                         free(b);
@@ -589,10 +599,11 @@ static void test_elementwise_bitwise(void **state) {
                         size_t rows = norm_shapes[i][0], dim = norm_shapes[i][1];
                         float *x = rand_vec(rows * dim), *w = rand_vec(dim), *o1 = malloc(rows * dim * sizeof(float));
                         float *o2 = malloc(rows * dim * sizeof(float));
-                        assert_int_equal(ref->rmsnorm(o1, x, w, rows, dim, 1e-5f), TSR_OK);
-                        assert_int_equal(fast->rmsnorm(o2, x, w, rows, dim, 1e-5f), TSR_OK);
+                        assert_int_equal(tsr_backend_rmsnorm(ref, o1, x, w, rows, dim, 1e-5f), TSR_OK);
+                        assert_int_equal(tsr_backend_rmsnorm(fast, o2, x, w, rows, dim, 1e-5f), TSR_OK);
                         expect_bitwise("rmsnorm", o2, o1, rows, dim);
-                        assert_int_equal(fast->rmsnorm(x, x, w, rows, dim, 1e-5f), TSR_OK);     /* in place */
+                        /* in place */
+                        assert_int_equal(tsr_backend_rmsnorm(fast, x, x, w, rows, dim, 1e-5f), TSR_OK);
                         expect_bitwise("rmsnorm in place", x, o1, rows, dim);
                         free(x);
                         free(w);
@@ -600,9 +611,9 @@ static void test_elementwise_bitwise(void **state) {
                         free(o2);
                 }
         }
-        assert_int_equal(fast->add(NULL, NULL, NULL, 100000), TSR_E_INVAL);
-        assert_int_equal(fast->rmsnorm(NULL, NULL, NULL, 100, 1000, 1e-5f), TSR_E_INVAL);
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(tsr_backend_add(fast, NULL, NULL, NULL, 100000), TSR_E_INVAL);
+        assert_int_equal(tsr_backend_rmsnorm(fast, NULL, NULL, NULL, 100, 1000, 1e-5f), TSR_E_INVAL);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
 /* ---- add_rmsnorm (the residual add fused with the next norm) -------------------------- */
@@ -622,7 +633,6 @@ static void expect_same_bits(const char *what, const float *got, const float *wa
  * sums: the specification of the fused op is the unfused pair.  out == x is checked too,
  * the forward's use. */
 static void test_add_rmsnorm_ref_is_add_then_rmsnorm(void **state) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref();
         static const size_t shapes[][2] = {{1, 1}, {1, 7}, {3, 9}, {5, 64}, {4, 576}, {2, 1539}};
 
         for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
@@ -634,16 +644,17 @@ static void test_add_rmsnorm_ref_is_add_then_rmsnorm(void **state) {
 
                 memcpy(res1, res, n * sizeof(float));
                 memcpy(res2, res, n * sizeof(float));
-                assert_int_equal(ref->add(res1, res1, x, n), TSR_OK);
-                assert_int_equal(ref->rmsnorm(o1, res1, w, rows, dim, 1e-5f), TSR_OK);
-                assert_int_equal(ref->add_rmsnorm(o2, res2, x, w, rows, dim, 1e-5f), TSR_OK);
+                assert_int_equal(tsr_backend_add(ref, res1, res1, x, n), TSR_OK);
+                assert_int_equal(tsr_backend_rmsnorm(ref, o1, res1, w, rows, dim, 1e-5f), TSR_OK);
+                assert_int_equal(tsr_backend_add_rmsnorm(ref, o2, res2, x, w, rows, dim, 1e-5f), TSR_OK);
                 snprintf(what, sizeof what, "ref add_rmsnorm rows %zu dim %zu: residual", rows, dim);
                 expect_bitwise(what, res2, res1, rows, dim);
                 snprintf(what, sizeof what, "ref add_rmsnorm rows %zu dim %zu: out", rows, dim);
                 expect_bitwise(what, o2, o1, rows, dim);
                 memcpy(res2, res, n * sizeof(float));
                 memcpy(o2, x, n * sizeof(float));
-                assert_int_equal(ref->add_rmsnorm(o2, res2, o2, w, rows, dim, 1e-5f), TSR_OK);      /* out == x */
+                /* out == x */
+                assert_int_equal(tsr_backend_add_rmsnorm(ref, o2, res2, o2, w, rows, dim, 1e-5f), TSR_OK);
                 expect_bitwise("ref add_rmsnorm out == x: residual", res2, res1, rows, dim);
                 expect_bitwise("ref add_rmsnorm out == x: out", o2, o1, rows, dim);
                 free(res);
@@ -659,7 +670,6 @@ static void test_add_rmsnorm_ref_is_add_then_rmsnorm(void **state) {
 /* One fast-vs-ref case: fresh copies of residual for each side; out separate, then out == x. */
 static void add_rmsnorm_case(const float *res, const float *x, const float *w, size_t rows, size_t dim,
                              const char *tag) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         size_t n = rows * dim;
         float *res1 = malloc(n * sizeof(float)), *res2 = malloc(n * sizeof(float));
         float *o1 = malloc(n * sizeof(float)), *o2 = malloc(n * sizeof(float));
@@ -667,18 +677,18 @@ static void add_rmsnorm_case(const float *res, const float *x, const float *w, s
 
         memcpy(res1, res, n * sizeof(float));
         memcpy(res2, res, n * sizeof(float));
-        assert_int_equal(ref->add_rmsnorm(o1, res1, x, w, rows, dim, 1e-5f), TSR_OK);
-        assert_int_equal(fast->add_rmsnorm(o2, res2, x, w, rows, dim, 1e-5f), TSR_OK);
+        assert_int_equal(tsr_backend_add_rmsnorm(ref, o1, res1, x, w, rows, dim, 1e-5f), TSR_OK);
+        assert_int_equal(tsr_backend_add_rmsnorm(fast, o2, res2, x, w, rows, dim, 1e-5f), TSR_OK);
         snprintf(what, sizeof what, "add_rmsnorm %s %s t%d rows %zu dim %zu: residual", tag,
-                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), tsr_kernels_cpu_threads(), rows, dim);
+                 tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), tsr_backend_threads(fast), rows, dim);
         expect_same_bits(what, res2, res1, rows, dim);
         snprintf(what, sizeof what, "add_rmsnorm %s %s t%d rows %zu dim %zu: out", tag,
-                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), tsr_kernels_cpu_threads(), rows, dim);
+                 tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), tsr_backend_threads(fast), rows, dim);
         expect_same_bits(what, o2, o1, rows, dim);
         memcpy(res2, res, n * sizeof(float));
         memcpy(o2, x, n * sizeof(float));
-        assert_int_equal(fast->add_rmsnorm(o2, res2, o2, w, rows, dim, 1e-5f), TSR_OK);     /* out == x */
-        snprintf(what, sizeof what, "add_rmsnorm %s out == x t%d rows %zu dim %zu", tag, tsr_kernels_cpu_threads(),
+        assert_int_equal(tsr_backend_add_rmsnorm(fast, o2, res2, o2, w, rows, dim, 1e-5f), TSR_OK);     /* out == x */
+        snprintf(what, sizeof what, "add_rmsnorm %s out == x t%d rows %zu dim %zu", tag, tsr_backend_threads(fast),
                  rows, dim);
         expect_same_bits(what, res2, res1, rows, dim);
         expect_same_bits(what, o2, o1, rows, dim);
@@ -720,14 +730,13 @@ static void test_add_rmsnorm_bitwise(void **state) {
                         }
                 }
         print_message("add_rmsnorm: %zu shape/isa/thread cases bitwise equal to cpu-ref\n", checked);
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
 /* A NaN or an infinity in one row poisons that row's norm and no other: rows are
  * independent whatever the slicing.  Also the argument checks, and that a failed call
  * writes nothing. */
 static void test_add_rmsnorm_special(void **state) {
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         size_t rows = 40, dim = 1539, n = rows * dim;   /* 61560 elements: the pool slices it */
         float *res = rand_vec(n), *x = rand_vec(n), *w = rand_vec(dim);
         float *res2 = malloc(n * sizeof(float)), *out = malloc(n * sizeof(float));
@@ -745,7 +754,7 @@ static void test_add_rmsnorm_special(void **state) {
                                 continue;
                         add_rmsnorm_case(res, x, w, rows, dim, "special");
                         memcpy(res2, res, n * sizeof(float));
-                        assert_int_equal(fast->add_rmsnorm(out, res2, x, w, rows, dim, 1e-5f), TSR_OK);
+                        assert_int_equal(tsr_backend_add_rmsnorm(fast, out, res2, x, w, rows, dim, 1e-5f), TSR_OK);
                         for (size_t r = 0; r < rows; r++) {
                                 bool poisoned = r == 1 || r == 5 || r == 9 || r == 17;
                                 size_t nan_count = 0;
@@ -764,15 +773,15 @@ static void test_add_rmsnorm_special(void **state) {
         memset(out, 0x5a, n * sizeof(float));
         float *outc = malloc(n * sizeof(float));
         memcpy(outc, out, n * sizeof(float));
-        const tsr_kernels_ops *tables[] = {ref, fast};
+        tsr_backend *tables[] = {ref, fast};
         for (size_t k = 0; k < 2; k++) {
-                const tsr_kernels_ops *o = tables[k];
-                assert_int_equal(o->add_rmsnorm(NULL, res2, x, w, rows, dim, 1e-5f), TSR_E_INVAL);
-                assert_int_equal(o->add_rmsnorm(out, NULL, x, w, rows, dim, 1e-5f), TSR_E_INVAL);
-                assert_int_equal(o->add_rmsnorm(out, res2, NULL, w, rows, dim, 1e-5f), TSR_E_INVAL);
-                assert_int_equal(o->add_rmsnorm(out, res2, x, NULL, rows, dim, 1e-5f), TSR_E_INVAL);
-                assert_int_equal(o->add_rmsnorm(out, res2, x, w, rows, 0, 1e-5f), TSR_E_INVAL);
-                assert_int_equal(o->add_rmsnorm(out, res2, x, w, 0, dim, 1e-5f), TSR_OK);
+                tsr_backend *o = tables[k];
+                assert_int_equal(tsr_backend_add_rmsnorm(o, NULL, res2, x, w, rows, dim, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(tsr_backend_add_rmsnorm(o, out, NULL, x, w, rows, dim, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(tsr_backend_add_rmsnorm(o, out, res2, NULL, w, rows, dim, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(tsr_backend_add_rmsnorm(o, out, res2, x, NULL, rows, dim, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(tsr_backend_add_rmsnorm(o, out, res2, x, w, rows, 0, 1e-5f), TSR_E_INVAL);
+                assert_int_equal(tsr_backend_add_rmsnorm(o, out, res2, x, w, 0, dim, 1e-5f), TSR_OK);
                 assert_memory_equal(res2, res, n * sizeof(float));
                 assert_memory_equal(out, outc, n * sizeof(float));
         }
@@ -782,7 +791,7 @@ static void test_add_rmsnorm_special(void **state) {
         free(w);
         free(res2);
         free(out);
-        assert_int_equal(tsr_kernels_cpu_configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
 /* ---- the pool ------------------------------------------------------------------------------- */
@@ -845,11 +854,16 @@ static void test_pool(void **state) {
         }
         tsr_pool_free(NULL);
         assert_null(tsr_pool_new(0));
-        assert_int_equal(tsr_kernels_cpu_configure(-1, TSR_CPU_ISA_AVX2), TSR_E_INVAL);
+        tsr_backend *bad = NULL;
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = -1, .max_isa = TSR_CPU_ISA_AVX2},
+                                             &bad),
+                         TSR_E_INVAL);
+        assert_null(bad);
 }
 
 static int teardown(void **state) {
-        tsr_kernels_cpu_shutdown();
+        tsr_backend_free(&fast);
+        tsr_backend_free(&ref);
         return 0;
 }
 
@@ -860,23 +874,22 @@ static int teardown(void **state) {
  * (or, for AMX, Linux) does not grant the level. */
 static void test_isa_level(void **state) {
         const tsr_cpu_isa isa = *(const tsr_cpu_isa *)*state;
-        const tsr_kernels_ops *ref = tsr_kernels_cpu_ref(), *fast = tsr_kernels_cpu_fast();
         const size_t rows = 5, n = 67, d = 33;
 
-        assert_int_equal(tsr_kernels_cpu_configure(2, isa), TSR_OK);
-        if (tsr_kernels_cpu_isa() != isa) {
+        assert_int_equal(configure(2, isa), TSR_OK);
+        if (tsr_backend_cpu_isa(fast) != isa) {
                 print_message("[skip:cpu-lacks:%s] this CPU runs %s at most\n", tsr_cpu_isa_name(isa),
-                              tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+                              tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)));
                 skip();
         }
         float *x = rand_vec(rows * n), *wf = rand_vec(d * n);
         uint16_t *w = to_bf16_vec(wf, d * n);
         float *o1 = malloc(rows * d * sizeof(float)), *o2 = malloc(rows * d * sizeof(float));
-        assert_int_equal(ref->matmul(o1, x, wf, rows, n, d), TSR_OK);
-        assert_int_equal(fast->matmul(o2, x, wf, rows, n, d), TSR_OK);
+        assert_int_equal(mm_f32(ref, o1, x, wf, rows, n, d), TSR_OK);
+        assert_int_equal(mm_f32(fast, o2, x, wf, rows, n, d), TSR_OK);
         expect_bitwise("matmul f32", o2, o1, rows, d);
-        assert_int_equal(ref->matmul_bf16(o1, x, w, rows, n, d), TSR_OK);
-        assert_int_equal(fast->matmul_bf16(o2, x, w, rows, n, d), TSR_OK);
+        assert_int_equal(mm_bf16(ref, o1, x, w, rows, n, d), TSR_OK);
+        assert_int_equal(mm_bf16(fast, o2, x, w, rows, n, d), TSR_OK);
         for (size_t r = 0; r < rows; r++)
                 for (size_t i = 0; i < d; i++) {
                         double bound = isa < TSR_CPU_ISA_AVX512_BF16 ? 0 : dot_bound(w + i * n, x + r * n, n);
@@ -886,7 +899,6 @@ static void test_isa_level(void **state) {
                                          tsr_cpu_isa_name(isa), r, i, o2[r * d + i], o1[r * d + i], bound);
                 }
         free(x), free(wf), free(w), free(o1), free(o2);
-        assert_int_equal(tsr_kernels_cpu_configure(0, TSR_CPU_ISA_AMX_BF16), TSR_OK);
 }
 
 static const tsr_cpu_isa level_avx2 = TSR_CPU_ISA_AVX2, level_avx512_bf16 = TSR_CPU_ISA_AVX512_BF16,
@@ -913,6 +925,9 @@ int main(void) {
                 cmocka_unit_test(test_add_rmsnorm_bitwise),
                 cmocka_unit_test(test_add_rmsnorm_special),
         };
-        print_message("fast CPU backend: best isa %s\n", tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+        /* As the fast table was by default before it had a handle: all cores, the best ISA. */
+        if (tsr_backend_cpu_ref_new(&ref) != TSR_OK || configure(0, TSR_CPU_ISA_AMX_BF16) != TSR_OK)
+                return 1;
+        print_message("fast CPU backend: best isa %s\n", tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)));
         return cmocka_run_group_tests(tests, NULL, teardown);
 }

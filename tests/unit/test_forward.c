@@ -39,6 +39,10 @@
 #include "worker/llama.h"
 #include "worker/weights.h"
 
+/* The reference backend most tests run on (made in main); tests of the fast backend
+ * make their own. */
+static tsr_backend *ref_be;
+
 /* ---- helpers ------------------------------------------------------------------------ */
 
 /* cmocka 1.1.5's assert_float_equal compares in float; this one in double. */
@@ -138,7 +142,7 @@ static tsr_llama *load_model(const char *env, const char *rel) {
 
         if (!env_path(env, rel, path, sizeof path))
                 return NULL;
-        tsr_status s = tsr_llama_load(path, tsr_kernels_cpu_ref(), NULL, NULL, NULL, &m, &st, err, sizeof err);
+        tsr_status s = tsr_llama_load(path, NULL, NULL, NULL, &m, &st, err, sizeof err);
         if (s != TSR_OK)
                 print_message("%s\n", err);
         assert_int_equal(s, TSR_OK);
@@ -150,7 +154,7 @@ static tsr_llama *load_model(const char *env, const char *rel) {
 /* ---- kernels -------------------------------------------------------------------------- */
 
 static void test_matmul_shapes(void **state) {
-        const tsr_kernels_ops *o = tsr_kernels_cpu_ref();
+        tsr_backend *o = ref_be;
         static const size_t ns[] = {1, 3, 8, 127, 576, 4097};
         static const size_t ds[] = {1, 3, 127, 130};
 
@@ -159,7 +163,7 @@ static void test_matmul_shapes(void **state) {
                         size_t n = ns[a], d = ds[b], rows = 8;
                         float *w = rand_vec(d * n, 1.0f), *x = rand_vec(rows * n, 1.0f);
                         float *out = malloc(rows * d * sizeof(float)), *one = malloc(d * sizeof(float));
-                        assert_int_equal(o->matmul(out, x, w, rows, n, d), TSR_OK);
+                        assert_int_equal(tsr_backend_matmul(o, out, x, w, TSR_DTYPE_F32, rows, n, d), TSR_OK);
                         for (size_t r = 0; r < rows; r++) {
                                 for (size_t i = 0; i < d; i++) {
                                         double want = 0, mag = 0;
@@ -173,7 +177,8 @@ static void test_matmul_shapes(void **state) {
                                                          r, i, got, want);
                                 }
                                 /* batch invariance: row r alone == row r among 7 others, bitwise */
-                                assert_int_equal(o->matmul(one, x + r * n, w, 1, n, d), TSR_OK);
+                                assert_int_equal(tsr_backend_matmul(o, one, x + r * n, w, TSR_DTYPE_F32, 1, n, d),
+                                                 TSR_OK);
                                 assert_memory_equal(one, out + r * d, d * sizeof(float));
                         }
                         free(w);
@@ -183,8 +188,8 @@ static void test_matmul_shapes(void **state) {
                 }
         }
         float f = 0;
-        assert_int_equal(o->matmul(&f, &f, NULL, 1, 1, 1), TSR_E_INVAL);
-        assert_int_equal(o->matmul(&f, &f, &f, 1, 0, 1), TSR_E_INVAL);
+        assert_int_equal(tsr_backend_matmul(o, &f, &f, NULL, TSR_DTYPE_F32, 1, 1, 1), TSR_E_INVAL);
+        assert_int_equal(tsr_backend_matmul(o, &f, &f, &f, TSR_DTYPE_F32, 1, 0, 1), TSR_E_INVAL);
 }
 
 /* Reference rotation in double for one head. */
@@ -198,7 +203,7 @@ static void rope_naive(double *y, const float *x, size_t hd, double pos, const f
 }
 
 static void test_rope_layouts(void **state) {
-        const tsr_kernels_ops *o = tsr_kernels_cpu_ref();
+        tsr_backend *o = ref_be;
         enum { HD = 16, NH = 3, ROWS = 4 };
         tsr_llama_config cfg = {.head_dim = HD, .rope_theta = 10000.0};
         float inv[HD / 2], x[ROWS * NH * HD], y[ROWS * NH * HD], p[ROWS * NH * HD];
@@ -212,7 +217,8 @@ static void test_rope_layouts(void **state) {
                 x[i] = frand();
         for (int il = 0; il < 2; il++) {
                 memcpy(y, x, sizeof x);
-                assert_int_equal(o->rope(y, ROWS, NH, HD, pos, inv, il ? TSR_ROPE_INTERLEAVED : TSR_ROPE_NEOX),
+                assert_int_equal(tsr_backend_rope(o, y, ROWS, NH, HD, pos, inv,
+                                                  il ? TSR_ROPE_INTERLEAVED : TSR_ROPE_NEOX),
                                  TSR_OK);
                 for (size_t r = 0; r < ROWS; r++)
                         for (size_t h = 0; h < NH; h++) {
@@ -230,14 +236,14 @@ static void test_rope_layouts(void **state) {
                         p[r * HD + 2 * i + 1] = x[r * HD + i + HD / 2];
                 }
         memcpy(y, x, sizeof x);
-        assert_int_equal(o->rope(y, ROWS, NH, HD, pos, inv, TSR_ROPE_NEOX), TSR_OK);
-        assert_int_equal(o->rope(p, ROWS, NH, HD, pos, inv, TSR_ROPE_INTERLEAVED), TSR_OK);
+        assert_int_equal(tsr_backend_rope(o, y, ROWS, NH, HD, pos, inv, TSR_ROPE_NEOX), TSR_OK);
+        assert_int_equal(tsr_backend_rope(o, p, ROWS, NH, HD, pos, inv, TSR_ROPE_INTERLEAVED), TSR_OK);
         for (size_t r = 0; r < ROWS * NH; r++)
                 for (size_t i = 0; i < HD / 2; i++) {
                         assert_true(p[r * HD + 2 * i] == y[r * HD + i]);
                         assert_true(p[r * HD + 2 * i + 1] == y[r * HD + i + HD / 2]);
                 }
-        assert_int_equal(o->rope(y, 1, 1, 3, pos, inv, TSR_ROPE_NEOX), TSR_E_INVAL);    /* odd head dim */
+        assert_int_equal(tsr_backend_rope(o, y, 1, 1, 3, pos, inv, TSR_ROPE_NEOX), TSR_E_INVAL);    /* odd head dim */
 }
 
 /* models.md §6.3: d=16, O=64, θ=5e5, f=8, lo=1, hi=4: pair 0 unchanged, pair 1 blended,
@@ -271,7 +277,7 @@ static void test_rope_llama3(void **state) {
 }
 
 static void test_attention_vs_double(void **state) {
-        const tsr_kernels_ops *o = tsr_kernels_cpu_ref();
+        tsr_backend *o = ref_be;
         enum { NH = 4, NKV = 2, HD = 16, PAST = 7, N = 6, BS = 3, NB = 6 };
         /* A shuffled block table, as a paged cache hands out. */
         static const uint32_t table[NB] = {4, 0, 5, 2, 1, 3};
@@ -283,8 +289,8 @@ static void test_attention_vs_double(void **state) {
                           .block_size = BS, .n_kv_heads = NKV, .head_dim = HD};
         float scale = 1.0f / sqrtf((float)HD);
 
-        assert_int_equal(o->kv_write(&kv, knew, vnew, T, 0), TSR_OK);
-        assert_int_equal(o->attention(out, q, &kv, N, PAST, NH, scale), TSR_OK);
+        assert_int_equal(tsr_backend_kv_write(o, &kv, knew, vnew, T, 0), TSR_OK);
+        assert_int_equal(tsr_backend_attention(o, out, q, &kv, N, PAST, NH, scale), TSR_OK);
         for (size_t t = 0; t < N; t++) {
                 for (size_t h = 0; h < NH; h++) {
                         size_t g = h / (NH / NKV), p = PAST + t;
@@ -306,15 +312,15 @@ static void test_attention_vs_double(void **state) {
                         }
                 }
                 /* batch invariance: query row t alone (as a decode step) == within the chunk */
-                assert_int_equal(o->attention(one, q + t * NH * HD, &kv, 1, PAST + t, NH, scale), TSR_OK);
+                assert_int_equal(tsr_backend_attention(o, one, q + t * NH * HD, &kv, 1, PAST + t, NH, scale), TSR_OK);
                 assert_memory_equal(one, out + t * NH * HD, sizeof one);
         }
         /* a table too short for the chunk, and a block id outside the pool */
         kv.n_table = 2;
-        assert_int_equal(o->attention(out, q, &kv, N, PAST, NH, scale), TSR_E_INVAL);
+        assert_int_equal(tsr_backend_attention(o, out, q, &kv, N, PAST, NH, scale), TSR_E_INVAL);
         kv.n_table = NB;
         kv.n_blocks = 4;
-        assert_int_equal(o->kv_write(&kv, knew, vnew, 1, 0), TSR_E_INVAL);
+        assert_int_equal(tsr_backend_kv_write(o, &kv, knew, vnew, 1, 0), TSR_E_INVAL);
         free(kp);
         free(vp);
         free(q);
@@ -323,14 +329,14 @@ static void test_attention_vs_double(void **state) {
 }
 
 static void test_elementwise(void **state) {
-        const tsr_kernels_ops *o = tsr_kernels_cpu_ref();
+        tsr_backend *o = ref_be;
         float x[2 * 5] = {1, 2, 3, 4, 5, -1000, 0, 1000, 3, 3}, sm[10], lsm[10], out[3];
         float g[3] = {-2, 0, 3}, u[3] = {1, 2, -1}, a[3] = {1, 2, 3};
         uint32_t ids[2] = {2, 0};
         float table[3 * 2] = {0, 1, 2, 3, 4, 5}, e[4];
 
-        assert_int_equal(o->softmax(sm, x, 2, 5), TSR_OK);
-        assert_int_equal(o->log_softmax(lsm, x, 2, 5), TSR_OK);
+        assert_int_equal(tsr_backend_softmax(o, sm, x, 2, 5), TSR_OK);
+        assert_int_equal(tsr_backend_log_softmax(o, lsm, x, 2, 5), TSR_OK);
         for (int r = 0; r < 2; r++) {
                 double max = -INFINITY, sum = 0, tot = 0;
                 for (int i = 0; i < 5; i++)
@@ -345,15 +351,15 @@ static void test_elementwise(void **state) {
                 }
                 assert_close(tot, 1.0, 1e-6);
         }
-        assert_int_equal(o->silu_mul(out, g, u, 3), TSR_OK);
+        assert_int_equal(tsr_backend_silu_mul(o, out, g, u, 3), TSR_OK);
         for (int i = 0; i < 3; i++)
                 assert_close(out[i], g[i] / (1 + exp(-g[i])) * u[i], 1e-6);
-        assert_int_equal(o->add(out, a, u, 3), TSR_OK);
+        assert_int_equal(tsr_backend_add(o, out, a, u, 3), TSR_OK);
         assert_close(out[2], 2.0, 0);
-        assert_int_equal(o->embedding(e, table, 3, 2, ids, 2), TSR_OK);
+        assert_int_equal(tsr_backend_embedding(o, e, table, 3, 2, ids, 2), TSR_OK);
         assert_true(e[0] == 4 && e[1] == 5 && e[2] == 0 && e[3] == 1);
         ids[1] = 3;
-        assert_int_equal(o->embedding(e, table, 3, 2, ids, 2), TSR_E_INVAL);
+        assert_int_equal(tsr_backend_embedding(o, e, table, 3, 2, ids, 2), TSR_E_INVAL);
 }
 
 /* Every dequantizer against gguf-py's, on random blocks. */
@@ -453,7 +459,7 @@ static void test_load_errors(void **state) {
         size_t n;
         uint8_t *p, *at;
 
-        assert_int_equal(tsr_llama_load("/nonexistent/x.gguf", tsr_kernels_cpu_ref(), NULL, NULL, NULL, &m, NULL,
+        assert_int_equal(tsr_llama_load("/nonexistent/x.gguf", NULL, NULL, NULL, &m, NULL,
                                         err, sizeof err),
                          TSR_E_NOTFOUND);
         assert_null(m);
@@ -528,7 +534,7 @@ static void test_stories260k(void **state) {
                 float *full = malloc(n * V * sizeof(float)), *step = malloc(n * V * sizeof(float));
 
                 /* full sequence vs transformers */
-                assert_int_equal(tsr_llama_forward(m, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, full), TSR_OK);
+                assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, full), TSR_OK);
                 assert_int_equal(tsr_llama_kv_len(kv), n);
                 for (size_t i = 0; i < n * V; i++) {
                         double d = fabs((double)full[i] - want[i]);
@@ -539,25 +545,28 @@ static void test_stories260k(void **state) {
                 }
                 /* one token at a time through the cache == the full sequence, bitwise */
                 for (size_t t = 0; t < n; t++)
-                        assert_int_equal(tsr_llama_forward(m, kv, ids + t, 1, t, TSR_LLAMA_LOGITS_LAST, step + t * V),
+                        assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids + t, 1, t, TSR_LLAMA_LOGITS_LAST,
+                                                           step + t * V),
                                          TSR_OK);
                 assert_memory_equal(step, full, n * V * sizeof(float));
                 /* chunks of 3 after a rewind, LAST logits of each chunk */
                 for (size_t t = 0; t < n; t += 3) {
                         size_t k = n - t < 3 ? n - t : 3;
                         float last[512];
-                        assert_int_equal(tsr_llama_forward(m, kv, ids + t, k, t, TSR_LLAMA_LOGITS_LAST, last), TSR_OK);
+                        assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids + t, k, t, TSR_LLAMA_LOGITS_LAST, last),
+                                         TSR_OK);
                         assert_memory_equal(last, full + (t + k - 1) * V, V * sizeof(float));
                 }
 
                 /* greedy 32 tokens: prefill then decode steps */
                 json_t *g = json_object_get(P, "greedy");
                 float *lg = malloc(V * sizeof(float));
-                assert_int_equal(tsr_llama_forward(m, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, lg), TSR_OK);
+                assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, lg), TSR_OK);
                 for (size_t s = 0; s < json_array_size(g); s++) {
                         uint32_t tok = (uint32_t)argmax(lg, V);
                         assert_int_equal(tok, json_integer_value(json_array_get(g, s)));
-                        assert_int_equal(tsr_llama_forward(m, kv, &tok, 1, n + s, TSR_LLAMA_LOGITS_LAST, lg), TSR_OK);
+                        assert_int_equal(tsr_llama_forward(m, ref_be, kv, &tok, 1, n + s, TSR_LLAMA_LOGITS_LAST, lg),
+                                         TSR_OK);
                 }
                 free(lg);
                 free(want);
@@ -571,13 +580,14 @@ static void test_stories260k(void **state) {
         float sentinel[512] = {0};
         float zero[512] = {0};
         size_t len = tsr_llama_kv_len(kv);
-        assert_int_equal(tsr_llama_forward(m, kv, bad, 2, 0, TSR_LLAMA_LOGITS_LAST, sentinel), TSR_E_INVAL);
+        assert_int_equal(tsr_llama_forward(m, ref_be, kv, bad, 2, 0, TSR_LLAMA_LOGITS_LAST, sentinel), TSR_E_INVAL);
         assert_memory_equal(sentinel, zero, sizeof zero);
         assert_int_equal(tsr_llama_kv_len(kv), len);
-        assert_int_equal(tsr_llama_forward(m, kv, bad, 1, len + 1, TSR_LLAMA_LOGITS_LAST, sentinel), TSR_E_INVAL);
+        assert_int_equal(tsr_llama_forward(m, ref_be, kv, bad, 1, len + 1, TSR_LLAMA_LOGITS_LAST, sentinel),
+                         TSR_E_INVAL);
         uint32_t many[65] = {0};
-        assert_int_equal(tsr_llama_forward(m, kv, many, 65, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_E_LIMIT);
-        assert_int_equal(tsr_llama_forward(m, kv, many, 1, 0, TSR_LLAMA_LOGITS_LAST, NULL), TSR_E_INVAL);
+        assert_int_equal(tsr_llama_forward(m, ref_be, kv, many, 65, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_E_LIMIT);
+        assert_int_equal(tsr_llama_forward(m, ref_be, kv, many, 1, 0, TSR_LLAMA_LOGITS_LAST, NULL), TSR_E_INVAL);
         assert_int_equal(tsr_llama_kv_truncate(kv, len + 1), TSR_E_INVAL);
         tsr_llama_kv_free(&kv);
         assert_null(kv);
@@ -606,32 +616,34 @@ static void test_stories260k_pool(void **state) {
                 ids_b[i] = (uint32_t)(5 + 101 * i) % 512;
         }
         assert_int_equal(tsr_llama_kv_new(m, T, 0, &alone), TSR_OK);
-        assert_int_equal(tsr_llama_forward(m, alone, ids_a, T, 0, TSR_LLAMA_LOGITS_ALL, want_a), TSR_OK);
-        assert_int_equal(tsr_llama_forward(m, alone, ids_b, T, 0, TSR_LLAMA_LOGITS_ALL, want_b), TSR_OK);
+        assert_int_equal(tsr_llama_forward(m, ref_be, alone, ids_a, T, 0, TSR_LLAMA_LOGITS_ALL, want_a), TSR_OK);
+        assert_int_equal(tsr_llama_forward(m, ref_be, alone, ids_b, T, 0, TSR_LLAMA_LOGITS_ALL, want_b), TSR_OK);
 
         assert_int_equal(tsr_llama_kv_new(m, 12 * BS, BS, &pool), TSR_OK);
         /* prefill 5 of a, 3 of b, then alternate single steps */
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_a, 6, ids_a, 5, 0, TSR_LLAMA_LOGITS_LAST, got), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, ref_be, pool, tab_a, 6, ids_a, 5, 0, TSR_LLAMA_LOGITS_LAST, got),
+                         TSR_OK);
         assert_memory_equal(got, want_a + 4 * V, V * sizeof(float));
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_b, 6, ids_b, 3, 0, TSR_LLAMA_LOGITS_LAST, got), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, ref_be, pool, tab_b, 6, ids_b, 3, 0, TSR_LLAMA_LOGITS_LAST, got),
+                         TSR_OK);
         assert_memory_equal(got, want_b + 2 * V, V * sizeof(float));
         for (size_t t = 5, u = 3; t < T || u < T; t++, u++) {
                 if (t < T) {
-                        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_a, 6, ids_a + t, 1, t,
+                        assert_int_equal(tsr_llama_forward_blocks(m, ref_be, pool, tab_a, 6, ids_a + t, 1, t,
                                                                   TSR_LLAMA_LOGITS_LAST, got), TSR_OK);
                         assert_memory_equal(got, want_a + t * V, V * sizeof(float));
                 }
                 if (u < T) {
-                        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_b, 6, ids_b + u, 1, u,
+                        assert_int_equal(tsr_llama_forward_blocks(m, ref_be, pool, tab_b, 6, ids_b + u, 1, u,
                                                                   TSR_LLAMA_LOGITS_LAST, got), TSR_OK);
                         assert_memory_equal(got, want_b + u * V, V * sizeof(float));
                 }
         }
         /* a table too short for the positions, and a block outside the pool */
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_a, 2, ids_a, 5, 0, TSR_LLAMA_LOGITS_LAST, got),
+        assert_int_equal(tsr_llama_forward_blocks(m, ref_be, pool, tab_a, 2, ids_a, 5, 0, TSR_LLAMA_LOGITS_LAST, got),
                          TSR_E_INVAL);
         static const uint32_t bad[1] = {12};
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, bad, 1, ids_a, 1, 0, TSR_LLAMA_LOGITS_LAST, got),
+        assert_int_equal(tsr_llama_forward_blocks(m, ref_be, pool, bad, 1, ids_a, 1, 0, TSR_LLAMA_LOGITS_LAST, got),
                          TSR_E_INVAL);
         tsr_llama_kv_free(&pool);
         tsr_llama_kv_free(&alone);
@@ -660,28 +672,32 @@ static void test_stories260k_batch(void **state) {
                 for (size_t i = 0; i < T; i++)
                         ids[q][i] = (uint32_t)(3 + 53 * i + 17 * (size_t)q) % 512;
                 assert_int_equal(tsr_llama_kv_new(m, T, 0, &alone), TSR_OK);
-                assert_int_equal(tsr_llama_forward(m, alone, ids[q], T, 0, TSR_LLAMA_LOGITS_ALL, want[q]), TSR_OK);
+                assert_int_equal(tsr_llama_forward(m, ref_be, alone, ids[q], T, 0, TSR_LLAMA_LOGITS_ALL, want[q]),
+                                 TSR_OK);
                 tsr_llama_kv_free(&alone);
         }
         assert_int_equal(tsr_llama_kv_new(m, 9 * BS, BS, &pool), TSR_OK);
         /* b and c already hold 6 positions; a starts now. */
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_b, 3, ids[1], 6, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_c, 3, ids[2], 6, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, ref_be, pool, tab_b, 3, ids[1], 6, 0, TSR_LLAMA_LOGITS_NONE,
+                                                  NULL), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, ref_be, pool, tab_c, 3, ids[2], 6, 0, TSR_LLAMA_LOGITS_NONE,
+                                                  NULL), TSR_OK);
         tsr_llama_seq seqs[3] = {
                 {.block_table = tab_a, .n_table = 3, .tokens = ids[0], .n = T, .past_len = 0, .which = TSR_LLAMA_LOGITS_ALL},
                 {.block_table = tab_b, .n_table = 3, .tokens = ids[1] + 6, .n = 1, .past_len = 6, .which = TSR_LLAMA_LOGITS_LAST},
                 {.block_table = tab_c, .n_table = 3, .tokens = ids[2] + 6, .n = 3, .past_len = 6, .which = TSR_LLAMA_LOGITS_NONE},
         };
-        assert_int_equal(tsr_llama_forward_batch(m, pool, seqs, 3, got), TSR_OK);
+        assert_int_equal(tsr_llama_forward_batch(m, ref_be, pool, seqs, 3, got), TSR_OK);
         assert_memory_equal(got, want[0], T * V * sizeof(float));              /* a: every row */
         assert_memory_equal(got + T * V, want[1] + 6 * V, V * sizeof(float));  /* b: its one row */
         /* c's KV was written by the batch: its next step alone matches too. */
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, tab_c, 3, ids[2] + 9, 1, 9, TSR_LLAMA_LOGITS_LAST, got),
+        assert_int_equal(tsr_llama_forward_blocks(m, ref_be, pool, tab_c, 3, ids[2] + 9, 1, 9, TSR_LLAMA_LOGITS_LAST,
+                                                  got),
                          TSR_OK);
         assert_memory_equal(got, want[2] + 9 * V, V * sizeof(float));
         /* a bad member refuses the whole batch */
         seqs[1].n_table = 1;
-        assert_int_equal(tsr_llama_forward_batch(m, pool, seqs, 3, got), TSR_E_INVAL);
+        assert_int_equal(tsr_llama_forward_batch(m, ref_be, pool, seqs, 3, got), TSR_E_INVAL);
         tsr_llama_kv_free(&pool);
         tsr_llama_free(&m);
         for (int q = 0; q < 3; q++)
@@ -711,7 +727,7 @@ static void test_llama2_tiny(void **state) {
                 size_t n = json_ids(json_object_get(P, "ids"), ids, 64);
                 float *lg = malloc(n * V * sizeof(float));
 
-                assert_int_equal(tsr_llama_forward(m, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, lg), TSR_OK);
+                assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, lg), TSR_OK);
                 for (size_t k = 0; k < json_array_size(top); k++) {
                         json_t *e = json_array_get(top, k);
                         size_t id = (size_t)json_integer_value(json_array_get(e, 0));
@@ -787,7 +803,7 @@ static void test_smollm2_logits(void **state) {
                 float *last = load_f32(json_string_value(json_object_get(P, "last_logits_file")), V);
 
                 double t0 = now_s();
-                assert_int_equal(tsr_llama_forward(smol, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, lg), TSR_OK);
+                assert_int_equal(tsr_llama_forward(smol, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, lg), TSR_OK);
                 secs += now_s() - t0;
                 tok += (double)n;
                 for (size_t t = 0; t < n; t++) {
@@ -817,6 +833,7 @@ static void test_smollm2_logits(void **state) {
 }
 
 struct greedy_job {
+        tsr_backend *be;                /* this thread's own */
         json_t *prompts;
         size_t first, step, n_new;
         size_t done_tokens, prefill_tokens;
@@ -843,7 +860,7 @@ static void *greedy_thread(void *arg) {
                 for (size_t i = 0; i < n && i < 64; i++)
                         ids[i] = (uint32_t)json_integer_value(json_array_get(ja, i));
                 double t0 = now_s();
-                if (n > 64 || tsr_llama_forward(smol, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, lg) != TSR_OK) {
+                if (n > 64 || tsr_llama_forward(smol, job->be, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, lg) != TSR_OK) {
                         snprintf(job->msg, sizeof job->msg, "prompt %zu: prefill failed", pi);
                         goto out;
                 }
@@ -861,7 +878,7 @@ static void *greedy_thread(void *arg) {
                         }
                         if (s + 1 == job->n_new)
                                 break;
-                        if (tsr_llama_forward(smol, kv, &tok, 1, n + s, TSR_LLAMA_LOGITS_LAST, lg) != TSR_OK) {
+                        if (tsr_llama_forward(smol, job->be, kv, &tok, 1, n + s, TSR_LLAMA_LOGITS_LAST, lg) != TSR_OK) {
                                 snprintf(job->msg, sizeof job->msg, "prompt %zu step %zu: decode failed", pi, s);
                                 goto out;
                         }
@@ -891,19 +908,22 @@ static void test_smollm2_greedy(void **state) {
                 if (smol_runs(i, true))
                         json_array_append(subset, json_array_get(ps, i));
         size_t n_prompts = json_array_size(subset);
-        /* The fast table: bitwise the reference's (test_smollm2_fast_bitwise) and several
-         * times quicker.  The two threads share its pool: one drives it, the other's ops
-         * run inline (pool.h). */
-        assert_int_equal(tsr_kernels_cpu_configure(2, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
-        assert_int_equal(tsr_llama_set_ops(smol, tsr_kernels_cpu_fast()), TSR_OK);
+        /* The fast backend: bitwise the reference's (test_smollm2_fast_bitwise) and several
+         * times quicker.  One backend per thread (kernels.h: a backend is driven by one
+         * thread at a time), one core each. */
         for (int t = 0; t < 2; t++) {
                 jobs[t] = (struct greedy_job){.prompts = subset, .first = (size_t)t, .step = 2, .n_new = n_new};
-                assert_int_equal(pthread_create(&th[t], NULL, greedy_thread, &jobs[t]), 0);
+                assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 1,
+                                                                               .max_isa = TSR_CPU_ISA_AVX512_BF16},
+                                                     &jobs[t].be),
+                                 TSR_OK);
         }
         for (int t = 0; t < 2; t++)
+                assert_int_equal(pthread_create(&th[t], NULL, greedy_thread, &jobs[t]), 0);
+        for (int t = 0; t < 2; t++)
                 assert_int_equal(pthread_join(th[t], NULL), 0);
-        assert_int_equal(tsr_llama_set_ops(smol, tsr_kernels_cpu_ref()), TSR_OK);
-        tsr_kernels_cpu_shutdown();
+        for (int t = 0; t < 2; t++)
+                tsr_backend_free(&jobs[t].be);
         for (int t = 0; t < 2; t++)
                 if (jobs[t].msg[0])
                         fail_msg("%s", jobs[t].msg);
@@ -934,23 +954,27 @@ static void test_smollm2_fast_bitwise(void **state) {
         assert_non_null(got);
         assert_int_equal(tsr_llama_kv_new(smol, 128, 0, &kv), TSR_OK);
         /* Reference: prefill with all logits, then two decode steps. */
-        assert_int_equal(tsr_llama_forward(smol, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, want), TSR_OK);
+        assert_int_equal(tsr_llama_forward(smol, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, want), TSR_OK);
         for (size_t s = 0; s < 2; s++)
-                assert_int_equal(tsr_llama_forward(smol, kv, &next[s], 1, n + s, TSR_LLAMA_LOGITS_LAST,
+                assert_int_equal(tsr_llama_forward(smol, ref_be, kv, &next[s], 1, n + s, TSR_LLAMA_LOGITS_LAST,
                                                    want + (n + s) * V), TSR_OK);
-        assert_int_equal(tsr_llama_set_ops(smol, tsr_kernels_cpu_fast()), TSR_OK);
+        tsr_backend *fast = NULL;
         for (int threads = 1; threads <= 2; threads++) {
-                assert_int_equal(tsr_kernels_cpu_configure(threads, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+                tsr_backend_free(&fast);
+                assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = threads,
+                                                                               .max_isa = TSR_CPU_ISA_AVX512_BF16},
+                                                     &fast),
+                                 TSR_OK);
                 memset(got, 0, (n + 2) * V * sizeof(float));
-                assert_int_equal(tsr_llama_forward(smol, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got), TSR_OK);
+                assert_int_equal(tsr_llama_forward(smol, fast, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got), TSR_OK);
                 for (size_t s = 0; s < 2; s++)
-                        assert_int_equal(tsr_llama_forward(smol, kv, &next[s], 1, n + s, TSR_LLAMA_LOGITS_LAST,
+                        assert_int_equal(tsr_llama_forward(smol, fast, kv, &next[s], 1, n + s, TSR_LLAMA_LOGITS_LAST,
                                                            got + (n + s) * V), TSR_OK);
                 if (memcmp(got, want, (n + 2) * V * sizeof(float)) != 0) {
                         for (size_t i = 0; i < (n + 2) * V; i++)
                                 if (got[i] != want[i])
                                         fail_msg("%s, %d threads: logit [%zu, %zu] %.9g, cpu-ref %.9g",
-                                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), threads, i / V, i % V,
+                                                 tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), threads, i / V, i % V,
                                                  got[i], want[i]);
                         fail_msg("logits differ in bits only (signed zeros or NaN payloads)");
                 }
@@ -962,8 +986,9 @@ static void test_smollm2_fast_bitwise(void **state) {
         uint32_t t0[8] = {0, 1, 2, 3, 4, 5, 6, 7}, t1[8] = {8, 9, 10, 11, 12, 13, 14, 15};
         uint32_t t2[8] = {16, 17, 18, 19, 20, 21, 22, 23};
         uint32_t other[5] = {1, 2, 3, 4, 5};
-        assert_int_equal(tsr_llama_forward_blocks(smol, pool, t0, 8, ids, n, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
-        assert_int_equal(tsr_llama_forward_blocks(smol, pool, t2, 8, other, 3, 0, TSR_LLAMA_LOGITS_NONE, NULL),
+        assert_int_equal(tsr_llama_forward_blocks(smol, fast, pool, t0, 8, ids, n, 0, TSR_LLAMA_LOGITS_NONE, NULL),
+                         TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(smol, fast, pool, t2, 8, other, 3, 0, TSR_LLAMA_LOGITS_NONE, NULL),
                          TSR_OK);
         tsr_llama_seq seqs[3] = {
                 {.block_table = t1, .n_table = 8, .tokens = other, .n = 5, .past_len = 0, .which = TSR_LLAMA_LOGITS_ALL},
@@ -974,12 +999,11 @@ static void test_smollm2_fast_bitwise(void **state) {
         };
         float *batch = malloc(7 * V * sizeof(float));
         assert_non_null(batch);
-        assert_int_equal(tsr_llama_forward_batch(smol, pool, seqs, 3, batch), TSR_OK);
+        assert_int_equal(tsr_llama_forward_batch(smol, fast, pool, seqs, 3, batch), TSR_OK);
         assert_memory_equal(batch + 5 * V, want + n * V, V * sizeof(float));
         free(batch);
         tsr_llama_kv_free(&pool);
-        assert_int_equal(tsr_llama_set_ops(smol, tsr_kernels_cpu_ref()), TSR_OK);
-        tsr_kernels_cpu_shutdown();
+        tsr_backend_free(&fast);
         tsr_llama_kv_free(&kv);
         free(want);
         free(got);
@@ -990,7 +1014,7 @@ static void test_smollm2_fast_bitwise(void **state) {
  * check is statistical: the full last-position logits of each prompt with cosine
  * similarity >= 0.999 to the goldens, and the argmax (top-1) agreeing at >= 99% of all
  * positions of all prompts.  Run on the bf16 matmul the fast table has now. */
-static void check_bf16_fidelity(tsr_llama *m, tsr_llama_kv *kv) {
+static void check_bf16_fidelity(tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv) {
         size_t V = tsr_llama_config_of(m)->vocab_size, positions = 0, agree = 0;
         json_t *ps = json_object_get(smol_golden, "logit_prompts");
         assert_true(json_array_size(ps) > 0);        /* a golden without prompts checks nothing */
@@ -1002,7 +1026,7 @@ static void check_bf16_fidelity(tsr_llama *m, tsr_llama_kv *kv) {
                 size_t n = json_ids(json_object_get(P, "ids"), ids, 64);
                 float *lg = malloc(n * V * sizeof(float));
                 float *last = load_f32(json_string_value(json_object_get(P, "last_logits_file")), V);
-                assert_int_equal(tsr_llama_forward(m, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, lg), TSR_OK);
+                assert_int_equal(tsr_llama_forward(m, be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, lg), TSR_OK);
                 for (size_t t = 0; t < n; t++, positions++)
                         agree += argmax(lg + t * V, V) ==
                                  (size_t)json_integer_value(json_array_get(json_array_get(json_array_get(top, t), 0), 0));
@@ -1016,19 +1040,19 @@ static void check_bf16_fidelity(tsr_llama *m, tsr_llama_kv *kv) {
                 worst_cos = fmin(worst_cos, cos);
                 if (!(cos >= 0.999))
                         fail_msg("%s, prompt %zu: cosine(bf16 logits, transformers) = %.6f < 0.999",
-                                 tsr_cpu_isa_name(tsr_kernels_cpu_isa()), pi, cos);
+                                 tsr_cpu_isa_name(tsr_backend_cpu_isa(be)), pi, cos);
                 free(lg);
                 free(last);
         }
         print_message("SmolLM2 bf16 (%s): worst last-position cosine %.6f, top-1 agreement %zu/%zu positions\n",
-                      tsr_cpu_isa_name(tsr_kernels_cpu_isa()), worst_cos, agree, positions);
+                      tsr_cpu_isa_name(tsr_backend_cpu_isa(be)), worst_cos, agree, positions);
         assert_true((double)agree >= 0.99 * (double)positions);
 }
 
 /* Batch invariance through the whole bf16 model: a decode step of one sequence run alone
  * gives bitwise the logits of the same step run in one forward with another sequence's
  * 5-token prefill and a third's 2-token chunk (the bf16 matmuls then see 8 rows, not 1). */
-static void check_bf16_batch_invariance(tsr_llama *m) {
+static void check_bf16_batch_invariance(tsr_llama *m, tsr_backend *be) {
         size_t V = tsr_llama_config_of(m)->vocab_size;
         json_t *P = json_array_get(json_object_get(smol_golden, "logit_prompts"), 1);
         uint32_t ids[64], next = 4242, other[5] = {1, 2, 3, 4, 5};
@@ -1041,10 +1065,12 @@ static void check_bf16_batch_invariance(tsr_llama *m) {
         assert_non_null(alone);
         assert_non_null(batch);
         assert_int_equal(tsr_llama_kv_new(m, 16 * 24, 16, &pool), TSR_OK);
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, t0, 8, ids, n, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, t0, 8, &next, 1, n, TSR_LLAMA_LOGITS_LAST, alone), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, be, pool, t0, 8, ids, n, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, be, pool, t0, 8, &next, 1, n, TSR_LLAMA_LOGITS_LAST, alone),
+                         TSR_OK);
         /* The same decode step again (it rewrites the same KV row), now among others. */
-        assert_int_equal(tsr_llama_forward_blocks(m, pool, t2, 8, other, 3, 0, TSR_LLAMA_LOGITS_NONE, NULL), TSR_OK);
+        assert_int_equal(tsr_llama_forward_blocks(m, be, pool, t2, 8, other, 3, 0, TSR_LLAMA_LOGITS_NONE, NULL),
+                         TSR_OK);
         tsr_llama_seq seqs[3] = {
                 {.block_table = t1, .n_table = 8, .tokens = other, .n = 5, .past_len = 0,
                  .which = TSR_LLAMA_LOGITS_ALL},
@@ -1053,10 +1079,10 @@ static void check_bf16_batch_invariance(tsr_llama *m) {
                 {.block_table = t2, .n_table = 8, .tokens = &other[3], .n = 2, .past_len = 3,
                  .which = TSR_LLAMA_LOGITS_LAST},
         };
-        assert_int_equal(tsr_llama_forward_batch(m, pool, seqs, 3, batch), TSR_OK);
+        assert_int_equal(tsr_llama_forward_batch(m, be, pool, seqs, 3, batch), TSR_OK);
         if (memcmp(batch + 5 * V, alone, V * sizeof(float)) != 0)
                 fail_msg("%s: bf16 decode logits in a batch differ from the same step alone",
-                         tsr_cpu_isa_name(tsr_kernels_cpu_isa()));
+                         tsr_cpu_isa_name(tsr_backend_cpu_isa(be)));
         tsr_llama_kv_free(&pool);
         free(alone);
         free(batch);
@@ -1072,24 +1098,30 @@ static void test_smollm2_bf16(void **state) {
         tsr_llama *m = NULL;
         tsr_llama_kv *kv = NULL;
         assert_true(env_path("TSR_SOURCE_ROOT", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", path, sizeof path));
-        assert_int_equal(tsr_kernels_cpu_configure(0, TSR_CPU_ISA_AMX_BF16), TSR_OK);
-        assert_int_equal(tsr_llama_load(path, tsr_kernels_cpu_fast(), NULL, NULL, NULL, &m, NULL, err, sizeof err),
+        tsr_backend *fast = NULL;
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 0, .max_isa = TSR_CPU_ISA_AMX_BF16},
+                                             &fast),
                          TSR_OK);
+        assert_int_equal(tsr_llama_load(path, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
         assert_int_equal(tsr_llama_use_bf16(m), TSR_OK);
         assert_true(tsr_llama_is_bf16(m));
-        assert_int_equal(tsr_llama_set_ops(m, tsr_kernels_cpu_ref()), TSR_OK);   /* ref has matmul_bf16 too */
-        assert_int_equal(tsr_llama_set_ops(m, tsr_kernels_cpu_fast()), TSR_OK);
+        assert_int_equal(tsr_llama_check_backend(m, ref_be), TSR_OK);   /* ref has the bf16 matmul too */
+        assert_int_equal(tsr_llama_check_backend(m, fast), TSR_OK);
         assert_int_equal(tsr_llama_kv_new(m, 64, 0, &kv), TSR_OK);
-        check_bf16_fidelity(m, kv);
-        check_bf16_batch_invariance(m);
-        if (tsr_kernels_cpu_isa() == TSR_CPU_ISA_AMX_BF16) {
-                assert_int_equal(tsr_kernels_cpu_configure(0, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
-                check_bf16_fidelity(m, kv);
-                check_bf16_batch_invariance(m);
+        check_bf16_fidelity(m, fast, kv);
+        check_bf16_batch_invariance(m, fast);
+        if (tsr_backend_cpu_isa(fast) == TSR_CPU_ISA_AMX_BF16) {
+                tsr_backend_free(&fast);
+                assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 0,
+                                                                               .max_isa = TSR_CPU_ISA_AVX512_BF16},
+                                                     &fast),
+                                 TSR_OK);
+                check_bf16_fidelity(m, fast, kv);
+                check_bf16_batch_invariance(m, fast);
         }
         tsr_llama_kv_free(&kv);
         tsr_llama_free(&m);
-        tsr_kernels_cpu_shutdown();
+        tsr_backend_free(&fast);
 }
 
 int main(void) {
@@ -1112,8 +1144,11 @@ int main(void) {
                 cmocka_unit_test(test_smollm2_fast_bitwise),
                 cmocka_unit_test(test_smollm2_bf16),      /* last: not registered when sanitized */
         };
+        if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
+                return 1;
         int failed = cmocka_run_group_tests_name("forward", kernels, NULL, NULL);
         size_t n_smol = sizeof smollm2 / sizeof *smollm2 - (sanitized() ? 1 : 0);
         failed += _cmocka_run_group_tests("forward_smollm2", smollm2, n_smol, smol_setup, smol_teardown);
+        tsr_backend_free(&ref_be);
         return failed ? 1 : 0;
 }

@@ -35,6 +35,9 @@
 #include "worker/safetensors.h"
 #include "worker/weights.h"
 
+/* The reference backend the forwards run on (made in main). */
+static tsr_backend *ref_be;
+
 #define FIXTURE "tests/fixtures/tiny-llama3-hf"
 
 /* ---- helpers ------------------------------------------------------------------------ */
@@ -704,7 +707,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
         assert_non_null(src_path(FIXTURE, path, sizeof path));
         snprintf(path + strlen(path), sizeof path - strlen(path), "/%s",
                  json_string_value(json_object_get(var, "dir")));
-        tsr_status s = tsr_llama_load(path, tsr_kernels_cpu_ref(), NULL, NULL, NULL, &m, &st, err, sizeof err);
+        tsr_status s = tsr_llama_load(path, NULL, NULL, NULL, &m, &st, err, sizeof err);
         if (s != TSR_OK)
                 fail_msg("%s", err);
         const tsr_llama_config *c = tsr_llama_config_of(m);
@@ -730,7 +733,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
         size_t row = 0;
         for (size_t pi = 0; pi < n_prompts; pi++) {
                 size_t n = prompt_ids(pi, ids, 128);
-                assert_int_equal(tsr_llama_forward(m, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got), TSR_OK);
+                assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got), TSR_OK);
                 for (size_t t = 0; t < n; t++) {
                         const float *w = want + (row + t) * V, *g = got + t * V;
                         for (size_t i = 0; i < V; i++) {
@@ -749,12 +752,14 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
                         memcpy(full, got, n * V * sizeof(float));
                         assert_true(n > n_steps);
                         assert_int_equal(tsr_llama_kv_truncate(kv, 0), TSR_OK);
-                        assert_int_equal(tsr_llama_forward(m, kv, ids, n - n_steps, 0, TSR_LLAMA_LOGITS_LAST, step),
+                        assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n - n_steps, 0, TSR_LLAMA_LOGITS_LAST,
+                                                           step),
                                          TSR_OK);
                         assert_memory_equal(step, full + (n - n_steps - 1) * V, V * sizeof(float));
                         for (size_t k = 0; k < n_steps; k++) {
                                 size_t t = n - n_steps + k;
-                                assert_int_equal(tsr_llama_forward(m, kv, &ids[t], 1, t, TSR_LLAMA_LOGITS_LAST, step),
+                                assert_int_equal(tsr_llama_forward(m, ref_be, kv, &ids[t], 1, t, TSR_LLAMA_LOGITS_LAST,
+                                                                   step),
                                                  TSR_OK);
                                 assert_memory_equal(step, full + t * V, V * sizeof(float));
                                 const float *w = want + (rows + k) * V;
@@ -774,7 +779,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
                 json_t *gw = json_array_get(greedy, pi);
                 size_t n = prompt_ids(pi, ids, 128);
                 assert_int_equal(tsr_llama_kv_truncate(kv, 0), TSR_OK);
-                assert_int_equal(tsr_llama_forward(m, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step), TSR_OK);
+                assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step), TSR_OK);
                 for (size_t s2 = 0; s2 < json_array_size(gw); s2++) {
                         uint32_t tok = (uint32_t)argmax(step, V);
                         long long w = json_integer_value(json_array_get(gw, s2));
@@ -782,7 +787,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
                         if (tok != w)
                                 fail_msg("%s prompt %zu greedy step %zu: %u, transformers %lld", variant, pi, s2, tok, w);
                         agree++;
-                        assert_int_equal(tsr_llama_forward(m, kv, &tok, 1, n + s2, TSR_LLAMA_LOGITS_LAST, step),
+                        assert_int_equal(tsr_llama_forward(m, ref_be, kv, &tok, 1, n + s2, TSR_LLAMA_LOGITS_LAST, step),
                                          TSR_OK);
                 }
         }
@@ -827,7 +832,7 @@ static tsr_status load_patched(void (*patch)(json_t *cfg), const char *drop, con
         copy_st(f, tmpdir, "model.safetensors", drop, retype, new_dtype, extra);
         tsr_safetensors_close(&f);
         err[0] = 0;
-        tsr_status st = tsr_llama_load(tmpdir, tsr_kernels_cpu_ref(), spec, NULL, NULL, &m, NULL, err, errlen);
+        tsr_status st = tsr_llama_load(tmpdir, spec, NULL, NULL, &m, NULL, err, errlen);
         if (st == TSR_OK)
                 assert_non_null(m);
         else
@@ -851,7 +856,7 @@ static void test_load_errors(void **state) {
         snprintf(file, sizeof file, "%s/model.safetensors", tmpdir);
 
         /* a folder without config.json */
-        expect_err(tsr_llama_load(tmpdir, tsr_kernels_cpu_ref(), NULL, NULL, NULL, &m, NULL, err, sizeof err),
+        expect_err(tsr_llama_load(tmpdir, NULL, NULL, NULL, &m, NULL, err, sizeof err),
                    TSR_E_NOTFOUND, "config.json");
         assert_null(m);
 
@@ -864,7 +869,7 @@ static void test_load_errors(void **state) {
         char mpath[1100];
         snprintf(mpath, sizeof mpath, "%s/model.safetensors", tmpdir);
         unlink(mpath);
-        expect_err(tsr_llama_load(tmpdir, tsr_kernels_cpu_ref(), NULL, NULL, NULL, &m, NULL, err, sizeof err),
+        expect_err(tsr_llama_load(tmpdir, NULL, NULL, NULL, &m, NULL, err, sizeof err),
                    TSR_E_NOTFOUND, "no model.safetensors.index.json or model.safetensors");
 
         expect_err(load_patched(patch_arch, NULL, NULL, NULL, NULL, NULL, err, sizeof err), TSR_E_UNSUPPORTED,
@@ -905,7 +910,10 @@ int main(void) {
                 cmocka_unit_test(test_tiny_llama3_bf16),
                 cmocka_unit_test(test_load_errors),
         };
+        if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
+                return 1;
         int failed = cmocka_run_group_tests_name("safetensors", reader, NULL, NULL);
         failed += cmocka_run_group_tests_name("safetensors_llama", model, golden_setup, golden_teardown);
+        tsr_backend_free(&ref_be);
         return failed ? 1 : 0;
 }

@@ -1,0 +1,230 @@
+/* backend.c - kernels.h's backend handle: the wrappers every caller goes through, and the
+ * host-memory functions the CPU backends share.
+ *
+ * A wrapper checks the handle and the op's slot (TSR_E_INVAL for NULL, TSR_E_UNSUPPORTED
+ * for an op or weight dtype the backend lacks) and calls the backend's op; it touches no
+ * data.  Thread: the caller's (kernels.h: one thread drives a backend at a time). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/backend_impl.h"
+
+tsr_status tsr_backend_make(const tsr_backend_ops *ops, void *ctx, tsr_cpu_isa isa, int n_threads,
+                            tsr_backend **ret) {
+        tsr_backend *be = calloc(1, sizeof *be);
+        if (!be) {
+                if (ops->ctx_free)
+                        ops->ctx_free(ctx);
+                return TSR_E_NOMEM;
+        }
+        *be = (tsr_backend){.ops = ops, .ctx = ctx, .isa = isa, .n_threads = n_threads};
+        *ret = be;
+        return TSR_OK;
+}
+
+void tsr_backend_free(tsr_backend **pbe) {
+        tsr_backend *be;
+
+        if (!pbe || !*pbe)
+                return;
+        be = *pbe;
+        if (be->ops->ctx_free)
+                be->ops->ctx_free(be->ctx);
+        free(be);
+        *pbe = NULL;
+}
+
+const char *tsr_dtype_name(tsr_dtype t) {
+        switch (t) {
+        case TSR_DTYPE_F32:
+                return "f32";
+        case TSR_DTYPE_BF16:
+                return "bf16";
+        case TSR_DTYPE_COUNT:
+                break;
+        }
+        return "?";
+}
+
+const char *tsr_cpu_isa_name(tsr_cpu_isa isa) {
+        switch (isa) {
+        case TSR_CPU_ISA_SCALAR:
+                return "scalar";
+        case TSR_CPU_ISA_AVX2:
+                return "avx2";
+        case TSR_CPU_ISA_AVX512_BF16:
+                return "avx512_bf16";
+        case TSR_CPU_ISA_AMX_BF16:
+                return "amx_bf16";
+        }
+        return "?";
+}
+
+/* ---- queries -------------------------------------------------------------------------- */
+
+const char *tsr_backend_name(const tsr_backend *be) { return be ? be->ops->name : "?"; }
+
+tsr_cpu_isa tsr_backend_cpu_isa(const tsr_backend *be) { return be ? be->isa : TSR_CPU_ISA_SCALAR; }
+
+int tsr_backend_threads(const tsr_backend *be) { return be ? be->n_threads : 1; }
+
+bool tsr_backend_host_memory(const tsr_backend *be) { return be && be->ops->host_memory; }
+
+static bool dtype_ok(const tsr_backend *be, tsr_dtype t) {
+        return (unsigned)t < TSR_DTYPE_COUNT && (be->ops->matmul_dtypes & (1u << t));
+}
+
+bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
+        if (!be)
+                return false;
+        const tsr_backend_ops *o = be->ops;
+        switch (op) {
+        case TSR_OP_RMSNORM:
+                return o->rmsnorm;
+        case TSR_OP_EMBEDDING:
+                return o->embedding;
+        case TSR_OP_MATMUL:
+                return o->matmul && dtype_ok(be, w_dtype);
+        case TSR_OP_ROPE:
+                return o->rope;
+        case TSR_OP_KV_WRITE:
+                return o->kv_write;
+        case TSR_OP_ATTENTION:
+                return o->attention;
+        case TSR_OP_SILU_MUL:
+                return o->silu_mul;
+        case TSR_OP_ADD:
+                return o->add;
+        case TSR_OP_SOFTMAX:
+                return o->softmax;
+        case TSR_OP_LOG_SOFTMAX:
+                return o->log_softmax;
+        case TSR_OP_ADD_RMSNORM:
+                return o->add_rmsnorm;
+        case TSR_OP_COUNT:
+                break;
+        }
+        return false;
+}
+
+/* ---- memory --------------------------------------------------------------------------- */
+
+tsr_status tsr_backend_mem_alloc(tsr_backend *be, size_t bytes, void **ret) {
+        if (!be || !ret || bytes == 0)
+                return TSR_E_INVAL;
+        return be->ops->mem_alloc(be, bytes, ret);
+}
+
+void tsr_backend_mem_free(tsr_backend *be, void *p) {
+        if (be && p)
+                be->ops->mem_free(be, p);
+}
+
+tsr_status tsr_backend_upload(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+        if (!be || ((!dst || !src) && bytes))
+                return TSR_E_INVAL;
+        return bytes ? be->ops->upload(be, dst, src, bytes) : TSR_OK;
+}
+
+tsr_status tsr_backend_download(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+        if (!be || ((!dst || !src) && bytes))
+                return TSR_E_INVAL;
+        return bytes ? be->ops->download(be, dst, src, bytes) : TSR_OK;
+}
+
+tsr_status tsr_backend_synchronize(tsr_backend *be) {
+        if (!be)
+                return TSR_E_INVAL;
+        return be->ops->synchronize(be);
+}
+
+tsr_status tsr_backend_host_alloc(tsr_backend *be, size_t bytes, void **ret) {
+        (void)be;
+        if (bytes > SIZE_MAX - 63)
+                return TSR_E_NOMEM;
+        void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);    /* C11: size a multiple of the alignment */
+        if (!p)
+                return TSR_E_NOMEM;
+        *ret = p;
+        return TSR_OK;
+}
+
+void tsr_backend_host_free(tsr_backend *be, void *p) {
+        (void)be;
+        free(p);
+}
+
+tsr_status tsr_backend_host_copy(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+        (void)be;
+        memmove(dst, src, bytes);
+        return TSR_OK;
+}
+
+tsr_status tsr_backend_host_sync(tsr_backend *be) {
+        (void)be;
+        return TSR_OK;
+}
+
+/* ---- operators ------------------------------------------------------------------------ */
+
+#define CALL(op, ...)                                   \
+        do {                                            \
+                if (!be)                                \
+                        return TSR_E_INVAL;             \
+                if (!be->ops->op)                       \
+                        return TSR_E_UNSUPPORTED;       \
+                return be->ops->op(be, __VA_ARGS__);    \
+        } while (0)
+
+tsr_status tsr_backend_rmsnorm(tsr_backend *be, float *out, const float *x, const float *w, size_t rows, size_t dim,
+                               float eps) {
+        CALL(rmsnorm, out, x, w, rows, dim, eps);
+}
+
+tsr_status tsr_backend_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
+                                 const uint32_t *ids, size_t rows) {
+        CALL(embedding, out, table, vocab, dim, ids, rows);
+}
+
+tsr_status tsr_backend_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                              size_t rows, size_t n, size_t d) {
+        if (be && !dtype_ok(be, w_dtype))
+                return TSR_E_UNSUPPORTED;
+        CALL(matmul, out, x, w, w_dtype, rows, n, d);
+}
+
+tsr_status tsr_backend_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
+                            const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout) {
+        CALL(rope, x, rows, n_heads, head_dim, pos, inv_freq, layout);
+}
+
+tsr_status tsr_backend_kv_write(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,
+                                size_t past_len) {
+        CALL(kv_write, kv, k, v, n, past_len);
+}
+
+tsr_status tsr_backend_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
+                                 size_t past_len, size_t n_heads, float scale) {
+        CALL(attention, out, q, kv, n, past_len, n_heads, scale);
+}
+
+tsr_status tsr_backend_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n) {
+        CALL(silu_mul, out, gate, up, n);
+}
+
+tsr_status tsr_backend_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {
+        CALL(add, out, a, b, n);
+}
+
+tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
+        CALL(softmax, out, x, rows, n);
+}
+
+tsr_status tsr_backend_log_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
+        CALL(log_softmax, out, x, rows, n);
+}
+
+tsr_status tsr_backend_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
+                                   size_t rows, size_t dim, float eps) {
+        CALL(add_rmsnorm, out, residual, x, w, rows, dim, eps);
+}

@@ -1,0 +1,28 @@
+/* ref.h - cpu/ref.c's kernels as plain functions: the specification, callable without a
+ * backend.  Internal to kernels/: the reference backend's table wraps them, and the fast
+ * backend (cpu/fast.c) runs them on slices and where its ISA has no faster version.
+ * Each is the kernels.h operator of the same name (matmul per weight dtype) and checks
+ * its arguments as kernels.h says.  Any thread: they keep no state. */
+#ifndef TSR_KERNELS_CPU_REF_H
+#define TSR_KERNELS_CPU_REF_H
+
+#include "kernels/kernels.h"
+
+tsr_status tsr_ref_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps);
+tsr_status tsr_ref_embedding(float *out, const float *table, size_t vocab, size_t dim, const uint32_t *ids,
+                             size_t rows);
+tsr_status tsr_ref_matmul_f32(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d);
+tsr_status tsr_ref_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d);
+tsr_status tsr_ref_rope(float *x, size_t rows, size_t n_heads, size_t head_dim, const uint32_t *pos,
+                        const float *inv_freq, tsr_rope_layout layout);
+tsr_status tsr_ref_kv_write(const tsr_kv_view *kv, const float *k, const float *v, size_t n, size_t past_len);
+tsr_status tsr_ref_attention(float *out, const float *q, const tsr_kv_view *kv, size_t n, size_t past_len,
+                             size_t n_heads, float scale);
+tsr_status tsr_ref_silu_mul(float *out, const float *gate, const float *up, size_t n);
+tsr_status tsr_ref_add(float *out, const float *a, const float *b, size_t n);
+tsr_status tsr_ref_softmax(float *out, const float *x, size_t rows, size_t n);
+tsr_status tsr_ref_log_softmax(float *out, const float *x, size_t rows, size_t n);
+tsr_status tsr_ref_add_rmsnorm(float *out, float *residual, const float *x, const float *w, size_t rows,
+                               size_t dim, float eps);
+
+#endif
