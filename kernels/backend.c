@@ -34,18 +34,6 @@ void tsr_backend_free(tsr_backend **pbe) {
         *pbe = NULL;
 }
 
-const char *tsr_dtype_name(tsr_dtype t) {
-        switch (t) {
-        case TSR_DTYPE_F32:
-                return "f32";
-        case TSR_DTYPE_BF16:
-                return "bf16";
-        case TSR_DTYPE_COUNT:
-                break;
-        }
-        return "?";
-}
-
 const char *tsr_cpu_isa_name(tsr_cpu_isa isa) {
         switch (isa) {
         case TSR_CPU_ISA_SCALAR:

@@ -44,6 +44,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "common/tsr_status.h"
+#include "kernels/dtype.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,16 +75,10 @@ typedef struct tsr_kv_view {
         size_t head_dim;
 } tsr_kv_view;
 
-/* Weight formats of tsr_backend_matmul.  Later: F16, FP8, NVFP4, GGUF block types;
- * each a kernel inside the backends that run it. */
-typedef enum tsr_dtype {
-        TSR_DTYPE_F32 = 0,              /* float32 */
-        TSR_DTYPE_BF16 = 1,             /* bfloat16 bits (uint16_t) */
-        TSR_DTYPE_COUNT
-} tsr_dtype;
-
-/* Name of a dtype ("f32", "bf16"); "?" for a value out of range. */
-const char *tsr_dtype_name(tsr_dtype t);
+/* Weight formats of tsr_backend_matmul: tsr_dtype (kernels/dtype.h, with their block
+ * sizes in tsr_dtype_info; layouts and scalar dequantization in kernels/quant/quant.h).
+ * A backend has a matmul kernel for some of them (tsr_backend_supports); today f32 and
+ * bf16 on the CPU backends, each other dtype a later kernel behind the same entry point. */
 
 /* The CPU instruction set a CPU backend's kernels use. */
 typedef enum tsr_cpu_isa {

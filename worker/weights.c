@@ -1,9 +1,7 @@
 /* weights.c - Llama config from GGUF metadata, and its tensors dequantized to float32.
  *
- * Block layouts follow the GGUF spec (ggml docs/gguf.md and the ggml type table); each
- * dequantizer is checked against gguf-py's on random blocks (tests/fixtures/forward/
- * dequant.json).  All reads of the map go through memcpy: tensor data is aligned to the
- * file's alignment, but nothing promises more than byte alignment inside a block. */
+ * The block formats and their dequantization are kernels/quant/'s (quant.h); each is
+ * checked against gguf-py's on random blocks (tests/fixtures/forward/dequant.json). */
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -12,203 +10,31 @@
 #include <string.h>
 #include <time.h>
 
+#include "kernels/quant/quant.h"
 #include "worker/weights.h"
 
 
-/* ---- scalar formats -------------------------------------------------------------- */
-
-/* IEEE 754 binary16 -> binary32, exactly (every half is a float). */
-static float f16_to_f32(uint16_t h) {
-        uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-        float f;
-
-        if (exp == 0x1f) {                      /* inf or NaN */
-                bits = sign | 0x7f800000u | (mant << 13);
-        } else if (exp != 0) {                  /* normal: rebias 15 -> 127 */
-                bits = sign | ((exp + 112) << 23) | (mant << 13);
-        } else if (mant == 0) {                 /* signed zero */
-                bits = sign;
-        } else {                                /* subnormal half: mant * 2^-24, exact in float */
-                f = (float)mant * 0x1p-24f;
-                memcpy(&bits, &f, 4);
-                bits |= sign;
-        }
-        memcpy(&f, &bits, 4);
-        return f;
-}
-
-static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-
-static float rd_f16(const uint8_t *p) { return f16_to_f32(rd16(p)); }
-
-/* ---- block formats (QK = elements per block) ----------------------------------- */
-
-/* Q8_0: f16 d; int8 q[32].  x = d * q */
-static void deq_q8_0(const uint8_t *b, float *y) {
-        float d = rd_f16(b);
-        for (int j = 0; j < 32; j++)
-                y[j] = d * (float)(int8_t)b[2 + j];
-}
-
-/* Q4_0: f16 d; u8 qs[16] (low nibbles are elements 0..15, high nibbles 16..31).
- * x = d * (q - 8) */
-static void deq_q4_0(const uint8_t *b, float *y) {
-        float d = rd_f16(b);
-        const uint8_t *qs = b + 2;
-        for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)((qs[j] & 0x0f) - 8);
-                y[j + 16] = d * (float)((qs[j] >> 4) - 8);
-        }
-}
-
-/* Q4_1: f16 d, f16 m; u8 qs[16].  x = d * q + m */
-static void deq_q4_1(const uint8_t *b, float *y) {
-        float d = rd_f16(b), m = rd_f16(b + 2);
-        const uint8_t *qs = b + 4;
-        for (int j = 0; j < 16; j++) {
-                y[j] = d * (float)(qs[j] & 0x0f) + m;
-                y[j + 16] = d * (float)(qs[j] >> 4) + m;
-        }
-}
-
-/* Q5_0: f16 d; u32 qh (bit j is the fifth bit of element j); u8 qs[16].  x = d * (q - 16) */
-static void deq_q5_0(const uint8_t *b, float *y) {
-        float d = rd_f16(b);
-        uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
-        const uint8_t *qs = b + 6;
-        for (int j = 0; j < 16; j++) {
-                int lo = (qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
-                int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
-                y[j] = d * (float)(lo - 16);
-                y[j + 16] = d * (float)(hi - 16);
-        }
-}
-
-/* Q5_1: f16 d, f16 m; u32 qh; u8 qs[16].  x = d * q + m */
-static void deq_q5_1(const uint8_t *b, float *y) {
-        float d = rd_f16(b), m = rd_f16(b + 2);
-        uint32_t qh = (uint32_t)b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 | (uint32_t)b[7] << 24;
-        const uint8_t *qs = b + 8;
-        for (int j = 0; j < 16; j++) {
-                int lo = (qs[j] & 0x0f) | (int)(((qh >> j) & 1) << 4);
-                int hi = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
-                y[j] = d * (float)lo + m;
-                y[j + 16] = d * (float)hi + m;
-        }
-}
-
-/* The 6-bit scale and min of sub-block j (0..7) packed in the 12 bytes of a Q4_K/Q5_K
- * super-block: sub-blocks 0..3 in the low 6 bits of bytes j and j+4; 4..7 in the
- * nibbles of bytes j+4 with their top two bits in the high bits of bytes j-4 and j. */
-static void k_scale_min(int j, const uint8_t *s, int *sc, int *mn) {
-        if (j < 4) {
-                *sc = s[j] & 63;
-                *mn = s[j + 4] & 63;
-        } else {
-                *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-                *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-}
-
-/* Q4_K (256 elements): f16 d, f16 dmin; u8 scales[12]; u8 qs[128].
- * Eight sub-blocks of 32; each 64-element chunk uses the low nibbles of 32 bytes for its
- * first sub-block and the high nibbles for its second.  x = (d*sc) * q - (dmin*mn) */
-static void deq_q4_k(const uint8_t *b, float *y) {
-        float d = rd_f16(b), dmin = rd_f16(b + 2);
-        const uint8_t *scales = b + 4, *qs = b + 16;
-        for (int c = 0; c < 4; c++) {
-                int sc0, mn0, sc1, mn1;
-                k_scale_min(2 * c, scales, &sc0, &mn0);
-                k_scale_min(2 * c + 1, scales, &sc1, &mn1);
-                float d0 = d * (float)sc0, m0 = dmin * (float)mn0;
-                float d1 = d * (float)sc1, m1 = dmin * (float)mn1;
-                for (int l = 0; l < 32; l++) {
-                        y[64 * c + l] = d0 * (float)(qs[32 * c + l] & 0x0f) - m0;
-                        y[64 * c + 32 + l] = d1 * (float)(qs[32 * c + l] >> 4) - m1;
-                }
-        }
-}
-
-/* Q5_K (256): f16 d, f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128].  As Q4_K, with the
- * fifth bit of element l of sub-block s in bit s of qh[l]. */
-static void deq_q5_k(const uint8_t *b, float *y) {
-        float d = rd_f16(b), dmin = rd_f16(b + 2);
-        const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
-        for (int c = 0; c < 4; c++) {
-                int sc0, mn0, sc1, mn1;
-                k_scale_min(2 * c, scales, &sc0, &mn0);
-                k_scale_min(2 * c + 1, scales, &sc1, &mn1);
-                float d0 = d * (float)sc0, m0 = dmin * (float)mn0;
-                float d1 = d * (float)sc1, m1 = dmin * (float)mn1;
-                for (int l = 0; l < 32; l++) {
-                        int lo = (qs[32 * c + l] & 0x0f) | (((qh[l] >> (2 * c)) & 1) << 4);
-                        int hi = (qs[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
-                        y[64 * c + l] = d0 * (float)lo - m0;
-                        y[64 * c + 32 + l] = d1 * (float)hi - m1;
-                }
-        }
-}
-
-/* Q6_K (256): u8 ql[128] (low 4 bits); u8 qh[64] (high 2 bits); int8 scales[16]; f16 d.
- * Two halves of 128; in half h, element 32*k + l (k = 0..3, l = 0..31) takes its low bits
- * from nibble k/2 of ql[64h + l + 32*(k%2)], its high bits from bits 2k..2k+1 of
- * qh[32h + l], and scale scales[8h + 2k + l/16].  x = d * sc * (q - 32) */
-static void deq_q6_k(const uint8_t *b, float *y) {
-        const uint8_t *ql = b, *qh = b + 128;
-        const int8_t *scales = (const int8_t *)(b + 192);
-        float d = rd_f16(b + 208);
-        for (int h = 0; h < 2; h++) {
-                for (int k = 0; k < 4; k++) {
-                        for (int l = 0; l < 32; l++) {
-                                uint8_t lb = ql[64 * h + l + 32 * (k % 2)];
-                                int lo = k < 2 ? (lb & 0x0f) : (lb >> 4);
-                                int q = (lo | (((qh[32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
-                                float sc = (float)scales[8 * h + 2 * k + l / 16];
-                                y[128 * h + 32 * k + l] = d * sc * (float)q;
-                        }
-                }
-        }
-}
-
+/* ggml's type tag -> the dtype of the same encoding; the formats and their
+ * dequantization live in kernels/quant/. */
 tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst) {
-        const uint8_t *p = src;
-        void (*block_fn)(const uint8_t *, float *) = NULL;
-        uint32_t qk, bytes;
+        tsr_dtype t;
 
-        if (!dst || (!src && n))
-                return TSR_E_INVAL;
         switch (type) {
-        case TSR_GGML_TYPE_F32:
-                memcpy(dst, src, n * sizeof(float));
-                return TSR_OK;
-        case TSR_GGML_TYPE_F16:
-                for (size_t i = 0; i < n; i++)
-                        dst[i] = rd_f16(p + 2 * i);
-                return TSR_OK;
-        case TSR_GGML_TYPE_BF16:                /* the top half of a float32 */
-                for (size_t i = 0; i < n; i++) {
-                        uint32_t bits = (uint32_t)rd16(p + 2 * i) << 16;
-                        memcpy(&dst[i], &bits, 4);
-                }
-                return TSR_OK;
-        case TSR_GGML_TYPE_Q8_0: block_fn = deq_q8_0; break;
-        case TSR_GGML_TYPE_Q4_0: block_fn = deq_q4_0; break;
-        case TSR_GGML_TYPE_Q4_1: block_fn = deq_q4_1; break;
-        case TSR_GGML_TYPE_Q5_0: block_fn = deq_q5_0; break;
-        case TSR_GGML_TYPE_Q5_1: block_fn = deq_q5_1; break;
-        case TSR_GGML_TYPE_Q4_K: block_fn = deq_q4_k; break;
-        case TSR_GGML_TYPE_Q5_K: block_fn = deq_q5_k; break;
-        case TSR_GGML_TYPE_Q6_K: block_fn = deq_q6_k; break;
+        case TSR_GGML_TYPE_F32: t = TSR_DTYPE_F32; break;
+        case TSR_GGML_TYPE_F16: t = TSR_DTYPE_F16; break;
+        case TSR_GGML_TYPE_BF16: t = TSR_DTYPE_BF16; break;
+        case TSR_GGML_TYPE_Q8_0: t = TSR_DTYPE_Q8_0; break;
+        case TSR_GGML_TYPE_Q4_0: t = TSR_DTYPE_Q4_0; break;
+        case TSR_GGML_TYPE_Q4_1: t = TSR_DTYPE_Q4_1; break;
+        case TSR_GGML_TYPE_Q5_0: t = TSR_DTYPE_Q5_0; break;
+        case TSR_GGML_TYPE_Q5_1: t = TSR_DTYPE_Q5_1; break;
+        case TSR_GGML_TYPE_Q4_K: t = TSR_DTYPE_Q4_K; break;
+        case TSR_GGML_TYPE_Q5_K: t = TSR_DTYPE_Q5_K; break;
+        case TSR_GGML_TYPE_Q6_K: t = TSR_DTYPE_Q6_K; break;
         default:
                 return TSR_E_UNSUPPORTED;
         }
-        if (tsr_ggml_type_size(type, &qk, &bytes) != TSR_OK)
-                return TSR_E_UNSUPPORTED;
-        if (n % qk != 0)
-                return TSR_E_INVAL;
-        for (size_t b = 0; b < n / qk; b++)
-                block_fn(p + b * bytes, dst + b * qk);
-        return TSR_OK;
+        return tsr_dequant_row(t, src, n, dst);
 }
 
 /* ---- config ------------------------------------------------------------------------ */

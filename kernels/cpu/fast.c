@@ -661,7 +661,7 @@ static tsr_status fast_matmul(tsr_backend *be, float *out, const float *x, const
                 return fast_matmul_f32(f, out, x, w, rows, n, d);
         case TSR_DTYPE_BF16:
                 return fast_matmul_bf16(f, out, x, w, rows, n, d);
-        case TSR_DTYPE_COUNT:
+        default:                /* no kernel here for the other dtypes yet */
                 break;
         }
         return TSR_E_UNSUPPORTED;

@@ -311,7 +311,7 @@ static tsr_status ref_be_matmul(tsr_backend *be, float *out, const float *x, con
                 return tsr_ref_matmul_f32(out, x, w, rows, n, d);
         case TSR_DTYPE_BF16:
                 return tsr_ref_matmul_bf16(out, x, w, rows, n, d);
-        case TSR_DTYPE_COUNT:
+        default:                /* no kernel here for the other dtypes yet */
                 break;
         }
         return TSR_E_UNSUPPORTED;
