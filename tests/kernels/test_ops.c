@@ -17,6 +17,9 @@
  *                      add_rmsnorm: 1e-5 + 1e-4 |ref|, as tests/kernels/test_rmsnorm.c);
  *                      ops the backend lacks (tsr_backend_supports) are counted, not run.
  *                      "[skip:no-gpu]" where tsr_backend_cuda_new says UNSUPPORTED/NOTFOUND.
+ * Stored-format weights (f16, the GGUF blocks, fp8, NVFP4): in every column, a matmul
+ * kernel the backend has for one is compared with cpu-ref's f32 matmul of the weights
+ * tsr_dequant_row widened; one it lacks must answer TSR_E_UNSUPPORTED.
  * Shapes: odd sizes and SIMD tails (1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 127, 129,
  * 4097), rows 1/3/5; inputs from a fixed seed, spread over magnitudes; variants with an
  * infinity and a NaN in the last elements of a row (the tail a vector loop handles
@@ -728,6 +731,101 @@ static void run_one(mcase *c, void *ud) {
         free(got), free(got2), free(rf), free(rf2), free(want), free(bound), free(want2), free(bound2);
 }
 
+/* ---- matmul with stored-format weights ----------------------------------------------------
+ * For every dtype other than f32 and bf16: where a backend has a matmul kernel for it, the
+ * kernel against the reference's f32 matmul of the dequantized weights (tsr_dequant_row),
+ * within 2 n u sum |p| (another fixed summation order of the same float32 products; a
+ * kernel that also quantizes x must state its own, larger bound here).  Where it has none,
+ * the matmul must answer TSR_E_UNSUPPORTED, as tsr_backend_supports says. */
+
+/* Random bytes with the scale fields made finite (a clear bit 14 of an f16 keeps its
+ * exponent below 31; a clear bit 6 of an fp8 keeps e4m3 off its NaN and e5m2 off
+ * inf/NaN), so the reference has numbers to compare. */
+static void rand_weights(tsr_dtype t, uint8_t *w, size_t bytes) {
+        const tsr_dtype_info *info = tsr_dtype_get_info(t);
+        size_t bb = info->block_bytes;
+
+        for (size_t i = 0; i < bytes; i++)
+                w[i] = (uint8_t)rnd();
+        for (size_t b = 0; b < bytes / bb; b++) {
+                uint8_t *p = w + b * bb;
+                switch (t) {
+                case TSR_DTYPE_F16:
+                        p[1] &= (uint8_t)~0x40;
+                        break;
+                case TSR_DTYPE_FP8_E4M3:
+                case TSR_DTYPE_FP8_E5M2:
+                case TSR_DTYPE_NVFP4:
+                        p[0] &= (uint8_t)~0x40;
+                        break;
+                case TSR_DTYPE_Q6_K:
+                        p[209] &= (uint8_t)~0x40;
+                        break;
+                case TSR_DTYPE_Q4_1:
+                case TSR_DTYPE_Q5_1:
+                case TSR_DTYPE_Q4_K:
+                case TSR_DTYPE_Q5_K:
+                        p[3] &= (uint8_t)~0x40;
+                        p[1] &= (uint8_t)~0x40;
+                        break;
+                default:
+                        p[1] &= (uint8_t)~0x40;
+                        break;
+                }
+        }
+}
+
+static void run_quant_matmul(struct col_run *cr, tsr_dtype t, size_t *not_run) {
+        const tsr_dtype_info *info = tsr_dtype_get_info(t);
+        size_t qk = info->block_elems;
+        const size_t n_blocks[] = {1, 2, 3, 17};
+
+        if (!tsr_backend_supports(cr->be, TSR_OP_MATMUL, t)) {
+                float x = 0, out = 0;
+                uint8_t w[512] = {0};
+                assert_int_equal(tsr_backend_matmul(cr->be, &out, &x, w, t, 1, qk, 1), TSR_E_UNSUPPORTED);
+                (*not_run)++;
+                return;
+        }
+        for (size_t a = 0; a < sizeof n_blocks / sizeof *n_blocks; a++)
+                for (size_t b = 0; b < sizeof mm_d / sizeof *mm_d; b++)
+                        for (size_t r = 0; r < sizeof mm_rows / sizeof *mm_rows; r++) {
+                                size_t n = n_blocks[a] * qk, d = mm_d[b], rows = mm_rows[r], wbytes;
+                                assert_int_equal(tsr_dtype_row_bytes(t, d * n, &wbytes), TSR_OK);
+                                seed(1000 * t + 100 * a + 10 * b + r);
+                                uint8_t *w = malloc(wbytes);
+                                float *x = rand_vec(rows * n, 1.0f), *wf = vec(d * n);
+                                float *got = vec(rows * d), *want = vec(rows * d);
+                                double *wantd = calloc(rows * d, sizeof *wantd), *bound = calloc(rows * d, sizeof *bound);
+                                char what[160];
+                                rand_weights(t, w, wbytes);
+                                assert_int_equal(tsr_dequant_row(t, w, d * n, wf), TSR_OK);
+                                assert_int_equal(tsr_backend_matmul(ref, want, x, wf, TSR_DTYPE_F32, rows, n, d), TSR_OK);
+                                void *dx = dev_copy(cr->be, x, rows * n * sizeof(float));
+                                void *dw = dev_copy(cr->be, w, wbytes), *dout = dev_copy(cr->be, NULL, rows * d * 4);
+                                assert_int_equal(tsr_backend_matmul(cr->be, dout, dx, dw, t, rows, n, d), TSR_OK);
+                                assert_int_equal(tsr_backend_synchronize(cr->be), TSR_OK);
+                                assert_int_equal(tsr_backend_download(cr->be, got, dout, rows * d * 4), TSR_OK);
+                                for (size_t i = 0; i < rows * d; i++) {
+                                        double abs_sum;
+                                        wantd[i] = want[i];
+                                        dot_abs(wf + i % d * n, x + i / d * n, n, &abs_sum);
+                                        bound[i] = 2.0 * (double)n * (FLT_EPSILON / 2) * abs_sum + 1e-30;
+                                }
+                                snprintf(what, sizeof what, "matmul_%s %s rows %zu n %zu d %zu", info->name,
+                                         tsr_backend_name(cr->be), rows, n, d);
+                                if (compare(what, got, wantd, bound, rows * d)) {
+                                        print_message("FAIL %s\n", what);
+                                        cr->n_failed++;
+                                } else {
+                                        cr->n_bounded++;
+                                }
+                                tsr_backend_mem_free(cr->be, dx), tsr_backend_mem_free(cr->be, dw);
+                                tsr_backend_mem_free(cr->be, dout);
+                                free(w), free(x), free(wf), free(got), free(want), free(wantd), free(bound);
+                        }
+}
+
 static void test_column(void **state) {
         const column *col = *state;
         struct col_run cr = {.col = col};
@@ -767,7 +865,11 @@ static void test_column(void **state) {
                 }
                 for_each_case((mop)m, run_one, &cr);
         }
-        print_message("%s/%s: %zu cases bitwise, %zu within their bound, %zu failed; %zu ops not implemented\n",
+        for (int t = 0; t < TSR_DTYPE_COUNT; t++)
+                if (t != TSR_DTYPE_F32 && t != TSR_DTYPE_BF16)
+                        run_quant_matmul(&cr, (tsr_dtype)t, &not_run);
+        print_message("%s/%s: %zu cases bitwise, %zu within their bound, %zu failed; %zu ops or matmul dtypes "
+                      "not implemented\n",
                       tsr_backend_name(cr.be), tsr_cpu_isa_name(tsr_backend_cpu_isa(cr.be)), cr.n_bitwise,
                       cr.n_bounded, cr.n_failed, not_run);
         tsr_backend_free(&cr.be);
