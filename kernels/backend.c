@@ -58,6 +58,9 @@ int tsr_backend_threads(const tsr_backend *be) { return be ? be->n_threads : 1; 
 
 bool tsr_backend_host_memory(const tsr_backend *be) { return be && be->ops->host_memory; }
 
+/* matmul_dtypes keeps one bit per dtype in a uint32_t. */
+_Static_assert(TSR_DTYPE_COUNT <= 32, "tsr_backend_ops.matmul_dtypes has one bit per dtype");
+
 static bool dtype_ok(const tsr_backend *be, tsr_dtype t) {
         return (unsigned)t < TSR_DTYPE_COUNT && (be->ops->matmul_dtypes & (1u << t));
 }

@@ -7,9 +7,10 @@
  * a multiple of block_elems.  The byte layout of each block format and its scalar
  * dequantization are in kernels/quant/ (quant.h).
  *
- * The enum's values are Tessera's own (F32 = 0 and BF16 = 1 are fixed: the backend
- * tables keep a bit per dtype); a file format's type tags (ggml's, safetensors') are
- * mapped to these by its loader.  Non-logging, no state: any thread. */
+ * The enum's values are Tessera's own, never written to a file (F32 = 0 and BF16 = 1
+ * kept their values from before the table); a file format's type tags (ggml's,
+ * safetensors') are mapped to these by its loader.  At most 32: a backend keeps one bit
+ * per dtype in a uint32_t (backend.c asserts it).  Non-logging, no state: any thread. */
 #ifndef TSR_KERNELS_DTYPE_H
 #define TSR_KERNELS_DTYPE_H
 
