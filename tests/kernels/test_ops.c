@@ -796,11 +796,13 @@ static void run_quant_matmul(struct col_run *cr, tsr_dtype t, size_t *not_run) {
                                 uint8_t *w = malloc(wbytes);
                                 float *x = rand_vec(rows * n, 1.0f), *wf = vec(d * n);
                                 float *got = vec(rows * d), *want = vec(rows * d);
-                                double *wantd = calloc(rows * d, sizeof *wantd), *bound = calloc(rows * d, sizeof *bound);
+                                double *wantd = calloc(rows * d, sizeof *wantd);
+                                double *bound = calloc(rows * d, sizeof *bound);
                                 char what[160];
                                 rand_weights(t, w, wbytes);
                                 assert_int_equal(tsr_dequant_row(t, w, d * n, wf), TSR_OK);
-                                assert_int_equal(tsr_backend_matmul(ref, want, x, wf, TSR_DTYPE_F32, rows, n, d), TSR_OK);
+                                assert_int_equal(tsr_backend_matmul(ref, want, x, wf, TSR_DTYPE_F32, rows, n, d),
+                                                 TSR_OK);
                                 void *dx = dev_copy(cr->be, x, rows * n * sizeof(float));
                                 void *dw = dev_copy(cr->be, w, wbytes), *dout = dev_copy(cr->be, NULL, rows * d * 4);
                                 assert_int_equal(tsr_backend_matmul(cr->be, dout, dx, dw, t, rows, n, d), TSR_OK);
