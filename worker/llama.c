@@ -102,16 +102,21 @@ tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be) {
 
 
 /* A GGUF file: config from its metadata, tensors dequantized; the file is closed after. */
-static tsr_status load_gguf(const char *path, const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
-                            tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
+static tsr_status load_gguf(const char *path, const tsr_llama_config *given, const tsr_shard_spec *spec,
+                            tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret, tsr_load_stats *stats,
+                            char *err, size_t errlen) {
         tsr_gguf *g = NULL;
         tsr_llama_config cfg;
         tsr_shard_spec whole;
-        tsr_status st;
+        tsr_status st = TSR_OK;
 
         if ((st = tsr_gguf_open(path, &g, err, errlen)) != TSR_OK)
                 return st;
-        if ((st = tsr_llama_config_from_gguf(g, path, &cfg, err, errlen)) == TSR_OK) {
+        if (given)
+                cfg = *given;
+        else
+                st = tsr_llama_config_from_gguf(g, path, &cfg, err, errlen);
+        if (st == TSR_OK) {
                 whole = tsr_shard_spec_whole(cfg.n_layers);
                 st = tsr_llama_weights_load(g, path, &cfg, spec ? spec : &whole, progress, ud, ret, stats, err,
                                             errlen);
@@ -122,14 +127,17 @@ static tsr_status load_gguf(const char *path, const tsr_shard_spec *spec, tsr_lo
 
 /* A Hugging Face folder: config.json first (an unsupported model fails before any
  * weights are mapped), then the safetensors, unmapped after conversion. */
-static tsr_status load_hf(const char *dir, const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
-                          tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
+static tsr_status load_hf(const char *dir, const tsr_llama_config *given, const tsr_shard_spec *spec,
+                          tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret, tsr_load_stats *stats,
+                          char *err, size_t errlen) {
         tsr_safetensors_set *set = NULL;
         tsr_llama_config cfg;
         tsr_shard_spec whole;
         tsr_status st;
 
-        if ((st = tsr_llama_config_from_hf(dir, &cfg, err, errlen)) != TSR_OK)
+        if (given)
+                cfg = *given;
+        else if ((st = tsr_llama_config_from_hf(dir, &cfg, err, errlen)) != TSR_OK)
                 return st;
         if ((st = tsr_safetensors_set_open(dir, &set, err, errlen)) != TSR_OK)
                 return st;
@@ -142,6 +150,12 @@ static tsr_status load_hf(const char *dir, const tsr_shard_spec *spec, tsr_load_
 tsr_status tsr_llama_load(const char *path, const tsr_shard_spec *spec,
                           tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
                           char *err, size_t errlen) {
+        return tsr_llama_load_config(path, NULL, spec, progress, ud, ret, stats, err, errlen);
+}
+
+tsr_status tsr_llama_load_config(const char *path, const tsr_llama_config *cfg, const tsr_shard_spec *spec,
+                                 tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
+                                 char *err, size_t errlen) {
         tsr_llama_weights *w = NULL;
         tsr_llama *m = NULL;
         struct stat sb;
@@ -150,9 +164,9 @@ tsr_status tsr_llama_load(const char *path, const tsr_shard_spec *spec,
         if (!path || !ret)
                 return TSR_E_INVAL;
         if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-                st = load_hf(path, spec, progress, ud, &w, stats, err, errlen);
+                st = load_hf(path, cfg, spec, progress, ud, &w, stats, err, errlen);
         else
-                st = load_gguf(path, spec, progress, ud, &w, stats, err, errlen);
+                st = load_gguf(path, cfg, spec, progress, ud, &w, stats, err, errlen);
         if (st != TSR_OK)
                 return st;
         m = calloc(1, sizeof *m);

@@ -41,6 +41,12 @@ typedef struct tsr_llama tsr_llama;
 tsr_status tsr_llama_load(const char *path, const tsr_shard_spec *spec,
                           tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
                           char *err, size_t errlen);
+/* The same with the config already read (the family's model description,
+ * worker/model/family.h): `cfg` (NULL: read it from the file, as tsr_llama_load) is used
+ * as given, so the config is parsed once per worker. */
+tsr_status tsr_llama_load_config(const char *path, const tsr_llama_config *cfg, const tsr_shard_spec *spec,
+                                 tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
+                                 char *err, size_t errlen);
 /* Accepts NULL and *m == NULL; clears *m. */
 void tsr_llama_free(tsr_llama **m);
 

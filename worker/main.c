@@ -27,6 +27,7 @@
 #include "exit_codes.h"
 #include "gen_config.h"
 #include "link.h"
+#include "model/family.h"
 #include "model_meta.h"
 #include "runner.h"
 
@@ -45,15 +46,37 @@ typedef struct worker_plan {
         uint64_t boot_epoch;
 } worker_plan;
 
-/* KV cache blocks the CPU backend can hold: K and V, every layer, float32.  The engine
- * issue replaces this with the allocator's own count; the formula is the same. */
-/* Bytes of one KV block on the CPU backend: K and V, every layer, float32.  The
- * runner allocates exactly this per block. */
-static uint64_t kv_block_bytes(const tsr_model_meta *m, uint32_t block_size) {
-        uint64_t head_dim = m->head_dim ? m->head_dim : 64;
-        uint64_t kv_heads = m->num_key_value_heads ? m->num_key_value_heads : 1;
-        uint64_t layers = m->num_hidden_layers ? m->num_hidden_layers : 1;
-        return 2ull * layers * kv_heads * head_dim * block_size * sizeof(float);
+/* The KV groups of the model: its family's per-layer spec for the layers this worker
+ * holds (today all of them).  A model with no family gets no pool and refuses Submit, but
+ * still advertises a capacity in ModelInfo: one full-attention group from the dims its
+ * config states (model_meta.c), float32 as the CPU runner would hold it; a dim the config
+ * does not state is an error naming it, never a guess.  Main thread, at start-up. */
+static tsr_status plan_kv_groups(const tsr_model_desc *desc, const tsr_model_meta *m, tsr_kv_group *groups,
+                                 size_t *n_groups, char *err, size_t errlen) {
+        tsr_shard_spec shard;
+        const char *missing;
+
+        if (desc) {
+                if (desc->family->shard_for(desc, 0, 1, 0, 1, &shard) != TSR_OK ||
+                    (*n_groups = desc->family->kv_groups(desc, &shard, groups, TSR_KV_GROUPS_MAX)) == 0) {
+                        snprintf(err, errlen, "%s: the model has no layers", m->path);
+                        return TSR_E_INVAL;
+                }
+                return TSR_OK;
+        }
+        missing = !m->num_hidden_layers     ? "num_hidden_layers"
+                  : !m->num_key_value_heads ? "num_key_value_heads"
+                  : !m->head_dim            ? "head_dim"
+                                            : NULL;
+        if (missing) {
+                snprintf(err, errlen, "%s: the model states no %s: cannot size the KV cache", m->path, missing);
+                return TSR_E_INVAL;
+        }
+        groups[0] = (tsr_kv_group){.kind = TSR_KV_FULL_ATTENTION, .n_layers = m->num_hidden_layers,
+                                   .n_kv_heads = m->num_key_value_heads, .head_dim = m->head_dim,
+                                   .dtype = TSR_DTYPE_F32};
+        *n_groups = 1;
+        return TSR_OK;
 }
 
 /* KV cache blocks: --num-gpu-blocks-override, else --kv-cache-memory-bytes (default
@@ -69,8 +92,11 @@ static uint64_t plan_kv_blocks(const tsr_config *cfg, uint64_t per_block) {
         return per_block ? (uint64_t)budget / per_block : 0;
 }
 
-static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, worker_plan *p, char *err,
-                            size_t errlen) {
+static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
+                            worker_plan *p, char *err, size_t errlen) {
+        tsr_kv_group groups[TSR_KV_GROUPS_MAX];
+        size_t n_groups = 0;
+
         memset(p, 0, sizeof(*p));
         if (cfg->status_listen) {
                 snprintf(p->status_listen, sizeof(p->status_listen), "%s", cfg->status_listen);
@@ -93,7 +119,11 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, work
                 snprintf(err, errlen, "%s: the model states no context length; pass --max-model-len", m->path);
                 return TSR_E_INVAL;
         }
-        p->kv_block_bytes = kv_block_bytes(m, (uint32_t)cfg->block_size);
+        if (plan_kv_groups(desc, m, groups, &n_groups, err, errlen) != TSR_OK)
+                return TSR_E_INVAL;
+        /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
+         * per block. */
+        p->kv_block_bytes = tsr_kv_block_bytes(groups, n_groups, (uint32_t)cfg->block_size);
         p->kv_blocks_total = plan_kv_blocks(cfg, p->kv_block_bytes);
         if (p->kv_blocks_total == 0) {   /* vLLM: "No available memory for the cache blocks" */
                 snprintf(err, errlen,
@@ -242,17 +272,6 @@ static const char *thousands(uint64_t n, char *buf, size_t len) {
         return buf;
 }
 
-/* The family the Llama runner serves: GGUF general.architecture "llama", or an HF
- * config whose architectures[0] is LlamaForCausalLM (model_type "llama" when the list
- * is absent).  Such a model that the runner cannot load (a dtype, a bias, partial
- * rotary) is a startup error; a model of another family (Llama 4, NemotronH) has no
- * runner yet and is served as metadata only. */
-static bool runner_family(const tsr_model_meta *m) {
-        if (m->architecture)
-                return strcmp(m->architecture, "llama") == 0 || strcmp(m->architecture, "LlamaForCausalLM") == 0;
-        return m->model_type && strcmp(m->model_type, "llama") == 0;
-}
-
 static double stats_interval_s(void) {
         const char *env = getenv("VLLM_LOG_STATS_INTERVAL");
         char *end;
@@ -270,6 +289,8 @@ static void notify_ready(void *ud) {
 int main(int argc, char **argv) {
         tsr_config cfg;
         tsr_model_meta *meta = NULL;
+        const tsr_model_family *family = NULL;
+        tsr_model_desc desc;            /* the family's model description, read once; valid when family */
         tsr_queue *inbox = NULL, *outbox = NULL;
         tsr_engine *engine = NULL;
         tsr_runner *runner = NULL;
@@ -347,6 +368,16 @@ int main(int argc, char **argv) {
                         strcmp(meta->format, "gguf") == 0 ? "gguf" : "safetensors");
                 goto out;
         }
+        /* The model's family reads its config once, into the description the KV sizing,
+         * the loader and the forward all use.  A model whose family cannot read its config
+         * (a missing field, a rope type, a bias) exits here, before any socket is bound; a
+         * model of no family (Llama 4, NemotronH today) is served as metadata only. */
+        family = tsr_family_find(meta->format, meta->architecture, meta->model_type);
+        if (family && tsr_model_desc_read(family, cfg.model, strcmp(meta->format, "gguf") == 0, &desc, err,
+                                          sizeof(err)) != TSR_OK) {
+                log_error("cannot load model %s: %s", cfg.model, err);
+                goto out;
+        }
         st = tsr_gen_defaults_resolve(cfg.generation_config, meta, &gen_override, &gen_defaults, &gen_no_file, err,
                                       sizeof(err));
         if (st != TSR_OK) {
@@ -360,7 +391,7 @@ int main(int argc, char **argv) {
         log_info("default sampling parameters (--generation-config %s, --override-generation-config %s): %s",
                  cfg.generation_config, cfg.override_generation_config ? cfg.override_generation_config : "{}",
                  gen_text);
-        if (make_plan(&cfg, meta, &plan, err, sizeof(err)) != TSR_OK) {
+        if (make_plan(&cfg, meta, family ? &desc : NULL, &plan, err, sizeof(err)) != TSR_OK) {
                 log_error("%s", err);
                 goto out;
         }
@@ -377,9 +408,9 @@ int main(int argc, char **argv) {
                          thousands(plan.max_model_len, model_len, sizeof(model_len)),
                          (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len);
         }
-        /* The model runner: weights and KV pool.  A family without a runner still
-         * serves its metadata (and refuses Submit), so routers can list it; a Llama the
-         * runner cannot load exits here, before any socket is bound (runner_family). */
+        /* The model runner: weights and KV pool.  A model of no family still serves its
+         * metadata (and refuses Submit), so routers can list it; a model of a family that
+         * the runner cannot load exits here, before any socket is bound. */
         tsr_load_stats lstats = {0};
         st = tsr_runner_backend_new(cfg.cpu_threads, &backend, err, sizeof(err));
         if (st != TSR_OK) {
@@ -387,11 +418,12 @@ int main(int argc, char **argv) {
                 goto out;
         }
         tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend};
-        st = tsr_runner_new(cfg.model, &ropts, plan.kv_blocks_total, (uint32_t)cfg.block_size, &runner, &lstats, err,
-                            sizeof(err));
-        if (st == TSR_E_UNSUPPORTED && !runner_family(meta)) {
-                log_warn("model %s: no model runner (%s); serving its metadata only, Submit is refused", cfg.model, err);
-        } else if (st != TSR_OK) {
+        if (!family) {
+                log_warn("model %s: no model runner (no model family serves architecture %s); serving its metadata "
+                         "only, Submit is refused", cfg.model,
+                         meta->architecture ? meta->architecture : meta->model_type ? meta->model_type : "?");
+        } else if ((st = tsr_runner_new(cfg.model, &desc, &ropts, plan.kv_blocks_total, (uint32_t)cfg.block_size,
+                                        &runner, &lstats, err, sizeof(err))) != TSR_OK) {
                 log_error("cannot load model %s: %s", cfg.model, err);
                 goto out;
         } else {

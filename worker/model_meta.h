@@ -93,7 +93,10 @@ typedef struct tsr_model_meta {
         /* Generation defaults (generation_config.json; GGUF has none).  has_x says x was given. */
         tsr_gen_defaults gen;
 
-        /* Dims for KV sizing; 0 when the source does not give them.  HF fields missing at
+        /* Dims as the config states them; 0 when the source does not give them.  The worker
+         * sizes the KV cache from its model family's description (worker/model/family.h,
+         * read once by the family), not from these; they serve a model of no family (its
+         * advertised capacity, main.c plan_kv_groups) and tools.  HF fields missing at
          * the top level of config.json are looked up in "text_config" (multimodal configs
          * such as Llama 4).  GGUF: <arch>.embedding_length, .block_count,
          * .attention.head_count, .attention.head_count_kv, .attention.key_length,

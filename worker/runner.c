@@ -1,19 +1,19 @@
-/* runner.c - a Llama (GGUF or HF folder) on the CPU kernels, as an engine_model. */
+/* runner.c - a model of a registered family (worker/model/family.h) on the CPU kernels,
+ * as an engine_model: the family's load and forward entry points, called through its table. */
 #include "runner.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "common/log.h"
 #include "kernels/kernels.h"
-#include "llama.h"
 
 struct tsr_runner {
-        tsr_llama *model;
+        const tsr_model_family *fam;
+        void *model;               /* the family's model (Llama: tsr_llama) */
         tsr_backend *be;           /* borrowed from the caller (tsr_runner_opts); runs every forward */
-        tsr_llama_kv *pool;        /* every sequence's KV, indexed by the engine's block ids */
+        void *pool;                /* every sequence's KV, indexed by the engine's block ids */
         engine_model em;
 };
 
@@ -21,22 +21,14 @@ struct tsr_runner {
  * sequence in the step. */
 static tsr_status runner_forward(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits) {
         tsr_runner *r = ud;
-        tsr_llama_seq *ls = malloc(n_seqs * sizeof(*ls));   /* one small allocation per step */
+        char *ls = malloc(n_seqs * r->fam->seq_size);   /* one small allocation per step */
         tsr_status st;
         if (!ls)
                 return TSR_E_NOMEM;
         for (size_t i = 0; i < n_seqs; i++)
-                ls[i] = (tsr_llama_seq){
-                        .block_table = seqs[i].block_table,
-                        .n_table = seqs[i].n_table,
-                        .tokens = seqs[i].tokens,
-                        .n = seqs[i].n,
-                        .past_len = seqs[i].past_len,
-                        .which = seqs[i].want_all_logits ? TSR_LLAMA_LOGITS_ALL
-                                 : seqs[i].want_logits   ? TSR_LLAMA_LOGITS_LAST
-                                                         : TSR_LLAMA_LOGITS_NONE,
-                };
-        st = tsr_llama_forward_batch(r->model, r->be, r->pool, ls, n_seqs, logits);
+                r->fam->seq_fill(ls + i * r->fam->seq_size, seqs[i].block_table, seqs[i].n_table, seqs[i].tokens,
+                                 seqs[i].n, seqs[i].past_len, seqs[i].want_logits, seqs[i].want_all_logits);
+        st = r->fam->forward_batch(r->model, r->be, r->pool, ls, n_seqs, logits);
         free(ls);
         return st;
 }
@@ -51,11 +43,6 @@ static void progress(void *ud, const tsr_load_stats *done, const tsr_load_stats 
                  total->n_tensors, (double)done->file_bytes / 1e6, (double)total->file_bytes / 1e6,
                  total->file_bytes ? 100.0 * (double)done->file_bytes / (double)total->file_bytes : 100.0,
                  done->seconds > 0 ? (double)done->file_bytes / 1e6 / done->seconds : 0.0);
-}
-
-static bool is_dir(const char *path) {
-        struct stat sb;
-        return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
 tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err, size_t errlen) {
@@ -121,47 +108,49 @@ static tsr_status pick_dtype(const tsr_runner_opts *opts, bool *bf16, char *err,
         return TSR_OK;
 }
 
-tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_t num_blocks, uint32_t block_size,
-                          tsr_runner **ret, tsr_load_stats *stats, char *err, size_t errlen) {
+tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
+                          uint64_t num_blocks, uint32_t block_size, tsr_runner **ret, tsr_load_stats *stats, char *err,
+                          size_t errlen) {
         bool bf16 = false;
         tsr_runner *r;
         tsr_status st;
-        size_t len = strlen(path);
+        tsr_shard_spec whole;
 
-        if (!opts || !opts->backend)
+        if (!opts || !opts->backend || !desc || !desc->family)
                 return TSR_E_INVAL;
-        /* A Hugging Face folder or a .gguf file; tsr_llama_load tells the two apart and
-         * refuses architectures other than Llama with TSR_E_UNSUPPORTED. */
-        if (!is_dir(path) && (len < 5 || strcmp(path + len - 5, ".gguf") != 0)) {
-                snprintf(err, errlen, "a model is a Hugging Face folder or a .gguf file");
-                return TSR_E_UNSUPPORTED;
-        }
         r = calloc(1, sizeof(*r));
         if (!r)
                 return TSR_E_NOMEM;
+        r->fam = desc->family;
         r->be = opts->backend;
         if ((st = pick_dtype(opts, &bf16, err, errlen)) != TSR_OK)
                 goto fail;
-        st = tsr_llama_load(path, NULL, progress, NULL, &r->model, stats, err, errlen);
+        /* tp = pp = 1 today: stage 0 of 1 holds every layer (DESIGN.md: weights always load
+         * through a shard spec). */
+        if ((st = r->fam->shard_for(desc, 0, 1, 0, 1, &whole)) != TSR_OK) {
+                snprintf(err, errlen, "%s: the model has no layers", path);
+                goto fail;
+        }
+        st = r->fam->load(path, desc, &whole, progress, NULL, &r->model, stats, err, errlen);
         if (st != TSR_OK)
                 goto fail;
-        if (bf16 && (st = tsr_llama_use_bf16(r->model)) != TSR_OK) {
+        if (bf16 && (st = r->fam->use_bf16(r->model)) != TSR_OK) {
                 snprintf(err, errlen, "cannot convert the weights to bfloat16: %s", tsr_status_str(st));
                 goto fail;
         }
         if (bf16)
                 log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
-        if ((st = tsr_llama_check_backend(r->model, r->be)) != TSR_OK) {
+        if ((st = r->fam->check_backend(r->model, r->be)) != TSR_OK) {
                 snprintf(err, errlen, "kernel backend '%s' lacks ops the Llama forward needs", tsr_backend_name(r->be));
                 goto fail;
         }
-        st = tsr_llama_kv_new(r->model, (size_t)num_blocks * block_size, block_size, &r->pool);
+        st = r->fam->kv_new(r->model, (size_t)num_blocks * block_size, block_size, &r->pool);
         if (st != TSR_OK) {
                 snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens): %s",
                          (unsigned long long)num_blocks, block_size, tsr_status_str(st));
                 goto fail;
         }
-        r->em.vocab = tsr_llama_config_of(r->model)->vocab_size;
+        r->em.vocab = desc->llama.vocab_size;
         r->em.ud = r;
         r->em.forward = runner_forward;
         *ret = r;
@@ -176,8 +165,10 @@ void tsr_runner_free(tsr_runner **rp) {
         if (!rp || !*rp)
                 return;
         r = *rp;
-        tsr_llama_kv_free(&r->pool);
-        tsr_llama_free(&r->model);
+        if (r->pool)
+                r->fam->kv_free(&r->pool);
+        if (r->model)
+                r->fam->free(&r->model);
         free(r);
         *rp = NULL;
 }
@@ -185,5 +176,5 @@ void tsr_runner_free(tsr_runner **rp) {
 const engine_model *tsr_runner_model(const tsr_runner *r) { return &r->em; }
 
 const char *tsr_runner_dtype(const tsr_runner *r) {
-        return r && tsr_llama_is_bf16(r->model) ? "bfloat16" : "float32";
+        return r && r->fam->is_bf16(r->model) ? "bfloat16" : "float32";
 }

@@ -2,8 +2,9 @@
  * paged attention reads, behind engine.h's engine_model interface.
  *
  * Built by the worker's main thread before the engine starts, then used only by the
- * engine thread (which then drives the backend it borrowed).  Today: Llama-architecture
- * GGUF files and HF folders on a CPU backend (kernels.h). */
+ * engine thread (which then drives the backend it borrowed).  Any registered model family
+ * (worker/model/family.h; today Llama), GGUF files and HF folders, on a CPU backend
+ * (kernels.h). */
 #ifndef TSR_WORKER_RUNNER_H
 #define TSR_WORKER_RUNNER_H
 
@@ -12,6 +13,7 @@
 
 #include "engine.h"
 #include "kernels/kernels.h"
+#include "model/family.h"
 #include "weights.h"
 
 typedef struct tsr_runner tsr_runner;
@@ -30,14 +32,15 @@ typedef struct tsr_runner_opts {
  * err; *ret written only on success (tsr_backend_free).  Main thread, at startup. */
 tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err, size_t errlen);
 
-/* Load `path` and allocate a KV pool of `num_blocks` blocks of `block_size` tokens; the
+/* Load `path`, whose description `desc` (tsr_model_desc_read) names its family and
+ * config, and allocate a KV pool of `num_blocks` blocks of `block_size` tokens; the
  * forwards run on opts->backend (the start-up log names it, its ISA and threads).  dtype
  * auto means bfloat16 weights where the backend has AVX512_BF16 and is not the
- * reference, float32 otherwise.  TSR_E_UNSUPPORTED when the file is not a model this
- * runner knows (the caller then serves metadata only), TSR_E_INVAL for a dtype the CPU
- * backend cannot run or no backend, other statuses with the file and tensor named in err. */
-tsr_status tsr_runner_new(const char *path, const tsr_runner_opts *opts, uint64_t num_blocks, uint32_t block_size,
-                          tsr_runner **ret, tsr_load_stats *stats, char *err, size_t errlen);
+ * reference, float32 otherwise.  TSR_E_INVAL for a dtype the CPU backend cannot run, no
+ * backend or no family; other statuses with the file and tensor named in err. */
+tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
+                          uint64_t num_blocks, uint32_t block_size, tsr_runner **ret, tsr_load_stats *stats, char *err,
+                          size_t errlen);
 /* The dtype the weights are held in: "float32" or "bfloat16". */
 const char *tsr_runner_dtype(const tsr_runner *r);
 void tsr_runner_free(tsr_runner **r);

@@ -1,5 +1,8 @@
 /* weights.h - a Llama's hyperparameters and float32 weights, loaded from a GGUF file or
- * a Hugging Face folder (config.json + safetensors; weights_hf.c, at the end).
+ * a Hugging Face folder (config.json + safetensors; weights_hf.c, at the end).  The
+ * config readers are weights.c (GGUF) and weights_hf.c (config.json); the tensors of
+ * either source go through the one loader, worker/model/loader.c, which takes their names
+ * from the Llama family's table (worker/model/llama_family.c; the mapping below).
  *
  * Every tensor is dequantized at load into a float32 array the forward reads directly
  * (the fidelity path; a bf16 compute dtype comes later).  Supported ggml types: F32, F16,

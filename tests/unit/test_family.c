@@ -1,0 +1,103 @@
+/* test_family.c - the model-family registry (worker/model/family.h): which metadata finds
+ * the Llama family, the KV bytes per block summed over groups, the PP layer ranges, the
+ * config read once through the family, and the tensor-name table's shape. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/model/family.h"
+
+static void test_find(void **state) {
+        (void)state;
+        assert_ptr_equal(tsr_family_find("gguf", "llama", "llama"), &tsr_family_llama);
+        assert_ptr_equal(tsr_family_find("hf", "LlamaForCausalLM", "llama"), &tsr_family_llama);
+        assert_ptr_equal(tsr_family_find("hf", NULL, "llama"), &tsr_family_llama);       /* no architectures list */
+        assert_null(tsr_family_find("hf", "Llama4ForConditionalGeneration", "llama4"));
+        assert_null(tsr_family_find("hf", "NemotronHForCausalLM", "llama"));   /* architectures wins over model_type */
+        assert_null(tsr_family_find("gguf", "qwen2", "qwen2"));
+        assert_null(tsr_family_find("hf", NULL, NULL));
+}
+
+static void test_kv_block_bytes(void **state) {
+        (void)state;
+        /* SmolLM2-135M: 30 layers, 3 kv heads of 64, float32, block 16: 737280 bytes
+         * (the number test_worker_startup.py's error message carries). */
+        tsr_kv_group g[2] = {
+                {.kind = TSR_KV_FULL_ATTENTION, .n_layers = 30, .n_kv_heads = 3, .head_dim = 64,
+                 .dtype = TSR_DTYPE_F32},
+                {.kind = TSR_KV_FULL_ATTENTION, .n_layers = 2, .n_kv_heads = 1, .head_dim = 8,
+                 .dtype = TSR_DTYPE_BF16},
+        };
+        assert_int_equal(tsr_kv_block_bytes(g, 1, 16), 737280);
+        assert_int_equal(tsr_kv_block_bytes(g, 2, 16), 737280 + 2 * 2 * 1 * 8 * 16 * 2);
+        assert_int_equal(tsr_kv_block_bytes(g, 0, 16), 0);
+}
+
+static void test_shard_for(void **state) {
+        tsr_model_desc d = {.family = &tsr_family_llama, .llama = {.n_layers = 10, .n_kv_heads = 4, .head_dim = 16}};
+        tsr_shard_spec s;
+        tsr_kv_group g[TSR_KV_GROUPS_MAX];
+        uint32_t next = 0;
+        (void)state;
+
+        for (uint32_t r = 0; r < 3; r++) {      /* 10 layers over 3 stages: 4, 3, 3 */
+                assert_int_equal(tsr_family_llama.shard_for(&d, 0, 1, r, 3, &s), TSR_OK);
+                assert_int_equal(s.first_layer, next);
+                assert_int_equal(s.last_layer - s.first_layer + 1, r == 0 ? 4 : 3);
+                next = s.last_layer + 1;
+        }
+        assert_int_equal(next, 10);
+        assert_int_equal(tsr_family_llama.shard_for(&d, 0, 1, 0, 11, &s), TSR_E_INVAL);
+        assert_int_equal(tsr_family_llama.shard_for(&d, 2, 2, 0, 1, &s), TSR_E_INVAL);
+        assert_int_equal(tsr_family_llama.shard_for(&d, 0, 1, 0, 1, &s), TSR_OK);
+        assert_int_equal(tsr_family_llama.kv_groups(&d, &s, g, TSR_KV_GROUPS_MAX), 1);
+        assert_int_equal(g[0].kind, TSR_KV_FULL_ATTENTION);
+        assert_int_equal(g[0].n_layers, 10);
+        assert_int_equal(g[0].n_kv_heads, 4);
+        assert_int_equal(g[0].head_dim, 16);
+}
+
+/* Every weight has a logical name and a GGUF name; only rope_freqs (llama.cpp's own
+ * precomputed table) has no HF name; the logical names are unique. */
+static void test_tensor_table(void **state) {
+        const tsr_model_family *f = &tsr_family_llama;
+        (void)state;
+        assert_true(f->n_tensors > 0);
+        for (size_t i = 0; i < f->n_tensors; i++) {
+                const tsr_tensor_name *t = &f->tensors[i];
+                assert_non_null(t->logical);
+                assert_non_null(t->gguf);
+                assert_true(t->hf != NULL || strcmp(t->logical, "rope_freqs") == 0);
+                assert_int_equal(strstr(t->gguf, "%u") != NULL, t->per_layer);
+                for (size_t j = 0; j < i; j++)
+                        assert_string_not_equal(f->tensors[j].logical, t->logical);
+        }
+}
+
+static void test_read_config_errors(void **state) {
+        tsr_model_desc d;
+        char err[512] = "";
+        (void)state;
+        memset(&d, 0x5a, sizeof d);
+        assert_int_equal(tsr_model_desc_read(&tsr_family_llama, "/nonexistent-dir", false, &d, err, sizeof err),
+                         TSR_E_NOTFOUND);
+        assert_non_null(strstr(err, "/nonexistent-dir"));
+        assert_int_equal(((unsigned char *)&d)[0], 0x5a);   /* untouched on failure */
+        assert_int_equal(tsr_model_desc_read(NULL, "/x", false, &d, err, sizeof err), TSR_E_INVAL);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_find),
+                cmocka_unit_test(test_kv_block_bytes),
+                cmocka_unit_test(test_shard_for),
+                cmocka_unit_test(test_tensor_table),
+                cmocka_unit_test(test_read_config_errors),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}

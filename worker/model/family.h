@@ -1,0 +1,146 @@
+/* family.h - a model family: everything the worker needs to know about one kind of
+ * architecture, behind one table of functions and data (DESIGN.md, "Model families").
+ *
+ * A family declares
+ *  - the architectures it serves (HF config.json `architectures` / `model_type`, GGUF
+ *    `general.architecture`), matched by tsr_family_find;
+ *  - a config reader: the one model description (tsr_model_desc) the whole worker uses
+ *    after it, for KV sizing (main.c), the loader and the forward.  Read once, at start-up;
+ *    a missing required field is an error naming the file and the field, never a guess;
+ *  - its tensor-name table: one logical name per weight with its GGUF and HF names, and
+ *    how the tensor shards under tensor parallelism;
+ *  - its per-layer KV spec, as groups of layers with the same kind of state;
+ *  - which layers a pipeline stage holds;
+ *  - its load and forward entry points (the runner's engine_model adapter calls them).
+ *
+ * Families are static const data: any thread may read them.  tsr_model_desc_read does
+ * blocking file I/O (main thread, at start-up); a read description is plain data. */
+#ifndef TSR_WORKER_MODEL_FAMILY_H
+#define TSR_WORKER_MODEL_FAMILY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tsr_status.h"
+#include "kernels/kernels.h"
+#include "worker/weights.h"
+
+typedef struct tsr_model_family tsr_model_family;
+
+/* The model description: what the family read from the model's config, once.  Today's
+ * only family is Llama, so the description is its config; a second family adds its own
+ * config struct beside `llama` (and says which one it fills through `family`). */
+typedef struct tsr_model_desc {
+        const tsr_model_family *family;
+        bool gguf;                      /* the source: a .gguf file, else a Hugging Face folder */
+        tsr_llama_config llama;         /* family "llama" */
+} tsr_model_desc;
+
+/* ---- per-layer KV / state spec -------------------------------------------------------- */
+
+/* What a layer keeps per token (or per sequence) between steps.  Only full attention
+ * exists now; chunked local attention and Mamba conv/SSM state slots are declared by the
+ * families that need them, each its own group. */
+typedef enum tsr_kv_kind {
+        TSR_KV_FULL_ATTENTION = 0,      /* K and V of every past position, in paged blocks */
+} tsr_kv_kind;
+
+/* A group of layers whose cache looks the same: one block table per request indexes
+ * every group (vLLM's KVCacheManager with a single group). */
+typedef struct tsr_kv_group {
+        tsr_kv_kind kind;
+        uint32_t n_layers;              /* layers of this group the shard holds */
+        uint32_t n_kv_heads;
+        uint32_t head_dim;
+        tsr_dtype dtype;                /* what the cache stores (float32 on the CPU backend) */
+} tsr_kv_group;
+
+#define TSR_KV_GROUPS_MAX 4
+
+/* Bytes one block of `block_size` tokens takes, summed over the groups: K and V per
+ * layer for full attention.  0 for no groups or a zero size. */
+uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_t block_size);
+
+/* ---- tensor names and sharding -------------------------------------------------------- */
+
+/* How a weight splits over tp_size ranks (declared now; the distributed issue uses it).
+ * Matrices are (out, in) row-major, as the forward reads them. */
+typedef enum tsr_shard_rule {
+        TSR_SHARD_REPLICATED = 0,       /* every rank holds all of it (norms, rope tables) */
+        TSR_SHARD_COLUMN,               /* split along `out` (rows): q/k/v, gate/up, lm_head, vocab of the embedding */
+        TSR_SHARD_ROW,                  /* split along `in` (columns), partial sums all-reduced: o_proj, down_proj */
+        TSR_SHARD_EXPERT,               /* whole experts per rank (MoE families) */
+} tsr_shard_rule;
+
+/* One weight.  Per-layer names carry one "%u", the layer index. */
+typedef struct tsr_tensor_name {
+        const char *logical;            /* the family's own name, e.g. "attn_q" */
+        const char *gguf;               /* llama.cpp's, e.g. "blk.%u.attn_q.weight" */
+        const char *hf;                 /* transformers', e.g. "model.layers.%u.self_attn.q_proj.weight" */
+        bool per_layer;
+        tsr_shard_rule shard;
+} tsr_tensor_name;
+
+/* ---- the family ----------------------------------------------------------------------- */
+
+struct tsr_model_family {
+        const char *name;                       /* "llama" */
+        const char *const *hf_architectures;    /* NULL-terminated; matched against architectures[0] */
+        const char *const *hf_model_types;      /* NULL-terminated; used when architectures is absent */
+        const char *const *gguf_architectures;  /* NULL-terminated; general.architecture */
+
+        /* Read the model's config at `path` (a .gguf file when `gguf`, else a folder's
+         * config.json) into ret->family's part of *ret.  TSR_E_INVAL (missing or bad field,
+         * `err` names the file and the field), TSR_E_UNSUPPORTED (a variant this family does
+         * not run: rope type, biases, ...), TSR_E_NOTFOUND, TSR_E_IO.  Blocking. */
+        tsr_status (*read_config)(const char *path, bool gguf, tsr_model_desc *ret, char *err, size_t errlen);
+
+        const tsr_tensor_name *tensors;         /* [n_tensors] */
+        size_t n_tensors;
+
+        /* The KV groups of the layers `shard` holds, into out[max]; returns how many. */
+        size_t (*kv_groups)(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max);
+
+        /* The layers pipeline stage pp_rank of pp_size holds (contiguous, as even as the
+         * layer count allows), as a shard spec for tp_rank of tp_size.  TSR_E_INVAL when
+         * pp_size exceeds the layer count or a rank is out of range. */
+        tsr_status (*shard_for)(const tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
+                                uint32_t pp_size, tsr_shard_spec *ret);
+
+        /* Forward entry points over an opaque model and KV pool (the family's own types).
+         * load: the weights of `shard` from `path`, as the description says.  Errors name
+         * the file and the tensor.  The others as llama.h's functions of the same names. */
+        tsr_status (*load)(const char *path, const tsr_model_desc *d, const tsr_shard_spec *shard,
+                           tsr_load_progress_fn progress, void *ud, void **ret, tsr_load_stats *stats, char *err,
+                           size_t errlen);
+        void (*free)(void **model);
+        tsr_status (*use_bf16)(void *model);
+        bool (*is_bf16)(const void *model);
+        tsr_status (*check_backend)(const void *model, const tsr_backend *be);
+        tsr_status (*kv_new)(const void *model, size_t max_tokens, size_t block_size, void **ret);
+        void (*kv_free)(void **pool);
+        /* One engine step: seqs are the family's own sequence records built by
+         * `seq_fill` (the runner converts the engine's records through it). */
+        tsr_status (*forward_batch)(const void *model, tsr_backend *be, void *pool, const void *seqs,
+                                    size_t n_seqs, float *logits);
+        size_t seq_size;                        /* bytes of one family sequence record */
+        void (*seq_fill)(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
+                         size_t past_len, bool want_logits, bool want_all_logits);
+};
+
+/* The family that serves a model whose metadata says `format` ("gguf" or "hf"),
+ * `architecture` (HF architectures[0] or GGUF general.architecture; may be NULL) and
+ * `model_type` (may be NULL).  NULL when no family does (the worker then serves the
+ * model's metadata only).  Any thread. */
+const tsr_model_family *tsr_family_find(const char *format, const char *architecture, const char *model_type);
+
+/* Read the description of the model at `path` with family `f`.  Writes *ret only on
+ * success; errors as read_config.  Main thread, at start-up. */
+tsr_status tsr_model_desc_read(const tsr_model_family *f, const char *path, bool gguf, tsr_model_desc *ret,
+                               char *err, size_t errlen);
+
+/* The families (llama_family.c, ...); registry.c lists them. */
+extern const tsr_model_family tsr_family_llama;
+
+#endif

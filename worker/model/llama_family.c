@@ -1,0 +1,153 @@
+/* llama_family.c - Llama 3.x dense (transformers' LlamaForCausalLM, llama.cpp's "llama")
+ * as a model family: the config readers of weights.c / weights_hf.c, the forward of
+ * llama.c, and the tables below. */
+#include "worker/model/family.h"
+
+#include <stdlib.h>
+
+#include "worker/gguf.h"
+#include "worker/llama.h"
+
+static const char *const hf_archs[] = {"LlamaForCausalLM", "llama", NULL};
+static const char *const hf_types[] = {"llama", NULL};
+static const char *const gguf_archs[] = {"llama", NULL};
+
+/* One row per weight, in the order the loaders read them.  The embedding is split over
+ * the vocabulary (its rows), as vLLM's VocabParallelEmbedding does; rope_freqs is
+ * optional (GGUF only: llama3 frequency divisors precomputed by llama.cpp). */
+static const tsr_tensor_name llama_tensors[] = {
+        {"token_embd", "token_embd.weight", "model.embed_tokens.weight", false, TSR_SHARD_COLUMN},
+        {"attn_norm", "blk.%u.attn_norm.weight", "model.layers.%u.input_layernorm.weight", true, TSR_SHARD_REPLICATED},
+        {"attn_q", "blk.%u.attn_q.weight", "model.layers.%u.self_attn.q_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_k", "blk.%u.attn_k.weight", "model.layers.%u.self_attn.k_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_v", "blk.%u.attn_v.weight", "model.layers.%u.self_attn.v_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_output", "blk.%u.attn_output.weight", "model.layers.%u.self_attn.o_proj.weight", true, TSR_SHARD_ROW},
+        {"ffn_norm", "blk.%u.ffn_norm.weight", "model.layers.%u.post_attention_layernorm.weight", true,
+         TSR_SHARD_REPLICATED},
+        {"ffn_gate", "blk.%u.ffn_gate.weight", "model.layers.%u.mlp.gate_proj.weight", true, TSR_SHARD_COLUMN},
+        {"ffn_up", "blk.%u.ffn_up.weight", "model.layers.%u.mlp.up_proj.weight", true, TSR_SHARD_COLUMN},
+        {"ffn_down", "blk.%u.ffn_down.weight", "model.layers.%u.mlp.down_proj.weight", true, TSR_SHARD_ROW},
+        {"output_norm", "output_norm.weight", "model.norm.weight", false, TSR_SHARD_REPLICATED},
+        {"output", "output.weight", "lm_head.weight", false, TSR_SHARD_COLUMN},
+        {"rope_freqs", "rope_freqs.weight", NULL, false, TSR_SHARD_REPLICATED},
+};
+
+static tsr_status llama_read_config(const char *path, bool gguf, tsr_model_desc *ret, char *err, size_t errlen) {
+        tsr_gguf *g = NULL;
+        tsr_status st;
+
+        if (!gguf)
+                return tsr_llama_config_from_hf(path, &ret->llama, err, errlen);
+        if ((st = tsr_gguf_open(path, &g, err, errlen)) != TSR_OK)
+                return st;
+        st = tsr_llama_config_from_gguf(g, path, &ret->llama, err, errlen);
+        tsr_gguf_close(&g);
+        return st;
+}
+
+/* Every layer is full attention; the cache is float32 whatever the weights' dtype
+ * (llama.h: activations, attention and the KV cache stay float32). */
+static size_t llama_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max) {
+        if (max < 1 || shard->last_layer < shard->first_layer)
+                return 0;
+        out[0] = (tsr_kv_group){
+                .kind = TSR_KV_FULL_ATTENTION,
+                .n_layers = shard->last_layer - shard->first_layer + 1,
+                .n_kv_heads = d->llama.n_kv_heads / (shard->tp_size ? shard->tp_size : 1),
+                .head_dim = d->llama.head_dim,
+                .dtype = TSR_DTYPE_F32,
+        };
+        return 1;
+}
+
+static tsr_status llama_shard_for(const tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
+                                  uint32_t pp_size, tsr_shard_spec *ret) {
+        uint32_t n = d->llama.n_layers, base, extra, first;
+
+        if (tp_size == 0 || tp_rank >= tp_size || pp_size == 0 || pp_rank >= pp_size || pp_size > n)
+                return TSR_E_INVAL;
+        /* The first n % pp_size stages hold one layer more. */
+        base = n / pp_size;
+        extra = n % pp_size;
+        first = pp_rank * base + (pp_rank < extra ? pp_rank : extra);
+        *ret = (tsr_shard_spec){.tp_rank = tp_rank, .tp_size = tp_size, .first_layer = first,
+                                .last_layer = first + base + (pp_rank < extra ? 1 : 0) - 1};
+        return TSR_OK;
+}
+
+static tsr_status llama_load(const char *path, const tsr_model_desc *d, const tsr_shard_spec *shard,
+                             tsr_load_progress_fn progress, void *ud, void **ret, tsr_load_stats *stats, char *err,
+                             size_t errlen) {
+        tsr_llama *m = NULL;
+        tsr_status st = tsr_llama_load_config(path, &d->llama, shard, progress, ud, &m, stats, err, errlen);
+        if (st == TSR_OK)
+                *ret = m;
+        return st;
+}
+
+static void llama_free(void **model) {
+        tsr_llama *m = *model;
+        tsr_llama_free(&m);
+        *model = NULL;
+}
+
+static tsr_status llama_use_bf16(void *model) { return tsr_llama_use_bf16(model); }
+static bool llama_is_bf16(const void *model) { return tsr_llama_is_bf16(model); }
+static tsr_status llama_check_backend(const void *model, const tsr_backend *be) {
+        return tsr_llama_check_backend(model, be);
+}
+
+static tsr_status llama_kv_new(const void *model, size_t max_tokens, size_t block_size, void **ret) {
+        tsr_llama_kv *kv = NULL;
+        tsr_status st = tsr_llama_kv_new(model, max_tokens, block_size, &kv);
+        if (st == TSR_OK)
+                *ret = kv;
+        return st;
+}
+
+static void llama_kv_free(void **pool) {
+        tsr_llama_kv *kv = *pool;
+        tsr_llama_kv_free(&kv);
+        *pool = NULL;
+}
+
+static tsr_status llama_forward_batch(const void *model, tsr_backend *be, void *pool, const void *seqs,
+                                      size_t n_seqs, float *logits) {
+        return tsr_llama_forward_batch(model, be, pool, seqs, n_seqs, logits);
+}
+
+static void llama_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
+                           size_t past_len, bool want_logits, bool want_all_logits) {
+        *(tsr_llama_seq *)seq = (tsr_llama_seq){
+                .block_table = block_table,
+                .n_table = n_table,
+                .tokens = tokens,
+                .n = n,
+                .past_len = past_len,
+                .which = want_all_logits ? TSR_LLAMA_LOGITS_ALL
+                         : want_logits   ? TSR_LLAMA_LOGITS_LAST
+                                         : TSR_LLAMA_LOGITS_NONE,
+        };
+}
+
+const tsr_model_family tsr_family_llama = {
+        .name = "llama",
+        .hf_architectures = hf_archs,
+        .hf_model_types = hf_types,
+        .gguf_architectures = gguf_archs,
+        .read_config = llama_read_config,
+        .tensors = llama_tensors,
+        .n_tensors = sizeof llama_tensors / sizeof llama_tensors[0],
+        .kv_groups = llama_kv_groups,
+        .shard_for = llama_shard_for,
+        .load = llama_load,
+        .free = llama_free,
+        .use_bf16 = llama_use_bf16,
+        .is_bf16 = llama_is_bf16,
+        .check_backend = llama_check_backend,
+        .kv_new = llama_kv_new,
+        .kv_free = llama_kv_free,
+        .forward_batch = llama_forward_batch,
+        .seq_size = sizeof(tsr_llama_seq),
+        .seq_fill = llama_seq_fill,
+};

@@ -1,0 +1,56 @@
+/* registry.c - the model families this worker runs, and how a model finds its own. */
+#include "worker/model/family.h"
+
+#include <string.h>
+
+/* A new family is one line here (and its file in meson.build). */
+static const tsr_model_family *const families[] = {&tsr_family_llama};
+
+#define N_FAMILIES (sizeof families / sizeof families[0])
+
+static bool in_list(const char *const *list, const char *s) {
+        for (; s && list && *list; list++)
+                if (strcmp(*list, s) == 0)
+                        return true;
+        return false;
+}
+
+const tsr_model_family *tsr_family_find(const char *format, const char *architecture, const char *model_type) {
+        bool gguf = format && strcmp(format, "gguf") == 0;
+
+        for (size_t i = 0; i < N_FAMILIES; i++) {
+                const tsr_model_family *f = families[i];
+                if (gguf ? in_list(f->gguf_architectures, architecture)
+                         : architecture ? in_list(f->hf_architectures, architecture)
+                                        : in_list(f->hf_model_types, model_type))
+                        return f;
+        }
+        return NULL;
+}
+
+tsr_status tsr_model_desc_read(const tsr_model_family *f, const char *path, bool gguf, tsr_model_desc *ret,
+                               char *err, size_t errlen) {
+        tsr_model_desc d = {.family = f, .gguf = gguf};
+        tsr_status st;
+
+        if (!f || !path || !ret)
+                return TSR_E_INVAL;
+        if ((st = f->read_config(path, gguf, &d, err, errlen)) == TSR_OK)
+                *ret = d;
+        return st;
+}
+
+uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_t block_size) {
+        uint64_t bytes = 0;
+
+        for (size_t i = 0; i < n_groups; i++) {
+                const tsr_kv_group *g = &groups[i];
+                uint64_t elt = g->dtype == TSR_DTYPE_BF16 ? 2 : 4;
+                switch (g->kind) {
+                case TSR_KV_FULL_ATTENTION:     /* K and V rows of every layer of the group */
+                        bytes += 2ull * g->n_layers * g->n_kv_heads * g->head_dim * block_size * elt;
+                        break;
+                }
+        }
+        return bytes;
+}
