@@ -84,27 +84,10 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                         if (pass == 0 && st && st->state == TESSERA__V1__STATUS__STATE__DRAINING)
                                 continue;
                         const struct pending_dispatch *p = pending_of(r->L, w, st);
-                        memset(c, 0, sizeof(*c));
-                        c->block_size = r->hash_block_size ? r->hash_block_size : r->model->block_size;
-                        if (st) {
-                                c->num_running = st->num_running;
-                                c->num_waiting = st->num_waiting;
-                                c->waiting_prompt_tokens = st->waiting_prompt_tokens;
-                                c->kv_total = st->kv_blocks_total;
-                                c->kv_free = st->kv_blocks_free;
-                                c->kv_active = st->kv_blocks_active;
-                        }
-                        if (p) {
-                                c->pending_prefill_blocks = p->prefill_blocks;
-                                c->pending_decode_blocks = p->decode_blocks;
-                                c->pending_requests = p->requests;
-                        }
-                        c->reserve_blocks = tsr_placement_reserve(r->max_tokens > 0 ? (uint64_t)r->max_tokens : 1,
-                                                                  c->block_size);
-                        if (pol == ROUTE_KV) {
-                                c->blocks = n_hashes;
-                                c->hits = n_hashes ? tsr_worker_prefix_hits(w, hashes, n_hashes) : 0;
-                        }
+                        tsr_placement_cand_fill(c, w, st, p ? &p->sent : NULL,
+                                                r->hash_block_size ? r->hash_block_size : r->model->block_size,
+                                                r->max_tokens > 0 ? (uint64_t)r->max_tokens : 1,
+                                                pol == ROUTE_KV ? hashes : NULL, pol == ROUTE_KV ? n_hashes : 0);
                         ws[n_cand++] = w;
                 }
         }
@@ -118,12 +101,8 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
         tsr_worker *w = best == (size_t)-1 ? NULL : ws[best];
         if (w) {
                 struct pending_dispatch *p = pending_of(r->L, w, tsr_worker_status(w));
-                if (p) {
-                        p->prefill_blocks += cs[best].blocks - (cs[best].hits < cs[best].blocks ? cs[best].hits
-                                                                                                : cs[best].blocks);
-                        p->decode_blocks += cs[best].blocks;
-                        p->requests++;
-                }
+                if (p)
+                        tsr_placement_pending_add(&p->sent, &cs[best]);
                 tsr_metrics_counter_add(ctx->metrics, TSR_METRICS_PLACEMENTS, policy_names[pol], 1);
                 if (pol == ROUTE_KV)
                         log_debug("%s: placed on %s (%zu of %zu blocks cached there, %s)", r->id,

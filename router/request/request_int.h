@@ -132,8 +132,7 @@ struct request_layer {
         struct pending_dispatch {
                 const tsr_worker *w;
                 uint64_t boot_epoch, seq;
-                uint64_t prefill_blocks, decode_blocks;
-                uint32_t requests;
+                tsr_placement_pending sent;
         } *pending;
         size_t n_pending;
         /* Every 200 ms, fail the submitted requests past their deadline (one timer for
