@@ -2,7 +2,7 @@
  * Loop thread only.
  *
  * Served here: /health, /ping, /version, /v1/models, /metrics; the generation and
- * tokenizer endpoints are handed to request.c. */
+ * tokenizer endpoints are handed to request.h (router/request/). */
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>

@@ -7,7 +7,8 @@
  *     thread pool: chat template render, tokenization                   [prep_work]
  *     loop:        context-length checks, sampling defaults from the model's
  *                  generation_config, one Submit per choice (prompts x n) to the
- *                  least-loaded live worker serving the model
+ *                  live worker serving the model that placement picks
+ *                  (--routing-policy; placement.h)
  *     loop:        Outputs -> incremental detokenizer -> stop strings -> SSE chunks
  *                  or the final JSON body; Abort to the worker on a stop string or a
  *                  client disconnect
@@ -16,7 +17,12 @@
  *   streamed the stream ends with an error event.
  *
  *   POST /tokenize, /detokenize: vLLM's shapes, on the thread pool.
- * Loop thread only (the jobs it queues touch only their own request). */
+ * Loop thread only (the jobs it queues touch only their own request).
+ *
+ * The code is in router/request/: core.c (the request object, lifetime, in-flight
+ * table, errors, completion, these entry points), prepare.c (parse and preparation),
+ * dispatch.c (placement, Submit, worker events), stream.c (logprobs, SSE),
+ * tokenize.c (/tokenize, /detokenize); request_int.h is what they share. */
 #ifndef TSR_ROUTER_REQUEST_H
 #define TSR_ROUTER_REQUEST_H
 
