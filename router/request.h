@@ -2,9 +2,9 @@
  *
  *   POST /v1/completions, /v1/chat/completions
  *     loop:        content-type check, register the disconnect callback
- *     thread pool: oai_parse (JSON, validation)                         [parse_work]
+ *     thread pool: oai_parse (JSON, validation)          [tsr_request_parse_work]
  *     loop:        resolve the model (404), flags that need the config
- *     thread pool: chat template render, tokenization                   [prep_work]
+ *     thread pool: chat template render, tokenization    [prep_work]
  *     loop:        context-length checks, sampling defaults from the model's
  *                  generation_config, one Submit per choice (prompts x n) to the
  *                  live worker serving the model that placement picks

@@ -50,14 +50,14 @@ static void rq_free(rq *r) {
 
 /* Free when nothing refers to the request any more: no job, no choice in flight,
  * and either answered or the client gone. */
-void rq_maybe_free(rq *r) {
+void tsr_request_maybe_free(rq *r) {
         if (r->jobs == 0 && r->n_open == 0 && (r->answered || r->gone))
                 rq_free(r);
 }
 
 /* ------------------------------------------------------------------ in-flight table */
 
-tsr_status table_put(request_layer *L, choice *ch) {
+tsr_status tsr_request_table_put(request_layer *L, choice *ch) {
         for (unsigned tries = 0; tries < TABLE_SIZE; tries++) {
                 uint64_t id = ++L->next_wire_id;
                 if (!L->table[id & (TABLE_SIZE - 1)]) {
@@ -69,13 +69,13 @@ tsr_status table_put(request_layer *L, choice *ch) {
         return TSR_E_UNAVAILABLE;
 }
 
-void table_del(request_layer *L, choice *ch) {
+void tsr_request_table_del(request_layer *L, choice *ch) {
         if (ch->wire_id && L->table[ch->wire_id & (TABLE_SIZE - 1)] == ch)
                 L->table[ch->wire_id & (TABLE_SIZE - 1)] = NULL;
         ch->wire_id = 0;
 }
 
-choice *table_get(request_layer *L, const char *wire) {
+choice *tsr_request_table_get(request_layer *L, const char *wire) {
         char *end;
         uint64_t id = strtoull(wire, &end, 10);
         choice *ch;
@@ -118,36 +118,36 @@ static void send_abort(choice *ch, const char *why) {
 }
 
 /* The choice leaves the in-flight table (its worker is told to stop if asked). */
-void close_choice(choice *ch, bool abort_worker, const char *why) {
+void tsr_request_close_choice(choice *ch, bool abort_worker, const char *why) {
         rq *r = ch->r;
         if (!ch->wire_id)
                 return;
         if (abort_worker)
                 send_abort(ch, why);
-        table_del(r->L, ch);
+        tsr_request_table_del(r->L, ch);
         ch->worker = NULL;
         r->n_open--;
 }
 
-void abort_all(rq *r, const char *why) {
+void tsr_request_abort_all(rq *r, const char *why) {
         for (size_t i = 0; i < r->n_choices; i++)
-                close_choice(&r->choices[i], true, why);
+                tsr_request_close_choice(&r->choices[i], true, why);
 }
 
 
-void fail_request(rq *r, int status, const char *type, const char *fmt, ...) {
+void tsr_request_fail(rq *r, int status, const char *type, const char *fmt, ...) {
         oai_error e = {.status = status, .type = type};
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(e.message, sizeof(e.message), fmt, ap);
         va_end(ap);
-        fail_with(r, &e);
+        tsr_request_fail_with(r, &e);
 }
 
 /* Answer with `err` (a body before the headers, an error event after them). */
-void fail_with(rq *r, const oai_error *err) {
+void tsr_request_fail_with(rq *r, const oai_error *err) {
         oai_error e = *err;
-        abort_all(r, "request_failed");
+        tsr_request_abort_all(r, "request_failed");
         if (r->c && !r->answered) {
                 if (r->streaming) {
                         /* After the headers: an error event, then [DONE] (vLLM). */
@@ -172,7 +172,7 @@ void fail_with(rq *r, const oai_error *err) {
         }
         log_req(TSR_LOG_WARN, r->id, "failed: %d %s", e.status, e.message);
         r->answered = true;
-        rq_maybe_free(r);
+        tsr_request_maybe_free(r);
 }
 
 static void make_random_hex(char *out, size_t n_hex) {
@@ -188,7 +188,7 @@ static void make_random_hex(char *out, size_t n_hex) {
         out[n_hex] = '\0';
 }
 
-bool content_type_json(const http_request *req) {
+bool tsr_request_content_type_json(const http_request *req) {
         const char *ct = http_request_header(req, "content-type");
         size_t n;
         if (!ct)
@@ -199,27 +199,27 @@ bool content_type_json(const http_request *req) {
 
 /* ------------------------------------------------------------------ completion of a request */
 
-void finish_request(rq *r) {
+void tsr_request_finish(rq *r) {
         resp_head h;
         resp_usage u;
 
         if (r->answered || !r->c) {
                 r->answered = true;
-                rq_maybe_free(r);
+                tsr_request_maybe_free(r);
                 return;
         }
-        head_of(r, &h);
-        usage_of(r, NULL, &u);
+        tsr_request_head_of(r, &h);
+        tsr_request_usage_of(r, NULL, &u);
         if (r->streaming) {
-                if (want_usage_chunk(r))
-                        stream_write_obj(r, resp_usage_chunk(&h, r->kind == OAI_CHAT, &u));
+                if (tsr_request_want_usage_chunk(r))
+                        tsr_request_stream_write_obj(r, resp_usage_chunk(&h, r->kind == OAI_CHAT, &u));
                 if (r->c) {
                         http_conn_stream_write(r->c, RESP_SSE_DONE, strlen(RESP_SSE_DONE));
                         http_conn_stream_end(r->c);
                 }
         } else {
                 json_t *choices = json_array(), *body;
-                resp_tokens t = tokens_of(r);
+                resp_tokens t = tsr_request_tokens_of(r);
                 char *text;
                 for (size_t i = 0; i < r->n_choices; i++) {
                         choice *ch = &r->choices[i];
@@ -240,8 +240,8 @@ void finish_request(rq *r) {
                                         tsr_buf_append_str(&full, r->prompt_texts[ch->prompt]);
                                 tsr_buf_append(&full, ch->text.data, ch->text.len);
                                 /* echo: the prompt's tokens first (position 0 without a
-                                 * logprob), then the generated ones (none for echo_only). */
-                                if (r->req.logprobs >= 0 && (all = completion_entries(r, ch, r->req.echo, 0, &n))) {
+                                 * logprob), then the generated ones (none for tsr_request_echo_only). */
+                                if (r->req.logprobs >= 0 && (all = tsr_request_completion_entries(r, ch, r->req.echo, 0, &n))) {
                                         lp = resp_completion_logprobs(all, n, r->req.logprobs, 0, &t);
                                         free(all);
                                 }
@@ -272,7 +272,7 @@ void finish_request(rq *r) {
                         r->n_choices, u.prompt_tokens, u.cached_tokens, u.completion_tokens,
                         (double)(tsr_now_ns() - r->arrival_ns) / 1e6);
         r->answered = true;
-        rq_maybe_free(r);
+        tsr_request_maybe_free(r);
 }
 
 static void observe_finished(choice *ch) {
@@ -301,7 +301,7 @@ static void observe_finished(choice *ch) {
         }
 }
 
-void finish_choice(choice *ch, const char *reason, json_t *stop_reason, bool abort_worker) {
+void tsr_request_finish_choice(choice *ch, const char *reason, json_t *stop_reason, bool abort_worker) {
         rq *r = ch->r;
         if (ch->finished)
                 return;
@@ -311,12 +311,12 @@ void finish_choice(choice *ch, const char *reason, json_t *stop_reason, bool abo
                 r->last_done = ch;
         json_decref(ch->stop_reason);
         ch->stop_reason = stop_reason ? stop_reason : json_null();
-        close_choice(ch, abort_worker, "stop_string");
+        tsr_request_close_choice(ch, abort_worker, "stop_string");
         observe_finished(ch);
         if (r->streaming)
-                stream_choice(r, ch);
+                tsr_request_stream_choice(r, ch);
         if (r->n_open == 0)
-                finish_request(r);
+                tsr_request_finish(r);
 }
 
 /* ------------------------------------------------------------------ entry points */
@@ -327,8 +327,8 @@ static void on_client_gone(void *ud) {
         r->gone = true;
         if (r->n_open)
                 log_req(TSR_LOG_INFO, r->id, "client disconnected: aborting %zu choice(s)", r->n_open);
-        abort_all(r, "client_disconnected");
-        rq_maybe_free(r);
+        tsr_request_abort_all(r, "client_disconnected");
+        tsr_request_maybe_free(r);
 }
 
 static rq *rq_new(request_layer *L, http_conn *c, http_request *req, const char *prefix) {
@@ -371,7 +371,7 @@ static rq *rq_new(request_layer *L, http_conn *c, http_request *req, const char 
 
 void request_handle_generate(request_layer *L, http_conn *c, http_request *req, oai_kind kind) {
         rq *r;
-        if (!content_type_json(req)) {
+        if (!tsr_request_content_type_json(req)) {
                 http_conn_respond_error(c, 400, "Bad Request", "Unsupported Media Type: Only 'application/json' is allowed");
                 return;
         }
@@ -383,9 +383,9 @@ void request_handle_generate(request_layer *L, http_conn *c, http_request *req, 
         r->kind = kind;
         r->work.data = r;
         r->jobs++;
-        if (uv_queue_work(L->ctx->loop, &r->work, parse_work, parse_done) != 0) {
+        if (uv_queue_work(L->ctx->loop, &r->work, tsr_request_parse_work, tsr_request_parse_done) != 0) {
                 r->jobs--;
-                fail_request(r, 500, "InternalServerError", "cannot queue request parsing");
+                tsr_request_fail(r, 500, "InternalServerError", "cannot queue request parsing");
         }
 }
 
@@ -402,8 +402,8 @@ static void on_deadline_sweep(uv_timer_t *t) {
                 next = r->next_active;  /* r may be freed below */
                 if (!r->deadline_ns || now < r->deadline_ns || r->answered || r->gone || r->jobs || !r->n_open)
                         continue;
-                abort_all(r, "deadline");
-                fail_request(r, 504, "GatewayTimeoutError",
+                tsr_request_abort_all(r, "deadline");
+                tsr_request_fail(r, 504, "GatewayTimeoutError",
                              "The request did not finish within %d s (--request-timeout-secs).",
                              L->ctx->cfg->request_timeout_secs);
         }
@@ -416,15 +416,7 @@ void request_layer_close(request_layer *L) {
 
 tsr_status request_layer_new(router_ctx *ctx, request_layer **ret) {
         request_layer *L = calloc(1, sizeof(*L));
-        worker_events ev = {
-                .on_output = on_output,
-                .on_error = on_error,
-                .on_worker_down = on_worker_down,
-                .on_model_info = on_model_info,
-                .on_status = on_status,
-                .in_flight = in_flight,
-                .on_worker_removed = on_worker_removed,
-        };
+        worker_events ev = tsr_request_worker_events();   /* ud set below */
         if (!L)
                 return TSR_E_NOMEM;
         L->table = calloc(TABLE_SIZE, sizeof(choice *));
@@ -455,7 +447,7 @@ void request_layer_free(request_layer **Lp) {
          * shutdown (on_close ran) or have jobs that finished; free the rest. */
         while (L->active) {
                 rq *r = L->active;
-                abort_all(r, "router_shutdown");
+                tsr_request_abort_all(r, "router_shutdown");
                 r->jobs = 0;
                 r->gone = true;
                 rq_free(r);

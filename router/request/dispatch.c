@@ -3,7 +3,7 @@
 
 /* ------------------------------------------------------------------ placement and submission */
 
-routing_policy policy_of(const tsr_config *cfg) {
+routing_policy tsr_request_policy_of(const tsr_config *cfg) {
         const char *p = cfg->routing_policy;
         if (p && strcmp(p, "least_load") == 0)
                 return ROUTE_LEAST_LOAD;
@@ -49,7 +49,7 @@ static const char *const place_path_names[] = {"cost", "all_filtered", "imbalanc
  * Status; round_robin: the first candidate. */
 static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
         router_ctx *ctx = r->L->ctx;
-        routing_policy pol = policy_of(ctx->cfg);
+        routing_policy pol = tsr_request_policy_of(ctx->cfg);
         size_t n = worker_pool_count(ctx->workers), n_cand = 0, best;
         const uint64_t *hashes = r->prompt_hashes ? r->prompt_hashes[prompt] : NULL;
         size_t n_hashes = hashes ? r->prompt_n_hashes[prompt] : 0;
@@ -115,7 +115,7 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
         return w;
 }
 
-tsr_status submit_choice(choice *ch, tsr_worker *avoid) {
+tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
         rq *r = ch->r;
         tsr_envelope env;
         Tessera__V1__Submit s;
@@ -128,7 +128,7 @@ tsr_status submit_choice(choice *ch, tsr_worker *avoid) {
 
         if (!w)
                 return TSR_E_UNAVAILABLE;
-        if (table_put(r->L, ch) != TSR_OK)
+        if (tsr_request_table_put(r->L, ch) != TSR_OK)
                 return TSR_E_UNAVAILABLE;
         snprintf(idbuf, sizeof(idbuf), "%" PRIu64, ch->wire_id);
         tessera__v1__envelope__init(&env);
@@ -150,7 +150,7 @@ tsr_status submit_choice(choice *ch, tsr_worker *avoid) {
                 if (!lb || !lbp) {
                         free(lb);
                         free(lbp);
-                        table_del(r->L, ch);
+                        tsr_request_table_del(r->L, ch);
                         return TSR_E_NOMEM;
                 }
                 for (size_t i = 0; i < r->req.n_logit_bias; i++) {
@@ -190,7 +190,7 @@ tsr_status submit_choice(choice *ch, tsr_worker *avoid) {
         free(lb);
         free(lbp);
         if (st != TSR_OK) {
-                table_del(r->L, ch);
+                tsr_request_table_del(r->L, ch);
                 return st;
         }
         ch->worker = w;
@@ -205,9 +205,9 @@ static void retry_or_fail(choice *ch, const char *why) {
         tsr_worker *failed = ch->worker;
         bool can_retry = ch->n_generated == 0 && ch->attempts < MAX_ATTEMPTS;
 
-        close_choice(ch, false, why);
+        tsr_request_close_choice(ch, false, why);
         r->n_open++;   /* still open: being resubmitted */
-        if (can_retry && submit_choice(ch, failed) == TSR_OK) {
+        if (can_retry && tsr_request_submit_choice(ch, failed) == TSR_OK) {
                 log_req(TSR_LOG_INFO, r->id, "choice %d resubmitted (attempt %d): %s", ch->index, ch->attempts, why);
                 tsr_metrics_counter_add(r->L->ctx->metrics, TSR_METRICS_RETRIES, NULL, 1);
                 return;
@@ -217,16 +217,16 @@ static void retry_or_fail(choice *ch, const char *why) {
         /* After tokens the upstream failed mid-answer: 502 (issue #5; a stream gets an
          * error event instead).  Before any token and no worker left: 503. */
         if (ch->n_generated)
-                fail_request(r, 502, "BadGatewayError", "%s", why);
+                tsr_request_fail(r, 502, "BadGatewayError", "%s", why);
         else
-                fail_request(r, 503, "ServiceUnavailableError", "%s", why);
+                tsr_request_fail(r, 503, "ServiceUnavailableError", "%s", why);
 }
 
 /* ------------------------------------------------------------------ worker events */
 
-void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
+static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
         request_layer *L = ud;
-        choice *ch = table_get(L, out->request_id);
+        choice *ch = tsr_request_table_get(L, out->request_id);
         rq *r;
 
         if (!ch || ch->worker != w)
@@ -254,8 +254,8 @@ void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
                 ch->last_token_ns = now;
         }
         /* The first Output carries the prompt's logprobs when they were asked. */
-        if (r->req.prompt_logprobs >= 0 && out->num_prompt_tokens && take_prompt_lp(ch, out) != TSR_OK) {
-                fail_request(r, 500, "InternalServerError", "out of memory");
+        if (r->req.prompt_logprobs >= 0 && out->num_prompt_tokens && tsr_request_take_prompt_lp(ch, out) != TSR_OK) {
+                tsr_request_fail(r, 500, "InternalServerError", "out of memory");
                 return;
         }
         size_t before = ch->text.len;
@@ -263,22 +263,22 @@ void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
                 char *delta = NULL;
                 size_t dlen = 0;
                 ch->n_generated++;
-                if (echo_only(r))
+                if (tsr_request_echo_only(r))
                         continue;   /* counted (vLLM's completion_tokens: 1), never shown */
                 if (r->req.logprobs >= 0 &&
-                    push_lp(ch, out->new_token_ids[i], i < out->n_logprobs ? out->logprobs[i] : NULL) != TSR_OK) {
-                        fail_request(r, 500, "InternalServerError", "out of memory");
+                    tsr_request_push_lp(ch, out->new_token_ids[i], i < out->n_logprobs ? out->logprobs[i] : NULL) != TSR_OK) {
+                        tsr_request_fail(r, 500, "InternalServerError", "out of memory");
                         return;
                 }
                 if (tsr_detok_push(ch->detok, out->new_token_ids[i], &delta, &dlen) != TSR_OK) {
                         free(delta);
-                        fail_request(r, 500, "InternalServerError", "the worker returned token id %u, outside the vocabulary",
+                        tsr_request_fail(r, 500, "InternalServerError", "the worker returned token id %u, outside the vocabulary",
                                      out->new_token_ids[i]);
                         return;
                 }
                 if (dlen && tsr_buf_append(&ch->text, delta, dlen) != TSR_OK) {
                         free(delta);
-                        finish_choice(ch, "length", NULL, true);
+                        tsr_request_finish_choice(ch, "length", NULL, true);
                         return;
                 }
                 free(delta);
@@ -290,7 +290,7 @@ void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
                         if (m.index >= 0) {
                                 ch->text.len = m.cut_bytes;
                                 ch->text.data[ch->text.len] = '\0';
-                                finish_choice(ch, "stop", json_string(r->req.stop[m.index]), true);
+                                tsr_request_finish_choice(ch, "stop", json_string(r->req.stop[m.index]), true);
                                 return;
                         }
                 }
@@ -300,7 +300,7 @@ void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
                 size_t tlen = 0;
                 const char *reason = "stop";
                 json_t *stop_reason = NULL;
-                if (!echo_only(r) && tsr_detok_flush(ch->detok, &tail, &tlen) == TSR_OK && tlen)
+                if (!tsr_request_echo_only(r) && tsr_detok_flush(ch->detok, &tail, &tlen) == TSR_OK && tlen)
                         tsr_buf_append(&ch->text, tail, tlen);
                 free(tail);
                 if (r->req.n_stop && tlen) {
@@ -310,7 +310,7 @@ void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
                         if (m.index >= 0) {
                                 ch->text.len = m.cut_bytes;
                                 ch->text.data[ch->text.len] = '\0';
-                                finish_choice(ch, "stop", json_string(r->req.stop[m.index]), false);
+                                tsr_request_finish_choice(ch, "stop", json_string(r->req.stop[m.index]), false);
                                 return;
                         }
                 }
@@ -326,19 +326,19 @@ void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
                         reason = "abort";
                         break;
                 default:
-                        fail_request(r, 500, "InternalServerError", "the worker failed while generating");
+                        tsr_request_fail(r, 500, "InternalServerError", "the worker failed while generating");
                         return;
                 }
-                finish_choice(ch, reason, stop_reason, false);
+                tsr_request_finish_choice(ch, reason, stop_reason, false);
                 return;
         }
         if (r->streaming)
-                stream_choice(r, ch);
+                tsr_request_stream_choice(r, ch);
 }
 
-void on_error(void *ud, tsr_worker *w, const Tessera__V1__Error *err) {
+static void on_error(void *ud, tsr_worker *w, const Tessera__V1__Error *err) {
         request_layer *L = ud;
-        choice *ch = table_get(L, err->request_id);
+        choice *ch = tsr_request_table_get(L, err->request_id);
         if (!ch || ch->worker != w)
                 return;
         if (err->retryable) {
@@ -346,12 +346,12 @@ void on_error(void *ud, tsr_worker *w, const Tessera__V1__Error *err) {
                 return;
         }
         if (err->code == TESSERA__V1__ERROR_CODE__ERROR_INVALID || err->code == TESSERA__V1__ERROR_CODE__ERROR_TOO_LONG)
-                fail_request(ch->r, 400, "BadRequestError", "%s", err->message);
+                tsr_request_fail(ch->r, 400, "BadRequestError", "%s", err->message);
         else
-                fail_request(ch->r, 500, "InternalServerError", "%s", err->message);
+                tsr_request_fail(ch->r, 500, "InternalServerError", "%s", err->message);
 }
 
-void on_worker_down(void *ud, tsr_worker *w) {
+static void on_worker_down(void *ud, tsr_worker *w) {
         request_layer *L = ud;
         if (L->ctx->loop_index == 0)    /* see on_status */
                 tsr_metrics_worker_gone(L->ctx->metrics, tsr_worker_endpoint(w));
@@ -363,7 +363,7 @@ void on_worker_down(void *ud, tsr_worker *w) {
 }
 
 /* Loop thread, from the pool's tick while w is retired: our choices running there. */
-size_t in_flight(void *ud, const tsr_worker *w) {
+static size_t in_flight(void *ud, const tsr_worker *w) {
         request_layer *L = ud;
         size_t n = 0;
         for (const rq *r = L->active; r; r = r->next_active)
@@ -375,7 +375,7 @@ size_t in_flight(void *ud, const tsr_worker *w) {
 /* Loop thread.  The pool drops w (retired, in_flight 0, so no choice points at it):
  * forget its pending-dispatch entry, whose address a later worker may reuse, and,
  * on loop 0 which feeds /metrics (see on_status), its series. */
-void on_worker_removed(void *ud, tsr_worker *w) {
+static void on_worker_removed(void *ud, tsr_worker *w) {
         request_layer *L = ud;
         if (L->ctx->loop_index == 0)
                 tsr_metrics_worker_remove(L->ctx->metrics, tsr_worker_endpoint(w));
@@ -387,7 +387,7 @@ void on_worker_removed(void *ud, tsr_worker *w) {
         }
 }
 
-void on_model_info(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo *mi) {
+static void on_model_info(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo *mi) {
         request_layer *L = ud;
         const tsr_config *cfg = L->ctx->cfg;
         tsr_metrics_cache_info ci;
@@ -406,7 +406,7 @@ void on_model_info(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo *mi) {
         tsr_metrics_add_model(L->ctx->metrics, mi->served_model_names[0], mi->max_model_len, &ci);
 }
 
-void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st) {
+static void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st) {
         request_layer *L = ud;
         const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
         tsr_metrics_worker_sample s = {
@@ -428,3 +428,18 @@ void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st) {
                                           st->boot_epoch, &s);
 }
 
+
+/* The callbacks request_layer_new registers with the worker pool (the caller sets ud
+ * to the layer).  Loop thread, as are the callbacks. */
+worker_events tsr_request_worker_events(void) {
+        worker_events ev = {
+                .on_output = on_output,
+                .on_error = on_error,
+                .on_worker_down = on_worker_down,
+                .on_model_info = on_model_info,
+                .on_status = on_status,
+                .in_flight = in_flight,
+                .on_worker_removed = on_worker_removed,
+        };
+        return ev;
+}

@@ -26,7 +26,7 @@ static json_t *normalized_messages(json_t *messages) {
         return out;
 }
 
-tsr_status render_chat(rq *r, char **prompt, size_t *len) {
+tsr_status tsr_request_render_chat(rq *r, char **prompt, size_t *len) {
         json_t *ctx = json_object(), *kv;
         const char *key;
         tsr_status st;
@@ -85,7 +85,7 @@ fail:
  * are expected to agree — one that does not simply never shows hits). */
 static void choose_hash_spec(rq *r) {
         router_ctx *ctx = r->L->ctx;
-        if (policy_of(ctx->cfg) != ROUTE_KV)
+        if (tsr_request_policy_of(ctx->cfg) != ROUTE_KV)
                 return;
         for (size_t k = 0; k < worker_pool_count(ctx->workers); k++) {
                 const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(worker_pool_get(ctx->workers, k));
@@ -130,7 +130,7 @@ static void prep_work(uv_work_t *w) {   /* thread pool */
         if (r->kind == OAI_CHAT) {
                 char *text = NULL;
                 size_t len = 0;
-                if (render_chat(r, &text, &len) != TSR_OK) {
+                if (tsr_request_render_chat(r, &text, &len) != TSR_OK) {
                         r->prep_st = TSR_E_INVAL;
                         return;
                 }
@@ -198,19 +198,19 @@ static bool check_lengths(rq *r) {
                 size_t N = r->prompt_lens[i];
                 int64_t M;
                 if (N == 0) {
-                        fail_request(r, 400, "BadRequestError", "Prompt cannot be empty.");
+                        tsr_request_fail(r, 400, "BadRequestError", "Prompt cannot be empty.");
                         return false;
                 }
                 if (r->kind == OAI_CHAT) {
                         if (N >= L) {
-                                fail_request(r, 400, "BadRequestError",
+                                tsr_request_fail(r, 400, "BadRequestError",
                                              "This model's maximum context length is %u tokens. However, your request has "
                                              "%zu input tokens. Please reduce the length of the input messages.%s", L, N, suffix);
                                 return false;
                         }
                         M = r->req.has_max_tokens ? r->req.max_tokens : (int64_t)(L - N);
                         if (r->req.has_max_tokens && (int64_t)N + M > (int64_t)L) {
-                                fail_request(r, 400, "BadRequestError",
+                                tsr_request_fail(r, 400, "BadRequestError",
                                              "'max_tokens' or 'max_completion_tokens' is too large: %lld. This model's maximum "
                                              "context length is %u tokens and your request has %zu input tokens (%lld > %u - %zu).%s",
                                              (long long)M, L, N, (long long)M, L, N, suffix);
@@ -220,7 +220,7 @@ static bool check_lengths(rq *r) {
                         M = r->req.has_max_tokens ? r->req.max_tokens : (int64_t)L - (int64_t)N;
                         if (M < 0 || (int64_t)N > (int64_t)L - (r->req.has_max_tokens ? M : 0) ||
                             (!r->req.has_max_tokens && N >= L)) {
-                                fail_request(r, 400, "BadRequestError",
+                                tsr_request_fail(r, 400, "BadRequestError",
                                              "This model's maximum context length is %lld tokens. However, your request has "
                                              "%zu input tokens. Please reduce the length of the input messages.",
                                              (long long)L - (r->req.has_max_tokens ? M : 0), N);
@@ -251,7 +251,7 @@ static bool resolve_sampling(rq *r) {
                                         : g->has_repetition_penalty ? g->repetition_penalty : 1.0);
         if (r->temperature < 1e-5f) {
                 if (r->req.n > 1) {
-                        fail_request(r, 400, "BadRequestError", "n must be 1 when using greedy sampling, got %d.", r->req.n);
+                        tsr_request_fail(r, 400, "BadRequestError", "n must be 1 when using greedy sampling, got %d.", r->req.n);
                         return false;
                 }
                 r->top_p = 1.0f;
@@ -260,7 +260,7 @@ static bool resolve_sampling(rq *r) {
         }
         for (size_t i = 0; i < r->req.n_logit_bias; i++)
                 if (r->req.logit_bias[i].token_id >= r->model->vocab_size) {
-                        fail_request(r, 400, "BadRequestError",
+                        tsr_request_fail(r, 400, "BadRequestError",
                                      "token_id(s) [%u] in logit_bias contain out-of-vocab token ids. Vocabulary size: %u",
                                      r->req.logit_bias[i].token_id, r->model->vocab_size);
                         return false;
@@ -274,14 +274,14 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
 
         r->jobs--;
         if (r->gone) {
-                rq_maybe_free(r);
+                tsr_request_maybe_free(r);
                 return;
         }
         if (status != 0 || r->prep_st != TSR_OK) {
                 if (status != 0)
-                        fail_request(r, 500, "InternalServerError", "request preparation was cancelled");
+                        tsr_request_fail(r, 500, "InternalServerError", "request preparation was cancelled");
                 else
-                        fail_with(r, &r->err);
+                        tsr_request_fail_with(r, &r->err);
                 return;
         }
         if (!check_lengths(r) || !resolve_sampling(r))
@@ -289,7 +289,7 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
         r->n_choices = n_prompts * (size_t)r->req.n;
         r->choices = calloc(r->n_choices, sizeof(choice));
         if (!r->choices) {
-                fail_request(r, 500, "InternalServerError", "out of memory");
+                tsr_request_fail(r, 500, "InternalServerError", "out of memory");
                 return;
         }
         for (size_t i = 0; i < r->n_choices; i++) {
@@ -306,7 +306,7 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
         if (r->req.stream) {
                 if (http_conn_stream_start(r->c, 200, "text/event-stream; charset=utf-8", NULL) != TSR_OK) {
                         r->gone = true;
-                        rq_maybe_free(r);
+                        tsr_request_maybe_free(r);
                         return;
                 }
                 r->streaming = true;
@@ -314,9 +314,9 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
         for (size_t i = 0; i < r->n_choices; i++) {
                 choice *ch = &r->choices[i];
                 r->n_open++;
-                if (submit_choice(ch, NULL) != TSR_OK) {
+                if (tsr_request_submit_choice(ch, NULL) != TSR_OK) {
                         r->n_open--;
-                        fail_request(r, 503, "ServiceUnavailableError",
+                        tsr_request_fail(r, 503, "ServiceUnavailableError",
                                      "no live worker can serve model %s right now", r->model->name);
                         return;
                 }
@@ -331,7 +331,7 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
 
 /* ------------------------------------------------------------------ parse (thread pool) */
 
-void parse_work(uv_work_t *w) {   /* thread pool */
+void tsr_request_parse_work(uv_work_t *w) {   /* thread pool */
         rq *r = w->data;
         oai_limits lim;
         oai_limits_default(&lim);
@@ -340,7 +340,7 @@ void parse_work(uv_work_t *w) {   /* thread pool */
         r->parsed = r->prep_st == TSR_OK;
 }
 
-void parse_done(uv_work_t *w, int status) {   /* loop */
+void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
         rq *r = w->data;
         request_layer *L = r->L;
         const tsr_config *cfg = L->ctx->cfg;
@@ -348,29 +348,29 @@ void parse_done(uv_work_t *w, int status) {   /* loop */
 
         r->jobs--;
         if (r->gone) {
-                rq_maybe_free(r);
+                tsr_request_maybe_free(r);
                 return;
         }
         if (status != 0 || r->prep_st != TSR_OK) {
                 if (status != 0)
-                        fail_request(r, 500, "InternalServerError", "request parsing was cancelled");
+                        tsr_request_fail(r, 500, "InternalServerError", "request parsing was cancelled");
                 else
-                        fail_with(r, &r->err);
+                        tsr_request_fail_with(r, &r->err);
                 return;
         }
         m = model_registry_find(L->ctx->models, r->req.model);
         if (!m) {
                 if (r->req.model && *r->req.model)
-                        fail_request(r, 404, "NotFoundError", "The model `%s` does not exist.", r->req.model);
+                        tsr_request_fail(r, 404, "NotFoundError", "The model `%s` does not exist.", r->req.model);
                 else
-                        fail_request(r, 503, "ServiceUnavailableError", "no model is being served yet");
+                        tsr_request_fail(r, 503, "ServiceUnavailableError", "no model is being served yet");
                 return;
         }
         if (!m->ready) {
                 if (m->load_error)
-                        fail_request(r, 500, "InternalServerError", "model %s cannot be served: %s", m->name, m->load_error);
+                        tsr_request_fail(r, 500, "InternalServerError", "model %s cannot be served: %s", m->name, m->load_error);
                 else
-                        fail_request(r, 503, "ServiceUnavailableError", "model %s is still loading", m->name);
+                        tsr_request_fail(r, 503, "ServiceUnavailableError", "model %s is still loading", m->name);
                 return;
         }
         r->model = model_ref(m);
@@ -379,39 +379,39 @@ void parse_done(uv_work_t *w, int status) {   /* loop */
                 snprintf(r->id, sizeof(r->id), "%s%.200s", r->kind == OAI_CHAT ? "chatcmpl-" : "cmpl-",
                          r->req.request_id);
         if (r->req.prompt_logprobs_all && cfg->max_logprobs >= 0 && (int64_t)m->vocab_size > cfg->max_logprobs) {
-                fail_request(r, 400, "BadRequestError",
+                tsr_request_fail(r, 400, "BadRequestError",
                              "Requested prompt logprobs of %u, which is greater than max allowed: %d", m->vocab_size,
                              cfg->max_logprobs);
                 return;
         }
         if (r->kind == OAI_CHAT) {
                 if (!m->tpl) {
-                        fail_request(r, 400, "BadRequestError",
+                        tsr_request_fail(r, 400, "BadRequestError",
                                      "As of transformers v4.44, default chat template is no longer allowed, so you must "
                                      "provide a chat template if the tokenizer does not define one.");
                         return;
                 }
                 if (r->req.chat_template) {
-                        fail_request(r, 400, "BadRequestError",
+                        tsr_request_fail(r, 400, "BadRequestError",
                                      "Chat template is passed with request, but --trust-request-chat-template is not set. "
                                      "Refused request with untrusted chat template.");
                         return;
                 }
                 if (strcmp(r->req.tool_choice, "auto") == 0 && r->req.tools &&
                     !(cfg->enable_auto_tool_choice && cfg->tool_call_parser)) {
-                        fail_request(r, 400, "BadRequestError",
+                        tsr_request_fail(r, 400, "BadRequestError",
                                      "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
                         return;
                 }
                 if (strcmp(r->req.tool_choice, "required") == 0 || strcmp(r->req.tool_choice, "function") == 0) {
-                        fail_request(r, 400, "BadRequestError",
+                        tsr_request_fail(r, 400, "BadRequestError",
                                      "tool_choice \"%s\" needs structured outputs, which this Tessera build does not support yet",
                                      r->req.tool_choice);
                         return;
                 }
         }
         if (r->req.priority != 0 && cfg->scheduling_policy && strcmp(cfg->scheduling_policy, "priority") != 0) {
-                fail_request(r, 400, "BadRequestError", "Priority scheduling is not enabled.");
+                tsr_request_fail(r, 400, "BadRequestError", "Priority scheduling is not enabled.");
                 return;
         }
         choose_hash_spec(r);
@@ -419,7 +419,7 @@ void parse_done(uv_work_t *w, int status) {   /* loop */
         r->jobs++;
         if (uv_queue_work(L->ctx->loop, &r->work, prep_work, prep_done) != 0) {
                 r->jobs--;
-                fail_request(r, 500, "InternalServerError", "cannot queue request preparation");
+                tsr_request_fail(r, 500, "InternalServerError", "cannot queue request preparation");
         }
 }
 

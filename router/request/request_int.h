@@ -112,7 +112,7 @@ struct rq {
          * n samples as a child request and copies num_cached_tokens from the child whose
          * output it is handling, so a stream reports the child whose first output came
          * first, and a full response the child of the last prompt that finished last
-         * (usage_of).  Borrowed from `choices`; NULL until set. */
+         * (tsr_request_usage_of).  Borrowed from `choices`; NULL until set. */
         const choice *first_out;
         const choice *last_done;
         uv_work_t work;
@@ -142,49 +142,44 @@ struct request_layer {
 };
 typedef enum routing_policy { ROUTE_KV, ROUTE_LEAST_LOAD, ROUTE_ROUND_ROBIN } routing_policy;
 
-/* Shared between the files of router/request/; all loop thread unless marked. */
+/* Shared between the files of router/request/ (named tsr_request_*: they leave their
+ * file); all loop thread unless marked. */
 
 /* core.c: lifetime, in-flight table, errors, completion */
-void rq_maybe_free(rq *r);
-tsr_status table_put(request_layer *L, choice *ch);
-void table_del(request_layer *L, choice *ch);
-choice *table_get(request_layer *L, const char *wire);
-void close_choice(choice *ch, bool abort_worker, const char *why);
-void abort_all(rq *r, const char *why);
-void fail_with(rq *r, const oai_error *err);
-void fail_request(rq *r, int status, const char *type, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-bool content_type_json(const http_request *req);
-void finish_request(rq *r);
-void finish_choice(choice *ch, const char *reason, json_t *stop_reason, bool abort_worker);
+void tsr_request_maybe_free(rq *r);
+tsr_status tsr_request_table_put(request_layer *L, choice *ch);
+void tsr_request_table_del(request_layer *L, choice *ch);
+choice *tsr_request_table_get(request_layer *L, const char *wire);
+void tsr_request_close_choice(choice *ch, bool abort_worker, const char *why);
+void tsr_request_abort_all(rq *r, const char *why);
+void tsr_request_fail_with(rq *r, const oai_error *err);
+void tsr_request_fail(rq *r, int status, const char *type, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+bool tsr_request_content_type_json(const http_request *req);
+void tsr_request_finish(rq *r);
+void tsr_request_finish_choice(choice *ch, const char *reason, json_t *stop_reason, bool abort_worker);
 
 /* stream.c: logprobs and SSE */
-bool echo_only(const rq *r);
-resp_tokens tokens_of(const rq *r);
-tsr_status take_prompt_lp(choice *ch, const Tessera__V1__RequestOutput *out);
-tsr_status push_lp(choice *ch, uint32_t token, const Tessera__V1__TokenLogprobs *w);
-resp_token_lp *completion_entries(const rq *r, const choice *ch, bool with_prompt, size_t from, size_t *n);
-const resp_head *head_of(rq *r, resp_head *h);
-bool want_usage_chunk(const rq *r);
-void usage_of(const rq *r, const choice *only, resp_usage *u);
-void stream_write_obj(rq *r, json_t *obj);
-void stream_choice(rq *r, choice *ch);
+bool tsr_request_echo_only(const rq *r);
+resp_tokens tsr_request_tokens_of(const rq *r);
+tsr_status tsr_request_take_prompt_lp(choice *ch, const Tessera__V1__RequestOutput *out);
+tsr_status tsr_request_push_lp(choice *ch, uint32_t token, const Tessera__V1__TokenLogprobs *w);
+resp_token_lp *tsr_request_completion_entries(const rq *r, const choice *ch, bool with_prompt, size_t from, size_t *n);
+const resp_head *tsr_request_head_of(rq *r, resp_head *h);
+bool tsr_request_want_usage_chunk(const rq *r);
+void tsr_request_usage_of(const rq *r, const choice *only, resp_usage *u);
+void tsr_request_stream_write_obj(rq *r, json_t *obj);
+void tsr_request_stream_choice(rq *r, choice *ch);
 
-/* dispatch.c: placement, submission, worker events (the worker_events callbacks
- * that request_layer_new registers with the worker pool) */
-routing_policy policy_of(const tsr_config *cfg);
-tsr_status submit_choice(choice *ch, tsr_worker *avoid);
-void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out);
-void on_error(void *ud, tsr_worker *w, const Tessera__V1__Error *err);
-void on_worker_down(void *ud, tsr_worker *w);
-size_t in_flight(void *ud, const tsr_worker *w);
-void on_worker_removed(void *ud, tsr_worker *w);
-void on_model_info(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo *mi);
-void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st);
+/* dispatch.c: placement, submission, worker events */
+routing_policy tsr_request_policy_of(const tsr_config *cfg);
+tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid);
+worker_events tsr_request_worker_events(void);
 
-/* prepare.c: parse_work runs on the thread pool, parse_done on the loop; render_chat
- * runs on the thread pool (prep_work, and tokenize.c's job) */
-tsr_status render_chat(rq *r, char **prompt, size_t *len);
-void parse_work(uv_work_t *w);
-void parse_done(uv_work_t *w, int status);
+/* prepare.c: tsr_request_parse_work runs on the thread pool, tsr_request_parse_done
+ * on the loop; tsr_request_render_chat runs on the thread pool (prep_work, and
+ * tokenize.c's job) */
+tsr_status tsr_request_render_chat(rq *r, char **prompt, size_t *len);
+void tsr_request_parse_work(uv_work_t *w);
+void tsr_request_parse_done(uv_work_t *w, int status);
 
 #endif

@@ -5,7 +5,7 @@
 
 /* echo with max_tokens 0: the engine runs one token, the response carries only the
  * prompt (text and logprobs), as vLLM does. */
-bool echo_only(const rq *r) {
+bool tsr_request_echo_only(const rq *r) {
         return r->kind == OAI_COMPLETIONS && r->req.echo && r->req.has_max_tokens && r->req.max_tokens == 0;
 }
 
@@ -18,7 +18,7 @@ static char *decode_one(void *ud, uint32_t id, size_t *len) {
         return text;
 }
 
-resp_tokens tokens_of(const rq *r) { return (resp_tokens){.decode = decode_one, .ud = r->model->tok}; }
+resp_tokens tsr_request_tokens_of(const rq *r) { return (resp_tokens){.decode = decode_one, .ud = r->model->tok}; }
 
 static void lp_from_wire(const Tessera__V1__TokenLogprobs *w, uint32_t token, resp_token_lp *lp) {
         size_t n_top = w->n_top_token_ids < w->n_top_logprobs ? w->n_top_token_ids : w->n_top_logprobs;
@@ -36,7 +36,7 @@ static void lp_from_wire(const Tessera__V1__TokenLogprobs *w, uint32_t token, re
 
 /* The first Output's prompt logprobs (positions 1.. on the wire) as one entry per
  * prompt position; a position the worker sent nothing for has none (like position 0). */
-tsr_status take_prompt_lp(choice *ch, const Tessera__V1__RequestOutput *out) {
+tsr_status tsr_request_take_prompt_lp(choice *ch, const Tessera__V1__RequestOutput *out) {
         rq *r = ch->r;
         size_t n = r->prompt_lens[ch->prompt];
         const uint32_t *ids = r->prompt_ids[ch->prompt];
@@ -53,7 +53,7 @@ tsr_status take_prompt_lp(choice *ch, const Tessera__V1__RequestOutput *out) {
         return TSR_OK;
 }
 
-tsr_status push_lp(choice *ch, uint32_t token, const Tessera__V1__TokenLogprobs *w) {
+tsr_status tsr_request_push_lp(choice *ch, uint32_t token, const Tessera__V1__TokenLogprobs *w) {
         if (ch->n_lp == ch->cap_lp) {
                 size_t cap = ch->cap_lp ? ch->cap_lp * 2 : 16;
                 resp_token_lp *g = realloc(ch->lp, cap * sizeof(*g));
@@ -74,7 +74,7 @@ tsr_status push_lp(choice *ch, uint32_t token, const Tessera__V1__TokenLogprobs 
 
 /* The entries a completions logprobs object covers: with echo the prompt's first
  * (`with_prompt`), then generated ones from `from`.  malloc'd; *n set. */
-resp_token_lp *completion_entries(const rq *r, const choice *ch, bool with_prompt, size_t from, size_t *n) {
+resp_token_lp *tsr_request_completion_entries(const rq *r, const choice *ch, bool with_prompt, size_t from, size_t *n) {
         size_t n_prompt = with_prompt ? r->prompt_lens[ch->prompt] : 0, n_gen = ch->n_lp - from;
         resp_token_lp *all = malloc((n_prompt + n_gen) ? (n_prompt + n_gen) * sizeof(*all) : 1);
         if (!all)
@@ -96,7 +96,7 @@ resp_token_lp *completion_entries(const rq *r, const choice *ch, bool with_promp
 /* The logprobs of a stream chunk: every token not sent yet (a chunk suppressed for an
  * empty delta hands its tokens to the next one).  NULL when none were asked. */
 static json_t *stream_logprobs(rq *r, choice *ch) {
-        resp_tokens t = tokens_of(r);
+        resp_tokens t = tsr_request_tokens_of(r);
         json_t *o = NULL;
         if (r->kind == OAI_CHAT) {
                 if (!r->req.chat_logprobs)
@@ -108,7 +108,7 @@ static json_t *stream_logprobs(rq *r, choice *ch) {
                 resp_token_lp *all;
                 if (r->req.logprobs < 0)
                         return NULL;
-                all = completion_entries(r, ch, first_echo, ch->lp_sent, &n);
+                all = tsr_request_completion_entries(r, ch, first_echo, ch->lp_sent, &n);
                 if (!all)
                         return NULL;
                 /* vLLM's initial_text_offset: the generated text streamed before (the
@@ -126,20 +126,20 @@ static json_t *stream_logprobs(rq *r, choice *ch) {
 
 /* ------------------------------------------------------------------ streaming */
 
-const resp_head *head_of(rq *r, resp_head *h) {
+const resp_head *tsr_request_head_of(rq *r, resp_head *h) {
         h->id = r->id;
         h->created = r->created;
         h->model = r->model->name;
         return h;
 }
 
-bool want_usage_chunk(const rq *r) {
+bool tsr_request_want_usage_chunk(const rq *r) {
         return r->req.include_usage || r->L->ctx->cfg->enable_force_include_usage;
 }
 
 /* `only`: the per-chunk usage of one choice (stream_options.continuous_usage_stats),
  * which vLLM never gives prompt_tokens_details; NULL: the request's usage. */
-void usage_of(const rq *r, const choice *only, resp_usage *u) {
+void tsr_request_usage_of(const rq *r, const choice *only, resp_usage *u) {
         const choice *src;
 
         memset(u, 0, sizeof(*u));
@@ -163,7 +163,7 @@ void usage_of(const rq *r, const choice *only, resp_usage *u) {
         u->has_cached_tokens = r->L->ctx->cfg->enable_prompt_tokens_details && u->cached_tokens > 0;
 }
 
-void stream_write_obj(rq *r, json_t *obj) {
+void tsr_request_stream_write_obj(rq *r, json_t *obj) {
         size_t n;
         char *ev = resp_sse_event(obj, &n);
         if (!ev || !r->c)
@@ -171,7 +171,7 @@ void stream_write_obj(rq *r, json_t *obj) {
         if (http_conn_stream_write(r->c, ev, n) == TSR_E_LIMIT) {
                 /* A client that does not read: stop generating for it (output we cannot send is not buffered without bound). */
                 log_req(TSR_LOG_WARN, r->id, "client is not reading: write queue over its cap, aborting");
-                abort_all(r, "slow_client");
+                tsr_request_abort_all(r, "slow_client");
                 http_conn_abort(r->c);
                 r->c = NULL;
                 r->gone = true;
@@ -182,7 +182,7 @@ out:
 
 /* Send what is new in the choice's text (minus the stop-string holdback), with the
  * finish reason when the choice is done. */
-void stream_choice(rq *r, choice *ch) {
+void tsr_request_stream_choice(rq *r, choice *ch) {
         resp_head h;
         resp_usage u, *up = NULL;
         size_t hold = ch->finished ? 0 : stop_holdback_bytes((char *)ch->text.data, ch->text.len, r->req.stop,
@@ -195,21 +195,21 @@ void stream_choice(rq *r, choice *ch) {
                 return;
         if (delta_len == 0 && !ch->finished)
                 return;   /* vLLM suppresses empty deltas */
-        if (r->req.continuous_usage_stats && want_usage_chunk(r)) {
-                usage_of(r, ch, &u);
+        if (r->req.continuous_usage_stats && tsr_request_want_usage_chunk(r)) {
+                tsr_request_usage_of(r, ch, &u);
                 up = &u;
         }
-        head_of(r, &h);
+        tsr_request_head_of(r, &h);
         if (r->kind == OAI_CHAT) {
                 if (!ch->role_sent) {
-                        stream_write_obj(r, resp_chat_role_chunk(&h, ch->index, r->L->ctx->cfg->response_role, up));
+                        tsr_request_stream_write_obj(r, resp_chat_role_chunk(&h, ch->index, r->L->ctx->cfg->response_role, up));
                         ch->role_sent = true;
                 }
-                stream_write_obj(r, resp_chat_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
+                tsr_request_stream_write_obj(r, resp_chat_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
                                                     ch->finish_reason, ch->finished ? json_incref(ch->stop_reason) : NULL,
                                                     up));
         } else {
-                stream_write_obj(r, resp_completion_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
+                tsr_request_stream_write_obj(r, resp_completion_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
                                                           ch->finish_reason,
                                                           ch->finished ? json_incref(ch->stop_reason) : NULL, up));
         }

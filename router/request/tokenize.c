@@ -80,7 +80,7 @@ static void tokenize_work(tok_job *j, json_t *root) {
                 if (!m->tpl) {
                         j->status = 400;
                         j->response = error_body(400, "BadRequestError", "the model has no chat template");
-                } else if (render_chat(&tmp, &text, &len) != TSR_OK) {
+                } else if (tsr_request_render_chat(&tmp, &text, &len) != TSR_OK) {
                         j->status = 400;
                         j->response = oai_error_json(&tmp.err);
                 }
@@ -199,7 +199,7 @@ static void tok_start(request_layer *L, http_conn *c, http_request *req, bool de
         const char *model_name = NULL;
         model_entry *m;
 
-        if (!content_type_json(req)) {
+        if (!tsr_request_content_type_json(req)) {
                 http_conn_respond_error(c, 400, "Bad Request", "Unsupported Media Type: Only 'application/json' is allowed");
                 return;
         }
