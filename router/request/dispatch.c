@@ -283,8 +283,8 @@ static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput 
                 }
                 free(delta);
                 if (r->req.n_stop && dlen) {
-                        stop_match m = stop_check((char *)ch->text.data, ch->text.len,
-                                                  utf8_count((char *)ch->text.data + before, ch->text.len - before),
+                        tsr_stop_match m = tsr_stop_check((char *)ch->text.data, ch->text.len,
+                                                  tsr_stop_utf8_count((char *)ch->text.data + before, ch->text.len - before),
                                                   r->req.stop, r->req.n_stop, r->req.include_stop_str_in_output);
                         before = ch->text.len;
                         if (m.index >= 0) {
@@ -304,8 +304,8 @@ static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput 
                         tsr_buf_append(&ch->text, tail, tlen);
                 free(tail);
                 if (r->req.n_stop && tlen) {
-                        stop_match m = stop_check((char *)ch->text.data, ch->text.len,
-                                                  utf8_count((char *)ch->text.data + before, ch->text.len - before),
+                        tsr_stop_match m = tsr_stop_check((char *)ch->text.data, ch->text.len,
+                                                  tsr_stop_utf8_count((char *)ch->text.data + before, ch->text.len - before),
                                                   r->req.stop, r->req.n_stop, r->req.include_stop_str_in_output);
                         if (m.index >= 0) {
                                 ch->text.len = m.cut_bytes;

@@ -323,7 +323,7 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
                 /* echo in a stream: the prompt text goes first (vLLM). */
                 if (r->streaming && r->req.echo && r->kind == OAI_COMPLETIONS) {
                         tsr_buf_append_str(&ch->text, r->prompt_texts[ch->prompt]);
-                        ch->echo_chars = utf8_count((char *)ch->text.data, ch->text.len);
+                        ch->echo_chars = tsr_stop_utf8_count((char *)ch->text.data, ch->text.len);
                 }
         }
         log_req(TSR_LOG_DEBUG, r->id, "submitted %zu choice(s), max_tokens=%lld", r->n_choices, (long long)r->max_tokens);

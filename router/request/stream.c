@@ -185,7 +185,7 @@ out:
 void tsr_request_stream_choice(rq *r, choice *ch) {
         resp_head h;
         resp_usage u, *up = NULL;
-        size_t hold = ch->finished ? 0 : stop_holdback_bytes((char *)ch->text.data, ch->text.len, r->req.stop,
+        size_t hold = ch->finished ? 0 : tsr_stop_holdback_bytes((char *)ch->text.data, ch->text.len, r->req.stop,
                                                              r->req.n_stop, r->req.include_stop_str_in_output);
         size_t upto = ch->text.len - hold;
         const char *delta = (const char *)ch->text.data + ch->sent;
@@ -213,7 +213,7 @@ void tsr_request_stream_choice(rq *r, choice *ch) {
                                                           ch->finish_reason,
                                                           ch->finished ? json_incref(ch->stop_reason) : NULL, up));
         }
-        ch->sent_chars += utf8_count(delta, delta_len);
+        ch->sent_chars += tsr_stop_utf8_count(delta, delta_len);
         ch->sent = upto;
 }
 
