@@ -60,7 +60,7 @@ static bool authorized(const router_ctx *r, const http_request *req) {
  * built its model's tokenizer (and template).  A worker live before its tokenizer is
  * ready would turn the first completion after a 200 into a 503 "still loading",
  * which a client that waited for /health (as for vLLM) does not expect. */
-bool router_can_serve(router_ctx *r) {
+bool tsr_api_can_serve(router_ctx *r) {
         for (size_t i = 0; i < worker_pool_count(r->workers); i++) {
                 tsr_worker *w = worker_pool_get(r->workers, i);
                 const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
@@ -74,7 +74,7 @@ bool router_can_serve(router_ctx *r) {
 }
 
 static void handle_health(router_ctx *r, http_conn *c) {
-        bool ok = router_can_serve(r);
+        bool ok = tsr_api_can_serve(r);
         for (size_t i = 0; ok && r->loops_ready && i < r->n_http; i++)
                 if ((int)i != r->loop_index)
                         ok = atomic_load_explicit(&r->loops_ready[i], memory_order_relaxed);
@@ -196,7 +196,7 @@ static bool method_allowed(const char *methods, const char *m) {
         return false;
 }
 
-void router_api_handle(void *ud, http_conn *c, http_request *req) {
+void tsr_api_handle(void *ud, http_conn *c, http_request *req) {
         router_ctx *r = ud;
         const route *rt = NULL;
 

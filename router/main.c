@@ -40,7 +40,7 @@ typedef struct router_loop {
         worker_dns *dns;             /* --worker-dns lookups; NULL without the flag */
         uv_async_t stop;             /* loop 0's signal handler wakes the others with it */
         bool stop_init;
-        uv_timer_t ready_publish;    /* with several loops: publishes router_can_serve */
+        uv_timer_t ready_publish;    /* with several loops: publishes tsr_api_can_serve */
         bool ready_publish_init;
         bool stopping;
         pthread_t thread;
@@ -101,7 +101,7 @@ static void on_stop_async(uv_async_t *h) { loop_begin_stop(h->data); }
  * yet built its tokenizer, and the client's next connection, landing there, a 503. */
 static void on_ready_publish(uv_timer_t *t) {
         router_loop *l = t->data;
-        atomic_store_explicit(&l->r.loops_ready[l->r.loop_index], !l->stopping && router_can_serve(&l->r),
+        atomic_store_explicit(&l->r.loops_ready[l->r.loop_index], !l->stopping && tsr_api_can_serve(&l->r),
                               memory_order_relaxed);
 }
 
@@ -209,7 +209,7 @@ static int loop_setup(router_main *m, int i, int port, char *err, size_t errlen)
         http_server_opts_default(&hopts);
         hopts.max_body = (size_t)cfg->max_request_body;
         hopts.reuse_port = m->n_loops > 1;
-        if (http_server_new(l->r.loop, &hopts, router_api_handle, &l->r, &l->r.http) != TSR_OK) {
+        if (http_server_new(l->r.loop, &hopts, tsr_api_handle, &l->r, &l->r.http) != TSR_OK) {
                 log_error("cannot create the http server");
                 return 1;
         }
