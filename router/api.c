@@ -66,7 +66,7 @@ bool tsr_api_can_serve(router_ctx *r) {
                 const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
                 if (!tsr_worker_live(w) || !tsr_worker_accepting(w) || !mi || mi->n_served_model_names == 0)
                         continue;
-                model_entry *m = model_registry_find(r->models, mi->served_model_names[0]);
+                tsr_models_entry *m = tsr_models_registry_find(r->models, mi->served_model_names[0]);
                 if (m && m->ready)
                         return true;
         }

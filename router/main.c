@@ -191,7 +191,7 @@ static int loop_setup(router_main *m, int i, int port, char *err, size_t errlen)
                 l->ready_publish_init = true;
         }
         if (worker_pool_new(l->r.loop, l->r.router_id, &l->r.workers) != TSR_OK ||
-            model_registry_new(l->r.loop, cfg, &l->r.models) != TSR_OK ||
+            tsr_models_registry_new(l->r.loop, cfg, &l->r.models) != TSR_OK ||
             request_layer_new(&l->r, &l->r.requests) != TSR_OK) {
                 log_error("out of memory");
                 return 1;
@@ -257,7 +257,7 @@ static void loops_teardown(router_main *m, bool failed) {
                 http_server_free(&l->r.http);
                 worker_dns_free(&l->dns);
                 worker_pool_free(&l->r.workers);
-                model_registry_free(&l->r.models);
+                tsr_models_registry_free(&l->r.models);
                 uv_loop_close(l->r.loop);
         }
 }

@@ -21,7 +21,7 @@ typedef struct router_ctx {
         const tsr_config *cfg;
         http_server *http;
         worker_pool *workers;
-        model_registry *models;
+        tsr_models_registry *models;
         request_layer *requests;
         tsr_metrics *metrics;        /* shared by every loop (--router-threads), locked inside */
         char router_id[64];

@@ -42,7 +42,7 @@ static void rq_free(rq *r) {
         if (r->parsed)
                 oai_request_done(&r->req);
         if (r->model)
-                model_unref(r->model);
+                tsr_models_unref(r->model);
         free(r->body);
         tsr_arena_free(&r->arena);
         free(r);

@@ -77,7 +77,7 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                         const Tessera__V1__Status *st = tsr_worker_status(w);
                         tsr_placement_cand *c = &cs[n_cand];
                         if (!tsr_worker_live(w) || !tsr_worker_accepting(w) ||
-                            !model_served_by(r->model, tsr_worker_model_info(w)))
+                            !tsr_models_served_by(r->model, tsr_worker_model_info(w)))
                                 continue;
                         if (w == avoid && worker_pool_count(ctx->workers) > 1)
                                 continue;
@@ -392,7 +392,7 @@ static void on_model_info(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo 
         const tsr_config *cfg = L->ctx->cfg;
         tsr_metrics_cache_info ci;
 
-        model_registry_on_info(L->ctx->models, mi, tsr_worker_tokenizer(w));
+        tsr_models_registry_on_info(L->ctx->models, mi, tsr_worker_tokenizer(w));
         tsr_metrics_cache_info_defaults(&ci);
         ci.block_size = mi->block_size;
         ci.num_gpu_blocks = (int64_t)mi->kv_blocks_total;

@@ -90,7 +90,7 @@ static void choose_hash_spec(rq *r) {
         for (size_t k = 0; k < worker_pool_count(ctx->workers); k++) {
                 const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(worker_pool_get(ctx->workers, k));
                 if (!mi || !mi->prefix_caching || !mi->block_size || !mi->block_hash ||
-                    !model_served_by(r->model, mi))
+                    !tsr_models_served_by(r->model, mi))
                         continue;
                 if (tsr_block_hash_algo_parse(mi->block_hash->algo, &r->hash_algo) != TSR_OK)
                         continue;
@@ -344,7 +344,7 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
         rq *r = w->data;
         request_layer *L = r->L;
         const tsr_config *cfg = L->ctx->cfg;
-        model_entry *m;
+        tsr_models_entry *m;
 
         r->jobs--;
         if (r->gone) {
@@ -358,7 +358,7 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                         tsr_request_fail_with(r, &r->err);
                 return;
         }
-        m = model_registry_find(L->ctx->models, r->req.model);
+        m = tsr_models_registry_find(L->ctx->models, r->req.model);
         if (!m) {
                 if (r->req.model && *r->req.model)
                         tsr_request_fail(r, 404, "NotFoundError", "The model `%s` does not exist.", r->req.model);
@@ -373,7 +373,7 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                         tsr_request_fail(r, 503, "ServiceUnavailableError", "model %s is still loading", m->name);
                 return;
         }
-        r->model = model_ref(m);
+        r->model = tsr_models_ref(m);
         /* vLLM's id: X-Request-Id, else the body's request_id, else random hex. */
         if (!r->id_from_header && r->req.request_id && *r->req.request_id)
                 snprintf(r->id, sizeof(r->id), "%s%.200s", r->kind == OAI_CHAT ? "chatcmpl-" : "cmpl-",

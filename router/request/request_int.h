@@ -72,7 +72,7 @@ struct rq {
         tsr_arena *arena;
         char *body;                   /* a copy: the connection's may die with the client */
         size_t body_len;
-        model_entry *model;           /* referenced */
+        tsr_models_entry *model;           /* referenced */
         char id[300];
         int64_t created;
         uint64_t arrival_ns;

@@ -11,7 +11,7 @@ typedef struct tok_job {
         bool running;
         char *body;
         size_t body_len;
-        model_entry *model;
+        tsr_models_entry *model;
         /* results */
         int status;
         char *response;               /* JSON body */
@@ -21,7 +21,7 @@ static void tok_job_gone(void *ud) {
         tok_job *j = ud;
         j->c = NULL;
         if (!j->running) {
-                model_unref(j->model);
+                tsr_models_unref(j->model);
                 free(j->body);
                 free(j->response);
                 free(j);
@@ -42,7 +42,7 @@ static char *error_body(int status, const char *type, const char *fmt, ...) {
  * {"messages": [...], "add_generation_prompt": true, "add_special_tokens": false, ...}
  * -> {"count", "max_model_len", "tokens", "token_strs"} */
 static void tokenize_work(tok_job *j, json_t *root) {
-        model_entry *m = j->model;
+        tsr_models_entry *m = j->model;
         json_t *messages = json_object_get(root, "messages"), *prompt = json_object_get(root, "prompt");
         bool chat = messages != NULL;
         bool add_special = !chat, return_strs = false;
@@ -187,7 +187,7 @@ static void tok_done(uv_work_t *w, int status) {   /* loop */
                 else
                         http_conn_respond_error(j->c, 500, "InternalServerError", "out of memory");
         }
-        model_unref(j->model);
+        tsr_models_unref(j->model);
         free(j->body);
         free(j->response);
         free(j);
@@ -197,7 +197,7 @@ static void tok_start(request_layer *L, http_conn *c, http_request *req, bool de
         tok_job *j;
         json_t *root;
         const char *model_name = NULL;
-        model_entry *m;
+        tsr_models_entry *m;
 
         if (!tsr_request_content_type_json(req)) {
                 http_conn_respond_error(c, 400, "Bad Request", "Unsupported Media Type: Only 'application/json' is allowed");
@@ -206,7 +206,7 @@ static void tok_start(request_layer *L, http_conn *c, http_request *req, bool de
         /* Peek at "model" only; the body is parsed again on the thread pool. */
         root = json_loadb((const char *)req->body, req->body_len, JSON_DISABLE_EOF_CHECK, NULL);
         model_name = json_string_value(json_object_get(root, "model"));
-        m = model_registry_find(L->ctx->models, model_name);
+        m = tsr_models_registry_find(L->ctx->models, model_name);
         if (!m || !m->ready) {
                 char *body = m ? error_body(503, "ServiceUnavailableError", "model %s is still loading", m->name)
                                : model_name && *model_name
@@ -231,14 +231,14 @@ static void tok_start(request_layer *L, http_conn *c, http_request *req, bool de
         j->L = L;
         j->c = c;
         j->detokenize = detokenize;
-        j->model = model_ref(m);
+        j->model = tsr_models_ref(m);
         j->work.data = j;
         j->running = true;
         http_conn_on_close(c, tok_job_gone, j);
         if (uv_queue_work(L->ctx->loop, &j->work, tok_work, tok_done) != 0) {
                 j->running = false;
                 http_conn_respond_error(c, 500, "InternalServerError", "cannot queue the job");
-                model_unref(j->model);
+                tsr_models_unref(j->model);
                 free(j->body);
                 free(j);
         }
