@@ -227,16 +227,16 @@ void tsr_api_handle(void *ud, http_conn *c, http_request *req) {
                 handle_models(r, c);
                 break;
         case R_COMPLETIONS:
-                request_handle_generate(r->requests, c, req, OAI_COMPLETIONS);
+                tsr_request_handle_generate(r->requests, c, req, OAI_COMPLETIONS);
                 break;
         case R_CHAT:
-                request_handle_generate(r->requests, c, req, OAI_CHAT);
+                tsr_request_handle_generate(r->requests, c, req, OAI_CHAT);
                 break;
         case R_TOKENIZE:
-                request_handle_tokenize(r->requests, c, req);
+                tsr_request_handle_tokenize(r->requests, c, req);
                 break;
         case R_DETOKENIZE:
-                request_handle_detokenize(r->requests, c, req);
+                tsr_request_handle_detokenize(r->requests, c, req);
                 break;
         case R_METRICS:
                 handle_metrics(r, c);

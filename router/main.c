@@ -91,7 +91,7 @@ static void loop_begin_stop(router_loop *l) {
                 return;
         l->stopping = true;
         worker_dns_close(l->dns);    /* before the pool closes: no workers added after */
-        request_layer_close(l->r.requests);
+        tsr_request_layer_close(l->r.requests);
         http_server_shutdown(l->r.http, SHUTDOWN_GRACE_MS, on_http_closed, l);
 }
 
@@ -192,7 +192,7 @@ static int loop_setup(router_main *m, int i, int port, char *err, size_t errlen)
         }
         if (worker_pool_new(l->r.loop, l->r.router_id, &l->r.workers) != TSR_OK ||
             tsr_models_registry_new(l->r.loop, cfg, &l->r.models) != TSR_OK ||
-            request_layer_new(&l->r, &l->r.requests) != TSR_OK) {
+            tsr_request_layer_new(&l->r, &l->r.requests) != TSR_OK) {
                 log_error("out of memory");
                 return 1;
         }
@@ -242,7 +242,7 @@ static void loops_teardown(router_main *m, bool failed) {
                         continue;
                 if (failed) {
                         worker_dns_close(l->dns);
-                        request_layer_close(l->r.requests);
+                        tsr_request_layer_close(l->r.requests);
                         if (l->r.workers)
                                 worker_pool_close(l->r.workers, NULL, NULL);
                         if (l->r.http)
@@ -253,7 +253,7 @@ static void loops_teardown(router_main *m, bool failed) {
                                 uv_close((uv_handle_t *)&l->ready_publish, NULL);
                         uv_run(l->r.loop, UV_RUN_DEFAULT);
                 }
-                request_layer_free(&l->r.requests);
+                tsr_request_layer_free(&l->r.requests);
                 http_server_free(&l->r.http);
                 worker_dns_free(&l->dns);
                 worker_pool_free(&l->r.workers);

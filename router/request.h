@@ -30,19 +30,19 @@
 #include "openai.h"
 
 struct router_ctx;
-typedef struct request_layer request_layer;
+typedef struct tsr_request_layer tsr_request_layer;
 
-tsr_status request_layer_new(struct router_ctx *r, request_layer **ret);
+tsr_status tsr_request_layer_new(struct router_ctx *r, tsr_request_layer **ret);
 /* Loop thread, at shutdown: close the deadline timer (before the loop's last run). */
-void request_layer_close(request_layer *l);
+void tsr_request_layer_close(tsr_request_layer *l);
 /* Abort what is in flight and free.  Accepts NULL; clears *l. */
-void request_layer_free(request_layer **l);
+void tsr_request_layer_free(tsr_request_layer **l);
 
-void request_handle_generate(request_layer *l, http_conn *c, http_request *req, oai_kind kind);
-void request_handle_tokenize(request_layer *l, http_conn *c, http_request *req);
-void request_handle_detokenize(request_layer *l, http_conn *c, http_request *req);
+void tsr_request_handle_generate(tsr_request_layer *l, http_conn *c, http_request *req, oai_kind kind);
+void tsr_request_handle_tokenize(tsr_request_layer *l, http_conn *c, http_request *req);
+void tsr_request_handle_detokenize(tsr_request_layer *l, http_conn *c, http_request *req);
 
 /* Requests being served now (for logs and shutdown). */
-size_t request_layer_active(const request_layer *l);
+size_t tsr_request_layer_active(const tsr_request_layer *l);
 
 #endif

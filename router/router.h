@@ -22,7 +22,7 @@ typedef struct router_ctx {
         http_server *http;
         worker_pool *workers;
         tsr_models_registry *models;
-        request_layer *requests;
+        tsr_request_layer *requests;
         tsr_metrics *metrics;        /* shared by every loop (--router-threads), locked inside */
         char router_id[64];
         uint64_t started_unix_s;

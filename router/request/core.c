@@ -6,7 +6,7 @@
 /* ------------------------------------------------------------------ lifetime */
 
 static void rq_free(rq *r) {
-        request_layer *L = r->L;
+        tsr_request_layer *L = r->L;
         if (r->prev_active)
                 r->prev_active->next_active = r->next_active;
         else if (L->active == r)
@@ -57,7 +57,7 @@ void tsr_request_maybe_free(rq *r) {
 
 /* ------------------------------------------------------------------ in-flight table */
 
-tsr_status tsr_request_table_put(request_layer *L, choice *ch) {
+tsr_status tsr_request_table_put(tsr_request_layer *L, choice *ch) {
         for (unsigned tries = 0; tries < TABLE_SIZE; tries++) {
                 uint64_t id = ++L->next_wire_id;
                 if (!L->table[id & (TABLE_SIZE - 1)]) {
@@ -69,13 +69,13 @@ tsr_status tsr_request_table_put(request_layer *L, choice *ch) {
         return TSR_E_UNAVAILABLE;
 }
 
-void tsr_request_table_del(request_layer *L, choice *ch) {
+void tsr_request_table_del(tsr_request_layer *L, choice *ch) {
         if (ch->wire_id && L->table[ch->wire_id & (TABLE_SIZE - 1)] == ch)
                 L->table[ch->wire_id & (TABLE_SIZE - 1)] = NULL;
         ch->wire_id = 0;
 }
 
-choice *tsr_request_table_get(request_layer *L, const char *wire) {
+choice *tsr_request_table_get(tsr_request_layer *L, const char *wire) {
         char *end;
         uint64_t id = strtoull(wire, &end, 10);
         choice *ch;
@@ -331,7 +331,7 @@ static void on_client_gone(void *ud) {
         tsr_request_maybe_free(r);
 }
 
-static rq *rq_new(request_layer *L, http_conn *c, http_request *req, const char *prefix) {
+static rq *rq_new(tsr_request_layer *L, http_conn *c, http_request *req, const char *prefix) {
         rq *r = calloc(1, sizeof(*r));
         const char *xid = http_request_header(req, "x-request-id");
         char rnd[33];
@@ -369,7 +369,7 @@ static rq *rq_new(request_layer *L, http_conn *c, http_request *req, const char 
         return r;
 }
 
-void request_handle_generate(request_layer *L, http_conn *c, http_request *req, oai_kind kind) {
+void tsr_request_handle_generate(tsr_request_layer *L, http_conn *c, http_request *req, oai_kind kind) {
         rq *r;
         if (!tsr_request_content_type_json(req)) {
                 http_conn_respond_error(c, 400, "Bad Request", "Unsupported Media Type: Only 'application/json' is allowed");
@@ -389,13 +389,13 @@ void request_handle_generate(request_layer *L, http_conn *c, http_request *req, 
         }
 }
 
-size_t request_layer_active(const request_layer *L) { return L->n_active; }
+size_t tsr_request_layer_active(const tsr_request_layer *L) { return L->n_active; }
 
 /* Loop thread.  A request past its deadline that is at a worker (prompt prepared and
  * submitted) is aborted there and answered 504, or its stream ends with that error
  * event; one still being parsed or prepared waits for that bounded step to end. */
 static void on_deadline_sweep(uv_timer_t *t) {
-        request_layer *L = t->data;
+        tsr_request_layer *L = t->data;
         uint64_t now = tsr_now_ns();
         rq *next;
         for (rq *r = L->active; r; r = next) {
@@ -409,13 +409,13 @@ static void on_deadline_sweep(uv_timer_t *t) {
         }
 }
 
-void request_layer_close(request_layer *L) {
+void tsr_request_layer_close(tsr_request_layer *L) {
         if (L && L->sweep_started && !uv_is_closing((uv_handle_t *)&L->deadline_sweep))
                 uv_close((uv_handle_t *)&L->deadline_sweep, NULL);
 }
 
-tsr_status request_layer_new(router_ctx *ctx, request_layer **ret) {
-        request_layer *L = calloc(1, sizeof(*L));
+tsr_status tsr_request_layer_new(router_ctx *ctx, tsr_request_layer **ret) {
+        tsr_request_layer *L = calloc(1, sizeof(*L));
         worker_events ev = tsr_request_worker_events();   /* ud set below */
         if (!L)
                 return TSR_E_NOMEM;
@@ -438,8 +438,8 @@ tsr_status request_layer_new(router_ctx *ctx, request_layer **ret) {
         return TSR_OK;
 }
 
-void request_layer_free(request_layer **Lp) {
-        request_layer *L;
+void tsr_request_layer_free(tsr_request_layer **Lp) {
+        tsr_request_layer *L;
         if (!Lp || !*Lp)
                 return;
         L = *Lp;

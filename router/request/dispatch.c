@@ -16,7 +16,7 @@ static const char *const policy_names[] = {"kv", "least_load", "round_robin"};
 
 /* The pending-dispatch entry of worker w as of its Status st (NULL: none yet),
  * reset when st is newer than the entry; NULL when out of memory. */
-static struct pending_dispatch *pending_of(request_layer *L, const tsr_worker *w, const Tessera__V1__Status *st) {
+static struct pending_dispatch *pending_of(tsr_request_layer *L, const tsr_worker *w, const Tessera__V1__Status *st) {
         uint64_t epoch = st ? st->boot_epoch : 0, seq = st ? st->seq : 0;
         struct pending_dispatch *p = NULL;
         for (size_t i = 0; i < L->n_pending && !p; i++)
@@ -225,7 +225,7 @@ static void retry_or_fail(choice *ch, const char *why) {
 /* ------------------------------------------------------------------ worker events */
 
 static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
-        request_layer *L = ud;
+        tsr_request_layer *L = ud;
         choice *ch = tsr_request_table_get(L, out->request_id);
         rq *r;
 
@@ -337,7 +337,7 @@ static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput 
 }
 
 static void on_error(void *ud, tsr_worker *w, const Tessera__V1__Error *err) {
-        request_layer *L = ud;
+        tsr_request_layer *L = ud;
         choice *ch = tsr_request_table_get(L, err->request_id);
         if (!ch || ch->worker != w)
                 return;
@@ -352,7 +352,7 @@ static void on_error(void *ud, tsr_worker *w, const Tessera__V1__Error *err) {
 }
 
 static void on_worker_down(void *ud, tsr_worker *w) {
-        request_layer *L = ud;
+        tsr_request_layer *L = ud;
         if (L->ctx->loop_index == 0)    /* see on_status */
                 tsr_metrics_worker_gone(L->ctx->metrics, tsr_worker_endpoint(w));
         for (size_t i = 0; i < TABLE_SIZE; i++) {
@@ -364,7 +364,7 @@ static void on_worker_down(void *ud, tsr_worker *w) {
 
 /* Loop thread, from the pool's tick while w is retired: our choices running there. */
 static size_t in_flight(void *ud, const tsr_worker *w) {
-        request_layer *L = ud;
+        tsr_request_layer *L = ud;
         size_t n = 0;
         for (const rq *r = L->active; r; r = r->next_active)
                 for (size_t i = 0; i < r->n_choices; i++)
@@ -376,7 +376,7 @@ static size_t in_flight(void *ud, const tsr_worker *w) {
  * forget its pending-dispatch entry, whose address a later worker may reuse, and,
  * on loop 0 which feeds /metrics (see on_status), its series. */
 static void on_worker_removed(void *ud, tsr_worker *w) {
-        request_layer *L = ud;
+        tsr_request_layer *L = ud;
         if (L->ctx->loop_index == 0)
                 tsr_metrics_worker_remove(L->ctx->metrics, tsr_worker_endpoint(w));
         for (size_t i = 0; i < L->n_pending; i++) {
@@ -388,7 +388,7 @@ static void on_worker_removed(void *ud, tsr_worker *w) {
 }
 
 static void on_model_info(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo *mi) {
-        request_layer *L = ud;
+        tsr_request_layer *L = ud;
         const tsr_config *cfg = L->ctx->cfg;
         tsr_metrics_cache_info ci;
 
@@ -407,7 +407,7 @@ static void on_model_info(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo 
 }
 
 static void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st) {
-        request_layer *L = ud;
+        tsr_request_layer *L = ud;
         const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
         tsr_metrics_worker_sample s = {
                 .num_running = st->num_running,
@@ -429,7 +429,7 @@ static void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st) {
 }
 
 
-/* The callbacks request_layer_new registers with the worker pool (the caller sets ud
+/* The callbacks tsr_request_layer_new registers with the worker pool (the caller sets ud
  * to the layer).  Loop thread, as are the callbacks. */
 worker_events tsr_request_worker_events(void) {
         worker_events ev = {

@@ -342,7 +342,7 @@ void tsr_request_parse_work(uv_work_t *w) {   /* thread pool */
 
 void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
         rq *r = w->data;
-        request_layer *L = r->L;
+        tsr_request_layer *L = r->L;
         const tsr_config *cfg = L->ctx->cfg;
         tsr_models_entry *m;
 

@@ -64,7 +64,7 @@ typedef struct choice {
 } choice;
 
 struct rq {
-        request_layer *L;
+        tsr_request_layer *L;
         http_conn *c;                 /* NULL once the client is gone */
         oai_kind kind;
         oai_request req;
@@ -119,7 +119,7 @@ struct rq {
         rq *next_active, *prev_active;
 };
 
-struct request_layer {
+struct tsr_request_layer {
         router_ctx *ctx;
         choice **table;
         uint64_t next_wire_id;
@@ -147,9 +147,9 @@ typedef enum routing_policy { ROUTE_KV, ROUTE_LEAST_LOAD, ROUTE_ROUND_ROBIN } ro
 
 /* core.c: lifetime, in-flight table, errors, completion */
 void tsr_request_maybe_free(rq *r);
-tsr_status tsr_request_table_put(request_layer *L, choice *ch);
-void tsr_request_table_del(request_layer *L, choice *ch);
-choice *tsr_request_table_get(request_layer *L, const char *wire);
+tsr_status tsr_request_table_put(tsr_request_layer *L, choice *ch);
+void tsr_request_table_del(tsr_request_layer *L, choice *ch);
+choice *tsr_request_table_get(tsr_request_layer *L, const char *wire);
 void tsr_request_close_choice(choice *ch, bool abort_worker, const char *why);
 void tsr_request_abort_all(rq *r, const char *why);
 void tsr_request_fail_with(rq *r, const oai_error *err);

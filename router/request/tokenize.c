@@ -5,7 +5,7 @@
 
 typedef struct tok_job {
         uv_work_t work;
-        request_layer *L;
+        tsr_request_layer *L;
         http_conn *c;                 /* NULL once the client is gone */
         bool detokenize;
         bool running;
@@ -193,7 +193,7 @@ static void tok_done(uv_work_t *w, int status) {   /* loop */
         free(j);
 }
 
-static void tok_start(request_layer *L, http_conn *c, http_request *req, bool detokenize) {
+static void tok_start(tsr_request_layer *L, http_conn *c, http_request *req, bool detokenize) {
         tok_job *j;
         json_t *root;
         const char *model_name = NULL;
@@ -244,5 +244,7 @@ static void tok_start(request_layer *L, http_conn *c, http_request *req, bool de
         }
 }
 
-void request_handle_tokenize(request_layer *L, http_conn *c, http_request *req) { tok_start(L, c, req, false); }
-void request_handle_detokenize(request_layer *L, http_conn *c, http_request *req) { tok_start(L, c, req, true); }
+void tsr_request_handle_tokenize(tsr_request_layer *L, http_conn *c, http_request *req) { tok_start(L, c, req, false); }
+void tsr_request_handle_detokenize(tsr_request_layer *L, http_conn *c, http_request *req) {
+        tok_start(L, c, req, true);
+}
