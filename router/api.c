@@ -2,7 +2,7 @@
  * Loop thread only.
  *
  * Served here: /health, /ping, /version, /v1/models, /metrics; the generation and
- * tokenizer endpoints are handed to request.c. */
+ * tokenizer endpoints are handed to request.h (router/request/). */
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -60,13 +60,13 @@ static bool authorized(const router_ctx *r, const http_request *req) {
  * built its model's tokenizer (and template).  A worker live before its tokenizer is
  * ready would turn the first completion after a 200 into a 503 "still loading",
  * which a client that waited for /health (as for vLLM) does not expect. */
-bool router_can_serve(router_ctx *r) {
+bool tsr_api_can_serve(router_ctx *r) {
         for (size_t i = 0; i < worker_pool_count(r->workers); i++) {
                 tsr_worker *w = worker_pool_get(r->workers, i);
                 const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
                 if (!tsr_worker_live(w) || !tsr_worker_accepting(w) || !mi || mi->n_served_model_names == 0)
                         continue;
-                model_entry *m = model_registry_find(r->models, mi->served_model_names[0]);
+                tsr_models_entry *m = tsr_models_registry_find(r->models, mi->served_model_names[0]);
                 if (m && m->ready)
                         return true;
         }
@@ -74,7 +74,7 @@ bool router_can_serve(router_ctx *r) {
 }
 
 static void handle_health(router_ctx *r, http_conn *c) {
-        bool ok = router_can_serve(r);
+        bool ok = tsr_api_can_serve(r);
         for (size_t i = 0; ok && r->loops_ready && i < r->n_http; i++)
                 if ((int)i != r->loop_index)
                         ok = atomic_load_explicit(&r->loops_ready[i], memory_order_relaxed);
@@ -196,7 +196,7 @@ static bool method_allowed(const char *methods, const char *m) {
         return false;
 }
 
-void router_api_handle(void *ud, http_conn *c, http_request *req) {
+void tsr_api_handle(void *ud, http_conn *c, http_request *req) {
         router_ctx *r = ud;
         const route *rt = NULL;
 
@@ -227,16 +227,16 @@ void router_api_handle(void *ud, http_conn *c, http_request *req) {
                 handle_models(r, c);
                 break;
         case R_COMPLETIONS:
-                request_handle_generate(r->requests, c, req, OAI_COMPLETIONS);
+                tsr_request_handle_generate(r->requests, c, req, OAI_COMPLETIONS);
                 break;
         case R_CHAT:
-                request_handle_generate(r->requests, c, req, OAI_CHAT);
+                tsr_request_handle_generate(r->requests, c, req, OAI_CHAT);
                 break;
         case R_TOKENIZE:
-                request_handle_tokenize(r->requests, c, req);
+                tsr_request_handle_tokenize(r->requests, c, req);
                 break;
         case R_DETOKENIZE:
-                request_handle_detokenize(r->requests, c, req);
+                tsr_request_handle_detokenize(r->requests, c, req);
                 break;
         case R_METRICS:
                 handle_metrics(r, c);

@@ -40,7 +40,7 @@ typedef struct router_loop {
         worker_dns *dns;             /* --worker-dns lookups; NULL without the flag */
         uv_async_t stop;             /* loop 0's signal handler wakes the others with it */
         bool stop_init;
-        uv_timer_t ready_publish;    /* with several loops: publishes router_can_serve */
+        uv_timer_t ready_publish;    /* with several loops: publishes tsr_api_can_serve */
         bool ready_publish_init;
         bool stopping;
         pthread_t thread;
@@ -91,7 +91,7 @@ static void loop_begin_stop(router_loop *l) {
                 return;
         l->stopping = true;
         worker_dns_close(l->dns);    /* before the pool closes: no workers added after */
-        request_layer_close(l->r.requests);
+        tsr_request_layer_close(l->r.requests);
         http_server_shutdown(l->r.http, SHUTDOWN_GRACE_MS, on_http_closed, l);
 }
 
@@ -101,7 +101,7 @@ static void on_stop_async(uv_async_t *h) { loop_begin_stop(h->data); }
  * yet built its tokenizer, and the client's next connection, landing there, a 503. */
 static void on_ready_publish(uv_timer_t *t) {
         router_loop *l = t->data;
-        atomic_store_explicit(&l->r.loops_ready[l->r.loop_index], !l->stopping && router_can_serve(&l->r),
+        atomic_store_explicit(&l->r.loops_ready[l->r.loop_index], !l->stopping && tsr_api_can_serve(&l->r),
                               memory_order_relaxed);
 }
 
@@ -191,8 +191,8 @@ static int loop_setup(router_main *m, int i, int port, char *err, size_t errlen)
                 l->ready_publish_init = true;
         }
         if (worker_pool_new(l->r.loop, l->r.router_id, &l->r.workers) != TSR_OK ||
-            model_registry_new(l->r.loop, cfg, &l->r.models) != TSR_OK ||
-            request_layer_new(&l->r, &l->r.requests) != TSR_OK) {
+            tsr_models_registry_new(l->r.loop, cfg, &l->r.models) != TSR_OK ||
+            tsr_request_layer_new(&l->r, &l->r.requests) != TSR_OK) {
                 log_error("out of memory");
                 return 1;
         }
@@ -209,7 +209,7 @@ static int loop_setup(router_main *m, int i, int port, char *err, size_t errlen)
         http_server_opts_default(&hopts);
         hopts.max_body = (size_t)cfg->max_request_body;
         hopts.reuse_port = m->n_loops > 1;
-        if (http_server_new(l->r.loop, &hopts, router_api_handle, &l->r, &l->r.http) != TSR_OK) {
+        if (http_server_new(l->r.loop, &hopts, tsr_api_handle, &l->r, &l->r.http) != TSR_OK) {
                 log_error("cannot create the http server");
                 return 1;
         }
@@ -242,7 +242,7 @@ static void loops_teardown(router_main *m, bool failed) {
                         continue;
                 if (failed) {
                         worker_dns_close(l->dns);
-                        request_layer_close(l->r.requests);
+                        tsr_request_layer_close(l->r.requests);
                         if (l->r.workers)
                                 worker_pool_close(l->r.workers, NULL, NULL);
                         if (l->r.http)
@@ -253,11 +253,11 @@ static void loops_teardown(router_main *m, bool failed) {
                                 uv_close((uv_handle_t *)&l->ready_publish, NULL);
                         uv_run(l->r.loop, UV_RUN_DEFAULT);
                 }
-                request_layer_free(&l->r.requests);
+                tsr_request_layer_free(&l->r.requests);
                 http_server_free(&l->r.http);
                 worker_dns_free(&l->dns);
                 worker_pool_free(&l->r.workers);
-                model_registry_free(&l->r.models);
+                tsr_models_registry_free(&l->r.models);
                 uv_loop_close(l->r.loop);
         }
 }

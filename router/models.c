@@ -7,10 +7,10 @@
 
 #include "common/log.h"
 
-struct model_registry {
+struct tsr_models_registry {
         uv_loop_t *loop;
         const tsr_config *cfg;
-        model_entry **items;
+        tsr_models_entry **items;
         size_t n;
         bool closing;
 };
@@ -19,8 +19,8 @@ struct model_registry {
  * and may be replaced while the job runs); outputs are installed on the loop. */
 typedef struct build_job {
         uv_work_t work;
-        model_registry *reg;
-        model_entry *entry;
+        tsr_models_registry *reg;
+        tsr_models_entry *entry;
         Tessera__V1__ModelInfo *tok_src;   /* unpacked copy */
         char *template_src;
         char *template_origin;
@@ -30,12 +30,12 @@ typedef struct build_job {
         char err[512];
 } build_job;
 
-model_entry *model_ref(model_entry *m) {
+tsr_models_entry *tsr_models_ref(tsr_models_entry *m) {
         m->refs++;
         return m;
 }
 
-void model_unref(model_entry *m) {
+void tsr_models_unref(tsr_models_entry *m) {
         if (!m || --m->refs > 0)
                 return;
         tsr_tokenizer_free(&m->tok);
@@ -52,8 +52,8 @@ void model_unref(model_entry *m) {
         free(m);
 }
 
-tsr_status model_registry_new(uv_loop_t *loop, const tsr_config *cfg, model_registry **ret) {
-        model_registry *r = calloc(1, sizeof(*r));
+tsr_status tsr_models_registry_new(uv_loop_t *loop, const tsr_config *cfg, tsr_models_registry **ret) {
+        tsr_models_registry *r = calloc(1, sizeof(*r));
         if (!r)
                 return TSR_E_NOMEM;
         r->loop = loop;
@@ -62,26 +62,26 @@ tsr_status model_registry_new(uv_loop_t *loop, const tsr_config *cfg, model_regi
         return TSR_OK;
 }
 
-void model_registry_free(model_registry **rp) {
-        model_registry *r;
+void tsr_models_registry_free(tsr_models_registry **rp) {
+        tsr_models_registry *r;
         if (!rp || !*rp)
                 return;
         r = *rp;
         for (size_t i = 0; i < r->n; i++)
-                model_unref(r->items[i]);
+                tsr_models_unref(r->items[i]);
         free(r->items);
         free(r);
         *rp = NULL;
 }
 
-size_t model_registry_count(const model_registry *r) { return r->n; }
-model_entry *model_registry_at(model_registry *r, size_t i) { return i < r->n ? r->items[i] : NULL; }
+size_t tsr_models_registry_count(const tsr_models_registry *r) { return r->n; }
+tsr_models_entry *tsr_models_registry_at(tsr_models_registry *r, size_t i) { return i < r->n ? r->items[i] : NULL; }
 
-bool model_served_by(const model_entry *m, const Tessera__V1__ModelInfo *mi) {
+bool tsr_models_served_by(const tsr_models_entry *m, const Tessera__V1__ModelInfo *mi) {
         return mi && mi->n_served_model_names && strcmp(mi->served_model_names[0], m->name) == 0;
 }
 
-model_entry *model_registry_find(model_registry *r, const char *name) {
+tsr_models_entry *tsr_models_registry_find(tsr_models_registry *r, const char *name) {
         if (!name || !*name)
                 return r->n ? r->items[0] : NULL;
         for (size_t i = 0; i < r->n; i++)
@@ -174,7 +174,7 @@ static char *token_spelling(const tsr_tokenizer *t, int64_t id) {
 
 static void build_done(uv_work_t *w, int status) {   /* loop */
         build_job *j = w->data;
-        model_entry *m = j->entry;
+        tsr_models_entry *m = j->entry;
 
         if (j->err[0] || status != 0) {
                 free(m->load_error);
@@ -198,7 +198,7 @@ static void build_done(uv_work_t *w, int status) {   /* loop */
         tessera__v1__model_info__free_unpacked(j->tok_src, NULL);
         free(j->template_src);
         free(j->template_origin);
-        model_unref(m);
+        tsr_models_unref(m);
         free(j);
 }
 
@@ -215,7 +215,7 @@ static Tessera__V1__ModelInfo *copy_info(const Tessera__V1__ModelInfo *mi) {
         return copy;
 }
 
-static tsr_status fill_entry(model_entry *m, const Tessera__V1__ModelInfo *mi) {
+static tsr_status fill_entry(tsr_models_entry *m, const Tessera__V1__ModelInfo *mi) {
         for (size_t i = 0; i < m->n_names; i++)
                 free(m->names[i]);
         free(m->names);
@@ -254,9 +254,9 @@ static tsr_status fill_entry(model_entry *m, const Tessera__V1__ModelInfo *mi) {
         return TSR_OK;
 }
 
-void model_registry_on_info(model_registry *r, const Tessera__V1__ModelInfo *mi,
-                            const Tessera__V1__ModelInfo *tok_src) {
-        model_entry *m = NULL, **grown;
+void tsr_models_registry_on_info(tsr_models_registry *r, const Tessera__V1__ModelInfo *mi,
+                                 const Tessera__V1__ModelInfo *tok_src) {
+        tsr_models_entry *m = NULL, **grown;
         build_job *j;
 
         for (size_t i = 0; i < r->n; i++)
@@ -303,10 +303,10 @@ void model_registry_on_info(model_registry *r, const Tessera__V1__ModelInfo *mi,
                 j->template_origin = strdup("from the model");
         }
         j->reg = r;
-        j->entry = model_ref(m);
+        j->entry = tsr_models_ref(m);
         j->work.data = j;
         if (uv_queue_work(r->loop, &j->work, build_work, build_done) != 0) {
-                model_unref(m);
+                tsr_models_unref(m);
                 tessera__v1__model_info__free_unpacked(j->tok_src, NULL);
                 free(j->template_src);
                 free(j->template_origin);

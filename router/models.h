@@ -20,7 +20,7 @@
 #include "common/tokenizer.h"
 #include "common/wire.h"
 
-typedef struct model_entry {
+typedef struct tsr_models_entry {
         int refs;
         char *name;                 /* first served name: responses' `model`, metrics' model_name */
         char **names;               /* every served name */
@@ -40,28 +40,28 @@ typedef struct model_entry {
         uint32_t vocab_size;
         uint32_t max_logprobs;
         Tessera__V1__GenerationDefaults gen;   /* copied scalars */
-} model_entry;
+} tsr_models_entry;
 
-typedef struct model_registry model_registry;
+typedef struct tsr_models_registry tsr_models_registry;
 
-tsr_status model_registry_new(uv_loop_t *loop, const tsr_config *cfg, model_registry **ret);
+tsr_status tsr_models_registry_new(uv_loop_t *loop, const tsr_config *cfg, tsr_models_registry **ret);
 /* Stop accepting work; entries are freed as their last reference goes. */
-void model_registry_free(model_registry **r);
+void tsr_models_registry_free(tsr_models_registry **r);
 
 /* A worker's ModelInfo (and the ModelInfo that carries its tokenizer bytes, which may
  * be an earlier one) arrived: create or refresh the model's entry. */
-void model_registry_on_info(model_registry *r, const Tessera__V1__ModelInfo *mi,
-                            const Tessera__V1__ModelInfo *tokenizer_src);
+void tsr_models_registry_on_info(tsr_models_registry *r, const Tessera__V1__ModelInfo *mi,
+                                 const Tessera__V1__ModelInfo *tokenizer_src);
 
 /* The entry serving `name` (NULL or "" = the first model), or NULL.  Borrowed. */
-model_entry *model_registry_find(model_registry *r, const char *name);
-size_t model_registry_count(const model_registry *r);
-model_entry *model_registry_at(model_registry *r, size_t i);
+tsr_models_entry *tsr_models_registry_find(tsr_models_registry *r, const char *name);
+size_t tsr_models_registry_count(const tsr_models_registry *r);
+tsr_models_entry *tsr_models_registry_at(tsr_models_registry *r, size_t i);
 
-model_entry *model_ref(model_entry *m);
-void model_unref(model_entry *m);
+tsr_models_entry *tsr_models_ref(tsr_models_entry *m);
+void tsr_models_unref(tsr_models_entry *m);
 
 /* Whether `mi` serves the model `m` (same first served name). */
-bool model_served_by(const model_entry *m, const Tessera__V1__ModelInfo *mi);
+bool tsr_models_served_by(const tsr_models_entry *m, const Tessera__V1__ModelInfo *mi);
 
 #endif

@@ -484,7 +484,7 @@ static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, o
                 return VALUE_ERR(err, "prompt_logprobs", "prompt_logprobs must be non-negative or -1, got %d.",
                                  r->prompt_logprobs);
         /* -1 (the whole vocabulary) is checked against the cap once the model's
-         * vocabulary is known (request.c). */
+         * vocabulary is known (request/prepare.c). */
         if (lim->max_logprobs >= 0 && r->prompt_logprobs > lim->max_logprobs)
                 return VALUE_ERR(err, "prompt_logprobs", "Requested prompt logprobs of %d, which is greater than max allowed: %d",
                                  r->prompt_logprobs, lim->max_logprobs);

@@ -1,8 +1,11 @@
-/* placement.c - the placement formula (see placement.h). */
+/* placement.c - the placement inputs and formula (see placement.h). */
 #include "router/placement.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "router/worker_link.h"
 
 static uint64_t prefill_blocks(const tsr_placement_cand *c) {
         return c->hits < c->blocks ? (uint64_t)(c->blocks - c->hits) : 0;
@@ -108,4 +111,35 @@ uint64_t tsr_placement_reserve(uint64_t max_tokens, uint32_t block_size) {
         uint64_t bs = block_size ? block_size : 1;
         uint64_t blocks = max_tokens / bs + (max_tokens % bs != 0);
         return blocks < 16 ? blocks : 16;
+}
+
+void tsr_placement_cand_fill(tsr_placement_cand *c, const tsr_worker *w, const Tessera__V1__Status *st,
+                             const tsr_placement_pending *p, uint32_t block_size, uint64_t max_tokens,
+                             const uint64_t *hashes, size_t n_hashes) {
+        memset(c, 0, sizeof(*c));
+        c->block_size = block_size;
+        if (st) {
+                c->num_running = st->num_running;
+                c->num_waiting = st->num_waiting;
+                c->waiting_prompt_tokens = st->waiting_prompt_tokens;
+                c->kv_total = st->kv_blocks_total;
+                c->kv_free = st->kv_blocks_free;
+                c->kv_active = st->kv_blocks_active;
+        }
+        if (p) {
+                c->pending_prefill_blocks = p->prefill_blocks;
+                c->pending_decode_blocks = p->decode_blocks;
+                c->pending_requests = p->requests;
+        }
+        c->reserve_blocks = tsr_placement_reserve(max_tokens, c->block_size);
+        if (hashes) {
+                c->blocks = n_hashes;
+                c->hits = n_hashes ? tsr_worker_prefix_hits(w, hashes, n_hashes) : 0;
+        }
+}
+
+void tsr_placement_pending_add(tsr_placement_pending *p, const tsr_placement_cand *c) {
+        p->prefill_blocks += c->blocks - (c->hits < c->blocks ? c->hits : c->blocks);
+        p->decode_blocks += c->blocks;
+        p->requests++;
 }

@@ -1,10 +1,11 @@
 /* placement.h - which worker gets a request: capacity filters, prefix overlap, load, pure
  * (docs/architecture.md describes the policy).
  *
- * The request path (router/request.c, loop thread) fills one candidate per live worker
- * serving the model from that worker's last Status, its prefix-cache mirror and what
- * this router sent it since that Status, and asks tsr_placement_pick for an index.
- * Nothing here touches sockets or the clock, so the unit tests drive it directly.
+ * The request path (router/request/dispatch.c, loop thread) lists the live workers
+ * serving the model; tsr_placement_cand_fill builds one candidate per worker from that
+ * worker's last Status, its prefix-cache mirror and what this router sent it since that
+ * Status, and tsr_placement_pick returns an index.  Nothing here touches sockets or the
+ * clock, so the unit tests drive it directly.
  *
  *   filter  kv_free >= (B - h) + reserve      room for the prefill and some decode
  *           kv_active / kv_total <= 0.8       not saturated
@@ -44,6 +45,14 @@ typedef struct tsr_placement_cand {
         uint32_t pending_requests;
 } tsr_placement_cand;
 
+/* What this router sent one worker since that worker's last Status: the "pending"
+ * terms above.  The request layer keeps one per worker and zeroes it when the worker's
+ * Status moves on. */
+typedef struct tsr_placement_pending {
+        uint64_t prefill_blocks, decode_blocks;
+        uint32_t requests;
+} tsr_placement_pending;
+
 typedef struct tsr_placement_params {
         double saturation;               /* kv_active / kv_total above this is filtered (0.8) */
         uint32_t queue_cap;              /* num_waiting at or above this is filtered (128) */
@@ -76,5 +85,22 @@ size_t tsr_placement_pick_least_load(const tsr_placement_cand *c, size_t n);
  * 16 blocks so that a chat request defaulting to "the rest of the context" does not
  * filter out every worker. */
 uint64_t tsr_placement_reserve(uint64_t max_tokens, uint32_t block_size);
+
+struct tsr_worker;
+struct Tessera__V1__Status;
+
+/* Fill *c for worker w from its last Status `st` (NULL: none yet, no load known), what
+ * this router sent it since (`p`, NULL: nothing), the block size of the prompt's hash
+ * chain and the request's max_tokens (the decode reserve), and for the kv policy the
+ * prompt's block-hash chain: B is n_hashes, h the leading ones in w's prefix-cache
+ * mirror (`hashes` NULL or n_hashes 0: both 0, which the other policies pass).
+ * Loop thread: reads w's mirror and Status, which only the loop writes. */
+void tsr_placement_cand_fill(tsr_placement_cand *c, const struct tsr_worker *w, const struct Tessera__V1__Status *st,
+                             const tsr_placement_pending *p, uint32_t block_size, uint64_t max_tokens,
+                             const uint64_t *hashes, size_t n_hashes);
+
+/* Count a dispatch to the worker of candidate c in p: its prefill blocks (B - h), its
+ * decode blocks (B) and one request. */
+void tsr_placement_pending_add(tsr_placement_pending *p, const tsr_placement_cand *c);
 
 #endif

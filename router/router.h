@@ -21,8 +21,8 @@ typedef struct router_ctx {
         const tsr_config *cfg;
         http_server *http;
         worker_pool *workers;
-        model_registry *models;
-        request_layer *requests;
+        tsr_models_registry *models;
+        tsr_request_layer *requests;
         tsr_metrics *metrics;        /* shared by every loop (--router-threads), locked inside */
         char router_id[64];
         uint64_t started_unix_s;
@@ -31,7 +31,7 @@ typedef struct router_ctx {
          * counters are atomic); n_http = --router-threads. */
         http_server *const *all_http;
         size_t n_http;
-        /* Whether each loop could serve a request now (router_can_serve), published by
+        /* Whether each loop could serve a request now (tsr_api_can_serve), published by
          * its own loop every TSR_READY_PUBLISH_MS; n_http entries; NULL with one loop.
          * /health asks every loop, since a client's next connection may land on any. */
         atomic_bool *loops_ready;
@@ -40,9 +40,9 @@ typedef struct router_ctx {
 #define TSR_READY_PUBLISH_MS 100
 
 /* Loop thread: some worker is live and this loop has built its model's tokenizer. */
-bool router_can_serve(router_ctx *r);
+bool tsr_api_can_serve(router_ctx *r);
 
 /* The HTTP handler for every request (api.c); `ud` is the router_ctx. */
-void router_api_handle(void *ud, http_conn *c, http_request *req);
+void tsr_api_handle(void *ud, http_conn *c, http_request *req);
 
 #endif

@@ -2,7 +2,7 @@
 
 #include <string.h>
 
-size_t utf8_count(const char *s, size_t len) {
+size_t tsr_stop_utf8_count(const char *s, size_t len) {
         size_t n = 0;
         for (size_t i = 0; i < len; i++)
                 n += ((unsigned char)s[i] & 0xc0) != 0x80;
@@ -26,12 +26,12 @@ static const char *find_bytes(const char *hay, size_t hay_len, const char *needl
         return memmem(hay, hay_len, needle, needle_len);
 }
 
-stop_match stop_check(const char *text, size_t text_len, size_t new_chars, const char *const *stops, size_t n_stops,
-                      bool include_in_output) {
-        stop_match m = {.index = -1, .cut_bytes = text_len};
+tsr_stop_match tsr_stop_check(const char *text, size_t text_len, size_t new_chars, const char *const *stops,
+                              size_t n_stops, bool include_in_output) {
+        tsr_stop_match m = {.index = -1, .cut_bytes = text_len};
         for (size_t k = 0; k < n_stops; k++) {
                 size_t stop_len = strlen(stops[k]);
-                size_t stop_chars = utf8_count(stops[k], stop_len);
+                size_t stop_chars = tsr_stop_utf8_count(stops[k], stop_len);
                 /* Python: text.find(stop, 1 - new_chars - len(stop)): only the window that
                  * could hold a match touching the new text. */
                 size_t from = tail_start(text, text_len, new_chars + stop_chars - 1);
@@ -45,13 +45,13 @@ stop_match stop_check(const char *text, size_t text_len, size_t new_chars, const
         return m;
 }
 
-size_t stop_holdback_bytes(const char *text, size_t text_len, const char *const *stops, size_t n_stops,
-                           bool include_in_output) {
+size_t tsr_stop_holdback_bytes(const char *text, size_t text_len, const char *const *stops, size_t n_stops,
+                               bool include_in_output) {
         size_t longest = 0;
         if (include_in_output)
                 return 0;
         for (size_t k = 0; k < n_stops; k++) {
-                size_t c = utf8_count(stops[k], strlen(stops[k]));
+                size_t c = tsr_stop_utf8_count(stops[k], strlen(stops[k]));
                 if (c > longest)
                         longest = c;
         }

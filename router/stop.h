@@ -17,23 +17,23 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-typedef struct stop_match {
+typedef struct tsr_stop_match {
         int index;              /* which stop string matched, -1 = none */
         size_t cut_bytes;       /* the output keeps this many bytes */
-} stop_match;
+} tsr_stop_match;
 
 /* `text` is the whole output so far (text_len bytes, valid UTF-8); the last
  * `new_chars` code points are new since the previous call. */
-stop_match stop_check(const char *text, size_t text_len, size_t new_chars, const char *const *stops, size_t n_stops,
-                      bool include_in_output);
+tsr_stop_match tsr_stop_check(const char *text, size_t text_len, size_t new_chars, const char *const *stops,
+                              size_t n_stops, bool include_in_output);
 
 /* How many bytes at the end of `text` to hold back from a stream: the last
  * (max stop length in code points - 1) code points; 0 when include_in_output or there
  * are no stop strings. */
-size_t stop_holdback_bytes(const char *text, size_t text_len, const char *const *stops, size_t n_stops,
-                           bool include_in_output);
+size_t tsr_stop_holdback_bytes(const char *text, size_t text_len, const char *const *stops, size_t n_stops,
+                               bool include_in_output);
 
 /* Code points in a UTF-8 string (continuation bytes not counted). */
-size_t utf8_count(const char *s, size_t len);
+size_t tsr_stop_utf8_count(const char *s, size_t len);
 
 #endif

@@ -272,6 +272,45 @@ static void test_imbalance_guard(void **state) {
         assert_int_equal(tsr_placement_pick_least_load(c, 0), (size_t)-1);
 }
 
+/* The inputs from a Status and the pending counts; what a dispatch adds to them. */
+static void test_cand_fill_and_pending(void **state) {
+        (void)state;
+        Tessera__V1__Status st = TESSERA__V1__STATUS__INIT;
+        tsr_placement_pending p = {.prefill_blocks = 3, .decode_blocks = 5, .requests = 2};
+        tsr_placement_cand c;
+        st.num_running = 4;
+        st.num_waiting = 1;
+        st.waiting_prompt_tokens = 32;
+        st.kv_blocks_total = 100;
+        st.kv_blocks_free = 60;
+        st.kv_blocks_active = 40;
+        tsr_placement_cand_fill(&c, NULL, &st, &p, 16, 40, NULL, 0);   /* no hashes: the worker is not read */
+        assert_int_equal(c.num_running, 4);
+        assert_int_equal(c.num_waiting, 1);
+        assert_int_equal(c.waiting_prompt_tokens, 32);
+        assert_int_equal(c.kv_total, 100);
+        assert_int_equal(c.kv_free, 60);
+        assert_int_equal(c.kv_active, 40);
+        assert_int_equal(c.pending_prefill_blocks, 3);
+        assert_int_equal(c.pending_decode_blocks, 5);
+        assert_int_equal(c.pending_requests, 2);
+        assert_int_equal(c.block_size, 16);
+        assert_int_equal(c.reserve_blocks, 3);   /* ceil(40 / 16) */
+        assert_int_equal(c.blocks, 0);
+        assert_int_equal(c.hits, 0);
+        tsr_placement_cand_fill(&c, NULL, NULL, NULL, 16, 1, NULL, 0);   /* no Status yet, nothing sent */
+        assert_int_equal(c.num_running + c.num_waiting + c.kv_total + c.pending_requests, 0);
+        c.blocks = 7;
+        c.hits = 2;
+        tsr_placement_pending_add(&p, &c);
+        assert_int_equal(p.prefill_blocks, 3 + 5);
+        assert_int_equal(p.decode_blocks, 5 + 7);
+        assert_int_equal(p.requests, 3);
+        c.hits = 9;   /* more hits than blocks adds no prefill */
+        tsr_placement_pending_add(&p, &c);
+        assert_int_equal(p.prefill_blocks, 8);
+}
+
 static void test_worker_dns_parse(void **state) {
         char name[64], err[256];
         int port = 0;
@@ -467,6 +506,7 @@ int main(void) {
                 cmocka_unit_test(test_filters),
                 cmocka_unit_test(test_pick),
                 cmocka_unit_test(test_imbalance_guard),
+                cmocka_unit_test(test_cand_fill_and_pending),
                 cmocka_unit_test(test_worker_dns_parse),
                 cmocka_unit_test(test_worker_dns_adds_localhost),
                 cmocka_unit_test(test_worker_dns_retires_gone_addresses),

@@ -22,7 +22,7 @@ static char *stream_stop(const char *const *pieces, size_t n, const char *const 
                 size_t plen = strlen(pieces[i]);
                 memcpy(text + len, pieces[i], plen);
                 len += plen;
-                stop_match m = stop_check(text, len, utf8_count(pieces[i], plen), stops, n_stops, include);
+                tsr_stop_match m = tsr_stop_check(text, len, tsr_stop_utf8_count(pieces[i], plen), stops, n_stops, include);
                 if (m.index >= 0) {
                         *matched = m.index;
                         len = m.cut_bytes;
@@ -55,9 +55,9 @@ static void test_stop_window_only_new_text(void **state) {
         /* A stop string that was already in the text before the new piece is not
          * searched again (vLLM's window): here "ab" is entirely old text. */
         const char *stops[] = {"ab"};
-        stop_match mt = stop_check("xxabyyyy", 8, 2, stops, 1, false);
+        tsr_stop_match mt = tsr_stop_check("xxabyyyy", 8, 2, stops, 1, false);
         assert_int_equal(mt.index, -1);
-        mt = stop_check("xxabyyyy", 8, 5, stops, 1, false);
+        mt = tsr_stop_check("xxabyyyy", 8, 5, stops, 1, false);
         assert_int_equal(mt.index, 0);
         assert_int_equal(mt.cut_bytes, 2);
 }
@@ -68,12 +68,12 @@ static void test_stop_utf8_and_holdback(void **state) {
         int m;
         assert_string_equal(stream_stop(pieces, 3, stops, 2, false, &m), "caf");
         /* Hold back (longest stop - 1) = 3 code points: "é!" is 3 bytes, "xé!" 4. */
-        assert_int_equal(stop_holdback_bytes("abcxé!", 7, stops, 2, false), 4);
-        assert_int_equal(stop_holdback_bytes("ab", 2, stops, 2, false), 2);
-        assert_int_equal(stop_holdback_bytes("abcdef", 6, stops, 2, true), 0);
+        assert_int_equal(tsr_stop_holdback_bytes("abcxé!", 7, stops, 2, false), 4);
+        assert_int_equal(tsr_stop_holdback_bytes("ab", 2, stops, 2, false), 2);
+        assert_int_equal(tsr_stop_holdback_bytes("abcdef", 6, stops, 2, true), 0);
         const char *one[] = {"x"};
-        assert_int_equal(stop_holdback_bytes("abc", 3, one, 1, false), 0);
-        assert_int_equal(utf8_count("añ😀", strlen("añ😀")), 3);
+        assert_int_equal(tsr_stop_holdback_bytes("abc", 3, one, 1, false), 0);
+        assert_int_equal(tsr_stop_utf8_count("añ😀", strlen("añ😀")), 3);
 }
 
 static char *dump(json_t *o) {
