@@ -1060,6 +1060,17 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                 {"pipeline-parallel-size", cfg->pipeline_parallel_size},
                 {"data-parallel-size", cfg->data_parallel_size},
         };
+        const struct {
+                bool on;
+                const char *name;
+                const char *why;
+        } switches[] = {   /* boolean flags refused when on, checked in this order */
+                {cfg->enable_request_id_headers, "enable-request-id-headers", "responses carry no X-Request-Id header"},
+                {cfg->enable_server_load_tracking, "enable-server-load-tracking", "there is no /load endpoint"},
+                {cfg->enable_tokenizer_info_endpoint, "enable-tokenizer-info-endpoint",
+                 "there is no /tokenizer_info endpoint"},
+                {cfg->enable_auto_tool_choice, "enable-auto-tool-choice", "model output is not parsed for tool calls"},
+        };
         const char *model_file = "the model's own path";
 
         for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
@@ -1113,25 +1124,12 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                          "from / only (supported: leave it unset)", cfg->root_path);
                 return TSR_E_UNSUPPORTED;
         }
-        if (cfg->enable_request_id_headers) {
-                tsr_errf(err, errlen, "argument --enable-request-id-headers: not supported yet: responses carry "
-                         "no X-Request-Id header (supported: leave it off)");
-                return TSR_E_UNSUPPORTED;
-        }
-        if (cfg->enable_server_load_tracking) {
-                tsr_errf(err, errlen, "argument --enable-server-load-tracking: not supported yet: there is no "
-                         "/load endpoint (supported: leave it off)");
-                return TSR_E_UNSUPPORTED;
-        }
-        if (cfg->enable_tokenizer_info_endpoint) {
-                tsr_errf(err, errlen, "argument --enable-tokenizer-info-endpoint: not supported yet: there is "
-                         "no /tokenizer_info endpoint (supported: leave it off)");
-                return TSR_E_UNSUPPORTED;
-        }
-        if (cfg->enable_auto_tool_choice) {
-                tsr_errf(err, errlen, "argument --enable-auto-tool-choice: not supported yet: model output is "
-                         "not parsed for tool calls (supported: leave it off)");
-                return TSR_E_UNSUPPORTED;
+        for (size_t i = 0; i < sizeof(switches) / sizeof(switches[0]); i++) {
+                if (switches[i].on) {
+                        tsr_errf(err, errlen, "argument --%s: not supported yet: %s (supported: leave it off)",
+                                 switches[i].name, switches[i].why);
+                        return TSR_E_UNSUPPORTED;
+                }
         }
         if (cfg->tool_call_parser) {
                 tsr_errf(err, errlen, "argument --tool-call-parser: '%s' is not supported yet: model output is "
