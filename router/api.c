@@ -14,33 +14,33 @@
 #include "common/log.h"
 #include "router.h"
 
-static void respond_json(http_conn *c, int status, json_t *body) {
+static void respond_json(tsr_http_conn *c, int status, json_t *body) {
         char *text = json_dumps(body, JSON_COMPACT);
         if (!text) {
-                http_conn_respond_error(c, 500, "Internal Server Error", "out of memory");
+                tsr_http_conn_respond_error(c, 500, "Internal Server Error", "out of memory");
         } else {
-                http_conn_respond(c, status, "application/json", text, strlen(text), NULL);
+                tsr_http_conn_respond(c, status, "application/json", text, strlen(text), NULL);
                 free(text);
         }
         json_decref(body);
 }
 
 /* FastAPI's own bodies for routing errors: {"detail": "..."}. */
-static void respond_detail(http_conn *c, int status, const char *detail) {
+static void respond_detail(tsr_http_conn *c, int status, const char *detail) {
         respond_json(c, status, json_pack("{s:s}", "detail", detail));
 }
 
 /* vLLM guards paths under /v1 with --api-key (Authorization: Bearer KEY, scheme
  * case-insensitive) and answers 401 {"error":"Unauthorized"}.  Compare in constant
  * time over the longest candidate so timing leaks no prefix. */
-static bool authorized(const router_ctx *r, const http_request *req) {
+static bool authorized(const tsr_router_ctx *r, const tsr_http_request *req) {
         const char *h;
         size_t given_len;
         bool ok = false;
 
         if (r->cfg->api_key.n == 0 || strncmp(req->path, "/v1", 3) != 0 || strcmp(req->method, "OPTIONS") == 0)
                 return true;
-        h = http_request_header(req, "authorization");
+        h = tsr_http_request_header(req, "authorization");
         if (!h || strncasecmp(h, "bearer ", 7) != 0)
                 return false;
         h += 7;
@@ -60,9 +60,9 @@ static bool authorized(const router_ctx *r, const http_request *req) {
  * built its model's tokenizer (and template).  A worker live before its tokenizer is
  * ready would turn the first completion after a 200 into a 503 "still loading",
  * which a client that waited for /health (as for vLLM) does not expect. */
-bool tsr_api_can_serve(router_ctx *r) {
-        for (size_t i = 0; i < worker_pool_count(r->workers); i++) {
-                tsr_worker *w = worker_pool_get(r->workers, i);
+bool tsr_api_can_serve(tsr_router_ctx *r) {
+        for (size_t i = 0; i < tsr_worker_pool_count(r->workers); i++) {
+                tsr_worker *w = tsr_worker_pool_get(r->workers, i);
                 const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
                 if (!tsr_worker_live(w) || !tsr_worker_accepting(w) || !mi || mi->n_served_model_names == 0)
                         continue;
@@ -73,15 +73,15 @@ bool tsr_api_can_serve(router_ctx *r) {
         return false;
 }
 
-static void handle_health(router_ctx *r, http_conn *c) {
+static void handle_health(tsr_router_ctx *r, tsr_http_conn *c) {
         bool ok = tsr_api_can_serve(r);
         for (size_t i = 0; ok && r->loops_ready && i < r->n_http; i++)
                 if ((int)i != r->loop_index)
                         ok = atomic_load_explicit(&r->loops_ready[i], memory_order_relaxed);
-        http_conn_respond(c, ok ? 200 : 503, NULL, "", 0, NULL);
+        tsr_http_conn_respond(c, ok ? 200 : 503, NULL, "", 0, NULL);
 }
 
-static void handle_version(router_ctx *r, http_conn *c) {
+static void handle_version(tsr_router_ctx *r, tsr_http_conn *c) {
         respond_json(c, 200, json_pack("{s:s}", "version", TSR_VERSION));
 }
 
@@ -97,12 +97,12 @@ static bool name_seen(json_t *data, const char *name) {
 
 /* One card per served name of every live worker (vLLM: one per --served-model-name,
  * all sharing `root`).  Names served by several workers appear once. */
-static void handle_models(router_ctx *r, http_conn *c) {
+static void handle_models(tsr_router_ctx *r, tsr_http_conn *c) {
         json_t *data = json_array();
         json_int_t created = (json_int_t)r->started_unix_s;
 
-        for (size_t i = 0; i < worker_pool_count(r->workers); i++) {
-                tsr_worker *w = worker_pool_get(r->workers, i);
+        for (size_t i = 0; i < tsr_worker_pool_count(r->workers); i++) {
+                tsr_worker *w = tsr_worker_pool_get(r->workers, i);
                 const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
                 if (!mi || !tsr_worker_live(w))
                         continue;
@@ -128,17 +128,17 @@ static void handle_models(router_ctx *r, http_conn *c) {
 
 /* The HTTP server counts its connections itself (it knows nothing of the registry);
  * copy its totals in before rendering.  Errors here only lose a sample, never the scrape. */
-static void sync_connection_metrics(router_ctx *r) {
-        http_server_stats sum = {0}, st;
+static void sync_connection_metrics(tsr_router_ctx *r) {
+        tsr_http_server_stats sum = {0}, st;
         size_t open = 0, n = r->all_http ? r->n_http : 1;
 
         /* Every loop's server (--router-threads): their counters are atomic. */
         for (size_t i = 0; i < n; i++) {
-                const http_server *s = r->all_http ? r->all_http[i] : r->http;
+                const tsr_http_server *s = r->all_http ? r->all_http[i] : r->http;
                 if (!s)
                         continue;
-                http_server_get_stats(s, &st);
-                open += http_server_num_connections(s);
+                tsr_http_server_get_stats(s, &st);
+                open += tsr_http_server_num_connections(s);
                 sum.accepted += st.accepted;
                 sum.rejected_cap += st.rejected_cap;
                 sum.header_timeouts += st.header_timeouts;
@@ -156,14 +156,14 @@ static void sync_connection_metrics(router_ctx *r) {
                                       (double)sum.idle_timeouts);
 }
 
-static void handle_metrics(router_ctx *r, http_conn *c) {
+static void handle_metrics(tsr_router_ctx *r, tsr_http_conn *c) {
         tsr_buf out;
         sync_connection_metrics(r);
         tsr_buf_init(&out, 64u << 20);
         if (tsr_metrics_render(r->metrics, &out) != TSR_OK)
-                http_conn_respond_error(c, 500, "InternalServerError", "metrics exposition failed");
+                tsr_http_conn_respond_error(c, 500, "InternalServerError", "metrics exposition failed");
         else
-                http_conn_respond(c, 200, TSR_METRICS_CONTENT_TYPE, out.data, out.len, NULL);
+                tsr_http_conn_respond(c, 200, TSR_METRICS_CONTENT_TYPE, out.data, out.len, NULL);
         tsr_buf_done(&out);
 }
 
@@ -196,8 +196,8 @@ static bool method_allowed(const char *methods, const char *m) {
         return false;
 }
 
-void tsr_api_handle(void *ud, http_conn *c, http_request *req) {
-        router_ctx *r = ud;
+void tsr_api_handle(void *ud, tsr_http_conn *c, tsr_http_request *req) {
+        tsr_router_ctx *r = ud;
         const route *rt = NULL;
 
         for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
@@ -227,10 +227,10 @@ void tsr_api_handle(void *ud, http_conn *c, http_request *req) {
                 handle_models(r, c);
                 break;
         case R_COMPLETIONS:
-                tsr_request_handle_generate(r->requests, c, req, OAI_COMPLETIONS);
+                tsr_request_handle_generate(r->requests, c, req, TSR_OAI_COMPLETIONS);
                 break;
         case R_CHAT:
-                tsr_request_handle_generate(r->requests, c, req, OAI_CHAT);
+                tsr_request_handle_generate(r->requests, c, req, TSR_OAI_CHAT);
                 break;
         case R_TOKENIZE:
                 tsr_request_handle_tokenize(r->requests, c, req);

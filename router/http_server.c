@@ -59,9 +59,9 @@ enum resp_state {
         RESP_DONE,
 };
 
-struct http_conn {
-        http_server *s;
-        http_conn *prev, *next;       /* s->conns */
+struct tsr_http_conn {
+        tsr_http_server *s;
+        tsr_http_conn *prev, *next;       /* s->conns */
         uv_tcp_t tcp;
         uv_timer_t timer;
         uv_shutdown_t shutdown_req;
@@ -82,7 +82,7 @@ struct http_conn {
         bool in_header_field;
         bool head_done;               /* later header callbacks are trailers: ignored */
         bool streaming_chunked;
-        bool detached;                /* http_parse_one's connection: no socket, no timer */
+        bool detached;                /* tsr_http_parse_one's connection: no socket, no timer */
         int err_status;               /* set by a parser callback that fails the request */
         void (*on_close)(void *ud);
         void *on_close_ud;
@@ -94,20 +94,20 @@ struct http_conn {
         size_t url_len;
         size_t n_headers;
         size_t *hoff;                 /* [2 * max_headers] name/value offsets into head, in the arena */
-        http_request req;
+        tsr_http_request req;
 };
 
-struct http_server {
+struct tsr_http_server {
         uv_loop_t *loop;
-        http_server_opts opts;
-        http_handler_fn fn;
+        tsr_http_server_opts opts;
+        tsr_http_handler_fn fn;
         void *ud;
         llhttp_settings_t settings;
         uv_tcp_t *listener;           /* own allocation: freed in its close_cb, which may outlive s */
         int port;
-        http_conn *conns;
+        tsr_http_conn *conns;
         size_t n_conns;
-        /* Totals behind http_server_get_stats, atomic so that another loop's thread
+        /* Totals behind tsr_http_server_get_stats, atomic so that another loop's thread
          * may read them (--router-threads: /metrics sums every loop's server). */
         struct {
                 atomic_uint_least64_t accepted, rejected_cap, header_timeouts, body_timeouts, idle_timeouts;
@@ -127,16 +127,16 @@ struct http_server {
         char rbuf[READ_BUF_SIZE];     /* shared read buffer: every read is consumed in its read_cb */
 };
 
-static void conn_close(http_conn *c, bool notify);
-static void conn_after_writes(http_conn *c);
-static void conn_parse(http_conn *c, const char *data, size_t len, bool from_pending);
-static void conn_update_reading(http_conn *c);
-static void server_check_done(http_server *s);
+static void conn_close(tsr_http_conn *c, bool notify);
+static void conn_after_writes(tsr_http_conn *c);
+static void conn_parse(tsr_http_conn *c, const char *data, size_t len, bool from_pending);
+static void conn_update_reading(tsr_http_conn *c);
+static void server_check_done(tsr_http_server *s);
 static void conn_timer_cb(uv_timer_t *t);
 
 /* ---- small helpers --------------------------------------------------------------- */
 
-const char *http_reason_phrase(int status) {
+const char *tsr_http_reason_phrase(int status) {
         switch (status) {
         case 100: return "Continue";
         case 101: return "Switching Protocols";
@@ -176,7 +176,7 @@ const char *http_reason_phrase(int status) {
         }
 }
 
-void http_server_opts_default(http_server_opts *o) {
+void tsr_http_server_opts_default(tsr_http_server_opts *o) {
         o->max_body = 32u << 20;
         o->max_header_bytes = 64u << 10;
         o->max_headers = 100;
@@ -186,14 +186,14 @@ void http_server_opts_default(http_server_opts *o) {
         o->max_write_queue = 8u << 20;
 }
 
-const char *http_request_header(const http_request *r, const char *lower_name) {
+const char *tsr_http_request_header(const tsr_http_request *r, const char *lower_name) {
         for (size_t i = 0; i < r->n_headers; i++)
                 if (strcasecmp(r->headers[i].name, lower_name) == 0)
                         return r->headers[i].value;
         return NULL;
 }
 
-static void conn_arm_timer(http_conn *c, uint64_t ms, uv_timer_cb cb) {
+static void conn_arm_timer(tsr_http_conn *c, uint64_t ms, uv_timer_cb cb) {
         if (c->closing || c->detached)
                 return;
         if (ms == 0) {
@@ -204,7 +204,7 @@ static void conn_arm_timer(http_conn *c, uint64_t ms, uv_timer_cb cb) {
 }
 
 /* Release everything that belongs to the current request. */
-static void conn_request_done(http_conn *c) {
+static void conn_request_done(tsr_http_conn *c) {
         tsr_arena_free(&c->req.arena);   /* runs the cleanups: frees the body */
         memset(&c->req, 0, sizeof(c->req));
         c->hoff = NULL;
@@ -227,8 +227,8 @@ static void conn_request_done(http_conn *c) {
 /* Free `c` once nothing can reach it any more: both handles closed (their close_cb has
  * run), no write request outstanding, no handler holding the request.  May free `c`:
  * callers return right after. */
-static void conn_maybe_free(http_conn *c) {
-        http_server *s = c->s;
+static void conn_maybe_free(tsr_http_conn *c) {
+        tsr_http_server *s = c->s;
 
         if (!c->closing || c->handles_open > 0 || c->pending_writes > 0 || c->handler_owns || s->iterating)
                 return;
@@ -247,7 +247,7 @@ static void conn_maybe_free(http_conn *c) {
 }
 
 static void conn_handle_close_cb(uv_handle_t *h) {
-        http_conn *c = h->data;
+        tsr_http_conn *c = h->data;
         c->handles_open--;
         conn_maybe_free(c);
 }
@@ -255,7 +255,7 @@ static void conn_handle_close_cb(uv_handle_t *h) {
 /* Hard close.  `notify`: fire the handler's on_close if it still owns the request; false
  * when we are inside an http_conn_* call made by the handler (it learns from the return
  * value instead, and keeps ownership until it ends the response). */
-static void conn_close(http_conn *c, bool notify) {
+static void conn_close(tsr_http_conn *c, bool notify) {
         if (c->closing)
                 return;
         c->closing = true;
@@ -275,14 +275,14 @@ static void conn_close(http_conn *c, bool notify) {
 
 struct wreq {
         uv_write_t req;
-        http_conn *c;
+        tsr_http_conn *c;
         size_t len;
         char data[];
 };
 
 static void conn_write_cb(uv_write_t *req, int status) {
         struct wreq *w = (struct wreq *)req;
-        http_conn *c = w->c;
+        tsr_http_conn *c = w->c;
 
         c->pending_writes--;
         free(w);
@@ -299,7 +299,7 @@ static void conn_write_cb(uv_write_t *req, int status) {
 }
 
 /* Queue `a` followed by `b` (either may be empty) as one write; both are copied. */
-static tsr_status conn_write2(http_conn *c, const void *a, size_t alen, const void *b, size_t blen) {
+static tsr_status conn_write2(tsr_http_conn *c, const void *a, size_t alen, const void *b, size_t blen) {
         struct wreq *w;
         uv_buf_t ub;
         int r;
@@ -327,11 +327,11 @@ static tsr_status conn_write2(http_conn *c, const void *a, size_t alen, const vo
 }
 
 /* Status line and headers, into `out` (uncapped beyond extra_headers' own size). */
-static tsr_status build_head(tsr_buf *out, const http_conn *c, int status, const char *content_type,
+static tsr_status build_head(tsr_buf *out, const tsr_http_conn *c, int status, const char *content_type,
                              bool has_length, size_t len, bool chunked, const char *extra) {
         tsr_status st;
 
-        st = tsr_buf_appendf(out, "HTTP/1.1 %d %s\r\nserver: tessera\r\n", status, http_reason_phrase(status));
+        st = tsr_buf_appendf(out, "HTTP/1.1 %d %s\r\nserver: tessera\r\n", status, tsr_http_reason_phrase(status));
         if (st == TSR_OK && content_type)
                 st = tsr_buf_appendf(out, "content-type: %s\r\n", content_type);
         if (st == TSR_OK && has_length)
@@ -359,9 +359,9 @@ static bool extra_ok(const char *extra) {
         return n >= 2 && extra[n - 2] == '\r' && extra[n - 1] == '\n';
 }
 
-/* Write a complete response with a Content-Length.  Shared by http_conn_respond and the
+/* Write a complete response with a Content-Length.  Shared by tsr_http_conn_respond and the
  * server's own errors; the caller has checked state. */
-static tsr_status conn_send(http_conn *c, int status, const char *content_type, const void *body, size_t len,
+static tsr_status conn_send(tsr_http_conn *c, int status, const char *content_type, const void *body, size_t len,
                             const char *extra) {
         tsr_buf head;
         tsr_status st;
@@ -379,7 +379,7 @@ static tsr_status conn_send(http_conn *c, int status, const char *content_type, 
 /* JSON error body in vLLM's shape; the string is malloc'd (json_dumps) or NULL on OOM. */
 static char *error_json(int status, const char *type, const char *message) {
         json_t *o = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", message ? message : "", "type",
-                              type ? type : http_reason_phrase(status), "param", "code", status);
+                              type ? type : tsr_http_reason_phrase(status), "param", "code", status);
         char *s;
 
         if (!o)
@@ -390,7 +390,7 @@ static char *error_json(int status, const char *type, const char *message) {
 }
 
 /* A server-generated error (no handler owns the request): answer, then close gracefully. */
-static void conn_fail(http_conn *c, int status, const char *message) {
+static void conn_fail(tsr_http_conn *c, int status, const char *message) {
         char *body;
         tsr_status st = TSR_E_NOMEM;
 
@@ -414,7 +414,7 @@ static void conn_fail(http_conn *c, int status, const char *message) {
 /* ---- timers ---------------------------------------------------------------------- */
 
 static void conn_timer_cb(uv_timer_t *t) {
-        http_conn *c = t->data;
+        tsr_http_conn *c = t->data;
         char msg[96];
 
         if (c->closing)
@@ -450,7 +450,7 @@ static void conn_timer_cb(uv_timer_t *t) {
 /* ---- reading --------------------------------------------------------------------- */
 
 static void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-        http_conn *c = h->data;
+        tsr_http_conn *c = h->data;
         size_t n = READ_BUF_SIZE;
 
         (void)suggested;
@@ -464,7 +464,7 @@ static void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 }
 
 /* The peer closed its side or the read failed. */
-static void conn_on_eof(http_conn *c, ssize_t nread) {
+static void conn_on_eof(tsr_http_conn *c, ssize_t nread) {
         c->peer_eof = true;
         if (nread == UV_EOF && c->pending_writes > 0 && !c->handler_owns && !c->lingering &&
             (c->req_state == REQ_DONE || c->draining)) {
@@ -480,7 +480,7 @@ static void conn_on_eof(http_conn *c, ssize_t nread) {
 }
 
 static void conn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
-        http_conn *c = st->data;
+        tsr_http_conn *c = st->data;
 
         if (c->closing)
                 return;
@@ -509,7 +509,7 @@ static void conn_read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
 }
 
 /* Read unless the connection is closing, the peer has finished, or pipelined input is at its cap. */
-static void conn_update_reading(http_conn *c) {
+static void conn_update_reading(tsr_http_conn *c) {
         bool want;
 
         if (c->closing)
@@ -529,27 +529,27 @@ static void conn_update_reading(http_conn *c) {
 
 /* ---- llhttp callbacks (inside llhttp_execute, from conn_parse) ---------------------- */
 
-static int fail_cb(http_conn *c, int status) {
+static int fail_cb(tsr_http_conn *c, int status) {
         if (!c->err_status)
                 c->err_status = status;
         return -1;
 }
 
-static tsr_status head_append(http_conn *c, const char *at, size_t len) {
+static tsr_status head_append(tsr_http_conn *c, const char *at, size_t len) {
         c->head_bytes += len;
         if (c->head_bytes > c->s->opts.max_header_bytes)
                 return TSR_E_LIMIT;
         return tsr_buf_append(&c->head, at, len);
 }
 
-static int cb_status(http_conn *c, tsr_status st) {
+static int cb_status(tsr_http_conn *c, tsr_status st) {
         if (st == TSR_OK)
                 return 0;
         return fail_cb(c, st == TSR_E_LIMIT ? 431 : 500);
 }
 
 static int on_message_begin(llhttp_t *p) {
-        http_conn *c = p->data;
+        tsr_http_conn *c = p->data;
 
         c->req_state = REQ_HEAD;
         c->err_status = 0;
@@ -570,13 +570,13 @@ static int on_url(llhttp_t *p, const char *at, size_t len) {
 }
 
 static int on_url_complete(llhttp_t *p) {
-        http_conn *c = p->data;
+        tsr_http_conn *c = p->data;
         c->url_len = c->head.len;
         return cb_status(c, head_append(c, "", 1));
 }
 
 static int on_header_field(llhttp_t *p, const char *at, size_t len) {
-        http_conn *c = p->data;
+        tsr_http_conn *c = p->data;
         size_t from = c->head.len;
         tsr_status st;
 
@@ -598,7 +598,7 @@ static int on_header_field(llhttp_t *p, const char *at, size_t len) {
 }
 
 static int on_header_field_complete(llhttp_t *p) {
-        http_conn *c = p->data;
+        tsr_http_conn *c = p->data;
         tsr_status st;
 
         if (c->head_done)
@@ -610,14 +610,14 @@ static int on_header_field_complete(llhttp_t *p) {
 }
 
 static int on_header_value(llhttp_t *p, const char *at, size_t len) {
-        http_conn *c = p->data;
+        tsr_http_conn *c = p->data;
         if (c->head_done)
                 return 0;
         return cb_status(c, head_append(c, at, len));
 }
 
 static int on_header_value_complete(llhttp_t *p) {
-        http_conn *c = p->data;
+        tsr_http_conn *c = p->data;
         tsr_status st;
 
         if (c->head_done)
@@ -629,9 +629,9 @@ static int on_header_value_complete(llhttp_t *p) {
 }
 
 static int on_headers_complete(llhttp_t *p) {
-        http_conn *c = p->data;
-        http_request *r = &c->req;
-        http_header *hs = NULL;
+        tsr_http_conn *c = p->data;
+        tsr_http_request *r = &c->req;
+        tsr_http_header *hs = NULL;
         char *copy, *q;
         const char *expect;
 
@@ -663,7 +663,7 @@ static int on_headers_complete(llhttp_t *p) {
 
         if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->s->opts.max_body)
                 return fail_cb(c, 413);
-        expect = http_request_header(r, "expect");
+        expect = tsr_http_request_header(r, "expect");
         if (expect && strcasecmp(expect, "100-continue") == 0 && r->http_major == 1 && r->http_minor >= 1 &&
             ((p->flags & F_CHUNKED) || p->content_length > 0) && !c->detached) {
                 static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
@@ -676,7 +676,7 @@ static int on_headers_complete(llhttp_t *p) {
 }
 
 static int on_body(llhttp_t *p, const char *at, size_t len) {
-        http_conn *c = p->data;
+        tsr_http_conn *c = p->data;
         tsr_status st = tsr_buf_append(&c->body, at, len);
 
         if (st == TSR_E_LIMIT)
@@ -687,8 +687,8 @@ static int on_body(llhttp_t *p, const char *at, size_t len) {
 static void free_cleanup(void *p) { free(p); }
 
 static int on_message_complete(llhttp_t *p) {
-        http_conn *c = p->data;
-        http_request *r = &c->req;
+        tsr_http_conn *c = p->data;
+        tsr_http_request *r = &c->req;
 
         if (c->body.len) {
                 size_t n;
@@ -711,8 +711,8 @@ static int on_message_complete(llhttp_t *p) {
 
 /* ---- parsing and dispatch ---------------------------------------------------------- */
 
-static void conn_dispatch(http_conn *c) {
-        http_server *s = c->s;
+static void conn_dispatch(tsr_http_conn *c) {
+        tsr_http_server *s = c->s;
 
         c->req_ready = false;
         c->req_state = REQ_HANDLER;
@@ -735,7 +735,7 @@ static const char *fail_message(int status) {
 }
 
 /* Feed bytes to llhttp.  `from_pending`: `data` is c->pending itself. */
-static void conn_parse(http_conn *c, const char *data, size_t len, bool from_pending) {
+static void conn_parse(tsr_http_conn *c, const char *data, size_t len, bool from_pending) {
         llhttp_errno_t err = llhttp_execute(&c->parser, data, len);
         size_t off;
 
@@ -769,7 +769,7 @@ static void conn_parse(http_conn *c, const char *data, size_t len, bool from_pen
 }
 
 /* The response is written: free the request and go on with the next one. */
-static void conn_finish_request(http_conn *c) {
+static void conn_finish_request(tsr_http_conn *c) {
         conn_request_done(c);
         c->req_state = REQ_NONE;
         c->parser_paused = false;
@@ -783,13 +783,13 @@ static void conn_finish_request(http_conn *c) {
 }
 
 static void conn_shutdown_cb(uv_shutdown_t *req, int status) {
-        http_conn *c = req->data;
+        tsr_http_conn *c = req->data;
         if (status < 0 && !c->closing)
                 conn_close(c, true);
 }
 
 /* Graceful close: FIN after the writes, then read and discard until EOF or LINGER_MS. */
-static void conn_linger(http_conn *c) {
+static void conn_linger(tsr_http_conn *c) {
         if (c->lingering || c->closing)
                 return;
         if (c->peer_eof) {
@@ -807,7 +807,7 @@ static void conn_linger(http_conn *c) {
 }
 
 /* Every queued write has completed (write_cb context, never inside a handler call). */
-static void conn_after_writes(http_conn *c) {
+static void conn_after_writes(tsr_http_conn *c) {
         if (c->draining) {   /* set only when no handler owns the request */
                 conn_linger(c);
                 return;
@@ -839,8 +839,8 @@ static void reject_connection(uv_stream_t *listener) {
 }
 
 static void on_connection(uv_stream_t *listener, int status) {
-        http_server *s = listener->data;
-        http_conn *c;
+        tsr_http_server *s = listener->data;
+        tsr_http_conn *c;
 
         if (status < 0) {
                 log_warn("http: accept failed: %s", uv_strerror(status));
@@ -902,12 +902,12 @@ static void settings_init(llhttp_settings_t *st) {
 
 /* ---- one request from a buffer (tests, fuzzing) ------------------------------------ */
 
-/* The same llhttp settings and callbacks as a live connection, on a detached http_conn
+/* The same llhttp settings and callbacks as a live connection, on a detached tsr_http_conn
  * (no socket, no timer, no 100 Continue), so what this accepts or refuses is exactly
  * what the server would. */
-tsr_status http_parse_one(const http_server_opts *o, const void *data, size_t len, http_parsed *out) {
-        http_server *s;
-        http_conn *c;
+tsr_status tsr_http_parse_one(const tsr_http_server_opts *o, const void *data, size_t len, tsr_http_parsed *out) {
+        tsr_http_server *s;
+        tsr_http_conn *c;
         llhttp_errno_t err;
         const char *pos;
 
@@ -922,7 +922,7 @@ tsr_status http_parse_one(const http_server_opts *o, const void *data, size_t le
         if (o)
                 s->opts = *o;
         else
-                http_server_opts_default(&s->opts);
+                tsr_http_server_opts_default(&s->opts);
         settings_init(&s->settings);
         c->s = s;
         c->detached = true;
@@ -953,16 +953,16 @@ tsr_status http_parse_one(const http_server_opts *o, const void *data, size_t le
         return TSR_OK;
 }
 
-void http_parsed_done(http_parsed *p) {
+void tsr_http_parsed_done(tsr_http_parsed *p) {
         if (!p)
                 return;
         tsr_arena_free(&p->req.arena);
         memset(p, 0, sizeof(*p));
 }
 
-tsr_status http_server_new(uv_loop_t *loop, const http_server_opts *o, http_handler_fn fn, void *ud,
-                           http_server **ret) {
-        http_server *s;
+tsr_status tsr_http_server_new(uv_loop_t *loop, const tsr_http_server_opts *o, tsr_http_handler_fn fn, void *ud,
+                           tsr_http_server **ret) {
+        tsr_http_server *s;
 
         if (!loop || !fn || !ret)
                 return TSR_E_INVAL;
@@ -976,7 +976,7 @@ tsr_status http_server_new(uv_loop_t *loop, const http_server_opts *o, http_hand
         if (o)
                 s->opts = *o;
         else
-                http_server_opts_default(&s->opts);
+                tsr_http_server_opts_default(&s->opts);
         s->fn = fn;
         s->ud = ud;
         s->port = -1;
@@ -986,7 +986,7 @@ tsr_status http_server_new(uv_loop_t *loop, const http_server_opts *o, http_hand
 }
 
 static void listener_close_cb(uv_handle_t *h) {
-        http_server *s = h->data;   /* NULL when the server was freed first */
+        tsr_http_server *s = h->data;   /* NULL when the server was freed first */
 
         free(h);
         if (s) {
@@ -1023,7 +1023,7 @@ static tsr_status resolve_host(uv_loop_t *loop, const char *host, int port, stru
         return TSR_OK;
 }
 
-tsr_status http_server_listen(http_server *s, const char *host, int port) {
+tsr_status tsr_http_server_listen(tsr_http_server *s, const char *host, int port) {
         struct sockaddr_storage ss, bound;
         int r, namelen = sizeof(bound);
         tsr_status st;
@@ -1073,15 +1073,15 @@ tsr_status http_server_listen(http_server *s, const char *host, int port) {
         return TSR_OK;
 }
 
-int http_server_port(const http_server *s) { return s->listener ? s->port : -1; }
+int tsr_http_server_port(const tsr_http_server *s) { return s->listener ? s->port : -1; }
 
-size_t http_server_num_connections(const http_server *s) {
-        return atomic_load_explicit(&((http_server *)s)->counters.open, memory_order_relaxed);
+size_t tsr_http_server_num_connections(const tsr_http_server *s) {
+        return atomic_load_explicit(&((tsr_http_server *)s)->counters.open, memory_order_relaxed);
 }
 
-void http_server_get_stats(const http_server *s, http_server_stats *out) {
+void tsr_http_server_get_stats(const tsr_http_server *s, tsr_http_server_stats *out) {
         /* the casts drop const: C11's atomic_load takes a non-const pointer */
-        http_server *w = (http_server *)s;
+        tsr_http_server *w = (tsr_http_server *)s;
         out->accepted = atomic_load_explicit(&w->counters.accepted, memory_order_relaxed);
         out->rejected_cap = atomic_load_explicit(&w->counters.rejected_cap, memory_order_relaxed);
         out->header_timeouts = atomic_load_explicit(&w->counters.header_timeouts, memory_order_relaxed);
@@ -1090,14 +1090,14 @@ void http_server_get_stats(const http_server *s, http_server_stats *out) {
 }
 
 static void grace_close_cb(uv_handle_t *h) {
-        http_server *s = h->data;
+        tsr_http_server *s = h->data;
         s->grace_timer_closed = true;
         server_check_done(s);
 }
 
 /* Calls `done` once the listener, the grace timer and every connection are gone.  May
  * free `s` (through `done`): callers return right after. */
-static void server_check_done(http_server *s) {
+static void server_check_done(tsr_http_server *s) {
         if (!s->shutting_down || s->done_called || s->n_conns > 0)
                 return;
         if (!s->grace_timer_closed) {
@@ -1118,8 +1118,8 @@ static void server_check_done(http_server *s) {
  * callback may end the ownership of another, already closed connection, which would free
  * it under the walk: frees are held back while iterating and done in a second pass.
  * Never calls `done` synchronously (the grace timer is still open). */
-static void server_close_conns(http_server *s, bool only_idle) {
-        http_conn *c, *next;
+static void server_close_conns(tsr_http_server *s, bool only_idle) {
+        tsr_http_conn *c, *next;
 
         s->iterating = true;
         for (c = s->conns; c; c = c->next) {
@@ -1139,7 +1139,7 @@ static void server_close_conns(http_server *s, bool only_idle) {
 
 static void grace_timer_cb(uv_timer_t *t) { server_close_conns(t->data, false); }
 
-void http_server_shutdown(http_server *s, uint64_t grace_ms, void (*done)(void *ud), void *ud) {
+void tsr_http_server_shutdown(tsr_http_server *s, uint64_t grace_ms, void (*done)(void *ud), void *ud) {
         if (s->shutting_down)
                 return;
         s->shutting_down = true;
@@ -1157,8 +1157,8 @@ void http_server_shutdown(http_server *s, uint64_t grace_ms, void (*done)(void *
                 server_check_done(s);   /* closes the timer; done runs from its close_cb */
 }
 
-void http_server_free(http_server **sp) {
-        http_server *s;
+void tsr_http_server_free(tsr_http_server **sp) {
+        tsr_http_server *s;
 
         if (!sp || !*sp)
                 return;
@@ -1178,7 +1178,7 @@ void http_server_free(http_server **sp) {
 /* ---- responses ---------------------------------------------------------------------- */
 
 /* The handler gives the request back; if the connection is already dead, free it. */
-static tsr_status conn_release_closed(http_conn *c) {
+static tsr_status conn_release_closed(tsr_http_conn *c) {
         c->handler_owns = false;
         c->resp_state = RESP_DONE;
         conn_maybe_free(c);   /* may free c */
@@ -1186,7 +1186,7 @@ static tsr_status conn_release_closed(http_conn *c) {
 }
 
 /* The response is complete (all of it queued). */
-static void conn_response_queued(http_conn *c) {
+static void conn_response_queued(tsr_http_conn *c) {
         c->handler_owns = false;
         c->resp_state = RESP_DONE;
         c->req_state = REQ_DONE;
@@ -1196,7 +1196,7 @@ static void conn_response_queued(http_conn *c) {
                 conn_linger(c);       /* only without keep-alive: nothing left to write */
 }
 
-tsr_status http_conn_respond(http_conn *c, int status, const char *content_type, const void *body, size_t len,
+tsr_status tsr_http_conn_respond(tsr_http_conn *c, int status, const char *content_type, const void *body, size_t len,
                              const char *extra_headers) {
         tsr_status st;
 
@@ -1220,7 +1220,7 @@ fail:
         return st;
 }
 
-tsr_status http_conn_respond_error(http_conn *c, int status, const char *type, const char *message) {
+tsr_status tsr_http_conn_respond_error(tsr_http_conn *c, int status, const char *type, const char *message) {
         char *body;
         tsr_status st;
 
@@ -1234,12 +1234,12 @@ tsr_status http_conn_respond_error(http_conn *c, int status, const char *type, c
                 conn_close(c, false);
                 return TSR_E_NOMEM;
         }
-        st = http_conn_respond(c, status, "application/json", body, strlen(body), NULL);
+        st = tsr_http_conn_respond(c, status, "application/json", body, strlen(body), NULL);
         free(body);
         return st;
 }
 
-tsr_status http_conn_stream_start(http_conn *c, int status, const char *content_type, const char *extra_headers) {
+tsr_status tsr_http_conn_stream_start(tsr_http_conn *c, int status, const char *content_type, const char *extra_headers) {
         tsr_buf head;
         tsr_status st;
 
@@ -1264,7 +1264,7 @@ tsr_status http_conn_stream_start(http_conn *c, int status, const char *content_
         return st;
 }
 
-tsr_status http_conn_stream_write(http_conn *c, const void *data, size_t len) {
+tsr_status tsr_http_conn_stream_write(tsr_http_conn *c, const void *data, size_t len) {
         char size_line[24];
         size_t n = 0;
         tsr_status st;
@@ -1312,7 +1312,7 @@ tsr_status http_conn_stream_write(http_conn *c, const void *data, size_t len) {
         return st;
 }
 
-tsr_status http_conn_stream_end(http_conn *c) {
+tsr_status tsr_http_conn_stream_end(tsr_http_conn *c) {
         static const char last[] = "0\r\n\r\n";
         tsr_status st = TSR_OK;
 
@@ -1337,7 +1337,7 @@ tsr_status http_conn_stream_end(http_conn *c) {
         return TSR_OK;
 }
 
-void http_conn_abort(http_conn *c) {
+void tsr_http_conn_abort(tsr_http_conn *c) {
         if (!c || !c->handler_owns)
                 return;
         c->handler_owns = false;
@@ -1348,7 +1348,7 @@ void http_conn_abort(http_conn *c) {
                 conn_close(c, false);
 }
 
-void http_conn_on_close(http_conn *c, void (*cb)(void *ud), void *ud) {
+void tsr_http_conn_on_close(tsr_http_conn *c, void (*cb)(void *ud), void *ud) {
         if (!c || !c->handler_owns)
                 return;
         c->on_close = cb;

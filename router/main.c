@@ -34,10 +34,10 @@ typedef struct router_main router_main;
 /* One event loop and everything it owns.  Its thread (the main thread for loop 0)
  * is the only one touching it after start. */
 typedef struct router_loop {
-        router_ctx r;
+        tsr_router_ctx r;
         router_main *owner;
         uv_loop_t own_loop;          /* loops 1..N-1; loop 0 is uv_default_loop() */
-        worker_dns *dns;             /* --worker-dns lookups; NULL without the flag */
+        tsr_worker_dns *dns;             /* --worker-dns lookups; NULL without the flag */
         uv_async_t stop;             /* loop 0's signal handler wakes the others with it */
         bool stop_init;
         uv_timer_t ready_publish;    /* with several loops: publishes tsr_api_can_serve */
@@ -51,7 +51,7 @@ struct router_main {
         const tsr_config *cfg;
         tsr_curve curve;             /* --zmq-curve-* keys; disabled = plain TCP */
         tsr_metrics *metrics;        /* shared by every loop (locked inside) */
-        http_server **http;          /* every loop's server, for /metrics (read-only after start) */
+        tsr_http_server **http;          /* every loop's server, for /metrics (read-only after start) */
         atomic_bool *loops_ready;    /* one per loop, written by that loop only */
         router_loop *loops;
         int n_loops;
@@ -81,7 +81,7 @@ static void on_pool_closed(void *ud) {
 static void on_http_closed(void *ud) {
         router_loop *l = ud;
         log_info("http server closed; disconnecting from workers");
-        worker_pool_close(l->r.workers, on_pool_closed, l);
+        tsr_worker_pool_close(l->r.workers, on_pool_closed, l);
 }
 
 /* This loop's part of a stop: no more lookups, deadlines or connections; in-flight
@@ -90,9 +90,9 @@ static void loop_begin_stop(router_loop *l) {
         if (l->stopping)
                 return;
         l->stopping = true;
-        worker_dns_close(l->dns);    /* before the pool closes: no workers added after */
+        tsr_worker_dns_close(l->dns);    /* before the pool closes: no workers added after */
         tsr_request_layer_close(l->r.requests);
-        http_server_shutdown(l->r.http, SHUTDOWN_GRACE_MS, on_http_closed, l);
+        tsr_http_server_shutdown(l->r.http, SHUTDOWN_GRACE_MS, on_http_closed, l);
 }
 
 static void on_stop_async(uv_async_t *h) { loop_begin_stop(h->data); }
@@ -159,7 +159,7 @@ static void make_router_id(char *out, size_t n, int loop_index) {
 static int loop_setup(router_main *m, int i, int port, char *err, size_t errlen) {
         router_loop *l = &m->loops[i];
         const tsr_config *cfg = m->cfg;
-        http_server_opts hopts;
+        tsr_http_server_opts hopts;
 
         l->owner = m;
         if (i == 0) {
@@ -190,36 +190,36 @@ static int loop_setup(router_main *m, int i, int port, char *err, size_t errlen)
                 uv_unref((uv_handle_t *)&l->ready_publish);   /* does not keep the loop alive */
                 l->ready_publish_init = true;
         }
-        if (worker_pool_new(l->r.loop, l->r.router_id, &l->r.workers) != TSR_OK ||
+        if (tsr_worker_pool_new(l->r.loop, l->r.router_id, &l->r.workers) != TSR_OK ||
             tsr_models_registry_new(l->r.loop, cfg, &l->r.models) != TSR_OK ||
             tsr_request_layer_new(&l->r, &l->r.requests) != TSR_OK) {
                 log_error("out of memory");
                 return 1;
         }
-        worker_pool_set_curve(l->r.workers, &m->curve);
+        tsr_worker_pool_set_curve(l->r.workers, &m->curve);
         for (size_t w = 0; w < cfg->worker.n; w++)
-                if (worker_pool_add(l->r.workers, cfg->worker.items[w]) != TSR_OK)
+                if (tsr_worker_pool_add(l->r.workers, cfg->worker.items[w]) != TSR_OK)
                         return 2;
         if (cfg->worker_dns.n &&
-            worker_dns_start(l->r.loop, l->r.workers, (const char *const *)cfg->worker_dns.items,
+            tsr_worker_dns_start(l->r.loop, l->r.workers, (const char *const *)cfg->worker_dns.items,
                              cfg->worker_dns.n, TSR_WORKER_DNS_INTERVAL_MS, &l->dns, err, errlen) != TSR_OK) {
                 fprintf(stderr, "tessera-router: error: %s\n", err);
                 return 2;
         }
-        http_server_opts_default(&hopts);
+        tsr_http_server_opts_default(&hopts);
         hopts.max_body = (size_t)cfg->max_request_body;
         hopts.reuse_port = m->n_loops > 1;
-        if (http_server_new(l->r.loop, &hopts, tsr_api_handle, &l->r, &l->r.http) != TSR_OK) {
+        if (tsr_http_server_new(l->r.loop, &hopts, tsr_api_handle, &l->r, &l->r.http) != TSR_OK) {
                 log_error("cannot create the http server");
                 return 1;
         }
         m->http[i] = l->r.http;
-        if (http_server_listen(l->r.http, cfg->host, port) != TSR_OK) {
+        if (tsr_http_server_listen(l->r.http, cfg->host, port) != TSR_OK) {
                 log_error("cannot listen on %s:%d", cfg->host ? cfg->host : "0.0.0.0", port);
                 return 1;
         }
         log_info("router %s listening on http://%s:%d%s", l->r.router_id, cfg->host ? cfg->host : "0.0.0.0",
-                 http_server_port(l->r.http), m->n_loops > 1 ? " (SO_REUSEPORT)" : "");
+                 tsr_http_server_port(l->r.http), m->n_loops > 1 ? " (SO_REUSEPORT)" : "");
         return 0;
 }
 
@@ -241,12 +241,12 @@ static void loops_teardown(router_main *m, bool failed) {
                 if (!l->r.loop)
                         continue;
                 if (failed) {
-                        worker_dns_close(l->dns);
+                        tsr_worker_dns_close(l->dns);
                         tsr_request_layer_close(l->r.requests);
                         if (l->r.workers)
-                                worker_pool_close(l->r.workers, NULL, NULL);
+                                tsr_worker_pool_close(l->r.workers, NULL, NULL);
                         if (l->r.http)
-                                http_server_shutdown(l->r.http, 0, NULL, NULL);
+                                tsr_http_server_shutdown(l->r.http, 0, NULL, NULL);
                         if (l->stop_init && !uv_is_closing((uv_handle_t *)&l->stop))
                                 uv_close((uv_handle_t *)&l->stop, NULL);
                         if (l->ready_publish_init && !uv_is_closing((uv_handle_t *)&l->ready_publish))
@@ -254,9 +254,9 @@ static void loops_teardown(router_main *m, bool failed) {
                         uv_run(l->r.loop, UV_RUN_DEFAULT);
                 }
                 tsr_request_layer_free(&l->r.requests);
-                http_server_free(&l->r.http);
-                worker_dns_free(&l->dns);
-                worker_pool_free(&l->r.workers);
+                tsr_http_server_free(&l->r.http);
+                tsr_worker_dns_free(&l->dns);
+                tsr_worker_pool_free(&l->r.workers);
                 tsr_models_registry_free(&l->r.models);
                 uv_loop_close(l->r.loop);
         }
@@ -332,7 +332,7 @@ int main(int argc, char **argv) {
                         rc = st;
                         goto out_teardown;
                 }
-                port = http_server_port(m.loops[i].r.http);
+                port = tsr_http_server_port(m.loops[i].r.http);
         }
         uv_signal_init(m.loops[0].r.loop, &m.sigterm);
         uv_signal_init(m.loops[0].r.loop, &m.sigint);

@@ -12,7 +12,7 @@
 
 #define GREEDY_EPS 1e-5   /* vLLM's _SAMPLING_EPS: below it, temperature means greedy */
 
-void oai_limits_default(oai_limits *l) {
+void tsr_oai_limits_default(tsr_oai_limits *l) {
         l->max_prompts = 4096;
         l->max_prompt_ids = 1u << 20;
         l->max_messages = 10000;
@@ -24,7 +24,7 @@ void oai_limits_default(oai_limits *l) {
         l->max_json_depth = 64;
 }
 
-void oai_py_float_repr(double v, char *out, size_t n) {
+void tsr_oai_py_float_repr(double v, char *out, size_t n) {
         if (isnan(v)) {
                 snprintf(out, n, "nan");
                 return;
@@ -55,10 +55,10 @@ void oai_py_float_repr(double v, char *out, size_t n) {
         }
 }
 
-static tsr_status fail(oai_error *err, int status, const char *type, const char *param, const char *fmt, ...)
+static tsr_status fail(tsr_oai_error *err, int status, const char *type, const char *param, const char *fmt, ...)
         __attribute__((format(printf, 5, 6)));
 
-static tsr_status fail(oai_error *err, int status, const char *type, const char *param, const char *fmt, ...) {
+static tsr_status fail(tsr_oai_error *err, int status, const char *type, const char *param, const char *fmt, ...) {
         va_list ap;
         err->status = status;
         err->type = type;
@@ -76,7 +76,7 @@ static tsr_status fail(oai_error *err, int status, const char *type, const char 
 #define VALUE_ERR(err, field, ...) fail((err), 400, "BadRequestError", (field), __VA_ARGS__)
 
 static const char *fmt_float(double v, char *buf, size_t n) {
-        oai_py_float_repr(v, buf, n);
+        tsr_oai_py_float_repr(v, buf, n);
         return buf;
 }
 
@@ -87,7 +87,7 @@ static json_t *field(json_t *root, const char *name) {
         return json_is_null(v) ? NULL : v;
 }
 
-static tsr_status get_bool(json_t *root, const char *name, bool *out, oai_error *err) {
+static tsr_status get_bool(json_t *root, const char *name, bool *out, tsr_oai_error *err) {
         json_t *v = field(root, name);
         if (!v)
                 return TSR_OK;
@@ -104,7 +104,7 @@ static tsr_status get_bool(json_t *root, const char *name, bool *out, oai_error 
 }
 
 /* An int, or a float with no fractional part (pydantic lax mode). */
-static tsr_status int_value(json_t *v, const char *name, int64_t *out, oai_error *err) {
+static tsr_status int_value(json_t *v, const char *name, int64_t *out, tsr_oai_error *err) {
         if (json_is_integer(v)) {
                 *out = json_integer_value(v);
                 return TSR_OK;
@@ -120,7 +120,7 @@ static tsr_status int_value(json_t *v, const char *name, int64_t *out, oai_error
         return TYPE_ERR(err, name, "a valid integer");
 }
 
-static tsr_status get_int(json_t *root, const char *name, bool *has, int64_t *out, oai_error *err) {
+static tsr_status get_int(json_t *root, const char *name, bool *has, int64_t *out, tsr_oai_error *err) {
         json_t *v = field(root, name);
         if (!v)
                 return TSR_OK;
@@ -130,7 +130,7 @@ static tsr_status get_int(json_t *root, const char *name, bool *has, int64_t *ou
         return st;
 }
 
-static tsr_status get_number(json_t *root, const char *name, bool *has, double *out, oai_error *err) {
+static tsr_status get_number(json_t *root, const char *name, bool *has, double *out, tsr_oai_error *err) {
         json_t *v = field(root, name);
         if (!v)
                 return TSR_OK;
@@ -142,7 +142,7 @@ static tsr_status get_number(json_t *root, const char *name, bool *has, double *
         return TSR_OK;
 }
 
-static tsr_status get_string(json_t *root, const char *name, const char **out, oai_error *err) {
+static tsr_status get_string(json_t *root, const char *name, const char **out, tsr_oai_error *err) {
         json_t *v = field(root, name);
         if (!v)
                 return TSR_OK;
@@ -190,7 +190,7 @@ static size_t json_depth(json_t *v, size_t limit) {
 
 /* ---- completions prompt: str | [str] | [int] | [[int]] ---- */
 
-static tsr_status ids_from(json_t *arr, const oai_limits *lim, tsr_arena *a, oai_prompt *p, oai_error *err) {
+static tsr_status ids_from(json_t *arr, const tsr_oai_limits *lim, tsr_arena *a, tsr_oai_prompt *p, tsr_oai_error *err) {
         size_t i, n = json_array_size(arr);
         json_t *v;
         if (n > lim->max_prompt_ids)
@@ -213,14 +213,14 @@ static tsr_status ids_from(json_t *arr, const oai_limits *lim, tsr_arena *a, oai
         return TSR_OK;
 }
 
-static tsr_status parse_prompts(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+static tsr_status parse_prompts(json_t *root, const tsr_oai_limits *lim, tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
         json_t *prompt = field(root, "prompt"), *first, *v;
         size_t i, n;
 
         if (!prompt || (json_is_array(prompt) && json_array_size(prompt) == 0))
                 return VALUE_ERR(err, "prompt", "Either prompt or prompt_embeds must be provided and non-empty.");
         if (json_is_string(prompt)) {
-                r->prompts = tsr_arena_calloc(a, 1, sizeof(oai_prompt));
+                r->prompts = tsr_arena_calloc(a, 1, sizeof(tsr_oai_prompt));
                 if (!r->prompts)
                         return fail(err, 500, "InternalServerError", NULL, "out of memory");
                 r->prompts[0].text = json_string_value(prompt);
@@ -234,7 +234,7 @@ static tsr_status parse_prompts(json_t *root, const oai_limits *lim, tsr_arena *
                 return TYPE_ERR(err, "prompt", "a string, a list of strings, a list of token ids or a list of lists of token ids");
         first = json_array_get(prompt, 0);
         if (json_is_integer(first)) {   /* one prompt of ids */
-                r->prompts = tsr_arena_calloc(a, 1, sizeof(oai_prompt));
+                r->prompts = tsr_arena_calloc(a, 1, sizeof(tsr_oai_prompt));
                 if (!r->prompts)
                         return fail(err, 500, "InternalServerError", NULL, "out of memory");
                 r->n_prompts = 1;
@@ -244,7 +244,7 @@ static tsr_status parse_prompts(json_t *root, const oai_limits *lim, tsr_arena *
         if (n > lim->max_prompts)
                 return VALUE_ERR(err, "prompt", "%zu prompts in one request, more than the %zu allowed", n,
                                  lim->max_prompts);
-        r->prompts = tsr_arena_calloc(a, n, sizeof(oai_prompt));
+        r->prompts = tsr_arena_calloc(a, n, sizeof(tsr_oai_prompt));
         if (!r->prompts)
                 return fail(err, 500, "InternalServerError", NULL, "out of memory");
         r->n_prompts = n;
@@ -271,7 +271,7 @@ static tsr_status parse_prompts(json_t *root, const oai_limits *lim, tsr_arena *
 
 /* ---- chat messages ---- */
 
-static tsr_status check_content(json_t *content, size_t idx, oai_error *err) {
+static tsr_status check_content(json_t *content, size_t idx, tsr_oai_error *err) {
         size_t i;
         json_t *part;
         if (!content || json_is_null(content) || json_is_string(content))
@@ -294,7 +294,7 @@ static tsr_status check_content(json_t *content, size_t idx, oai_error *err) {
         return TSR_OK;
 }
 
-static tsr_status parse_messages(json_t *root, const oai_limits *lim, oai_request *r, oai_error *err) {
+static tsr_status parse_messages(json_t *root, const tsr_oai_limits *lim, tsr_oai_request *r, tsr_oai_error *err) {
         json_t *msgs = json_object_get(root, "messages"), *m;
         size_t i;
 
@@ -321,7 +321,7 @@ static tsr_status parse_messages(json_t *root, const oai_limits *lim, oai_reques
         return TSR_OK;
 }
 
-static tsr_status parse_tools(json_t *root, oai_request *r, oai_error *err) {
+static tsr_status parse_tools(json_t *root, tsr_oai_request *r, tsr_oai_error *err) {
         json_t *tools = field(root, "tools"), *tc = field(root, "tool_choice"), *t;
         size_t i;
 
@@ -364,7 +364,7 @@ static tsr_status parse_tools(json_t *root, oai_request *r, oai_error *err) {
 
 /* ---- both endpoints ---- */
 
-static tsr_status parse_stop(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+static tsr_status parse_stop(json_t *root, const tsr_oai_limits *lim, tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
         json_t *stop = field(root, "stop"), *ids = field(root, "stop_token_ids"), *v;
         size_t i;
 
@@ -407,7 +407,7 @@ static tsr_status parse_stop(json_t *root, const oai_limits *lim, tsr_arena *a, 
         return TSR_OK;
 }
 
-static tsr_status parse_logit_bias(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+static tsr_status parse_logit_bias(json_t *root, const tsr_oai_limits *lim, tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
         json_t *lb = field(root, "logit_bias"), *v;
         const char *key;
 
@@ -418,7 +418,7 @@ static tsr_status parse_logit_bias(json_t *root, const oai_limits *lim, tsr_aren
         if (json_object_size(lb) > lim->max_logit_bias)
                 return VALUE_ERR(err, "logit_bias", "%zu logit_bias entries, more than the %zu allowed",
                                  json_object_size(lb), lim->max_logit_bias);
-        r->logit_bias = tsr_arena_calloc(a, json_object_size(lb) + 1, sizeof(oai_logit_bias));
+        r->logit_bias = tsr_arena_calloc(a, json_object_size(lb) + 1, sizeof(tsr_oai_logit_bias));
         if (!r->logit_bias)
                 return fail(err, 500, "InternalServerError", NULL, "out of memory");
         json_object_foreach(lb, key, v) {
@@ -442,7 +442,7 @@ static tsr_status parse_logit_bias(json_t *root, const oai_limits *lim, tsr_aren
 }
 
 /* SamplingParams._verify_args, in vLLM's order and words. */
-static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, oai_error *err) {
+static tsr_status verify_sampling(const tsr_oai_request *r, const tsr_oai_limits *lim, tsr_oai_error *err) {
         char f[64];
         if (r->n < 1)
                 return VALUE_ERR(err, "n", "n must be at least 1, got %d.", r->n);
@@ -472,7 +472,7 @@ static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, o
                 return VALUE_ERR(err, "top_k", "top_k must be 0 (disable), or at least 1, got %lld.", (long long)r->top_k);
         if (r->has_min_p && !(r->min_p >= 0.0 && r->min_p <= 1.0))
                 return VALUE_ERR(err, "min_p", "min_p must be in [0, 1], got %s.", fmt_float(r->min_p, f, sizeof(f)));
-        if (r->has_max_tokens && r->max_tokens < 1 && !(r->kind == OAI_COMPLETIONS && r->echo && r->max_tokens == 0))
+        if (r->has_max_tokens && r->max_tokens < 1 && !(r->kind == TSR_OAI_COMPLETIONS && r->echo && r->max_tokens == 0))
                 return VALUE_ERR(err, "max_tokens", "max_tokens must be at least 1, got %lld.", (long long)r->max_tokens);
         if (r->min_tokens < 0)
                 return VALUE_ERR(err, "min_tokens", "min_tokens must be greater than or equal to 0, got %lld.",
@@ -488,7 +488,7 @@ static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, o
         if (lim->max_logprobs >= 0 && r->prompt_logprobs > lim->max_logprobs)
                 return VALUE_ERR(err, "prompt_logprobs", "Requested prompt logprobs of %d, which is greater than max allowed: %d",
                                  r->prompt_logprobs, lim->max_logprobs);
-        if (oai_request_is_greedy(r) && r->n > 1)
+        if (tsr_oai_request_is_greedy(r) && r->n > 1)
                 return VALUE_ERR(err, "n", "n must be 1 when using greedy sampling, got %d.", r->n);
         return TSR_OK;
 }
@@ -501,7 +501,7 @@ static tsr_status verify_sampling(const oai_request *r, const oai_limits *lim, o
  * guided_* constraint, refused below), length_penalty (beam search only),
  * kv_transfer_params, mm_processor_kwargs (a text-only model) and vllm_xargs (read by
  * logits processors only). */
-static tsr_status refuse_unimplemented(json_t *root, oai_error *err) {
+static tsr_status refuse_unimplemented(json_t *root, tsr_oai_error *err) {
         static const char *const structured[] = {"structured_outputs", "guided_json", "guided_regex",
                                                  "guided_choice", "guided_grammar"};
         static const struct {
@@ -563,9 +563,9 @@ static tsr_status refuse_unimplemented(json_t *root, oai_error *err) {
         return TSR_OK;
 }
 
-bool oai_request_is_greedy(const oai_request *r) { return r->has_temperature && r->temperature < GREEDY_EPS; }
+bool tsr_oai_request_is_greedy(const tsr_oai_request *r) { return r->has_temperature && r->temperature < GREEDY_EPS; }
 
-static tsr_status parse_common(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+static tsr_status parse_common(json_t *root, const tsr_oai_limits *lim, tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
         int64_t v = 0;
         bool has = false;
         json_t *so;
@@ -623,7 +623,7 @@ static tsr_status parse_common(json_t *root, const oai_limits *lim, tsr_arena *a
         return TSR_OK;
 }
 
-static tsr_status parse_completions(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+static tsr_status parse_completions(json_t *root, const tsr_oai_limits *lim, tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
         int64_t v = 0;
         bool has = false;
         json_t *suffix = field(root, "suffix");
@@ -652,7 +652,7 @@ static tsr_status parse_completions(json_t *root, const oai_limits *lim, tsr_are
         return TSR_OK;
 }
 
-static tsr_status parse_chat(json_t *root, const oai_limits *lim, tsr_arena *a, oai_request *r, oai_error *err) {
+static tsr_status parse_chat(json_t *root, const tsr_oai_limits *lim, tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
         int64_t v = 0;
         bool has = false;
         json_t *kw;
@@ -695,9 +695,9 @@ static tsr_status parse_chat(json_t *root, const oai_limits *lim, tsr_arena *a, 
         return TSR_OK;
 }
 
-tsr_status oai_parse(oai_kind kind, const char *body, size_t len, const oai_limits *lim, tsr_arena *arena,
-                     oai_request *req, oai_error *err) {
-        oai_request r;
+tsr_status tsr_oai_parse(tsr_oai_kind kind, const char *body, size_t len, const tsr_oai_limits *lim, tsr_arena *arena,
+                     tsr_oai_request *req, tsr_oai_error *err) {
+        tsr_oai_request r;
         json_error_t jerr;
         json_t *root;
         tsr_status st;
@@ -710,7 +710,7 @@ tsr_status oai_parse(oai_kind kind, const char *body, size_t len, const oai_limi
         r.skip_special_tokens = true;
         r.spaces_between_special_tokens = true;
         r.add_generation_prompt = true;
-        r.add_special_tokens = kind == OAI_COMPLETIONS;
+        r.add_special_tokens = kind == TSR_OAI_COMPLETIONS;
 
         /* JSON_DECODE_ANY: a body that is valid JSON but not an object ("hello", 5) gets
          * pydantic's "valid dictionary" message below, not a decode error. */
@@ -728,7 +728,7 @@ tsr_status oai_parse(oai_kind kind, const char *body, size_t len, const oai_limi
                             lim->max_json_depth);
         }
         r.root = root;
-        st = kind == OAI_COMPLETIONS ? parse_completions(root, lim, arena, &r, err)
+        st = kind == TSR_OAI_COMPLETIONS ? parse_completions(root, lim, arena, &r, err)
                                      : parse_chat(root, lim, arena, &r, err);
         if (st == TSR_OK)
                 st = parse_common(root, lim, arena, &r, err);
@@ -744,13 +744,13 @@ tsr_status oai_parse(oai_kind kind, const char *body, size_t len, const oai_limi
         return TSR_OK;
 }
 
-void oai_request_done(oai_request *req) {
+void tsr_oai_request_done(tsr_oai_request *req) {
         if (req->root)
                 json_decref(req->root);
         req->root = NULL;
 }
 
-char *oai_error_json(const oai_error *err) {
+char *tsr_oai_error_json(const tsr_oai_error *err) {
         json_t *body = json_pack("{s:{s:s, s:s, s:o, s:i}}", "error", "message", err->message, "type", err->type,
                                  "param", err->param ? json_string(err->param) : json_null(), "code", err->status);
         char *s = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;

@@ -1,7 +1,7 @@
 /* openai.h - the OpenAI request bodies of /v1/completions and /v1/chat/completions,
  * parsed and validated the way vLLM 0.12 does it.
  *
- * oai_parse turns a JSON body into an oai_request, or into an oai_error carrying the
+ * tsr_oai_parse turns a JSON body into an tsr_oai_request, or into an tsr_oai_error carrying the
  * HTTP status, the OpenAI `type` and vLLM's message (e.g. 400 BadRequestError
  * "temperature must be non-negative, got -1.0.").  Unknown fields are accepted and
  * ignored, as vLLM's `extra="allow"` does (lm-eval forwards arbitrary gen_kwargs).
@@ -9,7 +9,7 @@
  * defaults can fill them later, as vLLM's --generation-config auto does.
  *
  * Pure functions, no I/O; any thread.  Everything a request points to lives in its
- * arena or in `root` (the parsed JSON, owned: oai_request_done releases it). */
+ * arena or in `root` (the parsed JSON, owned: tsr_oai_request_done releases it). */
 #ifndef TSR_ROUTER_OPENAI_H
 #define TSR_ROUTER_OPENAI_H
 
@@ -21,10 +21,10 @@
 #include "common/arena.h"
 #include "common/tsr_status.h"
 
-typedef enum oai_kind { OAI_COMPLETIONS, OAI_CHAT } oai_kind;
+typedef enum tsr_oai_kind { TSR_OAI_COMPLETIONS, TSR_OAI_CHAT } tsr_oai_kind;
 
-/* Caps on client-controlled sizes (every size a client sets is bounded).  oai_limits_default fills them. */
-typedef struct oai_limits {
+/* Caps on client-controlled sizes (every size a client sets is bounded).  tsr_oai_limits_default fills them. */
+typedef struct tsr_oai_limits {
         size_t max_prompts;          /* completions: prompts in one request (4096) */
         size_t max_prompt_ids;       /* token ids in one prompt given as ids (1 Mi) */
         size_t max_messages;         /* chat messages (10000) */
@@ -34,39 +34,39 @@ typedef struct oai_limits {
         size_t max_logit_bias;       /* entries (4096) */
         int max_logprobs;            /* --max-logprobs (20); -1 = no cap */
         size_t max_json_depth;       /* nesting of the body (64) */
-} oai_limits;
+} tsr_oai_limits;
 
-void oai_limits_default(oai_limits *l);
+void tsr_oai_limits_default(tsr_oai_limits *l);
 
-typedef struct oai_error {
+typedef struct tsr_oai_error {
         int status;                  /* HTTP status, also `code` */
         const char *type;            /* "BadRequestError", "Bad Request", "NotFoundError", ... */
         const char *param;           /* the field, or NULL */
         char message[512];
-} oai_error;
+} tsr_oai_error;
 
 /* One completions prompt: text, or token ids. */
-typedef struct oai_prompt {
+typedef struct tsr_oai_prompt {
         bool is_ids;
         const char *text;            /* UTF-8, NUL-terminated (borrowed from root) */
         size_t text_len;
         uint32_t *ids;               /* arena */
         size_t n_ids;
-} oai_prompt;
+} tsr_oai_prompt;
 
-typedef struct oai_logit_bias {
+typedef struct tsr_oai_logit_bias {
         uint32_t token_id;
         float bias;                  /* clamped to [-100, 100] as vLLM does */
-} oai_logit_bias;
+} tsr_oai_logit_bias;
 
-typedef struct oai_request {
-        oai_kind kind;
+typedef struct tsr_oai_request {
+        tsr_oai_kind kind;
         json_t *root;                /* the parsed body (owned) */
         const char *model;           /* NULL or "" = the default model */
         const char *request_id;      /* body `request_id`, NULL if absent */
 
         /* completions */
-        oai_prompt *prompts;
+        tsr_oai_prompt *prompts;
         size_t n_prompts;
         bool echo;
         int logprobs;                /* -1 = none; completions: k top alternatives */
@@ -104,7 +104,7 @@ typedef struct oai_request {
         int64_t min_tokens;
         bool skip_special_tokens;    /* true */
         bool spaces_between_special_tokens; /* true */
-        oai_logit_bias *logit_bias;
+        tsr_oai_logit_bias *logit_bias;
         size_t n_logit_bias;
         int prompt_logprobs;         /* -1 = none */
         bool prompt_logprobs_all;    /* explicit `prompt_logprobs: -1`: the whole vocabulary (vLLM) */
@@ -113,23 +113,23 @@ typedef struct oai_request {
         bool continuous_usage_stats;
         bool add_special_tokens;     /* completions true, chat false */
         int64_t priority;
-} oai_request;
+} tsr_oai_request;
 
 /* Parse `body` (not necessarily NUL-terminated) for the endpoint `kind`.
- * TSR_OK: *req filled (call oai_request_done).  TSR_E_INVAL: *err filled, *req untouched. */
-tsr_status oai_parse(oai_kind kind, const char *body, size_t len, const oai_limits *lim, tsr_arena *arena,
-                     oai_request *req, oai_error *err);
-void oai_request_done(oai_request *req);
+ * TSR_OK: *req filled (call tsr_oai_request_done).  TSR_E_INVAL: *err filled, *req untouched. */
+tsr_status tsr_oai_parse(tsr_oai_kind kind, const char *body, size_t len, const tsr_oai_limits *lim, tsr_arena *arena,
+                     tsr_oai_request *req, tsr_oai_error *err);
+void tsr_oai_request_done(tsr_oai_request *req);
 
 /* The effective `temperature < 1e-5` rule of vLLM: greedy sampling. */
-bool oai_request_is_greedy(const oai_request *req);
+bool tsr_oai_request_is_greedy(const tsr_oai_request *req);
 
 /* vLLM's error body {"error":{"message","type","param","code"}} as compact JSON
  * (malloc'd; NULL on OOM). */
-char *oai_error_json(const oai_error *err);
+char *tsr_oai_error_json(const tsr_oai_error *err);
 
 /* Python's repr() of a float ("-1.0", "0.1", "1e-05", "inf"): vLLM's messages embed
  * numbers that way.  Writes at most n bytes incl. NUL. */
-void oai_py_float_repr(double v, char *out, size_t n);
+void tsr_oai_py_float_repr(double v, char *out, size_t n);
 
 #endif

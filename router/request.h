@@ -2,7 +2,7 @@
  *
  *   POST /v1/completions, /v1/chat/completions
  *     loop:        content-type check, register the disconnect callback
- *     thread pool: oai_parse (JSON, validation)          [tsr_request_parse_work]
+ *     thread pool: tsr_oai_parse (JSON, validation)          [tsr_request_parse_work]
  *     loop:        resolve the model (404), flags that need the config
  *     thread pool: chat template render, tokenization    [prep_work]
  *     loop:        context-length checks, sampling defaults from the model's
@@ -29,18 +29,18 @@
 #include "http_server.h"
 #include "openai.h"
 
-struct router_ctx;
+struct tsr_router_ctx;
 typedef struct tsr_request_layer tsr_request_layer;
 
-tsr_status tsr_request_layer_new(struct router_ctx *r, tsr_request_layer **ret);
+tsr_status tsr_request_layer_new(struct tsr_router_ctx *r, tsr_request_layer **ret);
 /* Loop thread, at shutdown: close the deadline timer (before the loop's last run). */
 void tsr_request_layer_close(tsr_request_layer *l);
 /* Abort what is in flight and free.  Accepts NULL; clears *l. */
 void tsr_request_layer_free(tsr_request_layer **l);
 
-void tsr_request_handle_generate(tsr_request_layer *l, http_conn *c, http_request *req, oai_kind kind);
-void tsr_request_handle_tokenize(tsr_request_layer *l, http_conn *c, http_request *req);
-void tsr_request_handle_detokenize(tsr_request_layer *l, http_conn *c, http_request *req);
+void tsr_request_handle_generate(tsr_request_layer *l, tsr_http_conn *c, tsr_http_request *req, tsr_oai_kind kind);
+void tsr_request_handle_tokenize(tsr_request_layer *l, tsr_http_conn *c, tsr_http_request *req);
+void tsr_request_handle_detokenize(tsr_request_layer *l, tsr_http_conn *c, tsr_http_request *req);
 
 /* Requests being served now (for logs and shutdown). */
 size_t tsr_request_layer_active(const tsr_request_layer *l);

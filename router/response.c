@@ -12,7 +12,7 @@ static json_t *stringn(const char *s, size_t len) {
         return v ? v : json_string("\xef\xbf\xbd");
 }
 
-json_t *resp_usage_json(const resp_usage *u, bool with_null_details) {
+json_t *tsr_resp_usage_json(const tsr_resp_usage *u, bool with_null_details) {
         json_t *o = json_object();
         json_object_set_new(o, "prompt_tokens", json_integer(u->prompt_tokens));
         json_object_set_new(o, "total_tokens", json_integer((json_int_t)u->prompt_tokens + u->completion_tokens));
@@ -24,7 +24,7 @@ json_t *resp_usage_json(const resp_usage *u, bool with_null_details) {
         return o;
 }
 
-json_t *resp_stop_reason(bool has_token, uint32_t token, const char *stop_string) {
+json_t *tsr_resp_stop_reason(bool has_token, uint32_t token, const char *stop_string) {
         if (stop_string)
                 return json_string(stop_string);
         if (has_token)
@@ -32,14 +32,14 @@ json_t *resp_stop_reason(bool has_token, uint32_t token, const char *stop_string
         return json_null();
 }
 
-static void set_head(json_t *o, const resp_head *h, const char *object) {
+static void set_head(json_t *o, const tsr_resp_head *h, const char *object) {
         json_object_set_new(o, "id", json_string(h->id));
         json_object_set_new(o, "object", json_string(object));
         json_object_set_new(o, "created", json_integer(h->created));
         json_object_set_new(o, "model", json_string(h->model));
 }
 
-json_t *resp_completion_choice(int index, const char *text, size_t len, json_t *logprobs, const char *finish_reason,
+json_t *tsr_resp_completion_choice(int index, const char *text, size_t len, json_t *logprobs, const char *finish_reason,
                                json_t *stop_reason) {
         json_t *c = json_object();
         json_object_set_new(c, "index", json_integer(index));
@@ -53,18 +53,18 @@ json_t *resp_completion_choice(int index, const char *text, size_t len, json_t *
         return c;
 }
 
-json_t *resp_completion(const resp_head *h, json_t *choices, const resp_usage *u) {
+json_t *tsr_resp_completion(const tsr_resp_head *h, json_t *choices, const tsr_resp_usage *u) {
         json_t *o = json_object();
         set_head(o, h, "text_completion");
         json_object_set_new(o, "choices", choices);
         json_object_set_new(o, "service_tier", json_null());
         json_object_set_new(o, "system_fingerprint", json_null());
-        json_object_set_new(o, "usage", resp_usage_json(u, true));
+        json_object_set_new(o, "usage", tsr_resp_usage_json(u, true));
         json_object_set_new(o, "kv_transfer_params", json_null());
         return o;
 }
 
-json_t *resp_chat_choice(int index, const char *role, const char *content, size_t len, json_t *logprobs,
+json_t *tsr_resp_chat_choice(int index, const char *role, const char *content, size_t len, json_t *logprobs,
                          const char *finish_reason, json_t *stop_reason) {
         json_t *c = json_object(), *m = json_object();
         json_object_set_new(m, "role", json_string(role));
@@ -85,21 +85,21 @@ json_t *resp_chat_choice(int index, const char *role, const char *content, size_
         return c;
 }
 
-json_t *resp_chat(const resp_head *h, json_t *choices, const resp_usage *u) {
+json_t *tsr_resp_chat(const tsr_resp_head *h, json_t *choices, const tsr_resp_usage *u) {
         json_t *o = json_object();
         set_head(o, h, "chat.completion");
         json_object_set_new(o, "choices", choices);
         json_object_set_new(o, "service_tier", json_null());
         json_object_set_new(o, "system_fingerprint", json_null());
-        json_object_set_new(o, "usage", resp_usage_json(u, true));
+        json_object_set_new(o, "usage", tsr_resp_usage_json(u, true));
         json_object_set_new(o, "prompt_logprobs", json_null());
         json_object_set_new(o, "prompt_token_ids", json_null());
         json_object_set_new(o, "kv_transfer_params", json_null());
         return o;
 }
 
-json_t *resp_completion_chunk(const resp_head *h, int index, const char *text, size_t len, json_t *logprobs,
-                              const char *finish_reason, json_t *stop_reason, const resp_usage *usage) {
+json_t *tsr_resp_completion_chunk(const tsr_resp_head *h, int index, const char *text, size_t len, json_t *logprobs,
+                              const char *finish_reason, json_t *stop_reason, const tsr_resp_usage *usage) {
         json_t *o = json_object(), *c = json_object();
         set_head(o, h, "text_completion");
         json_object_set_new(c, "index", json_integer(index));
@@ -110,11 +110,11 @@ json_t *resp_completion_chunk(const resp_head *h, int index, const char *text, s
         json_object_set_new(c, "prompt_token_ids", json_null());
         json_object_set_new(c, "token_ids", json_null());
         json_object_set_new(o, "choices", json_pack("[o]", c));
-        json_object_set_new(o, "usage", usage ? resp_usage_json(usage, false) : json_null());
+        json_object_set_new(o, "usage", usage ? tsr_resp_usage_json(usage, false) : json_null());
         return o;
 }
 
-json_t *resp_chat_role_chunk(const resp_head *h, int index, const char *role, const resp_usage *usage) {
+json_t *tsr_resp_chat_role_chunk(const tsr_resp_head *h, int index, const char *role, const tsr_resp_usage *usage) {
         json_t *o = json_object(), *c = json_object(), *d = json_object();
         set_head(o, h, "chat.completion.chunk");
         json_object_set_new(d, "role", json_string(role));
@@ -127,12 +127,12 @@ json_t *resp_chat_role_chunk(const resp_head *h, int index, const char *role, co
         json_object_set_new(o, "choices", json_pack("[o]", c));
         json_object_set_new(o, "prompt_token_ids", json_null());
         if (usage)
-                json_object_set_new(o, "usage", resp_usage_json(usage, false));
+                json_object_set_new(o, "usage", tsr_resp_usage_json(usage, false));
         return o;
 }
 
-json_t *resp_chat_chunk(const resp_head *h, int index, const char *content, size_t len, json_t *logprobs,
-                        const char *finish_reason, json_t *stop_reason, const resp_usage *usage) {
+json_t *tsr_resp_chat_chunk(const tsr_resp_head *h, int index, const char *content, size_t len, json_t *logprobs,
+                        const char *finish_reason, json_t *stop_reason, const tsr_resp_usage *usage) {
         json_t *o = json_object(), *c = json_object(), *d = json_object();
         set_head(o, h, "chat.completion.chunk");
         json_object_set_new(d, "content", stringn(content, len));
@@ -148,15 +148,15 @@ json_t *resp_chat_chunk(const resp_head *h, int index, const char *content, size
         json_object_set_new(c, "token_ids", json_null());
         json_object_set_new(o, "choices", json_pack("[o]", c));
         if (usage)
-                json_object_set_new(o, "usage", resp_usage_json(usage, false));
+                json_object_set_new(o, "usage", tsr_resp_usage_json(usage, false));
         return o;
 }
 
-json_t *resp_usage_chunk(const resp_head *h, bool chat, const resp_usage *u) {
+json_t *tsr_resp_usage_chunk(const tsr_resp_head *h, bool chat, const tsr_resp_usage *u) {
         json_t *o = json_object();
         set_head(o, h, chat ? "chat.completion.chunk" : "text_completion");
         json_object_set_new(o, "choices", json_array());
-        json_object_set_new(o, "usage", resp_usage_json(u, false));
+        json_object_set_new(o, "usage", tsr_resp_usage_json(u, false));
         return o;
 }
 
@@ -170,7 +170,7 @@ static size_t code_points(const char *s, size_t len) {
         return n;
 }
 
-static char *token_text(const resp_tokens *t, uint32_t id, size_t *len) {
+static char *token_text(const tsr_resp_tokens *t, uint32_t id, size_t *len) {
         char *s = t && t->decode ? t->decode(t->ud, id, len) : NULL;
         if (!s) {
                 s = strdup("");
@@ -182,14 +182,14 @@ static char *token_text(const resp_tokens *t, uint32_t id, size_t *len) {
 /* max(v, -9999.0) as vLLM writes it (-inf and NaN included: JSON has neither). */
 static json_t *floored(float v) {
         double d = (double)v;
-        return json_real(d >= RESP_LOGPROB_FLOOR ? d : RESP_LOGPROB_FLOOR);
+        return json_real(d >= TSR_RESP_LOGPROB_FLOOR ? d : TSR_RESP_LOGPROB_FLOOR);
 }
 
 /* One token's engine dict as vLLM builds it: the token itself with its own rank, then
  * the alternatives with ranks 1..; an id met again keeps its first place and takes the
- * later value (a Python dict).  Returns the number of entries (<= RESP_MAX_TOP + 1). */
-static size_t lp_entries(const resp_token_lp *lp, uint32_t *ids, float *vals, uint32_t *ranks) {
-        size_t n = 1, n_top = lp->n_top < RESP_MAX_TOP ? lp->n_top : RESP_MAX_TOP;
+ * later value (a Python dict).  Returns the number of entries (<= TSR_RESP_MAX_TOP + 1). */
+static size_t lp_entries(const tsr_resp_token_lp *lp, uint32_t *ids, float *vals, uint32_t *ranks) {
+        size_t n = 1, n_top = lp->n_top < TSR_RESP_MAX_TOP ? lp->n_top : TSR_RESP_MAX_TOP;
         ids[0] = lp->token;
         vals[0] = lp->logprob;
         ranks[0] = lp->rank;
@@ -206,13 +206,13 @@ static size_t lp_entries(const resp_token_lp *lp, uint32_t *ids, float *vals, ui
         return n;
 }
 
-json_t *resp_completion_logprobs(const resp_token_lp *lps, size_t n, int k, size_t initial_offset,
-                                 const resp_tokens *t) {
+json_t *tsr_resp_completion_logprobs(const tsr_resp_token_lp *lps, size_t n, int k, size_t initial_offset,
+                                 const tsr_resp_tokens *t) {
         json_t *o = json_object(), *offsets = json_array(), *values = json_array(), *tokens = json_array(),
                *tops = json_array();
         size_t offset = initial_offset;
-        uint32_t ids[RESP_MAX_TOP + 1], ranks[RESP_MAX_TOP + 1];
-        float vals[RESP_MAX_TOP + 1];
+        uint32_t ids[TSR_RESP_MAX_TOP + 1], ranks[TSR_RESP_MAX_TOP + 1];
+        float vals[TSR_RESP_MAX_TOP + 1];
 
         for (size_t i = 0; i < n; i++) {
                 size_t len, tlen;
@@ -262,15 +262,15 @@ static json_t *chat_alt(char *text, size_t len, json_t *logprob) {
         return o;
 }
 
-json_t *resp_chat_logprobs(const resp_token_lp *lps, size_t n, int top, const resp_tokens *t) {
+json_t *tsr_resp_chat_logprobs(const tsr_resp_token_lp *lps, size_t n, int top, const tsr_resp_tokens *t) {
         json_t *content = json_array();
-        uint32_t ids[RESP_MAX_TOP + 1], ranks[RESP_MAX_TOP + 1];
-        float vals[RESP_MAX_TOP + 1];
+        uint32_t ids[TSR_RESP_MAX_TOP + 1], ranks[TSR_RESP_MAX_TOP + 1];
+        float vals[TSR_RESP_MAX_TOP + 1];
 
         for (size_t i = 0; i < n; i++) {
                 size_t len, ne = lps[i].has ? lp_entries(&lps[i], ids, vals, ranks) : 0;
                 char *text = token_text(t, lps[i].token, &len);
-                json_t *e = chat_alt(text, len, ne ? floored(vals[0]) : json_real(RESP_LOGPROB_FLOOR));
+                json_t *e = chat_alt(text, len, ne ? floored(vals[0]) : json_real(TSR_RESP_LOGPROB_FLOOR));
                 json_t *alts = json_array();
                 for (size_t j = 0; j < ne && (top < 0 || (int)j < top); j++) {
                         size_t alen;
@@ -283,10 +283,10 @@ json_t *resp_chat_logprobs(const resp_token_lp *lps, size_t n, int top, const re
         return json_pack("{s:o}", "content", content);
 }
 
-json_t *resp_prompt_logprobs(const resp_token_lp *lps, size_t n, const resp_tokens *t) {
+json_t *tsr_resp_prompt_logprobs(const tsr_resp_token_lp *lps, size_t n, const tsr_resp_tokens *t) {
         json_t *a = json_array();
-        uint32_t ids[RESP_MAX_TOP + 1], ranks[RESP_MAX_TOP + 1];
-        float vals[RESP_MAX_TOP + 1];
+        uint32_t ids[TSR_RESP_MAX_TOP + 1], ranks[TSR_RESP_MAX_TOP + 1];
+        float vals[TSR_RESP_MAX_TOP + 1];
 
         for (size_t i = 0; i < n; i++) {
                 if (!lps[i].has) {
@@ -312,12 +312,12 @@ json_t *resp_prompt_logprobs(const resp_token_lp *lps, size_t n, const resp_toke
         return a;
 }
 
-void resp_set_prompt_logprobs(json_t *obj, json_t *prompt_logprobs) {
+void tsr_resp_set_prompt_logprobs(json_t *obj, json_t *prompt_logprobs) {
         if (prompt_logprobs)
                 json_object_set_new(obj, "prompt_logprobs", prompt_logprobs);   /* replaces the null in place */
 }
 
-char *resp_sse_event(json_t *obj, size_t *len) {
+char *tsr_resp_sse_event(json_t *obj, size_t *len) {
         char *body, *out;
         size_t n;
         if (!obj)

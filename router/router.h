@@ -16,11 +16,11 @@
 #include "request.h"
 #include "worker_link.h"
 
-typedef struct router_ctx {
+typedef struct tsr_router_ctx {
         uv_loop_t *loop;
         const tsr_config *cfg;
-        http_server *http;
-        worker_pool *workers;
+        tsr_http_server *http;
+        tsr_worker_pool *workers;
         tsr_models_registry *models;
         tsr_request_layer *requests;
         tsr_metrics *metrics;        /* shared by every loop (--router-threads), locked inside */
@@ -29,20 +29,20 @@ typedef struct router_ctx {
         int loop_index;              /* 0 .. --router-threads - 1 */
         /* Every loop's HTTP server, for the connection counts in /metrics (their
          * counters are atomic); n_http = --router-threads. */
-        http_server *const *all_http;
+        tsr_http_server *const *all_http;
         size_t n_http;
         /* Whether each loop could serve a request now (tsr_api_can_serve), published by
          * its own loop every TSR_READY_PUBLISH_MS; n_http entries; NULL with one loop.
          * /health asks every loop, since a client's next connection may land on any. */
         atomic_bool *loops_ready;
-} router_ctx;
+} tsr_router_ctx;
 
 #define TSR_READY_PUBLISH_MS 100
 
 /* Loop thread: some worker is live and this loop has built its model's tokenizer. */
-bool tsr_api_can_serve(router_ctx *r);
+bool tsr_api_can_serve(tsr_router_ctx *r);
 
-/* The HTTP handler for every request (api.c); `ud` is the router_ctx. */
-void tsr_api_handle(void *ud, http_conn *c, http_request *req);
+/* The HTTP handler for every request (api.c); `ud` is the tsr_router_ctx. */
+void tsr_api_handle(void *ud, tsr_http_conn *c, tsr_http_request *req);
 
 #endif

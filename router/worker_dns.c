@@ -14,7 +14,7 @@
 #include "common/log.h"
 
 typedef struct dns_name {
-        worker_dns *owner;
+        tsr_worker_dns *owner;
         char name[256];
         int port;
         uv_getaddrinfo_t req;
@@ -30,12 +30,12 @@ typedef struct dns_addr {
         char endpoint[INET_ADDRSTRLEN + 16];   /* "tcp://A.B.C.D:PORT" */
         size_t owner;                /* the name whose answers can retire it */
         unsigned absent;             /* the owner's answers in a row without it */
-        bool seen;                   /* scratch for worker_dns_apply: in this answer */
+        bool seen;                   /* scratch for tsr_worker_dns_apply: in this answer */
 } dns_addr;
 
-struct worker_dns {
+struct tsr_worker_dns {
         uv_loop_t *loop;
-        worker_pool *pool;
+        tsr_worker_pool *pool;
         dns_name *names;
         size_t n_names;
         dns_addr *addrs;
@@ -46,7 +46,7 @@ struct worker_dns {
         bool closing;
 };
 
-tsr_status worker_dns_parse(const char *spec, char *name, size_t name_len, int *port, char *err, size_t errlen) {
+tsr_status tsr_worker_dns_parse(const char *spec, char *name, size_t name_len, int *port, char *err, size_t errlen) {
         const char *colon = spec ? strrchr(spec, ':') : NULL;
         char *end = NULL;
         long p;
@@ -67,7 +67,7 @@ tsr_status worker_dns_parse(const char *spec, char *name, size_t name_len, int *
         return TSR_OK;
 }
 
-static dns_addr *find_addr(worker_dns *d, const char *endpoint) {
+static dns_addr *find_addr(tsr_worker_dns *d, const char *endpoint) {
         for (size_t i = 0; i < d->n_addrs; i++)
                 if (strcmp(d->addrs[i].endpoint, endpoint) == 0)
                         return &d->addrs[i];
@@ -75,7 +75,7 @@ static dns_addr *find_addr(worker_dns *d, const char *endpoint) {
 }
 
 /* Add `endpoint` to the pool and track it as ours.  false: not added (logged). */
-static bool add_worker(worker_dns *d, size_t name_idx, const char *endpoint) {
+static bool add_worker(tsr_worker_dns *d, size_t name_idx, const char *endpoint) {
         const dns_name *n = &d->names[name_idx];
         dns_addr *a = find_addr(d, endpoint);
 
@@ -89,7 +89,7 @@ static bool add_worker(worker_dns *d, size_t name_idx, const char *endpoint) {
                 d->addrs = grown;
                 d->cap_addrs = cap;
         }
-        if (strlen(endpoint) >= sizeof(a->endpoint) || worker_pool_add(d->pool, endpoint) != TSR_OK) {
+        if (strlen(endpoint) >= sizeof(a->endpoint) || tsr_worker_pool_add(d->pool, endpoint) != TSR_OK) {
                 log_warn("--worker-dns %s:%d: cannot add worker %s", n->name, n->port, endpoint);
                 return false;
         }
@@ -104,14 +104,14 @@ static bool add_worker(worker_dns *d, size_t name_idx, const char *endpoint) {
         return true;
 }
 
-void worker_dns_apply(worker_dns *d, size_t name_idx, const char *const *endpoints, size_t n) {
+void tsr_worker_dns_apply(tsr_worker_dns *d, size_t name_idx, const char *const *endpoints, size_t n) {
         const dns_name *nm = &d->names[name_idx];
 
         for (size_t k = 0; k < d->n_addrs; k++)
                 d->addrs[k].seen = false;
         for (size_t i = 0; i < n; i++) {
                 dns_addr *a = find_addr(d, endpoints[i]);
-                tsr_worker *w = worker_pool_find(d->pool, endpoints[i]);
+                tsr_worker *w = tsr_worker_pool_find(d->pool, endpoints[i]);
                 if (!a) {
                         if (!w)   /* else a --worker or another name's: not ours */
                                 add_worker(d, name_idx, endpoints[i]);
@@ -123,7 +123,7 @@ void worker_dns_apply(worker_dns *d, size_t name_idx, const char *const *endpoin
                         log_info("--worker-dns %s:%d: %s is back in the answer", nm->name, nm->port, a->endpoint);
                 a->absent = 0;
                 if (w)
-                        worker_pool_unretire(d->pool, w);
+                        tsr_worker_pool_unretire(d->pool, w);
                 else
                         add_worker(d, name_idx, endpoints[i]);   /* removed since: a new worker */
         }
@@ -132,7 +132,7 @@ void worker_dns_apply(worker_dns *d, size_t name_idx, const char *const *endpoin
                 tsr_worker *w;
                 if (a->owner != name_idx || a->seen)
                         continue;
-                w = worker_pool_find(d->pool, a->endpoint);
+                w = tsr_worker_pool_find(d->pool, a->endpoint);
                 if (!w) {   /* the pool removed it (retired, then idle): forget it */
                         d->addrs[k] = d->addrs[--d->n_addrs];
                         continue;
@@ -140,7 +140,7 @@ void worker_dns_apply(worker_dns *d, size_t name_idx, const char *const *endpoin
                 if (++a->absent == TSR_WORKER_DNS_GONE_ANSWERS) {
                         log_info("--worker-dns %s:%d: %s missing from %u answers in a row: retiring it", nm->name,
                                  nm->port, a->endpoint, a->absent);
-                        worker_pool_retire(d->pool, w);
+                        tsr_worker_pool_retire(d->pool, w);
                 }
         }
 }
@@ -148,7 +148,7 @@ void worker_dns_apply(worker_dns *d, size_t name_idx, const char *const *endpoin
 /* Threadpool lookup done; loop thread. */
 static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res) {
         dns_name *n = req->data;
-        worker_dns *d = n->owner;
+        tsr_worker_dns *d = n->owner;
         char (*eps)[INET_ADDRSTRLEN + 16] = NULL;
         const char **list = NULL;
         size_t count = 0, cap = 0;
@@ -171,7 +171,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
                         if (n->n_last)
                                 log_info("--worker-dns %s:%d: 0 address(es)", n->name, n->port);
                         n->n_last = 0;
-                        worker_dns_apply(d, (size_t)(n - d->names), NULL, 0);
+                        tsr_worker_dns_apply(d, (size_t)(n - d->names), NULL, 0);
                 }
                 return;
         }
@@ -202,13 +202,13 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
         if (count != n->n_last)
                 log_info("--worker-dns %s:%d: %zu address(es)", n->name, n->port, count);
         n->n_last = count;
-        worker_dns_apply(d, (size_t)(n - d->names), list, count);
+        tsr_worker_dns_apply(d, (size_t)(n - d->names), list, count);
         free(eps);
         free(list);
 }
 
 static void resolve_all(uv_timer_t *t) {
-        worker_dns *d = t->data;
+        tsr_worker_dns *d = t->data;
         struct addrinfo hints;
 
         memset(&hints, 0, sizeof(hints));
@@ -224,9 +224,9 @@ static void resolve_all(uv_timer_t *t) {
         }
 }
 
-tsr_status worker_dns_start(uv_loop_t *loop, worker_pool *pool, const char *const *specs, size_t n_specs,
-                            unsigned interval_ms, worker_dns **out, char *err, size_t errlen) {
-        worker_dns *d = calloc(1, sizeof(*d));
+tsr_status tsr_worker_dns_start(uv_loop_t *loop, tsr_worker_pool *pool, const char *const *specs, size_t n_specs,
+                            unsigned interval_ms, tsr_worker_dns **out, char *err, size_t errlen) {
+        tsr_worker_dns *d = calloc(1, sizeof(*d));
         *out = NULL;
         if (!d || !(d->names = calloc(n_specs ? n_specs : 1, sizeof(*d->names)))) {
                 free(d);
@@ -235,7 +235,7 @@ tsr_status worker_dns_start(uv_loop_t *loop, worker_pool *pool, const char *cons
         }
         for (size_t i = 0; i < n_specs; i++) {
                 dns_name *n = &d->names[i];
-                if (worker_dns_parse(specs[i], n->name, sizeof(n->name), &n->port, err, errlen) != TSR_OK) {
+                if (tsr_worker_dns_parse(specs[i], n->name, sizeof(n->name), &n->port, err, errlen) != TSR_OK) {
                         free(d->names);
                         free(d);
                         return TSR_E_INVAL;
@@ -256,7 +256,7 @@ tsr_status worker_dns_start(uv_loop_t *loop, worker_pool *pool, const char *cons
         return TSR_OK;
 }
 
-void worker_dns_close(worker_dns *d) {
+void tsr_worker_dns_close(tsr_worker_dns *d) {
         if (!d || d->closing)
                 return;
         d->closing = true;
@@ -271,7 +271,7 @@ void worker_dns_close(worker_dns *d) {
                         uv_cancel((uv_req_t *)&d->names[i].req);
 }
 
-void worker_dns_free(worker_dns **dp) {
+void tsr_worker_dns_free(tsr_worker_dns **dp) {
         if (!dp || !*dp)
                 return;
         free((*dp)->names);

@@ -42,7 +42,7 @@ typedef struct zsock_watch {
 } zsock_watch;
 
 struct tsr_worker {
-        worker_pool *pool;
+        tsr_worker_pool *pool;
         char *endpoint;
         char *status_endpoint;
         zsock_watch dealer;
@@ -56,14 +56,14 @@ struct tsr_worker {
         uint64_t last_resync_ns;     /* last Resync asked (maybe_ask_resync) */
         bool was_live;
         bool abort_on_return;        /* declared down: abort our ghosts when it speaks again */
-        bool retired;                /* worker_pool_retire: no new requests, removed when idle */
+        bool retired;                /* tsr_worker_pool_retire: no new requests, removed when idle */
         bool removed;                /* out of the pool; freed when `closing` handles have closed */
         int closing;                 /* its poll handles still closing after removal */
         uint64_t n_bad_frames;
         tsr_prefix_mirror mirror;    /* its cached block hashes (loop thread) */
 };
 
-struct worker_pool {
+struct tsr_worker_pool {
         uv_loop_t *loop;
         void *zctx;
         char router_id[64];
@@ -84,7 +84,7 @@ struct worker_pool {
 
 static bool should_log(uint64_t n) { return n <= 10 || n % 1000 == 0; }
 
-static void kick(worker_pool *p);
+static void kick(tsr_worker_pool *p);
 static void send_control(tsr_worker *w, tsr_envelope *env);
 static void abort_all_on(tsr_worker *w);
 
@@ -111,9 +111,9 @@ const Tessera__V1__ModelInfo *tsr_worker_model_info(const tsr_worker *w) {
 
 const Tessera__V1__Status *tsr_worker_status(const tsr_worker *w) { return w->status ? w->status->status : NULL; }
 
-size_t worker_pool_count(const worker_pool *p) { return p->n_workers; }
+size_t tsr_worker_pool_count(const tsr_worker_pool *p) { return p->n_workers; }
 
-void worker_pool_set_events(worker_pool *p, const worker_events *ev) { p->ev = *ev; }
+void tsr_worker_pool_set_events(tsr_worker_pool *p, const worker_events *ev) { p->ev = *ev; }
 
 tsr_status tsr_worker_send(tsr_worker *w, tsr_envelope *env) {
         uint8_t *buf;
@@ -128,9 +128,9 @@ tsr_status tsr_worker_send(tsr_worker *w, tsr_envelope *env) {
         kick(w->pool);
         return st;
 }
-tsr_worker *worker_pool_get(worker_pool *p, size_t i) { return i < p->n_workers ? p->workers[i] : NULL; }
+tsr_worker *tsr_worker_pool_get(tsr_worker_pool *p, size_t i) { return i < p->n_workers ? p->workers[i] : NULL; }
 
-tsr_worker *worker_pool_find(worker_pool *p, const char *endpoint) {
+tsr_worker *tsr_worker_pool_find(tsr_worker_pool *p, const char *endpoint) {
         for (size_t i = 0; i < p->n_workers; i++)
                 if (strcmp(p->workers[i]->endpoint, endpoint) == 0)
                         return p->workers[i];
@@ -139,7 +139,7 @@ tsr_worker *worker_pool_find(worker_pool *p, const char *endpoint) {
 
 bool tsr_worker_accepting(const tsr_worker *w) { return !w->retired; }
 
-void worker_pool_retire(worker_pool *p, tsr_worker *w) {
+void tsr_worker_pool_retire(tsr_worker_pool *p, tsr_worker *w) {
         (void)p;
         if (w->retired)
                 return;
@@ -147,7 +147,7 @@ void worker_pool_retire(worker_pool *p, tsr_worker *w) {
         log_info("worker %s retired: no new requests; removed once none of ours is in flight there", w->endpoint);
 }
 
-void worker_pool_unretire(worker_pool *p, tsr_worker *w) {
+void tsr_worker_pool_unretire(tsr_worker_pool *p, tsr_worker *w) {
         (void)p;
         if (!w->retired)
                 return;
@@ -155,7 +155,7 @@ void worker_pool_unretire(worker_pool *p, tsr_worker *w) {
         log_info("worker %s takes requests again", w->endpoint);
 }
 
-size_t worker_pool_num_live(const worker_pool *p) {
+size_t tsr_worker_pool_num_live(const tsr_worker_pool *p) {
         size_t n = 0;
         for (size_t i = 0; i < p->n_workers; i++)
                 n += tsr_worker_live(p->workers[i]);
@@ -461,7 +461,7 @@ static bool drain(zsock_watch *z) {
         return true;   /* more may be waiting */
 }
 
-static bool drain_all(worker_pool *p) {
+static bool drain_all(tsr_worker_pool *p) {
         bool more = false;
         for (size_t i = 0; i < p->n_workers; i++) {
                 more |= drain(&p->workers[i]->dealer);
@@ -477,12 +477,12 @@ static void on_poll(uv_poll_t *h, int status, int events) {
 }
 
 static void on_kick(uv_idle_t *h) {
-        worker_pool *p = h->data;
+        tsr_worker_pool *p = h->data;
         if (!drain_all(p))
                 uv_idle_stop(&p->kick);
 }
 
-static void kick(worker_pool *p) {
+static void kick(tsr_worker_pool *p) {
         if (!uv_is_closing((uv_handle_t *)&p->kick))
                 uv_idle_start(&p->kick, on_kick);
 }
@@ -500,7 +500,7 @@ static void send_control(tsr_worker *w, tsr_envelope *env) {
         free(buf);
 }
 
-static void send_heartbeats(worker_pool *p) {
+static void send_heartbeats(tsr_worker_pool *p) {
         tsr_envelope env;
         Tessera__V1__Heartbeat hb;
 
@@ -536,12 +536,12 @@ static void abort_all_on(tsr_worker *w) {
         kick(w->pool);
 }
 
-static void remove_worker(worker_pool *p, size_t idx);
+static void remove_worker(tsr_worker_pool *p, size_t idx);
 
 /* Remove the retired workers none of our requests runs on any more.  Last in the tick,
  * after the liveness pass: a retired worker that died has had its requests failed over
  * by on_worker_down just before, so it goes in the same tick. */
-static void reap_retired(worker_pool *p) {
+static void reap_retired(tsr_worker_pool *p) {
         for (size_t i = p->n_workers; i-- > 0;) {
                 tsr_worker *w = p->workers[i];
                 if (w->retired && (!p->ev.in_flight || p->ev.in_flight(p->ev.ud, w) == 0))
@@ -550,7 +550,7 @@ static void reap_retired(worker_pool *p) {
 }
 
 static void on_tick(uv_timer_t *t) {
-        worker_pool *p = t->data;
+        tsr_worker_pool *p = t->data;
         uint64_t now = tsr_now_ns();
         bool more;
         if (p->last_tick_ns && now - p->last_tick_ns > LOOP_STALL_NS) {
@@ -596,7 +596,7 @@ static void on_tick(uv_timer_t *t) {
 
 static int set_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof(v)); }
 
-static tsr_status watch_socket(worker_pool *p, tsr_worker *w, zsock_watch *z, void *sock, bool is_sub) {
+static tsr_status watch_socket(tsr_worker_pool *p, tsr_worker *w, zsock_watch *z, void *sock, bool is_sub) {
         int fd;
         size_t len = sizeof(fd);
         z->sock = sock;
@@ -617,7 +617,7 @@ static char *default_status_endpoint(const char *ep) {
         return tsr_endpoint_status_default(ep, out, sizeof(out)) == TSR_OK ? strdup(out) : NULL;
 }
 
-tsr_status worker_pool_add(worker_pool *p, const char *spec) {
+tsr_status tsr_worker_pool_add(tsr_worker_pool *p, const char *spec) {
         tsr_worker *w, **grown;
         const char *comma = strchr(spec, ',');
         int64_t maxmsg = TSR_WIRE_MAX_FRAME;
@@ -699,8 +699,8 @@ fail:
         return TSR_E_INVAL;
 }
 
-tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool **ret) {
-        worker_pool *p = calloc(1, sizeof(*p));
+tsr_status tsr_worker_pool_new(uv_loop_t *loop, const char *router_id, tsr_worker_pool **ret) {
+        tsr_worker_pool *p = calloc(1, sizeof(*p));
         if (!p)
                 return TSR_E_NOMEM;
         p->loop = loop;
@@ -720,7 +720,7 @@ tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool *
         return TSR_OK;
 }
 
-void worker_pool_set_curve(worker_pool *p, const tsr_curve *curve) { p->curve = curve; }
+void tsr_worker_pool_set_curve(tsr_worker_pool *p, const tsr_curve *curve) { p->curve = curve; }
 
 /* Sockets, messages and memory of a worker whose poll handles are closed (or never
  * opened). */
@@ -739,7 +739,7 @@ static void worker_free(tsr_worker *w) {
 }
 
 static void on_handle_closed(uv_handle_t *h) {
-        worker_pool *p = h->data;
+        tsr_worker_pool *p = h->data;
         if (h->type == UV_POLL) {
                 tsr_worker *w = ((zsock_watch *)h->data)->owner;
                 p = w->pool;
@@ -755,7 +755,7 @@ static void on_handle_closed(uv_handle_t *h) {
 /* Loop thread, from the tick.  Out of the array first, so that nothing iterating the
  * pool (drain_all, placement, /metrics) sees it again; then the request layer drops
  * its pointers; then the handles close and on_handle_closed frees the rest. */
-static void remove_worker(worker_pool *p, size_t idx) {
+static void remove_worker(tsr_worker_pool *p, size_t idx) {
         tsr_worker *w = p->workers[idx];
 
         memmove(p->workers + idx, p->workers + idx + 1, (p->n_workers - idx - 1) * sizeof(*p->workers));
@@ -776,7 +776,7 @@ static void remove_worker(worker_pool *p, size_t idx) {
                 worker_free(w);
 }
 
-void worker_pool_close(worker_pool *p, void (*done)(void *ud), void *ud) {
+void tsr_worker_pool_close(tsr_worker_pool *p, void (*done)(void *ud), void *ud) {
         p->closed_cb = done;
         p->closed_ud = ud;
         uv_close((uv_handle_t *)&p->tick, on_handle_closed);
@@ -791,8 +791,8 @@ void worker_pool_close(worker_pool *p, void (*done)(void *ud), void *ud) {
         }
 }
 
-void worker_pool_free(worker_pool **pp) {
-        worker_pool *p;
+void tsr_worker_pool_free(tsr_worker_pool **pp) {
+        tsr_worker_pool *p;
         if (!pp || !*pp)
                 return;
         p = *pp;

@@ -20,7 +20,7 @@
 #include "common/wire.h"
 #include "hashset.h"
 
-typedef struct worker_pool worker_pool;
+typedef struct tsr_worker_pool tsr_worker_pool;
 typedef struct tsr_worker tsr_worker;
 
 /* What the pool reports to the request layer (loop thread).  Each callback borrows
@@ -36,7 +36,7 @@ typedef struct worker_events {
         /* Every Status of a worker whose ModelInfo is known. */
         void (*on_status)(void *ud, tsr_worker *w, const Tessera__V1__Status *st);
         /* How many of this router's requests are in flight on w.  A retired worker
-         * (worker_pool_retire) is removed only at 0.  NULL: always 0. */
+         * (tsr_worker_pool_retire) is removed only at 0.  NULL: always 0. */
         size_t (*in_flight)(void *ud, const tsr_worker *w);
         /* w is leaving the pool (retired, nothing in flight): drop every pointer to it.
          * It is freed after this call, once its sockets' poll handles have closed. */
@@ -45,39 +45,39 @@ typedef struct worker_events {
 } worker_events;
 
 /* Loop thread.  `router_id` becomes every DEALER's routing id (copied). */
-tsr_status worker_pool_new(uv_loop_t *loop, const char *router_id, worker_pool **ret);
+tsr_status tsr_worker_pool_new(uv_loop_t *loop, const char *router_id, tsr_worker_pool **ret);
 /* CurveZMQ for every worker added after this call (common/zmq_curve.h); borrowed,
  * must outlive the pool.  NULL or disabled: plain TCP. */
 struct tsr_curve;
-void worker_pool_set_curve(worker_pool *p, const struct tsr_curve *curve);
+void tsr_worker_pool_set_curve(tsr_worker_pool *p, const struct tsr_curve *curve);
 /* Add a worker by spec "tcp://HOST:PORT" (Status on PORT+1) or
  * "tcp://HOST:PORT,tcp://HOST:SPORT".  Connects at once; TSR_E_INVAL on a bad spec. */
-tsr_status worker_pool_add(worker_pool *p, const char *spec);
+tsr_status tsr_worker_pool_add(tsr_worker_pool *p, const char *spec);
 /* Close every socket and handle; `done` runs on the loop once all handles are closed. */
-void worker_pool_close(worker_pool *p, void (*done)(void *ud), void *ud);
+void tsr_worker_pool_close(tsr_worker_pool *p, void (*done)(void *ud), void *ud);
 /* Route Outputs, Errors and liveness changes to the request layer. */
-void worker_pool_set_events(worker_pool *p, const worker_events *ev);
+void tsr_worker_pool_set_events(tsr_worker_pool *p, const worker_events *ev);
 /* Send one envelope to the worker (non-blocking).  TSR_E_UNAVAILABLE when the socket
  * cannot take it now (pipe full, no connection). */
 tsr_status tsr_worker_send(tsr_worker *w, tsr_envelope *env);
 /* After done ran.  Accepts NULL; clears *p. */
-void worker_pool_free(worker_pool **p);
+void tsr_worker_pool_free(tsr_worker_pool **p);
 
-size_t worker_pool_count(const worker_pool *p);
-tsr_worker *worker_pool_get(worker_pool *p, size_t i);
-size_t worker_pool_num_live(const worker_pool *p);
+size_t tsr_worker_pool_count(const tsr_worker_pool *p);
+tsr_worker *tsr_worker_pool_get(tsr_worker_pool *p, size_t i);
+size_t tsr_worker_pool_num_live(const tsr_worker_pool *p);
 /* The worker whose request endpoint is `endpoint` ("tcp://HOST:PORT"), NULL if none.
  * Borrowed: valid until the worker is removed (never hold it across loop callbacks). */
-tsr_worker *worker_pool_find(worker_pool *p, const char *endpoint);
+tsr_worker *tsr_worker_pool_find(tsr_worker_pool *p, const char *endpoint);
 /* Loop thread.  Take w out of the pool gently (a --worker-dns address that left the
  * answer): from now on placement skips it (tsr_worker_accepting), and the pool's tick
  * removes it, with a log line and events.on_worker_removed, once events.in_flight says
  * none of our requests runs there: those finish, fail over when the worker dies, or
  * end at their deadline.  Idempotent. */
-void worker_pool_retire(worker_pool *p, tsr_worker *w);
-/* Loop thread.  Undo worker_pool_retire for a worker not removed yet (its address came
+void tsr_worker_pool_retire(tsr_worker_pool *p, tsr_worker *w);
+/* Loop thread.  Undo tsr_worker_pool_retire for a worker not removed yet (its address came
  * back).  No-op otherwise. */
-void worker_pool_unretire(worker_pool *p, tsr_worker *w);
+void tsr_worker_pool_unretire(tsr_worker_pool *p, tsr_worker *w);
 /* False once the worker is retired: place no new request there. */
 bool tsr_worker_accepting(const tsr_worker *w);
 

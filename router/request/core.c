@@ -40,7 +40,7 @@ static void rq_free(rq *r) {
         free(r->prompt_lens);
         free(r->prompt_texts);
         if (r->parsed)
-                oai_request_done(&r->req);
+                tsr_oai_request_done(&r->req);
         if (r->model)
                 tsr_models_unref(r->model);
         free(r->body);
@@ -87,13 +87,13 @@ choice *tsr_request_table_get(tsr_request_layer *L, const char *wire) {
 
 /* ------------------------------------------------------------------ errors and helpers */
 
-static void respond_oai_error(http_conn *c, const oai_error *e) {
-        char *body = oai_error_json(e);
+static void respond_oai_error(tsr_http_conn *c, const tsr_oai_error *e) {
+        char *body = tsr_oai_error_json(e);
         if (body) {
-                http_conn_respond(c, e->status, "application/json", body, strlen(body), NULL);
+                tsr_http_conn_respond(c, e->status, "application/json", body, strlen(body), NULL);
                 free(body);
         } else {
-                http_conn_respond_error(c, 500, "InternalServerError", "out of memory");
+                tsr_http_conn_respond_error(c, 500, "InternalServerError", "out of memory");
         }
 }
 
@@ -136,7 +136,7 @@ void tsr_request_abort_all(rq *r, const char *why) {
 
 
 void tsr_request_fail(rq *r, int status, const char *type, const char *fmt, ...) {
-        oai_error e = {.status = status, .type = type};
+        tsr_oai_error e = {.status = status, .type = type};
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(e.message, sizeof(e.message), fmt, ap);
@@ -145,13 +145,13 @@ void tsr_request_fail(rq *r, int status, const char *type, const char *fmt, ...)
 }
 
 /* Answer with `err` (a body before the headers, an error event after them). */
-void tsr_request_fail_with(rq *r, const oai_error *err) {
-        oai_error e = *err;
+void tsr_request_fail_with(rq *r, const tsr_oai_error *err) {
+        tsr_oai_error e = *err;
         tsr_request_abort_all(r, "request_failed");
         if (r->c && !r->answered) {
                 if (r->streaming) {
                         /* After the headers: an error event, then [DONE] (vLLM). */
-                        char *body = oai_error_json(&e);
+                        char *body = tsr_oai_error_json(&e);
                         if (body) {
                                 size_t n = strlen(body);
                                 char *ev = malloc(n + 9);
@@ -159,13 +159,13 @@ void tsr_request_fail_with(rq *r, const oai_error *err) {
                                         memcpy(ev, "data: ", 6);
                                         memcpy(ev + 6, body, n);
                                         memcpy(ev + 6 + n, "\n\n", 2);
-                                        http_conn_stream_write(r->c, ev, n + 8);
+                                        tsr_http_conn_stream_write(r->c, ev, n + 8);
                                         free(ev);
                                 }
                                 free(body);
                         }
-                        http_conn_stream_write(r->c, RESP_SSE_DONE, strlen(RESP_SSE_DONE));
-                        http_conn_stream_end(r->c);
+                        tsr_http_conn_stream_write(r->c, TSR_RESP_SSE_DONE, strlen(TSR_RESP_SSE_DONE));
+                        tsr_http_conn_stream_end(r->c);
                 } else {
                         respond_oai_error(r->c, &e);
                 }
@@ -188,8 +188,8 @@ static void make_random_hex(char *out, size_t n_hex) {
         out[n_hex] = '\0';
 }
 
-bool tsr_request_content_type_json(const http_request *req) {
-        const char *ct = http_request_header(req, "content-type");
+bool tsr_request_content_type_json(const tsr_http_request *req) {
+        const char *ct = tsr_http_request_header(req, "content-type");
         size_t n;
         if (!ct)
                 return false;
@@ -200,8 +200,8 @@ bool tsr_request_content_type_json(const http_request *req) {
 /* ------------------------------------------------------------------ completion of a request */
 
 void tsr_request_finish(rq *r) {
-        resp_head h;
-        resp_usage u;
+        tsr_resp_head h;
+        tsr_resp_usage u;
 
         if (r->answered || !r->c) {
                 r->answered = true;
@@ -212,29 +212,29 @@ void tsr_request_finish(rq *r) {
         tsr_request_usage_of(r, NULL, &u);
         if (r->streaming) {
                 if (tsr_request_want_usage_chunk(r))
-                        tsr_request_stream_write_obj(r, resp_usage_chunk(&h, r->kind == OAI_CHAT, &u));
+                        tsr_request_stream_write_obj(r, tsr_resp_usage_chunk(&h, r->kind == TSR_OAI_CHAT, &u));
                 if (r->c) {
-                        http_conn_stream_write(r->c, RESP_SSE_DONE, strlen(RESP_SSE_DONE));
-                        http_conn_stream_end(r->c);
+                        tsr_http_conn_stream_write(r->c, TSR_RESP_SSE_DONE, strlen(TSR_RESP_SSE_DONE));
+                        tsr_http_conn_stream_end(r->c);
                 }
         } else {
                 json_t *choices = json_array(), *body;
-                resp_tokens t = tsr_request_tokens_of(r);
+                tsr_resp_tokens t = tsr_request_tokens_of(r);
                 char *text;
                 for (size_t i = 0; i < r->n_choices; i++) {
                         choice *ch = &r->choices[i];
                         json_t *lp = NULL, *c;
-                        if (r->kind == OAI_CHAT) {
+                        if (r->kind == TSR_OAI_CHAT) {
                                 if (r->req.chat_logprobs)
-                                        lp = resp_chat_logprobs(ch->lp, ch->n_lp, r->req.top_logprobs, &t);
-                                json_array_append_new(choices, resp_chat_choice(ch->index, r->L->ctx->cfg->response_role,
+                                        lp = tsr_resp_chat_logprobs(ch->lp, ch->n_lp, r->req.top_logprobs, &t);
+                                json_array_append_new(choices, tsr_resp_chat_choice(ch->index, r->L->ctx->cfg->response_role,
                                                                                 (char *)ch->text.data, ch->text.len, lp,
                                                                                 ch->finish_reason,
                                                                                 json_incref(ch->stop_reason)));
                         } else {
                                 tsr_buf full;
                                 size_t n;
-                                resp_token_lp *all;
+                                tsr_resp_token_lp *all;
                                 tsr_buf_init(&full, (size_t)-1 / 2);
                                 if (r->req.echo)
                                         tsr_buf_append_str(&full, r->prompt_texts[ch->prompt]);
@@ -242,28 +242,28 @@ void tsr_request_finish(rq *r) {
                                 /* echo: the prompt's tokens first (position 0 without a
                                  * logprob), then the generated ones (none for tsr_request_echo_only). */
                                 if (r->req.logprobs >= 0 && (all = tsr_request_completion_entries(r, ch, r->req.echo, 0, &n))) {
-                                        lp = resp_completion_logprobs(all, n, r->req.logprobs, 0, &t);
+                                        lp = tsr_resp_completion_logprobs(all, n, r->req.logprobs, 0, &t);
                                         free(all);
                                 }
-                                c = resp_completion_choice(ch->index, (char *)full.data, full.len, lp, ch->finish_reason,
+                                c = tsr_resp_completion_choice(ch->index, (char *)full.data, full.len, lp, ch->finish_reason,
                                                            json_incref(ch->stop_reason));
                                 if (r->req.prompt_logprobs >= 0 && ch->plp)
-                                        resp_set_prompt_logprobs(
-                                                c, resp_prompt_logprobs(ch->plp, r->prompt_lens[ch->prompt], &t));
+                                        tsr_resp_set_prompt_logprobs(
+                                                c, tsr_resp_prompt_logprobs(ch->plp, r->prompt_lens[ch->prompt], &t));
                                 json_array_append_new(choices, c);
                                 tsr_buf_done(&full);
                         }
                 }
-                body = r->kind == OAI_CHAT ? resp_chat(&h, choices, &u) : resp_completion(&h, choices, &u);
+                body = r->kind == TSR_OAI_CHAT ? tsr_resp_chat(&h, choices, &u) : tsr_resp_completion(&h, choices, &u);
                 /* Chat: one prompt, so one prompt_logprobs list at the top (vLLM). */
-                if (r->kind == OAI_CHAT && r->req.prompt_logprobs >= 0 && r->n_choices && r->choices[0].plp)
-                        resp_set_prompt_logprobs(body, resp_prompt_logprobs(r->choices[0].plp, r->prompt_lens[0], &t));
+                if (r->kind == TSR_OAI_CHAT && r->req.prompt_logprobs >= 0 && r->n_choices && r->choices[0].plp)
+                        tsr_resp_set_prompt_logprobs(body, tsr_resp_prompt_logprobs(r->choices[0].plp, r->prompt_lens[0], &t));
                 text = body ? json_dumps(body, JSON_COMPACT) : NULL;
                 json_decref(body);
                 if (text)
-                        http_conn_respond(r->c, 200, "application/json", text, strlen(text), NULL);
+                        tsr_http_conn_respond(r->c, 200, "application/json", text, strlen(text), NULL);
                 else
-                        http_conn_respond_error(r->c, 500, "InternalServerError", "out of memory");
+                        tsr_http_conn_respond_error(r->c, 500, "InternalServerError", "out of memory");
                 free(text);
         }
         if (!r->L->ctx->cfg->disable_log_requests)
@@ -331,9 +331,9 @@ static void on_client_gone(void *ud) {
         tsr_request_maybe_free(r);
 }
 
-static rq *rq_new(tsr_request_layer *L, http_conn *c, http_request *req, const char *prefix) {
+static rq *rq_new(tsr_request_layer *L, tsr_http_conn *c, tsr_http_request *req, const char *prefix) {
         rq *r = calloc(1, sizeof(*r));
-        const char *xid = http_request_header(req, "x-request-id");
+        const char *xid = tsr_http_request_header(req, "x-request-id");
         char rnd[33];
         if (!r)
                 return NULL;
@@ -365,19 +365,19 @@ static rq *rq_new(tsr_request_layer *L, http_conn *c, http_request *req, const c
                 L->active->prev_active = r;
         L->active = r;
         L->n_active++;
-        http_conn_on_close(c, on_client_gone, r);
+        tsr_http_conn_on_close(c, on_client_gone, r);
         return r;
 }
 
-void tsr_request_handle_generate(tsr_request_layer *L, http_conn *c, http_request *req, oai_kind kind) {
+void tsr_request_handle_generate(tsr_request_layer *L, tsr_http_conn *c, tsr_http_request *req, tsr_oai_kind kind) {
         rq *r;
         if (!tsr_request_content_type_json(req)) {
-                http_conn_respond_error(c, 400, "Bad Request", "Unsupported Media Type: Only 'application/json' is allowed");
+                tsr_http_conn_respond_error(c, 400, "Bad Request", "Unsupported Media Type: Only 'application/json' is allowed");
                 return;
         }
-        r = rq_new(L, c, req, kind == OAI_CHAT ? "chatcmpl-" : "cmpl-");
+        r = rq_new(L, c, req, kind == TSR_OAI_CHAT ? "chatcmpl-" : "cmpl-");
         if (!r) {
-                http_conn_respond_error(c, 500, "InternalServerError", "out of memory");
+                tsr_http_conn_respond_error(c, 500, "InternalServerError", "out of memory");
                 return;
         }
         r->kind = kind;
@@ -414,7 +414,7 @@ void tsr_request_layer_close(tsr_request_layer *L) {
                 uv_close((uv_handle_t *)&L->deadline_sweep, NULL);
 }
 
-tsr_status tsr_request_layer_new(router_ctx *ctx, tsr_request_layer **ret) {
+tsr_status tsr_request_layer_new(tsr_router_ctx *ctx, tsr_request_layer **ret) {
         tsr_request_layer *L = calloc(1, sizeof(*L));
         worker_events ev = tsr_request_worker_events();   /* ud set below */
         if (!L)
@@ -426,7 +426,7 @@ tsr_status tsr_request_layer_new(router_ctx *ctx, tsr_request_layer **ret) {
         }
         L->ctx = ctx;
         ev.ud = L;
-        worker_pool_set_events(ctx->workers, &ev);
+        tsr_worker_pool_set_events(ctx->workers, &ev);
         if (ctx->cfg->request_timeout_secs > 0) {
                 uv_timer_init(ctx->loop, &L->deadline_sweep);
                 L->deadline_sweep.data = L;

@@ -48,9 +48,9 @@ static const char *const place_path_names[] = {"cost", "all_filtered", "imbalanc
  * guard); least_load: the fewest requests running, waiting and sent since the last
  * Status; round_robin: the first candidate. */
 static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
-        router_ctx *ctx = r->L->ctx;
+        tsr_router_ctx *ctx = r->L->ctx;
         routing_policy pol = tsr_request_policy_of(ctx->cfg);
-        size_t n = worker_pool_count(ctx->workers), n_cand = 0, best;
+        size_t n = tsr_worker_pool_count(ctx->workers), n_cand = 0, best;
         const uint64_t *hashes = r->prompt_hashes ? r->prompt_hashes[prompt] : NULL;
         size_t n_hashes = hashes ? r->prompt_n_hashes[prompt] : 0;
         tsr_worker *stack_w[16], **ws = stack_w;
@@ -71,15 +71,15 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
         /* A draining worker (SIGTERM, --shutdown-timeout) refuses new requests: list
          * it only when no other worker can take the request (second pass). */
         for (int pass = 0; pass < 2 && n_cand == 0; pass++) {
-                for (size_t k = 0; k < worker_pool_count(ctx->workers) && n_cand < n; k++) {
-                        size_t idx = (k + r->L->rotate) % worker_pool_count(ctx->workers);
-                        tsr_worker *w = worker_pool_get(ctx->workers, idx);
+                for (size_t k = 0; k < tsr_worker_pool_count(ctx->workers) && n_cand < n; k++) {
+                        size_t idx = (k + r->L->rotate) % tsr_worker_pool_count(ctx->workers);
+                        tsr_worker *w = tsr_worker_pool_get(ctx->workers, idx);
                         const Tessera__V1__Status *st = tsr_worker_status(w);
                         tsr_placement_cand *c = &cs[n_cand];
                         if (!tsr_worker_live(w) || !tsr_worker_accepting(w) ||
                             !tsr_models_served_by(r->model, tsr_worker_model_info(w)))
                                 continue;
-                        if (w == avoid && worker_pool_count(ctx->workers) > 1)
+                        if (w == avoid && tsr_worker_pool_count(ctx->workers) > 1)
                                 continue;
                         if (pass == 0 && st && st->state == TESSERA__V1__STATUS__STATE__DRAINING)
                                 continue;
@@ -174,9 +174,9 @@ tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
         s.ignore_eos = r->req.ignore_eos;
         /* Completions `logprobs: k`, chat `logprobs: true` + `top_logprobs: k` (openai.c
          * folds both into req.logprobs); prompt_logprobs explicit or implied by echo. */
-        s.logprobs = r->req.logprobs < 0 ? -1 : r->req.logprobs > RESP_MAX_TOP ? RESP_MAX_TOP : r->req.logprobs;
+        s.logprobs = r->req.logprobs < 0 ? -1 : r->req.logprobs > TSR_RESP_MAX_TOP ? TSR_RESP_MAX_TOP : r->req.logprobs;
         s.prompt_logprobs = r->req.prompt_logprobs < 0 ? -1
-                            : r->req.prompt_logprobs > RESP_MAX_TOP ? RESP_MAX_TOP
+                            : r->req.prompt_logprobs > TSR_RESP_MAX_TOP ? TSR_RESP_MAX_TOP
                                                                     : r->req.prompt_logprobs;
         s.priority = (int32_t)r->req.priority;
         s.arrival_time_unix_ns = tsr_wall_ns();

@@ -84,11 +84,11 @@ fail:
  * their blocks (the first such worker with prefix caching on; workers of one model
  * are expected to agree — one that does not simply never shows hits). */
 static void choose_hash_spec(rq *r) {
-        router_ctx *ctx = r->L->ctx;
+        tsr_router_ctx *ctx = r->L->ctx;
         if (tsr_request_policy_of(ctx->cfg) != ROUTE_KV)
                 return;
-        for (size_t k = 0; k < worker_pool_count(ctx->workers); k++) {
-                const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(worker_pool_get(ctx->workers, k));
+        for (size_t k = 0; k < tsr_worker_pool_count(ctx->workers); k++) {
+                const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(tsr_worker_pool_get(ctx->workers, k));
                 if (!mi || !mi->prefix_caching || !mi->block_size || !mi->block_hash ||
                     !tsr_models_served_by(r->model, mi))
                         continue;
@@ -127,7 +127,7 @@ static void prep_work(uv_work_t *w) {   /* thread pool */
         r->prompt_texts = calloc(n, sizeof(char *));
         if (!r->prompt_ids || !r->prompt_lens || !r->prompt_texts)
                 goto oom;
-        if (r->kind == OAI_CHAT) {
+        if (r->kind == TSR_OAI_CHAT) {
                 char *text = NULL;
                 size_t len = 0;
                 if (tsr_request_render_chat(r, &text, &len) != TSR_OK) {
@@ -145,7 +145,7 @@ static void prep_work(uv_work_t *w) {   /* thread pool */
                 return;
         }
         for (size_t i = 0; i < r->req.n_prompts; i++) {
-                const oai_prompt *p = &r->req.prompts[i];
+                const tsr_oai_prompt *p = &r->req.prompts[i];
                 if (p->is_ids) {
                         size_t vocab = tsr_tokenizer_vocab_size(tok);
                         r->prompt_ids[i] = malloc((p->n_ids ? p->n_ids : 1) * sizeof(uint32_t));
@@ -193,15 +193,15 @@ oom:
 /* vLLM's context-length rules and messages (serving_engine._validate_input). */
 static bool check_lengths(rq *r) {
         uint32_t L = r->model->max_model_len;
-        const char *suffix = r->kind == OAI_CHAT ? " None" : "";   /* vLLM's chat wraps the error with its cause */
-        for (size_t i = 0; i < r->req.n_prompts || (i == 0 && r->kind == OAI_CHAT); i++) {
+        const char *suffix = r->kind == TSR_OAI_CHAT ? " None" : "";   /* vLLM's chat wraps the error with its cause */
+        for (size_t i = 0; i < r->req.n_prompts || (i == 0 && r->kind == TSR_OAI_CHAT); i++) {
                 size_t N = r->prompt_lens[i];
                 int64_t M;
                 if (N == 0) {
                         tsr_request_fail(r, 400, "BadRequestError", "Prompt cannot be empty.");
                         return false;
                 }
-                if (r->kind == OAI_CHAT) {
+                if (r->kind == TSR_OAI_CHAT) {
                         if (N >= L) {
                                 tsr_request_fail(r, 400, "BadRequestError",
                                              "This model's maximum context length is %u tokens. However, your request has "
@@ -270,7 +270,7 @@ static bool resolve_sampling(rq *r) {
 
 static void prep_done(uv_work_t *w, int status) {   /* loop */
         rq *r = w->data;
-        size_t n_prompts = r->kind == OAI_CHAT ? 1 : r->req.n_prompts;
+        size_t n_prompts = r->kind == TSR_OAI_CHAT ? 1 : r->req.n_prompts;
 
         r->jobs--;
         if (r->gone) {
@@ -304,7 +304,7 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
                 r->detoks[i] = NULL;
         }
         if (r->req.stream) {
-                if (http_conn_stream_start(r->c, 200, "text/event-stream; charset=utf-8", NULL) != TSR_OK) {
+                if (tsr_http_conn_stream_start(r->c, 200, "text/event-stream; charset=utf-8", NULL) != TSR_OK) {
                         r->gone = true;
                         tsr_request_maybe_free(r);
                         return;
@@ -321,7 +321,7 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
                         return;
                 }
                 /* echo in a stream: the prompt text goes first (vLLM). */
-                if (r->streaming && r->req.echo && r->kind == OAI_COMPLETIONS) {
+                if (r->streaming && r->req.echo && r->kind == TSR_OAI_COMPLETIONS) {
                         tsr_buf_append_str(&ch->text, r->prompt_texts[ch->prompt]);
                         ch->echo_chars = tsr_stop_utf8_count((char *)ch->text.data, ch->text.len);
                 }
@@ -333,10 +333,10 @@ static void prep_done(uv_work_t *w, int status) {   /* loop */
 
 void tsr_request_parse_work(uv_work_t *w) {   /* thread pool */
         rq *r = w->data;
-        oai_limits lim;
-        oai_limits_default(&lim);
+        tsr_oai_limits lim;
+        tsr_oai_limits_default(&lim);
         lim.max_logprobs = r->L->ctx->cfg->max_logprobs;
-        r->prep_st = oai_parse(r->kind, r->body, r->body_len, &lim, r->arena, &r->req, &r->err);
+        r->prep_st = tsr_oai_parse(r->kind, r->body, r->body_len, &lim, r->arena, &r->req, &r->err);
         r->parsed = r->prep_st == TSR_OK;
 }
 
@@ -376,7 +376,7 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
         r->model = tsr_models_ref(m);
         /* vLLM's id: X-Request-Id, else the body's request_id, else random hex. */
         if (!r->id_from_header && r->req.request_id && *r->req.request_id)
-                snprintf(r->id, sizeof(r->id), "%s%.200s", r->kind == OAI_CHAT ? "chatcmpl-" : "cmpl-",
+                snprintf(r->id, sizeof(r->id), "%s%.200s", r->kind == TSR_OAI_CHAT ? "chatcmpl-" : "cmpl-",
                          r->req.request_id);
         if (r->req.prompt_logprobs_all && cfg->max_logprobs >= 0 && (int64_t)m->vocab_size > cfg->max_logprobs) {
                 tsr_request_fail(r, 400, "BadRequestError",
@@ -384,7 +384,7 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                              cfg->max_logprobs);
                 return;
         }
-        if (r->kind == OAI_CHAT) {
+        if (r->kind == TSR_OAI_CHAT) {
                 if (!m->tpl) {
                         tsr_request_fail(r, 400, "BadRequestError",
                                      "As of transformers v4.44, default chat template is no longer allowed, so you must "

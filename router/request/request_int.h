@@ -54,10 +54,10 @@ typedef struct choice {
         uint64_t last_token_ns;
         uint64_t queued_ns, prefill_ns, decode_ns;   /* engine's, from the final Output */
         /* logprobs (the request asked for them) */
-        resp_token_lp *lp;            /* one per generated token, in order */
+        tsr_resp_token_lp *lp;            /* one per generated token, in order */
         size_t n_lp, cap_lp;
         size_t lp_sent;               /* streaming: entries of `lp` already sent */
-        resp_token_lp *plp;           /* prompt_logprobs: one per prompt position, [0] without */
+        tsr_resp_token_lp *plp;           /* prompt_logprobs: one per prompt position, [0] without */
         bool echo_lp_sent;            /* streaming echo: the prompt's entries went out */
         size_t sent_chars;            /* streaming: code points of `text` sent (text_offset) */
         size_t echo_chars;            /* ... of which the echoed prompt */
@@ -65,9 +65,9 @@ typedef struct choice {
 
 struct rq {
         tsr_request_layer *L;
-        http_conn *c;                 /* NULL once the client is gone */
-        oai_kind kind;
-        oai_request req;
+        tsr_http_conn *c;                 /* NULL once the client is gone */
+        tsr_oai_kind kind;
+        tsr_oai_request req;
         bool parsed;
         tsr_arena *arena;
         char *body;                   /* a copy: the connection's may die with the client */
@@ -100,7 +100,7 @@ struct rq {
         tsr_block_hash_algo hash_algo;
         uint32_t hash_block_size;
         tsr_status prep_st;
-        oai_error err;
+        tsr_oai_error err;
         /* resolved sampling */
         int64_t max_tokens;
         float temperature, top_p, min_p, repetition_penalty;
@@ -120,7 +120,7 @@ struct rq {
 };
 
 struct tsr_request_layer {
-        router_ctx *ctx;
+        tsr_router_ctx *ctx;
         choice **table;
         uint64_t next_wire_id;
         rq *active;                   /* every live request, for shutdown */
@@ -152,21 +152,21 @@ void tsr_request_table_del(tsr_request_layer *L, choice *ch);
 choice *tsr_request_table_get(tsr_request_layer *L, const char *wire);
 void tsr_request_close_choice(choice *ch, bool abort_worker, const char *why);
 void tsr_request_abort_all(rq *r, const char *why);
-void tsr_request_fail_with(rq *r, const oai_error *err);
+void tsr_request_fail_with(rq *r, const tsr_oai_error *err);
 void tsr_request_fail(rq *r, int status, const char *type, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-bool tsr_request_content_type_json(const http_request *req);
+bool tsr_request_content_type_json(const tsr_http_request *req);
 void tsr_request_finish(rq *r);
 void tsr_request_finish_choice(choice *ch, const char *reason, json_t *stop_reason, bool abort_worker);
 
 /* stream.c: logprobs and SSE */
 bool tsr_request_echo_only(const rq *r);
-resp_tokens tsr_request_tokens_of(const rq *r);
+tsr_resp_tokens tsr_request_tokens_of(const rq *r);
 tsr_status tsr_request_take_prompt_lp(choice *ch, const Tessera__V1__RequestOutput *out);
 tsr_status tsr_request_push_lp(choice *ch, uint32_t token, const Tessera__V1__TokenLogprobs *w);
-resp_token_lp *tsr_request_completion_entries(const rq *r, const choice *ch, bool with_prompt, size_t from, size_t *n);
-const resp_head *tsr_request_head_of(rq *r, resp_head *h);
+tsr_resp_token_lp *tsr_request_completion_entries(const rq *r, const choice *ch, bool with_prompt, size_t from, size_t *n);
+const tsr_resp_head *tsr_request_head_of(rq *r, tsr_resp_head *h);
 bool tsr_request_want_usage_chunk(const rq *r);
-void tsr_request_usage_of(const rq *r, const choice *only, resp_usage *u);
+void tsr_request_usage_of(const rq *r, const choice *only, tsr_resp_usage *u);
 void tsr_request_stream_write_obj(rq *r, json_t *obj);
 void tsr_request_stream_choice(rq *r, choice *ch);
 

@@ -6,10 +6,10 @@
 /* echo with max_tokens 0: the engine runs one token, the response carries only the
  * prompt (text and logprobs), as vLLM does. */
 bool tsr_request_echo_only(const rq *r) {
-        return r->kind == OAI_COMPLETIONS && r->req.echo && r->req.has_max_tokens && r->req.max_tokens == 0;
+        return r->kind == TSR_OAI_COMPLETIONS && r->req.echo && r->req.has_max_tokens && r->req.max_tokens == 0;
 }
 
-/* resp_tokens.decode: one token's text, special tokens kept (vLLM's decoded_token is
+/* tsr_resp_tokens.decode: one token's text, special tokens kept (vLLM's decoded_token is
  * tokenizer.decode([id])).  Loop thread. */
 static char *decode_one(void *ud, uint32_t id, size_t *len) {
         char *text = NULL;
@@ -18,16 +18,16 @@ static char *decode_one(void *ud, uint32_t id, size_t *len) {
         return text;
 }
 
-resp_tokens tsr_request_tokens_of(const rq *r) { return (resp_tokens){.decode = decode_one, .ud = r->model->tok}; }
+tsr_resp_tokens tsr_request_tokens_of(const rq *r) { return (tsr_resp_tokens){.decode = decode_one, .ud = r->model->tok}; }
 
-static void lp_from_wire(const Tessera__V1__TokenLogprobs *w, uint32_t token, resp_token_lp *lp) {
+static void lp_from_wire(const Tessera__V1__TokenLogprobs *w, uint32_t token, tsr_resp_token_lp *lp) {
         size_t n_top = w->n_top_token_ids < w->n_top_logprobs ? w->n_top_token_ids : w->n_top_logprobs;
         memset(lp, 0, sizeof(*lp));
         lp->token = token;
         lp->has = true;
         lp->logprob = w->logprob;
         lp->rank = w->rank;
-        lp->n_top = (uint32_t)(n_top < RESP_MAX_TOP ? n_top : RESP_MAX_TOP);
+        lp->n_top = (uint32_t)(n_top < TSR_RESP_MAX_TOP ? n_top : TSR_RESP_MAX_TOP);
         for (uint32_t i = 0; i < lp->n_top; i++) {
                 lp->top_ids[i] = w->top_token_ids[i];
                 lp->top_logprobs[i] = w->top_logprobs[i];
@@ -40,7 +40,7 @@ tsr_status tsr_request_take_prompt_lp(choice *ch, const Tessera__V1__RequestOutp
         rq *r = ch->r;
         size_t n = r->prompt_lens[ch->prompt];
         const uint32_t *ids = r->prompt_ids[ch->prompt];
-        resp_token_lp *plp = calloc(n ? n : 1, sizeof(*plp));
+        tsr_resp_token_lp *plp = calloc(n ? n : 1, sizeof(*plp));
         if (!plp)
                 return TSR_E_NOMEM;
         for (size_t i = 0; i < n; i++) {
@@ -56,7 +56,7 @@ tsr_status tsr_request_take_prompt_lp(choice *ch, const Tessera__V1__RequestOutp
 tsr_status tsr_request_push_lp(choice *ch, uint32_t token, const Tessera__V1__TokenLogprobs *w) {
         if (ch->n_lp == ch->cap_lp) {
                 size_t cap = ch->cap_lp ? ch->cap_lp * 2 : 16;
-                resp_token_lp *g = realloc(ch->lp, cap * sizeof(*g));
+                tsr_resp_token_lp *g = realloc(ch->lp, cap * sizeof(*g));
                 if (!g)
                         return TSR_E_NOMEM;
                 ch->lp = g;
@@ -74,9 +74,9 @@ tsr_status tsr_request_push_lp(choice *ch, uint32_t token, const Tessera__V1__To
 
 /* The entries a completions logprobs object covers: with echo the prompt's first
  * (`with_prompt`), then generated ones from `from`.  malloc'd; *n set. */
-resp_token_lp *tsr_request_completion_entries(const rq *r, const choice *ch, bool with_prompt, size_t from, size_t *n) {
+tsr_resp_token_lp *tsr_request_completion_entries(const rq *r, const choice *ch, bool with_prompt, size_t from, size_t *n) {
         size_t n_prompt = with_prompt ? r->prompt_lens[ch->prompt] : 0, n_gen = ch->n_lp - from;
-        resp_token_lp *all = malloc((n_prompt + n_gen) ? (n_prompt + n_gen) * sizeof(*all) : 1);
+        tsr_resp_token_lp *all = malloc((n_prompt + n_gen) ? (n_prompt + n_gen) * sizeof(*all) : 1);
         if (!all)
                 return NULL;
         for (size_t i = 0; i < n_prompt; i++) {
@@ -96,16 +96,16 @@ resp_token_lp *tsr_request_completion_entries(const rq *r, const choice *ch, boo
 /* The logprobs of a stream chunk: every token not sent yet (a chunk suppressed for an
  * empty delta hands its tokens to the next one).  NULL when none were asked. */
 static json_t *stream_logprobs(rq *r, choice *ch) {
-        resp_tokens t = tsr_request_tokens_of(r);
+        tsr_resp_tokens t = tsr_request_tokens_of(r);
         json_t *o = NULL;
-        if (r->kind == OAI_CHAT) {
+        if (r->kind == TSR_OAI_CHAT) {
                 if (!r->req.chat_logprobs)
                         return NULL;
-                o = resp_chat_logprobs(ch->lp + ch->lp_sent, ch->n_lp - ch->lp_sent, r->req.top_logprobs, &t);
+                o = tsr_resp_chat_logprobs(ch->lp + ch->lp_sent, ch->n_lp - ch->lp_sent, r->req.top_logprobs, &t);
         } else {
                 size_t n;
                 bool first_echo = r->req.echo && !ch->echo_lp_sent;
-                resp_token_lp *all;
+                tsr_resp_token_lp *all;
                 if (r->req.logprobs < 0)
                         return NULL;
                 all = tsr_request_completion_entries(r, ch, first_echo, ch->lp_sent, &n);
@@ -113,7 +113,7 @@ static json_t *stream_logprobs(rq *r, choice *ch) {
                         return NULL;
                 /* vLLM's initial_text_offset: the generated text streamed before (the
                  * echoed prompt does not count). */
-                o = resp_completion_logprobs(all, n, r->req.logprobs,
+                o = tsr_resp_completion_logprobs(all, n, r->req.logprobs,
                                              first_echo || ch->sent_chars < ch->echo_chars ? 0
                                                                                            : ch->sent_chars - ch->echo_chars,
                                              &t);
@@ -126,7 +126,7 @@ static json_t *stream_logprobs(rq *r, choice *ch) {
 
 /* ------------------------------------------------------------------ streaming */
 
-const resp_head *tsr_request_head_of(rq *r, resp_head *h) {
+const tsr_resp_head *tsr_request_head_of(rq *r, tsr_resp_head *h) {
         h->id = r->id;
         h->created = r->created;
         h->model = r->model->name;
@@ -139,7 +139,7 @@ bool tsr_request_want_usage_chunk(const rq *r) {
 
 /* `only`: the per-chunk usage of one choice (stream_options.continuous_usage_stats),
  * which vLLM never gives prompt_tokens_details; NULL: the request's usage. */
-void tsr_request_usage_of(const rq *r, const choice *only, resp_usage *u) {
+void tsr_request_usage_of(const rq *r, const choice *only, tsr_resp_usage *u) {
         const choice *src;
 
         memset(u, 0, sizeof(*u));
@@ -165,14 +165,14 @@ void tsr_request_usage_of(const rq *r, const choice *only, resp_usage *u) {
 
 void tsr_request_stream_write_obj(rq *r, json_t *obj) {
         size_t n;
-        char *ev = resp_sse_event(obj, &n);
+        char *ev = tsr_resp_sse_event(obj, &n);
         if (!ev || !r->c)
                 goto out;
-        if (http_conn_stream_write(r->c, ev, n) == TSR_E_LIMIT) {
+        if (tsr_http_conn_stream_write(r->c, ev, n) == TSR_E_LIMIT) {
                 /* A client that does not read: stop generating for it (output we cannot send is not buffered without bound). */
                 log_req(TSR_LOG_WARN, r->id, "client is not reading: write queue over its cap, aborting");
                 tsr_request_abort_all(r, "slow_client");
-                http_conn_abort(r->c);
+                tsr_http_conn_abort(r->c);
                 r->c = NULL;
                 r->gone = true;
         }
@@ -183,8 +183,8 @@ out:
 /* Send what is new in the choice's text (minus the stop-string holdback), with the
  * finish reason when the choice is done. */
 void tsr_request_stream_choice(rq *r, choice *ch) {
-        resp_head h;
-        resp_usage u, *up = NULL;
+        tsr_resp_head h;
+        tsr_resp_usage u, *up = NULL;
         size_t hold = ch->finished ? 0 : tsr_stop_holdback_bytes((char *)ch->text.data, ch->text.len, r->req.stop,
                                                              r->req.n_stop, r->req.include_stop_str_in_output);
         size_t upto = ch->text.len - hold;
@@ -200,16 +200,16 @@ void tsr_request_stream_choice(rq *r, choice *ch) {
                 up = &u;
         }
         tsr_request_head_of(r, &h);
-        if (r->kind == OAI_CHAT) {
+        if (r->kind == TSR_OAI_CHAT) {
                 if (!ch->role_sent) {
-                        tsr_request_stream_write_obj(r, resp_chat_role_chunk(&h, ch->index, r->L->ctx->cfg->response_role, up));
+                        tsr_request_stream_write_obj(r, tsr_resp_chat_role_chunk(&h, ch->index, r->L->ctx->cfg->response_role, up));
                         ch->role_sent = true;
                 }
-                tsr_request_stream_write_obj(r, resp_chat_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
+                tsr_request_stream_write_obj(r, tsr_resp_chat_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
                                                     ch->finish_reason, ch->finished ? json_incref(ch->stop_reason) : NULL,
                                                     up));
         } else {
-                tsr_request_stream_write_obj(r, resp_completion_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
+                tsr_request_stream_write_obj(r, tsr_resp_completion_chunk(&h, ch->index, delta, delta_len, stream_logprobs(r, ch),
                                                           ch->finish_reason,
                                                           ch->finished ? json_incref(ch->stop_reason) : NULL, up));
         }

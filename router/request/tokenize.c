@@ -6,7 +6,7 @@
 typedef struct tok_job {
         uv_work_t work;
         tsr_request_layer *L;
-        http_conn *c;                 /* NULL once the client is gone */
+        tsr_http_conn *c;                 /* NULL once the client is gone */
         bool detokenize;
         bool running;
         char *body;
@@ -30,12 +30,12 @@ static void tok_job_gone(void *ud) {
 
 static char *error_body(int status, const char *type, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static char *error_body(int status, const char *type, const char *fmt, ...) {
-        oai_error e = {.status = status, .type = type};
+        tsr_oai_error e = {.status = status, .type = type};
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(e.message, sizeof(e.message), fmt, ap);
         va_end(ap);
-        return oai_error_json(&e);
+        return tsr_oai_error_json(&e);
 }
 
 /* {"prompt": s, "add_special_tokens": true, "return_token_strs": false} or the chat form
@@ -61,17 +61,17 @@ static void tokenize_work(tok_job *j, json_t *root) {
         if (chat) {
                 /* Reuse the chat path's parser and renderer on a throw-away request. */
                 rq tmp;
-                oai_limits lim;
+                tsr_oai_limits lim;
                 tsr_arena *a = tsr_arena_new(0, 0);
                 char *dumped = json_dumps(root, JSON_COMPACT);
                 memset(&tmp, 0, sizeof(tmp));
-                oai_limits_default(&lim);
+                tsr_oai_limits_default(&lim);
                 lim.max_logprobs = -1;
                 tmp.model = m;
-                tmp.kind = OAI_CHAT;
-                if (!dumped || !a || oai_parse(OAI_CHAT, dumped, strlen(dumped), &lim, a, &tmp.req, &tmp.err) != TSR_OK) {
+                tmp.kind = TSR_OAI_CHAT;
+                if (!dumped || !a || tsr_oai_parse(TSR_OAI_CHAT, dumped, strlen(dumped), &lim, a, &tmp.req, &tmp.err) != TSR_OK) {
                         j->status = tmp.err.status ? tmp.err.status : 500;
-                        j->response = oai_error_json(&tmp.err);
+                        j->response = tsr_oai_error_json(&tmp.err);
                         free(dumped);
                         tsr_arena_free(&a);
                         return;
@@ -82,9 +82,9 @@ static void tokenize_work(tok_job *j, json_t *root) {
                         j->response = error_body(400, "BadRequestError", "the model has no chat template");
                 } else if (tsr_request_render_chat(&tmp, &text, &len) != TSR_OK) {
                         j->status = 400;
-                        j->response = oai_error_json(&tmp.err);
+                        j->response = tsr_oai_error_json(&tmp.err);
                 }
-                oai_request_done(&tmp.req);
+                tsr_oai_request_done(&tmp.req);
                 tsr_arena_free(&a);
                 if (j->response)
                         return;
@@ -183,9 +183,9 @@ static void tok_done(uv_work_t *w, int status) {   /* loop */
         j->running = false;
         if (j->c) {
                 if (j->response)
-                        http_conn_respond(j->c, j->status, "application/json", j->response, strlen(j->response), NULL);
+                        tsr_http_conn_respond(j->c, j->status, "application/json", j->response, strlen(j->response), NULL);
                 else
-                        http_conn_respond_error(j->c, 500, "InternalServerError", "out of memory");
+                        tsr_http_conn_respond_error(j->c, 500, "InternalServerError", "out of memory");
         }
         tsr_models_unref(j->model);
         free(j->body);
@@ -193,14 +193,14 @@ static void tok_done(uv_work_t *w, int status) {   /* loop */
         free(j);
 }
 
-static void tok_start(tsr_request_layer *L, http_conn *c, http_request *req, bool detokenize) {
+static void tok_start(tsr_request_layer *L, tsr_http_conn *c, tsr_http_request *req, bool detokenize) {
         tok_job *j;
         json_t *root;
         const char *model_name = NULL;
         tsr_models_entry *m;
 
         if (!tsr_request_content_type_json(req)) {
-                http_conn_respond_error(c, 400, "Bad Request", "Unsupported Media Type: Only 'application/json' is allowed");
+                tsr_http_conn_respond_error(c, 400, "Bad Request", "Unsupported Media Type: Only 'application/json' is allowed");
                 return;
         }
         /* Peek at "model" only; the body is parsed again on the thread pool. */
@@ -214,7 +214,7 @@ static void tok_start(tsr_request_layer *L, http_conn *c, http_request *req, boo
                                          : error_body(503, "ServiceUnavailableError", "no model is being served yet");
                 json_decref(root);
                 if (body)
-                        http_conn_respond(c, m || !(model_name && *model_name) ? 503 : 404, "application/json", body,
+                        tsr_http_conn_respond(c, m || !(model_name && *model_name) ? 503 : 404, "application/json", body,
                                           strlen(body), NULL);
                 free(body);
                 return;
@@ -223,7 +223,7 @@ static void tok_start(tsr_request_layer *L, http_conn *c, http_request *req, boo
         j = calloc(1, sizeof(*j));
         if (!j || !(j->body = malloc(req->body_len + 1))) {
                 free(j);
-                http_conn_respond_error(c, 500, "InternalServerError", "out of memory");
+                tsr_http_conn_respond_error(c, 500, "InternalServerError", "out of memory");
                 return;
         }
         memcpy(j->body, req->body, req->body_len);
@@ -234,17 +234,17 @@ static void tok_start(tsr_request_layer *L, http_conn *c, http_request *req, boo
         j->model = tsr_models_ref(m);
         j->work.data = j;
         j->running = true;
-        http_conn_on_close(c, tok_job_gone, j);
+        tsr_http_conn_on_close(c, tok_job_gone, j);
         if (uv_queue_work(L->ctx->loop, &j->work, tok_work, tok_done) != 0) {
                 j->running = false;
-                http_conn_respond_error(c, 500, "InternalServerError", "cannot queue the job");
+                tsr_http_conn_respond_error(c, 500, "InternalServerError", "cannot queue the job");
                 tsr_models_unref(j->model);
                 free(j->body);
                 free(j);
         }
 }
 
-void tsr_request_handle_tokenize(tsr_request_layer *L, http_conn *c, http_request *req) { tok_start(L, c, req, false); }
-void tsr_request_handle_detokenize(tsr_request_layer *L, http_conn *c, http_request *req) {
+void tsr_request_handle_tokenize(tsr_request_layer *L, tsr_http_conn *c, tsr_http_request *req) { tok_start(L, c, req, false); }
+void tsr_request_handle_detokenize(tsr_request_layer *L, tsr_http_conn *c, tsr_http_request *req) {
         tok_start(L, c, req, true);
 }

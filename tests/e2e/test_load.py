@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "load"))
 import soak  # noqa: E402
 
 N_STREAMS = 1000
-HEADER_TIMEOUT_S = 10   # http_server_opts_default: header_timeout_ms (no flag sets it)
+HEADER_TIMEOUT_S = 10   # tsr_http_server_opts_default: header_timeout_ms (no flag sets it)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-/* router/http_server: the server runs in-process on 127.0.0.1 with an ephemeral port.
+/* router/tsr_http_server: the server runs in-process on 127.0.0.1 with an ephemeral port.
  * uv_run runs on the test's main thread (the loop thread: handler and server code, and
  * every cmocka assertion); a client thread does blocking socket I/O with a receive
  * timeout, records what it saw, and wakes the loop with uv_async_send when it is done,
@@ -36,9 +36,9 @@
 
 struct fx {
         uv_loop_t loop;
-        http_server *srv;
-        http_server_stats stats;      /* the server's totals, read just before it is freed */
-        http_server_opts opts;
+        tsr_http_server *srv;
+        tsr_http_server_stats stats;      /* the server's totals, read just before it is freed */
+        tsr_http_server_opts opts;
         uint64_t grace_ms;
         uv_async_t async;
         uv_timer_t guard;
@@ -70,7 +70,7 @@ struct fx {
 
 struct slow {
         uv_timer_t t;
-        http_conn *c;   /* NULL once the connection died */
+        tsr_http_conn *c;   /* NULL once the connection died */
 };
 
 static void slow_closed(void *ud) { ((struct slow *)ud)->c = NULL; }
@@ -80,7 +80,7 @@ static void free_handle(uv_handle_t *h) { free(h); }
 static void slow_fire(uv_timer_t *t) {
         struct slow *sl = (struct slow *)t;
         if (sl->c)
-                http_conn_respond(sl->c, 200, "text/plain", "slow", 4, NULL);
+                tsr_http_conn_respond(sl->c, 200, "text/plain", "slow", 4, NULL);
         uv_close((uv_handle_t *)&sl->t, free_handle);
 }
 
@@ -91,7 +91,7 @@ static void hang_closed_cb(void *ud) {
 
 static void copy_str(char *dst, size_t cap, const char *src) { snprintf(dst, cap, "%s", src ? src : "(null)"); }
 
-static void handler(void *ud, http_conn *c, http_request *req) {
+static void handler(void *ud, tsr_http_conn *c, tsr_http_request *req) {
         struct fx *f = ud;
         bool get = strcmp(req->method, "GET") == 0;
 
@@ -99,7 +99,7 @@ static void handler(void *ud, http_conn *c, http_request *req) {
         copy_str(f->last_method, sizeof(f->last_method), req->method);
         copy_str(f->last_path, sizeof(f->last_path), req->path);
         copy_str(f->last_query, sizeof(f->last_query), req->query);
-        copy_str(f->last_ctype, sizeof(f->last_ctype), http_request_header(req, "content-type"));
+        copy_str(f->last_ctype, sizeof(f->last_ctype), tsr_http_request_header(req, "content-type"));
         f->last_n_headers = req->n_headers;
         assert_non_null(req->arena);
         assert_non_null(req->body);
@@ -107,39 +107,39 @@ static void handler(void *ud, http_conn *c, http_request *req) {
         atomic_fetch_add(&f->n_dispatched, 1);
 
         if (get && strcmp(req->path, "/hello") == 0) {
-                assert_int_equal(http_conn_respond(c, 200, "text/plain", "hi", 2, NULL), TSR_OK);
+                assert_int_equal(tsr_http_conn_respond(c, 200, "text/plain", "hi", 2, NULL), TSR_OK);
         } else if (strcmp(req->method, "POST") == 0 && strcmp(req->path, "/echo") == 0) {
-                assert_int_equal(http_conn_respond(c, 200, "application/octet-stream", req->body, req->body_len,
+                assert_int_equal(tsr_http_conn_respond(c, 200, "application/octet-stream", req->body, req->body_len,
                                                    "x-echo: 1\r\n"),
                                  TSR_OK);
         } else if (get && strcmp(req->path, "/slow") == 0) {
                 struct slow *sl = calloc(1, sizeof(*sl));
                 assert_non_null(sl);
                 sl->c = c;
-                http_conn_on_close(c, slow_closed, sl);
+                tsr_http_conn_on_close(c, slow_closed, sl);
                 uv_timer_init(&f->loop, &sl->t);
                 uv_timer_start(&sl->t, slow_fire, 50, 0);
         } else if (get && strcmp(req->path, "/stream") == 0) {
-                assert_int_equal(http_conn_stream_start(c, 200, "text/plain", NULL), TSR_OK);
-                assert_int_equal(http_conn_stream_write(c, "a", 1), TSR_OK);
-                assert_int_equal(http_conn_stream_write(c, "bb", 2), TSR_OK);
-                assert_int_equal(http_conn_stream_write(c, "", 0), TSR_OK);   /* no empty chunk on the wire */
-                assert_int_equal(http_conn_stream_write(c, "ccc", 3), TSR_OK);
-                assert_int_equal(http_conn_stream_end(c), TSR_OK);
+                assert_int_equal(tsr_http_conn_stream_start(c, 200, "text/plain", NULL), TSR_OK);
+                assert_int_equal(tsr_http_conn_stream_write(c, "a", 1), TSR_OK);
+                assert_int_equal(tsr_http_conn_stream_write(c, "bb", 2), TSR_OK);
+                assert_int_equal(tsr_http_conn_stream_write(c, "", 0), TSR_OK);   /* no empty chunk on the wire */
+                assert_int_equal(tsr_http_conn_stream_write(c, "ccc", 3), TSR_OK);
+                assert_int_equal(tsr_http_conn_stream_end(c), TSR_OK);
         } else if (get && strcmp(req->path, "/hang") == 0) {
-                http_conn_on_close(c, hang_closed_cb, f);
+                tsr_http_conn_on_close(c, hang_closed_cb, f);
         } else if (get && strcmp(req->path, "/flood") == 0) {
                 static char chunk[4096];
                 tsr_status st = TSR_OK;
                 memset(chunk, 'x', sizeof(chunk));
-                assert_int_equal(http_conn_stream_start(c, 200, "text/plain", NULL), TSR_OK);
+                assert_int_equal(tsr_http_conn_stream_start(c, 200, "text/plain", NULL), TSR_OK);
                 for (int i = 0; i < 65536 && st == TSR_OK; i++)
-                        st = http_conn_stream_write(c, chunk, sizeof(chunk));
+                        st = tsr_http_conn_stream_write(c, chunk, sizeof(chunk));
                 f->flood_status = st;
-                http_conn_abort(c);
+                tsr_http_conn_abort(c);
                 atomic_store(&f->flood_done, 1);
         } else {
-                assert_int_equal(http_conn_respond_error(c, 404, "NotFoundError", "no such route"), TSR_OK);
+                assert_int_equal(tsr_http_conn_respond_error(c, 404, "NotFoundError", "no such route"), TSR_OK);
         }
 }
 
@@ -151,7 +151,7 @@ static void shut(struct fx *f, uint64_t grace_ms) {
         if (f->shut)
                 return;
         f->shut = true;
-        http_server_shutdown(f->srv, grace_ms, on_done, f);
+        tsr_http_server_shutdown(f->srv, grace_ms, on_done, f);
 }
 
 static void async_cb(uv_async_t *a) {
@@ -182,10 +182,10 @@ static void run_ex(struct fx *f, void (*client)(struct fx *f), bool client_signa
         f->client = client;
         f->client_signals = client_signals;
         assert_int_equal(uv_loop_init(&f->loop), 0);
-        assert_int_equal(http_server_new(&f->loop, &f->opts, handler, f, &f->srv), TSR_OK);
-        assert_int_equal(http_server_port(f->srv), -1);
-        assert_int_equal(http_server_listen(f->srv, "127.0.0.1", 0), TSR_OK);
-        f->port = http_server_port(f->srv);
+        assert_int_equal(tsr_http_server_new(&f->loop, &f->opts, handler, f, &f->srv), TSR_OK);
+        assert_int_equal(tsr_http_server_port(f->srv), -1);
+        assert_int_equal(tsr_http_server_listen(f->srv, "127.0.0.1", 0), TSR_OK);
+        f->port = tsr_http_server_port(f->srv);
         assert_true(f->port > 0);
         f->async.data = f;
         f->guard.data = f;
@@ -197,9 +197,9 @@ static void run_ex(struct fx *f, void (*client)(struct fx *f), bool client_signa
         pthread_join(f->th, NULL);
         assert_false(f->timed_out);
         assert_true(f->done_called);
-        assert_int_equal(http_server_num_connections(f->srv), 0);
-        http_server_get_stats(f->srv, &f->stats);
-        http_server_free(&f->srv);
+        assert_int_equal(tsr_http_server_num_connections(f->srv), 0);
+        tsr_http_server_get_stats(f->srv, &f->stats);
+        tsr_http_server_free(&f->srv);
         assert_null(f->srv);
         assert_int_equal(uv_loop_close(&f->loop), 0);   /* no handle left behind */
 }
@@ -210,7 +210,7 @@ static int setup(void **state) {
         struct fx *f = calloc(1, sizeof(*f));
         if (!f)
                 return -1;
-        http_server_opts_default(&f->opts);
+        tsr_http_server_opts_default(&f->opts);
         f->grace_ms = 2000;
         *state = f;
         return 0;
@@ -944,84 +944,84 @@ static void on_done_flag(void *ud) { *(bool *)ud = true; }
 
 static void test_api_misuse(void **state) {
         uv_loop_t loop;
-        http_server *s = NULL, *s2 = NULL;
-        http_server_opts o;
+        tsr_http_server *s = NULL, *s2 = NULL;
+        tsr_http_server_opts o;
         bool done = false;
-        http_request req = {0};
-        http_header hs[2] = {{"content-type", "a/b"}, {"x-y", ""}};
+        tsr_http_request req = {0};
+        tsr_http_header hs[2] = {{"content-type", "a/b"}, {"x-y", ""}};
 
         (void)state;
-        http_server_opts_default(&o);
+        tsr_http_server_opts_default(&o);
         assert_int_equal(o.max_body, 32u << 20);
         assert_int_equal(o.max_headers, 100);
         assert_int_equal(o.idle_timeout_ms, 5000);
         o.max_body = 0;
         assert_int_equal(uv_loop_init(&loop), 0);
-        assert_int_equal(http_server_new(&loop, &o, handler, NULL, &s), TSR_E_INVAL);
+        assert_int_equal(tsr_http_server_new(&loop, &o, handler, NULL, &s), TSR_E_INVAL);
         assert_null(s);
-        assert_int_equal(http_server_new(&loop, NULL, handler, NULL, &s), TSR_OK);
-        assert_int_equal(http_server_listen(s, "127.0.0.1", 70000), TSR_E_INVAL);
-        assert_int_equal(http_server_listen(s, "127.0.0.1", 0), TSR_OK);
-        assert_int_equal(http_server_listen(s, "127.0.0.1", 0), TSR_E_INVAL);   /* already listening */
+        assert_int_equal(tsr_http_server_new(&loop, NULL, handler, NULL, &s), TSR_OK);
+        assert_int_equal(tsr_http_server_listen(s, "127.0.0.1", 70000), TSR_E_INVAL);
+        assert_int_equal(tsr_http_server_listen(s, "127.0.0.1", 0), TSR_OK);
+        assert_int_equal(tsr_http_server_listen(s, "127.0.0.1", 0), TSR_E_INVAL);   /* already listening */
         /* a second server on the same port fails cleanly and can be freed at once */
-        assert_int_equal(http_server_new(&loop, NULL, handler, NULL, &s2), TSR_OK);
-        assert_int_equal(http_server_listen(s2, "127.0.0.1", http_server_port(s)), TSR_E_IO);
-        assert_int_equal(http_server_port(s2), -1);
-        http_server_free(&s2);
+        assert_int_equal(tsr_http_server_new(&loop, NULL, handler, NULL, &s2), TSR_OK);
+        assert_int_equal(tsr_http_server_listen(s2, "127.0.0.1", tsr_http_server_port(s)), TSR_E_IO);
+        assert_int_equal(tsr_http_server_port(s2), -1);
+        tsr_http_server_free(&s2);
         assert_null(s2);
-        http_server_free(&s2);   /* NULL is fine */
-        http_server_shutdown(s, 1000, on_done_flag, &done);
-        assert_false(done);      /* never from inside http_server_shutdown */
+        tsr_http_server_free(&s2);   /* NULL is fine */
+        tsr_http_server_shutdown(s, 1000, on_done_flag, &done);
+        assert_false(done);      /* never from inside tsr_http_server_shutdown */
         uv_run(&loop, UV_RUN_DEFAULT);
         assert_true(done);
-        http_server_free(&s);
+        tsr_http_server_free(&s);
         assert_int_equal(uv_loop_close(&loop), 0);
 
         req.headers = hs;
         req.n_headers = 2;
-        assert_string_equal(http_request_header(&req, "content-type"), "a/b");
-        assert_string_equal(http_request_header(&req, "X-Y"), "");
-        assert_null(http_request_header(&req, "host"));
-        assert_string_equal(http_reason_phrase(431), "Request Header Fields Too Large");
-        assert_string_equal(http_reason_phrase(999), "Unknown");
+        assert_string_equal(tsr_http_request_header(&req, "content-type"), "a/b");
+        assert_string_equal(tsr_http_request_header(&req, "X-Y"), "");
+        assert_null(tsr_http_request_header(&req, "host"));
+        assert_string_equal(tsr_http_reason_phrase(431), "Request Header Fields Too Large");
+        assert_string_equal(tsr_http_reason_phrase(999), "Unknown");
 }
 
-/* http_parse_one: the server's parser on a buffer, no socket (the fuzz target's entry). */
+/* tsr_http_parse_one: the server's parser on a buffer, no socket (the fuzz target's entry). */
 static void test_parse_one(void **state) {
         static const char two[] = "POST /v1/completions?a=b HTTP/1.1\r\nHost: h\r\nX-Up: V\r\n"
                                   "Content-Length: 4\r\n\r\nbodyGET /health HTTP/1.1\r\n\r\n";
-        http_server_opts o;
-        http_parsed p;
+        tsr_http_server_opts o;
+        tsr_http_parsed p;
 
         (void)state;
-        assert_int_equal(http_parse_one(NULL, two, sizeof(two) - 1, &p), TSR_OK);
+        assert_int_equal(tsr_http_parse_one(NULL, two, sizeof(two) - 1, &p), TSR_OK);
         assert_int_equal(p.status, 0);
         assert_false(p.incomplete);
         assert_string_equal(p.req.method, "POST");
         assert_string_equal(p.req.path, "/v1/completions");
         assert_string_equal(p.req.query, "a=b");
-        assert_string_equal(http_request_header(&p.req, "x-up"), "V");
+        assert_string_equal(tsr_http_request_header(&p.req, "x-up"), "V");
         assert_int_equal(p.req.body_len, 4);
         assert_memory_equal(p.req.body, "body", 5);
         assert_true(p.req.keep_alive);
         assert_string_equal(two + p.consumed, "GET /health HTTP/1.1\r\n\r\n");
-        http_parsed_done(&p);
+        tsr_http_parsed_done(&p);
         assert_null(p.req.arena);
 
-        assert_int_equal(http_parse_one(NULL, "GET /x HTTP/1.1\r\nHo", 19, &p), TSR_OK);
+        assert_int_equal(tsr_http_parse_one(NULL, "GET /x HTTP/1.1\r\nHo", 19, &p), TSR_OK);
         assert_true(p.incomplete);
         assert_int_equal(p.status, 0);
 
-        assert_int_equal(http_parse_one(NULL, "\x01\x02 x\r\n\r\n", 8, &p), TSR_OK);
+        assert_int_equal(tsr_http_parse_one(NULL, "\x01\x02 x\r\n\r\n", 8, &p), TSR_OK);
         assert_int_equal(p.status, 400);
         assert_string_equal(p.message, "Invalid HTTP request received.");
 
-        http_server_opts_default(&o);
+        tsr_http_server_opts_default(&o);
         o.max_body = 10;
-        assert_int_equal(http_parse_one(&o, "POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n", 39, &p), TSR_OK);
+        assert_int_equal(tsr_http_parse_one(&o, "POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n", 39, &p), TSR_OK);
         assert_int_equal(p.status, 413);
         o.max_headers = 1;
-        assert_int_equal(http_parse_one(&o, "GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\n\r\n", 30, &p), TSR_OK);
+        assert_int_equal(tsr_http_parse_one(&o, "GET / HTTP/1.1\r\nA: 1\r\nB: 2\r\n\r\n", 30, &p), TSR_OK);
         assert_int_equal(p.status, 431);
 }
 

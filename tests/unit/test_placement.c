@@ -315,25 +315,25 @@ static void test_worker_dns_parse(void **state) {
         char name[64], err[256];
         int port = 0;
         (void)state;
-        assert_int_equal(worker_dns_parse("tessera-workers.default.svc:5555", name, sizeof(name), &port, err,
+        assert_int_equal(tsr_worker_dns_parse("tessera-workers.default.svc:5555", name, sizeof(name), &port, err,
                                           sizeof(err)), TSR_OK);
         assert_string_equal(name, "tessera-workers.default.svc");
         assert_int_equal(port, 5555);
-        assert_int_equal(worker_dns_parse("localhost:1", name, sizeof(name), &port, err, sizeof(err)), TSR_OK);
+        assert_int_equal(tsr_worker_dns_parse("localhost:1", name, sizeof(name), &port, err, sizeof(err)), TSR_OK);
         const char *bad[] = {"localhost", ":5555", "localhost:", "localhost:0", "localhost:65536", "localhost:55x",
                              "tcp://localhost:5555", "localhost:-1"};
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 err[0] = '\0';
-                assert_int_equal(worker_dns_parse(bad[i], name, sizeof(name), &port, err, sizeof(err)), TSR_E_INVAL);
+                assert_int_equal(tsr_worker_dns_parse(bad[i], name, sizeof(name), &port, err, sizeof(err)), TSR_E_INVAL);
                 assert_non_null(strstr(err, "--worker-dns"));
         }
         /* a name longer than the buffer is refused, not cut */
-        assert_int_equal(worker_dns_parse("a-rather-long-name:80", name, 8, &port, err, sizeof(err)), TSR_E_INVAL);
+        assert_int_equal(tsr_worker_dns_parse("a-rather-long-name:80", name, 8, &port, err, sizeof(err)), TSR_E_INVAL);
 }
 
 typedef struct dns_probe {
-        worker_pool *pool;
-        worker_dns *dns;
+        tsr_worker_pool *pool;
+        tsr_worker_dns *dns;
         uv_timer_t poll;
         int ticks;
 } dns_probe;
@@ -341,11 +341,11 @@ typedef struct dns_probe {
 static void dns_probe_tick(uv_timer_t *t) {
         dns_probe *p = t->data;
         /* done once localhost was resolved and added, or after ~10 s */
-        if (worker_pool_count(p->pool) > 0 || ++p->ticks > 1000) {
+        if (tsr_worker_pool_count(p->pool) > 0 || ++p->ticks > 1000) {
                 uv_timer_stop(t);
                 uv_close((uv_handle_t *)t, NULL);
-                worker_dns_close(p->dns);
-                worker_pool_close(p->pool, NULL, NULL);
+                tsr_worker_dns_close(p->dns);
+                tsr_worker_pool_close(p->pool, NULL, NULL);
         }
 }
 
@@ -358,34 +358,34 @@ static void test_worker_dns_adds_localhost(void **state) {
         const char *specs[] = {"localhost:45601"};
         (void)state;
         assert_int_equal(uv_loop_init(&loop), 0);
-        assert_int_equal(worker_pool_new(&loop, "router-test", &p.pool), TSR_OK);
-        assert_int_equal(worker_pool_add(p.pool, "tcp://127.0.0.1:45601"), TSR_OK);   /* also a --worker */
-        assert_int_equal(worker_dns_start(&loop, p.pool, specs, 1, 10, &p.dns, err, sizeof(err)), TSR_OK);
+        assert_int_equal(tsr_worker_pool_new(&loop, "router-test", &p.pool), TSR_OK);
+        assert_int_equal(tsr_worker_pool_add(p.pool, "tcp://127.0.0.1:45601"), TSR_OK);   /* also a --worker */
+        assert_int_equal(tsr_worker_dns_start(&loop, p.pool, specs, 1, 10, &p.dns, err, sizeof(err)), TSR_OK);
         uv_timer_init(&loop, &p.poll);
         p.poll.data = &p;
         /* let several lookups (10 ms apart) complete before closing */
         p.ticks = 990;
         uv_timer_start(&p.poll, dns_probe_tick, 100, 10);
         uv_run(&loop, UV_RUN_DEFAULT);
-        assert_int_equal(worker_pool_count(p.pool), 1);
-        assert_string_equal(tsr_worker_endpoint(worker_pool_get(p.pool, 0)), "tcp://127.0.0.1:45601");
-        worker_dns_free(&p.dns);
-        worker_pool_free(&p.pool);
+        assert_int_equal(tsr_worker_pool_count(p.pool), 1);
+        assert_string_equal(tsr_worker_endpoint(tsr_worker_pool_get(p.pool, 0)), "tcp://127.0.0.1:45601");
+        tsr_worker_dns_free(&p.dns);
+        tsr_worker_pool_free(&p.pool);
         assert_int_equal(uv_loop_close(&loop), 0);
 
         /* without the --worker entry, the lookup adds it */
         memset(&p, 0, sizeof(p));
         assert_int_equal(uv_loop_init(&loop), 0);
-        assert_int_equal(worker_pool_new(&loop, "router-test", &p.pool), TSR_OK);
-        assert_int_equal(worker_dns_start(&loop, p.pool, specs, 1, 10, &p.dns, err, sizeof(err)), TSR_OK);
+        assert_int_equal(tsr_worker_pool_new(&loop, "router-test", &p.pool), TSR_OK);
+        assert_int_equal(tsr_worker_dns_start(&loop, p.pool, specs, 1, 10, &p.dns, err, sizeof(err)), TSR_OK);
         uv_timer_init(&loop, &p.poll);
         p.poll.data = &p;
         uv_timer_start(&p.poll, dns_probe_tick, 10, 10);
         uv_run(&loop, UV_RUN_DEFAULT);
-        assert_int_equal(worker_pool_count(p.pool), 1);
-        assert_string_equal(tsr_worker_endpoint(worker_pool_get(p.pool, 0)), "tcp://127.0.0.1:45601");
-        worker_dns_free(&p.dns);
-        worker_pool_free(&p.pool);
+        assert_int_equal(tsr_worker_pool_count(p.pool), 1);
+        assert_string_equal(tsr_worker_endpoint(tsr_worker_pool_get(p.pool, 0)), "tcp://127.0.0.1:45601");
+        tsr_worker_dns_free(&p.dns);
+        tsr_worker_pool_free(&p.pool);
         assert_int_equal(uv_loop_close(&loop), 0);
 }
 
@@ -425,8 +425,8 @@ static void one_tick(uv_loop_t *loop) {
  * --worker at an address the name also lists is never touched. */
 static void test_worker_dns_retires_gone_addresses(void **state) {
         uv_loop_t loop;
-        worker_pool *pool;
-        worker_dns *dns;
+        tsr_worker_pool *pool;
+        tsr_worker_dns *dns;
         char err[256];
         const char *specs[] = {"svc:45611"};
         const char *both[] = {"tcp://127.0.0.1:45611", "tcp://127.0.0.2:45611"};
@@ -438,61 +438,61 @@ static void test_worker_dns_retires_gone_addresses(void **state) {
         fake_in_flight_n = 0;
         removed_calls = 0;
         assert_int_equal(uv_loop_init(&loop), 0);
-        assert_int_equal(worker_pool_new(&loop, "router-test", &pool), TSR_OK);
-        worker_pool_set_events(pool, &ev);
-        assert_int_equal(worker_pool_add(pool, "tcp://127.0.0.1:45611"), TSR_OK);   /* a --worker */
-        assert_int_equal(worker_dns_start(&loop, pool, specs, 1, 0, &dns, err, sizeof(err)), TSR_OK);
+        assert_int_equal(tsr_worker_pool_new(&loop, "router-test", &pool), TSR_OK);
+        tsr_worker_pool_set_events(pool, &ev);
+        assert_int_equal(tsr_worker_pool_add(pool, "tcp://127.0.0.1:45611"), TSR_OK);   /* a --worker */
+        assert_int_equal(tsr_worker_dns_start(&loop, pool, specs, 1, 0, &dns, err, sizeof(err)), TSR_OK);
 
-        worker_dns_apply(dns, 0, both, 2);
-        assert_int_equal(worker_pool_count(pool), 2);
-        assert_non_null(worker_pool_find(pool, "tcp://127.0.0.2:45611"));
+        tsr_worker_dns_apply(dns, 0, both, 2);
+        assert_int_equal(tsr_worker_pool_count(pool), 2);
+        assert_non_null(tsr_worker_pool_find(pool, "tcp://127.0.0.2:45611"));
 
         /* The --worker leaves the answer: never retired. */
         for (unsigned i = 0; i < 2 * TSR_WORKER_DNS_GONE_ANSWERS; i++)
-                worker_dns_apply(dns, 0, other, 1);
-        assert_true(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.1:45611")));
+                tsr_worker_dns_apply(dns, 0, other, 1);
+        assert_true(tsr_worker_accepting(tsr_worker_pool_find(pool, "tcp://127.0.0.1:45611")));
 
         /* Ours leaves: kept for GONE_ANSWERS - 1 answers, then retired. */
         for (unsigned i = 0; i + 1 < TSR_WORKER_DNS_GONE_ANSWERS; i++)
-                worker_dns_apply(dns, 0, one, 1);
-        assert_true(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.2:45611")));
-        worker_dns_apply(dns, 0, one, 1);
-        assert_false(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.2:45611")));
+                tsr_worker_dns_apply(dns, 0, one, 1);
+        assert_true(tsr_worker_accepting(tsr_worker_pool_find(pool, "tcp://127.0.0.2:45611")));
+        tsr_worker_dns_apply(dns, 0, one, 1);
+        assert_false(tsr_worker_accepting(tsr_worker_pool_find(pool, "tcp://127.0.0.2:45611")));
 
         /* Back before removal: taken again, and the count starts over. */
-        worker_dns_apply(dns, 0, both, 2);
-        assert_true(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.2:45611")));
-        worker_dns_apply(dns, 0, one, 1);
+        tsr_worker_dns_apply(dns, 0, both, 2);
+        assert_true(tsr_worker_accepting(tsr_worker_pool_find(pool, "tcp://127.0.0.2:45611")));
+        tsr_worker_dns_apply(dns, 0, one, 1);
         one_tick(&loop);
-        assert_int_equal(worker_pool_count(pool), 2);
+        assert_int_equal(tsr_worker_pool_count(pool), 2);
 
         /* Gone again, with a request in flight there: retired, not removed. */
         for (unsigned i = 0; i < TSR_WORKER_DNS_GONE_ANSWERS; i++)
-                worker_dns_apply(dns, 0, one, 1);
+                tsr_worker_dns_apply(dns, 0, one, 1);
         fake_in_flight_n = 1;
         one_tick(&loop);
-        assert_int_equal(worker_pool_count(pool), 2);
+        assert_int_equal(tsr_worker_pool_count(pool), 2);
         assert_int_equal(removed_calls, 0);
         /* ... until it ends. */
         fake_in_flight_n = 0;
         one_tick(&loop);
-        assert_int_equal(worker_pool_count(pool), 1);
+        assert_int_equal(tsr_worker_pool_count(pool), 1);
         assert_int_equal(removed_calls, 1);
-        assert_null(worker_pool_find(pool, "tcp://127.0.0.2:45611"));
-        assert_non_null(worker_pool_find(pool, "tcp://127.0.0.1:45611"));
+        assert_null(tsr_worker_pool_find(pool, "tcp://127.0.0.2:45611"));
+        assert_non_null(tsr_worker_pool_find(pool, "tcp://127.0.0.1:45611"));
 
         /* An empty answer (the name is gone) still spares the --worker; the address
          * coming back is a new worker. */
-        worker_dns_apply(dns, 0, NULL, 0);
-        worker_dns_apply(dns, 0, both, 2);
-        assert_int_equal(worker_pool_count(pool), 2);
-        assert_true(tsr_worker_accepting(worker_pool_find(pool, "tcp://127.0.0.2:45611")));
+        tsr_worker_dns_apply(dns, 0, NULL, 0);
+        tsr_worker_dns_apply(dns, 0, both, 2);
+        assert_int_equal(tsr_worker_pool_count(pool), 2);
+        assert_true(tsr_worker_accepting(tsr_worker_pool_find(pool, "tcp://127.0.0.2:45611")));
 
-        worker_dns_close(dns);
-        worker_pool_close(pool, NULL, NULL);
+        tsr_worker_dns_close(dns);
+        tsr_worker_pool_close(pool, NULL, NULL);
         uv_run(&loop, UV_RUN_DEFAULT);
-        worker_dns_free(&dns);
-        worker_pool_free(&pool);
+        tsr_worker_dns_free(&dns);
+        tsr_worker_pool_free(&pool);
         assert_int_equal(uv_loop_close(&loop), 0);
 }
 

@@ -83,11 +83,11 @@ static char *dump(json_t *o) {
 }
 
 static void test_completion_shapes(void **state) {
-        resp_head h = {.id = "cmpl-abc", .created = 1733000000, .model = "m"};
-        resp_usage u = {.prompt_tokens = 5, .completion_tokens = 16};
+        tsr_resp_head h = {.id = "cmpl-abc", .created = 1733000000, .model = "m"};
+        tsr_resp_usage u = {.prompt_tokens = 5, .completion_tokens = 16};
         json_t *choices = json_array();
-        json_array_append_new(choices, resp_completion_choice(0, "hi", 2, NULL, "length", resp_stop_reason(false, 0, NULL)));
-        char *s = dump(resp_completion(&h, choices, &u));
+        json_array_append_new(choices, tsr_resp_completion_choice(0, "hi", 2, NULL, "length", tsr_resp_stop_reason(false, 0, NULL)));
+        char *s = dump(tsr_resp_completion(&h, choices, &u));
         assert_string_equal(s,
                 "{\"id\":\"cmpl-abc\",\"object\":\"text_completion\",\"created\":1733000000,\"model\":\"m\","
                 "\"choices\":[{\"index\":0,\"text\":\"hi\",\"logprobs\":null,\"finish_reason\":\"length\","
@@ -96,13 +96,13 @@ static void test_completion_shapes(void **state) {
                 "\"usage\":{\"prompt_tokens\":5,\"total_tokens\":21,\"completion_tokens\":16,\"prompt_tokens_details\":null},"
                 "\"kv_transfer_params\":null}");
         free(s);
-        s = dump(resp_completion_chunk(&h, 0, " Hel", 4, NULL, NULL, NULL, NULL));
+        s = dump(tsr_resp_completion_chunk(&h, 0, " Hel", 4, NULL, NULL, NULL, NULL));
         assert_string_equal(s,
                 "{\"id\":\"cmpl-abc\",\"object\":\"text_completion\",\"created\":1733000000,\"model\":\"m\","
                 "\"choices\":[{\"index\":0,\"text\":\" Hel\",\"logprobs\":null,\"finish_reason\":null,"
                 "\"stop_reason\":null,\"prompt_token_ids\":null,\"token_ids\":null}],\"usage\":null}");
         free(s);
-        s = dump(resp_usage_chunk(&h, false, &u));
+        s = dump(tsr_resp_usage_chunk(&h, false, &u));
         assert_string_equal(s,
                 "{\"id\":\"cmpl-abc\",\"object\":\"text_completion\",\"created\":1733000000,\"model\":\"m\","
                 "\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"total_tokens\":21,\"completion_tokens\":16}}");
@@ -110,11 +110,11 @@ static void test_completion_shapes(void **state) {
 }
 
 static void test_chat_shapes(void **state) {
-        resp_head h = {.id = "chatcmpl-x", .created = 1733000000, .model = "m"};
-        resp_usage u = {.prompt_tokens = 12, .completion_tokens = 3, .has_cached_tokens = true, .cached_tokens = 8};
+        tsr_resp_head h = {.id = "chatcmpl-x", .created = 1733000000, .model = "m"};
+        tsr_resp_usage u = {.prompt_tokens = 12, .completion_tokens = 3, .has_cached_tokens = true, .cached_tokens = 8};
         json_t *choices = json_array();
-        json_array_append_new(choices, resp_chat_choice(0, "assistant", "Hi!", 3, NULL, "stop", resp_stop_reason(true, 2, NULL)));
-        char *s = dump(resp_chat(&h, choices, &u));
+        json_array_append_new(choices, tsr_resp_chat_choice(0, "assistant", "Hi!", 3, NULL, "stop", tsr_resp_stop_reason(true, 2, NULL)));
+        char *s = dump(tsr_resp_chat(&h, choices, &u));
         assert_string_equal(s,
                 "{\"id\":\"chatcmpl-x\",\"object\":\"chat.completion\",\"created\":1733000000,\"model\":\"m\","
                 "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hi!\",\"refusal\":null,"
@@ -125,30 +125,30 @@ static void test_chat_shapes(void **state) {
                 "\"prompt_tokens_details\":{\"cached_tokens\":8}},"
                 "\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"kv_transfer_params\":null}");
         free(s);
-        s = dump(resp_chat_role_chunk(&h, 0, "assistant", NULL));
+        s = dump(tsr_resp_chat_role_chunk(&h, 0, "assistant", NULL));
         assert_string_equal(s,
                 "{\"id\":\"chatcmpl-x\",\"object\":\"chat.completion.chunk\",\"created\":1733000000,\"model\":\"m\","
                 "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":null},"
                 "\"logprobs\":null,\"finish_reason\":null}],\"prompt_token_ids\":null}");
         free(s);
-        s = dump(resp_chat_chunk(&h, 0, "Hi", 2, NULL, NULL, NULL, NULL));
+        s = dump(tsr_resp_chat_chunk(&h, 0, "Hi", 2, NULL, NULL, NULL, NULL));
         assert_string_equal(s,
                 "{\"id\":\"chatcmpl-x\",\"object\":\"chat.completion.chunk\",\"created\":1733000000,\"model\":\"m\","
                 "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\",\"reasoning_content\":null},"
                 "\"logprobs\":null,\"finish_reason\":null,\"token_ids\":null}]}");
         free(s);
-        s = dump(resp_chat_chunk(&h, 0, "!", 1, NULL, "stop", resp_stop_reason(false, 0, "###"), NULL));
+        s = dump(tsr_resp_chat_chunk(&h, 0, "!", 1, NULL, "stop", tsr_resp_stop_reason(false, 0, "###"), NULL));
         assert_non_null(strstr(s, "\"finish_reason\":\"stop\",\"stop_reason\":\"###\",\"token_ids\":null"));
         free(s);
 }
 
 static void test_sse_framing(void **state) {
         size_t n = 0;
-        char *ev = resp_sse_event(json_pack("{s:s}", "a", "é"), &n);
+        char *ev = tsr_resp_sse_event(json_pack("{s:s}", "a", "é"), &n);
         assert_string_equal(ev, "data: {\"a\":\"é\"}\n\n");   /* UTF-8 kept, as pydantic writes it */
         assert_int_equal(n, strlen(ev));
         free(ev);
-        assert_null(resp_sse_event(NULL, &n));
+        assert_null(tsr_resp_sse_event(NULL, &n));
 }
 
 /* A five-token vocabulary: 3 and 4 both decode to U+FFFD (as broken byte tokens do). */
@@ -161,36 +161,36 @@ static char *fake_decode(void *ud, uint32_t id, size_t *len) {
         return strdup(texts[id]);
 }
 
-static void fill_lps(resp_token_lp *lps) {
+static void fill_lps(tsr_resp_token_lp *lps) {
         memset(lps, 0, 3 * sizeof(*lps));
         lps[0].token = 0;                       /* prompt position 0: no logprob */
-        lps[1] = (resp_token_lp){.token = 1, .has = true, .logprob = -0.5f, .rank = 2, .n_top = 2,
+        lps[1] = (tsr_resp_token_lp){.token = 1, .has = true, .logprob = -0.5f, .rank = 2, .n_top = 2,
                                  .top_ids = {2, 1}, .top_logprobs = {-0.25f, -0.5f}};
-        lps[2] = (resp_token_lp){.token = 3, .has = true, .logprob = -INFINITY, .rank = 5, .n_top = 2,
+        lps[2] = (tsr_resp_token_lp){.token = 3, .has = true, .logprob = -INFINITY, .rank = 5, .n_top = 2,
                                  .top_ids = {4, 2}, .top_logprobs = {-0.75f, -1.0f}};
 }
 
 static void test_completion_logprobs_shape(void **state) {
-        resp_token_lp lps[3];
-        resp_tokens t = {.decode = fake_decode};
+        tsr_resp_token_lp lps[3];
+        tsr_resp_tokens t = {.decode = fake_decode};
         fill_lps(lps);
         /* k = 1: the token itself plus one more entry; token 1 is also in its own top
          * list (merged by id); 3 and 4 share a text (merged by text: first place, last
          * value); -inf is floored; offsets count code points (" b" is 2, "é" 1). */
-        char *s = dump(resp_completion_logprobs(lps, 3, 1, 0, &t));
+        char *s = dump(tsr_resp_completion_logprobs(lps, 3, 1, 0, &t));
         assert_string_equal(s, "{\"text_offset\":[0,1,3],\"token_logprobs\":[null,-0.5,-9999.0],"
                                "\"tokens\":[\"A\",\" b\",\"\xef\xbf\xbd\"],"
                                "\"top_logprobs\":[null,{\" b\":-0.5,\"\xc3\xa9\":-0.25},{\"\xef\xbf\xbd\":-0.75}]}");
         free(s);
         /* A stream chunk continues the offsets; k = 0 keeps only the token itself. */
-        s = dump(resp_completion_logprobs(lps + 1, 2, 0, 7, &t));
+        s = dump(tsr_resp_completion_logprobs(lps + 1, 2, 0, 7, &t));
         assert_string_equal(s, "{\"text_offset\":[7,9],\"token_logprobs\":[-0.5,-9999.0],"
                                "\"tokens\":[\" b\",\"\xef\xbf\xbd\"],"
                                "\"top_logprobs\":[{\" b\":-0.5},{\"\xef\xbf\xbd\":-9999.0}]}");
         free(s);
         /* In a completion choice, with the prompt_logprobs list beside it. */
-        json_t *c = resp_completion_choice(0, "A b", 3, resp_completion_logprobs(lps, 2, 1, 0, &t), "length", NULL);
-        resp_set_prompt_logprobs(c, resp_prompt_logprobs(lps, 2, &t));
+        json_t *c = tsr_resp_completion_choice(0, "A b", 3, tsr_resp_completion_logprobs(lps, 2, 1, 0, &t), "length", NULL);
+        tsr_resp_set_prompt_logprobs(c, tsr_resp_prompt_logprobs(lps, 2, &t));
         s = dump(c);
         assert_string_equal(s, "{\"index\":0,\"text\":\"A b\",\"logprobs\":{\"text_offset\":[0,1],"
                                "\"token_logprobs\":[null,-0.5],\"tokens\":[\"A\",\" b\"],"
@@ -203,10 +203,10 @@ static void test_completion_logprobs_shape(void **state) {
 }
 
 static void test_chat_logprobs_shape(void **state) {
-        resp_token_lp lps[3];
-        resp_tokens t = {.decode = fake_decode};
+        tsr_resp_token_lp lps[3];
+        tsr_resp_tokens t = {.decode = fake_decode};
         fill_lps(lps);
-        char *s = dump(resp_chat_logprobs(lps + 1, 2, 2, &t));
+        char *s = dump(tsr_resp_chat_logprobs(lps + 1, 2, 2, &t));
         assert_string_equal(s,
                 "{\"content\":[{\"token\":\" b\",\"logprob\":-0.5,\"bytes\":[32,98],\"top_logprobs\":["
                 "{\"token\":\" b\",\"logprob\":-0.5,\"bytes\":[32,98]},"
@@ -216,14 +216,14 @@ static void test_chat_logprobs_shape(void **state) {
                 "{\"token\":\"\xef\xbf\xbd\",\"logprob\":-0.75,\"bytes\":[239,191,189]}]}]}");
         free(s);
         /* top_logprobs 0: an empty list per token. */
-        s = dump(resp_chat_logprobs(lps + 1, 1, 0, &t));
+        s = dump(tsr_resp_chat_logprobs(lps + 1, 1, 0, &t));
         assert_string_equal(s, "{\"content\":[{\"token\":\" b\",\"logprob\":-0.5,\"bytes\":[32,98],\"top_logprobs\":[]}]}");
         free(s);
         /* A chat body's top-level prompt_logprobs. */
-        resp_head h = {.id = "chatcmpl-x", .created = 1, .model = "m"};
-        resp_usage u = {0};
-        json_t *body = resp_chat(&h, json_array(), &u);
-        resp_set_prompt_logprobs(body, resp_prompt_logprobs(lps, 1, &t));
+        tsr_resp_head h = {.id = "chatcmpl-x", .created = 1, .model = "m"};
+        tsr_resp_usage u = {0};
+        json_t *body = tsr_resp_chat(&h, json_array(), &u);
+        tsr_resp_set_prompt_logprobs(body, tsr_resp_prompt_logprobs(lps, 1, &t));
         s = dump(body);
         assert_non_null(strstr(s, "\"prompt_logprobs\":[null],\"prompt_token_ids\":null"));
         free(s);
