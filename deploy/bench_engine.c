@@ -28,7 +28,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
-#include "worker/llama.h"
+#include "worker/model/llama.h"
 
 #define MAX_LIST 16
 

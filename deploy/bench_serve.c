@@ -28,7 +28,7 @@
 
 #include "bench_core.h"
 #include "common/tokenizer.h"
-#include "worker/model_meta.h"
+#include "worker/load/model_meta.h"
 
 #define EXIT_BAD_FLAGS 2
 #define PROG "tessera bench serve"

@@ -103,7 +103,7 @@ size_t tsr_worker_mirror_size(const tsr_worker *w);
 /* ---- the mirror itself: one per worker, owned by the loop thread ----
  *
  * The set of block hashes the worker's prefix cache can hit, rebuilt from the
- * BlockHashEvents of its Statuses applied in order (worker/kv_cache.h: STORED adds,
+ * BlockHashEvents of its Statuses applied in order (worker/engine/kv_cache.h: STORED adds,
  * REMOVED deletes, ALL_CLEARED empties).  The events are deltas, so when a Status
  * was lost (seq is not the last + 1: PUB/SUB drops past its high-water mark or while
  * reconnecting) or the worker restarted (boot_epoch changed) the mirror starts over

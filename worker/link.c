@@ -1,5 +1,5 @@
 /* link.c - the worker io thread (see link.h). */
-#include "link.h"
+#include "worker/link.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -13,7 +13,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "common/zmq_curve.h"
-#include "engine.h"
+#include "worker/engine/engine.h"
 
 /* Router liveness (docs/protocol.md, "Liveness and failure").  A router that sends
  * Heartbeats is reaped, every request of its routing id aborted, once it has been

@@ -23,13 +23,13 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "common/zmq_curve.h"
-#include "engine.h"
-#include "exit_codes.h"
-#include "gen_config.h"
-#include "link.h"
-#include "model/family.h"
-#include "model_meta.h"
-#include "runner.h"
+#include "worker/engine/engine.h"
+#include "worker/exit_codes.h"
+#include "worker/load/gen_config.h"
+#include "worker/link.h"
+#include "worker/model/family.h"
+#include "worker/load/model_meta.h"
+#include "worker/model/runner.h"
 
 #define DEFAULT_KV_CACHE_BYTES (4ll << 30)
 #define CPU_DEFAULT_MAX_NUM_SEQS 256   /* issue #4; vLLM's server default below 70 GiB */

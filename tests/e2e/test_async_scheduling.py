@@ -1,5 +1,5 @@
 """--async-scheduling through the real worker process: the engine schedules step N+1
-while a runner thread computes step N (forward and sampling), with one placeholder per
+while a step thread computes step N (forward and sampling), with one placeholder per
 token N will sample.  What a router sees must not change: for the same requests, in
 the same order, a worker with the flag and one without give the same tokens, logprob
 floats (bitwise), prompt logprobs, finish reasons, stop token ids and num_generated;
@@ -162,7 +162,7 @@ def test_prefix_cache_hits_with_async(worker, tiny, tiny_long):
 
 
 def test_abort_mid_generation_frees_blocks_with_async(worker, demo_model):
-    """Aborts reach the engine thread while the runner computes the request's step:
+    """Aborts reach the engine thread while the step thread computes the request's step:
     it is freed when that step returns, gets no final Output, and every block is back."""
     w = worker(demo_model, ASYNC)
     total = w.status()["kv_blocks_total"]

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "worker/gguf.h"
+#include "worker/load/gguf.h"
 #include "fuzz.h"
 
 static bool type_is_int(tsr_gguf_type t) {

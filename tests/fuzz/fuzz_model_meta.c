@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "worker/model_meta.h"
+#include "worker/load/model_meta.h"
 #include "fuzz.h"
 
 static const char *const files[] = {"config.json", "generation_config.json", "tokenizer_config.json",

@@ -12,7 +12,7 @@
  * valid files. */
 #include <string.h>
 
-#include "worker/safetensors.h"
+#include "worker/load/safetensors.h"
 #include "fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -5,7 +5,7 @@
  * the hash computed directly.
  *
  * Every test runs twice: synchronously, and with --async-scheduling (the forward on the
- * engine's runner thread while the next step is scheduled against placeholders), where
+ * engine's step thread while the next step is scheduled against placeholders), where
  * the fake model's speed makes the two threads interleave at every step.
  * test_async_matches_sync runs one mixed workload (seeded sampling, stop ids under
  * min_tokens, max_tokens 1, logprobs, prompt logprobs, preemption, chunking, prefix
@@ -27,7 +27,7 @@
 #include <cmocka.h>
 #include <math.h>
 
-#include "worker/engine.h"
+#include "worker/engine/engine.h"
 
 #define VOCAB 97u
 #define EOS 0u
@@ -38,7 +38,7 @@ typedef struct fake_model {
         size_t n_slots;
         size_t forwards;
         size_t tokens_run;
-        /* mu guards the rest: the engine's forward runs on its own thread (the runner
+        /* mu guards the rest: the engine's forward runs on its own thread (the step thread
          * with --async-scheduling), the test reads these from the test thread. */
         pthread_mutex_t mu;
         pthread_cond_t cv;

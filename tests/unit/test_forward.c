@@ -35,9 +35,9 @@
 #include <jansson.h>
 
 #include "kernels/kernels.h"
-#include "worker/gguf.h"
-#include "worker/llama.h"
-#include "worker/weights.h"
+#include "worker/load/gguf.h"
+#include "worker/model/llama.h"
+#include "worker/load/weights.h"
 
 /* The reference backend most tests run on (made in main); tests of the fast backend
  * make their own. */

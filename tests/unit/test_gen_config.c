@@ -13,8 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "worker/gen_config.h"
-#include "worker/model_meta.h"
+#include "worker/load/gen_config.h"
+#include "worker/load/model_meta.h"
 
 static const char *source_root(void) {
         const char *r = getenv("TSR_SOURCE_ROOT");

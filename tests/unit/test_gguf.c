@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "common/buf.h"
-#include "worker/gguf.h"
+#include "worker/load/gguf.h"
 
 /* ---- a minimal GGUF writer ---------------------------------------------------- */
 

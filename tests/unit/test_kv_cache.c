@@ -11,7 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "worker/kv_cache.h"
+#include "worker/engine/kv_cache.h"
 
 #define CHECK(kv) assert_int_equal(tsr_kv_cache_check(kv), TSR_OK)
 #define RCHECK(kv, r) assert_int_equal(tsr_kv_req_check((kv), (r)), TSR_OK)

@@ -20,8 +20,8 @@
 #include <xxhash.h>
 
 #include "common/buf.h"
-#include "worker/gguf.h"
-#include "worker/model_meta.h"
+#include "worker/load/gguf.h"
+#include "worker/load/model_meta.h"
 
 static bool starts_with(const char *s, const char *prefix) { return strncmp(s, prefix, strlen(prefix)) == 0; }
 

@@ -31,9 +31,9 @@
 #include <jansson.h>
 
 #include "kernels/kernels.h"
-#include "worker/llama.h"
-#include "worker/safetensors.h"
-#include "worker/weights.h"
+#include "worker/model/llama.h"
+#include "worker/load/safetensors.h"
+#include "worker/load/weights.h"
 
 /* The reference backend the forwards run on (made in main). */
 static tsr_backend *ref_be;

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "worker/sampler.h"
+#include "worker/engine/sampler.h"
 
 #define GOLDEN_TOL 1e-5
 

@@ -21,7 +21,7 @@
 #include <jansson.h>
 
 #include "common/template.h"
-#include "worker/model_meta.h"
+#include "worker/load/model_meta.h"
 
 /* ---------------------------------------------------------------- sha256 (FIPS 180-4) */
 

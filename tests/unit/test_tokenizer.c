@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "common/tokenizer.h"
-#include "worker/model_meta.h"
+#include "worker/load/model_meta.h"
 
 static char *read_file(const char *path, size_t *len) {
         FILE *f = fopen(path, "rb");

@@ -24,7 +24,7 @@
 
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
-#include "worker/weights.h"
+#include "worker/load/weights.h"
 
 typedef struct tsr_model_family tsr_model_family;
 

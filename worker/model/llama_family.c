@@ -5,8 +5,8 @@
 
 #include <stdlib.h>
 
-#include "worker/gguf.h"
-#include "worker/llama.h"
+#include "worker/load/gguf.h"
+#include "worker/model/llama.h"
 
 static const char *const hf_archs[] = {"LlamaForCausalLM", "llama", NULL};
 static const char *const hf_types[] = {"llama", NULL};

@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "kernels/quant/quant.h"
-#include "worker/weights.h"
+#include "worker/load/weights.h"
 
 
 /* ggml's type tag -> the dtype of the same encoding; the formats and their
@@ -177,7 +177,7 @@ tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_l
         return TSR_OK;
 }
 
-/* ---- tensors (loaded by worker/model/loader.c) ---------------------------------- */
+/* ---- tensors (loaded by worker/load/loader.c) ---------------------------------- */
 
 tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_spec *spec, const char *src,
                                    char *err, size_t errlen) {

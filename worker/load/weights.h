@@ -1,7 +1,7 @@
 /* weights.h - a Llama's hyperparameters and float32 weights, loaded from a GGUF file or
  * a Hugging Face folder (config.json + safetensors; weights_hf.c, at the end).  The
  * config readers are weights.c (GGUF) and weights_hf.c (config.json); the tensors of
- * either source go through the one loader, worker/model/loader.c, which takes their names
+ * either source go through the one loader, worker/load/loader.c, which takes their names
  * from the Llama family's table (worker/model/llama_family.c; the mapping below).
  *
  * Every tensor is dequantized at load into a float32 array the forward reads directly
@@ -32,8 +32,8 @@
 #include <stdint.h>
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
-#include "worker/gguf.h"
-#include "worker/safetensors.h"
+#include "worker/load/gguf.h"
+#include "worker/load/safetensors.h"
 
 /* What the forward needs to know about the architecture.  Plain data. */
 typedef struct tsr_llama_config {

@@ -1,6 +1,6 @@
 /* runner.c - a model of a registered family (worker/model/family.h) on the CPU kernels,
  * as an engine_model: the family's load and forward entry points, called through its table. */
-#include "runner.h"
+#include "worker/model/runner.h"
 
 #include <stdio.h>
 #include <stdlib.h>

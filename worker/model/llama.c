@@ -6,8 +6,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "worker/gguf.h"
-#include "worker/llama.h"
+#include "worker/load/gguf.h"
+#include "worker/model/llama.h"
 
 /* The matmul weights of a layer, in the order bf16[] stores them. */
 enum { MM_Q, MM_K, MM_V, MM_O, MM_GATE, MM_UP, MM_DOWN, MM_PER_LAYER };

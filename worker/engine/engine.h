@@ -31,8 +31,8 @@
 #include "common/block_hash.h"
 #include "common/queue.h"
 #include "common/wire.h"
-#include "kv_cache.h"
-#include "sampler.h"
+#include "worker/engine/kv_cache.h"
+#include "worker/engine/sampler.h"
 
 #define ENGINE_ROUTER_ID_MAX 255
 

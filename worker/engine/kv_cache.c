@@ -8,7 +8,7 @@
  * commit cannot fail half-way.
  *
  * Engine thread only. */
-#include "kv_cache.h"
+#include "worker/engine/kv_cache.h"
 
 #include <stdlib.h>
 #include <string.h>

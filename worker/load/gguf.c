@@ -4,7 +4,7 @@
  * bytes left, so a count or a length taken from the file is compared with what is left
  * before anything is allocated or skipped on its behalf.  Parsed tables (keys, names,
  * string-array offsets, nested arrays) live in one arena freed by tsr_gguf_close. */
-#include "gguf.h"
+#include "worker/load/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

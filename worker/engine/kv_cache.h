@@ -1,6 +1,6 @@
 /* kv_cache.h - paged KV block pool with prefix caching: the bookkeeping half.
  *
- * The model runner owns the tensor memory (worker/runner.c: per layer,
+ * The model runner owns the tensor memory (worker/model/runner.c: per layer,
  * [num_blocks][block_size][kv heads][head_dim] for K and for V); the engine passes it
  * the block ids kept here, which index that memory: token t of a
  * request lives in block r->block_ids[t / block_size], row t % block_size.  This

@@ -15,7 +15,7 @@
 #include <time.h>
 
 #include "worker/model/family.h"
-#include "worker/weights.h"
+#include "worker/load/weights.h"
 
 /* What to read: one tensor, its name in the source, its shape and where it goes. */
 struct want {

@@ -5,7 +5,7 @@
  * keys), and every number taken from the JSON is range-checked before it is used as a
  * size or an offset, so no file can make the reader touch a byte outside the map.
  * Names, metadata strings and tables live in one arena freed by tsr_safetensors_close. */
-#include "safetensors.h"
+#include "worker/load/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "common/tsr_status.h"
-#include "model_meta.h"
+#include "worker/load/model_meta.h"
 
 /* tsr_gen_defaults (model_meta.h): has_x says x is a default; a field without it is
  * left to the router's neutral value. */

@@ -12,10 +12,10 @@
  *   }
  *
  * With --async-scheduling (loop_async) the forward and sampling of step N run on a
- * "runner" thread while this loop's other work (Outputs of N-1, inbox, stats,
+ * "step" thread while this loop's other work (Outputs of N-1, inbox, stats,
  * scheduling N+1 with one placeholder per token N will sample) runs beside it.
  */
-#include "engine.h"
+#include "worker/engine/engine.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -67,7 +67,7 @@ typedef struct slot {
         size_t n_ahead;
         size_t n_placeholders;
         uint64_t epoch;
-        bool in_flight;               /* in the step the runner thread is computing */
+        bool in_flight;               /* in the step the step thread is computing */
         bool aborted;                 /* aborted while in flight: freed when that step returns */
         /* this step's output */
         uint32_t step_new[1];
@@ -92,7 +92,7 @@ typedef struct sched_entry {
         size_t past;                  /* tokens before the chunk (computed, or computed by the step before) */
         uint64_t epoch;               /* s->epoch when scheduled */
         bool will_sample;             /* the chunk ends the known tokens (placeholders counted) */
-        /* execute_plan's results (the runner thread with --async-scheduling) */
+        /* execute_plan's results (the step thread with --async-scheduling) */
         tsr_status st;
         bool sampled;
         uint32_t token;
@@ -102,7 +102,7 @@ typedef struct sched_entry {
 
 /* One engine step: schedule() fills the entries, prepare_plan() the forward's inputs
  * (copies: with --async-scheduling the engine thread may grow a block table while the
- * runner thread reads the step's), execute_plan() runs the model and samples,
+ * step thread reads the step's), execute_plan() runs the model and samples,
  * apply_plan() stores the results in the slots, emit_outputs() tells the routers. */
 typedef struct step_plan {
         sched_entry *entries;
@@ -127,7 +127,7 @@ struct tsr_engine {
         engine_stats last_published;
         uint64_t step;
         uint64_t next_seq;
-        /* logits, logits_rows and scratch belong to execute_plan: the runner thread's
+        /* logits, logits_rows and scratch belong to execute_plan: the step thread's
          * with --async-scheduling */
         float *logits;                /* (logits_rows, vocab): the rows of this step (engine_model.forward) */
         size_t logits_rows;
@@ -141,12 +141,12 @@ struct tsr_engine {
         bool shutdown_done;
         uint64_t shutdown_deadline_ns;
         step_plan plans[2];           /* synchronous: plans[0]; async: the one in flight and the next */
-        /* --async-scheduling: the "runner" thread runs execute_plan(run_job) while the
+        /* --async-scheduling: the "step" thread runs execute_plan(run_job) while the
          * engine thread emits, takes the inbox and schedules the next step.  run_mu
-         * guards run_job, run_done and run_quit; the plan itself belongs to the runner
-         * from runner_launch until runner_wait returns. */
-        bool runner_up;
-        pthread_t runner;
+         * guards run_job, run_done and run_quit; the plan itself belongs to the step thread
+         * from step_thread_launch until step_thread_wait returns. */
+        bool step_thread_up;
+        pthread_t step_thread;
         pthread_mutex_t run_mu;
         pthread_cond_t run_cv;
         step_plan *run_job;
@@ -427,7 +427,7 @@ static void abort_requests(tsr_engine *e, engine_in *in) {
                         list_remove_at(l, i);
                         log_req(TSR_LOG_DEBUG, s->request_id, "aborted (%s)", a->reason);
                         if (s->in_flight)
-                                s->aborted = true;   /* the runner still reads it: apply_plan frees it */
+                                s->aborted = true;   /* the step thread still reads it: apply_plan frees it */
                         else
                                 slot_free(e, s);
                 }
@@ -833,7 +833,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
  * a row per token) and, where the chunk reached the end of the known tokens, a token
  * sampled from its last row.  Results go to the entries; the slots are only read (the
  * sampler's history), except prompt_lp rows no one else touches until the request's
- * first Output.  The runner thread with --async-scheduling, else the engine thread. */
+ * first Output.  The step thread with --async-scheduling, else the engine thread. */
 static void execute_plan(tsr_engine *e, step_plan *p) {
         const engine_model *m = e->params.model;
         if (p->n == 0)
@@ -893,7 +893,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
 
 /* The step's results into the slots: store each chunk's KV in the prefix cache, append
  * the sampled tokens, check stops.  Entries of requests preempted or aborted while the
- * step ran are dropped (an aborted request is freed here: the runner is done with it).
+ * step ran are dropped (an aborted request is freed here: the step thread is done with it).
  * Engine thread. */
 static void apply_plan(tsr_engine *e, step_plan *p) {
         size_t kept = 0;
@@ -940,7 +940,7 @@ static void apply_plan(tsr_engine *e, step_plan *p) {
 }
 
 /* One Output per router with every request of it that produced a token or finished.
- * Engine thread (with --async-scheduling while the runner computes the next step). */
+ * Engine thread (with --async-scheduling while the step thread computes the next step). */
 static void emit_outputs(tsr_engine *e, const sched_entry *plan, size_t n_plan, uint64_t step) {
         bool *done = calloc(n_plan ? n_plan : 1, sizeof(bool));
         if (!done)
@@ -1092,11 +1092,11 @@ static void finish_shutdown(tsr_engine *e) {
         }
 }
 
-/* ------------------------------------------------------------------ runner thread */
+/* ------------------------------------------------------------------ step thread */
 
-static void *runner_main(void *arg) {
+static void *step_thread_main(void *arg) {
         tsr_engine *e = arg;
-        tsr_log_set_thread("runner");
+        tsr_log_set_thread("step");
         pthread_mutex_lock(&e->run_mu);
         for (;;) {
                 step_plan *job;
@@ -1116,7 +1116,7 @@ static void *runner_main(void *arg) {
         return NULL;
 }
 
-static void runner_launch(tsr_engine *e, step_plan *p) {
+static void step_thread_launch(tsr_engine *e, step_plan *p) {
         pthread_mutex_lock(&e->run_mu);
         e->run_job = p;
         e->run_done = false;
@@ -1124,40 +1124,40 @@ static void runner_launch(tsr_engine *e, step_plan *p) {
         pthread_mutex_unlock(&e->run_mu);
 }
 
-static void runner_wait(tsr_engine *e) {
+static void step_thread_wait(tsr_engine *e) {
         pthread_mutex_lock(&e->run_mu);
         while (!e->run_done)
                 pthread_cond_wait(&e->run_cv, &e->run_mu);
         pthread_mutex_unlock(&e->run_mu);
 }
 
-static bool runner_start(tsr_engine *e) {
+static bool step_thread_start(tsr_engine *e) {
         if (pthread_mutex_init(&e->run_mu, NULL) != 0)
                 return false;
         if (pthread_cond_init(&e->run_cv, NULL) != 0) {
                 pthread_mutex_destroy(&e->run_mu);
                 return false;
         }
-        if (pthread_create(&e->runner, NULL, runner_main, e) != 0) {
+        if (pthread_create(&e->step_thread, NULL, step_thread_main, e) != 0) {
                 pthread_cond_destroy(&e->run_cv);
                 pthread_mutex_destroy(&e->run_mu);
                 return false;
         }
-        e->runner_up = true;
+        e->step_thread_up = true;
         return true;
 }
 
-static void runner_stop(tsr_engine *e) {
-        if (!e->runner_up)
+static void step_thread_stop(tsr_engine *e) {
+        if (!e->step_thread_up)
                 return;
         pthread_mutex_lock(&e->run_mu);
         e->run_quit = true;
         pthread_cond_broadcast(&e->run_cv);
         pthread_mutex_unlock(&e->run_mu);
-        pthread_join(e->runner, NULL);
+        pthread_join(e->step_thread, NULL);
         pthread_cond_destroy(&e->run_cv);
         pthread_mutex_destroy(&e->run_mu);
-        e->runner_up = false;
+        e->step_thread_up = false;
 }
 
 /* ------------------------------------------------------------------ thread */
@@ -1183,7 +1183,7 @@ static void loop_sync(tsr_engine *e) {
         }
 }
 
-/* --async-scheduling: step N's forward and sampling run on the runner thread while
+/* --async-scheduling: step N's forward and sampling run on the step thread while
  * this thread emits step N-1's Outputs, frees what finished in it, publishes stats,
  * takes the inbox and schedules step N+1 against placeholders for N's tokens.  When N
  * returns its results are applied (tokens appended, stops checked), the entries of
@@ -1206,7 +1206,7 @@ static void loop_async(tsr_engine *e) {
                         break;
                 if (shutdown_due(e)) {
                         if (inflight) {   /* let the running step end first: finish_shutdown frees every slot */
-                                runner_wait(e);
+                                step_thread_wait(e);
                                 apply_plan(e, inflight);
                                 emit_outputs(e, inflight->entries, inflight->n, inflight->step);
                                 retire_finished(e, inflight);
@@ -1219,7 +1219,7 @@ static void loop_async(tsr_engine *e) {
                 if (e->running.n || e->waiting.n)
                         schedule_plan(e, next);
                 if (inflight) {
-                        runner_wait(e);
+                        step_thread_wait(e);
                         apply_plan(e, inflight);
                         ready = inflight;
                         inflight = NULL;
@@ -1229,12 +1229,12 @@ static void loop_async(tsr_engine *e) {
                         next->step = ++e->step;
                         for (size_t i = 0; i < next->n; i++)
                                 next->entries[i].s->in_flight = true;
-                        runner_launch(e, next);
+                        step_thread_launch(e, next);
                         inflight = next;
                 }
         }
-        if (inflight) {   /* stopping: the runner must be done with the slots before they are freed */
-                runner_wait(e);
+        if (inflight) {   /* stopping: the step thread must be done with the slots before they are freed */
+                step_thread_wait(e);
                 apply_plan(e, inflight);
         }
 }
@@ -1245,9 +1245,9 @@ static void *engine_main(void *arg) {
 
         tsr_log_set_thread("engine");
         if (e->params.model && e->params.async_scheduling) {
-                async = runner_start(e);
+                async = step_thread_start(e);
                 if (!async)
-                        log_warn("cannot start the runner thread: scheduling synchronously");
+                        log_warn("cannot start the step thread: scheduling synchronously");
         }
         if (e->params.model)
                 log_info("engine up: %llu KV blocks of %u tokens, max_model_len %u, max_num_seqs %u, "
@@ -1262,7 +1262,7 @@ static void *engine_main(void *arg) {
                 loop_async(e);
         else
                 loop_sync(e);
-        runner_stop(e);
+        step_thread_stop(e);
         log_info("engine stopped (%zu running, %zu waiting dropped)", e->running.n, e->waiting.n);
         return NULL;
 }

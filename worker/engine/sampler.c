@@ -5,7 +5,7 @@
  * (output-token counts for the penalties, a copy for top-k selection, candidate ids for
  * top-p).  Sums of exponentials are accumulated in double in index order, so a row's
  * result never depends on anything but the row. */
-#include "sampler.h"
+#include "worker/engine/sampler.h"
 
 #include <math.h>
 #include <string.h>

@@ -11,10 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine.h"
+#include "worker/engine/engine.h"
 #include "kernels/kernels.h"
-#include "model/family.h"
-#include "weights.h"
+#include "worker/model/family.h"
+#include "worker/load/weights.h"
 
 typedef struct tsr_runner tsr_runner;
 

@@ -2,7 +2,7 @@
  *
  * Everything is copied out of the source files into heap memory owned by the
  * tsr_model_meta, so the JSON documents and the GGUF map are released before returning. */
-#include "model_meta.h"
+#include "worker/load/model_meta.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "gguf.h"
+#include "worker/load/gguf.h"
 
 /* An eos_token_id list longer than this is a corrupt file, not a model. */
 #define META_MAX_EOS_IDS 1024

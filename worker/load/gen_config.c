@@ -1,5 +1,5 @@
 /* gen_config.c - --generation-config and --override-generation-config (see gen_config.h). */
-#include "gen_config.h"
+#include "worker/load/gen_config.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
