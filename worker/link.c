@@ -147,31 +147,18 @@ static void on_heartbeat(link *l, const uint8_t *rid, size_t rid_len, const Tess
         pr->last_heard_ns = tsr_now_ns();
 }
 
-static tsr_status to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env);
+static engine_in *engine_in_new(engine_in_kind kind, const uint8_t *rid, size_t rid_len);
+static tsr_status to_engine(link *l, engine_in *in);
 
-/* Abort every request of one router, through the engine's ordinary Abort path.  The
- * envelope goes through the codec so the engine frees it like a received one.  False
+/* Abort every request of one router, through the engine's ordinary Abort path.  False
  * when the engine inbox refused it (full): the caller tries again later. */
 static bool abort_router(link *l, const uint8_t *rid, size_t rid_len, const char *reason) {
-        tsr_envelope env, *owned = NULL;
-        Tessera__V1__Abort a;
-        uint8_t *p;
-        size_t n;
-        char err[128];
-        bool sent = false;
-
-        tessera__v1__envelope__init(&env);
-        tessera__v1__abort__init(&a);
-        a.all_from_router = true;
-        a.reason = (char *)reason;
-        env.msg_case = TESSERA__V1__ENVELOPE__MSG_ABORT;
-        env.abort = &a;
-        if (tsr_wire_pack(&env, &p, &n) != TSR_OK)
+        engine_in *in = engine_in_new(ENGINE_IN_ABORT, rid, rid_len);
+        if (!in)
                 return false;
-        if (tsr_wire_unpack(p, n, 0, &owned, err, sizeof(err)) == TSR_OK)
-                sent = to_engine(l, ENGINE_IN_ABORT, rid, rid_len, owned) == TSR_OK;
-        free(p);
-        return sent;
+        in->abort.all_from_router = true;
+        snprintf(in->abort.reason, sizeof(in->abort.reason), "%s", reason);
+        return to_engine(l, in) == TSR_OK;
 }
 
 static bool router_input_pending(link *l) {
@@ -320,32 +307,137 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         free(p);
 }
 
-/* Hand a message to the engine thread; the envelope is consumed either way.  A full
- * inbox refuses a Submit now, retryable, rather than queue without bound. */
-static tsr_status to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len, tsr_envelope *env) {
-        engine_in *in = calloc(1, sizeof(*in));
-        const char *req = kind == ENGINE_IN_SUBMIT ? env->submit->request_id : NULL;
-        tsr_status st;
+_Static_assert(ENGINE_REQUEST_ID_MAX == TSR_WIRE_MAX_ID_LEN, "engine and wire request ids differ");
+_Static_assert(ENGINE_ROUTER_ID_MAX >= 255, "a ZeroMQ routing id is up to 255 bytes");
 
-        if (!in) {
-                if (req)
-                        send_error(l, rid, rid_len, req, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
-                                   "worker out of memory");
-                tsr_wire_free(env);
-                return TSR_E_NOMEM;
-        }
+static engine_in *engine_in_new(engine_in_kind kind, const uint8_t *rid, size_t rid_len) {
+        engine_in *in = calloc(1, sizeof(*in));
+        if (!in)
+                return NULL;
         in->kind = kind;
         memcpy(in->router_id, rid, rid_len);
         in->router_id_len = rid_len;
-        in->env = env;
-        st = tsr_queue_push(l->inbox, in);
+        return in;
+}
+
+static tsr_status copy_u32(const uint32_t *src, size_t n, uint32_t **dst) {
+        *dst = NULL;
+        if (!n)
+                return TSR_OK;
+        *dst = malloc(n * sizeof(uint32_t));
+        if (!*dst)
+                return TSR_E_NOMEM;
+        memcpy(*dst, src, n * sizeof(uint32_t));
+        return TSR_OK;
+}
+
+/* The engine's view of a Submit (validated by tsr_wire_unpack): the wire's "0 = unset"
+ * for top_p and repetition_penalty resolved to vLLM's neutral values. */
+static tsr_status submit_from_wire(const Tessera__V1__Submit *m, engine_submit *out) {
+        const Tessera__V1__SamplingParams *sp = m->sampling;
+        snprintf(out->request_id, sizeof(out->request_id), "%s", m->request_id);
+        if (copy_u32(m->prompt_token_ids, m->n_prompt_token_ids, &out->prompt) != TSR_OK ||
+            copy_u32(m->stop_token_ids, m->n_stop_token_ids, &out->stop_ids) != TSR_OK)
+                return TSR_E_NOMEM;
+        out->n_prompt = m->n_prompt_token_ids;
+        out->n_stop_ids = m->n_stop_token_ids;
+        out->max_tokens = m->max_tokens;
+        out->min_tokens = m->min_tokens;
+        out->ignore_eos = m->ignore_eos;
+        out->logprobs = m->logprobs;
+        out->prompt_logprobs = m->prompt_logprobs;
+        out->priority = m->priority;
+        tsr_sampling_init(&out->sampling);
+        if (!sp)
+                return TSR_OK;
+        out->sampling.temperature = sp->temperature;
+        out->sampling.top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
+        out->sampling.top_k = sp->top_k;
+        out->sampling.min_p = sp->min_p;
+        out->sampling.repetition_penalty = sp->repetition_penalty > 0 ? sp->repetition_penalty : 1.0f;
+        out->sampling.presence_penalty = sp->presence_penalty;
+        out->sampling.frequency_penalty = sp->frequency_penalty;
+        out->has_seed = sp->has_seed;
+        out->seed = sp->seed;
+        if (sp->n_logit_bias) {
+                out->bias = calloc(sp->n_logit_bias, sizeof(*out->bias));
+                if (!out->bias)
+                        return TSR_E_NOMEM;
+                for (size_t i = 0; i < sp->n_logit_bias; i++) {
+                        out->bias[i].id = sp->logit_bias[i]->key;
+                        out->bias[i].bias = sp->logit_bias[i]->value;
+                }
+                out->n_bias = sp->n_logit_bias;
+        }
+        return TSR_OK;
+}
+
+static tsr_status abort_from_wire(const Tessera__V1__Abort *a, engine_abort *out) {
+        out->all_from_router = a->all_from_router;
+        snprintf(out->reason, sizeof(out->reason), "%s", a->reason ? a->reason : "");
+        if (!a->n_request_ids)
+                return TSR_OK;
+        out->request_ids = calloc(a->n_request_ids, sizeof(*out->request_ids));
+        if (!out->request_ids)
+                return TSR_E_NOMEM;
+        for (size_t i = 0; i < a->n_request_ids; i++)
+                snprintf(out->request_ids[i], sizeof(out->request_ids[i]), "%s", a->request_ids[i]);
+        out->n_request_ids = a->n_request_ids;
+        return TSR_OK;
+}
+
+static Tessera__V1__FinishReason finish_to_wire(engine_finish f) {
+        switch (f) {
+        case ENGINE_FINISH_NONE: return TESSERA__V1__FINISH_REASON__FINISH_NONE;
+        case ENGINE_FINISH_STOP: return TESSERA__V1__FINISH_REASON__FINISH_STOP;
+        case ENGINE_FINISH_LENGTH: return TESSERA__V1__FINISH_REASON__FINISH_LENGTH;
+        case ENGINE_FINISH_ABORT: return TESSERA__V1__FINISH_REASON__FINISH_ABORT;
+        case ENGINE_FINISH_ERROR: return TESSERA__V1__FINISH_REASON__FINISH_ERROR;
+        }
+        return TESSERA__V1__FINISH_REASON__FINISH_ERROR;
+}
+
+static Tessera__V1__ErrorCode error_to_wire(engine_error e) {
+        switch (e) {
+        case ENGINE_ERROR_INVALID: return TESSERA__V1__ERROR_CODE__ERROR_INVALID;
+        case ENGINE_ERROR_TOO_LONG: return TESSERA__V1__ERROR_CODE__ERROR_TOO_LONG;
+        case ENGINE_ERROR_UNAVAILABLE: return TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE;
+        }
+        return TESSERA__V1__ERROR_CODE__ERROR_INTERNAL;
+}
+
+/* Hand a message to the engine thread; `in` is consumed either way.  A full inbox
+ * refuses a Submit now, retryable, rather than queue without bound. */
+static tsr_status to_engine(link *l, engine_in *in) {
+        tsr_status st = tsr_queue_push(l->inbox, in);
         if (st != TSR_OK) {
-                if (kind == ENGINE_IN_SUBMIT)
-                        send_error(l, rid, rid_len, req, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
-                                   "worker engine queue is full");
+                if (in->kind == ENGINE_IN_SUBMIT)
+                        send_error(l, in->router_id, in->router_id_len, in->submit.request_id,
+                                   TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true, "worker engine queue is full");
                 engine_in_free(in);
         }
         return st;
+}
+
+/* A Submit or Abort from router `rid`, translated for the engine and queued. */
+static void frame_to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len,
+                            const tsr_envelope *env) {
+        engine_in *in = engine_in_new(kind, rid, rid_len);
+        tsr_status st = TSR_E_NOMEM;
+        if (in && kind == ENGINE_IN_SUBMIT)
+                st = submit_from_wire(env->submit, &in->submit);
+        else if (in && kind == ENGINE_IN_ABORT)
+                st = abort_from_wire(env->abort, &in->abort);
+        else if (in)
+                st = TSR_OK;
+        if (st != TSR_OK) {
+                if (kind == ENGINE_IN_SUBMIT)
+                        send_error(l, rid, rid_len, env->submit->request_id, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE,
+                                   true, "worker out of memory");
+                engine_in_free(in);
+                return;
+        }
+        to_engine(l, in);
 }
 
 static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint8_t *p, size_t n) {
@@ -387,19 +479,19 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
                                    l->shutting_down ? "worker is shutting down" : "worker is draining");
                         break;
                 }
-                to_engine(l, ENGINE_IN_SUBMIT, rid, rid_len, env);
-                return;   /* env now owned by the engine */
+                frame_to_engine(l, ENGINE_IN_SUBMIT, rid, rid_len, env);
+                break;
         case TESSERA__V1__ENVELOPE__MSG_ABORT:
-                to_engine(l, ENGINE_IN_ABORT, rid, rid_len, env);
-                return;
+                frame_to_engine(l, ENGINE_IN_ABORT, rid, rid_len, env);
+                break;
         case TESSERA__V1__ENVELOPE__MSG_HEARTBEAT:
                 on_heartbeat(l, rid, rid_len, env->heartbeat, who);
                 break;
         case TESSERA__V1__ENVELOPE__MSG_RESYNC:
                 log_info("router %s asks for a prefix-cache snapshot (it applied status seq %llu)", who,
                          (unsigned long long)env->resync->after_seq);
-                to_engine(l, ENGINE_IN_RESYNC, rid, rid_len, env);
-                return;   /* env now owned by the engine */
+                frame_to_engine(l, ENGINE_IN_RESYNC, rid, rid_len, env);
+                break;
         case TESSERA__V1__ENVELOPE__MSG_DRAIN:
                 log_info("drain requested by router %s: %s", who, env->drain->reason);
                 l->draining = true;
@@ -518,7 +610,7 @@ static void send_outputs(link *l, const engine_out *out) {
                                 lpp[k] = &lps[k];
                         }
                 }
-                r->finish_reason = eo->finish;
+                r->finish_reason = finish_to_wire(eo->finish);
                 r->has_stop_token_id = eo->has_stop_token_id;
                 r->stop_token_id = eo->stop_token_id;
                 r->num_prompt_tokens = eo->num_prompt_tokens;
@@ -581,7 +673,7 @@ static void drain_outbox(link *l) {
                         send_outputs(l, out);
                         break;
                 case ENGINE_OUT_ERROR:
-                        send_error(l, out->router_id, out->router_id_len, out->request_id, out->error_code,
+                        send_error(l, out->router_id, out->router_id_len, out->request_id, error_to_wire(out->error_code),
                                    out->retryable, out->message);
                         break;
                 case ENGINE_OUT_STOPPED:

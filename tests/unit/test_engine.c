@@ -252,40 +252,33 @@ typedef struct submit_opts {
 static void submit_full(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
                         const uint32_t *stop_ids, size_t n_stop, int32_t logprobs, int32_t prompt_logprobs,
                         const submit_opts *so) {
-        tsr_envelope env;
-        Tessera__V1__Submit s;
-        Tessera__V1__SamplingParams sp;
-        uint8_t *buf;
-        size_t len;
         engine_in *in = calloc(1, sizeof(*in));
-        tessera__v1__envelope__init(&env);
-        tessera__v1__submit__init(&s);
-        tessera__v1__sampling_params__init(&sp);
-        sp.temperature = so ? so->temperature : 0.0f;   /* greedy by default */
-        sp.top_p = 1.0f;
-        sp.repetition_penalty = 1.0f;
-        sp.has_seed = so && so->has_seed;
-        sp.seed = so ? so->seed : 0;
-        s.min_tokens = so ? so->min_tokens : 0;
-        s.priority = so ? so->priority : 0;
-        s.ignore_eos = so && so->ignore_eos;
-        s.request_id = (char *)id;
-        s.prompt_token_ids = (uint32_t *)prompt;
-        s.n_prompt_token_ids = n;
-        s.sampling = &sp;
-        s.max_tokens = max_tokens;
-        s.stop_token_ids = (uint32_t *)stop_ids;
-        s.n_stop_token_ids = n_stop;
-        s.logprobs = logprobs;
-        s.prompt_logprobs = prompt_logprobs;
-        env.msg_case = TESSERA__V1__ENVELOPE__MSG_SUBMIT;
-        env.submit = &s;
-        assert_int_equal(tsr_wire_pack(&env, &buf, &len), TSR_OK);
-        assert_int_equal(tsr_wire_unpack(buf, len, 0, &in->env, NULL, 0), TSR_OK);
-        free(buf);
+        engine_submit *s = &in->submit;
+        assert_non_null(in);
         in->kind = ENGINE_IN_SUBMIT;
         memcpy(in->router_id, "r1", 2);
         in->router_id_len = 2;
+        snprintf(s->request_id, sizeof(s->request_id), "%s", id);
+        s->prompt = malloc(n * sizeof(uint32_t) + 1);
+        assert_non_null(s->prompt);
+        memcpy(s->prompt, prompt, n * sizeof(uint32_t));
+        s->n_prompt = n;
+        if (n_stop) {
+                s->stop_ids = malloc(n_stop * sizeof(uint32_t));
+                assert_non_null(s->stop_ids);
+                memcpy(s->stop_ids, stop_ids, n_stop * sizeof(uint32_t));
+                s->n_stop_ids = n_stop;
+        }
+        tsr_sampling_init(&s->sampling);
+        s->sampling.temperature = so ? so->temperature : 0.0f;   /* greedy by default */
+        s->has_seed = so && so->has_seed;
+        s->seed = so ? so->seed : 0;
+        s->min_tokens = so ? so->min_tokens : 0;
+        s->priority = so ? so->priority : 0;
+        s->ignore_eos = so && so->ignore_eos;
+        s->max_tokens = max_tokens;
+        s->logprobs = logprobs;
+        s->prompt_logprobs = prompt_logprobs;
         assert_int_equal(tsr_queue_push(h->in, in), TSR_OK);
 }
 
@@ -300,31 +293,22 @@ static void submit(harness *h, const char *id, const uint32_t *prompt, size_t n,
 }
 
 static void abort_req(harness *h, const char *id) {
-        tsr_envelope env;
-        Tessera__V1__Abort a;
-        char *ids[1] = {(char *)id};
-        uint8_t *buf;
-        size_t len;
         engine_in *in = calloc(1, sizeof(*in));
-        tessera__v1__envelope__init(&env);
-        tessera__v1__abort__init(&a);
-        a.request_ids = ids;
-        a.n_request_ids = 1;
-        env.msg_case = TESSERA__V1__ENVELOPE__MSG_ABORT;
-        env.abort = &a;
-        assert_int_equal(tsr_wire_pack(&env, &buf, &len), TSR_OK);
-        assert_int_equal(tsr_wire_unpack(buf, len, 0, &in->env, NULL, 0), TSR_OK);
-        free(buf);
+        assert_non_null(in);
         in->kind = ENGINE_IN_ABORT;
         memcpy(in->router_id, "r1", 2);
         in->router_id_len = 2;
+        in->abort.request_ids = calloc(1, sizeof(*in->abort.request_ids));
+        assert_non_null(in->abort.request_ids);
+        snprintf(in->abort.request_ids[0], sizeof(in->abort.request_ids[0]), "%s", id);
+        in->abort.n_request_ids = 1;
         assert_int_equal(tsr_queue_push(h->in, in), TSR_OK);
 }
 
 typedef struct result {
         uint32_t tokens[512];
         size_t n;
-        Tessera__V1__FinishReason finish;
+        engine_finish finish;
         uint32_t cached;
         uint32_t stop_id;
         bool has_stop_id;
@@ -431,7 +415,7 @@ static void test_single_request_greedy(void **state) {
         expected(prompt, 10, 20, want);
         assert_int_equal(res[0].n, 20);
         assert_memory_equal(res[0].tokens, want, sizeof(want));
-        assert_int_equal(res[0].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        assert_int_equal(res[0].finish, ENGINE_FINISH_LENGTH);
         stop(h);
 }
 
@@ -458,7 +442,7 @@ static void test_many_concurrent_with_preemption_and_chunking(void **state) {
         for (int i = 0; i < 16; i++) {
                 if (res[i].n != 24 || memcmp(res[i].tokens, want[i], sizeof(want[i])) != 0)
                         fail_msg("request %d: %zu tokens, or wrong tokens", i, res[i].n);
-                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                assert_int_equal(res[i].finish, ENGINE_FINISH_LENGTH);
         }
         engine_stats st = idle_stats(h);
         assert_true(st.num_preemptions_total > 0);
@@ -502,7 +486,7 @@ static void test_stop_token_and_eos(void **state) {
                 first++;
         submit(h, "s", prompt, 5, 30, &stop_id, 1);
         collect(h, ids, res, 1);
-        assert_int_equal(res[0].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+        assert_int_equal(res[0].finish, ENGINE_FINISH_STOP);
         assert_true(res[0].has_stop_id);
         assert_int_equal(res[0].stop_id, stop_id);
         assert_int_equal(res[0].n, first + 1);   /* the stop token is the last one returned */
@@ -542,7 +526,7 @@ static void test_too_long_prompt_refused(void **state) {
                 engine_out_free(o);
         assert_non_null(o);
         assert_string_equal(o->request_id, "big");
-        assert_int_equal(o->error_code, TESSERA__V1__ERROR_CODE__ERROR_TOO_LONG);
+        assert_int_equal(o->error_code, ENGINE_ERROR_TOO_LONG);
         engine_out_free(o);
         free(prompt);
         stop(h);
@@ -754,7 +738,7 @@ static void test_shutdown_lets_inflight_finish(void **state) {
                 assert_non_null(o);
                 if (o->kind == ENGINE_OUT_ERROR) {
                         assert_string_equal(o->request_id, "late");
-                        assert_int_equal(o->error_code, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE);
+                        assert_int_equal(o->error_code, ENGINE_ERROR_UNAVAILABLE);
                         assert_true(o->retryable);
                         refused = true;
                 }
@@ -763,7 +747,7 @@ static void test_shutdown_lets_inflight_finish(void **state) {
                         for (uint32_t t = 0; t < o->outputs[i].n_new; t++, n++)
                                 assert_int_equal(o->outputs[i].new_tokens[t], want[n]);
                         if (o->outputs[i].finish) {
-                                assert_int_equal(o->outputs[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                                assert_int_equal(o->outputs[i].finish, ENGINE_FINISH_LENGTH);
                                 finished = true;
                         }
                 }
@@ -798,14 +782,14 @@ static void test_shutdown_timeout_aborts_the_rest(void **state) {
                         last = o->stats;
                 if (o->kind == ENGINE_OUT_ERROR) {
                         assert_string_equal(o->request_id, "waiting");
-                        assert_int_equal(o->error_code, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE);
+                        assert_int_equal(o->error_code, ENGINE_ERROR_UNAVAILABLE);
                         assert_true(o->retryable);
                         handed_back = true;
                 }
                 for (size_t i = 0; i < o->n_outputs; i++) {
                         assert_string_equal(o->outputs[i].request_id, "running");
                         if (o->outputs[i].finish) {
-                                assert_int_equal(o->outputs[i].finish, TESSERA__V1__FINISH_REASON__FINISH_ABORT);
+                                assert_int_equal(o->outputs[i].finish, ENGINE_FINISH_ABORT);
                                 assert_true(o->outputs[i].num_generated < 1000);
                                 aborted = true;
                         }
@@ -902,7 +886,7 @@ static void run_mix(bool async, mix_run *out) {
                                         if (!seen)
                                                 abort_req(h, "abort");
                                         seen = true;
-                                        assert_int_not_equal(ro->finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                                        assert_int_not_equal(ro->finish, ENGINE_FINISH_LENGTH);
                                         continue;
                                 }
                                 for (int k = 0; k < MIX; k++) {
@@ -949,7 +933,7 @@ static void run_mix(bool async, mix_run *out) {
                         fail_msg("m%d (async %d): greedy tokens differ from the fake model's", i, async);
                 if (i % 4 == 2 && i % 3 != 1) {
                         /* stop id want[6], first produced at `first` >= min_tokens: ends there */
-                        assert_int_equal(r->finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+                        assert_int_equal(r->finish, ENGINE_FINISH_STOP);
                         assert_int_equal(r->n, first + 1);
                         assert_int_equal(r->tokens[r->n - 1], r->stop_id);
                 }
@@ -1072,7 +1056,7 @@ static void preemption_victim(bool priority) {
                 expected(prompts[i], 8, 24, want);
                 assert_int_equal(res[i].n, 24);
                 assert_memory_equal(res[i].tokens, want, sizeof(want));
-                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                assert_int_equal(res[i].finish, ENGINE_FINISH_LENGTH);
                 if (i == victim)
                         assert_true(res[i].num_preemptions > 0);
                 else if (res[i].num_preemptions != 0)
@@ -1185,31 +1169,31 @@ static void test_eos_finishes_unless_ignore_eos(void **state) {
         /* "eos"; "stop_too": EOS is checked before the stop ids (no stop id reported);
          * "last": before the length too (STOP, not LENGTH). */
         for (int i = 0; i < 5; i += i == 0 ? 3 : 1) {
-                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+                assert_int_equal(res[i].finish, ENGINE_FINISH_STOP);
                 assert_false(res[i].has_stop_id);
                 assert_int_equal(res[i].n, first + 1);
                 assert_int_equal(res[i].num_generated, first + 1);
                 assert_memory_equal(res[i].tokens, want, (first + 1) * sizeof(uint32_t));
                 assert_int_equal(res[i].tokens[first], eos);
         }
-        assert_int_equal(res[1].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        assert_int_equal(res[1].finish, ENGINE_FINISH_LENGTH);
         assert_int_equal(res[1].n, MAX);
         assert_memory_equal(res[1].tokens, want, sizeof(want));
         assert_int_equal(res[2].n, min_n);
         assert_memory_equal(res[2].tokens, min_want, min_n * sizeof(uint32_t));
         assert_int_equal(res[2].tokens[first], 0);   /* masked: not EOS */
-        assert_int_equal(res[2].finish, min_n < MAX || min_want[MAX - 1] == eos ? TESSERA__V1__FINISH_REASON__FINISH_STOP
-                                                                                : TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        assert_int_equal(res[2].finish, min_n < MAX || min_want[MAX - 1] == eos ? ENGINE_FINISH_STOP
+                                                                                : ENGINE_FINISH_LENGTH);
         assert_false(res[2].has_stop_id);
-        assert_int_equal(res[5].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+        assert_int_equal(res[5].finish, ENGINE_FINISH_STOP);
         assert_int_equal(res[5].n, 1);
         assert_int_equal(res[5].tokens[0], eos);
         assert_int_equal(res[6].n, other_n);
         assert_memory_equal(res[6].tokens, other_want, other_n * sizeof(uint32_t));
         assert_int_equal(res[6].tokens[0], 0);
         assert_int_equal(res[6].finish, other_n < MAX || other_want[MAX - 1] == eos
-                                                ? TESSERA__V1__FINISH_REASON__FINISH_STOP
-                                                : TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                                                ? ENGINE_FINISH_STOP
+                                                : ENGINE_FINISH_LENGTH);
         engine_stats st = idle_stats(h);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
@@ -1245,13 +1229,13 @@ static void test_extra_eos_ids_are_stop_ids(void **state) {
         collect(h, ids, res, N);
 
         /* "plain": STOP at the extra EOS, reported as the stop id, the token kept. */
-        assert_int_equal(res[0].finish, TESSERA__V1__FINISH_REASON__FINISH_STOP);
+        assert_int_equal(res[0].finish, ENGINE_FINISH_STOP);
         assert_true(res[0].has_stop_id);
         assert_int_equal(res[0].stop_id, extra);
         assert_int_equal(res[0].n, first + 1);
         assert_memory_equal(res[0].tokens, want, (first + 1) * sizeof(uint32_t));
         /* "ignore": not a stop id under ignore_eos: the greedy run to max_tokens. */
-        assert_int_equal(res[1].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        assert_int_equal(res[1].finish, ENGINE_FINISH_LENGTH);
         assert_false(res[1].has_stop_id);
         assert_int_equal(res[1].n, MAX);
         assert_memory_equal(res[1].tokens, want, sizeof(want));
@@ -1263,7 +1247,7 @@ static void test_extra_eos_ids_are_stop_ids(void **state) {
                 assert_int_not_equal(res[i].tokens[first], extra);
                 assert_int_not_equal(res[i].tokens[first], EOS);
         }
-        assert_int_equal(res[2].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+        assert_int_equal(res[2].finish, ENGINE_FINISH_LENGTH);
         assert_int_equal(res[2].n, MAX);
         engine_stats st = idle_stats(h);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
@@ -1298,7 +1282,7 @@ static void test_length_at_max_model_len(void **state) {
                 assert_int_equal(res[i].n, outs[i]);
                 assert_int_equal(res[i].num_generated, outs[i]);
                 assert_memory_equal(res[i].tokens, want, outs[i] * sizeof(uint32_t));
-                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                assert_int_equal(res[i].finish, ENGINE_FINISH_LENGTH);
         }
         assert_int_equal(model_records(h).max_pos_end, 32 - 1);
         engine_stats st = idle_stats(h);
@@ -1344,7 +1328,7 @@ static void step_limits(bool priority) {
         for (int i = 0; i < N; i++) {
                 uint32_t want[32];
                 assert_int_equal(res[i].n, max_tokens[i]);
-                assert_int_equal(res[i].finish, TESSERA__V1__FINISH_REASON__FINISH_LENGTH);
+                assert_int_equal(res[i].finish, ENGINE_FINISH_LENGTH);
                 expected(prompts[i], lens[i], max_tokens[i], want);
                 if (i % 4 != 3 && memcmp(res[i].tokens, want, max_tokens[i] * sizeof(uint32_t)) != 0)
                         fail_msg("s%d: greedy tokens differ from the fake model's", i);

@@ -30,7 +30,7 @@
 typedef enum slot_state { SLOT_WAITING, SLOT_RUNNING, SLOT_FINISHED } slot_state;
 
 typedef struct slot {
-        char request_id[TSR_WIRE_MAX_ID_LEN + 1];
+        char request_id[ENGINE_REQUEST_ID_MAX + 1];
         uint8_t router_id[ENGINE_ROUTER_ID_MAX];
         size_t router_id_len;
         slot_state state;
@@ -74,7 +74,7 @@ typedef struct slot {
         tsr_token_logprobs step_lp;
         bool step_has_token;
         bool step_has_lp;
-        Tessera__V1__FinishReason finish;
+        engine_finish finish;
         bool has_stop_token_id;
         uint32_t stop_token_id;
         bool reported_prompt;         /* prompt/cached counts go in the first Output */
@@ -195,7 +195,10 @@ static bool list_remove(slot_list *l, slot *s) {
 void engine_in_free(engine_in *in) {
         if (!in)
                 return;
-        tsr_wire_free(in->env);
+        free(in->submit.prompt);
+        free(in->submit.stop_ids);
+        free(in->submit.bias);
+        free(in->abort.request_ids);
         free(in);
 }
 
@@ -239,11 +242,11 @@ static void push_out(tsr_engine *e, engine_out *out) {
 }
 
 static void send_error(tsr_engine *e, const uint8_t *rid, size_t rid_len, const char *request_id,
-                       Tessera__V1__ErrorCode code, bool retryable, const char *fmt, ...)
+                       engine_error code, bool retryable, const char *fmt, ...)
         __attribute__((format(printf, 7, 8)));
 
 static void send_error(tsr_engine *e, const uint8_t *rid, size_t rid_len, const char *request_id,
-                       Tessera__V1__ErrorCode code, bool retryable, const char *fmt, ...) {
+                       engine_error code, bool retryable, const char *fmt, ...) {
         engine_out *out = calloc(1, sizeof(*out));
         va_list ap;
         if (!out)
@@ -301,23 +304,22 @@ static void publish_stats(tsr_engine *e, bool force) {
 /* ------------------------------------------------------------------ admission */
 
 static void admit(tsr_engine *e, engine_in *in) {
-        const Tessera__V1__Submit *m = in->env->submit;
-        const Tessera__V1__SamplingParams *sp = m->sampling;
+        engine_submit *m = &in->submit;
         const engine_params *p = &e->params;
         size_t vocab = p->model->vocab;
         slot *s;
 
-        if (m->n_prompt_token_ids + 1 > p->max_model_len) {
-                send_error(e, in->router_id, in->router_id_len, m->request_id, TESSERA__V1__ERROR_CODE__ERROR_TOO_LONG,
+        if (m->n_prompt + 1 > p->max_model_len) {
+                send_error(e, in->router_id, in->router_id_len, m->request_id, ENGINE_ERROR_TOO_LONG,
                            false, "The decoder prompt (length %zu) is longer than the maximum model length of %u.",
-                           m->n_prompt_token_ids, p->max_model_len);
+                           m->n_prompt, p->max_model_len);
                 return;
         }
-        for (size_t i = 0; i < m->n_prompt_token_ids; i++)
-                if (m->prompt_token_ids[i] >= vocab) {
+        for (size_t i = 0; i < m->n_prompt; i++)
+                if (m->prompt[i] >= vocab) {
                         send_error(e, in->router_id, in->router_id_len, m->request_id,
-                                   TESSERA__V1__ERROR_CODE__ERROR_INVALID, false, "Token id %u is out of vocabulary",
-                                   m->prompt_token_ids[i]);
+                                   ENGINE_ERROR_INVALID, false, "Token id %u is out of vocabulary",
+                                   m->prompt[i]);
                         return;
                 }
         s = calloc(1, sizeof(*s));
@@ -326,7 +328,7 @@ static void admit(tsr_engine *e, engine_in *in) {
         snprintf(s->request_id, sizeof(s->request_id), "%s", m->request_id);
         memcpy(s->router_id, in->router_id, in->router_id_len);
         s->router_id_len = in->router_id_len;
-        s->n_prompt = m->n_prompt_token_ids;
+        s->n_prompt = m->n_prompt;
         s->n_tokens = s->n_prompt;
         /* Room for every token the request may ever hold. */
         s->max_tokens = m->max_tokens;
@@ -336,35 +338,16 @@ static void admit(tsr_engine *e, engine_in *in) {
         s->tokens = malloc(s->cap_tokens * sizeof(uint32_t));
         if (!s->tokens)
                 goto oom;
-        memcpy(s->tokens, m->prompt_token_ids, s->n_prompt * sizeof(uint32_t));
+        memcpy(s->tokens, m->prompt, s->n_prompt * sizeof(uint32_t));
         s->ignore_eos = m->ignore_eos;
-        if (m->n_stop_token_ids) {
-                s->stop_ids = malloc(m->n_stop_token_ids * sizeof(uint32_t));
-                if (!s->stop_ids)
-                        goto oom;
-                memcpy(s->stop_ids, m->stop_token_ids, m->n_stop_token_ids * sizeof(uint32_t));
-                s->n_stop_ids = m->n_stop_token_ids;
-        }
-        tsr_sampling_init(&s->sampling);
-        if (sp) {
-                s->sampling.temperature = sp->temperature;
-                s->sampling.top_p = sp->top_p > 0 ? sp->top_p : 1.0f;
-                s->sampling.top_k = sp->top_k;
-                s->sampling.min_p = sp->min_p;
-                s->sampling.repetition_penalty = sp->repetition_penalty > 0 ? sp->repetition_penalty : 1.0f;
-                s->sampling.presence_penalty = sp->presence_penalty;
-                s->sampling.frequency_penalty = sp->frequency_penalty;
-                if (sp->n_logit_bias) {
-                        s->bias = calloc(sp->n_logit_bias, sizeof(*s->bias));
-                        if (!s->bias)
-                                goto oom;
-                        for (size_t i = 0; i < sp->n_logit_bias; i++) {
-                                s->bias[i].id = sp->logit_bias[i]->key;
-                                s->bias[i].bias = sp->logit_bias[i]->value;
-                        }
-                        s->n_bias = sp->n_logit_bias;
-                }
-        }
+        /* The slot takes the message's arrays. */
+        s->stop_ids = m->stop_ids;
+        s->n_stop_ids = m->n_stop_ids;
+        m->stop_ids = NULL;
+        s->bias = m->bias;
+        s->n_bias = m->n_bias;
+        m->bias = NULL;
+        s->sampling = m->sampling;
         s->sampling.min_tokens = m->min_tokens;
         /* min_tokens masks every EOS id, ignore_eos or not (vLLM's _all_stop_token_ids). */
         s->sampling.eos_ids = p->eos_ids;
@@ -383,7 +366,7 @@ static void admit(tsr_engine *e, engine_in *in) {
                         goto oom;
         }
         if (tsr_sampling_check(&s->sampling, vocab) != TSR_OK) {
-                send_error(e, in->router_id, in->router_id_len, m->request_id, TESSERA__V1__ERROR_CODE__ERROR_INVALID,
+                send_error(e, in->router_id, in->router_id_len, m->request_id, ENGINE_ERROR_INVALID,
                            false, "sampling parameters out of range for this model (logit_bias or stop ids outside "
                            "the vocabulary?)");
                 slot_free(e, s);
@@ -391,7 +374,7 @@ static void admit(tsr_engine *e, engine_in *in) {
         }
         /* Seeded: the same key whatever else runs, so the same tokens alone or in any
          * batch.  Unseeded: the engine seed mixed with the admission order. */
-        s->rng_key = sp && sp->has_seed ? sp->seed * 0x9e3779b97f4a7c15ull + 1
+        s->rng_key = m->has_seed ? m->seed * 0x9e3779b97f4a7c15ull + 1
                                         : (p->seed ^ 0xa0761d6478bd642full) + e->next_seq * 0xe7037ed1a0b428dbull;
         s->priority = m->priority;
         s->arrival_ns = tsr_now_ns();
@@ -402,12 +385,12 @@ static void admit(tsr_engine *e, engine_in *in) {
         return;
 oom:
         slot_free(e, s);
-        send_error(e, in->router_id, in->router_id_len, m->request_id, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+        send_error(e, in->router_id, in->router_id_len, m->request_id, ENGINE_ERROR_UNAVAILABLE, true,
                    "worker out of memory");
 }
 
 static void abort_requests(tsr_engine *e, engine_in *in) {
-        const Tessera__V1__Abort *a = in->env->abort;
+        const engine_abort *a = &in->abort;
         slot_list *lists[2] = {&e->running, &e->waiting};
         for (int li = 0; li < 2; li++) {
                 slot_list *l = lists[li];
@@ -447,12 +430,12 @@ static void take_inbox(tsr_engine *e, bool block) {
                 }
                 if (in->kind == ENGINE_IN_SUBMIT) {
                         if (!e->params.model)
-                                send_error(e, in->router_id, in->router_id_len, in->env->submit->request_id,
-                                           TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                                send_error(e, in->router_id, in->router_id_len, in->submit.request_id,
+                                           ENGINE_ERROR_UNAVAILABLE, true,
                                            "this worker has no model runner for its model family");
                         else if (e->shutting_down)
-                                send_error(e, in->router_id, in->router_id_len, in->env->submit->request_id,
-                                           TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                                send_error(e, in->router_id, in->router_id_len, in->submit.request_id,
+                                           ENGINE_ERROR_UNAVAILABLE, true,
                                            "worker is shutting down");
                         else
                                 admit(e, in);
@@ -708,21 +691,21 @@ static void check_stop(tsr_engine *e, slot *s, uint32_t t) {
         size_t n_out = s->n_tokens - s->n_prompt;
         if (n_out >= s->sampling.min_tokens) {
                 if (!s->ignore_eos && is_eos(e, t)) {
-                        s->finish = TESSERA__V1__FINISH_REASON__FINISH_STOP;
+                        s->finish = ENGINE_FINISH_STOP;
                         return;
                 }
                 bool stop_id = !s->ignore_eos && is_extra_eos(e, t);
                 for (size_t i = 0; i < s->n_stop_ids && !stop_id; i++)
                         stop_id = s->stop_ids[i] == t;
                 if (stop_id) {
-                        s->finish = TESSERA__V1__FINISH_REASON__FINISH_STOP;
+                        s->finish = ENGINE_FINISH_STOP;
                         s->has_stop_token_id = true;
                         s->stop_token_id = t;
                         return;
                 }
         }
         if (n_out >= s->max_tokens || s->n_tokens >= e->params.max_model_len)
-                s->finish = TESSERA__V1__FINISH_REASON__FINISH_LENGTH;
+                s->finish = ENGINE_FINISH_LENGTH;
 }
 
 /* Prompt logprobs of the chunk at positions past .. past+n-1: row t holds the logits
@@ -932,7 +915,7 @@ static void apply_plan(tsr_engine *e, step_plan *p) {
                 if (st != TSR_OK) {
                         log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed (%s): finishing it with an error",
                                 tsr_status_str(st));
-                        s->finish = TESSERA__V1__FINISH_REASON__FINISH_ERROR;
+                        s->finish = ENGINE_FINISH_ERROR;
                 }
                 p->entries[kept++] = *pe;
         }
@@ -1061,11 +1044,11 @@ static void finish_shutdown(tsr_engine *e) {
                         slot *s = lists[li]->items[i];
                         s->step_has_token = false;
                         if (s->n_tokens > s->n_prompt && plan) {
-                                s->finish = TESSERA__V1__FINISH_REASON__FINISH_ABORT;
+                                s->finish = ENGINE_FINISH_ABORT;
                                 plan[n_plan++].s = s;
                         } else {
                                 send_error(e, s->router_id, s->router_id_len, s->request_id,
-                                           TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
+                                           ENGINE_ERROR_UNAVAILABLE, true,
                                            "worker shut down before this request produced a token");
                                 n_retry++;
                         }

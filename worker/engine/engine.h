@@ -1,6 +1,7 @@
 /* engine.h - the worker's engine thread and the messages it trades with the io thread.
  *
- * Threads (docs/threading.md): the io thread (link.c) owns the sockets and protobuf;
+ * Threads (docs/threading.md): the io thread (link.c) owns the sockets and protobuf and
+ * translates both ways: the engine sees only the plain C structs below;
  * the engine thread owns the model, the KV cache and the scheduler (with
  * --async-scheduling a "runner" thread of the engine's runs each step's forward and
  * sampling while the engine thread schedules the next one).  They talk only
@@ -30,11 +31,27 @@
 
 #include "common/block_hash.h"
 #include "common/queue.h"
-#include "common/wire.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/engine/sampler.h"
 
 #define ENGINE_ROUTER_ID_MAX 255
+#define ENGINE_REQUEST_ID_MAX 256   /* bytes, without the NUL; link.c checks it against the wire's */
+
+/* Why a request ended.  FINISH_NONE: it runs on. */
+typedef enum engine_finish {
+        ENGINE_FINISH_NONE = 0,
+        ENGINE_FINISH_STOP,    /* EOS or a stop id */
+        ENGINE_FINISH_LENGTH,  /* max_tokens or max_model_len */
+        ENGINE_FINISH_ABORT,   /* ended by a shutdown after it produced tokens */
+        ENGINE_FINISH_ERROR,   /* its forward or sampling failed */
+} engine_finish;
+
+/* Why the engine refused a request (ENGINE_OUT_ERROR). */
+typedef enum engine_error {
+        ENGINE_ERROR_INVALID,      /* out of range for this model: token ids, sampling parameters */
+        ENGINE_ERROR_TOO_LONG,     /* the prompt does not fit max_model_len */
+        ENGINE_ERROR_UNAVAILABLE,  /* no model, out of memory, shutting down: try elsewhere */
+} engine_error;
 
 /* One scheduled chunk of one sequence in a step. */
 typedef struct engine_seq {
@@ -107,16 +124,47 @@ typedef struct engine_stats {
         uint64_t generation_tokens_total;
 } engine_stats;
 
+/* A request to run, as the io thread decoded and validated it from the wire (the
+ * wire's "0 = unset" conventions already resolved).  Arrays are owned by the message. */
+typedef struct engine_submit {
+        char request_id[ENGINE_REQUEST_ID_MAX + 1];
+        uint32_t *prompt;              /* (n_prompt,) token ids */
+        size_t n_prompt;
+        uint32_t max_tokens;
+        uint32_t min_tokens;
+        bool ignore_eos;
+        uint32_t *stop_ids;            /* (n_stop_ids,) */
+        size_t n_stop_ids;
+        /* The scalar knobs (temperature .. frequency_penalty); the engine fills the
+         * array pointers and min_tokens/logprobs. */
+        tsr_sampling sampling;
+        tsr_logit_bias *bias;          /* (n_bias,) */
+        size_t n_bias;
+        bool has_seed;
+        uint64_t seed;
+        int32_t logprobs;              /* -1 none, 0 sampled only, k: sampled + top k */
+        int32_t prompt_logprobs;       /* -1 none, else as logprobs for prompt positions */
+        int32_t priority;              /* lower first under --scheduling-policy priority */
+} engine_submit;
+
+/* Requests of one router to drop (unknown ids are ignored). */
+typedef struct engine_abort {
+        bool all_from_router;          /* every request of the sending router */
+        char (*request_ids)[ENGINE_REQUEST_ID_MAX + 1];   /* (n_request_ids,) */
+        size_t n_request_ids;
+        char reason[64];               /* for the log */
+} engine_abort;
+
 typedef enum engine_in_kind {
-        ENGINE_IN_SUBMIT,      /* env->submit */
-        ENGINE_IN_ABORT,       /* env->abort */
-        /* env NULL: SIGTERM.  Refuse new Submits (retryable), let the admitted requests
+        ENGINE_IN_SUBMIT,      /* .submit */
+        ENGINE_IN_ABORT,       /* .abort */
+        /* SIGTERM.  Refuse new Submits (retryable), let the admitted requests
          * run for params.shutdown_timeout_ms, then end the rest: an Output with
          * finish ABORT for those that already produced tokens, a retryable
          * UNAVAILABLE Error for those that did not (the router resubmits them
          * elsewhere); then answer ENGINE_OUT_STOPPED.  Later ones are ignored. */
         ENGINE_IN_SHUTDOWN,
-        /* env->resync: the next Status carries a full snapshot of the prefix cache. */
+        /* A router resyncs: the next Status carries a full snapshot of the prefix cache. */
         ENGINE_IN_RESYNC,
 } engine_in_kind;
 
@@ -124,12 +172,13 @@ typedef struct engine_in {
         engine_in_kind kind;
         uint8_t router_id[ENGINE_ROUTER_ID_MAX];
         size_t router_id_len;
-        tsr_envelope *env;     /* owned; decoded and validated by the io thread */
+        engine_submit submit;  /* ENGINE_IN_SUBMIT */
+        engine_abort abort;    /* ENGINE_IN_ABORT */
 } engine_in;
 
 /* One request's progress in one step. */
 typedef struct engine_req_output {
-        char request_id[TSR_WIRE_MAX_ID_LEN + 1];
+        char request_id[ENGINE_REQUEST_ID_MAX + 1];
         uint32_t *new_tokens;           /* n_new */
         uint32_t n_new;
         tsr_token_logprobs *logprobs;   /* n_new entries, or NULL */
@@ -138,7 +187,7 @@ typedef struct engine_req_output {
          * no logprob and no entry, so there are num_prompt_tokens - 1 of them. */
         tsr_token_logprobs *prompt_logprobs;
         uint32_t n_prompt_logprobs;
-        Tessera__V1__FinishReason finish;
+        engine_finish finish;
         bool has_stop_token_id;
         uint32_t stop_token_id;
         uint32_t num_prompt_tokens;
@@ -160,8 +209,8 @@ typedef struct engine_out {
         uint8_t router_id[ENGINE_ROUTER_ID_MAX];
         size_t router_id_len;
         /* ERROR */
-        char request_id[TSR_WIRE_MAX_ID_LEN + 1];
-        Tessera__V1__ErrorCode error_code;
+        char request_id[ENGINE_REQUEST_ID_MAX + 1];
+        engine_error error_code;
         bool retryable;
         char message[256];
         /* STATS */
