@@ -44,7 +44,7 @@ typedef struct router_peer {
 } router_peer;
 
 typedef struct link {
-        const worker_link_opts *o;
+        const tsr_link_opts *o;
         void *zctx;
         void *router;          /* ROUTER: requests and replies */
         void *pub;             /* PUB: Status */
@@ -771,7 +771,7 @@ static void begin_stop(link *l, int stop_fd) {
         publish_status(l, NULL);   /* routers see DRAINING now, not at the next tick */
 }
 
-tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queue *outbox, int stop_fd) {
+tsr_status tsr_link_run(const tsr_link_opts *o, tsr_queue *inbox, tsr_queue *outbox, int stop_fd) {
         link l = {.o = o, .inbox = inbox, .outbox = outbox};
         uint64_t interval_ns = (uint64_t)(o->status_interval_ms > 0 ? o->status_interval_ms : 100) * 1000000ull;
         uint64_t next_status;
@@ -819,5 +819,120 @@ tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queu
                 }
         }
         close_sockets(&l);
+        return st;
+}
+
+/* Build and pack ModelInfo: once with the tokenizer, once without it (for routers
+ * that already have it cached).  Everything points into cfg/meta (borrowed). */
+tsr_status tsr_link_pack_model_info(const tsr_config *cfg, const tsr_model_meta *m, const tsr_gen_defaults *gd,
+                                  const tsr_worker_plan *p, bool ready, const char *dtype, uint8_t **full, size_t *full_len, uint8_t **lean, size_t *lean_len) {
+        tsr_envelope env;
+        Tessera__V1__ModelInfo mi;
+        Tessera__V1__HfTokenizer hf;
+        Tessera__V1__GgufTokenizer gg;
+        Tessera__V1__GenerationDefaults gen;
+        Tessera__V1__BlockHashSpec bh;
+        char *default_name[1] = {m->path};
+        tsr_status st;
+
+        tessera__v1__envelope__init(&env);
+        tessera__v1__model_info__init(&mi);
+        tessera__v1__hf_tokenizer__init(&hf);
+        tessera__v1__gguf_tokenizer__init(&gg);
+        tessera__v1__generation_defaults__init(&gen);
+        tessera__v1__block_hash_spec__init(&bh);
+
+        mi.worker_id = (char *)p->worker_id;
+        mi.boot_epoch = p->boot_epoch;
+        if (cfg->served_model_name.n) {
+                mi.served_model_names = cfg->served_model_name.items;
+                mi.n_served_model_names = cfg->served_model_name.n;
+        } else {
+                mi.served_model_names = default_name;
+                mi.n_served_model_names = 1;
+        }
+        mi.model_root = m->path;
+        mi.max_model_len = p->max_model_len;
+        mi.block_size = (uint32_t)cfg->block_size;
+        mi.eos_token_ids = m->eos_token_ids;
+        mi.n_eos_token_ids = m->n_eos_token_ids;
+        mi.bos_token_id = m->bos_token_id;
+        mi.vocab_size = m->vocab_size;
+        mi.tokenizer_hash = m->tokenizer_hash;
+        if (m->gguf_tokenizer) {
+                const tsr_gguf_tokenizer *t = m->gguf_tokenizer;
+                gg.model = t->model ? t->model : "";
+                gg.pre = t->pre ? t->pre : "";
+                gg.tokens = t->tokens;
+                gg.n_tokens = t->n_tokens;
+                gg.scores = t->scores;
+                gg.n_scores = t->scores ? t->n_tokens : 0;
+                gg.token_types = t->token_types;
+                gg.n_token_types = t->token_types ? t->n_tokens : 0;
+                gg.merges = t->merges;
+                gg.n_merges = t->n_merges;
+                gg.bos_token_id = t->bos_id;
+                gg.eos_token_id = t->eos_id;
+                gg.unk_token_id = t->unk_id;
+                gg.pad_token_id = t->pad_id;
+                gg.add_bos_token = t->add_bos;
+                gg.add_eos_token = t->add_eos;
+                gg.add_space_prefix = t->add_space_prefix;
+                mi.tokenizer_case = TESSERA__V1__MODEL_INFO__TOKENIZER_GGUF;
+                mi.gguf = &gg;
+        } else {
+                hf.tokenizer_json.data = m->tokenizer_json;
+                hf.tokenizer_json.len = m->tokenizer_json_len;
+                hf.tokenizer_config_json.data = m->tokenizer_config_json;
+                hf.tokenizer_config_json.len = m->tokenizer_config_json_len;
+                mi.tokenizer_case = TESSERA__V1__MODEL_INFO__TOKENIZER_HF;
+                mi.hf = &hf;
+        }
+        mi.chat_template = m->chat_template ? m->chat_template : "";
+        /* --generation-config / --override-generation-config, resolved at startup. */
+        gen.has_temperature = gd->has_temperature;
+        gen.temperature = (float)gd->temperature;
+        gen.has_top_p = gd->has_top_p;
+        gen.top_p = (float)gd->top_p;
+        gen.has_top_k = gd->has_top_k;
+        gen.top_k = gd->top_k < INT32_MIN ? INT32_MIN : gd->top_k > INT32_MAX ? INT32_MAX : (int32_t)gd->top_k;
+        gen.has_min_p = gd->has_min_p;
+        gen.min_p = (float)gd->min_p;
+        gen.has_repetition_penalty = gd->has_repetition_penalty;
+        gen.repetition_penalty = (float)gd->repetition_penalty;
+        gen.has_max_new_tokens = gd->has_max_new_tokens && gd->max_new_tokens > 0;
+        gen.max_new_tokens = gd->max_new_tokens > (int64_t)UINT32_MAX ? UINT32_MAX
+                             : gd->max_new_tokens > 0 ? (uint32_t)gd->max_new_tokens : 0;
+        mi.generation_defaults = &gen;
+        bh.algo = cfg->prefix_caching_hash_algo;
+        bh.seed = TSR_BLOCK_HASH_NONE;
+        mi.block_hash = &bh;
+        mi.kv_blocks_total = p->kv_blocks_total;
+        mi.max_num_seqs = p->max_num_seqs;
+        mi.max_num_batched_tokens = p->max_num_batched_tokens;
+        mi.tensor_parallel_size = 1;
+        mi.pipeline_parallel_size = 1;
+        mi.dtype = (char *)dtype;
+        mi.backend = "cpu";
+        mi.architecture = m->architecture ? m->architecture : "";
+        mi.status_endpoint = (char *)p->status_listen;
+        mi.engine_ready = ready;
+        mi.tessera_version = TSR_VERSION;
+        mi.max_logprobs = cfg->max_logprobs < 0 ? m->vocab_size : (uint32_t)cfg->max_logprobs;
+        mi.prefix_caching = cfg->enable_prefix_caching != TSR_TRI_FALSE;
+        mi.status_interval_ms = (uint32_t)cfg->status_interval_ms;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_MODEL_INFO;
+        env.model_info = &mi;
+
+        st = tsr_wire_pack(&env, full, full_len);
+        if (st != TSR_OK)
+                return st;
+        mi.tokenizer_case = TESSERA__V1__MODEL_INFO__TOKENIZER__NOT_SET;
+        mi.tokenizer_omitted = true;
+        st = tsr_wire_pack(&env, lean, lean_len);
+        if (st != TSR_OK) {
+                free(*full);
+                *full = NULL;
+        }
         return st;
 }

@@ -4,20 +4,44 @@
  *                                   -> ModelInfo, Output, Error (addressed by routing id)
  *   PUB    bind (--status-listen)   -> Status every status_interval_ms
  *
- * The sockets are owned by the thread that calls worker_link_run and never touched by
+ * The sockets are owned by the thread that calls tsr_link_run and never touched by
  * any other (a ZeroMQ socket is not thread-safe).  Decoded Submit/Abort go to the engine inbox;
  * the engine's replies come back on the outbox, whose eventfd is polled beside the
  * sockets. */
 #ifndef TSR_WORKER_LINK_H
 #define TSR_WORKER_LINK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/queue.h"
+#include "common/config.h"
 #include "common/tsr_status.h"
+#include "worker/load/gen_config.h"
+#include "worker/load/model_meta.h"
 
-typedef struct worker_link_opts {
+/* What this worker serves, decided at start-up (main.c): ModelInfo carries it. */
+typedef struct tsr_worker_plan {
+        char status_listen[512];
+        char worker_id[300];
+        uint32_t max_model_len;
+        uint64_t kv_blocks_total;
+        uint64_t kv_block_bytes;
+        uint32_t max_num_seqs;
+        uint32_t max_num_batched_tokens;
+        uint64_t boot_epoch;
+} tsr_worker_plan;
+
+/* Pack ModelInfo twice: with the tokenizer (*full) and without it (*lean, for routers
+ * that have it cached).  Everything is read from the arguments (borrowed); the caller
+ * frees both buffers.  `ready`: a model runner exists; `dtype`: what its weights are held
+ * in.  Main thread, at start-up. */
+tsr_status tsr_link_pack_model_info(const tsr_config *cfg, const tsr_model_meta *m, const tsr_gen_defaults *gd,
+                                    const tsr_worker_plan *p, bool ready, const char *dtype, uint8_t **full,
+                                    size_t *full_len, uint8_t **lean, size_t *lean_len);
+
+typedef struct tsr_link_opts {
         const char *listen;              /* ROUTER endpoint to bind */
         const char *status_listen;       /* PUB endpoint to bind */
         int status_interval_ms;
@@ -38,13 +62,13 @@ typedef struct worker_link_opts {
         /* Called once both sockets are bound (e.g. sd_notify READY=1); may be NULL. */
         void (*on_listening)(void *ud);
         void *ud;
-} worker_link_opts;
+} tsr_link_opts;
 
 /* Bind the sockets and run the io loop on the calling thread until a Shutdown message
  * arrives, or stop_fd (a signalfd for SIGTERM/SIGINT) becomes readable and the engine
  * then reports ENGINE_OUT_STOPPED (new Submits are refused meanwhile; a second signal
  * stops at once).  Borrows the queues.  Returns TSR_OK on a clean stop, TSR_E_IO if a socket could not be bound
  * (logged with the endpoint). */
-tsr_status worker_link_run(const worker_link_opts *o, tsr_queue *inbox, tsr_queue *outbox, int stop_fd);
+tsr_status tsr_link_run(const tsr_link_opts *o, tsr_queue *inbox, tsr_queue *outbox, int stop_fd);
 
 #endif

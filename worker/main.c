@@ -21,7 +21,6 @@
 #include "common/config.h"
 #include "common/endpoint.h"
 #include "common/log.h"
-#include "common/wire.h"
 #include "common/zmq_curve.h"
 #include "worker/engine/engine.h"
 #include "worker/exit_codes.h"
@@ -35,16 +34,6 @@
 #define CPU_DEFAULT_MAX_NUM_SEQS 256   /* issue #4; vLLM's server default below 70 GiB */
 #define CPU_DEFAULT_MAX_BATCHED_TOKENS 2048
 
-typedef struct worker_plan {
-        char status_listen[512];
-        char worker_id[300];
-        uint32_t max_model_len;
-        uint64_t kv_blocks_total;
-        uint64_t kv_block_bytes;
-        uint32_t max_num_seqs;
-        uint32_t max_num_batched_tokens;
-        uint64_t boot_epoch;
-} worker_plan;
 
 /* The KV groups of the model: its family's per-layer spec for the layers this worker
  * holds (today all of them).  A model with no family gets no pool and refuses Submit, but
@@ -93,7 +82,7 @@ static uint64_t plan_kv_blocks(const tsr_config *cfg, uint64_t per_block) {
 }
 
 static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
-                            worker_plan *p, char *err, size_t errlen) {
+                            tsr_worker_plan *p, char *err, size_t errlen) {
         tsr_kv_group groups[TSR_KV_GROUPS_MAX];
         size_t n_groups = 0;
 
@@ -143,121 +132,6 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         return TSR_OK;
 }
 
-/* Build and pack ModelInfo: once with the tokenizer, once without it (for routers
- * that already have it cached).  Everything points into cfg/meta (borrowed). */
-static tsr_status pack_model_info(const tsr_config *cfg, const tsr_model_meta *m, const tsr_gen_defaults *gd,
-                                  const worker_plan *p, bool ready, const char *dtype, uint8_t **full, size_t *full_len, uint8_t **lean, size_t *lean_len) {
-        tsr_envelope env;
-        Tessera__V1__ModelInfo mi;
-        Tessera__V1__HfTokenizer hf;
-        Tessera__V1__GgufTokenizer gg;
-        Tessera__V1__GenerationDefaults gen;
-        Tessera__V1__BlockHashSpec bh;
-        char *default_name[1] = {m->path};
-        tsr_status st;
-
-        tessera__v1__envelope__init(&env);
-        tessera__v1__model_info__init(&mi);
-        tessera__v1__hf_tokenizer__init(&hf);
-        tessera__v1__gguf_tokenizer__init(&gg);
-        tessera__v1__generation_defaults__init(&gen);
-        tessera__v1__block_hash_spec__init(&bh);
-
-        mi.worker_id = (char *)p->worker_id;
-        mi.boot_epoch = p->boot_epoch;
-        if (cfg->served_model_name.n) {
-                mi.served_model_names = cfg->served_model_name.items;
-                mi.n_served_model_names = cfg->served_model_name.n;
-        } else {
-                mi.served_model_names = default_name;
-                mi.n_served_model_names = 1;
-        }
-        mi.model_root = m->path;
-        mi.max_model_len = p->max_model_len;
-        mi.block_size = (uint32_t)cfg->block_size;
-        mi.eos_token_ids = m->eos_token_ids;
-        mi.n_eos_token_ids = m->n_eos_token_ids;
-        mi.bos_token_id = m->bos_token_id;
-        mi.vocab_size = m->vocab_size;
-        mi.tokenizer_hash = m->tokenizer_hash;
-        if (m->gguf_tokenizer) {
-                const tsr_gguf_tokenizer *t = m->gguf_tokenizer;
-                gg.model = t->model ? t->model : "";
-                gg.pre = t->pre ? t->pre : "";
-                gg.tokens = t->tokens;
-                gg.n_tokens = t->n_tokens;
-                gg.scores = t->scores;
-                gg.n_scores = t->scores ? t->n_tokens : 0;
-                gg.token_types = t->token_types;
-                gg.n_token_types = t->token_types ? t->n_tokens : 0;
-                gg.merges = t->merges;
-                gg.n_merges = t->n_merges;
-                gg.bos_token_id = t->bos_id;
-                gg.eos_token_id = t->eos_id;
-                gg.unk_token_id = t->unk_id;
-                gg.pad_token_id = t->pad_id;
-                gg.add_bos_token = t->add_bos;
-                gg.add_eos_token = t->add_eos;
-                gg.add_space_prefix = t->add_space_prefix;
-                mi.tokenizer_case = TESSERA__V1__MODEL_INFO__TOKENIZER_GGUF;
-                mi.gguf = &gg;
-        } else {
-                hf.tokenizer_json.data = m->tokenizer_json;
-                hf.tokenizer_json.len = m->tokenizer_json_len;
-                hf.tokenizer_config_json.data = m->tokenizer_config_json;
-                hf.tokenizer_config_json.len = m->tokenizer_config_json_len;
-                mi.tokenizer_case = TESSERA__V1__MODEL_INFO__TOKENIZER_HF;
-                mi.hf = &hf;
-        }
-        mi.chat_template = m->chat_template ? m->chat_template : "";
-        /* --generation-config / --override-generation-config, resolved at startup. */
-        gen.has_temperature = gd->has_temperature;
-        gen.temperature = (float)gd->temperature;
-        gen.has_top_p = gd->has_top_p;
-        gen.top_p = (float)gd->top_p;
-        gen.has_top_k = gd->has_top_k;
-        gen.top_k = gd->top_k < INT32_MIN ? INT32_MIN : gd->top_k > INT32_MAX ? INT32_MAX : (int32_t)gd->top_k;
-        gen.has_min_p = gd->has_min_p;
-        gen.min_p = (float)gd->min_p;
-        gen.has_repetition_penalty = gd->has_repetition_penalty;
-        gen.repetition_penalty = (float)gd->repetition_penalty;
-        gen.has_max_new_tokens = gd->has_max_new_tokens && gd->max_new_tokens > 0;
-        gen.max_new_tokens = gd->max_new_tokens > (int64_t)UINT32_MAX ? UINT32_MAX
-                             : gd->max_new_tokens > 0 ? (uint32_t)gd->max_new_tokens : 0;
-        mi.generation_defaults = &gen;
-        bh.algo = cfg->prefix_caching_hash_algo;
-        bh.seed = TSR_BLOCK_HASH_NONE;
-        mi.block_hash = &bh;
-        mi.kv_blocks_total = p->kv_blocks_total;
-        mi.max_num_seqs = p->max_num_seqs;
-        mi.max_num_batched_tokens = p->max_num_batched_tokens;
-        mi.tensor_parallel_size = 1;
-        mi.pipeline_parallel_size = 1;
-        mi.dtype = (char *)dtype;
-        mi.backend = "cpu";
-        mi.architecture = m->architecture ? m->architecture : "";
-        mi.status_endpoint = (char *)p->status_listen;
-        mi.engine_ready = ready;
-        mi.tessera_version = TSR_VERSION;
-        mi.max_logprobs = cfg->max_logprobs < 0 ? m->vocab_size : (uint32_t)cfg->max_logprobs;
-        mi.prefix_caching = cfg->enable_prefix_caching != TSR_TRI_FALSE;
-        mi.status_interval_ms = (uint32_t)cfg->status_interval_ms;
-        env.msg_case = TESSERA__V1__ENVELOPE__MSG_MODEL_INFO;
-        env.model_info = &mi;
-
-        st = tsr_wire_pack(&env, full, full_len);
-        if (st != TSR_OK)
-                return st;
-        mi.tokenizer_case = TESSERA__V1__MODEL_INFO__TOKENIZER__NOT_SET;
-        mi.tokenizer_omitted = true;
-        st = tsr_wire_pack(&env, lean, lean_len);
-        if (st != TSR_OK) {
-                free(*full);
-                *full = NULL;
-        }
-        return st;
-}
-
 /* VLLM_LOG_STATS_INTERVAL, seconds (vLLM's default 10). */
 /* n with a comma every three digits, as Python's f"{n:,}" writes it. */
 static const char *thousands(uint64_t n, char *buf, size_t len) {
@@ -296,7 +170,7 @@ int main(int argc, char **argv) {
         tsr_runner *runner = NULL;
         tsr_backend *backend = NULL;    /* the CPU backend every forward runs on; freed after the runner */
         tsr_block_hash_algo hash_algo = TSR_BLOCK_HASH_SHA256;
-        worker_plan plan;
+        tsr_worker_plan plan;
         uint8_t *mi_full = NULL, *mi_lean = NULL;
         size_t mi_full_len = 0, mi_lean_len = 0;
         char err[1024] = "";
@@ -437,7 +311,7 @@ int main(int argc, char **argv) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);
                 goto out;
         }
-        if (pack_model_info(&cfg, meta, &gen_defaults, &plan, runner != NULL, runner ? tsr_runner_dtype(runner) : "float32", &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
+        if (tsr_link_pack_model_info(&cfg, meta, &gen_defaults, &plan, runner != NULL, runner ? tsr_runner_dtype(runner) : "float32", &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
                 log_error("model info for %s does not fit in one protocol frame", meta->path);
                 goto out;
         }
@@ -480,7 +354,7 @@ int main(int argc, char **argv) {
                 log_error("cannot start the engine thread");
                 goto out;
         }
-        worker_link_opts lo = {
+        tsr_link_opts lo = {
                 .listen = cfg.worker_listen,
                 .status_listen = plan.status_listen,
                 .status_interval_ms = cfg.status_interval_ms,
@@ -495,7 +369,7 @@ int main(int argc, char **argv) {
                 .curve = &curve,
                 .log_stats_interval_s = cfg.disable_log_stats ? 0 : stats_interval_s(),
         };
-        st = worker_link_run(&lo, inbox, outbox, sfd);
+        st = tsr_link_run(&lo, inbox, outbox, sfd);
         rc = st == TSR_OK ? TSR_EXIT_OK : TSR_EXIT_RUNTIME;
 out:
         tsr_engine_stop(&engine);
