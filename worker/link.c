@@ -37,7 +37,7 @@
 #define MAX_REAPED_REMEMBERED 32
 
 typedef struct router_peer {
-        uint8_t id[ENGINE_ROUTER_ID_MAX];
+        uint8_t id[TSR_ENGINE_ROUTER_ID_MAX];
         size_t id_len;
         uint64_t last_heard_ns;
         uint64_t deadline_ns;   /* silence that reaps it */
@@ -51,14 +51,14 @@ typedef struct link {
         tsr_curve_zap *zap;    /* CurveZMQ authentication (--zmq-curve-*), NULL when off */
         tsr_queue *inbox;
         tsr_queue *outbox;
-        engine_stats stats;    /* latest snapshot from the engine */
+        tsr_engine_stats stats;    /* latest snapshot from the engine */
         uint64_t status_seq;
         bool draining;
-        bool shutting_down;    /* stop signal seen: waiting for the engine's ENGINE_OUT_STOPPED */
+        bool shutting_down;    /* stop signal seen: waiting for the engine's TSR_ENGINE_OUT_STOPPED */
         bool stop;
         uint64_t n_bad_frames;
         uint64_t n_send_drops;
-        engine_stats logged;   /* counters at the last stats line */
+        tsr_engine_stats logged;   /* counters at the last stats line */
         uint64_t logged_ns;
         router_peer peers[MAX_TRACKED_ROUTERS];  /* routers that sent a Heartbeat */
         size_t n_peers;
@@ -147,13 +147,13 @@ static void on_heartbeat(link *l, const uint8_t *rid, size_t rid_len, const Tess
         pr->last_heard_ns = tsr_now_ns();
 }
 
-static engine_in *engine_in_new(engine_in_kind kind, const uint8_t *rid, size_t rid_len);
-static tsr_status to_engine(link *l, engine_in *in);
+static tsr_engine_in *engine_in_new(tsr_engine_in_kind kind, const uint8_t *rid, size_t rid_len);
+static tsr_status to_engine(link *l, tsr_engine_in *in);
 
 /* Abort every request of one router, through the engine's ordinary Abort path.  False
  * when the engine inbox refused it (full): the caller tries again later. */
 static bool abort_router(link *l, const uint8_t *rid, size_t rid_len, const char *reason) {
-        engine_in *in = engine_in_new(ENGINE_IN_ABORT, rid, rid_len);
+        tsr_engine_in *in = engine_in_new(TSR_ENGINE_IN_ABORT, rid, rid_len);
         if (!in)
                 return false;
         in->abort.all_from_router = true;
@@ -307,11 +307,11 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         free(p);
 }
 
-_Static_assert(ENGINE_REQUEST_ID_MAX == TSR_WIRE_MAX_ID_LEN, "engine and wire request ids differ");
-_Static_assert(ENGINE_ROUTER_ID_MAX >= 255, "a ZeroMQ routing id is up to 255 bytes");
+_Static_assert(TSR_ENGINE_REQUEST_ID_MAX == TSR_WIRE_MAX_ID_LEN, "engine and wire request ids differ");
+_Static_assert(TSR_ENGINE_ROUTER_ID_MAX >= 255, "a ZeroMQ routing id is up to 255 bytes");
 
-static engine_in *engine_in_new(engine_in_kind kind, const uint8_t *rid, size_t rid_len) {
-        engine_in *in = calloc(1, sizeof(*in));
+static tsr_engine_in *engine_in_new(tsr_engine_in_kind kind, const uint8_t *rid, size_t rid_len) {
+        tsr_engine_in *in = calloc(1, sizeof(*in));
         if (!in)
                 return NULL;
         in->kind = kind;
@@ -333,7 +333,7 @@ static tsr_status copy_u32(const uint32_t *src, size_t n, uint32_t **dst) {
 
 /* The engine's view of a Submit (validated by tsr_wire_unpack): the wire's "0 = unset"
  * for top_p and repetition_penalty resolved to vLLM's neutral values. */
-static tsr_status submit_from_wire(const Tessera__V1__Submit *m, engine_submit *out) {
+static tsr_status submit_from_wire(const Tessera__V1__Submit *m, tsr_engine_submit *out) {
         const Tessera__V1__SamplingParams *sp = m->sampling;
         snprintf(out->request_id, sizeof(out->request_id), "%s", m->request_id);
         if (copy_u32(m->prompt_token_ids, m->n_prompt_token_ids, &out->prompt) != TSR_OK ||
@@ -372,7 +372,7 @@ static tsr_status submit_from_wire(const Tessera__V1__Submit *m, engine_submit *
         return TSR_OK;
 }
 
-static tsr_status abort_from_wire(const Tessera__V1__Abort *a, engine_abort *out) {
+static tsr_status abort_from_wire(const Tessera__V1__Abort *a, tsr_engine_abort *out) {
         out->all_from_router = a->all_from_router;
         snprintf(out->reason, sizeof(out->reason), "%s", a->reason ? a->reason : "");
         if (!a->n_request_ids)
@@ -386,55 +386,55 @@ static tsr_status abort_from_wire(const Tessera__V1__Abort *a, engine_abort *out
         return TSR_OK;
 }
 
-static Tessera__V1__FinishReason finish_to_wire(engine_finish f) {
+static Tessera__V1__FinishReason finish_to_wire(tsr_engine_finish f) {
         switch (f) {
-        case ENGINE_FINISH_NONE: return TESSERA__V1__FINISH_REASON__FINISH_NONE;
-        case ENGINE_FINISH_STOP: return TESSERA__V1__FINISH_REASON__FINISH_STOP;
-        case ENGINE_FINISH_LENGTH: return TESSERA__V1__FINISH_REASON__FINISH_LENGTH;
-        case ENGINE_FINISH_ABORT: return TESSERA__V1__FINISH_REASON__FINISH_ABORT;
-        case ENGINE_FINISH_ERROR: return TESSERA__V1__FINISH_REASON__FINISH_ERROR;
+        case TSR_ENGINE_FINISH_NONE: return TESSERA__V1__FINISH_REASON__FINISH_NONE;
+        case TSR_ENGINE_FINISH_STOP: return TESSERA__V1__FINISH_REASON__FINISH_STOP;
+        case TSR_ENGINE_FINISH_LENGTH: return TESSERA__V1__FINISH_REASON__FINISH_LENGTH;
+        case TSR_ENGINE_FINISH_ABORT: return TESSERA__V1__FINISH_REASON__FINISH_ABORT;
+        case TSR_ENGINE_FINISH_ERROR: return TESSERA__V1__FINISH_REASON__FINISH_ERROR;
         }
         return TESSERA__V1__FINISH_REASON__FINISH_ERROR;
 }
 
-static Tessera__V1__ErrorCode error_to_wire(engine_error e) {
+static Tessera__V1__ErrorCode error_to_wire(tsr_engine_error e) {
         switch (e) {
-        case ENGINE_ERROR_INVALID: return TESSERA__V1__ERROR_CODE__ERROR_INVALID;
-        case ENGINE_ERROR_TOO_LONG: return TESSERA__V1__ERROR_CODE__ERROR_TOO_LONG;
-        case ENGINE_ERROR_UNAVAILABLE: return TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE;
+        case TSR_ENGINE_ERROR_INVALID: return TESSERA__V1__ERROR_CODE__ERROR_INVALID;
+        case TSR_ENGINE_ERROR_TOO_LONG: return TESSERA__V1__ERROR_CODE__ERROR_TOO_LONG;
+        case TSR_ENGINE_ERROR_UNAVAILABLE: return TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE;
         }
         return TESSERA__V1__ERROR_CODE__ERROR_INTERNAL;
 }
 
 /* Hand a message to the engine thread; `in` is consumed either way.  A full inbox
  * refuses a Submit now, retryable, rather than queue without bound. */
-static tsr_status to_engine(link *l, engine_in *in) {
+static tsr_status to_engine(link *l, tsr_engine_in *in) {
         tsr_status st = tsr_queue_push(l->inbox, in);
         if (st != TSR_OK) {
-                if (in->kind == ENGINE_IN_SUBMIT)
+                if (in->kind == TSR_ENGINE_IN_SUBMIT)
                         send_error(l, in->router_id, in->router_id_len, in->submit.request_id,
                                    TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true, "worker engine queue is full");
-                engine_in_free(in);
+                tsr_engine_in_free(in);
         }
         return st;
 }
 
 /* A Submit or Abort from router `rid`, translated for the engine and queued. */
-static void frame_to_engine(link *l, engine_in_kind kind, const uint8_t *rid, size_t rid_len,
+static void frame_to_engine(link *l, tsr_engine_in_kind kind, const uint8_t *rid, size_t rid_len,
                             const tsr_envelope *env) {
-        engine_in *in = engine_in_new(kind, rid, rid_len);
+        tsr_engine_in *in = engine_in_new(kind, rid, rid_len);
         tsr_status st = TSR_E_NOMEM;
-        if (in && kind == ENGINE_IN_SUBMIT)
+        if (in && kind == TSR_ENGINE_IN_SUBMIT)
                 st = submit_from_wire(env->submit, &in->submit);
-        else if (in && kind == ENGINE_IN_ABORT)
+        else if (in && kind == TSR_ENGINE_IN_ABORT)
                 st = abort_from_wire(env->abort, &in->abort);
         else if (in)
                 st = TSR_OK;
         if (st != TSR_OK) {
-                if (kind == ENGINE_IN_SUBMIT)
+                if (kind == TSR_ENGINE_IN_SUBMIT)
                         send_error(l, rid, rid_len, env->submit->request_id, TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE,
                                    true, "worker out of memory");
-                engine_in_free(in);
+                tsr_engine_in_free(in);
                 return;
         }
         to_engine(l, in);
@@ -479,10 +479,10 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
                                    l->shutting_down ? "worker is shutting down" : "worker is draining");
                         break;
                 }
-                frame_to_engine(l, ENGINE_IN_SUBMIT, rid, rid_len, env);
+                frame_to_engine(l, TSR_ENGINE_IN_SUBMIT, rid, rid_len, env);
                 break;
         case TESSERA__V1__ENVELOPE__MSG_ABORT:
-                frame_to_engine(l, ENGINE_IN_ABORT, rid, rid_len, env);
+                frame_to_engine(l, TSR_ENGINE_IN_ABORT, rid, rid_len, env);
                 break;
         case TESSERA__V1__ENVELOPE__MSG_HEARTBEAT:
                 on_heartbeat(l, rid, rid_len, env->heartbeat, who);
@@ -490,7 +490,7 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
         case TESSERA__V1__ENVELOPE__MSG_RESYNC:
                 log_info("router %s asks for a prefix-cache snapshot (it applied status seq %llu)", who,
                          (unsigned long long)env->resync->after_seq);
-                frame_to_engine(l, ENGINE_IN_RESYNC, rid, rid_len, env);
+                frame_to_engine(l, TSR_ENGINE_IN_RESYNC, rid, rid_len, env);
                 break;
         case TESSERA__V1__ENVELOPE__MSG_DRAIN:
                 log_info("drain requested by router %s: %s", who, env->drain->reason);
@@ -541,7 +541,7 @@ static void drain_router(link *l) {
                         } while (more);
                         if (should_log(++l->n_bad_frames))
                                 log_warn("dropped a multi-frame message (protocol is one frame)");
-                } else if (zmq_msg_size(&id) <= ENGINE_ROUTER_ID_MAX) {
+                } else if (zmq_msg_size(&id) <= TSR_ENGINE_ROUTER_ID_MAX) {
                         handle_frame(l, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&body),
                                      zmq_msg_size(&body));
                 }
@@ -564,7 +564,7 @@ static void pack_logprobs(const tsr_token_logprobs *src, Tessera__V1__TokenLogpr
 /* One engine step's outputs for one router -> one Output envelope.  Io thread.  Every
  * TokenLogprobs of the message (sampled and prompt ones) lives in one array for the
  * duration of the send. */
-static void send_outputs(link *l, const engine_out *out) {
+static void send_outputs(link *l, const tsr_engine_out *out) {
         tsr_envelope env;
         Tessera__V1__Output o;
         Tessera__V1__RequestOutput *ro = calloc(out->n_outputs, sizeof(*ro));
@@ -587,7 +587,7 @@ static void send_outputs(link *l, const engine_out *out) {
         tessera__v1__output__init(&o);
         o.step = out->step;
         for (size_t i = 0; i < out->n_outputs; i++) {
-                const engine_req_output *eo = &out->outputs[i];
+                const tsr_engine_req_output *eo = &out->outputs[i];
                 Tessera__V1__RequestOutput *r = &ro[i];
                 tessera__v1__request_output__init(r);
                 r->request_id = (char *)eo->request_id;
@@ -638,7 +638,7 @@ out:
  * lengths, KV usage and the prefix-cache hit rate of the interval.  INFO while the
  * engine has work or had some in the interval, DEBUG when idle (as vLLM). */
 static void log_stats(link *l, uint64_t now) {
-        const engine_stats *s = &l->stats, *o = &l->logged;
+        const tsr_engine_stats *s = &l->stats, *o = &l->logged;
         double dt = (double)(now - l->logged_ns) / 1e9;
         double prompt_tps = dt > 0 ? (double)(s->prompt_tokens_total - o->prompt_tokens_total) / dt : 0;
         double gen_tps = dt > 0 ? (double)(s->generation_tokens_total - o->generation_tokens_total) / dt : 0;
@@ -661,26 +661,26 @@ static void log_stats(link *l, uint64_t now) {
 }
 
 static void drain_outbox(link *l) {
-        engine_out *out;
+        tsr_engine_out *out;
         tsr_queue_ack_fd(l->outbox);
         while ((out = tsr_queue_pop(l->outbox)) != NULL) {
                 switch (out->kind) {
-                case ENGINE_OUT_STATS:
+                case TSR_ENGINE_OUT_STATS:
                         l->stats = out->stats;
                         publish_status(l, out->events);    /* "on change", besides the timer */
                         break;
-                case ENGINE_OUT_OUTPUT:
+                case TSR_ENGINE_OUT_OUTPUT:
                         send_outputs(l, out);
                         break;
-                case ENGINE_OUT_ERROR:
+                case TSR_ENGINE_OUT_ERROR:
                         send_error(l, out->router_id, out->router_id_len, out->request_id, error_to_wire(out->error_code),
                                    out->retryable, out->message);
                         break;
-                case ENGINE_OUT_STOPPED:
-                        l->stop = true;   /* every request answered (engine.h, ENGINE_IN_SHUTDOWN) */
+                case TSR_ENGINE_OUT_STOPPED:
+                        l->stop = true;   /* every request answered (engine.h, TSR_ENGINE_IN_SHUTDOWN) */
                         break;
                 }
-                engine_out_free(out);
+                tsr_engine_out_free(out);
         }
 }
 
@@ -742,12 +742,12 @@ static void close_sockets(link *l) {
 
 /* A stop signal (SIGTERM/SIGINT).  The first: refuse new Submits (retryable Error,
  * Status DRAINING) and ask the engine to finish or abort what it holds within
- * --shutdown-timeout; the loop ends at its ENGINE_OUT_STOPPED.  A second signal, or
+ * --shutdown-timeout; the loop ends at its TSR_ENGINE_OUT_STOPPED.  A second signal, or
  * an engine that cannot be told, ends the loop at once. */
 static void begin_stop(link *l, int stop_fd) {
         char siginfo[128];   /* one struct signalfd_siginfo: read it so the fd quiets */
         struct iovec iov = {.iov_base = siginfo, .iov_len = sizeof(siginfo)};
-        engine_in *in;
+        tsr_engine_in *in;
 
         if (readv(stop_fd, &iov, 1) < 0 && errno != EAGAIN)
                 log_debug("reading the stop fd: %s", strerror(errno));
@@ -760,7 +760,7 @@ static void begin_stop(link *l, int stop_fd) {
         l->draining = true;
         in = calloc(1, sizeof(*in));
         if (in)
-                in->kind = ENGINE_IN_SHUTDOWN;
+                in->kind = TSR_ENGINE_IN_SHUTDOWN;
         if (!in || tsr_queue_push(l->inbox, in) != TSR_OK) {
                 log_warn("stop requested: cannot reach the engine, stopping now");
                 free(in);

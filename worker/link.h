@@ -66,7 +66,7 @@ typedef struct tsr_link_opts {
 
 /* Bind the sockets and run the io loop on the calling thread until a Shutdown message
  * arrives, or stop_fd (a signalfd for SIGTERM/SIGINT) becomes readable and the engine
- * then reports ENGINE_OUT_STOPPED (new Submits are refused meanwhile; a second signal
+ * then reports TSR_ENGINE_OUT_STOPPED (new Submits are refused meanwhile; a second signal
  * stops at once).  Borrows the queues.  Returns TSR_OK on a clean stop, TSR_E_IO if a socket could not be bound
  * (logged with the endpoint). */
 tsr_status tsr_link_run(const tsr_link_opts *o, tsr_queue *inbox, tsr_queue *outbox, int stop_fd);

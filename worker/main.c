@@ -332,7 +332,7 @@ int main(int argc, char **argv) {
                 log_error("out of memory");
                 goto out;
         }
-        engine_params ep = {
+        tsr_engine_params ep = {
                 .model = runner ? tsr_runner_model(runner) : NULL,
                 .kv_blocks_total = plan.kv_blocks_total,
                 .block_size = (uint32_t)cfg.block_size,
@@ -374,14 +374,14 @@ int main(int argc, char **argv) {
 out:
         tsr_engine_stop(&engine);
         if (outbox) {
-                engine_out *o;
+                tsr_engine_out *o;
                 while ((o = tsr_queue_pop(outbox)) != NULL)
-                        engine_out_free(o);
+                        tsr_engine_out_free(o);
         }
         if (inbox) {
-                engine_in *i;
+                tsr_engine_in *i;
                 while ((i = tsr_queue_pop(inbox)) != NULL)
-                        engine_in_free(i);
+                        tsr_engine_in_free(i);
         }
         tsr_queue_free(&inbox);
         tsr_queue_free(&outbox);

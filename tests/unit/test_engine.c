@@ -95,7 +95,7 @@ static tsr_status fake_forward_one(fake_model *m, const uint32_t *bt, size_t n_t
         return TSR_OK;
 }
 
-static tsr_status fake_forward(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits) {
+static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
         fake_model *m = ud;
         size_t step_tokens = 0;
         pthread_mutex_lock(&m->mu);
@@ -132,10 +132,10 @@ static bool g_async;   /* start engines with async_scheduling (the second group)
 
 typedef struct harness {
         fake_model fm;
-        engine_model model;
+        tsr_engine_model model;
         tsr_queue *in, *out;
         tsr_engine *e;
-        engine_params params;
+        tsr_engine_params params;
         uint32_t eos[2];   /* [0] the tokenizer's EOS; [1] an extra one where a test sets n_eos_ids 2 */
 } harness;
 
@@ -157,7 +157,7 @@ static harness *held_full(uint64_t blocks, uint32_t max_batched, uint32_t max_se
         h->eos[0] = EOS;
         assert_int_equal(tsr_queue_new(4096, &h->in), TSR_OK);
         assert_int_equal(tsr_queue_new(65536, &h->out), TSR_OK);
-        engine_params p = {
+        tsr_engine_params p = {
                 .model = &h->model, .kv_blocks_total = blocks, .block_size = BS, .max_model_len = 1024,
                 .max_num_seqs = max_seqs, .max_num_batched_tokens = max_batched, .enable_prefix_caching = prefix,
                 .hash_algo = TSR_BLOCK_HASH_XXHASH, .eos_ids = h->eos, .n_eos_ids = 1,
@@ -227,11 +227,11 @@ static void release(harness *h) {
 }
 
 static void stop(harness *h) {
-        engine_out *o;
+        tsr_engine_out *o;
         release(h);   /* a failed test may have left the model holding */
         tsr_engine_stop(&h->e);
         while ((o = tsr_queue_pop(h->out)))
-                engine_out_free(o);
+                tsr_engine_out_free(o);
         tsr_queue_free(&h->in);
         tsr_queue_free(&h->out);
         free(h->fm.kv);
@@ -252,10 +252,10 @@ typedef struct submit_opts {
 static void submit_full(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
                         const uint32_t *stop_ids, size_t n_stop, int32_t logprobs, int32_t prompt_logprobs,
                         const submit_opts *so) {
-        engine_in *in = calloc(1, sizeof(*in));
-        engine_submit *s = &in->submit;
+        tsr_engine_in *in = calloc(1, sizeof(*in));
+        tsr_engine_submit *s = &in->submit;
         assert_non_null(in);
-        in->kind = ENGINE_IN_SUBMIT;
+        in->kind = TSR_ENGINE_IN_SUBMIT;
         memcpy(in->router_id, "r1", 2);
         in->router_id_len = 2;
         snprintf(s->request_id, sizeof(s->request_id), "%s", id);
@@ -293,9 +293,9 @@ static void submit(harness *h, const char *id, const uint32_t *prompt, size_t n,
 }
 
 static void abort_req(harness *h, const char *id) {
-        engine_in *in = calloc(1, sizeof(*in));
+        tsr_engine_in *in = calloc(1, sizeof(*in));
         assert_non_null(in);
-        in->kind = ENGINE_IN_ABORT;
+        in->kind = TSR_ENGINE_IN_ABORT;
         memcpy(in->router_id, "r1", 2);
         in->router_id_len = 2;
         in->abort.request_ids = calloc(1, sizeof(*in->abort.request_ids));
@@ -308,7 +308,7 @@ static void abort_req(harness *h, const char *id) {
 typedef struct result {
         uint32_t tokens[512];
         size_t n;
-        engine_finish finish;
+        tsr_engine_finish finish;
         uint32_t cached;
         uint32_t stop_id;
         bool has_stop_id;
@@ -325,18 +325,18 @@ typedef struct result {
 } result;
 
 /* Collect outputs until every id in `ids` finished; return the last stats seen. */
-static engine_stats collect(harness *h, const char *const *ids, result *res, size_t n_ids) {
+static tsr_engine_stats collect(harness *h, const char *const *ids, result *res, size_t n_ids) {
         size_t finished = 0;
         int rank = 0;
-        engine_stats last = {0};
+        tsr_engine_stats last = {0};
         while (finished < n_ids) {
-                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                tsr_engine_out *o = tsr_queue_pop_wait(h->out, 20000);
                 if (!o)
                         fail_msg("engine produced nothing for 20 s (%zu of %zu finished)", finished, n_ids);
-                if (o->kind == ENGINE_OUT_STATS)
+                if (o->kind == TSR_ENGINE_OUT_STATS)
                         last = o->stats;
                 for (size_t i = 0; i < o->n_outputs; i++) {
-                        engine_req_output *ro = &o->outputs[i];
+                        tsr_engine_req_output *ro = &o->outputs[i];
                         for (size_t k = 0; k < n_ids; k++) {
                                 if (strcmp(ids[k], ro->request_id) != 0)
                                         continue;
@@ -365,27 +365,27 @@ static engine_stats collect(harness *h, const char *const *ids, result *res, siz
                                 }
                         }
                 }
-                if (o->kind == ENGINE_OUT_ERROR)
+                if (o->kind == TSR_ENGINE_OUT_ERROR)
                         fail_msg("engine error for %s: %s", o->request_id, o->message);
-                engine_out_free(o);
+                tsr_engine_out_free(o);
         }
         return last;
 }
 
 /* Stats once the engine is idle again. */
-static engine_stats idle_stats(harness *h) {
-        engine_stats last = {0};
+static tsr_engine_stats idle_stats(harness *h) {
+        tsr_engine_stats last = {0};
         for (int quiet = 0; quiet < 100;) {   /* up to 5 s of silence */
-                engine_out *o = tsr_queue_pop_wait(h->out, 50);
+                tsr_engine_out *o = tsr_queue_pop_wait(h->out, 50);
                 quiet = o ? 0 : quiet + 1;
                 if (!o) {
                         if (last.num_running == 0 && last.num_waiting == 0 && last.kv_blocks_total)
                                 return last;
                         continue;
                 }
-                if (o->kind == ENGINE_OUT_STATS)
+                if (o->kind == TSR_ENGINE_OUT_STATS)
                         last = o->stats;
-                engine_out_free(o);
+                tsr_engine_out_free(o);
         }
         return last;
 }
@@ -415,7 +415,7 @@ static void test_single_request_greedy(void **state) {
         expected(prompt, 10, 20, want);
         assert_int_equal(res[0].n, 20);
         assert_memory_equal(res[0].tokens, want, sizeof(want));
-        assert_int_equal(res[0].finish, ENGINE_FINISH_LENGTH);
+        assert_int_equal(res[0].finish, TSR_ENGINE_FINISH_LENGTH);
         stop(h);
 }
 
@@ -442,9 +442,9 @@ static void test_many_concurrent_with_preemption_and_chunking(void **state) {
         for (int i = 0; i < 16; i++) {
                 if (res[i].n != 24 || memcmp(res[i].tokens, want[i], sizeof(want[i])) != 0)
                         fail_msg("request %d: %zu tokens, or wrong tokens", i, res[i].n);
-                assert_int_equal(res[i].finish, ENGINE_FINISH_LENGTH);
+                assert_int_equal(res[i].finish, TSR_ENGINE_FINISH_LENGTH);
         }
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_true(st.num_preemptions_total > 0);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);   /* every block back */
         stop(h);
@@ -468,7 +468,7 @@ static void test_prefix_cache_hit_same_output(void **state) {
         assert_int_equal(r2[0].cached, 16);     /* 4 full blocks of the 18-token prompt */
         /* The second request computed 2 prompt tokens + 5 decode steps, not 18 + 5. */
         assert_int_equal(h->fm.tokens_run - tokens_before, 2 + 5);
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_true(st.prefix_cache_hits_total >= 16);
         stop(h);
 }
@@ -486,7 +486,7 @@ static void test_stop_token_and_eos(void **state) {
                 first++;
         submit(h, "s", prompt, 5, 30, &stop_id, 1);
         collect(h, ids, res, 1);
-        assert_int_equal(res[0].finish, ENGINE_FINISH_STOP);
+        assert_int_equal(res[0].finish, TSR_ENGINE_FINISH_STOP);
         assert_true(res[0].has_stop_id);
         assert_int_equal(res[0].stop_id, stop_id);
         assert_int_equal(res[0].n, first + 1);   /* the stop token is the last one returned */
@@ -500,15 +500,15 @@ static void test_abort_frees_blocks(void **state) {
         submit(h, "long", prompt, 12, 1000, NULL, 0);
         /* Wait for it to start, then abort it. */
         for (;;) {
-                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                tsr_engine_out *o = tsr_queue_pop_wait(h->out, 20000);
                 assert_non_null(o);
-                bool started = o->kind == ENGINE_OUT_OUTPUT;
-                engine_out_free(o);
+                bool started = o->kind == TSR_ENGINE_OUT_OUTPUT;
+                tsr_engine_out_free(o);
                 if (started)
                         break;
         }
         abort_req(h, "long");
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_int_equal(st.num_running, 0);
         /* Aborted well before its 1000 tokens: the abort, not the length limit, ended it. */
         assert_true(st.generation_tokens_total < 1000);
@@ -521,13 +521,13 @@ static void test_too_long_prompt_refused(void **state) {
         uint32_t *prompt = calloc(2000, sizeof(uint32_t));
         make_prompt(prompt, 2000, 2);
         submit(h, "big", prompt, 2000, 4, NULL, 0);
-        engine_out *o;
-        while ((o = tsr_queue_pop_wait(h->out, 5000)) && o->kind != ENGINE_OUT_ERROR)
-                engine_out_free(o);
+        tsr_engine_out *o;
+        while ((o = tsr_queue_pop_wait(h->out, 5000)) && o->kind != TSR_ENGINE_OUT_ERROR)
+                tsr_engine_out_free(o);
         assert_non_null(o);
         assert_string_equal(o->request_id, "big");
-        assert_int_equal(o->error_code, ENGINE_ERROR_TOO_LONG);
-        engine_out_free(o);
+        assert_int_equal(o->error_code, TSR_ENGINE_ERROR_TOO_LONG);
+        tsr_engine_out_free(o);
         free(prompt);
         stop(h);
 }
@@ -588,7 +588,7 @@ static void test_prompt_logprobs(void **state) {
                 assert_int_equal(res[0].lp[i].top_ids[0], want[i]);
                 assert_true(fabs(res[0].lp[i].logprob - hit) < 1e-4);
         }
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
 }
@@ -630,7 +630,7 @@ static void test_prompt_logprobs_edge_cases(void **state) {
                         assert_int_equal(rs[i].plp[pos - 1].n_top, 0);
                 }
         }
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_true(st.num_preemptions_total > 0);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
@@ -662,7 +662,7 @@ static void n_siblings(uint32_t budget) {
         }
         /* Prompt work: 18 tokens once, then 2 per sibling; plus every decode step. */
         assert_int_equal(h->fm.tokens_run, N + (K - 1) * (N - 16) + K * (OUT - 1));
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_int_equal(st.prefix_cache_hits_total, (K - 1) * 16);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
@@ -700,18 +700,18 @@ static void test_shared_prefix_waits_only_for_shared_blocks(void **state) {
 }
 
 static void push_shutdown(harness *h) {
-        engine_in *in = calloc(1, sizeof(*in));
-        in->kind = ENGINE_IN_SHUTDOWN;
+        tsr_engine_in *in = calloc(1, sizeof(*in));
+        in->kind = TSR_ENGINE_IN_SHUTDOWN;
         assert_int_equal(tsr_queue_push(h->in, in), TSR_OK);
 }
 
 /* Wait for the first Output of anything (the engine is generating). */
 static void wait_started(harness *h) {
         for (;;) {
-                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                tsr_engine_out *o = tsr_queue_pop_wait(h->out, 20000);
                 assert_non_null(o);
-                bool started = o->kind == ENGINE_OUT_OUTPUT;
-                engine_out_free(o);
+                bool started = o->kind == TSR_ENGINE_OUT_OUTPUT;
+                tsr_engine_out_free(o);
                 if (started)
                         return;
         }
@@ -734,11 +734,11 @@ static void test_shutdown_lets_inflight_finish(void **state) {
         /* "late" may be refused after STOPPED: when the engine took the shutdown alone and
          * "run" ended before the next inbox drain. */
         while (!stopped || !refused) {
-                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                tsr_engine_out *o = tsr_queue_pop_wait(h->out, 20000);
                 assert_non_null(o);
-                if (o->kind == ENGINE_OUT_ERROR) {
+                if (o->kind == TSR_ENGINE_OUT_ERROR) {
                         assert_string_equal(o->request_id, "late");
-                        assert_int_equal(o->error_code, ENGINE_ERROR_UNAVAILABLE);
+                        assert_int_equal(o->error_code, TSR_ENGINE_ERROR_UNAVAILABLE);
                         assert_true(o->retryable);
                         refused = true;
                 }
@@ -747,15 +747,15 @@ static void test_shutdown_lets_inflight_finish(void **state) {
                         for (uint32_t t = 0; t < o->outputs[i].n_new; t++, n++)
                                 assert_int_equal(o->outputs[i].new_tokens[t], want[n]);
                         if (o->outputs[i].finish) {
-                                assert_int_equal(o->outputs[i].finish, ENGINE_FINISH_LENGTH);
+                                assert_int_equal(o->outputs[i].finish, TSR_ENGINE_FINISH_LENGTH);
                                 finished = true;
                         }
                 }
-                if (o->kind == ENGINE_OUT_STOPPED) {
+                if (o->kind == TSR_ENGINE_OUT_STOPPED) {
                         assert_true(finished);   /* STOPPED comes after the last Output */
                         stopped = true;
                 }
-                engine_out_free(o);
+                tsr_engine_out_free(o);
         }
         assert_true(refused);
         assert_int_equal(n, 40);
@@ -769,33 +769,33 @@ static void test_shutdown_timeout_aborts_the_rest(void **state) {
         harness *h = start_full(64, 64, 1, false, 0, 0);
         uint32_t prompt[12];
         bool aborted = false, handed_back = false, stopped = false;
-        engine_stats last = {0};
+        tsr_engine_stats last = {0};
         make_prompt(prompt, 12, 7);
         submit(h, "running", prompt, 12, 1000, NULL, 0);
         submit(h, "waiting", prompt, 12, 1000, NULL, 0);   /* max_num_seqs 1: it waits */
         wait_started(h);
         push_shutdown(h);
         while (!stopped) {
-                engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                tsr_engine_out *o = tsr_queue_pop_wait(h->out, 20000);
                 assert_non_null(o);
-                if (o->kind == ENGINE_OUT_STATS)
+                if (o->kind == TSR_ENGINE_OUT_STATS)
                         last = o->stats;
-                if (o->kind == ENGINE_OUT_ERROR) {
+                if (o->kind == TSR_ENGINE_OUT_ERROR) {
                         assert_string_equal(o->request_id, "waiting");
-                        assert_int_equal(o->error_code, ENGINE_ERROR_UNAVAILABLE);
+                        assert_int_equal(o->error_code, TSR_ENGINE_ERROR_UNAVAILABLE);
                         assert_true(o->retryable);
                         handed_back = true;
                 }
                 for (size_t i = 0; i < o->n_outputs; i++) {
                         assert_string_equal(o->outputs[i].request_id, "running");
                         if (o->outputs[i].finish) {
-                                assert_int_equal(o->outputs[i].finish, ENGINE_FINISH_ABORT);
+                                assert_int_equal(o->outputs[i].finish, TSR_ENGINE_FINISH_ABORT);
                                 assert_true(o->outputs[i].num_generated < 1000);
                                 aborted = true;
                         }
                 }
-                stopped = o->kind == ENGINE_OUT_STOPPED;
-                engine_out_free(o);
+                stopped = o->kind == TSR_ENGINE_OUT_STOPPED;
+                tsr_engine_out_free(o);
         }
         assert_true(aborted);
         assert_true(handed_back);
@@ -813,7 +813,7 @@ enum { MIX = 40 };
 
 typedef struct mix_run {
         result res[MIX];
-        engine_stats st;
+        tsr_engine_stats st;
 } mix_run;
 
 static void run_mix(bool async, mix_run *out) {
@@ -875,18 +875,18 @@ static void run_mix(bool async, mix_run *out) {
                  * may finish the whole mix before its first token: wait for both. */
                 size_t finished = 0;
                 while (finished < MIX || !seen) {
-                        engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                        tsr_engine_out *o = tsr_queue_pop_wait(h->out, 20000);
                         if (!o)
                                 fail_msg("engine produced nothing for 20 s (%zu of %d finished)", finished, MIX);
-                        if (o->kind == ENGINE_OUT_ERROR)
+                        if (o->kind == TSR_ENGINE_OUT_ERROR)
                                 fail_msg("engine error for %s: %s", o->request_id, o->message);
                         for (size_t i = 0; i < o->n_outputs; i++) {
-                                engine_req_output *ro = &o->outputs[i];
+                                tsr_engine_req_output *ro = &o->outputs[i];
                                 if (strcmp(ro->request_id, "abort") == 0) {
                                         if (!seen)
                                                 abort_req(h, "abort");
                                         seen = true;
-                                        assert_int_not_equal(ro->finish, ENGINE_FINISH_LENGTH);
+                                        assert_int_not_equal(ro->finish, TSR_ENGINE_FINISH_LENGTH);
                                         continue;
                                 }
                                 for (int k = 0; k < MIX; k++) {
@@ -913,7 +913,7 @@ static void run_mix(bool async, mix_run *out) {
                                         }
                                 }
                         }
-                        engine_out_free(o);
+                        tsr_engine_out_free(o);
                 }
                 assert_true(seen);
         }
@@ -933,7 +933,7 @@ static void run_mix(bool async, mix_run *out) {
                         fail_msg("m%d (async %d): greedy tokens differ from the fake model's", i, async);
                 if (i % 4 == 2 && i % 3 != 1) {
                         /* stop id want[6], first produced at `first` >= min_tokens: ends there */
-                        assert_int_equal(r->finish, ENGINE_FINISH_STOP);
+                        assert_int_equal(r->finish, TSR_ENGINE_FINISH_STOP);
                         assert_int_equal(r->n, first + 1);
                         assert_int_equal(r->tokens[r->n - 1], r->stop_id);
                 }
@@ -1056,14 +1056,14 @@ static void preemption_victim(bool priority) {
                 expected(prompts[i], 8, 24, want);
                 assert_int_equal(res[i].n, 24);
                 assert_memory_equal(res[i].tokens, want, sizeof(want));
-                assert_int_equal(res[i].finish, ENGINE_FINISH_LENGTH);
+                assert_int_equal(res[i].finish, TSR_ENGINE_FINISH_LENGTH);
                 if (i == victim)
                         assert_true(res[i].num_preemptions > 0);
                 else if (res[i].num_preemptions != 0)
                         fail_msg("%s policy: %s preempted %u times, only %s should be", priority ? "priority" : "fcfs",
                                  ids[i], res[i].num_preemptions, ids[victim]);
         }
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_int_equal(st.num_preemptions_total, res[victim].num_preemptions);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
@@ -1098,7 +1098,7 @@ static void urgent_waits(uint32_t max_seqs, uint64_t blocks, size_t urgent_len) 
         assert_int_equal(res[0].num_preemptions, 0);
         assert_int_equal(res[1].num_preemptions, 0);
         assert_true(res[0].finish_rank < res[1].first_rank);   /* it waited for "slow" to end */
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_int_equal(st.num_preemptions_total, 0);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
@@ -1110,7 +1110,7 @@ static void test_priority_waiting_never_preempts(void **state) {
         urgent_waits(4, 9, 28);
 }
 
-/* The model's EOS (engine_params.eos_ids) ends a request with finish STOP and no stop
+/* The model's EOS (tsr_engine_params.eos_ids) ends a request with finish STOP and no stop
  * id (vLLM's check_stop tests EOS before stop_token_ids), the EOS token being the last
  * of its tokens: vLLM returns it in token_ids and leaves only its text out (the router's
  * job).  ignore_eos runs on to max_tokens; min_tokens masks EOS before it (the sampler
@@ -1169,32 +1169,32 @@ static void test_eos_finishes_unless_ignore_eos(void **state) {
         /* "eos"; "stop_too": EOS is checked before the stop ids (no stop id reported);
          * "last": before the length too (STOP, not LENGTH). */
         for (int i = 0; i < 5; i += i == 0 ? 3 : 1) {
-                assert_int_equal(res[i].finish, ENGINE_FINISH_STOP);
+                assert_int_equal(res[i].finish, TSR_ENGINE_FINISH_STOP);
                 assert_false(res[i].has_stop_id);
                 assert_int_equal(res[i].n, first + 1);
                 assert_int_equal(res[i].num_generated, first + 1);
                 assert_memory_equal(res[i].tokens, want, (first + 1) * sizeof(uint32_t));
                 assert_int_equal(res[i].tokens[first], eos);
         }
-        assert_int_equal(res[1].finish, ENGINE_FINISH_LENGTH);
+        assert_int_equal(res[1].finish, TSR_ENGINE_FINISH_LENGTH);
         assert_int_equal(res[1].n, MAX);
         assert_memory_equal(res[1].tokens, want, sizeof(want));
         assert_int_equal(res[2].n, min_n);
         assert_memory_equal(res[2].tokens, min_want, min_n * sizeof(uint32_t));
         assert_int_equal(res[2].tokens[first], 0);   /* masked: not EOS */
-        assert_int_equal(res[2].finish, min_n < MAX || min_want[MAX - 1] == eos ? ENGINE_FINISH_STOP
-                                                                                : ENGINE_FINISH_LENGTH);
+        assert_int_equal(res[2].finish, min_n < MAX || min_want[MAX - 1] == eos ? TSR_ENGINE_FINISH_STOP
+                                                                                : TSR_ENGINE_FINISH_LENGTH);
         assert_false(res[2].has_stop_id);
-        assert_int_equal(res[5].finish, ENGINE_FINISH_STOP);
+        assert_int_equal(res[5].finish, TSR_ENGINE_FINISH_STOP);
         assert_int_equal(res[5].n, 1);
         assert_int_equal(res[5].tokens[0], eos);
         assert_int_equal(res[6].n, other_n);
         assert_memory_equal(res[6].tokens, other_want, other_n * sizeof(uint32_t));
         assert_int_equal(res[6].tokens[0], 0);
         assert_int_equal(res[6].finish, other_n < MAX || other_want[MAX - 1] == eos
-                                                ? ENGINE_FINISH_STOP
-                                                : ENGINE_FINISH_LENGTH);
-        engine_stats st = idle_stats(h);
+                                                ? TSR_ENGINE_FINISH_STOP
+                                                : TSR_ENGINE_FINISH_LENGTH);
+        tsr_engine_stats st = idle_stats(h);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
 }
@@ -1229,13 +1229,13 @@ static void test_extra_eos_ids_are_stop_ids(void **state) {
         collect(h, ids, res, N);
 
         /* "plain": STOP at the extra EOS, reported as the stop id, the token kept. */
-        assert_int_equal(res[0].finish, ENGINE_FINISH_STOP);
+        assert_int_equal(res[0].finish, TSR_ENGINE_FINISH_STOP);
         assert_true(res[0].has_stop_id);
         assert_int_equal(res[0].stop_id, extra);
         assert_int_equal(res[0].n, first + 1);
         assert_memory_equal(res[0].tokens, want, (first + 1) * sizeof(uint32_t));
         /* "ignore": not a stop id under ignore_eos: the greedy run to max_tokens. */
-        assert_int_equal(res[1].finish, ENGINE_FINISH_LENGTH);
+        assert_int_equal(res[1].finish, TSR_ENGINE_FINISH_LENGTH);
         assert_false(res[1].has_stop_id);
         assert_int_equal(res[1].n, MAX);
         assert_memory_equal(res[1].tokens, want, sizeof(want));
@@ -1247,9 +1247,9 @@ static void test_extra_eos_ids_are_stop_ids(void **state) {
                 assert_int_not_equal(res[i].tokens[first], extra);
                 assert_int_not_equal(res[i].tokens[first], EOS);
         }
-        assert_int_equal(res[2].finish, ENGINE_FINISH_LENGTH);
+        assert_int_equal(res[2].finish, TSR_ENGINE_FINISH_LENGTH);
         assert_int_equal(res[2].n, MAX);
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
 }
@@ -1282,10 +1282,10 @@ static void test_length_at_max_model_len(void **state) {
                 assert_int_equal(res[i].n, outs[i]);
                 assert_int_equal(res[i].num_generated, outs[i]);
                 assert_memory_equal(res[i].tokens, want, outs[i] * sizeof(uint32_t));
-                assert_int_equal(res[i].finish, ENGINE_FINISH_LENGTH);
+                assert_int_equal(res[i].finish, TSR_ENGINE_FINISH_LENGTH);
         }
         assert_int_equal(model_records(h).max_pos_end, 32 - 1);
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
 }
@@ -1328,13 +1328,13 @@ static void step_limits(bool priority) {
         for (int i = 0; i < N; i++) {
                 uint32_t want[32];
                 assert_int_equal(res[i].n, max_tokens[i]);
-                assert_int_equal(res[i].finish, ENGINE_FINISH_LENGTH);
+                assert_int_equal(res[i].finish, TSR_ENGINE_FINISH_LENGTH);
                 expected(prompts[i], lens[i], max_tokens[i], want);
                 if (i % 4 != 3 && memcmp(res[i].tokens, want, max_tokens[i] * sizeof(uint32_t)) != 0)
                         fail_msg("s%d: greedy tokens differ from the fake model's", i);
         }
         step_records r = model_records(h);
-        engine_stats st = idle_stats(h);
+        tsr_engine_stats st = idle_stats(h);
         if (r.max_step_tokens != BUDGET || r.max_step_seqs != SEQS)
                 fail_msg("%s policy: at most %zu tokens and %zu sequences in a step (limits %d and %d)",
                          priority ? "priority" : "fcfs", r.max_step_tokens, r.max_step_seqs, BUDGET, SEQS);

@@ -30,8 +30,8 @@
 typedef enum slot_state { SLOT_WAITING, SLOT_RUNNING, SLOT_FINISHED } slot_state;
 
 typedef struct slot {
-        char request_id[ENGINE_REQUEST_ID_MAX + 1];
-        uint8_t router_id[ENGINE_ROUTER_ID_MAX];
+        char request_id[TSR_ENGINE_REQUEST_ID_MAX + 1];
+        uint8_t router_id[TSR_ENGINE_ROUTER_ID_MAX];
         size_t router_id_len;
         slot_state state;
         uint32_t *tokens;             /* prompt then output */
@@ -74,7 +74,7 @@ typedef struct slot {
         tsr_token_logprobs step_lp;
         bool step_has_token;
         bool step_has_lp;
-        engine_finish finish;
+        tsr_engine_finish finish;
         bool has_stop_token_id;
         uint32_t stop_token_id;
         bool reported_prompt;         /* prompt/cached counts go in the first Output */
@@ -107,7 +107,7 @@ typedef struct sched_entry {
 typedef struct step_plan {
         sched_entry *entries;
         size_t n, cap;
-        engine_seq *seqs;             /* (cap,) parallel to entries until apply_plan */
+        tsr_engine_seq *seqs;             /* (cap,) parallel to entries until apply_plan */
         uint32_t *inputs;             /* the seqs' tokens and block tables */
         size_t inputs_cap;
         size_t n_want;                /* logits rows the forward writes */
@@ -117,26 +117,26 @@ typedef struct step_plan {
 
 struct tsr_engine {
         pthread_t thread;
-        engine_params params;
+        tsr_engine_params params;
         tsr_queue *inbox;
         tsr_queue *outbox;
         tsr_kv_cache *kv;
         slot_list running;            /* admission order */
         slot_list waiting;            /* FCFS order (front = next), preempted requests pushed to the front */
-        engine_stats stats;
-        engine_stats last_published;
+        tsr_engine_stats stats;
+        tsr_engine_stats last_published;
         uint64_t step;
         uint64_t next_seq;
         /* logits, logits_rows and scratch belong to execute_plan: the step thread's
          * with --async-scheduling */
-        float *logits;                /* (logits_rows, vocab): the rows of this step (engine_model.forward) */
+        float *logits;                /* (logits_rows, vocab): the rows of this step (tsr_engine_model.forward) */
         size_t logits_rows;
         size_t max_lp_rows;           /* prompt-logprobs rows one step may ask for (bounds `logits`) */
         float *scratch;               /* (2 * vocab,) */
         bool stopping;
         uint64_t sched_round;         /* schedule() calls */
-        /* ENGINE_IN_SHUTDOWN: no new Submits; at the deadline (or once idle) the rest is
-         * aborted and ENGINE_OUT_STOPPED sent (shutdown_done). */
+        /* TSR_ENGINE_IN_SHUTDOWN: no new Submits; at the deadline (or once idle) the rest is
+         * aborted and TSR_ENGINE_OUT_STOPPED sent (shutdown_done). */
         bool shutting_down;
         bool shutdown_done;
         uint64_t shutdown_deadline_ns;
@@ -192,7 +192,7 @@ static bool list_remove(slot_list *l, slot *s) {
         return false;
 }
 
-void engine_in_free(engine_in *in) {
+void tsr_engine_in_free(tsr_engine_in *in) {
         if (!in)
                 return;
         free(in->submit.prompt);
@@ -202,7 +202,7 @@ void engine_in_free(engine_in *in) {
         free(in);
 }
 
-void engine_out_free(engine_out *out) {
+void tsr_engine_out_free(tsr_engine_out *out) {
         if (!out)
                 return;
         for (size_t i = 0; i < out->n_outputs; i++) {
@@ -228,7 +228,7 @@ static void slot_free(tsr_engine *e, slot *s) {
 
 /* The engine never blocks on the network; a full outbox means the io thread is
  * behind, so wait for it briefly (bounded) rather than drop a reply. */
-static void push_out(tsr_engine *e, engine_out *out) {
+static void push_out(tsr_engine *e, tsr_engine_out *out) {
         for (int tries = 0; tries < 2000; tries++) {
                 tsr_status st = tsr_queue_push(e->outbox, out);
                 if (st == TSR_OK)
@@ -238,20 +238,20 @@ static void push_out(tsr_engine *e, engine_out *out) {
                 nanosleep(&(struct timespec){.tv_nsec = 500000}, NULL);
         }
         log_warn("outbox full or closed for 1 s: dropped a message (kind %d)", (int)out->kind);
-        engine_out_free(out);
+        tsr_engine_out_free(out);
 }
 
 static void send_error(tsr_engine *e, const uint8_t *rid, size_t rid_len, const char *request_id,
-                       engine_error code, bool retryable, const char *fmt, ...)
+                       tsr_engine_error code, bool retryable, const char *fmt, ...)
         __attribute__((format(printf, 7, 8)));
 
 static void send_error(tsr_engine *e, const uint8_t *rid, size_t rid_len, const char *request_id,
-                       engine_error code, bool retryable, const char *fmt, ...) {
-        engine_out *out = calloc(1, sizeof(*out));
+                       tsr_engine_error code, bool retryable, const char *fmt, ...) {
+        tsr_engine_out *out = calloc(1, sizeof(*out));
         va_list ap;
         if (!out)
                 return;
-        out->kind = ENGINE_OUT_ERROR;
+        out->kind = TSR_ENGINE_OUT_ERROR;
         memcpy(out->router_id, rid, rid_len);
         out->router_id_len = rid_len;
         snprintf(out->request_id, sizeof(out->request_id), "%s", request_id);
@@ -281,7 +281,7 @@ static void refresh_stats(tsr_engine *e) {
 
 /* Publish when something a router can see changed, with the prefix-cache events. */
 static void publish_stats(tsr_engine *e, bool force) {
-        engine_out *out;
+        tsr_engine_out *out;
         tsr_kv_events *events = NULL;
 
         refresh_stats(e);
@@ -294,7 +294,7 @@ static void publish_stats(tsr_engine *e, bool force) {
                 tsr_kv_events_free(&events);
                 return;
         }
-        out->kind = ENGINE_OUT_STATS;
+        out->kind = TSR_ENGINE_OUT_STATS;
         out->stats = e->stats;
         out->events = events;
         e->last_published = e->stats;
@@ -303,14 +303,14 @@ static void publish_stats(tsr_engine *e, bool force) {
 
 /* ------------------------------------------------------------------ admission */
 
-static void admit(tsr_engine *e, engine_in *in) {
-        engine_submit *m = &in->submit;
-        const engine_params *p = &e->params;
+static void admit(tsr_engine *e, tsr_engine_in *in) {
+        tsr_engine_submit *m = &in->submit;
+        const tsr_engine_params *p = &e->params;
         size_t vocab = p->model->vocab;
         slot *s;
 
         if (m->n_prompt + 1 > p->max_model_len) {
-                send_error(e, in->router_id, in->router_id_len, m->request_id, ENGINE_ERROR_TOO_LONG,
+                send_error(e, in->router_id, in->router_id_len, m->request_id, TSR_ENGINE_ERROR_TOO_LONG,
                            false, "The decoder prompt (length %zu) is longer than the maximum model length of %u.",
                            m->n_prompt, p->max_model_len);
                 return;
@@ -318,7 +318,7 @@ static void admit(tsr_engine *e, engine_in *in) {
         for (size_t i = 0; i < m->n_prompt; i++)
                 if (m->prompt[i] >= vocab) {
                         send_error(e, in->router_id, in->router_id_len, m->request_id,
-                                   ENGINE_ERROR_INVALID, false, "Token id %u is out of vocabulary",
+                                   TSR_ENGINE_ERROR_INVALID, false, "Token id %u is out of vocabulary",
                                    m->prompt[i]);
                         return;
                 }
@@ -366,7 +366,7 @@ static void admit(tsr_engine *e, engine_in *in) {
                         goto oom;
         }
         if (tsr_sampling_check(&s->sampling, vocab) != TSR_OK) {
-                send_error(e, in->router_id, in->router_id_len, m->request_id, ENGINE_ERROR_INVALID,
+                send_error(e, in->router_id, in->router_id_len, m->request_id, TSR_ENGINE_ERROR_INVALID,
                            false, "sampling parameters out of range for this model (logit_bias or stop ids outside "
                            "the vocabulary?)");
                 slot_free(e, s);
@@ -385,12 +385,12 @@ static void admit(tsr_engine *e, engine_in *in) {
         return;
 oom:
         slot_free(e, s);
-        send_error(e, in->router_id, in->router_id_len, m->request_id, ENGINE_ERROR_UNAVAILABLE, true,
+        send_error(e, in->router_id, in->router_id_len, m->request_id, TSR_ENGINE_ERROR_UNAVAILABLE, true,
                    "worker out of memory");
 }
 
-static void abort_requests(tsr_engine *e, engine_in *in) {
-        const engine_abort *a = &in->abort;
+static void abort_requests(tsr_engine *e, tsr_engine_in *in) {
+        const tsr_engine_abort *a = &in->abort;
         slot_list *lists[2] = {&e->running, &e->waiting};
         for (int li = 0; li < 2; li++) {
                 slot_list *l = lists[li];
@@ -418,7 +418,7 @@ static void abort_requests(tsr_engine *e, engine_in *in) {
 }
 
 static void take_inbox(tsr_engine *e, bool block) {
-        engine_in *in;
+        tsr_engine_in *in;
         bool first = true;
         for (;;) {
                 in = first && block ? tsr_queue_pop_wait(e->inbox, -1) : tsr_queue_pop(e->inbox);
@@ -428,20 +428,20 @@ static void take_inbox(tsr_engine *e, bool block) {
                                 e->stopping = true;   /* closed and empty */
                         return;
                 }
-                if (in->kind == ENGINE_IN_SUBMIT) {
+                if (in->kind == TSR_ENGINE_IN_SUBMIT) {
                         if (!e->params.model)
                                 send_error(e, in->router_id, in->router_id_len, in->submit.request_id,
-                                           ENGINE_ERROR_UNAVAILABLE, true,
+                                           TSR_ENGINE_ERROR_UNAVAILABLE, true,
                                            "this worker has no model runner for its model family");
                         else if (e->shutting_down)
                                 send_error(e, in->router_id, in->router_id_len, in->submit.request_id,
-                                           ENGINE_ERROR_UNAVAILABLE, true,
+                                           TSR_ENGINE_ERROR_UNAVAILABLE, true,
                                            "worker is shutting down");
                         else
                                 admit(e, in);
-                } else if (in->kind == ENGINE_IN_ABORT) {
+                } else if (in->kind == TSR_ENGINE_IN_ABORT) {
                         abort_requests(e, in);
-                } else if (in->kind == ENGINE_IN_RESYNC) {
+                } else if (in->kind == TSR_ENGINE_IN_RESYNC) {
                         if (e->kv)      /* publish_stats after this drain sends it */
                                 tsr_kv_cache_resync(e->kv);
                 } else if (!e->shutting_down) {
@@ -451,7 +451,7 @@ static void take_inbox(tsr_engine *e, bool block) {
                                  "%llu ms, then are aborted", e->running.n, e->waiting.n,
                                  (unsigned long long)e->params.shutdown_timeout_ms);
                 }
-                engine_in_free(in);
+                tsr_engine_in_free(in);
                 block = false;
         }
 }
@@ -548,7 +548,7 @@ static bool prefix_in_flight(tsr_engine *e, slot *s) {
 /* --long-prefill-token-threshold, as vLLM V1 applies it to running and waiting requests
  * alike before the step's budget: more than the threshold to compute means a chunk of
  * exactly the threshold.  A decode step (one token) is never capped. */
-static size_t long_prefill_cap(const engine_params *p, size_t num_new) {
+static size_t long_prefill_cap(const tsr_engine_params *p, size_t num_new) {
         if (p->long_prefill_token_threshold > 0 && num_new > p->long_prefill_token_threshold)
                 return p->long_prefill_token_threshold;
         return num_new;
@@ -558,7 +558,7 @@ static size_t long_prefill_cap(const engine_params *p, size_t num_new) {
  * known tokens count its placeholders and its computed ones the tokens of the step in
  * flight (vLLM's AsyncScheduler); synchronously both additions are 0. */
 static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
-        const engine_params *p = &e->params;
+        const tsr_engine_params *p = &e->params;
         size_t budget = p->max_num_batched_tokens, n_plan = 0;
         /* Prompt-logprobs chunks take one logits row per token: their share of the step
          * is capped so the logits buffer stays bounded (the rest comes in later chunks). */
@@ -691,21 +691,21 @@ static void check_stop(tsr_engine *e, slot *s, uint32_t t) {
         size_t n_out = s->n_tokens - s->n_prompt;
         if (n_out >= s->sampling.min_tokens) {
                 if (!s->ignore_eos && is_eos(e, t)) {
-                        s->finish = ENGINE_FINISH_STOP;
+                        s->finish = TSR_ENGINE_FINISH_STOP;
                         return;
                 }
                 bool stop_id = !s->ignore_eos && is_extra_eos(e, t);
                 for (size_t i = 0; i < s->n_stop_ids && !stop_id; i++)
                         stop_id = s->stop_ids[i] == t;
                 if (stop_id) {
-                        s->finish = ENGINE_FINISH_STOP;
+                        s->finish = TSR_ENGINE_FINISH_STOP;
                         s->has_stop_token_id = true;
                         s->stop_token_id = t;
                         return;
                 }
         }
         if (n_out >= s->max_tokens || s->n_tokens >= e->params.max_model_len)
-                s->finish = ENGINE_FINISH_LENGTH;
+                s->finish = TSR_ENGINE_FINISH_LENGTH;
 }
 
 /* Prompt logprobs of the chunk at positions past .. past+n-1: row t holds the logits
@@ -723,8 +723,8 @@ static tsr_status gather_prompt_lp(tsr_engine *e, slot *s, size_t past, size_t n
         return TSR_OK;
 }
 
-/* Logits rows chunk `q` takes in the step's buffer (engine_model.forward). */
-static size_t seq_rows(const engine_seq *q) { return q->want_all_logits ? q->n : q->want_logits ? 1 : 0; }
+/* Logits rows chunk `q` takes in the step's buffer (tsr_engine_model.forward). */
+static size_t seq_rows(const tsr_engine_seq *q) { return q->want_all_logits ? q->n : q->want_logits ? 1 : 0; }
 
 static tsr_status plan_reserve(step_plan *p, size_t cap) {
         if (cap <= p->cap)
@@ -733,7 +733,7 @@ static tsr_status plan_reserve(step_plan *p, size_t cap) {
         if (!en)
                 return TSR_E_NOMEM;
         p->entries = en;
-        engine_seq *sq = realloc(p->seqs, cap * sizeof(*sq));
+        tsr_engine_seq *sq = realloc(p->seqs, cap * sizeof(*sq));
         if (!sq)
                 return TSR_E_NOMEM;
         p->seqs = sq;
@@ -799,7 +799,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                 memcpy(toks, s->tokens + pe->past, pe->num_new * sizeof(uint32_t));
                 memcpy(table, s->kv.block_ids, s->kv.n_blocks * sizeof(uint32_t));
                 used += pe->num_new + s->kv.n_blocks;
-                p->seqs[i] = (engine_seq){
+                p->seqs[i] = (tsr_engine_seq){
                         .block_table = table,
                         .n_table = s->kv.n_blocks,
                         .tokens = toks,
@@ -818,7 +818,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
  * sampler's history), except prompt_lp rows no one else touches until the request's
  * first Output.  The step thread with --async-scheduling, else the engine thread. */
 static void execute_plan(tsr_engine *e, step_plan *p) {
-        const engine_model *m = e->params.model;
+        const tsr_engine_model *m = e->params.model;
         if (p->n == 0)
                 return;
         if (p->st == TSR_OK && p->n_want > e->logits_rows) {
@@ -834,7 +834,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 p->st = m->forward(m->ud, p->seqs, p->n, e->logits);
         for (size_t i = 0, row = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
-                const engine_seq *q = &p->seqs[i];
+                const tsr_engine_seq *q = &p->seqs[i];
                 slot *s = pe->s;
                 const float *rows = e->logits + row * m->vocab, *logits;
                 tsr_sample_result r;
@@ -915,7 +915,7 @@ static void apply_plan(tsr_engine *e, step_plan *p) {
                 if (st != TSR_OK) {
                         log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed (%s): finishing it with an error",
                                 tsr_status_str(st));
-                        s->finish = ENGINE_FINISH_ERROR;
+                        s->finish = TSR_ENGINE_FINISH_ERROR;
                 }
                 p->entries[kept++] = *pe;
         }
@@ -931,7 +931,7 @@ static void emit_outputs(tsr_engine *e, const sched_entry *plan, size_t n_plan, 
         for (size_t i = 0; i < n_plan; i++) {
                 slot *lead = plan[i].s;
                 size_t count = 0;
-                engine_out *out;
+                tsr_engine_out *out;
                 if (done[i])
                         continue;
                 for (size_t k = i; k < n_plan; k++) {
@@ -949,16 +949,16 @@ static void emit_outputs(tsr_engine *e, const sched_entry *plan, size_t n_plan, 
                 if (out)
                         out->outputs = calloc(count, sizeof(*out->outputs));
                 if (!out || !out->outputs) {
-                        engine_out_free(out);
+                        tsr_engine_out_free(out);
                         break;
                 }
-                out->kind = ENGINE_OUT_OUTPUT;
+                out->kind = TSR_ENGINE_OUT_OUTPUT;
                 out->step = step;
                 memcpy(out->router_id, lead->router_id, lead->router_id_len);
                 out->router_id_len = lead->router_id_len;
                 for (size_t k = i; k < n_plan; k++) {
                         slot *s = plan[k].s;
-                        engine_req_output *o;
+                        tsr_engine_req_output *o;
                         if (done[k] || s->router_id_len != lead->router_id_len ||
                             memcmp(s->router_id, lead->router_id, lead->router_id_len) != 0)
                                 continue;
@@ -1037,18 +1037,18 @@ static void finish_shutdown(tsr_engine *e) {
         size_t n = e->running.n + e->waiting.n, n_plan = 0, n_retry = 0;
         sched_entry *plan = calloc(n ? n : 1, sizeof(*plan));
         slot_list *lists[2] = {&e->running, &e->waiting};
-        engine_out *out;
+        tsr_engine_out *out;
 
         for (int li = 0; li < 2; li++)
                 for (size_t i = 0; i < lists[li]->n; i++) {
                         slot *s = lists[li]->items[i];
                         s->step_has_token = false;
                         if (s->n_tokens > s->n_prompt && plan) {
-                                s->finish = ENGINE_FINISH_ABORT;
+                                s->finish = TSR_ENGINE_FINISH_ABORT;
                                 plan[n_plan++].s = s;
                         } else {
                                 send_error(e, s->router_id, s->router_id_len, s->request_id,
-                                           ENGINE_ERROR_UNAVAILABLE, true,
+                                           TSR_ENGINE_ERROR_UNAVAILABLE, true,
                                            "worker shut down before this request produced a token");
                                 n_retry++;
                         }
@@ -1070,7 +1070,7 @@ static void finish_shutdown(tsr_engine *e) {
         publish_stats(e, true);
         out = calloc(1, sizeof(*out));
         if (out) {
-                out->kind = ENGINE_OUT_STOPPED;
+                out->kind = TSR_ENGINE_OUT_STOPPED;
                 push_out(e, out);
         }
 }
@@ -1250,7 +1250,7 @@ static void *engine_main(void *arg) {
         return NULL;
 }
 
-tsr_status tsr_engine_start(const engine_params *p, tsr_queue *inbox, tsr_queue *outbox, tsr_engine **ret) {
+tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_queue *outbox, tsr_engine **ret) {
         tsr_engine *e = calloc(1, sizeof(*e));
         tsr_status st;
         if (!e)

@@ -5,9 +5,9 @@
  * the engine thread owns the model, the KV cache and the scheduler (with
  * --async-scheduling a "runner" thread of the engine's runs each step's forward and
  * sampling while the engine thread schedules the next one).  They talk only
- * through two bounded queues: `inbox` (io -> engine, engine_in items) and `outbox`
- * (engine -> io, engine_out items).  Whoever pops an item owns it and frees it with
- * engine_in_free / engine_out_free.
+ * through two bounded queues: `inbox` (io -> engine, tsr_engine_in items) and `outbox`
+ * (engine -> io, tsr_engine_out items).  Whoever pops an item owns it and frees it with
+ * tsr_engine_in_free / tsr_engine_out_free.
  *
  * The engine follows vLLM's V1 scheduler (its Scheduler class):
  * one token budget per step (max_num_batched_tokens), running requests first, chunked
@@ -20,7 +20,7 @@
  * router submits as n requests; any requests sharing a long system prompt) waits for
  * them instead of computing them twice, then reads them from the prefix cache.
  *
- * With no model (engine_params.model == NULL) every Submit is refused with a retryable
+ * With no model (tsr_engine_params.model == NULL) every Submit is refused with a retryable
  * UNAVAILABLE Error: the skeleton mode used when a model family has no runner. */
 #ifndef TSR_WORKER_ENGINE_H
 #define TSR_WORKER_ENGINE_H
@@ -34,27 +34,27 @@
 #include "worker/engine/kv_cache.h"
 #include "worker/engine/sampler.h"
 
-#define ENGINE_ROUTER_ID_MAX 255
-#define ENGINE_REQUEST_ID_MAX 256   /* bytes, without the NUL; link.c checks it against the wire's */
+#define TSR_ENGINE_ROUTER_ID_MAX 255
+#define TSR_ENGINE_REQUEST_ID_MAX 256   /* bytes, without the NUL; link.c checks it against the wire's */
 
 /* Why a request ended.  FINISH_NONE: it runs on. */
-typedef enum engine_finish {
-        ENGINE_FINISH_NONE = 0,
-        ENGINE_FINISH_STOP,    /* EOS or a stop id */
-        ENGINE_FINISH_LENGTH,  /* max_tokens or max_model_len */
-        ENGINE_FINISH_ABORT,   /* ended by a shutdown after it produced tokens */
-        ENGINE_FINISH_ERROR,   /* its forward or sampling failed */
-} engine_finish;
+typedef enum tsr_engine_finish {
+        TSR_ENGINE_FINISH_NONE = 0,
+        TSR_ENGINE_FINISH_STOP,    /* EOS or a stop id */
+        TSR_ENGINE_FINISH_LENGTH,  /* max_tokens or max_model_len */
+        TSR_ENGINE_FINISH_ABORT,   /* ended by a shutdown after it produced tokens */
+        TSR_ENGINE_FINISH_ERROR,   /* its forward or sampling failed */
+} tsr_engine_finish;
 
-/* Why the engine refused a request (ENGINE_OUT_ERROR). */
-typedef enum engine_error {
-        ENGINE_ERROR_INVALID,      /* out of range for this model: token ids, sampling parameters */
-        ENGINE_ERROR_TOO_LONG,     /* the prompt does not fit max_model_len */
-        ENGINE_ERROR_UNAVAILABLE,  /* no model, out of memory, shutting down: try elsewhere */
-} engine_error;
+/* Why the engine refused a request (TSR_ENGINE_OUT_ERROR). */
+typedef enum tsr_engine_error {
+        TSR_ENGINE_ERROR_INVALID,      /* out of range for this model: token ids, sampling parameters */
+        TSR_ENGINE_ERROR_TOO_LONG,     /* the prompt does not fit max_model_len */
+        TSR_ENGINE_ERROR_UNAVAILABLE,  /* no model, out of memory, shutting down: try elsewhere */
+} tsr_engine_error;
 
 /* One scheduled chunk of one sequence in a step. */
-typedef struct engine_seq {
+typedef struct tsr_engine_seq {
         const uint32_t *block_table;   /* (n_table,) the sequence's blocks */
         size_t n_table;
         const uint32_t *tokens;        /* (n,) at positions past_len .. past_len+n-1 */
@@ -62,12 +62,12 @@ typedef struct engine_seq {
         size_t past_len;
         bool want_logits;              /* the chunk ends the known tokens: sample after it */
         bool want_all_logits;          /* prompt_logprobs: a row for every token of the chunk */
-} engine_seq;
+} tsr_engine_seq;
 
 /* What the engine needs from a model: its vocabulary and one forward over a paged KV
  * cache for a whole step.  The KV memory belongs to the model adapter, indexed by the
  * engine's block ids. */
-typedef struct engine_model {
+typedef struct tsr_engine_model {
         size_t vocab;
         void *ud;
         /* Run every chunk of the step (store their KV) and write logits rows (vocab,)
@@ -77,11 +77,11 @@ typedef struct engine_model {
          * sampled from.  A chunk's logits must not depend on the others (batch
          * invariance).  Engine thread, or its runner thread with --async-scheduling
          * (one call at a time either way). */
-        tsr_status (*forward)(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits);
-} engine_model;
+        tsr_status (*forward)(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits);
+} tsr_engine_model;
 
-typedef struct engine_params {
-        const engine_model *model;     /* NULL: skeleton mode (refuse Submit) */
+typedef struct tsr_engine_params {
+        const tsr_engine_model *model;     /* NULL: skeleton mode (refuse Submit) */
         uint64_t kv_blocks_total;
         uint32_t block_size;
         uint32_t max_model_len;
@@ -99,16 +99,16 @@ typedef struct engine_params {
         uint64_t seed;                 /* --seed: key for requests without their own seed */
         size_t max_prompt_lp_rows;     /* prompt-logprobs positions per step; 0: 256 MiB of logits */
         uint64_t shutdown_timeout_ms;  /* --shutdown-timeout: how long in-flight requests may run on after
-                                        * ENGINE_IN_SHUTDOWN; 0 = abort them at once (vLLM's default) */
+                                        * TSR_ENGINE_IN_SHUTDOWN; 0 = abort them at once (vLLM's default) */
         uint32_t long_prefill_token_threshold; /* --long-prefill-token-threshold: a request's chunk in one step
                                         * is at most this many tokens when it has more to compute
                                         * (vLLM V1's cap); 0 = no cap */
         bool async_scheduling;         /* --async-scheduling: forward and sampling on a "runner" thread
                                         * while the engine thread schedules the next step (engine.c) */
-} engine_params;
+} tsr_engine_params;
 
 /* What the engine publishes about itself; the io thread turns it into Status. */
-typedef struct engine_stats {
+typedef struct tsr_engine_stats {
         bool ready;                     /* a model runner exists and accepts Submit */
         uint64_t kv_blocks_total;
         uint64_t kv_blocks_free;
@@ -122,12 +122,12 @@ typedef struct engine_stats {
         uint64_t prefix_cache_hits_total;
         uint64_t prompt_tokens_total;
         uint64_t generation_tokens_total;
-} engine_stats;
+} tsr_engine_stats;
 
 /* A request to run, as the io thread decoded and validated it from the wire (the
  * wire's "0 = unset" conventions already resolved).  Arrays are owned by the message. */
-typedef struct engine_submit {
-        char request_id[ENGINE_REQUEST_ID_MAX + 1];
+typedef struct tsr_engine_submit {
+        char request_id[TSR_ENGINE_REQUEST_ID_MAX + 1];
         uint32_t *prompt;              /* (n_prompt,) token ids */
         size_t n_prompt;
         uint32_t max_tokens;
@@ -145,40 +145,40 @@ typedef struct engine_submit {
         int32_t logprobs;              /* -1 none, 0 sampled only, k: sampled + top k */
         int32_t prompt_logprobs;       /* -1 none, else as logprobs for prompt positions */
         int32_t priority;              /* lower first under --scheduling-policy priority */
-} engine_submit;
+} tsr_engine_submit;
 
 /* Requests of one router to drop (unknown ids are ignored). */
-typedef struct engine_abort {
+typedef struct tsr_engine_abort {
         bool all_from_router;          /* every request of the sending router */
-        char (*request_ids)[ENGINE_REQUEST_ID_MAX + 1];   /* (n_request_ids,) */
+        char (*request_ids)[TSR_ENGINE_REQUEST_ID_MAX + 1];   /* (n_request_ids,) */
         size_t n_request_ids;
         char reason[64];               /* for the log */
-} engine_abort;
+} tsr_engine_abort;
 
-typedef enum engine_in_kind {
-        ENGINE_IN_SUBMIT,      /* .submit */
-        ENGINE_IN_ABORT,       /* .abort */
+typedef enum tsr_engine_in_kind {
+        TSR_ENGINE_IN_SUBMIT,      /* .submit */
+        TSR_ENGINE_IN_ABORT,       /* .abort */
         /* SIGTERM.  Refuse new Submits (retryable), let the admitted requests
          * run for params.shutdown_timeout_ms, then end the rest: an Output with
          * finish ABORT for those that already produced tokens, a retryable
          * UNAVAILABLE Error for those that did not (the router resubmits them
-         * elsewhere); then answer ENGINE_OUT_STOPPED.  Later ones are ignored. */
-        ENGINE_IN_SHUTDOWN,
+         * elsewhere); then answer TSR_ENGINE_OUT_STOPPED.  Later ones are ignored. */
+        TSR_ENGINE_IN_SHUTDOWN,
         /* A router resyncs: the next Status carries a full snapshot of the prefix cache. */
-        ENGINE_IN_RESYNC,
-} engine_in_kind;
+        TSR_ENGINE_IN_RESYNC,
+} tsr_engine_in_kind;
 
-typedef struct engine_in {
-        engine_in_kind kind;
-        uint8_t router_id[ENGINE_ROUTER_ID_MAX];
+typedef struct tsr_engine_in {
+        tsr_engine_in_kind kind;
+        uint8_t router_id[TSR_ENGINE_ROUTER_ID_MAX];
         size_t router_id_len;
-        engine_submit submit;  /* ENGINE_IN_SUBMIT */
-        engine_abort abort;    /* ENGINE_IN_ABORT */
-} engine_in;
+        tsr_engine_submit submit;  /* TSR_ENGINE_IN_SUBMIT */
+        tsr_engine_abort abort;    /* TSR_ENGINE_IN_ABORT */
+} tsr_engine_in;
 
 /* One request's progress in one step. */
-typedef struct engine_req_output {
-        char request_id[ENGINE_REQUEST_ID_MAX + 1];
+typedef struct tsr_engine_req_output {
+        char request_id[TSR_ENGINE_REQUEST_ID_MAX + 1];
         uint32_t *new_tokens;           /* n_new */
         uint32_t n_new;
         tsr_token_logprobs *logprobs;   /* n_new entries, or NULL */
@@ -187,7 +187,7 @@ typedef struct engine_req_output {
          * no logprob and no entry, so there are num_prompt_tokens - 1 of them. */
         tsr_token_logprobs *prompt_logprobs;
         uint32_t n_prompt_logprobs;
-        engine_finish finish;
+        tsr_engine_finish finish;
         bool has_stop_token_id;
         uint32_t stop_token_id;
         uint32_t num_prompt_tokens;
@@ -195,41 +195,41 @@ typedef struct engine_req_output {
         uint32_t num_generated;
         uint64_t queued_ns, prefill_ns, decode_ns;
         uint32_t num_preemptions;
-} engine_req_output;
+} tsr_engine_req_output;
 
-typedef enum engine_out_kind {
-        ENGINE_OUT_ERROR,      /* an Error for one request of router_id */
-        ENGINE_OUT_STATS,      /* a new engine_stats snapshot (+ prefix-cache events) */
-        ENGINE_OUT_OUTPUT,     /* one step's outputs for router_id */
-        ENGINE_OUT_STOPPED,    /* after ENGINE_IN_SHUTDOWN: every request answered, nothing runs */
-} engine_out_kind;
+typedef enum tsr_engine_out_kind {
+        TSR_ENGINE_OUT_ERROR,      /* an Error for one request of router_id */
+        TSR_ENGINE_OUT_STATS,      /* a new tsr_engine_stats snapshot (+ prefix-cache events) */
+        TSR_ENGINE_OUT_OUTPUT,     /* one step's outputs for router_id */
+        TSR_ENGINE_OUT_STOPPED,    /* after TSR_ENGINE_IN_SHUTDOWN: every request answered, nothing runs */
+} tsr_engine_out_kind;
 
-typedef struct engine_out {
-        engine_out_kind kind;
-        uint8_t router_id[ENGINE_ROUTER_ID_MAX];
+typedef struct tsr_engine_out {
+        tsr_engine_out_kind kind;
+        uint8_t router_id[TSR_ENGINE_ROUTER_ID_MAX];
         size_t router_id_len;
         /* ERROR */
-        char request_id[ENGINE_REQUEST_ID_MAX + 1];
-        engine_error error_code;
+        char request_id[TSR_ENGINE_REQUEST_ID_MAX + 1];
+        tsr_engine_error error_code;
         bool retryable;
         char message[256];
         /* STATS */
-        engine_stats stats;
+        tsr_engine_stats stats;
         tsr_kv_events *events;          /* owned, may be NULL */
         /* OUTPUT */
         uint64_t step;
-        engine_req_output *outputs;     /* owned */
+        tsr_engine_req_output *outputs;     /* owned */
         size_t n_outputs;
-} engine_out;
+} tsr_engine_out;
 
-void engine_in_free(engine_in *in);
-void engine_out_free(engine_out *out);
+void tsr_engine_in_free(tsr_engine_in *in);
+void tsr_engine_out_free(tsr_engine_out *out);
 
 typedef struct tsr_engine tsr_engine;
 
 /* Start the engine thread.  Borrows both queues and the model (they must outlive the
  * engine).  *ret written only on success. */
-tsr_status tsr_engine_start(const engine_params *p, tsr_queue *inbox, tsr_queue *outbox, tsr_engine **ret);
+tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_queue *outbox, tsr_engine **ret);
 /* Close the inbox, let the thread finish its current step, join it.  Accepts NULL;
  * clears *e. */
 void tsr_engine_stop(tsr_engine **e);

@@ -11,7 +11,7 @@
  *    how the tensor shards under tensor parallelism;
  *  - its per-layer KV spec, as groups of layers with the same kind of state;
  *  - which layers a pipeline stage holds;
- *  - its load and forward entry points (the runner's engine_model adapter calls them).
+ *  - its load and forward entry points (the runner's tsr_engine_model adapter calls them).
  *
  * Families are static const data: any thread may read them.  tsr_model_desc_read does
  * blocking file I/O (main thread, at start-up); a read description is plain data. */

@@ -1,5 +1,5 @@
 /* runner.c - a model of a registered family (worker/model/family.h) on the CPU kernels,
- * as an engine_model: the family's load and forward entry points, called through its table. */
+ * as an tsr_engine_model: the family's load and forward entry points, called through its table. */
 #include "worker/model/runner.h"
 
 #include <stdio.h>
@@ -14,12 +14,12 @@ struct tsr_runner {
         void *model;               /* the family's model (Llama: tsr_llama) */
         tsr_backend *be;           /* borrowed from the caller (tsr_runner_opts); runs every forward */
         void *pool;                /* every sequence's KV, indexed by the engine's block ids */
-        engine_model em;
+        tsr_engine_model em;
 };
 
 /* The whole step in one batched forward: each weight matrix is read once for every
  * sequence in the step. */
-static tsr_status runner_forward(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits) {
+static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
         tsr_runner *r = ud;
         char *ls = malloc(n_seqs * r->fam->seq_size);   /* one small allocation per step */
         tsr_status st;
@@ -173,7 +173,7 @@ void tsr_runner_free(tsr_runner **rp) {
         *rp = NULL;
 }
 
-const engine_model *tsr_runner_model(const tsr_runner *r) { return &r->em; }
+const tsr_engine_model *tsr_runner_model(const tsr_runner *r) { return &r->em; }
 
 const char *tsr_runner_dtype(const tsr_runner *r) {
         return r && r->fam->is_bf16(r->model) ? "bfloat16" : "float32";

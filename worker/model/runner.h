@@ -1,5 +1,5 @@
 /* runner.h - the model runner the engine drives: a loaded model plus the KV pool its
- * paged attention reads, behind engine.h's engine_model interface.
+ * paged attention reads, behind engine.h's tsr_engine_model interface.
  *
  * Built by the worker's main thread before the engine starts, then used only by the
  * engine thread (which then drives the backend it borrowed).  Any registered model family
@@ -45,6 +45,6 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
 const char *tsr_runner_dtype(const tsr_runner *r);
 void tsr_runner_free(tsr_runner **r);
 /* The engine's view of the runner; valid while the runner lives. */
-const engine_model *tsr_runner_model(const tsr_runner *r);
+const tsr_engine_model *tsr_runner_model(const tsr_runner *r);
 
 #endif
