@@ -164,7 +164,7 @@ int main(int argc, char **argv) {
         tsr_config cfg;
         tsr_model_meta *meta = NULL;
         const tsr_model_family *family = NULL;
-        tsr_model_desc desc;            /* the family's model description, read once; valid when family */
+        tsr_model_desc desc = {0};    /* the family's model description, read once; valid when family */
         tsr_queue *inbox = NULL, *outbox = NULL;
         tsr_engine *engine = NULL;
         tsr_runner *runner = NULL;
@@ -391,6 +391,7 @@ out:
         free(mi_lean);
         tsr_runner_free(&runner);   /* after the engine thread has stopped */
         tsr_backend_free(&backend); /* after the runner, which borrowed it; stops its threads */
+        tsr_model_desc_done(&desc);
         tsr_model_meta_free(&meta);
         tsr_curve_done(&curve);
         tsr_config_done(&cfg);

@@ -39,7 +39,8 @@ static void test_kv_block_bytes(void **state) {
 }
 
 static void test_shard_for(void **state) {
-        tsr_model_desc d = {.family = &tsr_family_llama, .llama = {.n_layers = 10, .n_kv_heads = 4, .head_dim = 16}};
+        tsr_llama_config c = {.n_layers = 10, .n_kv_heads = 4, .head_dim = 16};
+        tsr_model_desc d = {.family = &tsr_family_llama, .n_layers = 10, .config = &c};
         tsr_shard_spec s;
         tsr_kv_group g[TSR_KV_GROUPS_MAX];
         uint32_t next = 0;
@@ -91,6 +92,32 @@ static void test_read_config_errors(void **state) {
         assert_int_equal(tsr_model_desc_read(NULL, "/x", false, &d, err, sizeof err), TSR_E_INVAL);
 }
 
+/* The description of a real checkpoint: the worker-wide fields from its config.json, the
+ * family's own config behind `config`, freed by tsr_model_desc_done. */
+static void test_read_config(void **state) {
+        const char *root = getenv("TSR_SOURCE_ROOT");
+        char path[4096], err[512] = "";
+        tsr_model_desc d = {0};
+        const tsr_llama_config *c;
+        (void)state;
+        assert_non_null(root);
+        snprintf(path, sizeof path, "%s/tests/fixtures/tiny-llama3-hf/f32", root);
+        assert_int_equal(tsr_model_desc_read(&tsr_family_llama, path, false, &d, err, sizeof err), TSR_OK);
+        assert_ptr_equal(d.family, &tsr_family_llama);
+        assert_false(d.gguf);
+        assert_int_equal(d.vocab_size, 300);
+        assert_int_equal(d.n_layers, 2);
+        c = d.config;
+        assert_non_null(c);
+        assert_int_equal(c->vocab_size, d.vocab_size);
+        assert_int_equal(c->n_layers, d.n_layers);
+        assert_int_equal(c->n_kv_heads, 2);
+        assert_int_equal(c->head_dim, 16);
+        tsr_model_desc_done(&d);
+        assert_null(d.config);
+        tsr_model_desc_done(&d);        /* twice is harmless */
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_find),
@@ -98,6 +125,7 @@ int main(void) {
                 cmocka_unit_test(test_shard_for),
                 cmocka_unit_test(test_tensor_table),
                 cmocka_unit_test(test_read_config_errors),
+                cmocka_unit_test(test_read_config),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,13 +28,16 @@
 
 typedef struct tsr_model_family tsr_model_family;
 
-/* The model description: what the family read from the model's config, once.  Today's
- * only family is Llama, so the description is its config; a second family adds its own
- * config struct beside `llama` (and says which one it fills through `family`). */
+/* The model description: what the family read from the model's config, once.  The
+ * fields the whole worker needs are here; the rest is the family's own config, behind
+ * `config` (a Llama's is a tsr_llama_config), so a new family adds no field here. */
 typedef struct tsr_model_desc {
         const tsr_model_family *family;
         bool gguf;                      /* the source: a .gguf file, else a Hugging Face folder */
-        tsr_llama_config llama;         /* family "llama" */
+        uint32_t vocab_size;            /* rows of the logits: what the engine samples over */
+        uint32_t n_layers;              /* layers of the whole model (pipeline stages split them) */
+        void *config;                   /* the family's config: one flat allocation, freed by
+                                         * tsr_model_desc_done */
 } tsr_model_desc;
 
 /* ---- per-layer KV / state spec -------------------------------------------------------- */
@@ -91,7 +94,7 @@ struct tsr_model_family {
         const char *const *gguf_architectures;  /* NULL-terminated; general.architecture */
 
         /* Read the model's config at `path` (a .gguf file when `gguf`, else a folder's
-         * config.json) into ret->family's part of *ret.  TSR_E_INVAL (missing or bad field,
+         * config.json) into ret->vocab_size, ->n_layers and a new ->config.  TSR_E_INVAL (missing or bad field,
          * `err` names the file and the field), TSR_E_UNSUPPORTED (a variant this family does
          * not run: rope type, biases, ...), TSR_E_NOTFOUND, TSR_E_IO.  Blocking. */
         tsr_status (*read_config)(const char *path, bool gguf, tsr_model_desc *ret, char *err, size_t errlen);
@@ -139,6 +142,8 @@ const tsr_model_family *tsr_family_find(const char *format, const char *architec
  * success; errors as read_config.  Main thread, at start-up. */
 tsr_status tsr_model_desc_read(const tsr_model_family *f, const char *path, bool gguf, tsr_model_desc *ret,
                                char *err, size_t errlen);
+/* Free the family's config; accepts NULL and a zeroed description. */
+void tsr_model_desc_done(tsr_model_desc *d);
 
 /* The families (llama_family.c, ...); registry.c lists them. */
 extern const tsr_model_family tsr_family_llama;

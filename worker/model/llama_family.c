@@ -32,16 +32,28 @@ static const tsr_tensor_name llama_tensors[] = {
         {"rope_freqs", "rope_freqs.weight", NULL, false, TSR_SHARD_REPLICATED},
 };
 
+static const tsr_llama_config *cfg_of(const tsr_model_desc *d) { return d->config; }
+
 static tsr_status llama_read_config(const char *path, bool gguf, tsr_model_desc *ret, char *err, size_t errlen) {
+        tsr_llama_config *c = calloc(1, sizeof *c);
         tsr_gguf *g = NULL;
         tsr_status st;
 
-        if (!gguf)
-                return tsr_llama_config_from_hf(path, &ret->llama, err, errlen);
-        if ((st = tsr_gguf_open(path, &g, err, errlen)) != TSR_OK)
-                return st;
-        st = tsr_llama_config_from_gguf(g, path, &ret->llama, err, errlen);
-        tsr_gguf_close(&g);
+        if (!c) {
+                tsr_errf(err, errlen, "%s: out of memory", path);
+                return TSR_E_NOMEM;
+        }
+        ret->config = c;
+        if (!gguf) {
+                st = tsr_llama_config_from_hf(path, c, err, errlen);
+        } else {
+                if ((st = tsr_gguf_open(path, &g, err, errlen)) != TSR_OK)
+                        return st;
+                st = tsr_llama_config_from_gguf(g, path, c, err, errlen);
+                tsr_gguf_close(&g);
+        }
+        ret->vocab_size = c->vocab_size;
+        ret->n_layers = c->n_layers;
         return st;
 }
 
@@ -53,8 +65,8 @@ static size_t llama_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *sha
         out[0] = (tsr_kv_group){
                 .kind = TSR_KV_FULL_ATTENTION,
                 .n_layers = shard->last_layer - shard->first_layer + 1,
-                .n_kv_heads = d->llama.n_kv_heads / (shard->tp_size ? shard->tp_size : 1),
-                .head_dim = d->llama.head_dim,
+                .n_kv_heads = cfg_of(d)->n_kv_heads / (shard->tp_size ? shard->tp_size : 1),
+                .head_dim = cfg_of(d)->head_dim,
                 .dtype = TSR_DTYPE_F32,
         };
         return 1;
@@ -62,7 +74,7 @@ static size_t llama_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *sha
 
 static tsr_status llama_shard_for(const tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
                                   uint32_t pp_size, tsr_shard_spec *ret) {
-        uint32_t n = d->llama.n_layers, base, extra, first;
+        uint32_t n = d->n_layers, base, extra, first;
 
         if (tp_size == 0 || tp_rank >= tp_size || pp_size == 0 || pp_rank >= pp_size || pp_size > n)
                 return TSR_E_INVAL;
@@ -79,7 +91,7 @@ static tsr_status llama_load(const char *path, const tsr_model_desc *d, const ts
                              tsr_load_progress_fn progress, void *ud, void **ret, tsr_load_stats *stats, char *err,
                              size_t errlen) {
         tsr_llama *m = NULL;
-        tsr_status st = tsr_llama_load_config(path, &d->llama, shard, progress, ud, &m, stats, err, errlen);
+        tsr_status st = tsr_llama_load_config(path, cfg_of(d), shard, progress, ud, &m, stats, err, errlen);
         if (st == TSR_OK)
                 *ret = m;
         return st;

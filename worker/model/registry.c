@@ -1,6 +1,8 @@
 /* registry.c - the model families this worker runs, and how a model finds its own. */
 #include "worker/model/family.h"
 
+#include <stdlib.h>
+
 #include <string.h>
 
 /* A new family is one line here (and its file in meson.build). */
@@ -37,7 +39,16 @@ tsr_status tsr_model_desc_read(const tsr_model_family *f, const char *path, bool
                 return TSR_E_INVAL;
         if ((st = f->read_config(path, gguf, &d, err, errlen)) == TSR_OK)
                 *ret = d;
+        else
+                tsr_model_desc_done(&d);
         return st;
+}
+
+void tsr_model_desc_done(tsr_model_desc *d) {
+        if (!d)
+                return;
+        free(d->config);
+        d->config = NULL;
 }
 
 uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_t block_size) {

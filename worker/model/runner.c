@@ -150,7 +150,7 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                          (unsigned long long)num_blocks, block_size, tsr_status_str(st));
                 goto fail;
         }
-        r->em.vocab = desc->llama.vocab_size;
+        r->em.vocab = desc->vocab_size;
         r->em.ud = r;
         r->em.forward = runner_forward;
         *ret = r;
