@@ -4,7 +4,7 @@
  * Block layouts follow the GGUF spec (ggml docs/gguf.md and the ggml type table); each
  * dequantizer is checked against gguf-py's on random blocks (tests/unit/test_forward.c,
  * tests/fixtures/forward/dequant.json) and against a second decoding written from the
- * layouts in tests/kernels/test_ops.c.  Moved here from worker/load/weights.c unchanged in
+ * layouts in tests/kernels/test_ops.c.  Moved here from worker/model/llama_weights.c unchanged in
  * arithmetic: the float32 operations and their order are what the forward goldens were
  * recorded with, so they must stay exactly these.  All reads go through bytes: nothing
  * promises more than byte alignment inside a block. */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "worker/model/family.h"
+#include "worker/model/llama_weights.h"
 
 static void test_find(void **state) {
         (void)state;

@@ -37,7 +37,7 @@
 #include "kernels/kernels.h"
 #include "worker/load/gguf.h"
 #include "worker/model/llama.h"
-#include "worker/load/weights.h"
+#include "worker/model/llama_weights.h"
 
 /* The reference backend most tests run on (made in main); tests of the fast backend
  * make their own. */

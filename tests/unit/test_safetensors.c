@@ -33,7 +33,7 @@
 #include "kernels/kernels.h"
 #include "worker/model/llama.h"
 #include "worker/load/safetensors.h"
-#include "worker/load/weights.h"
+#include "worker/model/llama_weights.h"
 
 /* The reference backend the forwards run on (made in main). */
 static tsr_backend *ref_be;

@@ -1,12 +1,10 @@
-/* loader.c - the one weight loader: a tensor source (a GGUF file or a set of safetensors
- * files, both mmap'd by their readers) x the family's tensor-name table
- * (worker/model/family.h) x a shard spec.  One totals pass (every tensor present before
- * any work), one load pass, one progress callback, whatever the source.
+/* loader.c - the one weight loader (loader.h).  One totals pass (every tensor present
+ * before any work), one load pass, one progress callback, whatever the source.
  *
  * Only the per-source part differs: finding a tensor by its name in that format, and
  * checking its shape and type before converting it to float32 with tsr_ggml_dequantize
- * (weights.c) -- the GGUF shape is in ggml order, the safetensors one row-major, and the
- * messages say so as they always have.  Blocking file I/O plus conversion: start-up only. */
+ * -- the GGUF shape is in ggml order, the safetensors one row-major, and the messages say
+ * so.  Blocking file I/O plus conversion: start-up only. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,8 +12,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "worker/model/family.h"
-#include "worker/load/weights.h"
+#include "kernels/quant/quant.h"
+#include "worker/load/loader.h"
 
 /* What to read: one tensor, its name in the source, its shape and where it goes. */
 struct want {
@@ -25,13 +23,6 @@ struct want {
         bool optional;
 };
 
-/* A tensor source: exactly one of g / set.  `src` names it in messages. */
-typedef struct tensor_source {
-        const tsr_gguf *g;
-        const tsr_safetensors_set *set;
-        const char *src;
-} tensor_source;
-
 /* A tensor of the source, format-blind: enough for the totals and the progress. */
 typedef struct src_tensor {
         const tsr_gguf_tensor *gt;
@@ -40,7 +31,7 @@ typedef struct src_tensor {
         uint64_t n_bytes, n_elements;
 } src_tensor;
 
-static bool src_find(const tensor_source *s, const char *name, src_tensor *ret) {
+static bool src_find(const tsr_tensor_source *s, const char *name, src_tensor *ret) {
         *ret = (src_tensor){0};
         if (s->g) {
                 if (!(ret->gt = tsr_gguf_find_tensor(s->g, name)))
@@ -54,6 +45,34 @@ static bool src_find(const tensor_source *s, const char *name, src_tensor *ret) 
         ret->n_bytes = ret->st->n_bytes;
         ret->n_elements = ret->st->n_elements;
         return true;
+}
+
+/* ggml's type tag -> the dtype of the same encoding; the formats and their
+ * dequantization live in kernels/quant/. */
+tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst) {
+        tsr_dtype t;
+
+        switch (type) {
+        case TSR_GGML_TYPE_F32: t = TSR_DTYPE_F32; break;
+        case TSR_GGML_TYPE_F16: t = TSR_DTYPE_F16; break;
+        case TSR_GGML_TYPE_BF16: t = TSR_DTYPE_BF16; break;
+        case TSR_GGML_TYPE_Q8_0: t = TSR_DTYPE_Q8_0; break;
+        case TSR_GGML_TYPE_Q4_0: t = TSR_DTYPE_Q4_0; break;
+        case TSR_GGML_TYPE_Q4_1: t = TSR_DTYPE_Q4_1; break;
+        case TSR_GGML_TYPE_Q5_0: t = TSR_DTYPE_Q5_0; break;
+        case TSR_GGML_TYPE_Q5_1: t = TSR_DTYPE_Q5_1; break;
+        case TSR_GGML_TYPE_Q4_K: t = TSR_DTYPE_Q4_K; break;
+        case TSR_GGML_TYPE_Q5_K: t = TSR_DTYPE_Q5_K; break;
+        case TSR_GGML_TYPE_Q6_K: t = TSR_DTYPE_Q6_K; break;
+        default:
+                return TSR_E_UNSUPPORTED;
+        }
+        return tsr_dequant_row(t, src, n, dst);
+}
+
+tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers) {
+        return (tsr_shard_spec){.tp_rank = 0, .tp_size = 1, .first_layer = 0,
+                                .last_layer = n_layers ? n_layers - 1 : 0};
 }
 
 /* ---- GGUF ------------------------------------------------------------------------ */
@@ -154,7 +173,7 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
         return TSR_OK;
 }
 
-static tsr_status src_load_one(const tensor_source *s, const src_tensor *t, const struct want *w, char *err,
+static tsr_status src_load_one(const tsr_tensor_source *s, const src_tensor *t, const struct want *w, char *err,
                                size_t errlen) {
         return s->g ? gguf_load_one(t->gt, w, s->src, w->dst, err, errlen)
                     : hf_load_one(t->st, t->file, w, w->dst, err, errlen);
@@ -168,103 +187,60 @@ static double now_s(void) {
         return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Where the Llama family's logical tensor `logical` of layer L goes, and its shape
- * (rows, cols; cols 0 for a vector).  False for a name this struct has no field for. */
-static bool llama_slot(tsr_llama_weights *w, tsr_llama_layer *L, const char *logical, float ***dst, uint64_t *rows,
-                       uint64_t *cols) {
-        const tsr_llama_config *c = &w->cfg;
-        uint64_t dim = c->dim, q_dim = (uint64_t)c->n_heads * c->head_dim;
-        uint64_t kv_dim = (uint64_t)c->n_kv_heads * c->head_dim, hid = c->hidden_dim;
-        static const char *const names[] = {"token_embd", "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-                                            "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "output_norm", "output",
-                                            "rope_freqs"};
-        struct { float **dst; uint64_t rows, cols; } s[] = {
-                {&w->token_embd, c->vocab_size, dim},
-                {L ? &L->attn_norm : NULL, dim, 0},
-                {L ? &L->wq : NULL, q_dim, dim},
-                {L ? &L->wk : NULL, kv_dim, dim},
-                {L ? &L->wv : NULL, kv_dim, dim},
-                {L ? &L->wo : NULL, dim, q_dim},
-                {L ? &L->ffn_norm : NULL, dim, 0},
-                {L ? &L->w_gate : NULL, hid, dim},
-                {L ? &L->w_up : NULL, hid, dim},
-                {L ? &L->w_down : NULL, dim, hid},
-                {&w->output_norm, dim, 0},
-                {&w->output, c->vocab_size, dim},
-                {&w->rope_freqs, c->head_dim / 2, 0},
-        };
-        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-                if (strcmp(names[i], logical) == 0 && s[i].dst) {
-                        *dst = s[i].dst;
-                        *rows = s[i].rows;
-                        *cols = s[i].cols;
-                        return true;
-                }
-        }
-        return false;
-}
-
-/* Add the table's entry `n` (layer `layer`, or a model-wide one when L is NULL) to wants,
- * in the source's naming; an entry the source has no name for (rope_freqs in safetensors)
- * or the output matrix of a tied model is skipped. */
-static void want_entry(const tensor_source *s, const tsr_tensor_name *n, tsr_llama_weights *w, tsr_llama_layer *L,
+/* Add the table's entry `n` of `layer` to wants, in the source's naming, with the slot
+ * the family binds it to; an entry the source has no name for (rope_freqs in
+ * safetensors) or the family has no slot for (a tied output matrix) is skipped. */
+static void want_entry(const tsr_tensor_source *s, const tsr_tensor_name *n, tsr_load_bind_fn bind, void *model,
                        uint32_t layer, struct want *wants, size_t *n_wants) {
         const char *pattern = s->g ? n->gguf : n->hf;
+        tsr_load_slot slot = {0};
         struct want *x;
 
-        if (!pattern || (strcmp(n->logical, "output") == 0 && w->cfg.tied_embeddings))
+        if (!pattern || !bind(model, n, layer, &slot) || !slot.dst)
                 return;
         x = &wants[*n_wants];
-        if (!llama_slot(w, L, n->logical, &x->dst, &x->rows, &x->cols))
-                return;
         snprintf(x->name, sizeof x->name, pattern, layer);      /* a model-wide name has no %u */
-        /* Only llama.cpp's precomputed rope divisors may be absent. */
-        x->optional = strcmp(n->logical, "rope_freqs") == 0;
+        x->dst = slot.dst;
+        x->rows = slot.rows;
+        x->cols = slot.cols;
+        x->optional = slot.optional;
         (*n_wants)++;
 }
 
-static tsr_status load_source(const tensor_source *s, const tsr_llama_config *cfg, const tsr_shard_spec *spec,
-                              tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret,
-                              tsr_load_stats *stats, char *err, size_t errlen) {
-        const tsr_model_family *fam = &tsr_family_llama;
-        tsr_llama_weights *w = NULL;
+tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *table, size_t n_table,
+                            const tsr_shard_spec *spec, tsr_load_bind_fn bind, void *model,
+                            tsr_load_progress_fn progress, void *ud, tsr_load_stats *stats, char *err,
+                            size_t errlen) {
         struct want *wants = NULL;
         size_t n_wants = 0, n_layers;
         tsr_load_stats total = {0}, done = {0};
         double t0 = now_s();
         bool layers_done = false;
         src_tensor t;
-        tsr_status st;
+        tsr_status st = TSR_OK;
 
-        if ((st = tsr_llama_weights_check(cfg, spec, s->src, err, errlen)) != TSR_OK)
-                return st;
-        st = TSR_E_NOMEM;       /* what a `goto fail` below reports unless it sets st */
+        if (!s || (!s->g == !s->set) || !table || !spec || !bind || spec->last_layer < spec->first_layer)
+                return TSR_E_INVAL;
         n_layers = spec->last_layer - spec->first_layer + 1;
-        w = calloc(1, sizeof *w);
-        if (w)
-                w->shard = *spec;       /* before layers: tsr_llama_weights_free reads it */
-        if (!w || !(w->layers = calloc(n_layers, sizeof *w->layers)) ||
-            !(wants = calloc(fam->n_tensors * (n_layers + 1), sizeof *wants))) {
+        if (!(wants = calloc(n_table * (n_layers + 1), sizeof *wants))) {
                 tsr_errf(err, errlen, "%s: out of memory", s->src);
-                goto fail;
+                return TSR_E_NOMEM;
         }
-        w->cfg = *cfg;
-
-        /* The family's table in its order, every per-layer entry once per layer of the
-         * shard where the first of them stands (weights.h's order). */
-        for (size_t i = 0; i < fam->n_tensors; i++) {
-                if (!fam->tensors[i].per_layer) {
-                        want_entry(s, &fam->tensors[i], w, NULL, 0, wants, &n_wants);
+        /* The table in its order, every per-layer entry once per layer of the shard
+         * where the first of them stands. */
+        for (size_t i = 0; i < n_table; i++) {
+                if (!table[i].per_layer) {
+                        want_entry(s, &table[i], bind, model, 0, wants, &n_wants);
                         continue;
                 }
                 if (layers_done)
                         continue;
                 layers_done = true;
                 for (size_t l = 0; l < n_layers; l++)
-                        for (size_t j = i; j < fam->n_tensors; j++)
-                                if (fam->tensors[j].per_layer)
-                                        want_entry(s, &fam->tensors[j], w, &w->layers[l],
-                                                   spec->first_layer + (uint32_t)l, wants, &n_wants);
+                        for (size_t j = i; j < n_table; j++)
+                                if (table[j].per_layer)
+                                        want_entry(s, &table[j], bind, model, spec->first_layer + (uint32_t)l,
+                                                   wants, &n_wants);
         }
 
         /* Totals first, so progress can say how far along it is; missing tensors fail
@@ -275,7 +251,7 @@ static tsr_status load_source(const tensor_source *s, const tsr_llama_config *cf
                                 continue;
                         tsr_errf(err, errlen, "%s: tensor '%s' missing", s->src, wants[i].name);
                         st = TSR_E_NOTFOUND;
-                        goto fail;
+                        goto out;
                 }
                 total.n_tensors++;
                 total.file_bytes += t.n_bytes;
@@ -285,7 +261,7 @@ static tsr_status load_source(const tensor_source *s, const tsr_llama_config *cf
                 if (!src_find(s, wants[i].name, &t))
                         continue;
                 if ((st = src_load_one(s, &t, &wants[i], err, errlen)) != TSR_OK)
-                        goto fail;
+                        goto out;
                 done.n_tensors++;
                 done.file_bytes += t.n_bytes;
                 done.f32_bytes += t.n_elements * sizeof(float);
@@ -293,63 +269,9 @@ static tsr_status load_source(const tensor_source *s, const tsr_llama_config *cf
                 if (progress)
                         progress(ud, &done, &total);
         }
-        if (cfg->tied_embeddings)
-                w->output = w->token_embd;
-        if (w->rope_freqs) {
-                for (uint32_t i = 0; i < cfg->head_dim / 2; i++) {
-                        if (!(w->rope_freqs[i] > 0) || !isfinite(w->rope_freqs[i])) {
-                                tsr_errf(err, errlen, "%s: tensor 'rope_freqs.weight': entry %" PRIu32
-                                        " is not a positive number", s->src, i);
-                                st = TSR_E_INVAL;
-                                goto fail;
-                        }
-                }
-        }
-        free(wants);
         if (stats)
                 *stats = done;
-        *ret = w;
-        return TSR_OK;
-fail:
+out:
         free(wants);
-        tsr_llama_weights_free(&w);
         return st;
-}
-
-tsr_status tsr_llama_weights_load(const tsr_gguf *g, const char *path, const tsr_llama_config *cfg,
-                                  const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
-                                  tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
-        tensor_source s = {.g = g, .src = path ? path : "<gguf>"};
-
-        if (!g || !cfg || !spec || !ret)
-                return TSR_E_INVAL;
-        return load_source(&s, cfg, spec, progress, ud, ret, stats, err, errlen);
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-        size_t n = strlen(s), k = strlen(suffix);
-        return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
-tsr_status tsr_llama_weights_load_hf(const tsr_safetensors_set *set, const tsr_llama_config *cfg,
-                                     const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
-                                     tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
-        tensor_source s = {.set = set};
-        const char *file;
-        tsr_status st;
-
-        if (!set || !cfg || !spec || !ret)
-                return TSR_E_INVAL;
-        s.src = tsr_safetensors_set_source(set);
-        if ((st = tsr_llama_weights_check(cfg, spec, s.src, err, errlen)) != TSR_OK)
-                return st;
-        /* Biases (Qwen2-style checkpoints labelled Llama) would be dropped silently. */
-        for (size_t i = 0; i < tsr_safetensors_set_n_tensors(set); i++) {
-                const tsr_safetensors_tensor *t = tsr_safetensors_set_tensor_at(set, i, &file);
-                if (ends_with(t->name, ".bias")) {
-                        tsr_errf(err, errlen, "%s: tensor '%.200s': biases are not supported", file, t->name);
-                        return TSR_E_UNSUPPORTED;
-                }
-        }
-        return load_source(&s, cfg, spec, progress, ud, ret, stats, err, errlen);
 }

@@ -24,7 +24,7 @@
 
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
-#include "worker/load/weights.h"
+#include "worker/load/loader.h"
 
 typedef struct tsr_model_family tsr_model_family;
 
@@ -67,23 +67,8 @@ uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_
 
 /* ---- tensor names and sharding -------------------------------------------------------- */
 
-/* How a weight splits over tp_size ranks (declared now; the distributed issue uses it).
- * Matrices are (out, in) row-major, as the forward reads them. */
-typedef enum tsr_shard_rule {
-        TSR_SHARD_REPLICATED = 0,       /* every rank holds all of it (norms, rope tables) */
-        TSR_SHARD_COLUMN,               /* split along `out` (rows): q/k/v, gate/up, lm_head, vocab of the embedding */
-        TSR_SHARD_ROW,                  /* split along `in` (columns), partial sums all-reduced: o_proj, down_proj */
-        TSR_SHARD_EXPERT,               /* whole experts per rank (MoE families) */
-} tsr_shard_rule;
-
-/* One weight.  Per-layer names carry one "%u", the layer index. */
-typedef struct tsr_tensor_name {
-        const char *logical;            /* the family's own name, e.g. "attn_q" */
-        const char *gguf;               /* llama.cpp's, e.g. "blk.%u.attn_q.weight" */
-        const char *hf;                 /* transformers', e.g. "model.layers.%u.self_attn.q_proj.weight" */
-        bool per_layer;
-        tsr_shard_rule shard;
-} tsr_tensor_name;
+/* The tensor-name table (tsr_tensor_name) and its shard rules are the loader's input:
+ * worker/load/loader.h. */
 
 /* ---- the family ----------------------------------------------------------------------- */
 

@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
-#include "worker/load/weights.h"
+#include "worker/model/llama_weights.h"
 
 typedef struct tsr_llama tsr_llama;
 

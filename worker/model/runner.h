@@ -14,7 +14,7 @@
 #include "worker/engine/engine.h"
 #include "kernels/kernels.h"
 #include "worker/model/family.h"
-#include "worker/load/weights.h"
+#include "worker/model/llama_weights.h"
 
 typedef struct tsr_runner tsr_runner;
 

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "worker/load/weights.h"
+#include "worker/model/llama_weights.h"
 
 #define HF_MAX_CONFIG (16u << 20)
 

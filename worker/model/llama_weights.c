@@ -1,7 +1,6 @@
-/* weights.c - Llama config from GGUF metadata, and its tensors dequantized to float32.
- *
- * The block formats and their dequantization are kernels/quant/'s (quant.h); each is
- * checked against gguf-py's on random blocks (tests/fixtures/forward/dequant.json). */
+/* llama_weights.c - a Llama's config from GGUF metadata, and its tensors through the one
+ * loader (worker/load/loader.c): the Llama half of a load is `llama_bind`, which says
+ * where each logical tensor of the family's table goes and what shape it must have. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -10,39 +9,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/quant/quant.h"
-#include "worker/load/weights.h"
+#include "worker/model/family.h"
+#include "worker/model/llama_weights.h"
 
-
-/* ggml's type tag -> the dtype of the same encoding; the formats and their
- * dequantization live in kernels/quant/. */
-tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst) {
-        tsr_dtype t;
-
-        switch (type) {
-        case TSR_GGML_TYPE_F32: t = TSR_DTYPE_F32; break;
-        case TSR_GGML_TYPE_F16: t = TSR_DTYPE_F16; break;
-        case TSR_GGML_TYPE_BF16: t = TSR_DTYPE_BF16; break;
-        case TSR_GGML_TYPE_Q8_0: t = TSR_DTYPE_Q8_0; break;
-        case TSR_GGML_TYPE_Q4_0: t = TSR_DTYPE_Q4_0; break;
-        case TSR_GGML_TYPE_Q4_1: t = TSR_DTYPE_Q4_1; break;
-        case TSR_GGML_TYPE_Q5_0: t = TSR_DTYPE_Q5_0; break;
-        case TSR_GGML_TYPE_Q5_1: t = TSR_DTYPE_Q5_1; break;
-        case TSR_GGML_TYPE_Q4_K: t = TSR_DTYPE_Q4_K; break;
-        case TSR_GGML_TYPE_Q5_K: t = TSR_DTYPE_Q5_K; break;
-        case TSR_GGML_TYPE_Q6_K: t = TSR_DTYPE_Q6_K; break;
-        default:
-                return TSR_E_UNSUPPORTED;
-        }
-        return tsr_dequant_row(t, src, n, dst);
-}
 
 /* ---- config ------------------------------------------------------------------------ */
-
-tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers) {
-        return (tsr_shard_spec){.tp_rank = 0, .tp_size = 1, .first_layer = 0,
-                                .last_layer = n_layers ? n_layers - 1 : 0};
-}
 
 /* Read "llama.<suffix>" as a u32.  Absent: *ret = def when !required, else TSR_E_INVAL. */
 static tsr_status cfg_u32(const tsr_gguf *g, const char *path, const char *suffix, bool required, uint32_t def,
@@ -177,7 +148,7 @@ tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_l
         return TSR_OK;
 }
 
-/* ---- tensors (loaded by worker/load/loader.c) ---------------------------------- */
+/* ---- tensors ------------------------------------------------------------------------ */
 
 tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_spec *spec, const char *src,
                                    char *err, size_t errlen) {
@@ -227,4 +198,119 @@ void tsr_llama_weights_free(tsr_llama_weights **wp) {
         free(w->rope_freqs);
         free(w);
         *wp = NULL;
+}
+
+/* Where the Llama family's logical tensor `n` of `layer` goes in `model` (a
+ * tsr_llama_weights with cfg, shard and layers set), and its shape.  The output matrix of
+ * a tied model has no slot; only llama.cpp's precomputed rope divisors may be absent. */
+static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_load_slot *ret) {
+        tsr_llama_weights *w = model;
+        const tsr_llama_config *c = &w->cfg;
+        tsr_llama_layer *L = n->per_layer ? &w->layers[layer - w->shard.first_layer] : NULL;
+        uint64_t dim = c->dim, q_dim = (uint64_t)c->n_heads * c->head_dim;
+        uint64_t kv_dim = (uint64_t)c->n_kv_heads * c->head_dim, hid = c->hidden_dim;
+        static const char *const names[] = {"token_embd", "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                            "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "output_norm", "output",
+                                            "rope_freqs"};
+        struct { float **dst; uint64_t rows, cols; } s[] = {
+                {&w->token_embd, c->vocab_size, dim},
+                {L ? &L->attn_norm : NULL, dim, 0},
+                {L ? &L->wq : NULL, q_dim, dim},
+                {L ? &L->wk : NULL, kv_dim, dim},
+                {L ? &L->wv : NULL, kv_dim, dim},
+                {L ? &L->wo : NULL, dim, q_dim},
+                {L ? &L->ffn_norm : NULL, dim, 0},
+                {L ? &L->w_gate : NULL, hid, dim},
+                {L ? &L->w_up : NULL, hid, dim},
+                {L ? &L->w_down : NULL, dim, hid},
+                {&w->output_norm, dim, 0},
+                {c->tied_embeddings ? NULL : &w->output, c->vocab_size, dim},
+                {&w->rope_freqs, c->head_dim / 2, 0},
+        };
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+                if (strcmp(names[i], n->logical) == 0 && s[i].dst) {
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .rows = s[i].rows, .cols = s[i].cols,
+                                               .optional = strcmp(n->logical, "rope_freqs") == 0};
+                        return true;
+                }
+        }
+        return false;
+}
+
+static tsr_status llama_load_source(const tsr_tensor_source *s, const tsr_llama_config *cfg,
+                                    const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
+                                    tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
+        const tsr_model_family *fam = &tsr_family_llama;
+        tsr_llama_weights *w;
+        tsr_status st;
+
+        if ((st = tsr_llama_weights_check(cfg, spec, s->src, err, errlen)) != TSR_OK)
+                return st;
+        w = calloc(1, sizeof *w);
+        if (!w || !(w->layers = calloc(spec->last_layer - spec->first_layer + 1, sizeof *w->layers))) {
+                free(w);
+                tsr_errf(err, errlen, "%s: out of memory", s->src);
+                return TSR_E_NOMEM;
+        }
+        w->cfg = *cfg;
+        w->shard = *spec;
+        st = tsr_load_tensors(s, fam->tensors, fam->n_tensors, spec, llama_bind, w, progress, ud, stats, err,
+                              errlen);
+        if (st != TSR_OK)
+                goto fail;
+        if (cfg->tied_embeddings)
+                w->output = w->token_embd;
+        if (w->rope_freqs) {
+                for (uint32_t i = 0; i < cfg->head_dim / 2; i++) {
+                        if (!(w->rope_freqs[i] > 0) || !isfinite(w->rope_freqs[i])) {
+                                tsr_errf(err, errlen, "%s: tensor 'rope_freqs.weight': entry %" PRIu32
+                                        " is not a positive number", s->src, i);
+                                st = TSR_E_INVAL;
+                                goto fail;
+                        }
+                }
+        }
+        *ret = w;
+        return TSR_OK;
+fail:
+        tsr_llama_weights_free(&w);
+        return st;
+}
+
+tsr_status tsr_llama_weights_load(const tsr_gguf *g, const char *path, const tsr_llama_config *cfg,
+                                  const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
+                                  tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
+        tsr_tensor_source s = {.g = g, .src = path ? path : "<gguf>"};
+
+        if (!g || !cfg || !spec || !ret)
+                return TSR_E_INVAL;
+        return llama_load_source(&s, cfg, spec, progress, ud, ret, stats, err, errlen);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+        size_t n = strlen(s), k = strlen(suffix);
+        return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+tsr_status tsr_llama_weights_load_hf(const tsr_safetensors_set *set, const tsr_llama_config *cfg,
+                                     const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
+                                     tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
+        tsr_tensor_source s = {.set = set};
+        const char *file;
+        tsr_status st;
+
+        if (!set || !cfg || !spec || !ret)
+                return TSR_E_INVAL;
+        s.src = tsr_safetensors_set_source(set);
+        if ((st = tsr_llama_weights_check(cfg, spec, s.src, err, errlen)) != TSR_OK)
+                return st;
+        /* Biases (Qwen2-style checkpoints labelled Llama) would be dropped silently. */
+        for (size_t i = 0; i < tsr_safetensors_set_n_tensors(set); i++) {
+                const tsr_safetensors_tensor *t = tsr_safetensors_set_tensor_at(set, i, &file);
+                if (ends_with(t->name, ".bias")) {
+                        tsr_errf(err, errlen, "%s: tensor '%.200s': biases are not supported", file, t->name);
+                        return TSR_E_UNSUPPORTED;
+                }
+        }
+        return llama_load_source(&s, cfg, spec, progress, ud, ret, stats, err, errlen);
 }

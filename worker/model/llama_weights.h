@@ -1,6 +1,6 @@
-/* weights.h - a Llama's hyperparameters and float32 weights, loaded from a GGUF file or
- * a Hugging Face folder (config.json + safetensors; weights_hf.c, at the end).  The
- * config readers are weights.c (GGUF) and weights_hf.c (config.json); the tensors of
+/* llama_weights.h - a Llama's hyperparameters and float32 weights, loaded from a GGUF
+ * file or a Hugging Face folder (config.json + safetensors; at the end).  The config
+ * readers are llama_weights.c (GGUF) and llama_config_hf.c (config.json); the tensors of
  * either source go through the one loader, worker/load/loader.c, which takes their names
  * from the Llama family's table (worker/model/llama_family.c; the mapping below).
  *
@@ -33,6 +33,7 @@
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
 #include "worker/load/gguf.h"
+#include "worker/load/loader.h"
 #include "worker/load/safetensors.h"
 
 /* What the forward needs to know about the architecture.  Plain data. */
@@ -55,12 +56,6 @@ typedef struct tsr_llama_config {
         bool tied_embeddings;           /* no separate output matrix: logits use token_embd */
 } tsr_llama_config;
 
-/* Which part of the model this worker holds.  Only the whole model (tp_rank 0,
- * tp_size 1, layers 0 .. n_layers-1) is supported now; TP and PP will only change this. */
-typedef struct tsr_shard_spec {
-        uint32_t tp_rank, tp_size;
-        uint32_t first_layer, last_layer;       /* inclusive */
-} tsr_shard_spec;
 
 /* What both loaders (GGUF, safetensors) require before reading a tensor: a shard spec
  * of the whole model (TP/PP shards come later) and a consistent config.  `src` names the
@@ -68,8 +63,6 @@ typedef struct tsr_shard_spec {
 tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_spec *spec, const char *src,
                                    char *err, size_t errlen);
 
-/* The spec for the whole model of n_layers layers. */
-tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers);
 
 typedef struct tsr_llama_layer {
         float *attn_norm;       /* (dim,) */
@@ -93,17 +86,6 @@ typedef struct tsr_llama_weights {
         float *rope_freqs;      /* (head_dim/2,) llama.cpp's per-pair frequency divisors, NULL if absent */
 } tsr_llama_weights;
 
-/* What a load did, for the caller's progress and summary log lines. */
-typedef struct tsr_load_stats {
-        size_t n_tensors;       /* tensors read */
-        uint64_t file_bytes;    /* their bytes in the file */
-        uint64_t f32_bytes;     /* bytes of float32 they became */
-        double seconds;
-} tsr_load_stats;
-
-/* Called after each tensor; may be NULL.  `done` counts tensors and bytes so far out
- * of `total`. */
-typedef void (*tsr_load_progress_fn)(void *ud, const tsr_load_stats *done, const tsr_load_stats *total);
 
 /* Read the Llama hyperparameters from `g`'s metadata (general.architecture must be
  * "llama"): llama.embedding_length, .block_count, .attention.head_count,
@@ -130,10 +112,6 @@ tsr_status tsr_llama_weights_load(const tsr_gguf *g, const char *path, const tsr
 /* Accepts NULL and *w == NULL; clears *w. */
 void tsr_llama_weights_free(tsr_llama_weights **w);
 
-/* Dequantize n elements of ggml type `type` stored at src (n / block elements blocks)
- * into dst (n,).  TSR_E_UNSUPPORTED for a type not listed above, TSR_E_INVAL if n is not
- * a multiple of the type's block size. */
-tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst);
 
 /* ---- Hugging Face folders (weights_hf.c) ----------------------------------------------
  * A LlamaForCausalLM checkpoint: config.json and safetensors in HF naming

@@ -1,0 +1,99 @@
+/* loader.h - the one weight loader: a tensor source (a GGUF file or a set of safetensors
+ * files, both mmap'd by their readers) x a family's tensor-name table x a shard spec.
+ *
+ * The loader knows formats, names, shapes and progress; it knows nothing of any model.
+ * Where each tensor goes, and the shape it must have, is the family's answer to `bind`
+ * (worker/model/<family>.c), so a new family or a new source format is an addition on
+ * one side only.  Blocking file I/O plus conversion: the main thread, at start-up.
+ * Non-logging: failures return a status and a message naming the file and the tensor. */
+#ifndef TSR_WORKER_LOAD_LOADER_H
+#define TSR_WORKER_LOAD_LOADER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tsr_status.h"
+#include "worker/load/gguf.h"
+#include "worker/load/safetensors.h"
+
+/* Which part of the model this worker holds.  Only the whole model (tp_rank 0,
+ * tp_size 1, layers 0 .. n_layers-1) is supported now; TP and PP will only change this. */
+typedef struct tsr_shard_spec {
+        uint32_t tp_rank, tp_size;
+        uint32_t first_layer, last_layer;       /* inclusive */
+} tsr_shard_spec;
+
+/* The spec for the whole model of n_layers layers. */
+tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers);
+
+/* How a weight splits over tp_size ranks (declared now; the distributed issue uses it).
+ * Matrices are (out, in) row-major, as the forward reads them. */
+typedef enum tsr_shard_rule {
+        TSR_SHARD_REPLICATED = 0,       /* every rank holds all of it (norms, rope tables) */
+        TSR_SHARD_COLUMN,               /* split along `out` (rows): q/k/v, gate/up, lm_head, vocab of the embedding */
+        TSR_SHARD_ROW,                  /* split along `in` (columns), partial sums all-reduced: o_proj, down_proj */
+        TSR_SHARD_EXPERT,               /* whole experts per rank (MoE families) */
+} tsr_shard_rule;
+
+/* One weight of a family's table.  Per-layer names carry one "%u", the layer index. */
+typedef struct tsr_tensor_name {
+        const char *logical;            /* the family's own name, e.g. "attn_q" */
+        const char *gguf;               /* llama.cpp's, e.g. "blk.%u.attn_q.weight"; NULL: none */
+        const char *hf;                 /* transformers', e.g. "model.layers.%u.self_attn.q_proj.weight"; NULL: none */
+        bool per_layer;
+        tsr_shard_rule shard;
+} tsr_tensor_name;
+
+/* What a load did, for the caller's progress and summary log lines. */
+typedef struct tsr_load_stats {
+        size_t n_tensors;       /* tensors read */
+        uint64_t file_bytes;    /* their bytes in the file */
+        uint64_t f32_bytes;     /* bytes of float32 they became */
+        double seconds;
+} tsr_load_stats;
+
+/* Called after each tensor; may be NULL.  `done` counts tensors and bytes so far out
+ * of `total`. */
+typedef void (*tsr_load_progress_fn)(void *ud, const tsr_load_stats *done, const tsr_load_stats *total);
+
+/* A tensor source: exactly one of g / set (borrowed).  `src` names it in messages. */
+typedef struct tsr_tensor_source {
+        const tsr_gguf *g;
+        const tsr_safetensors_set *set;
+        const char *src;
+} tsr_tensor_source;
+
+/* Where one tensor goes and the shape it must have, as the family answers `bind`. */
+typedef struct tsr_load_slot {
+        float **dst;            /* receives a new float32 array (malloc; the family frees it) */
+        uint64_t rows, cols;    /* (out, in) row-major; cols == 0: a vector of `rows` elements */
+        bool optional;          /* may be absent from the source (then *dst stays NULL) */
+} tsr_load_slot;
+
+/* The family's half of a load: the slot of table entry `n` in its `model` for layer
+ * `layer` (the model's layer index; 0 for a model-wide entry).  False: this model has
+ * no such tensor (a tied output matrix, a name the family keeps only in one format). */
+typedef bool (*tsr_load_bind_fn)(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_load_slot *ret);
+
+/* Read every tensor of `table` the shard holds (model-wide entries once, per-layer
+ * entries for each layer of spec, in the table's order layer after layer) from `s` into
+ * the slots `bind` gives for `model`.  An entry the source format has no name for is
+ * skipped.  Every tensor is found and counted before any is read (progress then says
+ * how far along it is); a missing non-optional one is TSR_E_NOTFOUND.  Each is
+ * converted to float32 (tsr_ggml_dequantize for GGUF types; F32/F16/BF16 safetensors).
+ * TSR_E_INVAL (shape), TSR_E_UNSUPPORTED (type), TSR_E_NOMEM, TSR_E_LIMIT; arrays
+ * already stored in slots stay there for the family to free.  *stats (may be NULL)
+ * gets the totals on success. */
+tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *table, size_t n_table,
+                            const tsr_shard_spec *spec, tsr_load_bind_fn bind, void *model,
+                            tsr_load_progress_fn progress, void *ud, tsr_load_stats *stats, char *err,
+                            size_t errlen);
+
+/* Dequantize n elements of ggml type `type` stored at src (n / block elements blocks)
+ * into dst (n,): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (the
+ * formats are kernels/quant/'s).  TSR_E_UNSUPPORTED for another type, TSR_E_INVAL if n
+ * is not a multiple of the type's block size. */
+tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst);
+
+#endif
