@@ -1173,7 +1173,7 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                         return TSR_E_UNSUPPORTED;
                 }
         }
-        return check_parsers(cfg, err, errlen);
+        return TSR_OK;
 }
 
 size_t tsr_config_noop_notes(const tsr_config *cfg, unsigned owner, const char **lines, size_t cap) {
@@ -1262,6 +1262,8 @@ tsr_status tsr_config_validate(const tsr_config *cfg, char *err, size_t errlen) 
         }
         if (check_supported(cfg, err, errlen) != TSR_OK)
                 return TSR_E_UNSUPPORTED;
+        if (check_parsers(cfg, err, errlen) != TSR_OK)
+                return TSR_E_INVAL;
         if (cfg->max_num_seqs > 0 && cfg->max_num_batched_tokens > 0 &&
             cfg->max_num_batched_tokens < cfg->max_num_seqs) {
                 tsr_errf(err, errlen, "argument --max-num-batched-tokens: %d is less than --max-num-seqs %d",

@@ -501,10 +501,14 @@ static int container(cz *c, char open, char close) {
                                 if (memchr(c->out->data + mark, '.', c->out->len - mark) ||
                                     memchr(c->out->data + mark, 'e', c->out->len - mark))
                                         return BAD;   /* float keys: rare, not reproduced */
-                                if (tsr_buf_append(c->out, "\"", 1) != TSR_OK)
+                                char digits[512];
+                                size_t dl = c->out->len - mark;
+                                if (dl >= sizeof(digits))
                                         return BAD;
-                                memmove(c->out->data + mark + 1, c->out->data + mark, c->out->len - mark - 1);
-                                c->out->data[mark] = '"';
+                                memcpy(digits, c->out->data + mark, dl);
+                                c->out->len = mark;
+                                if (put(c, "\"", 1) != DONE || put(c, digits, dl) != DONE || put(c, "\"", 1) != DONE)
+                                        return BAD;
                         } else {
                                 return BAD;
                         }

@@ -12,7 +12,6 @@ struct tsr_chat_out {
         const tsr_tools_parser *tp;
         tsr_tools_stream *ts;
         size_t r_sent;                /* end (absolute) of the reasoning sent */
-        bool r_started;
         size_t c_sent;                /* content bytes sent (without a tool parser) */
 };
 
@@ -53,13 +52,10 @@ tsr_status tsr_chat_out_step(tsr_chat_out *o, const char *text, size_t len, bool
         if (o->rp) {
                 tsr_reasoning_view v;
                 tsr_reasoning_view_of(o->rp, text, len, final, o->thinking_off, &v);
-                if (!o->r_started) {
-                        o->r_sent = v.r_from;
-                        o->r_started = true;
-                }
-                if (v.r_to > o->r_sent) {
-                        r_from = o->r_sent;
-                        r_len = v.r_to - o->r_sent;
+                size_t from = o->r_sent > v.r_from ? o->r_sent : v.r_from;
+                if (v.r_to > from) {
+                        r_from = from;
+                        r_len = v.r_to - from;
                         o->r_sent = v.r_to;
                 }
                 content_region = v.content;

@@ -159,7 +159,9 @@ static json_t *call_delta(tsr_tools_stream *s, size_t i, const tsr_tools_call *c
         if (!sc->name_sent) {
                 json_object_set_new(f, "name", json_string(c->name));
                 sc->name_sent = true;
-                if (s->p->name_with_args) {
+                /* the arguments known by then ride along (vLLM's hermes sends them with
+                 * the name when it has them; pythonic and qwen3_coder always) */
+                if (s->p->name_with_args || c->args_len) {
                         json_object_set_new(f, "arguments", json_stringn(c->args, c->args_len));
                         sc->args_sent = c->args_len;
                 }
