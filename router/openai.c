@@ -522,8 +522,8 @@ static tsr_status verify_sampling(const tsr_oai_request *r, const tsr_oai_limits
 /* vLLM request fields that would change the output but are not implemented here: a
  * request using one gets 400, never an answer that silently ignores it (issue #12).
  * Fields that cannot change the output alone stay accepted, as vLLM accepts unknown
- * ones: user, parallel_tool_calls and include_reasoning (no tool calls or reasoning
- * are parsed), guided_decoding_backend and guided_whitespace_pattern (they only tune a
+ * ones: user, parallel_tool_calls (vLLM 0.12 returns every call the parser finds either
+ * way), guided_decoding_backend and guided_whitespace_pattern (they only tune a
  * guided_* constraint, refused below), length_penalty (beam search only),
  * kv_transfer_params, mm_processor_kwargs (a text-only model) and vllm_xargs (read by
  * logits processors only). */
@@ -694,6 +694,7 @@ static tsr_status parse_chat(json_t *root, const tsr_oai_limits *lim, tsr_arena 
         }
         TRY(get_bool(root, "echo", &r->echo, err));
         TRY(get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err));
+        TRY(get_bool(root, "include_reasoning", &r->include_reasoning, err));
         TRY(get_bool(root, "continue_final_message", &r->continue_final_message, err));
         if (r->add_generation_prompt && r->continue_final_message)
                 return VALUE_ERR(err, "continue_final_message",
@@ -736,6 +737,7 @@ tsr_status tsr_oai_parse(tsr_oai_kind kind, const char *body, size_t len, const 
         r.skip_special_tokens = true;
         r.spaces_between_special_tokens = true;
         r.add_generation_prompt = true;
+        r.include_reasoning = true;
         r.add_special_tokens = kind == TSR_OAI_COMPLETIONS;
 
         /* JSON_DECODE_ANY: a body that is valid JSON but not an object ("hello", 5) gets

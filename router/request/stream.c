@@ -211,6 +211,11 @@ void tsr_request_parse_message(rq *r, choice *ch, json_t *chat_choice) {
                 log_req(TSR_LOG_WARN, r->id, "output parsers ran out of memory: the text is returned unparsed");
         if (called)
                 json_object_set_new(chat_choice, "finish_reason", json_string("tool_calls"));
+        if (!r->req.include_reasoning) {
+                json_t *m = json_object_get(chat_choice, "message");
+                json_object_set_new(m, "reasoning", json_null());
+                json_object_set_new(m, "reasoning_content", json_null());
+        }
 }
 
 /* The stream of a chat choice through the parsers: one chunk per Output with what
@@ -230,6 +235,15 @@ static void stream_parsed(rq *r, choice *ch, const tsr_resp_head *h, size_t upto
         if (tsr_chat_out_step(ch->parse, (char *)ch->text.data, upto, ch->finished, &delta) != TSR_OK) {
                 tsr_request_fail(r, 500, "InternalServerError", "out of memory");
                 return;
+        }
+        if (delta && !r->req.include_reasoning && json_object_get(delta, "reasoning")) {
+                /* include_reasoning false: the reasoning is parsed off and dropped */
+                json_object_del(delta, "reasoning");
+                json_object_set_new(delta, "reasoning_content", json_null());
+                if (!json_object_get(delta, "content") && !json_object_get(delta, "tool_calls")) {
+                        json_decref(delta);
+                        delta = NULL;
+                }
         }
         if (!delta && !ch->finished)
                 return;   /* nothing settled yet: no chunk, as vLLM skips a None delta */

@@ -174,6 +174,14 @@ def test_reasoning_split(reasoning_server):
                                     extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert off.choices[0].message.content == m.reasoning_content
     assert off.choices[0].message.reasoning_content is None
+    # include_reasoning false: the reasoning is split off and dropped, in both modes
+    drop = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0,
+                                     extra_body={"include_reasoning": False})
+    assert drop.choices[0].message.reasoning_content is None and drop.choices[0].message.content is None
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0, stream=True,
+                                            extra_body={"include_reasoning": False}))
+    assert not any(getattr(ch.choices[0].delta, "reasoning_content", None) for ch in chunks if ch.choices)
+    assert chunks[-1].choices[0].finish_reason == drop.choices[0].finish_reason
 
 
 def test_reasoning_end_marker(reasoning_server):
