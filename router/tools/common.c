@@ -70,6 +70,53 @@ size_t tsr_tools_holdback(const char *s, size_t n, const char *marker) {
         return 0;
 }
 
+int tsr_tools_expect(const char *s, size_t n, size_t *i, char ch, bool py) {
+        *i = tsr_canon_skip_ws(s, n, *i, py);
+        if (*i == n)
+                return 0;
+        if (s[*i] != ch)
+                return -1;
+        *i = tsr_canon_skip_ws(s, n, *i + 1, py);
+        return *i < n ? 1 : 0;
+}
+
+tsr_status tsr_tools_result_all_content(tsr_tools_result *r, const char *text, size_t len) {
+        tsr_tools_result_done(r);
+        if (!(r->content = strndup(text, len)))
+                return TSR_E_NOMEM;
+        r->content_len = len;
+        return TSR_OK;
+}
+
+tsr_status tsr_tools_result_called(tsr_tools_result *r, const char *text, size_t content_len) {
+        r->called = true;
+        if (content_len && !(r->content = strndup(text, content_len)))
+                return TSR_E_NOMEM;
+        r->content_len = content_len;
+        return TSR_OK;
+}
+
+int tsr_tools_json_call_whole(const char *s, size_t n, const char *const *arg_keys, tsr_tools_result *out) {
+        /* a copy with a newline after it: a value at the very end has ended */
+        char *seg = malloc(n + 2), *name = NULL;
+        size_t pos = 0;
+        bool has_args;
+        tsr_buf args;
+        int rc = 0;
+        if (!seg)
+                return -1;
+        memcpy(seg, s, n);
+        seg[n] = '\n';
+        tsr_buf_init(&args, (size_t)64 << 20);
+        if (tsr_tools_json_call(seg, n + 1, &pos, arg_keys, &name, &args, &has_args) == 1 &&
+            tsr_canon_skip_ws(seg, n + 1, pos, false) == n + 1)
+                rc = tsr_tools_result_add(out, name, strlen(name), (char *)args.data, args.len) == TSR_OK ? 1 : -1;
+        free(seg);
+        free(name);
+        tsr_buf_done(&args);
+        return rc;
+}
+
 /* A key read as canonical JSON equals `want` ("name" -> "\"name\""), escapes and all. */
 static bool key_is(const tsr_buf *k, const char *want) {
         size_t wl = strlen(want);
@@ -104,17 +151,8 @@ int tsr_tools_json_call(const char *s, size_t n, size_t *pos, const char *const 
                         i++;
                         break;
                 }
-                if (!first) {
-                        if (s[i] != ',') {
-                                rc = -1;
-                                break;
-                        }
-                        i = tsr_canon_skip_ws(s, n, i + 1, false);
-                        if (i == n) {
-                                rc = 0;
-                                break;
-                        }
-                }
+                if (!first && (rc = tsr_tools_expect(s, n, &i, ',', false)) != 1)
+                        break;
                 first = false;
                 if (s[i] != '"') {
                         rc = -1;
@@ -123,20 +161,8 @@ int tsr_tools_json_call(const char *s, size_t n, size_t *pos, const char *const 
                 tsr_buf_reset(&key);
                 if ((rc = tsr_canon_value(s, n, &i, &o, &key)) != 1)
                         break;
-                i = tsr_canon_skip_ws(s, n, i, false);
-                if (i == n) {
-                        rc = 0;
+                if ((rc = tsr_tools_expect(s, n, &i, ':', false)) != 1)
                         break;
-                }
-                if (s[i] != ':') {
-                        rc = -1;
-                        break;
-                }
-                i = tsr_canon_skip_ws(s, n, i + 1, false);
-                if (i == n) {
-                        rc = 0;
-                        break;
-                }
                 for (int k = 0; arg_keys[k]; k++)
                         if (key_is(&key, arg_keys[k]))
                                 which = k;

@@ -25,67 +25,28 @@ static const char *find(const char *s, size_t n, size_t from, const char *m) {
 
 static tsr_status final_parse(const char *text, size_t len, tsr_tools_result *out) {
         size_t ov[6], from = 0;
-        tsr_buf args;
-        tsr_status st = TSR_OK;
-        bool ok = true;
         const char *first = find(text, len, 0, OPEN);
 
         if (!first)
-                goto as_content;
-        tsr_buf_init(&args, (size_t)64 << 20);
+                return tsr_tools_result_all_content(out, text, len);
         for (;;) {
-                int m = tsr_tools_re_match(&call_re, text, len, from, 0, ov, 6);
-                size_t a, b, pos = 0;
-                char *name = NULL;
-                bool has_args;
+                int m = tsr_tools_re_match(&call_re, text, len, from, 0, ov, 6), rc;
                 if (m == 0)
                         break;
-                if (m < 0) {
-                        ok = false;
-                        break;
-                }
-                a = ov[2] != (size_t)PCRE2_UNSET ? ov[2] : ov[4];
-                b = ov[2] != (size_t)PCRE2_UNSET ? ov[3] : ov[5];
-                tsr_buf_reset(&args);
-                /* json.loads: one object, whitespace around it */
-                char *seg = malloc(b - a + 2);
-                if (!seg) {
-                        st = TSR_E_NOMEM;
-                        break;
-                }
-                memcpy(seg, text + a, b - a);
-                seg[b - a] = '\n';
-                if (tsr_tools_json_call(seg, b - a + 1, &pos, arg_keys, &name, &args, &has_args) != 1 ||
-                    tsr_canon_skip_ws(seg, b - a + 1, pos, false) != b - a + 1) {
-                        free(seg);
-                        free(name);
-                        ok = false;
-                        break;
-                }
-                free(seg);
-                st = tsr_tools_result_add(out, name, strlen(name), (char *)args.data, args.len);
-                free(name);
-                if (st != TSR_OK)
-                        break;
+                if (m < 0)
+                        return tsr_tools_result_all_content(out, text, len);
+                /* the closed form's group, or the unclosed one's: json.loads of it */
+                bool closed = ov[2] != (size_t)PCRE2_UNSET;
+                size_t a = closed ? ov[2] : ov[4], b = closed ? ov[3] : ov[5];
+                if ((rc = tsr_tools_json_call_whole(text + a, b - a, arg_keys, out)) < 0)
+                        return TSR_E_NOMEM;
+                if (rc == 0)
+                        return tsr_tools_result_all_content(out, text, len);
                 from = ov[1] > from ? ov[1] : from + 1;
         }
-        tsr_buf_done(&args);
-        if (st != TSR_OK)
-                return st;
-        if (ok && out->n_calls) {
-                size_t cl = (size_t)(first - text);
-                out->called = true;
-                if (cl && !(out->content = strndup(text, cl)))
-                        return TSR_E_NOMEM;
-                out->content_len = cl;
-                return TSR_OK;
-        }
-        tsr_tools_result_done(out);
-as_content:
-        if (!(out->content = strndup(text, len)))
-                return TSR_E_NOMEM;
-        out->content_len = len;
-        return TSR_OK;
+        if (!out->n_calls)
+                return tsr_tools_result_all_content(out, text, len);
+        return tsr_tools_result_called(out, text, (size_t)(first - text));
 }
 
 /* A stream in progress: content up to the first <tool_call> (minus a half-written

@@ -24,21 +24,16 @@ static bool py_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c ==
 
 static tsr_status final_parse(const char *text, size_t len, tsr_tools_result *out) {
         size_t ov[2];
-        tsr_buf args;
-        tsr_status st = TSR_OK;
-        bool ok = true;
 
         if (!memmem(text, len, BOT, strlen(BOT)) && !memchr(text, '{', len))
-                goto as_content;
+                return tsr_tools_result_all_content(out, text, len);
         if (tsr_tools_re_match(&calls_re, text, len, 0, 0, ov, 2) != 1)
-                goto as_content;
-        tsr_buf_init(&args, (size_t)64 << 20);
-        for (size_t a = ov[0]; a < ov[1] && ok;) {
+                return tsr_tools_result_all_content(out, text, len);
+        for (size_t a = ov[0]; a < ov[1];) {
                 /* str.split(';') then strip: a ';' inside a string splits too, as there */
                 const char *semi = memchr(text + a, ';', ov[1] - a);
-                size_t b = semi ? (size_t)(semi - text) : ov[1], pa = a, pb = b, pos = 0;
-                char *name = NULL, *seg;
-                bool has_args;
+                size_t b = semi ? (size_t)(semi - text) : ov[1], pa = a, pb = b;
+                int rc;
                 while (pa < pb && py_space(text[pa]))
                         pa++;
                 while (pb > pa && py_space(text[pb - 1]))
@@ -46,36 +41,12 @@ static tsr_status final_parse(const char *text, size_t len, tsr_tools_result *ou
                 a = b + 1;
                 if (pa == pb)
                         continue;
-                if (!(seg = malloc(pb - pa + 2))) {
-                        st = TSR_E_NOMEM;
-                        break;
-                }
-                memcpy(seg, text + pa, pb - pa);
-                seg[pb - pa] = '\n';
-                tsr_buf_reset(&args);
-                if (tsr_tools_json_call(seg, pb - pa + 1, &pos, arg_keys, &name, &args, &has_args) != 1 ||
-                    tsr_canon_skip_ws(seg, pb - pa + 1, pos, false) != pb - pa + 1)
-                        ok = false;
-                else
-                        st = tsr_tools_result_add(out, name, strlen(name), (char *)args.data, args.len);
-                free(seg);
-                free(name);
-                if (st != TSR_OK)
-                        break;
+                if ((rc = tsr_tools_json_call_whole(text + pa, pb - pa, arg_keys, out)) < 0)
+                        return TSR_E_NOMEM;
+                if (rc == 0)
+                        return tsr_tools_result_all_content(out, text, len);
         }
-        tsr_buf_done(&args);
-        if (st != TSR_OK)
-                return st;
-        if (ok) {
-                out->called = true;   /* content: None */
-                return TSR_OK;
-        }
-        tsr_tools_result_done(out);
-as_content:
-        if (!(out->content = strndup(text, len)))
-                return TSR_E_NOMEM;
-        out->content_len = len;
-        return TSR_OK;
+        return tsr_tools_result_called(out, text, 0);   /* content: None */
 }
 
 /* A stream in progress (it starts with '{' or the tag): the objects one after the

@@ -40,6 +40,19 @@ int tsr_tools_re_match(tsr_tools_re *re, const char *s, size_t n, size_t from, u
  * stream until the next delta says. */
 size_t tsr_tools_holdback(const char *s, size_t n, const char *marker);
 
+/* A separator `ch` at s[*i] (whitespace first), and the whitespace after it: 1 found
+ * with input after it, 0 the input ended, -1 another character there. */
+int tsr_tools_expect(const char *s, size_t n, size_t *i, char ch, bool py);
+
+/* Final results: no calls, the whole text is content; or calls found, content the
+ * text before them (null when empty). */
+tsr_status tsr_tools_result_all_content(tsr_tools_result *r, const char *text, size_t len);
+tsr_status tsr_tools_result_called(tsr_tools_result *r, const char *text, size_t content_len);
+
+/* s[0..n) is one call object and nothing else (whitespace around), as json.loads of
+ * the whole segment: 1 and the call added to out, 0 not, -1 out of memory. */
+int tsr_tools_json_call_whole(const char *s, size_t n, const char *const *arg_keys, tsr_tools_result *out);
+
 /* A JSON call object {"name": "...", <args key>: value, ...} at s[*pos] (json.loads
  * grammar).  name: malloc'd once the string is complete (NULL before, and when it is
  * not a string: then BAD in the end); args: canonical JSON of the first of arg_keys

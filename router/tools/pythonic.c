@@ -58,15 +58,8 @@ static int parse_list(const char *s, size_t n, bool ascii, tsr_tools_result *out
                         break;
                 }
                 if (!first_call) {
-                        if (s[i] != ',') {
-                                rc = -1;
+                        if ((rc = tsr_tools_expect(s, n, &i, ',', true)) != 1)
                                 break;
-                        }
-                        i = ws(s, n, i + 1);
-                        if (i == n) {
-                                rc = 0;
-                                break;
-                        }
                         if (s[i] == ']')
                                 continue;   /* a trailing comma */
                 }
@@ -111,15 +104,8 @@ static int parse_list(const char *s, size_t n, bool ascii, tsr_tools_result *out
                                 break;
                         }
                         if (!first_arg) {
-                                if (s[i] != ',') {
-                                        rc = -1;
+                                if ((rc = tsr_tools_expect(s, n, &i, ',', true)) != 1)
                                         break;
-                                }
-                                i = ws(s, n, i + 1);
-                                if (i == n) {
-                                        rc = 0;
-                                        break;
-                                }
                                 if (s[i] == ')')
                                         continue;
                         }
@@ -145,7 +131,6 @@ static int parse_list(const char *s, size_t n, bool ascii, tsr_tools_result *out
                                 }
                         }
                         if (kw) {
-                                size_t mark = args.len;
                                 if (!first_arg && args.len > 1)
                                         tsr_buf_append(&args, ", ", 2);
                                 if (tsr_canon_string(&args, s + ks, ke - ks, ascii) != TSR_OK ||
@@ -153,12 +138,9 @@ static int parse_list(const char *s, size_t n, bool ascii, tsr_tools_result *out
                                         rc = -2;
                                         break;
                                 }
-                                rc = tsr_canon_value(s, n, &i, &o, &args);
-                                if (rc != 1) {
-                                        if (rc == 0 && args.len == mark + 0)
-                                                args.len = mark;
+                                /* on a cut, args keeps the value's sure prefix */
+                                if ((rc = tsr_canon_value(s, n, &i, &o, &args)) != 1)
                                         break;
-                                }
                         } else {
                                 tsr_buf_reset(&scratch);
                                 if ((rc = tsr_canon_value(s, n, &i, &o, &scratch)) != 1)
@@ -224,10 +206,7 @@ static tsr_status parse(const char *text, size_t len, bool final, bool llama4, t
                         goto done;
                 }
         }
-        tsr_tools_result_done(out);
-        if (!(out->content = strndup(text, tl)))
-                st = TSR_E_NOMEM;
-        out->content_len = tl;
+        st = tsr_tools_result_all_content(out, text, tl);
 done:
         free(t);
         return st;

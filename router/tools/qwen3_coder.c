@@ -346,20 +346,8 @@ tsr_status tsr_tools_parse_qwen3_coder(const tsr_tools_ctx *ctx, const char *tex
                 return st;
         if (!final)
                 return TSR_OK;
-        if (ok && out->n_calls) {
-                size_t cl = open ? (size_t)(open - text) : (size_t)(fn - text);
-                out->called = true;
-                if (cl && !(out->content = strndup(text, cl)))
-                        return TSR_E_NOMEM;
-                out->content_len = cl;
-                return TSR_OK;
-        }
-        tsr_tools_result_done(out);
+        if (ok && out->n_calls)
+                return tsr_tools_result_called(out, text, open ? (size_t)(open - text) : (size_t)(fn - text));
 as_content:
-        if (!final)
-                return TSR_OK;
-        if (!(out->content = strndup(text, len)))
-                return TSR_E_NOMEM;
-        out->content_len = len;
-        return TSR_OK;
+        return final ? tsr_tools_result_all_content(out, text, len) : TSR_OK;
 }

@@ -3,7 +3,7 @@
  *
  * The router owns text (DESIGN.md), so the parsers run where the detokenized output
  * is: on the loop thread, once per choice at the end (non-stream) or once per Output
- * (stream).  Each parser is one file of router/tools/ and one row of the table in
+ * (stream).  Each parser is a file of router/tools/ and a row of the table in
  * tools.c; a parser is a pure function of the text so far:
  *
  *   parse(text, final) -> content, tool calls
@@ -58,8 +58,8 @@ typedef struct tsr_tools_ctx {
 
 typedef struct tsr_tools_parser {
         const char *name;             /* the --tool-call-parser value */
-        /* The first delta of a call also carries the arguments known then (vLLM's
-         * pythonic and qwen3_coder parsers); otherwise it carries the name only. */
+        /* The first delta of a call always carries `arguments` (what is known then, ""
+         * too: vLLM's pythonic and qwen3_coder); otherwise only when some are known. */
         bool name_with_args;
         /* The text must start with one of these for a stream to look for calls at all
          * (vLLM's llama3_json and pythonic streaming); NULL = anywhere. */
