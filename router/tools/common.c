@@ -48,7 +48,9 @@ int tsr_tools_re_match(tsr_tools_re *re, const char *s, size_t n, size_t from, u
         /* vLLM bounds these patterns by a timeout (VLLM_TOOL_PARSE_REGEX_TIMEOUT_SECONDS);
          * here a backtracking budget: past it the output stays content, as there. */
         pcre2_set_match_limit(mc, 10000000);
-        rc = pcre2_match(code, (PCRE2_SPTR)s, n, from, opts | PCRE2_NO_UTF_CHECK, md, mc);
+        /* No PCRE2_NO_UTF_CHECK: the text is a model's output; invalid UTF-8 is an error
+         * (then content), never a read past the subject. */
+        rc = pcre2_match(code, (PCRE2_SPTR)s, n, from, opts, md, mc);
         if (rc > 0) {
                 PCRE2_SIZE *v = pcre2_get_ovector_pointer(md);
                 uint32_t pairs = pcre2_get_ovector_count(md);

@@ -186,6 +186,8 @@ tsr_status tsr_tools_stream_step(tsr_tools_stream *s, const char *text, size_t l
                 decide(s, text, len, final);
         if (s->mode == UNDECIDED)
                 return TSR_OK;
+        if (len < s->content_sent)
+                return TSR_OK;   /* the text did not grow (a reasoning split moved): nothing new */
         if (s->mode == CONTENT_ONLY) {
                 *content = text + s->content_sent;
                 *content_len = len - s->content_sent;

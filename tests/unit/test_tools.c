@@ -382,6 +382,52 @@ static void test_canon_partial(void **state) {
         tsr_buf_done(&b);
 }
 
+/* Outputs stitched at random from the formats' pieces, and cut anywhere: every parser
+ * answers (content or calls) in both modes, streamed too, without a crash or a leak
+ * (a model's output is untrusted input). */
+static void test_random_outputs(void **state) {
+        static const char *const pieces[] = {
+                "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "<think>",
+                "</think>", "{", "}", "[", "]", "(", ")", "\"", "'", ":", ",", ";", "=", "\\", "\\u12", "\\ud83d",
+                "name", "arguments", "parameters", "f", "x", "1", "-", "1e", ".5", "True", "None", "null", "NaN",
+                "<|python_tag|>", "<|python_start|>", "<|python_end|>", " ", "\n", "\xc3\xa9", "\xf0\x9f\x98\x80", "\xff",
+        };
+        static const char *const tool_parsers[] = {"hermes", "llama3_json", "pythonic", "llama4_pythonic", "qwen3_coder"};
+        json_t *tools = tools_schema();
+        tsr_tools_ctx ctx = {.tools = tools};
+        uint64_t rng = 0x9E3779B97F4A7C15ull;
+        char text[512];
+        (void)state;
+        for (int it = 0; it < 3000; it++) {
+                size_t len = 0, n = 1 + (rng >> 59);
+                for (size_t k = 0; k < n * 2; k++) {
+                        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                        const char *p = pieces[(rng >> 33) % N(pieces)];
+                        if (len + strlen(p) >= sizeof(text))
+                                break;
+                        memcpy(text + len, p, strlen(p));
+                        len += strlen(p);
+                }
+                text[len] = '\0';
+                const tsr_tools_parser *tp = tsr_tools_parser_find(tool_parsers[it % N(tool_parsers)]);
+                const tsr_reasoning_parser *rp = it % 3 == 0 ? tsr_reasoning_parser_find("deepseek_r1") : NULL;
+                json_t *msg = json_object(), *d = NULL;
+                bool called;
+                assert_int_equal(tsr_chat_out_message(rp, false, tp, &ctx, text, len, msg, &called), TSR_OK);
+                assert_non_null(json_object_get(msg, "content"));
+                json_decref(msg);
+                tsr_chat_out *o = tsr_chat_out_new(rp, false, tp, &ctx);
+                for (size_t k = 0; k <= len; k += 1 + (size_t)(it % 4)) {
+                        assert_int_equal(tsr_chat_out_step(o, text, k, false, &d), TSR_OK);
+                        json_decref(d);
+                }
+                assert_int_equal(tsr_chat_out_step(o, text, len, true, &d), TSR_OK);
+                json_decref(d);
+                tsr_chat_out_free(o);
+        }
+        json_decref(tools);
+}
+
 /* Python's repr of floats: what json.dumps writes for them. */
 static void test_py_repr(void **state) {
         static const struct {
@@ -405,6 +451,7 @@ int main(void) {
                 cmocka_unit_test(test_reasoning),       cmocka_unit_test(test_names_agree),
                 cmocka_unit_test(test_template_messages), cmocka_unit_test(test_canon_partial),
                 cmocka_unit_test(test_py_repr),
+                cmocka_unit_test(test_random_outputs),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
