@@ -245,12 +245,14 @@ static void stream_parsed(rq *r, choice *ch, const tsr_resp_head *h, size_t upto
                         delta = NULL;
                 }
         }
-        if (!delta && !ch->finished)
-                return;   /* nothing settled yet: no chunk, as vLLM skips a None delta */
+        /* The role chunk goes with the first output, settled or not (vLLM sends it
+         * before the parsers run, and TTFT is measured on it). */
         if (!ch->role_sent) {
                 tsr_request_stream_write_obj(r, tsr_resp_chat_role_chunk(h, ch->index, r->L->ctx->cfg->response_role, up));
                 ch->role_sent = true;
         }
+        if (!delta && !ch->finished)
+                return;   /* nothing settled yet: no chunk, as vLLM skips a None delta */
         if (!delta) {
                 delta = json_object();
                 json_object_set_new(delta, "content", json_string(""));
