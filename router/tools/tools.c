@@ -274,6 +274,13 @@ json_t *tsr_tools_template_messages(json_t *messages, char *err, size_t errlen) 
                         json_object_set(o, "name", v);
                 if (role && strcmp(role, "tool") == 0 && (v = json_object_get(m, "tool_call_id")))
                         json_object_set(o, "tool_call_id", v);
+                /* an earlier turn's reasoning (Qwen3-style templates read it) */
+                if (role && strcmp(role, "assistant") == 0) {
+                        if (json_is_string(v = json_object_get(m, "reasoning")))
+                                json_object_set(o, "reasoning", v);
+                        if (json_is_string(v = json_object_get(m, "reasoning_content")))
+                                json_object_set(o, "reasoning_content", v);
+                }
                 if (role && strcmp(role, "assistant") == 0 && json_is_array(v = json_object_get(m, "tool_calls"))) {
                         json_t *calls = json_deep_copy(v), *c;
                         size_t k;

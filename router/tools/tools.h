@@ -121,8 +121,8 @@ size_t tsr_canon_skip_ws(const char *s, size_t n, size_t i, bool py);
 /* ---- template messages ---- */
 /* The messages as vLLM hands them to the chat template: content parts joined into one
  * string (null content -> ""), assistant tool_calls' `arguments` strings parsed into
- * objects ("" or absent -> {}), and only role, content, name, tool_calls (assistant)
- * and tool_call_id (tool) kept.  New reference; NULL and *err set when an arguments
+ * objects ("" or absent -> {}), and only role, content, name, tool_calls, reasoning and
+ * reasoning_content (assistant) and tool_call_id (tool) kept.  New reference; NULL and *err set when an arguments
  * string is not JSON (vLLM's json.loads fails the request: 400). */
 json_t *tsr_tools_template_messages(json_t *messages, char *err, size_t errlen);
 
