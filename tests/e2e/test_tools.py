@@ -52,6 +52,13 @@ def tools_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def xml_server(tmp_path_factory):
+    base, proc = _serve(tmp_path_factory, ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"])
+    yield base
+    proc.kill_group()
+
+
+@pytest.fixture(scope="module")
 def reasoning_server(tmp_path_factory):
     base, proc = _serve(tmp_path_factory, ["--reasoning-parser", "nemotron_v3"])
     yield base
@@ -122,6 +129,31 @@ def test_tool_round_trip(tools_server):
                          timeout=30).json()["prompt"]
     assert "22 degrees and sunny" in text
     assert "<|im_start|>tool" in text
+
+
+def test_qwen3_coder_xml_call(xml_server):
+    """Nemotron-3-Nano's XML format (qwen3_coder): the value converted by the schema
+    (days: integer), content before the call, the same call streamed."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    xml = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+           "</parameter>\n</function>\n</tool_call>")
+    msgs = [{"role": "system", "content": "You call tools. Reply with exactly: " + xml}]
+    for _ in range(3):
+        msgs += [{"role": "user", "content": "Weather in Paris for 3 days?"}, {"role": "assistant", "content": xml}]
+    msgs = msgs[:-1]
+    c = _client(xml_server)
+    r = c.chat.completions.create(model=MODEL, messages=msgs, tools=tools, max_tokens=60, temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert ch.message.tool_calls[0].function.name == "get_weather"
+    assert json.loads(ch.message.tool_calls[0].function.arguments) == {"city": "Paris", "days": 3}
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, tools=tools, max_tokens=60, temperature=0,
+                                            stream=True))
+    deltas = [tc for x in chunks for tc in (x.choices[0].delta.tool_calls or [])]
+    assert deltas[0].function.name == "get_weather" and deltas[0].id.startswith("chatcmpl-tool-")
+    assert "".join(d.function.arguments or "" for d in deltas) == ch.message.tool_calls[0].function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_tool_choice_none_leaves_text(tools_server):
