@@ -198,11 +198,11 @@ static const tsr_opt opts[] = {
         {O_BOOL("enable-tokenizer-info-endpoint", enable_tokenizer_info_endpoint), .owner = R,
          .group = GRP_FRONTEND, .help = "serve /tokenizer_info; not supported yet"},
         {O_BOOL("enable-auto-tool-choice", enable_auto_tool_choice), .owner = R, .group = GRP_FRONTEND,
-         .help = "let the model decide when to call tools; not supported yet"},
+         .help = "let the model decide when to call tools (tool_choice auto); needs --tool-call-parser"},
         {O_STR("tool-call-parser", tool_call_parser), .owner = R, .group = GRP_FRONTEND, .metavar = "NAME",
-         .help = "parser turning model output into tool calls; not supported yet"},
+         .help = "parser turning model output into tool calls: hermes, llama3_json, llama4_pythonic, pythonic, qwen3_coder"},
         {O_STR("reasoning-parser", reasoning_parser), .owner = R, .group = GRP_FRONTEND, .metavar = "NAME",
-         .help = "parser splitting reasoning from the answer; not supported yet"},
+         .help = "parser splitting reasoning from the answer: deepseek_r1, nemotron_v3 (also nano_v3)"},
         {O_STR("show-hidden-metrics-for-version", show_hidden_metrics_for_version), .owner = R,
          .group = GRP_FRONTEND, .metavar = "VERSION", .help = "bring back metrics deprecated since VERSION"},
         {O_INT("stream-interval", stream_interval, 1, INT_MAX), .owner = R, .group = GRP_FRONTEND,
@@ -1045,6 +1045,49 @@ static bool same_path(const char *a, const char *b) {
         return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+/* The output parsers the router has (router/tools/: tools.c and reasoning.c hold the
+ * same names; test_tools checks that they agree).  Checked here, in every process, so
+ * that `tessera serve` refuses a wrong name before it starts a child, with vLLM's
+ * messages (api_server.validate_api_server_args, cli_args.validate_parsed_serve_args). */
+static const char *const tool_call_parsers[] = {"hermes", "llama3_json", "llama4_pythonic", "pythonic", "qwen3_coder", NULL};
+static const char *const reasoning_parsers[] = {"deepseek_r1", "nemotron_v3", "nano_v3", NULL};
+
+const char *const *tsr_config_tool_call_parsers(void) { return tool_call_parsers; }
+const char *const *tsr_config_reasoning_parsers(void) { return reasoning_parsers; }
+
+static bool listed(const char *const *names, const char *name) {
+        for (; *names; names++)
+                if (strcmp(*names, name) == 0)
+                        return true;
+        return false;
+}
+
+static void join_names(const char *const *names, char *out, size_t n) {
+        size_t k = 0;
+        out[0] = '\0';
+        for (size_t i = 0; names[i] && k < n; i++)
+                k += (size_t)snprintf(out + k, n - k, "%s%s", i ? "," : "", names[i]);
+}
+
+static tsr_status check_parsers(const tsr_config *cfg, char *err, size_t errlen) {
+        char names[256];
+        if (cfg->enable_auto_tool_choice && !cfg->tool_call_parser) {
+                tsr_errf(err, errlen, "Error: --enable-auto-tool-choice requires --tool-call-parser");
+                return TSR_E_INVAL;
+        }
+        if (cfg->tool_call_parser && !listed(tool_call_parsers, cfg->tool_call_parser)) {
+                join_names(tool_call_parsers, names, sizeof(names));
+                tsr_errf(err, errlen, "invalid tool call parser: %s (chose from { %s })", cfg->tool_call_parser, names);
+                return TSR_E_INVAL;
+        }
+        if (cfg->reasoning_parser && !listed(reasoning_parsers, cfg->reasoning_parser)) {
+                join_names(reasoning_parsers, names, sizeof(names));
+                tsr_errf(err, errlen, "invalid reasoning parser: %s (chose from { %s })", cfg->reasoning_parser, names);
+                return TSR_E_INVAL;
+        }
+        return TSR_OK;
+}
+
 /* Values that are vLLM's, so the table takes them, but that Tessera cannot honour yet.
  * Serving without them would give a user something other than what was asked (FP8 KV,
  * tool calls, a /load endpoint), so every process refuses them at start-up with one line
@@ -1069,7 +1112,6 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                 {cfg->enable_server_load_tracking, "enable-server-load-tracking", "there is no /load endpoint"},
                 {cfg->enable_tokenizer_info_endpoint, "enable-tokenizer-info-endpoint",
                  "there is no /tokenizer_info endpoint"},
-                {cfg->enable_auto_tool_choice, "enable-auto-tool-choice", "model output is not parsed for tool calls"},
         };
         const char *model_file = "the model's own path";
 
@@ -1130,16 +1172,6 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                                  switches[i].name, switches[i].why);
                         return TSR_E_UNSUPPORTED;
                 }
-        }
-        if (cfg->tool_call_parser) {
-                tsr_errf(err, errlen, "argument --tool-call-parser: '%s' is not supported yet: model output is "
-                         "not parsed for tool calls (supported: leave it unset)", cfg->tool_call_parser);
-                return TSR_E_UNSUPPORTED;
-        }
-        if (cfg->reasoning_parser) {
-                tsr_errf(err, errlen, "argument --reasoning-parser: '%s' is not supported yet: model output is "
-                         "not split into reasoning and answer (supported: leave it unset)", cfg->reasoning_parser);
-                return TSR_E_UNSUPPORTED;
         }
         return TSR_OK;
 }
@@ -1230,6 +1262,8 @@ tsr_status tsr_config_validate(const tsr_config *cfg, char *err, size_t errlen) 
         }
         if (check_supported(cfg, err, errlen) != TSR_OK)
                 return TSR_E_UNSUPPORTED;
+        if (check_parsers(cfg, err, errlen) != TSR_OK)
+                return TSR_E_INVAL;
         if (cfg->max_num_seqs > 0 && cfg->max_num_batched_tokens > 0 &&
             cfg->max_num_batched_tokens < cfg->max_num_seqs) {
                 tsr_errf(err, errlen, "argument --max-num-batched-tokens: %d is less than --max-num-seqs %d",

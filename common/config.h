@@ -185,4 +185,9 @@ void tsr_config_free_argv(char **argv);
  * size-valued flags; also used by the worker for --kv-cache-memory. */
 tsr_status tsr_parse_size(const char *s, long long *ret);
 
+/* The --tool-call-parser and --reasoning-parser names accepted (NULL-terminated);
+ * the router's tables (router/tools/) implement each. */
+const char *const *tsr_config_tool_call_parsers(void);
+const char *const *tsr_config_reasoning_parsers(void);
+
 #endif

@@ -33,26 +33,52 @@ void tsr_oai_py_float_repr(double v, char *out, size_t n) {
                 snprintf(out, n, v < 0 ? "-inf" : "inf");
                 return;
         }
-        /* Shortest %g that reads back to the same double, as Python's repr does. */
-        char buf[64];
-        for (int prec = 1; prec <= 17; prec++) {
-                snprintf(buf, sizeof(buf), "%.*g", prec, v);
+        /* The shortest digits that read back to the same double, as Python's repr
+         * (float_repr_style 'short'): positional when the decimal exponent is in
+         * [-4, 16), else d.ddde+XX; integral positional values keep ".0" (1000.0,
+         * 0.0001, 1e-05, 1e+16, 2.0). */
+        char buf[64], digits[32], res[96];
+        int prec, exp, nd = 0;
+        for (prec = 1; prec <= 17; prec++) {
+                snprintf(buf, sizeof(buf), "%.*e", prec - 1, v);
                 if (strtod(buf, NULL) == v)
                         break;
         }
-        /* Python writes exponents with at least two digits and keeps ".0" on integral
-         * values without an exponent: 1e-05, 1e+16, 2.0. */
-        char *e = strchr(buf, 'e');
-        if (e) {
-                char mant[40];
-                int exp = atoi(e + 1);
-                snprintf(mant, sizeof(mant), "%.*s", (int)(e - buf), buf);
-                snprintf(out, n, "%se%c%02d", mant, exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
-        } else if (!strchr(buf, '.')) {
-                snprintf(out, n, "%s.0", buf);
+        for (const char *p = buf; *p && *p != 'e'; p++)
+                if (*p >= '0' && *p <= '9')
+                        digits[nd++] = *p;
+        while (nd > 1 && digits[nd - 1] == '0')
+                nd--;
+        digits[nd] = '\0';
+        exp = atoi(strchr(buf, 'e') + 1);
+        size_t k = 0;
+        if (signbit(v))
+                res[k++] = '-';
+        if (exp >= -4 && exp < 16) {
+                if (exp < 0) {
+                        k += (size_t)snprintf(res + k, sizeof(res) - k, "0.");
+                        for (int i = 0; i < -exp - 1; i++)
+                                res[k++] = '0';
+                        k += (size_t)snprintf(res + k, sizeof(res) - k, "%s", digits);
+                } else {
+                        for (int i = 0; i <= exp; i++)
+                                res[k++] = i < nd ? digits[i] : '0';
+                        res[k++] = '.';
+                        if (nd > exp + 1)
+                                k += (size_t)snprintf(res + k, sizeof(res) - k, "%s", digits + exp + 1);
+                        else
+                                res[k++] = '0';
+                }
+                res[k] = '\0';
         } else {
-                snprintf(out, n, "%s", buf);
+                res[k++] = digits[0];
+                if (nd > 1) {
+                        res[k++] = '.';
+                        k += (size_t)snprintf(res + k, sizeof(res) - k, "%s", digits + 1);
+                }
+                snprintf(res + k, sizeof(res) - k, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
         }
+        snprintf(out, n, "%s", res);
 }
 
 static tsr_status fail(tsr_oai_error *err, int status, const char *type, const char *param, const char *fmt, ...)
@@ -496,8 +522,8 @@ static tsr_status verify_sampling(const tsr_oai_request *r, const tsr_oai_limits
 /* vLLM request fields that would change the output but are not implemented here: a
  * request using one gets 400, never an answer that silently ignores it (issue #12).
  * Fields that cannot change the output alone stay accepted, as vLLM accepts unknown
- * ones: user, parallel_tool_calls and include_reasoning (no tool calls or reasoning
- * are parsed), guided_decoding_backend and guided_whitespace_pattern (they only tune a
+ * ones: user, parallel_tool_calls (vLLM 0.12 returns every call the parser finds either
+ * way), guided_decoding_backend and guided_whitespace_pattern (they only tune a
  * guided_* constraint, refused below), length_penalty (beam search only),
  * kv_transfer_params, mm_processor_kwargs (a text-only model) and vllm_xargs (read by
  * logits processors only). */
@@ -668,6 +694,7 @@ static tsr_status parse_chat(json_t *root, const tsr_oai_limits *lim, tsr_arena 
         }
         TRY(get_bool(root, "echo", &r->echo, err));
         TRY(get_bool(root, "add_generation_prompt", &r->add_generation_prompt, err));
+        TRY(get_bool(root, "include_reasoning", &r->include_reasoning, err));
         TRY(get_bool(root, "continue_final_message", &r->continue_final_message, err));
         if (r->add_generation_prompt && r->continue_final_message)
                 return VALUE_ERR(err, "continue_final_message",
@@ -710,6 +737,7 @@ tsr_status tsr_oai_parse(tsr_oai_kind kind, const char *body, size_t len, const 
         r.skip_special_tokens = true;
         r.spaces_between_special_tokens = true;
         r.add_generation_prompt = true;
+        r.include_reasoning = true;
         r.add_special_tokens = kind == TSR_OAI_COMPLETIONS;
 
         /* JSON_DECODE_ANY: a body that is valid JSON but not an object ("hello", 5) gets

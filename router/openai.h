@@ -80,6 +80,7 @@ typedef struct tsr_oai_request {
         bool continue_final_message; /* false */
         const char *tool_choice;     /* "none" | "auto" | "required" | "function" (named); NULL = absent */
         const char *tool_choice_name;/* the named function, when tool_choice is "function" */
+        bool include_reasoning;      /* true; false drops the reasoning parser's reasoning */
         bool chat_logprobs;          /* `logprobs: true` */
         int top_logprobs;            /* 0 */
 

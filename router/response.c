@@ -133,10 +133,16 @@ json_t *tsr_resp_chat_role_chunk(const tsr_resp_head *h, int index, const char *
 
 json_t *tsr_resp_chat_chunk(const tsr_resp_head *h, int index, const char *content, size_t len, json_t *logprobs,
                         const char *finish_reason, json_t *stop_reason, const tsr_resp_usage *usage) {
-        json_t *o = json_object(), *c = json_object(), *d = json_object();
-        set_head(o, h, "chat.completion.chunk");
+        json_t *d = json_object();
         json_object_set_new(d, "content", stringn(content, len));
         json_object_set_new(d, "reasoning_content", json_null());
+        return tsr_resp_chat_delta_chunk(h, index, d, logprobs, finish_reason, stop_reason, usage);
+}
+
+json_t *tsr_resp_chat_delta_chunk(const tsr_resp_head *h, int index, json_t *d, json_t *logprobs, const char *finish_reason,
+                              json_t *stop_reason, const tsr_resp_usage *usage) {
+        json_t *o = json_object(), *c = json_object();
+        set_head(o, h, "chat.completion.chunk");
         json_object_set_new(c, "index", json_integer(index));
         json_object_set_new(c, "delta", d);
         json_object_set_new(c, "logprobs", logprobs ? logprobs : json_null());

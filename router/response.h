@@ -57,6 +57,10 @@ json_t *tsr_resp_completion_chunk(const tsr_resp_head *h, int index, const char 
 json_t *tsr_resp_chat_role_chunk(const tsr_resp_head *h, int index, const char *role, const tsr_resp_usage *usage);
 json_t *tsr_resp_chat_chunk(const tsr_resp_head *h, int index, const char *content, size_t len, json_t *logprobs /* stolen */,
                         const char *finish_reason, json_t *stop_reason /* stolen */, const tsr_resp_usage *usage);
+/* A chat chunk with a delta built by the caller (stolen): the reasoning and tool-call
+ * parsers' {content, reasoning, reasoning_content, tool_calls}. */
+json_t *tsr_resp_chat_delta_chunk(const tsr_resp_head *h, int index, json_t *delta, json_t *logprobs /* stolen */,
+                              const char *finish_reason, json_t *stop_reason /* stolen */, const tsr_resp_usage *usage);
 /* {"id",...,"choices":[],"usage":{...}} for both APIs. */
 json_t *tsr_resp_usage_chunk(const tsr_resp_head *h, bool chat, const tsr_resp_usage *u);
 

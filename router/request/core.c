@@ -20,6 +20,7 @@ static void rq_free(rq *r) {
                 tsr_buf_done(&ch->text);
                 json_decref(ch->stop_reason);
                 free(ch->lp);
+                tsr_chat_out_free(ch->parse);
                 free(ch->plp);
         }
         free(r->choices);
@@ -227,10 +228,11 @@ void tsr_request_finish(rq *r) {
                         if (r->kind == TSR_OAI_CHAT) {
                                 if (r->req.chat_logprobs)
                                         lp = tsr_resp_chat_logprobs(ch->lp, ch->n_lp, r->req.top_logprobs, &t);
-                                json_array_append_new(choices, tsr_resp_chat_choice(ch->index, r->L->ctx->cfg->response_role,
-                                                                                (char *)ch->text.data, ch->text.len, lp,
-                                                                                ch->finish_reason,
-                                                                                json_incref(ch->stop_reason)));
+                                c = tsr_resp_chat_choice(ch->index, r->L->ctx->cfg->response_role, (char *)ch->text.data,
+                                                         ch->text.len, lp, ch->finish_reason, json_incref(ch->stop_reason));
+                                if (tsr_request_parses_output(r))
+                                        tsr_request_parse_message(r, ch, c);
+                                json_array_append_new(choices, c);
                         } else {
                                 tsr_buf full;
                                 size_t n;

@@ -3,35 +3,21 @@
 
 /* ------------------------------------------------------------------ preparation (thread pool) */
 
-/* OpenAI content parts -> one string, text parts joined by "\n" (vLLM's "string"
- * content format, which the templates of the models we serve expect). */
-static json_t *normalized_messages(json_t *messages) {
-        json_t *out = json_deep_copy(messages), *m;
-        size_t i;
-        json_array_foreach(out, i, m) {
-                json_t *content = json_object_get(m, "content"), *part;
-                size_t k;
-                tsr_buf joined;
-                if (!json_is_array(content))
-                        continue;
-                tsr_buf_init(&joined, (size_t)1 << 30);
-                json_array_foreach(content, k, part) {
-                        if (k)
-                                tsr_buf_append_str(&joined, "\n");
-                        tsr_buf_append_str(&joined, json_string_value(json_object_get(part, "text")));
-                }
-                json_object_set_new(m, "content", json_stringn(joined.data ? (char *)joined.data : "", joined.len));
-                tsr_buf_done(&joined);
-        }
-        return out;
-}
-
 tsr_status tsr_request_render_chat(rq *r, char **prompt, size_t *len) {
         json_t *ctx = json_object(), *kv;
         const char *key;
         tsr_status st;
 
-        json_object_set_new(ctx, "messages", normalized_messages(r->req.messages));
+        /* vLLM's message shape: tool calls' arguments as objects, tool results with
+         * their tool_call_id (router/tools) */
+        json_t *msgs = tsr_tools_template_messages(r->req.messages, r->err.message, sizeof(r->err.message));
+        if (!msgs) {
+                json_decref(ctx);
+                r->err.status = 400;
+                r->err.type = "BadRequestError";
+                return TSR_E_INVAL;
+        }
+        json_object_set_new(ctx, "messages", msgs);
         json_object_set_new(ctx, "add_generation_prompt", json_boolean(r->req.add_generation_prompt));
         json_object_set_new(ctx, "bos_token", json_string(r->model->bos_token));
         json_object_set_new(ctx, "eos_token", json_string(r->model->eos_token));
@@ -403,6 +389,13 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                                      "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
                         return;
                 }
+                /* vLLM's hermes parser (adjust_request) keeps special tokens in the text
+                 * when it may parse calls: <tool_call> is a special token in several
+                 * vocabularies (Nemotron-3-Nano's too, hence qwen3_coder here as well). */
+                if (strcmp(r->req.tool_choice, "auto") == 0 && r->req.tools && json_array_size(r->req.tools) &&
+                    cfg->enable_auto_tool_choice && cfg->tool_call_parser &&
+                    (strcmp(cfg->tool_call_parser, "hermes") == 0 || strcmp(cfg->tool_call_parser, "qwen3_coder") == 0))
+                        r->req.skip_special_tokens = false;
                 if (strcmp(r->req.tool_choice, "required") == 0 || strcmp(r->req.tool_choice, "function") == 0) {
                         tsr_request_fail(r, 400, "BadRequestError",
                                      "tool_choice \"%s\" needs structured outputs, which this Tessera build does not support yet",

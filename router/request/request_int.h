@@ -25,6 +25,7 @@
 #include "router/response.h"
 #include "router/router.h"
 #include "router/stop.h"
+#include "router/tools/tools.h"
 
 #define TABLE_BITS 16                 /* in-flight choices per router: 65536 */
 #define TABLE_SIZE (1u << TABLE_BITS)
@@ -50,6 +51,7 @@ typedef struct choice {
         json_t *stop_reason;
         bool finished;
         bool role_sent;
+        struct tsr_chat_out *parse;   /* chat with --reasoning-parser / a tool parser: the stream's parser state */
         uint64_t first_token_ns;      /* router clock: TTFT, ITL */
         uint64_t last_token_ns;
         uint64_t queued_ns, prefill_ns, decode_ns;   /* engine's, from the final Output */
@@ -169,6 +171,10 @@ bool tsr_request_want_usage_chunk(const rq *r);
 void tsr_request_usage_of(const rq *r, const choice *only, tsr_resp_usage *u);
 void tsr_request_stream_write_obj(rq *r, json_t *obj);
 void tsr_request_stream_choice(rq *r, choice *ch);
+/* Chat output parsers (router/tools): whether this request's output goes through any,
+ * and the non-stream message of a choice rewritten by them. */
+bool tsr_request_parses_output(const rq *r);
+void tsr_request_parse_message(rq *r, choice *ch, json_t *chat_choice);
 
 /* dispatch.c: placement, submission, worker events */
 routing_policy tsr_request_policy_of(const tsr_config *cfg);

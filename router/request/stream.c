@@ -180,6 +180,91 @@ out:
         free(ev);
 }
 
+/* ------------------------------------------------------------------ output parsers */
+
+static const tsr_tools_parser *tool_parser_of(const rq *r) {
+        const tsr_config *cfg = r->L->ctx->cfg;
+        /* vLLM parses for calls when tools were given, tool_choice is auto and the
+         * server runs with --enable-auto-tool-choice and a parser. */
+        if (r->kind != TSR_OAI_CHAT || !cfg->enable_auto_tool_choice || !cfg->tool_call_parser || !r->req.tools ||
+            !json_array_size(r->req.tools) || !r->req.tool_choice || strcmp(r->req.tool_choice, "auto") != 0)
+                return NULL;
+        return tsr_tools_parser_find(cfg->tool_call_parser);
+}
+
+static const tsr_reasoning_parser *reasoning_parser_of(const rq *r) {
+        return r->kind == TSR_OAI_CHAT ? tsr_reasoning_parser_find(r->L->ctx->cfg->reasoning_parser) : NULL;
+}
+
+/* chat_template_kwargs.enable_thinking is false (vLLM tests `is False`). */
+static bool thinking_off(const rq *r) {
+        return json_is_false(json_object_get(r->req.chat_template_kwargs, "enable_thinking"));
+}
+
+bool tsr_request_parses_output(const rq *r) { return tool_parser_of(r) || reasoning_parser_of(r); }
+
+void tsr_request_parse_message(rq *r, choice *ch, json_t *chat_choice) {
+        tsr_tools_ctx ctx = {.tools = r->req.tools};
+        bool called = false;
+        if (tsr_chat_out_message(reasoning_parser_of(r), thinking_off(r), tool_parser_of(r), &ctx, (char *)ch->text.data,
+                                 ch->text.len, json_object_get(chat_choice, "message"), &called) != TSR_OK)
+                log_req(TSR_LOG_WARN, r->id, "output parsers ran out of memory: the text is returned unparsed");
+        if (called)
+                json_object_set_new(chat_choice, "finish_reason", json_string("tool_calls"));
+        if (!r->req.include_reasoning) {
+                json_t *m = json_object_get(chat_choice, "message");
+                json_object_set_new(m, "reasoning", json_null());
+                json_object_set_new(m, "reasoning_content", json_null());
+        }
+}
+
+/* The stream of a chat choice through the parsers: one chunk per Output with what
+ * they settled (reasoning, content, tool-call pieces), none when nothing is new; the
+ * last one carries finish_reason, "tool_calls" once a call went out. */
+static void stream_parsed(rq *r, choice *ch, const tsr_resp_head *h, size_t upto, const tsr_resp_usage *up) {
+        json_t *delta = NULL;
+        const char *finish = ch->finish_reason;
+        if (!ch->parse) {
+                tsr_tools_ctx ctx = {.tools = r->req.tools};
+                ch->parse = tsr_chat_out_new(reasoning_parser_of(r), thinking_off(r), tool_parser_of(r), &ctx);
+                if (!ch->parse) {
+                        tsr_request_fail(r, 500, "InternalServerError", "out of memory");
+                        return;
+                }
+        }
+        if (tsr_chat_out_step(ch->parse, (char *)ch->text.data, upto, ch->finished, &delta) != TSR_OK) {
+                tsr_request_fail(r, 500, "InternalServerError", "out of memory");
+                return;
+        }
+        if (delta && !r->req.include_reasoning && json_object_get(delta, "reasoning")) {
+                /* include_reasoning false: the reasoning is parsed off and dropped */
+                json_object_del(delta, "reasoning");
+                json_object_set_new(delta, "reasoning_content", json_null());
+                if (!json_object_get(delta, "content") && !json_object_get(delta, "tool_calls")) {
+                        json_decref(delta);
+                        delta = NULL;
+                }
+        }
+        /* The role chunk goes with the first output, settled or not (vLLM sends it
+         * before the parsers run, and TTFT is measured on it). */
+        if (!ch->role_sent) {
+                tsr_request_stream_write_obj(r, tsr_resp_chat_role_chunk(h, ch->index, r->L->ctx->cfg->response_role, up));
+                ch->role_sent = true;
+        }
+        if (!delta && !ch->finished)
+                return;   /* nothing settled yet: no chunk, as vLLM skips a None delta */
+        if (!delta) {
+                delta = json_object();
+                json_object_set_new(delta, "content", json_string(""));
+                json_object_set_new(delta, "reasoning_content", json_null());
+        }
+        if (ch->finished && tsr_chat_out_called(ch->parse))
+                finish = "tool_calls";
+        tsr_request_stream_write_obj(r, tsr_resp_chat_delta_chunk(h, ch->index, delta, stream_logprobs(r, ch), finish,
+                                                              ch->finished ? json_incref(ch->stop_reason) : NULL, up));
+        ch->sent = upto;
+}
+
 /* Send what is new in the choice's text (minus the stop-string holdback), with the
  * finish reason when the choice is done. */
 void tsr_request_stream_choice(rq *r, choice *ch) {
@@ -200,6 +285,10 @@ void tsr_request_stream_choice(rq *r, choice *ch) {
                 up = &u;
         }
         tsr_request_head_of(r, &h);
+        if (r->kind == TSR_OAI_CHAT && tsr_request_parses_output(r)) {
+                stream_parsed(r, ch, &h, upto, up);
+                return;
+        }
         if (r->kind == TSR_OAI_CHAT) {
                 if (!ch->role_sent) {
                         tsr_request_stream_write_obj(r, tsr_resp_chat_role_chunk(&h, ch->index, r->L->ctx->cfg->response_role, up));

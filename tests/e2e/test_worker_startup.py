@@ -99,9 +99,9 @@ REFUSED = [
     (["--quantization", "fp8"],
      "argument --quantization: 'fp8' is not supported yet: no quantization method is; weights are read from the "
      "checkpoint as stored and computed in --dtype (supported: leave it unset)"),
-    (["--tool-call-parser", "hermes"],
-     "argument --tool-call-parser: 'hermes' is not supported yet: model output is not parsed for tool calls "
-     "(supported: leave it unset)"),
+    # a parser the router does not have (the five it has are accepted: issue #17)
+    (["--tool-call-parser", "mistral"],
+     "invalid tool call parser: mistral (chose from { hermes,llama3_json,llama4_pythonic,pythonic,qwen3_coder })"),
 ]
 
 

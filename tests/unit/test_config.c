@@ -866,15 +866,6 @@ static void test_validate_refuses_unsupported(void **state) {
                 {{"--enable-tokenizer-info-endpoint"}, "argument --enable-tokenizer-info-endpoint: not supported "
                                                        "yet: there is no /tokenizer_info endpoint (supported: "
                                                        "leave it off)"},
-                {{"--enable-auto-tool-choice", "--tool-call-parser", "hermes"},
-                 "argument --enable-auto-tool-choice: not supported yet: model output is not parsed for tool "
-                 "calls (supported: leave it off)"},
-                {{"--tool-call-parser", "hermes"}, "argument --tool-call-parser: 'hermes' is not supported yet: "
-                                                   "model output is not parsed for tool calls (supported: leave "
-                                                   "it unset)"},
-                {{"--reasoning-parser", "deepseek_r1"}, "argument --reasoning-parser: 'deepseek_r1' is not "
-                                                        "supported yet: model output is not split into reasoning "
-                                                        "and answer (supported: leave it unset)"},
         };
         tsr_config c;
 
@@ -899,6 +890,47 @@ static void test_validate_refuses_unsupported(void **state) {
         c.stream_interval = 2;
         assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "argument --stream-interval: 2 "));
+        tsr_config_done(&c);
+}
+
+/* --tool-call-parser / --reasoning-parser: the router's parsers pass, anything else
+ * gets vLLM's message; --enable-auto-tool-choice needs a parser (issue #17). */
+static void test_output_parsers(void **state) {
+        tsr_config c;
+        const char *ok[][4] = {
+                {"--enable-auto-tool-choice", "--tool-call-parser", "hermes", NULL},
+                {"--enable-auto-tool-choice", "--tool-call-parser", "llama3_json", NULL},
+                {"--enable-auto-tool-choice", "--tool-call-parser", "llama4_pythonic", NULL},
+                {"--enable-auto-tool-choice", "--tool-call-parser", "pythonic", NULL},
+                {"--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder", NULL},
+                {"--tool-call-parser", "hermes", NULL, NULL},
+                {"--reasoning-parser", "deepseek_r1", NULL, NULL},
+                {"--reasoning-parser", "nemotron_v3", NULL, NULL},
+                {"--reasoning-parser", "nano_v3", NULL, NULL},
+        };
+        (void)state;
+        for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+                tsr_config_init(&c);
+                assert_int_equal(parse(&c, ok[i][0], ok[i][1], ok[i][2], ok[i][3], NULL), TSR_OK);
+                if (tsr_config_validate(&c, err, sizeof(err)) != TSR_OK)
+                        fail_msg("row %zu: %s", i, err);
+                tsr_config_done(&c);
+        }
+        tsr_config_init(&c);
+        assert_int_equal(parse(&c, "--enable-auto-tool-choice", "--tool-call-parser", "mistral", NULL), TSR_OK);
+        assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_INVAL);
+        assert_string_equal(err, "invalid tool call parser: mistral (chose from { hermes,llama3_json,llama4_pythonic,"
+                                 "pythonic,qwen3_coder })");
+        tsr_config_done(&c);
+        tsr_config_init(&c);
+        assert_int_equal(parse(&c, "--reasoning-parser", "qwen3", NULL), TSR_OK);
+        assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_INVAL);
+        assert_string_equal(err, "invalid reasoning parser: qwen3 (chose from { deepseek_r1,nemotron_v3,nano_v3 })");
+        tsr_config_done(&c);
+        tsr_config_init(&c);
+        assert_int_equal(parse(&c, "--enable-auto-tool-choice", NULL), TSR_OK);
+        assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_INVAL);
+        assert_string_equal(err, "Error: --enable-auto-tool-choice requires --tool-call-parser");
         tsr_config_done(&c);
 }
 
@@ -1261,6 +1293,7 @@ int main(void) {
                 cmocka_unit_test(test_yaml_files),
                 cmocka_unit_test(test_validate),
                 cmocka_unit_test(test_validate_refuses_unsupported),
+                cmocka_unit_test(test_output_parsers),
                 cmocka_unit_test(test_noop_notes),
                 cmocka_unit_test(test_api_key_env),
                 cmocka_unit_test(test_child_argv_owners),

@@ -1,0 +1,246 @@
+"""Tool calling and reasoning output (issue #17) through the official openai SDK on
+the demo SmolLM2: `--enable-auto-tool-choice --tool-call-parser hermes` and
+`--reasoning-parser`.  The model is led to a Hermes tool call by a few-shot
+conversation (greedy decoding on the CPU backend is deterministic), so the response
+shapes, the streamed deltas and the finish reasons are checked on real output; the
+parsers themselves are checked byte for byte in tests/unit/test_tools.c."""
+import json
+import subprocess
+
+import openai
+import pytest
+import requests
+
+from conftest import DEMO_MODEL, LAUNCHER, Proc, free_port, http_status, skip_because, wait_until
+
+MODEL = "smol"
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+# Three turns of the same exchange: the model repeats the call.
+FEW_SHOT = [{"role": "system", "content": "You call tools. Reply with exactly one line: " + CALL},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": CALL},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": CALL},
+            {"role": "user", "content": "Weather in Paris?"}]
+
+
+def _serve(tmp_path_factory, flags):
+    if not DEMO_MODEL.exists():
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port, "--served-model-name", MODEL,
+                 "--max-model-len", "2048", "--kv-cache-memory-bytes", "256M", *flags], log)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        if proc.p.poll() is not None:
+            raise AssertionError(proc.output())
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=120, interval=0.1, what="server ready")
+    return base, proc
+
+
+@pytest.fixture(scope="module")
+def tools_server(tmp_path_factory):
+    base, proc = _serve(tmp_path_factory, ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    yield base
+    proc.kill_group()
+
+
+@pytest.fixture(scope="module")
+def xml_server(tmp_path_factory):
+    base, proc = _serve(tmp_path_factory, ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"])
+    yield base
+    proc.kill_group()
+
+
+@pytest.fixture(scope="module")
+def reasoning_server(tmp_path_factory):
+    base, proc = _serve(tmp_path_factory, ["--reasoning-parser", "nemotron_v3"])
+    yield base
+    proc.kill_group()
+
+
+def _client(base):
+    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _check_call(call):
+    assert call.id.startswith("chatcmpl-tool-") and len(call.id) == len("chatcmpl-tool-") + 32
+    assert call.type == "function"
+    assert call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    assert isinstance(args, dict) and isinstance(args.get("city"), str)   # the tool's schema: city, a string
+    return args
+
+
+def test_tool_call_response(tools_server):
+    r = _client(tools_server).chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, max_tokens=40,
+                                                      temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.role == "assistant"
+    assert ch.message.content is None           # nothing before <tool_call>
+    assert len(ch.message.tool_calls) == 1
+    assert _check_call(ch.message.tool_calls[0]) == {"city": "Paris"}
+    assert ch.message.tool_calls[0].function.arguments == '{"city": "Paris"}'   # json.dumps spacing
+
+
+def test_tool_call_stream(tools_server):
+    c = _client(tools_server)
+    full = c.chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, max_tokens=40, temperature=0)
+    chunks = list(c.chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, max_tokens=40, temperature=0,
+                                            stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    deltas = [tc for ch in chunks for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert len(deltas) >= 3, deltas            # the name, then the arguments in pieces
+    first = deltas[0]
+    assert first.index == 0 and first.type == "function" and first.id.startswith("chatcmpl-tool-")
+    assert first.function.name == "get_weather"
+    for d in deltas[1:]:
+        assert d.index == 0 and d.id is None and d.function.name is None
+    args = "".join(d.function.arguments or "" for d in deltas)
+    assert args == full.choices[0].message.tool_calls[0].function.arguments
+    assert not "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert all(ch.choices[0].finish_reason is None for ch in chunks[:-1])
+
+
+def test_tool_round_trip(tools_server):
+    """call -> tool message -> answer, through the chat template."""
+    c = _client(tools_server)
+    r = c.chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, max_tokens=40, temperature=0)
+    call = r.choices[0].message.tool_calls[0]
+    messages = FEW_SHOT + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "22 degrees and sunny"},
+    ]
+    answer = c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=16, temperature=0)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert answer.usage.prompt_tokens > r.usage.prompt_tokens
+    # the tool result reached the prompt the template rendered
+    tok = requests.post(tools_server + "/tokenize", json={"model": MODEL, "messages": messages, "tools": TOOLS},
+                        timeout=30).json()
+    text = requests.post(tools_server + "/detokenize", json={"model": MODEL, "tokens": tok["tokens"]},
+                         timeout=30).json()["prompt"]
+    assert "22 degrees and sunny" in text
+    assert "<|im_start|>tool" in text
+
+
+def test_qwen3_coder_xml_call(xml_server):
+    """Nemotron-3-Nano's XML format (qwen3_coder): the value converted by the schema
+    (days: integer), content before the call, the same call streamed."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    xml = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
+           "</parameter>\n</function>\n</tool_call>")
+    msgs = [{"role": "system", "content": "You call tools. Reply with exactly: " + xml}]
+    for _ in range(3):
+        msgs += [{"role": "user", "content": "Weather in Paris for 3 days?"}, {"role": "assistant", "content": xml}]
+    msgs = msgs[:-1]
+    c = _client(xml_server)
+    r = c.chat.completions.create(model=MODEL, messages=msgs, tools=tools, max_tokens=60, temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert ch.message.tool_calls[0].function.name == "get_weather"
+    assert json.loads(ch.message.tool_calls[0].function.arguments) == {"city": "Paris", "days": 3}
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, tools=tools, max_tokens=60, temperature=0,
+                                            stream=True))
+    deltas = [tc for x in chunks for tc in (x.choices[0].delta.tool_calls or [])]
+    assert deltas[0].function.name == "get_weather" and deltas[0].id.startswith("chatcmpl-tool-")
+    assert "".join(d.function.arguments or "" for d in deltas) == ch.message.tool_calls[0].function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_none_leaves_text(tools_server):
+    r = _client(tools_server).chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, tool_choice="none",
+                                                      max_tokens=40, temperature=0)
+    assert r.choices[0].message.tool_calls in (None, [])
+    assert "<tool_call>" in r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_required_and_named_refused(tools_server):
+    c = _client(tools_server)
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, tool_choice=choice, max_tokens=4)
+        assert "structured outputs" in e.value.message
+
+
+def test_bad_tool_call_arguments_in_history(tools_server):
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "x", "type": "function", "function": {"name": "get_weather", "arguments": "{not json"}}]},
+                {"role": "tool", "tool_call_id": "x", "content": "?"}]
+    with pytest.raises(openai.BadRequestError):
+        _client(tools_server).chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+
+
+def test_auto_needs_the_flags(reasoning_server):
+    with pytest.raises(openai.BadRequestError) as e:
+        _client(reasoning_server).chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, max_tokens=4)
+    assert e.value.body["message"] == ('"auto" tool choice requires --enable-auto-tool-choice and '
+                                       '--tool-call-parser to be set')
+
+
+def test_reasoning_split(reasoning_server):
+    """No </think> in the output: all of it is reasoning, content null; with
+    enable_thinking false (nemotron_v3) it is the answer instead; the stream sends the
+    same text in reasoning deltas."""
+    c = _client(reasoning_server)
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0)
+    m = r.choices[0].message
+    assert m.content is None and m.reasoning_content
+    assert m.model_extra.get("reasoning") == m.reasoning_content
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0, stream=True))
+    streamed = "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks)
+    assert streamed == m.reasoning_content
+    assert not "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    off = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0,
+                                    extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.choices[0].message.content == m.reasoning_content
+    assert off.choices[0].message.reasoning_content is None
+    # include_reasoning false: the reasoning is split off and dropped, in both modes
+    drop = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0,
+                                     extra_body={"include_reasoning": False})
+    assert drop.choices[0].message.reasoning_content is None and drop.choices[0].message.content is None
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=0, stream=True,
+                                            extra_body={"include_reasoning": False}))
+    assert not any(getattr(ch.choices[0].delta, "reasoning_content", None) for ch in chunks if ch.choices)
+    assert chunks[-1].choices[0].finish_reason == drop.choices[0].finish_reason
+
+
+def test_reasoning_end_marker(reasoning_server):
+    """Few-shot turns that close their thinking with </think>: the split follows it."""
+    c = _client(reasoning_server)
+    shot = "I add two and two.</think>4"
+    msgs = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": shot},
+            {"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": shot},
+            {"role": "user", "content": "What is 2+2?"}]
+    r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0)
+    m = r.choices[0].message
+    text_r, text_c = m.reasoning_content or "", m.content or ""
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0, stream=True))
+    assert "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks) == text_r
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == text_c
+    assert "</think>" not in text_r + text_c
+    assert text_c, f"the model did not close its thinking: {m}"
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--tool-call-parser", "nope"], "invalid tool call parser: nope (chose from { hermes,llama3_json,"
+                                     "llama4_pythonic,pythonic,qwen3_coder })"),
+    (["--reasoning-parser", "nope"], "invalid reasoning parser: nope (chose from { deepseek_r1,nemotron_v3,nano_v3 })"),
+    (["--enable-auto-tool-choice"], "Error: --enable-auto-tool-choice requires --tool-call-parser"),
+])
+def test_bad_parser_flags(flags, message):
+    p = subprocess.run([str(LAUNCHER), "serve", "/nonexistent", "--port", str(free_port()), *flags],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode != 0
+    assert message in p.stdout + p.stderr
