@@ -25,6 +25,8 @@ BUILD = Path(os.environ.get("TESSERA_BUILD", REPO / "build"))
 LAUNCHER = BUILD / "deploy" / "tessera"
 ROUTER = BUILD / "router" / "tessera-router"
 WORKER = BUILD / "worker" / "tessera-worker"
+# The simulated worker (deploy/sim_worker.c): the real io and engine threads, no model.
+SIM_WORKER = BUILD / "deploy" / "tessera-sim-worker"
 DEMO_MODEL = Path(os.environ.get("TESSERA_TEST_MODEL",
                                  REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 FIXTURES = REPO.parent / "shared" / "fixtures"
@@ -203,6 +205,13 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture(params=["worker", "sim-worker"])
+def worker_binary(request):
+    """The protocol conformance tests run against both the real worker and the
+    simulated one, so that router benchmarks on simulated workers measure the router."""
+    return WORKER if request.param == "worker" else SIM_WORKER
 
 
 @pytest.fixture
