@@ -64,7 +64,7 @@ typedef struct sim_model {
         const uint32_t *eos;
         size_t n_eos;
         engine_model em;
-        uint64_t steps, prefill_tokens;  /* engine thread only (diagnostics) */
+        uint64_t steps, prefill_tokens, sampled;  /* engine thread only (diagnostics) */
 } sim_model;
 
 static uint64_t mix64(uint64_t x) {   /* splitmix64's finaliser */
@@ -139,6 +139,7 @@ static tsr_status sim_forward(void *ud, const engine_seq *seqs, size_t n_seqs, f
                 } else if (s->want_logits) {
                         one_hot(row, m->vocab, sim_token(m, s->tokens[s->n - 1], s->past_len + s->n));
                         row += m->vocab;
+                        m->sampled++;
                 }
         }
         return TSR_OK;
@@ -371,9 +372,12 @@ out:
         tsr_queue_free(&outbox);
         if (sfd >= 0)
                 close(sfd);
+        /* After the engine thread stopped: its counters are ours now.  Read by
+         * scripts/bench-router.py for the load spread across a fleet. */
         if (sm.steps)
-                log_info("simulated %llu engine steps, %llu prompt tokens computed", (unsigned long long)sm.steps,
-                         (unsigned long long)sm.prefill_tokens);
+                log_info("simulated %llu engine steps, %llu prompt tokens computed, %llu tokens sampled",
+                         (unsigned long long)sm.steps, (unsigned long long)sm.prefill_tokens,
+                         (unsigned long long)sm.sampled);
         free(mi_full);
         free(mi_lean);
         tsr_model_meta_free(&meta);

@@ -86,6 +86,44 @@ size_t tsr_placement_pick_least_load(const tsr_placement_cand *c, size_t n);
  * filter out every worker. */
 uint64_t tsr_placement_reserve(uint64_t max_tokens, uint32_t block_size);
 
+/* Prompts this router placed in the last TSR_PLACEMENT_RECENT_NS, per worker (kv
+ * policy).  A worker's STORED events for a prompt reach the mirror only after its
+ * prefill ran and the next Status went out (100 ms and more later); until then a
+ * second request with the same prefix sees no hit anywhere and the kv policy placed
+ * it by load, often elsewhere, computing the prefix twice (docs/benchmarks.md,
+ * "Router at scale": the hit rate on prefix_repetition rose from 53% to NN% with this).
+ * The worker's engine makes a request wait for prompt blocks that another running
+ * request is computing, so a recent placement counts as a hit, like the mirror's.
+ * A ring of the last TSR_PLACEMENT_RECENT_MAX placements with their hash chains;
+ * one per request layer (loop thread), zero-initialised, freed by _done. */
+#define TSR_PLACEMENT_RECENT_MAX 256
+#define TSR_PLACEMENT_RECENT_NS (2000ull * 1000000ull)
+
+typedef struct tsr_placement_recent_entry {
+        const void *w;                   /* the worker, by identity; NULL = free slot */
+        uint64_t at_ns;                  /* monotonic time of the placement */
+        uint64_t *hashes;                /* the prompt's block-hash chain (owned) */
+        size_t n;
+} tsr_placement_recent_entry;
+
+typedef struct tsr_placement_recent {
+        tsr_placement_recent_entry e[TSR_PLACEMENT_RECENT_MAX];
+        size_t next;
+} tsr_placement_recent;
+
+/* Remember that the prompt with chain hashes[0..n) went to w at now_ns (n == 0 or no
+ * memory: nothing is remembered, which only costs placement quality). */
+void tsr_placement_recent_add(tsr_placement_recent *r, const void *w, const uint64_t *hashes, size_t n,
+                              uint64_t now_ns);
+/* The longest leading run of hashes[0..n) shared with a prompt placed on w within
+ * TSR_PLACEMENT_RECENT_NS of now_ns.  The chain is chained (hash i covers blocks
+ * 0..i), so a shared hash at i means a shared prefix up to i: a binary search each. */
+size_t tsr_placement_recent_hits(const tsr_placement_recent *r, const void *w, const uint64_t *hashes, size_t n,
+                                 uint64_t now_ns);
+/* Forget every placement on w (the worker left; its address may be reused). */
+void tsr_placement_recent_forget(tsr_placement_recent *r, const void *w);
+void tsr_placement_recent_done(tsr_placement_recent *r);
+
 struct tsr_worker;
 struct Tessera__V1__Status;
 
