@@ -19,7 +19,7 @@ double tsr_placement_cost(const tsr_placement_cand *c) {
         double bs = c->block_size ? (double)c->block_size : 1.0;
         double q = (double)c->waiting_prompt_tokens / bs + (double)c->pending_prefill_blocks;
         double d = (double)c->kv_active + (double)c->pending_decode_blocks;
-        return (double)prefill_blocks(c) + q + d;
+        return (double)prefill_blocks(c) + q + TSR_PLACEMENT_DECODE_WEIGHT * d;
 }
 
 int tsr_placement_passes(const tsr_placement_cand *c, const tsr_placement_params *p) {
