@@ -150,7 +150,7 @@ def throughput(tmp):
                                                           "--max-concurrency", conc])
             cpu = router.cpu_s() - c0
             toks = res["total_output_tokens"]
-            print(f"c={conc}: {toks} tokens in {res['duration']:.2f} s = {toks / res['duration']:.0f} tok/s; "
+            print(f"c={conc}: {res['completed']} requests ({prompts - res['completed']} failed), {toks} tokens in {res['duration']:.2f} s = {toks / res['duration']:.0f} tok/s; "
                   f"router CPU {cpu:.2f} s = {toks / cpu:.0f} tok/s per router core; "
                   f"TTFT p50/p99 {res['p50_ttft_ms']:.2f}/{res['p99_ttft_ms']:.2f} ms, "
                   f"ITL p50/p99 {res['p50_itl_ms']:.3f}/{res['p99_itl_ms']:.3f} ms, "
@@ -192,7 +192,10 @@ def placement(tmp, sizes=(4, 16, 64), tag="pl"):
 
 
 def routers(tmp, n=16):
-    print(f"## routers sharing one fleet of {n} GPU-like simulated workers (kv), prefix_repetition")
+    # Each router's clients draw the same dataset (--seed 1): one set of 8 system
+    # prompts, the users split between the routers, as behind a load balancer.
+    print(f"## routers sharing one fleet of {n} GPU-like simulated workers (kv), prefix_repetition, "
+          f"{1.5 * n:g} req/s in all")
     for k in (1, 2):
         fleet = Fleet(tmp, n, ["kv"] * k, GPU_LIKE)
         try:
@@ -203,7 +206,7 @@ def routers(tmp, n=16):
                 args = [*BENCH, "--base-url", base, "--temperature", "0", "--disable-tqdm", "--save-result",
                         "--result-dir", tmp, "--result-filename", out.name, "--metric-percentiles", "50,99",
                         *WORKLOADS["prefix_repetition"], "--num-prompts", 12 * n // k,
-                        "--request-rate", 1.5 * n / k, "--seed", str(1 + j)]
+                        "--request-rate", 1.5 * n / k, "--seed", "1"]
                 procs.append((subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL), out))
             results = []
             for p, out in procs:
