@@ -26,13 +26,10 @@
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "common/config.h"
 #include "common/endpoint.h"
@@ -42,6 +39,7 @@
 #include "worker/exit_codes.h"
 #include "worker/load/gen_config.h"
 #include "worker/link.h"
+#include "worker/serve.h"
 #include "worker/load/model_meta.h"
 
 #define SIM_DEFAULT_KV_BLOCKS 8192      /* 131k tokens at block size 16: a small GPU's pool */
@@ -63,7 +61,7 @@ typedef struct sim_model {
         size_t vocab;
         const uint32_t *eos;
         size_t n_eos;
-        engine_model em;
+        tsr_engine_model em;
         uint64_t steps, prefill_tokens, sampled;  /* engine thread only (diagnostics) */
 } sim_model;
 
@@ -109,15 +107,15 @@ static void sleep_s(double s) {
         }
 }
 
-/* engine_model.forward, engine thread: the step's simulated time, then the logits. */
-static tsr_status sim_forward(void *ud, const engine_seq *seqs, size_t n_seqs, float *logits) {
+/* tsr_engine_model.forward, engine thread: the step's simulated time, then the logits. */
+static tsr_status sim_forward(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
         sim_model *m = ud;
         uint64_t prefill = 0, decode = 0;
         float *row = logits;
         double t = 0;
 
         for (size_t i = 0; i < n_seqs; i++) {
-                const engine_seq *s = &seqs[i];
+                const tsr_engine_seq *s = &seqs[i];
                 if (s->n == 1 && !s->want_all_logits && s->past_len > 0 && s->want_logits)
                         decode++;
                 else
@@ -132,7 +130,7 @@ static tsr_status sim_forward(void *ud, const engine_seq *seqs, size_t n_seqs, f
         m->prefill_tokens += prefill;
 
         for (size_t i = 0; i < n_seqs; i++) {
-                const engine_seq *s = &seqs[i];
+                const tsr_engine_seq *s = &seqs[i];
                 if (s->want_all_logits) {
                         for (size_t k = 0; k < s->n; k++, row += m->vocab)
                                 one_hot(row, m->vocab, sim_token(m, s->tokens[k], s->past_len + k + 1));
@@ -213,8 +211,6 @@ static const char usage[] =
 int main(int argc, char **argv) {
         tsr_config cfg;
         tsr_model_meta *meta = NULL;
-        tsr_queue *inbox = NULL, *outbox = NULL;
-        tsr_engine *engine = NULL;
         tsr_block_hash_algo hash_algo = TSR_BLOCK_HASH_SHA256;
         tsr_worker_plan plan;
         tsr_gen_override gen_override;
@@ -224,8 +220,7 @@ int main(int argc, char **argv) {
         size_t mi_full_len = 0, mi_lean_len = 0;
         sim_model sm = {.sp = {20000.0, 20.0, 0.1}};
         char err[1024] = "";
-        int rc = TSR_EXIT_CONFIG, sfd = -1;
-        sigset_t stop_signals;
+        int rc = TSR_EXIT_CONFIG;
         tsr_log_level level;
 
         tsr_log_init("tessera-sim-worker", TSR_LOG_INFO);
@@ -301,79 +296,28 @@ int main(int argc, char **argv) {
         sm.vocab = meta->vocab_size;
         sm.eos = meta->eos_token_ids;
         sm.n_eos = meta->n_eos_token_ids;
-        sm.em = (engine_model){.vocab = sm.vocab, .ud = &sm, .forward = sim_forward};
+        sm.em = (tsr_engine_model){.vocab = sm.vocab, .ud = &sm, .forward = sim_forward};
         log_info("simulated worker for %s: vocab %zu, max_model_len %u, %llu KV blocks of %d tokens, max_num_seqs "
                  "%u; prefill %.0f tokens/s, decode step %.2f ms + %.3f ms/seq (0 = free)",
                  meta->path, sm.vocab, plan.max_model_len, (unsigned long long)plan.kv_blocks_total, cfg.block_size,
                  plan.max_num_seqs, sm.sp.prefill_tps, sm.sp.decode_ms, sm.sp.decode_ms_per_seq);
 
         rc = TSR_EXIT_RUNTIME;
-        sigemptyset(&stop_signals);
-        sigaddset(&stop_signals, SIGTERM);
-        sigaddset(&stop_signals, SIGINT);
-        pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-        sfd = signalfd(-1, &stop_signals, SFD_CLOEXEC | SFD_NONBLOCK);
-        if (sfd < 0) {
-                log_error("signalfd: %s", strerror(errno));
-                goto out;
-        }
-        if (tsr_queue_new(4096, &inbox) != TSR_OK || tsr_queue_new(4096, &outbox) != TSR_OK) {
-                log_error("out of memory");
-                goto out;
-        }
-        engine_params ep = {
+        tsr_worker_serve_opts so = {
+                .cfg = &cfg,
+                .meta = meta,
+                .plan = &plan,
                 .model = &sm.em,
-                .kv_blocks_total = plan.kv_blocks_total,
-                .block_size = (uint32_t)cfg.block_size,
-                .max_model_len = plan.max_model_len,
-                .max_num_seqs = plan.max_num_seqs,
-                .max_num_batched_tokens = plan.max_num_batched_tokens,
-                .enable_prefix_caching = cfg.enable_prefix_caching != TSR_TRI_FALSE,
                 .hash_algo = hash_algo,
-                .priority_scheduling = strcmp(cfg.scheduling_policy, "priority") == 0,
-                .eos_ids = meta->eos_token_ids,
-                .n_eos_ids = meta->n_eos_token_ids,
-                .seed = (uint64_t)cfg.seed,
-                .shutdown_timeout_ms = (uint64_t)cfg.shutdown_timeout * 1000u,
-                .async_scheduling = cfg.async_scheduling,
-                .long_prefill_token_threshold = (uint32_t)cfg.long_prefill_token_threshold,
-        };
-        if (tsr_engine_start(&ep, inbox, outbox, &engine) != TSR_OK) {
-                log_error("cannot start the engine thread");
-                goto out;
-        }
-        tsr_link_opts lo = {
-                .listen = cfg.worker_listen,
-                .status_listen = plan.status_listen,
-                .status_interval_ms = cfg.status_interval_ms,
-                .worker_id = plan.worker_id,
-                .boot_epoch = plan.boot_epoch,
                 .model_info_full = mi_full,
                 .model_info_full_len = mi_full_len,
                 .model_info_lean = mi_lean,
                 .model_info_lean_len = mi_lean_len,
-                .tokenizer_hash = meta->tokenizer_hash,
                 .log_stats_interval_s = cfg.disable_log_stats ? 0 : 10.0,
         };
-        rc = tsr_link_run(&lo, inbox, outbox, sfd) == TSR_OK ? TSR_EXIT_OK : TSR_EXIT_RUNTIME;
+        if (tsr_worker_serve(&so) == TSR_OK)
+                rc = TSR_EXIT_OK;
 out:
-        tsr_engine_stop(&engine);
-        if (outbox) {
-                engine_out *o;
-                while ((o = tsr_queue_pop(outbox)) != NULL)
-                        engine_out_free(o);
-        }
-        if (inbox) {
-                engine_in *i;
-                while ((i = tsr_queue_pop(inbox)) != NULL)
-                        engine_in_free(i);
-        }
-        tsr_queue_free(&inbox);
-        tsr_queue_free(&outbox);
-        if (sfd >= 0)
-                close(sfd);
-        /* After the engine thread stopped: its counters are ours now.  Read by
-         * scripts/bench-router.py for the load spread across a fleet. */
         if (sm.steps)
                 log_info("simulated %llu engine steps, %llu prompt tokens computed, %llu tokens sampled",
                          (unsigned long long)sm.steps, (unsigned long long)sm.prefill_tokens,
