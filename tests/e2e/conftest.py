@@ -72,6 +72,23 @@ def wait_until(predicate, timeout, interval=0.02, what="condition"):
         time.sleep(interval)
 
 
+def wait_workers_live(router, base, n, timeout=90):
+    """Wait until the router at `base` (Proc `router`) counts n live workers and is
+    healthy: /health 200 too, because a worker is live before the router has built the
+    model's tokenizer, and a completion in between gets 503 "still loading" (seen on a
+    loaded 2-core machine)."""
+    def up():
+        assert router.p.poll() is None, router.output()
+        try:
+            text = requests.get(base + "/metrics", timeout=2).text
+            healthy = requests.get(base + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+        return healthy and len(re.findall(r'^tessera:worker_up\{[^}]*\} 1(\.0)?$', text, re.M)) == n
+
+    wait_until(up, timeout=timeout, interval=0.1, what=f"{n} workers live at the router")
+
+
 def http_status(url, **kw):
     try:
         return requests.get(url, timeout=2, **kw).status_code

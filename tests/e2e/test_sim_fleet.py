@@ -6,12 +6,11 @@ strictly higher prefix-cache hit rate than the one with round_robin.  Hits are r
 from the responses' usage.prompt_tokens_details.cached_tokens, which the workers'
 engines report: no timing is asserted."""
 import random
-import re
 import time
 
 import requests
 
-from conftest import ROUTER, SIM_WORKER, free_port, free_port_pair, wait_until
+from conftest import ROUTER, SIM_WORKER, free_port, free_port_pair, wait_workers_live
 
 N_WORKERS = 8
 N_PREFIXES = 6
@@ -39,16 +38,7 @@ def start_fleet(spawn, model, policy):
     router = spawn(args)
     base = f"http://127.0.0.1:{http}"
 
-    def all_up():
-        assert router.p.poll() is None, router.output()
-        try:
-            text = requests.get(base + "/metrics", timeout=2).text
-            healthy = requests.get(base + "/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-        return healthy and len(re.findall(r'^tessera:worker_up\{[^}]*\} 1(\.0)?$', text, re.M)) == N_WORKERS
-
-    wait_until(all_up, timeout=120, interval=0.1, what=f"{N_WORKERS} simulated workers live at the {policy} router")
+    wait_workers_live(router, base, N_WORKERS, timeout=120)
     return base
 
 
