@@ -8,6 +8,7 @@ engines report: no timing is asserted."""
 import random
 import time
 
+import pytest
 import requests
 
 from conftest import ROUTER, SIM_WORKER, free_port, free_port_pair, wait_workers_live
@@ -51,6 +52,9 @@ def complete(base, prompt):
     return usage["prompt_tokens"], (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
 
 
+# The 0.25 s between requests lets each Status (100 ms) carry the last prompt's STORED
+# events at the normal build's speed, not at a sanitizer's.
+@pytest.mark.slow_under_sanitizers
 def test_kv_policy_beats_round_robin_on_shared_prefixes(spawn, demo_model):
     rng = random.Random(19)
     systems = [f"System prompt {p}. " + words(rng, 240) for p in range(N_PREFIXES)]
