@@ -389,7 +389,10 @@ tsr_status bench_output_on_message(bench_output *o, const char *msg, size_t len,
                 o->most_recent = now;
                 if (st == TSR_OK && json_is_string(text))
                         st = tsr_buf_append(&o->text, json_string_value(text), json_string_length(text));
-        } else if (truthy(usage)) {
+        }
+        /* vLLM sends usage in a chunk of its own (choices []); llama-server sends it in the
+         * last chunk beside choices: read it wherever it is (issue #21). */
+        if (truthy(usage)) {
                 const json_t *ct = json_object_get(usage, "completion_tokens");
                 const json_t *pt = json_object_get(usage, "prompt_tokens");
                 o->output_tokens = json_is_integer(ct) ? json_integer_value(ct) : 0;
@@ -957,6 +960,16 @@ void bench_samples_free(bench_sample *s, size_t n) {
 }
 
 /* RandomDataset.sample() / get_prefix() / generate_token_sequence(). */
+/* RandomDataset's allowed ids: the vocabulary minus all_special_ids, in order.
+ * `allowed` has room for t->vocab_size; returns how many. */
+static size_t allowed_ids(const bench_tok *t, uint32_t *allowed) {
+        size_t n = 0;
+        for (uint32_t id = 0; id < t->vocab_size; id++)
+                if (!t->is_special || !t->is_special(t->ud, id))
+                        allowed[n++] = id;
+        return n;
+}
+
 tsr_status bench_random_dataset(const bench_tok *t, bench_rng *r, const bench_random_cfg *c, size_t n,
                                 bench_sample **ret, int64_t *mismatch_total, char *err, size_t errlen) {
         int64_t in_lo, in_hi, out_lo, out_hi, mismatch;
@@ -988,9 +1001,7 @@ tsr_status bench_random_dataset(const bench_tok *t, bench_rng *r, const bench_ra
                 out_lens[i] = bench_rng_range(r, out_lo, out_hi);
         for (size_t i = 0; i < n; i++)
                 offsets[i] = bench_rng_range(r, 0, (int64_t)t->vocab_size - 1);
-        for (uint32_t id = 0; id < t->vocab_size; id++)
-                if (!t->is_special || !t->is_special(t->ud, id))
-                        allowed[n_allowed++] = id;
+        n_allowed = allowed_ids(t, allowed);
         if (n_allowed == 0) {
                 tsr_errf(err, errlen, "every token of the tokenizer is special");
                 st = TSR_E_INVAL;
@@ -1053,4 +1064,170 @@ done:
         }
         *ret = out;
         return st;
+}
+
+/* ------------------------------------------------------------------ shared-prefix datasets */
+
+/* A growable token sequence. */
+typedef struct id_seq {
+        uint32_t *v;
+        size_t n, cap;
+} id_seq;
+
+static tsr_status seq_reserve(id_seq *s, size_t more) {
+        if (s->n + more > s->cap) {
+                size_t cap = (s->n + more) * 2;
+                uint32_t *v = realloc(s->v, (cap ? cap : 1) * sizeof(*v));
+                if (!v)
+                        return TSR_E_NOMEM;
+                s->v = v;
+                s->cap = cap;
+        }
+        return TSR_OK;
+}
+
+static tsr_status seq_append(id_seq *s, const uint32_t *ids, size_t n) {
+        if (seq_reserve(s, n) != TSR_OK)
+                return TSR_E_NOMEM;
+        if (n)
+                memcpy(s->v + s->n, ids, n * sizeof(*ids));
+        s->n += n;
+        return TSR_OK;
+}
+
+static tsr_status seq_push_random(id_seq *s, bench_rng *r, const uint32_t *allowed, size_t n_allowed, int64_t n) {
+        if (seq_reserve(s, (size_t)n) != TSR_OK)
+                return TSR_E_NOMEM;
+        for (int64_t i = 0; i < n; i++)
+                s->v[s->n++] = allowed[bench_rng_range(r, 0, (int64_t)n_allowed - 1)];
+        return TSR_OK;
+}
+
+/* One sample from ids (copied): decoded and re-encoded to its own length. */
+static tsr_status sample_from_ids(const bench_tok *t, bench_rng *r, const uint32_t *ids, size_t n,
+                                  int64_t output_len, bench_sample *out) {
+        uint32_t *seq = malloc((n ? n : 1) * sizeof(*seq));
+        size_t len = n;
+        int64_t mismatch;
+        tsr_status st;
+        if (!seq)
+                return TSR_E_NOMEM;
+        memcpy(seq, ids, n * sizeof(*seq));
+        st = bench_decode_to_target_len(t, r, &seq, &len, n, &out->prompt, &mismatch);
+        free(seq);
+        if (st != TSR_OK)
+                return st;
+        out->prompt_len = (int64_t)len;
+        out->expected_output_len = output_len;
+        return TSR_OK;
+}
+
+static tsr_status dataset_begin(const bench_tok *t, size_t n, uint32_t **allowed, size_t *n_allowed,
+                                bench_sample **out, char *err, size_t errlen) {
+        *allowed = t->vocab_size ? malloc(t->vocab_size * sizeof(**allowed)) : NULL;
+        *out = calloc(n ? n : 1, sizeof(**out));
+        if (!*allowed || !*out) {
+                if (t->vocab_size == 0)
+                        tsr_errf(err, errlen, "the tokenizer has an empty vocabulary");
+                return t->vocab_size ? TSR_E_NOMEM : TSR_E_INVAL;
+        }
+        *n_allowed = allowed_ids(t, *allowed);
+        if (*n_allowed == 0) {
+                tsr_errf(err, errlen, "every token of the tokenizer is special");
+                return TSR_E_INVAL;
+        }
+        return TSR_OK;
+}
+
+tsr_status bench_prefix_repetition_dataset(const bench_tok *t, bench_rng *r, const bench_prefix_rep_cfg *c, size_t n,
+                                           bench_sample **ret, char *err, size_t errlen) {
+        uint32_t *allowed = NULL;
+        size_t n_allowed = 0, k = 0;
+        bench_sample *out = NULL;
+        id_seq prefix = {0}, seq = {0};
+        tsr_status st;
+
+        *ret = NULL;
+        if (c->prefix_len < 1 || c->suffix_len < 1 || c->num_prefixes < 1 || c->output_len < 1) {
+                tsr_errf(err, errlen, "--prefix-repetition-prefix-len, -suffix-len, -num-prefixes and -output-len "
+                                      "must be >= 1");
+                return TSR_E_INVAL;
+        }
+        st = dataset_begin(t, n, &allowed, &n_allowed, &out, err, errlen);
+        for (int64_t p = 0; st == TSR_OK && p < c->num_prefixes; p++) {
+                size_t per = n / (size_t)c->num_prefixes + ((size_t)p < n % (size_t)c->num_prefixes);
+                prefix.n = 0;
+                st = seq_push_random(&prefix, r, allowed, n_allowed, c->prefix_len);
+                for (size_t u = 0; st == TSR_OK && u < per; u++) {
+                        seq.n = 0;
+                        if ((st = seq_append(&seq, prefix.v, prefix.n)) != TSR_OK)
+                                break;
+                        st = seq_push_random(&seq, r, allowed, n_allowed, c->suffix_len);
+                        if (st == TSR_OK)
+                                st = sample_from_ids(t, r, seq.v, seq.n, c->output_len, &out[k++]);
+                }
+        }
+        /* vLLM shuffles the prompts (random.shuffle); Fisher-Yates on our stream. */
+        for (size_t i = n; st == TSR_OK && i > 1; i--) {
+                size_t j = (size_t)bench_rng_range(r, 0, (int64_t)i - 1);
+                bench_sample tmp = out[i - 1];
+                out[i - 1] = out[j];
+                out[j] = tmp;
+        }
+        free(allowed);
+        free(prefix.v);
+        free(seq.v);
+        if (st != TSR_OK) {
+                if (st != TSR_E_INVAL)
+                        tsr_errf(err, errlen, "building the prefix_repetition dataset: %s", tsr_status_str(st));
+                bench_samples_free(out, n);
+                return st;
+        }
+        *ret = out;
+        return TSR_OK;
+}
+
+tsr_status bench_multi_turn_dataset(const bench_tok *t, bench_rng *r, const bench_multi_turn_cfg *c, size_t n,
+                                    bench_sample **ret, char *err, size_t errlen) {
+        uint32_t *allowed = NULL;
+        size_t n_allowed = 0, sessions, k = 0;
+        bench_sample *out = NULL;
+        id_seq system = {0}, *hist = NULL;
+        tsr_status st;
+
+        *ret = NULL;
+        if (c->system_len < 0 || c->turns < 1 || c->user_len < 1 || c->output_len < 1) {
+                tsr_errf(err, errlen, "--multi-turn-turns, --multi-turn-user-len and --random-output-len must be >= 1");
+                return TSR_E_INVAL;
+        }
+        sessions = (n + (size_t)c->turns - 1) / (size_t)c->turns;
+        st = dataset_begin(t, n, &allowed, &n_allowed, &out, err, errlen);
+        if (st == TSR_OK && !(hist = calloc(sessions ? sessions : 1, sizeof(*hist))))
+                st = TSR_E_NOMEM;
+        if (st == TSR_OK)
+                st = seq_push_random(&system, r, allowed, n_allowed, c->system_len);
+        for (size_t s = 0; st == TSR_OK && s < sessions; s++)
+                st = seq_append(&hist[s], system.v, system.n);
+        for (int64_t turn = 0; st == TSR_OK && turn < c->turns && k < n; turn++) {
+                for (size_t s = 0; st == TSR_OK && s < sessions && k < n; s++) {
+                        st = seq_push_random(&hist[s], r, allowed, n_allowed, c->user_len);
+                        if (st == TSR_OK)
+                                st = sample_from_ids(t, r, hist[s].v, hist[s].n, c->output_len, &out[k++]);
+                        if (st == TSR_OK)   /* the reply the next turn resends */
+                                st = seq_push_random(&hist[s], r, allowed, n_allowed, c->output_len);
+                }
+        }
+        for (size_t s = 0; hist && s < sessions; s++)
+                free(hist[s].v);
+        free(hist);
+        free(system.v);
+        free(allowed);
+        if (st != TSR_OK) {
+                if (st != TSR_E_INVAL)
+                        tsr_errf(err, errlen, "building the multi_turn dataset: %s", tsr_status_str(st));
+                bench_samples_free(out, n);
+                return st;
+        }
+        *ret = out;
+        return TSR_OK;
 }

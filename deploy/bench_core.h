@@ -228,4 +228,36 @@ tsr_status bench_random_dataset(const bench_tok *t, bench_rng *r, const bench_ra
                                 bench_sample **ret, int64_t *mismatch_total, char *err, size_t errlen);
 void bench_samples_free(bench_sample *s, size_t n);
 
+/* ------------------------------------------------------------------ shared-prefix datasets
+ *
+ * Workloads for prefix-aware routing (docs/benchmarks.md, "Router at scale").  Both draw
+ * random allowed (non-special) token ids from r, decode them to text and re-encode
+ * (bench_decode_to_target_len), so prompts that share leading ids share leading text,
+ * and so leading tokens at the server. */
+
+/* vLLM's prefix_repetition dataset (--prefix-repetition-*): num_prefixes random
+ * prefixes of prefix_len ids, each followed by a fresh random suffix of suffix_len ids
+ * (n / num_prefixes prompts per prefix, the first n % num_prefixes prefixes get one
+ * more), shuffled: a few long system prompts across many users (agentic / RAG).
+ * Every output is output_len tokens.  TSR_E_INVAL (err) for a length < 1. */
+typedef struct bench_prefix_rep_cfg {
+        int64_t prefix_len, suffix_len, num_prefixes, output_len;
+} bench_prefix_rep_cfg;
+tsr_status bench_prefix_repetition_dataset(const bench_tok *t, bench_rng *r, const bench_prefix_rep_cfg *c, size_t n,
+                                           bench_sample **ret, char *err, size_t errlen);
+
+/* multi_turn: ceil(n / turns) chat sessions growing a history.  A session's turn k
+ * (0-based) is  system || user_0 || reply_0 || ... || user_k, where system is
+ * system_len ids shared by every session (--random-prefix-len), user_i user_len fresh
+ * ids and reply_i output_len ids standing in for the assistant's answer (the dataset is
+ * built before the run, so not the real answer: the prefix a real client resends is
+ * the same length).  Ordered turn by turn (every session's turn 0, then turn 1, ...),
+ * so with a request rate a session's next turn comes after its previous one; the last
+ * turns are cut so that there are exactly n.  Every output is output_len tokens. */
+typedef struct bench_multi_turn_cfg {
+        int64_t system_len, turns, user_len, output_len;
+} bench_multi_turn_cfg;
+tsr_status bench_multi_turn_dataset(const bench_tok *t, bench_rng *r, const bench_multi_turn_cfg *c, size_t n,
+                                    bench_sample **ret, char *err, size_t errlen);
+
 #endif

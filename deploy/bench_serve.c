@@ -41,6 +41,9 @@ typedef struct bench_args {
         const char *result_filename, *result_dir, *label, *request_id_prefix, *extra_body;
         long long port, input_len, output_len, prefix_len, num_prompts, max_concurrency, num_warmups, seed;
         long long ready_check_timeout_sec, logprobs;
+        /* --dataset-name prefix_repetition (vLLM's names) and multi_turn (ours) */
+        long long prep_prefix_len, prep_suffix_len, prep_num_prefixes, prep_output_len;
+        long long mt_turns, mt_user_len;
         double request_rate, burstiness;
         bool ignore_eos, save_result, save_detailed, append_result, disable_tqdm, help;
         /* sampling parameters: NULL = not given (not sent) */
@@ -75,6 +78,12 @@ static const flag_def FLAGS[] = {
         {"--output-len", F_INT, A(output_len), 0},
         {"--random-range-ratio", F_STR, A(range_ratio), 0},
         {"--random-prefix-len", F_INT, A(prefix_len), 0},
+        {"--prefix-repetition-prefix-len", F_INT, A(prep_prefix_len), 0},
+        {"--prefix-repetition-suffix-len", F_INT, A(prep_suffix_len), 0},
+        {"--prefix-repetition-num-prefixes", F_INT, A(prep_num_prefixes), 0},
+        {"--prefix-repetition-output-len", F_INT, A(prep_output_len), 0},
+        {"--multi-turn-turns", F_INT, A(mt_turns), 0},
+        {"--multi-turn-user-len", F_INT, A(mt_user_len), 0},
         {"--num-prompts", F_INT, A(num_prompts), 0},
         {"--max-concurrency", F_INT, A(max_concurrency), 0},
         {"--request-rate", F_FLOAT, A(request_rate), 0},
@@ -124,8 +133,12 @@ static void usage(FILE *out) {
         fprintf(out,
                 "usage: tessera bench serve [--backend openai|vllm|openai-chat] [--base-url URL | --host H --port P]\n"
                 "                           [--endpoint PATH] [--model NAME] [--tokenizer PATH]\n"
-                "                           [--dataset-name random] [--random-input-len N] [--random-output-len N]\n"
+                "                           [--dataset-name random|prefix_repetition|multi_turn]\n"
+                "                           [--random-input-len N] [--random-output-len N]\n"
                 "                           [--random-range-ratio R] [--random-prefix-len N] [--num-prompts N]\n"
+                "                           [--prefix-repetition-prefix-len N] [--prefix-repetition-suffix-len N]\n"
+                "                           [--prefix-repetition-num-prefixes N] [--prefix-repetition-output-len N]\n"
+                "                           [--multi-turn-turns N] [--multi-turn-user-len N]\n"
                 "                           [--request-rate RPS|inf] [--burstiness B] [--max-concurrency N]\n"
                 "                           [--num-warmups N] [--ignore-eos] [--seed N]\n"
                 "                           [--percentile-metrics ttft,tpot,itl,e2el] [--metric-percentiles 99]\n"
@@ -774,6 +787,11 @@ static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, const job *jobs, si
                 }
                 if (next < n && !delays)
                         wait_ms = 0;
+                /* A queued job with a free seat starts now: at --max-concurrency 1 the
+                 * next request used to wait out the whole 1 s poll with nothing in
+                 * flight (issue #21). */
+                if (head < tail && (max_conc <= 0 || in_flight < (size_t)max_conc))
+                        wait_ms = 0;
                 if (wait_ms > 0 || in_flight > 0)
                         curl_multi_poll(multi, NULL, 0, (int)wait_ms, NULL);
         }
@@ -867,6 +885,8 @@ int bench_serve_main(int argc, char **argv) {
                 .dataset_name = "random", .input_len = 1024, .output_len = 128, .range_ratio = "0.0",
                 .num_prompts = 1000, .max_concurrency = -1, .request_rate = INFINITY, .burstiness = 1.0, .seed = 0,
                 .metric_percentiles = "99", .logprobs = -1,
+                .prep_prefix_len = 256, .prep_suffix_len = 256, .prep_num_prefixes = 10, .prep_output_len = 128,
+                .mt_turns = 5, .mt_user_len = 64,
         };
         bench_cfg c = {.args = &a};
         char err[1024] = "", *first_id = NULL, *first_root = NULL, **pm = NULL, *pm_copy = NULL;
@@ -905,8 +925,10 @@ int bench_serve_main(int argc, char **argv) {
                 FAIL_FLAGS("argument --backend: '%s' is not supported (choose from 'openai', 'vllm', "
                                   "'openai-chat')", a.backend);
         }
-        if (strcmp(a.dataset_name, "random") != 0)
-                FAIL_FLAGS("argument --dataset-name: only 'random' is supported, not '%s'", a.dataset_name);
+        if (strcmp(a.dataset_name, "random") != 0 && strcmp(a.dataset_name, "prefix_repetition") != 0 &&
+            strcmp(a.dataset_name, "multi_turn") != 0)
+                FAIL_FLAGS("argument --dataset-name: '%s' is not supported (choose from 'random', "
+                           "'prefix_repetition', 'multi_turn')", a.dataset_name);
         if (a.max_concurrency != -1 && a.max_concurrency <= 0)
                 FAIL_FLAGS("--max-concurrency must be greater than 0");
         if (a.num_prompts <= 0)
@@ -1098,9 +1120,21 @@ int bench_serve_main(int argc, char **argv) {
         bench_rng_seed(&data_rng, (uint64_t)a.seed);
         bench_mt_seed(&arrival_rng, (uint32_t)a.seed);
         size_t n = (size_t)a.num_prompts;
-        /* the random dataset with an OpenAI backend always ignores EOS (serve.py) */
+        /* the random dataset with an OpenAI backend always ignores EOS (serve.py); so do
+         * the shared-prefix ones, whose outputs are sized by the workload */
         a.ignore_eos = true;
-        if (bench_random_dataset(&tok, &data_rng, &rc, n, &samples, &mismatch, err, sizeof(err)) != TSR_OK) {
+        tsr_status dst;
+        if (strcmp(a.dataset_name, "prefix_repetition") == 0) {
+                bench_prefix_rep_cfg pc = {a.prep_prefix_len, a.prep_suffix_len, a.prep_num_prefixes,
+                                           a.prep_output_len};
+                dst = bench_prefix_repetition_dataset(&tok, &data_rng, &pc, n, &samples, err, sizeof(err));
+        } else if (strcmp(a.dataset_name, "multi_turn") == 0) {
+                bench_multi_turn_cfg mc = {a.prefix_len, a.mt_turns, a.mt_user_len, a.output_len};
+                dst = bench_multi_turn_dataset(&tok, &data_rng, &mc, n, &samples, err, sizeof(err));
+        } else {
+                dst = bench_random_dataset(&tok, &data_rng, &rc, n, &samples, &mismatch, err, sizeof(err));
+        }
+        if (dst != TSR_OK) {
                 fprintf(stderr, PROG ": error: %s\n", err[0] ? err : srv.err);
                 rc_exit = EXIT_BAD_FLAGS;
                 goto out;

@@ -19,7 +19,7 @@ double tsr_placement_cost(const tsr_placement_cand *c) {
         double bs = c->block_size ? (double)c->block_size : 1.0;
         double q = (double)c->waiting_prompt_tokens / bs + (double)c->pending_prefill_blocks;
         double d = (double)c->kv_active + (double)c->pending_decode_blocks;
-        return (double)prefill_blocks(c) + q + d;
+        return (double)prefill_blocks(c) + q + TSR_PLACEMENT_DECODE_WEIGHT * d;
 }
 
 int tsr_placement_passes(const tsr_placement_cand *c, const tsr_placement_params *p) {
@@ -142,4 +142,57 @@ void tsr_placement_pending_add(tsr_placement_pending *p, const tsr_placement_can
         p->prefill_blocks += c->blocks - (c->hits < c->blocks ? c->hits : c->blocks);
         p->decode_blocks += c->blocks;
         p->requests++;
+}
+
+static void recent_free(tsr_placement_recent_entry *e) {
+        free(e->hashes);
+        memset(e, 0, sizeof(*e));
+}
+
+void tsr_placement_recent_add(tsr_placement_recent *r, const void *w, const uint64_t *hashes, size_t n,
+                              uint64_t now_ns) {
+        tsr_placement_recent_entry *e = &r->e[r->next];
+        uint64_t *copy;
+        if (!w || !hashes || n == 0 || !(copy = malloc(n * sizeof(*copy))))
+                return;
+        memcpy(copy, hashes, n * sizeof(*copy));
+        recent_free(e);
+        *e = (tsr_placement_recent_entry){.w = w, .at_ns = now_ns, .hashes = copy, .n = n};
+        r->next = (r->next + 1) % TSR_PLACEMENT_RECENT_MAX;
+}
+
+size_t tsr_placement_recent_hits(const tsr_placement_recent *r, const void *w, const uint64_t *hashes, size_t n,
+                                 uint64_t now_ns) {
+        size_t best = 0;
+        for (size_t i = 0; w && hashes && i < TSR_PLACEMENT_RECENT_MAX; i++) {
+                const tsr_placement_recent_entry *e = &r->e[i];
+                size_t lo = 0, hi = e->n < n ? e->n : n;
+                if (e->w != w || now_ns - e->at_ns > TSR_PLACEMENT_RECENT_NS || hi <= best ||
+                    e->hashes[0] != hashes[0])
+                        continue;
+                /* invariant: hashes[lo - 1] shared (lo >= 1 after the check above) */
+                lo = 1;
+                while (lo < hi) {
+                        size_t mid = lo + (hi - lo + 1) / 2;
+                        if (e->hashes[mid - 1] == hashes[mid - 1])
+                                lo = mid;
+                        else
+                                hi = mid - 1;
+                }
+                if (lo > best)
+                        best = lo;
+        }
+        return best;
+}
+
+void tsr_placement_recent_forget(tsr_placement_recent *r, const void *w) {
+        for (size_t i = 0; i < TSR_PLACEMENT_RECENT_MAX; i++)
+                if (r->e[i].w == w)
+                        recent_free(&r->e[i]);
+}
+
+void tsr_placement_recent_done(tsr_placement_recent *r) {
+        for (size_t i = 0; i < TSR_PLACEMENT_RECENT_MAX; i++)
+                recent_free(&r->e[i]);
+        r->next = 0;
 }

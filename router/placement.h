@@ -13,9 +13,10 @@
  *           (a worker that reports no KV total skips the two KV filters; when no
  *           candidate passes, all are kept: the engines queue, the router never
  *           refuses a request that some worker could take later)
- *   cost    max(0, (B - h) + Q) + D
+ *   cost    max(0, (B - h) + Q) + w_d * D
  *           Q = waiting_prompt_tokens / block_size + pending_prefill_blocks
  *           D = kv_active + pending_decode_blocks
+ *           w_d = TSR_PLACEMENT_DECODE_WEIGHT (1, below)
  *   guard   load = running + waiting + pending_requests; when max - min > 64 and
  *           max > 1.5 min, only workers with load <= min + 64 stay, and among them
  *           the longest prefix hit wins (SGLang's imbalance guard): a hot prefix
@@ -31,6 +32,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* w_d: the weight of a block of running requests' KV against a block to prefill.
+ * 1, as Dynamo (routers.md §6.4).  0.25 was measured (docs/benchmarks.md, "Router at
+ * scale"): the prefix-cache hit rate rose (prefix_repetition on 4 workers 53% -> 80%,
+ * on 16 64% -> 93%) but TTFT p50 fell behind, because the repeats piled onto the few
+ * workers holding a prefix (load max/mean up to 8) and a request joining a running
+ * batch waits for its decode step, while an idle worker that misses only prefills.
+ * With 1, hot prefixes spread to idle workers and get cached there too. */
+#define TSR_PLACEMENT_DECODE_WEIGHT 1.0
 
 typedef struct tsr_placement_cand {
         size_t blocks;                   /* B */
@@ -85,6 +95,47 @@ size_t tsr_placement_pick_least_load(const tsr_placement_cand *c, size_t n);
  * 16 blocks so that a chat request defaulting to "the rest of the context" does not
  * filter out every worker. */
 uint64_t tsr_placement_reserve(uint64_t max_tokens, uint32_t block_size);
+
+/* Prompts this router placed in the last TSR_PLACEMENT_RECENT_NS, per worker (kv
+ * policy).  A worker's STORED events for a prompt reach the mirror only after its
+ * prefill ran and the next Status went out (100 ms and more later); until then a
+ * second request with the same prefix sees no hit anywhere and the kv policy placed
+ * it by load, often elsewhere, computing the prefix twice.  routers.md §6.4's fallback
+ * "approximate tree keyed by routed requests" (Dynamo's ApproxKvIndexer), kept short
+ * because the exact mirror takes over once the events arrive.  At Poisson 1.5 req/s
+ * per worker it adds 1-2 points of hit rate (docs/benchmarks.md, "Router at scale");
+ * bursts of one prefix are where it counts.
+ * The worker's engine makes a request wait for prompt blocks that another running
+ * request is computing, so a recent placement counts as a hit, like the mirror's.
+ * A ring of the last TSR_PLACEMENT_RECENT_MAX placements with their hash chains;
+ * one per request layer (loop thread), zero-initialised, freed by _done. */
+#define TSR_PLACEMENT_RECENT_MAX 256
+#define TSR_PLACEMENT_RECENT_NS (2000ull * 1000000ull)
+
+typedef struct tsr_placement_recent_entry {
+        const void *w;                   /* the worker, by identity; NULL = free slot */
+        uint64_t at_ns;                  /* monotonic time of the placement */
+        uint64_t *hashes;                /* the prompt's block-hash chain (owned) */
+        size_t n;
+} tsr_placement_recent_entry;
+
+typedef struct tsr_placement_recent {
+        tsr_placement_recent_entry e[TSR_PLACEMENT_RECENT_MAX];
+        size_t next;
+} tsr_placement_recent;
+
+/* Remember that the prompt with chain hashes[0..n) went to w at now_ns (n == 0 or no
+ * memory: nothing is remembered, which only costs placement quality). */
+void tsr_placement_recent_add(tsr_placement_recent *r, const void *w, const uint64_t *hashes, size_t n,
+                              uint64_t now_ns);
+/* The longest leading run of hashes[0..n) shared with a prompt placed on w within
+ * TSR_PLACEMENT_RECENT_NS of now_ns.  The chain is chained (hash i covers blocks
+ * 0..i), so a shared hash at i means a shared prefix up to i: a binary search each. */
+size_t tsr_placement_recent_hits(const tsr_placement_recent *r, const void *w, const uint64_t *hashes, size_t n,
+                                 uint64_t now_ns);
+/* Forget every placement on w (the worker left; its address may be reused). */
+void tsr_placement_recent_forget(tsr_placement_recent *r, const void *w);
+void tsr_placement_recent_done(tsr_placement_recent *r);
 
 struct tsr_worker;
 struct Tessera__V1__Status;

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 #ifdef TSR_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -26,6 +25,7 @@
 #include "worker/exit_codes.h"
 #include "worker/load/gen_config.h"
 #include "worker/link.h"
+#include "worker/serve.h"
 #include "worker/model/family.h"
 #include "worker/load/model_meta.h"
 #include "worker/model/runner.h"
@@ -165,8 +165,6 @@ int main(int argc, char **argv) {
         tsr_model_meta *meta = NULL;
         const tsr_model_family *family = NULL;
         tsr_model_desc desc = {0};    /* the family's model description, read once; valid when family */
-        tsr_queue *inbox = NULL, *outbox = NULL;
-        tsr_engine *engine = NULL;
         tsr_runner *runner = NULL;
         tsr_backend *backend = NULL;    /* the CPU backend every forward runs on; freed after the runner */
         tsr_block_hash_algo hash_algo = TSR_BLOCK_HASH_SHA256;
@@ -179,8 +177,7 @@ int main(int argc, char **argv) {
         tsr_gen_defaults gen_defaults;
         bool gen_no_file = false;
         char gen_text[256];
-        int rc = TSR_EXIT_CONFIG, sfd = -1;
-        sigset_t stop_signals;
+        int rc = TSR_EXIT_CONFIG;
         tsr_log_level level;
         tsr_status st;
 
@@ -316,77 +313,25 @@ int main(int argc, char **argv) {
                 goto out;
         }
 
-        /* Block the stop signals in every thread (the engine inherits the mask) and
-         * read them through a signalfd polled by the io loop. */
+        /* The engine and io threads until a stop (serve.h). */
         rc = TSR_EXIT_RUNTIME;
-        sigemptyset(&stop_signals);
-        sigaddset(&stop_signals, SIGTERM);
-        sigaddset(&stop_signals, SIGINT);
-        pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-        sfd = signalfd(-1, &stop_signals, SFD_CLOEXEC | SFD_NONBLOCK);
-        if (sfd < 0) {
-                log_error("signalfd: %s", strerror(errno));
-                goto out;
-        }
-        if (tsr_queue_new(4096, &inbox) != TSR_OK || tsr_queue_new(4096, &outbox) != TSR_OK) {
-                log_error("out of memory");
-                goto out;
-        }
-        tsr_engine_params ep = {
+        tsr_worker_serve_opts so = {
+                .cfg = &cfg,
+                .meta = meta,
+                .plan = &plan,
                 .model = runner ? tsr_runner_model(runner) : NULL,
-                .kv_blocks_total = plan.kv_blocks_total,
-                .block_size = (uint32_t)cfg.block_size,
-                .max_model_len = plan.max_model_len,
-                .max_num_seqs = plan.max_num_seqs,
-                .max_num_batched_tokens = plan.max_num_batched_tokens,
-                .enable_prefix_caching = cfg.enable_prefix_caching != TSR_TRI_FALSE,
                 .hash_algo = hash_algo,
-                .priority_scheduling = strcmp(cfg.scheduling_policy, "priority") == 0,
-                .eos_ids = meta->eos_token_ids,
-                .n_eos_ids = meta->n_eos_token_ids,
-                .seed = (uint64_t)cfg.seed,
-                /* SIGTERM: link.c stops admitting, the engine finishes or aborts (engine.h) */
-                .shutdown_timeout_ms = (uint64_t)cfg.shutdown_timeout * 1000u,
-                .async_scheduling = cfg.async_scheduling,
-                .long_prefill_token_threshold = (uint32_t)cfg.long_prefill_token_threshold,
-        };
-        if (tsr_engine_start(&ep, inbox, outbox, &engine) != TSR_OK) {
-                log_error("cannot start the engine thread");
-                goto out;
-        }
-        tsr_link_opts lo = {
-                .listen = cfg.worker_listen,
-                .status_listen = plan.status_listen,
-                .status_interval_ms = cfg.status_interval_ms,
-                .worker_id = plan.worker_id,
-                .boot_epoch = plan.boot_epoch,
                 .model_info_full = mi_full,
                 .model_info_full_len = mi_full_len,
                 .model_info_lean = mi_lean,
                 .model_info_lean_len = mi_lean_len,
-                .tokenizer_hash = meta->tokenizer_hash,
-                .on_listening = notify_ready,
                 .curve = &curve,
+                .on_listening = notify_ready,
                 .log_stats_interval_s = cfg.disable_log_stats ? 0 : stats_interval_s(),
         };
-        st = tsr_link_run(&lo, inbox, outbox, sfd);
-        rc = st == TSR_OK ? TSR_EXIT_OK : TSR_EXIT_RUNTIME;
+        if (tsr_worker_serve(&so) == TSR_OK)
+                rc = TSR_EXIT_OK;
 out:
-        tsr_engine_stop(&engine);
-        if (outbox) {
-                tsr_engine_out *o;
-                while ((o = tsr_queue_pop(outbox)) != NULL)
-                        tsr_engine_out_free(o);
-        }
-        if (inbox) {
-                tsr_engine_in *i;
-                while ((i = tsr_queue_pop(inbox)) != NULL)
-                        tsr_engine_in_free(i);
-        }
-        tsr_queue_free(&inbox);
-        tsr_queue_free(&outbox);
-        if (sfd >= 0)
-                close(sfd);
         free(mi_full);
         free(mi_lean);
         tsr_runner_free(&runner);   /* after the engine thread has stopped */

@@ -456,6 +456,7 @@ void tsr_request_layer_free(tsr_request_layer **Lp) {
         }
         free(L->table);
         free(L->pending);
+        tsr_placement_recent_done(&L->recent);
         free(L);
         *Lp = NULL;
 }

@@ -56,6 +56,7 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
         tsr_worker *stack_w[16], **ws = stack_w;
         tsr_placement_cand stack_c[16], *cs = stack_c;
         tsr_placement_path path = TSR_PLACE_COST;
+        uint64_t now = tsr_now_ns();
 
         if (n > 16) {
                 ws = malloc(n * sizeof(*ws));
@@ -88,6 +89,10 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                                                 r->hash_block_size ? r->hash_block_size : r->model->block_size,
                                                 r->max_tokens > 0 ? (uint64_t)r->max_tokens : 1,
                                                 pol == ROUTE_KV ? hashes : NULL, pol == ROUTE_KV ? n_hashes : 0);
+                        if (pol == ROUTE_KV && n_hashes) {   /* placed here, not yet in its Status */
+                                size_t h = tsr_placement_recent_hits(&r->L->recent, w, hashes, n_hashes, now);
+                                c->hits = h > c->hits ? h : c->hits;
+                        }
                         ws[n_cand++] = w;
                 }
         }
@@ -103,6 +108,8 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                 struct pending_dispatch *p = pending_of(r->L, w, tsr_worker_status(w));
                 if (p)
                         tsr_placement_pending_add(&p->sent, &cs[best]);
+                if (pol == ROUTE_KV)
+                        tsr_placement_recent_add(&r->L->recent, w, hashes, n_hashes, now);
                 tsr_metrics_counter_add(ctx->metrics, TSR_METRICS_PLACEMENTS, policy_names[pol], 1);
                 if (pol == ROUTE_KV)
                         log_debug("%s: placed on %s (%zu of %zu blocks cached there, %s)", r->id,
@@ -379,6 +386,7 @@ static void on_worker_removed(void *ud, tsr_worker *w) {
         tsr_request_layer *L = ud;
         if (L->ctx->loop_index == 0)
                 tsr_metrics_worker_remove(L->ctx->metrics, tsr_worker_endpoint(w));
+        tsr_placement_recent_forget(&L->recent, w);
         for (size_t i = 0; i < L->n_pending; i++) {
                 if (L->pending[i].w == w) {
                         L->pending[i] = L->pending[--L->n_pending];

@@ -137,6 +137,7 @@ struct tsr_request_layer {
                 tsr_placement_pending sent;
         } *pending;
         size_t n_pending;
+        tsr_placement_recent recent;   /* kv policy: prompts placed in the last 2 s (placement.h) */
         /* Every 200 ms, fail the submitted requests past their deadline (one timer for
          * all requests: a per-request uv_timer would need an async close per request). */
         uv_timer_t deadline_sweep;

@@ -25,6 +25,8 @@ BUILD = Path(os.environ.get("TESSERA_BUILD", REPO / "build"))
 LAUNCHER = BUILD / "deploy" / "tessera"
 ROUTER = BUILD / "router" / "tessera-router"
 WORKER = BUILD / "worker" / "tessera-worker"
+# The simulated worker (deploy/sim_worker.c): the real io and engine threads, no model.
+SIM_WORKER = BUILD / "deploy" / "tessera-sim-worker"
 DEMO_MODEL = Path(os.environ.get("TESSERA_TEST_MODEL",
                                  REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
 FIXTURES = REPO.parent / "shared" / "fixtures"
@@ -68,6 +70,23 @@ def wait_until(predicate, timeout, interval=0.02, what="condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_workers_live(router, base, n, timeout=90):
+    """Wait until the router at `base` (Proc `router`) counts n live workers and is
+    healthy: /health 200 too, because a worker is live before the router has built the
+    model's tokenizer, and a completion in between gets 503 "still loading" (seen on a
+    loaded 2-core machine)."""
+    def up():
+        assert router.p.poll() is None, router.output()
+        try:
+            text = requests.get(base + "/metrics", timeout=2).text
+            healthy = requests.get(base + "/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+        return healthy and len(re.findall(r'^tessera:worker_up\{[^}]*\} 1(\.0)?$', text, re.M)) == n
+
+    wait_until(up, timeout=timeout, interval=0.1, what=f"{n} workers live at the router")
 
 
 def http_status(url, **kw):
@@ -203,6 +222,13 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture(params=["worker", "sim-worker"])
+def worker_binary(request):
+    """The protocol conformance tests run against both the real worker and the
+    simulated one, so that router benchmarks on simulated workers measure the router."""
+    return WORKER if request.param == "worker" else SIM_WORKER
 
 
 @pytest.fixture

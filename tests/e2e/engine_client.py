@@ -84,10 +84,10 @@ class Result:
 
 
 class EngineWorker:
-    def __init__(self, spawn, model, *flags, env=None):
+    def __init__(self, spawn, model, *flags, env=None, binary=WORKER):
         port = free_port_pair()
         self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.proc = spawn([WORKER, model, "--listen", self.endpoint, "--status-interval-ms", "50", *flags], env=env)
+        self.proc = spawn([binary, model, "--listen", self.endpoint, "--status-interval-ms", "50", *flags], env=env)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, b"engine-test")
@@ -99,6 +99,7 @@ class EngineWorker:
         self.sub.connect(f"tcp://127.0.0.1:{port + 1}")
         self.results = {}
         self.last_status = None
+        self.cached_hashes = set()   # the worker's prefix cache, rebuilt from Status events
         self.max_step_outputs = 0    # most requests one Output (one engine step) carried
         self.info = self._hello()
 
@@ -190,12 +191,26 @@ class EngineWorker:
             assert time.monotonic() < deadline, "no Status from the worker"
             if self.sub.poll(200):
                 fresh = read_fields(self.sub.recv())
+                self._apply_events(read_fields(fresh[STATUS][0]))
         s = read_fields(fresh[STATUS][0])
         g = lambda n: s.get(n, [0])[0]
         self.last_status = dict(state=g(5), kv_blocks_total=g(6), kv_blocks_free=g(7), kv_blocks_active=g(8),
                                 num_running=g(9), num_waiting=g(10), num_preemptions_total=g(20),
                                 prefix_cache_queries_total=g(21), prefix_cache_hits_total=g(22))
         return self.last_status
+
+    def _apply_events(self, s):
+        """Status.events (BlockHashEvent: 1 kind, 2 packed hashes) applied in order, as a
+        router's mirror does."""
+        for raw in s.get(13, []):
+            ev = read_fields(raw)
+            kind, hashes = ev.get(1, [0])[0], _uints(ev.get(2, []))
+            if kind == 2:                       # ALL_CLEARED
+                self.cached_hashes.clear()
+            elif kind == 1:                     # REMOVED
+                self.cached_hashes.difference_update(hashes)
+            else:                               # STORED
+                self.cached_hashes.update(hashes)
 
     def wait_status(self, pred, timeout=30, what="status"):
         deadline = time.monotonic() + timeout

@@ -7,6 +7,7 @@ transformers goldens of tests/fixtures where they exist.  Models: the committed 
 Llama-3 checkpoint (tests/fixtures/tiny-llama3-hf, float32) for the core cases, the
 shared stories260K for a second real model (skipped when ../shared is absent), and
 SmolLM2 where a case needs generation slow enough to act in the middle of it."""
+import hashlib
 import json
 import random
 import shutil
@@ -33,6 +34,22 @@ def worker(spawn):
 
     def _worker(model, *flags):
         w = EngineWorker(spawn, model, *F32, *flags)
+        started.append(w)
+        return w
+
+    yield _worker
+    for w in started:
+        w.close()
+
+
+@pytest.fixture
+def conformant(spawn, worker_binary):
+    """Like `worker`, for the protocol conformance cases that the simulated worker
+    (tessera-sim-worker) must pass as the real one does: run once with each."""
+    started = []
+
+    def _worker(model, *flags):
+        w = EngineWorker(spawn, model, *F32, *flags, binary=worker_binary)
         started.append(w)
         return w
 
@@ -184,10 +201,10 @@ def test_preemption_with_tiny_kv_cache_is_token_exact(worker, tiny):
 # ---------------------------------------------------------------- prefix cache
 
 
-def test_prefix_cache_hit_on_repeated_prompt(worker, tiny):
+def test_prefix_cache_hit_on_repeated_prompt(conformant, tiny):
     rng = random.Random(7)
     prompt = random_prompt(rng, 100, 300)
-    w = worker(tiny)
+    w = conformant(tiny)
     first = w.run("first", prompt, 12, logprobs=4)
     second = w.run("second", prompt, 12, logprobs=4)
     assert first.cached == 0
@@ -195,6 +212,23 @@ def test_prefix_cache_hit_on_repeated_prompt(worker, tiny):
     same(first, second)
     # the counters travel in the next Status (every 100 ms): poll, not one read
     wait_until(lambda: w.status()["prefix_cache_hits_total"] >= 96, timeout=10, what="the hits in Status")
+
+
+def test_status_events_carry_the_prompt_block_hashes(conformant, tiny):
+    """The STORED events of Status name exactly the chained block hashes of the
+    prompt's full blocks (common/block_hash.h: sha256 by default), which is what a
+    router's placement mirror relies on."""
+    rng = random.Random(8)
+    prompt = random_prompt(rng, 70, 300)
+    w = conformant(tiny)
+    w.status()                                    # subscribed: events from here on
+    w.run("p", prompt, 4)
+    parent, chain = 0x9E3779B97F4A7C15, []
+    for b in range(len(prompt) // 16):
+        m = parent.to_bytes(8, "little") + b"".join(t.to_bytes(4, "little") for t in prompt[b * 16:(b + 1) * 16])
+        parent = int.from_bytes(hashlib.sha256(m).digest()[:8], "little")
+        chain.append(parent)
+    wait_until(lambda: w.status() and set(chain) <= w.cached_hashes, timeout=10, what="STORED events of the prompt")
 
 
 def test_n4_siblings_share_the_prompt_kv(worker, tiny_long):
@@ -222,8 +256,8 @@ def test_n4_siblings_share_the_prompt_kv(worker, tiny_long):
 # ---------------------------------------------------------------- abort
 
 
-def test_abort_mid_generation_frees_blocks(worker, demo_model):
-    w = worker(demo_model)
+def test_abort_mid_generation_frees_blocks(conformant, demo_model):
+    w = conformant(demo_model)
     total = w.status()["kv_blocks_total"]
     w.submit("long", [504, 2365, 6354, 16438], 2000)
     wait_until(lambda: w.pump(200) and len(w.results["long"].tokens) >= 2, timeout=60, what="first tokens")
@@ -315,11 +349,11 @@ def test_smollm2_batch_matches_goldens(worker, demo_model):
 
 
 @pytest.mark.slow_under_sanitizers
-def test_sigterm_lets_inflight_finish_within_shutdown_timeout(worker, demo_model):
+def test_sigterm_lets_inflight_finish_within_shutdown_timeout(conformant, demo_model):
     """--shutdown-timeout 60: after SIGTERM a new Submit gets a retryable UNAVAILABLE
     Error (the router retries it elsewhere), the running request still gets all its
     tokens, and the worker exits 0."""
-    w = worker(demo_model, "--shutdown-timeout", "60")
+    w = conformant(demo_model, "--shutdown-timeout", "60")
     w.submit("inflight", [504, 2365, 6354, 16438], 48)
     wait_until(lambda: w.pump(200) and len(w.results["inflight"].tokens) >= 1, timeout=60, what="first token")
     w.proc.p.send_signal(signal.SIGTERM)
@@ -331,11 +365,11 @@ def test_sigterm_lets_inflight_finish_within_shutdown_timeout(worker, demo_model
     assert w.proc.wait(timeout=30) == 0
 
 
-def test_sigterm_aborts_what_outlasts_the_shutdown_timeout(worker, demo_model):
+def test_sigterm_aborts_what_outlasts_the_shutdown_timeout(conformant, demo_model):
     """--shutdown-timeout 2 and a request of 2,000 tokens: it runs on after SIGTERM,
     then ends with finish_reason abort; a request still waiting for a seat (nothing
     produced) is handed back with a retryable Error; the worker exits 0."""
-    w = worker(demo_model, "--shutdown-timeout", "2", "--max-num-seqs", "1")
+    w = conformant(demo_model, "--shutdown-timeout", "2", "--max-num-seqs", "1")
     w.submit("long", [504, 2365, 6354, 16438], 2000)
     w.submit("queued", [504, 2365, 6354], 2000)
     wait_until(lambda: w.pump(200) and len(w.results["long"].tokens) >= 1, timeout=60, what="first token")

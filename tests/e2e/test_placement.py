@@ -8,7 +8,7 @@ import time
 
 import requests
 
-from conftest import ROUTER, WORKER, free_port, free_port_pair, wait_until
+from conftest import ROUTER, WORKER, free_port, free_port_pair, wait_until, wait_workers_live
 
 PARAGRAPH = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a "
@@ -40,19 +40,7 @@ def start_cluster(spawn, demo_model, *router_flags):
     router = spawn(args)
     base = f"http://127.0.0.1:{http}"
 
-    def both_up():
-        assert router.p.poll() is None, router.output()
-        try:
-            text = requests.get(base + "/metrics", timeout=2).text
-            # /health 200 too: a worker is live before the router has built the
-            # model's tokenizer, and a completion in between gets 503 "still loading"
-            # (seen on a loaded 2-core machine)
-            healthy = requests.get(base + "/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-        return healthy and len(re.findall(r'^tessera:worker_up\{[^}]*\} 1(\.0)?$', text, re.M)) == 2
-
-    wait_until(both_up, timeout=90, interval=0.1, what="both workers live at the router")
+    wait_workers_live(router, base, 2)
     return base
 
 

@@ -6,7 +6,7 @@ import time
 import pytest
 import zmq
 
-from conftest import WORKER, free_port_pair
+from conftest import free_port_pair
 
 # A few lines of protobuf encoding by hand, so the test depends on the wire format
 # itself (field numbers of proto/tessera.proto), not on generated Python code.
@@ -71,9 +71,10 @@ HELLO, MODEL_INFO, SUBMIT, ERROR = 10, 11, 20, 23
 
 
 @pytest.fixture
-def worker(spawn, demo_model):
+def worker(spawn, demo_model, worker_binary):
+    """The real worker and the simulated one (tessera-sim-worker), the same wire."""
     port = free_port_pair()
-    proc = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{port}", "--served-model-name", "wire"])
+    proc = spawn([worker_binary, demo_model, "--listen", f"tcp://127.0.0.1:{port}", "--served-model-name", "wire"])
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.ROUTING_ID, b"pytest-router")
@@ -172,3 +173,22 @@ def test_invalid_submit_gets_invalid_error(worker):
     err = read_fields(reply[ERROR][0])
     assert err[2] == [1]                          # ERROR_INVALID
     assert b"empty prompt" in err[3][0]
+
+
+DRAIN = 40
+
+
+def test_drain_refuses_new_submits_retryably(worker):
+    """After Drain a Submit gets a retryable UNAVAILABLE Error (the router places it
+    elsewhere), and the worker logs why."""
+    proc, sock = worker
+    hello(sock)
+    sock.send(envelope(DRAIN, field(2, 2, b"pytest")))
+    submit = field(1, 2, b"cmpl-drained") + field(2, 2, varint(504) + varint(28)) + field(4, 0, 4)
+    reply = request(sock, envelope(SUBMIT, submit))
+    err = read_fields(reply[ERROR][0])
+    assert err[1] == [b"cmpl-drained"]
+    assert err[2] == [3]                          # ERROR_UNAVAILABLE
+    assert err[4] == [1]                          # retryable
+    assert b"draining" in err[3][0]
+    assert "drain requested" in proc.output()

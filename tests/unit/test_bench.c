@@ -107,6 +107,23 @@ static void test_output_completions(void **state) {
         bench_output_done(&o);
 }
 
+/* llama-server's way: usage rides in the last chunk beside choices (issue #21). */
+static void test_output_usage_beside_choices(void **state) {
+        bench_output o;
+        bench_output_init(&o, false, 10, 100.0);
+        feed(&o, "data: {\"choices\":[{\"text\":\"a\"}]}", 100.5);
+        feed(&o, "data: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}],"
+                 "\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}", 101.0);
+        feed(&o, "data: [DONE]", 101.1);
+        bench_output_finish(&o);
+        assert_true(o.success);
+        assert_int_equal(o.n_itl, 1);                  /* the chunk still counts as a token */
+        assert_true(fabs(o.latency - 1.0) < 1e-9);
+        assert_int_equal(o.output_tokens, 2);
+        assert_int_equal(o.prompt_len, 9);
+        bench_output_done(&o);
+}
+
 static void test_output_chat_role_chunk_is_not_a_token(void **state) {
         bench_output o;
         bench_output_init(&o, true, 7, 0.0);
@@ -469,6 +486,66 @@ static bool toy_special(void *ud, uint32_t id) {
 static const bench_tok TOY = {.encode = toy_encode, .decode = toy_decode, .is_special = toy_special,
                               .vocab_size = 29};
 
+/* A few long prefixes shared by many prompts: the prompts fall into exactly
+ * num_prefixes groups by their leading text, of n / num_prefixes (+1) each. */
+static void test_prefix_repetition_dataset(void **state) {
+        bench_rng r;
+        bench_sample *s;
+        char err[512];
+        bench_prefix_rep_cfg cfg = {.prefix_len = 40, .suffix_len = 10, .num_prefixes = 3, .output_len = 7};
+        char heads[3][31] = {{0}};
+        int sizes[3] = {0}, groups = 0;
+
+        bench_rng_seed(&r, 5);
+        assert_int_equal(bench_prefix_repetition_dataset(&TOY, &r, &cfg, 20, &s, err, sizeof(err)), TSR_OK);
+        for (int i = 0; i < 20; i++) {
+                int g;
+                assert_int_equal(s[i].expected_output_len, 7);
+                assert_true(strlen(s[i].prompt) >= 30);
+                for (g = 0; g < groups && strncmp(heads[g], s[i].prompt, 30) != 0; g++)
+                        ;
+                if (g == groups) {
+                        assert_true(groups < 3);
+                        memcpy(heads[groups++], s[i].prompt, 30);
+                }
+                sizes[g]++;
+        }
+        assert_int_equal(groups, 3);
+        assert_int_equal(sizes[0] + sizes[1] + sizes[2], 20);
+        for (int g = 0; g < 3; g++)
+                assert_true(sizes[g] == 6 || sizes[g] == 7);
+        bench_samples_free(s, 20);
+        cfg.num_prefixes = 0;
+        assert_int_equal(bench_prefix_repetition_dataset(&TOY, &r, &cfg, 3, &s, err, sizeof(err)), TSR_E_INVAL);
+        assert_null(s);
+}
+
+/* Sessions growing a history: turn k+1 of a session resends turn k's prompt (and a
+ * reply), and every prompt starts with the shared system prompt. */
+static void test_multi_turn_dataset(void **state) {
+        bench_rng r;
+        bench_sample *s;
+        char err[512];
+        bench_multi_turn_cfg cfg = {.system_len = 20, .turns = 4, .user_len = 8, .output_len = 5};
+        const size_t n = 10, sessions = 3;   /* ceil(10 / 4); the last turn is cut short */
+
+        bench_rng_seed(&r, 6);
+        assert_int_equal(bench_multi_turn_dataset(&TOY, &r, &cfg, n, &s, err, sizeof(err)), TSR_OK);
+        for (size_t i = 0; i < n; i++) {
+                assert_int_equal(s[i].expected_output_len, 5);
+                assert_memory_equal(s[i].prompt, s[0].prompt, 15);          /* the system prompt */
+                if (i + sessions < n) {
+                        /* the next turn of the same session: this prompt, minus its last ids
+                         * (re-encoding may pad the tail), then the reply and new user text */
+                        size_t keep = strlen(s[i].prompt) - 4;
+                        assert_memory_equal(s[i + sessions].prompt, s[i].prompt, keep);
+                        assert_true(s[i + sessions].prompt_len >= s[i].prompt_len + 5 + 8 - 2);
+                }
+        }
+        assert_true(strncmp(s[0].prompt + 20, s[1].prompt + 20, 20) != 0);   /* sessions differ past it */
+        bench_samples_free(s, n);
+}
+
 static void test_decode_to_target_len(void **state) {
         bench_rng r;
         bench_rng_seed(&r, 3);
@@ -555,6 +632,7 @@ int main(void) {
                 cmocka_unit_test(test_sse_split_anywhere),
                 cmocka_unit_test(test_sse_tail_without_blank_line),
                 cmocka_unit_test(test_output_completions),
+                cmocka_unit_test(test_output_usage_beside_choices),
                 cmocka_unit_test(test_output_chat_role_chunk_is_not_a_token),
                 cmocka_unit_test(test_output_failures),
                 cmocka_unit_test(test_percentile_matches_numpy),
@@ -567,6 +645,8 @@ int main(void) {
                 cmocka_unit_test(test_random_bounds),
                 cmocka_unit_test(test_decode_to_target_len),
                 cmocka_unit_test(test_random_dataset),
+                cmocka_unit_test(test_prefix_repetition_dataset),
+                cmocka_unit_test(test_multi_turn_dataset),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

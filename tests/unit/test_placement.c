@@ -311,6 +311,40 @@ static void test_cand_fill_and_pending(void **state) {
         assert_int_equal(p.prefill_blocks, 8);
 }
 
+/* Recent placements count as hits on their worker only, for their shared leading
+ * run, until they age out or the worker is forgotten. */
+static void test_recent_placements(void **state) {
+        static tsr_placement_recent r;     /* 10 KB: not on the test's stack */
+        static int wa, wb;                  /* two workers, by address */
+        uint64_t a[6] = {11, 12, 13, 14, 15, 16}, b[6] = {11, 12, 13, 99, 98, 97}, c[3] = {21, 22, 23};
+        const uint64_t t0 = 1000000000ull;
+
+        memset(&r, 0, sizeof(r));
+        assert_int_equal(tsr_placement_recent_hits(&r, &wa, a, 6, t0), 0);
+        tsr_placement_recent_add(&r, &wa, a, 6, t0);
+        assert_int_equal(tsr_placement_recent_hits(&r, &wa, a, 6, t0), 6);
+        assert_int_equal(tsr_placement_recent_hits(&r, &wa, a, 4, t0), 4);    /* a shorter prompt */
+        assert_int_equal(tsr_placement_recent_hits(&r, &wa, b, 6, t0), 3);    /* shares 3 blocks */
+        assert_int_equal(tsr_placement_recent_hits(&r, &wb, a, 6, t0), 0);    /* other worker */
+        assert_int_equal(tsr_placement_recent_hits(&r, &wa, c, 3, t0), 0);
+        tsr_placement_recent_add(&r, &wb, b, 5, t0 + 10);
+        assert_int_equal(tsr_placement_recent_hits(&r, &wb, b, 6, t0 + 10), 5);
+        assert_int_equal(tsr_placement_recent_hits(&r, &wb, a, 6, t0 + 10), 3);
+        /* aged out */
+        assert_int_equal(tsr_placement_recent_hits(&r, &wa, a, 6, t0 + TSR_PLACEMENT_RECENT_NS + 1), 0);
+        tsr_placement_recent_forget(&r, &wb);
+        assert_int_equal(tsr_placement_recent_hits(&r, &wb, b, 6, t0 + 10), 0);
+        assert_int_equal(tsr_placement_recent_hits(&r, &wa, a, 6, t0 + 10), 6);
+        /* the ring wraps: the oldest placements go first */
+        for (int i = 0; i < TSR_PLACEMENT_RECENT_MAX; i++)
+                tsr_placement_recent_add(&r, &wb, c, 3, t0 + 20);
+        assert_int_equal(tsr_placement_recent_hits(&r, &wa, a, 6, t0 + 20), 0);
+        assert_int_equal(tsr_placement_recent_hits(&r, &wb, c, 3, t0 + 20), 3);
+        tsr_placement_recent_add(&r, &wa, NULL, 0, t0);                       /* nothing to remember */
+        tsr_placement_recent_done(&r);
+        assert_int_equal(tsr_placement_recent_hits(&r, &wb, c, 3, t0 + 20), 0);
+}
+
 static void test_worker_dns_parse(void **state) {
         char name[64], err[256];
         int port = 0;
@@ -507,6 +541,7 @@ int main(void) {
                 cmocka_unit_test(test_pick),
                 cmocka_unit_test(test_imbalance_guard),
                 cmocka_unit_test(test_cand_fill_and_pending),
+                cmocka_unit_test(test_recent_placements),
                 cmocka_unit_test(test_worker_dns_parse),
                 cmocka_unit_test(test_worker_dns_adds_localhost),
                 cmocka_unit_test(test_worker_dns_retires_gone_addresses),
