@@ -55,42 +55,47 @@ QMM_INLINE __m256i nibbles(const uint8_t *qs) {
         return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
-QMM_FN static void unpack32_row(tsr_dtype t, const uint8_t *p, size_t n, void *dst) {
-        const tsr_dtype_info *info = tsr_dtype_get_info(t);
-        tsr_qmm_w u = tsr_qmm_w_at(t, dst, n);
-        size_t bb = info->block_bytes;
+/* One row of 32-blocks of type T (a constant after inlining) -> the unpacked row, padding
+ * zeroed (quant/qmm.h). */
+QMM_INLINE void unpack32_row_t(const tsr_dtype T, const uint8_t *p, size_t n, tsr_qmm_w *u) {
+        const size_t bb = T == TSR_DTYPE_Q8_0 ? 34 : T == TSR_DTYPE_Q4_0 ? 18 : T == TSR_DTYPE_Q4_1 ? 20
+                        : T == TSR_DTYPE_Q5_0 ? 22 : 24;
+        size_t nb = n / 32;
 
-        for (size_t b = 0; b < n / 32; b++) {
+        for (size_t b = 0; b < nb; b++) {
                 const uint8_t *blk = p + b * bb;
+                uint32_t qh;
                 __m256i v;
-                u.dw[b] = f16_at(blk);
-                u.mw[b] = 0.0f;
-                switch (t) {
-                case TSR_DTYPE_Q8_0:
+                u->dw[b] = f16_at(blk);
+                u->mw[b] = T == TSR_DTYPE_Q4_1 || T == TSR_DTYPE_Q5_1 ? f16_at(blk + 2) : 0.0f;
+                if (T == TSR_DTYPE_Q8_0) {
                         v = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                        break;
-                case TSR_DTYPE_Q4_0:
+                } else if (T == TSR_DTYPE_Q4_0) {
                         v = _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
-                        break;
-                case TSR_DTYPE_Q4_1:
-                        u.mw[b] = f16_at(blk + 2);
+                } else if (T == TSR_DTYPE_Q4_1) {
                         v = nibbles(blk + 4);
-                        break;
-                case TSR_DTYPE_Q5_0: {
-                        uint32_t qh;
+                } else if (T == TSR_DTYPE_Q5_0) {
                         memcpy(&qh, blk + 2, 4);        /* little-endian, as GGUF */
                         v = _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), q5_high(qh)), _mm256_set1_epi8(16));
-                        break;
-                }
-                default: {              /* Q5_1 */
-                        uint32_t qh;
+                } else {
                         memcpy(&qh, blk + 4, 4);
-                        u.mw[b] = f16_at(blk + 2);
                         v = _mm256_or_si256(nibbles(blk + 8), q5_high(qh));
-                        break;
                 }
-                }
-                _mm256_store_si256((__m256i *)(u.w + 32 * b), v);
+                _mm256_store_si256((__m256i *)(u->w + 32 * b), v);
+        }
+        for (size_t b = nb; b % 8; b++) {
+                _mm256_store_si256((__m256i *)(u->w + 32 * b), _mm256_setzero_si256());
+                u->dw[b] = u->mw[b] = 0.0f;
+        }
+}
+
+QMM_FN static void unpack32_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_w *u) {
+        switch (t) {
+        case TSR_DTYPE_Q8_0: unpack32_row_t(TSR_DTYPE_Q8_0, p, n, u); break;
+        case TSR_DTYPE_Q4_0: unpack32_row_t(TSR_DTYPE_Q4_0, p, n, u); break;
+        case TSR_DTYPE_Q4_1: unpack32_row_t(TSR_DTYPE_Q4_1, p, n, u); break;
+        case TSR_DTYPE_Q5_0: unpack32_row_t(TSR_DTYPE_Q5_0, p, n, u); break;
+        default: unpack32_row_t(TSR_DTYPE_Q5_1, p, n, u); break;
         }
 }
 
@@ -99,7 +104,7 @@ QMM_FN static void unpack32_row(tsr_dtype t, const uint8_t *p, size_t n, void *d
 /* sum over 32 bytes of w[k] * q[k] (both int8, |q| <= 127) as eight int32 partial sums:
  * |w| * (q with w's sign), pairs in int16 (at most 2 * 128 * 127, no saturation). */
 QMM_INLINE __m256i dot32_epi32(const int8_t *w, const int8_t *q) {
-        __m256i wv = _mm256_load_si256((const __m256i *)w), qv = _mm256_loadu_si256((const __m256i *)q);
+        __m256i wv = _mm256_load_si256((const __m256i *)w), qv = _mm256_load_si256((const __m256i *)q);
         __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(qv, wv));
         return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
@@ -128,35 +133,21 @@ QMM_INLINE float lanes_sum(__m256 v) {
         return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
-/* 32-blocks: t_b = (dw*dx) * (float)I_b + mw*sx, eight blocks per step. */
+/* 32-blocks: t_b = (dw*dx) * (float)I_b + mw*sx, eight blocks per step (the padding
+ * makes the last step whole). */
 QMM_FN static float dot32_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n) {
-        size_t nb = n / 32, b = 0;
+        size_t nb = n / 32;
         __m256 acc = _mm256_setzero_ps();
 
-        for (; b + 8 <= nb; b += 8) {
+        for (size_t b = 0; b < nb; b += 8) {
                 __m256i v[8];
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; j++)
                         v[j] = dot32_epi32(u->w + 32 * (b + j), a->q + 32 * (b + j));
                 __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
-                __m256 dd = _mm256_mul_ps(_mm256_loadu_ps(u->dw + b), _mm256_loadu_ps(a->dx + b));
+                __m256 dd = _mm256_mul_ps(_mm256_load_ps(u->dw + b), _mm256_load_ps(a->dx + b));
                 __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s),
-                                         _mm256_mul_ps(_mm256_loadu_ps(u->mw + b), _mm256_loadu_ps(a->sx + b)));
-                acc = _mm256_add_ps(acc, t);
-        }
-        if (b < nb) {           /* the last 1..7 blocks; the other lanes add (0*0)*0 + 0*0 = +0 */
-                __m256i v[8];
-                float dw[8] = {0}, dx[8] = {0}, mw[8] = {0}, sx[8] = {0};
-                for (int j = 0; j < 8; j++)
-                        v[j] = b + j < nb ? dot32_epi32(u->w + 32 * (b + j), a->q + 32 * (b + j))
-                                          : _mm256_setzero_si256();
-                memcpy(dw, u->dw + b, (nb - b) * sizeof(float));
-                memcpy(dx, a->dx + b, (nb - b) * sizeof(float));
-                memcpy(mw, u->mw + b, (nb - b) * sizeof(float));
-                memcpy(sx, a->sx + b, (nb - b) * sizeof(float));
-                __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
-                __m256 dd = _mm256_mul_ps(_mm256_loadu_ps(dw), _mm256_loadu_ps(dx));
-                __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s), _mm256_mul_ps(_mm256_loadu_ps(mw), _mm256_loadu_ps(sx)));
+                                         _mm256_mul_ps(_mm256_load_ps(u->mw + b), _mm256_load_ps(a->sx + b)));
                 acc = _mm256_add_ps(acc, t);
         }
         return lanes_sum(acc);
@@ -211,7 +202,7 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
                 if (k)
                         tsr_qmm_unpack_row(c->t, wi, c->n, wu);
                 else
-                        unpack32_row(c->t, wi, c->n, wu);
+                        unpack32_row(c->t, wi, c->n, &u);
                 for (size_t r = 0; r < c->rows; r++) {
                         tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
                         c->out[r * c->d + i] = k ? dotk_row(&u, &a, c->n) : dot32_row(&u, &a, c->n);

@@ -29,15 +29,15 @@ bool tsr_qmm_is_k(tsr_dtype t) { return t == TSR_DTYPE_Q4_K || t == TSR_DTYPE_Q5
 
 size_t tsr_qmm_act_bytes(tsr_dtype t, size_t n) {
         if (tsr_qmm_is_k(t))
-                return tsr_qmm_align32(n) + tsr_qmm_align32(n / 16 * 2) + tsr_qmm_align32(n / 256 * 4);
-        return tsr_qmm_align32(n) + 2 * tsr_qmm_align32(n / 32 * 4);
+                return tsr_qmm_int8_bytes(n) + tsr_qmm_align32(n / 16 * 2) + tsr_qmm_align32(n / 256 * 4);
+        return tsr_qmm_int8_bytes(n) + 2 * tsr_qmm_align32(n / 32 * 4);
 }
 
 size_t tsr_qmm_unpacked_bytes(tsr_dtype t, size_t n) {
         if (tsr_qmm_is_k(t))
-                return tsr_qmm_align32(n) + tsr_qmm_align32(n / 2 * 2) + tsr_qmm_align32(n / 16 * 2) +
+                return tsr_qmm_int8_bytes(n) + tsr_qmm_align32(n / 2 * 2) + tsr_qmm_align32(n / 16 * 2) +
                        2 * tsr_qmm_align32(n / 256 * 4);
-        return tsr_qmm_align32(n) + 2 * tsr_qmm_align32(n / 32 * 4);
+        return tsr_qmm_int8_bytes(n) + 2 * tsr_qmm_align32(n / 32 * 4);
 }
 
 /* ---- step 1: activations ------------------------------------------------------------ */
@@ -68,6 +68,7 @@ static float quantize_block(const float *x, int qk, int8_t *q) {
 void tsr_qmm_quantize_row(tsr_dtype t, const float *x, size_t n, void *dst) {
         tsr_qmm_act a = tsr_qmm_act_at(t, dst, n);
 
+        memset(dst, 0, tsr_qmm_act_bytes(t, n));        /* the padding (qmm.h) */
         if (tsr_qmm_is_k(t)) {
                 for (size_t b = 0; b < n / 256; b++)
                         a.dx[b] = quantize_block(x + 256 * b, 256, a.q + 256 * b);
@@ -170,6 +171,7 @@ void tsr_qmm_unpack_row(tsr_dtype t, const void *w, size_t n, void *dst) {
         const uint8_t *p = w;
         tsr_qmm_w u = tsr_qmm_w_at(t, dst, n);
 
+        memset(dst, 0, tsr_qmm_unpacked_bytes(t, n));   /* the padding (qmm.h) */
         for (size_t b = 0; b < n / info->block_elems; b++) {
                 const uint8_t *blk = p + b * info->block_bytes;
                 if (tsr_qmm_is_k(t))

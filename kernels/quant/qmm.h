@@ -37,7 +37,10 @@
  * on each side (tests/kernels/test_ops.c checks that bound on every format).
  *
  * Layouts of the scratch rows (bytes, each section 32-byte aligned from the row start,
- * which qmm_*_bytes keeps a multiple of 32):
+ * which qmm_*_bytes keeps a multiple of 32).  The 32-block rows are padded with zeros to
+ * a multiple of eight blocks (q, w to 256 bytes, the float arrays to 8 floats), so a SIMD
+ * loop over eight blocks at a time needs no tail: a padding block's term is
+ * (0*0)*0 + 0*0 = +0, which leaves its lane unchanged (a lane starting at +0 is never -0).
  *   activations, 32-blocks:  int8 q[n] | float dx[n/32] | float sx[n/32]
  *   activations, K blocks:   int8 q[n] | int16 qsum[n/16] | float dx[n/256]
  *   weights, 32-blocks:      int8 w[n] | float dw[n/32] | float mw[n/32]
@@ -84,6 +87,8 @@ tsr_status tsr_qmm_ref(float *out, const float *x, const void *w, tsr_dtype t, s
 
 /* ---- the sections of the scratch rows (the layouts above) ---- */
 static inline size_t tsr_qmm_align32(size_t b) { return (b + 31) & ~(size_t)31; }
+/* Bytes of the int8 section: n, padded to eight 32-blocks. */
+static inline size_t tsr_qmm_int8_bytes(size_t n) { return (n + 255) & ~(size_t)255; }
 
 /* An activation row: q (n,); 32-blocks: dx, sx (n/32,); K blocks: qsum (n/16,), dx (n/256,). */
 typedef struct tsr_qmm_act {
@@ -103,7 +108,7 @@ typedef struct tsr_qmm_w {
 
 static inline tsr_qmm_act tsr_qmm_act_at(tsr_dtype t, const void *row, size_t n) {
         uint8_t *p = (uint8_t *)row;
-        size_t o = tsr_qmm_align32(n);
+        size_t o = tsr_qmm_int8_bytes(n);
         tsr_qmm_act a = {.q = (int8_t *)p};
 
         if (tsr_qmm_is_k(t)) {
@@ -118,7 +123,7 @@ static inline tsr_qmm_act tsr_qmm_act_at(tsr_dtype t, const void *row, size_t n)
 
 static inline tsr_qmm_w tsr_qmm_w_at(tsr_dtype t, const void *row, size_t n) {
         uint8_t *p = (uint8_t *)row;
-        size_t o = tsr_qmm_align32(n);
+        size_t o = tsr_qmm_int8_bytes(n);
         tsr_qmm_w u = {.w = (int8_t *)p};
 
         if (tsr_qmm_is_k(t)) {
