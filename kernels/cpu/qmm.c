@@ -179,6 +179,81 @@ QMM_FN static float dotk_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n)
         return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
+/* ---- one activation row: the weight blocks decoded in registers --------------------------
+ * The decode GEMV (rows == 1) reads each weight row once and uses it once, so unpacking
+ * it to scratch first only adds a store and a load per block: here each block goes from
+ * the file's bytes to the integer sum directly.  Same integers, same scales, same float
+ * terms and lanes as dot32_row (so still bitwise the reference).  q4_1 and q5_1 codes are
+ * unsigned (0..31): one maddubs without the sign trick. */
+
+/* Block j's codes of type T as int8 (q4_0, q5_0, q8_0: signed; q4_1, q5_1: 0..31). */
+QMM_INLINE __m256i codes32(const tsr_dtype T, const uint8_t *blk) {
+        uint32_t qh;
+        if (T == TSR_DTYPE_Q8_0)
+                return _mm256_loadu_si256((const __m256i *)(blk + 2));
+        if (T == TSR_DTYPE_Q4_0)
+                return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
+        if (T == TSR_DTYPE_Q4_1)
+                return nibbles(blk + 4);
+        if (T == TSR_DTYPE_Q5_0) {
+                memcpy(&qh, blk + 2, 4);
+                return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), q5_high(qh)), _mm256_set1_epi8(16));
+        }
+        memcpy(&qh, blk + 4, 4);
+        return _mm256_or_si256(nibbles(blk + 8), q5_high(qh));
+}
+
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr_qmm_act *a, size_t n) {
+        const size_t bb = T == TSR_DTYPE_Q8_0 ? 34 : T == TSR_DTYPE_Q4_0 ? 18 : T == TSR_DTYPE_Q4_1 ? 20
+                        : T == TSR_DTYPE_Q5_0 ? 22 : 24;
+        const bool has_m = T == TSR_DTYPE_Q4_1 || T == TSR_DTYPE_Q5_1;
+        size_t nb = n / 32;
+        __m256 acc = _mm256_setzero_ps();
+
+        for (size_t b = 0; b < nb; b += 8) {
+                __m256i v[8];
+                uint16_t dh[8] = {0}, mh[8] = {0};      /* f16 bits; 0 for the blocks past the row */
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++) {
+                        if (b + j >= nb) {
+                                v[j] = _mm256_setzero_si256();
+                                continue;
+                        }
+                        const uint8_t *blk = wrow + (b + j) * bb;
+                        __m256i w = codes32(T, blk), q = _mm256_load_si256((const __m256i *)(a->q + 32 * (b + j)));
+                        __m256i p16 = has_m ? _mm256_maddubs_epi16(w, q)
+                                            : _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
+                        v[j] = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+                        dh[j] = rd16(blk);
+                        if (has_m)
+                                mh[j] = rd16(blk + 2);
+                }
+                __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
+                /* Built in registers: eight 16-bit stores read back as one vector would
+                 * miss store-to-load forwarding and stall every step. */
+                __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16((short)dh[0], (short)dh[1], (short)dh[2], (short)dh[3],
+                                                           (short)dh[4], (short)dh[5], (short)dh[6], (short)dh[7]));
+                __m256 mw = _mm256_cvtph_ps(_mm_setr_epi16((short)mh[0], (short)mh[1], (short)mh[2], (short)mh[3],
+                                                           (short)mh[4], (short)mh[5], (short)mh[6], (short)mh[7]));
+                __m256 dd = _mm256_mul_ps(dw, _mm256_load_ps(a->dx + b));
+                __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s), _mm256_mul_ps(mw, _mm256_load_ps(a->sx + b)));
+                acc = _mm256_add_ps(acc, t);
+        }
+        return lanes_sum(acc);
+}
+
+QMM_FN static float dot32_fused(tsr_dtype t, const uint8_t *wrow, const tsr_qmm_act *a, size_t n) {
+        switch (t) {
+        case TSR_DTYPE_Q8_0: return dot32_fused_t(TSR_DTYPE_Q8_0, wrow, a, n);
+        case TSR_DTYPE_Q4_0: return dot32_fused_t(TSR_DTYPE_Q4_0, wrow, a, n);
+        case TSR_DTYPE_Q4_1: return dot32_fused_t(TSR_DTYPE_Q4_1, wrow, a, n);
+        case TSR_DTYPE_Q5_0: return dot32_fused_t(TSR_DTYPE_Q5_0, wrow, a, n);
+        default: return dot32_fused_t(TSR_DTYPE_Q5_1, wrow, a, n);
+        }
+}
+
 /* ---- the driver ----------------------------------------------------------------------- */
 
 struct qmm_ctx {
@@ -197,6 +272,12 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         bool k = tsr_qmm_is_k(c->t);
         tsr_qmm_w u = tsr_qmm_w_at(c->t, wu, c->n);
 
+        if (!k && c->rows == 1) {       /* the decode GEMV: blocks decoded in registers */
+                tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq, c->n);
+                for (size_t i = i0; i < i1; i++)
+                        c->out[i] = dot32_fused(c->t, c->w + i * c->row_bytes, &a, c->n);
+                return;
+        }
         for (size_t i = i0; i < i1; i++) {
                 const uint8_t *wi = c->w + i * c->row_bytes;
                 if (k)
