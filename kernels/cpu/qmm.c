@@ -35,7 +35,10 @@
 #define QMM_FN __attribute__((target("avx2,f16c")))
 #define QMM_INLINE static inline __attribute__((always_inline, target("avx2,f16c")))
 
-QMM_INLINE float f16_at(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | p[1] << 8)); }
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+/* An f16 scale -> float32, exact (as tsr_f16_to_f32). */
+QMM_INLINE float f16_at(const uint8_t *p) { return _cvtsh_ss(rd16(p)); }
 
 /* ---- unpacking 32-blocks (quant/qmm.c unpack32, vectorised) ---------------------------- */
 
@@ -55,33 +58,38 @@ QMM_INLINE __m256i nibbles(const uint8_t *qs) {
         return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
+/* Block j's codes of type T as int8 (q4_0, q5_0, q8_0: signed; q4_1, q5_1: 0..31). */
+QMM_INLINE __m256i codes32(const tsr_dtype T, const uint8_t *blk) {
+        uint32_t qh;
+        if (T == TSR_DTYPE_Q8_0)
+                return _mm256_loadu_si256((const __m256i *)(blk + 2));
+        if (T == TSR_DTYPE_Q4_0)
+                return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
+        if (T == TSR_DTYPE_Q4_1)
+                return nibbles(blk + 4);
+        if (T == TSR_DTYPE_Q5_0) {
+                memcpy(&qh, blk + 2, 4);
+                return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), q5_high(qh)), _mm256_set1_epi8(16));
+        }
+        memcpy(&qh, blk + 4, 4);
+        return _mm256_or_si256(nibbles(blk + 8), q5_high(qh));
+}
+
+/* Bytes of a 32-block of type T (dtype.c's table, as a constant for the compiler). */
+#define BLOCK32_BYTES(T) ((T) == TSR_DTYPE_Q8_0 ? 34 : (T) == TSR_DTYPE_Q4_0 ? 18 : (T) == TSR_DTYPE_Q4_1 ? 20 \
+                          : (T) == TSR_DTYPE_Q5_0 ? 22 : 24)
+
 /* One row of 32-blocks of type T (a constant after inlining) -> the unpacked row, padding
  * zeroed (quant/qmm.h). */
 QMM_INLINE void unpack32_row_t(const tsr_dtype T, const uint8_t *p, size_t n, tsr_qmm_w *u) {
-        const size_t bb = T == TSR_DTYPE_Q8_0 ? 34 : T == TSR_DTYPE_Q4_0 ? 18 : T == TSR_DTYPE_Q4_1 ? 20
-                        : T == TSR_DTYPE_Q5_0 ? 22 : 24;
+        const size_t bb = BLOCK32_BYTES(T);
         size_t nb = n / 32;
 
         for (size_t b = 0; b < nb; b++) {
                 const uint8_t *blk = p + b * bb;
-                uint32_t qh;
-                __m256i v;
                 u->dw[b] = f16_at(blk);
                 u->mw[b] = T == TSR_DTYPE_Q4_1 || T == TSR_DTYPE_Q5_1 ? f16_at(blk + 2) : 0.0f;
-                if (T == TSR_DTYPE_Q8_0) {
-                        v = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                } else if (T == TSR_DTYPE_Q4_0) {
-                        v = _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
-                } else if (T == TSR_DTYPE_Q4_1) {
-                        v = nibbles(blk + 4);
-                } else if (T == TSR_DTYPE_Q5_0) {
-                        memcpy(&qh, blk + 2, 4);        /* little-endian, as GGUF */
-                        v = _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), q5_high(qh)), _mm256_set1_epi8(16));
-                } else {
-                        memcpy(&qh, blk + 4, 4);
-                        v = _mm256_or_si256(nibbles(blk + 8), q5_high(qh));
-                }
-                _mm256_store_si256((__m256i *)(u->w + 32 * b), v);
+                _mm256_store_si256((__m256i *)(u->w + 32 * b), codes32(T, blk));
         }
         for (size_t b = nb; b % 8; b++) {
                 _mm256_store_si256((__m256i *)(u->w + 32 * b), _mm256_setzero_si256());
@@ -186,28 +194,8 @@ QMM_FN static float dotk_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n)
  * terms and lanes as dot32_row (so still bitwise the reference).  q4_1 and q5_1 codes are
  * unsigned (0..31): one maddubs without the sign trick. */
 
-/* Block j's codes of type T as int8 (q4_0, q5_0, q8_0: signed; q4_1, q5_1: 0..31). */
-QMM_INLINE __m256i codes32(const tsr_dtype T, const uint8_t *blk) {
-        uint32_t qh;
-        if (T == TSR_DTYPE_Q8_0)
-                return _mm256_loadu_si256((const __m256i *)(blk + 2));
-        if (T == TSR_DTYPE_Q4_0)
-                return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
-        if (T == TSR_DTYPE_Q4_1)
-                return nibbles(blk + 4);
-        if (T == TSR_DTYPE_Q5_0) {
-                memcpy(&qh, blk + 2, 4);
-                return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), q5_high(qh)), _mm256_set1_epi8(16));
-        }
-        memcpy(&qh, blk + 4, 4);
-        return _mm256_or_si256(nibbles(blk + 8), q5_high(qh));
-}
-
-static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-
 QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr_qmm_act *a, size_t n) {
-        const size_t bb = T == TSR_DTYPE_Q8_0 ? 34 : T == TSR_DTYPE_Q4_0 ? 18 : T == TSR_DTYPE_Q4_1 ? 20
-                        : T == TSR_DTYPE_Q5_0 ? 22 : 24;
+        const size_t bb = BLOCK32_BYTES(T);
         const bool has_m = T == TSR_DTYPE_Q4_1 || T == TSR_DTYPE_Q5_1;
         size_t nb = n / 32;
         __m256 acc = _mm256_setzero_ps();
