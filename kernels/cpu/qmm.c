@@ -142,16 +142,22 @@ QMM_INLINE float lanes_sum(__m256 v) {
 }
 
 /* 32-blocks: t_b = (dw*dx) * (float)I_b + mw*sx, eight blocks per step (the padding
- * makes the last step whole). */
-QMM_FN static float dot32_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n) {
+ * makes the last step whole).  UNSIGNED (a constant after inlining): the codes are 0..31
+ * (q4_1, q5_1), so one maddubs takes them as they are, without the sign trick. */
+QMM_INLINE float dot32_row_t(const bool UNSIGNED, const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n) {
         size_t nb = n / 32;
         __m256 acc = _mm256_setzero_ps();
 
         for (size_t b = 0; b < nb; b += 8) {
                 __m256i v[8];
 #pragma GCC unroll 8
-                for (int j = 0; j < 8; j++)
-                        v[j] = dot32_epi32(u->w + 32 * (b + j), a->q + 32 * (b + j));
+                for (int j = 0; j < 8; j++) {
+                        const int8_t *w = u->w + 32 * (b + j), *q = a->q + 32 * (b + j);
+                        v[j] = UNSIGNED ? _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)w),
+                                                                                 _mm256_load_si256((const __m256i *)q)),
+                                                            _mm256_set1_epi16(1))
+                                        : dot32_epi32(w, q);
+                }
                 __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
                 __m256 dd = _mm256_mul_ps(_mm256_load_ps(u->dw + b), _mm256_load_ps(a->dx + b));
                 __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s),
@@ -159,6 +165,10 @@ QMM_FN static float dot32_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n
                 acc = _mm256_add_ps(acc, t);
         }
         return lanes_sum(acc);
+}
+
+QMM_FN static float dot32_row(bool unsigned_codes, const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n) {
+        return unsigned_codes ? dot32_row_t(true, u, a, n) : dot32_row_t(false, u, a, n);
 }
 
 /* K blocks: I1 with the per-pair int16 scales in the multiply-add (|pair sum| <= 2*32*127,
@@ -257,7 +267,7 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         const struct qmm_ctx *c = ctx;
         size_t i0 = task * QMM_ROWS_PER_TASK, i1 = i0 + QMM_ROWS_PER_TASK < c->d ? i0 + QMM_ROWS_PER_TASK : c->d;
         uint8_t *wu = c->scratch + (size_t)worker * c->wu_bytes;
-        bool k = tsr_qmm_is_k(c->t);
+        bool k = tsr_qmm_is_k(c->t), unsigned_codes = c->t == TSR_DTYPE_Q4_1 || c->t == TSR_DTYPE_Q5_1;
         tsr_qmm_w u = tsr_qmm_w_at(c->t, wu, c->n);
 
         if (!k && c->rows == 1) {       /* the decode GEMV: blocks decoded in registers */
@@ -274,7 +284,7 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
                         unpack32_row(c->t, wi, c->n, &u);
                 for (size_t r = 0; r < c->rows; r++) {
                         tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
-                        c->out[r * c->d + i] = k ? dotk_row(&u, &a, c->n) : dot32_row(&u, &a, c->n);
+                        c->out[r * c->d + i] = k ? dotk_row(&u, &a, c->n) : dot32_row(unsigned_codes, &u, &a, c->n);
                 }
         }
 }
