@@ -107,6 +107,68 @@ QMM_FN static void unpack32_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm
         }
 }
 
+/* ---- unpacking K blocks (quant/qmm.c unpack256, vectorised) ------------------------------ */
+
+/* Sub-block j's scale for its 16 pairs and its min for its two groups of 16. */
+QMM_INLINE void k_scales(const uint8_t *scales, int16_t *sc, int16_t *mn) {
+        for (int j = 0; j < 8; j++) {
+                int s, m;
+                tsr_gguf_k_scale_min(j, scales, &s, &m);
+                _mm256_store_si256((__m256i *)(sc + 16 * j), _mm256_set1_epi16((short)s));
+                mn[2 * j] = mn[2 * j + 1] = (int16_t)m;
+        }
+}
+
+QMM_FN static void unpackk_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_w *u) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+        size_t bb = tsr_dtype_get_info(t)->block_bytes;
+
+        for (size_t b = 0; b < n / 256; b++) {
+                const uint8_t *blk = p + b * bb;
+                int8_t *w = u->w + 256 * b;
+                int16_t *sc = u->sc + 128 * b, *mn = u->mn + 16 * b;
+                if (t == TSR_DTYPE_Q6_K) {
+                        const uint8_t *ql = blk, *qh = blk + 128;
+                        u->d[b] = f16_at(blk + 208);
+                        u->dmin[b] = 0.0f;
+                        for (int h = 0; h < 2; h++) {
+                                __m256i hv = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+                                for (int k = 0; k < 4; k++) {
+                                        __m256i lb = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (k % 2)));
+                                        __m256i lo = k < 2 ? _mm256_and_si256(lb, m4)
+                                                           : _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4);
+                                        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * k), _mm256_set1_epi8(3));
+                                        __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+                                        _mm256_store_si256((__m256i *)(w + 128 * h + 32 * k),
+                                                           _mm256_sub_epi8(q, _mm256_set1_epi8(32)));
+                                }
+                        }
+                        for (int g = 0; g < 16; g++) {
+                                _mm_store_si128((__m128i *)(sc + 8 * g), _mm_set1_epi16((int8_t)blk[192 + g]));
+                                mn[g] = 0;
+                        }
+                        continue;
+                }
+                const uint8_t *qs = blk + (t == TSR_DTYPE_Q5_K ? 48 : 16);
+                __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 16));   /* q5_K: qh[32] */
+                u->d[b] = f16_at(blk);
+                u->dmin[b] = f16_at(blk + 2);
+                k_scales(blk + 4, sc, mn);
+                for (int c = 0; c < 4; c++) {           /* sub-blocks 2c (low nibbles), 2c+1 (high) */
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        if (t == TSR_DTYPE_Q5_K) {
+                                __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
+                                __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
+                                lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+                                hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+                        }
+                        _mm256_store_si256((__m256i *)(w + 64 * c), lo);
+                        _mm256_store_si256((__m256i *)(w + 64 * c + 32), hi);
+                }
+        }
+}
+
 /* ---- dot products --------------------------------------------------------------------- */
 
 /* sum over 32 bytes of w[k] * q[k] (both int8, |q| <= 127) as eight int32 partial sums:
@@ -279,7 +341,7 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         for (size_t i = i0; i < i1; i++) {
                 const uint8_t *wi = c->w + i * c->row_bytes;
                 if (k)
-                        tsr_qmm_unpack_row(c->t, wi, c->n, wu);
+                        unpackk_row(c->t, wi, c->n, &u);
                 else
                         unpack32_row(c->t, wi, c->n, &u);
                 for (size_t r = 0; r < c->rows; r++) {
