@@ -30,7 +30,7 @@
 typedef struct tsr_llama tsr_llama;
 
 /* Load the model at `path` and the shard `spec` of it (NULL: the whole model) as float32
- * weights in host memory.  `path` is either
+ * weights in host memory (tsr_llama_load_opts below keeps GGUF blocks as stored).  `path` is either
  *  - a directory: a Hugging Face LlamaForCausalLM folder, config.json plus
  *    model.safetensors or model.safetensors.index.json shards (tsr_llama_config_from_hf,
  *    tsr_safetensors_set_open, tsr_llama_weights_load_hf); or

@@ -5,8 +5,11 @@
  * from the Llama family's table (worker/model/llama_family.c; the mapping below).
  *
  * Every tensor is dequantized at load into a float32 array the forward reads directly
- * (the fidelity path; a bf16 compute dtype comes later).  Supported ggml types: F32, F16,
- * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+ * (the fidelity path), except where tsr_load_opts asks to keep a GGUF block type as
+ * stored: then the matmul weights (and token_embd) of that type keep the file's bytes
+ * (tsr_llama_layer.stored, tsr_llama_weights.*_stored) and the forward's matmul runs on
+ * the blocks (kernels/quant/qmm.h).  Supported ggml types: F32, F16, BF16, Q8_0, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
  *
  * GGUF names (llama.cpp's) map to transformers' LlamaForCausalLM ones as
  *   token_embd        model.embed_tokens            (vocab, dim)
