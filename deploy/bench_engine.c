@@ -5,7 +5,7 @@
  *   tessera-bench-engine [MODEL.gguf|HF-DIR] [--threads 1,2] [--batches 1,8,32,64]
  *                        [--steps N] [--prefill N] [--repeat N]
  *                        [--kernels fast|amx_bf16|avx512_bf16|avx2|ref]
- *                        [--dtypes float32,bfloat16] [--no-bandwidth]
+ *                        [--dtypes float32,bfloat16,stored] [--no-bandwidth]
  *
  * For each dtype, thread count and batch B: B sequences each prefilled with 16 tokens,
  * then --steps decode steps of all B at once through tsr_llama_forward_batch (what one
@@ -18,7 +18,9 @@
  * divided by the best bandwidth is the fastest a step could be if it only streamed
  * weights; fraction = that time / the best measured time.  A model whose weights fit in
  * the last-level cache can exceed 1.  --kernels caps the fast kernels at an ISA (fast = the
- * best this CPU has), e.g. avx512_bf16 to time VDPBF16PS against AMX's tiles for bf16. */
+ * best this CPU has), e.g. avx512_bf16 to time VDPBF16PS against AMX's tiles for bf16.
+ * --dtypes stored: a GGUF file's block-format weights kept as they are (the worker's
+ * --dtype auto; the int8 matmul of kernels/quant/qmm.h), weight bytes = resident bytes. */
 #include <math.h>
 #include <stdbool.h>
 #include <pthread.h>
@@ -246,18 +248,24 @@ int main(int argc, char **argv) {
         }
 
         double best_bw = bandwidth ? measure_bandwidth(threads, n_threads, "before") : 0;
-        double best_b1[2] = {0, 0};     /* best batch-1 decode tok/s, float32 and bfloat16 */
-        double wbytes_of[2] = {0, 0};
+        double best_b1[3] = {0, 0, 0};  /* best batch-1 decode tok/s: float32, bfloat16, stored */
+        double wbytes_of[3] = {0, 0, 0};
         tsr_cpu_isa isa = ref ? TSR_CPU_ISA_SCALAR : max_isa < tsr_cpu_isa_best() ? max_isa : tsr_cpu_isa_best();
         printf("kernels %s, isa %s, model %s\n", ref ? "cpu-ref" : "cpu-fast", tsr_cpu_isa_name(isa), model);
         printf("| dtype | threads | what | tok/s | |\n|---|---|---|---|---|\n");
         char dt[64];
         snprintf(dt, sizeof dt, "%s", dtypes);
         for (char *save = NULL, *dtype = strtok_r(dt, ",", &save); dtype; dtype = strtok_r(NULL, ",", &save)) {
-                bool bf16 = strcmp(dtype, "bfloat16") == 0;
+                bool bf16 = strcmp(dtype, "bfloat16") == 0, stored = strcmp(dtype, "stored") == 0;
+                int kind = stored ? 2 : bf16;           /* index of best_b1, wbytes_of */
                 char err[512];
                 tsr_llama *m = NULL;
-                if (tsr_llama_load(model, NULL, NULL, NULL, &m, NULL, err, sizeof err) != TSR_OK) {
+                tsr_load_opts lo = {0};
+                tsr_load_stats ls = {0};
+                for (int t = 0; stored && t < TSR_DTYPE_COUNT; t++)
+                        if (tsr_dtype_get_info((tsr_dtype)t)->quantized)
+                                lo.keep_dtypes |= 1u << t;
+                if (tsr_llama_load_opts(model, NULL, NULL, &lo, NULL, NULL, &m, &ls, err, sizeof err) != TSR_OK) {
                         fprintf(stderr, "%s\n", err);
                         return 1;
                 }
@@ -271,7 +279,7 @@ int main(int argc, char **argv) {
                         if (batches[b] > max_batch)
                                 max_batch = batches[b];
                 float *logits = malloc((size_t)max_batch * c->vocab_size * sizeof(float));
-                double wbytes = weight_bytes(c, bf16 ? 2.0 : 4.0);
+                double wbytes = stored ? (double)ls.resident_bytes : weight_bytes(c, bf16 ? 2.0 : 4.0);
                 for (size_t t = 0; t < (ref ? 1 : n_threads); t++) {
                         /* One backend per thread count: its pool has exactly that many threads. */
                         tsr_backend *be = NULL;
@@ -296,8 +304,8 @@ int main(int argc, char **argv) {
                                 if (batches[b] == 1) {
                                         printf("| %s | %d | decode batch 1 | %.1f | weights streamed at %.1f GB/s "
                                                "(%.0f MB/token) |\n", dtype, nt, tps, wbytes * tps / 1e9, wbytes / 1e6);
-                                        best_b1[bf16] = fmax(best_b1[bf16], tps);
-                                        wbytes_of[bf16] = wbytes;
+                                        best_b1[kind] = fmax(best_b1[kind], tps);
+                                        wbytes_of[kind] = wbytes;
                                 } else
                                         printf("| %s | %d | decode batch %d | %.1f | |\n", dtype, nt, batches[b], tps);
                                 fflush(stdout);
@@ -317,11 +325,11 @@ int main(int argc, char **argv) {
         }
         if (bandwidth) {
                 best_bw = fmax(best_bw, measure_bandwidth(threads, n_threads, "after"));
-                for (int i = 0; i < 2; i++)
+                for (int i = 0; i < 3; i++)
                         if (best_b1[i] > 0)
                                 printf("roofline, %s decode batch 1: %.0f MB of weights per token / %.1f GB/s = "
                                        "%.1f ms floor; best measured %.1f ms per token: fraction %.2f\n",
-                                       i ? "bfloat16" : "float32", wbytes_of[i] / 1e6, best_bw,
+                                       i == 2 ? "stored" : i ? "bfloat16" : "float32", wbytes_of[i] / 1e6, best_bw,
                                        wbytes_of[i] / (best_bw * 1e9) * 1e3, 1e3 / best_b1[i],
                                        (wbytes_of[i] / (best_bw * 1e9)) * best_b1[i]);
         }

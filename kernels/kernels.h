@@ -77,8 +77,9 @@ typedef struct tsr_kv_view {
 
 /* Weight formats of tsr_backend_matmul: tsr_dtype (kernels/dtype.h, with their block
  * sizes in tsr_dtype_info; layouts and scalar dequantization in kernels/quant/quant.h).
- * A backend has a matmul kernel for some of them (tsr_backend_supports); today f32 and
- * bf16 on the CPU backends, each other dtype a later kernel behind the same entry point. */
+ * A backend has a matmul kernel for some of them (tsr_backend_supports): on the CPU
+ * backends f32, bf16 and the GGUF blocks q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K;
+ * each other dtype a later kernel behind the same entry point. */
 
 /* The CPU instruction set a CPU backend's kernels use. */
 typedef enum tsr_cpu_isa {
@@ -193,7 +194,12 @@ tsr_status tsr_backend_embedding(tsr_backend *be, float *out, const float *table
  * bfloat16 to float32 (exact).  Each product is exact in float32.  Reference order:
  * dot_f32's eight lanes over the widened values.  A fast backend may use its own order
  * (e.g. AVX512_BF16 pairs) provided that order is fixed per element: independent of rows,
- * d, tiling and threads. */
+ * d, tiling and threads.
+ * GGUF blocks (q8_0 .. q6_K): each row of x is quantized to int8 blocks (32 elements for
+ * the q*_0/q*_1 weights, 256 for the K ones), each block of W dotted with its x block in
+ * integers, and the per-block float32 terms summed in dot_f32's eight-lane order: the
+ * exact specification and its error bound against the dequantized weights are in
+ * kernels/quant/qmm.h.  The fast CPU backend is bitwise the reference at every ISA. */
 tsr_status tsr_backend_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
                               size_t rows, size_t n, size_t d);
 /* Rotate, in place, each head of each row by its position.

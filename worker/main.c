@@ -298,9 +298,10 @@ int main(int argc, char **argv) {
                 log_error("cannot load model %s: %s", cfg.model, err);
                 goto out;
         } else {
-                log_info("loaded %zu tensors (%.1f MB in the file, %.1f MB as float32) in %.2f s, %.1f MB/s; "
-                         "KV pool %.1f MB",
+                log_info("loaded %zu tensors (%.1f MB in the file, %.1f MB as float32, %.1f MB resident) in %.2f s, "
+                         "%.1f MB/s; KV pool %.1f MB",
                          lstats.n_tensors, (double)lstats.file_bytes / 1e6, (double)lstats.f32_bytes / 1e6,
+                         (double)lstats.resident_bytes / 1e6,
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
                          (double)plan.kv_blocks_total * plan.kv_block_bytes / 1e6);
         }

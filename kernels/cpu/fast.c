@@ -42,6 +42,8 @@
 #include "kernels/cpu/bf16_simd.h"
 #include "kernels/cpu/kv_view.h"
 #include "kernels/cpu/pool.h"
+#include "kernels/cpu/qmm.h"
+#include "kernels/quant/qmm.h"
 #include "kernels/backend_impl.h"
 #include "kernels/cpu/ref.h"
 
@@ -78,7 +80,8 @@ static void detect(void) {
         tsr_cpu_isa best = TSR_CPU_ISA_SCALAR;
 #ifdef FAST_X86
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx2"))
+        /* F16C with AVX2 (every AVX2 CPU has it): the GGUF block scales are f16. */
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
                 best = TSR_CPU_ISA_AVX2;
         if (best == TSR_CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16"))
@@ -661,10 +664,11 @@ static tsr_status fast_matmul(tsr_backend *be, float *out, const float *x, const
                 return fast_matmul_f32(f, out, x, w, rows, n, d);
         case TSR_DTYPE_BF16:
                 return fast_matmul_bf16(f, out, x, w, rows, n, d);
-        default:                /* no kernel here for the other dtypes yet */
+        default:                /* the GGUF blocks: int8 activations (cpu/qmm.c) */
                 break;
         }
-        return TSR_E_UNSUPPORTED;
+        return tsr_qmm_supported(w_dtype) ? tsr_cpu_qmm(f->pool, f->isa, out, x, w, w_dtype, rows, n, d)
+                                          : TSR_E_UNSUPPORTED;
 }
 
 static tsr_status fast_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
@@ -712,7 +716,7 @@ static void fast_ctx_free(void *ctx) {
 static const tsr_backend_ops cpu_fast_ops = {
         .name = "cpu-fast",
         .host_memory = true,
-        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16,
+        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES,
         .ctx_free = fast_ctx_free,
         .mem_alloc = tsr_backend_host_alloc,
         .mem_free = tsr_backend_host_free,

@@ -12,6 +12,7 @@
 #include "kernels/cpu/kv_view.h"
 #include "kernels/backend_impl.h"
 #include "kernels/cpu/ref.h"
+#include "kernels/quant/qmm.h"
 
 /* The dot product every matmul and attention score uses.
  * a (n,) . b (n,) -> float
@@ -311,10 +312,10 @@ static tsr_status ref_be_matmul(tsr_backend *be, float *out, const float *x, con
                 return tsr_ref_matmul_f32(out, x, w, rows, n, d);
         case TSR_DTYPE_BF16:
                 return tsr_ref_matmul_bf16(out, x, w, rows, n, d);
-        default:                /* no kernel here for the other dtypes yet */
+        default:                /* the GGUF blocks: int8 activations (quant/qmm.h) */
                 break;
         }
-        return TSR_E_UNSUPPORTED;
+        return tsr_qmm_supported(w_dtype) ? tsr_qmm_ref(out, x, w, w_dtype, rows, n, d) : TSR_E_UNSUPPORTED;
 }
 
 static tsr_status ref_be_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
@@ -364,7 +365,7 @@ static tsr_status ref_be_add_rmsnorm(tsr_backend *be, float *out, float *residua
 static const tsr_backend_ops cpu_ref_ops = {
         .name = "cpu-ref",
         .host_memory = true,
-        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16,
+        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES,
         .mem_alloc = tsr_backend_host_alloc,
         .mem_free = tsr_backend_host_free,
         .upload = tsr_backend_host_copy,

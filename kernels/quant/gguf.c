@@ -97,7 +97,7 @@ static void deq_q5_1(const uint8_t *b, float *y) {
 /* The 6-bit scale and min of sub-block j (0..7) packed in the 12 bytes of a Q4_K/Q5_K
  * super-block: sub-blocks 0..3 in the low 6 bits of bytes j and j+4; 4..7 in the
  * nibbles of bytes j+4 with their top two bits in the high bits of bytes j-4 and j. */
-static void k_scale_min(int j, const uint8_t *s, int *sc, int *mn) {
+void tsr_gguf_k_scale_min(int j, const uint8_t *s, int *sc, int *mn) {
         if (j < 4) {
                 *sc = s[j] & 63;
                 *mn = s[j + 4] & 63;
@@ -115,8 +115,8 @@ static void deq_q4_k(const uint8_t *b, float *y) {
         const uint8_t *scales = b + 4, *qs = b + 16;
         for (int c = 0; c < 4; c++) {
                 int sc0, mn0, sc1, mn1;
-                k_scale_min(2 * c, scales, &sc0, &mn0);
-                k_scale_min(2 * c + 1, scales, &sc1, &mn1);
+                tsr_gguf_k_scale_min(2 * c, scales, &sc0, &mn0);
+                tsr_gguf_k_scale_min(2 * c + 1, scales, &sc1, &mn1);
                 float d0 = d * (float)sc0, m0 = dmin * (float)mn0;
                 float d1 = d * (float)sc1, m1 = dmin * (float)mn1;
                 for (int l = 0; l < 32; l++) {
@@ -133,8 +133,8 @@ static void deq_q5_k(const uint8_t *b, float *y) {
         const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
         for (int c = 0; c < 4; c++) {
                 int sc0, mn0, sc1, mn1;
-                k_scale_min(2 * c, scales, &sc0, &mn0);
-                k_scale_min(2 * c + 1, scales, &sc1, &mn1);
+                tsr_gguf_k_scale_min(2 * c, scales, &sc0, &mn0);
+                tsr_gguf_k_scale_min(2 * c + 1, scales, &sc1, &mn1);
                 float d0 = d * (float)sc0, m0 = dmin * (float)mn0;
                 float d1 = d * (float)sc1, m1 = dmin * (float)mn1;
                 for (int l = 0; l < 32; l++) {

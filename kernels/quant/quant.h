@@ -59,6 +59,10 @@ uint8_t tsr_f32_to_fp8_e5m2(float x);
  * 4, 6}, exact. */
 float tsr_e2m1_to_f32(uint8_t code);
 
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block, from its 12
+ * scale bytes `s` (gguf.c has the packing). */
+void tsr_gguf_k_scale_min(int j, const uint8_t *s, int *sc, int *mn);
+
 /* ---- rows: n elements of a format -> out (n,) float32 --------------------------------- */
 
 /* Any dtype of dtype.h (NVFP4 with a global scale of 1).  TSR_E_INVAL also for a dtype

@@ -39,9 +39,11 @@ def test_startup_lines_and_defaults(spawn, demo_model):
     done, total, mb, total_mb, pct, rate = progress[-1]
     assert done == total and mb == total_mb and pct == "100" and float(rate) > 0, progress[-1]
     assert [int(p[0]) for p in progress] == sorted(int(p[0]) for p in progress)
-    loaded = re.search(r"loaded (\d+) tensors \(([\d.]+) MB in the file, [\d.]+ MB as float32\) in [\d.]+ s, "
-                       r"([\d.]+) MB/s", out)
-    assert loaded and loaded.group(1) == total and loaded.group(2) == total_mb and float(loaded.group(3)) > 0, out
+    loaded = re.search(r"loaded (\d+) tensors \(([\d.]+) MB in the file, [\d.]+ MB as float32, ([\d.]+) MB resident\) "
+                       r"in [\d.]+ s, ([\d.]+) MB/s", out)
+    assert loaded and loaded.group(1) == total and loaded.group(2) == total_mb and float(loaded.group(4)) > 0, out
+    # --dtype auto keeps the GGUF blocks (Q4_1, Q8_0) as they are: resident = the file's tensor bytes.
+    assert loaded.group(3) == total_mb, out
 
     # Capacity: our line and vLLM V1's, consistent with each other and with the default budget.
     blocks = re.search(r"# KV blocks: (\d+) \(block size 16, ([\d.]+)x concurrency at max_model_len (\d+)\)", out)

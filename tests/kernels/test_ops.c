@@ -775,11 +775,147 @@ static void rand_weights(tsr_dtype t, uint8_t *w, size_t bytes) {
         }
 }
 
+/* ---- matmul on GGUF blocks with int8 activations (kernels/quant/qmm.h) -----------------
+ * Every column with the kernel, every block dtype, odd block counts (1, 2, 3 below the
+ * eight-block SIMD step; 8, 9, 17 on and past it), d across the 16-row task boundary, and
+ * four variants:
+ *   plain       random blocks (finite scales), x in [-1, 1);
+ *   zero        every other weight block all zero bytes, the first block of each x row zero;
+ *   max-scale   every f16 scale the largest finite half (65504), q8_0 codes -128 in half the
+ *               blocks, x blocks spread over 1e-3 .. 1e3;
+ *   nonfinite   an infinity at the end of x row 0: that row's outputs are NaN (qmm.h).
+ * Checked:
+ *   (a) against cpu-ref's int8 reference, BITWISE (cpu-ref itself: its own kernel);
+ *   (b) against cpu-ref's float32 matmul of the widened weights (tsr_dequant_row) within
+ *       sum_b (dx_b/2) sum_{k in b} |w_k|  +  4 n u sum_k |w_k| (|x_k| + dx_b)
+ *       (the first term: each x_k moves by at most half its block's step dx_b = max|x|/127
+ *       when quantized; the second: float32 rounding of the two evaluations, with room);
+ *   (c) batch invariance: the last row of x alone gives bitwise the batched row. */
+enum { QV_PLAIN, QV_ZERO, QV_MAX, QV_NONFINITE, QV_COUNT };
+static const char *const qv_names[QV_COUNT] = {"plain", "zero", "max-scale", "nonfinite"};
+
+/* Set every f16 scale field of block p of t to 65504. */
+static void max_scales(tsr_dtype t, uint8_t *p) {
+        static const uint8_t max_half[2] = {0xff, 0x7b};
+        switch (t) {
+        case TSR_DTYPE_Q6_K:
+                memcpy(p + 208, max_half, 2);
+                break;
+        case TSR_DTYPE_Q4_1:
+        case TSR_DTYPE_Q5_1:
+        case TSR_DTYPE_Q4_K:
+        case TSR_DTYPE_Q5_K:
+                memcpy(p + 2, max_half, 2);
+                /* fall through */
+        default:
+                memcpy(p, max_half, 2);
+                break;
+        }
+}
+
+static void qmm_case(struct col_run *cr, tsr_dtype t, int var, size_t nb, size_t d, size_t rows, uint64_t sd) {
+        const tsr_dtype_info *info = tsr_dtype_get_info(t);
+        size_t qk = info->block_elems, bb = info->block_bytes, n = nb * qk, wbytes;
+        char what[200];
+
+        assert_int_equal(tsr_dtype_row_bytes(t, d * n, &wbytes), TSR_OK);
+        seed(sd);
+        uint8_t *w = malloc(wbytes);
+        float *x = rand_vec(rows * n, 1.0f), *wf = vec(d * n), *got = vec(rows * d), *exact = vec(rows * d);
+        float *wide = vec(rows * d), *alone = vec(d);
+        double *want = calloc(rows * d, sizeof *want), *bound = calloc(rows * d, sizeof *bound);
+        rand_weights(t, w, wbytes);
+        for (size_t b = 0; b < wbytes / bb; b++) {
+                if (var == QV_ZERO && b % 2 == 0)
+                        memset(w + b * bb, 0, bb);
+                if (var == QV_MAX) {
+                        max_scales(t, w + b * bb);
+                        if (t == TSR_DTYPE_Q8_0 && b % 2)
+                                memset(w + b * bb + 2, 0x80, 32);
+                }
+        }
+        for (size_t r = 0; r < rows; r++)
+                for (size_t k = 0; k < n; k++) {
+                        if (var == QV_ZERO && k < qk)
+                                x[r * n + k] = 0.0f;
+                        if (var == QV_MAX)
+                                x[r * n + k] *= powf(10.0f, (float)((k / qk) % 7) - 3.0f);
+                }
+        if (var == QV_NONFINITE)
+                x[n - 1] = INFINITY;
+        snprintf(what, sizeof what, "matmul_%s %s/%s rows %zu n %zu d %zu [%s]", info->name, tsr_backend_name(cr->be),
+                 tsr_cpu_isa_name(tsr_backend_cpu_isa(cr->be)), rows, n, d, qv_names[var]);
+
+        assert_int_equal(tsr_dequant_row(t, w, d * n, wf), TSR_OK);
+        assert_int_equal(tsr_backend_matmul(ref, exact, x, w, t, rows, n, d), TSR_OK);
+        assert_int_equal(tsr_backend_matmul(ref, wide, x, wf, TSR_DTYPE_F32, rows, n, d), TSR_OK);
+        void *dx = dev_copy(cr->be, x, rows * n * sizeof(float)), *dw = dev_copy(cr->be, w, wbytes);
+        void *dout = dev_copy(cr->be, NULL, rows * d * 4);
+        assert_int_equal(tsr_backend_matmul(cr->be, dout, dx, dw, t, rows, n, d), TSR_OK);
+        assert_int_equal(tsr_backend_download(cr->be, got, dout, rows * d * 4), TSR_OK);
+        assert_int_equal(tsr_backend_matmul(cr->be, dout, (float *)dx + (rows - 1) * n, dw, t, 1, n, d), TSR_OK);
+        assert_int_equal(tsr_backend_download(cr->be, alone, dout, d * 4), TSR_OK);
+
+        size_t bad = 0;
+        for (size_t i = 0; i < rows * d; i++)           /* (a) bitwise */
+                want[i] = exact[i];
+        bad += compare(what, got, want, bound, rows * d);
+        for (size_t i = 0; i < d; i++)                  /* (c) bitwise */
+                want[i] = exact[(rows - 1) * d + i];
+        bad += compare(what, alone, want, bound, d);
+        for (size_t r = 0; r < rows; r++) {             /* (b) within the bound */
+                for (size_t i = 0; i < d; i++) {
+                        double q = 0, f = 0;
+                        for (size_t b = 0; b < nb; b++) {
+                                double amax = 0, sw = 0, swx = 0;
+                                for (size_t k = b * qk; k < b * qk + qk; k++)
+                                        amax = fmax(amax, fabs((double)x[r * n + k]));
+                                double step = amax / 127;
+                                for (size_t k = b * qk; k < b * qk + qk; k++) {
+                                        double wk = fabs((double)wf[i * n + k]);
+                                        sw += wk;
+                                        swx += wk * (fabs((double)x[r * n + k]) + step);
+                                }
+                                q += step / 2 * sw;
+                                f += swx;
+                        }
+                        want[r * d + i] = r == 0 && var == QV_NONFINITE ? NAN : wide[r * d + i];
+                        bound[r * d + i] = q * (1 + 1e-6) + 4.0 * (double)n * (FLT_EPSILON / 2) * f + 1e-30;
+                }
+        }
+        bad += compare(what, got, want, bound, rows * d);
+        if (bad) {
+                print_message("FAIL %s\n", what);
+                cr->n_failed++;
+        } else {
+                cr->n_bitwise++;
+        }
+        tsr_backend_mem_free(cr->be, dx), tsr_backend_mem_free(cr->be, dw), tsr_backend_mem_free(cr->be, dout);
+        free(w), free(x), free(wf), free(got), free(exact), free(wide), free(alone), free(want), free(bound);
+}
+
+static void run_qmm(struct col_run *cr, tsr_dtype t) {
+        static const size_t n_blocks[] = {1, 2, 3, 8, 9, 17}, d_list[] = {1, 3, 17, 37}, rows_list[] = {1, 3, 5};
+        uint64_t k = 0;
+
+        for (int var = 0; var < QV_COUNT; var++)
+                for (size_t a = 0; a < sizeof n_blocks / sizeof *n_blocks; a++)
+                        for (size_t b = 0; b < sizeof d_list / sizeof *d_list; b++)
+                                for (size_t r = 0; r < sizeof rows_list / sizeof *rows_list; r++)
+                                        qmm_case(cr, t, var, n_blocks[a], d_list[b], rows_list[r],
+                                                 7919 * t + ++k);
+}
+
 static void run_quant_matmul(struct col_run *cr, tsr_dtype t, size_t *not_run) {
         const tsr_dtype_info *info = tsr_dtype_get_info(t);
         size_t qk = info->block_elems;
         const size_t n_blocks[] = {1, 2, 3, 17};
 
+        if (tsr_backend_supports(cr->be, TSR_OP_MATMUL, t) && tsr_dtype_get_info(t)->block_elems >= 32 &&
+            t != TSR_DTYPE_NVFP4) {
+                run_qmm(cr, t);
+                return;
+        }
         if (!tsr_backend_supports(cr->be, TSR_OP_MATMUL, t)) {
                 float x = 0, out = 0;
                 uint8_t w[512] = {0};

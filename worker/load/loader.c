@@ -20,6 +20,7 @@ struct want {
         char name[96];
         uint64_t rows, cols;    /* cols == 0: a vector of `rows` elements */
         float **dst;
+        tsr_tensor *stored;     /* where it goes when kept in its block format; NULL: always widened */
         bool optional;
 };
 
@@ -47,9 +48,7 @@ static bool src_find(const tsr_tensor_source *s, const char *name, src_tensor *r
         return true;
 }
 
-/* ggml's type tag -> the dtype of the same encoding; the formats and their
- * dequantization live in kernels/quant/. */
-tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst) {
+bool tsr_ggml_dtype(uint32_t type, tsr_dtype *ret) {
         tsr_dtype t;
 
         switch (type) {
@@ -65,8 +64,18 @@ tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *
         case TSR_GGML_TYPE_Q5_K: t = TSR_DTYPE_Q5_K; break;
         case TSR_GGML_TYPE_Q6_K: t = TSR_DTYPE_Q6_K; break;
         default:
-                return TSR_E_UNSUPPORTED;
+                return false;
         }
+        *ret = t;
+        return true;
+}
+
+/* The formats and their dequantization live in kernels/quant/. */
+tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst) {
+        tsr_dtype t;
+
+        if (!tsr_ggml_dtype(type, &t))
+                return TSR_E_UNSUPPORTED;
         return tsr_dequant_row(t, src, n, dst);
 }
 
@@ -77,9 +86,32 @@ tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers) {
 
 /* ---- GGUF ------------------------------------------------------------------------ */
 
-/* Check `t` against `w` and dequantize it into a new array. */
-static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, const char *path, float **ret,
-                           char *err, size_t errlen) {
+/* Keep GGUF tensor `t` (shape checked) in its block format when `keep_dtypes` has its
+ * dtype and `w` a place for it: its bytes copied into 64-byte aligned memory of ours (the
+ * file is unmapped after the load).  False when it is to be widened instead. */
+static bool gguf_keep(const tsr_gguf_tensor *t, const struct want *w, uint32_t keep_dtypes, tsr_status *st) {
+        tsr_dtype dt;
+        size_t shape[2] = {w->rows, w->cols};
+        tsr_tensor tt;
+
+        if (!w->stored || !w->cols || !tsr_ggml_dtype(t->type, &dt) || !(keep_dtypes & (1u << dt)) ||
+            tsr_tensor_init(&tt, dt, 2, shape, NULL, (void *)t->data) != TSR_OK || tsr_tensor_n_bytes(&tt) != t->n_bytes)
+                return false;
+        void *buf = aligned_alloc(64, (t->n_bytes + 63) / 64 * 64);
+        if (!buf) {
+                *st = TSR_E_NOMEM;
+                return true;
+        }
+        memcpy(buf, t->data, t->n_bytes);
+        tt.data = buf;
+        *w->stored = tt;
+        *st = TSR_OK;
+        return true;
+}
+
+/* Check `t` against `w` and dequantize it into a new array, or keep it (gguf_keep). */
+static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, const char *path,
+                                uint32_t keep_dtypes, float **ret, char *err, size_t errlen) {
         uint64_t d0 = w->cols ? w->cols : w->rows, d1 = w->cols ? w->rows : 1;
         uint32_t want_dims = w->cols ? 2 : 1;
         bool ok = t->dims[0] == d0 && t->dims[1] == d1 && t->dims[2] == 1 && t->dims[3] == 1 &&
@@ -93,6 +125,11 @@ static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, 
                         "] (ggml order), expected [%" PRIu64 ", %" PRIu64 "]",
                         path, w->name, t->dims[0], t->dims[1], t->dims[2], t->dims[3], d0, d1);
                 return TSR_E_INVAL;
+        }
+        if (gguf_keep(t, w, keep_dtypes, &st)) {
+                if (st != TSR_OK)
+                        tsr_errf(err, errlen, "%s: tensor '%s': out of memory", path, w->name);
+                return st;
         }
         if (t->n_elements > SIZE_MAX / sizeof(float)) {
                 tsr_errf(err, errlen, "%s: tensor '%s' too large", path, w->name);
@@ -175,7 +212,7 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
 
 static tsr_status src_load_one(const tsr_tensor_source *s, const src_tensor *t, const struct want *w, char *err,
                                size_t errlen) {
-        return s->g ? gguf_load_one(t->gt, w, s->src, w->dst, err, errlen)
+        return s->g ? gguf_load_one(t->gt, w, s->src, s->keep_dtypes, w->dst, err, errlen)
                     : hf_load_one(t->st, t->file, w, w->dst, err, errlen);
 }
 
@@ -201,6 +238,7 @@ static void want_entry(const tsr_tensor_source *s, const tsr_tensor_name *n, tsr
         x = &wants[*n_wants];
         snprintf(x->name, sizeof x->name, pattern, layer);      /* a model-wide name has no %u */
         x->dst = slot.dst;
+        x->stored = slot.stored;
         x->rows = slot.rows;
         x->cols = slot.cols;
         x->optional = slot.optional;
@@ -265,6 +303,8 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
                 done.n_tensors++;
                 done.file_bytes += t.n_bytes;
                 done.f32_bytes += t.n_elements * sizeof(float);
+                done.resident_bytes += wants[i].stored && wants[i].stored->data ? t.n_bytes
+                                                                               : t.n_elements * sizeof(float);
                 done.seconds = now_s() - t0;
                 if (progress)
                         progress(ud, &done, &total);

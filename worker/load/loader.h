@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "common/tsr_status.h"
+#include "kernels/tensor.h"
 #include "worker/load/gguf.h"
 #include "worker/load/safetensors.h"
 
@@ -49,7 +50,8 @@ typedef struct tsr_tensor_name {
 typedef struct tsr_load_stats {
         size_t n_tensors;       /* tensors read */
         uint64_t file_bytes;    /* their bytes in the file */
-        uint64_t f32_bytes;     /* bytes of float32 they became */
+        uint64_t f32_bytes;     /* bytes of float32 they would be widened */
+        uint64_t resident_bytes;        /* bytes they take in memory after the load (kept + widened) */
         double seconds;
 } tsr_load_stats;
 
@@ -62,11 +64,26 @@ typedef struct tsr_tensor_source {
         const tsr_gguf *g;
         const tsr_safetensors_set *set;
         const char *src;
+        /* bit (1u << dtype): a GGUF tensor stored in this dtype whose slot has `stored` is
+         * kept as it is, not widened (tsr_load_opts; issue #15).  0: widen everything. */
+        uint32_t keep_dtypes;
 } tsr_tensor_source;
+
+/* How to load.  Zero (or a NULL pointer) widens every tensor to float32. */
+typedef struct tsr_load_opts {
+        /* bit (1u << dtype): a matmul weight or embedding table stored in the file in
+         * this dtype (a GGUF block type the backend's matmul computes on) is kept as it
+         * is: resident bytes = file bytes for it. */
+        uint32_t keep_dtypes;
+} tsr_load_opts;
 
 /* Where one tensor goes and the shape it must have, as the family answers `bind`. */
 typedef struct tsr_load_slot {
         float **dst;            /* receives a new float32 array (malloc; the family frees it) */
+        /* Where the tensor goes instead when the source keeps its dtype (keep_dtypes): the
+         * file's bytes copied into 64-byte aligned memory (free(stored->data); the family
+         * frees it), *dst left NULL.  NULL: always widened. */
+        tsr_tensor *stored;
         uint64_t rows, cols;    /* (out, in) row-major; cols == 0: a vector of `rows` elements */
         bool optional;          /* may be absent from the source (then *dst stays NULL) */
 } tsr_load_slot;
@@ -95,5 +112,7 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
  * formats are kernels/quant/'s).  TSR_E_UNSUPPORTED for another type, TSR_E_INVAL if n
  * is not a multiple of the type's block size. */
 tsr_status tsr_ggml_dequantize(uint32_t type, const void *src, size_t n, float *dst);
+/* ggml's type tag -> the tsr_dtype of the same encoding; false for a tag we do not read. */
+bool tsr_ggml_dtype(uint32_t type, tsr_dtype *ret);
 
 #endif

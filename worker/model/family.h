@@ -97,11 +97,12 @@ struct tsr_model_family {
                                 uint32_t pp_size, tsr_shard_spec *ret);
 
         /* Forward entry points over an opaque model and KV pool (the family's own types).
-         * load: the weights of `shard` from `path`, as the description says.  Errors name
-         * the file and the tensor.  The others as llama.h's functions of the same names. */
+         * load: the weights of `shard` from `path`, as the description says, with `opts`
+         * (NULL: widen every tensor).  Errors name the file and the tensor.  The others as
+         * llama.h's functions of the same names. */
         tsr_status (*load)(const char *path, const tsr_model_desc *d, const tsr_shard_spec *shard,
-                           tsr_load_progress_fn progress, void *ud, void **ret, tsr_load_stats *stats, char *err,
-                           size_t errlen);
+                           const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud, void **ret,
+                           tsr_load_stats *stats, char *err, size_t errlen);
         void (*free)(void **model);
         tsr_status (*use_bf16)(void *model);
         bool (*is_bf16)(const void *model);

@@ -6,18 +6,24 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kernels/quant/quant.h"
 #include "worker/load/gguf.h"
 #include "worker/model/llama.h"
 
-/* The matmul weights of a layer, in the order bf16[] stores them. */
-enum { MM_Q, MM_K, MM_V, MM_O, MM_GATE, MM_UP, MM_DOWN, MM_PER_LAYER };
+/* The matmul weights of a layer, in the order bf16[] and the layers' stored[] keep them. */
+enum {
+        MM_Q = TSR_LLAMA_MM_Q, MM_K = TSR_LLAMA_MM_K, MM_V = TSR_LLAMA_MM_V, MM_O = TSR_LLAMA_MM_O,
+        MM_GATE = TSR_LLAMA_MM_GATE, MM_UP = TSR_LLAMA_MM_UP, MM_DOWN = TSR_LLAMA_MM_DOWN,
+        MM_PER_LAYER = TSR_LLAMA_MM_PER_LAYER
+};
 
 struct tsr_llama {
         tsr_llama_config cfg;
         tsr_llama_weights *w;           /* owned */
         float *inv_freq;                /* (head_dim/2,) */
         /* --dtype bfloat16 (tsr_llama_use_bf16): the matmul weights as bf16 bits, their
-         * float32 copies in w freed (NULL), except token_embd which the embedding reads. */
+         * float32 copies in w freed (NULL), except token_embd which the embedding reads.
+         * Weights kept in their GGUF block format (w's stored tensors) have no bf16 copy. */
         uint16_t **bf16;                /* [n_layers * MM_PER_LAYER], NULL when float32 */
         uint16_t *output_bf16;          /* (vocab, dim) */
 };
@@ -85,6 +91,22 @@ tsr_status tsr_llama_rope_inv_freq(const tsr_llama_config *cfg, const float *div
         return TSR_OK;
 }
 
+/* Layer l's matmul weight `which` (l < 0: the output matrix) as the forward hands it to
+ * the backend, a tensor with its dtype: kept in its GGUF block format, else bf16
+ * (--dtype bfloat16), else float32 (`w_f32`, the weights' field). */
+static tsr_tensor mm_weight(const tsr_llama *m, long l, int which, const float *w_f32) {
+        const tsr_tensor *st = l < 0 ? &m->w->output_stored : &m->w->layers[l].stored[which];
+        tsr_tensor t = {.dtype = TSR_DTYPE_F32, .data = (void *)w_f32};
+
+        if (st->data)
+                return *st;
+        if (m->bf16) {
+                t.dtype = TSR_DTYPE_BF16;
+                t.data = l < 0 ? m->output_bf16 : m->bf16[(size_t)l * MM_PER_LAYER + (size_t)which];
+        }
+        return t;
+}
+
 tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be) {
         static const tsr_op needed[] = {TSR_OP_RMSNORM, TSR_OP_EMBEDDING, TSR_OP_ROPE,    TSR_OP_KV_WRITE,
                                         TSR_OP_ATTENTION, TSR_OP_SILU_MUL, TSR_OP_ADD, TSR_OP_ADD_RMSNORM};
@@ -96,15 +118,18 @@ tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be) {
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
                         return TSR_E_UNSUPPORTED;
-        return tsr_backend_supports(be, TSR_OP_MATMUL, m->bf16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32) ? TSR_OK
-                                                                                             : TSR_E_UNSUPPORTED;
+        for (long l = -1; l < (long)m->cfg.n_layers; l++)
+                for (int i = 0; i < (l < 0 ? 1 : MM_PER_LAYER); i++)
+                        if (!tsr_backend_supports(be, TSR_OP_MATMUL, mm_weight(m, l, i, NULL).dtype))
+                                return TSR_E_UNSUPPORTED;
+        return TSR_OK;
 }
 
 
 /* A GGUF file: config from its metadata, tensors dequantized; the file is closed after. */
 static tsr_status load_gguf(const char *path, const tsr_llama_config *given, const tsr_shard_spec *spec,
-                            tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret, tsr_load_stats *stats,
-                            char *err, size_t errlen) {
+                            const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud,
+                            tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_gguf *g = NULL;
         tsr_llama_config cfg;
         tsr_shard_spec whole;
@@ -118,8 +143,8 @@ static tsr_status load_gguf(const char *path, const tsr_llama_config *given, con
                 st = tsr_llama_config_from_gguf(g, path, &cfg, err, errlen);
         if (st == TSR_OK) {
                 whole = tsr_shard_spec_whole(cfg.n_layers);
-                st = tsr_llama_weights_load(g, path, &cfg, spec ? spec : &whole, progress, ud, ret, stats, err,
-                                            errlen);
+                st = tsr_llama_weights_load_opts(g, path, &cfg, spec ? spec : &whole, opts, progress, ud, ret,
+                                                 stats, err, errlen);
         }
         tsr_gguf_close(&g);
         return st;
@@ -156,6 +181,12 @@ tsr_status tsr_llama_load(const char *path, const tsr_shard_spec *spec,
 tsr_status tsr_llama_load_config(const char *path, const tsr_llama_config *cfg, const tsr_shard_spec *spec,
                                  tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
                                  char *err, size_t errlen) {
+        return tsr_llama_load_opts(path, cfg, spec, NULL, progress, ud, ret, stats, err, errlen);
+}
+
+tsr_status tsr_llama_load_opts(const char *path, const tsr_llama_config *cfg, const tsr_shard_spec *spec,
+                               const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud, tsr_llama **ret,
+                               tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_llama_weights *w = NULL;
         tsr_llama *m = NULL;
         struct stat sb;
@@ -166,7 +197,7 @@ tsr_status tsr_llama_load_config(const char *path, const tsr_llama_config *cfg, 
         if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
                 st = load_hf(path, cfg, spec, progress, ud, &w, stats, err, errlen);
         else
-                st = load_gguf(path, cfg, spec, progress, ud, &w, stats, err, errlen);
+                st = load_gguf(path, cfg, spec, opts, progress, ud, &w, stats, err, errlen);
         if (st != TSR_OK)
                 return st;
         m = calloc(1, sizeof *m);
@@ -209,20 +240,21 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
         const tsr_llama_config *c = &m->cfg;
         size_t n_layers = c->n_layers, q_dim = (size_t)c->n_heads * c->head_dim;
         size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+        size_t hid = c->hidden_dim, dim = c->dim;
+        const size_t rows[MM_PER_LAYER] = {q_dim, kv_dim, kv_dim, dim, hid, hid, dim};
+        const size_t cols[MM_PER_LAYER] = {dim, dim, dim, q_dim, dim, dim, hid};
         m->bf16 = calloc(n_layers * MM_PER_LAYER, sizeof *m->bf16);
-        m->output_bf16 = to_bf16(m->w->output, c->vocab_size, c->dim);
-        if (!m->bf16 || !m->output_bf16)
+        if (!m->bf16 || (m->w->output && !(m->output_bf16 = to_bf16(m->w->output, c->vocab_size, dim))))
                 goto nomem;
-        /* Convert everything first, free the float32 copies only once nothing can fail. */
+        /* Convert everything first, free the float32 copies only once nothing can fail.  A
+         * weight kept in its block format has no float32 copy and stays as it is. */
         for (size_t l = 0; l < n_layers; l++) {
                 const tsr_llama_layer *L = &m->w->layers[l];
+                const float *src[MM_PER_LAYER] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
                 uint16_t **b = m->bf16 + l * MM_PER_LAYER;
-                if (!(b[MM_Q] = to_bf16(L->wq, q_dim, c->dim)) || !(b[MM_K] = to_bf16(L->wk, kv_dim, c->dim)) ||
-                    !(b[MM_V] = to_bf16(L->wv, kv_dim, c->dim)) || !(b[MM_O] = to_bf16(L->wo, c->dim, q_dim)) ||
-                    !(b[MM_GATE] = to_bf16(L->w_gate, c->hidden_dim, c->dim)) ||
-                    !(b[MM_UP] = to_bf16(L->w_up, c->hidden_dim, c->dim)) ||
-                    !(b[MM_DOWN] = to_bf16(L->w_down, c->dim, c->hidden_dim)))
-                        goto nomem;
+                for (int i = 0; i < MM_PER_LAYER; i++)
+                        if (src[i] && !(b[i] = to_bf16(src[i], rows[i], cols[i])))
+                                goto nomem;
         }
         for (size_t l = 0; l < n_layers; l++) {
                 tsr_llama_layer *L = &m->w->layers[l];
@@ -232,7 +264,7 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
                         *f32[i] = NULL;
                 }
         }
-        if (!c->tied_embeddings) {      /* tied: output is token_embd, which the embedding still reads */
+        if (!c->tied_embeddings && m->w->output) {      /* tied: output is token_embd, which the embedding reads */
                 free(m->w->output);
                 m->w->output = NULL;
         }
@@ -397,13 +429,31 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama_config *c, si
 }
 
 /* W (d, n) @ x (rows, n) -> out (rows, d) with layer l's matmul `which` (l < 0: the
- * output matrix), in the dtype the model holds. */
+ * output matrix), in the dtype the model holds it in (mm_weight): the backend picks the
+ * kernel for the tensor's dtype. */
 static tsr_status mm(const tsr_llama *m, tsr_backend *be, float *out, const float *x, long l, int which,
                      const float *w_f32, size_t rows, size_t n, size_t d) {
-        if (!m->bf16)
-                return tsr_backend_matmul(be, out, x, w_f32, TSR_DTYPE_F32, rows, n, d);
-        const uint16_t *wb = l < 0 ? m->output_bf16 : m->bf16[(size_t)l * MM_PER_LAYER + (size_t)which];
-        return tsr_backend_matmul(be, out, x, wb, TSR_DTYPE_BF16, rows, n, d);
+        tsr_tensor t = mm_weight(m, l, which, w_f32);
+        return tsr_backend_matmul(be, out, x, t.data, t.dtype, rows, n, d);
+}
+
+/* x (rows, dim) = the embedding rows of `tokens`: the backend's gather from the float32
+ * table, or, for a table kept in its block format, each row widened on the host by the
+ * dequantizer the load would have used (so the values are bitwise the widened table's). */
+static tsr_status embed(const tsr_llama *m, tsr_backend *be, float *x, const uint32_t *tokens, size_t rows) {
+        const tsr_tensor *t = &m->w->token_embd_stored;
+        size_t dim = m->cfg.dim, row_bytes;
+        tsr_status st;
+
+        if (!t->data)
+                return tsr_backend_embedding(be, x, m->w->token_embd, m->cfg.vocab_size, dim, tokens, rows);
+        if ((st = tsr_dtype_row_bytes(t->dtype, dim, &row_bytes)) != TSR_OK)
+                return st;
+        for (size_t r = 0; r < rows; r++)
+                if ((st = tsr_dequant_row(t->dtype, (const uint8_t *)t->data + tokens[r] * row_bytes, dim,
+                                          x + r * dim)) != TSR_OK)
+                        return st;
+        return TSR_OK;
 }
 
 #define TRY(expr)                               \
@@ -452,7 +502,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                         tokens[row] = seqs[i].tokens[t];
                         s.pos[row] = (uint32_t)(seqs[i].past_len + t);
                 }
-        TRY(tsr_backend_embedding(be, s.x, w->token_embd, c->vocab_size, dim, tokens, N));   /* x (N, dim) */
+        TRY(embed(m, be, s.x, tokens, N));                                                  /* x (N, dim) */
         /* The first layer's attention norm; each later norm is fused with the residual add
          * before it (add_rmsnorm: x += xb, xb = rmsnorm(x), bitwise the two ops in turn). */
         if (c->n_layers)

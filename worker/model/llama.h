@@ -30,7 +30,7 @@
 typedef struct tsr_llama tsr_llama;
 
 /* Load the model at `path` and the shard `spec` of it (NULL: the whole model) as float32
- * weights in host memory.  `path` is either
+ * weights in host memory (tsr_llama_load_opts below keeps GGUF blocks as stored).  `path` is either
  *  - a directory: a Hugging Face LlamaForCausalLM folder, config.json plus
  *    model.safetensors or model.safetensors.index.json shards (tsr_llama_config_from_hf,
  *    tsr_safetensors_set_open, tsr_llama_weights_load_hf); or
@@ -47,6 +47,13 @@ tsr_status tsr_llama_load(const char *path, const tsr_shard_spec *spec,
 tsr_status tsr_llama_load_config(const char *path, const tsr_llama_config *cfg, const tsr_shard_spec *spec,
                                  tsr_load_progress_fn progress, void *ud, tsr_llama **ret, tsr_load_stats *stats,
                                  char *err, size_t errlen);
+/* The same with load options (loader.h tsr_load_opts; NULL: widen every tensor, as
+ * tsr_llama_load_config): a GGUF file's matmul weights (and token_embd) in a dtype of
+ * opts->keep_dtypes stay in their block format, and the forward runs the backend's
+ * matmul on them (tsr_llama_check_backend then asks the backend for that dtype). */
+tsr_status tsr_llama_load_opts(const char *path, const tsr_llama_config *cfg, const tsr_shard_spec *spec,
+                               const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud, tsr_llama **ret,
+                               tsr_load_stats *stats, char *err, size_t errlen);
 /* Accepts NULL and *m == NULL; clears *m. */
 void tsr_llama_free(tsr_llama **m);
 

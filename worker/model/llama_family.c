@@ -88,10 +88,10 @@ static tsr_status llama_shard_for(const tsr_model_desc *d, uint32_t tp_rank, uin
 }
 
 static tsr_status llama_load(const char *path, const tsr_model_desc *d, const tsr_shard_spec *shard,
-                             tsr_load_progress_fn progress, void *ud, void **ret, tsr_load_stats *stats, char *err,
-                             size_t errlen) {
+                             const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud, void **ret,
+                             tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_llama *m = NULL;
-        tsr_status st = tsr_llama_load_config(path, cfg_of(d), shard, progress, ud, &m, stats, err, errlen);
+        tsr_status st = tsr_llama_load_opts(path, cfg_of(d), shard, opts, progress, ud, &m, stats, err, errlen);
         if (st == TSR_OK)
                 *ret = m;
         return st;

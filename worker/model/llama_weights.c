@@ -188,12 +188,17 @@ void tsr_llama_weights_free(tsr_llama_weights **wp) {
                         free(L->w_gate);
                         free(L->w_up);
                         free(L->w_down);
+                        for (int i = 0; i < TSR_LLAMA_MM_PER_LAYER; i++)
+                                free(L->stored[i].data);
                 }
                 free(w->layers);
         }
         if (w->output != w->token_embd)
                 free(w->output);
         free(w->token_embd);
+        if (w->output_stored.data != w->token_embd_stored.data)
+                free(w->output_stored.data);
+        free(w->token_embd_stored.data);
         free(w->output_norm);
         free(w->rope_freqs);
         free(w);
@@ -212,25 +217,26 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
         static const char *const names[] = {"token_embd", "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                                             "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "output_norm", "output",
                                             "rope_freqs"};
-        struct { float **dst; uint64_t rows, cols; } s[] = {
-                {&w->token_embd, c->vocab_size, dim},
-                {L ? &L->attn_norm : NULL, dim, 0},
-                {L ? &L->wq : NULL, q_dim, dim},
-                {L ? &L->wk : NULL, kv_dim, dim},
-                {L ? &L->wv : NULL, kv_dim, dim},
-                {L ? &L->wo : NULL, dim, q_dim},
-                {L ? &L->ffn_norm : NULL, dim, 0},
-                {L ? &L->w_gate : NULL, hid, dim},
-                {L ? &L->w_up : NULL, hid, dim},
-                {L ? &L->w_down : NULL, dim, hid},
-                {&w->output_norm, dim, 0},
-                {c->tied_embeddings ? NULL : &w->output, c->vocab_size, dim},
-                {&w->rope_freqs, c->head_dim / 2, 0},
+        tsr_tensor *st = L ? L->stored : NULL;
+        struct { float **dst; tsr_tensor *stored; uint64_t rows, cols; } s[] = {
+                {&w->token_embd, &w->token_embd_stored, c->vocab_size, dim},
+                {L ? &L->attn_norm : NULL, NULL, dim, 0},
+                {L ? &L->wq : NULL, st ? &st[TSR_LLAMA_MM_Q] : NULL, q_dim, dim},
+                {L ? &L->wk : NULL, st ? &st[TSR_LLAMA_MM_K] : NULL, kv_dim, dim},
+                {L ? &L->wv : NULL, st ? &st[TSR_LLAMA_MM_V] : NULL, kv_dim, dim},
+                {L ? &L->wo : NULL, st ? &st[TSR_LLAMA_MM_O] : NULL, dim, q_dim},
+                {L ? &L->ffn_norm : NULL, NULL, dim, 0},
+                {L ? &L->w_gate : NULL, st ? &st[TSR_LLAMA_MM_GATE] : NULL, hid, dim},
+                {L ? &L->w_up : NULL, st ? &st[TSR_LLAMA_MM_UP] : NULL, hid, dim},
+                {L ? &L->w_down : NULL, st ? &st[TSR_LLAMA_MM_DOWN] : NULL, dim, hid},
+                {&w->output_norm, NULL, dim, 0},
+                {c->tied_embeddings ? NULL : &w->output, &w->output_stored, c->vocab_size, dim},
+                {&w->rope_freqs, NULL, c->head_dim / 2, 0},
         };
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
                 if (strcmp(names[i], n->logical) == 0 && s[i].dst) {
-                        *ret = (tsr_load_slot){.dst = s[i].dst, .rows = s[i].rows, .cols = s[i].cols,
-                                               .optional = strcmp(n->logical, "rope_freqs") == 0};
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].stored, .rows = s[i].rows,
+                                               .cols = s[i].cols, .optional = strcmp(n->logical, "rope_freqs") == 0};
                         return true;
                 }
         }
@@ -258,8 +264,10 @@ static tsr_status llama_load_source(const tsr_tensor_source *s, const tsr_llama_
                               errlen);
         if (st != TSR_OK)
                 goto fail;
-        if (cfg->tied_embeddings)
+        if (cfg->tied_embeddings) {
                 w->output = w->token_embd;
+                w->output_stored = w->token_embd_stored;
+        }
         if (w->rope_freqs) {
                 for (uint32_t i = 0; i < cfg->head_dim / 2; i++) {
                         if (!(w->rope_freqs[i] > 0) || !isfinite(w->rope_freqs[i])) {
@@ -280,7 +288,14 @@ fail:
 tsr_status tsr_llama_weights_load(const tsr_gguf *g, const char *path, const tsr_llama_config *cfg,
                                   const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
                                   tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
-        tsr_tensor_source s = {.g = g, .src = path ? path : "<gguf>"};
+        return tsr_llama_weights_load_opts(g, path, cfg, spec, NULL, progress, ud, ret, stats, err, errlen);
+}
+
+tsr_status tsr_llama_weights_load_opts(const tsr_gguf *g, const char *path, const tsr_llama_config *cfg,
+                                       const tsr_shard_spec *spec, const tsr_load_opts *opts,
+                                       tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret,
+                                       tsr_load_stats *stats, char *err, size_t errlen) {
+        tsr_tensor_source s = {.g = g, .src = path ? path : "<gguf>", .keep_dtypes = opts ? opts->keep_dtypes : 0};
 
         if (!g || !cfg || !spec || !ret)
                 return TSR_E_INVAL;

@@ -5,8 +5,11 @@
  * from the Llama family's table (worker/model/llama_family.c; the mapping below).
  *
  * Every tensor is dequantized at load into a float32 array the forward reads directly
- * (the fidelity path; a bf16 compute dtype comes later).  Supported ggml types: F32, F16,
- * BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+ * (the fidelity path), except where tsr_load_opts asks to keep a GGUF block type as
+ * stored: then the matmul weights (and token_embd) of that type keep the file's bytes
+ * (tsr_llama_layer.stored, tsr_llama_weights.*_stored) and the forward's matmul runs on
+ * the blocks (kernels/quant/qmm.h).  Supported ggml types: F32, F16, BF16, Q8_0, Q4_0,
+ * Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
  *
  * GGUF names (llama.cpp's) map to transformers' LlamaForCausalLM ones as
  *   token_embd        model.embed_tokens            (vocab, dim)
@@ -64,6 +67,12 @@ tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_
                                    char *err, size_t errlen);
 
 
+/* The matmul weights of a layer, in the order tsr_llama_layer.stored keeps them. */
+enum {
+        TSR_LLAMA_MM_Q, TSR_LLAMA_MM_K, TSR_LLAMA_MM_V, TSR_LLAMA_MM_O,
+        TSR_LLAMA_MM_GATE, TSR_LLAMA_MM_UP, TSR_LLAMA_MM_DOWN, TSR_LLAMA_MM_PER_LAYER
+};
+
 typedef struct tsr_llama_layer {
         float *attn_norm;       /* (dim,) */
         float *wq;              /* (n_heads * head_dim, dim) */
@@ -74,6 +83,11 @@ typedef struct tsr_llama_layer {
         float *w_gate;          /* (hidden_dim, dim) */
         float *w_up;            /* (hidden_dim, dim) */
         float *w_down;          /* (dim, hidden_dim) */
+        /* The matmul weights (TSR_LLAMA_MM_* order) kept in their file's block format
+         * (tsr_load_opts.keep_dtypes): the file's bytes copied into memory this struct owns
+         * (data), in the tensor's dtype and shape; the float32 field above is then NULL.
+         * data == NULL: widened to float32 as usual. */
+        tsr_tensor stored[TSR_LLAMA_MM_PER_LAYER];
 } tsr_llama_layer;
 
 typedef struct tsr_llama_weights {
@@ -84,6 +98,10 @@ typedef struct tsr_llama_weights {
         float *output_norm;     /* (dim,) */
         float *output;          /* (vocab, dim); == token_embd when tied (not a second copy) */
         float *rope_freqs;      /* (head_dim/2,) llama.cpp's per-pair frequency divisors, NULL if absent */
+        /* token_embd and output kept in their block format, as the layers' stored[]: the
+         * float32 field is then NULL (the forward widens the embedding rows it looks up);
+         * tied: output_stored is token_embd_stored (the same data, freed once). */
+        tsr_tensor token_embd_stored, output_stored;
 } tsr_llama_weights;
 
 
@@ -108,6 +126,12 @@ tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_l
 tsr_status tsr_llama_weights_load(const tsr_gguf *g, const char *path, const tsr_llama_config *cfg,
                                   const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
                                   tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen);
+
+/* The same with options (NULL: widen everything, as tsr_llama_weights_load). */
+tsr_status tsr_llama_weights_load_opts(const tsr_gguf *g, const char *path, const tsr_llama_config *cfg,
+                                       const tsr_shard_spec *spec, const tsr_load_opts *opts,
+                                       tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret,
+                                       tsr_load_stats *stats, char *err, size_t errlen);
 
 /* Accepts NULL and *w == NULL; clears *w. */
 void tsr_llama_weights_free(tsr_llama_weights **w);

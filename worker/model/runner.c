@@ -131,7 +131,17 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 snprintf(err, errlen, "%s: the model has no layers", path);
                 goto fail;
         }
-        st = r->fam->load(path, desc, &whole, progress, NULL, &r->model, stats, err, errlen);
+        /* --dtype auto keeps a GGUF file's block-format matmul weights as they are (issue
+         * #15: resident bytes = file bytes) wherever the backend's matmul computes on that
+         * format; an explicit --dtype float32 or bfloat16 widens them as before (the
+         * transformers goldens are float32 math). */
+        tsr_load_opts lo = {0};
+        if (!opts->dtype || strcmp(opts->dtype, "auto") == 0)
+                for (int t = 0; t < TSR_DTYPE_COUNT; t++)
+                        if (tsr_dtype_get_info((tsr_dtype)t)->quantized &&
+                            tsr_backend_supports(r->be, TSR_OP_MATMUL, (tsr_dtype)t))
+                                lo.keep_dtypes |= 1u << t;
+        st = r->fam->load(path, desc, &whole, &lo, progress, NULL, &r->model, stats, err, errlen);
         if (st != TSR_OK)
                 goto fail;
         if (bf16 && (st = r->fam->use_bf16(r->model)) != TSR_OK) {

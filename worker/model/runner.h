@@ -36,7 +36,9 @@ tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err,
  * config, and allocate a KV pool of `num_blocks` blocks of `block_size` tokens; the
  * forwards run on opts->backend (the start-up log names it, its ISA and threads).  dtype
  * auto means bfloat16 weights where the backend has AVX512_BF16 and is not the
- * reference, float32 otherwise.  TSR_E_INVAL for a dtype the CPU backend cannot run, no
+ * reference, float32 otherwise; and, with auto only, a GGUF file's block-format matmul
+ * weights (q8_0 .. q6_K) kept as stored wherever the backend's matmul computes on them
+ * (explicit float32 / bfloat16 widen them, as the transformers goldens need).  TSR_E_INVAL for a dtype the CPU backend cannot run, no
  * backend or no family; other statuses with the file and tensor named in err. */
 tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
                           uint64_t num_blocks, uint32_t block_size, tsr_runner **ret, tsr_load_stats *stats, char *err,
