@@ -93,6 +93,47 @@ static void test_read_config_errors(void **state) {
         assert_int_equal(tsr_model_desc_read(NULL, "/x", false, &d, err, sizeof err), TSR_E_INVAL);
 }
 
+/* The runner's KV memory: per group, per layer, K and V of n_blocks x block_size rows in
+ * the group's dtype, exactly the bytes tsr_kv_block_bytes budgets for. */
+static void test_kv_pool(void **state) {
+        tsr_kv_group g[2] = {
+                {.kind = TSR_KV_FULL_ATTENTION, .n_layers = 3, .n_kv_heads = 2, .head_dim = 8, .dtype = TSR_DTYPE_F32},
+                {.kind = TSR_KV_FULL_ATTENTION, .n_layers = 1, .n_kv_heads = 1, .head_dim = 4, .dtype = TSR_DTYPE_BF16},
+        };
+        tsr_kv_pool *p = NULL;
+        (void)state;
+        assert_int_equal(tsr_kv_pool_new(g, 2, 5, 16, &p), TSR_OK);
+        assert_int_equal(p->n_groups, 2);
+        assert_int_equal(p->n_blocks, 5);
+        assert_int_equal(p->block_size, 16);
+        assert_int_equal(p->bytes, 5 * tsr_kv_block_bytes(g, 2, 16));
+        for (size_t i = 0; i < 2; i++) {
+                size_t layer_bytes = 5 * 16 * g[i].n_kv_heads * g[i].head_dim * (i ? 2 : 4);
+                assert_memory_equal(&p->groups[i].spec, &g[i], sizeof g[i]);
+                for (uint32_t l = 0; l < g[i].n_layers; l++) {
+                        /* every byte is there (ASan would catch one past the end) */
+                        memset(p->groups[i].k[l], 0xab, layer_bytes);
+                        memset(p->groups[i].v[l], 0xcd, layer_bytes);
+                        assert_ptr_not_equal(p->groups[i].k[l], p->groups[i].v[l]);
+                }
+        }
+        tsr_kv_pool_free(&p);
+        assert_null(p);
+        tsr_kv_pool_free(&p);
+
+        assert_int_equal(tsr_kv_pool_new(g, 0, 5, 16, &p), TSR_E_INVAL);
+        assert_int_equal(tsr_kv_pool_new(g, 1, 0, 16, &p), TSR_E_INVAL);
+        assert_int_equal(tsr_kv_pool_new(g, 1, 5, 0, &p), TSR_E_INVAL);
+        assert_int_equal(tsr_kv_pool_new(g, TSR_KV_GROUPS_MAX + 1, 5, 16, &p), TSR_E_INVAL);
+        g[1].dtype = TSR_DTYPE_Q4_K;    /* not a dtype a cache holds */
+        assert_int_equal(tsr_kv_pool_new(g, 2, 5, 16, &p), TSR_E_INVAL);
+        g[1].dtype = TSR_DTYPE_BF16;
+        g[1].n_layers = 0;
+        assert_int_equal(tsr_kv_pool_new(g, 2, 5, 16, &p), TSR_E_INVAL);
+        assert_int_equal(tsr_kv_pool_new(g, 1, UINT64_MAX / 2, 16, &p), TSR_E_LIMIT);
+        assert_null(p);
+}
+
 /* The description of a real checkpoint: the worker-wide fields from its config.json, the
  * family's own config behind `config`, freed by tsr_model_desc_done. */
 static void test_read_config(void **state) {
@@ -127,6 +168,7 @@ int main(void) {
                 cmocka_unit_test(test_tensor_table),
                 cmocka_unit_test(test_read_config_errors),
                 cmocka_unit_test(test_read_config),
+                cmocka_unit_test(test_kv_pool),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,6 +24,7 @@
 
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
+#include "worker/engine/kv_pool.h"
 #include "worker/load/loader.h"
 
 typedef struct tsr_model_family tsr_model_family;
@@ -40,32 +41,9 @@ typedef struct tsr_model_desc {
                                          * tsr_model_desc_done */
 } tsr_model_desc;
 
-/* ---- per-layer KV / state spec -------------------------------------------------------- */
-
-/* What a layer keeps per token (or per sequence) between steps.  Only full attention
- * exists now; chunked local attention and Mamba conv/SSM state slots are declared by the
- * families that need them, each its own group. */
-typedef enum tsr_kv_kind {
-        TSR_KV_FULL_ATTENTION = 0,      /* K and V of every past position, in paged blocks */
-} tsr_kv_kind;
-
-/* A group of layers whose cache looks the same: one block table per request indexes
- * every group (vLLM's KVCacheManager with a single group). */
-typedef struct tsr_kv_group {
-        tsr_kv_kind kind;
-        uint32_t n_layers;              /* layers of this group the shard holds */
-        uint32_t n_kv_heads;
-        uint32_t head_dim;
-        tsr_dtype dtype;                /* what the cache stores (float32 on the CPU backend) */
-} tsr_kv_group;
-
-#define TSR_KV_GROUPS_MAX 4
-
-/* Bytes one block of `block_size` tokens takes, summed over the groups: K and V per
- * layer for full attention.  0 for no groups or a zero size. */
-uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_t block_size);
-
-/* ---- tensor names and sharding -------------------------------------------------------- */
+/* ---- per-layer KV / state spec --------------------------------------------------------
+ * tsr_kv_group, tsr_kv_kind, tsr_kv_block_bytes and the pool allocated per group are the
+ * engine's: worker/engine/kv_pool.h. */
 
 /* The tensor-name table (tsr_tensor_name) and its shard rules are the loader's input:
  * worker/load/loader.h. */
@@ -107,8 +85,11 @@ struct tsr_model_family {
         tsr_status (*use_bf16)(void *model);
         bool (*is_bf16)(const void *model);
         tsr_status (*check_backend)(const void *model, const tsr_backend *be);
-        tsr_status (*kv_new)(const void *model, size_t max_tokens, size_t block_size, void **ret);
-        void (*kv_free)(void **pool);
+        /* The family's view of `pool` (allocated by the runner from this family's
+         * kv_groups for the model's shard), which the forward reads and writes; the pool
+         * stays the caller's.  TSR_E_INVAL when the pool's groups are not the model's. */
+        tsr_status (*kv_bind)(const void *model, tsr_kv_pool *pool, void **ret);
+        void (*kv_unbind)(void **view);
         /* One engine step: seqs are the family's own sequence records built by
          * `seq_fill` (the runner converts the engine's records through it). */
         tsr_status (*forward_batch)(const void *model, tsr_backend *be, void *pool, const void *seqs,

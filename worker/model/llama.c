@@ -28,12 +28,15 @@ struct tsr_llama {
         uint16_t *output_bf16;          /* (vocab, dim) */
 };
 
+/* A view of a KV pool's one full-attention group (kv_pool.h), which the pool allocated
+ * per layer; the pool is the view's own only when tsr_llama_kv_new made it. */
 struct tsr_llama_kv {
         size_t n_layers, n_kv_heads, head_dim;
         size_t block_size, n_blocks;
         size_t len;                     /* valid positions */
-        float **k, **v;                 /* [n_layers] pools (n_blocks, block_size, n_kv_heads, head_dim) */
+        float **k, **v;                 /* [n_layers], borrowed from pool: (n_blocks, block_size, n_kv_heads, head_dim) */
         uint32_t *block_table;          /* (n_blocks,): 0, 1, 2, ... */
+        tsr_kv_pool *owned_pool;        /* NULL when bound to the caller's pool */
 };
 
 /* ---- config and load ------------------------------------------------------------- */
@@ -291,9 +294,52 @@ const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m) { return m ? &m-
 
 /* ---- KV cache ---------------------------------------------------------------------- */
 
-tsr_status tsr_llama_kv_new(const tsr_llama *m, size_t max_tokens, size_t block_size, tsr_llama_kv **ret) {
+/* The one KV group of a Llama: every layer full attention, float32 whatever the weights'
+ * dtype (activations, attention and the cache stay float32). */
+tsr_kv_group tsr_llama_kv_group(const tsr_llama_config *c) {
+        return (tsr_kv_group){.kind = TSR_KV_FULL_ATTENTION, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
+                              .head_dim = c->head_dim, .dtype = TSR_DTYPE_F32};
+}
+
+tsr_status tsr_llama_kv_bind(const tsr_llama *m, tsr_kv_pool *pool, tsr_llama_kv **ret) {
+        tsr_kv_group want;
+        const tsr_kv_pool_group *g;
         tsr_llama_kv *kv;
-        size_t row, pool;
+
+        if (!m || !pool || !ret)
+                return TSR_E_INVAL;
+        want = tsr_llama_kv_group(&m->cfg);
+        g = &pool->groups[0];
+        if (pool->n_groups != 1 || g->spec.kind != want.kind || g->spec.n_layers != want.n_layers ||
+            g->spec.n_kv_heads != want.n_kv_heads || g->spec.head_dim != want.head_dim || g->spec.dtype != want.dtype)
+                return TSR_E_INVAL;
+        if (pool->n_blocks > UINT32_MAX)
+                return TSR_E_LIMIT;
+        kv = calloc(1, sizeof *kv);
+        if (!kv)
+                return TSR_E_NOMEM;
+        kv->n_layers = want.n_layers;
+        kv->n_kv_heads = want.n_kv_heads;
+        kv->head_dim = want.head_dim;
+        kv->block_size = pool->block_size;
+        kv->n_blocks = (size_t)pool->n_blocks;
+        kv->k = (float **)g->k;
+        kv->v = (float **)g->v;
+        kv->block_table = malloc(kv->n_blocks * sizeof *kv->block_table);
+        if (!kv->block_table) {
+                free(kv);
+                return TSR_E_NOMEM;
+        }
+        for (size_t b = 0; b < kv->n_blocks; b++)
+                kv->block_table[b] = (uint32_t)b;
+        *ret = kv;
+        return TSR_OK;
+}
+
+tsr_status tsr_llama_kv_new(const tsr_llama *m, size_t max_tokens, size_t block_size, tsr_llama_kv **ret) {
+        tsr_kv_group g;
+        tsr_kv_pool *pool = NULL;
+        tsr_status st;
 
         if (!m || !ret || max_tokens == 0)
                 return TSR_E_INVAL;
@@ -301,35 +347,16 @@ tsr_status tsr_llama_kv_new(const tsr_llama *m, size_t max_tokens, size_t block_
                 block_size = 16;
         if (max_tokens > UINT32_MAX || block_size > UINT32_MAX)
                 return TSR_E_LIMIT;
-        kv = calloc(1, sizeof *kv);
-        if (!kv)
-                return TSR_E_NOMEM;
-        kv->n_layers = m->cfg.n_layers;
-        kv->n_kv_heads = m->cfg.n_kv_heads;
-        kv->head_dim = m->cfg.head_dim;
-        kv->block_size = block_size;
-        kv->n_blocks = (max_tokens + block_size - 1) / block_size;
-        row = kv->n_kv_heads * kv->head_dim;
-        if (kv->n_blocks > SIZE_MAX / block_size / row / sizeof(float)) {
-                free(kv);
-                return TSR_E_LIMIT;
+        g = tsr_llama_kv_group(&m->cfg);
+        if ((st = tsr_kv_pool_new(&g, 1, (max_tokens + block_size - 1) / block_size, (uint32_t)block_size, &pool)) !=
+            TSR_OK)
+                return st;
+        if ((st = tsr_llama_kv_bind(m, pool, ret)) != TSR_OK) {
+                tsr_kv_pool_free(&pool);
+                return st;
         }
-        pool = kv->n_blocks * block_size * row * sizeof(float);
-        kv->k = calloc(kv->n_layers, sizeof *kv->k);
-        kv->v = calloc(kv->n_layers, sizeof *kv->v);
-        kv->block_table = malloc(kv->n_blocks * sizeof *kv->block_table);
-        if (!kv->k || !kv->v || !kv->block_table)
-                goto nomem;
-        for (size_t l = 0; l < kv->n_layers; l++)
-                if (!(kv->k[l] = malloc(pool)) || !(kv->v[l] = malloc(pool)))
-                        goto nomem;
-        for (size_t b = 0; b < kv->n_blocks; b++)
-                kv->block_table[b] = (uint32_t)b;
-        *ret = kv;
+        (*ret)->owned_pool = pool;
         return TSR_OK;
-nomem:
-        tsr_llama_kv_free(&kv);
-        return TSR_E_NOMEM;
 }
 
 void tsr_llama_kv_free(tsr_llama_kv **kvp) {
@@ -338,14 +365,7 @@ void tsr_llama_kv_free(tsr_llama_kv **kvp) {
         if (!kvp || !*kvp)
                 return;
         kv = *kvp;
-        for (size_t l = 0; l < kv->n_layers; l++) {
-                if (kv->k)
-                        free(kv->k[l]);
-                if (kv->v)
-                        free(kv->v[l]);
-        }
-        free(kv->k);
-        free(kv->v);
+        tsr_kv_pool_free(&kv->owned_pool);
         free(kv->block_table);
         free(kv);
         *kvp = NULL;

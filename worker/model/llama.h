@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
+#include "worker/engine/kv_pool.h"
 #include "worker/model/llama_weights.h"
 
 typedef struct tsr_llama tsr_llama;
@@ -96,6 +97,12 @@ typedef struct tsr_llama_kv tsr_llama_kv;
  * (0: 16) token rows.  The model must outlive the cache.  TSR_E_INVAL (zero size),
  * TSR_E_LIMIT (size overflows), TSR_E_NOMEM; *ret written only on success. */
 tsr_status tsr_llama_kv_new(const tsr_llama *m, size_t max_tokens, size_t block_size, tsr_llama_kv **ret);
+/* The KV group a Llama of config `c` declares: every layer full attention, float32. */
+tsr_kv_group tsr_llama_kv_group(const tsr_llama_config *c);
+/* A cache over the caller's `pool` (tsr_kv_pool_new from tsr_llama_kv_group): the
+ * forward writes the pool's arrays, which must outlive the cache.  TSR_E_INVAL when the
+ * pool is not exactly that one group; TSR_E_LIMIT, TSR_E_NOMEM. */
+tsr_status tsr_llama_kv_bind(const tsr_llama *m, tsr_kv_pool *pool, tsr_llama_kv **ret);
 /* Accepts NULL and *kv == NULL; clears *kv. */
 void tsr_llama_kv_free(tsr_llama_kv **kv);
 /* Positions 0 .. len-1 hold valid keys and values. */

@@ -58,17 +58,13 @@ static tsr_status llama_read_config(const char *path, bool gguf, tsr_model_desc 
 }
 
 /* Every layer is full attention; the cache is float32 whatever the weights' dtype
- * (llama.h: activations, attention and the KV cache stay float32). */
+ * (tsr_llama_kv_group). */
 static size_t llama_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max) {
         if (max < 1 || shard->last_layer < shard->first_layer)
                 return 0;
-        out[0] = (tsr_kv_group){
-                .kind = TSR_KV_FULL_ATTENTION,
-                .n_layers = shard->last_layer - shard->first_layer + 1,
-                .n_kv_heads = cfg_of(d)->n_kv_heads / (shard->tp_size ? shard->tp_size : 1),
-                .head_dim = cfg_of(d)->head_dim,
-                .dtype = TSR_DTYPE_F32,
-        };
+        out[0] = tsr_llama_kv_group(cfg_of(d));
+        out[0].n_layers = shard->last_layer - shard->first_layer + 1;
+        out[0].n_kv_heads /= shard->tp_size ? shard->tp_size : 1;
         return 1;
 }
 
@@ -109,18 +105,18 @@ static tsr_status llama_check_backend(const void *model, const tsr_backend *be) 
         return tsr_llama_check_backend(model, be);
 }
 
-static tsr_status llama_kv_new(const void *model, size_t max_tokens, size_t block_size, void **ret) {
+static tsr_status llama_kv_bind(const void *model, tsr_kv_pool *pool, void **ret) {
         tsr_llama_kv *kv = NULL;
-        tsr_status st = tsr_llama_kv_new(model, max_tokens, block_size, &kv);
+        tsr_status st = tsr_llama_kv_bind(model, pool, &kv);
         if (st == TSR_OK)
                 *ret = kv;
         return st;
 }
 
-static void llama_kv_free(void **pool) {
-        tsr_llama_kv *kv = *pool;
+static void llama_kv_unbind(void **view) {
+        tsr_llama_kv *kv = *view;
         tsr_llama_kv_free(&kv);
-        *pool = NULL;
+        *view = NULL;
 }
 
 static tsr_status llama_forward_batch(const void *model, tsr_backend *be, void *pool, const void *seqs,
@@ -157,8 +153,8 @@ const tsr_model_family tsr_family_llama = {
         .use_bf16 = llama_use_bf16,
         .is_bf16 = llama_is_bf16,
         .check_backend = llama_check_backend,
-        .kv_new = llama_kv_new,
-        .kv_free = llama_kv_free,
+        .kv_bind = llama_kv_bind,
+        .kv_unbind = llama_kv_unbind,
         .forward_batch = llama_forward_batch,
         .seq_size = sizeof(tsr_llama_seq),
         .seq_fill = llama_seq_fill,

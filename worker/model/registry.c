@@ -50,18 +50,3 @@ void tsr_model_desc_done(tsr_model_desc *d) {
         free(d->config);
         d->config = NULL;
 }
-
-uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_t block_size) {
-        uint64_t bytes = 0;
-
-        for (size_t i = 0; i < n_groups; i++) {
-                const tsr_kv_group *g = &groups[i];
-                uint64_t elt = g->dtype == TSR_DTYPE_BF16 ? 2 : 4;
-                switch (g->kind) {
-                case TSR_KV_FULL_ATTENTION:     /* K and V rows of every layer of the group */
-                        bytes += 2ull * g->n_layers * g->n_kv_heads * g->head_dim * block_size * elt;
-                        break;
-                }
-        }
-        return bytes;
-}

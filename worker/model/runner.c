@@ -13,7 +13,8 @@ struct tsr_runner {
         const tsr_model_family *fam;
         void *model;               /* the family's model (Llama: tsr_llama) */
         tsr_backend *be;           /* borrowed from the caller (tsr_runner_opts); runs every forward */
-        void *pool;                /* every sequence's KV, indexed by the engine's block ids */
+        tsr_kv_pool *kv_memory;    /* every sequence's KV, per layer group, indexed by the engine's block ids */
+        void *pool;                /* the family's view of kv_memory */
         tsr_engine_model em;
 };
 
@@ -115,6 +116,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         tsr_runner *r;
         tsr_status st;
         tsr_shard_spec whole;
+        tsr_kv_group groups[TSR_KV_GROUPS_MAX];
+        size_t n_groups;
 
         if (!opts || !opts->backend || !desc || !desc->family)
                 return TSR_E_INVAL;
@@ -154,10 +157,14 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 snprintf(err, errlen, "kernel backend '%s' lacks ops the Llama forward needs", tsr_backend_name(r->be));
                 goto fail;
         }
-        st = r->fam->kv_new(r->model, (size_t)num_blocks * block_size, block_size, &r->pool);
-        if (st != TSR_OK) {
-                snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens): %s",
-                         (unsigned long long)num_blocks, block_size, tsr_status_str(st));
+        /* The KV memory, group by group as the family declares it for this shard; the
+         * family's forward gets a view of it. */
+        n_groups = r->fam->kv_groups(desc, &whole, groups, TSR_KV_GROUPS_MAX);
+        if ((st = tsr_kv_pool_new(groups, n_groups, num_blocks, block_size, &r->kv_memory)) != TSR_OK ||
+            (st = r->fam->kv_bind(r->model, r->kv_memory, &r->pool)) != TSR_OK) {
+                snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens, %zu group%s): %s",
+                         (unsigned long long)num_blocks, block_size, n_groups, n_groups == 1 ? "" : "s",
+                         tsr_status_str(st));
                 goto fail;
         }
         r->em.vocab = desc->vocab_size;
@@ -176,7 +183,8 @@ void tsr_runner_free(tsr_runner **rp) {
                 return;
         r = *rp;
         if (r->pool)
-                r->fam->kv_free(&r->pool);
+                r->fam->kv_unbind(&r->pool);
+        tsr_kv_pool_free(&r->kv_memory);
         if (r->model)
                 r->fam->free(&r->model);
         free(r);

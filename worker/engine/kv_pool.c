@@ -1,0 +1,91 @@
+/* kv_pool.c - see kv_pool.h. */
+#include "worker/engine/kv_pool.h"
+
+#include <stdlib.h>
+
+/* Bytes per element of what a KV group stores; 0 for a dtype a cache cannot hold. */
+static uint64_t elt_bytes(tsr_dtype t) {
+        switch (t) {
+        case TSR_DTYPE_F32: return 4;
+        case TSR_DTYPE_BF16:
+        case TSR_DTYPE_F16: return 2;
+        case TSR_DTYPE_FP8_E4M3:
+        case TSR_DTYPE_FP8_E5M2: return 1;
+        default: return 0;
+        }
+}
+
+uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_t block_size) {
+        uint64_t bytes = 0;
+
+        for (size_t i = 0; i < n_groups; i++) {
+                const tsr_kv_group *g = &groups[i];
+                switch (g->kind) {
+                case TSR_KV_FULL_ATTENTION:     /* K and V rows of every layer of the group */
+                        bytes += 2ull * g->n_layers * g->n_kv_heads * g->head_dim * block_size * elt_bytes(g->dtype);
+                        break;
+                }
+        }
+        return bytes;
+}
+
+tsr_status tsr_kv_pool_new(const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks, uint32_t block_size,
+                           tsr_kv_pool **ret) {
+        tsr_kv_pool *p;
+
+        if (!groups || !ret || n_groups == 0 || n_groups > TSR_KV_GROUPS_MAX || n_blocks == 0 || block_size == 0)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < n_groups; i++) {
+                const tsr_kv_group *g = &groups[i];
+                uint64_t row = (uint64_t)g->n_kv_heads * g->head_dim * elt_bytes(g->dtype);
+                if (g->n_layers == 0 || row == 0)
+                        return TSR_E_INVAL;
+                if (n_blocks > SIZE_MAX / block_size / row)
+                        return TSR_E_LIMIT;
+        }
+        if (!(p = calloc(1, sizeof *p)))
+                return TSR_E_NOMEM;
+        p->n_blocks = n_blocks;
+        p->block_size = block_size;
+        for (size_t i = 0; i < n_groups; i++) {
+                tsr_kv_pool_group *pg = &p->groups[i];
+                size_t layer_bytes = (size_t)(n_blocks * block_size * groups[i].n_kv_heads * groups[i].head_dim *
+                                              elt_bytes(groups[i].dtype));
+                pg->spec = groups[i];
+                p->n_groups = i + 1;    /* from here tsr_kv_pool_free frees this group too */
+                if (!(pg->k = calloc(pg->spec.n_layers, sizeof *pg->k)) ||
+                    !(pg->v = calloc(pg->spec.n_layers, sizeof *pg->v)))
+                        goto nomem;
+                /* Uninitialised: a block is written before any position of it is read. */
+                for (uint32_t l = 0; l < pg->spec.n_layers; l++)
+                        if (!(pg->k[l] = malloc(layer_bytes)) || !(pg->v[l] = malloc(layer_bytes)))
+                                goto nomem;
+        }
+        p->bytes = n_blocks * tsr_kv_block_bytes(groups, n_groups, block_size);
+        *ret = p;
+        return TSR_OK;
+nomem:
+        tsr_kv_pool_free(&p);
+        return TSR_E_NOMEM;
+}
+
+void tsr_kv_pool_free(tsr_kv_pool **pp) {
+        tsr_kv_pool *p;
+
+        if (!pp || !*pp)
+                return;
+        p = *pp;
+        for (size_t i = 0; i < p->n_groups; i++) {
+                tsr_kv_pool_group *g = &p->groups[i];
+                for (uint32_t l = 0; l < g->spec.n_layers; l++) {
+                        if (g->k)
+                                free(g->k[l]);
+                        if (g->v)
+                                free(g->v[l]);
+                }
+                free(g->k);
+                free(g->v);
+        }
+        free(p);
+        *pp = NULL;
+}

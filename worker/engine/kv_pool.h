@@ -1,0 +1,65 @@
+/* kv_pool.h - the memory of the paged KV cache, allocated per layer group.
+ *
+ * A model family declares what each of its layers keeps between steps as groups of layers
+ * with the same shape of state (tsr_kv_group: full attention today; chunked local
+ * attention and Mamba state slots are the later families' kinds).  The worker sizes the
+ * cache from the groups (tsr_kv_block_bytes against --kv-cache-memory) and allocates it
+ * here, group by group, layer by layer; the family's forward only borrows the arrays
+ * (family.h, kv_bind).  Block ids are the engine's (kv_cache.c): one block table per
+ * request indexes every group, as vLLM's KVCacheManager does for a single group.
+ *
+ * Built by the main thread at start-up, then written by the forward on the engine thread
+ * (or its step thread) only. */
+#ifndef TSR_WORKER_ENGINE_KV_POOL_H
+#define TSR_WORKER_ENGINE_KV_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tsr_status.h"
+#include "kernels/dtype.h"
+
+/* What a layer keeps per token (or per sequence) between steps. */
+typedef enum tsr_kv_kind {
+        TSR_KV_FULL_ATTENTION = 0,      /* K and V of every past position, in paged blocks */
+} tsr_kv_kind;
+
+/* A group of layers whose cache looks the same. */
+typedef struct tsr_kv_group {
+        tsr_kv_kind kind;
+        uint32_t n_layers;              /* layers of this group the shard holds */
+        uint32_t n_kv_heads;
+        uint32_t head_dim;
+        tsr_dtype dtype;                /* what the cache stores (float32 on the CPU backend) */
+} tsr_kv_group;
+
+#define TSR_KV_GROUPS_MAX 4
+
+/* Bytes one block of `block_size` tokens takes, summed over the groups: K and V per
+ * layer for full attention.  0 for no groups or a zero size. */
+uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_t block_size);
+
+/* One group's memory: for each of its layers a K and a V array of
+ * (n_blocks, block_size, n_kv_heads, head_dim) elements of spec.dtype. */
+typedef struct tsr_kv_pool_group {
+        tsr_kv_group spec;
+        void **k, **v;                  /* [spec.n_layers] */
+} tsr_kv_pool_group;
+
+typedef struct tsr_kv_pool {
+        uint64_t n_blocks;
+        uint32_t block_size;
+        size_t n_groups;
+        tsr_kv_pool_group groups[TSR_KV_GROUPS_MAX];
+        uint64_t bytes;                 /* == n_blocks * tsr_kv_block_bytes(groups) */
+} tsr_kv_pool;
+
+/* Allocate n_blocks blocks of block_size tokens for each group.  TSR_E_INVAL (no groups,
+ * too many, zero sizes, a dtype without a byte size), TSR_E_LIMIT (size overflows),
+ * TSR_E_NOMEM; *ret written only on success. */
+tsr_status tsr_kv_pool_new(const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks, uint32_t block_size,
+                           tsr_kv_pool **ret);
+/* Accepts NULL and *p == NULL; clears *p. */
+void tsr_kv_pool_free(tsr_kv_pool **p);
+
+#endif
