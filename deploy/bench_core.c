@@ -46,11 +46,11 @@ static void seed_sequence(uint64_t seed, uint64_t out[4]) {
 
 #define PCG_MULT (((unsigned __int128)0x2360ED051FC65DA4ull << 64) | 0x4385DF649FCCF645ull)
 
-static inline void pcg_step(bench_rng *r) {
+static inline void pcg_step(tsr_bench_rng *r) {
         r->state = r->state * PCG_MULT + r->inc;
 }
 
-void bench_rng_seed(bench_rng *r, uint64_t seed) {
+void tsr_bench_rng_seed(tsr_bench_rng *r, uint64_t seed) {
         uint64_t v[4];
         seed_sequence(seed, v);
         /* pcg64_set_seed: state = v[0]:v[1], sequence = v[2]:v[3] (high word first) */
@@ -65,26 +65,26 @@ void bench_rng_seed(bench_rng *r, uint64_t seed) {
         r->uinteger = 0;
 }
 
-uint64_t bench_rng_u64(bench_rng *r) {   /* XSL-RR output of the stepped state */
+uint64_t tsr_bench_rng_u64(tsr_bench_rng *r) {   /* XSL-RR output of the stepped state */
         pcg_step(r);
         uint64_t x = (uint64_t)(r->state >> 64) ^ (uint64_t)r->state;
         unsigned rot = (unsigned)(r->state >> 122);
         return (x >> rot) | (x << ((64 - rot) & 63));
 }
 
-static uint32_t rng_u32(bench_rng *r) {   /* pcg64_next32: halves of one 64-bit draw, low first */
+static uint32_t rng_u32(tsr_bench_rng *r) {   /* pcg64_next32: halves of one 64-bit draw, low first */
         if (r->has_uint32) {
                 r->has_uint32 = false;
                 return r->uinteger;
         }
-        uint64_t next = bench_rng_u64(r);
+        uint64_t next = tsr_bench_rng_u64(r);
         r->has_uint32 = true;
         r->uinteger = (uint32_t)(next >> 32);
         return (uint32_t)next;
 }
 
 /* random_bounded_uint64_fill() with use_masked = false, for one value. */
-int64_t bench_rng_range(bench_rng *r, int64_t lo, int64_t hi) {
+int64_t tsr_bench_rng_range(tsr_bench_rng *r, int64_t lo, int64_t hi) {
         uint64_t rng = (uint64_t)hi - (uint64_t)lo;
         if (hi <= lo)
                 return lo;
@@ -104,14 +104,14 @@ int64_t bench_rng_range(bench_rng *r, int64_t lo, int64_t hi) {
                 return lo + (int64_t)(m >> 32);
         }
         if (rng == UINT64_MAX)
-                return (int64_t)((uint64_t)lo + bench_rng_u64(r));
+                return (int64_t)((uint64_t)lo + tsr_bench_rng_u64(r));
         uint64_t excl = rng + 1;
-        unsigned __int128 m = (unsigned __int128)bench_rng_u64(r) * excl;
+        unsigned __int128 m = (unsigned __int128)tsr_bench_rng_u64(r) * excl;
         uint64_t leftover = (uint64_t)m;
         if (leftover < excl) {
                 uint64_t threshold = (UINT64_MAX - rng) % excl;
                 while (leftover < threshold) {
-                        m = (unsigned __int128)bench_rng_u64(r) * excl;
+                        m = (unsigned __int128)tsr_bench_rng_u64(r) * excl;
                         leftover = (uint64_t)m;
                 }
         }
@@ -119,7 +119,7 @@ int64_t bench_rng_range(bench_rng *r, int64_t lo, int64_t hi) {
 }
 
 /* MT19937 (init_genrand seeding), numpy's legacy RandomState stream. */
-void bench_mt_seed(bench_mt *m, uint32_t seed) {
+void tsr_bench_mt_seed(tsr_bench_mt *m, uint32_t seed) {
         m->mt[0] = seed;
         for (int i = 1; i < 624; i++)
                 m->mt[i] = 1812433253u * (m->mt[i - 1] ^ (m->mt[i - 1] >> 30)) + (uint32_t)i;
@@ -128,7 +128,7 @@ void bench_mt_seed(bench_mt *m, uint32_t seed) {
         m->gauss = 0.0;
 }
 
-uint32_t bench_mt_u32(bench_mt *m) {
+uint32_t tsr_bench_mt_u32(tsr_bench_mt *m) {
         if (m->pos >= 624) {
                 for (int k = 0; k < 624; k++) {
                         uint32_t y = (m->mt[k] & 0x80000000u) | (m->mt[(k + 1) % 624] & 0x7fffffffu);
@@ -143,24 +143,24 @@ uint32_t bench_mt_u32(bench_mt *m) {
         return y ^ (y >> 18);
 }
 
-double bench_mt_double(bench_mt *m) {   /* 53 bits: genrand_res53 */
-        uint32_t a = bench_mt_u32(m) >> 5, b = bench_mt_u32(m) >> 6;
+double tsr_bench_mt_double(tsr_bench_mt *m) {   /* 53 bits: genrand_res53 */
+        uint32_t a = tsr_bench_mt_u32(m) >> 5, b = tsr_bench_mt_u32(m) >> 6;
         return ((double)a * 67108864.0 + (double)b) / 9007199254740992.0;
 }
 
-static double mt_exponential(bench_mt *m) {
-        return -log(1.0 - bench_mt_double(m));
+static double mt_exponential(tsr_bench_mt *m) {
+        return -log(1.0 - tsr_bench_mt_double(m));
 }
 
-static double mt_gauss(bench_mt *m) {
+static double mt_gauss(tsr_bench_mt *m) {
         if (m->has_gauss) {
                 m->has_gauss = false;
                 return m->gauss;
         }
         double x1, x2, r2;
         do {
-                x1 = 2.0 * bench_mt_double(m) - 1.0;
-                x2 = 2.0 * bench_mt_double(m) - 1.0;
+                x1 = 2.0 * tsr_bench_mt_double(m) - 1.0;
+                x2 = 2.0 * tsr_bench_mt_double(m) - 1.0;
                 r2 = x1 * x1 + x2 * x2;
         } while (r2 >= 1.0 || r2 == 0.0);
         double f = sqrt(-2.0 * log(r2) / r2);
@@ -169,14 +169,14 @@ static double mt_gauss(bench_mt *m) {
         return f * x2;
 }
 
-static double mt_standard_gamma(bench_mt *m, double shape) {
+static double mt_standard_gamma(tsr_bench_mt *m, double shape) {
         if (shape == 1.0)
                 return mt_exponential(m);
         if (shape == 0.0)
                 return 0.0;
         if (shape < 1.0) {
                 for (;;) {
-                        double u = bench_mt_double(m), v = mt_exponential(m);
+                        double u = tsr_bench_mt_double(m), v = mt_exponential(m);
                         if (u <= 1.0 - shape) {
                                 double x = pow(u, 1.0 / shape);
                                 if (x <= v)
@@ -197,7 +197,7 @@ static double mt_standard_gamma(bench_mt *m, double shape) {
                         v = 1.0 + c * x;
                 } while (v <= 0.0);
                 v = v * v * v;
-                u = bench_mt_double(m);
+                u = tsr_bench_mt_double(m);
                 if (u < 1.0 - 0.0331 * (x * x) * (x * x))
                         return b * v;
                 if (log(u) < 0.5 * x * x + b * (1.0 - v + log(v)))
@@ -205,19 +205,19 @@ static double mt_standard_gamma(bench_mt *m, double shape) {
         }
 }
 
-double bench_mt_gamma(bench_mt *m, double shape, double scale) {
+double tsr_bench_mt_gamma(tsr_bench_mt *m, double shape, double scale) {
         return scale * mt_standard_gamma(m, shape);
 }
 
 /* serve.py get_request() without ramp-up. */
-void bench_arrival_delays(bench_mt *m, size_t n, double rate, double burstiness, double *out) {
+void tsr_bench_arrival_delays(tsr_bench_mt *m, size_t n, double rate, double burstiness, double *out) {
         for (size_t i = 0; i < n; i++) {
                 if (isinf(rate))
                         out[i] = 0.0;
                 else if (isinf(burstiness))
                         out[i] = 1.0 / rate;
                 else
-                        out[i] = bench_mt_gamma(m, burstiness, 1.0 / (rate * burstiness));
+                        out[i] = tsr_bench_mt_gamma(m, burstiness, 1.0 / (rate * burstiness));
         }
         for (size_t i = 1; i < n; i++)
                 out[i] += out[i - 1];
@@ -244,7 +244,7 @@ static void strip(const char **p, size_t *n) {
 }
 
 /* StreamedResponseHandler.add_chunk(). */
-tsr_status bench_sse_feed(tsr_buf *buf, const char *data, size_t n, bench_sse_cb cb, void *ud) {
+tsr_status tsr_bench_sse_feed(tsr_buf *buf, const char *data, size_t n, tsr_bench_sse_cb cb, void *ud) {
         tsr_status st = tsr_buf_append(buf, data, n);
         if (st != TSR_OK)
                 return st;
@@ -286,7 +286,7 @@ tsr_status bench_sse_feed(tsr_buf *buf, const char *data, size_t n, bench_sse_cb
 
 /* ------------------------------------------------------------------ one request */
 
-void bench_output_init(bench_output *o, bool chat, int64_t prompt_len, double start_time) {
+void tsr_bench_output_init(tsr_bench_output *o, bool chat, int64_t prompt_len, double start_time) {
         memset(o, 0, sizeof(*o));
         o->chat = chat;
         o->prompt_len = prompt_len;
@@ -295,14 +295,14 @@ void bench_output_init(bench_output *o, bool chat, int64_t prompt_len, double st
         tsr_buf_init(&o->text, (size_t)1 << 30);
 }
 
-void bench_output_done(bench_output *o) {
+void tsr_bench_output_done(tsr_bench_output *o) {
         free(o->itl);
         free(o->error);
         tsr_buf_done(&o->text);
         memset(o, 0, sizeof(*o));
 }
 
-void bench_output_fail(bench_output *o, const char *fmt, ...) {
+void tsr_bench_output_fail(tsr_bench_output *o, const char *fmt, ...) {
         va_list ap;
         char tmp[1024];
         va_start(ap, fmt);
@@ -342,7 +342,7 @@ static bool chat_choice_is_token(const json_t *choice) {
         return json_is_string(content) && json_string_length(content) == 0 && !json_object_get(delta, "role");
 }
 
-static tsr_status push_itl(bench_output *o, double v) {
+static tsr_status push_itl(tsr_bench_output *o, double v) {
         if (o->n_itl == o->itl_cap) {
                 size_t cap = o->itl_cap ? o->itl_cap * 2 : 64;
                 double *g = realloc(o->itl, cap * sizeof(*g));
@@ -356,7 +356,7 @@ static tsr_status push_itl(bench_output *o, double v) {
 }
 
 /* The message loop of async_request_openai_completions / _chat_completions. */
-tsr_status bench_output_on_message(bench_output *o, const char *msg, size_t len, double now) {
+tsr_status tsr_bench_output_on_message(tsr_bench_output *o, const char *msg, size_t len, double now) {
         if (len && msg[0] == ':')
                 return TSR_OK;
         if (len >= 6 && memcmp(msg, "data: ", 6) == 0) {
@@ -368,7 +368,7 @@ tsr_status bench_output_on_message(bench_output *o, const char *msg, size_t len,
         json_error_t jerr;
         json_t *data = json_loadb(msg, len, JSON_DECODE_ANY, &jerr);
         if (!json_is_object(data)) {
-                bench_output_fail(o, "invalid JSON in the stream: %s", data ? "not an object" : jerr.text);
+                tsr_bench_output_fail(o, "invalid JSON in the stream: %s", data ? "not an object" : jerr.text);
                 json_decref(data);
                 return TSR_E_INVAL;
         }
@@ -403,11 +403,11 @@ tsr_status bench_output_on_message(bench_output *o, const char *msg, size_t len,
         return st;
 }
 
-void bench_output_finish(bench_output *o) {
+void tsr_bench_output_finish(tsr_bench_output *o) {
         if (o->first_chunk_received) {
                 o->success = true;
         } else {
-                bench_output_fail(o, "Never received a valid chunk to calculate TTFT."
+                tsr_bench_output_fail(o, "Never received a valid chunk to calculate TTFT."
                                      "This response will be marked as failed!");
         }
         o->latency = o->most_recent - o->start_time;
@@ -420,7 +420,7 @@ static int cmp_double(const void *a, const void *b) {
         return (x > y) - (x < y);
 }
 
-double bench_percentile(const double *v, size_t n, double p) {
+double tsr_bench_percentile(const double *v, size_t n, double p) {
         if (n == 0)
                 return 0.0;
         double *s = malloc(n * sizeof(*s));
@@ -438,7 +438,7 @@ double bench_percentile(const double *v, size_t n, double p) {
         return r;
 }
 
-double bench_mean(const double *v, size_t n) {
+double tsr_bench_mean(const double *v, size_t n) {
         if (n == 0)
                 return 0.0;
         double sum = 0.0;
@@ -447,30 +447,30 @@ double bench_mean(const double *v, size_t n) {
         return sum / (double)n;
 }
 
-double bench_median(const double *v, size_t n) {
-        return bench_percentile(v, n, 50.0);
+double tsr_bench_median(const double *v, size_t n) {
+        return tsr_bench_percentile(v, n, 50.0);
 }
 
-double bench_std(const double *v, size_t n) {
+double tsr_bench_std(const double *v, size_t n) {
         if (n == 0)
                 return 0.0;
-        double mean = bench_mean(v, n), acc = 0.0;
+        double mean = tsr_bench_mean(v, n), acc = 0.0;
         for (size_t i = 0; i < n; i++)
                 acc += (v[i] - mean) * (v[i] - mean);
         return sqrt(acc / (double)n);
 }
 
-void bench_metrics_done(bench_metrics *m) {
-        for (int i = 0; i < BENCH_M_COUNT; i++)
+void tsr_bench_metrics_done(tsr_bench_metrics *m) {
+        for (int i = 0; i < TSR_BENCH_M_COUNT; i++)
                 free(m->samples[i]);
         free(m->output_lens);
         memset(m, 0, sizeof(*m));
 }
 
 /* serve.py calculate_metrics(). */
-tsr_status bench_metrics_compute(const bench_output *outs, size_t n, double duration, const bench_goodput *gp,
-                                 bool with_queue, bool finite_rate, bench_count_tokens_fn count, void *count_ud,
-                                 bench_metrics *m) {
+tsr_status tsr_bench_metrics_compute(const tsr_bench_output *outs, size_t n, double duration, const tsr_bench_goodput *gp,
+                                 bool with_queue, bool finite_rate, tsr_bench_count_tokens_fn count, void *count_ud,
+                                 tsr_bench_metrics *m) {
         size_t n_itl = 0, ok = 0;
         memset(m, 0, sizeof(*m));
         for (size_t i = 0; i < n; i++)
@@ -478,16 +478,16 @@ tsr_status bench_metrics_compute(const bench_output *outs, size_t n, double dura
                         n_itl += outs[i].n_itl;
                         ok++;
                 }
-        size_t cap[BENCH_M_COUNT] = {ok, ok, n_itl, ok, ok, ok};
-        for (int k = 0; k < BENCH_M_COUNT; k++) {
+        size_t cap[TSR_BENCH_M_COUNT] = {ok, ok, n_itl, ok, ok, ok};
+        for (int k = 0; k < TSR_BENCH_M_COUNT; k++) {
                 m->samples[k] = malloc((cap[k] ? cap[k] : 1) * sizeof(double));
                 if (!m->samples[k])
                         goto nomem;
         }
-        m->present[BENCH_M_TTFT] = m->present[BENCH_M_TPOT] = m->present[BENCH_M_ITL] = true;
-        m->present[BENCH_M_E2EL] = true;
-        m->present[BENCH_M_QUEUE] = with_queue;
-        m->present[BENCH_M_E2EL_QUEUE] = with_queue && finite_rate;
+        m->present[TSR_BENCH_M_TTFT] = m->present[TSR_BENCH_M_TPOT] = m->present[TSR_BENCH_M_ITL] = true;
+        m->present[TSR_BENCH_M_E2EL] = true;
+        m->present[TSR_BENCH_M_QUEUE] = with_queue;
+        m->present[TSR_BENCH_M_E2EL_QUEUE] = with_queue && finite_rate;
         m->output_lens = calloc(n ? n : 1, sizeof(*m->output_lens));
         double *all_tpots = calloc(ok ? ok : 1, sizeof(double));
         if (!m->output_lens || !all_tpots) {
@@ -496,7 +496,7 @@ tsr_status bench_metrics_compute(const bench_output *outs, size_t n, double dura
         }
         int64_t good = 0, total_output = 0;
         for (size_t i = 0; i < n; i++) {
-                const bench_output *o = &outs[i];
+                const tsr_bench_output *o = &outs[i];
                 if (!o->success) {
                         m->failed++;
                         continue;
@@ -514,17 +514,17 @@ tsr_status bench_metrics_compute(const bench_output *outs, size_t n, double dura
                 double tpot = 0.0;
                 if (out_len > 1) {
                         tpot = (o->latency - o->ttft) / (double)(out_len - 1);
-                        m->samples[BENCH_M_TPOT][m->n_samples[BENCH_M_TPOT]++] = tpot;
+                        m->samples[TSR_BENCH_M_TPOT][m->n_samples[TSR_BENCH_M_TPOT]++] = tpot;
                 }
                 all_tpots[m->completed] = tpot;
-                memcpy(m->samples[BENCH_M_ITL] + m->n_samples[BENCH_M_ITL], o->itl, o->n_itl * sizeof(double));
-                m->n_samples[BENCH_M_ITL] += o->n_itl;
-                m->samples[BENCH_M_TTFT][m->n_samples[BENCH_M_TTFT]++] = o->ttft;
-                m->samples[BENCH_M_E2EL][m->n_samples[BENCH_M_E2EL]++] = o->latency;
-                if (m->present[BENCH_M_QUEUE])
-                        m->samples[BENCH_M_QUEUE][m->n_samples[BENCH_M_QUEUE]++] = o->client_queue_time;
-                if (m->present[BENCH_M_E2EL_QUEUE])
-                        m->samples[BENCH_M_E2EL_QUEUE][m->n_samples[BENCH_M_E2EL_QUEUE]++] =
+                memcpy(m->samples[TSR_BENCH_M_ITL] + m->n_samples[TSR_BENCH_M_ITL], o->itl, o->n_itl * sizeof(double));
+                m->n_samples[TSR_BENCH_M_ITL] += o->n_itl;
+                m->samples[TSR_BENCH_M_TTFT][m->n_samples[TSR_BENCH_M_TTFT]++] = o->ttft;
+                m->samples[TSR_BENCH_M_E2EL][m->n_samples[TSR_BENCH_M_E2EL]++] = o->latency;
+                if (m->present[TSR_BENCH_M_QUEUE])
+                        m->samples[TSR_BENCH_M_QUEUE][m->n_samples[TSR_BENCH_M_QUEUE]++] = o->client_queue_time;
+                if (m->present[TSR_BENCH_M_E2EL_QUEUE])
+                        m->samples[TSR_BENCH_M_E2EL_QUEUE][m->n_samples[TSR_BENCH_M_E2EL_QUEUE]++] =
                                 o->latency + o->client_queue_time;
                 if (gp && gp->enabled) {
                         double vals[3] = {o->ttft, tpot, o->latency};
@@ -557,7 +557,7 @@ tsr_status bench_metrics_compute(const bench_output *outs, size_t n, double dura
                         goto nomem;
                 }
                 for (size_t i = 0; i < n; i++) {
-                        const bench_output *o = &outs[i];
+                        const tsr_bench_output *o = &outs[i];
                         if (!o->success)
                                 continue;
                         double t = o->start_time + o->ttft;
@@ -590,13 +590,13 @@ tsr_status bench_metrics_compute(const bench_output *outs, size_t n, double dura
         m->total_token_throughput = (double)(m->total_input + total_output) / duration;
         return TSR_OK;
 nomem:
-        bench_metrics_done(m);
+        tsr_bench_metrics_done(m);
         return TSR_E_NOMEM;
 }
 
 /* ------------------------------------------------------------------ report */
 
-void bench_pyfloat(double v, char *out, size_t n) {
+void tsr_bench_pyfloat(double v, char *out, size_t n) {
         if (isnan(v)) {
                 snprintf(out, n, "nan");
                 return;
@@ -648,18 +648,18 @@ void bench_pyfloat(double v, char *out, size_t n) {
 }
 
 /* compute_result_filename() without ramp-up. */
-void bench_result_filename(const char *label, double rate, int64_t max_concurrency, const char *model_id,
+void tsr_bench_result_filename(const char *label, double rate, int64_t max_concurrency, const char *model_id,
                            const char *datetime, char *out, size_t n) {
         char r[64], c[48] = "";
         const char *base = strrchr(model_id, '/');
-        bench_pyfloat(rate, r, sizeof(r));
+        tsr_bench_pyfloat(rate, r, sizeof(r));
         if (max_concurrency >= 0)
                 snprintf(c, sizeof(c), "-concurrency%lld", (long long)max_concurrency);
         snprintf(out, n, "%s-%sqps%s-%s-%s.json", label, r, c, base ? base + 1 : model_id, datetime);
 }
 
 /* check_goodput_args() / parse_goodput() */
-tsr_status bench_goodput_parse(char *const *pairs, size_t n, bench_goodput *gp, char *err, size_t errlen) {
+tsr_status tsr_bench_goodput_parse(char *const *pairs, size_t n, tsr_bench_goodput *gp, char *err, size_t errlen) {
         static const char *const names[3] = {"ttft", "tpot", "e2el"};
         memset(gp, 0, sizeof(*gp));
         for (size_t i = 0; i < n; i++) {
@@ -715,7 +715,7 @@ static void line_f2(FILE *out, const char *label, double v) {
         fprintf(out, "%-40s %-10.2f\n", label, v);
 }
 
-static bool selected(const bench_report_cfg *cfg, const char *name) {
+static bool selected(const tsr_bench_report_cfg *cfg, const char *name) {
         for (size_t i = 0; i < cfg->n_percentile_metrics; i++)
                 if (strcmp(cfg->percentile_metrics[i], name) == 0)
                         return true;
@@ -727,13 +727,13 @@ static json_t *real_or_null(double v) {
 }
 
 /* process_one_metric() */
-static void one_metric(FILE *out, const bench_report_cfg *cfg, const bench_metrics *m, int k, const char *attr,
+static void one_metric(FILE *out, const tsr_bench_report_cfg *cfg, const tsr_bench_metrics *m, int k, const char *attr,
                        const char *name, const char *header, json_t *result) {
         if (!m->present[k] || !selected(cfg, attr))
                 return;
         const double *v = m->samples[k];
         size_t n = m->n_samples[k];
-        double mean = bench_mean(v, n) * 1000, median = bench_median(v, n) * 1000, std = bench_std(v, n) * 1000;
+        double mean = tsr_bench_mean(v, n) * 1000, median = tsr_bench_median(v, n) * 1000, std = tsr_bench_std(v, n) * 1000;
         char label[128], key[128], pw[48];
         print_header(out, header, '-');
         snprintf(label, sizeof(label), "Mean %s (ms):", name);
@@ -747,11 +747,11 @@ static void one_metric(FILE *out, const bench_report_cfg *cfg, const bench_metri
         snprintf(key, sizeof(key), "std_%s_ms", attr);
         json_object_set_new(result, key, real_or_null(std));
         for (size_t i = 0; i < cfg->n_percentiles; i++) {
-                double p = cfg->percentiles[i], value = bench_percentile(v, n, p) * 1000;
+                double p = cfg->percentiles[i], value = tsr_bench_percentile(v, n, p) * 1000;
                 if (p == floor(p) && fabs(p) < 1e15)
                         snprintf(pw, sizeof(pw), "%lld", (long long)p);
                 else
-                        bench_pyfloat(p, pw, sizeof(pw));
+                        tsr_bench_pyfloat(p, pw, sizeof(pw));
                 snprintf(label, sizeof(label), "P%s %s (ms):", pw, name);
                 line_f2(out, label, value);
                 snprintf(key, sizeof(key), "p%s_%s_ms", pw, attr);
@@ -760,7 +760,7 @@ static void one_metric(FILE *out, const bench_report_cfg *cfg, const bench_metri
 }
 
 /* The result-printing half of serve.py benchmark(). */
-tsr_status bench_report(FILE *out, const bench_report_cfg *cfg, const bench_metrics *m, const bench_output *outs,
+tsr_status tsr_bench_report(FILE *out, const tsr_bench_report_cfg *cfg, const tsr_bench_metrics *m, const tsr_bench_output *outs,
                         size_t n, double duration, json_t *result) {
         print_header(out, " Serving Benchmark Result ", '=');
         line_int(out, "Successful requests:", m->completed);
@@ -786,7 +786,7 @@ tsr_status bench_report(FILE *out, const bench_report_cfg *cfg, const bench_metr
         if (!a_in || !a_out || !a_ttft || !a_itl || !a_lat || !a_start || !a_queue || !a_text || !a_err)
                 goto nomem;
         for (size_t i = 0; i < n; i++) {
-                const bench_output *o = &outs[i];
+                const tsr_bench_output *o = &outs[i];
                 json_t *itl = json_array();
                 if (!itl)
                         goto nomem;
@@ -825,13 +825,13 @@ tsr_status bench_report(FILE *out, const bench_report_cfg *cfg, const bench_metr
         json_object_set_new(result, "max_concurrent_requests", json_integer(m->max_concurrent_requests));
         json_object_set_new(result, "rtfx", json_real(0.0));
 
-        one_metric(out, cfg, m, BENCH_M_TTFT, "ttft", "TTFT", "Time to First Token", result);
-        one_metric(out, cfg, m, BENCH_M_TPOT, "tpot", "TPOT", "Time per Output Token (excl. 1st token)", result);
-        one_metric(out, cfg, m, BENCH_M_ITL, "itl", "ITL", "Inter-token Latency", result);
-        one_metric(out, cfg, m, BENCH_M_E2EL, "e2el", "E2EL", "End-to-end Latency", result);
-        one_metric(out, cfg, m, BENCH_M_QUEUE, "client_queue_time", "Client Queue Time", "Client-side Queueing",
+        one_metric(out, cfg, m, TSR_BENCH_M_TTFT, "ttft", "TTFT", "Time to First Token", result);
+        one_metric(out, cfg, m, TSR_BENCH_M_TPOT, "tpot", "TPOT", "Time per Output Token (excl. 1st token)", result);
+        one_metric(out, cfg, m, TSR_BENCH_M_ITL, "itl", "ITL", "Inter-token Latency", result);
+        one_metric(out, cfg, m, TSR_BENCH_M_E2EL, "e2el", "E2EL", "End-to-end Latency", result);
+        one_metric(out, cfg, m, TSR_BENCH_M_QUEUE, "client_queue_time", "Client Queue Time", "Client-side Queueing",
                    result);
-        one_metric(out, cfg, m, BENCH_M_E2EL_QUEUE, "e2el_including_client_queue", "E2EL incl. Client Queue",
+        one_metric(out, cfg, m, TSR_BENCH_M_E2EL_QUEUE, "e2el_including_client_queue", "E2EL incl. Client Queue",
                    "Queue-inclusive End-to-end Latency", result);
         for (int i = 0; i < 50; i++)
                 fputc('=', out);
@@ -853,7 +853,7 @@ nomem:
 /* ------------------------------------------------------------------ random dataset */
 
 /* datasets/utils.py get_sampling_params() and RandomDataset.sample()'s first check. */
-tsr_status bench_random_bounds(const bench_random_cfg *c, int num_special, int64_t *in_lo, int64_t *in_hi,
+tsr_status tsr_bench_random_bounds(const tsr_bench_random_cfg *c, int num_special, int64_t *in_lo, int64_t *in_hi,
                                int64_t *out_lo, int64_t *out_hi, char *err, size_t errlen) {
         double rin = c->input_range_ratio, rout = c->output_range_ratio;
         if (!(rin >= 0.0 && rin < 1.0)) {
@@ -899,7 +899,7 @@ tsr_status bench_random_bounds(const bench_random_cfg *c, int num_special, int64
 }
 
 /* datasets.py gen_prompt_decode_to_target_len(), max_retry = 10. */
-tsr_status bench_decode_to_target_len(const bench_tok *t, bench_rng *r, uint32_t **seq, size_t *n_seq,
+tsr_status tsr_bench_decode_to_target_len(const tsr_bench_tok *t, tsr_bench_rng *r, uint32_t **seq, size_t *n_seq,
                                       size_t target, char **prompt, int64_t *mismatch) {
         int remain = 10;
         char *text = NULL;
@@ -935,7 +935,7 @@ tsr_status bench_decode_to_target_len(const bench_tok *t, bench_rng *r, uint32_t
                                 break;
                         }
                         for (size_t i = n_ids; i < target; i++)
-                                g[i] = (uint32_t)bench_rng_range(r, 0, (int64_t)t->vocab_size - 1);
+                                g[i] = (uint32_t)tsr_bench_rng_range(r, 0, (int64_t)t->vocab_size - 1);
                         *seq = g;
                         *n_seq = target;
                 } else {
@@ -951,7 +951,7 @@ tsr_status bench_decode_to_target_len(const bench_tok *t, bench_rng *r, uint32_t
         return TSR_OK;
 }
 
-void bench_samples_free(bench_sample *s, size_t n) {
+void tsr_bench_samples_free(tsr_bench_sample *s, size_t n) {
         if (!s)
                 return;
         for (size_t i = 0; i < n; i++)
@@ -962,7 +962,7 @@ void bench_samples_free(bench_sample *s, size_t n) {
 /* RandomDataset.sample() / get_prefix() / generate_token_sequence(). */
 /* RandomDataset's allowed ids: the vocabulary minus all_special_ids, in order.
  * `allowed` has room for t->vocab_size; returns how many. */
-static size_t allowed_ids(const bench_tok *t, uint32_t *allowed) {
+static size_t allowed_ids(const tsr_bench_tok *t, uint32_t *allowed) {
         size_t n = 0;
         for (uint32_t id = 0; id < t->vocab_size; id++)
                 if (!t->is_special || !t->is_special(t->ud, id))
@@ -970,12 +970,12 @@ static size_t allowed_ids(const bench_tok *t, uint32_t *allowed) {
         return n;
 }
 
-tsr_status bench_random_dataset(const bench_tok *t, bench_rng *r, const bench_random_cfg *c, size_t n,
-                                bench_sample **ret, int64_t *mismatch_total, char *err, size_t errlen) {
+tsr_status tsr_bench_random_dataset(const tsr_bench_tok *t, tsr_bench_rng *r, const tsr_bench_random_cfg *c, size_t n,
+                                tsr_bench_sample **ret, int64_t *mismatch_total, char *err, size_t errlen) {
         int64_t in_lo, in_hi, out_lo, out_hi, mismatch;
         *ret = NULL;
         *mismatch_total = 0;
-        tsr_status st = bench_random_bounds(c, t->num_special_tokens_to_add, &in_lo, &in_hi, &out_lo, &out_hi, err,
+        tsr_status st = tsr_bench_random_bounds(c, t->num_special_tokens_to_add, &in_lo, &in_hi, &out_lo, &out_hi, err,
                                             errlen);
         if (st != TSR_OK)
                 return st;
@@ -987,7 +987,7 @@ tsr_status bench_random_dataset(const bench_tok *t, bench_rng *r, const bench_ra
         int64_t *offsets = malloc((n ? n : 1) * sizeof(int64_t));
         uint32_t *allowed = malloc(t->vocab_size * sizeof(uint32_t)), *prefix = NULL, *seq = NULL;
         size_t n_allowed = 0, n_prefix = 0;
-        bench_sample *out = calloc(n ? n : 1, sizeof(*out));
+        tsr_bench_sample *out = calloc(n ? n : 1, sizeof(*out));
         char *text = NULL;
         *mismatch_total = 0;
         if (!in_lens || !out_lens || !offsets || !allowed || !out) {
@@ -996,11 +996,11 @@ tsr_status bench_random_dataset(const bench_tok *t, bench_rng *r, const bench_ra
         }
         /* numpy draws the three arrays one after the other; so do we. */
         for (size_t i = 0; i < n; i++)
-                in_lens[i] = bench_rng_range(r, in_lo, in_hi);
+                in_lens[i] = tsr_bench_rng_range(r, in_lo, in_hi);
         for (size_t i = 0; i < n; i++)
-                out_lens[i] = bench_rng_range(r, out_lo, out_hi);
+                out_lens[i] = tsr_bench_rng_range(r, out_lo, out_hi);
         for (size_t i = 0; i < n; i++)
-                offsets[i] = bench_rng_range(r, 0, (int64_t)t->vocab_size - 1);
+                offsets[i] = tsr_bench_rng_range(r, 0, (int64_t)t->vocab_size - 1);
         n_allowed = allowed_ids(t, allowed);
         if (n_allowed == 0) {
                 tsr_errf(err, errlen, "every token of the tokenizer is special");
@@ -1014,9 +1014,9 @@ tsr_status bench_random_dataset(const bench_tok *t, bench_rng *r, const bench_ra
                         goto done;
                 }
                 for (int64_t i = 0; i < c->prefix_len; i++)
-                        prefix[i] = allowed[bench_rng_range(r, 0, (int64_t)n_allowed - 1)];
+                        prefix[i] = allowed[tsr_bench_rng_range(r, 0, (int64_t)n_allowed - 1)];
                 n_prefix = (size_t)c->prefix_len;
-                st = bench_decode_to_target_len(t, r, &prefix, &n_prefix, (size_t)c->prefix_len, &text, &mismatch);
+                st = tsr_bench_decode_to_target_len(t, r, &prefix, &n_prefix, (size_t)c->prefix_len, &text, &mismatch);
                 free(text);
                 text = NULL;
                 if (st != TSR_OK)
@@ -1039,7 +1039,7 @@ tsr_status bench_random_dataset(const bench_tok *t, bench_rng *r, const bench_ra
                 for (int64_t k = 0; k < in_lens[i]; k++)
                         seq[n_prefix + (size_t)k] =
                                 allowed[(uint64_t)(offsets[i] + (int64_t)i + k) % (uint64_t)n_allowed];
-                st = bench_decode_to_target_len(t, r, &seq, &len, (size_t)(c->prefix_len + in_lens[i]),
+                st = tsr_bench_decode_to_target_len(t, r, &seq, &len, (size_t)(c->prefix_len + in_lens[i]),
                                                 &out[i].prompt, &mismatch);
                 free(seq);
                 seq = NULL;
@@ -1059,7 +1059,7 @@ done:
         free(prefix);
         free(seq);
         if (st != TSR_OK) {
-                bench_samples_free(out, n);
+                tsr_bench_samples_free(out, n);
                 out = NULL;
         }
         *ret = out;
@@ -1095,17 +1095,17 @@ static tsr_status seq_append(id_seq *s, const uint32_t *ids, size_t n) {
         return TSR_OK;
 }
 
-static tsr_status seq_push_random(id_seq *s, bench_rng *r, const uint32_t *allowed, size_t n_allowed, int64_t n) {
+static tsr_status seq_push_random(id_seq *s, tsr_bench_rng *r, const uint32_t *allowed, size_t n_allowed, int64_t n) {
         if (seq_reserve(s, (size_t)n) != TSR_OK)
                 return TSR_E_NOMEM;
         for (int64_t i = 0; i < n; i++)
-                s->v[s->n++] = allowed[bench_rng_range(r, 0, (int64_t)n_allowed - 1)];
+                s->v[s->n++] = allowed[tsr_bench_rng_range(r, 0, (int64_t)n_allowed - 1)];
         return TSR_OK;
 }
 
 /* One sample from ids (copied): decoded and re-encoded to its own length. */
-static tsr_status sample_from_ids(const bench_tok *t, bench_rng *r, const uint32_t *ids, size_t n,
-                                  int64_t output_len, bench_sample *out) {
+static tsr_status sample_from_ids(const tsr_bench_tok *t, tsr_bench_rng *r, const uint32_t *ids, size_t n,
+                                  int64_t output_len, tsr_bench_sample *out) {
         uint32_t *seq = malloc((n ? n : 1) * sizeof(*seq));
         size_t len = n;
         int64_t mismatch;
@@ -1113,7 +1113,7 @@ static tsr_status sample_from_ids(const bench_tok *t, bench_rng *r, const uint32
         if (!seq)
                 return TSR_E_NOMEM;
         memcpy(seq, ids, n * sizeof(*seq));
-        st = bench_decode_to_target_len(t, r, &seq, &len, n, &out->prompt, &mismatch);
+        st = tsr_bench_decode_to_target_len(t, r, &seq, &len, n, &out->prompt, &mismatch);
         free(seq);
         if (st != TSR_OK)
                 return st;
@@ -1122,8 +1122,8 @@ static tsr_status sample_from_ids(const bench_tok *t, bench_rng *r, const uint32
         return TSR_OK;
 }
 
-static tsr_status dataset_begin(const bench_tok *t, size_t n, uint32_t **allowed, size_t *n_allowed,
-                                bench_sample **out, char *err, size_t errlen) {
+static tsr_status dataset_begin(const tsr_bench_tok *t, size_t n, uint32_t **allowed, size_t *n_allowed,
+                                tsr_bench_sample **out, char *err, size_t errlen) {
         *allowed = t->vocab_size ? malloc(t->vocab_size * sizeof(**allowed)) : NULL;
         *out = calloc(n ? n : 1, sizeof(**out));
         if (!*allowed || !*out) {
@@ -1139,11 +1139,11 @@ static tsr_status dataset_begin(const bench_tok *t, size_t n, uint32_t **allowed
         return TSR_OK;
 }
 
-tsr_status bench_prefix_repetition_dataset(const bench_tok *t, bench_rng *r, const bench_prefix_rep_cfg *c, size_t n,
-                                           bench_sample **ret, char *err, size_t errlen) {
+tsr_status tsr_bench_prefix_repetition_dataset(const tsr_bench_tok *t, tsr_bench_rng *r, const tsr_bench_prefix_rep_cfg *c, size_t n,
+                                           tsr_bench_sample **ret, char *err, size_t errlen) {
         uint32_t *allowed = NULL;
         size_t n_allowed = 0, k = 0;
-        bench_sample *out = NULL;
+        tsr_bench_sample *out = NULL;
         id_seq prefix = {0}, seq = {0};
         tsr_status st;
 
@@ -1169,8 +1169,8 @@ tsr_status bench_prefix_repetition_dataset(const bench_tok *t, bench_rng *r, con
         }
         /* vLLM shuffles the prompts (random.shuffle); Fisher-Yates on our stream. */
         for (size_t i = n; st == TSR_OK && i > 1; i--) {
-                size_t j = (size_t)bench_rng_range(r, 0, (int64_t)i - 1);
-                bench_sample tmp = out[i - 1];
+                size_t j = (size_t)tsr_bench_rng_range(r, 0, (int64_t)i - 1);
+                tsr_bench_sample tmp = out[i - 1];
                 out[i - 1] = out[j];
                 out[j] = tmp;
         }
@@ -1180,18 +1180,18 @@ tsr_status bench_prefix_repetition_dataset(const bench_tok *t, bench_rng *r, con
         if (st != TSR_OK) {
                 if (st != TSR_E_INVAL)
                         tsr_errf(err, errlen, "building the prefix_repetition dataset: %s", tsr_status_str(st));
-                bench_samples_free(out, n);
+                tsr_bench_samples_free(out, n);
                 return st;
         }
         *ret = out;
         return TSR_OK;
 }
 
-tsr_status bench_multi_turn_dataset(const bench_tok *t, bench_rng *r, const bench_multi_turn_cfg *c, size_t n,
-                                    bench_sample **ret, char *err, size_t errlen) {
+tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r, const tsr_bench_multi_turn_cfg *c, size_t n,
+                                    tsr_bench_sample **ret, char *err, size_t errlen) {
         uint32_t *allowed = NULL;
         size_t n_allowed = 0, sessions, k = 0;
-        bench_sample *out = NULL;
+        tsr_bench_sample *out = NULL;
         id_seq system = {0}, *hist = NULL;
         tsr_status st;
 
@@ -1225,7 +1225,7 @@ tsr_status bench_multi_turn_dataset(const bench_tok *t, bench_rng *r, const benc
         if (st != TSR_OK) {
                 if (st != TSR_E_INVAL)
                         tsr_errf(err, errlen, "building the multi_turn dataset: %s", tsr_status_str(st));
-                bench_samples_free(out, n);
+                tsr_bench_samples_free(out, n);
                 return st;
         }
         *ret = out;

@@ -516,11 +516,11 @@ static tsr_status server_vocab_size(server_tok *s, size_t *vocab) {
 }
 
 typedef struct count_ctx {
-        const bench_tok *tok;
+        const tsr_bench_tok *tok;
 } count_ctx;
 
 static int64_t count_tokens(void *ud, const char *text, size_t len) {
-        const bench_tok *t = ((count_ctx *)ud)->tok;
+        const tsr_bench_tok *t = ((count_ctx *)ud)->tok;
         uint32_t *ids = NULL;
         size_t n = 0;
         if (t->encode(t->ud, text, len, &ids, &n) != TSR_OK)
@@ -587,7 +587,7 @@ typedef struct live_req {
         struct curl_slist *hdrs;
         char *body;
         tsr_buf sse;
-        bench_output *out;
+        tsr_bench_output *out;
         long status;
         char reason[128];
         char errbuf[CURL_ERROR_SIZE];
@@ -598,7 +598,7 @@ static void on_message(void *ud, const char *msg, size_t len) {
         live_req *r = ud;
         if (r->broken)
                 return;
-        if (bench_output_on_message(r->out, msg, len, now_s()) != TSR_OK)
+        if (tsr_bench_output_on_message(r->out, msg, len, now_s()) != TSR_OK)
                 r->broken = true;
 }
 
@@ -609,7 +609,7 @@ static size_t stream_cb(char *p, size_t size, size_t nm, void *ud) {
                 curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &r->status);
         if (r->status != 200 || n == 0)
                 return n;
-        if (bench_sse_feed(&r->sse, p, n, on_message, r) != TSR_OK)
+        if (tsr_bench_sse_feed(&r->sse, p, n, on_message, r) != TSR_OK)
                 return 0;
         return r->broken ? 0 : n;
 }
@@ -662,7 +662,7 @@ static char *request_body(const bench_cfg *c, const char *prompt, int64_t output
         return s;
 }
 
-static tsr_status live_start(CURLM *multi, const bench_cfg *c, live_req *r, bench_output *out, const char *prompt,
+static tsr_status live_start(CURLM *multi, const bench_cfg *c, live_req *r, tsr_bench_output *out, const char *prompt,
                              int64_t prompt_len, int64_t output_len, const char *request_id) {
         memset(r, 0, sizeof(*r));
         r->out = out;
@@ -692,26 +692,26 @@ static tsr_status live_start(CURLM *multi, const bench_cfg *c, live_req *r, benc
         curl_easy_setopt(r->easy, CURLOPT_TIMEOUT, 6L * 60 * 60);   /* aiohttp total timeout 6 h */
         curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(r->easy, CURLOPT_TCP_NODELAY, 1L);
-        bench_output_init(out, c->chat, prompt_len, now_s());
+        tsr_bench_output_init(out, c->chat, prompt_len, now_s());
         if (curl_multi_add_handle(multi, r->easy) != CURLM_OK)
                 return TSR_E_INTERNAL;
         return TSR_OK;
 }
 
 static void live_finish(CURLM *multi, live_req *r, CURLcode rc) {
-        bench_output *o = r->out;
+        tsr_bench_output *o = r->out;
         if (r->broken) {
                 /* on_message already recorded why */
         } else if (rc != CURLE_OK) {
-                bench_output_fail(o, "ClientError: %s", r->errbuf[0] ? r->errbuf : curl_easy_strerror(rc));
+                tsr_bench_output_fail(o, "ClientError: %s", r->errbuf[0] ? r->errbuf : curl_easy_strerror(rc));
         } else if (r->status != 200) {
                 curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &r->status);
                 if (r->status == 200)
-                        bench_output_finish(o);
+                        tsr_bench_output_finish(o);
                 else
-                        bench_output_fail(o, "%s", r->reason);
+                        tsr_bench_output_fail(o, "%s", r->reason);
         } else {
-                bench_output_finish(o);
+                tsr_bench_output_finish(o);
         }
         curl_multi_remove_handle(multi, r->easy);
         curl_easy_cleanup(r->easy);
@@ -731,7 +731,7 @@ typedef struct job {
 /* Send jobs[i] at t0 + delays[i] (delays NULL: all at once), at most max_conc in flight
  * (<= 0: no limit), and wait for all.  outs[i] gets each result. */
 static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, const job *jobs, size_t n, const double *delays,
-                           long long max_conc, bench_output *outs, pbar *pb) {
+                           long long max_conc, tsr_bench_output *outs, pbar *pb) {
         live_req *live = calloc(n ? n : 1, sizeof(*live));
         size_t *fifo = malloc((n ? n : 1) * sizeof(*fifo));
         double *arrival = calloc(n ? n : 1, sizeof(double));
@@ -834,7 +834,7 @@ static bool fetch_first_model(const char *base_url, char **id, char **root, char
 
 /* serve.py _align_prompts_to_server_tokenizer(): if the server counts the first prompt
  * differently from the local tokenizer, cut every prompt to its count by the server's. */
-static void align_to_server(server_tok *srv, bench_sample *samples, size_t n) {
+static void align_to_server(server_tok *srv, tsr_bench_sample *samples, size_t n) {
         uint32_t *ids = NULL;
         size_t n_ids = 0;
         if (n == 0)
@@ -892,17 +892,17 @@ int bench_serve_main(int argc, char **argv) {
         char err[1024] = "", *first_id = NULL, *first_root = NULL, **pm = NULL, *pm_copy = NULL;
         tsr_tokenizer *local = NULL;
         server_tok srv = {0};
-        bench_tok tok = {0};
-        bench_random_cfg rc = {0};
-        bench_sample *samples = NULL;
-        bench_output *outs = NULL;
+        tsr_bench_tok tok = {0};
+        tsr_bench_random_cfg rc = {0};
+        tsr_bench_sample *samples = NULL;
+        tsr_bench_output *outs = NULL;
         job *jobs = NULL;
         double *delays = NULL, *percentiles = NULL;
         size_t n_pm = 0, n_pct = 0;
-        bench_metrics m = {0};
+        tsr_bench_metrics m = {0};
         json_t *result = NULL, *bench_result = NULL;
         CURLM *multi = NULL;
-        bench_goodput gp = {0};
+        tsr_bench_goodput gp = {0};
         int rc_exit = 1;
         int64_t mismatch = 0;
         char request_id_prefix[64];
@@ -970,7 +970,7 @@ int bench_serve_main(int argc, char **argv) {
         rc.input_len = a.input_len;
         rc.output_len = a.output_len;
         rc.prefix_len = a.prefix_len;
-        if (bench_goodput_parse(a.goodput, a.n_goodput, &gp, err, sizeof(err)) != TSR_OK)
+        if (tsr_bench_goodput_parse(a.goodput, a.n_goodput, &gp, err, sizeof(err)) != TSR_OK)
                 FAIL_FLAGS("%s", err);
         pm_copy = strdup(a.percentile_metrics ? a.percentile_metrics : "ttft,tpot,itl");
         for (char *save = NULL, *t = strtok_r(pm_copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -1044,10 +1044,10 @@ int bench_serve_main(int argc, char **argv) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 40);
-                bench_rng idr;
-                bench_rng_seed(&idr, x);
+                tsr_bench_rng idr;
+                tsr_bench_rng_seed(&idr, x);
                 snprintf(request_id_prefix, sizeof(request_id_prefix), "bench-%08x-",
-                         (unsigned)(bench_rng_u64(&idr) & 0xffffffffu));
+                         (unsigned)(tsr_bench_rng_u64(&idr) & 0xffffffffu));
         }
 
         /* --- the server and the tokenizer */
@@ -1092,7 +1092,7 @@ int bench_serve_main(int argc, char **argv) {
                                 rc_exit = EXIT_BAD_FLAGS;
                                 goto out;
                         }
-                        tok = (bench_tok){
+                        tok = (tsr_bench_tok){
                                 .ud = local, .encode = local_encode, .decode = local_decode,
                                 .is_special = local_is_special, .vocab_size = tsr_tokenizer_vocab_size(local),
                                 .num_special_tokens_to_add = tsr_tokenizer_add_bos(local) + tsr_tokenizer_add_eos(local),
@@ -1101,7 +1101,7 @@ int bench_serve_main(int argc, char **argv) {
                         uint32_t *ids = NULL;
                         size_t n_ids = 0;
                         printf("No local tokenizer: using the server's /tokenize and /detokenize.\n");
-                        tok = (bench_tok){.ud = &srv, .encode = server_encode, .decode = server_decode};
+                        tok = (tsr_bench_tok){.ud = &srv, .encode = server_encode, .decode = server_decode};
                         if (server_vocab_size(&srv, &tok.vocab_size) != TSR_OK ||
                             server_tokenize(&srv, "", 0, true, &ids, &n_ids) != TSR_OK) {
                                 fprintf(stderr, PROG ": error: the server's tokenizer is unavailable: %s\n", srv.err);
@@ -1113,26 +1113,26 @@ int bench_serve_main(int argc, char **argv) {
         }
 
         /* --- dataset */
-        bench_rng data_rng;
-        bench_mt arrival_rng;
+        tsr_bench_rng data_rng;
+        tsr_bench_mt arrival_rng;
         /* As vLLM: the dataset from default_rng(seed), the arrival gaps from the global
          * np.random.seed(seed) stream. */
-        bench_rng_seed(&data_rng, (uint64_t)a.seed);
-        bench_mt_seed(&arrival_rng, (uint32_t)a.seed);
+        tsr_bench_rng_seed(&data_rng, (uint64_t)a.seed);
+        tsr_bench_mt_seed(&arrival_rng, (uint32_t)a.seed);
         size_t n = (size_t)a.num_prompts;
         /* the random dataset with an OpenAI backend always ignores EOS (serve.py); so do
          * the shared-prefix ones, whose outputs are sized by the workload */
         a.ignore_eos = true;
         tsr_status dst;
         if (strcmp(a.dataset_name, "prefix_repetition") == 0) {
-                bench_prefix_rep_cfg pc = {a.prep_prefix_len, a.prep_suffix_len, a.prep_num_prefixes,
+                tsr_bench_prefix_rep_cfg pc = {a.prep_prefix_len, a.prep_suffix_len, a.prep_num_prefixes,
                                            a.prep_output_len};
-                dst = bench_prefix_repetition_dataset(&tok, &data_rng, &pc, n, &samples, err, sizeof(err));
+                dst = tsr_bench_prefix_repetition_dataset(&tok, &data_rng, &pc, n, &samples, err, sizeof(err));
         } else if (strcmp(a.dataset_name, "multi_turn") == 0) {
-                bench_multi_turn_cfg mc = {a.prefix_len, a.mt_turns, a.mt_user_len, a.output_len};
-                dst = bench_multi_turn_dataset(&tok, &data_rng, &mc, n, &samples, err, sizeof(err));
+                tsr_bench_multi_turn_cfg mc = {a.prefix_len, a.mt_turns, a.mt_user_len, a.output_len};
+                dst = tsr_bench_multi_turn_dataset(&tok, &data_rng, &mc, n, &samples, err, sizeof(err));
         } else {
-                dst = bench_random_dataset(&tok, &data_rng, &rc, n, &samples, &mismatch, err, sizeof(err));
+                dst = tsr_bench_random_dataset(&tok, &data_rng, &rc, n, &samples, &mismatch, err, sizeof(err));
         }
         if (dst != TSR_OK) {
                 fprintf(stderr, PROG ": error: %s\n", err[0] ? err : srv.err);
@@ -1165,7 +1165,7 @@ int bench_serve_main(int argc, char **argv) {
         printf("Starting initial single prompt test run...\n");
         if (a.ready_check_timeout_sec > 0) {
                 job test = jobs[0];
-                bench_output o;
+                tsr_bench_output o;
                 double deadline = now_s() + (double)a.ready_check_timeout_sec;
                 printf("Waiting for endpoint to become up in %lld seconds\n", a.ready_check_timeout_sec);
                 test.has_id = false;
@@ -1179,13 +1179,13 @@ int bench_serve_main(int argc, char **argv) {
                                 if (!ok) {
                                         fprintf(stderr, PROG ": error: initial test run failed: %s\n",
                                                 o.error ? o.error : "");
-                                        bench_output_done(&o);
+                                        tsr_bench_output_done(&o);
                                         goto out;
                                 }
-                                bench_output_done(&o);
+                                tsr_bench_output_done(&o);
                                 break;
                         }
-                        bench_output_done(&o);
+                        tsr_bench_output_done(&o);
                         double left = deadline - now_s();
                         msleep((long)(1000 * (left < 5 ? (left > 0 ? left : 0) : 5)));
                 }
@@ -1196,7 +1196,7 @@ int bench_serve_main(int argc, char **argv) {
         if (a.num_warmups > 0) {
                 size_t nw = (size_t)a.num_warmups;
                 job *wj = calloc(nw, sizeof(*wj));
-                bench_output *wo = calloc(nw, sizeof(*wo));
+                tsr_bench_output *wo = calloc(nw, sizeof(*wo));
                 pbar wpb = {.on = !a.disable_tqdm, .total = nw, .start = now_s()};
                 if (!wj || !wo) {
                         free(wj);
@@ -1212,7 +1212,7 @@ int bench_serve_main(int argc, char **argv) {
                 tsr_status st = run_jobs(multi, &c, wj, nw, NULL, a.max_concurrency, wo, &wpb);
                 pbar_close(&wpb);
                 for (size_t i = 0; i < nw; i++)
-                        bench_output_done(&wo[i]);
+                        tsr_bench_output_done(&wo[i]);
                 free(wj);
                 free(wo);
                 if (st != TSR_OK)
@@ -1222,8 +1222,8 @@ int bench_serve_main(int argc, char **argv) {
         printf("Starting main benchmark run...\n");
         {
                 char rate[64], burst[64];
-                bench_pyfloat(a.request_rate, rate, sizeof(rate));
-                bench_pyfloat(a.burstiness, burst, sizeof(burst));
+                tsr_bench_pyfloat(a.request_rate, rate, sizeof(rate));
+                tsr_bench_pyfloat(a.burstiness, burst, sizeof(burst));
                 printf("Traffic request rate: %s\n", rate);
                 printf("Burstiness factor: %s (%s)\n", burst,
                        a.burstiness == 1.0 ? "Poisson process" : "Gamma distribution");
@@ -1233,7 +1233,7 @@ int bench_serve_main(int argc, char **argv) {
                         printf("Maximum request concurrency: None\n");
         }
         fflush(stdout);
-        bench_arrival_delays(&arrival_rng, n, a.request_rate, a.burstiness, delays);
+        tsr_bench_arrival_delays(&arrival_rng, n, a.request_rate, a.burstiness, delays);
         pbar pb = {.on = !a.disable_tqdm, .total = n, .start = now_s()};
         double t_start = now_s();
         if (run_jobs(multi, &c, jobs, n, delays, a.max_concurrency, outs, &pb) != TSR_OK) {
@@ -1245,7 +1245,7 @@ int bench_serve_main(int argc, char **argv) {
 
         /* --- report */
         count_ctx cc = {&tok};
-        if (bench_metrics_compute(outs, n, duration, &gp, a.max_concurrency > 0, !isinf(a.request_rate), count_tokens,
+        if (tsr_bench_metrics_compute(outs, n, duration, &gp, a.max_concurrency > 0, !isinf(a.request_rate), count_tokens,
                                   &cc, &m) != TSR_OK) {
                 fprintf(stderr, PROG ": error: out of memory\n");
                 goto out;
@@ -1260,14 +1260,14 @@ int bench_serve_main(int argc, char **argv) {
                                 printf("Error %d: %s\n", shown++, outs[i].error ? outs[i].error : "");
         }
         bench_result = json_object();
-        bench_report_cfg rcfg = {
+        tsr_bench_report_cfg rcfg = {
                 .max_concurrency = a.max_concurrency > 0 ? a.max_concurrency : -1,
                 .request_rate = a.request_rate,
                 .percentile_metrics = (const char *const *)pm, .n_percentile_metrics = n_pm,
                 .percentiles = percentiles, .n_percentiles = n_pct,
                 .goodput = gp.enabled,
         };
-        if (bench_report(stdout, &rcfg, &m, outs, n, duration, bench_result) != TSR_OK) {
+        if (tsr_bench_report(stdout, &rcfg, &m, outs, n, duration, bench_result) != TSR_OK) {
                 fprintf(stderr, PROG ": error: out of memory\n");
                 goto out;
         }
@@ -1307,7 +1307,7 @@ int bench_serve_main(int argc, char **argv) {
                         for (const char *const *k = detailed; *k; k++)
                                 json_object_del(result, *k);
                 }
-                bench_result_filename(a.label ? a.label : a.backend, a.request_rate,
+                tsr_bench_result_filename(a.label ? a.label : a.backend, a.request_rate,
                                       a.max_concurrency > 0 ? a.max_concurrency : -1, c.model_id, dt, name,
                                       sizeof(name));
                 if (a.result_filename)
@@ -1344,12 +1344,12 @@ int bench_serve_main(int argc, char **argv) {
 out:
         if (outs)
                 for (size_t i = 0; i < (size_t)a.num_prompts; i++)
-                        bench_output_done(&outs[i]);
+                        tsr_bench_output_done(&outs[i]);
         free(outs);
         free(jobs);
         free(delays);
-        bench_samples_free(samples, (size_t)a.num_prompts);
-        bench_metrics_done(&m);
+        tsr_bench_samples_free(samples, (size_t)a.num_prompts);
+        tsr_bench_metrics_done(&m);
         json_decref(result);
         json_decref(bench_result);
         json_decref(c.extra_body);

@@ -43,8 +43,8 @@ static void test_sse_split_anywhere(void **state) {
                 tsr_buf b;
                 collected c = {0};
                 tsr_buf_init(&b, 4096);
-                assert_int_equal(bench_sse_feed(&b, stream, cut, collect, &c), TSR_OK);
-                assert_int_equal(bench_sse_feed(&b, stream + cut, len - cut, collect, &c), TSR_OK);
+                assert_int_equal(tsr_bench_sse_feed(&b, stream, cut, collect, &c), TSR_OK);
+                assert_int_equal(tsr_bench_sse_feed(&b, stream + cut, len - cut, collect, &c), TSR_OK);
                 assert_int_equal(c.n, 4);
                 assert_string_equal(c.msgs[0], ": ping");
                 assert_string_equal(c.msgs[1], "data: {\"choices\":[{\"text\":\"a\"}]}");
@@ -62,36 +62,36 @@ static void test_sse_tail_without_blank_line(void **state) {
         collected c = {0};
         tsr_buf_init(&b, 4096);
         /* An unfinished JSON tail waits; once it parses it is a message (vLLM's handler). */
-        assert_int_equal(bench_sse_feed(&b, "data: {\"usage\": {", 17, collect, &c), TSR_OK);
+        assert_int_equal(tsr_bench_sse_feed(&b, "data: {\"usage\": {", 17, collect, &c), TSR_OK);
         assert_int_equal(c.n, 0);
-        assert_int_equal(bench_sse_feed(&b, "\"completion_tokens\": 3}}", 24, collect, &c), TSR_OK);
+        assert_int_equal(tsr_bench_sse_feed(&b, "\"completion_tokens\": 3}}", 24, collect, &c), TSR_OK);
         assert_int_equal(c.n, 1);
         assert_string_equal(c.msgs[0], "data: {\"usage\": {\"completion_tokens\": 3}}");
-        assert_int_equal(bench_sse_feed(&b, "data: [DONE]", 12, collect, &c), TSR_OK);
+        assert_int_equal(tsr_bench_sse_feed(&b, "data: [DONE]", 12, collect, &c), TSR_OK);
         assert_int_equal(c.n, 2);
         assert_string_equal(c.msgs[1], "data: [DONE]");
         /* A tail that does not start with "data: " waits for its blank line. */
-        assert_int_equal(bench_sse_feed(&b, "event: x", 8, collect, &c), TSR_OK);
+        assert_int_equal(tsr_bench_sse_feed(&b, "event: x", 8, collect, &c), TSR_OK);
         assert_int_equal(c.n, 2);
         tsr_buf_done(&b);
 }
 
 /* ------------------------------------------------------------------ one request */
 
-static void feed(bench_output *o, const char *msg, double t) {
-        assert_int_equal(bench_output_on_message(o, msg, strlen(msg), t), TSR_OK);
+static void feed(tsr_bench_output *o, const char *msg, double t) {
+        assert_int_equal(tsr_bench_output_on_message(o, msg, strlen(msg), t), TSR_OK);
 }
 
 static void test_output_completions(void **state) {
-        bench_output o;
-        bench_output_init(&o, false, 10, 100.0);
+        tsr_bench_output o;
+        tsr_bench_output_init(&o, false, 10, 100.0);
         feed(&o, ": keepalive", 100.1);
         feed(&o, "data: {\"choices\":[{\"text\":\"Hel\"}],\"usage\":null}", 100.5);   /* first token */
         feed(&o, "data: {\"choices\":[{\"text\":\"\"}]}", 100.75);                    /* empty text counts */
         feed(&o, "data: {\"choices\":[{\"text\":\"lo\",\"finish_reason\":\"length\"}]}", 101.0);
         feed(&o, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":3}}", 101.5);
         feed(&o, "data: [DONE]", 101.6);
-        bench_output_finish(&o);
+        tsr_bench_output_finish(&o);
         assert_true(o.success);
         assert_null(o.error);
         assert_true(fabs(o.ttft - 0.5) < 1e-9);
@@ -104,57 +104,57 @@ static void test_output_completions(void **state) {
         assert_int_equal(o.prompt_len, 12);            /* usage.prompt_tokens replaces the count */
         assert_int_equal(o.text.len, 5);
         assert_memory_equal(o.text.data, "Hello", 5);
-        bench_output_done(&o);
+        tsr_bench_output_done(&o);
 }
 
 /* llama-server's way: usage rides in the last chunk beside choices (issue #21). */
 static void test_output_usage_beside_choices(void **state) {
-        bench_output o;
-        bench_output_init(&o, false, 10, 100.0);
+        tsr_bench_output o;
+        tsr_bench_output_init(&o, false, 10, 100.0);
         feed(&o, "data: {\"choices\":[{\"text\":\"a\"}]}", 100.5);
         feed(&o, "data: {\"choices\":[{\"text\":\"b\",\"finish_reason\":\"length\"}],"
                  "\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}", 101.0);
         feed(&o, "data: [DONE]", 101.1);
-        bench_output_finish(&o);
+        tsr_bench_output_finish(&o);
         assert_true(o.success);
         assert_int_equal(o.n_itl, 1);                  /* the chunk still counts as a token */
         assert_true(fabs(o.latency - 1.0) < 1e-9);
         assert_int_equal(o.output_tokens, 2);
         assert_int_equal(o.prompt_len, 9);
-        bench_output_done(&o);
+        tsr_bench_output_done(&o);
 }
 
 static void test_output_chat_role_chunk_is_not_a_token(void **state) {
-        bench_output o;
-        bench_output_init(&o, true, 7, 0.0);
+        tsr_bench_output o;
+        tsr_bench_output_init(&o, true, 7, 0.0);
         feed(&o, "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}", 0.2);
         assert_false(o.first_chunk_received);
         feed(&o, "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}", 0.5);
         feed(&o, "data: {\"choices\":[{\"delta\":{\"content\":\"\"}}]}", 0.7);   /* empty, no role: a token */
         feed(&o, "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}", 0.8);   /* not a token */
-        bench_output_finish(&o);
+        tsr_bench_output_finish(&o);
         assert_true(o.success);
         assert_true(fabs(o.ttft - 0.5) < 1e-9);
         assert_int_equal(o.n_itl, 1);
         assert_true(fabs(o.latency - 0.7) < 1e-9);
         assert_int_equal(o.output_tokens, 0);          /* no usage: counted later */
         assert_int_equal(o.prompt_len, 7);
-        bench_output_done(&o);
+        tsr_bench_output_done(&o);
 }
 
 static void test_output_failures(void **state) {
-        bench_output o;
-        bench_output_init(&o, false, 1, 0.0);
-        assert_int_equal(bench_output_on_message(&o, "data: {oops", 11, 0.1), TSR_E_INVAL);
+        tsr_bench_output o;
+        tsr_bench_output_init(&o, false, 1, 0.0);
+        assert_int_equal(tsr_bench_output_on_message(&o, "data: {oops", 11, 0.1), TSR_E_INVAL);
         assert_non_null(o.error);
-        bench_output_done(&o);
+        tsr_bench_output_done(&o);
 
-        bench_output_init(&o, false, 1, 0.0);
+        tsr_bench_output_init(&o, false, 1, 0.0);
         feed(&o, "data: {\"choices\":[],\"usage\":{\"completion_tokens\":0}}", 0.3);
-        bench_output_finish(&o);                        /* no token chunk: failed */
+        tsr_bench_output_finish(&o);                        /* no token chunk: failed */
         assert_false(o.success);
         assert_non_null(strstr(o.error, "Never received a valid chunk"));
-        bench_output_done(&o);
+        tsr_bench_output_done(&o);
 }
 
 /* ------------------------------------------------------------------ statistics */
@@ -165,22 +165,22 @@ static void test_percentile_matches_numpy(void **state) {
                 {0, 0.1}, {25, 0.225}, {50, 0.375}, {90, 0.8}, {99, 0.89}, {99.9, 0.8990000000000002}, {100, 0.9},
         };
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
-                assert_true(fabs(bench_percentile(v, 6, cases[i].p) - cases[i].want) < 1e-15);
-        assert_true(fabs(bench_mean(v, 6) - 0.4416666666666667) < 1e-15);
-        assert_true(fabs(bench_std(v, 6) - 0.28050054466178054) < 1e-15);
-        assert_true(fabs(bench_median(v, 6) - 0.375) < 1e-15);
+                assert_true(fabs(tsr_bench_percentile(v, 6, cases[i].p) - cases[i].want) < 1e-15);
+        assert_true(fabs(tsr_bench_mean(v, 6) - 0.4416666666666667) < 1e-15);
+        assert_true(fabs(tsr_bench_std(v, 6) - 0.28050054466178054) < 1e-15);
+        assert_true(fabs(tsr_bench_median(v, 6) - 0.375) < 1e-15);
         /* serve.py passes `values or 0`: an empty list is [0]. */
-        assert_true(bench_percentile(v, 0, 99) == 0.0);
-        assert_true(bench_mean(v, 0) == 0.0);
-        assert_true(bench_std(v, 0) == 0.0);
+        assert_true(tsr_bench_percentile(v, 0, 99) == 0.0);
+        assert_true(tsr_bench_mean(v, 0) == 0.0);
+        assert_true(tsr_bench_std(v, 0) == 0.0);
         const double one = 4.2;
-        assert_true(bench_percentile(&one, 1, 99) == 4.2);
+        assert_true(tsr_bench_percentile(&one, 1, 99) == 4.2);
 }
 
-static bench_output make_output(double start, double ttft, const double *itl, size_t n_itl, int64_t out_tokens,
+static tsr_bench_output make_output(double start, double ttft, const double *itl, size_t n_itl, int64_t out_tokens,
                                 int64_t prompt_len, bool success) {
-        bench_output o;
-        bench_output_init(&o, false, prompt_len, start);
+        tsr_bench_output o;
+        tsr_bench_output_init(&o, false, prompt_len, start);
         o.success = success;
         o.ttft = ttft;
         o.itl = malloc((n_itl ? n_itl : 1) * sizeof(double));
@@ -203,15 +203,15 @@ static int64_t count_chars(void *ud, const char *text, size_t len) {
 
 static void test_metrics_as_calculate_metrics(void **state) {
         const double itl_a[] = {0.1, 0.1, 0.2}, itl_b[] = {0.5};
-        bench_output outs[4];
+        tsr_bench_output outs[4];
         outs[0] = make_output(10.0, 0.5, itl_a, 3, 4, 100, true);   /* latency 0.9 */
         outs[1] = make_output(10.2, 1.5, itl_b, 1, 0, 50, true);    /* no usage: counted from text */
         tsr_buf_append(&outs[1].text, "abcdef", 6);                 /* -> 6 tokens by count_chars */
         outs[2] = make_output(10.4, 0.0, NULL, 0, 0, 70, false);    /* failed */
         outs[3] = make_output(12.5, 0.2, NULL, 0, 1, 30, true);     /* one token: no TPOT sample */
-        bench_goodput gp = {.enabled = true, .has = {true, false, false}, .slo_ms = {600, 0, 0}};
-        bench_metrics m;
-        assert_int_equal(bench_metrics_compute(outs, 4, 4.0, &gp, true, false, count_chars, NULL, &m), TSR_OK);
+        tsr_bench_goodput gp = {.enabled = true, .has = {true, false, false}, .slo_ms = {600, 0, 0}};
+        tsr_bench_metrics m;
+        assert_int_equal(tsr_bench_metrics_compute(outs, 4, 4.0, &gp, true, false, count_chars, NULL, &m), TSR_OK);
         assert_int_equal(m.completed, 3);
         assert_int_equal(m.failed, 1);
         assert_int_equal(m.total_input, 180);
@@ -226,40 +226,40 @@ static void test_metrics_as_calculate_metrics(void **state) {
         /* goodput: ttft <= 600 ms holds for requests 0 and 3 */
         assert_true(fabs(m.request_goodput - 0.5) < 1e-12);
         /* TPOT = (latency - ttft) / (output_len - 1) for output_len > 1 */
-        assert_int_equal(m.n_samples[BENCH_M_TPOT], 2);
-        assert_true(fabs(m.samples[BENCH_M_TPOT][0] - 0.4 / 3) < 1e-12);
-        assert_true(fabs(m.samples[BENCH_M_TPOT][1] - 0.5 / 5) < 1e-12);
-        assert_int_equal(m.n_samples[BENCH_M_ITL], 4);      /* pooled */
-        assert_int_equal(m.n_samples[BENCH_M_TTFT], 3);
-        assert_true(m.present[BENCH_M_QUEUE]);
-        assert_false(m.present[BENCH_M_E2EL_QUEUE]);        /* rate was inf */
+        assert_int_equal(m.n_samples[TSR_BENCH_M_TPOT], 2);
+        assert_true(fabs(m.samples[TSR_BENCH_M_TPOT][0] - 0.4 / 3) < 1e-12);
+        assert_true(fabs(m.samples[TSR_BENCH_M_TPOT][1] - 0.5 / 5) < 1e-12);
+        assert_int_equal(m.n_samples[TSR_BENCH_M_ITL], 4);      /* pooled */
+        assert_int_equal(m.n_samples[TSR_BENCH_M_TTFT], 3);
+        assert_true(m.present[TSR_BENCH_M_QUEUE]);
+        assert_false(m.present[TSR_BENCH_M_E2EL_QUEUE]);        /* rate was inf */
         /* token times: req0 10.5 10.6 10.7 10.9; req1 11.7 12.2; req3 12.7.  Buckets from
          * 10.0: [0]=4, [1]=1, [2]=2.  Active seconds: req0 0..0, req1 0..1, req3 2..2. */
         assert_true(m.max_output_tokens_per_s == 4.0);
         assert_int_equal(m.max_concurrent_requests, 2);
-        bench_metrics_done(&m);
+        tsr_bench_metrics_done(&m);
         for (int i = 0; i < 4; i++)
-                bench_output_done(&outs[i]);
+                tsr_bench_output_done(&outs[i]);
 }
 
 /* ------------------------------------------------------------------ report */
 
 static void test_report_block_format(void **state) {
         const double itl[] = {0.01, 0.02};
-        bench_output outs[2];
+        tsr_bench_output outs[2];
         outs[0] = make_output(0.0, 0.1, itl, 2, 3, 5, true);
         outs[1] = make_output(0.0, 0.2, itl, 2, 3, 5, true);
-        bench_metrics m;
-        assert_int_equal(bench_metrics_compute(outs, 2, 2.0, NULL, true, true, NULL, NULL, &m), TSR_OK);
+        tsr_bench_metrics m;
+        assert_int_equal(tsr_bench_metrics_compute(outs, 2, 2.0, NULL, true, true, NULL, NULL, &m), TSR_OK);
         const char *pm[] = {"ttft", "tpot", "itl", "e2el", "client_queue_time"};
         const double pct[] = {50, 99.9};
-        bench_report_cfg cfg = {.max_concurrency = 7, .request_rate = 3.5, .percentile_metrics = pm,
+        tsr_bench_report_cfg cfg = {.max_concurrency = 7, .request_rate = 3.5, .percentile_metrics = pm,
                                 .n_percentile_metrics = 5, .percentiles = pct, .n_percentiles = 2};
         char *text = NULL;
         size_t len = 0;
         FILE *f = open_memstream(&text, &len);
         json_t *res = json_object();
-        assert_int_equal(bench_report(f, &cfg, &m, outs, 2, 2.0, res), TSR_OK);
+        assert_int_equal(tsr_bench_report(f, &cfg, &m, outs, 2, 2.0, res), TSR_OK);
         fclose(f);
         /* Line by line as serve.py prints it (Python str.format). */
         const char *want =
@@ -299,9 +299,9 @@ static void test_report_block_format(void **state) {
         assert_string_equal(json_string_value(json_array_get(json_object_get(res, "errors"), 0)), "");
         json_decref(res);
         free(text);
-        bench_metrics_done(&m);
-        bench_output_done(&outs[0]);
-        bench_output_done(&outs[1]);
+        tsr_bench_metrics_done(&m);
+        tsr_bench_output_done(&outs[0]);
+        tsr_bench_output_done(&outs[1]);
 }
 
 static void test_pyfloat_and_filename(void **state) {
@@ -312,39 +312,39 @@ static void test_pyfloat_and_filename(void **state) {
         };
         char buf[64];
         for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-                bench_pyfloat(cases[i].v, buf, sizeof(buf));
+                tsr_bench_pyfloat(cases[i].v, buf, sizeof(buf));
                 assert_string_equal(buf, cases[i].want);
         }
         char name[256];
-        bench_result_filename("openai", INFINITY, -1, "HuggingFaceTB/SmolLM2-135M", "20260101-120000", name,
+        tsr_bench_result_filename("openai", INFINITY, -1, "HuggingFaceTB/SmolLM2-135M", "20260101-120000", name,
                               sizeof(name));
         assert_string_equal(name, "openai-infqps-SmolLM2-135M-20260101-120000.json");
-        bench_result_filename("vllm", 4.0, 8, "m", "20260101-120000", name, sizeof(name));
+        tsr_bench_result_filename("vllm", 4.0, 8, "m", "20260101-120000", name, sizeof(name));
         assert_string_equal(name, "vllm-4.0qps-concurrency8-m-20260101-120000.json");
 }
 
 static void test_goodput_parse(void **state) {
-        bench_goodput gp;
+        tsr_bench_goodput gp;
         char err[512];
         char *ok[] = {"ttft:500", "e2el:2000.5"};
-        assert_int_equal(bench_goodput_parse(ok, 2, &gp, err, sizeof(err)), TSR_OK);
+        assert_int_equal(tsr_bench_goodput_parse(ok, 2, &gp, err, sizeof(err)), TSR_OK);
         assert_true(gp.enabled && gp.has[0] && !gp.has[1] && gp.has[2]);
         assert_true(gp.slo_ms[2] == 2000.5);
         char *bad_name[] = {"itl:5"}, *bad_form[] = {"ttft=5"}, *neg[] = {"tpot:-1"};
-        assert_int_equal(bench_goodput_parse(bad_name, 1, &gp, err, sizeof(err)), TSR_E_INVAL);
+        assert_int_equal(tsr_bench_goodput_parse(bad_name, 1, &gp, err, sizeof(err)), TSR_E_INVAL);
         assert_non_null(strstr(err, "Invalid metric name"));
-        assert_int_equal(bench_goodput_parse(bad_form, 1, &gp, err, sizeof(err)), TSR_E_INVAL);
-        assert_int_equal(bench_goodput_parse(neg, 1, &gp, err, sizeof(err)), TSR_E_INVAL);
+        assert_int_equal(tsr_bench_goodput_parse(bad_form, 1, &gp, err, sizeof(err)), TSR_E_INVAL);
+        assert_int_equal(tsr_bench_goodput_parse(neg, 1, &gp, err, sizeof(err)), TSR_E_INVAL);
         assert_non_null(strstr(err, "non-negative"));
 }
 
 /* ------------------------------------------------------------------ arrivals */
 
 static void test_arrival_delays(void **state) {
-        bench_mt m;
+        tsr_bench_mt m;
         double d[200];
-        bench_mt_seed(&m, 0);
-        bench_arrival_delays(&m, 200, 20.0, 1.0, d);
+        tsr_bench_mt_seed(&m, 0);
+        tsr_bench_arrival_delays(&m, 200, 20.0, 1.0, d);
         for (int i = 1; i < 200; i++)
                 assert_true(d[i] >= d[i - 1]);
         assert_true(fabs(d[199] - 10.0) < 1e-9);         /* rescaled: last arrival = n / rate */
@@ -357,15 +357,15 @@ static void test_arrival_delays(void **state) {
                 var += (d[i] - d[i - 1] - mean) * (d[i] - d[i - 1] - mean);
         var /= 199;
         assert_true(sqrt(var) / mean > 0.7 && sqrt(var) / mean < 1.3);
-        bench_arrival_delays(&m, 10, INFINITY, 1.0, d);
+        tsr_bench_arrival_delays(&m, 10, INFINITY, 1.0, d);
         for (int i = 0; i < 10; i++)
                 assert_true(d[i] == 0.0);
-        bench_arrival_delays(&m, 4, 2.0, INFINITY, d);     /* constant gaps */
+        tsr_bench_arrival_delays(&m, 4, 2.0, INFINITY, d);     /* constant gaps */
         assert_true(fabs(d[0] - 0.5) < 1e-12 && fabs(d[3] - 2.0) < 1e-12);
         /* np.random.seed(0); gaps gamma(1, 1/(4*1)) = 0.19896862704077750,
          * 0.31398269074145946, 0.23080578645101720 (numpy), then rescaled to end at 3/4 */
-        bench_mt_seed(&m, 0);
-        bench_arrival_delays(&m, 3, 4.0, 1.0, d);
+        tsr_bench_mt_seed(&m, 0);
+        tsr_bench_arrival_delays(&m, 3, 4.0, 1.0, d);
         double g0 = 0.1989686270407775, g1 = 0.31398269074145946, g2 = 0.2308057864510172;
         double k = 0.75 / (g0 + g1 + g2);
         assert_true(fabs(d[0] - g0 * k) < 1e-15 && fabs(d[1] - (g0 + g1) * k) < 1e-15);
@@ -375,30 +375,30 @@ static void test_arrival_delays(void **state) {
 /* numpy is the reference: default_rng(seed).integers(...) and np.random.seed(s);
  * np.random.gamma(...), values printed by numpy 2.x. */
 static void test_rng_is_numpy(void **state) {
-        bench_rng r;
-        bench_rng_seed(&r, 0);
+        tsr_bench_rng r;
+        tsr_bench_rng_seed(&r, 0);
         const int64_t a[5] = {41809, 31307, 25123, 13260, 15130}, b[6] = {10, 10, 10, 11, 18, 16}, c[4] = {2, 1, 1, 2};
         for (int i = 0; i < 5; i++)             /* integers(0, 49152, size=5) */
-                assert_int_equal(bench_rng_range(&r, 0, 49151), a[i]);
+                assert_int_equal(tsr_bench_rng_range(&r, 0, 49151), a[i]);
         for (int i = 0; i < 6; i++)             /* integers(10, 20, size=6) */
-                assert_int_equal(bench_rng_range(&r, 10, 19), b[i]);
+                assert_int_equal(tsr_bench_rng_range(&r, 10, 19), b[i]);
         for (int i = 0; i < 4; i++)             /* integers(0, 3, size=4) */
-                assert_int_equal(bench_rng_range(&r, 0, 2), c[i]);
-        bench_rng_seed(&r, (1ull << 40) + 5);   /* a two-word seed */
-        assert_int_equal(bench_rng_range(&r, 0, 999), 14);
-        assert_int_equal(bench_rng_range(&r, 0, 999), 4);
-        assert_int_equal(bench_rng_range(&r, 0, 999), 449);
-        assert_int_equal(bench_rng_range(&r, 5, 5), 5);   /* integers(5, 6): no draw */
+                assert_int_equal(tsr_bench_rng_range(&r, 0, 2), c[i]);
+        tsr_bench_rng_seed(&r, (1ull << 40) + 5);   /* a two-word seed */
+        assert_int_equal(tsr_bench_rng_range(&r, 0, 999), 14);
+        assert_int_equal(tsr_bench_rng_range(&r, 0, 999), 4);
+        assert_int_equal(tsr_bench_rng_range(&r, 0, 999), 449);
+        assert_int_equal(tsr_bench_rng_range(&r, 5, 5), 5);   /* integers(5, 6): no draw */
 
-        bench_mt m;
+        tsr_bench_mt m;
         const double g05[3] = {0.01164591005435917, 0.38440530842518983, 0.14411897207626556};
         const double g3[3] = {0.1975865787425526, 0.15746905899873226, 0.267004115549442};
-        bench_mt_seed(&m, 7);
+        tsr_bench_mt_seed(&m, 7);
         for (int i = 0; i < 3; i++)             /* gamma(shape=0.5, scale=2.0) */
-                assert_true(bench_mt_gamma(&m, 0.5, 2.0) == g05[i]);
-        bench_mt_seed(&m, 7);
+                assert_true(tsr_bench_mt_gamma(&m, 0.5, 2.0) == g05[i]);
+        tsr_bench_mt_seed(&m, 7);
         for (int i = 0; i < 3; i++)             /* gamma(shape=3.0, scale=0.1) */
-                assert_true(bench_mt_gamma(&m, 3.0, 0.1) == g3[i]);
+                assert_true(tsr_bench_mt_gamma(&m, 3.0, 0.1) == g3[i]);
 }
 
 /* ------------------------------------------------------------------ random dataset */
@@ -406,25 +406,25 @@ static void test_rng_is_numpy(void **state) {
 static void test_random_bounds(void **state) {
         int64_t a, b, c, d;
         char err[512];
-        bench_random_cfg cfg = {.input_len = 1024, .output_len = 128, .input_range_ratio = 0.1, .output_range_ratio = 0.1};
+        tsr_bench_random_cfg cfg = {.input_len = 1024, .output_len = 128, .input_range_ratio = 0.1, .output_range_ratio = 0.1};
         /* get_sampling_params: floor(real*(1-r)), ceil(real*(1+r)), real = len - special */
-        assert_int_equal(bench_random_bounds(&cfg, 1, &a, &b, &c, &d, err, sizeof(err)), TSR_OK);
+        assert_int_equal(tsr_bench_random_bounds(&cfg, 1, &a, &b, &c, &d, err, sizeof(err)), TSR_OK);
         assert_int_equal(a, 920);    /* floor(1023 * 0.9) = floor(920.7) */
         assert_int_equal(b, 1126);   /* ceil(1023 * 1.1) = ceil(1125.3) */
         assert_int_equal(c, 115);    /* floor(115.2) */
         assert_int_equal(d, 141);    /* ceil(140.8) */
-        cfg = (bench_random_cfg){.input_len = 10, .output_len = 1, .input_range_ratio = 0.5, .output_range_ratio = 0.9};
-        assert_int_equal(bench_random_bounds(&cfg, 0, &a, &b, &c, &d, err, sizeof(err)), TSR_OK);
+        cfg = (tsr_bench_random_cfg){.input_len = 10, .output_len = 1, .input_range_ratio = 0.5, .output_range_ratio = 0.9};
+        assert_int_equal(tsr_bench_random_bounds(&cfg, 0, &a, &b, &c, &d, err, sizeof(err)), TSR_OK);
         assert_int_equal(c, 1);      /* output low clamped to 1 */
         assert_int_equal(d, 2);
-        cfg = (bench_random_cfg){.input_len = 1, .output_len = 4};
-        assert_int_equal(bench_random_bounds(&cfg, 1, &a, &b, &c, &d, err, sizeof(err)), TSR_E_INVAL);
+        cfg = (tsr_bench_random_cfg){.input_len = 1, .output_len = 4};
+        assert_int_equal(tsr_bench_random_bounds(&cfg, 1, &a, &b, &c, &d, err, sizeof(err)), TSR_E_INVAL);
         assert_non_null(strstr(err, "--random-input-len is too small"));
         cfg.prefix_len = 3;          /* a prefix makes up for it */
-        assert_int_equal(bench_random_bounds(&cfg, 1, &a, &b, &c, &d, err, sizeof(err)), TSR_OK);
+        assert_int_equal(tsr_bench_random_bounds(&cfg, 1, &a, &b, &c, &d, err, sizeof(err)), TSR_OK);
         assert_int_equal(a, 0);
-        cfg = (bench_random_cfg){.input_len = 8, .output_len = 4, .input_range_ratio = 1.0};
-        assert_int_equal(bench_random_bounds(&cfg, 0, &a, &b, &c, &d, err, sizeof(err)), TSR_E_INVAL);
+        cfg = (tsr_bench_random_cfg){.input_len = 8, .output_len = 4, .input_range_ratio = 1.0};
+        assert_int_equal(tsr_bench_random_bounds(&cfg, 0, &a, &b, &c, &d, err, sizeof(err)), TSR_E_INVAL);
         assert_non_null(strstr(err, "[0, 1)"));
 }
 
@@ -483,21 +483,21 @@ static bool toy_special(void *ud, uint32_t id) {
         return id < 2;
 }
 
-static const bench_tok TOY = {.encode = toy_encode, .decode = toy_decode, .is_special = toy_special,
+static const tsr_bench_tok TOY = {.encode = toy_encode, .decode = toy_decode, .is_special = toy_special,
                               .vocab_size = 29};
 
 /* A few long prefixes shared by many prompts: the prompts fall into exactly
  * num_prefixes groups by their leading text, of n / num_prefixes (+1) each. */
 static void test_prefix_repetition_dataset(void **state) {
-        bench_rng r;
-        bench_sample *s;
+        tsr_bench_rng r;
+        tsr_bench_sample *s;
         char err[512];
-        bench_prefix_rep_cfg cfg = {.prefix_len = 40, .suffix_len = 10, .num_prefixes = 3, .output_len = 7};
+        tsr_bench_prefix_rep_cfg cfg = {.prefix_len = 40, .suffix_len = 10, .num_prefixes = 3, .output_len = 7};
         char heads[3][31] = {{0}};
         int sizes[3] = {0}, groups = 0;
 
-        bench_rng_seed(&r, 5);
-        assert_int_equal(bench_prefix_repetition_dataset(&TOY, &r, &cfg, 20, &s, err, sizeof(err)), TSR_OK);
+        tsr_bench_rng_seed(&r, 5);
+        assert_int_equal(tsr_bench_prefix_repetition_dataset(&TOY, &r, &cfg, 20, &s, err, sizeof(err)), TSR_OK);
         for (int i = 0; i < 20; i++) {
                 int g;
                 assert_int_equal(s[i].expected_output_len, 7);
@@ -514,23 +514,23 @@ static void test_prefix_repetition_dataset(void **state) {
         assert_int_equal(sizes[0] + sizes[1] + sizes[2], 20);
         for (int g = 0; g < 3; g++)
                 assert_true(sizes[g] == 6 || sizes[g] == 7);
-        bench_samples_free(s, 20);
+        tsr_bench_samples_free(s, 20);
         cfg.num_prefixes = 0;
-        assert_int_equal(bench_prefix_repetition_dataset(&TOY, &r, &cfg, 3, &s, err, sizeof(err)), TSR_E_INVAL);
+        assert_int_equal(tsr_bench_prefix_repetition_dataset(&TOY, &r, &cfg, 3, &s, err, sizeof(err)), TSR_E_INVAL);
         assert_null(s);
 }
 
 /* Sessions growing a history: turn k+1 of a session resends turn k's prompt (and a
  * reply), and every prompt starts with the shared system prompt. */
 static void test_multi_turn_dataset(void **state) {
-        bench_rng r;
-        bench_sample *s;
+        tsr_bench_rng r;
+        tsr_bench_sample *s;
         char err[512];
-        bench_multi_turn_cfg cfg = {.system_len = 20, .turns = 4, .user_len = 8, .output_len = 5};
+        tsr_bench_multi_turn_cfg cfg = {.system_len = 20, .turns = 4, .user_len = 8, .output_len = 5};
         const size_t n = 10, sessions = 3;   /* ceil(10 / 4); the last turn is cut short */
 
-        bench_rng_seed(&r, 6);
-        assert_int_equal(bench_multi_turn_dataset(&TOY, &r, &cfg, n, &s, err, sizeof(err)), TSR_OK);
+        tsr_bench_rng_seed(&r, 6);
+        assert_int_equal(tsr_bench_multi_turn_dataset(&TOY, &r, &cfg, n, &s, err, sizeof(err)), TSR_OK);
         for (size_t i = 0; i < n; i++) {
                 assert_int_equal(s[i].expected_output_len, 5);
                 assert_memory_equal(s[i].prompt, s[0].prompt, 15);          /* the system prompt */
@@ -543,12 +543,12 @@ static void test_multi_turn_dataset(void **state) {
                 }
         }
         assert_true(strncmp(s[0].prompt + 20, s[1].prompt + 20, 20) != 0);   /* sessions differ past it */
-        bench_samples_free(s, n);
+        tsr_bench_samples_free(s, n);
 }
 
 static void test_decode_to_target_len(void **state) {
-        bench_rng r;
-        bench_rng_seed(&r, 3);
+        tsr_bench_rng r;
+        tsr_bench_rng_seed(&r, 3);
         /* "a b a b c": re-encodes to 3 ids, padded back to 5 with random ids */
         uint32_t *seq = malloc(5 * sizeof(*seq));
         const uint32_t init[5] = {2, 3, 2, 3, 4};
@@ -556,7 +556,7 @@ static void test_decode_to_target_len(void **state) {
         size_t n = 5;
         char *prompt;
         int64_t mismatch;
-        assert_int_equal(bench_decode_to_target_len(&TOY, &r, &seq, &n, 5, &prompt, &mismatch), TSR_OK);
+        assert_int_equal(tsr_bench_decode_to_target_len(&TOY, &r, &seq, &n, 5, &prompt, &mismatch), TSR_OK);
         uint32_t *again;
         size_t n_again;
         /* the prompt re-encodes to exactly the returned sequence */
@@ -576,7 +576,7 @@ static void test_decode_to_target_len(void **state) {
         const uint32_t longer[4] = {4, 5, 6, 7};
         memcpy(seq, longer, sizeof(longer));
         n = 4;
-        assert_int_equal(bench_decode_to_target_len(&TOY, &r, &seq, &n, 2, &prompt, &mismatch), TSR_OK);
+        assert_int_equal(tsr_bench_decode_to_target_len(&TOY, &r, &seq, &n, 2, &prompt, &mismatch), TSR_OK);
         assert_int_equal(n, 2);
         assert_int_equal(mismatch, 0);
         assert_string_equal(prompt, "cd");
@@ -585,14 +585,14 @@ static void test_decode_to_target_len(void **state) {
 }
 
 static void test_random_dataset(void **state) {
-        bench_rng r;
-        bench_sample *s, *s2;
+        tsr_bench_rng r;
+        tsr_bench_sample *s, *s2;
         int64_t mismatch;
         char err[512];
-        bench_random_cfg cfg = {.input_len = 12, .output_len = 6, .prefix_len = 3, .input_range_ratio = 0.5,
+        tsr_bench_random_cfg cfg = {.input_len = 12, .output_len = 6, .prefix_len = 3, .input_range_ratio = 0.5,
                                 .output_range_ratio = 0.5};
-        bench_rng_seed(&r, 42);
-        assert_int_equal(bench_random_dataset(&TOY, &r, &cfg, 20, &s, &mismatch, err, sizeof(err)), TSR_OK);
+        tsr_bench_rng_seed(&r, 42);
+        assert_int_equal(tsr_bench_random_dataset(&TOY, &r, &cfg, 20, &s, &mismatch, err, sizeof(err)), TSR_OK);
         for (int i = 0; i < 20; i++) {
                 uint32_t *ids;
                 size_t n;
@@ -603,27 +603,27 @@ static void test_random_dataset(void **state) {
                 free(ids);
         }
         /* the same seed gives the same prompts */
-        bench_rng_seed(&r, 42);
-        assert_int_equal(bench_random_dataset(&TOY, &r, &cfg, 20, &s2, &mismatch, err, sizeof(err)), TSR_OK);
+        tsr_bench_rng_seed(&r, 42);
+        assert_int_equal(tsr_bench_random_dataset(&TOY, &r, &cfg, 20, &s2, &mismatch, err, sizeof(err)), TSR_OK);
         for (int i = 0; i < 20; i++) {
                 assert_string_equal(s[i].prompt, s2[i].prompt);
                 assert_int_equal(s[i].prompt_len, s2[i].prompt_len);
         }
-        bench_samples_free(s, 20);
-        bench_samples_free(s2, 20);
+        tsr_bench_samples_free(s, 20);
+        tsr_bench_samples_free(s2, 20);
 
         /* no range: every request asks for exactly output_len tokens */
-        cfg = (bench_random_cfg){.input_len = 5, .output_len = 2};
-        bench_rng_seed(&r, 1);
-        assert_int_equal(bench_random_dataset(&TOY, &r, &cfg, 30, &s, &mismatch, err, sizeof(err)), TSR_OK);
+        cfg = (tsr_bench_random_cfg){.input_len = 5, .output_len = 2};
+        tsr_bench_rng_seed(&r, 1);
+        assert_int_equal(tsr_bench_random_dataset(&TOY, &r, &cfg, 30, &s, &mismatch, err, sizeof(err)), TSR_OK);
         for (int i = 0; i < 30; i++) {
                 assert_int_equal(s[i].expected_output_len, 2);
                 assert_true(s[i].prompt_len >= 1);
         }
-        bench_samples_free(s, 30);
+        tsr_bench_samples_free(s, 30);
 
-        cfg = (bench_random_cfg){.input_len = 0, .output_len = 2};
-        assert_int_equal(bench_random_dataset(&TOY, &r, &cfg, 3, &s, &mismatch, err, sizeof(err)), TSR_E_INVAL);
+        cfg = (tsr_bench_random_cfg){.input_len = 0, .output_len = 2};
+        assert_int_equal(tsr_bench_random_dataset(&TOY, &r, &cfg, 3, &s, &mismatch, err, sizeof(err)), TSR_E_INVAL);
         assert_null(s);
 }
 
