@@ -49,6 +49,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #define FAST_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -76,12 +77,20 @@ struct cpu_fast {
 static pthread_once_t detect_once = PTHREAD_ONCE_INIT;
 static tsr_cpu_isa cpu_best = TSR_CPU_ISA_SCALAR;
 
+#ifdef FAST_X86
+/* CPUID.1:ECX bit 29.  Asked directly: clang's __builtin_cpu_supports has no "f16c". */
+static bool cpu_has_f16c(void) {
+        unsigned a, b, c, d;
+        return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 static void detect(void) {
         tsr_cpu_isa best = TSR_CPU_ISA_SCALAR;
 #ifdef FAST_X86
         __builtin_cpu_init();
         /* F16C with AVX2 (every AVX2 CPU has it): the GGUF block scales are f16. */
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+        if (__builtin_cpu_supports("avx2") && cpu_has_f16c())
                 best = TSR_CPU_ISA_AVX2;
         if (best == TSR_CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16"))
