@@ -12,6 +12,7 @@ PKGS=(build-essential pkg-config meson ninja-build python3 python3-venv
       libuv1-dev node-llhttp libzmq3-dev libprotobuf-c-dev protobuf-c-compiler
       libjansson-dev libyaml-dev libpcre2-dev libcmocka-dev libxxhash-dev libsystemd-dev
       libssl-dev clang libclang-rt-14-dev libcurl4-openssl-dev valgrind)
+PKGS+=(systemd)          # systemd-analyze verify/security (tests/e2e/test_systemd.py)
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PKGS+=(libutf8proc-dev)   # tokenizer NFC/NFKC normalizers (common/tokenizer.c)
