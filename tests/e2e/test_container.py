@@ -6,7 +6,8 @@ No registry is reachable from the development machines, so the `debian:12` base 
 is made here with debootstrap from the Debian mirror (the same source apt uses) and
 tagged docker.io/library/debian:12 in a private buildah store; `--pull=never` then
 builds on it.  The store (/var/tmp/tessera-containers) persists between runs: the base
-image and the build-dependency layer are reused, so a rerun recompiles Tessera only.
+image and the build-dependency layer are reused, so a rerun recompiles Tessera only
+(vfs keeps full copies of layers: past 8 GiB the cached layers are pruned, the base kept).
 Storage driver vfs and chroot isolation: they need no overlay or user-namespace support
 from the host, and buildah runs rootful here (the test command runs as root)."""
 import os
@@ -23,6 +24,7 @@ from conftest import REPO, free_port, free_port_pair, http_status, wait_until
 STORE = Path(os.environ.get("TESSERA_CONTAINER_STORE", "/var/tmp/tessera-containers"))
 BASE = "docker.io/library/debian:12"
 IMAGE = "localhost/tessera:test"
+STORE_CAP = 8 << 30
 
 
 def buildah(*args, timeout=1800, check=True):
@@ -62,7 +64,14 @@ def image():
     # the whole log when it fails: a build that breaks must say where
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     print(f"image built in {time.monotonic() - started:.0f} s")
-    return IMAGE
+    yield IMAGE
+    # vfs stores every layer as a full copy (a build adds a few GiB): drop this image,
+    # and the cached intermediate layers too once the store passes STORE_CAP (the base
+    # image stays, so no new debootstrap)
+    buildah("rmi", IMAGE, check=False)
+    used = int(subprocess.run(["du", "-sb", STORE], capture_output=True, text=True).stdout.split()[0])
+    if used > STORE_CAP:
+        buildah("rmi", "--prune", check=False)
 
 
 def run_in(image, *cmd, mounts=(), background=False, log=None):
