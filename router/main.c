@@ -58,6 +58,8 @@ struct router_main {
         uv_signal_t sigterm;
         uv_signal_t sigint;
         bool signals_init;
+        uv_timer_t watchdog;         /* systemd WatchdogSec: WATCHDOG=1 from loop 0 while it turns */
+        bool watchdog_init;
 };
 
 /* Closing a uv_signal handle restores the default disposition; a second SIGTERM
@@ -76,6 +78,8 @@ static void on_pool_closed(void *ud) {
                 uv_close((uv_handle_t *)&l->owner->sigterm, on_signal_closed);
                 uv_close((uv_handle_t *)&l->owner->sigint, on_signal_closed);
         }
+        if (l == &l->owner->loops[0] && l->owner->watchdog_init)
+                uv_close((uv_handle_t *)&l->owner->watchdog, NULL);
 }
 
 static void on_http_closed(void *ud) {
@@ -103,6 +107,28 @@ static void on_ready_publish(uv_timer_t *t) {
         router_loop *l = t->data;
         atomic_store_explicit(&l->r.loops_ready[l->r.loop_index], !l->stopping && tsr_api_can_serve(&l->r),
                               memory_order_relaxed);
+}
+
+#ifdef TSR_HAVE_SYSTEMD
+/* Loop 0.  A loop stuck in a callback stops these and systemd restarts the router. */
+static void on_watchdog(uv_timer_t *t) {
+        (void)t;
+        sd_notify(0, "WATCHDOG=1");
+}
+#endif
+
+/* Loop 0, once started: ping at half of WatchdogSec when the unit sets one. */
+static void watchdog_start(router_main *m) {
+#ifdef TSR_HAVE_SYSTEMD
+        uint64_t usec = 0;
+        if (sd_watchdog_enabled(0, &usec) <= 0 || usec < 2000)
+                return;
+        uv_timer_init(m->loops[0].r.loop, &m->watchdog);
+        m->watchdog_init = true;
+        uv_timer_start(&m->watchdog, on_watchdog, 0, usec / 2000);
+#else
+        (void)m;
+#endif
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -359,6 +385,7 @@ int main(int argc, char **argv) {
 #ifdef TSR_HAVE_SYSTEMD
         sd_notify(0, "READY=1");
 #endif
+        watchdog_start(&m);
         uv_run(m.loops[0].r.loop, UV_RUN_DEFAULT);
         for (int i = 1; i < m.n_loops; i++) {
                 if (!m.loops[i].thread_started) {

@@ -758,6 +758,8 @@ static void begin_stop(link *l, int stop_fd) {
         }
         l->shutting_down = true;
         l->draining = true;
+        if (l->o->on_stopping)
+                l->o->on_stopping(l->o->ud);
         in = calloc(1, sizeof(*in));
         if (in)
                 in->kind = TSR_ENGINE_IN_SHUTDOWN;

@@ -61,6 +61,8 @@ typedef struct tsr_link_opts {
         const struct tsr_curve *curve;
         /* Called once both sockets are bound (e.g. sd_notify READY=1); may be NULL. */
         void (*on_listening)(void *ud);
+        /* Called once at the first stop signal, before draining (e.g. STOPPING=1); may be NULL. */
+        void (*on_stopping)(void *ud);
         void *ud;
 } tsr_link_opts;
 

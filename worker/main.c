@@ -12,9 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#ifdef TSR_HAVE_SYSTEMD
-#include <systemd/sd-daemon.h>
-#endif
 
 #include "common/clock.h"
 #include "common/config.h"
@@ -29,6 +26,7 @@
 #include "worker/model/family.h"
 #include "worker/load/model_meta.h"
 #include "worker/model/runner.h"
+#include "worker/notify.h"
 
 #define DEFAULT_KV_CACHE_BYTES (4ll << 30)
 #define CPU_DEFAULT_MAX_NUM_SEQS 256   /* issue #4; vLLM's server default below 70 GiB */
@@ -153,13 +151,6 @@ static double stats_interval_s(void) {
         return env && (*end || !(v > 0)) ? 10.0 : v;
 }
 
-static void notify_ready(void *ud) {
-        (void)ud;
-#ifdef TSR_HAVE_SYSTEMD
-        sd_notify(0, "READY=1");
-#endif
-}
-
 int main(int argc, char **argv) {
         tsr_config cfg;
         tsr_model_meta *meta = NULL;
@@ -224,6 +215,7 @@ int main(int argc, char **argv) {
                 goto out;
         }
 
+        tsr_notify_loading_begin(cfg.model);   /* systemd: EXTEND_TIMEOUT_USEC while the load progresses */
         st = tsr_model_meta_load(cfg.model, &meta, err, sizeof(err));
         if (st != TSR_OK) {
                 log_error("cannot load model %s: %s", cfg.model, err);
@@ -327,12 +319,16 @@ int main(int argc, char **argv) {
                 .model_info_lean = mi_lean,
                 .model_info_lean_len = mi_lean_len,
                 .curve = &curve,
-                .on_listening = notify_ready,
+                .on_listening = tsr_notify_ready,     /* systemd: READY=1 once the sockets are bound */
+                .on_stopping = tsr_notify_stopping,   /* systemd: STOPPING=1 at the first SIGTERM */
+                .alive = tsr_notify_alive,            /* systemd WatchdogSec: WATCHDOG=1 from the engine thread */
+                .alive_interval_ms = tsr_notify_watchdog_interval_ms(),
                 .log_stats_interval_s = cfg.disable_log_stats ? 0 : stats_interval_s(),
         };
         if (tsr_worker_serve(&so) == TSR_OK)
                 rc = TSR_EXIT_OK;
 out:
+        tsr_notify_loading_end();
         free(mi_full);
         free(mi_lean);
         tsr_runner_free(&runner);   /* after the engine thread has stopped */

@@ -49,6 +49,8 @@ tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
                 .shutdown_timeout_ms = (uint64_t)cfg->shutdown_timeout * 1000u,
                 .async_scheduling = cfg->async_scheduling,
                 .long_prefill_token_threshold = (uint32_t)cfg->long_prefill_token_threshold,
+                .alive = o->alive,
+                .alive_interval_ms = o->alive_interval_ms,
         };
         if (tsr_engine_start(&ep, inbox, outbox, &engine) != TSR_OK) {
                 log_error("cannot start the engine thread");
@@ -66,6 +68,7 @@ tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
                 .model_info_lean_len = o->model_info_lean_len,
                 .tokenizer_hash = o->meta->tokenizer_hash,
                 .on_listening = o->on_listening,
+                .on_stopping = o->on_stopping,
                 .curve = o->curve,
                 .log_stats_interval_s = o->log_stats_interval_s,
         };

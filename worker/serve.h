@@ -25,7 +25,11 @@ typedef struct tsr_worker_serve_opts {
         const uint8_t *model_info_full, *model_info_lean;
         size_t model_info_full_len, model_info_lean_len;
         const struct tsr_curve *curve;    /* may be NULL */
-        void (*on_listening)(void *ud);   /* may be NULL */
+        void (*on_listening)(void *ud);   /* both sockets bound (tsr_link_opts); may be NULL */
+        void (*on_stopping)(void *ud);    /* the first stop signal (tsr_link_opts); may be NULL */
+        /* The engine thread's liveness ping and its period (tsr_engine_params); NULL/0: none. */
+        void (*alive)(void *ud);
+        uint32_t alive_interval_ms;
         double log_stats_interval_s;      /* 0 = no stats line */
 } tsr_worker_serve_opts;
 

@@ -417,11 +417,31 @@ static void abort_requests(tsr_engine *e, tsr_engine_in *in) {
         }
 }
 
+/* Blocking pop for an idle engine.  With a liveness callback the wait wakes every
+ * alive_interval_ms to call it; the queue answers NULL both on a timeout and when it is
+ * closed and empty, told apart by the clock (a timed-out wait has reached its deadline). */
+static tsr_engine_in *wait_inbox(tsr_engine *e) {
+        tsr_engine_in *in;
+        uint64_t deadline;
+
+        if (!e->params.alive || !e->params.alive_interval_ms)
+                return tsr_queue_pop_wait(e->inbox, -1);
+        for (;;) {
+                deadline = tsr_now_ns() + (uint64_t)e->params.alive_interval_ms * 1000000ull;
+                in = tsr_queue_pop_wait(e->inbox, e->params.alive_interval_ms);
+                if (in || tsr_now_ns() < deadline)
+                        return in;
+                e->params.alive(e->params.alive_ud);
+        }
+}
+
 static void take_inbox(tsr_engine *e, bool block) {
         tsr_engine_in *in;
         bool first = true;
+        if (e->params.alive)
+                e->params.alive(e->params.alive_ud);
         for (;;) {
-                in = first && block ? tsr_queue_pop_wait(e->inbox, -1) : tsr_queue_pop(e->inbox);
+                in = first && block ? wait_inbox(e) : tsr_queue_pop(e->inbox);
                 first = false;
                 if (!in) {
                         if (block)

@@ -105,6 +105,12 @@ typedef struct tsr_engine_params {
                                         * (vLLM V1's cap); 0 = no cap */
         bool async_scheduling;         /* --async-scheduling: forward and sampling on a "runner" thread
                                         * while the engine thread schedules the next step (engine.c) */
+        /* Liveness (systemd's WatchdogSec, worker/notify.c): called on the engine thread once
+         * per loop turn, and at least every alive_interval_ms while idle, so a step that
+         * hangs stops the calls.  NULL: never called and the idle wait has no timeout. */
+        void (*alive)(void *ud);
+        void *alive_ud;
+        uint32_t alive_interval_ms;
 } tsr_engine_params;
 
 /* What the engine publishes about itself; the io thread turns it into Status. */
