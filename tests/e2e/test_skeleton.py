@@ -73,7 +73,11 @@ def test_kill_worker_then_supervisor_restarts_it(serve):
     router = s.router_pid()
     os.kill(old, signal.SIGKILL)
     t0 = time.monotonic()
-    wait_until(lambda: http_status(s.base + "/health") == 503, timeout=3, what="/health 503 after kill -9")
+    # The router notices within 3 s: /health 503 while the worker is down, unless the
+    # launcher's restart was quicker than that (a GGUF whose blocks stay stored loads in
+    # about 0.1 s) and the router saw the new boot epoch instead.
+    wait_until(lambda: http_status(s.base + "/health") == 503 or s.worker_pid() not in (None, old),
+               timeout=3, what="/health 503 or a restarted worker after kill -9")
     assert time.monotonic() - t0 < 3.0
     # The router kept answering (503 is an answer) and was not restarted.
     assert s.router_pid() == router
