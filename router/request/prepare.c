@@ -254,22 +254,31 @@ static bool resolve_sampling(rq *r) {
         return true;
 }
 
+/* The common start of a thread-pool job's completion on the loop: false when the
+ * request is gone (freed here if nothing else holds it) or the job failed (answered
+ * here: 500 when libuv cancelled it, else the job's own error). */
+static bool job_done_ok(rq *r, int status, const char *cancelled) {
+        r->jobs--;
+        if (r->gone) {
+                tsr_request_maybe_free(r);
+                return false;
+        }
+        if (status != 0 || r->prep_st != TSR_OK) {
+                if (status != 0)
+                        tsr_request_fail(r, 500, "InternalServerError", cancelled);
+                else
+                        tsr_request_fail_with(r, &r->err);
+                return false;
+        }
+        return true;
+}
+
 static void prep_done(uv_work_t *w, int status) {   /* loop */
         rq *r = w->data;
         size_t n_prompts = r->kind == TSR_OAI_CHAT ? 1 : r->req.n_prompts;
 
-        r->jobs--;
-        if (r->gone) {
-                tsr_request_maybe_free(r);
+        if (!job_done_ok(r, status, "request preparation was cancelled"))
                 return;
-        }
-        if (status != 0 || r->prep_st != TSR_OK) {
-                if (status != 0)
-                        tsr_request_fail(r, 500, "InternalServerError", "request preparation was cancelled");
-                else
-                        tsr_request_fail_with(r, &r->err);
-                return;
-        }
         if (!check_lengths(r) || !resolve_sampling(r))
                 return;
         r->n_choices = n_prompts * (size_t)r->req.n;
@@ -332,18 +341,8 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
         const tsr_config *cfg = L->ctx->cfg;
         tsr_models_entry *m;
 
-        r->jobs--;
-        if (r->gone) {
-                tsr_request_maybe_free(r);
+        if (!job_done_ok(r, status, "request parsing was cancelled"))
                 return;
-        }
-        if (status != 0 || r->prep_st != TSR_OK) {
-                if (status != 0)
-                        tsr_request_fail(r, 500, "InternalServerError", "request parsing was cancelled");
-                else
-                        tsr_request_fail_with(r, &r->err);
-                return;
-        }
         m = tsr_models_registry_find(L->ctx->models, r->req.model);
         if (!m) {
                 if (r->req.model && *r->req.model)
