@@ -8,6 +8,8 @@ codec of test_worker_wire.py, so what is tested is the wire format itself.
     res = w.collect(["a"])["a"]          # Result: tokens, logprobs, finish, cached...
     w.status()                           # the latest Status as a dict
 """
+import contextlib
+import signal
 import struct
 import time
 from dataclasses import dataclass, field as dc_field
@@ -119,6 +121,18 @@ class EngineWorker:
                 if MODEL_INFO in msg:
                     return read_fields(msg[MODEL_INFO][0])
         raise AssertionError("no ModelInfo from the worker:\n" + self.proc.output()[-3000:])
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Submits sent inside arrive together: the worker is stopped (SIGSTOP) while
+        they queue in its socket and continued after, so its io thread reads them in one
+        burst.  Without it a fast tiny model starts on the first Submits before the
+        client has sent the rest, and how many run in one step depends on the load."""
+        self.proc.p.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            self.proc.p.send_signal(signal.SIGCONT)
 
     def submit(self, rid, prompt, max_tokens, temperature=0.0, top_p=1.0, top_k=0, seed=None, logprobs=-1,
                prompt_logprobs=-1, ignore_eos=True, stop_token_ids=(), min_tokens=0):

@@ -74,8 +74,9 @@ def test_64_concurrent_same_with_and_without_async(worker, request, which, budge
     asy = worker(model, "--max-num-batched-tokens", budget, ASYNC)
     ids = [f"a{i}" for i in range(len(reqs))]
     for w in (sync, asy):
-        for rid, (p, m, kind) in zip(ids, reqs):
-            submit_kind(w, rid, p, m, kind)
+        with w.paused():   # all 64 at once: without it, how many share a step depends on the load
+            for rid, (p, m, kind) in zip(ids, reqs):
+                submit_kind(w, rid, p, m, kind)
     a, b = sync.collect(ids), asy.collect(ids)
     assert asy.max_step_outputs >= 16   # they really ran together
     for rid, (p, m, kind) in zip(ids, reqs):
