@@ -411,6 +411,8 @@ static void handle_frame(tsr_worker *w, bool from_sub, const void *p, size_t n) 
                 }
                 break;
         case TESSERA__V1__ENVELOPE__MSG_OUTPUT:
+                if (!from_sub && w->pool->ev.on_step)
+                        w->pool->ev.on_step(w->pool->ev.ud, w, env->output);
                 if (!from_sub && w->pool->ev.on_output)
                         for (size_t i = 0; i < env->output->n_outputs; i++)
                                 w->pool->ev.on_output(w->pool->ev.ud, w, env->output->outputs[i]);

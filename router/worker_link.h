@@ -27,6 +27,9 @@ typedef struct tsr_worker tsr_worker;
  * the message for the duration of the call. */
 typedef struct worker_events {
         void (*on_output)(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out);
+        /* One engine step's Output (this router's share of it), before its
+         * RequestOutputs go to on_output one by one. */
+        void (*on_step)(void *ud, tsr_worker *w, const Tessera__V1__Output *out);
         void (*on_error)(void *ud, tsr_worker *w, const Tessera__V1__Error *err);
         /* The worker stopped being live (no Status within 3 intervals, or restarted):
          * requests in flight there will get no more Outputs. */

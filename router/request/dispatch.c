@@ -231,6 +231,24 @@ static void retry_or_fail(choice *ch, const char *why) {
 
 /* ------------------------------------------------------------------ worker events */
 
+/* vLLM's iteration_tokens_total: per engine step, the tokens it generated plus the
+ * prompts whose prefill ended in it (a sequence's first Output carries its prompt
+ * length).  Counted from this router's share of the step, before on_output may close
+ * the choices: outputs of choices no longer here (aborted, retried elsewhere) were
+ * still computed by the engine, so they count too. */
+static void on_step(void *ud, tsr_worker *w, const Tessera__V1__Output *out) {
+        tsr_request_layer *L = ud;
+        const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
+        uint64_t n = 0;
+
+        if (!mi || !mi->n_served_model_names)
+                return;
+        for (size_t i = 0; i < out->n_outputs; i++)
+                n += out->outputs[i]->n_new_token_ids + out->outputs[i]->num_prompt_tokens;
+        if (n)
+                tsr_metrics_observe_iteration(L->ctx->metrics, mi->served_model_names[0], n);
+}
+
 static void on_output(void *ud, tsr_worker *w, const Tessera__V1__RequestOutput *out) {
         tsr_request_layer *L = ud;
         choice *ch = tsr_request_table_get(L, out->request_id);
@@ -442,6 +460,7 @@ static void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st) {
 worker_events tsr_request_worker_events(void) {
         worker_events ev = {
                 .on_output = on_output,
+                .on_step = on_step,
                 .on_error = on_error,
                 .on_worker_down = on_worker_down,
                 .on_model_info = on_model_info,

@@ -178,7 +178,7 @@ def test_disconnect_mid_stream_frees_kv(server):
 def test_metrics_count_requests(server, client):
     base, _ = server
     before = requests.get(base + "/metrics", timeout=5).text
-    client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
+    usage = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0).usage
     after = requests.get(base + "/metrics", timeout=5).text
 
     def value(text, prefix):
@@ -190,6 +190,11 @@ def test_metrics_count_requests(server, client):
     assert value(after, key) == value(before, key) + 1
     assert value(after, 'vllm:time_to_first_token_seconds_count{engine="0",model_name="smol"}') > \
         value(before, 'vllm:time_to_first_token_seconds_count{engine="0",model_name="smol"}')
+    # iteration_tokens_total: one sample per engine step (the request ran alone: 3 steps,
+    # one token each); its sum counts the prompt once, in the step that ended its prefill
+    it = 'vllm:iteration_tokens_total_%s{engine="0",model_name="smol"}'
+    assert value(after, it % "count") - value(before, it % "count") == 3
+    assert value(after, it % "sum") - value(before, it % "sum") == usage.prompt_tokens + usage.completion_tokens
 
 
 GOLDENS = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures" / "forward" / "smollm2.json"
