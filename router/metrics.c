@@ -174,6 +174,16 @@ static const family_def defs[F_COUNT] = {
                                                                "HTTP connections the router closed on its own, by reason "
                                                                "(cap, header_timeout, body_timeout, idle_timeout).",
                                                                KIND_COUNTER, BUCKETS_NONE, "reason"},
+        /* Per replica (a worker endpoint is a replica's leader): the KV capacity it
+         * reported in its last Status, what placement reads.  vllm:kv_cache_usage_perc
+         * is the same for the whole model, summed over workers. */
+        [F_TESSERA_FIRST + TSR_METRICS_WORKER_KV_TOTAL] = {"tessera:worker_kv_blocks",
+                                                           "KV-cache blocks of the worker (its last Status).",
+                                                           KIND_GAUGE, BUCKETS_NONE, "worker"},
+        [F_TESSERA_FIRST + TSR_METRICS_WORKER_KV_FREE] = {"tessera:worker_kv_free_blocks",
+                                                          "KV-cache blocks free on the worker, evictable cached "
+                                                          "blocks included (its last Status).",
+                                                          KIND_GAUGE, BUCKETS_NONE, "worker"},
 };
 
 static const char *const finish_names[TSR_METRICS_FINISH_COUNT] = {"stop", "length", "abort", "error"};
@@ -219,6 +229,7 @@ typedef struct worker {
         bool live;
         tsr_metrics_worker_sample last;
         child *up;
+        child *kv_total, *kv_free;  /* created with the first Status that reports a KV size */
 } worker;
 
 struct tsr_metrics {
@@ -746,17 +757,18 @@ static uint64_t counter_delta(uint64_t last, uint64_t cur, bool restarted) {
         return cur - last;
 }
 
-static tsr_status worker_up_child(tsr_metrics *m, worker *w) {
+/* The worker's child of tessera series `id` (label worker = its key), made on first use. */
+static tsr_status worker_child(tsr_metrics *m, worker *w, tsr_metrics_id id, child **slot) {
         const char *names[] = {"worker"};
         const char *values[] = {w->key};
-        family *f = &m->fam[F_TESSERA_FIRST + TSR_METRICS_WORKER_UP];
+        family *f = &m->fam[F_TESSERA_FIRST + id];
 
-        if (w->up)
+        if (*slot)
                 return TSR_OK;
         if (f->n >= MAX_CHILDREN)
                 return TSR_E_LIMIT;
-        w->up = child_add(m, f, names, values, 1, NULL, 0);
-        return w->up ? TSR_OK : TSR_E_NOMEM;
+        *slot = child_add(m, f, names, values, 1, NULL, 0);
+        return *slot ? TSR_OK : TSR_E_NOMEM;
 }
 
 static tsr_status worker_status_locked(tsr_metrics *m, const char *model_name, const char *worker_key,
@@ -771,9 +783,15 @@ static tsr_status worker_status_locked(tsr_metrics *m, const char *model_name, c
         w = find_worker(m, worker_key);
         if (!w)
                 TRY(add_worker(m, worker_key, &w));
-        TRY(worker_up_child(m, w));
+        TRY(worker_child(m, w, TSR_METRICS_WORKER_UP, &w->up));
         w->up->value = 1;
         w->live = true;
+        if (s->kv_blocks_total) {   /* a worker without an engine reports none: no series */
+                TRY(worker_child(m, w, TSR_METRICS_WORKER_KV_TOTAL, &w->kv_total));
+                TRY(worker_child(m, w, TSR_METRICS_WORKER_KV_FREE, &w->kv_free));
+                w->kv_total->value = (double)s->kv_blocks_total;
+                w->kv_free->value = (double)s->kv_blocks_free;
+        }
         if (m->disable_log_stats)
                 return TSR_OK;
         md = find_model(m, model_name, &idx);
@@ -848,6 +866,10 @@ static void worker_remove_locked(tsr_metrics *m, const char *worker_key) {
         model_idx = w->model;
         if (w->up)
                 child_remove(&m->fam[F_TESSERA_FIRST + TSR_METRICS_WORKER_UP], w->up);
+        if (w->kv_total)
+                child_remove(&m->fam[F_TESSERA_FIRST + TSR_METRICS_WORKER_KV_TOTAL], w->kv_total);
+        if (w->kv_free)
+                child_remove(&m->fam[F_TESSERA_FIRST + TSR_METRICS_WORKER_KV_FREE], w->kv_free);
         for (size_t i = 0; i < m->n_workers; i++) {
                 if (m->workers[i] == w) {
                         memmove(m->workers + i, m->workers + i + 1, (m->n_workers - i - 1) * sizeof(*m->workers));

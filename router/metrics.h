@@ -177,6 +177,8 @@ typedef enum tsr_metrics_id {
         TSR_METRICS_CONNECTIONS_DROPPED,  /* counter tessera:router_connections_dropped{reason}: closed by
                                            * the server itself: "cap", "header_timeout", "body_timeout",
                                            * "idle_timeout" */
+        TSR_METRICS_WORKER_KV_TOTAL,  /* gauge tessera:worker_kv_blocks{worker}, set by worker_status */
+        TSR_METRICS_WORKER_KV_FREE,   /* gauge tessera:worker_kv_free_blocks{worker}, set by worker_status */
         TSR_METRICS_ID_COUNT,
 } tsr_metrics_id;
 

@@ -67,7 +67,8 @@ def test_dashboard_is_grafana_shaped():
     titles = {p["title"] for p in dash["panels"]}
     for want in ("E2E request latency", "Time to first token", "Inter-token latency", "Token throughput",
                  "Requests running / waiting", "KV cache usage", "Prefix cache hit rate", "Preemptions",
-                 "Placement decisions by policy", "Retries", "Aborts by cause", "Workers up", "KV cache capacity"):
+                 "Placement decisions by policy", "Retries", "Aborts by cause", "Workers up", "KV cache capacity",
+                 "KV cache usage per worker"):
         assert want in titles
     assert len(queries) >= 16
 

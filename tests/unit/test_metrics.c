@@ -174,7 +174,12 @@ static void test_exact_small_registry(void **state) {
                 "tessera:router_connections_accepted_created 1.7000000005e+09\n"
                 "# HELP tessera:router_connections_dropped_total HTTP connections the router closed on its own, by "
                 "reason (cap, header_timeout, body_timeout, idle_timeout).\n"
-                "# TYPE tessera:router_connections_dropped_total counter\n");
+                "# TYPE tessera:router_connections_dropped_total counter\n"
+                "# HELP tessera:worker_kv_blocks KV-cache blocks of the worker (its last Status).\n"
+                "# TYPE tessera:worker_kv_blocks gauge\n"
+                "# HELP tessera:worker_kv_free_blocks KV-cache blocks free on the worker, evictable cached blocks "
+                "included (its last Status).\n"
+                "# TYPE tessera:worker_kv_free_blocks gauge\n");
         free(t);
         tsr_metrics_free(&m);
         assert_null(m);
@@ -478,14 +483,23 @@ static void test_gauges_over_workers(void **state) {
         assert_true(sample_value(t, "vllm:kv_cache_usage_perc" L0) == 0.25);
         assert_true(sample_value(t, "vllm:num_requests_running{engine=\"0\",model_name=\"n\"}") == 0);
         assert_true(sample_value(t, "tessera:worker_up{worker=\"w1\"}") == 1);
+        /* per replica: what each worker reported */
+        assert_true(sample_value(t, "tessera:worker_kv_blocks{worker=\"w1\"}") == 100);
+        assert_true(sample_value(t, "tessera:worker_kv_free_blocks{worker=\"w1\"}") == 50);
+        assert_true(sample_value(t, "tessera:worker_kv_blocks{worker=\"w2\"}") == 300);
+        assert_true(sample_value(t, "tessera:worker_kv_free_blocks{worker=\"w2\"}") == 250);
         free(t);
 
         /* A later sample replaces the worker's earlier one, it does not add to it. */
         a.num_running = 1;
+        a.kv_blocks_free = 20;
         assert_int_equal(tsr_metrics_worker_status(m, "m", "w1", 1, &a), TSR_OK);
         t = render(m);
         assert_true(sample_value(t, "vllm:num_requests_running" L0) == 3);
+        assert_true(sample_value(t, "tessera:worker_kv_free_blocks{worker=\"w1\"}") == 20);
         free(t);
+        a.kv_blocks_free = 50;
+        assert_int_equal(tsr_metrics_worker_status(m, "m", "w1", 1, &a), TSR_OK);
 
         tsr_metrics_worker_gone(m, "w2");
         tsr_metrics_worker_gone(m, "nobody");
@@ -520,6 +534,7 @@ static void test_worker_removed(void **state) {
         char *t;
 
         a.num_running = 2;
+        a.kv_blocks_total = a.kv_blocks_free = 64;   /* its KV series go too */
         b.num_running = 3;
         assert_int_equal(tsr_metrics_add_model(m, "m", 8192, NULL), TSR_OK);
         assert_int_equal(tsr_metrics_worker_status(m, "m", "w1", 1, &a), TSR_OK);
