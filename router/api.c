@@ -1,7 +1,7 @@
 /* api.c - the HTTP routes of the router: vLLM's paths, shapes and error bodies.
  * Loop thread only.
  *
- * Served here: /health, /ping, /version, /v1/models, /metrics; the generation and
+ * Served here: /health, /ping, /version, /v1/models, /metrics, /admin/workers[/drain]; the generation and
  * tokenizer endpoints are handed to request.h (router/request/). */
 #include <jansson.h>
 #include <stdbool.h>
@@ -31,14 +31,15 @@ static void respond_detail(tsr_http_conn *c, int status, const char *detail) {
 }
 
 /* vLLM guards paths under /v1 with --api-key (Authorization: Bearer KEY, scheme
- * case-insensitive) and answers 401 {"error":"Unauthorized"}.  Compare in constant
+ * case-insensitive) and answers 401 {"error":"Unauthorized"}; Tessera's /admin/ too.  Compare in constant
  * time over the longest candidate so timing leaks no prefix. */
 static bool authorized(const tsr_router_ctx *r, const tsr_http_request *req) {
         const char *h;
         size_t given_len;
         bool ok = false;
 
-        if (r->cfg->api_key.n == 0 || strncmp(req->path, "/v1", 3) != 0 || strcmp(req->method, "OPTIONS") == 0)
+        if (r->cfg->api_key.n == 0 || (strncmp(req->path, "/v1", 3) != 0 && strncmp(req->path, "/admin/", 7) != 0) ||
+            strcmp(req->method, "OPTIONS") == 0)
                 return true;
         h = tsr_http_request_header(req, "authorization");
         if (!h || strncasecmp(h, "bearer ", 7) != 0)
@@ -126,6 +127,109 @@ static void handle_models(tsr_router_ctx *r, tsr_http_conn *c) {
         respond_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
 
+/* ------------------------------------------------------------------ admin
+ * Tessera's own operations on the fleet (vLLM has none: one process is one engine).
+ * Guarded by --api-key like /v1. */
+
+static const char *status_state_name(const Tessera__V1__Status *st) {
+        if (!st)
+                return "unknown";
+        switch (st->state) {
+        case TESSERA__V1__STATUS__STATE__STARTING:
+                return "starting";
+        case TESSERA__V1__STATUS__STATE__READY:
+                return "ready";
+        case TESSERA__V1__STATUS__STATE__DRAINING:
+                return "draining";
+        case TESSERA__V1__STATUS__STATE__UNHEALTHY:
+                return "unhealthy";
+        default:
+                return "unknown";
+        }
+}
+
+static json_t *worker_json(tsr_worker *w) {
+        const Tessera__V1__Status *st = tsr_worker_status(w);
+        const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
+        json_t *o = json_pack("{s:s, s:b, s:s}", "worker", tsr_worker_endpoint(w), "live", tsr_worker_live(w),
+                              "state", status_state_name(st));
+        if (!o)
+                return NULL;
+        if (mi && mi->n_served_model_names)
+                json_object_set_new(o, "model", json_string(mi->served_model_names[0]));
+        if (st) {
+                json_object_set_new(o, "num_running", json_integer(st->num_running));
+                json_object_set_new(o, "num_waiting", json_integer(st->num_waiting));
+                json_object_set_new(o, "kv_blocks_total", json_integer((json_int_t)st->kv_blocks_total));
+                json_object_set_new(o, "kv_blocks_free", json_integer((json_int_t)st->kv_blocks_free));
+                /* drained: draining and nothing left to finish */
+                json_object_set_new(o, "drained", json_boolean(st->state == TESSERA__V1__STATUS__STATE__DRAINING &&
+                                                               st->num_running == 0 && st->num_waiting == 0));
+        }
+        return o;
+}
+
+/* GET /admin/workers: every worker this router knows, with its last Status. */
+static void handle_admin_workers(tsr_router_ctx *r, tsr_http_conn *c) {
+        json_t *data = json_array();
+        for (size_t i = 0; data && i < tsr_worker_pool_count(r->workers); i++)
+                json_array_append_new(data, worker_json(tsr_worker_pool_get(r->workers, i)));
+        respond_json(c, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
+}
+
+/* POST /admin/workers/drain {"worker": ENDPOINT, "reason"?: TEXT}: the worker stops
+ * taking new requests (its Submits get a retryable UNAVAILABLE, so routers place them
+ * elsewhere), finishes what it runs and reports DRAINING; every router sees that in
+ * its Status and stops placing there.  A drained worker stays drained until it
+ * restarts (a rolling restart: drain, wait for "drained" in GET /admin/workers,
+ * restart).  The answer is the worker as GET /admin/workers lists it. */
+static void handle_admin_drain(tsr_router_ctx *r, tsr_http_conn *c, const tsr_http_request *req) {
+        json_error_t jerr;
+        json_t *body = json_loadb((const char *)req->body, req->body_len, 0, &jerr);
+        const char *endpoint = NULL, *reason = "drain requested through the router's /admin/workers/drain";
+        tsr_worker *w;
+        tsr_envelope env;
+        Tessera__V1__Drain dr;
+
+        if (!body || !json_is_object(body)) {
+                tsr_http_conn_respond_error(c, 400, "BadRequestError", "expected a JSON object {\"worker\": ENDPOINT}");
+                json_decref(body);
+                return;
+        }
+        endpoint = json_string_value(json_object_get(body, "worker"));
+        if (json_is_string(json_object_get(body, "reason")))
+                reason = json_string_value(json_object_get(body, "reason"));
+        if (!endpoint) {
+                tsr_http_conn_respond_error(c, 400, "BadRequestError", "\"worker\" (a string, the worker's endpoint) is required");
+                json_decref(body);
+                return;
+        }
+        w = tsr_worker_pool_find(r->workers, endpoint);
+        if (!w) {
+                char msg[512];
+                snprintf(msg, sizeof(msg), "no worker %.400s behind this router (GET /admin/workers lists them)", endpoint);
+                tsr_http_conn_respond_error(c, 404, "NotFoundError", msg);
+                json_decref(body);
+                return;
+        }
+        tessera__v1__envelope__init(&env);
+        tessera__v1__drain__init(&dr);
+        dr.reason = (char *)reason;
+        env.msg_case = TESSERA__V1__ENVELOPE__MSG_DRAIN;
+        env.drain = &dr;
+        if (tsr_worker_send(w, &env) != TSR_OK) {
+                tsr_http_conn_respond_error(c, 503, "ServiceUnavailableError", "the worker's socket did not take the Drain");
+                json_decref(body);
+                return;
+        }
+        log_info("worker %s: Drain sent (%s)", endpoint, reason);
+        json_decref(body);
+        json_t *o = worker_json(w);
+        if (o)   /* asked for; its Status says so once the worker has it */
+                json_object_set_new(o, "drain_requested", json_true());
+        respond_json(c, 200, o);
+}
+
 /* The HTTP server counts its connections itself (it knows nothing of the registry);
  * copy its totals in before rendering.  Errors here only lose a sample, never the scrape. */
 static void sync_connection_metrics(tsr_router_ctx *r) {
@@ -173,7 +277,10 @@ typedef struct route {
         int id;
 } route;
 
-enum { R_HEALTH, R_PING, R_VERSION, R_MODELS, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_METRICS };
+enum {
+        R_HEALTH, R_PING, R_VERSION, R_MODELS, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_METRICS,
+        R_ADMIN_WORKERS, R_ADMIN_DRAIN,
+};
 
 static const route routes[] = {
         {"/health", "GET", R_HEALTH},
@@ -186,6 +293,8 @@ static const route routes[] = {
         {"/detokenize", "POST", R_DETOKENIZE},
         {"/metrics", "GET", R_METRICS},
         {"/metrics/", "GET", R_METRICS},
+        {"/admin/workers", "GET", R_ADMIN_WORKERS},
+        {"/admin/workers/drain", "POST", R_ADMIN_DRAIN},
 };
 
 static bool method_allowed(const char *methods, const char *m) {
@@ -240,6 +349,12 @@ void tsr_api_handle(void *ud, tsr_http_conn *c, tsr_http_request *req) {
                 break;
         case R_METRICS:
                 handle_metrics(r, c);
+                break;
+        case R_ADMIN_WORKERS:
+                handle_admin_workers(r, c);
+                break;
+        case R_ADMIN_DRAIN:
+                handle_admin_drain(r, c, req);
                 break;
         }
 }
