@@ -17,8 +17,9 @@
 
 /* What to read: one tensor, its name in the source, its shape and where it goes. */
 struct want {
-        char name[96];
+        char name[160];
         uint64_t rows, cols;    /* cols == 0: a vector of `rows` elements */
+        uint64_t experts;       /* > 0: a 3-D (experts, rows, cols) stack */
         float **dst;
         tsr_tensor *stored;     /* where it goes when kept in its block format; NULL: always widened */
         bool optional;
@@ -94,7 +95,7 @@ static bool gguf_keep(const tsr_gguf_tensor *t, const struct want *w, uint32_t k
         size_t shape[2] = {w->rows, w->cols};
         tsr_tensor tt;
 
-        if (!w->stored || !w->cols || !tsr_ggml_dtype(t->type, &dt) || !(keep_dtypes & (1u << dt)) ||
+        if (!w->stored || !w->cols || w->experts || !tsr_ggml_dtype(t->type, &dt) || !(keep_dtypes & (1u << dt)) ||
             tsr_tensor_init(&tt, dt, 2, shape, NULL, (void *)t->data) != TSR_OK || tsr_tensor_n_bytes(&tt) != t->n_bytes)
                 return false;
         void *buf = aligned_alloc(64, (t->n_bytes + 63) / 64 * 64);
@@ -112,9 +113,9 @@ static bool gguf_keep(const tsr_gguf_tensor *t, const struct want *w, uint32_t k
 /* Check `t` against `w` and dequantize it into a new array, or keep it (gguf_keep). */
 static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, const char *path,
                                 uint32_t keep_dtypes, float **ret, char *err, size_t errlen) {
-        uint64_t d0 = w->cols ? w->cols : w->rows, d1 = w->cols ? w->rows : 1;
-        uint32_t want_dims = w->cols ? 2 : 1;
-        bool ok = t->dims[0] == d0 && t->dims[1] == d1 && t->dims[2] == 1 && t->dims[3] == 1 &&
+        uint64_t d0 = w->cols ? w->cols : w->rows, d1 = w->cols ? w->rows : 1, d2 = w->experts ? w->experts : 1;
+        uint32_t want_dims = w->experts ? 3 : w->cols ? 2 : 1;
+        bool ok = t->dims[0] == d0 && t->dims[1] == d1 && t->dims[2] == d2 && t->dims[3] == 1 &&
                   t->n_dims <= want_dims;
         float *buf;
         tsr_status st;
@@ -174,8 +175,10 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
                         w->name, tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_UNSUPPORTED;
         }
-        bool ok = w->cols ? t->n_dims == 2 && t->shape[0] == w->rows && t->shape[1] == w->cols
-                          : t->n_dims == 1 && t->shape[0] == w->rows;
+        bool ok = w->experts ? t->n_dims == 3 && t->shape[0] == w->experts && t->shape[1] == w->rows &&
+                                       t->shape[2] == w->cols
+                  : w->cols  ? t->n_dims == 2 && t->shape[0] == w->rows && t->shape[1] == w->cols
+                             : t->n_dims == 1 && t->shape[0] == w->rows;
         if (!ok) {
                 char got[160] = "[", want[64];
                 size_t n = 1;
@@ -183,7 +186,10 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
                         n += (size_t)snprintf(got + n, sizeof got - n, "%s%" PRIu64, i ? ", " : "", t->shape[i]);
                 if (n < sizeof got - 1)
                         snprintf(got + n, sizeof got - n, "]");
-                if (w->cols)
+                if (w->experts)
+                        snprintf(want, sizeof want, "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]", w->experts, w->rows,
+                                 w->cols);
+                else if (w->cols)
                         snprintf(want, sizeof want, "[%" PRIu64 ", %" PRIu64 "]", w->rows, w->cols);
                 else
                         snprintf(want, sizeof want, "[%" PRIu64 "]", w->rows);
@@ -236,11 +242,16 @@ static void want_entry(const tsr_tensor_source *s, const tsr_tensor_name *n, tsr
         if (!pattern || !bind(model, n, layer, &slot) || !slot.dst)
                 return;
         x = &wants[*n_wants];
-        snprintf(x->name, sizeof x->name, pattern, layer);      /* a model-wide name has no %u */
+        int pre = snprintf(x->name, sizeof x->name, "%s", !s->g && s->hf_prefix ? s->hf_prefix : "");
+        if (pre < 0 || (size_t)pre >= sizeof x->name)
+                pre = 0;
+        /* a model-wide name has no %u */
+        snprintf(x->name + pre, sizeof x->name - (size_t)pre, pattern, layer);
         x->dst = slot.dst;
         x->stored = slot.stored;
         x->rows = slot.rows;
         x->cols = slot.cols;
+        x->experts = slot.experts;
         x->optional = slot.optional;
         (*n_wants)++;
 }

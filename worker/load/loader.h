@@ -67,6 +67,10 @@ typedef struct tsr_tensor_source {
         /* bit (1u << dtype): a GGUF tensor stored in this dtype whose slot has `stored` is
          * kept as it is, not widened (tsr_load_opts; issue #15).  0: widen everything. */
         uint32_t keep_dtypes;
+        /* Prepended to every HF name of the table (NULL: none): a checkpoint that nests the
+         * text model in a bigger one, e.g. "language_model." for Llama 4's
+         * Llama4ForConditionalGeneration.  Ignored for GGUF. */
+        const char *hf_prefix;
 } tsr_tensor_source;
 
 /* How to load.  Zero (or a NULL pointer) widens every tensor to float32. */
@@ -85,6 +89,9 @@ typedef struct tsr_load_slot {
          * frees it), *dst left NULL.  NULL: always widened. */
         tsr_tensor *stored;
         uint64_t rows, cols;    /* (out, in) row-major; cols == 0: a vector of `rows` elements */
+        /* > 0: a 3-D stack (experts, rows, cols) of matrices as the file stores it (MoE
+         * experts, transformers' BMM layout); never kept in a block format. */
+        uint64_t experts;
         bool optional;          /* may be absent from the source (then *dst stays NULL) */
 } tsr_load_slot;
 
