@@ -161,4 +161,13 @@ typedef struct tsr_llama_seq {
 tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
                                    size_t n_seqs, float *logits);
 
+/* The family hooks (family.h) the Llama family shares with families of the same shape
+ * (Llama 4): layers split contiguously over pipeline stages, the first n % pp_size
+ * stages one more; and the engine's sequence record filled as a tsr_llama_seq. */
+struct tsr_model_desc;
+tsr_status tsr_llama_shard_for(const struct tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
+                               uint32_t pp_size, tsr_shard_spec *ret);
+void tsr_llama_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
+                        size_t past_len, bool want_logits, bool want_all_logits);
+
 #endif

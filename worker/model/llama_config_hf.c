@@ -178,10 +178,8 @@ static tsr_status hf_rope(const char *path, json_t *root, tsr_llama_config *c, c
 
 tsr_status tsr_llama_config_from_hf_json(const char *json, size_t len, const char *path, tsr_llama_config *ret,
                                          char *err, size_t errlen) {
-        tsr_llama_config c = {0};
         json_error_t je;
-        json_t *root, *v;
-        double eps, prf;
+        json_t *root;
         tsr_status st;
 
         if (!json || !ret)
@@ -196,10 +194,25 @@ tsr_status tsr_llama_config_from_hf_json(const char *json, size_t len, const cha
         if (!json_is_object(root)) {
                 tsr_errf(err, errlen, "%s: expected a JSON object", path);
                 st = TSR_E_INVAL;
-                goto done;
+        } else if ((st = hf_architecture(path, root, err, errlen)) == TSR_OK) {
+                st = tsr_llama_config_from_hf_object(root, path, ret, err, errlen);
         }
-        if ((st = hf_architecture(path, root, err, errlen)) != TSR_OK ||
-            (st = hf_u32(path, root, "hidden_size", true, 0, &c.dim, err, errlen)) != TSR_OK ||
+        json_decref(root);
+        return st;
+}
+
+tsr_status tsr_llama_config_from_hf_object(struct json_t *root, const char *path, tsr_llama_config *ret, char *err,
+                                           size_t errlen) {
+        tsr_llama_config c = {0};
+        json_t *v;
+        double eps, prf;
+        tsr_status st;
+
+        if (!json_is_object(root) || !ret)
+                return TSR_E_INVAL;
+        if (!path)
+                path = "config.json";
+        if ((st = hf_u32(path, root, "hidden_size", true, 0, &c.dim, err, errlen)) != TSR_OK ||
             (st = hf_u32(path, root, "num_hidden_layers", true, 0, &c.n_layers, err, errlen)) != TSR_OK ||
             (st = hf_u32(path, root, "num_attention_heads", true, 0, &c.n_heads, err, errlen)) != TSR_OK ||
             (st = hf_u32(path, root, "num_key_value_heads", false, c.n_heads, &c.n_kv_heads, err, errlen)) !=
@@ -266,7 +279,6 @@ tsr_status tsr_llama_config_from_hf_json(const char *json, size_t len, const cha
         *ret = c;
         st = TSR_OK;
 done:
-        json_decref(root);
         return st;
 }
 

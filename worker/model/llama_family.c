@@ -68,8 +68,8 @@ static size_t llama_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *sha
         return 1;
 }
 
-static tsr_status llama_shard_for(const tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
-                                  uint32_t pp_size, tsr_shard_spec *ret) {
+tsr_status tsr_llama_shard_for(const tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
+                                uint32_t pp_size, tsr_shard_spec *ret) {
         uint32_t n = d->n_layers, base, extra, first;
 
         if (tp_size == 0 || tp_rank >= tp_size || pp_size == 0 || pp_rank >= pp_size || pp_size > n)
@@ -124,8 +124,8 @@ static tsr_status llama_forward_batch(const void *model, tsr_backend *be, void *
         return tsr_llama_forward_batch(model, be, pool, seqs, n_seqs, logits);
 }
 
-static void llama_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
-                           size_t past_len, bool want_logits, bool want_all_logits) {
+void tsr_llama_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
+                        size_t past_len, bool want_logits, bool want_all_logits) {
         *(tsr_llama_seq *)seq = (tsr_llama_seq){
                 .block_table = block_table,
                 .n_table = n_table,
@@ -147,7 +147,7 @@ const tsr_model_family tsr_family_llama = {
         .tensors = llama_tensors,
         .n_tensors = sizeof llama_tensors / sizeof llama_tensors[0],
         .kv_groups = llama_kv_groups,
-        .shard_for = llama_shard_for,
+        .shard_for = tsr_llama_shard_for,
         .load = llama_load,
         .free = llama_free,
         .use_bf16 = llama_use_bf16,
@@ -157,5 +157,5 @@ const tsr_model_family tsr_family_llama = {
         .kv_unbind = llama_kv_unbind,
         .forward_batch = llama_forward_batch,
         .seq_size = sizeof(tsr_llama_seq),
-        .seq_fill = llama_seq_fill,
+        .seq_fill = tsr_llama_seq_fill,
 };

@@ -156,6 +156,12 @@ void tsr_llama_weights_free(tsr_llama_weights **w);
  * type, activation, partial rotary, attention or MLP biases). */
 tsr_status tsr_llama_config_from_hf_json(const char *json, size_t len, const char *path, tsr_llama_config *ret,
                                          char *err, size_t errlen);
+/* The same fields from an already parsed JSON object (a jansson json_t), without the
+ * architecture check: the Llama 4 family reads the Llama fields of its text_config
+ * through it (worker/model/llama4_config.c).  Errors as above. */
+struct json_t;
+tsr_status tsr_llama_config_from_hf_object(struct json_t *obj, const char *path, tsr_llama_config *ret, char *err,
+                                           size_t errlen);
 /* The same for dir/config.json (TSR_E_NOTFOUND when it is absent; at most 16 MiB). */
 tsr_status tsr_llama_config_from_hf(const char *dir, tsr_llama_config *ret, char *err, size_t errlen);
 
