@@ -1,5 +1,5 @@
 /* test_family.c - the model-family registry (worker/model/family.h): which metadata finds
- * the Llama family, the KV bytes per block summed over groups, the PP layer ranges, the
+ * the Llama and Llama 4 families, the KV bytes per block summed over groups, the PP layer ranges, the
  * config read once through the family, and the tensor-name table's shape. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,7 +18,10 @@ static void test_find(void **state) {
         assert_ptr_equal(tsr_family_find("gguf", "llama", "llama"), &tsr_family_llama);
         assert_ptr_equal(tsr_family_find("hf", "LlamaForCausalLM", "llama"), &tsr_family_llama);
         assert_ptr_equal(tsr_family_find("hf", NULL, "llama"), &tsr_family_llama);       /* no architectures list */
-        assert_null(tsr_family_find("hf", "Llama4ForConditionalGeneration", "llama4"));
+        /* Llama 4 text has its own family (tests/unit/test_llama4.c checks it in depth) */
+        assert_ptr_equal(tsr_family_find("hf", "Llama4ForConditionalGeneration", "llama4"), &tsr_family_llama4);
+        assert_ptr_equal(tsr_family_find("hf", "Llama4ForCausalLM", "llama4_text"), &tsr_family_llama4);
+        assert_ptr_equal(tsr_family_find("gguf", "llama4", NULL), &tsr_family_llama4);  /* found, then refused */
         assert_null(tsr_family_find("hf", "NemotronHForCausalLM", "llama"));   /* architectures wins over model_type */
         assert_null(tsr_family_find("gguf", "qwen2", "qwen2"));
         assert_null(tsr_family_find("hf", NULL, NULL));

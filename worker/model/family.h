@@ -114,5 +114,6 @@ void tsr_model_desc_done(tsr_model_desc *d);
 
 /* The families (llama_family.c, ...); registry.c lists them. */
 extern const tsr_model_family tsr_family_llama;
+extern const tsr_model_family tsr_family_llama4;
 
 #endif

@@ -1,0 +1,483 @@
+/* test_llama4.c - the Llama 4 text family against transformers.
+ *
+ * tests/fixtures/tiny-llama4 (tests/fixtures/make_tiny_llama4.py) is a tiny random Llama 4
+ * in the real Scout checkpoint layout (Llama4ForConditionalGeneration, nested
+ * text_config, language_model.* tensors, two vision tensors to skip) with MoE and dense
+ * layers, top-2 routing with a shared expert, chunked (C = 8) RoPE layers with qk norm
+ * and a NoPE layer with temperature tuning.  Checked on the reference backend:
+ *   full-sequence logits of 3 prompts             max |Δ| <= 1e-4, same argmax
+ *   prefill + 12 one-token decode steps           bitwise our full rows; <= 1e-4 against
+ *                                                 transformers' KV-cache path
+ *   greedy 32 tokens per prompt (decode path)     token-exact
+ *   block sizes 16 and 4 (chunk starts off and on block boundaries), the fast backend,
+ *   and the prompts batched together mid-prefill and mid-decode: bitwise the same
+ *   bf16 weights                                  cosine >= 0.999, top-1 >= 99%
+ * plus the config reader's derivations and errors, and the family's GGUF refusal. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "kernels/kernels.h"
+#include "worker/model/family.h"
+#include "worker/model/llama4.h"
+
+#define FIXTURE "tests/fixtures/tiny-llama4"
+#define MAXT 128
+
+static tsr_backend *ref_be;
+static json_t *golden;
+static tsr_llama4 *model;
+static float *want;             /* transformers' rows: the prompts' full sequences, then the decode steps */
+static size_t V, n_prompts, n_steps, dec_prompt;
+
+static const char *src_path(const char *rel, char *buf, size_t len) {
+        const char *root = getenv("TSR_SOURCE_ROOT");
+        struct stat sb;
+        if (!root)
+                return NULL;
+        snprintf(buf, len, "%s/%s", root, rel);
+        return stat(buf, &sb) == 0 ? buf : NULL;
+}
+
+static size_t argmax(const float *x, size_t n) {
+        size_t best = 0;
+        for (size_t i = 1; i < n; i++)
+                if (x[i] > x[best])
+                        best = i;
+        return best;
+}
+
+static size_t prompt_ids(size_t pi, uint32_t *ids) {
+        json_t *a = json_object_get(json_array_get(json_object_get(golden, "prompts"), pi), "ids");
+        size_t n = json_array_size(a);
+        assert_true(n > 0 && n <= MAXT);
+        for (size_t i = 0; i < n; i++)
+                ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
+        return n;
+}
+
+/* A pool of n_blocks blocks of `bs` tokens for the model, and its view. */
+static void pool_new(size_t n_blocks, size_t bs, tsr_kv_pool **pool, tsr_llama4_kv **kv) {
+        tsr_kv_group g = tsr_llama4_kv_group(tsr_llama4_config_of(model));
+        assert_int_equal(tsr_kv_pool_new(&g, 1, n_blocks, (uint32_t)bs, pool), TSR_OK);
+        assert_int_equal(tsr_llama4_kv_bind(model, *pool, kv), TSR_OK);
+}
+
+/* Run tokens (n,) at past_len of the sequence whose blocks are `table`. */
+static void run(tsr_backend *be, tsr_llama4_kv *kv, const uint32_t *table, size_t n_table, const uint32_t *tok,
+                size_t n, size_t past, tsr_llama_logits which, float *out) {
+        tsr_llama_seq q = {.block_table = table, .n_table = n_table, .tokens = tok, .n = n, .past_len = past,
+                           .which = which};
+        assert_int_equal(tsr_llama4_forward_batch(model, be, kv, &q, 1, out), TSR_OK);
+}
+
+static int setup(void **state) {
+        char path[1024], err[512];
+        json_error_t je;
+        tsr_llama4_config *c = NULL;
+        tsr_load_stats st;
+        size_t rows = 0;
+        uint32_t ids[MAXT];
+        FILE *f;
+
+        (void)state;
+        if (!src_path(FIXTURE "/golden.json", path, sizeof path) || !(golden = json_load_file(path, 0, &je)))
+                return -1;
+        src_path(FIXTURE, path, sizeof path);
+        if (tsr_llama4_config_from_hf(path, &c, err, sizeof err) != TSR_OK ||
+            tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, NULL, NULL, &model, &st, err,
+                            sizeof err) != TSR_OK) {
+                print_error("%s\n", err);
+                free(c);
+                return -1;
+        }
+        free(c);
+        /* 3 model-wide + 2 dense layers x 9 + 2 MoE layers x 12; the vision tensors skipped */
+        if (st.n_tensors != 45)
+                return -1;
+        V = json_integer_value(json_object_get(golden, "vocab_size"));
+        n_prompts = json_array_size(json_object_get(golden, "prompts"));
+        n_steps = (size_t)json_integer_value(json_object_get(json_object_get(golden, "decode"), "steps"));
+        dec_prompt = (size_t)json_integer_value(json_object_get(json_object_get(golden, "decode"), "prompt"));
+        for (size_t pi = 0; pi < n_prompts; pi++)
+                rows += prompt_ids(pi, ids);
+        want = malloc((rows + n_steps) * V * sizeof(float));
+        src_path(FIXTURE "/logits.f32", path, sizeof path);
+        if (!want || !(f = fopen(path, "rb")))
+                return -1;
+        size_t got = fread(want, sizeof(float), (rows + n_steps) * V, f);
+        bool at_end = fgetc(f) == EOF;
+        fclose(f);
+        return got == (rows + n_steps) * V && at_end ? 0 : -1;
+}
+
+static int teardown(void **state) {
+        (void)state;
+        tsr_llama4_free(&model);
+        json_decref(golden);
+        free(want);
+        return 0;
+}
+
+/* ---- config ------------------------------------------------------------------------------ */
+
+static void test_config_fixture(void **state) {
+        const tsr_llama4_config *c = tsr_llama4_config_of(model);
+        (void)state;
+        assert_true(c->nested);
+        assert_int_equal(c->base.n_layers, 4);
+        assert_int_equal(c->base.hidden_dim, 32);
+        assert_int_equal(c->mlp_dim, 96);
+        assert_int_equal(c->n_experts, 4);
+        assert_int_equal(c->top_k, 2);
+        assert_int_equal(c->chunk, 8);
+        assert_true(c->qk_norm && c->temp_tuning);
+        assert_true(c->floor_scale == 4.0f && c->attn_scale == 0.1f);
+        assert_int_equal(c->base.rope_layout, TSR_ROPE_INTERLEAVED);
+        assert_true(c->base.rope_llama3);
+        assert_int_equal(c->layer[0], TSR_LLAMA4_ROPE | TSR_LLAMA4_CHUNKED);
+        assert_int_equal(c->layer[1], TSR_LLAMA4_ROPE | TSR_LLAMA4_CHUNKED | TSR_LLAMA4_MOE);
+        assert_int_equal(c->layer[2], TSR_LLAMA4_ROPE | TSR_LLAMA4_CHUNKED);
+        assert_int_equal(c->layer[3], TSR_LLAMA4_MOE);
+}
+
+/* A Llama4ForCausalLM config.json around `extra` fields. */
+static tsr_status cfg_of(const char *extra, tsr_llama4_config **c, char *err, size_t errlen) {
+        char buf[2048];
+        snprintf(buf, sizeof buf,
+                 "{\"architectures\":[\"Llama4ForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":8,"
+                 "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":16,\"intermediate_size\":32,"
+                 "\"vocab_size\":300%s}", extra);
+        *c = NULL;
+        return tsr_llama4_config_from_hf_json(buf, strlen(buf), "c.json", c, err, errlen);
+}
+
+static void test_config_derived(void **state) {
+        tsr_llama4_config *c;
+        char err[512];
+        (void)state;
+
+        /* Llama4TextConfig's defaults: every 4th layer NoPE, every layer MoE, chunks of
+         * 8192 on the RoPE layers, qk norm and temperature tuning on, eps 1e-5 */
+        assert_int_equal(cfg_of("", &c, err, sizeof err), TSR_OK);
+        for (uint32_t l = 0; l < 8; l++)
+                assert_int_equal(c->layer[l], (l % 4 == 3 ? 0 : TSR_LLAMA4_ROPE | TSR_LLAMA4_CHUNKED) | TSR_LLAMA4_MOE);
+        assert_int_equal(c->chunk, 8192);
+        assert_true(c->qk_norm && c->temp_tuning && !c->nested);
+        assert_true(c->base.rms_eps == 1e-5f && c->floor_scale == 8192.0f);
+        assert_int_equal(c->top_k, 1);
+        free(c);
+        /* an empty no_rope_layers is "absent"; step 2 MoE; a null chunk size: no chunked layer;
+         * Scout's integer attn_temperature_tuning */
+        assert_int_equal(cfg_of(",\"no_rope_layers\":[],\"no_rope_layer_interval\":2,\"interleave_moe_layer_step\":2,"
+                                "\"attention_chunk_size\":null,\"attn_temperature_tuning\":4",
+                                &c, err, sizeof err),
+                         TSR_OK);
+        for (uint32_t l = 0; l < 8; l++)
+                assert_int_equal(c->layer[l], (l % 2 ? TSR_LLAMA4_MOE : TSR_LLAMA4_ROPE));
+        assert_true(c->temp_tuning);
+        free(c);
+        /* explicit lists win: moe_layers [] = all dense; layer_types as given */
+        assert_int_equal(cfg_of(",\"moe_layers\":[],\"no_rope_layers\":[1,1,1,1,1,1,1,0],\"layer_types\":"
+                                "[\"full_attention\",\"chunked_attention\",\"full_attention\",\"full_attention\","
+                                "\"full_attention\",\"full_attention\",\"full_attention\",\"full_attention\"]",
+                                &c, err, sizeof err),
+                         TSR_OK);
+        assert_int_equal(c->layer[0], TSR_LLAMA4_ROPE);
+        assert_int_equal(c->layer[1], TSR_LLAMA4_ROPE | TSR_LLAMA4_CHUNKED);
+        assert_int_equal(c->layer[7], 0);
+        free(c);
+
+        static const struct { const char *extra; tsr_status st; const char *needle; } bad[] = {
+                {",\"num_experts_per_tok\":5,\"num_local_experts\":4", TSR_E_INVAL, "'num_experts_per_tok'"},
+                {",\"moe_layers\":[8]", TSR_E_INVAL, "'moe_layers[0]'"},
+                {",\"no_rope_layers\":[1,0]", TSR_E_INVAL, "'no_rope_layers': 2 entries for 8 layers"},
+                {",\"layer_types\":[\"sliding_attention\",\"full_attention\",\"full_attention\",\"full_attention\","
+                 "\"full_attention\",\"full_attention\",\"full_attention\",\"full_attention\"]",
+                 TSR_E_UNSUPPORTED, "'sliding_attention' is not supported"},
+                {",\"attention_chunk_size\":0", TSR_E_INVAL, "'attention_chunk_size'"},
+                {",\"floor_scale\":-1", TSR_E_INVAL, "'floor_scale'"},
+                {",\"attention_bias\":true", TSR_E_UNSUPPORTED, "attention biases"},
+                {",\"hidden_act\":\"gelu\"", TSR_E_UNSUPPORTED, "hidden_act"},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                tsr_status s = cfg_of(bad[i].extra, &c, err, sizeof err);
+                if (s != bad[i].st || !strstr(err, bad[i].needle) || c)
+                        fail_msg("%s: status %d, '%s' (want %d, '%s')", bad[i].extra, s, err, bad[i].st, bad[i].needle);
+        }
+        const char *other = "{\"architectures\":[\"LlamaForCausalLM\"]}";
+        assert_int_equal(tsr_llama4_config_from_hf_json(other, strlen(other), "c.json", &c, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "c.json: architecture 'LlamaForCausalLM' is not supported"));
+        const char *no_text = "{\"model_type\":\"llama4\"}";
+        assert_int_equal(tsr_llama4_config_from_hf_json(no_text, strlen(no_text), "c.json", &c, err, sizeof err),
+                         TSR_E_INVAL);
+        assert_non_null(strstr(err, "'text_config'"));
+}
+
+/* ---- the family -------------------------------------------------------------------------- */
+
+static void test_family(void **state) {
+        char path[1024], err[512];
+        tsr_model_desc d;
+        (void)state;
+        assert_ptr_equal(tsr_family_find("hf", "Llama4ForConditionalGeneration", "llama4"), &tsr_family_llama4);
+        assert_ptr_equal(tsr_family_find("hf", "Llama4ForCausalLM", NULL), &tsr_family_llama4);
+        assert_ptr_equal(tsr_family_find("hf", NULL, "llama4_text"), &tsr_family_llama4);
+        assert_ptr_equal(tsr_family_find("gguf", "llama4", NULL), &tsr_family_llama4);
+        /* a Llama 4 GGUF is refused, naming the file, before anything is read */
+        assert_int_equal(tsr_model_desc_read(&tsr_family_llama4, "/models/scout.gguf", true, &d, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "/models/scout.gguf: a Llama 4 GGUF (general.architecture llama4) is not supported"));
+        /* the description of the fixture, and its KV group: every layer full attention */
+        src_path(FIXTURE, path, sizeof path);
+        assert_int_equal(tsr_model_desc_read(&tsr_family_llama4, path, false, &d, err, sizeof err), TSR_OK);
+        assert_int_equal(d.vocab_size, 300);
+        assert_int_equal(d.n_layers, 4);
+        tsr_shard_spec sp;
+        tsr_kv_group g[TSR_KV_GROUPS_MAX];
+        assert_int_equal(tsr_family_llama4.shard_for(&d, 0, 1, 0, 1, &sp), TSR_OK);
+        assert_int_equal(tsr_family_llama4.kv_groups(&d, &sp, g, TSR_KV_GROUPS_MAX), 1);
+        assert_int_equal(g[0].kind, TSR_KV_FULL_ATTENTION);
+        assert_int_equal(g[0].n_layers, 4);
+        assert_int_equal(g[0].n_kv_heads, 2);
+        assert_int_equal(g[0].head_dim, 16);
+        /* shard rules: the router replicated, experts' gate/up column, down row */
+        for (size_t i = 0; i < tsr_family_llama4.n_tensors; i++) {
+                const tsr_tensor_name *t = &tsr_family_llama4.tensors[i];
+                if (strcmp(t->logical, "ffn_gate_inp") == 0)
+                        assert_int_equal(t->shard, TSR_SHARD_REPLICATED);
+                if (strcmp(t->logical, "ffn_gate_up_exps") == 0)
+                        assert_int_equal(t->shard, TSR_SHARD_COLUMN);
+                if (strcmp(t->logical, "ffn_down_exps") == 0)
+                        assert_int_equal(t->shard, TSR_SHARD_ROW);
+        }
+        tsr_model_desc_done(&d);
+}
+
+/* ---- against transformers ---------------------------------------------------------------- */
+
+/* Every check of the float32 golden with blocks of `bs` tokens on backend `be`; the
+ * full-sequence rows of every prompt go to keep[] (rows x V) for the bitwise comparisons. */
+static void check_golden(tsr_backend *be, size_t bs, float *keep) {
+        tsr_kv_pool *pool = NULL;
+        tsr_llama4_kv *kv = NULL;
+        uint32_t ids[MAXT], table[MAXT];
+        float *got = malloc(MAXT * V * sizeof(float)), *step = malloc(V * sizeof(float));
+        size_t row = 0, n_table = (MAXT + bs - 1) / bs;
+        double worst = 0, worst_dec = 0;
+
+        pool_new(n_table, bs, &pool, &kv);
+        for (size_t b = 0; b < n_table; b++)            /* blocks in reverse: the table matters */
+                table[b] = (uint32_t)(n_table - 1 - b);
+        for (size_t pi = 0; pi < n_prompts; pi++) {
+                size_t n = prompt_ids(pi, ids);
+                run(be, kv, table, n_table, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got);
+                memcpy(keep + row * V, got, n * V * sizeof(float));
+                for (size_t t = 0; t < n; t++) {
+                        const float *w = want + (row + t) * V, *g = got + t * V;
+                        for (size_t i = 0; i < V; i++) {
+                                double d = fabs((double)g[i] - w[i]);
+                                worst = fmax(worst, d);
+                                if (!(d <= 1e-4))
+                                        fail_msg("bs %zu prompt %zu pos %zu id %zu: %.7g, transformers %.7g", bs, pi, t,
+                                                 i, g[i], w[i]);
+                        }
+                        assert_int_equal(argmax(g, V), argmax(w, V));
+                }
+                if (pi == dec_prompt) {
+                        /* prefill all but the last steps, then one token at a time */
+                        run(be, kv, table, n_table, ids, n - n_steps, 0, TSR_LLAMA_LOGITS_LAST, step);
+                        assert_memory_equal(step, keep + (row + n - n_steps - 1) * V, V * sizeof(float));
+                        for (size_t k = 0; k < n_steps; k++) {
+                                size_t t = n - n_steps + k;
+                                run(be, kv, table, n_table, &ids[t], 1, t, TSR_LLAMA_LOGITS_LAST, step);
+                                assert_memory_equal(step, keep + (row + t) * V, V * sizeof(float));
+                                for (size_t i = 0; i < V; i++)
+                                        worst_dec = fmax(worst_dec, fabs((double)step[i] - want[(row + n + k) * V + i]));
+                        }
+                        assert_true(worst_dec <= 1e-4);
+                }
+                row += n;
+        }
+        /* greedy continuations through the decode path */
+        json_t *greedy = json_object_get(golden, "greedy");
+        size_t total = 0;
+        for (size_t pi = 0; pi < n_prompts; pi++) {
+                json_t *gw = json_array_get(greedy, pi);
+                size_t n = prompt_ids(pi, ids);
+                run(be, kv, table, n_table, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step);
+                for (size_t s = 0; s < json_array_size(gw); s++, total++) {
+                        uint32_t tok = (uint32_t)argmax(step, V);
+                        long long w = json_integer_value(json_array_get(gw, s));
+                        if (tok != w)
+                                fail_msg("bs %zu prompt %zu greedy step %zu: %u, transformers %lld", bs, pi, s, tok, w);
+                        run(be, kv, table, n_table, &tok, 1, n + s, TSR_LLAMA_LOGITS_LAST, step);
+                }
+        }
+        assert_int_equal(total, 32 * n_prompts);
+        print_message("tiny-llama4 %s bs %zu: max |dlogit| full %.3g, decode path %.3g (max |logit| %.3g); greedy "
+                      "%zu/%zu tokens equal\n", tsr_backend_name(be), bs, worst, worst_dec,
+                      json_real_value(json_object_get(golden, "max_abs_logit")), total, total);
+        tsr_llama4_kv_free(&kv);
+        tsr_kv_pool_free(&pool);
+        free(got);
+        free(step);
+}
+
+static size_t total_rows(void) {
+        uint32_t ids[MAXT];
+        size_t rows = 0;
+        for (size_t pi = 0; pi < n_prompts; pi++)
+                rows += prompt_ids(pi, ids);
+        return rows;
+}
+
+static void test_golden_f32(void **state) {
+        size_t rows = total_rows();
+        float *a = malloc(rows * V * sizeof(float)), *b = malloc(rows * V * sizeof(float));
+        tsr_backend *fast = NULL;
+        (void)state;
+        /* block 16: chunk starts 8, 24, ... fall inside blocks (the gathered path); block 4:
+         * every chunk start is a block boundary (the shifted table) */
+        check_golden(ref_be, 16, a);
+        check_golden(ref_be, 4, b);
+        assert_memory_equal(a, b, rows * V * sizeof(float));
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &fast), TSR_OK);
+        check_golden(fast, 16, b);
+        assert_memory_equal(a, b, rows * V * sizeof(float));    /* the fast kernels are bitwise the reference */
+        tsr_backend_free(&fast);
+        free(a);
+        free(b);
+}
+
+/* The three prompts in one batch, cut into chunks of different lengths at each step
+ * (prefill chunks beside decode steps), give bitwise the rows each gives alone: routing
+ * and expert rows included. */
+static void test_batch_invariance(void **state) {
+        size_t rows = total_rows(), bs = 16, per = MAXT / bs, off[8], len[8];
+        uint32_t ids[3][MAXT], table[3 * (MAXT / 16)];
+        float *alone = malloc(rows * V * sizeof(float)), *got = malloc(rows * V * sizeof(float));
+        tsr_kv_pool *pool = NULL;
+        tsr_llama4_kv *kv = NULL;
+        (void)state;
+
+        assert_int_equal(n_prompts, 3);
+        pool_new(3 * per, bs, &pool, &kv);
+        for (size_t b = 0; b < 3 * per; b++)            /* sequence i owns blocks i, i+3, i+6, ... */
+                table[b] = (uint32_t)((b % per) * 3 + b / per);
+        for (size_t pi = 0, r = 0; pi < 3; pi++) {
+                len[pi] = prompt_ids(pi, ids[pi]);
+                off[pi] = r;
+                run(ref_be, kv, table + pi * per, per, ids[pi], len[pi], 0, TSR_LLAMA_LOGITS_ALL, alone + r * V);
+                r += len[pi];
+        }
+        /* step k runs prompt i's next cut[i][k] tokens; logits ALL, packed in sequence order */
+        static const size_t cut[3][4] = {{1, 1, 3, 1}, {7, 9, 1, 8}, {20, 1, 17, 13}};
+        size_t done[3] = {0, 0, 0};
+        for (size_t k = 0; k < 4; k++) {
+                tsr_llama_seq q[3];
+                size_t nq = 0, packed = 0;
+                for (size_t pi = 0; pi < 3; pi++) {
+                        size_t n = cut[pi][k] < len[pi] - done[pi] ? cut[pi][k] : len[pi] - done[pi];
+                        if (k == 3)
+                                n = len[pi] - done[pi];
+                        if (!n)
+                                continue;
+                        q[nq++] = (tsr_llama_seq){.block_table = table + pi * per, .n_table = per,
+                                                  .tokens = ids[pi] + done[pi], .n = n, .past_len = done[pi],
+                                                  .which = TSR_LLAMA_LOGITS_ALL};
+                }
+                assert_int_equal(tsr_llama4_forward_batch(model, ref_be, kv, q, nq, got), TSR_OK);
+                for (size_t i = 0; i < nq; i++) {
+                        size_t pi = (size_t)(q[i].tokens - ids[0]) / MAXT;
+                        assert_memory_equal(got + packed * V, alone + (off[pi] + done[pi]) * V, q[i].n * V * sizeof(float));
+                        packed += q[i].n;
+                        done[pi] += q[i].n;
+                }
+        }
+        for (size_t pi = 0; pi < 3; pi++)
+                assert_int_equal(done[pi], len[pi]);
+        /* bad input: a token past the vocabulary, a table too short for the positions */
+        uint32_t bad = 300;
+        tsr_llama_seq q = {.block_table = table, .n_table = per, .tokens = &bad, .n = 1, .which = TSR_LLAMA_LOGITS_LAST};
+        assert_int_equal(tsr_llama4_forward_batch(model, ref_be, kv, &q, 1, got), TSR_E_INVAL);
+        q = (tsr_llama_seq){.block_table = table, .n_table = 1, .tokens = ids[2], .n = 17, .which = TSR_LLAMA_LOGITS_LAST};
+        assert_int_equal(tsr_llama4_forward_batch(model, ref_be, kv, &q, 1, got), TSR_E_INVAL);
+        tsr_llama4_kv_free(&kv);
+        tsr_kv_pool_free(&pool);
+        free(alone);
+        free(got);
+}
+
+static void test_bf16(void **state) {
+        char path[1024], err[512];
+        tsr_llama4_config *c = NULL;
+        tsr_llama4 *m16 = NULL, *m32 = model;
+        size_t rows = total_rows(), agree = 0;
+        float *got = malloc(rows * V * sizeof(float)), *keep = malloc(rows * V * sizeof(float));
+        double dot = 0, na = 0, nb = 0;
+        (void)state;
+
+        src_path(FIXTURE, path, sizeof path);
+        assert_int_equal(tsr_llama4_config_from_hf(path, &c, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, 3}, NULL, NULL, &m16, NULL, err, sizeof err),
+                         TSR_OK);
+        free(c);
+        assert_int_equal(tsr_llama4_use_bf16(m16), TSR_OK);
+        assert_true(tsr_llama4_is_bf16(m16));
+        assert_int_equal(tsr_llama4_check_backend(m16, ref_be), TSR_OK);
+        model = m16;
+        tsr_kv_pool *pool = NULL;
+        tsr_llama4_kv *kv = NULL;
+        uint32_t ids[MAXT], table[MAXT / 16];
+        pool_new(MAXT / 16, 16, &pool, &kv);
+        for (size_t b = 0; b < MAXT / 16; b++)
+                table[b] = (uint32_t)b;
+        for (size_t pi = 0, r = 0; pi < n_prompts; pi++) {
+                size_t n = prompt_ids(pi, ids);
+                run(ref_be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got + r * V);
+                r += n;
+        }
+        model = m32;
+        for (size_t r = 0; r < rows; r++) {
+                agree += argmax(got + r * V, V) == argmax(want + r * V, V);
+                for (size_t i = 0; i < V; i++) {
+                        dot += (double)got[r * V + i] * want[r * V + i];
+                        na += (double)got[r * V + i] * got[r * V + i];
+                        nb += (double)want[r * V + i] * want[r * V + i];
+                }
+        }
+        double cosine = dot / sqrt(na * nb);
+        print_message("tiny-llama4 bf16 weights: cosine %.6f, top-1 %zu/%zu\n", cosine, agree, rows);
+        assert_true(cosine >= 0.999);
+        assert_true((double)agree >= 0.99 * (double)rows);
+        tsr_llama4_kv_free(&kv);
+        tsr_kv_pool_free(&pool);
+        tsr_llama4_free(&m16);
+        free(got);
+        free(keep);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_config_fixture), cmocka_unit_test(test_config_derived),
+                cmocka_unit_test(test_family),         cmocka_unit_test(test_golden_f32),
+                cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bf16),
+        };
+        if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
+                return 1;
+        int failed = cmocka_run_group_tests_name("llama4", tests, setup, teardown);
+        tsr_backend_free(&ref_be);
+        return failed ? 1 : 0;
+}

@@ -1,0 +1,654 @@
+/* llama4.c - Llama 4 text weights and forward (llama4.h; models.md §2.3).
+ *
+ * Everything runs on the caller's backend through kernels.h, except the small
+ * family-specific arithmetic done on the host per row: the router's top-k and sigmoid,
+ * the scaling of a token's expert input by its score, the sum of its experts' outputs
+ * and the NoPE layers' temperature factor.  Each of those reads only its own row, in a
+ * fixed order, so a row's result never depends on the other rows of the batch (the
+ * experts' matmuls run on the rows routed to them, which kernels.h guarantees is
+ * bitwise the same per row as running each alone).  Engine (or step) thread. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker/model/family.h"
+#include "worker/model/llama4.h"
+
+/* A matmul weight: float32 as loaded, or its bf16 copy after tsr_llama4_use_bf16 (then
+ * f is freed, except a tied output which is the embedding table). */
+typedef struct mat {
+        float *f;
+        uint16_t *b;
+} mat;
+
+typedef struct layer {
+        float *attn_norm, *ffn_norm;            /* (dim,) */
+        mat q, k, v, o;
+        mat gate, up, down;                     /* dense layers: (mlp, dim), (mlp, dim), (dim, mlp) */
+        mat router;                             /* MoE layers: (E, dim) */
+        mat exp_gate_up;                        /* (E, 2I, dim) (the file's (E, dim, 2I), transposed at load) */
+        mat exp_down;                           /* (E, dim, I)  (the file's (E, I, dim)) */
+        mat sh_gate, sh_up, sh_down;            /* shared expert: (I, dim), (I, dim), (dim, I) */
+} layer;
+
+struct tsr_llama4 {
+        tsr_llama4_config *cfg;                 /* owned copy */
+        tsr_shard_spec shard;
+        float *embed;                           /* (vocab, dim) */
+        float *out_norm;                        /* (dim,) */
+        mat output;                             /* (vocab, dim); f == embed when tied */
+        layer *layers;
+        float *inv_freq;                        /* (head_dim/2,) */
+        float *ones;                            /* (head_dim,): the qk L2 norm is rmsnorm with unit weight */
+        bool bf16;
+};
+
+struct tsr_llama4_kv {
+        size_t n_layers, n_kv_heads, head_dim, block_size, n_blocks;
+        float **k, **v;                         /* [n_layers], borrowed from the pool */
+};
+
+#define N_MATS 13
+
+/* The layer's matmul weights with their (rows, cols) per expert and expert count. */
+static void layer_mats(const tsr_llama4_config *c, layer *L, mat **w, size_t *rows, size_t *cols, size_t *n) {
+        size_t dim = c->base.dim, qd = (size_t)c->base.n_heads * c->base.head_dim;
+        size_t kvd = (size_t)c->base.n_kv_heads * c->base.head_dim, I = c->base.hidden_dim, M = c->mlp_dim;
+        size_t E = c->n_experts;
+        mat *ww[N_MATS] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->router, &L->exp_gate_up,
+                           &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down};
+        size_t r[N_MATS] = {qd, kvd, kvd, dim, M, M, dim, E, 2 * I, dim, I, I, dim};
+        size_t cc[N_MATS] = {dim, dim, dim, qd, dim, dim, M, dim, dim, I, dim, dim, I};
+        size_t nn[N_MATS] = {1, 1, 1, 1, 1, 1, 1, 1, E, E, 1, 1, 1};
+        memcpy(w, ww, sizeof ww);
+        memcpy(rows, r, sizeof r);
+        memcpy(cols, cc, sizeof cc);
+        memcpy(n, nn, sizeof nn);
+}
+
+static void mat_free(mat *w) {
+        free(w->f);
+        free(w->b);
+        *w = (mat){0};
+}
+
+void tsr_llama4_free(tsr_llama4 **mp) {
+        tsr_llama4 *m;
+        if (!mp || !*mp)
+                return;
+        m = *mp;
+        if (m->layers) {
+                for (size_t l = 0; l <= m->shard.last_layer - m->shard.first_layer; l++) {
+                        layer *L = &m->layers[l];
+                        mat *w[N_MATS];
+                        size_t r[N_MATS], c[N_MATS], n[N_MATS];
+                        layer_mats(m->cfg, L, w, r, c, n);
+                        for (int i = 0; i < N_MATS; i++)
+                                mat_free(w[i]);
+                        free(L->attn_norm);
+                        free(L->ffn_norm);
+                }
+                free(m->layers);
+        }
+        if (m->output.f == m->embed)
+                m->output.f = NULL;
+        mat_free(&m->output);
+        free(m->embed);
+        free(m->out_norm);
+        free(m->inv_freq);
+        free(m->ones);
+        free(m->cfg);
+        free(m);
+        *mp = NULL;
+}
+
+const tsr_llama4_config *tsr_llama4_config_of(const tsr_llama4 *m) { return m ? m->cfg : NULL; }
+
+/* ---- load ------------------------------------------------------------------------------ */
+
+/* Where the family's logical tensor `n` of `layer` goes (llama4_family.c's table).  A
+ * dense layer has no router or experts, a MoE layer no dense MLP; a tied model no output
+ * matrix.  Experts are 3-D stacks in transformers' BMM layout [E, in, out]. */
+static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_load_slot *ret) {
+        tsr_llama4 *m = model;
+        const tsr_llama4_config *c = m->cfg;
+        layer *L = n->per_layer ? &m->layers[l - m->shard.first_layer] : NULL;
+        bool moe = L && (c->layer[l] & TSR_LLAMA4_MOE);
+        uint64_t dim = c->base.dim, qd = (uint64_t)c->base.n_heads * c->base.head_dim;
+        uint64_t kvd = (uint64_t)c->base.n_kv_heads * c->base.head_dim, I = c->base.hidden_dim, M = c->mlp_dim;
+        uint64_t E = c->n_experts;
+        struct { const char *name; float **dst; uint64_t rows, cols, experts; } s[] = {
+                {"token_embd", &m->embed, c->base.vocab_size, dim, 0},
+                {"output_norm", &m->out_norm, dim, 0, 0},
+                {"output", c->base.tied_embeddings ? NULL : &m->output.f, c->base.vocab_size, dim, 0},
+                {"attn_norm", L ? &L->attn_norm : NULL, dim, 0, 0},
+                {"attn_q", L ? &L->q.f : NULL, qd, dim, 0},
+                {"attn_k", L ? &L->k.f : NULL, kvd, dim, 0},
+                {"attn_v", L ? &L->v.f : NULL, kvd, dim, 0},
+                {"attn_output", L ? &L->o.f : NULL, dim, qd, 0},
+                {"ffn_norm", L ? &L->ffn_norm : NULL, dim, 0, 0},
+                {"ffn_gate", L && !moe ? &L->gate.f : NULL, M, dim, 0},
+                {"ffn_up", L && !moe ? &L->up.f : NULL, M, dim, 0},
+                {"ffn_down", L && !moe ? &L->down.f : NULL, dim, M, 0},
+                {"ffn_gate_inp", moe ? &L->router.f : NULL, E, dim, 0},
+                {"ffn_gate_up_exps", moe ? &L->exp_gate_up.f : NULL, dim, 2 * I, E},
+                {"ffn_down_exps", moe ? &L->exp_down.f : NULL, I, dim, E},
+                {"ffn_gate_shexp", moe ? &L->sh_gate.f : NULL, I, dim, 0},
+                {"ffn_up_shexp", moe ? &L->sh_up.f : NULL, I, dim, 0},
+                {"ffn_down_shexp", moe ? &L->sh_down.f : NULL, dim, I, 0},
+        };
+        for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+                if (strcmp(s[i].name, n->logical) == 0 && s[i].dst) {
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .rows = s[i].rows, .cols = s[i].cols,
+                                               .experts = s[i].experts};
+                        return true;
+                }
+        return false;
+}
+
+/* Each expert's (rows, cols) matrix of `w` (E of them) transposed in place to (cols, rows):
+ * the file's [E, in, out] becomes the (out, in) row-major the matmul reads. */
+static bool transpose_experts(float *w, size_t E, size_t rows, size_t cols) {
+        float *tmp = malloc(rows * cols * sizeof(float));
+        if (!tmp)
+                return false;
+        for (size_t e = 0; e < E; e++) {
+                float *a = w + e * rows * cols;
+                for (size_t r = 0; r < rows; r++)
+                        for (size_t c = 0; c < cols; c++)
+                                tmp[c * rows + r] = a[r * cols + c];
+                memcpy(a, tmp, rows * cols * sizeof(float));
+        }
+        free(tmp);
+        return true;
+}
+
+static bool is_vision(const char *name) {
+        return strncmp(name, "vision_model.", 13) == 0 || strncmp(name, "multi_modal_projector.", 22) == 0;
+}
+
+tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const tsr_shard_spec *spec,
+                           tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret, tsr_load_stats *stats,
+                           char *err, size_t errlen) {
+        const tsr_model_family *fam = &tsr_family_llama4;
+        tsr_safetensors_set *set = NULL;
+        tsr_llama4 *m = NULL;
+        size_t cfg_bytes, n_vision = 0, hd;
+        tsr_status st;
+
+        if (!dir || !cfg || !spec || !ret)
+                return TSR_E_INVAL;
+        if ((st = tsr_llama_weights_check(&cfg->base, spec, dir, err, errlen)) != TSR_OK)
+                return st;
+        if ((st = tsr_safetensors_set_open(dir, &set, err, errlen)) != TSR_OK)
+                return st;
+        hd = cfg->base.head_dim;
+        cfg_bytes = sizeof *cfg + cfg->base.n_layers;
+        if (!(m = calloc(1, sizeof *m)) || !(m->cfg = malloc(cfg_bytes)) ||
+            !(m->layers = calloc(spec->last_layer - spec->first_layer + 1, sizeof *m->layers)) ||
+            !(m->inv_freq = malloc(hd / 2 * sizeof(float))) || !(m->ones = malloc(hd * sizeof(float)))) {
+                tsr_errf(err, errlen, "%s: out of memory", dir);
+                st = TSR_E_NOMEM;
+                goto done;
+        }
+        memcpy(m->cfg, cfg, cfg_bytes);
+        m->shard = *spec;
+        for (size_t i = 0; i < hd; i++)
+                m->ones[i] = 1.0f;
+        if ((st = tsr_llama_rope_inv_freq(&cfg->base, NULL, m->inv_freq)) != TSR_OK) {
+                tsr_errf(err, errlen, "%s: bad RoPE parameters", dir);
+                goto done;
+        }
+        for (size_t i = 0; i < tsr_safetensors_set_n_tensors(set); i++) {
+                const tsr_safetensors_tensor *t = tsr_safetensors_set_tensor_at(set, i, NULL);
+                n_vision += t && is_vision(t->name);
+        }
+        if (n_vision)
+                log_info("%s: %zu vision tower and projector tensors not loaded (Llama 4 is served as text only)", dir,
+                         n_vision);
+        /* The nested layout (Meta/HF Scout) keeps the text model under language_model.;
+         * Llama4ForCausalLM and ModelOpt's exports of the nested model use the bare names. */
+        tsr_tensor_source src = {
+                .set = set, .src = dir,
+                .hf_prefix = tsr_safetensors_set_find(set, "language_model.model.embed_tokens.weight", NULL)
+                                     ? "language_model."
+                                     : NULL,
+        };
+        if ((st = tsr_load_tensors(&src, fam->tensors, fam->n_tensors, spec, llama4_bind, m, progress, ud, stats,
+                                   err, errlen)) != TSR_OK)
+                goto done;
+        for (uint32_t l = spec->first_layer; l <= spec->last_layer; l++) {
+                layer *L = &m->layers[l - spec->first_layer];
+                if (!(cfg->layer[l] & TSR_LLAMA4_MOE))
+                        continue;
+                if (!transpose_experts(L->exp_gate_up.f, cfg->n_experts, cfg->base.dim, 2 * (size_t)cfg->base.hidden_dim) ||
+                    !transpose_experts(L->exp_down.f, cfg->n_experts, cfg->base.hidden_dim, cfg->base.dim)) {
+                        tsr_errf(err, errlen, "%s: out of memory", dir);
+                        st = TSR_E_NOMEM;
+                        goto done;
+                }
+        }
+        if (cfg->base.tied_embeddings)
+                m->output.f = m->embed;
+        *ret = m;
+        m = NULL;
+done:
+        tsr_llama4_free(&m);
+        tsr_safetensors_set_close(&set);
+        return st;
+}
+
+/* ---- bf16 ------------------------------------------------------------------------------- */
+
+static uint16_t *to_bf16(const float *src, size_t n) {
+        uint16_t *dst = aligned_alloc(64, (n * sizeof(uint16_t) + 63) / 64 * 64);
+        if (dst)
+                for (size_t i = 0; i < n; i++)
+                        dst[i] = tsr_f32_to_bf16(src[i]);
+        return dst;
+}
+
+tsr_status tsr_llama4_use_bf16(tsr_llama4 *m) {
+        const tsr_llama4_config *c;
+        size_t n_layers;
+
+        if (!m)
+                return TSR_E_INVAL;
+        if (m->bf16)
+                return TSR_OK;
+        c = m->cfg;
+        n_layers = m->shard.last_layer - m->shard.first_layer + 1;
+        /* Convert everything first; free the float32 copies only once nothing can fail. */
+        if (!(m->output.b = to_bf16(m->output.f, (size_t)c->base.vocab_size * c->base.dim)))
+                goto nomem;
+        for (size_t l = 0; l < n_layers; l++) {
+                mat *w[N_MATS];
+                size_t r[N_MATS], cc[N_MATS], n[N_MATS];
+                layer_mats(c, &m->layers[l], w, r, cc, n);
+                for (int i = 0; i < N_MATS; i++)
+                        if (w[i]->f && !(w[i]->b = to_bf16(w[i]->f, r[i] * cc[i] * n[i])))
+                                goto nomem;
+        }
+        for (size_t l = 0; l < n_layers; l++) {
+                mat *w[N_MATS];
+                size_t r[N_MATS], cc[N_MATS], n[N_MATS];
+                layer_mats(c, &m->layers[l], w, r, cc, n);
+                for (int i = 0; i < N_MATS; i++) {
+                        free(w[i]->f);
+                        w[i]->f = NULL;
+                }
+        }
+        if (m->output.f != m->embed)            /* tied: the embedding still reads it */
+                free(m->output.f);
+        m->output.f = NULL;
+        m->bf16 = true;
+        return TSR_OK;
+nomem:
+        for (size_t l = 0; l < n_layers; l++) {
+                mat *w[N_MATS];
+                size_t r[N_MATS], cc[N_MATS], n[N_MATS];
+                layer_mats(c, &m->layers[l], w, r, cc, n);
+                for (int i = 0; i < N_MATS; i++) {
+                        free(w[i]->b);
+                        w[i]->b = NULL;
+                }
+        }
+        free(m->output.b);
+        m->output.b = NULL;
+        return TSR_E_NOMEM;
+}
+
+bool tsr_llama4_is_bf16(const tsr_llama4 *m) { return m && m->bf16; }
+
+tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be) {
+        static const tsr_op needed[] = {TSR_OP_RMSNORM,   TSR_OP_EMBEDDING, TSR_OP_ROPE, TSR_OP_KV_WRITE,
+                                        TSR_OP_ATTENTION, TSR_OP_SILU_MUL,  TSR_OP_ADD,  TSR_OP_ADD_RMSNORM};
+        if (!m || !be)
+                return TSR_E_INVAL;
+        if (!tsr_backend_host_memory(be))       /* weights, activations and KV are host memory */
+                return TSR_E_UNSUPPORTED;
+        for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
+                if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
+                        return TSR_E_UNSUPPORTED;
+        if (!tsr_backend_supports(be, TSR_OP_MATMUL, m->bf16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32))
+                return TSR_E_UNSUPPORTED;
+        return TSR_OK;
+}
+
+/* ---- KV --------------------------------------------------------------------------------- */
+
+tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *c) {
+        return tsr_llama_kv_group(&c->base);
+}
+
+tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4_kv **ret) {
+        tsr_kv_group want;
+        const tsr_kv_pool_group *g;
+        tsr_llama4_kv *kv;
+
+        if (!m || !pool || !ret)
+                return TSR_E_INVAL;
+        want = tsr_llama4_kv_group(m->cfg);
+        want.n_layers = m->shard.last_layer - m->shard.first_layer + 1;
+        g = &pool->groups[0];
+        if (pool->n_groups != 1 || g->spec.kind != want.kind || g->spec.n_layers != want.n_layers ||
+            g->spec.n_kv_heads != want.n_kv_heads || g->spec.head_dim != want.head_dim || g->spec.dtype != want.dtype)
+                return TSR_E_INVAL;
+        if (pool->n_blocks > UINT32_MAX)
+                return TSR_E_LIMIT;
+        if (!(kv = calloc(1, sizeof *kv)))
+                return TSR_E_NOMEM;
+        *kv = (tsr_llama4_kv){.n_layers = want.n_layers, .n_kv_heads = want.n_kv_heads, .head_dim = want.head_dim,
+                              .block_size = pool->block_size, .n_blocks = (size_t)pool->n_blocks,
+                              .k = (float **)g->k, .v = (float **)g->v};
+        *ret = kv;
+        return TSR_OK;
+}
+
+void tsr_llama4_kv_free(tsr_llama4_kv **kv) {
+        if (!kv)
+                return;
+        free(*kv);
+        *kv = NULL;
+}
+
+static tsr_kv_view kv_view(const tsr_llama4_kv *kv, size_t l, const tsr_llama_seq *q) {
+        return (tsr_kv_view){.k = kv->k[l], .v = kv->v[l], .block_table = q->block_table, .n_table = q->n_table,
+                             .n_blocks = kv->n_blocks, .block_size = kv->block_size, .n_kv_heads = kv->n_kv_heads,
+                             .head_dim = kv->head_dim};
+}
+
+/* ---- forward ---------------------------------------------------------------------------- */
+
+struct scratch {
+        float *x, *xb;                  /* (N, dim) residual stream; a sublayer's input, then output */
+        float *q, *att;                 /* (N, q_dim) */
+        float *k, *v;                   /* (N, kv_dim) */
+        float *hb, *hb2;                /* (N, max(mlp, I)) */
+        float *sh, *routed, *xin, *ey;  /* (N, dim): shared expert out, routed sum, an expert's rows in and out */
+        float *rl;                      /* (N, E) router logits */
+        float *score;                   /* (N, top_k) */
+        uint32_t *sel;                  /* (N, top_k) chosen experts */
+        uint32_t *rows;                 /* (N,) rows routed to one expert */
+        float *rscale;                  /* (N,) their scores */
+        float *ck, *cv;                 /* (chunk rows, kv_dim) a chunk's keys and values, gathered */
+        uint32_t *pos, *tokens;         /* (N,) */
+};
+
+static void scratch_free(struct scratch *s) {
+        float *f[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->hb, s->hb2, s->sh, s->routed, s->xin, s->ey,
+                      s->rl, s->score, s->rscale, s->ck, s->cv};
+        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+                free(f[i]);
+        free(s->sel);
+        free(s->rows);
+        free(s->pos);
+        free(s->tokens);
+}
+
+static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4_config *c, size_t N, size_t chunk_rows) {
+        size_t dim = c->base.dim, qd = (size_t)c->base.n_heads * c->base.head_dim;
+        size_t kvd = (size_t)c->base.n_kv_heads * c->base.head_dim;
+        size_t hid = c->mlp_dim > c->base.hidden_dim ? c->mlp_dim : c->base.hidden_dim;
+        size_t E = c->n_experts, K = c->top_k, widest = dim;
+
+        memset(s, 0, sizeof *s);
+        widest = qd > widest ? qd : widest;
+        widest = hid > widest ? hid : widest;
+        widest = E > widest ? E : widest;
+        if (N > SIZE_MAX / sizeof(float) / widest || chunk_rows > SIZE_MAX / sizeof(float) / kvd)
+                return TSR_E_LIMIT;
+#define A(p, n) ((p) = malloc((n) * sizeof *(p)))
+        if (!A(s->x, N * dim) || !A(s->xb, N * dim) || !A(s->q, N * qd) || !A(s->att, N * qd) || !A(s->k, N * kvd) ||
+            !A(s->v, N * kvd) || !A(s->hb, N * hid) || !A(s->hb2, N * hid) || !A(s->sh, N * dim) ||
+            !A(s->routed, N * dim) || !A(s->xin, N * dim) || !A(s->ey, N * dim) || !A(s->rl, N * E) ||
+            !A(s->score, N * K) || !A(s->sel, N * K) || !A(s->rows, N) || !A(s->rscale, N) ||
+            !A(s->ck, chunk_rows * kvd + 1) || !A(s->cv, chunk_rows * kvd + 1) || !A(s->pos, N) || !A(s->tokens, N)) {
+                scratch_free(s);
+                return TSR_E_NOMEM;
+        }
+#undef A
+        return TSR_OK;
+}
+
+/* W (d, n) @ x (rows, n) -> out (rows, d) for the (d, n) matrix starting `off` elements
+ * into `w`, in the dtype the model holds it in. */
+static tsr_status mm(tsr_backend *be, float *out, const float *x, const mat *w, size_t off, size_t rows, size_t n,
+                     size_t d) {
+        if (w->b)
+                return tsr_backend_matmul(be, out, x, w->b + off, TSR_DTYPE_BF16, rows, n, d);
+        return tsr_backend_matmul(be, out, x, w->f + off, TSR_DTYPE_F32, rows, n, d);
+}
+
+#define TRY(expr)                               \
+        do {                                    \
+                if ((st = (expr)) != TSR_OK)    \
+                        goto done;              \
+        } while (0)
+
+/* down(silu(gate(x)) * up(x)) for x (rows, dim) -> out (rows, dim); `hid` the width. */
+static tsr_status swiglu(tsr_backend *be, const tsr_llama4_config *c, struct scratch *s, float *out, const float *x,
+                         const mat *gate, const mat *up, const mat *down, size_t rows, size_t hid) {
+        size_t dim = c->base.dim;
+        tsr_status st;
+        TRY(mm(be, s->hb, x, gate, 0, rows, dim, hid));
+        TRY(mm(be, s->hb2, x, up, 0, rows, dim, hid));
+        TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, rows * hid));
+        TRY(mm(be, out, s->hb, down, 0, rows, hid, dim));
+done:
+        return st;
+}
+
+/* Llama4TextMoe on s->xb (N, dim) -> s->xb: shared(x) + sum over the token's top-k experts
+ * e (in expert order) of expert_e(x * sigmoid(logit_e)).  transformers runs every expert
+ * on every token with the others' input scaled by sigmoid(-inf) = 0, whose outputs are
+ * exact zeros: the same sum. */
+static tsr_status moe(tsr_backend *be, const tsr_llama4_config *c, const layer *L, struct scratch *s, size_t N) {
+        size_t dim = c->base.dim, I = c->base.hidden_dim, E = c->n_experts, K = c->top_k;
+        tsr_status st;
+
+        TRY(swiglu(be, c, s, s->sh, s->xb, &L->sh_gate, &L->sh_up, &L->sh_down, N, I));        /* sh (N, dim) */
+        TRY(mm(be, s->rl, s->xb, &L->router, 0, N, dim, E));                                    /* rl (N, E) */
+        for (size_t r = 0; r < N; r++) {
+                /* top-k by logit, ties to the lower index; the score is the sigmoid in float32 */
+                const float *lg = s->rl + r * E;
+                for (size_t j = 0; j < K; j++) {
+                        size_t best = E;
+                        for (size_t e = 0; e < E; e++) {
+                                bool taken = false;
+                                for (size_t i = 0; i < j; i++)
+                                        taken |= s->sel[r * K + i] == e;
+                                if (!taken && (best == E || lg[e] > lg[best]))
+                                        best = e;
+                        }
+                        s->sel[r * K + j] = (uint32_t)best;
+                        s->score[r * K + j] = 1.0f / (1.0f + expf(-lg[best]));
+                }
+        }
+        memset(s->routed, 0, N * dim * sizeof(float));
+        for (size_t e = 0; e < E; e++) {
+                size_t n = 0;
+                for (size_t r = 0; r < N; r++)
+                        for (size_t j = 0; j < K; j++)
+                                if (s->sel[r * K + j] == e) {
+                                        s->rows[n] = (uint32_t)r;
+                                        s->rscale[n++] = s->score[r * K + j];
+                                }
+                if (!n)
+                        continue;
+                for (size_t i = 0; i < n; i++)          /* the router weight scales the expert's input */
+                        for (size_t d = 0; d < dim; d++)
+                                s->xin[i * dim + d] = s->xb[(size_t)s->rows[i] * dim + d] * s->rscale[i];
+                /* gate rows 0..I-1 and up rows I..2I-1 of the expert's (2I, dim) matrix */
+                TRY(mm(be, s->hb, s->xin, &L->exp_gate_up, e * 2 * I * dim, n, dim, I));
+                TRY(mm(be, s->hb2, s->xin, &L->exp_gate_up, e * 2 * I * dim + I * dim, n, dim, I));
+                TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, n * I));
+                TRY(mm(be, s->ey, s->hb, &L->exp_down, e * dim * I, n, I, dim));
+                for (size_t i = 0; i < n; i++)
+                        for (size_t d = 0; d < dim; d++)
+                                s->routed[(size_t)s->rows[i] * dim + d] += s->ey[i * dim + d];
+        }
+        TRY(tsr_backend_add(be, s->xb, s->sh, s->routed, N * dim));
+done:
+        return st;
+}
+
+/* Attention of one sequence's n query rows (q, out: (n, q_dim)) in layer l.  Full layers:
+ * causal over the whole cache.  Chunked layers: the queries of each chunk [cs, cs + C)
+ * see the keys cs .. their own position only, i.e. the causal kernel on a view that
+ * starts at cs: the block table shifted by cs / block_size when cs is a block boundary
+ * (the real configs: C = 8192), else the chunk's rows gathered into one block. */
+static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_kv *kv, struct scratch *s,
+                         size_t l, const tsr_llama_seq *q, const float *qrows, float *out) {
+        const tsr_llama4_config *c = m->cfg;
+        size_t H = c->base.n_heads, qd = H * c->base.head_dim, kvd = kv->n_kv_heads * kv->head_dim;
+        size_t C = c->chunk, bs = kv->block_size;
+        float scale = (float)(1.0 / sqrt((double)c->base.head_dim));
+        tsr_kv_view view = kv_view(kv, l, q);
+        tsr_status st = TSR_OK;
+
+        if (!(c->layer[l] & TSR_LLAMA4_CHUNKED))
+                return tsr_backend_attention(be, out, qrows, &view, q->n, q->past_len, H, scale);
+        for (size_t t = 0; t < q->n;) {
+                size_t p0 = q->past_len + t, cs = p0 / C * C, cnt = q->n - t;
+                tsr_kv_view v2 = view;
+                if (cnt > cs + C - p0)
+                        cnt = cs + C - p0;
+                if (cs % bs == 0) {
+                        v2.block_table += cs / bs;
+                        v2.n_table -= cs / bs;
+                } else {
+                        size_t rows = p0 + cnt - cs;
+                        static const uint32_t zero = 0;
+                        for (size_t p = cs; p < cs + rows; p++) {
+                                size_t at = ((size_t)q->block_table[p / bs] * bs + p % bs) * kvd;
+                                memcpy(s->ck + (p - cs) * kvd, kv->k[l] + at, kvd * sizeof(float));
+                                memcpy(s->cv + (p - cs) * kvd, kv->v[l] + at, kvd * sizeof(float));
+                        }
+                        v2 = (tsr_kv_view){.k = s->ck, .v = s->cv, .block_table = &zero, .n_table = 1, .n_blocks = 1,
+                                           .block_size = rows, .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim};
+                }
+                if ((st = tsr_backend_attention(be, out + t * qd, qrows + t * qd, &v2, cnt, p0 - cs, H, scale)) !=
+                    TSR_OK)
+                        return st;
+                t += cnt;
+        }
+        return st;
+}
+
+/* The stacked forward of n_seqs sequences; arguments already checked. */
+static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4_kv *kv, const tsr_llama_seq *seqs,
+                          size_t n_seqs, float *logits) {
+        const tsr_llama4_config *c = m->cfg;
+        size_t dim = c->base.dim, hd = c->base.head_dim, H = c->base.n_heads, KVH = c->base.n_kv_heads;
+        size_t qd = H * hd, kvd = KVH * hd, N = 0, chunk_rows = 0, n_out = 0;
+        float eps = c->base.rms_eps;
+        struct scratch s;
+        tsr_status st;
+
+        for (size_t i = 0; i < n_seqs; i++) {
+                size_t end = seqs[i].past_len + seqs[i].n;
+                N += seqs[i].n;
+                if (c->chunk && end > chunk_rows)
+                        chunk_rows = end < c->chunk ? end : c->chunk;
+        }
+        if ((st = scratch_alloc(&s, c, N, chunk_rows)) != TSR_OK)
+                return st;
+        for (size_t i = 0, row = 0; i < n_seqs; i++)
+                for (size_t t = 0; t < seqs[i].n; t++, row++) {
+                        s.tokens[row] = seqs[i].tokens[t];
+                        s.pos[row] = (uint32_t)(seqs[i].past_len + t);
+                }
+        TRY(tsr_backend_embedding(be, s.x, m->embed, c->base.vocab_size, dim, s.tokens, N));   /* x (N, dim) */
+        TRY(tsr_backend_rmsnorm(be, s.xb, s.x, m->layers[0].attn_norm, N, dim, eps));
+        for (size_t l = 0; l < c->base.n_layers; l++) {
+                const layer *L = &m->layers[l];
+                TRY(mm(be, s.q, s.xb, &L->q, 0, N, dim, qd));
+                TRY(mm(be, s.k, s.xb, &L->k, 0, N, dim, kvd));
+                TRY(mm(be, s.v, s.xb, &L->v, 0, N, dim, kvd));
+                if (c->layer[l] & TSR_LLAMA4_ROPE) {
+                        TRY(tsr_backend_rope(be, s.q, N, H, hd, s.pos, m->inv_freq, c->base.rope_layout));
+                        TRY(tsr_backend_rope(be, s.k, N, KVH, hd, s.pos, m->inv_freq, c->base.rope_layout));
+                        if (c->qk_norm) {       /* Llama4TextL2Norm: per head, no weight, after RoPE */
+                                TRY(tsr_backend_rmsnorm(be, s.q, s.q, m->ones, N * H, hd, eps));
+                                TRY(tsr_backend_rmsnorm(be, s.k, s.k, m->ones, N * KVH, hd, eps));
+                        }
+                } else if (c->temp_tuning) {
+                        /* NoPE: q scaled by log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1, in
+                         * float32 as transformers computes it (the absolute position) */
+                        for (size_t r = 0; r < N; r++) {
+                                float f = log1pf(floorf(((float)s.pos[r] + 1.0f) / c->floor_scale)) * c->attn_scale +
+                                          1.0f;
+                                for (size_t i = 0; i < qd; i++)
+                                        s.q[r * qd + i] *= f;
+                        }
+                }
+                for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
+                        tsr_kv_view view = kv_view(kv, l, &seqs[i]);
+                        TRY(tsr_backend_kv_write(be, &view, s.k + row * kvd, s.v + row * kvd, seqs[i].n,
+                                                 seqs[i].past_len));
+                        TRY(attend(be, m, kv, &s, l, &seqs[i], s.q + row * qd, s.att + row * qd));
+                }
+                TRY(mm(be, s.xb, s.att, &L->o, 0, N, qd, dim));
+                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, L->ffn_norm, N, dim, eps));
+                if (c->layer[l] & TSR_LLAMA4_MOE)
+                        TRY(moe(be, c, L, &s, N));
+                else
+                        TRY(swiglu(be, c, &s, s.xb, s.xb, &L->gate, &L->up, &L->down, N, c->mlp_dim));
+                if (l + 1 < c->base.n_layers)
+                        TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, m->layers[l + 1].attn_norm, N, dim, eps));
+                else
+                        TRY(tsr_backend_add(be, s.x, s.x, s.xb, N * dim));
+        }
+        /* the final norm and the output matrix on the rows whose logits are wanted only */
+        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
+                size_t first = seqs[i].which == TSR_LLAMA_LOGITS_LAST ? seqs[i].n - 1 : 0;
+                size_t rows = seqs[i].which == TSR_LLAMA_LOGITS_NONE ? 0 : seqs[i].n - first;
+                memcpy(s.xb + n_out * dim, s.x + (row + first) * dim, rows * dim * sizeof(float));
+                n_out += rows;
+        }
+        if (n_out) {
+                TRY(tsr_backend_rmsnorm(be, s.xb, s.xb, m->out_norm, n_out, dim, eps));
+                TRY(mm(be, logits, s.xb, &m->output, 0, n_out, dim, c->base.vocab_size));
+        }
+done:
+        scratch_free(&s);
+        return st;
+}
+
+tsr_status tsr_llama4_forward_batch(const tsr_llama4 *m, tsr_backend *be, tsr_llama4_kv *kv, const tsr_llama_seq *seqs,
+                                    size_t n_seqs, float *logits) {
+        bool want = false;
+        tsr_status st;
+
+        if (!m || !kv || !seqs || n_seqs == 0)
+                return TSR_E_INVAL;
+        if (kv->n_layers != m->cfg->base.n_layers || kv->n_kv_heads != m->cfg->base.n_kv_heads ||
+            kv->head_dim != m->cfg->base.head_dim)
+                return TSR_E_INVAL;     /* a view made for another model */
+        for (size_t i = 0; i < n_seqs; i++) {
+                const tsr_llama_seq *q = &seqs[i];
+                if (!q->tokens || q->n == 0 || !q->block_table ||
+                    (q->which != TSR_LLAMA_LOGITS_NONE && q->which != TSR_LLAMA_LOGITS_LAST &&
+                     q->which != TSR_LLAMA_LOGITS_ALL))
+                        return TSR_E_INVAL;
+                if (q->past_len > UINT32_MAX || q->n > UINT32_MAX - q->past_len)
+                        return TSR_E_LIMIT;
+                if (q->n_table > SIZE_MAX / kv->block_size || q->past_len + q->n > q->n_table * kv->block_size)
+                        return TSR_E_INVAL;
+                for (size_t b = 0; b < q->n_table; b++)
+                        if (q->block_table[b] >= kv->n_blocks)
+                                return TSR_E_INVAL;
+                for (size_t t = 0; t < q->n; t++)
+                        if (q->tokens[t] >= m->cfg->base.vocab_size)
+                                return TSR_E_INVAL;
+                want |= q->which != TSR_LLAMA_LOGITS_NONE;
+        }
+        if (want && !logits)
+                return TSR_E_INVAL;
+        if ((st = tsr_llama4_check_backend(m, be)) != TSR_OK)
+                return st;
+        return forward(m, be, kv, seqs, n_seqs, logits);
+}

@@ -1,0 +1,115 @@
+/* llama4.h - the Llama 4 text model (transformers' Llama4ForCausalLM, and the text half of
+ * Llama4ForConditionalGeneration), written against kernels/kernels.h: models.md §2.
+ *
+ * What differs from the dense Llama (llama.h), per layer l:
+ *  - RoPE layers (no_rope_layers[l] == 1) rotate q and k in the interleaved-pairs layout
+ *    (HF's complex apply_rotary_emb on the checkpoint's unpermuted rows), then, with
+ *    use_qk_norm, L2-normalise each head of q and k (no weight, eps = rms_norm_eps);
+ *  - NoPE layers skip RoPE and, with attn_temperature_tuning, scale q by
+ *    log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1;
+ *  - chunked layers (layer_types[l] == "chunked_attention") attend only to the keys of
+ *    their own chunk: query p sees keys [floor(p / C) * C, p], C = attention_chunk_size;
+ *  - MoE layers (moe_layers) replace the MLP by a router (top-k of x . W_routerᵀ, sigmoid
+ *    of the chosen logits), the chosen experts run on x * score (the score scales the
+ *    expert's INPUT), plus a shared expert on x; the others keep a SwiGLU MLP of width
+ *    intermediate_size_mlp.
+ * Every position's K and V stay in the paged full-attention cache for every layer (one
+ * KV group); chunking is done by what the attention reads, not by freeing blocks.
+ *
+ * Thread safety and the backend argument as llama.h: a loaded model is read-only; each
+ * forward runs on the caller's backend and its own KV view. */
+#ifndef TSR_LLAMA4_H
+#define TSR_LLAMA4_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tsr_status.h"
+#include "kernels/kernels.h"
+#include "worker/engine/kv_pool.h"
+#include "worker/load/loader.h"
+#include "worker/model/llama.h"
+#include "worker/model/llama_weights.h"
+
+/* Per-layer flags of tsr_llama4_config.layer[]. */
+enum {
+        TSR_LLAMA4_ROPE = 1u << 0,      /* RoPE (+ qk norm); else NoPE (+ temperature tuning) */
+        TSR_LLAMA4_CHUNKED = 1u << 1,   /* chunked local attention; else full causal */
+        TSR_LLAMA4_MOE = 1u << 2,       /* router + experts + shared expert; else dense MLP */
+};
+
+/* What the forward needs.  One flat allocation (the family's description frees it with
+ * free()): layer[] follows the struct. */
+typedef struct tsr_llama4_config {
+        /* The fields a dense Llama has, read by the Llama reader from text_config:
+         * dim, n_layers, heads, head_dim, vocab, rms_eps, rope (theta, llama3 scaling;
+         * layout interleaved), tied embeddings; hidden_dim is the experts' width
+         * (intermediate_size). */
+        tsr_llama_config base;
+        uint32_t mlp_dim;               /* intermediate_size_mlp: the dense layers' width */
+        uint32_t n_experts;             /* num_local_experts */
+        uint32_t top_k;                 /* num_experts_per_tok */
+        uint32_t chunk;                 /* attention_chunk_size; 0: none */
+        bool qk_norm;                   /* use_qk_norm */
+        bool temp_tuning;               /* attn_temperature_tuning */
+        float floor_scale, attn_scale;  /* temperature tuning's */
+        bool nested;                    /* Llama4ForConditionalGeneration: text_config, language_model. tensors */
+        uint8_t layer[];                /* [base.n_layers] TSR_LLAMA4_* flags */
+} tsr_llama4_config;
+
+/* Read dir/config.json: Llama4ForCausalLM (model_type llama4_text) at the top level, or
+ * Llama4ForConditionalGeneration (model_type llama4) whose text_config holds the fields;
+ * the vision_config is not read.  Defaults and derived per-layer lists as transformers'
+ * Llama4TextConfig.__post_init__: no_rope_layers (absent or empty: every
+ * no_rope_layer_interval-th layer is NoPE), moe_layers (absent: every
+ * interleave_moe_layer_step-th layer), layer_types (absent: chunked where RoPE and
+ * attention_chunk_size is set).  *ret (malloc'd, free()) written only on success.
+ * TSR_E_INVAL (bad or missing field, named), TSR_E_UNSUPPORTED (another architecture,
+ * a rope type, biases), TSR_E_NOTFOUND, TSR_E_IO, TSR_E_NOMEM.  Blocking. */
+tsr_status tsr_llama4_config_from_hf(const char *dir, tsr_llama4_config **ret, char *err, size_t errlen);
+/* The same from config.json's bytes; `path` names it in messages. */
+tsr_status tsr_llama4_config_from_hf_json(const char *json, size_t len, const char *path, tsr_llama4_config **ret,
+                                          char *err, size_t errlen);
+
+typedef struct tsr_llama4 tsr_llama4;
+
+/* The weights of `spec` (the whole model only today) from the HF folder `dir`, float32
+ * in host memory, as `cfg` describes them (copied).  Tensor names are the family's
+ * table (llama4_family.c) under the prefix the folder uses: "language_model." for the
+ * nested layout when language_model.model.embed_tokens.weight is there, none otherwise
+ * (Llama4ForCausalLM, and ModelOpt exports of the nested model).  Vision tower and
+ * projector tensors are not read (one INFO line counts them).  Progress and stats as
+ * tsr_load_tensors.  Errors name the folder and the tensor. */
+tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const tsr_shard_spec *spec,
+                           tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret, tsr_load_stats *stats,
+                           char *err, size_t errlen);
+/* Accepts NULL and *m == NULL; clears *m. */
+void tsr_llama4_free(tsr_llama4 **m);
+const tsr_llama4_config *tsr_llama4_config_of(const tsr_llama4 *m);
+
+/* --dtype bfloat16: every matmul weight (attention, router, experts, shared expert,
+ * dense MLP, output) rounded to bf16, float32 copies freed; activations, norms,
+ * routing math and the cache stay float32.  TSR_OK (also when already), TSR_E_NOMEM
+ * (model unchanged). */
+tsr_status tsr_llama4_use_bf16(tsr_llama4 *m);
+bool tsr_llama4_is_bf16(const tsr_llama4 *m);
+/* As tsr_llama_check_backend. */
+tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be);
+
+/* The KV group of `cfg`: every layer full attention (chunked layers too), float32. */
+tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *cfg);
+typedef struct tsr_llama4_kv tsr_llama4_kv;
+/* A view of `pool` (one group, tsr_llama4_kv_group's).  TSR_E_INVAL for another pool. */
+tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4_kv **ret);
+void tsr_llama4_kv_free(tsr_llama4_kv **kv);
+
+/* Several sequences (llama.h's tsr_llama_seq records) in one pass, as
+ * tsr_llama_forward_batch: rows stacked for every matmul (experts included: a token's
+ * expert output is computed in a row of its own), attention per sequence through its
+ * block table.  Each sequence's logits are bitwise those of running it alone, and of
+ * running it in any chunks.  Errors as tsr_llama_forward_batch. */
+tsr_status tsr_llama4_forward_batch(const tsr_llama4 *m, tsr_backend *be, tsr_llama4_kv *kv, const tsr_llama_seq *seqs,
+                                    size_t n_seqs, float *logits);
+
+#endif

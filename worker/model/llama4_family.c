@@ -1,0 +1,134 @@
+/* llama4_family.c - Llama 4 text (transformers' Llama4ForCausalLM and the text half of
+ * Llama4ForConditionalGeneration) as a model family: the config reader of
+ * llama4_config.c, the weights and forward of llama4.c, and the tables below. */
+#include "worker/model/family.h"
+
+#include <stdlib.h>
+
+#include "worker/model/llama4.h"
+
+static const char *const hf_archs[] = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM", NULL};
+static const char *const hf_types[] = {"llama4", "llama4_text", NULL};
+/* Listed so a Llama 4 GGUF finds this family and is refused by read_config with a clear
+ * error, rather than served as metadata only. */
+static const char *const gguf_archs[] = {"llama4", NULL};
+
+/* One row per weight, HF names without the nesting prefix (the loader adds
+ * "language_model." for the nested layout; llama4.h).  No GGUF names: a Llama 4 GGUF is
+ * refused.  Shard rules (data for the TP work): attention as Llama; the router
+ * replicated; the shared expert and the dense MLP as Llama's MLP; every expert split
+ * like an MLP, gate/up column-parallel and down row-parallel.  The experts are stored
+ * [E, in, out] (transformers' BMM layout), so "column" splits their last dimension
+ * (gate and up halves each) and "row" the middle one of down_proj. */
+static const tsr_tensor_name llama4_tensors[] = {
+        {"token_embd", NULL, "model.embed_tokens.weight", false, TSR_SHARD_COLUMN},
+        {"attn_norm", NULL, "model.layers.%u.input_layernorm.weight", true, TSR_SHARD_REPLICATED},
+        {"attn_q", NULL, "model.layers.%u.self_attn.q_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_k", NULL, "model.layers.%u.self_attn.k_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_v", NULL, "model.layers.%u.self_attn.v_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_output", NULL, "model.layers.%u.self_attn.o_proj.weight", true, TSR_SHARD_ROW},
+        {"ffn_norm", NULL, "model.layers.%u.post_attention_layernorm.weight", true, TSR_SHARD_REPLICATED},
+        {"ffn_gate", NULL, "model.layers.%u.feed_forward.gate_proj.weight", true, TSR_SHARD_COLUMN},
+        {"ffn_up", NULL, "model.layers.%u.feed_forward.up_proj.weight", true, TSR_SHARD_COLUMN},
+        {"ffn_down", NULL, "model.layers.%u.feed_forward.down_proj.weight", true, TSR_SHARD_ROW},
+        {"ffn_gate_inp", NULL, "model.layers.%u.feed_forward.router.weight", true, TSR_SHARD_REPLICATED},
+        {"ffn_gate_up_exps", NULL, "model.layers.%u.feed_forward.experts.gate_up_proj", true, TSR_SHARD_COLUMN},
+        {"ffn_down_exps", NULL, "model.layers.%u.feed_forward.experts.down_proj", true, TSR_SHARD_ROW},
+        {"ffn_gate_shexp", NULL, "model.layers.%u.feed_forward.shared_expert.gate_proj.weight", true,
+         TSR_SHARD_COLUMN},
+        {"ffn_up_shexp", NULL, "model.layers.%u.feed_forward.shared_expert.up_proj.weight", true, TSR_SHARD_COLUMN},
+        {"ffn_down_shexp", NULL, "model.layers.%u.feed_forward.shared_expert.down_proj.weight", true, TSR_SHARD_ROW},
+        {"output_norm", NULL, "model.norm.weight", false, TSR_SHARD_REPLICATED},
+        {"output", NULL, "lm_head.weight", false, TSR_SHARD_COLUMN},
+};
+
+static tsr_status llama4_read_config(const char *path, bool gguf, tsr_model_desc *ret, char *err, size_t errlen) {
+        tsr_llama4_config *c = NULL;
+        tsr_status st;
+
+        if (gguf) {
+                tsr_errf(err, errlen, "%s: a Llama 4 GGUF (general.architecture llama4) is not supported; serve the "
+                        "Hugging Face safetensors folder instead", path);
+                return TSR_E_UNSUPPORTED;
+        }
+        if ((st = tsr_llama4_config_from_hf(path, &c, err, errlen)) != TSR_OK)
+                return st;
+        ret->config = c;
+        ret->vocab_size = c->base.vocab_size;
+        ret->n_layers = c->base.n_layers;
+        return TSR_OK;
+}
+
+static size_t llama4_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max) {
+        if (max < 1 || shard->last_layer < shard->first_layer)
+                return 0;
+        out[0] = tsr_llama4_kv_group(d->config);
+        out[0].n_layers = shard->last_layer - shard->first_layer + 1;
+        out[0].n_kv_heads /= shard->tp_size ? shard->tp_size : 1;
+        return 1;
+}
+
+static tsr_status llama4_load(const char *path, const tsr_model_desc *d, const tsr_shard_spec *shard,
+                              const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud, void **ret,
+                              tsr_load_stats *stats, char *err, size_t errlen) {
+        tsr_llama4 *m = NULL;
+        tsr_status st;
+        (void)opts;     /* GGUF block formats only; a Llama 4 is always a safetensors folder */
+        if ((st = tsr_llama4_load(path, d->config, shard, progress, ud, &m, stats, err, errlen)) == TSR_OK)
+                *ret = m;
+        return st;
+}
+
+static void llama4_free(void **model) {
+        tsr_llama4 *m = *model;
+        tsr_llama4_free(&m);
+        *model = NULL;
+}
+
+static tsr_status llama4_use_bf16(void *model) { return tsr_llama4_use_bf16(model); }
+static bool llama4_is_bf16(const void *model) { return tsr_llama4_is_bf16(model); }
+static tsr_status llama4_check_backend(const void *model, const tsr_backend *be) {
+        return tsr_llama4_check_backend(model, be);
+}
+
+static tsr_status llama4_kv_bind(const void *model, tsr_kv_pool *pool, void **ret) {
+        tsr_llama4_kv *kv = NULL;
+        tsr_status st = tsr_llama4_kv_bind(model, pool, &kv);
+        if (st == TSR_OK)
+                *ret = kv;
+        return st;
+}
+
+static void llama4_kv_unbind(void **view) {
+        tsr_llama4_kv *kv = *view;
+        tsr_llama4_kv_free(&kv);
+        *view = NULL;
+}
+
+static tsr_status llama4_forward_batch(const void *model, tsr_backend *be, void *pool, const void *seqs, size_t n_seqs,
+                                       float *logits) {
+        return tsr_llama4_forward_batch(model, be, pool, seqs, n_seqs, logits);
+}
+
+/* The sequence record and the pipeline split are the Llama family's (llama.h). */
+const tsr_model_family tsr_family_llama4 = {
+        .name = "llama4",
+        .hf_architectures = hf_archs,
+        .hf_model_types = hf_types,
+        .gguf_architectures = gguf_archs,
+        .read_config = llama4_read_config,
+        .tensors = llama4_tensors,
+        .n_tensors = sizeof llama4_tensors / sizeof llama4_tensors[0],
+        .kv_groups = llama4_kv_groups,
+        .shard_for = tsr_llama_shard_for,
+        .load = llama4_load,
+        .free = llama4_free,
+        .use_bf16 = llama4_use_bf16,
+        .is_bf16 = llama4_is_bf16,
+        .check_backend = llama4_check_backend,
+        .kv_bind = llama4_kv_bind,
+        .kv_unbind = llama4_kv_unbind,
+        .forward_batch = llama4_forward_batch,
+        .seq_size = sizeof(tsr_llama_seq),
+        .seq_fill = tsr_llama_seq_fill,
+};
