@@ -1,0 +1,124 @@
+"""Llama 4 text through the real worker and through `tessera serve`: the tiny random
+Llama 4 of tests/fixtures/tiny-llama4 (make_tiny_llama4.py; the nested
+Llama4ForConditionalGeneration checkpoint layout, MoE + shared expert, chunked attention
+with chunks of 8, a NoPE layer with temperature tuning) must give transformers' greedy
+continuations in float32, alone, among concurrent requests, with chunked prefill in
+small steps, and from the prefix cache.  Each request among others is also bitwise
+itself alone (token ids and logprob floats: the CPU backend's batch invariance, MoE
+routing included)."""
+import json
+import random
+
+import pytest
+import requests
+
+from conftest import LAUNCHER, REPO, free_port, http_status, wait_until
+from engine_client import EngineWorker
+
+TINY4 = REPO / "tests" / "fixtures" / "tiny-llama4"
+GOLDEN = json.loads((TINY4 / "golden.json").read_text())
+GOLDENS = [(p["ids"], g) for p, g in zip(GOLDEN["prompts"], GOLDEN["greedy"])]
+
+
+@pytest.fixture
+def worker(spawn):
+    started = []
+
+    def _worker(*flags):
+        w = EngineWorker(spawn, TINY4, "--dtype", "float32", *flags)
+        started.append(w)
+        return w
+
+    yield _worker
+    for w in started:
+        w.close()
+
+
+def same(a, b):
+    assert a.tokens == b.tokens
+    assert [(x.logprob, x.top_ids, x.top_logprobs) for x in a.logprobs] == \
+        [(y.logprob, y.top_ids, y.top_logprobs) for y in b.logprobs]
+
+
+def test_golden_alone_and_concurrent(worker):
+    """The goldens one at a time, then the goldens among 13 random requests submitted
+    at once: every golden token-exact, every request bitwise itself alone."""
+    rng = random.Random(4)
+    reqs = [(ids, len(g), g) for ids, g in GOLDENS]
+    for n in (1, 7, 8, 9, 17, 24, 33, 40, 64, 100, 3, 15, 31):
+        reqs.append(([rng.randrange(3, 300) for _ in range(n)], rng.randint(1, 40), None))
+    w = worker()
+    alone = [w.run(f"alone{i}", p, m, logprobs=3) for i, (p, m, _) in enumerate(reqs)]
+    for i, (p, m, g) in enumerate(reqs):
+        assert alone[i].finish == "length" and len(alone[i].tokens) == m
+        if g is not None:
+            assert alone[i].tokens == g, f"golden prompt {i}"
+    for i, (p, m, _) in enumerate(reqs):
+        w.submit(f"batch{i}", p, m, logprobs=3)
+    batch = w.collect([f"batch{i}" for i in range(len(reqs))])
+    assert w.max_step_outputs >= 4          # they really shared steps
+    for i in range(len(reqs)):
+        same(batch[f"batch{i}"], alone[i])
+
+
+@pytest.mark.parametrize("budget", ["5", "12"])
+def test_golden_with_chunked_prefill(worker, budget):
+    """A token budget of 5 or 12 per step cuts every prompt into prefill chunks that
+    start inside attention chunks (8) and KV blocks (16): still the goldens."""
+    w = worker("--max-num-batched-tokens", budget, "--max-num-seqs", "4")
+    for i, (ids, g) in enumerate(GOLDENS):
+        w.submit(f"g{i}", ids, len(g), logprobs=2)
+    got = w.collect([f"g{i}" for i in range(len(GOLDENS))])
+    for i, (ids, g) in enumerate(GOLDENS):
+        assert got[f"g{i}"].tokens == g, f"golden prompt {i}"
+
+
+def test_golden_from_the_prefix_cache(worker):
+    """The 51-token golden prompt twice: the second run reads its 3 full blocks from the
+    prefix cache (positions 0..47, across 6 attention chunks) and gives the same tokens
+    and logprobs; so does a prompt sharing only the first 2 blocks."""
+    ids, g = GOLDENS[2]
+    assert len(ids) == 51
+    w = worker()
+    first = w.run("first", ids, len(g), logprobs=3)
+    second = w.run("second", ids, len(g), logprobs=3)
+    assert first.tokens == g
+    assert first.cached == 0 and second.cached == 48
+    same(first, second)
+    other = ids[:32] + [7, 8, 9, 10, 11]
+    ref = worker("--no-enable-prefix-caching").run("ref", other, 20, logprobs=3)
+    hit = w.run("hit", other, 20, logprobs=3)
+    assert hit.cached == 32
+    same(hit, ref)
+
+
+def completion_text(base, ids):
+    """vLLM's completion text for ids: the longest prefix whose decode does not end in U+FFFD."""
+    for k in range(len(ids), -1, -1):
+        text = requests.post(base + "/detokenize", json={"tokens": ids[:k]}, timeout=5).json()["prompt"]
+        if not text.endswith("\ufffd"):
+            return text
+    return ""
+
+
+def test_serve_completions_with_prompt_ids(spawn):
+    """`tessera serve` (router + worker) on the folder: /v1/completions with prompt
+    token ids returns transformers' greedy continuation."""
+    port = free_port()
+    proc = spawn([LAUNCHER, "serve", TINY4, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny4",
+                  "--kv-cache-memory-bytes", "64M", "--dtype", "float32"])
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert proc.p.poll() is None, proc.output()
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=60, interval=0.1, what="tiny Llama 4 served")
+    info = requests.get(base + "/v1/models", timeout=5).json()["data"][0]
+    assert info["id"] == "tiny4" and info["max_model_len"] == 512
+    for ids, want in GOLDENS:
+        r = requests.post(base + "/v1/completions", json={"model": "tiny4", "prompt": ids, "temperature": 0,
+                                                          "max_tokens": len(want), "ignore_eos": True,
+                                                          "skip_special_tokens": False}, timeout=60).json()
+        assert r["usage"]["completion_tokens"] == len(want)
+        assert r["choices"][0]["text"] == completion_text(base, want)
+    assert "vision tower and projector tensors not loaded" in proc.output()
