@@ -12,7 +12,9 @@
  *   block sizes 16 and 4 (chunk starts off and on block boundaries), the fast backend,
  *   and the prompts batched together mid-prefill and mid-decode: bitwise the same
  *   bf16 weights                                  cosine >= 0.999, top-1 >= 99%
- * plus the config reader's derivations and errors, and the family's GGUF refusal. */
+ * plus the config reader's derivations and errors, the family's GGUF refusal, the
+ * Llama4ForCausalLM layout (no nesting, no prefix) bitwise the nested one, and load errors
+ * on patched copies naming the tensor. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -24,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -469,11 +472,150 @@ static void test_bf16(void **state) {
         free(keep);
 }
 
+/* ---- other layouts and load errors on patched copies -------------------------------------- */
+
+/* The fixture copied to a scratch folder: config.json through `patch` (may be NULL); when
+ * `flat`, as Llama4ForCausalLM writes it (the text fields at the top level, tensors
+ * model.* and lm_head.weight without the language_model. prefix). */
+static void scratch_copy(char *dir, bool flat, void (*patch)(json_t *text)) {
+        char path[1024], src[1024];
+        json_error_t je;
+        json_t *cfg, *text;
+
+        strcpy(dir, "/tmp/tsr_llama4_XXXXXX");
+        assert_non_null(mkdtemp(dir));
+        assert_non_null(src_path(FIXTURE "/config.json", src, sizeof src));
+        assert_non_null(cfg = json_load_file(src, 0, &je));
+        text = json_object_get(cfg, "text_config");
+        if (flat) {
+                json_incref(text);
+                json_decref(cfg);
+                cfg = text;
+                json_object_set_new(cfg, "architectures", json_pack("[s]", "Llama4ForCausalLM"));
+        }
+        if (patch)
+                patch(text);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        assert_int_equal(json_dump_file(cfg, path, 0), 0);
+        json_decref(cfg);
+
+        /* the safetensors file: the same data section under a renamed header when flat */
+        FILE *f;
+        long n;
+        assert_non_null(src_path(FIXTURE "/model.safetensors", src, sizeof src));
+        assert_non_null(f = fopen(src, "rb"));
+        fseek(f, 0, SEEK_END);
+        n = ftell(f);
+        rewind(f);
+        uint8_t *buf = malloc((size_t)n);
+        assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+        fclose(f);
+        uint64_t hl = 0;
+        for (int i = 0; i < 8; i++)
+                hl |= (uint64_t)buf[i] << (8 * i);
+        json_t *h = json_loadb((const char *)buf + 8, hl, 0, &je), *renamed = json_object(), *v;
+        const char *key;
+        assert_non_null(h);
+        json_object_foreach(h, key, v) {
+                const char *k = flat && strncmp(key, "language_model.", 15) == 0 ? key + 15 : key;
+                json_object_set(renamed, k, v);
+        }
+        char *hs = json_dumps(renamed, JSON_COMPACT);
+        uint64_t nl = strlen(hs);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        assert_non_null(f = fopen(path, "wb"));
+        for (int i = 0; i < 8; i++)
+                fputc((int)(nl >> (8 * i)) & 0xff, f);
+        fwrite(hs, 1, nl, f);
+        fwrite(buf + 8 + hl, 1, (size_t)n - 8 - hl, f);
+        fclose(f);
+        free(hs);
+        free(buf);
+        json_decref(h);
+        json_decref(renamed);
+}
+
+static void scratch_remove(const char *dir) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        unlink(path);
+        rmdir(dir);
+}
+
+static tsr_status load_dir(const char *dir, tsr_llama4 **m, char *err, size_t errlen) {
+        tsr_llama4_config *c = NULL;
+        tsr_status st = tsr_llama4_config_from_hf(dir, &c, err, errlen);
+        if (st == TSR_OK)
+                st = tsr_llama4_load(dir, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, NULL, NULL, m, NULL, err,
+                                     errlen);
+        free(c);
+        return st;
+}
+
+/* Llama4ForCausalLM's layout (no nesting, no prefix) gives bitwise the nested model's logits. */
+static void test_flat_layout(void **state) {
+        char dir[64], err[512];
+        tsr_llama4 *flat = NULL, *nested = model;
+        uint32_t ids[MAXT], table[MAXT / 16];
+        size_t n = prompt_ids(2, ids);
+        float *a = malloc(n * V * sizeof(float)), *b = malloc(n * V * sizeof(float));
+        tsr_kv_pool *pool = NULL;
+        tsr_llama4_kv *kv = NULL;
+        (void)state;
+
+        scratch_copy(dir, true, NULL);
+        if (load_dir(dir, &flat, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        assert_false(tsr_llama4_config_of(flat)->nested);
+        for (size_t i = 0; i < MAXT / 16; i++)
+                table[i] = (uint32_t)i;
+        pool_new(MAXT / 16, 16, &pool, &kv);
+        run(ref_be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, a);
+        tsr_llama4_kv_free(&kv);
+        model = flat;
+        assert_int_equal(tsr_llama4_kv_bind(model, pool, &kv), TSR_OK);
+        run(ref_be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, b);
+        model = nested;
+        assert_memory_equal(a, b, n * V * sizeof(float));
+        tsr_llama4_kv_free(&kv);
+        tsr_kv_pool_free(&pool);
+        tsr_llama4_free(&flat);
+        scratch_remove(dir);
+        free(a);
+        free(b);
+}
+
+static void narrow_experts(json_t *t) { json_object_set_new(t, "intermediate_size", json_integer(16)); }
+static void layer3_dense(json_t *t) { json_object_set_new(t, "moe_layers", json_pack("[i]", 1)); }
+
+/* A config that does not match the tensors fails naming the folder and the tensor. */
+static void test_load_errors(void **state) {
+        char dir[64], err[512];
+        tsr_llama4 *m = NULL;
+        (void)state;
+
+        scratch_copy(dir, false, narrow_experts);
+        assert_int_equal(load_dir(dir, &m, err, sizeof err), TSR_E_INVAL);
+        assert_non_null(strstr(err, "tensor 'language_model.model.layers.1.feed_forward.experts.gate_up_proj': shape "
+                                    "[4, 64, 64], expected [4, 64, 32]"));
+        assert_null(m);
+        scratch_remove(dir);
+        scratch_copy(dir, false, layer3_dense);
+        assert_int_equal(load_dir(dir, &m, err, sizeof err), TSR_E_NOTFOUND);
+        assert_non_null(strstr(err, ": tensor 'language_model.model.layers.3.feed_forward.gate_proj.weight' missing"));
+        assert_non_null(strstr(err, dir));
+        assert_null(m);
+        scratch_remove(dir);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config_fixture), cmocka_unit_test(test_config_derived),
                 cmocka_unit_test(test_family),         cmocka_unit_test(test_golden_f32),
                 cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bf16),
+                cmocka_unit_test(test_flat_layout),    cmocka_unit_test(test_load_errors),
         };
         if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
                 return 1;
