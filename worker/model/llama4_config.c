@@ -181,36 +181,24 @@ static tsr_status layer_lists(const char *path, json_t *t, tsr_llama4_config *c,
         return TSR_OK;
 }
 
-tsr_status tsr_llama4_config_from_hf_json(const char *json, size_t len, const char *path, tsr_llama4_config **ret,
-                                          char *err, size_t errlen) {
+/* The config from a parsed config.json. */
+static tsr_status from_root(json_t *root, const char *path, tsr_llama4_config **ret, char *err, size_t errlen) {
         tsr_llama4_config *c = NULL;
         tsr_llama_config base;
-        json_error_t je;
-        json_t *root, *t = NULL, *v;
+        json_t *t = NULL, *v;
         bool nested = false;
         tsr_status st;
 
-        if (!json || !ret)
-                return TSR_E_INVAL;
-        if (!path)
-                path = "config.json";
-        root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
-        if (!root) {
-                tsr_errf(err, errlen, "%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
-                return TSR_E_INVAL;
-        }
         if (!json_is_object(root)) {
                 tsr_errf(err, errlen, "%s: expected a JSON object", path);
-                st = TSR_E_INVAL;
-                goto done;
+                return TSR_E_INVAL;
         }
         if ((st = text_object(path, root, &t, &nested, err, errlen)) != TSR_OK ||
             (st = tsr_llama_config_from_hf_object(t, path, &base, err, errlen)) != TSR_OK)
-                goto done;
+                return st;
         if (!(c = calloc(1, sizeof *c + base.n_layers))) {
                 tsr_errf(err, errlen, "%s: out of memory", path);
-                st = TSR_E_NOMEM;
-                goto done;
+                return TSR_E_NOMEM;
         }
         c->base = base;
         /* Llama 4 checkpoints store q/k rows for HF's complex (interleaved-pairs) RoPE. */
@@ -230,12 +218,29 @@ tsr_status tsr_llama4_config_from_hf_json(const char *json, size_t len, const ch
             (st = get_truth(path, t, "attn_temperature_tuning", true, &c->temp_tuning, err, errlen)) != TSR_OK ||
             (st = get_pos(path, t, "floor_scale", 8192, &c->floor_scale, err, errlen)) != TSR_OK ||
             (st = get_pos(path, t, "attn_scale", 0.1, &c->attn_scale, err, errlen)) != TSR_OK ||
-            (st = layer_lists(path, t, c, err, errlen)) != TSR_OK)
-                goto done;
+            (st = layer_lists(path, t, c, err, errlen)) != TSR_OK) {
+                free(c);
+                return st;
+        }
         *ret = c;
-        c = NULL;
-done:
-        free(c);
+        return TSR_OK;
+}
+
+tsr_status tsr_llama4_config_from_hf_json(const char *json, size_t len, const char *path, tsr_llama4_config **ret,
+                                          char *err, size_t errlen) {
+        json_error_t je;
+        json_t *root;
+        tsr_status st;
+
+        if (!json || !ret)
+                return TSR_E_INVAL;
+        if (!path)
+                path = "config.json";
+        if (!(root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je))) {
+                tsr_errf(err, errlen, "%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
+                return TSR_E_INVAL;
+        }
+        st = from_root(root, path, ret, err, errlen);
         json_decref(root);
         return st;
 }
@@ -243,10 +248,9 @@ done:
 tsr_status tsr_llama4_config_from_hf(const char *dir, tsr_llama4_config **ret, char *err, size_t errlen) {
         char path[4096];
         struct stat sb;
-        char *buf = NULL;
-        size_t got;
+        json_error_t je;
+        json_t *root;
         tsr_status st;
-        FILE *f;
 
         if (!dir || !ret)
                 return TSR_E_INVAL;
@@ -254,23 +258,19 @@ tsr_status tsr_llama4_config_from_hf(const char *dir, tsr_llama4_config **ret, c
                 tsr_errf(err, errlen, "%s: path too long", dir);
                 return TSR_E_INVAL;
         }
-        if (!(f = fopen(path, "rb"))) {
+        if (stat(path, &sb) != 0) {
                 tsr_errf(err, errlen, "%s: %s", path, strerror(errno));
                 return errno == ENOENT ? TSR_E_NOTFOUND : TSR_E_IO;
         }
-        if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CONFIG_MAX_BYTES) {
+        if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CONFIG_MAX_BYTES) {
                 tsr_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, CONFIG_MAX_BYTES);
-                st = TSR_E_IO;
-        } else if (!(buf = malloc((size_t)sb.st_size + 1))) {
-                tsr_errf(err, errlen, "%s: out of memory", path);
-                st = TSR_E_NOMEM;
-        } else if ((got = fread(buf, 1, (size_t)sb.st_size, f)) != (size_t)sb.st_size) {
-                tsr_errf(err, errlen, "%s: read failed", path);
-                st = TSR_E_IO;
-        } else {
-                st = tsr_llama4_config_from_hf_json(buf, got, path, ret, err, errlen);
+                return TSR_E_IO;
         }
-        free(buf);
-        fclose(f);
+        if (!(root = json_load_file(path, JSON_REJECT_DUPLICATES, &je))) {
+                tsr_errf(err, errlen, "%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
+                return TSR_E_INVAL;
+        }
+        st = from_root(root, path, ret, err, errlen);
+        json_decref(root);
         return st;
 }
