@@ -8,11 +8,12 @@ itself alone (token ids and logprob floats: the CPU backend's batch invariance, 
 routing included)."""
 import json
 import random
+import struct
 
 import pytest
 import requests
 
-from conftest import LAUNCHER, REPO, free_port, http_status, wait_until
+from conftest import LAUNCHER, REPO, WORKER, free_port, free_port_pair, http_status, wait_until
 from engine_client import EngineWorker
 
 TINY4 = REPO / "tests" / "fixtures" / "tiny-llama4"
@@ -122,3 +123,27 @@ def test_serve_completions_with_prompt_ids(spawn):
         assert r["usage"]["completion_tokens"] == len(want)
         assert r["choices"][0]["text"] == completion_text(base, want)
     assert "vision tower and projector tensors not loaded" in proc.output()
+
+
+def gguf_str(x):
+    b = x.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def test_llama4_gguf_is_refused(spawn, tmp_path):
+    """A GGUF whose general.architecture is llama4 (llama.cpp's converter writes those)
+    finds the Llama 4 family and is refused at start-up naming the file: exit 2 before
+    the sockets are bound, not served as metadata only."""
+    kvs = [("general.architecture", 8, gguf_str("llama4")),
+           ("tokenizer.ggml.model", 8, gguf_str("gpt2")),
+           ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 3) + gguf_str("a") + gguf_str("b") + gguf_str("ab")),
+           ("tokenizer.ggml.merges", 9, struct.pack("<IQ", 8, 1) + gguf_str("a b")),
+           ("llama4.context_length", 4, struct.pack("<I", 512))]
+    model = tmp_path / "scout-q4.gguf"
+    model.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(kvs)) +
+                      b"".join(gguf_str(k) + struct.pack("<I", t) + v for k, t, v in kvs))
+    w = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}"])
+    assert w.wait(timeout=60) == 2
+    out = w.output()
+    assert f"{model}: a Llama 4 GGUF (general.architecture llama4) is not supported" in out, out
+    assert "listening on" not in out and "metadata only" not in out, out

@@ -154,7 +154,7 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         if (bf16)
                 log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
         if ((st = r->fam->check_backend(r->model, r->be)) != TSR_OK) {
-                snprintf(err, errlen, "kernel backend '%s' lacks ops the Llama forward needs", tsr_backend_name(r->be));
+                snprintf(err, errlen, "kernel backend '%s' lacks ops the model's forward needs", tsr_backend_name(r->be));
                 goto fail;
         }
         /* The KV memory, group by group as the family declares it for this shard; the
