@@ -25,8 +25,8 @@ GOLDENS = [(p["ids"], g) for p, g in zip(GOLDEN["prompts"], GOLDEN["greedy"])]
 def worker(spawn):
     started = []
 
-    def _worker(*flags):
-        w = EngineWorker(spawn, TINY4, "--dtype", "float32", *flags)
+    def _worker(*flags, dtype="float32"):
+        w = EngineWorker(spawn, TINY4, "--dtype", dtype, *flags)
         started.append(w)
         return w
 
@@ -59,6 +59,19 @@ def test_golden_alone_and_concurrent(worker):
     batch = w.collect([f"batch{i}" for i in range(len(reqs))])
     assert w.max_step_outputs >= 4          # they really shared steps
     for i in range(len(reqs)):
+        same(batch[f"batch{i}"], alone[i])
+
+
+def test_bf16_batched_is_bitwise_alone(worker):
+    """--dtype bfloat16 (matmul weights rounded to bf16): the goldens' first tokens, and
+    each request among the others bitwise itself alone (MoE routing included)."""
+    w = worker(dtype="bfloat16")
+    alone = [w.run(f"alone{i}", ids, 16, logprobs=3) for i, (ids, _) in enumerate(GOLDENS)]
+    for i, (ids, g) in enumerate(GOLDENS):
+        assert alone[i].tokens[0] == g[0], f"golden prompt {i}"
+        w.submit(f"batch{i}", ids, 16, logprobs=3)
+    batch = w.collect([f"batch{i}" for i in range(len(GOLDENS))])
+    for i in range(len(GOLDENS)):
         same(batch[f"batch{i}"], alone[i])
 
 
