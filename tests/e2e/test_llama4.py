@@ -54,10 +54,11 @@ def test_golden_alone_and_concurrent(worker):
         assert alone[i].finish == "length" and len(alone[i].tokens) == m
         if g is not None:
             assert alone[i].tokens == g, f"golden prompt {i}"
-    for i, (p, m, _) in enumerate(reqs):
-        w.submit(f"batch{i}", p, m, logprobs=3)
+    with w.paused():                        # they arrive together and share steps
+        for i, (p, m, _) in enumerate(reqs):
+            w.submit(f"batch{i}", p, m, logprobs=3)
     batch = w.collect([f"batch{i}" for i in range(len(reqs))])
-    assert w.max_step_outputs >= 4          # they really shared steps
+    assert w.max_step_outputs >= 8
     for i in range(len(reqs)):
         same(batch[f"batch{i}"], alone[i])
 
@@ -69,7 +70,9 @@ def test_bf16_batched_is_bitwise_alone(worker):
     alone = [w.run(f"alone{i}", ids, 16, logprobs=3) for i, (ids, _) in enumerate(GOLDENS)]
     for i, (ids, g) in enumerate(GOLDENS):
         assert alone[i].tokens[0] == g[0], f"golden prompt {i}"
-        w.submit(f"batch{i}", ids, 16, logprobs=3)
+    with w.paused():
+        for i, (ids, _) in enumerate(GOLDENS):
+            w.submit(f"batch{i}", ids, 16, logprobs=3)
     batch = w.collect([f"batch{i}" for i in range(len(GOLDENS))])
     for i in range(len(GOLDENS)):
         same(batch[f"batch{i}"], alone[i])
@@ -80,8 +83,9 @@ def test_golden_with_chunked_prefill(worker, budget):
     """A token budget of 5 or 12 per step cuts every prompt into prefill chunks that
     start inside attention chunks (8) and KV blocks (16): still the goldens."""
     w = worker("--max-num-batched-tokens", budget, "--max-num-seqs", "4")
-    for i, (ids, g) in enumerate(GOLDENS):
-        w.submit(f"g{i}", ids, len(g), logprobs=2)
+    with w.paused():
+        for i, (ids, g) in enumerate(GOLDENS):
+            w.submit(f"g{i}", ids, len(g), logprobs=2)
     got = w.collect([f"g{i}" for i in range(len(GOLDENS))])
     for i, (ids, g) in enumerate(GOLDENS):
         assert got[f"g{i}"].tokens == g, f"golden prompt {i}"
