@@ -186,15 +186,17 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 return st;
         hd = cfg->base.head_dim;
         cfg_bytes = sizeof *cfg + cfg->base.n_layers;
-        if (!(m = calloc(1, sizeof *m)) || !(m->cfg = malloc(cfg_bytes)) ||
-            !(m->layers = calloc(spec->last_layer - spec->first_layer + 1, sizeof *m->layers)) ||
+        /* the config and shard first: tsr_llama4_free reads them */
+        if ((m = calloc(1, sizeof *m)) && (m->cfg = malloc(cfg_bytes))) {
+                memcpy(m->cfg, cfg, cfg_bytes);
+                m->shard = *spec;
+        }
+        if (!m || !m->cfg || !(m->layers = calloc(spec->last_layer - spec->first_layer + 1, sizeof *m->layers)) ||
             !(m->inv_freq = malloc(hd / 2 * sizeof(float))) || !(m->ones = malloc(hd * sizeof(float)))) {
                 tsr_errf(err, errlen, "%s: out of memory", dir);
                 st = TSR_E_NOMEM;
                 goto done;
         }
-        memcpy(m->cfg, cfg, cfg_bytes);
-        m->shard = *spec;
         for (size_t i = 0; i < hd; i++)
                 m->ones[i] = 1.0f;
         if ((st = tsr_llama_rope_inv_freq(&cfg->base, NULL, m->inv_freq)) != TSR_OK) {
