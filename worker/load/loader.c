@@ -174,7 +174,10 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
                         w->name, tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_UNSUPPORTED;
         }
-        bool ok = w->cols ? t->n_dims == 2 && t->shape[0] == w->rows && t->shape[1] == w->cols
+        /* [rows, 1, cols] is (rows, cols) too: a depthwise conv1d weight (Mamba's conv1d). */
+        bool ok = w->cols ? (t->n_dims == 2 && t->shape[0] == w->rows && t->shape[1] == w->cols) ||
+                                    (t->n_dims == 3 && t->shape[0] == w->rows && t->shape[1] == 1 &&
+                                     t->shape[2] == w->cols)
                           : t->n_dims == 1 && t->shape[0] == w->rows;
         if (!ok) {
                 char got[160] = "[", want[64];
