@@ -19,7 +19,12 @@ static void test_find(void **state) {
         assert_ptr_equal(tsr_family_find("hf", "LlamaForCausalLM", "llama"), &tsr_family_llama);
         assert_ptr_equal(tsr_family_find("hf", NULL, "llama"), &tsr_family_llama);       /* no architectures list */
         assert_null(tsr_family_find("hf", "Llama4ForConditionalGeneration", "llama4"));
-        assert_null(tsr_family_find("hf", "NemotronHForCausalLM", "llama"));   /* architectures wins over model_type */
+        /* architectures wins over model_type */
+        assert_ptr_equal(tsr_family_find("hf", "NemotronHForCausalLM", "llama"), &tsr_family_nemotron_h);
+        assert_ptr_equal(tsr_family_find("hf", NULL, "nemotron_h"), &tsr_family_nemotron_h);
+        /* llama.cpp's names: found, so that the family refuses the GGUF with its reason */
+        assert_ptr_equal(tsr_family_find("gguf", "nemotron_h_moe", NULL), &tsr_family_nemotron_h);
+        assert_ptr_equal(tsr_family_find("hf", "LlamaForCausalLM", "nemotron_h"), &tsr_family_llama);
         assert_null(tsr_family_find("gguf", "qwen2", "qwen2"));
         assert_null(tsr_family_find("hf", NULL, NULL));
 }

@@ -317,6 +317,45 @@ static void test_batch_invariance(void **state) {
         tsr_backend_free(&backends[1]);
 }
 
+/* Over the runner's pool (the family's kv_groups: attention blocks + Mamba state slots)
+ * the forward gives bitwise what it gives over its own cache; a pool of other groups is
+ * refused. */
+static void test_pool_bind(void **state) {
+        tsr_kv_group g[TSR_KV_GROUPS_MAX];
+        size_t ng = tsr_nemotron_h_kv_groups(tsr_nemotron_h_config_of(model), g, TSR_KV_GROUPS_MAX);
+        tsr_kv_pool *pool = NULL;
+        tsr_nemotron_h_cache *bound = NULL, *own = new_cache();
+        uint32_t ids[128], table[SEQ_BLOCKS];
+        size_t n = prompt_ids(2, ids, 128);
+        float *a = malloc(n * vocab * sizeof(float)), *b = malloc(n * vocab * sizeof(float));
+
+        (void)state;
+        assert_int_equal(ng, 2);
+        assert_int_equal(g[0].kind, TSR_KV_FULL_ATTENTION);
+        assert_int_equal(g[1].kind, TSR_KV_MAMBA_STATE);
+        assert_int_equal(tsr_kv_slot_bytes(g, ng), tsr_nemotron_h_slot_bytes(tsr_nemotron_h_config_of(model)));
+        assert_int_equal(tsr_kv_pool_new_slots(g, 1, SEQ_BLOCKS, BLOCK, 2, &pool), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_cache_bind(model, pool, &bound), TSR_E_INVAL);  /* no state group */
+        tsr_kv_pool_free(&pool);
+        assert_int_equal(tsr_kv_pool_new_slots(g, ng, SEQ_BLOCKS, BLOCK, 2, &pool), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_cache_bind(model, pool, &bound), TSR_OK);
+        table_of(0, table);
+        tsr_nemotron_h_seq q = {table, SEQ_BLOCKS, ids, n - 3, 0, 1, TSR_LLAMA_LOGITS_ALL};
+        assert_int_equal(tsr_nemotron_h_forward_batch(model, be, bound, &q, 1, a), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_forward_batch(model, be, own, &q, 1, b), TSR_OK);
+        q = (tsr_nemotron_h_seq){table, SEQ_BLOCKS, ids + n - 3, 3, n - 3, 1, TSR_LLAMA_LOGITS_ALL};
+        assert_int_equal(tsr_nemotron_h_forward_batch(model, be, bound, &q, 1, a + (n - 3) * vocab), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_forward_batch(model, be, own, &q, 1, b + (n - 3) * vocab), TSR_OK);
+        assert_memory_equal(a, b, n * vocab * sizeof(float));
+        q.slot = 2;             /* the pool has two slots */
+        assert_int_equal(tsr_nemotron_h_forward_batch(model, be, bound, &q, 1, a), TSR_E_INVAL);
+        tsr_nemotron_h_cache_free(&bound);
+        tsr_nemotron_h_cache_free(&own);
+        tsr_kv_pool_free(&pool);
+        free(a);
+        free(b);
+}
+
 static void test_bad_args(void **state) {
         tsr_nemotron_h_cache *c = new_cache();
         uint32_t table[SEQ_BLOCKS], tok[2] = {5, 7}, bad_tok = 300;
@@ -402,6 +441,7 @@ int main(void) {
                 cmocka_unit_test(test_chunked_prefill),
                 cmocka_unit_test(test_greedy),
                 cmocka_unit_test(test_batch_invariance),
+                cmocka_unit_test(test_pool_bind),
                 cmocka_unit_test(test_bad_args),
                 cmocka_unit_test(test_config_errors),
         };

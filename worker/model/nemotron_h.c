@@ -19,7 +19,7 @@
  * row-parallel, the router and its bias are replicated, routed experts are whole per
  * rank.  The per-expert rows are formatted at load time (expert index inside the name):
  * the "%u" here is the layer, EXPERT_FMT below adds the expert. */
-const tsr_tensor_name tsr_nemotron_h_tensors[] = {
+const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS] = {
         {"token_embd", NULL, "backbone.embeddings.weight", false, TSR_SHARD_COLUMN},
         {"norm", NULL, "backbone.layers.%u.norm.weight", true, TSR_SHARD_REPLICATED},
         {"in_proj", NULL, "backbone.layers.%u.mixer.in_proj.weight", true, TSR_SHARD_COLUMN},
@@ -46,10 +46,9 @@ const tsr_tensor_name tsr_nemotron_h_tensors[] = {
         {"expert_up", NULL, "backbone.layers.%u.mixer.experts.<e>.up_proj.weight", true, TSR_SHARD_EXPERT},
         {"expert_down", NULL, "backbone.layers.%u.mixer.experts.<e>.down_proj.weight", true, TSR_SHARD_EXPERT},
 };
-const size_t tsr_nemotron_h_n_tensors = sizeof tsr_nemotron_h_tensors / sizeof tsr_nemotron_h_tensors[0];
 
 /* The static rows the loader reads as they are (every row but the two per-expert ones). */
-#define N_FIXED (tsr_nemotron_h_n_tensors - 2)
+#define N_FIXED (TSR_NEMOTRON_H_N_TENSORS - 2)
 #define EXPERT_FMT "backbone.layers.%%u.mixer.experts.%u.%s_proj.weight"
 
 typedef struct nh_layer {
@@ -80,6 +79,7 @@ struct tsr_nemotron_h_cache {
         size_t n_attn, n_mamba;
         float **k, **v;                 /* [n_attn]: (n_blocks, block_size, n_kv_heads, head_dim) */
         float **conv, **ssm;            /* [n_mamba]: (n_slots, K-1, conv_dim), (n_slots, heads, head_dim, state) */
+        bool owned;                     /* the arrays are this cache's (cache_new), else a pool's */
 };
 
 /* ---- load -------------------------------------------------------------------------- */
@@ -338,18 +338,20 @@ void tsr_nemotron_h_cache_free(tsr_nemotron_h_cache **cp) {
         if (!cp || !*cp)
                 return;
         c = *cp;
-        for (size_t i = 0; c->k && i < c->n_attn; i++) {
+        for (size_t i = 0; c->owned && c->k && i < c->n_attn; i++) {
                 free(c->k[i]);
                 free(c->v[i]);
         }
-        for (size_t i = 0; c->conv && i < c->n_mamba; i++) {
+        for (size_t i = 0; c->owned && c->conv && i < c->n_mamba; i++) {
                 free(c->conv[i]);
                 free(c->ssm[i]);
         }
-        free(c->k);
-        free(c->v);
-        free(c->conv);
-        free(c->ssm);
+        if (c->owned) {         /* else the per-layer tables are the pool's */
+                free(c->k);
+                free(c->v);
+                free(c->conv);
+                free(c->ssm);
+        }
         free(c);
         *cp = NULL;
 }
@@ -365,6 +367,7 @@ tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, si
         cfg = &m->cfg;
         if (!(c = calloc(1, sizeof *c)))
                 return TSR_E_NOMEM;
+        c->owned = true;
         c->n_blocks = n_blocks;
         c->block_size = block_size;
         c->n_slots = n_slots;
@@ -395,6 +398,57 @@ tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, si
 nomem:
         tsr_nemotron_h_cache_free(&c);
         return TSR_E_NOMEM;
+}
+
+size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, tsr_kv_group *out, size_t max) {
+        size_t n = 0;
+
+        if (tsr_nemotron_h_count(c, '*') && n < max)
+                out[n++] = (tsr_kv_group){.kind = TSR_KV_FULL_ATTENTION, .n_layers = tsr_nemotron_h_count(c, '*'),
+                                          .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                                          .dtype = TSR_DTYPE_F32};
+        if (tsr_nemotron_h_count(c, 'M') && n < max)
+                out[n++] = (tsr_kv_group){.kind = TSR_KV_MAMBA_STATE, .n_layers = tsr_nemotron_h_count(c, 'M'),
+                                          .dtype = TSR_DTYPE_F32, .conv_elems = conv_elems(c),
+                                          .ssm_elems = ssm_elems(c)};
+        return n;
+}
+
+tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool, tsr_nemotron_h_cache **ret) {
+        tsr_kv_group want[TSR_KV_GROUPS_MAX];
+        tsr_nemotron_h_cache *c;
+        size_t n;
+
+        if (!m || !pool || !ret)
+                return TSR_E_INVAL;
+        n = tsr_nemotron_h_kv_groups(&m->cfg, want, TSR_KV_GROUPS_MAX);
+        if (pool->n_groups != n)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < n; i++) {
+                const tsr_kv_group *g = &pool->groups[i].spec;
+                if (g->kind != want[i].kind || g->n_layers != want[i].n_layers || g->dtype != want[i].dtype ||
+                    g->n_kv_heads != want[i].n_kv_heads || g->head_dim != want[i].head_dim ||
+                    g->conv_elems != want[i].conv_elems || g->ssm_elems != want[i].ssm_elems)
+                        return TSR_E_INVAL;
+        }
+        if (!(c = calloc(1, sizeof *c)))
+                return TSR_E_NOMEM;
+        c->n_blocks = (size_t)pool->n_blocks;
+        c->block_size = pool->block_size;
+        c->n_slots = pool->n_slots;
+        c->n_attn = tsr_nemotron_h_count(&m->cfg, '*');
+        c->n_mamba = tsr_nemotron_h_count(&m->cfg, 'M');
+        for (size_t i = 0; i < n; i++) {
+                if (want[i].kind == TSR_KV_MAMBA_STATE) {
+                        c->conv = (float **)pool->groups[i].k;
+                        c->ssm = (float **)pool->groups[i].v;
+                } else {
+                        c->k = (float **)pool->groups[i].k;
+                        c->v = (float **)pool->groups[i].v;
+                }
+        }
+        *ret = c;
+        return TSR_OK;
 }
 
 /* ---- forward ------------------------------------------------------------------------- */

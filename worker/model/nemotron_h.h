@@ -75,8 +75,8 @@ static inline uint32_t tsr_nemotron_h_conv_dim(const tsr_nemotron_h_config *c) {
 uint32_t tsr_nemotron_h_count(const tsr_nemotron_h_config *c, char kind);
 
 /* The family's tensor table (shard rules as data); nemotron_h.c. */
-extern const tsr_tensor_name tsr_nemotron_h_tensors[];
-extern const size_t tsr_nemotron_h_n_tensors;
+#define TSR_NEMOTRON_H_N_TENSORS 24
+extern const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS];
 
 typedef struct tsr_nemotron_h tsr_nemotron_h;
 
@@ -102,6 +102,14 @@ tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, si
 void tsr_nemotron_h_cache_free(tsr_nemotron_h_cache **c);
 /* Bytes of one Mamba state slot over all Mamba layers (conv + SSM state, float32). */
 uint64_t tsr_nemotron_h_slot_bytes(const tsr_nemotron_h_config *c);
+/* The KV groups a NemotronH declares (worker/engine/kv_pool.h), into out[max]: its
+ * attention layers' full-attention group (when it has any) and its Mamba layers'
+ * TSR_KV_MAMBA_STATE group (when it has any), float32.  Returns how many. */
+size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, tsr_kv_group *out, size_t max);
+/* A cache over the caller's pool (tsr_kv_pool_new_slots from those groups): the
+ * forward writes the pool's arrays, which must outlive the cache.  TSR_E_INVAL when
+ * the pool's groups are not exactly the model's; TSR_E_NOMEM. */
+tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool, tsr_nemotron_h_cache **ret);
 
 /* ---- forward ------------------------------------------------------------------------ */
 
