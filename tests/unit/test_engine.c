@@ -1502,14 +1502,7 @@ static void test_state_slot_freed_on_abort_and_finish(void **state) {
         expected(p2, 6, 5, want);
         submit(h, "long", prompt, 12, 1000, NULL, 0);
         go(h);
-        for (;;) {              /* "long" runs */
-                tsr_engine_out *o = tsr_queue_pop_wait(h->out, 20000);
-                assert_non_null(o);
-                bool started = o->kind == TSR_ENGINE_OUT_OUTPUT;
-                tsr_engine_out_free(o);
-                if (started)
-                        break;
-        }
+        wait_started(h);        /* "long" runs, holding the one slot */
         submit(h, "second", p2, 6, 5, NULL, 0);
         abort_req(h, "long");
         collect(h, ids, res, 1);
