@@ -83,10 +83,12 @@ def test_golden_alone_and_32_concurrent(worker, budget):
     all_free(w)
 
 
-def test_preemption_and_slot_bound_admission(worker):
+@pytest.mark.parametrize("mode", [(), ("--async-scheduling",)], ids=["sync", "async"])
+def test_preemption_and_slot_bound_admission(worker, mode):
     """--kv-cache-memory for 8 state slots and 26 blocks of 16 tokens: at most 8
     requests run at once and the blocks run out, so requests are preempted (their slot
-    given back) and recomputed; every result is still bitwise the roomy worker's."""
+    given back) and recomputed; every result is still bitwise the roomy worker's, with
+    the step thread of --async-scheduling too."""
     rng = random.Random(15)
     reqs = [(ids, len(g), g) for ids, g in goldens()]
     reqs += [([rng.randrange(3, VOCAB) for _ in range(rng.randint(40, 120))], rng.randint(30, 60), None)
@@ -94,7 +96,7 @@ def test_preemption_and_slot_bound_admission(worker):
     roomy = worker()
     alone = [roomy.run(f"a{i}", p, m, logprobs=2) for i, (p, m, _) in enumerate(reqs)]
     budget = 8 * SLOT_BYTES * 2 + 26 * BLOCK_BYTES - 8 * SLOT_BYTES   # slots take at most half
-    small = worker("--kv-cache-memory", str(budget))
+    small = worker("--kv-cache-memory", str(budget), *mode)
     s = small.status()
     assert s["state_slots_total"] == 8 and s["kv_blocks_total"] == 26
     for i, (p, m, _) in enumerate(reqs):
