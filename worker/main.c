@@ -140,6 +140,11 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         budget -= (long long)(p->state_slots * p->state_slot_bytes);
         p->kv_block_bytes = tsr_kv_block_bytes(groups, n_groups, (uint32_t)cfg->block_size);
         p->kv_blocks_total = plan_kv_blocks(cfg, budget, p->kv_block_bytes);
+        /* No attention layer (a pure Mamba pattern): blocks hold no memory, only the
+         * engine's positions; enough for every slot's request at max_model_len. */
+        if (p->kv_block_bytes == 0 && p->state_slots && cfg->num_gpu_blocks_override <= 0)
+                p->kv_blocks_total = (uint64_t)p->state_slots *
+                                     ((p->max_model_len + (uint32_t)cfg->block_size - 1) / (uint32_t)cfg->block_size);
         if (p->kv_blocks_total == 0) {   /* vLLM: "No available memory for the cache blocks" */
                 snprintf(err, errlen,
                          "no available memory for the cache blocks: one block of %d tokens takes %llu bytes; "

@@ -169,3 +169,31 @@ def test_bfloat16_refused(spawn):
     assert p.wait(timeout=60) == 2
     out = p.output()
     assert "cannot load model" in out and "bfloat16" in out, out
+
+
+def test_attention_free_pattern_serves(spawn, tmp_path):
+    """A pattern without attention ("ME": the fixture's first two layers) has no KV
+    blocks to size: the state slots alone bound the work, and 12 concurrent requests
+    are each bitwise what they are alone."""
+    d = tmp_path / "tiny-nemotron-h-me"
+    d.mkdir()
+    for f in (MODEL / "model").iterdir():
+        if f.name != "config.json":
+            (d / f.name).symlink_to(f)
+    cfg = json.loads((MODEL / "model" / "config.json").read_text())
+    cfg["hybrid_override_pattern"], cfg["num_hidden_layers"] = "ME", 2
+    (d / "config.json").write_text(json.dumps(cfg))
+    w = EngineWorker(spawn, d, "--dtype", "float32", "--max-num-seqs", "4")
+    s = w.status()
+    assert s["state_slots_total"] == 4 and s["kv_blocks_total"] == 4 * 512 // 16
+    reqs = mixed(12, 16)
+    alone = [w.run(f"a{i}", p, m, logprobs=1) for i, (p, m, _) in enumerate(reqs)]
+    for i, (p, m, _) in enumerate(reqs):
+        w.submit(f"b{i}", p, m, logprobs=1)
+    got = w.collect([f"b{i}" for i in range(12)])
+    for i in range(12):
+        assert len(got[f"b{i}"].tokens) == reqs[i][1]
+        same(got[f"b{i}"], alone[i])
+    assert w.max_step_outputs <= 4
+    all_free(w)
+    w.close()
