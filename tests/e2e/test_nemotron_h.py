@@ -110,19 +110,24 @@ def test_preemption_and_slot_bound_admission(worker, mode):
     assert s["num_preemptions_total"] > 0
 
 
-@pytest.fixture
-def long_model(tmp_path):
-    """The fixture with an 8192-token context (config.json's max_position_embeddings
-    only: the weights do not depend on it, there is no positional encoding)."""
-    d = tmp_path / "tiny-nemotron-h-long"
+def patched(tmp_path, name, **changes):
+    """The fixture's folder (files linked) with config.json fields changed."""
+    d = tmp_path / name
     d.mkdir()
     for f in (MODEL / "model").iterdir():
         if f.name != "config.json":
             (d / f.name).symlink_to(f)
     cfg = json.loads((MODEL / "model" / "config.json").read_text())
-    cfg["max_position_embeddings"] = 8192
+    cfg.update(changes)
     (d / "config.json").write_text(json.dumps(cfg))
     return d
+
+
+@pytest.fixture
+def long_model(tmp_path):
+    """The fixture with an 8192-token context (config.json's max_position_embeddings
+    only: the weights do not depend on it, there is no positional encoding)."""
+    return patched(tmp_path, "tiny-nemotron-h-long", max_position_embeddings=8192)
 
 
 def test_abort_frees_the_slot(spawn, long_model):
@@ -175,14 +180,7 @@ def test_attention_free_pattern_serves(spawn, tmp_path):
     """A pattern without attention ("ME": the fixture's first two layers) has no KV
     blocks to size: the state slots alone bound the work, and 12 concurrent requests
     are each bitwise what they are alone."""
-    d = tmp_path / "tiny-nemotron-h-me"
-    d.mkdir()
-    for f in (MODEL / "model").iterdir():
-        if f.name != "config.json":
-            (d / f.name).symlink_to(f)
-    cfg = json.loads((MODEL / "model" / "config.json").read_text())
-    cfg["hybrid_override_pattern"], cfg["num_hidden_layers"] = "ME", 2
-    (d / "config.json").write_text(json.dumps(cfg))
+    d = patched(tmp_path, "tiny-nemotron-h-me", hybrid_override_pattern="ME", num_hidden_layers=2)
     w = EngineWorker(spawn, d, "--dtype", "float32", "--max-num-seqs", "4")
     s = w.status()
     assert s["state_slots_total"] == 4 and s["kv_blocks_total"] == 4 * 512 // 16
