@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "tests/tsr_test.h"
+#include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
 
 #define FIXTURE "tests/fixtures/tiny-nemotron-h"
@@ -385,6 +386,44 @@ static void test_bad_args(void **state) {
         tsr_nemotron_h_cache_free(&c);
 }
 
+/* The family table: HF names only (no GGUF), "%u" exactly in the per-layer ones,
+ * unique logical names, shard rules as vLLM splits the layers (row-parallel outputs,
+ * whole experts); the family's description, KV groups and GGUF refusal. */
+static void test_family(void **state) {
+        const tsr_model_family *f = &tsr_family_nemotron_h;
+        char path[1024], err[512] = "";
+        tsr_model_desc d;
+        tsr_shard_spec sh;
+        tsr_kv_group g[TSR_KV_GROUPS_MAX];
+
+        (void)state;
+        assert_int_equal(f->n_tensors, TSR_NEMOTRON_H_N_TENSORS);
+        for (size_t i = 0; i < f->n_tensors; i++) {
+                const tsr_tensor_name *t = &f->tensors[i];
+                assert_null(t->gguf);
+                assert_non_null(t->hf);
+                assert_int_equal(strstr(t->hf, "%u") != NULL, t->per_layer);
+                for (size_t j = 0; j < i; j++)
+                        assert_string_not_equal(f->tensors[j].logical, t->logical);
+                if (strstr(t->hf, "out_proj") || strstr(t->hf, "o_proj") || strstr(t->hf, "down_proj.weight"))
+                        assert_int_equal(t->shard, strstr(t->hf, "experts.<e>") ? TSR_SHARD_EXPERT : TSR_SHARD_ROW);
+                if (strstr(t->hf, "experts.<e>"))
+                        assert_int_equal(t->shard, TSR_SHARD_EXPERT);
+        }
+        assert_non_null(src_path(FIXTURE "/model", path, sizeof path));
+        assert_int_equal(tsr_model_desc_read(f, path, false, &d, err, sizeof err), TSR_OK);
+        assert_int_equal(d.n_layers, 6);
+        assert_int_equal(d.vocab_size, 300);
+        assert_int_equal(f->shard_for(&d, 0, 1, 0, 1, &sh), TSR_OK);
+        assert_int_equal(f->kv_groups(&d, &sh, g, TSR_KV_GROUPS_MAX), 2);
+        assert_int_equal(g[1].kind, TSR_KV_MAMBA_STATE);
+        assert_int_equal(f->shard_for(&d, 0, 1, 1, 2, &sh), TSR_OK);        /* a pipeline stage: not built */
+        assert_int_equal(f->kv_groups(&d, &sh, g, TSR_KV_GROUPS_MAX), 0);
+        tsr_model_desc_done(&d);
+        assert_int_equal(tsr_model_desc_read(f, "/x/model.gguf", true, &d, err, sizeof err), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "NemotronH from GGUF is not supported"));
+}
+
 /* config.json variants in a temporary folder: each refused with the field named. */
 static void test_config_errors(void **state) {
         static const struct { const char *set; tsr_status st; const char *needle; } bad[] = {
@@ -444,6 +483,7 @@ int main(void) {
                 cmocka_unit_test(test_pool_bind),
                 cmocka_unit_test(test_bad_args),
                 cmocka_unit_test(test_config_errors),
+                cmocka_unit_test(test_family),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
