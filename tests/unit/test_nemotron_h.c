@@ -386,6 +386,41 @@ static void test_bad_args(void **state) {
         tsr_nemotron_h_cache_free(&c);
 }
 
+/* Python's json writes float('inf') as a bare Infinity (not JSON): read as infinity
+ * where a field may be infinite, left alone inside strings. */
+static void test_config_bare_infinity(void **state) {
+        char src[1024], dir[] = "/tmp/tsr_nh_XXXXXX", path[1100], err[512] = "", *text, *at;
+        tsr_nemotron_h_config c;
+        json_error_t je;
+        json_t *cfg;
+        FILE *f;
+
+        (void)state;
+        assert_non_null(src_path(FIXTURE "/model/config.json", src, sizeof src));
+        assert_non_null(mkdtemp(dir));
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        cfg = json_load_file(src, 0, &je);
+        assert_non_null(cfg);
+        json_object_set_new(cfg, "time_step_limit", json_pack("[f, f]", 0.0, 12345.5));
+        json_object_set_new(cfg, "note", json_string("Infinity in a string"));
+        text = json_dumps(cfg, JSON_COMPACT);
+        assert_non_null(at = strstr(text, "12345.5"));
+        f = fopen(path, "w");
+        fprintf(f, "%.*sInfinity%s", (int)(at - text), text, at + 7);
+        fclose(f);
+        assert_int_equal(tsr_nemotron_h_config_from_hf(dir, &c, err, sizeof err), TSR_OK);
+        assert_true(isinf(c.dt_max));
+        f = fopen(path, "w");           /* a negative one is still an error, named */
+        fprintf(f, "%.*s-Infinity%s", (int)(at - text), text, at + 7);
+        fclose(f);
+        assert_int_equal(tsr_nemotron_h_config_from_hf(dir, &c, err, sizeof err), TSR_E_INVAL);
+        assert_non_null(strstr(err, "config.json"));
+        free(text);
+        json_decref(cfg);
+        unlink(path);
+        rmdir(dir);
+}
+
 /* The family table: HF names only (no GGUF), "%u" exactly in the per-layer ones,
  * unique logical names, shard rules as vLLM splits the layers (row-parallel outputs,
  * whole experts); the family's description, KV groups and GGUF refusal. */
@@ -483,6 +518,7 @@ int main(void) {
                 cmocka_unit_test(test_pool_bind),
                 cmocka_unit_test(test_bad_args),
                 cmocka_unit_test(test_config_errors),
+                cmocka_unit_test(test_config_bare_infinity),
                 cmocka_unit_test(test_family),
         };
         return cmocka_run_group_tests(tests, setup, teardown);

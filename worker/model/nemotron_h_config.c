@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -131,11 +132,13 @@ static tsr_status read_pattern(const char *path, json_t *root, tsr_nemotron_h_co
 }
 
 /* An upper bound that may be infinite: JSON has no infinity, so it comes as null, as
- * a number, or as transformers 5's {"__float__": "Infinity"}. */
+ * a number, as the string "Infinity", as transformers 5's {"__float__": "Infinity"},
+ * or as Python json's bare Infinity (which relax_infinity turned into null). */
 static bool upper_bound(json_t *v, float *ret) {
         json_t *f = json_object_get(v, "__float__");
 
-        if (json_is_null(v) || (json_is_string(f) && strcmp(json_string_value(f), "Infinity") == 0)) {
+        if (json_is_null(v) || (json_is_string(f) && strcmp(json_string_value(f), "Infinity") == 0) ||
+            (json_is_string(v) && strcmp(json_string_value(v), "Infinity") == 0)) {
                 *ret = INFINITY;
                 return true;
         }
@@ -281,12 +284,36 @@ static tsr_status from_json(const char *path, json_t *root, tsr_nemotron_h_confi
         return TSR_OK;
 }
 
+/* Python's json module writes float('inf') as a bare Infinity, which is not JSON (Mamba
+ * configs carry it in time_step_limit): outside strings, each becomes `null` padded to
+ * the same length, which the fields that may be infinite read as infinity. */
+static void relax_infinity(char *buf, size_t n) {
+        static const char word[] = "Infinity";
+        bool in_str = false;
+
+        for (size_t i = 0; i < n; i++) {
+                if (in_str) {
+                        if (buf[i] == '\\')
+                                i++;
+                        else if (buf[i] == '"')
+                                in_str = false;
+                } else if (buf[i] == '"') {
+                        in_str = true;
+                } else if (n - i >= sizeof word - 1 && memcmp(buf + i, word, sizeof word - 1) == 0) {
+                        memcpy(buf + i, "null    ", sizeof word - 1);
+                        i += sizeof word - 2;
+                }
+        }
+}
+
 tsr_status tsr_nemotron_h_config_from_hf(const char *dir, tsr_nemotron_h_config *ret, char *err, size_t errlen) {
-        char path[4096];
+        char path[4096], *buf;
         struct stat sb;
         json_error_t je;
         json_t *root;
         tsr_status st;
+        size_t got;
+        FILE *f;
 
         if (!dir || !ret)
                 return TSR_E_INVAL;
@@ -302,7 +329,18 @@ tsr_status tsr_nemotron_h_config_from_hf(const char *dir, tsr_nemotron_h_config 
                 tsr_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, CONFIG_MAX_BYTES);
                 return TSR_E_IO;
         }
-        if (!(root = json_load_file(path, JSON_REJECT_DUPLICATES, &je))) {
+        if (!(f = fopen(path, "rb")) || !(buf = malloc((size_t)sb.st_size + 1))) {
+                tsr_errf(err, errlen, "%s: cannot read it", path);
+                if (f)
+                        fclose(f);
+                return TSR_E_IO;
+        }
+        got = fread(buf, 1, (size_t)sb.st_size, f);
+        fclose(f);
+        relax_infinity(buf, got);
+        root = json_loadb(buf, got, JSON_REJECT_DUPLICATES, &je);
+        free(buf);
+        if (!root) {
                 tsr_errf(err, errlen, "%s:%d: %s", path, je.line, je.text);
                 return TSR_E_INVAL;
         }
