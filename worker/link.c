@@ -274,6 +274,8 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         s.prefix_cache_hits_total = l->stats.prefix_cache_hits_total;
         s.prompt_tokens_total = l->stats.prompt_tokens_total;
         s.generation_tokens_total = l->stats.generation_tokens_total;
+        s.state_slots_total = l->stats.state_slots_total;
+        s.state_slots_free = l->stats.state_slots_free;
         if (events && events->n) {
                 evs = calloc(events->n, sizeof(*evs));
                 evp = calloc(events->n, sizeof(*evp));

@@ -28,6 +28,8 @@ typedef struct tsr_worker_plan {
         uint32_t max_model_len;
         uint64_t kv_blocks_total;
         uint64_t kv_block_bytes;
+        uint32_t state_slots;           /* recurrent-state slots (a Mamba hybrid's), 0: none */
+        uint64_t state_slot_bytes;      /* bytes of one */
         uint32_t max_num_seqs;
         uint32_t max_num_batched_tokens;
         uint64_t boot_epoch;

@@ -66,17 +66,35 @@ static tsr_status plan_kv_groups(const tsr_model_desc *desc, const tsr_model_met
         return TSR_OK;
 }
 
-/* KV cache blocks: --num-gpu-blocks-override, else --kv-cache-memory-bytes (default
- * 4 GiB, never more than half of the free RAM) divided by the block size. */
-static uint64_t plan_kv_blocks(const tsr_config *cfg, uint64_t per_block) {
+/* The KV cache's memory: --kv-cache-memory-bytes (default 4 GiB, never more than half
+ * of the free RAM). */
+static long long kv_budget(const tsr_config *cfg) {
         long long budget = cfg->kv_cache_memory_bytes ? cfg->kv_cache_memory_bytes : DEFAULT_KV_CACHE_BYTES;
         long long avail = (long long)sysconf(_SC_AVPHYS_PAGES) * (long long)sysconf(_SC_PAGESIZE);
 
-        if (cfg->num_gpu_blocks_override > 0)
-                return (uint64_t)cfg->num_gpu_blocks_override;
         if (!cfg->kv_cache_memory_bytes && avail > 0 && budget > avail / 2)
                 budget = avail / 2;
-        return per_block ? (uint64_t)budget / per_block : 0;
+        return budget;
+}
+
+/* KV cache blocks: --num-gpu-blocks-override, else what `budget` bytes hold. */
+static uint64_t plan_kv_blocks(const tsr_config *cfg, long long budget, uint64_t per_block) {
+        if (cfg->num_gpu_blocks_override > 0)
+                return (uint64_t)cfg->num_gpu_blocks_override;
+        return per_block && budget > 0 ? (uint64_t)budget / per_block : 0;
+}
+
+/* Recurrent-state slots of a model with per-request state (a Mamba hybrid): one per
+ * request that may run at once, max_num_seqs, but at most half of the budget (the
+ * rest is for the attention layers' blocks), and at least one.  0 when the model keeps
+ * no such state. */
+static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t max_num_seqs) {
+        uint64_t fit;
+
+        if (!slot_bytes || budget <= 0)
+                return 0;
+        fit = (uint64_t)budget / 2 / slot_bytes;
+        return fit < max_num_seqs ? (uint32_t)fit : max_num_seqs;
 }
 
 static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
@@ -108,10 +126,25 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         }
         if (plan_kv_groups(desc, m, groups, &n_groups, err, errlen) != TSR_OK)
                 return TSR_E_INVAL;
+        p->max_num_seqs = cfg->max_num_seqs > 0 ? (uint32_t)cfg->max_num_seqs : CPU_DEFAULT_MAX_NUM_SEQS;
         /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
-         * per block. */
+         * per block, and state slots (counted in the same budget) per running request. */
+        long long budget = kv_budget(cfg);
+        p->state_slot_bytes = tsr_kv_slot_bytes(groups, n_groups);
+        p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs);
+        if (p->state_slot_bytes && p->state_slots == 0) {
+                snprintf(err, errlen, "no available memory for the recurrent state: one request's state takes %llu "
+                         "bytes; increase --kv-cache-memory", (unsigned long long)p->state_slot_bytes);
+                return TSR_E_INVAL;
+        }
+        budget -= (long long)(p->state_slots * p->state_slot_bytes);
         p->kv_block_bytes = tsr_kv_block_bytes(groups, n_groups, (uint32_t)cfg->block_size);
-        p->kv_blocks_total = plan_kv_blocks(cfg, p->kv_block_bytes);
+        p->kv_blocks_total = plan_kv_blocks(cfg, budget, p->kv_block_bytes);
+        /* No attention layer (a pure Mamba pattern): blocks hold no memory, only the
+         * engine's positions; enough for every slot's request at max_model_len. */
+        if (p->kv_block_bytes == 0 && p->state_slots && cfg->num_gpu_blocks_override <= 0)
+                p->kv_blocks_total = (uint64_t)p->state_slots *
+                                     ((p->max_model_len + (uint32_t)cfg->block_size - 1) / (uint32_t)cfg->block_size);
         if (p->kv_blocks_total == 0) {   /* vLLM: "No available memory for the cache blocks" */
                 snprintf(err, errlen,
                          "no available memory for the cache blocks: one block of %d tokens takes %llu bytes; "
@@ -122,7 +155,6 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         if (p->kv_blocks_total * cfg->block_size < p->max_model_len)
                 log_warn("the KV cache holds %llu tokens, less than max_model_len %u: long requests will wait or be "
                          "refused", (unsigned long long)(p->kv_blocks_total * cfg->block_size), p->max_model_len);
-        p->max_num_seqs = cfg->max_num_seqs > 0 ? (uint32_t)cfg->max_num_seqs : CPU_DEFAULT_MAX_NUM_SEQS;
         p->max_num_batched_tokens = cfg->max_num_batched_tokens > 0 ? (uint32_t)cfg->max_num_batched_tokens
                                                                     : CPU_DEFAULT_MAX_BATCHED_TOKENS;
         p->boot_epoch = tsr_wall_ns();
@@ -258,6 +290,21 @@ int main(int argc, char **argv) {
                 log_error("%s", err);
                 goto out;
         }
+        if (plan.state_slots) {
+                /* vLLM V1 turns prefix caching off for hybrid Mamba models unless asked for
+                 * its experimental Mamba prefix caching, which is not built here: a state
+                 * cannot be rewound to a cached prefix. */
+                if (cfg.enable_prefix_caching == TSR_TRI_TRUE) {
+                        log_error("--enable-prefix-caching is not supported for %s (a hybrid model with recurrent "
+                                  "Mamba state); leave it unset or pass --no-enable-prefix-caching",
+                                  meta->architecture ? meta->architecture : "this model");
+                        goto out;
+                }
+                cfg.enable_prefix_caching = TSR_TRI_FALSE;
+                log_info("prefix caching disabled: the model keeps recurrent (Mamba) state per request");
+                log_info("# state slots: %u (%.2f MB each): at most %u requests run at once", plan.state_slots,
+                         (double)plan.state_slot_bytes / 1e6, plan.state_slots);
+        }
         log_info("model %s: %s, %s format, vocab %u, max_model_len %u, %zu eos ids, chat template %s",
                  meta->path, meta->architecture ? meta->architecture : "?", meta->format, meta->vocab_size,
                  plan.max_model_len, meta->n_eos_token_ids, meta->chat_template ? "yes" : "no");
@@ -286,7 +333,7 @@ int main(int argc, char **argv) {
                          "only, Submit is refused", cfg.model,
                          meta->architecture ? meta->architecture : meta->model_type ? meta->model_type : "?");
         } else if ((st = tsr_runner_new(cfg.model, &desc, &ropts, plan.kv_blocks_total, (uint32_t)cfg.block_size,
-                                        &runner, &lstats, err, sizeof(err))) != TSR_OK) {
+                                        plan.state_slots, &runner, &lstats, err, sizeof(err))) != TSR_OK) {
                 log_error("cannot load model %s: %s", cfg.model, err);
                 goto out;
         } else {
@@ -295,7 +342,8 @@ int main(int argc, char **argv) {
                          lstats.n_tensors, (double)lstats.file_bytes / 1e6, (double)lstats.f32_bytes / 1e6,
                          (double)lstats.resident_bytes / 1e6,
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
-                         (double)plan.kv_blocks_total * plan.kv_block_bytes / 1e6);
+                         (double)(plan.kv_blocks_total * plan.kv_block_bytes + plan.state_slots * plan.state_slot_bytes) /
+                                 1e6);
         }
         if (tsr_block_hash_algo_parse(cfg.prefix_caching_hash_algo, &hash_algo) != TSR_OK) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);

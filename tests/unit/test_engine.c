@@ -52,7 +52,36 @@ typedef struct fake_model {
         size_t hold_at;
         bool holding;
         bool released;
+        /* Recurrent state (params.state_slots > 0), as a Mamba model keeps it: per slot the
+         * length and a hash of the tokens it has seen.  A chunk with past > 0 must find
+         * exactly its sequence's first `past` tokens there, else the forward fails. */
+        uint32_t state_slots;
+        size_t *state_len;
+        uint64_t *state_hash;
 } fake_model;
+
+static uint64_t fnv_more(uint64_t h, const uint32_t *t, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                h = (h ^ t[i]) * 1099511628211ull;
+        return h;
+}
+
+/* The state check and update of one chunk whose full context is ctx[0 .. past+n). */
+static tsr_status fake_state(fake_model *m, uint32_t slot, const uint32_t *ctx, size_t past, size_t n) {
+        if (!m->state_slots)
+                return TSR_OK;
+        if (slot >= m->state_slots)
+                return TSR_E_INVAL;
+        if (past == 0) {                /* a sequence starts: the slot is zeroed */
+                m->state_len[slot] = 0;
+                m->state_hash[slot] = 1469598103934665603ull;
+        }
+        if (m->state_len[slot] != past || m->state_hash[slot] != fnv_more(1469598103934665603ull, ctx, past))
+                return TSR_E_INTERNAL;  /* the slot holds another history */
+        m->state_len[slot] = past + n;
+        m->state_hash[slot] = fnv_more(m->state_hash[slot], ctx + past, n);
+        return TSR_OK;
+}
 
 static uint32_t next_of(const uint32_t *ctx, size_t n) {
         uint64_t h = 1469598103934665603ull;
@@ -70,8 +99,9 @@ static void fake_row(const uint32_t *ctx, size_t n, float *logits) {
 
 /* logits: NULL, one row (the last token's), or with `all` one row per token. */
 static tsr_status fake_forward_one(fake_model *m, const uint32_t *bt, size_t n_table, const uint32_t *tokens,
-                                   size_t n, size_t past, bool all, float *logits) {
+                                   size_t n, size_t past, uint32_t state_slot, bool all, float *logits) {
         uint32_t ctx[4096];
+        tsr_status st;
         if (past + n > n_table * BS || past + n > 4096)
                 return TSR_E_INVAL;
         for (size_t p = 0; p < past; p++) {
@@ -85,6 +115,8 @@ static tsr_status fake_forward_one(fake_model *m, const uint32_t *bt, size_t n_t
                 m->kv[slot] = tokens[t];
                 ctx[past + t] = tokens[t];
         }
+        if ((st = fake_state(m, state_slot, ctx, past, n)) != TSR_OK)
+                return st;
         m->forwards++;
         m->tokens_run += n;
         if (logits && all)
@@ -114,13 +146,20 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
         }
         if (n_seqs > m->max_step_seqs)
                 m->max_step_seqs = n_seqs;
+        for (size_t i = 0; m->state_slots && i < n_seqs; i++)
+                for (size_t j = 0; j < i; j++)
+                        if (seqs[i].state_slot == seqs[j].state_slot) {
+                                pthread_mutex_unlock(&m->mu);
+                                return TSR_E_INTERNAL;  /* two running requests in one slot */
+                        }
         if (step_tokens > m->max_step_tokens)
                 m->max_step_tokens = step_tokens;
         pthread_mutex_unlock(&m->mu);
         for (size_t i = 0; i < n_seqs; i++) {
                 bool any = seqs[i].want_logits || seqs[i].want_all_logits;
                 tsr_status st = fake_forward_one(m, seqs[i].block_table, seqs[i].n_table, seqs[i].tokens, seqs[i].n,
-                                                 seqs[i].past_len, seqs[i].want_all_logits, any ? logits : NULL);
+                                                 seqs[i].past_len, seqs[i].state_slot, seqs[i].want_all_logits,
+                                                 any ? logits : NULL);
                 if (st != TSR_OK)
                         return st;
                 logits += (seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0) * VOCAB;
@@ -235,6 +274,8 @@ static void stop(harness *h) {
         tsr_queue_free(&h->in);
         tsr_queue_free(&h->out);
         free(h->fm.kv);
+        free(h->fm.state_len);
+        free(h->fm.state_hash);
         pthread_cond_destroy(&h->fm.cv);
         pthread_mutex_destroy(&h->fm.mu);
         free(h);
@@ -1377,6 +1418,114 @@ static void long_prefill(uint32_t threshold, size_t want_max_chunk) {
 static void test_long_prefill_threshold_caps_chunks(void **state) { long_prefill(5, 5); }
 static void test_long_prefill_threshold_zero_is_no_cap(void **state) { long_prefill(0, 30); }
 
+/* ---- recurrent-state slots (a Mamba hybrid's per-request conv + SSM state) ---------- */
+
+/* A harness whose model keeps state in `slots` slots (prefix caching off, as the worker
+ * runs such a model). */
+static harness *held_state(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, uint32_t slots) {
+        harness *h = held(blocks, max_batched, max_seqs, false, 0);
+        h->params.state_slots = slots;
+        h->fm.state_slots = slots;
+        h->fm.state_len = calloc(slots, sizeof(size_t));
+        h->fm.state_hash = calloc(slots, sizeof(uint64_t));
+        return h;
+}
+
+/* Five requests, two slots, room for eight by max_num_seqs and blocks: at most two run
+ * in any step, every output is right (the fake model checks each chunk finds its own
+ * history in its slot), and both slots are free again at the end. */
+static void test_state_slots_bound_admission(void **state) {
+        harness *h = held_state(256, 256, 8, 2);
+        uint32_t prompts[5][12], want[5][10];
+        result res[5];
+        const char *ids[5] = {"s0", "s1", "s2", "s3", "s4"};
+
+        (void)state;
+        memset(res, 0, sizeof(res));
+        for (int i = 0; i < 5; i++) {
+                make_prompt(prompts[i], 12, (uint32_t)i + 40);
+                expected(prompts[i], 12, 10, want[i]);
+                submit(h, ids[i], prompts[i], 12, 10, NULL, 0);
+        }
+        go(h);
+        collect(h, ids, res, 5);
+        for (int i = 0; i < 5; i++)
+                assert_memory_equal(res[i].tokens, want[i], sizeof(want[i]));
+        assert_int_equal(model_records(h).max_step_seqs, 2);
+        tsr_engine_stats st = idle_stats(h);
+        assert_int_equal(st.state_slots_total, 2);
+        assert_int_equal(st.state_slots_free, 2);
+        stop(h);
+}
+
+/* Too few KV blocks for the requests that hold slots: preemption gives the victim's
+ * slot back and its recompute starts a fresh state (past 0) in whatever slot it gets
+ * next; the outputs are those of an unpreempted run. */
+static void test_state_slots_freed_on_preemption(void **state) {
+        harness *h = held_state(20, 8, 8, 4);
+        uint32_t prompts[8][30], want[8][16];
+        size_t lens[8];
+        result res[8];
+        const char *ids[8] = {"p0", "p1", "p2", "p3", "p4", "p5", "p6", "p7"};
+
+        (void)state;
+        memset(res, 0, sizeof(res));
+        for (int i = 0; i < 8; i++) {
+                lens[i] = 5 + (size_t)(i * 11) % 25;
+                make_prompt(prompts[i], lens[i], (uint32_t)i + 70);
+                expected(prompts[i], lens[i], 16, want[i]);
+                submit(h, ids[i], prompts[i], lens[i], 16, NULL, 0);
+        }
+        go(h);
+        collect(h, ids, res, 8);
+        for (int i = 0; i < 8; i++)
+                if (res[i].n != 16 || memcmp(res[i].tokens, want[i], sizeof(want[i])) != 0)
+                        fail_msg("request %d: %zu tokens, or wrong tokens", i, res[i].n);
+        tsr_engine_stats st = idle_stats(h);
+        assert_true(st.num_preemptions_total > 0);
+        assert_int_equal(st.state_slots_free, 4);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+/* One slot: a second request waits for it while the first runs, and gets it when the
+ * first is aborted (and again when that one finishes). */
+static void test_state_slot_freed_on_abort_and_finish(void **state) {
+        harness *h = held_state(256, 64, 8, 1);
+        uint32_t prompt[12], p2[6], want[5];
+        result res[1] = {0};
+        const char *ids[] = {"second"};
+
+        (void)state;
+        make_prompt(prompt, 12, 90);
+        make_prompt(p2, 6, 91);
+        expected(p2, 6, 5, want);
+        submit(h, "long", prompt, 12, 1000, NULL, 0);
+        go(h);
+        wait_started(h);        /* "long" runs, holding the one slot */
+        submit(h, "second", p2, 6, 5, NULL, 0);
+        abort_req(h, "long");
+        collect(h, ids, res, 1);
+        assert_memory_equal(res[0].tokens, want, sizeof(want));
+        tsr_engine_stats st = idle_stats(h);
+        assert_int_equal(st.state_slots_free, 1);
+        assert_int_equal(st.num_running, 0);
+        assert_true(st.generation_tokens_total < 1000);
+        stop(h);
+}
+
+/* A state model with prefix caching is refused at start: a cached prefix's state
+ * cannot be recovered. */
+static void test_state_slots_refuse_prefix_caching(void **state) {
+        harness *h = held_state(64, 64, 4, 2);
+
+        (void)state;
+        h->params.enable_prefix_caching = true;
+        assert_int_equal(tsr_engine_start(&h->params, h->in, h->out, &h->e), TSR_E_INVAL);
+        assert_null(h->e);
+        stop(h);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_single_request_greedy),
@@ -1405,6 +1554,10 @@ int main(void) {
                 cmocka_unit_test(test_step_limits_priority),
                 cmocka_unit_test(test_long_prefill_threshold_caps_chunks),
                 cmocka_unit_test(test_long_prefill_threshold_zero_is_no_cap),
+                cmocka_unit_test(test_state_slots_bound_admission),
+                cmocka_unit_test(test_state_slots_freed_on_preemption),
+                cmocka_unit_test(test_state_slot_freed_on_abort_and_finish),
+                cmocka_unit_test(test_state_slots_refuse_prefix_caching),
         };
         int failed = cmocka_run_group_tests_name("engine", tests, NULL, NULL);
         g_async = true;

@@ -22,7 +22,12 @@ static void test_find(void **state) {
         assert_ptr_equal(tsr_family_find("hf", "Llama4ForConditionalGeneration", "llama4"), &tsr_family_llama4);
         assert_ptr_equal(tsr_family_find("hf", "Llama4ForCausalLM", "llama4_text"), &tsr_family_llama4);
         assert_ptr_equal(tsr_family_find("gguf", "llama4", NULL), &tsr_family_llama4);  /* found, then refused */
-        assert_null(tsr_family_find("hf", "NemotronHForCausalLM", "llama"));   /* architectures wins over model_type */
+        /* architectures wins over model_type */
+        assert_ptr_equal(tsr_family_find("hf", "NemotronHForCausalLM", "llama"), &tsr_family_nemotron_h);
+        assert_ptr_equal(tsr_family_find("hf", NULL, "nemotron_h"), &tsr_family_nemotron_h);
+        /* llama.cpp's names: found, so that the family refuses the GGUF with its reason */
+        assert_ptr_equal(tsr_family_find("gguf", "nemotron_h_moe", NULL), &tsr_family_nemotron_h);
+        assert_ptr_equal(tsr_family_find("hf", "LlamaForCausalLM", "nemotron_h"), &tsr_family_llama);
         assert_null(tsr_family_find("gguf", "qwen2", "qwen2"));
         assert_null(tsr_family_find("hf", NULL, NULL));
 }
@@ -98,6 +103,34 @@ static void test_read_config_errors(void **state) {
 
 /* The runner's KV memory: per group, per layer, K and V of n_blocks x block_size rows in
  * the group's dtype, exactly the bytes tsr_kv_block_bytes budgets for. */
+/* A Mamba hybrid's groups: attention blocks plus one state record per request slot,
+ * which the per-block budget does not count and the per-slot one does. */
+static void test_kv_pool_state_slots(void **state) {
+        tsr_kv_group g[2] = {
+                {.kind = TSR_KV_FULL_ATTENTION, .n_layers = 1, .n_kv_heads = 2, .head_dim = 16, .dtype = TSR_DTYPE_F32},
+                {.kind = TSR_KV_MAMBA_STATE, .n_layers = 2, .dtype = TSR_DTYPE_F32, .conv_elems = 384,
+                 .ssm_elems = 1024},
+        };
+        tsr_kv_pool *p = NULL;
+        (void)state;
+        assert_int_equal(tsr_kv_block_bytes(g, 2, 16), tsr_kv_block_bytes(g, 1, 16));
+        assert_int_equal(tsr_kv_block_bytes(g, 1, 16), 2 * 2 * 16 * 16 * 4);
+        assert_int_equal(tsr_kv_slot_bytes(g, 2), 2 * (384 + 1024) * 4);
+        assert_int_equal(tsr_kv_slot_bytes(g, 1), 0);
+        assert_int_equal(tsr_kv_pool_new(g, 2, 5, 16, &p), TSR_E_INVAL);     /* a state group needs slots */
+        assert_int_equal(tsr_kv_pool_new_slots(g, 2, 5, 16, 3, &p), TSR_OK);
+        assert_int_equal(p->n_slots, 3);
+        assert_int_equal(p->bytes, 5 * tsr_kv_block_bytes(g, 2, 16) + 3 * tsr_kv_slot_bytes(g, 2));
+        for (uint32_t l = 0; l < 2; l++) {      /* conv (k) and SSM (v) state of every slot */
+                memset(p->groups[1].k[l], 0xab, 3 * 384 * 4);
+                memset(p->groups[1].v[l], 0xcd, 3 * 1024 * 4);
+        }
+        tsr_kv_pool_free(&p);
+        assert_int_equal(tsr_kv_pool_new_slots(g, 1, 5, 16, 3, &p), TSR_OK);  /* no state group: no slots */
+        assert_int_equal(p->n_slots, 0);
+        tsr_kv_pool_free(&p);
+}
+
 static void test_kv_pool(void **state) {
         tsr_kv_group g[2] = {
                 {.kind = TSR_KV_FULL_ATTENTION, .n_layers = 3, .n_kv_heads = 2, .head_dim = 8, .dtype = TSR_DTYPE_F32},
@@ -172,6 +205,7 @@ int main(void) {
                 cmocka_unit_test(test_read_config_errors),
                 cmocka_unit_test(test_read_config),
                 cmocka_unit_test(test_kv_pool),
+                cmocka_unit_test(test_kv_pool_state_slots),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

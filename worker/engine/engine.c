@@ -59,6 +59,8 @@ typedef struct slot {
                                        * request to compute its shared prefix */
         bool cached_known;
         tsr_kv_req kv;
+        bool has_state_slot;          /* holds engine.free_state_slots' entry state_slot */
+        uint32_t state_slot;
         /* Scheduled ahead of the KV cache (--async-scheduling schedules step N+1 while N
          * runs; synchronously both are 0 whenever schedule() reads them): tokens in a
          * step not yet applied, and the tokens those steps will sample (placeholders:
@@ -152,6 +154,10 @@ struct tsr_engine {
         step_plan *run_job;
         bool run_done;
         bool run_quit;
+        /* Recurrent-state slots not held by a running request (a stack; params.state_slots
+         * in all).  Engine thread only. */
+        uint32_t *free_state_slots;
+        uint32_t n_free_state_slots;
 };
 
 /* ------------------------------------------------------------------ small helpers */
@@ -215,9 +221,19 @@ void tsr_engine_out_free(tsr_engine_out *out) {
         free(out);
 }
 
+/* A request's recurrent-state slot back to the free stack (none held: nothing).  Its
+ * contents need no clearing: the forward that starts a sequence zeroes the slot. */
+static void state_slot_give(tsr_engine *e, slot *s) {
+        if (!s->has_state_slot)
+                return;
+        e->free_state_slots[e->n_free_state_slots++] = s->state_slot;
+        s->has_state_slot = false;
+}
+
 static void slot_free(tsr_engine *e, slot *s) {
         if (!s)
                 return;
+        state_slot_give(e, s);
         tsr_kv_req_done(e->kv, &s->kv);
         free(s->tokens);
         free(s->stop_ids);
@@ -272,6 +288,8 @@ static void refresh_stats(tsr_engine *e) {
         e->stats.kv_blocks_total = ks.num_blocks;
         e->stats.kv_blocks_free = ks.num_free;
         e->stats.kv_blocks_active = ks.num_active;
+        e->stats.state_slots_total = e->params.state_slots;
+        e->stats.state_slots_free = e->n_free_state_slots;
         e->stats.num_running = (uint32_t)e->running.n;
         e->stats.num_waiting = (uint32_t)e->waiting.n;
         e->stats.waiting_prompt_tokens = waiting_tokens;
@@ -494,6 +512,7 @@ static void plan_add(sched_entry *pe, slot *s, size_t past, size_t num_new, bool
 
 static void preempt(tsr_engine *e, slot *victim) {
         tsr_kv_cache_free_blocks(e->kv, &victim->kv);
+        state_slot_give(e, victim);     /* as its blocks: a later owner's step runs after any in flight */
         list_remove(&e->running, victim);
         victim->state = SLOT_WAITING;
         /* A step of it still in flight (--async-scheduling) is now stale: apply_plan
@@ -673,8 +692,14 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         if (num_new == 0)
                                 break;   /* head-of-line: no logits rows left this step */
                 }
+                if (e->params.state_slots && !s->has_state_slot && e->n_free_state_slots == 0)
+                        break;   /* head-of-line: wait for a state slot (vLLM: no Mamba block free) */
                 if (tsr_kv_cache_allocate_slots(e->kv, &s->kv, num_new) != TSR_OK)
                         break;   /* head-of-line: wait for blocks */
+                if (e->params.state_slots && !s->has_state_slot) {
+                        s->state_slot = e->free_state_slots[--e->n_free_state_slots];
+                        s->has_state_slot = true;
+                }
                 if (wants_prompt_lp(s, s->kv.n_computed))
                         lp_rows -= num_new;
                 list_remove_at(&e->waiting, wi);
@@ -827,6 +852,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                         .past_len = pe->past,
                         .want_logits = pe->past + pe->num_new == s->n_tokens,
                         .want_all_logits = wants_prompt_lp(s, pe->past),
+                        .state_slot = s->state_slot,
                 };
                 p->n_want += seq_rows(&p->seqs[i]);
         }
@@ -1280,9 +1306,26 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
         e->outbox = outbox;
         e->stats.max_num_seqs = p->max_num_seqs;
         e->stats.ready = p->model != NULL;
+        if (p->state_slots) {
+                if (p->enable_prefix_caching) {
+                        free(e);
+                        return TSR_E_INVAL;
+                }
+                if (!(e->free_state_slots = malloc(p->state_slots * sizeof *e->free_state_slots))) {
+                        free(e);
+                        return TSR_E_NOMEM;
+                }
+                /* Pushed high to low, so slot 0 is taken first. */
+                for (uint32_t i = 0; i < p->state_slots; i++)
+                        e->free_state_slots[i] = p->state_slots - 1 - i;
+                e->n_free_state_slots = p->state_slots;
+        }
+        e->stats.state_slots_total = p->state_slots;
+        e->stats.state_slots_free = p->state_slots;
         st = tsr_kv_cache_new((uint32_t)(p->kv_blocks_total ? p->kv_blocks_total : 1), p->block_size,
                               p->enable_prefix_caching, p->hash_algo, &e->kv);
         if (st != TSR_OK) {
+                free(e->free_state_slots);
                 free(e);
                 return st;
         }
@@ -1310,6 +1353,7 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
 fail:
         free(e->logits);
         free(e->scratch);
+        free(e->free_state_slots);
         tsr_kv_cache_free(&e->kv);
         free(e);
         return st;
@@ -1333,6 +1377,7 @@ void tsr_engine_stop(tsr_engine **ep) {
         free(e->logits);
         free(e->scratch);
         tsr_kv_cache_free(&e->kv);
+        free(e->free_state_slots);
         free(e);
         *ep = NULL;
 }

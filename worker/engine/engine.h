@@ -62,6 +62,7 @@ typedef struct tsr_engine_seq {
         size_t past_len;
         bool want_logits;              /* the chunk ends the known tokens: sample after it */
         bool want_all_logits;          /* prompt_logprobs: a row for every token of the chunk */
+        uint32_t state_slot;           /* its recurrent-state slot (params.state_slots > 0), else 0 */
 } tsr_engine_seq;
 
 /* What the engine needs from a model: its vocabulary and one forward over a paged KV
@@ -88,6 +89,13 @@ typedef struct tsr_engine_params {
         uint32_t max_num_seqs;
         uint32_t max_num_batched_tokens;
         bool enable_prefix_caching;
+        /* Recurrent-state slots (a Mamba model's conv + SSM state, kv_pool.h
+         * TSR_KV_MAMBA_STATE): each running request holds one, taken when it is admitted
+         * and given back when it finishes, is aborted or is preempted (it then recomputes
+         * from its tokens); a request is not admitted without a free one.  0: the model
+         * keeps no per-request state.  Needs enable_prefix_caching false (a state cannot
+         * be rewound to a cached prefix). */
+        uint32_t state_slots;
         tsr_block_hash_algo hash_algo;
         bool priority_scheduling;      /* --scheduling-policy priority */
         /* The model's EOS ids (borrowed; outlive the engine).  [0] is the tokenizer's EOS,
@@ -119,6 +127,8 @@ typedef struct tsr_engine_stats {
         uint64_t kv_blocks_total;
         uint64_t kv_blocks_free;
         uint64_t kv_blocks_active;
+        uint32_t state_slots_total;     /* params.state_slots */
+        uint32_t state_slots_free;
         uint32_t num_running;
         uint32_t num_waiting;
         uint32_t max_num_seqs;

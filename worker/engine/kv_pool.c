@@ -24,19 +24,55 @@ uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_
                 case TSR_KV_FULL_ATTENTION:     /* K and V rows of every layer of the group */
                         bytes += 2ull * g->n_layers * g->n_kv_heads * g->head_dim * block_size * elt_bytes(g->dtype);
                         break;
+                case TSR_KV_MAMBA_STATE:        /* per request slot, not per block */
+                        break;
                 }
         }
         return bytes;
 }
 
+uint64_t tsr_kv_slot_bytes(const tsr_kv_group *groups, size_t n_groups) {
+        uint64_t bytes = 0;
+
+        for (size_t i = 0; i < n_groups; i++)
+                if (groups[i].kind == TSR_KV_MAMBA_STATE)
+                        bytes += (uint64_t)groups[i].n_layers * (groups[i].conv_elems + groups[i].ssm_elems) *
+                                 elt_bytes(groups[i].dtype);
+        return bytes;
+}
+
+/* Bytes of one layer's K (conv state) and V (SSM state) arrays of group g. */
+static void layer_bytes(const tsr_kv_group *g, uint64_t n_blocks, uint32_t block_size, uint32_t n_slots,
+                        size_t *k, size_t *v) {
+        if (g->kind == TSR_KV_MAMBA_STATE) {
+                *k = (size_t)(n_slots * g->conv_elems * elt_bytes(g->dtype));
+                *v = (size_t)(n_slots * g->ssm_elems * elt_bytes(g->dtype));
+        } else {
+                *k = *v = (size_t)(n_blocks * block_size * g->n_kv_heads * g->head_dim * elt_bytes(g->dtype));
+        }
+}
+
 tsr_status tsr_kv_pool_new(const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks, uint32_t block_size,
                            tsr_kv_pool **ret) {
+        return tsr_kv_pool_new_slots(groups, n_groups, n_blocks, block_size, 0, ret);
+}
+
+tsr_status tsr_kv_pool_new_slots(const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks, uint32_t block_size,
+                                 uint32_t n_slots, tsr_kv_pool **ret) {
         tsr_kv_pool *p;
 
         if (!groups || !ret || n_groups == 0 || n_groups > TSR_KV_GROUPS_MAX || n_blocks == 0 || block_size == 0)
                 return TSR_E_INVAL;
         for (size_t i = 0; i < n_groups; i++) {
                 const tsr_kv_group *g = &groups[i];
+                if (g->kind == TSR_KV_MAMBA_STATE) {
+                        uint64_t rec = (g->conv_elems + g->ssm_elems) * elt_bytes(g->dtype);
+                        if (g->n_layers == 0 || rec == 0 || n_slots == 0)
+                                return TSR_E_INVAL;
+                        if (n_slots > SIZE_MAX / rec)
+                                return TSR_E_LIMIT;
+                        continue;
+                }
                 uint64_t row = (uint64_t)g->n_kv_heads * g->head_dim * elt_bytes(g->dtype);
                 if (g->n_layers == 0 || row == 0)
                         return TSR_E_INVAL;
@@ -47,21 +83,24 @@ tsr_status tsr_kv_pool_new(const tsr_kv_group *groups, size_t n_groups, uint64_t
                 return TSR_E_NOMEM;
         p->n_blocks = n_blocks;
         p->block_size = block_size;
+        p->n_slots = tsr_kv_slot_bytes(groups, n_groups) ? n_slots : 0;
         for (size_t i = 0; i < n_groups; i++) {
                 tsr_kv_pool_group *pg = &p->groups[i];
-                size_t layer_bytes = (size_t)(n_blocks * block_size * groups[i].n_kv_heads * groups[i].head_dim *
-                                              elt_bytes(groups[i].dtype));
+                size_t k_bytes, v_bytes;
+                layer_bytes(&groups[i], n_blocks, block_size, p->n_slots, &k_bytes, &v_bytes);
                 pg->spec = groups[i];
                 p->n_groups = i + 1;    /* from here tsr_kv_pool_free frees this group too */
                 if (!(pg->k = calloc(pg->spec.n_layers, sizeof *pg->k)) ||
                     !(pg->v = calloc(pg->spec.n_layers, sizeof *pg->v)))
                         goto nomem;
-                /* Uninitialised: a block is written before any position of it is read. */
+                /* Uninitialised: a block is written before any position of it is read, a
+                 * state slot zeroed by the forward that starts a sequence in it. */
                 for (uint32_t l = 0; l < pg->spec.n_layers; l++)
-                        if (!(pg->k[l] = malloc(layer_bytes)) || !(pg->v[l] = malloc(layer_bytes)))
+                        if (!(pg->k[l] = malloc(k_bytes)) || !(pg->v[l] = malloc(v_bytes)))
                                 goto nomem;
         }
-        p->bytes = n_blocks * tsr_kv_block_bytes(groups, n_groups, block_size);
+        p->bytes = n_blocks * tsr_kv_block_bytes(groups, n_groups, block_size) +
+                   (uint64_t)p->n_slots * tsr_kv_slot_bytes(groups, n_groups);
         *ret = p;
         return TSR_OK;
 nomem:

@@ -22,6 +22,10 @@
 /* What a layer keeps per token (or per sequence) between steps. */
 typedef enum tsr_kv_kind {
         TSR_KV_FULL_ATTENTION = 0,      /* K and V of every past position, in paged blocks */
+        /* A recurrent layer's state (Mamba-2: conv window + SSM state), one fixed-size
+         * record per *request slot*, not per token: the engine gives each running request
+         * one slot (tsr_engine_params.state_slots) and the forward reads/writes it there. */
+        TSR_KV_MAMBA_STATE = 1,
 } tsr_kv_kind;
 
 /* A group of layers whose cache looks the same. */
@@ -31,16 +35,24 @@ typedef struct tsr_kv_group {
         uint32_t n_kv_heads;
         uint32_t head_dim;
         tsr_dtype dtype;                /* what the cache stores (float32 on the CPU backend) */
+        /* TSR_KV_MAMBA_STATE: elements per slot per layer of its two arrays (conv state,
+         * SSM state); n_kv_heads and head_dim are unused.  Full attention: unused. */
+        uint64_t conv_elems, ssm_elems;
 } tsr_kv_group;
 
 #define TSR_KV_GROUPS_MAX 4
 
 /* Bytes one block of `block_size` tokens takes, summed over the groups: K and V per
- * layer for full attention.  0 for no groups or a zero size. */
+ * layer for full attention (state groups take none).  0 for no groups or a zero size. */
 uint64_t tsr_kv_block_bytes(const tsr_kv_group *groups, size_t n_groups, uint32_t block_size);
+/* Bytes one request's state slot takes, summed over the TSR_KV_MAMBA_STATE groups; 0
+ * when the model keeps no per-request state. */
+uint64_t tsr_kv_slot_bytes(const tsr_kv_group *groups, size_t n_groups);
 
 /* One group's memory: for each of its layers a K and a V array of
- * (n_blocks, block_size, n_kv_heads, head_dim) elements of spec.dtype. */
+ * (n_blocks, block_size, n_kv_heads, head_dim) elements of spec.dtype; for a
+ * TSR_KV_MAMBA_STATE group, k is the conv state (n_slots, conv_elems) and v the SSM
+ * state (n_slots, ssm_elems) of each layer. */
 typedef struct tsr_kv_pool_group {
         tsr_kv_group spec;
         void **k, **v;                  /* [spec.n_layers] */
@@ -49,9 +61,10 @@ typedef struct tsr_kv_pool_group {
 typedef struct tsr_kv_pool {
         uint64_t n_blocks;
         uint32_t block_size;
+        uint32_t n_slots;               /* request state slots (0 without a state group) */
         size_t n_groups;
         tsr_kv_pool_group groups[TSR_KV_GROUPS_MAX];
-        uint64_t bytes;                 /* == n_blocks * tsr_kv_block_bytes(groups) */
+        uint64_t bytes;                 /* == n_blocks * tsr_kv_block_bytes(groups) + n_slots * tsr_kv_slot_bytes */
 } tsr_kv_pool;
 
 /* Allocate n_blocks blocks of block_size tokens for each group.  TSR_E_INVAL (no groups,
@@ -59,6 +72,10 @@ typedef struct tsr_kv_pool {
  * TSR_E_NOMEM; *ret written only on success. */
 tsr_status tsr_kv_pool_new(const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks, uint32_t block_size,
                            tsr_kv_pool **ret);
+/* The same with n_slots request state slots for the TSR_KV_MAMBA_STATE groups
+ * (TSR_E_INVAL when there are such groups and n_slots is 0). */
+tsr_status tsr_kv_pool_new_slots(const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks, uint32_t block_size,
+                                 uint32_t n_slots, tsr_kv_pool **ret);
 /* Accepts NULL and *p == NULL; clears *p. */
 void tsr_kv_pool_free(tsr_kv_pool **p);
 

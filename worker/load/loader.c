@@ -175,9 +175,13 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
                         w->name, tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_UNSUPPORTED;
         }
+        /* A 3-D [experts, rows, cols] tensor is a Llama 4 expert stack; [rows, 1, cols] is
+         * (rows, cols) too: a depthwise conv1d weight (Mamba's conv1d). */
         bool ok = w->experts ? t->n_dims == 3 && t->shape[0] == w->experts && t->shape[1] == w->rows &&
                                        t->shape[2] == w->cols
-                  : w->cols  ? t->n_dims == 2 && t->shape[0] == w->rows && t->shape[1] == w->cols
+                  : w->cols  ? (t->n_dims == 2 && t->shape[0] == w->rows && t->shape[1] == w->cols) ||
+                                      (t->n_dims == 3 && t->shape[0] == w->rows && t->shape[1] == 1 &&
+                                       t->shape[2] == w->cols)
                              : t->n_dims == 1 && t->shape[0] == w->rows;
         if (!ok) {
                 char got[160] = "[", want[64];

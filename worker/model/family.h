@@ -96,7 +96,9 @@ struct tsr_model_family {
                                     size_t n_seqs, float *logits);
         size_t seq_size;                        /* bytes of one family sequence record */
         void (*seq_fill)(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
-                         size_t past_len, bool want_logits, bool want_all_logits);
+                         size_t past_len, bool want_logits, bool want_all_logits);        /* A family with per-request state (a TSR_KV_MAMBA_STATE group): the engine's state
+         * slot of the sequence `seq_fill` just filled.  NULL for families without. */
+        void (*seq_set_state_slot)(void *seq, uint32_t slot);
 };
 
 /* The family that serves a model whose metadata says `format` ("gguf" or "hf"),
@@ -115,5 +117,6 @@ void tsr_model_desc_done(tsr_model_desc *d);
 /* The families (llama_family.c, ...); registry.c lists them. */
 extern const tsr_model_family tsr_family_llama;
 extern const tsr_model_family tsr_family_llama4;
+extern const tsr_model_family tsr_family_nemotron_h;
 
 #endif

@@ -6,7 +6,7 @@
 #include <string.h>
 
 /* A new family is one line here (and its file in meson.build). */
-static const tsr_model_family *const families[] = {&tsr_family_llama, &tsr_family_llama4};
+static const tsr_model_family *const families[] = {&tsr_family_llama, &tsr_family_llama4, &tsr_family_nemotron_h};
 
 #define N_FAMILIES (sizeof families / sizeof families[0])
 

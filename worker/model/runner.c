@@ -29,6 +29,9 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
         for (size_t i = 0; i < n_seqs; i++)
                 r->fam->seq_fill(ls + i * r->fam->seq_size, seqs[i].block_table, seqs[i].n_table, seqs[i].tokens,
                                  seqs[i].n, seqs[i].past_len, seqs[i].want_logits, seqs[i].want_all_logits);
+        if (r->fam->seq_set_state_slot)
+                for (size_t i = 0; i < n_seqs; i++)
+                        r->fam->seq_set_state_slot(ls + i * r->fam->seq_size, seqs[i].state_slot);
         st = r->fam->forward_batch(r->model, r->be, r->pool, ls, n_seqs, logits);
         free(ls);
         return st;
@@ -110,8 +113,8 @@ static tsr_status pick_dtype(const tsr_runner_opts *opts, bool *bf16, char *err,
 }
 
 tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
-                          uint64_t num_blocks, uint32_t block_size, tsr_runner **ret, tsr_load_stats *stats, char *err,
-                          size_t errlen) {
+                          uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
+                          tsr_load_stats *stats, char *err, size_t errlen) {
         bool bf16 = false;
         tsr_runner *r;
         tsr_status st;
@@ -147,20 +150,30 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         st = r->fam->load(path, desc, &whole, &lo, progress, NULL, &r->model, stats, err, errlen);
         if (st != TSR_OK)
                 goto fail;
-        if (bf16 && (st = r->fam->use_bf16(r->model)) != TSR_OK) {
+        if (bf16 && (st = r->fam->use_bf16(r->model)) == TSR_E_UNSUPPORTED &&
+            (!opts->dtype || strcmp(opts->dtype, "auto") == 0)) {
+                /* --dtype auto asked for bfloat16 on this CPU, but the family has no
+                 * bfloat16 path: keep float32 (an explicit --dtype bfloat16 is refused). */
+                log_info("model family %s has no bfloat16 weights: float32 under --dtype auto", r->fam->name);
+                bf16 = false;
+                st = TSR_OK;
+        }
+        if (bf16 && st != TSR_OK) {
                 snprintf(err, errlen, "cannot convert the weights to bfloat16: %s", tsr_status_str(st));
                 goto fail;
         }
         if (bf16)
                 log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
         if ((st = r->fam->check_backend(r->model, r->be)) != TSR_OK) {
-                snprintf(err, errlen, "kernel backend '%s' lacks ops the model's forward needs", tsr_backend_name(r->be));
+                snprintf(err, errlen, "kernel backend '%s' lacks ops the %s forward needs", tsr_backend_name(r->be),
+                         r->fam->name);
                 goto fail;
         }
         /* The KV memory, group by group as the family declares it for this shard; the
          * family's forward gets a view of it. */
         n_groups = r->fam->kv_groups(desc, &whole, groups, TSR_KV_GROUPS_MAX);
-        if ((st = tsr_kv_pool_new(groups, n_groups, num_blocks, block_size, &r->kv_memory)) != TSR_OK ||
+        if ((st = tsr_kv_pool_new_slots(groups, n_groups, num_blocks, block_size, n_state_slots, &r->kv_memory)) !=
+                    TSR_OK ||
             (st = r->fam->kv_bind(r->model, r->kv_memory, &r->pool)) != TSR_OK) {
                 snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens, %zu group%s): %s",
                          (unsigned long long)num_blocks, block_size, n_groups, n_groups == 1 ? "" : "s",

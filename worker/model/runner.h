@@ -33,7 +33,9 @@ typedef struct tsr_runner_opts {
 tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err, size_t errlen);
 
 /* Load `path`, whose description `desc` (tsr_model_desc_read) names its family and
- * config, and allocate a KV pool of `num_blocks` blocks of `block_size` tokens; the
+ * config, and allocate a KV pool of `num_blocks` blocks of `block_size` tokens (and
+ * `n_state_slots` request state slots when the family declares a TSR_KV_MAMBA_STATE
+ * group; ignored otherwise); the
  * forwards run on opts->backend (the start-up log names it, its ISA and threads).  dtype
  * auto means bfloat16 weights where the backend has AVX512_BF16 and is not the
  * reference, float32 otherwise; and, with auto only, a GGUF file's block-format matmul
@@ -41,8 +43,8 @@ tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err,
  * (explicit float32 / bfloat16 widen them, as the transformers goldens need).  TSR_E_INVAL for a dtype the CPU backend cannot run, no
  * backend or no family; other statuses with the file and tensor named in err. */
 tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
-                          uint64_t num_blocks, uint32_t block_size, tsr_runner **ret, tsr_load_stats *stats, char *err,
-                          size_t errlen);
+                          uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
+                          tsr_load_stats *stats, char *err, size_t errlen);
 /* The dtype the weights are held in: "float32" or "bfloat16". */
 const char *tsr_runner_dtype(const tsr_runner *r);
 void tsr_runner_free(tsr_runner **r);

@@ -1,0 +1,197 @@
+"""The NemotronH family through the real worker (engine_client.py speaks the wire):
+the tiny random NemotronHForCausalLM of tests/fixtures/tiny-nemotron-h (pattern
+"ME*M-E", written by make_tiny_nemotron_h.py) returns transformers' greedy tokens,
+alone and among 32 concurrent requests, with chunked prefill and under preemption;
+every request's recurrent-state slot comes back (Status state_slots_free) after
+finishing, preemption and abort.  "Same" means bitwise: token ids and logprob floats."""
+import json
+import random
+
+import pytest
+
+from conftest import REPO, WORKER, free_port_pair
+from engine_client import EngineWorker
+
+MODEL = REPO / "tests" / "fixtures" / "tiny-nemotron-h"
+GOLDEN = json.loads((MODEL / "golden.json").read_text())
+VOCAB = GOLDEN["vocab_size"]
+# one state slot: 2 Mamba layers x (3 conv rows x 128 + 8 heads x 8 x 16 state) floats
+SLOT_BYTES = 2 * (3 * 128 + 8 * 8 * 16) * 4
+# one KV block of 16 tokens: 1 attention layer x K and V x 2 kv heads x 16 x float32
+BLOCK_BYTES = 2 * 2 * 16 * 16 * 4
+
+
+@pytest.fixture
+def worker(spawn):
+    started = []
+
+    def _worker(*flags):
+        w = EngineWorker(spawn, MODEL / "model", "--dtype", "float32", *flags)
+        started.append(w)
+        return w
+
+    yield _worker
+    for w in started:
+        w.close()
+
+
+def goldens():
+    return [(p["ids"], g) for p, g in zip(GOLDEN["prompts"], GOLDEN["greedy"])]
+
+
+def mixed(n, seed):
+    rng = random.Random(seed)
+    reqs = [(ids, len(g), g) for ids, g in goldens()]
+    while len(reqs) < n:
+        k = rng.choice([1, 2, 3, 4, 5, 9, 17, 40, 90])
+        reqs.append(([rng.randrange(3, VOCAB) for _ in range(k)], rng.randint(1, 40), None))
+    return reqs
+
+
+def same(a, b):
+    assert a.tokens == b.tokens
+    assert [(x.logprob, x.rank, x.top_ids, x.top_logprobs) for x in a.logprobs] == \
+           [(x.logprob, x.rank, x.top_ids, x.top_logprobs) for x in b.logprobs]
+
+
+def all_free(w):
+    return w.wait_status(lambda s: s["num_running"] == 0 and s["num_waiting"] == 0
+                         and s["state_slots_free"] == s["state_slots_total"]
+                         and s["kv_blocks_free"] == s["kv_blocks_total"], what="idle, every slot and block free")
+
+
+@pytest.mark.parametrize("budget", ["2048", "8"])
+def test_golden_alone_and_32_concurrent(worker, budget):
+    """Each golden prompt alone gives transformers' 32 greedy tokens; then 32 mixed
+    requests at once (with budget 8: prefill chunks of a few tokens across the conv
+    window, mixed with decodes) are each bitwise what they are alone."""
+    w = worker("--max-num-batched-tokens", budget)
+    s = w.status()
+    assert s["state_slots_total"] == 256 and s["state_slots_free"] == 256   # max_num_seqs
+    reqs = mixed(32, 14)
+    alone = [w.run(f"a{i}", p, m, logprobs=2) for i, (p, m, _) in enumerate(reqs)]
+    for (p, m, g), a in zip(reqs, alone):
+        assert a.finish == "length" and len(a.tokens) == m
+        if g is not None:
+            assert a.tokens == g
+    for i, (p, m, _) in enumerate(reqs):
+        w.submit(f"b{i}", p, m, logprobs=2)
+    got = w.collect([f"b{i}" for i in range(32)])
+    assert w.max_step_outputs >= 4             # they ran together (budget 8: at most 8 a step)
+    for i in range(32):
+        same(got[f"b{i}"], alone[i])
+    all_free(w)
+
+
+@pytest.mark.parametrize("mode", [(), ("--async-scheduling",)], ids=["sync", "async"])
+def test_preemption_and_slot_bound_admission(worker, mode):
+    """--kv-cache-memory for 8 state slots and 26 blocks of 16 tokens: at most 8
+    requests run at once and the blocks run out, so requests are preempted (their slot
+    given back) and recomputed; every result is still bitwise the roomy worker's, with
+    the step thread of --async-scheduling too."""
+    rng = random.Random(15)
+    reqs = [(ids, len(g), g) for ids, g in goldens()]
+    reqs += [([rng.randrange(3, VOCAB) for _ in range(rng.randint(40, 120))], rng.randint(30, 60), None)
+             for _ in range(21)]
+    roomy = worker()
+    alone = [roomy.run(f"a{i}", p, m, logprobs=2) for i, (p, m, _) in enumerate(reqs)]
+    budget = 8 * SLOT_BYTES * 2 + 26 * BLOCK_BYTES - 8 * SLOT_BYTES   # slots take at most half
+    small = worker("--kv-cache-memory", str(budget), *mode)
+    s = small.status()
+    assert s["state_slots_total"] == 8 and s["kv_blocks_total"] == 26
+    for i, (p, m, _) in enumerate(reqs):
+        small.submit(f"s{i}", p, m, logprobs=2)
+    got = small.collect([f"s{i}" for i in range(24)])
+    for i in range(24):
+        same(got[f"s{i}"], alone[i])
+    assert small.max_step_outputs <= 8
+    assert sum(r.num_preemptions for r in got.values()) > 0
+    s = all_free(small)
+    assert s["num_preemptions_total"] > 0
+
+
+def patched(tmp_path, name, **changes):
+    """The fixture's folder (files linked) with config.json fields changed."""
+    d = tmp_path / name
+    d.mkdir()
+    for f in (MODEL / "model").iterdir():
+        if f.name != "config.json":
+            (d / f.name).symlink_to(f)
+    cfg = json.loads((MODEL / "model" / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.fixture
+def long_model(tmp_path):
+    """The fixture with an 8192-token context (config.json's max_position_embeddings
+    only: the weights do not depend on it, there is no positional encoding)."""
+    return patched(tmp_path, "tiny-nemotron-h-long", max_position_embeddings=8192)
+
+
+def test_abort_frees_the_slot(spawn, long_model):
+    """One state slot: a request waits while another generates (for thousands of
+    tokens); aborting the first gives it the slot, and it returns its golden tokens."""
+    w = EngineWorker(spawn, long_model, "--dtype", "float32", "--max-num-seqs", "1")
+    s = w.status()
+    assert s["state_slots_total"] == 1
+    ids, g = goldens()[1]
+    w.submit("long", [5, 6, 7], 8000)
+    while not w.results["long"].tokens:        # it runs, holding the one slot
+        w.pump(1000)
+    w.submit("next", ids, len(g))
+    w.abort("long")
+    got = w.collect(["next"])
+    assert got["next"].tokens == g
+    assert not w.results["long"].done          # aborted: no finishing Output
+    all_free(w)
+    w.close()
+
+
+def test_prefix_caching_is_off_and_explicitly_refused(spawn, worker):
+    """vLLM turns prefix caching off for hybrid Mamba models: the worker says so and
+    serves; an explicit --enable-prefix-caching is a start-up error (exit 2)."""
+    w = worker()
+    ids, g = goldens()[2]
+    first = w.run("x", ids, 4)
+    second = w.run("y", ids, 4)
+    assert first.tokens == second.tokens == g[:4]
+    assert second.cached == 0
+    assert "prefix caching disabled" in w.proc.output()
+    port = free_port_pair()
+    p = spawn([WORKER, MODEL / "model", "--listen", f"tcp://127.0.0.1:{port}", "--enable-prefix-caching"])
+    assert p.wait(timeout=60) == 2
+    out = p.output()
+    assert "--enable-prefix-caching is not supported for NemotronHForCausalLM" in out, out
+    assert "listening on" not in out
+
+
+def test_bfloat16_refused(spawn):
+    """No bfloat16 path for this family: an explicit --dtype bfloat16 fails at start."""
+    port = free_port_pair()
+    p = spawn([WORKER, MODEL / "model", "--listen", f"tcp://127.0.0.1:{port}", "--dtype", "bfloat16"])
+    assert p.wait(timeout=60) == 2
+    out = p.output()
+    assert "cannot load model" in out and "bfloat16" in out, out
+
+
+def test_attention_free_pattern_serves(spawn, tmp_path):
+    """A pattern without attention ("ME": the fixture's first two layers) has no KV
+    blocks to size: the state slots alone bound the work, and 12 concurrent requests
+    are each bitwise what they are alone."""
+    d = patched(tmp_path, "tiny-nemotron-h-me", hybrid_override_pattern="ME", num_hidden_layers=2)
+    w = EngineWorker(spawn, d, "--dtype", "float32", "--max-num-seqs", "4")
+    s = w.status()
+    assert s["state_slots_total"] == 4 and s["kv_blocks_total"] == 4 * 512 // 16
+    reqs = mixed(12, 16)
+    alone = [w.run(f"a{i}", p, m, logprobs=1) for i, (p, m, _) in enumerate(reqs)]
+    for i, (p, m, _) in enumerate(reqs):
+        w.submit(f"b{i}", p, m, logprobs=1)
+    got = w.collect([f"b{i}" for i in range(12)])
+    for i in range(12):
+        assert len(got[f"b{i}"].tokens) == reqs[i][1]
+        same(got[f"b{i}"], alone[i])
+    assert w.max_step_outputs <= 4
+    all_free(w)
+    w.close()

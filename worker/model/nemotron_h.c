@@ -1,0 +1,824 @@
+/* nemotron_h.c - NemotronH weights (through the one loader), state cache and forward
+ * (nemotron_h.h).  The family math that has no kernel op (the causal conv, the
+ * selective scan, the gated group norm, ReLU², the router) lives here as plain loops
+ * with a fixed order per row or per sequence: batch invariance holds by construction.
+ * Matmuls, norms, the embedding and attention go through the backend. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/model/nemotron_h.h"
+
+/* One row per weight.  Layers hold only the rows of their block type (the bind answers
+ * "no slot" for the others).  Shard rules follow vLLM's nemotron_h.py: in_proj is
+ * column-parallel over its z / xBC / dt parts (each split by heads and groups), the
+ * conv, A_log, D, dt_bias and the gated norm split with the heads they belong to
+ * (COLUMN: along their first dimension), out_proj / o_proj / down projections are
+ * row-parallel, the router and its bias are replicated, routed experts are whole per
+ * rank.  The per-expert rows are formatted at load time (expert index inside the name):
+ * the "%u" here is the layer, EXPERT_FMT below adds the expert. */
+const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS] = {
+        {"token_embd", NULL, "backbone.embeddings.weight", false, TSR_SHARD_COLUMN},
+        {"norm", NULL, "backbone.layers.%u.norm.weight", true, TSR_SHARD_REPLICATED},
+        {"in_proj", NULL, "backbone.layers.%u.mixer.in_proj.weight", true, TSR_SHARD_COLUMN},
+        {"conv_w", NULL, "backbone.layers.%u.mixer.conv1d.weight", true, TSR_SHARD_COLUMN},
+        {"conv_b", NULL, "backbone.layers.%u.mixer.conv1d.bias", true, TSR_SHARD_COLUMN},
+        {"A_log", NULL, "backbone.layers.%u.mixer.A_log", true, TSR_SHARD_COLUMN},
+        {"D", NULL, "backbone.layers.%u.mixer.D", true, TSR_SHARD_COLUMN},
+        {"dt_bias", NULL, "backbone.layers.%u.mixer.dt_bias", true, TSR_SHARD_COLUMN},
+        {"gnorm", NULL, "backbone.layers.%u.mixer.norm.weight", true, TSR_SHARD_COLUMN},
+        {"out_proj", NULL, "backbone.layers.%u.mixer.out_proj.weight", true, TSR_SHARD_ROW},
+        {"attn_q", NULL, "backbone.layers.%u.mixer.q_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_k", NULL, "backbone.layers.%u.mixer.k_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_v", NULL, "backbone.layers.%u.mixer.v_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_o", NULL, "backbone.layers.%u.mixer.o_proj.weight", true, TSR_SHARD_ROW},
+        {"router", NULL, "backbone.layers.%u.mixer.gate.weight", true, TSR_SHARD_REPLICATED},
+        {"router_bias", NULL, "backbone.layers.%u.mixer.gate.e_score_correction_bias", true, TSR_SHARD_REPLICATED},
+        {"shared_up", NULL, "backbone.layers.%u.mixer.shared_experts.up_proj.weight", true, TSR_SHARD_COLUMN},
+        {"shared_down", NULL, "backbone.layers.%u.mixer.shared_experts.down_proj.weight", true, TSR_SHARD_ROW},
+        {"mlp_up", NULL, "backbone.layers.%u.mixer.up_proj.weight", true, TSR_SHARD_COLUMN},
+        {"mlp_down", NULL, "backbone.layers.%u.mixer.down_proj.weight", true, TSR_SHARD_ROW},
+        {"output_norm", NULL, "backbone.norm_f.weight", false, TSR_SHARD_REPLICATED},
+        {"output", NULL, "lm_head.weight", false, TSR_SHARD_COLUMN},
+        /* last: the per-expert rows (N_FIXED) */
+        {"expert_up", NULL, "backbone.layers.%u.mixer.experts.<e>.up_proj.weight", true, TSR_SHARD_EXPERT},
+        {"expert_down", NULL, "backbone.layers.%u.mixer.experts.<e>.down_proj.weight", true, TSR_SHARD_EXPERT},
+};
+
+/* The static rows the loader reads as they are (every row but the two per-expert ones). */
+#define N_FIXED (TSR_NEMOTRON_H_N_TENSORS - 2)
+#define EXPERT_FMT "backbone.layers.%%u.mixer.experts.%u.%s_proj.weight"
+
+typedef struct nh_layer {
+        float *norm;
+        /* 'M' */
+        float *in_proj, *conv_w, *conv_b, *A_log, *D, *dt_bias, *gnorm, *out_proj;
+        float *A;                       /* -exp(A_log), computed once after the load */
+        /* '*' */
+        float *wq, *wk, *wv, *wo;
+        /* 'E' */
+        float *router, *router_bias, *shared_up, *shared_down;
+        float **exp_up, **exp_down;     /* [n_experts] */
+        /* '-' */
+        float *mlp_up, *mlp_down;
+        uint32_t kind_index;            /* among the layers of its kind: its K/V or state arrays */
+} nh_layer;
+
+struct tsr_nemotron_h {
+        tsr_nemotron_h_config cfg;
+        float *token_embd, *output_norm, *output;
+        nh_layer *layers;               /* [n_layers] */
+        tsr_tensor_name *expert_names;  /* [2 * n_experts]: up, down per expert */
+        char *expert_strs;
+};
+
+struct tsr_nemotron_h_cache {
+        size_t n_blocks, block_size, n_slots;
+        size_t n_attn, n_mamba;
+        float **k, **v;                 /* [n_attn]: (n_blocks, block_size, n_kv_heads, head_dim) */
+        float **conv, **ssm;            /* [n_mamba]: (n_slots, K-1, conv_dim), (n_slots, heads, head_dim, state) */
+        bool owned;                     /* the arrays are this cache's (cache_new), else a pool's */
+};
+
+/* ---- load -------------------------------------------------------------------------- */
+
+const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m) { return m ? &m->cfg : NULL; }
+
+void tsr_nemotron_h_free(tsr_nemotron_h **mp) {
+        tsr_nemotron_h *m;
+
+        if (!mp || !*mp)
+                return;
+        m = *mp;
+        for (uint32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
+                nh_layer *L = &m->layers[l];
+                float *arrays[] = {L->norm,   L->in_proj,     L->conv_w,    L->conv_b,      L->A_log,  L->D,
+                                   L->dt_bias, L->gnorm,      L->out_proj,  L->A,           L->wq,     L->wk,
+                                   L->wv,      L->wo,         L->router,    L->router_bias, L->shared_up,
+                                   L->shared_down, L->mlp_up, L->mlp_down};
+                for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
+                        free(arrays[i]);
+                for (uint32_t e = 0; e < m->cfg.n_experts; e++) {
+                        if (L->exp_up)
+                                free(L->exp_up[e]);
+                        if (L->exp_down)
+                                free(L->exp_down[e]);
+                }
+                free(L->exp_up);
+                free(L->exp_down);
+        }
+        free(m->layers);
+        if (m->output != m->token_embd)
+                free(m->output);
+        free(m->token_embd);
+        free(m->output_norm);
+        free(m->expert_names);
+        free(m->expert_strs);
+        free(m);
+        *mp = NULL;
+}
+
+/* Where the family's logical tensor `n` of `layer` goes, and its shape; false when the
+ * layer's block type has no such tensor. */
+static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_load_slot *ret) {
+        tsr_nemotron_h *m = model;
+        const tsr_nemotron_h_config *c = &m->cfg;
+        nh_layer *L = n->per_layer ? &m->layers[layer] : NULL;
+        char kind = L ? c->pattern[layer] : 0;
+        uint64_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c);
+        uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+        struct { const char *name; char kind; float **dst; uint64_t rows, cols; } s[] = {
+                {"token_embd", 0, &m->token_embd, c->vocab_size, dim},
+                {"output_norm", 0, &m->output_norm, dim, 0},
+                {"output", 0, c->tied_embeddings ? NULL : &m->output, c->vocab_size, dim},
+                {"norm", 'A', L ? &L->norm : NULL, dim, 0},
+                {"in_proj", 'M', L ? &L->in_proj : NULL, di + cd + c->m_heads, dim},
+                /* conv1d.weight is [conv_dim, 1, K] on disk: the loader reads it as (rows, cols). */
+                {"conv_w", 'M', L ? &L->conv_w : NULL, cd, c->conv_kernel},
+                {"conv_b", 'M', L && c->conv_bias ? &L->conv_b : NULL, cd, 0},
+                {"A_log", 'M', L ? &L->A_log : NULL, c->m_heads, 0},
+                {"D", 'M', L ? &L->D : NULL, c->m_heads, 0},
+                {"dt_bias", 'M', L ? &L->dt_bias : NULL, c->m_heads, 0},
+                {"gnorm", 'M', L ? &L->gnorm : NULL, di, 0},
+                {"out_proj", 'M', L ? &L->out_proj : NULL, dim, di},
+                {"attn_q", '*', L ? &L->wq : NULL, qd, dim},
+                {"attn_k", '*', L ? &L->wk : NULL, kvd, dim},
+                {"attn_v", '*', L ? &L->wv : NULL, kvd, dim},
+                {"attn_o", '*', L ? &L->wo : NULL, dim, qd},
+                {"router", 'E', L ? &L->router : NULL, c->n_experts, dim},
+                {"router_bias", 'E', L ? &L->router_bias : NULL, c->n_experts, 0},
+                {"shared_up", 'E', L ? &L->shared_up : NULL, c->shared_hidden, dim},
+                {"shared_down", 'E', L ? &L->shared_down : NULL, dim, c->shared_hidden},
+                {"mlp_up", '-', L ? &L->mlp_up : NULL, c->mlp_hidden, dim},
+                {"mlp_down", '-', L ? &L->mlp_down : NULL, dim, c->mlp_hidden},
+        };
+
+        if (m->expert_names && n >= m->expert_names && n < m->expert_names + 2 * (size_t)c->n_experts) {
+                size_t i = (size_t)(n - m->expert_names);
+                bool up = i % 2 == 0;
+                if (kind != 'E')
+                        return false;
+                *ret = (tsr_load_slot){.dst = up ? &L->exp_up[i / 2] : &L->exp_down[i / 2],
+                                       .rows = up ? c->moe_hidden : dim, .cols = up ? dim : c->moe_hidden};
+                return true;
+        }
+        for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+                if (strcmp(s[i].name, n->logical) != 0)
+                        continue;
+                if (!s[i].dst || (s[i].kind && s[i].kind != 'A' && s[i].kind != kind))
+                        return false;
+                *ret = (tsr_load_slot){.dst = s[i].dst, .rows = s[i].rows, .cols = s[i].cols};
+                return true;
+        }
+        return false;
+}
+
+/* The per-expert rows: for expert e, "…experts.<e>.up_proj.weight" then the down one,
+ * each with the layer's "%u" left for the loader. */
+static tsr_status expert_table(tsr_nemotron_h *m) {
+        size_t ne = m->cfg.n_experts, stride = 96;
+        char *p;
+
+        if (ne == 0)
+                return TSR_OK;
+        if (!(m->expert_names = calloc(2 * ne, sizeof *m->expert_names)) ||
+            !(m->expert_strs = malloc(2 * ne * stride)))
+                return TSR_E_NOMEM;
+        p = m->expert_strs;
+        for (size_t e = 0; e < ne; e++) {
+                for (int up = 1; up >= 0; up--, p += stride) {
+                        snprintf(p, stride, EXPERT_FMT, (unsigned)e, up ? "up" : "down");
+                        m->expert_names[2 * e + (up ? 0 : 1)] = (tsr_tensor_name){
+                                .logical = up ? "expert_up" : "expert_down", .hf = p, .per_layer = true,
+                                .shard = TSR_SHARD_EXPERT};
+                }
+        }
+        return TSR_OK;
+}
+
+static tsr_status alloc_layers(tsr_nemotron_h *m) {
+        const tsr_nemotron_h_config *c = &m->cfg;
+        uint32_t counts[256] = {0};
+
+        if (!(m->layers = calloc(c->n_layers, sizeof *m->layers)))
+                return TSR_E_NOMEM;
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                nh_layer *L = &m->layers[l];
+                L->kind_index = counts[(unsigned char)c->pattern[l]]++;
+                if (c->pattern[l] == 'E' && (!(L->exp_up = calloc(c->n_experts, sizeof *L->exp_up)) ||
+                                             !(L->exp_down = calloc(c->n_experts, sizeof *L->exp_down))))
+                        return TSR_E_NOMEM;
+        }
+        return expert_table(m);
+}
+
+/* A = -exp(A_log), as transformers computes it in float32 per call. */
+static tsr_status finish_load(tsr_nemotron_h *m) {
+        const tsr_nemotron_h_config *c = &m->cfg;
+
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                nh_layer *L = &m->layers[l];
+                if (c->pattern[l] != 'M')
+                        continue;
+                if (!(L->A = malloc(c->m_heads * sizeof *L->A)))
+                        return TSR_E_NOMEM;
+                for (uint32_t h = 0; h < c->m_heads; h++)
+                        L->A[h] = -expf(L->A_log[h]);
+        }
+        if (c->tied_embeddings)
+                m->output = m->token_embd;
+        return TSR_OK;
+}
+
+static tsr_status load_from(const tsr_tensor_source *s, tsr_nemotron_h *m, const tsr_shard_spec *spec,
+                            tsr_load_progress_fn progress, void *ud, tsr_load_stats *stats, char *err, size_t errlen) {
+        tsr_load_stats a = {0}, b = {0};
+        tsr_status st;
+
+        /* Two passes of the one loader: the family's fixed rows, then the per-expert rows
+         * (names made for this model's expert count). */
+        if ((st = tsr_load_tensors(s, tsr_nemotron_h_tensors, N_FIXED, spec, nh_bind, m, progress, ud, &a, err,
+                                   errlen)) != TSR_OK)
+                return st;
+        if (m->expert_names &&
+            (st = tsr_load_tensors(s, m->expert_names, 2 * (size_t)m->cfg.n_experts, spec, nh_bind, m, progress,
+                                   ud, &b, err, errlen)) != TSR_OK)
+                return st;
+        if (stats)
+                *stats = (tsr_load_stats){.n_tensors = a.n_tensors + b.n_tensors,
+                                          .file_bytes = a.file_bytes + b.file_bytes,
+                                          .f32_bytes = a.f32_bytes + b.f32_bytes,
+                                          .resident_bytes = a.resident_bytes + b.resident_bytes,
+                                          .seconds = a.seconds + b.seconds};
+        return TSR_OK;
+}
+
+tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
+                               tsr_load_progress_fn progress, void *ud, tsr_nemotron_h **ret, tsr_load_stats *stats,
+                               char *err, size_t errlen) {
+        tsr_safetensors_set *set = NULL;
+        tsr_tensor_source s = {0};
+        tsr_shard_spec whole;
+        tsr_nemotron_h *m;
+        tsr_status st;
+
+        if (!dir || !ret)
+                return TSR_E_INVAL;
+        if (!(m = calloc(1, sizeof *m))) {
+                tsr_errf(err, errlen, "%s: out of memory", dir);
+                return TSR_E_NOMEM;
+        }
+        if (cfg)
+                m->cfg = *cfg;
+        else if ((st = tsr_nemotron_h_config_from_hf(dir, &m->cfg, err, errlen)) != TSR_OK)
+                goto fail;
+        whole = tsr_shard_spec_whole(m->cfg.n_layers);
+        if (spec && (spec->tp_size != 1 || spec->tp_rank != 0 || spec->first_layer != 0 ||
+                     spec->last_layer + 1 != m->cfg.n_layers)) {
+                tsr_errf(err, errlen, "%s: only the whole model is supported (tensor and pipeline parallelism "
+                        "are not built)", dir);
+                st = TSR_E_UNSUPPORTED;
+                goto fail;
+        }
+        if ((st = alloc_layers(m)) != TSR_OK) {
+                tsr_errf(err, errlen, "%s: out of memory", dir);
+                goto fail;
+        }
+        if ((st = tsr_safetensors_set_open(dir, &set, err, errlen)) != TSR_OK)
+                goto fail;
+        s.set = set;
+        s.src = tsr_safetensors_set_source(set);
+        st = load_from(&s, m, &whole, progress, ud, stats, err, errlen);
+        tsr_safetensors_set_close(&set);
+        if (st != TSR_OK)
+                goto fail;
+        if ((st = finish_load(m)) != TSR_OK) {
+                tsr_errf(err, errlen, "%s: out of memory", dir);
+                goto fail;
+        }
+        *ret = m;
+        return TSR_OK;
+fail:
+        tsr_nemotron_h_free(&m);
+        return st;
+}
+
+tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be) {
+        static const tsr_op needed[] = {TSR_OP_RMSNORM, TSR_OP_EMBEDDING, TSR_OP_KV_WRITE, TSR_OP_ATTENTION,
+                                        TSR_OP_ADD};
+        if (!m || !be)
+                return TSR_E_INVAL;
+        /* The family loops below read and write activations and states directly. */
+        if (!tsr_backend_host_memory(be) || !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_F32))
+                return TSR_E_UNSUPPORTED;
+        for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
+                if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
+                        return TSR_E_UNSUPPORTED;
+        return TSR_OK;
+}
+
+/* ---- state cache -------------------------------------------------------------------- */
+
+static size_t conv_elems(const tsr_nemotron_h_config *c) {
+        return (size_t)(c->conv_kernel - 1) * tsr_nemotron_h_conv_dim(c);
+}
+static size_t ssm_elems(const tsr_nemotron_h_config *c) {
+        return (size_t)c->m_heads * c->m_head_dim * c->ssm_state;
+}
+
+uint64_t tsr_nemotron_h_slot_bytes(const tsr_nemotron_h_config *c) {
+        return (uint64_t)tsr_nemotron_h_count(c, 'M') * (conv_elems(c) + ssm_elems(c)) * sizeof(float);
+}
+
+void tsr_nemotron_h_cache_free(tsr_nemotron_h_cache **cp) {
+        tsr_nemotron_h_cache *c;
+
+        if (!cp || !*cp)
+                return;
+        c = *cp;
+        for (size_t i = 0; c->owned && c->k && i < c->n_attn; i++) {
+                free(c->k[i]);
+                free(c->v[i]);
+        }
+        for (size_t i = 0; c->owned && c->conv && i < c->n_mamba; i++) {
+                free(c->conv[i]);
+                free(c->ssm[i]);
+        }
+        if (c->owned) {         /* else the per-layer tables are the pool's */
+                free(c->k);
+                free(c->v);
+                free(c->conv);
+                free(c->ssm);
+        }
+        free(c);
+        *cp = NULL;
+}
+
+tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, size_t block_size, size_t n_slots,
+                                    tsr_nemotron_h_cache **ret) {
+        const tsr_nemotron_h_config *cfg;
+        tsr_nemotron_h_cache *c;
+        size_t kv_row, kv_elems;
+
+        if (!m || !ret)
+                return TSR_E_INVAL;
+        cfg = &m->cfg;
+        if (!(c = calloc(1, sizeof *c)))
+                return TSR_E_NOMEM;
+        c->owned = true;
+        c->n_blocks = n_blocks;
+        c->block_size = block_size;
+        c->n_slots = n_slots;
+        c->n_attn = tsr_nemotron_h_count(cfg, '*');
+        c->n_mamba = tsr_nemotron_h_count(cfg, 'M');
+        if ((c->n_attn && (n_blocks == 0 || block_size == 0)) || (c->n_mamba && n_slots == 0)) {
+                free(c);
+                return TSR_E_INVAL;
+        }
+        kv_row = (size_t)cfg->n_kv_heads * cfg->head_dim;
+        if (c->n_attn && (n_blocks > SIZE_MAX / block_size || n_blocks * block_size > SIZE_MAX / 4 / kv_row)) {
+                free(c);
+                return TSR_E_LIMIT;
+        }
+        kv_elems = n_blocks * block_size * kv_row;
+        if (!(c->k = calloc(c->n_attn + 1, sizeof *c->k)) || !(c->v = calloc(c->n_attn + 1, sizeof *c->v)) ||
+            !(c->conv = calloc(c->n_mamba + 1, sizeof *c->conv)) || !(c->ssm = calloc(c->n_mamba + 1, sizeof *c->ssm)))
+                goto nomem;
+        for (size_t i = 0; i < c->n_attn; i++)
+                if (!(c->k[i] = calloc(kv_elems, sizeof(float))) || !(c->v[i] = calloc(kv_elems, sizeof(float))))
+                        goto nomem;
+        for (size_t i = 0; i < c->n_mamba; i++)
+                if (!(c->conv[i] = calloc(n_slots * conv_elems(cfg) + 1, sizeof(float))) ||
+                    !(c->ssm[i] = calloc(n_slots * ssm_elems(cfg), sizeof(float))))
+                        goto nomem;
+        *ret = c;
+        return TSR_OK;
+nomem:
+        tsr_nemotron_h_cache_free(&c);
+        return TSR_E_NOMEM;
+}
+
+size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, tsr_kv_group *out, size_t max) {
+        size_t n = 0;
+
+        if (tsr_nemotron_h_count(c, '*') && n < max)
+                out[n++] = (tsr_kv_group){.kind = TSR_KV_FULL_ATTENTION, .n_layers = tsr_nemotron_h_count(c, '*'),
+                                          .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
+                                          .dtype = TSR_DTYPE_F32};
+        if (tsr_nemotron_h_count(c, 'M') && n < max)
+                out[n++] = (tsr_kv_group){.kind = TSR_KV_MAMBA_STATE, .n_layers = tsr_nemotron_h_count(c, 'M'),
+                                          .dtype = TSR_DTYPE_F32, .conv_elems = conv_elems(c),
+                                          .ssm_elems = ssm_elems(c)};
+        return n;
+}
+
+tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool, tsr_nemotron_h_cache **ret) {
+        tsr_kv_group want[TSR_KV_GROUPS_MAX];
+        tsr_nemotron_h_cache *c;
+        size_t n;
+
+        if (!m || !pool || !ret)
+                return TSR_E_INVAL;
+        n = tsr_nemotron_h_kv_groups(&m->cfg, want, TSR_KV_GROUPS_MAX);
+        if (pool->n_groups != n)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < n; i++) {
+                const tsr_kv_group *g = &pool->groups[i].spec;
+                if (g->kind != want[i].kind || g->n_layers != want[i].n_layers || g->dtype != want[i].dtype ||
+                    g->n_kv_heads != want[i].n_kv_heads || g->head_dim != want[i].head_dim ||
+                    g->conv_elems != want[i].conv_elems || g->ssm_elems != want[i].ssm_elems)
+                        return TSR_E_INVAL;
+        }
+        if (!(c = calloc(1, sizeof *c)))
+                return TSR_E_NOMEM;
+        c->n_blocks = (size_t)pool->n_blocks;
+        c->block_size = pool->block_size;
+        c->n_slots = pool->n_slots;
+        c->n_attn = tsr_nemotron_h_count(&m->cfg, '*');
+        c->n_mamba = tsr_nemotron_h_count(&m->cfg, 'M');
+        for (size_t i = 0; i < n; i++) {
+                if (want[i].kind == TSR_KV_MAMBA_STATE) {
+                        c->conv = (float **)pool->groups[i].k;
+                        c->ssm = (float **)pool->groups[i].v;
+                } else {
+                        c->k = (float **)pool->groups[i].k;
+                        c->v = (float **)pool->groups[i].v;
+                }
+        }
+        *ret = c;
+        return TSR_OK;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+/* Scratch for one batched forward of N rows. */
+struct scratch {
+        float *x, *xb, *out;            /* (N, dim) */
+        float *proj;                    /* (N, max(in_proj rows, q+2kv, E)) */
+        float *y;                       /* (N, max(d_inner, q_dim)) */
+        float *win;                     /* (K-1 + max n, conv_dim) */
+        float *xbc;                     /* (conv_dim,) one token's conv output */
+        float *rs, *rsc, *gscore;       /* (E,), (E,), (n_group,) one row's router scores */
+        bool *gsel, *taken;             /* (n_group,), (E,) */
+        float *hid, *hid2;              /* (N, max hidden) */
+        float *exp_in, *exp_out;        /* (N, dim): the rows routed to one expert */
+        uint32_t *top;                  /* (N, top_k) chosen experts */
+        float *topw;                    /* (N, top_k) their weights */
+        uint32_t *rows;                 /* (N,) the rows routed to one expert */
+        float *rowsw;                   /* (N,) */
+};
+
+static void scratch_free(struct scratch *s) {
+        void *p[] = {s->x,   s->xb,   s->out,  s->proj, s->y,    s->win,    s->xbc,     s->rs,
+                     s->rsc, s->gscore, s->gsel, s->taken, s->hid, s->hid2, s->exp_in, s->exp_out,
+                     s->top, s->topw, s->rows, s->rowsw};
+        for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+                free(p[i]);
+}
+
+static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h_config *c, size_t N, size_t max_n) {
+        size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c);
+        size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+        size_t proj = max3(di + cd + c->m_heads, qd + 2 * kvd, c->n_experts);
+        size_t hid = max3(c->moe_hidden, c->shared_hidden, c->mlp_hidden);
+        size_t tk = c->top_k ? c->top_k : 1;
+
+        *s = (struct scratch){0};
+        s->x = malloc(N * dim * sizeof(float));
+        s->xb = malloc(N * dim * sizeof(float));
+        s->out = malloc(N * dim * sizeof(float));
+        s->proj = malloc(N * proj * sizeof(float));
+        s->y = malloc(N * (di > qd ? di : qd) * sizeof(float) + 1);
+        s->win = malloc((c->conv_kernel + max_n) * cd * sizeof(float) + 1);
+        s->xbc = malloc(cd * sizeof(float) + 1);
+        s->rs = malloc(c->n_experts * sizeof(float) + 1);
+        s->rsc = malloc(c->n_experts * sizeof(float) + 1);
+        s->gscore = malloc(c->n_group * sizeof(float) + 1);
+        s->gsel = malloc(c->n_group + 1);
+        s->taken = malloc(c->n_experts + 1);
+        s->hid = malloc(N * hid * sizeof(float) + 1);
+        s->hid2 = malloc(N * hid * sizeof(float) + 1);
+        s->exp_in = malloc(N * dim * sizeof(float));
+        s->exp_out = malloc(N * dim * sizeof(float));
+        s->top = malloc(N * tk * sizeof(uint32_t));
+        s->topw = malloc(N * tk * sizeof(float));
+        s->rows = malloc(N * sizeof(uint32_t));
+        s->rowsw = malloc(N * sizeof(float));
+        if (!s->x || !s->xb || !s->out || !s->proj || !s->y || !s->win || !s->xbc || !s->rs || !s->rsc ||
+            !s->gscore || !s->gsel || !s->taken || !s->hid || !s->hid2 || !s->exp_in ||
+            !s->exp_out || !s->top || !s->topw || !s->rows || !s->rowsw) {
+                scratch_free(s);
+                return TSR_E_NOMEM;
+        }
+        return TSR_OK;
+}
+
+#define TRY(expr)                               \
+        do {                                    \
+                if ((st = (expr)) != TSR_OK)    \
+                        goto done;              \
+        } while (0)
+
+static float silu(float a) { return a / (1.0f + expf(-a)); }
+
+/* torch.nn.functional.softplus (beta 1, threshold 20). */
+static float softplus(float a) { return a > 20.0f ? a : log1pf(expf(a)); }
+
+/* One sequence's Mamba mixer over its rows proj (n, in_proj rows) -> y (n, d_inner),
+ * with the gated norm applied; the conv and SSM state of its slot are read (past_len > 0)
+ * or zeroed (a new sequence) and left holding the state after its last token. */
+static void mamba_seq(const tsr_nemotron_h_config *c, const nh_layer *L, const float *proj, size_t n, bool fresh,
+                      float *conv_state, float *ssm, float *win, float *xbc, float *y) {
+        size_t di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c), K = c->conv_kernel;
+        size_t H = c->m_heads, P = c->m_head_dim, NS = c->ssm_state, G = c->n_groups, hpg = H / G;
+        size_t pr = di + cd + H, gs = di / G;
+
+        if (fresh) {
+                memset(conv_state, 0, (K - 1) * cd * sizeof(float));
+                memset(ssm, 0, H * P * NS * sizeof(float));
+        }
+        /* The window: the K-1 raw xBC rows before this chunk, then the chunk's. */
+        memcpy(win, conv_state, (K - 1) * cd * sizeof(float));
+        for (size_t t = 0; t < n; t++)
+                memcpy(win + (K - 1 + t) * cd, proj + t * pr + di, cd * sizeof(float));
+        memcpy(conv_state, win + n * cd, (K - 1) * cd * sizeof(float));
+
+        for (size_t t = 0; t < n; t++) {
+                const float *row = proj + t * pr, *z = row, *dt_raw = row + di + cd;
+                float *yt = y + t * di;
+
+                /* causal depthwise conv: out[c] = b[c] + sum_k w[c,k] * win[t+k][c], then SiLU */
+                for (size_t ch = 0; ch < cd; ch++) {
+                        float acc = L->conv_b ? L->conv_b[ch] : 0.0f;
+                        for (size_t k = 0; k < K; k++)
+                                acc += L->conv_w[ch * K + k] * win[(t + k) * cd + ch];
+                        xbc[ch] = silu(acc);
+                }
+                const float *xs = xbc, *B = xbc + di, *C = xbc + di + G * NS;
+                /* the selective scan, one step: S = S*exp(Δ A) + (Δ B) x;  y = S·C + D x */
+                for (size_t h = 0; h < H; h++) {
+                        size_t g = h / hpg;
+                        float d = softplus(dt_raw[h] + L->dt_bias[h]);
+                        d = fminf(fmaxf(d, c->dt_min), c->dt_max);
+                        float dA = expf(d * L->A[h]);
+                        for (size_t p = 0; p < P; p++) {
+                                float xv = xs[h * P + p], acc = 0.0f;
+                                float *S = ssm + (h * P + p) * NS;
+                                for (size_t s = 0; s < NS; s++) {
+                                        S[s] = S[s] * dA + (d * B[g * NS + s]) * xv;
+                                        acc += S[s] * C[g * NS + s];
+                                }
+                                yt[h * P + p] = acc + xv * L->D[h];
+                        }
+                }
+                /* gated group RMSNorm: gate first, then each group of d_inner/n_groups */
+                for (size_t i = 0; i < di; i++)
+                        yt[i] *= silu(z[i]);
+                for (size_t g = 0; g < G; g++) {
+                        float *u = yt + g * gs, ss = 0.0f;
+                        for (size_t i = 0; i < gs; i++)
+                                ss += u[i] * u[i];
+                        float r = 1.0f / sqrtf(ss / (float)gs + c->eps);
+                        for (size_t i = 0; i < gs; i++)
+                                u[i] = L->gnorm[g * gs + i] * (u[i] * r);
+                }
+        }
+}
+
+static void relu2(float *x, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                x[i] = x[i] > 0.0f ? x[i] * x[i] : 0.0f;
+}
+
+/* The router of one row: scores = sigmoid(logits); the choice by scores + bias within
+ * the topk_group best groups (a group's score: its two best biased scores); weights are
+ * the chosen plain scores, renormalised and scaled.  Ties keep the lower index. */
+static void route_row(const tsr_nemotron_h_config *c, const float *bias, const float *logits, struct scratch *x,
+                      uint32_t *top, float *w) {
+        size_t E = c->n_experts, per = E / c->n_group;
+        float *s = x->rs, *sc = x->rsc, *gscore = x->gscore, sum = 0.0f;
+        bool *gsel = x->gsel, *taken = x->taken;
+
+        for (size_t e = 0; e < E; e++) {
+                s[e] = 1.0f / (1.0f + expf(-logits[e]));
+                sc[e] = s[e] + bias[e];
+                taken[e] = false;
+        }
+        for (size_t g = 0; g < c->n_group; g++) {
+                float a = -INFINITY, b = -INFINITY;
+                for (size_t e = g * per; e < (g + 1) * per; e++) {
+                        if (sc[e] > a) {
+                                b = a;
+                                a = sc[e];
+                        } else if (sc[e] > b) {
+                                b = sc[e];
+                        }
+                }
+                gscore[g] = a + b;
+                gsel[g] = false;
+        }
+        for (size_t k = 0; k < c->topk_group; k++) {
+                size_t best = SIZE_MAX;
+                for (size_t g = 0; g < c->n_group; g++)
+                        if (!gsel[g] && (best == SIZE_MAX || gscore[g] > gscore[best]))
+                                best = g;
+                gsel[best] = true;
+        }
+        for (size_t k = 0; k < c->top_k; k++) {
+                size_t best = SIZE_MAX;
+                for (size_t e = 0; e < E; e++)
+                        if (gsel[e / per] && !taken[e] && (best == SIZE_MAX || sc[e] > sc[best]))
+                                best = e;
+                taken[best] = true;
+                top[k] = (uint32_t)best;
+                w[k] = s[best];
+                sum += s[best];
+        }
+        for (size_t k = 0; k < c->top_k; k++) {
+                if (c->norm_topk_prob)
+                        w[k] /= sum + 1e-20f;
+                w[k] *= c->routed_scale;
+        }
+}
+
+/* MoE over N rows xb -> out: routed experts in expert-index order (as transformers
+ * accumulates them), each row's weighted outputs summed onto zero, then the shared expert. */
+static tsr_status moe(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be, struct scratch *s,
+                      size_t N) {
+        size_t dim = c->dim, E = c->n_experts, tk = c->top_k, I = c->moe_hidden, SI = c->shared_hidden;
+        tsr_status st;
+
+        if ((st = tsr_backend_matmul(be, s->proj, s->xb, L->router, TSR_DTYPE_F32, N, dim, E)) != TSR_OK)
+                return st;
+        for (size_t r = 0; r < N; r++)
+                route_row(c, L->router_bias, s->proj + r * E, s, s->top + r * tk, s->topw + r * tk);
+        memset(s->out, 0, N * dim * sizeof(float));
+        for (size_t e = 0; e < E; e++) {
+                size_t cnt = 0;
+                for (size_t r = 0; r < N; r++)
+                        for (size_t k = 0; k < tk; k++)
+                                if (s->top[r * tk + k] == e) {
+                                        s->rows[cnt] = (uint32_t)r;
+                                        s->rowsw[cnt++] = s->topw[r * tk + k];
+                                }
+                if (cnt == 0)
+                        continue;
+                for (size_t i = 0; i < cnt; i++)
+                        memcpy(s->exp_in + i * dim, s->xb + (size_t)s->rows[i] * dim, dim * sizeof(float));
+                if ((st = tsr_backend_matmul(be, s->hid, s->exp_in, L->exp_up[e], TSR_DTYPE_F32, cnt, dim, I)))
+                        return st;
+                relu2(s->hid, cnt * I);
+                if ((st = tsr_backend_matmul(be, s->exp_out, s->hid, L->exp_down[e], TSR_DTYPE_F32, cnt, I, dim)))
+                        return st;
+                for (size_t i = 0; i < cnt; i++) {
+                        float *o = s->out + (size_t)s->rows[i] * dim;
+                        for (size_t j = 0; j < dim; j++)
+                                o[j] += s->exp_out[i * dim + j] * s->rowsw[i];
+                }
+        }
+        if ((st = tsr_backend_matmul(be, s->hid, s->xb, L->shared_up, TSR_DTYPE_F32, N, dim, SI)) != TSR_OK)
+                return st;
+        relu2(s->hid, N * SI);
+        if ((st = tsr_backend_matmul(be, s->exp_out, s->hid, L->shared_down, TSR_DTYPE_F32, N, SI, dim)) != TSR_OK)
+                return st;
+        return tsr_backend_add(be, s->out, s->out, s->exp_out, N * dim);
+}
+
+static tsr_kv_view attn_view(const tsr_nemotron_h_config *c, tsr_nemotron_h_cache *kv, size_t i,
+                             const tsr_nemotron_h_seq *q) {
+        return (tsr_kv_view){.k = kv->k[i], .v = kv->v[i], .block_table = q->block_table, .n_table = q->n_table,
+                             .n_blocks = kv->n_blocks, .block_size = kv->block_size,
+                             .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim};
+}
+
+static tsr_status attention(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be,
+                            tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs, size_t n_seqs,
+                            struct scratch *s, size_t N) {
+        size_t dim = c->dim, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+        float *q = s->proj, *k = q + N * qd, *v = k + N * kvd;
+        float scale = 1.0f / sqrtf((float)c->head_dim);
+        tsr_status st;
+
+        if ((st = tsr_backend_matmul(be, q, s->xb, L->wq, TSR_DTYPE_F32, N, dim, qd)) ||
+            (st = tsr_backend_matmul(be, k, s->xb, L->wk, TSR_DTYPE_F32, N, dim, kvd)) ||
+            (st = tsr_backend_matmul(be, v, s->xb, L->wv, TSR_DTYPE_F32, N, dim, kvd)))
+                return st;
+        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
+                tsr_kv_view view = attn_view(c, kv, L->kind_index, &seqs[i]);
+                if ((st = tsr_backend_kv_write(be, &view, k + row * kvd, v + row * kvd, seqs[i].n,
+                                               seqs[i].past_len)) ||
+                    (st = tsr_backend_attention(be, s->y + row * qd, q + row * qd, &view, seqs[i].n,
+                                                seqs[i].past_len, c->n_heads, scale)))
+                        return st;
+        }
+        return tsr_backend_matmul(be, s->out, s->y, L->wo, TSR_DTYPE_F32, N, qd, dim);
+}
+
+static tsr_status mamba(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be,
+                        tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs, size_t n_seqs, struct scratch *s,
+                        size_t N) {
+        size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), pr = di + tsr_nemotron_h_conv_dim(c) + c->m_heads;
+        tsr_status st;
+
+        if ((st = tsr_backend_matmul(be, s->proj, s->xb, L->in_proj, TSR_DTYPE_F32, N, dim, pr)) != TSR_OK)
+                return st;
+        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
+                mamba_seq(c, L, s->proj + row * pr, seqs[i].n, seqs[i].past_len == 0,
+                          kv->conv[L->kind_index] + seqs[i].slot * conv_elems(c),
+                          kv->ssm[L->kind_index] + seqs[i].slot * ssm_elems(c), s->win, s->xbc,
+                          s->y + row * di);
+        return tsr_backend_matmul(be, s->out, s->y, L->out_proj, TSR_DTYPE_F32, N, di, dim);
+}
+
+static tsr_status mlp(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be, struct scratch *s,
+                      size_t N) {
+        tsr_status st;
+
+        if ((st = tsr_backend_matmul(be, s->hid, s->xb, L->mlp_up, TSR_DTYPE_F32, N, c->dim, c->mlp_hidden)))
+                return st;
+        relu2(s->hid, N * c->mlp_hidden);
+        return tsr_backend_matmul(be, s->out, s->hid, L->mlp_down, TSR_DTYPE_F32, N, c->mlp_hidden, c->dim);
+}
+
+static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs,
+                          size_t n_seqs, const float *logits) {
+        const tsr_nemotron_h_config *c = &m->cfg;
+
+        for (size_t i = 0; i < n_seqs; i++) {
+                const tsr_nemotron_h_seq *q = &seqs[i];
+                if (q->n == 0 || !q->tokens || (q->which != TSR_LLAMA_LOGITS_NONE && !logits))
+                        return TSR_E_INVAL;
+                for (size_t t = 0; t < q->n; t++)
+                        if (q->tokens[t] >= c->vocab_size)
+                                return TSR_E_INVAL;
+                if (kv->n_mamba) {
+                        if (q->slot >= kv->n_slots)
+                                return TSR_E_INVAL;
+                        for (size_t j = 0; j < i; j++)
+                                if (seqs[j].slot == q->slot)
+                                        return TSR_E_INVAL;
+                }
+                if (kv->n_attn) {
+                        size_t need = (q->past_len + q->n + kv->block_size - 1) / kv->block_size;
+                        if (!q->block_table || q->n_table < need)
+                                return TSR_E_INVAL;
+                        for (size_t b = 0; b < need; b++)
+                                if (q->block_table[b] >= kv->n_blocks)
+                                        return TSR_E_INVAL;
+                }
+        }
+        return TSR_OK;
+}
+
+tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be, tsr_nemotron_h_cache *kv,
+                                        const tsr_nemotron_h_seq *seqs, size_t n_seqs, float *logits) {
+        const tsr_nemotron_h_config *c;
+        struct scratch s;
+        size_t N = 0, max_n = 0, dim, out_row = 0;
+        tsr_status st;
+
+        if (!m || !be || !kv || !seqs || n_seqs == 0)
+                return TSR_E_INVAL;
+        if ((st = tsr_nemotron_h_check_backend(m, be)) != TSR_OK || (st = args_ok(m, kv, seqs, n_seqs, logits)))
+                return st;
+        c = &m->cfg;
+        dim = c->dim;
+        for (size_t i = 0; i < n_seqs; i++) {
+                N += seqs[i].n;
+                max_n = seqs[i].n > max_n ? seqs[i].n : max_n;
+        }
+        if ((st = scratch_alloc(&s, c, N, max_n)) != TSR_OK)
+                return st;
+        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
+                TRY(tsr_backend_embedding(be, s.x + row * dim, m->token_embd, c->vocab_size, dim, seqs[i].tokens,
+                                          seqs[i].n));
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                const nh_layer *L = &m->layers[l];
+                TRY(tsr_backend_rmsnorm(be, s.xb, s.x, L->norm, N, dim, c->eps));
+                switch (c->pattern[l]) {
+                case 'M': TRY(mamba(c, L, be, kv, seqs, n_seqs, &s, N)); break;
+                case '*': TRY(attention(c, L, be, kv, seqs, n_seqs, &s, N)); break;
+                case 'E': TRY(moe(c, L, be, &s, N)); break;
+                default: TRY(mlp(c, L, be, &s, N)); break;
+                }
+                TRY(tsr_backend_add(be, s.x, s.x, s.out, N * dim));
+        }
+        /* The rows whose logits are asked for: norm_f then lm_head. */
+        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
+                size_t first = seqs[i].which == TSR_LLAMA_LOGITS_ALL ? row : row + seqs[i].n - 1;
+                size_t cnt = seqs[i].which == TSR_LLAMA_LOGITS_ALL ? seqs[i].n : 1;
+                if (seqs[i].which == TSR_LLAMA_LOGITS_NONE)
+                        continue;
+                TRY(tsr_backend_rmsnorm(be, s.xb, s.x + first * dim, m->output_norm, cnt, dim, c->eps));
+                TRY(tsr_backend_matmul(be, logits + out_row * c->vocab_size, s.xb, m->output, TSR_DTYPE_F32, cnt,
+                                       dim, c->vocab_size));
+                out_row += cnt;
+        }
+done:
+        scratch_free(&s);
+        return st;
+}

@@ -1,0 +1,135 @@
+/* nemotron_h.h - the NemotronH hybrid (transformers' NemotronHForCausalLM, model_type
+ * nemotron_h; Nemotron-3-Nano) in float32 on the host, written against kernels/kernels.h.
+ *
+ * The math is models.md §3 as transformers 5's modeling_nemotron_h.py computes it:
+ *   h = embed[ids]
+ *   per layer l: h += mixer_l(rmsnorm(h, layers.l.norm))    one pre-norm, no post-norm
+ *   logits = rmsnorm(h, norm_f) . W_lmᵀ
+ * where the mixer is, by hybrid_override_pattern[l],
+ *   'M' Mamba-2: in_proj -> [z | xBC | dt]; causal depthwise conv1d + SiLU on xBC;
+ *       the selective scan with A = -exp(A_log), Δ = clamp(softplus(dt + dt_bias),
+ *       time_step_limit), D skip; the gated group RMSNorm (y * silu(z) first); out_proj;
+ *   '*' attention without positional encoding (GQA, scale head_dim^-0.5);
+ *   'E' MoE: sigmoid router in float32, e_score_correction_bias for the choice only,
+ *       grouped top-k (n_group / topk_group), weights renormalised (norm_topk_prob) and
+ *       scaled (routed_scaling_factor); ReLU² experts (up, down), plus a shared expert;
+ *   '-' dense ReLU² MLP.
+ * The scan is the sequential recurrence, token by token, for prefill as for decode
+ * (exactness first; transformers' chunked SSD is algebraically the same sum and agrees
+ * to rounding).  Every op is per row or per sequence with a fixed order, so a
+ * sequence's logits are bitwise the same however it is batched or cut into chunks.
+ *
+ * State kept between steps (tsr_nemotron_h_cache): for attention layers the keys and
+ * values of every position in paged blocks, as the Llama's; for Mamba layers one state
+ * *slot* per running sequence, not per token: the last conv_kernel-1 raw xBC rows (conv
+ * state) and the (heads, head_dim, state) SSM state, both float32.  A forward with
+ * past_len == 0 starts the slot from zero; past_len > 0 continues the slot's state,
+ * which must then hold exactly the sequence's first past_len tokens (no prefix reuse:
+ * a Mamba state cannot be rewound).
+ *
+ * Thread safety: a loaded model is read-only; a cache is written by one forward at a
+ * time (the engine thread or its step thread). */
+#ifndef TSR_WORKER_MODEL_NEMOTRON_H_H
+#define TSR_WORKER_MODEL_NEMOTRON_H_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tsr_status.h"
+#include "kernels/kernels.h"
+#include "worker/load/loader.h"
+#include "worker/model/llama.h"
+
+#define TSR_NEMOTRON_H_MAX_LAYERS 256
+
+/* What config.json says, checked.  One flat struct (the family's desc->config). */
+typedef struct tsr_nemotron_h_config {
+        uint32_t vocab_size, dim, n_layers;
+        char pattern[TSR_NEMOTRON_H_MAX_LAYERS + 1];    /* 'M', '*', 'E', '-' per layer */
+        uint32_t n_heads, n_kv_heads, head_dim;                 /* attention */
+        uint32_t m_heads, m_head_dim, ssm_state, n_groups, conv_kernel;   /* Mamba-2 */
+        bool conv_bias;
+        float dt_min, dt_max;                                   /* time_step_limit */
+        uint32_t n_experts, top_k, moe_hidden, shared_hidden;   /* MoE */
+        uint32_t n_group, topk_group;
+        bool norm_topk_prob;
+        float routed_scale;
+        uint32_t mlp_hidden;                                    /* '-' layers */
+        float eps;
+        bool tied_embeddings;
+} tsr_nemotron_h_config;
+
+/* Read `dir`/config.json.  TSR_E_INVAL (missing or bad field: `err` names the file and
+ * the field), TSR_E_UNSUPPORTED (biases, a latent MoE projection, activations other
+ * than silu / relu2, more than one shared expert, multi-token-prediction layers are
+ * ignored), TSR_E_NOTFOUND, TSR_E_IO.  Blocking. */
+tsr_status tsr_nemotron_h_config_from_hf(const char *dir, tsr_nemotron_h_config *ret, char *err, size_t errlen);
+
+/* Derived sizes of the Mamba mixer. */
+static inline uint32_t tsr_nemotron_h_d_inner(const tsr_nemotron_h_config *c) { return c->m_heads * c->m_head_dim; }
+static inline uint32_t tsr_nemotron_h_conv_dim(const tsr_nemotron_h_config *c) {
+        return c->m_heads * c->m_head_dim + 2 * c->n_groups * c->ssm_state;
+}
+/* Layers of one kind ('M', '*', 'E', '-') in the pattern. */
+uint32_t tsr_nemotron_h_count(const tsr_nemotron_h_config *c, char kind);
+
+/* The family's tensor table (shard rules as data); nemotron_h.c. */
+#define TSR_NEMOTRON_H_N_TENSORS 24
+extern const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS];
+
+typedef struct tsr_nemotron_h tsr_nemotron_h;
+
+/* Load the HF folder `dir` (config.json; model.safetensors or an index) as float32.
+ * `cfg` NULL: read config.json.  Only the whole model (spec NULL or whole).  Errors name
+ * the file and the tensor.  *ret new on success (tsr_nemotron_h_free). */
+tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
+                               tsr_load_progress_fn progress, void *ud, tsr_nemotron_h **ret, tsr_load_stats *stats,
+                               char *err, size_t errlen);
+void tsr_nemotron_h_free(tsr_nemotron_h **m);
+const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m);
+/* TSR_OK when `be` has every op the forward uses on host memory. */
+tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be);
+
+/* ---- state ------------------------------------------------------------------------ */
+
+typedef struct tsr_nemotron_h_cache tsr_nemotron_h_cache;
+
+/* n_blocks blocks of block_size token rows for the attention layers' K/V, and n_slots
+ * Mamba state slots.  TSR_E_INVAL (a zero size the model needs), TSR_E_LIMIT, TSR_E_NOMEM. */
+tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, size_t block_size, size_t n_slots,
+                                    tsr_nemotron_h_cache **ret);
+void tsr_nemotron_h_cache_free(tsr_nemotron_h_cache **c);
+/* Bytes of one Mamba state slot over all Mamba layers (conv + SSM state, float32). */
+uint64_t tsr_nemotron_h_slot_bytes(const tsr_nemotron_h_config *c);
+/* The KV groups a NemotronH declares (worker/engine/kv_pool.h), into out[max]: its
+ * attention layers' full-attention group (when it has any) and its Mamba layers'
+ * TSR_KV_MAMBA_STATE group (when it has any), float32.  Returns how many. */
+size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, tsr_kv_group *out, size_t max);
+/* A cache over the caller's pool (tsr_kv_pool_new_slots from those groups): the
+ * forward writes the pool's arrays, which must outlive the cache.  TSR_E_INVAL when
+ * the pool's groups are not exactly the model's; TSR_E_NOMEM. */
+tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool, tsr_nemotron_h_cache **ret);
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+/* One sequence of a batched forward. */
+typedef struct tsr_nemotron_h_seq {
+        const uint32_t *block_table;    /* (n_table,) its attention blocks */
+        size_t n_table;
+        const uint32_t *tokens;         /* (n,) at positions past_len .. past_len+n-1 */
+        size_t n;
+        size_t past_len;
+        uint32_t slot;                  /* its Mamba state slot */
+        tsr_llama_logits which;         /* NONE, LAST (1 row) or ALL (n rows) */
+} tsr_nemotron_h_seq;
+
+/* Run the sequences in one pass (rows stacked for every matmul), update their K/V and
+ * state slots, and write the asked-for logits rows, sequence after sequence.
+ * TSR_E_INVAL: n == 0, a token >= vocab, a slot >= n_slots or used twice, a short block
+ * table or a block outside the cache, NULL logits when some are asked for.  On failure
+ * the touched sequences' state is undefined (the caller recomputes from the prompt). */
+tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be, tsr_nemotron_h_cache *cache,
+                                        const tsr_nemotron_h_seq *seqs, size_t n_seqs, float *logits);
+
+#endif

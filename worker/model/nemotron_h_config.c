@@ -1,0 +1,362 @@
+/* nemotron_h_config.c - a NemotronH's config.json (transformers' NemotronHConfig field
+ * names and defaults; models.md §3.1).  Main thread, at start-up.
+ *
+ * Both spellings of the layer pattern occur: checkpoints ship hybrid_override_pattern
+ * ("MEM*E..."), transformers 5 writes layers_block_type (a list of "mamba" /
+ * "linear_attention", "attention" / "full_attention", "moe", "mlp"). */
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "worker/model/nemotron_h.h"
+
+#define CONFIG_MAX_BYTES (16u << 20)
+
+/* An integer field in 0..UINT32_MAX; absent or null: def, unless required. */
+static tsr_status get_u32(const char *path, json_t *root, const char *key, bool required, uint32_t def,
+                          uint32_t *ret, char *err, size_t errlen) {
+        json_t *v = json_object_get(root, key);
+
+        if (!v || json_is_null(v)) {
+                if (required) {
+                        tsr_errf(err, errlen, "%s: field '%s' missing", path, key);
+                        return TSR_E_INVAL;
+                }
+                *ret = def;
+                return TSR_OK;
+        }
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (json_int_t)UINT32_MAX) {
+                tsr_errf(err, errlen, "%s: field '%s': expected a non-negative integer", path, key);
+                return TSR_E_INVAL;
+        }
+        *ret = (uint32_t)json_integer_value(v);
+        return TSR_OK;
+}
+
+static tsr_status get_f32(const char *path, json_t *root, const char *key, double def, float *ret, char *err,
+                          size_t errlen) {
+        json_t *v = json_object_get(root, key);
+
+        if (!v || json_is_null(v)) {
+                *ret = (float)def;
+                return TSR_OK;
+        }
+        if (!json_is_number(v) || !isfinite(json_number_value(v))) {
+                tsr_errf(err, errlen, "%s: field '%s': expected a finite number", path, key);
+                return TSR_E_INVAL;
+        }
+        *ret = (float)json_number_value(v);
+        return TSR_OK;
+}
+
+static tsr_status get_bool(const char *path, json_t *root, const char *key, bool def, bool *ret, char *err,
+                           size_t errlen) {
+        json_t *v = json_object_get(root, key);
+
+        if (!v || json_is_null(v)) {
+                *ret = def;
+                return TSR_OK;
+        }
+        if (!json_is_boolean(v)) {
+                tsr_errf(err, errlen, "%s: field '%s': expected true or false", path, key);
+                return TSR_E_INVAL;
+        }
+        *ret = json_is_true(v);
+        return TSR_OK;
+}
+
+/* A string field that, when present, must be `want` (a variant this family lacks). */
+static tsr_status want_str(const char *path, json_t *root, const char *key, const char *want, char *err,
+                           size_t errlen) {
+        json_t *v = json_object_get(root, key);
+
+        if (!v || json_is_null(v) || (json_is_string(v) && strcmp(json_string_value(v), want) == 0))
+                return TSR_OK;
+        tsr_errf(err, errlen, "%s: field '%s' is '%.60s': only '%s' is supported", path, key,
+                json_is_string(v) ? json_string_value(v) : "?", want);
+        return TSR_E_UNSUPPORTED;
+}
+
+static char block_char(const char *type) {
+        static const struct { const char *name; char c; } map[] = {
+                {"mamba", 'M'}, {"linear_attention", 'M'}, {"attention", '*'}, {"full_attention", '*'},
+                {"moe", 'E'}, {"mlp", '-'},
+        };
+        for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+                if (strcmp(map[i].name, type) == 0)
+                        return map[i].c;
+        return 0;
+}
+
+static tsr_status read_pattern(const char *path, json_t *root, tsr_nemotron_h_config *c, char *err, size_t errlen) {
+        json_t *pat = json_object_get(root, "hybrid_override_pattern");
+        json_t *list = json_object_get(root, "layers_block_type");
+        size_t n;
+
+        if (pat && !json_is_null(pat)) {
+                const char *s = json_is_string(pat) ? json_string_value(pat) : NULL;
+                if (!s || !*s || (n = strlen(s)) > TSR_NEMOTRON_H_MAX_LAYERS || strspn(s, "M*E-") != n) {
+                        tsr_errf(err, errlen, "%s: field 'hybrid_override_pattern': expected 1..%d of 'M', '*', "
+                                "'E', '-'", path, TSR_NEMOTRON_H_MAX_LAYERS);
+                        return TSR_E_INVAL;
+                }
+                memcpy(c->pattern, s, n + 1);
+        } else if (list && !json_is_null(list)) {
+                n = json_is_array(list) ? json_array_size(list) : 0;
+                if (n == 0 || n > TSR_NEMOTRON_H_MAX_LAYERS) {
+                        tsr_errf(err, errlen, "%s: field 'layers_block_type': expected a list of 1..%d names", path,
+                                TSR_NEMOTRON_H_MAX_LAYERS);
+                        return TSR_E_INVAL;
+                }
+                for (size_t i = 0; i < n; i++) {
+                        json_t *e = json_array_get(list, i);
+                        char ch = json_is_string(e) ? block_char(json_string_value(e)) : 0;
+                        if (!ch) {
+                                tsr_errf(err, errlen, "%s: field 'layers_block_type'[%zu]: not a known block type",
+                                        path, i);
+                                return TSR_E_INVAL;
+                        }
+                        c->pattern[i] = ch;
+                }
+                c->pattern[n] = 0;
+        } else {
+                tsr_errf(err, errlen, "%s: neither 'hybrid_override_pattern' nor 'layers_block_type' is given", path);
+                return TSR_E_INVAL;
+        }
+        c->n_layers = (uint32_t)strlen(c->pattern);
+        return TSR_OK;
+}
+
+/* An upper bound that may be infinite: JSON has no infinity, so it comes as null, as
+ * a number, as the string "Infinity", as transformers 5's {"__float__": "Infinity"},
+ * or as Python json's bare Infinity (which relax_infinity turned into null). */
+static bool upper_bound(json_t *v, float *ret) {
+        json_t *f = json_object_get(v, "__float__");
+
+        if (json_is_null(v) || (json_is_string(f) && strcmp(json_string_value(f), "Infinity") == 0) ||
+            (json_is_string(v) && strcmp(json_string_value(v), "Infinity") == 0)) {
+                *ret = INFINITY;
+                return true;
+        }
+        if (json_is_number(v)) {
+                *ret = (float)json_number_value(v);
+                return true;
+        }
+        return false;
+}
+
+/* time_step_limit: [min, max]; absent -> (0, inf), NemotronHConfig's default. */
+static tsr_status read_dt_limit(const char *path, json_t *root, tsr_nemotron_h_config *c, char *err,
+                                size_t errlen) {
+        json_t *v = json_object_get(root, "time_step_limit");
+        json_t *lo, *hi;
+
+        c->dt_min = 0.0f;
+        c->dt_max = INFINITY;
+        if (!v || json_is_null(v))
+                return TSR_OK;
+        lo = json_array_get(v, 0);
+        hi = json_array_get(v, 1);
+        if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_number(lo) || !upper_bound(hi, &c->dt_max) ||
+            !(json_number_value(lo) >= 0)) {
+                tsr_errf(err, errlen, "%s: field 'time_step_limit': expected [min >= 0, max]", path);
+                return TSR_E_INVAL;
+        }
+        c->dt_min = (float)json_number_value(lo);
+        if (!(c->dt_max >= c->dt_min)) {
+                tsr_errf(err, errlen, "%s: field 'time_step_limit': max below min", path);
+                return TSR_E_INVAL;
+        }
+        return TSR_OK;
+}
+
+static tsr_status check_sizes(const char *path, json_t *root, const tsr_nemotron_h_config *c, char *err,
+                              size_t errlen) {
+        json_t *v;
+
+        if (c->vocab_size == 0 || c->dim == 0) {
+                tsr_errf(err, errlen, "%s: vocab_size and hidden_size must be non-zero", path);
+                return TSR_E_INVAL;
+        }
+        if (tsr_nemotron_h_count(c, '*') &&
+            (c->n_heads == 0 || c->n_kv_heads == 0 || c->head_dim == 0 || c->n_heads % c->n_kv_heads)) {
+                tsr_errf(err, errlen, "%s: attention layers need num_attention_heads a non-zero multiple of "
+                        "num_key_value_heads and a non-zero head_dim", path);
+                return TSR_E_INVAL;
+        }
+        if (tsr_nemotron_h_count(c, 'M') &&
+            (c->m_heads == 0 || c->m_head_dim == 0 || c->ssm_state == 0 || c->n_groups == 0 ||
+             c->m_heads % c->n_groups || c->conv_kernel < 1 || c->conv_kernel > 16)) {
+                tsr_errf(err, errlen, "%s: Mamba layers need non-zero mamba_num_heads (a multiple of n_groups), "
+                        "mamba_head_dim, ssm_state_size and conv_kernel 1..16", path);
+                return TSR_E_INVAL;
+        }
+        if (tsr_nemotron_h_count(c, 'E') &&
+            (c->n_experts == 0 || c->top_k == 0 || c->moe_hidden == 0 || c->n_group == 0 ||
+             c->n_experts % c->n_group || c->n_experts / c->n_group < 2 || c->topk_group == 0 ||
+             c->topk_group > c->n_group || c->top_k > c->topk_group * (c->n_experts / c->n_group))) {
+                tsr_errf(err, errlen, "%s: MoE layers need n_routed_experts split into n_group groups of at "
+                        "least 2, 1 <= topk_group <= n_group, and num_experts_per_tok within the chosen groups",
+                        path);
+                return TSR_E_INVAL;
+        }
+        if (tsr_nemotron_h_count(c, '-') && c->mlp_hidden == 0) {
+                tsr_errf(err, errlen, "%s: field 'intermediate_size' must be non-zero for '-' layers", path);
+                return TSR_E_INVAL;
+        }
+        v = json_object_get(root, "moe_latent_size");
+        if (v && !json_is_null(v)) {
+                tsr_errf(err, errlen, "%s: field 'moe_latent_size' is set: latent MoE projections are not "
+                        "supported", path);
+                return TSR_E_UNSUPPORTED;
+        }
+        return TSR_OK;
+}
+
+static tsr_status from_json(const char *path, json_t *root, tsr_nemotron_h_config *ret, char *err, size_t errlen) {
+        tsr_nemotron_h_config c = {0};
+        uint32_t n_shared, n_layers_field;
+        bool bias;
+        tsr_status st;
+
+        if ((st = read_pattern(path, root, &c, err, errlen)) != TSR_OK ||
+            (st = get_u32(path, root, "vocab_size", true, 0, &c.vocab_size, err, errlen)) ||
+            (st = get_u32(path, root, "hidden_size", true, 0, &c.dim, err, errlen)) ||
+            (st = get_u32(path, root, "num_hidden_layers", false, c.n_layers, &n_layers_field, err, errlen)) ||
+            (st = get_u32(path, root, "num_attention_heads", false, 0, &c.n_heads, err, errlen)) ||
+            (st = get_u32(path, root, "num_key_value_heads", false, c.n_heads, &c.n_kv_heads, err, errlen)) ||
+            (st = get_u32(path, root, "head_dim", false, c.n_heads ? c.dim / c.n_heads : 0, &c.head_dim, err,
+                          errlen)) ||
+            (st = get_u32(path, root, "mamba_num_heads", false, 0, &c.m_heads, err, errlen)) ||
+            (st = get_u32(path, root, "mamba_head_dim", false, 0, &c.m_head_dim, err, errlen)) ||
+            (st = get_u32(path, root, "ssm_state_size", false, 0, &c.ssm_state, err, errlen)) ||
+            (st = get_u32(path, root, "n_groups", false, 1, &c.n_groups, err, errlen)) ||
+            (st = get_u32(path, root, "conv_kernel", false, 4, &c.conv_kernel, err, errlen)) ||
+            (st = get_bool(path, root, "use_conv_bias", true, &c.conv_bias, err, errlen)) ||
+            (st = read_dt_limit(path, root, &c, err, errlen)) ||
+            (st = get_u32(path, root, "n_routed_experts", false, 0, &c.n_experts, err, errlen)) ||
+            (st = get_u32(path, root, "num_experts_per_tok", false, 0, &c.top_k, err, errlen)) ||
+            (st = get_u32(path, root, "moe_intermediate_size", false, 0, &c.moe_hidden, err, errlen)) ||
+            (st = get_u32(path, root, "moe_shared_expert_intermediate_size", false, 0, &c.shared_hidden, err,
+                          errlen)) ||
+            (st = get_u32(path, root, "n_shared_experts", false, 1, &n_shared, err, errlen)) ||
+            (st = get_u32(path, root, "n_group", false, 1, &c.n_group, err, errlen)) ||
+            (st = get_u32(path, root, "topk_group", false, 1, &c.topk_group, err, errlen)) ||
+            (st = get_bool(path, root, "norm_topk_prob", true, &c.norm_topk_prob, err, errlen)) ||
+            (st = get_f32(path, root, "routed_scaling_factor", 1.0, &c.routed_scale, err, errlen)) ||
+            (st = get_u32(path, root, "intermediate_size", false, 0, &c.mlp_hidden, err, errlen)) ||
+            (st = get_f32(path, root, "layer_norm_epsilon", 1e-5, &c.eps, err, errlen)) ||
+            (st = get_bool(path, root, "tie_word_embeddings", false, &c.tied_embeddings, err, errlen)))
+                return st;
+        if (n_layers_field != c.n_layers) {
+                tsr_errf(err, errlen, "%s: num_hidden_layers %" PRIu32 " but the layer pattern has %" PRIu32, path,
+                        n_layers_field, c.n_layers);
+                return TSR_E_INVAL;
+        }
+        if (!(c.eps > 0)) {
+                tsr_errf(err, errlen, "%s: field 'layer_norm_epsilon' must be positive", path);
+                return TSR_E_INVAL;
+        }
+        if (tsr_nemotron_h_count(&c, 'E') && n_shared != 1) {
+                tsr_errf(err, errlen, "%s: n_shared_experts %" PRIu32 ": only 1 is supported", path, n_shared);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (tsr_nemotron_h_count(&c, 'E') && c.shared_hidden == 0)
+                c.shared_hidden = c.moe_hidden;
+        static const char *const no_bias[] = {"attention_bias", "mlp_bias", "use_bias", "mamba_proj_bias"};
+        for (size_t i = 0; i < sizeof no_bias / sizeof no_bias[0]; i++) {
+                if ((st = get_bool(path, root, no_bias[i], false, &bias, err, errlen)) != TSR_OK)
+                        return st;
+                if (bias) {
+                        tsr_errf(err, errlen, "%s: field '%s' is true: biases are not supported", path, no_bias[i]);
+                        return TSR_E_UNSUPPORTED;
+                }
+        }
+        if ((st = want_str(path, root, "mamba_hidden_act", "silu", err, errlen)) ||
+            (st = want_str(path, root, "mlp_hidden_act", "relu2", err, errlen)) ||
+            (st = check_sizes(path, root, &c, err, errlen)))
+                return st;
+        *ret = c;
+        return TSR_OK;
+}
+
+/* Python's json module writes float('inf') as a bare Infinity, which is not JSON (Mamba
+ * configs carry it in time_step_limit): outside strings, each becomes `null` padded to
+ * the same length, which the fields that may be infinite read as infinity. */
+static void relax_infinity(char *buf, size_t n) {
+        static const char word[] = "Infinity";
+        bool in_str = false;
+
+        for (size_t i = 0; i < n; i++) {
+                if (in_str) {
+                        if (buf[i] == '\\')
+                                i++;
+                        else if (buf[i] == '"')
+                                in_str = false;
+                } else if (buf[i] == '"') {
+                        in_str = true;
+                } else if (n - i >= sizeof word - 1 && memcmp(buf + i, word, sizeof word - 1) == 0) {
+                        memcpy(buf + i, "null    ", sizeof word - 1);
+                        i += sizeof word - 2;
+                }
+        }
+}
+
+tsr_status tsr_nemotron_h_config_from_hf(const char *dir, tsr_nemotron_h_config *ret, char *err, size_t errlen) {
+        char path[4096], *buf;
+        struct stat sb;
+        json_error_t je;
+        json_t *root;
+        tsr_status st;
+        size_t got;
+        FILE *f;
+
+        if (!dir || !ret)
+                return TSR_E_INVAL;
+        if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path) {
+                tsr_errf(err, errlen, "%s: path too long", dir);
+                return TSR_E_INVAL;
+        }
+        if (stat(path, &sb) != 0) {
+                tsr_errf(err, errlen, "%s: not found", path);
+                return TSR_E_NOTFOUND;
+        }
+        if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CONFIG_MAX_BYTES) {
+                tsr_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, CONFIG_MAX_BYTES);
+                return TSR_E_IO;
+        }
+        if (!(f = fopen(path, "rb")) || !(buf = malloc((size_t)sb.st_size + 1))) {
+                tsr_errf(err, errlen, "%s: cannot read it", path);
+                if (f)
+                        fclose(f);
+                return TSR_E_IO;
+        }
+        got = fread(buf, 1, (size_t)sb.st_size, f);
+        fclose(f);
+        relax_infinity(buf, got);
+        root = json_loadb(buf, got, JSON_REJECT_DUPLICATES, &je);
+        free(buf);
+        if (!root) {
+                tsr_errf(err, errlen, "%s:%d: %s", path, je.line, je.text);
+                return TSR_E_INVAL;
+        }
+        if (!json_is_object(root)) {
+                tsr_errf(err, errlen, "%s: not a JSON object", path);
+                st = TSR_E_INVAL;
+        } else {
+                st = from_json(path, root, ret, err, errlen);
+        }
+        json_decref(root);
+        return st;
+}
+
+uint32_t tsr_nemotron_h_count(const tsr_nemotron_h_config *c, char kind) {
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < c->n_layers; i++)
+                n += c->pattern[i] == kind;
+        return n;
+}

@@ -1,0 +1,141 @@
+/* nemotron_h_family.c - NemotronH (transformers' NemotronHForCausalLM, model_type
+ * nemotron_h: Nemotron-H, Nemotron Nano 2, Nemotron-3-Nano) as a model family: the
+ * config reader of nemotron_h_config.c, the forward and state of nemotron_h.c.
+ *
+ * HF safetensors folders only, float32 on the CPU.  llama.cpp names this architecture
+ * "nemotron_h" in GGUF (and "nemotron_h_moe" for the MoE variant); we list both so a
+ * GGUF of it is refused with a clear error rather than served as metadata only. */
+#include "worker/model/family.h"
+
+#include <stdlib.h>
+
+#include "worker/model/nemotron_h.h"
+
+static const char *const hf_archs[] = {"NemotronHForCausalLM", NULL};
+static const char *const hf_types[] = {"nemotron_h", NULL};
+static const char *const gguf_archs[] = {"nemotron_h", "nemotron_h_moe", NULL};
+
+static const tsr_nemotron_h_config *cfg_of(const tsr_model_desc *d) { return d->config; }
+
+static tsr_status nh_read_config(const char *path, bool gguf, tsr_model_desc *ret, char *err, size_t errlen) {
+        tsr_nemotron_h_config *c;
+        tsr_status st;
+
+        if (gguf) {
+                tsr_errf(err, errlen, "%s: NemotronH from GGUF is not supported (serve its Hugging Face "
+                        "safetensors folder)", path);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (!(c = calloc(1, sizeof *c))) {
+                tsr_errf(err, errlen, "%s: out of memory", path);
+                return TSR_E_NOMEM;
+        }
+        ret->config = c;
+        st = tsr_nemotron_h_config_from_hf(path, c, err, errlen);
+        ret->vocab_size = c->vocab_size;
+        ret->n_layers = c->n_layers;
+        return st;
+}
+
+/* TP and PP are not built: only the whole model (the loader refuses anything else). */
+static size_t nh_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max) {
+        if (shard->first_layer != 0 || shard->last_layer + 1 != d->n_layers || shard->tp_size > 1)
+                return 0;
+        return tsr_nemotron_h_kv_groups(cfg_of(d), out, max);
+}
+
+/* Layer ranges as the Llama family splits them (a function of the layer count only). */
+static tsr_status nh_shard_for(const tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
+                               uint32_t pp_size, tsr_shard_spec *ret) {
+        return tsr_family_llama.shard_for(d, tp_rank, tp_size, pp_rank, pp_size, ret);
+}
+
+static tsr_status nh_load(const char *path, const tsr_model_desc *d, const tsr_shard_spec *shard,
+                          const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud, void **ret,
+                          tsr_load_stats *stats, char *err, size_t errlen) {
+        tsr_nemotron_h *m = NULL;
+        tsr_status st;
+
+        (void)opts;     /* safetensors only: nothing is kept in a block format */
+        if ((st = tsr_nemotron_h_load(path, cfg_of(d), shard, progress, ud, &m, stats, err, errlen)) == TSR_OK)
+                *ret = m;
+        return st;
+}
+
+static void nh_free(void **model) {
+        tsr_nemotron_h *m = *model;
+        tsr_nemotron_h_free(&m);
+        *model = NULL;
+}
+
+/* bfloat16 weights are not built for this family: the runner keeps float32 under
+ * --dtype auto and refuses an explicit --dtype bfloat16. */
+static tsr_status nh_use_bf16(void *model) {
+        (void)model;
+        return TSR_E_UNSUPPORTED;
+}
+static bool nh_is_bf16(const void *model) {
+        (void)model;
+        return false;
+}
+static tsr_status nh_check_backend(const void *model, const tsr_backend *be) {
+        return tsr_nemotron_h_check_backend(model, be);
+}
+
+static tsr_status nh_kv_bind(const void *model, tsr_kv_pool *pool, void **ret) {
+        tsr_nemotron_h_cache *c = NULL;
+        tsr_status st = tsr_nemotron_h_cache_bind(model, pool, &c);
+        if (st == TSR_OK)
+                *ret = c;
+        return st;
+}
+
+static void nh_kv_unbind(void **view) {
+        tsr_nemotron_h_cache *c = *view;
+        tsr_nemotron_h_cache_free(&c);
+        *view = NULL;
+}
+
+static tsr_status nh_forward_batch(const void *model, tsr_backend *be, void *pool, const void *seqs, size_t n_seqs,
+                                   float *logits) {
+        return tsr_nemotron_h_forward_batch(model, be, pool, seqs, n_seqs, logits);
+}
+
+static void nh_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
+                        size_t past_len, bool want_logits, bool want_all_logits) {
+        *(tsr_nemotron_h_seq *)seq = (tsr_nemotron_h_seq){
+                .block_table = block_table,
+                .n_table = n_table,
+                .tokens = tokens,
+                .n = n,
+                .past_len = past_len,
+                .which = want_all_logits ? TSR_LLAMA_LOGITS_ALL
+                         : want_logits   ? TSR_LLAMA_LOGITS_LAST
+                                         : TSR_LLAMA_LOGITS_NONE,
+        };
+}
+
+static void nh_seq_set_state_slot(void *seq, uint32_t slot) { ((tsr_nemotron_h_seq *)seq)->slot = slot; }
+
+const tsr_model_family tsr_family_nemotron_h = {
+        .name = "nemotron_h",
+        .hf_architectures = hf_archs,
+        .hf_model_types = hf_types,
+        .gguf_architectures = gguf_archs,
+        .read_config = nh_read_config,
+        .tensors = tsr_nemotron_h_tensors,
+        .n_tensors = TSR_NEMOTRON_H_N_TENSORS,
+        .kv_groups = nh_kv_groups,
+        .shard_for = nh_shard_for,
+        .load = nh_load,
+        .free = nh_free,
+        .use_bf16 = nh_use_bf16,
+        .is_bf16 = nh_is_bf16,
+        .check_backend = nh_check_backend,
+        .kv_bind = nh_kv_bind,
+        .kv_unbind = nh_kv_unbind,
+        .forward_batch = nh_forward_batch,
+        .seq_size = sizeof(tsr_nemotron_h_seq),
+        .seq_fill = nh_seq_fill,
+        .seq_set_state_slot = nh_seq_set_state_slot,
+};
