@@ -532,12 +532,29 @@ static tsr_status zmq_all_reduce(tsr_comm *c, float *buf, size_t count, void *st
         for (int q = 0; q < n; q++)
                 want[q] = (hi[me] - lo[me]) * sizeof(float);
         st = recv_from_all(z, OP_ALL_REDUCE, t1, count, want, msgs, deadline);
+        float *aligned = NULL;
         if (st == TSR_OK) {
+                /* ZeroMQ gives no alignment for a payload (it may sit at any offset of its
+                 * receive buffer): a misaligned one is copied into a float array first. */
                 const float *parts[TSR_COMM_MAX_RANKS];
-                for (int q = 0; q < n; q++)
-                        parts[q] = q == me ? buf + lo[me] : (const float *)msg_payload(msgs[q]);
-                tsr_comm_tree_sum(parts, n, buf + lo[me], hi[me] - lo[me]);
+                size_t len = hi[me] - lo[me];
+                for (int q = 0; q < n && st == TSR_OK; q++) {
+                        const void *p = q == me ? (const void *)(buf + lo[me]) : msg_payload(msgs[q]);
+                        if ((uintptr_t)p % _Alignof(float) == 0) {
+                                parts[q] = p;
+                                continue;
+                        }
+                        if (!aligned && !(aligned = malloc((size_t)n * len * sizeof(float))))
+                                st = fail(z, TSR_E_NOMEM);        /* the peers wait for phase 2 */
+                        else {
+                                memcpy(aligned + (size_t)q * len, p, len * sizeof(float));
+                                parts[q] = aligned + (size_t)q * len;
+                        }
+                }
+                if (st == TSR_OK)
+                        tsr_comm_tree_sum(parts, n, buf + lo[me], len);
         }
+        free(aligned);
         free_all(msgs, n);
         if (st != TSR_OK)
                 return st;
