@@ -43,8 +43,12 @@ static const size_t AR_COUNTS[] = {0, 1, 3, 7, 64, 1000, 4097, 65539};
 #define MM_COUNT 10              /* mismatch: rank 0 passes MM_COUNT + 1 */
 #define AFTER_COUNT 5
 
-enum { ST_AR0 = 0, ST_AG = N_AR, ST_BC, ST_SEND, ST_RECV, ST_GROUP, ST_MISMATCH, ST_AFTER, ST_BARRIER,
-       ST_COLL_IN_GROUP, ST_GROUP_END, ST_N };
+/* Messages each way, before any is received: more than ZeroMQ's two high-water marks and
+ * the loopback socket buffers hold. */
+#define FLOOD 1000
+#define FLOOD_BYTES 16384
+enum { ST_AR0 = 0, ST_AG = N_AR, ST_BC, ST_SEND, ST_RECV, ST_GROUP, ST_MISMATCH, ST_AG_MISMATCH, ST_FLOOD,
+       ST_AFTER, ST_BARRIER, ST_COLL_IN_GROUP, ST_GROUP_END, ST_N };
 
 typedef struct rank_result {
         int ran;
@@ -55,6 +59,8 @@ typedef struct rank_result {
         unsigned char p2p[3][P2P_BYTES];
         unsigned char grp[P2P_BYTES];
         float mm[MM_COUNT + 1 + 4];       /* + canary */
+        unsigned char ag_mm[MAX_N * (AG_BYTES + 1)];
+        int flood_bad;                    /* messages out of FIFO order or with wrong bytes */
         float after[AFTER_COUNT];
 } rank_result;
 
@@ -152,6 +158,25 @@ static void workload(tsr_comm *c, rank_result *r) {
                 for (int i = 0; i < MM_COUNT + 1 + 4; i++)
                         r->mm[i] = (float)(me + 1);
                 r->st[ST_MISMATCH] = tsr_comm_all_reduce_sum(c, r->mm, MM_COUNT + (me == 0), NULL);
+                unsigned char ag_in[AG_BYTES + 1];
+                pattern(ag_in, sizeof(ag_in), me, 3);
+                memset(r->ag_mm, 0xA5, sizeof(r->ag_mm));
+                r->st[ST_AG_MISMATCH] = tsr_comm_all_gather(c, ag_in, r->ag_mm, AG_BYTES + (me == 0), NULL);
+
+                /* Every rank sends FLOOD messages (one tag, so FIFO) before receiving any:
+                 * a sender that finds its queue full must keep draining its own inbox. */
+                static _Thread_local uint64_t msg[FLOOD_BYTES / 8];
+                st = TSR_OK;
+                for (uint64_t i = 0; i < FLOOD && st == TSR_OK; i++) {
+                        msg[0] = msg[FLOOD_BYTES / 8 - 1] = (uint64_t)me << 32 | i;
+                        st = tsr_comm_send(c, msg, sizeof(msg), next, 50, NULL);
+                }
+                for (uint64_t i = 0; i < FLOOD && st == TSR_OK; i++) {
+                        uint64_t want = (uint64_t)prev << 32 | i;
+                        st = tsr_comm_recv(c, msg, sizeof(msg), prev, 50, NULL);
+                        r->flood_bad += msg[0] != want || msg[FLOOD_BYTES / 8 - 1] != want;
+                }
+                r->st[ST_FLOOD] = st;
         }
         fill(r->after, AFTER_COUNT, me, 99);
         r->st[ST_AFTER] = tsr_comm_all_reduce_sum(c, r->after, AFTER_COUNT, NULL);
@@ -178,6 +203,11 @@ static void check_results(const rank_result *res, int n) {
                         assert_int_equal(r->st[ST_RECV], TSR_OK);
                         assert_int_equal(r->st[ST_GROUP], TSR_OK);
                         assert_int_equal(r->st[ST_MISMATCH], TSR_E_INVAL);
+                        assert_int_equal(r->st[ST_AG_MISMATCH], TSR_E_INVAL);
+                        assert_int_equal(r->st[ST_FLOOD], TSR_OK);
+                        assert_int_equal(r->flood_bad, 0);
+                        for (size_t i = 0; i < sizeof(r->ag_mm); i++)   /* refused: nothing written */
+                                assert_int_equal(r->ag_mm[i], 0xA5);
                 }
                 assert_int_equal(r->st[ST_AFTER], TSR_OK);
                 assert_int_equal(r->st[ST_BARRIER], TSR_OK);
