@@ -173,26 +173,25 @@ static tsr_status group_add(tsr_comm *c, bool is_send, void *buf, size_t bytes, 
         return TSR_OK;
 }
 
-tsr_status tsr_comm_send(tsr_comm *c, const void *buf, size_t bytes, int peer, uint64_t tag, void *stream) {
+/* send and recv: the same checks, then recorded (inside a CPU group) or run. */
+static tsr_status p2p(tsr_comm *c, bool is_send, void *buf, size_t bytes, int peer, uint64_t tag, void *stream) {
         tsr_status st = enter(c, false);
         if (st != TSR_OK)
                 return st;
         if ((st = p2p_check(c, buf, bytes, peer, tag)) != TSR_OK)
                 return st;
         if (c->group_depth > 0 && !c->ops->group_begin)
-                return group_add(c, true, (void *)buf, bytes, peer, tag, stream);
-        return c->ops->send(c, buf, bytes, peer, tag, stream, deadline_of(c));
+                return group_add(c, is_send, buf, bytes, peer, tag, stream);
+        return is_send ? c->ops->send(c, buf, bytes, peer, tag, stream, deadline_of(c))
+                       : c->ops->recv(c, buf, bytes, peer, tag, stream, deadline_of(c));
+}
+
+tsr_status tsr_comm_send(tsr_comm *c, const void *buf, size_t bytes, int peer, uint64_t tag, void *stream) {
+        return p2p(c, true, (void *)buf, bytes, peer, tag, stream);
 }
 
 tsr_status tsr_comm_recv(tsr_comm *c, void *buf, size_t bytes, int peer, uint64_t tag, void *stream) {
-        tsr_status st = enter(c, false);
-        if (st != TSR_OK)
-                return st;
-        if ((st = p2p_check(c, buf, bytes, peer, tag)) != TSR_OK)
-                return st;
-        if (c->group_depth > 0 && !c->ops->group_begin)
-                return group_add(c, false, buf, bytes, peer, tag, stream);
-        return c->ops->recv(c, buf, bytes, peer, tag, stream, deadline_of(c));
+        return p2p(c, false, buf, bytes, peer, tag, stream);
 }
 
 tsr_status tsr_comm_group_begin(tsr_comm *c) {

@@ -80,48 +80,37 @@ static tsr_status enter(nccl_comm *n) {
 }
 
 static cudaStream_t stream_of(void *stream) { return (cudaStream_t)stream; }
+static nccl_comm *nc(tsr_comm *c) { return (nccl_comm *)c; }
 
+/* The ops go straight to NCCL: comm.c has refused a failed or aborted comm already
+ * (tsr_comm_abort sets the sticky status before the flag), and an abort that lands
+ * during the call is seen by settle. */
 static tsr_status nccl_all_reduce(tsr_comm *c, float *buf, size_t count, void *stream, uint64_t deadline) {
-        nccl_comm *n = (nccl_comm *)c;
-        tsr_status st = enter(n);
-        if (st != TSR_OK)
-                return st;
-        return settle(n, ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, n->comm, stream_of(stream)), deadline);
+        ncclResult_t r = ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, nc(c)->comm, stream_of(stream));
+        return settle(nc(c), r, deadline);
 }
 
 static tsr_status nccl_all_gather(tsr_comm *c, const void *in, void *out, size_t bytes, void *stream,
                                   uint64_t deadline) {
-        nccl_comm *n = (nccl_comm *)c;
-        tsr_status st = enter(n);
-        if (st != TSR_OK)
-                return st;
-        return settle(n, ncclAllGather(in, out, bytes, ncclUint8, n->comm, stream_of(stream)), deadline);
+        ncclResult_t r = ncclAllGather(in, out, bytes, ncclUint8, nc(c)->comm, stream_of(stream));
+        return settle(nc(c), r, deadline);
 }
 
 static tsr_status nccl_broadcast(tsr_comm *c, void *buf, size_t bytes, int root, void *stream, uint64_t deadline) {
-        nccl_comm *n = (nccl_comm *)c;
-        tsr_status st = enter(n);
-        if (st != TSR_OK)
-                return st;
-        return settle(n, ncclBroadcast(buf, buf, bytes, ncclUint8, root, n->comm, stream_of(stream)), deadline);
+        ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, nc(c)->comm, stream_of(stream));
+        return settle(nc(c), r, deadline);
 }
 
 static tsr_status nccl_send(tsr_comm *c, const void *buf, size_t bytes, int peer, uint64_t tag, void *stream,
                             uint64_t deadline) {
-        nccl_comm *n = (nccl_comm *)c;
-        tsr_status st = enter(n);
-        if (st != TSR_OK)
-                return st;
-        return settle(n, ncclSend(buf, bytes, ncclUint8, peer, n->comm, stream_of(stream)), deadline);
+        ncclResult_t r = ncclSend(buf, bytes, ncclUint8, peer, nc(c)->comm, stream_of(stream));
+        return settle(nc(c), r, deadline);
 }
 
 static tsr_status nccl_recv(tsr_comm *c, void *buf, size_t bytes, int peer, uint64_t tag, void *stream,
                             uint64_t deadline) {
-        nccl_comm *n = (nccl_comm *)c;
-        tsr_status st = enter(n);
-        if (st != TSR_OK)
-                return st;
-        return settle(n, ncclRecv(buf, bytes, ncclUint8, peer, n->comm, stream_of(stream)), deadline);
+        ncclResult_t r = ncclRecv(buf, bytes, ncclUint8, peer, nc(c)->comm, stream_of(stream));
+        return settle(nc(c), r, deadline);
 }
 
 static tsr_status nccl_group_begin(tsr_comm *c) {
