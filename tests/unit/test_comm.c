@@ -865,6 +865,44 @@ static void test_zmq_abort_reaches_peers(void **state) {
         munmap(res, MAX_N * sizeof(rank_result));
 }
 
+/* Rank 2 is alive and in the group but never joins the all_reduce (it waits, longer, in a
+ * recv nobody answers): ranks 0 and 1 time out at their deadline. */
+static void late_fn(tsr_comm *c, void *arg, rank_result *r, int up_fd, const char *const *eps) {
+        float x[32] = {0};
+        unsigned char b[4];
+        r->ran = 1;
+        uint64_t t0 = tsr_now_ns();
+        if (tsr_comm_rank(c) == 2) {
+                tsr_comm_set_timeout(c, 3000);
+                r->st[0] = tsr_comm_recv(c, b, sizeof(b), 0, 77, NULL);
+        } else {
+                tsr_comm_set_timeout(c, 500);           /* joining had 10 s; this wait has 0.5 */
+                r->st[0] = tsr_comm_all_reduce_sum(c, x, 32, NULL);
+        }
+        r->st[1] = (int)((tsr_now_ns() - t0) / 1000000);
+        r->st[2] = tsr_comm_poll_error(c);
+}
+
+static void test_zmq_missing_rank_times_out(void **state) {
+        rank_result *res = shared_results();
+        procs p;
+        int codes[MAX_N];
+        memset(res, 0, MAX_N * sizeof(*res));
+        spawn(&p, 3, 10000, NULL, late_fn, NULL, res);
+        reap(&p, 20000, codes);
+        for (int q = 0; q < 3; q++)
+                assert_int_equal(codes[q], 0);
+        for (int q = 0; q < 2; q++) {
+                assert_int_equal(res[q].st[0], TSR_E_TIMEOUT);
+                assert_true(res[q].st[1] >= 450);
+                assert_true(res[q].st[1] < 500 + 5000);
+                assert_int_equal(res[q].st[2], TSR_E_TIMEOUT);
+        }
+        /* Rank 2: its own recv ends in an error too (the others' exit, or its deadline). */
+        assert_int_not_equal(res[2].st[0], TSR_OK);
+        munmap(res, MAX_N * sizeof(rank_result));
+}
+
 /* A peer of another epoch (a stale incarnation) is never taken for a member. */
 static void test_zmq_other_epoch_refused(void **state) {
         rank_result *res = shared_results();
@@ -872,7 +910,7 @@ static void test_zmq_other_epoch_refused(void **state) {
         int codes[MAX_N];
         const uint64_t epochs[2] = {5, 6};
         memset(res, 0, MAX_N * sizeof(*res));
-        spawn(&p, 2, 700, epochs, NULL, NULL, res);
+        spawn(&p, 2, 1500, epochs, NULL, NULL, res);
         reap(&p, 20000, codes);
         for (int q = 0; q < 2; q++) {
                 assert_int_equal(codes[q], 0);
@@ -971,6 +1009,7 @@ int main(void) {
                 cmocka_unit_test(test_zmq_garbage_frames_dropped),
                 cmocka_unit_test(test_zmq_kill9_peer_is_an_error),
                 cmocka_unit_test(test_zmq_abort_reaches_peers),
+                cmocka_unit_test(test_zmq_missing_rank_times_out),
                 cmocka_unit_test(test_zmq_other_epoch_refused),
                 cmocka_unit_test(test_zmq_bad_desc),
                 cmocka_unit_test(test_nccl_unique_id),
