@@ -136,11 +136,15 @@ tsr_status tsr_comm_barrier(tsr_comm *c);
 /* NCCL: wait, bounded, until `stream` has run every enqueued op (polling the comm's async
  * error); CPU backends: ops are complete on return, so this is tsr_comm_poll_error. */
 tsr_status tsr_comm_sync(tsr_comm *c, void *stream);
-/* The sticky error, or TSR_OK.  NCCL: also ncclCommGetAsyncError.  Any thread. */
+/* The sticky error, or TSR_OK.  Any thread.  Errors a backend finds only while it polls
+ * (zmq: a lost peer; nccl: ncclCommGetAsyncError) become sticky inside the rank thread's
+ * calls, so another thread sees them once the rank thread has made one. */
 tsr_status tsr_comm_poll_error(tsr_comm *c);
 /* Fail the group: every wait of this rank (local: of every rank of the group) returns
  * TSR_E_CANCELLED promptly, and so does every later call; zmq tells the peers too (their
- * waits fail with TSR_E_CANCELLED), nccl calls ncclCommAbort.  Any thread; idempotent. */
+ * waits fail with TSR_E_CANCELLED); nccl: the rank thread calls ncclCommAbort in its
+ * current wait, its next call or tsr_comm_free (ncclCommAbort frees the communicator, so
+ * no other thread may call it).  Any thread; idempotent. */
 void tsr_comm_abort(tsr_comm *c);
 
 /* The reference reduction: out[e] = balanced pairwise tree over parts[0..n)[e] in index
