@@ -142,9 +142,9 @@ tsr_status tsr_comm_sync(tsr_comm *c, void *stream);
 tsr_status tsr_comm_poll_error(tsr_comm *c);
 /* Fail the group: every wait of this rank (local: of every rank of the group) returns
  * TSR_E_CANCELLED promptly, and so does every later call; zmq tells the peers too (their
- * waits fail with TSR_E_CANCELLED); nccl: the rank thread calls ncclCommAbort in its
- * current wait, its next call or tsr_comm_free (ncclCommAbort frees the communicator, so
- * no other thread may call it).  Any thread; idempotent. */
+ * waits fail with TSR_E_CANCELLED); nccl: the rank thread calls ncclCommAbort in the wait
+ * it is in, else in tsr_comm_free (ncclCommAbort frees the communicator, so no other
+ * thread may call it).  Any thread; idempotent. */
 void tsr_comm_abort(tsr_comm *c);
 
 /* The reference reduction: out[e] = balanced pairwise tree over parts[0..n)[e] in index
