@@ -597,6 +597,9 @@ static bool read_full(int fd, void *p, size_t n) {
         return true;
 }
 
+/* zmq_max_buffered of the next spawn's ranks (0: the default); read by the children. */
+static size_t spawn_max_buffered;
+
 /* In a forked child: cmocka's handlers would turn a crash into a second test run in the
  * child; die of the signal instead, so the parent sees it. */
 static void child_signals(void) {
@@ -623,7 +626,8 @@ static void child_main(int rank, int n, uint32_t timeout_ms, uint64_t epoch, chi
                 ep_ptrs[q] = eps[q];
         tsr_comm *c = NULL;
         tsr_comm_desc d = {.backend = TSR_COMM_BACKEND_ZMQ, .rank = rank, .size = n, .timeout_ms = timeout_ms,
-                           .epoch = epoch, .zmq_listener = &l, .endpoints = ep_ptrs};
+                           .epoch = epoch, .zmq_listener = &l, .endpoints = ep_ptrs,
+                           .zmq_max_buffered = spawn_max_buffered};
         int st = tsr_comm_new(&d, &c, err, sizeof(err));
         if (l)
                 _exit(12);                                   /* must have been taken */
@@ -903,6 +907,42 @@ static void test_zmq_missing_rank_times_out(void **state) {
         munmap(res, MAX_N * sizeof(rank_result));
 }
 
+/* The cap on bytes received ahead of their recv: rank 0 sends 64 KiB that rank 1 never
+ * asks for (its cap: 16 KiB): TSR_E_LIMIT, not growth.  A message over the cap is refused
+ * at the sender. */
+static void flood_fn(tsr_comm *c, void *arg, rank_result *r, int up_fd, const char *const *eps) {
+        static unsigned char big[32768];
+        unsigned char b[4];
+        r->ran = 1;
+        if (tsr_comm_rank(c) == 0) {
+                r->st[1] = tsr_comm_send(c, big, sizeof(big), 1, 1, NULL);       /* over the cap */
+                r->st[0] = TSR_OK;
+                for (int i = 0; i < 16 && r->st[0] == TSR_OK; i++)
+                        r->st[0] = tsr_comm_send(c, big, 4096, 1, 1, NULL);
+                r->st[2] = tsr_comm_recv(c, b, sizeof(b), 1, 2, NULL);        /* waits for the end */
+        } else {
+                r->st[0] = tsr_comm_recv(c, b, sizeof(b), 0, 2, NULL);
+        }
+}
+
+static void test_zmq_buffered_bytes_capped(void **state) {
+        rank_result *res = shared_results();
+        procs p;
+        int codes[MAX_N];
+        memset(res, 0, MAX_N * sizeof(*res));
+        spawn_max_buffered = 16384;
+        spawn(&p, 2, 3000, NULL, flood_fn, NULL, res);
+        spawn_max_buffered = 0;
+        reap(&p, 20000, codes);
+        for (int q = 0; q < 2; q++)
+                assert_int_equal(codes[q], 0);
+        assert_int_equal(res[0].st[1], TSR_E_INVAL);
+        assert_int_equal(res[0].st[0], TSR_OK);
+        assert_int_equal(res[1].st[0], TSR_E_LIMIT);
+        assert_int_not_equal(res[0].st[2], TSR_OK);     /* rank 1 failed: closed or timed out */
+        munmap(res, MAX_N * sizeof(rank_result));
+}
+
 /* A peer of another epoch (a stale incarnation) is never taken for a member. */
 static void test_zmq_other_epoch_refused(void **state) {
         rank_result *res = shared_results();
@@ -1010,6 +1050,7 @@ int main(void) {
                 cmocka_unit_test(test_zmq_kill9_peer_is_an_error),
                 cmocka_unit_test(test_zmq_abort_reaches_peers),
                 cmocka_unit_test(test_zmq_missing_rank_times_out),
+                cmocka_unit_test(test_zmq_buffered_bytes_capped),
                 cmocka_unit_test(test_zmq_other_epoch_refused),
                 cmocka_unit_test(test_zmq_bad_desc),
                 cmocka_unit_test(test_nccl_unique_id),

@@ -112,7 +112,8 @@ typedef struct zmq_comm {
         uint64_t lost_at[TSR_COMM_MAX_RANKS];    /* when its DEALER disconnected, 0: never */
         uint64_t epoch;
         uint64_t coll_seq;
-        inbox_msg *inbox;
+        inbox_msg *inbox;                /* oldest first */
+        inbox_msg **inbox_tail;          /* the last next pointer (&inbox when empty) */
         size_t inbox_bytes, max_buffered;
         bool warned_garbage;
         char refused[160];               /* why the last hello was refused (init errors) */
@@ -303,10 +304,8 @@ static bool read_one(zmq_comm *z) {
         zmq_msg_init(&im->msg);
         zmq_msg_move(&im->msg, &m);
         zmq_msg_close(&m);
-        inbox_msg **tail = &z->inbox;
-        while (*tail)
-                tail = &(*tail)->next;
-        *tail = im;
+        *z->inbox_tail = im;
+        z->inbox_tail = &im->next;
         z->inbox_bytes += im->bytes;
         if (z->inbox_bytes > z->max_buffered)
                 fail(z, TSR_E_LIMIT);
@@ -375,7 +374,7 @@ static tsr_status progress(zmq_comm *z, uint64_t deadline, int out_peer) {
         for (int i = 2; i < n; i++)
                 if (i != out_item && (items[i].revents & ZMQ_POLLIN))
                         read_monitor(z, mon_of[i]);
-        while (read_one(z)) {
+        while (tsr_comm_failed(&z->base) == TSR_OK && read_one(z)) {
         }
         now = tsr_now_ns();
         for (int q = 0; q < z->base.size; q++)
@@ -426,6 +425,8 @@ static tsr_status wait_msg(zmq_comm *z, int src, uint64_t tag, uint64_t deadline
                         if ((*p)->src == src && (*p)->tag == tag) {
                                 inbox_msg *m = *p;
                                 *p = m->next;
+                                if (z->inbox_tail == &m->next)
+                                        z->inbox_tail = p;
                                 z->inbox_bytes -= m->bytes;
                                 *ret = m;
                                 return TSR_OK;
@@ -738,6 +739,7 @@ tsr_status tsr_comm_zmq_new(const tsr_comm_desc *d, tsr_comm **ret, char *err, s
         z->base.size = d->size;
         atomic_init(&z->base.failed, TSR_OK);
         atomic_init(&z->abort_req, 0);
+        z->inbox_tail = &z->inbox;
         z->ctx = l->ctx;
         z->router = l->router;
         free(l);                                           /* its ctx and socket are ours now */
