@@ -704,6 +704,18 @@ static void reap(procs *p, int ms, int *codes) {
         }
 }
 
+/* Fork n ranks running fn, wait for them (bounded), and require each to exit 0. */
+static void run_procs(int n, uint32_t timeout_ms, const uint64_t *epochs, child_fn fn, void *arg,
+                      rank_result *res) {
+        procs p;
+        int codes[MAX_N];
+        memset(res, 0, MAX_N * sizeof(*res));
+        spawn(&p, n, timeout_ms, epochs, fn, arg, res);
+        reap(&p, 30000, codes);
+        for (int q = 0; q < n; q++)
+                assert_int_equal(codes[q], 0);
+}
+
 static rank_result *shared_results(void) {
         void *m = mmap(NULL, MAX_N * sizeof(rank_result), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         assert_true(m != MAP_FAILED);
@@ -749,13 +761,7 @@ static void test_zmq_conformance_2_to_4(void **state) {
         rank_result *res = shared_results();
         rank_result *local = calloc(MAX_N, sizeof(*local));
         for (int n = 2; n <= 4; n++) {
-                procs p;
-                int codes[MAX_N];
-                memset(res, 0, MAX_N * sizeof(*res));
-                spawn(&p, n, 10000, NULL, zmq_workload_fn, NULL, res);
-                reap(&p, 30000, codes);
-                for (int q = 0; q < n; q++)
-                        assert_int_equal(codes[q], 0);
+                run_procs(n, 10000, NULL, zmq_workload_fn, NULL, res);
                 check_results(res, n);
                 /* The same workload on threads: the processes' bytes equal the threads'. */
                 memset(local, 0, MAX_N * sizeof(*local));
@@ -772,13 +778,7 @@ static void test_zmq_conformance_2_to_4(void **state) {
 
 static void test_zmq_garbage_frames_dropped(void **state) {
         rank_result *res = shared_results();
-        procs p;
-        int codes[MAX_N];
-        memset(res, 0, MAX_N * sizeof(*res));
-        spawn(&p, 2, 10000, NULL, zmq_workload_fn, (void *)1, res);
-        reap(&p, 30000, codes);
-        for (int q = 0; q < 2; q++)
-                assert_int_equal(codes[q], 0);
+        run_procs(2, 10000, NULL, zmq_workload_fn, (void *)1, res);
         check_results(res, 2);
         munmap(res, MAX_N * sizeof(rank_result));
 }
@@ -856,13 +856,8 @@ static void abort_fn(tsr_comm *c, void *arg, rank_result *r, int up_fd, const ch
 
 static void test_zmq_abort_reaches_peers(void **state) {
         rank_result *res = shared_results();
-        procs p;
-        int codes[MAX_N];
-        memset(res, 0, MAX_N * sizeof(*res));
-        spawn(&p, 2, 20000, NULL, abort_fn, NULL, res);
-        reap(&p, 30000, codes);
+        run_procs(2, 20000, NULL, abort_fn, NULL, res);
         for (int q = 0; q < 2; q++) {
-                assert_int_equal(codes[q], 0);
                 assert_int_equal(res[q].st[0], TSR_E_CANCELLED);
                 assert_true(res[q].st[1] < 10000);              /* woken, not the 20 s deadline */
         }
@@ -889,13 +884,7 @@ static void late_fn(tsr_comm *c, void *arg, rank_result *r, int up_fd, const cha
 
 static void test_zmq_missing_rank_times_out(void **state) {
         rank_result *res = shared_results();
-        procs p;
-        int codes[MAX_N];
-        memset(res, 0, MAX_N * sizeof(*res));
-        spawn(&p, 3, 10000, NULL, late_fn, NULL, res);
-        reap(&p, 20000, codes);
-        for (int q = 0; q < 3; q++)
-                assert_int_equal(codes[q], 0);
+        run_procs(3, 10000, NULL, late_fn, NULL, res);
         for (int q = 0; q < 2; q++) {
                 assert_int_equal(res[q].st[0], TSR_E_TIMEOUT);
                 assert_true(res[q].st[1] >= 450);
@@ -927,15 +916,9 @@ static void flood_fn(tsr_comm *c, void *arg, rank_result *r, int up_fd, const ch
 
 static void test_zmq_buffered_bytes_capped(void **state) {
         rank_result *res = shared_results();
-        procs p;
-        int codes[MAX_N];
-        memset(res, 0, MAX_N * sizeof(*res));
         spawn_max_buffered = 16384;
-        spawn(&p, 2, 3000, NULL, flood_fn, NULL, res);
+        run_procs(2, 3000, NULL, flood_fn, NULL, res);
         spawn_max_buffered = 0;
-        reap(&p, 20000, codes);
-        for (int q = 0; q < 2; q++)
-                assert_int_equal(codes[q], 0);
         assert_int_equal(res[0].st[1], TSR_E_INVAL);
         assert_int_equal(res[0].st[0], TSR_OK);
         assert_int_equal(res[1].st[0], TSR_E_LIMIT);
@@ -946,14 +929,9 @@ static void test_zmq_buffered_bytes_capped(void **state) {
 /* A peer of another epoch (a stale incarnation) is never taken for a member. */
 static void test_zmq_other_epoch_refused(void **state) {
         rank_result *res = shared_results();
-        procs p;
-        int codes[MAX_N];
         const uint64_t epochs[2] = {5, 6};
-        memset(res, 0, MAX_N * sizeof(*res));
-        spawn(&p, 2, 1500, epochs, NULL, NULL, res);
-        reap(&p, 20000, codes);
+        run_procs(2, 1500, epochs, NULL, NULL, res);
         for (int q = 0; q < 2; q++) {
-                assert_int_equal(codes[q], 0);
                 assert_int_equal(res[q].st[ST_N - 1], TSR_E_PROTO);
         }
         munmap(res, MAX_N * sizeof(rank_result));
