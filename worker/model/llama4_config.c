@@ -14,26 +14,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "worker/load/hf_config.h"
 #include "worker/model/llama4.h"
-
-#define CONFIG_MAX_BYTES (16u << 20)
-
-/* An integer field in [lo, hi]; absent or null: *ret = def. */
-static tsr_status get_u32(const char *path, json_t *o, const char *key, uint32_t def, uint32_t lo, uint32_t hi,
-                          uint32_t *ret, char *err, size_t errlen) {
-        json_t *v = json_object_get(o, key);
-        if (!v || json_is_null(v)) {
-                *ret = def;
-                return TSR_OK;
-        }
-        if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-                tsr_errf(err, errlen, "%s: field '%s': expected an integer in %" PRIu32 "..%" PRIu32, path, key, lo,
-                        hi);
-                return TSR_E_INVAL;
-        }
-        *ret = (uint32_t)json_integer_value(v);
-        return TSR_OK;
-}
 
 /* A positive finite number; absent or null: *ret = def. */
 static tsr_status get_pos(const char *path, json_t *o, const char *key, double def, float *ret, char *err,
@@ -110,8 +92,8 @@ static tsr_status layer_lists(const char *path, json_t *t, tsr_llama4_config *c,
         size_t i;
         tsr_status st;
 
-        if ((st = get_u32(path, t, "no_rope_layer_interval", 4, 1, UINT32_MAX, &interval, err, errlen)) != TSR_OK ||
-            (st = get_u32(path, t, "interleave_moe_layer_step", 1, 1, UINT32_MAX, &step, err, errlen)) != TSR_OK)
+        if ((st = tsr_hf_u32_in(path, t, "no_rope_layer_interval", 4, 1, UINT32_MAX, &interval, err, errlen)) != TSR_OK ||
+            (st = tsr_hf_u32_in(path, t, "interleave_moe_layer_step", 1, 1, UINT32_MAX, &step, err, errlen)) != TSR_OK)
                 return st;
         /* no_rope_layers: 1 = RoPE.  Absent, null or empty: every interval-th layer is NoPE. */
         if (nr && !json_is_null(nr) && !json_is_array(nr)) {
@@ -208,11 +190,11 @@ static tsr_status from_root(json_t *root, const char *path, tsr_llama4_config **
                 c->base.rms_eps = 1e-5f;        /* Llama4TextConfig's default (LlamaConfig's is 1e-6) */
         c->nested = nested;
         v = json_object_get(t, "attention_chunk_size");
-        if ((st = get_u32(path, t, "intermediate_size_mlp", 16384, 1, UINT32_MAX, &c->mlp_dim, err, errlen)) != TSR_OK ||
-            (st = get_u32(path, t, "num_local_experts", 16, 1, 1u << 16, &c->n_experts, err, errlen)) != TSR_OK ||
-            (st = get_u32(path, t, "num_experts_per_tok", 1, 1, c->n_experts, &c->top_k, err, errlen)) != TSR_OK ||
+        if ((st = tsr_hf_u32_in(path, t, "intermediate_size_mlp", 16384, 1, UINT32_MAX, &c->mlp_dim, err, errlen)) != TSR_OK ||
+            (st = tsr_hf_u32_in(path, t, "num_local_experts", 16, 1, 1u << 16, &c->n_experts, err, errlen)) != TSR_OK ||
+            (st = tsr_hf_u32_in(path, t, "num_experts_per_tok", 1, 1, c->n_experts, &c->top_k, err, errlen)) != TSR_OK ||
             /* absent: transformers' 8192; null: no chunked layers */
-            (st = get_u32(path, t, "attention_chunk_size", v ? 0 : 8192, 1, UINT32_MAX, &c->chunk, err, errlen)) !=
+            (st = tsr_hf_u32_in(path, t, "attention_chunk_size", v ? 0 : 8192, 1, UINT32_MAX, &c->chunk, err, errlen)) !=
                     TSR_OK ||
             (st = get_truth(path, t, "use_qk_norm", true, &c->qk_norm, err, errlen)) != TSR_OK ||
             (st = get_truth(path, t, "attn_temperature_tuning", true, &c->temp_tuning, err, errlen)) != TSR_OK ||
@@ -246,31 +228,15 @@ tsr_status tsr_llama4_config_from_hf_json(const char *json, size_t len, const ch
 }
 
 tsr_status tsr_llama4_config_from_hf(const char *dir, tsr_llama4_config **ret, char *err, size_t errlen) {
-        char path[4096];
-        struct stat sb;
-        json_error_t je;
-        json_t *root;
+        char path[4096], *buf = NULL;
+        size_t len = 0;
         tsr_status st;
 
         if (!dir || !ret)
                 return TSR_E_INVAL;
-        if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path) {
-                tsr_errf(err, errlen, "%s: path too long", dir);
-                return TSR_E_INVAL;
-        }
-        if (stat(path, &sb) != 0) {
-                tsr_errf(err, errlen, "%s: %s", path, strerror(errno));
-                return errno == ENOENT ? TSR_E_NOTFOUND : TSR_E_IO;
-        }
-        if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CONFIG_MAX_BYTES) {
-                tsr_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, CONFIG_MAX_BYTES);
-                return TSR_E_IO;
-        }
-        if (!(root = json_load_file(path, JSON_REJECT_DUPLICATES, &je))) {
-                tsr_errf(err, errlen, "%s: invalid JSON at line %d column %d: %s", path, je.line, je.column, je.text);
-                return TSR_E_INVAL;
-        }
-        st = from_root(root, path, ret, err, errlen);
-        json_decref(root);
+        if ((st = tsr_hf_config_read(dir, path, sizeof path, &buf, &len, err, errlen)) != TSR_OK)
+                return st;
+        st = tsr_llama4_config_from_hf_json(buf, len, path, ret, err, errlen);
+        free(buf);
         return st;
 }

@@ -1,4 +1,4 @@
-/* weights_hf.c - Llama config from a Hugging Face config.json, and its safetensors
+/* llama_config_hf.c - Llama config from a Hugging Face config.json, and its safetensors
  * tensors converted to float32.
  *
  * The field names and defaults are transformers' LlamaConfig.  Both
@@ -17,53 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "worker/load/hf_config.h"
 #include "worker/model/llama_weights.h"
 
-#define HF_MAX_CONFIG (16u << 20)
-
 /* ---- config ------------------------------------------------------------------------ */
-
-/* An integer field of `obj` in 0..UINT32_MAX.  Absent or null: *ret = def unless required. */
-static tsr_status hf_u32(const char *path, json_t *obj, const char *key, bool required, uint32_t def,
-                         uint32_t *ret, char *err, size_t errlen) {
-        json_t *v = json_object_get(obj, key);
-
-        if (!v || json_is_null(v)) {
-                if (required) {
-                        tsr_errf(err, errlen, "%s: field '%s' missing", path, key);
-                        return TSR_E_INVAL;
-                }
-                *ret = def;
-                return TSR_OK;
-        }
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (json_int_t)UINT32_MAX) {
-                tsr_errf(err, errlen, "%s: field '%s': expected an integer in 0..%" PRIu32, path, key, UINT32_MAX);
-                return TSR_E_INVAL;
-        }
-        *ret = (uint32_t)json_integer_value(v);
-        return TSR_OK;
-}
-
-/* A finite number field of `obj` (named `where` in messages). */
-static tsr_status hf_f64(const char *path, json_t *obj, const char *where, const char *key, bool required,
-                         double def, double *ret, char *err, size_t errlen) {
-        json_t *v = json_object_get(obj, key);
-
-        if (!v || json_is_null(v)) {
-                if (required) {
-                        tsr_errf(err, errlen, "%s: field '%s%s' missing", path, where, key);
-                        return TSR_E_INVAL;
-                }
-                *ret = def;
-                return TSR_OK;
-        }
-        if (!json_is_number(v) || !isfinite(json_number_value(v))) {
-                tsr_errf(err, errlen, "%s: field '%s%s': expected a number", path, where, key);
-                return TSR_E_INVAL;
-        }
-        *ret = json_number_value(v);
-        return TSR_OK;
-}
 
 /* A boolean field that must be false when present (a feature this loader lacks). */
 static tsr_status hf_must_be_false(const char *path, json_t *root, const char *key, const char *why, char *err,
@@ -126,9 +83,9 @@ static tsr_status hf_rope(const char *path, json_t *root, tsr_llama_config *c, c
                 rp = NULL;
         /* 5.x keeps rope_theta in rope_parameters; 4.x at the top level. */
         if (rp && json_object_get(rp, "rope_theta"))
-                st = hf_f64(path, rp, where, "rope_theta", true, 0, &c->rope_theta, err, errlen);
+                st = tsr_hf_f64(path, rp, where, "rope_theta", true, 0, &c->rope_theta, err, errlen);
         else
-                st = hf_f64(path, root, "", "rope_theta", false, 10000.0, &c->rope_theta, err, errlen);
+                st = tsr_hf_f64(path, root, "", "rope_theta", false, 10000.0, &c->rope_theta, err, errlen);
         if (st != TSR_OK)
                 return st;
         if (!(c->rope_theta > 0)) {
@@ -152,10 +109,10 @@ static tsr_status hf_rope(const char *path, json_t *root, tsr_llama_config *c, c
                         json_string_value(type));
                 return TSR_E_UNSUPPORTED;
         }
-        if ((st = hf_f64(path, rp, where, "factor", true, 0, &c->rope_factor, err, errlen)) != TSR_OK ||
-            (st = hf_f64(path, rp, where, "low_freq_factor", true, 0, &c->rope_low_freq_factor, err, errlen)) !=
+        if ((st = tsr_hf_f64(path, rp, where, "factor", true, 0, &c->rope_factor, err, errlen)) != TSR_OK ||
+            (st = tsr_hf_f64(path, rp, where, "low_freq_factor", true, 0, &c->rope_low_freq_factor, err, errlen)) !=
                     TSR_OK ||
-            (st = hf_f64(path, rp, where, "high_freq_factor", true, 0, &c->rope_high_freq_factor, err, errlen)) !=
+            (st = tsr_hf_f64(path, rp, where, "high_freq_factor", true, 0, &c->rope_high_freq_factor, err, errlen)) !=
                     TSR_OK)
                 return st;
         json_t *o = json_object_get(rp, "original_max_position_embeddings");
@@ -212,14 +169,14 @@ tsr_status tsr_llama_config_from_hf_object(struct json_t *root, const char *path
                 return TSR_E_INVAL;
         if (!path)
                 path = "config.json";
-        if ((st = hf_u32(path, root, "hidden_size", true, 0, &c.dim, err, errlen)) != TSR_OK ||
-            (st = hf_u32(path, root, "num_hidden_layers", true, 0, &c.n_layers, err, errlen)) != TSR_OK ||
-            (st = hf_u32(path, root, "num_attention_heads", true, 0, &c.n_heads, err, errlen)) != TSR_OK ||
-            (st = hf_u32(path, root, "num_key_value_heads", false, c.n_heads, &c.n_kv_heads, err, errlen)) !=
+        if ((st = tsr_hf_u32(path, root, "hidden_size", true, 0, &c.dim, err, errlen)) != TSR_OK ||
+            (st = tsr_hf_u32(path, root, "num_hidden_layers", true, 0, &c.n_layers, err, errlen)) != TSR_OK ||
+            (st = tsr_hf_u32(path, root, "num_attention_heads", true, 0, &c.n_heads, err, errlen)) != TSR_OK ||
+            (st = tsr_hf_u32(path, root, "num_key_value_heads", false, c.n_heads, &c.n_kv_heads, err, errlen)) !=
                     TSR_OK ||
-            (st = hf_u32(path, root, "intermediate_size", true, 0, &c.hidden_dim, err, errlen)) != TSR_OK ||
-            (st = hf_u32(path, root, "vocab_size", true, 0, &c.vocab_size, err, errlen)) != TSR_OK ||
-            (st = hf_u32(path, root, "max_position_embeddings", false, 0, &c.max_seq_len, err, errlen)) != TSR_OK)
+            (st = tsr_hf_u32(path, root, "intermediate_size", true, 0, &c.hidden_dim, err, errlen)) != TSR_OK ||
+            (st = tsr_hf_u32(path, root, "vocab_size", true, 0, &c.vocab_size, err, errlen)) != TSR_OK ||
+            (st = tsr_hf_u32(path, root, "max_position_embeddings", false, 0, &c.max_seq_len, err, errlen)) != TSR_OK)
                 goto done;
         if (c.dim == 0 || c.n_layers == 0 || c.n_heads == 0 || c.n_kv_heads == 0 || c.hidden_dim == 0 ||
             c.vocab_size == 0) {
@@ -235,14 +192,14 @@ tsr_status tsr_llama_config_from_hf_object(struct json_t *root, const char *path
                 goto done;
         }
         /* LlamaConfig: head_dim = hidden_size // num_attention_heads unless given. */
-        if ((st = hf_u32(path, root, "head_dim", false, c.dim / c.n_heads, &c.head_dim, err, errlen)) != TSR_OK)
+        if ((st = tsr_hf_u32(path, root, "head_dim", false, c.dim / c.n_heads, &c.head_dim, err, errlen)) != TSR_OK)
                 goto done;
         if (c.head_dim == 0 || c.head_dim % 2 != 0) {
                 tsr_errf(err, errlen, "%s: head dim %" PRIu32 " must be even and non-zero", path, c.head_dim);
                 st = TSR_E_INVAL;
                 goto done;
         }
-        if ((st = hf_f64(path, root, "", "rms_norm_eps", false, 1e-6, &eps, err, errlen)) != TSR_OK)
+        if ((st = tsr_hf_f64(path, root, "", "rms_norm_eps", false, 1e-6, &eps, err, errlen)) != TSR_OK)
                 goto done;
         if (!(eps > 0)) {
                 tsr_errf(err, errlen, "%s: rms_norm_eps must be positive", path);
@@ -260,7 +217,7 @@ tsr_status tsr_llama_config_from_hf_object(struct json_t *root, const char *path
         if ((st = hf_must_be_false(path, root, "attention_bias", "attention biases", err, errlen)) != TSR_OK ||
             (st = hf_must_be_false(path, root, "mlp_bias", "MLP biases", err, errlen)) != TSR_OK)
                 goto done;
-        if ((st = hf_f64(path, root, "", "partial_rotary_factor", false, 1.0, &prf, err, errlen)) != TSR_OK)
+        if ((st = tsr_hf_f64(path, root, "", "partial_rotary_factor", false, 1.0, &prf, err, errlen)) != TSR_OK)
                 goto done;
         if (prf != 1.0) {
                 tsr_errf(err, errlen, "%s: partial_rotary_factor %g is not supported (only 1)", path, prf);
@@ -283,54 +240,15 @@ done:
 }
 
 tsr_status tsr_llama_config_from_hf(const char *dir, tsr_llama_config *ret, char *err, size_t errlen) {
-        char path[4096];
-        struct stat sb;
-        char *buf = NULL;
-        size_t got = 0;
+        char path[4096], *buf = NULL;
+        size_t len = 0;
         tsr_status st;
-        int fd;
 
         if (!dir || !ret)
                 return TSR_E_INVAL;
-        if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path) {
-                tsr_errf(err, errlen, "%s: path too long", dir);
-                return TSR_E_INVAL;
-        }
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) {
-                tsr_errf(err, errlen, "%s: %s", path, strerror(errno));
-                return errno == ENOENT ? TSR_E_NOTFOUND : TSR_E_IO;
-        }
-        if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-                tsr_errf(err, errlen, "%s: not a readable regular file", path);
-                st = TSR_E_IO;
-                goto done;
-        }
-        if ((uint64_t)sb.st_size > HF_MAX_CONFIG) {
-                tsr_errf(err, errlen, "%s: %lld bytes, over the %u-byte limit", path, (long long)sb.st_size,
-                        HF_MAX_CONFIG);
-                st = TSR_E_LIMIT;
-                goto done;
-        }
-        if (!(buf = malloc((size_t)sb.st_size + 1))) {
-                tsr_errf(err, errlen, "%s: out of memory", path);
-                st = TSR_E_NOMEM;
-                goto done;
-        }
-        while (got < (size_t)sb.st_size) {
-                ssize_t n = read(fd, buf + got, (size_t)sb.st_size - got);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n <= 0) {
-                        tsr_errf(err, errlen, "%s: read failed: %s", path, n < 0 ? strerror(errno) : "file shrank");
-                        st = TSR_E_IO;
-                        goto done;
-                }
-                got += (size_t)n;
-        }
-        st = tsr_llama_config_from_hf_json(buf, got, path, ret, err, errlen);
-done:
+        if ((st = tsr_hf_config_read(dir, path, sizeof path, &buf, &len, err, errlen)) != TSR_OK)
+                return st;
+        st = tsr_llama_config_from_hf_json(buf, len, path, ret, err, errlen);
         free(buf);
-        close(fd);
         return st;
 }

@@ -12,62 +12,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "worker/load/hf_config.h"
 #include "worker/model/nemotron_h.h"
-
-#define CONFIG_MAX_BYTES (16u << 20)
-
-/* An integer field in 0..UINT32_MAX; absent or null: def, unless required. */
-static tsr_status get_u32(const char *path, json_t *root, const char *key, bool required, uint32_t def,
-                          uint32_t *ret, char *err, size_t errlen) {
-        json_t *v = json_object_get(root, key);
-
-        if (!v || json_is_null(v)) {
-                if (required) {
-                        tsr_errf(err, errlen, "%s: field '%s' missing", path, key);
-                        return TSR_E_INVAL;
-                }
-                *ret = def;
-                return TSR_OK;
-        }
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (json_int_t)UINT32_MAX) {
-                tsr_errf(err, errlen, "%s: field '%s': expected a non-negative integer", path, key);
-                return TSR_E_INVAL;
-        }
-        *ret = (uint32_t)json_integer_value(v);
-        return TSR_OK;
-}
-
-static tsr_status get_f32(const char *path, json_t *root, const char *key, double def, float *ret, char *err,
-                          size_t errlen) {
-        json_t *v = json_object_get(root, key);
-
-        if (!v || json_is_null(v)) {
-                *ret = (float)def;
-                return TSR_OK;
-        }
-        if (!json_is_number(v) || !isfinite(json_number_value(v))) {
-                tsr_errf(err, errlen, "%s: field '%s': expected a finite number", path, key);
-                return TSR_E_INVAL;
-        }
-        *ret = (float)json_number_value(v);
-        return TSR_OK;
-}
-
-static tsr_status get_bool(const char *path, json_t *root, const char *key, bool def, bool *ret, char *err,
-                           size_t errlen) {
-        json_t *v = json_object_get(root, key);
-
-        if (!v || json_is_null(v)) {
-                *ret = def;
-                return TSR_OK;
-        }
-        if (!json_is_boolean(v)) {
-                tsr_errf(err, errlen, "%s: field '%s': expected true or false", path, key);
-                return TSR_E_INVAL;
-        }
-        *ret = json_is_true(v);
-        return TSR_OK;
-}
 
 /* A string field that, when present, must be `want` (a variant this family lacks). */
 static tsr_status want_str(const char *path, json_t *root, const char *key, const char *want, char *err,
@@ -224,33 +170,33 @@ static tsr_status from_json(const char *path, json_t *root, tsr_nemotron_h_confi
         tsr_status st;
 
         if ((st = read_pattern(path, root, &c, err, errlen)) != TSR_OK ||
-            (st = get_u32(path, root, "vocab_size", true, 0, &c.vocab_size, err, errlen)) ||
-            (st = get_u32(path, root, "hidden_size", true, 0, &c.dim, err, errlen)) ||
-            (st = get_u32(path, root, "num_hidden_layers", false, c.n_layers, &n_layers_field, err, errlen)) ||
-            (st = get_u32(path, root, "num_attention_heads", false, 0, &c.n_heads, err, errlen)) ||
-            (st = get_u32(path, root, "num_key_value_heads", false, c.n_heads, &c.n_kv_heads, err, errlen)) ||
-            (st = get_u32(path, root, "head_dim", false, c.n_heads ? c.dim / c.n_heads : 0, &c.head_dim, err,
+            (st = tsr_hf_u32(path, root, "vocab_size", true, 0, &c.vocab_size, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "hidden_size", true, 0, &c.dim, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "num_hidden_layers", false, c.n_layers, &n_layers_field, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "num_attention_heads", false, 0, &c.n_heads, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "num_key_value_heads", false, c.n_heads, &c.n_kv_heads, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "head_dim", false, c.n_heads ? c.dim / c.n_heads : 0, &c.head_dim, err,
                           errlen)) ||
-            (st = get_u32(path, root, "mamba_num_heads", false, 0, &c.m_heads, err, errlen)) ||
-            (st = get_u32(path, root, "mamba_head_dim", false, 0, &c.m_head_dim, err, errlen)) ||
-            (st = get_u32(path, root, "ssm_state_size", false, 0, &c.ssm_state, err, errlen)) ||
-            (st = get_u32(path, root, "n_groups", false, 1, &c.n_groups, err, errlen)) ||
-            (st = get_u32(path, root, "conv_kernel", false, 4, &c.conv_kernel, err, errlen)) ||
-            (st = get_bool(path, root, "use_conv_bias", true, &c.conv_bias, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "mamba_num_heads", false, 0, &c.m_heads, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "mamba_head_dim", false, 0, &c.m_head_dim, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "ssm_state_size", false, 0, &c.ssm_state, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "n_groups", false, 1, &c.n_groups, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "conv_kernel", false, 4, &c.conv_kernel, err, errlen)) ||
+            (st = tsr_hf_bool(path, root, "use_conv_bias", true, &c.conv_bias, err, errlen)) ||
             (st = read_dt_limit(path, root, &c, err, errlen)) ||
-            (st = get_u32(path, root, "n_routed_experts", false, 0, &c.n_experts, err, errlen)) ||
-            (st = get_u32(path, root, "num_experts_per_tok", false, 0, &c.top_k, err, errlen)) ||
-            (st = get_u32(path, root, "moe_intermediate_size", false, 0, &c.moe_hidden, err, errlen)) ||
-            (st = get_u32(path, root, "moe_shared_expert_intermediate_size", false, 0, &c.shared_hidden, err,
+            (st = tsr_hf_u32(path, root, "n_routed_experts", false, 0, &c.n_experts, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "num_experts_per_tok", false, 0, &c.top_k, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "moe_intermediate_size", false, 0, &c.moe_hidden, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "moe_shared_expert_intermediate_size", false, 0, &c.shared_hidden, err,
                           errlen)) ||
-            (st = get_u32(path, root, "n_shared_experts", false, 1, &n_shared, err, errlen)) ||
-            (st = get_u32(path, root, "n_group", false, 1, &c.n_group, err, errlen)) ||
-            (st = get_u32(path, root, "topk_group", false, 1, &c.topk_group, err, errlen)) ||
-            (st = get_bool(path, root, "norm_topk_prob", true, &c.norm_topk_prob, err, errlen)) ||
-            (st = get_f32(path, root, "routed_scaling_factor", 1.0, &c.routed_scale, err, errlen)) ||
-            (st = get_u32(path, root, "intermediate_size", false, 0, &c.mlp_hidden, err, errlen)) ||
-            (st = get_f32(path, root, "layer_norm_epsilon", 1e-5, &c.eps, err, errlen)) ||
-            (st = get_bool(path, root, "tie_word_embeddings", false, &c.tied_embeddings, err, errlen)))
+            (st = tsr_hf_u32(path, root, "n_shared_experts", false, 1, &n_shared, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "n_group", false, 1, &c.n_group, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "topk_group", false, 1, &c.topk_group, err, errlen)) ||
+            (st = tsr_hf_bool(path, root, "norm_topk_prob", true, &c.norm_topk_prob, err, errlen)) ||
+            (st = tsr_hf_f32(path, root, "routed_scaling_factor", 1.0, &c.routed_scale, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "intermediate_size", false, 0, &c.mlp_hidden, err, errlen)) ||
+            (st = tsr_hf_f32(path, root, "layer_norm_epsilon", 1e-5, &c.eps, err, errlen)) ||
+            (st = tsr_hf_bool(path, root, "tie_word_embeddings", false, &c.tied_embeddings, err, errlen)))
                 return st;
         if (n_layers_field != c.n_layers) {
                 tsr_errf(err, errlen, "%s: num_hidden_layers %" PRIu32 " but the layer pattern has %" PRIu32, path,
@@ -269,7 +215,7 @@ static tsr_status from_json(const char *path, json_t *root, tsr_nemotron_h_confi
                 c.shared_hidden = c.moe_hidden;
         static const char *const no_bias[] = {"attention_bias", "mlp_bias", "use_bias", "mamba_proj_bias"};
         for (size_t i = 0; i < sizeof no_bias / sizeof no_bias[0]; i++) {
-                if ((st = get_bool(path, root, no_bias[i], false, &bias, err, errlen)) != TSR_OK)
+                if ((st = tsr_hf_bool(path, root, no_bias[i], false, &bias, err, errlen)) != TSR_OK)
                         return st;
                 if (bias) {
                         tsr_errf(err, errlen, "%s: field '%s' is true: biases are not supported", path, no_bias[i]);
@@ -307,38 +253,18 @@ static void relax_infinity(char *buf, size_t n) {
 }
 
 tsr_status tsr_nemotron_h_config_from_hf(const char *dir, tsr_nemotron_h_config *ret, char *err, size_t errlen) {
-        char path[4096], *buf;
-        struct stat sb;
+        char path[4096], *buf = NULL;
         json_error_t je;
         json_t *root;
         tsr_status st;
-        size_t got;
-        FILE *f;
+        size_t len = 0;
 
         if (!dir || !ret)
                 return TSR_E_INVAL;
-        if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path) {
-                tsr_errf(err, errlen, "%s: path too long", dir);
-                return TSR_E_INVAL;
-        }
-        if (stat(path, &sb) != 0) {
-                tsr_errf(err, errlen, "%s: not found", path);
-                return TSR_E_NOTFOUND;
-        }
-        if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CONFIG_MAX_BYTES) {
-                tsr_errf(err, errlen, "%s: not a regular file of at most %u bytes", path, CONFIG_MAX_BYTES);
-                return TSR_E_IO;
-        }
-        if (!(f = fopen(path, "rb")) || !(buf = malloc((size_t)sb.st_size + 1))) {
-                tsr_errf(err, errlen, "%s: cannot read it", path);
-                if (f)
-                        fclose(f);
-                return TSR_E_IO;
-        }
-        got = fread(buf, 1, (size_t)sb.st_size, f);
-        fclose(f);
-        relax_infinity(buf, got);
-        root = json_loadb(buf, got, JSON_REJECT_DUPLICATES, &je);
+        if ((st = tsr_hf_config_read(dir, path, sizeof path, &buf, &len, err, errlen)) != TSR_OK)
+                return st;
+        relax_infinity(buf, len);
+        root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &je);
         free(buf);
         if (!root) {
                 tsr_errf(err, errlen, "%s:%d: %s", path, je.line, je.text);
