@@ -266,7 +266,7 @@ int main(int argc, char **argv) {
         /* The model's family reads its config once, into the description the KV sizing,
          * the loader and the forward all use.  A model whose family cannot read its config
          * (a missing field, a rope type, a bias) exits here, before any socket is bound; a
-         * model of no family (NemotronH today) is served as metadata only. */
+         * model of no family (e.g. Qwen2 today) is served as metadata only. */
         family = tsr_family_find(meta->format, meta->architecture, meta->model_type);
         if (family && tsr_model_desc_read(family, cfg.model, strcmp(meta->format, "gguf") == 0, &desc, err,
                                           sizeof(err)) != TSR_OK) {
