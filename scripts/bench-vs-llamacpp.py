@@ -8,7 +8,8 @@ Builds llama-server from the llama.cpp that the llama-cpp-python sdist on PyPI v
 (version pinned below; sources and build under .cache/llama.cpp/, never in git), starts
 it and `tessera serve` on the same file with the same thread count, and measures both
 with the same client (`tessera bench serve`, random dataset, ignore_eos, streamed
-completions), interleaved: for each round and concurrency, Tessera then llama.cpp.
+completions), interleaved: for each round and concurrency, Tessera then llama.cpp, on
+the same prompts, which no earlier cell used (both servers cache prompts).
 Prints the table with ratios and the CPU it ran on.  A benchmark, not a test.
 
 Environment: TESSERA_BUILD (default build/), TESSERA_TEST_MODEL (default the demo GGUF,
@@ -94,13 +95,13 @@ class Server:
                 self.p.wait()
 
 
-def bench(server, model_name, c, args, out_dir, tag):
+def bench(server, model_name, c, args, out_dir, tag, seed):
     n = max(c * args.prompts_per_client, 8)
     fname = f"{tag}.json"
     cmd = [BUILD / "deploy" / "tessera", "bench", "serve", "--backend", "openai", "--host", "127.0.0.1",
            "--port", server.port, "--model", model_name, "--tokenizer", MODEL, "--dataset-name", "random",
            "--random-input-len", args.input_len, "--random-output-len", args.output_len, "--ignore-eos",
-           "--num-prompts", n, "--max-concurrency", c, "--seed", "1", "--disable-tqdm", "--save-result",
+           "--num-prompts", n, "--max-concurrency", c, "--seed", seed, "--disable-tqdm", "--save-result",
            "--result-dir", out_dir, "--result-filename", fname]
     r = subprocess.run([str(a) for a in cmd], capture_output=True, text=True)
     if r.returncode != 0:
@@ -140,7 +141,10 @@ def main():
         for rnd in range(args.rounds):
             for c in levels:
                 for srv in (tessera, llama):
-                    res = bench(srv, "smol", c, args, out_dir, f"{srv.name}-c{c}-r{rnd}")
+                    # Fresh prompts in every cell (both servers cache prompts: a repeated
+                    # prompt would measure the cache, not the prefill); the same ones for both.
+                    seed = 1 + rnd * len(levels) + levels.index(c)
+                    res = bench(srv, "smol", c, args, out_dir, f"{srv.name}-c{c}-r{rnd}", seed)
                     rows.setdefault((c, srv.name), []).append(res)
                     print(f"round {rnd + 1} c={c} {srv.name}: {res['output_throughput']:.1f} out tok/s, "
                           f"TTFT p50 {res['median_ttft_ms']:.1f} ms, TPOT p50 {res['median_tpot_ms']:.2f} ms, "
