@@ -100,6 +100,8 @@ typedef struct tsr_comm_desc {
  * ncclCommAbort).  *ret is written only on success; `err` gets one line on failure.
  * Returns TSR_E_INVAL (bad desc), TSR_E_UNSUPPORTED (backend not built), TSR_E_TIMEOUT,
  * TSR_E_PROTO (a peer of another group/epoch), TSR_E_IO, TSR_E_NCCL, TSR_E_NOMEM.
+ * zmq: a failure after every hello arrived (a peer already flooding this rank's inbox,
+ * or gone) does not fail init: the group is up, and the first operation returns it.
  * The rank's thread. */
 tsr_status tsr_comm_new(const tsr_comm_desc *d, tsr_comm **ret, char *err, size_t errlen);
 /* Free the comm (NULL is fine) and clear *c.  Other ranks are not told; their next wait

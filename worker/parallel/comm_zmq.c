@@ -767,9 +767,18 @@ tsr_status tsr_comm_zmq_new(const tsr_comm_desc *d, tsr_comm **ret, char *err, s
                 while (q != d->rank && !z->hello_from[q])
                         if ((st = progress(z, deadline, -1)) != TSR_OK)
                                 goto fail_wait;
+up:
         *ret = &z->base;
         return TSR_OK;
 fail_wait:
+        /* A peer that left init first may already be sending: the read that brought the
+         * last hello can also overflow the inbox (or see the peer go).  The group did come
+         * up; that failure is sticky and the first operation returns it. */
+        bool all_hellos = true;
+        for (int q = 0; q < d->size; q++)
+                all_hellos &= q == d->rank || z->hello_from[q];
+        if (all_hellos)
+                goto up;
         if (st == TSR_E_TIMEOUT && z->refused[0])
                 st = TSR_E_PROTO;              /* a peer answered, but for another group */
         for (int q = 0; q < d->size; q++)
