@@ -61,8 +61,12 @@ bool tsr_backend_host_memory(const tsr_backend *be) { return be && be->ops->host
 /* matmul_dtypes keeps one bit per dtype in a uint32_t. */
 _Static_assert(TSR_DTYPE_COUNT <= 32, "tsr_backend_ops.matmul_dtypes has one bit per dtype");
 
+/* The scaled formats go to matmul_scaled, the others to matmul. */
+static bool dtype_scaled(tsr_dtype t) { return t == TSR_DTYPE_FP8_E4M3 || t == TSR_DTYPE_NVFP4; }
+
 static bool dtype_ok(const tsr_backend *be, tsr_dtype t) {
-        return (unsigned)t < TSR_DTYPE_COUNT && (be->ops->matmul_dtypes & (1u << t));
+        return (unsigned)t < TSR_DTYPE_COUNT && (be->ops->matmul_dtypes & (1u << t)) &&
+               (dtype_scaled(t) ? be->ops->matmul_scaled != NULL : be->ops->matmul != NULL);
 }
 
 bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
@@ -75,7 +79,7 @@ bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
         case TSR_OP_EMBEDDING:
                 return o->embedding;
         case TSR_OP_MATMUL:
-                return o->matmul && dtype_ok(be, w_dtype);
+                return dtype_ok(be, w_dtype);
         case TSR_OP_ROPE:
                 return o->rope;
         case TSR_OP_KV_WRITE:
@@ -181,7 +185,18 @@ tsr_status tsr_backend_matmul(tsr_backend *be, float *out, const float *x, const
                               size_t rows, size_t n, size_t d) {
         if (be && !dtype_ok(be, w_dtype))
                 return TSR_E_UNSUPPORTED;
+        if (be && dtype_scaled(w_dtype)) {
+                tsr_matmul_scales unit = {.weight = 1.0f, .input = 0.0f};
+                return be->ops->matmul_scaled(be, out, x, w, w_dtype, &unit, rows, n, d);
+        }
         CALL(matmul, out, x, w, w_dtype, rows, n, d);
+}
+
+tsr_status tsr_backend_matmul_scaled(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                                     const tsr_matmul_scales *s, size_t rows, size_t n, size_t d) {
+        if (be && (!dtype_scaled(w_dtype) || !dtype_ok(be, w_dtype)))
+                return TSR_E_UNSUPPORTED;
+        CALL(matmul_scaled, out, x, w, w_dtype, s, rows, n, d);
 }
 
 tsr_status tsr_backend_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,

@@ -39,6 +39,10 @@ typedef struct tsr_backend_ops {
         /* Dispatches on w_dtype inside: one kernel per weight format, one slot for all. */
         tsr_status (*matmul)(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
                              size_t rows, size_t n, size_t d);
+        /* The scaled formats (fp8_e4m3, nvfp4; their bits are in matmul_dtypes too):
+         * tsr_backend_matmul_scaled.  NULL: the backend has no such kernel. */
+        tsr_status (*matmul_scaled)(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                                    const tsr_matmul_scales *s, size_t rows, size_t n, size_t d);
         tsr_status (*rope)(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
                            const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout);
         tsr_status (*kv_write)(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,

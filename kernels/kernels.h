@@ -78,7 +78,8 @@ typedef struct tsr_kv_view {
 /* Weight formats of tsr_backend_matmul: tsr_dtype (kernels/dtype.h, with their block
  * sizes in tsr_dtype_info; layouts and scalar dequantization in kernels/quant/quant.h).
  * A backend has a matmul kernel for some of them (tsr_backend_supports): on the CPU
- * backends f32, bf16 and the GGUF blocks q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K;
+ * backends f32, bf16 and the GGUF blocks q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K,
+ * and, with their per-tensor scales (tsr_backend_matmul_scaled), fp8_e4m3 and nvfp4;
  * each other dtype a later kernel behind the same entry point. */
 
 /* The CPU instruction set a CPU backend's kernels use. */
@@ -202,6 +203,26 @@ tsr_status tsr_backend_embedding(tsr_backend *be, float *out, const float *table
  * kernels/quant/qmm.h.  The fast CPU backend is bitwise the reference at every ISA. */
 tsr_status tsr_backend_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
                               size_t rows, size_t n, size_t d);
+/* Per-tensor scales of a weight stored as fp8_e4m3 or nvfp4 (NVIDIA ModelOpt's FP8 and
+ * NVFP4 checkpoints, models.md §4).  Plain data. */
+typedef struct tsr_matmul_scales {
+        float weight;   /* fp8: W = e4m3(w) * weight (weight_scale); nvfp4: the global
+                         * weight_scale_2 (W = e2m1 * block scale * weight).  Finite, > 0. */
+        float input;    /* the static activation scale (input_scale): x is quantized with it
+                         * (fp8: per tensor; nvfp4: as the global of per-16 block scales);
+                         * 0: x is not quantized (weight-only).  Finite, >= 0. */
+} tsr_matmul_scales;
+
+/* The matmul of tsr_backend_matmul on weights of a scaled format: fp8_e4m3 (one byte
+ * per element, (d, n)) or nvfp4 (dtype.h's blocks: per row n/16 blocks of an e4m3 scale
+ * and 16 e2m1 codes), with `s`'s scales.  The exact computation (activation
+ * quantization with s->input, exact products, float32 sums in dot_f32's eight lanes, one
+ * final scale) is in kernels/quant/fpmm.h; the fast CPU backend is bitwise the
+ * reference at every ISA and thread count.  tsr_backend_matmul on these dtypes is this
+ * with s = {1, 0}.  TSR_E_INVAL also for scales outside their ranges and for an nvfp4 n
+ * that is not a multiple of 16. */
+tsr_status tsr_backend_matmul_scaled(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                                     const tsr_matmul_scales *s, size_t rows, size_t n, size_t d);
 /* Rotate, in place, each head of each row by its position.
  * x (rows, n_heads, head_dim), pos (rows,), inv_freq (head_dim/2,).  head_dim even. */
 tsr_status tsr_backend_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,

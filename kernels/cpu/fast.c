@@ -40,6 +40,8 @@
 
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16_simd.h"
+#include "kernels/cpu/fpmm.h"
+#include "kernels/quant/fpmm.h"
 #include "kernels/cpu/kv_view.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/cpu/qmm.h"
@@ -680,6 +682,12 @@ static tsr_status fast_matmul(tsr_backend *be, float *out, const float *x, const
                                           : TSR_E_UNSUPPORTED;
 }
 
+static tsr_status fast_matmul_scaled(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                                     const tsr_matmul_scales *s, size_t rows, size_t n, size_t d) {
+        const struct cpu_fast *f = be->ctx;
+        return tsr_cpu_fpmm(f->pool, f->isa, out, x, w, w_dtype, s, rows, n, d);
+}
+
 static tsr_status fast_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
                                  size_t past_len, size_t n_heads, float scale) {
         return fast_attention_run(be->ctx, out, q, kv, n, past_len, n_heads, scale);
@@ -725,7 +733,7 @@ static void fast_ctx_free(void *ctx) {
 static const tsr_backend_ops cpu_fast_ops = {
         .name = "cpu-fast",
         .host_memory = true,
-        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES,
+        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES | TSR_FPMM_DTYPES,
         .ctx_free = fast_ctx_free,
         .mem_alloc = tsr_backend_host_alloc,
         .mem_free = tsr_backend_host_free,
@@ -735,6 +743,7 @@ static const tsr_backend_ops cpu_fast_ops = {
         .rmsnorm = fast_rmsnorm,
         .embedding = fast_embedding,
         .matmul = fast_matmul,
+        .matmul_scaled = fast_matmul_scaled,
         .rope = fast_rope,
         .kv_write = fast_kv_write,
         .attention = fast_attention,

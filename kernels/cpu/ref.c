@@ -12,6 +12,7 @@
 #include "kernels/cpu/kv_view.h"
 #include "kernels/backend_impl.h"
 #include "kernels/cpu/ref.h"
+#include "kernels/quant/fpmm.h"
 #include "kernels/quant/qmm.h"
 
 /* The dot product every matmul and attention score uses.
@@ -318,6 +319,12 @@ static tsr_status ref_be_matmul(tsr_backend *be, float *out, const float *x, con
         return tsr_qmm_supported(w_dtype) ? tsr_qmm_ref(out, x, w, w_dtype, rows, n, d) : TSR_E_UNSUPPORTED;
 }
 
+static tsr_status ref_be_matmul_scaled(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                                       const tsr_matmul_scales *s, size_t rows, size_t n, size_t d) {
+        (void)be;
+        return tsr_fpmm_ref(out, x, w, w_dtype, s, rows, n, d);
+}
+
 static tsr_status ref_be_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
                               const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout) {
         (void)be;
@@ -365,7 +372,7 @@ static tsr_status ref_be_add_rmsnorm(tsr_backend *be, float *out, float *residua
 static const tsr_backend_ops cpu_ref_ops = {
         .name = "cpu-ref",
         .host_memory = true,
-        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES,
+        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES | TSR_FPMM_DTYPES,
         .mem_alloc = tsr_backend_host_alloc,
         .mem_free = tsr_backend_host_free,
         .upload = tsr_backend_host_copy,
@@ -374,6 +381,7 @@ static const tsr_backend_ops cpu_ref_ops = {
         .rmsnorm = ref_be_rmsnorm,
         .embedding = ref_be_embedding,
         .matmul = ref_be_matmul,
+        .matmul_scaled = ref_be_matmul_scaled,
         .rope = ref_be_rope,
         .kv_write = ref_be_kv_write,
         .attention = ref_be_attention,

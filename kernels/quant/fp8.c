@@ -92,6 +92,18 @@ float tsr_e2m1_to_f32(uint8_t code) {
         return s * mini_decode((code >> 1) & 3, code & 1, 1, 1);
 }
 
+uint8_t tsr_f32_to_e2m1(float x) {
+        uint8_t sign = signbit(x) ? 0x8 : 0;
+        if (isnan(x))
+                return 0x7;
+        if (x == 0)
+                return sign;
+        double r = isinf(x) ? 6.0 : mini_round(fabs((double)x), 1, 1);
+        if (r > 6.0)
+                r = 6.0;
+        return sign | mini_code(r, 1, 1);
+}
+
 tsr_status tsr_dequant_fp8_e4m3(const void *src, size_t n, float *out) {
         const uint8_t *p = src;
 

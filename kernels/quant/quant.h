@@ -58,6 +58,10 @@ uint8_t tsr_f32_to_fp8_e5m2(float x);
 /* e2m1 code (low 4 bits of `code`; the rest ignored) -> float32: +-{0, 0.5, 1, 1.5, 2, 3,
  * 4, 6}, exact. */
 float tsr_e2m1_to_f32(uint8_t code);
+/* float32 -> e2m1 code: round |x| to nearest, ties to the even code (0.25 -> 0, 0.75 -> 1,
+ * 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4: ModelOpt's _cast_fp4), saturating at 6
+ * (infinity included); sign bit 3 from x (-0 -> 0x8).  NaN gives 0x7 (no NaN in e2m1). */
+uint8_t tsr_f32_to_e2m1(float x);
 
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block, from its 12
  * scale bytes `s` (gguf.c has the packing). */
