@@ -105,7 +105,8 @@ static const tsr_opt opts[] = {
         {O_STR("kv-cache-dtype", kv_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
          .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache; only auto (float32) for now"},
         {O_STR("quantization", quantization), .alias = "-q", .owner = W, .group = GRP_MODEL, .metavar = "METHOD",
-         .def_help = "from the checkpoint", .help = "weight quantization method; none is supported yet"},
+         .def_help = "from the checkpoint",
+         .help = "weight quantization method: modelopt (FP8), modelopt_fp4 (NVFP4) or fp8; must match the checkpoint"},
         {O_STR("load-format", load_format), .owner = W, .group = GRP_MODEL, .metavar = "FORMAT", .def = "auto",
          .choices = load_format_choices, .help = "weight file format; must match the model; dummy (random weights) is not supported yet"},
         {O_STR("generation-config", generation_config), .owner = W, .group = GRP_MODEL, .metavar = "SRC",
@@ -1127,10 +1128,12 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                          "float32 (supported: auto)", cfg->kv_cache_dtype);
                 return TSR_E_UNSUPPORTED;
         }
-        if (cfg->quantization) {
-                tsr_errf(err, errlen, "argument --quantization: '%s' is not supported yet: no quantization method "
-                         "is; weights are read from the checkpoint as stored and computed in --dtype (supported: "
-                         "leave it unset)", cfg->quantization);
+        /* ModelOpt FP8 / NVFP4 checkpoints (#15); the worker checks the value against what
+         * the checkpoint announces (worker/load/modelopt.h). */
+        if (cfg->quantization && strcmp(cfg->quantization, "modelopt") != 0 &&
+            strcmp(cfg->quantization, "modelopt_fp4") != 0 && strcmp(cfg->quantization, "fp8") != 0) {
+                tsr_errf(err, errlen, "argument --quantization: '%s' is not supported (supported: modelopt, "
+                         "modelopt_fp4, fp8, or leave it unset to use the checkpoint's)", cfg->quantization);
                 return TSR_E_UNSUPPORTED;
         }
         if (cfg->load_format && strcmp(cfg->load_format, "dummy") == 0) {

@@ -42,6 +42,9 @@ typedef struct tsr_tensor {
         tsr_backend *backend;                   /* owner of data's memory; NULL: host, nobody's */
         void *data;                             /* first byte of element [0, 0, ...] */
         bool owns_data;                         /* data came from tsr_tensor_alloc: tsr_tensor_done frees it */
+        /* fp8_e4m3 and nvfp4 weights: their per-tensor scales for tsr_backend_matmul_scaled
+         * (ModelOpt's weight_scale / weight_scale_2 and input_scale); zero otherwise. */
+        tsr_matmul_scales scales;
 } tsr_tensor;
 
 /* Describe existing memory `data` (of `be`, or host memory when be is NULL) as a

@@ -327,7 +327,7 @@ int main(int argc, char **argv) {
                 log_error("cannot load model %s: %s", cfg.model, err);
                 goto out;
         }
-        tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend};
+        tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend, .quantization = cfg.quantization};
         if (!family) {
                 log_warn("model %s: no model runner (no model family serves architecture %s); serving its metadata "
                          "only, Submit is refused", cfg.model,

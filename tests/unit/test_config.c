@@ -832,12 +832,11 @@ static void test_validate_refuses_unsupported(void **state) {
                                               "is float32 (supported: auto)"},
                 {{"--kv-cache-dtype", "bfloat16"}, "argument --kv-cache-dtype: 'bfloat16' is not supported yet: "
                                                    "the KV cache is float32 (supported: auto)"},
-                {{"--quantization", "fp8"}, "argument --quantization: 'fp8' is not supported yet: no quantization "
-                                            "method is; weights are read from the checkpoint as stored and "
-                                            "computed in --dtype (supported: leave it unset)"},
-                {{"-q", "awq"}, "argument --quantization: 'awq' is not supported yet: no quantization method is; "
-                                "weights are read from the checkpoint as stored and computed in --dtype "
-                                "(supported: leave it unset)"},
+                {{"--quantization", "gptq"}, "argument --quantization: 'gptq' is not supported (supported: "
+                                             "modelopt, modelopt_fp4, fp8, or leave it unset to use the "
+                                             "checkpoint's)"},
+                {{"-q", "awq"}, "argument --quantization: 'awq' is not supported (supported: modelopt, "
+                                "modelopt_fp4, fp8, or leave it unset to use the checkpoint's)"},
                 {{"--load-format", "dummy"}, "argument --load-format: 'dummy' is not supported yet: weights are "
                                              "always read from the model files (supported: auto, safetensors, "
                                              "gguf)"},
@@ -891,6 +890,15 @@ static void test_validate_refuses_unsupported(void **state) {
         assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "argument --stream-interval: 2 "));
         tsr_config_done(&c);
+        /* the implemented --quantization methods pass here; the worker checks them against
+         * the checkpoint (worker/load/modelopt.h) */
+        const char *methods[] = {"modelopt", "modelopt_fp4", "fp8"};
+        for (size_t i = 0; i < 3; i++) {
+                tsr_config_init(&c);
+                assert_int_equal(parse(&c, "-q", methods[i], NULL, NULL, NULL), TSR_OK);
+                assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_OK);
+                tsr_config_done(&c);
+        }
 }
 
 /* --tool-call-parser / --reasoning-parser: the router's parsers pass, anything else

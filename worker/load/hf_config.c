@@ -14,15 +14,20 @@
 
 tsr_status tsr_hf_config_read(const char *dir, char *path, size_t path_len, char **buf, size_t *len, char *err,
                               size_t errlen) {
+        return tsr_hf_file_read(dir, "config.json", path, path_len, buf, len, err, errlen);
+}
+
+tsr_status tsr_hf_file_read(const char *dir, const char *name, char *path, size_t path_len, char **buf, size_t *len,
+                            char *err, size_t errlen) {
         struct stat sb;
         char *b = NULL;
         size_t got = 0;
         tsr_status st;
         int fd;
 
-        if (!dir || !path || !path_len || !buf || !len)
+        if (!dir || !name || !path || !path_len || !buf || !len)
                 return TSR_E_INVAL;
-        if ((size_t)snprintf(path, path_len, "%s/config.json", dir) >= path_len) {
+        if ((size_t)snprintf(path, path_len, "%s/%s", dir, name) >= path_len) {
                 tsr_errf(err, errlen, "%s: path too long", dir);
                 return TSR_E_INVAL;
         }

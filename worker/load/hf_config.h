@@ -26,6 +26,10 @@
 tsr_status tsr_hf_config_read(const char *dir, char *path, size_t path_len, char **buf, size_t *len, char *err,
                               size_t errlen);
 
+/* The same for another small JSON file of the folder, DIR/NAME (hf_quant_config.json). */
+tsr_status tsr_hf_file_read(const char *dir, const char *name, char *path, size_t path_len, char **buf, size_t *len,
+                            char *err, size_t errlen);
+
 /* An integer in 0..UINT32_MAX. */
 tsr_status tsr_hf_u32(const char *path, json_t *obj, const char *key, bool required, uint32_t def, uint32_t *ret,
                       char *err, size_t errlen);

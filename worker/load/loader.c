@@ -164,6 +164,31 @@ static bool hf_ggml_type(tsr_safetensors_dtype d, uint32_t *ret) {
         }
 }
 
+/* A quantized linear weight of a ModelOpt checkpoint (F8_E4M3 or U8), kept as stored
+ * with its scales where the slot can hold it; a dtype the config does not announce, or a
+ * quantized tensor where the family reads float32 only, is refused naming the tensor. */
+static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safetensors_tensor *t, const char *file,
+                                    const struct want *w, char *err, size_t errlen) {
+        char module[sizeof w->name];
+        size_t n = strlen(w->name);
+
+        if (!s->modelopt) {
+                tsr_errf(err, errlen, "%s: tensor '%s': dtype %s, which the checkpoint's config does not announce "
+                         "(no quantization_config in config.json, no hf_quant_config.json)", file, w->name,
+                         tsr_safetensors_dtype_name(t->dtype));
+                return TSR_E_INVAL;
+        }
+        if (!w->stored || !w->cols || w->experts || n < 7 || strcmp(w->name + n - 7, ".weight") != 0) {
+                tsr_errf(err, errlen, "%s: tensor '%s': dtype %s: this model reads the tensor as float32 only "
+                         "(quantized weights are supported for the Llama linear layers)", file, w->name,
+                         tsr_safetensors_dtype_name(t->dtype));
+                return TSR_E_UNSUPPORTED;
+        }
+        snprintf(module, sizeof module, "%.*s", (int)(n - 7), w->name);
+        return tsr_modelopt_load_weight(s->modelopt, s->set, module, t, file, w->rows, w->cols, w->stored, err,
+                                        errlen);
+}
+
 /* Check `t` (from `file`) against `w` and convert it into a new float32 array. */
 static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file, const struct want *w,
                               float **ret, char *err, size_t errlen) {
@@ -222,6 +247,8 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
 
 static tsr_status src_load_one(const tsr_tensor_source *s, const src_tensor *t, const struct want *w, char *err,
                                size_t errlen) {
+        if (!s->g && tsr_modelopt_weight_dtype(t->st->dtype))
+                return hf_load_quantized(s, t->st, t->file, w, err, errlen);
         return s->g ? gguf_load_one(t->gt, w, s->src, s->keep_dtypes, w->dst, err, errlen)
                     : hf_load_one(t->st, t->file, w, w->dst, err, errlen);
 }
@@ -318,8 +345,10 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
                 done.n_tensors++;
                 done.file_bytes += t.n_bytes;
                 done.f32_bytes += t.n_elements * sizeof(float);
-                done.resident_bytes += wants[i].stored && wants[i].stored->data ? t.n_bytes
-                                                                               : t.n_elements * sizeof(float);
+                /* kept: its bytes in memory (the file's; NVFP4 with its block scales regrouped in) */
+                done.resident_bytes += wants[i].stored && wants[i].stored->data
+                                               ? tsr_tensor_n_bytes(wants[i].stored)
+                                               : t.n_elements * sizeof(float);
                 done.seconds = now_s() - t0;
                 if (progress)
                         progress(ud, &done, &total);

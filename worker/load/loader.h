@@ -16,6 +16,7 @@
 #include "common/tsr_status.h"
 #include "kernels/tensor.h"
 #include "worker/load/gguf.h"
+#include "worker/load/modelopt.h"
 #include "worker/load/safetensors.h"
 
 /* Which part of the model this worker holds.  Only the whole model (tp_rank 0,
@@ -71,6 +72,10 @@ typedef struct tsr_tensor_source {
          * text model in a bigger one, e.g. "language_model." for Llama 4's
          * Llama4ForConditionalGeneration.  Ignored for GGUF. */
         const char *hf_prefix;
+        /* The ModelOpt quantization the folder announces (NULL: none; tsr_load_opts): an
+         * F8_E4M3 / U8 weight whose slot has `stored` is kept as stored with its scales
+         * (tsr_modelopt_load_weight).  Ignored for GGUF. */
+        const tsr_modelopt_config *modelopt;
 } tsr_tensor_source;
 
 /* How to load.  Zero (or a NULL pointer) widens every tensor to float32. */
@@ -79,6 +84,10 @@ typedef struct tsr_load_opts {
          * this dtype (a GGUF block type the backend's matmul computes on) is kept as it
          * is: resident bytes = file bytes for it. */
         uint32_t keep_dtypes;
+        /* A Hugging Face folder's ModelOpt quantization (tsr_modelopt_config_read; NULL:
+         * none announced): its quantized linear weights stay fp8_e4m3 / nvfp4 with their
+         * scales (resident bytes: the file's, plus NVFP4's block scales). */
+        const tsr_modelopt_config *modelopt;
 } tsr_load_opts;
 
 /* Where one tensor goes and the shape it must have, as the family answers `bind`. */

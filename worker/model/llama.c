@@ -156,8 +156,8 @@ static tsr_status load_gguf(const char *path, const tsr_llama_config *given, con
 /* A Hugging Face folder: config.json first (an unsupported model fails before any
  * weights are mapped), then the safetensors, unmapped after conversion. */
 static tsr_status load_hf(const char *dir, const tsr_llama_config *given, const tsr_shard_spec *spec,
-                          tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret, tsr_load_stats *stats,
-                          char *err, size_t errlen) {
+                          const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud,
+                          tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_safetensors_set *set = NULL;
         tsr_llama_config cfg;
         tsr_shard_spec whole;
@@ -170,7 +170,8 @@ static tsr_status load_hf(const char *dir, const tsr_llama_config *given, const 
         if ((st = tsr_safetensors_set_open(dir, &set, err, errlen)) != TSR_OK)
                 return st;
         whole = tsr_shard_spec_whole(cfg.n_layers);
-        st = tsr_llama_weights_load_hf(set, &cfg, spec ? spec : &whole, progress, ud, ret, stats, err, errlen);
+        st = tsr_llama_weights_load_hf_opts(set, &cfg, spec ? spec : &whole, opts, progress, ud, ret, stats, err,
+                                            errlen);
         tsr_safetensors_set_close(&set);
         return st;
 }
@@ -198,7 +199,7 @@ tsr_status tsr_llama_load_opts(const char *path, const tsr_llama_config *cfg, co
         if (!path || !ret)
                 return TSR_E_INVAL;
         if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-                st = load_hf(path, cfg, spec, progress, ud, &w, stats, err, errlen);
+                st = load_hf(path, cfg, spec, opts, progress, ud, &w, stats, err, errlen);
         else
                 st = load_gguf(path, cfg, spec, opts, progress, ud, &w, stats, err, errlen);
         if (st != TSR_OK)
@@ -454,6 +455,8 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama_config *c, si
 static tsr_status mm(const tsr_llama *m, tsr_backend *be, float *out, const float *x, long l, int which,
                      const float *w_f32, size_t rows, size_t n, size_t d) {
         tsr_tensor t = mm_weight(m, l, which, w_f32);
+        if (t.dtype == TSR_DTYPE_FP8_E4M3 || t.dtype == TSR_DTYPE_NVFP4)        /* ModelOpt: with its scales */
+                return tsr_backend_matmul_scaled(be, out, x, t.data, t.dtype, &t.scales, rows, n, d);
         return tsr_backend_matmul(be, out, x, t.data, t.dtype, rows, n, d);
 }
 

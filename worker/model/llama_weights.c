@@ -310,7 +310,14 @@ static bool ends_with(const char *s, const char *suffix) {
 tsr_status tsr_llama_weights_load_hf(const tsr_safetensors_set *set, const tsr_llama_config *cfg,
                                      const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
                                      tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen) {
-        tsr_tensor_source s = {.set = set};
+        return tsr_llama_weights_load_hf_opts(set, cfg, spec, NULL, progress, ud, ret, stats, err, errlen);
+}
+
+tsr_status tsr_llama_weights_load_hf_opts(const tsr_safetensors_set *set, const tsr_llama_config *cfg,
+                                          const tsr_shard_spec *spec, const tsr_load_opts *opts,
+                                          tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret,
+                                          tsr_load_stats *stats, char *err, size_t errlen) {
+        tsr_tensor_source s = {.set = set, .modelopt = opts ? opts->modelopt : NULL};
         const char *file;
         tsr_status st;
 

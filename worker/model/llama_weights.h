@@ -174,5 +174,12 @@ tsr_status tsr_llama_config_from_hf(const char *dir, tsr_llama_config *ret, char
 tsr_status tsr_llama_weights_load_hf(const tsr_safetensors_set *set, const tsr_llama_config *cfg,
                                      const tsr_shard_spec *spec, tsr_load_progress_fn progress, void *ud,
                                      tsr_llama_weights **ret, tsr_load_stats *stats, char *err, size_t errlen);
+/* The same with options: opts->modelopt (a ModelOpt FP8 / NVFP4 checkpoint) keeps the
+ * quantized linear weights in their stored format with their scales (stored[]); opts
+ * NULL or without it: every weight must be F32, F16 or BF16. */
+tsr_status tsr_llama_weights_load_hf_opts(const tsr_safetensors_set *set, const tsr_llama_config *cfg,
+                                          const tsr_shard_spec *spec, const tsr_load_opts *opts,
+                                          tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret,
+                                          tsr_load_stats *stats, char *err, size_t errlen);
 
 #endif

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "worker/load/modelopt.h"
 
 struct tsr_runner {
         const tsr_model_family *fam;
@@ -112,6 +113,40 @@ static tsr_status pick_dtype(const tsr_runner_opts *opts, bool *bf16, char *err,
         return TSR_OK;
 }
 
+/* What the model at `path` announces about quantization, checked against --quantization
+ * `flag`, with the start-up line naming it and a warning per exclude_modules entry that
+ * matches no tensor (as vLLM warns).  Main thread, at startup. */
+static tsr_status quant_config(const char *path, const tsr_model_desc *desc, const char *flag,
+                               tsr_modelopt_config *mo, char *err, size_t errlen) {
+        tsr_safetensors_set *set = NULL;
+        const char *unmatched[8];
+        tsr_status st;
+
+        if (desc->gguf) {
+                if (!flag)
+                        return TSR_OK;
+                snprintf(err, errlen, "argument --quantization: '%s' does not apply to a GGUF file (%s): its "
+                         "tensors carry their own block types", flag, path);
+                return TSR_E_INVAL;
+        }
+        if ((st = tsr_modelopt_config_read(path, mo, err, errlen)) != TSR_OK ||
+            (st = tsr_modelopt_check_flag(mo, flag, path, err, errlen)) != TSR_OK)
+                return st;
+        if (mo->algo == TSR_MODELOPT_NONE)
+                return TSR_OK;
+        log_info("quantization: %s (ModelOpt %s, from %s%s); the quantized weights stay as stored",
+                 tsr_modelopt_method(mo->algo), tsr_modelopt_algo_name(mo->algo), mo->source,
+                 mo->kv_cache_fp8 ? "; its FP8 KV cache scales are not used: --kv-cache-dtype auto" : "");
+        if (tsr_safetensors_set_open(path, &set, err, errlen) == TSR_OK) {
+                size_t n = tsr_modelopt_unmatched_excludes(mo, set, unmatched, 8);
+                for (size_t i = 0; i < n && i < 8; i++)
+                        log_warn("quantization: exclude_modules entry '%s' (%s) matches no module of the checkpoint",
+                                 unmatched[i], mo->source);
+                tsr_safetensors_set_close(&set);
+        }
+        return TSR_OK;
+}
+
 tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
                           uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
                           tsr_load_stats *stats, char *err, size_t errlen) {
@@ -147,7 +182,13 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                         if (tsr_dtype_get_info((tsr_dtype)t)->quantized &&
                             tsr_backend_supports(r->be, TSR_OP_MATMUL, (tsr_dtype)t))
                                 lo.keep_dtypes |= 1u << t;
+        /* A ModelOpt FP8 / NVFP4 folder: its quantized weights stay as stored (issue #15). */
+        tsr_modelopt_config mo = {0};
+        if ((st = quant_config(path, desc, opts->quantization, &mo, err, errlen)) != TSR_OK)
+                goto fail;
+        lo.modelopt = mo.algo != TSR_MODELOPT_NONE ? &mo : NULL;
         st = r->fam->load(path, desc, &whole, &lo, progress, NULL, &r->model, stats, err, errlen);
+        tsr_modelopt_config_done(&mo);
         if (st != TSR_OK)
                 goto fail;
         if (bf16 && (st = r->fam->use_bf16(r->model)) == TSR_E_UNSUPPORTED &&

@@ -22,6 +22,9 @@ typedef struct tsr_runner tsr_runner;
 typedef struct tsr_runner_opts {
         const char *dtype;      /* auto | float32 | float | bfloat16 (half/float16: TSR_E_INVAL); NULL = auto */
         tsr_backend *backend;   /* borrowed: must outlive the runner (tsr_runner_backend_new) */
+        /* --quantization (NULL: from the checkpoint): must agree with what a Hugging Face
+         * folder announces (worker/load/modelopt.h); refused for a GGUF file. */
+        const char *quantization;
 } tsr_runner_opts;
 
 /* The worker's CPU backend: the fast one with `cpu_threads` threads (0 = the online
