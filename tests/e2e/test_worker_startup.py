@@ -98,9 +98,9 @@ def test_kv_budget_below_one_block_exits_before_binding(spawn, demo_model):
 REFUSED = [
     (["--kv-cache-dtype", "fp8"],
      "argument --kv-cache-dtype: 'fp8' is not supported yet: the KV cache is float32 (supported: auto)"),
-    (["--quantization", "fp8"],
-     "argument --quantization: 'fp8' is not supported yet: no quantization method is; weights are read from the "
-     "checkpoint as stored and computed in --dtype (supported: leave it unset)"),
+    (["--quantization", "awq"],
+     "argument --quantization: 'awq' is not supported (supported: modelopt, modelopt_fp4, fp8, or leave it unset "
+     "to use the checkpoint's)"),
     # a parser the router does not have (the five it has are accepted: issue #17)
     (["--tool-call-parser", "mistral"],
      "invalid tool call parser: mistral (chose from { hermes,llama3_json,llama4_pythonic,pythonic,qwen3_coder })"),

@@ -1,0 +1,83 @@
+"""ModelOpt FP8 and NVFP4 checkpoints served end to end (issue #15): the tiny Llama of
+tests/fixtures/make_tiny_modelopt.py through `tessera serve` with the real
+--quantization flag, its greedy 32-token continuations equal to the torch emulation's,
+the load line reporting the quantized weights' resident bytes, and a --quantization
+that disagrees with the checkpoint refused at start with a clear message."""
+import json
+import re
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from conftest import LAUNCHER, free_port, http_status, wait_until
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-modelopt"
+GOLDEN = json.loads((FIX / "golden.json").read_text())
+
+
+def serve(spawn, variant, *extra):
+    port = free_port()
+    proc = spawn([LAUNCHER, "serve", FIX / variant, "--host", "127.0.0.1", "--port", port,
+                  "--served-model-name", "tiny", "--kv-cache-memory-bytes", "64M", *extra])
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert proc.p.poll() is None, proc.output()
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=60, interval=0.1, what=f"tiny-modelopt/{variant} served")
+    return proc, base
+
+
+def completion_text(base, ids):
+    """vLLM's completion text for these ids: the longest prefix that decodes without a
+    trailing U+FFFD (as tests/e2e/test_hf_model.py)."""
+    for k in range(len(ids), -1, -1):
+        text = requests.post(base + "/detokenize", json={"tokens": ids[:k]}, timeout=5).json()["prompt"]
+        if not text.endswith("\ufffd"):
+            return text
+    return ""
+
+
+@pytest.mark.parametrize("variant,method", [("fp8", "modelopt"), ("nvfp4", "modelopt_fp4"), ("fp8", "fp8")])
+def test_greedy_matches_emulation(spawn, variant, method):
+    proc, base = serve(spawn, variant, "--quantization", method)
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    want_all = GOLDEN["variants"][variant]["greedy"]
+    for prompt, want in zip(GOLDEN["prompts"], want_all):
+        r = client.completions.create(model="tiny", prompt=prompt["ids"], temperature=0, max_tokens=len(want),
+                                      extra_body={"ignore_eos": True, "skip_special_tokens": False})
+        assert r.choices[0].text == completion_text(base, want), prompt["text"]
+        assert r.usage.completion_tokens == 32
+    out = proc.output()
+    assert f"quantization: {'modelopt_fp4' if variant == 'nvfp4' else 'modelopt'} (ModelOpt " \
+           f"{variant.upper()}" in out, out
+    # memory truth: 14 quantized linears (73728 weights) kept as stored, the 7 bf16
+    # tensors widened to float32 (test_quant_modelopt.c has the arithmetic)
+    resident = float(re.search(r"([0-9.]+) MB resident", out).group(1))
+    assert resident == pytest.approx((228608 if variant == "fp8" else 196352) / 1e6, abs=0.05), out
+
+
+@pytest.mark.parametrize("variant,flag,message", [
+    ("fp8", "modelopt_fp4", "says quant_algo FP8 (use --quantization modelopt, or leave it unset)"),
+    ("nvfp4", "modelopt", "says quant_algo NVFP4 (use --quantization modelopt_fp4, or leave it unset)"),
+    ("nvfp4", "fp8", "says quant_algo NVFP4"),
+])
+def test_flag_must_match_the_checkpoint(spawn, variant, flag, message):
+    proc = spawn([LAUNCHER, "serve", FIX / variant, "--host", "127.0.0.1", "--port", free_port(),
+                  "--kv-cache-memory-bytes", "64M", "--quantization", flag])
+    assert proc.p.wait(timeout=60) != 0
+    out = proc.output()
+    assert f"argument --quantization: '{flag}' does not match the checkpoint" in out and message in out, out
+    assert "loaded " not in out and "worker exited with status 2" in out, out    # refused before any weight
+
+
+def test_unquantized_checkpoint_refuses_the_flag(spawn):
+    model = FIX.parent / "tiny-llama3-hf" / "bf16"
+    proc = spawn([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", free_port(),
+                  "--kv-cache-memory-bytes", "64M", "--quantization", "modelopt"])
+    assert proc.p.wait(timeout=60) != 0
+    out = proc.output()
+    assert "announces no quantization" in out and "quantizing an unquantized checkpoint at load is not supported" \
+        in out, out
