@@ -20,7 +20,8 @@
  * the last-level cache can exceed 1.  --kernels caps the fast kernels at an ISA (fast = the
  * best this CPU has), e.g. avx512_bf16 to time VDPBF16PS against AMX's tiles for bf16.
  * --dtypes stored: a GGUF file's block-format weights kept as they are (the worker's
- * --dtype auto; the int8 matmul of kernels/quant/qmm.h), weight bytes = resident bytes. */
+ * --dtype auto; the int8 matmul of kernels/quant/qmm.h), or a ModelOpt FP8 / NVFP4 folder's
+ * quantized weights (kernels/quant/fpmm.h); weight bytes = resident bytes. */
 #include <math.h>
 #include <stdbool.h>
 #include <pthread.h>
@@ -30,6 +31,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
+#include "worker/load/modelopt.h"
 #include "worker/model/llama.h"
 
 #define MAX_LIST 16
@@ -265,7 +267,13 @@ int main(int argc, char **argv) {
                 for (int t = 0; stored && t < TSR_DTYPE_COUNT; t++)
                         if (tsr_dtype_get_info((tsr_dtype)t)->quantized)
                                 lo.keep_dtypes |= 1u << t;
-                if (tsr_llama_load_opts(model, NULL, NULL, &lo, NULL, NULL, &m, &ls, err, sizeof err) != TSR_OK) {
+                /* a ModelOpt FP8 / NVFP4 folder: its quantized weights as stored (the worker's load) */
+                tsr_modelopt_config mo = {0};
+                if (stored && tsr_modelopt_config_read(model, &mo, err, sizeof err) == TSR_OK && mo.algo)
+                        lo.modelopt = &mo;
+                tsr_status lst = tsr_llama_load_opts(model, NULL, NULL, &lo, NULL, NULL, &m, &ls, err, sizeof err);
+                tsr_modelopt_config_done(&mo);
+                if (lst != TSR_OK) {
                         fprintf(stderr, "%s\n", err);
                         return 1;
                 }
