@@ -55,34 +55,28 @@ FPMM_INLINE __m256 e4m3x8(const uint8_t *p) {
 
 /* ---- FP8 ------------------------------------------------------------------------------- */
 
-/* e4m3 row w (n bytes) . x (n floats), the reference's lanes; the tail through a
- * zero-padded copy (0 * 0 = +0 for the padding lanes). */
-FPMM_INLINE float dot_fp8_row(const uint8_t *w, const float *x, size_t n) {
-        __m256 acc = _mm256_setzero_ps();
-        size_t k = 0;
-        for (; k + 8 <= n; k += 8)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + k), e4m3x8(w + k)));
-        if (k < n) {
-                uint8_t wt[8] = {0};
-                float xt[8] = {0};
-                memcpy(wt, w + k, n - k);
-                memcpy(xt, x + k, (n - k) * sizeof(float));
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(xt), e4m3x8(wt)));
-        }
-        return lanes_sum(acc);
+/* Eight weights from k: e4m3 bytes (w8) or floats already decoded (wf). */
+FPMM_INLINE __m256 w_at8(const uint8_t *w8, const float *wf, size_t k) {
+        return w8 ? e4m3x8(w8 + k) : _mm256_loadu_ps(wf + k);
 }
 
-/* The same with the weight row already decoded to floats (wf, n). */
-FPMM_INLINE float dot_f32_row(const float *wf, const float *x, size_t n) {
+/* A weight row (e4m3 bytes w8, or floats wf when w8 is NULL: a row decoded once for
+ * several activation rows) . x (n floats), the reference's lanes; the tail through
+ * zero-padded copies (0 * 0 = +0 for the padding lanes). */
+FPMM_INLINE float dot_fp8_row(const uint8_t *w8, const float *wf, const float *x, size_t n) {
         __m256 acc = _mm256_setzero_ps();
         size_t k = 0;
         for (; k + 8 <= n; k += 8)
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(wf + k)));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + k), w_at8(w8, wf, k)));
         if (k < n) {
-                float wt[8] = {0}, xt[8] = {0};
-                memcpy(wt, wf + k, (n - k) * sizeof(float));
+                uint8_t bt[8] = {0};
+                float ft[8] = {0}, xt[8] = {0};
+                if (w8)
+                        memcpy(bt, w8 + k, n - k);
+                else
+                        memcpy(ft, wf + k, (n - k) * sizeof(float));
                 memcpy(xt, x + k, (n - k) * sizeof(float));
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(xt), _mm256_loadu_ps(wt)));
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(xt), w_at8(w8 ? bt : NULL, ft, 0)));
         }
         return lanes_sum(acc);
 }
@@ -205,9 +199,9 @@ FPMM_FN static void fpmm_task(void *ctx, size_t task, int worker) {
                         else if (c->t == TSR_DTYPE_NVFP4)
                                 acc = dot_nvfp4_w4a16(wi, c->x + r * n, n);
                         else if (wf)
-                                acc = dot_f32_row(wf, c->x + r * n, n);
+                                acc = dot_fp8_row(NULL, wf, c->x + r * n, n);
                         else
-                                acc = dot_fp8_row(wi, c->x + r * n, n);
+                                acc = dot_fp8_row(wi, NULL, c->x + r * n, n);
                         c->out[r * c->d + i] = acc * c->scale;
                 }
         }
