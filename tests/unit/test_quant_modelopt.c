@@ -348,10 +348,10 @@ static void make_copy(const char *variant, const st_edit *e, const char *quant_j
                 const tsr_safetensors_tensor *t = i < tsr_safetensors_n_tensors(f) ? tsr_safetensors_tensor_at(f, i) : NULL;
                 const char *name = t ? t->name : e->name, *dtype;
                 size_t bytes;
-                json_t *shape = json_array();
                 const void *src_bytes = NULL;
                 if (!name || (e->drop && strcmp(name, e->drop) == 0) || (!t && json_object_get(hdr, name)))
                         continue;
+                json_t *shape = json_array();
                 if (e->name && strcmp(name, e->name) == 0) {
                         uint64_t n = 1;
                         for (int d = 0; d < e->n_dims; d++) {
