@@ -129,9 +129,12 @@ static tsr_status quant_config(const char *path, const tsr_model_desc *desc, con
                          "tensors carry their own block types", flag, path);
                 return TSR_E_INVAL;
         }
-        if ((st = tsr_modelopt_config_read(path, mo, err, errlen)) != TSR_OK ||
-            (st = tsr_modelopt_check_flag(mo, flag, path, err, errlen)) != TSR_OK)
+        if ((st = tsr_modelopt_config_read(path, mo, err, errlen)) != TSR_OK)
                 return st;
+        if ((st = tsr_modelopt_check_flag(mo, flag, path, err, errlen)) != TSR_OK) {
+                tsr_modelopt_config_done(mo);
+                return st;
+        }
         if (mo->algo == TSR_MODELOPT_NONE)
                 return TSR_OK;
         log_info("quantization: %s (ModelOpt %s, from %s%s); the quantized weights stay as stored",
