@@ -101,7 +101,13 @@ FPMM_INLINE void e2m1_f32_16(__m128i x2, __m256 *lo, __m256 *hi) {
         *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(x2, 8))), _mm256_set1_ps(0.5f));
 }
 
-FPMM_INLINE float e4m3_1(uint8_t b) { return tsr_fp8_e4m3_to_f32(b); }
+/* One e4m3 byte -> float, exact, as e4m3x8 (F16C; a block scale per 16 weights, so
+ * the reference's ldexpf-based decoder would dominate the NVFP4 dot). */
+FPMM_INLINE float e4m3_1(uint8_t b) {
+        if ((b & 0x7f) == 0x7f)
+                return NAN;
+        return _cvtsh_ss((unsigned short)((b & 0x80) << 8 | (b & 0x7f) << 7)) * 256.0f;
+}
 
 /* W4A16: one 9-byte-block row . x (n floats). Elements 16b..16b+15 go to lanes 0..7 twice. */
 FPMM_INLINE float dot_nvfp4_w4a16(const uint8_t *w, const float *x, size_t n) {
