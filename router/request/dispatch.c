@@ -69,6 +69,8 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                         n = 16;
                 }
         }
+        tsr_placement_recent_match recent;     /* placed here, not yet in a Status */
+        tsr_placement_recent_scan(&r->L->recent, pol == ROUTE_KV ? hashes : NULL, n_hashes, now, &recent);
         /* A draining worker (SIGTERM, --shutdown-timeout) refuses new requests: list
          * it only when no other worker can take the request (second pass). */
         for (int pass = 0; pass < 2 && n_cand == 0; pass++) {
@@ -89,8 +91,8 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                                                 r->hash_block_size ? r->hash_block_size : r->model->block_size,
                                                 r->max_tokens > 0 ? (uint64_t)r->max_tokens : 1,
                                                 pol == ROUTE_KV ? hashes : NULL, pol == ROUTE_KV ? n_hashes : 0);
-                        if (pol == ROUTE_KV && n_hashes) {   /* placed here, not yet in its Status */
-                                size_t h = tsr_placement_recent_hits(&r->L->recent, w, hashes, n_hashes, now);
+                        if (recent.n) {
+                                size_t h = tsr_placement_recent_lookup(&recent, w);
                                 c->hits = h > c->hits ? h : c->hits;
                         }
                         ws[n_cand++] = w;
