@@ -495,8 +495,17 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
                 frame_to_engine(l, TSR_ENGINE_IN_RESYNC, rid, rid_len, env);
                 break;
         case TESSERA__V1__ENVELOPE__MSG_DRAIN:
-                log_info("drain requested by router %s: %s", who, env->drain->reason);
-                l->draining = true;
+                if (!env->drain->resume) {
+                        log_info("drain requested by router %s: %s", who, env->drain->reason);
+                        l->draining = true;
+                } else if (l->shutting_down) {
+                        log_warn("router %s asks to resume (%s), but this worker is stopping: it stays draining", who,
+                                 env->drain->reason);
+                } else {
+                        log_info("resume requested by router %s: %s", who, env->drain->reason);
+                        l->draining = false;
+                }
+                publish_status(l, NULL);   /* routers see the state now, not at the next tick */
                 break;
         case TESSERA__V1__ENVELOPE__MSG_SHUTDOWN:
                 log_info("shutdown requested by router %s", who);
