@@ -18,13 +18,16 @@ enum {
 };
 
 struct tsr_llama {
-        tsr_llama_config cfg;
+        tsr_llama_config cfg;           /* the whole model's (n_layers counts every layer) */
         tsr_llama_weights *w;           /* owned */
+        /* The layers this model holds: global first_layer .. first_layer + n_local - 1 (its
+         * shard spec; a pipeline stage holds a range, w->layers[] and the KV are local). */
+        uint32_t first_layer, n_local;
         float *inv_freq;                /* (head_dim/2,) */
         /* --dtype bfloat16 (tsr_llama_use_bf16): the matmul weights as bf16 bits, their
          * float32 copies in w freed (NULL), except token_embd which the embedding reads.
          * Weights kept in their GGUF block format (w's stored tensors) have no bf16 copy. */
-        uint16_t **bf16;                /* [n_layers * MM_PER_LAYER], NULL when float32 */
+        uint16_t **bf16;                /* [n_local * MM_PER_LAYER], NULL when float32 */
         uint16_t *output_bf16;          /* (vocab, dim) */
 };
 
@@ -43,7 +46,7 @@ struct tsr_llama_kv {
 
 static void bf16_free(tsr_llama *m) {
         if (m->bf16)
-                for (size_t i = 0; i < (size_t)m->cfg.n_layers * MM_PER_LAYER; i++)
+                for (size_t i = 0; i < (size_t)m->n_local * MM_PER_LAYER; i++)
                         free(m->bf16[i]);
         free(m->bf16);
         free(m->output_bf16);
@@ -121,7 +124,7 @@ tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be) {
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
                         return TSR_E_UNSUPPORTED;
-        for (long l = -1; l < (long)m->cfg.n_layers; l++)
+        for (long l = -1; l < (long)m->n_local; l++)
                 for (int i = 0; i < (l < 0 ? 1 : MM_PER_LAYER); i++)
                         if (!tsr_backend_supports(be, TSR_OP_MATMUL, mm_weight(m, l, i, NULL).dtype))
                                 return TSR_E_UNSUPPORTED;
@@ -210,6 +213,8 @@ tsr_status tsr_llama_load_opts(const char *path, const tsr_llama_config *cfg, co
                 goto done;
         }
         m->cfg = w->cfg;
+        m->first_layer = w->shard.first_layer;
+        m->n_local = w->shard.last_layer - w->shard.first_layer + 1;
         m->w = w;
         w = NULL;
         if ((st = tsr_llama_rope_inv_freq(&m->cfg, m->w->rope_freqs, m->inv_freq)) != TSR_OK) {
@@ -241,7 +246,7 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
         if (m->bf16)
                 return TSR_OK;
         const tsr_llama_config *c = &m->cfg;
-        size_t n_layers = c->n_layers, q_dim = (size_t)c->n_heads * c->head_dim;
+        size_t n_layers = m->n_local, q_dim = (size_t)c->n_heads * c->head_dim;
         size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
         size_t hid = c->hidden_dim, dim = c->dim;
         const size_t rows[MM_PER_LAYER] = {q_dim, kv_dim, kv_dim, dim, hid, hid, dim};
@@ -309,6 +314,7 @@ tsr_status tsr_llama_kv_bind(const tsr_llama *m, tsr_kv_pool *pool, tsr_llama_kv
         if (!m || !pool || !ret)
                 return TSR_E_INVAL;
         want = tsr_llama_kv_group(&m->cfg);
+        want.n_layers = m->n_local;
         g = &pool->groups[0];
         if (pool->n_groups != 1 || g->spec.kind != want.kind || g->spec.n_layers != want.n_layers ||
             g->spec.n_kv_heads != want.n_kv_heads || g->spec.head_dim != want.head_dim || g->spec.dtype != want.dtype)
@@ -348,6 +354,7 @@ tsr_status tsr_llama_kv_new(const tsr_llama *m, size_t max_tokens, size_t block_
         if (max_tokens > UINT32_MAX || block_size > UINT32_MAX)
                 return TSR_E_LIMIT;
         g = tsr_llama_kv_group(&m->cfg);
+        g.n_layers = m->n_local;
         if ((st = tsr_kv_pool_new(&g, 1, (max_tokens + block_size - 1) / block_size, (uint32_t)block_size, &pool)) !=
             TSR_OK)
                 return st;
@@ -489,9 +496,14 @@ static tsr_status embed(const tsr_llama *m, tsr_backend *be, float *x, const uin
  * row's arithmetic is the same whatever else is in the batch (matmul, rmsnorm,
  * add_rmsnorm and rope are per row with a fixed order), so batching never changes a
  * sequence's logits.
- * Logits: per segment, none, the last row, or every row, packed in segment order. */
+ * Logits: per segment, none, the last row, or every row, packed in segment order.
+ * A pipeline stage (m holds layers first_layer .. first_layer + n_local - 1): `in` is NULL
+ * on the first stage (the embedding runs), else the previous stage's (2, N, dim) pair, x
+ * (the residual stream) then xb (its last sublayer's output, not yet added), so the
+ * add_rmsnorm that joins two layers runs here exactly as it does in one process; `out`
+ * receives that pair when a later stage holds the remaining layers (no logits then). */
 static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, const tsr_llama_seq *seqs,
-                                   size_t n_seqs, float *logits) {
+                                   size_t n_seqs, const float *in, float *out, float *logits) {
         const tsr_llama_config *c = &m->cfg;
         struct scratch s;
         uint32_t *tokens = NULL;
@@ -522,13 +534,21 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                         tokens[row] = seqs[i].tokens[t];
                         s.pos[row] = (uint32_t)(seqs[i].past_len + t);
                 }
-        TRY(embed(m, be, s.x, tokens, N));                                                  /* x (N, dim) */
-        /* The first layer's attention norm; each later norm is fused with the residual add
-         * before it (add_rmsnorm: x += xb, xb = rmsnorm(x), bitwise the two ops in turn). */
-        if (c->n_layers)
-                TRY(tsr_backend_rmsnorm(be, s.xb, s.x, w->layers[0].attn_norm, N, dim, c->rms_eps));
+        bool last_stage = m->first_layer + m->n_local == c->n_layers;
+        if (!in) {
+                TRY(embed(m, be, s.x, tokens, N));                                          /* x (N, dim) */
+                /* The first layer's attention norm; each later norm is fused with the
+                 * residual add before it (add_rmsnorm: x += xb, xb = rmsnorm(x), bitwise the
+                 * two ops in turn). */
+                if (m->n_local)
+                        TRY(tsr_backend_rmsnorm(be, s.xb, s.x, w->layers[0].attn_norm, N, dim, c->rms_eps));
+        } else {        /* the previous stage's x and xb: the add and norm it left to this one */
+                memcpy(s.x, in, N * dim * sizeof(float));
+                memcpy(s.xb, in + N * dim, N * dim * sizeof(float));
+                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, w->layers[0].attn_norm, N, dim, c->rms_eps));
+        }
 
-        for (size_t l = 0; l < c->n_layers; l++) {
+        for (size_t l = 0; l < m->n_local; l++) {
                 const tsr_llama_layer *L = &w->layers[l];
 
                 /* attention: x += o_proj(attn(rope(q), rope(k), v)) of xb = rmsnorm(x) */
@@ -552,11 +572,16 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                 TRY(mm(m, be, s.hb2, s.xb, (long)l, MM_UP, L->w_up, N, dim, hid));               /* hb2 (N, hid) */
                 TRY(tsr_backend_silu_mul(be, s.hb, s.hb, s.hb2, N * hid));
                 TRY(mm(m, be, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));            /* xb (N, dim) */
-                if (l + 1 < c->n_layers)        /* with the next layer's attention norm */
+                if (l + 1 < m->n_local) {       /* with the next layer's attention norm */
                         TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, w->layers[l + 1].attn_norm, N, dim,
                                                     c->rms_eps));
-                else                            /* the final norm runs on the gathered rows only */
+                } else if (!last_stage) {       /* the next stage adds and norms (see above) */
+                        memcpy(out, s.x, N * dim * sizeof(float));
+                        memcpy(out + N * dim, s.xb, N * dim * sizeof(float));
+                        goto done;
+                } else {                        /* the final norm runs on the gathered rows only */
                         TRY(tsr_backend_add(be, s.x, s.x, s.xb, N * dim));
+                }
         }
 
         /* Only the rows whose logits are wanted go through the final norm and the
@@ -585,7 +610,7 @@ static tsr_status forward_table(const tsr_llama *m, tsr_backend *be, tsr_llama_k
                 .block_table = table, .n_table = n_table, .tokens = tokens, .n = n, .past_len = past_len,
                 .which = which,
         };
-        return forward_segments(m, be, kv, &one, 1, logits);
+        return forward_segments(m, be, kv, &one, 1, NULL, NULL, logits);
 }
 
 /* Checks of one sequence's arguments, shared by every entry point. */
@@ -595,7 +620,7 @@ static tsr_status seq_args_ok(const tsr_llama *m, const tsr_llama_kv *kv, const 
                 return TSR_E_INVAL;
         if (which != TSR_LLAMA_LOGITS_NONE && which != TSR_LLAMA_LOGITS_LAST && which != TSR_LLAMA_LOGITS_ALL)
                 return TSR_E_INVAL;
-        if (kv->n_layers != m->cfg.n_layers || kv->n_kv_heads != m->cfg.n_kv_heads ||
+        if (kv->n_layers != m->n_local || kv->n_kv_heads != m->cfg.n_kv_heads ||
             kv->head_dim != m->cfg.head_dim)
                 return TSR_E_INVAL;     /* a cache made for another model */
         if (past_len > UINT32_MAX || n > UINT32_MAX - past_len)
@@ -611,6 +636,8 @@ static tsr_status forward_args_ok(const tsr_llama *m, const tsr_backend *be, con
                 return TSR_E_INVAL;
         if ((st = seq_args_ok(m, kv, tokens, n, past_len, which)) != TSR_OK)
                 return st;
+        if (m->first_layer != 0 || m->n_local != m->cfg.n_layers)
+                return TSR_E_INVAL;     /* a pipeline stage runs through tsr_llama_forward_stage */
         return tsr_llama_check_backend(m, be);
 }
 
@@ -637,6 +664,11 @@ tsr_status tsr_llama_forward(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *
 
 tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
                                    size_t n_seqs, float *logits) {
+        return tsr_llama_forward_stage(m, be, pool, seqs, n_seqs, NULL, NULL, logits);
+}
+
+tsr_status tsr_llama_forward_stage(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
+                                   size_t n_seqs, const float *in, float *out, float *logits) {
         bool want = false;
         if (!seqs || n_seqs == 0)
                 return TSR_E_INVAL;
@@ -653,12 +685,15 @@ tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llam
                                 return TSR_E_INVAL;
                 want |= q->which != TSR_LLAMA_LOGITS_NONE;
         }
-        if (want && !logits)
+        /* A stage after the first needs its input, one before the last its output (and
+         * makes no logits). */
+        bool last_stage = m->first_layer + m->n_local == m->cfg.n_layers;
+        if ((m->first_layer > 0) != (in != NULL) || (!last_stage) != (out != NULL) || (want && last_stage && !logits))
                 return TSR_E_INVAL;
         tsr_status st = tsr_llama_check_backend(m, be);
         if (st != TSR_OK)
                 return st;
-        return forward_segments(m, be, pool, seqs, n_seqs, logits);
+        return forward_segments(m, be, pool, seqs, n_seqs, in, out, last_stage ? logits : NULL);
 }
 
 tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool,

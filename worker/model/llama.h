@@ -161,6 +161,15 @@ typedef struct tsr_llama_seq {
 tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
                                    size_t n_seqs, float *logits);
 
+/* The same for a pipeline stage: a model loaded with a layer range (its shard spec) runs
+ * only those layers.  in: NULL on the first stage, else the previous stage's output;
+ * out: (2, N, dim) floats, N the step's tokens, for the next stage (NULL on the last
+ * stage, which writes `logits` as tsr_llama_forward_batch does).  Chaining the stages
+ * gives logits bitwise equal to the whole model's: the stages run the same ops on the
+ * same bytes.  TSR_E_INVAL when in/out do not match the stage's place. */
+tsr_status tsr_llama_forward_stage(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
+                                   size_t n_seqs, const float *in, float *out, float *logits);
+
 /* The family hooks (family.h) the Llama family shares with families of the same shape
  * (Llama 4): layers split contiguously over pipeline stages, the first n % pp_size
  * stages one more; and the engine's sequence record filled as a tsr_llama_seq. */

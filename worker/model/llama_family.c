@@ -54,6 +54,7 @@ static tsr_status llama_read_config(const char *path, bool gguf, tsr_model_desc 
         }
         ret->vocab_size = c->vocab_size;
         ret->n_layers = c->n_layers;
+        ret->hidden_size = c->dim;
         return st;
 }
 
@@ -124,6 +125,11 @@ static tsr_status llama_forward_batch(const void *model, tsr_backend *be, void *
         return tsr_llama_forward_batch(model, be, pool, seqs, n_seqs, logits);
 }
 
+static tsr_status llama_forward_stage(const void *model, tsr_backend *be, void *pool, const void *seqs,
+                                      size_t n_seqs, const float *in, float *out, float *logits) {
+        return tsr_llama_forward_stage(model, be, pool, seqs, n_seqs, in, out, logits);
+}
+
 void tsr_llama_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
                         size_t past_len, bool want_logits, bool want_all_logits) {
         *(tsr_llama_seq *)seq = (tsr_llama_seq){
@@ -156,6 +162,7 @@ const tsr_model_family tsr_family_llama = {
         .kv_bind = llama_kv_bind,
         .kv_unbind = llama_kv_unbind,
         .forward_batch = llama_forward_batch,
+        .forward_stage = llama_forward_stage,
         .seq_size = sizeof(tsr_llama_seq),
         .seq_fill = tsr_llama_seq_fill,
 };
