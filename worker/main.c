@@ -432,12 +432,12 @@ int main(int argc, char **argv) {
                 goto out;
         } else {
                 log_info("loaded %zu tensors (%.1f MB in the file, %.1f MB as float32, %.1f MB resident) in %.2f s, "
-                         "%.1f MB/s; KV pool %.1f MB",
+                         "%.1f MB/s; KV pool %.1f MB%s",
                          lstats.n_tensors, (double)lstats.file_bytes / 1e6, (double)lstats.f32_bytes / 1e6,
                          (double)lstats.resident_bytes / 1e6,
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
                          (double)(plan.kv_blocks_total * plan.kv_block_bytes + plan.state_slots * plan.state_slot_bytes) /
-                                 1e6);
+                                 1e6, pp > 1 ? " on the rank with the most layers (each rank holds its layers' KV)" : "");
         }
         if (tsr_block_hash_algo_parse(cfg.prefix_caching_hash_algo, &hash_algo) != TSR_OK) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "tests/tsr_test.h"
+#include "tests/unit/test_util.h"
 #include "worker/model/family.h"
 #include "worker/model/runner.h"
 #include "worker/parallel/partition.h"
@@ -172,16 +173,11 @@ typedef struct model_case {
 
 static bool model_open(model_case *mc, const char *rel) {
         static char path[4096];
-        const char *root = getenv("TSR_SOURCE_ROOT");
         char err[512] = "";
-        FILE *f;
         bool gguf = strstr(rel, ".gguf") != NULL;
 
-        snprintf(path, sizeof path, "%s/%s%s", root ? root : ".", rel, gguf ? "" : "/config.json");
-        if (!(f = fopen(path, "rb")))
+        if (!tsr_test_src_path(rel, path, sizeof path))
                 return false;
-        fclose(f);
-        snprintf(path, sizeof path, "%s/%s", root ? root : ".", rel);
         mc->path = path;
         const tsr_model_family *fam = tsr_family_find(gguf ? "gguf" : "hf", "llama", "llama");
         assert_non_null(fam);
