@@ -78,11 +78,14 @@ def stop_cleanly(proc):
 
 
 def test_pp2_pp3_answer_as_pp1(tmp_path):
+    """-pp 2 (also with --async-scheduling, where stage 0 runs on the engine's step
+    thread) and -pp 3 split 8,12,10 by VLLM_PP_LAYER_PARTITION, against -pp 1."""
     proc, client = start(tmp_path, "pp1")
     want = answers(client)
     stop_cleanly(proc)
     assert want[0][2] and " Paris" in want[0][2]       # a real model answers
     for name, flags, env in (("pp2", ("-pp", "2"), None),
+                             ("pp2-async", ("-pp", "2", "--async-scheduling"), None),   # forward on the step thread
                              ("pp3-uneven", ("--pipeline-parallel-size", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12,10"})):
         proc, client = start(tmp_path, name, *flags, env=env)
         log = proc.output()
