@@ -14,6 +14,8 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +165,53 @@ static void test_pipeline_toy(void **state) {
         tsr_pipeline_free(NULL);
 }
 
+/* A stage that takes longer than the comm deadline (a stalled rank): the leader's wait
+ * ends with TSR_E_TIMEOUT at the deadline (the log line), the step returns it once the
+ * slow stage's own work has ended (the pipeline joins every rank thread before returning,
+ * since they read the caller's plan), never a hang, and the next step runs on a new group.
+ * The stall is a bounded condvar wait on a flag nobody sets: the only pause in this file. */
+static pthread_mutex_t stall_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stall_cv = PTHREAD_COND_INITIALIZER;
+
+static tsr_status stall_stage(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out) {
+        int *stall_ms = ud;
+        if (s == 1 && *stall_ms > 0) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += (long)*stall_ms * 1000000L;
+                ts.tv_sec += ts.tv_nsec / 1000000000L;
+                ts.tv_nsec %= 1000000000L;
+                pthread_mutex_lock(&stall_mu);
+                pthread_cond_timedwait(&stall_cv, &stall_mu, &ts);
+                pthread_mutex_unlock(&stall_mu);
+        }
+        for (size_t i = 0; i < step->io_floats; i++)
+                out[i] = s == 0 ? 1.0f : in[i] + 1.0f;
+        return TSR_OK;
+}
+
+static void test_pipeline_deadline(void **state) {
+        (void)state;
+        int stall_ms = 400;
+        tsr_pipeline *p = NULL;
+        float out[4];
+        tsr_pipeline_step st = {.plan = NULL, .io_floats = 4, .out_floats = 4};
+        struct timespec t0, t1;
+
+        assert_int_equal(tsr_pipeline_new(2, 100, stall_stage, &stall_ms, &p), TSR_OK);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        assert_int_equal(tsr_pipeline_run(p, &st, out), TSR_E_TIMEOUT);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+        print_message("a stage stalled 400 ms past a 100 ms deadline: the step failed after %.0f ms\n", ms);
+        assert_true(ms < 5000);
+        stall_ms = 0;
+        assert_int_equal(tsr_pipeline_run(p, &st, out), TSR_OK);
+        assert_true(out[0] == 2.0f && out[3] == 2.0f);
+        assert_int_equal(tsr_pipeline_epoch(p), 2);
+        tsr_pipeline_free(&p);
+}
+
 /* ---- the model: PP = 2, 3 against PP = 1 ------------------------------------------------ */
 
 typedef struct model_case {
@@ -308,6 +357,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_partition),
                 cmocka_unit_test(test_pipeline_toy),
+                cmocka_unit_test(test_pipeline_deadline),
                 cmocka_unit_test(test_tiny_llama3_pp),
                 cmocka_unit_test(test_smollm2_pp),
                 cmocka_unit_test(test_runner_refuses),
