@@ -139,3 +139,27 @@ def test_comm_abort_mid_step_fails_the_request_and_serves_on(tmp_path):
                      + "/health", timeout=5)
     assert r.status_code == 200
     stop_cleanly(proc)
+
+
+def test_sigterm_mid_stream_exits_cleanly(tmp_path):
+    """SIGTERM while a -pp 3 worker streams: the stream ends (finished or with an error,
+    never a hang), and `tessera serve` with its worker and all three rank threads exits 0
+    within the shutdown grace."""
+    proc, client = start(tmp_path, "sigterm", "-pp", "3")
+    got, done = [], threading.Event()
+
+    def stream():
+        try:
+            for ev in client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=400, temperature=0,
+                                                extra_body={"ignore_eos": True}, stream=True):
+                got.append(ev.choices[0].text)
+        except Exception:   # an error event or a closed connection: either ends the stream
+            pass
+        done.set()
+    t = threading.Thread(target=stream)
+    t.start()
+    wait_until(lambda: len(got) >= 2, timeout=60, what="two streamed tokens")
+    stop_cleanly(proc)
+    assert done.wait(30), "the stream did not end after the server stopped"
+    t.join(5)
+    assert len(got) < 400
