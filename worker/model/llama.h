@@ -170,6 +170,22 @@ tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llam
 tsr_status tsr_llama_forward_stage(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
                                    size_t n_seqs, const float *in, float *out, float *logits);
 
+/* Tensor parallelism (issue #20): split a loaded float32 model (whole or a pipeline
+ * stage) for rank tp_rank of tp_size, as vLLM shards a Llama: q/k/v and gate/up by output
+ * rows (heads, KV heads replicated when tp_size exceeds them, MLP columns), lm_head by
+ * vocabulary rows (the logits are all-gathered), o_proj and down_proj by input columns,
+ * held as TSR_COMM_TREE_LEAVES / tp_size canonical K slices whose partial sums add in the
+ * comm layer's fixed tree (R7); the embedding and the norms stay whole.  tp_size 1 makes
+ * the canonical split alone, which the TP = 1 run needs to be bitwise equal to TP > 1.
+ * The KV the model then binds has its local KV heads.  TSR_E_UNSUPPORTED (sizes that do
+ * not split, weights not float32) or TSR_E_NOMEM, with the reason in err (the model is
+ * then only fit to be freed).  Main thread, at start-up. */
+struct tsr_comm;
+tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
+/* The rank's TP group, which the forwards of a tp_size > 1 model all-reduce and
+ * all-gather over; set by the rank's thread before its forward (borrowed). */
+void tsr_llama_set_comm(tsr_llama *m, struct tsr_comm *comm);
+
 /* The family hooks (family.h) the Llama family shares with families of the same shape
  * (Llama 4): layers split contiguously over pipeline stages, the first n % pp_size
  * stages one more; and the engine's sequence record filled as a tsr_llama_seq. */
