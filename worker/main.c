@@ -27,6 +27,7 @@
 #include "worker/load/model_meta.h"
 #include "worker/model/runner.h"
 #include "worker/notify.h"
+#include "worker/parallel/comm.h"
 #include "worker/parallel/partition.h"
 
 #define DEFAULT_KV_CACHE_BYTES (4ll << 30)
@@ -105,10 +106,17 @@ static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t
 
 /* pp_layers[pp]: the layers of each pipeline stage (pp > 1), else NULL. */
 static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
-                            uint32_t pp, const uint32_t *pp_layers, tsr_worker_plan *p, char *err, size_t errlen) {
+                            uint32_t pp, const uint32_t *pp_layers, uint32_t tp, tsr_worker_plan *p, char *err,
+                            size_t errlen) {
         tsr_kv_group groups[TSR_KV_GROUPS_MAX];
         size_t n_groups = 0;
         tsr_shard_spec largest = {.tp_size = 1}, *stage = NULL;
+
+        /* TP: every rank holds every layer with its share of the KV heads. */
+        if (tp > 1 && desc) {
+                largest = (tsr_shard_spec){.tp_size = tp, .last_layer = desc->n_layers - 1};
+                stage = &largest;
+        }
 
         memset(p, 0, sizeof(*p));
         if (cfg->status_listen) {
@@ -143,7 +151,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         p->max_num_seqs = cfg->max_num_seqs > 0 ? (uint32_t)cfg->max_num_seqs : CPU_DEFAULT_MAX_NUM_SEQS;
         /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
          * per block, and state slots (counted in the same budget) per running request. */
-        long long budget = kv_budget(cfg, pp_layers ? pp : 1);
+        long long budget = kv_budget(cfg, pp_layers ? pp : tp);
         p->state_slot_bytes = tsr_kv_slot_bytes(groups, n_groups);
         p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs);
         if (p->state_slot_bytes && p->state_slots == 0) {
@@ -198,10 +206,32 @@ static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m,
                                  "must divide one another.", kv_heads, tp);
                         return TSR_E_INVAL;
                 }
-                snprintf(err, errlen, "argument --tensor-parallel-size: %u is not supported yet: a worker does not "
-                         "split layers across ranks (supported: 1; --pipeline-parallel-size splits the layers "
-                         "into stages)", tp);
-                return TSR_E_UNSUPPORTED;
+                /* This slice: TP ranks are threads of this worker, float32 weights (the
+                 * canonical split of R7 is float32 math), one pipeline stage. */
+                if (!desc || !desc->family->tp_shard) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u is not supported for %s "
+                                 "(supported for the llama family; 1 for the others)", tp,
+                                 m->architecture ? m->architecture : m->model_type ? m->model_type : "this model");
+                        return TSR_E_UNSUPPORTED;
+                }
+                if (pp > 1) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u together with "
+                                 "--pipeline-parallel-size %u is not supported yet (supported: one of them above 1)",
+                                 tp, pp);
+                        return TSR_E_UNSUPPORTED;
+                }
+                if (!cfg->dtype || (strcmp(cfg->dtype, "float32") != 0 && strcmp(cfg->dtype, "float") != 0)) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u needs --dtype float32 (the "
+                                 "tensor-parallel split computes in float32, bitwise equal to -tp 1 --dtype float32)",
+                                 tp);
+                        return TSR_E_UNSUPPORTED;
+                }
+                if (TSR_COMM_TREE_LEAVES % tp != 0 || desc->vocab_size % tp != 0) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u must divide %d (the canonical "
+                                 "partial sums of a row-parallel layer) and the vocabulary size (%u; vLLM pads it, "
+                                 "this build does not)", tp, TSR_COMM_TREE_LEAVES, desc->vocab_size);
+                        return TSR_E_UNSUPPORTED;
+                }
         }
         if (pp <= 1 && !(partition && *partition))
                 return TSR_OK;
@@ -370,8 +400,8 @@ int main(int argc, char **argv) {
                 log_info("pipeline parallel: %u stages (ranks) in this process, layers [%s]%s", pp, line,
                          getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
         }
-        if (make_plan(&cfg, meta, family ? &desc : NULL, pp, pp > 1 ? pp_layers : NULL, &plan, err, sizeof(err)) !=
-            TSR_OK) {
+        if (make_plan(&cfg, meta, family ? &desc : NULL, pp, pp > 1 ? pp_layers : NULL,
+                      (uint32_t)cfg.tensor_parallel_size, &plan, err, sizeof(err)) != TSR_OK) {
                 log_error("%s", err);
                 goto out;
         }
@@ -411,17 +441,23 @@ int main(int argc, char **argv) {
          * online ones), at least one thread: the ranks of a step run one after another, but
          * a later slice keeps several steps in flight. */
         int rank_threads = cfg.cpu_threads;
-        if (pp > 1) {
+        long ranks = pp > 1 ? (long)pp : (long)cfg.tensor_parallel_size;
+        if (ranks > 1) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
-                rank_threads = cores / (long)pp > 1 ? (int)(cores / (long)pp) : 1;
+                rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
         }
         st = tsr_runner_backend_new(rank_threads, &backend, err, sizeof(err));
         if (st != TSR_OK) {
                 log_error("cannot load model %s: %s", cfg.model, err);
                 goto out;
         }
+        /* --dtype float32 computes o_proj and down_proj in the canonical split (R7) at
+         * every -tp, so -tp 1 and -tp N give the same bits. */
+        bool f32 = cfg.dtype && (strcmp(cfg.dtype, "float32") == 0 || strcmp(cfg.dtype, "float") == 0);
         tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend, .pp = pp, .pp_layers = pp_layers,
-                                 .stage_threads = rank_threads, .pp_timeout_ms = pp_timeout_ms()};
+                                 .stage_threads = rank_threads, .pp_timeout_ms = pp_timeout_ms(),
+                                 .tp = (uint32_t)cfg.tensor_parallel_size,
+                                 .tp_canonical = f32 && family && family->tp_shard};
         if (!family) {
                 log_warn("model %s: no model runner (no model family serves architecture %s); serving its metadata "
                          "only, Submit is refused", cfg.model,

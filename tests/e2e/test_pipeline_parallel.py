@@ -5,7 +5,8 @@ batched, because the stages only move bytes (tests/unit/test_parallel.c compares
 logits themselves).  Then the refusals (-tp not dividing the heads, -pp over the layer
 count, a bad VLLM_PP_LAYER_PARTITION, -dp), a comm failure in the middle of a step
 (the in-flight request ends with an error, the worker stays up and serves the next one
-on a new group), and a clean SIGTERM exit."""
+on a new group), and a clean SIGTERM exit.  Tensor parallelism inside one worker too:
+-tp 2 and -tp 4 --dtype float32 on the tiny HF Llama 3 answer bitwise as -tp 1."""
 import os
 import signal
 import subprocess
@@ -15,18 +16,22 @@ import openai
 import pytest
 import requests
 
-from conftest import DEMO_MODEL, LAUNCHER, Proc, free_port, http_status, skip_because, wait_until
+from conftest import DEMO_MODEL, LAUNCHER, REPO, Proc, free_port, http_status, skip_because, wait_until
 
 MODEL = "smol"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 
 
-def start(tmp_path, name, *flags, env=None):
-    if not DEMO_MODEL.exists():
+TINY = REPO / "tests" / "fixtures" / "tiny-llama3-hf" / "f32"   # 4 heads, 2 KV heads, float32
+
+
+def start(tmp_path, name, *flags, env=None, model=None):
+    if model is None and not DEMO_MODEL.exists():
         skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     port = free_port()
-    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port,
-                 "--served-model-name", MODEL, "--max-model-len", "1024", "--max-num-seqs", "8",
+    proc = Proc([LAUNCHER, "serve", model or DEMO_MODEL, "--host", "127.0.0.1", "--port", port,
+                 "--served-model-name", MODEL, "--max-model-len", "1024" if model is None else "256",
+                 "--max-num-seqs", "8",
                  "--kv-cache-memory-bytes", "128M", *flags],
                 tmp_path / f"{name}.log", env=dict(os.environ, **(env or {})))
     base = f"http://127.0.0.1:{port}"
@@ -98,9 +103,29 @@ def test_pp2_pp3_answer_as_pp1(tmp_path):
         stop_cleanly(proc)
 
 
+def test_tp2_tp4_answer_as_tp1(tmp_path):
+    """Tensor parallelism in one worker (rank threads over the comm layer's local backend):
+    -tp 2 and -tp 4 (4 > the 2 KV heads: each KV head on two ranks) on the tiny HF Llama 3,
+    with --dtype float32, answer bitwise as -tp 1 --dtype float32: o_proj and down_proj
+    are 8 canonical partial sums added in the comm layer's fixed tree at every -tp (R7)."""
+    want = None
+    for tp in ("1", "2", "4"):
+        proc, client = start(tmp_path, f"tp{tp}", "--dtype", "float32", "-tp", tp, model=TINY)
+        if tp != "1":
+            assert f"tensor parallel rank {int(tp) - 1} of {tp}" in proc.output()
+        got = answers(client)
+        stop_cleanly(proc)
+        if want is None:
+            want = got
+        else:
+            for w, g in zip(want, got):
+                assert w == g, (tp, w, g)
+
+
 @pytest.mark.parametrize("flags,env,words", [
     (("-tp", "2"), None, "Total number of attention heads (9) must be divisible by tensor parallel size (2)."),
-    (("-tp", "3"), None, "argument --tensor-parallel-size: 3 is not supported yet"),
+    (("-tp", "3"), None, "argument --tensor-parallel-size: 3 needs --dtype float32"),
+    (("-tp", "3", "--dtype", "float32"), None, "argument --tensor-parallel-size: 3 must divide 8"),
     (("-pp", "31"), None, "--pipeline-parallel-size 31 is greater than the model's 30 hidden layers"),
     (("-pp", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12"}, "len(partition_list)=2 does not match pp_size=3."),
     (("-pp", "2"), {"VLLM_PP_LAYER_PARTITION": "10,10"},

@@ -1,4 +1,4 @@
-/* worker/parallel/partition + pipeline and the runner's pipeline stages (issue #20).
+/* worker/parallel/partition + pipeline and the runner's pipeline stages and TP ranks (issue #20).
  *
  *  - the layer split: vLLM's get_pp_indices rule (remainder to the stages before the
  *    last), VLLM_PP_LAYER_PARTITION, and the refusals with vLLM's words;
@@ -8,7 +8,9 @@
  *  - the model: logits of a prefill (every row) and of a mixed decode + prefill step at
  *    PP = 2 and 3 (and an uneven split) memcmp-equal to PP = 1, for SmolLM2-135M (GGUF,
  *    30 layers, tied embeddings) and the tiny HF Llama 3 fixture (2 layers, separate
- *    lm_head): pipeline stages only move bytes. */
+ *    lm_head): pipeline stages only move bytes;
+ *  - tensor parallelism: the tiny HF Llama 3 at TP = 2 and 4 memcmp-equal to TP = 1 in the
+ *    canonical row-parallel split (R7), on the reference and the fast kernels. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <math.h>
@@ -83,7 +85,8 @@ typedef struct toy {
 } toy;
 
 /* Stage s: out[i] = in[i] * 2 + s (stage 0: in = i); the last writes out_floats. */
-static tsr_status toy_stage(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out) {
+static tsr_status toy_stage(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out,
+                            struct tsr_comm *comm) {
         toy *t = ud;
         const float *base = step->plan;
         size_t n = step->io_floats;
@@ -173,7 +176,8 @@ static void test_pipeline_toy(void **state) {
 static pthread_mutex_t stall_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t stall_cv = PTHREAD_COND_INITIALIZER;
 
-static tsr_status stall_stage(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out) {
+static tsr_status stall_stage(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out,
+                              struct tsr_comm *comm) {
         int *stall_ms = ud;
         if (s == 1 && *stall_ms > 0) {
                 struct timespec ts;
@@ -248,7 +252,8 @@ static void model_close(model_case *mc) {
  * tokens with every row's logits beside a prefill of 5 whose logits nobody wants, then a
  * step of one decode token for each plus the second's next 3 prompt tokens with the
  * last row.  The logits of both steps, packed, into out. */
-static void run_steps(model_case *mc, uint32_t pp, const uint32_t *layers, float *out, size_t *n_out) {
+static void run_steps_tp(model_case *mc, uint32_t pp, const uint32_t *layers, uint32_t tp, bool canonical,
+                         float *out, size_t *n_out) {
         tsr_runner *r = NULL;
         tsr_load_stats ls;
         char err[512] = "";
@@ -261,10 +266,10 @@ static void run_steps(model_case *mc, uint32_t pp, const uint32_t *layers, float
         for (size_t i = 0; i < 11; i++)
                 p0[i] %= (uint32_t)V;
         tsr_runner_opts o = {.dtype = "float32", .backend = mc->be, .pp = pp, .pp_layers = layers,
-                             .stage_threads = 1, .pp_timeout_ms = 60000};
+                             .stage_threads = 1, .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical};
         if (tsr_runner_new(mc->path, &mc->desc, &o, N_BLOCKS, BLOCK, 0, &r, &ls, err, sizeof err) != TSR_OK)
-                fail_msg("%s pp %u: %s", mc->path, pp, err);
-        assert_int_equal(tsr_runner_stages(r), pp > 1 ? pp : 1);
+                fail_msg("%s pp %u tp %u: %s", mc->path, pp, tp, err);
+        assert_int_equal(tsr_runner_stages(r), tp > 1 ? tp : pp > 1 ? pp : 1);
         const tsr_engine_model *m = tsr_runner_model(r);
         tsr_engine_seq step1[2] = {
                 {.block_table = t0, .n_table = 4, .tokens = p0, .n = 11, .past_len = 0, .want_logits = true,
@@ -280,6 +285,10 @@ static void run_steps(model_case *mc, uint32_t pp, const uint32_t *layers, float
         *n_out = 13 * V;
         tsr_runner_free(&r);
         assert_null(r);
+}
+
+static void run_steps(model_case *mc, uint32_t pp, const uint32_t *layers, float *out, size_t *n_out) {
+        run_steps_tp(mc, pp, layers, 1, false, out, n_out);
 }
 
 static void compare_pp(const char *rel, const uint32_t *const *splits, const uint32_t *pps, size_t n_cases) {
@@ -332,6 +341,55 @@ static void test_tiny_llama3_pp(void **state) {
         compare_pp("tests/fixtures/tiny-llama3-hf/f32", splits, pps, 1);
 }
 
+/* Tensor parallelism (R7): TP = 2 and 4 (4 > the 2 KV heads: replicated) on the tiny HF
+ * Llama 3 memcmp-equal to TP = 1 computed in the canonical split, on the reference
+ * kernels and on the fast ones; and the canonical split at PP = 2 too. */
+static void test_tiny_llama3_tp(void **state) {
+        (void)state;
+        model_case mc = {0};
+        const char *kern[] = {"ref", "fast"};
+        if (!model_open(&mc, "tests/fixtures/tiny-llama3-hf/f32"))
+                fail_msg("the tiny Llama 3 fixture is committed: run from the source tree");
+        size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0;
+        float *want = malloc(13 * V * sizeof(float)), *got = malloc(13 * V * sizeof(float)),
+              *plain = malloc(13 * V * sizeof(float));
+        assert_non_null(want);
+        assert_non_null(got);
+        assert_non_null(plain);
+        for (int k = 0; k < 2; k++) {
+                char err[256];
+                tsr_backend_free(&mc.be);
+                setenv("TESSERA_KERNELS", kern[k], 1);
+                assert_int_equal(tsr_runner_backend_new(1, &mc.be, err, sizeof err), TSR_OK);
+                run_steps_tp(&mc, 1, NULL, 1, true, want, &n_want);
+                run_steps_tp(&mc, 1, NULL, 1, false, plain, &n_got);
+                double worst = 0;
+                for (size_t i = 0; i < n_want; i++)
+                        worst = fabs((double)want[i] - plain[i]) > worst ? fabs((double)want[i] - plain[i]) : worst;
+                print_message("tiny-llama3 (%s kernels): canonical split vs plain at tp 1: max |dlogit| %.3g\n", kern[k],
+                              worst);
+                assert_true(worst < 1e-3);
+                static const uint32_t two[] = {1, 1};
+                struct { uint32_t tp, pp; } cases[] = {{2, 1}, {4, 1}, {1, 2}};
+                for (size_t c = 0; c < 3; c++) {
+                        memset(got, 0xff, 13 * V * sizeof(float));
+                        run_steps_tp(&mc, cases[c].pp, cases[c].pp > 1 ? two : NULL, cases[c].tp, true, got, &n_got);
+                        assert_int_equal(n_got, n_want);
+                        for (size_t i = 0; i < n_want; i++)
+                                if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                                        fail_msg("%s kernels, tp %u pp %u: logit [%zu, %zu] %.9g, tp 1 %.9g", kern[k],
+                                                 cases[c].tp, cases[c].pp, i / V, i % V, got[i], want[i]);
+                        print_message("tiny-llama3 (%s kernels): tp %u pp %u: %zu logits bitwise equal to tp 1\n",
+                                      kern[k], cases[c].tp, cases[c].pp, n_want);
+                }
+        }
+        unsetenv("TESSERA_KERNELS");
+        free(want);
+        free(got);
+        free(plain);
+        model_close(&mc);
+}
+
 /* Bad stage arguments: no layer split, or more stages than the model has layers (the
  * loader refuses the empty range; main.c refuses pp > layers before it gets here). */
 static void test_runner_refuses(void **state) {
@@ -350,6 +408,20 @@ static void test_runner_refuses(void **state) {
         o.stage_threads = 1;
         assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &o, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
         assert_null(r);
+        /* TP: 3 does not split 8 partial sums or 4 heads; TP with PP is not built yet */
+        tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = 3, .stage_threads = 1};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "tensor parallel size 3 does not split this model"));
+        static const uint32_t two[] = {1, 1};
+        t = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .tp = 2, .pp = 2, .pp_layers = two};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "together with pipeline parallelism"));
+        /* TP on bfloat16 weights: the split is float32 math */
+        t = (tsr_runner_opts){.dtype = "bfloat16", .backend = mc.be, .tp = 2, .stage_threads = 1};
+        assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
+        assert_null(r);
         model_close(&mc);
 }
 
@@ -360,6 +432,7 @@ int main(void) {
                 cmocka_unit_test(test_pipeline_deadline),
                 cmocka_unit_test(test_tiny_llama3_pp),
                 cmocka_unit_test(test_smollm2_pp),
+                cmocka_unit_test(test_tiny_llama3_tp),
                 cmocka_unit_test(test_runner_refuses),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

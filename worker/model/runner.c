@@ -29,7 +29,8 @@ typedef struct step_plan {
 
 struct tsr_runner {
         const tsr_model_family *fam;
-        uint32_t n_stages;
+        uint32_t n_stages;         /* ranks: pipeline stages, or tensor-parallel ranks when `tensor` */
+        bool tensor;               /* stages[] are TP ranks, each with every layer's shard */
         stage stages[TSR_RUNNER_MAX_STAGES];
         tsr_pipeline *pipe;        /* n_stages > 1 */
         uint32_t hidden;           /* desc->hidden_size: a stage hands 2 x tokens x hidden floats on */
@@ -41,7 +42,8 @@ struct tsr_runner {
 };
 
 /* Stage s's part of a step, on its rank's thread (stage 0: the engine's). */
-static tsr_status stage_run(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out) {
+static tsr_status stage_run(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out,
+                            struct tsr_comm *comm) {
         tsr_runner *r = ud;
         const step_plan *pl = step->plan;
         const stage *sg = &r->stages[s];
@@ -49,6 +51,10 @@ static tsr_status stage_run(void *ud, uint32_t s, const tsr_pipeline_step *step,
 
         if (last && r->abort_at && pl->step == r->abort_at)
                 tsr_pipeline_abort(r->pipe);
+        if (r->tensor) {        /* TP rank s: the whole step on its shard, meeting the others in the comm */
+                r->fam->tp_set_comm(sg->model, comm);
+                return r->fam->forward_batch(sg->model, sg->be, sg->pool, pl->seqs, pl->n_seqs, out);
+        }
         return r->fam->forward_stage(sg->model, sg->be, sg->pool, pl->seqs, pl->n_seqs, in, last ? NULL : out,
                                      last ? out : NULL);
 }
@@ -79,7 +85,7 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
                         rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
                 }
                 step_plan pl = {.seqs = ls, .n_seqs = n_seqs, .step = r->steps};
-                tsr_pipeline_step step = {.plan = &pl, .io_floats = 2 * n_tokens * r->hidden,
+                tsr_pipeline_step step = {.plan = &pl, .io_floats = r->tensor ? 0 : 2 * n_tokens * r->hidden,
                                           .out_floats = rows * r->em.vocab};
                 st = tsr_pipeline_run(r->pipe, &step, logits);
         }
@@ -167,6 +173,7 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                              bool *bf16, const tsr_shard_spec *shard, stage *sg, uint64_t num_blocks,
                              uint32_t block_size, uint32_t n_state_slots, tsr_load_stats *stats, char *err,
                              size_t errlen) {
+        tsr_shard_spec load = *shard;
         tsr_kv_group groups[TSR_KV_GROUPS_MAX];
         size_t n_groups;
         tsr_status st;
@@ -181,9 +188,30 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                         if (tsr_dtype_get_info((tsr_dtype)t)->quantized &&
                             tsr_backend_supports(sg->be, TSR_OP_MATMUL, (tsr_dtype)t))
                                 lo.keep_dtypes |= 1u << t;
-        st = r->fam->load(path, desc, shard, &lo, progress, NULL, &sg->model, stats, err, errlen);
+        /* Tensor parallelism (and the canonical split at tp 1): the layers load whole, then
+         * the family splits them for the rank, before any bfloat16 conversion (the split
+         * runs on float32; --dtype auto then keeps float32). */
+        bool split = shard->tp_size > 1 || (opts->tp_canonical && opts->tp <= 1);
+        load.tp_rank = 0;
+        load.tp_size = 1;
+        if (split)
+                lo.keep_dtypes = 0;
+        st = r->fam->load(path, desc, &load, &lo, progress, NULL, &sg->model, stats, err, errlen);
         if (st != TSR_OK)
                 return st;
+        if (split && !r->fam->tp_shard) {
+                snprintf(err, errlen, "tensor parallelism is not supported for model family %s (supported: llama)",
+                         r->fam->name);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (split && (st = r->fam->tp_shard(sg->model, shard->tp_rank, shard->tp_size, err, errlen)) != TSR_OK) {
+                if (shard->tp_size > 1 || st != TSR_E_UNSUPPORTED)
+                        return st;
+                /* tp 1: a model whose sizes the split does not fit runs as it always did */
+                log_info("the canonical row-parallel split does not apply (%s): o_proj and down_proj sum in one "
+                         "pass", err);
+                st = TSR_OK;
+        }
         if (*bf16 && (st = r->fam->use_bf16(sg->model)) == TSR_E_UNSUPPORTED &&
             (!opts->dtype || strcmp(opts->dtype, "auto") == 0)) {
                 /* --dtype auto asked for bfloat16 on this CPU, but the family has no
@@ -222,6 +250,7 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         tsr_runner *r;
         tsr_status st;
         uint32_t n_stages = opts && opts->pp > 1 ? opts->pp : 1, first = 0;
+        uint32_t tp = opts && opts->tp > 1 ? opts->tp : 1;
         tsr_load_stats total = {0};
 
         if (!opts || !opts->backend || !desc || !desc->family || n_stages > TSR_RUNNER_MAX_STAGES ||
@@ -232,10 +261,18 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                          desc->family->name);
                 return TSR_E_UNSUPPORTED;
         }
+        if (tp > 1 && (n_stages > 1 || tp > TSR_RUNNER_MAX_STAGES)) {
+                snprintf(err, errlen, "tensor parallelism together with pipeline parallelism is not supported yet "
+                         "(tp %u, pp %u)", tp, n_stages);
+                return TSR_E_UNSUPPORTED;
+        }
         r = calloc(1, sizeof(*r));
         if (!r)
                 return TSR_E_NOMEM;
         r->fam = desc->family;
+        r->tensor = tp > 1;
+        if (r->tensor)
+                n_stages = tp;
         r->n_stages = n_stages;
         r->hidden = desc->hidden_size;
         r->stages[0].be = opts->backend;
@@ -248,11 +285,14 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
 
                 /* DESIGN.md: weights always load through a shard spec; one stage holds every
                  * layer (the family's spec), stage s of a pipeline its range of the split. */
-                if (n_stages == 1) {
-                        if ((st = r->fam->shard_for(desc, 0, 1, 0, 1, &shard)) != TSR_OK) {
+                if (n_stages == 1 || r->tensor) {
+                        if ((st = r->fam->shard_for(desc, s, r->tensor ? tp : 1, 0, 1, &shard)) != TSR_OK) {
                                 snprintf(err, errlen, "%s: the model has no layers", path);
                                 goto fail;
                         }
+                        if (s > 0 && (st = tsr_runner_backend_new(opts->stage_threads, &sg->be, err, errlen)) !=
+                                             TSR_OK)
+                                goto fail;
                 } else {
                         shard = (tsr_shard_spec){.tp_rank = 0, .tp_size = 1, .first_layer = first,
                                                  .last_layer = first + opts->pp_layers[s] - 1};
@@ -265,7 +305,11 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                                 &one, err, errlen);
                 if (st != TSR_OK)
                         goto fail;
-                if (n_stages > 1)
+                if (r->tensor)
+                        log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s "
+                                 "(%.1f MB read: whole tensors, then split)", s, tp, tp, tsr_backend_threads(sg->be),
+                                 tsr_backend_threads(sg->be) == 1 ? "" : "s", (double)one.resident_bytes / 1e6);
+                else if (n_stages > 1)
                         log_info("pipeline stage %u of %u: layers %u..%u%s%s, %d kernel thread%s, %.1f MB resident", s,
                                  n_stages, shard.first_layer, shard.last_layer, s == 0 ? " + embedding" : "",
                                  s + 1 == n_stages ? " + final norm and lm_head" : "", tsr_backend_threads(sg->be),
@@ -281,7 +325,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         if (n_stages > 1) {
                 const char *abort_at = getenv("TESSERA_TEST_PP_ABORT_AT_STEP");
                 r->abort_at = abort_at ? strtoull(abort_at, NULL, 10) : 0;
-                if ((st = tsr_pipeline_new(n_stages, opts->pp_timeout_ms, stage_run, r, &r->pipe)) != TSR_OK) {
+                if ((st = tsr_pipeline_new_kind(r->tensor ? TSR_PIPELINE_TENSOR : TSR_PIPELINE_STAGES, n_stages,
+                                                opts->pp_timeout_ms, stage_run, r, &r->pipe)) != TSR_OK) {
                         snprintf(err, errlen, "cannot make the pipeline: %s", tsr_status_str(st));
                         goto fail;
                 }

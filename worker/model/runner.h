@@ -30,6 +30,13 @@ typedef struct tsr_runner_opts {
          * (0: the comm's default). */
         uint32_t pp;
         const uint32_t *pp_layers;      /* [pp], borrowed for the call */
+        /* Tensor parallelism (issue #20): tp ranks (0 or 1: none), rank 0 on the engine's
+         * thread, ranks 1 .. tp-1 on rank threads with `stage_threads` kernel threads each;
+         * every rank holds its shard of every layer (not with pp > 1 yet: TSR_E_UNSUPPORTED).
+         * tp_canonical: compute o_proj and down_proj in the canonical split even at tp 1,
+         * so that a tp 1 runner gives the bits of a tp > 1 one (needs float32 weights). */
+        uint32_t tp;
+        bool tp_canonical;
         int stage_threads;
         uint32_t pp_timeout_ms;
 } tsr_runner_opts;

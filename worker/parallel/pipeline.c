@@ -1,4 +1,5 @@
-/* pipeline.c - stages of one worker process as rank threads (pipeline.h).
+/* pipeline.c - stages (or tensor-parallel ranks) of one worker process as rank threads
+ * (pipeline.h).
  *
  * The mailbox (mu, cv, step_id, step) is how the caller wakes the rank threads: an idle
  * worker may wait hours for its next step, and comm waits are bounded (a timeout would
@@ -31,6 +32,7 @@ typedef struct rank {
 } rank;
 
 struct tsr_pipeline {
+        tsr_pipeline_kind kind;
         uint32_t n;
         uint32_t timeout_ms;
         tsr_pipeline_stage_fn fn;
@@ -76,6 +78,13 @@ static tsr_status rank_step(rank *r, uint64_t id, const tsr_pipeline_step *step)
         size_t out_n = last ? step->out_floats : step->io_floats;
         tsr_status st, cst;
 
+        if (p->kind == TSR_PIPELINE_TENSOR) {   /* every rank at once; the statuses meet at the end */
+                int32_t mine, all[64];
+                if ((st = grow(&r->out, &r->out_cap, step->out_floats)) != TSR_OK)
+                        return st;
+                mine = (int32_t)p->fn(p->ud, r->stage, step, NULL, r->out + HDR_FLOATS, r->comm);
+                return tsr_comm_all_gather(r->comm, &mine, all, sizeof mine, NULL);
+        }
         st = grow(&r->in, &r->in_cap, step->io_floats);
         if (st == TSR_OK)
                 st = grow(&r->out, &r->out_cap, out_n);
@@ -87,7 +96,7 @@ static tsr_status rank_step(rank *r, uint64_t id, const tsr_pipeline_step *step)
                 return cst;
         st = hdr_status(r->in);
         if (st == TSR_OK)
-                st = p->fn(p->ud, r->stage, step, r->in + HDR_FLOATS, r->out + HDR_FLOATS);
+                st = p->fn(p->ud, r->stage, step, r->in + HDR_FLOATS, r->out + HDR_FLOATS, r->comm);
         hdr_set(r->out, st);
         return tsr_comm_send(r->comm, r->out, (HDR_FLOATS + out_n) * sizeof(float), last ? 0 : (int)r->stage + 1, id,
                              NULL);
@@ -202,6 +211,11 @@ static tsr_status start_ranks(tsr_pipeline *p) {
 
 tsr_status tsr_pipeline_new(uint32_t n_stages, uint32_t timeout_ms, tsr_pipeline_stage_fn fn, void *ud,
                             tsr_pipeline **ret) {
+        return tsr_pipeline_new_kind(TSR_PIPELINE_STAGES, n_stages, timeout_ms, fn, ud, ret);
+}
+
+tsr_status tsr_pipeline_new_kind(tsr_pipeline_kind kind, uint32_t n_stages, uint32_t timeout_ms,
+                                 tsr_pipeline_stage_fn fn, void *ud, tsr_pipeline **ret) {
         tsr_pipeline *p;
 
         if (n_stages < 2 || n_stages > 64 || !fn || !ret)
@@ -209,6 +223,7 @@ tsr_status tsr_pipeline_new(uint32_t n_stages, uint32_t timeout_ms, tsr_pipeline
         p = calloc(1, sizeof *p);
         if (!p)
                 return TSR_E_NOMEM;
+        p->kind = kind;
         p->n = n_stages;
         p->timeout_ms = timeout_ms;
         p->fn = fn;
@@ -239,12 +254,26 @@ tsr_status tsr_pipeline_run(tsr_pipeline *p, const tsr_pipeline_step *step, floa
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
 
-        st = p->fn(p->ud, 0, step, NULL, r0->out + HDR_FLOATS);
-        hdr_set(r0->out, st);
-        cst = tsr_comm_send(r0->comm, r0->out, (HDR_FLOATS + step->io_floats) * sizeof(float), 1, id, NULL);
-        if (cst == TSR_OK)
-                cst = tsr_comm_recv(r0->comm, r0->in, (HDR_FLOATS + step->out_floats) * sizeof(float),
-                                    (int)p->n - 1, id, NULL);
+        if (p->kind == TSR_PIPELINE_TENSOR) {
+                int32_t mine, all[64];
+                mine = (int32_t)p->fn(p->ud, 0, step, NULL, out, r0->comm);
+                cst = tsr_comm_all_gather(r0->comm, &mine, all, sizeof mine, NULL);
+                for (uint32_t q = 0; cst == TSR_OK && q < p->n; q++)
+                        if (all[q] != TSR_OK) {
+                                /* a rank failed on its own: the others may have met it in a
+                                 * mismatched collective, so the group starts over */
+                                cst = (tsr_status)all[q];
+                                break;
+                        }
+        } else {
+                st = p->fn(p->ud, 0, step, NULL, r0->out + HDR_FLOATS, r0->comm);
+                hdr_set(r0->out, st);
+                cst = tsr_comm_send(r0->comm, r0->out, (HDR_FLOATS + step->io_floats) * sizeof(float), 1, id,
+                                    NULL);
+                if (cst == TSR_OK)
+                        cst = tsr_comm_recv(r0->comm, r0->in, (HDR_FLOATS + step->out_floats) * sizeof(float),
+                                            (int)p->n - 1, id, NULL);
+        }
         if (cst != TSR_OK) {
                 /* The group is dead: stop every rank before returning, so none still reads
                  * the plan; the next step builds a new group. */
@@ -254,6 +283,8 @@ tsr_status tsr_pipeline_run(tsr_pipeline *p, const tsr_pipeline_step *step, floa
                 stop_ranks(p);
                 return cst;
         }
+        if (p->kind == TSR_PIPELINE_TENSOR)
+                return TSR_OK;
         if (st == TSR_OK)
                 st = hdr_status(r0->in);
         if (st == TSR_OK && step->out_floats)

@@ -29,6 +29,18 @@
 #include "common/tsr_status.h"
 
 typedef struct tsr_pipeline tsr_pipeline;
+struct tsr_comm;
+
+/* How the ranks share a step. */
+typedef enum tsr_pipeline_kind {
+        /* Pipeline stages: stage s runs after s - 1, from its output (above). */
+        TSR_PIPELINE_STAGES = 0,
+        /* Tensor parallelism: every rank runs the whole step at once on its shard, meeting
+         * the others in the collectives its function makes on `comm`; then the ranks'
+         * statuses are all-gathered (the step's end) and rank 0's output is the result.
+         * A rank's failure aborts the group (the others may wait in a collective). */
+        TSR_PIPELINE_TENSOR = 1,
+} tsr_pipeline_kind;
 
 /* One step as every stage sees it; borrowed for the duration of tsr_pipeline_run. */
 typedef struct tsr_pipeline_step {
@@ -39,15 +51,20 @@ typedef struct tsr_pipeline_step {
 
 /* Stage `stage`'s part of a step, on that stage's thread: `in` holds io_floats from the
  * previous stage (NULL on stage 0); `out` receives io_floats for the next stage, or
- * out_floats on the last stage.  Returns the stage's status (not a comm's). */
+ * out_floats on the last stage (TSR_PIPELINE_TENSOR: `in` is NULL and every rank's `out`
+ * receives out_floats).  `comm` is the rank's handle on the group, for the tensor kind's
+ * collectives.  Returns the stage's status. */
 typedef tsr_status (*tsr_pipeline_stage_fn)(void *ud, uint32_t stage, const tsr_pipeline_step *step,
-                                            const float *in, float *out);
+                                            const float *in, float *out, struct tsr_comm *comm);
 
 /* A pipeline of n_stages (2 .. 64) stages running fn(ud, ...); every comm wait is bounded
  * by timeout_ms (0: the comm default).  The rank threads start with the first step.
  * TSR_E_INVAL or TSR_E_NOMEM; *ret written only on success. */
 tsr_status tsr_pipeline_new(uint32_t n_stages, uint32_t timeout_ms, tsr_pipeline_stage_fn fn, void *ud,
                             tsr_pipeline **ret);
+/* The same for `kind` (tsr_pipeline_new: TSR_PIPELINE_STAGES). */
+tsr_status tsr_pipeline_new_kind(tsr_pipeline_kind kind, uint32_t n_ranks, uint32_t timeout_ms,
+                                 tsr_pipeline_stage_fn fn, void *ud, tsr_pipeline **ret);
 /* Run one step through every stage; the last stage's out_floats land in `out`.  Returns
  * the first failing stage's status, or the comm's (TSR_E_TIMEOUT, TSR_E_CANCELLED, ...);
  * `out` is then undefined.  TSR_E_INTERNAL when a rank thread cannot be started. */
