@@ -2,7 +2,7 @@
  * worker (issue #20).  A benchmark, not a test: it prints numbers and asserts nothing
  * (docs/benchmarks.md, "Pipeline parallelism").
  *
- *   tessera-bench-pp MODEL [--pp 2] [--batches 1,8] [--steps 32] [--prefill 128] [--repeat 3]
+ *   tessera-bench-pp MODEL [--pp 2] [--dtype auto] [--batches 1,8] [--steps 32] [--prefill 128] [--repeat 3]
  *
  * Three runners on the same model, through the worker's own runner (tsr_runner_new, the
  * engine's forward callback): PP 1 with every core in its kernel pool (what a worker
@@ -107,12 +107,16 @@ int main(int argc, char **argv) {
         bench_opts o = {.batches = {1, 8}, .n_batches = 2, .steps = 32, .prefill = 128, .repeat = 3};
         const char *path = NULL;
         uint32_t pp = 2;
+        const char *dtype = "auto";
         char err[1024] = "";
 
         for (int i = 1; i < argc; i++) {
                 const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
                 if (strcmp(a, "--pp") == 0 && v) {
                         pp = (uint32_t)atoi(v);
+                        i++;
+                } else if (strcmp(a, "--dtype") == 0 && v) {
+                        dtype = v;
                         i++;
                 } else if (strcmp(a, "--steps") == 0 && v) {
                         o.steps = atoi(v);
@@ -133,8 +137,8 @@ int main(int argc, char **argv) {
                 } else if (a[0] != '-' && !path) {
                         path = a;
                 } else {
-                        fprintf(stderr, "usage: tessera-bench-pp MODEL [--pp N] [--batches 1,8] [--steps N] "
-                                        "[--prefill N] [--repeat N]\n");
+                        fprintf(stderr, "usage: tessera-bench-pp MODEL [--pp N] [--dtype D] [--batches 1,8] "
+                                        "[--steps N] [--prefill N] [--repeat N]\n");
                         return 2;
                 }
         }
@@ -159,8 +163,13 @@ int main(int argc, char **argv) {
                 const char *name;
                 uint32_t pp;
                 int threads;
-        } cfgs[3] = {{"pp 1, all cores", 1, cores}, {"pp 1, one rank's share", 1, share}, {"pp N", pp, share}};
-        double dec[3][8], pre[3];
+                bool canonical;
+        } cfgs[4] = {{"pp 1, all cores", 1, cores, false}, {"pp 1, one rank's share", 1, share, false},
+                     {"pp N", pp, share, false}, {"pp 1, all cores, R7 split", 1, cores, true}};
+        /* --dtype float32 adds a 4th runner: the canonical row-parallel split that makes
+         * -tp 1 and -tp N bitwise equal (what the worker runs under --dtype float32). */
+        int n_cfg = strcmp(dtype, "float32") == 0 ? 4 : 3;
+        double dec[4][8], pre[4];
         uint64_t blocks = (uint64_t)o.batches[0];
         for (size_t i = 0; i < o.n_batches; i++)
                 blocks = (uint64_t)o.batches[i] > blocks ? (uint64_t)o.batches[i] : blocks;
@@ -171,29 +180,30 @@ int main(int argc, char **argv) {
         printf("; best of %d\n", o.repeat);
         /* The three runners loaded side by side and timed in turn, round after round, so
          * a burst of load from other processes hits all three alike; best of the rounds. */
-        tsr_backend *bes[3] = {NULL};
-        tsr_runner *rs[3] = {NULL};
-        for (int c = 0; c < 3; c++) {
-                tsr_runner_opts ro = {.dtype = "auto", .pp = cfgs[c].pp, .pp_layers = layers, .stage_threads = share};
+        tsr_backend *bes[4] = {NULL};
+        tsr_runner *rs[4] = {NULL};
+        for (int c = 0; c < n_cfg; c++) {
+                tsr_runner_opts ro = {.dtype = dtype, .pp = cfgs[c].pp, .pp_layers = layers, .stage_threads = share,
+                                      .tp_canonical = cfgs[c].canonical};
                 if (tsr_runner_backend_new(cfgs[c].threads, &bes[c], err, sizeof err) != TSR_OK)
                         break;
                 ro.backend = bes[c];
                 if (tsr_runner_new(path, &desc, &ro, blocks, BLOCK, 0, &rs[c], NULL, err, sizeof err) != TSR_OK)
                         break;
         }
-        if (!rs[2]) {
+        if (!rs[n_cfg - 1]) {
                 fprintf(stderr, "tessera-bench-pp: %s\n", err);
                 return 1;
         }
         bench_opts once = o;
         once.repeat = 1;
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < n_cfg; c++) {
                 for (size_t i = 0; i < o.n_batches; i++)
                         dec[c][i] = 1e30;
                 pre[c] = 1e30;
         }
         for (int rep = 0; rep < o.repeat; rep++)
-                for (int c = 0; c < 3; c++) {
+                for (int c = 0; c < n_cfg; c++) {
                         double d[8], p;
                         if (run(rs[c], &once, desc.vocab_size, d, &p) != 0) {
                                 fprintf(stderr, "tessera-bench-pp: %s: forward failed\n", cfgs[c].name);
@@ -203,7 +213,7 @@ int main(int argc, char **argv) {
                                 dec[c][i] = d[i] < dec[c][i] ? d[i] : dec[c][i];
                         pre[c] = p < pre[c] ? p : pre[c];
                 }
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < n_cfg; c++) {
                 tsr_runner_free(&rs[c]);
                 tsr_backend_free(&bes[c]);
         }
@@ -211,8 +221,8 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < o.n_batches; i++)
                 printf("  decode b%-3d", o.batches[i]);
         printf("  prefill %d\n", o.prefill);
-        for (int c = 0; c < 3; c++) {
-                printf("%-26s %8d", c == 2 ? "pp N" : cfgs[c].name, cfgs[c].threads);
+        for (int c = 0; c < n_cfg; c++) {
+                printf("%-26s %8d", cfgs[c].name, cfgs[c].threads);
                 for (size_t i = 0; i < o.n_batches; i++)
                         printf("  %8.2f ms", dec[c][i]);
                 printf("  %8.1f ms\n", pre[c]);
