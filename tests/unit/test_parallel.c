@@ -27,6 +27,7 @@
 #include "tests/unit/test_util.h"
 #include "worker/model/family.h"
 #include "worker/model/runner.h"
+#include "worker/parallel/comm.h"
 #include "worker/parallel/partition.h"
 #include "worker/parallel/pipeline.h"
 
@@ -166,6 +167,53 @@ static void test_pipeline_toy(void **state) {
         assert_int_equal(tsr_pipeline_new(1, 0, toy_stage, NULL, &(tsr_pipeline *){NULL}), TSR_E_INVAL);
         assert_int_equal(tsr_pipeline_new(65, 0, toy_stage, NULL, &(tsr_pipeline *){NULL}), TSR_E_INVAL);
         tsr_pipeline_free(NULL);
+}
+
+/* The tensor kind: every rank runs the step at once and meets the others in an
+ * all-reduce; rank 0's output is the result.  A rank's own failure and an abort fail the
+ * step; the next one runs on a new group. */
+typedef struct tp_toy {
+        tsr_pipeline *p;
+        int fail_rank, abort_rank;
+} tp_toy;
+
+static tsr_status tp_stage(void *ud, uint32_t r, const tsr_pipeline_step *step, const float *in, float *out,
+                           struct tsr_comm *comm) {
+        tp_toy *t = ud;
+        (void)in;
+        if ((int)r == t->abort_rank)
+                tsr_pipeline_abort(t->p);
+        if ((int)r == t->fail_rank)
+                return TSR_E_NOMEM;
+        for (size_t i = 0; i < step->out_floats; i++)
+                out[i] = (float)(r + 1) * 0.5f + (float)i;
+        return tsr_comm_all_reduce_sum(comm, out, step->out_floats, NULL);
+}
+
+static void test_pipeline_tensor(void **state) {
+        (void)state;
+        float out[9];
+        tsr_pipeline_step st = {.plan = NULL, .io_floats = 0, .out_floats = 9};
+        for (uint32_t n = 2; n <= 4; n++) {
+                tp_toy t = {.fail_rank = -1, .abort_rank = -1};
+                assert_int_equal(tsr_pipeline_new_kind(TSR_PIPELINE_TENSOR, n, 10000, tp_stage, &t, &t.p), TSR_OK);
+                for (int rep = 0; rep < 3; rep++) {
+                        assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                        for (size_t i = 0; i < 9; i++)   /* sum over r of (r + 1) / 2 + i: exact in float */
+                                assert_true(out[i] == (float)(n * (n + 1)) * 0.25f + (float)(n * i));
+                }
+                t.fail_rank = (int)n - 1;
+                assert_int_not_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                t.fail_rank = -1;
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                t.abort_rank = (int)n - 1;
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_E_CANCELLED);
+                t.abort_rank = -1;
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                assert_true(out[8] == (float)(n * (n + 1)) * 0.25f + (float)(n * 8));
+                assert_int_equal(tsr_pipeline_epoch(t.p), 3);
+                tsr_pipeline_free(&t.p);
+        }
 }
 
 /* A stage that takes longer than the comm deadline (a stalled rank): the leader's wait
@@ -430,6 +478,7 @@ int main(void) {
                 cmocka_unit_test(test_partition),
                 cmocka_unit_test(test_pipeline_toy),
                 cmocka_unit_test(test_pipeline_deadline),
+                cmocka_unit_test(test_pipeline_tensor),
                 cmocka_unit_test(test_tiny_llama3_pp),
                 cmocka_unit_test(test_smollm2_pp),
                 cmocka_unit_test(test_tiny_llama3_tp),
