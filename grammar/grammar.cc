@@ -50,6 +50,11 @@ static void say_exc(char *err, size_t errlen, const std::exception &e) {
                 }
         }
         say(err, errlen, w);
+        if (err && errlen) {   // and without its trailing newline
+                size_t n = std::strlen(err);
+                while (n && (err[n - 1] == '\n' || err[n - 1] == ' '))
+                        err[--n] = '\0';
+        }
 }
 
 // One EBNF string literal for `s` (xgrammar's EBNF escapes, GBNF's): quote, backslash
