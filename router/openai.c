@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "router/tools/tools.h"
+
 #define GREEDY_EPS 1e-5   /* vLLM's _SAMPLING_EPS: below it, temperature means greedy */
 
 void tsr_oai_limits_default(tsr_oai_limits *l) {
@@ -734,6 +736,33 @@ static tsr_status parse_structured(json_t *root, tsr_arena *a, tsr_oai_request *
         return TSR_OK;
 }
 
+/* tool_choice "required" or a named function: structured outputs with the tools'
+ * schema (vLLM 0.12's _get_json_schema_from_tool); the router's tool parser for the
+ * forced shape reads the calls back (router/tools/forced.c).  vLLM lets the tool schema
+ * replace a structured_outputs constraint of the same request; Tessera refuses the pair
+ * rather than drop one silently. */
+static tsr_status parse_forced_tools(tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
+        char msg[256] = "";
+        json_t *schema;
+        tsr_status st;
+
+        if (r->kind != TSR_OAI_CHAT || !r->tool_choice ||
+            (strcmp(r->tool_choice, "required") != 0 && strcmp(r->tool_choice, "function") != 0))
+                return TSR_OK;
+        if (!r->tools || !json_array_size(r->tools))
+                return VALUE_ERR(err, "tool_choice", "When using `tool_choice`, `tools` must be set.");
+        if (r->so_kind != TSR_GRAMMAR_NONE)
+                return VALUE_ERR(err, "tool_choice", "tool_choice \"%s\" is a structured output of its own: it cannot be "
+                                 "combined with response_format or structured_outputs", r->tool_choice);
+        schema = tsr_tools_choice_schema(r->tools, r->tool_choice, r->tool_choice_name, msg, sizeof(msg));
+        if (!schema)
+                return msg[0] ? VALUE_ERR(err, "tool_choice", "%s", msg)
+                              : fail(err, 500, "InternalServerError", NULL, "out of memory");
+        st = so_set(a, r, "tool_choice", TSR_GRAMMAR_JSON_SCHEMA, schema, err);
+        json_decref(schema);
+        return st;
+}
+
 bool tsr_oai_request_is_greedy(const tsr_oai_request *r) { return r->has_temperature && r->temperature < GREEDY_EPS; }
 
 static tsr_status parse_common(json_t *root, const tsr_oai_limits *lim, tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
@@ -792,6 +821,7 @@ static tsr_status parse_common(json_t *root, const tsr_oai_limits *lim, tsr_aren
         TRY(get_bool(root, "add_special_tokens", &r->add_special_tokens, err));
         TRY(get_int(root, "priority", NULL, &r->priority, err));
         TRY(parse_structured(root, a, r, err));
+        TRY(parse_forced_tools(a, r, err));
         return TSR_OK;
 }
 
