@@ -6,7 +6,7 @@
 #   BUILD_DIR    build folder (default: build)
 #   MESON_ARGS   extra `meson setup` arguments, space-separated (first configure only)
 #   BUILDTYPE    meson build type (default: debugoptimized; first configure only)
-#   DEPS_ONLY=1  install the packages and stop (deploy/Containerfile: a cached layer)
+#   DEPS_ONLY=1  install the packages, build xgrammar, and stop (deploy/Containerfile: a cached layer)
 #   TEST_TOOLS=0 leave out the tools only the deploy tests need
 # xgrammar (structured outputs, grammar/) is built once from its pinned PyPI sdist into
 # .cache/xgrammar/<version>/ (static C++ core only, no Python); later runs reuse it.
@@ -35,8 +35,6 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-
-[ "${DEPS_ONLY:-0}" = 1 ] && exit 0
 
 # xgrammar's C++ core: the sdist carries the sources; its build dependencies are for the
 # Python wheel, so only the library target is built, with cmake + ninja.  -O2 without
@@ -78,6 +76,7 @@ build_xgrammar() {
     echo "setup: xgrammar built in $(( $(date +%s) - t0 )) s into $XGR_PREFIX"
 }
 build_xgrammar || exit 1
+[ "${DEPS_ONLY:-0}" = 1 ] && exit 0
 
 BUILD_DIR="${BUILD_DIR:-build}"
 WERROR="${WERROR:-false}"
