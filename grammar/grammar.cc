@@ -57,6 +57,20 @@ static void say_exc(char *err, size_t errlen, const std::exception &e) {
         }
 }
 
+// Run f (which returns a tsr_status) with xgrammar's exceptions turned into statuses:
+// out of memory, or TSR_E_INVAL with xgrammar's message.
+template <class F> static tsr_status guarded(char *err, size_t errlen, F &&f) {
+        try {
+                return f();
+        } catch (const std::bad_alloc &) {
+                say(err, errlen, "out of memory");
+                return TSR_E_NOMEM;
+        } catch (const std::exception &e) {
+                say_exc(err, errlen, e);
+                return TSR_E_INVAL;
+        }
+}
+
 // One EBNF string literal for `s` (xgrammar's EBNF escapes, GBNF's): quote, backslash
 // and control characters escaped; other UTF-8 as is.
 static void ebnf_literal(std::string &out, const std::string &s) {
@@ -105,7 +119,7 @@ static std::string choice_ebnf(const std::string &text) {
 static const char *const json_object_schema = "{\"type\": \"object\"}";
 
 extern "C" tsr_status tsr_grammar_check(const tsr_grammar_spec *spec, char *err, size_t errlen) {
-        try {
+        return guarded(err, errlen, [&]() {
                 std::string text(spec->text ? spec->text : "", spec->text ? spec->len : 0);
                 switch (spec->kind) {
                 case TSR_GRAMMAR_JSON_SCHEMA:
@@ -127,13 +141,7 @@ extern "C" tsr_status tsr_grammar_check(const tsr_grammar_spec *spec, char *err,
                         return TSR_E_INVAL;
                 }
                 return TSR_OK;
-        } catch (const std::bad_alloc &) {
-                say(err, errlen, "out of memory");
-                return TSR_E_NOMEM;
-        } catch (const std::exception &e) {
-                say_exc(err, errlen, e);
-                return TSR_E_INVAL;
-        }
+        });
 }
 
 extern "C" tsr_status tsr_grammar_detect_hf(const char *tokenizer_json, size_t len, tsr_grammar_vocab_type *type,
@@ -166,7 +174,7 @@ extern "C" tsr_status tsr_grammar_vocab_new(const char *const *tokens, size_t n_
                 say(err, errlen, "vocab_size below the tokenizer's token count");
                 return TSR_E_INVAL;
         }
-        try {
+        return guarded(err, errlen, [&]() {
                 std::vector<std::string> v(n_tokens);
                 for (size_t i = 0; i < n_tokens; i++)
                         if (tokens[i])
@@ -183,13 +191,7 @@ extern "C" tsr_status tsr_grammar_vocab_new(const char *const *tokens, size_t n_
                                                                               256ll << 20),
                                              vocab_size};
                 return TSR_OK;
-        } catch (const std::bad_alloc &) {
-                say(err, errlen, "out of memory");
-                return TSR_E_NOMEM;
-        } catch (const std::exception &e) {
-                say_exc(err, errlen, e);
-                return TSR_E_INVAL;
-        }
+        });
 }
 
 extern "C" void tsr_grammar_vocab_free(tsr_grammar_vocab **v) {
@@ -203,7 +205,7 @@ extern "C" size_t tsr_grammar_vocab_size(const tsr_grammar_vocab *v) { return v-
 
 extern "C" tsr_status tsr_grammar_compile(tsr_grammar_vocab *v, const tsr_grammar_spec *spec,
                                           tsr_grammar_compiled **ret, char *err, size_t errlen) {
-        try {
+        return guarded(err, errlen, [&]() {
                 std::string text(spec->text ? spec->text : "", spec->text ? spec->len : 0);
                 xgrammar::GrammarCompiler &c = v->compiler;
                 std::optional<xgrammar::CompiledGrammar> g;
@@ -229,13 +231,7 @@ extern "C" tsr_status tsr_grammar_compile(tsr_grammar_vocab *v, const tsr_gramma
                 }
                 *ret = new tsr_grammar_compiled{*g};
                 return TSR_OK;
-        } catch (const std::bad_alloc &) {
-                say(err, errlen, "out of memory");
-                return TSR_E_NOMEM;
-        } catch (const std::exception &e) {
-                say_exc(err, errlen, e);
-                return TSR_E_INVAL;
-        }
+        });
 }
 
 extern "C" void tsr_grammar_compiled_free(tsr_grammar_compiled **g) {

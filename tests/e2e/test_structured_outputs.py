@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from conftest import DEMO_MODEL, LAUNCHER, Proc, free_port, http_status, skip_because, wait_until
+from conftest import http_status, serve_demo
 
 MODEL = "smol"
 S = {"type": "string", "maxLength": 16}     # bounded strings keep every answer short
@@ -109,20 +109,7 @@ SCHEMAS = [
 
 
 def _serve(tmp_path_factory, *flags):
-    if not DEMO_MODEL.exists():
-        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port, "--served-model-name", MODEL,
-                 "--max-model-len", "2048", "--kv-cache-memory-bytes", "256M", *flags], log)
-    base = f"http://127.0.0.1:{port}"
-
-    def ready():
-        if proc.p.poll() is not None:
-            raise AssertionError(proc.output())
-        return http_status(base + "/health") == 200
-    wait_until(ready, timeout=120, interval=0.1, what="server ready")
-    return base, proc
+    return serve_demo(tmp_path_factory, *flags, name=MODEL)
 
 
 @pytest.fixture(scope="module")
