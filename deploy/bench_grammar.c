@@ -1,7 +1,7 @@
 /* bench_grammar.c - tessera-bench-grammar: what structured outputs cost per token on the
  * worker (docs/benchmarks.md).  A benchmark, not a test: it prints numbers.
  *
- *   tessera-bench-grammar [MODEL.gguf|HF-DIR] [--steps N] [--seed N]
+ *   tessera-bench-grammar [MODEL.gguf|HF-DIR] [--steps N] [--seed N] [--schema FILE]
  *
  * The router's check of the schema (xgrammar's Grammar without a vocabulary).  Over the
  * model's real vocabulary (worker/engine/grammar_vocab.c): the time to build
@@ -83,8 +83,20 @@ int main(int argc, char **argv) {
         char err[512];
         double t0, t1;
 
+        const char *text = schema;
+        char *file_text = NULL;
         for (int i = 1; i < argc; i++) {
-                if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+                if (strcmp(argv[i], "--schema") == 0 && i + 1 < argc) {
+                        FILE *f = fopen(argv[++i], "rb");
+                        long len;
+                        if (!f || fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
+                            !(file_text = calloc((size_t)len + 1, 1)) || fread(file_text, 1, (size_t)len, f) != (size_t)len) {
+                                fprintf(stderr, "%s: cannot read\n", argv[i]);
+                                return 1;
+                        }
+                        fclose(f);
+                        text = file_text;
+                } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
                         steps = strtoull(argv[++i], NULL, 10);
                 else if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
                         seed = strtoull(argv[++i], NULL, 10) | 1;
@@ -103,7 +115,7 @@ int main(int argc, char **argv) {
         }
         t1 = now_us();
         printf("model %s: %zu tokens; xgrammar vocabulary built in %.1f ms\n", path, vocab, (t1 - t0) / 1e3);
-        tsr_grammar_spec spec = {.kind = TSR_GRAMMAR_JSON_SCHEMA, .text = schema, .len = strlen(schema),
+        tsr_grammar_spec spec = {.kind = TSR_GRAMMAR_JSON_SCHEMA, .text = text, .len = strlen(text),
                                  .any_whitespace = false};
         t0 = now_us();
         for (int k = 0; k < 20; k++)
@@ -117,7 +129,7 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "compile: %s\n", err);
                         return 1;
                 }
-                printf("schema (%zu bytes) compiled in %.3f ms%s\n", sizeof(schema) - 1, (now_us() - t0) / 1e3,
+                printf("schema (%zu bytes) compiled in %.3f ms%s\n", strlen(text), (now_us() - t0) / 1e3,
                        k ? " (xgrammar's cache)" : "");
         }
         words = tsr_grammar_mask_words(vocab);
@@ -161,5 +173,6 @@ int main(int argc, char **argv) {
         free(logits);
         free(fill);
         free(whole);
+        free(file_text);
         return 0;
 }

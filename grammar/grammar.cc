@@ -307,11 +307,17 @@ extern "C" tsr_status tsr_grammar_rollback(tsr_grammar_matcher *m, size_t n) {
 extern "C" bool tsr_grammar_terminated(const tsr_grammar_matcher *m) { return m->m.IsTerminated(); }
 
 extern "C" void tsr_grammar_apply_mask(float *logits, size_t vocab, const uint32_t *mask) {
+        // Most words of a constrained step are all clear or all set: whole words first.
         for (size_t w = 0; w * 32 < vocab; w++) {
                 uint32_t bits = mask[w];
+                size_t end = w * 32 + 32 < vocab ? w * 32 + 32 : vocab;
                 if (bits == 0xffffffffu)
                         continue;
-                size_t end = w * 32 + 32 < vocab ? w * 32 + 32 : vocab;
+                if (bits == 0) {
+                        for (size_t i = w * 32; i < end; i++)
+                                logits[i] = -INFINITY;
+                        continue;
+                }
                 for (size_t i = w * 32; i < end; i++)
                         if (!(bits >> (i % 32) & 1u))
                                 logits[i] = -INFINITY;
