@@ -349,6 +349,14 @@ static tsr_status submit_from_wire(const Tessera__V1__Submit *m, tsr_engine_subm
         out->logprobs = m->logprobs;
         out->prompt_logprobs = m->prompt_logprobs;
         out->priority = m->priority;
+        if (m->structured_output && m->structured_output->kind != TESSERA__V1__STRUCTURED_OUTPUT__KIND__NONE) {
+                const char *t = m->structured_output->text ? m->structured_output->text : "";
+                out->so_kind = (tsr_grammar_kind)m->structured_output->kind;   /* same numbers; wire.c checked the range */
+                out->so_len = strlen(t);
+                out->so_compact = m->structured_output->compact_whitespace;
+                if (!(out->so_text = strdup(t)))
+                        return TSR_E_NOMEM;
+        }
         tsr_sampling_init(&out->sampling);
         if (!sp)
                 return TSR_OK;

@@ -129,6 +129,7 @@ tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
         tsr_envelope env;
         Tessera__V1__Submit s;
         Tessera__V1__SamplingParams sp;
+        Tessera__V1__StructuredOutput so;
         Tessera__V1__SamplingParams__LogitBiasEntry *lb = NULL, **lbp = NULL;
         uint32_t *stop_ids = r->req.stop_token_ids;
         char idbuf[24];
@@ -188,6 +189,13 @@ tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
                             : r->req.prompt_logprobs > TSR_RESP_MAX_TOP ? TSR_RESP_MAX_TOP
                                                                     : r->req.prompt_logprobs;
         s.priority = (int32_t)r->req.priority;
+        if (r->req.so_kind != TSR_GRAMMAR_NONE) {   /* same numbers as the wire's Kind */
+                tessera__v1__structured_output__init(&so);
+                so.kind = (Tessera__V1__StructuredOutput__Kind)r->req.so_kind;
+                so.text = (char *)(r->req.so_text ? r->req.so_text : "");
+                so.compact_whitespace = r->req.so_compact;
+                s.structured_output = &so;
+        }
         s.arrival_time_unix_ns = tsr_wall_ns();
         if (r->deadline_ns) {   /* the same instant on the wall clock (the worker does not act on it yet) */
                 uint64_t now = tsr_now_ns();

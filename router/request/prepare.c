@@ -395,12 +395,6 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                     cfg->enable_auto_tool_choice && cfg->tool_call_parser &&
                     (strcmp(cfg->tool_call_parser, "hermes") == 0 || strcmp(cfg->tool_call_parser, "qwen3_coder") == 0))
                         r->req.skip_special_tokens = false;
-                if (strcmp(r->req.tool_choice, "required") == 0 || strcmp(r->req.tool_choice, "function") == 0) {
-                        tsr_request_fail(r, 400, "BadRequestError",
-                                     "tool_choice \"%s\" needs structured outputs, which this Tessera build does not support yet",
-                                     r->req.tool_choice);
-                        return;
-                }
         }
         if (r->req.priority != 0 && cfg->scheduling_policy && strcmp(cfg->scheduling_policy, "priority") != 0) {
                 tsr_request_fail(r, 400, "BadRequestError", "Priority scheduling is not enabled.");
