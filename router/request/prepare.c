@@ -388,6 +388,19 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                                      "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
                         return;
                 }
+                /* vLLM applies a structured output only once the reasoning has ended (the
+                 * reasoner's end token); Tessera's worker masks from the first token, which
+                 * would forbid the model's thinking.  Refused rather than silently
+                 * different, unless the request turns thinking off. */
+                if (r->req.so_kind != TSR_GRAMMAR_NONE && cfg->reasoning_parser &&
+                    !json_is_false(json_object_get(r->req.chat_template_kwargs, "enable_thinking"))) {
+                        tsr_request_fail(r, 400, "BadRequestError",
+                                     "structured outputs together with --reasoning-parser are not supported yet "
+                                     "(the constraint would apply from the first token, not after the reasoning); "
+                                     "pass chat_template_kwargs {\"enable_thinking\": false} or serve without "
+                                     "--reasoning-parser");
+                        return;
+                }
                 /* vLLM's hermes parser (adjust_request) keeps special tokens in the text
                  * when it may parse calls: <tool_call> is a special token in several
                  * vocabularies (Nemotron-3-Nano's too, hence qwen3_coder here as well). */

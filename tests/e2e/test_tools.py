@@ -222,6 +222,22 @@ def test_auto_needs_the_flags(reasoning_server):
                                        '--tool-call-parser to be set')
 
 
+def test_structured_output_with_reasoning_refused_unless_thinking_off(reasoning_server):
+    """vLLM applies the constraint after the reasoning ends; Tessera does not yet, so it
+    refuses the pair instead of constraining the thinking away, and serves it when the
+    request turns thinking off."""
+    c = _client(reasoning_server)
+    msgs = [{"role": "user", "content": "Pick a colour."}]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
+                                  extra_body={"structured_outputs": {"choice": ["red", "blue"]}})
+    assert "--reasoning-parser" in e.value.body["message"]
+    out = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
+                                    extra_body={"structured_outputs": {"choice": ["red", "blue"]},
+                                                "chat_template_kwargs": {"enable_thinking": False}})
+    assert out.choices[0].message.content in ("red", "blue")
+
+
 def test_reasoning_split(reasoning_server):
     """No </think> in the output: all of it is reasoning, content null; with
     enable_thinking false (nemotron_v3) it is the answer instead; the stream sends the
