@@ -124,11 +124,12 @@ static const tsr_opt opts[] = {
 
         /* ---- parallelism ---- */
         {O_INT("tensor-parallel-size", tensor_parallel_size, 1, 1024), .alias = "-tp", .owner = W,
-         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "GPUs each layer is split across; only 1 for now"},
+         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "ranks each layer is split across (refused above 1 for now, after the head-count check)"},
         {O_INT("pipeline-parallel-size", pipeline_parallel_size, 1, 1024), .alias = "-pp", .owner = W,
-         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "pipeline stages the layers are split into; only 1 for now"},
+         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "pipeline stages the layers are split into: one rank thread per stage in the worker "
+                 "(VLLM_PP_LAYER_PARTITION=a,b,... overrides the split)"},
         {O_INT("data-parallel-size", data_parallel_size, 1, 1024), .alias = "-dp", .owner = W,
-         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "independent engine replicas; only 1 for now"},
+         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "independent engine replicas; only 1: run more workers behind the router instead"},
         {O_STR("distributed-executor-backend", distributed_executor_backend), .owner = W, .group = GRP_PARALLEL,
          .metavar = "BACKEND", .def_help = "auto", .choices = backend_choices,
          .help = "how ranks are started: processes (mp) or in-process (uni); no effect with one rank"},
@@ -1097,14 +1098,6 @@ static tsr_status check_parsers(const tsr_config *cfg, char *err, size_t errlen)
  * it starts a child. */
 static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errlen) {
         const struct {
-                const char *name;
-                int value;
-        } sizes[] = {
-                {"tensor-parallel-size", cfg->tensor_parallel_size},
-                {"pipeline-parallel-size", cfg->pipeline_parallel_size},
-                {"data-parallel-size", cfg->data_parallel_size},
-        };
-        const struct {
                 bool on;
                 const char *name;
                 const char *why;
@@ -1116,12 +1109,14 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
         };
         const char *model_file = "the model's own path";
 
-        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-                if (sizes[i].value != 1) {
-                        tsr_errf(err, errlen, "argument --%s: %d is not supported yet: a worker runs the whole model "
-                                 "in one process (supported: 1)", sizes[i].name, sizes[i].value);
-                        return TSR_E_UNSUPPORTED;
-                }
+        /* -tp and -pp depend on the model (head and layer counts): the worker checks them
+         * once it has read the model's config (worker/main.c).  Data parallelism is more
+         * replicas, which Tessera runs as more workers behind the routers. */
+        if (cfg->data_parallel_size != 1) {
+                tsr_errf(err, errlen, "argument --data-parallel-size: %d is not supported: a worker is one replica; "
+                         "for data parallelism start more workers behind the router (supported: 1)",
+                         cfg->data_parallel_size);
+                return TSR_E_UNSUPPORTED;
         }
         if (cfg->kv_cache_dtype && strcmp(cfg->kv_cache_dtype, "auto") != 0) {
                 tsr_errf(err, errlen, "argument --kv-cache-dtype: '%s' is not supported yet: the KV cache is "
@@ -1197,8 +1192,8 @@ size_t tsr_config_noop_notes(const tsr_config *cfg, unsigned owner, const char *
                 {TSR_OWNER_WORKER, cfg->trust_remote_code,
                  "--trust-remote-code has no effect by design: Tessera never runs code from a model repository"},
                 {TSR_OWNER_WORKER, cfg->distributed_executor_backend != NULL,
-                 "--distributed-executor-backend has no effect by design: with every parallel size 1 the "
-                 "worker is one process, with nothing to distribute"},
+                 "--distributed-executor-backend has no effect by design: a worker runs its ranks (one per "
+                 "pipeline stage) as threads of its one process"},
                 {TSR_OWNER_ROUTER, cfg->enable_log_requests,
                  "--enable-log-requests has no effect by design: the router logs a line for every finished "
                  "request already (ids, token counts, latency; never the prompt text) unless "

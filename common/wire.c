@@ -117,6 +117,9 @@ static tsr_status check_submit(const Tessera__V1__Submit *m, char *err, size_t e
         if (m->logprobs < -1 || m->logprobs > TSR_WIRE_MAX_LOGPROBS || m->prompt_logprobs < -1 ||
             m->prompt_logprobs > TSR_WIRE_MAX_LOGPROBS)
                 return fail(TSR_E_INVAL, err, errlen, "submit %s: logprobs out of range", m->request_id);
+        if (m->structured_output && ((int)m->structured_output->kind < 0 ||
+                                     (int)m->structured_output->kind > TESSERA__V1__STRUCTURED_OUTPUT__KIND__GRAMMAR))
+                return fail(TSR_E_INVAL, err, errlen, "submit %s: unknown structured output kind", m->request_id);
         return check_sampling(m->sampling, err, errlen);
 }
 

@@ -14,9 +14,11 @@
  *   - memory: bytes of the mirrors' tables (exact) and the process RSS growth;
  *   - placement: µs per request of pick_worker's kv work for one request (dispatch.c):
  *     for every worker the prompt's leading hits in its mirror and in the recent
- *     placements, a candidate, then tsr_placement_pick; the request's chain starts with
- *     a prefix of a chain some worker holds (a hit somewhere, as on a shared-prefix
- *     workload); again without the recent-placements ring, to show its share;
+ *     placements (one scan of the ring per request, as dispatch.c), a candidate, then
+ *     tsr_placement_pick; the request's chain starts with a prefix of a chain some
+ *     worker holds (a hit somewhere, as on a shared-prefix workload); again without the
+ *     recent-placements ring, to show its share, and with the ring scanned once per
+ *     worker (tsr_placement_recent_hits, what dispatch.c did before), to compare;
  *   - hit blocks: the chosen worker's hits over all prompt blocks (about half when the
  *     owner wins: the shared part is uniform in 1..prompt-blocks).
  * Also, once: ns per block to hash a prompt's chain (16-token blocks, sha256 and
@@ -145,7 +147,7 @@ static void bench_fleet(size_t n_workers, size_t n_blocks, size_t prompt_blocks,
         uint64_t *seq = calloc(n_workers, sizeof(*seq));
         tsr_placement_cand *cs = calloc(n_workers, sizeof(*cs));
         tsr_placement_recent recent;
-        double best_snap = 1e30, best_churn = 1e30, best_place[2] = {1e30, 1e30};
+        double best_snap = 1e30, best_churn = 1e30, best_place[3] = {1e30, 1e30, 1e30};
         size_t table_bytes = 0, hits_total = 0;
         long rss0;
 
@@ -198,8 +200,10 @@ static void bench_fleet(size_t n_workers, size_t n_blocks, size_t prompt_blocks,
         uint64_t *req = malloc(prompt_blocks * sizeof(*req)), rs = seed ^ 0x5bd1e995;
         if (!req)
                 exit(1);
-        for (int pass = 0; pass < 6; pass++) {
-                bool with_recent = pass % 2 == 0;
+        static tsr_placement_recent_match match;
+        for (int pass = 0; pass < 9; pass++) {
+                int mode = pass % 3;                    /* 0: scan once, 1: no ring, 2: per worker */
+                bool with_recent = mode != 1;
                 double t0 = now_s();
                 hits_total = 0;
                 for (size_t r = 0; r < n_requests; r++) {
@@ -209,6 +213,8 @@ static void bench_fleet(size_t n_workers, size_t n_blocks, size_t prompt_blocks,
                         for (size_t b = 0; b < prompt_blocks; b++)
                                 req[b] = b < keep ? src[b] : splitmix64(&rs);
                         uint64_t now = (uint64_t)r * 1000000ull;   /* 1 ms apart: the recent ring stays live */
+                        if (mode == 0)
+                                tsr_placement_recent_scan(&recent, req, prompt_blocks, now, &match);
                         for (size_t w = 0; w < n_workers; w++) {
                                 tsr_placement_cand *c = &cs[w];
                                 memset(c, 0, sizeof(*c));
@@ -216,7 +222,9 @@ static void bench_fleet(size_t n_workers, size_t n_blocks, size_t prompt_blocks,
                                 c->blocks = prompt_blocks;
                                 c->hits = tsr_prefix_mirror_hits(&m[w], req, prompt_blocks);
                                 if (with_recent) {
-                                        size_t h = tsr_placement_recent_hits(&recent, &m[w], req, prompt_blocks, now);
+                                        size_t h = mode == 0 ? tsr_placement_recent_lookup(&match, &m[w])
+                                                             : tsr_placement_recent_hits(&recent, &m[w], req,
+                                                                                         prompt_blocks, now);
                                         c->hits = h > c->hits ? h : c->hits;
                                 }
                                 c->kv_total = per_worker * 2;
@@ -231,12 +239,12 @@ static void bench_fleet(size_t n_workers, size_t n_blocks, size_t prompt_blocks,
                                 tsr_placement_recent_add(&recent, &m[best], req, prompt_blocks, now);
                 }
                 double t = (now_s() - t0) / (double)n_requests;
-                best_place[!with_recent] = t < best_place[!with_recent] ? t : best_place[!with_recent];
+                best_place[mode] = t < best_place[mode] ? t : best_place[mode];
         }
-        printf("| %zu | %zu | %.1f | %.1f | %.1f MiB (%.1f B/hash) | %.1f MiB | %.2f | %.2f | %.1f%% |\n", n_workers,
+        printf("| %zu | %zu | %.1f | %.1f | %.1f MiB (%.1f B/hash) | %.1f MiB | %.2f | %.2f | %.2f | %.1f%% |\n", n_workers,
                per_worker, best_snap * 1e9, best_churn * 1e9, (double)table_bytes / (1 << 20),
                (double)table_bytes / (double)(n_workers * per_worker), (double)(rss1 - rss0) / 1024.0,
-               best_place[0] * 1e6, best_place[1] * 1e6,
+               best_place[0] * 1e6, best_place[1] * 1e6, best_place[2] * 1e6,
                100.0 * (double)hits_total / (double)(n_requests * prompt_blocks));
         fflush(stdout);
         tsr_placement_recent_done(&recent);
@@ -283,7 +291,8 @@ int main(int argc, char **argv) {
         }
         bench_hash_chain(prompt_blocks);
         printf("\n| workers | hashes per worker | snapshot ns/hash | churn ns/hash | mirror tables | RSS growth | "
-               "placement us/request | without the recent ring | hit blocks |\n|---|---|---|---|---|---|---|---|---|\n");
+               "placement us/request | without the recent ring | ring scanned per worker | hit blocks |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n");
         for (size_t i = 0; i < n_workers; i++)
                 for (size_t j = 0; j < n_blocks; j++)
                         bench_fleet(workers[i], blocks[j], prompt_blocks, n_requests, seed);

@@ -1,7 +1,7 @@
 /* api.c - the HTTP routes of the router: vLLM's paths, shapes and error bodies.
  * Loop thread only.
  *
- * Served here: /health, /ping, /version, /v1/models, /metrics, /admin/workers[/drain]; the generation and
+ * Served here: /health, /ping, /version, /v1/models, /metrics, /admin/workers[/drain|/resume]; the generation and
  * tokenizer endpoints are handed to request.h (router/request/). */
 #include <jansson.h>
 #include <stdbool.h>
@@ -182,11 +182,15 @@ static void handle_admin_workers(tsr_router_ctx *r, tsr_http_conn *c) {
  * elsewhere), finishes what it runs and reports DRAINING; every router sees that in
  * its Status and stops placing there.  A drained worker stays drained until it
  * restarts (a rolling restart: drain, wait for "drained" in GET /admin/workers,
- * restart).  The answer is the worker as GET /admin/workers lists it. */
-static void handle_admin_drain(tsr_router_ctx *r, tsr_http_conn *c, const tsr_http_request *req) {
+ * restart) or until POST /admin/workers/resume with the same body (resume = true):
+ * it takes requests again and reports READY.  A worker stopping on SIGTERM cannot be
+ * resumed (it logs that and stays DRAINING).  The answer is the worker as
+ * GET /admin/workers lists it, with "drain_requested" or "resume_requested". */
+static void handle_admin_drain(tsr_router_ctx *r, tsr_http_conn *c, const tsr_http_request *req, bool resume) {
         json_error_t jerr;
         json_t *body = json_loadb((const char *)req->body, req->body_len, 0, &jerr);
-        const char *endpoint = NULL, *reason = "drain requested through the router's /admin/workers/drain";
+        const char *endpoint = NULL, *reason = resume ? "resume requested through the router's /admin/workers/resume"
+                                                      : "drain requested through the router's /admin/workers/drain";
         tsr_worker *w;
         tsr_envelope env;
         Tessera__V1__Drain dr;
@@ -215,6 +219,7 @@ static void handle_admin_drain(tsr_router_ctx *r, tsr_http_conn *c, const tsr_ht
         tessera__v1__envelope__init(&env);
         tessera__v1__drain__init(&dr);
         dr.reason = (char *)reason;
+        dr.resume = resume;
         env.msg_case = TESSERA__V1__ENVELOPE__MSG_DRAIN;
         env.drain = &dr;
         if (tsr_worker_send(w, &env) != TSR_OK) {
@@ -222,11 +227,11 @@ static void handle_admin_drain(tsr_router_ctx *r, tsr_http_conn *c, const tsr_ht
                 json_decref(body);
                 return;
         }
-        log_info("worker %s: Drain sent (%s)", endpoint, reason);
-        json_decref(body);
+        log_info("worker %s: %s sent (%s)", endpoint, resume ? "Drain (resume)" : "Drain", reason);
         json_t *o = worker_json(w);
+        json_decref(body);          /* after: reason may point into it */
         if (o)   /* asked for; its Status says so once the worker has it */
-                json_object_set_new(o, "drain_requested", json_true());
+                json_object_set_new(o, resume ? "resume_requested" : "drain_requested", json_true());
         respond_json(c, 200, o);
 }
 
@@ -279,7 +284,7 @@ typedef struct route {
 
 enum {
         R_HEALTH, R_PING, R_VERSION, R_MODELS, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_METRICS,
-        R_ADMIN_WORKERS, R_ADMIN_DRAIN,
+        R_ADMIN_WORKERS, R_ADMIN_DRAIN, R_ADMIN_RESUME,
 };
 
 static const route routes[] = {
@@ -295,6 +300,7 @@ static const route routes[] = {
         {"/metrics/", "GET", R_METRICS},
         {"/admin/workers", "GET", R_ADMIN_WORKERS},
         {"/admin/workers/drain", "POST", R_ADMIN_DRAIN},
+        {"/admin/workers/resume", "POST", R_ADMIN_RESUME},
 };
 
 static bool method_allowed(const char *methods, const char *m) {
@@ -354,7 +360,8 @@ void tsr_api_handle(void *ud, tsr_http_conn *c, tsr_http_request *req) {
                 handle_admin_workers(r, c);
                 break;
         case R_ADMIN_DRAIN:
-                handle_admin_drain(r, c, req);
+        case R_ADMIN_RESUME:
+                handle_admin_drain(r, c, req, rt->id == R_ADMIN_RESUME);
                 break;
         }
 }

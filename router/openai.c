@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "router/tools/tools.h"
+
 #define GREEDY_EPS 1e-5   /* vLLM's _SAMPLING_EPS: below it, temperature means greedy */
 
 void tsr_oai_limits_default(tsr_oai_limits *l) {
@@ -523,13 +525,10 @@ static tsr_status verify_sampling(const tsr_oai_request *r, const tsr_oai_limits
  * request using one gets 400, never an answer that silently ignores it (issue #12).
  * Fields that cannot change the output alone stay accepted, as vLLM accepts unknown
  * ones: user, parallel_tool_calls (vLLM 0.12 returns every call the parser finds either
- * way), guided_decoding_backend and guided_whitespace_pattern (they only tune a
- * guided_* constraint, refused below), length_penalty (beam search only),
+ * way), guided_decoding_backend (xgrammar is the only backend), length_penalty (beam search only),
  * kv_transfer_params, mm_processor_kwargs (a text-only model) and vllm_xargs (read by
  * logits processors only). */
 static tsr_status refuse_unimplemented(json_t *root, tsr_oai_error *err) {
-        static const char *const structured[] = {"structured_outputs", "guided_json", "guided_regex",
-                                                 "guided_choice", "guided_grammar"};
         static const struct {
                 const char *name;
                 const char *why;
@@ -551,23 +550,9 @@ static tsr_status refuse_unimplemented(json_t *root, tsr_oai_error *err) {
                 {"return_tokens_as_token_ids", "tokens are returned as text"},
                 {"return_token_ids", "responses carry no token ids"},
         };
-        json_t *rf = field(root, "response_format"), *v;
+        json_t *v;
         int64_t best_of = 1;
 
-        if (rf) {
-                const char *type = json_string_value(json_object_get(rf, "type"));
-                if (!json_is_object(rf) || !type)
-                        return TYPE_ERR(err, "response_format", "an object with a string `type`");
-                if (strcmp(type, "text") != 0)
-                        return VALUE_ERR(err, "response_format",
-                                         "response_format type '%.64s' is not supported yet: structured outputs are "
-                                         "not implemented (supported: 'text')", type);
-        }
-        for (size_t i = 0; i < sizeof(structured) / sizeof(structured[0]); i++)
-                if (field(root, structured[i]))
-                        return VALUE_ERR(err, structured[i],
-                                         "%s is not supported yet: structured outputs are not implemented",
-                                         structured[i]);
         for (size_t i = 0; i < sizeof(present) / sizeof(present[0]); i++)
                 if (field(root, present[i].name))
                         return VALUE_ERR(err, present[i].name, "%s is not supported yet: %s", present[i].name,
@@ -587,6 +572,195 @@ static tsr_status refuse_unimplemented(json_t *root, tsr_oai_error *err) {
                 return VALUE_ERR(err, "best_of", "best_of is not supported yet: returning the best of several "
                                  "candidates is not implemented (n=%lld returns them all)", (long long)best_of);
         return TSR_OK;
+}
+
+/* ---- structured outputs (vLLM's structured_outputs, guided_*, response_format) ---- */
+
+/* One constraint into r: its text as the worker compiles it, then xgrammar's own check
+ * (no tokenizer needed), so a schema, regex or grammar it refuses is a 400 here and
+ * never reaches a worker.  The check runs on the loop thread: building the Grammar of
+ * a schema is a parse (well under a millisecond for ordinary schemas), not the compile
+ * over the vocabulary, which the worker does off its engine thread. */
+static tsr_status so_set(tsr_arena *a, tsr_oai_request *r, const char *param, tsr_grammar_kind kind, json_t *v,
+                         tsr_oai_error *err) {
+        static const char *const what[] = {
+                [TSR_GRAMMAR_JSON_SCHEMA] = "Failed to transform json schema into a grammar",
+                [TSR_GRAMMAR_JSON_OBJECT] = "Failed to build the JSON object grammar",
+                [TSR_GRAMMAR_REGEX] = "Failed to transform regex into a grammar",
+                [TSR_GRAMMAR_CHOICE] = "Failed to transform choices into a grammar",
+                [TSR_GRAMMAR_EBNF] = "Invalid grammar specification",
+        };
+        char msg[512];
+        const char *text = "";
+        char *dumped = NULL;
+
+        if (kind == TSR_GRAMMAR_JSON_OBJECT) {
+                if (!json_is_boolean(v))
+                        return TYPE_ERR(err, param, "a valid boolean");
+                if (!json_is_true(v))
+                        return TSR_OK;   /* json_object: false constrains nothing */
+        }
+        if (r->so_kind != TSR_GRAMMAR_NONE)
+                return VALUE_ERR(err, param, "You can only use one kind of structured outputs constraint but multiple "
+                                             "are specified");
+        switch (kind) {
+        case TSR_GRAMMAR_JSON_SCHEMA:
+                if (json_is_string(v))
+                        text = json_string_value(v);   /* a schema serialized by the client */
+                else if (json_is_object(v) || json_is_boolean(v))
+                        text = dumped = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
+                else
+                        return TYPE_ERR(err, param, "a valid dictionary or string");
+                break;
+        case TSR_GRAMMAR_REGEX:
+        case TSR_GRAMMAR_EBNF:
+                if (!json_is_string(v))
+                        return TYPE_ERR(err, param, "a valid string");
+                text = json_string_value(v);
+                break;
+        case TSR_GRAMMAR_CHOICE:
+                if (!json_is_array(v))
+                        return TYPE_ERR(err, param, "a valid list");
+                for (size_t i = 0; i < json_array_size(v); i++)
+                        if (!json_is_string(json_array_get(v, i)))
+                                return TYPE_ERR(err, param, "a list of strings");
+                text = dumped = json_dumps(v, JSON_COMPACT);
+                break;
+        default:
+                break;
+        }
+        if (!text)
+                return fail(err, 500, "InternalServerError", NULL, "out of memory");
+        r->so_text = tsr_arena_strdup(a, text);
+        free(dumped);
+        if (!r->so_text)
+                return fail(err, 500, "InternalServerError", NULL, "out of memory");
+        r->so_kind = kind;
+        tsr_grammar_spec spec = {.kind = kind, .text = r->so_text, .len = strlen(r->so_text),
+                                 .any_whitespace = !r->so_compact};
+        if (tsr_grammar_check(&spec, msg, sizeof(msg)) != TSR_OK)
+                return VALUE_ERR(err, param, "%s: %s", what[kind], msg);
+        return TSR_OK;
+}
+
+/* structured_outputs: one constraint and its options.  Options we do not honour are
+ * refused; disable_fallback means nothing with one backend, and
+ * disable_additional_properties nothing with xgrammar's strict schemas (extra
+ * properties are never generated either way). */
+static tsr_status parse_structured_outputs(json_t *so, tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
+        static const struct {
+                const char *name;
+                tsr_grammar_kind kind;
+        } kinds[] = {
+                {"json", TSR_GRAMMAR_JSON_SCHEMA}, {"regex", TSR_GRAMMAR_REGEX},     {"choice", TSR_GRAMMAR_CHOICE},
+                {"grammar", TSR_GRAMMAR_EBNF},     {"json_object", TSR_GRAMMAR_JSON_OBJECT},
+        };
+        static const char *const flags[] = {"disable_any_whitespace", "disable_fallback",
+                                            "disable_additional_properties"};
+        const char *key;
+        json_t *v;
+        bool ok, compact = false;
+
+        if (!json_is_object(so))
+                return TYPE_ERR(err, "structured_outputs", "a valid dictionary");
+        TRY(get_bool(so, "disable_any_whitespace", &compact, err));
+        r->so_compact = compact;
+        json_object_foreach(so, key, v) {
+                ok = false;
+                for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]) && !ok; i++)
+                        ok = strcmp(key, flags[i]) == 0;
+                for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]) && !ok; i++)
+                        ok = strcmp(key, kinds[i].name) == 0;
+                if (ok || json_is_null(v))
+                        continue;
+                if (strcmp(key, "whitespace_pattern") == 0 || strcmp(key, "structural_tag") == 0)
+                        return VALUE_ERR(err, "structured_outputs",
+                                         "structured_outputs.%s is not supported yet: the xgrammar backend %s", key,
+                                         key[0] == 'w' ? "does not take a whitespace pattern"
+                                                       : "is not given structural tags here");
+                return VALUE_ERR(err, "structured_outputs", "structured_outputs: unexpected keyword argument '%.64s'",
+                                 key);
+        }
+        for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++) {
+                bool b = false;
+                TRY(get_bool(so, flags[i], &b, err));
+        }
+        for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+                if ((v = field(so, kinds[i].name)))
+                        TRY(so_set(a, r, "structured_outputs", kinds[i].kind, v, err));
+        return TSR_OK;
+}
+
+/* Every way a request asks for structured output.  vLLM maps response_format onto
+ * structured_outputs, so a constraint in both is "multiple constraints"; the guided_*
+ * fields (deprecated, removed in vLLM 0.12) are taken as the structured_outputs fields
+ * they were renamed to rather than ignored. */
+static tsr_status parse_structured(json_t *root, tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
+        static const struct {
+                const char *name;
+                tsr_grammar_kind kind;
+        } guided[] = {
+                {"guided_json", TSR_GRAMMAR_JSON_SCHEMA},
+                {"guided_regex", TSR_GRAMMAR_REGEX},
+                {"guided_choice", TSR_GRAMMAR_CHOICE},
+                {"guided_grammar", TSR_GRAMMAR_EBNF},
+        };
+        json_t *so = field(root, "structured_outputs"), *rf = field(root, "response_format"), *v;
+
+        if (so)
+                TRY(parse_structured_outputs(so, a, r, err));
+        if (field(root, "guided_whitespace_pattern"))
+                return VALUE_ERR(err, "guided_whitespace_pattern", "guided_whitespace_pattern is not supported yet: "
+                                 "the xgrammar backend does not take a whitespace pattern");
+        for (size_t i = 0; i < sizeof(guided) / sizeof(guided[0]); i++)
+                if ((v = field(root, guided[i].name)))
+                        TRY(so_set(a, r, guided[i].name, guided[i].kind, v, err));
+        if (rf) {
+                const char *type = json_string_value(json_object_get(rf, "type"));
+                json_t *js;
+                if (!json_is_object(rf) || !type)
+                        return TYPE_ERR(err, "response_format", "an object with a string `type`");
+                if (strcmp(type, "json_object") == 0)
+                        return so_set(a, r, "response_format", TSR_GRAMMAR_JSON_OBJECT, json_true(), err);
+                if (strcmp(type, "json_schema") == 0) {
+                        js = field(rf, "json_schema");
+                        if (!json_is_object(js) || !field(js, "schema"))
+                                return VALUE_ERR(err, "response_format", "response_format type 'json_schema' needs "
+                                                 "json_schema: {name, schema}");
+                        return so_set(a, r, "response_format", TSR_GRAMMAR_JSON_SCHEMA, field(js, "schema"), err);
+                }
+                if (strcmp(type, "text") != 0)
+                        return VALUE_ERR(err, "response_format", "response_format type '%.64s' is not supported yet "
+                                         "(supported: 'text', 'json_object', 'json_schema')", type);
+        }
+        return TSR_OK;
+}
+
+/* tool_choice "required" or a named function: structured outputs with the tools'
+ * schema (vLLM 0.12's _get_json_schema_from_tool); the router's tool parser for the
+ * forced shape reads the calls back (router/tools/forced.c).  vLLM lets the tool schema
+ * replace a structured_outputs constraint of the same request; Tessera refuses the pair
+ * rather than drop one silently. */
+static tsr_status parse_forced_tools(tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
+        char msg[256] = "";
+        json_t *schema;
+        tsr_status st;
+
+        if (r->kind != TSR_OAI_CHAT || !r->tool_choice ||
+            (strcmp(r->tool_choice, "required") != 0 && strcmp(r->tool_choice, "function") != 0))
+                return TSR_OK;
+        if (!r->tools || !json_array_size(r->tools))
+                return VALUE_ERR(err, "tool_choice", "When using `tool_choice`, `tools` must be set.");
+        if (r->so_kind != TSR_GRAMMAR_NONE)
+                return VALUE_ERR(err, "tool_choice", "tool_choice \"%s\" is a structured output of its own: it cannot be "
+                                 "combined with response_format or structured_outputs", r->tool_choice);
+        schema = tsr_tools_choice_schema(r->tools, r->tool_choice, r->tool_choice_name, msg, sizeof(msg));
+        if (!schema)
+                return msg[0] ? VALUE_ERR(err, "tool_choice", "%s", msg)
+                              : fail(err, 500, "InternalServerError", NULL, "out of memory");
+        st = so_set(a, r, "tool_choice", TSR_GRAMMAR_JSON_SCHEMA, schema, err);
+        json_decref(schema);
+        return st;
 }
 
 bool tsr_oai_request_is_greedy(const tsr_oai_request *r) { return r->has_temperature && r->temperature < GREEDY_EPS; }
@@ -646,6 +820,8 @@ static tsr_status parse_common(json_t *root, const tsr_oai_limits *lim, tsr_aren
         }
         TRY(get_bool(root, "add_special_tokens", &r->add_special_tokens, err));
         TRY(get_int(root, "priority", NULL, &r->priority, err));
+        TRY(parse_structured(root, a, r, err));
+        TRY(parse_forced_tools(a, r, err));
         return TSR_OK;
 }
 

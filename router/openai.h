@@ -20,6 +20,7 @@
 
 #include "common/arena.h"
 #include "common/tsr_status.h"
+#include "grammar/grammar.h"
 
 typedef enum tsr_oai_kind { TSR_OAI_COMPLETIONS, TSR_OAI_CHAT } tsr_oai_kind;
 
@@ -114,6 +115,13 @@ typedef struct tsr_oai_request {
         bool continuous_usage_stats;
         bool add_special_tokens;     /* completions true, chat false */
         int64_t priority;
+        /* Structured output (response_format / structured_outputs / guided_*), checked
+         * by xgrammar already: kind TSR_GRAMMAR_NONE when none.  so_text is the spec as
+         * the worker compiles it (a schema or choice list re-serialized compactly; a
+         * regex or grammar as given), in the request's arena. */
+        tsr_grammar_kind so_kind;
+        const char *so_text;
+        bool so_compact;             /* disable_any_whitespace */
 } tsr_oai_request;
 
 /* Parse `body` (not necessarily NUL-terminated) for the endpoint `kind`.

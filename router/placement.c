@@ -2,6 +2,7 @@
 #include "router/placement.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,26 +162,62 @@ void tsr_placement_recent_add(tsr_placement_recent *r, const void *w, const uint
         r->next = (r->next + 1) % TSR_PLACEMENT_RECENT_MAX;
 }
 
+/* The leading run of hashes[0..n) that entry e shares (its first hash already equal). */
+static size_t shared_run(const tsr_placement_recent_entry *e, const uint64_t *hashes, size_t n) {
+        size_t lo = 1, hi = e->n < n ? e->n : n;        /* invariant: hashes[lo - 1] shared */
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo + 1) / 2;
+                if (e->hashes[mid - 1] == hashes[mid - 1])
+                        lo = mid;
+                else
+                        hi = mid - 1;
+        }
+        return lo;
+}
+
+static int hit_by_worker(const void *a, const void *b) {
+        uintptr_t x = (uintptr_t)((const tsr_placement_recent_hit *)a)->w;
+        uintptr_t y = (uintptr_t)((const tsr_placement_recent_hit *)b)->w;
+        return x < y ? -1 : x > y;
+}
+
+void tsr_placement_recent_scan(const tsr_placement_recent *r, const uint64_t *hashes, size_t n, uint64_t now_ns,
+                               tsr_placement_recent_match *m) {
+        size_t k = 0;
+        m->n = 0;
+        for (size_t i = 0; hashes && n && i < TSR_PLACEMENT_RECENT_MAX; i++) {
+                const tsr_placement_recent_entry *e = &r->e[i];
+                if (!e->w || now_ns - e->at_ns > TSR_PLACEMENT_RECENT_NS || e->hashes[0] != hashes[0])
+                        continue;
+                m->h[k++] = (tsr_placement_recent_hit){.w = e->w, .hits = shared_run(e, hashes, n)};
+        }
+        if (k > 1)
+                qsort(m->h, k, sizeof(m->h[0]), hit_by_worker);
+        for (size_t i = 0; i < k; i++) {                /* one per worker: its best */
+                if (m->n && m->h[m->n - 1].w == m->h[i].w) {
+                        if (m->h[i].hits > m->h[m->n - 1].hits)
+                                m->h[m->n - 1].hits = m->h[i].hits;
+                } else {
+                        m->h[m->n++] = m->h[i];
+                }
+        }
+}
+
+size_t tsr_placement_recent_lookup(const tsr_placement_recent_match *m, const void *w) {
+        tsr_placement_recent_hit key = {.w = w};
+        const tsr_placement_recent_hit *h = m->n ? bsearch(&key, m->h, m->n, sizeof(m->h[0]), hit_by_worker) : NULL;
+        return h ? h->hits : 0;
+}
+
 size_t tsr_placement_recent_hits(const tsr_placement_recent *r, const void *w, const uint64_t *hashes, size_t n,
                                  uint64_t now_ns) {
         size_t best = 0;
         for (size_t i = 0; w && hashes && i < TSR_PLACEMENT_RECENT_MAX; i++) {
                 const tsr_placement_recent_entry *e = &r->e[i];
-                size_t lo = 0, hi = e->n < n ? e->n : n;
-                if (e->w != w || now_ns - e->at_ns > TSR_PLACEMENT_RECENT_NS || hi <= best ||
-                    e->hashes[0] != hashes[0])
+                if (e->w != w || now_ns - e->at_ns > TSR_PLACEMENT_RECENT_NS || n == 0 || e->hashes[0] != hashes[0])
                         continue;
-                /* invariant: hashes[lo - 1] shared (lo >= 1 after the check above) */
-                lo = 1;
-                while (lo < hi) {
-                        size_t mid = lo + (hi - lo + 1) / 2;
-                        if (e->hashes[mid - 1] == hashes[mid - 1])
-                                lo = mid;
-                        else
-                                hi = mid - 1;
-                }
-                if (lo > best)
-                        best = lo;
+                size_t k = shared_run(e, hashes, n);
+                best = k > best ? k : best;
         }
         return best;
 }

@@ -128,9 +128,31 @@ typedef struct tsr_placement_recent {
  * memory: nothing is remembered, which only costs placement quality). */
 void tsr_placement_recent_add(tsr_placement_recent *r, const void *w, const uint64_t *hashes, size_t n,
                               uint64_t now_ns);
+/* One request's view of the ring: for each worker with a live entry sharing at least
+ * the prompt's first block, the longest shared run (sorted by worker, one per worker). */
+typedef struct tsr_placement_recent_hit {
+        const void *w;
+        size_t hits;
+} tsr_placement_recent_hit;
+
+typedef struct tsr_placement_recent_match {
+        tsr_placement_recent_hit h[TSR_PLACEMENT_RECENT_MAX];
+        size_t n;
+} tsr_placement_recent_match;
+
+/* One pass over the ring for the prompt hashes[0..n) at now_ns, into *m: an entry counts
+ * when it is younger than TSR_PLACEMENT_RECENT_NS and shares the first hash.  The chain
+ * is chained (hash i covers blocks 0..i), so a shared hash at i means a shared prefix up
+ * to i: a binary search per such entry.  Once per request, not per candidate worker:
+ * at 64 workers the per-worker scan of all 256 entries was 15-20 us of a 28 us placement
+ * (docs/benchmarks.md, "Router at scale"). */
+void tsr_placement_recent_scan(const tsr_placement_recent *r, const uint64_t *hashes, size_t n, uint64_t now_ns,
+                               tsr_placement_recent_match *m);
+/* w's hits in a scan's result (0: none), by binary search. */
+size_t tsr_placement_recent_lookup(const tsr_placement_recent_match *m, const void *w);
 /* The longest leading run of hashes[0..n) shared with a prompt placed on w within
- * TSR_PLACEMENT_RECENT_NS of now_ns.  The chain is chained (hash i covers blocks
- * 0..i), so a shared hash at i means a shared prefix up to i: a binary search each. */
+ * TSR_PLACEMENT_RECENT_NS of now_ns: the whole ring for one worker (lookup after a scan
+ * gives the same; tests and tessera-bench-mirror compare the two). */
 size_t tsr_placement_recent_hits(const tsr_placement_recent *r, const void *w, const uint64_t *hashes, size_t n,
                                  uint64_t now_ns);
 /* Forget every placement on w (the worker left; its address may be reused). */

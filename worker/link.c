@@ -349,6 +349,14 @@ static tsr_status submit_from_wire(const Tessera__V1__Submit *m, tsr_engine_subm
         out->logprobs = m->logprobs;
         out->prompt_logprobs = m->prompt_logprobs;
         out->priority = m->priority;
+        if (m->structured_output && m->structured_output->kind != TESSERA__V1__STRUCTURED_OUTPUT__KIND__NONE) {
+                const char *t = m->structured_output->text ? m->structured_output->text : "";
+                out->so_kind = (tsr_grammar_kind)m->structured_output->kind;   /* same numbers; wire.c checked the range */
+                out->so_len = strlen(t);
+                out->so_compact = m->structured_output->compact_whitespace;
+                if (!(out->so_text = strdup(t)))
+                        return TSR_E_NOMEM;
+        }
         tsr_sampling_init(&out->sampling);
         if (!sp)
                 return TSR_OK;
@@ -495,8 +503,17 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
                 frame_to_engine(l, TSR_ENGINE_IN_RESYNC, rid, rid_len, env);
                 break;
         case TESSERA__V1__ENVELOPE__MSG_DRAIN:
-                log_info("drain requested by router %s: %s", who, env->drain->reason);
-                l->draining = true;
+                if (!env->drain->resume) {
+                        log_info("drain requested by router %s: %s", who, env->drain->reason);
+                        l->draining = true;
+                } else if (l->shutting_down) {
+                        log_warn("router %s asks to resume (%s), but this worker is stopping: it stays draining", who,
+                                 env->drain->reason);
+                } else {
+                        log_info("resume requested by router %s: %s", who, env->drain->reason);
+                        l->draining = false;
+                }
+                publish_status(l, NULL);   /* routers see the state now, not at the next tick */
                 break;
         case TESSERA__V1__ENVELOPE__MSG_SHUTDOWN:
                 log_info("shutdown requested by router %s", who);

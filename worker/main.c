@@ -27,24 +27,29 @@
 #include "worker/load/model_meta.h"
 #include "worker/model/runner.h"
 #include "worker/notify.h"
+#include "worker/parallel/comm.h"
+#include "worker/parallel/partition.h"
 
 #define DEFAULT_KV_CACHE_BYTES (4ll << 30)
 #define CPU_DEFAULT_MAX_NUM_SEQS 256   /* issue #4; vLLM's server default below 70 GiB */
 #define CPU_DEFAULT_MAX_BATCHED_TOKENS 2048
 
 
-/* The KV groups of the model: its family's per-layer spec for the layers this worker
- * holds (today all of them).  A model with no family gets no pool and refuses Submit, but
+/* The KV groups of the model: its family's per-layer spec for the layers of `stage` (the
+ * whole model, or the pipeline stage with the most layers: every stage has as many blocks,
+ * so the largest one sizes them).  A model with no family gets no pool and refuses Submit, but
  * still advertises a capacity in ModelInfo: one full-attention group from the dims its
  * config states (model_meta.c), float32 as the CPU runner would hold it; a dim the config
  * does not state is an error naming it, never a guess.  Main thread, at start-up. */
-static tsr_status plan_kv_groups(const tsr_model_desc *desc, const tsr_model_meta *m, tsr_kv_group *groups,
-                                 size_t *n_groups, char *err, size_t errlen) {
+static tsr_status plan_kv_groups(const tsr_model_desc *desc, const tsr_model_meta *m, const tsr_shard_spec *stage,
+                                 tsr_kv_group *groups, size_t *n_groups, char *err, size_t errlen) {
         tsr_shard_spec shard;
         const char *missing;
 
         if (desc) {
-                if (desc->family->shard_for(desc, 0, 1, 0, 1, &shard) != TSR_OK ||
+                if (stage)
+                        shard = *stage;
+                if ((!stage && desc->family->shard_for(desc, 0, 1, 0, 1, &shard) != TSR_OK) ||
                     (*n_groups = desc->family->kv_groups(desc, &shard, groups, TSR_KV_GROUPS_MAX)) == 0) {
                         snprintf(err, errlen, "%s: the model has no layers", m->path);
                         return TSR_E_INVAL;
@@ -66,15 +71,17 @@ static tsr_status plan_kv_groups(const tsr_model_desc *desc, const tsr_model_met
         return TSR_OK;
 }
 
-/* The KV cache's memory: --kv-cache-memory-bytes (default 4 GiB, never more than half
- * of the free RAM). */
-static long long kv_budget(const tsr_config *cfg) {
+/* The KV cache's memory of one rank: --kv-cache-memory-bytes, which is per rank as
+ * vLLM's is per GPU worker; by default 4 GiB, never more than half of the free RAM, for
+ * the whole process: its `ranks` pipeline stages share the machine's RAM, so each gets
+ * an even share. */
+static long long kv_budget(const tsr_config *cfg, uint32_t ranks) {
         long long budget = cfg->kv_cache_memory_bytes ? cfg->kv_cache_memory_bytes : DEFAULT_KV_CACHE_BYTES;
         long long avail = (long long)sysconf(_SC_AVPHYS_PAGES) * (long long)sysconf(_SC_PAGESIZE);
 
         if (!cfg->kv_cache_memory_bytes && avail > 0 && budget > avail / 2)
                 budget = avail / 2;
-        return budget;
+        return cfg->kv_cache_memory_bytes ? budget : budget / (ranks ? ranks : 1);
 }
 
 /* KV cache blocks: --num-gpu-blocks-override, else what `budget` bytes hold. */
@@ -97,10 +104,19 @@ static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t
         return fit < max_num_seqs ? (uint32_t)fit : max_num_seqs;
 }
 
+/* pp_layers[pp]: the layers of each pipeline stage (pp > 1), else NULL. */
 static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
-                            tsr_worker_plan *p, char *err, size_t errlen) {
+                            uint32_t pp, const uint32_t *pp_layers, uint32_t tp, tsr_worker_plan *p, char *err,
+                            size_t errlen) {
         tsr_kv_group groups[TSR_KV_GROUPS_MAX];
         size_t n_groups = 0;
+        tsr_shard_spec largest = {.tp_size = 1}, *stage = NULL;
+
+        /* TP: every rank holds every layer with its share of the KV heads. */
+        if (tp > 1 && desc) {
+                largest = (tsr_shard_spec){.tp_size = tp, .last_layer = desc->n_layers - 1};
+                stage = &largest;
+        }
 
         memset(p, 0, sizeof(*p));
         if (cfg->status_listen) {
@@ -124,12 +140,18 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                 snprintf(err, errlen, "%s: the model states no context length; pass --max-model-len", m->path);
                 return TSR_E_INVAL;
         }
-        if (plan_kv_groups(desc, m, groups, &n_groups, err, errlen) != TSR_OK)
+        for (uint32_t s = 0, first = 0; pp_layers && s < pp; first += pp_layers[s++]) {
+                if (pp_layers[s] > largest.last_layer - largest.first_layer + 1 || !stage)
+                        largest = (tsr_shard_spec){.tp_size = 1, .first_layer = first,
+                                                   .last_layer = first + pp_layers[s] - 1};
+                stage = &largest;
+        }
+        if (plan_kv_groups(desc, m, stage, groups, &n_groups, err, errlen) != TSR_OK)
                 return TSR_E_INVAL;
         p->max_num_seqs = cfg->max_num_seqs > 0 ? (uint32_t)cfg->max_num_seqs : CPU_DEFAULT_MAX_NUM_SEQS;
         /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
          * per block, and state slots (counted in the same budget) per running request. */
-        long long budget = kv_budget(cfg);
+        long long budget = kv_budget(cfg, pp_layers ? pp : tp);
         p->state_slot_bytes = tsr_kv_slot_bytes(groups, n_groups);
         p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs);
         if (p->state_slot_bytes && p->state_slots == 0) {
@@ -162,6 +184,71 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         return TSR_OK;
 }
 
+/* -tp and -pp against the model (config.c leaves them to the worker, which knows the
+ * heads and layers), with vLLM's words where vLLM has a check.  On success layers[pp]
+ * holds the layer count of each pipeline stage (pp > 1).  Main thread, at start-up. */
+static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
+                                 uint32_t *layers, char *err, size_t errlen) {
+        uint32_t tp = (uint32_t)cfg->tensor_parallel_size, pp = (uint32_t)cfg->pipeline_parallel_size;
+        uint32_t heads = m->num_attention_heads, kv_heads = m->num_key_value_heads;
+        const char *partition = getenv("VLLM_PP_LAYER_PARTITION");
+
+        if (tp > 1) {
+                if (heads && heads % tp != 0) {
+                        snprintf(err, errlen, "Total number of attention heads (%u) must be divisible by tensor "
+                                 "parallel size (%u).", heads, tp);
+                        return TSR_E_INVAL;
+                }
+                /* vLLM's QKVParallelLinear: KV heads are split when tp divides them, else
+                 * replicated, which needs tp to be a multiple of them. */
+                if (kv_heads && (tp >= kv_heads ? tp % kv_heads : kv_heads % tp) != 0) {
+                        snprintf(err, errlen, "Total number of key/value heads (%u) and tensor parallel size (%u) "
+                                 "must divide one another.", kv_heads, tp);
+                        return TSR_E_INVAL;
+                }
+                /* This slice: TP ranks are threads of this worker, float32 weights (the
+                 * canonical split of R7 is float32 math), one pipeline stage. */
+                if (!desc || !desc->family->tp_shard) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u is not supported for %s "
+                                 "(supported for the llama family; 1 for the others)", tp,
+                                 m->architecture ? m->architecture : m->model_type ? m->model_type : "this model");
+                        return TSR_E_UNSUPPORTED;
+                }
+                if (pp > 1) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u together with "
+                                 "--pipeline-parallel-size %u is not supported yet (supported: one of them above 1)",
+                                 tp, pp);
+                        return TSR_E_UNSUPPORTED;
+                }
+                if (!cfg->dtype || (strcmp(cfg->dtype, "float32") != 0 && strcmp(cfg->dtype, "float") != 0)) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u needs --dtype float32 (the "
+                                 "tensor-parallel split computes in float32, bitwise equal to -tp 1 --dtype float32)",
+                                 tp);
+                        return TSR_E_UNSUPPORTED;
+                }
+                if (TSR_COMM_TREE_LEAVES % tp != 0 || desc->vocab_size % tp != 0) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u must divide %d (the canonical "
+                                 "partial sums of a row-parallel layer) and the vocabulary size (%u; vLLM pads it, "
+                                 "this build does not)", tp, TSR_COMM_TREE_LEAVES, desc->vocab_size);
+                        return TSR_E_UNSUPPORTED;
+                }
+        }
+        if (pp <= 1 && !(partition && *partition))
+                return TSR_OK;
+        if (pp > TSR_RUNNER_MAX_STAGES) {
+                snprintf(err, errlen, "argument --pipeline-parallel-size: %u: at most %d stages", pp,
+                         TSR_RUNNER_MAX_STAGES);
+                return TSR_E_INVAL;
+        }
+        if (pp > 1 && (!desc || !desc->family->forward_stage)) {
+                snprintf(err, errlen, "argument --pipeline-parallel-size: %u is not supported for %s (supported for "
+                         "the llama family; 1 for the others)", pp,
+                         m->architecture ? m->architecture : m->model_type ? m->model_type : "this model");
+                return TSR_E_UNSUPPORTED;
+        }
+        return tsr_pp_partition(desc ? desc->n_layers : m->num_hidden_layers, pp, partition, layers, err, errlen);
+}
+
 /* VLLM_LOG_STATS_INTERVAL, seconds (vLLM's default 10). */
 /* n with a comma every three digits, as Python's f"{n:,}" writes it. */
 static const char *thousands(uint64_t n, char *buf, size_t len) {
@@ -174,6 +261,17 @@ static const char *thousands(uint64_t n, char *buf, size_t len) {
         }
         buf[o] = '\0';
         return buf;
+}
+
+/* The bound of a pipeline step's comm waits: VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, vLLM's
+ * bound on one execute_model (default 300 s). */
+static uint32_t pp_timeout_ms(void) {
+        const char *env = getenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS");
+        char *end;
+        double v = env ? strtod(env, &end) : 300.0;
+        if (env && (*end || !(v > 0) || v > 4e6))
+                v = 300.0;
+        return (uint32_t)(v * 1000.0);
 }
 
 static double stats_interval_s(void) {
@@ -192,6 +290,8 @@ int main(int argc, char **argv) {
         tsr_backend *backend = NULL;    /* the CPU backend every forward runs on; freed after the runner */
         tsr_block_hash_algo hash_algo = TSR_BLOCK_HASH_SHA256;
         tsr_worker_plan plan;
+        uint32_t pp_layers[TSR_RUNNER_MAX_STAGES] = {0};
+        uint32_t pp = 1;
         uint8_t *mi_full = NULL, *mi_lean = NULL;
         size_t mi_full_len = 0, mi_lean_len = 0;
         char err[1024] = "";
@@ -286,7 +386,22 @@ int main(int argc, char **argv) {
         log_info("default sampling parameters (--generation-config %s, --override-generation-config %s): %s",
                  cfg.generation_config, cfg.override_generation_config ? cfg.override_generation_config : "{}",
                  gen_text);
-        if (make_plan(&cfg, meta, family ? &desc : NULL, &plan, err, sizeof(err)) != TSR_OK) {
+        if ((st = check_parallel(&cfg, meta, family ? &desc : NULL, pp_layers, err, sizeof(err))) != TSR_OK) {
+                fprintf(stderr, "tessera-worker: error: %s\n", err);
+                goto out;
+        }
+        if (cfg.pipeline_parallel_size > 1) {
+                char line[512];
+                size_t o = 0;
+                pp = (uint32_t)cfg.pipeline_parallel_size;
+                for (uint32_t s = 0, first = 0; s < pp && o < sizeof line; first += pp_layers[s++])
+                        o += (size_t)snprintf(line + o, sizeof line - o, "%s%u..%u", s ? ", " : "", first,
+                                              first + pp_layers[s] - 1);
+                log_info("pipeline parallel: %u stages (ranks) in this process, layers [%s]%s", pp, line,
+                         getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
+        }
+        if (make_plan(&cfg, meta, family ? &desc : NULL, pp, pp > 1 ? pp_layers : NULL,
+                      (uint32_t)cfg.tensor_parallel_size, &plan, err, sizeof(err)) != TSR_OK) {
                 log_error("%s", err);
                 goto out;
         }
@@ -322,12 +437,28 @@ int main(int argc, char **argv) {
          * metadata (and refuses Submit), so routers can list it; a model of a family that
          * the runner cannot load exits here, before any socket is bound. */
         tsr_load_stats lstats = {0};
-        st = tsr_runner_backend_new(cfg.cpu_threads, &backend, err, sizeof(err));
+        /* Each rank's kernel pool gets an even share of the cores (--cpu-threads, else the
+         * online ones), at least one thread: the ranks of a step run one after another, but
+         * a later slice keeps several steps in flight. */
+        int rank_threads = cfg.cpu_threads;
+        long ranks = pp > 1 ? (long)pp : (long)cfg.tensor_parallel_size;
+        if (ranks > 1) {
+                long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
+                rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
+        }
+        st = tsr_runner_backend_new(rank_threads, &backend, err, sizeof(err));
         if (st != TSR_OK) {
                 log_error("cannot load model %s: %s", cfg.model, err);
                 goto out;
         }
-        tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend, .quantization = cfg.quantization};
+        /* --dtype float32 computes o_proj and down_proj in the canonical split (R7) at
+         * every -tp, so -tp 1 and -tp N give the same bits. */
+        bool f32 = cfg.dtype && (strcmp(cfg.dtype, "float32") == 0 || strcmp(cfg.dtype, "float") == 0);
+        tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend, .pp = pp, .pp_layers = pp_layers,
+                                 .stage_threads = rank_threads, .pp_timeout_ms = pp_timeout_ms(),
+                                 .tp = (uint32_t)cfg.tensor_parallel_size,
+                                 .tp_canonical = f32 && family && family->tp_shard,
+                                 .quantization = cfg.quantization};
         if (!family) {
                 log_warn("model %s: no model runner (no model family serves architecture %s); serving its metadata "
                          "only, Submit is refused", cfg.model,
@@ -338,12 +469,12 @@ int main(int argc, char **argv) {
                 goto out;
         } else {
                 log_info("loaded %zu tensors (%.1f MB in the file, %.1f MB as float32, %.1f MB resident) in %.2f s, "
-                         "%.1f MB/s; KV pool %.1f MB",
+                         "%.1f MB/s; KV pool %.1f MB%s",
                          lstats.n_tensors, (double)lstats.file_bytes / 1e6, (double)lstats.f32_bytes / 1e6,
                          (double)lstats.resident_bytes / 1e6,
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
                          (double)(plan.kv_blocks_total * plan.kv_block_bytes + plan.state_slots * plan.state_slot_bytes) /
-                                 1e6);
+                                 1e6, pp > 1 ? " on the rank with the most layers (each rank holds its layers' KV)" : "");
         }
         if (tsr_block_hash_algo_parse(cfg.prefix_caching_hash_algo, &hash_algo) != TSR_OK) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);

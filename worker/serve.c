@@ -9,11 +9,14 @@
 
 #include "common/log.h"
 #include "common/queue.h"
+#include "worker/engine/grammar_vocab.h"
 
 tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
         const tsr_config *cfg = o->cfg;
         tsr_queue *inbox = NULL, *outbox = NULL;
         tsr_engine *engine = NULL;
+        tsr_grammar_vocab *gvocab = NULL;
+        tsr_grammar_pool *gpool = NULL;
         sigset_t stop_signals;
         tsr_status st = TSR_E_INTERNAL;
         int sfd;
@@ -32,7 +35,16 @@ tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
                 st = TSR_E_NOMEM;
                 goto out;
         }
+        /* Structured outputs: the vocabulary xgrammar masks over and the compile thread.
+         * Without them the worker still serves; such requests are refused. */
+        if (o->model) {
+                char gerr[256] = "";
+                if (tsr_engine_grammar_vocab(o->meta, o->model->vocab, &gvocab, gerr, sizeof(gerr)) != TSR_OK ||
+                    tsr_grammar_pool_new(gvocab, &gpool) != TSR_OK)
+                        log_warn("structured outputs unavailable: %s", gerr[0] ? gerr : "out of memory");
+        }
         tsr_engine_params ep = {
+                .grammar = gpool,
                 .model = o->model,
                 .kv_blocks_total = o->plan->kv_blocks_total,
                 .block_size = (uint32_t)cfg->block_size,
@@ -76,6 +88,8 @@ tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
         st = tsr_link_run(&lo, inbox, outbox, sfd);
 out:
         tsr_engine_stop(&engine);
+        tsr_grammar_pool_free(&gpool);   /* after the engine: it held jobs */
+        tsr_grammar_vocab_free(&gvocab);
         if (outbox) {
                 tsr_engine_out *eo;
                 while ((eo = tsr_queue_pop(outbox)) != NULL)

@@ -69,6 +69,8 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                         n = 16;
                 }
         }
+        tsr_placement_recent_match recent;     /* placed here, not yet in a Status */
+        tsr_placement_recent_scan(&r->L->recent, pol == ROUTE_KV ? hashes : NULL, n_hashes, now, &recent);
         /* A draining worker (SIGTERM, --shutdown-timeout) refuses new requests: list
          * it only when no other worker can take the request (second pass). */
         for (int pass = 0; pass < 2 && n_cand == 0; pass++) {
@@ -89,8 +91,8 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                                                 r->hash_block_size ? r->hash_block_size : r->model->block_size,
                                                 r->max_tokens > 0 ? (uint64_t)r->max_tokens : 1,
                                                 pol == ROUTE_KV ? hashes : NULL, pol == ROUTE_KV ? n_hashes : 0);
-                        if (pol == ROUTE_KV && n_hashes) {   /* placed here, not yet in its Status */
-                                size_t h = tsr_placement_recent_hits(&r->L->recent, w, hashes, n_hashes, now);
+                        if (recent.n) {
+                                size_t h = tsr_placement_recent_lookup(&recent, w);
                                 c->hits = h > c->hits ? h : c->hits;
                         }
                         ws[n_cand++] = w;
@@ -127,6 +129,7 @@ tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
         tsr_envelope env;
         Tessera__V1__Submit s;
         Tessera__V1__SamplingParams sp;
+        Tessera__V1__StructuredOutput so;
         Tessera__V1__SamplingParams__LogitBiasEntry *lb = NULL, **lbp = NULL;
         uint32_t *stop_ids = r->req.stop_token_ids;
         char idbuf[24];
@@ -186,6 +189,13 @@ tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
                             : r->req.prompt_logprobs > TSR_RESP_MAX_TOP ? TSR_RESP_MAX_TOP
                                                                     : r->req.prompt_logprobs;
         s.priority = (int32_t)r->req.priority;
+        if (r->req.so_kind != TSR_GRAMMAR_NONE) {   /* same numbers as the wire's Kind */
+                tessera__v1__structured_output__init(&so);
+                so.kind = (Tessera__V1__StructuredOutput__Kind)r->req.so_kind;
+                so.text = (char *)(r->req.so_text ? r->req.so_text : "");
+                so.compact_whitespace = r->req.so_compact;
+                s.structured_output = &so;
+        }
         s.arrival_time_unix_ns = tsr_wall_ns();
         if (r->deadline_ns) {   /* the same instant on the wall clock (the worker does not act on it yet) */
                 uint64_t now = tsr_now_ns();

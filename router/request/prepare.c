@@ -388,6 +388,19 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                                      "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
                         return;
                 }
+                /* vLLM applies a structured output only once the reasoning has ended (the
+                 * reasoner's end token); Tessera's worker masks from the first token, which
+                 * would forbid the model's thinking.  Refused rather than silently
+                 * different, unless the request turns thinking off. */
+                if (r->req.so_kind != TSR_GRAMMAR_NONE && cfg->reasoning_parser &&
+                    !json_is_false(json_object_get(r->req.chat_template_kwargs, "enable_thinking"))) {
+                        tsr_request_fail(r, 400, "BadRequestError",
+                                     "structured outputs together with --reasoning-parser are not supported yet "
+                                     "(the constraint would apply from the first token, not after the reasoning); "
+                                     "pass chat_template_kwargs {\"enable_thinking\": false} or serve without "
+                                     "--reasoning-parser");
+                        return;
+                }
                 /* vLLM's hermes parser (adjust_request) keeps special tokens in the text
                  * when it may parse calls: <tool_call> is a special token in several
                  * vocabularies (Nemotron-3-Nano's too, hence qwen3_coder here as well). */
@@ -395,12 +408,6 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                     cfg->enable_auto_tool_choice && cfg->tool_call_parser &&
                     (strcmp(cfg->tool_call_parser, "hermes") == 0 || strcmp(cfg->tool_call_parser, "qwen3_coder") == 0))
                         r->req.skip_special_tokens = false;
-                if (strcmp(r->req.tool_choice, "required") == 0 || strcmp(r->req.tool_choice, "function") == 0) {
-                        tsr_request_fail(r, 400, "BadRequestError",
-                                     "tool_choice \"%s\" needs structured outputs, which this Tessera build does not support yet",
-                                     r->req.tool_choice);
-                        return;
-                }
         }
         if (r->req.priority != 0 && cfg->scheduling_policy && strcmp(cfg->scheduling_policy, "priority") != 0) {
                 tsr_request_fail(r, 400, "BadRequestError", "Priority scheduling is not enabled.");

@@ -184,6 +184,9 @@ out:
 
 static const tsr_tools_parser *tool_parser_of(const rq *r) {
         const tsr_config *cfg = r->L->ctx->cfg;
+        /* tool_choice "required" / named: the output was forced into the calls' shape */
+        if (r->kind == TSR_OAI_CHAT && tsr_tools_forced_parser(r->req.tool_choice))
+                return tsr_tools_forced_parser(r->req.tool_choice);
         /* vLLM parses for calls when tools were given, tool_choice is auto and the
          * server runs with --enable-auto-tool-choice and a parser. */
         if (r->kind != TSR_OAI_CHAT || !cfg->enable_auto_tool_choice || !cfg->tool_call_parser || !r->req.tools ||
@@ -191,6 +194,9 @@ static const tsr_tools_parser *tool_parser_of(const rq *r) {
                 return NULL;
         return tsr_tools_parser_find(cfg->tool_call_parser);
 }
+
+/* A named tool_choice keeps the output's finish_reason ("stop"), as vLLM. */
+static bool named_tool(const rq *r) { return r->req.tool_choice && strcmp(r->req.tool_choice, "function") == 0; }
 
 static const tsr_reasoning_parser *reasoning_parser_of(const rq *r) {
         return r->kind == TSR_OAI_CHAT ? tsr_reasoning_parser_find(r->L->ctx->cfg->reasoning_parser) : NULL;
@@ -204,12 +210,12 @@ static bool thinking_off(const rq *r) {
 bool tsr_request_parses_output(const rq *r) { return tool_parser_of(r) || reasoning_parser_of(r); }
 
 void tsr_request_parse_message(rq *r, choice *ch, json_t *chat_choice) {
-        tsr_tools_ctx ctx = {.tools = r->req.tools};
+        tsr_tools_ctx ctx = {.tools = r->req.tools, .forced_name = r->req.tool_choice_name};
         bool called = false;
         if (tsr_chat_out_message(reasoning_parser_of(r), thinking_off(r), tool_parser_of(r), &ctx, (char *)ch->text.data,
                                  ch->text.len, json_object_get(chat_choice, "message"), &called) != TSR_OK)
                 log_req(TSR_LOG_WARN, r->id, "output parsers ran out of memory: the text is returned unparsed");
-        if (called)
+        if (called && !named_tool(r))
                 json_object_set_new(chat_choice, "finish_reason", json_string("tool_calls"));
         if (!r->req.include_reasoning) {
                 json_t *m = json_object_get(chat_choice, "message");
@@ -225,7 +231,7 @@ static void stream_parsed(rq *r, choice *ch, const tsr_resp_head *h, size_t upto
         json_t *delta = NULL;
         const char *finish = ch->finish_reason;
         if (!ch->parse) {
-                tsr_tools_ctx ctx = {.tools = r->req.tools};
+                tsr_tools_ctx ctx = {.tools = r->req.tools, .forced_name = r->req.tool_choice_name};
                 ch->parse = tsr_chat_out_new(reasoning_parser_of(r), thinking_off(r), tool_parser_of(r), &ctx);
                 if (!ch->parse) {
                         tsr_request_fail(r, 500, "InternalServerError", "out of memory");
@@ -258,7 +264,7 @@ static void stream_parsed(rq *r, choice *ch, const tsr_resp_head *h, size_t upto
                 json_object_set_new(delta, "content", json_string(""));
                 json_object_set_new(delta, "reasoning_content", json_null());
         }
-        if (ch->finished && tsr_chat_out_called(ch->parse))
+        if (ch->finished && tsr_chat_out_called(ch->parse) && !named_tool(r))
                 finish = "tool_calls";
         tsr_request_stream_write_obj(r, tsr_resp_chat_delta_chunk(h, ch->index, delta, stream_logprobs(r, ch), finish,
                                                               ch->finished ? json_incref(ch->stop_reason) : NULL, up));

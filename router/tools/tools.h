@@ -54,6 +54,7 @@ typedef struct tsr_tools_result {
  * parameter values by their schema types). */
 typedef struct tsr_tools_ctx {
         json_t *tools;                /* borrowed; NULL = none */
+        const char *forced_name;      /* tool_choice naming a function: its name (borrowed) */
 } tsr_tools_ctx;
 
 typedef struct tsr_tools_parser {
@@ -69,6 +70,17 @@ typedef struct tsr_tools_parser {
 
 /* NULL when unknown.  tsr_tools_parser_names: the table's names, comma-separated. */
 const tsr_tools_parser *tsr_tools_parser_find(const char *name);
+
+/* ---- tool_choice "required" / a named function (forced.c) ----
+ * The parser of an output forced by tool_choice ("required" or "function"; NULL for
+ * the others): ctx.forced_name names the function for "function". */
+const tsr_tools_parser *tsr_tools_forced_parser(const char *tool_choice);
+/* The JSON schema that forces such an output, as vLLM 0.12 builds it: the named tool's
+ * parameters, or for "required" an array (minItems 1) of {name, parameters} objects,
+ * one anyOf branch per tool, the tools' $defs merged at the top.  New reference; NULL
+ * for other tool_choice values, or with a message in err (two tools defining one
+ * $defs name differently). */
+json_t *tsr_tools_choice_schema(json_t *tools, const char *tool_choice, const char *name, char *err, size_t errlen);
 
 void tsr_tools_result_done(tsr_tools_result *r);
 /* Append a call (name/args copied; name may be NULL). */

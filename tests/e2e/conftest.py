@@ -257,6 +257,26 @@ class Served:
         return None
 
 
+def serve_demo(tmp_path_factory, *flags, name="smol"):
+    """`tessera serve` of the demo model for a module-scoped fixture (served as `name`,
+    2048-token context, 256 MiB of KV cache): (base URL, Proc) once healthy; the fixture
+    calls proc.kill_group() at teardown."""
+    if not DEMO_MODEL.exists():
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port, "--served-model-name", name,
+                 "--max-model-len", "2048", "--kv-cache-memory-bytes", "256M", *flags], log)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        if proc.p.poll() is not None:
+            raise AssertionError(proc.output())
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=120, interval=0.1, what="server ready")
+    return base, proc
+
+
 @pytest.fixture
 def serve(spawn, demo_model):
     """serve(*extra_flags) -> Served: `tessera serve` on a free port, healthy."""

@@ -92,3 +92,21 @@ def test_drain_one_of_two_workers_under_load(spawn, demo_model):
     # It stays drained: a request now goes to worker 1 and leaves worker 0 idle.
     assert client.completions.create(model=model, prompt="After", max_tokens=4).choices[0].finish_reason == "length"
     assert workers(base)[eps[0]]["state"] == "draining"
+
+    # Resume undoes the drain: worker 0 reports ready again and serves while worker 1 drains.
+    assert requests.post(base + "/admin/workers/resume", json={"worker": eps[0]}, timeout=5).status_code == 401
+    r = requests.post(base + "/admin/workers/resume", headers=AUTH, json={"worker": eps[0]}, timeout=5)
+    assert r.status_code == 200, r.text
+    assert r.json()["worker"] == eps[0] and r.json()["resume_requested"] is True
+    wait_until(lambda: workers(base)[eps[0]]["state"] == "ready", timeout=10, what="worker 0 resumed")
+    assert requests.post(base + "/admin/workers/drain", headers=AUTH, json={"worker": eps[1]},
+                         timeout=5).status_code == 200
+    wait_until(lambda: workers(base)[eps[1]]["state"] == "draining", timeout=10, what="worker 1 reports draining")
+    for i in range(3):
+        c = client.completions.create(model=model, prompt=f"Resumed {i}", max_tokens=4)
+        assert c.choices[0].finish_reason == "length"
+    assert workers(base)[eps[0]]["state"] == "ready" and workers(base)[eps[1]]["state"] == "draining"
+    assert requests.post(base + "/admin/workers/resume", headers=AUTH, json={"worker": eps[1]},
+                         timeout=5).status_code == 200
+    wait_until(lambda: all(w["state"] == "ready" for w in workers(base).values()), timeout=10,
+               what="both workers ready again")

@@ -32,8 +32,6 @@ REFUSED_TODAY = {
     "--node-rank": "unrecognized arguments",
     "--master-addr": "unrecognized arguments",
     "--master-port": "unrecognized arguments",
-    "tensor-parallel-size": "a worker runs the whole model in one process",
-    "pipeline-parallel-size": "a worker runs the whole model in one process",
     "kv-cache-dtype": "the KV cache is float32",
 }
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 import requests
 
-from conftest import DEMO_MODEL, LAUNCHER, Proc, free_port, http_status, skip_because, wait_until
+from conftest import LAUNCHER, free_port, serve_demo
 
 MODEL = "smol"
 TOOLS = [{"type": "function", "function": {
@@ -28,20 +28,7 @@ FEW_SHOT = [{"role": "system", "content": "You call tools. Reply with exactly on
 
 
 def _serve(tmp_path_factory, flags):
-    if not DEMO_MODEL.exists():
-        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port, "--served-model-name", MODEL,
-                 "--max-model-len", "2048", "--kv-cache-memory-bytes", "256M", *flags], log)
-    base = f"http://127.0.0.1:{port}"
-
-    def ready():
-        if proc.p.poll() is not None:
-            raise AssertionError(proc.output())
-        return http_status(base + "/health") == 200
-    wait_until(ready, timeout=120, interval=0.1, what="server ready")
-    return base, proc
+    return serve_demo(tmp_path_factory, *flags, name=MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -164,12 +151,59 @@ def test_tool_choice_none_leaves_text(tools_server):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
-def test_required_and_named_refused(tools_server):
+TWO_TOOLS = TOOLS + [{"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 12}},
+                                       "required": ["tz"], "additionalProperties": False}}}]
+
+
+def _args_valid(call):
+    import jsonschema
+    schema = next(t["function"]["parameters"] for t in TWO_TOOLS if t["function"]["name"] == call.function.name)
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, schema)
+    return args
+
+
+def test_tool_choice_required(tools_server):
+    """Structured outputs force [{name, parameters}]: every call names a tool and its
+    arguments validate against that tool's schema; streamed deltas add up the same."""
     c = _client(tools_server)
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        with pytest.raises(openai.BadRequestError) as e:
-            c.chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, tool_choice=choice, max_tokens=4)
-        assert "structured outputs" in e.value.message
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": "What time is it in Tokyo?"}], tools=TWO_TOOLS,
+              tool_choice="required", max_tokens=80, temperature=0)
+    r = c.chat.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls"
+    assert ch.message.tool_calls and ch.message.content == ""
+    for call in ch.message.tool_calls:
+        assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
+        _args_valid(call)
+    chunks = list(c.chat.completions.create(stream=True, **kw))
+    deltas = [tc for x in chunks if x.choices for tc in (x.choices[0].delta.tool_calls or [])]
+    assert deltas[0].function.name == ch.message.tool_calls[0].function.name
+    assert "".join(d.function.arguments or "" for d in deltas if d.index == 0) == \
+        ch.message.tool_calls[0].function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_tool_choice_named(tools_server):
+    """A named tool: the output is its arguments object; finish_reason stays "stop" (vLLM)."""
+    c = _client(tools_server)
+    for name in ("get_weather", "get_time"):
+        kw = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me something."}], tools=TWO_TOOLS,
+                  tool_choice={"type": "function", "function": {"name": name}}, max_tokens=80, temperature=0)
+        r = c.chat.completions.create(**kw)
+        ch = r.choices[0]
+        assert ch.finish_reason == "stop"
+        assert len(ch.message.tool_calls) == 1 and ch.message.tool_calls[0].function.name == name
+        _args_valid(ch.message.tool_calls[0])
+        chunks = list(c.chat.completions.create(stream=True, **kw))
+        deltas = [tc for x in chunks if x.choices for tc in (x.choices[0].delta.tool_calls or [])]
+        assert deltas[0].function.name == name and deltas[0].id.startswith("chatcmpl-tool-")
+        assert "".join(d.function.arguments or "" for d in deltas) == ch.message.tool_calls[0].function.arguments
+    with pytest.raises(openai.BadRequestError) as e:   # the tool schema is the request's one constraint
+        c.chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, tool_choice="required", max_tokens=4,
+                                  response_format={"type": "json_object"})
+    assert "cannot be combined" in e.value.message
 
 
 def test_bad_tool_call_arguments_in_history(tools_server):
@@ -186,6 +220,22 @@ def test_auto_needs_the_flags(reasoning_server):
         _client(reasoning_server).chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, max_tokens=4)
     assert e.value.body["message"] == ('"auto" tool choice requires --enable-auto-tool-choice and '
                                        '--tool-call-parser to be set')
+
+
+def test_structured_output_with_reasoning_refused_unless_thinking_off(reasoning_server):
+    """vLLM applies the constraint after the reasoning ends; Tessera does not yet, so it
+    refuses the pair instead of constraining the thinking away, and serves it when the
+    request turns thinking off."""
+    c = _client(reasoning_server)
+    msgs = [{"role": "user", "content": "Pick a colour."}]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
+                                  extra_body={"structured_outputs": {"choice": ["red", "blue"]}})
+    assert "--reasoning-parser" in e.value.body["message"]
+    out = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
+                                    extra_body={"structured_outputs": {"choice": ["red", "blue"]},
+                                                "chat_template_kwargs": {"enable_thinking": False}})
+    assert out.choices[0].message.content in ("red", "blue")
 
 
 def test_reasoning_split(reasoning_server):

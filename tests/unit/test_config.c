@@ -822,12 +822,12 @@ static void test_validate_refuses_unsupported(void **state) {
                 const char *args[4];
                 const char *message;
         } rows[] = {
-                {{"-tp", "2"}, "argument --tensor-parallel-size: 2 is not supported yet: a worker runs the whole "
-                               "model in one process (supported: 1)"},
-                {{"-pp", "4"}, "argument --pipeline-parallel-size: 4 is not supported yet: a worker runs the whole "
-                               "model in one process (supported: 1)"},
-                {{"--data-parallel-size", "2"}, "argument --data-parallel-size: 2 is not supported yet: a worker "
-                                                "runs the whole model in one process (supported: 1)"},
+                {{"--data-parallel-size", "2"}, "argument --data-parallel-size: 2 is not supported: a worker is "
+                                                "one replica; for data parallelism start more workers behind the "
+                                                "router (supported: 1)"},
+                {{"-dp", "4", "-pp", "2"}, "argument --data-parallel-size: 4 is not supported: a worker is one "
+                                           "replica; for data parallelism start more workers behind the router "
+                                           "(supported: 1)"},
                 {{"--kv-cache-dtype", "fp8"}, "argument --kv-cache-dtype: 'fp8' is not supported yet: the KV cache "
                                               "is float32 (supported: auto)"},
                 {{"--kv-cache-dtype", "bfloat16"}, "argument --kv-cache-dtype: 'bfloat16' is not supported yet: "
@@ -889,6 +889,15 @@ static void test_validate_refuses_unsupported(void **state) {
         c.stream_interval = 2;
         assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "argument --stream-interval: 2 "));
+        tsr_config_done(&c);
+
+        /* -tp and -pp pass validation: the worker checks them against the model's heads and
+         * layers once it has read its config (worker/main.c, test_parallel.c). */
+        tsr_config_init(&c);
+        assert_int_equal(parse(&c, "-tp", "2", "-pp", "3", NULL), TSR_OK);
+        assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_OK);
+        assert_int_equal(c.tensor_parallel_size, 2);
+        assert_int_equal(c.pipeline_parallel_size, 3);
         tsr_config_done(&c);
         /* the implemented --quantization methods pass here; the worker checks them against
          * the checkpoint (worker/load/modelopt.h) */

@@ -1526,8 +1526,153 @@ static void test_state_slots_refuse_prefix_caching(void **state) {
         stop(h);
 }
 
+/* ---- structured outputs: the matcher masks the fake model's logits ---- */
+
+/* A raw vocabulary over the fake model's 97 ids: id 0 the EOS (a stop token), ids 1..94
+ * the characters '!'..'~', 95 "ab", 96 "12" (a two-character token). */
+static tsr_grammar_vocab *raw_vocab(void) {
+        static char chars[VOCAB][3];
+        const char *toks[VOCAB];
+        const uint32_t eos = EOS;
+        tsr_grammar_vocab *v = NULL;
+        char err[256];
+        toks[0] = "";
+        for (uint32_t i = 1; i <= 94; i++) {
+                chars[i][0] = (char)('!' + i - 1);
+                toks[i] = chars[i];
+        }
+        toks[95] = "ab";
+        toks[96] = "12";
+        assert_int_equal(tsr_grammar_vocab_new(toks, VOCAB, VOCAB, TSR_GRAMMAR_VOCAB_RAW, false, &eos, 1, 1, &v, err,
+                                               sizeof(err)), TSR_OK);
+        return v;
+}
+
+static void submit_grammar(harness *h, const char *id, tsr_grammar_kind kind, const char *text, bool ignore_eos) {
+        uint32_t prompt[6];
+        submit_opts so = {.ignore_eos = ignore_eos};
+        tsr_engine_in *in;
+        make_prompt(prompt, 6, (uint32_t)strlen(id));
+        tsr_engine_in *queued[16];
+        size_t n = 0;
+        submit_full(h, id, prompt, 6, 20, NULL, 0, -1, -1, &so);
+        /* the submit just queued (the last; the engine has not started) gets its spec */
+        while (n < 16 && (in = tsr_queue_pop(h->in)))
+                queued[n++] = in;
+        assert_true(n > 0);
+        in = queued[n - 1];
+        in->submit.so_kind = kind;
+        in->submit.so_text = strdup(text);
+        in->submit.so_len = strlen(text);
+        for (size_t i = 0; i < n; i++)
+                assert_int_equal(tsr_queue_push(h->in, queued[i]), TSR_OK);
+}
+
+static void text_of(const result *r, char *out) {
+        size_t n = 0;
+        for (size_t i = 0; i < r->n; i++) {
+                uint32_t t = r->tokens[i];
+                if (t == EOS)
+                        continue;
+                if (t <= 94)
+                        out[n++] = (char)('!' + t - 1);
+                else {
+                        memcpy(out + n, t == 95 ? "ab" : "12", 2);
+                        n += 2;
+                }
+        }
+        out[n] = '\0';
+}
+
+static void test_structured_output(void **state) {
+        tsr_grammar_vocab *v = raw_vocab();
+        tsr_grammar_pool *pool = NULL;
+        harness *h;
+        const char *ids[3] = {"regex", "plain", "choice"};
+        result res[3];
+        char text[64];
+        uint32_t prompt[6], want[20];
+        (void)state;
+        assert_int_equal(tsr_grammar_pool_new(v, &pool), TSR_OK);
+        memset(res, 0, sizeof(res));
+        h = held(64, 64, 8, false, 0);
+        h->params.grammar = pool;
+        submit_grammar(h, "regex", TSR_GRAMMAR_REGEX, "[0-9]{3}x", false);
+        make_prompt(prompt, 6, 5);
+        submit(h, "plain", prompt, 6, 20, NULL, 0);
+        submit_grammar(h, "choice", TSR_GRAMMAR_CHOICE, "[\"ab12\",\"zz\"]", true);
+        go(h);
+        collect(h, ids, res, 3);
+        /* greedy under the mask: the fake model's favourite is never allowed, ties go to the
+         * lowest id; the grammar ends the request (EOS accepted: "stop") */
+        text_of(&res[0], text);
+        assert_string_equal(text, "000x");
+        assert_int_equal(res[0].finish, TSR_ENGINE_FINISH_STOP);
+        assert_int_equal(res[0].tokens[res[0].n - 1], EOS);
+        /* the unconstrained request beside them runs as alone */
+        expected(prompt, 6, 20, want);
+        assert_int_equal(res[1].n, 20);
+        assert_memory_equal(res[1].tokens, want, sizeof(want));
+        /* ignore_eos: once only the stop token is allowed the request ends, without it */
+        text_of(&res[2], text);
+        assert_true(strcmp(text, "ab12") == 0 || strcmp(text, "zz") == 0);
+        assert_int_equal(res[2].finish, TSR_ENGINE_FINISH_STOP);
+        assert_int_not_equal(res[2].tokens[res[2].n - 1], EOS);
+        stop(h);
+        tsr_grammar_pool_free(&pool);
+        tsr_grammar_vocab_free(&v);
+}
+
+/* A spec that does not compile ends its request with an INVALID Error and nothing else;
+ * a worker without a grammar pool refuses structured outputs the same way. */
+static void test_structured_output_refused(void **state) {
+        tsr_grammar_vocab *v = raw_vocab();
+        tsr_grammar_pool *pool = NULL;
+        uint32_t prompt[6], want[20];
+        bool errored = false, finished = false;
+        (void)state;
+        assert_int_equal(tsr_grammar_pool_new(v, &pool), TSR_OK);
+        for (int with_pool = 1; with_pool >= 0; with_pool--) {
+                harness *h = held(64, 64, 8, false, 0);
+                result ok;
+                memset(&ok, 0, sizeof(ok));
+                h->params.grammar = with_pool ? pool : NULL;
+                submit_grammar(h, "bad", TSR_GRAMMAR_REGEX, "([0-9]", false);
+                make_prompt(prompt, 6, 9);
+                submit(h, "good", prompt, 6, 20, NULL, 0);
+                go(h);
+                errored = finished = false;
+                while (!errored || !finished) {
+                        tsr_engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                        assert_non_null(o);
+                        if (o->kind == TSR_ENGINE_OUT_ERROR) {
+                                assert_string_equal(o->request_id, "bad");
+                                assert_int_equal(o->error_code, TSR_ENGINE_ERROR_INVALID);
+                                assert_false(o->retryable);
+                                errored = true;
+                        }
+                        for (size_t i = 0; i < o->n_outputs; i++) {
+                                tsr_engine_req_output *ro = &o->outputs[i];
+                                assert_string_equal(ro->request_id, "good");
+                                for (uint32_t t = 0; t < ro->n_new; t++)
+                                        ok.tokens[ok.n++] = ro->new_tokens[t];
+                                finished |= ro->finish != TSR_ENGINE_FINISH_NONE;
+                        }
+                        tsr_engine_out_free(o);
+                }
+                expected(prompt, 6, 20, want);
+                assert_int_equal(ok.n, 20);
+                assert_memory_equal(ok.tokens, want, sizeof(want));
+                stop(h);
+        }
+        tsr_grammar_pool_free(&pool);
+        tsr_grammar_vocab_free(&v);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_structured_output),
+                cmocka_unit_test(test_structured_output_refused),
                 cmocka_unit_test(test_single_request_greedy),
                 cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),
                 cmocka_unit_test(test_prefix_cache_hit_same_output),

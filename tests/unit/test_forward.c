@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include "tests/tsr_test.h"
+#include "tests/unit/test_util.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -125,14 +126,6 @@ static size_t json_ids(json_t *arr, uint32_t *out, size_t cap) {
         for (size_t i = 0; i < n; i++)
                 out[i] = (uint32_t)json_integer_value(json_array_get(arr, i));
         return n;
-}
-
-static size_t argmax(const float *x, size_t n) {
-        size_t best = 0;
-        for (size_t i = 1; i < n; i++)
-                if (x[i] > x[best])
-                        best = i;
-        return best;
 }
 
 static tsr_llama *load_model(const char *env, const char *rel) {
@@ -563,7 +556,7 @@ static void test_stories260k(void **state) {
                 float *lg = malloc(V * sizeof(float));
                 assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, lg), TSR_OK);
                 for (size_t s = 0; s < json_array_size(g); s++) {
-                        uint32_t tok = (uint32_t)argmax(lg, V);
+                        uint32_t tok = (uint32_t)tsr_test_argmax(lg, V);
                         assert_int_equal(tok, json_integer_value(json_array_get(g, s)));
                         assert_int_equal(tsr_llama_forward(m, ref_be, kv, &tok, 1, n + s, TSR_LLAMA_LOGITS_LAST, lg),
                                          TSR_OK);
@@ -736,7 +729,7 @@ static void test_llama2_tiny(void **state) {
                         assert_true(d <= 1e-4);
                 }
                 for (size_t t = 0; t < n; t++)
-                        assert_int_equal(argmax(lg + t * V, V), json_integer_value(json_array_get(am, t)));
+                        assert_int_equal(tsr_test_argmax(lg + t * V, V), json_integer_value(json_array_get(am, t)));
                 free(lg);
         }
         print_message("llama-2-tiny-random: max |dlogit| (top-50) %.3g, argmax equal\n", worst);
@@ -818,7 +811,7 @@ static void test_smollm2_logits(void **state) {
                                         fail_msg("prompt %zu pos %zu id %zu: %.6g vs %.6g", pi, t, id, lg[t * V + id],
                                                  json_real_value(json_array_get(e, 1)));
                         }
-                        assert_int_equal(argmax(lg + t * V, V),
+                        assert_int_equal(tsr_test_argmax(lg + t * V, V),
                                          json_integer_value(json_array_get(json_array_get(row, 0), 0)));
                 }
                 double tol = 1e-3 * json_real_value(json_array_get(mx, n - 1));
@@ -868,7 +861,7 @@ static void *greedy_thread(void *arg) {
                 job->prefill_s += t1 - t0;
                 job->prefill_tokens += n;
                 for (size_t s = 0; s < job->n_new && s < json_array_size(g); s++) {
-                        uint32_t tok = (uint32_t)argmax(lg, V);
+                        uint32_t tok = (uint32_t)tsr_test_argmax(lg, V);
                         long long want = json_integer_value(json_array_get(g, s));
                         if (tok != want) {
                                 snprintf(job->msg, sizeof job->msg, "prompt %zu step %zu: got %u, transformers %lld "
@@ -1029,7 +1022,7 @@ static void check_fidelity(const char *what, double min_cos, double min_top1, ts
                 float *last = load_f32(json_string_value(json_object_get(P, "last_logits_file")), V);
                 assert_int_equal(tsr_llama_forward(m, be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, lg), TSR_OK);
                 for (size_t t = 0; t < n; t++, positions++)
-                        agree += argmax(lg + t * V, V) ==
+                        agree += tsr_test_argmax(lg + t * V, V) ==
                                  (size_t)json_integer_value(json_array_get(json_array_get(json_array_get(top, t), 0), 0));
                 double dot = 0, na = 0, nb = 0;
                 for (size_t i = 0; i < V; i++) {
@@ -1181,7 +1174,7 @@ static void test_smollm2_stored(void **state) {
                 size_t np = json_ids(json_object_get(G, "ids"), ids, 64), s = 0;
                 assert_int_equal(tsr_llama_forward(m, fast, kv, ids, np, 0, TSR_LLAMA_LOGITS_LAST, lg), TSR_OK);
                 for (; s < json_array_size(g); s++) {
-                        uint32_t tok = (uint32_t)argmax(lg, V);
+                        uint32_t tok = (uint32_t)tsr_test_argmax(lg, V);
                         if (tok != (uint32_t)json_integer_value(json_array_get(g, s)))
                                 break;
                         if (s + 1 < json_array_size(g))

@@ -20,6 +20,7 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/unit/test_util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -42,23 +43,6 @@ static json_t *golden;
 static tsr_llama4 *model;
 static float *want;             /* transformers' rows: the prompts' full sequences, then the decode steps */
 static size_t V, n_prompts, n_steps, dec_prompt;
-
-static const char *src_path(const char *rel, char *buf, size_t len) {
-        const char *root = getenv("TSR_SOURCE_ROOT");
-        struct stat sb;
-        if (!root)
-                return NULL;
-        snprintf(buf, len, "%s/%s", root, rel);
-        return stat(buf, &sb) == 0 ? buf : NULL;
-}
-
-static size_t argmax(const float *x, size_t n) {
-        size_t best = 0;
-        for (size_t i = 1; i < n; i++)
-                if (x[i] > x[best])
-                        best = i;
-        return best;
-}
 
 static size_t prompt_ids(size_t pi, uint32_t *ids) {
         json_t *a = json_object_get(json_array_get(json_object_get(golden, "prompts"), pi), "ids");
@@ -94,9 +78,9 @@ static int setup(void **state) {
         FILE *f;
 
         (void)state;
-        if (!src_path(FIXTURE "/golden.json", path, sizeof path) || !(golden = json_load_file(path, 0, &je)))
+        if (!tsr_test_src_path(FIXTURE "/golden.json", path, sizeof path) || !(golden = json_load_file(path, 0, &je)))
                 return -1;
-        src_path(FIXTURE, path, sizeof path);
+        tsr_test_src_path(FIXTURE, path, sizeof path);
         if (tsr_llama4_config_from_hf(path, &c, err, sizeof err) != TSR_OK ||
             tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, NULL, NULL, &model, &st, err,
                             sizeof err) != TSR_OK) {
@@ -115,7 +99,7 @@ static int setup(void **state) {
         for (size_t pi = 0; pi < n_prompts; pi++)
                 rows += prompt_ids(pi, ids);
         want = malloc((rows + n_steps) * V * sizeof(float));
-        src_path(FIXTURE "/logits.f32", path, sizeof path);
+        tsr_test_src_path(FIXTURE "/logits.f32", path, sizeof path);
         if (!want || !(f = fopen(path, "rb")))
                 return -1;
         size_t got = fread(want, sizeof(float), (rows + n_steps) * V, f);
@@ -243,7 +227,7 @@ static void test_family(void **state) {
                          TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "/models/scout.gguf: a Llama 4 GGUF (general.architecture llama4) is not supported"));
         /* the description of the fixture, and its KV group: every layer full attention */
-        src_path(FIXTURE, path, sizeof path);
+        tsr_test_src_path(FIXTURE, path, sizeof path);
         assert_int_equal(tsr_model_desc_read(&tsr_family_llama4, path, false, &d, err, sizeof err), TSR_OK);
         assert_int_equal(d.vocab_size, 300);
         assert_int_equal(d.n_layers, 4);
@@ -296,7 +280,7 @@ static void check_golden(tsr_backend *be, size_t bs, float *keep) {
                                         fail_msg("bs %zu prompt %zu pos %zu id %zu: %.7g, transformers %.7g", bs, pi, t,
                                                  i, g[i], w[i]);
                         }
-                        assert_int_equal(argmax(g, V), argmax(w, V));
+                        assert_int_equal(tsr_test_argmax(g, V), tsr_test_argmax(w, V));
                 }
                 if (pi == dec_prompt) {
                         /* prefill all but the last steps, then one token at a time */
@@ -321,7 +305,7 @@ static void check_golden(tsr_backend *be, size_t bs, float *keep) {
                 size_t n = prompt_ids(pi, ids);
                 run(be, kv, table, n_table, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step);
                 for (size_t s = 0; s < json_array_size(gw); s++, total++) {
-                        uint32_t tok = (uint32_t)argmax(step, V);
+                        uint32_t tok = (uint32_t)tsr_test_argmax(step, V);
                         long long w = json_integer_value(json_array_get(gw, s));
                         if (tok != w)
                                 fail_msg("bs %zu prompt %zu greedy step %zu: %u, transformers %lld", bs, pi, s, tok, w);
@@ -432,7 +416,7 @@ static void test_bf16(void **state) {
         double dot = 0, na = 0, nb = 0;
         (void)state;
 
-        src_path(FIXTURE, path, sizeof path);
+        tsr_test_src_path(FIXTURE, path, sizeof path);
         assert_int_equal(tsr_llama4_config_from_hf(path, &c, err, sizeof err), TSR_OK);
         assert_int_equal(tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, 3}, NULL, NULL, &m16, NULL, err, sizeof err),
                          TSR_OK);
@@ -454,7 +438,7 @@ static void test_bf16(void **state) {
         }
         model = m32;
         for (size_t r = 0; r < rows; r++) {
-                agree += argmax(got + r * V, V) == argmax(want + r * V, V);
+                agree += tsr_test_argmax(got + r * V, V) == tsr_test_argmax(want + r * V, V);
                 for (size_t i = 0; i < V; i++) {
                         dot += (double)got[r * V + i] * want[r * V + i];
                         na += (double)got[r * V + i] * got[r * V + i];
@@ -483,7 +467,7 @@ static void scratch_copy(char *dir, bool flat, void (*patch)(json_t *text)) {
 
         strcpy(dir, "/tmp/tsr_llama4_XXXXXX");
         assert_non_null(mkdtemp(dir));
-        assert_non_null(src_path(FIXTURE "/config.json", src, sizeof src));
+        assert_non_null(tsr_test_src_path(FIXTURE "/config.json", src, sizeof src));
         assert_non_null(cfg = json_load_file(src, 0, &je));
         text = json_object_get(cfg, "text_config");
         if (flat) {
@@ -501,7 +485,7 @@ static void scratch_copy(char *dir, bool flat, void (*patch)(json_t *text)) {
         /* the safetensors file: the same data section under a renamed header when flat */
         FILE *f;
         long n;
-        assert_non_null(src_path(FIXTURE "/model.safetensors", src, sizeof src));
+        assert_non_null(tsr_test_src_path(FIXTURE "/model.safetensors", src, sizeof src));
         assert_non_null(f = fopen(src, "rb"));
         fseek(f, 0, SEEK_END);
         n = ftell(f);

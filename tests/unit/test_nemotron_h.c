@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "tests/tsr_test.h"
+#include "tests/unit/test_util.h"
 #include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
 
@@ -38,24 +39,14 @@ static tsr_nemotron_h *model;
 static tsr_backend *be;
 static uint32_t vocab;
 
-static const char *src_path(const char *rel, char *buf, size_t len) {
-        const char *root = getenv("TSR_SOURCE_ROOT");
-        struct stat sb;
-
-        if (!root)
-                return NULL;
-        snprintf(buf, len, "%s/%s", root, rel);
-        return stat(buf, &sb) == 0 ? buf : NULL;
-}
-
 static int setup(void **state) {
         char path[1024], err[512] = "";
         json_error_t je;
 
         (void)state;
-        if (!src_path(FIXTURE "/golden.json", path, sizeof path) || !(golden = json_load_file(path, 0, &je)))
+        if (!tsr_test_src_path(FIXTURE "/golden.json", path, sizeof path) || !(golden = json_load_file(path, 0, &je)))
                 return -1;
-        if (!src_path(FIXTURE "/model", path, sizeof path) ||
+        if (!tsr_test_src_path(FIXTURE "/model", path, sizeof path) ||
             tsr_nemotron_h_load(path, NULL, NULL, NULL, NULL, &model, NULL, err, sizeof err) != TSR_OK) {
                 fprintf(stderr, "load: %s\n", err);
                 return -1;
@@ -79,7 +70,7 @@ static float *load_logits(size_t *n_rows) {
         float *v;
         FILE *f;
 
-        assert_non_null(src_path(FIXTURE "/logits.f32", path, sizeof path));
+        assert_non_null(tsr_test_src_path(FIXTURE "/logits.f32", path, sizeof path));
         assert_int_equal(stat(path, &sb), 0);
         assert_int_equal(sb.st_size % (vocab * sizeof(float)), 0);
         *n_rows = (size_t)sb.st_size / (vocab * sizeof(float));
@@ -102,14 +93,6 @@ static size_t prompt_ids(size_t pi, uint32_t *ids, size_t cap) {
         return n;
 }
 
-static size_t argmax(const float *x, size_t n) {
-        size_t best = 0;
-        for (size_t i = 1; i < n; i++)
-                if (x[i] > x[best])
-                        best = i;
-        return best;
-}
-
 /* max |a - b| over rows of the vocabulary, and the same argmax in each row. */
 static float compare_rows(const float *got, const float *want, size_t rows) {
         float worst = 0.0f;
@@ -119,7 +102,7 @@ static float compare_rows(const float *got, const float *want, size_t rows) {
                         assert_false(isnan(d));
                         worst = d > worst ? d : worst;
                 }
-                assert_int_equal(argmax(got + r * vocab, vocab), argmax(want + r * vocab, vocab));
+                assert_int_equal(tsr_test_argmax(got + r * vocab, vocab), tsr_test_argmax(want + r * vocab, vocab));
         }
         return worst;
 }
@@ -261,7 +244,7 @@ static void test_greedy(void **state) {
                 assert_true(n + json_array_size(g) <= SEQ_BLOCKS * BLOCK);
                 run(c, p, ids, n, 0, TSR_LLAMA_LOGITS_LAST, logits);
                 for (size_t i = 0; i < json_array_size(g); i++) {
-                        uint32_t tok = (uint32_t)argmax(logits, vocab);
+                        uint32_t tok = (uint32_t)tsr_test_argmax(logits, vocab);
                         assert_int_equal(tok, json_integer_value(json_array_get(g, i)));
                         ids[len] = tok;
                         run(c, p, ids, 1, len++, TSR_LLAMA_LOGITS_LAST, logits);
@@ -396,7 +379,7 @@ static void test_config_bare_infinity(void **state) {
         FILE *f;
 
         (void)state;
-        assert_non_null(src_path(FIXTURE "/model/config.json", src, sizeof src));
+        assert_non_null(tsr_test_src_path(FIXTURE "/model/config.json", src, sizeof src));
         assert_non_null(mkdtemp(dir));
         snprintf(path, sizeof path, "%s/config.json", dir);
         cfg = json_load_file(src, 0, &je);
@@ -445,7 +428,7 @@ static void test_family(void **state) {
                 if (strstr(t->hf, "experts.<e>"))
                         assert_int_equal(t->shard, TSR_SHARD_EXPERT);
         }
-        assert_non_null(src_path(FIXTURE "/model", path, sizeof path));
+        assert_non_null(tsr_test_src_path(FIXTURE "/model", path, sizeof path));
         assert_int_equal(tsr_model_desc_read(f, path, false, &d, err, sizeof err), TSR_OK);
         assert_int_equal(d.n_layers, 6);
         assert_int_equal(d.vocab_size, 300);
@@ -480,7 +463,7 @@ static void test_config_errors(void **state) {
         json_error_t je;
 
         (void)state;
-        assert_non_null(src_path(FIXTURE "/model/config.json", src, sizeof src));
+        assert_non_null(tsr_test_src_path(FIXTURE "/model/config.json", src, sizeof src));
         assert_non_null(mkdtemp(dir));
         snprintf(path, sizeof path, "%s/config.json", dir);
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -284,6 +284,80 @@ static void test_chat_errors(void **state) {
 /* Fields that would change the output but are not implemented: 400 BadRequestError
  * naming the field, on both endpoints; their neutral values and the fields that change
  * nothing alone are accepted. */
+/* response_format / structured_outputs / guided_*: what reaches the worker, and the
+ * 400s (xgrammar's check runs in the router). */
+static void test_structured_outputs(void **state) {
+        fixture *f = *state;
+        static const struct {
+                const char *field;
+                tsr_grammar_kind kind;
+                const char *text;     /* what the worker compiles */
+                bool compact;
+        } ok[] = {
+                {"\"response_format\":{\"type\":\"json_object\"}", TSR_GRAMMAR_JSON_OBJECT, "", false},
+                {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"strict\":true,"
+                 "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}",
+                 TSR_GRAMMAR_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}", false},
+                {"\"response_format\":{\"type\":\"text\"}", TSR_GRAMMAR_NONE, NULL, false},
+                {"\"structured_outputs\":{\"json\":\"{\\\"type\\\": \\\"string\\\"}\",\"disable_any_whitespace\":true}",
+                 TSR_GRAMMAR_JSON_SCHEMA, "{\"type\": \"string\"}", true},
+                {"\"structured_outputs\":{\"regex\":\"[a-z]+\",\"disable_fallback\":true,"
+                 "\"disable_additional_properties\":false}", TSR_GRAMMAR_REGEX, "[a-z]+", false},
+                {"\"structured_outputs\":{\"choice\":[\"a\", \"b\\\"\"]}", TSR_GRAMMAR_CHOICE, "[\"a\",\"b\\\"\"]", false},
+                {"\"structured_outputs\":{\"grammar\":\"root ::= \\\"a\\\"\"}", TSR_GRAMMAR_EBNF, "root ::= \"a\"", false},
+                {"\"structured_outputs\":{\"json_object\":true}", TSR_GRAMMAR_JSON_OBJECT, "", false},
+                {"\"structured_outputs\":{\"json_object\":false}", TSR_GRAMMAR_NONE, NULL, false},
+                {"\"guided_json\":{\"type\":\"boolean\"}", TSR_GRAMMAR_JSON_SCHEMA, "{\"type\":\"boolean\"}", false},
+                {"\"guided_regex\":\"[0-9]\"", TSR_GRAMMAR_REGEX, "[0-9]", false},
+                {"\"guided_choice\":[\"yes\",\"no\"]", TSR_GRAMMAR_CHOICE, "[\"yes\",\"no\"]", false},
+                {"\"guided_grammar\":\"root ::= \\\"a\\\"\",\"guided_decoding_backend\":\"xgrammar\"", TSR_GRAMMAR_EBNF,
+                 "root ::= \"a\"", false},
+        };
+        static const struct {
+                const char *field;
+                const char *message;
+        } bad[] = {
+                {"\"structured_outputs\":{\"choice\":[]}",
+                 "Failed to transform choices into a grammar: Choice list must not be empty"},
+                {"\"structured_outputs\":{\"regex\":\"(a\"}", NULL},
+                {"\"structured_outputs\":{\"json\":{\"type\":\"integer\",\"minimum\":5,\"maximum\":1}}", NULL},
+                {"\"structured_outputs\":{\"json\":\"{not json\"}", NULL},
+                {"\"structured_outputs\":{\"grammar\":\"root ::= \"}", NULL},
+                {"\"structured_outputs\":{\"regex\":\"a\",\"choice\":[\"a\"]}",
+                 "You can only use one kind of structured outputs constraint but multiple are specified"},
+                {"\"response_format\":{\"type\":\"json_object\"},\"structured_outputs\":{\"regex\":\"a\"}",
+                 "You can only use one kind of structured outputs constraint but multiple are specified"},
+                {"\"guided_json\":{},\"guided_regex\":\"a\"",
+                 "You can only use one kind of structured outputs constraint but multiple are specified"},
+                {"\"response_format\":{\"type\":\"json_schema\"}",
+                 "response_format type 'json_schema' needs json_schema: {name, schema}"},
+                {"\"structured_outputs\":{\"regex\":\"a\",\"unknown\":1}",
+                 "structured_outputs: unexpected keyword argument 'unknown'"},
+        };
+        char body[1024];
+        for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+                snprintf(body, sizeof(body), "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],%s}", ok[i].field);
+                if (parse(f, TSR_OAI_CHAT, body) != TSR_OK)
+                        fail_msg("refused: %s: %s", body, f->err.message);
+                assert_int_equal(f->req.so_kind, ok[i].kind);
+                if (ok[i].text)
+                        assert_string_equal(f->req.so_text, ok[i].text);
+                assert_int_equal(f->req.so_compact, ok[i].compact);
+        }
+        /* /v1/completions takes the same fields. */
+        assert_int_equal(parse(f, TSR_OAI_COMPLETIONS, "{\"prompt\":\"x\",\"structured_outputs\":{\"regex\":\"b+\"}}"),
+                         TSR_OK);
+        assert_int_equal(f->req.so_kind, TSR_GRAMMAR_REGEX);
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+                snprintf(body, sizeof(body), "{\"prompt\":\"x\",%s}", bad[i].field);
+                expect_error(f, TSR_OAI_COMPLETIONS, body, 400, "BadRequestError", bad[i].message);
+                assert_true(f->err.message[0] != '\0');
+        }
+        expect_error(f, TSR_OAI_COMPLETIONS, "{\"prompt\":\"x\",\"guided_regex\":5}", 400, "Bad Request", NULL);
+        expect_error(f, TSR_OAI_COMPLETIONS, "{\"prompt\":\"x\",\"structured_outputs\":{\"choice\":[1]}}", 400,
+                     "Bad Request", NULL);
+}
+
 static void test_unimplemented_fields_refused(void **state) {
         fixture *f = *state;
         static const struct {
@@ -291,29 +365,20 @@ static void test_unimplemented_fields_refused(void **state) {
                 const char *param;
                 const char *message;
         } rows[] = {
-                {"\"response_format\":{\"type\":\"json_object\"}", "response_format",
-                 "response_format type 'json_object' is not supported yet: structured outputs are not implemented "
-                 "(supported: 'text')"},
-                {"\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{}}}",
-                 "response_format",
-                 "response_format type 'json_schema' is not supported yet: structured outputs are not implemented "
-                 "(supported: 'text')"},
                 {"\"response_format\":{\"type\":\"structural_tag\"}", "response_format",
-                 "response_format type 'structural_tag' is not supported yet: structured outputs are not "
-                 "implemented (supported: 'text')"},
+                 "response_format type 'structural_tag' is not supported yet (supported: 'text', 'json_object', "
+                 "'json_schema')"},
                 {"\"response_format\":{\"type\":\"yaml\"}", "response_format",
-                 "response_format type 'yaml' is not supported yet: structured outputs are not implemented "
-                 "(supported: 'text')"},
-                {"\"structured_outputs\":{\"choice\":[\"a\",\"b\"]}", "structured_outputs",
-                 "structured_outputs is not supported yet: structured outputs are not implemented"},
-                {"\"guided_json\":{\"type\":\"object\"}", "guided_json",
-                 "guided_json is not supported yet: structured outputs are not implemented"},
-                {"\"guided_regex\":\"[a-z]+\"", "guided_regex",
-                 "guided_regex is not supported yet: structured outputs are not implemented"},
-                {"\"guided_choice\":[\"yes\",\"no\"]", "guided_choice",
-                 "guided_choice is not supported yet: structured outputs are not implemented"},
-                {"\"guided_grammar\":\"root ::= \\\"a\\\"\"", "guided_grammar",
-                 "guided_grammar is not supported yet: structured outputs are not implemented"},
+                 "response_format type 'yaml' is not supported yet (supported: 'text', 'json_object', 'json_schema')"},
+                {"\"structured_outputs\":{\"choice\":[\"a\"],\"whitespace_pattern\":\" \"}", "structured_outputs",
+                 "structured_outputs.whitespace_pattern is not supported yet: the xgrammar backend does not take a "
+                 "whitespace pattern"},
+                {"\"structured_outputs\":{\"structural_tag\":\"{}\"}", "structured_outputs",
+                 "structured_outputs.structural_tag is not supported yet: the xgrammar backend is not given "
+                 "structural tags here"},
+                {"\"guided_regex\":\"a\",\"guided_whitespace_pattern\":\" \"", "guided_whitespace_pattern",
+                 "guided_whitespace_pattern is not supported yet: the xgrammar backend does not take a whitespace "
+                 "pattern"},
                 {"\"logits_processors\":[\"my.proc\"]", "logits_processors",
                  "logits_processors is not supported yet: custom logits processors are not implemented"},
                 {"\"allowed_token_ids\":[1,2]", "allowed_token_ids",
@@ -424,6 +489,7 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_chat_tools, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_chat_errors, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_unimplemented_fields_refused, setup, teardown),
+                cmocka_unit_test_setup_teardown(test_structured_outputs, setup, teardown),
                 cmocka_unit_test_setup_teardown(test_malformed_bodies, setup, teardown),
                 cmocka_unit_test(test_error_json),
         };

@@ -345,6 +345,56 @@ static void test_recent_placements(void **state) {
         assert_int_equal(tsr_placement_recent_hits(&r, &wb, c, 3, t0 + 20), 0);
 }
 
+/* One scan per request equals a per-worker brute force over the ring: random rings of
+ * 8 workers whose chains share random prefixes, entries of random ages. */
+static size_t brute_hits(const tsr_placement_recent *r, const void *w, const uint64_t *h, size_t n, uint64_t now) {
+        size_t best = 0;
+        for (size_t i = 0; i < TSR_PLACEMENT_RECENT_MAX; i++) {
+                const tsr_placement_recent_entry *e = &r->e[i];
+                if (e->w != w || now - e->at_ns > TSR_PLACEMENT_RECENT_NS)
+                        continue;
+                size_t k = 0;
+                while (k < e->n && k < n && e->hashes[k] == h[k])
+                        k++;
+                best = k > best ? k : best;
+        }
+        return best;
+}
+
+static void test_recent_scan_matches_brute_force(void **state) {
+        static tsr_placement_recent r;
+        static tsr_placement_recent_match m;
+        static int workers[8];
+        uint64_t rng = 42, chain[16];
+        const uint64_t t0 = 10ull * TSR_PLACEMENT_RECENT_NS;
+        size_t partial = 0, whole = 0;        /* the cases the brute force must agree on */
+        (void)state;
+
+        memset(&r, 0, sizeof(r));
+        for (int round = 0; round < 400; round++) {
+                size_t n = 1 + (rng = rng * 6364136223846793005ull + 1442695040888963407ull) % 16;
+                size_t shared = (rng >> 20) % (n + 1);
+                for (size_t k = 0; k < n; k++)      /* chains share hashes 0..shared-1 (at most 3 roots) */
+                        chain[k] = k < shared ? (k + 1) * 1000 + (rng >> 40) % 3 : (rng >> 8) + k * 77;
+                uint64_t now = t0 + (uint64_t)round * (TSR_PLACEMENT_RECENT_NS / 100);
+                tsr_placement_recent_scan(&r, chain, n, now, &m);
+                for (size_t j = 1; j < m.n; j++)
+                        assert_true((uintptr_t)m.h[j - 1].w < (uintptr_t)m.h[j].w);   /* sorted, one each */
+                for (int w = 0; w < 8; w++) {
+                        size_t want = brute_hits(&r, &workers[w], chain, n, now);
+                        assert_int_equal(tsr_placement_recent_lookup(&m, &workers[w]), want);
+                        partial += want > 0 && want < n;
+                        whole += want == n;
+                        assert_int_equal(tsr_placement_recent_hits(&r, &workers[w], chain, n, now), want);
+                }
+                tsr_placement_recent_add(&r, &workers[(rng >> 33) % 8], chain, n, now);
+        }
+        assert_true(partial > 50 && whole > 50);
+        tsr_placement_recent_scan(&r, NULL, 0, t0, &m);
+        assert_int_equal(m.n, 0);
+        tsr_placement_recent_done(&r);
+}
+
 static void test_worker_dns_parse(void **state) {
         char name[64], err[256];
         int port = 0;
@@ -542,6 +592,7 @@ int main(void) {
                 cmocka_unit_test(test_imbalance_guard),
                 cmocka_unit_test(test_cand_fill_and_pending),
                 cmocka_unit_test(test_recent_placements),
+                cmocka_unit_test(test_recent_scan_matches_brute_force),
                 cmocka_unit_test(test_worker_dns_parse),
                 cmocka_unit_test(test_worker_dns_adds_localhost),
                 cmocka_unit_test(test_worker_dns_retires_gone_addresses),

@@ -19,6 +19,7 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include "tests/unit/test_util.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -79,24 +80,6 @@ static tsr_status open_hdr(const char *header, size_t data_len, uint64_t hlen_ov
         tsr_safetensors_close(&f);
         free(exact);
         return st;
-}
-
-static const char *src_path(const char *rel, char *buf, size_t len) {
-        const char *root = getenv("TSR_SOURCE_ROOT");
-        struct stat sb;
-
-        if (!root)
-                return NULL;
-        snprintf(buf, len, "%s/%s", root, rel);
-        return stat(buf, &sb) == 0 ? buf : NULL;
-}
-
-static size_t argmax(const float *x, size_t n) {
-        size_t best = 0;
-        for (size_t i = 1; i < n; i++)
-                if (x[i] > x[best])
-                        best = i;
-        return best;
 }
 
 #define expect_err(st_expr, want_st, needle)                                                        \
@@ -461,7 +444,7 @@ static void test_open_files_and_sets(void **state) {
         expect_err(tsr_safetensors_open("/nonexistent/model.safetensors", &f, err, sizeof err), TSR_E_NOTFOUND,
                    "/nonexistent/model.safetensors: ");
         expect_err(tsr_safetensors_open("/", &f, err, sizeof err), TSR_E_INVAL, "not a regular file");
-        assert_non_null(src_path(FIXTURE "/bf16", path, sizeof path));       /* committed */
+        assert_non_null(tsr_test_src_path(FIXTURE "/bf16", path, sizeof path));       /* committed */
 
         /* one file */
         assert_int_equal(tsr_safetensors_set_open(path, &s, err, sizeof err), TSR_OK);
@@ -481,7 +464,7 @@ static void test_open_files_and_sets(void **state) {
         tsr_safetensors_set_close(&s);
 
         /* shards with an index */
-        assert_non_null(src_path(FIXTURE "/f32", path, sizeof path));
+        assert_non_null(tsr_test_src_path(FIXTURE "/f32", path, sizeof path));
         assert_int_equal(tsr_safetensors_set_open(path, &s, err, sizeof err), TSR_OK);
         assert_int_equal(tsr_safetensors_set_n_files(s), 3);
         assert_int_equal(tsr_safetensors_set_n_tensors(s), 21);
@@ -504,7 +487,7 @@ static void test_open_files_and_sets(void **state) {
         expect_err(tsr_safetensors_set_open(tmpdir, &s, err, sizeof err), TSR_E_NOTFOUND,
                    "no model.safetensors.index.json or model.safetensors");
         assert_null(s);
-        assert_non_null(src_path(FIXTURE "/bf16/model.safetensors", p2, sizeof p2));
+        assert_non_null(tsr_test_src_path(FIXTURE "/bf16/model.safetensors", p2, sizeof p2));
         assert_int_equal(tsr_safetensors_open(p2, &f, err, sizeof err), TSR_OK);
         copy_st(f, tmpdir, "a.safetensors", NULL, NULL, NULL, NULL);
         static const struct {
@@ -657,7 +640,7 @@ static int golden_setup(void **state) {
         char path[1024];
         json_error_t je;
 
-        if (src_path(FIXTURE "/golden.json", path, sizeof path))
+        if (tsr_test_src_path(FIXTURE "/golden.json", path, sizeof path))
                 golden = json_load_file(path, 0, &je);
         return 0;
 }
@@ -674,7 +657,7 @@ static float *load_logits(const char *name, size_t n) {
         FILE *f;
 
         snprintf(rel, sizeof rel, FIXTURE "/%s", name);
-        assert_non_null(src_path(rel, path, sizeof path));
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
         f = fopen(path, "rb");
         assert_non_null(f);
         assert_int_equal(fread(v, sizeof(float), n, f), n);     /* little-endian host assumed (x86, arm) */
@@ -704,7 +687,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
 
         assert_non_null(golden);                                              /* committed */
         assert_non_null(var);
-        assert_non_null(src_path(FIXTURE, path, sizeof path));
+        assert_non_null(tsr_test_src_path(FIXTURE, path, sizeof path));
         snprintf(path + strlen(path), sizeof path - strlen(path), "/%s",
                  json_string_value(json_object_get(var, "dir")));
         tsr_status s = tsr_llama_load(path, NULL, NULL, NULL, &m, &st, err, sizeof err);
@@ -743,7 +726,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
                                         fail_msg("%s prompt %zu pos %zu id %zu: %.7g, transformers %.7g", variant, pi,
                                                  t, i, g[i], w[i]);
                         }
-                        assert_int_equal(argmax(g, V), argmax(w, V));
+                        assert_int_equal(tsr_test_argmax(g, V), tsr_test_argmax(w, V));
                 }
                 if (pi == dec_prompt) {
                         /* prefill all but the last steps, then one token at a time: bitwise the
@@ -781,7 +764,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
                 assert_int_equal(tsr_llama_kv_truncate(kv, 0), TSR_OK);
                 assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step), TSR_OK);
                 for (size_t s2 = 0; s2 < json_array_size(gw); s2++) {
-                        uint32_t tok = (uint32_t)argmax(step, V);
+                        uint32_t tok = (uint32_t)tsr_test_argmax(step, V);
                         long long w = json_integer_value(json_array_get(gw, s2));
                         total++;
                         if (tok != w)
@@ -820,14 +803,14 @@ static tsr_status load_patched(void (*patch)(json_t *cfg), const char *drop, con
         json_error_t je;
         json_t *cfg;
 
-        assert_non_null(src_path(FIXTURE "/bf16/config.json", path, sizeof path));
+        assert_non_null(tsr_test_src_path(FIXTURE "/bf16/config.json", path, sizeof path));
         cfg = json_load_file(path, JSON_PRESERVE_ORDER, &je);
         assert_non_null(cfg);
         if (patch)
                 patch(cfg);
         write_json(tmpdir, "config.json", cfg);
         json_decref(cfg);
-        assert_non_null(src_path(FIXTURE "/bf16/model.safetensors", path, sizeof path));
+        assert_non_null(tsr_test_src_path(FIXTURE "/bf16/model.safetensors", path, sizeof path));
         assert_int_equal(tsr_safetensors_open(path, &f, err, errlen), TSR_OK);
         copy_st(f, tmpdir, "model.safetensors", drop, retype, new_dtype, extra);
         tsr_safetensors_close(&f);
@@ -851,7 +834,7 @@ static void test_load_errors(void **state) {
         char path[1024], err[512], file[1100];
         tsr_llama *m = NULL;
 
-        assert_non_null(src_path(FIXTURE "/bf16", path, sizeof path));       /* committed */
+        assert_non_null(tsr_test_src_path(FIXTURE "/bf16", path, sizeof path));       /* committed */
         mk_tmpdir();
         snprintf(file, sizeof file, "%s/model.safetensors", tmpdir);
 
@@ -890,9 +873,14 @@ static void test_load_errors(void **state) {
         assert_non_null(strstr(err, file));
         expect_err(load_patched(NULL, NULL, NULL, NULL, "model.layers.0.self_attn.q_proj.bias", NULL, err, sizeof err),
                    TSR_E_UNSUPPORTED, "'model.layers.0.self_attn.q_proj.bias': biases are not supported");
-        tsr_shard_spec half = {.tp_rank = 0, .tp_size = 1, .first_layer = 0, .last_layer = 0};
-        expect_err(load_patched(NULL, NULL, NULL, NULL, NULL, &half, err, sizeof err), TSR_E_UNSUPPORTED,
-                   "only the whole model");
+        /* A pipeline stage's layer range loads (test_parallel.c runs it); a tensor-parallel
+         * shard and a range past the last layer are refused. */
+        tsr_shard_spec tp2 = {.tp_rank = 0, .tp_size = 2, .first_layer = 0, .last_layer = 1};
+        expect_err(load_patched(NULL, NULL, NULL, NULL, NULL, &tp2, err, sizeof err), TSR_E_UNSUPPORTED,
+                   "shard tp 0/2 layers 0..1: only tp 0/1 and a layer range within 0..1 are supported");
+        tsr_shard_spec past = {.tp_rank = 0, .tp_size = 1, .first_layer = 1, .last_layer = 2};
+        expect_err(load_patched(NULL, NULL, NULL, NULL, NULL, &past, err, sizeof err), TSR_E_UNSUPPORTED,
+                   "only tp 0/1 and a layer range within 0..1");
         rm_tree(tmpdir);
 }
 

@@ -111,10 +111,16 @@ static void take_delta(acc *a, json_t *d) {
         }
 }
 
+/* A --tool-call-parser name, or "required" / "function" for the parsers of a forced
+ * tool_choice (the named function is get_weather). */
+static const tsr_tools_parser *find_parser(const char *name) {
+        return !name ? NULL : tsr_tools_forced_parser(name) ? tsr_tools_forced_parser(name) : tsr_tools_parser_find(name);
+}
+
 /* Stream `text` cut at the offsets in cuts[0..n_cuts) and compare with the case. */
 static void stream_case(const cse *c, json_t *tools, const size_t *cuts, size_t n_cuts) {
-        tsr_tools_ctx ctx = {.tools = tools};
-        const tsr_tools_parser *tp = c->parser ? tsr_tools_parser_find(c->parser) : NULL;
+        tsr_tools_ctx ctx = {.tools = tools, .forced_name = "get_weather"};
+        const tsr_tools_parser *tp = find_parser(c->parser);
         const tsr_reasoning_parser *rp = c->reasoner ? tsr_reasoning_parser_find(c->reasoner) : NULL;
         tsr_chat_out *o = tsr_chat_out_new(rp, c->thinking_off, tp, &ctx);
         acc a;
@@ -141,10 +147,10 @@ static void stream_case(const cse *c, json_t *tools, const size_t *cuts, size_t 
 
 static void run_cases(const cse *cases, size_t n) {
         json_t *tools = tools_schema();
-        tsr_tools_ctx ctx = {.tools = tools};
+        tsr_tools_ctx ctx = {.tools = tools, .forced_name = "get_weather"};
         for (size_t i = 0; i < n; i++) {
                 const cse *c = &cases[i];
-                const tsr_tools_parser *tp = c->parser ? tsr_tools_parser_find(c->parser) : NULL;
+                const tsr_tools_parser *tp = find_parser(c->parser);
                 const tsr_reasoning_parser *rp = c->reasoner ? tsr_reasoning_parser_find(c->reasoner) : NULL;
                 json_t *msg = json_object();
                 bool called;
@@ -289,6 +295,64 @@ static void test_qwen3_coder(void **state) {
         };
         (void)state;
         run_cases(cases, N(cases));
+}
+
+/* tool_choice "required" / named: outputs the tools' schema forced (forced.c). */
+static void test_forced(void **state) {
+        static const cse cases[] = {
+                {"required", NULL, false, "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 3}}]",
+                 "", NULL, {{"get_weather", "{\"city\": \"Paris\", \"days\": 3}"}}, 1, true},
+                {"required", NULL, false,
+                 "[\n  {\"name\":\"get_weather\",\"parameters\":{\"city\":\"\\u00dcber\",\"temp\":1.50}} ,\n"
+                 "  {\"parameters\": {}, \"name\": \"get_weather\"}\n]",
+                 "", NULL, {{"get_weather", "{\"city\": \"\xc3\x9c" "ber\", \"temp\": 1.5}"}, {"get_weather", "{}"}}, 2,
+                 false},   /* parameters before name: the stream cannot name the call first */
+                {"required", NULL, false, "[{\"name\": \"get_weather\"}]", "[{\"name\": \"get_weather\"}]", NULL, {{0}}, 0,
+                 false},   /* no parameters: left as content */
+                {"required", NULL, false, "[]", "[]", NULL, {{0}}, 0, true},
+                {"required", NULL, false, "[{\"name\": \"get_weather\", \"param", "[{\"name\": \"get_weather\", \"param",
+                 NULL, {{0}}, 0, false},   /* cut by max_tokens */
+                {"function", NULL, false, "{\n  \"city\": \"Paris\"\n}", "", NULL,
+                 {{"get_weather", "{\n  \"city\": \"Paris\"\n}"}}, 1, true},   /* arguments as generated, as vLLM */
+        };
+        char err[256] = "";
+        json_t *tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\","
+                                   "\"properties\":{\"x\":{\"$ref\":\"#/$defs/X\"}},\"$defs\":{\"X\":{\"type\":\"integer\"}}}}},"
+                                   "{\"type\":\"function\",\"function\":{\"name\":\"b\"}}]", 0, NULL);
+        json_t *want = json_loads(
+                "{\"type\":\"array\",\"minItems\":1,\"items\":{\"type\":\"object\",\"anyOf\":["
+                "{\"properties\":{\"name\":{\"type\":\"string\",\"enum\":[\"a\"]},\"parameters\":{\"type\":\"object\","
+                "\"properties\":{\"x\":{\"$ref\":\"#/$defs/X\"}}}},\"required\":[\"name\",\"parameters\"]},"
+                "{\"properties\":{\"name\":{\"type\":\"string\",\"enum\":[\"b\"]},\"parameters\":{\"type\":\"object\","
+                "\"properties\":{}}},\"required\":[\"name\",\"parameters\"]}]},\"$defs\":{\"X\":{\"type\":\"integer\"}}}",
+                0, NULL);
+        json_t *got;
+        (void)state;
+        run_cases(cases, N(cases));
+        assert_null(tsr_tools_forced_parser("auto"));
+        assert_null(tsr_tools_forced_parser(NULL));
+        got = tsr_tools_choice_schema(tools, "required", NULL, err, sizeof(err));
+        assert_true(json_equal(got, want));
+        json_decref(got);
+        got = tsr_tools_choice_schema(tools, "function", "b", err, sizeof(err));   /* no parameters: {} */
+        assert_true(json_equal(got, json_object_get(json_object_get(json_array_get(json_object_get(json_object_get(
+                                                            want, "items"), "anyOf"), 1), "properties"), "parameters")));
+        json_decref(got);
+        got = tsr_tools_choice_schema(tools, "function", "a", err, sizeof(err));   /* the tool's own schema */
+        assert_true(json_equal(got, json_object_get(json_object_get(json_array_get(tools, 0), "function"),
+                                                    "parameters")));
+        json_decref(got);
+        assert_null(tsr_tools_choice_schema(tools, "auto", NULL, err, sizeof(err)));
+        json_decref(tools);
+        /* two tools defining one $defs name differently */
+        tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"a\",\"parameters\":{\"$defs\":{\"X\":"
+                           "{\"type\":\"integer\"}}}}},{\"type\":\"function\",\"function\":{\"name\":\"b\","
+                           "\"parameters\":{\"$defs\":{\"X\":{\"type\":\"string\"}}}}}]", 0, NULL);
+        err[0] = '\0';
+        assert_null(tsr_tools_choice_schema(tools, "required", NULL, err, sizeof(err)));
+        assert_string_equal(err, "Tool definition 'X' has multiple schemas, which is not supported.");
+        json_decref(tools);
+        json_decref(want);
 }
 
 static void test_reasoning(void **state) {
@@ -449,6 +513,7 @@ int main(void) {
                 cmocka_unit_test(test_hermes),          cmocka_unit_test(test_llama3_json),
                 cmocka_unit_test(test_pythonic),        cmocka_unit_test(test_qwen3_coder),
                 cmocka_unit_test(test_reasoning),       cmocka_unit_test(test_names_agree),
+                cmocka_unit_test(test_forced),
                 cmocka_unit_test(test_template_messages), cmocka_unit_test(test_canon_partial),
                 cmocka_unit_test(test_py_repr),
                 cmocka_unit_test(test_random_outputs),

@@ -80,6 +80,11 @@ typedef struct slot {
         bool has_stop_token_id;
         uint32_t stop_token_id;
         bool reported_prompt;         /* prompt/cached counts go in the first Output */
+        /* Structured output: the compile job while the request waits for it (vLLM's
+         * WAITING_FOR_FSM: the scheduler skips it), then the matcher.  The matcher is
+         * used by execute_plan only (the step thread with --async-scheduling). */
+        tsr_grammar_job *gjob;
+        tsr_grammar_matcher *gm;
 } slot;
 
 typedef struct slot_list {
@@ -100,6 +105,7 @@ typedef struct sched_entry {
         uint32_t token;
         bool has_lp;
         tsr_token_logprobs lp;
+        bool grammar_end;             /* its grammar is complete: finish (stop) */
 } sched_entry;
 
 /* One engine step: schedule() fills the entries, prepare_plan() the forward's inputs
@@ -135,6 +141,7 @@ struct tsr_engine {
         size_t logits_rows;
         size_t max_lp_rows;           /* prompt-logprobs rows one step may ask for (bounds `logits`) */
         float *scratch;               /* (2 * vocab,) */
+        uint32_t *gmask;              /* (tsr_grammar_mask_words(vocab),) execute_plan's, with params.grammar */
         bool stopping;
         uint64_t sched_round;         /* schedule() calls */
         /* TSR_ENGINE_IN_SHUTDOWN: no new Submits; at the deadline (or once idle) the rest is
@@ -204,6 +211,7 @@ void tsr_engine_in_free(tsr_engine_in *in) {
         free(in->submit.prompt);
         free(in->submit.stop_ids);
         free(in->submit.bias);
+        free(in->submit.so_text);
         free(in->abort.request_ids);
         free(in);
 }
@@ -239,6 +247,8 @@ static void slot_free(tsr_engine *e, slot *s) {
         free(s->stop_ids);
         free(s->bias);
         free(s->prompt_lp);
+        tsr_grammar_job_release(&s->gjob);
+        tsr_grammar_matcher_free(&s->gm);
         free(s);
 }
 
@@ -394,6 +404,19 @@ static void admit(tsr_engine *e, tsr_engine_in *in) {
          * batch.  Unseeded: the engine seed mixed with the admission order. */
         s->rng_key = m->has_seed ? m->seed * 0x9e3779b97f4a7c15ull + 1
                                         : (p->seed ^ 0xa0761d6478bd642full) + e->next_seq * 0xe7037ed1a0b428dbull;
+        if (m->so_kind != TSR_GRAMMAR_NONE) {
+                tsr_grammar_spec spec = {.kind = m->so_kind, .text = m->so_text, .len = m->so_len,
+                                         .any_whitespace = !m->so_compact};
+                if (!p->grammar) {
+                        send_error(e, in->router_id, in->router_id_len, m->request_id, TSR_ENGINE_ERROR_INVALID,
+                                   false, "structured outputs are not available on this worker");
+                        slot_free(e, s);
+                        return;
+                }
+                /* Compiled on the grammar thread; grammar_poll picks the result up. */
+                if (!(s->gjob = tsr_grammar_pool_submit(p->grammar, &spec)))
+                        goto oom;
+        }
         s->priority = m->priority;
         s->arrival_ns = tsr_now_ns();
         s->seq = e->next_seq++;
@@ -453,13 +476,25 @@ static tsr_engine_in *wait_inbox(tsr_engine *e) {
         }
 }
 
+/* Nothing can run until a grammar compile ends: every request left waits for one. */
+static bool grammar_only_waiting(const tsr_engine *e) {
+        if (e->running.n || !e->waiting.n)
+                return false;
+        for (size_t i = 0; i < e->waiting.n; i++)
+                if (!e->waiting.items[i]->gjob)
+                        return false;
+        return true;
+}
+
 static void take_inbox(tsr_engine *e, bool block) {
         tsr_engine_in *in;
         bool first = true;
+        /* Waiting on the grammar thread only: nap on the inbox for 1 ms instead of spinning. */
+        bool nap = !block && grammar_only_waiting(e);
         if (e->params.alive)
                 e->params.alive(e->params.alive_ud);
         for (;;) {
-                in = first && block ? wait_inbox(e) : tsr_queue_pop(e->inbox);
+                in = first && block ? wait_inbox(e) : first && nap ? tsr_queue_pop_wait(e->inbox, 1) : tsr_queue_pop(e->inbox);
                 first = false;
                 if (!in) {
                         if (block)
@@ -547,8 +582,8 @@ static size_t next_waiting(const tsr_engine *e) {
         size_t best = SIZE_MAX;
         for (size_t i = 0; i < e->waiting.n; i++) {
                 const slot *a = e->waiting.items[i], *b;
-                if (a->deferred_round == e->sched_round)
-                        continue;
+                if (a->deferred_round == e->sched_round || a->gjob)
+                        continue;   /* deferred, or its grammar is still compiling */
                 if (!e->params.priority_scheduling)
                         return i;
                 b = best == SIZE_MAX ? NULL : e->waiting.items[best];
@@ -793,9 +828,39 @@ static void plan_free(step_plan *p) {
         memset(p, 0, sizeof(*p));
 }
 
+/* Waiting requests whose grammar compile has ended: a matcher for each compiled one, an
+ * Error (and nothing else disturbed) for each refused one.  Engine thread. */
+static void grammar_poll(tsr_engine *e) {
+        for (size_t i = 0; i < e->waiting.n;) {
+                slot *s = e->waiting.items[i];
+                tsr_grammar_job_state js = s->gjob ? tsr_grammar_job_poll(s->gjob) : TSR_GRAMMAR_JOB_PENDING;
+                if (js == TSR_GRAMMAR_JOB_READY && (s->gm = tsr_grammar_matcher_new(tsr_grammar_job_compiled(s->gjob)))) {
+                        tsr_grammar_job_release(&s->gjob);
+                        i++;
+                        continue;
+                }
+                if (js == TSR_GRAMMAR_JOB_PENDING) {
+                        i++;
+                        continue;
+                }
+                log_req(TSR_LOG_INFO, s->request_id, "structured output refused: %s",
+                        js == TSR_GRAMMAR_JOB_FAILED ? tsr_grammar_job_error(s->gjob) : "out of memory");
+                if (js == TSR_GRAMMAR_JOB_FAILED)
+                        send_error(e, s->router_id, s->router_id_len, s->request_id, TSR_ENGINE_ERROR_INVALID, false,
+                                   "Invalid structured output: %s", tsr_grammar_job_error(s->gjob));
+                else
+                        send_error(e, s->router_id, s->router_id_len, s->request_id, TSR_ENGINE_ERROR_UNAVAILABLE,
+                                   true, "worker out of memory");
+                list_remove_at(&e->waiting, i);
+                slot_free(e, s);
+        }
+}
+
 /* schedule() into `p`.  Engine thread. */
 static void schedule_plan(tsr_engine *e, step_plan *p) {
-        size_t cap = e->running.n + e->waiting.n;
+        size_t cap;
+        grammar_poll(e);
+        cap = e->running.n + e->waiting.n;
         p->n = 0;
         p->st = TSR_OK;
         if (plan_reserve(p, cap ? cap : 1) != TSR_OK)
@@ -858,6 +923,34 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
         }
 }
 
+/* Structured output, before sampling: bring the matcher to the request's n_output tokens
+ * (a step it accepted a token in may have been dropped: a preemption during
+ * --async-scheduling), fill the mask of allowed tokens and set the others' logits to
+ * -inf, so the sampler (seeds, penalties, logprobs) runs on as usual.  *end: the
+ * grammar allows nothing but the end (a stop token) while the request may not stop by
+ * one now (ignore_eos, min_tokens): it ends here, finish "stop".  Step thread or engine
+ * thread, as execute_plan. */
+static tsr_status grammar_mask(tsr_engine *e, slot *s, float *logits, size_t n_output, bool *end) {
+        size_t vocab = e->params.model->vocab, accepted = tsr_grammar_n_accepted(s->gm);
+        tsr_status st;
+        *end = false;
+        if (accepted > n_output && (st = tsr_grammar_rollback(s->gm, accepted - n_output)) != TSR_OK)
+                return st;
+        if (tsr_grammar_terminated(s->gm)) {
+                *end = true;
+                return TSR_OK;
+        }
+        if ((st = tsr_grammar_fill_mask(s->gm, e->gmask, vocab)) != TSR_OK)
+                return st;
+        if ((s->ignore_eos || n_output < s->sampling.min_tokens) &&
+            tsr_grammar_mask_only(e->gmask, vocab, e->params.eos_ids, e->params.n_eos_ids)) {
+                *end = true;
+                return TSR_OK;
+        }
+        tsr_grammar_apply_mask(logits, vocab, e->gmask);
+        return TSR_OK;
+}
+
 /* The step's forward, then for each chunk its prompt logprobs (seq->want_all_logits:
  * a row per token) and, where the chunk reached the end of the known tokens, a token
  * sampled from its last row.  Results go to the entries; the slots are only read (the
@@ -882,11 +975,12 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 sched_entry *pe = &p->entries[i];
                 const tsr_engine_seq *q = &p->seqs[i];
                 slot *s = pe->s;
-                const float *rows = e->logits + row * m->vocab, *logits;
+                float *rows = e->logits + row * m->vocab, *logits;
                 tsr_sample_result r;
                 row += seq_rows(q);
                 pe->sampled = false;
                 pe->has_lp = false;
+                pe->grammar_end = false;
                 if ((pe->st = p->st) != TSR_OK)
                         continue;
                 if (q->want_all_logits && (pe->st = gather_prompt_lp(e, s, q->past_len, q->n, rows)) != TSR_OK)
@@ -900,8 +994,15 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                         .output = s->tokens + s->n_prompt,
                         .n_output = s->n_tokens - s->n_prompt,
                 };
+                if (s->gm && (pe->st = grammar_mask(e, s, logits, h.n_output, &pe->grammar_end)) != TSR_OK)
+                        continue;
+                if (pe->grammar_end)
+                        continue;   /* complete: nothing more to sample */
                 if ((pe->st = tsr_sample(&s->sampling, &h, s->rng_key, logits, m->vocab, e->scratch, &r)) != TSR_OK)
                         continue;
+                if (s->gm && (pe->st = tsr_grammar_accept(s->gm, r.token)) != TSR_OK)
+                        continue;   /* cannot happen: the mask allowed it */
+                pe->grammar_end = s->gm && tsr_grammar_terminated(s->gm);
                 pe->sampled = true;
                 pe->token = r.token;
                 pe->has_lp = r.has_logprobs;
@@ -958,6 +1059,9 @@ static void apply_plan(tsr_engine *e, step_plan *p) {
                                 e->stats.prompt_tokens_total += s->n_prompt;
                         check_stop(e, s, pe->token);
                 }
+                /* The grammar is complete (vLLM: the matcher terminated): the request stops. */
+                if (st == TSR_OK && pe->grammar_end && !s->finish)
+                        s->finish = TSR_ENGINE_FINISH_STOP;
                 if (st != TSR_OK) {
                         log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed (%s): finishing it with an error",
                                 tsr_status_str(st));
@@ -1339,7 +1443,9 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
                 if (e->max_lp_rows == 0)
                         e->max_lp_rows = 1;
                 e->scratch = malloc(2 * p->model->vocab * sizeof(float));
-                if (!e->logits || !e->scratch) {
+                if (p->grammar)
+                        e->gmask = malloc(tsr_grammar_mask_words(p->model->vocab) * sizeof(uint32_t));
+                if (!e->logits || !e->scratch || (p->grammar && !e->gmask)) {
                         st = TSR_E_NOMEM;
                         goto fail;
                 }
@@ -1353,6 +1459,7 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
 fail:
         free(e->logits);
         free(e->scratch);
+        free(e->gmask);
         free(e->free_state_slots);
         tsr_kv_cache_free(&e->kv);
         free(e);
@@ -1376,6 +1483,7 @@ void tsr_engine_stop(tsr_engine **ep) {
         plan_free(&e->plans[1]);
         free(e->logits);
         free(e->scratch);
+        free(e->gmask);
         tsr_kv_cache_free(&e->kv);
         free(e->free_state_slots);
         free(e);

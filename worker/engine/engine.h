@@ -31,6 +31,7 @@
 
 #include "common/block_hash.h"
 #include "common/queue.h"
+#include "grammar/pool.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/engine/sampler.h"
 
@@ -111,6 +112,10 @@ typedef struct tsr_engine_params {
         uint32_t long_prefill_token_threshold; /* --long-prefill-token-threshold: a request's chunk in one step
                                         * is at most this many tokens when it has more to compute
                                         * (vLLM V1's cap); 0 = no cap */
+        /* Structured outputs: the compile thread over the model's vocabulary (grammar/pool.h;
+         * borrowed, outlives the engine).  NULL: a Submit with a structured output is
+         * refused (INVALID). */
+        tsr_grammar_pool *grammar;
         bool async_scheduling;         /* --async-scheduling: forward and sampling on a "runner" thread
                                         * while the engine thread schedules the next step (engine.c) */
         /* Liveness (systemd's WatchdogSec, worker/notify.c): called on the engine thread once
@@ -161,6 +166,13 @@ typedef struct tsr_engine_submit {
         int32_t logprobs;              /* -1 none, 0 sampled only, k: sampled + top k */
         int32_t prompt_logprobs;       /* -1 none, else as logprobs for prompt positions */
         int32_t priority;              /* lower first under --scheduling-policy priority */
+        /* Structured output (kind TSR_GRAMMAR_NONE: none): the spec text (so_len bytes,
+         * NUL-terminated, owned) is compiled off the engine thread before the request runs;
+         * every sampled token then obeys it (docs/architecture.md). */
+        tsr_grammar_kind so_kind;
+        char *so_text;
+        size_t so_len;
+        bool so_compact;               /* JSON kinds: no free whitespace */
 } tsr_engine_submit;
 
 /* Requests of one router to drop (unknown ids are ignored). */

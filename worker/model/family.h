@@ -28,6 +28,7 @@
 #include "worker/load/loader.h"
 
 typedef struct tsr_model_family tsr_model_family;
+struct tsr_comm;
 
 /* The model description: what the family read from the model's config, once.  The
  * fields the whole worker needs are here; the rest is the family's own config, behind
@@ -37,6 +38,8 @@ typedef struct tsr_model_desc {
         bool gguf;                      /* the source: a .gguf file, else a Hugging Face folder */
         uint32_t vocab_size;            /* rows of the logits: what the engine samples over */
         uint32_t n_layers;              /* layers of the whole model (pipeline stages split them) */
+        uint32_t hidden_size;           /* width of the activations a pipeline stage hands on;
+                                         * 0 for a family without forward_stage */
         void *config;                   /* the family's config: one flat allocation, freed by
                                          * tsr_model_desc_done */
 } tsr_model_desc;
@@ -94,6 +97,19 @@ struct tsr_model_family {
          * `seq_fill` (the runner converts the engine's records through it). */
         tsr_status (*forward_batch)(const void *model, tsr_backend *be, void *pool, const void *seqs,
                                     size_t n_seqs, float *logits);
+        /* A pipeline stage's part of the step (issue #20), for a model loaded with a layer
+         * range: `in` NULL on the first stage, else (2, N, hidden_size) floats from the
+         * previous stage; `out` the same for the next stage, NULL on the last (which writes
+         * `logits`).  Chained, the stages give the whole model's logits bitwise.  NULL:
+         * the family runs whole models only (pipeline parallelism is refused for it). */
+        tsr_status (*forward_stage)(const void *model, tsr_backend *be, void *pool, const void *seqs, size_t n_seqs,
+                                    const float *in, float *out, float *logits);
+        /* Tensor parallelism (issue #20): split a loaded model for tp_rank of tp_size
+         * (tp_size 1: the canonical row-parallel split alone, so TP 1 and TP > 1 give the
+         * same bits), and hand it the rank's group before each forward.  NULL: the family
+         * has no TP. */
+        tsr_status (*tp_shard)(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
+        void (*tp_set_comm)(void *model, struct tsr_comm *comm);
         size_t seq_size;                        /* bytes of one family sequence record */
         void (*seq_fill)(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
                          size_t past_len, bool want_logits, bool want_all_logits);        /* A family with per-request state (a TSR_KV_MAMBA_STATE group): the engine's state

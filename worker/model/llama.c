@@ -9,6 +9,7 @@
 #include "kernels/quant/quant.h"
 #include "worker/load/gguf.h"
 #include "worker/model/llama.h"
+#include "worker/parallel/comm.h"
 
 /* The matmul weights of a layer, in the order bf16[] and the layers' stored[] keep them. */
 enum {
@@ -18,13 +19,27 @@ enum {
 };
 
 struct tsr_llama {
-        tsr_llama_config cfg;
+        tsr_llama_config cfg;           /* the whole model's (n_layers counts every layer) */
         tsr_llama_weights *w;           /* owned */
+        /* The layers this model holds: global first_layer .. first_layer + n_local - 1 (its
+         * shard spec; a pipeline stage holds a range, w->layers[] and the KV are local). */
+        uint32_t first_layer, n_local;
+        /* Tensor parallelism (tsr_llama_shard_tp; issue #20): this rank's heads, KV heads,
+         * MLP columns and lm_head rows (the whole model's counts when tp_size is 1).  With
+         * `canonical`, o_proj and down_proj are held as S / tp_size contiguous K slices
+         * (S = TSR_COMM_TREE_LEAVES; wo / w_down: [S / tp_size] blocks of (dim, K / S)), and
+         * computed as S fp32 partial sums combined by the fixed balanced tree, the lower
+         * levels here and the upper ones in `comm`'s all-reduce (reference/distributed.md
+         * R7): the same bits for every tp_size. */
+        uint32_t tp_rank, tp_size;
+        uint32_t nh, nkv, hid, vocab_out;
+        bool canonical;
+        tsr_comm *comm;                 /* the rank's TP group (tsr_llama_set_comm); NULL when tp_size 1 */
         float *inv_freq;                /* (head_dim/2,) */
         /* --dtype bfloat16 (tsr_llama_use_bf16): the matmul weights as bf16 bits, their
          * float32 copies in w freed (NULL), except token_embd which the embedding reads.
          * Weights kept in their GGUF block format (w's stored tensors) have no bf16 copy. */
-        uint16_t **bf16;                /* [n_layers * MM_PER_LAYER], NULL when float32 */
+        uint16_t **bf16;                /* [n_local * MM_PER_LAYER], NULL when float32 */
         uint16_t *output_bf16;          /* (vocab, dim) */
 };
 
@@ -43,7 +58,7 @@ struct tsr_llama_kv {
 
 static void bf16_free(tsr_llama *m) {
         if (m->bf16)
-                for (size_t i = 0; i < (size_t)m->cfg.n_layers * MM_PER_LAYER; i++)
+                for (size_t i = 0; i < (size_t)m->n_local * MM_PER_LAYER; i++)
                         free(m->bf16[i]);
         free(m->bf16);
         free(m->output_bf16);
@@ -121,7 +136,7 @@ tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be) {
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
                         return TSR_E_UNSUPPORTED;
-        for (long l = -1; l < (long)m->cfg.n_layers; l++)
+        for (long l = -1; l < (long)m->n_local; l++)
                 for (int i = 0; i < (l < 0 ? 1 : MM_PER_LAYER); i++)
                         if (!tsr_backend_supports(be, TSR_OP_MATMUL, mm_weight(m, l, i, NULL).dtype))
                                 return TSR_E_UNSUPPORTED;
@@ -211,6 +226,13 @@ tsr_status tsr_llama_load_opts(const char *path, const tsr_llama_config *cfg, co
                 goto done;
         }
         m->cfg = w->cfg;
+        m->first_layer = w->shard.first_layer;
+        m->n_local = w->shard.last_layer - w->shard.first_layer + 1;
+        m->tp_size = 1;
+        m->nh = w->cfg.n_heads;
+        m->nkv = w->cfg.n_kv_heads;
+        m->hid = w->cfg.hidden_dim;
+        m->vocab_out = w->cfg.vocab_size;
         m->w = w;
         w = NULL;
         if ((st = tsr_llama_rope_inv_freq(&m->cfg, m->w->rope_freqs, m->inv_freq)) != TSR_OK) {
@@ -241,8 +263,10 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
                 return TSR_E_INVAL;
         if (m->bf16)
                 return TSR_OK;
+        if (m->canonical)
+                return TSR_E_UNSUPPORTED;       /* the TP / canonical split runs on float32 weights */
         const tsr_llama_config *c = &m->cfg;
-        size_t n_layers = c->n_layers, q_dim = (size_t)c->n_heads * c->head_dim;
+        size_t n_layers = m->n_local, q_dim = (size_t)c->n_heads * c->head_dim;
         size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
         size_t hid = c->hidden_dim, dim = c->dim;
         const size_t rows[MM_PER_LAYER] = {q_dim, kv_dim, kv_dim, dim, hid, hid, dim};
@@ -280,6 +304,119 @@ nomem:
 
 bool tsr_llama_is_bf16(const tsr_llama *m) { return m && m->bf16; }
 
+/* Keep rows [first, first + n) of the (?, cols) float32 matrix *w (a new array). */
+static tsr_status keep_rows(float **w, size_t cols, size_t first, size_t n) {
+        float *k = malloc(n * cols * sizeof(float));
+        if (!k)
+                return TSR_E_NOMEM;
+        memcpy(k, *w + first * cols, n * cols * sizeof(float));
+        free(*w);
+        *w = k;
+        return TSR_OK;
+}
+
+/* Keep columns [first, first + n) of the (rows, cols) float32 matrix *w as ns contiguous
+ * (rows, n / ns) blocks, block j = columns first + j * n / ns ... (a new array). */
+static tsr_status keep_col_slices(float **w, size_t rows, size_t cols, size_t first, size_t n, size_t ns) {
+        size_t ks = n / ns;
+        float *k = malloc(rows * n * sizeof(float));
+        if (!k)
+                return TSR_E_NOMEM;
+        for (size_t j = 0; j < ns; j++)
+                for (size_t r = 0; r < rows; r++)
+                        memcpy(k + (j * rows + r) * ks, *w + r * cols + first + j * ks, ks * sizeof(float));
+        free(*w);
+        *w = k;
+        return TSR_OK;
+}
+
+tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        const tsr_llama_config *c;
+        uint32_t S = TSR_COMM_TREE_LEAVES, nh, nkv, kv0, hid, vl;
+        size_t hd, ns;
+        tsr_llama_weights *w;
+        tsr_status st = TSR_OK;
+
+        if (!m || tp_size == 0 || tp_rank >= tp_size || m->canonical)
+                return TSR_E_INVAL;
+        c = &m->cfg;
+        w = m->w;
+        hd = c->head_dim;
+        nh = c->n_heads / tp_size;
+        nkv = tp_size <= c->n_kv_heads ? c->n_kv_heads / tp_size : 1;
+        /* tp > KV heads: each KV head is replicated on tp / n_kv_heads ranks (vLLM). */
+        kv0 = tp_size <= c->n_kv_heads ? tp_rank * nkv : tp_rank / (tp_size / c->n_kv_heads);
+        hid = c->hidden_dim / tp_size;
+        vl = c->vocab_size / tp_size;
+        ns = S / tp_size;
+        if (S % tp_size || c->n_heads % tp_size ||
+            (tp_size <= c->n_kv_heads ? c->n_kv_heads % tp_size : tp_size % c->n_kv_heads) ||
+            c->hidden_dim % tp_size || c->vocab_size % tp_size || (nh * hd) % ns || hid % ns) {
+                tsr_errf(err, errlen, "tensor parallel size %u does not split this model: it needs to divide %u "
+                         "(the canonical partial sums), the %u attention heads, the %u MLP columns and the "
+                         "vocabulary of %u, and a multiple or divisor of the %u KV heads, with each rank's "
+                         "o_proj and down_proj inputs a multiple of %zu", tp_size, S, c->n_heads, c->hidden_dim,
+                         c->vocab_size, c->n_kv_heads, ns);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (m->bf16 || w->token_embd_stored.data || w->output_stored.data) {
+                tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
+                return TSR_E_UNSUPPORTED;
+        }
+        for (size_t l = 0; l < m->n_local; l++) {
+                tsr_llama_layer *L = &w->layers[l];
+                for (int i = 0; i < MM_PER_LAYER; i++)
+                        if (L->stored[i].data) {
+                                tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
+                                return TSR_E_UNSUPPORTED;
+                        }
+                if (st == TSR_OK && tp_size > 1)
+                        st = keep_rows(&L->wq, c->dim, (size_t)tp_rank * nh * hd, (size_t)nh * hd);
+                if (st == TSR_OK && tp_size > 1)
+                        st = keep_rows(&L->wk, c->dim, (size_t)kv0 * hd, (size_t)nkv * hd);
+                if (st == TSR_OK && tp_size > 1)
+                        st = keep_rows(&L->wv, c->dim, (size_t)kv0 * hd, (size_t)nkv * hd);
+                if (st == TSR_OK && tp_size > 1)
+                        st = keep_rows(&L->w_gate, c->dim, (size_t)tp_rank * hid, hid);
+                if (st == TSR_OK && tp_size > 1)
+                        st = keep_rows(&L->w_up, c->dim, (size_t)tp_rank * hid, hid);
+                if (st == TSR_OK)
+                        st = keep_col_slices(&L->wo, c->dim, (size_t)c->n_heads * hd, (size_t)tp_rank * nh * hd,
+                                             (size_t)nh * hd, ns);
+                if (st == TSR_OK)
+                        st = keep_col_slices(&L->w_down, c->dim, c->hidden_dim, (size_t)tp_rank * hid, hid, ns);
+        }
+        if (st == TSR_OK && tp_size > 1 && w->output) {
+                if (w->output == w->token_embd) {       /* tied: the embedding stays whole, lm_head gets its rows */
+                        float *k = malloc((size_t)vl * c->dim * sizeof(float));
+                        if (!k)
+                                st = TSR_E_NOMEM;
+                        else
+                                memcpy(k, w->token_embd + (size_t)tp_rank * vl * c->dim, (size_t)vl * c->dim * sizeof(float));
+                        w->output = k ? k : w->output;
+                } else {
+                        st = keep_rows(&w->output, c->dim, (size_t)tp_rank * vl, vl);
+                }
+        }
+        if (st != TSR_OK) {
+                tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
+                return st;      /* the model is half split: the caller frees it */
+        }
+        m->tp_rank = tp_rank;
+        m->tp_size = tp_size;
+        m->nh = nh;
+        m->nkv = nkv;
+        m->hid = hid;
+        m->vocab_out = vl;
+        m->canonical = true;
+        return TSR_OK;
+}
+
+void tsr_llama_set_comm(tsr_llama *m, tsr_comm *comm) {
+        if (m)
+                m->comm = comm;
+}
+
 
 void tsr_llama_free(tsr_llama **mp) {
         if (!mp || !*mp)
@@ -310,6 +447,8 @@ tsr_status tsr_llama_kv_bind(const tsr_llama *m, tsr_kv_pool *pool, tsr_llama_kv
         if (!m || !pool || !ret)
                 return TSR_E_INVAL;
         want = tsr_llama_kv_group(&m->cfg);
+        want.n_layers = m->n_local;
+        want.n_kv_heads = m->nkv;
         g = &pool->groups[0];
         if (pool->n_groups != 1 || g->spec.kind != want.kind || g->spec.n_layers != want.n_layers ||
             g->spec.n_kv_heads != want.n_kv_heads || g->spec.head_dim != want.head_dim || g->spec.dtype != want.dtype)
@@ -349,6 +488,8 @@ tsr_status tsr_llama_kv_new(const tsr_llama *m, size_t max_tokens, size_t block_
         if (max_tokens > UINT32_MAX || block_size > UINT32_MAX)
                 return TSR_E_LIMIT;
         g = tsr_llama_kv_group(&m->cfg);
+        g.n_layers = m->n_local;
+        g.n_kv_heads = m->nkv;
         if ((st = tsr_kv_pool_new(&g, 1, (max_tokens + block_size - 1) / block_size, (uint32_t)block_size, &pool)) !=
             TSR_OK)
                 return st;
@@ -422,14 +563,15 @@ static void scratch_free(struct scratch *s) {
         free(s->pos);
 }
 
-static tsr_status scratch_alloc(struct scratch *s, const tsr_llama_config *c, size_t n) {
-        size_t q_dim = (size_t)c->n_heads * c->head_dim, kv_dim = (size_t)c->n_kv_heads * c->head_dim;
+static tsr_status scratch_alloc(struct scratch *s, const tsr_llama *m, size_t n) {
+        const tsr_llama_config *c = &m->cfg;
+        size_t q_dim = (size_t)m->nh * c->head_dim, kv_dim = (size_t)m->nkv * c->head_dim;
         size_t widest = c->dim;
 
         if (q_dim > widest)
                 widest = q_dim;
-        if (c->hidden_dim > widest)
-                widest = c->hidden_dim;
+        if (m->hid > widest)
+                widest = m->hid;
         memset(s, 0, sizeof *s);
         if (n > SIZE_MAX / sizeof(float) / widest)
                 return TSR_E_LIMIT;
@@ -439,8 +581,8 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama_config *c, si
         s->k = malloc(n * kv_dim * sizeof(float));
         s->v = malloc(n * kv_dim * sizeof(float));
         s->att = malloc(n * q_dim * sizeof(float));
-        s->hb = malloc(n * c->hidden_dim * sizeof(float));
-        s->hb2 = malloc(n * c->hidden_dim * sizeof(float));
+        s->hb = malloc(n * m->hid * sizeof(float));
+        s->hb2 = malloc(n * m->hid * sizeof(float));
         s->pos = malloc(n * sizeof(uint32_t));
         if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->pos) {
                 scratch_free(s);
@@ -479,6 +621,71 @@ static tsr_status embed(const tsr_llama *m, tsr_backend *be, float *x, const uin
         return TSR_OK;
 }
 
+/* A row-parallel matmul, W (d, K) @ x (rows, K) -> out (rows, d) where x holds this rank's
+ * K columns: plain `mm` unless the model is canonical; then the S / tp_size K slices of
+ * the rank (wo / w_down hold them as contiguous (d, K / S) blocks, tsr_llama_shard_tp)
+ * give one fp32 partial each, the balanced tree adds them here and the all-reduce adds
+ * the ranks' sums in the same tree (reference/distributed.md R7), so the sum is the same
+ * bits for every tp_size. */
+static tsr_status mm_row(const tsr_llama *m, tsr_backend *be, float *out, const float *x, long l, int which,
+                         const float *w_f32, size_t rows, size_t k, size_t d) {
+        size_t ns, ks;
+        const float *parts[TSR_COMM_TREE_LEAVES];
+        float *xs, *ps;
+        tsr_status st = TSR_OK;
+
+        if (!m->canonical)
+                return mm(m, be, out, x, l, which, w_f32, rows, k, d);
+        ns = TSR_COMM_TREE_LEAVES / m->tp_size;
+        ks = k / ns;
+        xs = malloc(rows * ks * sizeof(float));
+        ps = malloc(ns * rows * d * sizeof(float));
+        if (!xs || !ps) {
+                st = TSR_E_NOMEM;
+                goto done;
+        }
+        for (size_t j = 0; j < ns && st == TSR_OK; j++) {
+                for (size_t r = 0; r < rows; r++)
+                        memcpy(xs + r * ks, x + r * k + j * ks, ks * sizeof(float));
+                parts[j] = ps + j * rows * d;
+                st = tsr_backend_matmul(be, ps + j * rows * d, xs, w_f32 + j * d * ks, TSR_DTYPE_F32, rows, ks, d);
+        }
+        if (st == TSR_OK) {
+                tsr_comm_tree_sum(parts, (int)ns, out, rows * d);
+                if (m->tp_size > 1)
+                        st = m->comm ? tsr_comm_all_reduce_sum(m->comm, out, rows * d, NULL) : TSR_E_INVAL;
+        }
+done:
+        free(xs);
+        free(ps);
+        return st;
+}
+
+/* logits (rows, vocab) of the normed rows xb (rows, dim): with tensor parallelism each rank
+ * computes its vocab_out rows of lm_head and the all-gather puts the vocab back together
+ * (every rank gets the whole rows; vLLM's LogitsProcessor gathers the same way). */
+static tsr_status lm_head(const tsr_llama *m, tsr_backend *be, float *logits, const float *xb, size_t rows) {
+        size_t dim = m->cfg.dim, vl = m->vocab_out, t = m->tp_size;
+        float *mine, *all;
+        tsr_status st;
+
+        if (t == 1)
+                return mm(m, be, logits, xb, -1, 0, m->w->output, rows, dim, vl);
+        if (!m->comm)
+                return TSR_E_INVAL;
+        mine = malloc(rows * vl * sizeof(float));
+        all = malloc(t * rows * vl * sizeof(float));
+        st = mine && all ? mm(m, be, mine, xb, -1, 0, m->w->output, rows, dim, vl) : TSR_E_NOMEM;
+        if (st == TSR_OK)
+                st = tsr_comm_all_gather(m->comm, mine, all, rows * vl * sizeof(float), NULL);
+        for (size_t q = 0; st == TSR_OK && q < t; q++)          /* (t, rows, vl) -> (rows, t * vl) */
+                for (size_t r = 0; r < rows; r++)
+                        memcpy(logits + r * t * vl + q * vl, all + (q * rows + r) * vl, vl * sizeof(float));
+        free(mine);
+        free(all);
+        return st;
+}
+
 #define TRY(expr)                               \
         do {                                    \
                 if ((st = (expr)) != TSR_OK)    \
@@ -492,9 +699,14 @@ static tsr_status embed(const tsr_llama *m, tsr_backend *be, float *x, const uin
  * row's arithmetic is the same whatever else is in the batch (matmul, rmsnorm,
  * add_rmsnorm and rope are per row with a fixed order), so batching never changes a
  * sequence's logits.
- * Logits: per segment, none, the last row, or every row, packed in segment order. */
+ * Logits: per segment, none, the last row, or every row, packed in segment order.
+ * A pipeline stage (m holds layers first_layer .. first_layer + n_local - 1): `in` is NULL
+ * on the first stage (the embedding runs), else the previous stage's (2, N, dim) pair, x
+ * (the residual stream) then xb (its last sublayer's output, not yet added), so the
+ * add_rmsnorm that joins two layers runs here exactly as it does in one process; `out`
+ * receives that pair when a later stage holds the remaining layers (no logits then). */
 static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, const tsr_llama_seq *seqs,
-                                   size_t n_seqs, float *logits) {
+                                   size_t n_seqs, const float *in, float *out, float *logits) {
         const tsr_llama_config *c = &m->cfg;
         struct scratch s;
         uint32_t *tokens = NULL;
@@ -507,7 +719,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                                 return TSR_E_INVAL;
                 N += seqs[i].n;
         }
-        if ((st = scratch_alloc(&s, c, N)) != TSR_OK)
+        if ((st = scratch_alloc(&s, m, N)) != TSR_OK)
                 return st;
         tokens = malloc(N * sizeof(uint32_t));
         if (!tokens) {
@@ -515,8 +727,8 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                 return TSR_E_NOMEM;
         }
 
-        size_t dim = c->dim, hd = c->head_dim, hid = c->hidden_dim;
-        size_t q_dim = (size_t)c->n_heads * hd, kv_dim = (size_t)c->n_kv_heads * hd;
+        size_t dim = c->dim, hd = c->head_dim, hid = m->hid;
+        size_t q_dim = (size_t)m->nh * hd, kv_dim = (size_t)m->nkv * hd;     /* this TP rank's */
         float scale = (float)(1.0 / sqrt((double)hd));
         const tsr_llama_weights *w = m->w;
 
@@ -525,41 +737,54 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                         tokens[row] = seqs[i].tokens[t];
                         s.pos[row] = (uint32_t)(seqs[i].past_len + t);
                 }
-        TRY(embed(m, be, s.x, tokens, N));                                                  /* x (N, dim) */
-        /* The first layer's attention norm; each later norm is fused with the residual add
-         * before it (add_rmsnorm: x += xb, xb = rmsnorm(x), bitwise the two ops in turn). */
-        if (c->n_layers)
-                TRY(tsr_backend_rmsnorm(be, s.xb, s.x, w->layers[0].attn_norm, N, dim, c->rms_eps));
+        bool last_stage = m->first_layer + m->n_local == c->n_layers;
+        if (!in) {
+                TRY(embed(m, be, s.x, tokens, N));                                          /* x (N, dim) */
+                /* The first layer's attention norm; each later norm is fused with the
+                 * residual add before it (add_rmsnorm: x += xb, xb = rmsnorm(x), bitwise the
+                 * two ops in turn). */
+                if (m->n_local)
+                        TRY(tsr_backend_rmsnorm(be, s.xb, s.x, w->layers[0].attn_norm, N, dim, c->rms_eps));
+        } else {        /* the previous stage's x and xb: the add and norm it left to this one */
+                memcpy(s.x, in, N * dim * sizeof(float));
+                memcpy(s.xb, in + N * dim, N * dim * sizeof(float));
+                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, w->layers[0].attn_norm, N, dim, c->rms_eps));
+        }
 
-        for (size_t l = 0; l < c->n_layers; l++) {
+        for (size_t l = 0; l < m->n_local; l++) {
                 const tsr_llama_layer *L = &w->layers[l];
 
                 /* attention: x += o_proj(attn(rope(q), rope(k), v)) of xb = rmsnorm(x) */
                 TRY(mm(m, be, s.q, s.xb, (long)l, MM_Q, L->wq, N, dim, q_dim));                  /* q (N, q_dim) */
                 TRY(mm(m, be, s.k, s.xb, (long)l, MM_K, L->wk, N, dim, kv_dim));                 /* k (N, kv_dim) */
                 TRY(mm(m, be, s.v, s.xb, (long)l, MM_V, L->wv, N, dim, kv_dim));                 /* v (N, kv_dim) */
-                TRY(tsr_backend_rope(be, s.q, N, c->n_heads, hd, s.pos, m->inv_freq, c->rope_layout));
-                TRY(tsr_backend_rope(be, s.k, N, c->n_kv_heads, hd, s.pos, m->inv_freq, c->rope_layout));
+                TRY(tsr_backend_rope(be, s.q, N, m->nh, hd, s.pos, m->inv_freq, c->rope_layout));
+                TRY(tsr_backend_rope(be, s.k, N, m->nkv, hd, s.pos, m->inv_freq, c->rope_layout));
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                         tsr_kv_view view = kv_layer_view(kv, l, seqs[i].block_table, seqs[i].n_table);
                         TRY(tsr_backend_kv_write(be, &view, s.k + row * kv_dim, s.v + row * kv_dim, seqs[i].n,
                                                  seqs[i].past_len));
                         TRY(tsr_backend_attention(be, s.att + row * q_dim, s.q + row * q_dim, &view, seqs[i].n,
-                                                  seqs[i].past_len, c->n_heads, scale));       /* att (n_i, q_dim) */
+                                                  seqs[i].past_len, m->nh, scale));       /* att (n_i, q_dim) */
                 }
-                TRY(mm(m, be, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));                /* xb (N, dim) */
+                TRY(mm_row(m, be, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));            /* xb (N, dim) */
 
                 /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) after the attention's add */
                 TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, L->ffn_norm, N, dim, c->rms_eps));
                 TRY(mm(m, be, s.hb, s.xb, (long)l, MM_GATE, L->w_gate, N, dim, hid));            /* hb (N, hid) */
                 TRY(mm(m, be, s.hb2, s.xb, (long)l, MM_UP, L->w_up, N, dim, hid));               /* hb2 (N, hid) */
                 TRY(tsr_backend_silu_mul(be, s.hb, s.hb, s.hb2, N * hid));
-                TRY(mm(m, be, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));            /* xb (N, dim) */
-                if (l + 1 < c->n_layers)        /* with the next layer's attention norm */
+                TRY(mm_row(m, be, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));        /* xb (N, dim) */
+                if (l + 1 < m->n_local) {       /* with the next layer's attention norm */
                         TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, w->layers[l + 1].attn_norm, N, dim,
                                                     c->rms_eps));
-                else                            /* the final norm runs on the gathered rows only */
+                } else if (!last_stage) {       /* the next stage adds and norms (see above) */
+                        memcpy(out, s.x, N * dim * sizeof(float));
+                        memcpy(out + N * dim, s.xb, N * dim * sizeof(float));
+                        goto done;
+                } else {                        /* the final norm runs on the gathered rows only */
                         TRY(tsr_backend_add(be, s.x, s.x, s.xb, N * dim));
+                }
         }
 
         /* Only the rows whose logits are wanted go through the final norm and the
@@ -572,7 +797,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
         }
         if (n_rows_out) {
                 TRY(tsr_backend_rmsnorm(be, s.xb, s.xb, w->output_norm, n_rows_out, dim, c->rms_eps));
-                TRY(mm(m, be, logits, s.xb, -1, 0, w->output, n_rows_out, dim, c->vocab_size));   /* (rows, vocab) */
+                TRY(lm_head(m, be, logits, s.xb, n_rows_out));                                    /* (rows, vocab) */
         }
 done:
         free(tokens);
@@ -588,7 +813,7 @@ static tsr_status forward_table(const tsr_llama *m, tsr_backend *be, tsr_llama_k
                 .block_table = table, .n_table = n_table, .tokens = tokens, .n = n, .past_len = past_len,
                 .which = which,
         };
-        return forward_segments(m, be, kv, &one, 1, logits);
+        return forward_segments(m, be, kv, &one, 1, NULL, NULL, logits);
 }
 
 /* Checks of one sequence's arguments, shared by every entry point. */
@@ -598,7 +823,7 @@ static tsr_status seq_args_ok(const tsr_llama *m, const tsr_llama_kv *kv, const 
                 return TSR_E_INVAL;
         if (which != TSR_LLAMA_LOGITS_NONE && which != TSR_LLAMA_LOGITS_LAST && which != TSR_LLAMA_LOGITS_ALL)
                 return TSR_E_INVAL;
-        if (kv->n_layers != m->cfg.n_layers || kv->n_kv_heads != m->cfg.n_kv_heads ||
+        if (kv->n_layers != m->n_local || kv->n_kv_heads != m->nkv ||
             kv->head_dim != m->cfg.head_dim)
                 return TSR_E_INVAL;     /* a cache made for another model */
         if (past_len > UINT32_MAX || n > UINT32_MAX - past_len)
@@ -614,6 +839,8 @@ static tsr_status forward_args_ok(const tsr_llama *m, const tsr_backend *be, con
                 return TSR_E_INVAL;
         if ((st = seq_args_ok(m, kv, tokens, n, past_len, which)) != TSR_OK)
                 return st;
+        if (m->first_layer != 0 || m->n_local != m->cfg.n_layers)
+                return TSR_E_INVAL;     /* a pipeline stage runs through tsr_llama_forward_stage */
         return tsr_llama_check_backend(m, be);
 }
 
@@ -640,6 +867,11 @@ tsr_status tsr_llama_forward(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *
 
 tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
                                    size_t n_seqs, float *logits) {
+        return tsr_llama_forward_stage(m, be, pool, seqs, n_seqs, NULL, NULL, logits);
+}
+
+tsr_status tsr_llama_forward_stage(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
+                                   size_t n_seqs, const float *in, float *out, float *logits) {
         bool want = false;
         if (!seqs || n_seqs == 0)
                 return TSR_E_INVAL;
@@ -656,12 +888,15 @@ tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llam
                                 return TSR_E_INVAL;
                 want |= q->which != TSR_LLAMA_LOGITS_NONE;
         }
-        if (want && !logits)
+        /* A stage after the first needs its input, one before the last its output (and
+         * makes no logits). */
+        bool last_stage = m->first_layer + m->n_local == m->cfg.n_layers;
+        if ((m->first_layer > 0) != (in != NULL) || (!last_stage) != (out != NULL) || (want && last_stage && !logits))
                 return TSR_E_INVAL;
         tsr_status st = tsr_llama_check_backend(m, be);
         if (st != TSR_OK)
                 return st;
-        return forward_segments(m, be, pool, seqs, n_seqs, logits);
+        return forward_segments(m, be, pool, seqs, n_seqs, in, out, last_stage ? logits : NULL);
 }
 
 tsr_status tsr_llama_forward_blocks(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool,

@@ -161,6 +161,31 @@ typedef struct tsr_llama_seq {
 tsr_status tsr_llama_forward_batch(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
                                    size_t n_seqs, float *logits);
 
+/* The same for a pipeline stage: a model loaded with a layer range (its shard spec) runs
+ * only those layers.  in: NULL on the first stage, else the previous stage's output;
+ * out: (2, N, dim) floats, N the step's tokens, for the next stage (NULL on the last
+ * stage, which writes `logits` as tsr_llama_forward_batch does).  Chaining the stages
+ * gives logits bitwise equal to the whole model's: the stages run the same ops on the
+ * same bytes.  TSR_E_INVAL when in/out do not match the stage's place. */
+tsr_status tsr_llama_forward_stage(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *pool, const tsr_llama_seq *seqs,
+                                   size_t n_seqs, const float *in, float *out, float *logits);
+
+/* Tensor parallelism (issue #20): split a loaded float32 model (whole or a pipeline
+ * stage) for rank tp_rank of tp_size, as vLLM shards a Llama: q/k/v and gate/up by output
+ * rows (heads, KV heads replicated when tp_size exceeds them, MLP columns), lm_head by
+ * vocabulary rows (the logits are all-gathered), o_proj and down_proj by input columns,
+ * held as TSR_COMM_TREE_LEAVES / tp_size canonical K slices whose partial sums add in the
+ * comm layer's fixed tree (R7); the embedding and the norms stay whole.  tp_size 1 makes
+ * the canonical split alone, which the TP = 1 run needs to be bitwise equal to TP > 1.
+ * The KV the model then binds has its local KV heads.  TSR_E_UNSUPPORTED (sizes that do
+ * not split, weights not float32) or TSR_E_NOMEM, with the reason in err (the model is
+ * then only fit to be freed).  Main thread, at start-up. */
+struct tsr_comm;
+tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
+/* The rank's TP group, which the forwards of a tp_size > 1 model all-reduce and
+ * all-gather over; set by the rank's thread before its forward (borrowed). */
+void tsr_llama_set_comm(tsr_llama *m, struct tsr_comm *comm);
+
 /* The family hooks (family.h) the Llama family shares with families of the same shape
  * (Llama 4): layers split contiguously over pipeline stages, the first n % pp_size
  * stages one more; and the engine's sequence record filled as a tsr_llama_seq. */

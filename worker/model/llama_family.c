@@ -54,6 +54,7 @@ static tsr_status llama_read_config(const char *path, bool gguf, tsr_model_desc 
         }
         ret->vocab_size = c->vocab_size;
         ret->n_layers = c->n_layers;
+        ret->hidden_size = c->dim;
         return st;
 }
 
@@ -64,7 +65,9 @@ static size_t llama_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *sha
                 return 0;
         out[0] = tsr_llama_kv_group(cfg_of(d));
         out[0].n_layers = shard->last_layer - shard->first_layer + 1;
-        out[0].n_kv_heads /= shard->tp_size ? shard->tp_size : 1;
+        /* tp above the KV heads: one (replicated) KV head per rank, as vLLM */
+        if (shard->tp_size > 1)
+                out[0].n_kv_heads = shard->tp_size <= out[0].n_kv_heads ? out[0].n_kv_heads / shard->tp_size : 1;
         return 1;
 }
 
@@ -124,6 +127,17 @@ static tsr_status llama_forward_batch(const void *model, tsr_backend *be, void *
         return tsr_llama_forward_batch(model, be, pool, seqs, n_seqs, logits);
 }
 
+static tsr_status llama_forward_stage(const void *model, tsr_backend *be, void *pool, const void *seqs,
+                                      size_t n_seqs, const float *in, float *out, float *logits) {
+        return tsr_llama_forward_stage(model, be, pool, seqs, n_seqs, in, out, logits);
+}
+
+static tsr_status llama_tp_shard(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        return tsr_llama_shard_tp(model, tp_rank, tp_size, err, errlen);
+}
+
+static void llama_tp_set_comm(void *model, struct tsr_comm *comm) { tsr_llama_set_comm(model, comm); }
+
 void tsr_llama_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
                         size_t past_len, bool want_logits, bool want_all_logits) {
         *(tsr_llama_seq *)seq = (tsr_llama_seq){
@@ -156,6 +170,9 @@ const tsr_model_family tsr_family_llama = {
         .kv_bind = llama_kv_bind,
         .kv_unbind = llama_kv_unbind,
         .forward_batch = llama_forward_batch,
+        .forward_stage = llama_forward_stage,
+        .tp_shard = llama_tp_shard,
+        .tp_set_comm = llama_tp_set_comm,
         .seq_size = sizeof(tsr_llama_seq),
         .seq_fill = tsr_llama_seq_fill,
 };

@@ -152,10 +152,11 @@ tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_l
 
 tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_spec *spec, const char *src,
                                    char *err, size_t errlen) {
-        if (spec->tp_size != 1 || spec->tp_rank != 0 || spec->first_layer != 0 ||
-            spec->last_layer + 1 != cfg->n_layers) {
+        /* A pipeline stage's layer range loads (issue #20); tensor-parallel shards do not yet. */
+        if (spec->tp_size != 1 || spec->tp_rank != 0 || spec->first_layer > spec->last_layer ||
+            spec->last_layer >= cfg->n_layers) {
                 tsr_errf(err, errlen, "%s: shard tp %" PRIu32 "/%" PRIu32 " layers %" PRIu32 "..%" PRIu32
-                        ": only the whole model (tp 0/1, layers 0..%" PRIu32 ") is supported", src,
+                        ": only tp 0/1 and a layer range within 0..%" PRIu32 " are supported", src,
                         spec->tp_rank, spec->tp_size, spec->first_layer, spec->last_layer,
                         cfg->n_layers ? cfg->n_layers - 1 : 0);
                 return TSR_E_UNSUPPORTED;
@@ -218,8 +219,13 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
                                             "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "output_norm", "output",
                                             "rope_freqs"};
         tsr_tensor *st = L ? L->stored : NULL;
+        /* A pipeline stage holds the embedding only on the first stage, the final norm and
+         * lm_head only on the last (a tied lm_head is the embedding, so the last stage
+         * reads it too). */
+        bool first = w->shard.first_layer == 0, last = w->shard.last_layer + 1 == c->n_layers;
         struct { float **dst; tsr_tensor *stored; uint64_t rows, cols; } s[] = {
-                {&w->token_embd, &w->token_embd_stored, c->vocab_size, dim},
+                {first || (last && c->tied_embeddings) ? &w->token_embd : NULL, &w->token_embd_stored,
+                 c->vocab_size, dim},
                 {L ? &L->attn_norm : NULL, NULL, dim, 0},
                 {L ? &L->wq : NULL, st ? &st[TSR_LLAMA_MM_Q] : NULL, q_dim, dim},
                 {L ? &L->wk : NULL, st ? &st[TSR_LLAMA_MM_K] : NULL, kv_dim, dim},
@@ -229,8 +235,8 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
                 {L ? &L->w_gate : NULL, st ? &st[TSR_LLAMA_MM_GATE] : NULL, hid, dim},
                 {L ? &L->w_up : NULL, st ? &st[TSR_LLAMA_MM_UP] : NULL, hid, dim},
                 {L ? &L->w_down : NULL, st ? &st[TSR_LLAMA_MM_DOWN] : NULL, dim, hid},
-                {&w->output_norm, NULL, dim, 0},
-                {c->tied_embeddings ? NULL : &w->output, &w->output_stored, c->vocab_size, dim},
+                {last ? &w->output_norm : NULL, NULL, dim, 0},
+                {c->tied_embeddings || !last ? NULL : &w->output, &w->output_stored, c->vocab_size, dim},
                 {&w->rope_freqs, NULL, c->head_dim / 2, 0},
         };
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {

@@ -9,21 +9,65 @@
 #include "common/log.h"
 #include "kernels/kernels.h"
 #include "worker/load/modelopt.h"
+#include "worker/parallel/pipeline.h"
+
+/* One pipeline stage: its layers' weights, its backend and its share of the KV cache
+ * (the same block ids on every stage, each stage storing its own layers).  Without
+ * pipeline parallelism the runner has one stage holding the whole model. */
+typedef struct stage {
+        void *model;               /* the family's model (Llama: tsr_llama) of the stage's layer range */
+        tsr_backend *be;           /* stage 0: borrowed from the caller (tsr_runner_opts); others: owned */
+        tsr_kv_pool *kv_memory;    /* the stage's layers' KV, per layer group, indexed by the engine's block ids */
+        void *pool;                /* the family's view of kv_memory */
+} stage;
+
+/* What every stage reads of one step (tsr_pipeline_step.plan). */
+typedef struct step_plan {
+        const char *seqs;          /* the family's sequence records [n_seqs] */
+        size_t n_seqs;
+        uint64_t step;             /* the runner's step count, for the test hook below */
+} step_plan;
 
 struct tsr_runner {
         const tsr_model_family *fam;
-        void *model;               /* the family's model (Llama: tsr_llama) */
-        tsr_backend *be;           /* borrowed from the caller (tsr_runner_opts); runs every forward */
-        tsr_kv_pool *kv_memory;    /* every sequence's KV, per layer group, indexed by the engine's block ids */
-        void *pool;                /* the family's view of kv_memory */
+        uint32_t n_stages;         /* ranks: pipeline stages, or tensor-parallel ranks when `tensor` */
+        bool tensor;               /* stages[] are TP ranks, each with every layer's shard */
+        stage stages[TSR_RUNNER_MAX_STAGES];
+        tsr_pipeline *pipe;        /* n_stages > 1 */
+        uint32_t hidden;           /* desc->hidden_size: a stage hands 2 x tokens x hidden floats on */
+        uint64_t steps;            /* forwards run; engine's forward thread only */
+        /* TESSERA_TEST_PP_ABORT_AT_STEP=N (tests only, docs/testing.md): the last stage
+         * aborts the pipeline's comm at its N-th step, as a failing peer would. */
+        uint64_t abort_at;
         tsr_engine_model em;
+        tsr_modelopt_config mo;    /* what a Hugging Face folder announces (worker/load/modelopt.h) */
 };
 
+/* Stage s's part of a step, on its rank's thread (stage 0: the engine's). */
+static tsr_status stage_run(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out,
+                            struct tsr_comm *comm) {
+        tsr_runner *r = ud;
+        const step_plan *pl = step->plan;
+        const stage *sg = &r->stages[s];
+        bool last = s + 1 == r->n_stages;
+
+        if (last && r->abort_at && pl->step == r->abort_at)
+                tsr_pipeline_abort(r->pipe);
+        if (r->tensor) {        /* TP rank s: the whole step on its shard, meeting the others in the comm */
+                r->fam->tp_set_comm(sg->model, comm);
+                return r->fam->forward_batch(sg->model, sg->be, sg->pool, pl->seqs, pl->n_seqs, out);
+        }
+        return r->fam->forward_stage(sg->model, sg->be, sg->pool, pl->seqs, pl->n_seqs, in, last ? NULL : out,
+                                     last ? out : NULL);
+}
+
 /* The whole step in one batched forward: each weight matrix is read once for every
- * sequence in the step. */
+ * sequence in the step.  With pipeline stages, the step goes through every stage in
+ * turn (tsr_pipeline_run), the logits coming back from the last. */
 static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
         tsr_runner *r = ud;
         char *ls = malloc(n_seqs * r->fam->seq_size);   /* one small allocation per step */
+        size_t n_tokens = 0, rows = 0;
         tsr_status st;
         if (!ls)
                 return TSR_E_NOMEM;
@@ -33,7 +77,20 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
         if (r->fam->seq_set_state_slot)
                 for (size_t i = 0; i < n_seqs; i++)
                         r->fam->seq_set_state_slot(ls + i * r->fam->seq_size, seqs[i].state_slot);
-        st = r->fam->forward_batch(r->model, r->be, r->pool, ls, n_seqs, logits);
+        r->steps++;
+        if (r->n_stages == 1) {
+                st = r->fam->forward_batch(r->stages[0].model, r->stages[0].be, r->stages[0].pool, ls, n_seqs,
+                                           logits);
+        } else {
+                for (size_t i = 0; i < n_seqs; i++) {
+                        n_tokens += seqs[i].n;
+                        rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
+                }
+                step_plan pl = {.seqs = ls, .n_seqs = n_seqs, .step = r->steps};
+                tsr_pipeline_step step = {.plan = &pl, .io_floats = r->tensor ? 0 : 2 * n_tokens * r->hidden,
+                                          .out_floats = rows * r->em.vocab};
+                st = tsr_pipeline_run(r->pipe, &step, logits);
+        }
         free(ls);
         return st;
 }
@@ -150,31 +207,16 @@ static tsr_status quant_config(const char *path, const tsr_model_desc *desc, con
         return TSR_OK;
 }
 
-tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
-                          uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
-                          tsr_load_stats *stats, char *err, size_t errlen) {
-        bool bf16 = false;
-        tsr_runner *r;
-        tsr_status st;
-        tsr_shard_spec whole;
+/* Load stage `s` (layers `shard`) onto sg->be and allocate its KV.  Main thread. */
+static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
+                             bool *bf16, const tsr_shard_spec *shard, stage *sg, uint64_t num_blocks,
+                             uint32_t block_size, uint32_t n_state_slots, tsr_load_stats *stats, char *err,
+                             size_t errlen) {
+        tsr_shard_spec load = *shard;
         tsr_kv_group groups[TSR_KV_GROUPS_MAX];
         size_t n_groups;
+        tsr_status st;
 
-        if (!opts || !opts->backend || !desc || !desc->family)
-                return TSR_E_INVAL;
-        r = calloc(1, sizeof(*r));
-        if (!r)
-                return TSR_E_NOMEM;
-        r->fam = desc->family;
-        r->be = opts->backend;
-        if ((st = pick_dtype(opts, &bf16, err, errlen)) != TSR_OK)
-                goto fail;
-        /* tp = pp = 1 today: stage 0 of 1 holds every layer (DESIGN.md: weights always load
-         * through a shard spec). */
-        if ((st = r->fam->shard_for(desc, 0, 1, 0, 1, &whole)) != TSR_OK) {
-                snprintf(err, errlen, "%s: the model has no layers", path);
-                goto fail;
-        }
         /* --dtype auto keeps a GGUF file's block-format matmul weights as they are (issue
          * #15: resident bytes = file bytes) wherever the backend's matmul computes on that
          * format; an explicit --dtype float32 or bfloat16 widens them as before (the
@@ -183,47 +225,164 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         if (!opts->dtype || strcmp(opts->dtype, "auto") == 0)
                 for (int t = 0; t < TSR_DTYPE_COUNT; t++)
                         if (tsr_dtype_get_info((tsr_dtype)t)->quantized &&
-                            tsr_backend_supports(r->be, TSR_OP_MATMUL, (tsr_dtype)t))
+                            tsr_backend_supports(sg->be, TSR_OP_MATMUL, (tsr_dtype)t))
                                 lo.keep_dtypes |= 1u << t;
-        /* A ModelOpt FP8 / NVFP4 folder: its quantized weights stay as stored (issue #15). */
-        tsr_modelopt_config mo = {0};
-        if ((st = quant_config(path, desc, opts->quantization, &mo, err, errlen)) != TSR_OK)
-                goto fail;
-        lo.modelopt = mo.algo != TSR_MODELOPT_NONE ? &mo : NULL;
-        st = r->fam->load(path, desc, &whole, &lo, progress, NULL, &r->model, stats, err, errlen);
-        tsr_modelopt_config_done(&mo);
+        /* Tensor parallelism (and the canonical split at tp 1): the layers load whole, then
+         * the family splits them for the rank, before any bfloat16 conversion (the split
+         * runs on float32; --dtype auto then keeps float32). */
+        bool split = shard->tp_size > 1 || (opts->tp_canonical && opts->tp <= 1);
+        /* A ModelOpt FP8 / NVFP4 folder: its quantized weights stay as stored (issue #15);
+         * the split works on float32 weights, so such a model is not split (refused at tp > 1). */
+        lo.modelopt = r->mo.algo != TSR_MODELOPT_NONE ? &r->mo : NULL;
+        if (split && lo.modelopt && shard->tp_size > 1) {
+                snprintf(err, errlen, "tensor parallelism with a quantized (ModelOpt %s) checkpoint is not supported "
+                         "yet (supported: -tp 1)", tsr_modelopt_algo_name(r->mo.algo));
+                return TSR_E_UNSUPPORTED;
+        }
+        if (lo.modelopt)
+                split = false;
+        load.tp_rank = 0;
+        load.tp_size = 1;
+        if (split)
+                lo.keep_dtypes = 0;
+        st = r->fam->load(path, desc, &load, &lo, progress, NULL, &sg->model, stats, err, errlen);
         if (st != TSR_OK)
-                goto fail;
-        if (bf16 && (st = r->fam->use_bf16(r->model)) == TSR_E_UNSUPPORTED &&
+                return st;
+        if (split && !r->fam->tp_shard) {
+                snprintf(err, errlen, "tensor parallelism is not supported for model family %s (supported: llama)",
+                         r->fam->name);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (split && (st = r->fam->tp_shard(sg->model, shard->tp_rank, shard->tp_size, err, errlen)) != TSR_OK) {
+                if (shard->tp_size > 1 || st != TSR_E_UNSUPPORTED)
+                        return st;
+                /* tp 1: a model whose sizes the split does not fit runs as it always did */
+                log_info("the canonical row-parallel split does not apply (%s): o_proj and down_proj sum in one "
+                         "pass", err);
+                st = TSR_OK;
+        }
+        if (*bf16 && (st = r->fam->use_bf16(sg->model)) == TSR_E_UNSUPPORTED &&
             (!opts->dtype || strcmp(opts->dtype, "auto") == 0)) {
                 /* --dtype auto asked for bfloat16 on this CPU, but the family has no
                  * bfloat16 path: keep float32 (an explicit --dtype bfloat16 is refused). */
                 log_info("model family %s has no bfloat16 weights: float32 under --dtype auto", r->fam->name);
-                bf16 = false;
+                *bf16 = false;
                 st = TSR_OK;
         }
-        if (bf16 && st != TSR_OK) {
+        if (*bf16 && st != TSR_OK) {
                 snprintf(err, errlen, "cannot convert the weights to bfloat16: %s", tsr_status_str(st));
-                goto fail;
+                return st;
         }
-        if (bf16)
-                log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
-        if ((st = r->fam->check_backend(r->model, r->be)) != TSR_OK) {
-                snprintf(err, errlen, "kernel backend '%s' lacks ops the %s forward needs", tsr_backend_name(r->be),
+        if ((st = r->fam->check_backend(sg->model, sg->be)) != TSR_OK) {
+                snprintf(err, errlen, "kernel backend '%s' lacks ops the %s forward needs", tsr_backend_name(sg->be),
                          r->fam->name);
-                goto fail;
+                return st;
         }
         /* The KV memory, group by group as the family declares it for this shard; the
          * family's forward gets a view of it. */
-        n_groups = r->fam->kv_groups(desc, &whole, groups, TSR_KV_GROUPS_MAX);
-        if ((st = tsr_kv_pool_new_slots(groups, n_groups, num_blocks, block_size, n_state_slots, &r->kv_memory)) !=
+        n_groups = r->fam->kv_groups(desc, shard, groups, TSR_KV_GROUPS_MAX);
+        if ((st = tsr_kv_pool_new_slots(groups, n_groups, num_blocks, block_size, n_state_slots, &sg->kv_memory)) !=
                     TSR_OK ||
-            (st = r->fam->kv_bind(r->model, r->kv_memory, &r->pool)) != TSR_OK) {
+            (st = r->fam->kv_bind(sg->model, sg->kv_memory, &sg->pool)) != TSR_OK) {
                 snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens, %zu group%s): %s",
                          (unsigned long long)num_blocks, block_size, n_groups, n_groups == 1 ? "" : "s",
                          tsr_status_str(st));
-                goto fail;
+                return st;
         }
+        return TSR_OK;
+}
+
+tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
+                          uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
+                          tsr_load_stats *stats, char *err, size_t errlen) {
+        bool bf16 = false;
+        tsr_runner *r;
+        tsr_status st;
+        uint32_t n_stages = opts && opts->pp > 1 ? opts->pp : 1, first = 0;
+        uint32_t tp = opts && opts->tp > 1 ? opts->tp : 1;
+        tsr_load_stats total = {0};
+
+        if (!opts || !opts->backend || !desc || !desc->family || n_stages > TSR_RUNNER_MAX_STAGES ||
+            (n_stages > 1 && !opts->pp_layers))
+                return TSR_E_INVAL;
+        if (n_stages > 1 && (!desc->family->forward_stage || !desc->hidden_size)) {
+                snprintf(err, errlen, "pipeline parallelism is not supported for model family %s (supported: llama)",
+                         desc->family->name);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (tp > 1 && (n_stages > 1 || tp > TSR_RUNNER_MAX_STAGES)) {
+                snprintf(err, errlen, "tensor parallelism together with pipeline parallelism is not supported yet "
+                         "(tp %u, pp %u)", tp, n_stages);
+                return TSR_E_UNSUPPORTED;
+        }
+        r = calloc(1, sizeof(*r));
+        if (!r)
+                return TSR_E_NOMEM;
+        r->fam = desc->family;
+        r->tensor = tp > 1;
+        if (r->tensor)
+                n_stages = tp;
+        r->n_stages = n_stages;
+        r->hidden = desc->hidden_size;
+        r->stages[0].be = opts->backend;
+        if ((st = pick_dtype(opts, &bf16, err, errlen)) != TSR_OK ||
+            (st = quant_config(path, desc, opts->quantization, &r->mo, err, errlen)) != TSR_OK)
+                goto fail;
+        for (uint32_t s = 0; s < n_stages; s++) {
+                tsr_shard_spec shard;
+                tsr_load_stats one = {0};
+                stage *sg = &r->stages[s];
+
+                /* DESIGN.md: weights always load through a shard spec; one stage holds every
+                 * layer (the family's spec), stage s of a pipeline its range of the split. */
+                if (n_stages == 1 || r->tensor) {
+                        if ((st = r->fam->shard_for(desc, s, r->tensor ? tp : 1, 0, 1, &shard)) != TSR_OK) {
+                                snprintf(err, errlen, "%s: the model has no layers", path);
+                                goto fail;
+                        }
+                        if (s > 0 && (st = tsr_runner_backend_new(opts->stage_threads, &sg->be, err, errlen)) !=
+                                             TSR_OK)
+                                goto fail;
+                } else {
+                        shard = (tsr_shard_spec){.tp_rank = 0, .tp_size = 1, .first_layer = first,
+                                                 .last_layer = first + opts->pp_layers[s] - 1};
+                        first += opts->pp_layers[s];
+                        if (s > 0 && (st = tsr_runner_backend_new(opts->stage_threads, &sg->be, err, errlen)) !=
+                                             TSR_OK)
+                                goto fail;
+                }
+                st = stage_load(r, path, desc, opts, &bf16, &shard, sg, num_blocks, block_size, n_state_slots,
+                                &one, err, errlen);
+                if (st != TSR_OK)
+                        goto fail;
+                if (r->tensor)
+                        log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s "
+                                 "(%.1f MB read: whole tensors, then split)", s, tp, tp, tsr_backend_threads(sg->be),
+                                 tsr_backend_threads(sg->be) == 1 ? "" : "s", (double)one.resident_bytes / 1e6);
+                else if (n_stages > 1)
+                        log_info("pipeline stage %u of %u: layers %u..%u%s%s, %d kernel thread%s, %.1f MB resident", s,
+                                 n_stages, shard.first_layer, shard.last_layer, s == 0 ? " + embedding" : "",
+                                 s + 1 == n_stages ? " + final norm and lm_head" : "", tsr_backend_threads(sg->be),
+                                 tsr_backend_threads(sg->be) == 1 ? "" : "s", (double)one.resident_bytes / 1e6);
+                total.n_tensors += one.n_tensors;
+                total.file_bytes += one.file_bytes;
+                total.f32_bytes += one.f32_bytes;
+                total.resident_bytes += one.resident_bytes;
+                total.seconds += one.seconds;
+        }
+        if (bf16)
+                log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
+        if (n_stages > 1) {
+                const char *abort_at = getenv("TESSERA_TEST_PP_ABORT_AT_STEP");
+                r->abort_at = abort_at ? strtoull(abort_at, NULL, 10) : 0;
+                if ((st = tsr_pipeline_new_kind(r->tensor ? TSR_PIPELINE_TENSOR : TSR_PIPELINE_STAGES, n_stages,
+                                                opts->pp_timeout_ms, stage_run, r, &r->pipe)) != TSR_OK) {
+                        snprintf(err, errlen, "cannot make the pipeline: %s", tsr_status_str(st));
+                        goto fail;
+                }
+        }
+        if (stats)
+                *stats = total;
         r->em.vocab = desc->vocab_size;
         r->em.ud = r;
         r->em.forward = runner_forward;
@@ -239,17 +398,31 @@ void tsr_runner_free(tsr_runner **rp) {
         if (!rp || !*rp)
                 return;
         r = *rp;
-        if (r->pool)
-                r->fam->kv_unbind(&r->pool);
-        tsr_kv_pool_free(&r->kv_memory);
-        if (r->model)
-                r->fam->free(&r->model);
+        tsr_pipeline_free(&r->pipe);    /* joins the rank threads before their stages go */
+        tsr_modelopt_config_done(&r->mo);
+        for (uint32_t s = 0; s < r->n_stages; s++) {
+                stage *sg = &r->stages[s];
+                if (sg->pool)
+                        r->fam->kv_unbind(&sg->pool);
+                tsr_kv_pool_free(&sg->kv_memory);
+                if (sg->model)
+                        r->fam->free(&sg->model);
+                if (s > 0)
+                        tsr_backend_free(&sg->be);
+        }
         free(r);
         *rp = NULL;
 }
 
 const tsr_engine_model *tsr_runner_model(const tsr_runner *r) { return &r->em; }
 
+uint32_t tsr_runner_stages(const tsr_runner *r) { return r ? r->n_stages : 0; }
+
+void tsr_runner_abort(tsr_runner *r) {
+        if (r)
+                tsr_pipeline_abort(r->pipe);
+}
+
 const char *tsr_runner_dtype(const tsr_runner *r) {
-        return r && r->fam->is_bf16(r->model) ? "bfloat16" : "float32";
+        return r && r->fam->is_bf16(r->stages[0].model) ? "bfloat16" : "float32";
 }

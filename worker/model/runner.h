@@ -21,11 +21,31 @@ typedef struct tsr_runner tsr_runner;
 /* How the runner computes: the worker's --dtype and the backend its forwards run on. */
 typedef struct tsr_runner_opts {
         const char *dtype;      /* auto | float32 | float | bfloat16 (half/float16: TSR_E_INVAL); NULL = auto */
-        tsr_backend *backend;   /* borrowed: must outlive the runner (tsr_runner_backend_new) */
+        tsr_backend *backend;   /* borrowed: must outlive the runner (tsr_runner_backend_new); stage 0's */
+        /* Pipeline parallelism (issue #20): pp stages (0 or 1: the whole model in one),
+         * stage s holding pp_layers[s] layers (tsr_pp_partition), each on its own rank:
+         * stage 0 on the engine's thread with `backend`, stages 1 .. pp-1 on rank threads
+         * with backends of their own of `stage_threads` kernel threads each
+         * (tsr_runner_backend_new).  Every comm wait of a step is bounded by pp_timeout_ms
+         * (0: the comm's default). */
+        uint32_t pp;
+        const uint32_t *pp_layers;      /* [pp], borrowed for the call */
+        /* Tensor parallelism (issue #20): tp ranks (0 or 1: none), rank 0 on the engine's
+         * thread, ranks 1 .. tp-1 on rank threads with `stage_threads` kernel threads each;
+         * every rank holds its shard of every layer (not with pp > 1 yet: TSR_E_UNSUPPORTED).
+         * tp_canonical: compute o_proj and down_proj in the canonical split even at tp 1,
+         * so that a tp 1 runner gives the bits of a tp > 1 one (needs float32 weights). */
+        uint32_t tp;
+        bool tp_canonical;
+        int stage_threads;
+        uint32_t pp_timeout_ms;
         /* --quantization (NULL: from the checkpoint): must agree with what a Hugging Face
          * folder announces (worker/load/modelopt.h); refused for a GGUF file. */
         const char *quantization;
 } tsr_runner_opts;
+
+/* The most pipeline stages a runner holds (the comm layer's group size). */
+#define TSR_RUNNER_MAX_STAGES 64
 
 /* The worker's CPU backend: the fast one with `cpu_threads` threads (0 = the online
  * cores); the environment variable TESSERA_KERNELS=ref selects the scalar reference
@@ -48,6 +68,11 @@ tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err,
 tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
                           uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
                           tsr_load_stats *stats, char *err, size_t errlen);
+/* Stages of the pipeline (1 without pipeline parallelism). */
+uint32_t tsr_runner_stages(const tsr_runner *r);
+/* Fail the step in flight (a pipeline's comm abort: its requests end with an error, the
+ * next step runs on a fresh group).  Any thread; no effect with one stage. */
+void tsr_runner_abort(tsr_runner *r);
 /* The dtype the weights are held in: "float32" or "bfloat16". */
 const char *tsr_runner_dtype(const tsr_runner *r);
 void tsr_runner_free(tsr_runner **r);

@@ -709,6 +709,13 @@ fail:
         return zmq_errno() == EINVAL || zmq_errno() == EPROTONOSUPPORT ? TSR_E_INVAL : TSR_E_IO;
 }
 
+static bool all_hellos(const zmq_comm *z) {
+        for (int q = 0; q < z->base.size; q++)
+                if (q != z->base.rank && !z->hello_from[q])
+                        return false;
+        return true;
+}
+
 tsr_status tsr_comm_zmq_new(const tsr_comm_desc *d, tsr_comm **ret, char *err, size_t errlen) {
         tsr_comm_zmq_listener *l = d->zmq_listener ? *d->zmq_listener : NULL;
         tsr_status st;
@@ -774,10 +781,7 @@ fail_wait:
         /* A peer that left init first may already be sending: the read that brought the
          * last hello can also overflow the inbox (or see the peer go).  The group did come
          * up; that failure is sticky and the first operation returns it. */
-        bool all_hellos = true;
-        for (int q = 0; q < d->size; q++)
-                all_hellos &= q == d->rank || z->hello_from[q];
-        if (all_hellos)
+        if (all_hellos(z))
                 goto up;
         if (st == TSR_E_TIMEOUT && z->refused[0])
                 st = TSR_E_PROTO;              /* a peer answered, but for another group */

@@ -1,0 +1,236 @@
+/* bench_pp.c - tessera-bench-pp: the per-step cost of pipeline parallelism inside one
+ * worker (issue #20).  A benchmark, not a test: it prints numbers and asserts nothing
+ * (docs/benchmarks.md, "Pipeline parallelism").
+ *
+ *   tessera-bench-pp MODEL [--pp 2] [--dtype auto] [--batches 1,8] [--steps 32] [--prefill 128] [--repeat 3]
+ *
+ * Three runners on the same model, through the worker's own runner (tsr_runner_new, the
+ * engine's forward callback): PP 1 with every core in its kernel pool (what a worker
+ * runs without -pp), PP 1 with cores / pp threads (one rank's share), and PP pp with
+ * cores / pp threads per rank (what `-pp` runs).  One step holds one stage at a time (no
+ * micro-batches yet), so PP pp vs PP 1 at the same threads per rank is the pipeline's
+ * own overhead: the hand-off of (x, xb) between stages, the logits back, the rank
+ * threads' wake-ups.  For each batch B: B sequences prefilled with 16 tokens, then
+ * --steps decode steps of all B (ms per step); prefill: one sequence of --prefill
+ * tokens, last logits only (ms).  Each number is the best of --repeat rounds, the three
+ * runners timed in turn in every round. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "worker/model/family.h"
+#include "worker/model/runner.h"
+#include "worker/parallel/partition.h"
+
+#define BLOCK 16
+
+static double now_s(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct bench_opts {
+        int batches[8];
+        size_t n_batches;
+        int steps, prefill, repeat;
+} bench_opts;
+
+/* Best-of-repeat ms per decode step at batch B, then ms of one prefill. */
+static int run(tsr_runner *r, const bench_opts *o, size_t vocab, double *decode_ms, double *prefill_ms) {
+        const tsr_engine_model *m = tsr_runner_model(r);
+        int max_b = 1;
+        for (size_t i = 0; i < o->n_batches; i++)
+                max_b = o->batches[i] > max_b ? o->batches[i] : max_b;
+        size_t ctx = (size_t)(16 + o->steps > o->prefill ? 16 + o->steps : o->prefill);
+        size_t n_table = (ctx + BLOCK - 1) / BLOCK;
+        uint32_t *tables = malloc((size_t)max_b * n_table * sizeof(uint32_t));
+        uint32_t *tokens = malloc((size_t)(o->prefill > 16 ? o->prefill : 16) * sizeof(uint32_t));
+        tsr_engine_seq *seqs = calloc((size_t)max_b, sizeof *seqs);
+        float *logits = malloc((size_t)max_b * vocab * sizeof(float));
+        uint32_t *next = malloc((size_t)max_b * sizeof(uint32_t));
+        if (!tables || !tokens || !seqs || !logits || !next)
+                return -1;
+        for (size_t i = 0; i < (size_t)max_b * n_table; i++)
+                tables[i] = (uint32_t)i;
+        for (int i = 0; i < (o->prefill > 16 ? o->prefill : 16); i++)
+                tokens[i] = (uint32_t)(17 + 131 * i) % (uint32_t)vocab;
+        for (size_t bi = 0; bi < o->n_batches; bi++) {
+                int B = o->batches[bi];
+                double best = 1e30;
+                for (int rep = 0; rep < o->repeat; rep++) {
+                        for (int b = 0; b < B; b++)
+                                seqs[b] = (tsr_engine_seq){.block_table = tables + (size_t)b * n_table,
+                                                           .n_table = n_table, .tokens = tokens, .n = 16,
+                                                           .want_logits = true};
+                        if (m->forward(m->ud, seqs, (size_t)B, logits) != TSR_OK)
+                                return -1;
+                        double t0 = now_s();
+                        for (int s = 0; s < o->steps; s++) {
+                                for (int b = 0; b < B; b++) {
+                                        next[b] = (uint32_t)(b * 7 + s) % (uint32_t)vocab;
+                                        seqs[b].tokens = &next[b];
+                                        seqs[b].n = 1;
+                                        seqs[b].past_len = 16 + (size_t)s;
+                                }
+                                if (m->forward(m->ud, seqs, (size_t)B, logits) != TSR_OK)
+                                        return -1;
+                        }
+                        double ms = (now_s() - t0) * 1e3 / o->steps;
+                        best = ms < best ? ms : best;
+                }
+                decode_ms[bi] = best;
+        }
+        double best = 1e30;
+        for (int rep = 0; rep < o->repeat; rep++) {
+                seqs[0] = (tsr_engine_seq){.block_table = tables, .n_table = n_table, .tokens = tokens,
+                                           .n = (size_t)o->prefill, .want_logits = true};
+                double t0 = now_s();
+                if (m->forward(m->ud, seqs, 1, logits) != TSR_OK)
+                        return -1;
+                double ms = (now_s() - t0) * 1e3;
+                best = ms < best ? ms : best;
+        }
+        *prefill_ms = best;
+        free(tables);
+        free(tokens);
+        free(seqs);
+        free(logits);
+        free(next);
+        return 0;
+}
+
+int main(int argc, char **argv) {
+        bench_opts o = {.batches = {1, 8}, .n_batches = 2, .steps = 32, .prefill = 128, .repeat = 3};
+        const char *path = NULL;
+        uint32_t pp = 2;
+        const char *dtype = "auto";
+        char err[1024] = "";
+
+        for (int i = 1; i < argc; i++) {
+                const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+                if (strcmp(a, "--pp") == 0 && v) {
+                        pp = (uint32_t)atoi(v);
+                        i++;
+                } else if (strcmp(a, "--dtype") == 0 && v) {
+                        dtype = v;
+                        i++;
+                } else if (strcmp(a, "--steps") == 0 && v) {
+                        o.steps = atoi(v);
+                        i++;
+                } else if (strcmp(a, "--prefill") == 0 && v) {
+                        o.prefill = atoi(v);
+                        i++;
+                } else if (strcmp(a, "--repeat") == 0 && v) {
+                        o.repeat = atoi(v);
+                        i++;
+                } else if (strcmp(a, "--batches") == 0 && v) {
+                        o.n_batches = 0;
+                        for (char *s = argv[++i], *end; *s && o.n_batches < 8; s = *end ? end + 1 : end) {
+                                o.batches[o.n_batches++] = (int)strtol(s, &end, 10);
+                                if (end == s)
+                                        break;
+                        }
+                } else if (a[0] != '-' && !path) {
+                        path = a;
+                } else {
+                        fprintf(stderr, "usage: tessera-bench-pp MODEL [--pp N] [--dtype D] [--batches 1,8] "
+                                        "[--steps N] [--prefill N] [--repeat N]\n");
+                        return 2;
+                }
+        }
+        if (!path || pp < 2 || o.steps < 1 || o.prefill < 1 || o.repeat < 1 || o.n_batches == 0) {
+                fprintf(stderr, "usage: tessera-bench-pp MODEL [--pp N] [--batches 1,8] [--steps N] [--prefill N] "
+                                "[--repeat N]\n");
+                return 2;
+        }
+        const char *dot = strrchr(path, '.');
+        bool gguf = dot && strcmp(dot, ".gguf") == 0;
+        const tsr_model_family *fam = tsr_family_find(gguf ? "gguf" : "hf", "llama", "llama");
+        tsr_model_desc desc = {0};
+        uint32_t layers[64];
+        if (!fam || tsr_model_desc_read(fam, path, gguf, &desc, err, sizeof err) != TSR_OK ||
+            tsr_pp_partition(desc.n_layers, pp, getenv("VLLM_PP_LAYER_PARTITION"), layers, err, sizeof err) !=
+                    TSR_OK) {
+                fprintf(stderr, "tessera-bench-pp: %s\n", err);
+                return 2;
+        }
+        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), share = cores / (int)pp > 1 ? cores / (int)pp : 1;
+        struct {
+                const char *name;
+                uint32_t pp;
+                int threads;
+                bool canonical;
+        } cfgs[4] = {{"pp 1, all cores", 1, cores, false}, {"pp 1, one rank's share", 1, share, false},
+                     {"pp N", pp, share, false}, {"pp 1, all cores, R7 split", 1, cores, true}};
+        /* --dtype float32 adds a 4th runner: the canonical row-parallel split that makes
+         * -tp 1 and -tp N bitwise equal (what the worker runs under --dtype float32). */
+        int n_cfg = strcmp(dtype, "float32") == 0 ? 4 : 3;
+        double dec[4][8], pre[4];
+        uint64_t blocks = (uint64_t)o.batches[0];
+        for (size_t i = 0; i < o.n_batches; i++)
+                blocks = (uint64_t)o.batches[i] > blocks ? (uint64_t)o.batches[i] : blocks;
+        blocks *= (uint64_t)((16 + o.steps > o.prefill ? 16 + o.steps : o.prefill) + BLOCK - 1) / BLOCK;
+        printf("model %s, %u layers, %d cores; pp %u = layers", path, desc.n_layers, cores, pp);
+        for (uint32_t s = 0; s < pp; s++)
+                printf("%s%u", s ? "," : " ", layers[s]);
+        printf("; best of %d\n", o.repeat);
+        /* The three runners loaded side by side and timed in turn, round after round, so
+         * a burst of load from other processes hits all three alike; best of the rounds. */
+        tsr_backend *bes[4] = {NULL};
+        tsr_runner *rs[4] = {NULL};
+        for (int c = 0; c < n_cfg; c++) {
+                tsr_runner_opts ro = {.dtype = dtype, .pp = cfgs[c].pp, .pp_layers = layers, .stage_threads = share,
+                                      .tp_canonical = cfgs[c].canonical};
+                if (tsr_runner_backend_new(cfgs[c].threads, &bes[c], err, sizeof err) != TSR_OK)
+                        break;
+                ro.backend = bes[c];
+                if (tsr_runner_new(path, &desc, &ro, blocks, BLOCK, 0, &rs[c], NULL, err, sizeof err) != TSR_OK)
+                        break;
+        }
+        if (!rs[n_cfg - 1]) {
+                fprintf(stderr, "tessera-bench-pp: %s\n", err);
+                return 1;
+        }
+        bench_opts once = o;
+        once.repeat = 1;
+        for (int c = 0; c < n_cfg; c++) {
+                for (size_t i = 0; i < o.n_batches; i++)
+                        dec[c][i] = 1e30;
+                pre[c] = 1e30;
+        }
+        for (int rep = 0; rep < o.repeat; rep++)
+                for (int c = 0; c < n_cfg; c++) {
+                        double d[8], p;
+                        if (run(rs[c], &once, desc.vocab_size, d, &p) != 0) {
+                                fprintf(stderr, "tessera-bench-pp: %s: forward failed\n", cfgs[c].name);
+                                return 1;
+                        }
+                        for (size_t i = 0; i < o.n_batches; i++)
+                                dec[c][i] = d[i] < dec[c][i] ? d[i] : dec[c][i];
+                        pre[c] = p < pre[c] ? p : pre[c];
+                }
+        for (int c = 0; c < n_cfg; c++) {
+                tsr_runner_free(&rs[c]);
+                tsr_backend_free(&bes[c]);
+        }
+        printf("%-26s %8s", "runner (threads per rank)", "");
+        for (size_t i = 0; i < o.n_batches; i++)
+                printf("  decode b%-3d", o.batches[i]);
+        printf("  prefill %d\n", o.prefill);
+        for (int c = 0; c < n_cfg; c++) {
+                printf("%-26s %8d", cfgs[c].name, cfgs[c].threads);
+                for (size_t i = 0; i < o.n_batches; i++)
+                        printf("  %8.2f ms", dec[c][i]);
+                printf("  %8.1f ms\n", pre[c]);
+        }
+        printf("%-26s %8s", "pp N - pp 1 (same threads)", "");
+        for (size_t i = 0; i < o.n_batches; i++)
+                printf("  %+8.2f ms", dec[2][i] - dec[1][i]);
+        printf("  %+8.1f ms\n", pre[2] - pre[1]);
+        tsr_model_desc_done(&desc);
+        return 0;
+}

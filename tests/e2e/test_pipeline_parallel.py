@@ -1,0 +1,190 @@
+"""Pipeline parallelism inside one worker (issue #20): `tessera serve MODEL -pp N` runs
+one rank thread per stage, each holding only its layers, and answers exactly as -pp 1
+does: the same text and the same logprob floats (bitwise), greedy and seeded, alone and
+batched, because the stages only move bytes (tests/unit/test_parallel.c compares the
+logits themselves).  Then the refusals (-tp not dividing the heads, -pp over the layer
+count, a bad VLLM_PP_LAYER_PARTITION, -dp), a comm failure in the middle of a step
+(the in-flight request ends with an error, the worker stays up and serves the next one
+on a new group), and a clean SIGTERM exit.  Tensor parallelism inside one worker too:
+-tp 2 and -tp 4 --dtype float32 on the tiny HF Llama 3 answer bitwise as -tp 1."""
+import os
+import signal
+import subprocess
+import threading
+
+import openai
+import pytest
+import requests
+
+from conftest import DEMO_MODEL, LAUNCHER, REPO, Proc, free_port, http_status, skip_because, wait_until
+
+MODEL = "smol"
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+
+
+TINY = REPO / "tests" / "fixtures" / "tiny-llama3-hf" / "f32"   # 4 heads, 2 KV heads, float32
+
+
+def start(tmp_path, name, *flags, env=None, model=None):
+    if model is None and not DEMO_MODEL.exists():
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
+    port = free_port()
+    proc = Proc([LAUNCHER, "serve", model or DEMO_MODEL, "--host", "127.0.0.1", "--port", port,
+                 "--served-model-name", MODEL, "--max-model-len", "1024" if model is None else "256",
+                 "--max-num-seqs", "8",
+                 "--kv-cache-memory-bytes", "128M", *flags],
+                tmp_path / f"{name}.log", env=dict(os.environ, **(env or {})))
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        if proc.p.poll() is not None:
+            raise AssertionError(proc.output())
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=120, interval=0.1, what=f"{name} ready")
+    return proc, openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def answers(client):
+    """Every kind of request we compare: greedy and seeded completions with top-5
+    logprobs, a greedy chat, and the prompts again concurrently (one batch)."""
+    out = []
+    for p in PROMPTS:
+        for kw in ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.95, "seed": 1234}):
+            r = client.completions.create(model=MODEL, prompt=p, max_tokens=16, logprobs=5, **kw)
+            c = r.choices[0]
+            out.append((p, str(kw), c.text, c.finish_reason, c.logprobs.token_logprobs, c.logprobs.top_logprobs))
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 2+2?"}],
+                                       max_tokens=16, temperature=0, logprobs=True, top_logprobs=3)
+    out.append(("chat", r.choices[0].message.content,
+                [(t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs])
+                 for t in r.choices[0].logprobs.content]))
+    batch = [None] * len(PROMPTS)
+
+    def one(i):
+        r = client.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=16, temperature=0.7, seed=i,
+                                      logprobs=2)
+        batch[i] = (r.choices[0].text, r.choices[0].logprobs.token_logprobs)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.append(("batch", batch))
+    return out
+
+
+def stop_cleanly(proc):
+    """SIGTERM to `tessera serve`: it, its router and its worker (with every rank thread)
+    exit 0."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, proc.output()[-3000:]
+    log = proc.output()
+    assert "engine stopped" in log and "worker exited with status 0" in log, log[-3000:]
+
+
+def test_pp2_pp3_answer_as_pp1(tmp_path):
+    """-pp 2 (also with --async-scheduling, where stage 0 runs on the engine's step
+    thread) and -pp 3 split 8,12,10 by VLLM_PP_LAYER_PARTITION, against -pp 1."""
+    proc, client = start(tmp_path, "pp1")
+    want = answers(client)
+    stop_cleanly(proc)
+    assert want[0][2] and " Paris" in want[0][2]       # a real model answers
+    for name, flags, env in (("pp2", ("-pp", "2"), None),
+                             ("pp2-async", ("-pp", "2", "--async-scheduling"), None),   # forward on the step thread
+                             ("pp3-uneven", ("--pipeline-parallel-size", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12,10"})):
+        proc, client = start(tmp_path, name, *flags, env=env)
+        log = proc.output()
+        assert "pipeline parallel:" in log, log[-2000:]
+        if env:
+            assert "layers [0..7, 8..19, 20..29] (VLLM_PP_LAYER_PARTITION)" in log, log[-2000:]
+        got = answers(client)
+        for w, g in zip(want, got):
+            assert w == g, (name, w, g)
+        stop_cleanly(proc)
+
+
+def test_tp2_tp4_answer_as_tp1(tmp_path):
+    """Tensor parallelism in one worker (rank threads over the comm layer's local backend):
+    -tp 2 and -tp 4 (4 > the 2 KV heads: each KV head on two ranks) on the tiny HF Llama 3,
+    with --dtype float32, answer bitwise as -tp 1 --dtype float32: o_proj and down_proj
+    are 8 canonical partial sums added in the comm layer's fixed tree at every -tp (R7)."""
+    want = None
+    for tp in ("1", "2", "4"):
+        proc, client = start(tmp_path, f"tp{tp}", "--dtype", "float32", "-tp", tp, model=TINY)
+        if tp != "1":
+            assert f"tensor parallel rank {int(tp) - 1} of {tp}" in proc.output()
+        got = answers(client)
+        stop_cleanly(proc)
+        if want is None:
+            want = got
+        else:
+            for w, g in zip(want, got):
+                assert w == g, (tp, w, g)
+
+
+@pytest.mark.parametrize("flags,env,words", [
+    (("-tp", "2"), None, "Total number of attention heads (9) must be divisible by tensor parallel size (2)."),
+    (("-tp", "3"), None, "argument --tensor-parallel-size: 3 needs --dtype float32"),
+    (("-tp", "3", "--dtype", "float32"), None, "argument --tensor-parallel-size: 3 must divide 8"),
+    (("-pp", "31"), None, "--pipeline-parallel-size 31 is greater than the model's 30 hidden layers"),
+    (("-pp", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12"}, "len(partition_list)=2 does not match pp_size=3."),
+    (("-pp", "2"), {"VLLM_PP_LAYER_PARTITION": "10,10"},
+     "sum(partition_list)=20 does not match num_hidden_layers=30."),
+    (("-dp", "2"), None, "argument --data-parallel-size: 2 is not supported: a worker is one replica"),
+])
+def test_refused(tmp_path, flags, env, words):
+    """Refused at start-up, before any socket: `tessera serve` exits 2 with the line."""
+    if not DEMO_MODEL.exists():
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
+    r = subprocess.run([str(LAUNCHER), "serve", str(DEMO_MODEL), "--port", str(free_port()), *flags],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, **(env or {})))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert words in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_comm_abort_mid_step_fails_the_request_and_serves_on(tmp_path):
+    """TESSERA_TEST_PP_ABORT_AT_STEP=3: the last stage aborts the pipeline's comm in the
+    third step, as a failing rank would.  The streaming request in flight has had two
+    tokens; it ends with an error instead of a third, never a hang.  The worker stays up:
+    the next requests run on a new group (epoch 2) and answer as before the failure."""
+    proc, client = start(tmp_path, "abort", "-pp", "2", env={"TESSERA_TEST_PP_ABORT_AT_STEP": "3"})
+    texts = []
+    with pytest.raises(openai.APIError):
+        for ev in client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                            stream=True):
+            texts.append(ev.choices[0].text)
+    assert len(texts) == 2, texts                  # steps 1 and 2 produced a token each
+    log = proc.output()
+    assert "pipeline: step 3 failed in the comm (cancelled)" in log and "finishing it with an error" in log, log
+    a = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0)
+    b = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0)
+    assert a.choices[0].text == b.choices[0].text and a.choices[0].text.startswith("".join(texts))
+    assert a.choices[0].finish_reason == "length" and a.usage.completion_tokens == 16
+    r = requests.get(client.base_url.scheme + "://" + client.base_url.host + ":" + str(client.base_url.port)
+                     + "/health", timeout=5)
+    assert r.status_code == 200
+    stop_cleanly(proc)
+
+
+def test_sigterm_mid_stream_exits_cleanly(tmp_path):
+    """SIGTERM while a -pp 3 worker streams: the stream ends (finished or with an error,
+    never a hang), and `tessera serve` with its worker and all three rank threads exits 0
+    within the shutdown grace."""
+    proc, client = start(tmp_path, "sigterm", "-pp", "3")
+    got, done = [], threading.Event()
+
+    def stream():
+        try:
+            for ev in client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=400, temperature=0,
+                                                extra_body={"ignore_eos": True}, stream=True):
+                got.append(ev.choices[0].text)
+        except Exception:   # an error event or a closed connection: either ends the stream
+            pass
+        done.set()
+    t = threading.Thread(target=stream)
+    t.start()
+    wait_until(lambda: len(got) >= 2, timeout=60, what="two streamed tokens")
+    stop_cleanly(proc)
+    assert done.wait(30), "the stream did not end after the server stopped"
+    t.join(5)
+    assert len(got) < 400

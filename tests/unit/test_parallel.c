@@ -1,0 +1,488 @@
+/* worker/parallel/partition + pipeline and the runner's pipeline stages and TP ranks (issue #20).
+ *
+ *  - the layer split: vLLM's get_pp_indices rule (remainder to the stages before the
+ *    last), VLLM_PP_LAYER_PARTITION, and the refusals with vLLM's words;
+ *  - the pipeline module on a toy stage function: every stage runs in order on its own
+ *    thread, a stage's failure fails the step and the group stays up, an abort in the
+ *    middle of a step fails it with TSR_E_CANCELLED and the next step runs on a new group;
+ *  - the model: logits of a prefill (every row) and of a mixed decode + prefill step at
+ *    PP = 2 and 3 (and an uneven split) memcmp-equal to PP = 1, for SmolLM2-135M (GGUF,
+ *    30 layers, tied embeddings) and the tiny HF Llama 3 fixture (2 layers, separate
+ *    lm_head): pipeline stages only move bytes;
+ *  - tensor parallelism: the tiny HF Llama 3 at TP = 2 and 4 memcmp-equal to TP = 1 in the
+ *    canonical row-parallel split (R7), on the reference and the fast kernels. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <pthread.h>
+#include <time.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "tests/tsr_test.h"
+#include "tests/unit/test_util.h"
+#include "worker/model/family.h"
+#include "worker/model/runner.h"
+#include "worker/parallel/comm.h"
+#include "worker/parallel/partition.h"
+#include "worker/parallel/pipeline.h"
+
+/* ---- partition ------------------------------------------------------------------------ */
+
+static void expect_split(uint32_t n_layers, uint32_t pp, const char *env, const uint32_t *want) {
+        uint32_t got[8];
+        char err[256] = "";
+        assert_int_equal(tsr_pp_partition(n_layers, pp, env, got, err, sizeof err), TSR_OK);
+        for (uint32_t i = 0; i < pp; i++)
+                if (got[i] != want[i])
+                        fail_msg("%u layers / %u stages (%s): stage %u holds %u, want %u", n_layers, pp,
+                                 env ? env : "rule", i, got[i], want[i]);
+}
+
+static void expect_refused(uint32_t n_layers, uint32_t pp, const char *env, const char *words) {
+        uint32_t got[8] = {0};
+        char err[256] = "";
+        assert_int_equal(tsr_pp_partition(n_layers, pp, env, got, err, sizeof err), TSR_E_INVAL);
+        if (!strstr(err, words))
+                fail_msg("%u layers / %u stages (%s): '%s' lacks '%s'", n_layers, pp, env ? env : "rule", err, words);
+        assert_int_equal(got[0], 0);    /* nothing written on failure */
+}
+
+static void test_partition(void **state) {
+        (void)state;
+        /* vLLM 0.12 get_pp_indices: L // pp each, the remainder to partitions[-2], [-3], ... */
+        expect_split(30, 1, NULL, (const uint32_t[]){30});
+        expect_split(30, 2, NULL, (const uint32_t[]){15, 15});
+        expect_split(30, 3, NULL, (const uint32_t[]){10, 10, 10});
+        expect_split(30, 4, NULL, (const uint32_t[]){7, 8, 8, 7});
+        expect_split(30, 7, NULL, (const uint32_t[]){4, 4, 4, 4, 5, 5, 4});
+        expect_split(5, 3, NULL, (const uint32_t[]){2, 2, 1});
+        expect_split(2, 2, NULL, (const uint32_t[]){1, 1});
+        expect_split(30, 3, "", (const uint32_t[]){10, 10, 10});
+        expect_split(30, 3, "8,12,10", (const uint32_t[]){8, 12, 10});
+        expect_split(30, 2, "29,1", (const uint32_t[]){29, 1});
+        expect_refused(30, 31, NULL, "--pipeline-parallel-size 31 is greater than the model's 30 hidden layers");
+        expect_refused(30, 0, NULL, "--pipeline-parallel-size 0");
+        expect_refused(30, 3, "8,12", "len(partition_list)=2 does not match pp_size=3.");
+        expect_refused(30, 3, "8,12,11", "sum(partition_list)=31 does not match num_hidden_layers=30.");
+        expect_refused(30, 2, "30,0", "stage 1 has no layer");
+        expect_refused(30, 2, "15;15", "expected comma-separated layer counts");
+        expect_refused(30, 2, "15,,15", "expected comma-separated layer counts");
+        expect_refused(30, 2, "-1,31", "expected comma-separated layer counts");
+}
+
+/* ---- the pipeline on a toy stage function ---------------------------------------------- */
+
+typedef struct toy {
+        tsr_pipeline *p;
+        int fail_stage;                 /* -1: none */
+        int abort_stage;                /* -1: none */
+        tsr_status fail_with;
+        int ran[8];
+} toy;
+
+/* Stage s: out[i] = in[i] * 2 + s (stage 0: in = i); the last writes out_floats. */
+static tsr_status toy_stage(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out,
+                            struct tsr_comm *comm) {
+        toy *t = ud;
+        const float *base = step->plan;
+        size_t n = step->io_floats;
+        t->ran[s]++;
+        if ((int)s == t->abort_stage)
+                tsr_pipeline_abort(t->p);
+        if ((int)s == t->fail_stage)
+                return t->fail_with;
+        for (size_t i = 0; i < n; i++)
+                out[i] = (s == 0 ? base[i] : in[i]) * 2.0f + (float)s;
+        return TSR_OK;
+}
+
+static void toy_expect(uint32_t stages, const float *base, const float *got, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                float want = base[i];
+                for (uint32_t s = 0; s < stages; s++)
+                        want = want * 2.0f + (float)s;
+                if (got[i] != want)
+                        fail_msg("%u stages: element %zu is %g, want %g", stages, i, got[i], want);
+        }
+}
+
+static void test_pipeline_toy(void **state) {
+        (void)state;
+        float base[37], out[37];
+        for (size_t i = 0; i < 37; i++)
+                base[i] = (float)i - 3.5f;
+        for (uint32_t stages = 2; stages <= 4; stages++) {
+                toy t = {.fail_stage = -1, .abort_stage = -1};
+                assert_int_equal(tsr_pipeline_new(stages, 10000, toy_stage, &t, &t.p), TSR_OK);
+                for (int step = 0; step < 5; step++) {
+                        tsr_pipeline_step st = {.plan = base, .io_floats = 37, .out_floats = 37};
+                        memset(out, 0, sizeof out);
+                        assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                        toy_expect(stages, base, out, 37);
+                }
+                for (uint32_t s = 0; s < stages; s++)
+                        assert_int_equal(t.ran[s], 5);
+                assert_int_equal(tsr_pipeline_epoch(t.p), 1);
+
+                /* A stage's own failure: the step fails with it, the later stages do not run
+                 * it, and the group stays up for the next step. */
+                t.fail_stage = (int)stages - 2;
+                t.fail_with = TSR_E_NOMEM;
+                tsr_pipeline_step st = {.plan = base, .io_floats = 37, .out_floats = 37};
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_E_NOMEM);
+                assert_int_equal(t.ran[stages - 1], 5);
+                t.fail_stage = -1;
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                toy_expect(stages, base, out, 37);
+                assert_int_equal(tsr_pipeline_epoch(t.p), 1);
+
+                /* An abort in the middle of a step (the comm fails as under a lost peer): the
+                 * step fails with TSR_E_CANCELLED, every rank thread is joined, and the next
+                 * step runs on a new group (epoch 2) with the right result. */
+                t.abort_stage = (int)stages - 1;
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_E_CANCELLED);
+                t.abort_stage = -1;
+                memset(out, 0, sizeof out);
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                toy_expect(stages, base, out, 37);
+                assert_int_equal(tsr_pipeline_epoch(t.p), 2);
+                /* An abort between steps fails nothing already done; the next step fails
+                 * (the group is gone) and the one after runs on epoch 3. */
+                tsr_pipeline_abort(t.p);
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_E_CANCELLED);
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                toy_expect(stages, base, out, 37);
+                assert_int_equal(tsr_pipeline_epoch(t.p), 3);
+                /* A step with no output (a prefill chunk nobody samples from). */
+                st.out_floats = 0;
+                assert_int_equal(tsr_pipeline_run(t.p, &st, NULL), TSR_OK);
+                tsr_pipeline_free(&t.p);
+                assert_null(t.p);
+        }
+        assert_int_equal(tsr_pipeline_new(1, 0, toy_stage, NULL, &(tsr_pipeline *){NULL}), TSR_E_INVAL);
+        assert_int_equal(tsr_pipeline_new(65, 0, toy_stage, NULL, &(tsr_pipeline *){NULL}), TSR_E_INVAL);
+        tsr_pipeline_free(NULL);
+}
+
+/* The tensor kind: every rank runs the step at once and meets the others in an
+ * all-reduce; rank 0's output is the result.  A rank's own failure and an abort fail the
+ * step; the next one runs on a new group. */
+typedef struct tp_toy {
+        tsr_pipeline *p;
+        int fail_rank, abort_rank;
+} tp_toy;
+
+static tsr_status tp_stage(void *ud, uint32_t r, const tsr_pipeline_step *step, const float *in, float *out,
+                           struct tsr_comm *comm) {
+        tp_toy *t = ud;
+        (void)in;
+        if ((int)r == t->abort_rank)
+                tsr_pipeline_abort(t->p);
+        if ((int)r == t->fail_rank)
+                return TSR_E_NOMEM;
+        for (size_t i = 0; i < step->out_floats; i++)
+                out[i] = (float)(r + 1) * 0.5f + (float)i;
+        return tsr_comm_all_reduce_sum(comm, out, step->out_floats, NULL);
+}
+
+static void test_pipeline_tensor(void **state) {
+        (void)state;
+        float out[9];
+        tsr_pipeline_step st = {.plan = NULL, .io_floats = 0, .out_floats = 9};
+        for (uint32_t n = 2; n <= 4; n++) {
+                tp_toy t = {.fail_rank = -1, .abort_rank = -1};
+                assert_int_equal(tsr_pipeline_new_kind(TSR_PIPELINE_TENSOR, n, 10000, tp_stage, &t, &t.p), TSR_OK);
+                for (int rep = 0; rep < 3; rep++) {
+                        assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                        for (size_t i = 0; i < 9; i++)   /* sum over r of (r + 1) / 2 + i: exact in float */
+                                assert_true(out[i] == (float)(n * (n + 1)) * 0.25f + (float)(n * i));
+                }
+                t.fail_rank = (int)n - 1;
+                assert_int_not_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                t.fail_rank = -1;
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                t.abort_rank = (int)n - 1;
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_E_CANCELLED);
+                t.abort_rank = -1;
+                assert_int_equal(tsr_pipeline_run(t.p, &st, out), TSR_OK);
+                assert_true(out[8] == (float)(n * (n + 1)) * 0.25f + (float)(n * 8));
+                assert_int_equal(tsr_pipeline_epoch(t.p), 3);
+                tsr_pipeline_free(&t.p);
+        }
+}
+
+/* A stage that takes longer than the comm deadline (a stalled rank): the leader's wait
+ * ends with TSR_E_TIMEOUT at the deadline (the log line), the step returns it once the
+ * slow stage's own work has ended (the pipeline joins every rank thread before returning,
+ * since they read the caller's plan), never a hang, and the next step runs on a new group.
+ * The stall is a bounded condvar wait on a flag nobody sets: the only pause in this file. */
+static pthread_mutex_t stall_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stall_cv = PTHREAD_COND_INITIALIZER;
+
+static tsr_status stall_stage(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out,
+                              struct tsr_comm *comm) {
+        int *stall_ms = ud;
+        if (s == 1 && *stall_ms > 0) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += (long)*stall_ms * 1000000L;
+                ts.tv_sec += ts.tv_nsec / 1000000000L;
+                ts.tv_nsec %= 1000000000L;
+                pthread_mutex_lock(&stall_mu);
+                pthread_cond_timedwait(&stall_cv, &stall_mu, &ts);
+                pthread_mutex_unlock(&stall_mu);
+        }
+        for (size_t i = 0; i < step->io_floats; i++)
+                out[i] = s == 0 ? 1.0f : in[i] + 1.0f;
+        return TSR_OK;
+}
+
+static void test_pipeline_deadline(void **state) {
+        (void)state;
+        int stall_ms = 400;
+        tsr_pipeline *p = NULL;
+        float out[4];
+        tsr_pipeline_step st = {.plan = NULL, .io_floats = 4, .out_floats = 4};
+        struct timespec t0, t1;
+
+        assert_int_equal(tsr_pipeline_new(2, 100, stall_stage, &stall_ms, &p), TSR_OK);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        assert_int_equal(tsr_pipeline_run(p, &st, out), TSR_E_TIMEOUT);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+        print_message("a stage stalled 400 ms past a 100 ms deadline: the step failed after %.0f ms\n", ms);
+        assert_true(ms < 5000);
+        stall_ms = 0;
+        assert_int_equal(tsr_pipeline_run(p, &st, out), TSR_OK);
+        assert_true(out[0] == 2.0f && out[3] == 2.0f);
+        assert_int_equal(tsr_pipeline_epoch(p), 2);
+        tsr_pipeline_free(&p);
+}
+
+/* ---- the model: PP = 2, 3 against PP = 1 ------------------------------------------------ */
+
+typedef struct model_case {
+        const char *path;
+        tsr_model_desc desc;
+        tsr_backend *be;
+} model_case;
+
+static bool model_open(model_case *mc, const char *rel) {
+        static char path[4096];
+        char err[512] = "";
+        bool gguf = strstr(rel, ".gguf") != NULL;
+
+        if (!tsr_test_src_path(rel, path, sizeof path))
+                return false;
+        mc->path = path;
+        const tsr_model_family *fam = tsr_family_find(gguf ? "gguf" : "hf", "llama", "llama");
+        assert_non_null(fam);
+        if (tsr_model_desc_read(fam, path, gguf, &mc->desc, err, sizeof err) != TSR_OK)
+                fail_msg("%s: %s", path, err);
+        assert_int_equal(tsr_runner_backend_new(1, &mc->be, err, sizeof err), TSR_OK);
+        return true;
+}
+
+static void model_close(model_case *mc) {
+        tsr_model_desc_done(&mc->desc);
+        tsr_backend_free(&mc->be);
+}
+
+#define BLOCK 16
+#define N_BLOCKS 32
+
+/* Two steps through `pp` stages of layers[] (pp 1: the whole model): a prefill of 11
+ * tokens with every row's logits beside a prefill of 5 whose logits nobody wants, then a
+ * step of one decode token for each plus the second's next 3 prompt tokens with the
+ * last row.  The logits of both steps, packed, into out. */
+static void run_steps_tp(model_case *mc, uint32_t pp, const uint32_t *layers, uint32_t tp, bool canonical,
+                         float *out, size_t *n_out) {
+        tsr_runner *r = NULL;
+        tsr_load_stats ls;
+        char err[512] = "";
+        uint32_t t0[4] = {0, 1, 2, 3}, t1[4] = {4, 5, 6, 7};
+        uint32_t p0[11] = {1, 504, 2911, 314, 47, 9, 1, 17, 42, 128, 3};
+        uint32_t p1[8] = {12, 77, 5, 250, 2, 19, 8, 101};
+        uint32_t next0 = 200;
+        size_t V = mc->desc.vocab_size;
+
+        for (size_t i = 0; i < 11; i++)
+                p0[i] %= (uint32_t)V;
+        tsr_runner_opts o = {.dtype = "float32", .backend = mc->be, .pp = pp, .pp_layers = layers,
+                             .stage_threads = 1, .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical};
+        if (tsr_runner_new(mc->path, &mc->desc, &o, N_BLOCKS, BLOCK, 0, &r, &ls, err, sizeof err) != TSR_OK)
+                fail_msg("%s pp %u tp %u: %s", mc->path, pp, tp, err);
+        assert_int_equal(tsr_runner_stages(r), tp > 1 ? tp : pp > 1 ? pp : 1);
+        const tsr_engine_model *m = tsr_runner_model(r);
+        tsr_engine_seq step1[2] = {
+                {.block_table = t0, .n_table = 4, .tokens = p0, .n = 11, .past_len = 0, .want_logits = true,
+                 .want_all_logits = true},
+                {.block_table = t1, .n_table = 4, .tokens = p1, .n = 5, .past_len = 0},
+        };
+        assert_int_equal(m->forward(m->ud, step1, 2, out), TSR_OK);
+        tsr_engine_seq step2[2] = {
+                {.block_table = t0, .n_table = 4, .tokens = &next0, .n = 1, .past_len = 11, .want_logits = true},
+                {.block_table = t1, .n_table = 4, .tokens = p1 + 5, .n = 3, .past_len = 5, .want_logits = true},
+        };
+        assert_int_equal(m->forward(m->ud, step2, 2, out + 11 * V), TSR_OK);
+        *n_out = 13 * V;
+        tsr_runner_free(&r);
+        assert_null(r);
+}
+
+static void run_steps(model_case *mc, uint32_t pp, const uint32_t *layers, float *out, size_t *n_out) {
+        run_steps_tp(mc, pp, layers, 1, false, out, n_out);
+}
+
+static void compare_pp(const char *rel, const uint32_t *const *splits, const uint32_t *pps, size_t n_cases) {
+        model_case mc = {0};
+        if (!model_open(&mc, rel))
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "%s is absent (scripts/fetch-model.sh fetches the demo model)", rel);
+        size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0;
+        float *want = malloc(13 * V * sizeof(float)), *got = malloc(13 * V * sizeof(float));
+        assert_non_null(want);
+        assert_non_null(got);
+        run_steps(&mc, 1, NULL, want, &n_want);
+        float max_abs = 0;
+        for (size_t i = 0; i < n_want; i++) {
+                if (!(want[i] > -1e30f && want[i] < 1e30f))
+                        fail_msg("%s pp 1: logit %zu is %g", rel, i, want[i]);
+                max_abs = fabsf(want[i]) > max_abs ? fabsf(want[i]) : max_abs;
+        }
+        assert_true(max_abs > 0.1f);    /* real logits, not a zeroed buffer */
+        for (size_t c = 0; c < n_cases; c++) {
+                memset(got, 0xff, 13 * V * sizeof(float));
+                run_steps(&mc, pps[c], splits[c], got, &n_got);
+                assert_int_equal(n_got, n_want);
+                if (memcmp(got, want, n_want * sizeof(float)) != 0)
+                        for (size_t i = 0; i < n_want; i++)
+                                if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                                        fail_msg("%s pp %u (split %u,%u,...): logit [%zu, %zu] %.9g, pp 1 %.9g", rel,
+                                                 pps[c], splits[c][0], splits[c][1], i / V, i % V, got[i], want[i]);
+                print_message("%s: pp %u (%u,%u%s): %zu logits bitwise equal to pp 1\n", rel, pps[c], splits[c][0],
+                              splits[c][1], pps[c] > 2 ? ",..." : "", n_want);
+        }
+        free(want);
+        free(got);
+        model_close(&mc);
+}
+
+static void test_smollm2_pp(void **state) {
+        (void)state;
+        static const uint32_t even2[] = {15, 15}, even3[] = {10, 10, 10}, uneven3[] = {8, 12, 10},
+                              skew2[] = {29, 1};
+        const uint32_t *splits[] = {even2, even3, uneven3, skew2};
+        const uint32_t pps[] = {2, 3, 3, 2};
+        compare_pp(".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", splits, pps, 4);
+}
+
+static void test_tiny_llama3_pp(void **state) {
+        (void)state;
+        static const uint32_t two[] = {1, 1};
+        const uint32_t *splits[] = {two};
+        const uint32_t pps[] = {2};
+        compare_pp("tests/fixtures/tiny-llama3-hf/f32", splits, pps, 1);
+}
+
+/* Tensor parallelism (R7): TP = 2 and 4 (4 > the 2 KV heads: replicated) on the tiny HF
+ * Llama 3 memcmp-equal to TP = 1 computed in the canonical split, on the reference
+ * kernels and on the fast ones; and the canonical split at PP = 2 too. */
+static void test_tiny_llama3_tp(void **state) {
+        (void)state;
+        model_case mc = {0};
+        const char *kern[] = {"ref", "fast"};
+        if (!model_open(&mc, "tests/fixtures/tiny-llama3-hf/f32"))
+                fail_msg("the tiny Llama 3 fixture is committed: run from the source tree");
+        size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0;
+        float *want = malloc(13 * V * sizeof(float)), *got = malloc(13 * V * sizeof(float)),
+              *plain = malloc(13 * V * sizeof(float));
+        assert_non_null(want);
+        assert_non_null(got);
+        assert_non_null(plain);
+        for (int k = 0; k < 2; k++) {
+                char err[256];
+                tsr_backend_free(&mc.be);
+                setenv("TESSERA_KERNELS", kern[k], 1);
+                assert_int_equal(tsr_runner_backend_new(1, &mc.be, err, sizeof err), TSR_OK);
+                run_steps_tp(&mc, 1, NULL, 1, true, want, &n_want);
+                run_steps_tp(&mc, 1, NULL, 1, false, plain, &n_got);
+                double worst = 0;
+                for (size_t i = 0; i < n_want; i++)
+                        worst = fabs((double)want[i] - plain[i]) > worst ? fabs((double)want[i] - plain[i]) : worst;
+                print_message("tiny-llama3 (%s kernels): canonical split vs plain at tp 1: max |dlogit| %.3g\n", kern[k],
+                              worst);
+                assert_true(worst < 1e-3);
+                static const uint32_t two[] = {1, 1};
+                struct { uint32_t tp, pp; } cases[] = {{2, 1}, {4, 1}, {1, 2}};
+                for (size_t c = 0; c < 3; c++) {
+                        memset(got, 0xff, 13 * V * sizeof(float));
+                        run_steps_tp(&mc, cases[c].pp, cases[c].pp > 1 ? two : NULL, cases[c].tp, true, got, &n_got);
+                        assert_int_equal(n_got, n_want);
+                        for (size_t i = 0; i < n_want; i++)
+                                if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                                        fail_msg("%s kernels, tp %u pp %u: logit [%zu, %zu] %.9g, tp 1 %.9g", kern[k],
+                                                 cases[c].tp, cases[c].pp, i / V, i % V, got[i], want[i]);
+                        print_message("tiny-llama3 (%s kernels): tp %u pp %u: %zu logits bitwise equal to tp 1\n",
+                                      kern[k], cases[c].tp, cases[c].pp, n_want);
+                }
+        }
+        unsetenv("TESSERA_KERNELS");
+        free(want);
+        free(got);
+        free(plain);
+        model_close(&mc);
+}
+
+/* Bad stage arguments: no layer split, or more stages than the model has layers (the
+ * loader refuses the empty range; main.c refuses pp > layers before it gets here). */
+static void test_runner_refuses(void **state) {
+        (void)state;
+        model_case mc = {0};
+        tsr_runner *r = NULL;
+        char err[512] = "";
+        static const uint32_t three[] = {1, 1, 1};
+        if (!model_open(&mc, "tests/fixtures/tiny-llama3-hf/f32"))
+                fail_msg("the tiny Llama 3 fixture is committed: run from the source tree");
+        tsr_runner_opts o = {.dtype = "float32", .backend = mc.be, .pp = 2, .pp_layers = NULL};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_E_INVAL);
+        /* more stages than layers: the loader refuses the range (main.c refuses it first) */
+        o.pp = 3;
+        o.pp_layers = three;
+        o.stage_threads = 1;
+        assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &o, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
+        assert_null(r);
+        /* TP: 3 does not split 8 partial sums or 4 heads; TP with PP is not built yet */
+        tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = 3, .stage_threads = 1};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "tensor parallel size 3 does not split this model"));
+        static const uint32_t two[] = {1, 1};
+        t = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .tp = 2, .pp = 2, .pp_layers = two};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "together with pipeline parallelism"));
+        /* TP on bfloat16 weights: the split is float32 math */
+        t = (tsr_runner_opts){.dtype = "bfloat16", .backend = mc.be, .tp = 2, .stage_threads = 1};
+        assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
+        assert_null(r);
+        model_close(&mc);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_partition),
+                cmocka_unit_test(test_pipeline_toy),
+                cmocka_unit_test(test_pipeline_deadline),
+                cmocka_unit_test(test_pipeline_tensor),
+                cmocka_unit_test(test_tiny_llama3_pp),
+                cmocka_unit_test(test_smollm2_pp),
+                cmocka_unit_test(test_tiny_llama3_tp),
+                cmocka_unit_test(test_runner_refuses),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
