@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from conftest import LAUNCHER, free_port, http_status, wait_until
+from test_hf_model import completion_text
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-modelopt"
 GOLDEN = json.loads((FIX / "golden.json").read_text())
@@ -28,16 +29,6 @@ def serve(spawn, variant, *extra):
         return http_status(base + "/health") == 200
     wait_until(ready, timeout=60, interval=0.1, what=f"tiny-modelopt/{variant} served")
     return proc, base
-
-
-def completion_text(base, ids):
-    """vLLM's completion text for these ids: the longest prefix that decodes without a
-    trailing U+FFFD (as tests/e2e/test_hf_model.py)."""
-    for k in range(len(ids), -1, -1):
-        text = requests.post(base + "/detokenize", json={"tokens": ids[:k]}, timeout=5).json()["prompt"]
-        if not text.endswith("\ufffd"):
-            return text
-    return ""
 
 
 @pytest.mark.parametrize("variant,method,extra", [

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include "tests/tsr_test.h"
+#include "tests/unit/test_util.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -38,15 +39,6 @@
 static tsr_backend *ref_be, *fast_be;
 static json_t *golden;
 static char tmpdir[256];
-
-static const char *src_path(const char *rel, char *buf, size_t len) {
-        const char *root = getenv("TSR_SOURCE_ROOT");
-        struct stat sb;
-        if (!root)
-                return NULL;
-        snprintf(buf, len, "%s/%s", root, rel);
-        return stat(buf, &sb) == 0 ? buf : NULL;
-}
 
 static void write_file(const char *dir, const char *name, const char *text) {
         char path[600];
@@ -158,7 +150,7 @@ static int golden_setup(void **state) {
         char path[1024];
         json_error_t je;
         (void)state;
-        if (src_path(FIXTURE "/golden.json", path, sizeof path))
+        if (tsr_test_src_path(FIXTURE "/golden.json", path, sizeof path))
                 golden = json_load_file(path, 0, &je);
         return 0;
 }
@@ -177,14 +169,6 @@ static size_t prompt_ids(size_t pi, uint32_t *ids, size_t cap) {
         for (size_t i = 0; i < n; i++)
                 ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
         return n;
-}
-
-static size_t argmax(const float *x, size_t n) {
-        size_t best = 0;
-        for (size_t i = 1; i < n; i++)
-                if (x[i] > x[best])
-                        best = i;
-        return best;
 }
 
 /* Load `dir` as the worker does: its ModelOpt config, the weights kept as stored. */
@@ -208,7 +192,7 @@ static void check_variant(const char *variant, tsr_dtype want_dtype) {
 
         assert_non_null(golden);                                                /* committed */
         assert_non_null(var);
-        assert_non_null(src_path(FIXTURE, path, sizeof path));
+        assert_non_null(tsr_test_src_path(FIXTURE, path, sizeof path));
         snprintf(path + strlen(path), sizeof path - strlen(path), "/%s", json_string_value(json_object_get(var, "dir")));
         if (load_dir(path, &m, &st, err, sizeof err) != TSR_OK)
                 fail_msg("%s", err);
@@ -233,7 +217,7 @@ static void check_variant(const char *variant, tsr_dtype want_dtype) {
                 rows += prompt_ids((size_t)json_integer_value(json_array_get(lp, i)), ids, 160);
         char rel[512], lpath[1024];
         snprintf(rel, sizeof rel, FIXTURE "/%s", json_string_value(json_object_get(var, "logits_file")));
-        assert_non_null(src_path(rel, lpath, sizeof lpath));
+        assert_non_null(tsr_test_src_path(rel, lpath, sizeof lpath));
         float *want = malloc(rows * V * sizeof(float)), *got = malloc(160 * V * sizeof(float));
         float *got2 = malloc(160 * V * sizeof(float)), *step = malloc(V * sizeof(float));
         FILE *f = fopen(lpath, "rb");
@@ -272,7 +256,7 @@ static void check_variant(const char *variant, tsr_dtype want_dtype) {
                 assert_int_equal(tsr_llama_kv_truncate(kv, 0), TSR_OK);
                 assert_int_equal(tsr_llama_forward(m, fast_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step), TSR_OK);
                 for (size_t s2 = 0; s2 < json_array_size(gw); s2++) {
-                        uint32_t tok = (uint32_t)argmax(step, V);
+                        uint32_t tok = (uint32_t)tsr_test_argmax(step, V);
                         long long w = json_integer_value(json_array_get(gw, s2));
                         if (tok != w)
                                 fail_msg("%s prompt %zu greedy step %zu: %u, emulation %lld", variant, pi, s2, tok, w);
@@ -319,7 +303,7 @@ static void make_copy(const char *variant, const st_edit *e, const char *quant_j
         tsr_safetensors *f = NULL;
         json_error_t je;
 
-        assert_non_null(src_path(FIXTURE, src, sizeof src));
+        assert_non_null(tsr_test_src_path(FIXTURE, src, sizeof src));
         snprintf(path, sizeof path, "%s/%s/config.json", src, variant);
         json_t *cfg = json_load_file(path, 0, &je);
         assert_non_null(cfg);
