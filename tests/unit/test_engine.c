@@ -1501,10 +1501,12 @@ static void test_state_slot_freed_on_abort_and_finish(void **state) {
         make_prompt(p2, 6, 91);
         expected(p2, 6, 5, want);
         submit(h, "long", prompt, 12, 1000, NULL, 0);
-        go(h);
-        wait_started(h);        /* "long" runs, holding the one slot */
+        h->fm.hold_at = 2;      /* "long" runs, holding the one slot; held, so it cannot */
+        go(h);                  /* finish its 1000 tokens before the abort on a busy machine */
+        wait_holding(h);
         submit(h, "second", p2, 6, 5, NULL, 0);
         abort_req(h, "long");
+        release(h);
         collect(h, ids, res, 1);
         assert_memory_equal(res[0].tokens, want, sizeof(want));
         tsr_engine_stats st = idle_stats(h);
