@@ -354,6 +354,7 @@ static tsr_status submit_from_wire(const Tessera__V1__Submit *m, tsr_engine_subm
                 out->so_kind = (tsr_grammar_kind)m->structured_output->kind;   /* same numbers; wire.c checked the range */
                 out->so_len = strlen(t);
                 out->so_compact = m->structured_output->compact_whitespace;
+                out->so_reasoning_end = (int64_t)m->structured_output->reasoning_end_token_id_plus_1 - 1;
                 if (!(out->so_text = strdup(t)))
                         return TSR_E_NOMEM;
         }

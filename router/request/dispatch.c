@@ -124,6 +124,21 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
         return w;
 }
 
+/* Does this prompt leave the output inside the reasoning?  As vLLM's thinking parsers
+ * read the prompt: the last of <think> / </think> in it decides (none: the model opens
+ * its reasoning itself); chat_template_kwargs.enable_thinking false: no reasoning. */
+static bool reasoning_pending(const rq *r, const uint32_t *prompt, size_t n) {
+        if (r->think_end_id < 0 || json_is_false(json_object_get(r->req.chat_template_kwargs, "enable_thinking")))
+                return false;
+        for (size_t i = n; i-- > 0;) {
+                if (prompt[i] == (uint32_t)r->think_end_id)
+                        return false;
+                if (r->think_start_id >= 0 && prompt[i] == (uint32_t)r->think_start_id)
+                        return true;
+        }
+        return true;
+}
+
 tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
         rq *r = ch->r;
         tsr_envelope env;
@@ -194,6 +209,8 @@ tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
                 so.kind = (Tessera__V1__StructuredOutput__Kind)r->req.so_kind;
                 so.text = (char *)(r->req.so_text ? r->req.so_text : "");
                 so.compact_whitespace = r->req.so_compact;
+                so.reasoning_end_token_id_plus_1 = reasoning_pending(r, s.prompt_token_ids, s.n_prompt_token_ids)
+                                                           ? (uint32_t)r->think_end_id + 1 : 0;
                 s.structured_output = &so;
         }
         s.arrival_time_unix_ns = tsr_wall_ns();

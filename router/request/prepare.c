@@ -369,6 +369,7 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                              cfg->max_logprobs);
                 return;
         }
+        r->think_end_id = r->think_start_id = -1;
         if (r->kind == TSR_OAI_CHAT) {
                 if (!m->tpl) {
                         tsr_request_fail(r, 400, "BadRequestError",
@@ -388,18 +389,23 @@ void tsr_request_parse_done(uv_work_t *w, int status) {   /* loop */
                                      "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
                         return;
                 }
-                /* vLLM applies a structured output only once the reasoning has ended (the
-                 * reasoner's end token); Tessera's worker masks from the first token, which
-                 * would forbid the model's thinking.  Refused rather than silently
-                 * different, unless the request turns thinking off. */
-                if (r->req.so_kind != TSR_GRAMMAR_NONE && cfg->reasoning_parser &&
-                    !json_is_false(json_object_get(r->req.chat_template_kwargs, "enable_thinking"))) {
-                        tsr_request_fail(r, 400, "BadRequestError",
-                                     "structured outputs together with --reasoning-parser are not supported yet "
-                                     "(the constraint would apply from the first token, not after the reasoning); "
-                                     "pass chat_template_kwargs {\"enable_thinking\": false} or serve without "
-                                     "--reasoning-parser");
-                        return;
+                /* With a reasoning parser vLLM applies a structured output once the
+                 * reasoning has ended: from the token after the parser's end token, which
+                 * must be one token of the vocabulary (vLLM's parsers refuse to start
+                 * otherwise).  Ours parse text, so a model without it (SmolLM2) is served;
+                 * a structured output there can start only when thinking is off. */
+                if (r->req.so_kind != TSR_GRAMMAR_NONE && cfg->reasoning_parser) {
+                        r->think_end_id = tsr_tokenizer_token_id(m->tok, "</think>", 8);
+                        r->think_start_id = tsr_tokenizer_token_id(m->tok, "<think>", 7);
+                        if (r->think_end_id < 0 &&
+                            !json_is_false(json_object_get(r->req.chat_template_kwargs, "enable_thinking"))) {
+                                tsr_request_fail(r, 400, "BadRequestError",
+                                             "structured outputs with --reasoning-parser start after the reasoning's "
+                                             "end token </think>, which is not one token of this model's vocabulary; "
+                                             "pass chat_template_kwargs {\"enable_thinking\": false} to constrain "
+                                             "the whole output");
+                                return;
+                        }
                 }
                 /* vLLM's hermes parser (adjust_request) keeps special tokens in the text
                  * when it may parse calls: <tool_call> is a special token in several

@@ -101,6 +101,10 @@ struct rq {
         bool hash_wanted;
         tsr_block_hash_algo hash_algo;
         uint32_t hash_block_size;
+        /* A structured output behind a reasoning parser: the vocabulary's </think> and
+         * <think> ids (-1: none / not in the vocabulary); dispatch.c decides per prompt
+         * whether the output starts inside the reasoning. */
+        int64_t think_end_id, think_start_id;
         tsr_status prep_st;
         tsr_oai_error err;
         /* resolved sampling */

@@ -1550,7 +1550,9 @@ static tsr_grammar_vocab *raw_vocab(void) {
         return v;
 }
 
-static void submit_grammar(harness *h, const char *id, tsr_grammar_kind kind, const char *text, bool ignore_eos) {
+/* reasoning_end: the constraint starts after this output token (-1: at once). */
+static void submit_grammar_after(harness *h, const char *id, tsr_grammar_kind kind, const char *text, bool ignore_eos,
+                                 int64_t reasoning_end) {
         uint32_t prompt[6];
         submit_opts so = {.ignore_eos = ignore_eos};
         tsr_engine_in *in;
@@ -1566,8 +1568,13 @@ static void submit_grammar(harness *h, const char *id, tsr_grammar_kind kind, co
         in->submit.so_kind = kind;
         in->submit.so_text = strdup(text);
         in->submit.so_len = strlen(text);
+        in->submit.so_reasoning_end = reasoning_end;
         for (size_t i = 0; i < n; i++)
                 assert_int_equal(tsr_queue_push(h->in, queued[i]), TSR_OK);
+}
+
+static void submit_grammar(harness *h, const char *id, tsr_grammar_kind kind, const char *text, bool ignore_eos) {
+        submit_grammar_after(h, id, kind, text, ignore_eos, -1);
 }
 
 static void text_of(const result *r, char *out) {
@@ -1625,6 +1632,74 @@ static void test_structured_output(void **state) {
         tsr_grammar_vocab_free(&v);
 }
 
+/* With a reasoning end token the output is free until that token and constrained after
+ * it (vLLM with a reasoning parser): "think" reasons as it would unconstrained, emits the
+ * end token (the fake model's own choice at step j), then follows the regex; "endless"
+ * never meets its end token and runs unconstrained to max_tokens. */
+static void test_structured_output_after_reasoning(void **state) {
+        tsr_grammar_vocab *v = raw_vocab();
+        tsr_grammar_pool *pool = NULL;
+        const char *ids[2] = {"think", "endless"};
+        result res[2];
+        uint32_t prompt[6], free_run[2][20];
+        size_t j = 0;
+        int64_t never = -1;
+        char text[64];
+        (void)state;
+        for (int k = 0; k < 2; k++) {       /* the prompts submit_grammar_after makes */
+                make_prompt(prompt, 6, (uint32_t)strlen(ids[k]));
+                expected(prompt, 6, 20, free_run[k]);
+        }
+        /* the end token: the first output token that did not occur before it, at j >= 2,
+         * with a token before it the regex would refuse (so no mask ran while reasoning) */
+        for (j = 2; j < 10; j++) {
+                bool seen = false;
+                for (size_t i = 0; i < j; i++)
+                        seen |= free_run[0][i] == free_run[0][j];
+                if (!seen)
+                        break;
+        }
+        assert_true(j < 10 && free_run[0][j] != EOS);
+        bool refused_before = false;
+        for (size_t i = 0; i < j; i++)
+                refused_before |= !(free_run[0][i] >= 16 && free_run[0][i] <= 25);     /* not '0'..'9' */
+        assert_true(refused_before);
+        for (uint32_t t = 1; t < VOCAB && never < 0; t++) {
+                bool used = false;
+                for (size_t i = 0; i < 20; i++)
+                        used |= free_run[1][i] == t;
+                if (!used)
+                        never = t;
+        }
+        assert_true(never > 0);
+
+        assert_int_equal(tsr_grammar_pool_new(v, &pool), TSR_OK);
+        memset(res, 0, sizeof(res));
+        harness *h = held(64, 64, 8, false, 0);
+        h->params.grammar = pool;
+        submit_grammar_after(h, "think", TSR_GRAMMAR_REGEX, "[0-9]{3}x", false, free_run[0][j]);
+        submit_grammar_after(h, "endless", TSR_GRAMMAR_REGEX, "[0-9]{3}x", false, never);
+        go(h);
+        collect(h, ids, res, 2);
+        assert_true(res[0].n > j + 1);
+        assert_memory_equal(res[0].tokens, free_run[0], (j + 1) * sizeof(uint32_t));
+        result after = {0};
+        after.n = res[0].n - (j + 1);
+        memcpy(after.tokens, res[0].tokens + j + 1, after.n * sizeof(uint32_t));
+        text_of(&after, text);
+        assert_int_equal(strlen(text), 4);
+        for (int i = 0; i < 3; i++)
+                assert_true(text[i] >= '0' && text[i] <= '9');
+        assert_int_equal(text[3], 'x');
+        assert_int_equal(res[0].finish, TSR_ENGINE_FINISH_STOP);
+        assert_int_equal(res[1].n, 20);
+        assert_memory_equal(res[1].tokens, free_run[1], sizeof(free_run[1]));
+        assert_int_equal(res[1].finish, TSR_ENGINE_FINISH_LENGTH);
+        stop(h);
+        tsr_grammar_pool_free(&pool);
+        tsr_grammar_vocab_free(&v);
+}
+
 /* A spec that does not compile ends its request with an INVALID Error and nothing else;
  * a worker without a grammar pool refuses structured outputs the same way. */
 static void test_structured_output_refused(void **state) {
@@ -1675,6 +1750,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_structured_output),
                 cmocka_unit_test(test_structured_output_refused),
+                cmocka_unit_test(test_structured_output_after_reasoning),
                 cmocka_unit_test(test_single_request_greedy),
                 cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),
                 cmocka_unit_test(test_prefix_cache_hit_same_output),

@@ -85,6 +85,13 @@ typedef struct slot {
          * used by execute_plan only (the step thread with --async-scheduling). */
         tsr_grammar_job *gjob;
         tsr_grammar_matcher *gm;
+        /* With a reasoning parser the constraint starts after the reasoning's end token
+         * (reasoning_end; -1: at once): no mask while reasoning, and the end token is not
+         * fed to the matcher (vLLM's should_fill_bitmask / should_advance).  grammar_from:
+         * the output index the matcher starts at (SIZE_MAX: not yet); reasoning_scanned:
+         * output tokens searched for the end so far.  execute_plan's, as the matcher. */
+        int64_t reasoning_end;
+        size_t grammar_from, reasoning_scanned;
 } slot;
 
 typedef struct slot_list {
@@ -416,6 +423,8 @@ static void admit(tsr_engine *e, tsr_engine_in *in) {
                 /* Compiled on the grammar thread; grammar_poll picks the result up. */
                 if (!(s->gjob = tsr_grammar_pool_submit(p->grammar, &spec)))
                         goto oom;
+                s->reasoning_end = m->so_reasoning_end;
+                s->grammar_from = m->so_reasoning_end < 0 ? 0 : SIZE_MAX;
         }
         s->priority = m->priority;
         s->arrival_ns = tsr_now_ns();
@@ -923,18 +932,35 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
         }
 }
 
+/* Whether the structured output applies to the token after output[0..n_output): always
+ * without a reasoning end token, else once that token has been generated.  A step
+ * dropped under --async-scheduling takes back output tokens, the end token too. */
+static bool grammar_active(slot *s, const uint32_t *output, size_t n_output) {
+        if (s->reasoning_end < 0)
+                return true;
+        if (s->grammar_from != SIZE_MAX && s->grammar_from > n_output)
+                s->grammar_from = SIZE_MAX;
+        if (s->reasoning_scanned > n_output)
+                s->reasoning_scanned = n_output;
+        for (; s->grammar_from == SIZE_MAX && s->reasoning_scanned < n_output; s->reasoning_scanned++)
+                if (output[s->reasoning_scanned] == (uint32_t)s->reasoning_end)
+                        s->grammar_from = s->reasoning_scanned + 1;
+        return s->grammar_from != SIZE_MAX;
+}
+
 /* Structured output, before sampling: bring the matcher to the request's n_output tokens
- * (a step it accepted a token in may have been dropped: a preemption during
- * --async-scheduling), fill the mask of allowed tokens and set the others' logits to
+ * after grammar_from (a step it accepted a token in may have been dropped: a preemption
+ * during --async-scheduling), fill the mask of allowed tokens and set the others' logits to
  * -inf, so the sampler (seeds, penalties, logprobs) runs on as usual.  *end: the
  * grammar allows nothing but the end (a stop token) while the request may not stop by
  * one now (ignore_eos, min_tokens): it ends here, finish "stop".  Step thread or engine
  * thread, as execute_plan. */
 static tsr_status grammar_mask(tsr_engine *e, slot *s, float *logits, size_t n_output, bool *end) {
         size_t vocab = e->params.model->vocab, accepted = tsr_grammar_n_accepted(s->gm);
+        size_t n_constrained = n_output - s->grammar_from;
         tsr_status st;
         *end = false;
-        if (accepted > n_output && (st = tsr_grammar_rollback(s->gm, accepted - n_output)) != TSR_OK)
+        if (accepted > n_constrained && (st = tsr_grammar_rollback(s->gm, accepted - n_constrained)) != TSR_OK)
                 return st;
         if (tsr_grammar_terminated(s->gm)) {
                 *end = true;
@@ -994,15 +1020,17 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                         .output = s->tokens + s->n_prompt,
                         .n_output = s->n_tokens - s->n_prompt,
                 };
-                if (s->gm && (pe->st = grammar_mask(e, s, logits, h.n_output, &pe->grammar_end)) != TSR_OK)
+                bool constrained = s->gm && grammar_active(s, h.output, h.n_output);
+                if (constrained &&
+                    (pe->st = grammar_mask(e, s, logits, h.n_output, &pe->grammar_end)) != TSR_OK)
                         continue;
                 if (pe->grammar_end)
                         continue;   /* complete: nothing more to sample */
                 if ((pe->st = tsr_sample(&s->sampling, &h, s->rng_key, logits, m->vocab, e->scratch, &r)) != TSR_OK)
                         continue;
-                if (s->gm && (pe->st = tsr_grammar_accept(s->gm, r.token)) != TSR_OK)
+                if (constrained && (pe->st = tsr_grammar_accept(s->gm, r.token)) != TSR_OK)
                         continue;   /* cannot happen: the mask allowed it */
-                pe->grammar_end = s->gm && tsr_grammar_terminated(s->gm);
+                pe->grammar_end = constrained && tsr_grammar_terminated(s->gm);
                 pe->sampled = true;
                 pe->token = r.token;
                 pe->has_lp = r.has_logprobs;

@@ -173,6 +173,7 @@ typedef struct tsr_engine_submit {
         char *so_text;
         size_t so_len;
         bool so_compact;               /* JSON kinds: no free whitespace */
+        int64_t so_reasoning_end;      /* the constraint starts after this token (-1: at once) */
 } tsr_engine_submit;
 
 /* Requests of one router to drop (unknown ids are ignored). */
