@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+import openai
 import pytest
 from openai import OpenAI
 
@@ -230,3 +231,37 @@ def test_router_notify_protocol(spawn, listener):
     assert r.wait(timeout=30) == 0, r.output()
     keys = listener.after_exit()
     assert keys.index("READY=1") < keys.index("STOPPING=1") and keys.count("STOPPING=1") == 1
+
+
+def test_hung_engine_stops_the_watchdog(spawn, demo_model, listener):
+    """WatchdogSec is what restarts a wedged worker: the pings come from the engine
+    thread, so a forward that never returns (TESSERA_TEST_HANG_AT_STEP, a test hook)
+    stops them while the process and its io thread live on."""
+    port = free_port_pair()
+    env = dict(listener.env(1_000_000), TESSERA_TEST_HANG_AT_STEP="3")
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{port}"], env=env)
+    wait_until(lambda: "READY=1" in listener.keys() or w.p.poll() is not None, timeout=60, what="READY=1")
+    assert w.p.poll() is None, w.output()
+    assert_watchdog_cadence(listener, listener.times("READY=1")[0], 0.5, 3)   # idle: pings on
+
+    router_port = free_port()
+    spawn([ROUTER, "--worker", f"tcp://127.0.0.1:{port}", "--host", "127.0.0.1", "--port", router_port])
+    wait_until(lambda: http_status(f"http://127.0.0.1:{router_port}/health") == 200, timeout=60, what="router up")
+    client = OpenAI(base_url=f"http://127.0.0.1:{router_port}/v1", api_key="x", max_retries=0, timeout=60)
+    model = client.models.list().data[0].id
+
+    def request():
+        try:
+            client.completions.create(model=model, prompt="Hang", max_tokens=16)
+        except openai.APIError:
+            pass       # the worker is killed under it
+
+    threading.Thread(target=request, daemon=True).start()   # its third forward never returns
+    wait_until(lambda: "TESSERA_TEST_HANG_AT_STEP=3: this forward hangs" in w.output(), timeout=30,
+               what="the engine hanging")
+    hung_at = time.monotonic()
+    time.sleep(2.5)    # five ping intervals
+    assert w.p.poll() is None, w.output()
+    late = [at for at in listener.times("WATCHDOG=1") if at > hung_at + 0.6]
+    assert late == [], f"{len(late)} WATCHDOG=1 after the engine hung"
+    w.p.kill()         # systemd would: SIGABRT at WatchdogSec, then a restart

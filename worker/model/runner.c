@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "kernels/kernels.h"
@@ -39,6 +40,10 @@ struct tsr_runner {
         /* TESSERA_TEST_PP_ABORT_AT_STEP=N (tests only, docs/testing.md): the last stage
          * aborts the pipeline's comm at its N-th step, as a failing peer would. */
         uint64_t abort_at;
+        /* TESSERA_TEST_HANG_AT_STEP=N (tests only, docs/testing.md): the N-th forward never
+         * returns, as a wedged kernel or device would; the engine thread's systemd watchdog
+         * pings stop, so WatchdogSec restarts the worker. */
+        uint64_t hang_at;
         tsr_engine_model em;
         tsr_modelopt_config mo;    /* what a Hugging Face folder announces (worker/load/modelopt.h) */
 };
@@ -78,6 +83,11 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
                 for (size_t i = 0; i < n_seqs; i++)
                         r->fam->seq_set_state_slot(ls + i * r->fam->seq_size, seqs[i].state_slot);
         r->steps++;
+        if (r->hang_at && r->steps == r->hang_at) {
+                log_warn("TESSERA_TEST_HANG_AT_STEP=%llu: this forward hangs (a test)", (unsigned long long)r->hang_at);
+                for (;;)
+                        sleep(3600);
+        }
         if (r->n_stages == 1) {
                 st = r->fam->forward_batch(r->stages[0].model, r->stages[0].be, r->stages[0].pool, ls, n_seqs,
                                            logits);
@@ -372,6 +382,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         }
         if (bf16)
                 log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
+        const char *hang_at = getenv("TESSERA_TEST_HANG_AT_STEP");
+        r->hang_at = hang_at ? strtoull(hang_at, NULL, 10) : 0;
         if (n_stages > 1) {
                 const char *abort_at = getenv("TESSERA_TEST_PP_ABORT_AT_STEP");
                 r->abort_at = abort_at ? strtoull(abort_at, NULL, 10) : 0;
