@@ -55,10 +55,10 @@ static void test_shard_for(void **state) {
         uint32_t next = 0;
         (void)state;
 
-        for (uint32_t r = 0; r < 3; r++) {      /* 10 layers over 3 stages: 4, 3, 3 */
+        for (uint32_t r = 0; r < 3; r++) {      /* 10 layers over 3 stages: 3, 4, 3 (vLLM's split) */
                 assert_int_equal(tsr_family_llama.shard_for(&d, 0, 1, r, 3, &s), TSR_OK);
                 assert_int_equal(s.first_layer, next);
-                assert_int_equal(s.last_layer - s.first_layer + 1, r == 0 ? 4 : 3);
+                assert_int_equal(s.last_layer - s.first_layer + 1, r == 1 ? 4 : 3);
                 next = s.last_layer + 1;
         }
         assert_int_equal(next, 10);

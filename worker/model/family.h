@@ -71,8 +71,8 @@ struct tsr_model_family {
         /* The KV groups of the layers `shard` holds, into out[max]; returns how many. */
         size_t (*kv_groups)(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max);
 
-        /* The layers pipeline stage pp_rank of pp_size holds (contiguous, as even as the
-         * layer count allows), as a shard spec for tp_rank of tp_size.  TSR_E_INVAL when
+        /* The layers pipeline stage pp_rank of pp_size holds (contiguous, vLLM's split:
+         * worker/parallel/partition.h), as a shard spec for tp_rank of tp_size.  TSR_E_INVAL when
          * pp_size exceeds the layer count or a rank is out of range. */
         tsr_status (*shard_for)(const tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
                                 uint32_t pp_size, tsr_shard_spec *ret);

@@ -7,6 +7,7 @@
 
 #include "worker/load/gguf.h"
 #include "worker/model/llama.h"
+#include "worker/parallel/partition.h"
 
 static const char *const hf_archs[] = {"LlamaForCausalLM", "llama", NULL};
 static const char *const hf_types[] = {"llama", NULL};
@@ -73,16 +74,22 @@ static size_t llama_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *sha
 
 tsr_status tsr_llama_shard_for(const tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
                                 uint32_t pp_size, tsr_shard_spec *ret) {
-        uint32_t n = d->n_layers, base, extra, first;
+        uint32_t *counts, first = 0;
+        char err[160];
 
-        if (tp_size == 0 || tp_rank >= tp_size || pp_size == 0 || pp_rank >= pp_size || pp_size > n)
+        if (tp_size == 0 || tp_rank >= tp_size || pp_size == 0 || pp_rank >= pp_size || pp_size > d->n_layers)
                 return TSR_E_INVAL;
-        /* The first n % pp_size stages hold one layer more. */
-        base = n / pp_size;
-        extra = n % pp_size;
-        first = pp_rank * base + (pp_rank < extra ? pp_rank : extra);
+        if (!(counts = malloc(pp_size * sizeof(*counts))))
+                return TSR_E_NOMEM;
+        if (tsr_pp_partition(d->n_layers, pp_size, NULL, counts, err, sizeof(err)) != TSR_OK) {
+                free(counts);
+                return TSR_E_INVAL;
+        }
+        for (uint32_t s = 0; s < pp_rank; s++)          /* vLLM's split, as the runner's stages */
+                first += counts[s];
         *ret = (tsr_shard_spec){.tp_rank = tp_rank, .tp_size = tp_size, .first_layer = first,
-                                .last_layer = first + base + (pp_rank < extra ? 1 : 0) - 1};
+                                .last_layer = first + counts[pp_rank] - 1};
+        free(counts);
         return TSR_OK;
 }
 
