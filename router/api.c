@@ -166,6 +166,10 @@ static json_t *worker_json(tsr_worker *w) {
                 json_object_set_new(o, "drained", json_boolean(st->state == TESSERA__V1__STATUS__STATE__DRAINING &&
                                                                st->num_running == 0 && st->num_waiting == 0));
         }
+        /* This router's copy of the worker's prefix cache (what kv placement reads). */
+        json_object_set_new(o, "prefix_cache_mirror",
+                            json_pack("{s:I, s:b}", "blocks", (json_int_t)tsr_worker_mirror_size(w), "exact",
+                                      tsr_worker_mirror_exact(w)));
         return o;
 }
 

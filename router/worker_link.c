@@ -263,6 +263,8 @@ size_t tsr_worker_prefix_hits(const tsr_worker *w, const uint64_t *hashes, size_
 
 size_t tsr_worker_mirror_size(const tsr_worker *w) { return tsr_hashset_size(&w->mirror.set); }
 
+bool tsr_worker_mirror_exact(const tsr_worker *w) { return w->mirror.exact; }
+
 /* Loop thread (see worker_link.h for why a gap or restart empties the mirror). */
 bool tsr_prefix_mirror_apply(tsr_prefix_mirror *m, const Tessera__V1__Status *s) {
         size_t cap = s->kv_blocks_total ? (size_t)s->kv_blocks_total : MIRROR_CAP_DEFAULT;

@@ -102,6 +102,9 @@ const Tessera__V1__Status *tsr_worker_status(const tsr_worker *w);
 size_t tsr_worker_prefix_hits(const tsr_worker *w, const uint64_t *hashes, size_t n);
 /* Hashes in the mirror (diagnostics, tests). */
 size_t tsr_worker_mirror_size(const tsr_worker *w);
+/* Whether the mirror is the worker's whole cache (false until a snapshot after a late
+ * join, a lost Status or a worker restart). */
+bool tsr_worker_mirror_exact(const tsr_worker *w);
 
 /* ---- the mirror itself: one per worker, owned by the loop thread ----
  *

@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from conftest import ROUTER, SIM_WORKER, free_port, free_port_pair, wait_workers_live
+from conftest import ROUTER, SIM_WORKER, free_port, free_port_pair, wait_until, wait_workers_live
 
 N_WORKERS = 8
 N_PREFIXES = 6
@@ -77,3 +77,50 @@ def test_kv_policy_beats_round_robin_on_shared_prefixes(spawn, demo_model):
     # Each system prompt misses once under kv: at most one miss per prefix plus the
     # per-user tails, so well over half of the prompt tokens come from the cache.
     assert rate["kv"] > 0.5, rate
+
+
+def mirrors(base):
+    data = requests.get(base + "/admin/workers", timeout=5).json()["data"]
+    return [w["prefix_cache_mirror"] for w in data]
+
+
+@pytest.mark.slow_under_sanitizers
+def test_restarted_router_rebuilds_its_mirrors_from_snapshots(spawn, demo_model):
+    """A kv router that restarts knows where every prefix is cached before any new
+    request: it joins the workers' Status streams late, asks each for a snapshot
+    (Resync), and its mirrors become exact.  Each prefix is then placed on the worker
+    that holds it, and its cached tokens show it.  The prefixes come back in a rotated
+    order, so tie-breaking by load alone (an empty mirror) would put each elsewhere."""
+    rng = random.Random(7)
+    workers = []
+    for _ in range(4):
+        port = free_port_pair()
+        spawn([SIM_WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{port}", "--sim-zero-compute",
+               "--disable-log-stats"])
+        workers.append(f"tcp://127.0.0.1:{port}")
+
+    def start_router():
+        http = free_port()
+        args = [ROUTER, "--host", "127.0.0.1", "--port", http, "--enable-prompt-tokens-details",
+                "--routing-policy", "kv"]
+        for w in workers:
+            args += ["--worker", w]
+        router = spawn(args)
+        base = f"http://127.0.0.1:{http}"
+        wait_workers_live(router, base, len(workers), timeout=120)
+        return router, base
+
+    systems = [f"System prompt {p}. " + words(rng, 240) for p in range(4)]
+    router, base = start_router()
+    for s in systems:
+        complete(base, s + "\nUser 0: " + words(rng, 12))
+        time.sleep(0.25)
+    wait_until(lambda: sum(m["blocks"] for m in mirrors(base)) > 0, timeout=10, what="the first router's mirrors")
+    router.kill_group()
+
+    router, base = start_router()
+    wait_until(lambda: all(m["exact"] and m["blocks"] > 0 for m in mirrors(base)), timeout=30,
+               what="every mirror rebuilt from a snapshot")
+    for s in systems[1:] + systems[:1]:
+        n, cached = complete(base, s + "\nUser 1: " + words(rng, 12))
+        assert cached >= 0.8 * n, (n, cached)
