@@ -184,6 +184,11 @@ static const family_def defs[F_COUNT] = {
                                                           "KV-cache blocks free on the worker, evictable cached "
                                                           "blocks included (its last Status).",
                                                           KIND_GAUGE, BUCKETS_NONE, "worker"},
+        [F_TESSERA_FIRST + TSR_METRICS_WORKER_WEIGHT_BYTES] = {"tessera:worker_weight_bytes",
+                                                               "Bytes of model weights resident on the worker, every "
+                                                               "rank, as held (kept quantized or widened; its "
+                                                               "ModelInfo).",
+                                                               KIND_GAUGE, BUCKETS_NONE, "worker"},
 };
 
 static const char *const finish_names[TSR_METRICS_FINISH_COUNT] = {"stop", "length", "abort", "error"};
@@ -230,6 +235,7 @@ typedef struct worker {
         tsr_metrics_worker_sample last;
         child *up;
         child *kv_total, *kv_free;  /* created with the first Status that reports a KV size */
+        child *weight_bytes;        /* created once its ModelInfo reported them */
 } worker;
 
 struct tsr_metrics {
@@ -792,6 +798,10 @@ static tsr_status worker_status_locked(tsr_metrics *m, const char *model_name, c
                 w->kv_total->value = (double)s->kv_blocks_total;
                 w->kv_free->value = (double)s->kv_blocks_free;
         }
+        if (s->weight_bytes) {
+                TRY(worker_child(m, w, TSR_METRICS_WORKER_WEIGHT_BYTES, &w->weight_bytes));
+                w->weight_bytes->value = (double)s->weight_bytes;
+        }
         if (m->disable_log_stats)
                 return TSR_OK;
         md = find_model(m, model_name, &idx);
@@ -870,6 +880,8 @@ static void worker_remove_locked(tsr_metrics *m, const char *worker_key) {
                 child_remove(&m->fam[F_TESSERA_FIRST + TSR_METRICS_WORKER_KV_TOTAL], w->kv_total);
         if (w->kv_free)
                 child_remove(&m->fam[F_TESSERA_FIRST + TSR_METRICS_WORKER_KV_FREE], w->kv_free);
+        if (w->weight_bytes)
+                child_remove(&m->fam[F_TESSERA_FIRST + TSR_METRICS_WORKER_WEIGHT_BYTES], w->weight_bytes);
         for (size_t i = 0; i < m->n_workers; i++) {
                 if (m->workers[i] == w) {
                         memmove(m->workers + i, m->workers + i + 1, (m->n_workers - i - 1) * sizeof(*m->workers));

@@ -95,6 +95,7 @@ typedef struct tsr_metrics_worker_sample {
         uint64_t prefix_cache_hits_total;
         uint64_t prompt_tokens_total;
         uint64_t generation_tokens_total;
+        uint64_t weight_bytes;               /* from its ModelInfo (0: not reported) */
 } tsr_metrics_worker_sample;
 
 /* A worker's Status arrived.  `worker_key` names the worker for as long as the router
@@ -179,6 +180,7 @@ typedef enum tsr_metrics_id {
                                            * "idle_timeout" */
         TSR_METRICS_WORKER_KV_TOTAL,  /* gauge tessera:worker_kv_blocks{worker}, set by worker_status */
         TSR_METRICS_WORKER_KV_FREE,   /* gauge tessera:worker_kv_free_blocks{worker}, set by worker_status */
+        TSR_METRICS_WORKER_WEIGHT_BYTES, /* gauge tessera:worker_weight_bytes{worker}, set by worker_status */
         TSR_METRICS_ID_COUNT,
 } tsr_metrics_id;
 

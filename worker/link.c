@@ -932,8 +932,9 @@ tsr_status tsr_link_pack_model_info(const tsr_config *cfg, const tsr_model_meta 
         mi.kv_blocks_total = p->kv_blocks_total;
         mi.max_num_seqs = p->max_num_seqs;
         mi.max_num_batched_tokens = p->max_num_batched_tokens;
-        mi.tensor_parallel_size = 1;
-        mi.pipeline_parallel_size = 1;
+        mi.tensor_parallel_size = p->tensor_parallel_size ? p->tensor_parallel_size : 1;
+        mi.pipeline_parallel_size = p->pipeline_parallel_size ? p->pipeline_parallel_size : 1;
+        mi.weight_bytes = p->weight_bytes;
         mi.dtype = (char *)dtype;
         mi.backend = "cpu";
         mi.architecture = m->architecture ? m->architecture : "";

@@ -33,6 +33,8 @@ typedef struct tsr_worker_plan {
         uint32_t max_num_seqs;
         uint32_t max_num_batched_tokens;
         uint64_t boot_epoch;
+        uint64_t weight_bytes;          /* resident weight bytes over every rank (the load's) */
+        uint32_t tensor_parallel_size, pipeline_parallel_size;
 } tsr_worker_plan;
 
 /* Pack ModelInfo twice: with the tokenizer (*full) and without it (*lean, for routers

@@ -480,6 +480,9 @@ int main(int argc, char **argv) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);
                 goto out;
         }
+        plan.weight_bytes = lstats.resident_bytes;
+        plan.tensor_parallel_size = (uint32_t)(cfg.tensor_parallel_size > 0 ? cfg.tensor_parallel_size : 1);
+        plan.pipeline_parallel_size = (uint32_t)(cfg.pipeline_parallel_size > 0 ? cfg.pipeline_parallel_size : 1);
         if (tsr_link_pack_model_info(&cfg, meta, &gen_defaults, &plan, runner != NULL, runner ? tsr_runner_dtype(runner) : "float32", &mi_full, &mi_full_len, &mi_lean, &mi_lean_len) != TSR_OK) {
                 log_error("model info for %s does not fit in one protocol frame", meta->path);
                 goto out;

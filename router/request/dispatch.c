@@ -472,6 +472,7 @@ static void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st) {
                 .prefix_cache_hits_total = st->prefix_cache_hits_total,
                 .prompt_tokens_total = st->prompt_tokens_total,
                 .generation_tokens_total = st->generation_tokens_total,
+                .weight_bytes = mi ? mi->weight_bytes : 0,
         };
         /* With --router-threads every loop hears every worker's Status; the engine
          * series (gauges, and counters fed as deltas of the worker's totals) come from

@@ -53,6 +53,12 @@ def test_greedy_matches_emulation(spawn, variant, method, extra):
     if not extra:
         resident = float(re.search(r"([0-9.]+) MB resident", out).group(1))
         assert resident == pytest.approx((228608 if variant == "fp8" else 196352) / 1e6, abs=0.05), out
+        # and /metrics says the same, exactly, per worker
+        def gauge():
+            text = requests.get(base + "/metrics", timeout=5).text
+            return re.search(r'^tessera:worker_weight_bytes\{worker="[^"]+"\} ([0-9.e+]+)$', text, re.M)
+        g = wait_until(gauge, timeout=10, what="tessera:worker_weight_bytes")
+        assert float(g.group(1)) == (228608 if variant == "fp8" else 196352)
 
 
 def test_tensor_parallel_refused(spawn):

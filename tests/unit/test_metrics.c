@@ -179,7 +179,15 @@ static void test_exact_small_registry(void **state) {
                 "# TYPE tessera:worker_kv_blocks gauge\n"
                 "# HELP tessera:worker_kv_free_blocks KV-cache blocks free on the worker, evictable cached blocks "
                 "included (its last Status).\n"
-                "# TYPE tessera:worker_kv_free_blocks gauge\n");
+                "# TYPE tessera:worker_kv_free_blocks gauge\n"
+                "# HELP tessera:worker_weight_bytes Bytes of model weights resident on the worker, every rank, as "
+                "held (kept quantized or widened; its ModelInfo).\n"
+                "# TYPE tessera:worker_weight_bytes gauge\n");
+        free(t);
+        s.weight_bytes = 228608;                /* a ModelInfo that reports them: the series appears */
+        assert_int_equal(tsr_metrics_worker_status(m, "m", "tcp://w1:8100", 1, &s), TSR_OK);
+        t = render(m);
+        assert_non_null(strstr(t, "tessera:worker_weight_bytes{worker=\"tcp://w1:8100\"} 228608.0\n"));
         free(t);
         tsr_metrics_free(&m);
         assert_null(m);
