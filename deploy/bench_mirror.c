@@ -262,7 +262,7 @@ int main(int argc, char **argv) {
         size_t n_workers = 3, n_blocks = 3, prompt_blocks = 64, n_requests = 20000;
         uint64_t seed = 1;
 
-        for (int i = 1; i < argc; i++) {
+        for (int i = 1; i < argc; i += 2) {     /* --option value pairs */
                 const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
                 if (!v || strncmp(a, "--", 2) != 0) {
                         fprintf(stderr, "usage: tessera-bench-mirror [--workers 4,16,64] [--blocks 1000,10000,100000] "
@@ -283,7 +283,6 @@ int main(int argc, char **argv) {
                         fprintf(stderr, "tessera-bench-mirror: unknown option %s\n", a);
                         return 2;
                 }
-                i++;
         }
         if (prompt_blocks == 0 || n_requests == 0) {
                 fprintf(stderr, "tessera-bench-mirror: --prompt-blocks and --requests must be positive\n");

@@ -265,7 +265,7 @@ static bool job_done_ok(rq *r, int status, const char *cancelled) {
         }
         if (status != 0 || r->prep_st != TSR_OK) {
                 if (status != 0)
-                        tsr_request_fail(r, 500, "InternalServerError", cancelled);
+                        tsr_request_fail(r, 500, "InternalServerError", "%s", cancelled);
                 else
                         tsr_request_fail_with(r, &r->err);
                 return false;
