@@ -51,8 +51,12 @@ build_xgrammar() {
     mkdir -p "$XGR_DIR"
     if ! echo "$XGR_SHA  $sdist" | sha256sum -c --status 2>/dev/null; then
         rm -f "$sdist"
-        "$py" -m pip download --quiet --no-deps --disable-pip-version-check --no-binary xgrammar \
-            "xgrammar==$XGR_VERSION" -d "$XGR_DIR" >&2 || { echo "setup: pip download xgrammar failed" >&2; return 1; }
+        # TESSERA_PIP_CERT: a CA bundle for pip where HTTPS goes through an intercepting
+        # proxy and the system store lacks its CA (the container build, see Containerfile);
+        # as PIP_CERT, so the build-dependency pip that reads the sdist's metadata has it too.
+        ${TESSERA_PIP_CERT:+env PIP_CERT="$TESSERA_PIP_CERT"} "$py" -m pip download --quiet --no-deps \
+            --disable-pip-version-check --no-binary xgrammar "xgrammar==$XGR_VERSION" -d "$XGR_DIR" >&2 ||
+            { echo "setup: pip download xgrammar failed" >&2; return 1; }
         echo "$XGR_SHA  $sdist" | sha256sum -c --status ||
             { echo "setup: $sdist is not the pinned sha256 $XGR_SHA" >&2; return 1; }
     fi

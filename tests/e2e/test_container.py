@@ -59,8 +59,14 @@ def image():
     STORE.mkdir(parents=True, exist_ok=True)
     ensure_base()
     started = time.monotonic()
-    r = buildah("build", "--pull=never", "--layers", "--isolation", "chroot", "-f", REPO / "deploy" / "Containerfile",
-                "-t", IMAGE, REPO, check=False)
+    # pip in the build (xgrammar's sdist) trusts what the host's pip trusts: on these
+    # machines HTTPS goes through a proxy whose CA only the host's bundle has
+    ca = next((c for c in (os.environ.get("PIP_CERT"), os.environ.get("REQUESTS_CA_BUNDLE"),
+                           os.environ.get("SSL_CERT_FILE")) if c and os.path.isfile(c)), None)
+    ca_args = ["--volume", f"{ca}:/run/build-ca.crt:ro", "--build-arg", "TESSERA_PIP_CERT=/run/build-ca.crt"] \
+        if ca else []
+    r = buildah("build", "--pull=never", "--layers", "--isolation", "chroot", *ca_args,
+                "-f", REPO / "deploy" / "Containerfile", "-t", IMAGE, REPO, check=False)
     # the whole log when it fails: a build that breaks must say where
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
     print(f"image built in {time.monotonic() - started:.0f} s")
