@@ -257,16 +257,16 @@ class Served:
         return None
 
 
-def serve_demo(tmp_path_factory, *flags, name="smol"):
+def serve_demo(tmp_path_factory, *flags, name="smol", kv_cache="256M"):
     """`tessera serve` of the demo model for a module-scoped fixture (served as `name`,
-    2048-token context, 256 MiB of KV cache): (base URL, Proc) once healthy; the fixture
-    calls proc.kill_group() at teardown."""
+    2048-token context, `kv_cache` bytes of KV cache): (base URL, Proc) once healthy; the
+    fixture calls proc.kill_group() at teardown."""
     if not DEMO_MODEL.exists():
         skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port, "--served-model-name", name,
-                 "--max-model-len", "2048", "--kv-cache-memory-bytes", "256M", *flags], log)
+                 "--max-model-len", "2048", "--kv-cache-memory-bytes", kv_cache, *flags], log)
     base = f"http://127.0.0.1:{port}"
 
     def ready():

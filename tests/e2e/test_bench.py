@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import BUILD, DEMO_MODEL, LAUNCHER, REPO, Proc, free_port, http_status, skip_because, wait_until
+from conftest import BUILD, DEMO_MODEL, LAUNCHER, REPO, serve_demo
 
 MODEL = "smol"
 BENCH_TIMEOUT = 600   # a loaded 2-core machine runs SmolLM2 at a few tokens/s per request
@@ -87,21 +87,8 @@ def check_block(stdout, **kw):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    if not DEMO_MODEL.exists():
-        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port,
-                 "--served-model-name", MODEL, "--max-model-len", "2048", "--max-num-seqs", "16",
-                 "--kv-cache-memory-bytes", "512M"], log)
-    base = f"http://127.0.0.1:{port}"
-
-    def ready():
-        if proc.p.poll() is not None:
-            raise AssertionError(proc.output())
-        return http_status(base + "/health") == 200
-    wait_until(ready, timeout=120, interval=0.1, what="server ready")
-    yield base, port, proc
+    base, proc = serve_demo(tmp_path_factory, "--max-num-seqs", "16", name=MODEL, kv_cache="512M")
+    yield base, int(base.rsplit(":", 1)[1]), proc
     proc.kill_group()
 
 

@@ -83,16 +83,6 @@ static float *load_logits(size_t *n_rows) {
         return v;
 }
 
-static size_t prompt_ids(size_t pi, uint32_t *ids, size_t cap) {
-        json_t *a = json_object_get(json_array_get(json_object_get(golden, "prompts"), pi), "ids");
-        size_t n = json_array_size(a);
-
-        assert_true(n > 0 && n <= cap);
-        for (size_t i = 0; i < n; i++)
-                ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
-        return n;
-}
-
 /* max |a - b| over rows of the vocabulary, and the same argmax in each row. */
 static float compare_rows(const float *got, const float *want, size_t rows) {
         float worst = 0.0f;
@@ -156,7 +146,7 @@ static void test_full_logits(void **state) {
 
         (void)state;
         for (size_t p = 0; p < n_prompts; p++) {
-                size_t n = prompt_ids(p, ids, 128);
+                size_t n = tsr_test_prompt_ids(golden, p, ids, 128);
                 float *got = malloc(n * vocab * sizeof(float));
                 run(c, p, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got);
                 float w = compare_rows(got, want + row * vocab, n);
@@ -182,9 +172,9 @@ static void test_decode_steps(void **state) {
 
         (void)state;
         for (size_t p = 0; p < n_prompts; p++)
-                before += prompt_ids(p, ids, 128);
+                before += tsr_test_prompt_ids(golden, p, ids, 128);
         assert_int_equal(n_rows, before + steps);
-        size_t n = prompt_ids(pi, ids, 128);
+        size_t n = tsr_test_prompt_ids(golden, pi, ids, 128);
         /* slot 3 first holds another sequence: a new sequence must start from zero state */
         run(c, 3, ids, 5, 0, TSR_LLAMA_LOGITS_NONE, NULL);
         run(c, 3, ids, n - steps, 0, TSR_LLAMA_LOGITS_LAST, got);
@@ -211,7 +201,7 @@ static void test_chunked_prefill(void **state) {
 
         (void)state;
         for (size_t p = 0; p < n_prompts; p++) {
-                size_t n = prompt_ids(p, ids, 128), past = 0;
+                size_t n = tsr_test_prompt_ids(golden, p, ids, 128), past = 0;
                 float *got = malloc(n * vocab * sizeof(float));
                 for (size_t i = 0; past < n; i++) {
                         size_t k = chunks[i % (sizeof chunks / sizeof chunks[0])];
@@ -240,7 +230,7 @@ static void test_greedy(void **state) {
         (void)state;
         for (size_t p = 0; p < n_prompts; p++) {
                 json_t *g = json_array_get(json_object_get(golden, "greedy"), p);
-                size_t n = prompt_ids(p, ids, 128), len = n;
+                size_t n = tsr_test_prompt_ids(golden, p, ids, 128), len = n;
                 assert_true(n + json_array_size(g) <= SEQ_BLOCKS * BLOCK);
                 run(c, p, ids, n, 0, TSR_LLAMA_LOGITS_LAST, logits);
                 for (size_t i = 0; i < json_array_size(g); i++) {
@@ -264,7 +254,7 @@ static void test_batch_invariance(void **state) {
         (void)state;
         assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &backends[1]), TSR_OK);
         for (size_t k = 0; k < 3; k++) {
-                n[k] = prompt_ids(k, ids[k], 128);
+                n[k] = tsr_test_prompt_ids(golden, k, ids[k], 128);
                 table_of(k, tables[k]);
         }
         for (size_t bi = 0; bi < 2; bi++) {
@@ -310,7 +300,7 @@ static void test_pool_bind(void **state) {
         tsr_kv_pool *pool = NULL;
         tsr_nemotron_h_cache *bound = NULL, *own = new_cache();
         uint32_t ids[128], table[SEQ_BLOCKS];
-        size_t n = prompt_ids(2, ids, 128);
+        size_t n = tsr_test_prompt_ids(golden, 2, ids, 128);
         float *a = malloc(n * vocab * sizeof(float)), *b = malloc(n * vocab * sizeof(float));
 
         (void)state;

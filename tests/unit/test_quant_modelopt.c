@@ -162,15 +162,6 @@ static int golden_teardown(void **state) {
         return 0;
 }
 
-static size_t prompt_ids(size_t pi, uint32_t *ids, size_t cap) {
-        json_t *a = json_object_get(json_array_get(json_object_get(golden, "prompts"), pi), "ids");
-        size_t n = json_array_size(a);
-        assert_true(n > 0 && n <= cap);
-        for (size_t i = 0; i < n; i++)
-                ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
-        return n;
-}
-
 /* Load `dir` as the worker does: its ModelOpt config, the weights kept as stored. */
 static tsr_status load_dir(const char *dir, tsr_llama **m, tsr_load_stats *st, char *err, size_t errlen) {
         tsr_modelopt_config c;
@@ -214,7 +205,7 @@ static void check_variant(const char *variant, tsr_dtype want_dtype) {
         size_t rows = 0;
         uint32_t ids[160];
         for (size_t i = 0; i < json_array_size(lp); i++)
-                rows += prompt_ids((size_t)json_integer_value(json_array_get(lp, i)), ids, 160);
+                rows += tsr_test_prompt_ids(golden, (size_t)json_integer_value(json_array_get(lp, i)), ids, 160);
         char rel[512], lpath[1024];
         snprintf(rel, sizeof rel, FIXTURE "/%s", json_string_value(json_object_get(var, "logits_file")));
         assert_non_null(tsr_test_src_path(rel, lpath, sizeof lpath));
@@ -229,7 +220,7 @@ static void check_variant(const char *variant, tsr_dtype want_dtype) {
         double worst = 0;
         size_t row = 0;
         for (size_t i = 0; i < json_array_size(lp); i++) {
-                size_t pi = (size_t)json_integer_value(json_array_get(lp, i)), n = prompt_ids(pi, ids, 160);
+                size_t pi = (size_t)json_integer_value(json_array_get(lp, i)), n = tsr_test_prompt_ids(golden, pi, ids, 160);
                 assert_int_equal(tsr_llama_kv_truncate(kv, 0), TSR_OK);
                 assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got), TSR_OK);
                 /* the fast backend is bitwise the reference */
@@ -252,7 +243,7 @@ static void check_variant(const char *variant, tsr_dtype want_dtype) {
         size_t total = 0;
         for (size_t pi = 0; pi < json_array_size(greedy); pi++) {
                 json_t *gw = json_array_get(greedy, pi);
-                size_t n = prompt_ids(pi, ids, 160);
+                size_t n = tsr_test_prompt_ids(golden, pi, ids, 160);
                 assert_int_equal(tsr_llama_kv_truncate(kv, 0), TSR_OK);
                 assert_int_equal(tsr_llama_forward(m, fast_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step), TSR_OK);
                 for (size_t s2 = 0; s2 < json_array_size(gw); s2++) {

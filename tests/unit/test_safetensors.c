@@ -666,15 +666,6 @@ static float *load_logits(const char *name, size_t n) {
         return v;
 }
 
-static size_t prompt_ids(size_t pi, uint32_t *ids, size_t cap) {
-        json_t *a = json_object_get(json_array_get(json_object_get(golden, "prompts"), pi), "ids");
-        size_t n = json_array_size(a);
-        assert_true(n > 0 && n <= cap);
-        for (size_t i = 0; i < n; i++)
-                ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
-        return n;
-}
-
 static void check_variant(const char *variant, uint32_t want_dtype) {
         char path[1024], err[512];
         tsr_llama *m = NULL;
@@ -705,7 +696,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
 
         uint32_t ids[128];
         for (size_t pi = 0; pi < n_prompts; pi++)
-                rows += prompt_ids(pi, ids, 128);
+                rows += tsr_test_prompt_ids(golden, pi, ids, 128);
         n_steps = (size_t)json_integer_value(json_object_get(json_object_get(golden, "decode"), "steps"));
         size_t dec_prompt = (size_t)json_integer_value(json_object_get(json_object_get(golden, "decode"), "prompt"));
         float *want = load_logits(json_string_value(json_object_get(var, "logits_file")), (rows + n_steps) * V);
@@ -715,7 +706,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
         /* full sequence */
         size_t row = 0;
         for (size_t pi = 0; pi < n_prompts; pi++) {
-                size_t n = prompt_ids(pi, ids, 128);
+                size_t n = tsr_test_prompt_ids(golden, pi, ids, 128);
                 assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, got), TSR_OK);
                 for (size_t t = 0; t < n; t++) {
                         const float *w = want + (row + t) * V, *g = got + t * V;
@@ -760,7 +751,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
         size_t agree = 0, total = 0;
         for (size_t pi = 0; pi < n_prompts; pi++) {
                 json_t *gw = json_array_get(greedy, pi);
-                size_t n = prompt_ids(pi, ids, 128);
+                size_t n = tsr_test_prompt_ids(golden, pi, ids, 128);
                 assert_int_equal(tsr_llama_kv_truncate(kv, 0), TSR_OK);
                 assert_int_equal(tsr_llama_forward(m, ref_be, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step), TSR_OK);
                 for (size_t s2 = 0; s2 < json_array_size(gw); s2++) {

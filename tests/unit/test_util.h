@@ -1,12 +1,15 @@
 /* test_util.h - small helpers the model tests share (header-only: each test is its own
- * executable). */
+ * executable).  Include after <cmocka.h>. */
 #ifndef TSR_TEST_UTIL_H
 #define TSR_TEST_UTIL_H
 
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <sys/stat.h>
+
+#include <jansson.h>
 
 /* $TSR_SOURCE_ROOT/rel (meson sets it for every test) into buf, or NULL when unset or
  * when the file is not there. */
@@ -27,6 +30,18 @@ static inline size_t tsr_test_argmax(const float *x, size_t n) {
                 if (x[i] > x[best])
                         best = i;
         return best;
+}
+
+/* A golden file's prompt pi as token ids: golden.prompts[pi].ids into ids[cap]; the
+ * count (the case fails when it is 0 or over cap). */
+static inline size_t tsr_test_prompt_ids(const json_t *golden, size_t pi, uint32_t *ids, size_t cap) {
+        json_t *a = json_object_get(json_array_get(json_object_get(golden, "prompts"), pi), "ids");
+        size_t n = json_array_size(a);
+
+        assert_true(n > 0 && n <= cap);
+        for (size_t i = 0; i < n; i++)
+                ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
+        return n;
 }
 
 #endif
