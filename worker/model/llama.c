@@ -549,6 +549,9 @@ struct scratch {
         float *att;     /* (n, n_heads * head_dim) attention output before o_proj */
         float *hb, *hb2;  /* (n, hidden_dim) gate and up */
         uint32_t *pos;  /* (n,) */
+        /* canonical models (mm_row): one K slice of the rows, and the slices' partial sums */
+        float *slice;   /* (n, max(q_dim, hidden_dim) / slices) */
+        float *parts;   /* (slices, n, dim) */
 };
 
 static void scratch_free(struct scratch *s) {
@@ -561,6 +564,8 @@ static void scratch_free(struct scratch *s) {
         free(s->hb);
         free(s->hb2);
         free(s->pos);
+        free(s->slice);
+        free(s->parts);
 }
 
 static tsr_status scratch_alloc(struct scratch *s, const tsr_llama *m, size_t n) {
@@ -584,6 +589,15 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama *m, size_t n)
         s->hb = malloc(n * m->hid * sizeof(float));
         s->hb2 = malloc(n * m->hid * sizeof(float));
         s->pos = malloc(n * sizeof(uint32_t));
+        if (m->canonical) {     /* once per forward, not per row-parallel matmul */
+                size_t ns = TSR_COMM_TREE_LEAVES / m->tp_size, k = q_dim > m->hid ? q_dim : m->hid;
+                s->slice = malloc(n * (k / ns) * sizeof(float));
+                s->parts = malloc(ns * n * c->dim * sizeof(float));
+                if (!s->slice || !s->parts) {
+                        scratch_free(s);
+                        return TSR_E_NOMEM;
+                }
+        }
         if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->pos) {
                 scratch_free(s);
                 return TSR_E_NOMEM;
@@ -627,37 +641,28 @@ static tsr_status embed(const tsr_llama *m, tsr_backend *be, float *x, const uin
  * give one fp32 partial each, the balanced tree adds them here and the all-reduce adds
  * the ranks' sums in the same tree (reference/distributed.md R7), so the sum is the same
  * bits for every tp_size. */
-static tsr_status mm_row(const tsr_llama *m, tsr_backend *be, float *out, const float *x, long l, int which,
-                         const float *w_f32, size_t rows, size_t k, size_t d) {
+static tsr_status mm_row(const tsr_llama *m, tsr_backend *be, struct scratch *s, float *out, const float *x, long l,
+                         int which, const float *w_f32, size_t rows, size_t k, size_t d) {
         size_t ns, ks;
         const float *parts[TSR_COMM_TREE_LEAVES];
-        float *xs, *ps;
         tsr_status st = TSR_OK;
 
         if (!m->canonical)
                 return mm(m, be, out, x, l, which, w_f32, rows, k, d);
         ns = TSR_COMM_TREE_LEAVES / m->tp_size;
         ks = k / ns;
-        xs = malloc(rows * ks * sizeof(float));
-        ps = malloc(ns * rows * d * sizeof(float));
-        if (!xs || !ps) {
-                st = TSR_E_NOMEM;
-                goto done;
-        }
         for (size_t j = 0; j < ns && st == TSR_OK; j++) {
                 for (size_t r = 0; r < rows; r++)
-                        memcpy(xs + r * ks, x + r * k + j * ks, ks * sizeof(float));
-                parts[j] = ps + j * rows * d;
-                st = tsr_backend_matmul(be, ps + j * rows * d, xs, w_f32 + j * d * ks, TSR_DTYPE_F32, rows, ks, d);
+                        memcpy(s->slice + r * ks, x + r * k + j * ks, ks * sizeof(float));
+                parts[j] = s->parts + j * rows * d;
+                st = tsr_backend_matmul(be, s->parts + j * rows * d, s->slice, w_f32 + j * d * ks, TSR_DTYPE_F32,
+                                        rows, ks, d);
         }
-        if (st == TSR_OK) {
-                tsr_comm_tree_sum(parts, (int)ns, out, rows * d);
-                if (m->tp_size > 1)
-                        st = m->comm ? tsr_comm_all_reduce_sum(m->comm, out, rows * d, NULL) : TSR_E_INVAL;
-        }
-done:
-        free(xs);
-        free(ps);
+        if (st != TSR_OK)
+                return st;
+        tsr_comm_tree_sum(parts, (int)ns, out, rows * d);
+        if (m->tp_size > 1)
+                st = m->comm ? tsr_comm_all_reduce_sum(m->comm, out, rows * d, NULL) : TSR_E_INVAL;
         return st;
 }
 
@@ -767,14 +772,14 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                         TRY(tsr_backend_attention(be, s.att + row * q_dim, s.q + row * q_dim, &view, seqs[i].n,
                                                   seqs[i].past_len, m->nh, scale));       /* att (n_i, q_dim) */
                 }
-                TRY(mm_row(m, be, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));            /* xb (N, dim) */
+                TRY(mm_row(m, be, &s, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));            /* xb (N, dim) */
 
                 /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) after the attention's add */
                 TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, L->ffn_norm, N, dim, c->rms_eps));
                 TRY(mm(m, be, s.hb, s.xb, (long)l, MM_GATE, L->w_gate, N, dim, hid));            /* hb (N, hid) */
                 TRY(mm(m, be, s.hb2, s.xb, (long)l, MM_UP, L->w_up, N, dim, hid));               /* hb2 (N, hid) */
                 TRY(tsr_backend_silu_mul(be, s.hb, s.hb, s.hb2, N * hid));
-                TRY(mm_row(m, be, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));        /* xb (N, dim) */
+                TRY(mm_row(m, be, &s, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));        /* xb (N, dim) */
                 if (l + 1 < m->n_local) {       /* with the next layer's attention norm */
                         TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, w->layers[l + 1].attn_norm, N, dim,
                                                     c->rms_eps));
