@@ -127,6 +127,12 @@ tsr_status tsr_backend_download(tsr_backend *be, void *dst, const void *src, siz
         return bytes ? be->ops->download(be, dst, src, bytes) : TSR_OK;
 }
 
+tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+        if (!be || ((!dst || !src) && bytes))
+                return TSR_E_INVAL;
+        return bytes ? be->ops->copy(be, dst, src, bytes) : TSR_OK;
+}
+
 tsr_status tsr_backend_synchronize(tsr_backend *be) {
         if (!be)
                 return TSR_E_INVAL;

@@ -28,6 +28,7 @@ typedef struct tsr_backend_ops {
         void (*mem_free)(tsr_backend *be, void *p);
         tsr_status (*upload)(tsr_backend *be, void *dst, const void *src, size_t bytes);
         tsr_status (*download)(tsr_backend *be, void *dst, const void *src, size_t bytes);
+        tsr_status (*copy)(tsr_backend *be, void *dst, const void *src, size_t bytes);
         tsr_status (*synchronize)(tsr_backend *be);
 
         /* The operators of kernels.h, same arguments after `be`; NULL: not implemented

@@ -67,7 +67,7 @@ typedef enum tsr_rope_layout {
 typedef struct tsr_kv_view {
         float *k;                       /* (n_blocks, block_size, n_kv_heads, head_dim) */
         float *v;                       /* (n_blocks, block_size, n_kv_heads, head_dim) */
-        const uint32_t *block_table;    /* (n_table,) block ids, each < n_blocks */
+        const uint32_t *block_table;    /* (n_table,) block ids, each < n_blocks; host memory */
         size_t n_table;                 /* entries in block_table */
         size_t n_blocks;                /* blocks the k and v arrays hold */
         size_t block_size;              /* token rows per block, >= 1 */
@@ -170,6 +170,10 @@ void tsr_backend_mem_free(tsr_backend *be, void *p);
  * the data, after all work queued on the backend before the call (download). */
 tsr_status tsr_backend_upload(tsr_backend *be, void *dst, const void *src, size_t bytes);
 tsr_status tsr_backend_download(tsr_backend *be, void *dst, const void *src, size_t bytes);
+/* Copy backend -> backend memory (both from this backend; they must not overlap): memcpy
+ * on the CPU, a device-to-device copy queued on the backend's stream on CUDA (ordered
+ * with the ops; not waited for). */
+tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t bytes);
 /* Wait for all work queued on this backend (no-op on the CPU, whose ops return when done). */
 tsr_status tsr_backend_synchronize(tsr_backend *be);
 
@@ -224,7 +228,8 @@ typedef struct tsr_matmul_scales {
 tsr_status tsr_backend_matmul_scaled(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
                                      const tsr_matmul_scales *s, size_t rows, size_t n, size_t d);
 /* Rotate, in place, each head of each row by its position.
- * x (rows, n_heads, head_dim), pos (rows,), inv_freq (head_dim/2,).  head_dim even. */
+ * x (rows, n_heads, head_dim), inv_freq (head_dim/2,) backend memory; pos (rows,) host
+ * memory (as every index array: embedding's ids, a KV view's block table).  head_dim even. */
 tsr_status tsr_backend_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
                             const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout);
 /* Store the keys and values of tokens past_len .. past_len+n-1 in the cache.

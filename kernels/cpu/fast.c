@@ -739,6 +739,7 @@ static const tsr_backend_ops cpu_fast_ops = {
         .mem_free = tsr_backend_host_free,
         .upload = tsr_backend_host_copy,
         .download = tsr_backend_host_copy,
+        .copy = tsr_backend_host_copy,
         .synchronize = tsr_backend_host_sync,
         .rmsnorm = fast_rmsnorm,
         .embedding = fast_embedding,

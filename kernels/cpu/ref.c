@@ -377,6 +377,7 @@ static const tsr_backend_ops cpu_ref_ops = {
         .mem_free = tsr_backend_host_free,
         .upload = tsr_backend_host_copy,
         .download = tsr_backend_host_copy,
+        .copy = tsr_backend_host_copy,
         .synchronize = tsr_backend_host_sync,
         .rmsnorm = ref_be_rmsnorm,
         .embedding = ref_be_embedding,

@@ -61,6 +61,10 @@ static tsr_status cuda_download(tsr_backend *be, void *dst, const void *src, siz
         return cuda_copy(be, dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
+static tsr_status cuda_copy_d2d(tsr_backend *be, void *dst, const void *src, size_t bytes) {
+        return cuda_copy(be, dst, src, bytes, cudaMemcpyDeviceToDevice);
+}
+
 static tsr_status cuda_synchronize(tsr_backend *be) {
         tsr_status st = use_device(be);
         if (st != TSR_OK)
@@ -93,6 +97,7 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.mem_free = cuda_mem_free;
         o.upload = cuda_upload;
         o.download = cuda_download;
+        o.copy = cuda_copy_d2d;
         o.synchronize = cuda_synchronize;
         o.rmsnorm = cuda_rmsnorm;
         o.add_rmsnorm = cuda_add_rmsnorm;
