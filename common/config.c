@@ -82,6 +82,7 @@ static const char *const dtype_choices[] = {"auto", "half", "float16", "bfloat16
 static const char *const kv_dtype_choices[] = {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", NULL};
 static const char *const load_format_choices[] = {"auto", "safetensors", "gguf", "dummy", NULL};
 static const char *const backend_choices[] = {"mp", "uni", NULL};
+static const char *const device_choices[] = {"auto", "cuda", "cpu", NULL};
 static const char *const block_size_choices[] = {"1", "8", "16", "32", "64", "128", "256", NULL};
 static const char *const hash_algo_choices[] = {"sha256", "sha256_cbor", "xxhash", NULL};
 static const char *const policy_choices[] = {"fcfs", "priority", NULL};
@@ -102,6 +103,10 @@ static const tsr_opt opts[] = {
          .def_help = "from the model's config", .help = "context length in tokens; 1k = 1000, 1K = 1024"},
         {O_STR("dtype", dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE", .def = "auto",
          .choices = dtype_choices, .help = "weight and activation precision"},
+        {O_STR("device", device), .owner = W, .group = GRP_MODEL, .metavar = "DEVICE", .def = "auto",
+         .choices = device_choices,
+         .help = "where the forward runs: cuda (GPU 0), cpu, or auto (cuda when a device is there and the model's "
+                 "family runs on it, else cpu)"},
         {O_STR("kv-cache-dtype", kv_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
          .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache; only auto (float32) for now"},
         {O_STR("quantization", quantization), .alias = "-q", .owner = W, .group = GRP_MODEL, .metavar = "METHOD",
@@ -1180,12 +1185,6 @@ size_t tsr_config_noop_notes(const tsr_config *cfg, unsigned owner, const char *
                 bool set;
                 const char *line;
         } notes[] = {
-                {TSR_OWNER_WORKER, cfg->enforce_eager,
-                 "--enforce-eager has no effect by design: the CPU backend never captures graphs, it always "
-                 "runs eagerly"},
-                {TSR_OWNER_WORKER, cfg->gpu_memory_utilization != 0.9,
-                 "--gpu-memory-utilization has no effect by design on the CPU backend: the KV cache is sized by "
-                 "--kv-cache-memory-bytes (vLLM's CPU backend also sizes it from its own setting)"},
                 {TSR_OWNER_WORKER, cfg->swap_space != 4.0,
                  "--swap-space has no effect by design: preempted requests are recomputed, never swapped "
                  "(vLLM V1 ignores it too)"},

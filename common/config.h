@@ -54,6 +54,7 @@ typedef struct tsr_config {
         char *tokenizer;                   /* NULL = the model's */
         int max_model_len;                 /* 0 = from the model's config */
         char *dtype;                       /* auto|half|float16|bfloat16|float|float32 */
+        char *device;                      /* auto|cuda|cpu: where the worker's forward runs */
         char *kv_cache_dtype;              /* auto|bfloat16|fp8|fp8_e4m3|fp8_e5m2 */
         char *quantization;                /* NULL = from the checkpoint */
         char *load_format;                 /* auto|safetensors|gguf|dummy */

@@ -4,7 +4,7 @@
  *
  *   tessera-bench-engine [MODEL.gguf|HF-DIR] [--threads 1,2] [--batches 1,8,32,64]
  *                        [--steps N] [--prefill N] [--repeat N]
- *                        [--kernels fast|amx_bf16|avx512_bf16|avx2|ref]
+ *                        [--kernels fast|amx_bf16|avx512_bf16|avx2|ref|cuda]
  *                        [--dtypes float32,bfloat16,stored] [--no-bandwidth]
  *
  * For each dtype, thread count and batch B: B sequences each prefilled with 16 tokens,
@@ -21,7 +21,10 @@
  * best this CPU has), e.g. avx512_bf16 to time VDPBF16PS against AMX's tiles for bf16.
  * --dtypes stored: a GGUF file's block-format weights kept as they are (the worker's
  * --dtype auto; the int8 matmul of kernels/quant/qmm.h), or a ModelOpt FP8 / NVFP4 folder's
- * quantized weights (kernels/quant/fpmm.h); weight bytes = resident bytes. */
+ * quantized weights (kernels/quant/fpmm.h); weight bytes = resident bytes.
+ * --kernels cuda: the CUDA backend on GPU 0 (issue #16), weights copied to the device
+ * (tsr_llama_to_backend), one "thread"; the timed steps end with the logits' download,
+ * which waits for the device.  The bandwidth triad is the host's: pass --no-bandwidth. */
 #include <math.h>
 #include <stdbool.h>
 #include <pthread.h>
@@ -238,14 +241,23 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "--steps, --prefill and --repeat must be >= 1\n");
                 return 2;
         }
-        bool ref = strcmp(kernels, "ref") == 0;
+        bool ref = strcmp(kernels, "ref") == 0, cuda = strcmp(kernels, "cuda") == 0;
+        tsr_backend *gpu = NULL;
+        if (cuda) {
+                tsr_status gst = tsr_backend_cuda_new(0, &gpu);
+                if (gst != TSR_OK) {
+                        fprintf(stderr, "--kernels cuda: %s\n", tsr_status_str(gst));
+                        return 1;
+                }
+                ref = true;     /* one pass of the thread loop */
+        }
         tsr_cpu_isa max_isa = TSR_CPU_ISA_AMX_BF16;
         if (strcmp(kernels, "avx512_bf16") == 0)
                 max_isa = TSR_CPU_ISA_AVX512_BF16;
         else if (strcmp(kernels, "avx2") == 0)
                 max_isa = TSR_CPU_ISA_AVX2;
         else if (!ref && strcmp(kernels, "fast") != 0 && strcmp(kernels, "amx_bf16") != 0) {
-                fprintf(stderr, "--kernels %s: expected fast, amx_bf16, avx512_bf16, avx2 or ref\n", kernels);
+                fprintf(stderr, "--kernels %s: expected fast, amx_bf16, avx512_bf16, avx2, ref or cuda\n", kernels);
                 return 2;
         }
 
@@ -253,7 +265,8 @@ int main(int argc, char **argv) {
         double best_b1[3] = {0, 0, 0};  /* best batch-1 decode tok/s: float32, bfloat16, stored */
         double wbytes_of[3] = {0, 0, 0};
         tsr_cpu_isa isa = ref ? TSR_CPU_ISA_SCALAR : max_isa < tsr_cpu_isa_best() ? max_isa : tsr_cpu_isa_best();
-        printf("kernels %s, isa %s, model %s\n", ref ? "cpu-ref" : "cpu-fast", tsr_cpu_isa_name(isa), model);
+        printf("kernels %s, isa %s, model %s\n", cuda ? "cuda" : ref ? "cpu-ref" : "cpu-fast", tsr_cpu_isa_name(isa),
+               model);
         printf("| dtype | threads | what | tok/s | |\n|---|---|---|---|---|\n");
         char dt[64];
         snprintf(dt, sizeof dt, "%s", dtypes);
@@ -286,12 +299,19 @@ int main(int argc, char **argv) {
                 for (size_t b = 0; b < n_batches; b++)
                         if (batches[b] > max_batch)
                                 max_batch = batches[b];
+                if (gpu && (tsr_llama_to_backend(m, gpu, err, sizeof err) != TSR_OK ||
+                            tsr_llama_reserve(m, (size_t)(max_batch > prefill ? max_batch : prefill),
+                                              (size_t)max_batch) != TSR_OK)) {
+                        fprintf(stderr, "cuda: %s\n", err[0] ? err : "cannot reserve the activations");
+                        return 1;
+                }
                 float *logits = malloc((size_t)max_batch * c->vocab_size * sizeof(float));
                 double wbytes = stored ? (double)ls.resident_bytes : weight_bytes(c, bf16 ? 2.0 : 4.0);
                 for (size_t t = 0; t < (ref ? 1 : n_threads); t++) {
                         /* One backend per thread count: its pool has exactly that many threads. */
                         tsr_backend *be = NULL;
-                        tsr_status bst = ref ? tsr_backend_cpu_ref_new(&be)
+                        tsr_status bst = gpu ? TSR_OK
+                                       : ref ? tsr_backend_cpu_ref_new(&be)
                                              : tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = threads[t],
                                                                                              .max_isa = max_isa},
                                                                    &be);
@@ -300,6 +320,8 @@ int main(int argc, char **argv) {
                                         tsr_status_str(bst));
                                 return 1;
                         }
+                        if (gpu)
+                                be = gpu;
                         int nt = tsr_backend_threads(be);
                         for (size_t b = 0; b < n_batches; b++) {
                                 double best = 1e30;
@@ -326,11 +348,13 @@ int main(int argc, char **argv) {
                         }
                         printf("| %s | %d | prefill %d tokens | %.1f | |\n", dtype, nt, prefill, prefill / best);
                         fflush(stdout);
-                        tsr_backend_free(&be);
+                        if (!gpu)
+                                tsr_backend_free(&be);
                 }
                 free(logits);
                 tsr_llama_free(&m);
         }
+        tsr_backend_free(&gpu);
         if (bandwidth) {
                 best_bw = fmax(best_bw, measure_bandwidth(threads, n_threads, "after"));
                 for (int i = 0; i < 3; i++)

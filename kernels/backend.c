@@ -133,6 +133,12 @@ tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t 
         return bytes ? be->ops->copy(be, dst, src, bytes) : TSR_OK;
 }
 
+tsr_status tsr_backend_mem_info(tsr_backend *be, size_t *free_bytes, size_t *total_bytes) {
+        if (!be || !free_bytes || !total_bytes)
+                return TSR_E_INVAL;
+        return be->ops->mem_info ? be->ops->mem_info(be, free_bytes, total_bytes) : TSR_E_UNSUPPORTED;
+}
+
 tsr_status tsr_backend_synchronize(tsr_backend *be) {
         if (!be)
                 return TSR_E_INVAL;

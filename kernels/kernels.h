@@ -121,6 +121,12 @@ tsr_status tsr_backend_cpu_new(const tsr_cpu_backend_config *cfg, tsr_backend **
 /* The scalar reference backend (cpu/ref.c): one thread, ISA scalar.  Always available;
  * TSR_E_NOMEM or TSR_E_INVAL only. */
 tsr_status tsr_backend_cpu_ref_new(tsr_backend **ret);
+/* The reference kernels behind a backend whose memory counts as a device's
+ * (tsr_backend_host_memory false, name "cpu-devlike"), for tests: code with a device
+ * path (the forward's tsr_llama_to_backend) runs it on a machine without a GPU.  The
+ * memory is still the host's, so a host pointer passed where device memory belongs is
+ * not caught here; the GPU suite catches that. */
+tsr_status tsr_backend_cpu_devlike_new(tsr_backend **ret);
 /* A CUDA backend on device `device` (an ordinal): every call of this backend first makes
  * that device current on the calling thread.  TSR_E_UNSUPPORTED when CUDA is not built,
  * TSR_E_NOTFOUND when there is no such device, TSR_E_CUDA on a runtime error. */
@@ -174,6 +180,10 @@ tsr_status tsr_backend_download(tsr_backend *be, void *dst, const void *src, siz
  * on the CPU, a device-to-device copy queued on the backend's stream on CUDA (ordered
  * with the ops; not waited for). */
 tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t bytes);
+/* The backend's memory now free and in all, in bytes (CUDA: cudaMemGetInfo of its
+ * device, other processes' use included).  TSR_E_UNSUPPORTED on the CPU backends, whose
+ * memory is the host's (sized from the RAM by the caller). */
+tsr_status tsr_backend_mem_info(tsr_backend *be, size_t *free_bytes, size_t *total_bytes);
 /* Wait for all work queued on this backend (no-op on the CPU, whose ops return when done). */
 tsr_status tsr_backend_synchronize(tsr_backend *be);
 

@@ -105,9 +105,13 @@ static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t
 }
 
 /* pp_layers[pp]: the layers of each pipeline stage (pp > 1), else NULL. */
+/* gpu_total: the device's memory in bytes on a GPU backend (0 on the CPU), which picks
+ * vLLM's server defaults for --max-num-seqs and --max-num-batched-tokens; kv_on_device:
+ * the runner sizes the KV cache from the device's memory after the weights are in
+ * (tsr_runner_opts), so the plan leaves kv_blocks_total 0 and main checks it then. */
 static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
-                            uint32_t pp, const uint32_t *pp_layers, uint32_t tp, tsr_worker_plan *p, char *err,
-                            size_t errlen) {
+                            uint32_t pp, const uint32_t *pp_layers, uint32_t tp, uint64_t gpu_total,
+                            bool kv_on_device, tsr_worker_plan *p, char *err, size_t errlen) {
         tsr_kv_group groups[TSR_KV_GROUPS_MAX];
         size_t n_groups = 0;
         tsr_shard_spec largest = {.tp_size = 1}, *stage = NULL;
@@ -148,7 +152,12 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         }
         if (plan_kv_groups(desc, m, stage, groups, &n_groups, err, errlen) != TSR_OK)
                 return TSR_E_INVAL;
-        p->max_num_seqs = cfg->max_num_seqs > 0 ? (uint32_t)cfg->max_num_seqs : CPU_DEFAULT_MAX_NUM_SEQS;
+        /* vLLM's OpenAI-server defaults: 1024 sequences and 8192 tokens a step on a GPU of
+         * 70 GiB or more, else 256 and 2048 (the CPU's too). */
+        bool big_gpu = gpu_total >= 70ull << 30;
+        p->max_num_seqs = cfg->max_num_seqs > 0 ? (uint32_t)cfg->max_num_seqs
+                          : big_gpu            ? 1024
+                                               : CPU_DEFAULT_MAX_NUM_SEQS;
         /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
          * per block, and state slots (counted in the same budget) per running request. */
         long long budget = kv_budget(cfg, pp_layers ? pp : tp);
@@ -161,24 +170,25 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         }
         budget -= (long long)(p->state_slots * p->state_slot_bytes);
         p->kv_block_bytes = tsr_kv_block_bytes(groups, n_groups, (uint32_t)cfg->block_size);
-        p->kv_blocks_total = plan_kv_blocks(cfg, budget, p->kv_block_bytes);
+        p->kv_blocks_total = kv_on_device ? 0 : plan_kv_blocks(cfg, budget, p->kv_block_bytes);
         /* No attention layer (a pure Mamba pattern): blocks hold no memory, only the
          * engine's positions; enough for every slot's request at max_model_len. */
         if (p->kv_block_bytes == 0 && p->state_slots && cfg->num_gpu_blocks_override <= 0)
                 p->kv_blocks_total = (uint64_t)p->state_slots *
                                      ((p->max_model_len + (uint32_t)cfg->block_size - 1) / (uint32_t)cfg->block_size);
-        if (p->kv_blocks_total == 0) {   /* vLLM: "No available memory for the cache blocks" */
+        if (p->kv_blocks_total == 0 && !kv_on_device) {   /* vLLM: "No available memory for the cache blocks" */
                 snprintf(err, errlen,
                          "no available memory for the cache blocks: one block of %d tokens takes %llu bytes; "
                          "increase --kv-cache-memory",
                          cfg->block_size, (unsigned long long)p->kv_block_bytes);
                 return TSR_E_INVAL;
         }
-        if (p->kv_blocks_total * cfg->block_size < p->max_model_len)
+        if (!kv_on_device && p->kv_blocks_total * cfg->block_size < p->max_model_len)
                 log_warn("the KV cache holds %llu tokens, less than max_model_len %u: long requests will wait or be "
                          "refused", (unsigned long long)(p->kv_blocks_total * cfg->block_size), p->max_model_len);
         p->max_num_batched_tokens = cfg->max_num_batched_tokens > 0 ? (uint32_t)cfg->max_num_batched_tokens
-                                                                    : CPU_DEFAULT_MAX_BATCHED_TOKENS;
+                                    : big_gpu                        ? 8192
+                                                                     : CPU_DEFAULT_MAX_BATCHED_TOKENS;
         p->boot_epoch = tsr_wall_ns();
         snprintf(p->worker_id, sizeof(p->worker_id), "%s", cfg->worker_listen);
         return TSR_OK;
@@ -400,8 +410,39 @@ int main(int argc, char **argv) {
                 log_info("pipeline parallel: %u stages (ranks) in this process, layers [%s]%s", pp, line,
                          getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
         }
+        /* Each rank's kernel pool gets an even share of the cores (--cpu-threads, else the
+         * online ones), at least one thread: the ranks of a step run one after another, but
+         * a later slice keeps several steps in flight. */
+        int rank_threads = cfg.cpu_threads;
+        long ranks = pp > 1 ? (long)pp : (long)cfg.tensor_parallel_size;
+        if (ranks > 1) {
+                long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
+                rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
+        }
+        /* The device (--device): a GPU only for a family that runs there, in one rank. */
+        const char *gpu_not_ok = !family                    ? "the model has no runner on any device"
+                                 : !family->to_backend      ? "the model's family does not run on CUDA yet (supported: llama)"
+                                 : ranks > 1                ? "tensor or pipeline parallelism on CUDA is not supported yet"
+                                                            : NULL;
+        st = tsr_runner_backend_for(cfg.device, gpu_not_ok, rank_threads, &backend, err, sizeof(err));
+        if (st != TSR_OK) {
+                log_error("cannot load model %s: %s", cfg.model, err);
+                goto out;
+        }
+        bool on_gpu = !tsr_backend_host_memory(backend);
+        size_t gpu_free = 0, gpu_total = 0;
+        if (on_gpu)
+                (void)tsr_backend_mem_info(backend, &gpu_free, &gpu_total);
+        /* The KV cache of a GPU is sized by the runner once the weights are in. */
+        bool kv_on_device = on_gpu && !cfg.kv_cache_memory_bytes && cfg.num_gpu_blocks_override <= 0;
+        if (cfg.enforce_eager)
+                log_info("--enforce-eager has no effect by design: the %s backend never captures graphs, it always "
+                         "runs eagerly", on_gpu ? "CUDA (no CUDA graphs yet)" : "CPU");
+        if (!on_gpu && cfg.gpu_memory_utilization != 0.9)
+                log_info("--gpu-memory-utilization has no effect by design on the CPU backend: the KV cache is sized "
+                         "by --kv-cache-memory-bytes (vLLM's CPU backend also sizes it from its own setting)");
         if (make_plan(&cfg, meta, family ? &desc : NULL, pp, pp > 1 ? pp_layers : NULL,
-                      (uint32_t)cfg.tensor_parallel_size, &plan, err, sizeof(err)) != TSR_OK) {
+                      (uint32_t)cfg.tensor_parallel_size, gpu_total, kv_on_device, &plan, err, sizeof(err)) != TSR_OK) {
                 log_error("%s", err);
                 goto out;
         }
@@ -423,42 +464,20 @@ int main(int argc, char **argv) {
         log_info("model %s: %s, %s format, vocab %u, max_model_len %u, %zu eos ids, chat template %s",
                  meta->path, meta->architecture ? meta->architecture : "?", meta->format, meta->vocab_size,
                  plan.max_model_len, meta->n_eos_token_ids, meta->chat_template ? "yes" : "no");
-        log_info("# KV blocks: %llu (block size %d, %.2fx concurrency at max_model_len %u)",
-                 (unsigned long long)plan.kv_blocks_total, cfg.block_size,
-                 (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len, plan.max_model_len);
-        {       /* vLLM V1's capacity line, word for word (kv_cache_utils), for runbooks that grep it */
-                char kv_tokens[32], model_len[32];
-                log_info("CPU KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",
-                         thousands(plan.kv_blocks_total * (uint64_t)cfg.block_size, kv_tokens, sizeof(kv_tokens)),
-                         thousands(plan.max_model_len, model_len, sizeof(model_len)),
-                         (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len);
-        }
         /* The model runner: weights and KV pool.  A model of no family still serves its
          * metadata (and refuses Submit), so routers can list it; a model of a family that
          * the runner cannot load exits here, before any socket is bound. */
         tsr_load_stats lstats = {0};
-        /* Each rank's kernel pool gets an even share of the cores (--cpu-threads, else the
-         * online ones), at least one thread: the ranks of a step run one after another, but
-         * a later slice keeps several steps in flight. */
-        int rank_threads = cfg.cpu_threads;
-        long ranks = pp > 1 ? (long)pp : (long)cfg.tensor_parallel_size;
-        if (ranks > 1) {
-                long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
-                rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
-        }
-        st = tsr_runner_backend_new(rank_threads, &backend, err, sizeof(err));
-        if (st != TSR_OK) {
-                log_error("cannot load model %s: %s", cfg.model, err);
-                goto out;
-        }
         /* --dtype float32 computes o_proj and down_proj in the canonical split (R7) at
          * every -tp, so -tp 1 and -tp N give the same bits. */
         bool f32 = cfg.dtype && (strcmp(cfg.dtype, "float32") == 0 || strcmp(cfg.dtype, "float") == 0);
         tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend, .pp = pp, .pp_layers = pp_layers,
                                  .stage_threads = rank_threads, .pp_timeout_ms = pp_timeout_ms(),
                                  .tp = (uint32_t)cfg.tensor_parallel_size,
-                                 .tp_canonical = f32 && family && family->tp_shard,
-                                 .quantization = cfg.quantization};
+                                 .tp_canonical = f32 && family && family->tp_shard && !on_gpu,
+                                 .quantization = cfg.quantization,
+                                 .max_step_tokens = plan.max_num_batched_tokens, .max_logit_rows = plan.max_num_seqs,
+                                 .gpu_memory_utilization = cfg.gpu_memory_utilization};
         if (!family) {
                 log_warn("model %s: no model runner (no model family serves architecture %s); serving its metadata "
                          "only, Submit is refused", cfg.model,
@@ -468,6 +487,8 @@ int main(int argc, char **argv) {
                 log_error("cannot load model %s: %s", cfg.model, err);
                 goto out;
         } else {
+                if (kv_on_device)       /* the runner sized it from the device's memory */
+                        plan.kv_blocks_total = tsr_runner_kv_blocks(runner);
                 log_info("loaded %zu tensors (%.1f MB in the file, %.1f MB as float32, %.1f MB resident) in %.2f s, "
                          "%.1f MB/s; KV pool %.1f MB%s",
                          lstats.n_tensors, (double)lstats.file_bytes / 1e6, (double)lstats.f32_bytes / 1e6,
@@ -475,6 +496,27 @@ int main(int argc, char **argv) {
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
                          (double)(plan.kv_blocks_total * plan.kv_block_bytes + plan.state_slots * plan.state_slot_bytes) /
                                  1e6, pp > 1 ? " on the rank with the most layers (each rank holds its layers' KV)" : "");
+        }
+        if (kv_on_device && runner) {
+                if (plan.kv_blocks_total * cfg.block_size < plan.max_model_len) {
+                        /* vLLM's start-up error, word for word */
+                        log_error("The model's max seq len (%u) is larger than the maximum number of tokens that can "
+                                  "be stored in KV cache (%llu). Try increasing `gpu_memory_utilization` or "
+                                  "decreasing `max_model_len` when initializing the engine.", plan.max_model_len,
+                                  (unsigned long long)(plan.kv_blocks_total * cfg.block_size));
+                        goto out;
+                }
+        }
+        log_info("# KV blocks: %llu (block size %d, %.2fx concurrency at max_model_len %u)",
+                 (unsigned long long)plan.kv_blocks_total, cfg.block_size,
+                 (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len, plan.max_model_len);
+        {       /* vLLM V1's capacity line, word for word (kv_cache_utils), for runbooks that grep it */
+                char kv_tokens[32], model_len[32];
+                log_info("%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",
+                         on_gpu ? "GPU" : "CPU",
+                         thousands(plan.kv_blocks_total * (uint64_t)cfg.block_size, kv_tokens, sizeof(kv_tokens)),
+                         thousands(plan.max_model_len, model_len, sizeof(model_len)),
+                         (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len);
         }
         if (tsr_block_hash_algo_parse(cfg.prefix_caching_hash_algo, &hash_algo) != TSR_OK) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);

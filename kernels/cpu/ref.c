@@ -369,29 +369,37 @@ static tsr_status ref_be_add_rmsnorm(tsr_backend *be, float *out, float *residua
         return tsr_ref_add_rmsnorm(out, residual, x, w, rows, dim, eps);
 }
 
-static const tsr_backend_ops cpu_ref_ops = {
-        .name = "cpu-ref",
-        .host_memory = true,
-        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES | TSR_FPMM_DTYPES,
-        .mem_alloc = tsr_backend_host_alloc,
-        .mem_free = tsr_backend_host_free,
-        .upload = tsr_backend_host_copy,
-        .download = tsr_backend_host_copy,
-        .copy = tsr_backend_host_copy,
-        .synchronize = tsr_backend_host_sync,
-        .rmsnorm = ref_be_rmsnorm,
-        .embedding = ref_be_embedding,
-        .matmul = ref_be_matmul,
-        .matmul_scaled = ref_be_matmul_scaled,
-        .rope = ref_be_rope,
-        .kv_write = ref_be_kv_write,
-        .attention = ref_be_attention,
-        .silu_mul = ref_be_silu_mul,
-        .add = ref_be_add,
-        .softmax = ref_be_softmax,
-        .log_softmax = ref_be_log_softmax,
-        .add_rmsnorm = ref_be_add_rmsnorm,
-};
+#define CPU_REF_OPS(NAME, HOST)                                                                   \
+        {                                                                                                 \
+        .name = NAME,                                                                                     \
+        .host_memory = HOST,                                                                              \
+        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES | TSR_FPMM_DTYPES,   \
+        .mem_alloc = tsr_backend_host_alloc,                                                              \
+        .mem_free = tsr_backend_host_free,                                                                \
+        .upload = tsr_backend_host_copy,                                                                  \
+        .download = tsr_backend_host_copy,                                                                \
+        .copy = tsr_backend_host_copy,                                                                    \
+        .synchronize = tsr_backend_host_sync,                                                             \
+        .rmsnorm = ref_be_rmsnorm,                                                                        \
+        .embedding = ref_be_embedding,                                                                    \
+        .matmul = ref_be_matmul,                                                                          \
+        .matmul_scaled = ref_be_matmul_scaled,                                                            \
+        .rope = ref_be_rope,                                                                              \
+        .kv_write = ref_be_kv_write,                                                                      \
+        .attention = ref_be_attention,                                                                    \
+        .silu_mul = ref_be_silu_mul,                                                                      \
+        .add = ref_be_add,                                                                                \
+        .softmax = ref_be_softmax,                                                                        \
+        .log_softmax = ref_be_log_softmax,                                                                \
+        .add_rmsnorm = ref_be_add_rmsnorm,                                                                \
+        }
+
+static const tsr_backend_ops cpu_ref_ops = CPU_REF_OPS("cpu-ref", true);
+/* The same kernels behind a backend that says its memory is not the host's: the forward
+ * then takes its device path (weights copied in, activations and KV allocated and
+ * copied through the backend, logits downloaded) on a machine without a GPU.  Tests
+ * only (kernels.h: tsr_backend_cpu_devlike_new). */
+static const tsr_backend_ops cpu_devlike_ops = CPU_REF_OPS("cpu-devlike", false);
 
 /* No context: the reference keeps no state, so every reference backend is the same
  * table behind its own handle. */
@@ -399,4 +407,10 @@ tsr_status tsr_backend_cpu_ref_new(tsr_backend **ret) {
         if (!ret)
                 return TSR_E_INVAL;
         return tsr_backend_make(&cpu_ref_ops, NULL, TSR_CPU_ISA_SCALAR, 1, ret);
+}
+
+tsr_status tsr_backend_cpu_devlike_new(tsr_backend **ret) {
+        if (!ret)
+                return TSR_E_INVAL;
+        return tsr_backend_make(&cpu_devlike_ops, NULL, TSR_CPU_ISA_SCALAR, 1, ret);
 }

@@ -59,6 +59,26 @@ tsr_status tsr_kv_pool_new(const tsr_kv_group *groups, size_t n_groups, uint64_t
 
 tsr_status tsr_kv_pool_new_slots(const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks, uint32_t block_size,
                                  uint32_t n_slots, tsr_kv_pool **ret) {
+        return tsr_kv_pool_new_on(NULL, groups, n_groups, n_blocks, block_size, n_slots, ret);
+}
+
+/* One layer array: `be`'s memory, or the heap's. */
+static void *pool_alloc(tsr_backend *be, size_t bytes) {
+        void *p = NULL;
+        if (!be)
+                return malloc(bytes);
+        return bytes && tsr_backend_mem_alloc(be, bytes, &p) == TSR_OK ? p : NULL;
+}
+
+static void pool_release(tsr_backend *be, void *p) {
+        if (be)
+                tsr_backend_mem_free(be, p);
+        else
+                free(p);
+}
+
+tsr_status tsr_kv_pool_new_on(tsr_backend *be, const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks,
+                              uint32_t block_size, uint32_t n_slots, tsr_kv_pool **ret) {
         tsr_kv_pool *p;
 
         if (!groups || !ret || n_groups == 0 || n_groups > TSR_KV_GROUPS_MAX || n_blocks == 0 || block_size == 0)
@@ -81,6 +101,7 @@ tsr_status tsr_kv_pool_new_slots(const tsr_kv_group *groups, size_t n_groups, ui
         }
         if (!(p = calloc(1, sizeof *p)))
                 return TSR_E_NOMEM;
+        p->be = be;
         p->n_blocks = n_blocks;
         p->block_size = block_size;
         p->n_slots = tsr_kv_slot_bytes(groups, n_groups) ? n_slots : 0;
@@ -96,7 +117,7 @@ tsr_status tsr_kv_pool_new_slots(const tsr_kv_group *groups, size_t n_groups, ui
                 /* Uninitialised: a block is written before any position of it is read, a
                  * state slot zeroed by the forward that starts a sequence in it. */
                 for (uint32_t l = 0; l < pg->spec.n_layers; l++)
-                        if (!(pg->k[l] = malloc(k_bytes)) || !(pg->v[l] = malloc(v_bytes)))
+                        if (!(pg->k[l] = pool_alloc(be, k_bytes)) || !(pg->v[l] = pool_alloc(be, v_bytes)))
                                 goto nomem;
         }
         p->bytes = n_blocks * tsr_kv_block_bytes(groups, n_groups, block_size) +
@@ -118,9 +139,9 @@ void tsr_kv_pool_free(tsr_kv_pool **pp) {
                 tsr_kv_pool_group *g = &p->groups[i];
                 for (uint32_t l = 0; l < g->spec.n_layers; l++) {
                         if (g->k)
-                                free(g->k[l]);
+                                pool_release(p->be, g->k[l]);
                         if (g->v)
-                                free(g->v[l]);
+                                pool_release(p->be, g->v[l]);
                 }
                 free(g->k);
                 free(g->v);

@@ -18,6 +18,7 @@
 
 #include "common/tsr_status.h"
 #include "kernels/dtype.h"
+#include "kernels/kernels.h"
 
 /* What a layer keeps per token (or per sequence) between steps. */
 typedef enum tsr_kv_kind {
@@ -65,6 +66,7 @@ typedef struct tsr_kv_pool {
         size_t n_groups;
         tsr_kv_pool_group groups[TSR_KV_GROUPS_MAX];
         uint64_t bytes;                 /* == n_blocks * tsr_kv_block_bytes(groups) + n_slots * tsr_kv_slot_bytes */
+        tsr_backend *be;                /* whose memory the arrays are (tsr_kv_pool_new_on); NULL: malloc */
 } tsr_kv_pool;
 
 /* Allocate n_blocks blocks of block_size tokens for each group.  TSR_E_INVAL (no groups,
@@ -76,6 +78,10 @@ tsr_status tsr_kv_pool_new(const tsr_kv_group *groups, size_t n_groups, uint64_t
  * (TSR_E_INVAL when there are such groups and n_slots is 0). */
 tsr_status tsr_kv_pool_new_slots(const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks, uint32_t block_size,
                                  uint32_t n_slots, tsr_kv_pool **ret);
+/* The same in backend `be`'s memory (tsr_backend_mem_alloc: device memory on CUDA); be
+ * NULL: malloc, as tsr_kv_pool_new_slots.  `be` must outlive the pool. */
+tsr_status tsr_kv_pool_new_on(tsr_backend *be, const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks,
+                              uint32_t block_size, uint32_t n_slots, tsr_kv_pool **ret);
 /* Accepts NULL and *p == NULL; clears *p. */
 void tsr_kv_pool_free(tsr_kv_pool **p);
 

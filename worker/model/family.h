@@ -88,6 +88,12 @@ struct tsr_model_family {
         tsr_status (*use_bf16)(void *model);
         bool (*is_bf16)(const void *model);
         tsr_status (*check_backend)(const void *model, const tsr_backend *be);
+        /* Move the weights into the memory of a backend that is not the host's, and size
+         * the forward's kept activations for a step of `tokens` tokens and `logit_rows`
+         * rows of logits (llama.h: tsr_llama_to_backend, tsr_llama_reserve).  NULL: the
+         * family runs on host-memory backends only. */
+        tsr_status (*to_backend)(void *model, tsr_backend *be, size_t tokens, size_t logit_rows, char *err,
+                                 size_t errlen);
         /* The family's view of `pool` (allocated by the runner from this family's
          * kv_groups for the model's shard), which the forward reads and writes; the pool
          * stays the caller's.  TSR_E_INVAL when the pool's groups are not the model's. */

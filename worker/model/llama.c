@@ -41,6 +41,34 @@ struct tsr_llama {
          * Weights kept in their GGUF block format (w's stored tensors) have no bf16 copy. */
         uint16_t **bf16;                /* [n_local * MM_PER_LAYER], NULL when float32 */
         uint16_t *output_bf16;          /* (vocab, dim) */
+        /* On a backend whose memory is not the host's (tsr_llama_to_backend; issue #16):
+         * the weights the forward reads, copied there, the host copies freed; NULL on the
+         * CPU.  Its scratch is kept between forwards (a device allocation is too slow to
+         * make per step), so `dev` points to mutable state behind the const model the
+         * forward gets: one forward at a time, on the thread that drives the backend. */
+        struct llama_dev *dev;
+};
+
+/* A layer's weights in device memory: the norms float32, the matmuls in the dtype the
+ * host held them in (float32, or bf16 under --dtype bfloat16). */
+struct llama_dev_layer {
+        float *attn_norm, *ffn_norm;
+        void *mm[MM_PER_LAYER];
+};
+
+struct llama_dev {
+        tsr_backend *be;                /* borrowed: outlives the model (the runner frees it after) */
+        struct llama_dev_layer *layers; /* [n_local] */
+        float *token_embd;              /* (vocab, dim), NULL on a stage without the embedding */
+        void *output;                   /* (vocab_out, dim) in mm_dtype; the embedding's when tied and float32 */
+        float *output_norm, *inv_freq;
+        tsr_dtype mm_dtype;             /* TSR_DTYPE_F32 or TSR_DTYPE_BF16 */
+        /* The forward's activations for up to scratch_rows tokens and logits for up to
+         * logits_rows rows (device memory), grown on demand and kept. */
+        float *scratch;
+        size_t scratch_rows;
+        float *logits;
+        size_t logits_rows;
 };
 
 /* A view of a KV pool's one full-attention group (kv_pool.h), which the pool allocated
@@ -116,6 +144,11 @@ static tsr_tensor mm_weight(const tsr_llama *m, long l, int which, const float *
         const tsr_tensor *st = l < 0 ? &m->w->output_stored : &m->w->layers[l].stored[which];
         tsr_tensor t = {.dtype = TSR_DTYPE_F32, .data = (void *)w_f32};
 
+        if (m->dev) {
+                t.dtype = m->dev->mm_dtype;
+                t.data = l < 0 ? m->dev->output : m->dev->layers[l].mm[which];
+                return t;
+        }
         if (st->data)
                 return *st;
         if (m->bf16) {
@@ -130,8 +163,8 @@ tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be) {
                                         TSR_OP_ATTENTION, TSR_OP_SILU_MUL, TSR_OP_ADD, TSR_OP_ADD_RMSNORM};
         if (!m || !be)
                 return TSR_E_INVAL;
-        /* The weights, activations and KV pools are host memory today. */
-        if (!tsr_backend_host_memory(be))
+        /* Host memory, or the backend the weights were copied to (tsr_llama_to_backend). */
+        if (!tsr_backend_host_memory(be) && (!m->dev || m->dev->be != be))
                 return TSR_E_UNSUPPORTED;
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
@@ -304,6 +337,191 @@ nomem:
 
 bool tsr_llama_is_bf16(const tsr_llama *m) { return m && m->bf16; }
 
+/* ---- on a device backend (issue #16) -------------------------------------------------- */
+
+static void dev_free(tsr_llama *m) {
+        struct llama_dev *d = m->dev;
+        if (!d)
+                return;
+        if (d->layers)
+                for (size_t l = 0; l < m->n_local; l++) {
+                        tsr_backend_mem_free(d->be, d->layers[l].attn_norm);
+                        tsr_backend_mem_free(d->be, d->layers[l].ffn_norm);
+                        for (int i = 0; i < MM_PER_LAYER; i++)
+                                tsr_backend_mem_free(d->be, d->layers[l].mm[i]);
+                }
+        free(d->layers);
+        if (d->output != d->token_embd)
+                tsr_backend_mem_free(d->be, d->output);
+        tsr_backend_mem_free(d->be, d->token_embd);
+        tsr_backend_mem_free(d->be, d->output_norm);
+        tsr_backend_mem_free(d->be, d->inv_freq);
+        tsr_backend_mem_free(d->be, d->scratch);
+        tsr_backend_mem_free(d->be, d->logits);
+        free(d);
+        m->dev = NULL;
+}
+
+/* `bytes` of `src` copied into new memory of d->be at *dst; nothing when src is NULL. */
+static tsr_status dev_put(struct llama_dev *d, const void *src, size_t bytes, void **dst) {
+        tsr_status st;
+        *dst = NULL;
+        if (!src)
+                return TSR_OK;
+        if ((st = tsr_backend_mem_alloc(d->be, bytes, dst)) != TSR_OK)
+                return st;
+        if ((st = tsr_backend_upload(d->be, *dst, src, bytes)) != TSR_OK) {
+                tsr_backend_mem_free(d->be, *dst);
+                *dst = NULL;
+        }
+        return st;
+}
+
+/* Free the host copies of everything dev now holds. */
+static void host_weights_drop(tsr_llama *m) {
+        tsr_llama_weights *w = m->w;
+        for (size_t l = 0; l < m->n_local; l++) {
+                tsr_llama_layer *L = &w->layers[l];
+                float **f[] = {&L->attn_norm, &L->ffn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                               &L->w_gate, &L->w_up, &L->w_down};
+                for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+                        free(*f[i]);
+                        *f[i] = NULL;
+                }
+        }
+        bf16_free(m);
+        if (w->output != w->token_embd)
+                free(w->output);
+        w->output = NULL;
+        free(w->token_embd);
+        w->token_embd = NULL;
+        free(w->output_norm);
+        w->output_norm = NULL;
+}
+
+tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t errlen) {
+        const tsr_llama_config *c;
+        struct llama_dev *d;
+        size_t hd, q_dim, kv_dim, dim, esz;
+        tsr_status st = TSR_OK;
+
+        if (!m || !be || m->dev)
+                return TSR_E_INVAL;
+        if (tsr_backend_host_memory(be))
+                return TSR_OK;          /* the CPU reads the host arrays */
+        c = &m->cfg;
+        if (m->tp_size > 1 || m->canonical) {
+                tsr_errf(err, errlen, "tensor parallelism on the %s backend is not supported yet", tsr_backend_name(be));
+                return TSR_E_UNSUPPORTED;
+        }
+        if (m->w->token_embd_stored.data || m->w->output_stored.data) {
+                tsr_errf(err, errlen, "weights kept in a GGUF block format cannot go to the %s backend yet "
+                         "(use --dtype float32 or bfloat16)", tsr_backend_name(be));
+                return TSR_E_UNSUPPORTED;
+        }
+        for (size_t l = 0; l < m->n_local; l++)
+                for (int i = 0; i < MM_PER_LAYER; i++)
+                        if (m->w->layers[l].stored[i].data) {
+                                tsr_errf(err, errlen, "layer %zu: a weight kept as %s cannot go to the %s backend "
+                                         "yet (supported: float32, bfloat16)", m->first_layer + l,
+                                         tsr_dtype_get_info(m->w->layers[l].stored[i].dtype)->name,
+                                         tsr_backend_name(be));
+                                return TSR_E_UNSUPPORTED;
+                        }
+        if (!(d = calloc(1, sizeof *d)) || !(d->layers = calloc(m->n_local, sizeof *d->layers))) {
+                free(d);
+                return TSR_E_NOMEM;
+        }
+        d->be = be;
+        d->mm_dtype = m->bf16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32;
+        m->dev = d;             /* from here dev_free undoes a partial copy */
+        hd = c->head_dim;
+        dim = c->dim;
+        q_dim = (size_t)m->nh * hd;
+        kv_dim = (size_t)m->nkv * hd;
+        esz = m->bf16 ? sizeof(uint16_t) : sizeof(float);
+        const size_t rows[MM_PER_LAYER] = {q_dim, kv_dim, kv_dim, dim, m->hid, m->hid, dim};
+        const size_t cols[MM_PER_LAYER] = {dim, dim, dim, q_dim, dim, dim, m->hid};
+        for (size_t l = 0; l < m->n_local && st == TSR_OK; l++) {
+                const tsr_llama_layer *L = &m->w->layers[l];
+                const float *f32[MM_PER_LAYER] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+                struct llama_dev_layer *D = &d->layers[l];
+                st = dev_put(d, L->attn_norm, dim * sizeof(float), (void **)&D->attn_norm);
+                if (st == TSR_OK)
+                        st = dev_put(d, L->ffn_norm, dim * sizeof(float), (void **)&D->ffn_norm);
+                for (int i = 0; i < MM_PER_LAYER && st == TSR_OK; i++) {
+                        const void *src = m->bf16 ? (const void *)m->bf16[l * MM_PER_LAYER + (size_t)i]
+                                                  : (const void *)f32[i];
+                        st = dev_put(d, src, rows[i] * cols[i] * esz, &D->mm[i]);
+                }
+        }
+        if (st == TSR_OK)
+                st = dev_put(d, m->w->token_embd, (size_t)c->vocab_size * dim * sizeof(float),
+                             (void **)&d->token_embd);
+        if (st == TSR_OK && m->bf16 && m->output_bf16)
+                st = dev_put(d, m->output_bf16, (size_t)m->vocab_out * dim * esz, &d->output);
+        else if (st == TSR_OK && m->w->output == m->w->token_embd)
+                d->output = d->token_embd;
+        else if (st == TSR_OK)
+                st = dev_put(d, m->w->output, (size_t)m->vocab_out * dim * sizeof(float), &d->output);
+        if (st == TSR_OK)
+                st = dev_put(d, m->w->output_norm, dim * sizeof(float), (void **)&d->output_norm);
+        if (st == TSR_OK)
+                st = dev_put(d, m->inv_freq, hd / 2 * sizeof(float), (void **)&d->inv_freq);
+        if (st != TSR_OK) {
+                tsr_errf(err, errlen, "cannot copy the weights to the %s backend: %s", tsr_backend_name(be),
+                         tsr_status_str(st));
+                dev_free(m);
+                return st;
+        }
+        host_weights_drop(m);
+        return TSR_OK;
+}
+
+/* Floats of one token's activations in the forward (struct scratch's arrays). */
+static size_t scratch_row_floats(const tsr_llama *m) {
+        size_t hd = m->cfg.head_dim;
+        return 2 * (size_t)m->cfg.dim + 2 * (size_t)m->nh * hd + 2 * (size_t)m->nkv * hd + 2 * (size_t)m->hid;
+}
+
+/* Grow the device scratch to `rows` tokens and the logits to `logit_rows` rows. */
+static tsr_status dev_reserve(const tsr_llama *m, size_t rows, size_t logit_rows) {
+        struct llama_dev *d = m->dev;
+        size_t per = scratch_row_floats(m);
+        void *p;
+        tsr_status st;
+
+        if (rows > d->scratch_rows) {
+                if (rows > SIZE_MAX / sizeof(float) / per)
+                        return TSR_E_LIMIT;
+                tsr_backend_mem_free(d->be, d->scratch);
+                d->scratch = NULL;
+                d->scratch_rows = 0;
+                if ((st = tsr_backend_mem_alloc(d->be, rows * per * sizeof(float), &p)) != TSR_OK)
+                        return st;
+                d->scratch = p;
+                d->scratch_rows = rows;
+        }
+        if (logit_rows > d->logits_rows) {
+                if (logit_rows > SIZE_MAX / sizeof(float) / m->cfg.vocab_size)
+                        return TSR_E_LIMIT;
+                tsr_backend_mem_free(d->be, d->logits);
+                d->logits = NULL;
+                d->logits_rows = 0;
+                if ((st = tsr_backend_mem_alloc(d->be, logit_rows * m->cfg.vocab_size * sizeof(float), &p)) != TSR_OK)
+                        return st;
+                d->logits = p;
+                d->logits_rows = logit_rows;
+        }
+        return TSR_OK;
+}
+
+tsr_status tsr_llama_reserve(const tsr_llama *m, size_t tokens, size_t logit_rows) {
+        if (!m)
+                return TSR_E_INVAL;
+        return m->dev ? dev_reserve(m, tokens, logit_rows) : TSR_OK;
+}
+
 /* Keep rows [first, first + n) of the (?, cols) float32 matrix *w (a new array). */
 static tsr_status keep_rows(float **w, size_t cols, size_t first, size_t n) {
         float *k = malloc(n * cols * sizeof(float));
@@ -421,6 +639,7 @@ void tsr_llama_set_comm(tsr_llama *m, tsr_comm *comm) {
 void tsr_llama_free(tsr_llama **mp) {
         if (!mp || !*mp)
                 return;
+        dev_free(*mp);
         bf16_free(*mp);
         tsr_llama_weights_free(&(*mp)->w);
         free((*mp)->inv_freq);
@@ -490,8 +709,9 @@ tsr_status tsr_llama_kv_new(const tsr_llama *m, size_t max_tokens, size_t block_
         g = tsr_llama_kv_group(&m->cfg);
         g.n_layers = m->n_local;
         g.n_kv_heads = m->nkv;
-        if ((st = tsr_kv_pool_new(&g, 1, (max_tokens + block_size - 1) / block_size, (uint32_t)block_size, &pool)) !=
-            TSR_OK)
+        /* in the memory the forward runs in: the device's after tsr_llama_to_backend */
+        if ((st = tsr_kv_pool_new_on(m->dev ? m->dev->be : NULL, &g, 1, (max_tokens + block_size - 1) / block_size,
+                                     (uint32_t)block_size, 0, &pool)) != TSR_OK)
                 return st;
         if ((st = tsr_llama_kv_bind(m, pool, ret)) != TSR_OK) {
                 tsr_kv_pool_free(&pool);
@@ -605,6 +825,39 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama *m, size_t n)
         return TSR_OK;
 }
 
+/* The scratch of n tokens on a device backend: views into the model's kept device
+ * scratch (dev_reserve), pos on the host (an index array, kernels.h).  The canonical
+ * split's buffers stay NULL: it runs on the CPU only (tsr_llama_to_backend). */
+static tsr_status scratch_dev(struct scratch *s, const tsr_llama *m, size_t n, size_t logit_rows) {
+        size_t dim = m->cfg.dim, q_dim = (size_t)m->nh * m->cfg.head_dim, kv_dim = (size_t)m->nkv * m->cfg.head_dim;
+        tsr_status st;
+        float *p;
+
+        memset(s, 0, sizeof *s);
+        if ((st = dev_reserve(m, n, logit_rows)) != TSR_OK)
+                return st;
+        if (!(s->pos = malloc(n * sizeof(uint32_t))))
+                return TSR_E_NOMEM;
+        p = m->dev->scratch;
+        s->x = p, p += n * dim;
+        s->xb = p, p += n * dim;
+        s->q = p, p += n * q_dim;
+        s->att = p, p += n * q_dim;
+        s->k = p, p += n * kv_dim;
+        s->v = p, p += n * kv_dim;
+        s->hb = p, p += n * m->hid;
+        s->hb2 = p;
+        return TSR_OK;
+}
+
+/* Release what scratch_alloc / scratch_dev made. */
+static void scratch_done(const tsr_llama *m, struct scratch *s) {
+        if (m->dev)
+                free(s->pos);
+        else
+                scratch_free(s);
+}
+
 /* W (d, n) @ x (rows, n) -> out (rows, d) with layer l's matmul `which` (l < 0: the
  * output matrix), in the dtype the model holds it in (mm_weight): the backend picks the
  * kernel for the tensor's dtype. */
@@ -624,6 +877,8 @@ static tsr_status embed(const tsr_llama *m, tsr_backend *be, float *x, const uin
         size_t dim = m->cfg.dim, row_bytes;
         tsr_status st;
 
+        if (m->dev)
+                return tsr_backend_embedding(be, x, m->dev->token_embd, m->cfg.vocab_size, dim, tokens, rows);
         if (!t->data)
                 return tsr_backend_embedding(be, x, m->w->token_embd, m->cfg.vocab_size, dim, tokens, rows);
         if ((st = tsr_dtype_row_bytes(t->dtype, dim, &row_bytes)) != TSR_OK)
@@ -691,6 +946,15 @@ static tsr_status lm_head(const tsr_llama *m, tsr_backend *be, float *logits, co
         return st;
 }
 
+/* The small float32 arrays the forward reads: from the device copy when there is one. */
+static const float *attn_norm_of(const tsr_llama *m, size_t l) {
+        return m->dev ? m->dev->layers[l].attn_norm : m->w->layers[l].attn_norm;
+}
+
+static const float *ffn_norm_of(const tsr_llama *m, size_t l) {
+        return m->dev ? m->dev->layers[l].ffn_norm : m->w->layers[l].ffn_norm;
+}
+
 #define TRY(expr)                               \
         do {                                    \
                 if ((st = (expr)) != TSR_OK)    \
@@ -715,7 +979,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
         const tsr_llama_config *c = &m->cfg;
         struct scratch s;
         uint32_t *tokens = NULL;
-        size_t N = 0, n_rows_out = 0;
+        size_t N = 0, n_rows_out = 0, want_rows = 0;
         tsr_status st;
 
         for (size_t i = 0; i < n_seqs; i++) {
@@ -723,14 +987,21 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                         if (seqs[i].tokens[t] >= c->vocab_size)
                                 return TSR_E_INVAL;
                 N += seqs[i].n;
+                want_rows += seqs[i].which == TSR_LLAMA_LOGITS_NONE ? 0
+                             : seqs[i].which == TSR_LLAMA_LOGITS_LAST ? 1 : seqs[i].n;
         }
-        if ((st = scratch_alloc(&s, m, N)) != TSR_OK)
+        st = m->dev ? scratch_dev(&s, m, N, logits ? want_rows : 0) : scratch_alloc(&s, m, N);
+        if (st != TSR_OK)
                 return st;
         tokens = malloc(N * sizeof(uint32_t));
         if (!tokens) {
-                scratch_free(&s);
+                scratch_done(m, &s);
                 return TSR_E_NOMEM;
         }
+        /* The logits land in the caller's host array; on a device, in the kept device
+         * array first, downloaded at the end. */
+        float *lg = m->dev ? m->dev->logits : logits;
+        const float *inv_freq = m->dev ? m->dev->inv_freq : m->inv_freq;
 
         size_t dim = c->dim, hd = c->head_dim, hid = m->hid;
         size_t q_dim = (size_t)m->nh * hd, kv_dim = (size_t)m->nkv * hd;     /* this TP rank's */
@@ -749,11 +1020,11 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                  * residual add before it (add_rmsnorm: x += xb, xb = rmsnorm(x), bitwise the
                  * two ops in turn). */
                 if (m->n_local)
-                        TRY(tsr_backend_rmsnorm(be, s.xb, s.x, w->layers[0].attn_norm, N, dim, c->rms_eps));
+                        TRY(tsr_backend_rmsnorm(be, s.xb, s.x, attn_norm_of(m, 0), N, dim, c->rms_eps));
         } else {        /* the previous stage's x and xb: the add and norm it left to this one */
-                memcpy(s.x, in, N * dim * sizeof(float));
-                memcpy(s.xb, in + N * dim, N * dim * sizeof(float));
-                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, w->layers[0].attn_norm, N, dim, c->rms_eps));
+                TRY(tsr_backend_upload(be, s.x, in, N * dim * sizeof(float)));
+                TRY(tsr_backend_upload(be, s.xb, in + N * dim, N * dim * sizeof(float)));
+                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, attn_norm_of(m, 0), N, dim, c->rms_eps));
         }
 
         for (size_t l = 0; l < m->n_local; l++) {
@@ -763,8 +1034,8 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                 TRY(mm(m, be, s.q, s.xb, (long)l, MM_Q, L->wq, N, dim, q_dim));                  /* q (N, q_dim) */
                 TRY(mm(m, be, s.k, s.xb, (long)l, MM_K, L->wk, N, dim, kv_dim));                 /* k (N, kv_dim) */
                 TRY(mm(m, be, s.v, s.xb, (long)l, MM_V, L->wv, N, dim, kv_dim));                 /* v (N, kv_dim) */
-                TRY(tsr_backend_rope(be, s.q, N, m->nh, hd, s.pos, m->inv_freq, c->rope_layout));
-                TRY(tsr_backend_rope(be, s.k, N, m->nkv, hd, s.pos, m->inv_freq, c->rope_layout));
+                TRY(tsr_backend_rope(be, s.q, N, m->nh, hd, s.pos, inv_freq, c->rope_layout));
+                TRY(tsr_backend_rope(be, s.k, N, m->nkv, hd, s.pos, inv_freq, c->rope_layout));
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                         tsr_kv_view view = kv_layer_view(kv, l, seqs[i].block_table, seqs[i].n_table);
                         TRY(tsr_backend_kv_write(be, &view, s.k + row * kv_dim, s.v + row * kv_dim, seqs[i].n,
@@ -775,17 +1046,17 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                 TRY(mm_row(m, be, &s, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));            /* xb (N, dim) */
 
                 /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) after the attention's add */
-                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, L->ffn_norm, N, dim, c->rms_eps));
+                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, ffn_norm_of(m, l), N, dim, c->rms_eps));
                 TRY(mm(m, be, s.hb, s.xb, (long)l, MM_GATE, L->w_gate, N, dim, hid));            /* hb (N, hid) */
                 TRY(mm(m, be, s.hb2, s.xb, (long)l, MM_UP, L->w_up, N, dim, hid));               /* hb2 (N, hid) */
                 TRY(tsr_backend_silu_mul(be, s.hb, s.hb, s.hb2, N * hid));
                 TRY(mm_row(m, be, &s, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));        /* xb (N, dim) */
                 if (l + 1 < m->n_local) {       /* with the next layer's attention norm */
-                        TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, w->layers[l + 1].attn_norm, N, dim,
+                        TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, attn_norm_of(m, l + 1), N, dim,
                                                     c->rms_eps));
                 } else if (!last_stage) {       /* the next stage adds and norms (see above) */
-                        memcpy(out, s.x, N * dim * sizeof(float));
-                        memcpy(out + N * dim, s.xb, N * dim * sizeof(float));
+                        TRY(tsr_backend_download(be, out, s.x, N * dim * sizeof(float)));
+                        TRY(tsr_backend_download(be, out + N * dim, s.xb, N * dim * sizeof(float)));
                         goto done;
                 } else {                        /* the final norm runs on the gathered rows only */
                         TRY(tsr_backend_add(be, s.x, s.x, s.xb, N * dim));
@@ -797,16 +1068,19 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                 size_t first = seqs[i].which == TSR_LLAMA_LOGITS_LAST ? seqs[i].n - 1 : 0;
                 size_t rows = seqs[i].which == TSR_LLAMA_LOGITS_NONE ? 0 : seqs[i].n - first;
-                memcpy(s.xb + n_rows_out * dim, s.x + (row + first) * dim, rows * dim * sizeof(float));
+                TRY(tsr_backend_copy(be, s.xb + n_rows_out * dim, s.x + (row + first) * dim, rows * dim * sizeof(float)));
                 n_rows_out += rows;
         }
         if (n_rows_out) {
-                TRY(tsr_backend_rmsnorm(be, s.xb, s.xb, w->output_norm, n_rows_out, dim, c->rms_eps));
-                TRY(lm_head(m, be, logits, s.xb, n_rows_out));                                    /* (rows, vocab) */
+                TRY(tsr_backend_rmsnorm(be, s.xb, s.xb, m->dev ? m->dev->output_norm : w->output_norm, n_rows_out,
+                                        dim, c->rms_eps));
+                TRY(lm_head(m, be, lg, s.xb, n_rows_out));                                        /* (rows, vocab) */
+                if (m->dev)
+                        TRY(tsr_backend_download(be, logits, lg, n_rows_out * c->vocab_size * sizeof(float)));
         }
 done:
         free(tokens);
-        scratch_free(&s);
+        scratch_done(m, &s);
         return st;
 }
 

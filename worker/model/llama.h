@@ -67,10 +67,22 @@ void tsr_llama_free(tsr_llama **m);
 tsr_status tsr_llama_use_bf16(tsr_llama *m);
 /* Whether `be` can run this model's forward: TSR_OK, TSR_E_UNSUPPORTED when it lacks an
  * op the forward uses (the matmul for the model's weight dtype included) or its memory is
- * not the host's (the weights, activations and KV pools are host memory), TSR_E_INVAL for
- * NULL.  Every forward checks it too; call it once at start-up to fail early. */
+ * neither the host's nor the one tsr_llama_to_backend copied the weights to, TSR_E_INVAL
+ * for NULL.  Every forward checks it too; call it once at start-up to fail early. */
 tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be);
 bool tsr_llama_is_bf16(const tsr_llama *m);
+/* A backend whose memory is not the host's (CUDA): copy the weights the forward reads
+ * (norms, matmuls in their float32 or bf16 form, embedding, RoPE frequencies) into its
+ * memory and free the host copies; the forward then runs there, its KV pool must be in
+ * that backend's memory too (tsr_kv_pool_new_on), and `be` must outlive the model.
+ * After load and any tsr_llama_use_bf16, before the first forward; a no-op on a host
+ * backend.  TSR_E_UNSUPPORTED (`err` says why: tensor parallelism, GGUF block formats,
+ * ModelOpt weights), TSR_E_NOMEM / TSR_E_CUDA (the model is then unchanged). */
+tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t errlen);
+/* On a device backend: allocate now the forward's activations for `tokens` tokens in one
+ * step and logits for `logit_rows` rows (kept and grown on demand, so a step never waits
+ * on an allocation the memory plan did not count).  TSR_OK and nothing on the CPU. */
+tsr_status tsr_llama_reserve(const tsr_llama *m, size_t tokens, size_t logit_rows);
 /* The model's config; lives as long as the model. */
 const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m);
 

@@ -3,6 +3,7 @@
  * llama.c, and the tables below. */
 #include "worker/model/family.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "worker/load/gguf.h"
@@ -111,6 +112,15 @@ static void llama_free(void **model) {
 
 static tsr_status llama_use_bf16(void *model) { return tsr_llama_use_bf16(model); }
 static bool llama_is_bf16(const void *model) { return tsr_llama_is_bf16(model); }
+static tsr_status llama_to_backend(void *model, tsr_backend *be, size_t tokens, size_t logit_rows, char *err,
+                                   size_t errlen) {
+        tsr_status st = tsr_llama_to_backend(model, be, err, errlen);
+        if (st == TSR_OK && (st = tsr_llama_reserve(model, tokens, logit_rows)) != TSR_OK)
+                snprintf(err, errlen, "cannot allocate the forward's activations for %zu tokens on the %s backend: %s",
+                         tokens, tsr_backend_name(be), tsr_status_str(st));
+        return st;
+}
+
 static tsr_status llama_check_backend(const void *model, const tsr_backend *be) {
         return tsr_llama_check_backend(model, be);
 }
@@ -174,6 +184,7 @@ const tsr_model_family tsr_family_llama = {
         .use_bf16 = llama_use_bf16,
         .is_bf16 = llama_is_bf16,
         .check_backend = llama_check_backend,
+        .to_backend = llama_to_backend,
         .kv_bind = llama_kv_bind,
         .kv_unbind = llama_kv_unbind,
         .forward_batch = llama_forward_batch,

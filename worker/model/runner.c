@@ -46,6 +46,7 @@ struct tsr_runner {
         uint64_t hang_at;
         tsr_engine_model em;
         tsr_modelopt_config mo;    /* what a Hugging Face folder announces (worker/load/modelopt.h) */
+        uint64_t kv_blocks;        /* allocated on every stage */
 };
 
 /* Stage s's part of a step, on its rank's thread (stage 0: the engine's). */
@@ -151,6 +152,41 @@ tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err,
         return st;
 }
 
+tsr_status tsr_runner_backend_for(const char *device, const char *gpu_not_ok, int cpu_threads, tsr_backend **ret,
+                                  char *err, size_t errlen) {
+        bool want_cuda = device && strcmp(device, "cuda") == 0, want_cpu = device && strcmp(device, "cpu") == 0;
+        tsr_status st;
+
+        if (want_cuda && gpu_not_ok) {
+                snprintf(err, errlen, "--device cuda: %s", gpu_not_ok);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (!want_cpu && !gpu_not_ok) {
+                st = tsr_backend_cuda_new(0, ret);
+                if (st == TSR_OK) {
+                        log_info("device: cuda (GPU 0)%s", want_cuda ? "" : " (--device auto)");
+                        return TSR_OK;
+                }
+                if (want_cuda) {
+                        snprintf(err, errlen, "--device cuda: %s",
+                                 st == TSR_E_UNSUPPORTED ? "this build has no CUDA backend (nvcc was not found)"
+                                 : st == TSR_E_NOTFOUND  ? "no CUDA device (the driver reports none)"
+                                                         : tsr_status_str(st));
+                        return st;
+                }
+                log_info("device: cpu (--device auto: %s)", st == TSR_E_UNSUPPORTED ? "this build has no CUDA backend"
+                                                            : st == TSR_E_NOTFOUND    ? "no CUDA device"
+                                                                                      : tsr_status_str(st));
+        } else if (!want_cpu) {
+                log_info("device: cpu (--device auto: %s)", gpu_not_ok);
+        } else {
+                log_info("device: cpu (--device cpu)");
+        }
+        return tsr_runner_backend_new(cpu_threads, ret, err, errlen);
+}
+
+uint64_t tsr_runner_kv_blocks(const tsr_runner *r) { return r ? r->kv_blocks : 0; }
+
 /* The weight dtype for `opts` on the backend, and the start-up line naming both.  Main
  * thread, at startup. */
 static tsr_status pick_dtype(const tsr_runner_opts *opts, bool *bf16, char *err, size_t errlen) {
@@ -159,9 +195,15 @@ static tsr_status pick_dtype(const tsr_runner_opts *opts, bool *bf16, char *err,
         int threads = tsr_backend_threads(be);
 
         if (strcmp(dtype, "half") == 0 || strcmp(dtype, "float16") == 0) {
-                snprintf(err, errlen, "--dtype %s is not supported by the CPU backend (use bfloat16 or float32)",
-                         dtype);
+                snprintf(err, errlen, "--dtype %s is not supported by the %s backend (use bfloat16 or float32)",
+                         dtype, tsr_backend_host_memory(be) ? "CPU" : tsr_backend_name(be));
                 return TSR_E_INVAL;
+        }
+        if (!tsr_backend_host_memory(be)) {     /* a GPU: bfloat16 unless float32 is asked for, as vLLM */
+                *bf16 = strcmp(dtype, "float32") != 0 && strcmp(dtype, "float") != 0;
+                log_info("kernels: %s, dtype %s%s", tsr_backend_name(be), *bf16 ? "bfloat16" : "float32",
+                         strcmp(dtype, "auto") == 0 ? " (--dtype auto)" : "");
+                return TSR_OK;
         }
         if (strcmp(tsr_backend_name(be), "cpu-ref") == 0) {    /* only TESSERA_KERNELS=ref makes one here */
                 *bf16 = strcmp(dtype, "bfloat16") == 0;
@@ -214,6 +256,38 @@ static tsr_status quant_config(const char *path, const tsr_model_desc *desc, con
                                  unmatched[i], mo->source);
                 tsr_safetensors_set_close(&set);
         }
+        return TSR_OK;
+}
+
+/* vLLM's KV sizing on a GPU (gpu_worker.determine_available_memory): of the device's
+ * total memory times `util`, what is not in use now (after the weights and the kept
+ * activations are allocated: everything else the device holds, other processes
+ * included, counts as used) becomes KV blocks of `block_bytes`, with vLLM's log line.
+ * Called on a device backend with no --kv-cache-memory-bytes or block override. */
+static tsr_status device_kv_blocks(tsr_backend *be, double util, uint64_t block_bytes, uint64_t *ret, char *err,
+                                   size_t errlen) {
+        size_t free_b = 0, total_b = 0;
+        tsr_status st = tsr_backend_mem_info(be, &free_b, &total_b);
+        double requested, used, avail;
+
+        if (st != TSR_OK || block_bytes == 0) {
+                snprintf(err, errlen, "cannot size the KV cache on the %s backend: %s (pass --kv-cache-memory-bytes)",
+                         tsr_backend_name(be), st != TSR_OK ? tsr_status_str(st) : "the model has no KV layers");
+                return st != TSR_OK ? st : TSR_E_INVAL;
+        }
+        requested = util * (double)total_b;
+        used = (double)(total_b - free_b);
+        avail = requested - used;
+        log_info("Available KV cache memory: %.2f GiB (gpu_memory_utilization %.2f of %.2f GiB, %.2f GiB in use "
+                 "after the weights and activations)", avail > 0 ? avail / (1 << 30) : 0.0, util,
+                 (double)total_b / (1 << 30), used / (1 << 30));
+        if (avail < (double)block_bytes) {
+                snprintf(err, errlen, "No available memory for the cache blocks. Try increasing "
+                         "`gpu_memory_utilization` when initializing the engine. (%.2f GiB in use, %.2f GiB allowed)",
+                         used / (1 << 30), requested / (1 << 30));
+                return TSR_E_NOMEM;
+        }
+        *ret = (uint64_t)(avail / (double)block_bytes);
         return TSR_OK;
 }
 
@@ -283,6 +357,16 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                 snprintf(err, errlen, "cannot convert the weights to bfloat16: %s", tsr_status_str(st));
                 return st;
         }
+        if (!tsr_backend_host_memory(sg->be)) {
+                if (!r->fam->to_backend) {
+                        snprintf(err, errlen, "model family %s does not run on the %s backend yet (supported: llama); "
+                                 "use --device cpu", r->fam->name, tsr_backend_name(sg->be));
+                        return TSR_E_UNSUPPORTED;
+                }
+                if ((st = r->fam->to_backend(sg->model, sg->be, opts->max_step_tokens, opts->max_logit_rows, err,
+                                             errlen)) != TSR_OK)
+                        return st;
+        }
         if ((st = r->fam->check_backend(sg->model, sg->be)) != TSR_OK) {
                 snprintf(err, errlen, "kernel backend '%s' lacks ops the %s forward needs", tsr_backend_name(sg->be),
                          r->fam->name);
@@ -291,7 +375,13 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         /* The KV memory, group by group as the family declares it for this shard; the
          * family's forward gets a view of it. */
         n_groups = r->fam->kv_groups(desc, shard, groups, TSR_KV_GROUPS_MAX);
-        if ((st = tsr_kv_pool_new_slots(groups, n_groups, num_blocks, block_size, n_state_slots, &sg->kv_memory)) !=
+        if (num_blocks == 0 && (st = device_kv_blocks(sg->be, opts->gpu_memory_utilization,
+                                                      tsr_kv_block_bytes(groups, n_groups, block_size), &num_blocks,
+                                                      err, errlen)) != TSR_OK)
+                return st;
+        r->kv_blocks = num_blocks;
+        if ((st = tsr_kv_pool_new_on(tsr_backend_host_memory(sg->be) ? NULL : sg->be, groups, n_groups, num_blocks,
+                                     block_size, n_state_slots, &sg->kv_memory)) !=
                     TSR_OK ||
             (st = r->fam->kv_bind(sg->model, sg->kv_memory, &sg->pool)) != TSR_OK) {
                 snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens, %zu group%s): %s",

@@ -42,7 +42,25 @@ typedef struct tsr_runner_opts {
         /* --quantization (NULL: from the checkpoint): must agree with what a Hugging Face
          * folder announces (worker/load/modelopt.h); refused for a GGUF file. */
         const char *quantization;
+        /* A backend whose memory is not the host's (CUDA; issue #16): the weights go there
+         * (the family's to_backend), with the forward's activations for a step of
+         * max_step_tokens tokens and max_logit_rows rows of logits kept allocated.  With
+         * num_blocks 0 the runner sizes the KV cache itself, as vLLM does: of the device's
+         * total memory times gpu_memory_utilization, what is left after everything
+         * already in use (the weights, the activations, the CUDA context, other
+         * processes) goes to the KV blocks (tsr_runner_kv_blocks says how many). */
+        size_t max_step_tokens, max_logit_rows;
+        double gpu_memory_utilization;
 } tsr_runner_opts;
+
+/* The backend for --device `device` (auto | cuda | cpu; NULL: auto): cuda is GPU 0;
+ * auto takes it when there is one and the model can run there (`gpu_not_ok` NULL; else
+ * it says why not: --device cuda is then refused with it), else the CPU backend of
+ * tsr_runner_backend_new.  Logs the choice.  Main thread, at start-up. */
+tsr_status tsr_runner_backend_for(const char *device, const char *gpu_not_ok, int cpu_threads, tsr_backend **ret,
+                                  char *err, size_t errlen);
+/* KV blocks the runner allocated (what num_blocks asked for, or what it sized). */
+uint64_t tsr_runner_kv_blocks(const tsr_runner *r);
 
 /* The most pipeline stages a runner holds (the comm layer's group size). */
 #define TSR_RUNNER_MAX_STAGES 64
