@@ -53,6 +53,8 @@ def skip_because(key, why):
 
 sys.path.insert(0, str(REPO / "scripts"))
 from free_port import free_port  # noqa: E402  (below the ephemeral range; see scripts/free_port.py)
+sys.path.insert(0, str(REPO / "tests"))
+from skips import gpu_present  # noqa: E402,F401  (whether this machine has an NVIDIA device)
 
 
 def free_port_pair():

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from conftest import LAUNCHER, ROUTER, SANITIZED, WORKER, free_port, free_port_pair, wait_until
+from conftest import LAUNCHER, ROUTER, SANITIZED, WORKER, free_port, free_port_pair, gpu_present, wait_until
 
 KV_DEFAULT_BYTES = 4 << 30
 START_S = 240 if SANITIZED else 60
@@ -31,6 +31,8 @@ def test_startup_lines_and_defaults(spawn, demo_model):
     wait_until(lambda: "engine up" in w.output() or w.p.poll() is not None, START_S, what="engine up")
     out = w.output()
     assert "engine up" in out, out
+    if not gpu_present():       # --device auto says why it took the CPU
+        assert re.search(r"device: cpu \(--device auto: (no CUDA device|this build has no CUDA backend)\)", out), out
 
     # Progress while loading: tensors and bytes so far, percent and rate; the last at 100%.
     progress = re.findall(r"loading weights: (\d+)/(\d+) tensors, ([\d.]+)/([\d.]+) MB \((\d+)%\), ([\d.]+) MB/s",
@@ -124,6 +126,30 @@ def test_unsupported_flag_values_exit_2(spawn, demo_model, binary, args, message
     out = p.output()
     assert f"{prog}: error: {message}\n" in out, out
     assert "loading weights" not in out and "listening on" not in out, out
+
+
+def test_device_flag(spawn, demo_model):
+    """--device (issue #16): auto picks the GPU when there is one and says why when it
+    does not; cuda without a device (or a build without CUDA) exits 2 naming the cause
+    before any socket is bound; cpu is the CPU whatever the machine has."""
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--device", "cuda"])
+    if gpu_present():
+        wait_until(lambda: "engine up" in w.output() or w.p.poll() is not None, START_S, what="engine up")
+        assert "device: cuda (GPU 0)" in w.output() and "GPU KV cache size: " in w.output(), w.output()
+        w.p.send_signal(signal.SIGTERM)
+        assert w.wait(timeout=60) == 0
+    else:
+        assert w.wait(timeout=START_S) == 2
+        out = w.output()
+        assert re.search(r"cannot load model .*: --device cuda: (no CUDA device \(the driver reports none\)|this build "
+                         r"has no CUDA backend \(nvcc was not found\))", out), out
+        assert "loading weights" not in out and "listening on" not in out, out
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--device", "cpu"])
+    wait_until(lambda: "engine up" in w.output() or w.p.poll() is not None, START_S, what="engine up")
+    out = w.output()
+    assert "device: cpu (--device cpu)" in out and "CPU KV cache size: " in out, out
+    w.p.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=60) == 0
 
 
 def test_load_format_must_match_the_model(spawn, demo_model):

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh BIN OUT TOKENIZER_DIR - the GPU checks of issue #16, on a machine
+# with an NVIDIA GPU, python3 with torch + transformers, and Tessera's binaries in BIN
+# (a build tree, or one folder holding them all).  Writes logs and results under OUT;
+# prints a summary line per step.  TOKENIZER_DIR: tests/fixtures/make_gpu_model.py
+# tokenizer's output (the random model is made here from it).
+#
+#   1. the GPU suite: every test_cuda_* program, test_ops' CUDA column, and
+#      test_cuda_forward (tiny fixture vs transformers) again with TSR_GPU_MODEL set to
+#      a random SmolLM2-shaped model (CUDA vs the CPU backend);
+#   2. compute-sanitizer memcheck of test_cuda_forward on the tiny fixture;
+#   3. tessera-bench-engine --kernels cuda on the random model (decode batches, prefill);
+#   4. tessera serve --device cuda of the random model: a chat completion through the
+#      router, then tessera bench serve (random 1k/1k, --ignore-eos) at concurrency 1,
+#      32 and 256 (GPU_CHECK_QUICK=1: fewer prompts).
+# Each step has its own time limit; a failed step is reported and the next one runs.
+set -u
+BIN=${1:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
+OUT=${2:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
+TOK=${3:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export TSR_SOURCE_ROOT=$ROOT
+mkdir -p "$OUT"
+MODEL=${GPU_CHECK_MODEL_DIR:-/tmp/tessera-gpu-model}
+PORT=${GPU_CHECK_PORT:-18700}
+
+bin() {         # the path of program $1 under BIN (flat or a build tree)
+        local p
+        for p in "$BIN/$1" "$BIN"/*/"$1" "$BIN"/tests/*/"$1"; do
+                [ -x "$p" ] && { echo "$p"; return 0; }
+        done
+        echo "gpu-check: $1 not found under $BIN" >&2
+        return 1
+}
+
+step() {        # step NAME SECONDS CMD...: run with a limit, log to OUT/NAME.log
+        local name=$1 limit=$2 rc t0=$SECONDS
+        shift 2
+        timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+        rc=$?
+        echo "gpu-check: $name: exit $rc ($((SECONDS - t0)) s)"
+        return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+
+# 1. the GPU suite
+for t in test_cuda_rmsnorm test_cuda_add_rmsnorm test_cuda_forward_ops test_cuda_forward; do
+        p=$(bin $t) && step "$t" 300 "$p"
+done
+p=$(bin test_ops) && step test_ops 300 "$p"
+grep -E "cuda|FAIL|PASSED|SKIPPED" "$OUT/test_ops.log" | tail -5
+grep -E "max \||FAIL|OK \(" "$OUT/test_cuda_forward.log"
+step make_model 300 python3 "$ROOT/tests/fixtures/make_gpu_model.py" model "$TOK" "$MODEL" --shape smollm2 &&
+        p=$(bin test_cuda_forward) && TSR_GPU_MODEL=$MODEL step test_cuda_forward_big 300 "$p"
+grep -E "max \||FAIL|OK \(" "$OUT/test_cuda_forward_big.log" 2>/dev/null
+
+# 2. memcheck (the tiny fixture only: the sanitizer slows every access)
+if command -v compute-sanitizer > /dev/null; then
+        p=$(bin test_cuda_forward) && step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$p"
+        grep -E "ERROR SUMMARY|Invalid" "$OUT/memcheck.log" | head -5
+fi
+
+# 3. the engine in-process
+p=$(bin tessera-bench-engine) && step bench_engine 240 "$p" "$MODEL" --kernels cuda --dtypes bfloat16,float32 \
+        --batches 1,8,32,64,256 --steps 32 --prefill 1024 --repeat 2 --no-bandwidth
+cat "$OUT/bench_engine.log"
+
+# 4. served over HTTP
+p=$(bin tessera) || exit 1
+"$p" serve "$MODEL" --device cuda --host 127.0.0.1 --port "$PORT" --served-model-name smollm2-random \
+        --max-model-len 4096 > "$OUT/serve.log" 2>&1 &
+SERVE=$!
+for _ in $(seq 1 240); do
+        curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+        sleep 0.5
+done
+grep -E "device|kernels|KV cache|Available|loaded" "$OUT/serve.log" | head -12
+curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
+        -d '{"model": "smollm2-random", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16,
+             "temperature": 0}' | tee "$OUT/chat.json"
+echo
+B=$(bin tessera-bench)
+n1=8 n32=128 n256=512
+[ -n "${GPU_CHECK_QUICK:-}" ] && n1=4 n32=64 n256=256
+for c in 1 32 256; do
+        n=$([ $c = 1 ] && echo $n1 || ([ $c = 32 ] && echo $n32 || echo $n256))
+        step "bench_serve_c$c" 240 "$B" serve --base-url "http://127.0.0.1:$PORT" --model smollm2-random \
+                --tokenizer "$MODEL" --dataset-name random --random-input-len 1024 --random-output-len 1024 \
+                --ignore-eos --num-prompts "$n" --max-concurrency "$c" --temperature 0 --save-result \
+                --result-dir "$OUT" --result-filename "bench_c$c.json"
+        grep -E "Successful|throughput|TTFT|TPOT|ITL" "$OUT/bench_serve_c$c.log" | head -12
+done
+kill -TERM $SERVE
+wait $SERVE
+echo "gpu-check: serve exit $?"
