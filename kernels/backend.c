@@ -226,6 +226,53 @@ tsr_status tsr_backend_attention(tsr_backend *be, float *out, const float *q, co
         CALL(attention, out, q, kv, n, past_len, n_heads, scale);
 }
 
+/* Sequence i's view: the shared arrays and geometry with its own table. */
+static tsr_kv_view seq_view(const tsr_kv_view *kv, const tsr_kv_seq *s) {
+        tsr_kv_view v = *kv;
+        v.block_table = s->block_table;
+        v.n_table = s->n_table;
+        return v;
+}
+
+tsr_status tsr_backend_kv_write_batch(tsr_backend *be, const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs,
+                                      const float *k, const float *v) {
+        size_t width, row = 0;
+        tsr_status st = TSR_OK;
+
+        if (!be || !kv || !k || !v || (!seqs && n_seqs))
+                return TSR_E_INVAL;
+        if (be->ops->kv_write_batch)
+                return be->ops->kv_write_batch(be, kv, seqs, n_seqs, k, v);
+        if (!be->ops->kv_write)
+                return TSR_E_UNSUPPORTED;
+        width = kv->n_kv_heads * kv->head_dim;
+        for (size_t i = 0; i < n_seqs && st == TSR_OK; row += seqs[i].n, i++) {
+                tsr_kv_view sv = seq_view(kv, &seqs[i]);
+                st = be->ops->kv_write(be, &sv, k + row * width, v + row * width, seqs[i].n, seqs[i].past_len);
+        }
+        return st;
+}
+
+tsr_status tsr_backend_attention_batch(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv,
+                                       const tsr_kv_seq *seqs, size_t n_seqs, size_t n_heads, float scale) {
+        size_t width, row = 0;
+        tsr_status st = TSR_OK;
+
+        if (!be || !kv || !out || !q || (!seqs && n_seqs))
+                return TSR_E_INVAL;
+        if (be->ops->attention_batch)
+                return be->ops->attention_batch(be, out, q, kv, seqs, n_seqs, n_heads, scale);
+        if (!be->ops->attention)
+                return TSR_E_UNSUPPORTED;
+        width = n_heads * kv->head_dim;
+        for (size_t i = 0; i < n_seqs && st == TSR_OK; row += seqs[i].n, i++) {
+                tsr_kv_view sv = seq_view(kv, &seqs[i]);
+                st = be->ops->attention(be, out + row * width, q + row * width, &sv, seqs[i].n, seqs[i].past_len,
+                                        n_heads, scale);
+        }
+        return st;
+}
+
 tsr_status tsr_backend_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n) {
         CALL(silu_mul, out, gate, up, n);
 }

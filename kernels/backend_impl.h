@@ -52,6 +52,11 @@ typedef struct tsr_backend_ops {
                                size_t past_len);
         tsr_status (*attention)(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
                                 size_t past_len, size_t n_heads, float scale);
+        /* NULL: the wrappers run kv_write / attention per sequence */
+        tsr_status (*kv_write_batch)(tsr_backend *be, const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs,
+                                     const float *k, const float *v);
+        tsr_status (*attention_batch)(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv,
+                                      const tsr_kv_seq *seqs, size_t n_seqs, size_t n_heads, float scale);
         tsr_status (*silu_mul)(tsr_backend *be, float *out, const float *gate, const float *up, size_t n);
         tsr_status (*add)(tsr_backend *be, float *out, const float *a, const float *b, size_t n);
         tsr_status (*softmax)(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);

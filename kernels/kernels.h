@@ -255,6 +255,26 @@ tsr_status tsr_backend_kv_write(tsr_backend *be, const tsr_kv_view *kv, const fl
  * q (n, n_heads, head_dim) -> out (n, n_heads, head_dim); out must not alias q. */
 tsr_status tsr_backend_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
                                  size_t past_len, size_t n_heads, float scale);
+/* One sequence of a batched step (continuous batching): its n new rows at positions
+ * past_len .. past_len + n - 1 through its block table (host memory, n_table entries). */
+typedef struct tsr_kv_seq {
+        const uint32_t *block_table;
+        size_t n_table;
+        size_t n;
+        size_t past_len;
+} tsr_kv_seq;
+/* kv_write and attention for every sequence of a step at once: the rows of k, v, q and
+ * out are the sequences' rows stacked in `seqs` order (sum of n rows); the view gives
+ * the cache arrays and geometry (its block_table and n_table are not read: each
+ * sequence brings its own).  Each sequence's rows are what the one-sequence op gives
+ * for them; a backend without a batched kernel runs exactly those ops in turn, so the
+ * CPU results are bitwise the per-sequence ones.  A device backend runs one kernel for
+ * all rows (the per-sequence launches and table copies are what a decode step of many
+ * sequences would otherwise spend its time on). */
+tsr_status tsr_backend_kv_write_batch(tsr_backend *be, const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs,
+                                      const float *k, const float *v);
+tsr_status tsr_backend_attention_batch(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv,
+                                       const tsr_kv_seq *seqs, size_t n_seqs, size_t n_heads, float scale);
 /* out[i] = silu(gate[i]) * up[i], silu(a) = a / (1 + exp(-a)).
  * gate, up (n,) -> out (n,); out may alias gate or up. */
 tsr_status tsr_backend_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n);

@@ -979,6 +979,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
         const tsr_llama_config *c = &m->cfg;
         struct scratch s;
         uint32_t *tokens = NULL;
+        tsr_kv_seq *kseqs = NULL;      /* the sequences as the batched KV ops take them */
         size_t N = 0, n_rows_out = 0, want_rows = 0;
         tsr_status st;
 
@@ -994,10 +995,16 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
         if (st != TSR_OK)
                 return st;
         tokens = malloc(N * sizeof(uint32_t));
-        if (!tokens) {
+        kseqs = malloc(n_seqs * sizeof *kseqs);
+        if (!tokens || !kseqs) {
+                free(tokens);
+                free(kseqs);
                 scratch_done(m, &s);
                 return TSR_E_NOMEM;
         }
+        for (size_t i = 0; i < n_seqs; i++)
+                kseqs[i] = (tsr_kv_seq){.block_table = seqs[i].block_table, .n_table = seqs[i].n_table,
+                                        .n = seqs[i].n, .past_len = seqs[i].past_len};
         /* The logits land in the caller's host array; on a device, in the kept device
          * array first, downloaded at the end. */
         float *lg = m->dev ? m->dev->logits : logits;
@@ -1036,13 +1043,11 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                 TRY(mm(m, be, s.v, s.xb, (long)l, MM_V, L->wv, N, dim, kv_dim));                 /* v (N, kv_dim) */
                 TRY(tsr_backend_rope(be, s.q, N, m->nh, hd, s.pos, inv_freq, c->rope_layout));
                 TRY(tsr_backend_rope(be, s.k, N, m->nkv, hd, s.pos, inv_freq, c->rope_layout));
-                for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
-                        tsr_kv_view view = kv_layer_view(kv, l, seqs[i].block_table, seqs[i].n_table);
-                        TRY(tsr_backend_kv_write(be, &view, s.k + row * kv_dim, s.v + row * kv_dim, seqs[i].n,
-                                                 seqs[i].past_len));
-                        TRY(tsr_backend_attention(be, s.att + row * q_dim, s.q + row * q_dim, &view, seqs[i].n,
-                                                  seqs[i].past_len, m->nh, scale));       /* att (n_i, q_dim) */
-                }
+                /* every sequence's keys and values into its blocks, then its attention
+                 * over them: one call each for the whole batch (kernels.h) */
+                tsr_kv_view view = kv_layer_view(kv, l, NULL, 0);
+                TRY(tsr_backend_kv_write_batch(be, &view, kseqs, n_seqs, s.k, s.v));
+                TRY(tsr_backend_attention_batch(be, s.att, s.q, &view, kseqs, n_seqs, m->nh, scale)); /* att (N, q_dim) */
                 TRY(mm_row(m, be, &s, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));            /* xb (N, dim) */
 
                 /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) after the attention's add */
@@ -1080,6 +1085,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
         }
 done:
         free(tokens);
+        free(kseqs);
         scratch_done(m, &s);
         return st;
 }
