@@ -28,14 +28,15 @@ __global__ static void add_rmsnorm_kernel(float *out, float *residual, const flo
                 outr[i] = res[i] * scale * w[i];
 }
 
-extern "C" tsr_status tsr_cuda_add_rmsnorm(float *out, float *residual, const float *x, const float *w, size_t rows,
-                                           size_t dim, float eps) {
+extern "C" tsr_status tsr_cuda_add_rmsnorm(cudaStream_t stream, float *out, float *residual, const float *x,
+                                           const float *w, size_t rows, size_t dim, float eps) {
         const int threads = 256;   // a power of two: the tree reduction needs it
         if (!out || !residual || !x || !w || dim == 0 || dim > 0x7fffffff || rows > 0x7fffffff)
                 return TSR_E_INVAL;
         if (rows == 0)
                 return TSR_OK;
-        add_rmsnorm_kernel<<<(unsigned)rows, threads, threads * sizeof(float)>>>(out, residual, x, w, (int)dim, eps);
+        add_rmsnorm_kernel<<<(unsigned)rows, threads, threads * sizeof(float), stream>>>(out, residual, x, w,
+                                                                                        (int)dim, eps);
         TSR_CUDA_TRY(cudaGetLastError());
         return TSR_OK;
 }

@@ -1,29 +1,112 @@
 // backend.cu - the CUDA backend: kernels.h's tsr_backend on one device.
 //
-// The context holds the device ordinal.  Every call of the backend first makes that
-// device current on the calling thread (cudaSetDevice is cheap when it already is), so a
-// thread may drive backends on different devices in turn, and two threads each their own.
-// Kernels launch on the default stream (rmsnorm.cuh, add_rmsnorm.cuh); a stream per
-// backend comes with the launchers that take one.  Memory is device memory: cudaMalloc,
-// and cudaMemcpy for upload/download, which orders after the work queued on the default
-// stream and returns when the copy is done (kernels.h: synchronous).
+// The context: the device ordinal, ONE non-blocking stream, a cuBLAS handle bound to that
+// stream, and two small growable device scratch buffers (index arrays; the bf16 copy of a
+// matmul's activations).  Every call first makes the device current on the calling thread
+// (cudaSetDevice is cheap when it already is), so a thread may drive backends on different
+// devices in turn, and two threads each their own.  Threads: a backend is driven by one
+// thread at a time (kernels.h), so the context needs no lock.
+//
+// Ordering: every kernel, cuBLAS call and copy of this backend is queued on its stream, in
+// call order.  The stream is non-blocking (it does not synchronize with the legacy default
+// stream), so nothing else in the process serializes against it.  upload and download
+// wait for the stream (kernels.h: synchronous); copy and the ops return once queued; a
+// fault inside a kernel shows as TSR_E_CUDA at the next upload/download/synchronize.
+//
+// Host index arrays (embedding's ids, rope's pos, a KV view's block table) are copied to
+// the index scratch with cudaMemcpyAsync on the stream just before the kernel that reads
+// them.  From pageable memory (what callers have) that call returns once the source is
+// staged, so the caller may reuse its array at once; the next op's copy into the same
+// scratch is queued after this op's kernel, so it cannot overwrite indices still in use.
+// (A pinned source would be read by the DMA later: callers must not pass pinned arrays
+// they reuse before a synchronize.)
+#include <limits.h>
 #include <stdlib.h>
 
+#include <cublas_v2.h>
+
 #include "kernels/backend_impl.h"
+#include "kernels/cpu/kv_view.h"        // kv_view_ok: the same view checks as the CPU backends
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/add_rmsnorm.cuh"
+#include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
+
+// Device memory that grows to the largest request and is reused across ops.
+struct cuda_scratch {
+        void *p;
+        size_t cap;     // bytes
+};
 
 struct cuda_ctx {
         int device;
+        cudaStream_t stream;
+        cublasHandle_t blas;
+        cuda_scratch idx;       // index arrays copied from the host
+        cuda_scratch act;       // a bf16 matmul's rounded activations
 };
 
+static cuda_ctx *ctx_of(tsr_backend *be) { return static_cast<cuda_ctx *>(be->ctx); }
+
 static tsr_status use_device(tsr_backend *be) {
-        TSR_CUDA_TRY(cudaSetDevice(static_cast<cuda_ctx *>(be->ctx)->device));
+        TSR_CUDA_TRY(cudaSetDevice(ctx_of(be)->device));
         return TSR_OK;
 }
 
-static void cuda_ctx_free(void *ctx) { free(ctx); }
+// At least `bytes` of s, growing it (to twice the old size at least, so a slowly growing
+// batch reallocates rarely).  Growing first waits for the stream: queued kernels may still
+// read the old buffer.  TSR_E_NOMEM (s emptied) or TSR_E_CUDA.
+static tsr_status scratch_reserve(cuda_ctx *c, cuda_scratch *s, size_t bytes) {
+        if (bytes <= s->cap)
+                return TSR_OK;
+        size_t want = bytes > 2 * s->cap ? bytes : 2 * s->cap;
+        TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
+        TSR_CUDA_TRY(cudaFree(s->p));
+        s->p = NULL;
+        s->cap = 0;
+        cudaError_t e = cudaMalloc(&s->p, want);
+        if (e == cudaErrorMemoryAllocation) {
+                (void)cudaGetLastError();       // not sticky: clear it
+                s->p = NULL;
+                fprintf(stderr, "cuda: scratch of %zu bytes: out of device memory\n", want);
+                return TSR_E_NOMEM;
+        }
+        TSR_CUDA_TRY(e);
+        s->cap = want;
+        return TSR_OK;
+}
+
+// The host index array a (count,) copied to the index scratch; *dev points at the copy.
+static tsr_status upload_indices(cuda_ctx *c, const uint32_t *a, size_t count, const uint32_t **dev) {
+        size_t bytes = count * sizeof *a;
+        tsr_status st = scratch_reserve(c, &c->idx, bytes ? bytes : sizeof *a);
+        if (st != TSR_OK)
+                return st;
+        if (bytes)
+                TSR_CUDA_TRY(cudaMemcpyAsync(c->idx.p, a, bytes, cudaMemcpyHostToDevice, c->stream));
+        *dev = static_cast<const uint32_t *>(c->idx.p);
+        return TSR_OK;
+}
+
+static void cuda_ctx_free(void *ctx) {
+        cuda_ctx *c = static_cast<cuda_ctx *>(ctx);
+        if (!c)
+                return;
+        if (cudaSetDevice(c->device) == cudaSuccess) {
+                if (c->stream)
+                        (void)cudaStreamSynchronize(c->stream);
+                if (c->blas)
+                        (void)cublasDestroy(c->blas);
+                (void)cudaFree(c->idx.p);
+                (void)cudaFree(c->act.p);
+                if (c->stream)
+                        (void)cudaStreamDestroy(c->stream);
+        }
+        free(c);
+}
+
+// ---- memory --------------------------------------------------------------------------
 
 static tsr_status cuda_mem_alloc(tsr_backend *be, size_t bytes, void **ret) {
         tsr_status st = use_device(be);
@@ -40,58 +123,197 @@ static tsr_status cuda_mem_alloc(tsr_backend *be, size_t bytes, void **ret) {
         return TSR_OK;
 }
 
+// cudaFree waits for the device to finish work that may use p.
 static void cuda_mem_free(tsr_backend *be, void *p) {
         if (use_device(be) == TSR_OK)
                 (void)cudaFree(p);
 }
 
-static tsr_status cuda_copy(tsr_backend *be, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
+// Queue the copy on the stream; wait for it when `wait` (upload, download: synchronous).
+static tsr_status cuda_memcpy(tsr_backend *be, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                              bool wait) {
         tsr_status st = use_device(be);
         if (st != TSR_OK)
                 return st;
-        TSR_CUDA_TRY(cudaMemcpy(dst, src, bytes, kind));
+        cudaStream_t s = ctx_of(be)->stream;
+        TSR_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, s));
+        if (wait)
+                TSR_CUDA_TRY(cudaStreamSynchronize(s));
         return TSR_OK;
 }
 
 static tsr_status cuda_upload(tsr_backend *be, void *dst, const void *src, size_t bytes) {
-        return cuda_copy(be, dst, src, bytes, cudaMemcpyHostToDevice);
+        return cuda_memcpy(be, dst, src, bytes, cudaMemcpyHostToDevice, true);
 }
 
 static tsr_status cuda_download(tsr_backend *be, void *dst, const void *src, size_t bytes) {
-        return cuda_copy(be, dst, src, bytes, cudaMemcpyDeviceToHost);
+        return cuda_memcpy(be, dst, src, bytes, cudaMemcpyDeviceToHost, true);
 }
 
 static tsr_status cuda_copy_d2d(tsr_backend *be, void *dst, const void *src, size_t bytes) {
-        return cuda_copy(be, dst, src, bytes, cudaMemcpyDeviceToDevice);
+        return cuda_memcpy(be, dst, src, bytes, cudaMemcpyDeviceToDevice, false);
 }
 
 static tsr_status cuda_synchronize(tsr_backend *be) {
         tsr_status st = use_device(be);
         if (st != TSR_OK)
                 return st;
-        TSR_CUDA_TRY(cudaDeviceSynchronize());
+        TSR_CUDA_TRY(cudaStreamSynchronize(ctx_of(be)->stream));
         return TSR_OK;
 }
+
+// ---- operators -----------------------------------------------------------------------
+// Each checks its arguments as the CPU reference does (TSR_E_INVAL, nothing queued),
+// makes the device current, uploads its index array if it has one, and launches.
 
 static tsr_status cuda_rmsnorm(tsr_backend *be, float *out, const float *x, const float *w, size_t rows, size_t dim,
                                float eps) {
         tsr_status st = use_device(be);
-        return st != TSR_OK ? st : tsr_cuda_rmsnorm(out, x, w, rows, dim, eps);
+        return st != TSR_OK ? st : tsr_cuda_rmsnorm(ctx_of(be)->stream, out, x, w, rows, dim, eps);
 }
 
 static tsr_status cuda_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
                                    size_t rows, size_t dim, float eps) {
         tsr_status st = use_device(be);
-        return st != TSR_OK ? st : tsr_cuda_add_rmsnorm(out, residual, x, w, rows, dim, eps);
+        return st != TSR_OK ? st : tsr_cuda_add_rmsnorm(ctx_of(be)->stream, out, residual, x, w, rows, dim, eps);
 }
 
-// Built by assignment: C++17 has no designated initialisers.  The ops CUDA does not
-// have yet stay NULL (kernels.h: TSR_E_UNSUPPORTED), matmul included (no weight dtype).
+static tsr_status cuda_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
+                                 const uint32_t *ids, size_t rows) {
+        const uint32_t *dids = NULL;
+        if (!out || !table || (!ids && rows) || dim == 0 || rows > INT_MAX)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++)       // every id before anything is queued
+                if (ids[r] >= vocab)
+                        return TSR_E_INVAL;
+        if (rows == 0)
+                return TSR_OK;
+        tsr_status st = use_device(be);
+        if (st == TSR_OK)
+                st = upload_indices(ctx_of(be), ids, rows, &dids);
+        return st != TSR_OK ? st : tsr_cuda_embedding(ctx_of(be)->stream, out, table, dim, dids, rows);
+}
+
+static tsr_status cuda_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                              size_t rows, size_t n, size_t d) {
+        if (!out || !x || !w || n == 0 || d == 0)
+                return TSR_E_INVAL;
+        if (w_dtype != TSR_DTYPE_F32 && w_dtype != TSR_DTYPE_BF16)
+                return TSR_E_UNSUPPORTED;
+        if (rows > INT_MAX || n > INT_MAX || d > INT_MAX) {     // cuBLAS takes int sizes
+                fprintf(stderr, "cuda: matmul rows %zu n %zu d %zu: a size past INT_MAX is not supported\n", rows,
+                        n, d);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (rows == 0)
+                return TSR_OK;
+        tsr_status st = use_device(be);
+        if (st != TSR_OK)
+                return st;
+        cuda_ctx *c = ctx_of(be);
+        if (w_dtype == TSR_DTYPE_F32)
+                return tsr_cuda_matmul_f32(c->blas, out, x, static_cast<const float *>(w), rows, n, d);
+        // bf16: round x to bf16 in the activation scratch (kernels.h's b()), then the GEMM.
+        st = scratch_reserve(c, &c->act, rows * n * sizeof(uint16_t));
+        if (st != TSR_OK)
+                return st;
+        uint16_t *xb = static_cast<uint16_t *>(c->act.p);
+        st = tsr_cuda_f32_to_bf16(c->stream, xb, x, rows * n);
+        return st != TSR_OK ? st
+                            : tsr_cuda_matmul_bf16(c->blas, out, xb, static_cast<const uint16_t *>(w), rows, n, d);
+}
+
+static tsr_status cuda_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
+                            const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout) {
+        const uint32_t *dpos = NULL;
+        if (!x || !pos || !inv_freq || head_dim == 0 || head_dim % 2 != 0)
+                return TSR_E_INVAL;
+        if (layout != TSR_ROPE_NEOX && layout != TSR_ROPE_INTERLEAVED)
+                return TSR_E_INVAL;
+        if (rows == 0 || n_heads == 0)
+                return TSR_OK;
+        tsr_status st = use_device(be);
+        if (st == TSR_OK)
+                st = upload_indices(ctx_of(be), pos, rows, &dpos);
+        return st != TSR_OK ? st : tsr_cuda_rope(ctx_of(be)->stream, x, rows, n_heads, head_dim, dpos, inv_freq,
+                                                 layout);
+}
+
+// The device copy of the table entries covering tokens 0 .. n_tokens - 1 (view checked).
+static tsr_status upload_table(tsr_backend *be, const tsr_kv_view *kv, size_t n_tokens, const uint32_t **dev) {
+        tsr_status st = use_device(be);
+        if (st != TSR_OK)
+                return st;
+        return upload_indices(ctx_of(be), kv->block_table, (n_tokens + kv->block_size - 1) / kv->block_size, dev);
+}
+
+static tsr_status cuda_kv_write(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,
+                                size_t past_len) {
+        const uint32_t *blocks = NULL;
+        if (!k || !v || !kv_view_ok(kv, past_len + n) || n > INT_MAX)
+                return TSR_E_INVAL;
+        if (n == 0)
+                return TSR_OK;
+        tsr_status st = upload_table(be, kv, past_len + n, &blocks);
+        return st != TSR_OK ? st
+                            : tsr_cuda_kv_write(ctx_of(be)->stream, kv->k, kv->v, blocks, kv->block_size,
+                                                kv->n_kv_heads * kv->head_dim, k, v, n, past_len);
+}
+
+static tsr_status cuda_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
+                                 size_t past_len, size_t n_heads, float scale) {
+        const uint32_t *blocks = NULL;
+        if (!out || !q || n_heads == 0 || !kv_view_ok(kv, past_len + n) || n_heads % kv->n_kv_heads != 0)
+                return TSR_E_INVAL;
+        if (kv->head_dim > TSR_CUDA_ATTN_MAX_HEAD_DIM || n_heads > 65535 || n > INT_MAX) {
+                fprintf(stderr, "cuda: attention head_dim %zu n_heads %zu n %zu: the kernel takes head_dim <= %d, "
+                        "n_heads <= 65535\n", kv->head_dim, n_heads, n, TSR_CUDA_ATTN_MAX_HEAD_DIM);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (n == 0)
+                return TSR_OK;
+        tsr_status st = upload_table(be, kv, past_len + n, &blocks);
+        return st != TSR_OK ? st
+                            : tsr_cuda_attention(ctx_of(be)->stream, out, q, kv->k, kv->v, blocks, kv->block_size,
+                                                 kv->n_kv_heads, kv->head_dim, n, past_len, n_heads, scale);
+}
+
+static tsr_status cuda_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n) {
+        if (!out || !gate || !up)
+                return TSR_E_INVAL;
+        tsr_status st = use_device(be);
+        return st != TSR_OK ? st : tsr_cuda_silu_mul(ctx_of(be)->stream, out, gate, up, n);
+}
+
+static tsr_status cuda_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {
+        if (!out || !a || !b)
+                return TSR_E_INVAL;
+        tsr_status st = use_device(be);
+        return st != TSR_OK ? st : tsr_cuda_add(ctx_of(be)->stream, out, a, b, n);
+}
+
+static tsr_status softmax_any(tsr_backend *be, float *out, const float *x, size_t rows, size_t n, bool log_out) {
+        if (!out || !x || n == 0 || n > INT_MAX || rows > INT_MAX)
+                return TSR_E_INVAL;
+        tsr_status st = use_device(be);
+        return st != TSR_OK ? st : tsr_cuda_softmax(ctx_of(be)->stream, out, x, rows, n, log_out);
+}
+
+static tsr_status cuda_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
+        return softmax_any(be, out, x, rows, n, false);
+}
+
+static tsr_status cuda_log_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
+        return softmax_any(be, out, x, rows, n, true);
+}
+
+// Built by assignment: C++17 has no designated initialisers.  matmul_scaled stays NULL
+// (fp8/nvfp4 kernels come later: kernels.h's TSR_E_UNSUPPORTED).
 static tsr_backend_ops make_cuda_ops(void) {
         tsr_backend_ops o = {};
         o.name = "cuda";
         o.host_memory = false;
-        o.matmul_dtypes = 0;
+        o.matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16;
         o.ctx_free = cuda_ctx_free;
         o.mem_alloc = cuda_mem_alloc;
         o.mem_free = cuda_mem_free;
@@ -100,11 +322,30 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.copy = cuda_copy_d2d;
         o.synchronize = cuda_synchronize;
         o.rmsnorm = cuda_rmsnorm;
+        o.embedding = cuda_embedding;
+        o.matmul = cuda_matmul;
+        o.rope = cuda_rope;
+        o.kv_write = cuda_kv_write;
+        o.attention = cuda_attention;
+        o.silu_mul = cuda_silu_mul;
+        o.add = cuda_add;
+        o.softmax = cuda_softmax;
+        o.log_softmax = cuda_log_softmax;
         o.add_rmsnorm = cuda_add_rmsnorm;
         return o;
 }
 
 static const tsr_backend_ops cuda_ops = make_cuda_ops();
+
+// The stream and the cuBLAS handle of a new context on the current device.  Default math
+// (no TF32: results are compared with float32 CPU ones); the handle queues on our stream.
+static tsr_status ctx_init(cuda_ctx *c) {
+        TSR_CUDA_TRY(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+        TSR_CUBLAS_TRY(cublasCreate(&c->blas));
+        TSR_CUBLAS_TRY(cublasSetStream(c->blas, c->stream));
+        TSR_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+        return TSR_OK;
+}
 
 extern "C" tsr_status tsr_backend_cuda_new(int device, tsr_backend **ret) {
         int n = 0;
@@ -117,9 +358,14 @@ extern "C" tsr_status tsr_backend_cuda_new(int device, tsr_backend **ret) {
                 return TSR_E_NOTFOUND;
         }
         TSR_CUDA_TRY(cudaSetDevice(device));
-        cuda_ctx *c = static_cast<cuda_ctx *>(malloc(sizeof *c));
+        cuda_ctx *c = static_cast<cuda_ctx *>(calloc(1, sizeof *c));
         if (!c)
                 return TSR_E_NOMEM;
         c->device = device;
+        tsr_status st = ctx_init(c);
+        if (st != TSR_OK) {
+                cuda_ctx_free(c);
+                return st;
+        }
         return tsr_backend_make(&cuda_ops, c, TSR_CPU_ISA_SCALAR, 1, ret);
 }

@@ -1,12 +1,14 @@
-// block_reduce.cuh - the block-wide sum the norms share (rmsnorm.cu, add_rmsnorm.cu).
+// block_reduce.cuh - the block-wide reductions the row kernels share (rmsnorm.cu,
+// add_rmsnorm.cu, softmax.cu).
 #ifndef TSR_CUDA_BLOCK_REDUCE_CUH
 #define TSR_CUDA_BLOCK_REDUCE_CUH
 
 // The sum of every thread's `v` over the block, returned to all threads: a tree in a
 // fixed order (stride blockDim.x / 2 down to 1), so a row's result never depends on how
 // many rows or blocks run.  blockDim.x must be a power of two; `partial` is the block's
-// shared array of blockDim.x floats.  Every thread of the block must call it.
-__device__ static inline float tsr_block_sum_fixed_tree(float v, float *partial) {
+// shared array of blockDim.x elements.  Every thread of the block must call it.  T is
+// float for the norms, double for softmax's sum (cpu/ref.c sums in double there).
+template <typename T> __device__ static inline T tsr_block_sum_fixed_tree(T v, T *partial) {
         partial[threadIdx.x] = v;
         __syncthreads();
         for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
@@ -14,7 +16,28 @@ __device__ static inline float tsr_block_sum_fixed_tree(float v, float *partial)
                         partial[threadIdx.x] += partial[threadIdx.x + stride];
                 __syncthreads();
         }
-        return partial[0];
+        T r = partial[0];
+        __syncthreads();        // partial may be reused by the caller's next reduction
+        return r;
+}
+
+// The block's maximum with cpu/ref.c's softmax semantics: `b > a ? b : a` everywhere, so a
+// NaN is never picked over a number (and a NaN start stays NaN, as in ref, whose running
+// maximum starts from x[0]).  Same rules as the sum above.
+__device__ static inline float tsr_block_max_fixed_tree(float v, float *partial) {
+        partial[threadIdx.x] = v;
+        __syncthreads();
+        for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+                if (threadIdx.x < stride) {
+                        float b = partial[threadIdx.x + stride];
+                        if (b > partial[threadIdx.x])
+                                partial[threadIdx.x] = b;
+                }
+                __syncthreads();
+        }
+        float r = partial[0];
+        __syncthreads();
+        return r;
 }
 
 #endif

@@ -18,14 +18,14 @@ __global__ static void rmsnorm_kernel(float *out, const float *x, const float *w
                 outr[i] = xr[i] * scale * w[i];
 }
 
-extern "C" tsr_status tsr_cuda_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim,
-                                       float eps) {
+extern "C" tsr_status tsr_cuda_rmsnorm(cudaStream_t stream, float *out, const float *x, const float *w, size_t rows,
+                                       size_t dim, float eps) {
         const int threads = 256;   // a power of two: the tree reduction needs it
-        if (!out || !x || !w || dim == 0 || dim > 0x7fffffff)
+        if (!out || !x || !w || dim == 0 || dim > 0x7fffffff || rows > 0x7fffffff)
                 return TSR_E_INVAL;
         if (rows == 0)
                 return TSR_OK;
-        rmsnorm_kernel<<<(unsigned)rows, threads, threads * sizeof(float)>>>(out, x, w, (int)dim, eps);
+        rmsnorm_kernel<<<(unsigned)rows, threads, threads * sizeof(float), stream>>>(out, x, w, (int)dim, eps);
         TSR_CUDA_TRY(cudaGetLastError());
         return TSR_OK;
 }

@@ -1,12 +1,14 @@
 #ifndef TSR_CUDA_RMSNORM_CUH
 #define TSR_CUDA_RMSNORM_CUH
 #include <stddef.h>
+#include <cuda_runtime.h>
 #include "common/tsr_status.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* Device pointers.  Launches on the default stream; returns TSR_E_CUDA on a launch error. */
-tsr_status tsr_cuda_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps);
+/* Device pointers.  Launches on `stream`; returns TSR_E_CUDA on a launch error. */
+tsr_status tsr_cuda_rmsnorm(cudaStream_t stream, float *out, const float *x, const float *w, size_t rows,
+                            size_t dim, float eps);
 #ifdef __cplusplus
 }
 #endif

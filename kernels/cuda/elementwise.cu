@@ -1,0 +1,68 @@
+// elementwise.cu - add, silu_mul and the bf16 rounding of matmul's activations: one
+// thread per element (grid-stride), the arithmetic of cpu/ref.c spelled with the _rn
+// intrinsics so nvcc cannot fuse a multiply and an add into one FMA (one rounding
+// instead of ref's two): add is bitwise ref's, silu_mul differs only by expf's ulps.
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.cuh"
+
+static const int threads = 256;
+
+// Enough blocks to cover n, capped: the grid-stride loops pick up the rest.
+static unsigned grid_for(size_t n) {
+        size_t b = (n + threads - 1) / threads;
+        return (unsigned)(b < 65536 ? b : 65536);
+}
+
+// a, b (n,) -> out (n,); out may alias a or b (each thread reads its element before writing it).
+__global__ static void add_kernel(float *out, const float *a, const float *b, size_t n) {
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+                out[i] = __fadd_rn(a[i], b[i]);
+}
+
+// gate, up (n,) -> out (n,): g * (1 / (1 + exp(-g))) * up, in ref's order.
+__global__ static void silu_mul_kernel(float *out, const float *gate, const float *up, size_t n) {
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+                float g = gate[i];
+                float sig = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g)));
+                out[i] = __fmul_rn(__fmul_rn(g, sig), up[i]);
+        }
+}
+
+// x (n,) float32 -> out (n,) bfloat16 bits: tsr_f32_to_bf16's rounding (nearest, ties to
+// even; a NaN keeps its sign and top payload and is made quiet), bit for bit.
+__global__ static void f32_to_bf16_kernel(uint16_t *out, const float *x, size_t n) {
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+                uint32_t u = __float_as_uint(x[i]);
+                if ((u & 0x7fffffffu) > 0x7f800000u) {
+                        out[i] = (uint16_t)((u >> 16) | 0x0040u);
+                } else {
+                        u += 0x7fffu + ((u >> 16) & 1u);
+                        out[i] = (uint16_t)(u >> 16);
+                }
+        }
+}
+
+extern "C" tsr_status tsr_cuda_add(cudaStream_t stream, float *out, const float *a, const float *b, size_t n) {
+        if (n == 0)
+                return TSR_OK;
+        add_kernel<<<grid_for(n), threads, 0, stream>>>(out, a, b, n);
+        TSR_CUDA_TRY(cudaGetLastError());
+        return TSR_OK;
+}
+
+extern "C" tsr_status tsr_cuda_silu_mul(cudaStream_t stream, float *out, const float *gate, const float *up,
+                                        size_t n) {
+        if (n == 0)
+                return TSR_OK;
+        silu_mul_kernel<<<grid_for(n), threads, 0, stream>>>(out, gate, up, n);
+        TSR_CUDA_TRY(cudaGetLastError());
+        return TSR_OK;
+}
+
+extern "C" tsr_status tsr_cuda_f32_to_bf16(cudaStream_t stream, uint16_t *out, const float *x, size_t n) {
+        if (n == 0)
+                return TSR_OK;
+        f32_to_bf16_kernel<<<grid_for(n), threads, 0, stream>>>(out, x, n);
+        TSR_CUDA_TRY(cudaGetLastError());
+        return TSR_OK;
+}
