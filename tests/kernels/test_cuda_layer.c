@@ -1,4 +1,4 @@
-/* test_cuda_forward.c - one Llama layer plus the head, op by op, at SmolLM2-135M's sizes
+/* test_cuda_layer.c - one Llama layer plus the head, op by op, at SmolLM2-135M's sizes
  * (dim 576, 9 heads of 64, 3 KV heads, hidden 1536, vocab 49152, paged KV blocks of 16),
  * on cpu-ref and on CUDA, for a prefill of 37 rows, a decode step, a 37-row chunk at
  * past_len 263 and a decode step at past_len 300: the sequence the worker's forward runs.
@@ -273,6 +273,16 @@ static void after(bool stepwise, const char *op, size_t step, const pair *p, siz
         }
 }
 
+/* A linear layer on both backends (weights: host wh for cpu-ref, device wd for CUDA, host
+ * absolute values wabs for the bound), then after(). */
+static void linear(bool stepwise, size_t step, const char *op, pair *out, const pair *in, size_t rows, size_t n,
+                   size_t d, const void *wh, const void *wd, const void *wabs, tsr_dtype t, double *bound) {
+        ok(op, tsr_backend_matmul(ref, out->h, in->h, wh, t, rows, n, d));
+        ok(op, tsr_backend_matmul(gpu, out->d, in->d, wd, t, rows, n, d));
+        matmul_bound(bound, in->h, rows, n, d, wabs, t);
+        after(stepwise, op, step, out, rows * d, bound);
+}
+
 static void run_steps(model *m, bool stepwise) {
         acts a;
         pair *all[] = {&a.x, &a.h, &a.q, &a.k, &a.v, &a.att, &a.o, &a.g, &a.up, &a.dn, &a.f, &a.logits, &a.lp, &a.sm,
@@ -342,10 +352,8 @@ static void run_steps(model *m, bool stepwise) {
                 attention_bound(bound, a.q.h, a.kc.h, a.vc.h, table, R, past, scale);
                 after(stepwise, "attention", s, &a.att, R * DIM, bound);
 
-                BOTH("matmul o", tsr_backend_matmul(be_, P(a.o), P(a.att), on_dev_ ? m->dwo : m->wo, TSR_DTYPE_BF16,
-                                                    R, DIM, DIM));
-                matmul_bound(bound, a.att.h, R, DIM, DIM, m->ao, TSR_DTYPE_BF16);
-                after(stepwise, "matmul_o", s, &a.o, R * DIM, bound);
+                linear(stepwise, s, "matmul_o", &a.o, &a.att, R, DIM, DIM, m->wo, m->dwo, m->ao, TSR_DTYPE_BF16,
+                       bound);
 
                 /* x += o (bitwise), h = rmsnorm(x) */
                 BOTH("add_rmsnorm", tsr_backend_add_rmsnorm(be_, P(a.h), P(a.x), P(a.o), P(m->mlp_norm), R, DIM,
@@ -354,23 +362,17 @@ static void run_steps(model *m, bool stepwise) {
                 norm_bound(bound, a.h.h, R * DIM);
                 after(stepwise, "add_rmsnorm", s, &a.h, R * DIM, bound);
 
-                BOTH("matmul gate", tsr_backend_matmul(be_, P(a.g), P(a.h), on_dev_ ? m->dg : m->wg, TSR_DTYPE_BF16,
-                                                       R, DIM, HIDDEN));
-                matmul_bound(bound, a.h.h, R, DIM, HIDDEN, m->ag, TSR_DTYPE_BF16);
-                after(stepwise, "matmul_gate", s, &a.g, R * HIDDEN, bound);
-                BOTH("matmul up", tsr_backend_matmul(be_, P(a.up), P(a.h), on_dev_ ? m->du : m->wu, TSR_DTYPE_BF16,
-                                                     R, DIM, HIDDEN));
-                matmul_bound(bound, a.h.h, R, DIM, HIDDEN, m->au, TSR_DTYPE_BF16);
-                after(stepwise, "matmul_up", s, &a.up, R * HIDDEN, bound);
+                linear(stepwise, s, "matmul_gate", &a.g, &a.h, R, DIM, HIDDEN, m->wg, m->dg, m->ag, TSR_DTYPE_BF16,
+                       bound);
+                linear(stepwise, s, "matmul_up", &a.up, &a.h, R, DIM, HIDDEN, m->wu, m->du, m->au, TSR_DTYPE_BF16,
+                       bound);
 
                 BOTH("silu_mul", tsr_backend_silu_mul(be_, P(a.g), P(a.g), P(a.up), R * HIDDEN));
                 silu_bound(bound, a.g.h, R * HIDDEN);
                 after(stepwise, "silu_mul", s, &a.g, R * HIDDEN, bound);
 
-                BOTH("matmul down", tsr_backend_matmul(be_, P(a.dn), P(a.g), on_dev_ ? m->dd : m->wd, TSR_DTYPE_BF16,
-                                                       R, HIDDEN, DIM));
-                matmul_bound(bound, a.g.h, R, HIDDEN, DIM, m->ad, TSR_DTYPE_BF16);
-                after(stepwise, "matmul_down", s, &a.dn, R * DIM, bound);
+                linear(stepwise, s, "matmul_down", &a.dn, &a.g, R, HIDDEN, DIM, m->wd, m->dd, m->ad, TSR_DTYPE_BF16,
+                       bound);
 
                 BOTH("add", tsr_backend_add(be_, P(a.x), P(a.x), P(a.dn), R * DIM));
                 after(stepwise, "residual_2", s, &a.x, R * DIM, NULL);
@@ -379,10 +381,8 @@ static void run_steps(model *m, bool stepwise) {
                 norm_bound(bound, a.f.h, R * DIM);
                 after(stepwise, "final_norm", s, &a.f, R * DIM, bound);
 
-                BOTH("lm_head", tsr_backend_matmul(be_, P(a.logits), P(a.f), P(m->table), TSR_DTYPE_F32, R, DIM,
-                                                   VOCAB));
-                matmul_bound(bound, a.f.h, R, DIM, VOCAB, m->table_abs, TSR_DTYPE_F32);
-                after(stepwise, "lm_head", s, &a.logits, R * VOCAB, bound);
+                linear(stepwise, s, "lm_head", &a.logits, &a.f, R, DIM, VOCAB, m->table.h, m->table.d, m->table_abs,
+                       TSR_DTYPE_F32, bound);
 
                 BOTH("log_softmax", tsr_backend_log_softmax(be_, P(a.lp), P(a.logits), R, VOCAB));
                 softmax_bound(bound, a.lp.h, R * VOCAB, true);
