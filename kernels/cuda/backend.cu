@@ -154,6 +154,15 @@ static tsr_status cuda_copy_d2d(tsr_backend *be, void *dst, const void *src, siz
         return cuda_memcpy(be, dst, src, bytes, cudaMemcpyDeviceToDevice, false);
 }
 
+// cudaMemGetInfo of the backend's device: free and total bytes, other processes' use included.
+static tsr_status cuda_mem_info(tsr_backend *be, size_t *free_bytes, size_t *total_bytes) {
+        tsr_status st = use_device(be);
+        if (st != TSR_OK)
+                return st;
+        TSR_CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
+        return TSR_OK;
+}
+
 static tsr_status cuda_synchronize(tsr_backend *be) {
         tsr_status st = use_device(be);
         if (st != TSR_OK)
@@ -320,6 +329,7 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.upload = cuda_upload;
         o.download = cuda_download;
         o.copy = cuda_copy_d2d;
+        o.mem_info = cuda_mem_info;
         o.synchronize = cuda_synchronize;
         o.rmsnorm = cuda_rmsnorm;
         o.embedding = cuda_embedding;
