@@ -168,8 +168,9 @@ static void attention_bound(double *bound, const float *q, const float *kc, cons
                                 }
                                 ds = fmax(ds, HD * u * a * scale);
                         }
+                        double e = 2 * vmax * (4 * ds + 4 * (double)(L + 8) * u) + 1e-30;
                         for (size_t i = 0; i < HD; i++)
-                                bound[(t * N_HEADS + h) * HD + i] = 2 * vmax * (4 * ds + 4 * (double)(L + 8) * u) + 1e-30;
+                                bound[(t * N_HEADS + h) * HD + i] = e;
                 }
 }
 
@@ -430,7 +431,8 @@ int main(void) {
         tsr_status st = tsr_backend_cuda_new(0, &gpu);
 
         if (st == TSR_E_UNSUPPORTED || st == TSR_E_NOTFOUND) {
-                printf("[skip:no-gpu] no CUDA device (%s)\n", st == TSR_E_UNSUPPORTED ? "CUDA not built" : "none found");
+                printf("[skip:no-gpu] no CUDA device (%s)\n",
+                       st == TSR_E_UNSUPPORTED ? "CUDA not built" : "none found");
                 return 77;
         }
         if (st != TSR_OK)
