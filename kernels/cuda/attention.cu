@@ -3,8 +3,9 @@
 // the softmax done online (running max and sum, rescaled as the max grows), which needs no
 // score array whatever the context length:
 //   s_j = (q . k_j) * scale for j = 0 .. past_len + t;  out = sum_j exp(s_j - max) v_j / sum_j exp(s_j - max)
-// Each block's order is fixed by (head_dim, past_len + t) alone, never by n or the grid,
-// so a row's output does not depend on the rows beside it.
+// Each block's order is fixed by (head_dim, the row's position) alone, never by the
+// number of rows or sequences in the call, so a row's output does not depend on the rows
+// beside it.
 #include <math.h>
 
 #include "kernels/cuda/cuda_check.h"
@@ -13,20 +14,22 @@
 #define ATTN_WARPS 4
 #define ATTN_PER_LANE (TSR_CUDA_ATTN_MAX_HEAD_DIM / 32)   // head dims a lane owns: lane, lane + 32, ...
 
-// q (n, n_heads, hd), the cache (n_blocks, block_size, n_kv_heads, hd) through blocks[],
-// -> out (n, n_heads, hd).  Block (t, h), 128 threads: warp w takes keys w, w + 4, w + 8, ...
-// up to p = past_len + t; for each, the warp's 32 lanes split the dot product over the
-// head dims (lane owns dims lane + 32 c) and sum it with a butterfly, then every lane
+// q (rows.n, n_heads, hd), the cache (n_blocks, block_size, n_kv_heads, hd) through row
+// t's sequence's block table -> out (rows.n, n_heads, hd).  Block (t, h), 128 threads:
+// warp w takes keys w, w + 4, w + 8, ... up to p = rows.pos[t]; for each, the warp's 32
+// lanes split the dot product over the head dims (lane owns dims lane + 32 c) and sum it
+// with a butterfly, then every lane
 // updates the warp's running (max m, sum l) and its own dims of the weighted sum of V.
 // Finally the four warps' (m, l, acc) are merged in shared memory: thread i < hd writes
 // out[i] = sum_w acc_w[i] e^(m_w - M) / sum_w l_w e^(m_w - M), M = max_w m_w.
 __global__ static void attention_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                        const uint32_t *blocks, size_t block_size, int n_kv_heads, int hd,
-                                        size_t past_len, int n_heads, float scale) {
+                                        tsr_cuda_rows rows, size_t block_size, int n_kv_heads, int hd, int n_heads,
+                                        float scale) {
         __shared__ float qs[TSR_CUDA_ATTN_MAX_HEAD_DIM];
         __shared__ float wm[ATTN_WARPS], wl[ATTN_WARPS];
         __shared__ float wacc[ATTN_WARPS][TSR_CUDA_ATTN_MAX_HEAD_DIM];
-        size_t t = blockIdx.x, p = past_len + t;
+        size_t t = blockIdx.x, p = rows.pos[t];
+        const uint32_t *blocks = rows.tables + rows.table_off[t];
         int h = blockIdx.y, g = h / (n_heads / n_kv_heads), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         size_t width = (size_t)n_kv_heads * hd;
         const float *qh = q + (t * n_heads + h) * hd;
@@ -92,15 +95,13 @@ __global__ static void attention_kernel(float *out, const float *q, const float 
 }
 
 extern "C" tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, const float *q, const float *k_cache,
-                                         const float *v_cache, const uint32_t *blocks, size_t block_size,
-                                         size_t n_kv_heads, size_t head_dim, size_t n, size_t past_len,
-                                         size_t n_heads, float scale) {
-        if (n == 0)
+                                         const float *v_cache, tsr_cuda_rows rows, size_t block_size,
+                                         size_t n_kv_heads, size_t head_dim, size_t n_heads, float scale) {
+        if (rows.n == 0)
                 return TSR_OK;
-        dim3 grid((unsigned)n, (unsigned)n_heads);
-        attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(out, q, k_cache, v_cache, blocks, block_size,
-                                                                (int)n_kv_heads, (int)head_dim, past_len,
-                                                                (int)n_heads, scale);
+        dim3 grid((unsigned)rows.n, (unsigned)n_heads);
+        attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(out, q, k_cache, v_cache, rows, block_size,
+                                                                (int)n_kv_heads, (int)head_dim, (int)n_heads, scale);
         TSR_CUDA_TRY(cudaGetLastError());
         return TSR_OK;
 }

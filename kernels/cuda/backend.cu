@@ -21,6 +21,7 @@
 // (A pinned source would be read by the DMA later: callers must not pass pinned arrays
 // they reuse before a synchronize.)
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include <cublas_v2.h>
@@ -248,43 +249,116 @@ static tsr_status cuda_rope(tsr_backend *be, float *x, size_t rows, size_t n_hea
                                                  layout);
 }
 
-// The device copy of the table entries covering tokens 0 .. n_tokens - 1 (view checked).
-static tsr_status upload_table(tsr_backend *be, const tsr_kv_view *kv, size_t n_tokens, const uint32_t **dev) {
+// Sequence i's view: the shared cache arrays and geometry with its own block table.
+static tsr_kv_view seq_view(const tsr_kv_view *kv, const tsr_kv_seq *s) {
+        tsr_kv_view v = *kv;
+        v.block_table = s->block_table;
+        v.n_table = s->n_table;
+        return v;
+}
+
+// Every sequence's view usable for its tokens (kv_view_ok: tables long enough, block ids
+// inside the cache), positions and offsets within uint32 (the kernels' index type).
+static bool seqs_ok(const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs) {
+        size_t rows = 0, entries = 0;
+        if (!kv || (!seqs && n_seqs))
+                return false;
+        for (size_t i = 0; i < n_seqs; i++) {
+                tsr_kv_view sv = seq_view(kv, &seqs[i]);
+                size_t end = seqs[i].past_len + seqs[i].n;
+                if (end < seqs[i].past_len || end > UINT32_MAX || !kv_view_ok(&sv, end))
+                        return false;
+                rows += seqs[i].n;
+                entries += kv->block_size ? (end + kv->block_size - 1) / kv->block_size : 0;
+        }
+        return rows <= INT_MAX && 3 * rows + entries <= UINT32_MAX;
+}
+
+// Lay the sequences' rows out for the kernels (ops.cuh's tsr_cuda_rows) in the index
+// scratch: pos (rows), end (rows), table_off (rows), then each sequence's table entries
+// for its tokens.  Built in a host array, uploaded in one copy (staged before the call
+// returns, so the array is freed at once).  Sequences checked by seqs_ok.
+static tsr_status upload_rows(tsr_backend *be, const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs,
+                              tsr_cuda_rows *rows) {
+        size_t n = 0, entries = 0;
+        for (size_t i = 0; i < n_seqs; i++) {
+                n += seqs[i].n;
+                entries += (seqs[i].past_len + seqs[i].n + kv->block_size - 1) / kv->block_size;
+        }
+        uint32_t *h = static_cast<uint32_t *>(malloc((3 * n + entries) * sizeof *h + 1));
+        if (!h)
+                return TSR_E_NOMEM;
+        size_t r = 0, off = 3 * n;
+        for (size_t i = 0; i < n_seqs; i++) {
+                size_t end = seqs[i].past_len + seqs[i].n, used = (end + kv->block_size - 1) / kv->block_size;
+                for (size_t t = 0; t < seqs[i].n; t++, r++) {
+                        h[r] = (uint32_t)(seqs[i].past_len + t);
+                        h[n + r] = (uint32_t)end;
+                        h[2 * n + r] = (uint32_t)(off - 3 * n);
+                }
+                for (size_t e = 0; e < used; e++)
+                        h[off + e] = seqs[i].block_table[e];
+                off += used;
+        }
+        const uint32_t *d = NULL;
         tsr_status st = use_device(be);
+        if (st == TSR_OK)
+                st = upload_indices(ctx_of(be), h, off, &d);
+        free(h);
         if (st != TSR_OK)
                 return st;
-        return upload_indices(ctx_of(be), kv->block_table, (n_tokens + kv->block_size - 1) / kv->block_size, dev);
+        rows->pos = d;
+        rows->end = d + n;
+        rows->table_off = d + 2 * n;
+        rows->tables = d + 3 * n;
+        rows->n = n;
+        return TSR_OK;
+}
+
+// kv_write for every sequence at once: one launch over all rows.
+static tsr_status cuda_kv_write_batch(tsr_backend *be, const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs,
+                                      const float *k, const float *v) {
+        tsr_cuda_rows rows;
+        if (!k || !v || !seqs_ok(kv, seqs, n_seqs))
+                return TSR_E_INVAL;
+        tsr_status st = upload_rows(be, kv, seqs, n_seqs, &rows);
+        return st != TSR_OK ? st
+                            : tsr_cuda_kv_write(ctx_of(be)->stream, kv->k, kv->v, rows, kv->block_size,
+                                                kv->n_kv_heads * kv->head_dim, k, v);
 }
 
 static tsr_status cuda_kv_write(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,
                                 size_t past_len) {
-        const uint32_t *blocks = NULL;
-        if (!k || !v || !kv_view_ok(kv, past_len + n) || n > INT_MAX)
+        if (!kv)
                 return TSR_E_INVAL;
-        if (n == 0)
-                return TSR_OK;
-        tsr_status st = upload_table(be, kv, past_len + n, &blocks);
+        tsr_kv_seq one = {kv->block_table, kv->n_table, n, past_len};
+        return cuda_kv_write_batch(be, kv, &one, 1, k, v);
+}
+
+// attention for every sequence at once: one launch over (all rows) x (heads).
+static tsr_status cuda_attention_batch(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv,
+                                       const tsr_kv_seq *seqs, size_t n_seqs, size_t n_heads, float scale) {
+        tsr_cuda_rows rows;
+        if (!out || !q || n_heads == 0 || !seqs_ok(kv, seqs, n_seqs) || kv->n_kv_heads == 0 ||
+            n_heads % kv->n_kv_heads != 0)
+                return TSR_E_INVAL;
+        if (kv->head_dim > TSR_CUDA_ATTN_MAX_HEAD_DIM || n_heads > 65535) {
+                fprintf(stderr, "cuda: attention head_dim %zu n_heads %zu: the kernel takes head_dim <= %d, "
+                        "n_heads <= 65535\n", kv->head_dim, n_heads, TSR_CUDA_ATTN_MAX_HEAD_DIM);
+                return TSR_E_UNSUPPORTED;
+        }
+        tsr_status st = upload_rows(be, kv, seqs, n_seqs, &rows);
         return st != TSR_OK ? st
-                            : tsr_cuda_kv_write(ctx_of(be)->stream, kv->k, kv->v, blocks, kv->block_size,
-                                                kv->n_kv_heads * kv->head_dim, k, v, n, past_len);
+                            : tsr_cuda_attention(ctx_of(be)->stream, out, q, kv->k, kv->v, rows, kv->block_size,
+                                                 kv->n_kv_heads, kv->head_dim, n_heads, scale);
 }
 
 static tsr_status cuda_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,
                                  size_t past_len, size_t n_heads, float scale) {
-        const uint32_t *blocks = NULL;
-        if (!out || !q || n_heads == 0 || !kv_view_ok(kv, past_len + n) || n_heads % kv->n_kv_heads != 0)
+        if (!kv)
                 return TSR_E_INVAL;
-        if (kv->head_dim > TSR_CUDA_ATTN_MAX_HEAD_DIM || n_heads > 65535 || n > INT_MAX) {
-                fprintf(stderr, "cuda: attention head_dim %zu n_heads %zu n %zu: the kernel takes head_dim <= %d, "
-                        "n_heads <= 65535\n", kv->head_dim, n_heads, n, TSR_CUDA_ATTN_MAX_HEAD_DIM);
-                return TSR_E_UNSUPPORTED;
-        }
-        if (n == 0)
-                return TSR_OK;
-        tsr_status st = upload_table(be, kv, past_len + n, &blocks);
-        return st != TSR_OK ? st
-                            : tsr_cuda_attention(ctx_of(be)->stream, out, q, kv->k, kv->v, blocks, kv->block_size,
-                                                 kv->n_kv_heads, kv->head_dim, n, past_len, n_heads, scale);
+        tsr_kv_seq one = {kv->block_table, kv->n_table, n, past_len};
+        return cuda_attention_batch(be, out, q, kv, &one, 1, n_heads, scale);
 }
 
 static tsr_status cuda_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n) {
@@ -337,6 +411,8 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.rope = cuda_rope;
         o.kv_write = cuda_kv_write;
         o.attention = cuda_attention;
+        o.kv_write_batch = cuda_kv_write_batch;
+        o.attention_batch = cuda_attention_batch;
         o.silu_mul = cuda_silu_mul;
         o.add = cuda_add;
         o.softmax = cuda_softmax;

@@ -32,21 +32,30 @@ tsr_status tsr_cuda_softmax(cudaStream_t stream, float *out, const float *x, siz
 tsr_status tsr_cuda_rope(cudaStream_t stream, float *x, size_t rows, size_t n_heads, size_t head_dim,
                          const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout);
 
+/* The rows of a kv_write or attention call, one sequence or a batch of them, as backend.cu
+ * lays them out in device memory.  Row r is the r-th new token of the call (the
+ * sequences' rows stacked in order): pos[r] its position, end[r] its sequence's
+ * past_len + n, and its sequence's block table starts at tables + table_off[r]. */
+typedef struct tsr_cuda_rows {
+        const uint32_t *pos, *end, *table_off, *tables;
+        size_t n;
+} tsr_cuda_rows;
+
 /* paged.cu: the row copies through an index table.
  * embedding: out[r,:] = table[ids[r],:], ids already checked < vocab.
- * kv_write: k, v (n, width) -> cache rows of tokens past_len .. past_len+n-1, where token t
- * is row t % block_size of block blocks[t / block_size] (width = n_kv_heads * head_dim). */
+ * kv_write: k, v (rows.n, width) -> row r into the cache row of its position p: row
+ * p % block_size of block table[p / block_size] (width = n_kv_heads * head_dim). */
 tsr_status tsr_cuda_embedding(cudaStream_t stream, float *out, const float *table, size_t dim, const uint32_t *ids,
                               size_t rows);
-tsr_status tsr_cuda_kv_write(cudaStream_t stream, float *k_cache, float *v_cache, const uint32_t *blocks,
-                             size_t block_size, size_t width, const float *k, const float *v, size_t n,
-                             size_t past_len);
+tsr_status tsr_cuda_kv_write(cudaStream_t stream, float *k_cache, float *v_cache, tsr_cuda_rows rows,
+                             size_t block_size, size_t width, const float *k, const float *v);
 
-/* attention.cu: kernels.h's attention over the paged cache (blocks: the device copy of the
- * view's table).  head_dim <= TSR_CUDA_ATTN_MAX_HEAD_DIM. */
+/* attention.cu: kernels.h's attention for every row of `rows` over the paged cache:
+ * q (rows.n, n_heads, head_dim) -> out (rows.n, n_heads, head_dim), row r seeing cached
+ * tokens 0 .. pos[r] of its own sequence.  head_dim <= TSR_CUDA_ATTN_MAX_HEAD_DIM. */
 tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, const float *q, const float *k_cache,
-                              const float *v_cache, const uint32_t *blocks, size_t block_size, size_t n_kv_heads,
-                              size_t head_dim, size_t n, size_t past_len, size_t n_heads, float scale);
+                              const float *v_cache, tsr_cuda_rows rows, size_t block_size, size_t n_kv_heads,
+                              size_t head_dim, size_t n_heads, float scale);
 
 #ifdef __cplusplus
 }

@@ -16,22 +16,24 @@ __global__ static void embedding_kernel(float *out, const float *table, size_t d
                 dst[i] = src[i];
 }
 
-// k, v (n, width) -> the cache rows of tokens past_len + t.  Block t copies token t's key
-// row and value row; its cache row is (blocks[p / block_size] * block_size + p % block_size).
-// A table that names one block twice maps two tokens of the call to one row; ref's loop
-// leaves the later token there, so a token whose row a later token of this call also
-// writes skips its copy (uniform over the block: all its threads return together).
-__global__ static void kv_write_kernel(float *k_cache, float *v_cache, const uint32_t *blocks, size_t block_size,
-                                       size_t width, const float *k, const float *v, size_t n, size_t past_len) {
-        size_t t = blockIdx.x, p = past_len + t;
+// k, v (rows.n, width) -> the cache row of each row's position.  Block r copies row r's
+// key and value; its cache row is (table[p / block_size] * block_size + p % block_size),
+// table its sequence's.  A table that names one block twice maps two tokens of one
+// sequence to one row; ref's loop leaves the later token there, so a row whose cache row
+// a later token of its sequence in this call also writes skips its copy (uniform over the
+// block: all its threads return together).
+__global__ static void kv_write_kernel(float *k_cache, float *v_cache, tsr_cuda_rows rows, size_t block_size,
+                                       size_t width, const float *k, const float *v) {
+        size_t r = blockIdx.x, p = rows.pos[r];
+        const uint32_t *blocks = rows.tables + rows.table_off[r];
         uint32_t b = blocks[p / block_size];
-        for (size_t later = p + block_size; later < past_len + n; later += block_size)
+        for (size_t later = p + block_size; later < rows.end[r]; later += block_size)
                 if (blocks[later / block_size] == b)
                         return;
         size_t row = (size_t)b * block_size + p % block_size;
         for (size_t i = threadIdx.x; i < width; i += blockDim.x) {
-                k_cache[row * width + i] = k[t * width + i];
-                v_cache[row * width + i] = v[t * width + i];
+                k_cache[row * width + i] = k[r * width + i];
+                v_cache[row * width + i] = v[r * width + i];
         }
 }
 
@@ -44,13 +46,11 @@ extern "C" tsr_status tsr_cuda_embedding(cudaStream_t stream, float *out, const 
         return TSR_OK;
 }
 
-extern "C" tsr_status tsr_cuda_kv_write(cudaStream_t stream, float *k_cache, float *v_cache, const uint32_t *blocks,
-                                        size_t block_size, size_t width, const float *k, const float *v, size_t n,
-                                        size_t past_len) {
-        if (n == 0)
+extern "C" tsr_status tsr_cuda_kv_write(cudaStream_t stream, float *k_cache, float *v_cache, tsr_cuda_rows rows,
+                                        size_t block_size, size_t width, const float *k, const float *v) {
+        if (rows.n == 0)
                 return TSR_OK;
-        kv_write_kernel<<<(unsigned)n, threads, 0, stream>>>(k_cache, v_cache, blocks, block_size, width, k, v, n,
-                                                             past_len);
+        kv_write_kernel<<<(unsigned)rows.n, threads, 0, stream>>>(k_cache, v_cache, rows, block_size, width, k, v);
         TSR_CUDA_TRY(cudaGetLastError());
         return TSR_OK;
 }
