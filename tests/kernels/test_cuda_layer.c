@@ -426,6 +426,63 @@ static void run_steps(model *m, bool stepwise) {
         free(bound);
 }
 
+/* kv_write_batch and attention_batch: three sequences of one step (a decode row at
+ * past_len 300, a 37-row prefill, a 5-row chunk at past_len 40) with their own scattered
+ * tables over one cache.  CUDA's one launch against cpu-ref (the per-sequence ops in
+ * turn): the caches bitwise, attention within attention_bound per sequence; and against
+ * CUDA's own per-sequence ops bitwise (kernels.h: each sequence's rows are what the
+ * one-sequence op gives). */
+static void batch_check(void) {
+        enum { NB = 32, NSEQ = 3 };
+        static const size_t seq_n[NSEQ] = {1, 37, 5}, seq_past[NSEQ] = {300, 0, 40};
+        uint32_t tables[NB];
+        tsr_kv_seq seqs[NSEQ];
+        size_t rows = 0, used = 0;
+        float scale = 1.0f / sqrtf((float)HD);
+
+        rng = 7;
+        for (size_t b = 0; b < NB; b++)
+                tables[b] = (uint32_t)((b * 13 + 5) % NB);      /* a permutation: disjoint tables */
+        for (size_t i = 0; i < NSEQ; i++) {
+                size_t need = (seq_past[i] + seq_n[i] + BS - 1) / BS;
+                seqs[i] = (tsr_kv_seq){tables + used, need, seq_n[i], seq_past[i]};
+                used += need, rows += seq_n[i];
+        }
+        pair kc = pair_new((size_t)NB * BS * KV_W, 1.0f), vc = pair_new((size_t)NB * BS * KV_W, 1.0f);
+        pair k = pair_new(rows * KV_W, 1.0f), v = pair_new(rows * KV_W, 1.0f);
+        pair q = pair_new(rows * DIM, 0.3f), out = pair_new(rows * DIM, 0), alone = pair_new(rows * DIM, 0);
+        tsr_kv_view kvh = {.k = kc.h, .v = vc.h, .block_table = NULL, .n_table = 0, .n_blocks = NB,
+                           .block_size = BS, .n_kv_heads = N_KV, .head_dim = HD};
+        tsr_kv_view kvd = kvh;
+        kvd.k = kc.d, kvd.v = vc.d;
+        double *bound = malloc(rows * DIM * sizeof *bound);
+
+        ok("kv_write_batch (cpu-ref)", tsr_backend_kv_write_batch(ref, &kvh, seqs, NSEQ, k.h, v.h));
+        ok("kv_write_batch (cuda)", tsr_backend_kv_write_batch(gpu, &kvd, seqs, NSEQ, k.d, v.d));
+        check("kv_write_batch k", 0, &kc, kc.n, NULL, true);
+        check("kv_write_batch v", 0, &vc, vc.n, NULL, true);
+        ok("attention_batch (cpu-ref)", tsr_backend_attention_batch(ref, out.h, q.h, &kvh, seqs, NSEQ, N_HEADS, scale));
+        ok("attention_batch (cuda)", tsr_backend_attention_batch(gpu, out.d, q.d, &kvd, seqs, NSEQ, N_HEADS, scale));
+        for (size_t i = 0, r = 0; i < NSEQ; r += seq_n[i], i++)
+                attention_bound(bound + r * DIM, q.h + r * DIM, kc.h, vc.h, seqs[i].block_table, seq_n[i],
+                                seq_past[i], scale);
+        check("attention_batch", 0, &out, rows * DIM, bound, true);
+        for (size_t i = 0, r = 0; i < NSEQ; r += seq_n[i], i++) {       /* CUDA per sequence, into alone */
+                tsr_kv_view sv = kvd;
+                sv.block_table = seqs[i].block_table, sv.n_table = seqs[i].n_table;
+                ok("attention (cuda)", tsr_backend_attention(gpu, alone.d + r * DIM, q.d + r * DIM, &sv, seq_n[i],
+                                                             seq_past[i], N_HEADS, scale));
+        }
+        ok("synchronize", tsr_backend_synchronize(gpu));
+        ok("download", tsr_backend_download(gpu, alone.h, alone.d, rows * DIM * sizeof(float)));
+        pair batched_vs_alone = {alone.h, out.d, rows * DIM};     /* CUDA's batch against CUDA alone */
+        check("attention_batch vs per-sequence cuda", 0, &batched_vs_alone, rows * DIM, NULL, true);
+        printf("batch: kv_write_batch and attention_batch over %d sequences (%zu rows) checked\n", NSEQ, rows);
+        pair_free(&kc), pair_free(&vc), pair_free(&k), pair_free(&v), pair_free(&q), pair_free(&out);
+        pair_free(&alone);
+        free(bound);
+}
+
 int main(void) {
         model m;
         tsr_status st = tsr_backend_cuda_new(0, &gpu);
@@ -445,6 +502,7 @@ int main(void) {
         printf("stepwise: %d failed checks\n", stepwise_failures);
         run_steps(&m, false);
         printf("chained: %d failed checks\n", failures - stepwise_failures);
+        batch_check();
         model_free(&m);
         tsr_backend_free(&gpu);
         tsr_backend_free(&ref);
