@@ -14,7 +14,8 @@
  *   4. $TSR_GPU_MODEL (a folder or .gguf; unset: skipped with a line, not a failure),
  *      e.g. the SmolLM2-shaped random model the device script makes: float32 CUDA against
  *      the fast CPU backend, last-position logits of a 96-token prompt within
- *      1e-3 * max |logit|, and 24 greedy decode steps equal; bfloat16 CUDA against the
+ *      1e-3 * max |logit|, and 24 greedy decode steps equal up to the first near tie
+ *      (a CPU top-2 margin under 1e-4 * max |logit|); bfloat16 CUDA against the
  *      CPU bfloat16 path within 2e-2 * max |logit| (prints the greedy agreement).
  * TSR_TEST_DEVICE=cpu-devlike runs it all on the reference kernels behind a backend
  * whose memory counts as a device's (tsr_backend_cpu_devlike_new): the forward's device
@@ -95,8 +96,23 @@ static tsr_status logits_all(tsr_llama *m, tsr_backend *be, const uint32_t *ids,
 
 /* Greedy continuation of ids[n] for `steps` tokens through the decode path (prefill,
  * then one token per forward); the last step's logits into last (vocab). */
+/* The gap between the largest and the second largest of x[0..n). */
+static double top2_margin(const float *x, size_t n) {
+        double a = -INFINITY, b = -INFINITY;
+        for (size_t i = 0; i < n; i++) {
+                if (x[i] > a) {
+                        b = a;
+                        a = x[i];
+                } else if (x[i] > b) {
+                        b = x[i];
+                }
+        }
+        return a - b;
+}
+
+/* margins (steps, may be NULL): each step's top-2 gap. */
 static tsr_status greedy(tsr_llama *m, tsr_backend *be, const uint32_t *ids, size_t n, size_t steps, uint32_t *toks,
-                         float *last) {
+                         float *last, double *margins) {
         size_t vocab = tsr_llama_config_of(m)->vocab_size;
         tsr_llama_kv *kv = NULL;
         tsr_status st = tsr_llama_kv_new(m, n + steps + 1, 16, &kv);
@@ -104,6 +120,8 @@ static tsr_status greedy(tsr_llama *m, tsr_backend *be, const uint32_t *ids, siz
                 st = tsr_llama_forward(m, be, kv, ids, n, 0, TSR_LLAMA_LOGITS_LAST, last);
         for (size_t s = 0; st == TSR_OK && s < steps; s++) {
                 toks[s] = (uint32_t)argmax(last, vocab);
+                if (margins)
+                        margins[s] = top2_margin(last, vocab);
                 if (s + 1 < steps)
                         st = tsr_llama_forward(m, be, kv, &toks[s], 1, n + s, TSR_LLAMA_LOGITS_LAST, last);
         }
@@ -149,7 +167,7 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
                 CHECK(d <= 2e-4, "prompt %zu: max |dlogit| %.3g > 2e-4", p, d);
                 row += n;
                 json_t *want = json_array_get(json_object_get(var, "greedy"), p);
-                st = greedy(m, gpu, ids, n, json_array_size(want), toks, last);
+                st = greedy(m, gpu, ids, n, json_array_size(want), toks, last, NULL);
                 CHECK(st == TSR_OK, "greedy: %s", tsr_status_str(st));
                 for (size_t s = 0; st == TSR_OK && s < json_array_size(want); s++)
                         CHECK(toks[s] == (uint32_t)json_integer_value(json_array_get(want, s)),
@@ -240,7 +258,9 @@ static void big_model(tsr_backend *gpu, const char *path) {
                 for (size_t i = 0; i < n; i++)
                         ids[i] = (uint32_t)(1 + (i * 7919 + 13) % (vocab - 1));
                 float *lg = malloc(vocab * sizeof(float)), *lc = malloc(vocab * sizeof(float));
-                tsr_status sg = greedy(mg, gpu, ids, n, steps, tg, lg), sc = greedy(mc, cpu, ids, n, steps, tc, lc);
+                double margin[24];
+                tsr_status sg = greedy(mg, gpu, ids, n, steps, tg, lg, NULL);
+                tsr_status sc = greedy(mc, cpu, ids, n, steps, tc, lc, margin);
                 CHECK(sg == TSR_OK && sc == TSR_OK, "greedy: %s / %s", tsr_status_str(sg), tsr_status_str(sc));
                 for (size_t s = 0; s < steps; s++) {
                         if (tg[s] != tc[s])
@@ -260,8 +280,13 @@ static void big_model(tsr_backend *gpu, const char *path) {
                        "steps equal before the first difference: %zu of %zu\n", path, bf16 ? "bfloat16" : "float32",
                        tsr_backend_name(cpu), d, scale, bound, same, steps);
                 CHECK(d <= bound, "%s: %.3g > %.3g", bf16 ? "bf16" : "f32", d, bound);
+                /* float32: equal tokens, unless the CPU's own choice was a near tie (random
+                 * weights make small margins; 1e-4 * max |logit| is ~100x the float32 drift) */
+                if (!bf16 && same < steps)
+                        printf("  first difference at step %zu: cpu's top-2 margin %.3g\n", same, margin[same]);
                 if (!bf16)
-                        CHECK(same == steps, "f32 greedy: %zu of %zu steps equal", same, steps);
+                        CHECK(same == steps || margin[same] < 1e-4 * scale, "f32 greedy: %zu of %zu steps equal",
+                              same, steps);
                 tsr_llama_kv_free(&kg);
                 tsr_llama_kv_free(&kc);
                 free(pg);
