@@ -3,11 +3,12 @@
  * test: it prints numbers and asserts nothing (docs/benchmarks.md has the table).
  *
  *   tessera-bench-engine [MODEL.gguf|HF-DIR] [--threads 1,2] [--batches 1,8,32,64]
- *                        [--steps N] [--prefill N] [--repeat N]
+ *                        [--steps N] [--prefill N] [--context N] [--repeat N]
  *                        [--kernels fast|amx_bf16|avx512_bf16|avx2|ref|cuda]
  *                        [--dtypes float32,bfloat16,stored] [--no-bandwidth]
  *
- * For each dtype, thread count and batch B: B sequences each prefilled with 16 tokens,
+ * For each dtype, thread count and batch B: B sequences each prefilled with --context
+ * tokens (16),
  * then --steps decode steps of all B at once through tsr_llama_forward_batch (what one
  * engine step runs), timed: decode tok/s = B * steps / seconds.  Prefill: one sequence of
  * --prefill tokens, last logits only.  Each number is the best of --repeat runs (the
@@ -129,27 +130,29 @@ out:
 
 /* ---- model runs -------------------------------------------------------------------------- */
 
-#define PROMPT 16
+/* Tokens each sequence holds before the timed decode steps (--context; 16 by default):
+ * attention reads them all every step, so a long context times the attention kernel too. */
+static int context_len = 16;
 
 /* Seconds of `steps` batched decode steps of `batch` sequences (after their prefill). */
 static double run_decode(tsr_llama *m, tsr_backend *be, int batch, int steps, float *logits) {
-        size_t block = 16, per_seq = (PROMPT + (size_t)steps + block - 1) / block;
+        size_t block = 16, per_seq = ((size_t)context_len + (size_t)steps + block - 1) / block;
         tsr_llama_kv *pool = NULL;
         uint32_t *tables = malloc((size_t)batch * per_seq * sizeof(uint32_t));
         uint32_t *toks = malloc((size_t)batch * sizeof(uint32_t));
         tsr_llama_seq *seqs = malloc((size_t)batch * sizeof *seqs);
-        uint32_t prompt[PROMPT];
+        uint32_t *prompt = malloc((size_t)context_len * sizeof *prompt);
         double secs = -1;
 
-        if (!tables || !toks || !seqs ||
+        if (!tables || !toks || !seqs || !prompt ||
             tsr_llama_kv_new(m, (size_t)batch * per_seq * block, block, &pool) != TSR_OK)
                 goto out;
         for (size_t i = 0; i < (size_t)batch * per_seq; i++)
                 tables[i] = (uint32_t)i;
         for (int s = 0; s < batch; s++) {
-                for (int t = 0; t < PROMPT; t++)
+                for (int t = 0; t < context_len; t++)
                         prompt[t] = (uint32_t)(1 + (s * 131 + t * 17) % 4000);
-                if (tsr_llama_forward_blocks(m, be, pool, tables + (size_t)s * per_seq, per_seq, prompt, PROMPT, 0,
+                if (tsr_llama_forward_blocks(m, be, pool, tables + (size_t)s * per_seq, per_seq, prompt, (size_t)context_len, 0,
                                              TSR_LLAMA_LOGITS_NONE, NULL) != TSR_OK)
                         goto out;
                 toks[s] = (uint32_t)(100 + s);
@@ -158,7 +161,7 @@ static double run_decode(tsr_llama *m, tsr_backend *be, int batch, int steps, fl
         for (int step = 0; step < steps; step++) {
                 for (int s = 0; s < batch; s++)
                         seqs[s] = (tsr_llama_seq){.block_table = tables + (size_t)s * per_seq, .n_table = per_seq,
-                                                  .tokens = &toks[s], .n = 1, .past_len = (size_t)(PROMPT + step),
+                                                  .tokens = &toks[s], .n = 1, .past_len = (size_t)(context_len + step),
                                                   .which = TSR_LLAMA_LOGITS_LAST};
                 if (tsr_llama_forward_batch(m, be, pool, seqs, (size_t)batch, logits) != TSR_OK)
                         goto out;
@@ -169,6 +172,7 @@ out:
         free(tables);
         free(toks);
         free(seqs);
+        free(prompt);
         return secs;
 }
 
@@ -226,6 +230,8 @@ int main(int argc, char **argv) {
                         steps = atoi(v);
                 else if (strcmp(a, "--prefill") == 0)
                         prefill = atoi(v);
+                else if (strcmp(a, "--context") == 0)
+                        context_len = atoi(v);
                 else if (strcmp(a, "--repeat") == 0)
                         repeat = atoi(v);
                 else if (strcmp(a, "--kernels") == 0)
@@ -237,8 +243,8 @@ int main(int argc, char **argv) {
                         return 2;
                 }
         }
-        if (steps < 1 || prefill < 1 || repeat < 1) {
-                fprintf(stderr, "--steps, --prefill and --repeat must be >= 1\n");
+        if (steps < 1 || prefill < 1 || repeat < 1 || context_len < 1) {
+                fprintf(stderr, "--steps, --prefill, --context and --repeat must be >= 1\n");
                 return 2;
         }
         bool ref = strcmp(kernels, "ref") == 0, cuda = strcmp(kernels, "cuda") == 0;

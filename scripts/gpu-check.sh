@@ -83,11 +83,11 @@ p=$(bin tessera) || exit 1
         --max-model-len 4096 > "$OUT/serve.log" 2>&1 &
 SERVE=$!
 for _ in $(seq 1 240); do
-        curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+        env -u LD_LIBRARY_PATH curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
         sleep 0.5
 done
 grep -E "device|kernels|KV cache|Available|loaded" "$OUT/serve.log" | head -12
-curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
+env -u LD_LIBRARY_PATH curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
         -d '{"model": "smollm2-random", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16,
              "temperature": 0}' | tee "$OUT/chat.json"
 echo
