@@ -399,6 +399,21 @@ static void host_weights_drop(tsr_llama *m) {
         w->output_norm = NULL;
 }
 
+/* Bytes tsr_llama_to_backend copies: what the host holds of each array it copies. */
+static size_t weights_device_bytes(const tsr_llama *m) {
+        const tsr_llama_config *c = &m->cfg;
+        size_t hd = c->head_dim, dim = c->dim, q_dim = (size_t)m->nh * hd, kv_dim = (size_t)m->nkv * hd;
+        size_t esz = m->bf16 ? sizeof(uint16_t) : sizeof(float);
+        size_t per_layer = 2 * dim * sizeof(float) +
+                           esz * (dim * (q_dim + 2 * kv_dim) + q_dim * dim + 3 * dim * (size_t)m->hid);
+        size_t bytes = (size_t)m->n_local * per_layer + dim * sizeof(float) + hd / 2 * sizeof(float);
+        if (m->w->token_embd)
+                bytes += (size_t)c->vocab_size * dim * sizeof(float);
+        if (m->bf16 ? m->output_bf16 != NULL : (m->w->output && m->w->output != m->w->token_embd))
+                bytes += (size_t)m->vocab_out * dim * esz;
+        return bytes;
+}
+
 tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t errlen) {
         const tsr_llama_config *c;
         struct llama_dev *d;
@@ -428,6 +443,14 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
                                          tsr_backend_name(be));
                                 return TSR_E_UNSUPPORTED;
                         }
+        /* A model larger than the device is one clear error here, before any allocation. */
+        size_t need = weights_device_bytes(m), free_b = 0, total_b = 0;
+        if (tsr_backend_mem_info(be, &free_b, &total_b) == TSR_OK && need > free_b) {
+                tsr_errf(err, errlen, "the weights need %.2f GiB on the %s device, which has %.2f GiB free of "
+                         "%.2f GiB", (double)need / (1 << 30), tsr_backend_name(be), (double)free_b / (1 << 30),
+                         (double)total_b / (1 << 30));
+                return TSR_E_NOMEM;
+        }
         if (!(d = calloc(1, sizeof *d)) || !(d->layers = calloc(m->n_local, sizeof *d->layers))) {
                 free(d);
                 return TSR_E_NOMEM;
