@@ -80,7 +80,13 @@ static tsr_llama *load_on(const char *path, tsr_backend *be, bool bf16) {
             tsr_llama_check_backend(m, be) != TSR_OK) {
                 printf("FAIL %s on %s: %s\n", path, tsr_backend_name(be), err[0] ? err : "check_backend");
                 tsr_llama_free(&m);
+                failures++;
+                return NULL;
         }
+        /* the dtype the worker reports (ModelInfo) survives the move to the device */
+        CHECK(tsr_llama_is_bf16(m) == bf16, "is_bf16 after to_backend: %d, want %d", tsr_llama_is_bf16(m), bf16);
+        if (!tsr_backend_host_memory(be))
+                CHECK(tsr_llama_use_bf16(m) == TSR_E_INVAL, "use_bf16 after to_backend must be refused");
         return m;
 }
 

@@ -292,8 +292,8 @@ static uint16_t *to_bf16(const float *src, size_t rows, size_t cols) {
 }
 
 tsr_status tsr_llama_use_bf16(tsr_llama *m) {
-        if (!m)
-                return TSR_E_INVAL;
+        if (!m || m->dev)
+                return TSR_E_INVAL;     /* after tsr_llama_to_backend the host weights are gone */
         if (m->bf16)
                 return TSR_OK;
         if (m->canonical)
@@ -335,7 +335,10 @@ nomem:
         return TSR_E_NOMEM;
 }
 
-bool tsr_llama_is_bf16(const tsr_llama *m) { return m && m->bf16; }
+/* On a device the host bf16 arrays are gone: the device copy's dtype says it. */
+bool tsr_llama_is_bf16(const tsr_llama *m) {
+        return m && (m->bf16 || (m->dev && m->dev->mm_dtype == TSR_DTYPE_BF16));
+}
 
 /* ---- on a device backend (issue #16) -------------------------------------------------- */
 
