@@ -271,10 +271,21 @@ QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr
         const bool has_m = T == TSR_DTYPE_Q4_1 || T == TSR_DTYPE_Q5_1;
         size_t nb = n / 32;
         __m256 acc = _mm256_setzero_ps();
+        /* The eight blocks' first four bytes (f16 d, then f16 m or codes) in one gather;
+         * bytes 0-1 / 2-3 of each lane packed into eight f16s. */
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i offs = _mm256_mullo_epi32(lane, _mm256_set1_epi32((int)bb));
+        const __m256i pick_d = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+        const __m256i pick_m = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
 
         for (size_t b = 0; b < nb; b += 8) {
                 __m256i v[8];
-                uint16_t dh[8] = {0}, mh[8] = {0};      /* f16 bits; 0 for the blocks past the row */
+                /* lanes past the row read nothing and stay 0 (f16 0: a zero term, as before) */
+                __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nb - b < 8 ? nb - b : 8)), lane);
+                __m256i head = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(wrow + b * bb), offs,
+                                                           live, 1);
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; j++) {
                         if (b + j >= nb) {
@@ -286,17 +297,16 @@ QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr
                         __m256i p16 = has_m ? _mm256_maddubs_epi16(w, q)
                                             : _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
                         v[j] = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-                        dh[j] = rd16(blk);
-                        if (has_m)
-                                mh[j] = rd16(blk + 2);
                 }
                 __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
-                /* Built in registers: eight 16-bit stores read back as one vector would
-                 * miss store-to-load forwarding and stall every step. */
-                __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16((short)dh[0], (short)dh[1], (short)dh[2], (short)dh[3],
-                                                           (short)dh[4], (short)dh[5], (short)dh[6], (short)dh[7]));
-                __m256 mw = _mm256_cvtph_ps(_mm_setr_epi16((short)mh[0], (short)mh[1], (short)mh[2], (short)mh[3],
-                                                           (short)mh[4], (short)mh[5], (short)mh[6], (short)mh[7]));
+                __m256i dp = _mm256_shuffle_epi8(head, pick_d);
+                __m256 dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(dp), _mm256_extracti128_si256(dp, 1)));
+                __m256 mw = _mm256_setzero_ps();
+                if (has_m) {
+                        __m256i mp = _mm256_shuffle_epi8(head, pick_m);
+                        mw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mp),
+                                                                _mm256_extracti128_si256(mp, 1)));
+                }
                 __m256 dd = _mm256_mul_ps(dw, _mm256_load_ps(a->dx + b));
                 __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s), _mm256_mul_ps(mw, _mm256_load_ps(a->sx + b)));
                 acc = _mm256_add_ps(acc, t);
