@@ -68,6 +68,16 @@ static double max_abs(const float *a, size_t n) {
         return m;
 }
 
+/* A JSON array of ints a (at most cap) into ids; the count. */
+static size_t json_ids(const json_t *a, uint32_t *ids, size_t cap) {
+        size_t n = json_array_size(a);
+        CHECK(n <= cap, "%zu ids, room for %zu", n, cap);
+        n = n < cap ? n : cap;
+        for (size_t i = 0; i < n; i++)
+                ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
+        return n;
+}
+
 /* A model on `be` (weights copied there when it is a device), bf16 when asked. */
 static tsr_llama *load_on(const char *path, tsr_backend *be, bool bf16) {
         char err[512] = "";
@@ -160,12 +170,9 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         CHECK(m, "tiny f32 on cuda");
         size_t row = 0;
         for (size_t p = 0; m && p < json_array_size(prompts); p++) {
-                json_t *a = json_object_get(json_array_get(prompts, p), "ids");
-                size_t n = json_array_size(a);
                 uint32_t ids[256], toks[16];
+                size_t n = json_ids(json_object_get(json_array_get(prompts, p), "ids"), ids, 256);
                 float last[4096];
-                for (size_t i = 0; i < n; i++)
-                        ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
                 tsr_status st = logits_all(m, gpu, ids, n, got);
                 CHECK(st == TSR_OK, "forward: %s", tsr_status_str(st));
                 double d = max_abs_diff(got, golden + row * vocab, n * vocab);
@@ -186,11 +193,8 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         tsr_llama *mg = load_on(path, gpu, true), *mc = load_on(path, ref, true);
         CHECK(mg && mc, "tiny bf16");
         if (mg && mc) {
-                json_t *a = json_object_get(json_array_get(prompts, 1), "ids");
-                size_t n = json_array_size(a);
                 uint32_t ids[256];
-                for (size_t i = 0; i < n; i++)
-                        ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
+                size_t n = json_ids(json_object_get(json_array_get(prompts, 1), "ids"), ids, 256);
                 float *want = malloc(n * vocab * sizeof(float));
                 CHECK(logits_all(mc, ref, ids, n, want) == TSR_OK && logits_all(mg, gpu, ids, n, got) == TSR_OK,
                       "bf16 forwards");
@@ -208,14 +212,9 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         mc = load_on(path, ref, false);
         CHECK(mg && mc, "tiny f32 for batching");
         if (mg && mc) {
-                json_t *a0 = json_object_get(json_array_get(prompts, 1), "ids");
-                json_t *a1 = json_object_get(json_array_get(prompts, 2), "ids");
-                size_t n0 = json_array_size(a0), n1 = json_array_size(a1);
                 uint32_t i0[256], i1[256], t0[4] = {7, 5, 3, 1}, t1[4] = {6, 0, 2, 4};
-                for (size_t i = 0; i < n0; i++)
-                        i0[i] = (uint32_t)json_integer_value(json_array_get(a0, i));
-                for (size_t i = 0; i < n1; i++)
-                        i1[i] = (uint32_t)json_integer_value(json_array_get(a1, i));
+                size_t n0 = json_ids(json_object_get(json_array_get(prompts, 1), "ids"), i0, 256);
+                size_t n1 = json_ids(json_object_get(json_array_get(prompts, 2), "ids"), i1, 256);
                 tsr_llama_kv *pool = NULL;
                 float *bat = malloc((n0 + n1) * vocab * sizeof(float));
                 float *w0 = malloc(n0 * vocab * sizeof(float)), *w1 = malloc(n1 * vocab * sizeof(float));

@@ -44,14 +44,7 @@ static tsr_llama4 *model;
 static float *want;             /* transformers' rows: the prompts' full sequences, then the decode steps */
 static size_t V, n_prompts, n_steps, dec_prompt;
 
-static size_t prompt_ids(size_t pi, uint32_t *ids) {
-        json_t *a = json_object_get(json_array_get(json_object_get(golden, "prompts"), pi), "ids");
-        size_t n = json_array_size(a);
-        assert_true(n > 0 && n <= MAXT);
-        for (size_t i = 0; i < n; i++)
-                ids[i] = (uint32_t)json_integer_value(json_array_get(a, i));
-        return n;
-}
+static size_t prompt_ids(size_t pi, uint32_t *ids) { return tsr_test_prompt_ids(golden, pi, ids, MAXT); }
 
 /* A pool of n_blocks blocks of `bs` tokens for the model, and its view. */
 static void pool_new(size_t n_blocks, size_t bs, tsr_kv_pool **pool, tsr_llama4_kv **kv) {

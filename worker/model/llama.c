@@ -291,6 +291,23 @@ static uint16_t *to_bf16(const float *src, size_t rows, size_t cols) {
         return dst;
 }
 
+/* The (rows, cols) of each matmul weight of a layer as this model holds them (its TP
+ * shard's head and MLP counts). */
+static void mm_shapes(const tsr_llama *m, size_t rows[MM_PER_LAYER], size_t cols[MM_PER_LAYER]) {
+        size_t hd = m->cfg.head_dim, dim = m->cfg.dim, hid = m->hid;
+        size_t q_dim = (size_t)m->nh * hd, kv_dim = (size_t)m->nkv * hd;
+        const size_t r[MM_PER_LAYER] = {q_dim, kv_dim, kv_dim, dim, hid, hid, dim};
+        const size_t c[MM_PER_LAYER] = {dim, dim, dim, q_dim, dim, dim, hid};
+        memcpy(rows, r, sizeof r);
+        memcpy(cols, c, sizeof c);
+}
+
+/* The float32 matmul weight fields of layer L, in MM_* order. */
+static void mm_slots(tsr_llama_layer *L, float **slot[MM_PER_LAYER]) {
+        float **s[MM_PER_LAYER] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        memcpy(slot, s, sizeof s);
+}
+
 tsr_status tsr_llama_use_bf16(tsr_llama *m) {
         if (!m || m->dev)
                 return TSR_E_INVAL;     /* after tsr_llama_to_backend the host weights are gone */
@@ -299,27 +316,23 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
         if (m->canonical)
                 return TSR_E_UNSUPPORTED;       /* the TP / canonical split runs on float32 weights */
         const tsr_llama_config *c = &m->cfg;
-        size_t n_layers = m->n_local, q_dim = (size_t)c->n_heads * c->head_dim;
-        size_t kv_dim = (size_t)c->n_kv_heads * c->head_dim;
-        size_t hid = c->hidden_dim, dim = c->dim;
-        const size_t rows[MM_PER_LAYER] = {q_dim, kv_dim, kv_dim, dim, hid, hid, dim};
-        const size_t cols[MM_PER_LAYER] = {dim, dim, dim, q_dim, dim, dim, hid};
+        size_t n_layers = m->n_local, rows[MM_PER_LAYER], cols[MM_PER_LAYER];
+        float **f32[MM_PER_LAYER];
+        mm_shapes(m, rows, cols);
         m->bf16 = calloc(n_layers * MM_PER_LAYER, sizeof *m->bf16);
-        if (!m->bf16 || (m->w->output && !(m->output_bf16 = to_bf16(m->w->output, c->vocab_size, dim))))
+        if (!m->bf16 || (m->w->output && !(m->output_bf16 = to_bf16(m->w->output, c->vocab_size, c->dim))))
                 goto nomem;
         /* Convert everything first, free the float32 copies only once nothing can fail.  A
          * weight kept in its block format has no float32 copy and stays as it is. */
         for (size_t l = 0; l < n_layers; l++) {
-                const tsr_llama_layer *L = &m->w->layers[l];
-                const float *src[MM_PER_LAYER] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
                 uint16_t **b = m->bf16 + l * MM_PER_LAYER;
+                mm_slots(&m->w->layers[l], f32);
                 for (int i = 0; i < MM_PER_LAYER; i++)
-                        if (src[i] && !(b[i] = to_bf16(src[i], rows[i], cols[i])))
+                        if (*f32[i] && !(b[i] = to_bf16(*f32[i], rows[i], cols[i])))
                                 goto nomem;
         }
         for (size_t l = 0; l < n_layers; l++) {
-                tsr_llama_layer *L = &m->w->layers[l];
-                float **f32[MM_PER_LAYER] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+                mm_slots(&m->w->layers[l], f32);
                 for (int i = 0; i < MM_PER_LAYER; i++) {
                         free(*f32[i]);
                         *f32[i] = NULL;
@@ -383,14 +396,17 @@ static tsr_status dev_put(struct llama_dev *d, const void *src, size_t bytes, vo
 /* Free the host copies of everything dev now holds. */
 static void host_weights_drop(tsr_llama *m) {
         tsr_llama_weights *w = m->w;
+        float **f32[MM_PER_LAYER];
         for (size_t l = 0; l < m->n_local; l++) {
                 tsr_llama_layer *L = &w->layers[l];
-                float **f[] = {&L->attn_norm, &L->ffn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                               &L->w_gate, &L->w_up, &L->w_down};
-                for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
-                        free(*f[i]);
-                        *f[i] = NULL;
+                mm_slots(L, f32);
+                for (int i = 0; i < MM_PER_LAYER; i++) {
+                        free(*f32[i]);
+                        *f32[i] = NULL;
                 }
+                free(L->attn_norm);
+                free(L->ffn_norm);
+                L->attn_norm = L->ffn_norm = NULL;
         }
         bf16_free(m);
         if (w->output != w->token_embd)
@@ -405,10 +421,11 @@ static void host_weights_drop(tsr_llama *m) {
 /* Bytes tsr_llama_to_backend copies: what the host holds of each array it copies. */
 static size_t weights_device_bytes(const tsr_llama *m) {
         const tsr_llama_config *c = &m->cfg;
-        size_t hd = c->head_dim, dim = c->dim, q_dim = (size_t)m->nh * hd, kv_dim = (size_t)m->nkv * hd;
-        size_t esz = m->bf16 ? sizeof(uint16_t) : sizeof(float);
-        size_t per_layer = 2 * dim * sizeof(float) +
-                           esz * (dim * (q_dim + 2 * kv_dim) + q_dim * dim + 3 * dim * (size_t)m->hid);
+        size_t hd = c->head_dim, dim = c->dim, rows[MM_PER_LAYER], cols[MM_PER_LAYER];
+        size_t esz = m->bf16 ? sizeof(uint16_t) : sizeof(float), per_layer = 2 * dim * sizeof(float);
+        mm_shapes(m, rows, cols);
+        for (int i = 0; i < MM_PER_LAYER; i++)
+                per_layer += rows[i] * cols[i] * esz;
         size_t bytes = (size_t)m->n_local * per_layer + dim * sizeof(float) + hd / 2 * sizeof(float);
         if (m->w->token_embd)
                 bytes += (size_t)c->vocab_size * dim * sizeof(float);
@@ -420,7 +437,8 @@ static size_t weights_device_bytes(const tsr_llama *m) {
 tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t errlen) {
         const tsr_llama_config *c;
         struct llama_dev *d;
-        size_t hd, q_dim, kv_dim, dim, esz;
+        size_t hd, dim, esz, rows[MM_PER_LAYER], cols[MM_PER_LAYER];
+        float **f32[MM_PER_LAYER];
         tsr_status st = TSR_OK;
 
         if (!m || !be || m->dev)
@@ -463,21 +481,18 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
         m->dev = d;             /* from here dev_free undoes a partial copy */
         hd = c->head_dim;
         dim = c->dim;
-        q_dim = (size_t)m->nh * hd;
-        kv_dim = (size_t)m->nkv * hd;
         esz = m->bf16 ? sizeof(uint16_t) : sizeof(float);
-        const size_t rows[MM_PER_LAYER] = {q_dim, kv_dim, kv_dim, dim, m->hid, m->hid, dim};
-        const size_t cols[MM_PER_LAYER] = {dim, dim, dim, q_dim, dim, dim, m->hid};
+        mm_shapes(m, rows, cols);
         for (size_t l = 0; l < m->n_local && st == TSR_OK; l++) {
-                const tsr_llama_layer *L = &m->w->layers[l];
-                const float *f32[MM_PER_LAYER] = {L->wq, L->wk, L->wv, L->wo, L->w_gate, L->w_up, L->w_down};
+                tsr_llama_layer *L = &m->w->layers[l];
                 struct llama_dev_layer *D = &d->layers[l];
+                mm_slots(L, f32);
                 st = dev_put(d, L->attn_norm, dim * sizeof(float), (void **)&D->attn_norm);
                 if (st == TSR_OK)
                         st = dev_put(d, L->ffn_norm, dim * sizeof(float), (void **)&D->ffn_norm);
                 for (int i = 0; i < MM_PER_LAYER && st == TSR_OK; i++) {
                         const void *src = m->bf16 ? (const void *)m->bf16[l * MM_PER_LAYER + (size_t)i]
-                                                  : (const void *)f32[i];
+                                                  : (const void *)*f32[i];
                         st = dev_put(d, src, rows[i] * cols[i] * esz, &D->mm[i]);
                 }
         }
@@ -510,36 +525,31 @@ static size_t scratch_row_floats(const tsr_llama *m) {
         return 2 * (size_t)m->cfg.dim + 2 * (size_t)m->nh * hd + 2 * (size_t)m->nkv * hd + 2 * (size_t)m->hid;
 }
 
-/* Grow the device scratch to `rows` tokens and the logits to `logit_rows` rows. */
-static tsr_status dev_reserve(const tsr_llama *m, size_t rows, size_t logit_rows) {
-        struct llama_dev *d = m->dev;
-        size_t per = scratch_row_floats(m);
+/* Grow the kept device array *buf of *have rows of `per` floats to `want` rows (its old
+ * contents are not kept: they are a step's scratch). */
+static tsr_status dev_grow(struct llama_dev *d, float **buf, size_t *have, size_t want, size_t per) {
         void *p;
         tsr_status st;
 
-        if (rows > d->scratch_rows) {
-                if (rows > SIZE_MAX / sizeof(float) / per)
-                        return TSR_E_LIMIT;
-                tsr_backend_mem_free(d->be, d->scratch);
-                d->scratch = NULL;
-                d->scratch_rows = 0;
-                if ((st = tsr_backend_mem_alloc(d->be, rows * per * sizeof(float), &p)) != TSR_OK)
-                        return st;
-                d->scratch = p;
-                d->scratch_rows = rows;
-        }
-        if (logit_rows > d->logits_rows) {
-                if (logit_rows > SIZE_MAX / sizeof(float) / m->cfg.vocab_size)
-                        return TSR_E_LIMIT;
-                tsr_backend_mem_free(d->be, d->logits);
-                d->logits = NULL;
-                d->logits_rows = 0;
-                if ((st = tsr_backend_mem_alloc(d->be, logit_rows * m->cfg.vocab_size * sizeof(float), &p)) != TSR_OK)
-                        return st;
-                d->logits = p;
-                d->logits_rows = logit_rows;
-        }
+        if (want <= *have)
+                return TSR_OK;
+        if (want > SIZE_MAX / sizeof(float) / per)
+                return TSR_E_LIMIT;
+        tsr_backend_mem_free(d->be, *buf);
+        *buf = NULL;
+        *have = 0;
+        if ((st = tsr_backend_mem_alloc(d->be, want * per * sizeof(float), &p)) != TSR_OK)
+                return st;
+        *buf = p;
+        *have = want;
         return TSR_OK;
+}
+
+/* Grow the device scratch to `rows` tokens and the logits to `logit_rows` rows. */
+static tsr_status dev_reserve(const tsr_llama *m, size_t rows, size_t logit_rows) {
+        struct llama_dev *d = m->dev;
+        tsr_status st = dev_grow(d, &d->scratch, &d->scratch_rows, rows, scratch_row_floats(m));
+        return st != TSR_OK ? st : dev_grow(d, &d->logits, &d->logits_rows, logit_rows, m->cfg.vocab_size);
 }
 
 tsr_status tsr_llama_reserve(const tsr_llama *m, size_t tokens, size_t logit_rows) {
@@ -981,6 +991,11 @@ static const float *ffn_norm_of(const tsr_llama *m, size_t l) {
         return m->dev ? m->dev->layers[l].ffn_norm : m->w->layers[l].ffn_norm;
 }
 
+/* Rows of logits sequence q asks for. */
+static size_t seq_logit_rows(const tsr_llama_seq *q) {
+        return q->which == TSR_LLAMA_LOGITS_NONE ? 0 : q->which == TSR_LLAMA_LOGITS_LAST ? 1 : q->n;
+}
+
 #define TRY(expr)                               \
         do {                                    \
                 if ((st = (expr)) != TSR_OK)    \
@@ -1014,8 +1029,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                         if (seqs[i].tokens[t] >= c->vocab_size)
                                 return TSR_E_INVAL;
                 N += seqs[i].n;
-                want_rows += seqs[i].which == TSR_LLAMA_LOGITS_NONE ? 0
-                             : seqs[i].which == TSR_LLAMA_LOGITS_LAST ? 1 : seqs[i].n;
+                want_rows += seq_logit_rows(&seqs[i]);
         }
         st = m->dev ? scratch_dev(&s, m, N, logits ? want_rows : 0) : scratch_alloc(&s, m, N);
         if (st != TSR_OK)
@@ -1097,8 +1111,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
         /* Only the rows whose logits are wanted go through the final norm and the
          * (vocab, dim) output matrix, the largest matmul of a decode step: gather them. */
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
-                size_t first = seqs[i].which == TSR_LLAMA_LOGITS_LAST ? seqs[i].n - 1 : 0;
-                size_t rows = seqs[i].which == TSR_LLAMA_LOGITS_NONE ? 0 : seqs[i].n - first;
+                size_t rows = seq_logit_rows(&seqs[i]), first = seqs[i].n - rows;
                 TRY(tsr_backend_copy(be, s.xb + n_rows_out * dim, s.x + (row + first) * dim, rows * dim * sizeof(float)));
                 n_rows_out += rows;
         }
