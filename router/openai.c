@@ -358,8 +358,11 @@ static tsr_status parse_tools(json_t *root, tsr_oai_request *r, tsr_oai_error *e
                         return TYPE_ERR(err, "tools", "a valid list");
                 json_array_foreach(tools, i, t) {
                         json_t *fn = json_object_get(t, "function");
+                        json_t *params = json_object_get(fn, "parameters");
                         if (!json_is_object(t) || !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
                                 return TYPE_ERR(err, "tools", "tools of the form {type: function, function: {name, ...}}");
+                        if (params && !json_is_null(params) && !json_is_object(params))
+                                return TYPE_ERR(err, "tools", "tools whose function.parameters is a valid dictionary");
                 }
                 r->tools = tools;
         }
@@ -737,10 +740,12 @@ static tsr_status parse_structured(json_t *root, tsr_arena *a, tsr_oai_request *
 }
 
 /* tool_choice "required" or a named function: structured outputs with the tools'
- * schema (vLLM 0.12's _get_json_schema_from_tool); the router's tool parser for the
- * forced shape reads the calls back (router/tools/forced.c).  vLLM lets the tool schema
- * replace a structured_outputs constraint of the same request; Tessera refuses the pair
- * rather than drop one silently. */
+ * schema (vLLM 0.12's get_json_schema_from_tools); the router's tool parser for the
+ * forced shape reads the calls back (router/tools/forced.c).  As vLLM's adjust_request,
+ * the tool schema replaces whatever response_format / structured_outputs asked for
+ * (the reply is the call, so there is nothing else to constrain), disable_any_whitespace
+ * included; a named tool without `parameters` constrains nothing (the arguments are
+ * the text as generated) and leaves the other constraint in force. */
 static tsr_status parse_forced_tools(tsr_arena *a, tsr_oai_request *r, tsr_oai_error *err) {
         char msg[256] = "";
         json_t *schema;
@@ -751,13 +756,15 @@ static tsr_status parse_forced_tools(tsr_arena *a, tsr_oai_request *r, tsr_oai_e
                 return TSR_OK;
         if (!r->tools || !json_array_size(r->tools))
                 return VALUE_ERR(err, "tool_choice", "When using `tool_choice`, `tools` must be set.");
-        if (r->so_kind != TSR_GRAMMAR_NONE)
-                return VALUE_ERR(err, "tool_choice", "tool_choice \"%s\" is a structured output of its own: it cannot be "
-                                 "combined with response_format or structured_outputs", r->tool_choice);
         schema = tsr_tools_choice_schema(r->tools, r->tool_choice, r->tool_choice_name, msg, sizeof(msg));
         if (!schema)
                 return msg[0] ? VALUE_ERR(err, "tool_choice", "%s", msg)
                               : fail(err, 500, "InternalServerError", NULL, "out of memory");
+        if (json_is_null(schema))
+                return TSR_OK;
+        r->so_kind = TSR_GRAMMAR_NONE;
+        r->so_text = NULL;
+        r->so_compact = false;
         st = so_set(a, r, "tool_choice", TSR_GRAMMAR_JSON_SCHEMA, schema, err);
         json_decref(schema);
         return st;

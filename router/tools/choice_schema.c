@@ -34,9 +34,9 @@ json_t *tsr_tools_choice_schema(json_t *tools, const char *tool_choice, const ch
                         json_t *fn = json_object_get(t, "function"), *params = json_object_get(fn, "parameters");
                         if (strcmp(json_string_value(json_object_get(fn, "name")), name) != 0)
                                 continue;
-                        if (params && json_is_object(params) && json_object_size(params))
-                                return json_incref(params);
-                        return json_pack("{s:s, s:{}}", "type", "object", "properties");
+                        /* vLLM returns tool.parameters itself: {} is a schema (any JSON
+                         * value), a missing one leaves the output free */
+                        return json_is_object(params) ? json_incref(params) : json_null();
                 }
                 return NULL;
         }

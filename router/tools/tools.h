@@ -76,10 +76,11 @@ const tsr_tools_parser *tsr_tools_parser_find(const char *name);
  * the others): ctx.forced_name names the function for "function". */
 const tsr_tools_parser *tsr_tools_forced_parser(const char *tool_choice);
 /* The JSON schema that forces such an output, as vLLM 0.12 builds it: the named tool's
- * parameters, or for "required" an array (minItems 1) of {name, parameters} objects,
- * one anyOf branch per tool, the tools' $defs merged at the top.  New reference; NULL
- * for other tool_choice values, or with a message in err (two tools defining one
- * $defs name differently). */
+ * parameters as given (JSON null when the tool has none: vLLM then constrains nothing),
+ * or for "required" an array (minItems 1) of {name, parameters} objects, one anyOf
+ * branch per tool, the tools' $defs merged at the top.  New reference; NULL for other
+ * tool_choice values, or with a message in err (two tools defining one $defs name
+ * differently). */
 json_t *tsr_tools_choice_schema(json_t *tools, const char *tool_choice, const char *name, char *err, size_t errlen);
 
 void tsr_tools_result_done(tsr_tools_result *r);

@@ -200,10 +200,38 @@ def test_tool_choice_named(tools_server):
         deltas = [tc for x in chunks if x.choices for tc in (x.choices[0].delta.tool_calls or [])]
         assert deltas[0].function.name == name and deltas[0].id.startswith("chatcmpl-tool-")
         assert "".join(d.function.arguments or "" for d in deltas) == ch.message.tool_calls[0].function.arguments
-    with pytest.raises(openai.BadRequestError) as e:   # the tool schema is the request's one constraint
-        c.chat.completions.create(model=MODEL, messages=FEW_SHOT, tools=TOOLS, tool_choice="required", max_tokens=4,
-                                  response_format={"type": "json_object"})
-    assert "cannot be combined" in e.value.message
+
+
+def test_tool_schema_replaces_response_format(tools_server):
+    """As vLLM's adjust_request: a forcing tool_choice replaces response_format /
+    structured_outputs (the reply is the call); a named tool without `parameters`
+    constrains nothing, so a constraint beside it stays in force."""
+    import jsonschema
+    c = _client(tools_server)
+    msgs = [{"role": "user", "content": "What time is it in Tokyo?"}]
+    r = c.chat.completions.create(model=MODEL, messages=msgs, tools=TWO_TOOLS, tool_choice="required", max_tokens=80,
+                                  temperature=0, response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.tool_calls
+    for call in r.choices[0].message.tool_calls:
+        _args_valid(call)
+    r = c.chat.completions.create(model=MODEL, messages=msgs, tools=TWO_TOOLS, max_tokens=80, temperature=0,
+                                  tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                  extra_body={"structured_outputs": {"regex": "[a-z]{3}"}})
+    _args_valid(r.choices[0].message.tool_calls[0])   # the tool's schema, not the regex
+    free_tool = [{"type": "function", "function": {"name": "note"}}]
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    r = c.chat.completions.create(model=MODEL, messages=msgs, tools=free_tool, max_tokens=40, temperature=0,
+                                  tool_choice={"type": "function", "function": {"name": "note"}},
+                                  extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}})
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop" and len(ch.message.tool_calls) == 1
+    assert ch.message.tool_calls[0].function.name == "note"
+    jsonschema.validate(json.loads(ch.message.tool_calls[0].function.arguments), schema)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4,
+                                  tools=[{"type": "function", "function": {"name": "x", "parameters": "{}"}}])
+    assert "parameters" in e.value.message
 
 
 def test_bad_tool_call_arguments_in_history(tools_server):
