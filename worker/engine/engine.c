@@ -113,6 +113,12 @@ typedef struct sched_entry {
         bool has_lp;
         tsr_token_logprobs lp;
         bool grammar_end;             /* its grammar is complete: finish (stop) */
+        /* structured output: its mask is filled (the mask thread, while the forward
+         * runs) into row mask_row of engine.gmask for n_output tokens; mask_st the fill's */
+        bool constrained;
+        uint32_t mask_row;
+        size_t n_output;
+        tsr_status mask_st;
 } sched_entry;
 
 /* One engine step: schedule() fills the entries, prepare_plan() the forward's inputs
@@ -129,6 +135,22 @@ typedef struct step_plan {
         tsr_status st;                /* preparing or running the forward */
         uint64_t step;
 } step_plan;
+
+/* A thread that runs one plan at a time for the engine: job_launch hands it a plan,
+ * job_wait returns once run(engine, plan) has. mu guards job, done and quit; what the
+ * plan's run touches belongs to the thread from job_launch until job_wait returns. */
+typedef struct job_thread {
+        bool up;
+        pthread_t thread;
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        struct step_plan *job;
+        bool done;
+        bool quit;
+        struct tsr_engine *e;
+        void (*run)(struct tsr_engine *e, struct step_plan *p);
+        const char *name;             /* the thread's log name */
+} job_thread;
 
 struct tsr_engine {
         pthread_t thread;
@@ -148,7 +170,13 @@ struct tsr_engine {
         size_t logits_rows;
         size_t max_lp_rows;           /* prompt-logprobs rows one step may ask for (bounds `logits`) */
         float *scratch;               /* (2 * vocab,) */
-        uint32_t *gmask;              /* (tsr_grammar_mask_words(vocab),) execute_plan's, with params.grammar */
+        uint32_t *gmask;              /* (gmask_rows, tsr_grammar_mask_words(vocab)) execute_plan's */
+        size_t gmask_rows;
+        /* Structured outputs: the "mask" thread fills a step's masks (fill_masks)
+         * while its forward runs, as vLLM fills the bitmask on the CPU while the GPU
+         * computes; the plan's constrained entries' matchers are its meanwhile (the
+         * forward does not touch them). */
+        job_thread mask_thread;
         bool stopping;
         uint64_t sched_round;         /* schedule() calls */
         /* TSR_ENGINE_IN_SHUTDOWN: no new Submits; at the deadline (or once idle) the rest is
@@ -157,17 +185,9 @@ struct tsr_engine {
         bool shutdown_done;
         uint64_t shutdown_deadline_ns;
         step_plan plans[2];           /* synchronous: plans[0]; async: the one in flight and the next */
-        /* --async-scheduling: the "step" thread runs execute_plan(run_job) while the
-         * engine thread emits, takes the inbox and schedules the next step.  run_mu
-         * guards run_job, run_done and run_quit; the plan itself belongs to the step thread
-         * from step_thread_launch until step_thread_wait returns. */
-        bool step_thread_up;
-        pthread_t step_thread;
-        pthread_mutex_t run_mu;
-        pthread_cond_t run_cv;
-        step_plan *run_job;
-        bool run_done;
-        bool run_quit;
+        /* --async-scheduling: the "step" thread runs execute_plan while the engine
+         * thread emits, takes the inbox and schedules the next step. */
+        job_thread step_thread;
         /* Recurrent-state slots not held by a running request (a stack; params.state_slots
          * in all).  Engine thread only. */
         uint32_t *free_state_slots;
@@ -950,12 +970,12 @@ static bool grammar_active(slot *s, const uint32_t *output, size_t n_output) {
 
 /* Structured output, before sampling: bring the matcher to the request's n_output tokens
  * after grammar_from (a step it accepted a token in may have been dropped: a preemption
- * during --async-scheduling), fill the mask of allowed tokens and set the others' logits to
- * -inf, so the sampler (seeds, penalties, logprobs) runs on as usual.  *end: the
- * grammar allows nothing but the end (a stop token) while the request may not stop by
- * one now (ignore_eos, min_tokens): it ends here, finish "stop".  Step thread or engine
- * thread, as execute_plan. */
-static tsr_status grammar_mask(tsr_engine *e, slot *s, float *logits, size_t n_output, bool *end) {
+ * during --async-scheduling) and fill `mask` with the allowed tokens; execute_plan sets
+ * the others' logits to -inf, so the sampler (seeds, penalties, logprobs) runs on as
+ * usual.  *end: the grammar allows nothing but the end (a stop token) while the request
+ * may not stop by one now (ignore_eos, min_tokens): it ends here, finish "stop".  The
+ * mask thread (execute_plan's helper), or execute_plan's thread without one. */
+static tsr_status grammar_fill(const tsr_engine *e, slot *s, uint32_t *mask, size_t n_output, bool *end) {
         size_t vocab = e->params.model->vocab, accepted = tsr_grammar_n_accepted(s->gm);
         size_t n_constrained = n_output - s->grammar_from;
         tsr_status st;
@@ -966,15 +986,132 @@ static tsr_status grammar_mask(tsr_engine *e, slot *s, float *logits, size_t n_o
                 *end = true;
                 return TSR_OK;
         }
-        if ((st = tsr_grammar_fill_mask(s->gm, e->gmask, vocab)) != TSR_OK)
+        if ((st = tsr_grammar_fill_mask(s->gm, mask, vocab)) != TSR_OK)
                 return st;
         if ((s->ignore_eos || n_output < s->sampling.min_tokens) &&
-            tsr_grammar_mask_only(e->gmask, vocab, e->params.eos_ids, e->params.n_eos_ids)) {
+            tsr_grammar_mask_only(mask, vocab, e->params.eos_ids, e->params.n_eos_ids))
                 *end = true;
-                return TSR_OK;
-        }
-        tsr_grammar_apply_mask(logits, vocab, e->gmask);
         return TSR_OK;
+}
+
+/* Every constrained entry's mask of plan p (the mask thread's job). */
+static void fill_masks(tsr_engine *e, step_plan *p) {
+        size_t words = tsr_grammar_mask_words(e->params.model->vocab);
+        for (size_t i = 0; i < p->n; i++) {
+                sched_entry *pe = &p->entries[i];
+                if (pe->constrained)
+                        pe->mask_st = grammar_fill(e, pe->s, e->gmask + (size_t)pe->mask_row * words, pe->n_output,
+                                                   &pe->grammar_end);
+        }
+}
+
+/* ------------------------------------------------------------------ job threads */
+
+static void *job_thread_main(void *arg) {
+        job_thread *t = arg;
+        tsr_log_set_thread(t->name);
+        pthread_mutex_lock(&t->mu);
+        for (;;) {
+                step_plan *job;
+                while (!t->job && !t->quit)
+                        pthread_cond_wait(&t->cv, &t->mu);
+                if (!t->job)
+                        break;   /* quit, nothing left to run */
+                job = t->job;
+                pthread_mutex_unlock(&t->mu);
+                t->run(t->e, job);
+                pthread_mutex_lock(&t->mu);
+                t->job = NULL;
+                t->done = true;
+                pthread_cond_broadcast(&t->cv);
+        }
+        pthread_mutex_unlock(&t->mu);
+        return NULL;
+}
+
+static bool job_thread_start(job_thread *t, tsr_engine *e, const char *name,
+                             void (*run)(tsr_engine *e, step_plan *p)) {
+        t->e = e;
+        t->run = run;
+        t->name = name;
+        if (pthread_mutex_init(&t->mu, NULL) != 0)
+                return false;
+        if (pthread_cond_init(&t->cv, NULL) != 0) {
+                pthread_mutex_destroy(&t->mu);
+                return false;
+        }
+        if (pthread_create(&t->thread, NULL, job_thread_main, t) != 0) {
+                pthread_cond_destroy(&t->cv);
+                pthread_mutex_destroy(&t->mu);
+                return false;
+        }
+        t->up = true;
+        return true;
+}
+
+/* Run p on t; without the thread, here and now. */
+static void job_launch(job_thread *t, step_plan *p) {
+        if (!t->up) {
+                t->run(t->e, p);
+                return;
+        }
+        pthread_mutex_lock(&t->mu);
+        t->job = p;
+        t->done = false;
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+}
+
+static void job_wait(job_thread *t) {
+        if (!t->up)
+                return;
+        pthread_mutex_lock(&t->mu);
+        while (!t->done)
+                pthread_cond_wait(&t->cv, &t->mu);
+        pthread_mutex_unlock(&t->mu);
+}
+
+static void job_thread_stop(job_thread *t) {
+        if (!t->up)
+                return;
+        pthread_mutex_lock(&t->mu);
+        t->quit = true;
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+        pthread_join(t->thread, NULL);
+        pthread_cond_destroy(&t->cv);
+        pthread_mutex_destroy(&t->mu);
+        t->up = false;
+}
+
+/* Mark p's entries that sample under a grammar (their output is past the reasoning)
+ * and give each a mask row; false: no memory for the rows. */
+static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
+        size_t words, n = 0;
+        *n_masks = 0;
+        for (size_t i = 0; i < p->n; i++) {
+                sched_entry *pe = &p->entries[i];
+                slot *s = pe->s;
+                pe->constrained = false;
+                if (!s->gm || !p->seqs[i].want_logits)
+                        continue;
+                pe->n_output = s->n_tokens - s->n_prompt;
+                if (!grammar_active(s, s->tokens + s->n_prompt, pe->n_output))
+                        continue;
+                pe->constrained = true;
+                pe->mask_row = (uint32_t)n++;
+                pe->mask_st = TSR_OK;
+        }
+        if (n > e->gmask_rows) {
+                words = tsr_grammar_mask_words(e->params.model->vocab);
+                uint32_t *g = realloc(e->gmask, n * words * sizeof(uint32_t));
+                if (!g)
+                        return false;
+                e->gmask = g;
+                e->gmask_rows = n;
+        }
+        *n_masks = n;
+        return true;
 }
 
 /* The step's forward, then for each chunk its prompt logprobs (seq->want_all_logits:
@@ -995,8 +1132,15 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                         p->st = TSR_E_NOMEM;
                 }
         }
+        size_t n_masks = 0;
+        if (p->st == TSR_OK && !plan_masks(e, p, &n_masks))
+                p->st = TSR_E_NOMEM;
+        if (n_masks)
+                job_launch(&e->mask_thread, p);
         if (p->st == TSR_OK)
                 p->st = m->forward(m->ud, p->seqs, p->n, e->logits);
+        if (n_masks)
+                job_wait(&e->mask_thread);
         for (size_t i = 0, row = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 const tsr_engine_seq *q = &p->seqs[i];
@@ -1004,9 +1148,11 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 float *rows = e->logits + row * m->vocab, *logits;
                 tsr_sample_result r;
                 row += seq_rows(q);
+                bool constrained = n_masks && pe->constrained;
                 pe->sampled = false;
                 pe->has_lp = false;
-                pe->grammar_end = false;
+                if (!constrained)
+                        pe->grammar_end = false;   /* the others': their fill's */
                 if ((pe->st = p->st) != TSR_OK)
                         continue;
                 if (q->want_all_logits && (pe->st = gather_prompt_lp(e, s, q->past_len, q->n, rows)) != TSR_OK)
@@ -1020,12 +1166,13 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                         .output = s->tokens + s->n_prompt,
                         .n_output = s->n_tokens - s->n_prompt,
                 };
-                bool constrained = s->gm && grammar_active(s, h.output, h.n_output);
-                if (constrained &&
-                    (pe->st = grammar_mask(e, s, logits, h.n_output, &pe->grammar_end)) != TSR_OK)
+                if (constrained && (pe->st = pe->mask_st) != TSR_OK)
                         continue;
                 if (pe->grammar_end)
                         continue;   /* complete: nothing more to sample */
+                if (constrained)
+                        tsr_grammar_apply_mask(logits, m->vocab,
+                                               e->gmask + (size_t)pe->mask_row * tsr_grammar_mask_words(m->vocab));
                 if ((pe->st = tsr_sample(&s->sampling, &h, s->rng_key, logits, m->vocab, e->scratch, &r)) != TSR_OK)
                         continue;
                 if (constrained && (pe->st = tsr_grammar_accept(s->gm, r.token)) != TSR_OK)
@@ -1253,74 +1400,6 @@ static void finish_shutdown(tsr_engine *e) {
         }
 }
 
-/* ------------------------------------------------------------------ step thread */
-
-static void *step_thread_main(void *arg) {
-        tsr_engine *e = arg;
-        tsr_log_set_thread("step");
-        pthread_mutex_lock(&e->run_mu);
-        for (;;) {
-                step_plan *job;
-                while (!e->run_job && !e->run_quit)
-                        pthread_cond_wait(&e->run_cv, &e->run_mu);
-                if (!e->run_job)
-                        break;   /* quit, nothing left to run */
-                job = e->run_job;
-                pthread_mutex_unlock(&e->run_mu);
-                execute_plan(e, job);
-                pthread_mutex_lock(&e->run_mu);
-                e->run_job = NULL;
-                e->run_done = true;
-                pthread_cond_broadcast(&e->run_cv);
-        }
-        pthread_mutex_unlock(&e->run_mu);
-        return NULL;
-}
-
-static void step_thread_launch(tsr_engine *e, step_plan *p) {
-        pthread_mutex_lock(&e->run_mu);
-        e->run_job = p;
-        e->run_done = false;
-        pthread_cond_broadcast(&e->run_cv);
-        pthread_mutex_unlock(&e->run_mu);
-}
-
-static void step_thread_wait(tsr_engine *e) {
-        pthread_mutex_lock(&e->run_mu);
-        while (!e->run_done)
-                pthread_cond_wait(&e->run_cv, &e->run_mu);
-        pthread_mutex_unlock(&e->run_mu);
-}
-
-static bool step_thread_start(tsr_engine *e) {
-        if (pthread_mutex_init(&e->run_mu, NULL) != 0)
-                return false;
-        if (pthread_cond_init(&e->run_cv, NULL) != 0) {
-                pthread_mutex_destroy(&e->run_mu);
-                return false;
-        }
-        if (pthread_create(&e->step_thread, NULL, step_thread_main, e) != 0) {
-                pthread_cond_destroy(&e->run_cv);
-                pthread_mutex_destroy(&e->run_mu);
-                return false;
-        }
-        e->step_thread_up = true;
-        return true;
-}
-
-static void step_thread_stop(tsr_engine *e) {
-        if (!e->step_thread_up)
-                return;
-        pthread_mutex_lock(&e->run_mu);
-        e->run_quit = true;
-        pthread_cond_broadcast(&e->run_cv);
-        pthread_mutex_unlock(&e->run_mu);
-        pthread_join(e->step_thread, NULL);
-        pthread_cond_destroy(&e->run_cv);
-        pthread_mutex_destroy(&e->run_mu);
-        e->step_thread_up = false;
-}
-
 /* ------------------------------------------------------------------ thread */
 
 /* True once SIGTERM's deadline has come or nothing is left to run. */
@@ -1367,7 +1446,7 @@ static void loop_async(tsr_engine *e) {
                         break;
                 if (shutdown_due(e)) {
                         if (inflight) {   /* let the running step end first: finish_shutdown frees every slot */
-                                step_thread_wait(e);
+                                job_wait(&e->step_thread);
                                 apply_plan(e, inflight);
                                 emit_outputs(e, inflight->entries, inflight->n, inflight->step);
                                 retire_finished(e, inflight);
@@ -1380,7 +1459,7 @@ static void loop_async(tsr_engine *e) {
                 if (e->running.n || e->waiting.n)
                         schedule_plan(e, next);
                 if (inflight) {
-                        step_thread_wait(e);
+                        job_wait(&e->step_thread);
                         apply_plan(e, inflight);
                         ready = inflight;
                         inflight = NULL;
@@ -1390,12 +1469,12 @@ static void loop_async(tsr_engine *e) {
                         next->step = ++e->step;
                         for (size_t i = 0; i < next->n; i++)
                                 next->entries[i].s->in_flight = true;
-                        step_thread_launch(e, next);
+                        job_launch(&e->step_thread, next);
                         inflight = next;
                 }
         }
         if (inflight) {   /* stopping: the step thread must be done with the slots before they are freed */
-                step_thread_wait(e);
+                job_wait(&e->step_thread);
                 apply_plan(e, inflight);
         }
 }
@@ -1405,8 +1484,11 @@ static void *engine_main(void *arg) {
         bool async = false;
 
         tsr_log_set_thread("engine");
+        if (e->params.model && e->params.grammar &&
+            !job_thread_start(&e->mask_thread, e, "mask", fill_masks))
+                log_warn("cannot start the mask thread: structured outputs' masks are filled before the forward");
         if (e->params.model && e->params.async_scheduling) {
-                async = step_thread_start(e);
+                async = job_thread_start(&e->step_thread, e, "step", execute_plan);
                 if (!async)
                         log_warn("cannot start the step thread: scheduling synchronously");
         }
@@ -1423,7 +1505,8 @@ static void *engine_main(void *arg) {
                 loop_async(e);
         else
                 loop_sync(e);
-        step_thread_stop(e);
+        job_thread_stop(&e->step_thread);
+        job_thread_stop(&e->mask_thread);
         log_info("engine stopped (%zu running, %zu waiting dropped)", e->running.n, e->waiting.n);
         return NULL;
 }
@@ -1471,9 +1554,7 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
                 if (e->max_lp_rows == 0)
                         e->max_lp_rows = 1;
                 e->scratch = malloc(2 * p->model->vocab * sizeof(float));
-                if (p->grammar)
-                        e->gmask = malloc(tsr_grammar_mask_words(p->model->vocab) * sizeof(uint32_t));
-                if (!e->logits || !e->scratch || (p->grammar && !e->gmask)) {
+                if (!e->logits || !e->scratch) {
                         st = TSR_E_NOMEM;
                         goto fail;
                 }
