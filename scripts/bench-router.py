@@ -4,7 +4,7 @@ with `tessera bench serve`.  docs/benchmarks.md, "Router at scale", shows the ou
 
   scripts/bench-router.py throughput   router SSE tokens/s per router core, latency added
   scripts/bench-router.py placement    4/16/64 workers x kv/round_robin/least_load x workloads
-  scripts/bench-router.py routers      1 vs 2 routers sharing one fleet of 16
+  scripts/bench-router.py routers      1, 2 and 4 routers sharing one fleet of 16 (each with its control)
   scripts/bench-router.py all
 
 Environment: TESSERA_BUILD (default build), TESSERA_ROUTER (default the build's),
@@ -192,34 +192,38 @@ def placement(tmp, sizes=(4, 16, 64), tag="pl"):
 
 
 def routers(tmp, n=16):
-    # Each router's clients draw the same dataset (--seed 1): one set of 8 system
-    # prompts, the users split between the routers, as behind a load balancer.
+    # Each client draws the same dataset (--seed 1): one set of 8 system prompts and the
+    # same prompts, so k clients send every prompt k times.  Each row with k routers
+    # (client j -> router j, as behind a load balancer) is therefore paired with a
+    # control: the same k clients all on one router, the same traffic.
     print(f"## routers sharing one fleet of {n} GPU-like simulated workers (kv), prefix_repetition, "
           f"{1.5 * n:g} req/s in all")
-    for k in (1, 2):
-        fleet = Fleet(tmp, n, ["kv"] * k, GPU_LIKE)
-        try:
-            h0 = [fleet.prefix_counters(b) for b in fleet.bases]
-            procs = []
-            for j, base in enumerate(fleet.bases):
-                out = tmp / f"rt{k}-{j}.json"
-                args = [*BENCH, "--base-url", base, "--temperature", "0", "--disable-tqdm", "--save-result",
-                        "--result-dir", tmp, "--result-filename", out.name, "--metric-percentiles", "50,99",
-                        *WORKLOADS["prefix_repetition"], "--num-prompts", 12 * n // k,
-                        "--request-rate", 1.5 * n / k, "--seed", "1"]
-                procs.append((subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL), out))
-            results = []
-            for p, out in procs:
-                p.wait(timeout=1800)
-                results.append(json.loads(out.read_text()))
-            time.sleep(0.3)
-            h1 = fleet.prefix_counters(fleet.bases[0])
-        finally:
-            sampled = fleet.stop()
-        hit = (h1[0] - h0[0][0]) / (h1[1] - h0[0][1]) if h1[1] > h0[0][1] else 0.0
-        ttft = ", ".join(f"{r['p50_ttft_ms']:.1f}/{r['p99_ttft_ms']:.1f}" for r in results)
-        print(f"{k} router(s): TTFT p50/p99 per router (ms) {ttft}; fleet hit rate {hit:.1%}; "
-              f"imbalance {imbalance(sampled):.2f}", flush=True)
+    for k in (1, 2, 4):
+        for n_routers in ((1,) if k == 1 else (k, 1)):
+            fleet = Fleet(tmp, n, ["kv"] * n_routers, GPU_LIKE)
+            try:
+                h0 = fleet.prefix_counters(fleet.bases[0])
+                procs = []
+                for j in range(k):
+                    base = fleet.bases[j % n_routers]
+                    out = tmp / f"rt{k}-{n_routers}-{j}.json"
+                    args = [*BENCH, "--base-url", base, "--temperature", "0", "--disable-tqdm", "--save-result",
+                            "--result-dir", tmp, "--result-filename", out.name, "--metric-percentiles", "50,99",
+                            *WORKLOADS["prefix_repetition"], "--num-prompts", 12 * n // k,
+                            "--request-rate", 1.5 * n / k, "--seed", "1"]
+                    procs.append((subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL), out))
+                results = []
+                for p, out in procs:
+                    p.wait(timeout=1800)
+                    results.append(json.loads(out.read_text()))
+                time.sleep(0.3)
+                h1 = fleet.prefix_counters(fleet.bases[0])
+            finally:
+                sampled = fleet.stop()
+            hit = (h1[0] - h0[0]) / (h1[1] - h0[1]) if h1[1] > h0[1] else 0.0
+            ttft = ", ".join(f"{r['p50_ttft_ms']:.1f}/{r['p99_ttft_ms']:.1f}" for r in results)
+            print(f"{k} client(s) on {n_routers} router(s): TTFT p50/p99 per client (ms) {ttft}; "
+                  f"fleet hit rate {hit:.1%}; imbalance {imbalance(sampled):.2f}", flush=True)
 
 
 def main():
