@@ -265,17 +265,23 @@ def serve_demo(tmp_path_factory, *flags, name="smol", kv_cache="256M"):
     fixture calls proc.kill_group() at teardown."""
     if not DEMO_MODEL.exists():
         skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
+    return serve_model(tmp_path_factory, DEMO_MODEL, "--served-model-name", name, "--max-model-len", "2048",
+                       "--kv-cache-memory-bytes", kv_cache, *flags)
+
+
+def serve_model(tmp_path_factory, model, *flags):
+    """`tessera serve MODEL *flags` on a free port for a module-scoped fixture: (base URL,
+    Proc) once /health is 200; the fixture calls proc.kill_group() at teardown."""
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port, "--served-model-name", name,
-                 "--max-model-len", "2048", "--kv-cache-memory-bytes", kv_cache, *flags], log)
+    proc = Proc([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, *flags], log)
     base = f"http://127.0.0.1:{port}"
 
     def ready():
         if proc.p.poll() is not None:
             raise AssertionError(proc.output())
         return http_status(base + "/health") == 200
-    wait_until(ready, timeout=120, interval=0.1, what="server ready")
+    wait_until(ready, timeout=120, interval=0.1, what=f"{model} served")
     return base, proc
 
 

@@ -21,7 +21,7 @@ import openai
 import pytest
 import requests
 
-from conftest import LAUNCHER, Proc, free_port, http_status, wait_until
+from conftest import serve_model
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama3-hf" / "f32"
 REGEX = "[0-9]{3}x"
@@ -59,17 +59,8 @@ def _with_think_tokens(src, dst):
 def think_server(tmp_path_factory):
     model = tmp_path_factory.mktemp("think") / "model"
     start_id, end_id = _with_think_tokens(TINY, model)
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    proc = Proc([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
-                 "--kv-cache-memory-bytes", "64M", "--dtype", "float32", "--reasoning-parser", "deepseek_r1"], log)
-    base = f"http://127.0.0.1:{port}"
-
-    def ready():
-        if proc.p.poll() is not None:
-            raise AssertionError(proc.output())
-        return http_status(base + "/health") == 200
-    wait_until(ready, timeout=120, interval=0.1, what="tiny model with think tokens served")
+    base, proc = serve_model(tmp_path_factory, model, "--served-model-name", "tiny", "--kv-cache-memory-bytes", "64M",
+                             "--dtype", "float32", "--reasoning-parser", "deepseek_r1")
     yield base, model, start_id, end_id
     proc.kill_group()
 
