@@ -17,7 +17,9 @@ What is asserted, and why:
     values off by a factor 0.8 (a deliberately wrong scale) only 2-4 tokens agree and the
     logprobs move by up to 0.47;
   - a YAML --config with `kv-cache-dtype: fp8` (the deployment guides' form) starts;
-  - --device cuda with fp8 is refused with exit 2 and the reason (CUDA keeps float32);
+  - fp8 where it is not implemented (--device cuda, -pp, Llama 4, NemotronH) is refused
+    with exit 2 and the reason, never run with a float32 cache;
+  - a ModelOpt checkpoint's k_scale / v_scale are the ones used;
     fp8_e5m2 / fp8_inc are refused in test_worker_startup.py (REFUSED)."""
 import re
 from pathlib import Path
@@ -110,20 +112,32 @@ def test_yaml_config_starts(spawn, tmp_path, demo_model):
     assert "KV cache dtype fp8_e4m3" in p.output()
 
 
-def test_cuda_refused(spawn, demo_model):
-    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--device", "cuda",
-               "--kv-cache-dtype", "fp8"])
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SCOPE = "the fp8 KV cache is implemented for the llama family on the CPU backend in one rank (supported there: auto)"
+
+
+@pytest.mark.parametrize("model,args,message", [
+    (None, ["--device", "cuda"], "--device cuda: argument --kv-cache-dtype: 'fp8' is not supported on the GPU "
+                                 "backend yet: "),
+    (None, ["-pp", "2"], "argument --kv-cache-dtype: 'fp8' is not supported with tensor or pipeline parallelism "
+                         "yet: "),
+    ("tiny-llama4", [], "argument --kv-cache-dtype: 'fp8' is not supported for model family llama4 yet: "),
+    ("tiny-nemotron-h/model", [], "argument --kv-cache-dtype: 'fp8' is not supported for model family nemotron_h yet: "),
+], ids=["cuda", "pp", "llama4", "nemotron_h"])
+def test_refused_where_not_implemented(spawn, demo_model, model, args, message):
+    """Never a silent float32 cache: exit 2 before anything is loaded or bound."""
+    w = spawn([WORKER, FIXTURES / model if model else demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}",
+               "--kv-cache-dtype", "fp8", *args])
     assert w.wait(timeout=30) == 2
     out = w.output()
-    assert "--device cuda: argument --kv-cache-dtype: 'fp8' is not supported on the GPU backend yet: the fp8 KV " \
-           "cache is implemented for the llama family on the CPU backend in one rank (supported there: auto)" in out, out
-    assert "listening on" not in out, out
+    assert message + SCOPE in out, out
+    assert "listening on" not in out and "loaded " not in out, out
 
 
 def test_modelopt_scales_from_checkpoint(spawn):
     """The tiny ModelOpt FP8 Llama carries k_scale / v_scale (1.0) for both layers: the
     worker takes them from the checkpoint (no 1.0 warning) and serves."""
-    fix = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-modelopt" / "fp8"
+    fix = FIXTURES / "tiny-modelopt" / "fp8"
     port = free_port()
     proc = spawn([LAUNCHER, "serve", fix, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
                   "--kv-cache-memory-bytes", "64M", "--kv-cache-dtype", "fp8_e4m3"])
