@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include "tests/tsr_test.h"
+#include "tests/tsr_rand.h"
 
 #include <float.h>
 #include <math.h>
@@ -25,23 +26,6 @@
 
 #include "kernels/kernels.h"
 #include "kernels/quant/quant.h"
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static float frand(void) {      /* uniform in [-1, 1), xorshift64* */
-        rng_state ^= rng_state >> 12;
-        rng_state ^= rng_state << 25;
-        rng_state ^= rng_state >> 27;
-        return (float)((rng_state * 0x2545f4914f6cdd1dull) >> 40) / (float)(1u << 23) - 1.0f;
-}
-
-static float *rand_vec(size_t n, float amp) {
-        float *p = malloc(n * sizeof *p);
-        assert_non_null(p);
-        for (size_t i = 0; i < n; i++)
-                p[i] = frand() * amp;
-        return p;
-}
 
 /* One contiguous block of `tokens` rows: the simplest fp8 view. */
 static tsr_kv_view one_block(uint8_t *k, uint8_t *v, const uint32_t *table, size_t tokens, size_t heads, size_t hd,
