@@ -422,16 +422,37 @@ struct att_ctx {
         const tsr_kv_view *kv;
         size_t past_len, n, n_heads, group;
         float scale;
-        float *scores;          /* (threads, scores_stride): scores, then for an fp8 view the
-                                 * dequantized K and V heads (2, past_len + n, head_dim) */
+        float *scores;          /* (threads, scores_stride) */
         size_t scores_stride;
+        /* fp8 view: every cached row's K and V as float32, (past_len + n, n_kv_heads,
+         * head_dim) each, filled once per call (deq_task) before the attention tasks */
+        float *kd, *vd;
         float k_lut[256], v_lut[256];   /* fp8: float(code) * scale, kv_fp8_load's values */
 };
 
-/* Head g of cached token j as float32: in the f32 cache, or row j of the task's
- * dequantized copy. */
+#define DEQ_ROWS_PER_TASK 64
+
+/* Rows task * DEQ_ROWS_PER_TASK .. of an fp8 view into c->kd, c->vd through the tables:
+ * the values ref.c's kv_fp8_load gives, so the attention below reads ref's floats. */
+static void deq_task(void *ctx, size_t task, int worker) {
+        struct att_ctx *c = ctx;
+        const tsr_kv_view *kv = c->kv;
+        size_t width = kv->n_kv_heads * kv->head_dim, rows = c->past_len + c->n;
+        (void)worker;
+        for (size_t j = task * DEQ_ROWS_PER_TASK; j < rows && j < (task + 1) * DEQ_ROWS_PER_TASK; j++) {
+                const uint8_t *kj = kv->k8 + kv_row(kv, j), *vj = kv->v8 + kv_row(kv, j);
+                float *kr = c->kd + j * width, *vr = c->vd + j * width;
+                for (size_t i = 0; i < width; i++) {
+                        kr[i] = c->k_lut[kj[i]];
+                        vr[i] = c->v_lut[vj[i]];
+                }
+        }
+}
+
+/* Head g of cached token j as float32: in the f32 cache, or in the call's dequantized
+ * copy (deq_task). */
 static inline const float *att_head(const tsr_kv_view *kv, const float *f32, const float *deq, size_t j, size_t g) {
-        return deq ? deq + j * kv->head_dim : f32 + kv_row(kv, j) + g * kv->head_dim;
+        return deq ? deq + (j * kv->n_kv_heads + g) * kv->head_dim : f32 + kv_row(kv, j) + g * kv->head_dim;
 }
 
 /* ref_attention for one (t, h), in ref's order: scores by dot_f32 (tile_f32 1x1), the
@@ -446,20 +467,8 @@ AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
         const float *qh = c->q + (t * c->n_heads + h) * hd;
         float *oh = c->out + (t * c->n_heads + h) * hd;
         float *s = c->scores + (size_t)worker * c->scores_stride;
-        const float *kd = NULL, *vd = NULL;
+        const float *kd = c->kd, *vd = c->vd;  /* NULL for a float32 view */
 
-        if (kv->dtype == TSR_DTYPE_FP8_E4M3) {
-                /* K and V heads of tokens 0..p dequantized once, then the f32 code below */
-                float *kb = s + c->past_len + c->n, *vb = kb + (c->past_len + c->n) * hd;
-                for (size_t j = 0; j <= p; j++) {
-                        const uint8_t *kj = kv->k8 + kv_row(kv, j) + g * hd, *vj = kv->v8 + kv_row(kv, j) + g * hd;
-                        for (size_t i = 0; i < hd; i++) {
-                                kb[j * hd + i] = c->k_lut[kj[i]];
-                                vb[j * hd + i] = c->v_lut[vj[i]];
-                        }
-                }
-                kd = kb, vd = vb;
-        }
         float max = -INFINITY;
         for (size_t j = 0; j <= p; j++) {
                 float dot;
@@ -521,23 +530,30 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
                 return TSR_E_NOMEM;
         *c = (struct att_ctx){
                 .out = out, .q = q, .kv = kv, .past_len = past_len, .n = n, .n_heads = n_heads,
-                .group = n_heads / kv->n_kv_heads, .scale = scale,
-                .scores_stride = (past_len + n) * (fp8 ? 1 + 2 * kv->head_dim : 1),
+                .group = n_heads / kv->n_kv_heads, .scale = scale, .scores_stride = past_len + n,
         };
-        if (fp8)
+        tsr_status st = TSR_E_NOMEM;
+        size_t rows = past_len + n, width = kv->n_kv_heads * kv->head_dim;
+        if (fp8) {
                 for (unsigned b = 0; b < 256; b++) {
                         kv_fp8_load(&c->k_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->k_scale);
                         kv_fp8_load(&c->v_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->v_scale);
                 }
-        c->scores = malloc((size_t)threads * c->scores_stride * sizeof(float));
-        if (!c->scores) {
-                free(c);
-                return TSR_E_NOMEM;
+                if (rows > SIZE_MAX / sizeof(float) / width / 2 ||
+                    !(c->kd = malloc(2 * rows * width * sizeof(float))))
+                        goto done;
+                c->vd = c->kd + rows * width;
+                tsr_pool_run(f->pool, (rows + DEQ_ROWS_PER_TASK - 1) / DEQ_ROWS_PER_TASK, deq_task, c);
         }
+        if (!(c->scores = malloc((size_t)threads * c->scores_stride * sizeof(float))))
+                goto done;
         tsr_pool_run(f->pool, n * n_heads, att_task, c);
+        st = TSR_OK;
+done:
         free(c->scores);
+        free(c->kd);
         free(c);
-        return TSR_OK;
+        return st;
 }
 
 #else  /* not x86: only the reference's scalar code (cpu_best stays TSR_CPU_ISA_SCALAR) */
