@@ -79,7 +79,8 @@ enum { SRC_YAML = 1u << 0, SRC_CLI = 1u << 1 };
 #define W TSR_OWNER_WORKER
 
 static const char *const dtype_choices[] = {"auto", "half", "float16", "bfloat16", "float", "float32", NULL};
-static const char *const kv_dtype_choices[] = {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", NULL};
+static const char *const kv_dtype_choices[] = {"auto",     "bfloat16", "fp8",        "fp8_e4m3",
+                                               "fp8_e5m2", "fp8_inc",  "fp8_ds_mla", NULL};
 static const char *const load_format_choices[] = {"auto", "safetensors", "gguf", "dummy", NULL};
 static const char *const backend_choices[] = {"mp", "uni", NULL};
 static const char *const device_choices[] = {"auto", "cuda", "cpu", NULL};
@@ -108,7 +109,8 @@ static const tsr_opt opts[] = {
          .help = "where the forward runs: cuda (GPU 0), cpu, or auto (cuda when a device is there and the model's "
                  "family runs on it, else cpu)"},
         {O_STR("kv-cache-dtype", kv_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
-         .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache; only auto (float32) for now"},
+         .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache: auto (float32), or fp8 / fp8_e4m3 (one byte per element, scaled; "
+                 "llama family on the CPU backend)"},
         {O_STR("quantization", quantization), .alias = "-q", .owner = W, .group = GRP_MODEL, .metavar = "METHOD",
          .def_help = "from the checkpoint",
          .help = "weight quantization method: modelopt (FP8), modelopt_fp4 (NVFP4) or fp8; must match the checkpoint"},
@@ -1123,9 +1125,12 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                          cfg->data_parallel_size);
                 return TSR_E_UNSUPPORTED;
         }
-        if (cfg->kv_cache_dtype && strcmp(cfg->kv_cache_dtype, "auto") != 0) {
+        /* fp8 (= fp8_e4m3) is the worker's to check against the model and the device
+         * (worker/model/runner.h, tsr_runner_kv_dtype_check). */
+        if (cfg->kv_cache_dtype && strcmp(cfg->kv_cache_dtype, "auto") != 0 &&
+            strcmp(cfg->kv_cache_dtype, "fp8") != 0 && strcmp(cfg->kv_cache_dtype, "fp8_e4m3") != 0) {
                 tsr_errf(err, errlen, "argument --kv-cache-dtype: '%s' is not supported yet: the KV cache is "
-                         "float32 (supported: auto)", cfg->kv_cache_dtype);
+                         "float32 or fp8 e4m3 (supported: auto, fp8, fp8_e4m3)", cfg->kv_cache_dtype);
                 return TSR_E_UNSUPPORTED;
         }
         /* ModelOpt FP8 / NVFP4 checkpoints (#15); the worker checks the value against what

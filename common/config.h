@@ -55,7 +55,7 @@ typedef struct tsr_config {
         int max_model_len;                 /* 0 = from the model's config */
         char *dtype;                       /* auto|half|float16|bfloat16|float|float32 */
         char *device;                      /* auto|cuda|cpu: where the worker's forward runs */
-        char *kv_cache_dtype;              /* auto|bfloat16|fp8|fp8_e4m3|fp8_e5m2 */
+        char *kv_cache_dtype;              /* auto|bfloat16|fp8|fp8_e4m3|fp8_e5m2|fp8_inc|fp8_ds_mla */
         char *quantization;                /* NULL = from the checkpoint */
         char *load_format;                 /* auto|safetensors|gguf|dummy */
         char *generation_config;           /* auto|vllm|DIR */
@@ -155,11 +155,12 @@ tsr_status tsr_config_load_yaml(tsr_config *cfg, const char *path, char *err, si
 
 /* Checks after parsing: every range and choice again, rules across flags, and the
  * values Tessera accepts as vLLM's but cannot honour yet (a --kv-cache-dtype other than
- * auto, any --quantization, the tool-call and reasoning parsers, ...: the list is in
- * docs/configuration.md, "Flag status").  Returns TSR_OK, TSR_E_INVAL for a bad value
+ * auto, fp8 or fp8_e4m3, a --quantization other than ModelOpt's, the tool-call and
+ * reasoning parsers, ...: the list is in docs/configuration.md, "Flag status").  Returns TSR_OK, TSR_E_INVAL for a bad value
  * or TSR_E_UNSUPPORTED for one not implemented yet, with one line in err naming the
  * flag, the value and what is supported, e.g.
- *   "argument --kv-cache-dtype: 'fp8' is not supported yet: the KV cache is float32 (supported: auto)"
+ *   "argument --kv-cache-dtype: 'fp8_e5m2' is not supported yet: the KV cache is float32 or fp8 e4m3
+ *    (supported: auto, fp8, fp8_e4m3)"
  * Every process calls it, whichever process owns the flag, so `tessera serve` refuses
  * before it starts a child. */
 tsr_status tsr_config_validate(const tsr_config *cfg, char *err, size_t errlen);

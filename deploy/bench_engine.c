@@ -6,6 +6,7 @@
  *                        [--steps N] [--prefill N] [--context N] [--repeat N]
  *                        [--kernels fast|amx_bf16|avx512_bf16|avx2|ref|cuda]
  *                        [--dtypes float32,bfloat16,stored] [--no-bandwidth]
+ *                        [--kv-cache-dtype auto|fp8]
  *
  * For each dtype, thread count and batch B: B sequences each prefilled with --context
  * tokens (16),
@@ -25,7 +26,10 @@
  * quantized weights (kernels/quant/fpmm.h); weight bytes = resident bytes.
  * --kernels cuda: the CUDA backend on GPU 0 (issue #16), weights copied to the device
  * (tsr_llama_to_backend), one "thread"; the timed steps end with the logits' download,
- * which waits for the device.  The bandwidth triad is the host's: pass --no-bandwidth. */
+ * which waits for the device.  The bandwidth triad is the host's: pass --no-bandwidth.
+ * --kv-cache-dtype fp8: the KV cache stores e4m3 bytes with scale 1.0 (the worker's
+ * --kv-cache-dtype fp8 without checkpoint scales); attention dequantizes what it reads,
+ * which --context makes the larger part of a step. */
 #include <math.h>
 #include <stdbool.h>
 #include <pthread.h>
@@ -35,6 +39,7 @@
 #include <time.h>
 
 #include "kernels/kernels.h"
+#include "worker/engine/kv_pool.h"
 #include "worker/load/modelopt.h"
 #include "worker/model/llama.h"
 
@@ -133,11 +138,28 @@ out:
 /* Tokens each sequence holds before the timed decode steps (--context; 16 by default):
  * attention reads them all every step, so a long context times the attention kernel too. */
 static int context_len = 16;
+/* What the KV cache stores (--kv-cache-dtype). */
+static tsr_dtype kv_dtype = TSR_DTYPE_F32;
+
+/* A cache of `tokens` tokens in blocks of `block` for the whole model: tsr_llama_kv_new's
+ * for float32, else over a pool of kv_dtype (*mem, freed by the caller after the cache). */
+static tsr_status kv_new(tsr_llama *m, size_t tokens, size_t block, tsr_kv_pool **mem, tsr_llama_kv **ret) {
+        *mem = NULL;
+        if (kv_dtype == TSR_DTYPE_F32)
+                return tsr_llama_kv_new(m, tokens, block, ret);
+        tsr_kv_group g = tsr_llama_kv_group(tsr_llama_config_of(m));
+        tsr_kv_groups_set_dtype(&g, 1, kv_dtype);
+        tsr_status st = tsr_kv_pool_new(&g, 1, (tokens + block - 1) / block, (uint32_t)block, mem);
+        if (st == TSR_OK && (st = tsr_llama_kv_bind(m, *mem, ret)) != TSR_OK)
+                tsr_kv_pool_free(mem);
+        return st;
+}
 
 /* Seconds of `steps` batched decode steps of `batch` sequences (after their prefill). */
 static double run_decode(tsr_llama *m, tsr_backend *be, int batch, int steps, float *logits) {
         size_t block = 16, per_seq = ((size_t)context_len + (size_t)steps + block - 1) / block;
         tsr_llama_kv *pool = NULL;
+        tsr_kv_pool *mem = NULL;
         uint32_t *tables = malloc((size_t)batch * per_seq * sizeof(uint32_t));
         uint32_t *toks = malloc((size_t)batch * sizeof(uint32_t));
         tsr_llama_seq *seqs = malloc((size_t)batch * sizeof *seqs);
@@ -145,7 +167,7 @@ static double run_decode(tsr_llama *m, tsr_backend *be, int batch, int steps, fl
         double secs = -1;
 
         if (!tables || !toks || !seqs || !prompt ||
-            tsr_llama_kv_new(m, (size_t)batch * per_seq * block, block, &pool) != TSR_OK)
+            kv_new(m, (size_t)batch * per_seq * block, block, &mem, &pool) != TSR_OK)
                 goto out;
         for (size_t i = 0; i < (size_t)batch * per_seq; i++)
                 tables[i] = (uint32_t)i;
@@ -169,6 +191,7 @@ static double run_decode(tsr_llama *m, tsr_backend *be, int batch, int steps, fl
         secs = now_s() - t0;
 out:
         tsr_llama_kv_free(&pool);
+        tsr_kv_pool_free(&mem);
         free(tables);
         free(toks);
         free(seqs);
@@ -178,9 +201,10 @@ out:
 
 static double run_prefill(tsr_llama *m, tsr_backend *be, int n, float *logits) {
         tsr_llama_kv *kv = NULL;
+        tsr_kv_pool *mem = NULL;
         uint32_t *ids = malloc((size_t)n * sizeof *ids);
         double secs = -1;
-        if (ids && tsr_llama_kv_new(m, (size_t)n, 0, &kv) == TSR_OK) {
+        if (ids && kv_new(m, (size_t)n, 16, &mem, &kv) == TSR_OK) {
                 for (int i = 0; i < n; i++)
                         ids[i] = (uint32_t)(1 + (i * 37) % 4000);
                 double t0 = now_s();
@@ -188,6 +212,7 @@ static double run_prefill(tsr_llama *m, tsr_backend *be, int n, float *logits) {
                         secs = now_s() - t0;
         }
         tsr_llama_kv_free(&kv);
+        tsr_kv_pool_free(&mem);
         free(ids);
         return secs;
 }
@@ -238,6 +263,12 @@ int main(int argc, char **argv) {
                         kernels = v;
                 else if (strcmp(a, "--dtypes") == 0)
                         dtypes = v;
+                else if (strcmp(a, "--kv-cache-dtype") == 0) {
+                        if (!tsr_kv_cache_dtype_parse(v, &kv_dtype)) {
+                                fprintf(stderr, "--kv-cache-dtype %s: expected auto, fp8 or fp8_e4m3\n", v);
+                                return 2;
+                        }
+                }
                 else {
                         fprintf(stderr, "unknown option %s (see the comment at the top of bench_engine.c)\n", a);
                         return 2;
@@ -271,8 +302,12 @@ int main(int argc, char **argv) {
         double best_b1[3] = {0, 0, 0};  /* best batch-1 decode tok/s: float32, bfloat16, stored */
         double wbytes_of[3] = {0, 0, 0};
         tsr_cpu_isa isa = ref ? TSR_CPU_ISA_SCALAR : max_isa < tsr_cpu_isa_best() ? max_isa : tsr_cpu_isa_best();
-        printf("kernels %s, isa %s, model %s\n", cuda ? "cuda" : ref ? "cpu-ref" : "cpu-fast", tsr_cpu_isa_name(isa),
-               model);
+        if (cuda && kv_dtype != TSR_DTYPE_F32) {
+                fprintf(stderr, "--kv-cache-dtype fp8: the CUDA backend keeps a float32 KV cache\n");
+                return 2;
+        }
+        printf("kernels %s, isa %s, model %s, KV cache %s, context %d\n", cuda ? "cuda" : ref ? "cpu-ref" : "cpu-fast",
+               tsr_cpu_isa_name(isa), model, tsr_dtype_get_info(kv_dtype)->name, context_len);
         printf("| dtype | threads | what | tok/s | |\n|---|---|---|---|---|\n");
         char dt[64];
         snprintf(dt, sizeof dt, "%s", dtypes);

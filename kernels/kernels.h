@@ -61,12 +61,28 @@ typedef enum tsr_rope_layout {
 
 /* Where one layer of one sequence's cached keys and values live: vLLM's paged layout.
  * Token t of the sequence is row (t % block_size) of block block_table[t / block_size];
- * a row holds n_kv_heads * head_dim floats (head-major).  A contiguous cache is the
- * special case of one block of block_size >= the sequence length and table {0}.
- * K is stored after RoPE. */
+ * a row holds n_kv_heads * head_dim elements of `dtype` (head-major).  A contiguous
+ * cache is the special case of one block of block_size >= the sequence length and
+ * table {0}.  K is stored after RoPE.
+ *
+ * dtype TSR_DTYPE_F32 (0, what a zeroed view has): k and v hold floats as they are.
+ * dtype TSR_DTYPE_FP8_E4M3 (--kv-cache-dtype fp8, models.md §4.5): k8 and v8 hold one
+ * e4m3fn byte per element; kv_write stores e4m3(k / k_scale) (round to nearest even,
+ * saturating at +-448: tsr_f32_to_fp8_e4m3) and attention reads float(code) * k_scale
+ * (a float32 product), V the same with v_scale; the scores, softmax and P.V are then
+ * the float32 ones on those values.  Scales finite and > 0; unused for f32.  The CPU
+ * backends only: CUDA returns TSR_E_UNSUPPORTED for an fp8 view. */
 typedef struct tsr_kv_view {
-        float *k;                       /* (n_blocks, block_size, n_kv_heads, head_dim) */
-        float *v;                       /* (n_blocks, block_size, n_kv_heads, head_dim) */
+        union {
+                float *k;               /* (n_blocks, block_size, n_kv_heads, head_dim) */
+                uint8_t *k8;            /* the same shape, fp8 */
+        };
+        union {
+                float *v;               /* (n_blocks, block_size, n_kv_heads, head_dim) */
+                uint8_t *v8;
+        };
+        tsr_dtype dtype;                /* TSR_DTYPE_F32 or TSR_DTYPE_FP8_E4M3 */
+        float k_scale, v_scale;         /* fp8 only */
         const uint32_t *block_table;    /* (n_table,) block ids, each < n_blocks; host memory */
         size_t n_table;                 /* entries in block_table */
         size_t n_blocks;                /* blocks the k and v arrays hold */

@@ -935,6 +935,7 @@ tsr_status tsr_link_pack_model_info(const tsr_config *cfg, const tsr_model_meta 
         mi.tensor_parallel_size = p->tensor_parallel_size ? p->tensor_parallel_size : 1;
         mi.pipeline_parallel_size = p->pipeline_parallel_size ? p->pipeline_parallel_size : 1;
         mi.weight_bytes = p->weight_bytes;
+        mi.kv_cache_dtype = cfg->kv_cache_dtype ? cfg->kv_cache_dtype : (char *)"auto";
         mi.dtype = (char *)dtype;
         mi.backend = "cpu";
         mi.architecture = m->architecture ? m->architecture : "";

@@ -111,7 +111,7 @@ static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t
  * (tsr_runner_opts), so the plan leaves kv_blocks_total 0 and main checks it then. */
 static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
                             uint32_t pp, const uint32_t *pp_layers, uint32_t tp, uint64_t gpu_total,
-                            bool kv_on_device, tsr_worker_plan *p, char *err, size_t errlen) {
+                            bool kv_on_device, tsr_dtype kv_dtype, tsr_worker_plan *p, char *err, size_t errlen) {
         tsr_kv_group groups[TSR_KV_GROUPS_MAX];
         size_t n_groups = 0;
         tsr_shard_spec largest = {.tp_size = 1}, *stage = NULL;
@@ -152,6 +152,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         }
         if (plan_kv_groups(desc, m, stage, groups, &n_groups, err, errlen) != TSR_OK)
                 return TSR_E_INVAL;
+        tsr_kv_groups_set_dtype(groups, n_groups, kv_dtype);   /* as the runner allocates them */
         /* vLLM's OpenAI-server defaults: 1024 sequences and 8192 tokens a step on a GPU of
          * 70 GiB or more, else 256 and 2048 (the CPU's too). */
         bool big_gpu = gpu_total >= 70ull << 30;
@@ -419,10 +420,24 @@ int main(int argc, char **argv) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
                 rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
         }
-        /* The device (--device): a GPU only for a family that runs there, in one rank. */
+        /* --kv-cache-dtype: fp8 for the llama family on the CPU backend in one rank (the
+         * GPU case is the device choice's below); refused before anything loads. */
+        tsr_dtype kv_dtype = TSR_DTYPE_F32;
+        (void)tsr_kv_cache_dtype_parse(cfg.kv_cache_dtype, &kv_dtype);  /* config.c refused the rest */
+        if ((st = tsr_runner_kv_dtype_check(family, kv_dtype, cfg.kv_cache_dtype, true, (uint32_t)ranks,
+                                                      err, sizeof(err))) != TSR_OK) {
+                fprintf(stderr, "tessera-worker: error: %s\n", err);
+                goto out;
+        }
+        /* The device (--device): a GPU only for a family that runs there, in one rank, with
+         * a float32 KV cache (--device auto then picks the CPU; --device cuda is refused). */
+        char kv_not_gpu[320];
+        bool kv_gpu_ok = tsr_runner_kv_dtype_check(family, kv_dtype, cfg.kv_cache_dtype, false, 1, kv_not_gpu,
+                                                   sizeof(kv_not_gpu)) == TSR_OK;
         const char *gpu_not_ok = !family                    ? "the model has no runner on any device"
                                  : !family->to_backend      ? "the model's family does not run on CUDA yet (supported: llama)"
                                  : ranks > 1                ? "tensor or pipeline parallelism on CUDA is not supported yet"
+                                 : !kv_gpu_ok               ? kv_not_gpu
                                                             : NULL;
         st = tsr_runner_backend_for(cfg.device, gpu_not_ok, rank_threads, &backend, err, sizeof(err));
         if (st != TSR_OK) {
@@ -442,7 +457,8 @@ int main(int argc, char **argv) {
                 log_info("--gpu-memory-utilization has no effect by design on the CPU backend: the KV cache is sized "
                          "by --kv-cache-memory-bytes (vLLM's CPU backend also sizes it from its own setting)");
         if (make_plan(&cfg, meta, family ? &desc : NULL, pp, pp > 1 ? pp_layers : NULL,
-                      (uint32_t)cfg.tensor_parallel_size, gpu_total, kv_on_device, &plan, err, sizeof(err)) != TSR_OK) {
+                      (uint32_t)cfg.tensor_parallel_size, gpu_total, kv_on_device, kv_dtype, &plan, err,
+                      sizeof(err)) != TSR_OK) {
                 log_error("%s", err);
                 goto out;
         }
@@ -477,7 +493,7 @@ int main(int argc, char **argv) {
                                  .tp_canonical = f32 && family && family->tp_shard && !on_gpu,
                                  .quantization = cfg.quantization,
                                  .max_step_tokens = plan.max_num_batched_tokens, .max_logit_rows = plan.max_num_seqs,
-                                 .gpu_memory_utilization = cfg.gpu_memory_utilization};
+                                 .gpu_memory_utilization = cfg.gpu_memory_utilization, .kv_dtype = kv_dtype};
         if (!family) {
                 log_warn("model %s: no model runner (no model family serves architecture %s); serving its metadata "
                          "only, Submit is refused", cfg.model,
@@ -510,6 +526,10 @@ int main(int argc, char **argv) {
         log_info("# KV blocks: %llu (block size %d, %.2fx concurrency at max_model_len %u)",
                  (unsigned long long)plan.kv_blocks_total, cfg.block_size,
                  (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len, plan.max_model_len);
+        log_info("KV cache dtype %s (--kv-cache-dtype %s): %llu bytes per block, %s", tsr_dtype_get_info(kv_dtype)->name,
+                 cfg.kv_cache_dtype ? cfg.kv_cache_dtype : "auto", (unsigned long long)plan.kv_block_bytes,
+                 kv_dtype == TSR_DTYPE_FP8_E4M3 ? "1 byte per element: 4x the tokens of float32 in the same memory"
+                                                : "4 bytes per element");
         {       /* vLLM V1's capacity line, word for word (kv_cache_utils), for runbooks that grep it */
                 char kv_tokens[32], model_len[32];
                 log_info("%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",

@@ -420,11 +420,40 @@ struct att_ctx {
         float *out;
         const float *q;
         const tsr_kv_view *kv;
-        size_t past_len, n_heads, group;
+        size_t past_len, n, n_heads, group;
         float scale;
-        float *scores;          /* (threads, past_len + n) */
+        float *scores;          /* (threads, scores_stride) */
         size_t scores_stride;
+        /* fp8 view: every cached row's K and V as float32, (past_len + n, n_kv_heads,
+         * head_dim) each, filled once per call (deq_task) before the attention tasks */
+        float *kd, *vd;
+        float k_lut[256], v_lut[256];   /* fp8: float(code) * scale, kv_fp8_load's values */
 };
+
+#define DEQ_ROWS_PER_TASK 64
+
+/* Rows task * DEQ_ROWS_PER_TASK .. of an fp8 view into c->kd, c->vd through the tables:
+ * the values ref.c's kv_fp8_load gives, so the attention below reads ref's floats. */
+static void deq_task(void *ctx, size_t task, int worker) {
+        struct att_ctx *c = ctx;
+        const tsr_kv_view *kv = c->kv;
+        size_t width = kv->n_kv_heads * kv->head_dim, rows = c->past_len + c->n;
+        (void)worker;
+        for (size_t j = task * DEQ_ROWS_PER_TASK; j < rows && j < (task + 1) * DEQ_ROWS_PER_TASK; j++) {
+                const uint8_t *kj = kv->k8 + kv_row(kv, j), *vj = kv->v8 + kv_row(kv, j);
+                float *kr = c->kd + j * width, *vr = c->vd + j * width;
+                for (size_t i = 0; i < width; i++) {
+                        kr[i] = c->k_lut[kj[i]];
+                        vr[i] = c->v_lut[vj[i]];
+                }
+        }
+}
+
+/* Head g of cached token j as float32: in the f32 cache, or in the call's dequantized
+ * copy (deq_task). */
+static inline const float *att_head(const tsr_kv_view *kv, const float *f32, const float *deq, size_t j, size_t g) {
+        return deq ? deq + (j * kv->n_kv_heads + g) * kv->head_dim : f32 + kv_row(kv, j) + g * kv->head_dim;
+}
 
 /* ref_attention for one (t, h), in ref's order: scores by dot_f32 (tile_f32 1x1), the
  * maximum, expf and their float sum in j order, P = s / sum, then out[i] = sum_j P[j] *
@@ -438,11 +467,12 @@ AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
         const float *qh = c->q + (t * c->n_heads + h) * hd;
         float *oh = c->out + (t * c->n_heads + h) * hd;
         float *s = c->scores + (size_t)worker * c->scores_stride;
+        const float *kd = c->kd, *vd = c->vd;  /* NULL for a float32 view */
 
         float max = -INFINITY;
         for (size_t j = 0; j <= p; j++) {
                 float dot;
-                tile_f32(1, 1, qh, kv->k + kv_row(kv, j) + g * hd, hd, &dot, 1);
+                tile_f32(1, 1, qh, att_head(kv, kv->k, kd, j, g), hd, &dot, 1);
                 s[j] = dot * c->scale;
                 if (s[j] > max)
                         max = s[j];
@@ -458,7 +488,7 @@ AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
         for (; i + 32 <= hd; i += 32) {
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
                 for (size_t j = 0; j <= p; j++) {
-                        const float *vj = kv->v + kv_row(kv, j) + g * hd + i;
+                        const float *vj = att_head(kv, kv->v, vd, j, g) + i;
                         __m256 pj = _mm256_set1_ps(s[j]);
                         a0 = _mm256_add_ps(a0, _mm256_mul_ps(pj, _mm256_loadu_ps(vj)));
                         a1 = _mm256_add_ps(a1, _mm256_mul_ps(pj, _mm256_loadu_ps(vj + 8)));
@@ -474,13 +504,13 @@ AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
                 __m256 a0 = _mm256_setzero_ps();
                 for (size_t j = 0; j <= p; j++)
                         a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[j]),
-                                                             _mm256_loadu_ps(kv->v + kv_row(kv, j) + g * hd + i)));
+                                                             _mm256_loadu_ps(att_head(kv, kv->v, vd, j, g) + i)));
                 _mm256_storeu_ps(oh + i, a0);
         }
         for (; i < hd; i++) {
                 float a = 0.0f;
                 for (size_t j = 0; j <= p; j++)
-                        a += s[j] * kv->v[kv_row(kv, j) + g * hd + i];
+                        a += s[j] * att_head(kv, kv->v, vd, j, g)[i];
                 oh[i] = a;
         }
 }
@@ -494,16 +524,36 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
         if (n == 0)
                 return TSR_OK;
         int threads = tsr_pool_threads(f->pool);
-        struct att_ctx c = {
-                .out = out, .q = q, .kv = kv, .past_len = past_len, .n_heads = n_heads,
+        bool fp8 = kv->dtype == TSR_DTYPE_FP8_E4M3;
+        struct att_ctx *c = malloc(sizeof *c);  /* heap: the two tables are 2 KiB */
+        if (!c)
+                return TSR_E_NOMEM;
+        *c = (struct att_ctx){
+                .out = out, .q = q, .kv = kv, .past_len = past_len, .n = n, .n_heads = n_heads,
                 .group = n_heads / kv->n_kv_heads, .scale = scale, .scores_stride = past_len + n,
         };
-        c.scores = malloc((size_t)threads * c.scores_stride * sizeof(float));
-        if (!c.scores)
-                return TSR_E_NOMEM;
-        tsr_pool_run(f->pool, n * n_heads, att_task, &c);
-        free(c.scores);
-        return TSR_OK;
+        tsr_status st = TSR_E_NOMEM;
+        size_t rows = past_len + n, width = kv->n_kv_heads * kv->head_dim;
+        if (fp8) {
+                for (unsigned b = 0; b < 256; b++) {
+                        kv_fp8_load(&c->k_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->k_scale);
+                        kv_fp8_load(&c->v_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->v_scale);
+                }
+                if (rows > SIZE_MAX / sizeof(float) / width / 2 ||
+                    !(c->kd = malloc(2 * rows * width * sizeof(float))))
+                        goto done;
+                c->vd = c->kd + rows * width;
+                tsr_pool_run(f->pool, (rows + DEQ_ROWS_PER_TASK - 1) / DEQ_ROWS_PER_TASK, deq_task, c);
+        }
+        if (!(c->scores = malloc((size_t)threads * c->scores_stride * sizeof(float))))
+                goto done;
+        tsr_pool_run(f->pool, n * n_heads, att_task, c);
+        st = TSR_OK;
+done:
+        free(c->scores);
+        free(c->kd);
+        free(c);
+        return st;
 }
 
 #else  /* not x86: only the reference's scalar code (cpu_best stays TSR_CPU_ISA_SCALAR) */

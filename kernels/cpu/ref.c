@@ -158,10 +158,26 @@ tsr_status tsr_ref_kv_write(const tsr_kv_view *kv, const float *k, const float *
                 return TSR_E_INVAL;
         size_t width = kv->n_kv_heads * kv->head_dim;
         for (size_t t = 0; t < n; t++) {
-                memcpy(kv->k + kv_row(kv, past_len + t), k + t * width, width * sizeof(float));
-                memcpy(kv->v + kv_row(kv, past_len + t), v + t * width, width * sizeof(float));
+                size_t row = kv_row(kv, past_len + t);
+                if (kv->dtype == TSR_DTYPE_FP8_E4M3) {
+                        kv_fp8_store(kv->k8 + row, k + t * width, width, kv->k_scale);
+                        kv_fp8_store(kv->v8 + row, v + t * width, width, kv->v_scale);
+                } else {
+                        memcpy(kv->k + row, k + t * width, width * sizeof(float));
+                        memcpy(kv->v + row, v + t * width, width * sizeof(float));
+                }
         }
         return TSR_OK;
+}
+
+/* Head g of cached token j as float32: the array itself for f32, else dequantized into
+ * buf (head_dim floats, kv_fp8_load). */
+static const float *ref_kv_head(const tsr_kv_view *kv, bool is_v, size_t j, size_t g, float *buf) {
+        size_t off = kv_row(kv, j) + g * kv->head_dim;
+        if (kv->dtype != TSR_DTYPE_FP8_E4M3)
+                return (is_v ? kv->v : kv->k) + off;
+        kv_fp8_load(buf, (is_v ? kv->v8 : kv->k8) + off, kv->head_dim, is_v ? kv->v_scale : kv->k_scale);
+        return buf;
 }
 
 /* q (n, n_heads, head_dim), cache K, V (past_len+n, n_kv_heads, head_dim)
@@ -175,9 +191,10 @@ tsr_status tsr_ref_attention(float *out, const float *q, const tsr_kv_view *kv, 
         if (!out || !q || n_heads == 0 || !kv_view_ok(kv, past_len + n) || n_heads % kv->n_kv_heads != 0)
                 return TSR_E_INVAL;
         size_t hd = kv->head_dim, group = n_heads / kv->n_kv_heads;
-        float *s = malloc((past_len + n) * sizeof(float));      /* scores of one (row, head) */
-        if (!s)
+        float *s = malloc((past_len + n + hd) * sizeof(float)); /* scores of one (row, head), then */
+        if (!s)                                                 /* one fp8 head dequantized */
                 return TSR_E_NOMEM;
+        float *head = s + past_len + n;
 
         for (size_t t = 0; t < n; t++) {
                 size_t p = past_len + t;
@@ -188,7 +205,7 @@ tsr_status tsr_ref_attention(float *out, const float *q, const tsr_kv_view *kv, 
 
                         float max = -INFINITY;
                         for (size_t j = 0; j <= p; j++) {
-                                s[j] = dot_f32(qh, kv->k + kv_row(kv, j) + g * hd, hd) * scale;
+                                s[j] = dot_f32(qh, ref_kv_head(kv, false, j, g, head), hd) * scale;
                                 if (s[j] > max)
                                         max = s[j];
                         }
@@ -201,7 +218,7 @@ tsr_status tsr_ref_attention(float *out, const float *q, const tsr_kv_view *kv, 
                                 oh[i] = 0.0f;
                         for (size_t j = 0; j <= p; j++) {
                                 float pj = s[j] / sum;
-                                const float *vj = kv->v + kv_row(kv, j) + g * hd;
+                                const float *vj = ref_kv_head(kv, true, j, g, head);
                                 for (size_t i = 0; i < hd; i++)
                                         oh[i] += pj * vj[i];
                         }

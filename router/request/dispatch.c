@@ -452,7 +452,8 @@ static void on_model_info(void *ud, tsr_worker *w, const Tessera__V1__ModelInfo 
         ci.enable_prefix_caching = mi->prefix_caching;
         ci.gpu_memory_utilization = cfg->gpu_memory_utilization;
         ci.swap_space = cfg->swap_space;
-        ci.cache_dtype = cfg->kv_cache_dtype;
+        /* the worker's own flag (a `tessera serve` router never sees worker flags) */
+        ci.cache_dtype = mi->kv_cache_dtype && *mi->kv_cache_dtype ? mi->kv_cache_dtype : cfg->kv_cache_dtype;
         ci.prefix_caching_hash_algo = cfg->prefix_caching_hash_algo;
         ci.kv_cache_memory_bytes = cfg->kv_cache_memory_bytes;
         ci.num_gpu_blocks_override = cfg->num_gpu_blocks_override;

@@ -98,8 +98,12 @@ def test_kv_budget_below_one_block_exits_before_binding(spawn, demo_model):
 # before the model is loaded or a socket bound.  `tessera serve` refuses before starting
 # a child, and the router refuses them too (one YAML file serves every process).
 REFUSED = [
-    (["--kv-cache-dtype", "fp8"],
-     "argument --kv-cache-dtype: 'fp8' is not supported yet: the KV cache is float32 (supported: auto)"),
+    (["--kv-cache-dtype", "fp8_e5m2"],
+     "argument --kv-cache-dtype: 'fp8_e5m2' is not supported yet: the KV cache is float32 or fp8 e4m3 "
+     "(supported: auto, fp8, fp8_e4m3)"),
+    (["--kv-cache-dtype", "fp8_inc"],
+     "argument --kv-cache-dtype: 'fp8_inc' is not supported yet: the KV cache is float32 or fp8 e4m3 "
+     "(supported: auto, fp8, fp8_e4m3)"),
     (["--quantization", "awq"],
      "argument --quantization: 'awq' is not supported (supported: modelopt, modelopt_fp4, fp8, or leave it unset "
      "to use the checkpoint's)"),
@@ -109,7 +113,7 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize("args,message", REFUSED, ids=[r[0][0].lstrip("-") for r in REFUSED])
+@pytest.mark.parametrize("args,message", REFUSED, ids=[r[0][0].lstrip("-") + "-" + r[0][1] for r in REFUSED])
 @pytest.mark.parametrize("binary", ["worker", "serve", "router"])
 def test_unsupported_flag_values_exit_2(spawn, demo_model, binary, args, message):
     if binary == "worker":

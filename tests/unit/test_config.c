@@ -828,10 +828,15 @@ static void test_validate_refuses_unsupported(void **state) {
                 {{"-dp", "4", "-pp", "2"}, "argument --data-parallel-size: 4 is not supported: a worker is one "
                                            "replica; for data parallelism start more workers behind the router "
                                            "(supported: 1)"},
-                {{"--kv-cache-dtype", "fp8"}, "argument --kv-cache-dtype: 'fp8' is not supported yet: the KV cache "
-                                              "is float32 (supported: auto)"},
+                {{"--kv-cache-dtype", "fp8_e5m2"}, "argument --kv-cache-dtype: 'fp8_e5m2' is not supported yet: "
+                                                   "the KV cache is float32 or fp8 e4m3 (supported: auto, fp8, "
+                                                   "fp8_e4m3)"},
+                {{"--kv-cache-dtype", "fp8_inc"}, "argument --kv-cache-dtype: 'fp8_inc' is not supported yet: "
+                                                  "the KV cache is float32 or fp8 e4m3 (supported: auto, fp8, "
+                                                  "fp8_e4m3)"},
                 {{"--kv-cache-dtype", "bfloat16"}, "argument --kv-cache-dtype: 'bfloat16' is not supported yet: "
-                                                   "the KV cache is float32 (supported: auto)"},
+                                                   "the KV cache is float32 or fp8 e4m3 (supported: auto, fp8, "
+                                                   "fp8_e4m3)"},
                 {{"--quantization", "gptq"}, "argument --quantization: 'gptq' is not supported (supported: "
                                              "modelopt, modelopt_fp4, fp8, or leave it unset to use the "
                                              "checkpoint's)"},
@@ -890,6 +895,16 @@ static void test_validate_refuses_unsupported(void **state) {
         assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "argument --stream-interval: 2 "));
         tsr_config_done(&c);
+
+        /* fp8 and fp8_e4m3 pass: the worker checks them against the model and the device
+         * (tsr_runner_kv_dtype_check, test_family.c) */
+        static const char *const fp8_names[] = {"fp8", "fp8_e4m3"};
+        for (size_t i = 0; i < 2; i++) {
+                tsr_config_init(&c);
+                assert_int_equal(parse(&c, "--kv-cache-dtype", fp8_names[i], NULL), TSR_OK);
+                assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_OK);
+                tsr_config_done(&c);
+        }
 
         /* -tp and -pp pass validation: the worker checks them against the model's heads and
          * layers once it has read its config (worker/main.c, test_parallel.c). */

@@ -12,6 +12,7 @@
 
 #include "worker/model/family.h"
 #include "worker/model/llama_weights.h"
+#include "worker/model/runner.h"
 
 static void test_find(void **state) {
         (void)state;
@@ -170,6 +171,75 @@ static void test_kv_pool(void **state) {
         assert_null(p);
 }
 
+/* --kv-cache-dtype fp8: the flag's names, one byte per element in the sizing and the
+ * pool (4x the blocks of float32 in the same bytes), the pool's per-layer scales, and
+ * where the worker accepts it (tsr_runner_kv_dtype_check's messages). */
+static void test_kv_fp8(void **state) {
+        tsr_dtype t = TSR_DTYPE_Q4_K;
+        char err[320];
+        (void)state;
+        assert_true(tsr_kv_cache_dtype_parse(NULL, &t) && t == TSR_DTYPE_F32);
+        assert_true(tsr_kv_cache_dtype_parse("auto", &t) && t == TSR_DTYPE_F32);
+        assert_true(tsr_kv_cache_dtype_parse("fp8", &t) && t == TSR_DTYPE_FP8_E4M3);
+        t = TSR_DTYPE_F32;
+        assert_true(tsr_kv_cache_dtype_parse("fp8_e4m3", &t) && t == TSR_DTYPE_FP8_E4M3);
+        assert_false(tsr_kv_cache_dtype_parse("fp8_e5m2", &t));
+        assert_false(tsr_kv_cache_dtype_parse("bfloat16", &t));
+
+        /* SmolLM2-135M's group (737280 bytes a block in float32) and a state group */
+        tsr_kv_group g[2] = {
+                {.kind = TSR_KV_FULL_ATTENTION, .n_layers = 30, .n_kv_heads = 3, .head_dim = 64,
+                 .dtype = TSR_DTYPE_F32},
+                {.kind = TSR_KV_MAMBA_STATE, .n_layers = 2, .dtype = TSR_DTYPE_F32, .conv_elems = 8, .ssm_elems = 16},
+        };
+        uint64_t slot = tsr_kv_slot_bytes(g, 2);
+        tsr_kv_groups_set_dtype(g, 2, TSR_DTYPE_FP8_E4M3);
+        assert_int_equal(g[0].dtype, TSR_DTYPE_FP8_E4M3);
+        assert_int_equal(g[1].dtype, TSR_DTYPE_F32);            /* a state stays as it is */
+        assert_int_equal(tsr_kv_block_bytes(g, 2, 16), 737280 / 4);
+        assert_int_equal(tsr_kv_slot_bytes(g, 2), slot);
+
+        tsr_kv_pool *p = NULL;
+        g[0].n_layers = 3;
+        assert_int_equal(tsr_kv_pool_new(g, 1, 5, 16, &p), TSR_OK);
+        assert_int_equal(p->bytes, 2ull * 3 * 5 * 16 * 3 * 64);
+        for (uint32_t l = 0; l < 3; l++) {
+                assert_true(p->groups[0].k_scale[l] == 1.0f && p->groups[0].v_scale[l] == 1.0f);
+                memset(p->groups[0].k[l], 0x38, 5 * 16 * 3 * 64);      /* every byte is there */
+                memset(p->groups[0].v[l], 0x38, 5 * 16 * 3 * 64);
+        }
+        tsr_kv_pool_free(&p);
+
+        assert_int_equal(tsr_runner_kv_dtype_check(&tsr_family_llama, TSR_DTYPE_F32, "auto", false, 4, err, sizeof err),
+                         TSR_OK);
+        assert_int_equal(tsr_runner_kv_dtype_check(&tsr_family_llama, TSR_DTYPE_FP8_E4M3, "fp8", true, 1, err,
+                                                   sizeof err),
+                         TSR_OK);
+        assert_int_equal(tsr_runner_kv_dtype_check(&tsr_family_llama4, TSR_DTYPE_FP8_E4M3, "fp8", true, 1, err,
+                                                   sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_string_equal(err, "argument --kv-cache-dtype: 'fp8' is not supported for model family llama4 yet: the "
+                                 "fp8 KV cache is implemented for the llama family on the CPU backend in one rank "
+                                 "(supported there: auto)");
+        assert_int_equal(tsr_runner_kv_dtype_check(&tsr_family_nemotron_h, TSR_DTYPE_FP8_E4M3, "fp8_e4m3", true, 1,
+                                                   err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "'fp8_e4m3' is not supported for model family nemotron_h yet"));
+        assert_int_equal(tsr_runner_kv_dtype_check(&tsr_family_llama, TSR_DTYPE_FP8_E4M3, "fp8", false, 1, err,
+                                                   sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_string_equal(err, "argument --kv-cache-dtype: 'fp8' is not supported on the GPU backend yet: the fp8 "
+                                 "KV cache is implemented for the llama family on the CPU backend in one rank "
+                                 "(supported there: auto)");
+        assert_int_equal(tsr_runner_kv_dtype_check(&tsr_family_llama, TSR_DTYPE_FP8_E4M3, "fp8", true, 2, err,
+                                                   sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "'fp8' is not supported with tensor or pipeline parallelism yet"));
+        assert_int_equal(tsr_runner_kv_dtype_check(NULL, TSR_DTYPE_FP8_E4M3, NULL, true, 1, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "'fp8_e4m3' is not supported for this model yet"));
+}
+
 /* The description of a real checkpoint: the worker-wide fields from its config.json, the
  * family's own config behind `config`, freed by tsr_model_desc_done. */
 static void test_read_config(void **state) {
@@ -206,6 +276,7 @@ int main(void) {
                 cmocka_unit_test(test_read_config),
                 cmocka_unit_test(test_kv_pool),
                 cmocka_unit_test(test_kv_pool_state_slots),
+                cmocka_unit_test(test_kv_fp8),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

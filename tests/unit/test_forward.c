@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include "tests/tsr_test.h"
+#include "tests/tsr_rand.h"
 #include "tests/unit/test_util.h"
 
 #include <math.h>
@@ -53,23 +54,6 @@ static tsr_backend *ref_be;
                 if (!(fabs(g_ - w_) <= t_))                                                            \
                         fail_msg("%s = %.9g, want %.9g (tol %.3g)", #got, g_, w_, t_);                  \
         } while (0)
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static float frand(void) {      /* uniform in [-1, 1), xorshift64* */
-        rng_state ^= rng_state >> 12;
-        rng_state ^= rng_state << 25;
-        rng_state ^= rng_state >> 27;
-        return (float)((rng_state * 0x2545f4914f6cdd1dull) >> 40) / (float)(1u << 23) - 1.0f;
-}
-
-static float *rand_vec(size_t n, float amp) {
-        float *v = malloc(n * sizeof(float));
-        assert_non_null(v);
-        for (size_t i = 0; i < n; i++)
-                v[i] = frand() * amp;
-        return v;
-}
 
 static double now_s(void) {
         struct timespec ts;

@@ -283,6 +283,7 @@ typedef struct st_edit {
         const char *dtype;
         uint64_t shape[2];
         int n_dims;
+        float value;                    /* an F32 replacement's elements; 0: 1.0 */
 } st_edit;
 
 /* Copy fixture `variant`'s folder into tmpdir with `e` applied to model.safetensors (the
@@ -347,7 +348,7 @@ static void make_copy(const char *variant, const st_edit *e, const char *quant_j
                         memcpy(data + off, src_bytes, bytes);
                 else if (strcmp(dtype, "F32") == 0)
                         for (size_t k = 0; k < bytes; k += 4)
-                                memcpy(data + off + k, &(float){1.0f}, 4);
+                                memcpy(data + off + k, &(float){e->value != 0 ? e->value : 1.0f}, 4);
                 else
                         memset(data + off, 0x38, bytes);
                 json_object_set_new(hdr, name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", dtype, "shape", shape,
@@ -460,12 +461,82 @@ static void test_bad_checkpoints(void **state) {
         rmdir(tmpdir);
 }
 
+/* ---- the FP8 KV cache scales (--kv-cache-dtype fp8; models.md §4.5) --------------------- */
+
+/* tsr_modelopt_kv_scales on the copy in tmpdir: k[2], v[2] preset to 7 (kept where a
+ * layer has neither scale). */
+static tsr_status kv_scales_of_copy(float *k, float *v, uint32_t *found, char *err, size_t errlen) {
+        tsr_safetensors_set *set = NULL;
+        k[0] = k[1] = v[0] = v[1] = 7.0f;
+        err[0] = 0;
+        assert_int_equal(tsr_safetensors_set_open(tmpdir, &set, err, errlen), TSR_OK);
+        tsr_status st = tsr_modelopt_kv_scales(set, "model.layers.%u.self_attn", 0, 2, k, v, found, err, errlen);
+        tsr_safetensors_set_close(&set);
+        return st;
+}
+
+static void test_kv_scales(void **state) {
+        char err[512];
+        float k[2], v[2];
+        uint32_t found = 99;
+        (void)state;
+        snprintf(tmpdir, sizeof tmpdir, "/tmp/tsr_modelopt_XXXXXX");
+        assert_non_null(mkdtemp(tmpdir));
+
+        /* the fixture's: 1.0 in both layers */
+        make_copy("fp8", &(st_edit){0}, NULL);
+        assert_int_equal(kv_scales_of_copy(k, v, &found, err, sizeof err), TSR_OK);
+        assert_int_equal(found, 2);
+        assert_true(k[0] == 1.0f && k[1] == 1.0f && v[0] == 1.0f && v[1] == 1.0f);
+        /* a scale != 1 is read as stored */
+        make_copy("fp8", &(st_edit){.name = "model.layers.1.self_attn.k_proj.k_scale", .dtype = "F32", .value = 0.375f},
+                  NULL);
+        assert_int_equal(kv_scales_of_copy(k, v, &found, err, sizeof err), TSR_OK);
+        assert_true(k[1] == 0.375f && v[1] == 1.0f && k[0] == 1.0f);
+        /* one scale of a layer: used for both (vLLM) */
+        make_copy("fp8", &(st_edit){.drop = "model.layers.0.self_attn.v_proj.v_scale"}, NULL);
+        assert_int_equal(kv_scales_of_copy(k, v, &found, err, sizeof err), TSR_OK);
+        assert_int_equal(found, 2);
+        assert_true(v[0] == k[0] && k[0] == 1.0f);
+        /* layer 1 without its k_scale takes its v_scale for both; layer 0 keeps its own two */
+        make_copy("fp8", &(st_edit){.drop = "model.layers.1.self_attn.k_proj.k_scale",
+                                    .name = "model.layers.0.self_attn.k_proj.k_scale", .dtype = "F32", .value = 2.5f},
+                  NULL);
+        assert_int_equal(kv_scales_of_copy(k, v, &found, err, sizeof err), TSR_OK);
+        assert_true(k[0] == 2.5f && v[0] == 1.0f && k[1] == 1.0f && v[1] == 1.0f);
+        /* neither (layers the file does not have): the caller's values stay, none counted */
+        tsr_safetensors_set *set = NULL;
+        assert_int_equal(tsr_safetensors_set_open(tmpdir, &set, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_modelopt_kv_scales(set, "model.layers.%u.self_attn", 5, 2, k, v, &found, err, sizeof err),
+                         TSR_OK);
+        tsr_safetensors_set_close(&set);
+        assert_int_equal(found, 0);
+        assert_true(k[0] == 2.5f && k[1] == 1.0f);
+        /* bad scales name the file and the tensor */
+        make_copy("fp8", &(st_edit){.name = "model.layers.0.self_attn.v_proj.v_scale", .dtype = "F32", .value = -2.0f},
+                  NULL);
+        expect_err(kv_scales_of_copy(k, v, &found, err, sizeof err), TSR_E_INVAL,
+                   "tensor 'model.layers.0.self_attn.v_proj.v_scale': -2 is not a finite positive scale");
+        make_copy("fp8", &(st_edit){.name = "model.layers.1.self_attn.k_proj.k_scale", .dtype = "F32", .shape = {4},
+                                    .n_dims = 1},
+                  NULL);
+        expect_err(kv_scales_of_copy(k, v, &found, err, sizeof err), TSR_E_INVAL,
+                   "tensor 'model.layers.1.self_attn.k_proj.k_scale': dtype F32, 1 dims, 4 elements; expected a F32 "
+                   "scalar");
+
+        rm_file(tmpdir, "config.json");
+        rm_file(tmpdir, "hf_quant_config.json");
+        rm_file(tmpdir, "model.safetensors");
+        rmdir(tmpdir);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config_forms),
                 cmocka_unit_test(test_fp8_model),
                 cmocka_unit_test(test_nvfp4_model),
                 cmocka_unit_test(test_bad_checkpoints),
+                cmocka_unit_test(test_kv_scales),
         };
         tsr_cpu_backend_config cfg = {.n_threads = 2, .max_isa = TSR_CPU_ISA_AMX_BF16};
         if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK || tsr_backend_cpu_new(&cfg, &fast_be) != TSR_OK)

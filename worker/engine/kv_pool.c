@@ -2,6 +2,7 @@
 #include "worker/engine/kv_pool.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* Bytes per element of what a KV group stores; 0 for a dtype a cache cannot hold. */
 static uint64_t elt_bytes(tsr_dtype t) {
@@ -114,6 +115,13 @@ tsr_status tsr_kv_pool_new_on(tsr_backend *be, const tsr_kv_group *groups, size_
                 if (!(pg->k = calloc(pg->spec.n_layers, sizeof *pg->k)) ||
                     !(pg->v = calloc(pg->spec.n_layers, sizeof *pg->v)))
                         goto nomem;
+                if (pg->spec.kind == TSR_KV_FULL_ATTENTION) {
+                        if (!(pg->k_scale = malloc(pg->spec.n_layers * sizeof *pg->k_scale)) ||
+                            !(pg->v_scale = malloc(pg->spec.n_layers * sizeof *pg->v_scale)))
+                                goto nomem;
+                        for (uint32_t l = 0; l < pg->spec.n_layers; l++)
+                                pg->k_scale[l] = pg->v_scale[l] = 1.0f;
+                }
                 /* Uninitialised: a block is written before any position of it is read, a
                  * state slot zeroed by the forward that starts a sequence in it. */
                 for (uint32_t l = 0; l < pg->spec.n_layers; l++)
@@ -145,7 +153,25 @@ void tsr_kv_pool_free(tsr_kv_pool **pp) {
                 }
                 free(g->k);
                 free(g->v);
+                free(g->k_scale);
+                free(g->v_scale);
         }
         free(p);
         *pp = NULL;
+}
+
+bool tsr_kv_cache_dtype_parse(const char *flag, tsr_dtype *ret) {
+        if (!flag || strcmp(flag, "auto") == 0)
+                *ret = TSR_DTYPE_F32;
+        else if (strcmp(flag, "fp8") == 0 || strcmp(flag, "fp8_e4m3") == 0)
+                *ret = TSR_DTYPE_FP8_E4M3;
+        else
+                return false;
+        return true;
+}
+
+void tsr_kv_groups_set_dtype(tsr_kv_group *groups, size_t n, tsr_dtype dtype) {
+        for (size_t i = 0; i < n; i++)
+                if (groups[i].kind == TSR_KV_FULL_ATTENTION)
+                        groups[i].dtype = dtype;
 }

@@ -13,6 +13,7 @@
 #ifndef TSR_WORKER_ENGINE_KV_POOL_H
 #define TSR_WORKER_ENGINE_KV_POOL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,7 +36,8 @@ typedef struct tsr_kv_group {
         uint32_t n_layers;              /* layers of this group the shard holds */
         uint32_t n_kv_heads;
         uint32_t head_dim;
-        tsr_dtype dtype;                /* what the cache stores (float32 on the CPU backend) */
+        tsr_dtype dtype;                /* what the cache stores: float32, or fp8_e4m3 for a full-
+                                         * attention group under --kv-cache-dtype fp8 (CPU only) */
         /* TSR_KV_MAMBA_STATE: elements per slot per layer of its two arrays (conv state,
          * SSM state); n_kv_heads and head_dim are unused.  Full attention: unused. */
         uint64_t conv_elems, ssm_elems;
@@ -57,6 +59,11 @@ uint64_t tsr_kv_slot_bytes(const tsr_kv_group *groups, size_t n_groups);
 typedef struct tsr_kv_pool_group {
         tsr_kv_group spec;
         void **k, **v;                  /* [spec.n_layers] */
+        /* Full attention: per layer, the factors an fp8 cache's codes are scaled by
+         * (kernels.h tsr_kv_view k_scale, v_scale); 1.0 from tsr_kv_pool_new_on, the
+         * checkpoint's where it has them (the runner sets them before kv_bind).  Unused for
+         * float32.  NULL for a state group. */
+        float *k_scale, *v_scale;       /* [spec.n_layers] */
 } tsr_kv_pool_group;
 
 typedef struct tsr_kv_pool {
@@ -84,5 +91,13 @@ tsr_status tsr_kv_pool_new_on(tsr_backend *be, const tsr_kv_group *groups, size_
                               uint32_t block_size, uint32_t n_slots, tsr_kv_pool **ret);
 /* Accepts NULL and *p == NULL; clears *p. */
 void tsr_kv_pool_free(tsr_kv_pool **p);
+
+/* What --kv-cache-dtype asks the cache to store: "auto" (or NULL) float32, "fp8" and
+ * "fp8_e4m3" (the same format) fp8_e4m3; *ret written and true for those, false for any
+ * other value (common/config.c refuses the rest before). */
+bool tsr_kv_cache_dtype_parse(const char *flag, tsr_dtype *ret);
+/* Make every full-attention group of groups[n] store `dtype` (state groups keep theirs):
+ * the sizing (tsr_kv_block_bytes) and the pool then follow. */
+void tsr_kv_groups_set_dtype(tsr_kv_group *groups, size_t n, tsr_dtype dtype);
 
 #endif

@@ -77,7 +77,10 @@ struct tsr_llama_kv {
         size_t n_layers, n_kv_heads, head_dim;
         size_t block_size, n_blocks;
         size_t len;                     /* valid positions */
-        float **k, **v;                 /* [n_layers], borrowed from pool: (n_blocks, block_size, n_kv_heads, head_dim) */
+        float **k, **v;                 /* [n_layers], borrowed from pool: (n_blocks, block_size, n_kv_heads, head_dim)
+                                         * elements of `dtype` (for fp8 the arrays are bytes) */
+        tsr_dtype dtype;                /* float32, or fp8_e4m3 (--kv-cache-dtype fp8) */
+        const float *k_scale, *v_scale; /* [n_layers], borrowed from pool: fp8's scales */
         uint32_t *block_table;          /* (n_blocks,): 0, 1, 2, ... */
         tsr_kv_pool *owned_pool;        /* NULL when bound to the caller's pool */
 };
@@ -688,7 +691,8 @@ const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m) { return m ? &m-
 /* ---- KV cache ---------------------------------------------------------------------- */
 
 /* The one KV group of a Llama: every layer full attention, float32 whatever the weights'
- * dtype (activations, attention and the cache stay float32). */
+ * dtype (activations and attention stay float32); --kv-cache-dtype fp8 makes the runner
+ * store the group as fp8_e4m3 (tsr_kv_groups_set_dtype), which kv_bind accepts. */
 tsr_kv_group tsr_llama_kv_group(const tsr_llama_config *c) {
         return (tsr_kv_group){.kind = TSR_KV_FULL_ATTENTION, .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads,
                               .head_dim = c->head_dim, .dtype = TSR_DTYPE_F32};
@@ -706,7 +710,8 @@ tsr_status tsr_llama_kv_bind(const tsr_llama *m, tsr_kv_pool *pool, tsr_llama_kv
         want.n_kv_heads = m->nkv;
         g = &pool->groups[0];
         if (pool->n_groups != 1 || g->spec.kind != want.kind || g->spec.n_layers != want.n_layers ||
-            g->spec.n_kv_heads != want.n_kv_heads || g->spec.head_dim != want.head_dim || g->spec.dtype != want.dtype)
+            g->spec.n_kv_heads != want.n_kv_heads || g->spec.head_dim != want.head_dim ||
+            (g->spec.dtype != want.dtype && g->spec.dtype != TSR_DTYPE_FP8_E4M3) || !g->k_scale || !g->v_scale)
                 return TSR_E_INVAL;
         if (pool->n_blocks > UINT32_MAX)
                 return TSR_E_LIMIT;
@@ -720,6 +725,9 @@ tsr_status tsr_llama_kv_bind(const tsr_llama *m, tsr_kv_pool *pool, tsr_llama_kv
         kv->n_blocks = (size_t)pool->n_blocks;
         kv->k = (float **)g->k;
         kv->v = (float **)g->v;
+        kv->dtype = g->spec.dtype;
+        kv->k_scale = g->k_scale;
+        kv->v_scale = g->v_scale;
         kv->block_table = malloc(kv->n_blocks * sizeof *kv->block_table);
         if (!kv->block_table) {
                 free(kv);
@@ -785,6 +793,9 @@ static tsr_kv_view kv_layer_view(const tsr_llama_kv *kv, size_t layer, const uin
         return (tsr_kv_view){
                 .k = kv->k[layer],
                 .v = kv->v[layer],
+                .dtype = kv->dtype,
+                .k_scale = kv->k_scale[layer],
+                .v_scale = kv->v_scale[layer],
                 .block_table = table,
                 .n_table = n_table,
                 .n_blocks = kv->n_blocks,

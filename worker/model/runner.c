@@ -2,6 +2,7 @@
  * as an tsr_engine_model: the family's load and forward entry points, called through its table. */
 #include "worker/model/runner.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 
 #include "common/log.h"
 #include "kernels/kernels.h"
+#include "worker/engine/kv_pool.h"
 #include "worker/load/modelopt.h"
 #include "worker/parallel/pipeline.h"
 
@@ -225,7 +227,7 @@ static tsr_status pick_dtype(const tsr_runner_opts *opts, bool *bf16, char *err,
 /* What the model at `path` announces about quantization, checked against --quantization
  * `flag`, with the start-up line naming it and a warning per exclude_modules entry that
  * matches no tensor (as vLLM warns).  Main thread, at startup. */
-static tsr_status quant_config(const char *path, const tsr_model_desc *desc, const char *flag,
+static tsr_status quant_config(const char *path, const tsr_model_desc *desc, const char *flag, bool kv_fp8,
                                tsr_modelopt_config *mo, char *err, size_t errlen) {
         tsr_safetensors_set *set = NULL;
         const char *unmatched[8];
@@ -248,7 +250,7 @@ static tsr_status quant_config(const char *path, const tsr_model_desc *desc, con
                 return TSR_OK;
         log_info("quantization: %s (ModelOpt %s, from %s%s); the quantized weights stay as stored",
                  tsr_modelopt_method(mo->algo), tsr_modelopt_algo_name(mo->algo), mo->source,
-                 mo->kv_cache_fp8 ? "; its FP8 KV cache scales are not used: --kv-cache-dtype auto" : "");
+                 mo->kv_cache_fp8 && !kv_fp8 ? "; its FP8 KV cache scales are not used: --kv-cache-dtype auto" : "");
         if (tsr_safetensors_set_open(path, &set, err, errlen) == TSR_OK) {
                 size_t n = tsr_modelopt_unmatched_excludes(mo, set, unmatched, 8);
                 for (size_t i = 0; i < n && i < 8; i++)
@@ -288,6 +290,62 @@ static tsr_status device_kv_blocks(tsr_backend *be, double util, uint64_t block_
                 return TSR_E_NOMEM;
         }
         *ret = (uint64_t)(avail / (double)block_bytes);
+        return TSR_OK;
+}
+
+tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_dtype, const char *flag,
+                                     bool host_memory, uint32_t ranks, char *err, size_t errlen) {
+        const char *where = NULL;
+
+        if (kv_dtype == TSR_DTYPE_F32)
+                return TSR_OK;
+        if (kv_dtype != TSR_DTYPE_FP8_E4M3 || !fam)
+                where = "for this model";
+        else if (strcmp(fam->name, "llama") != 0)
+                where = fam->name;
+        else if (!host_memory)
+                where = "on the GPU backend";
+        else if (ranks > 1)
+                where = "with tensor or pipeline parallelism";
+        if (!where)
+                return TSR_OK;
+        snprintf(err, errlen, "argument --kv-cache-dtype: '%s' is not supported %s%s yet: " TSR_RUNNER_KV_FP8_SCOPE
+                 " (supported there: auto)", flag ? flag : tsr_dtype_get_info(kv_dtype)->name,
+                 fam && where == fam->name ? "for model family " : "", where);
+        return TSR_E_UNSUPPORTED;
+}
+
+/* The fp8 KV cache's scales of the stage's layers: a ModelOpt checkpoint's k_scale /
+ * v_scale where it has them, else the pool's 1.0 with vLLM's warning.  Main thread. */
+static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr_model_desc *desc,
+                                const tsr_shard_spec *shard, tsr_kv_pool *pool, char *err, size_t errlen) {
+        tsr_kv_pool_group *g = &pool->groups[0];
+        tsr_safetensors_set *set = NULL;
+        uint32_t found = 0;
+        tsr_status st = TSR_OK;
+
+        if (!desc->gguf && r->mo.algo != TSR_MODELOPT_NONE) {
+                if ((st = tsr_safetensors_set_open(path, &set, err, errlen)) != TSR_OK)
+                        return st;
+                st = tsr_modelopt_kv_scales(set, "model.layers.%u.self_attn", shard->first_layer, g->spec.n_layers,
+                                            g->k_scale, g->v_scale, &found, err, errlen);
+                tsr_safetensors_set_close(&set);
+                if (st != TSR_OK)
+                        return st;
+        }
+        if (found == 0) {       /* vLLM's BaseKVCacheMethod warning */
+                log_warn("Using KV cache scaling factor 1.0 for fp8_e4m3. If this is unintended, verify that k/v_scale "
+                         "scaling factors are properly set in the checkpoint.");
+                return TSR_OK;
+        }
+        float lo = INFINITY, hi = 0;
+        for (uint32_t l = 0; l < g->spec.n_layers; l++) {
+                lo = fminf(lo, fminf(g->k_scale[l], g->v_scale[l]));
+                hi = fmaxf(hi, fmaxf(g->k_scale[l], g->v_scale[l]));
+        }
+        log_info("KV cache fp8_e4m3: k_scale / v_scale of %u of %u layers from %s (range %g .. %g)%s", found,
+                 g->spec.n_layers, r->mo.source, (double)lo, (double)hi,
+                 found < g->spec.n_layers ? "; the other layers use 1.0" : "");
         return TSR_OK;
 }
 
@@ -375,15 +433,21 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         /* The KV memory, group by group as the family declares it for this shard; the
          * family's forward gets a view of it. */
         n_groups = r->fam->kv_groups(desc, shard, groups, TSR_KV_GROUPS_MAX);
+        if ((st = tsr_runner_kv_dtype_check(r->fam, opts->kv_dtype, NULL, tsr_backend_host_memory(sg->be),
+                                            r->n_stages, err, errlen)) != TSR_OK)
+                return st;
+        tsr_kv_groups_set_dtype(groups, n_groups, opts->kv_dtype);
         if (num_blocks == 0 && (st = device_kv_blocks(sg->be, opts->gpu_memory_utilization,
                                                       tsr_kv_block_bytes(groups, n_groups, block_size), &num_blocks,
                                                       err, errlen)) != TSR_OK)
                 return st;
         r->kv_blocks = num_blocks;
-        if ((st = tsr_kv_pool_new_on(tsr_backend_host_memory(sg->be) ? NULL : sg->be, groups, n_groups, num_blocks,
-                                     block_size, n_state_slots, &sg->kv_memory)) !=
-                    TSR_OK ||
-            (st = r->fam->kv_bind(sg->model, sg->kv_memory, &sg->pool)) != TSR_OK) {
+        st = tsr_kv_pool_new_on(tsr_backend_host_memory(sg->be) ? NULL : sg->be, groups, n_groups, num_blocks,
+                                block_size, n_state_slots, &sg->kv_memory);
+        if (st == TSR_OK && opts->kv_dtype == TSR_DTYPE_FP8_E4M3 &&
+            (st = kv_fp8_scales(r, path, desc, shard, sg->kv_memory, err, errlen)) != TSR_OK)
+                return st;      /* the message names the file and the tensor */
+        if (st != TSR_OK || (st = r->fam->kv_bind(sg->model, sg->kv_memory, &sg->pool)) != TSR_OK) {
                 snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens, %zu group%s): %s",
                          (unsigned long long)num_blocks, block_size, n_groups, n_groups == 1 ? "" : "s",
                          tsr_status_str(st));
@@ -426,7 +490,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         r->hidden = desc->hidden_size;
         r->stages[0].be = opts->backend;
         if ((st = pick_dtype(opts, &bf16, err, errlen)) != TSR_OK ||
-            (st = quant_config(path, desc, opts->quantization, &r->mo, err, errlen)) != TSR_OK)
+            (st = quant_config(path, desc, opts->quantization, opts->kv_dtype == TSR_DTYPE_FP8_E4M3, &r->mo, err,
+                                errlen)) != TSR_OK)
                 goto fail;
         for (uint32_t s = 0; s < n_stages; s++) {
                 tsr_shard_spec shard;

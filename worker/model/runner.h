@@ -51,7 +51,21 @@ typedef struct tsr_runner_opts {
          * processes) goes to the KV blocks (tsr_runner_kv_blocks says how many). */
         size_t max_step_tokens, max_logit_rows;
         double gpu_memory_utilization;
+        /* --kv-cache-dtype (tsr_kv_cache_dtype_parse): float32 (0), or fp8_e4m3 for the
+         * full-attention groups, with a ModelOpt checkpoint's k_scale / v_scale where it
+         * has them, else 1.0 (logged as vLLM does).  tsr_runner_kv_dtype_check says where. */
+        tsr_dtype kv_dtype;
 } tsr_runner_opts;
+
+/* Whether the KV cache can store `kv_dtype` for a model of `fam` on a backend whose
+ * memory is the host's (`host_memory`) in `ranks` ranks (tp or pp; 1: none): float32
+ * always; fp8_e4m3 for the llama family on a CPU backend in one rank.  TSR_E_UNSUPPORTED
+ * with one line in err naming the flag, the value (`flag`, as given) and what is
+ * supported otherwise.  Any thread; main's start-up check and the runner's. */
+#define TSR_RUNNER_KV_FP8_SCOPE \
+        "the fp8 KV cache is implemented for the llama family on the CPU backend in one rank"
+tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_dtype, const char *flag,
+                                     bool host_memory, uint32_t ranks, char *err, size_t errlen);
 
 /* The backend for --device `device` (auto | cuda | cpu; NULL: auto): cuda is GPU 0;
  * auto takes it when there is one and the model can run there (`gpu_not_ok` NULL; else

@@ -1,0 +1,314 @@
+/* test_kv_fp8.c - the fp8 e4m3 KV cache (--kv-cache-dtype fp8; kernels.h tsr_kv_view,
+ * models.md §4.5, §4.6) on the CPU backends:
+ *   - kv_write stores e4m3(x / scale) (round to nearest even, saturating at +-448, NaN
+ *     to S.1111.111): the codes of §4.6's examples, with scale 1 and a scale != 1;
+ *   - the reference attention on an fp8 cache against a float64 oracle that dequantizes
+ *     the same stored codes (float(code) * scale), within the float32 error bound below;
+ *   - the fast CPU backend bitwise the reference (kv_write bytes and attention floats)
+ *     at 1 and 3 threads, over odd head_dim, block sizes, GQA groups and past lengths,
+ *     one-sequence and batched;
+ *   - bad views (zero, negative, NaN scales; an unknown dtype) refused with TSR_E_INVAL;
+ *     the CUDA backend answers TSR_E_UNSUPPORTED for an fp8 view ("[skip:no-gpu]"
+ *     without a device). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include "tests/tsr_test.h"
+#include "tests/tsr_rand.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "kernels/quant/quant.h"
+
+/* One contiguous block of `tokens` rows: the simplest fp8 view. */
+static tsr_kv_view one_block(uint8_t *k, uint8_t *v, const uint32_t *table, size_t tokens, size_t heads, size_t hd,
+                             float k_scale, float v_scale) {
+        return (tsr_kv_view){.k8 = k, .v8 = v, .dtype = TSR_DTYPE_FP8_E4M3, .k_scale = k_scale, .v_scale = v_scale,
+                             .block_table = table, .n_table = 1, .n_blocks = 1, .block_size = tokens,
+                             .n_kv_heads = heads, .head_dim = hd};
+}
+
+/* §4.6's examples through kv_write: K with scale 1, V with scale 2 (so V's input is
+ * twice K's and the codes are the same). */
+static void test_write_codes(void **state) {
+        (void)state;
+        static const float x[] = {1.0f, 448.0f, -2.0f, 0x1p-9f, 500.0f, -1e30f, 0.0f, -0.0f, 0x1p-11f};
+        static const uint8_t want[] = {0x38, 0x7e, 0xc0, 0x01, 0x7e, 0xfe, 0x00, 0x80, 0x00};
+        enum { N = sizeof x / sizeof *x };
+        float x2[N];
+        uint8_t k[N + 1], v[N + 1];
+        uint32_t zero = 0;
+        tsr_backend *ref = NULL;
+
+        for (size_t i = 0; i < N; i++)
+                x2[i] = 2.0f * x[i];
+        assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        tsr_kv_view kv = one_block(k, v, &zero, 1, 1, N, 1.0f, 2.0f);
+        assert_int_equal(tsr_backend_kv_write(ref, &kv, x, x2, 1, 0), TSR_OK);
+        for (size_t i = 0; i < N; i++) {
+                if (k[i] != want[i] || v[i] != want[i])
+                        fail_msg("e4m3 of %a: k 0x%02x v 0x%02x, want 0x%02x", x[i], k[i], v[i], want[i]);
+        }
+        /* NaN as the weights' encoder: S.1111.111 */
+        float nan_in = NAN;
+        kv = one_block(k, v, &zero, 1, 1, 1, 1.0f, 1.0f);
+        assert_int_equal(tsr_backend_kv_write(ref, &kv, &nan_in, &nan_in, 1, 0), TSR_OK);
+        assert_int_equal(k[0] & 0x7f, 0x7f);
+        assert_int_equal(k[0], tsr_f32_to_fp8_e4m3(NAN));
+        tsr_backend_free(&ref);
+}
+
+/* A paged fp8 cache and its queries. */
+struct kvc {
+        size_t n, past_len, n_heads, n_kv_heads, head_dim, block_size;
+        float k_scale, v_scale;
+        size_t n_table, n_blocks, width, cache;
+        uint32_t *table;
+        uint8_t *k8, *v8;
+        float *k_in, *v_in, *q;
+};
+
+static void kvc_init(struct kvc *c) {
+        size_t total = c->past_len + c->n;
+        c->width = c->n_kv_heads * c->head_dim;
+        c->n_table = (total + c->block_size - 1) / c->block_size;
+        c->n_blocks = c->n_table + 2;
+        c->cache = c->n_blocks * c->block_size * c->width;
+        c->table = malloc(c->n_table * sizeof *c->table);
+        c->k8 = calloc(c->cache, 1);
+        c->v8 = calloc(c->cache, 1);
+        assert_true(c->table && c->k8 && c->v8);
+        for (size_t i = 0; i < c->n_table; i++)
+                c->table[i] = (uint32_t)((i * 5 + 1) % c->n_blocks);   /* scattered, distinct */
+        /* magnitudes up to 3x the scale, with every 29th element past 448 * scale: saturates */
+        c->k_in = rand_vec(total * c->width, 3.0f * c->k_scale);
+        c->v_in = rand_vec(total * c->width, 3.0f * c->v_scale);
+        for (size_t i = 0; i < total * c->width; i += 29)
+                c->k_in[i] *= 200.0f, c->v_in[i] *= 200.0f;
+        c->q = rand_vec(c->n * c->n_heads * c->head_dim, 0.3f / c->k_scale);
+}
+
+static void kvc_done(struct kvc *c) {
+        free(c->table), free(c->k8), free(c->v8), free(c->k_in), free(c->v_in), free(c->q);
+}
+
+static tsr_kv_view kvc_view(const struct kvc *c, uint8_t *k8, uint8_t *v8) {
+        return (tsr_kv_view){.k8 = k8, .v8 = v8, .dtype = TSR_DTYPE_FP8_E4M3, .k_scale = c->k_scale,
+                             .v_scale = c->v_scale, .block_table = c->table, .n_table = c->n_table,
+                             .n_blocks = c->n_blocks, .block_size = c->block_size, .n_kv_heads = c->n_kv_heads,
+                             .head_dim = c->head_dim};
+}
+
+/* Token t's row offset, as the view's paging says. */
+static size_t row_of(const struct kvc *c, size_t t) {
+        return ((size_t)c->table[t / c->block_size] * c->block_size + t % c->block_size) * c->width;
+}
+
+/* Fill the cache with tokens 0..past_len+n-1 through be's kv_write: the past in one
+ * call, the new rows in a second (as a prefill then a step). */
+static void kvc_write(tsr_backend *be, struct kvc *c, uint8_t *k8, uint8_t *v8) {
+        tsr_kv_view kv = kvc_view(c, k8, v8);
+        if (c->past_len)
+                assert_int_equal(tsr_backend_kv_write(be, &kv, c->k_in, c->v_in, c->past_len, 0), TSR_OK);
+        assert_int_equal(tsr_backend_kv_write(be, &kv, c->k_in + c->past_len * c->width,
+                                              c->v_in + c->past_len * c->width, c->n, c->past_len),
+                         TSR_OK);
+}
+
+/* The reference attention against float64 on the dequantized codes.  Bound: each score
+ * is a float32 dot of head_dim terms (error <= head_dim * eps * sum|q k| * scale), the
+ * softmax adds a few ulp per term and sums p+1 terms in float32, and P.V sums p+1 float32
+ * products: |out - exact| <= (head_dim * sum|qk| scale + p + 8) * 2 eps * max|V| with
+ * room to spare; the test computes it per (row, head). */
+static void test_ref_vs_oracle(void **state) {
+        (void)state;
+        static const struct kvc shapes[] = {
+                {1, 0, 2, 1, 8, 16, 1.0f, 1.0f},    {3, 5, 4, 2, 17, 3, 0.25f, 3.5f},
+                {2, 40, 6, 2, 64, 16, 1.0f, 1.0f},  {1, 77, 3, 3, 33, 7, 0.037f, 0.5f},
+                {4, 9, 2, 2, 1, 1, 2.0f, 0.125f},
+        };
+        tsr_backend *ref = NULL;
+        assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+                struct kvc c = shapes[si];
+                kvc_init(&c);
+                kvc_write(ref, &c, c.k8, c.v8);
+                tsr_kv_view kv = kvc_view(&c, c.k8, c.v8);
+                size_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads, total = c.past_len + c.n;
+                float scale = 1.0f / sqrtf((float)hd);
+                float *out = malloc(c.n * c.n_heads * hd * sizeof *out);
+                double *s = malloc(total * sizeof *s);
+                assert_int_equal(tsr_backend_attention(ref, out, c.q, &kv, c.n, c.past_len, c.n_heads, scale), TSR_OK);
+                for (size_t t = 0; t < c.n; t++)
+                        for (size_t h = 0; h < c.n_heads; h++) {
+                                size_t p = c.past_len + t, g = h / group;
+                                const float *qh = c.q + (t * c.n_heads + h) * hd;
+                                double max = -INFINITY, sum = 0, qk_abs = 0, vmax = 0;
+                                for (size_t j = 0; j <= p; j++) {
+                                        const uint8_t *kj = c.k8 + row_of(&c, j) + g * hd;
+                                        double dot = 0, a = 0;
+                                        for (size_t i = 0; i < hd; i++) {
+                                                double kd = (double)tsr_fp8_e4m3_to_f32(kj[i]) * c.k_scale;
+                                                dot += (double)qh[i] * kd, a += fabs((double)qh[i] * kd);
+                                        }
+                                        s[j] = dot * scale;
+                                        qk_abs = fmax(qk_abs, a * scale);
+                                        max = fmax(max, s[j]);
+                                }
+                                for (size_t j = 0; j <= p; j++)
+                                        sum += (s[j] = exp(s[j] - max));
+                                for (size_t i = 0; i < hd; i++) {
+                                        double want = 0;
+                                        for (size_t j = 0; j <= p; j++) {
+                                                double vd = (double)tsr_fp8_e4m3_to_f32(
+                                                                    c.v8[row_of(&c, j) + g * hd + i]) *
+                                                            c.v_scale;
+                                                want += s[j] / sum * vd;
+                                                vmax = fmax(vmax, fabs(vd));
+                                        }
+                                        double got = out[(t * c.n_heads + h) * hd + i];
+                                        double bound = ((double)hd * qk_abs + (double)p + 8) * 2 * FLT_EPSILON * vmax;
+                                        if (!(fabs(got - want) <= bound))
+                                                fail_msg("shape %zu t %zu h %zu i %zu: %.9g, want %.9g (bound %.3g)", si,
+                                                         t, h, i, got, want, bound);
+                                }
+                        }
+                free(out);
+                free(s);
+                kvc_done(&c);
+        }
+        tsr_backend_free(&ref);
+}
+
+static void expect_same_bits(const char *what, const void *got, const void *want, size_t bytes) {
+        if (memcmp(got, want, bytes) != 0) {
+                const uint8_t *a = got, *b = want;
+                size_t i = 0;
+                while (a[i] == b[i])
+                        i++;
+                fail_msg("%s: byte %zu differs (0x%02x, want 0x%02x)", what, i, a[i], b[i]);
+        }
+}
+
+/* The fast backend bitwise the reference: the stored codes and the attention output,
+ * one sequence and two sequences batched, at 1 and 3 threads. */
+static void test_fast_bitwise(void **state) {
+        (void)state;
+        static const struct kvc shapes[] = {
+                {1, 0, 9, 3, 64, 16, 1.0f, 1.0f},   {1, 37, 9, 3, 64, 16, 0.5f, 2.0f},
+                {5, 0, 9, 3, 33, 7, 1.0f, 1.0f},    {17, 40, 9, 3, 64, 4, 0.3f, 0.7f},
+                {3, 5, 4, 4, 40, 3, 1.0f, 1.0f},    {2, 9, 8, 1, 12, 5, 4.0f, 0.0625f},
+                {1, 70, 2, 2, 3, 1, 1.0f, 1.0f},    {9, 0, 6, 2, 17, 7, 1.5f, 1.5f},
+                {1, 200, 3, 1, 96, 16, 0.02f, 0.05f},
+        };
+        static const int threads[] = {1, 3};
+        tsr_backend *ref = NULL;
+        assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
+                tsr_backend *fast = NULL;
+                assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = threads[ti],
+                                                                                 .max_isa = TSR_CPU_ISA_AMX_BF16},
+                                                     &fast),
+                                 TSR_OK);
+                for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+                        struct kvc c = shapes[si];
+                        char what[160];
+                        kvc_init(&c);
+                        uint8_t *k2 = calloc(c.cache, 1), *v2 = calloc(c.cache, 1);
+                        size_t out_n = c.n * c.n_heads * c.head_dim;
+                        float *o1 = malloc(out_n * sizeof *o1), *o2 = malloc(out_n * sizeof *o2);
+                        float scale = 1.0f / sqrtf((float)c.head_dim);
+                        assert_true(k2 && v2 && o1 && o2);
+                        kvc_write(ref, &c, c.k8, c.v8);
+                        kvc_write(fast, &c, k2, v2);
+                        snprintf(what, sizeof what, "fp8 shape %zu %s t%d", si, tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)),
+                                 tsr_backend_threads(fast));
+                        expect_same_bits(what, k2, c.k8, c.cache);
+                        expect_same_bits(what, v2, c.v8, c.cache);
+                        tsr_kv_view kv = kvc_view(&c, c.k8, c.v8);
+                        assert_int_equal(tsr_backend_attention(ref, o1, c.q, &kv, c.n, c.past_len, c.n_heads, scale),
+                                         TSR_OK);
+                        assert_int_equal(tsr_backend_attention(fast, o2, c.q, &kv, c.n, c.past_len, c.n_heads, scale),
+                                         TSR_OK);
+                        expect_same_bits(what, o2, o1, out_n * sizeof *o1);
+                        /* batched: the same sequence twice gives its rows twice */
+                        float *qq = malloc(2 * out_n * sizeof *qq), *ob = malloc(2 * out_n * sizeof *ob);
+                        assert_true(qq && ob);
+                        memcpy(qq, c.q, out_n * sizeof *qq), memcpy(qq + out_n, c.q, out_n * sizeof *qq);
+                        tsr_kv_seq seqs[2] = {{c.table, c.n_table, c.n, c.past_len}, {c.table, c.n_table, c.n, c.past_len}};
+                        assert_int_equal(tsr_backend_attention_batch(fast, ob, qq, &kv, seqs, 2, c.n_heads, scale), TSR_OK);
+                        expect_same_bits(what, ob, o1, out_n * sizeof *o1);
+                        expect_same_bits(what, ob + out_n, o1, out_n * sizeof *o1);
+                        free(qq), free(ob), free(k2), free(v2), free(o1), free(o2);
+                        kvc_done(&c);
+                }
+                tsr_backend_free(&fast);
+        }
+        tsr_backend_free(&ref);
+}
+
+/* Views the CPU backends refuse, and the CUDA backend's answer. */
+static void test_bad_views(void **state) {
+        (void)state;
+        static const float bad[] = {0.0f, -1.0f, NAN, INFINITY};
+        uint8_t k[8], v[8];
+        float x[8] = {0}, out[8];
+        uint32_t zero = 0;
+        tsr_backend *bes[2] = {NULL, NULL};
+        assert_int_equal(tsr_backend_cpu_ref_new(&bes[0]), TSR_OK);
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2, .max_isa = TSR_CPU_ISA_AMX_BF16},
+                                             &bes[1]),
+                         TSR_OK);
+        for (size_t b = 0; b < 2; b++) {
+                for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+                        tsr_kv_view kv = one_block(k, v, &zero, 1, 1, 8, bad[i], 1.0f);
+                        assert_int_equal(tsr_backend_kv_write(bes[b], &kv, x, x, 1, 0), TSR_E_INVAL);
+                        kv.k_scale = 1.0f, kv.v_scale = bad[i];
+                        assert_int_equal(tsr_backend_attention(bes[b], out, x, &kv, 1, 0, 1, 1.0f), TSR_E_INVAL);
+                }
+                tsr_kv_view kv = one_block(k, v, &zero, 1, 1, 8, 1.0f, 1.0f);
+                kv.dtype = TSR_DTYPE_BF16;              /* a KV dtype no backend stores */
+                assert_int_equal(tsr_backend_kv_write(bes[b], &kv, x, x, 1, 0), TSR_E_INVAL);
+                assert_int_equal(tsr_backend_attention(bes[b], out, x, &kv, 1, 0, 1, 1.0f), TSR_E_INVAL);
+                tsr_backend_free(&bes[b]);
+        }
+}
+
+static void test_cuda_unsupported(void **state) {
+        (void)state;
+        tsr_backend *cuda = NULL;
+        tsr_status st = tsr_backend_cuda_new(0, &cuda);
+        if (st == TSR_E_UNSUPPORTED || st == TSR_E_NOTFOUND)
+                TSR_SKIP("no-gpu", "no CUDA device: %s", tsr_status_str(st));
+        assert_int_equal(st, TSR_OK);
+        void *k = NULL, *v = NULL, *x = NULL, *out = NULL;
+        uint32_t zero = 0;
+        assert_int_equal(tsr_backend_mem_alloc(cuda, 64, &k), TSR_OK);
+        assert_int_equal(tsr_backend_mem_alloc(cuda, 64, &v), TSR_OK);
+        assert_int_equal(tsr_backend_mem_alloc(cuda, 64 * sizeof(float), &x), TSR_OK);
+        assert_int_equal(tsr_backend_mem_alloc(cuda, 64 * sizeof(float), &out), TSR_OK);
+        tsr_kv_view kv = one_block(k, v, &zero, 1, 1, 64, 1.0f, 1.0f);
+        assert_int_equal(tsr_backend_kv_write(cuda, &kv, x, x, 1, 0), TSR_E_UNSUPPORTED);
+        assert_int_equal(tsr_backend_attention(cuda, out, x, &kv, 1, 0, 1, 1.0f), TSR_E_UNSUPPORTED);
+        tsr_backend_mem_free(cuda, k), tsr_backend_mem_free(cuda, v);
+        tsr_backend_mem_free(cuda, x), tsr_backend_mem_free(cuda, out);
+        tsr_backend_free(&cuda);
+}
+
+int main(void) {
+        const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_write_codes),
+                cmocka_unit_test(test_ref_vs_oracle),
+                cmocka_unit_test(test_fast_bitwise),
+                cmocka_unit_test(test_bad_views),
+                cmocka_unit_test(test_cuda_unsupported),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
