@@ -157,7 +157,13 @@ static json_t *worker_json(tsr_worker *w) {
                 return NULL;
         if (mi && mi->n_served_model_names)
                 json_object_set_new(o, "model", json_string(mi->served_model_names[0]));
+        /* Which process answers there: boot_epoch changes on every worker start, so a
+         * rolling restart can wait for the new one (live, "ready", another epoch)
+         * before stopping the next worker. */
+        if (mi && mi->worker_id && mi->worker_id[0])
+                json_object_set_new(o, "worker_id", json_string(mi->worker_id));
         if (st) {
+                json_object_set_new(o, "boot_epoch", json_integer((json_int_t)st->boot_epoch));
                 json_object_set_new(o, "num_running", json_integer(st->num_running));
                 json_object_set_new(o, "num_waiting", json_integer(st->num_waiting));
                 json_object_set_new(o, "kv_blocks_total", json_integer((json_int_t)st->kv_blocks_total));

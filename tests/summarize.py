@@ -100,6 +100,13 @@ def read_meson(path, s):
                 s.failures.append(f'{t["name"]} ({result})')
 
 
+def why_failed(elem, limit=600):
+    """The failure's message on one line, cut to LIMIT characters: CI keeps only the tail
+    of the output, so the closing lines must say why, not just what, failed."""
+    text = " ".join((elem.get("message") or elem.text or "").split())
+    return text[:limit] + ("..." if len(text) > limit else "")
+
+
 def read_junit(path, s):
     root = ET.parse(path).getroot()
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
@@ -107,9 +114,12 @@ def read_junit(path, s):
         for case in suite.iter("testcase"):
             name = f'{case.get("classname")}::{case.get("name")}'
             sk = case.find("skipped")
-            if case.find("failure") is not None or case.find("error") is not None:
+            bad = case.find("failure")
+            if bad is None:
+                bad = case.find("error")
+            if bad is not None:
                 s.counts["failed"] += 1
-                s.failures.append(name)
+                s.failures.append(f"{name}: {why_failed(bad)}")
             elif sk is not None:
                 s.counts["skipped"] += 1
                 s.skip(name, (sk.get("message") or "") + "\n" + (sk.text or ""))

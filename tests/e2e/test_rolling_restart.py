@@ -45,10 +45,25 @@ def test_rolling_restart_of_two_workers_loses_nothing(spawn, demo_model):
            "--port", rport])
     base = f"http://127.0.0.1:{rport}"
 
+    def seen(i):
+        """The router's view of worker i (GET /admin/workers), {} before its first Status."""
+        import requests
+        data = requests.get(base + "/admin/workers", timeout=5).json()["data"]
+        return next((w for w in data if w["worker"] == f"tcp://127.0.0.1:{ports[i]}"), {})
+
+    def serving(i, not_epoch=None):
+        """Worker i is live and ready, and (not_epoch) is a process started after that
+        boot epoch: a restarted worker's endpoint may still read live from the old
+        process's last Status for up to a second (CI once stopped worker 1 while worker
+        0's replacement was not yet listening, and 5 streams had nowhere to go)."""
+        w = seen(i)
+        return w.get("live") and w.get("state") == "ready" and w.get("boot_epoch") not in (None, not_epoch)
+
     def up(i):
         return any(f'worker="tcp://127.0.0.1:{ports[i]}"}} 1' in line for line in metric(base, "tessera:worker_up"))
 
-    wait_until(lambda: http_status(base + "/health") == 200 and up(0) and up(1), timeout=90, what="both workers up")
+    wait_until(lambda: http_status(base + "/health") == 200 and serving(0) and serving(1) and up(0) and up(1),
+               timeout=90, what="both workers up")
     client = OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
 
@@ -80,12 +95,13 @@ def test_rolling_restart_of_two_workers_loses_nothing(spawn, demo_model):
         wait_until(lambda: done[0] >= CLIENTS, timeout=120, what="the load running")
         for i in (0, 1):
             before = done[0]
+            epoch = seen(i)["boot_epoch"]
             os.kill(workers[i].pid, signal.SIGTERM)
             assert workers[i].wait(timeout=60) == 0, workers[i].output()[-3000:]
             # the other worker carries the whole load meanwhile
             wait_until(lambda: done[0] >= before + CLIENTS, timeout=120, what=f"load served while worker {i} is away")
             workers[i] = start_worker(i)
-            wait_until(lambda: up(i), timeout=90, what=f"worker {i} back")
+            wait_until(lambda: serving(i, not_epoch=epoch) and up(i), timeout=90, what=f"worker {i} back")
         before = done[0]
         wait_until(lambda: done[0] >= before + CLIENTS, timeout=120, what="load after the restarts")
     finally:
