@@ -145,6 +145,56 @@ void tsr_placement_pending_add(tsr_placement_pending *p, const tsr_placement_can
         p->requests++;
 }
 
+void tsr_placement_sent_prune(tsr_placement_sent_list *l, uint64_t boot_epoch, uint64_t status_seq, bool acked,
+                              uint64_t ack) {
+        size_t kept = 0;
+        if (l->boot_epoch != boot_epoch) {
+                l->n = 0;
+                l->boot_epoch = boot_epoch;
+        }
+        for (size_t i = 0; i < l->n; i++)
+                if (acked ? l->items[i].id > ack : l->items[i].status_seq == status_seq)
+                        l->items[kept++] = l->items[i];
+        l->n = kept;
+}
+
+bool tsr_placement_sent_add(tsr_placement_sent_list *l, uint64_t id, uint64_t status_seq,
+                            const tsr_placement_cand *c) {
+        tsr_placement_sent *e;
+        if (l->n == TSR_PLACEMENT_SENT_MAX) {
+                memmove(l->items, l->items + 1, (l->n - 1) * sizeof(*l->items));
+                l->n--;
+        }
+        if (l->n == l->cap) {
+                size_t cap = l->cap ? 2 * l->cap : 16;
+                tsr_placement_sent *grown = realloc(l->items, cap * sizeof(*grown));
+                if (!grown)
+                        return false;
+                l->items = grown;
+                l->cap = cap;
+        }
+        e = &l->items[l->n++];
+        memset(e, 0, sizeof(*e));
+        e->id = id;
+        e->status_seq = status_seq;
+        tsr_placement_pending_add(&e->terms, c);
+        return true;
+}
+
+void tsr_placement_sent_sum(const tsr_placement_sent_list *l, tsr_placement_pending *sum) {
+        memset(sum, 0, sizeof(*sum));
+        for (size_t i = 0; l && i < l->n; i++) {
+                sum->prefill_blocks += l->items[i].terms.prefill_blocks;
+                sum->decode_blocks += l->items[i].terms.decode_blocks;
+                sum->requests += l->items[i].terms.requests;
+        }
+}
+
+void tsr_placement_sent_free(tsr_placement_sent_list *l) {
+        free(l->items);
+        memset(l, 0, sizeof(*l));
+}
+
 static void recent_free(tsr_placement_recent_entry *e) {
         free(e->hashes);
         memset(e, 0, sizeof(*e));

@@ -25,11 +25,16 @@
  *           index (the caller lists workers from a rotating start)
  *
  * B = full blocks of the prompt, h = the leading ones the worker has cached.  The
- * "pending" terms are what this router dispatched there since the worker's last
- * Status, which cannot have counted it yet. */
+ * "pending" terms are what this router dispatched there that the worker's last Status
+ * does not count yet (its submit_acks say which).  Other routers' dispatches reach us
+ * only through Status: a worker counts a Submit as waiting from the moment it reads it
+ * and publishes a Status within 5 ms of it, so several routers see each other's
+ * placements a few milliseconds late instead of up to a step or a status interval
+ * (herding: without it, routers that each saw the same idle worker all sent there). */
 #ifndef TSR_ROUTER_PLACEMENT_H
 #define TSR_ROUTER_PLACEMENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,9 +60,8 @@ typedef struct tsr_placement_cand {
         uint32_t pending_requests;
 } tsr_placement_cand;
 
-/* What this router sent one worker since that worker's last Status: the "pending"
- * terms above.  The request layer keeps one per worker and zeroes it when the worker's
- * Status moves on. */
+/* What this router sent one worker that the worker's last Status does not count: the
+ * "pending" terms above (the request layer sums them per worker). */
 typedef struct tsr_placement_pending {
         uint64_t prefill_blocks, decode_blocks;
         uint32_t requests;
@@ -175,5 +179,39 @@ void tsr_placement_cand_fill(tsr_placement_cand *c, const struct tsr_worker *w, 
 /* Count a dispatch to the worker of candidate c in p: its prefill blocks (B - h), its
  * decode blocks (B) and one request. */
 void tsr_placement_pending_add(tsr_placement_pending *p, const tsr_placement_cand *c);
+
+/* The Submits this router sent one worker that the worker's Status may not count yet,
+ * oldest first.  A Submit leaves once a Status acknowledges its id (the worker's
+ * submit_acks entry for this router: every id up to it was read and is counted), or,
+ * from a worker whose Status carries no acknowledgement for us, once a Status newer
+ * than the one current when it was sent arrives (which may drop one the Status does
+ * not count yet: the rule before acknowledgements).  A new boot epoch empties it. */
+typedef struct tsr_placement_sent {
+        uint64_t id;                     /* the Submit's request id: increasing per router */
+        uint64_t status_seq;             /* the worker's Status seq when it was sent */
+        tsr_placement_pending terms;
+} tsr_placement_sent;
+
+typedef struct tsr_placement_sent_list {
+        uint64_t boot_epoch;
+        tsr_placement_sent *items;
+        size_t n, cap;
+} tsr_placement_sent_list;
+
+/* Most Submits kept per worker; past it the oldest are forgotten (a worker that
+ * acknowledges nothing for that long is down, or about to be declared so). */
+#define TSR_PLACEMENT_SENT_MAX 4096
+
+/* Drop what the worker's current Status (boot_epoch, status_seq; `acked`: it has an
+ * acknowledgement `ack` for us) counts, as above. */
+void tsr_placement_sent_prune(tsr_placement_sent_list *l, uint64_t boot_epoch, uint64_t status_seq, bool acked,
+                              uint64_t ack);
+/* Append Submit `id`, sent while Status status_seq was current, placed as candidate
+ * c; false when out of memory (then it is simply not counted). */
+bool tsr_placement_sent_add(tsr_placement_sent_list *l, uint64_t id, uint64_t status_seq,
+                            const tsr_placement_cand *c);
+/* The sum of l's Submits: placement's "pending" terms for that worker. */
+void tsr_placement_sent_sum(const tsr_placement_sent_list *l, tsr_placement_pending *sum);
+void tsr_placement_sent_free(tsr_placement_sent_list *l);
 
 #endif

@@ -111,6 +111,19 @@ const Tessera__V1__ModelInfo *tsr_worker_model_info(const tsr_worker *w) {
 
 const Tessera__V1__Status *tsr_worker_status(const tsr_worker *w) { return w->status ? w->status->status : NULL; }
 
+bool tsr_worker_submit_ack(const tsr_worker *w, uint64_t *last_id) {
+        const Tessera__V1__Status *st = tsr_worker_status(w);
+        size_t id_len = strlen(w->pool->router_id);
+        for (size_t i = 0; st && i < st->n_submit_acks; i++) {
+                const ProtobufCBinaryData *id = &st->submit_acks[i]->router_id;
+                if (id->len == id_len && memcmp(id->data, w->pool->router_id, id_len) == 0) {
+                        *last_id = st->submit_acks[i]->last_request_id;
+                        return true;
+                }
+        }
+        return false;
+}
+
 size_t tsr_worker_pool_count(const tsr_worker_pool *p) { return p->n_workers; }
 
 void tsr_worker_pool_set_events(tsr_worker_pool *p, const worker_events *ev) { p->ev = *ev; }

@@ -95,6 +95,11 @@ const Tessera__V1__ModelInfo *tsr_worker_model_info(const tsr_worker *w);
 const Tessera__V1__ModelInfo *tsr_worker_tokenizer(const tsr_worker *w);
 /* The worker's last Status, NULL before the first. */
 const Tessera__V1__Status *tsr_worker_status(const tsr_worker *w);
+/* Loop thread.  The highest request id of this router's Submits that w's last Status
+ * counts (its submit_acks entry for our routing id): true and *last_id set, or false
+ * when that Status has none for us (no Status yet, an older worker, or we have not
+ * been heard from since it started). */
+bool tsr_worker_submit_ack(const tsr_worker *w, uint64_t *last_id);
 /* Loop thread.  How many leading hashes of a request's block-hash chain the worker
  * has cached, by the router's mirror of its prefix cache (the Status events; cleared
  * after a lost Status or a restart, so it may under-report): counting stops at the

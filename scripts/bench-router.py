@@ -191,13 +191,15 @@ def placement(tmp, sizes=(4, 16, 64), tag="pl"):
                       f"{hit:.1%} | {imb:.2f} |", flush=True)
 
 
-def routers(tmp, n=16):
-    # Each client draws the same dataset (--seed 1): one set of 8 system prompts and the
-    # same prompts, so k clients send every prompt k times.  Each row with k routers
-    # (client j -> router j, as behind a load balancer) is therefore paired with a
-    # control: the same k clients all on one router, the same traffic.
+def routers(tmp, n=16, same_prompts=True):
+    # same_prompts: each client draws the same dataset (--seed 1): one set of 8 system
+    # prompts and the same prompts at the same instants, so k clients send every prompt
+    # k times at once (the worst case for routers that cannot see each other's
+    # dispatches).  Otherwise client j draws --seed j+1: k independent streams.  Each
+    # row with k routers (client j -> router j, as behind a load balancer) is paired
+    # with a control: the same k clients all on one router, the same traffic.
     print(f"## routers sharing one fleet of {n} GPU-like simulated workers (kv), prefix_repetition, "
-          f"{1.5 * n:g} req/s in all")
+          f"{1.5 * n:g} req/s in all, {'the same prompts in every client' if same_prompts else 'a seed per client'}")
     for k in (1, 2, 4):
         for n_routers in ((1,) if k == 1 else (k, 1)):
             fleet = Fleet(tmp, n, ["kv"] * n_routers, GPU_LIKE)
@@ -210,7 +212,7 @@ def routers(tmp, n=16):
                     args = [*BENCH, "--base-url", base, "--temperature", "0", "--disable-tqdm", "--save-result",
                             "--result-dir", tmp, "--result-filename", out.name, "--metric-percentiles", "50,99",
                             *WORKLOADS["prefix_repetition"], "--num-prompts", 12 * n // k,
-                            "--request-rate", 1.5 * n / k, "--seed", "1"]
+                            "--request-rate", 1.5 * n / k, "--seed", 1 if same_prompts else j + 1]
                     procs.append((subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL), out))
                 results = []
                 for p, out in procs:
@@ -237,7 +239,8 @@ def main():
         if what in ("placement", "all"):
             placement(tmp, sizes)
         if what in ("routers", "all"):
-            routers(tmp)
+            routers(tmp, same_prompts=True)
+            routers(tmp, same_prompts=False)
 
 
 def cpu_model():

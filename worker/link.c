@@ -31,6 +31,10 @@
 #define REAP_MIN_NS (2000ull * 1000000ull)
 #define IO_STALL_NS (1000ull * 1000000ull)
 #define MAX_TRACKED_ROUTERS 256
+/* A Submit makes the next Status come at most this long after the last one instead of
+ * at the next tick, so that every router learns of every router's dispatches within
+ * a few milliseconds (placement.h, "herding"); it also caps Status at 200 a second. */
+#define STATUS_AFTER_SUBMIT_NS (5ull * 1000000ull)
 /* Reaped routers remembered, so that one which was only stalled is told (Error
  * ROUTER_REAPED) when it speaks again, instead of waiting forever for Outputs of
  * requests that no longer exist.  A ring: a killed router simply ages out. */
@@ -41,6 +45,7 @@ typedef struct router_peer {
         size_t id_len;
         uint64_t last_heard_ns;
         uint64_t deadline_ns;   /* silence that reaps it */
+        uint64_t last_submit_id;  /* highest numeric Submit request_id read from it (Status submit_acks) */
 } router_peer;
 
 typedef struct link {
@@ -53,6 +58,11 @@ typedef struct link {
         tsr_queue *outbox;
         tsr_engine_stats stats;    /* latest snapshot from the engine */
         uint64_t status_seq;
+        uint64_t last_status_ns;
+        /* Submits handed to the engine, and their prompt tokens: what the engine's
+         * stats have not taken yet is counted as waiting in Status (in_transit). */
+        uint64_t submits_pushed, submit_tokens_pushed;
+        bool submits_unpublished;  /* a Submit came since the last Status: send one soon */
         bool draining;
         bool shutting_down;    /* stop signal seen: waiting for the engine's TSR_ENGINE_OUT_STOPPED */
         bool stop;
@@ -250,6 +260,9 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         tsr_envelope env;
         Tessera__V1__Status s;
         Tessera__V1__BlockHashEvent *evs = NULL, **evp = NULL;
+        Tessera__V1__SubmitAck acks[MAX_TRACKED_ROUTERS], *ackp[MAX_TRACKED_ROUTERS];
+        uint64_t in_transit = l->submits_pushed - l->stats.submits_taken_total;
+        uint64_t in_transit_tokens = l->submit_tokens_pushed - l->stats.submit_prompt_tokens_taken_total;
         uint8_t *p;
         size_t n;
 
@@ -264,9 +277,11 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         s.kv_blocks_free = l->stats.kv_blocks_free;
         s.kv_blocks_active = l->stats.kv_blocks_active;
         s.num_running = l->stats.num_running;
-        s.num_waiting = l->stats.num_waiting;
+        /* The engine's snapshot counts what it had taken when it was made; the rest of
+         * what we pushed is still in its inbox, waiting all the same. */
+        s.num_waiting = l->stats.num_waiting + (uint32_t)in_transit;
         s.max_num_seqs = l->stats.max_num_seqs;
-        s.waiting_prompt_tokens = l->stats.waiting_prompt_tokens;
+        s.waiting_prompt_tokens = l->stats.waiting_prompt_tokens + in_transit_tokens;
         s.endpoint = (char *)l->o->listen;
         s.engine_ready = l->stats.ready;
         s.num_preemptions_total = l->stats.num_preemptions_total;
@@ -276,6 +291,19 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         s.generation_tokens_total = l->stats.generation_tokens_total;
         s.state_slots_total = l->stats.state_slots_total;
         s.state_slots_free = l->stats.state_slots_free;
+        for (size_t i = 0; i < l->n_peers; i++) {
+                if (!l->peers[i].last_submit_id)
+                        continue;
+                tessera__v1__submit_ack__init(&acks[s.n_submit_acks]);
+                acks[s.n_submit_acks].router_id.data = l->peers[i].id;
+                acks[s.n_submit_acks].router_id.len = l->peers[i].id_len;
+                acks[s.n_submit_acks].last_request_id = l->peers[i].last_submit_id;
+                ackp[s.n_submit_acks] = &acks[s.n_submit_acks];
+                s.n_submit_acks++;
+        }
+        s.submit_acks = ackp;
+        l->last_status_ns = tsr_now_ns();
+        l->submits_unpublished = false;
         if (events && events->n) {
                 evs = calloc(events->n, sizeof(*evs));
                 evp = calloc(events->n, sizeof(*evp));
@@ -420,7 +448,14 @@ static Tessera__V1__ErrorCode error_to_wire(tsr_engine_error e) {
 /* Hand a message to the engine thread; `in` is consumed either way.  A full inbox
  * refuses a Submit now, retryable, rather than queue without bound. */
 static tsr_status to_engine(link *l, tsr_engine_in *in) {
-        tsr_status st = tsr_queue_push(l->inbox, in);
+        bool submit = in->kind == TSR_ENGINE_IN_SUBMIT;
+        size_t n_prompt = submit ? in->submit.n_prompt : 0;
+        tsr_status st = tsr_queue_push(l->inbox, in);   /* `in` is the engine's once pushed */
+        if (st == TSR_OK && submit) {
+                l->submits_pushed++;
+                l->submit_tokens_pushed += n_prompt;
+                l->submits_unpublished = true;
+        }
         if (st != TSR_OK) {
                 if (in->kind == TSR_ENGINE_IN_SUBMIT)
                         send_error(l, in->router_id, in->router_id_len, in->submit.request_id,
@@ -449,6 +484,23 @@ static void frame_to_engine(link *l, tsr_engine_in_kind kind, const uint8_t *rid
                 return;
         }
         to_engine(l, in);
+}
+
+/* Remember the highest numeric request_id a tracked router submitted (refused ones
+ * too: the router hears of those by an Error and no longer counts them pending).
+ * Routers number their Submits in increasing order per worker pipe; other ids (test
+ * clients) are not acknowledged. */
+static void note_submit_id(link *l, const uint8_t *rid, size_t rid_len, const char *request_id) {
+        router_peer *pr = find_peer(l, rid, rid_len);
+        char *end;
+        unsigned long long id;
+        if (!pr || !request_id || request_id[0] < '0' || request_id[0] > '9')
+                return;
+        errno = 0;
+        id = strtoull(request_id, &end, 10);
+        if (errno || *end || id <= pr->last_submit_id)
+                return;
+        pr->last_submit_id = id;
 }
 
 static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint8_t *p, size_t n) {
@@ -484,6 +536,7 @@ static void handle_frame(link *l, const uint8_t *rid, size_t rid_len, const uint
                 break;
         }
         case TESSERA__V1__ENVELOPE__MSG_SUBMIT:
+                note_submit_id(l, rid, rid_len, env->submit->request_id);
                 if (l->draining) {
                         send_error(l, rid, rid_len, env->submit->request_id,
                                    TESSERA__V1__ERROR_CODE__ERROR_UNAVAILABLE, true,
@@ -815,8 +868,10 @@ tsr_status tsr_link_run(const tsr_link_opts *o, tsr_queue *inbox, tsr_queue *out
                         {.fd = tsr_queue_fd(outbox), .events = ZMQ_POLLIN},
                         {.fd = stop_fd, .events = ZMQ_POLLIN},
                 };
-                uint64_t now = tsr_now_ns();
-                long timeout_ms = next_status > now ? (long)((next_status - now + 999999) / 1000000) : 0;
+                uint64_t now = tsr_now_ns(), due = next_status;
+                if (l.submits_unpublished && l.last_status_ns + STATUS_AFTER_SUBMIT_NS < due)
+                        due = l.last_status_ns + STATUS_AFTER_SUBMIT_NS;
+                long timeout_ms = due > now ? (long)((due - now + 999999) / 1000000) : 0;
                 int n = zmq_poll(items, stop_fd >= 0 ? 3 : 2, timeout_ms);
 
                 if (n < 0 && zmq_errno() != EINTR) {
@@ -838,6 +893,8 @@ tsr_status tsr_link_run(const tsr_link_opts *o, tsr_queue *inbox, tsr_queue *out
                         /* Skip missed ticks instead of bursting after a stall. */
                         while (next_status <= now)
                                 next_status += interval_ns;
+                } else if (l.submits_unpublished && now >= l.last_status_ns + STATUS_AFTER_SUBMIT_NS) {
+                        publish_status(&l, NULL);
                 }
         }
         close_sockets(&l);

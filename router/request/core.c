@@ -455,6 +455,8 @@ void tsr_request_layer_free(tsr_request_layer **Lp) {
                 rq_free(r);
         }
         free(L->table);
+        for (size_t i = 0; i < L->n_pending; i++)
+                tsr_placement_sent_free(&L->pending[i].sent);
         free(L->pending);
         tsr_placement_recent_done(&L->recent);
         free(L);

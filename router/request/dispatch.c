@@ -14,11 +14,13 @@ routing_policy tsr_request_policy_of(const tsr_config *cfg) {
 
 static const char *const policy_names[] = {"kv", "least_load", "round_robin"};
 
-/* The pending-dispatch entry of worker w as of its Status st (NULL: none yet),
- * reset when st is newer than the entry; NULL when out of memory. */
+/* The pending-dispatch entry of worker w (created empty; NULL when out of memory),
+ * pruned against its Status st (tsr_placement_sent_prune). */
 static struct pending_dispatch *pending_of(tsr_request_layer *L, const tsr_worker *w, const Tessera__V1__Status *st) {
-        uint64_t epoch = st ? st->boot_epoch : 0, seq = st ? st->seq : 0;
+        uint64_t ack = 0;
+        bool acked = tsr_worker_submit_ack(w, &ack);
         struct pending_dispatch *p = NULL;
+
         for (size_t i = 0; i < L->n_pending && !p; i++)
                 if (L->pending[i].w == w)
                         p = &L->pending[i];
@@ -31,13 +33,16 @@ static struct pending_dispatch *pending_of(tsr_request_layer *L, const tsr_worke
                 memset(p, 0, sizeof(*p));
                 p->w = w;
         }
-        if (p->boot_epoch != epoch || p->seq != seq) {
-                memset(p, 0, sizeof(*p));
-                p->w = w;
-                p->boot_epoch = epoch;
-                p->seq = seq;
-        }
+        tsr_placement_sent_prune(&p->sent, st ? st->boot_epoch : 0, st ? st->seq : 0, acked, ack);
         return p;
+}
+
+/* Count the Submit wire_id just sent to w, placed as candidate c, as pending there. */
+static void pending_record(tsr_request_layer *L, tsr_worker *w, uint64_t wire_id, const tsr_placement_cand *c) {
+        const Tessera__V1__Status *st = tsr_worker_status(w);
+        struct pending_dispatch *p = pending_of(L, w, st);
+        if (p)
+                tsr_placement_sent_add(&p->sent, wire_id, st ? st->seq : 0, c);
 }
 
 static const char *const place_path_names[] = {"cost", "all_filtered", "imbalance_guard"};
@@ -47,7 +52,7 @@ static const char *const place_path_names[] = {"cost", "all_filtered", "imbalanc
  * filters, cost with the prompt's prefix hits in each worker's mirror, imbalance
  * guard); least_load: the fewest requests running, waiting and sent since the last
  * Status; round_robin: the first candidate. */
-static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
+static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid, tsr_placement_cand *chosen) {
         tsr_router_ctx *ctx = r->L->ctx;
         routing_policy pol = tsr_request_policy_of(ctx->cfg);
         size_t n = tsr_worker_pool_count(ctx->workers), n_cand = 0, best;
@@ -87,7 +92,9 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                         if (pass == 0 && st && st->state == TESSERA__V1__STATUS__STATE__DRAINING)
                                 continue;
                         const struct pending_dispatch *p = pending_of(r->L, w, st);
-                        tsr_placement_cand_fill(c, w, st, p ? &p->sent : NULL,
+                        tsr_placement_pending sent;
+                        tsr_placement_sent_sum(p ? &p->sent : NULL, &sent);
+                        tsr_placement_cand_fill(c, w, st, &sent,
                                                 r->hash_block_size ? r->hash_block_size : r->model->block_size,
                                                 r->max_tokens > 0 ? (uint64_t)r->max_tokens : 1,
                                                 pol == ROUTE_KV ? hashes : NULL, pol == ROUTE_KV ? n_hashes : 0);
@@ -107,9 +114,7 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid) {
                 best = tsr_placement_pick(cs, n_cand, NULL, &path);
         tsr_worker *w = best == (size_t)-1 ? NULL : ws[best];
         if (w) {
-                struct pending_dispatch *p = pending_of(r->L, w, tsr_worker_status(w));
-                if (p)
-                        tsr_placement_pending_add(&p->sent, &cs[best]);
+                *chosen = cs[best];
                 if (pol == ROUTE_KV)
                         tsr_placement_recent_add(&r->L->recent, w, hashes, n_hashes, now);
                 tsr_metrics_counter_add(ctx->metrics, TSR_METRICS_PLACEMENTS, policy_names[pol], 1);
@@ -148,7 +153,8 @@ tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
         Tessera__V1__SamplingParams__LogitBiasEntry *lb = NULL, **lbp = NULL;
         uint32_t *stop_ids = r->req.stop_token_ids;
         char idbuf[24];
-        tsr_worker *w = pick_worker(r, ch->prompt, avoid);
+        tsr_placement_cand placed;
+        tsr_worker *w = pick_worker(r, ch->prompt, avoid, &placed);
         tsr_status st;
 
         if (!w)
@@ -227,6 +233,7 @@ tsr_status tsr_request_submit_choice(choice *ch, tsr_worker *avoid) {
                 tsr_request_table_del(r->L, ch);
                 return st;
         }
+        pending_record(r->L, w, ch->wire_id, &placed);
         ch->worker = w;
         ch->attempts++;
         return TSR_OK;
@@ -434,6 +441,7 @@ static void on_worker_removed(void *ud, tsr_worker *w) {
         tsr_placement_recent_forget(&L->recent, w);
         for (size_t i = 0; i < L->n_pending; i++) {
                 if (L->pending[i].w == w) {
+                        tsr_placement_sent_free(&L->pending[i].sent);
                         L->pending[i] = L->pending[--L->n_pending];
                         break;
                 }

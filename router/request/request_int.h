@@ -132,13 +132,11 @@ struct tsr_request_layer {
         rq *active;                   /* every live request, for shutdown */
         size_t n_active;
         unsigned rotate;              /* placement tie-break */
-        /* What this router sent each worker since that worker's last Status: the
-         * "pending" terms of placement.h, which the Status cannot count yet.  An entry
-         * is stale, and reads as zero, once the worker's Status seq moves on. */
+        /* What this router sent each worker that the worker's last Status does not
+         * count yet: the "pending" terms of placement.h (tsr_placement_sent_list). */
         struct pending_dispatch {
                 const tsr_worker *w;
-                uint64_t boot_epoch, seq;
-                tsr_placement_pending sent;
+                tsr_placement_sent_list sent;
         } *pending;
         size_t n_pending;
         tsr_placement_recent recent;   /* kv policy: prompts placed in the last 2 s (placement.h) */

@@ -75,6 +75,7 @@ def worker(spawn, demo_model, worker_binary):
     """The real worker and the simulated one (tessera-sim-worker), the same wire."""
     port = free_port_pair()
     proc = spawn([worker_binary, demo_model, "--listen", f"tcp://127.0.0.1:{port}", "--served-model-name", "wire"])
+    proc.port = port                                  # Status is published on port + 1
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.ROUTING_ID, b"pytest-router")
@@ -192,3 +193,42 @@ def test_drain_refuses_new_submits_retryably(worker):
     assert err[4] == [1]                          # retryable
     assert b"draining" in err[3][0]
     assert "drain requested" in proc.output()
+
+
+HEARTBEAT, STATUS, ABORT = 42, 30, 21
+
+
+def test_status_counts_and_acknowledges_submits(worker):
+    """Status counts a Submit as waiting or running from the moment the worker has read
+    it, and names, for each router that sends Heartbeats, the highest request id it has
+    read (submit_acks): routers keep their own dispatches above it as pending and learn
+    of every other router's from the counts (router/placement.h, herding)."""
+    proc, sock = worker
+    hello(sock)
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{proc.port + 1}")
+    try:
+        sock.send(envelope(HEARTBEAT, field(1, 2, b"pytest-router") + field(2, 0, 250)))
+        ids = [b"41", b"42", b"43"]
+        for rid in ids:   # long enough to be running when the Status is read
+            sock.send(envelope(SUBMIT, field(1, 2, rid) + field(2, 2, varint(504) + varint(28)) + field(4, 0, 4000) +
+                               field(7, 0, 1)))
+        found = None
+        deadline = time.monotonic() + 30
+        while found is None and time.monotonic() < deadline:
+            if not sub.poll(1000):
+                continue
+            msg = read_fields(sub.recv())
+            st = read_fields(msg[STATUS][0])
+            acks = [read_fields(a) for a in st.get(27, [])]
+            mine = [a[2][0] for a in acks if a[1] == [b"pytest-router"]]
+            if mine and mine[0] == 43:
+                found = st
+        assert found is not None, "no Status acknowledged request 43"
+        # every Submit it acknowledges is counted, running or still waiting
+        assert found.get(9, [0])[0] + found.get(10, [0])[0] == 3, found
+        sock.send(envelope(ABORT, field(1, 2, b"41") + field(1, 2, b"42") + field(1, 2, b"43")))
+    finally:
+        sub.close()

@@ -311,6 +311,55 @@ static void test_cand_fill_and_pending(void **state) {
         assert_int_equal(p.prefill_blocks, 8);
 }
 
+/* The Submits a router keeps pending per worker: acknowledged ids leave, the rest stay
+ * across Status updates; without an acknowledgement a newer Status clears what was
+ * sent before it; a new boot epoch clears everything; the oldest go past the cap. */
+static void test_sent_list(void **state) {
+        (void)state;
+        tsr_placement_sent_list l = {0};
+        tsr_placement_pending sum;
+        tsr_placement_cand c = {.blocks = 4, .hits = 1};
+
+        tsr_placement_sent_prune(&l, 7, 1, false, 0);           /* epoch 7, Status seq 1 */
+        for (uint64_t id = 10; id < 15; id++)
+                assert_true(tsr_placement_sent_add(&l, id, 1, &c));
+        tsr_placement_sent_sum(&l, &sum);
+        assert_int_equal(sum.requests, 5);
+        assert_int_equal(sum.prefill_blocks, 5 * 3);
+        assert_int_equal(sum.decode_blocks, 5 * 4);
+
+        /* Status 2 acknowledges up to 12: 13 and 14 are still pending, whatever the seq. */
+        tsr_placement_sent_prune(&l, 7, 2, true, 12);
+        tsr_placement_sent_sum(&l, &sum);
+        assert_int_equal(sum.requests, 2);
+        assert_int_equal(l.items[0].id, 13);
+        assert_int_equal(l.items[1].id, 14);
+        assert_true(tsr_placement_sent_add(&l, 15, 2, &c));
+        /* A Status without our acknowledgement (an older worker): only what was sent
+         * while seq 3 was current would stay, so all three leave. */
+        tsr_placement_sent_prune(&l, 7, 3, false, 0);
+        assert_int_equal(l.n, 0);
+        assert_true(tsr_placement_sent_add(&l, 16, 3, &c));
+        tsr_placement_sent_prune(&l, 7, 3, false, 0);            /* same Status: kept */
+        assert_int_equal(l.n, 1);
+        tsr_placement_sent_prune(&l, 7, 4, true, 15);            /* acked below it: kept */
+        assert_int_equal(l.n, 1);
+        tsr_placement_sent_prune(&l, 8, 1, true, 99);            /* restarted: nothing carries over */
+        assert_int_equal(l.n, 0);
+        assert_int_equal(l.boot_epoch, 8);
+        tsr_placement_sent_sum(NULL, &sum);                       /* no entry: zeros */
+        assert_int_equal(sum.requests + sum.prefill_blocks + sum.decode_blocks, 0);
+
+        for (uint64_t id = 1; id <= TSR_PLACEMENT_SENT_MAX + 3; id++)
+                assert_true(tsr_placement_sent_add(&l, id, 1, &c));
+        assert_int_equal(l.n, TSR_PLACEMENT_SENT_MAX);
+        assert_int_equal(l.items[0].id, 4);                      /* 1..3 forgotten */
+        assert_int_equal(l.items[l.n - 1].id, TSR_PLACEMENT_SENT_MAX + 3);
+        tsr_placement_sent_free(&l);
+        assert_null(l.items);
+        tsr_placement_sent_free(&l);                              /* twice is harmless */
+}
+
 /* Recent placements count as hits on their worker only, for their shared leading
  * run, until they age out or the worker is forgotten. */
 static void test_recent_placements(void **state) {
@@ -591,6 +640,7 @@ int main(void) {
                 cmocka_unit_test(test_pick),
                 cmocka_unit_test(test_imbalance_guard),
                 cmocka_unit_test(test_cand_fill_and_pending),
+                cmocka_unit_test(test_sent_list),
                 cmocka_unit_test(test_recent_placements),
                 cmocka_unit_test(test_recent_scan_matches_brute_force),
                 cmocka_unit_test(test_worker_dns_parse),

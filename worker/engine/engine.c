@@ -531,6 +531,8 @@ static void take_inbox(tsr_engine *e, bool block) {
                         return;
                 }
                 if (in->kind == TSR_ENGINE_IN_SUBMIT) {
+                        e->stats.submits_taken_total++;
+                        e->stats.submit_prompt_tokens_taken_total += in->submit.n_prompt;
                         if (!e->params.model)
                                 send_error(e, in->router_id, in->router_id_len, in->submit.request_id,
                                            TSR_ENGINE_ERROR_UNAVAILABLE, true,

@@ -143,6 +143,11 @@ typedef struct tsr_engine_stats {
         uint64_t prefix_cache_hits_total;
         uint64_t prompt_tokens_total;
         uint64_t generation_tokens_total;
+        /* Submits taken off the inbox (admitted or refused) and their prompt tokens:
+         * the io thread subtracts these from what it pushed to count the ones still in
+         * the inbox as waiting. */
+        uint64_t submits_taken_total;
+        uint64_t submit_prompt_tokens_taken_total;
 } tsr_engine_stats;
 
 /* A request to run, as the io thread decoded and validated it from the wire (the
