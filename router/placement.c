@@ -23,6 +23,15 @@ double tsr_placement_cost(const tsr_placement_cand *c) {
         return (double)prefill_blocks(c) + q + TSR_PLACEMENT_DECODE_WEIGHT * d;
 }
 
+bool tsr_placement_timed(const tsr_placement_cand *c) { return c->prefill_tps > 0 && c->decode_ms > 0; }
+
+double tsr_placement_ttft_ms(const tsr_placement_cand *c) {
+        double bs = c->block_size ? (double)c->block_size : 1.0;
+        double tokens = (double)(prefill_blocks(c) + c->pending_prefill_blocks) * bs + (double)c->waiting_prompt_tokens;
+        bool decoding = c->num_running + c->pending_requests > 0;
+        return tokens / c->prefill_tps * 1e3 + (decoding ? 1.5 * c->decode_ms : 0.0);
+}
+
 int tsr_placement_passes(const tsr_placement_cand *c, const tsr_placement_params *p) {
         if (c->num_waiting >= p->queue_cap)
                 return 0;
@@ -42,10 +51,16 @@ static bool better(const tsr_placement_cand *a, double cost_a, const tsr_placeme
         return tsr_placement_load(a) < tsr_placement_load(b);
 }
 
+/* The cost pick compares: the estimated TTFT when every candidate reports its step
+ * timing, else the block cost (a worker that has not measured yet, an older worker). */
+static double pick_cost(const tsr_placement_cand *c, bool timed) {
+        return timed ? tsr_placement_ttft_ms(c) : tsr_placement_cost(c);
+}
+
 size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n, const tsr_placement_params *p,
                           tsr_placement_path *path) {
         tsr_placement_params defaults = TSR_PLACEMENT_DEFAULTS;
-        bool *keep;
+        bool *keep, timed = true;
         size_t kept = 0, best = (size_t)-1;
         double min_load = 0, max_load = 0;
         tsr_placement_path how = TSR_PLACE_COST;
@@ -54,6 +69,8 @@ size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n, const tsr_place
                 return (size_t)-1;
         if (!p)
                 p = &defaults;
+        for (size_t i = 0; i < n; i++)
+                timed = timed && tsr_placement_timed(&c[i]);
         keep = calloc(n, sizeof(*keep));       /* NULL (no memory): plain argmin over all */
         for (size_t i = 0; keep && i < n; i++)
                 kept += (keep[i] = tsr_placement_passes(&c[i], p));
@@ -82,7 +99,7 @@ size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n, const tsr_place
                                 continue;
                         if (best == (size_t)-1 || c[i].hits > c[best].hits ||
                             (c[i].hits == c[best].hits &&
-                             better(&c[i], tsr_placement_cost(&c[i]), &c[best], tsr_placement_cost(&c[best]))))
+                             better(&c[i], pick_cost(&c[i], timed), &c[best], pick_cost(&c[best], timed))))
                                 best = i;
                 }
         } else {
@@ -90,7 +107,7 @@ size_t tsr_placement_pick(const tsr_placement_cand *c, size_t n, const tsr_place
                         if (keep && !keep[i])
                                 continue;
                         if (best == (size_t)-1 ||
-                            better(&c[i], tsr_placement_cost(&c[i]), &c[best], tsr_placement_cost(&c[best])))
+                            better(&c[i], pick_cost(&c[i], timed), &c[best], pick_cost(&c[best], timed)))
                                 best = i;
                 }
         }
@@ -126,6 +143,8 @@ void tsr_placement_cand_fill(tsr_placement_cand *c, const tsr_worker *w, const T
                 c->kv_total = st->kv_blocks_total;
                 c->kv_free = st->kv_blocks_free;
                 c->kv_active = st->kv_blocks_active;
+                c->prefill_tps = st->prefill_tokens_per_s;
+                c->decode_ms = st->decode_step_ms;
         }
         if (p) {
                 c->pending_prefill_blocks = p->prefill_blocks;

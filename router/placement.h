@@ -13,10 +13,16 @@
  *           (a worker that reports no KV total skips the two KV filters; when no
  *           candidate passes, all are kept: the engines queue, the router never
  *           refuses a request that some worker could take later)
- *   cost    max(0, (B - h) + Q) + w_d * D
- *           Q = waiting_prompt_tokens / block_size + pending_prefill_blocks
- *           D = kv_active + pending_decode_blocks
- *           w_d = TSR_PLACEMENT_DECODE_WEIGHT (1, below)
+ *   cost    when every candidate's Status carries the worker's step timing (its
+ *           prefill rate P tokens/s and decode step D ms, measured by its engine):
+ *           the estimated TTFT in ms,
+ *             ((B - h + pending_prefill_blocks) * block_size + waiting_prompt_tokens) / P
+ *             + 1.5 D when the worker is decoding (running or pending requests)
+ *           otherwise, in blocks:
+ *             max(0, (B - h) + Q) + w_d * D
+ *             Q = waiting_prompt_tokens / block_size + pending_prefill_blocks
+ *             D = kv_active + pending_decode_blocks
+ *             w_d = TSR_PLACEMENT_DECODE_WEIGHT (1, below)
  *   guard   load = running + waiting + pending_requests; when max - min > 64 and
  *           max > 1.5 min, only workers with load <= min + 64 stay, and among them
  *           the longest prefix hit wins (SGLang's imbalance guard): a hot prefix
@@ -58,6 +64,9 @@ typedef struct tsr_placement_cand {
         /* Dispatched by this router since the worker's last Status. */
         uint64_t pending_prefill_blocks, pending_decode_blocks;
         uint32_t pending_requests;
+        /* The worker's step timing (Status; 0 = not measured). */
+        double prefill_tps;              /* prefill tokens per second */
+        double decode_ms;                /* a decoding step's milliseconds */
 } tsr_placement_cand;
 
 /* What this router sent one worker that the worker's last Status does not count: the
@@ -84,6 +93,13 @@ typedef enum tsr_placement_path {
 } tsr_placement_path;
 
 double tsr_placement_cost(const tsr_placement_cand *c);
+/* Whether c's worker reported its step timing (prefill_tps and decode_ms > 0). */
+bool tsr_placement_timed(const tsr_placement_cand *c);
+/* The estimated time to first token on c's worker, in ms (needs timing): the prompt's
+ * uncached blocks, the prefill queued and pending there, at its prefill rate, plus 1.5
+ * decode steps when it is decoding (the rest of the current step, on average half,
+ * and the step our prefill joins). */
+double tsr_placement_ttft_ms(const tsr_placement_cand *c);
 /* requests running, waiting, and sent since the last Status */
 double tsr_placement_load(const tsr_placement_cand *c);
 int tsr_placement_passes(const tsr_placement_cand *c, const tsr_placement_params *p);

@@ -291,6 +291,8 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         s.generation_tokens_total = l->stats.generation_tokens_total;
         s.state_slots_total = l->stats.state_slots_total;
         s.state_slots_free = l->stats.state_slots_free;
+        s.prefill_tokens_per_s = l->stats.prefill_tokens_per_s;
+        s.decode_step_ms = l->stats.decode_step_ms;
         for (size_t i = 0; i < l->n_peers; i++) {
                 if (!l->peers[i].last_submit_id)
                         continue;

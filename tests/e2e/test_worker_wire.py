@@ -1,12 +1,13 @@
 """Speak the protocol to a real worker with pyzmq: garbage is dropped and the worker
 keeps serving; Hello gets ModelInfo; Submit gets the engine's clear refusal."""
 import random
+import struct
 import time
 
 import pytest
 import zmq
 
-from conftest import free_port_pair
+from conftest import SIM_WORKER, free_port_pair
 
 # A few lines of protobuf encoding by hand, so the test depends on the wire format
 # itself (field numbers of proto/tessera.proto), not on generated Python code.
@@ -212,9 +213,9 @@ def test_status_counts_and_acknowledges_submits(worker):
     try:
         sock.send(envelope(HEARTBEAT, field(1, 2, b"pytest-router") + field(2, 0, 250)))
         ids = [b"41", b"42", b"43"]
+        prompt = b"".join(varint(t) for t in [504, 28] * 20)   # 40 tokens: a prefill the timing model samples
         for rid in ids:   # long enough to be running when the Status is read
-            sock.send(envelope(SUBMIT, field(1, 2, rid) + field(2, 2, varint(504) + varint(28)) + field(4, 0, 4000) +
-                               field(7, 0, 1)))
+            sock.send(envelope(SUBMIT, field(1, 2, rid) + field(2, 2, prompt) + field(4, 0, 4000) + field(7, 0, 1)))
         found = None
         deadline = time.monotonic() + 30
         while found is None and time.monotonic() < deadline:
@@ -229,6 +230,62 @@ def test_status_counts_and_acknowledges_submits(worker):
         assert found is not None, "no Status acknowledged request 43"
         # every Submit it acknowledges is counted, running or still waiting
         assert found.get(9, [0])[0] + found.get(10, [0])[0] == 3, found
+        # the engine's step timing (prefill tokens/s, decode step ms) follows once it
+        # has run a prefill and a decode step
+        timing = None
+        while timing is None and time.monotonic() < deadline:
+            if sub.poll(1000):
+                st = read_fields(read_fields(sub.recv())[STATUS][0])
+                tps, dms = (struct.unpack("<f", st[f][0])[0] if f in st else 0.0 for f in (28, 29))
+                if tps > 0 and dms > 0:
+                    timing = (tps, dms)
+        assert timing is not None, "no Status carried the step timing"
         sock.send(envelope(ABORT, field(1, 2, b"41") + field(1, 2, b"42") + field(1, 2, b"43")))
     finally:
+        sub.close()
+
+
+def test_step_timing_measures_the_simulated_cost(spawn, demo_model):
+    """The engine's step timing, against a worker whose cost is known: the simulated
+    one sleeps prompt_tokens / 20,000 s per prefill and 20 ms + 0.1 ms per sequence per
+    decode step.  A sleep never ends early, so the measured decode step is at least
+    20 ms and the prefill rate at most 20,000 tokens/s; the other bounds are loose (a
+    loaded machine only oversleeps).  No logprobs: prompt logprobs over a 1,000-token
+    prompt cost the step 0.5 s here, and a step's time is what the rate measures."""
+    port = free_port_pair()
+    spawn([SIM_WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{port}", "--sim-prefill-tokens-per-s", "20000",
+           "--sim-decode-ms", "20", "--sim-decode-ms-per-seq", "0.1"])
+    ctx = zmq.Context.instance()
+    sock, sub = ctx.socket(zmq.DEALER), ctx.socket(zmq.SUB)
+    for s in (sock, sub):
+        s.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTING_ID, b"pytest-router")
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(f"tcp://127.0.0.1:{port}")
+    sub.connect(f"tcp://127.0.0.1:{port + 1}")
+    try:
+        hello(sock)
+        # three prefills of 1,000 distinct tokens (50 ms each), one after another's first
+        # token, so that the median is over three samples; then 40 decode steps each
+        for k in range(3):
+            prompt = b"".join(varint(t) for t in range(500 + 1000 * k, 1500 + 1000 * k))
+            sock.send(envelope(SUBMIT, field(1, 2, str(7 + k).encode()) + field(2, 2, prompt) + field(4, 0, 40) +
+                               field(7, 0, 1) + field(8, 0, (1 << 64) - 1) + field(9, 0, (1 << 64) - 1)))  # no logprobs
+            assert sock.poll(30000), "no Output"
+            assert OUTPUT in read_fields(sock.recv())
+        timing, deadline = None, time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if sub.poll(1000):
+                st = read_fields(read_fields(sub.recv())[STATUS][0])
+                tps, dms = (struct.unpack("<f", st[f][0])[0] if f in st else 0.0 for f in (28, 29))
+                if tps > 0 and dms > 0:
+                    timing = (tps, dms)
+                    if st.get(9, [0])[0] == 0 and st.get(10, [0])[0] == 0:
+                        break           # the request finished: every step sampled
+        assert timing is not None, "no Status carried the step timing"
+        tps, dms = timing
+        assert 2000 <= tps <= 20000 * 1.001, timing
+        assert 20.0 <= dms <= 200.0, timing
+    finally:
+        sock.close()
         sub.close()

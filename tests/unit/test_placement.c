@@ -1,5 +1,6 @@
 /* router placement: the hash set behind the prefix-cache mirror, the mirror's event
  * and gap rules, and the routers.md §6.4 filters, cost, imbalance guard and tie-breaks. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -236,6 +237,55 @@ static void test_pick(void **state) {
         assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 1);
         c[0] = cand(5, 0, 0, 1, 0, 0);
         assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 0);
+}
+
+/* With every worker's step timing known, the pick compares estimated TTFTs: the
+ * prompt's uncached and the queued prefill at the worker's rate, plus 1.5 decode
+ * steps on a worker that is decoding.  A GPU-like worker (20k prefill tokens/s, 20 ms
+ * decode step) holding 64 of a prompt's 68 blocks while it decodes one request
+ * (68 active blocks) answers in 4 * 16 / 20k s + 30 ms = 33.2 ms; an idle one that
+ * holds nothing in 68 * 16 / 20k s = 54.4 ms.  The block cost picked the idle one
+ * (68 < 4 + 68); the TTFT estimate picks the holder.  One worker without timing puts
+ * every candidate back on the block cost. */
+static void test_ttft_cost(void **state) {
+        tsr_placement_cand c[2];
+        tsr_placement_path path;
+        (void)state;
+        c[0] = cand(68, 64, 0, 1, 0, 68);
+        c[0].kv_total = c[1].kv_total = 1000;
+        c[0].kv_free = 1000 - 68;
+        c[1] = cand(68, 0, 0, 0, 0, 0);
+        c[1].kv_total = 1000;
+        c[1].kv_free = 1000;
+        assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 1);      /* no timing: blocks */
+        for (int i = 0; i < 2; i++) {
+                c[i].prefill_tps = 20000;
+                c[i].decode_ms = 20;
+        }
+        assert_true(tsr_placement_timed(&c[0]));
+        assert_true(fabs(tsr_placement_ttft_ms(&c[0]) - (4.0 * 16 / 20000 * 1e3 + 30.0)) < 1e-9);
+        assert_true(fabs(tsr_placement_ttft_ms(&c[1]) - 68.0 * 16 / 20000 * 1e3) < 1e-9);
+        assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 0);
+        assert_int_equal(path, TSR_PLACE_COST);
+        /* queued prefill there (waiting prompt tokens, our own pending Submits) counts */
+        c[0].waiting_prompt_tokens = 512;                   /* +25.6 ms: 58.8 > 54.4 */
+        assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 1);
+        c[0].waiting_prompt_tokens = 0;
+        c[0].pending_prefill_blocks = 32;                   /* the same, sent by us */
+        assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 1);
+        c[0].pending_prefill_blocks = 0;
+        /* a request dispatched to an idle worker makes it decoding */
+        c[1].pending_requests = 1;
+        assert_true(fabs(tsr_placement_ttft_ms(&c[1]) - (68.0 * 16 / 20000 * 1e3 + 30.0)) < 1e-9);
+        c[1].pending_requests = 0;
+        /* one worker that has not measured yet: both on the block cost again */
+        c[1].decode_ms = 0;
+        assert_false(tsr_placement_timed(&c[1]));
+        assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 1);
+        /* the filters still apply first */
+        c[1].decode_ms = 20;
+        c[0].kv_free = 0;
+        assert_int_equal(tsr_placement_pick(c, 2, NULL, &path), 1);
 }
 
 static void test_imbalance_guard(void **state) {
@@ -638,6 +688,7 @@ int main(void) {
                 cmocka_unit_test(test_cost),
                 cmocka_unit_test(test_filters),
                 cmocka_unit_test(test_pick),
+                cmocka_unit_test(test_ttft_cost),
                 cmocka_unit_test(test_imbalance_guard),
                 cmocka_unit_test(test_cand_fill_and_pending),
                 cmocka_unit_test(test_sent_list),

@@ -134,6 +134,11 @@ typedef struct step_plan {
         size_t n_want;                /* logits rows the forward writes */
         tsr_status st;                /* preparing or running the forward */
         uint64_t step;
+        /* What the step computed and how long it took (execute_plan), for the step
+         * timing model the routers' placement reads (step_timing_update). */
+        uint64_t prefill_tokens;
+        uint32_t n_decode;
+        uint64_t compute_ns;
 } step_plan;
 
 /* A thread that runs one plan at a time for the engine: job_launch hands it a plan,
@@ -162,6 +167,11 @@ struct tsr_engine {
         slot_list waiting;            /* FCFS order (front = next), preempted requests pushed to the front */
         tsr_engine_stats stats;
         tsr_engine_stats last_published;
+        /* The step timing model (step_timing_update). Engine thread. */
+        struct timing_samples {
+                double v[8];          /* the last samples, a ring */
+                unsigned n, next;
+        } prefill_tps, decode_ms;
         uint64_t step;
         uint64_t next_seq;
         /* logits, logits_rows and scratch belong to execute_plan: the step thread's
@@ -316,6 +326,54 @@ static void send_error(tsr_engine *e, const uint8_t *rid, size_t rid_len, const 
         push_out(e, out);
 }
 
+/* The step timing model routers place by (Status prefill_tokens_per_s and
+ * decode_step_ms, router/placement.h): a step takes about prefill_tokens / P, plus D
+ * when it decodes.  A step that only decodes samples D; one that prefills at least
+ * TIMING_MIN_PREFILL tokens samples P from the time left after D (once D is known when
+ * it also decodes).  Each is the median of its last 8 samples: it follows the batch
+ * size and context lengths as load changes, and one step stretched by a page fault,
+ * a first-call allocation or a descheduled thread (seen: a 50 ms simulated prefill
+ * timed at 1.1 s on a loaded machine) does not move it.  Engine thread (both loops
+ * apply here). */
+#define TIMING_MIN_PREFILL 32
+
+static void timing_add(struct timing_samples *t, double v) {
+        t->v[t->next] = v;
+        t->next = (t->next + 1) % 8;
+        if (t->n < 8)
+                t->n++;
+}
+
+/* The median of the samples (the lower middle of an even count); 0 without any. */
+static double timing_median(const struct timing_samples *t) {
+        double v[8];
+        if (!t->n)
+                return 0;
+        memcpy(v, t->v, t->n * sizeof(*v));
+        for (unsigned i = 1; i < t->n; i++)      /* insertion sort: at most 8 */
+                for (unsigned j = i; j > 0 && v[j - 1] > v[j]; j--) {
+                        double x = v[j];
+                        v[j] = v[j - 1];
+                        v[j - 1] = x;
+                }
+        return v[(t->n - 1) / 2];
+}
+
+static void step_timing_update(tsr_engine *e, const step_plan *p) {
+        double dt = (double)p->compute_ns / 1e9, decode_s = timing_median(&e->decode_ms) / 1e3, rest;
+        if (!p->n || p->st != TSR_OK || dt <= 0)
+                return;
+        if (p->n_decode && !p->prefill_tokens) {
+                timing_add(&e->decode_ms, dt * 1e3);
+                return;
+        }
+        if (p->prefill_tokens < TIMING_MIN_PREFILL || (p->n_decode && decode_s <= 0))
+                return;
+        rest = dt - (p->n_decode ? decode_s : 0);
+        if (rest > 0.1 * dt)   /* else the decode estimate is off for this step: no sample */
+                timing_add(&e->prefill_tps, (double)p->prefill_tokens / rest);
+}
+
 static void refresh_stats(tsr_engine *e) {
         tsr_kv_stats ks;
         uint64_t waiting_tokens = 0;
@@ -332,6 +390,8 @@ static void refresh_stats(tsr_engine *e) {
         e->stats.waiting_prompt_tokens = waiting_tokens;
         e->stats.prefix_cache_queries_total = ks.prefix_cache_queries;
         e->stats.prefix_cache_hits_total = ks.prefix_cache_hits;
+        e->stats.prefill_tokens_per_s = (float)timing_median(&e->prefill_tps);
+        e->stats.decode_step_ms = (float)timing_median(&e->decode_ms);
 }
 
 /* Publish when something a router can see changed, with the prefix-cache events. */
@@ -1123,8 +1183,19 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
  * first Output.  The step thread with --async-scheduling, else the engine thread. */
 static void execute_plan(tsr_engine *e, step_plan *p) {
         const tsr_engine_model *m = e->params.model;
+        uint64_t t0 = tsr_now_ns();
+        p->compute_ns = 0;
         if (p->n == 0)
                 return;
+        p->prefill_tokens = 0;
+        p->n_decode = 0;
+        for (size_t i = 0; i < p->n; i++) {
+                const tsr_engine_seq *q = &p->seqs[i];
+                if (q->n == 1 && q->past_len > 0 && q->want_logits && !q->want_all_logits)
+                        p->n_decode++;
+                else
+                        p->prefill_tokens += q->n;
+        }
         if (p->st == TSR_OK && p->n_want > e->logits_rows) {
                 float *g = realloc(e->logits, p->n_want * m->vocab * sizeof(float));
                 if (g) {
@@ -1196,6 +1267,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                         e->logits_rows = keep;
                 }
         }
+        p->compute_ns = tsr_now_ns() - t0;
 }
 
 /* The step's results into the slots: store each chunk's KV in the prefix cache, append
@@ -1204,6 +1276,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
  * Engine thread. */
 static void apply_plan(tsr_engine *e, step_plan *p) {
         size_t kept = 0;
+        step_timing_update(e, p);
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 slot *s = pe->s;

@@ -148,6 +148,11 @@ typedef struct tsr_engine_stats {
          * the inbox as waiting. */
         uint64_t submits_taken_total;
         uint64_t submit_prompt_tokens_taken_total;
+        /* The step timing model (engine.c step_timing_update): prefill tokens per
+         * second and a decode step's milliseconds at the current load; 0 = not
+         * measured yet. */
+        float prefill_tokens_per_s;
+        float decode_step_ms;
 } tsr_engine_stats;
 
 /* A request to run, as the io thread decoded and validated it from the wire (the
