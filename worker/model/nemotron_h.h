@@ -58,6 +58,7 @@ typedef struct tsr_nemotron_h_config {
         uint32_t mlp_hidden;                                    /* '-' layers */
         float eps;
         bool tied_embeddings;
+        bool residual_in_fp32;          /* a bf16 model keeps the residual stream in float32 */
 } tsr_nemotron_h_config;
 
 /* Read `dir`/config.json.  TSR_E_INVAL (missing or bad field: `err` names the file and
@@ -88,6 +89,16 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                                char *err, size_t errlen);
 void tsr_nemotron_h_free(tsr_nemotron_h **m);
 const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m);
+/* --dtype bfloat16: the linears (in_proj, out_proj, q/k/v/o, routed and shared experts,
+ * the dense MLP, lm_head) rounded to bf16 (exact for a bf16 checkpoint, which the loader
+ * widened), float32 copies freed; the router, A, D, dt_bias, conv weights, norms and the
+ * embedding stay float32 (models.md §3), the recurrent state stays float32, and the
+ * residual stream is held at bf16 precision unless config.json says residual_in_fp32.
+ * TSR_OK (also when already), TSR_E_NOMEM (model unchanged).  Main thread, after load. */
+tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m);
+bool tsr_nemotron_h_is_bf16(const tsr_nemotron_h *m);
+/* Bytes the weights take in memory as now held (float32, or bf16 linears). */
+uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m);
 /* TSR_OK when `be` has every op the forward uses on host memory. */
 tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be);
 
