@@ -78,6 +78,7 @@ static void nh_free(void **model) {
  * float32 (tsr_nemotron_h_use_bf16). */
 static tsr_status nh_use_bf16(void *model) { return tsr_nemotron_h_use_bf16(model); }
 static bool nh_is_bf16(const void *model) { return tsr_nemotron_h_is_bf16(model); }
+static uint64_t nh_resident_bytes(const void *model) { return tsr_nemotron_h_resident_bytes(model); }
 static tsr_status nh_check_backend(const void *model, const tsr_backend *be) {
         return tsr_nemotron_h_check_backend(model, be);
 }
@@ -131,6 +132,7 @@ const tsr_model_family tsr_family_nemotron_h = {
         .free = nh_free,
         .use_bf16 = nh_use_bf16,
         .is_bf16 = nh_is_bf16,
+        .resident_bytes = nh_resident_bytes,
         .check_backend = nh_check_backend,
         .kv_bind = nh_kv_bind,
         .kv_unbind = nh_kv_unbind,
