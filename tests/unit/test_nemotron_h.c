@@ -308,6 +308,7 @@ static void test_config(void **state) {
         assert_int_equal(c->n_group, 2);
         assert_int_equal(c->topk_group, 1);
         assert_true(isinf(c->dt_max) && c->dt_min == 0.0f);   /* transformers 5's {"__float__": "Infinity"} */
+        assert_false(c->residual_in_fp32);
         /* one slot: 2 Mamba layers x (3 conv rows x 128 + 8 x 8 x 16 state) floats */
         assert_int_equal(tsr_nemotron_h_slot_bytes(c), 2 * (3 * 128 + 8 * 8 * 16) * 4);
 }
@@ -592,6 +593,8 @@ static void test_config_errors(void **state) {
                 {"\"mamba_hidden_act\": \"gelu\"", TSR_E_UNSUPPORTED, "mamba_hidden_act"},
                 {"\"mlp_hidden_act\": \"silu\"", TSR_E_UNSUPPORTED, "mlp_hidden_act"},
                 {"\"moe_latent_size\": 16", TSR_E_UNSUPPORTED, "moe_latent_size"},
+                {"\"mamba_ssm_cache_dtype\": \"bfloat16\"", TSR_E_UNSUPPORTED, "mamba_ssm_cache_dtype"},
+                {"\"residual_in_fp32\": \"yes\"", TSR_E_INVAL, "residual_in_fp32"},
                 {"\"n_group\": 3", TSR_E_INVAL, "n_group"},
                 {"\"n_groups\": 3", TSR_E_INVAL, "n_groups"},
                 {"\"time_step_limit\": [0.5, 0.1]", TSR_E_INVAL, "time_step_limit"},
@@ -878,6 +881,44 @@ static void test_bf16_downcast(void **state) {
         free(ref);
 }
 
+/* residual_in_fp32 true: the bf16 model's residual stream stays float32 (transformers
+ * adds in float32 then): other logits than the default's bf16 stream, within the bar. */
+static void test_bf16_residual_in_fp32(void **state) {
+        char dir[] = "/tmp/tsr_nh_res_XXXXXX", path[1200], src[1200], err[512] = "";
+        size_t n_rows, rows = prompt_rows();
+        float *want = load_logits(&n_rows), *got = malloc(rows * vocab * sizeof(float));
+        float *ref = malloc(rows * vocab * sizeof(float));
+        tsr_nemotron_h *m = NULL;
+        json_error_t je;
+        json_t *cfg;
+        fidelity f = {0};
+
+        (void)state;
+        assert_non_null(mkdtemp(dir));
+        snprintf(src, sizeof src, "%s/model.safetensors", bf16_dir);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        assert_int_equal(symlink(src, path), 0);
+        snprintf(src, sizeof src, "%s/config.json", bf16_dir);
+        assert_non_null(cfg = json_load_file(src, 0, &je));
+        json_object_set_new(cfg, "residual_in_fp32", json_true());
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        assert_int_equal(json_dump_file(cfg, path, 0), 0);
+        json_decref(cfg);
+        assert_int_equal(tsr_nemotron_h_load(dir, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
+        assert_true(tsr_nemotron_h_config_of(m)->residual_in_fp32);
+        assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
+        full_rows(m, be, NULL, 0, got);
+        full_rows(model16, be, NULL, 0, ref);
+        assert_memory_not_equal(got, ref, rows * vocab * sizeof(float));
+        fidelity_add(&f, got, want, rows);
+        fidelity_check("bf16, residual_in_fp32", &f);
+        tsr_nemotron_h_free(&m);
+        remove_copy(dir);
+        free(want);
+        free(got);
+        free(ref);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config),
@@ -898,6 +939,7 @@ int main(void) {
                 cmocka_unit_test(test_bf16_fast_backend),
                 cmocka_unit_test(test_bf16_upcast),
                 cmocka_unit_test(test_bf16_downcast),
+                cmocka_unit_test(test_bf16_residual_in_fp32),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -530,6 +530,18 @@ nomem:
         return TSR_E_NOMEM;
 }
 
+/* The state's dtype, in every weight dtype: float32.  vLLM keeps the SSM state in
+ * mamba_ssm_cache_dtype (config.json: "float32" in the real checkpoints; another value
+ * is refused by the config reader) and the conv state in the model dtype (bf16 under
+ * mamba_cache_dtype auto).  We keep the conv state float32 too, because (1) it holds
+ * raw in_proj outputs, which our bf16 matmul returns in float32: rounding only the rows
+ * that cross a chunk boundary would make a chunked prefill differ from a whole one,
+ * breaking the bitwise chunk invariance; (2) the engine's state group has one dtype for
+ * both arrays (worker/engine/kv_pool.h) and the slots are planned (main.c) before the
+ * weight dtype is chosen; (3) it is small: (K-1) x conv_dim per layer against the SSM
+ * state's heads x head_dim x state (3.4% of a Nemotron-3-Nano slot), so bf16 would save
+ * 1.7% of the slot.  The attention K/V are float32 as in the other families on the CPU
+ * backend. */
 size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, tsr_kv_group *out, size_t max) {
         size_t n = 0;
 

@@ -1,5 +1,6 @@
 /* nemotron_h.h - the NemotronH hybrid (transformers' NemotronHForCausalLM, model_type
- * nemotron_h; Nemotron-3-Nano) in float32 on the host, written against kernels/kernels.h.
+ * nemotron_h; Nemotron-3-Nano) on the host, in float32 or with bf16 linears
+ * (tsr_nemotron_h_use_bf16), written against kernels/kernels.h.
  *
  * The math is models.md §3 as transformers 5's modeling_nemotron_h.py computes it:
  *   h = embed[ids]
@@ -22,7 +23,8 @@
  * State kept between steps (tsr_nemotron_h_cache): for attention layers the keys and
  * values of every position in paged blocks, as the Llama's; for Mamba layers one state
  * *slot* per running sequence, not per token: the last conv_kernel-1 raw xBC rows (conv
- * state) and the (heads, head_dim, state) SSM state, both float32.  A forward with
+ * state) and the (heads, head_dim, state) SSM state, both float32 also when the linears
+ * are bf16 (why: tsr_nemotron_h_kv_groups in nemotron_h.c).  A forward with
  * past_len == 0 starts the slot from zero; past_len > 0 continues the slot's state,
  * which must then hold exactly the sequence's first past_len tokens (no prefix reuse:
  * a Mamba state cannot be rewound).
@@ -81,7 +83,8 @@ extern const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS];
 
 typedef struct tsr_nemotron_h tsr_nemotron_h;
 
-/* Load the HF folder `dir` (config.json; model.safetensors or an index) as float32.
+/* Load the HF folder `dir` (config.json; model.safetensors or an index), its F32, F16
+ * or BF16 tensors widened to float32 (exactly).
  * `cfg` NULL: read config.json.  Only the whole model (spec NULL or whole).  Errors name
  * the file and the tensor.  *ret new on success (tsr_nemotron_h_free). */
 tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
