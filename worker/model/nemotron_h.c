@@ -339,14 +339,6 @@ fail:
 
 /* ---- bfloat16 -------------------------------------------------------------------------- */
 
-static uint16_t *to_bf16(const float *src, size_t n) {
-        uint16_t *dst = aligned_alloc(64, (n * sizeof(uint16_t) + 63) / 64 * 64);
-        if (dst)
-                for (size_t i = 0; i < n; i++)
-                        dst[i] = tsr_f32_to_bf16(src[i]);
-        return dst;
-}
-
 /* Every linear of the model with its element count, into w[] / n[] (up to max); returns
  * how many.  The output matrix first. */
 static size_t all_mats(tsr_nemotron_h *m, nh_mat **w, size_t *n, size_t max) {
@@ -405,14 +397,18 @@ tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m) {
         if (!(w = malloc(max * sizeof *w)) || !(n = malloc(max * sizeof *n)))
                 goto done;
         k = all_mats(m, w, n, max);
-        for (size_t i = 0; i < k; i++)
-                if (!(w[i]->b = to_bf16(w[i]->f, n[i]))) {
+        for (size_t i = 0; i < k; i++) {
+                /* 64-byte aligned, as the other families hold their bf16 copies */
+                if (!(w[i]->b = aligned_alloc(64, (n[i] * sizeof(uint16_t) + 63) / 64 * 64))) {
                         for (size_t j = 0; j < i; j++) {
                                 free(w[j]->b);
                                 w[j]->b = NULL;
                         }
                         goto done;
                 }
+                for (size_t e = 0; e < n[i]; e++)
+                        w[i]->b[e] = tsr_f32_to_bf16(w[i]->f[e]);
+        }
         for (size_t i = 0; i < k; i++) {
                 if (w[i]->f != m->token_embd) {         /* tied: the embedding still reads it */
                         free(w[i]->f);
