@@ -10,15 +10,17 @@ tensor bf16 but the router's, which transformers keeps in float32) written at te
 and served with --dtype bfloat16 (bf16 linears), float32 (upcast) and auto."""
 import hashlib
 import json
+import os
 import random
 import re
 import struct
+import subprocess
 
 import pytest
 
 import numpy as np
 
-from conftest import REPO, WORKER, free_port_pair
+from conftest import BUILD, REPO, WORKER, free_port_pair
 from engine_client import EngineWorker
 
 MODEL = REPO / "tests" / "fixtures" / "tiny-nemotron-h"
@@ -246,6 +248,41 @@ def test_bf16_checkpoint_served(spawn, tmp_path):
     assert w.max_step_outputs >= 4
     for i in range(32):
         same(got[f"b{i}"], alone[i])
+    all_free(w)
+    w.close()
+
+
+def in_process_bf16_greedy():
+    """The bf16 greedy continuations of the golden prompts from the in-process forward on
+    the reference kernels: tests/unit/test_nemotron_h (test_bf16_greedy) prints them."""
+    exe = BUILD / "tests" / "unit" / "test_nemotron_h"
+    env = {**os.environ, "TSR_SOURCE_ROOT": str(REPO), "CMOCKA_MESSAGE_OUTPUT": "stdout"}
+    r = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = {int(p): json.loads(t) for p, t in re.findall(r"bf16 greedy of prompt (\d+): (\[[\d, ]*\])", r.stdout)}
+    assert sorted(got) == list(range(len(GOLDEN["prompts"]))), r.stdout[-3000:]
+    return got
+
+
+def test_bf16_greedy_equals_in_process(spawn, tmp_path):
+    """Served from the BF16 folder with --dtype bfloat16, each golden prompt's 32 greedy
+    tokens are the in-process forward's, alone and all four at once with a budget of 5
+    (prefill chunks across the conv window).  TESSERA_KERNELS=avx2 caps the fast kernels
+    where their bf16 matmul is bitwise the reference (the in-process run's kernels); on
+    AVX512_BF16 / AMX the order differs by design (kernels.h)."""
+    want = in_process_bf16_greedy()
+    d = bf16_copy(tmp_path)
+    w = EngineWorker(spawn, d, "--dtype", "bfloat16", "--max-num-batched-tokens", "5",
+                     env={**os.environ, "TESSERA_KERNELS": "avx2"})
+    assert w.info[22][0] == b"bfloat16"
+    for i, (ids, g) in enumerate(goldens()):
+        assert w.run(f"a{i}", ids, len(g)).tokens == want[i], f"prompt {i}"
+    with w.paused():
+        for i, (ids, g) in enumerate(goldens()):
+            w.submit(f"b{i}", ids, len(g))
+    got = w.collect([f"b{i}" for i in range(len(want))])
+    for i in range(len(want)):
+        assert got[f"b{i}"].tokens == want[i], f"prompt {i} batched"
     all_free(w)
     w.close()
 

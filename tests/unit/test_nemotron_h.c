@@ -780,6 +780,11 @@ static void test_bf16_greedy(void **state) {
                         kh++;
                 print_message("prompt %zu: bf16 greedy equals fp32's for %zu of %zu tokens (required: %zu); "
                               "transformers bf16 for %zu\n", p, k, n, must, kh);
+                /* the in-process tokens, for tests/e2e/test_nemotron_h.py to hold the served ones to */
+                print_message("bf16 greedy of prompt %zu:", p);
+                for (size_t i = 0; i < n; i++)
+                        print_message("%s%u", i ? ", " : " [", got[i]);
+                print_message("]\n");
                 assert_true(k >= must);
                 same += k;
                 hf_same += kh;
