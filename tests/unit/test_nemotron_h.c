@@ -46,7 +46,7 @@ static tsr_nemotron_h *model;
 static tsr_nemotron_h *model16;         /* the BF16 copy, bf16 linears */
 static tsr_load_stats stats32, stats16; /* the float32 fixture's load; the BF16 copy's */
 static char bf16_dir[] = "/tmp/tsr_nh_bf16_XXXXXX";
-static char rounded_dir[] = "/tmp/tsr_nh_rnd_XXXXXX";  /* float32 file, bf16-valued but the linears */
+static char rounded_dir[] = "/tmp/tsr_nh_rnd_XXXXXX";  /* COPY_ROUNDED */
 static tsr_backend *be;
 static uint32_t vocab;
 
@@ -65,15 +65,42 @@ static bool is_linear(const char *name) {
         return strstr(name, "proj.weight") || strcmp(name, "lm_head.weight") == 0;
 }
 
-/* dir/model.safetensors: the float32 fixture's tensors, rounded to BF16 (nearest even)
- * but those keeps_f32 names, in the header order, with "torch_dtype": "bfloat16" in a
- * copy of config.json.  as_f32: stored as F32 instead, and the linears not rounded (a
- * float32 checkpoint that --dtype bfloat16 turns into exactly the BF16 copy's weights).
- * 0 on success. */
-static int write_bf16_copy(const char *src, const char *dir, bool as_f32) {
-        char path[1200], err[256];
+/* The copies of the float32 fixture the tests write (keeps_f32 tensors always F32):
+ *  COPY_BF16     every other tensor rounded to BF16 (nearest even): a bf16 checkpoint;
+ *  COPY_ROUNDED  stored F32, the linears as they are, the rest bf16-valued: a float32
+ *                checkpoint that --dtype bfloat16 turns into exactly COPY_BF16's weights;
+ *  COPY_F16      every other tensor as F16: a float16 checkpoint. */
+enum copy_kind { COPY_BF16, COPY_ROUNDED, COPY_F16 };
+
+/* One element of tensor `name` in the copy `kind` into out; returns its bytes. */
+static size_t copy_elem(enum copy_kind kind, const char *name, float x, void *out) {
+        if (keeps_f32(name) || (kind == COPY_ROUNDED && is_linear(name))) {
+                memcpy(out, &x, 4);
+                return 4;
+        }
+        if (kind == COPY_F16) {
+                _Float16 h = (_Float16)x;       /* nearest even; the fixture's values are in range */
+                memcpy(out, &h, 2);
+                return 2;
+        }
+        uint16_t b = tsr_f32_to_bf16(x);
+        if (kind == COPY_BF16) {
+                memcpy(out, &b, 2);
+                return 2;
+        }
+        x = tsr_bf16_to_f32(b);
+        memcpy(out, &x, 4);
+        return 4;
+}
+
+/* dir/model.safetensors: the copy `kind` of src's, in the header order, and config.json
+ * with the copy's torch_dtype.  0 on success. */
+static int write_copy(const char *src, const char *dir, enum copy_kind kind) {
+        static const char *const dtype_of[] = {"BF16", "F32", "F16"}, *const torch_of[] = {"bfloat16", "float32",
+                                                                                               "float16"};
+        char path[1200], err[256], one[4];
         tsr_safetensors *st = NULL;
-        json_t *hdr = json_object(), *cfg;
+        json_t *hdr = json_object(), *cfg = NULL;
         json_error_t je;
         uint64_t off = 0;
         char *text;
@@ -83,7 +110,7 @@ static int write_bf16_copy(const char *src, const char *dir, bool as_f32) {
         snprintf(path, sizeof path, "%s/config.json", src);
         if (!(cfg = json_load_file(path, 0, &je)))
                 goto done;
-        json_object_set_new(cfg, "torch_dtype", json_string("bfloat16"));
+        json_object_set_new(cfg, "torch_dtype", json_string(torch_of[kind]));
         snprintf(path, sizeof path, "%s/config.json", dir);
         if (json_dump_file(cfg, path, JSON_INDENT(1)) != 0)
                 goto done;
@@ -93,17 +120,19 @@ static int write_bf16_copy(const char *src, const char *dir, bool as_f32) {
         json_object_set_new(hdr, "__metadata__", json_pack("{s:s}", "format", "pt"));
         for (size_t i = 0; i < tsr_safetensors_n_tensors(st); i++) {
                 const tsr_safetensors_tensor *t = tsr_safetensors_tensor_at(st, i);
-                bool f32 = as_f32 || keeps_f32(t->name);
+                size_t w = copy_elem(kind, t->name, 0.0f, one);
                 json_t *shape = json_array();
-                if (t->dtype != TSR_ST_F32)
+                if (t->dtype != TSR_ST_F32) {
+                        json_decref(shape);
                         goto done;
+                }
                 for (uint32_t d = 0; d < t->n_dims; d++)
                         json_array_append_new(shape, json_integer((json_int_t)t->shape[d]));
-                uint64_t bytes = t->n_elements * (f32 ? 4 : 2);
-                json_object_set_new(hdr, t->name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", f32 ? "F32" : "BF16",
-                                                            "shape", shape, "data_offsets", (json_int_t)off,
-                                                            (json_int_t)(off + bytes)));
-                off += bytes;
+                json_object_set_new(hdr, t->name,
+                                    json_pack("{s:s, s:o, s:[I, I]}", "dtype", w == 4 ? "F32" : dtype_of[kind], "shape",
+                                              shape, "data_offsets", (json_int_t)off,
+                                              (json_int_t)(off + t->n_elements * w)));
+                off += t->n_elements * w;
         }
         text = json_dumps(hdr, JSON_COMPACT);
         size_t hlen = (strlen(text) + 7) / 8 * 8;       /* padded with spaces, as the writers do */
@@ -119,18 +148,8 @@ static int write_bf16_copy(const char *src, const char *dir, bool as_f32) {
         for (size_t i = 0; i < tsr_safetensors_n_tensors(st); i++) {
                 const tsr_safetensors_tensor *t = tsr_safetensors_tensor_at(st, i);
                 const float *x = t->data;
-                if (keeps_f32(t->name) || (as_f32 && is_linear(t->name))) {
-                        fwrite(x, 4, t->n_elements, f);
-                        continue;
-                }
-                for (uint64_t e = 0; e < t->n_elements; e++) {
-                        uint16_t b = tsr_f32_to_bf16(x[e]);
-                        float r = tsr_bf16_to_f32(b);
-                        if (as_f32)
-                                fwrite(&r, 4, 1, f);
-                        else
-                                fwrite(&b, 2, 1, f);
-                }
+                for (uint64_t e = 0; e < t->n_elements; e++)
+                        fwrite(one, copy_elem(kind, t->name, x[e], one), 1, f);
         }
         rc = fclose(f) == 0 ? 0 : -1;
 done:
@@ -162,8 +181,8 @@ static int setup(void **state) {
                 fprintf(stderr, "load: %s\n", err);
                 return -1;
         }
-        if (!mkdtemp(bf16_dir) || write_bf16_copy(path, bf16_dir, false) != 0 || !mkdtemp(rounded_dir) ||
-            write_bf16_copy(path, rounded_dir, true) != 0 ||
+        if (!mkdtemp(bf16_dir) || write_copy(path, bf16_dir, COPY_BF16) != 0 || !mkdtemp(rounded_dir) ||
+            write_copy(path, rounded_dir, COPY_ROUNDED) != 0 ||
             tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, &model16, &stats16, err, sizeof err) != TSR_OK ||
             tsr_nemotron_h_use_bf16(model16) != TSR_OK) {
                 fprintf(stderr, "bf16 copy in %s: %s\n", bf16_dir, err);
@@ -688,6 +707,19 @@ static void fidelity_check(const char *what, const fidelity *f) {
         assert_true((double)f->agree >= BF16_MIN_TOP1 * (double)f->rows);
 }
 
+/* Model m's full-sequence rows (the reference backend, into got) against want; with
+ * `what` the figures are printed and held to the bar. */
+static fidelity full_fidelity(const char *what, const tsr_nemotron_h *m, const float *want, float *got) {
+        size_t rows = prompt_rows();
+        fidelity f = {0};
+
+        full_rows(m, be, NULL, 0, got);
+        fidelity_add(&f, got, want, rows);
+        if (what)
+                fidelity_check(what, &f);
+        return f;
+}
+
 /* The elements of the linears the bf16 model holds in bf16, from the config alone. */
 static uint64_t linear_elems(const tsr_nemotron_h_config *c) {
         uint64_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c);
@@ -733,12 +765,10 @@ static void test_bf16_fidelity(void **state) {
         size_t n_rows, rows = prompt_rows();
         float *want = load_logits(&n_rows), *full = malloc(rows * vocab * sizeof(float));
         float *chunked = malloc(rows * vocab * sizeof(float)), *dec = malloc(n_rows * vocab * sizeof(float));
-        fidelity f = {0}, fd = {0};
+        fidelity fd = {0};
 
         (void)state;
-        full_rows(model16, be, NULL, 0, full);
-        fidelity_add(&f, full, want, rows);
-        fidelity_check("bf16 full sequences", &f);
+        full_fidelity("bf16 full sequences", model16, want, full);
         full_rows(model16, be, chunk_sizes, N_CHUNK_SIZES, chunked);
         assert_memory_equal(chunked, full, rows * vocab * sizeof(float));
         size_t steps = decode_rows(model16, be, dec);
@@ -835,14 +865,11 @@ static void test_bf16_upcast(void **state) {
         float *want = load_logits(&n_rows), *got = malloc(rows * vocab * sizeof(float));
         char err[512] = "";
         tsr_nemotron_h *m = NULL;
-        fidelity f = {0};
 
         (void)state;
         assert_int_equal(tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
         assert_false(tsr_nemotron_h_is_bf16(m));
-        full_rows(m, be, NULL, 0, got);
-        fidelity_add(&f, got, want, rows);
-        fidelity_check("BF16 checkpoint upcast to float32", &f);
+        full_fidelity("BF16 checkpoint upcast to float32", m, want, got);
         tsr_nemotron_h_free(&m);
         free(want);
         free(got);
@@ -862,7 +889,7 @@ static void test_bf16_downcast(void **state) {
         float *ref = malloc(rows * vocab * sizeof(float));
         char path[1024], err[512] = "";
         tsr_nemotron_h *m = NULL;
-        fidelity f = {0};
+        fidelity f;
 
         (void)state;
         assert_int_equal(tsr_nemotron_h_load(rounded_dir, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
@@ -875,8 +902,7 @@ static void test_bf16_downcast(void **state) {
         assert_non_null(tsr_test_src_path(FIXTURE "/model", path, sizeof path));
         assert_int_equal(tsr_nemotron_h_load(path, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
         assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
-        full_rows(m, be, NULL, 0, got);
-        fidelity_add(&f, got, want, rows);
+        f = full_fidelity(NULL, m, want, got);
         print_message("float32 checkpoint as bfloat16: worst per-position cosine %.6f, top-1 %zu/%zu, max |dlogit| "
                       "%.3g\n", f.worst_cos, f.agree, f.rows, (double)f.max_diff);
         assert_true((double)f.agree >= BF16_MIN_TOP1 * (double)f.rows);
@@ -884,6 +910,30 @@ static void test_bf16_downcast(void **state) {
         free(want);
         free(got);
         free(ref);
+}
+
+/* An F16 checkpoint (COPY_F16) loads, widened exactly: in float32 within the bar (f16's
+ * 11-bit significand rounds less than bf16's 8; seen 0.999998), and with bf16 linears. */
+static void test_f16_checkpoint(void **state) {
+        char dir[] = "/tmp/tsr_nh_f16_XXXXXX", src[1024], err[512] = "";
+        size_t n_rows, rows = prompt_rows();
+        float *want = load_logits(&n_rows), *got = malloc(rows * vocab * sizeof(float));
+        tsr_nemotron_h *m = NULL;
+        tsr_load_stats st = {0};
+
+        (void)state;
+        assert_non_null(tsr_test_src_path(FIXTURE "/model", src, sizeof src));
+        assert_non_null(mkdtemp(dir));
+        assert_int_equal(write_copy(src, dir, COPY_F16), 0);
+        assert_int_equal(tsr_nemotron_h_load(dir, NULL, NULL, NULL, NULL, &m, &st, err, sizeof err), TSR_OK);
+        assert_int_equal(st.file_bytes, stats16.file_bytes);    /* 2 bytes an element, as BF16 */
+        full_fidelity("F16 checkpoint in float32", m, want, got);
+        assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
+        full_fidelity("F16 checkpoint with bf16 linears", m, want, got);
+        tsr_nemotron_h_free(&m);
+        remove_copy(dir);
+        free(want);
+        free(got);
 }
 
 /* residual_in_fp32 true: the bf16 model's residual stream stays float32 (transformers
@@ -896,7 +946,6 @@ static void test_bf16_residual_in_fp32(void **state) {
         tsr_nemotron_h *m = NULL;
         json_error_t je;
         json_t *cfg;
-        fidelity f = {0};
 
         (void)state;
         assert_non_null(mkdtemp(dir));
@@ -912,11 +961,9 @@ static void test_bf16_residual_in_fp32(void **state) {
         assert_int_equal(tsr_nemotron_h_load(dir, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
         assert_true(tsr_nemotron_h_config_of(m)->residual_in_fp32);
         assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
-        full_rows(m, be, NULL, 0, got);
+        full_fidelity("bf16, residual_in_fp32", m, want, got);
         full_rows(model16, be, NULL, 0, ref);
         assert_memory_not_equal(got, ref, rows * vocab * sizeof(float));
-        fidelity_add(&f, got, want, rows);
-        fidelity_check("bf16, residual_in_fp32", &f);
         tsr_nemotron_h_free(&m);
         remove_copy(dir);
         free(want);
@@ -945,6 +992,7 @@ int main(void) {
                 cmocka_unit_test(test_bf16_upcast),
                 cmocka_unit_test(test_bf16_downcast),
                 cmocka_unit_test(test_bf16_residual_in_fp32),
+                cmocka_unit_test(test_f16_checkpoint),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
