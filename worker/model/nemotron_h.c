@@ -99,8 +99,9 @@ struct tsr_nemotron_h_cache {
 
 const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m) { return m ? &m->cfg : NULL; }
 
-/* The layer's linears (each an nh_mat, NULL-free: absent ones are zero) and the
- * expert stacks, for the loops that convert or free them all. */
+/* The layer's linears but the routed experts (those are exp_up / exp_down), into
+ * w[NH_LAYER_MATS]; a block type's absent ones are zeroed nh_mats.  For the loops that
+ * convert or free them all. */
 #define NH_LAYER_MATS 10
 static void layer_mats(nh_layer *L, nh_mat **w) {
         nh_mat *all[NH_LAYER_MATS] = {&L->in_proj, &L->out_proj,  &L->wq,          &L->wk,     &L->wv,
