@@ -3,13 +3,24 @@ the tiny random NemotronHForCausalLM of tests/fixtures/tiny-nemotron-h (pattern
 "ME*M-E", written by make_tiny_nemotron_h.py) returns transformers' greedy tokens,
 alone and among 32 concurrent requests, with chunked prefill and under preemption;
 every request's recurrent-state slot comes back (Status state_slots_free) after
-finishing, preemption and abort.  "Same" means bitwise: token ids and logprob floats."""
+finishing, preemption and abort.  "Same" means bitwise: token ids and logprob floats.
+
+bfloat16 (issue #14): a BF16 copy of the fixture (as a bf16 NemotronH ships: every
+tensor bf16 but the router's, which transformers keeps in float32) written at test time
+and served with --dtype bfloat16 (bf16 linears), float32 (upcast) and auto."""
+import hashlib
 import json
+import os
 import random
+import re
+import struct
+import subprocess
 
 import pytest
 
-from conftest import REPO, WORKER, free_port_pair
+import numpy as np
+
+from conftest import BUILD, REPO, WORKER, free_port_pair
 from engine_client import EngineWorker
 
 MODEL = REPO / "tests" / "fixtures" / "tiny-nemotron-h"
@@ -101,8 +112,8 @@ def test_preemption_and_slot_bound_admission(worker, mode):
     assert s["state_slots_total"] == 8 and s["kv_blocks_total"] == 26
     for i, (p, m, _) in enumerate(reqs):
         small.submit(f"s{i}", p, m, logprobs=2)
-    got = small.collect([f"s{i}" for i in range(24)])
-    for i in range(24):
+    got = small.collect([f"s{i}" for i in range(len(reqs))])
+    for i in range(len(reqs)):
         same(got[f"s{i}"], alone[i])
     assert small.max_step_outputs <= 8
     assert sum(r.num_preemptions for r in got.values()) > 0
@@ -167,13 +178,152 @@ def test_prefix_caching_is_off_and_explicitly_refused(spawn, worker):
     assert "listening on" not in out
 
 
-def test_bfloat16_refused(spawn):
-    """No bfloat16 path for this family: an explicit --dtype bfloat16 fails at start."""
+def bf16_copy(tmp_path):
+    """The fixture's folder with model.safetensors rewritten as BF16 (round to nearest
+    even) but golden.json's keep_f32 tensors; its tensor bytes hash as the fixture
+    script's copy did (the one transformers' bf16 goldens come from)."""
+    keep = tuple(GOLDEN["bf16"]["keep_f32"])
+    src = (MODEL / "model" / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", src[:8])[0]
+    header = json.loads(src[8:8 + n])
+    out, blobs, off = {"__metadata__": {"format": "pt"}}, {}, 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        assert t["dtype"] == "F32"
+        a, b = t["data_offsets"]
+        x = np.frombuffer(src[8 + n + a:8 + n + b], dtype="<u4")
+        if name.endswith(keep):
+            blob, dt = x.tobytes(), "F32"
+        else:   # no NaN in the fixture: RNE on the bits
+            blob, dt = ((x + 0x7FFF + ((x >> 16) & 1)) >> 16).astype("<u2").tobytes(), "BF16"
+        out[name] = {"dtype": dt, "shape": t["shape"], "data_offsets": [off, off + len(blob)]}
+        blobs[name] = blob
+        off += len(blob)
+    h = hashlib.sha256()
+    for name in sorted(blobs):
+        h.update(blobs[name])
+    assert h.hexdigest() == GOLDEN["bf16"]["data_sha256"]
+    d = tmp_path / "tiny-nemotron-h-bf16"
+    d.mkdir()
+    for f in (MODEL / "model").iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            (d / f.name).symlink_to(f)
+    cfg = json.loads((MODEL / "model" / "config.json").read_text())
+    cfg["torch_dtype"] = "bfloat16"
+    (d / "config.json").write_text(json.dumps(cfg))
+    text = json.dumps(out, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs[k] for k in out
+                                                                                           if k in blobs))
+    return d
+
+
+def test_bf16_checkpoint_served(spawn, tmp_path):
+    """The BF16 folder with --dtype bfloat16: ModelInfo and the log say bfloat16, the
+    resident weights are the bf16 linears' bytes, the state slots stay float32 (vLLM's
+    mamba_ssm_cache_dtype float32; conv state: nemotron_h.c, tsr_nemotron_h_kv_groups);
+    each golden prompt's greedy tokens agree with transformers' fp32 ones as far as
+    the unit test's rule requires (until an fp32 margin under 0.1), and the 32 mixed
+    requests at once, with a budget of 8 (chunked prefill), are each bitwise what they
+    are alone."""
+    d = bf16_copy(tmp_path)
+    w = EngineWorker(spawn, d, "--dtype", "bfloat16", "--max-num-batched-tokens", "8")
+    assert w.info[22][0] == b"bfloat16"                     # ModelInfo.dtype
+    out = w.proc.output()
+    assert "matmul weights held as bfloat16" in out, out
+    assert f"# state slots: 256 ({SLOT_BYTES / 1e6:.2f} MB each)" in out, out
+    res = re.search(r"loaded (\d+) tensors \(([\d.]+) MB in the file, ([\d.]+) MB as float32, ([\d.]+) MB resident\)", out)
+    assert res, out
+    file_mb, f32_mb, resident_mb = (float(x) for x in res.groups()[1:])
+    assert file_mb < f32_mb and resident_mb < f32_mb, res.group(0)
+    reqs = mixed(32, 17)
+    alone = [w.run(f"a{i}", p, m, logprobs=2) for i, (p, m, _) in enumerate(reqs)]
+    for (p, m, g), a, margins in zip(reqs, alone, GOLDEN["greedy_margin"]):
+        must = next((k for k, x in enumerate(margins) if x < 0.1), len(margins))
+        assert a.tokens[:must] == g[:must]
+    for i, (p, m, _) in enumerate(reqs):
+        w.submit(f"b{i}", p, m, logprobs=2)
+    got = w.collect([f"b{i}" for i in range(32)])
+    assert w.max_step_outputs >= 4
+    for i in range(32):
+        same(got[f"b{i}"], alone[i])
+    all_free(w)
+    w.close()
+
+
+def in_process_bf16_greedy():
+    """The bf16 greedy continuations of the golden prompts from the in-process forward on
+    the reference kernels: tests/unit/test_nemotron_h (test_bf16_greedy) prints them."""
+    exe = BUILD / "tests" / "unit" / "test_nemotron_h"
+    env = {**os.environ, "TSR_SOURCE_ROOT": str(REPO), "CMOCKA_MESSAGE_OUTPUT": "stdout"}
+    r = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    got = {int(p): json.loads(t) for p, t in re.findall(r"bf16 greedy of prompt (\d+): (\[[\d, ]*\])", r.stdout)}
+    assert sorted(got) == list(range(len(GOLDEN["prompts"]))), r.stdout[-3000:]
+    return got
+
+
+def test_bf16_greedy_equals_in_process(spawn, tmp_path):
+    """Served from the BF16 folder with --dtype bfloat16, each golden prompt's 32 greedy
+    tokens are the in-process forward's, alone and all four at once with a budget of 5
+    (prefill chunks across the conv window).  TESSERA_KERNELS=avx2 caps the fast kernels
+    where their bf16 matmul is bitwise the reference (the in-process run's kernels); on
+    AVX512_BF16 / AMX the order differs by design (kernels.h)."""
+    want = in_process_bf16_greedy()
+    d = bf16_copy(tmp_path)
+    w = EngineWorker(spawn, d, "--dtype", "bfloat16", "--max-num-batched-tokens", "5",
+                     env={**os.environ, "TESSERA_KERNELS": "avx2"})
+    assert w.info[22][0] == b"bfloat16"
+    for i, (ids, g) in enumerate(goldens()):
+        assert w.run(f"a{i}", ids, len(g)).tokens == want[i], f"prompt {i}"
+    with w.paused():
+        for i, (ids, g) in enumerate(goldens()):
+            w.submit(f"b{i}", ids, len(g))
+    got = w.collect([f"b{i}" for i in range(len(want))])
+    for i in range(len(want)):
+        assert got[f"b{i}"].tokens == want[i], f"prompt {i} batched"
+    all_free(w)
+    w.close()
+
+
+def test_bf16_checkpoint_dtype_flags(spawn, tmp_path):
+    """--dtype float32 upcasts the BF16 folder (ModelInfo float32, resident = the
+    float32 bytes); --dtype bfloat16 on the float32 fixture converts it; --dtype auto
+    follows the CPU (bfloat16 where it has AVX512_BF16, else float32: runner.c), and
+    the log's kernels line says which."""
+    d = bf16_copy(tmp_path)
+    up = EngineWorker(spawn, d, "--dtype", "float32")
+    assert up.info[22][0] == b"float32"
+    assert "matmul weights held as bfloat16" not in up.proc.output()
+    ids, g = goldens()[0]
+    assert up.run("u", ids, 4).tokens[:1] == g[:1]
+    up.close()
+    down = EngineWorker(spawn, MODEL / "model", "--dtype", "bfloat16")
+    assert down.info[22][0] == b"bfloat16"
+    assert down.run("d", ids, 4).tokens[:1] == g[:1]
+    down.close()
+    auto = EngineWorker(spawn, d, "--dtype", "auto")
+    m = re.search(r"kernels: cpu-fast, isa (\S+), .*dtype (\w+) \(--dtype auto\)", auto.proc.output())
+    assert m, auto.proc.output()
+    assert auto.info[22][0] == m.group(2).encode()
+    assert m.group(2) == ("bfloat16" if m.group(1) in ("avx512_bf16", "amx_bf16") else "float32")
+    auto.close()
+
+
+def test_modelopt_nemotron_h_refused(spawn, tmp_path):
+    """A ModelOpt-quantized NemotronH (hf_quant_config.json) is refused at start with a
+    line naming the folder and what is supported, never served as something else."""
+    d = patched(tmp_path, "tiny-nemotron-h-fp8")
+    (d / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt", "version": "0.35.0"},
+         "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}))
     port = free_port_pair()
-    p = spawn([WORKER, MODEL / "model", "--listen", f"tcp://127.0.0.1:{port}", "--dtype", "bfloat16"])
+    p = spawn([WORKER, d, "--listen", f"tcp://127.0.0.1:{port}"])
     assert p.wait(timeout=60) == 2
     out = p.output()
-    assert "cannot load model" in out and "bfloat16" in out, out
+    assert "quantized NemotronH checkpoint is not supported" in out and str(d) in out, out
+    assert "listening on" not in out
 
 
 def test_attention_free_pattern_serves(spawn, tmp_path):

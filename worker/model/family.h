@@ -87,6 +87,9 @@ struct tsr_model_family {
         void (*free)(void **model);
         tsr_status (*use_bf16)(void *model);
         bool (*is_bf16)(const void *model);
+        /* The bytes the model's weights take now (after use_bf16 too), for the runner's
+         * "resident" figure.  NULL: the load's count stands. */
+        uint64_t (*resident_bytes)(const void *model);
         tsr_status (*check_backend)(const void *model, const tsr_backend *be);
         /* Move the weights into the memory of a backend that is not the host's, and size
          * the forward's kept activations for a step of `tokens` tokens and `logit_rows`

@@ -51,27 +51,40 @@ const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS] = {
 #define N_FIXED (TSR_NEMOTRON_H_N_TENSORS - 2)
 #define EXPERT_FMT "backbone.layers.%%u.mixer.experts.%u.%s_proj.weight"
 
+/* A linear's weight: float32 as loaded, or its bf16 copy after tsr_nemotron_h_use_bf16
+ * (then f is freed, except a tied output, which is the embedding table). */
+typedef struct nh_mat {
+        float *f;
+        uint16_t *b;
+} nh_mat;
+
 typedef struct nh_layer {
         float *norm;
         /* 'M' */
-        float *in_proj, *conv_w, *conv_b, *A_log, *D, *dt_bias, *gnorm, *out_proj;
+        nh_mat in_proj, out_proj;
+        float *conv_w, *conv_b, *A_log, *D, *dt_bias, *gnorm;
         float *A;                       /* -exp(A_log), computed once after the load */
         /* '*' */
-        float *wq, *wk, *wv, *wo;
-        /* 'E' */
-        float *router, *router_bias, *shared_up, *shared_down;
-        float **exp_up, **exp_down;     /* [n_experts] */
+        nh_mat wq, wk, wv, wo;
+        /* 'E': the router stays float32 in every dtype (models.md §3.6: transformers'
+         * NemotronHTopkRouter and vLLM's GateLinear compute it in float32) */
+        float *router, *router_bias;
+        nh_mat shared_up, shared_down;
+        nh_mat *exp_up, *exp_down;      /* [n_experts] */
         /* '-' */
-        float *mlp_up, *mlp_down;
+        nh_mat mlp_up, mlp_down;
         uint32_t kind_index;            /* among the layers of its kind: its K/V or state arrays */
 } nh_layer;
 
 struct tsr_nemotron_h {
         tsr_nemotron_h_config cfg;
-        float *token_embd, *output_norm, *output;
+        float *token_embd, *output_norm;
+        nh_mat output;                  /* output.f == token_embd when tied */
         nh_layer *layers;               /* [n_layers] */
         tsr_tensor_name *expert_names;  /* [2 * n_experts]: up, down per expert */
         char *expert_strs;
+        bool bf16;                      /* the linears are bf16 (tsr_nemotron_h_use_bf16) */
+        uint64_t resident_bytes;        /* the weights' bytes in memory, as now held */
 };
 
 struct tsr_nemotron_h_cache {
@@ -86,6 +99,22 @@ struct tsr_nemotron_h_cache {
 
 const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m) { return m ? &m->cfg : NULL; }
 
+/* The layer's linears but the routed experts (those are exp_up / exp_down), into
+ * w[NH_LAYER_MATS]; a block type's absent ones are zeroed nh_mats.  For the loops that
+ * convert or free them all. */
+#define NH_LAYER_MATS 10
+static void layer_mats(nh_layer *L, nh_mat **w) {
+        nh_mat *all[NH_LAYER_MATS] = {&L->in_proj, &L->out_proj,  &L->wq,          &L->wk,     &L->wv,
+                                      &L->wo,      &L->shared_up, &L->shared_down, &L->mlp_up, &L->mlp_down};
+        memcpy(w, all, sizeof all);
+}
+
+static void mat_free(nh_mat *w) {
+        free(w->f);
+        free(w->b);
+        *w = (nh_mat){0};
+}
+
 void tsr_nemotron_h_free(tsr_nemotron_h **mp) {
         tsr_nemotron_h *m;
 
@@ -94,24 +123,27 @@ void tsr_nemotron_h_free(tsr_nemotron_h **mp) {
         m = *mp;
         for (uint32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
                 nh_layer *L = &m->layers[l];
-                float *arrays[] = {L->norm,   L->in_proj,     L->conv_w,    L->conv_b,      L->A_log,  L->D,
-                                   L->dt_bias, L->gnorm,      L->out_proj,  L->A,           L->wq,     L->wk,
-                                   L->wv,      L->wo,         L->router,    L->router_bias, L->shared_up,
-                                   L->shared_down, L->mlp_up, L->mlp_down};
+                float *arrays[] = {L->norm,  L->conv_w, L->conv_b, L->A_log,  L->D,          L->dt_bias,
+                                   L->gnorm, L->A,      L->router, L->router_bias};
+                nh_mat *w[NH_LAYER_MATS];
                 for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
                         free(arrays[i]);
+                layer_mats(L, w);
+                for (size_t i = 0; i < NH_LAYER_MATS; i++)
+                        mat_free(w[i]);
                 for (uint32_t e = 0; e < m->cfg.n_experts; e++) {
                         if (L->exp_up)
-                                free(L->exp_up[e]);
+                                mat_free(&L->exp_up[e]);
                         if (L->exp_down)
-                                free(L->exp_down[e]);
+                                mat_free(&L->exp_down[e]);
                 }
                 free(L->exp_up);
                 free(L->exp_down);
         }
         free(m->layers);
-        if (m->output != m->token_embd)
-                free(m->output);
+        if (m->output.f != m->token_embd)
+                free(m->output.f);
+        free(m->output.b);
         free(m->token_embd);
         free(m->output_norm);
         free(m->expert_names);
@@ -132,9 +164,9 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
         struct { const char *name; char kind; float **dst; uint64_t rows, cols; } s[] = {
                 {"token_embd", 0, &m->token_embd, c->vocab_size, dim},
                 {"output_norm", 0, &m->output_norm, dim, 0},
-                {"output", 0, c->tied_embeddings ? NULL : &m->output, c->vocab_size, dim},
+                {"output", 0, c->tied_embeddings ? NULL : &m->output.f, c->vocab_size, dim},
                 {"norm", 'A', L ? &L->norm : NULL, dim, 0},
-                {"in_proj", 'M', L ? &L->in_proj : NULL, di + cd + c->m_heads, dim},
+                {"in_proj", 'M', L ? &L->in_proj.f : NULL, di + cd + c->m_heads, dim},
                 /* conv1d.weight is [conv_dim, 1, K] on disk: the loader reads it as (rows, cols). */
                 {"conv_w", 'M', L ? &L->conv_w : NULL, cd, c->conv_kernel},
                 {"conv_b", 'M', L && c->conv_bias ? &L->conv_b : NULL, cd, 0},
@@ -142,17 +174,17 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 {"D", 'M', L ? &L->D : NULL, c->m_heads, 0},
                 {"dt_bias", 'M', L ? &L->dt_bias : NULL, c->m_heads, 0},
                 {"gnorm", 'M', L ? &L->gnorm : NULL, di, 0},
-                {"out_proj", 'M', L ? &L->out_proj : NULL, dim, di},
-                {"attn_q", '*', L ? &L->wq : NULL, qd, dim},
-                {"attn_k", '*', L ? &L->wk : NULL, kvd, dim},
-                {"attn_v", '*', L ? &L->wv : NULL, kvd, dim},
-                {"attn_o", '*', L ? &L->wo : NULL, dim, qd},
+                {"out_proj", 'M', L ? &L->out_proj.f : NULL, dim, di},
+                {"attn_q", '*', L ? &L->wq.f : NULL, qd, dim},
+                {"attn_k", '*', L ? &L->wk.f : NULL, kvd, dim},
+                {"attn_v", '*', L ? &L->wv.f : NULL, kvd, dim},
+                {"attn_o", '*', L ? &L->wo.f : NULL, dim, qd},
                 {"router", 'E', L ? &L->router : NULL, c->n_experts, dim},
                 {"router_bias", 'E', L ? &L->router_bias : NULL, c->n_experts, 0},
-                {"shared_up", 'E', L ? &L->shared_up : NULL, c->shared_hidden, dim},
-                {"shared_down", 'E', L ? &L->shared_down : NULL, dim, c->shared_hidden},
-                {"mlp_up", '-', L ? &L->mlp_up : NULL, c->mlp_hidden, dim},
-                {"mlp_down", '-', L ? &L->mlp_down : NULL, dim, c->mlp_hidden},
+                {"shared_up", 'E', L ? &L->shared_up.f : NULL, c->shared_hidden, dim},
+                {"shared_down", 'E', L ? &L->shared_down.f : NULL, dim, c->shared_hidden},
+                {"mlp_up", '-', L ? &L->mlp_up.f : NULL, c->mlp_hidden, dim},
+                {"mlp_down", '-', L ? &L->mlp_down.f : NULL, dim, c->mlp_hidden},
         };
 
         if (m->expert_names && n >= m->expert_names && n < m->expert_names + 2 * (size_t)c->n_experts) {
@@ -160,7 +192,7 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 bool up = i % 2 == 0;
                 if (kind != 'E')
                         return false;
-                *ret = (tsr_load_slot){.dst = up ? &L->exp_up[i / 2] : &L->exp_down[i / 2],
+                *ret = (tsr_load_slot){.dst = up ? &L->exp_up[i / 2].f : &L->exp_down[i / 2].f,
                                        .rows = up ? c->moe_hidden : dim, .cols = up ? dim : c->moe_hidden};
                 return true;
         }
@@ -228,7 +260,7 @@ static tsr_status finish_load(tsr_nemotron_h *m) {
                         L->A[h] = -expf(L->A_log[h]);
         }
         if (c->tied_embeddings)
-                m->output = m->token_embd;
+                m->output.f = m->token_embd;
         return TSR_OK;
 }
 
@@ -246,11 +278,12 @@ static tsr_status load_from(const tsr_tensor_source *s, tsr_nemotron_h *m, const
             (st = tsr_load_tensors(s, m->expert_names, 2 * (size_t)m->cfg.n_experts, spec, nh_bind, m, progress,
                                    ud, &b, err, errlen)) != TSR_OK)
                 return st;
+        m->resident_bytes = a.resident_bytes + b.resident_bytes;
         if (stats)
                 *stats = (tsr_load_stats){.n_tensors = a.n_tensors + b.n_tensors,
                                           .file_bytes = a.file_bytes + b.file_bytes,
                                           .f32_bytes = a.f32_bytes + b.f32_bytes,
-                                          .resident_bytes = a.resident_bytes + b.resident_bytes,
+                                          .resident_bytes = m->resident_bytes,
                                           .seconds = a.seconds + b.seconds};
         return TSR_OK;
 }
@@ -305,13 +338,107 @@ fail:
         return st;
 }
 
+/* ---- bfloat16 -------------------------------------------------------------------------- */
+
+/* Every linear of the model with its element count, into w[] / n[] (up to max); returns
+ * how many.  The output matrix first. */
+static size_t all_mats(tsr_nemotron_h *m, nh_mat **w, size_t *n, size_t max) {
+        const tsr_nemotron_h_config *c = &m->cfg;
+        uint64_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c);
+        uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+        size_t k = 0;
+
+        if (k < max) {
+                w[k] = &m->output;
+                n[k++] = (size_t)(c->vocab_size * dim);
+        }
+        for (uint32_t l = 0; l < c->n_layers; l++) {
+                nh_layer *L = &m->layers[l];
+                nh_mat *lw[NH_LAYER_MATS];
+                uint64_t ln[NH_LAYER_MATS] = {(di + cd + c->m_heads) * dim, dim * di, qd * dim, kvd * dim,
+                                              kvd * dim, dim * qd, (uint64_t)c->shared_hidden * dim,
+                                              dim * c->shared_hidden, (uint64_t)c->mlp_hidden * dim,
+                                              dim * c->mlp_hidden};
+                layer_mats(L, lw);
+                for (size_t i = 0; i < NH_LAYER_MATS; i++)
+                        if (lw[i]->f && k < max) {
+                                w[k] = lw[i];
+                                n[k++] = (size_t)ln[i];
+                        }
+                for (uint32_t e = 0; L->exp_up && e < c->n_experts; e++)
+                        for (int up = 1; up >= 0 && k < max; up--) {
+                                nh_mat *x = up ? &L->exp_up[e] : &L->exp_down[e];
+                                if (!x->f)
+                                        continue;
+                                w[k] = x;
+                                n[k++] = (size_t)((uint64_t)c->moe_hidden * dim);
+                        }
+        }
+        return k;
+}
+
+/* --dtype bfloat16 (or auto where the runner picks it): the linears (in_proj, out_proj,
+ * q/k/v/o, the experts, the shared expert, the dense MLP, lm_head) rounded to bf16 for
+ * the backend's bf16 matmul (kernels.h: it rounds each activation row to bf16 too, as
+ * vLLM's bf16 activations are at every linear's input); float32 copies freed.  What
+ * stays float32 is models.md §3's: the router and its correction bias, A_log (A), D and
+ * dt_bias, the conv weights, the norms, the embedding table (exact for a bf16
+ * checkpoint), and the recurrent state.  Main thread, after the load; converts
+ * everything before it frees anything, so TSR_E_NOMEM leaves the model as it was. */
+tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m) {
+        nh_mat **w = NULL;
+        size_t *n = NULL, k, max;
+        tsr_status st = TSR_E_NOMEM;
+
+        if (!m)
+                return TSR_E_INVAL;
+        if (m->bf16)
+                return TSR_OK;
+        max = 1 + (size_t)m->cfg.n_layers * (NH_LAYER_MATS + 2 * (size_t)m->cfg.n_experts);
+        if (!(w = malloc(max * sizeof *w)) || !(n = malloc(max * sizeof *n)))
+                goto done;
+        k = all_mats(m, w, n, max);
+        for (size_t i = 0; i < k; i++) {
+                /* 64-byte aligned, as the other families hold their bf16 copies */
+                if (!(w[i]->b = aligned_alloc(64, (n[i] * sizeof(uint16_t) + 63) / 64 * 64))) {
+                        for (size_t j = 0; j < i; j++) {
+                                free(w[j]->b);
+                                w[j]->b = NULL;
+                        }
+                        goto done;
+                }
+                for (size_t e = 0; e < n[i]; e++)
+                        w[i]->b[e] = tsr_f32_to_bf16(w[i]->f[e]);
+        }
+        for (size_t i = 0; i < k; i++) {
+                if (w[i]->f != m->token_embd) {         /* tied: the embedding still reads it */
+                        free(w[i]->f);
+                        m->resident_bytes -= n[i] * sizeof(float);
+                }
+                w[i]->f = NULL;
+                m->resident_bytes += n[i] * sizeof(uint16_t);
+        }
+        m->bf16 = true;
+        st = TSR_OK;
+done:
+        free(w);
+        free(n);
+        return st;
+}
+
+bool tsr_nemotron_h_is_bf16(const tsr_nemotron_h *m) { return m && m->bf16; }
+
+uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m) { return m ? m->resident_bytes : 0; }
+
 tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be) {
         static const tsr_op needed[] = {TSR_OP_RMSNORM, TSR_OP_EMBEDDING, TSR_OP_KV_WRITE, TSR_OP_ATTENTION,
                                         TSR_OP_ADD};
         if (!m || !be)
                 return TSR_E_INVAL;
-        /* The family loops below read and write activations and states directly. */
-        if (!tsr_backend_host_memory(be) || !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_F32))
+        /* The family loops below read and write activations and states directly; the
+         * router's matmul is float32 in every dtype. */
+        if (!tsr_backend_host_memory(be) || !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_F32) ||
+            (m->bf16 && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_BF16)))
                 return TSR_E_UNSUPPORTED;
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
@@ -400,6 +527,18 @@ nomem:
         return TSR_E_NOMEM;
 }
 
+/* The state's dtype, in every weight dtype: float32.  vLLM keeps the SSM state in
+ * mamba_ssm_cache_dtype (config.json: "float32" in the real checkpoints; another value
+ * is refused by the config reader) and the conv state in the model dtype (bf16 under
+ * mamba_cache_dtype auto).  We keep the conv state float32 too, because (1) it holds
+ * raw in_proj outputs, which our bf16 matmul returns in float32: rounding only the rows
+ * that cross a chunk boundary would make a chunked prefill differ from a whole one,
+ * breaking the bitwise chunk invariance; (2) the engine's state group has one dtype for
+ * both arrays (worker/engine/kv_pool.h) and the slots are planned (main.c) before the
+ * weight dtype is chosen; (3) it is small: (K-1) x conv_dim per layer against the SSM
+ * state's heads x head_dim x state (3.4% of a Nemotron-3-Nano slot), so bf16 would save
+ * 1.7% of the slot.  The attention K/V are float32 as in the other families on the CPU
+ * backend. */
 size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, tsr_kv_group *out, size_t max) {
         size_t n = 0;
 
@@ -515,6 +654,21 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h_config *
                 return TSR_E_NOMEM;
         }
         return TSR_OK;
+}
+
+/* W (d, n) @ x (rows, n) -> out (rows, d), in the dtype the model holds W in. */
+static tsr_status mm(tsr_backend *be, float *out, const float *x, const nh_mat *w, size_t rows, size_t n, size_t d) {
+        if (w->b)
+                return tsr_backend_matmul(be, out, x, w->b, TSR_DTYPE_BF16, rows, n, d);
+        return tsr_backend_matmul(be, out, x, w->f, TSR_DTYPE_F32, rows, n, d);
+}
+
+/* The residual stream in bf16 precision (a bf16 model with residual_in_fp32 false, as
+ * transformers and vLLM hold it: models.md §0): each element rounded to the nearest
+ * bf16, in place.  Per element, so batching and chunking cannot change it. */
+static void round_bf16(float *x, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                x[i] = tsr_bf16_to_f32(tsr_f32_to_bf16(x[i]));
 }
 
 #define TRY(expr)                               \
@@ -669,10 +823,10 @@ static tsr_status moe(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_bac
                         continue;
                 for (size_t i = 0; i < cnt; i++)
                         memcpy(s->exp_in + i * dim, s->xb + (size_t)s->rows[i] * dim, dim * sizeof(float));
-                if ((st = tsr_backend_matmul(be, s->hid, s->exp_in, L->exp_up[e], TSR_DTYPE_F32, cnt, dim, I)))
+                if ((st = mm(be, s->hid, s->exp_in, &L->exp_up[e], cnt, dim, I)))
                         return st;
                 relu2(s->hid, cnt * I);
-                if ((st = tsr_backend_matmul(be, s->exp_out, s->hid, L->exp_down[e], TSR_DTYPE_F32, cnt, I, dim)))
+                if ((st = mm(be, s->exp_out, s->hid, &L->exp_down[e], cnt, I, dim)))
                         return st;
                 for (size_t i = 0; i < cnt; i++) {
                         float *o = s->out + (size_t)s->rows[i] * dim;
@@ -680,10 +834,10 @@ static tsr_status moe(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_bac
                                 o[j] += s->exp_out[i * dim + j] * s->rowsw[i];
                 }
         }
-        if ((st = tsr_backend_matmul(be, s->hid, s->xb, L->shared_up, TSR_DTYPE_F32, N, dim, SI)) != TSR_OK)
+        if ((st = mm(be, s->hid, s->xb, &L->shared_up, N, dim, SI)) != TSR_OK)
                 return st;
         relu2(s->hid, N * SI);
-        if ((st = tsr_backend_matmul(be, s->exp_out, s->hid, L->shared_down, TSR_DTYPE_F32, N, SI, dim)) != TSR_OK)
+        if ((st = mm(be, s->exp_out, s->hid, &L->shared_down, N, SI, dim)) != TSR_OK)
                 return st;
         return tsr_backend_add(be, s->out, s->out, s->exp_out, N * dim);
 }
@@ -703,9 +857,9 @@ static tsr_status attention(const tsr_nemotron_h_config *c, const nh_layer *L, t
         float scale = 1.0f / sqrtf((float)c->head_dim);
         tsr_status st;
 
-        if ((st = tsr_backend_matmul(be, q, s->xb, L->wq, TSR_DTYPE_F32, N, dim, qd)) ||
-            (st = tsr_backend_matmul(be, k, s->xb, L->wk, TSR_DTYPE_F32, N, dim, kvd)) ||
-            (st = tsr_backend_matmul(be, v, s->xb, L->wv, TSR_DTYPE_F32, N, dim, kvd)))
+        if ((st = mm(be, q, s->xb, &L->wq, N, dim, qd)) ||
+            (st = mm(be, k, s->xb, &L->wk, N, dim, kvd)) ||
+            (st = mm(be, v, s->xb, &L->wv, N, dim, kvd)))
                 return st;
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                 tsr_kv_view view = attn_view(c, kv, L->kind_index, &seqs[i]);
@@ -715,7 +869,7 @@ static tsr_status attention(const tsr_nemotron_h_config *c, const nh_layer *L, t
                                                 seqs[i].past_len, c->n_heads, scale)))
                         return st;
         }
-        return tsr_backend_matmul(be, s->out, s->y, L->wo, TSR_DTYPE_F32, N, qd, dim);
+        return mm(be, s->out, s->y, &L->wo, N, qd, dim);
 }
 
 static tsr_status mamba(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be,
@@ -724,24 +878,24 @@ static tsr_status mamba(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_b
         size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), pr = di + tsr_nemotron_h_conv_dim(c) + c->m_heads;
         tsr_status st;
 
-        if ((st = tsr_backend_matmul(be, s->proj, s->xb, L->in_proj, TSR_DTYPE_F32, N, dim, pr)) != TSR_OK)
+        if ((st = mm(be, s->proj, s->xb, &L->in_proj, N, dim, pr)) != TSR_OK)
                 return st;
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
                 mamba_seq(c, L, s->proj + row * pr, seqs[i].n, seqs[i].past_len == 0,
                           kv->conv[L->kind_index] + seqs[i].slot * conv_elems(c),
                           kv->ssm[L->kind_index] + seqs[i].slot * ssm_elems(c), s->win, s->xbc,
                           s->y + row * di);
-        return tsr_backend_matmul(be, s->out, s->y, L->out_proj, TSR_DTYPE_F32, N, di, dim);
+        return mm(be, s->out, s->y, &L->out_proj, N, di, dim);
 }
 
 static tsr_status mlp(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be, struct scratch *s,
                       size_t N) {
         tsr_status st;
 
-        if ((st = tsr_backend_matmul(be, s->hid, s->xb, L->mlp_up, TSR_DTYPE_F32, N, c->dim, c->mlp_hidden)))
+        if ((st = mm(be, s->hid, s->xb, &L->mlp_up, N, c->dim, c->mlp_hidden)))
                 return st;
         relu2(s->hid, N * c->mlp_hidden);
-        return tsr_backend_matmul(be, s->out, s->hid, L->mlp_down, TSR_DTYPE_F32, N, c->mlp_hidden, c->dim);
+        return mm(be, s->out, s->hid, &L->mlp_down, N, c->mlp_hidden, c->dim);
 }
 
 static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs,
@@ -779,6 +933,7 @@ tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be
         const tsr_nemotron_h_config *c;
         struct scratch s;
         size_t N = 0, max_n = 0, dim, out_row = 0;
+        bool bf16_residual;
         tsr_status st;
 
         if (!m || !be || !kv || !seqs || n_seqs == 0)
@@ -787,6 +942,7 @@ tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be
                 return st;
         c = &m->cfg;
         dim = c->dim;
+        bf16_residual = m->bf16 && !c->residual_in_fp32;
         for (size_t i = 0; i < n_seqs; i++) {
                 N += seqs[i].n;
                 max_n = seqs[i].n > max_n ? seqs[i].n : max_n;
@@ -796,6 +952,8 @@ tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
                 TRY(tsr_backend_embedding(be, s.x + row * dim, m->token_embd, c->vocab_size, dim, seqs[i].tokens,
                                           seqs[i].n));
+        if (m->bf16)    /* exact for a bf16 checkpoint; a float32 one's rows as vLLM's bf16 table */
+                round_bf16(s.x, N * dim);
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 const nh_layer *L = &m->layers[l];
                 TRY(tsr_backend_rmsnorm(be, s.xb, s.x, L->norm, N, dim, c->eps));
@@ -806,6 +964,8 @@ tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be
                 default: TRY(mlp(c, L, be, &s, N)); break;
                 }
                 TRY(tsr_backend_add(be, s.x, s.x, s.out, N * dim));
+                if (bf16_residual)
+                        round_bf16(s.x, N * dim);
         }
         /* The rows whose logits are asked for: norm_f then lm_head. */
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
@@ -814,8 +974,7 @@ tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be
                 if (seqs[i].which == TSR_LLAMA_LOGITS_NONE)
                         continue;
                 TRY(tsr_backend_rmsnorm(be, s.xb, s.x + first * dim, m->output_norm, cnt, dim, c->eps));
-                TRY(tsr_backend_matmul(be, logits + out_row * c->vocab_size, s.xb, m->output, TSR_DTYPE_F32, cnt,
-                                       dim, c->vocab_size));
+                TRY(mm(be, logits + out_row * c->vocab_size, s.xb, &m->output, cnt, dim, c->vocab_size));
                 out_row += cnt;
         }
 done:

@@ -1,5 +1,6 @@
 /* nemotron_h.h - the NemotronH hybrid (transformers' NemotronHForCausalLM, model_type
- * nemotron_h; Nemotron-3-Nano) in float32 on the host, written against kernels/kernels.h.
+ * nemotron_h; Nemotron-3-Nano) on the host, in float32 or with bf16 linears
+ * (tsr_nemotron_h_use_bf16), written against kernels/kernels.h.
  *
  * The math is models.md §3 as transformers 5's modeling_nemotron_h.py computes it:
  *   h = embed[ids]
@@ -22,7 +23,8 @@
  * State kept between steps (tsr_nemotron_h_cache): for attention layers the keys and
  * values of every position in paged blocks, as the Llama's; for Mamba layers one state
  * *slot* per running sequence, not per token: the last conv_kernel-1 raw xBC rows (conv
- * state) and the (heads, head_dim, state) SSM state, both float32.  A forward with
+ * state) and the (heads, head_dim, state) SSM state, both float32 also when the linears
+ * are bf16 (why: tsr_nemotron_h_kv_groups in nemotron_h.c).  A forward with
  * past_len == 0 starts the slot from zero; past_len > 0 continues the slot's state,
  * which must then hold exactly the sequence's first past_len tokens (no prefix reuse:
  * a Mamba state cannot be rewound).
@@ -58,6 +60,7 @@ typedef struct tsr_nemotron_h_config {
         uint32_t mlp_hidden;                                    /* '-' layers */
         float eps;
         bool tied_embeddings;
+        bool residual_in_fp32;          /* a bf16 model keeps the residual stream in float32 */
 } tsr_nemotron_h_config;
 
 /* Read `dir`/config.json.  TSR_E_INVAL (missing or bad field: `err` names the file and
@@ -80,7 +83,8 @@ extern const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS];
 
 typedef struct tsr_nemotron_h tsr_nemotron_h;
 
-/* Load the HF folder `dir` (config.json; model.safetensors or an index) as float32.
+/* Load the HF folder `dir` (config.json; model.safetensors or an index), its F32, F16
+ * or BF16 tensors widened to float32 (exactly).
  * `cfg` NULL: read config.json.  Only the whole model (spec NULL or whole).  Errors name
  * the file and the tensor.  *ret new on success (tsr_nemotron_h_free). */
 tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
@@ -88,6 +92,16 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                                char *err, size_t errlen);
 void tsr_nemotron_h_free(tsr_nemotron_h **m);
 const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m);
+/* --dtype bfloat16: the linears (in_proj, out_proj, q/k/v/o, routed and shared experts,
+ * the dense MLP, lm_head) rounded to bf16 (exact for a bf16 checkpoint, which the loader
+ * widened), float32 copies freed; the router, A, D, dt_bias, conv weights, norms and the
+ * embedding stay float32 (models.md §3), the recurrent state stays float32, and the
+ * residual stream is held at bf16 precision unless config.json says residual_in_fp32.
+ * TSR_OK (also when already), TSR_E_NOMEM (model unchanged).  Main thread, after load. */
+tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m);
+bool tsr_nemotron_h_is_bf16(const tsr_nemotron_h *m);
+/* Bytes the weights take in memory as now held (float32, or bf16 linears). */
+uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m);
 /* TSR_OK when `be` has every op the forward uses on host memory. */
 tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be);
 

@@ -196,7 +196,8 @@ static tsr_status from_json(const char *path, json_t *root, tsr_nemotron_h_confi
             (st = tsr_hf_f32(path, root, "routed_scaling_factor", 1.0, &c.routed_scale, err, errlen)) ||
             (st = tsr_hf_u32(path, root, "intermediate_size", false, 0, &c.mlp_hidden, err, errlen)) ||
             (st = tsr_hf_f32(path, root, "layer_norm_epsilon", 1e-5, &c.eps, err, errlen)) ||
-            (st = tsr_hf_bool(path, root, "tie_word_embeddings", false, &c.tied_embeddings, err, errlen)))
+            (st = tsr_hf_bool(path, root, "tie_word_embeddings", false, &c.tied_embeddings, err, errlen)) ||
+            (st = tsr_hf_bool(path, root, "residual_in_fp32", false, &c.residual_in_fp32, err, errlen)))
                 return st;
         if (n_layers_field != c.n_layers) {
                 tsr_errf(err, errlen, "%s: num_hidden_layers %" PRIu32 " but the layer pattern has %" PRIu32, path,
@@ -224,6 +225,8 @@ static tsr_status from_json(const char *path, json_t *root, tsr_nemotron_h_confi
         }
         if ((st = want_str(path, root, "mamba_hidden_act", "silu", err, errlen)) ||
             (st = want_str(path, root, "mlp_hidden_act", "relu2", err, errlen)) ||
+            /* vLLM keeps the SSM state in this dtype; ours is float32 (the real checkpoints' value) */
+            (st = want_str(path, root, "mamba_ssm_cache_dtype", "float32", err, errlen)) ||
             (st = check_sizes(path, root, &c, err, errlen)))
                 return st;
         *ret = c;

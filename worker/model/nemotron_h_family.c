@@ -2,9 +2,10 @@
  * nemotron_h: Nemotron-H, Nemotron Nano 2, Nemotron-3-Nano) as a model family: the
  * config reader of nemotron_h_config.c, the forward and state of nemotron_h.c.
  *
- * HF safetensors folders only, float32 on the CPU.  llama.cpp names this architecture
- * "nemotron_h" in GGUF (and "nemotron_h_moe" for the MoE variant); we list both so a
- * GGUF of it is refused with a clear error rather than served as metadata only. */
+ * HF safetensors folders only (F32, F16 or BF16 tensors; linears held in float32 or
+ * bf16), on the CPU.  llama.cpp names this architecture "nemotron_h" in GGUF (and
+ * "nemotron_h_moe" for the MoE variant); we list both so a GGUF of it is refused with a
+ * clear error rather than served as metadata only. */
 #include "worker/model/family.h"
 
 #include <stdlib.h>
@@ -56,7 +57,12 @@ static tsr_status nh_load(const char *path, const tsr_model_desc *d, const tsr_s
         tsr_nemotron_h *m = NULL;
         tsr_status st;
 
-        (void)opts;     /* safetensors only: nothing is kept in a block format */
+        /* safetensors only: nothing is kept in a block format (keep_dtypes is for GGUF) */
+        if (opts && opts->modelopt) {
+                tsr_errf(err, errlen, "%s: a ModelOpt %s quantized NemotronH checkpoint is not supported (supported: "
+                        "bf16, fp16 and fp32 safetensors)", path, tsr_modelopt_algo_name(opts->modelopt->algo));
+                return TSR_E_UNSUPPORTED;
+        }
         if ((st = tsr_nemotron_h_load(path, cfg_of(d), shard, progress, ud, &m, stats, err, errlen)) == TSR_OK)
                 *ret = m;
         return st;
@@ -68,16 +74,11 @@ static void nh_free(void **model) {
         *model = NULL;
 }
 
-/* bfloat16 weights are not built for this family: the runner keeps float32 under
- * --dtype auto and refuses an explicit --dtype bfloat16. */
-static tsr_status nh_use_bf16(void *model) {
-        (void)model;
-        return TSR_E_UNSUPPORTED;
-}
-static bool nh_is_bf16(const void *model) {
-        (void)model;
-        return false;
-}
+/* --dtype bfloat16 (and auto where the runner picks bfloat16): bf16 linears, the rest
+ * float32 (tsr_nemotron_h_use_bf16). */
+static tsr_status nh_use_bf16(void *model) { return tsr_nemotron_h_use_bf16(model); }
+static bool nh_is_bf16(const void *model) { return tsr_nemotron_h_is_bf16(model); }
+static uint64_t nh_resident_bytes(const void *model) { return tsr_nemotron_h_resident_bytes(model); }
 static tsr_status nh_check_backend(const void *model, const tsr_backend *be) {
         return tsr_nemotron_h_check_backend(model, be);
 }
@@ -131,6 +132,7 @@ const tsr_model_family tsr_family_nemotron_h = {
         .free = nh_free,
         .use_bf16 = nh_use_bf16,
         .is_bf16 = nh_is_bf16,
+        .resident_bytes = nh_resident_bytes,
         .check_backend = nh_check_backend,
         .kv_bind = nh_kv_bind,
         .kv_unbind = nh_kv_unbind,

@@ -415,6 +415,8 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                 snprintf(err, errlen, "cannot convert the weights to bfloat16: %s", tsr_status_str(st));
                 return st;
         }
+        if (*bf16 && r->fam->resident_bytes && stats)  /* the float32 copies are gone */
+                stats->resident_bytes = r->fam->resident_bytes(sg->model);
         if (!tsr_backend_host_memory(sg->be)) {
                 if (!r->fam->to_backend) {
                         snprintf(err, errlen, "model family %s does not run on the %s backend yet (supported: llama); "
