@@ -36,6 +36,8 @@ typedef struct kv_ev {
 struct tsr_kv_cache {
         uint32_t num_blocks;
         uint32_t block_size;
+        uint32_t n_tables;          /* block tables per request (tsr_kv_cache_set_tables) */
+        uint32_t chunk[TSR_KV_TABLES_MAX];  /* per table: 0 full attention, else its attention chunk */
         bool caching;
         tsr_block_hasher *hasher;   /* NULL when caching is off */
 
@@ -265,6 +267,7 @@ tsr_status tsr_kv_cache_new(uint32_t num_blocks, uint32_t block_size, bool enabl
                 return TSR_E_NOMEM;
         kv->num_blocks = num_blocks;
         kv->block_size = block_size;
+        kv->n_tables = 1;
         kv->caching = enable_prefix_caching;
         kv->blocks = calloc((size_t)num_blocks + 1, sizeof(kv_block));
         while (n_buckets < num_blocks)
@@ -318,6 +321,35 @@ void tsr_kv_cache_free(tsr_kv_cache **kvp) {
 
 uint32_t tsr_kv_cache_block_size(const tsr_kv_cache *kv) { return kv->block_size; }
 
+tsr_status tsr_kv_cache_set_tables(tsr_kv_cache *kv, const uint32_t *chunk, size_t n_tables) {
+        if (n_tables == 0 || n_tables > TSR_KV_TABLES_MAX || kv->num_free != kv->num_blocks)
+                return TSR_E_INVAL;
+        if (chunk[0])
+                return TSR_E_INVAL;     /* the prefix cache hashes table 0: a full-attention one */
+        kv->n_tables = (uint32_t)n_tables;
+        memcpy(kv->chunk, chunk, n_tables * sizeof *chunk);
+        return TSR_OK;
+}
+
+uint32_t tsr_kv_cache_tables(const tsr_kv_cache *kv) { return kv->n_tables; }
+
+size_t tsr_kv_req_table(const tsr_kv_cache *kv, const tsr_kv_req *r, uint32_t *out) {
+        const uint32_t T = kv->n_tables;
+
+        for (uint32_t t = 0; t < T; t++)
+                for (uint32_t b = 0; b < r->n_blocks; b++)
+                        out[(size_t)t * r->n_blocks + b] = r->block_ids[(size_t)b * T + t];
+        return (size_t)T * r->n_blocks;
+}
+
+uint32_t tsr_kv_req_held(const tsr_kv_cache *kv, const tsr_kv_req *r) {
+        uint32_t n = 0;
+
+        for (size_t i = 0; i < (size_t)r->n_blocks * kv->n_tables; i++)
+                n += r->block_ids[i] != TSR_KV_NULL_BLOCK;
+        return n;
+}
+
 /* ---------------------------------------------------------------- requests */
 
 tsr_status tsr_kv_req_init(tsr_kv_req *r, const void *salt, size_t salt_len) {
@@ -343,10 +375,14 @@ void tsr_kv_req_done(tsr_kv_cache *kv, tsr_kv_req *r) {
         memset(r, 0, sizeof(*r));
 }
 
-static tsr_status req_reserve_blocks(tsr_kv_req *r, size_t n) {
+/* Room for n logical blocks of `tables` entries each. */
+static tsr_status req_reserve_blocks(tsr_kv_req *r, size_t n, uint32_t tables) {
         uint32_t *p;
         size_t cap = r->_cap_blocks ? r->_cap_blocks : 8;
 
+        if (n > UINT32_MAX / tables)
+                return TSR_E_LIMIT;
+        n *= tables;
         if (n <= r->_cap_blocks)
                 return TSR_OK;
         while (cap < n)
@@ -389,6 +425,29 @@ static tsr_status req_hash_up_to(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t
         return TSR_OK;
 }
 
+/* vLLM's HybridKVCacheCoordinator over a full table's hit of n_hit blocks: each chunked
+ * table's hit for that length is its null blocks before the chunk of the hit's end, then
+ * the cached blocks from there (ChunkedLocalAttentionManager.find_longest_cache_hit).
+ * A chunked table's blocks are never cached here (only the full table's are hashed), so
+ * the hit shrinks to the blocks before that chunk start, and again until it is stable:
+ * a hit then ends where a chunk starts, and no chunked layer needs a block before it. */
+static size_t chunked_hit(const tsr_kv_cache *kv, size_t n_hit) {
+        for (bool moved = true; moved;) {
+                moved = false;
+                for (uint32_t t = 0; t < kv->n_tables; t++) {
+                        size_t C = kv->chunk[t], start;
+                        if (!C)
+                                continue;
+                        start = n_hit * kv->block_size / C * C / kv->block_size;
+                        if (start < n_hit) {
+                                n_hit = start;
+                                moved = true;
+                        }
+                }
+        }
+        return n_hit;
+}
+
 tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *tokens,
                                             size_t n_tokens, bool skip_read, size_t *ret_cached) {
         size_t max_hit, n_hit = 0;
@@ -410,15 +469,19 @@ tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, con
         max_hit = (n_tokens - 1) / kv->block_size;
         if (max_hit > kv->num_cached)
                 max_hit = kv->num_cached;   /* no longer hit is possible; bounds the table */
-        st = req_reserve_blocks(r, max_hit);
+        st = req_reserve_blocks(r, max_hit, kv->n_tables);
         if (st != TSR_OK)
                 return st;
         for (; n_hit < max_hit; n_hit++) {
                 uint32_t id = map_find(kv, r->_hashes[n_hit]);
                 if (id == KV_NIL)
                         break;
-                r->block_ids[n_hit] = id;
+                r->block_ids[n_hit * kv->n_tables] = id;
         }
+        n_hit = chunked_hit(kv, n_hit);
+        for (size_t b = 0; b < n_hit; b++)      /* the chunked tables: nothing before the hit's chunk */
+                for (uint32_t t = 1; t < kv->n_tables; t++)
+                        r->block_ids[b * kv->n_tables + t] = TSR_KV_NULL_BLOCK;
         r->_n_hit = (uint32_t)n_hit;
         r->num_cached_tokens = n_hit * kv->block_size;
         kv->requests++;
@@ -458,21 +521,23 @@ tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t n
         }
         /* parked hits must still be what get_computed_blocks found */
         for (uint32_t i = 0; i < r->_n_hit; i++) {
-                const kv_block *b = &kv->blocks[r->block_ids[i]];
+                const kv_block *b = &kv->blocks[r->block_ids[(size_t)i * kv->n_tables]];
                 if (!b->has_hash || b->hash != r->_hashes[i])
                         return TSR_E_INVAL;
                 if (b->ref == 0)
                         free_hits++;
         }
-        if (n_new > kv->num_free - free_hits)
+        /* every table takes a block for each new logical block: no new block lies
+         * behind a chunk (they start at or after n_computed) */
+        if (n_new > (kv->num_free - free_hits) / kv->n_tables)
                 return TSR_E_UNAVAILABLE;
-        st = req_reserve_blocks(r, (size_t)r->n_blocks + r->_n_hit + n_new);
+        st = req_reserve_blocks(r, (size_t)r->n_blocks + r->_n_hit + n_new, kv->n_tables);
         if (st != TSR_OK)
                 return st;
 
         /* nothing below can fail */
         for (uint32_t i = 0; i < r->_n_hit; i++) {
-                uint32_t id = r->block_ids[i];
+                uint32_t id = r->block_ids[(size_t)i * kv->n_tables];
                 if (kv->blocks[id].ref++ == 0)
                         fq_remove(kv, id);
                 kv->n_refs++;
@@ -483,7 +548,7 @@ tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t n
                 r->_n_registered = r->_n_hit;
                 r->_n_hit = 0;
         }
-        for (size_t i = 0; i < n_new; i++) {
+        for (size_t i = 0; i < n_new * kv->n_tables; i++) {
                 uint32_t id = fq_pop_head(kv);
                 kv_block *b = &kv->blocks[id];
                 if (b->has_hash) {
@@ -494,9 +559,39 @@ tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t n
                 }
                 b->ref = 1;
                 kv->n_refs++;
-                r->block_ids[r->n_blocks++] = id;
+                r->block_ids[(size_t)r->n_blocks * kv->n_tables + i % kv->n_tables] = id;
+                if (i % kv->n_tables == kv->n_tables - 1)
+                        r->n_blocks++;
         }
         return TSR_OK;
+}
+
+static void block_release(tsr_kv_cache *kv, uint32_t id) {
+        kv->n_refs--;
+        if (--kv->blocks[id].ref == 0)
+                fq_push_tail(kv, id);
+}
+
+/* vLLM's ChunkedLocalAttentionManager.remove_skipped_blocks: a chunked table's blocks
+ * wholly before the chunk of position r->n_computed are never read again.  Walks back
+ * from the last such block and stops at the first null entry (those before it were
+ * freed by an earlier call). */
+static void drop_behind_chunks(tsr_kv_cache *kv, tsr_kv_req *r) {
+        const uint32_t T = kv->n_tables;
+
+        for (uint32_t t = 0; t < T; t++) {
+                size_t skip, b;
+                if (!kv->chunk[t])
+                        continue;
+                skip = r->n_computed / kv->chunk[t] * kv->chunk[t];
+                for (b = skip / kv->block_size; b-- > 0;) {
+                        uint32_t *e = &r->block_ids[b * T + t];
+                        if (*e == TSR_KV_NULL_BLOCK)
+                                break;
+                        block_release(kv, *e);
+                        *e = TSR_KV_NULL_BLOCK;
+                }
+        }
 }
 
 tsr_status tsr_kv_cache_commit(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *all_tokens, size_t n_computed) {
@@ -507,14 +602,17 @@ tsr_status tsr_kv_cache_commit(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *
                 return TSR_E_INVAL;
         if (!kv->caching) {
                 r->n_computed = n_computed;
+                drop_behind_chunks(kv, r);
                 return TSR_OK;
         }
         n_full = n_computed / kv->block_size;
         st = req_hash_up_to(kv, r, all_tokens, n_full);
         if (st != TSR_OK)
                 return st;
+        /* the full-attention table only (table 0): a chunked table's blocks are not
+         * cached (chunked_hit) */
         for (size_t i = r->_n_registered; i < n_full; i++) {
-                uint32_t id = r->block_ids[i];
+                uint32_t id = r->block_ids[i * kv->n_tables];
                 uint64_t h = r->_hashes[i];
                 bool has_parent = i > 0;
                 uint64_t parent = has_parent ? r->_hashes[i - 1] : 0;
@@ -530,18 +628,16 @@ tsr_status tsr_kv_cache_commit(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *
         if (n_full > r->_n_registered)
                 r->_n_registered = (uint32_t)n_full;
         r->n_computed = n_computed;
+        drop_behind_chunks(kv, r);
         return TSR_OK;
 }
 
 void tsr_kv_cache_free_blocks(tsr_kv_cache *kv, tsr_kv_req *r) {
         /* last block first: it reaches the tail first and is evicted first, so the
          * request's prefix (the part others may share) stays cached longest */
-        for (uint32_t i = r->n_blocks; i-- > 0;) {
-                uint32_t id = r->block_ids[i];
-                kv->n_refs--;
-                if (--kv->blocks[id].ref == 0)
-                        fq_push_tail(kv, id);
-        }
+        for (size_t i = (size_t)r->n_blocks * kv->n_tables; i-- > 0;)
+                if (r->block_ids[i] != TSR_KV_NULL_BLOCK)
+                        block_release(kv, r->block_ids[i]);
         r->n_blocks = 0;
         r->n_computed = 0;
         r->_n_hit = 0;
@@ -647,19 +743,28 @@ tsr_status tsr_kv_cache_check(const tsr_kv_cache *kv) {
 }
 
 tsr_status tsr_kv_req_check(const tsr_kv_cache *kv, const tsr_kv_req *r) {
-        if (r->n_blocks > r->_cap_blocks || r->n_computed > (size_t)r->n_blocks * kv->block_size ||
+        const uint32_t T = kv->n_tables;
+
+        if ((size_t)r->n_blocks * T > r->_cap_blocks || r->n_computed > (size_t)r->n_blocks * kv->block_size ||
             r->_n_registered > r->n_blocks || (r->n_blocks && r->_n_hit))
                 return TSR_E_INTERNAL;
         if (kv->caching && r->_n_registered > r->_n_hashes)
                 return TSR_E_INTERNAL;
-        for (uint32_t i = 0; i < r->n_blocks; i++) {
-                uint32_t id = r->block_ids[i];
+        for (size_t i = 0; i < (size_t)r->n_blocks * T; i++) {
+                uint32_t id = r->block_ids[i], t = (uint32_t)(i % T);
+                size_t b = i / T;
+                if (id == TSR_KV_NULL_BLOCK) {
+                        /* only a chunked table's blocks behind the chunk of n_computed */
+                        if (!kv->chunk[t] || (b + 1) * kv->block_size > r->n_computed / kv->chunk[t] * kv->chunk[t])
+                                return TSR_E_INTERNAL;
+                        continue;
+                }
                 if (id >= kv->num_blocks || kv->blocks[id].ref == 0)
                         return TSR_E_INTERNAL;
-                for (uint32_t j = 0; j < i; j++)
+                for (size_t j = 0; j < i; j++)
                         if (r->block_ids[j] == id)
                                 return TSR_E_INTERNAL;
-                if (i < r->_n_registered && kv->blocks[id].has_hash && kv->blocks[id].hash != r->_hashes[i])
+                if (t == 0 && b < r->_n_registered && kv->blocks[id].has_hash && kv->blocks[id].hash != r->_hashes[b])
                         return TSR_E_INTERNAL;
         }
         return TSR_OK;
