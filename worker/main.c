@@ -490,8 +490,8 @@ int main(int argc, char **argv) {
         }
         if (plan.n_kv_tables > 1)
                 log_info("hybrid KV cache: %u block tables per request (full attention + chunked-local attention, "
-                         "chunk %u); the chunked tables free their blocks behind the current chunk; prefix-cache hits "
-                         "end at a chunk start", plan.n_kv_tables, plan.kv_chunk[plan.n_kv_tables - 1]);
+                         "chunk %u); the chunked tables free their blocks behind the current chunk",
+                         plan.n_kv_tables, plan.kv_chunk[plan.n_kv_tables - 1]);
         log_info("model %s: %s, %s format, vocab %u, max_model_len %u, %zu eos ids, chat template %s",
                  meta->path, meta->architecture ? meta->architecture : "?", meta->format, meta->vocab_size,
                  plan.max_model_len, meta->n_eos_token_ids, meta->chat_template ? "yes" : "no");

@@ -2,8 +2,8 @@
  * chunked-local attention, as vLLM's hybrid KV cache manager runs Llama 4.  Per-table
  * allocation from the one free queue, the chunked tables' blocks freed behind the chunk
  * (boundaries inside a block and on a block edge), admission counting what a request
- * holds, preemption/abort giving every table's blocks back, prefix-cache hits cut to a
- * chunk start, and the pool's shared layer arrays and per-request block counts. */
+ * holds, preemption/abort giving every table's blocks back, prefix-cache hits per table
+ * (vLLM's coordinator), and the pool's shared layer arrays and per-request block counts. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -182,23 +182,26 @@ static void test_admission_with_freeing(void **state) {
         tsr_kv_cache_free(&kv);
 }
 
-/* Prefix caching over the hybrid: only the full table is hashed; a hit is cut back until
- * it ends at a chunk start, and the chunked tables hold nothing before it. */
-static void test_prefix_hit_cut_to_chunk(void **state) {
-        uint32_t t[64];
+/* Prefix caching over the hybrid, vLLM's rule: every table's full blocks are hashed
+ * (a chunked block freed behind its chunk keeps its hash until evicted); a hit needs the
+ * full table's blocks and each chunked table's from the chunk of the hit's end, and is
+ * cut back until every table has them. */
+static void test_prefix_hit_per_table(void **state) {
+        uint32_t t[64], other[64], out[64];
         size_t cached = 0;
-        uint32_t out[64];
         (void)state;
-        for (size_t i = 0; i < 64; i++)
+        for (size_t i = 0; i < 64; i++) {
                 t[i] = 7 + (uint32_t)i;
-        /* chunk 8 on blocks of 4: every block edge that is a multiple of 8 */
+                other[i] = 500 + (uint32_t)i;
+        }
         for (int c = 0; c < 3; c++) {
+                /* 21 tokens: 5 full blocks, the lookup capped at (21 - 1) / 4 = 5 blocks; every
+                 * chunked block still cached, so the whole 20 for chunk 8, 12 and 4 alike,
+                 * the chunked entries null before the chunk of 20 (16, 12, 20) */
                 static const uint32_t C[3] = {8, 12, 4};
-                /* 21 tokens: 5 full blocks, lookup capped at (21 - 1) / 4 = 5 blocks = 20
-                 * tokens; chunk 8: start 16 -> 4 blocks; chunk 12: 12 -> 3 blocks; 4: 20 */
-                static const size_t want[3] = {16, 12, 20};
                 tsr_kv_cache *kv = mk(32, 4, true, C[c]);
                 tsr_kv_req a, b;
+                uint32_t start = 20 / C[c] * C[c] / 4;
                 assert_int_equal(tsr_kv_req_init(&a, NULL, 0), TSR_OK);
                 assert_int_equal(tsr_kv_cache_get_computed_blocks(kv, &a, t, 21, false, &cached), TSR_OK);
                 assert_int_equal(cached, 0);
@@ -207,15 +210,14 @@ static void test_prefix_hit_cut_to_chunk(void **state) {
                 assert_int_equal(n_free(kv), 32);
                 assert_int_equal(tsr_kv_req_init(&b, NULL, 0), TSR_OK);
                 assert_int_equal(tsr_kv_cache_get_computed_blocks(kv, &b, t, 21, false, &cached), TSR_OK);
-                assert_int_equal(cached, want[c]);
-                assert_int_equal(tsr_kv_cache_allocate_slots(kv, &b, 21 - cached), TSR_OK);
+                assert_int_equal(cached, 20);
+                assert_int_equal(tsr_kv_cache_allocate_slots(kv, &b, 1), TSR_OK);
                 RCHECK(kv, &b);
-                assert_int_equal(b.n_computed, want[c]);
+                assert_int_equal(b.n_computed, 20);
                 tsr_kv_req_table(kv, &b, out);
                 for (uint32_t k = 0; k < b.n_blocks; k++) {
                         assert_int_not_equal(out[k], TSR_KV_NULL_BLOCK);
-                        /* the hit's blocks: shared ones in the full table, none chunked */
-                        assert_int_equal(out[b.n_blocks + k] == TSR_KV_NULL_BLOCK, k < want[c] / 4);
+                        assert_int_equal(out[b.n_blocks + k] == TSR_KV_NULL_BLOCK, k < start);
                 }
                 run(kv, &b, t, 21, 5);
                 tsr_kv_req_done(kv, &b);
@@ -223,6 +225,64 @@ static void test_prefix_hit_cut_to_chunk(void **state) {
                 CHECK(kv);
                 tsr_kv_cache_free(&kv);
         }
+        /* chunk 12: A (21 tokens in steps of 5) frees chunked blocks 0..2 at 15, the rest
+         * at its finish, last block first: the free queue ends c0 c1 c2 | c5 f5 c4 f4 c3 ...
+         * A 52-token request then takes the 20 unused blocks and the next 6 (c0 c1 c2 c5
+         * f5 c4), evicting them.  The same 21 tokens: the full table hits blocks 0..4
+         * (20 tokens), the chunk of 20 starts at 12 and needs chunked blocks 3 and 4, 4 is
+         * gone: cut to 16, whose chunk (12) needs block 3 only: a hit of 16 */
+        tsr_kv_cache *kv = mk(32, 4, true, 12);
+        tsr_kv_req a, x, b;
+        assert_int_equal(tsr_kv_req_init(&a, NULL, 0), TSR_OK);
+        run(kv, &a, t, 21, 5);
+        tsr_kv_req_done(kv, &a);
+        assert_int_equal(tsr_kv_req_init(&x, NULL, 0), TSR_OK);
+        assert_int_equal(tsr_kv_cache_get_computed_blocks(kv, &x, other, 52, false, &cached), TSR_OK);
+        assert_int_equal(cached, 0);
+        assert_int_equal(tsr_kv_cache_allocate_slots(kv, &x, 52), TSR_OK);
+        tsr_kv_req_done(kv, &x);
+        CHECK(kv);
+        assert_int_equal(tsr_kv_req_init(&b, NULL, 0), TSR_OK);
+        assert_int_equal(tsr_kv_cache_get_computed_blocks(kv, &b, t, 21, false, &cached), TSR_OK);
+        assert_int_equal(cached, 16);
+        assert_int_equal(tsr_kv_cache_allocate_slots(kv, &b, 5), TSR_OK);
+        RCHECK(kv, &b);
+        tsr_kv_req_table(kv, &b, out);
+        for (uint32_t k = 0; k < 4; k++)        /* hits: full 0..3, chunked 3 (0..2 null) */
+                assert_int_equal(out[b.n_blocks + k] == TSR_KV_NULL_BLOCK, k < 3);
+        run(kv, &b, t, 21, 5);
+        tsr_kv_req_done(kv, &b);
+        assert_int_equal(n_free(kv), 32);
+        CHECK(kv);
+        tsr_kv_cache_free(&kv);
+}
+
+/* The router's mirror sees table 0's hashes only: the events and cached_hashes list
+ * the full table's blocks, not the chunked tables' (their keys are the worker's). */
+static void test_events_full_table_only(void **state) {
+        tsr_kv_cache *kv = mk(32, 4, true, 8);
+        tsr_kv_req a;
+        tsr_kv_events *e = NULL;
+        uint32_t t[24];
+        uint64_t hashes[32];
+        size_t n_stored = 0;
+        (void)state;
+        for (size_t i = 0; i < 24; i++)
+                t[i] = 3 + (uint32_t)i;
+        assert_int_equal(tsr_kv_req_init(&a, NULL, 0), TSR_OK);
+        run(kv, &a, t, 24, 24);
+        assert_int_equal(tsr_kv_cache_take_events(kv, &e), TSR_OK);
+        assert_non_null(e);
+        for (size_t i = 0; i < e->n; i++) {
+                assert_int_equal(e->ev[i].kind, TSR_KV_EVENT_STORED);
+                n_stored += e->ev[i].n_hashes;
+        }
+        assert_int_equal(n_stored, 6);                                  /* 6 full blocks, one table */
+        assert_int_equal(tsr_kv_cache_cached_hashes(kv, hashes, 32), 6);
+        tsr_kv_events_free(&e);
+        tsr_kv_req_done(kv, &a);
+        CHECK(kv);
+        tsr_kv_cache_free(&kv);
 }
 
 /* The pool of a hybrid: paged groups share layer arrays (block bytes of the widest), a
@@ -277,7 +337,8 @@ int main(void) {
                 cmocka_unit_test(test_free_behind_chunk_inside_block),
                 cmocka_unit_test(test_free_behind_chunk_block_edge),
                 cmocka_unit_test(test_admission_with_freeing),
-                cmocka_unit_test(test_prefix_hit_cut_to_chunk),
+                cmocka_unit_test(test_prefix_hit_per_table),
+                cmocka_unit_test(test_events_full_table_only),
                 cmocka_unit_test(test_pool_hybrid),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -23,6 +23,8 @@ typedef struct kv_block {
         uint32_t hnext;          /* next block in the same hash bucket */
         bool has_hash;
         bool has_parent;
+        uint8_t table;           /* the request table whose block it was hashed as (0: the
+                                  * full-attention one, the only one events describe) */
 } kv_block;
 
 typedef struct kv_ev {
@@ -100,10 +102,17 @@ static uint32_t map_find(const tsr_kv_cache *kv, uint64_t h) {
         return KV_NIL;
 }
 
-static void map_insert(tsr_kv_cache *kv, uint32_t id, uint64_t h, bool has_parent, uint64_t parent) {
+/* The map key of block hash h as a block of table t: h itself for table 0 (the router's
+ * hashes), else h mixed with t, as vLLM keys a group's blocks by (hash, group id). */
+static uint64_t table_key(uint64_t h, uint32_t t) {
+        return t ? h ^ (UINT64_C(0x9e3779b97f4a7c15) * t) : h;
+}
+
+static void map_insert(tsr_kv_cache *kv, uint32_t id, uint64_t h, bool has_parent, uint64_t parent, uint32_t t) {
         kv_block *b = &kv->blocks[id];
         uint64_t k = bucket_of(kv, h);
 
+        b->table = (uint8_t)t;
         b->hash = h;
         b->has_hash = true;
         b->parent = parent;
@@ -137,7 +146,7 @@ void tsr_kv_cache_resync(tsr_kv_cache *kv) {
         event_push(kv, TSR_KV_EVENT_ALL_CLEARED, 0, false, 0);
         for (uint32_t id = 0; id < kv->num_blocks; id++) {
                 const kv_block *b = &kv->blocks[id];
-                if (b->has_hash)
+                if (b->has_hash && b->table == 0)
                         event_push(kv, TSR_KV_EVENT_STORED, b->hash, b->has_parent, b->parent);
         }
 }
@@ -425,23 +434,29 @@ static tsr_status req_hash_up_to(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t
         return TSR_OK;
 }
 
-/* vLLM's HybridKVCacheCoordinator over a full table's hit of n_hit blocks: each chunked
- * table's hit for that length is its null blocks before the chunk of the hit's end, then
- * the cached blocks from there (ChunkedLocalAttentionManager.find_longest_cache_hit).
- * A chunked table's blocks are never cached here (only the full table's are hashed), so
- * the hit shrinks to the blocks before that chunk start, and again until it is stable:
- * a hit then ends where a chunk starts, and no chunked layer needs a block before it. */
-static size_t chunked_hit(const tsr_kv_cache *kv, size_t n_hit) {
-        for (bool moved = true; moved;) {
+/* vLLM's HybridKVCacheCoordinator over table 0's hit of n_hit blocks (full attention):
+ * each other table's hit for that length (a chunked one's: null blocks before the chunk
+ * of the hit's end, then its cached blocks from there, ChunkedLocalAttentionManager.
+ * find_longest_cache_hit; a full one's: its cached blocks from 0) may be shorter, which
+ * cuts the hit and moves the chunk start back, until no table cuts it.  Writes the
+ * tables' hit entries of r (table 0's are there already). */
+static size_t tables_hit(const tsr_kv_cache *kv, tsr_kv_req *r, size_t n_hit) {
+        const uint32_t T = kv->n_tables;
+
+        for (bool moved = T > 1; moved;) {
                 moved = false;
-                for (uint32_t t = 0; t < kv->n_tables; t++) {
-                        size_t C = kv->chunk[t], start;
-                        if (!C)
-                                continue;
-                        start = n_hit * kv->block_size / C * C / kv->block_size;
-                        if (start < n_hit) {
-                                n_hit = start;
-                                moved = true;
+                for (uint32_t t = 1; t < T && !moved; t++) {
+                        size_t C = kv->chunk[t], start = C ? n_hit * kv->block_size / C * C / kv->block_size : 0;
+                        for (size_t b = 0; b < n_hit; b++) {
+                                /* (TSR_KV_NULL_BLOCK and KV_NIL are both UINT32_MAX) */
+                                uint32_t id = b < start ? TSR_KV_NULL_BLOCK
+                                                        : map_find(kv, table_key(r->_hashes[b], t));
+                                if (b >= start && id == KV_NIL) {
+                                        n_hit = b;
+                                        moved = true;   /* every table again, for the shorter hit */
+                                        break;
+                                }
+                                r->block_ids[b * T + t] = id;
                         }
                 }
         }
@@ -478,10 +493,7 @@ tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, con
                         break;
                 r->block_ids[n_hit * kv->n_tables] = id;
         }
-        n_hit = chunked_hit(kv, n_hit);
-        for (size_t b = 0; b < n_hit; b++)      /* the chunked tables: nothing before the hit's chunk */
-                for (uint32_t t = 1; t < kv->n_tables; t++)
-                        r->block_ids[b * kv->n_tables + t] = TSR_KV_NULL_BLOCK;
+        n_hit = tables_hit(kv, r, n_hit);
         r->_n_hit = (uint32_t)n_hit;
         r->num_cached_tokens = n_hit * kv->block_size;
         kv->requests++;
@@ -519,10 +531,13 @@ tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t n
         } else {
                 n_new = need - r->n_blocks - r->_n_hit;
         }
-        /* parked hits must still be what get_computed_blocks found */
-        for (uint32_t i = 0; i < r->_n_hit; i++) {
-                const kv_block *b = &kv->blocks[r->block_ids[(size_t)i * kv->n_tables]];
-                if (!b->has_hash || b->hash != r->_hashes[i])
+        /* parked hits must still be what get_computed_blocks found (every table's) */
+        for (size_t i = 0; i < (size_t)r->_n_hit * kv->n_tables; i++) {
+                const kv_block *b;
+                if (r->block_ids[i] == TSR_KV_NULL_BLOCK)
+                        continue;       /* a chunked table's, before the hit's chunk */
+                b = &kv->blocks[r->block_ids[i]];
+                if (!b->has_hash || b->hash != table_key(r->_hashes[i / kv->n_tables], (uint32_t)(i % kv->n_tables)))
                         return TSR_E_INVAL;
                 if (b->ref == 0)
                         free_hits++;
@@ -536,8 +551,10 @@ tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t n
                 return st;
 
         /* nothing below can fail */
-        for (uint32_t i = 0; i < r->_n_hit; i++) {
-                uint32_t id = r->block_ids[(size_t)i * kv->n_tables];
+        for (size_t i = 0; i < (size_t)r->_n_hit * kv->n_tables; i++) {
+                uint32_t id = r->block_ids[i];
+                if (id == TSR_KV_NULL_BLOCK)
+                        continue;
                 if (kv->blocks[id].ref++ == 0)
                         fq_remove(kv, id);
                 kv->n_refs++;
@@ -553,9 +570,11 @@ tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t n
                 kv_block *b = &kv->blocks[id];
                 if (b->has_hash) {
                         uint64_t h = b->hash;
+                        bool seen = b->table == 0;      /* by the router's mirror */
                         map_remove(kv, id);
                         kv->evictions++;
-                        event_push(kv, TSR_KV_EVENT_REMOVED, h, false, 0);
+                        if (seen)
+                                event_push(kv, TSR_KV_EVENT_REMOVED, h, false, 0);
                 }
                 b->ref = 1;
                 kv->n_refs++;
@@ -609,21 +628,24 @@ tsr_status tsr_kv_cache_commit(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *
         st = req_hash_up_to(kv, r, all_tokens, n_full);
         if (st != TSR_OK)
                 return st;
-        /* the full-attention table only (table 0): a chunked table's blocks are not
-         * cached (chunked_hit) */
+        /* every table's new full blocks, each under its table's key; STORED events
+         * for table 0's only (the router's hashes) */
         for (size_t i = r->_n_registered; i < n_full; i++) {
-                uint32_t id = r->block_ids[i * kv->n_tables];
-                uint64_t h = r->_hashes[i];
-                bool has_parent = i > 0;
-                uint64_t parent = has_parent ? r->_hashes[i - 1] : 0;
+                for (uint32_t t = 0; t < kv->n_tables; t++) {
+                        uint32_t id = r->block_ids[i * kv->n_tables + t];
+                        uint64_t h = table_key(r->_hashes[i], t);
+                        bool has_parent = i > 0 && t == 0;
+                        uint64_t parent = has_parent ? r->_hashes[i - 1] : 0;
 
-                /* A block can only carry a hash here if reset_prefix_cache had not
-                 * touched it, which cannot happen for an unregistered block; and a
-                 * duplicate keeps the older mapping (it may be shared already). */
-                if (kv->blocks[id].has_hash || map_find(kv, h) != KV_NIL)
-                        continue;
-                map_insert(kv, id, h, has_parent, parent);
-                event_push(kv, TSR_KV_EVENT_STORED, h, has_parent, parent);
+                        /* A block can only carry a hash here if reset_prefix_cache had not
+                         * touched it, which cannot happen for an unregistered block; and a
+                         * duplicate keeps the older mapping (it may be shared already). */
+                        if (id == TSR_KV_NULL_BLOCK || kv->blocks[id].has_hash || map_find(kv, h) != KV_NIL)
+                                continue;
+                        map_insert(kv, id, h, has_parent, parent, t);
+                        if (t == 0)
+                                event_push(kv, TSR_KV_EVENT_STORED, h, has_parent, parent);
+                }
         }
         if (n_full > r->_n_registered)
                 r->_n_registered = (uint32_t)n_full;
@@ -674,7 +696,7 @@ size_t tsr_kv_cache_cached_hashes(const tsr_kv_cache *kv, uint64_t *out, size_t 
         size_t n = 0;
 
         for (uint32_t id = 0; id < kv->num_blocks; id++) {
-                if (!kv->blocks[id].has_hash)
+                if (!kv->blocks[id].has_hash || kv->blocks[id].table != 0)
                         continue;
                 if (n < cap)
                         out[n] = kv->blocks[id].hash;
@@ -764,7 +786,7 @@ tsr_status tsr_kv_req_check(const tsr_kv_cache *kv, const tsr_kv_req *r) {
                 for (size_t j = 0; j < i; j++)
                         if (r->block_ids[j] == id)
                                 return TSR_E_INTERNAL;
-                if (t == 0 && b < r->_n_registered && kv->blocks[id].has_hash && kv->blocks[id].hash != r->_hashes[b])
+                if (b < r->_n_registered && kv->blocks[id].has_hash && kv->blocks[id].hash != table_key(r->_hashes[b], t))
                         return TSR_E_INTERNAL;
         }
         return TSR_OK;

@@ -33,11 +33,13 @@
  * entries become TSR_KV_NULL_BLOCK.  Each logical block b of a request takes one id per
  * table, so allocate_slots needs n_tables free blocks per new block.  Prefix caching
  * with several tables follows vLLM's HybridKVCacheCoordinator for full + chunked-local
- * groups, with one simplification: only table 0 (full attention) is hashed and shared;
- * a hit is the full table's, cut back until it ends where a chunk starts, so the
- * chunked tables need no block before it (their entries there are null).  vLLM also
- * caches the chunked groups' blocks and can hit inside a chunk; here such a hit is
- * recomputed from the chunk start.
+ * groups: every table's full blocks are hashed, table t's under the chain hash mixed
+ * with t (vLLM keys them by hash and group id; a chunked block freed behind its chunk
+ * keeps its hash until evicted); a hit is table 0's (full attention) run of cached
+ * blocks, which each other table must also have from the chunk of the hit's end on
+ * (ChunkedLocalAttentionManager.find_longest_cache_hit), else the hit is cut back and
+ * tried again; the chunked entries before that chunk are null.  Events (and
+ * tsr_kv_cache_cached_hashes) describe table 0's blocks only: the router's hashes.
  *
  * Call order per request (engine thread):
  *   tsr_kv_req_init -> [get_computed_blocks (waiting requests) -> allocate_slots ->
@@ -107,7 +109,7 @@ uint32_t tsr_kv_cache_block_size(const tsr_kv_cache *kv);
 
 /* Give each request n_tables block tables: chunk[t] 0 for full attention, else the
  * attention chunk (tokens) of a chunked-local table (see the top).  Table 0 must be full
- * attention: its blocks are the ones the prefix cache hashes and shares.  Before any
+ * attention: a prefix-cache hit starts from its blocks, and events describe them.  Before any
  * request holds blocks.  TSR_E_INVAL for 0 or more than TSR_KV_TABLES_MAX tables, blocks
  * in use, or a chunked table 0. */
 tsr_status tsr_kv_cache_set_tables(tsr_kv_cache *kv, const uint32_t *chunk, size_t n_tables);
