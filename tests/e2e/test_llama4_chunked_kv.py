@@ -34,15 +34,16 @@ def blocks(n_tokens, bs=16):
     return -(-n_tokens // bs)
 
 
-@pytest.mark.parametrize("block_size", ["16", "8"])
-def test_golden_in_a_pool_that_needs_the_freeing(worker, block_size):
+@pytest.mark.parametrize("block_size,extra", [("16", ()), ("8", ()), ("16", ("--async-scheduling",))])
+def test_golden_in_a_pool_that_needs_the_freeing(worker, block_size, extra):
     """The 51-token golden prompt (7 chunks) and its 32 greedy tokens: 83 positions.
     Every position of all 4 layers takes 4 x ceil(83 / bs) blocks; the pool holds
     fewer (before issue #14, the same bytes held 4-layer blocks: 3 of 16 tokens, 48
     positions, and the request waited forever).  With prefill steps of 8 tokens the
     chunked tables hold 2 blocks at most (bs 16: chunk starts inside blocks; bs 8:
-    on block edges), so it is admitted and finishes with transformers' tokens; the
-    pool is all free after."""
+    on block edges), so it is admitted and finishes with transformers' tokens, never
+    preempted, also with --async-scheduling (the next step scheduled before the last
+    one's blocks are freed); the pool is all free after."""
     bs = int(block_size)
     ids, golden = GOLDENS[2]
     assert len(ids) == 51 and len(golden) == 32
@@ -52,7 +53,7 @@ def test_golden_in_a_pool_that_needs_the_freeing(worker, block_size):
     # prefix caching off: else a preempted request would resume from its cached full
     # blocks with empty chunked tables, which gets it through without the freeing
     w = worker("--block-size", block_size, "--num-gpu-blocks-override", str(with_freeing),
-               "--max-num-batched-tokens", "8", "--max-model-len", "128", "--no-enable-prefix-caching")
+               "--max-num-batched-tokens", "8", "--max-model-len", "128", "--no-enable-prefix-caching", *extra)
     w.submit("long", ids, len(golden), logprobs=2)
     got = w.collect(["long"], timeout=30)["long"]
     assert got.error is None and got.finish == "length" and got.num_preemptions == 0

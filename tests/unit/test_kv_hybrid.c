@@ -56,13 +56,24 @@ static void test_set_tables_invalid(void **state) {
         assert_int_equal(tsr_kv_cache_tables(kv), 1);           /* the default: one full table */
         assert_int_equal(tsr_kv_cache_set_tables(kv, chunk, 0), TSR_E_INVAL);
         assert_int_equal(tsr_kv_cache_set_tables(kv, chunk, 5), TSR_E_INVAL);
-        assert_int_equal(tsr_kv_cache_set_tables(kv, chunked_first, 2), TSR_E_INVAL);
         assert_int_equal(tsr_kv_req_init(&r, NULL, 0), TSR_OK);
         assert_int_equal(tsr_kv_cache_allocate_slots(kv, &r, 3), TSR_OK);
         assert_int_equal(tsr_kv_cache_set_tables(kv, chunk, 2), TSR_E_INVAL);   /* blocks in use */
         tsr_kv_req_done(kv, &r);
         assert_int_equal(tsr_kv_cache_set_tables(kv, chunk, 4), TSR_OK);
         assert_int_equal(tsr_kv_cache_tables(kv), 4);
+        CHECK(kv);
+        /* only chunked tables (a shard of chunked layers alone): table 0 frees too */
+        assert_int_equal(tsr_kv_cache_set_tables(kv, chunked_first, 1), TSR_OK);
+        assert_int_equal(tsr_kv_req_init(&r, NULL, 0), TSR_OK);
+        for (size_t n = 4; n <= 20; n += 4) {
+                uint32_t t[20] = {0};
+                assert_int_equal(tsr_kv_cache_allocate_slots(kv, &r, 4), TSR_OK);
+                assert_int_equal(tsr_kv_cache_commit(kv, &r, t, n), TSR_OK);
+                RCHECK(kv, &r);
+        }
+        assert_int_equal(tsr_kv_req_held(kv, &r), 1);   /* 20: chunk [16, 24), block 4 only */
+        tsr_kv_req_done(kv, &r);
         CHECK(kv);
         tsr_kv_cache_free(&kv);
 }

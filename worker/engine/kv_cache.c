@@ -333,8 +333,6 @@ uint32_t tsr_kv_cache_block_size(const tsr_kv_cache *kv) { return kv->block_size
 tsr_status tsr_kv_cache_set_tables(tsr_kv_cache *kv, const uint32_t *chunk, size_t n_tables) {
         if (n_tables == 0 || n_tables > TSR_KV_TABLES_MAX || kv->num_free != kv->num_blocks)
                 return TSR_E_INVAL;
-        if (chunk[0])
-                return TSR_E_INVAL;     /* the prefix cache hashes table 0: a full-attention one */
         kv->n_tables = (uint32_t)n_tables;
         memcpy(kv->chunk, chunk, n_tables * sizeof *chunk);
         return TSR_OK;

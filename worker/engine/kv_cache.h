@@ -108,10 +108,11 @@ void tsr_kv_cache_free(tsr_kv_cache **kv);
 uint32_t tsr_kv_cache_block_size(const tsr_kv_cache *kv);
 
 /* Give each request n_tables block tables: chunk[t] 0 for full attention, else the
- * attention chunk (tokens) of a chunked-local table (see the top).  Table 0 must be full
- * attention: a prefix-cache hit starts from its blocks, and events describe them.  Before any
- * request holds blocks.  TSR_E_INVAL for 0 or more than TSR_KV_TABLES_MAX tables, blocks
- * in use, or a chunked table 0. */
+ * attention chunk (tokens) of a chunked-local table (see the top).  Put a full-attention
+ * table first where there is one: a prefix-cache hit starts from table 0's run of cached
+ * blocks (a chunked table 0 then needs its blocks from 0 for a hit: fewer hits, never a
+ * wrong one) and events describe its blocks.  Before any request holds blocks.
+ * TSR_E_INVAL for 0 or more than TSR_KV_TABLES_MAX tables, or blocks in use. */
 tsr_status tsr_kv_cache_set_tables(tsr_kv_cache *kv, const uint32_t *chunk, size_t n_tables);
 uint32_t tsr_kv_cache_tables(const tsr_kv_cache *kv);
 /* Write r's tables table by table to out[tables * r->n_blocks] (table t at
