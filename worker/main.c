@@ -84,6 +84,9 @@ static long long kv_budget(const tsr_config *cfg, uint32_t ranks) {
         return cfg->kv_cache_memory_bytes ? budget : budget / (ranks ? ranks : 1);
 }
 
+/* tsr_kv_tables writes a table per paged group into the plan's kv_chunk. */
+_Static_assert(TSR_KV_TABLES_MAX >= TSR_KV_GROUPS_MAX, "a block table per KV group");
+
 /* KV cache blocks: --num-gpu-blocks-override, else what `budget` bytes hold. */
 static uint64_t plan_kv_blocks(const tsr_config *cfg, long long budget, uint64_t per_block) {
         if (cfg->num_gpu_blocks_override > 0)
