@@ -18,6 +18,7 @@
 #include "common/queue.h"
 #include "common/config.h"
 #include "common/tsr_status.h"
+#include "worker/engine/kv_cache.h"
 #include "worker/load/gen_config.h"
 #include "worker/load/model_meta.h"
 
@@ -30,6 +31,13 @@ typedef struct tsr_worker_plan {
         uint64_t kv_block_bytes;
         uint32_t state_slots;           /* recurrent-state slots (a Mamba hybrid's), 0: none */
         uint64_t state_slot_bytes;      /* bytes of one */
+        /* Block tables per request (kv_pool.h tsr_kv_tables): 1, or one per paged group of
+         * a hybrid of full and chunked-local attention (Llama 4), with their chunks (0:
+         * full attention) for the engine; and the blocks one request of max_model_len
+         * holds at most (tsr_kv_blocks_per_request), which the capacity lines divide by. */
+        uint32_t n_kv_tables;
+        uint32_t kv_chunk[TSR_KV_TABLES_MAX];
+        uint64_t kv_blocks_per_request;
         uint32_t max_num_seqs;
         uint32_t max_num_batched_tokens;
         uint64_t boot_epoch;

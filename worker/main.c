@@ -84,6 +84,9 @@ static long long kv_budget(const tsr_config *cfg, uint32_t ranks) {
         return cfg->kv_cache_memory_bytes ? budget : budget / (ranks ? ranks : 1);
 }
 
+/* tsr_kv_tables writes a table per paged group into the plan's kv_chunk. */
+_Static_assert(TSR_KV_TABLES_MAX >= TSR_KV_GROUPS_MAX, "a block table per KV group");
+
 /* KV cache blocks: --num-gpu-blocks-override, else what `budget` bytes hold. */
 static uint64_t plan_kv_blocks(const tsr_config *cfg, long long budget, uint64_t per_block) {
         if (cfg->num_gpu_blocks_override > 0)
@@ -172,6 +175,15 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         budget -= (long long)(p->state_slots * p->state_slot_bytes);
         p->kv_block_bytes = tsr_kv_block_bytes(groups, n_groups, (uint32_t)cfg->block_size);
         p->kv_blocks_total = kv_on_device ? 0 : plan_kv_blocks(cfg, budget, p->kv_block_bytes);
+        p->max_num_batched_tokens = cfg->max_num_batched_tokens > 0 ? (uint32_t)cfg->max_num_batched_tokens
+                                    : big_gpu                        ? 8192
+                                                                     : CPU_DEFAULT_MAX_BATCHED_TOKENS;
+        /* A hybrid (issue #14): a request holds a table per paged group, the chunked ones
+         * one chunk's blocks at most (tsr_kv_blocks_per_request), so capacity is counted
+         * in what a request of max_model_len holds rather than in tokens per block. */
+        p->n_kv_tables = (uint32_t)tsr_kv_tables(groups, n_groups, p->kv_chunk);
+        p->kv_blocks_per_request = tsr_kv_blocks_per_request(groups, n_groups, (uint32_t)cfg->block_size,
+                                                             p->max_model_len, p->max_num_batched_tokens);
         /* No attention layer (a pure Mamba pattern): blocks hold no memory, only the
          * engine's positions; enough for every slot's request at max_model_len. */
         if (p->kv_block_bytes == 0 && p->state_slots && cfg->num_gpu_blocks_override <= 0)
@@ -184,12 +196,14 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                          cfg->block_size, (unsigned long long)p->kv_block_bytes);
                 return TSR_E_INVAL;
         }
-        if (!kv_on_device && p->kv_blocks_total * cfg->block_size < p->max_model_len)
+        if (!kv_on_device && p->n_kv_tables > 1 && p->kv_blocks_total < p->kv_blocks_per_request)
+                log_warn("the KV cache holds %llu blocks, less than the %llu a request of max_model_len %u holds "
+                         "over its %u block tables: long requests will wait or be refused",
+                         (unsigned long long)p->kv_blocks_total, (unsigned long long)p->kv_blocks_per_request,
+                         p->max_model_len, p->n_kv_tables);
+        else if (!kv_on_device && p->n_kv_tables == 1 && p->kv_blocks_total * cfg->block_size < p->max_model_len)
                 log_warn("the KV cache holds %llu tokens, less than max_model_len %u: long requests will wait or be "
                          "refused", (unsigned long long)(p->kv_blocks_total * cfg->block_size), p->max_model_len);
-        p->max_num_batched_tokens = cfg->max_num_batched_tokens > 0 ? (uint32_t)cfg->max_num_batched_tokens
-                                    : big_gpu                        ? 8192
-                                                                     : CPU_DEFAULT_MAX_BATCHED_TOKENS;
         p->boot_epoch = tsr_wall_ns();
         snprintf(p->worker_id, sizeof(p->worker_id), "%s", cfg->worker_listen);
         return TSR_OK;
@@ -477,6 +491,10 @@ int main(int argc, char **argv) {
                 log_info("# state slots: %u (%.2f MB each): at most %u requests run at once", plan.state_slots,
                          (double)plan.state_slot_bytes / 1e6, plan.state_slots);
         }
+        if (plan.n_kv_tables > 1)
+                log_info("hybrid KV cache: %u block tables per request (full attention + chunked-local attention, "
+                         "chunk %u); the chunked tables free their blocks behind the current chunk",
+                         plan.n_kv_tables, plan.kv_chunk[plan.n_kv_tables - 1]);
         log_info("model %s: %s, %s format, vocab %u, max_model_len %u, %zu eos ids, chat template %s",
                  meta->path, meta->architecture ? meta->architecture : "?", meta->format, meta->vocab_size,
                  plan.max_model_len, meta->n_eos_token_ids, meta->chat_template ? "yes" : "no");
@@ -523,9 +541,22 @@ int main(int argc, char **argv) {
                         goto out;
                 }
         }
-        log_info("# KV blocks: %llu (block size %d, %.2fx concurrency at max_model_len %u)",
-                 (unsigned long long)plan.kv_blocks_total, cfg.block_size,
-                 (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len, plan.max_model_len);
+        /* Concurrency: requests of max_model_len the blocks hold (a hybrid's per-request
+         * blocks, vLLM's get_max_concurrency_for_kv_cache_config); tokens: vLLM's
+         * num_blocks // n_groups * block_size for a hybrid. */
+        double concurrency = plan.n_kv_tables > 1 && plan.kv_blocks_per_request
+                                     ? (double)plan.kv_blocks_total / (double)plan.kv_blocks_per_request
+                                     : (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len;
+        uint64_t kv_cache_tokens = plan.kv_blocks_total / (plan.n_kv_tables ? plan.n_kv_tables : 1) *
+                                   (uint64_t)cfg.block_size;
+        if (plan.n_kv_tables > 1)
+                log_info("# KV blocks: %llu (block size %d, %u block tables per request, at most %llu blocks for a "
+                         "request of max_model_len %u: %.2fx concurrency)", (unsigned long long)plan.kv_blocks_total,
+                         cfg.block_size, plan.n_kv_tables, (unsigned long long)plan.kv_blocks_per_request,
+                         plan.max_model_len, concurrency);
+        else
+                log_info("# KV blocks: %llu (block size %d, %.2fx concurrency at max_model_len %u)",
+                         (unsigned long long)plan.kv_blocks_total, cfg.block_size, concurrency, plan.max_model_len);
         log_info("KV cache dtype %s (--kv-cache-dtype %s): %llu bytes per block, %s", tsr_dtype_get_info(kv_dtype)->name,
                  cfg.kv_cache_dtype ? cfg.kv_cache_dtype : "auto", (unsigned long long)plan.kv_block_bytes,
                  kv_dtype == TSR_DTYPE_FP8_E4M3 ? "1 byte per element: 4x the tokens of float32 in the same memory"
@@ -534,9 +565,8 @@ int main(int argc, char **argv) {
                 char kv_tokens[32], model_len[32];
                 log_info("%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",
                          on_gpu ? "GPU" : "CPU",
-                         thousands(plan.kv_blocks_total * (uint64_t)cfg.block_size, kv_tokens, sizeof(kv_tokens)),
-                         thousands(plan.max_model_len, model_len, sizeof(model_len)),
-                         (double)plan.kv_blocks_total * cfg.block_size / plan.max_model_len);
+                         thousands(kv_cache_tokens, kv_tokens, sizeof(kv_tokens)),
+                         thousands(plan.max_model_len, model_len, sizeof(model_len)), concurrency);
         }
         if (tsr_block_hash_algo_parse(cfg.prefix_caching_hash_algo, &hash_algo) != TSR_OK) {
                 log_error("--prefix-caching-hash-algo %s is not supported", cfg.prefix_caching_hash_algo);

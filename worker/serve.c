@@ -53,6 +53,7 @@ tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
                 .max_num_batched_tokens = o->plan->max_num_batched_tokens,
                 .enable_prefix_caching = cfg->enable_prefix_caching != TSR_TRI_FALSE,
                 .state_slots = o->plan->state_slots,
+                .n_kv_tables = o->plan->n_kv_tables,
                 .hash_algo = o->hash_algo,
                 .priority_scheduling = strcmp(cfg->scheduling_policy, "priority") == 0,
                 .eos_ids = o->meta->eos_token_ids,
@@ -65,6 +66,7 @@ tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
                 .alive = o->alive,
                 .alive_interval_ms = o->alive_interval_ms,
         };
+        memcpy(ep.kv_chunk, o->plan->kv_chunk, sizeof ep.kv_chunk);
         if (tsr_engine_start(&ep, inbox, outbox, &engine) != TSR_OK) {
                 log_error("cannot start the engine thread");
                 goto out;

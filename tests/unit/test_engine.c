@@ -58,6 +58,12 @@ typedef struct fake_model {
         uint32_t state_slots;
         size_t *state_len;
         uint64_t *state_hash;
+        /* A hybrid's block tables (tsr_engine_params.n_kv_tables > 1): table 0 is full
+         * attention (read above), each other one chunked with chunk[t]: its KV is written
+         * too and, from the chunk of `past` on, must read back the context (a freed or
+         * reused block would not) */
+        uint32_t n_tables;
+        uint32_t chunk[TSR_KV_TABLES_MAX];
 } fake_model;
 
 static uint64_t fnv_more(uint64_t h, const uint32_t *t, size_t n) {
@@ -110,9 +116,22 @@ static tsr_status fake_forward_one(fake_model *m, const uint32_t *bt, size_t n_t
                         return TSR_E_INTERNAL;   /* reading KV that was never written */
                 ctx[p] = m->kv[slot];
         }
+        for (uint32_t tb = 1; tb < m->n_tables; tb++) {
+                const uint32_t *ct = bt + tb * n_table;
+                for (size_t p = past / m->chunk[tb] * m->chunk[tb]; p < past; p++) {
+                        size_t slot = (size_t)ct[p / BS] * BS + p % BS;
+                        if (ct[p / BS] == TSR_KV_NULL_BLOCK || slot >= m->n_slots || m->kv[slot] != ctx[p])
+                                return TSR_E_INTERNAL;  /* the chunk's KV is gone */
+                }
+        }
         for (size_t t = 0; t < n; t++) {
-                size_t slot = (size_t)bt[(past + t) / BS] * BS + (past + t) % BS;
-                m->kv[slot] = tokens[t];
+                for (uint32_t tb = 0; tb < (m->n_tables ? m->n_tables : 1); tb++) {
+                        const uint32_t *ct = bt + tb * n_table;
+                        size_t slot = (size_t)ct[(past + t) / BS] * BS + (past + t) % BS;
+                        if (ct[(past + t) / BS] == TSR_KV_NULL_BLOCK || slot >= m->n_slots)
+                                return TSR_E_INTERNAL;
+                        m->kv[slot] = tokens[t];
+                }
                 ctx[past + t] = tokens[t];
         }
         if ((st = fake_state(m, state_slot, ctx, past, n)) != TSR_OK)
@@ -488,6 +507,68 @@ static void test_many_concurrent_with_preemption_and_chunking(void **state) {
         tsr_engine_stats st = idle_stats(h);
         assert_true(st.num_preemptions_total > 0);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);   /* every block back */
+        stop(h);
+}
+
+/* A hybrid of a full table and a chunked one (chunk 6 on blocks of 4: chunk starts
+ * inside blocks; issue #14): 8 requests of up to 70 tokens in a pool of 40 blocks, less
+ * than two whole tables of three of them, with preemption and prefix caching: every
+ * output right (the fake model checks each chunked read against the context), every
+ * block back at the end; and one request alone holds its full blocks plus at most two
+ * chunked ones (read off Status as it decodes). */
+static void test_hybrid_tables(void **state) {
+        harness *h = held(40, 8, 8, true, 0);
+        uint32_t prompts[8][40], want[8][30];
+        size_t lens[8];
+        result res[8];
+        const char *ids[8];
+        char names[8][8];
+        (void)state;
+        memset(res, 0, sizeof(res));
+        h->params.n_kv_tables = 2;
+        h->params.kv_chunk[1] = 6;
+        h->fm.n_tables = 2;
+        h->fm.chunk[1] = 6;
+        for (int i = 0; i < 8; i++) {
+                lens[i] = 5 + (size_t)(i * 11) % 36;
+                make_prompt(prompts[i], lens[i], (uint32_t)i % 3 + 40);       /* shared prefixes */
+                snprintf(names[i], sizeof(names[i]), "h%d", i);
+                ids[i] = names[i];
+                submit(h, ids[i], prompts[i], lens[i], 30, NULL, 0);
+                expected(prompts[i], lens[i], 30, want[i]);
+        }
+        go(h);
+        collect(h, ids, res, 8);
+        for (int i = 0; i < 8; i++) {
+                if (res[i].n != 30 || memcmp(res[i].tokens, want[i], sizeof(want[i])) != 0)
+                        fail_msg("request %d: %zu tokens, or wrong tokens", i, res[i].n);
+                assert_int_equal(res[i].finish, TSR_ENGINE_FINISH_LENGTH);
+        }
+        tsr_engine_stats st = idle_stats(h);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);   /* every table's blocks back */
+        /* alone: 40 + 30 = 70 positions: 18 full blocks + at most 2 chunked, never 36 */
+        uint32_t prompt[40], one[30];
+        result r1[1] = {0};
+        make_prompt(prompt, 40, 77);
+        expected(prompt, 40, 30, one);
+        submit(h, "alone", prompt, 40, 30, NULL, 0);
+        size_t most = 0;
+        for (bool done = false; !done;) {
+                tsr_engine_out *o = tsr_queue_pop_wait(h->out, 20000);
+                assert_non_null(o);
+                if (o->kind == TSR_ENGINE_OUT_STATS && o->stats.kv_blocks_total - o->stats.kv_blocks_free > most)
+                        most = o->stats.kv_blocks_total - o->stats.kv_blocks_free;
+                for (size_t i = 0; i < o->n_outputs; i++) {
+                        memcpy(r1[0].tokens + r1[0].n, o->outputs[i].new_tokens,
+                               o->outputs[i].n_new * sizeof(uint32_t));
+                        r1[0].n += o->outputs[i].n_new;
+                        done |= o->outputs[i].finish != TSR_ENGINE_FINISH_NONE;
+                }
+                tsr_engine_out_free(o);
+        }
+        assert_int_equal(r1[0].n, 30);
+        assert_memory_equal(r1[0].tokens, one, sizeof(one));
+        assert_true(most >= 18 && most <= 18 + 2);
         stop(h);
 }
 
@@ -1754,6 +1835,7 @@ int main(void) {
                 cmocka_unit_test(test_single_request_greedy),
                 cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),
                 cmocka_unit_test(test_prefix_cache_hit_same_output),
+                cmocka_unit_test(test_hybrid_tables),
                 cmocka_unit_test(test_stop_token_and_eos),
                 cmocka_unit_test(test_abort_frees_blocks),
                 cmocka_unit_test(test_too_long_prompt_refused),

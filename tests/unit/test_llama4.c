@@ -227,11 +227,25 @@ static void test_family(void **state) {
         tsr_shard_spec sp;
         tsr_kv_group g[TSR_KV_GROUPS_MAX];
         assert_int_equal(tsr_family_llama4.shard_for(&d, 0, 1, 0, 1, &sp), TSR_OK);
-        assert_int_equal(tsr_family_llama4.kv_groups(&d, &sp, g, TSR_KV_GROUPS_MAX), 1);
+        /* issue #14: the hybrid, vLLM's equal groups: the full-attention layer (3), then
+         * the three chunked layers one per chunked-local group of chunk 8 */
+        assert_int_equal(tsr_family_llama4.kv_groups(&d, &sp, g, TSR_KV_GROUPS_MAX), 4);
         assert_int_equal(g[0].kind, TSR_KV_FULL_ATTENTION);
-        assert_int_equal(g[0].n_layers, 4);
-        assert_int_equal(g[0].n_kv_heads, 2);
-        assert_int_equal(g[0].head_dim, 16);
+        assert_int_equal(g[0].n_layers, 1);
+        for (size_t i = 0; i < 4; i++) {
+                assert_int_equal(g[i].n_kv_heads, 2);
+                assert_int_equal(g[i].head_dim, 16);
+                if (i) {
+                        assert_int_equal(g[i].kind, TSR_KV_CHUNKED_LOCAL);
+                        assert_int_equal(g[i].n_layers, 1);
+                        assert_int_equal(g[i].chunk, 8);
+                }
+        }
+        /* fewer groups allowed: the chunked layers share them (P = 2 for 3 layers in 2) */
+        assert_int_equal(tsr_family_llama4.kv_groups(&d, &sp, g, 3), 3);
+        assert_int_equal(g[1].n_layers, 2);
+        assert_int_equal(g[2].n_layers, 1);
+        assert_int_equal(tsr_family_llama4.kv_groups(&d, &sp, g, 1), 0);
         /* shard rules: the router replicated, experts' gate/up column, down row */
         for (size_t i = 0; i < tsr_family_llama4.n_tensors; i++) {
                 const tsr_tensor_name *t = &tsr_family_llama4.tensors[i];

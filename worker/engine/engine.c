@@ -981,7 +981,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                         continue;
                 }
                 p->entries[kept++] = *pe;
-                need += pe->num_new + s->kv.n_blocks;
+                need += pe->num_new + (size_t)s->kv.n_blocks * tsr_kv_cache_tables(e->kv);
         }
         p->n = kept;
         if (need > p->inputs_cap) {
@@ -998,8 +998,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                 slot *s = pe->s;
                 uint32_t *toks = p->inputs + used, *table = toks + pe->num_new;
                 memcpy(toks, s->tokens + pe->past, pe->num_new * sizeof(uint32_t));
-                memcpy(table, s->kv.block_ids, s->kv.n_blocks * sizeof(uint32_t));
-                used += pe->num_new + s->kv.n_blocks;
+                used += pe->num_new + tsr_kv_req_table(e->kv, &s->kv, table);
                 p->seqs[i] = (tsr_engine_seq){
                         .block_table = table,
                         .n_table = s->kv.n_blocks,
@@ -1614,7 +1613,10 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
         e->stats.state_slots_free = p->state_slots;
         st = tsr_kv_cache_new((uint32_t)(p->kv_blocks_total ? p->kv_blocks_total : 1), p->block_size,
                               p->enable_prefix_caching, p->hash_algo, &e->kv);
+        if (st == TSR_OK && p->n_kv_tables)
+                st = tsr_kv_cache_set_tables(e->kv, p->kv_chunk, p->n_kv_tables);
         if (st != TSR_OK) {
+                tsr_kv_cache_free(&e->kv);
                 free(e->free_state_slots);
                 free(e);
                 return st;

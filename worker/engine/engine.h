@@ -56,7 +56,10 @@ typedef enum tsr_engine_error {
 
 /* One scheduled chunk of one sequence in a step. */
 typedef struct tsr_engine_seq {
-        const uint32_t *block_table;   /* (n_table,) the sequence's blocks */
+        /* (n_tables, n_table): the sequence's blocks, one table of n_table entries after
+         * the other (tsr_engine_params.n_kv_tables; one table: (n_table,)).  A chunked
+         * table's entries behind the current chunk are TSR_KV_NULL_BLOCK (kv_cache.h). */
+        const uint32_t *block_table;
         size_t n_table;
         const uint32_t *tokens;        /* (n,) at positions past_len .. past_len+n-1 */
         size_t n;
@@ -97,6 +100,12 @@ typedef struct tsr_engine_params {
          * keeps no per-request state.  Needs enable_prefix_caching false (a state cannot
          * be rewound to a cached prefix). */
         uint32_t state_slots;
+        /* Block tables per request (kv_cache.h tsr_kv_cache_set_tables): kv_chunk[t] 0 for
+         * a full-attention table, else a chunked-local one's attention chunk (a hybrid
+         * model's groups, kv_pool.h tsr_kv_tables).  0 tables: one full-attention table.
+         * A chunked table needs enable_prefix_caching false. */
+        uint32_t n_kv_tables;
+        uint32_t kv_chunk[TSR_KV_TABLES_MAX];
         tsr_block_hash_algo hash_algo;
         bool priority_scheduling;      /* --scheduling-policy priority */
         /* The model's EOS ids (borrowed; outlive the engine).  [0] is the tokenizer's EOS,

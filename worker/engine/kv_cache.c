@@ -23,6 +23,8 @@ typedef struct kv_block {
         uint32_t hnext;          /* next block in the same hash bucket */
         bool has_hash;
         bool has_parent;
+        uint8_t table;           /* the request table whose block it was hashed as (0: the
+                                  * full-attention one, the only one events describe) */
 } kv_block;
 
 typedef struct kv_ev {
@@ -36,6 +38,8 @@ typedef struct kv_ev {
 struct tsr_kv_cache {
         uint32_t num_blocks;
         uint32_t block_size;
+        uint32_t n_tables;          /* block tables per request (tsr_kv_cache_set_tables) */
+        uint32_t chunk[TSR_KV_TABLES_MAX];  /* per table: 0 full attention, else its attention chunk */
         bool caching;
         tsr_block_hasher *hasher;   /* NULL when caching is off */
 
@@ -98,10 +102,17 @@ static uint32_t map_find(const tsr_kv_cache *kv, uint64_t h) {
         return KV_NIL;
 }
 
-static void map_insert(tsr_kv_cache *kv, uint32_t id, uint64_t h, bool has_parent, uint64_t parent) {
+/* The map key of block hash h as a block of table t: h itself for table 0 (the router's
+ * hashes), else h mixed with t, as vLLM keys a group's blocks by (hash, group id). */
+static uint64_t table_key(uint64_t h, uint32_t t) {
+        return t ? h ^ (UINT64_C(0x9e3779b97f4a7c15) * t) : h;
+}
+
+static void map_insert(tsr_kv_cache *kv, uint32_t id, uint64_t h, bool has_parent, uint64_t parent, uint32_t t) {
         kv_block *b = &kv->blocks[id];
         uint64_t k = bucket_of(kv, h);
 
+        b->table = (uint8_t)t;
         b->hash = h;
         b->has_hash = true;
         b->parent = parent;
@@ -135,7 +146,7 @@ void tsr_kv_cache_resync(tsr_kv_cache *kv) {
         event_push(kv, TSR_KV_EVENT_ALL_CLEARED, 0, false, 0);
         for (uint32_t id = 0; id < kv->num_blocks; id++) {
                 const kv_block *b = &kv->blocks[id];
-                if (b->has_hash)
+                if (b->has_hash && b->table == 0)
                         event_push(kv, TSR_KV_EVENT_STORED, b->hash, b->has_parent, b->parent);
         }
 }
@@ -265,6 +276,7 @@ tsr_status tsr_kv_cache_new(uint32_t num_blocks, uint32_t block_size, bool enabl
                 return TSR_E_NOMEM;
         kv->num_blocks = num_blocks;
         kv->block_size = block_size;
+        kv->n_tables = 1;
         kv->caching = enable_prefix_caching;
         kv->blocks = calloc((size_t)num_blocks + 1, sizeof(kv_block));
         while (n_buckets < num_blocks)
@@ -318,6 +330,33 @@ void tsr_kv_cache_free(tsr_kv_cache **kvp) {
 
 uint32_t tsr_kv_cache_block_size(const tsr_kv_cache *kv) { return kv->block_size; }
 
+tsr_status tsr_kv_cache_set_tables(tsr_kv_cache *kv, const uint32_t *chunk, size_t n_tables) {
+        if (n_tables == 0 || n_tables > TSR_KV_TABLES_MAX || kv->num_free != kv->num_blocks)
+                return TSR_E_INVAL;
+        kv->n_tables = (uint32_t)n_tables;
+        memcpy(kv->chunk, chunk, n_tables * sizeof *chunk);
+        return TSR_OK;
+}
+
+uint32_t tsr_kv_cache_tables(const tsr_kv_cache *kv) { return kv->n_tables; }
+
+size_t tsr_kv_req_table(const tsr_kv_cache *kv, const tsr_kv_req *r, uint32_t *out) {
+        const uint32_t T = kv->n_tables;
+
+        for (uint32_t t = 0; t < T; t++)
+                for (uint32_t b = 0; b < r->n_blocks; b++)
+                        out[(size_t)t * r->n_blocks + b] = r->block_ids[(size_t)b * T + t];
+        return (size_t)T * r->n_blocks;
+}
+
+uint32_t tsr_kv_req_held(const tsr_kv_cache *kv, const tsr_kv_req *r) {
+        uint32_t n = 0;
+
+        for (size_t i = 0; i < (size_t)r->n_blocks * kv->n_tables; i++)
+                n += r->block_ids[i] != TSR_KV_NULL_BLOCK;
+        return n;
+}
+
 /* ---------------------------------------------------------------- requests */
 
 tsr_status tsr_kv_req_init(tsr_kv_req *r, const void *salt, size_t salt_len) {
@@ -343,10 +382,14 @@ void tsr_kv_req_done(tsr_kv_cache *kv, tsr_kv_req *r) {
         memset(r, 0, sizeof(*r));
 }
 
-static tsr_status req_reserve_blocks(tsr_kv_req *r, size_t n) {
+/* Room for n logical blocks of `tables` entries each. */
+static tsr_status req_reserve_blocks(tsr_kv_req *r, size_t n, uint32_t tables) {
         uint32_t *p;
         size_t cap = r->_cap_blocks ? r->_cap_blocks : 8;
 
+        if (n > UINT32_MAX / tables)
+                return TSR_E_LIMIT;
+        n *= tables;
         if (n <= r->_cap_blocks)
                 return TSR_OK;
         while (cap < n)
@@ -389,6 +432,35 @@ static tsr_status req_hash_up_to(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t
         return TSR_OK;
 }
 
+/* vLLM's HybridKVCacheCoordinator over table 0's hit of n_hit blocks (full attention):
+ * each other table's hit for that length (a chunked one's: null blocks before the chunk
+ * of the hit's end, then its cached blocks from there, ChunkedLocalAttentionManager.
+ * find_longest_cache_hit; a full one's: its cached blocks from 0) may be shorter, which
+ * cuts the hit and moves the chunk start back, until no table cuts it.  Writes the
+ * tables' hit entries of r (table 0's are there already). */
+static size_t tables_hit(const tsr_kv_cache *kv, tsr_kv_req *r, size_t n_hit) {
+        const uint32_t T = kv->n_tables;
+
+        for (bool moved = T > 1; moved;) {
+                moved = false;
+                for (uint32_t t = 1; t < T && !moved; t++) {
+                        size_t C = kv->chunk[t], start = C ? n_hit * kv->block_size / C * C / kv->block_size : 0;
+                        for (size_t b = 0; b < n_hit; b++) {
+                                /* (TSR_KV_NULL_BLOCK and KV_NIL are both UINT32_MAX) */
+                                uint32_t id = b < start ? TSR_KV_NULL_BLOCK
+                                                        : map_find(kv, table_key(r->_hashes[b], t));
+                                if (b >= start && id == KV_NIL) {
+                                        n_hit = b;
+                                        moved = true;   /* every table again, for the shorter hit */
+                                        break;
+                                }
+                                r->block_ids[b * T + t] = id;
+                        }
+                }
+        }
+        return n_hit;
+}
+
 tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *tokens,
                                             size_t n_tokens, bool skip_read, size_t *ret_cached) {
         size_t max_hit, n_hit = 0;
@@ -410,15 +482,16 @@ tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, con
         max_hit = (n_tokens - 1) / kv->block_size;
         if (max_hit > kv->num_cached)
                 max_hit = kv->num_cached;   /* no longer hit is possible; bounds the table */
-        st = req_reserve_blocks(r, max_hit);
+        st = req_reserve_blocks(r, max_hit, kv->n_tables);
         if (st != TSR_OK)
                 return st;
         for (; n_hit < max_hit; n_hit++) {
                 uint32_t id = map_find(kv, r->_hashes[n_hit]);
                 if (id == KV_NIL)
                         break;
-                r->block_ids[n_hit] = id;
+                r->block_ids[n_hit * kv->n_tables] = id;
         }
+        n_hit = tables_hit(kv, r, n_hit);
         r->_n_hit = (uint32_t)n_hit;
         r->num_cached_tokens = n_hit * kv->block_size;
         kv->requests++;
@@ -456,23 +529,30 @@ tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t n
         } else {
                 n_new = need - r->n_blocks - r->_n_hit;
         }
-        /* parked hits must still be what get_computed_blocks found */
-        for (uint32_t i = 0; i < r->_n_hit; i++) {
-                const kv_block *b = &kv->blocks[r->block_ids[i]];
-                if (!b->has_hash || b->hash != r->_hashes[i])
+        /* parked hits must still be what get_computed_blocks found (every table's) */
+        for (size_t i = 0; i < (size_t)r->_n_hit * kv->n_tables; i++) {
+                const kv_block *b;
+                if (r->block_ids[i] == TSR_KV_NULL_BLOCK)
+                        continue;       /* a chunked table's, before the hit's chunk */
+                b = &kv->blocks[r->block_ids[i]];
+                if (!b->has_hash || b->hash != table_key(r->_hashes[i / kv->n_tables], (uint32_t)(i % kv->n_tables)))
                         return TSR_E_INVAL;
                 if (b->ref == 0)
                         free_hits++;
         }
-        if (n_new > kv->num_free - free_hits)
+        /* every table takes a block for each new logical block: no new block lies
+         * behind a chunk (they start at or after n_computed) */
+        if (n_new > (kv->num_free - free_hits) / kv->n_tables)
                 return TSR_E_UNAVAILABLE;
-        st = req_reserve_blocks(r, (size_t)r->n_blocks + r->_n_hit + n_new);
+        st = req_reserve_blocks(r, (size_t)r->n_blocks + r->_n_hit + n_new, kv->n_tables);
         if (st != TSR_OK)
                 return st;
 
         /* nothing below can fail */
-        for (uint32_t i = 0; i < r->_n_hit; i++) {
+        for (size_t i = 0; i < (size_t)r->_n_hit * kv->n_tables; i++) {
                 uint32_t id = r->block_ids[i];
+                if (id == TSR_KV_NULL_BLOCK)
+                        continue;
                 if (kv->blocks[id].ref++ == 0)
                         fq_remove(kv, id);
                 kv->n_refs++;
@@ -483,20 +563,52 @@ tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t n
                 r->_n_registered = r->_n_hit;
                 r->_n_hit = 0;
         }
-        for (size_t i = 0; i < n_new; i++) {
+        for (size_t i = 0; i < n_new * kv->n_tables; i++) {
                 uint32_t id = fq_pop_head(kv);
                 kv_block *b = &kv->blocks[id];
                 if (b->has_hash) {
                         uint64_t h = b->hash;
+                        bool seen = b->table == 0;      /* by the router's mirror */
                         map_remove(kv, id);
                         kv->evictions++;
-                        event_push(kv, TSR_KV_EVENT_REMOVED, h, false, 0);
+                        if (seen)
+                                event_push(kv, TSR_KV_EVENT_REMOVED, h, false, 0);
                 }
                 b->ref = 1;
                 kv->n_refs++;
-                r->block_ids[r->n_blocks++] = id;
+                r->block_ids[(size_t)r->n_blocks * kv->n_tables + i % kv->n_tables] = id;
+                if (i % kv->n_tables == kv->n_tables - 1)
+                        r->n_blocks++;
         }
         return TSR_OK;
+}
+
+static void block_release(tsr_kv_cache *kv, uint32_t id) {
+        kv->n_refs--;
+        if (--kv->blocks[id].ref == 0)
+                fq_push_tail(kv, id);
+}
+
+/* vLLM's ChunkedLocalAttentionManager.remove_skipped_blocks: a chunked table's blocks
+ * wholly before the chunk of position r->n_computed are never read again.  Walks back
+ * from the last such block and stops at the first null entry (those before it were
+ * freed by an earlier call). */
+static void drop_behind_chunks(tsr_kv_cache *kv, tsr_kv_req *r) {
+        const uint32_t T = kv->n_tables;
+
+        for (uint32_t t = 0; t < T; t++) {
+                size_t skip, b;
+                if (!kv->chunk[t])
+                        continue;
+                skip = r->n_computed / kv->chunk[t] * kv->chunk[t];
+                for (b = skip / kv->block_size; b-- > 0;) {
+                        uint32_t *e = &r->block_ids[b * T + t];
+                        if (*e == TSR_KV_NULL_BLOCK)
+                                break;
+                        block_release(kv, *e);
+                        *e = TSR_KV_NULL_BLOCK;
+                }
+        }
 }
 
 tsr_status tsr_kv_cache_commit(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *all_tokens, size_t n_computed) {
@@ -507,41 +619,45 @@ tsr_status tsr_kv_cache_commit(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *
                 return TSR_E_INVAL;
         if (!kv->caching) {
                 r->n_computed = n_computed;
+                drop_behind_chunks(kv, r);
                 return TSR_OK;
         }
         n_full = n_computed / kv->block_size;
         st = req_hash_up_to(kv, r, all_tokens, n_full);
         if (st != TSR_OK)
                 return st;
+        /* every table's new full blocks, each under its table's key; STORED events
+         * for table 0's only (the router's hashes) */
         for (size_t i = r->_n_registered; i < n_full; i++) {
-                uint32_t id = r->block_ids[i];
-                uint64_t h = r->_hashes[i];
-                bool has_parent = i > 0;
-                uint64_t parent = has_parent ? r->_hashes[i - 1] : 0;
+                for (uint32_t t = 0; t < kv->n_tables; t++) {
+                        uint32_t id = r->block_ids[i * kv->n_tables + t];
+                        uint64_t h = table_key(r->_hashes[i], t);
+                        bool has_parent = i > 0 && t == 0;
+                        uint64_t parent = has_parent ? r->_hashes[i - 1] : 0;
 
-                /* A block can only carry a hash here if reset_prefix_cache had not
-                 * touched it, which cannot happen for an unregistered block; and a
-                 * duplicate keeps the older mapping (it may be shared already). */
-                if (kv->blocks[id].has_hash || map_find(kv, h) != KV_NIL)
-                        continue;
-                map_insert(kv, id, h, has_parent, parent);
-                event_push(kv, TSR_KV_EVENT_STORED, h, has_parent, parent);
+                        /* A block can only carry a hash here if reset_prefix_cache had not
+                         * touched it, which cannot happen for an unregistered block; and a
+                         * duplicate keeps the older mapping (it may be shared already). */
+                        if (id == TSR_KV_NULL_BLOCK || kv->blocks[id].has_hash || map_find(kv, h) != KV_NIL)
+                                continue;
+                        map_insert(kv, id, h, has_parent, parent, t);
+                        if (t == 0)
+                                event_push(kv, TSR_KV_EVENT_STORED, h, has_parent, parent);
+                }
         }
         if (n_full > r->_n_registered)
                 r->_n_registered = (uint32_t)n_full;
         r->n_computed = n_computed;
+        drop_behind_chunks(kv, r);
         return TSR_OK;
 }
 
 void tsr_kv_cache_free_blocks(tsr_kv_cache *kv, tsr_kv_req *r) {
         /* last block first: it reaches the tail first and is evicted first, so the
          * request's prefix (the part others may share) stays cached longest */
-        for (uint32_t i = r->n_blocks; i-- > 0;) {
-                uint32_t id = r->block_ids[i];
-                kv->n_refs--;
-                if (--kv->blocks[id].ref == 0)
-                        fq_push_tail(kv, id);
-        }
+        for (size_t i = (size_t)r->n_blocks * kv->n_tables; i-- > 0;)
+                if (r->block_ids[i] != TSR_KV_NULL_BLOCK)
+                        block_release(kv, r->block_ids[i]);
         r->n_blocks = 0;
         r->n_computed = 0;
         r->_n_hit = 0;
@@ -578,7 +694,7 @@ size_t tsr_kv_cache_cached_hashes(const tsr_kv_cache *kv, uint64_t *out, size_t 
         size_t n = 0;
 
         for (uint32_t id = 0; id < kv->num_blocks; id++) {
-                if (!kv->blocks[id].has_hash)
+                if (!kv->blocks[id].has_hash || kv->blocks[id].table != 0)
                         continue;
                 if (n < cap)
                         out[n] = kv->blocks[id].hash;
@@ -647,19 +763,28 @@ tsr_status tsr_kv_cache_check(const tsr_kv_cache *kv) {
 }
 
 tsr_status tsr_kv_req_check(const tsr_kv_cache *kv, const tsr_kv_req *r) {
-        if (r->n_blocks > r->_cap_blocks || r->n_computed > (size_t)r->n_blocks * kv->block_size ||
+        const uint32_t T = kv->n_tables;
+
+        if ((size_t)r->n_blocks * T > r->_cap_blocks || r->n_computed > (size_t)r->n_blocks * kv->block_size ||
             r->_n_registered > r->n_blocks || (r->n_blocks && r->_n_hit))
                 return TSR_E_INTERNAL;
         if (kv->caching && r->_n_registered > r->_n_hashes)
                 return TSR_E_INTERNAL;
-        for (uint32_t i = 0; i < r->n_blocks; i++) {
-                uint32_t id = r->block_ids[i];
+        for (size_t i = 0; i < (size_t)r->n_blocks * T; i++) {
+                uint32_t id = r->block_ids[i], t = (uint32_t)(i % T);
+                size_t b = i / T;
+                if (id == TSR_KV_NULL_BLOCK) {
+                        /* only a chunked table's blocks behind the chunk of n_computed */
+                        if (!kv->chunk[t] || (b + 1) * kv->block_size > r->n_computed / kv->chunk[t] * kv->chunk[t])
+                                return TSR_E_INTERNAL;
+                        continue;
+                }
                 if (id >= kv->num_blocks || kv->blocks[id].ref == 0)
                         return TSR_E_INTERNAL;
-                for (uint32_t j = 0; j < i; j++)
+                for (size_t j = 0; j < i; j++)
                         if (r->block_ids[j] == id)
                                 return TSR_E_INTERNAL;
-                if (i < r->_n_registered && kv->blocks[id].has_hash && kv->blocks[id].hash != r->_hashes[i])
+                if (b < r->_n_registered && kv->blocks[id].has_hash && kv->blocks[id].hash != table_key(r->_hashes[b], t))
                         return TSR_E_INTERNAL;
         }
         return TSR_OK;

@@ -21,7 +21,25 @@
  *  - a lookup walks the request's chain from block 0 and stops at the first miss,
  *    capped so that at least one prompt token is recomputed (the sampler needs its
  *    logits).
- * Unlike vLLM there is no reserved null block: all num_blocks ids are usable.
+ * Unlike vLLM there is no reserved null block: all num_blocks ids are usable, and a
+ * table entry that vLLM would point at its null block holds TSR_KV_NULL_BLOCK.
+ *
+ * Block tables (issue #14).  A request holds one block table per table the cache was
+ * given (tsr_kv_cache_set_tables; 1 by default), all drawn from the one free queue, as
+ * vLLM's KV cache groups share one BlockPool.  Table t is full attention (chunk 0: every
+ * block kept) or chunked-local attention with chunk C (vLLM's
+ * ChunkedLocalAttentionManager): after each commit, the blocks wholly before the chunk
+ * of the next position, floor(n_computed / C) * C, go back to the free queue and their
+ * entries become TSR_KV_NULL_BLOCK.  Each logical block b of a request takes one id per
+ * table, so allocate_slots needs n_tables free blocks per new block.  Prefix caching
+ * with several tables follows vLLM's HybridKVCacheCoordinator for full + chunked-local
+ * groups: every table's full blocks are hashed, table t's under the chain hash mixed
+ * with t (vLLM keys them by hash and group id; a chunked block freed behind its chunk
+ * keeps its hash until evicted); a hit is table 0's (full attention) run of cached
+ * blocks, which each other table must also have from the chunk of the hit's end on
+ * (ChunkedLocalAttentionManager.find_longest_cache_hit), else the hit is cut back and
+ * tried again; the chunked entries before that chunk are null.  Events (and
+ * tsr_kv_cache_cached_hashes) describe table 0's blocks only: the router's hashes.
  *
  * Call order per request (engine thread):
  *   tsr_kv_req_init -> [get_computed_blocks (waiting requests) -> allocate_slots ->
@@ -43,17 +61,26 @@
 /* Longest cache_salt accepted (bytes): the salt is client-controlled. */
 #define TSR_KV_SALT_MAX 1024
 
+/* A table entry whose block was freed behind a chunked table's chunk (vLLM's null block). */
+#define TSR_KV_NULL_BLOCK UINT32_MAX
+/* The most block tables a request holds (kv_pool.h's TSR_KV_GROUPS_MAX paged groups). */
+#define TSR_KV_TABLES_MAX 4
+
 typedef struct tsr_kv_cache tsr_kv_cache;
 
 /* One request's KV bookkeeping, embedded in the engine's slot.  Fields without `_`
  * are read-only outside this module; `_` fields are private. */
 typedef struct tsr_kv_req {
-        uint32_t *block_ids;        /* the block table, n_blocks ids */
-        uint32_t n_blocks;
+        /* The block tables, block-major: entry b * n_tables + t is block b of table t
+         * (with one table, simply the block table); TSR_KV_NULL_BLOCK for a chunked
+         * table's block freed behind its chunk.  tsr_kv_req_table writes them table by
+         * table for a forward. */
+        uint32_t *block_ids;
+        uint32_t n_blocks;          /* logical blocks: entries per table */
         size_t n_computed;          /* leading tokens whose KV is stored (hits + commits) */
         size_t num_cached_tokens;   /* prefix-cache hit of the last get_computed_blocks, tokens */
 
-        uint32_t _cap_blocks;
+        uint32_t _cap_blocks;       /* entries of block_ids */
         uint32_t _n_hit;            /* hits parked in block_ids[0.._n_hit) until allocate_slots */
         uint32_t _n_registered;     /* leading blocks already offered to the hash map */
         uint64_t *_hashes;          /* chain hashes of the full blocks seen so far */
@@ -79,6 +106,21 @@ tsr_status tsr_kv_cache_new(uint32_t num_blocks, uint32_t block_size, bool enabl
 void tsr_kv_cache_free(tsr_kv_cache **kv);
 
 uint32_t tsr_kv_cache_block_size(const tsr_kv_cache *kv);
+
+/* Give each request n_tables block tables: chunk[t] 0 for full attention, else the
+ * attention chunk (tokens) of a chunked-local table (see the top).  Put a full-attention
+ * table first where there is one: a prefix-cache hit starts from table 0's run of cached
+ * blocks (a chunked table 0 then needs its blocks from 0 for a hit: fewer hits, never a
+ * wrong one) and events describe its blocks.  Before any request holds blocks.
+ * TSR_E_INVAL for 0 or more than TSR_KV_TABLES_MAX tables, or blocks in use. */
+tsr_status tsr_kv_cache_set_tables(tsr_kv_cache *kv, const uint32_t *chunk, size_t n_tables);
+uint32_t tsr_kv_cache_tables(const tsr_kv_cache *kv);
+/* Write r's tables table by table to out[tables * r->n_blocks] (table t at
+ * out + t * r->n_blocks: a forward's layout, engine.h tsr_engine_seq); returns the
+ * entries written. */
+size_t tsr_kv_req_table(const tsr_kv_cache *kv, const tsr_kv_req *r, uint32_t *out);
+/* Blocks r holds (its entries that are not TSR_KV_NULL_BLOCK). */
+uint32_t tsr_kv_req_held(const tsr_kv_cache *kv, const tsr_kv_req *r);
 
 /* Prefix-cache lookup for a request that holds no blocks (new, or preempted and
  * released).  Hashes the full blocks of tokens[0..n_tokens) (the prompt, plus tokens
@@ -106,8 +148,9 @@ size_t tsr_kv_req_common_blocks(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t 
 /* Make room for `num_new_tokens` more tokens after the request's computed ones
  * (parked hits included).  First references the parked hits (ref++, a ref-0 block
  * leaves the free queue), then takes new blocks from the head of the free queue
- * (evicting their old hash: REMOVED event).  Afterwards r->n_blocks * block_size >=
- * r->n_computed + num_new_tokens.  TSR_E_UNAVAILABLE when too few blocks are free
+ * (evicting their old hash: REMOVED event), one per table for each new block.
+ * Afterwards r->n_blocks * block_size >= r->n_computed + num_new_tokens.
+ * TSR_E_UNAVAILABLE when too few blocks are free
  * (counting parked hits that are themselves free): nothing changes and the scheduler
  * preempts or waits.  TSR_E_INVAL when a parked hit was evicted since
  * get_computed_blocks (call it again), or on overflow; TSR_E_NOMEM growing the
@@ -118,14 +161,16 @@ tsr_status tsr_kv_cache_allocate_slots(tsr_kv_cache *kv, tsr_kv_req *r, size_t n
  * caching on, every block that became full is hashed (all_tokens supplies the ids)
  * and enters the hash map, one STORED event per run with the parent's hash; a block
  * whose hash is already mapped (the same prefix computed twice at once) stays out of
- * the map and the existing block keeps serving hits.  TSR_E_INVAL unless
+ * the map and the existing block keeps serving hits.  Then each chunked table's blocks
+ * wholly before floor(n_computed / chunk) * chunk go to the tail of the free queue
+ * (their entries TSR_KV_NULL_BLOCK).  TSR_E_INVAL unless
  * r->n_computed <= n_computed <= r->n_blocks * block_size; TSR_E_NOMEM,
  * TSR_E_INTERNAL from hashing (then nothing is committed; retrying is safe). */
 tsr_status tsr_kv_cache_commit(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *all_tokens, size_t n_computed);
 
-/* Finish, abort or preemption: ref-- on every block of r, and blocks reaching 0 go to
- * the tail of the free queue in reverse table order (last block first), keeping their
- * hash.  r keeps its hashes (for the next lookup) but holds no blocks afterwards. */
+/* Finish, abort or preemption: ref-- on every block of r (every table), and blocks
+ * reaching 0 go to the tail of the free queue in reverse table order (last block first),
+ * keeping their hash.  r keeps its hashes (for the next lookup) but holds no blocks afterwards. */
 void tsr_kv_cache_free_blocks(tsr_kv_cache *kv, tsr_kv_req *r);
 
 /* Forget every cached hash (free blocks and blocks in use alike: in-use blocks keep

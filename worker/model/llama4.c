@@ -48,6 +48,9 @@ struct tsr_llama4 {
 struct tsr_llama4_kv {
         size_t n_layers, n_kv_heads, head_dim, block_size, n_blocks;
         float **k, **v;                         /* [n_layers], borrowed from the pool */
+        uint32_t *table;                        /* [n_layers] which of a sequence's tables layer l uses */
+        size_t n_tables;
+        uint32_t chunk[TSR_KV_GROUPS_MAX];      /* per table: 0 full attention, else its chunk */
 };
 
 #define N_MATS 13
@@ -325,39 +328,124 @@ tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *c) {
         return tsr_llama_kv_group(&c->base);
 }
 
+size_t tsr_llama4_kv_groups(const tsr_llama4_config *c, uint32_t first, uint32_t last, uint32_t tp_size,
+                            tsr_kv_group *out, size_t max) {
+        tsr_kv_group base = tsr_llama4_kv_group(c);
+        uint32_t n_full = 0, n_chunked = 0, per, n = 0;
+
+        if (max < 1 || last < first || last >= c->base.n_layers)
+                return 0;
+        base.n_kv_heads /= tp_size ? tp_size : 1;
+        for (uint32_t l = first; l <= last; l++)
+                (c->layer[l] & TSR_LLAMA4_CHUNKED) ? n_chunked++ : n_full++;
+        if (n_chunked == 0) {
+                out[0] = base;
+                out[0].n_layers = n_full;
+                return 1;
+        }
+        if (n_full && max < 2)
+                return 0;
+        /* P: the full group's size, unless the chunked layers would then need more groups
+         * than are left */
+        per = n_full ? n_full : 1;
+        if ((n_chunked + per - 1) / per > max - (n_full ? 1 : 0))
+                per = (n_chunked + (uint32_t)(max - (n_full ? 1 : 0)) - 1) / (uint32_t)(max - (n_full ? 1 : 0));
+        if (n_full) {
+                out[n] = base;
+                out[n++].n_layers = n_full;
+        }
+        for (uint32_t left = n_chunked; left; n++) {
+                out[n] = base;
+                out[n].kind = TSR_KV_CHUNKED_LOCAL;
+                out[n].chunk = c->chunk;
+                out[n].n_layers = left < per ? left : per;
+                left -= out[n].n_layers;
+        }
+        return n;
+}
+
+/* The layer map of a hybrid pool: layer l (of the shard) is layer *j of group *g, by the
+ * order tsr_llama4_kv_groups fills them. */
+static void hybrid_slot(const tsr_llama4_config *c, uint32_t first, uint32_t l, bool has_full, uint32_t per,
+                        uint32_t *g, uint32_t *j) {
+        uint32_t n_full = 0, n_chunked = 0;
+        for (uint32_t i = first; i < l; i++)
+                (c->layer[i] & TSR_LLAMA4_CHUNKED) ? n_chunked++ : n_full++;
+        if (!(c->layer[l] & TSR_LLAMA4_CHUNKED)) {
+                *g = 0;
+                *j = n_full;
+        } else {
+                *g = (has_full ? 1 : 0) + n_chunked / per;
+                *j = n_chunked % per;
+        }
+}
+
 tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4_kv **ret) {
-        tsr_kv_group want;
-        const tsr_kv_pool_group *g;
+        tsr_kv_group want[TSR_KV_GROUPS_MAX];
+        size_t n_want, n_layers;
+        bool one;
         tsr_llama4_kv *kv;
 
         if (!m || !pool || !ret)
                 return TSR_E_INVAL;
-        want = tsr_llama4_kv_group(m->cfg);
-        want.n_layers = m->shard.last_layer - m->shard.first_layer + 1;
-        g = &pool->groups[0];
-        if (pool->n_groups != 1 || g->spec.kind != want.kind || g->spec.n_layers != want.n_layers ||
-            g->spec.n_kv_heads != want.n_kv_heads || g->spec.head_dim != want.head_dim || g->spec.dtype != want.dtype)
+        n_layers = m->shard.last_layer - m->shard.first_layer + 1;
+        want[0] = tsr_llama4_kv_group(m->cfg);
+        want[0].n_layers = (uint32_t)n_layers;
+        /* the one-group pool of every position, or the hybrid one */
+        one = pool->n_groups == 1 && pool->groups[0].spec.kind == TSR_KV_FULL_ATTENTION &&
+              pool->groups[0].spec.n_layers == n_layers;
+        n_want = one ? 1
+                     : tsr_llama4_kv_groups(m->cfg, m->shard.first_layer, m->shard.last_layer, 1, want,
+                                            TSR_KV_GROUPS_MAX);
+        if (pool->n_groups != n_want)
                 return TSR_E_INVAL;
+        for (size_t i = 0; i < n_want; i++) {
+                const tsr_kv_group *g = &pool->groups[i].spec;
+                if (g->kind != want[i].kind || g->n_layers != want[i].n_layers || g->chunk != want[i].chunk ||
+                    g->n_kv_heads != want[i].n_kv_heads || g->head_dim != want[i].head_dim || g->dtype != want[i].dtype)
+                        return TSR_E_INVAL;
+        }
         if (pool->n_blocks > UINT32_MAX)
                 return TSR_E_LIMIT;
-        if (!(kv = calloc(1, sizeof *kv)))
+        if (!(kv = calloc(1, sizeof *kv)) || !(kv->k = calloc(n_layers, sizeof *kv->k)) ||
+            !(kv->v = calloc(n_layers, sizeof *kv->v)) || !(kv->table = calloc(n_layers, sizeof *kv->table))) {
+                tsr_llama4_kv_free(&kv);
                 return TSR_E_NOMEM;
-        *kv = (tsr_llama4_kv){.n_layers = want.n_layers, .n_kv_heads = want.n_kv_heads, .head_dim = want.head_dim,
-                              .block_size = pool->block_size, .n_blocks = (size_t)pool->n_blocks,
-                              .k = (float **)g->k, .v = (float **)g->v};
+        }
+        kv->n_layers = n_layers;
+        kv->n_kv_heads = want[0].n_kv_heads;
+        kv->head_dim = want[0].head_dim;
+        kv->block_size = pool->block_size;
+        kv->n_blocks = (size_t)pool->n_blocks;
+        kv->n_tables = one ? 1 : tsr_kv_tables(want, n_want, kv->chunk);
+        for (uint32_t l = 0; l < n_layers; l++) {
+                bool has_full = want[0].kind == TSR_KV_FULL_ATTENTION;
+                uint32_t g = 0, j = l;
+                if (!one)       /* P: the first chunked group's size */
+                        hybrid_slot(m->cfg, m->shard.first_layer, m->shard.first_layer + l, has_full,
+                                    want[has_full ? 1 : 0].n_layers, &g, &j);
+                kv->k[l] = (float *)pool->groups[g].k[j];
+                kv->v[l] = (float *)pool->groups[g].v[j];
+                kv->table[l] = g;       /* every group of a hybrid is paged: group i is table i */
+        }
         *ret = kv;
         return TSR_OK;
 }
 
 void tsr_llama4_kv_free(tsr_llama4_kv **kv) {
-        if (!kv)
+        if (!kv || !*kv)
                 return;
+        free((*kv)->k);
+        free((*kv)->v);
+        free((*kv)->table);
         free(*kv);
         *kv = NULL;
 }
 
+/* Layer l's view of q's blocks: its group's table. */
 static tsr_kv_view kv_view(const tsr_llama4_kv *kv, size_t l, const tsr_llama_seq *q) {
-        return (tsr_kv_view){.k = kv->k[l], .v = kv->v[l], .block_table = q->block_table, .n_table = q->n_table,
+        return (tsr_kv_view){.k = kv->k[l], .v = kv->v[l], .block_table = q->block_table + kv->table[l] * q->n_table,
+                             .n_table = q->n_table,
                              .n_blocks = kv->n_blocks, .block_size = kv->block_size, .n_kv_heads = kv->n_kv_heads,
                              .head_dim = kv->head_dim};
 }
@@ -497,6 +585,14 @@ done:
         return st;
 }
 
+/* The first block of q's table for layer l that the step reads or writes: 0 for full
+ * attention, the block of the first query's chunk start for a chunked table (the engine
+ * frees those before it). */
+static size_t live_block(const tsr_llama4_kv *kv, size_t l, const tsr_llama_seq *q) {
+        uint32_t C = kv->chunk[kv->table[l]];
+        return C ? q->past_len / C * C / kv->block_size : 0;
+}
+
 /* Attention of one sequence's n query rows (q, out: (n, q_dim)) in layer l.  Full layers:
  * causal over the whole cache.  Chunked layers: the queries of each chunk [cs, cs + C)
  * see the keys cs .. their own position only, i.e. the causal kernel on a view that
@@ -525,7 +621,7 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
                         size_t rows = p0 + cnt - cs;
                         static const uint32_t zero = 0;
                         for (size_t p = cs; p < cs + rows; p++) {
-                                size_t at = ((size_t)q->block_table[p / bs] * bs + p % bs) * kvd;
+                                size_t at = ((size_t)view.block_table[p / bs] * bs + p % bs) * kvd;
                                 memcpy(s->ck + (p - cs) * kvd, kv->k[l] + at, kvd * sizeof(float));
                                 memcpy(s->cv + (p - cs) * kvd, kv->v[l] + at, kvd * sizeof(float));
                         }
@@ -588,9 +684,14 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                         }
                 }
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
+                        /* from the first block the step reads: a chunked table's blocks
+                         * before it may be freed (TSR_KV_NULL_BLOCK) */
+                        size_t lo = live_block(kv, l, &seqs[i]);
                         tsr_kv_view view = kv_view(kv, l, &seqs[i]);
+                        view.block_table += lo;
+                        view.n_table -= lo;
                         TRY(tsr_backend_kv_write(be, &view, s.k + row * kvd, s.v + row * kvd, seqs[i].n,
-                                                 seqs[i].past_len));
+                                                 seqs[i].past_len - lo * kv->block_size));
                         TRY(attend(be, m, kv, &s, l, &seqs[i], s.q + row * qd, s.att + row * qd));
                 }
                 TRY(mm(be, s.xb, s.att, &L->o, 0, N, qd, dim));
@@ -640,9 +741,14 @@ tsr_status tsr_llama4_forward_batch(const tsr_llama4 *m, tsr_backend *be, tsr_ll
                         return TSR_E_LIMIT;
                 if (q->n_table > SIZE_MAX / kv->block_size || q->past_len + q->n > q->n_table * kv->block_size)
                         return TSR_E_INVAL;
-                for (size_t b = 0; b < q->n_table; b++)
-                        if (q->block_table[b] >= kv->n_blocks)
-                                return TSR_E_INVAL;
+                for (size_t t = 0; t < kv->n_tables; t++) {
+                        /* a chunked table's entries behind the first query's chunk are
+                         * never read (the engine's TSR_KV_NULL_BLOCK) */
+                        size_t C = kv->chunk[t], lo = C ? q->past_len / C * C / kv->block_size : 0;
+                        for (size_t b = lo; b < q->n_table; b++)
+                                if (q->block_table[t * q->n_table + b] >= kv->n_blocks)
+                                        return TSR_E_INVAL;
+                }
                 for (size_t t = 0; t < q->n; t++)
                         if (q->tokens[t] >= m->cfg->base.vocab_size)
                                 return TSR_E_INVAL;

@@ -13,8 +13,11 @@
  *    of the chosen logits), the chosen experts run on x * score (the score scales the
  *    expert's INPUT), plus a shared expert on x; the others keep a SwiGLU MLP of width
  *    intermediate_size_mlp.
- * Every position's K and V stay in the paged full-attention cache for every layer (one
- * KV group); chunking is done by what the attention reads, not by freeing blocks.
+ * The KV cache (issue #14) is a hybrid, as vLLM's for Llama 4: the full-attention layers
+ * form one TSR_KV_FULL_ATTENTION group and the chunked layers TSR_KV_CHUNKED_LOCAL
+ * groups of as many layers (tsr_llama4_kv_groups), each with its own block table, whose
+ * blocks behind the current chunk the engine frees.  A pool of the one full-attention
+ * group tsr_llama4_kv_group (every position of every layer) is served too.
  *
  * Thread safety and the backend argument as llama.h: a loaded model is read-only; each
  * forward runs on the caller's backend and its own KV view. */
@@ -97,10 +100,21 @@ bool tsr_llama4_is_bf16(const tsr_llama4 *m);
 /* As tsr_llama_check_backend. */
 tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be);
 
-/* The KV group of `cfg`: every layer full attention (chunked layers too), float32. */
+/* One KV group of every layer as full attention (chunked layers too), float32. */
 tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *cfg);
+/* The hybrid groups of layers first .. last into out[max] (returns how many, 0 when max
+ * is too small): without chunked layers the one group above; else the full-attention
+ * layers as group 0 (when there are any), then the chunked layers in order, split into
+ * TSR_KV_CHUNKED_LOCAL groups of P layers (the last may have fewer), P = the full
+ * group's size, or more where more than max - 1 groups would be needed: vLLM's equal
+ * groups, so that the groups' shared layer arrays (kv_pool.h) go unused as little as
+ * possible.  n_kv_heads divided by tp_size. */
+size_t tsr_llama4_kv_groups(const tsr_llama4_config *cfg, uint32_t first, uint32_t last, uint32_t tp_size,
+                            tsr_kv_group *out, size_t max);
 typedef struct tsr_llama4_kv tsr_llama4_kv;
-/* A view of `pool` (one group, tsr_llama4_kv_group's).  TSR_E_INVAL for another pool. */
+/* A view of `pool`: tsr_llama4_kv_group's one group, or tsr_llama4_kv_groups' hybrid
+ * (then a sequence's block_table holds one table per paged group, n_table entries each,
+ * in the pool's group order; kv_pool.h tsr_kv_tables).  TSR_E_INVAL for another pool. */
 tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4_kv **ret);
 void tsr_llama4_kv_free(tsr_llama4_kv **kv);
 

@@ -59,13 +59,10 @@ static tsr_status llama4_read_config(const char *path, bool gguf, tsr_model_desc
         return TSR_OK;
 }
 
+/* The hybrid of llama4.h: full-attention layers in one group, chunked ones in
+ * chunked-local groups whose blocks behind the chunk the engine frees (issue #14). */
 static size_t llama4_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max) {
-        if (max < 1 || shard->last_layer < shard->first_layer)
-                return 0;
-        out[0] = tsr_llama4_kv_group(d->config);
-        out[0].n_layers = shard->last_layer - shard->first_layer + 1;
-        out[0].n_kv_heads /= shard->tp_size ? shard->tp_size : 1;
-        return 1;
+        return tsr_llama4_kv_groups(d->config, shard->first_layer, shard->last_layer, shard->tp_size, out, max);
 }
 
 static tsr_status llama4_load(const char *path, const tsr_model_desc *d, const tsr_shard_spec *shard,
