@@ -72,6 +72,37 @@ static bool is_linear(const char *name) {
  *  COPY_F16      every other tensor as F16: a float16 checkpoint. */
 enum copy_kind { COPY_BF16, COPY_ROUNDED, COPY_F16 };
 
+/* float -> IEEE half, round to nearest even (by hand: clang has no _Float16 on every
+ * x86-64 target, and the fuzz build compiles the unit tests with clang). */
+static uint16_t f32_to_f16(float x) {
+        uint32_t u, sign, mant, h, rem, half;
+        int32_t exp;
+        memcpy(&u, &x, 4);
+        sign = (u >> 16) & 0x8000u;
+        mant = u & 0x7fffffu;
+        if (((u >> 23) & 0xffu) == 0xffu)
+                return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+        exp = (int32_t)((u >> 23) & 0xffu) - 127 + 15;
+        if (exp >= 31)
+                return (uint16_t)(sign | 0x7c00u);
+        if (exp <= 0) {                 /* a half subnormal (or zero): units of 2^-24 */
+                uint32_t shift = (uint32_t)(14 - exp);
+                if (exp < -10)
+                        return (uint16_t)sign;
+                mant |= 0x800000u;
+                h = mant >> shift;
+                rem = mant & ((1u << shift) - 1);
+                half = 1u << (shift - 1);
+        } else {
+                h = ((uint32_t)exp << 10) | (mant >> 13);
+                rem = mant & 0x1fffu;
+                half = 0x1000u;
+        }
+        if (rem > half || (rem == half && (h & 1)))
+                h++;                    /* a carry into the exponent is still right */
+        return (uint16_t)(sign | h);
+}
+
 /* One element of tensor `name` in the copy `kind` into out; returns its bytes. */
 static size_t copy_elem(enum copy_kind kind, const char *name, float x, void *out) {
         if (keeps_f32(name) || (kind == COPY_ROUNDED && is_linear(name))) {
@@ -79,7 +110,7 @@ static size_t copy_elem(enum copy_kind kind, const char *name, float x, void *ou
                 return 4;
         }
         if (kind == COPY_F16) {
-                _Float16 h = (_Float16)x;       /* nearest even; the fixture's values are in range */
+                uint16_t h = f32_to_f16(x);     /* the fixture's values are in range */
                 memcpy(out, &h, 2);
                 return 2;
         }
