@@ -213,9 +213,10 @@ def test_status_counts_and_acknowledges_submits(worker):
     try:
         sock.send(envelope(HEARTBEAT, field(1, 2, b"pytest-router") + field(2, 0, 250)))
         ids = [b"41", b"42", b"43"]
-        prompt = b"".join(varint(t) for t in [504, 28] * 20)   # 40 tokens: a prefill the timing model samples
-        for rid in ids:   # long enough to be running when the Status is read
-            sock.send(envelope(SUBMIT, field(1, 2, rid) + field(2, 2, prompt) + field(4, 0, 4000) + field(7, 0, 1)))
+        prompt = varint(504) + varint(28)
+        for rid in ids:   # long enough to be running when the Status is read; no logprobs
+            sock.send(envelope(SUBMIT, field(1, 2, rid) + field(2, 2, prompt) + field(4, 0, 4000) + field(7, 0, 1) +
+                               field(8, 0, (1 << 64) - 1) + field(9, 0, (1 << 64) - 1)))
         found = None
         deadline = time.monotonic() + 30
         while found is None and time.monotonic() < deadline:
@@ -230,16 +231,6 @@ def test_status_counts_and_acknowledges_submits(worker):
         assert found is not None, "no Status acknowledged request 43"
         # every Submit it acknowledges is counted, running or still waiting
         assert found.get(9, [0])[0] + found.get(10, [0])[0] == 3, found
-        # the engine's step timing (prefill tokens/s, decode step ms) follows once it
-        # has run a prefill and a decode step
-        timing = None
-        while timing is None and time.monotonic() < deadline:
-            if sub.poll(1000):
-                st = read_fields(read_fields(sub.recv())[STATUS][0])
-                tps, dms = (struct.unpack("<f", st[f][0])[0] if f in st else 0.0 for f in (28, 29))
-                if tps > 0 and dms > 0:
-                    timing = (tps, dms)
-        assert timing is not None, "no Status carried the step timing"
         sock.send(envelope(ABORT, field(1, 2, b"41") + field(1, 2, b"42") + field(1, 2, b"43")))
     finally:
         sub.close()
