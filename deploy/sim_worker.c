@@ -116,7 +116,7 @@ static tsr_status sim_forward(void *ud, const tsr_engine_seq *seqs, size_t n_seq
 
         for (size_t i = 0; i < n_seqs; i++) {
                 const tsr_engine_seq *s = &seqs[i];
-                if (s->n == 1 && !s->want_all_logits && s->past_len > 0 && s->want_logits)
+                if (tsr_engine_seq_is_decode(s))
                         decode++;
                 else
                         prefill += s->n;

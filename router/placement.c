@@ -164,6 +164,19 @@ void tsr_placement_pending_add(tsr_placement_pending *p, const tsr_placement_can
         p->requests++;
 }
 
+/* total += t (sign > 0) or total -= t (t is one of the items total counts). */
+static void pending_plus(tsr_placement_pending *total, const tsr_placement_pending *t, int sign) {
+        if (sign > 0) {
+                total->prefill_blocks += t->prefill_blocks;
+                total->decode_blocks += t->decode_blocks;
+                total->requests += t->requests;
+        } else {
+                total->prefill_blocks -= t->prefill_blocks;
+                total->decode_blocks -= t->decode_blocks;
+                total->requests -= t->requests;
+        }
+}
+
 void tsr_placement_sent_prune(tsr_placement_sent_list *l, uint64_t boot_epoch, uint64_t status_seq, bool acked,
                               uint64_t ack) {
         size_t kept = 0;
@@ -171,16 +184,23 @@ void tsr_placement_sent_prune(tsr_placement_sent_list *l, uint64_t boot_epoch, u
                 l->n = 0;
                 l->boot_epoch = boot_epoch;
         }
-        for (size_t i = 0; i < l->n; i++)
-                if (acked ? l->items[i].id > ack : l->items[i].status_seq == status_seq)
-                        l->items[kept++] = l->items[i];
+        memset(&l->total, 0, sizeof(l->total));
+        for (size_t i = 0; i < l->n; i++) {
+                if (acked ? l->items[i].id > ack : l->items[i].status_seq == status_seq) {
+                        l->items[kept] = l->items[i];
+                        pending_plus(&l->total, &l->items[kept++].terms, 1);
+                }
+        }
         l->n = kept;
+        l->pruned = true;
+        l->pruned_seq = status_seq;
 }
 
 bool tsr_placement_sent_add(tsr_placement_sent_list *l, uint64_t id, uint64_t status_seq,
                             const tsr_placement_cand *c) {
         tsr_placement_sent *e;
         if (l->n == TSR_PLACEMENT_SENT_MAX) {
+                pending_plus(&l->total, &l->items[0].terms, -1);
                 memmove(l->items, l->items + 1, (l->n - 1) * sizeof(*l->items));
                 l->n--;
         }
@@ -197,16 +217,15 @@ bool tsr_placement_sent_add(tsr_placement_sent_list *l, uint64_t id, uint64_t st
         e->id = id;
         e->status_seq = status_seq;
         tsr_placement_pending_add(&e->terms, c);
+        pending_plus(&l->total, &e->terms, 1);
         return true;
 }
 
 void tsr_placement_sent_sum(const tsr_placement_sent_list *l, tsr_placement_pending *sum) {
-        memset(sum, 0, sizeof(*sum));
-        for (size_t i = 0; l && i < l->n; i++) {
-                sum->prefill_blocks += l->items[i].terms.prefill_blocks;
-                sum->decode_blocks += l->items[i].terms.decode_blocks;
-                sum->requests += l->items[i].terms.requests;
-        }
+        if (l)
+                *sum = l->total;
+        else
+                memset(sum, 0, sizeof(*sum));
 }
 
 void tsr_placement_sent_free(tsr_placement_sent_list *l) {

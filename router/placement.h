@@ -212,6 +212,11 @@ typedef struct tsr_placement_sent_list {
         uint64_t boot_epoch;
         tsr_placement_sent *items;
         size_t n, cap;
+        tsr_placement_pending total;     /* the items' terms, summed as they come and go */
+        /* The Status last pruned against (tsr_placement_sent_prune), so that a caller
+         * prunes once per Status, not once per placement. */
+        bool pruned;
+        uint64_t pruned_seq;
 } tsr_placement_sent_list;
 
 /* Most Submits kept per worker; past it the oldest are forgotten (a worker that
@@ -219,14 +224,14 @@ typedef struct tsr_placement_sent_list {
 #define TSR_PLACEMENT_SENT_MAX 4096
 
 /* Drop what the worker's current Status (boot_epoch, status_seq; `acked`: it has an
- * acknowledgement `ack` for us) counts, as above. */
+ * acknowledgement `ack` for us) counts, as above, and remember that Status. */
 void tsr_placement_sent_prune(tsr_placement_sent_list *l, uint64_t boot_epoch, uint64_t status_seq, bool acked,
                               uint64_t ack);
 /* Append Submit `id`, sent while Status status_seq was current, placed as candidate
  * c; false when out of memory (then it is simply not counted). */
 bool tsr_placement_sent_add(tsr_placement_sent_list *l, uint64_t id, uint64_t status_seq,
                             const tsr_placement_cand *c);
-/* The sum of l's Submits: placement's "pending" terms for that worker. */
+/* The sum of l's Submits (l NULL: zeros): placement's "pending" terms for that worker. */
 void tsr_placement_sent_sum(const tsr_placement_sent_list *l, tsr_placement_pending *sum);
 void tsr_placement_sent_free(tsr_placement_sent_list *l);
 

@@ -15,10 +15,10 @@ routing_policy tsr_request_policy_of(const tsr_config *cfg) {
 static const char *const policy_names[] = {"kv", "least_load", "round_robin"};
 
 /* The pending-dispatch entry of worker w (created empty; NULL when out of memory),
- * pruned against its Status st (tsr_placement_sent_prune). */
+ * pruned against its Status st (tsr_placement_sent_prune) once per Status: every
+ * placement reads every candidate's entry, a Status comes far less often. */
 static struct pending_dispatch *pending_of(tsr_request_layer *L, const tsr_worker *w, const Tessera__V1__Status *st) {
-        uint64_t ack = 0;
-        bool acked = tsr_worker_submit_ack(w, &ack);
+        uint64_t epoch = st ? st->boot_epoch : 0, seq = st ? st->seq : 0, ack = 0;
         struct pending_dispatch *p = NULL;
 
         for (size_t i = 0; i < L->n_pending && !p; i++)
@@ -33,7 +33,10 @@ static struct pending_dispatch *pending_of(tsr_request_layer *L, const tsr_worke
                 memset(p, 0, sizeof(*p));
                 p->w = w;
         }
-        tsr_placement_sent_prune(&p->sent, st ? st->boot_epoch : 0, st ? st->seq : 0, acked, ack);
+        if (!p->sent.pruned || p->sent.boot_epoch != epoch || p->sent.pruned_seq != seq) {
+                bool acked = tsr_worker_submit_ack(w, &ack);
+                tsr_placement_sent_prune(&p->sent, epoch, seq, acked, ack);
+        }
         return p;
 }
 

@@ -1189,11 +1189,10 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
         p->prefill_tokens = 0;
         p->n_decode = 0;
         for (size_t i = 0; i < p->n; i++) {
-                const tsr_engine_seq *q = &p->seqs[i];
-                if (q->n == 1 && q->past_len > 0 && q->want_logits && !q->want_all_logits)
+                if (tsr_engine_seq_is_decode(&p->seqs[i]))
                         p->n_decode++;
                 else
-                        p->prefill_tokens += q->n;
+                        p->prefill_tokens += p->seqs[i].n;
         }
         if (p->st == TSR_OK && p->n_want > e->logits_rows) {
                 float *g = realloc(e->logits, p->n_want * m->vocab * sizeof(float));

@@ -69,6 +69,13 @@ typedef struct tsr_engine_seq {
         uint32_t state_slot;           /* its recurrent-state slot (params.state_slots > 0), else 0 */
 } tsr_engine_seq;
 
+/* A decode: one new token after some context, sampled, no prompt logprobs.  Anything
+ * else computes prompt tokens (the step timing model and the simulated worker's cost
+ * count it as prefill). */
+static inline bool tsr_engine_seq_is_decode(const tsr_engine_seq *q) {
+        return q->n == 1 && q->past_len > 0 && q->want_logits && !q->want_all_logits;
+}
+
 /* What the engine needs from a model: its vocabulary and one forward over a paged KV
  * cache for a whole step.  The KV memory belongs to the model adapter, indexed by the
  * engine's block ids. */
@@ -103,7 +110,7 @@ typedef struct tsr_engine_params {
         /* Block tables per request (kv_cache.h tsr_kv_cache_set_tables): kv_chunk[t] 0 for
          * a full-attention table, else a chunked-local one's attention chunk (a hybrid
          * model's groups, kv_pool.h tsr_kv_tables).  0 tables: one full-attention table.
-         * A chunked table needs enable_prefix_caching false. */
+         * Prefix caching then follows kv_cache.h's rule for several tables. */
         uint32_t n_kv_tables;
         uint32_t kv_chunk[TSR_KV_TABLES_MAX];
         tsr_block_hash_algo hash_algo;
