@@ -1190,7 +1190,7 @@ tsr_status tsr_bench_prefix_repetition_dataset(const tsr_bench_tok *t, tsr_bench
 tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r, const tsr_bench_multi_turn_cfg *c, size_t n,
                                     tsr_bench_sample **ret, char *err, size_t errlen) {
         uint32_t *allowed = NULL;
-        size_t n_allowed = 0, sessions, k = 0;
+        size_t n_allowed = 0, sessions, k = 0, *order = NULL;
         tsr_bench_sample *out = NULL;
         id_seq system = {0}, *hist = NULL;
         tsr_status st;
@@ -1208,8 +1208,22 @@ tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r
                 st = seq_push_random(&system, r, allowed, n_allowed, c->system_len);
         for (size_t s = 0; st == TSR_OK && s < sessions; s++)
                 st = seq_append(&hist[s], system.v, system.n);
+        if (st == TSR_OK && !(order = malloc((sessions ? sessions : 1) * sizeof(*order))))
+                st = TSR_E_NOMEM;
+        for (size_t s = 0; st == TSR_OK && s < sessions; s++)
+                order[s] = s;
         for (int64_t turn = 0; st == TSR_OK && turn < c->turns && k < n; turn++) {
-                for (size_t s = 0; st == TSR_OK && s < sessions && k < n; s++) {
+                /* Every round of turns in its own random order: in sessions' fixed order,
+                 * turn t of session s was prompt t x sessions + s, so round-robin over W
+                 * workers sent every turn of a session to worker s mod W whenever W divided
+                 * the session count, i.e. it was session-sticky by accident. */
+                for (size_t i = sessions; i > 1; i--) {
+                        size_t j = (size_t)tsr_bench_rng_range(r, 0, (int64_t)i - 1), tmp = order[i - 1];
+                        order[i - 1] = order[j];
+                        order[j] = tmp;
+                }
+                for (size_t i = 0; st == TSR_OK && i < sessions && k < n; i++) {
+                        size_t s = order[i];
                         st = seq_push_random(&hist[s], r, allowed, n_allowed, c->user_len);
                         if (st == TSR_OK)
                                 st = sample_from_ids(t, r, hist[s].v, hist[s].n, c->output_len, &out[k++]);
@@ -1220,6 +1234,7 @@ tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r
         for (size_t s = 0; hist && s < sessions; s++)
                 free(hist[s].v);
         free(hist);
+        free(order);
         free(system.v);
         free(allowed);
         if (st != TSR_OK) {

@@ -521,27 +521,40 @@ static void test_prefix_repetition_dataset(void **state) {
 }
 
 /* Sessions growing a history: turn k+1 of a session resends turn k's prompt (and a
- * reply), and every prompt starts with the shared system prompt. */
+ * reply), every prompt starts with the shared system prompt, and each round of turns
+ * comes in its own order (so round-robin over workers is not session-sticky). */
 static void test_multi_turn_dataset(void **state) {
         tsr_bench_rng r;
         tsr_bench_sample *s;
         char err[512];
         tsr_bench_multi_turn_cfg cfg = {.system_len = 20, .turns = 4, .user_len = 8, .output_len = 5};
-        const size_t n = 10, sessions = 3;   /* ceil(10 / 4); the last turn is cut short */
+        const size_t n = 22, sessions = 6;   /* ceil(22 / 4); the last round is cut short */
+        size_t moved = 0;
 
         tsr_bench_rng_seed(&r, 6);
         assert_int_equal(tsr_bench_multi_turn_dataset(&TOY, &r, &cfg, n, &s, err, sizeof(err)), TSR_OK);
         for (size_t i = 0; i < n; i++) {
                 assert_int_equal(s[i].expected_output_len, 5);
                 assert_memory_equal(s[i].prompt, s[0].prompt, 15);          /* the system prompt */
-                if (i + sessions < n) {
-                        /* the next turn of the same session: this prompt, minus its last ids
-                         * (re-encoding may pad the tail), then the reply and new user text */
-                        size_t keep = strlen(s[i].prompt) - 4;
-                        assert_memory_equal(s[i + sessions].prompt, s[i].prompt, keep);
-                        assert_true(s[i + sessions].prompt_len >= s[i].prompt_len + 5 + 8 - 2);
+                if (i + sessions >= n)
+                        continue;
+                /* exactly one prompt of the next round is this session's next turn: this
+                 * prompt, minus its last ids (re-encoding may pad the tail), then the reply
+                 * and new user text */
+                size_t keep = strlen(s[i].prompt) - 4, next = SIZE_MAX, round_end = (i / sessions + 2) * sessions;
+                for (size_t j = (i / sessions + 1) * sessions; j < round_end && j < n; j++)
+                        if (strncmp(s[j].prompt, s[i].prompt, keep) == 0) {
+                                assert_int_equal(next, SIZE_MAX);
+                                next = j;
+                        }
+                if (round_end <= n)     /* a full next round holds every session's turn */
+                        assert_int_not_equal(next, SIZE_MAX);
+                if (next != SIZE_MAX) {
+                        assert_true(s[next].prompt_len >= s[i].prompt_len + 5 + 8 - 2);
+                        moved += next % sessions != i % sessions;
                 }
         }
+        assert_true(moved > 0);         /* the rounds are not all in one order */
         assert_true(strncmp(s[0].prompt + 20, s[1].prompt + 20, 20) != 0);   /* sessions differ past it */
         tsr_bench_samples_free(s, n);
 }
