@@ -38,6 +38,8 @@ const char *tsr_wire_msg_name(const tsr_envelope *env) {
         case E(JOIN): return "join";
         case E(PLAN): return "plan";
         case E(STAGE_DONE): return "stage_done";
+        case E(NODE_HELLO): return "node_hello";
+        case E(NODE_SETUP): return "node_setup";
         case TESSERA__V1__ENVELOPE__MSG__NOT_SET:
         default: return "none";
         }
@@ -194,6 +196,32 @@ static tsr_status check_abort(const Tessera__V1__Abort *m, char *err, size_t err
         return TSR_OK;
 }
 
+/* A node's rendezvous: ranks within the group, text fields of a bounded size (they are
+ * printed in error messages and log lines). */
+static bool text_ok(const char *s) { return s && strlen(s) <= TSR_WIRE_MAX_ID_LEN; }
+
+static tsr_status check_node_hello(const Tessera__V1__NodeHello *m, char *err, size_t errlen) {
+        if (m->nnodes < 2 || m->nnodes > TSR_WIRE_MAX_NODES || m->node_rank >= m->nnodes)
+                return fail(TSR_E_INVAL, err, errlen, "node_hello: node_rank %u of nnodes %u out of range",
+                            m->node_rank, m->nnodes);
+        if (!text_ok(m->tessera_version) || !text_ok(m->purpose) || !text_ok(m->data_endpoint) ||
+            !text_ok(m->hostname) || !m->fingerprint || strlen(m->fingerprint) > 4096)
+                return fail(TSR_E_INVAL, err, errlen, "node_hello: a text field is too long");
+        return TSR_OK;
+}
+
+static tsr_status check_node_setup(const Tessera__V1__NodeSetup *m, char *err, size_t errlen) {
+        if (m->n_data_endpoints > TSR_WIRE_MAX_NODES || m->n_hostnames != m->n_data_endpoints)
+                return fail(TSR_E_INVAL, err, errlen, "node_setup: %zu endpoints, %zu hostnames",
+                            m->n_data_endpoints, m->n_hostnames);
+        for (size_t i = 0; i < m->n_data_endpoints; i++)
+                if (!text_ok(m->data_endpoints[i]) || !text_ok(m->hostnames[i]))
+                        return fail(TSR_E_INVAL, err, errlen, "node_setup: a text field is too long");
+        if (!m->error || strlen(m->error) > 4096)
+                return fail(TSR_E_INVAL, err, errlen, "node_setup: error text too long");
+        return TSR_OK;
+}
+
 tsr_status tsr_wire_check(const tsr_envelope *env, char *err, size_t errlen) {
         switch (env->msg_case) {
         case E(HELLO):
@@ -211,6 +239,8 @@ tsr_status tsr_wire_check(const tsr_envelope *env, char *err, size_t errlen) {
         case E(RESYNC):
                 return id_ok(env->resync->router_id, 1) ? TSR_OK
                                                         : fail(TSR_E_INVAL, err, errlen, "resync: bad router_id");
+        case E(NODE_HELLO): return check_node_hello(env->node_hello, err, errlen);
+        case E(NODE_SETUP): return check_node_setup(env->node_setup, err, errlen);
         case E(DRAIN):
         case E(SHUTDOWN):
         case E(JOIN):

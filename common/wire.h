@@ -18,7 +18,7 @@
 #include "tsr_status.h"
 
 #define TSR_PROTO_MAJOR 1u
-#define TSR_PROTO_MINOR 2u   /* 1.1: Heartbeat, ERROR_ROUTER_REAPED; 1.2: Resync */
+#define TSR_PROTO_MINOR 3u   /* 1.1: Heartbeat, ERROR_ROUTER_REAPED; 1.2: Resync; 1.3: NodeHello/Setup */
 #define TSR_PROTO_VERSION (TSR_PROTO_MAJOR * 1000u + TSR_PROTO_MINOR)
 
 /* Largest frame either side accepts (ModelInfo carries tokenizers of tens of MB).
@@ -30,6 +30,7 @@
 #define TSR_WIRE_MAX_TOKEN_ID 0x7fffffffu
 #define TSR_WIRE_MAX_LOGPROBS 1024
 #define TSR_WIRE_MAX_HEARTBEAT_MS 60000u      /* Heartbeat.interval_ms */
+#define TSR_WIRE_MAX_NODES 64u                /* NodeHello.nnodes (TSR_COMM_MAX_RANKS) */
 
 typedef Tessera__V1__Envelope tsr_envelope;
 

@@ -55,6 +55,8 @@ typedef struct child {
 static void usage(FILE *out) {
         fprintf(out, "usage: tessera serve MODEL [options]   (tessera serve --help lists every option)\n"
                      "       tessera bench serve [options]   (vllm bench serve's flags; --help lists them)\n"
+                     "       tessera doctor [--nnodes N --node-rank R --master-addr A --master-port P]\n"
+                     "                                       (this node's report; the links of a multi-node replica)\n"
                      "       tessera curve-keygen PREFIX     (writes PREFIX.key and PREFIX.pub for --zmq-curve-*)\n"
                      "       tessera --version\n");
 }
@@ -268,6 +270,15 @@ int main(int argc, char **argv) {
         }
         if (argc >= 2 && strcmp(argv[1], "curve-keygen") == 0)
                 return curve_keygen(argc - 2, argv + 2);
+        if (argc >= 2 && strcmp(argv[1], "doctor") == 0) {
+                /* `tessera doctor ...`: its own binary too (it links the comm layer) */
+                char *doctor = find_binary("tessera-doctor", "deploy");
+                argv[1] = doctor;
+                execvp(doctor, argv + 1);
+                fprintf(stderr, "tessera doctor: cannot run %s: %s\n", doctor, strerror(errno));
+                free(doctor);
+                return EXIT_BAD_CONFIG;
+        }
         if (argc >= 2 && strcmp(argv[1], "bench") == 0) {
                 /* `tessera bench serve ...`: the benchmark client is its own binary
                  * (it links libcurl, the launcher does not); replace this process. */

@@ -352,6 +352,76 @@ static void test_heartbeat(void **state) {
         }
 }
 
+/* The rendezvous of a multi-node group: ranks inside the group, bounded text, a setup
+ * whose lists agree. */
+static void test_node_hello_setup(void **state) {
+        static const struct {
+                uint32_t nnodes, rank;
+                size_t endpoint_len;
+                tsr_status want;
+        } hellos[] = {
+                {2, 1, 20, TSR_OK},
+                {TSR_WIRE_MAX_NODES, TSR_WIRE_MAX_NODES - 1, TSR_WIRE_MAX_ID_LEN, TSR_OK},
+                {2, 2, 20, TSR_E_INVAL},                        /* rank outside the group */
+                {1, 0, 20, TSR_E_INVAL},                        /* a group of one has no rendezvous */
+                {TSR_WIRE_MAX_NODES + 1, 1, 20, TSR_E_INVAL},
+                {2, 1, TSR_WIRE_MAX_ID_LEN + 1, TSR_E_INVAL},   /* text too long */
+        };
+        char long_text[TSR_WIRE_MAX_ID_LEN + 2];
+        (void)state;
+        for (size_t i = 0; i < sizeof(hellos) / sizeof(hellos[0]); i++) {
+                tsr_envelope env, *out = NULL;
+                Tessera__V1__NodeHello h;
+                size_t n;
+                char err[256] = "";
+                memset(long_text, 'e', sizeof(long_text));
+                long_text[hellos[i].endpoint_len] = 0;
+                tessera__v1__envelope__init(&env);
+                tessera__v1__node_hello__init(&h);
+                h.nnodes = hellos[i].nnodes;
+                h.node_rank = hellos[i].rank;
+                h.data_endpoint = long_text;
+                h.fingerprint = "sizes=4096\n";
+                env.msg_case = TESSERA__V1__ENVELOPE__MSG_NODE_HELLO;
+                env.node_hello = &h;
+                uint8_t *p = pack(&env, &n);
+                tsr_status st = tsr_wire_unpack(p, n, 0, &out, err, sizeof(err));
+                free(p);
+                if (st != hellos[i].want)
+                        fail_msg("hello %zu: status %d, want %d (%s)", i, st, hellos[i].want, err);
+                if (st == TSR_OK) {
+                        assert_string_equal(tsr_wire_msg_name(out), "node_hello");
+                        assert_int_equal(out->node_hello->node_rank, hellos[i].rank);
+                        tsr_wire_free(out);
+                }
+        }
+        for (int good = 0; good < 2; good++) {
+                tsr_envelope env, *out = NULL;
+                Tessera__V1__NodeSetup ns;
+                char *eps[2] = {"tcp://10.0.0.1:5000", "tcp://10.0.0.2:5000"}, *hosts[2] = {"a", "b"};
+                size_t n;
+                char err[256] = "";
+                tessera__v1__envelope__init(&env);
+                tessera__v1__node_setup__init(&ns);
+                ns.epoch = 99;
+                ns.n_data_endpoints = 2;
+                ns.data_endpoints = eps;
+                ns.n_hostnames = good ? 2 : 1;          /* the lists must agree */
+                ns.hostnames = hosts;
+                env.msg_case = TESSERA__V1__ENVELOPE__MSG_NODE_SETUP;
+                env.node_setup = &ns;
+                uint8_t *p = pack(&env, &n);
+                tsr_status st = tsr_wire_unpack(p, n, 0, &out, err, sizeof(err));
+                free(p);
+                assert_int_equal(st, good ? TSR_OK : TSR_E_INVAL);
+                if (good) {
+                        assert_int_equal(out->node_setup->epoch, 99);
+                        assert_string_equal(out->node_setup->data_endpoints[1], eps[1]);
+                        tsr_wire_free(out);
+                }
+        }
+}
+
 static void test_resync(void **state) {
         (void)state;
         for (int good = 0; good < 2; good++) {
@@ -395,6 +465,7 @@ int main(void) {
                 cmocka_unit_test(test_submit_field_validation),
                 cmocka_unit_test(test_status_invariants),
                 cmocka_unit_test(test_heartbeat),
+                cmocka_unit_test(test_node_hello_setup),
         };
         return cmocka_run_group_tests_name("wire", tests, NULL, NULL);
 }
