@@ -127,6 +127,17 @@ static char *find_binary(const char *name, const char *subdir) {
         return strdup(name);   /* execvp searches PATH */
 }
 
+/* Replace this process by the tool `name` (found like the worker and router), with
+ * argv[1] (the subcommand) as its argv[0].  Returns only when exec failed. */
+static int exec_tool(const char *name, char **argv) {
+        char *path = find_binary(name, "deploy");
+        argv[1] = path;
+        execvp(path, argv + 1);
+        fprintf(stderr, "tessera: cannot run %s: %s\n", path, strerror(errno));
+        free(path);
+        return EXIT_BAD_CONFIG;
+}
+
 static int bind_loopback(int port) {
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -270,25 +281,12 @@ int main(int argc, char **argv) {
         }
         if (argc >= 2 && strcmp(argv[1], "curve-keygen") == 0)
                 return curve_keygen(argc - 2, argv + 2);
-        if (argc >= 2 && strcmp(argv[1], "doctor") == 0) {
-                /* `tessera doctor ...`: its own binary too (it links the comm layer) */
-                char *doctor = find_binary("tessera-doctor", "deploy");
-                argv[1] = doctor;
-                execvp(doctor, argv + 1);
-                fprintf(stderr, "tessera doctor: cannot run %s: %s\n", doctor, strerror(errno));
-                free(doctor);
-                return EXIT_BAD_CONFIG;
-        }
-        if (argc >= 2 && strcmp(argv[1], "bench") == 0) {
-                /* `tessera bench serve ...`: the benchmark client is its own binary
-                 * (it links libcurl, the launcher does not); replace this process. */
-                char *bench = find_binary("tessera-bench", "deploy");
-                argv[1] = bench;
-                execvp(bench, argv + 1);
-                fprintf(stderr, "tessera bench: cannot run %s: %s\n", bench, strerror(errno));
-                free(bench);
-                return EXIT_BAD_CONFIG;
-        }
+        /* `tessera bench serve ...` and `tessera doctor ...` are binaries of their own
+         * (they link libcurl / the comm layer, the launcher does not): replace this process. */
+        if (argc >= 2 && strcmp(argv[1], "bench") == 0)
+                return exec_tool("tessera-bench", argv);
+        if (argc >= 2 && strcmp(argv[1], "doctor") == 0)
+                return exec_tool("tessera-doctor", argv);
         if (argc < 2 || strcmp(argv[1], "serve") != 0) {
                 if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
                         usage(stdout);
