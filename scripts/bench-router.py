@@ -4,12 +4,17 @@ with `tessera bench serve`.  docs/benchmarks.md, "Router at scale", shows the ou
 
   scripts/bench-router.py throughput   router SSE tokens/s per router core, latency added
   scripts/bench-router.py placement    4/16/64 workers x kv/round_robin/least_load x workloads
+      [--prompts-per-worker N] [--kv-blocks N] [--num-prefixes N | --prefixes-per-worker N]
+      [--prefix-len N] [--turns N]
+      [--user-len N] [--reply-len N] [--workloads a,b] [--policies a,b]
+      (--kv-blocks: each simulated worker's KV pool; small pools put the caches under pressure)
   scripts/bench-router.py routers      1, 2 and 4 routers sharing one fleet of 16 (each with its control)
   scripts/bench-router.py all
 
 Environment: TESSERA_BUILD (default build), TESSERA_ROUTER (default the build's),
 TESSERA_TEST_MODEL (default the demo GGUF: only its tokenizer and metadata are read).  Every process is started here and stopped
 (SIGTERM, then SIGKILL) by its pid.  A benchmark, not a test: nothing is asserted."""
+import argparse
 import json
 import os
 import re
@@ -159,17 +164,42 @@ def throughput(tmp):
         fleet.stop()
 
 
-def placement_run(tmp, n, policy, workload, tag):
+def workload_flags(workload, opts, n):
+    flags = list(WORKLOADS[workload])
+    prefixes = opts.num_prefixes or opts.prefixes_per_worker * n
+    overrides = {"prefix_repetition": {"--prefix-repetition-num-prefixes": prefixes,
+                                       "--prefix-repetition-prefix-len": opts.prefix_len},
+                 "multi_turn": {"--multi-turn-turns": opts.turns, "--multi-turn-user-len": opts.user_len,
+                                "--random-output-len": opts.reply_len}}
+    for flag, value in overrides.get(workload, {}).items():
+        if value:
+            flags[flags.index(flag) + 1] = str(value)
+    return flags
+
+
+def workload_flags_note(opts):
+    set_ = {k: v for k, v in (("prefixes", opts.num_prefixes), ("prefixes per worker", opts.prefixes_per_worker), ("prefix len", opts.prefix_len),
+                              ("turns", opts.turns), ("user len", opts.user_len),
+                              ("reply len", opts.reply_len)) if v}
+    return ", ".join(f"{k} {v}" for k, v in set_.items()) or "none"
+
+
+def placement_run(tmp, n, policy, workload, tag, opts):
     # requests/s: 1.5 per worker, at most 24 (past that the 2-core machine running
     # client, router and fleet, not the placement, sets the TTFT)
     rate = min(1.5 * n, 24.0)
-    prompts = 12 * n
-    fleet = Fleet(tmp, n, [policy], GPU_LIKE)
+    prompts = opts.prompts_per_worker * n
+    sim = GPU_LIKE + (["--num-gpu-blocks-override", str(opts.kv_blocks)] if opts.kv_blocks else [])
+    fleet = Fleet(tmp, n, [policy], sim)
     try:
         h0, q0 = fleet.prefix_counters(fleet.bases[0])
+        c0 = fleet.routers[0].cpu_s()
         res = bench(fleet.bases[0], tmp, f"{tag}-{n}-{policy}-{workload}",
-                    [*WORKLOADS[workload], "--num-prompts", prompts, "--request-rate", rate, "--burstiness", "1.0",
-                     "--seed", "1"])
+                    [*workload_flags(workload, opts, n), "--num-prompts", prompts, "--request-rate", rate,
+                     "--burstiness", "1.0", "--seed", "1"])
+        # the router's CPU over the run: placement, the Status stream (up to 200/s per
+        # busy worker), HTTP and SSE
+        res["router_cpu_ms_per_request"] = 1000 * (fleet.routers[0].cpu_s() - c0) / max(res["completed"], 1)
         time.sleep(0.3)                     # the last Status with the counters
         h1, q1 = fleet.prefix_counters(fleet.bases[0])
     finally:
@@ -178,17 +208,19 @@ def placement_run(tmp, n, policy, workload, tag):
     return res, hit, imbalance(sampled)
 
 
-def placement(tmp, sizes=(4, 16, 64), tag="pl"):
-    print(f"## placement quality: GPU-like simulated workers, Poisson arrivals at min(1.5 x workers, 24) req/s; "
-          f"router {ROUTER}")
-    print("| workers | workload | policy | TTFT p50 (ms) | TTFT p99 (ms) | hit rate | imbalance (max/mean) |")
-    print("|---|---|---|---|---|---|---|", flush=True)
+def placement(tmp, sizes, opts, tag="pl"):
+    print(f"## placement quality: GPU-like simulated workers (KV blocks: {opts.kv_blocks or 'default'}), "
+          f"Poisson arrivals at min(1.5 x workers, 24) req/s, {opts.prompts_per_worker} prompts per worker"
+          f"; workload overrides: {workload_flags_note(opts)}; router {ROUTER}")
+    print("| workers | workload | policy | TTFT p50 (ms) | TTFT p99 (ms) | hit rate | imbalance (max/mean) | "
+          "router CPU ms/request |")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
     for n in sizes:
-        for workload in WORKLOADS:
-            for policy in ("kv", "round_robin", "least_load"):
-                res, hit, imb = placement_run(tmp, n, policy, workload, tag)
+        for workload in opts.workloads.split(","):
+            for policy in opts.policies.split(","):
+                res, hit, imb = placement_run(tmp, n, policy, workload, tag, opts)
                 print(f"| {n} | {workload} | {policy} | {res['p50_ttft_ms']:.1f} | {res['p99_ttft_ms']:.1f} | "
-                      f"{hit:.1%} | {imb:.2f} |", flush=True)
+                      f"{hit:.1%} | {imb:.2f} | {res['router_cpu_ms_per_request']:.2f} |", flush=True)
 
 
 def routers(tmp, n=16, same_prompts=True):
@@ -229,15 +261,34 @@ def routers(tmp, n=16, same_prompts=True):
 
 
 def main():
-    what = sys.argv[1] if len(sys.argv) > 1 else "all"
-    sizes = tuple(int(x) for x in sys.argv[2].split(",")) if len(sys.argv) > 2 else (4, 16, 64)
+    ap = argparse.ArgumentParser(description="Router at scale benchmarks (issue #19)")
+    ap.add_argument("what", nargs="?", default="all", choices=("throughput", "placement", "routers", "all"))
+    ap.add_argument("sizes", nargs="?", default="4,16,64", help="fleet sizes for placement (comma list)")
+    ap.add_argument("--prompts-per-worker", type=int, default=12)
+    ap.add_argument("--kv-blocks", type=int, default=0, help="KV blocks per simulated worker (default: its 8192)")
+    ap.add_argument("--num-prefixes", type=int, default=0, help="prefix_repetition's system prompts (default 8)")
+    ap.add_argument("--prefixes-per-worker", type=int, default=0,
+                    help="prefix_repetition's system prompts per worker (instead of --num-prefixes)")
+    ap.add_argument("--prefix-len", type=int, default=0, help="prefix_repetition's prefix tokens (default 1024)")
+    ap.add_argument("--turns", type=int, default=0, help="multi_turn's turns per session (default 5)")
+    ap.add_argument("--user-len", type=int, default=0, help="multi_turn's user tokens per turn (default 96)")
+    ap.add_argument("--reply-len", type=int, default=0,
+                    help="multi_turn's generated tokens per turn, which the next turn resends (default 32)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--policies", default="kv,round_robin,least_load")
+    opts = ap.parse_args()
+    what = opts.what
+    sizes = tuple(int(x) for x in opts.sizes.split(","))
+    for w in opts.workloads.split(","):
+        if w not in WORKLOADS:
+            ap.error(f"unknown workload {w} (known: {', '.join(WORKLOADS)})")
     print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; build {BUILD}")
     with tempfile.TemporaryDirectory(prefix="bench-router-") as d:
         tmp = Path(d)
         if what in ("throughput", "all"):
             throughput(tmp)
         if what in ("placement", "all"):
-            placement(tmp, sizes)
+            placement(tmp, sizes, opts)
         if what in ("routers", "all"):
             routers(tmp, same_prompts=True)
             routers(tmp, same_prompts=False)
