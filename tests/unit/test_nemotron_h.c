@@ -214,7 +214,8 @@ static int setup(void **state) {
         }
         if (!mkdtemp(bf16_dir) || write_copy(path, bf16_dir, COPY_BF16) != 0 || !mkdtemp(rounded_dir) ||
             write_copy(path, rounded_dir, COPY_ROUNDED) != 0 ||
-            tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, NULL, &model16, &stats16, err, sizeof err) != TSR_OK ||
+            tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, NULL, &model16, &stats16, err, sizeof err) !=
+                    TSR_OK ||
             tsr_nemotron_h_use_bf16(model16) != TSR_OK) {
                 fprintf(stderr, "bf16 copy in %s: %s\n", bf16_dir, err);
                 return -1;
@@ -901,7 +902,8 @@ static void test_bf16_upcast(void **state) {
         tsr_nemotron_h *m = NULL;
 
         (void)state;
-        assert_int_equal(tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err),
+                         TSR_OK);
         assert_false(tsr_nemotron_h_is_bf16(m));
         full_fidelity("BF16 checkpoint upcast to float32", m, want, got);
         tsr_nemotron_h_free(&m);
@@ -926,7 +928,8 @@ static void test_bf16_downcast(void **state) {
         fidelity f;
 
         (void)state;
-        assert_int_equal(tsr_nemotron_h_load(rounded_dir, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_load(rounded_dir, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err),
+                         TSR_OK);
         assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
         assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(model16));
         full_rows(m, be, NULL, 0, got);
