@@ -15,7 +15,10 @@
  *    loaded and run with bf16 linears: against transformers' fp32 logits every position
  *    with cosine >= 0.999 and top-1 agreeing at >= 99% of positions (full sequences,
  *    decode steps, chunked prefill), batch invariance bitwise, the fast backend against
- *    the reference, resident bytes; the same folder upcast (--dtype float32). */
+ *    the reference, resident bytes; the same folder upcast (--dtype float32);
+ *  - ModelOpt FP8 (issue #15): tests/fixtures/tiny-nemotron-h-fp8 against a torch
+ *    emulation of vLLM's W8A8 math (the section's comment has the bound), greedy, chunked,
+ *    decoded and batched bitwise, resident bytes, bad checkpoints named. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

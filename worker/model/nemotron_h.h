@@ -1,6 +1,8 @@
 /* nemotron_h.h - the NemotronH hybrid (transformers' NemotronHForCausalLM, model_type
  * nemotron_h; Nemotron-3-Nano) on the host, in float32 or with bf16 linears
- * (tsr_nemotron_h_use_bf16), written against kernels/kernels.h.
+ * (tsr_nemotron_h_use_bf16), and with a ModelOpt FP8 checkpoint's quantized linears
+ * kept as stored (W8A8 through tsr_backend_matmul_scaled; tsr_nemotron_h_load), written
+ * against kernels/kernels.h.
  *
  * The math is models.md §3 as transformers 5's modeling_nemotron_h.py computes it:
  *   h = embed[ids]
