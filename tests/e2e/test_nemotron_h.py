@@ -7,7 +7,11 @@ finishing, preemption and abort.  "Same" means bitwise: token ids and logprob fl
 
 bfloat16 (issue #14): a BF16 copy of the fixture (as a bf16 NemotronH ships: every
 tensor bf16 but the router's, which transformers keeps in float32) written at test time
-and served with --dtype bfloat16 (bf16 linears), float32 (upcast) and auto."""
+and served with --dtype bfloat16 (bf16 linears), float32 (upcast) and auto.
+
+ModelOpt FP8 (issue #15): tests/fixtures/tiny-nemotron-h-fp8 served through the router
+with --quantization modelopt / fp8, its greedy tokens the W8A8 emulation's; the fp8 KV
+cache, a disagreeing --quantization and NVFP4 refused at start."""
 import hashlib
 import json
 import os
@@ -20,8 +24,12 @@ import pytest
 
 import numpy as np
 
-from conftest import BUILD, REPO, WORKER, free_port_pair
+import openai
+import requests
+
+from conftest import BUILD, LAUNCHER, REPO, WORKER, free_port, free_port_pair, http_status, wait_until
 from engine_client import EngineWorker
+from test_hf_model import completion_text
 
 MODEL = REPO / "tests" / "fixtures" / "tiny-nemotron-h"
 GOLDEN = json.loads((MODEL / "golden.json").read_text())
@@ -311,19 +319,85 @@ def test_bf16_checkpoint_dtype_flags(spawn, tmp_path):
     auto.close()
 
 
-def test_modelopt_nemotron_h_refused(spawn, tmp_path):
-    """A ModelOpt-quantized NemotronH (hf_quant_config.json) is refused at start with a
-    line naming the folder and what is supported, never served as something else."""
-    d = patched(tmp_path, "tiny-nemotron-h-fp8")
-    (d / "hf_quant_config.json").write_text(json.dumps(
-        {"producer": {"name": "modelopt", "version": "0.35.0"},
-         "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}))
-    port = free_port_pair()
-    p = spawn([WORKER, d, "--listen", f"tcp://127.0.0.1:{port}"])
+FP8 = REPO / "tests" / "fixtures" / "tiny-nemotron-h-fp8"
+
+
+def fp8_resident_bytes():
+    """What the worker keeps of the FP8 fixture, from its safetensors header alone: an
+    F8_E4M3 weight one byte an element, every other tensor it reads widened to float32,
+    the scales held inside their weights."""
+    raw = (FP8 / "model" / "model.safetensors").read_bytes()
+    hdr = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    total = 0
+    for name, t in hdr.items():
+        if name == "__metadata__" or name.endswith("_scale"):
+            continue
+        n = int(np.prod(t["shape"])) if t["shape"] else 1
+        total += n if t["dtype"] == "F8_E4M3" else 4 * n
+    return total
+
+
+@pytest.mark.parametrize("flag", ["modelopt", "fp8", None])
+def test_modelopt_fp8_served(spawn, flag):
+    """The ModelOpt FP8 NemotronH (make_tiny_nemotron_h_fp8.py: the Nano FP8 recipe)
+    through `tessera serve` with the deployment's --quantization: every prompt's greedy
+    32 tokens are the W8A8 emulation's, and the load line and /metrics report the fp8
+    weights' resident bytes."""
+    port = free_port()
+    quant = ["--quantization", flag] if flag else []
+    proc = spawn([LAUNCHER, "serve", FP8 / "model", "--host", "127.0.0.1", "--port", port, "--served-model-name",
+                  "tiny", "--kv-cache-memory-bytes", "64M", "--dtype", "float32", *quant])
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert proc.p.poll() is None, proc.output()
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=60, interval=0.1, what="tiny-nemotron-h-fp8 served")
+    golden = json.loads((FP8 / "golden.json").read_text())
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    for prompt, want in zip(golden["prompts"], golden["greedy"]):
+        r = client.completions.create(model="tiny", prompt=prompt["ids"], temperature=0, max_tokens=len(want),
+                                      extra_body={"ignore_eos": True, "skip_special_tokens": False})
+        assert r.choices[0].text == completion_text(base, want), prompt["text"]
+        assert r.usage.completion_tokens == 32
+    out = proc.output()
+    assert "quantization: modelopt (ModelOpt FP8" in out, out
+    want_bytes = fp8_resident_bytes()
+    assert float(re.search(r"([0-9.]+) MB resident", out).group(1)) == pytest.approx(want_bytes / 1e6, abs=0.05)
+
+    def gauge():
+        text = requests.get(base + "/metrics", timeout=5).text
+        return re.search(r'^tessera:worker_weight_bytes\{worker="[^"]+"\} ([0-9.e+]+)$', text, re.M)
+    assert float(wait_until(gauge, timeout=10, what="tessera:worker_weight_bytes").group(1)) == want_bytes
+
+
+def refused(spawn, model, *flags):
+    p = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", *flags])
     assert p.wait(timeout=60) == 2
     out = p.output()
-    assert "quantized NemotronH checkpoint is not supported" in out and str(d) in out, out
-    assert "listening on" not in out
+    assert "listening on" not in out and "loaded " not in out, out
+    return out
+
+
+def test_modelopt_refusals(spawn, tmp_path):
+    """Refused at start, with a line naming what is supported, never served as something
+    else: the FP8 NemotronH with --kv-cache-dtype fp8 (NemotronH's attention K/V stay
+    float32: the fp8 KV cache is the Llama family's so far), with a --quantization that
+    disagrees, and an NVFP4 NemotronH (not implemented for this family)."""
+    out = refused(spawn, FP8 / "model", "--kv-cache-dtype", "fp8")
+    assert "argument --kv-cache-dtype: 'fp8' is not supported for model family nemotron_h yet" in out, out
+    out = refused(spawn, FP8 / "model", "--quantization", "modelopt_fp4")
+    assert "argument --quantization: 'modelopt_fp4' does not match the checkpoint" in out, out
+    d = tmp_path / "nvfp4"
+    d.mkdir()
+    for f in (FP8 / "model").iterdir():
+        if f.name != "config.json":
+            (d / f.name).symlink_to(f)
+    cfg = json.loads((FP8 / "model" / "config.json").read_text())
+    cfg["quantization_config"].update(quant_algo="NVFP4", group_size=16)
+    (d / "config.json").write_text(json.dumps(cfg))
+    out = refused(spawn, d)
+    assert "a ModelOpt NVFP4 quantized NemotronH checkpoint is not supported" in out and str(d) in out, out
 
 
 def test_attention_free_pattern_serves(spawn, tmp_path):

@@ -15,7 +15,10 @@
  *    loaded and run with bf16 linears: against transformers' fp32 logits every position
  *    with cosine >= 0.999 and top-1 agreeing at >= 99% of positions (full sequences,
  *    decode steps, chunked prefill), batch invariance bitwise, the fast backend against
- *    the reference, resident bytes; the same folder upcast (--dtype float32). */
+ *    the reference, resident bytes; the same folder upcast (--dtype float32);
+ *  - ModelOpt FP8 (issue #15): tests/fixtures/tiny-nemotron-h-fp8 against a torch
+ *    emulation of vLLM's W8A8 math (the section's comment has the bound), greedy, chunked,
+ *    decoded and batched bitwise, resident bytes, bad checkpoints named. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -208,13 +211,14 @@ static int setup(void **state) {
         if (!tsr_test_src_path(FIXTURE "/golden.json", path, sizeof path) || !(golden = json_load_file(path, 0, &je)))
                 return -1;
         if (!tsr_test_src_path(FIXTURE "/model", path, sizeof path) ||
-            tsr_nemotron_h_load(path, NULL, NULL, NULL, NULL, &model, &stats32, err, sizeof err) != TSR_OK) {
+            tsr_nemotron_h_load(path, NULL, NULL, NULL, NULL, NULL, &model, &stats32, err, sizeof err) != TSR_OK) {
                 fprintf(stderr, "load: %s\n", err);
                 return -1;
         }
         if (!mkdtemp(bf16_dir) || write_copy(path, bf16_dir, COPY_BF16) != 0 || !mkdtemp(rounded_dir) ||
             write_copy(path, rounded_dir, COPY_ROUNDED) != 0 ||
-            tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, &model16, &stats16, err, sizeof err) != TSR_OK ||
+            tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, NULL, &model16, &stats16, err, sizeof err) !=
+                    TSR_OK ||
             tsr_nemotron_h_use_bf16(model16) != TSR_OK) {
                 fprintf(stderr, "bf16 copy in %s: %s\n", bf16_dir, err);
                 return -1;
@@ -234,14 +238,14 @@ static int teardown(void **state) {
         return 0;
 }
 
-/* Every row of transformers' logits file: the prompts' full rows, then the decode rows. */
-static float *load_logits(size_t *n_rows) {
+/* Every row of a raw float32 logits file (`rel` from the source root). */
+static float *load_logits_at(const char *rel, size_t *n_rows) {
         char path[1024];
         struct stat sb;
         float *v;
         FILE *f;
 
-        assert_non_null(tsr_test_src_path(FIXTURE "/logits.f32", path, sizeof path));
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
         assert_int_equal(stat(path, &sb), 0);
         assert_int_equal(sb.st_size % (vocab * sizeof(float)), 0);
         *n_rows = (size_t)sb.st_size / (vocab * sizeof(float));
@@ -253,6 +257,9 @@ static float *load_logits(size_t *n_rows) {
         fclose(f);
         return v;
 }
+
+/* Every row of transformers' logits file: the prompts' full rows, then the decode rows. */
+static float *load_logits(size_t *n_rows) { return load_logits_at(FIXTURE "/logits.f32", n_rows); }
 
 /* max |a - b| over rows of the vocabulary, and the same argmax in each row. */
 static float compare_rows(const float *got, const float *want, size_t rows) {
@@ -898,7 +905,8 @@ static void test_bf16_upcast(void **state) {
         tsr_nemotron_h *m = NULL;
 
         (void)state;
-        assert_int_equal(tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_load(bf16_dir, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err),
+                         TSR_OK);
         assert_false(tsr_nemotron_h_is_bf16(m));
         full_fidelity("BF16 checkpoint upcast to float32", m, want, got);
         tsr_nemotron_h_free(&m);
@@ -923,7 +931,8 @@ static void test_bf16_downcast(void **state) {
         fidelity f;
 
         (void)state;
-        assert_int_equal(tsr_nemotron_h_load(rounded_dir, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_load(rounded_dir, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err),
+                         TSR_OK);
         assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
         assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(model16));
         full_rows(m, be, NULL, 0, got);
@@ -931,7 +940,7 @@ static void test_bf16_downcast(void **state) {
         assert_memory_equal(got, ref, rows * vocab * sizeof(float));
         tsr_nemotron_h_free(&m);
         assert_non_null(tsr_test_src_path(FIXTURE "/model", path, sizeof path));
-        assert_int_equal(tsr_nemotron_h_load(path, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_load(path, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
         assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
         f = full_fidelity(NULL, m, want, got);
         print_message("float32 checkpoint as bfloat16: worst per-position cosine %.6f, top-1 %zu/%zu, max |dlogit| "
@@ -956,7 +965,7 @@ static void test_f16_checkpoint(void **state) {
         assert_non_null(tsr_test_src_path(FIXTURE "/model", src, sizeof src));
         assert_non_null(mkdtemp(dir));
         assert_int_equal(write_copy(src, dir, COPY_F16), 0);
-        assert_int_equal(tsr_nemotron_h_load(dir, NULL, NULL, NULL, NULL, &m, &st, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_load(dir, NULL, NULL, NULL, NULL, NULL, &m, &st, err, sizeof err), TSR_OK);
         assert_int_equal(st.file_bytes, stats16.file_bytes);    /* 2 bytes an element, as BF16 */
         full_fidelity("F16 checkpoint in float32", m, want, got);
         assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
@@ -989,7 +998,7 @@ static void test_bf16_residual_in_fp32(void **state) {
         snprintf(path, sizeof path, "%s/config.json", dir);
         assert_int_equal(json_dump_file(cfg, path, 0), 0);
         json_decref(cfg);
-        assert_int_equal(tsr_nemotron_h_load(dir, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_load(dir, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
         assert_true(tsr_nemotron_h_config_of(m)->residual_in_fp32);
         assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
         full_fidelity("bf16, residual_in_fp32", m, want, got);
@@ -1000,6 +1009,322 @@ static void test_bf16_residual_in_fp32(void **state) {
         free(want);
         free(got);
         free(ref);
+}
+
+/* ---- ModelOpt FP8 (issue #15) ------------------------------------------------------ */
+
+/* tests/fixtures/tiny-nemotron-h-fp8 (make_tiny_nemotron_h_fp8.py): this fixture in
+ * ModelOpt's FP8 layout with the Nano FP8 recipe (routed and shared experts, the dense
+ * MLP and the Mamba layer 3's in/out_proj quantized; attention, Mamba layer 0, conv,
+ * router, embeddings and lm_head bf16), against a torch emulation of vLLM's W8A8 math.
+ *
+ * The bound against the emulation, as test_quant_modelopt.c derives it for the Llama:
+ * both compute the same quantized products and differ only in the order of the float32
+ * sums (2 n u sum|terms| per output, n <= 64 here), which can also move an activation
+ * across an fp8 rounding boundary in the next quantized linear (a jump of ~1e-2 if it
+ * happened).  The fixture measures how far the sum order alone moves its logits
+ * (`order_sensitivity`, float64 accumulation: 7.2e-7), so the bound is 1e-4 + 50 x that. */
+#define FP8_FIXTURE "tests/fixtures/tiny-nemotron-h-fp8"
+
+static json_t *golden8;
+static tsr_nemotron_h *model8;
+static tsr_load_stats stats8;
+static tsr_modelopt_config mo8;
+
+static int setup_fp8(void **state) {
+        char path[1024], err[512] = "";
+        json_error_t je;
+
+        (void)state;
+        if (!tsr_test_src_path(FP8_FIXTURE "/golden.json", path, sizeof path) ||
+            !(golden8 = json_load_file(path, 0, &je)) ||
+            !tsr_test_src_path(FP8_FIXTURE "/model", path, sizeof path) ||
+            tsr_modelopt_config_read(path, &mo8, err, sizeof err) != TSR_OK ||
+            tsr_nemotron_h_load(path, NULL, NULL, &mo8, NULL, NULL, &model8, &stats8, err, sizeof err) != TSR_OK) {
+                fprintf(stderr, "fp8 fixture: %s\n", err);
+                return -1;
+        }
+        return 0;
+}
+
+static int teardown_fp8(void **state) {
+        (void)state;
+        tsr_nemotron_h_free(&model8);
+        tsr_modelopt_config_done(&mo8);
+        json_decref(golden8);
+        return 0;
+}
+
+/* What the load keeps of the fixture's file, by its own arithmetic: an F8_E4M3 weight
+ * one byte an element, every other tensor the model reads widened to float32, the scale
+ * tensors held inside their weights (not counted); *bf16_linears: the elements of the
+ * linears stored BF16 (what --dtype bfloat16 converts). */
+static uint64_t fp8_expected_resident(uint64_t *bf16_linears) {
+        char path[1024], err[256];
+        tsr_safetensors *st = NULL;
+        uint64_t bytes = 0;
+        static const char *const scales[] = {".weight_scale", ".input_scale", ".k_scale", ".v_scale"};
+
+        *bf16_linears = 0;
+        assert_non_null(tsr_test_src_path(FP8_FIXTURE "/model/model.safetensors", path, sizeof path));
+        assert_int_equal(tsr_safetensors_open(path, &st, err, sizeof err), TSR_OK);
+        for (size_t i = 0; i < tsr_safetensors_n_tensors(st); i++) {
+                const tsr_safetensors_tensor *t = tsr_safetensors_tensor_at(st, i);
+                bool scale = false;
+                for (size_t k = 0; k < sizeof scales / sizeof scales[0]; k++)
+                        scale = scale || (strlen(t->name) > strlen(scales[k]) &&
+                                          strcmp(t->name + strlen(t->name) - strlen(scales[k]), scales[k]) == 0);
+                if (scale)
+                        continue;
+                bytes += t->dtype == TSR_ST_F8_E4M3 ? t->n_elements : t->n_elements * 4;
+                if (t->dtype == TSR_ST_BF16 && is_linear(t->name))
+                        *bf16_linears += t->n_elements;
+        }
+        tsr_safetensors_close(&st);
+        return bytes;
+}
+
+static void test_fp8_load(void **state) {
+        uint64_t bf16_lin, want = fp8_expected_resident(&bf16_lin);
+
+        (void)state;
+        assert_int_equal(mo8.algo, TSR_MODELOPT_FP8);
+        assert_int_equal(stats8.resident_bytes, want);
+        assert_int_equal(tsr_nemotron_h_resident_bytes(model8), want);
+        assert_true(want < stats32.resident_bytes);
+        assert_int_equal(tsr_nemotron_h_check_backend(model8, be), TSR_OK);
+        print_message("tiny-nemotron-h-fp8 resident: %.1f KB (float32 fixture %.1f KB), %zu tensors\n",
+                      (double)want / 1e3, (double)stats32.resident_bytes / 1e3, stats8.n_tensors);
+}
+
+/* Prompts 0 and 1 (the rows the fixture keeps) against the emulation; the same rows
+ * from chunked prefill and from decode steps bitwise the full sequences'. */
+static void test_fp8_logits(void **state) {
+        size_t n_rows, rows = prompt_rows();
+        float *want = load_logits_at(FP8_FIXTURE "/logits.f32", &n_rows);
+        float *full = malloc(rows * vocab * sizeof(float)), *chunked = malloc(rows * vocab * sizeof(float));
+        float *dec = malloc(rows * vocab * sizeof(float));
+        double bound = 1e-4 + 50 * json_real_value(json_object_get(golden8, "order_sensitivity"));
+
+        (void)state;
+        assert_true(n_rows <= rows);
+        full_rows(model8, be, NULL, 0, full);
+        float worst = compare_rows(full, want, n_rows);
+        print_message("fp8 vs the W8A8 emulation: max |dlogit| %.3g over %zu rows (bound %.3g)\n", (double)worst,
+                      n_rows, bound);
+        assert_true(worst <= bound);
+        full_rows(model8, be, chunk_sizes, N_CHUNK_SIZES, chunked);
+        assert_memory_equal(chunked, full, rows * vocab * sizeof(float));
+        size_t steps = decode_rows(model8, be, dec);    /* the last prompt's last rows */
+        assert_memory_equal(dec, full + (rows - steps) * vocab, steps * vocab * sizeof(float));
+        free(want);
+        free(full);
+        free(chunked);
+        free(dec);
+}
+
+static void test_fp8_greedy(void **state) {
+        size_t n_prompts = json_array_size(json_object_get(golden8, "prompts"));
+        uint32_t got[64];
+
+        (void)state;
+        assert_int_equal(n_prompts, 4);
+        for (size_t p = 0; p < n_prompts; p++) {
+                json_t *g = json_array_get(json_object_get(golden8, "greedy"), p);
+                assert_int_equal(json_array_size(g), 32);
+                greedy_on(model8, p, json_array_size(g), got);
+                for (size_t i = 0; i < json_array_size(g); i++)
+                        assert_int_equal(got[i], json_integer_value(json_array_get(g, i)));
+        }
+}
+
+static void test_fp8_batch_invariance(void **state) {
+        (void)state;
+        check_batch_invariance(model8);
+}
+
+/* The fast CPU backend (its fp8 kernel, kernels/cpu/fpmm.c) bitwise the reference, chunked. */
+static void test_fp8_fast_backend(void **state) {
+        size_t rows = prompt_rows();
+        float *ref = malloc(rows * vocab * sizeof(float)), *got = malloc(rows * vocab * sizeof(float));
+        tsr_backend *fast = NULL;
+
+        (void)state;
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2, .max_isa = TSR_CPU_ISA_AVX2},
+                                             &fast),
+                         TSR_OK);
+        full_rows(model8, be, NULL, 0, ref);
+        full_rows(model8, fast, chunk_sizes, N_CHUNK_SIZES, got);
+        assert_memory_equal(got, ref, rows * vocab * sizeof(float));
+        tsr_backend_free(&fast);
+        free(ref);
+        free(got);
+}
+
+/* --dtype bfloat16 on the FP8 checkpoint: the fp8 linears stay as stored, the bf16 ones
+ * (attention, Mamba layer 0, lm_head) go to bf16 (resident bytes exact), and the
+ * residual stream is held in bf16 as vLLM's.  Against the float32 emulation this is
+ * further off than issue #14's bf16 bar (cosine 0.999, top-1 99%) allows: every bf16
+ * rounding before a quantized linear can move an activation across an fp8 boundary (a
+ * jump of up to 1/16 of it) and a routing near-tie with it; measured: worst cosine
+ * 0.9966, top-1 29/31, max |dlogit| 0.18.  Held to cosine 0.99 and top-1 90%. */
+static void test_fp8_bf16(void **state) {
+        uint64_t bf16_lin, want = fp8_expected_resident(&bf16_lin);
+        size_t n_rows, rows = prompt_rows();
+        float *emu = load_logits_at(FP8_FIXTURE "/logits.f32", &n_rows), *got = malloc(rows * vocab * sizeof(float));
+        char path[1024], err[512] = "";
+        tsr_nemotron_h *m = NULL;
+        fidelity f = {0};
+
+        (void)state;
+        assert_non_null(tsr_test_src_path(FP8_FIXTURE "/model", path, sizeof path));
+        assert_int_equal(tsr_nemotron_h_load(path, NULL, NULL, &mo8, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_resident_bytes(m), want - 2 * bf16_lin);
+        full_rows(m, be, NULL, 0, got);
+        fidelity_add(&f, got, emu, n_rows);
+        print_message("fp8 with bf16 linears vs the float32 emulation: worst cosine %.6f, top-1 %zu/%zu, max |dlogit| "
+                      "%.3g\n", f.worst_cos, f.agree, f.rows, (double)f.max_diff);
+        assert_true(f.rows == n_rows && f.worst_cos >= 0.99 && (double)f.agree >= 0.9 * (double)f.rows);
+        tsr_nemotron_h_free(&m);
+        free(emu);
+        free(got);
+}
+
+/* One edit of the FP8 fixture's safetensors header (the data section is copied as is):
+ * rename tensor `name` to `rename`, or give it `dtype` and `shape` (same byte count), or
+ * (append) add a zero-filled BF16 tensor `name` of `shape` after the data, renaming the
+ * old one away. */
+typedef struct st_edit {
+        const char *name, *rename, *dtype, *shape;
+        bool append;
+} st_edit;
+
+/* dir/: the FP8 fixture's model with `edit` applied (NULL: none) and config.json's
+ * quantization_config merged with `qc_patch` (JSON text; NULL: none).  0 on success. */
+static int write_fp8_variant(const char *dir, const st_edit *edit, const char *qc_patch) {
+        char src[1024], path[1200];
+        json_error_t je;
+        json_t *cfg = NULL, *hdr = NULL;
+        uint8_t *buf = NULL;
+        uint64_t hlen = 0, size, extra = 0;
+        FILE *f = NULL;
+        int rc = -1;
+
+        if (!tsr_test_src_path(FP8_FIXTURE "/model/config.json", src, sizeof src) ||
+            !(cfg = json_load_file(src, 0, &je)))
+                goto done;
+        if (qc_patch) {
+                json_t *p = json_loads(qc_patch, 0, &je);
+                if (!p || json_object_update(json_object_get(cfg, "quantization_config"), p) != 0) {
+                        json_decref(p);
+                        goto done;
+                }
+                json_decref(p);
+        }
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        if (json_dump_file(cfg, path, 0) != 0 ||
+            !tsr_test_src_path(FP8_FIXTURE "/model/model.safetensors", src, sizeof src) || !(f = fopen(src, "rb")) ||
+            fseek(f, 0, SEEK_END) != 0 || (size = (uint64_t)ftell(f)) < 8 || fseek(f, 0, SEEK_SET) != 0 ||
+            !(buf = malloc(size)) || fread(buf, 1, size, f) != size)
+                goto done;
+        fclose(f);
+        f = NULL;
+        memcpy(&hlen, buf, 8);                          /* little-endian host */
+        if (!(hdr = json_loadb((const char *)buf + 8, hlen, 0, &je)))
+                goto done;
+        if (edit) {
+                json_t *e = json_object_get(hdr, edit->name);
+                if (!e)
+                        goto done;
+                if (edit->append) {
+                        json_t *shape = json_loads(edit->shape, 0, &je);
+                        uint64_t n = 1, at = size - 8 - hlen;
+                        for (size_t i = 0; i < json_array_size(shape); i++)
+                                n *= (uint64_t)json_integer_value(json_array_get(shape, i));
+                        extra = 2 * n;
+                        json_object_set(hdr, "unused.moved_away", e);
+                        json_object_set_new(hdr, edit->name, json_pack("{s:s, s:o, s:[I, I]}", "dtype", "BF16",
+                                                                       "shape", shape, "data_offsets", (json_int_t)at,
+                                                                       (json_int_t)(at + extra)));
+                } else if (edit->rename) {
+                        json_object_set(hdr, edit->rename, e);
+                        json_object_del(hdr, edit->name);
+                } else {
+                        json_object_set_new(e, "dtype", json_string(edit->dtype));
+                        json_object_set_new(e, "shape", json_loads(edit->shape, 0, &je));
+                }
+        }
+        char *text = json_dumps(hdr, JSON_COMPACT);
+        uint64_t nlen = (strlen(text) + 7) / 8 * 8;
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if ((f = fopen(path, "wb"))) {
+                fwrite(&nlen, 8, 1, f);
+                fprintf(f, "%-*s", (int)nlen, text);
+                fwrite(buf + 8 + hlen, 1, size - 8 - hlen, f);
+                for (uint64_t i = 0; i < extra; i++)
+                        fputc(0, f);
+                rc = fclose(f) == 0 ? 0 : -1;
+                f = NULL;
+        }
+        free(text);
+done:
+        if (f)
+                fclose(f);
+        free(buf);
+        json_decref(hdr);
+        json_decref(cfg);
+        return rc;
+}
+
+/* Bad FP8 checkpoints, each refused naming the file and the tensor. */
+static void test_fp8_bad_checkpoints(void **state) {
+        static const struct {
+                st_edit edit;
+                const char *qc_patch;
+                tsr_status st;
+                const char *needle;
+        } bad[] = {
+                {{"backbone.layers.1.mixer.experts.3.up_proj.input_scale", "x.input_scale", NULL, NULL, false}, NULL,
+                 TSR_E_INVAL, "tensor 'backbone.layers.1.mixer.experts.3.up_proj.input_scale' missing"},
+                {{"backbone.layers.3.mixer.in_proj.weight_scale", NULL, "U8", "[4]", false}, NULL, TSR_E_INVAL,
+                 "tensor 'backbone.layers.3.mixer.in_proj.weight_scale': dtype U8, 1 dims, 4 elements; expected a F32 "
+                 "scalar"},
+                {{"backbone.layers.1.mixer.gate.weight", NULL, "F8_E4M3", "[8, 256]", false}, NULL, TSR_E_UNSUPPORTED,
+                 "tensor 'backbone.layers.1.mixer.gate.weight': dtype F8_E4M3: this model reads the tensor as float32 "
+                 "only"},
+                {{"backbone.layers.5.mixer.experts.6.down_proj.weight", NULL, NULL, "[64, 32]", true}, NULL,
+                 TSR_E_INVAL, "tensor 'backbone.layers.5.mixer.experts.6.down_proj.weight' is not quantized but "
+                 "expert 0's is F8_E4M3"},
+                {{NULL, NULL, NULL, NULL, false}, "{\"ignore\": [\"lm_head\", \"backbone.layers.3.mixer.in_proj\"]}",
+                 TSR_E_INVAL, "tensor 'backbone.layers.3.mixer.in_proj.weight' is F8_E4M3 but"},
+                {{NULL, NULL, NULL, NULL, false}, "{\"quant_algo\": \"NVFP4\"}", TSR_E_UNSUPPORTED,
+                 "a ModelOpt NVFP4 quantized NemotronH checkpoint is not supported"},
+        };
+        char dir[] = "/tmp/tsr_nh_fp8_XXXXXX", path[1024], err[512];
+        tsr_modelopt_config mo;
+        tsr_nemotron_h *m = NULL;
+
+        (void)state;
+        assert_non_null(mkdtemp(dir));
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                assert_int_equal(write_fp8_variant(dir, bad[i].edit.name ? &bad[i].edit : NULL, bad[i].qc_patch), 0);
+                err[0] = 0;
+                assert_int_equal(tsr_modelopt_config_read(dir, &mo, err, sizeof err), TSR_OK);
+                tsr_status st = tsr_nemotron_h_load(dir, NULL, NULL, &mo, NULL, NULL, &m, NULL, err, sizeof err);
+                tsr_modelopt_config_done(&mo);
+                if (st != bad[i].st || !strstr(err, bad[i].needle) || !strstr(err, dir))
+                        fail_msg("case %zu: status %d (want %d), message '%s' (want '%s' and the folder)", i, (int)st,
+                                 (int)bad[i].st, err, bad[i].needle);
+                assert_null(m);
+        }
+        remove_copy(dir);
+        /* the fixture read without its config's quantization: an F8_E4M3 tensor nobody announced */
+        assert_non_null(tsr_test_src_path(FP8_FIXTURE "/model", path, sizeof path));
+        assert_int_equal(tsr_nemotron_h_load(path, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err),
+                         TSR_E_INVAL);
+        assert_non_null(strstr(err, "dtype F8_E4M3, which the checkpoint's config does not announce"));
+        assert_non_null(strstr(err, "model.safetensors"));
 }
 
 int main(void) {
@@ -1024,6 +1349,13 @@ int main(void) {
                 cmocka_unit_test(test_bf16_downcast),
                 cmocka_unit_test(test_bf16_residual_in_fp32),
                 cmocka_unit_test(test_f16_checkpoint),
+                cmocka_unit_test_setup_teardown(test_fp8_load, setup_fp8, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_logits, setup_fp8, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_greedy, setup_fp8, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_batch_invariance, setup_fp8, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_fast_backend, setup_fp8, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_bf16, setup_fp8, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_bad_checkpoints, setup_fp8, teardown_fp8),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

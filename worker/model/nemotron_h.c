@@ -52,10 +52,13 @@ const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS] = {
 #define EXPERT_FMT "backbone.layers.%%u.mixer.experts.%u.%s_proj.weight"
 
 /* A linear's weight: float32 as loaded, or its bf16 copy after tsr_nemotron_h_use_bf16
- * (then f is freed, except a tied output, which is the embedding table). */
+ * (then f is freed, except a tied output, which is the embedding table), or, for a
+ * ModelOpt FP8 checkpoint's quantized linear, q: the fp8_e4m3 bytes as stored with their
+ * weight_scale / input_scale (f and b NULL; --dtype bfloat16 leaves it as it is). */
 typedef struct nh_mat {
         float *f;
         uint16_t *b;
+        tsr_tensor q;
 } nh_mat;
 
 typedef struct nh_layer {
@@ -84,6 +87,7 @@ struct tsr_nemotron_h {
         tsr_tensor_name *expert_names;  /* [2 * n_experts]: up, down per expert */
         char *expert_strs;
         bool bf16;                      /* the linears are bf16 (tsr_nemotron_h_use_bf16) */
+        bool fp8;                       /* some linears are ModelOpt fp8_e4m3 (nh_mat.q) */
         uint64_t resident_bytes;        /* the weights' bytes in memory, as now held */
 };
 
@@ -112,6 +116,7 @@ static void layer_mats(nh_layer *L, nh_mat **w) {
 static void mat_free(nh_mat *w) {
         free(w->f);
         free(w->b);
+        free(w->q.data);
         *w = (nh_mat){0};
 }
 
@@ -161,12 +166,15 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
         char kind = L ? c->pattern[layer] : 0;
         uint64_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c);
         uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
-        struct { const char *name; char kind; float **dst; uint64_t rows, cols; } s[] = {
+        /* `mat`: a linear, which a ModelOpt checkpoint may store quantized (its .q); the
+         * output matrix and the router are read as float32 only (ModelOpt never quantizes
+         * them: models.md §4.1). */
+        struct { const char *name; char kind; float **dst; uint64_t rows, cols; nh_mat *mat; } s[] = {
                 {"token_embd", 0, &m->token_embd, c->vocab_size, dim},
                 {"output_norm", 0, &m->output_norm, dim, 0},
                 {"output", 0, c->tied_embeddings ? NULL : &m->output.f, c->vocab_size, dim},
                 {"norm", 'A', L ? &L->norm : NULL, dim, 0},
-                {"in_proj", 'M', L ? &L->in_proj.f : NULL, di + cd + c->m_heads, dim},
+                {"in_proj", 'M', L ? &L->in_proj.f : NULL, di + cd + c->m_heads, dim, L ? &L->in_proj : NULL},
                 /* conv1d.weight is [conv_dim, 1, K] on disk: the loader reads it as (rows, cols). */
                 {"conv_w", 'M', L ? &L->conv_w : NULL, cd, c->conv_kernel},
                 {"conv_b", 'M', L && c->conv_bias ? &L->conv_b : NULL, cd, 0},
@@ -174,17 +182,17 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 {"D", 'M', L ? &L->D : NULL, c->m_heads, 0},
                 {"dt_bias", 'M', L ? &L->dt_bias : NULL, c->m_heads, 0},
                 {"gnorm", 'M', L ? &L->gnorm : NULL, di, 0},
-                {"out_proj", 'M', L ? &L->out_proj.f : NULL, dim, di},
-                {"attn_q", '*', L ? &L->wq.f : NULL, qd, dim},
-                {"attn_k", '*', L ? &L->wk.f : NULL, kvd, dim},
-                {"attn_v", '*', L ? &L->wv.f : NULL, kvd, dim},
-                {"attn_o", '*', L ? &L->wo.f : NULL, dim, qd},
+                {"out_proj", 'M', L ? &L->out_proj.f : NULL, dim, di, L ? &L->out_proj : NULL},
+                {"attn_q", '*', L ? &L->wq.f : NULL, qd, dim, L ? &L->wq : NULL},
+                {"attn_k", '*', L ? &L->wk.f : NULL, kvd, dim, L ? &L->wk : NULL},
+                {"attn_v", '*', L ? &L->wv.f : NULL, kvd, dim, L ? &L->wv : NULL},
+                {"attn_o", '*', L ? &L->wo.f : NULL, dim, qd, L ? &L->wo : NULL},
                 {"router", 'E', L ? &L->router : NULL, c->n_experts, dim},
                 {"router_bias", 'E', L ? &L->router_bias : NULL, c->n_experts, 0},
-                {"shared_up", 'E', L ? &L->shared_up.f : NULL, c->shared_hidden, dim},
-                {"shared_down", 'E', L ? &L->shared_down.f : NULL, dim, c->shared_hidden},
-                {"mlp_up", '-', L ? &L->mlp_up.f : NULL, c->mlp_hidden, dim},
-                {"mlp_down", '-', L ? &L->mlp_down.f : NULL, dim, c->mlp_hidden},
+                {"shared_up", 'E', L ? &L->shared_up.f : NULL, c->shared_hidden, dim, L ? &L->shared_up : NULL},
+                {"shared_down", 'E', L ? &L->shared_down.f : NULL, dim, c->shared_hidden, L ? &L->shared_down : NULL},
+                {"mlp_up", '-', L ? &L->mlp_up.f : NULL, c->mlp_hidden, dim, L ? &L->mlp_up : NULL},
+                {"mlp_down", '-', L ? &L->mlp_down.f : NULL, dim, c->mlp_hidden, L ? &L->mlp_down : NULL},
         };
 
         if (m->expert_names && n >= m->expert_names && n < m->expert_names + 2 * (size_t)c->n_experts) {
@@ -192,8 +200,9 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 bool up = i % 2 == 0;
                 if (kind != 'E')
                         return false;
-                *ret = (tsr_load_slot){.dst = up ? &L->exp_up[i / 2].f : &L->exp_down[i / 2].f,
-                                       .rows = up ? c->moe_hidden : dim, .cols = up ? dim : c->moe_hidden};
+                nh_mat *w = up ? &L->exp_up[i / 2] : &L->exp_down[i / 2];
+                *ret = (tsr_load_slot){.dst = &w->f, .stored = &w->q, .rows = up ? c->moe_hidden : dim,
+                                       .cols = up ? dim : c->moe_hidden};
                 return true;
         }
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
@@ -201,7 +210,8 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                         continue;
                 if (!s[i].dst || (s[i].kind && s[i].kind != 'A' && s[i].kind != kind))
                         return false;
-                *ret = (tsr_load_slot){.dst = s[i].dst, .rows = s[i].rows, .cols = s[i].cols};
+                *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].mat ? &s[i].mat->q : NULL,
+                                       .rows = s[i].rows, .cols = s[i].cols};
                 return true;
         }
         return false;
@@ -246,16 +256,64 @@ static tsr_status alloc_layers(tsr_nemotron_h *m) {
         return expert_table(m);
 }
 
-/* A = -exp(A_log), as transformers computes it in float32 per call. */
-static tsr_status finish_load(tsr_nemotron_h *m) {
+/* A ModelOpt FP8 MoE layer's expert GEMM (up or down over all experts), as vLLM's
+ * ModelOptFp8MoEMethod holds it: one fused weight, so either every expert is quantized
+ * or none (a mix is refused naming the first expert that differs), and ONE activation
+ * scale for the GEMM, the max of the experts' input_scale
+ * (process_fp8_input_tensor_strategy_moe: "use the max"); each expert keeps its own
+ * weight_scale (Nemotron's experts are non-gated: one w13 shard, nothing to requantize).
+ * TSR_OK, or TSR_E_INVAL with `err` naming the source and the tensor. */
+static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, const char *src, char *err,
+                                size_t errlen) {
+        nh_layer *L = &m->layers[layer];
+        nh_mat *w = up ? L->exp_up : L->exp_down;
+        uint32_t ne = m->cfg.n_experts;
+        bool any = false;
+        float xs = 0.0f;
+
+        for (uint32_t e = 0; e < ne; e++)
+                if (w[e].q.data) {
+                        any = true;
+                        xs = fmaxf(xs, w[e].q.scales.input);
+                }
+        if (!any)
+                return TSR_OK;
+        for (uint32_t e = 1; e < ne; e++)
+                if (!w[e].q.data != !w[0].q.data) {
+                        tsr_errf(err, errlen, "%s: tensor 'backbone.layers.%u.mixer.experts.%u.%s_proj.weight' is %s "
+                                 "but expert 0's is %s: a MoE layer's experts must be all quantized or none (vLLM "
+                                 "fuses them into one weight)", src, layer, e, up ? "up" : "down",
+                                 w[e].q.data ? "F8_E4M3" : "not quantized", w[0].q.data ? "F8_E4M3" : "not quantized");
+                        return TSR_E_INVAL;
+                }
+        for (uint32_t e = 0; e < ne; e++)
+                w[e].q.scales.input = xs;
+        m->fp8 = true;
+        return TSR_OK;
+}
+
+/* After the tensors: the experts' shared activation scales (expert_scales), whether any
+ * linear is fp8, and A = -exp(A_log), as transformers computes it in float32 per call.
+ * TSR_E_INVAL (err set) or TSR_E_NOMEM. */
+static tsr_status finish_load(tsr_nemotron_h *m, const char *src, char *err, size_t errlen) {
         const tsr_nemotron_h_config *c = &m->cfg;
+        tsr_status st;
 
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 nh_layer *L = &m->layers[l];
+                nh_mat *w[NH_LAYER_MATS];
+                layer_mats(L, w);
+                for (size_t i = 0; i < NH_LAYER_MATS; i++)
+                        m->fp8 = m->fp8 || w[i]->q.data;
+                if (c->pattern[l] == 'E' && ((st = expert_scales(m, l, true, src, err, errlen)) != TSR_OK ||
+                                             (st = expert_scales(m, l, false, src, err, errlen)) != TSR_OK))
+                        return st;
                 if (c->pattern[l] != 'M')
                         continue;
-                if (!(L->A = malloc(c->m_heads * sizeof *L->A)))
+                if (!(L->A = malloc(c->m_heads * sizeof *L->A))) {
+                        tsr_errf(err, errlen, "%s: out of memory", src);
                         return TSR_E_NOMEM;
+                }
                 for (uint32_t h = 0; h < c->m_heads; h++)
                         L->A[h] = -expf(L->A_log[h]);
         }
@@ -289,8 +347,8 @@ static tsr_status load_from(const tsr_tensor_source *s, tsr_nemotron_h *m, const
 }
 
 tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
-                               tsr_load_progress_fn progress, void *ud, tsr_nemotron_h **ret, tsr_load_stats *stats,
-                               char *err, size_t errlen) {
+                               const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud,
+                               tsr_nemotron_h **ret, tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_safetensors_set *set = NULL;
         tsr_tensor_source s = {0};
         tsr_shard_spec whole;
@@ -315,6 +373,13 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 st = TSR_E_UNSUPPORTED;
                 goto fail;
         }
+        if (mo && mo->algo != TSR_MODELOPT_NONE && mo->algo != TSR_MODELOPT_FP8) {
+                tsr_errf(err, errlen, "%s: a ModelOpt %s quantized NemotronH checkpoint is not supported (%s; "
+                         "supported: ModelOpt FP8, or bf16, fp16 and fp32 safetensors)", dir,
+                         tsr_modelopt_algo_name(mo->algo), mo->source);
+                st = TSR_E_UNSUPPORTED;
+                goto fail;
+        }
         if ((st = alloc_layers(m)) != TSR_OK) {
                 tsr_errf(err, errlen, "%s: out of memory", dir);
                 goto fail;
@@ -323,14 +388,13 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 goto fail;
         s.set = set;
         s.src = tsr_safetensors_set_source(set);
+        s.modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL;
         st = load_from(&s, m, &whole, progress, ud, stats, err, errlen);
         tsr_safetensors_set_close(&set);
         if (st != TSR_OK)
                 goto fail;
-        if ((st = finish_load(m)) != TSR_OK) {
-                tsr_errf(err, errlen, "%s: out of memory", dir);
+        if ((st = finish_load(m, dir, err, errlen)) != TSR_OK)
                 goto fail;
-        }
         *ret = m;
         return TSR_OK;
 fail:
@@ -438,7 +502,8 @@ tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backe
         /* The family loops below read and write activations and states directly; the
          * router's matmul is float32 in every dtype. */
         if (!tsr_backend_host_memory(be) || !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_F32) ||
-            (m->bf16 && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_BF16)))
+            (m->bf16 && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_BF16)) ||
+            (m->fp8 && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_FP8_E4M3)))
                 return TSR_E_UNSUPPORTED;
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
@@ -658,6 +723,8 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h_config *
 
 /* W (d, n) @ x (rows, n) -> out (rows, d), in the dtype the model holds W in. */
 static tsr_status mm(tsr_backend *be, float *out, const float *x, const nh_mat *w, size_t rows, size_t n, size_t d) {
+        if (w->q.data)          /* ModelOpt FP8: W8A8 with the weight's static scales */
+                return tsr_backend_matmul_scaled(be, out, x, w->q.data, w->q.dtype, &w->q.scales, rows, n, d);
         if (w->b)
                 return tsr_backend_matmul(be, out, x, w->b, TSR_DTYPE_BF16, rows, n, d);
         return tsr_backend_matmul(be, out, x, w->f, TSR_DTYPE_F32, rows, n, d);

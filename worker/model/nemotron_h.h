@@ -1,6 +1,8 @@
 /* nemotron_h.h - the NemotronH hybrid (transformers' NemotronHForCausalLM, model_type
  * nemotron_h; Nemotron-3-Nano) on the host, in float32 or with bf16 linears
- * (tsr_nemotron_h_use_bf16), written against kernels/kernels.h.
+ * (tsr_nemotron_h_use_bf16), and with a ModelOpt FP8 checkpoint's quantized linears
+ * kept as stored (W8A8 through tsr_backend_matmul_scaled; tsr_nemotron_h_load), written
+ * against kernels/kernels.h.
  *
  * The math is models.md §3 as transformers 5's modeling_nemotron_h.py computes it:
  *   h = embed[ids]
@@ -85,22 +87,31 @@ typedef struct tsr_nemotron_h tsr_nemotron_h;
 
 /* Load the HF folder `dir` (config.json; model.safetensors or an index), its F32, F16
  * or BF16 tensors widened to float32 (exactly).
+ * `mo`: what the folder announces (tsr_modelopt_config_read; NULL or algo NONE: no
+ * quantization).  ModelOpt FP8 (models.md §4.2-4.3, nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8):
+ * every linear stored F8_E4M3 with its weight_scale / input_scale stays as stored
+ * (in_proj, out_proj, q/k/v/o, routed and shared experts, the dense MLP; the router,
+ * conv1d, embeddings and lm_head are read as float32 only), the rest is widened; the
+ * decision is per module from its dtype and scales, the exclude list cross-checks it
+ * (tsr_modelopt_load_weight).  A MoE layer's experts are all quantized or none, and
+ * share one activation scale per GEMM, the max over the experts (vLLM).  NVFP4:
+ * TSR_E_UNSUPPORTED.
  * `cfg` NULL: read config.json.  Only the whole model (spec NULL or whole).  Errors name
  * the file and the tensor.  *ret new on success (tsr_nemotron_h_free). */
 tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
-                               tsr_load_progress_fn progress, void *ud, tsr_nemotron_h **ret, tsr_load_stats *stats,
-                               char *err, size_t errlen);
+                               const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud,
+                               tsr_nemotron_h **ret, tsr_load_stats *stats, char *err, size_t errlen);
 void tsr_nemotron_h_free(tsr_nemotron_h **m);
 const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m);
 /* --dtype bfloat16: the linears (in_proj, out_proj, q/k/v/o, routed and shared experts,
- * the dense MLP, lm_head) rounded to bf16 (exact for a bf16 checkpoint, which the loader
+ * the dense MLP, lm_head) not held as fp8 rounded to bf16 (exact for a bf16 checkpoint, which the loader
  * widened), float32 copies freed; the router, A, D, dt_bias, conv weights, norms and the
  * embedding stay float32 (models.md §3), the recurrent state stays float32, and the
  * residual stream is held at bf16 precision unless config.json says residual_in_fp32.
  * TSR_OK (also when already), TSR_E_NOMEM (model unchanged).  Main thread, after load. */
 tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m);
 bool tsr_nemotron_h_is_bf16(const tsr_nemotron_h *m);
-/* Bytes the weights take in memory as now held (float32, or bf16 linears). */
+/* Bytes the weights take in memory as now held (float32, bf16 linears, fp8 linears). */
 uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m);
 /* TSR_OK when `be` has every op the forward uses on host memory. */
 tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be);

@@ -3,7 +3,8 @@
  * config reader of nemotron_h_config.c, the forward and state of nemotron_h.c.
  *
  * HF safetensors folders only (F32, F16 or BF16 tensors; linears held in float32 or
- * bf16), on the CPU.  llama.cpp names this architecture "nemotron_h" in GGUF (and
+ * bf16; a ModelOpt FP8 checkpoint's quantized linears as stored, fp8_e4m3), on the
+ * CPU.  llama.cpp names this architecture "nemotron_h" in GGUF (and
  * "nemotron_h_moe" for the MoE variant); we list both so a GGUF of it is refused with a
  * clear error rather than served as metadata only. */
 #include "worker/model/family.h"
@@ -57,13 +58,10 @@ static tsr_status nh_load(const char *path, const tsr_model_desc *d, const tsr_s
         tsr_nemotron_h *m = NULL;
         tsr_status st;
 
-        /* safetensors only: nothing is kept in a block format (keep_dtypes is for GGUF) */
-        if (opts && opts->modelopt) {
-                tsr_errf(err, errlen, "%s: a ModelOpt %s quantized NemotronH checkpoint is not supported (supported: "
-                        "bf16, fp16 and fp32 safetensors)", path, tsr_modelopt_algo_name(opts->modelopt->algo));
-                return TSR_E_UNSUPPORTED;
-        }
-        if ((st = tsr_nemotron_h_load(path, cfg_of(d), shard, progress, ud, &m, stats, err, errlen)) == TSR_OK)
+        /* safetensors only: nothing is kept in a block format (keep_dtypes is for GGUF);
+         * a ModelOpt FP8 folder's quantized linears stay as stored (NVFP4 is refused there) */
+        if ((st = tsr_nemotron_h_load(path, cfg_of(d), shard, opts ? opts->modelopt : NULL, progress, ud, &m, stats,
+                                      err, errlen)) == TSR_OK)
                 *ret = m;
         return st;
 }
