@@ -6,7 +6,8 @@ logits themselves).  Then the refusals (-tp not dividing the heads, -pp over the
 count, a bad VLLM_PP_LAYER_PARTITION, -dp), a comm failure in the middle of a step
 (the in-flight request ends with an error, the worker stays up and serves the next one
 on a new group), and a clean SIGTERM exit.  Tensor parallelism inside one worker too:
--tp 2 and -tp 4 --dtype float32 on the tiny HF Llama 3 answer bitwise as -tp 1."""
+-tp 2, -tp 4 and -tp 2 -pp 2 (four rank threads) --dtype float32 on the tiny HF Llama 3
+answer bitwise as -tp 1 -pp 1."""
 import os
 import signal
 import subprocess
@@ -103,23 +104,32 @@ def test_pp2_pp3_answer_as_pp1(tmp_path):
         stop_cleanly(proc)
 
 
-def test_tp2_tp4_answer_as_tp1(tmp_path):
+def test_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
     """Tensor parallelism in one worker (rank threads over the comm layer's local backend):
     -tp 2 and -tp 4 (4 > the 2 KV heads: each KV head on two ranks) on the tiny HF Llama 3,
     with --dtype float32, answer bitwise as -tp 1 --dtype float32: o_proj and down_proj
-    are 8 canonical partial sums added in the comm layer's fixed tree at every -tp (R7)."""
+    are 8 canonical partial sums added in the comm layer's fixed tree at every -tp (R7).
+    -tp 2 -pp 2: four rank threads (rank = stage x 2 + tp rank), each stage's two ranks
+    a TP group of their own, stage 1's ranks receiving from their counterparts."""
     want = None
-    for tp in ("1", "2", "4"):
-        proc, client = start(tmp_path, f"tp{tp}", "--dtype", "float32", "-tp", tp, model=TINY)
-        if tp != "1":
-            assert f"tensor parallel rank {int(tp) - 1} of {tp}" in proc.output()
+    for tp, pp in (("1", "1"), ("2", "1"), ("4", "1"), ("2", "2")):
+        name = f"tp{tp}pp{pp}"
+        proc, client = start(tmp_path, name, "--dtype", "float32", "-tp", tp, "-pp", pp, model=TINY)
+        log = proc.output()
+        if pp != "1":
+            assert "pipeline parallel: 2 stages x tensor parallel: 2 ranks each = 4 rank threads" in log, log[-3000:]
+            for rank, (stage, tp_rank) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+                assert (f"rank {rank}: pipeline stage {stage} of 2, tensor parallel rank {tp_rank} of 2: "
+                        f"layers {stage}..{stage}") in log, log[-3000:]
+        elif tp != "1":
+            assert f"tensor parallel rank {int(tp) - 1} of {tp}" in log
         got = answers(client)
         stop_cleanly(proc)
         if want is None:
             want = got
         else:
             for w, g in zip(want, got):
-                assert w == g, (tp, w, g)
+                assert w == g, (name, w, g)
 
 
 @pytest.mark.parametrize("flags,env,words", [
@@ -127,6 +137,12 @@ def test_tp2_tp4_answer_as_tp1(tmp_path):
     (("-tp", "3"), None, "argument --tensor-parallel-size: 3 needs --dtype float32"),
     (("-tp", "3", "--dtype", "float32"), None, "argument --tensor-parallel-size: 3 must divide 8"),
     (("-pp", "31"), None, "--pipeline-parallel-size 31 is greater than the model's 30 hidden layers"),
+    (("-tp", "2", "-pp", "2"), None,
+     "Total number of attention heads (9) must be divisible by tensor parallel size (2)."),
+    (("-tp", "2", "-pp", "3", "--dtype", "float32", "tiny"), None,
+     "--pipeline-parallel-size 3 is greater than the model's 2 hidden layers"),
+    (("-tp", "3", "-pp", "2", "--dtype", "float32", "tiny"), None,
+     "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
     (("-pp", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12"}, "len(partition_list)=2 does not match pp_size=3."),
     (("-pp", "2"), {"VLLM_PP_LAYER_PARTITION": "10,10"},
      "sum(partition_list)=20 does not match num_hidden_layers=30."),
@@ -134,9 +150,12 @@ def test_tp2_tp4_answer_as_tp1(tmp_path):
 ])
 def test_refused(tmp_path, flags, env, words):
     """Refused at start-up, before any socket: `tessera serve` exits 2 with the line."""
-    if not DEMO_MODEL.exists():
+    model = DEMO_MODEL
+    if flags[-1] == "tiny":         # the tiny HF Llama 3 (2 layers, 4 heads, 2 KV heads)
+        flags, model = flags[:-1], TINY
+    elif not DEMO_MODEL.exists():
         skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
-    r = subprocess.run([str(LAUNCHER), "serve", str(DEMO_MODEL), "--port", str(free_port()), *flags],
+    r = subprocess.run([str(LAUNCHER), "serve", str(model), "--port", str(free_port()), *flags],
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, **(env or {})))
     assert r.returncode == 2, r.stdout + r.stderr
     assert words in r.stdout + r.stderr, r.stdout + r.stderr
