@@ -185,6 +185,32 @@ def test_comm_abort_mid_step_fails_the_request_and_serves_on(tmp_path):
     stop_cleanly(proc)
 
 
+def test_tp2pp2_comm_abort_then_serves_and_exits_cleanly(tmp_path):
+    """The same failure with -tp 2 -pp 2 (four rank threads, three local groups: the grid's
+    and each stage's TP group): both ranks of the last stage abort in step 3, the request
+    fails (the tiny tokenizer's first tokens may still be held back by the detokenizer,
+    so the router answers 500 or ends the stream with an error), the next request runs on
+    a new grid (epoch 2) and answers as an undisturbed one, and SIGTERM stops every rank
+    thread (exit 0)."""
+    proc, client = start(tmp_path, "tp2pp2-abort", "--dtype", "float32", "-tp", "2", "-pp", "2", model=TINY,
+                         env={"TESSERA_TEST_PP_ABORT_AT_STEP": "3"})
+    texts = []
+    with pytest.raises(openai.APIError):
+        for ev in client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True}):
+            texts.append(ev.choices[0].text)
+    assert len(texts) <= 2, texts                 # steps 1 and 2 made two tokens, step 3 failed
+    log = proc.output()
+    assert "pipeline: step 3 failed in the comm (cancelled)" in log and "(epoch 2) serves the next step" in log, log
+    assert "pipeline rank 3 (stage 1, tp rank 1): step 3: cancelled" in log, log[-3000:]
+    kw = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    a = client.completions.create(**kw)
+    b = client.completions.create(**kw)
+    assert a.choices[0].text == b.choices[0].text and a.choices[0].text.startswith("".join(texts))
+    assert a.usage.completion_tokens == 16
+    stop_cleanly(proc)
+
+
 def test_sigterm_mid_stream_exits_cleanly(tmp_path):
     """SIGTERM while a -pp 3 worker streams: the stream ends (finished or with an error,
     never a hang), and `tessera serve` with its worker and all three rank threads exits 0
