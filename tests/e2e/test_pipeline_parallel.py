@@ -233,3 +233,23 @@ def test_sigterm_mid_stream_exits_cleanly(tmp_path):
     assert done.wait(30), "the stream did not end after the server stopped"
     t.join(5)
     assert len(got) < 400
+
+
+def test_model_info_reports_tp_and_pp(spawn):
+    """ModelInfo (the worker's answer to Hello, what a router reads) carries the parallel
+    sizes: 1 and 1 without, 2 and 2 for -tp 2 -pp 2; and a Submit on the wire gets the
+    same tokens and logprob floats (prompt logprobs too) from both workers."""
+    from engine_client import EngineWorker
+    got = {}
+    for tp, pp in ((1, 1), (2, 2)):
+        w = EngineWorker(spawn, str(TINY), "--dtype", "float32", "-tp", str(tp), "-pp", str(pp),
+                         "--kv-cache-memory-bytes", "64M", "--max-model-len", "256")
+        try:
+            assert w.info[20] == [tp] and w.info[21] == [pp], w.info     # tensor_/pipeline_parallel_size
+            r = w.run("a", [1, 17, 42, 128, 250, 3, 9], 12, temperature=0.8, seed=7, logprobs=3, prompt_logprobs=2)
+            assert r.error is None and r.finish == "length" and len(r.tokens) == 12, r
+            assert len(r.logprobs) == 12 and len(r.prompt_logprobs) == 6, r
+            got[(tp, pp)] = (r.tokens, r.logprobs, r.prompt_logprobs)
+        finally:
+            w.close()
+    assert got[(1, 1)] == got[(2, 2)]
