@@ -11,7 +11,8 @@
  *    lm_head): pipeline stages only move bytes;
  *  - tensor parallelism: the tiny HF Llama 3 at TP = 2 and 4, and TP x PP = 2 x 2 and
  *    4 x 2, memcmp-equal to TP = 1 in the canonical row-parallel split (R7), on the
- *    reference and the fast kernels;
+ *    reference and the fast kernels; a 4-layer tied Llama written at run time at TP x PP
+ *    = 2 x 3 (uneven split), 2 x 4 and 4 x 2;
  *  - the grid of stages x tp ranks on a toy: counterpart transfers, each stage's own TP
  *    group, a failure shared by a stage's ranks (the groups stay up) or a lone one (a
  *    new grid), an abort. */
@@ -25,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "tests/tsr_test.h"
@@ -540,6 +542,137 @@ static void test_tiny_llama3_tp(void **state) {
         model_close(&mc);
 }
 
+/* A random 4-layer Llama in Hugging Face layout, written at run time (nothing committed):
+ * hidden 64, 4 heads of 16, 2 KV heads, MLP 128, vocabulary 300, tied embeddings (so the
+ * last stage's lm_head is the embedding's rows), every float from a fixed LCG.  Four
+ * layers allow three stages (vLLM's split 1, 2, 1) and four; the tiny fixture has two. */
+#define L4_LAYERS 4
+static bool write_llama_4layers(char *dir) {
+        static const struct { const char *name; int rows, cols; bool norm; } per_layer[] = {
+                {"input_layernorm.weight", 64, 1, true},          {"post_attention_layernorm.weight", 64, 1, true},
+                {"self_attn.q_proj.weight", 64, 64, false},       {"self_attn.k_proj.weight", 32, 64, false},
+                {"self_attn.v_proj.weight", 32, 64, false},       {"self_attn.o_proj.weight", 64, 64, false},
+                {"mlp.gate_proj.weight", 128, 64, false},         {"mlp.up_proj.weight", 128, 64, false},
+                {"mlp.down_proj.weight", 64, 128, false},
+        };
+        char path[512], hdr[8192], name[96];
+        size_t h = 0, off = 0;
+        uint32_t seed = 12345;
+        FILE *f;
+
+        if (!mkdtemp(dir))
+                return false;
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        if (!(f = fopen(path, "w")))
+                return false;
+        fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 64, "
+                   "\"intermediate_size\": 128, \"num_hidden_layers\": %d, \"num_attention_heads\": 4, "
+                   "\"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 300, \"rms_norm_eps\": 1e-05, "
+                   "\"rope_theta\": 10000.0, \"max_position_embeddings\": 256, \"tie_word_embeddings\": true, "
+                   "\"hidden_act\": \"silu\", \"attention_bias\": false, \"mlp_bias\": false, "
+                   "\"torch_dtype\": \"float32\", \"bos_token_id\": 1, \"eos_token_id\": 2}\n", L4_LAYERS);
+        fclose(f);
+        /* The header: the embedding, the final norm, then every layer's tensors in order. */
+        struct { char name[96]; int rows, cols; bool norm; } t[2 + L4_LAYERS * 9];
+        size_t n = 0;
+        t[n++] = (__typeof__(t[0])){"model.embed_tokens.weight", 300, 64, false};
+        t[n++] = (__typeof__(t[0])){"model.norm.weight", 64, 1, true};
+        for (int l = 0; l < L4_LAYERS; l++)
+                for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++, n++) {
+                        snprintf(name, sizeof name, "model.layers.%d.%s", l, per_layer[i].name);
+                        snprintf(t[n].name, sizeof t[n].name, "%s", name);
+                        t[n].rows = per_layer[i].rows;
+                        t[n].cols = per_layer[i].cols;
+                        t[n].norm = per_layer[i].norm;
+                }
+        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "{");
+        for (size_t i = 0; i < n; i++) {
+                size_t bytes = (size_t)t[i].rows * (size_t)t[i].cols * sizeof(float);
+                if (t[i].cols == 1)
+                        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],"
+                                              "\"data_offsets\":[%zu,%zu]}", i ? "," : "", t[i].name, t[i].rows, off,
+                                              off + bytes);
+                else
+                        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],"
+                                              "\"data_offsets\":[%zu,%zu]}", i ? "," : "", t[i].name, t[i].rows,
+                                              t[i].cols, off, off + bytes);
+                off += bytes;
+        }
+        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
+        while (h % 8)
+                hdr[h++] = ' ';
+        assert_true(h < sizeof hdr);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (!(f = fopen(path, "wb")))
+                return false;
+        uint64_t hl = h;
+        fwrite(&hl, sizeof hl, 1, f);   /* little-endian: the only byte order this project builds for */
+        fwrite(hdr, 1, h, f);
+        for (size_t i = 0; i < n; i++)
+                for (int e = 0; e < t[i].rows * t[i].cols; e++) {
+                        seed = seed * 1664525u + 1013904223u;
+                        float u = (float)(seed >> 8) / 16777216.0f - 0.5f;      /* [-0.5, 0.5) */
+                        float v = t[i].norm ? 1.0f + 0.2f * u : 0.25f * u;
+                        fwrite(&v, sizeof v, 1, f);
+                }
+        return fclose(f) == 0;
+}
+
+static void remove_llama_4layers(const char *dir) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        unlink(path);
+        rmdir(dir);
+}
+
+/* TP x PP with more stages: TP 2 x PP 3 (vLLM's uneven split 1, 2, 1), TP 2 x PP 4, TP 4
+ * x PP 2 (KV heads replicated), and PP 3 alone, on the 4-layer tied Llama, memcmp-equal
+ * to TP 1 x PP 1 in the canonical split. */
+static void test_llama_4layers_tp_pp(void **state) {
+        (void)state;
+        char dir[] = "/tmp/tsr-test-parallel-XXXXXX", err[512] = "";
+        model_case mc = {0};
+        if (!write_llama_4layers(dir))
+                fail_msg("cannot write the 4-layer model under /tmp");
+        const tsr_model_family *fam = tsr_family_find("hf", "llama", "llama");
+        mc.path = dir;
+        if (tsr_model_desc_read(fam, dir, false, &mc.desc, err, sizeof err) != TSR_OK)
+                fail_msg("%s: %s", dir, err);
+        assert_int_equal(tsr_runner_backend_new(1, &mc.be, err, sizeof err), TSR_OK);
+        size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0;
+        float *want = malloc(13 * V * sizeof(float)), *got = malloc(13 * V * sizeof(float));
+        assert_non_null(want);
+        assert_non_null(got);
+        run_steps_tp(&mc, 1, NULL, 1, true, want, &n_want);
+        float max_abs = 0;
+        for (size_t i = 0; i < n_want; i++)
+                max_abs = fabsf(want[i]) > max_abs ? fabsf(want[i]) : max_abs;
+        assert_true(max_abs > 0.01f && max_abs < 1e6f);         /* real logits, not a zeroed buffer */
+        static const uint32_t three[] = {1, 2, 1}, four[] = {1, 1, 1, 1}, two[] = {2, 2};
+        struct { uint32_t tp, pp; const uint32_t *layers; } cases[] = {
+                {2, 3, three}, {2, 4, four}, {4, 2, two}, {1, 3, three}};
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+                uint32_t check[8];
+                assert_int_equal(tsr_pp_partition(L4_LAYERS, cases[c].pp, NULL, check, err, sizeof err), TSR_OK);
+                assert_memory_equal(check, cases[c].layers, cases[c].pp * sizeof(uint32_t));  /* vLLM's split */
+                memset(got, 0xff, 13 * V * sizeof(float));
+                run_steps_tp(&mc, cases[c].pp, cases[c].layers, cases[c].tp, true, got, &n_got);
+                assert_int_equal(n_got, n_want);
+                for (size_t i = 0; i < n_want; i++)
+                        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                                fail_msg("4 layers, tp %u pp %u: logit [%zu, %zu] %.9g, tp 1 pp 1 %.9g", cases[c].tp,
+                                         cases[c].pp, i / V, i % V, got[i], want[i]);
+                print_message("4-layer tied llama: tp %u x pp %u: %zu logits bitwise equal to tp 1 x pp 1\n",
+                              cases[c].tp, cases[c].pp, n_want);
+        }
+        free(want);
+        free(got);
+        model_close(&mc);
+        remove_llama_4layers(dir);
+}
+
 /* Bad stage arguments: no layer split, or more stages than the model has layers (the
  * loader refuses the empty range; main.c refuses pp > layers before it gets here). */
 static void test_runner_refuses(void **state) {
@@ -592,6 +725,7 @@ int main(void) {
                 cmocka_unit_test(test_tiny_llama3_pp),
                 cmocka_unit_test(test_smollm2_pp),
                 cmocka_unit_test(test_tiny_llama3_tp),
+                cmocka_unit_test(test_llama_4layers_tp_pp),
                 cmocka_unit_test(test_runner_refuses),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
