@@ -618,15 +618,6 @@ static bool write_llama_4layers(char *dir) {
         return fclose(f) == 0;
 }
 
-static void remove_llama_4layers(const char *dir) {
-        char path[512];
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        unlink(path);
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        unlink(path);
-        rmdir(dir);
-}
-
 /* TP x PP with more stages: TP 2 x PP 3 (vLLM's uneven split 1, 2, 1), TP 2 x PP 4, TP 4
  * x PP 2 (KV heads replicated), and PP 3 alone, on the 4-layer tied Llama, memcmp-equal
  * to TP 1 x PP 1 in the canonical split. */
@@ -670,7 +661,7 @@ static void test_llama_4layers_tp_pp(void **state) {
         free(want);
         free(got);
         model_close(&mc);
-        remove_llama_4layers(dir);
+        tsr_test_remove_model_dir(dir);
 }
 
 /* Bad stage arguments: no layer split, or more stages than the model has layers (the
