@@ -131,7 +131,7 @@ static const tsr_opt opts[] = {
 
         /* ---- parallelism ---- */
         {O_INT("tensor-parallel-size", tensor_parallel_size, 1, 1024), .alias = "-tp", .owner = W,
-         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "ranks each layer is split across (refused above 1 for now, after the head-count check)"},
+         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "ranks each layer is split across: rank threads in the worker, per pipeline stage (llama family, --dtype float32)"},
         {O_INT("pipeline-parallel-size", pipeline_parallel_size, 1, 1024), .alias = "-pp", .owner = W,
          .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "pipeline stages the layers are split into: one rank thread per stage in the worker "
                  "(VLLM_PP_LAYER_PARTITION=a,b,... overrides the split)"},
@@ -1196,8 +1196,8 @@ size_t tsr_config_noop_notes(const tsr_config *cfg, unsigned owner, const char *
                 {TSR_OWNER_WORKER, cfg->trust_remote_code,
                  "--trust-remote-code has no effect by design: Tessera never runs code from a model repository"},
                 {TSR_OWNER_WORKER, cfg->distributed_executor_backend != NULL,
-                 "--distributed-executor-backend has no effect by design: a worker runs its ranks (one per "
-                 "pipeline stage) as threads of its one process"},
+                 "--distributed-executor-backend has no effect by design: a worker runs its ranks (pipeline "
+                 "stages x tensor-parallel ranks) as threads of its one process"},
                 {TSR_OWNER_ROUTER, cfg->enable_log_requests,
                  "--enable-log-requests has no effect by design: the router logs a line for every finished "
                  "request already (ids, token counts, latency; never the prompt text) unless "

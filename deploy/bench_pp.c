@@ -2,7 +2,8 @@
  * worker (issue #20).  A benchmark, not a test: it prints numbers and asserts nothing
  * (docs/benchmarks.md, "Pipeline parallelism").
  *
- *   tessera-bench-pp MODEL [--pp 2] [--dtype auto] [--batches 1,8] [--steps 32] [--prefill 128] [--repeat 3]
+ *   tessera-bench-pp MODEL [--pp 2] [--tp 1] [--dtype auto] [--batches 1,8] [--steps 32] [--prefill 128]
+ *                    [--repeat 3]
  *
  * Three runners on the same model, through the worker's own runner (tsr_runner_new, the
  * engine's forward callback): PP 1 with every core in its kernel pool (what a worker
@@ -13,7 +14,14 @@
  * threads' wake-ups.  For each batch B: B sequences prefilled with 16 tokens, then
  * --steps decode steps of all B (ms per step); prefill: one sequence of --prefill
  * tokens, last logits only (ms).  Each number is the best of --repeat rounds, the three
- * runners timed in turn in every round. */
+ * runners timed in turn in every round.
+ *
+ * --tp T (> 1; llama family, float32: --dtype is float32 then): the third runner is
+ * TP T x PP pp, T x pp ranks of cores / (T x pp) threads each (what `-tp T -pp pp`
+ * runs), the second PP 1 with that share, and all three compute o_proj and down_proj in
+ * the canonical split (R7), so TP T x PP pp vs PP 1 at the same threads per rank is the
+ * cost of the grid: the stage hand-offs, the TP all-reduces and logits all-gather, the
+ * wake-ups; with more ranks than cores, the ranks' time-sharing of the cores too. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,7 +114,7 @@ static int run(tsr_runner *r, const bench_opts *o, size_t vocab, double *decode_
 int main(int argc, char **argv) {
         bench_opts o = {.batches = {1, 8}, .n_batches = 2, .steps = 32, .prefill = 128, .repeat = 3};
         const char *path = NULL;
-        uint32_t pp = 2;
+        uint32_t pp = 2, tp = 1;
         const char *dtype = "auto";
         char err[1024] = "";
 
@@ -114,6 +122,9 @@ int main(int argc, char **argv) {
                 const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
                 if (strcmp(a, "--pp") == 0 && v) {
                         pp = (uint32_t)atoi(v);
+                        i++;
+                } else if (strcmp(a, "--tp") == 0 && v) {
+                        tp = (uint32_t)atoi(v);
                         i++;
                 } else if (strcmp(a, "--dtype") == 0 && v) {
                         dtype = v;
@@ -137,16 +148,19 @@ int main(int argc, char **argv) {
                 } else if (a[0] != '-' && !path) {
                         path = a;
                 } else {
-                        fprintf(stderr, "usage: tessera-bench-pp MODEL [--pp N] [--dtype D] [--batches 1,8] "
+                        fprintf(stderr, "usage: tessera-bench-pp MODEL [--pp N] [--tp N] [--dtype D] [--batches 1,8] "
                                         "[--steps N] [--prefill N] [--repeat N]\n");
                         return 2;
                 }
         }
-        if (!path || pp < 2 || o.steps < 1 || o.prefill < 1 || o.repeat < 1 || o.n_batches == 0) {
-                fprintf(stderr, "usage: tessera-bench-pp MODEL [--pp N] [--batches 1,8] [--steps N] [--prefill N] "
-                                "[--repeat N]\n");
+        if (!path || pp < 1 || tp < 1 || pp * tp < 2 || pp * tp > 64 || o.steps < 1 || o.prefill < 1 ||
+            o.repeat < 1 || o.n_batches == 0) {
+                fprintf(stderr, "usage: tessera-bench-pp MODEL [--pp N] [--tp N] [--batches 1,8] [--steps N] "
+                                "[--prefill N] [--repeat N]\n");
                 return 2;
         }
+        if (tp > 1)
+                dtype = "float32";      /* the tensor-parallel split computes in float32 */
         const char *dot = strrchr(path, '.');
         bool gguf = dot && strcmp(dot, ".gguf") == 0;
         const tsr_model_family *fam = tsr_family_find(gguf ? "gguf" : "hf", "llama", "llama");
@@ -158,33 +172,38 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tessera-bench-pp: %s\n", err);
                 return 2;
         }
-        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), share = cores / (int)pp > 1 ? cores / (int)pp : 1;
+        int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), ranks = (int)(pp * tp);
+        int share = cores / ranks > 1 ? cores / ranks : 1;
+        bool r7 = tp > 1;
         struct {
                 const char *name;
-                uint32_t pp;
+                uint32_t pp, tp;
                 int threads;
                 bool canonical;
-        } cfgs[4] = {{"pp 1, all cores", 1, cores, false}, {"pp 1, one rank's share", 1, share, false},
-                     {"pp N", pp, share, false}, {"pp 1, all cores, R7 split", 1, cores, true}};
+        } cfgs[4] = {{"pp 1, all cores", 1, 1, cores, r7}, {"pp 1, one rank's share", 1, 1, share, r7},
+                     {tp > 1 ? "tp T x pp N" : "pp N", pp, tp, share, r7},
+                     {"pp 1, all cores, R7 split", 1, 1, cores, true}};
         /* --dtype float32 adds a 4th runner: the canonical row-parallel split that makes
-         * -tp 1 and -tp N bitwise equal (what the worker runs under --dtype float32). */
-        int n_cfg = strcmp(dtype, "float32") == 0 ? 4 : 3;
+         * -tp 1 and -tp N bitwise equal (what the worker runs under --dtype float32);
+         * with --tp every runner uses it, so there is no 4th. */
+        int n_cfg = strcmp(dtype, "float32") == 0 && !r7 ? 4 : 3;
         double dec[4][8], pre[4];
         uint64_t blocks = (uint64_t)o.batches[0];
         for (size_t i = 0; i < o.n_batches; i++)
                 blocks = (uint64_t)o.batches[i] > blocks ? (uint64_t)o.batches[i] : blocks;
         blocks *= (uint64_t)((16 + o.steps > o.prefill ? 16 + o.steps : o.prefill) + BLOCK - 1) / BLOCK;
-        printf("model %s, %u layers, %d cores; pp %u = layers", path, desc.n_layers, cores, pp);
+        printf("model %s, %u layers, %d cores; tp %u x pp %u = %d ranks, layers", path, desc.n_layers, cores, tp,
+               pp, ranks);
         for (uint32_t s = 0; s < pp; s++)
                 printf("%s%u", s ? "," : " ", layers[s]);
-        printf("; best of %d\n", o.repeat);
+        printf("; dtype %s%s; best of %d\n", dtype, r7 ? " (R7 split in every runner)" : "", o.repeat);
         /* The three runners loaded side by side and timed in turn, round after round, so
          * a burst of load from other processes hits all three alike; best of the rounds. */
         tsr_backend *bes[4] = {NULL};
         tsr_runner *rs[4] = {NULL};
         for (int c = 0; c < n_cfg; c++) {
                 tsr_runner_opts ro = {.dtype = dtype, .pp = cfgs[c].pp, .pp_layers = layers, .stage_threads = share,
-                                      .tp_canonical = cfgs[c].canonical};
+                                      .tp = cfgs[c].tp, .tp_canonical = cfgs[c].canonical};
                 if (tsr_runner_backend_new(cfgs[c].threads, &bes[c], err, sizeof err) != TSR_OK)
                         break;
                 ro.backend = bes[c];
@@ -227,7 +246,7 @@ int main(int argc, char **argv) {
                         printf("  %8.2f ms", dec[c][i]);
                 printf("  %8.1f ms\n", pre[c]);
         }
-        printf("%-26s %8s", "pp N - pp 1 (same threads)", "");
+        printf("%-26s %8s", tp > 1 ? "grid - pp 1 (same threads)" : "pp N - pp 1 (same threads)", "");
         for (size_t i = 0; i < o.n_batches; i++)
                 printf("  %+8.2f ms", dec[2][i] - dec[1][i]);
         printf("  %+8.1f ms\n", pre[2] - pre[1]);

@@ -73,8 +73,8 @@ static tsr_status plan_kv_groups(const tsr_model_desc *desc, const tsr_model_met
 
 /* The KV cache's memory of one rank: --kv-cache-memory-bytes, which is per rank as
  * vLLM's is per GPU worker; by default 4 GiB, never more than half of the free RAM, for
- * the whole process: its `ranks` pipeline stages share the machine's RAM, so each gets
- * an even share. */
+ * the whole process: its `ranks` (pipeline stages x tensor-parallel ranks) share the
+ * machine's RAM, so each gets an even share. */
 static long long kv_budget(const tsr_config *cfg, uint32_t ranks) {
         long long budget = cfg->kv_cache_memory_bytes ? cfg->kv_cache_memory_bytes : DEFAULT_KV_CACHE_BYTES;
         long long avail = (long long)sysconf(_SC_AVPHYS_PAGES) * (long long)sysconf(_SC_PAGESIZE);
@@ -119,7 +119,9 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         size_t n_groups = 0;
         tsr_shard_spec largest = {.tp_size = 1}, *stage = NULL;
 
-        /* TP: every rank holds every layer with its share of the KV heads. */
+        /* TP: every rank holds every layer (with PP: its stage's) with its share of the KV
+         * heads, so the rank of the stage with the most layers sizes the blocks: the
+         * capacity is the minimum over the ranks, every rank allocating as many. */
         if (tp > 1 && desc) {
                 largest = (tsr_shard_spec){.tp_size = tp, .last_layer = desc->n_layers - 1};
                 stage = &largest;
@@ -149,7 +151,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         }
         for (uint32_t s = 0, first = 0; pp_layers && s < pp; first += pp_layers[s++]) {
                 if (pp_layers[s] > largest.last_layer - largest.first_layer + 1 || !stage)
-                        largest = (tsr_shard_spec){.tp_size = 1, .first_layer = first,
+                        largest = (tsr_shard_spec){.tp_size = tp > 1 ? tp : 1, .first_layer = first,
                                                    .last_layer = first + pp_layers[s] - 1};
                 stage = &largest;
         }
@@ -164,7 +166,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                                                : CPU_DEFAULT_MAX_NUM_SEQS;
         /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
          * per block, and state slots (counted in the same budget) per running request. */
-        long long budget = kv_budget(cfg, pp_layers ? pp : tp);
+        long long budget = kv_budget(cfg, (pp_layers ? pp : 1) * (tp > 1 ? tp : 1));
         p->state_slot_bytes = tsr_kv_slot_bytes(groups, n_groups);
         p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs);
         if (p->state_slot_bytes && p->state_slots == 0) {
@@ -231,19 +233,19 @@ static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m,
                                  "must divide one another.", kv_heads, tp);
                         return TSR_E_INVAL;
                 }
-                /* This slice: TP ranks are threads of this worker, float32 weights (the
-                 * canonical split of R7 is float32 math), one pipeline stage. */
+                /* This slice: TP ranks are threads of this worker (with -pp, tp of them per
+                 * stage), float32 weights (the canonical split of R7 is float32 math). */
                 if (!desc || !desc->family->tp_shard) {
                         snprintf(err, errlen, "argument --tensor-parallel-size: %u is not supported for %s "
                                  "(supported for the llama family; 1 for the others)", tp,
                                  m->architecture ? m->architecture : m->model_type ? m->model_type : "this model");
                         return TSR_E_UNSUPPORTED;
                 }
-                if (pp > 1) {
-                        snprintf(err, errlen, "argument --tensor-parallel-size: %u together with "
-                                 "--pipeline-parallel-size %u is not supported yet (supported: one of them above 1)",
-                                 tp, pp);
-                        return TSR_E_UNSUPPORTED;
+                if (pp > 1 && (uint64_t)tp * pp > TSR_RUNNER_MAX_STAGES) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u x --pipeline-parallel-size %u = "
+                                 "%llu ranks: at most %d in one worker", tp, pp, (unsigned long long)tp * pp,
+                                 TSR_RUNNER_MAX_STAGES);
+                        return TSR_E_INVAL;
                 }
                 if (!cfg->dtype || (strcmp(cfg->dtype, "float32") != 0 && strcmp(cfg->dtype, "float") != 0)) {
                         snprintf(err, errlen, "argument --tensor-parallel-size: %u needs --dtype float32 (the "
@@ -415,6 +417,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "tessera-worker: error: %s\n", err);
                 goto out;
         }
+        uint32_t tp = (uint32_t)cfg.tensor_parallel_size;
         if (cfg.pipeline_parallel_size > 1) {
                 char line[512];
                 size_t o = 0;
@@ -422,14 +425,22 @@ int main(int argc, char **argv) {
                 for (uint32_t s = 0, first = 0; s < pp && o < sizeof line; first += pp_layers[s++])
                         o += (size_t)snprintf(line + o, sizeof line - o, "%s%u..%u", s ? ", " : "", first,
                                               first + pp_layers[s] - 1);
-                log_info("pipeline parallel: %u stages (ranks) in this process, layers [%s]%s", pp, line,
-                         getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
+                if (tp > 1)
+                        log_info("pipeline parallel: %u stages x tensor parallel: %u ranks each = %u rank threads in "
+                                 "this process (rank = stage x %u + tp rank), layers [%s]%s", pp, tp, pp * tp, tp,
+                                 line, getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
+                else
+                        log_info("pipeline parallel: %u stages (ranks) in this process, layers [%s]%s", pp, line,
+                                 getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
+        } else if (tp > 1) {
+                log_info("tensor parallel: %u ranks (threads) in this process, every layer split across them", tp);
         }
         /* Each rank's kernel pool gets an even share of the cores (--cpu-threads, else the
-         * online ones), at least one thread: the ranks of a step run one after another, but
-         * a later slice keeps several steps in flight. */
+         * online ones), at least one thread: max(1, cores / (tp x pp)).  The stages of a
+         * step run one after another, but a stage's tp ranks at once, and a later slice
+         * keeps several steps in flight. */
         int rank_threads = cfg.cpu_threads;
-        long ranks = pp > 1 ? (long)pp : (long)cfg.tensor_parallel_size;
+        long ranks = (long)pp * (long)(tp > 1 ? tp : 1);
         if (ranks > 1) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
                 rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
@@ -507,7 +518,7 @@ int main(int argc, char **argv) {
         bool f32 = cfg.dtype && (strcmp(cfg.dtype, "float32") == 0 || strcmp(cfg.dtype, "float") == 0);
         tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend, .pp = pp, .pp_layers = pp_layers,
                                  .stage_threads = rank_threads, .pp_timeout_ms = pp_timeout_ms(),
-                                 .tp = (uint32_t)cfg.tensor_parallel_size,
+                                 .tp = tp,
                                  .tp_canonical = f32 && family && family->tp_shard && !on_gpu,
                                  .quantization = cfg.quantization,
                                  .max_step_tokens = plan.max_num_batched_tokens, .max_logit_rows = plan.max_num_seqs,
@@ -529,7 +540,8 @@ int main(int argc, char **argv) {
                          (double)lstats.resident_bytes / 1e6,
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
                          (double)(plan.kv_blocks_total * plan.kv_block_bytes + plan.state_slots * plan.state_slot_bytes) /
-                                 1e6, pp > 1 ? " on the rank with the most layers (each rank holds its layers' KV)" : "");
+                                 1e6, pp > 1 ? " on the rank with the most layers (each rank holds its layers' KV)"
+                                      : ranks > 1 ? " on each rank (each holds its share of the KV heads)" : "");
         }
         if (kv_on_device && runner) {
                 if (plan.kv_blocks_total * cfg.block_size < plan.max_model_len) {

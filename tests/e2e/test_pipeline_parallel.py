@@ -6,7 +6,8 @@ logits themselves).  Then the refusals (-tp not dividing the heads, -pp over the
 count, a bad VLLM_PP_LAYER_PARTITION, -dp), a comm failure in the middle of a step
 (the in-flight request ends with an error, the worker stays up and serves the next one
 on a new group), and a clean SIGTERM exit.  Tensor parallelism inside one worker too:
--tp 2 and -tp 4 --dtype float32 on the tiny HF Llama 3 answer bitwise as -tp 1."""
+-tp 2, -tp 4 and -tp 2 -pp 2 (four rank threads) --dtype float32 on the tiny HF Llama 3
+answer bitwise as -tp 1 -pp 1."""
 import os
 import signal
 import subprocess
@@ -103,23 +104,32 @@ def test_pp2_pp3_answer_as_pp1(tmp_path):
         stop_cleanly(proc)
 
 
-def test_tp2_tp4_answer_as_tp1(tmp_path):
+def test_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
     """Tensor parallelism in one worker (rank threads over the comm layer's local backend):
     -tp 2 and -tp 4 (4 > the 2 KV heads: each KV head on two ranks) on the tiny HF Llama 3,
     with --dtype float32, answer bitwise as -tp 1 --dtype float32: o_proj and down_proj
-    are 8 canonical partial sums added in the comm layer's fixed tree at every -tp (R7)."""
+    are 8 canonical partial sums added in the comm layer's fixed tree at every -tp (R7).
+    -tp 2 -pp 2: four rank threads (rank = stage x 2 + tp rank), each stage's two ranks
+    a TP group of their own, stage 1's ranks receiving from their counterparts."""
     want = None
-    for tp in ("1", "2", "4"):
-        proc, client = start(tmp_path, f"tp{tp}", "--dtype", "float32", "-tp", tp, model=TINY)
-        if tp != "1":
-            assert f"tensor parallel rank {int(tp) - 1} of {tp}" in proc.output()
+    for tp, pp in (("1", "1"), ("2", "1"), ("4", "1"), ("2", "2")):
+        name = f"tp{tp}pp{pp}"
+        proc, client = start(tmp_path, name, "--dtype", "float32", "-tp", tp, "-pp", pp, model=TINY)
+        log = proc.output()
+        if pp != "1":
+            assert "pipeline parallel: 2 stages x tensor parallel: 2 ranks each = 4 rank threads" in log, log[-3000:]
+            for rank, (stage, tp_rank) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+                assert (f"rank {rank}: pipeline stage {stage} of 2, tensor parallel rank {tp_rank} of 2: "
+                        f"layers {stage}..{stage}") in log, log[-3000:]
+        elif tp != "1":
+            assert f"tensor parallel rank {int(tp) - 1} of {tp}" in log
         got = answers(client)
         stop_cleanly(proc)
         if want is None:
             want = got
         else:
             for w, g in zip(want, got):
-                assert w == g, (tp, w, g)
+                assert w == g, (name, w, g)
 
 
 @pytest.mark.parametrize("flags,env,words", [
@@ -127,6 +137,12 @@ def test_tp2_tp4_answer_as_tp1(tmp_path):
     (("-tp", "3"), None, "argument --tensor-parallel-size: 3 needs --dtype float32"),
     (("-tp", "3", "--dtype", "float32"), None, "argument --tensor-parallel-size: 3 must divide 8"),
     (("-pp", "31"), None, "--pipeline-parallel-size 31 is greater than the model's 30 hidden layers"),
+    (("-tp", "2", "-pp", "2"), None,
+     "Total number of attention heads (9) must be divisible by tensor parallel size (2)."),
+    (("-tp", "2", "-pp", "3", "--dtype", "float32", "tiny"), None,
+     "--pipeline-parallel-size 3 is greater than the model's 2 hidden layers"),
+    (("-tp", "3", "-pp", "2", "--dtype", "float32", "tiny"), None,
+     "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
     (("-pp", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12"}, "len(partition_list)=2 does not match pp_size=3."),
     (("-pp", "2"), {"VLLM_PP_LAYER_PARTITION": "10,10"},
      "sum(partition_list)=20 does not match num_hidden_layers=30."),
@@ -134,9 +150,12 @@ def test_tp2_tp4_answer_as_tp1(tmp_path):
 ])
 def test_refused(tmp_path, flags, env, words):
     """Refused at start-up, before any socket: `tessera serve` exits 2 with the line."""
-    if not DEMO_MODEL.exists():
+    model = DEMO_MODEL
+    if flags[-1] == "tiny":         # the tiny HF Llama 3 (2 layers, 4 heads, 2 KV heads)
+        flags, model = flags[:-1], TINY
+    elif not DEMO_MODEL.exists():
         skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
-    r = subprocess.run([str(LAUNCHER), "serve", str(DEMO_MODEL), "--port", str(free_port()), *flags],
+    r = subprocess.run([str(LAUNCHER), "serve", str(model), "--port", str(free_port()), *flags],
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, **(env or {})))
     assert r.returncode == 2, r.stdout + r.stderr
     assert words in r.stdout + r.stderr, r.stdout + r.stderr
@@ -166,6 +185,32 @@ def test_comm_abort_mid_step_fails_the_request_and_serves_on(tmp_path):
     stop_cleanly(proc)
 
 
+def test_tp2pp2_comm_abort_then_serves_and_exits_cleanly(tmp_path):
+    """The same failure with -tp 2 -pp 2 (four rank threads, three local groups: the grid's
+    and each stage's TP group): both ranks of the last stage abort in step 3, the request
+    fails (the tiny tokenizer's first tokens may still be held back by the detokenizer,
+    so the router answers 500 or ends the stream with an error), the next request runs on
+    a new grid (epoch 2) and answers as an undisturbed one, and SIGTERM stops every rank
+    thread (exit 0)."""
+    proc, client = start(tmp_path, "tp2pp2-abort", "--dtype", "float32", "-tp", "2", "-pp", "2", model=TINY,
+                         env={"TESSERA_TEST_PP_ABORT_AT_STEP": "3"})
+    texts = []
+    with pytest.raises(openai.APIError):
+        for ev in client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True}):
+            texts.append(ev.choices[0].text)
+    assert len(texts) <= 2, texts                 # steps 1 and 2 made two tokens, step 3 failed
+    log = proc.output()
+    assert "pipeline: step 3 failed in the comm (cancelled)" in log and "(epoch 2) serves the next step" in log, log
+    assert "pipeline rank 3 (stage 1, tp rank 1): step 3: cancelled" in log, log[-3000:]
+    kw = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    a = client.completions.create(**kw)
+    b = client.completions.create(**kw)
+    assert a.choices[0].text == b.choices[0].text and a.choices[0].text.startswith("".join(texts))
+    assert a.usage.completion_tokens == 16
+    stop_cleanly(proc)
+
+
 def test_sigterm_mid_stream_exits_cleanly(tmp_path):
     """SIGTERM while a -pp 3 worker streams: the stream ends (finished or with an error,
     never a hang), and `tessera serve` with its worker and all three rank threads exits 0
@@ -188,3 +233,23 @@ def test_sigterm_mid_stream_exits_cleanly(tmp_path):
     assert done.wait(30), "the stream did not end after the server stopped"
     t.join(5)
     assert len(got) < 400
+
+
+def test_model_info_reports_tp_and_pp(spawn):
+    """ModelInfo (the worker's answer to Hello, what a router reads) carries the parallel
+    sizes: 1 and 1 without, 2 and 2 for -tp 2 -pp 2; and a Submit on the wire gets the
+    same tokens and logprob floats (prompt logprobs too) from both workers."""
+    from engine_client import EngineWorker
+    got = {}
+    for tp, pp in ((1, 1), (2, 2)):
+        w = EngineWorker(spawn, str(TINY), "--dtype", "float32", "-tp", str(tp), "-pp", str(pp),
+                         "--kv-cache-memory-bytes", "64M", "--max-model-len", "256")
+        try:
+            assert w.info[20] == [tp] and w.info[21] == [pp], w.info     # tensor_/pipeline_parallel_size
+            r = w.run("a", [1, 17, 42, 128, 250, 3, 9], 12, temperature=0.8, seed=7, logprobs=3, prompt_logprobs=2)
+            assert r.error is None and r.finish == "length" and len(r.tokens) == 12, r
+            assert len(r.logprobs) == 12 and len(r.prompt_logprobs) == 6, r
+            got[(tp, pp)] = (r.tokens, r.logprobs, r.prompt_logprobs)
+        finally:
+            w.close()
+    assert got[(1, 1)] == got[(2, 2)]

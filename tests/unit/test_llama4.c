@@ -525,15 +525,6 @@ static void scratch_copy(char *dir, bool flat, void (*patch)(json_t *text)) {
         json_decref(renamed);
 }
 
-static void scratch_remove(const char *dir) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        unlink(path);
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        unlink(path);
-        rmdir(dir);
-}
-
 static tsr_status load_dir(const char *dir, tsr_llama4 **m, char *err, size_t errlen) {
         tsr_llama4_config *c = NULL;
         tsr_status st = tsr_llama4_config_from_hf(dir, &c, err, errlen);
@@ -572,7 +563,7 @@ static void test_flat_layout(void **state) {
         tsr_llama4_kv_free(&kv);
         tsr_kv_pool_free(&pool);
         tsr_llama4_free(&flat);
-        scratch_remove(dir);
+        tsr_test_remove_model_dir(dir);
         free(a);
         free(b);
 }
@@ -591,13 +582,13 @@ static void test_load_errors(void **state) {
         assert_non_null(strstr(err, "tensor 'language_model.model.layers.1.feed_forward.experts.gate_up_proj': shape "
                                     "[4, 64, 64], expected [4, 64, 32]"));
         assert_null(m);
-        scratch_remove(dir);
+        tsr_test_remove_model_dir(dir);
         scratch_copy(dir, false, layer3_dense);
         assert_int_equal(load_dir(dir, &m, err, sizeof err), TSR_E_NOTFOUND);
         assert_non_null(strstr(err, ": tensor 'language_model.model.layers.3.feed_forward.gate_proj.weight' missing"));
         assert_non_null(strstr(err, dir));
         assert_null(m);
-        scratch_remove(dir);
+        tsr_test_remove_model_dir(dir);
 }
 
 int main(void) {

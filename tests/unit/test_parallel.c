@@ -9,8 +9,13 @@
  *    PP = 2 and 3 (and an uneven split) memcmp-equal to PP = 1, for SmolLM2-135M (GGUF,
  *    30 layers, tied embeddings) and the tiny HF Llama 3 fixture (2 layers, separate
  *    lm_head): pipeline stages only move bytes;
- *  - tensor parallelism: the tiny HF Llama 3 at TP = 2 and 4 memcmp-equal to TP = 1 in the
- *    canonical row-parallel split (R7), on the reference and the fast kernels. */
+ *  - tensor parallelism: the tiny HF Llama 3 at TP = 2 and 4, and TP x PP = 2 x 2 and
+ *    4 x 2, memcmp-equal to TP = 1 in the canonical row-parallel split (R7), on the
+ *    reference and the fast kernels; a 4-layer tied Llama written at run time at TP x PP
+ *    = 2 x 3 (uneven split), 2 x 4 and 4 x 2;
+ *  - the grid of stages x tp ranks on a toy: counterpart transfers, each stage's own TP
+ *    group, a failure shared by a stage's ranks (the groups stay up) or a lone one (a
+ *    new grid), an abort. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <math.h>
@@ -21,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "tests/tsr_test.h"
@@ -216,6 +222,102 @@ static void test_pipeline_tensor(void **state) {
         }
 }
 
+/* The grid: pp stages x tp ranks (rank = stage x tp + tp_rank).  Rank (s, t) computes
+ * v = in * 2 + s (stage 0: in = the plan), contributes v * (t + 1) to its stage's TP
+ * all-reduce and hands the sum, v * tp (tp + 1) / 2, on: every value stays an exact
+ * float.  The toy checks that each rank got its counterpart's input and met only its own
+ * stage's tp ranks in the collective. */
+typedef struct grid_toy {
+        tsr_pipeline *p;
+        uint32_t tp;
+        int fail_rank;                  /* -1: none; -2: every rank of stage 1 */
+        int abort_rank;
+        _Atomic int ran[16];
+} grid_toy;
+
+static tsr_status grid_stage(void *ud, uint32_t rank, const tsr_pipeline_step *step, const float *in, float *out,
+                             struct tsr_comm *comm) {
+        grid_toy *g = ud;
+        uint32_t s = rank / g->tp, t = rank % g->tp;
+        const float *base = step->plan;
+        size_t n = step->out_floats;    /* io_floats == out_floats in this toy */
+
+        g->ran[rank]++;
+        if ((int)rank == g->abort_rank)
+                tsr_pipeline_abort(g->p);
+        if ((int)rank == g->fail_rank || (g->fail_rank == -2 && s == 1))
+                return TSR_E_NOMEM;
+        for (size_t i = 0; i < n; i++)
+                out[i] = ((s == 0 ? base[i] : in[i]) * 2.0f + (float)s) * (float)(t + 1);
+        if (g->tp == 1)         /* comm is the grid's group then: no collective of a stage */
+                return TSR_OK;
+        if (tsr_comm_size(comm) != (int)g->tp || tsr_comm_rank(comm) != (int)t)
+                return TSR_E_INTERNAL;  /* not this stage's TP group */
+        return tsr_comm_all_reduce_sum(comm, out, n, NULL);
+}
+
+static void grid_expect(uint32_t pp, uint32_t tp, const float *base, const float *got, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                float want = base[i];
+                for (uint32_t s = 0; s < pp; s++)
+                        want = (want * 2.0f + (float)s) * (float)(tp * (tp + 1) / 2);
+                if (got[i] != want)
+                        fail_msg("%u x %u: element %zu is %g, want %g", pp, tp, i, got[i], want);
+        }
+}
+
+static void test_pipeline_grid(void **state) {
+        (void)state;
+        float base[13], out[13];
+        struct { uint32_t pp, tp; } shapes[] = {{2, 2}, {3, 2}, {2, 4}, {1, 2}, {2, 1}};
+        for (size_t i = 0; i < 13; i++)
+                base[i] = (float)i * 0.5f - 2.0f;
+        for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+                uint32_t pp = shapes[c].pp, tp = shapes[c].tp;
+                grid_toy g = {.tp = tp, .fail_rank = -1, .abort_rank = -1};
+                tsr_pipeline_step st = {.plan = base, .io_floats = pp > 1 ? 13 : 0, .out_floats = 13};
+                assert_int_equal(tsr_pipeline_new_grid(pp, tp, 10000, grid_stage, &g, &g.p), TSR_OK);
+                for (int rep = 0; rep < 3; rep++) {
+                        memset(out, 0, sizeof out);
+                        assert_int_equal(tsr_pipeline_run(g.p, &st, out), TSR_OK);
+                        grid_expect(pp, tp, base, out, 13);
+                }
+                for (uint32_t r = 0; r < pp * tp; r++)
+                        assert_int_equal(g.ran[r], 3);
+                assert_int_equal(tsr_pipeline_epoch(g.p), 1);
+                if (pp > 1 && tp > 1) {
+                        /* Every tp rank of stage 1 fails alike (as bad input would): the step
+                         * fails with it, the groups stay up. */
+                        g.fail_rank = -2;
+                        assert_int_equal(tsr_pipeline_run(g.p, &st, out), TSR_E_NOMEM);
+                        g.fail_rank = -1;
+                        assert_int_equal(tsr_pipeline_run(g.p, &st, out), TSR_OK);
+                        grid_expect(pp, tp, base, out, 13);
+                        assert_int_equal(tsr_pipeline_epoch(g.p), 1);
+                }
+                /* One rank of the last stage fails on its own: its peers met it in a
+                 * mismatched collective, so the grid starts over (epoch 2); with tp 1 it
+                 * is a stage's failure, which travels on (pipeline_toy). */
+                g.fail_rank = (int)(pp * tp) - 1;
+                assert_int_not_equal(tsr_pipeline_run(g.p, &st, out), TSR_OK);
+                g.fail_rank = -1;
+                assert_int_equal(tsr_pipeline_run(g.p, &st, out), TSR_OK);
+                grid_expect(pp, tp, base, out, 13);
+                /* An abort from a rank of the last stage in the middle of a step. */
+                g.abort_rank = (int)(pp * tp) - 1;
+                assert_int_equal(tsr_pipeline_run(g.p, &st, out), TSR_E_CANCELLED);
+                g.abort_rank = -1;
+                memset(out, 0, sizeof out);
+                assert_int_equal(tsr_pipeline_run(g.p, &st, out), TSR_OK);
+                grid_expect(pp, tp, base, out, 13);
+                assert_int_equal(tsr_pipeline_epoch(g.p), tp > 1 ? 3 : 2);
+                print_message("grid %u x %u: steps, a shared and a lone failure and an abort as expected\n", pp, tp);
+                tsr_pipeline_free(&g.p);
+        }
+        assert_int_equal(tsr_pipeline_new_grid(1, 1, 0, grid_stage, NULL, &(tsr_pipeline *){NULL}), TSR_E_INVAL);
+        assert_int_equal(tsr_pipeline_new_grid(9, 8, 0, grid_stage, NULL, &(tsr_pipeline *){NULL}), TSR_E_INVAL);
+}
+
 /* A stage that takes longer than the comm deadline (a stalled rank): the leader's wait
  * ends with TSR_E_TIMEOUT at the deadline (the log line), the step returns it once the
  * slow stage's own work has ended (the pipeline joins every rank thread before returning,
@@ -317,7 +419,7 @@ static void run_steps_tp(model_case *mc, uint32_t pp, const uint32_t *layers, ui
                              .stage_threads = 1, .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical};
         if (tsr_runner_new(mc->path, &mc->desc, &o, N_BLOCKS, BLOCK, 0, &r, &ls, err, sizeof err) != TSR_OK)
                 fail_msg("%s pp %u tp %u: %s", mc->path, pp, tp, err);
-        assert_int_equal(tsr_runner_stages(r), tp > 1 ? tp : pp > 1 ? pp : 1);
+        assert_int_equal(tsr_runner_stages(r), (tp > 1 ? tp : 1) * (pp > 1 ? pp : 1));
         const tsr_engine_model *m = tsr_runner_model(r);
         tsr_engine_seq step1[2] = {
                 {.block_table = t0, .n_table = 4, .tokens = p0, .n = 11, .past_len = 0, .want_logits = true,
@@ -391,7 +493,9 @@ static void test_tiny_llama3_pp(void **state) {
 
 /* Tensor parallelism (R7): TP = 2 and 4 (4 > the 2 KV heads: replicated) on the tiny HF
  * Llama 3 memcmp-equal to TP = 1 computed in the canonical split, on the reference
- * kernels and on the fast ones; and the canonical split at PP = 2 too. */
+ * kernels and on the fast ones; the canonical split at PP = 2 too; and TP x PP: 2 x 2
+ * and 4 x 2 (each stage's 4 ranks replicating the KV heads), stage s's tp ranks each
+ * receiving from their counterpart in s - 1. */
 static void test_tiny_llama3_tp(void **state) {
         (void)state;
         model_case mc = {0};
@@ -418,8 +522,8 @@ static void test_tiny_llama3_tp(void **state) {
                               worst);
                 assert_true(worst < 1e-3);
                 static const uint32_t two[] = {1, 1};
-                struct { uint32_t tp, pp; } cases[] = {{2, 1}, {4, 1}, {1, 2}};
-                for (size_t c = 0; c < 3; c++) {
+                struct { uint32_t tp, pp; } cases[] = {{2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}};
+                for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
                         memset(got, 0xff, 13 * V * sizeof(float));
                         run_steps_tp(&mc, cases[c].pp, cases[c].pp > 1 ? two : NULL, cases[c].tp, true, got, &n_got);
                         assert_int_equal(n_got, n_want);
@@ -436,6 +540,128 @@ static void test_tiny_llama3_tp(void **state) {
         free(got);
         free(plain);
         model_close(&mc);
+}
+
+/* A random 4-layer Llama in Hugging Face layout, written at run time (nothing committed):
+ * hidden 64, 4 heads of 16, 2 KV heads, MLP 128, vocabulary 300, tied embeddings (so the
+ * last stage's lm_head is the embedding's rows), every float from a fixed LCG.  Four
+ * layers allow three stages (vLLM's split 1, 2, 1) and four; the tiny fixture has two. */
+#define L4_LAYERS 4
+static bool write_llama_4layers(char *dir) {
+        static const struct { const char *name; int rows, cols; bool norm; } per_layer[] = {
+                {"input_layernorm.weight", 64, 1, true},          {"post_attention_layernorm.weight", 64, 1, true},
+                {"self_attn.q_proj.weight", 64, 64, false},       {"self_attn.k_proj.weight", 32, 64, false},
+                {"self_attn.v_proj.weight", 32, 64, false},       {"self_attn.o_proj.weight", 64, 64, false},
+                {"mlp.gate_proj.weight", 128, 64, false},         {"mlp.up_proj.weight", 128, 64, false},
+                {"mlp.down_proj.weight", 64, 128, false},
+        };
+        char path[512], hdr[8192], name[96];
+        size_t h = 0, off = 0;
+        uint32_t seed = 12345;
+        FILE *f;
+
+        if (!mkdtemp(dir))
+                return false;
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        if (!(f = fopen(path, "w")))
+                return false;
+        fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 64, "
+                   "\"intermediate_size\": 128, \"num_hidden_layers\": %d, \"num_attention_heads\": 4, "
+                   "\"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 300, \"rms_norm_eps\": 1e-05, "
+                   "\"rope_theta\": 10000.0, \"max_position_embeddings\": 256, \"tie_word_embeddings\": true, "
+                   "\"hidden_act\": \"silu\", \"attention_bias\": false, \"mlp_bias\": false, "
+                   "\"torch_dtype\": \"float32\", \"bos_token_id\": 1, \"eos_token_id\": 2}\n", L4_LAYERS);
+        fclose(f);
+        /* The header: the embedding, the final norm, then every layer's tensors in order. */
+        struct { char name[96]; int rows, cols; bool norm; } t[2 + L4_LAYERS * 9];
+        size_t n = 0;
+        t[n++] = (__typeof__(t[0])){"model.embed_tokens.weight", 300, 64, false};
+        t[n++] = (__typeof__(t[0])){"model.norm.weight", 64, 1, true};
+        for (int l = 0; l < L4_LAYERS; l++)
+                for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++, n++) {
+                        snprintf(name, sizeof name, "model.layers.%d.%s", l, per_layer[i].name);
+                        snprintf(t[n].name, sizeof t[n].name, "%s", name);
+                        t[n].rows = per_layer[i].rows;
+                        t[n].cols = per_layer[i].cols;
+                        t[n].norm = per_layer[i].norm;
+                }
+        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "{");
+        for (size_t i = 0; i < n; i++) {
+                size_t bytes = (size_t)t[i].rows * (size_t)t[i].cols * sizeof(float);
+                if (t[i].cols == 1)
+                        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],"
+                                              "\"data_offsets\":[%zu,%zu]}", i ? "," : "", t[i].name, t[i].rows, off,
+                                              off + bytes);
+                else
+                        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],"
+                                              "\"data_offsets\":[%zu,%zu]}", i ? "," : "", t[i].name, t[i].rows,
+                                              t[i].cols, off, off + bytes);
+                off += bytes;
+        }
+        h += (size_t)snprintf(hdr + h, sizeof hdr - h, "}");
+        while (h % 8)
+                hdr[h++] = ' ';
+        assert_true(h < sizeof hdr);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (!(f = fopen(path, "wb")))
+                return false;
+        uint64_t hl = h;
+        fwrite(&hl, sizeof hl, 1, f);   /* little-endian: the only byte order this project builds for */
+        fwrite(hdr, 1, h, f);
+        for (size_t i = 0; i < n; i++)
+                for (int e = 0; e < t[i].rows * t[i].cols; e++) {
+                        seed = seed * 1664525u + 1013904223u;
+                        float u = (float)(seed >> 8) / 16777216.0f - 0.5f;      /* [-0.5, 0.5) */
+                        float v = t[i].norm ? 1.0f + 0.2f * u : 0.25f * u;
+                        fwrite(&v, sizeof v, 1, f);
+                }
+        return fclose(f) == 0;
+}
+
+/* TP x PP with more stages: TP 2 x PP 3 (vLLM's uneven split 1, 2, 1), TP 2 x PP 4, TP 4
+ * x PP 2 (KV heads replicated), and PP 3 alone, on the 4-layer tied Llama, memcmp-equal
+ * to TP 1 x PP 1 in the canonical split. */
+static void test_llama_4layers_tp_pp(void **state) {
+        (void)state;
+        char dir[] = "/tmp/tsr-test-parallel-XXXXXX", err[512] = "";
+        model_case mc = {0};
+        if (!write_llama_4layers(dir))
+                fail_msg("cannot write the 4-layer model under /tmp");
+        const tsr_model_family *fam = tsr_family_find("hf", "llama", "llama");
+        mc.path = dir;
+        if (tsr_model_desc_read(fam, dir, false, &mc.desc, err, sizeof err) != TSR_OK)
+                fail_msg("%s: %s", dir, err);
+        assert_int_equal(tsr_runner_backend_new(1, &mc.be, err, sizeof err), TSR_OK);
+        size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0;
+        float *want = malloc(13 * V * sizeof(float)), *got = malloc(13 * V * sizeof(float));
+        assert_non_null(want);
+        assert_non_null(got);
+        run_steps_tp(&mc, 1, NULL, 1, true, want, &n_want);
+        float max_abs = 0;
+        for (size_t i = 0; i < n_want; i++)
+                max_abs = fabsf(want[i]) > max_abs ? fabsf(want[i]) : max_abs;
+        assert_true(max_abs > 0.01f && max_abs < 1e6f);         /* real logits, not a zeroed buffer */
+        static const uint32_t three[] = {1, 2, 1}, four[] = {1, 1, 1, 1}, two[] = {2, 2};
+        struct { uint32_t tp, pp; const uint32_t *layers; } cases[] = {
+                {2, 3, three}, {2, 4, four}, {4, 2, two}, {1, 3, three}};
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+                uint32_t check[8];
+                assert_int_equal(tsr_pp_partition(L4_LAYERS, cases[c].pp, NULL, check, err, sizeof err), TSR_OK);
+                assert_memory_equal(check, cases[c].layers, cases[c].pp * sizeof(uint32_t));  /* vLLM's split */
+                memset(got, 0xff, 13 * V * sizeof(float));
+                run_steps_tp(&mc, cases[c].pp, cases[c].layers, cases[c].tp, true, got, &n_got);
+                assert_int_equal(n_got, n_want);
+                for (size_t i = 0; i < n_want; i++)
+                        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                                fail_msg("4 layers, tp %u pp %u: logit [%zu, %zu] %.9g, tp 1 pp 1 %.9g", cases[c].tp,
+                                         cases[c].pp, i / V, i % V, got[i], want[i]);
+                print_message("4-layer tied llama: tp %u x pp %u: %zu logits bitwise equal to tp 1 x pp 1\n",
+                              cases[c].tp, cases[c].pp, n_want);
+        }
+        free(want);
+        free(got);
+        model_close(&mc);
+        tsr_test_remove_model_dir(dir);
 }
 
 /* Bad stage arguments: no layer split, or more stages than the model has layers (the
@@ -456,16 +682,23 @@ static void test_runner_refuses(void **state) {
         o.stage_threads = 1;
         assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &o, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
         assert_null(r);
-        /* TP: 3 does not split 8 partial sums or 4 heads; TP with PP is not built yet */
+        /* TP: 3 does not split 8 partial sums or 4 heads, with or without pipeline stages */
         tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = 3, .stage_threads = 1};
         assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err),
                          TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "tensor parallel size 3 does not split this model"));
         static const uint32_t two[] = {1, 1};
-        t = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .tp = 2, .pp = 2, .pp_layers = two};
+        t = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .tp = 3, .pp = 2, .pp_layers = two,
+                              .stage_threads = 1};
         assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err),
                          TSR_E_UNSUPPORTED);
-        assert_non_null(strstr(err, "together with pipeline parallelism"));
+        assert_non_null(strstr(err, "tensor parallel size 3 does not split this model"));
+        assert_null(r);
+        /* more ranks than a worker holds */
+        t = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .tp = 64, .pp = 2, .pp_layers = two,
+                              .stage_threads = 1};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_E_INVAL);
+        assert_non_null(strstr(err, "at most 64 ranks in one worker"));
         /* TP on bfloat16 weights: the split is float32 math */
         t = (tsr_runner_opts){.dtype = "bfloat16", .backend = mc.be, .tp = 2, .stage_threads = 1};
         assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
@@ -479,9 +712,11 @@ int main(void) {
                 cmocka_unit_test(test_pipeline_toy),
                 cmocka_unit_test(test_pipeline_deadline),
                 cmocka_unit_test(test_pipeline_tensor),
+                cmocka_unit_test(test_pipeline_grid),
                 cmocka_unit_test(test_tiny_llama3_pp),
                 cmocka_unit_test(test_smollm2_pp),
                 cmocka_unit_test(test_tiny_llama3_tp),
+                cmocka_unit_test(test_llama_4layers_tp_pp),
                 cmocka_unit_test(test_runner_refuses),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -21,6 +22,17 @@ static inline const char *tsr_test_src_path(const char *rel, char *buf, size_t l
                 return NULL;
         snprintf(buf, len, "%s/%s", root, rel);
         return stat(buf, &sb) == 0 ? buf : NULL;
+}
+
+/* Remove a model folder a test wrote (its config.json and model.safetensors, then the
+ * folder itself); what is already gone is fine. */
+static inline void tsr_test_remove_model_dir(const char *dir) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        unlink(path);
+        rmdir(dir);
 }
 
 /* The first index of the largest of x[0..n) (n >= 1): greedy decoding's choice. */

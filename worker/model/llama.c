@@ -651,6 +651,10 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
                         else
                                 memcpy(k, w->token_embd + (size_t)tp_rank * vl * c->dim, (size_t)vl * c->dim * sizeof(float));
                         w->output = k ? k : w->output;
+                        if (k && m->first_layer > 0) {  /* a later pipeline stage never embeds */
+                                free(w->token_embd);
+                                w->token_embd = NULL;
+                        }
                 } else {
                         st = keep_rows(&w->output, c->dim, (size_t)tp_rank * vl, vl);
                 }

@@ -14,11 +14,12 @@
 #include "worker/load/modelopt.h"
 #include "worker/parallel/pipeline.h"
 
-/* One pipeline stage: its layers' weights, its backend and its share of the KV cache
- * (the same block ids on every stage, each stage storing its own layers).  Without
- * pipeline parallelism the runner has one stage holding the whole model. */
+/* One rank: a pipeline stage's layers (or its tensor-parallel shard of them), its
+ * backend and its share of the KV cache (the same block ids on every rank, each storing
+ * its own layers' and heads').  Without parallelism the runner has one rank holding the
+ * whole model. */
 typedef struct stage {
-        void *model;               /* the family's model (Llama: tsr_llama) of the stage's layer range */
+        void *model;               /* the family's model (Llama: tsr_llama) of the rank's layers and shard */
         tsr_backend *be;           /* stage 0: borrowed from the caller (tsr_runner_opts); others: owned */
         tsr_kv_pool *kv_memory;    /* the stage's layers' KV, per layer group, indexed by the engine's block ids */
         void *pool;                /* the family's view of kv_memory */
@@ -33,8 +34,8 @@ typedef struct step_plan {
 
 struct tsr_runner {
         const tsr_model_family *fam;
-        uint32_t n_stages;         /* ranks: pipeline stages, or tensor-parallel ranks when `tensor` */
-        bool tensor;               /* stages[] are TP ranks, each with every layer's shard */
+        uint32_t pp, tp;           /* pipeline stages x tensor-parallel ranks per stage */
+        uint32_t n_stages;         /* ranks: pp x tp; stages[stage x tp + tp_rank] (pipeline.h) */
         stage stages[TSR_RUNNER_MAX_STAGES];
         tsr_pipeline *pipe;        /* n_stages > 1 */
         uint32_t hidden;           /* desc->hidden_size: a stage hands 2 x tokens x hidden floats on */
@@ -51,20 +52,21 @@ struct tsr_runner {
         uint64_t kv_blocks;        /* allocated on every stage */
 };
 
-/* Stage s's part of a step, on its rank's thread (stage 0: the engine's). */
-static tsr_status stage_run(void *ud, uint32_t s, const tsr_pipeline_step *step, const float *in, float *out,
+/* Rank `rank`'s part of a step, on its thread (rank 0: the engine's): its stage's layers
+ * on its shard, meeting its stage's other tp ranks in `comm` (its TP group). */
+static tsr_status stage_run(void *ud, uint32_t rank, const tsr_pipeline_step *step, const float *in, float *out,
                             struct tsr_comm *comm) {
         tsr_runner *r = ud;
         const step_plan *pl = step->plan;
-        const stage *sg = &r->stages[s];
-        bool last = s + 1 == r->n_stages;
+        const stage *sg = &r->stages[rank];
+        bool last = rank / r->tp + 1 == r->pp;
 
         if (last && r->abort_at && pl->step == r->abort_at)
                 tsr_pipeline_abort(r->pipe);
-        if (r->tensor) {        /* TP rank s: the whole step on its shard, meeting the others in the comm */
+        if (r->tp > 1)
                 r->fam->tp_set_comm(sg->model, comm);
+        if (r->pp == 1)         /* TP only: the whole step on the rank's shard */
                 return r->fam->forward_batch(sg->model, sg->be, sg->pool, pl->seqs, pl->n_seqs, out);
-        }
         return r->fam->forward_stage(sg->model, sg->be, sg->pool, pl->seqs, pl->n_seqs, in, last ? NULL : out,
                                      last ? out : NULL);
 }
@@ -100,7 +102,7 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
                         rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
                 }
                 step_plan pl = {.seqs = ls, .n_seqs = n_seqs, .step = r->steps};
-                tsr_pipeline_step step = {.plan = &pl, .io_floats = r->tensor ? 0 : 2 * n_tokens * r->hidden,
+                tsr_pipeline_step step = {.plan = &pl, .io_floats = r->pp > 1 ? 2 * n_tokens * r->hidden : 0,
                                           .out_floats = rows * r->em.vocab};
                 st = tsr_pipeline_run(r->pipe, &step, logits);
         }
@@ -443,7 +445,8 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                                                       tsr_kv_block_bytes(groups, n_groups, block_size), &num_blocks,
                                                       err, errlen)) != TSR_OK)
                 return st;
-        r->kv_blocks = num_blocks;
+        if (!r->kv_blocks || num_blocks < r->kv_blocks)     /* the capacity: the minimum over ranks */
+                r->kv_blocks = num_blocks;
         st = tsr_kv_pool_new_on(tsr_backend_host_memory(sg->be) ? NULL : sg->be, groups, n_groups, num_blocks,
                                 block_size, n_state_slots, &sg->kv_memory);
         if (st == TSR_OK && opts->kv_dtype == TSR_DTYPE_FP8_E4M3 &&
@@ -464,73 +467,78 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         bool bf16 = false;
         tsr_runner *r;
         tsr_status st;
-        uint32_t n_stages = opts && opts->pp > 1 ? opts->pp : 1, first = 0;
+        uint32_t pp = opts && opts->pp > 1 ? opts->pp : 1, first = 0;
         uint32_t tp = opts && opts->tp > 1 ? opts->tp : 1;
         tsr_load_stats total = {0};
 
-        if (!opts || !opts->backend || !desc || !desc->family || n_stages > TSR_RUNNER_MAX_STAGES ||
-            (n_stages > 1 && !opts->pp_layers))
+        if (!opts || !opts->backend || !desc || !desc->family || pp > TSR_RUNNER_MAX_STAGES ||
+            (pp > 1 && !opts->pp_layers))
                 return TSR_E_INVAL;
-        if (n_stages > 1 && (!desc->family->forward_stage || !desc->hidden_size)) {
+        if (pp > 1 && (!desc->family->forward_stage || !desc->hidden_size)) {
                 snprintf(err, errlen, "pipeline parallelism is not supported for model family %s (supported: llama)",
                          desc->family->name);
                 return TSR_E_UNSUPPORTED;
         }
-        if (tp > 1 && (n_stages > 1 || tp > TSR_RUNNER_MAX_STAGES)) {
-                snprintf(err, errlen, "tensor parallelism together with pipeline parallelism is not supported yet "
-                         "(tp %u, pp %u)", tp, n_stages);
-                return TSR_E_UNSUPPORTED;
+        if (tp > TSR_RUNNER_MAX_STAGES || pp * tp > TSR_RUNNER_MAX_STAGES) {
+                snprintf(err, errlen, "tensor parallel size %u x pipeline parallel size %u: at most %d ranks in one "
+                         "worker", tp, pp, TSR_RUNNER_MAX_STAGES);
+                return TSR_E_INVAL;
         }
         r = calloc(1, sizeof(*r));
         if (!r)
                 return TSR_E_NOMEM;
         r->fam = desc->family;
-        r->tensor = tp > 1;
-        if (r->tensor)
-                n_stages = tp;
-        r->n_stages = n_stages;
+        r->pp = pp;
+        r->tp = tp;
+        r->n_stages = pp * tp;
         r->hidden = desc->hidden_size;
         r->stages[0].be = opts->backend;
         if ((st = pick_dtype(opts, &bf16, err, errlen)) != TSR_OK ||
             (st = quant_config(path, desc, opts->quantization, opts->kv_dtype == TSR_DTYPE_FP8_E4M3, &r->mo, err,
                                 errlen)) != TSR_OK)
                 goto fail;
-        for (uint32_t s = 0; s < n_stages; s++) {
+        for (uint32_t i = 0; i < r->n_stages; i++) {
+                uint32_t s = i / tp, t = i % tp;
                 tsr_shard_spec shard;
                 tsr_load_stats one = {0};
-                stage *sg = &r->stages[s];
+                stage *sg = &r->stages[i];
 
-                /* DESIGN.md: weights always load through a shard spec; one stage holds every
-                 * layer (the family's spec), stage s of a pipeline its range of the split. */
-                if (n_stages == 1 || r->tensor) {
-                        if ((st = r->fam->shard_for(desc, s, r->tensor ? tp : 1, 0, 1, &shard)) != TSR_OK) {
+                /* DESIGN.md: weights always load through a shard spec: without pipeline
+                 * stages the family's spec (every layer, the rank's TP share), stage s of a
+                 * pipeline its range of the split, with the rank's TP share of it. */
+                if (pp == 1) {
+                        if ((st = r->fam->shard_for(desc, t, tp, 0, 1, &shard)) != TSR_OK) {
                                 snprintf(err, errlen, "%s: the model has no layers", path);
                                 goto fail;
                         }
-                        if (s > 0 && (st = tsr_runner_backend_new(opts->stage_threads, &sg->be, err, errlen)) !=
-                                             TSR_OK)
-                                goto fail;
                 } else {
-                        shard = (tsr_shard_spec){.tp_rank = 0, .tp_size = 1, .first_layer = first,
+                        shard = (tsr_shard_spec){.tp_rank = t, .tp_size = tp, .first_layer = first,
                                                  .last_layer = first + opts->pp_layers[s] - 1};
-                        first += opts->pp_layers[s];
-                        if (s > 0 && (st = tsr_runner_backend_new(opts->stage_threads, &sg->be, err, errlen)) !=
-                                             TSR_OK)
-                                goto fail;
+                        if (t + 1 == tp)
+                                first += opts->pp_layers[s];
                 }
+                if (i > 0 && (st = tsr_runner_backend_new(opts->stage_threads, &sg->be, err, errlen)) != TSR_OK)
+                        goto fail;
                 st = stage_load(r, path, desc, opts, &bf16, &shard, sg, num_blocks, block_size, n_state_slots,
                                 &one, err, errlen);
                 if (st != TSR_OK)
                         goto fail;
-                if (r->tensor)
+                int threads = tsr_backend_threads(sg->be);
+                if (pp == 1 && tp > 1)
                         log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s "
-                                 "(%.1f MB read: whole tensors, then split)", s, tp, tp, tsr_backend_threads(sg->be),
-                                 tsr_backend_threads(sg->be) == 1 ? "" : "s", (double)one.resident_bytes / 1e6);
-                else if (n_stages > 1)
+                                 "(%.1f MB read: whole tensors, then split)", t, tp, tp, threads,
+                                 threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6);
+                else if (pp > 1 && tp == 1)
                         log_info("pipeline stage %u of %u: layers %u..%u%s%s, %d kernel thread%s, %.1f MB resident", s,
-                                 n_stages, shard.first_layer, shard.last_layer, s == 0 ? " + embedding" : "",
-                                 s + 1 == n_stages ? " + final norm and lm_head" : "", tsr_backend_threads(sg->be),
-                                 tsr_backend_threads(sg->be) == 1 ? "" : "s", (double)one.resident_bytes / 1e6);
+                                 pp, shard.first_layer, shard.last_layer, s == 0 ? " + embedding" : "",
+                                 s + 1 == pp ? " + final norm and lm_head" : "", threads, threads == 1 ? "" : "s",
+                                 (double)one.resident_bytes / 1e6);
+                else if (pp > 1)
+                        log_info("rank %u: pipeline stage %u of %u, tensor parallel rank %u of %u: layers %u..%u%s%s, "
+                                 "their 1/%u shard, %d kernel thread%s (%.1f MB read: the stage's whole tensors, "
+                                 "then split)", i, s, pp, t, tp, shard.first_layer, shard.last_layer,
+                                 s == 0 ? " + embedding" : "", s + 1 == pp ? " + final norm and lm_head" : "", tp,
+                                 threads, threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6);
                 total.n_tensors += one.n_tensors;
                 total.file_bytes += one.file_bytes;
                 total.f32_bytes += one.f32_bytes;
@@ -541,11 +549,10 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
         const char *hang_at = getenv("TESSERA_TEST_HANG_AT_STEP");
         r->hang_at = hang_at ? strtoull(hang_at, NULL, 10) : 0;
-        if (n_stages > 1) {
+        if (r->n_stages > 1) {
                 const char *abort_at = getenv("TESSERA_TEST_PP_ABORT_AT_STEP");
                 r->abort_at = abort_at ? strtoull(abort_at, NULL, 10) : 0;
-                if ((st = tsr_pipeline_new_kind(r->tensor ? TSR_PIPELINE_TENSOR : TSR_PIPELINE_STAGES, n_stages,
-                                                opts->pp_timeout_ms, stage_run, r, &r->pipe)) != TSR_OK) {
+                if ((st = tsr_pipeline_new_grid(pp, tp, opts->pp_timeout_ms, stage_run, r, &r->pipe)) != TSR_OK) {
                         snprintf(err, errlen, "cannot make the pipeline: %s", tsr_status_str(st));
                         goto fail;
                 }

@@ -30,9 +30,10 @@ typedef struct tsr_runner_opts {
          * (0: the comm's default). */
         uint32_t pp;
         const uint32_t *pp_layers;      /* [pp], borrowed for the call */
-        /* Tensor parallelism (issue #20): tp ranks (0 or 1: none), rank 0 on the engine's
-         * thread, ranks 1 .. tp-1 on rank threads with `stage_threads` kernel threads each;
-         * every rank holds its shard of every layer (not with pp > 1 yet: TSR_E_UNSUPPORTED).
+        /* Tensor parallelism (issue #20): tp ranks (0 or 1: none) per pipeline stage, each
+         * holding its shard of the stage's layers; with pp, tp x pp ranks in all, global
+         * rank = stage x tp + tp_rank (pipeline.h), rank 0 on the engine's thread, the
+         * others on rank threads with `stage_threads` kernel threads each.
          * tp_canonical: compute o_proj and down_proj in the canonical split even at tp 1,
          * so that a tp 1 runner gives the bits of a tp > 1 one (needs float32 weights). */
         uint32_t tp;
@@ -76,7 +77,8 @@ tsr_status tsr_runner_backend_for(const char *device, const char *gpu_not_ok, in
 /* KV blocks the runner allocated (what num_blocks asked for, or what it sized). */
 uint64_t tsr_runner_kv_blocks(const tsr_runner *r);
 
-/* The most pipeline stages a runner holds (the comm layer's group size). */
+/* The most ranks (pipeline stages x tensor-parallel ranks) a runner holds (the comm
+ * layer's group size). */
 #define TSR_RUNNER_MAX_STAGES 64
 
 /* The worker's CPU backend: the fast one with `cpu_threads` threads (0 = the online
@@ -100,7 +102,7 @@ tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err,
 tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
                           uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
                           tsr_load_stats *stats, char *err, size_t errlen);
-/* Stages of the pipeline (1 without pipeline parallelism). */
+/* Ranks of the runner: pipeline stages x tensor-parallel ranks (1 without either). */
 uint32_t tsr_runner_stages(const tsr_runner *r);
 /* Fail the step in flight (a pipeline's comm abort: its requests end with an error, the
  * next step runs on a fresh group).  Any thread; no effect with one stage. */

@@ -1,21 +1,40 @@
-/* pipeline.h - pipeline parallelism inside one worker process (issue #20): one rank per
- * stage, stage 0 on the caller's thread (the engine thread, which schedules), stages
- * 1 .. n-1 on rank threads this module owns, connected by the comm layer's local backend.
+/* pipeline.h - pipeline and tensor parallelism inside one worker process (issue #20): a
+ * grid of n_stages x tp ranks, global rank = stage x tp + tp_rank (TP innermost, as
+ * vLLM), rank 0 on the caller's thread (the engine thread, which schedules), every other
+ * rank on a thread this module owns, connected by the comm layer's local backend.
  *
  * One step: the caller posts the step (a pointer to its plan: the ranks are threads of
  * the same process, so the plan is handed over, not copied; it stays valid because the
- * caller waits for the step to finish) to every rank thread, runs stage 0, and sends its
- * activations to stage 1 (comm send, tag = the step's id); stage s receives from s - 1,
- * runs, sends to s + 1; the last stage sends its output (the logits rows) back to stage 0.
- * No micro-batches: one step is in the pipeline at a time, so on one step the stages run
- * one after another (a later slice can keep pp steps in flight, vLLM's batch queue).
+ * caller waits for the step to finish) to every rank thread.  The tp ranks of a stage
+ * run the stage's layers together, each on its shard, meeting in the collectives their
+ * function makes on their stage's own TP group; stage s's rank (s, t) receives the
+ * previous stage's activations from its counterpart (s - 1, t) (comm send/recv on the
+ * grid's group, tag = the step's id), runs, and sends to (s + 1, t); the last stage's
+ * tp rank 0 sends the output (the logits rows) back to rank 0.
  *
- * Every message starts with the sender's status: a stage whose own work failed (bad
- * input, out of memory) still sends, so the others learn it at once and the step fails
- * with that status while the group stays up.  A comm failure (a deadline passed, an
- * abort) is sticky in the comm layer: the step fails with it, every rank thread is
- * stopped and joined before tsr_pipeline_run returns (nothing still reads the plan), and
- * the next step starts a fresh group with epoch + 1.  The worker stays up.
+ * Why every tp rank receives from its counterpart rather than tp rank 0 receiving and
+ * broadcasting in its group: the row-parallel all-reduce that ends a stage leaves the
+ * same bits on every tp rank of it, so the T transfers carry identical bytes and need
+ * no collective afterwards; in one process each is one copy, made by the T threads at
+ * once, where a broadcast would add a barrier of the whole TP group to every stage
+ * boundary and serialize the copies behind tp rank 0.  (Across nodes, vLLM's answer
+ * is different: each tp rank sends 1/tp of the tensor and the receivers all-gather, to
+ * cut the bytes on the wire; that belongs to the zmq data plane, not here.)
+ *
+ * No micro-batches: one step is in the pipeline at a time, so on one step the stages
+ * run one after another (a later slice can keep pp steps in flight, vLLM's batch queue).
+ *
+ * Every stage-to-stage message starts with the sender's status: a stage whose own work
+ * failed (bad input, out of memory) still sends, so the others learn it at once and the
+ * step fails with that status while the groups stay up.  With tp > 1 the ranks of a
+ * stage all-gather their statuses after their part (the stage's end): all OK, or all
+ * the same failure (bad input fails every shard alike, before or at the same
+ * collective), travels on; ranks that disagree (one failed on its own, so its peers may
+ * have met it in a mismatched collective) fail the grid like a comm failure.  A comm
+ * failure (a deadline passed, an abort) is sticky in the comm layer: the step fails with
+ * it, every rank thread is stopped and joined before tsr_pipeline_run returns (nothing
+ * still reads the plan), and the next step starts fresh groups with epoch + 1.  The
+ * worker stays up.
  *
  * Threads: tsr_pipeline_run from one thread at a time (the engine's forward);
  * tsr_pipeline_abort from any thread; new/free from the thread that owns the runner.
@@ -33,12 +52,10 @@ struct tsr_comm;
 
 /* How the ranks share a step. */
 typedef enum tsr_pipeline_kind {
-        /* Pipeline stages: stage s runs after s - 1, from its output (above). */
+        /* Pipeline stages only: n x 1 (tp 1). */
         TSR_PIPELINE_STAGES = 0,
-        /* Tensor parallelism: every rank runs the whole step at once on its shard, meeting
-         * the others in the collectives its function makes on `comm`; then the ranks'
-         * statuses are all-gathered (the step's end) and rank 0's output is the result.
-         * A rank's failure aborts the group (the others may wait in a collective). */
+        /* Tensor parallelism only: 1 x n, every rank runs the whole step at once on its
+         * shard; rank 0's output is the result. */
         TSR_PIPELINE_TENSOR = 1,
 } tsr_pipeline_kind;
 
@@ -49,30 +66,35 @@ typedef struct tsr_pipeline_step {
         size_t out_floats;      /* floats the last stage returns (logits rows); may be 0 */
 } tsr_pipeline_step;
 
-/* Stage `stage`'s part of a step, on that stage's thread: `in` holds io_floats from the
- * previous stage (NULL on stage 0); `out` receives io_floats for the next stage, or
- * out_floats on the last stage (TSR_PIPELINE_TENSOR: `in` is NULL and every rank's `out`
- * receives out_floats).  `comm` is the rank's handle on the group, for the tensor kind's
- * collectives.  Returns the stage's status. */
-typedef tsr_status (*tsr_pipeline_stage_fn)(void *ud, uint32_t stage, const tsr_pipeline_step *step,
+/* Rank `rank`'s part of a step, on that rank's thread: stage = rank / tp, tp_rank = rank
+ * % tp.  `in` holds io_floats from the previous stage (NULL on stage 0); `out` receives
+ * io_floats for the next stage, or out_floats on the last stage (every tp rank of it:
+ * only tp rank 0's are returned).  `comm` is the rank's handle on its stage's TP group
+ * (size tp), for the collectives of the shard's layers; with tp 1 it is the grid's
+ * group (every stage).  Returns the rank's status. */
+typedef tsr_status (*tsr_pipeline_stage_fn)(void *ud, uint32_t rank, const tsr_pipeline_step *step,
                                             const float *in, float *out, struct tsr_comm *comm);
 
-/* A pipeline of n_stages (2 .. 64) stages running fn(ud, ...); every comm wait is bounded
- * by timeout_ms (0: the comm default).  The rank threads start with the first step.
- * TSR_E_INVAL or TSR_E_NOMEM; *ret written only on success. */
+/* A grid of n_stages x tp ranks (2 .. 64 in all) running fn(ud, ...); every comm wait is
+ * bounded by timeout_ms (0: the comm default).  The rank threads start with the first
+ * step.  TSR_E_INVAL or TSR_E_NOMEM; *ret written only on success. */
+tsr_status tsr_pipeline_new_grid(uint32_t n_stages, uint32_t tp, uint32_t timeout_ms, tsr_pipeline_stage_fn fn,
+                                 void *ud, tsr_pipeline **ret);
+/* n_stages x 1. */
 tsr_status tsr_pipeline_new(uint32_t n_stages, uint32_t timeout_ms, tsr_pipeline_stage_fn fn, void *ud,
                             tsr_pipeline **ret);
-/* The same for `kind` (tsr_pipeline_new: TSR_PIPELINE_STAGES). */
+/* `kind`: n_ranks x 1 (stages) or 1 x n_ranks (tensor). */
 tsr_status tsr_pipeline_new_kind(tsr_pipeline_kind kind, uint32_t n_ranks, uint32_t timeout_ms,
                                  tsr_pipeline_stage_fn fn, void *ud, tsr_pipeline **ret);
 /* Run one step through every stage; the last stage's out_floats land in `out`.  Returns
- * the first failing stage's status, or the comm's (TSR_E_TIMEOUT, TSR_E_CANCELLED, ...);
+ * the first failing stage's status, or the comm's (TSR_E_TIMEOUT, TSR_E_CANCELLED, ...)
+ * or, with tp > 1, the first of a stage's disagreeing statuses (the grid starts over);
  * `out` is then undefined.  TSR_E_INTERNAL when a rank thread cannot be started. */
 tsr_status tsr_pipeline_run(tsr_pipeline *p, const tsr_pipeline_step *step, float *out);
 /* Fail the step in flight (if any): every comm wait returns TSR_E_CANCELLED promptly.
  * Any thread; the next step runs on a fresh group. */
 void tsr_pipeline_abort(tsr_pipeline *p);
-/* Groups made so far (1 after the first step; + 1 after each failure). */
+/* Grids made so far (1 after the first step; + 1 after each failure). */
 uint64_t tsr_pipeline_epoch(const tsr_pipeline *p);
 /* Stop and join every rank thread, free everything; NULL is fine; clears *p. */
 void tsr_pipeline_free(tsr_pipeline **p);
