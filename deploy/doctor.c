@@ -449,12 +449,21 @@ static int run_group(const doctor_opts *o, json_t *root) {
                                human_bytes(o->sizes[o->n_sizes - 1], b, sizeof(b)), gbps,
                                ok ? "checked" : "DIFFER");
                 }
-                json_object_set_new(jl, "peer", json_integer(q));
-                json_object_set_new(jl, "latency_us", json_real(lat_us));
-                json_object_set_new(jl, "bandwidth_gbps", json_real(gbps));
+                /* node 0 times each link; node q checked the bytes of its own */
+                if (o->node_rank == 0) {
+                        json_object_set_new(jl, "peer", json_integer(q));
+                        json_object_set_new(jl, "latency_us", json_real(lat_us));
+                        json_object_set_new(jl, "bandwidth_gbps", json_real(gbps));
+                        json_object_set_new(jl, "sizes", js);
+                } else {
+                        json_object_set_new(jl, "peer", json_integer(0));
+                        json_decref(js);
+                }
                 json_object_set_new(jl, "bytes_ok", json_boolean(ok));
-                json_object_set_new(jl, "sizes", js);
-                json_array_append_new(links, jl);
+                if (o->node_rank == 0 || o->node_rank == q)
+                        json_array_append_new(links, jl);
+                else
+                        json_decref(jl);
                 all_ok = all_ok && ok;
         }
         for (int i = 0; st == TSR_OK && i < o->n_sizes; i++) {

@@ -79,6 +79,9 @@ def check_group(res, nnodes):
         assert [n["rank"] for n in j["nodes"]] == list(range(nnodes))
         assert all(a["bitwise_ok"] for a in j["all_reduce"]) and len(j["all_reduce"]) == 3
     assert len({j["epoch"] for _, _, j in res.values()}) == 1           # one group
+    for r, (_, _, j) in res.items():    # node r > 0 checked the bytes of its own link
+        if r > 0:
+            assert j["links"] == [{"peer": 0, "bytes_ok": True}]
     links = res[0][2]["links"]
     assert [link["peer"] for link in links] == list(range(1, nnodes))
     for link in links:
