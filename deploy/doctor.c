@@ -90,7 +90,7 @@ static bool parse_sizes(const char *s, doctor_opts *o) {
 static int parse_args(int argc, char **argv, doctor_opts *o) {
         *o = (doctor_opts){.nnodes = 1, .node_rank = 0, .master_port = 0, .timeout_s = 60};
         parse_sizes("4096,1048576,16777216", o);
-        for (int i = 1; i < argc; i++) {
+        for (int i = 1; i < argc; i += 2) {    /* every option takes a value, but --help */
                 const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
                 bool ok = true;
                 if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -124,7 +124,6 @@ static int parse_args(int argc, char **argv, doctor_opts *o) {
                         fprintf(stderr, "tessera doctor: error: argument %s: invalid value '%s'\n", a, v);
                         return EXIT_USAGE;
                 }
-                i++;
         }
         if (o->node_rank >= o->nnodes) {
                 fprintf(stderr, "tessera doctor: error: --node-rank %ld must be below --nnodes %ld\n", o->node_rank,

@@ -17,9 +17,10 @@ What is asserted, and why:
     values off by a factor 0.8 (a deliberately wrong scale) only 2-4 tokens agree and the
     logprobs move by up to 0.47;
   - a YAML --config with `kv-cache-dtype: fp8` (the deployment guides' form) starts;
-  - fp8 where it is not implemented (--device cuda, -pp, Llama 4, NemotronH) is refused
+  - NemotronH's attention layers take an fp8 cache too (its Mamba state stays float32);
+  - fp8 where it is not implemented (--device cuda, -pp, Llama 4) is refused
     with exit 2 and the reason, never run with a float32 cache;
-  - a ModelOpt checkpoint's k_scale / v_scale are the ones used;
+  - a ModelOpt checkpoint's k_scale / v_scale are the ones used (Llama, NemotronH);
     fp8_e5m2 / fp8_inc are refused in test_worker_startup.py (REFUSED)."""
 import re
 from pathlib import Path
@@ -113,7 +114,8 @@ def test_yaml_config_starts(spawn, tmp_path, demo_model):
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-SCOPE = "the fp8 KV cache is implemented for the llama family on the CPU backend in one rank (supported there: auto)"
+SCOPE = ("the fp8 KV cache is implemented for the llama and nemotron_h families on the CPU backend in one rank "
+         "(supported there: auto)")
 
 
 @pytest.mark.parametrize("model,args,message", [
@@ -122,8 +124,7 @@ SCOPE = "the fp8 KV cache is implemented for the llama family on the CPU backend
     (None, ["-pp", "2"], "argument --kv-cache-dtype: 'fp8' is not supported with tensor or pipeline parallelism "
                          "yet: "),
     ("tiny-llama4", [], "argument --kv-cache-dtype: 'fp8' is not supported for model family llama4 yet: "),
-    ("tiny-nemotron-h/model", [], "argument --kv-cache-dtype: 'fp8' is not supported for model family nemotron_h yet: "),
-], ids=["cuda", "pp", "llama4", "nemotron_h"])
+], ids=["cuda", "pp", "llama4"])
 def test_refused_where_not_implemented(spawn, demo_model, model, args, message):
     """Never a silent float32 cache: exit 2 before anything is loaded or bound."""
     w = spawn([WORKER, FIXTURES / model if model else demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}",
@@ -134,10 +135,14 @@ def test_refused_where_not_implemented(spawn, demo_model, model, args, message):
     assert "listening on" not in out and "loaded " not in out, out
 
 
-def test_modelopt_scales_from_checkpoint(spawn):
-    """The tiny ModelOpt FP8 Llama carries k_scale / v_scale (1.0) for both layers: the
-    worker takes them from the checkpoint (no 1.0 warning) and serves."""
-    fix = FIXTURES / "tiny-modelopt" / "fp8"
+@pytest.mark.parametrize("fixture,layers", [("tiny-modelopt/fp8", 2), ("tiny-nemotron-h-fp8/model", 1)],
+                         ids=["llama", "nemotron_h"])
+def test_modelopt_scales_from_checkpoint(spawn, fixture, layers):
+    """The tiny ModelOpt FP8 Llama carries k_scale / v_scale (1.0) for both layers, the
+    tiny FP8 NemotronH for its one attention layer (backbone.layers.2.mixer.k_proj.k_scale,
+    among Mamba and MoE layers): the worker takes them from the checkpoint (no 1.0
+    warning) and serves."""
+    fix = FIXTURES / fixture
     port = free_port()
     proc = spawn([LAUNCHER, "serve", fix, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
                   "--kv-cache-memory-bytes", "64M", "--kv-cache-dtype", "fp8_e4m3"])
@@ -150,5 +155,28 @@ def test_modelopt_scales_from_checkpoint(spawn):
                                   extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 8
     out = proc.output()
-    assert re.search(r"KV cache fp8_e4m3: k_scale / v_scale of 2 of 2 layers from \S+ \(range 1 \.\. 1\)", out), out
+    assert re.search(rf"KV cache fp8_e4m3: k_scale / v_scale of {layers} of {layers} layers from \S+ "
+                     r"\(range 1 \.\. 1\)", out), out
     assert "Using KV cache scaling factor 1.0" not in out and "scales are not used" not in out, out
+
+
+def test_nemotron_h_without_scales(spawn):
+    """A float32 NemotronH (no ModelOpt config) with --kv-cache-dtype fp8: its attention
+    layers' cache is fp8 with vLLM's 1.0 scales and warning, its Mamba state stays
+    float32, and it serves (the cache's exact bytes and the logits' distance from the
+    float32 cache are tests/unit/test_nemotron_h.c's test_pool_fp8_kv)."""
+    port = free_port()
+    proc = spawn([LAUNCHER, "serve", FIXTURES / "tiny-nemotron-h" / "model", "--host", "127.0.0.1", "--port", port,
+                  "--served-model-name", "tiny", "--kv-cache-memory-bytes", "64M", "--kv-cache-dtype", "fp8"])
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: proc.p.poll() is not None or http_status(base + "/health") == 200, timeout=60,
+               what="tiny-nemotron-h served")
+    assert proc.p.poll() is None, proc.output()
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    r = client.completions.create(model="tiny", prompt=[1, 2, 3], temperature=0, max_tokens=8,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 8
+    out = proc.output()
+    assert "Using KV cache scaling factor 1.0 for fp8_e4m3" in out, out
+    assert "KV cache dtype fp8_e4m3 (--kv-cache-dtype fp8)" in out, out
+    assert cache_info(base)["cache_dtype"] == "fp8"

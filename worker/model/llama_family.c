@@ -133,6 +133,13 @@ static tsr_status llama_kv_bind(const void *model, tsr_kv_pool *pool, void **ret
         return st;
 }
 
+static const char *llama_kv_scale_module(const tsr_model_desc *d, const tsr_shard_spec *shard, uint32_t i,
+                                         uint32_t *layer) {
+        (void)d;
+        *layer = shard->first_layer + i;        /* the group holds the shard's layers in order */
+        return "model.layers.%u.self_attn";
+}
+
 static void llama_kv_unbind(void **view) {
         tsr_llama_kv *kv = *view;
         tsr_llama_kv_free(&kv);
@@ -186,6 +193,7 @@ const tsr_model_family tsr_family_llama = {
         .check_backend = llama_check_backend,
         .to_backend = llama_to_backend,
         .kv_bind = llama_kv_bind,
+        .kv_scale_module = llama_kv_scale_module,
         .kv_unbind = llama_kv_unbind,
         .forward_batch = llama_forward_batch,
         .forward_stage = llama_forward_stage,

@@ -89,6 +89,22 @@ static tsr_status nh_kv_bind(const void *model, tsr_kv_pool *pool, void **ret) {
         return st;
 }
 
+/* ModelOpt's kv scales sit on the attention mixers (models.md §4.5):
+ * backbone.layers.{l}.mixer.{k,v}_proj.{k,v}_scale, l the i-th attention layer's index
+ * in the hybrid pattern. */
+static const char *nh_kv_scale_module(const tsr_model_desc *d, const tsr_shard_spec *shard, uint32_t i,
+                                      uint32_t *layer) {
+        const tsr_nemotron_h_config *c = cfg_of(d);
+        uint32_t seen = 0;
+        *layer = shard->first_layer;
+        for (uint32_t l = shard->first_layer; l <= shard->last_layer && l < c->n_layers; l++)
+                if (c->pattern[l] == '*' && seen++ == i) {
+                        *layer = l;
+                        break;
+                }
+        return "backbone.layers.%u.mixer";
+}
+
 static void nh_kv_unbind(void **view) {
         tsr_nemotron_h_cache *c = *view;
         tsr_nemotron_h_cache_free(&c);
@@ -133,6 +149,7 @@ const tsr_model_family tsr_family_nemotron_h = {
         .resident_bytes = nh_resident_bytes,
         .check_backend = nh_check_backend,
         .kv_bind = nh_kv_bind,
+        .kv_scale_module = nh_kv_scale_module,
         .kv_unbind = nh_kv_unbind,
         .forward_batch = nh_forward_batch,
         .seq_size = sizeof(tsr_nemotron_h_seq),

@@ -303,7 +303,7 @@ tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_d
                 return TSR_OK;
         if (kv_dtype != TSR_DTYPE_FP8_E4M3 || !fam)
                 where = "for this model";
-        else if (strcmp(fam->name, "llama") != 0)
+        else if (!fam->kv_scale_module)
                 where = fam->name;
         else if (!host_memory)
                 where = "on the GPU backend";
@@ -321,16 +321,28 @@ tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_d
  * v_scale where it has them, else the pool's 1.0 with vLLM's warning.  Main thread. */
 static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr_model_desc *desc,
                                 const tsr_shard_spec *shard, tsr_kv_pool *pool, char *err, size_t errlen) {
-        tsr_kv_pool_group *g = &pool->groups[0];
+        tsr_kv_pool_group *g = NULL;            /* the attention layers' group (the only fp8 one) */
         tsr_safetensors_set *set = NULL;
         uint32_t found = 0;
         tsr_status st = TSR_OK;
 
+        for (size_t i = 0; !g && i < pool->n_groups; i++)
+                if (tsr_kv_group_paged(&pool->groups[i].spec))
+                        g = &pool->groups[i];
+        if (!g)
+                return TSR_OK;
         if (!desc->gguf && r->mo.algo != TSR_MODELOPT_NONE) {
                 if ((st = tsr_safetensors_set_open(path, &set, err, errlen)) != TSR_OK)
                         return st;
-                st = tsr_modelopt_kv_scales(set, "model.layers.%u.self_attn", shard->first_layer, g->spec.n_layers,
-                                            g->k_scale, g->v_scale, &found, err, errlen);
+                /* layer by layer: the family says where each of the group's layers lives
+                 * (NemotronH's attention layers are scattered among its Mamba and MoE ones) */
+                for (uint32_t i = 0; st == TSR_OK && i < g->spec.n_layers; i++) {
+                        uint32_t layer, one = 0;
+                        const char *fmt = r->fam->kv_scale_module(desc, shard, i, &layer);
+                        st = tsr_modelopt_kv_scales(set, fmt, layer, 1, &g->k_scale[i], &g->v_scale[i], &one, err,
+                                                    errlen);
+                        found += one;
+                }
                 tsr_safetensors_set_close(&set);
                 if (st != TSR_OK)
                         return st;

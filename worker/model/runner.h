@@ -64,7 +64,7 @@ typedef struct tsr_runner_opts {
  * with one line in err naming the flag, the value (`flag`, as given) and what is
  * supported otherwise.  Any thread; main's start-up check and the runner's. */
 #define TSR_RUNNER_KV_FP8_SCOPE \
-        "the fp8 KV cache is implemented for the llama family on the CPU backend in one rank"
+        "the fp8 KV cache is implemented for the llama and nemotron_h families on the CPU backend in one rank"
 tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_dtype, const char *flag,
                                      bool host_memory, uint32_t ranks, char *err, size_t errlen);
 
