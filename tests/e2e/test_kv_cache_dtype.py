@@ -142,19 +142,7 @@ def test_modelopt_scales_from_checkpoint(spawn, fixture, layers):
     tiny FP8 NemotronH for its one attention layer (backbone.layers.2.mixer.k_proj.k_scale,
     among Mamba and MoE layers): the worker takes them from the checkpoint (no 1.0
     warning) and serves."""
-    fix = FIXTURES / fixture
-    port = free_port()
-    proc = spawn([LAUNCHER, "serve", fix, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
-                  "--kv-cache-memory-bytes", "64M", "--kv-cache-dtype", "fp8_e4m3"])
-    base = f"http://127.0.0.1:{port}"
-    wait_until(lambda: proc.p.poll() is not None or http_status(base + "/health") == 200, timeout=60,
-               what="tiny-modelopt served")
-    assert proc.p.poll() is None, proc.output()
-    client = openai.OpenAI(base_url=base + "/v1", api_key="none")
-    r = client.completions.create(model="tiny", prompt=[1, 2, 3], temperature=0, max_tokens=8,
-                                  extra_body={"ignore_eos": True})
-    assert r.usage.completion_tokens == 8
-    out = proc.output()
+    _, out = serve_fp8_tiny(spawn, FIXTURES / fixture, "fp8_e4m3")
     assert re.search(rf"KV cache fp8_e4m3: k_scale / v_scale of {layers} of {layers} layers from \S+ "
                      r"\(range 1 \.\. 1\)", out), out
     assert "Using KV cache scaling factor 1.0" not in out and "scales are not used" not in out, out
@@ -165,18 +153,23 @@ def test_nemotron_h_without_scales(spawn):
     layers' cache is fp8 with vLLM's 1.0 scales and warning, its Mamba state stays
     float32, and it serves (the cache's exact bytes and the logits' distance from the
     float32 cache are tests/unit/test_nemotron_h.c's test_pool_fp8_kv)."""
+    base, out = serve_fp8_tiny(spawn, FIXTURES / "tiny-nemotron-h" / "model", "fp8")
+    assert "Using KV cache scaling factor 1.0 for fp8_e4m3" in out, out
+    assert "KV cache dtype fp8_e4m3 (--kv-cache-dtype fp8)" in out, out
+    assert cache_info(base)["cache_dtype"] == "fp8"
+
+
+def serve_fp8_tiny(spawn, model, flag):
+    """`tessera serve model --kv-cache-dtype flag` answers 8 greedy tokens: (base URL, log)."""
     port = free_port()
-    proc = spawn([LAUNCHER, "serve", FIXTURES / "tiny-nemotron-h" / "model", "--host", "127.0.0.1", "--port", port,
-                  "--served-model-name", "tiny", "--kv-cache-memory-bytes", "64M", "--kv-cache-dtype", "fp8"])
+    proc = spawn([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, "--served-model-name", "tiny",
+                  "--kv-cache-memory-bytes", "64M", "--kv-cache-dtype", flag])
     base = f"http://127.0.0.1:{port}"
     wait_until(lambda: proc.p.poll() is not None or http_status(base + "/health") == 200, timeout=60,
-               what="tiny-nemotron-h served")
+               what=f"{model} served")
     assert proc.p.poll() is None, proc.output()
     client = openai.OpenAI(base_url=base + "/v1", api_key="none")
     r = client.completions.create(model="tiny", prompt=[1, 2, 3], temperature=0, max_tokens=8,
                                   extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 8
-    out = proc.output()
-    assert "Using KV cache scaling factor 1.0 for fp8_e4m3" in out, out
-    assert "KV cache dtype fp8_e4m3 (--kv-cache-dtype fp8)" in out, out
-    assert cache_info(base)["cache_dtype"] == "fp8"
+    return base, proc.output()
