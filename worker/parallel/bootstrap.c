@@ -124,6 +124,29 @@ static void first_difference(const char *ours, const char *theirs, char *out, si
         snprintf(out, len, "(no difference)");
 }
 
+/* The next frame on `sock` as an Envelope carrying message `want`; NULL (logged) when it
+ * is not one.  Both sides' sockets are capped at MAX_HELLO_BYTES. */
+static tsr_envelope *take_frame(void *sock, int want, const char *what) {
+        zmq_msg_t body;
+        tsr_envelope *env = NULL;
+        char why[256];
+        zmq_msg_init(&body);
+        if (zmq_msg_recv(&body, sock, 0) < 0) {
+                zmq_msg_close(&body);
+                return NULL;
+        }
+        tsr_status st = tsr_wire_unpack(zmq_msg_data(&body), zmq_msg_size(&body), MAX_HELLO_BYTES, &env, why,
+                                        sizeof(why));
+        zmq_msg_close(&body);
+        if (st != TSR_OK || (int)env->msg_case != want) {
+                log_warn("rendezvous: dropped a frame that is not %s (%s)", what,
+                         st != TSR_OK ? why : tsr_wire_msg_name(env));
+                tsr_wire_free(env);
+                return NULL;
+        }
+        return env;
+}
+
 static tsr_status wait_readable(void *sock, uint64_t deadline_ms) {
         zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
         for (;;) {
@@ -174,27 +197,14 @@ static tsr_status run_leader(void *sock, const tsr_bootstrap_cfg *cfg, tsr_boots
                 if ((st = wait_readable(sock, deadline)) != TSR_OK)
                         break;
                 unsigned char id[ID_BYTES];
-                int id_len = zmq_recv(sock, id, sizeof(id), 0);
-                zmq_msg_t body;
-                zmq_msg_init(&body);
-                int more = 0;
+                int id_len = zmq_recv(sock, id, sizeof(id), 0), more = 0;
                 size_t more_len = sizeof(more);
                 zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &more_len);
-                if (id_len <= 0 || id_len > ID_BYTES || !more || zmq_msg_recv(&body, sock, 0) < 0) {
-                        zmq_msg_close(&body);
+                if (id_len <= 0 || id_len > ID_BYTES || !more)
                         continue;
-                }
-                tsr_envelope *env = NULL;
-                char why_not[256];
-                tsr_status ust = tsr_wire_unpack(zmq_msg_data(&body), zmq_msg_size(&body), MAX_HELLO_BYTES, &env,
-                                                 why_not, sizeof(why_not));
-                zmq_msg_close(&body);
-                if (ust != TSR_OK || env->msg_case != TESSERA__V1__ENVELOPE__MSG_NODE_HELLO) {
-                        log_warn("rendezvous: dropped a frame that is not a NodeHello (%s)",
-                                 ust != TSR_OK ? why_not : tsr_wire_msg_name(env));
-                        tsr_wire_free(env);
+                tsr_envelope *env = take_frame(sock, TESSERA__V1__ENVELOPE__MSG_NODE_HELLO, "a NodeHello");
+                if (!env)
                         continue;
-                }
                 const Tessera__V1__NodeHello *m = env->node_hello;
                 const char *host = m->hostname[0] ? m->hostname : "?";
                 char diff[600];
@@ -336,22 +346,9 @@ static tsr_status run_follower(void *sock, const tsr_bootstrap_cfg *cfg, const c
                                      "no answer from node 0 at %s within %u ms (is node 0 running with --nnodes %u, "
                                      "is --master-addr/--master-port right, is the port open?)",
                                      master_ep, cfg->timeout_ms + TSR_BOOTSTRAP_FOLLOWER_GRACE_MS, cfg->nnodes);
-                zmq_msg_t body;
-                zmq_msg_init(&body);
-                if (zmq_msg_recv(&body, sock, 0) < 0) {
-                        zmq_msg_close(&body);
+                tsr_envelope *r = take_frame(sock, TESSERA__V1__ENVELOPE__MSG_NODE_SETUP, "a NodeSetup from node 0");
+                if (!r)
                         continue;
-                }
-                tsr_envelope *r = NULL;
-                char why[256];
-                tsr_status ust = tsr_wire_unpack(zmq_msg_data(&body), zmq_msg_size(&body), 0, &r, why, sizeof(why));
-                zmq_msg_close(&body);
-                if (ust != TSR_OK || r->msg_case != TESSERA__V1__ENVELOPE__MSG_NODE_SETUP) {
-                        log_warn("rendezvous: dropped a frame from node 0 that is not a NodeSetup (%s)",
-                                 ust != TSR_OK ? why : tsr_wire_msg_name(r));
-                        tsr_wire_free(r);
-                        continue;
-                }
                 const Tessera__V1__NodeSetup *ns = r->node_setup;
                 if (ns->error[0])
                         st = failf(TSR_E_PROTO, err, errlen, "node 0 refused the group: %s", ns->error);
