@@ -1,39 +1,70 @@
 // attention.cu - causal grouped-query attention over the paged KV cache (kernels.h), in
-// float32, one block per (query row t, head h).  The math of cpu/ref.c's attention with
-// the softmax done online (running max and sum, rescaled as the max grows), which needs no
-// score array whatever the context length:
-//   s_j = (q . k_j) * scale for j = 0 .. past_len + t;  out = sum_j exp(s_j - max) v_j / sum_j exp(s_j - max)
-// Each block's order is fixed by (head_dim, the row's position) alone, never by the
-// number of rows or sequences in the call, so a row's output does not depend on the rows
-// beside it.
+// float32.  The math of cpu/ref.c's attention with the softmax done online (running max
+// and sum, rescaled as the max grows), which needs no score array whatever the length:
+//   s_j = (q . k_j) * scale for j = 0 .. pos;  out = sum_j exp(s_j - max) v_j / sum_j exp(s_j - max)
+//
+// Split over the keys (flash-decoding): a row with n = pos + 1 keys is cut into
+// attn_splits(n) runs of consecutive keys, one block each per head; a block with the
+// row's only run writes the output itself, otherwise it writes its run's (max, sum,
+// weighted V sum) and a second kernel merges the runs in order.  A decode step has one
+// row per sequence, so without the split a batch of one kept only n_heads blocks busy
+// (9 of an H200's 132 multiprocessors for SmolLM2) however long the context.
+//
+// Batch invariance: the number of runs, their bounds and every block's order depend on
+// (the row's position, head_dim) alone, never on the other rows or sequences of the call,
+// so a row's output is bitwise the same alone or in any batch, and the same whether its
+// token came in a prefill or a decode step.
 #include <math.h>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
 
-/* 16 warps (512 threads) per (row, head): each warp's serial walk over its keys is what a
- * decode step waits for.  H200, SmolLM2 shape, bf16, 2048 tokens of context
- * (tessera-bench-engine --kernels cuda --context 2048): decode batch 1 39.1 -> 71.1 tok/s,
- * batch 32 1139 -> 1534 tok/s against 4 warps.  A split over the keys across blocks
- * (flash-decoding) is the next step. */
-#define ATTN_WARPS 16
+/* 8 warps per (row, head, run); runs of at least ATTN_MIN_RUN keys (16 per warp), at most
+ * ATTN_MAX_SPLITS of them: up to 4096 keys a row gets one run per 128 keys, past that the
+ * runs grow.  SmolLM2 (9 heads) at 2048 keys: 16 runs, 144 blocks for a batch of one.
+ * H200, SmolLM2 shape, bf16 weights (docs/benchmarks.md, GPU, 2026-11-27), against one
+ * block of 16 warps per (row, head): decode b32 at 2048 cached tokens 2765-2824 ->
+ * 3977-3991 tok/s, b1 at 8000 cached 50.8 -> 226.1 tok/s (with backend.cu's index copies
+ * once per step); runs of 64 keys lost 10% at b32 and 12% of prefill. */
+#define ATTN_WARPS 8
+#define ATTN_UNROLL 4           // keys a warp has in flight at once
+#define ATTN_MIN_RUN 128
+#define ATTN_MAX_SPLITS 32
 #define ATTN_PER_LANE (TSR_CUDA_ATTN_MAX_HEAD_DIM / 32)   // head dims a lane owns: lane, lane + 32, ...
+/* Bytes of run records one launch may use: the rows of a call go in groups that fit. */
+#define ATTN_WORK_BYTES ((size_t)32 << 20)
+
+// The number of runs for a row with n >= 1 keys.
+__host__ __device__ static inline unsigned attn_splits(size_t n) {
+        size_t s = (n + ATTN_MIN_RUN - 1) / ATTN_MIN_RUN;
+        return (unsigned)(s < ATTN_MAX_SPLITS ? s : ATTN_MAX_SPLITS);
+}
+
+// A run's record in the work array: max m, sum l, then acc[hd] (the run's sum of
+// exp(s_j - m) v_j, not yet divided by l).
+__host__ __device__ static inline size_t attn_record_floats(size_t hd) { return hd + 2; }
 
 // q (rows.n, n_heads, hd), the cache (n_blocks, block_size, n_kv_heads, hd) through row
-// t's sequence's block table -> out (rows.n, n_heads, hd).  Block (t, h), ATTN_WARPS warps:
-// warp w takes keys w, w + ATTN_WARPS, ... up to p = rows.pos[t]; for each, the warp's 32
-// lanes split the dot product over the head dims (lane owns dims lane + 32 c) and sum it
-// with a butterfly, then every lane
-// updates the warp's running (max m, sum l) and its own dims of the weighted sum of V.
-// Finally the warps' (m, l, acc) are merged in shared memory: thread i < hd writes
-// out[i] = sum_w acc_w[i] e^(m_w - M) / sum_w l_w e^(m_w - M), M = max_w m_w.
-__global__ static void attention_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
-                                        tsr_cuda_rows rows, size_t block_size, int n_kv_heads, int hd, int n_heads,
-                                        float scale) {
+// t's sequence's block table.  Block (t - r0, h, s) takes run s of row t = r0 + blockIdx.x
+// for head h: keys [j0, j1).  Warp w takes keys j0 + w, j0 + w + ATTN_WARPS, ...,
+// ATTN_UNROLL of them at a time; for each, the warp's 32 lanes split the dot product over
+// the head dims (lane owns dims lane + 32 c) and sum it with a butterfly, then every lane
+// rescales the warp's running (max m, sum l) once for the new maximum of those keys and
+// adds their terms to l and to its own dims of the weighted sum of V.  The warps' (m, l, acc) are then merged in
+// shared memory, M = max_w m_w: with one run, thread i < hd writes
+// out[i] = sum_w acc_w[i] e^(m_w - M) / sum_w l_w e^(m_w - M); with several, the run's
+// record (M, that denominator, that numerator) goes to `work`.
+__global__ static void attention_kernel(float *out, float *work, const float *q, const float *k_cache,
+                                        const float *v_cache, tsr_cuda_rows rows, size_t r0, size_t block_size,
+                                        int n_kv_heads, int hd, int n_heads, float scale) {
         __shared__ float qs[TSR_CUDA_ATTN_MAX_HEAD_DIM];
         __shared__ float wm[ATTN_WARPS], wl[ATTN_WARPS];
         __shared__ float wacc[ATTN_WARPS][TSR_CUDA_ATTN_MAX_HEAD_DIM];
-        size_t t = blockIdx.x, p = rows.pos[t];
+        size_t t = r0 + blockIdx.x, n = (size_t)rows.pos[t] + 1;
+        unsigned splits = attn_splits(n), s = blockIdx.z;
+        if (s >= splits)        // a shorter row than the group's longest: uniform over the block
+                return;
+        size_t run = (n + splits - 1) / splits, j0 = s * run, j1 = j0 + run < n ? j0 + run : n;
         const uint32_t *blocks = rows.tables + rows.table_off[t];
         int h = blockIdx.y, g = h / (n_heads / n_kv_heads), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
         size_t width = (size_t)n_kv_heads * hd;
@@ -46,28 +77,51 @@ __global__ static void attention_kernel(float *out, const float *q, const float 
         float m = -INFINITY, l = 0.0f, acc[ATTN_PER_LANE];
         for (int c = 0; c < ATTN_PER_LANE; c++)
                 acc[c] = 0.0f;
-        for (size_t j = warp; j <= p; j += ATTN_WARPS) {
-                size_t row = (size_t)blocks[j / block_size] * block_size + j % block_size;
-                const float *kj = k_cache + row * width + (size_t)g * hd;
-                const float *vj = v_cache + row * width + (size_t)g * hd;
-                float dot = 0.0f;
-                for (int c = 0; c < ATTN_PER_LANE; c++) {
-                        int i = lane + 32 * c;
-                        if (i < hd)
-                                dot += qs[i] * kj[i];
+        for (size_t j = j0 + warp; j < j1; j += ATTN_WARPS * ATTN_UNROLL) {
+                // ATTN_UNROLL keys at once (j, j + ATTN_WARPS, ...): their loads and
+                // butterflies are independent, so their latencies overlap.
+                float sc[ATTN_UNROLL];
+                const float *vp[ATTN_UNROLL];
+                for (int u = 0; u < ATTN_UNROLL; u++) {
+                        size_t ju = j + (size_t)u * ATTN_WARPS;
+                        float dot = 0.0f;
+                        vp[u] = NULL;
+                        if (ju < j1) {          // uniform over the warp
+                                size_t row = (size_t)blocks[ju / block_size] * block_size + ju % block_size;
+                                const float *kj = k_cache + row * width + (size_t)g * hd;
+                                vp[u] = v_cache + row * width + (size_t)g * hd;
+                                for (int c = 0; c < ATTN_PER_LANE; c++) {
+                                        int i = lane + 32 * c;
+                                        if (i < hd)
+                                                dot += qs[i] * kj[i];
+                                }
+                        }
+                        sc[u] = dot;
                 }
-                for (int off = 16; off > 0; off /= 2)   // butterfly: every lane ends with the same sum
-                        dot += __shfl_xor_sync(0xffffffffu, dot, off);
-                float s = dot * scale;
-                float m_new = fmaxf(m, s);
+                for (int off = 16; off > 0; off /= 2)   // butterflies: every lane ends with the same sums
+                        for (int u = 0; u < ATTN_UNROLL; u++)
+                                sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], off);
+                float m_new = m;
+                for (int u = 0; u < ATTN_UNROLL; u++) {
+                        sc[u] = vp[u] ? sc[u] * scale : -INFINITY;
+                        m_new = fmaxf(m_new, sc[u]);
+                }
                 if (m_new == -INFINITY)                 // nothing seen yet but -inf scores: weight 0
                         continue;
-                float corr = expf(m - m_new), pj = expf(s - m_new);
-                l = l * corr + pj;
-                for (int c = 0; c < ATTN_PER_LANE; c++) {
-                        int i = lane + 32 * c;
-                        if (i < hd)
-                                acc[c] = acc[c] * corr + pj * vj[i];
+                float corr = expf(m - m_new);
+                l *= corr;
+                for (int c = 0; c < ATTN_PER_LANE; c++)
+                        acc[c] *= corr;
+                for (int u = 0; u < ATTN_UNROLL; u++) {
+                        if (!vp[u])
+                                continue;
+                        float pj = expf(sc[u] - m_new);
+                        l += pj;
+                        for (int c = 0; c < ATTN_PER_LANE; c++) {
+                                int i = lane + 32 * c;
+                                if (i < hd)
+                                        acc[c] += pj * vp[u][i];
+                        }
                 }
                 m = m_new;
         }
@@ -90,23 +144,91 @@ __global__ static void attention_kernel(float *out, const float *q, const float 
                 f[w] = wm[w] == -INFINITY ? 0.0f : expf(wm[w] - M);    // a warp with no key weighs 0
                 L += wl[w] * f[w];
         }
-        float *oh = out + (t * n_heads + h) * hd;
+        float *dst;
+        if (splits == 1) {
+                dst = out + (t * n_heads + h) * hd;
+        } else {
+                float *rec = work + ((blockIdx.x * (size_t)n_heads + h) * ATTN_MAX_SPLITS + s) * attn_record_floats(hd);
+                if (threadIdx.x == 0) {
+                        rec[0] = M;
+                        rec[1] = L;
+                }
+                dst = rec + 2;
+        }
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
                 float o = 0.0f;
                 for (int w = 0; w < ATTN_WARPS; w++)
                         o += wacc[w][i] * f[w];
+                dst[i] = splits == 1 ? o / L : o;
+        }
+}
+
+// The runs of row t = r0 + blockIdx.x, head blockIdx.y, merged in run order as the warps
+// are above: out[i] = sum_s acc_s[i] e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s.
+// Rows with one run were written by attention_kernel.
+__global__ static void attention_merge_kernel(float *out, const float *work, tsr_cuda_rows rows, size_t r0, int hd,
+                                              int n_heads) {
+        size_t t = r0 + blockIdx.x;
+        unsigned splits = attn_splits((size_t)rows.pos[t] + 1);
+        if (splits == 1)
+                return;
+        int h = blockIdx.y;
+        size_t rf = attn_record_floats(hd);
+        const float *rec = work + (blockIdx.x * (size_t)n_heads + h) * ATTN_MAX_SPLITS * rf;
+        float M = rec[0];
+        for (unsigned s = 1; s < splits; s++)
+                M = fmaxf(M, rec[s * rf]);
+        float L = 0.0f;
+        for (unsigned s = 0; s < splits; s++) {
+                float ms = rec[s * rf];
+                L += ms == -INFINITY ? 0.0f : rec[s * rf + 1] * expf(ms - M);
+        }
+        float *oh = out + (t * n_heads + h) * hd;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+                float o = 0.0f;
+                for (unsigned s = 0; s < splits; s++) {
+                        float ms = rec[s * rf];
+                        if (ms != -INFINITY)
+                                o += rec[s * rf + 2 + i] * expf(ms - M);
+                }
                 oh[i] = o / L;
         }
 }
 
-extern "C" tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, const float *q, const float *k_cache,
-                                         const float *v_cache, tsr_cuda_rows rows, size_t block_size,
+extern "C" size_t tsr_cuda_attention_work_bytes(size_t rows, size_t n_heads, size_t head_dim) {
+        size_t per_row = n_heads * ATTN_MAX_SPLITS * attn_record_floats(head_dim) * sizeof(float);
+        size_t group = ATTN_WORK_BYTES / per_row;
+        if (group == 0)
+                group = 1;
+        return (rows < group ? rows : group) * per_row;
+}
+
+extern "C" tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, float *work, size_t work_bytes,
+                                         const float *q, const float *k_cache, const float *v_cache,
+                                         tsr_cuda_rows rows, const uint32_t *host_pos, size_t block_size,
                                          size_t n_kv_heads, size_t head_dim, size_t n_heads, float scale) {
+        size_t per_row = n_heads * ATTN_MAX_SPLITS * attn_record_floats(head_dim) * sizeof(float);
+        size_t group = work_bytes / per_row;
         if (rows.n == 0)
                 return TSR_OK;
-        dim3 grid((unsigned)rows.n, (unsigned)n_heads);
-        attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(out, q, k_cache, v_cache, rows, block_size,
-                                                                (int)n_kv_heads, (int)head_dim, (int)n_heads, scale);
-        TSR_CUDA_TRY(cudaGetLastError());
+        if (group == 0)
+                return TSR_E_INVAL;
+        for (size_t r0 = 0; r0 < rows.n; r0 += group) {
+                size_t g = rows.n - r0 < group ? rows.n - r0 : group;
+                uint32_t longest = 0;
+                for (size_t r = r0; r < r0 + g; r++)
+                        longest = host_pos[r] > longest ? host_pos[r] : longest;
+                unsigned splits = attn_splits((size_t)longest + 1);
+                dim3 grid((unsigned)g, (unsigned)n_heads, splits);
+                attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(out, work, q, k_cache, v_cache, rows, r0,
+                                                                        block_size, (int)n_kv_heads, (int)head_dim,
+                                                                        (int)n_heads, scale);
+                TSR_CUDA_TRY(cudaGetLastError());
+                if (splits > 1) {
+                        attention_merge_kernel<<<dim3((unsigned)g, (unsigned)n_heads), 128, 0, stream>>>(
+                                out, work, rows, r0, (int)head_dim, (int)n_heads);
+                        TSR_CUDA_TRY(cudaGetLastError());
+                }
+        }
         return TSR_OK;
 }

@@ -1,8 +1,8 @@
 // backend.cu - the CUDA backend: kernels.h's tsr_backend on one device.
 //
 // The context: the device ordinal, ONE non-blocking stream, a cuBLAS handle bound to that
-// stream, and two small growable device scratch buffers (index arrays; the bf16 copy of a
-// matmul's activations).  Every call first makes the device current on the calling thread
+// stream, and small growable device scratch buffers (three for index arrays; the bf16
+// copy of a matmul's activations; attention's run records).  Every call first makes the device current on the calling thread
 // (cudaSetDevice is cheap when it already is), so a thread may drive backends on different
 // devices in turn, and two threads each their own.  Threads: a backend is driven by one
 // thread at a time (kernels.h), so the context needs no lock.
@@ -13,16 +13,19 @@
 // wait for the stream (kernels.h: synchronous); copy and the ops return once queued; a
 // fault inside a kernel shows as TSR_E_CUDA at the next upload/download/synchronize.
 //
-// Host index arrays (embedding's ids, rope's pos, a KV view's block table) are copied to
-// the index scratch with cudaMemcpyAsync on the stream just before the kernel that reads
-// them.  From pageable memory (what callers have) that call returns once the source is
-// staged, so the caller may reuse its array at once; the next op's copy into the same
-// scratch is queued after this op's kernel, so it cannot overwrite indices still in use.
-// (A pinned source would be read by the DMA later: callers must not pass pinned arrays
-// they reuse before a synchronize.)
+// Host index arrays (embedding's ids, rope's pos, a batch's rows and block tables) are
+// copied to an index scratch with cudaMemcpyAsync on the stream just before the kernel
+// that reads them.  From pageable memory (what callers have) that call returns once the
+// source is staged, so the caller may reuse its array at once; the next op's copy into
+// the same scratch is queued after this op's kernel, so it cannot overwrite indices still
+// in use.  (A pinned source would be read by the DMA later: callers must not pass pinned
+// arrays they reuse before a synchronize.)  Each kind of array has its own scratch, which
+// remembers what it holds: a forward passes every layer the same positions and the same
+// rows, so one step uploads each once instead of once per op and layer.
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cublas_v2.h>
 
@@ -40,12 +43,23 @@ struct cuda_scratch {
         size_t cap;     // bytes
 };
 
+// An index scratch and a host copy of the bytes its last upload queued: the first `held`
+// bytes of dev.p hold them, or will once the stream gets there.
+struct cuda_index_scratch {
+        cuda_scratch dev;
+        void *host;
+        size_t host_cap, held;
+};
+
 struct cuda_ctx {
         int device;
         cudaStream_t stream;
         cublasHandle_t blas;
-        cuda_scratch idx;       // index arrays copied from the host
+        cuda_index_scratch ids;         // embedding's token ids
+        cuda_index_scratch pos;         // rope's positions
+        cuda_index_scratch rows;        // kv_write's and attention's rows (upload_rows)
         cuda_scratch act;       // a bf16 matmul's rounded activations
+        cuda_scratch attn;      // attention's per-run records (attention.cu's split over the keys)
 };
 
 static cuda_ctx *ctx_of(tsr_backend *be) { return static_cast<cuda_ctx *>(be->ctx); }
@@ -78,16 +92,39 @@ static tsr_status scratch_reserve(cuda_ctx *c, cuda_scratch *s, size_t bytes) {
         return TSR_OK;
 }
 
-// The host index array a (count,) copied to the index scratch; *dev points at the copy.
-static tsr_status upload_indices(cuda_ctx *c, const uint32_t *a, size_t count, const uint32_t **dev) {
+// The host index array a (count,) in the index scratch x; *dev points at it.  Copied
+// unless x's last upload was these very bytes (then the copy on the device, or the one
+// queued ahead, is theirs).
+static tsr_status upload_indices(cuda_ctx *c, cuda_index_scratch *x, const uint32_t *a, size_t count,
+                                 const uint32_t **dev) {
         size_t bytes = count * sizeof *a;
-        tsr_status st = scratch_reserve(c, &c->idx, bytes ? bytes : sizeof *a);
+        if (x->dev.p && bytes == x->held && bytes && memcmp(x->host, a, bytes) == 0) {
+                *dev = static_cast<const uint32_t *>(x->dev.p);
+                return TSR_OK;
+        }
+        x->held = 0;
+        if (bytes > x->host_cap) {
+                void *h = realloc(x->host, bytes);
+                if (!h)
+                        return TSR_E_NOMEM;
+                x->host = h;
+                x->host_cap = bytes;
+        }
+        tsr_status st = scratch_reserve(c, &x->dev, bytes ? bytes : sizeof *a);
         if (st != TSR_OK)
                 return st;
-        if (bytes)
-                TSR_CUDA_TRY(cudaMemcpyAsync(c->idx.p, a, bytes, cudaMemcpyHostToDevice, c->stream));
-        *dev = static_cast<const uint32_t *>(c->idx.p);
+        if (bytes) {
+                TSR_CUDA_TRY(cudaMemcpyAsync(x->dev.p, a, bytes, cudaMemcpyHostToDevice, c->stream));
+                memcpy(x->host, a, bytes);
+                x->held = bytes;
+        }
+        *dev = static_cast<const uint32_t *>(x->dev.p);
         return TSR_OK;
+}
+
+static void index_scratch_free(cuda_index_scratch *x) {
+        (void)cudaFree(x->dev.p);
+        free(x->host);
 }
 
 static void cuda_ctx_free(void *ctx) {
@@ -99,8 +136,11 @@ static void cuda_ctx_free(void *ctx) {
                         (void)cudaStreamSynchronize(c->stream);
                 if (c->blas)
                         (void)cublasDestroy(c->blas);
-                (void)cudaFree(c->idx.p);
+                index_scratch_free(&c->ids);
+                index_scratch_free(&c->pos);
+                index_scratch_free(&c->rows);
                 (void)cudaFree(c->act.p);
+                (void)cudaFree(c->attn.p);
                 if (c->stream)
                         (void)cudaStreamDestroy(c->stream);
         }
@@ -200,7 +240,7 @@ static tsr_status cuda_embedding(tsr_backend *be, float *out, const float *table
                 return TSR_OK;
         tsr_status st = use_device(be);
         if (st == TSR_OK)
-                st = upload_indices(ctx_of(be), ids, rows, &dids);
+                st = upload_indices(ctx_of(be), &ctx_of(be)->ids, ids, rows, &dids);
         return st != TSR_OK ? st : tsr_cuda_embedding(ctx_of(be)->stream, out, table, dim, dids, rows);
 }
 
@@ -244,7 +284,7 @@ static tsr_status cuda_rope(tsr_backend *be, float *x, size_t rows, size_t n_hea
                 return TSR_OK;
         tsr_status st = use_device(be);
         if (st == TSR_OK)
-                st = upload_indices(ctx_of(be), pos, rows, &dpos);
+                st = upload_indices(ctx_of(be), &ctx_of(be)->pos, pos, rows, &dpos);
         return st != TSR_OK ? st : tsr_cuda_rope(ctx_of(be)->stream, x, rows, n_heads, head_dim, dpos, inv_freq,
                                                  layout);
 }
@@ -277,9 +317,11 @@ static bool seqs_ok(const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs
 // Lay the sequences' rows out for the kernels (ops.cuh's tsr_cuda_rows) in the index
 // scratch: pos (rows), end (rows), table_off (rows), then each sequence's table entries
 // for its tokens.  Built in a host array, uploaded in one copy (staged before the call
-// returns, so the array is freed at once).  Sequences checked by seqs_ok.
+// returns, so the array may be freed at once).  With `host`, the caller gets that array
+// (its first rows->n entries are the positions) and frees it; without, it is freed here.
+// Sequences checked by seqs_ok.
 static tsr_status upload_rows(tsr_backend *be, const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs,
-                              tsr_cuda_rows *rows) {
+                              tsr_cuda_rows *rows, uint32_t **host) {
         size_t n = 0, entries = 0;
         for (size_t i = 0; i < n_seqs; i++) {
                 n += seqs[i].n;
@@ -303,10 +345,13 @@ static tsr_status upload_rows(tsr_backend *be, const tsr_kv_view *kv, const tsr_
         const uint32_t *d = NULL;
         tsr_status st = use_device(be);
         if (st == TSR_OK)
-                st = upload_indices(ctx_of(be), h, off, &d);
-        free(h);
+                st = upload_indices(ctx_of(be), &ctx_of(be)->rows, h, off, &d);
+        if (st != TSR_OK || !host)
+                free(h);
         if (st != TSR_OK)
                 return st;
+        if (host)
+                *host = h;
         rows->pos = d;
         rows->end = d + n;
         rows->table_off = d + 2 * n;
@@ -323,7 +368,7 @@ static tsr_status cuda_kv_write_batch(tsr_backend *be, const tsr_kv_view *kv, co
                 return TSR_E_UNSUPPORTED;
         if (!k || !v || !seqs_ok(kv, seqs, n_seqs))
                 return TSR_E_INVAL;
-        tsr_status st = upload_rows(be, kv, seqs, n_seqs, &rows);
+        tsr_status st = upload_rows(be, kv, seqs, n_seqs, &rows, NULL);
         return st != TSR_OK ? st
                             : tsr_cuda_kv_write(ctx_of(be)->stream, kv->k, kv->v, rows, kv->block_size,
                                                 kv->n_kv_heads * kv->head_dim, k, v);
@@ -351,10 +396,24 @@ static tsr_status cuda_attention_batch(tsr_backend *be, float *out, const float 
                         "n_heads <= 65535\n", kv->head_dim, n_heads, TSR_CUDA_ATTN_MAX_HEAD_DIM);
                 return TSR_E_UNSUPPORTED;
         }
-        tsr_status st = upload_rows(be, kv, seqs, n_seqs, &rows);
-        return st != TSR_OK ? st
-                            : tsr_cuda_attention(ctx_of(be)->stream, out, q, kv->k, kv->v, rows, kv->block_size,
-                                                 kv->n_kv_heads, kv->head_dim, n_heads, scale);
+        // The run records' scratch first (attention.cu: at most 32 MiB, whatever the batch),
+        // so that a failure to grow it queues nothing.
+        cuda_ctx *c = ctx_of(be);
+        size_t n_rows = 0;
+        for (size_t i = 0; i < n_seqs; i++)
+                n_rows += seqs[i].n;
+        tsr_status st = use_device(be);
+        if (st == TSR_OK)
+                st = scratch_reserve(c, &c->attn, tsr_cuda_attention_work_bytes(n_rows ? n_rows : 1, n_heads,
+                                                                                 kv->head_dim));
+        uint32_t *host = NULL;
+        if (st == TSR_OK)
+                st = upload_rows(be, kv, seqs, n_seqs, &rows, &host);
+        if (st == TSR_OK)
+                st = tsr_cuda_attention(c->stream, out, static_cast<float *>(c->attn.p), c->attn.cap, q, kv->k, kv->v,
+                                        rows, host, kv->block_size, kv->n_kv_heads, kv->head_dim, n_heads, scale);
+        free(host);
+        return st;
 }
 
 static tsr_status cuda_attention(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv, size_t n,

@@ -52,10 +52,16 @@ tsr_status tsr_cuda_kv_write(cudaStream_t stream, float *k_cache, float *v_cache
 
 /* attention.cu: kernels.h's attention for every row of `rows` over the paged cache:
  * q (rows.n, n_heads, head_dim) -> out (rows.n, n_heads, head_dim), row r seeing cached
- * tokens 0 .. pos[r] of its own sequence.  head_dim <= TSR_CUDA_ATTN_MAX_HEAD_DIM. */
-tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, const float *q, const float *k_cache,
-                              const float *v_cache, tsr_cuda_rows rows, size_t block_size, size_t n_kv_heads,
-                              size_t head_dim, size_t n_heads, float scale);
+ * tokens 0 .. pos[r] of its own sequence.  head_dim <= TSR_CUDA_ATTN_MAX_HEAD_DIM.
+ * host_pos: a host copy of rows.pos (the launcher sizes each launch from it).  work: a
+ * device array of work_bytes, at least tsr_cuda_attention_work_bytes(1, n_heads,
+ * head_dim), for the runs of rows split over their keys; with
+ * tsr_cuda_attention_work_bytes(rows.n, ...) bytes the call is at its fewest launches. */
+size_t tsr_cuda_attention_work_bytes(size_t rows, size_t n_heads, size_t head_dim);
+tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, float *work, size_t work_bytes, const float *q,
+                              const float *k_cache, const float *v_cache, tsr_cuda_rows rows,
+                              const uint32_t *host_pos, size_t block_size, size_t n_kv_heads, size_t head_dim,
+                              size_t n_heads, float scale);
 
 #ifdef __cplusplus
 }

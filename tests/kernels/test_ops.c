@@ -585,6 +585,9 @@ static const struct {
 } att_shapes[] = {
         {1, 0, 1, 1, 64, 16}, {3, 5, 4, 2, 64, 4}, {7, 17, 6, 3, 128, 16}, {1, 40, 8, 8, 64, 16},
         {5, 2, 3, 1, 7, 3},   {17, 0, 2, 1, 33, 5}, {1, 63, 2, 2, 9, 64},
+        /* past attention.cu's 128-key run: rows with one run and with two in one call, a
+         * decode row in 8 runs, one in the 32 longest runs (157 keys each) */
+        {4, 125, 2, 1, 32, 8}, {1, 1000, 4, 2, 64, 16}, {2, 5000, 2, 2, 128, 16},
 };
 
 /* Call fn(c) for every case of op m.  The seed depends on the case only, so every column
@@ -728,9 +731,10 @@ static void cuda_bounds(const mcase *c, const double *want, double *bound) {
                 break;
         case MOP_ATTENTION:
                 /* attention.cu's online softmax rescales each warp's running sums once per new
-                 * maximum (an expf and two roundings per rescale, at most past_len / 4 of them
-                 * per key) and splits the dot products over 32 lanes: the same kinds of error
-                 * the oracle bounds, a few times more of them.  Four times the oracle. */
+                 * maximum (an expf and two roundings per rescale), merges the warps and then a
+                 * long row's runs the same way (two more), and splits the dot products over 32
+                 * lanes: the same kinds of error the oracle bounds, a few times more of them.
+                 * Four times the oracle. */
                 for (size_t i = 0; i < len; i++)
                         bound[i] = 4 * ob[i];
                 break;
