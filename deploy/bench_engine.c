@@ -28,8 +28,8 @@
  * (tsr_llama_to_backend), one "thread"; the timed steps end with the logits' download,
  * which waits for the device.  The bandwidth triad is the host's: pass --no-bandwidth.
  * --kv-cache-dtype fp8: the KV cache stores e4m3 bytes with scale 1.0 (the worker's
- * --kv-cache-dtype fp8 without checkpoint scales); attention dequantizes what it reads,
- * which --context makes the larger part of a step. */
+ * --kv-cache-dtype fp8 without checkpoint scales), on the CPU or the device; attention
+ * dequantizes what it reads, which --context makes the larger part of a step. */
 #include <math.h>
 #include <stdbool.h>
 #include <pthread.h>
@@ -143,13 +143,16 @@ static tsr_dtype kv_dtype = TSR_DTYPE_F32;
 
 /* A cache of `tokens` tokens in blocks of `block` for the whole model: tsr_llama_kv_new's
  * for float32, else over a pool of kv_dtype (*mem, freed by the caller after the cache). */
-static tsr_status kv_new(tsr_llama *m, size_t tokens, size_t block, tsr_kv_pool **mem, tsr_llama_kv **ret) {
+static tsr_status kv_new(tsr_llama *m, tsr_backend *be, size_t tokens, size_t block, tsr_kv_pool **mem,
+                         tsr_llama_kv **ret) {
         *mem = NULL;
         if (kv_dtype == TSR_DTYPE_F32)
                 return tsr_llama_kv_new(m, tokens, block, ret);
         tsr_kv_group g = tsr_llama_kv_group(tsr_llama_config_of(m));
         tsr_kv_groups_set_dtype(&g, 1, kv_dtype);
-        tsr_status st = tsr_kv_pool_new(&g, 1, (tokens + block - 1) / block, (uint32_t)block, mem);
+        /* in the memory the forward runs in, as tsr_llama_kv_new's */
+        tsr_status st = tsr_kv_pool_new_on(be && !tsr_backend_host_memory(be) ? be : NULL, &g, 1,
+                                           (tokens + block - 1) / block, (uint32_t)block, 0, mem);
         if (st == TSR_OK && (st = tsr_llama_kv_bind(m, *mem, ret)) != TSR_OK)
                 tsr_kv_pool_free(mem);
         return st;
@@ -167,7 +170,7 @@ static double run_decode(tsr_llama *m, tsr_backend *be, int batch, int steps, fl
         double secs = -1;
 
         if (!tables || !toks || !seqs || !prompt ||
-            kv_new(m, (size_t)batch * per_seq * block, block, &mem, &pool) != TSR_OK)
+            kv_new(m, be, (size_t)batch * per_seq * block, block, &mem, &pool) != TSR_OK)
                 goto out;
         for (size_t i = 0; i < (size_t)batch * per_seq; i++)
                 tables[i] = (uint32_t)i;
@@ -208,7 +211,7 @@ static double run_prefill(tsr_llama *m, tsr_backend *be, int n, float *logits) {
         tsr_kv_pool *mem = NULL;
         uint32_t *ids = malloc((size_t)n * sizeof *ids);
         double secs = -1;
-        if (ids && kv_new(m, (size_t)n, 16, &mem, &kv) == TSR_OK) {
+        if (ids && kv_new(m, be, (size_t)n, 16, &mem, &kv) == TSR_OK) {
                 for (int i = 0; i < n; i++)
                         ids[i] = (uint32_t)(1 + (i * 37) % 4000);
                 double t0 = (!be || tsr_backend_synchronize(be) == TSR_OK) ? now_s() : -1;
@@ -306,10 +309,6 @@ int main(int argc, char **argv) {
         double best_b1[3] = {0, 0, 0};  /* best batch-1 decode tok/s: float32, bfloat16, stored */
         double wbytes_of[3] = {0, 0, 0};
         tsr_cpu_isa isa = ref ? TSR_CPU_ISA_SCALAR : max_isa < tsr_cpu_isa_best() ? max_isa : tsr_cpu_isa_best();
-        if (cuda && kv_dtype != TSR_DTYPE_F32) {
-                fprintf(stderr, "--kv-cache-dtype fp8: the CUDA backend keeps a float32 KV cache\n");
-                return 2;
-        }
         printf("kernels %s, isa %s, model %s, KV cache %s, context %d\n", cuda ? "cuda" : ref ? "cpu-ref" : "cpu-fast",
                tsr_cpu_isa_name(isa), model, tsr_dtype_get_info(kv_dtype)->name, context_len);
         printf("| dtype | threads | what | tok/s | |\n|---|---|---|---|---|\n");

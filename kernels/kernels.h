@@ -70,8 +70,8 @@ typedef enum tsr_rope_layout {
  * e4m3fn byte per element; kv_write stores e4m3(k / k_scale) (round to nearest even,
  * saturating at +-448: tsr_f32_to_fp8_e4m3) and attention reads float(code) * k_scale
  * (a float32 product), V the same with v_scale; the scores, softmax and P.V are then
- * the float32 ones on those values.  Scales finite and > 0; unused for f32.  The CPU
- * backends only: CUDA returns TSR_E_UNSUPPORTED for an fp8 view. */
+ * the float32 ones on those values.  Scales finite and > 0; unused for f32.  Every
+ * backend: the CPU ones and CUDA store the same codes (bitwise). */
 typedef struct tsr_kv_view {
         union {
                 float *k;               /* (n_blocks, block_size, n_kv_heads, head_dim) */

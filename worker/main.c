@@ -445,24 +445,20 @@ int main(int argc, char **argv) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
                 rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
         }
-        /* --kv-cache-dtype: fp8 for the llama and nemotron_h families on the CPU backend in
-         * one rank (the GPU case is the device choice's below); refused before anything loads. */
+        /* --kv-cache-dtype: fp8 for the llama and nemotron_h families in one rank, on the
+         * CPU or (llama) on CUDA; refused before anything loads. */
         tsr_dtype kv_dtype = TSR_DTYPE_F32;
         (void)tsr_kv_cache_dtype_parse(cfg.kv_cache_dtype, &kv_dtype);  /* config.c refused the rest */
-        if ((st = tsr_runner_kv_dtype_check(family, kv_dtype, cfg.kv_cache_dtype, true, (uint32_t)ranks,
-                                                      err, sizeof(err))) != TSR_OK) {
+        if ((st = tsr_runner_kv_dtype_check(family, kv_dtype, cfg.kv_cache_dtype, (uint32_t)ranks, err,
+                                            sizeof(err))) != TSR_OK) {
                 fprintf(stderr, "tessera-worker: error: %s\n", err);
                 goto out;
         }
-        /* The device (--device): a GPU only for a family that runs there, in one rank, with
-         * a float32 KV cache (--device auto then picks the CPU; --device cuda is refused). */
-        char kv_not_gpu[320];
-        bool kv_gpu_ok = tsr_runner_kv_dtype_check(family, kv_dtype, cfg.kv_cache_dtype, false, 1, kv_not_gpu,
-                                                   sizeof(kv_not_gpu)) == TSR_OK;
+        /* The device (--device): a GPU only for a family that runs there, in one rank
+         * (--device auto then picks the CPU; --device cuda is refused). */
         const char *gpu_not_ok = !family                    ? "the model has no runner on any device"
                                  : !family->to_backend      ? "the model's family does not run on CUDA yet (supported: llama)"
                                  : ranks > 1                ? "tensor or pipeline parallelism on CUDA is not supported yet"
-                                 : !kv_gpu_ok               ? kv_not_gpu
                                                             : NULL;
         st = tsr_runner_backend_for(cfg.device, gpu_not_ok, rank_threads, &backend, err, sizeof(err));
         if (st != TSR_OK) {

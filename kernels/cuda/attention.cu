@@ -1,6 +1,7 @@
 // attention.cu - causal grouped-query attention over the paged KV cache (kernels.h), in
-// float32.  The math of cpu/ref.c's attention with the softmax done online (running max
-// and sum, rescaled as the max grows), which needs no score array whatever the length:
+// float32, the cache holding floats or fp8 e4m3 codes (each read as float(code) * scale,
+// as cpu/ref.c reads them).  The math of cpu/ref.c's attention with the softmax done
+// online (running max and sum, rescaled as the max grows), which needs no score array:
 //   s_j = (q . k_j) * scale for j = 0 .. pos;  out = sum_j exp(s_j - max) v_j / sum_j exp(s_j - max)
 //
 // Split over the keys (flash-decoding): a row with n = pos + 1 keys is cut into
@@ -34,6 +35,23 @@
 /* Bytes of run records one launch may use: the rows of a call go in groups that fit. */
 #define ATTN_WORK_BYTES ((size_t)32 << 20)
 
+// Element i of a cached head as float32: the float itself, or an fp8 code through the
+// block's table of the 256 codes' values (quant/fp8.c's decoding) times the scale, the
+// float32 product cpu/ref.c's kv_fp8_load computes.
+__device__ static inline float kv_load(const float *p, int i, float, const float *) { return p[i]; }
+__device__ static inline float kv_load(const uint8_t *p, int i, float scale, const float *codes) {
+        return codes[p[i]] * scale;
+}
+
+// tsr_fp8_e4m3_to_f32: (-1)^S 2^(E-7) (1 + M/8), E = 0: (-1)^S 2^-6 (M/8); S.1111.111 is NaN.
+__device__ static float e4m3_to_f32(unsigned v) {
+        unsigned e = (v >> 3) & 0xf, m = v & 7;
+        float s = v & 0x80 ? -1.0f : 1.0f;
+        if (e == 15 && m == 7)
+                return copysignf(NAN, s);
+        return s * (e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 | m), (int)e - 10));
+}
+
 // The number of runs for a row with n >= 1 keys.
 __host__ __device__ static inline unsigned attn_splits(size_t n) {
         size_t s = (n + ATTN_MIN_RUN - 1) / ATTN_MIN_RUN;
@@ -54,10 +72,13 @@ __host__ __device__ static inline size_t attn_record_floats(size_t hd) { return 
 // shared memory, M = max_w m_w: with one run, thread i < hd writes
 // out[i] = sum_w acc_w[i] e^(m_w - M) / sum_w l_w e^(m_w - M); with several, the run's
 // record (M, that denominator, that numerator) goes to `work`.
-__global__ static void attention_kernel(float *out, float *work, const float *q, const float *k_cache,
-                                        const float *v_cache, tsr_cuda_rows rows, size_t r0, size_t block_size,
-                                        int n_kv_heads, int hd, int n_heads, float scale) {
+// T: the cache's element, float or uint8_t (fp8 e4m3 codes, read through kv_load).
+template <typename T>
+__global__ static void attention_kernel(float *out, float *work, const float *q, const T *k_cache, const T *v_cache,
+                                        float k_scale, float v_scale, tsr_cuda_rows rows, size_t r0,
+                                        size_t block_size, int n_kv_heads, int hd, int n_heads, float scale) {
         __shared__ float qs[TSR_CUDA_ATTN_MAX_HEAD_DIM];
+        __shared__ float codes[256];            // fp8 only: every code's value
         __shared__ float wm[ATTN_WARPS], wl[ATTN_WARPS];
         __shared__ float wacc[ATTN_WARPS][TSR_CUDA_ATTN_MAX_HEAD_DIM];
         size_t t = r0 + blockIdx.x, n = (size_t)rows.pos[t] + 1;
@@ -72,6 +93,9 @@ __global__ static void attention_kernel(float *out, float *work, const float *q,
 
         for (int i = threadIdx.x; i < hd; i += blockDim.x)
                 qs[i] = qh[i];
+        if constexpr (sizeof(T) == 1)
+                for (int i = threadIdx.x; i < 256; i += blockDim.x)
+                        codes[i] = e4m3_to_f32((unsigned)i);
         __syncthreads();
 
         float m = -INFINITY, l = 0.0f, acc[ATTN_PER_LANE];
@@ -81,19 +105,19 @@ __global__ static void attention_kernel(float *out, float *work, const float *q,
                 // ATTN_UNROLL keys at once (j, j + ATTN_WARPS, ...): their loads and
                 // butterflies are independent, so their latencies overlap.
                 float sc[ATTN_UNROLL];
-                const float *vp[ATTN_UNROLL];
+                const T *vp[ATTN_UNROLL];
                 for (int u = 0; u < ATTN_UNROLL; u++) {
                         size_t ju = j + (size_t)u * ATTN_WARPS;
                         float dot = 0.0f;
                         vp[u] = NULL;
                         if (ju < j1) {          // uniform over the warp
                                 size_t row = (size_t)blocks[ju / block_size] * block_size + ju % block_size;
-                                const float *kj = k_cache + row * width + (size_t)g * hd;
+                                const T *kj = k_cache + row * width + (size_t)g * hd;
                                 vp[u] = v_cache + row * width + (size_t)g * hd;
                                 for (int c = 0; c < ATTN_PER_LANE; c++) {
                                         int i = lane + 32 * c;
                                         if (i < hd)
-                                                dot += qs[i] * kj[i];
+                                                dot += qs[i] * kv_load(kj, i, k_scale, codes);
                                 }
                         }
                         sc[u] = dot;
@@ -120,7 +144,7 @@ __global__ static void attention_kernel(float *out, float *work, const float *q,
                         for (int c = 0; c < ATTN_PER_LANE; c++) {
                                 int i = lane + 32 * c;
                                 if (i < hd)
-                                        acc[c] += pj * vp[u][i];
+                                        acc[c] += pj * kv_load(vp[u], i, v_scale, codes);
                         }
                 }
                 m = m_new;
@@ -204,9 +228,10 @@ extern "C" size_t tsr_cuda_attention_work_bytes(size_t rows, size_t n_heads, siz
 }
 
 extern "C" tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, float *work, size_t work_bytes,
-                                         const float *q, const float *k_cache, const float *v_cache,
-                                         tsr_cuda_rows rows, const uint32_t *host_pos, size_t block_size,
-                                         size_t n_kv_heads, size_t head_dim, size_t n_heads, float scale) {
+                                         const float *q, const void *k_cache, const void *v_cache, tsr_dtype dtype,
+                                         float k_scale, float v_scale, tsr_cuda_rows rows, const uint32_t *host_pos,
+                                         size_t block_size, size_t n_kv_heads, size_t head_dim, size_t n_heads,
+                                         float scale) {
         size_t per_row = n_heads * ATTN_MAX_SPLITS * attn_record_floats(head_dim) * sizeof(float);
         size_t group = work_bytes / per_row;
         if (rows.n == 0)
@@ -220,9 +245,16 @@ extern "C" tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, float 
                         longest = host_pos[r] > longest ? host_pos[r] : longest;
                 unsigned splits = attn_splits((size_t)longest + 1);
                 dim3 grid((unsigned)g, (unsigned)n_heads, splits);
-                attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(out, work, q, k_cache, v_cache, rows, r0,
-                                                                        block_size, (int)n_kv_heads, (int)head_dim,
-                                                                        (int)n_heads, scale);
+                if (dtype == TSR_DTYPE_FP8_E4M3)
+                        attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(
+                                out, work, q, static_cast<const uint8_t *>(k_cache),
+                                static_cast<const uint8_t *>(v_cache), k_scale, v_scale, rows, r0, block_size,
+                                (int)n_kv_heads, (int)head_dim, (int)n_heads, scale);
+                else
+                        attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(
+                                out, work, q, static_cast<const float *>(k_cache), static_cast<const float *>(v_cache),
+                                k_scale, v_scale, rows, r0, block_size, (int)n_kv_heads, (int)head_dim, (int)n_heads,
+                                scale);
                 TSR_CUDA_TRY(cudaGetLastError());
                 if (splits > 1) {
                         attention_merge_kernel<<<dim3((unsigned)g, (unsigned)n_heads), 128, 0, stream>>>(

@@ -364,14 +364,13 @@ static tsr_status upload_rows(tsr_backend *be, const tsr_kv_view *kv, const tsr_
 static tsr_status cuda_kv_write_batch(tsr_backend *be, const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs,
                                       const float *k, const float *v) {
         tsr_cuda_rows rows;
-        if (kv && kv->dtype != TSR_DTYPE_F32)   // the fp8 KV cache is the CPU backends' only
-                return TSR_E_UNSUPPORTED;
         if (!k || !v || !seqs_ok(kv, seqs, n_seqs))
                 return TSR_E_INVAL;
         tsr_status st = upload_rows(be, kv, seqs, n_seqs, &rows, NULL);
         return st != TSR_OK ? st
-                            : tsr_cuda_kv_write(ctx_of(be)->stream, kv->k, kv->v, rows, kv->block_size,
-                                                kv->n_kv_heads * kv->head_dim, k, v);
+                            : tsr_cuda_kv_write(ctx_of(be)->stream, kv->k, kv->v, kv->dtype, kv->k_scale,
+                                                kv->v_scale, rows, kv->block_size, kv->n_kv_heads * kv->head_dim, k,
+                                                v);
 }
 
 static tsr_status cuda_kv_write(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,
@@ -386,8 +385,6 @@ static tsr_status cuda_kv_write(tsr_backend *be, const tsr_kv_view *kv, const fl
 static tsr_status cuda_attention_batch(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv,
                                        const tsr_kv_seq *seqs, size_t n_seqs, size_t n_heads, float scale) {
         tsr_cuda_rows rows;
-        if (kv && kv->dtype != TSR_DTYPE_F32)
-                return TSR_E_UNSUPPORTED;
         if (!out || !q || n_heads == 0 || !seqs_ok(kv, seqs, n_seqs) || kv->n_kv_heads == 0 ||
             n_heads % kv->n_kv_heads != 0)
                 return TSR_E_INVAL;
@@ -411,7 +408,8 @@ static tsr_status cuda_attention_batch(tsr_backend *be, float *out, const float 
                 st = upload_rows(be, kv, seqs, n_seqs, &rows, &host);
         if (st == TSR_OK)
                 st = tsr_cuda_attention(c->stream, out, static_cast<float *>(c->attn.p), c->attn.cap, q, kv->k, kv->v,
-                                        rows, host, kv->block_size, kv->n_kv_heads, kv->head_dim, n_heads, scale);
+                                        kv->dtype, kv->k_scale, kv->v_scale, rows, host, kv->block_size,
+                                        kv->n_kv_heads, kv->head_dim, n_heads, scale);
         free(host);
         return st;
 }

@@ -1,7 +1,10 @@
 // paged.cu - the two row copies through an index table: embedding (a row of the token
-// table per id) and kv_write (a token's keys and values into its paged cache row).  The
-// index arrays are device copies backend.cu made of the caller's host arrays, after it
-// checked every index (nothing is checked here).  Copies: bitwise cpu/ref.c's memcpy.
+// table per id) and kv_write (a token's keys and values into its paged cache row, as
+// they are or as fp8 e4m3 codes).  The index arrays are device copies backend.cu made of
+// the caller's host arrays, after it checked every index (nothing is checked here).
+// Copies: bitwise cpu/ref.c's memcpy; fp8 codes: bitwise quant/fp8.c's encoder.
+#include <math.h>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
 
@@ -16,14 +19,51 @@ __global__ static void embedding_kernel(float *out, const float *table, size_t d
                 dst[i] = src[i];
 }
 
+// tsr_f32_to_fp8_e4m3 (quant/fp8.c) step for step, in the same double arithmetic (frexp,
+// ldexp and the division by a power of two are exact, rint rounds to nearest even), so
+// every code is the CPU's: e4m3fn, saturating at +-448, NaN -> S.1111.111.
+__device__ static uint8_t f32_to_e4m3(float x) {
+        uint8_t sign = signbit(x) ? 0x80 : 0;
+        if (isnan(x))
+                return sign | 0x7f;
+        if (x == 0)
+                return sign;
+        int e2;
+        double r = 448.0;
+        if (!isinf(x)) {
+                double a = fabs((double)x);
+                frexp(a, &e2);
+                int exp = e2 - 1 < -6 ? -6 : e2 - 1;            // subnormals: the smallest quantum
+                double quantum = ldexp(1.0, exp - 3);
+                r = rint(a / quantum) * quantum;
+        }
+        if (r > 448.0)
+                r = 448.0;
+        if (r == 0)
+                return sign;
+        frexp(r, &e2);
+        int exp = e2 - 1;
+        if (exp < -6)                                           // subnormal: E = 0, M = r / 2^-9
+                return sign | (uint8_t)ldexp(r, 9);
+        unsigned m = (unsigned)(ldexp(r, 3 - exp) - 8.0);
+        return sign | (uint8_t)((unsigned)(exp + 7) << 3 | m);
+}
+
+__device__ static inline void kv_store(float *dst, const float *src, size_t i, float) { dst[i] = src[i]; }
+__device__ static inline void kv_store(uint8_t *dst, const float *src, size_t i, float scale) {
+        dst[i] = f32_to_e4m3(src[i] / scale);
+}
+
 // k, v (rows.n, width) -> the cache row of each row's position.  Block r copies row r's
 // key and value; its cache row is (table[p / block_size] * block_size + p % block_size),
 // table its sequence's.  A table that names one block twice maps two tokens of one
 // sequence to one row; ref's loop leaves the later token there, so a row whose cache row
 // a later token of its sequence in this call also writes skips its copy (uniform over the
 // block: all its threads return together).
-__global__ static void kv_write_kernel(float *k_cache, float *v_cache, tsr_cuda_rows rows, size_t block_size,
-                                       size_t width, const float *k, const float *v) {
+// T: float (the values) or uint8_t (e4m3(x / scale), kernels.h's fp8 view).
+template <typename T>
+__global__ static void kv_write_kernel(T *k_cache, T *v_cache, tsr_cuda_rows rows, size_t block_size, size_t width,
+                                       const float *k, const float *v, float k_scale, float v_scale) {
         size_t r = blockIdx.x, p = rows.pos[r];
         const uint32_t *blocks = rows.tables + rows.table_off[r];
         uint32_t b = blocks[p / block_size];
@@ -32,8 +72,8 @@ __global__ static void kv_write_kernel(float *k_cache, float *v_cache, tsr_cuda_
                         return;
         size_t row = (size_t)b * block_size + p % block_size;
         for (size_t i = threadIdx.x; i < width; i += blockDim.x) {
-                k_cache[row * width + i] = k[r * width + i];
-                v_cache[row * width + i] = v[r * width + i];
+                kv_store(k_cache + row * width, k + r * width, i, k_scale);
+                kv_store(v_cache + row * width, v + r * width, i, v_scale);
         }
 }
 
@@ -46,11 +86,19 @@ extern "C" tsr_status tsr_cuda_embedding(cudaStream_t stream, float *out, const 
         return TSR_OK;
 }
 
-extern "C" tsr_status tsr_cuda_kv_write(cudaStream_t stream, float *k_cache, float *v_cache, tsr_cuda_rows rows,
-                                        size_t block_size, size_t width, const float *k, const float *v) {
+extern "C" tsr_status tsr_cuda_kv_write(cudaStream_t stream, void *k_cache, void *v_cache, tsr_dtype dtype,
+                                        float k_scale, float v_scale, tsr_cuda_rows rows, size_t block_size,
+                                        size_t width, const float *k, const float *v) {
         if (rows.n == 0)
                 return TSR_OK;
-        kv_write_kernel<<<(unsigned)rows.n, threads, 0, stream>>>(k_cache, v_cache, rows, block_size, width, k, v);
+        if (dtype == TSR_DTYPE_FP8_E4M3)
+                kv_write_kernel<<<(unsigned)rows.n, threads, 0, stream>>>(
+                        static_cast<uint8_t *>(k_cache), static_cast<uint8_t *>(v_cache), rows, block_size, width, k,
+                        v, k_scale, v_scale);
+        else
+                kv_write_kernel<<<(unsigned)rows.n, threads, 0, stream>>>(
+                        static_cast<float *>(k_cache), static_cast<float *>(v_cache), rows, block_size, width, k, v,
+                        k_scale, v_scale);
         TSR_CUDA_TRY(cudaGetLastError());
         return TSR_OK;
 }

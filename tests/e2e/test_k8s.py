@@ -34,7 +34,7 @@ REFUSED_TODAY = {
     "--master-port": "unrecognized arguments",
 }
 # kv-cache-dtype fp8 passes the flag checks now; the worker refuses it with -tp / -pp
-# once the model is there (tsr_runner_kv_dtype_check: CPU, one rank).
+# once the model is there (tsr_runner_kv_dtype_check: one rank).
 
 # LeaderWorkerSet v1 (leaderworkerset.x-k8s.io/v1), from the fields LWS documents; the
 # two pod templates are checked separately against Kubernetes' own PodTemplateSpec.

@@ -18,7 +18,7 @@ What is asserted, and why:
     logprobs move by up to 0.47;
   - a YAML --config with `kv-cache-dtype: fp8` (the deployment guides' form) starts;
   - NemotronH's attention layers take an fp8 cache too (its Mamba state stays float32);
-  - fp8 where it is not implemented (--device cuda, -pp, Llama 4) is refused
+  - fp8 where it is not implemented (-pp, Llama 4) is refused
     with exit 2 and the reason, never run with a float32 cache;
   - a ModelOpt checkpoint's k_scale / v_scale are the ones used (Llama, NemotronH);
     fp8_e5m2 / fp8_inc are refused in test_worker_startup.py (REFUSED)."""
@@ -114,17 +114,14 @@ def test_yaml_config_starts(spawn, tmp_path, demo_model):
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-SCOPE = ("the fp8 KV cache is implemented for the llama and nemotron_h families on the CPU backend in one rank "
-         "(supported there: auto)")
+SCOPE = "the fp8 KV cache is implemented for the llama and nemotron_h families in one rank (supported there: auto)"
 
 
 @pytest.mark.parametrize("model,args,message", [
-    (None, ["--device", "cuda"], "--device cuda: argument --kv-cache-dtype: 'fp8' is not supported on the GPU "
-                                 "backend yet: "),
     (None, ["-pp", "2"], "argument --kv-cache-dtype: 'fp8' is not supported with tensor or pipeline parallelism "
                          "yet: "),
     ("tiny-llama4", [], "argument --kv-cache-dtype: 'fp8' is not supported for model family llama4 yet: "),
-], ids=["cuda", "pp", "llama4"])
+], ids=["pp", "llama4"])
 def test_refused_where_not_implemented(spawn, demo_model, model, args, message):
     """Never a silent float32 cache: exit 2 before anything is loaded or bound."""
     w = spawn([WORKER, FIXTURES / model if model else demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}",

@@ -1,5 +1,5 @@
 /* test_kv_fp8.c - the fp8 e4m3 KV cache (--kv-cache-dtype fp8; kernels.h tsr_kv_view,
- * models.md §4.5, §4.6) on the CPU backends:
+ * models.md §4.5, §4.6) on the CPU backends and CUDA:
  *   - kv_write stores e4m3(x / scale) (round to nearest even, saturating at +-448, NaN
  *     to S.1111.111): the codes of §4.6's examples, with scale 1 and a scale != 1;
  *   - the reference attention on an fp8 cache against a float64 oracle that dequantizes
@@ -8,8 +8,8 @@
  *     at 1 and 3 threads, over odd head_dim, block sizes, GQA groups and past lengths,
  *     one-sequence and batched;
  *   - bad views (zero, negative, NaN scales; an unknown dtype) refused with TSR_E_INVAL;
- *     the CUDA backend answers TSR_E_UNSUPPORTED for an fp8 view ("[skip:no-gpu]"
- *     without a device). */
+ *   - the CUDA backend (GPU 0; "[skip:no-gpu]" without one): the same codes bitwise, its
+ *     attention within 4x the oracle's bound, batched bitwise alone, bad scales refused. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -122,11 +122,56 @@ static void kvc_write(tsr_backend *be, struct kvc *c, uint8_t *k8, uint8_t *v8) 
                          TSR_OK);
 }
 
-/* The reference attention against float64 on the dequantized codes.  Bound: each score
- * is a float32 dot of head_dim terms (error <= head_dim * eps * sum|q k| * scale), the
- * softmax adds a few ulp per term and sums p+1 terms in float32, and P.V sums p+1 float32
- * products: |out - exact| <= (head_dim * sum|qk| scale + p + 8) * 2 eps * max|V| with
- * room to spare; the test computes it per (row, head). */
+/* out (c->n, n_heads, head_dim), an attention over c's stored codes (c->k8, c->v8),
+ * against float64 on the dequantized codes.  Bound: each score is a float32 dot of
+ * head_dim terms (error <= head_dim * eps * sum|q k| * scale), the softmax adds a few ulp
+ * per term and sums p+1 terms in float32, and P.V sums p+1 float32 products:
+ * |out - exact| <= (head_dim * sum|qk| scale + p + 8) * 2 eps * max|V| with room to spare,
+ * per (row, head), times `slack` (1 for the reference's plain order). */
+static void check_vs_oracle(const struct kvc *c, const float *out, double slack, const char *who) {
+        size_t hd = c->head_dim, group = c->n_heads / c->n_kv_heads, total = c->past_len + c->n;
+        float scale = 1.0f / sqrtf((float)hd);
+        double *s = malloc(total * sizeof *s);
+        assert_non_null(s);
+        for (size_t t = 0; t < c->n; t++)
+                for (size_t h = 0; h < c->n_heads; h++) {
+                        size_t p = c->past_len + t, g = h / group;
+                        const float *qh = c->q + (t * c->n_heads + h) * hd;
+                        double max = -INFINITY, sum = 0, qk_abs = 0, vmax = 0;
+                        for (size_t j = 0; j <= p; j++) {
+                                const uint8_t *kj = c->k8 + row_of(c, j) + g * hd;
+                                double dot = 0, a = 0;
+                                for (size_t i = 0; i < hd; i++) {
+                                        double kd = (double)tsr_fp8_e4m3_to_f32(kj[i]) * c->k_scale;
+                                        dot += (double)qh[i] * kd, a += fabs((double)qh[i] * kd);
+                                }
+                                s[j] = dot * scale;
+                                qk_abs = fmax(qk_abs, a * scale);
+                                max = fmax(max, s[j]);
+                        }
+                        for (size_t j = 0; j <= p; j++)
+                                sum += (s[j] = exp(s[j] - max));
+                        for (size_t i = 0; i < hd; i++) {
+                                double want = 0;
+                                for (size_t j = 0; j <= p; j++) {
+                                        double vd = (double)tsr_fp8_e4m3_to_f32(c->v8[row_of(c, j) + g * hd + i]) *
+                                                    c->v_scale;
+                                        want += s[j] / sum * vd;
+                                        vmax = fmax(vmax, fabs(vd));
+                                }
+                                double got = out[(t * c->n_heads + h) * hd + i];
+                                double bound =
+                                        slack * ((double)hd * qk_abs + (double)p + 8) * 2 * FLT_EPSILON * vmax;
+                                if (!(fabs(got - want) <= bound))
+                                        fail_msg("%s: shape (n %zu past %zu hd %zu) t %zu h %zu i %zu: %.9g, want "
+                                                 "%.9g (bound %.3g)", who, c->n, c->past_len, hd, t, h, i, got, want,
+                                                 bound);
+                        }
+                }
+        free(s);
+}
+
+/* The reference attention against the float64 oracle. */
 static void test_ref_vs_oracle(void **state) {
         (void)state;
         static const struct kvc shapes[] = {
@@ -141,47 +186,13 @@ static void test_ref_vs_oracle(void **state) {
                 kvc_init(&c);
                 kvc_write(ref, &c, c.k8, c.v8);
                 tsr_kv_view kv = kvc_view(&c, c.k8, c.v8);
-                size_t hd = c.head_dim, group = c.n_heads / c.n_kv_heads, total = c.past_len + c.n;
-                float scale = 1.0f / sqrtf((float)hd);
-                float *out = malloc(c.n * c.n_heads * hd * sizeof *out);
-                double *s = malloc(total * sizeof *s);
-                assert_int_equal(tsr_backend_attention(ref, out, c.q, &kv, c.n, c.past_len, c.n_heads, scale), TSR_OK);
-                for (size_t t = 0; t < c.n; t++)
-                        for (size_t h = 0; h < c.n_heads; h++) {
-                                size_t p = c.past_len + t, g = h / group;
-                                const float *qh = c.q + (t * c.n_heads + h) * hd;
-                                double max = -INFINITY, sum = 0, qk_abs = 0, vmax = 0;
-                                for (size_t j = 0; j <= p; j++) {
-                                        const uint8_t *kj = c.k8 + row_of(&c, j) + g * hd;
-                                        double dot = 0, a = 0;
-                                        for (size_t i = 0; i < hd; i++) {
-                                                double kd = (double)tsr_fp8_e4m3_to_f32(kj[i]) * c.k_scale;
-                                                dot += (double)qh[i] * kd, a += fabs((double)qh[i] * kd);
-                                        }
-                                        s[j] = dot * scale;
-                                        qk_abs = fmax(qk_abs, a * scale);
-                                        max = fmax(max, s[j]);
-                                }
-                                for (size_t j = 0; j <= p; j++)
-                                        sum += (s[j] = exp(s[j] - max));
-                                for (size_t i = 0; i < hd; i++) {
-                                        double want = 0;
-                                        for (size_t j = 0; j <= p; j++) {
-                                                double vd = (double)tsr_fp8_e4m3_to_f32(
-                                                                    c.v8[row_of(&c, j) + g * hd + i]) *
-                                                            c.v_scale;
-                                                want += s[j] / sum * vd;
-                                                vmax = fmax(vmax, fabs(vd));
-                                        }
-                                        double got = out[(t * c.n_heads + h) * hd + i];
-                                        double bound = ((double)hd * qk_abs + (double)p + 8) * 2 * FLT_EPSILON * vmax;
-                                        if (!(fabs(got - want) <= bound))
-                                                fail_msg("shape %zu t %zu h %zu i %zu: %.9g, want %.9g (bound %.3g)", si,
-                                                         t, h, i, got, want, bound);
-                                }
-                        }
+                float *out = malloc(c.n * c.n_heads * c.head_dim * sizeof *out);
+                assert_non_null(out);
+                assert_int_equal(tsr_backend_attention(ref, out, c.q, &kv, c.n, c.past_len, c.n_heads,
+                                                       1.0f / sqrtf((float)c.head_dim)),
+                                 TSR_OK);
+                check_vs_oracle(&c, out, 1.0, "cpu-ref");
                 free(out);
-                free(s);
                 kvc_done(&c);
         }
         tsr_backend_free(&ref);
@@ -281,25 +292,98 @@ static void test_bad_views(void **state) {
         }
 }
 
-static void test_cuda_unsupported(void **state) {
+/* Backend memory of `bytes`, holding src when given (else zeros). */
+static void *dev_copy(tsr_backend *be, const void *src, size_t bytes) {
+        void *d = NULL;
+        assert_int_equal(tsr_backend_mem_alloc(be, bytes, &d), TSR_OK);
+        void *zeros = src ? NULL : calloc(1, bytes);
+        assert_true(src || zeros);
+        assert_int_equal(tsr_backend_upload(be, d, src ? src : zeros, bytes), TSR_OK);
+        free(zeros);
+        return d;
+}
+
+/* The CUDA backend on an fp8 cache: its kv_write codes bitwise the reference's (written
+ * as a prefill then a step, through a scattered table), its attention within four times
+ * the oracle's bound (its online softmax, its splits over the keys: attention.cu), a
+ * batch of the same sequence twice bitwise each alone, and bad scales refused. */
+static void test_cuda(void **state) {
         (void)state;
-        tsr_backend *cuda = NULL;
+        static const struct kvc shapes[] = {
+                {1, 0, 9, 3, 64, 16, 1.0f, 1.0f},      {1, 37, 9, 3, 64, 16, 0.5f, 2.0f},
+                {5, 0, 9, 3, 33, 7, 1.0f, 1.0f},       {17, 40, 9, 3, 64, 4, 0.3f, 0.7f},
+                {3, 5, 4, 4, 40, 3, 1.0f, 1.0f},       {2, 9, 8, 1, 12, 5, 4.0f, 0.0625f},
+                {1, 70, 2, 2, 3, 1, 1.0f, 1.0f},       {9, 0, 6, 2, 17, 7, 1.5f, 1.5f},
+                {1, 200, 3, 1, 96, 16, 0.02f, 0.05f},  {1, 1000, 9, 3, 64, 16, 0.5f, 2.0f},
+                {4, 300, 4, 2, 128, 16, 0.3f, 0.7f},
+        };
+        tsr_backend *ref = NULL, *cuda = NULL;
         tsr_status st = tsr_backend_cuda_new(0, &cuda);
         if (st == TSR_E_UNSUPPORTED || st == TSR_E_NOTFOUND)
                 TSR_SKIP("no-gpu", "no CUDA device: %s", tsr_status_str(st));
         assert_int_equal(st, TSR_OK);
-        void *k = NULL, *v = NULL, *x = NULL, *out = NULL;
-        uint32_t zero = 0;
-        assert_int_equal(tsr_backend_mem_alloc(cuda, 64, &k), TSR_OK);
-        assert_int_equal(tsr_backend_mem_alloc(cuda, 64, &v), TSR_OK);
-        assert_int_equal(tsr_backend_mem_alloc(cuda, 64 * sizeof(float), &x), TSR_OK);
-        assert_int_equal(tsr_backend_mem_alloc(cuda, 64 * sizeof(float), &out), TSR_OK);
-        tsr_kv_view kv = one_block(k, v, &zero, 1, 1, 64, 1.0f, 1.0f);
-        assert_int_equal(tsr_backend_kv_write(cuda, &kv, x, x, 1, 0), TSR_E_UNSUPPORTED);
-        assert_int_equal(tsr_backend_attention(cuda, out, x, &kv, 1, 0, 1, 1.0f), TSR_E_UNSUPPORTED);
-        tsr_backend_mem_free(cuda, k), tsr_backend_mem_free(cuda, v);
-        tsr_backend_mem_free(cuda, x), tsr_backend_mem_free(cuda, out);
+        assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+                struct kvc c = shapes[si];
+                char what[160];
+                kvc_init(&c);
+                size_t total = c.past_len + c.n, in_n = total * c.width, out_n = c.n * c.n_heads * c.head_dim;
+                float scale = 1.0f / sqrtf((float)c.head_dim);
+                snprintf(what, sizeof what, "cuda fp8 shape %zu", si);
+                kvc_write(ref, &c, c.k8, c.v8);
+
+                uint8_t *dk = dev_copy(cuda, NULL, c.cache), *dv = dev_copy(cuda, NULL, c.cache);
+                float *dk_in = dev_copy(cuda, c.k_in, in_n * sizeof(float));
+                float *dv_in = dev_copy(cuda, c.v_in, in_n * sizeof(float));
+                float *dq = dev_copy(cuda, c.q, out_n * sizeof(float));
+                float *dout = dev_copy(cuda, NULL, 2 * out_n * sizeof(float));
+                tsr_kv_view kv = kvc_view(&c, dk, dv);
+                if (c.past_len)
+                        assert_int_equal(tsr_backend_kv_write(cuda, &kv, dk_in, dv_in, c.past_len, 0), TSR_OK);
+                assert_int_equal(tsr_backend_kv_write(cuda, &kv, dk_in + c.past_len * c.width,
+                                                      dv_in + c.past_len * c.width, c.n, c.past_len),
+                                 TSR_OK);
+                uint8_t *k2 = malloc(c.cache), *v2 = malloc(c.cache);
+                float *o = malloc(2 * out_n * sizeof *o);
+                assert_true(k2 && v2 && o);
+                assert_int_equal(tsr_backend_download(cuda, k2, dk, c.cache), TSR_OK);
+                assert_int_equal(tsr_backend_download(cuda, v2, dv, c.cache), TSR_OK);
+                expect_same_bits(what, k2, c.k8, c.cache);
+                expect_same_bits(what, v2, c.v8, c.cache);
+
+                assert_int_equal(tsr_backend_attention(cuda, dout, dq, &kv, c.n, c.past_len, c.n_heads, scale), TSR_OK);
+                assert_int_equal(tsr_backend_download(cuda, o, dout, out_n * sizeof *o), TSR_OK);
+                check_vs_oracle(&c, o, 4.0, what);
+
+                /* batched: the same sequence twice gives its rows twice, bitwise */
+                float *dqq = dev_copy(cuda, NULL, 2 * out_n * sizeof(float)), *ob = malloc(2 * out_n * sizeof *ob);
+                assert_non_null(ob);
+                assert_int_equal(tsr_backend_copy(cuda, dqq, dq, out_n * sizeof(float)), TSR_OK);
+                assert_int_equal(tsr_backend_copy(cuda, dqq + out_n, dq, out_n * sizeof(float)), TSR_OK);
+                tsr_kv_seq seqs[2] = {{c.table, c.n_table, c.n, c.past_len}, {c.table, c.n_table, c.n, c.past_len}};
+                assert_int_equal(tsr_backend_attention_batch(cuda, dout, dqq, &kv, seqs, 2, c.n_heads, scale), TSR_OK);
+                assert_int_equal(tsr_backend_download(cuda, ob, dout, 2 * out_n * sizeof *ob), TSR_OK);
+                expect_same_bits(what, ob, o, out_n * sizeof *o);
+                expect_same_bits(what, ob + out_n, o, out_n * sizeof *o);
+
+                if (si == 0) {          /* bad scales: refused as on the CPU, nothing queued */
+                        tsr_kv_view bad = kv;
+                        bad.k_scale = 0.0f;
+                        assert_int_equal(tsr_backend_kv_write(cuda, &bad, dk_in, dv_in, 1, 0), TSR_E_INVAL);
+                        bad.k_scale = 1.0f, bad.v_scale = NAN;
+                        assert_int_equal(tsr_backend_attention(cuda, dout, dq, &bad, 1, 0, c.n_heads, scale),
+                                         TSR_E_INVAL);
+                }
+                tsr_backend_mem_free(cuda, dk), tsr_backend_mem_free(cuda, dv);
+                tsr_backend_mem_free(cuda, dk_in), tsr_backend_mem_free(cuda, dv_in);
+                tsr_backend_mem_free(cuda, dq), tsr_backend_mem_free(cuda, dqq), tsr_backend_mem_free(cuda, dout);
+                free(k2), free(v2), free(o), free(ob);
+                kvc_done(&c);
+        }
+        printf("cuda: fp8 kv_write bitwise cpu-ref and attention within the bound over %zu shapes\n",
+               sizeof shapes / sizeof *shapes);
         tsr_backend_free(&cuda);
+        tsr_backend_free(&ref);
 }
 
 int main(void) {
@@ -308,7 +392,7 @@ int main(void) {
                 cmocka_unit_test(test_ref_vs_oracle),
                 cmocka_unit_test(test_fast_bitwise),
                 cmocka_unit_test(test_bad_views),
-                cmocka_unit_test(test_cuda_unsupported),
+                cmocka_unit_test(test_cuda),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
