@@ -349,3 +349,22 @@ def test_vllm_client_crosscheck(server, tmp_path):
     assert t["output_lens"] == v["output_lens"]
     assert t["generated_texts"] == v["generated_texts"]
     assert t["completed"] == v["completed"] == 8
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_bench_engine_rows(kv):
+    """tessera-bench-engine (deploy/bench_engine.c) on the tiny Llama: a row per batch and
+    the prefill, each with a positive rate.  Its prompts once used token ids up to 4000
+    whatever the vocabulary, so on this 300-token model every forward failed and the
+    table said 0.0 tok/s with exit 0; a failed run is now an error."""
+    model = REPO / "tests" / "fixtures" / "tiny-llama3-hf" / "f32"
+    out = subprocess.run([BUILD / "deploy" / "tessera-bench-engine", model, "--dtypes", "float32",
+                          "--batches", "1,2", "--steps", "4", "--prefill", "16", "--context", "64",
+                          "--repeat", "1", "--threads", "1", "--no-bandwidth", "--kv-cache-dtype", kv],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {m.group(1): float(m.group(2)) for m in
+            re.finditer(r"^\| float32 \| 1 \| (decode batch \d+|prefill \d+ tokens) \| ([0-9.]+) \|", out.stdout, re.M)}
+    assert set(rows) == {"decode batch 1", "decode batch 2", "prefill 16 tokens"}, out.stdout
+    assert all(v > 0 for v in rows.values()), rows
+    assert f"KV cache {'fp8_e4m3' if kv == 'fp8' else 'f32'}, context 64" in out.stdout, out.stdout
