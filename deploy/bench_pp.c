@@ -29,90 +29,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "deploy/bench_runner.h"
 #include "worker/model/family.h"
 #include "worker/model/runner.h"
 #include "worker/parallel/partition.h"
 
-#define BLOCK 16
-
-static double now_s(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-typedef struct bench_opts {
-        int batches[8];
-        size_t n_batches;
-        int steps, prefill, repeat;
-} bench_opts;
-
-/* Best-of-repeat ms per decode step at batch B, then ms of one prefill. */
-static int run(tsr_runner *r, const bench_opts *o, size_t vocab, double *decode_ms, double *prefill_ms) {
-        const tsr_engine_model *m = tsr_runner_model(r);
-        int max_b = 1;
-        for (size_t i = 0; i < o->n_batches; i++)
-                max_b = o->batches[i] > max_b ? o->batches[i] : max_b;
-        size_t ctx = (size_t)(16 + o->steps > o->prefill ? 16 + o->steps : o->prefill);
-        size_t n_table = (ctx + BLOCK - 1) / BLOCK;
-        uint32_t *tables = malloc((size_t)max_b * n_table * sizeof(uint32_t));
-        uint32_t *tokens = malloc((size_t)(o->prefill > 16 ? o->prefill : 16) * sizeof(uint32_t));
-        tsr_engine_seq *seqs = calloc((size_t)max_b, sizeof *seqs);
-        float *logits = malloc((size_t)max_b * vocab * sizeof(float));
-        uint32_t *next = malloc((size_t)max_b * sizeof(uint32_t));
-        if (!tables || !tokens || !seqs || !logits || !next)
-                return -1;
-        for (size_t i = 0; i < (size_t)max_b * n_table; i++)
-                tables[i] = (uint32_t)i;
-        for (int i = 0; i < (o->prefill > 16 ? o->prefill : 16); i++)
-                tokens[i] = (uint32_t)(17 + 131 * i) % (uint32_t)vocab;
-        for (size_t bi = 0; bi < o->n_batches; bi++) {
-                int B = o->batches[bi];
-                double best = 1e30;
-                for (int rep = 0; rep < o->repeat; rep++) {
-                        for (int b = 0; b < B; b++)
-                                seqs[b] = (tsr_engine_seq){.block_table = tables + (size_t)b * n_table,
-                                                           .n_table = n_table, .tokens = tokens, .n = 16,
-                                                           .want_logits = true};
-                        if (m->forward(m->ud, seqs, (size_t)B, logits) != TSR_OK)
-                                return -1;
-                        double t0 = now_s();
-                        for (int s = 0; s < o->steps; s++) {
-                                for (int b = 0; b < B; b++) {
-                                        next[b] = (uint32_t)(b * 7 + s) % (uint32_t)vocab;
-                                        seqs[b].tokens = &next[b];
-                                        seqs[b].n = 1;
-                                        seqs[b].past_len = 16 + (size_t)s;
-                                }
-                                if (m->forward(m->ud, seqs, (size_t)B, logits) != TSR_OK)
-                                        return -1;
-                        }
-                        double ms = (now_s() - t0) * 1e3 / o->steps;
-                        best = ms < best ? ms : best;
-                }
-                decode_ms[bi] = best;
-        }
-        double best = 1e30;
-        for (int rep = 0; rep < o->repeat; rep++) {
-                seqs[0] = (tsr_engine_seq){.block_table = tables, .n_table = n_table, .tokens = tokens,
-                                           .n = (size_t)o->prefill, .want_logits = true};
-                double t0 = now_s();
-                if (m->forward(m->ud, seqs, 1, logits) != TSR_OK)
-                        return -1;
-                double ms = (now_s() - t0) * 1e3;
-                best = ms < best ? ms : best;
-        }
-        *prefill_ms = best;
-        free(tables);
-        free(tokens);
-        free(seqs);
-        free(logits);
-        free(next);
-        return 0;
-}
-
 int main(int argc, char **argv) {
-        bench_opts o = {.batches = {1, 8}, .n_batches = 2, .steps = 32, .prefill = 128, .repeat = 3};
+        tsr_bench_runner_opts o = {.batches = {1, 8}, .n_batches = 2, .steps = 32, .prefill = 128, .repeat = 3};
         const char *path = NULL;
         uint32_t pp = 2, tp = 1;
         const char *dtype = "auto";
@@ -188,10 +111,7 @@ int main(int argc, char **argv) {
          * with --tp every runner uses it, so there is no 4th. */
         int n_cfg = strcmp(dtype, "float32") == 0 && !r7 ? 4 : 3;
         double dec[4][8], pre[4];
-        uint64_t blocks = (uint64_t)o.batches[0];
-        for (size_t i = 0; i < o.n_batches; i++)
-                blocks = (uint64_t)o.batches[i] > blocks ? (uint64_t)o.batches[i] : blocks;
-        blocks *= (uint64_t)((16 + o.steps > o.prefill ? 16 + o.steps : o.prefill) + BLOCK - 1) / BLOCK;
+        uint64_t blocks = tsr_bench_runner_blocks(&o);
         printf("model %s, %u layers, %d cores; tp %u x pp %u = %d ranks, layers", path, desc.n_layers, cores, tp,
                pp, ranks);
         for (uint32_t s = 0; s < pp; s++)
@@ -207,14 +127,14 @@ int main(int argc, char **argv) {
                 if (tsr_runner_backend_new(cfgs[c].threads, &bes[c], err, sizeof err) != TSR_OK)
                         break;
                 ro.backend = bes[c];
-                if (tsr_runner_new(path, &desc, &ro, blocks, BLOCK, 0, &rs[c], NULL, err, sizeof err) != TSR_OK)
+                if (tsr_runner_new(path, &desc, &ro, blocks, TSR_BENCH_BLOCK, 0, &rs[c], NULL, err, sizeof err) != TSR_OK)
                         break;
         }
         if (!rs[n_cfg - 1]) {
                 fprintf(stderr, "tessera-bench-pp: %s\n", err);
                 return 1;
         }
-        bench_opts once = o;
+        tsr_bench_runner_opts once = o;
         once.repeat = 1;
         for (int c = 0; c < n_cfg; c++) {
                 for (size_t i = 0; i < o.n_batches; i++)
@@ -224,7 +144,7 @@ int main(int argc, char **argv) {
         for (int rep = 0; rep < o.repeat; rep++)
                 for (int c = 0; c < n_cfg; c++) {
                         double d[8], p;
-                        if (run(rs[c], &once, desc.vocab_size, d, &p) != 0) {
+                        if (tsr_bench_runner_run(rs[c], &once, desc.vocab_size, d, &p) != 0) {
                                 fprintf(stderr, "tessera-bench-pp: %s: forward failed\n", cfgs[c].name);
                                 return 1;
                         }

@@ -368,3 +368,21 @@ def test_bench_engine_rows(kv):
     assert set(rows) == {"decode batch 1", "decode batch 2", "prefill 16 tokens"}, out.stdout
     assert all(v > 0 for v in rows.values()), rows
     assert f"KV cache {'fp8_e4m3' if kv == 'fp8' else 'f32'}, context 64" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("model,family", [("tiny-llama4", "llama4"), ("tiny-nemotron-h/model", "nemotron_h"),
+                                          ("tiny-llama3-hf/f32", "llama")])
+def test_bench_family_rows(model, family):
+    """tessera-bench-family (deploy/bench_family.c) through the worker's runner: the
+    family the worker would pick, a row per batch and the prefill, each with a positive
+    rate; Llama 4's chunked-attention table and NemotronH's state slots included."""
+    out = subprocess.run([BUILD / "deploy" / "tessera-bench-family", REPO / "tests" / "fixtures" / model,
+                          "--threads", "1", "--batches", "1,3", "--steps", "3", "--prefill", "20", "--repeat", "1",
+                          "--dtype", "float32"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f": family {family} (" in out.stdout, out.stdout
+    rows = {m.group(1): float(m.group(2)) for m in
+            re.finditer(rf"^\| {family} \| float32 \| 1 \| (decode batch \d+|prefill \d+ tokens) \| ([0-9.]+) \|$",
+                         out.stdout, re.M)}
+    assert set(rows) == {"decode batch 1", "decode batch 3", "prefill 20 tokens"}, out.stdout
+    assert all(v > 0 for v in rows.values()), rows

@@ -759,6 +759,44 @@ static float silu(float a) { return a / (1.0f + expf(-a)); }
 /* torch.nn.functional.softplus (beta 1, threshold 20). */
 static float softplus(float a) { return a > 20.0f ? a : log1pf(expf(a)); }
 
+/* Eight floats as one value (GCC/clang vector extension: one AVX register in scan_row's
+ * avx2 clone, SSE pairs in its baseline one), loaded and stored through memcpy, so no
+ * alignment is assumed.  Never a parameter or a return value: that would change the ABI
+ * with the ISA (-Wpsabi). */
+typedef float nh_v8 __attribute__((vector_size(32)));
+
+/* One row of the selective scan's step over the ns state entries of (head, p):
+ * S[s] = S[s] * dA + (d * B[s]) * xv, then the read-out sum_s S[s] * C[s].  The sum in a
+ * fixed order that the vectors allow: eight lanes (lane j takes s = j, j + 8, ...; a tail
+ * of ns % 8 entries goes to lanes 0 ..), then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 +
+ * l7)).  Each product and sum is one float32 rounding as in the scalar loop it replaced
+ * (no FMA: the avx2 clone has none either, so both clones give the same bits); only the
+ * order of the read-out's sum is its own.  The scalar loop's latency chain was 27% of a
+ * NemotronH decode step at batch 32 (perf, 2026-11-27); docs/benchmarks.md has before and
+ * after. */
+__attribute__((target_clones("avx2", "default")))
+static float scan_row(float *S, const float *B, const float *C, size_t ns, float dA, float d, float xv) {
+        nh_v8 acc = {0}, va = {dA, dA, dA, dA, dA, dA, dA, dA}, vd = {d, d, d, d, d, d, d, d};
+        nh_v8 vx = {xv, xv, xv, xv, xv, xv, xv, xv};
+        size_t s = 0;
+        for (; s + 8 <= ns; s += 8) {
+                nh_v8 st, b, c;
+                memcpy(&st, S + s, sizeof st);
+                memcpy(&b, B + s, sizeof b);
+                memcpy(&c, C + s, sizeof c);
+                st = st * va + (vd * b) * vx;
+                memcpy(S + s, &st, sizeof st);
+                acc += st * c;
+        }
+        float lane[8];
+        memcpy(lane, &acc, sizeof lane);
+        for (size_t j = 0; s < ns; s++, j++) {
+                S[s] = S[s] * dA + (d * B[s]) * xv;
+                lane[j] += S[s] * C[s];
+        }
+        return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
 /* One sequence's Mamba mixer over its rows proj (n, in_proj rows) -> y (n, d_inner),
  * with the gated norm applied; the conv and SSM state of its slot are read (past_len > 0)
  * or zeroed (a new sequence) and left holding the state after its last token. */
@@ -797,12 +835,8 @@ static void mamba_seq(const tsr_nemotron_h_config *c, const nh_layer *L, const f
                         d = fminf(fmaxf(d, c->dt_min), c->dt_max);
                         float dA = expf(d * L->A[h]);
                         for (size_t p = 0; p < P; p++) {
-                                float xv = xs[h * P + p], acc = 0.0f;
-                                float *S = ssm + (h * P + p) * NS;
-                                for (size_t s = 0; s < NS; s++) {
-                                        S[s] = S[s] * dA + (d * B[g * NS + s]) * xv;
-                                        acc += S[s] * C[g * NS + s];
-                                }
+                                float xv = xs[h * P + p];
+                                float acc = scan_row(ssm + (h * P + p) * NS, B + g * NS, C + g * NS, NS, dA, d, xv);
                                 yt[h * P + p] = acc + xv * L->D[h];
                         }
                 }
