@@ -182,3 +182,33 @@ def test_noop_flags_are_logged_and_the_worker_serves(spawn, demo_model):
         assert line in out, (line, out)
     w.p.send_signal(signal.SIGTERM)
     assert w.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_resident_bytes_follow_the_dtype(spawn, dtype):
+    """The load line's resident figure is what the weights take as held: under --dtype
+    bfloat16 every matmul weight (q/k/v/o, gate/up/down, lm_head) at 2 bytes and the
+    embedding and norms at 4.  It used to be the float32 count whatever the dtype (538 MB
+    for SmolLM2 held in 269 MB of bf16), and ModelInfo's weight_bytes with it."""
+    import json
+    import struct
+    from pathlib import Path
+    model = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama3-hf" / "f32"
+    want = 0
+    for f in sorted(model.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            n = 1
+            for d in t["shape"]:
+                n *= d
+            linear = name.endswith("_proj.weight") or name == "lm_head.weight"
+            want += n * (2 if linear and dtype == "bfloat16" else 4)
+    w = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--dtype", dtype])
+    wait_until(lambda: "engine up" in w.output() or w.p.poll() is not None, START_S, what="engine up")
+    out = w.output()
+    resident = re.search(r"([\d.]+) MB resident\)", out)
+    assert resident, out
+    assert float(resident.group(1)) == pytest.approx(want / 1e6, abs=0.051), (want, out)

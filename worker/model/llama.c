@@ -311,6 +311,42 @@ static void mm_slots(tsr_llama_layer *L, float **slot[MM_PER_LAYER]) {
         memcpy(slot, s, sizeof s);
 }
 
+/* The host weights' bytes as held now: each matmul as its float32, bf16 or stored block
+ * copy, the embedding and output likewise (a tied output counted once, its bf16 copy
+ * apart), the norms.  0 once the weights have moved to a device. */
+uint64_t tsr_llama_resident_bytes(const tsr_llama *m) {
+        if (!m || !m->w || m->dev)
+                return 0;
+        const tsr_llama_weights *w = m->w;
+        uint64_t dim = m->cfg.dim, b = dim * sizeof(float);    /* output_norm */
+        size_t rows[MM_PER_LAYER], cols[MM_PER_LAYER];
+        mm_shapes(m, rows, cols);
+        b += w->token_embd ? (uint64_t)m->cfg.vocab_size * dim * sizeof(float)
+                           : w->token_embd_stored.data ? tsr_tensor_n_bytes(&w->token_embd_stored) : 0;
+        if (m->output_bf16)
+                b += (uint64_t)m->cfg.vocab_size * dim * sizeof(uint16_t);
+        else if (w->output && w->output != w->token_embd)
+                b += (uint64_t)m->vocab_out * dim * sizeof(float);
+        else if (!w->output && w->output_stored.data && w->output_stored.data != w->token_embd_stored.data)
+                b += tsr_tensor_n_bytes(&w->output_stored);
+        for (size_t l = 0; l < m->n_local; l++) {
+                tsr_llama_layer *L = &w->layers[l];
+                float **f32[MM_PER_LAYER];
+                mm_slots(L, f32);
+                b += 2 * dim * sizeof(float);                   /* attn_norm, ffn_norm */
+                for (int i = 0; i < MM_PER_LAYER; i++) {
+                        uint64_t n = (uint64_t)rows[i] * cols[i];
+                        if (m->bf16 && m->bf16[l * MM_PER_LAYER + i])
+                                b += n * sizeof(uint16_t);
+                        else if (*f32[i])
+                                b += n * sizeof(float);
+                        else if (L->stored[i].data)
+                                b += tsr_tensor_n_bytes(&L->stored[i]);
+                }
+        }
+        return b;
+}
+
 tsr_status tsr_llama_use_bf16(tsr_llama *m) {
         if (!m || m->dev)
                 return TSR_E_INVAL;     /* after tsr_llama_to_backend the host weights are gone */

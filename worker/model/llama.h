@@ -71,6 +71,9 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m);
  * for NULL.  Every forward checks it too; call it once at start-up to fail early. */
 tsr_status tsr_llama_check_backend(const tsr_llama *m, const tsr_backend *be);
 bool tsr_llama_is_bf16(const tsr_llama *m);
+/* The bytes the host weights take in memory now (after tsr_llama_use_bf16 too); 0 after
+ * tsr_llama_to_backend. */
+uint64_t tsr_llama_resident_bytes(const tsr_llama *m);
 /* A backend whose memory is not the host's (CUDA): copy the weights the forward reads
  * (norms, matmuls in their float32 or bf16 form, embedding, RoPE frequencies) into its
  * memory and free the host copies; the forward then runs there, its KV pool must be in

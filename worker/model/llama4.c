@@ -245,6 +245,29 @@ done:
         return st;
 }
 
+/* The weights' bytes as held now: the embedding and norms in float32, each matmul as its
+ * float32 or its bf16 copy, the output unless it is the embedding itself. */
+uint64_t tsr_llama4_resident_bytes(const tsr_llama4 *m) {
+        if (!m)
+                return 0;
+        const tsr_llama4_config *c = m->cfg;
+        uint64_t dim = c->base.dim, vd = (uint64_t)c->base.vocab_size * dim, n_layers, b;
+        n_layers = m->shard.last_layer - m->shard.first_layer + 1;
+        b = (m->embed ? vd * sizeof(float) : 0) + (m->out_norm ? dim * sizeof(float) : 0);
+        b += m->output.b ? vd * sizeof(uint16_t) : m->output.f && m->output.f != m->embed ? vd * sizeof(float) : 0;
+        for (size_t l = 0; l < n_layers; l++) {
+                layer *L = &m->layers[l];
+                mat *w[N_MATS];
+                size_t r[N_MATS], cc[N_MATS], n[N_MATS];
+                layer_mats(c, L, w, r, cc, n);
+                b += ((L->attn_norm ? dim : 0) + (L->ffn_norm ? dim : 0)) * sizeof(float);
+                for (int i = 0; i < N_MATS; i++)
+                        b += (uint64_t)r[i] * cc[i] * n[i] *
+                             (w[i]->b ? sizeof(uint16_t) : w[i]->f ? sizeof(float) : 0);
+        }
+        return b;
+}
+
 /* ---- bf16 ------------------------------------------------------------------------------- */
 
 static uint16_t *to_bf16(const float *src, size_t n) {

@@ -97,6 +97,8 @@ const tsr_llama4_config *tsr_llama4_config_of(const tsr_llama4 *m);
  * (model unchanged). */
 tsr_status tsr_llama4_use_bf16(tsr_llama4 *m);
 bool tsr_llama4_is_bf16(const tsr_llama4 *m);
+/* The bytes the weights take in memory now (after tsr_llama4_use_bf16 too). */
+uint64_t tsr_llama4_resident_bytes(const tsr_llama4 *m);
 /* As tsr_llama_check_backend. */
 tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be);
 

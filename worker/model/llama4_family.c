@@ -84,6 +84,7 @@ static void llama4_free(void **model) {
 
 static tsr_status llama4_use_bf16(void *model) { return tsr_llama4_use_bf16(model); }
 static bool llama4_is_bf16(const void *model) { return tsr_llama4_is_bf16(model); }
+static uint64_t llama4_resident_bytes(const void *model) { return tsr_llama4_resident_bytes(model); }
 static tsr_status llama4_check_backend(const void *model, const tsr_backend *be) {
         return tsr_llama4_check_backend(model, be);
 }
@@ -122,6 +123,7 @@ const tsr_model_family tsr_family_llama4 = {
         .free = llama4_free,
         .use_bf16 = llama4_use_bf16,
         .is_bf16 = llama4_is_bf16,
+        .resident_bytes = llama4_resident_bytes,
         .check_backend = llama4_check_backend,
         .kv_bind = llama4_kv_bind,
         .kv_unbind = llama4_kv_unbind,

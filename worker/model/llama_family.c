@@ -112,6 +112,7 @@ static void llama_free(void **model) {
 
 static tsr_status llama_use_bf16(void *model) { return tsr_llama_use_bf16(model); }
 static bool llama_is_bf16(const void *model) { return tsr_llama_is_bf16(model); }
+static uint64_t llama_resident_bytes(const void *model) { return tsr_llama_resident_bytes(model); }
 static tsr_status llama_to_backend(void *model, tsr_backend *be, size_t tokens, size_t logit_rows, char *err,
                                    size_t errlen) {
         tsr_status st = tsr_llama_to_backend(model, be, err, errlen);
@@ -190,6 +191,7 @@ const tsr_model_family tsr_family_llama = {
         .free = llama_free,
         .use_bf16 = llama_use_bf16,
         .is_bf16 = llama_is_bf16,
+        .resident_bytes = llama_resident_bytes,
         .check_backend = llama_check_backend,
         .to_backend = llama_to_backend,
         .kv_bind = llama_kv_bind,
