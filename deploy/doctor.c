@@ -36,6 +36,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "kernels/kernels.h"
 #include "worker/parallel/bootstrap.h"
 #include "worker/parallel/comm.h"
 
@@ -192,10 +193,15 @@ static void report_node(json_t *node, int *warnings) {
         if (!memlock_unlimited)
                 printf("%.0f MiB", memlock_mib);
         printf("\n");
+        /* the level the worker's fast CPU kernels run at here (what --dtype auto decides on:
+         * bfloat16 from avx512_bf16 up) */
+        const char *kernel_isa = tsr_cpu_isa_name(tsr_cpu_isa_best());
+        printf("kernels: cpu-fast at %s\n", kernel_isa);
         json_object_set_new(node, "host", json_string(host));
         json_object_set_new(node, "cpu", json_string(model ? model : "?"));
         json_object_set_new(node, "cores", json_integer(cores));
         json_object_set_new(node, "isa", json_string(isa_text));
+        json_object_set_new(node, "kernel_isa", json_string(kernel_isa));
         json_object_set_new(node, "memory_gib", json_real(mem_gib));
         json_object_set_new(node, "shm_gib", json_real(shm_gib));
         json_object_set_new(node, "memlock_unlimited", json_boolean(memlock_unlimited));

@@ -62,6 +62,10 @@ def test_node_report(tmp_path):
     assert d["node"]["gpus"] == len(list(Path("/dev").glob("nvidia[0-9]*")))
     flags = Path("/proc/cpuinfo").read_text()
     assert ("avx2" in d["node"]["isa"].split()) == (" avx2 " in flags)
+    # the fast kernels' level follows the flags (kernels/cpu: avx2 needs avx2 + f16c + fma)
+    assert d["node"]["kernel_isa"] in ("scalar", "avx2", "avx512_bf16", "amx_bf16"), d["node"]
+    assert (d["node"]["kernel_isa"] == "scalar") == (" avx2 " not in flags), d["node"]
+    assert f"kernels: cpu-fast at {d['node']['kernel_isa']}" in r.stdout
     # every NCCL_* variable in effect is reported, untouched
     env = dict(os.environ, NCCL_SOCKET_IFNAME="=eth9", NCCL_DEBUG="INFO")
     r = subprocess.run([str(DOCTOR), "--json", str(tmp_path / "e.json")], capture_output=True, text=True,
