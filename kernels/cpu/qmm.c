@@ -9,10 +9,12 @@
  * the last block add +0, which leaves a lane unchanged (a lane that starts at +0 is never
  * -0).  The final lane sum is the reference's pair tree.
  *
- * Work split: weight rows in tasks of QMM_ROWS_PER_TASK across the backend's pool; each
- * task unpacks one weight row into its thread's scratch and dots it with every
- * activation row, so W is read from memory once per call.  No split of K, so the tiling
- * and the thread count change nothing (kernels.h batch invariance).
+ * Work split: weight rows in tasks of QMM_ROWS_PER_TASK across the backend's pool, each
+ * thread taking its tasks from one contiguous span of W (tsr_pool_run_spans: one long
+ * stream per core for the prefetchers, rather than every other 16 rows); each task
+ * unpacks one weight row into its thread's scratch and dots it with every activation
+ * row, so W is read from memory once per call.  No split of K, so the tiling and the
+ * thread count change nothing (kernels.h batch invariance).
  *
  * Thread: the backend's driving thread plus its pool's helpers (pool.h). */
 #include <stdlib.h>
@@ -402,7 +404,7 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
         struct quant_ctx qc = {.t = t, .x = x, .xq = xq, .n = n, .act_bytes = c.act_bytes};
         tsr_pool_run(rows >= 8 ? pool : NULL, rows, quant_task, &qc);
         c.xq = xq;
-        tsr_pool_run(pool, (d + QMM_ROWS_PER_TASK - 1) / QMM_ROWS_PER_TASK, qmm_task, &c);
+        tsr_pool_run_spans(pool, (d + QMM_ROWS_PER_TASK - 1) / QMM_ROWS_PER_TASK, qmm_task, &c);
         free(xq), free(c.scratch);
         return TSR_OK;
 #else

@@ -825,7 +825,11 @@ static void *drive(void *arg) {
                 atomic_init(&c.bad_worker, false);
                 for (size_t i = 0; i < n; i++)
                         atomic_store(&hits[i], 0);
-                tsr_pool_run(dr->pool, n - (size_t)round, count_task, &c);
+                /* Every other round in spans (pool.h): still each index once, any worker. */
+                if (round % 2)
+                        tsr_pool_run_spans(dr->pool, n - (size_t)round, count_task, &c);
+                else
+                        tsr_pool_run(dr->pool, n - (size_t)round, count_task, &c);
                 for (size_t i = 0; i < n; i++)
                         if (atomic_load(&hits[i]) != (i < n - (size_t)round ? 1 : 0))
                                 dr->ok = false;
@@ -849,6 +853,18 @@ static void test_pool(void **state) {
                 assert_int_equal(pthread_join(th, NULL), 0);
                 assert_true(a.ok);
                 assert_true(b.ok);
+                /* Spans with fewer tasks than threads, none, one. */
+                for (size_t m = 0; m < 10; m++) {
+                        _Atomic int hits[10];
+                        struct count_ctx c = {.hits = hits, .threads = t};
+                        atomic_init(&c.bad_worker, false);
+                        for (size_t i = 0; i < 10; i++)
+                                atomic_init(&hits[i], 0);
+                        tsr_pool_run_spans(p, m, count_task, &c);
+                        for (size_t i = 0; i < 10; i++)
+                                assert_int_equal(atomic_load(&hits[i]), i < m ? 1 : 0);
+                        assert_false(atomic_load(&c.bad_worker));
+                }
                 tsr_pool_free(&p);
                 assert_null(p);
         }
