@@ -266,13 +266,17 @@ QMM_FN static float dotk_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n)
  * it to scratch first only adds a store and a load per block: here each block goes from
  * the file's bytes to the integer sum directly.  Same integers, same scales, same float
  * terms and lanes as dot32_row (so still bitwise the reference).  q4_1 and q5_1 codes are
- * unsigned (0..31): one maddubs without the sign trick. */
+ * unsigned (0..31): one maddubs without the sign trick.  The row's whole groups of eight
+ * blocks run without a tail check; only the last, partial group masks its lanes.
+ */
 
-QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr_qmm_act *a, size_t n) {
+/* Blocks b..b+7 of one weight row (wrow at block b, q at the activations' block b) -> the
+ * float32 terms t_b in lanes 0..7; lanes at and past `live` (8, or fewer at the row's
+ * end) read nothing and are +0. */
+QMM_INLINE __m256 dot32_group_t(const tsr_dtype T, const uint8_t *wrow, const int8_t *q, __m256 dx, __m256 sx,
+                                size_t live) {
         const size_t bb = BLOCK32_BYTES(T);
         const bool has_m = T == TSR_DTYPE_Q4_1 || T == TSR_DTYPE_Q5_1;
-        size_t nb = n / 32;
-        __m256 acc = _mm256_setzero_ps();
         /* The eight blocks' first four bytes (f16 d, then f16 m or codes) in one gather;
          * bytes 0-1 / 2-3 of each lane packed into eight f16s. */
         const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -281,38 +285,48 @@ QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr
                                                 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
         const __m256i pick_m = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
                                                 2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+        __m256i v[8], head;
 
-        for (size_t b = 0; b < nb; b += 8) {
-                __m256i v[8];
-                /* lanes past the row read nothing and stay 0 (f16 0: a zero term, as before) */
-                __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nb - b < 8 ? nb - b : 8)), lane);
-                __m256i head = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(wrow + b * bb), offs,
-                                                           live, 1);
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) {
-                        if (b + j >= nb) {
-                                v[j] = _mm256_setzero_si256();
-                                continue;
-                        }
-                        const uint8_t *blk = wrow + (b + j) * bb;
-                        __m256i w = codes32(T, blk), q = _mm256_load_si256((const __m256i *)(a->q + 32 * (b + j)));
-                        __m256i p16 = has_m ? _mm256_maddubs_epi16(w, q)
-                                            : _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
-                        v[j] = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-                }
-                __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
-                __m256i dp = _mm256_shuffle_epi8(head, pick_d);
-                __m256 dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(dp), _mm256_extracti128_si256(dp, 1)));
-                __m256 mw = _mm256_setzero_ps();
-                if (has_m) {
-                        __m256i mp = _mm256_shuffle_epi8(head, pick_m);
-                        mw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mp),
-                                                                _mm256_extracti128_si256(mp, 1)));
-                }
-                __m256 dd = _mm256_mul_ps(dw, _mm256_load_ps(a->dx + b));
-                __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s), _mm256_mul_ps(mw, _mm256_load_ps(a->sx + b)));
-                acc = _mm256_add_ps(acc, t);
+        if (live == 8) {
+                head = _mm256_i32gather_epi32((const int *)wrow, offs, 1);
+        } else {        /* lanes past the row stay 0 (f16 0: a zero term) */
+                __m256i on = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live), lane);
+                head = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)wrow, offs, on, 1);
         }
+#pragma GCC unroll 8
+        for (size_t j = 0; j < 8; j++) {
+                if (j >= live) {
+                        v[j] = _mm256_setzero_si256();
+                        continue;
+                }
+                __m256i w = codes32(T, wrow + j * bb), qv = _mm256_load_si256((const __m256i *)(q + 32 * j));
+                __m256i p16 = has_m ? _mm256_maddubs_epi16(w, qv)
+                                    : _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(qv, w));
+                v[j] = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+        }
+        __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
+        __m256i dp = _mm256_shuffle_epi8(head, pick_d);
+        __m256 dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(dp), _mm256_extracti128_si256(dp, 1)));
+        __m256 mw = _mm256_setzero_ps();
+        if (has_m) {
+                __m256i mp = _mm256_shuffle_epi8(head, pick_m);
+                mw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mp), _mm256_extracti128_si256(mp, 1)));
+        }
+        __m256 dd = _mm256_mul_ps(dw, dx);
+        return _mm256_add_ps(_mm256_mul_ps(dd, s), _mm256_mul_ps(mw, sx));
+}
+
+QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr_qmm_act *a, size_t n) {
+        const size_t bb = BLOCK32_BYTES(T);
+        size_t nb = n / 32, b = 0;
+        __m256 acc = _mm256_setzero_ps();
+
+        for (; b + 8 <= nb; b += 8)
+                acc = _mm256_add_ps(acc, dot32_group_t(T, wrow + b * bb, a->q + 32 * b, _mm256_load_ps(a->dx + b),
+                                                       _mm256_load_ps(a->sx + b), 8));
+        if (b < nb)
+                acc = _mm256_add_ps(acc, dot32_group_t(T, wrow + b * bb, a->q + 32 * b, _mm256_load_ps(a->dx + b),
+                                                       _mm256_load_ps(a->sx + b), nb - b));
         return lanes_sum(acc);
 }
 
