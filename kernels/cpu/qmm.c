@@ -268,7 +268,13 @@ QMM_FN static float dotk_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n)
  * terms and lanes as dot32_row (so still bitwise the reference).  q4_1 and q5_1 codes are
  * unsigned (0..31): one maddubs without the sign trick.  The row's whole groups of eight
  * blocks run without a tail check; only the last, partial group masks its lanes.
- */
+ *
+ * The weights stream from memory at this batch (97 MB a token for SmolLM2 Q4_1), so each
+ * group also prefetches the bytes QMM_PREFETCH ahead, the rows after it in its thread's
+ * span (tsr_pool_run_spans): a few percent over the hardware prefetchers alone
+ * (docs/benchmarks.md, issue #21). */
+
+#define QMM_PREFETCH 4096
 
 /* Blocks b..b+7 of one weight row (wrow at block b, q at the activations' block b) -> the
  * float32 terms t_b in lanes 0..7; lanes at and past `live` (8, or fewer at the row's
@@ -287,6 +293,9 @@ QMM_INLINE __m256 dot32_group_t(const tsr_dtype T, const uint8_t *wrow, const in
                                                 2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
         __m256i v[8], head;
 
+        /* A prefetch never faults, so one past the end of W is harmless. */
+        for (size_t o = 0; o < 8 * bb; o += 64)
+                _mm_prefetch((const char *)wrow + QMM_PREFETCH + o, _MM_HINT_T0);
         if (live == 8) {
                 head = _mm256_i32gather_epi32((const int *)wrow, offs, 1);
         } else {        /* lanes past the row stay 0 (f16 0: a zero term) */
