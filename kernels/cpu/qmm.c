@@ -1,7 +1,8 @@
 /* cpu/qmm.c - the int8 matmul on GGUF blocks with AVX2, bitwise quant/qmm.c's.
  *
  * Why it is bitwise the reference: the activation rows are quantized by the reference's
- * own function (tsr_qmm_quantize_row); the weight rows are unpacked to the same integers
+ * own function (tsr_qmm_quantize_row; for the 32-block formats quantize32_row, its
+ * vectorised twin, step for step); the weight rows are unpacked to the same integers
  * and the same float scales (f16 -> f32 through F16C is exact, as tsr_f16_to_f32 is);
  * the integer block sums are exact in any order; and the float32 terms of each block are
  * computed with the same operations in the same order, eight blocks at a time in one
@@ -17,6 +18,7 @@
  * thread count change nothing (kernels.h batch invariance).
  *
  * Thread: the backend's driving thread plus its pool's helpers (pool.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -386,7 +388,54 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         }
 }
 
-/* Rows of x quantized across the pool too (the reference's function, row by row). */
+/* ---- step 1 for the 32-block formats: tsr_qmm_quantize_row, eight lanes at a time --------
+ * Bitwise the reference's quantize_block: max |x| is exact in any order; id = 127 / amax
+ * and dx = amax / 127 are the same scalar divisions; x * id rounds once, and vroundps to
+ * nearest-even is rintf (the default rounding mode); the clamp to +-127 comes before the
+ * (then exact) conversion; the integer sum is exact; sx = dx * (float)sum as there, also
+ * for a zero block (0 * 0) and a non-finite one (NaN * 0). */
+QMM_FN static void quantize32_row(const float *x, size_t n, void *dst) {
+        tsr_qmm_act a = tsr_qmm_act_at(TSR_DTYPE_Q8_0, dst, n);
+        const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+        const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+
+        memset(dst, 0, tsr_qmm_act_bytes(TSR_DTYPE_Q8_0, n));   /* the padding (qmm.h) */
+        for (size_t b = 0; b < n / 32; b++) {
+                __m256 v[4], m = _mm256_setzero_ps(), fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+                for (int k = 0; k < 4; k++) {
+                        v[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
+                        __m256 av = _mm256_andnot_ps(sign, v[k]);
+                        fin = _mm256_and_ps(fin, _mm256_cmp_ps(av, inf, _CMP_LT_OQ));     /* NaN: false */
+                        m = _mm256_max_ps(m, av);
+                }
+                __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+                bool finite = _mm256_movemask_ps(fin) == 0xff;
+                if (!finite || amax == 0.0f) {          /* q stays 0 */
+                        a.dx[b] = finite ? 0.0f : NAN;
+                        a.sx[b] = a.dx[b] * 0.0f;
+                        continue;
+                }
+                __m256 id = _mm256_set1_ps(127.0f / amax);
+                __m256i qi[4], sum = _mm256_setzero_si256();
+                for (int k = 0; k < 4; k++) {
+                        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], id),
+                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                        qi[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+                        sum = _mm256_add_epi32(sum, qi[k]);
+                }
+                /* packs work per 128-bit half: dwords 0..7 then hold elements 0-3, 8-11, 16-19,
+                 * 24-27, 4-7, ...; the permute puts them back in order. */
+                __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+                _mm256_store_si256((__m256i *)(a.q + 32 * b), _mm256_permutevar8x32_epi32(q8, order));
+                a.dx[b] = amax / 127.0f;
+                a.sx[b] = a.dx[b] * (float)hsum_epi32(sum);
+        }
+}
+
+/* Rows of x quantized across the pool too, row by row. */
 struct quant_ctx {
         tsr_dtype t;
         const float *x;
@@ -394,10 +443,13 @@ struct quant_ctx {
         size_t n, act_bytes;
 };
 
-static void quant_task(void *ctx, size_t r, int worker) {
+QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
         const struct quant_ctx *c = ctx;
         (void)worker;
-        tsr_qmm_quantize_row(c->t, c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+        if (tsr_qmm_is_k(c->t))
+                tsr_qmm_quantize_row(c->t, c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+        else
+                quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
 }
 
 #endif
