@@ -200,3 +200,50 @@ void tsr_pool_run(tsr_pool *p, size_t n_tasks, tsr_pool_task_fn task, void *ctx)
         }
         pthread_mutex_unlock(&p->run_lock);
 }
+
+/* tsr_pool_run_spans: one pool task per span; it drains its own span, then helps the
+ * others from their fronts.  Each index is claimed once by an atomic increment of its
+ * span's counter (relaxed: the run's own release/acquire publishes the results). */
+struct span_run {
+        tsr_pool_task_fn task;
+        void *ctx;
+        size_t n_spans;
+        struct span {
+                _Alignas(64) _Atomic size_t next;       /* a cache line each: owners do not share */
+                size_t end;
+        } span[TSR_POOL_MAX_SPANS];
+};
+
+static void span_task(void *ctx, size_t s0, int worker) {
+        struct span_run *r = ctx;
+
+        for (size_t k = 0; k < r->n_spans; k++) {
+                struct span *sp = &r->span[(s0 + k) % r->n_spans];
+                for (;;) {
+                        size_t i = atomic_fetch_add_explicit(&sp->next, 1, memory_order_relaxed);
+                        if (i >= sp->end)
+                                break;
+                        r->task(r->ctx, i, worker);
+                }
+        }
+}
+
+void tsr_pool_run_spans(tsr_pool *p, size_t n_tasks, tsr_pool_task_fn task, void *ctx) {
+        size_t n_spans = (size_t)tsr_pool_threads(p);
+        struct span_run r = {.task = task, .ctx = ctx};
+
+        if (n_spans > TSR_POOL_MAX_SPANS)
+                n_spans = TSR_POOL_MAX_SPANS;
+        if (n_spans > n_tasks)
+                n_spans = n_tasks;
+        if (n_spans <= 1) {
+                tsr_pool_run(p, n_tasks, task, ctx);
+                return;
+        }
+        r.n_spans = n_spans;
+        for (size_t s = 0; s < n_spans; s++) {
+                atomic_init(&r.span[s].next, s * n_tasks / n_spans);
+                r.span[s].end = (s + 1) * n_tasks / n_spans;
+        }
+        tsr_pool_run(p, n_spans, span_task, &r);
+}

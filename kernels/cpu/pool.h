@@ -38,4 +38,14 @@ int tsr_pool_threads(const tsr_pool *p);
  * have finished.  p may be NULL (inline). */
 void tsr_pool_run(tsr_pool *p, size_t n_tasks, tsr_pool_task_fn task, void *ctx);
 
+/* As tsr_pool_run, but the indices are cut into one contiguous span per thread (at most
+ * TSR_POOL_MAX_SPANS), each thread runs its own span's indices in increasing order, and a
+ * thread whose span is done takes the next unrun indices of the others' (in span order,
+ * from their fronts).  For tasks that stream memory in index order (a matrix-vector
+ * product's weight rows): each thread then reads one long run of addresses, which the
+ * hardware prefetchers follow, instead of every other short piece.  Same contract as
+ * tsr_pool_run: which thread runs which index is still not fixed. */
+#define TSR_POOL_MAX_SPANS 64
+void tsr_pool_run_spans(tsr_pool *p, size_t n_tasks, tsr_pool_task_fn task, void *ctx);
+
 #endif

@@ -1,7 +1,8 @@
 /* cpu/qmm.c - the int8 matmul on GGUF blocks with AVX2, bitwise quant/qmm.c's.
  *
  * Why it is bitwise the reference: the activation rows are quantized by the reference's
- * own function (tsr_qmm_quantize_row); the weight rows are unpacked to the same integers
+ * own function (tsr_qmm_quantize_row; for the 32-block formats quantize32_row, its
+ * vectorised twin, step for step); the weight rows are unpacked to the same integers
  * and the same float scales (f16 -> f32 through F16C is exact, as tsr_f16_to_f32 is);
  * the integer block sums are exact in any order; and the float32 terms of each block are
  * computed with the same operations in the same order, eight blocks at a time in one
@@ -9,12 +10,15 @@
  * the last block add +0, which leaves a lane unchanged (a lane that starts at +0 is never
  * -0).  The final lane sum is the reference's pair tree.
  *
- * Work split: weight rows in tasks of QMM_ROWS_PER_TASK across the backend's pool; each
- * task unpacks one weight row into its thread's scratch and dots it with every
- * activation row, so W is read from memory once per call.  No split of K, so the tiling
- * and the thread count change nothing (kernels.h batch invariance).
+ * Work split: weight rows in tasks of QMM_ROWS_PER_TASK across the backend's pool, each
+ * thread taking its tasks from one contiguous span of W (tsr_pool_run_spans: one long
+ * stream per core for the prefetchers, rather than every other 16 rows); each task
+ * unpacks one weight row into its thread's scratch and dots it with every activation
+ * row, so W is read from memory once per call.  No split of K, so the tiling and the
+ * thread count change nothing (kernels.h batch invariance).
  *
  * Thread: the backend's driving thread plus its pool's helpers (pool.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -264,13 +268,23 @@ QMM_FN static float dotk_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n)
  * it to scratch first only adds a store and a load per block: here each block goes from
  * the file's bytes to the integer sum directly.  Same integers, same scales, same float
  * terms and lanes as dot32_row (so still bitwise the reference).  q4_1 and q5_1 codes are
- * unsigned (0..31): one maddubs without the sign trick. */
+ * unsigned (0..31): one maddubs without the sign trick.  The row's whole groups of eight
+ * blocks run without a tail check; only the last, partial group masks its lanes.
+ *
+ * The weights stream from memory at this batch (97 MB a token for SmolLM2 Q4_1), so each
+ * group also prefetches the bytes QMM_PREFETCH ahead, the rows after it in its thread's
+ * span (tsr_pool_run_spans): a few percent over the hardware prefetchers alone
+ * (docs/benchmarks.md, issue #21). */
 
-QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr_qmm_act *a, size_t n) {
+#define QMM_PREFETCH 4096
+
+/* Blocks b..b+7 of one weight row (wrow at block b, q at the activations' block b) -> the
+ * float32 terms t_b in lanes 0..7; lanes at and past `live` (8, or fewer at the row's
+ * end) read nothing and are +0. */
+QMM_INLINE __m256 dot32_group_t(const tsr_dtype T, const uint8_t *wrow, const int8_t *q, __m256 dx, __m256 sx,
+                                size_t live) {
         const size_t bb = BLOCK32_BYTES(T);
         const bool has_m = T == TSR_DTYPE_Q4_1 || T == TSR_DTYPE_Q5_1;
-        size_t nb = n / 32;
-        __m256 acc = _mm256_setzero_ps();
         /* The eight blocks' first four bytes (f16 d, then f16 m or codes) in one gather;
          * bytes 0-1 / 2-3 of each lane packed into eight f16s. */
         const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -279,38 +293,51 @@ QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr
                                                 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
         const __m256i pick_m = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
                                                 2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+        __m256i v[8], head;
 
-        for (size_t b = 0; b < nb; b += 8) {
-                __m256i v[8];
-                /* lanes past the row read nothing and stay 0 (f16 0: a zero term, as before) */
-                __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nb - b < 8 ? nb - b : 8)), lane);
-                __m256i head = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(wrow + b * bb), offs,
-                                                           live, 1);
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) {
-                        if (b + j >= nb) {
-                                v[j] = _mm256_setzero_si256();
-                                continue;
-                        }
-                        const uint8_t *blk = wrow + (b + j) * bb;
-                        __m256i w = codes32(T, blk), q = _mm256_load_si256((const __m256i *)(a->q + 32 * (b + j)));
-                        __m256i p16 = has_m ? _mm256_maddubs_epi16(w, q)
-                                            : _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
-                        v[j] = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-                }
-                __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
-                __m256i dp = _mm256_shuffle_epi8(head, pick_d);
-                __m256 dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(dp), _mm256_extracti128_si256(dp, 1)));
-                __m256 mw = _mm256_setzero_ps();
-                if (has_m) {
-                        __m256i mp = _mm256_shuffle_epi8(head, pick_m);
-                        mw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mp),
-                                                                _mm256_extracti128_si256(mp, 1)));
-                }
-                __m256 dd = _mm256_mul_ps(dw, _mm256_load_ps(a->dx + b));
-                __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s), _mm256_mul_ps(mw, _mm256_load_ps(a->sx + b)));
-                acc = _mm256_add_ps(acc, t);
+        /* A prefetch never faults, so one past the end of W is harmless. */
+        for (size_t o = 0; o < 8 * bb; o += 64)
+                _mm_prefetch((const char *)wrow + QMM_PREFETCH + o, _MM_HINT_T0);
+        if (live == 8) {
+                head = _mm256_i32gather_epi32((const int *)wrow, offs, 1);
+        } else {        /* lanes past the row stay 0 (f16 0: a zero term) */
+                __m256i on = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live), lane);
+                head = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)wrow, offs, on, 1);
         }
+#pragma GCC unroll 8
+        for (size_t j = 0; j < 8; j++) {
+                if (j >= live) {
+                        v[j] = _mm256_setzero_si256();
+                        continue;
+                }
+                __m256i w = codes32(T, wrow + j * bb), qv = _mm256_load_si256((const __m256i *)(q + 32 * j));
+                __m256i p16 = has_m ? _mm256_maddubs_epi16(w, qv)
+                                    : _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(qv, w));
+                v[j] = _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+        }
+        __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
+        __m256i dp = _mm256_shuffle_epi8(head, pick_d);
+        __m256 dw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(dp), _mm256_extracti128_si256(dp, 1)));
+        __m256 mw = _mm256_setzero_ps();
+        if (has_m) {
+                __m256i mp = _mm256_shuffle_epi8(head, pick_m);
+                mw = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mp), _mm256_extracti128_si256(mp, 1)));
+        }
+        __m256 dd = _mm256_mul_ps(dw, dx);
+        return _mm256_add_ps(_mm256_mul_ps(dd, s), _mm256_mul_ps(mw, sx));
+}
+
+QMM_INLINE float dot32_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr_qmm_act *a, size_t n) {
+        const size_t bb = BLOCK32_BYTES(T);
+        size_t nb = n / 32, b = 0;
+        __m256 acc = _mm256_setzero_ps();
+
+        for (; b + 8 <= nb; b += 8)
+                acc = _mm256_add_ps(acc, dot32_group_t(T, wrow + b * bb, a->q + 32 * b, _mm256_load_ps(a->dx + b),
+                                                       _mm256_load_ps(a->sx + b), 8));
+        if (b < nb)
+                acc = _mm256_add_ps(acc, dot32_group_t(T, wrow + b * bb, a->q + 32 * b, _mm256_load_ps(a->dx + b),
+                                                       _mm256_load_ps(a->sx + b), nb - b));
         return lanes_sum(acc);
 }
 
@@ -361,7 +388,54 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         }
 }
 
-/* Rows of x quantized across the pool too (the reference's function, row by row). */
+/* ---- step 1 for the 32-block formats: tsr_qmm_quantize_row, eight lanes at a time --------
+ * Bitwise the reference's quantize_block: max |x| is exact in any order; id = 127 / amax
+ * and dx = amax / 127 are the same scalar divisions; x * id rounds once, and vroundps to
+ * nearest-even is rintf (the default rounding mode); the clamp to +-127 comes before the
+ * (then exact) conversion; the integer sum is exact; sx = dx * (float)sum as there, also
+ * for a zero block (0 * 0) and a non-finite one (NaN * 0). */
+QMM_FN static void quantize32_row(const float *x, size_t n, void *dst) {
+        tsr_qmm_act a = tsr_qmm_act_at(TSR_DTYPE_Q8_0, dst, n);
+        const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
+        const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+
+        memset(dst, 0, tsr_qmm_act_bytes(TSR_DTYPE_Q8_0, n));   /* the padding (qmm.h) */
+        for (size_t b = 0; b < n / 32; b++) {
+                __m256 v[4], m = _mm256_setzero_ps(), fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+                for (int k = 0; k < 4; k++) {
+                        v[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
+                        __m256 av = _mm256_andnot_ps(sign, v[k]);
+                        fin = _mm256_and_ps(fin, _mm256_cmp_ps(av, inf, _CMP_LT_OQ));     /* NaN: false */
+                        m = _mm256_max_ps(m, av);
+                }
+                __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+                bool finite = _mm256_movemask_ps(fin) == 0xff;
+                if (!finite || amax == 0.0f) {          /* q stays 0 */
+                        a.dx[b] = finite ? 0.0f : NAN;
+                        a.sx[b] = a.dx[b] * 0.0f;
+                        continue;
+                }
+                __m256 id = _mm256_set1_ps(127.0f / amax);
+                __m256i qi[4], sum = _mm256_setzero_si256();
+                for (int k = 0; k < 4; k++) {
+                        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], id),
+                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                        qi[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+                        sum = _mm256_add_epi32(sum, qi[k]);
+                }
+                /* packs work per 128-bit half: dwords 0..7 then hold elements 0-3, 8-11, 16-19,
+                 * 24-27, 4-7, ...; the permute puts them back in order. */
+                __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+                _mm256_store_si256((__m256i *)(a.q + 32 * b), _mm256_permutevar8x32_epi32(q8, order));
+                a.dx[b] = amax / 127.0f;
+                a.sx[b] = a.dx[b] * (float)hsum_epi32(sum);
+        }
+}
+
+/* Rows of x quantized across the pool too, row by row. */
 struct quant_ctx {
         tsr_dtype t;
         const float *x;
@@ -369,10 +443,13 @@ struct quant_ctx {
         size_t n, act_bytes;
 };
 
-static void quant_task(void *ctx, size_t r, int worker) {
+QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
         const struct quant_ctx *c = ctx;
         (void)worker;
-        tsr_qmm_quantize_row(c->t, c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+        if (tsr_qmm_is_k(c->t))
+                tsr_qmm_quantize_row(c->t, c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+        else
+                quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
 }
 
 #endif
@@ -402,7 +479,7 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
         struct quant_ctx qc = {.t = t, .x = x, .xq = xq, .n = n, .act_bytes = c.act_bytes};
         tsr_pool_run(rows >= 8 ? pool : NULL, rows, quant_task, &qc);
         c.xq = xq;
-        tsr_pool_run(pool, (d + QMM_ROWS_PER_TASK - 1) / QMM_ROWS_PER_TASK, qmm_task, &c);
+        tsr_pool_run_spans(pool, (d + QMM_ROWS_PER_TASK - 1) / QMM_ROWS_PER_TASK, qmm_task, &c);
         free(xq), free(c.scratch);
         return TSR_OK;
 #else

@@ -7,8 +7,9 @@
  * AMX level is skipped on CPUs without it); in every case bitwise invariant to the
  * thread count and to the rows around a row.  add_rmsnorm (the residual add fused with
  * the next norm): ref's is bitwise ref's add then rmsnorm, fast's bitwise ref's, and a
- * NaN or an infinity stays in its row.  Also: the bf16 rounding and the thread pool
- * (every task exactly once, a second driving thread).
+ * NaN or an infinity stays in its row.  Also: the bf16 rounding, the thread pool
+ * (every task exactly once, a second driving thread, spans), and the int8 matmul's
+ * activation quantization at its rounding edges.
  *
  * The cases loop over the levels the CPU has; one case per level above scalar
  * (isa_avx2, isa_avx512_bf16, isa_amx_bf16) runs that level alone and is the one that
@@ -564,6 +565,63 @@ static void test_batch_invariance(void **state) {
         assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
+/* ---- the int8 matmul's activation quantization (cpu/qmm.c quantize32_row) ----------------
+ * Blocks built to hit the rounding's edges: amax 127 (x * id == x, so every x.5 is a tie
+ * that rintf sends to even), +-amax itself (+-127), -0 and denormals beside larger
+ * values, an all-zero block, and random blocks; weights with every code 1 (the output is
+ * then dx times the sum of the q's: any changed q shows), alternating signs, and random.
+ * The fast backend bitwise the reference for 1 row (the decode path) and 9 (the pool). */
+static void test_qmm_quantize_edges(void **state) {
+        static const tsr_dtype types[] = {TSR_DTYPE_Q8_0, TSR_DTYPE_Q4_1};
+        const size_t nb = 9, n = 32 * nb, d = 3, rows = 9;
+        float *x = malloc(rows * n * sizeof(float)), *o1 = malloc(rows * d * sizeof(float));
+        float *o2 = malloc(rows * d * sizeof(float));
+        uint8_t w[3 * 9 * 34];
+
+        for (size_t r = 0; r < rows; r++)
+                for (size_t b = 0; b < nb; b++)
+                        for (size_t k = 0; k < 32; k++) {
+                                float *v = &x[r * n + 32 * b + k], half = (float)k - 15.5f;
+                                switch ((b + r) % 5) {
+                                case 0: *v = k == 0 ? 127.0f : half * (r % 2 ? -1.0f : 1.0f); break;
+                                case 1: *v = k == 3 ? -0.75f : k == 9 ? 0.75f : frand() * 0.75f; break;
+                                case 2: *v = k % 3 == 0 ? -0.0f : k % 3 == 1 ? 1e-40f : 2.5f * frand(); break;
+                                case 3: *v = 0.0f; break;
+                                default: *v = frand() * 1000.0f; break;
+                                }
+                        }
+        for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+                tsr_dtype t = types[ti];
+                size_t bb = tsr_dtype_get_info(t)->block_bytes, off = t == TSR_DTYPE_Q8_0 ? 2 : 4;
+                for (size_t i = 0; i < d; i++)
+                        for (size_t b = 0; b < nb; b++) {
+                                uint8_t *blk = w + (i * nb + b) * bb;
+                                blk[0] = 0x00, blk[1] = 0x3c;           /* d = 1.0 (f16) */
+                                if (t == TSR_DTYPE_Q4_1)
+                                        blk[2] = 0x00, blk[3] = 0xbc;   /* m = -1.0 */
+                                for (size_t k = off; k < bb; k++)
+                                        blk[k] = i == 0   ? (t == TSR_DTYPE_Q8_0 ? 0x01 : 0x11)
+                                                 : i == 1 ? (t == TSR_DTYPE_Q8_0 ? (k % 2 ? 0x01 : 0xff) : 0xf1)
+                                                          : (uint8_t)(frand() * 128.0f + 128.0f);
+                        }
+                for (int threads = 1; threads <= 2; threads++) {
+                        assert_int_equal(configure(threads, TSR_CPU_ISA_AVX2), TSR_OK);
+                        for (size_t rr = 1; rr <= rows; rr += rows - 1) {
+                                char what[96];
+                                snprintf(what, sizeof what, "matmul_%s quantize edges rows %zu t%d",
+                                         tsr_dtype_get_info(t)->name, rr, threads);
+                                assert_int_equal(tsr_backend_matmul(ref, o1, x, w, t, rr, n, d), TSR_OK);
+                                assert_int_equal(tsr_backend_matmul(fast, o2, x, w, t, rr, n, d), TSR_OK);
+                                expect_bitwise(what, o2, o1, rr, d);
+                        }
+                }
+        }
+        free(x);
+        free(o1);
+        free(o2);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
 /* ---- elementwise and per-row ops (sliced across the pool) -------------------------------- */
 
 static void test_elementwise_bitwise(void **state) {
@@ -825,7 +883,11 @@ static void *drive(void *arg) {
                 atomic_init(&c.bad_worker, false);
                 for (size_t i = 0; i < n; i++)
                         atomic_store(&hits[i], 0);
-                tsr_pool_run(dr->pool, n - (size_t)round, count_task, &c);
+                /* Every other round in spans (pool.h): still each index once, any worker. */
+                if (round % 2)
+                        tsr_pool_run_spans(dr->pool, n - (size_t)round, count_task, &c);
+                else
+                        tsr_pool_run(dr->pool, n - (size_t)round, count_task, &c);
                 for (size_t i = 0; i < n; i++)
                         if (atomic_load(&hits[i]) != (i < n - (size_t)round ? 1 : 0))
                                 dr->ok = false;
@@ -849,6 +911,18 @@ static void test_pool(void **state) {
                 assert_int_equal(pthread_join(th, NULL), 0);
                 assert_true(a.ok);
                 assert_true(b.ok);
+                /* Spans with fewer tasks than threads, none, one. */
+                for (size_t m = 0; m < 10; m++) {
+                        _Atomic int hits[10];
+                        struct count_ctx c = {.hits = hits, .threads = t};
+                        atomic_init(&c.bad_worker, false);
+                        for (size_t i = 0; i < 10; i++)
+                                atomic_init(&hits[i], 0);
+                        tsr_pool_run_spans(p, m, count_task, &c);
+                        for (size_t i = 0; i < 10; i++)
+                                assert_int_equal(atomic_load(&hits[i]), i < m ? 1 : 0);
+                        assert_false(atomic_load(&c.bad_worker));
+                }
                 tsr_pool_free(&p);
                 assert_null(p);
         }
@@ -920,6 +994,7 @@ int main(void) {
                 cmocka_unit_test(test_matmul_bf16_batch_invariance),
                 cmocka_unit_test(test_matmul_bf16_two_callers),
                 cmocka_unit_test(test_batch_invariance),
+                cmocka_unit_test(test_qmm_quantize_edges),
                 cmocka_unit_test(test_elementwise_bitwise),
                 cmocka_unit_test(test_add_rmsnorm_ref_is_add_then_rmsnorm),
                 cmocka_unit_test(test_add_rmsnorm_bitwise),
