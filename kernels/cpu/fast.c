@@ -356,7 +356,7 @@ static void mm_task(void *ctx, size_t task, int worker) {
 }
 
 static void mm_run(const struct cpu_fast *f, struct mm_ctx *c) {
-        tsr_pool_run(f->pool, (c->d + ROWS_PER_TASK - 1) / ROWS_PER_TASK, mm_task, c);
+        tsr_pool_run_spans(f->pool, (c->d + ROWS_PER_TASK - 1) / ROWS_PER_TASK, mm_task, c);
 }
 
 static tsr_status fast_matmul_f32(const struct cpu_fast *f, float *out, const float *x, const float *w, size_t rows,

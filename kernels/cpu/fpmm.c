@@ -257,7 +257,7 @@ tsr_status tsr_cpu_fpmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float
                 c.x = xq;
         c.a = a;
         c.sfa = sfa;
-        tsr_pool_run(pool, (d + FPMM_ROWS_PER_TASK - 1) / FPMM_ROWS_PER_TASK, fpmm_task, &c);
+        tsr_pool_run_spans(pool, (d + FPMM_ROWS_PER_TASK - 1) / FPMM_ROWS_PER_TASK, fpmm_task, &c);
         free(a), free(sfa), free(xq), free(c.scratch);
         return TSR_OK;
 #else
