@@ -68,11 +68,11 @@ __host__ __device__ static inline size_t attn_record_floats(size_t hd) { return 
 // ATTN_UNROLL of them at a time; for each, the warp's 32 lanes split the dot product over
 // the head dims (lane owns dims lane + 32 c) and sum it with a butterfly, then every lane
 // rescales the warp's running (max m, sum l) once for the new maximum of those keys and
-// adds their terms to l and to its own dims of the weighted sum of V.  The warps' (m, l, acc) are then merged in
-// shared memory, M = max_w m_w: with one run, thread i < hd writes
-// out[i] = sum_w acc_w[i] e^(m_w - M) / sum_w l_w e^(m_w - M); with several, the run's
-// record (M, that denominator, that numerator) goes to `work`.
-// T: the cache's element, float or uint8_t (fp8 e4m3 codes, read through kv_load).
+// adds their terms to l and to its own dims of the weighted sum of V.  The warps' (m, l,
+// acc) are then merged in shared memory, M = max_w m_w: with one run, thread i < hd
+// writes out[i] = sum_w acc_w[i] e^(m_w - M) / sum_w l_w e^(m_w - M); with several, the
+// run's record (M, that denominator, that numerator) goes to `work`.  T: the cache's
+// element, float or uint8_t (fp8 e4m3 codes, read through kv_load).
 template <typename T>
 __global__ static void attention_kernel(float *out, float *work, const float *q, const T *k_cache, const T *v_cache,
                                         float k_scale, float v_scale, tsr_cuda_rows rows, size_t r0,
