@@ -381,7 +381,9 @@ static tsr_status cuda_kv_write(tsr_backend *be, const tsr_kv_view *kv, const fl
         return cuda_kv_write_batch(be, kv, &one, 1, k, v);
 }
 
-// attention for every sequence at once: one launch over (all rows) x (heads).
+// attention for every sequence at once: one launch over (all rows) x (heads) x (runs), and
+// one merging the runs where a row has several (attention.cu), per group of rows that
+// fits the run records' scratch.
 static tsr_status cuda_attention_batch(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv,
                                        const tsr_kv_seq *seqs, size_t n_seqs, size_t n_heads, float scale) {
         tsr_cuda_rows rows;

@@ -5,8 +5,11 @@ The defaults checked here are vLLM's for the CPU backend as Tessera documents th
 (docs/configuration.md): --block-size 16, --max-num-seqs 256, --max-num-batched-tokens
 2048, --kv-cache-memory 4 GiB capped by half the free RAM, prefix caching on, async
 scheduling off."""
+import json
 import re
 import signal
+import struct
+from pathlib import Path
 
 import pytest
 
@@ -190,9 +193,6 @@ def test_resident_bytes_follow_the_dtype(spawn, dtype):
     bfloat16 every matmul weight (q/k/v/o, gate/up/down, lm_head) at 2 bytes and the
     embedding and norms at 4.  It used to be the float32 count whatever the dtype (538 MB
     for SmolLM2 held in 269 MB of bf16), and ModelInfo's weight_bytes with it."""
-    import json
-    import struct
-    from pathlib import Path
     model = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama3-hf" / "f32"
     want = 0
     for f in sorted(model.glob("*.safetensors")):
