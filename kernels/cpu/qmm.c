@@ -1,4 +1,5 @@
-/* cpu/qmm.c - the int8 matmul on GGUF blocks with AVX2, bitwise quant/qmm.c's.
+/* cpu/qmm.c - the int8 matmul on GGUF blocks with AVX2 (and AVX-512 VNNI where the CPU
+ * has it), bitwise quant/qmm.c's.
  *
  * Why it is bitwise the reference: the activation rows are quantized by the reference's
  * own function (tsr_qmm_quantize_row; for the 32-block formats quantize32_row, its
@@ -12,10 +13,13 @@
  *
  * Work split: weight rows in tasks of QMM_ROWS_PER_TASK across the backend's pool, each
  * thread taking its tasks from one contiguous span of W (tsr_pool_run_spans: one long
- * stream per core for the prefetchers, rather than every other 16 rows); each task
- * unpacks one weight row into its thread's scratch and dots it with every activation
- * row, so W is read from memory once per call.  No split of K, so the tiling and the
- * thread count change nothing (kernels.h batch invariance).
+ * stream per core for the prefetchers, rather than every other 16 rows), so W is read
+ * from memory once per call.  Three paths: one activation row (the decode GEMV) decodes
+ * the blocks in registers; several rows of the 32-block formats go through register
+ * tiles over interleaved copies of the task's rows; the K formats unpack a weight row at
+ * a time and dot it with every activation row.  No split of K, and every path computes
+ * the reference's terms in its order, so the path, the tiling and the thread count
+ * change nothing (kernels.h batch invariance).
  *
  * Thread: the backend's driving thread plus its pool's helpers (pool.h). */
 #include <math.h>
@@ -83,34 +87,6 @@ QMM_INLINE __m256i codes32(const tsr_dtype T, const uint8_t *blk) {
 #define BLOCK32_BYTES(T) ((T) == TSR_DTYPE_Q8_0 ? 34 : (T) == TSR_DTYPE_Q4_0 ? 18 : (T) == TSR_DTYPE_Q4_1 ? 20 \
                           : (T) == TSR_DTYPE_Q5_0 ? 22 : 24)
 
-/* One row of 32-blocks of type T (a constant after inlining) -> the unpacked row, padding
- * zeroed (quant/qmm.h). */
-QMM_INLINE void unpack32_row_t(const tsr_dtype T, const uint8_t *p, size_t n, tsr_qmm_w *u) {
-        const size_t bb = BLOCK32_BYTES(T);
-        size_t nb = n / 32;
-
-        for (size_t b = 0; b < nb; b++) {
-                const uint8_t *blk = p + b * bb;
-                u->dw[b] = f16_at(blk);
-                u->mw[b] = T == TSR_DTYPE_Q4_1 || T == TSR_DTYPE_Q5_1 ? f16_at(blk + 2) : 0.0f;
-                _mm256_store_si256((__m256i *)(u->w + 32 * b), codes32(T, blk));
-        }
-        for (size_t b = nb; b % 8; b++) {
-                _mm256_store_si256((__m256i *)(u->w + 32 * b), _mm256_setzero_si256());
-                u->dw[b] = u->mw[b] = 0.0f;
-        }
-}
-
-QMM_FN static void unpack32_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_w *u) {
-        switch (t) {
-        case TSR_DTYPE_Q8_0: unpack32_row_t(TSR_DTYPE_Q8_0, p, n, u); break;
-        case TSR_DTYPE_Q4_0: unpack32_row_t(TSR_DTYPE_Q4_0, p, n, u); break;
-        case TSR_DTYPE_Q4_1: unpack32_row_t(TSR_DTYPE_Q4_1, p, n, u); break;
-        case TSR_DTYPE_Q5_0: unpack32_row_t(TSR_DTYPE_Q5_0, p, n, u); break;
-        default: unpack32_row_t(TSR_DTYPE_Q5_1, p, n, u); break;
-        }
-}
-
 /* ---- unpacking K blocks (quant/qmm.c unpack256, vectorised) ------------------------------ */
 
 /* Sub-block j's scale for its 16 pairs and its min for its two groups of 16. */
@@ -175,14 +151,6 @@ QMM_FN static void unpackk_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_
 
 /* ---- dot products --------------------------------------------------------------------- */
 
-/* sum over 32 bytes of w[k] * q[k] (both int8, |q| <= 127) as eight int32 partial sums:
- * |w| * (q with w's sign), pairs in int16 (at most 2 * 128 * 127, no saturation). */
-QMM_INLINE __m256i dot32_epi32(const int8_t *w, const int8_t *q) {
-        __m256i wv = _mm256_load_si256((const __m256i *)w), qv = _mm256_load_si256((const __m256i *)q);
-        __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(qv, wv));
-        return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-
 /* The eight block sums of v[0..7] (eight int32 partials each) as one vector, lane j = block j. */
 QMM_INLINE __m256i hsum8_epi32(const __m256i v[8]) {
         __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
@@ -205,36 +173,6 @@ QMM_INLINE float lanes_sum(__m256 v) {
         __m256 t = _mm256_hadd_ps(v, v);
         t = _mm256_hadd_ps(t, t);
         return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-}
-
-/* 32-blocks: t_b = (dw*dx) * (float)I_b + mw*sx, eight blocks per step (the padding
- * makes the last step whole).  UNSIGNED (a constant after inlining): the codes are 0..31
- * (q4_1, q5_1), so one maddubs takes them as they are, without the sign trick. */
-QMM_INLINE float dot32_row_t(const bool UNSIGNED, const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n) {
-        size_t nb = n / 32;
-        __m256 acc = _mm256_setzero_ps();
-
-        for (size_t b = 0; b < nb; b += 8) {
-                __m256i v[8];
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) {
-                        const int8_t *w = u->w + 32 * (b + j), *q = a->q + 32 * (b + j);
-                        v[j] = UNSIGNED ? _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)w),
-                                                                                 _mm256_load_si256((const __m256i *)q)),
-                                                            _mm256_set1_epi16(1))
-                                        : dot32_epi32(w, q);
-                }
-                __m256 s = _mm256_cvtepi32_ps(hsum8_epi32(v));
-                __m256 dd = _mm256_mul_ps(_mm256_load_ps(u->dw + b), _mm256_load_ps(a->dx + b));
-                __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s),
-                                         _mm256_mul_ps(_mm256_load_ps(u->mw + b), _mm256_load_ps(a->sx + b)));
-                acc = _mm256_add_ps(acc, t);
-        }
-        return lanes_sum(acc);
-}
-
-QMM_FN static float dot32_row(bool unsigned_codes, const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n) {
-        return unsigned_codes ? dot32_row_t(true, u, a, n) : dot32_row_t(false, u, a, n);
 }
 
 /* K blocks: I1 with the per-pair int16 scales in the multiply-add (|pair sum| <= 2*32*127,
@@ -266,9 +204,10 @@ QMM_FN static float dotk_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n)
 /* ---- one activation row: the weight blocks decoded in registers --------------------------
  * The decode GEMV (rows == 1) reads each weight row once and uses it once, so unpacking
  * it to scratch first only adds a store and a load per block: here each block goes from
- * the file's bytes to the integer sum directly.  Same integers, same scales, same float
- * terms and lanes as dot32_row (so still bitwise the reference).  q4_1 and q5_1 codes are
- * unsigned (0..31): one maddubs without the sign trick.  The row's whole groups of eight
+ * the file's bytes to the integer sum directly (a horizontal sum per eight blocks), then
+ * the reference's float terms and lanes.  Signed codes take the sign trick (maddubs of
+ * |w| and q with w's sign: pairs at most 2 * 128 * 127, no saturation); q4_1 and q5_1
+ * codes are unsigned (0..31): one maddubs as they are.  The row's whole groups of eight
  * blocks run without a tail check; only the last, partial group masks its lanes.
  *
  * The weights stream from memory at this batch (97 MB a token for SmolLM2 Q4_1), so each
@@ -351,6 +290,280 @@ QMM_FN static float dot32_fused(tsr_dtype t, const uint8_t *wrow, const tsr_qmm_
         }
 }
 
+/* ---- many activation rows: register tiles over block-interleaved rows ---------------------
+ * With a batch, each weight row meets every activation row, and the GEMV's way (one
+ * block per vector, then a horizontal sum to turn eight vectors of partial sums into the
+ * eight block sums) spends most of each (weight row, activation row, eight blocks) on
+ * that sum.  Here both operands are laid out so that no horizontal sum is needed: per
+ * group of eight blocks, 32-byte step
+ * s holds bytes 4s..4s+3 of block 0, of block 1, ..., of block 7, so one four-byte
+ * multiply-add per 32-bit lane (maddubs + madd, or VNNI's vpdpbusd) adds to lane j a
+ * part of block j's sum, and eight steps leave lane j = block j's integer sum I_j: the
+ * block sums of the reference, exactly (integers, any order).  The float32 terms and
+ * lanes are then the reference's, in its order, so the result is bitwise the reference's
+ * and the same for a row alone or in any batch or tile.
+ *
+ * Codes are stored as unsigned bytes (maddubs and vpdpbusd take one unsigned operand):
+ * q4_1 / q5_1 as they are, q4_0 + 8, q5_0 + 16, q8_0 + 128 (VNNI only), and the offset
+ * is taken back out in integers, I_j = sum (w + o) q - o * sum q, with the activation
+ * block's sum of codes kept (times o) beside it.  Without VNNI, q8_0 keeps signed codes
+ * and the sign trick (maddubs of 255 * 127 pairs would saturate).
+ *
+ * A task unpacks its (up to QMM_ROWS_PER_TASK) weight rows once, then walks the
+ * activation rows QMM_TILE_A at a time and, for each such tile, its weight rows
+ * QMM_TILE_W_* at a time: RW x RA accumulators in registers, each weight step loaded
+ * once per RA rows and each activation step once per RW rows.  A partial tile repeats
+ * its last row and drops the repeated results.
+ *
+ * Measured (docs/benchmarks.md, issue #21): SmolLM2 Q4_1, one thread, Zen 5 with VNNI,
+ * decode batch 8 235 -> 320 tok/s, batch 32 245 -> 400, prefill 128 394 -> 690; batch
+ * 2-3 even.  Unpacking the weight rows is what a small batch pays for: whole groups take
+ * plain loads and a 4 x 4 transpose (gathers were 10% slower), only a row's last,
+ * partial group gathers under a mask. */
+
+#define QMM_TILE_A 4
+#define QMM_TILE_W_AVX2 2               /* 8 accumulators + operands in 16 ymm registers */
+#define QMM_TILE_W_VNNI 4               /* 16 accumulators in AVX-512VL's 32 */
+#define QMM_TILE_W_MAX 4
+
+/* Bytes per interleaved row: codes (groups x 256), then dw and mw for weights or the
+ * offset sums o * S (int32) for activations (groups x 8 each). */
+static inline size_t ilv_groups(size_t n) { return (n / 32 + 7) / 8; }
+static inline size_t ilv_w_bytes(size_t n) { return ilv_groups(n) * (256 + 2 * 32); }
+static inline size_t ilv_a_bytes(size_t n) { return ilv_groups(n) * (256 + 32); }
+
+/* The offset o of T's stored codes (above) with VNNI or without. */
+static int32_t ilv_offset(tsr_dtype t, bool vnni) {
+        switch (t) {
+        case TSR_DTYPE_Q4_0: return 8;
+        case TSR_DTYPE_Q5_0: return 16;
+        case TSR_DTYPE_Q8_0: return vnni ? 128 : 0;
+        default: return 0;
+        }
+}
+
+/* An 8 x 8 transpose of 32-bit elements: afterwards v[s] lane j = the old v[j] lane s. */
+QMM_INLINE void transpose8_epi32(__m256i v[8]) {
+        __m256i t[8], u[8];
+        for (int k = 0; k < 8; k += 2) {
+                t[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
+                t[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
+        }
+        for (int k = 0; k < 8; k += 4) {
+                u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+                u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+                u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+                u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+        }
+        for (int k = 0; k < 4; k++) {
+                v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+                v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+        }
+}
+
+/* Step s of a group from its eight blocks' fifth bits: byte k of lane j gets 0x10 when
+ * bit 4s + k of qh (lane j: block j's 32 fifth bits) is set. */
+QMM_INLINE __m256i ilv_q5_high(__m256i qh, int s) {
+        const __m256i low_byte = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12,
+                                                  0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12);
+        const __m256i bit = _mm256_set1_epi32(0x08040201);
+        __m256i v = _mm256_shuffle_epi8(_mm256_srli_epi32(qh, 4 * s), low_byte);
+        v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+        return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+static inline uint32_t rd32(const uint8_t *p) {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return v;
+}
+
+/* Dword `off` of each of eight whole blocks at p (block stride bb) as lane j. */
+QMM_INLINE __m256i ilv_dwords8(const uint8_t *p, size_t bb, size_t off) {
+        p += off;
+        return _mm256_setr_epi32((int)rd32(p), (int)rd32(p + bb), (int)rd32(p + 2 * bb), (int)rd32(p + 3 * bb),
+                                 (int)rd32(p + 4 * bb), (int)rd32(p + 5 * bb), (int)rd32(p + 6 * bb),
+                                 (int)rd32(p + 7 * bb));
+}
+
+/* The 16 nibble bytes at `off` of each of eight whole blocks as four vectors: v[s] lane
+ * j = dword s of block j (a 4 x 4 transpose in each 128-bit half). */
+QMM_INLINE void ilv_nibble_dwords8(const uint8_t *p, size_t bb, size_t off, __m256i v[4]) {
+        p += off;
+#define ILV_LD(j) _mm_loadu_si128((const __m128i *)(p + (j) * bb))
+        __m256i y0 = _mm256_set_m128i(ILV_LD(4), ILV_LD(0)), y1 = _mm256_set_m128i(ILV_LD(5), ILV_LD(1));
+        __m256i y2 = _mm256_set_m128i(ILV_LD(6), ILV_LD(2)), y3 = _mm256_set_m128i(ILV_LD(7), ILV_LD(3));
+#undef ILV_LD
+        __m256i a0 = _mm256_unpacklo_epi32(y0, y1), a1 = _mm256_unpackhi_epi32(y0, y1);
+        __m256i a2 = _mm256_unpacklo_epi32(y2, y3), a3 = _mm256_unpackhi_epi32(y2, y3);
+        v[0] = _mm256_unpacklo_epi64(a0, a2);
+        v[1] = _mm256_unpackhi_epi64(a0, a2);
+        v[2] = _mm256_unpacklo_epi64(a1, a3);
+        v[3] = _mm256_unpackhi_epi64(a1, a3);
+}
+
+/* One weight row of 32-blocks -> its interleaved row: codes, dw, mw (padding zero).
+ * The 4-bit formats need only a 4 x 4 transpose: byte k of a block's nibbles holds
+ * elements k (low) and 16 + k (high), so dword s of every block holds steps s and 4 + s.
+ * A row's last group, when partial, gathers under a mask instead (absent blocks: zero
+ * codes and scales).  q8_0's 32 code bytes take the whole 8 x 8 transpose. */
+QMM_INLINE void ilv_unpack_row_t(const tsr_dtype T, const uint8_t *p, size_t n, bool vnni, uint8_t *dst) {
+        const size_t bb = BLOCK32_BYTES(T), nb = n / 32, ng = ilv_groups(n);
+        const bool has_m = T == TSR_DTYPE_Q4_1 || T == TSR_DTYPE_Q5_1, q5 = T == TSR_DTYPE_Q5_0 || T == TSR_DTYPE_Q5_1;
+        const size_t qs = T == TSR_DTYPE_Q4_0 ? 2 : T == TSR_DTYPE_Q4_1 ? 4 : T == TSR_DTYPE_Q5_0 ? 6 : 8;
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i offs = _mm256_mullo_epi32(lane, _mm256_set1_epi32((int)bb)), m4 = _mm256_set1_epi8(0x0f);
+        const __m256i pick_d = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+        const __m256i pick_m = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+        float *dw = (float *)(dst + ng * 256), *mw = dw + 8 * ng;
+
+        for (size_t g = 0; g < ng; g++) {
+                const uint8_t *base = p + 8 * g * bb;
+                size_t live = nb - 8 * g < 8 ? nb - 8 * g : 8;
+                for (size_t o = 0; o < 8 * bb; o += 64)         /* as dot32_group_t */
+                        _mm_prefetch((const char *)base + QMM_PREFETCH + o, _MM_HINT_T0);
+                __m256i on = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)live), lane), z = _mm256_setzero_si256();
+                __m256i head = live == 8 ? ilv_dwords8(base, bb, 0)
+                                         : _mm256_mask_i32gather_epi32(z, (const int *)base, offs, on, 1);
+                __m256i dp = _mm256_shuffle_epi8(head, pick_d), mp = _mm256_shuffle_epi8(head, pick_m);
+                _mm256_store_ps(dw + 8 * g, _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(dp),
+                                                                               _mm256_extracti128_si256(dp, 1))));
+                _mm256_store_ps(mw + 8 * g, has_m ? _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm256_castsi256_si128(mp),
+                                                                                       _mm256_extracti128_si256(mp, 1)))
+                                                  : _mm256_setzero_ps());
+                if (T == TSR_DTYPE_Q8_0) {
+                        __m256i v[8];
+                        for (size_t j = 0; j < 8; j++) {
+                                v[j] = j < live ? codes32(T, base + j * bb) : z;
+                                if (vnni)
+                                        v[j] = _mm256_xor_si256(v[j], _mm256_set1_epi8((char)0x80));
+                        }
+                        transpose8_epi32(v);
+                        for (int s = 0; s < 8; s++)
+                                _mm256_store_si256((__m256i *)(dst + 256 * g + 32 * s), v[s]);
+                        continue;
+                }
+                __m256i qh = !q5 ? z : live == 8 ? ilv_dwords8(base, bb, qs - 4)
+                                                 : _mm256_mask_i32gather_epi32(z, (const int *)(base + qs - 4), offs, on, 1);
+                __m256i nib[4];
+                if (live == 8)
+                        ilv_nibble_dwords8(base, bb, qs, nib);
+                else
+                        for (int s = 0; s < 4; s++)
+                                nib[s] = _mm256_mask_i32gather_epi32(z, (const int *)(base + qs + 4 * s), offs, on, 1);
+#pragma GCC unroll 4
+                for (int s = 0; s < 4; s++) {
+                        __m256i v = nib[s];
+                        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                        if (q5) {
+                                lo = _mm256_or_si256(lo, ilv_q5_high(qh, s));
+                                hi = _mm256_or_si256(hi, ilv_q5_high(qh, 4 + s));
+                        }
+                        _mm256_store_si256((__m256i *)(dst + 256 * g + 32 * s), lo);
+                        _mm256_store_si256((__m256i *)(dst + 256 * g + 32 * (4 + s)), hi);
+                }
+        }
+}
+
+QMM_FN static void ilv_unpack_row(tsr_dtype t, const uint8_t *p, size_t n, bool vnni, uint8_t *dst) {
+        switch (t) {
+        case TSR_DTYPE_Q8_0: ilv_unpack_row_t(TSR_DTYPE_Q8_0, p, n, vnni, dst); break;
+        case TSR_DTYPE_Q4_0: ilv_unpack_row_t(TSR_DTYPE_Q4_0, p, n, vnni, dst); break;
+        case TSR_DTYPE_Q4_1: ilv_unpack_row_t(TSR_DTYPE_Q4_1, p, n, vnni, dst); break;
+        case TSR_DTYPE_Q5_0: ilv_unpack_row_t(TSR_DTYPE_Q5_0, p, n, vnni, dst); break;
+        default: ilv_unpack_row_t(TSR_DTYPE_Q5_1, p, n, vnni, dst); break;
+        }
+}
+
+/* One quantized activation row (the reference's layout) -> its interleaved codes and
+ * o * (each block's sum of codes). */
+QMM_FN static void ilv_act_row(const tsr_qmm_act *a, size_t n, int32_t o, uint8_t *dst) {
+        const size_t ng = ilv_groups(n);
+        int32_t *os = (int32_t *)(dst + ng * 256);
+
+        for (size_t g = 0; g < ng; g++) {
+                __m256i v[8], sum = _mm256_setzero_si256();
+                for (int j = 0; j < 8; j++)
+                        v[j] = _mm256_load_si256((const __m256i *)(a->q + 256 * g + 32 * j));
+                transpose8_epi32(v);
+                for (int s = 0; s < 8; s++) {
+                        _mm256_store_si256((__m256i *)(dst + 256 * g + 32 * s), v[s]);
+                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v[s]),
+                                                                      _mm256_set1_epi16(1)));
+                }
+                _mm256_store_si256((__m256i *)(os + 8 * g), _mm256_mullo_epi32(sum, _mm256_set1_epi32(o)));
+        }
+}
+
+/* A tile's operands: RW interleaved weight rows, RA interleaved activation rows with
+ * their dx / sx (the reference layout's), and the float accumulators. */
+struct ilv_tile {
+        const uint8_t *w[QMM_TILE_W_MAX];
+        const uint8_t *q[QMM_TILE_A];
+        const float *dx[QMM_TILE_A], *sx[QMM_TILE_A];
+        size_t ng;
+};
+
+/* The float32 terms of group g for every pair of the tile, added to its lanes as the
+ * reference adds them: t = (dw*dx) * (float)I + mw*sx. */
+QMM_INLINE void ilv_group_terms(const int RW, const int RA, const struct ilv_tile *tl, size_t g,
+                                __m256i acc[][QMM_TILE_A], __m256 facc[][QMM_TILE_A]) {
+        const size_t ng = tl->ng;
+#pragma GCC unroll 4
+        for (int r = 0; r < RA; r++) {
+                __m256 dx = _mm256_load_ps(tl->dx[r] + 8 * g), sx = _mm256_load_ps(tl->sx[r] + 8 * g);
+                __m256i os = _mm256_load_si256((const __m256i *)(tl->q[r] + 256 * ng + 32 * g));
+#pragma GCC unroll 4
+                for (int i = 0; i < RW; i++) {
+                        const float *dw = (const float *)(tl->w[i] + 256 * ng) + 8 * g, *mw = dw + 8 * ng;
+                        __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][r], os));
+                        __m256 dd = _mm256_mul_ps(_mm256_load_ps(dw), dx);
+                        __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s), _mm256_mul_ps(_mm256_load_ps(mw), sx));
+                        facc[i][r] = _mm256_add_ps(facc[i][r], t);
+                }
+        }
+}
+
+/* The tile kernels, one per way of multiplying bytes (qmm_tile.h; each defines
+ * ilv_tile_<NAME>4 and ilv_tile_<NAME>2, for tiles of four and two activation rows). */
+QMM_INLINE __m256i ilv_dot_avx2(__m256i acc, __m256i w, __m256i q) {
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), _mm256_set1_epi16(1)));
+}
+
+QMM_INLINE __m256i ilv_dot_avx2_signed(__m256i acc, __m256i w, __m256i q) {
+        __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+#define QMM_VNNI_TARGET "avx2,f16c,avx512f,avx512vl,avx512vnni"
+
+__attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline __m256i ilv_dot_vnni(__m256i acc, __m256i w,
+                                                                                          __m256i q) {
+        return _mm256_dpbusd_epi32(acc, w, q);
+}
+
+typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_A]);
+
+#define ILV_NAME avx2
+#define ILV_TARGET "avx2,f16c"
+#define ILV_RW QMM_TILE_W_AVX2
+#define ILV_DOT ilv_dot_avx2
+#include "kernels/cpu/qmm_tile.h"
+
+#define ILV_NAME avx2_signed
+#define ILV_TARGET "avx2,f16c"
+#define ILV_RW QMM_TILE_W_AVX2
+#define ILV_DOT ilv_dot_avx2_signed
+#include "kernels/cpu/qmm_tile.h"
+
+#define ILV_NAME vnni
+#define ILV_TARGET QMM_VNNI_TARGET
+#define ILV_RW QMM_TILE_W_VNNI
+#define ILV_DOT ilv_dot_vnni
+#include "kernels/cpu/qmm_tile.h"
+
 /* ---- the driver ----------------------------------------------------------------------- */
 
 struct qmm_ctx {
@@ -358,32 +571,65 @@ struct qmm_ctx {
         float *out;                     /* (rows, d) */
         const uint8_t *w;               /* (d, row_bytes) */
         const uint8_t *xq;              /* (rows, act_bytes) */
-        uint8_t *scratch;               /* (threads, wu_bytes): one unpacked weight row per thread */
+        uint8_t *scratch;               /* (threads, wu_bytes): one unpacked weight row per thread, or
+                                         * a task's interleaved rows (tiles) */
+        const uint8_t *xi;              /* (rows, ilv_a_bytes): the interleaved activations (tiles) */
         size_t rows, n, d, row_bytes, act_bytes, wu_bytes;
+        bool tiles, vnni;               /* the 32-block formats with rows > 1; vpdpbusd */
 };
+
+/* Weight rows i0..i1 with every activation row, in tiles (above). */
+QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu) {
+        const size_t wb = ilv_w_bytes(c->n), ab = ilv_a_bytes(c->n), nw = i1 - i0;
+        const int rw = c->vnni ? QMM_TILE_W_VNNI : QMM_TILE_W_AVX2;
+        ilv_tile_fn *tile4 = c->vnni ? ilv_tile_vnni4 : c->t == TSR_DTYPE_Q8_0 ? ilv_tile_avx2_signed4 : ilv_tile_avx24;
+        ilv_tile_fn *tile2 = c->vnni ? ilv_tile_vnni2 : c->t == TSR_DTYPE_Q8_0 ? ilv_tile_avx2_signed2 : ilv_tile_avx22;
+        struct ilv_tile tl = {.ng = ilv_groups(c->n)};
+        float o[QMM_TILE_W_MAX][QMM_TILE_A];
+
+        for (size_t i = 0; i < nw; i++)
+                ilv_unpack_row(c->t, c->w + (i0 + i) * c->row_bytes, c->n, c->vnni, wu + i * wb);
+        for (size_t r0 = 0, ra; r0 < c->rows; r0 += ra) {
+                ra = c->rows - r0 >= 4 ? 4 : 2;         /* a last row alone: a tile of two, repeated */
+                for (int r = 0; r < (int)ra; r++) {
+                        size_t rr = r0 + r < c->rows ? r0 + r : c->rows - 1;
+                        tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + rr * c->act_bytes, c->n);
+                        tl.q[r] = c->xi + rr * ab;
+                        tl.dx[r] = a.dx;
+                        tl.sx[r] = a.sx;
+                }
+                for (size_t w0 = 0; w0 < nw; w0 += (size_t)rw) {
+                        for (int i = 0; i < rw; i++)
+                                tl.w[i] = wu + (w0 + i < nw ? w0 + i : nw - 1) * wb;
+                        (ra == 4 ? tile4 : tile2)(&tl, o);
+                        for (int i = 0; i < rw && w0 + i < nw; i++)
+                                for (int r = 0; r < (int)ra && r0 + r < c->rows; r++)
+                                        c->out[(r0 + r) * c->d + i0 + w0 + i] = o[i][r];
+                }
+        }
+}
 
 QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         const struct qmm_ctx *c = ctx;
         size_t i0 = task * QMM_ROWS_PER_TASK, i1 = i0 + QMM_ROWS_PER_TASK < c->d ? i0 + QMM_ROWS_PER_TASK : c->d;
         uint8_t *wu = c->scratch + (size_t)worker * c->wu_bytes;
-        bool k = tsr_qmm_is_k(c->t), unsigned_codes = c->t == TSR_DTYPE_Q4_1 || c->t == TSR_DTYPE_Q5_1;
-        tsr_qmm_w u = tsr_qmm_w_at(c->t, wu, c->n);
 
-        if (!k && c->rows == 1) {       /* the decode GEMV: blocks decoded in registers */
+        if (c->tiles) {                 /* 32-blocks, a batch */
+                qmm_tiles(c, i0, i1, wu);
+                return;
+        }
+        if (!tsr_qmm_is_k(c->t)) {      /* 32-blocks, the decode GEMV: blocks decoded in registers */
                 tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq, c->n);
                 for (size_t i = i0; i < i1; i++)
                         c->out[i] = dot32_fused(c->t, c->w + i * c->row_bytes, &a, c->n);
                 return;
         }
-        for (size_t i = i0; i < i1; i++) {
-                const uint8_t *wi = c->w + i * c->row_bytes;
-                if (k)
-                        unpackk_row(c->t, wi, c->n, &u);
-                else
-                        unpack32_row(c->t, wi, c->n, &u);
+        tsr_qmm_w u = tsr_qmm_w_at(c->t, wu, c->n);
+        for (size_t i = i0; i < i1; i++) {     /* K blocks: a row unpacked, then every activation row */
+                unpackk_row(c->t, c->w + i * c->row_bytes, c->n, &u);
                 for (size_t r = 0; r < c->rows; r++) {
                         tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
-                        c->out[r * c->d + i] = k ? dotk_row(&u, &a, c->n) : dot32_row(unsigned_codes, &u, &a, c->n);
+                        c->out[r * c->d + i] = dotk_row(&u, &a, c->n);
                 }
         }
 }
@@ -439,17 +685,32 @@ QMM_FN static void quantize32_row(const float *x, size_t n, void *dst) {
 struct quant_ctx {
         tsr_dtype t;
         const float *x;
-        uint8_t *xq;
+        uint8_t *xq, *xi;               /* xi: the interleaved rows too, for the tiles; else NULL */
         size_t n, act_bytes;
+        int32_t offset;                 /* the tiles' code offset (ilv_offset) */
 };
 
 QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
         const struct quant_ctx *c = ctx;
         (void)worker;
-        if (tsr_qmm_is_k(c->t))
+        if (tsr_qmm_is_k(c->t)) {
                 tsr_qmm_quantize_row(c->t, c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
-        else
-                quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+                return;
+        }
+        quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+        if (c->xi) {
+                tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
+                ilv_act_row(&a, c->n, c->offset, c->xi + r * ilv_a_bytes(c->n));
+        }
+}
+
+/* VNNI on 256-bit vectors: the avx512_bf16 level has AVX512VL; every CPU with it so far
+ * has VNNI too, but ask. */
+static bool cpu_has_vnni(void) {
+        static int has = -1;
+        if (has < 0)
+                has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+        return has;
 }
 
 #endif
@@ -467,18 +728,25 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
         if (rows == 0)
                 return TSR_OK;
         struct qmm_ctx c = {.t = t, .out = out, .w = w, .rows = rows, .n = n, .d = d,
-                            .act_bytes = tsr_qmm_act_bytes(t, n), .wu_bytes = tsr_qmm_unpacked_bytes(t, n)};
-        if (rows > SIZE_MAX / c.act_bytes || tsr_dtype_row_bytes(t, n, &c.row_bytes) != TSR_OK)
+                            .act_bytes = tsr_qmm_act_bytes(t, n), .wu_bytes = tsr_qmm_unpacked_bytes(t, n),
+                            .tiles = rows > 1 && !tsr_qmm_is_k(t),
+                            .vnni = isa >= TSR_CPU_ISA_AVX512_BF16 && cpu_has_vnni()};
+        size_t xi_bytes = c.tiles ? ilv_a_bytes(n) : 0;
+        if (rows > SIZE_MAX / (c.act_bytes + xi_bytes) || tsr_dtype_row_bytes(t, n, &c.row_bytes) != TSR_OK)
                 return TSR_E_LIMIT;
-        uint8_t *xq = aligned_alloc(32, rows * c.act_bytes);
+        if (c.tiles)
+                c.wu_bytes = QMM_ROWS_PER_TASK * ilv_w_bytes(n);
+        uint8_t *xq = aligned_alloc(32, rows * (c.act_bytes + xi_bytes));
         c.scratch = aligned_alloc(32, threads * c.wu_bytes);
         if (!xq || !c.scratch) {
                 free(xq), free(c.scratch);
                 return TSR_E_NOMEM;
         }
-        struct quant_ctx qc = {.t = t, .x = x, .xq = xq, .n = n, .act_bytes = c.act_bytes};
+        struct quant_ctx qc = {.t = t, .x = x, .xq = xq, .xi = c.tiles ? xq + rows * c.act_bytes : NULL, .n = n,
+                               .act_bytes = c.act_bytes, .offset = ilv_offset(t, c.vnni)};
         tsr_pool_run(rows >= 8 ? pool : NULL, rows, quant_task, &qc);
         c.xq = xq;
+        c.xi = qc.xi;
         tsr_pool_run_spans(pool, (d + QMM_ROWS_PER_TASK - 1) / QMM_ROWS_PER_TASK, qmm_task, &c);
         free(xq), free(c.scratch);
         return TSR_OK;
