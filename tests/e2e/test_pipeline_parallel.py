@@ -50,6 +50,21 @@ def start(tmp_path, name, *flags, env=None, model=None):
     return proc, openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=120)
 
 
+def concurrently(n, one):
+    """one(i) for every i < n at once (threads: the requests meet in the engine's
+    batches); their results, in order."""
+    out = [None] * n
+
+    def run(i):
+        out[i] = one(i)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
 def answers(client):
     """Every kind of request we compare: greedy and seeded completions with top-5
     logprobs, a greedy chat, and the prompts again concurrently (one batch)."""
@@ -64,18 +79,12 @@ def answers(client):
     out.append(("chat", r.choices[0].message.content,
                 [(t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs])
                  for t in r.choices[0].logprobs.content]))
-    batch = [None] * len(PROMPTS)
 
     def one(i):
         r = client.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=16, temperature=0.7, seed=i,
                                       logprobs=2)
-        batch[i] = (r.choices[0].text, r.choices[0].logprobs.token_logprobs)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out.append(("batch", batch))
+        return r.choices[0].text, r.choices[0].logprobs.token_logprobs
+    out.append(("batch", concurrently(len(PROMPTS), one)))
     return out
 
 
@@ -90,18 +99,12 @@ def answers_ids(client, prompts):
                                           extra_body={"ignore_eos": True}, **kw)
             c = r.choices[0]
             out.append((ids, str(kw), c.text, c.logprobs.token_logprobs, c.logprobs.top_logprobs))
-    batch = [None] * (2 * len(prompts))
 
     def one(i):
         r = client.completions.create(model=MODEL, prompt=prompts[i // 2], max_tokens=24, logprobs=2,
                                       extra_body={"ignore_eos": True}, **kws[i % 2])
-        batch[i] = (r.choices[0].text, r.choices[0].logprobs.token_logprobs)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(batch))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out.append(("batch", batch))
+        return r.choices[0].text, r.choices[0].logprobs.token_logprobs
+    out.append(("batch", concurrently(2 * len(prompts), one)))
     return out
 
 

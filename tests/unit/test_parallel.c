@@ -748,6 +748,10 @@ static void run_hybrid(model_case *mc, const char *dtype, uint32_t pp, const uin
 
 #define H_ROWS 23
 
+/* The two fixtures, and their families. */
+static const struct { const char *rel, *family; } hybrid_fx[] = {
+        {"tests/fixtures/tiny-llama4", "llama4"}, {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h"}};
+
 /* The family at every split in splits[] (pps[] stages each), with `dtype`, memcmp-equal
  * to the whole model. */
 static void compare_hybrid(const char *rel, const char *family, const char *dtype, const uint32_t *const *splits,
@@ -797,8 +801,8 @@ static void test_llama4_pp(void **state) {
         static const uint32_t two[] = {2, 2}, three[] = {1, 2, 1}, four[] = {1, 1, 1, 1}, skew[] = {3, 1};
         const uint32_t *splits[] = {two, three, four, skew};
         const uint32_t pps[] = {2, 3, 4, 2};
-        compare_hybrid("tests/fixtures/tiny-llama4", "llama4", "float32", splits, pps, 4);
-        compare_hybrid("tests/fixtures/tiny-llama4", "llama4", "bfloat16", splits, pps, 2);
+        compare_hybrid(hybrid_fx[0].rel, hybrid_fx[0].family, "float32", splits, pps, 4);
+        compare_hybrid(hybrid_fx[0].rel, hybrid_fx[0].family, "bfloat16", splits, pps, 2);
 }
 
 /* NemotronH (6 layers 'ME*M-E'): 3,3 (the second stage keeps Mamba state only), vLLM's
@@ -810,8 +814,8 @@ static void test_nemotron_h_pp(void **state) {
         static const uint32_t two[] = {3, 3}, three[] = {2, 2, 2}, skew[] = {1, 4, 1}, six[] = {1, 1, 1, 1, 1, 1};
         const uint32_t *splits[] = {two, three, skew, six};
         const uint32_t pps[] = {2, 3, 3, 6};
-        compare_hybrid("tests/fixtures/tiny-nemotron-h/model", "nemotron_h", "float32", splits, pps, 4);
-        compare_hybrid("tests/fixtures/tiny-nemotron-h/model", "nemotron_h", "bfloat16", splits, pps, 2);
+        compare_hybrid(hybrid_fx[1].rel, hybrid_fx[1].family, "float32", splits, pps, 4);
+        compare_hybrid(hybrid_fx[1].rel, hybrid_fx[1].family, "bfloat16", splits, pps, 2);
 }
 
 /* A stage's forward_stage refuses arguments that do not fit its place: no input on a
@@ -819,8 +823,6 @@ static void test_nemotron_h_pp(void **state) {
  * its own layers' (a whole-model pool is refused). */
 static void test_hybrid_stage_args(void **state) {
         (void)state;
-        static const struct { const char *rel, *family; } fx[] = {
-                {"tests/fixtures/tiny-llama4", "llama4"}, {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h"}};
         for (size_t f = 0; f < 2; f++) {
                 model_case mc = {0};
                 char err[512] = "";
@@ -829,8 +831,8 @@ static void test_hybrid_stage_args(void **state) {
                 tsr_kv_pool *pool[2] = {NULL, NULL}, *wpool = NULL;
                 tsr_kv_group g[TSR_KV_GROUPS_MAX];
                 size_t ng;
-                if (!model_open_family(&mc, fx[f].rel, fx[f].family))
-                        fail_msg("%s is a committed fixture: run from the source tree", fx[f].rel);
+                if (!model_open_family(&mc, hybrid_fx[f].rel, hybrid_fx[f].family))
+                        fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[f].rel);
                 const tsr_model_family *fam = mc.desc.family;
                 assert_true(mc.desc.hidden_size > 0);
                 assert_non_null(fam->forward_stage);
@@ -838,7 +840,7 @@ static void test_hybrid_stage_args(void **state) {
                         assert_int_equal(fam->shard_for(&mc.desc, 0, 1, s, 2, &sh[s]), TSR_OK);
                         if (fam->load(mc.path, &mc.desc, &sh[s], NULL, NULL, NULL, &model[s], NULL, err, sizeof err) !=
                             TSR_OK)
-                                fail_msg("%s stage %u: %s", fx[f].rel, s, err);
+                                fail_msg("%s stage %u: %s", hybrid_fx[f].rel, s, err);
                         ng = fam->kv_groups(&mc.desc, &sh[s], g, TSR_KV_GROUPS_MAX);
                         assert_int_equal(tsr_kv_pool_new_slots(g, ng, 16, H_BLOCK, H_SLOTS, &pool[s]), TSR_OK);
                         assert_int_equal(fam->kv_bind(model[s], pool[s], &view[s]), TSR_OK);
@@ -895,8 +897,6 @@ static void test_hybrid_stage_args(void **state) {
 static void test_hybrid_tp_refused(void **state) {
         (void)state;
         char names[128];
-        static const struct { const char *rel, *family; } fx[] = {
-                {"tests/fixtures/tiny-llama4", "llama4"}, {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h"}};
         assert_string_equal(tsr_family_names(tsr_family_has_stages, names, sizeof names), "llama, llama4, nemotron_h");
         assert_string_equal(tsr_family_names(tsr_family_has_tp, names, sizeof names), "llama");
         for (size_t f = 0; f < 2; f++) {
@@ -904,8 +904,8 @@ static void test_hybrid_tp_refused(void **state) {
                 tsr_runner *r = NULL;
                 char err[512] = "";
                 static const uint32_t two[] = {2, 2};
-                if (!model_open_family(&mc, fx[f].rel, fx[f].family))
-                        fail_msg("%s is a committed fixture: run from the source tree", fx[f].rel);
+                if (!model_open_family(&mc, hybrid_fx[f].rel, hybrid_fx[f].family))
+                        fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[f].rel);
                 tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = 2, .stage_threads = 1};
                 assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err),
                                  TSR_E_UNSUPPORTED);
