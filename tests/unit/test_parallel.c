@@ -893,7 +893,8 @@ static void test_hybrid_stage_args(void **state) {
 }
 
 /* Tensor parallelism stays refused for both families, with the families that have it
- * named; pipeline parallelism's refusal names every family that runs stages. */
+ * named; pipeline parallelism's refusal names every family that runs stages; the fp8 KV
+ * cache stays refused with pipeline stages (NemotronH's is one rank's; Llama 4 has none). */
 static void test_hybrid_tp_refused(void **state) {
         (void)state;
         char names[128];
@@ -916,6 +917,13 @@ static void test_hybrid_tp_refused(void **state) {
                                  TSR_E_UNSUPPORTED);
                 assert_null(r);
                 assert_non_null(strstr(err, "(supported: llama)"));
+                tsr_runner_opts k = {.dtype = "float32", .backend = mc.be, .pp = 2, .pp_layers = two,
+                                     .stage_threads = 1, .kv_dtype = TSR_DTYPE_FP8_E4M3};
+                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &k, 16, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err),
+                                 TSR_E_UNSUPPORTED);
+                assert_null(r);
+                assert_non_null(strstr(err, f == 0 ? "'fp8_e4m3' is not supported for model family llama4"
+                                                   : "'fp8_e4m3' is not supported with tensor or pipeline"));
                 model_close(&mc);
         }
 }
