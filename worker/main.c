@@ -35,9 +35,8 @@
 #define CPU_DEFAULT_MAX_BATCHED_TOKENS 2048
 
 
-/* The KV groups of the model: its family's per-layer spec for the layers of `stage` (the
- * whole model, or the pipeline stage with the most layers: every stage has as many blocks,
- * so the largest one sizes them).  A model with no family gets no pool and refuses Submit, but
+/* The KV groups of the model: its family's per-layer spec for the layers of `stage` (NULL:
+ * the whole model as the family shards it).  A model with no family gets no pool and refuses Submit, but
  * still advertises a capacity in ModelInfo: one full-attention group from the dims its
  * config states (model_meta.c), float32 as the CPU runner would hold it; a dim the config
  * does not state is an error naming it, never a guess.  Main thread, at start-up. */
@@ -115,16 +114,16 @@ static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t
 static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
                             uint32_t pp, const uint32_t *pp_layers, uint32_t tp, uint64_t gpu_total,
                             bool kv_on_device, tsr_dtype kv_dtype, tsr_worker_plan *p, char *err, size_t errlen) {
-        tsr_kv_group groups[TSR_KV_GROUPS_MAX];
-        size_t n_groups = 0;
-        tsr_shard_spec largest = {.tp_size = 1}, *stage = NULL;
+        tsr_kv_group groups[TSR_KV_GROUPS_MAX], sg[TSR_KV_GROUPS_MAX];
+        size_t n_groups = 0, n_sg;
+        tsr_shard_spec whole = {.tp_size = 1}, *stage = NULL;
+        uint64_t block_bytes, slot_bytes;
 
         /* TP: every rank holds every layer (with PP: its stage's) with its share of the KV
-         * heads, so the rank of the stage with the most layers sizes the blocks: the
-         * capacity is the minimum over the ranks, every rank allocating as many. */
+         * heads. */
         if (tp > 1 && desc) {
-                largest = (tsr_shard_spec){.tp_size = tp, .last_layer = desc->n_layers - 1};
-                stage = &largest;
+                whole = (tsr_shard_spec){.tp_size = tp, .last_layer = desc->n_layers - 1};
+                stage = &whole;
         }
 
         memset(p, 0, sizeof(*p));
@@ -149,15 +148,26 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                 snprintf(err, errlen, "%s: the model states no context length; pass --max-model-len", m->path);
                 return TSR_E_INVAL;
         }
-        for (uint32_t s = 0, first = 0; pp_layers && s < pp; first += pp_layers[s++]) {
-                if (pp_layers[s] > largest.last_layer - largest.first_layer + 1 || !stage)
-                        largest = (tsr_shard_spec){.tp_size = tp > 1 ? tp : 1, .first_layer = first,
-                                                   .last_layer = first + pp_layers[s] - 1};
-                stage = &largest;
-        }
+        /* The whole model's groups: a request's block tables follow them (with pipeline
+         * stages too: each stage's layers index the whole model's tables, llama4.h). */
         if (plan_kv_groups(desc, m, stage, groups, &n_groups, err, errlen) != TSR_OK)
                 return TSR_E_INVAL;
         tsr_kv_groups_set_dtype(groups, n_groups, kv_dtype);   /* as the runner allocates them */
+        block_bytes = tsr_kv_block_bytes(groups, n_groups, (uint32_t)cfg->block_size);
+        slot_bytes = tsr_kv_slot_bytes(groups, n_groups);
+        /* Pipeline stages: every rank allocates as many blocks and state slots, each of its
+         * own layers' groups (a stage of a hybrid may keep no state at all), so the rank
+         * with the most bytes per block, and the one with the most per slot, size them:
+         * the capacity is the minimum over the ranks. */
+        for (uint32_t s = 0, first = 0; desc && pp_layers && s < pp; first += pp_layers[s++]) {
+                tsr_shard_spec one = {.tp_size = tp > 1 ? tp : 1, .first_layer = first,
+                                      .last_layer = first + pp_layers[s] - 1};
+                n_sg = desc->family->kv_groups(desc, &one, sg, TSR_KV_GROUPS_MAX);
+                tsr_kv_groups_set_dtype(sg, n_sg, kv_dtype);
+                uint64_t b = tsr_kv_block_bytes(sg, n_sg, (uint32_t)cfg->block_size), sl = tsr_kv_slot_bytes(sg, n_sg);
+                block_bytes = s == 0 || b > block_bytes ? b : block_bytes;
+                slot_bytes = s == 0 || sl > slot_bytes ? sl : slot_bytes;
+        }
         /* vLLM's OpenAI-server defaults: 1024 sequences and 8192 tokens a step on a GPU of
          * 70 GiB or more, else 256 and 2048 (the CPU's too). */
         bool big_gpu = gpu_total >= 70ull << 30;
@@ -167,7 +177,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
          * per block, and state slots (counted in the same budget) per running request. */
         long long budget = kv_budget(cfg, (pp_layers ? pp : 1) * (tp > 1 ? tp : 1));
-        p->state_slot_bytes = tsr_kv_slot_bytes(groups, n_groups);
+        p->state_slot_bytes = slot_bytes;
         p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs);
         if (p->state_slot_bytes && p->state_slots == 0) {
                 snprintf(err, errlen, "no available memory for the recurrent state: one request's state takes %llu "
@@ -175,7 +185,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                 return TSR_E_INVAL;
         }
         budget -= (long long)(p->state_slots * p->state_slot_bytes);
-        p->kv_block_bytes = tsr_kv_block_bytes(groups, n_groups, (uint32_t)cfg->block_size);
+        p->kv_block_bytes = block_bytes;
         p->kv_blocks_total = kv_on_device ? 0 : plan_kv_blocks(cfg, budget, p->kv_block_bytes);
         p->max_num_batched_tokens = cfg->max_num_batched_tokens > 0 ? (uint32_t)cfg->max_num_batched_tokens
                                     : big_gpu                        ? 8192
@@ -236,9 +246,11 @@ static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m,
                 /* This slice: TP ranks are threads of this worker (with -pp, tp of them per
                  * stage), float32 weights (the canonical split of R7 is float32 math). */
                 if (!desc || !desc->family->tp_shard) {
+                        char names[128];
                         snprintf(err, errlen, "argument --tensor-parallel-size: %u is not supported for %s "
-                                 "(supported for the llama family; 1 for the others)", tp,
-                                 m->architecture ? m->architecture : m->model_type ? m->model_type : "this model");
+                                 "(supported for the model families %s; 1 for the others)", tp,
+                                 m->architecture ? m->architecture : m->model_type ? m->model_type : "this model",
+                                 tsr_family_names(tsr_family_has_tp, names, sizeof names));
                         return TSR_E_UNSUPPORTED;
                 }
                 if (pp > 1 && (uint64_t)tp * pp > TSR_RUNNER_MAX_STAGES) {
@@ -268,9 +280,11 @@ static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m,
                 return TSR_E_INVAL;
         }
         if (pp > 1 && (!desc || !desc->family->forward_stage)) {
+                char names[128];
                 snprintf(err, errlen, "argument --pipeline-parallel-size: %u is not supported for %s (supported for "
-                         "the llama family; 1 for the others)", pp,
-                         m->architecture ? m->architecture : m->model_type ? m->model_type : "this model");
+                         "the model families %s; 1 for the others)", pp,
+                         m->architecture ? m->architecture : m->model_type ? m->model_type : "this model",
+                         tsr_family_names(tsr_family_has_stages, names, sizeof names));
                 return TSR_E_UNSUPPORTED;
         }
         return tsr_pp_partition(desc ? desc->n_layers : m->num_hidden_layers, pp, partition, layers, err, errlen);
@@ -536,7 +550,7 @@ int main(int argc, char **argv) {
                          (double)lstats.resident_bytes / 1e6,
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
                          (double)(plan.kv_blocks_total * plan.kv_block_bytes + plan.state_slots * plan.state_slot_bytes) /
-                                 1e6, pp > 1 ? " on the rank with the most layers (each rank holds its layers' KV)"
+                                 1e6, pp > 1 ? " on the rank with the most KV per block (each holds its layers' KV)"
                                       : ranks > 1 ? " on each rank (each holds its share of the KV heads)" : "");
         }
         if (kv_on_device && runner) {

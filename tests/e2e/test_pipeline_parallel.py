@@ -7,7 +7,10 @@ count, a bad VLLM_PP_LAYER_PARTITION, -dp), a comm failure in the middle of a st
 (the in-flight request ends with an error, the worker stays up and serves the next one
 on a new group), and a clean SIGTERM exit.  Tensor parallelism inside one worker too:
 -tp 2, -tp 4 and -tp 2 -pp 2 (four rank threads) --dtype float32 on the tiny HF Llama 3
-answer bitwise as -tp 1 -pp 1."""
+answer bitwise as -tp 1 -pp 1.  The hybrid families (issue #14): the tiny Llama 4
+(chunked-local KV groups) and the tiny NemotronH (Mamba state slots) at -pp 2 and 3
+answer bitwise as -pp 1, alone and in a concurrent batch."""
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +27,8 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 
 
 TINY = REPO / "tests" / "fixtures" / "tiny-llama3-hf" / "f32"   # 4 heads, 2 KV heads, float32
+TINY_LLAMA4 = REPO / "tests" / "fixtures" / "tiny-llama4"              # 4 layers: 3 chunked (chunk 8), 1 full
+TINY_NEMOTRON_H = REPO / "tests" / "fixtures" / "tiny-nemotron-h"      # 6 layers 'ME*M-E'
 
 
 def start(tmp_path, name, *flags, env=None, model=None):
@@ -45,6 +50,21 @@ def start(tmp_path, name, *flags, env=None, model=None):
     return proc, openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=120)
 
 
+def concurrently(n, one):
+    """one(i) for every i < n at once (threads: the requests meet in the engine's
+    batches); their results, in order."""
+    out = [None] * n
+
+    def run(i):
+        out[i] = one(i)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
 def answers(client):
     """Every kind of request we compare: greedy and seeded completions with top-5
     logprobs, a greedy chat, and the prompts again concurrently (one batch)."""
@@ -59,19 +79,59 @@ def answers(client):
     out.append(("chat", r.choices[0].message.content,
                 [(t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs])
                  for t in r.choices[0].logprobs.content]))
-    batch = [None] * len(PROMPTS)
 
     def one(i):
         r = client.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=16, temperature=0.7, seed=i,
                                       logprobs=2)
-        batch[i] = (r.choices[0].text, r.choices[0].logprobs.token_logprobs)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    out.append(("batch", batch))
+        return r.choices[0].text, r.choices[0].logprobs.token_logprobs
+    out.append(("batch", concurrently(len(PROMPTS), one)))
     return out
+
+
+def answers_ids(client, prompts):
+    """Completions of token-id prompts, each request alone then all at once: greedy (24
+    tokens, past Llama 4's chunk of 8) and seeded sampling, with top-5 logprobs."""
+    out = []
+    kws = ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.95, "seed": 1234})
+    for ids in prompts:
+        for kw in kws:
+            r = client.completions.create(model=MODEL, prompt=ids, max_tokens=24, logprobs=5,
+                                          extra_body={"ignore_eos": True}, **kw)
+            c = r.choices[0]
+            out.append((ids, str(kw), c.text, c.logprobs.token_logprobs, c.logprobs.top_logprobs))
+
+    def one(i):
+        r = client.completions.create(model=MODEL, prompt=prompts[i // 2], max_tokens=24, logprobs=2,
+                                      extra_body={"ignore_eos": True}, **kws[i % 2])
+        return r.choices[0].text, r.choices[0].logprobs.token_logprobs
+    out.append(("batch", concurrently(2 * len(prompts), one)))
+    return out
+
+
+@pytest.mark.parametrize("folder,model,splits", [
+    ("tiny-llama4", TINY_LLAMA4, (("2", "0..1, 2..3"), ("3", "0..0, 1..2, 3..3"))),
+    ("tiny-nemotron-h", TINY_NEMOTRON_H / "model", (("2", "0..2, 3..5"), ("3", "0..1, 2..3, 4..5"))),
+])
+def test_hybrid_families_pp_answer_as_pp1(tmp_path, folder, model, splits):
+    """`tessera serve <tiny llama4 | tiny nemotron_h> -pp 2` and `-pp 3` (vLLM's split;
+    NemotronH's last stage at 3, '-E', keeps no state at all) answer greedy and seeded
+    completions with the same text and logprob floats as -pp 1, alone and in a
+    concurrent batch: the stages only move bytes, each holding its layers' KV (the whole
+    model's block tables) and state slots."""
+    golden = json.loads(((model.parent if folder == "tiny-nemotron-h" else model) / "golden.json").read_text())
+    prompts = [p["ids"] for p in golden["prompts"]]
+    proc, client = start(tmp_path, f"{folder}-pp1", model=model)
+    want = answers_ids(client, prompts)
+    stop_cleanly(proc)
+    assert all(w[2] for w in want[:-1]), want       # every request answered
+    for pp, layers in splits:
+        proc, client = start(tmp_path, f"{folder}-pp{pp}", "-pp", pp, model=model)
+        log = proc.output()
+        assert f"pipeline parallel: {pp} stages (ranks) in this process, layers [{layers}]" in log, log[-3000:]
+        got = answers_ids(client, prompts)
+        for w, g in zip(want, got):
+            assert w == g, (folder, pp, w, g)
+        stop_cleanly(proc)
 
 
 def stop_cleanly(proc):

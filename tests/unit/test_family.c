@@ -158,7 +158,13 @@ static void test_kv_pool(void **state) {
         assert_null(p);
         tsr_kv_pool_free(&p);
 
-        assert_int_equal(tsr_kv_pool_new(g, 0, 5, 16, &p), TSR_E_INVAL);
+        /* no groups: an empty pool (a pipeline stage of MoE and MLP layers only) */
+        assert_int_equal(tsr_kv_pool_new(g, 0, 5, 16, &p), TSR_OK);
+        assert_int_equal(p->n_groups, 0);
+        assert_int_equal(p->bytes, 0);
+        tsr_kv_pool_free(&p);
+        assert_null(p);
+        assert_int_equal(tsr_kv_pool_new(NULL, 1, 5, 16, &p), TSR_E_INVAL);
         assert_int_equal(tsr_kv_pool_new(g, 1, 0, 16, &p), TSR_E_INVAL);
         assert_int_equal(tsr_kv_pool_new(g, 1, 5, 0, &p), TSR_E_INVAL);
         assert_int_equal(tsr_kv_pool_new(g, TSR_KV_GROUPS_MAX + 1, 5, 16, &p), TSR_E_INVAL);

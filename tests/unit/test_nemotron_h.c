@@ -505,7 +505,8 @@ static void test_batch_invariance(void **state) {
  * refused. */
 static void test_pool_bind(void **state) {
         tsr_kv_group g[TSR_KV_GROUPS_MAX];
-        size_t ng = tsr_nemotron_h_kv_groups(tsr_nemotron_h_config_of(model), g, TSR_KV_GROUPS_MAX);
+        size_t ng = tsr_nemotron_h_kv_groups(tsr_nemotron_h_config_of(model), 0,
+                                           tsr_nemotron_h_config_of(model)->n_layers - 1, g, TSR_KV_GROUPS_MAX);
         tsr_kv_pool *pool = NULL;
         tsr_nemotron_h_cache *bound = NULL, *own = new_cache();
         uint32_t ids[128], table[SEQ_BLOCKS];
@@ -634,7 +635,24 @@ static void test_family(void **state) {
         assert_int_equal(f->shard_for(&d, 0, 1, 0, 1, &sh), TSR_OK);
         assert_int_equal(f->kv_groups(&d, &sh, g, TSR_KV_GROUPS_MAX), 2);
         assert_int_equal(g[1].kind, TSR_KV_MAMBA_STATE);
-        assert_int_equal(f->shard_for(&d, 0, 1, 1, 2, &sh), TSR_OK);        /* a pipeline stage: not built */
+        /* pipeline stages (vLLM's split of the 6 layers 'ME*M-E', every kind counting):
+         * stage 1 of 2 holds 'M-E', its one Mamba layer's state; stage 2 of 3 holds '-E',
+         * which keeps nothing */
+        assert_int_equal(f->shard_for(&d, 0, 1, 1, 2, &sh), TSR_OK);
+        assert_int_equal(sh.first_layer, 3);
+        assert_int_equal(sh.last_layer, 5);
+        assert_int_equal(f->kv_groups(&d, &sh, g, TSR_KV_GROUPS_MAX), 1);
+        assert_int_equal(g[0].kind, TSR_KV_MAMBA_STATE);
+        assert_int_equal(g[0].n_layers, 1);
+        assert_int_equal(f->shard_for(&d, 0, 1, 0, 2, &sh), TSR_OK);
+        assert_int_equal(f->kv_groups(&d, &sh, g, TSR_KV_GROUPS_MAX), 2);
+        assert_int_equal(g[0].kind, TSR_KV_FULL_ATTENTION);
+        assert_int_equal(g[0].n_layers, 1);
+        assert_int_equal(g[1].n_layers, 1);
+        assert_int_equal(f->shard_for(&d, 0, 1, 2, 3, &sh), TSR_OK);
+        assert_int_equal(sh.first_layer, 4);
+        assert_int_equal(f->kv_groups(&d, &sh, g, TSR_KV_GROUPS_MAX), 0);
+        sh.tp_size = 2;                 /* tensor parallelism is not built */
         assert_int_equal(f->kv_groups(&d, &sh, g, TSR_KV_GROUPS_MAX), 0);
         tsr_model_desc_done(&d);
         assert_int_equal(tsr_model_desc_read(f, "/x/model.gguf", true, &d, err, sizeof err), TSR_E_UNSUPPORTED);
@@ -872,7 +890,8 @@ static void test_bf16_greedy(void **state) {
 static void test_pool_fp8_kv(void **state) {
         const tsr_nemotron_h_config *cfg = tsr_nemotron_h_config_of(model);
         tsr_kv_group g[TSR_KV_GROUPS_MAX], g8[TSR_KV_GROUPS_MAX];
-        size_t ng = tsr_nemotron_h_kv_groups(cfg, g, TSR_KV_GROUPS_MAX), kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
+        size_t ng = tsr_nemotron_h_kv_groups(cfg, 0, cfg->n_layers - 1, g, TSR_KV_GROUPS_MAX);
+        size_t kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
         tsr_kv_pool *p32 = NULL, *p8 = NULL;
         tsr_nemotron_h_cache *c32 = NULL, *c8 = NULL;
         uint32_t ids[128], table[SEQ_BLOCKS];

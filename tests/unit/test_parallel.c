@@ -15,7 +15,12 @@
  *    = 2 x 3 (uneven split), 2 x 4 and 4 x 2;
  *  - the grid of stages x tp ranks on a toy: counterpart transfers, each stage's own TP
  *    group, a failure shared by a stage's ranks (the groups stay up) or a lone one (a
- *    new grid), an abort. */
+ *    new grid), an abort;
+ *  - the hybrid families (issue #14): the tiny Llama 4 (chunked-local KV groups) and
+ *    NemotronH (Mamba state slots, a stage that keeps nothing) at 2, 3 and more stages,
+ *    float32 and bfloat16, three steps of a batch of three (prefill, decode, a sequence
+ *    starting over in its slot) memcmp-equal to the whole model; forward_stage's
+ *    argument checks; TP still refused for both. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <math.h>
@@ -31,6 +36,7 @@
 
 #include "tests/tsr_test.h"
 #include "tests/unit/test_util.h"
+#include "worker/engine/kv_cache.h"
 #include "worker/model/family.h"
 #include "worker/model/runner.h"
 #include "worker/parallel/comm.h"
@@ -374,21 +380,28 @@ typedef struct model_case {
         tsr_backend *be;
 } model_case;
 
-static bool model_open(model_case *mc, const char *rel) {
+/* The model at `rel` (from the source tree) of the family named `family`. */
+static bool model_open_family(model_case *mc, const char *rel, const char *family) {
         static char path[4096];
         char err[512] = "";
         bool gguf = strstr(rel, ".gguf") != NULL;
+        static const tsr_model_family *const all[] = {&tsr_family_llama, &tsr_family_llama4, &tsr_family_nemotron_h};
+        const tsr_model_family *fam = NULL;
 
         if (!tsr_test_src_path(rel, path, sizeof path))
                 return false;
         mc->path = path;
-        const tsr_model_family *fam = tsr_family_find(gguf ? "gguf" : "hf", "llama", "llama");
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                if (strcmp(all[i]->name, family) == 0)
+                        fam = all[i];
         assert_non_null(fam);
         if (tsr_model_desc_read(fam, path, gguf, &mc->desc, err, sizeof err) != TSR_OK)
                 fail_msg("%s: %s", path, err);
         assert_int_equal(tsr_runner_backend_new(1, &mc->be, err, sizeof err), TSR_OK);
         return true;
 }
+
+static bool model_open(model_case *mc, const char *rel) { return model_open_family(mc, rel, "llama"); }
 
 static void model_close(model_case *mc) {
         tsr_model_desc_done(&mc->desc);
@@ -664,6 +677,257 @@ static void test_llama_4layers_tp_pp(void **state) {
         tsr_test_remove_model_dir(dir);
 }
 
+/* ---- the hybrid families: Llama 4 and NemotronH stages against the whole model ------- */
+
+#define H_BLOCK 4
+#define H_TABLE 8               /* blocks per table: 32 positions */
+#define H_SEQS 3
+#define H_BLOCKS (H_SEQS * TSR_KV_GROUPS_MAX * H_TABLE)
+#define H_SLOTS 4
+
+/* Three steps of three sequences through the runner at `pp` stages of layers[] (pp 1:
+ * the whole model), each sequence holding the whole model's block tables (a Llama 4's
+ * hybrid: one per paged group, as main.c plans them) and, for NemotronH, its own state
+ * slot (3, 0, 2: not its index).  Step 1: prefills of 11 tokens (every row's logits), 5
+ * (none) and 9 (the last row).  Step 2: a decode token for the first and third, the
+ * second's next 3 prompt tokens.  Step 3: a decode token each, except that the second
+ * starts over with a new prompt of 6 tokens in its slot (its state zeroed by every stage
+ * that keeps any).  Positions cross Llama 4's chunk of 8 in both chunked-attention paths,
+ * and, as the engine does, a chunked table's blocks wholly behind the current chunk are
+ * TSR_KV_NULL_BLOCK from step 2 on: a stage that read them through the wrong table
+ * would fail.  The logits of every step, packed, into out; their count into *n_out. */
+static void run_hybrid(model_case *mc, const char *dtype, uint32_t pp, const uint32_t *layers, float *out,
+                       size_t *n_out) {
+        tsr_runner *r = NULL;
+        char err[512] = "";
+        tsr_kv_group g[TSR_KV_GROUPS_MAX];
+        tsr_shard_spec whole;
+        static uint32_t tables[H_SEQS][TSR_KV_GROUPS_MAX * H_TABLE];
+        static const uint32_t slots[H_SEQS] = {3, 0, 2};
+        uint32_t p0[12] = {1, 54, 291, 14, 47, 9, 1, 17, 42, 128, 3, 77}, p1[8] = {12, 77, 5, 250, 2, 19, 8, 101};
+        uint32_t p2[9] = {7, 7, 99, 3, 180, 64, 5, 2, 31}, p3[6] = {2, 44, 130, 9, 9, 260};
+        uint32_t d0[2] = {200, 13}, d2[2] = {150, 6};
+        size_t V = mc->desc.vocab_size, rows = 0, n_tables;
+        uint32_t chunk[TSR_KV_GROUPS_MAX];
+
+        assert_int_equal(mc->desc.family->shard_for(&mc->desc, 0, 1, 0, 1, &whole), TSR_OK);
+        n_tables = tsr_kv_tables(g, mc->desc.family->kv_groups(&mc->desc, &whole, g, TSR_KV_GROUPS_MAX), chunk);
+        for (size_t i = 0; i < H_SEQS; i++)     /* every table's blocks its own */
+                for (size_t t = 0; t < n_tables * H_TABLE; t++)
+                        tables[i][t] = (uint32_t)((i * n_tables * H_TABLE + t) * 7 % H_BLOCKS);
+        tsr_runner_opts o = {.dtype = dtype, .backend = mc->be, .pp = pp, .pp_layers = layers, .stage_threads = 1,
+                             .pp_timeout_ms = 60000};
+        if (tsr_runner_new(mc->path, &mc->desc, &o, H_BLOCKS, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err) != TSR_OK)
+                fail_msg("%s pp %u: %s", mc->path, pp, err);
+        assert_int_equal(tsr_runner_stages(r), pp);
+        const tsr_engine_model *m = tsr_runner_model(r);
+#define SEQ(i, toks, cnt, past, want, all)                                                                       \
+        {.block_table = tables[i], .n_table = H_TABLE, .tokens = (toks), .n = (cnt), .past_len = (past),        \
+         .want_logits = (want), .want_all_logits = (all), .state_slot = slots[i]}
+        tsr_engine_seq step1[H_SEQS] = {SEQ(0, p0, 11, 0, true, true), SEQ(1, p1, 5, 0, false, false),
+                                        SEQ(2, p2, 9, 0, true, false)};
+        tsr_engine_seq step2[H_SEQS] = {SEQ(0, d0, 1, 11, true, false), SEQ(1, p1 + 5, 3, 5, true, false),
+                                        SEQ(2, d2, 1, 9, true, false)};
+        tsr_engine_seq step3[H_SEQS] = {SEQ(0, d0 + 1, 1, 12, true, false), SEQ(1, p3, 6, 0, true, true),
+                                        SEQ(2, d2 + 1, 1, 10, true, false)};
+#undef SEQ
+        assert_int_equal(m->forward(m->ud, step1, H_SEQS, out), TSR_OK);
+        rows += 11 + 1;
+        for (size_t i = 0; i < H_SEQS; i += 2)  /* the first and third are past position 8 */
+                for (size_t t = 0; t < n_tables; t++)
+                        for (size_t b = 0; chunk[t] && b < 8 / chunk[t] * chunk[t] / H_BLOCK; b++)
+                                tables[i][t * H_TABLE + b] = TSR_KV_NULL_BLOCK;
+        assert_int_equal(m->forward(m->ud, step2, H_SEQS, out + rows * V), TSR_OK);
+        rows += 3;
+        assert_int_equal(m->forward(m->ud, step3, H_SEQS, out + rows * V), TSR_OK);
+        rows += 1 + 6 + 1;
+        *n_out = rows * V;
+        tsr_runner_free(&r);
+        assert_null(r);
+}
+
+#define H_ROWS 23
+
+/* The two fixtures, and their families. */
+static const struct { const char *rel, *family; } hybrid_fx[] = {
+        {"tests/fixtures/tiny-llama4", "llama4"}, {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h"}};
+
+/* The family at every split in splits[] (pps[] stages each), with `dtype`, memcmp-equal
+ * to the whole model. */
+static void compare_hybrid(const char *rel, const char *family, const char *dtype, const uint32_t *const *splits,
+                           const uint32_t *pps, size_t n_cases) {
+        model_case mc = {0};
+        if (!model_open_family(&mc, rel, family))
+                fail_msg("%s is a committed fixture: run from the source tree", rel);
+        size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0;
+        float *want = malloc(H_ROWS * V * sizeof(float)), *got = malloc(H_ROWS * V * sizeof(float));
+        assert_non_null(want);
+        assert_non_null(got);
+        run_hybrid(&mc, dtype, 1, NULL, want, &n_want);
+        assert_int_equal(n_want, H_ROWS * V);
+        float max_abs = 0;
+        for (size_t i = 0; i < n_want; i++) {
+                if (!(want[i] > -1e30f && want[i] < 1e30f))
+                        fail_msg("%s pp 1: logit %zu is %g", rel, i, want[i]);
+                max_abs = fabsf(want[i]) > max_abs ? fabsf(want[i]) : max_abs;
+        }
+        assert_true(max_abs > 0.01f);   /* real logits, not a zeroed buffer */
+        for (size_t c = 0; c < n_cases; c++) {
+                char split[64];
+                size_t o = 0;
+                for (uint32_t s = 0; s < pps[c]; s++)
+                        o += (size_t)snprintf(split + o, sizeof split - o, "%s%u", s ? "," : "", splits[c][s]);
+                memset(got, 0xff, H_ROWS * V * sizeof(float));
+                run_hybrid(&mc, dtype, pps[c], splits[c], got, &n_got);
+                assert_int_equal(n_got, n_want);
+                for (size_t i = 0; i < n_want; i++)
+                        if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                                fail_msg("%s %s pp %u (%s): logit [%zu, %zu] %.9g, pp 1 %.9g", rel, dtype, pps[c],
+                                         split, i / V, i % V, got[i], want[i]);
+                print_message("%s %s: pp %u (%s): %zu logits of 3 steps bitwise equal to pp 1\n", family, dtype,
+                              pps[c], split, n_want);
+        }
+        free(want);
+        free(got);
+        model_close(&mc);
+}
+
+/* Llama 4 (4 layers: chunked, chunked, chunked, full; MoE on 1 and 3): vLLM's splits at
+ * 2, 3 and 4 stages, and 3,1 (a stage of chunked layers only, then one of the full layer
+ * only), each stage's KV the whole model's groups it has layers of, indexed by the whole
+ * model's block tables. */
+static void test_llama4_pp(void **state) {
+        (void)state;
+        static const uint32_t two[] = {2, 2}, three[] = {1, 2, 1}, four[] = {1, 1, 1, 1}, skew[] = {3, 1};
+        const uint32_t *splits[] = {two, three, four, skew};
+        const uint32_t pps[] = {2, 3, 4, 2};
+        compare_hybrid(hybrid_fx[0].rel, hybrid_fx[0].family, "float32", splits, pps, 4);
+        compare_hybrid(hybrid_fx[0].rel, hybrid_fx[0].family, "bfloat16", splits, pps, 2);
+}
+
+/* NemotronH (6 layers 'ME*M-E'): 3,3 (the second stage keeps Mamba state only), vLLM's
+ * 2,2,2 (the last stage, '-E', keeps nothing: an empty pool), 1,4,1 and one layer a
+ * stage; float32, and bfloat16 (its residual stream rounded to bf16 after every add,
+ * the add at a stage boundary included). */
+static void test_nemotron_h_pp(void **state) {
+        (void)state;
+        static const uint32_t two[] = {3, 3}, three[] = {2, 2, 2}, skew[] = {1, 4, 1}, six[] = {1, 1, 1, 1, 1, 1};
+        const uint32_t *splits[] = {two, three, skew, six};
+        const uint32_t pps[] = {2, 3, 3, 6};
+        compare_hybrid(hybrid_fx[1].rel, hybrid_fx[1].family, "float32", splits, pps, 4);
+        compare_hybrid(hybrid_fx[1].rel, hybrid_fx[1].family, "bfloat16", splits, pps, 2);
+}
+
+/* A stage's forward_stage refuses arguments that do not fit its place: no input on a
+ * later stage, an output on the last, input on the first; and a stage model's pool is
+ * its own layers' (a whole-model pool is refused). */
+static void test_hybrid_stage_args(void **state) {
+        (void)state;
+        for (size_t f = 0; f < 2; f++) {
+                model_case mc = {0};
+                char err[512] = "";
+                tsr_shard_spec sh[2], whole;
+                void *model[2] = {NULL, NULL}, *view[2] = {NULL, NULL}, *bad = NULL;
+                tsr_kv_pool *pool[2] = {NULL, NULL}, *wpool = NULL;
+                tsr_kv_group g[TSR_KV_GROUPS_MAX];
+                size_t ng;
+                if (!model_open_family(&mc, hybrid_fx[f].rel, hybrid_fx[f].family))
+                        fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[f].rel);
+                const tsr_model_family *fam = mc.desc.family;
+                assert_true(mc.desc.hidden_size > 0);
+                assert_non_null(fam->forward_stage);
+                for (uint32_t s = 0; s < 2; s++) {
+                        assert_int_equal(fam->shard_for(&mc.desc, 0, 1, s, 2, &sh[s]), TSR_OK);
+                        if (fam->load(mc.path, &mc.desc, &sh[s], NULL, NULL, NULL, &model[s], NULL, err, sizeof err) !=
+                            TSR_OK)
+                                fail_msg("%s stage %u: %s", hybrid_fx[f].rel, s, err);
+                        ng = fam->kv_groups(&mc.desc, &sh[s], g, TSR_KV_GROUPS_MAX);
+                        assert_int_equal(tsr_kv_pool_new_slots(g, ng, 16, H_BLOCK, H_SLOTS, &pool[s]), TSR_OK);
+                        assert_int_equal(fam->kv_bind(model[s], pool[s], &view[s]), TSR_OK);
+                }
+                assert_int_equal(sh[0].first_layer, 0);
+                assert_int_equal(sh[1].last_layer + 1, mc.desc.n_layers);
+                assert_int_equal(sh[0].last_layer + 1, sh[1].first_layer);
+                /* a stage does not bind the whole model's pool */
+                assert_int_equal(fam->shard_for(&mc.desc, 0, 1, 0, 1, &whole), TSR_OK);
+                ng = fam->kv_groups(&mc.desc, &whole, g, TSR_KV_GROUPS_MAX);
+                assert_int_equal(tsr_kv_pool_new_slots(g, ng, 16, H_BLOCK, H_SLOTS, &wpool), TSR_OK);
+                assert_int_not_equal(fam->kv_bind(model[1], wpool, &bad), TSR_OK);
+                assert_null(bad);
+                uint32_t table[TSR_KV_GROUPS_MAX * 4] = {0}, toks[3] = {5, 6, 7};
+                tsr_engine_seq e = {.block_table = table, .n_table = 4, .tokens = toks, .n = 3, .want_logits = true};
+                char seq[256];
+                size_t D = mc.desc.hidden_size;
+                float *io = malloc(2 * 3 * D * sizeof(float)), *logits = malloc(mc.desc.vocab_size * sizeof(float));
+                assert_non_null(io);
+                assert_non_null(logits);
+                assert_true(fam->seq_size <= sizeof seq);
+                fam->seq_fill(seq, e.block_table, e.n_table, e.tokens, e.n, 0, true, false);
+                if (fam->seq_set_state_slot)
+                        fam->seq_set_state_slot(seq, 1);
+                /* the first stage: no input, an output, no logits */
+                assert_int_equal(fam->forward_stage(model[0], mc.be, view[0], seq, 1, io, io, NULL), TSR_E_INVAL);
+                assert_int_equal(fam->forward_stage(model[0], mc.be, view[0], seq, 1, NULL, NULL, logits),
+                                 TSR_E_INVAL);
+                /* a stage is not a whole model */
+                assert_int_equal(fam->forward_batch(model[0], mc.be, view[0], seq, 1, logits), TSR_E_INVAL);
+                assert_int_equal(fam->forward_stage(model[0], mc.be, view[0], seq, 1, NULL, io, NULL), TSR_OK);
+                /* the last: an input, no output, logits when asked */
+                assert_int_equal(fam->forward_stage(model[1], mc.be, view[1], seq, 1, NULL, NULL, logits), TSR_E_INVAL);
+                assert_int_equal(fam->forward_stage(model[1], mc.be, view[1], seq, 1, io, io, logits), TSR_E_INVAL);
+                assert_int_equal(fam->forward_stage(model[1], mc.be, view[1], seq, 1, io, NULL, NULL), TSR_E_INVAL);
+                assert_int_equal(fam->forward_stage(model[1], mc.be, view[1], seq, 1, io, NULL, logits), TSR_OK);
+                for (size_t i = 0; i < mc.desc.vocab_size; i++)
+                        assert_true(logits[i] > -1e30f && logits[i] < 1e30f);
+                free(io);
+                free(logits);
+                for (uint32_t s = 0; s < 2; s++) {
+                        fam->kv_unbind(&view[s]);
+                        tsr_kv_pool_free(&pool[s]);
+                        fam->free(&model[s]);
+                        assert_null(model[s]);
+                }
+                tsr_kv_pool_free(&wpool);
+                model_close(&mc);
+        }
+}
+
+/* Tensor parallelism stays refused for both families, with the families that have it
+ * named; pipeline parallelism's refusal names every family that runs stages; the fp8 KV
+ * cache stays refused with pipeline stages (NemotronH's is one rank's; Llama 4 has none). */
+static void test_hybrid_tp_refused(void **state) {
+        (void)state;
+        char names[128];
+        assert_string_equal(tsr_family_names(tsr_family_has_stages, names, sizeof names), "llama, llama4, nemotron_h");
+        assert_string_equal(tsr_family_names(tsr_family_has_tp, names, sizeof names), "llama");
+        for (size_t f = 0; f < 2; f++) {
+                model_case mc = {0};
+                tsr_runner *r = NULL;
+                char err[512] = "";
+                static const uint32_t two[] = {2, 2};
+                if (!model_open_family(&mc, hybrid_fx[f].rel, hybrid_fx[f].family))
+                        fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[f].rel);
+                tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = 2, .stage_threads = 1};
+                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err),
+                                 TSR_E_UNSUPPORTED);
+                assert_null(r);
+                t.pp = 2;
+                t.pp_layers = two;
+                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err),
+                                 TSR_E_UNSUPPORTED);
+                assert_null(r);
+                assert_non_null(strstr(err, "(supported: llama)"));
+                tsr_runner_opts k = {.dtype = "float32", .backend = mc.be, .pp = 2, .pp_layers = two,
+                                     .stage_threads = 1, .kv_dtype = TSR_DTYPE_FP8_E4M3};
+                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &k, 16, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err),
+                                 TSR_E_UNSUPPORTED);
+                assert_null(r);
+                assert_non_null(strstr(err, f == 0 ? "'fp8_e4m3' is not supported for model family llama4"
+                                                   : "'fp8_e4m3' is not supported with tensor or pipeline"));
+                model_close(&mc);
+        }
+}
+
 /* Bad stage arguments: no layer split, or more stages than the model has layers (the
  * loader refuses the empty range; main.c refuses pp > layers before it gets here). */
 static void test_runner_refuses(void **state) {
@@ -718,6 +982,10 @@ int main(void) {
                 cmocka_unit_test(test_tiny_llama3_tp),
                 cmocka_unit_test(test_llama_4layers_tp_pp),
                 cmocka_unit_test(test_runner_refuses),
+                cmocka_unit_test(test_llama4_pp),
+                cmocka_unit_test(test_nemotron_h_pp),
+                cmocka_unit_test(test_hybrid_stage_args),
+                cmocka_unit_test(test_hybrid_tp_refused),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -136,7 +136,8 @@ tsr_status tsr_kv_pool_new_on(tsr_backend *be, const tsr_kv_group *groups, size_
         uint32_t n_paged = 0;
         const tsr_kv_group *widest = NULL;
 
-        if (!groups || !ret || n_groups == 0 || n_groups > TSR_KV_GROUPS_MAX || n_blocks == 0 || block_size == 0)
+        /* no groups: an empty pool, for a pipeline stage whose layers keep nothing */
+        if ((!groups && n_groups) || !ret || n_groups > TSR_KV_GROUPS_MAX || n_blocks == 0 || block_size == 0)
                 return TSR_E_INVAL;
         hybrid = tsr_kv_groups_hybrid(groups, n_groups);
         for (size_t i = 0; i < n_groups; i++) {

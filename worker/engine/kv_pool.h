@@ -119,8 +119,9 @@ typedef struct tsr_kv_pool {
         tsr_backend *be;                /* whose memory the arrays are (tsr_kv_pool_new_on); NULL: malloc */
 } tsr_kv_pool;
 
-/* Allocate n_blocks blocks of block_size tokens for each group.  TSR_E_INVAL (no groups,
- * too many, zero sizes, a dtype without a byte size, a chunked group without a chunk,
+/* Allocate n_blocks blocks of block_size tokens for each group (none: an empty pool, a
+ * pipeline stage whose layers keep no state).  TSR_E_INVAL (groups NULL with n_groups >
+ * 0, too many, zero sizes, a dtype without a byte size, a chunked group without a chunk,
  * paged groups of different row shapes), TSR_E_LIMIT (size overflows),
  * TSR_E_NOMEM; *ret written only on success. */
 tsr_status tsr_kv_pool_new(const tsr_kv_group *groups, size_t n_groups, uint64_t n_blocks, uint32_t block_size,

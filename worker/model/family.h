@@ -133,6 +133,42 @@ struct tsr_model_family {
         void (*seq_set_state_slot)(void *seq, uint32_t slot);
 };
 
+/* ---- pipeline stages: the forward_stage contract, shared by the families -------------- */
+
+/* Whether a stage holding layers shard->first_layer .. last_layer of a model of n_layers
+ * gets the arguments forward_stage wants: `in` exactly when it is not the first stage,
+ * `out` exactly when it is not the last, and `logits` on the last when some sequence
+ * wants them (`want`). */
+static inline bool tsr_stage_args_ok(const tsr_shard_spec *shard, uint32_t n_layers, const float *in,
+                                     const float *out, bool want, const float *logits) {
+        bool last = shard->last_layer + 1 == n_layers;
+        return (shard->first_layer > 0) == (in != NULL) && !last == (out != NULL) && !(want && last && !logits);
+}
+
+/* The hand-over between two stages: the (2, N, dim) pair, x (the residual stream) then
+ * xb (what the family's next step reads besides it), copied in from the previous stage
+ * (recv) or out to the next (send) through `be`'s memory (memcpy on the CPU).  Only
+ * bytes move: the stage that receives runs the same arithmetic on them that one
+ * process would. */
+static inline tsr_status tsr_stage_recv(tsr_backend *be, float *x, float *xb, const float *in, size_t N,
+                                        size_t dim) {
+        tsr_status st = tsr_backend_upload(be, x, in, N * dim * sizeof(float));
+        return st != TSR_OK ? st : tsr_backend_upload(be, xb, in + N * dim, N * dim * sizeof(float));
+}
+
+static inline tsr_status tsr_stage_send(tsr_backend *be, float *out, const float *x, const float *xb, size_t N,
+                                        size_t dim) {
+        tsr_status st = tsr_backend_download(be, out, x, N * dim * sizeof(float));
+        return st != TSR_OK ? st : tsr_backend_download(be, out + N * dim, xb, N * dim * sizeof(float));
+}
+
+/* The names of the registered families for which `has` is true, comma-separated, into
+ * buf (for the "supported: ..." of an error message); returns buf.  Any thread. */
+const char *tsr_family_names(bool (*has)(const tsr_model_family *f), char *buf, size_t len);
+/* tsr_family_names' tests: the family runs pipeline stages / tensor-parallel shards. */
+bool tsr_family_has_stages(const tsr_model_family *f);
+bool tsr_family_has_tp(const tsr_model_family *f);
+
 /* The family that serves a model whose metadata says `format` ("gguf" or "hf"),
  * `architecture` (HF architectures[0] or GGUF general.architecture; may be NULL) and
  * `model_type` (may be NULL).  NULL when no family does (the worker then serves the

@@ -8,6 +8,7 @@
 
 #include "kernels/quant/quant.h"
 #include "worker/load/gguf.h"
+#include "worker/model/family.h"
 #include "worker/model/llama.h"
 #include "worker/parallel/comm.h"
 
@@ -1120,8 +1121,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                 if (m->n_local)
                         TRY(tsr_backend_rmsnorm(be, s.xb, s.x, attn_norm_of(m, 0), N, dim, c->rms_eps));
         } else {        /* the previous stage's x and xb: the add and norm it left to this one */
-                TRY(tsr_backend_upload(be, s.x, in, N * dim * sizeof(float)));
-                TRY(tsr_backend_upload(be, s.xb, in + N * dim, N * dim * sizeof(float)));
+                TRY(tsr_stage_recv(be, s.x, s.xb, in, N, dim));
                 TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, attn_norm_of(m, 0), N, dim, c->rms_eps));
         }
 
@@ -1151,8 +1151,7 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                         TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, attn_norm_of(m, l + 1), N, dim,
                                                     c->rms_eps));
                 } else if (!last_stage) {       /* the next stage adds and norms (see above) */
-                        TRY(tsr_backend_download(be, out, s.x, N * dim * sizeof(float)));
-                        TRY(tsr_backend_download(be, out + N * dim, s.xb, N * dim * sizeof(float)));
+                        TRY(tsr_stage_send(be, out, s.x, s.xb, N, dim));
                         goto done;
                 } else {                        /* the final norm runs on the gathered rows only */
                         TRY(tsr_backend_add(be, s.x, s.x, s.xb, N * dim));
@@ -1265,8 +1264,9 @@ tsr_status tsr_llama_forward_stage(const tsr_llama *m, tsr_backend *be, tsr_llam
         }
         /* A stage after the first needs its input, one before the last its output (and
          * makes no logits). */
+        tsr_shard_spec range = {.first_layer = m->first_layer, .last_layer = m->first_layer + m->n_local - 1};
         bool last_stage = m->first_layer + m->n_local == m->cfg.n_layers;
-        if ((m->first_layer > 0) != (in != NULL) || (!last_stage) != (out != NULL) || (want && last_stage && !logits))
+        if (!tsr_stage_args_ok(&range, m->cfg.n_layers, in, out, want, logits))
                 return TSR_E_INVAL;
         tsr_status st = tsr_llama_check_backend(m, be);
         if (st != TSR_OK)

@@ -122,10 +122,15 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
         uint64_t dim = c->base.dim, qd = (uint64_t)c->base.n_heads * c->base.head_dim;
         uint64_t kvd = (uint64_t)c->base.n_kv_heads * c->base.head_dim, I = c->base.hidden_dim, M = c->mlp_dim;
         uint64_t E = c->n_experts;
+        /* A pipeline stage holds the embedding only on the first stage, the final norm and
+         * lm_head only on the last (a tied lm_head is the embedding: the last reads it too),
+         * as the Llama family's stages do. */
+        bool first = m->shard.first_layer == 0, last = m->shard.last_layer + 1 == c->base.n_layers;
         struct { const char *name; float **dst; uint64_t rows, cols, experts; } s[] = {
-                {"token_embd", &m->embed, c->base.vocab_size, dim, 0},
-                {"output_norm", &m->out_norm, dim, 0, 0},
-                {"output", c->base.tied_embeddings ? NULL : &m->output.f, c->base.vocab_size, dim, 0},
+                {"token_embd", first || (last && c->base.tied_embeddings) ? &m->embed : NULL, c->base.vocab_size, dim,
+                 0},
+                {"output_norm", last ? &m->out_norm : NULL, dim, 0, 0},
+                {"output", c->base.tied_embeddings || !last ? NULL : &m->output.f, c->base.vocab_size, dim, 0},
                 {"attn_norm", L ? &L->attn_norm : NULL, dim, 0, 0},
                 {"attn_q", L ? &L->q.f : NULL, qd, dim, 0},
                 {"attn_k", L ? &L->k.f : NULL, kvd, dim, 0},
@@ -236,7 +241,7 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 }
         }
         if (cfg->base.tied_embeddings)
-                m->output.f = m->embed;
+                m->output.f = m->embed;         /* NULL before the last stage */
         *ret = m;
         m = NULL;
 done:
@@ -288,8 +293,9 @@ tsr_status tsr_llama4_use_bf16(tsr_llama4 *m) {
                 return TSR_OK;
         c = m->cfg;
         n_layers = m->shard.last_layer - m->shard.first_layer + 1;
-        /* Convert everything first; free the float32 copies only once nothing can fail. */
-        if (!(m->output.b = to_bf16(m->output.f, (size_t)c->base.vocab_size * c->base.dim)))
+        /* Convert everything first; free the float32 copies only once nothing can fail.
+         * The output matrix is the last pipeline stage's only. */
+        if (m->output.f && !(m->output.b = to_bf16(m->output.f, (size_t)c->base.vocab_size * c->base.dim)))
                 goto nomem;
         for (size_t l = 0; l < n_layers; l++) {
                 mat *w[N_MATS];
@@ -351,15 +357,15 @@ tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *c) {
         return tsr_llama_kv_group(&c->base);
 }
 
-size_t tsr_llama4_kv_groups(const tsr_llama4_config *c, uint32_t first, uint32_t last, uint32_t tp_size,
-                            tsr_kv_group *out, size_t max) {
+/* The whole model's grouping into at most max groups (llama4.h, tsr_llama4_kv_groups). */
+static size_t whole_groups(const tsr_llama4_config *c, uint32_t tp_size, tsr_kv_group *out, size_t max) {
         tsr_kv_group base = tsr_llama4_kv_group(c);
         uint32_t n_full = 0, n_chunked = 0, per, n = 0;
 
-        if (max < 1 || last < first || last >= c->base.n_layers)
+        if (max < 1)
                 return 0;
         base.n_kv_heads /= tp_size ? tp_size : 1;
-        for (uint32_t l = first; l <= last; l++)
+        for (uint32_t l = 0; l < c->base.n_layers; l++)
                 (c->layer[l] & TSR_LLAMA4_CHUNKED) ? n_chunked++ : n_full++;
         if (n_chunked == 0) {
                 out[0] = base;
@@ -387,47 +393,73 @@ size_t tsr_llama4_kv_groups(const tsr_llama4_config *c, uint32_t first, uint32_t
         return n;
 }
 
-/* The layer map of a hybrid pool: layer l (of the shard) is layer *j of group *g, by the
- * order tsr_llama4_kv_groups fills them. */
-static void hybrid_slot(const tsr_llama4_config *c, uint32_t first, uint32_t l, bool has_full, uint32_t per,
-                        uint32_t *g, uint32_t *j) {
-        uint32_t n_full = 0, n_chunked = 0;
-        for (uint32_t i = first; i < l; i++)
-                (c->layer[i] & TSR_LLAMA4_CHUNKED) ? n_chunked++ : n_full++;
-        if (!(c->layer[l] & TSR_LLAMA4_CHUNKED)) {
-                *g = 0;
-                *j = n_full;
-        } else {
-                *g = (has_full ? 1 : 0) + n_chunked / per;
-                *j = n_chunked % per;
+/* The group of whole[] (whole_groups' order) layer l is in, into *g: the full-attention
+ * layers are group 0, the chunked ones fill the next groups in order, P (the first
+ * chunked group's size) to a group. */
+static void whole_slot(const tsr_llama4_config *c, const tsr_kv_group *whole, uint32_t l, uint32_t *g) {
+        bool has_full = whole[0].kind == TSR_KV_FULL_ATTENTION;
+        uint32_t n_chunked = 0;
+        for (uint32_t i = 0; i < l; i++)
+                n_chunked += (c->layer[i] & TSR_LLAMA4_CHUNKED) != 0;
+        *g = !(c->layer[l] & TSR_LLAMA4_CHUNKED) ? 0
+                                                  : (has_full ? 1 : 0) + n_chunked / whole[has_full ? 1 : 0].n_layers;
+}
+
+size_t tsr_llama4_kv_groups(const tsr_llama4_config *c, uint32_t first, uint32_t last, uint32_t tp_size,
+                            tsr_kv_group *out, size_t max) {
+        tsr_kv_group whole[TSR_KV_GROUPS_MAX];
+        uint32_t count[TSR_KV_GROUPS_MAX] = {0}, g;
+        size_t n_whole, n = 0;
+
+        if (last < first || last >= c->base.n_layers)
+                return 0;
+        if (!(n_whole = whole_groups(c, tp_size, whole, max < TSR_KV_GROUPS_MAX ? max : TSR_KV_GROUPS_MAX)))
+                return 0;
+        for (uint32_t l = first; l <= last; l++) {
+                whole_slot(c, whole, l, &g);
+                count[g]++;
         }
+        for (g = 0; g < n_whole; g++)           /* the whole model's groups the range has layers of */
+                if (count[g]) {
+                        out[n] = whole[g];
+                        out[n++].n_layers = count[g];
+                }
+        return n;
+}
+
+static bool pool_is(const tsr_kv_pool *pool, const tsr_kv_group *want, size_t n_want) {
+        if (pool->n_groups != n_want)
+                return false;
+        for (size_t i = 0; i < n_want; i++) {
+                const tsr_kv_group *g = &pool->groups[i].spec;
+                if (g->kind != want[i].kind || g->n_layers != want[i].n_layers || g->chunk != want[i].chunk ||
+                    g->n_kv_heads != want[i].n_kv_heads || g->head_dim != want[i].head_dim || g->dtype != want[i].dtype)
+                        return false;
+        }
+        return true;
 }
 
 tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4_kv **ret) {
-        tsr_kv_group want[TSR_KV_GROUPS_MAX];
-        size_t n_want, n_layers;
+        tsr_kv_group want[TSR_KV_GROUPS_MAX], whole[TSR_KV_GROUPS_MAX];
+        uint32_t count[TSR_KV_GROUPS_MAX] = {0}, at[TSR_KV_GROUPS_MAX], next[TSR_KV_GROUPS_MAX] = {0};
+        size_t n_want, n_whole, n_layers;
+        uint32_t first, g;
         bool one;
         tsr_llama4_kv *kv;
 
         if (!m || !pool || !ret)
                 return TSR_E_INVAL;
-        n_layers = m->shard.last_layer - m->shard.first_layer + 1;
+        first = m->shard.first_layer;
+        n_layers = m->shard.last_layer - first + 1;
+        n_whole = whole_groups(m->cfg, 1, whole, TSR_KV_GROUPS_MAX);
+        n_want = tsr_llama4_kv_groups(m->cfg, first, m->shard.last_layer, 1, want, TSR_KV_GROUPS_MAX);
+        /* the hybrid (a pipeline stage's: the whole model's groups it has layers of), or
+         * the one-group pool of every position */
+        one = !pool_is(pool, want, n_want);
         want[0] = tsr_llama4_kv_group(m->cfg);
         want[0].n_layers = (uint32_t)n_layers;
-        /* the one-group pool of every position, or the hybrid one */
-        one = pool->n_groups == 1 && pool->groups[0].spec.kind == TSR_KV_FULL_ATTENTION &&
-              pool->groups[0].spec.n_layers == n_layers;
-        n_want = one ? 1
-                     : tsr_llama4_kv_groups(m->cfg, m->shard.first_layer, m->shard.last_layer, 1, want,
-                                            TSR_KV_GROUPS_MAX);
-        if (pool->n_groups != n_want)
+        if (one && !pool_is(pool, want, 1))
                 return TSR_E_INVAL;
-        for (size_t i = 0; i < n_want; i++) {
-                const tsr_kv_group *g = &pool->groups[i].spec;
-                if (g->kind != want[i].kind || g->n_layers != want[i].n_layers || g->chunk != want[i].chunk ||
-                    g->n_kv_heads != want[i].n_kv_heads || g->head_dim != want[i].head_dim || g->dtype != want[i].dtype)
-                        return TSR_E_INVAL;
-        }
         if (pool->n_blocks > UINT32_MAX)
                 return TSR_E_LIMIT;
         if (!(kv = calloc(1, sizeof *kv)) || !(kv->k = calloc(n_layers, sizeof *kv->k)) ||
@@ -440,15 +472,26 @@ tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4
         kv->head_dim = want[0].head_dim;
         kv->block_size = pool->block_size;
         kv->n_blocks = (size_t)pool->n_blocks;
-        kv->n_tables = one ? 1 : tsr_kv_tables(want, n_want, kv->chunk);
+        /* A sequence holds the whole model's tables (the engine's, whichever stage this
+         * is): layer l uses its whole-model group's table, and the arrays of its place
+         * among the range's layers of that group in the pool.  Layers of different groups
+         * may share an array: their tables never hold the same block. */
+        kv->n_tables = one ? 1 : tsr_kv_tables(whole, n_whole, kv->chunk);
+        for (uint32_t l = 0; !one && l < n_layers; l++) {
+                whole_slot(m->cfg, whole, first + l, &g);
+                count[g]++;
+        }
+        for (uint32_t i = 0, k = 0; i < n_whole; i++)
+                at[i] = count[i] ? k++ : 0;
         for (uint32_t l = 0; l < n_layers; l++) {
-                bool has_full = want[0].kind == TSR_KV_FULL_ATTENTION;
-                uint32_t g = 0, j = l;
-                if (!one)       /* P: the first chunked group's size */
-                        hybrid_slot(m->cfg, m->shard.first_layer, m->shard.first_layer + l, has_full,
-                                    want[has_full ? 1 : 0].n_layers, &g, &j);
-                kv->k[l] = (float *)pool->groups[g].k[j];
-                kv->v[l] = (float *)pool->groups[g].v[j];
+                uint32_t j = l;
+                g = 0;
+                if (!one) {
+                        whole_slot(m->cfg, whole, first + l, &g);
+                        j = next[g]++;
+                }
+                kv->k[l] = (float *)pool->groups[one ? 0 : at[g]].k[j];
+                kv->v[l] = (float *)pool->groups[one ? 0 : at[g]].v[j];
                 kv->table[l] = g;       /* every group of a hybrid is paged: group i is table i */
         }
         *ret = kv;
@@ -616,7 +659,8 @@ static size_t live_block(const tsr_llama4_kv *kv, size_t l, const tsr_llama_seq 
         return C ? q->past_len / C * C / kv->block_size : 0;
 }
 
-/* Attention of one sequence's n query rows (q, out: (n, q_dim)) in layer l.  Full layers:
+/* Attention of one sequence's n query rows (q, out: (n, q_dim)) in the model's local layer
+ * l (its KV; the flags are those of global layer shard.first_layer + l).  Full layers:
  * causal over the whole cache.  Chunked layers: the queries of each chunk [cs, cs + C)
  * see the keys cs .. their own position only, i.e. the causal kernel on a view that
  * starts at cs: the block table shifted by cs / block_size when cs is a block boundary
@@ -630,7 +674,7 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
         tsr_kv_view view = kv_view(kv, l, q);
         tsr_status st = TSR_OK;
 
-        if (!(c->layer[l] & TSR_LLAMA4_CHUNKED))
+        if (!(c->layer[m->shard.first_layer + l] & TSR_LLAMA4_CHUNKED))
                 return tsr_backend_attention(be, out, qrows, &view, q->n, q->past_len, H, scale);
         for (size_t t = 0; t < q->n;) {
                 size_t p0 = q->past_len + t, cs = p0 / C * C, cnt = q->n - t;
@@ -659,12 +703,18 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
         return st;
 }
 
-/* The stacked forward of n_seqs sequences; arguments already checked. */
+/* The stacked forward of n_seqs sequences through the model's layers; arguments already
+ * checked.  A pipeline stage (family.h forward_stage, as the Llama's): `in` NULL on the
+ * first stage (the embedding runs), else the previous stage's pair x then xb (its last
+ * MLP's output, not yet added), which the add_rmsnorm before this stage's first layer
+ * joins exactly as in one process; `out` receives that pair on a stage before the last. */
 static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4_kv *kv, const tsr_llama_seq *seqs,
-                          size_t n_seqs, float *logits) {
+                          size_t n_seqs, const float *in, float *out, float *logits) {
         const tsr_llama4_config *c = m->cfg;
         size_t dim = c->base.dim, hd = c->base.head_dim, H = c->base.n_heads, KVH = c->base.n_kv_heads;
         size_t qd = H * hd, kvd = KVH * hd, N = 0, chunk_rows = 0, n_out = 0;
+        size_t first_layer = m->shard.first_layer, n_local = m->shard.last_layer - first_layer + 1;
+        bool last_stage = first_layer + n_local == c->base.n_layers;
         float eps = c->base.rms_eps;
         struct scratch s;
         tsr_status st;
@@ -682,10 +732,16 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                         s.tokens[row] = seqs[i].tokens[t];
                         s.pos[row] = (uint32_t)(seqs[i].past_len + t);
                 }
-        TRY(tsr_backend_embedding(be, s.x, m->embed, c->base.vocab_size, dim, s.tokens, N));   /* x (N, dim) */
-        TRY(tsr_backend_rmsnorm(be, s.xb, s.x, m->layers[0].attn_norm, N, dim, eps));
-        for (size_t l = 0; l < c->base.n_layers; l++) {
-                const layer *L = &m->layers[l];
+        if (!in) {
+                TRY(tsr_backend_embedding(be, s.x, m->embed, c->base.vocab_size, dim, s.tokens, N));   /* x (N, dim) */
+                TRY(tsr_backend_rmsnorm(be, s.xb, s.x, m->layers[0].attn_norm, N, dim, eps));
+        } else {        /* the previous stage's x and xb: the add and norm it left to this one */
+                TRY(tsr_stage_recv(be, s.x, s.xb, in, N, dim));
+                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, m->layers[0].attn_norm, N, dim, eps));
+        }
+        for (size_t li = 0; li < n_local; li++) {
+                const layer *L = &m->layers[li];
+                size_t l = first_layer + li;    /* the global layer: its flags */
                 TRY(mm(be, s.q, s.xb, &L->q, 0, N, dim, qd));
                 TRY(mm(be, s.k, s.xb, &L->k, 0, N, dim, kvd));
                 TRY(mm(be, s.v, s.xb, &L->v, 0, N, dim, kvd));
@@ -709,13 +765,13 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                         /* from the first block the step reads: a chunked table's blocks
                          * before it may be freed (TSR_KV_NULL_BLOCK) */
-                        size_t lo = live_block(kv, l, &seqs[i]);
-                        tsr_kv_view view = kv_view(kv, l, &seqs[i]);
+                        size_t lo = live_block(kv, li, &seqs[i]);
+                        tsr_kv_view view = kv_view(kv, li, &seqs[i]);
                         view.block_table += lo;
                         view.n_table -= lo;
                         TRY(tsr_backend_kv_write(be, &view, s.k + row * kvd, s.v + row * kvd, seqs[i].n,
                                                  seqs[i].past_len - lo * kv->block_size));
-                        TRY(attend(be, m, kv, &s, l, &seqs[i], s.q + row * qd, s.att + row * qd));
+                        TRY(attend(be, m, kv, &s, li, &seqs[i], s.q + row * qd, s.att + row * qd));
                 }
                 TRY(mm(be, s.xb, s.att, &L->o, 0, N, qd, dim));
                 TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, L->ffn_norm, N, dim, eps));
@@ -723,10 +779,14 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                         TRY(moe(be, c, L, &s, N));
                 else
                         TRY(swiglu(be, c, &s, s.xb, s.xb, &L->gate, &L->up, &L->down, N, c->mlp_dim));
-                if (l + 1 < c->base.n_layers)
-                        TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, m->layers[l + 1].attn_norm, N, dim, eps));
-                else
+                if (li + 1 < n_local) {
+                        TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, m->layers[li + 1].attn_norm, N, dim, eps));
+                } else if (!last_stage) {       /* the next stage adds and norms (see above) */
+                        TRY(tsr_stage_send(be, out, s.x, s.xb, N, dim));
+                        goto done;
+                } else {
                         TRY(tsr_backend_add(be, s.x, s.x, s.xb, N * dim));
+                }
         }
         /* the final norm and the output matrix on the rows whose logits are wanted only */
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
@@ -746,13 +806,18 @@ done:
 
 tsr_status tsr_llama4_forward_batch(const tsr_llama4 *m, tsr_backend *be, tsr_llama4_kv *kv, const tsr_llama_seq *seqs,
                                     size_t n_seqs, float *logits) {
+        return tsr_llama4_forward_stage(m, be, kv, seqs, n_seqs, NULL, NULL, logits);
+}
+
+tsr_status tsr_llama4_forward_stage(const tsr_llama4 *m, tsr_backend *be, tsr_llama4_kv *kv, const tsr_llama_seq *seqs,
+                                    size_t n_seqs, const float *in, float *out, float *logits) {
         bool want = false;
         tsr_status st;
 
         if (!m || !kv || !seqs || n_seqs == 0)
                 return TSR_E_INVAL;
-        if (kv->n_layers != m->cfg->base.n_layers || kv->n_kv_heads != m->cfg->base.n_kv_heads ||
-            kv->head_dim != m->cfg->base.head_dim)
+        if (kv->n_layers != m->shard.last_layer - m->shard.first_layer + 1 ||
+            kv->n_kv_heads != m->cfg->base.n_kv_heads || kv->head_dim != m->cfg->base.head_dim)
                 return TSR_E_INVAL;     /* a view made for another model */
         for (size_t i = 0; i < n_seqs; i++) {
                 const tsr_llama_seq *q = &seqs[i];
@@ -777,9 +842,11 @@ tsr_status tsr_llama4_forward_batch(const tsr_llama4 *m, tsr_backend *be, tsr_ll
                                 return TSR_E_INVAL;
                 want |= q->which != TSR_LLAMA_LOGITS_NONE;
         }
-        if (want && !logits)
+        /* a stage after the first needs its input, one before the last its output (and
+         * makes no logits) */
+        if (!tsr_stage_args_ok(&m->shard, m->cfg->base.n_layers, in, out, want, logits))
                 return TSR_E_INVAL;
         if ((st = tsr_llama4_check_backend(m, be)) != TSR_OK)
                 return st;
-        return forward(m, be, kv, seqs, n_seqs, logits);
+        return forward(m, be, kv, seqs, n_seqs, in, out, logits);
 }

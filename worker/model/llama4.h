@@ -77,8 +77,10 @@ tsr_status tsr_llama4_config_from_hf_json(const char *json, size_t len, const ch
 
 typedef struct tsr_llama4 tsr_llama4;
 
-/* The weights of `spec` (the whole model only today) from the HF folder `dir`, float32
- * in host memory, as `cfg` describes them (copied).  Tensor names are the family's
+/* The weights of `spec` (the whole model, or a pipeline stage's layer range: its layers,
+ * the embedding on the first stage, the final norm and lm_head on the last, the
+ * embedding there too when tied) from the HF folder `dir`, float32 in host memory, as
+ * `cfg` describes them (copied).  tp_size 1 only.  Tensor names are the family's
  * table (llama4_family.c) under the prefix the folder uses: "language_model." for the
  * nested layout when language_model.model.embed_tokens.weight is there, none otherwise
  * (Llama4ForCausalLM, and ModelOpt exports of the nested model).  Vision tower and
@@ -105,18 +107,24 @@ tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be);
 /* One KV group of every layer as full attention (chunked layers too), float32. */
 tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *cfg);
 /* The hybrid groups of layers first .. last into out[max] (returns how many, 0 when max
- * is too small): without chunked layers the one group above; else the full-attention
- * layers as group 0 (when there are any), then the chunked layers in order, split into
- * TSR_KV_CHUNKED_LOCAL groups of P layers (the last may have fewer), P = the full
- * group's size, or more where more than max - 1 groups would be needed: vLLM's equal
- * groups, so that the groups' shared layer arrays (kv_pool.h) go unused as little as
- * possible.  n_kv_heads divided by tp_size. */
+ * is too small).  The whole model's grouping: without chunked layers the one group
+ * above; else the full-attention layers as group 0 (when there are any), then the
+ * chunked layers in order, split into TSR_KV_CHUNKED_LOCAL groups of P layers (the last
+ * may have fewer), P = the full group's size, or more where more than max - 1 groups
+ * would be needed: vLLM's equal groups, so that the groups' shared layer arrays
+ * (kv_pool.h) go unused as little as possible.  A pipeline stage's range gets those of
+ * the whole model's groups it has layers of, in order, each with its layers of the
+ * range: the engine's block tables are the whole model's (one per paged group), which
+ * every stage's layers index alike (tsr_llama4_kv_bind).  n_kv_heads divided by
+ * tp_size. */
 size_t tsr_llama4_kv_groups(const tsr_llama4_config *cfg, uint32_t first, uint32_t last, uint32_t tp_size,
                             tsr_kv_group *out, size_t max);
 typedef struct tsr_llama4_kv tsr_llama4_kv;
-/* A view of `pool`: tsr_llama4_kv_group's one group, or tsr_llama4_kv_groups' hybrid
- * (then a sequence's block_table holds one table per paged group, n_table entries each,
- * in the pool's group order; kv_pool.h tsr_kv_tables).  TSR_E_INVAL for another pool. */
+/* A view of `pool`: tsr_llama4_kv_group's one group of the model's layers, or
+ * tsr_llama4_kv_groups' hybrid of its layer range (then a sequence's block_table holds
+ * one table per paged group of the whole model, n_table entries each, in the whole
+ * model's group order, whatever layers the model holds; kv_pool.h tsr_kv_tables).
+ * TSR_E_INVAL for another pool. */
 tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4_kv **ret);
 void tsr_llama4_kv_free(tsr_llama4_kv **kv);
 
@@ -127,5 +135,12 @@ void tsr_llama4_kv_free(tsr_llama4_kv **kv);
  * running it in any chunks.  Errors as tsr_llama_forward_batch. */
 tsr_status tsr_llama4_forward_batch(const tsr_llama4 *m, tsr_backend *be, tsr_llama4_kv *kv, const tsr_llama_seq *seqs,
                                     size_t n_seqs, float *logits);
+/* A pipeline stage's part of the step (family.h forward_stage, as
+ * tsr_llama_forward_stage): `in` NULL on the first stage, else the previous stage's
+ * (2, N, dim) pair; `out` receives it on a stage before the last, which writes `logits`.
+ * Chained, the stages give tsr_llama4_forward_batch's logits bitwise.  TSR_E_INVAL as
+ * that, and for `in` / `out` / `logits` not as the stage's place asks. */
+tsr_status tsr_llama4_forward_stage(const tsr_llama4 *m, tsr_backend *be, tsr_llama4_kv *kv, const tsr_llama_seq *seqs,
+                                    size_t n_seqs, const float *in, float *out, float *logits);
 
 #endif

@@ -56,11 +56,13 @@ static tsr_status llama4_read_config(const char *path, bool gguf, tsr_model_desc
         ret->config = c;
         ret->vocab_size = c->base.vocab_size;
         ret->n_layers = c->base.n_layers;
+        ret->hidden_size = c->base.dim;
         return TSR_OK;
 }
 
 /* The hybrid of llama4.h: full-attention layers in one group, chunked ones in
- * chunked-local groups whose blocks behind the chunk the engine frees (issue #14). */
+ * chunked-local groups whose blocks behind the chunk the engine frees (issue #14); a
+ * pipeline stage's, the whole model's groups it has layers of. */
 static size_t llama4_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max) {
         return tsr_llama4_kv_groups(d->config, shard->first_layer, shard->last_layer, shard->tp_size, out, max);
 }
@@ -108,6 +110,11 @@ static tsr_status llama4_forward_batch(const void *model, tsr_backend *be, void 
         return tsr_llama4_forward_batch(model, be, pool, seqs, n_seqs, logits);
 }
 
+static tsr_status llama4_forward_stage(const void *model, tsr_backend *be, void *pool, const void *seqs,
+                                       size_t n_seqs, const float *in, float *out, float *logits) {
+        return tsr_llama4_forward_stage(model, be, pool, seqs, n_seqs, in, out, logits);
+}
+
 /* The sequence record and the pipeline split are the Llama family's (llama.h). */
 const tsr_model_family tsr_family_llama4 = {
         .name = "llama4",
@@ -128,6 +135,7 @@ const tsr_model_family tsr_family_llama4 = {
         .kv_bind = llama4_kv_bind,
         .kv_unbind = llama4_kv_unbind,
         .forward_batch = llama4_forward_batch,
+        .forward_stage = llama4_forward_stage,
         .seq_size = sizeof(tsr_llama_seq),
         .seq_fill = tsr_llama_seq_fill,
 };

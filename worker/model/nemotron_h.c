@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
 
 /* One row per weight.  Layers hold only the rows of their block type (the bind answers
@@ -76,14 +77,15 @@ typedef struct nh_layer {
         nh_mat *exp_up, *exp_down;      /* [n_experts] */
         /* '-' */
         nh_mat mlp_up, mlp_down;
-        uint32_t kind_index;            /* among the layers of its kind: its K/V or state arrays */
+        uint32_t kind_index;            /* among the shard's layers of its kind: its K/V or state arrays */
 } nh_layer;
 
 struct tsr_nemotron_h {
         tsr_nemotron_h_config cfg;
-        float *token_embd, *output_norm;
-        nh_mat output;                  /* output.f == token_embd when tied */
-        nh_layer *layers;               /* [n_layers] */
+        tsr_shard_spec shard;           /* the layers held: all, or a pipeline stage's range */
+        float *token_embd, *output_norm;        /* the first stage's, the last stage's (tied: both) */
+        nh_mat output;                  /* output.f == token_embd when tied; NULL before the last stage */
+        nh_layer *layers;               /* [n_layers], indexed by the global layer; only the shard's loaded */
         tsr_tensor_name *expert_names;  /* [2 * n_experts]: up, down per expert */
         char *expert_strs;
         bool bf16;                      /* the linears are bf16 (tsr_nemotron_h_use_bf16) */
@@ -169,13 +171,16 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
         char kind = L ? c->pattern[layer] : 0;
         uint64_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c);
         uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+        /* A pipeline stage holds the embedding on the first stage, the final norm and
+         * lm_head on the last (a tied lm_head is the embedding: the last reads it too). */
+        bool first = m->shard.first_layer == 0, last = m->shard.last_layer + 1 == c->n_layers;
         /* `mat`: a linear, which a ModelOpt checkpoint may store quantized (its .q); the
          * output matrix and the router are read as float32 only (ModelOpt never quantizes
          * them: models.md §4.1). */
         struct { const char *name; char kind; float **dst; uint64_t rows, cols; nh_mat *mat; } s[] = {
-                {"token_embd", 0, &m->token_embd, c->vocab_size, dim},
-                {"output_norm", 0, &m->output_norm, dim, 0},
-                {"output", 0, c->tied_embeddings ? NULL : &m->output.f, c->vocab_size, dim},
+                {"token_embd", 0, first || (last && c->tied_embeddings) ? &m->token_embd : NULL, c->vocab_size, dim},
+                {"output_norm", 0, last ? &m->output_norm : NULL, dim, 0},
+                {"output", 0, c->tied_embeddings || !last ? NULL : &m->output.f, c->vocab_size, dim},
                 {"norm", 'A', L ? &L->norm : NULL, dim, 0},
                 {"in_proj", 'M', L ? &L->in_proj.f : NULL, di + cd + c->m_heads, dim, L ? &L->in_proj : NULL},
                 /* conv1d.weight is [conv_dim, 1, K] on disk: the loader reads it as (rows, cols). */
@@ -249,7 +254,7 @@ static tsr_status alloc_layers(tsr_nemotron_h *m) {
 
         if (!(m->layers = calloc(c->n_layers, sizeof *m->layers)))
                 return TSR_E_NOMEM;
-        for (uint32_t l = 0; l < c->n_layers; l++) {
+        for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
                 nh_layer *L = &m->layers[l];
                 L->kind_index = counts[(unsigned char)c->pattern[l]]++;
                 if (c->pattern[l] == 'E' && (!(L->exp_up = calloc(c->n_experts, sizeof *L->exp_up)) ||
@@ -302,7 +307,7 @@ static tsr_status finish_load(tsr_nemotron_h *m, const char *src, char *err, siz
         const tsr_nemotron_h_config *c = &m->cfg;
         tsr_status st;
 
-        for (uint32_t l = 0; l < c->n_layers; l++) {
+        for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
                 nh_layer *L = &m->layers[l];
                 nh_mat *w[NH_LAYER_MATS];
                 layer_mats(L, w);
@@ -321,7 +326,7 @@ static tsr_status finish_load(tsr_nemotron_h *m, const char *src, char *err, siz
                         L->A[h] = -expf(L->A_log[h]);
         }
         if (c->tied_embeddings)
-                m->output.f = m->token_embd;
+                m->output.f = m->token_embd;    /* NULL before the last stage */
         return TSR_OK;
 }
 
@@ -354,7 +359,6 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                                tsr_nemotron_h **ret, tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_safetensors_set *set = NULL;
         tsr_tensor_source s = {0};
-        tsr_shard_spec whole;
         tsr_nemotron_h *m;
         tsr_status st;
 
@@ -368,11 +372,13 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 m->cfg = *cfg;
         else if ((st = tsr_nemotron_h_config_from_hf(dir, &m->cfg, err, errlen)) != TSR_OK)
                 goto fail;
-        whole = tsr_shard_spec_whole(m->cfg.n_layers);
-        if (spec && (spec->tp_size != 1 || spec->tp_rank != 0 || spec->first_layer != 0 ||
-                     spec->last_layer + 1 != m->cfg.n_layers)) {
-                tsr_errf(err, errlen, "%s: only the whole model is supported (tensor and pipeline parallelism "
-                        "are not built)", dir);
+        m->shard = spec ? *spec : tsr_shard_spec_whole(m->cfg.n_layers);
+        if (m->shard.tp_size != 1 || m->shard.tp_rank != 0 || m->shard.first_layer > m->shard.last_layer ||
+            m->shard.last_layer >= m->cfg.n_layers) {
+                tsr_errf(err, errlen, "%s: shard tp %u/%u layers %u..%u: only tp 0/1 (tensor parallelism is not "
+                         "built) and a layer range within 0..%u are supported", dir, m->shard.tp_rank,
+                         m->shard.tp_size, m->shard.first_layer, m->shard.last_layer,
+                         m->cfg.n_layers ? m->cfg.n_layers - 1 : 0);
                 st = TSR_E_UNSUPPORTED;
                 goto fail;
         }
@@ -392,7 +398,7 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
         s.set = set;
         s.src = tsr_safetensors_set_source(set);
         s.modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL;
-        st = load_from(&s, m, &whole, progress, ud, stats, err, errlen);
+        st = load_from(&s, m, &m->shard, progress, ud, stats, err, errlen);
         tsr_safetensors_set_close(&set);
         if (st != TSR_OK)
                 goto fail;
@@ -415,7 +421,7 @@ static size_t all_mats(tsr_nemotron_h *m, nh_mat **w, size_t *n, size_t max) {
         uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
         size_t k = 0;
 
-        if (k < max) {
+        if (m->output.f && k < max) {   /* the last pipeline stage's only */
                 w[k] = &m->output;
                 n[k++] = (size_t)(c->vocab_size * dim);
         }
@@ -523,6 +529,14 @@ static size_t ssm_elems(const tsr_nemotron_h_config *c) {
         return (size_t)c->m_heads * c->m_head_dim * c->ssm_state;
 }
 
+/* Layers of one kind among first .. last. */
+static uint32_t count_in(const tsr_nemotron_h_config *c, char kind, uint32_t first, uint32_t last) {
+        uint32_t n = 0;
+        for (uint32_t l = first; l <= last && l < c->n_layers; l++)
+                n += c->pattern[l] == kind;
+        return n;
+}
+
 uint64_t tsr_nemotron_h_slot_bytes(const tsr_nemotron_h_config *c) {
         return (uint64_t)tsr_nemotron_h_count(c, 'M') * (conv_elems(c) + ssm_elems(c)) * sizeof(float);
 }
@@ -566,8 +580,8 @@ tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, si
         c->n_blocks = n_blocks;
         c->block_size = block_size;
         c->n_slots = n_slots;
-        c->n_attn = tsr_nemotron_h_count(cfg, '*');
-        c->n_mamba = tsr_nemotron_h_count(cfg, 'M');
+        c->n_attn = count_in(cfg, '*', m->shard.first_layer, m->shard.last_layer);
+        c->n_mamba = count_in(cfg, 'M', m->shard.first_layer, m->shard.last_layer);
         if ((c->n_attn && (n_blocks == 0 || block_size == 0)) || (c->n_mamba && n_slots == 0)) {
                 free(c);
                 return TSR_E_INVAL;
@@ -607,15 +621,17 @@ nomem:
  * state's heads x head_dim x state (3.4% of a Nemotron-3-Nano slot), so bf16 would save
  * 1.7% of the slot.  The attention K/V are float32 as in the other families on the CPU
  * backend. */
-size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, tsr_kv_group *out, size_t max) {
+size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, uint32_t first, uint32_t last, tsr_kv_group *out,
+                                size_t max) {
+        uint32_t n_attn = count_in(c, '*', first, last), n_mamba = count_in(c, 'M', first, last);
         size_t n = 0;
 
-        if (tsr_nemotron_h_count(c, '*') && n < max)
-                out[n++] = (tsr_kv_group){.kind = TSR_KV_FULL_ATTENTION, .n_layers = tsr_nemotron_h_count(c, '*'),
+        if (n_attn && n < max)
+                out[n++] = (tsr_kv_group){.kind = TSR_KV_FULL_ATTENTION, .n_layers = n_attn,
                                           .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                                           .dtype = TSR_DTYPE_F32};
-        if (tsr_nemotron_h_count(c, 'M') && n < max)
-                out[n++] = (tsr_kv_group){.kind = TSR_KV_MAMBA_STATE, .n_layers = tsr_nemotron_h_count(c, 'M'),
+        if (n_mamba && n < max)
+                out[n++] = (tsr_kv_group){.kind = TSR_KV_MAMBA_STATE, .n_layers = n_mamba,
                                           .dtype = TSR_DTYPE_F32, .conv_elems = conv_elems(c),
                                           .ssm_elems = ssm_elems(c)};
         return n;
@@ -628,7 +644,7 @@ tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool,
 
         if (!m || !pool || !ret)
                 return TSR_E_INVAL;
-        n = tsr_nemotron_h_kv_groups(&m->cfg, want, TSR_KV_GROUPS_MAX);
+        n = tsr_nemotron_h_kv_groups(&m->cfg, m->shard.first_layer, m->shard.last_layer, want, TSR_KV_GROUPS_MAX);
         if (pool->n_groups != n)
                 return TSR_E_INVAL;
         for (size_t i = 0; i < n; i++) {
@@ -647,8 +663,8 @@ tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool,
         c->n_blocks = (size_t)pool->n_blocks;
         c->block_size = pool->block_size;
         c->n_slots = pool->n_slots;
-        c->n_attn = tsr_nemotron_h_count(&m->cfg, '*');
-        c->n_mamba = tsr_nemotron_h_count(&m->cfg, 'M');
+        c->n_attn = count_in(&m->cfg, '*', m->shard.first_layer, m->shard.last_layer);
+        c->n_mamba = count_in(&m->cfg, 'M', m->shard.first_layer, m->shard.last_layer);
         for (size_t i = 0; i < n; i++) {
                 if (want[i].kind == TSR_KV_MAMBA_STATE) {
                         c->conv = (float **)pool->groups[i].k;
@@ -1011,13 +1027,14 @@ static tsr_status mlp(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_bac
         return mm(be, s->out, s->hid, &L->mlp_down, N, c->mlp_hidden, c->dim);
 }
 
+/* The sequences against the cache (the logits against the stage: tsr_stage_args_ok). */
 static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs,
-                          size_t n_seqs, const float *logits) {
+                          size_t n_seqs) {
         const tsr_nemotron_h_config *c = &m->cfg;
 
         for (size_t i = 0; i < n_seqs; i++) {
                 const tsr_nemotron_h_seq *q = &seqs[i];
-                if (q->n == 0 || !q->tokens || (q->which != TSR_LLAMA_LOGITS_NONE && !logits))
+                if (q->n == 0 || !q->tokens)
                         return TSR_E_INVAL;
                 for (size_t t = 0; t < q->n; t++)
                         if (q->tokens[t] >= c->vocab_size)
@@ -1043,17 +1060,31 @@ static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *k
 
 tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be, tsr_nemotron_h_cache *kv,
                                         const tsr_nemotron_h_seq *seqs, size_t n_seqs, float *logits) {
+        return tsr_nemotron_h_forward_stage(m, be, kv, seqs, n_seqs, NULL, NULL, logits);
+}
+
+/* A pipeline stage hands on the pair the Llama family's does (family.h): x, the
+ * residual stream before its last layer's add, then that layer's mixer output; the next
+ * stage adds them (and rounds to bf16 where the stream is held so), as one process would. */
+tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be, tsr_nemotron_h_cache *kv,
+                                        const tsr_nemotron_h_seq *seqs, size_t n_seqs, const float *in, float *out,
+                                        float *logits) {
         const tsr_nemotron_h_config *c;
         struct scratch s;
         size_t N = 0, max_n = 0, dim, out_row = 0;
-        bool bf16_residual;
+        bool bf16_residual, want = false, last_stage;
         tsr_status st;
 
         if (!m || !be || !kv || !seqs || n_seqs == 0)
                 return TSR_E_INVAL;
-        if ((st = tsr_nemotron_h_check_backend(m, be)) != TSR_OK || (st = args_ok(m, kv, seqs, n_seqs, logits)))
+        if ((st = tsr_nemotron_h_check_backend(m, be)) != TSR_OK || (st = args_ok(m, kv, seqs, n_seqs)))
                 return st;
         c = &m->cfg;
+        for (size_t i = 0; i < n_seqs; i++)
+                want |= seqs[i].which != TSR_LLAMA_LOGITS_NONE;
+        if (!tsr_stage_args_ok(&m->shard, c->n_layers, in, out, want, logits))
+                return TSR_E_INVAL;
+        last_stage = m->shard.last_layer + 1 == c->n_layers;
         dim = c->dim;
         bf16_residual = m->bf16 && !c->residual_in_fp32;
         for (size_t i = 0; i < n_seqs; i++) {
@@ -1062,12 +1093,19 @@ tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be
         }
         if ((st = scratch_alloc(&s, c, N, max_n)) != TSR_OK)
                 return st;
-        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
-                TRY(tsr_backend_embedding(be, s.x + row * dim, m->token_embd, c->vocab_size, dim, seqs[i].tokens,
-                                          seqs[i].n));
-        if (m->bf16)    /* exact for a bf16 checkpoint; a float32 one's rows as vLLM's bf16 table */
-                round_bf16(s.x, N * dim);
-        for (uint32_t l = 0; l < c->n_layers; l++) {
+        if (!in) {
+                for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
+                        TRY(tsr_backend_embedding(be, s.x + row * dim, m->token_embd, c->vocab_size, dim,
+                                                  seqs[i].tokens, seqs[i].n));
+                if (m->bf16)    /* exact for a bf16 checkpoint; a float32 one's rows as vLLM's bf16 table */
+                        round_bf16(s.x, N * dim);
+        } else {        /* the previous stage's last add, left to this one */
+                TRY(tsr_stage_recv(be, s.x, s.out, in, N, dim));
+                TRY(tsr_backend_add(be, s.x, s.x, s.out, N * dim));
+                if (bf16_residual)
+                        round_bf16(s.x, N * dim);
+        }
+        for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
                 const nh_layer *L = &m->layers[l];
                 TRY(tsr_backend_rmsnorm(be, s.xb, s.x, L->norm, N, dim, c->eps));
                 switch (c->pattern[l]) {
@@ -1075,6 +1113,10 @@ tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be
                 case '*': TRY(attention(c, L, be, kv, seqs, n_seqs, &s, N)); break;
                 case 'E': TRY(moe(c, L, be, &s, N)); break;
                 default: TRY(mlp(c, L, be, &s, N)); break;
+                }
+                if (l == m->shard.last_layer && !last_stage) {  /* the next stage adds (see above) */
+                        TRY(tsr_stage_send(be, out, s.x, s.out, N, dim));
+                        goto done;
                 }
                 TRY(tsr_backend_add(be, s.x, s.x, s.out, N * dim));
                 if (bf16_residual)

@@ -96,8 +96,11 @@ typedef struct tsr_nemotron_h tsr_nemotron_h;
  * (tsr_modelopt_load_weight).  A MoE layer's experts are all quantized or none, and
  * share one activation scale per GEMM, the max over the experts (vLLM).  NVFP4:
  * TSR_E_UNSUPPORTED.
- * `cfg` NULL: read config.json.  Only the whole model (spec NULL or whole).  Errors name
- * the file and the tensor.  *ret new on success (tsr_nemotron_h_free). */
+ * `cfg` NULL: read config.json.  `spec` NULL or whole: the whole model; a pipeline
+ * stage's layer range holds those layers (any kind: the split counts layers), the
+ * embedding on the first stage, the final norm and lm_head on the last (the embedding
+ * there too when tied); tp_size 1 only (TSR_E_UNSUPPORTED).  Errors name the file and
+ * the tensor.  *ret new on success (tsr_nemotron_h_free). */
 tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
                                const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud,
                                tsr_nemotron_h **ret, tsr_load_stats *stats, char *err, size_t errlen);
@@ -120,17 +123,20 @@ tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backe
 
 typedef struct tsr_nemotron_h_cache tsr_nemotron_h_cache;
 
-/* n_blocks blocks of block_size token rows for the attention layers' K/V, and n_slots
- * Mamba state slots.  TSR_E_INVAL (a zero size the model needs), TSR_E_LIMIT, TSR_E_NOMEM. */
+/* n_blocks blocks of block_size token rows for the model's attention layers' K/V, and
+ * n_slots Mamba state slots (of the layers it holds).  TSR_E_INVAL (a zero size the
+ * model needs), TSR_E_LIMIT, TSR_E_NOMEM. */
 tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, size_t block_size, size_t n_slots,
                                     tsr_nemotron_h_cache **ret);
 void tsr_nemotron_h_cache_free(tsr_nemotron_h_cache **c);
 /* Bytes of one Mamba state slot over all Mamba layers (conv + SSM state, float32). */
 uint64_t tsr_nemotron_h_slot_bytes(const tsr_nemotron_h_config *c);
-/* The KV groups a NemotronH declares (worker/engine/kv_pool.h), into out[max]: its
- * attention layers' full-attention group (when it has any) and its Mamba layers'
- * TSR_KV_MAMBA_STATE group (when it has any), float32.  Returns how many. */
-size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, tsr_kv_group *out, size_t max);
+/* The KV groups of layers first .. last of a NemotronH (worker/engine/kv_pool.h), into
+ * out[max]: their attention layers' full-attention group (when there are any) and their
+ * Mamba layers' TSR_KV_MAMBA_STATE group (when there are any), float32.  Returns how
+ * many: 0 for a range of MoE and MLP layers only (a pipeline stage that keeps nothing). */
+size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, uint32_t first, uint32_t last, tsr_kv_group *out,
+                                size_t max);
 /* A cache over the caller's pool (tsr_kv_pool_new_slots from those groups): the
  * forward writes the pool's arrays, which must outlive the cache.  TSR_E_INVAL when
  * the pool's groups are not exactly the model's; TSR_E_NOMEM. */
@@ -156,5 +162,15 @@ typedef struct tsr_nemotron_h_seq {
  * the touched sequences' state is undefined (the caller recomputes from the prompt). */
 tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be, tsr_nemotron_h_cache *cache,
                                         const tsr_nemotron_h_seq *seqs, size_t n_seqs, float *logits);
+/* A pipeline stage's part of the step (family.h forward_stage) for a model loaded with a
+ * layer range: `in` NULL on the first stage, else the previous stage's (2, N, dim) pair;
+ * `out` receives it on a stage before the last, which writes `logits`.  Each stage
+ * updates its own layers' K/V and the sequences' state slots of its Mamba layers (the
+ * same slot numbers on every stage).  Chained, the stages give
+ * tsr_nemotron_h_forward_batch's logits bitwise.  Errors as that, and TSR_E_INVAL for
+ * `in` / `out` / `logits` not as the stage's place asks. */
+tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be, tsr_nemotron_h_cache *cache,
+                                        const tsr_nemotron_h_seq *seqs, size_t n_seqs, const float *in, float *out,
+                                        float *logits);
 
 #endif

@@ -36,17 +36,20 @@ static tsr_status nh_read_config(const char *path, bool gguf, tsr_model_desc *re
         st = tsr_nemotron_h_config_from_hf(path, c, err, errlen);
         ret->vocab_size = c->vocab_size;
         ret->n_layers = c->n_layers;
+        ret->hidden_size = c->dim;
         return st;
 }
 
-/* TP and PP are not built: only the whole model (the loader refuses anything else). */
+/* The whole model or a pipeline stage's layers; TP is not built (the loader refuses it). */
 static size_t nh_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max) {
-        if (shard->first_layer != 0 || shard->last_layer + 1 != d->n_layers || shard->tp_size > 1)
+        if (shard->tp_size > 1)
                 return 0;
-        return tsr_nemotron_h_kv_groups(cfg_of(d), out, max);
+        return tsr_nemotron_h_kv_groups(cfg_of(d), shard->first_layer, shard->last_layer, out, max);
 }
 
-/* Layer ranges as the Llama family splits them (a function of the layer count only). */
+/* Layer ranges as the Llama family splits them (a function of the layer count only):
+ * every layer counts, whatever its kind (Mamba, attention, MoE, MLP), as vLLM's
+ * get_pp_indices counts the hybrid pattern's layers. */
 static tsr_status nh_shard_for(const tsr_model_desc *d, uint32_t tp_rank, uint32_t tp_size, uint32_t pp_rank,
                                uint32_t pp_size, tsr_shard_spec *ret) {
         return tsr_family_llama.shard_for(d, tp_rank, tp_size, pp_rank, pp_size, ret);
@@ -116,6 +119,11 @@ static tsr_status nh_forward_batch(const void *model, tsr_backend *be, void *poo
         return tsr_nemotron_h_forward_batch(model, be, pool, seqs, n_seqs, logits);
 }
 
+static tsr_status nh_forward_stage(const void *model, tsr_backend *be, void *pool, const void *seqs, size_t n_seqs,
+                                   const float *in, float *out, float *logits) {
+        return tsr_nemotron_h_forward_stage(model, be, pool, seqs, n_seqs, in, out, logits);
+}
+
 static void nh_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
                         size_t past_len, bool want_logits, bool want_all_logits) {
         *(tsr_nemotron_h_seq *)seq = (tsr_nemotron_h_seq){
@@ -152,6 +160,7 @@ const tsr_model_family tsr_family_nemotron_h = {
         .kv_scale_module = nh_kv_scale_module,
         .kv_unbind = nh_kv_unbind,
         .forward_batch = nh_forward_batch,
+        .forward_stage = nh_forward_stage,
         .seq_size = sizeof(tsr_nemotron_h_seq),
         .seq_fill = nh_seq_fill,
         .seq_set_state_slot = nh_seq_set_state_slot,

@@ -1,8 +1,8 @@
 /* registry.c - the model families this worker runs, and how a model finds its own. */
 #include "worker/model/family.h"
 
+#include <stdio.h>
 #include <stdlib.h>
-
 #include <string.h>
 
 /* A new family is one line here (and its file in meson.build). */
@@ -29,6 +29,20 @@ const tsr_model_family *tsr_family_find(const char *format, const char *architec
         }
         return NULL;
 }
+
+const char *tsr_family_names(bool (*has)(const tsr_model_family *f), char *buf, size_t len) {
+        size_t o = 0;
+
+        if (len)
+                buf[0] = '\0';
+        for (size_t i = 0; i < N_FAMILIES && o < len; i++)
+                if (has(families[i]))
+                        o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? ", " : "", families[i]->name);
+        return buf;
+}
+
+bool tsr_family_has_stages(const tsr_model_family *f) { return f->forward_stage != NULL; }
+bool tsr_family_has_tp(const tsr_model_family *f) { return f->tp_shard != NULL; }
 
 tsr_status tsr_model_desc_read(const tsr_model_family *f, const char *path, bool gguf, tsr_model_desc *ret,
                                char *err, size_t errlen) {

@@ -403,8 +403,9 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         if (st != TSR_OK)
                 return st;
         if (split && !r->fam->tp_shard) {
-                snprintf(err, errlen, "tensor parallelism is not supported for model family %s (supported: llama)",
-                         r->fam->name);
+                char names[128];
+                snprintf(err, errlen, "tensor parallelism is not supported for model family %s (supported: %s)",
+                         r->fam->name, tsr_family_names(tsr_family_has_tp, names, sizeof names));
                 return TSR_E_UNSUPPORTED;
         }
         if (split && (st = r->fam->tp_shard(sg->model, shard->tp_rank, shard->tp_size, err, errlen)) != TSR_OK) {
@@ -484,8 +485,9 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
             (pp > 1 && !opts->pp_layers))
                 return TSR_E_INVAL;
         if (pp > 1 && (!desc->family->forward_stage || !desc->hidden_size)) {
-                snprintf(err, errlen, "pipeline parallelism is not supported for model family %s (supported: llama)",
-                         desc->family->name);
+                char names[128];
+                snprintf(err, errlen, "pipeline parallelism is not supported for model family %s (supported: %s)",
+                         desc->family->name, tsr_family_names(tsr_family_has_stages, names, sizeof names));
                 return TSR_E_UNSUPPORTED;
         }
         if (tp > TSR_RUNNER_MAX_STAGES || pp * tp > TSR_RUNNER_MAX_STAGES) {
