@@ -422,7 +422,7 @@ struct att_ctx {
         const tsr_kv_view *kv;
         size_t past_len, n, n_heads, group;
         float scale;
-        float *scores;          /* (threads, scores_stride) */
+        float *scores;          /* (threads, ATT_HEADS_MAX, scores_stride) */
         size_t scores_stride;
         /* fp8 view: every cached row's K and V as float32, (past_len + n, n_kv_heads,
          * head_dim) each, filled once per call (deq_task) before the attention tasks */
@@ -431,6 +431,7 @@ struct att_ctx {
 };
 
 #define DEQ_ROWS_PER_TASK 64
+#define ATT_HEADS_MAX 8         /* heads of a KV group one pass takes (tile_f32's rows) */
 
 /* Rows task * DEQ_ROWS_PER_TASK .. of an fp8 view into c->kd, c->vd through the tables:
  * the values ref.c's kv_fp8_load gives, so the attention below reads ref's floats. */
@@ -455,63 +456,120 @@ static inline const float *att_head(const tsr_kv_view *kv, const float *f32, con
         return deq ? deq + (j * kv->n_kv_heads + g) * kv->head_dim : f32 + kv_row(kv, j) + g * kv->head_dim;
 }
 
-/* ref_attention for one (t, h), in ref's order: scores by dot_f32 (tile_f32 1x1), the
- * maximum, expf and their float sum in j order, P = s / sum, then out[i] = sum_j P[j] *
- * V[j][i] over j in order for each i, eight i at a time (elementwise, so vectors do not
- * reorder anything). */
+/* Keys ahead that the attention loops prefetch, and the prefetch of one head's row. */
+#define ATT_PREFETCH 8
+AVX2_INLINE void att_prefetch(const float *row, size_t hd) {
+        for (size_t o = 0; o < hd; o += 16)
+                _mm_prefetch((const char *)(row + o), _MM_HINT_T0);
+}
+
+/* ref_attention for NH (<= 8) heads of one KV group at one query row, each in ref's
+ * order: scores by dot_f32 (tile_f32: head a's dot is its own chain, so running NH of
+ * them over one read of K_j changes no bit), the maximum, expf and their float sum in j
+ * order, P = s / sum, then out[i] = sum_j P[j] * V[j][i] over j in order for each i,
+ * eight i at a time (elementwise, so vectors do not reorder anything), NH heads per read
+ * of V_j.  The heads of a group share K and V (GQA): one pass over them for the group
+ * instead of one per head, and NH independent chains where one head had one.  s:
+ * NH rows of scores_stride floats. */
+AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, size_t g, const float *q, float *o,
+                             float *s) {
+        const int U = NH >= 4 ? 1 : NH >= 2 ? 2 : 4;   /* eight-float columns per head in flight */
+        const tsr_kv_view *kv = c->kv;
+        const size_t hd = kv->head_dim, ss = c->scores_stride;
+        float max[8];
+
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++)
+                max[a] = -INFINITY;
+        for (size_t j = 0; j <= p; j++) {
+                float dot[8];
+                if (j + ATT_PREFETCH <= p)      /* the cache's rows jump at each block: no stream */
+                        att_prefetch(att_head(kv, kv->k, c->kd, j + ATT_PREFETCH, g), hd);
+                tile_f32(NH, 1, q, att_head(kv, kv->k, c->kd, j, g), hd, dot, 1);
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++) {
+                        s[a * ss + j] = dot[a] * c->scale;
+                        if (s[a * ss + j] > max[a])
+                                max[a] = s[a * ss + j];
+                }
+        }
+        for (int a = 0; a < NH; a++) {  /* locals, not arrays: the loop calls expf */
+                float *sa = s + a * ss, m = max[a], sum = 0.0f;
+                for (size_t j = 0; j <= p; j++) {
+                        sa[j] = expf(sa[j] - m);
+                        sum += sa[j];
+                }
+                for (size_t j = 0; j <= p; j++)
+                        sa[j] = sa[j] / sum;
+        }
+        size_t i = 0;
+        for (; i + 8 * U <= hd; i += 8 * U) {
+                __m256 acc[8][4];
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++)
+#pragma GCC unroll 4
+                        for (int u = 0; u < U; u++)
+                                acc[a][u] = _mm256_setzero_ps();
+                for (size_t j = 0; j <= p; j++) {
+                        const float *vj = att_head(kv, kv->v, c->vd, j, g) + i;
+                        if (i == 0 && j + ATT_PREFETCH <= p)
+                                att_prefetch(att_head(kv, kv->v, c->vd, j + ATT_PREFETCH, g), hd);
+                        __m256 v[4];
+#pragma GCC unroll 4
+                        for (int u = 0; u < U; u++)
+                                v[u] = _mm256_loadu_ps(vj + 8 * u);
+#pragma GCC unroll 8
+                        for (int a = 0; a < NH; a++) {
+                                __m256 pj = _mm256_set1_ps(s[a * ss + j]);
+#pragma GCC unroll 4
+                                for (int u = 0; u < U; u++)
+                                        acc[a][u] = _mm256_add_ps(acc[a][u], _mm256_mul_ps(pj, v[u]));
+                        }
+                }
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++)
+#pragma GCC unroll 4
+                        for (int u = 0; u < U; u++)
+                                _mm256_storeu_ps(o + a * hd + i + 8 * u, acc[a][u]);
+        }
+        for (; i + 8 <= hd; i += 8)
+                for (int a = 0; a < NH; a++) {
+                        __m256 a0 = _mm256_setzero_ps();
+                        for (size_t j = 0; j <= p; j++)
+                                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[a * ss + j]),
+                                                                     _mm256_loadu_ps(att_head(kv, kv->v, c->vd, j, g) + i)));
+                        _mm256_storeu_ps(o + a * hd + i, a0);
+                }
+        for (; i < hd; i++)
+                for (int a = 0; a < NH; a++) {
+                        float acc = 0.0f;
+                        for (size_t j = 0; j <= p; j++)
+                                acc += s[a * ss + j] * att_head(kv, kv->v, c->vd, j, g)[i];
+                        o[a * hd + i] = acc;
+                }
+}
+
+/* One task: query row t, KV group g, its heads in chunks of at most eight. */
 AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
         const struct att_ctx *c = ctx;
-        const tsr_kv_view *kv = c->kv;
-        size_t hd = kv->head_dim, t = task / c->n_heads, h = task % c->n_heads;
-        size_t p = c->past_len + t, g = h / c->group;
-        const float *qh = c->q + (t * c->n_heads + h) * hd;
-        float *oh = c->out + (t * c->n_heads + h) * hd;
-        float *s = c->scores + (size_t)worker * c->scores_stride;
-        const float *kd = c->kd, *vd = c->vd;  /* NULL for a float32 view */
+        size_t n_kv = c->kv->n_kv_heads, hd = c->kv->head_dim, t = task / n_kv, g = task % n_kv;
+        size_t p = c->past_len + t;
+        float *s = c->scores + (size_t)worker * ATT_HEADS_MAX * c->scores_stride;
 
-        float max = -INFINITY;
-        for (size_t j = 0; j <= p; j++) {
-                float dot;
-                tile_f32(1, 1, qh, att_head(kv, kv->k, kd, j, g), hd, &dot, 1);
-                s[j] = dot * c->scale;
-                if (s[j] > max)
-                        max = s[j];
-        }
-        float sum = 0.0f;
-        for (size_t j = 0; j <= p; j++) {
-                s[j] = expf(s[j] - max);
-                sum += s[j];
-        }
-        for (size_t j = 0; j <= p; j++)
-                s[j] = s[j] / sum;
-        size_t i = 0;
-        for (; i + 32 <= hd; i += 32) {
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (size_t j = 0; j <= p; j++) {
-                        const float *vj = att_head(kv, kv->v, vd, j, g) + i;
-                        __m256 pj = _mm256_set1_ps(s[j]);
-                        a0 = _mm256_add_ps(a0, _mm256_mul_ps(pj, _mm256_loadu_ps(vj)));
-                        a1 = _mm256_add_ps(a1, _mm256_mul_ps(pj, _mm256_loadu_ps(vj + 8)));
-                        a2 = _mm256_add_ps(a2, _mm256_mul_ps(pj, _mm256_loadu_ps(vj + 16)));
-                        a3 = _mm256_add_ps(a3, _mm256_mul_ps(pj, _mm256_loadu_ps(vj + 24)));
+        for (size_t h = g * c->group; h < (g + 1) * c->group; h += ATT_HEADS_MAX) {
+                size_t nh = (g + 1) * c->group - h < ATT_HEADS_MAX ? (g + 1) * c->group - h : ATT_HEADS_MAX;
+                const float *q = c->q + (t * c->n_heads + h) * hd;
+                float *o = c->out + (t * c->n_heads + h) * hd;
+                switch (nh) {
+                case 1: att_heads_t(1, c, p, g, q, o, s); break;
+                case 2: att_heads_t(2, c, p, g, q, o, s); break;
+                case 3: att_heads_t(3, c, p, g, q, o, s); break;
+                case 4: att_heads_t(4, c, p, g, q, o, s); break;
+                case 5: att_heads_t(5, c, p, g, q, o, s); break;
+                case 6: att_heads_t(6, c, p, g, q, o, s); break;
+                case 7: att_heads_t(7, c, p, g, q, o, s); break;
+                default: att_heads_t(8, c, p, g, q, o, s); break;
                 }
-                _mm256_storeu_ps(oh + i, a0);
-                _mm256_storeu_ps(oh + i + 8, a1);
-                _mm256_storeu_ps(oh + i + 16, a2);
-                _mm256_storeu_ps(oh + i + 24, a3);
-        }
-        for (; i + 8 <= hd; i += 8) {
-                __m256 a0 = _mm256_setzero_ps();
-                for (size_t j = 0; j <= p; j++)
-                        a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[j]),
-                                                             _mm256_loadu_ps(att_head(kv, kv->v, vd, j, g) + i)));
-                _mm256_storeu_ps(oh + i, a0);
-        }
-        for (; i < hd; i++) {
-                float a = 0.0f;
-                for (size_t j = 0; j <= p; j++)
-                        a += s[j] * att_head(kv, kv->v, vd, j, g)[i];
-                oh[i] = a;
         }
 }
 
@@ -545,9 +603,9 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
                 c->vd = c->kd + rows * width;
                 tsr_pool_run(f->pool, (rows + DEQ_ROWS_PER_TASK - 1) / DEQ_ROWS_PER_TASK, deq_task, c);
         }
-        if (!(c->scores = malloc((size_t)threads * c->scores_stride * sizeof(float))))
+        if (!(c->scores = malloc((size_t)threads * ATT_HEADS_MAX * c->scores_stride * sizeof(float))))
                 goto done;
-        tsr_pool_run(f->pool, n * n_heads, att_task, c);
+        tsr_pool_run(f->pool, n * kv->n_kv_heads, att_task, c);
         st = TSR_OK;
 done:
         free(c->scores);

@@ -588,6 +588,9 @@ static const struct {
         /* past attention.cu's 128-key run: rows with one run and with two in one call, a
          * decode row in 8 runs, one in the 32 longest runs (157 keys each) */
         {4, 125, 2, 1, 32, 8}, {1, 1000, 4, 2, 64, 16}, {2, 5000, 2, 2, 128, 16},
+        /* query heads per KV head (cpu/fast.c takes up to 8 in one pass): 8; 10 (8 + 2);
+         * 5 with an odd number of 8-float columns; 3 with a column past its pairs */
+        {3, 9, 16, 2, 64, 16}, {2, 11, 20, 2, 16, 8}, {2, 7, 5, 1, 24, 4}, {2, 6, 6, 2, 40, 4},
 };
 
 /* Call fn(c) for every case of op m.  The seed depends on the case only, so every column
