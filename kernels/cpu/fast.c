@@ -535,9 +535,10 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
         for (; i + 8 <= hd; i += 8)
                 for (int a = 0; a < NH; a++) {
                         __m256 a0 = _mm256_setzero_ps();
-                        for (size_t j = 0; j <= p; j++)
-                                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[a * ss + j]),
-                                                                     _mm256_loadu_ps(att_head(kv, kv->v, c->vd, j, g) + i)));
+                        for (size_t j = 0; j <= p; j++) {
+                                __m256 vj = _mm256_loadu_ps(att_head(kv, kv->v, c->vd, j, g) + i);
+                                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[a * ss + j]), vj));
+                        }
                         _mm256_storeu_ps(o + a * hd + i, a0);
                 }
         for (; i < hd; i++)

@@ -445,8 +445,10 @@ QMM_INLINE void ilv_unpack_row_t(const tsr_dtype T, const uint8_t *p, size_t n, 
                                 _mm256_store_si256((__m256i *)(dst + 256 * g + 32 * s), v[s]);
                         continue;
                 }
-                __m256i qh = !q5 ? z : live == 8 ? ilv_dwords8(base, bb, qs - 4)
-                                                 : _mm256_mask_i32gather_epi32(z, (const int *)(base + qs - 4), offs, on, 1);
+                __m256i qh = z;         /* q5: the fifth bits, the dword before the nibbles */
+                if (q5)
+                        qh = live == 8 ? ilv_dwords8(base, bb, qs - 4)
+                                       : _mm256_mask_i32gather_epi32(z, (const int *)(base + qs - 4), offs, on, 1);
                 __m256i nib[4];
                 if (live == 8)
                         ilv_nibble_dwords8(base, bb, qs, nib);
@@ -526,7 +528,7 @@ QMM_INLINE void ilv_group_terms(const int RW, const int RA, const struct ilv_til
         }
 }
 
-/* The tile kernels, one per way of multiplying bytes (qmm_tile.h; each defines
+/* The tile kernels, one per way of multiplying bytes (qmm_tile.h; each inclusion defines
  * ilv_tile_<NAME>4 and ilv_tile_<NAME>2, for tiles of four and two activation rows). */
 QMM_INLINE __m256i ilv_dot_avx2(__m256i acc, __m256i w, __m256i q) {
         return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), _mm256_set1_epi16(1)));
@@ -546,19 +548,19 @@ __attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline __m256i il
 
 typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_A]);
 
-#define ILV_NAME avx2
+#define ILV_NAME avx2_
 #define ILV_TARGET "avx2,f16c"
 #define ILV_RW QMM_TILE_W_AVX2
 #define ILV_DOT ilv_dot_avx2
 #include "kernels/cpu/qmm_tile.h"
 
-#define ILV_NAME avx2_signed
+#define ILV_NAME avx2_signed_
 #define ILV_TARGET "avx2,f16c"
 #define ILV_RW QMM_TILE_W_AVX2
 #define ILV_DOT ilv_dot_avx2_signed
 #include "kernels/cpu/qmm_tile.h"
 
-#define ILV_NAME vnni
+#define ILV_NAME vnni_
 #define ILV_TARGET QMM_VNNI_TARGET
 #define ILV_RW QMM_TILE_W_VNNI
 #define ILV_DOT ilv_dot_vnni
@@ -582,8 +584,9 @@ struct qmm_ctx {
 QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu) {
         const size_t wb = ilv_w_bytes(c->n), ab = ilv_a_bytes(c->n), nw = i1 - i0;
         const int rw = c->vnni ? QMM_TILE_W_VNNI : QMM_TILE_W_AVX2;
-        ilv_tile_fn *tile4 = c->vnni ? ilv_tile_vnni4 : c->t == TSR_DTYPE_Q8_0 ? ilv_tile_avx2_signed4 : ilv_tile_avx24;
-        ilv_tile_fn *tile2 = c->vnni ? ilv_tile_vnni2 : c->t == TSR_DTYPE_Q8_0 ? ilv_tile_avx2_signed2 : ilv_tile_avx22;
+        bool sgn = !c->vnni && c->t == TSR_DTYPE_Q8_0;
+        ilv_tile_fn *tile4 = c->vnni ? ilv_tile_vnni_4 : sgn ? ilv_tile_avx2_signed_4 : ilv_tile_avx2_4;
+        ilv_tile_fn *tile2 = c->vnni ? ilv_tile_vnni_2 : sgn ? ilv_tile_avx2_signed_2 : ilv_tile_avx2_2;
         struct ilv_tile tl = {.ng = ilv_groups(c->n)};
         float o[QMM_TILE_W_MAX][QMM_TILE_A];
 

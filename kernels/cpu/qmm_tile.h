@@ -4,7 +4,7 @@
  * intrinsics of its own target.  Not a header of its own: no include guard on purpose.
  *
  * Before each inclusion cpu/qmm.c defines
- *   ILV_NAME    suffix of the functions defined here (ilv_tile_<ILV_NAME>4, ...2)
+ *   ILV_NAME    infix of the functions defined here (ilv_tile_<ILV_NAME>4, ...2; it ends in _)
  *   ILV_TARGET  the target attribute string
  *   ILV_RW      weight rows per tile
  *   ILV_DOT     acc + the four-byte products of w and q per 32-bit lane (an inline
