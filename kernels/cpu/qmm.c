@@ -708,12 +708,9 @@ QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
 }
 
 /* VNNI on 256-bit vectors: the avx512_bf16 level has AVX512VL; every CPU with it so far
- * has VNNI too, but ask. */
+ * has VNNI too, but ask (two reads of libgcc's CPU model: no cache of our own). */
 static bool cpu_has_vnni(void) {
-        static int has = -1;
-        if (has < 0)
-                has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
-        return has;
+        return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
 
 #endif
