@@ -137,6 +137,17 @@ static const tsr_opt opts[] = {
                  "(VLLM_PP_LAYER_PARTITION=a,b,... overrides the split)"},
         {O_INT("data-parallel-size", data_parallel_size, 1, 1024), .alias = "-dp", .owner = W,
          .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "independent engine replicas; only 1: run more workers behind the router instead"},
+        {O_INT("nnodes", nnodes, 1, 64), .alias = "-n", .owner = W, .group = GRP_PARALLEL, .metavar = "N",
+         .def = "1", .help = "nodes one replica spans: one pipeline stage per node (-pp equal to it), node 0 "
+                 "schedules and serves, the others run --headless"},
+        {O_INT("node-rank", node_rank, 0, 63), .alias = "-r", .owner = W, .group = GRP_PARALLEL, .metavar = "N",
+         .def = "0", .help = "this node's rank (0 .. --nnodes - 1); the pipeline stage it runs"},
+        {O_STR("master-addr", master_addr), .owner = W, .group = GRP_PARALLEL, .metavar = "HOST",
+         .def = "127.0.0.1", .help = "address of node 0, where the nodes meet (--nnodes > 1)"},
+        {O_INT("master-port", master_port, 1, 65535), .owner = W, .group = GRP_PARALLEL, .metavar = "PORT",
+         .def = "29501", .help = "port node 0 listens on for the other nodes (--nnodes > 1)"},
+        {O_BOOL("headless", headless), .owner = W, .group = GRP_PARALLEL,
+         .help = "a follower node (--node-rank > 0): run the worker only, no router and no API"},
         {O_STR("distributed-executor-backend", distributed_executor_backend), .owner = W, .group = GRP_PARALLEL,
          .metavar = "BACKEND", .def_help = "auto", .choices = backend_choices,
          .help = "how ranks are started: processes (mp) or in-process (uni); no effect with one rank"},
@@ -1097,6 +1108,40 @@ static tsr_status check_parsers(const tsr_config *cfg, char *err, size_t errlen)
         return TSR_OK;
 }
 
+/* A replica over several nodes (issue #20): vLLM's flags, in the shape this build runs,
+ * one pipeline stage per node (worker/parallel/nodes.h). */
+static tsr_status check_nodes(const tsr_config *cfg, char *err, size_t errlen) {
+        if (cfg->node_rank >= cfg->nnodes) {
+                tsr_errf(err, errlen, "argument --node-rank: %d must be less than --nnodes %d", cfg->node_rank,
+                         cfg->nnodes);
+                return TSR_E_INVAL;
+        }
+        if (cfg->headless && cfg->node_rank == 0) {
+                tsr_errf(err, errlen, "argument --headless: runs a follower node of a multi-node replica: give "
+                         "--nnodes > 1 and --node-rank > 0 (node 0 serves the API)");
+                return TSR_E_INVAL;
+        }
+        if (cfg->node_rank > 0 && !cfg->headless) {
+                tsr_errf(err, errlen, "argument --node-rank: %d runs a follower node: pass --headless too (node 0 "
+                         "serves the API, as with vllm serve)", cfg->node_rank);
+                return TSR_E_INVAL;
+        }
+        if (cfg->nnodes == 1)
+                return TSR_OK;
+        if (cfg->pipeline_parallel_size != cfg->nnodes || cfg->tensor_parallel_size != 1) {
+                tsr_errf(err, errlen, "argument --nnodes: %d needs --pipeline-parallel-size %d and "
+                         "--tensor-parallel-size 1: this build runs one pipeline stage per node (tensor "
+                         "parallelism in a multi-node replica is not supported yet)", cfg->nnodes, cfg->nnodes);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->async_scheduling) {
+                tsr_errf(err, errlen, "argument --async-scheduling: not supported with --nnodes %d yet (supported: "
+                         "leave it off)", cfg->nnodes);
+                return TSR_E_UNSUPPORTED;
+        }
+        return TSR_OK;
+}
+
 /* Values that are vLLM's, so the table takes them, but that Tessera cannot honour yet.
  * Serving without them would give a user something other than what was asked (FP8 KV,
  * tool calls, a /load endpoint), so every process refuses them at start-up with one line
@@ -1125,6 +1170,8 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                          cfg->data_parallel_size);
                 return TSR_E_UNSUPPORTED;
         }
+        if (check_nodes(cfg, err, errlen) != TSR_OK)
+                return TSR_E_UNSUPPORTED;
         /* fp8 (= fp8_e4m3) is the worker's to check against the model and the device
          * (worker/model/runner.h, tsr_runner_kv_dtype_check). */
         if (cfg->kv_cache_dtype && strcmp(cfg->kv_cache_dtype, "auto") != 0 &&

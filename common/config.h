@@ -70,6 +70,13 @@ typedef struct tsr_config {
         int pipeline_parallel_size;        /* -pp, 1 */
         int data_parallel_size;            /* -dp, 1 (only 1 supported for now: tsr_config_validate) */
         char *distributed_executor_backend;/* NULL = auto; mp|uni */
+        /* A replica over several nodes (issue #20): one pipeline stage per node, node 0
+         * schedules and serves; the others run --headless (worker/parallel/nodes.h). */
+        int nnodes;                        /* -n, 1 */
+        int node_rank;                     /* -r, 0 */
+        char *master_addr;                 /* node 0's address, "127.0.0.1" */
+        int master_port;                   /* 29501 */
+        bool headless;                     /* a follower node: no router, no Submit/Status endpoint */
 
         /* ---- cache and scheduler (worker) ---- */
         int block_size;                    /* 16; one of 1 8 16 32 64 128 256 */

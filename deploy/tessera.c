@@ -364,13 +364,20 @@ int main(int argc, char **argv) {
                 rc = 1;
                 goto out;
         }
-        if (spawn(worker, &sigs) < 0 || spawn(router, &sigs) < 0) {
+        /* --headless: a follower node of a multi-node replica runs the worker alone (node 0
+         * serves the API), restarted like any worker. */
+        if (spawn(worker, &sigs) < 0 || (!cfg.headless && spawn(router, &sigs) < 0)) {
                 stop_children(kids, 2, SIGTERM);
                 stopping = true;
                 rc = 1;
         } else {
-                log_info("serving %s on http://%s:%d (worker at %s)", cfg.model, cfg.host ? cfg.host : "0.0.0.0",
-                         cfg.port, listen_ep);
+                if (cfg.headless)
+                        log_info("headless: node rank %d of %d serves its pipeline stage of %s for node 0 at %s:%d "
+                                 "(no router here)", cfg.node_rank, cfg.nnodes, cfg.model, cfg.master_addr,
+                                 cfg.master_port);
+                else
+                        log_info("serving %s on http://%s:%d (worker at %s)", cfg.model,
+                                 cfg.host ? cfg.host : "0.0.0.0", cfg.port, listen_ep);
                 rc = 0;
         }
 

@@ -65,7 +65,9 @@ bool tsr_api_can_serve(tsr_router_ctx *r) {
         for (size_t i = 0; i < tsr_worker_pool_count(r->workers); i++) {
                 tsr_worker *w = tsr_worker_pool_get(r->workers, i);
                 const Tessera__V1__ModelInfo *mi = tsr_worker_model_info(w);
-                if (!tsr_worker_live(w) || !tsr_worker_accepting(w) || !mi || mi->n_served_model_names == 0)
+                const Tessera__V1__Status *st = tsr_worker_status(w);
+                if (!tsr_worker_live(w) || !tsr_worker_accepting(w) || !mi || mi->n_served_model_names == 0 ||
+                    (st && st->state == TESSERA__V1__STATUS__STATE__UNHEALTHY))
                         continue;
                 tsr_models_entry *m = tsr_models_registry_find(r->models, mi->served_model_names[0]);
                 if (m && m->ready)

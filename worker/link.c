@@ -272,7 +272,10 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         s.boot_epoch = l->o->boot_epoch;
         s.seq = ++l->status_seq;
         s.ts_unix_ns = tsr_wall_ns();
-        s.state = l->draining ? TESSERA__V1__STATUS__STATE__DRAINING : TESSERA__V1__STATUS__STATE__READY;
+        const tsr_engine_model *m = l->o->model;
+        s.state = l->draining                                 ? TESSERA__V1__STATUS__STATE__DRAINING
+                  : m && m->available && !m->available(m->ud) ? TESSERA__V1__STATUS__STATE__UNHEALTHY
+                                                              : TESSERA__V1__STATUS__STATE__READY;
         s.kv_blocks_total = l->stats.kv_blocks_total;
         s.kv_blocks_free = l->stats.kv_blocks_free;
         s.kv_blocks_active = l->stats.kv_blocks_active;

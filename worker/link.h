@@ -76,6 +76,9 @@ typedef struct tsr_link_opts {
         /* Called once at the first stop signal, before draining (e.g. STOPPING=1); may be NULL. */
         void (*on_stopping)(void *ud);
         void *ud;
+        /* The engine's model (may be NULL): while its `available` says no, Status says
+         * UNHEALTHY (a multi-node replica whose nodes are apart). */
+        const struct tsr_engine_model *model;
 } tsr_link_opts;
 
 /* Bind the sockets and run the io loop on the calling thread until a Shutdown message

@@ -5,13 +5,17 @@
  * thread (engine.c).  Exits 2 before binding any socket when the flags or the model
  * files are bad, 0 on SIGTERM/SIGINT (after --shutdown-timeout lets in-flight requests
  * finish, link.c and engine.h). */
+#include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common/clock.h"
 #include "common/config.h"
@@ -28,6 +32,7 @@
 #include "worker/model/runner.h"
 #include "worker/notify.h"
 #include "worker/parallel/comm.h"
+#include "worker/parallel/nodes.h"
 #include "worker/parallel/partition.h"
 
 #define DEFAULT_KV_CACHE_BYTES (4ll << 30)
@@ -112,7 +117,7 @@ static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t
  * the runner sizes the KV cache from the device's memory after the weights are in
  * (tsr_runner_opts), so the plan leaves kv_blocks_total 0 and main checks it then. */
 static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
-                            uint32_t pp, const uint32_t *pp_layers, uint32_t tp, uint64_t gpu_total,
+                            uint32_t pp, const uint32_t *pp_layers, int node_stage, uint32_t tp, uint64_t gpu_total,
                             bool kv_on_device, tsr_dtype kv_dtype, tsr_worker_plan *p, char *err, size_t errlen) {
         tsr_kv_group groups[TSR_KV_GROUPS_MAX], sg[TSR_KV_GROUPS_MAX];
         size_t n_groups = 0, n_sg;
@@ -127,7 +132,9 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
         }
 
         memset(p, 0, sizeof(*p));
-        if (cfg->status_listen) {
+        if (cfg->headless) {
+                /* a follower node binds no Submit/Status endpoint */
+        } else if (cfg->status_listen) {
                 snprintf(p->status_listen, sizeof(p->status_listen), "%s", cfg->status_listen);
         } else if (tsr_endpoint_status_default(cfg->worker_listen, p->status_listen, sizeof(p->status_listen)) != TSR_OK) {
                 snprintf(err, errlen, "--listen %s: expected tcp://HOST:PORT (or give --status-listen)",
@@ -159,14 +166,19 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
          * own layers' groups (a stage of a hybrid may keep no state at all), so the rank
          * with the most bytes per block, and the one with the most per slot, size them:
          * the capacity is the minimum over the ranks. */
+        /* A node of a multi-node replica (node_stage >= 0) holds its own stage only. */
+        bool seen = false;
         for (uint32_t s = 0, first = 0; desc && pp_layers && s < pp; first += pp_layers[s++]) {
+                if (node_stage >= 0 && s != (uint32_t)node_stage)
+                        continue;
                 tsr_shard_spec one = {.tp_size = tp > 1 ? tp : 1, .first_layer = first,
                                       .last_layer = first + pp_layers[s] - 1};
                 n_sg = desc->family->kv_groups(desc, &one, sg, TSR_KV_GROUPS_MAX);
                 tsr_kv_groups_set_dtype(sg, n_sg, kv_dtype);
                 uint64_t b = tsr_kv_block_bytes(sg, n_sg, (uint32_t)cfg->block_size), sl = tsr_kv_slot_bytes(sg, n_sg);
-                block_bytes = s == 0 || b > block_bytes ? b : block_bytes;
-                slot_bytes = s == 0 || sl > slot_bytes ? sl : slot_bytes;
+                block_bytes = !seen || b > block_bytes ? b : block_bytes;
+                slot_bytes = !seen || sl > slot_bytes ? sl : slot_bytes;
+                seen = true;
         }
         /* vLLM's OpenAI-server defaults: 1024 sequences and 8192 tokens a step on a GPU of
          * 70 GiB or more, else 256 and 2048 (the CPU's too). */
@@ -176,7 +188,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                                                : CPU_DEFAULT_MAX_NUM_SEQS;
         /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
          * per block, and state slots (counted in the same budget) per running request. */
-        long long budget = kv_budget(cfg, (pp_layers ? pp : 1) * (tp > 1 ? tp : 1));
+        long long budget = kv_budget(cfg, node_stage >= 0 ? 1 : (pp_layers ? pp : 1) * (tp > 1 ? tp : 1));
         p->state_slot_bytes = slot_bytes;
         p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs);
         if (p->state_slot_bytes && p->state_slots == 0) {
@@ -217,7 +229,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                 log_warn("the KV cache holds %llu tokens, less than max_model_len %u: long requests will wait or be "
                          "refused", (unsigned long long)(p->kv_blocks_total * cfg->block_size), p->max_model_len);
         p->boot_epoch = tsr_wall_ns();
-        snprintf(p->worker_id, sizeof(p->worker_id), "%s", cfg->worker_listen);
+        snprintf(p->worker_id, sizeof(p->worker_id), "%s", cfg->worker_listen ? cfg->worker_listen : "headless");
         return TSR_OK;
 }
 
@@ -290,7 +302,6 @@ static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m,
         return tsr_pp_partition(desc ? desc->n_layers : m->num_hidden_layers, pp, partition, layers, err, errlen);
 }
 
-/* VLLM_LOG_STATS_INTERVAL, seconds (vLLM's default 10). */
 /* n with a comma every three digits, as Python's f"{n:,}" writes it. */
 static const char *thousands(uint64_t n, char *buf, size_t len) {
         char digits[24];
@@ -304,17 +315,136 @@ static const char *thousands(uint64_t n, char *buf, size_t len) {
         return buf;
 }
 
-/* The bound of a pipeline step's comm waits: VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, vLLM's
- * bound on one execute_model (default 300 s). */
-static uint32_t pp_timeout_ms(void) {
-        const char *env = getenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS");
+/* A duration in seconds from the environment variable `name` (a positive number), else
+ * `dflt`; in milliseconds. */
+static uint32_t env_seconds_ms(const char *name, double dflt) {
+        const char *env = getenv(name);
         char *end;
-        double v = env ? strtod(env, &end) : 300.0;
+        double v = env ? strtod(env, &end) : dflt;
         if (env && (*end || !(v > 0) || v > 4e6))
-                v = 300.0;
+                v = dflt;
         return (uint32_t)(v * 1000.0);
 }
 
+/* The bound of a pipeline step's comm waits: VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, vLLM's
+ * bound on one execute_model (default 300 s). */
+static uint32_t pp_timeout_ms(void) { return env_seconds_ms("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0); }
+
+/* ---- a replica over several nodes (worker/parallel/nodes.h) ------------------------- */
+
+/* The model's identity for the nodes' agreement: a GGUF file's size and a hash of its
+ * first MiB (the metadata and the first tensors); an HF folder's config.json hash and
+ * the total size of its *.safetensors.  Cheap, and different files of one model almost
+ * always differ in it. */
+static void model_identity(const char *path, char *out, size_t len) {
+        struct stat sb;
+        unsigned long long bytes = 0, h = 0;
+        char buf[1 << 16], p[4096];
+        FILE *f;
+
+        if (stat(path, &sb) != 0) {
+                snprintf(out, len, "missing");
+                return;
+        }
+        if (S_ISDIR(sb.st_mode)) {
+                DIR *d = opendir(path);
+                struct dirent *e;
+                while (d && (e = readdir(d)) != NULL) {
+                        size_t n = strlen(e->d_name);
+                        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
+                        if (n > 12 && strcmp(e->d_name + n - 12, ".safetensors") == 0 && stat(p, &sb) == 0)
+                                bytes += (unsigned long long)sb.st_size;
+                }
+                if (d)
+                        closedir(d);
+                snprintf(p, sizeof p, "%s/config.json", path);
+        } else {
+                bytes = (unsigned long long)sb.st_size;
+                snprintf(p, sizeof p, "%s", path);
+        }
+        if ((f = fopen(p, "rb")) != NULL) {
+                XXH64_state_t *x = XXH64_createState();
+                size_t n, total = 0;
+                XXH64_reset(x, 0);
+                while (total < (1u << 20) && (n = fread(buf, 1, sizeof buf, f)) > 0) {
+                        XXH64_update(x, buf, n);
+                        total += n;
+                }
+                h = XXH64_digest(x);
+                XXH64_freeState(x);
+                fclose(f);
+        }
+        snprintf(out, len, "%llu bytes, head %016llx", bytes, h);
+}
+
+/* What every node of a replica must agree on, a key=value line each (bootstrap.h names
+ * the first line that differs). */
+static void node_fingerprint(const tsr_config *cfg, uint32_t pp, const uint32_t *layers, char *out, size_t len) {
+        char ident[128], split[256];
+        size_t o = 0;
+        const char *slash = strrchr(cfg->model, '/');
+
+        model_identity(cfg->model, ident, sizeof ident);
+        for (uint32_t s = 0; s < pp && o < sizeof split; s++)
+                o += (size_t)snprintf(split + o, sizeof split - o, "%s%u", s ? "," : "", layers[s]);
+        snprintf(out, len,
+                 "model=%s\nmodel_files=%s\npipeline_parallel_size=%u\nlayers_per_stage=%s\ndtype=%s\n"
+                 "kv_cache_dtype=%s\nblock_size=%d\nquantization=%s\nmax_model_len=%d\n",
+                 slash && slash[1] ? slash + 1 : cfg->model, ident, pp, split, cfg->dtype ? cfg->dtype : "auto",
+                 cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto", cfg->block_size,
+                 cfg->quantization ? cfg->quantization : "auto", cfg->max_model_len);
+}
+
+/* How long the nodes wait for one another: TESSERA_NODE_JOIN_TIMEOUT seconds (600). */
+static uint32_t node_join_timeout_ms(void) { return env_seconds_ms("TESSERA_NODE_JOIN_TIMEOUT", 600.0); }
+
+static tsr_status follower_stage(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, const float *in, float *out) {
+        return tsr_runner_run_stage(ud, seqs, n_seqs, in, out);
+}
+
+/* The follower's signal thread: the first SIGTERM/SIGINT/SIGHUP stops it. */
+static void *follower_signals(void *arg) {
+        sigset_t *set = arg;
+        int sig = 0;
+        tsr_log_set_thread("signals");
+        if (sigwait(set, &sig) == 0 && sig != SIGUSR1) {
+                log_info("%s: leaving the replica", strsignal(sig));
+                tsr_nodes_stop();
+        }
+        return NULL;
+}
+
+/* A follower node (--headless): its stage of every step until a stop signal.  Exit 0
+ * then; 2 when node 0 refused this node (another model or configuration: a restart
+ * cannot help); 1 when node 0 went away and did not come back within the deadline. */
+static int follow(const tsr_nodes_cfg *nc, tsr_runner *runner, const tsr_model_desc *desc) {
+        sigset_t set;
+        pthread_t th;
+        char err[1024] = "";
+        sigemptyset(&set);
+        sigaddset(&set, SIGTERM);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGHUP);
+        sigaddset(&set, SIGUSR1);       /* how this thread wakes the signal thread at the end */
+        pthread_sigmask(SIG_BLOCK, &set, NULL);
+        if (pthread_create(&th, NULL, follower_signals, &set) != 0) {
+                log_error("cannot start the signal thread");
+                return TSR_EXIT_RUNTIME;
+        }
+        tsr_notify_ready(NULL);
+        tsr_status st = tsr_nodes_follow(nc, follower_stage, runner, desc->hidden_size, desc->vocab_size, err,
+                                         sizeof err);
+        pthread_kill(th, SIGUSR1);
+        pthread_join(th, NULL);
+        if (st == TSR_OK) {
+                log_info("stopped");
+                return TSR_EXIT_OK;
+        }
+        log_error("node %u: %s", nc->node_rank, err[0] ? err : tsr_status_str(st));
+        return st == TSR_E_PROTO ? TSR_EXIT_CONFIG : TSR_EXIT_RUNTIME;
+}
+
+/* VLLM_LOG_STATS_INTERVAL, seconds (vLLM's default 10). */
 static double stats_interval_s(void) {
         const char *env = getenv("VLLM_LOG_STATS_INTERVAL");
         char *end;
@@ -328,6 +458,7 @@ int main(int argc, char **argv) {
         const tsr_model_family *family = NULL;
         tsr_model_desc desc = {0};    /* the family's model description, read once; valid when family */
         tsr_runner *runner = NULL;
+        tsr_nodes *nodes = NULL;        /* node 0 of a multi-node replica: the group of nodes */
         tsr_backend *backend = NULL;    /* the CPU backend every forward runs on; freed after the runner */
         tsr_block_hash_algo hash_algo = TSR_BLOCK_HASH_SHA256;
         tsr_worker_plan plan;
@@ -439,7 +570,11 @@ int main(int argc, char **argv) {
                 for (uint32_t s = 0, first = 0; s < pp && o < sizeof line; first += pp_layers[s++])
                         o += (size_t)snprintf(line + o, sizeof line - o, "%s%u..%u", s ? ", " : "", first,
                                               first + pp_layers[s] - 1);
-                if (tp > 1)
+                if (cfg.nnodes > 1)
+                        log_info("pipeline parallel: %u stages on %u nodes, this one (node rank %d%s) runs stage %d: "
+                                 "layers [%s]%s", pp, pp, cfg.node_rank, cfg.headless ? ", headless" : ", the leader",
+                                 cfg.node_rank, line, getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
+                else if (tp > 1)
                         log_info("pipeline parallel: %u stages x tensor parallel: %u ranks each = %u rank threads in "
                                  "this process (rank = stage x %u + tp rank), layers [%s]%s", pp, tp, pp * tp, tp,
                                  line, getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
@@ -455,7 +590,9 @@ int main(int argc, char **argv) {
          * keeps several steps in flight. */
         int rank_threads = cfg.cpu_threads;
         long ranks = (long)pp * (long)(tp > 1 ? tp : 1);
-        if (ranks > 1) {
+        /* A node of a multi-node replica holds one stage: one rank here, the node's cores. */
+        int node_stage = cfg.nnodes > 1 ? cfg.node_rank : -1;
+        if (ranks > 1 && node_stage < 0) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
                 rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
         }
@@ -473,6 +610,7 @@ int main(int argc, char **argv) {
         const char *gpu_not_ok = !family                    ? "the model has no runner on any device"
                                  : !family->to_backend      ? "the model's family does not run on CUDA yet (supported: llama)"
                                  : ranks > 1                ? "tensor or pipeline parallelism on CUDA is not supported yet"
+                                 : cfg.nnodes > 1           ? "a multi-node replica on CUDA is not supported yet"
                                                             : NULL;
         st = tsr_runner_backend_for(cfg.device, gpu_not_ok, rank_threads, &backend, err, sizeof(err));
         if (st != TSR_OK) {
@@ -491,7 +629,7 @@ int main(int argc, char **argv) {
         if (!on_gpu && cfg.gpu_memory_utilization != 0.9)
                 log_info("--gpu-memory-utilization has no effect by design on the CPU backend: the KV cache is sized "
                          "by --kv-cache-memory-bytes (vLLM's CPU backend also sizes it from its own setting)");
-        if (make_plan(&cfg, meta, family ? &desc : NULL, pp, pp > 1 ? pp_layers : NULL,
+        if (make_plan(&cfg, meta, family ? &desc : NULL, pp, pp > 1 ? pp_layers : NULL, node_stage,
                       (uint32_t)cfg.tensor_parallel_size, gpu_total, kv_on_device, kv_dtype, &plan, err,
                       sizeof(err)) != TSR_OK) {
                 log_error("%s", err);
@@ -528,7 +666,8 @@ int main(int argc, char **argv) {
         bool f32 = cfg.dtype && (strcmp(cfg.dtype, "float32") == 0 || strcmp(cfg.dtype, "float") == 0);
         tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend, .pp = pp, .pp_layers = pp_layers,
                                  .stage_threads = rank_threads, .pp_timeout_ms = pp_timeout_ms(),
-                                 .tp = tp,
+                                 .tp = tp, .node_stage_only = node_stage >= 0,
+                                 .node_stage = node_stage >= 0 ? (uint32_t)node_stage : 0,
                                  .tp_canonical = f32 && family && family->tp_shard && !on_gpu,
                                  .quantization = cfg.quantization,
                                  .max_step_tokens = plan.max_num_batched_tokens, .max_logit_rows = plan.max_num_seqs,
@@ -550,8 +689,35 @@ int main(int argc, char **argv) {
                          (double)lstats.resident_bytes / 1e6,
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
                          (double)(plan.kv_blocks_total * plan.kv_block_bytes + plan.state_slots * plan.state_slot_bytes) /
-                                 1e6, pp > 1 ? " on the rank with the most KV per block (each holds its layers' KV)"
+                                 1e6, node_stage >= 0 ? " (this node's stage)"
+                                      : pp > 1 ? " on the rank with the most KV per block (each holds its layers' KV)"
                                       : ranks > 1 ? " on each rank (each holds its share of the KV heads)" : "");
+        }
+        /* A multi-node replica: a follower serves its stage from here on; node 0 meets the
+         * followers and serves with the smallest KV capacity among the nodes. */
+        if (node_stage >= 0) {
+                char fp[1024];
+                node_fingerprint(&cfg, pp, pp_layers, fp, sizeof fp);
+                tsr_nodes_cfg nc = {.nnodes = (uint32_t)cfg.nnodes, .node_rank = (uint32_t)cfg.node_rank,
+                                    .master_addr = cfg.master_addr, .master_port = (uint16_t)cfg.master_port,
+                                    .fingerprint = fp, .join_timeout_ms = node_join_timeout_ms(),
+                                    .step_timeout_ms = pp_timeout_ms(), .kv_blocks = plan.kv_blocks_total,
+                                    .state_slots = plan.state_slots};
+                if (!runner) {
+                        log_error("model %s: a multi-node replica needs a model runner", cfg.model);
+                        goto out;
+                }
+                if (cfg.headless) {
+                        rc = follow(&nc, runner, &desc);
+                        goto out;
+                }
+                st = tsr_nodes_lead(&nc, &plan.kv_blocks_total, &plan.state_slots, &nodes, err, sizeof err);
+                if (st != TSR_OK) {
+                        log_error("the nodes did not meet: %s", err);
+                        rc = st == TSR_E_PROTO ? TSR_EXIT_CONFIG : TSR_EXIT_RUNTIME;
+                        goto out;
+                }
+                tsr_runner_set_nodes(runner, nodes);
         }
         if (kv_on_device && runner) {
                 if (plan.kv_blocks_total * cfg.block_size < plan.max_model_len) {
@@ -628,6 +794,7 @@ out:
         free(mi_full);
         free(mi_lean);
         tsr_runner_free(&runner);   /* after the engine thread has stopped */
+        tsr_nodes_free(&nodes);     /* after the runner's last forward */
         tsr_backend_free(&backend); /* after the runner, which borrowed it; stops its threads */
         tsr_model_desc_done(&desc);
         tsr_model_meta_free(&meta);

@@ -86,6 +86,7 @@ tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
                 .on_stopping = o->on_stopping,
                 .curve = o->curve,
                 .log_stats_interval_s = o->log_stats_interval_s,
+                .model = o->model,
         };
         st = tsr_link_run(&lo, inbox, outbox, sfd);
 out:

@@ -94,6 +94,10 @@ static tsr_worker *pick_worker(rq *r, int prompt, tsr_worker *avoid, tsr_placeme
                                 continue;
                         if (pass == 0 && st && st->state == TESSERA__V1__STATUS__STATE__DRAINING)
                                 continue;
+                        /* UNHEALTHY: a replica that cannot run a step now (a multi-node
+                         * replica whose nodes are apart): it would only fail the request. */
+                        if (st && st->state == TESSERA__V1__STATUS__STATE__UNHEALTHY)
+                                continue;
                         const struct pending_dispatch *p = pending_of(r->L, w, st);
                         tsr_placement_pending sent;
                         tsr_placement_sent_sum(p ? &p->sent : NULL, &sent);

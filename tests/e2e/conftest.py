@@ -301,3 +301,31 @@ def serve(spawn, demo_model):
         return served
 
     return _serve
+
+
+@pytest.fixture
+def two_namespaces():
+    """Two network namespaces joined by a veth pair (no bridge: distributed.md §7), with
+    addresses 10.213.X.1 and .2, for test_doctor.py and test_multinode.py; removed
+    afterwards (deleting a namespace removes its end of the pair)."""
+    assert os.geteuid() == 0, "network namespaces need root (the project's machines run tests as root)"
+    tag = f"{os.getpid() % 10000}"
+    ns = [f"tsr-ns{tag}-0", f"tsr-ns{tag}-1"]
+    sub = os.getpid() % 250 + 1
+    addrs = [f"10.213.{sub}.1", f"10.213.{sub}.2"]
+
+    def ip(*a):
+        subprocess.run(["ip", *a], check=True, capture_output=True, timeout=10)
+    try:
+        for n in ns:
+            ip("netns", "add", n)
+        ip("link", "add", f"tsrd{tag}a", "netns", ns[0], "type", "veth", "peer", "name", f"tsrd{tag}b",
+           "netns", ns[1])
+        for n, dev, a in ((ns[0], f"tsrd{tag}a", addrs[0]), (ns[1], f"tsrd{tag}b", addrs[1])):
+            ip("-n", n, "addr", "add", f"{a}/30", "dev", dev)
+            ip("-n", n, "link", "set", dev, "up")
+            ip("-n", n, "link", "set", "lo", "up")
+        yield ns, addrs
+    finally:
+        for n in ns:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=10)

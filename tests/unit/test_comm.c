@@ -32,6 +32,7 @@
 #include "common/clock.h"
 #include "tests/tsr_test.h"
 #include "worker/parallel/comm.h"
+#include "worker/parallel/nodes.h"
 
 #define MAX_N 8
 static const size_t AR_COUNTS[] = {0, 1, 3, 7, 64, 1000, 4097, 65539};
@@ -1009,6 +1010,74 @@ static void test_nccl_unique_id(void **state) {
         munmap(sh, sizeof(*sh));
 }
 
+/* ---- the multi-node step plan (nodes.h) ---- */
+
+static void test_nodes_plan_round_trip(void **state) {
+        (void)state;
+        const uint32_t t0[] = {7, 3, 9}, k0[] = {11, 12, 13, 14, 15}, t1[] = {4, TSR_KV_NULL_BLOCK}, k1[] = {99};
+        tsr_engine_seq in[3] = {
+                {.block_table = t0, .n_table = 3, .tokens = k0, .n = 5, .past_len = 0, .want_logits = true,
+                 .want_all_logits = true, .state_slot = 2},
+                {.block_table = t1, .n_table = 2, .tokens = k1, .n = 1, .past_len = (size_t)1 << 33,
+                 .want_logits = true},
+                {.block_table = t1, .n_table = 0, .tokens = k0, .n = 2, .past_len = 5},
+        };
+        uint8_t *buf;
+        size_t len, n;
+        tsr_engine_seq *out;
+        assert_int_equal(tsr_nodes_plan_pack(in, 3, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(buf, len, &out, &n), TSR_OK);
+        assert_int_equal(n, 3);
+        for (size_t i = 0; i < 3; i++) {
+                assert_int_equal(out[i].n_table, in[i].n_table);
+                assert_int_equal(out[i].n, in[i].n);
+                assert_int_equal(out[i].past_len, in[i].past_len);
+                assert_int_equal(out[i].want_logits, in[i].want_logits);
+                assert_int_equal(out[i].want_all_logits, in[i].want_all_logits);
+                assert_int_equal(out[i].state_slot, in[i].state_slot);
+                assert_memory_equal(out[i].block_table, in[i].block_table, in[i].n_table * sizeof(uint32_t));
+                assert_memory_equal(out[i].tokens, in[i].tokens, in[i].n * sizeof(uint32_t));
+        }
+        free(out);
+        free(buf);
+}
+
+/* Every truncation and a few corruptions of a good plan are refused, never read past
+ * the buffer (the ASan build checks that too). */
+static void test_nodes_plan_malformed(void **state) {
+        (void)state;
+        const uint32_t t0[] = {1, 2}, k0[] = {5, 6, 7};
+        tsr_engine_seq in[2] = {{.block_table = t0, .n_table = 2, .tokens = k0, .n = 3, .want_logits = true},
+                                {.block_table = t0, .n_table = 1, .tokens = k0, .n = 1, .past_len = 3}};
+        uint8_t *buf;
+        size_t len, n;
+        tsr_engine_seq *out = NULL;
+        assert_int_equal(tsr_nodes_plan_pack(in, 2, &buf, &len), TSR_OK);
+        for (size_t cut = 0; cut < len; cut++) {
+                uint8_t *c = malloc(cut ? cut : 1);
+                memcpy(c, buf, cut);
+                assert_int_equal(tsr_nodes_plan_unpack(c, cut, &out, &n), TSR_E_PROTO);
+                free(c);
+        }
+        uint32_t *w = (uint32_t *)buf;
+        const struct { size_t word; uint32_t value; } bad[] = {
+                {0, 3}, {0, 0xffffffffu}, {1, 1000}, {2, 0}, {2, 0x40000000u}, {5, 4}, {1, 3},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                uint32_t keep = w[bad[i].word];
+                w[bad[i].word] = bad[i].value;
+                assert_int_equal(tsr_nodes_plan_unpack(buf, len, &out, &n), TSR_E_PROTO);
+                w[bad[i].word] = keep;
+        }
+        uint8_t *longer = calloc(1, len + 4);
+        memcpy(longer, buf, len);
+        assert_int_equal(tsr_nodes_plan_unpack(longer, len + 4, &out, &n), TSR_E_PROTO);   /* trailing words */
+        assert_int_equal(tsr_nodes_plan_unpack(buf, len, &out, &n), TSR_OK);
+        free(out);
+        free(longer);
+        free(buf);
+}
+
 int main(void) {
         /* A peer killed mid-send must not kill us through SIGPIPE. */
         signal(SIGPIPE, SIG_IGN);
@@ -1032,6 +1101,8 @@ int main(void) {
                 cmocka_unit_test(test_zmq_other_epoch_refused),
                 cmocka_unit_test(test_zmq_bad_desc),
                 cmocka_unit_test(test_nccl_unique_id),
+                cmocka_unit_test(test_nodes_plan_round_trip),
+                cmocka_unit_test(test_nodes_plan_malformed),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

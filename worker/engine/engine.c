@@ -79,7 +79,10 @@ typedef struct slot {
         tsr_engine_finish finish;
         bool has_stop_token_id;
         uint32_t stop_token_id;
-        bool reported_prompt;         /* prompt/cached counts go in the first Output */
+        bool reported_prompt;
+        /* The replica failed before this request's first token (replica_failure): a
+         * retryable Error went to its router, which resubmits it; no Output follows. */
+        bool handed_back;         /* prompt/cached counts go in the first Output */
         /* Structured output: the compile job while the request waits for it (vLLM's
          * WAITING_FOR_FSM: the scheduler skips it), then the matcher.  The matcher is
          * used by execute_plan only (the step thread with --async-scheduling). */
@@ -174,6 +177,7 @@ struct tsr_engine {
         } prefill_tps, decode_ms;
         uint64_t step;
         uint64_t next_seq;
+        uint64_t kv_generation;       /* the model's, as last seen (tsr_engine_model.kv_generation) */
         /* logits, logits_rows and scratch belong to execute_plan: the step thread's
          * with --async-scheduling */
         float *logits;                /* (logits_rows, vocab): the rows of this step (tsr_engine_model.forward) */
@@ -949,8 +953,22 @@ static void grammar_poll(tsr_engine *e) {
 
 /* schedule() into `p`.  Engine thread. */
 static void schedule_plan(tsr_engine *e, step_plan *p) {
+        const tsr_engine_model *m = e->params.model;
         size_t cap;
         grammar_poll(e);
+        /* The model's KV memory was lost and made anew (a restarted pipeline node): no
+         * cached block holds what its hash says any more. */
+        if (m && m->kv_generation) {
+                uint64_t g = m->kv_generation(m->ud);
+                if (g != e->kv_generation) {
+                        if (e->kv_generation && e->kv && e->params.enable_prefix_caching)
+                                log_info("the model's KV memory was made anew (generation %llu): prefix cache reset",
+                                         (unsigned long long)g);
+                        if (e->kv && e->params.enable_prefix_caching)
+                                tsr_kv_cache_reset_prefix_cache(e->kv);
+                        e->kv_generation = g;
+                }
+        }
         cap = e->running.n + e->waiting.n;
         p->n = 0;
         p->st = TSR_OK;
@@ -1268,6 +1286,12 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
         p->compute_ns = tsr_now_ns() - t0;
 }
 
+/* A step that failed for the replica's sake, not the request's: a pipeline stage or
+ * node gone, aborted or past its deadline, or a replica not up (nodes.h). */
+static bool replica_failure(tsr_status st) {
+        return st == TSR_E_CLOSED || st == TSR_E_CANCELLED || st == TSR_E_TIMEOUT || st == TSR_E_UNAVAILABLE;
+}
+
 /* The step's results into the slots: store each chunk's KV in the prefix cache, append
  * the sampled tokens, check stops.  Entries of requests preempted or aborted while the
  * step ran are dropped (an aborted request is freed here: the step thread is done with it).
@@ -1310,7 +1334,15 @@ static void apply_plan(tsr_engine *e, step_plan *p) {
                 /* The grammar is complete (vLLM: the matcher terminated): the request stops. */
                 if (st == TSR_OK && pe->grammar_end && !s->finish)
                         s->finish = TSR_ENGINE_FINISH_STOP;
-                if (st != TSR_OK) {
+                if (st != TSR_OK && replica_failure(st) && s->n_tokens == s->n_prompt) {
+                        log_req(TSR_LOG_WARN, s->request_id, "the step failed (%s) before this request's first token: "
+                                "handed back to its router", tsr_status_str(st));
+                        send_error(e, s->router_id, s->router_id_len, s->request_id, TSR_ENGINE_ERROR_UNAVAILABLE,
+                                   true, "the worker's replica failed (%s) before this request produced a token",
+                                   tsr_status_str(st));
+                        s->handed_back = true;
+                        s->finish = TSR_ENGINE_FINISH_ERROR;
+                } else if (st != TSR_OK) {
                         log_req(TSR_LOG_ERROR, s->request_id, "forward or sampling failed (%s): finishing it with an error",
                                 tsr_status_str(st));
                         s->finish = TSR_ENGINE_FINISH_ERROR;
@@ -1336,7 +1368,7 @@ static void emit_outputs(tsr_engine *e, const sched_entry *plan, size_t n_plan, 
                         slot *s = plan[k].s;
                         if (!done[k] && s->router_id_len == lead->router_id_len &&
                             memcmp(s->router_id, lead->router_id, lead->router_id_len) == 0 &&
-                            (s->step_has_token || s->finish))
+                            (s->step_has_token || s->finish) && !s->handed_back)
                                 count++;
                 }
                 if (count == 0) {
@@ -1361,7 +1393,7 @@ static void emit_outputs(tsr_engine *e, const sched_entry *plan, size_t n_plan, 
                             memcmp(s->router_id, lead->router_id, lead->router_id_len) != 0)
                                 continue;
                         done[k] = true;
-                        if (!s->step_has_token && !s->finish)
+                        if ((!s->step_has_token && !s->finish) || s->handed_back)
                                 continue;
                         o = &out->outputs[out->n_outputs++];
                         snprintf(o->request_id, sizeof(o->request_id), "%s", s->request_id);

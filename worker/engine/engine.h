@@ -90,6 +90,17 @@ typedef struct tsr_engine_model {
          * invariance).  Engine thread, or its runner thread with --async-scheduling
          * (one call at a time either way). */
         tsr_status (*forward)(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits);
+        /* Optional (NULL: the KV memory lives as long as the model).  A model whose KV
+         * memory can be lost while it runs (a pipeline stage on another node that
+         * restarted: worker/parallel/nodes.h) counts its incarnations; the engine reads
+         * the count before it schedules each step and, when it moved, forgets its prefix
+         * cache first.  The synchronous engine loop only (config.c refuses
+         * --async-scheduling where a model has it).  Engine thread. */
+        uint64_t (*kv_generation)(void *ud);
+        /* Optional (NULL: always): whether a step can run now.  The io thread reads it for
+         * the Status it publishes (UNHEALTHY while not, so routers place elsewhere).  Any
+         * thread. */
+        bool (*available)(void *ud);
 } tsr_engine_model;
 
 typedef struct tsr_engine_params {

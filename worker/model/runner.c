@@ -12,6 +12,7 @@
 #include "kernels/kernels.h"
 #include "worker/engine/kv_pool.h"
 #include "worker/load/modelopt.h"
+#include "worker/parallel/nodes.h"
 #include "worker/parallel/pipeline.h"
 
 /* One rank: a pipeline stage's layers (or its tensor-parallel shard of them), its
@@ -38,6 +39,11 @@ struct tsr_runner {
         uint32_t n_stages;         /* ranks: pp x tp; stages[stage x tp + tp_rank] (pipeline.h) */
         stage stages[TSR_RUNNER_MAX_STAGES];
         tsr_pipeline *pipe;        /* n_stages > 1 */
+        /* A node of a multi-node replica: the one stage held here is node_stage of pp;
+         * on node 0, `nodes` runs the others (borrowed). */
+        bool node_mode;
+        uint32_t node_stage;
+        struct tsr_nodes *nodes;
         uint32_t hidden;           /* desc->hidden_size: a stage hands 2 x tokens x hidden floats on */
         uint64_t steps;            /* forwards run; engine's forward thread only */
         /* TESSERA_TEST_PP_ABORT_AT_STEP=N (tests only, docs/testing.md): the last stage
@@ -71,36 +77,83 @@ static tsr_status stage_run(void *ud, uint32_t rank, const tsr_pipeline_step *st
                                      last ? out : NULL);
 }
 
-/* The whole step in one batched forward: each weight matrix is read once for every
- * sequence in the step.  With pipeline stages, the step goes through every stage in
- * turn (tsr_pipeline_run), the logits coming back from the last. */
-static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
-        tsr_runner *r = ud;
-        char *ls = malloc(n_seqs * r->fam->seq_size);   /* one small allocation per step */
-        size_t n_tokens = 0, rows = 0;
-        tsr_status st;
+/* The family's sequence records of the engine's, in a new buffer (free()); NULL: no memory. */
+static char *fill_seqs(const tsr_runner *r, const tsr_engine_seq *seqs, size_t n_seqs) {
+        char *ls = malloc(n_seqs ? n_seqs * r->fam->seq_size : 1);   /* one small allocation per step */
         if (!ls)
-                return TSR_E_NOMEM;
+                return NULL;
         for (size_t i = 0; i < n_seqs; i++)
                 r->fam->seq_fill(ls + i * r->fam->seq_size, seqs[i].block_table, seqs[i].n_table, seqs[i].tokens,
                                  seqs[i].n, seqs[i].past_len, seqs[i].want_logits, seqs[i].want_all_logits);
         if (r->fam->seq_set_state_slot)
                 for (size_t i = 0; i < n_seqs; i++)
                         r->fam->seq_set_state_slot(ls + i * r->fam->seq_size, seqs[i].state_slot);
+        return ls;
+}
+
+/* Node 0's stage of a multi-node step (tsr_nodes_step's stage0). */
+typedef struct node0_step {
+        const tsr_runner *r;
+        const char *seqs;
+        size_t n_seqs;
+} node0_step;
+
+static tsr_status node0_stage(void *ud, float *act) {
+        const node0_step *q = ud;
+        const stage *sg = &q->r->stages[0];
+        return q->r->fam->forward_stage(sg->model, sg->be, sg->pool, q->seqs, q->n_seqs, NULL, act, NULL);
+}
+
+static uint64_t runner_kv_generation(void *ud) { return tsr_nodes_generation(((tsr_runner *)ud)->nodes); }
+static bool runner_available(void *ud) { return tsr_nodes_up(((tsr_runner *)ud)->nodes); }
+
+void tsr_runner_set_nodes(tsr_runner *r, struct tsr_nodes *nodes) {
+        r->nodes = nodes;
+        r->em.kv_generation = nodes ? runner_kv_generation : NULL;
+        r->em.available = nodes ? runner_available : NULL;
+}
+
+tsr_status tsr_runner_run_stage(tsr_runner *r, const tsr_engine_seq *seqs, size_t n_seqs, const float *in,
+                                float *out) {
+        const stage *sg = &r->stages[0];
+        bool last = r->node_stage + 1 == r->pp;
+        char *ls = fill_seqs(r, seqs, n_seqs);
+        if (!ls)
+                return TSR_E_NOMEM;
+        tsr_status st = r->fam->forward_stage(sg->model, sg->be, sg->pool, ls, n_seqs, r->node_stage ? in : NULL,
+                                              last ? NULL : out, last ? out : NULL);
+        free(ls);
+        return st;
+}
+
+/* The whole step in one batched forward: each weight matrix is read once for every
+ * sequence in the step.  With pipeline stages, the step goes through every stage in
+ * turn (tsr_pipeline_run), the logits coming back from the last. */
+static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
+        tsr_runner *r = ud;
+        char *ls = fill_seqs(r, seqs, n_seqs);
+        size_t n_tokens = 0, rows = 0;
+        tsr_status st;
+        if (!ls)
+                return TSR_E_NOMEM;
         r->steps++;
         if (r->hang_at && r->steps == r->hang_at) {
                 log_warn("TESSERA_TEST_HANG_AT_STEP=%llu: this forward hangs (a test)", (unsigned long long)r->hang_at);
                 for (;;)
                         sleep(3600);
         }
-        if (r->n_stages == 1) {
+        for (size_t i = 0; i < n_seqs; i++) {
+                n_tokens += seqs[i].n;
+                rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
+        }
+        if (r->nodes) {
+                node0_step q = {.r = r, .seqs = ls, .n_seqs = n_seqs};
+                st = tsr_nodes_step(r->nodes, seqs, n_seqs, 2 * n_tokens * r->hidden, rows * r->em.vocab, node0_stage,
+                                    &q, logits);
+        } else if (r->n_stages == 1) {
                 st = r->fam->forward_batch(r->stages[0].model, r->stages[0].be, r->stages[0].pool, ls, n_seqs,
                                            logits);
         } else {
-                for (size_t i = 0; i < n_seqs; i++) {
-                        n_tokens += seqs[i].n;
-                        rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
-                }
                 step_plan pl = {.seqs = ls, .n_seqs = n_seqs, .step = r->steps};
                 tsr_pipeline_step step = {.plan = &pl, .io_floats = r->pp > 1 ? 2 * n_tokens * r->hidden : 0,
                                           .out_floats = rows * r->em.vocab};
@@ -448,7 +501,7 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         /* The KV memory, group by group as the family declares it for this shard; the
          * family's forward gets a view of it. */
         n_groups = r->fam->kv_groups(desc, shard, groups, TSR_KV_GROUPS_MAX);
-        if ((st = tsr_runner_kv_dtype_check(r->fam, opts->kv_dtype, NULL, r->n_stages, err, errlen)) != TSR_OK)
+        if ((st = tsr_runner_kv_dtype_check(r->fam, opts->kv_dtype, NULL, r->pp * r->tp, err, errlen)) != TSR_OK)
                 return st;
         tsr_kv_groups_set_dtype(groups, n_groups, opts->kv_dtype);
         if (num_blocks == 0 && (st = device_kv_blocks(sg->be, opts->gpu_memory_utilization,
@@ -502,6 +555,17 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         r->pp = pp;
         r->tp = tp;
         r->n_stages = pp * tp;
+        if (opts->node_stage_only) {    /* one stage of pp here, the others on other nodes */
+                if (tp != 1 || pp < 2 || opts->node_stage >= pp) {
+                        free(r);
+                        return TSR_E_INVAL;
+                }
+                r->node_mode = true;
+                r->node_stage = opts->node_stage;
+                r->n_stages = 1;
+                for (uint32_t s = 0; s < opts->node_stage; s++)
+                        first += opts->pp_layers[s];
+        }
         r->hidden = desc->hidden_size;
         r->stages[0].be = opts->backend;
         if ((st = pick_dtype(opts, &bf16, err, errlen)) != TSR_OK ||
@@ -509,7 +573,7 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                                 errlen)) != TSR_OK)
                 goto fail;
         for (uint32_t i = 0; i < r->n_stages; i++) {
-                uint32_t s = i / tp, t = i % tp;
+                uint32_t s = r->node_mode ? r->node_stage : i / tp, t = i % tp;
                 tsr_shard_spec shard;
                 tsr_load_stats one = {0};
                 stage *sg = &r->stages[i];
@@ -560,7 +624,7 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
         const char *hang_at = getenv("TESSERA_TEST_HANG_AT_STEP");
         r->hang_at = hang_at ? strtoull(hang_at, NULL, 10) : 0;
-        if (r->n_stages > 1) {
+        if (r->n_stages > 1 && !r->node_mode) {
                 const char *abort_at = getenv("TESSERA_TEST_PP_ABORT_AT_STEP");
                 r->abort_at = abort_at ? strtoull(abort_at, NULL, 10) : 0;
                 if ((st = tsr_pipeline_new_grid(pp, tp, opts->pp_timeout_ms, stage_run, r, &r->pipe)) != TSR_OK) {
@@ -606,8 +670,10 @@ const tsr_engine_model *tsr_runner_model(const tsr_runner *r) { return &r->em; }
 uint32_t tsr_runner_stages(const tsr_runner *r) { return r ? r->n_stages : 0; }
 
 void tsr_runner_abort(tsr_runner *r) {
-        if (r)
+        if (r) {
                 tsr_pipeline_abort(r->pipe);
+                tsr_nodes_abort(r->nodes);
+        }
 }
 
 const char *tsr_runner_dtype(const tsr_runner *r) {

@@ -147,10 +147,12 @@ static tsr_envelope *take_frame(void *sock, int want, const char *what) {
         return env;
 }
 
-static tsr_status wait_readable(void *sock, uint64_t deadline_ms) {
+static tsr_status wait_readable(void *sock, uint64_t deadline_ms, const _Atomic bool *cancel) {
         zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
         for (;;) {
                 uint64_t now = tsr_now_ms();
+                if (cancel && atomic_load(cancel))
+                        return TSR_E_CANCELLED;
                 if (now >= deadline_ms)
                         return TSR_E_TIMEOUT;
                 long wait = (long)(deadline_ms - now);
@@ -194,7 +196,7 @@ static tsr_status run_leader(void *sock, const tsr_bootstrap_cfg *cfg, tsr_boots
         char why[1024] = "";
 
         while (st == TSR_OK && missing > 0 && !why[0]) {
-                if ((st = wait_readable(sock, deadline)) != TSR_OK)
+                if ((st = wait_readable(sock, deadline, cfg->cancel)) != TSR_OK)
                         break;
                 unsigned char id[ID_BYTES];
                 int id_len = zmq_recv(sock, id, sizeof(id), 0), more = 0;
@@ -231,8 +233,8 @@ static tsr_status run_leader(void *sock, const tsr_bootstrap_cfg *cfg, tsr_boots
                         heard *e = &h[m->node_rank];
                         if (e->present)     /* the same host again: a restarted process replaces the old one */
                                 log_info("rendezvous: node rank %u (host %s) said hello again", m->node_rank, host);
-                        else
-                                missing--;
+                        else if (missing-- == cfg->nnodes - 1 && cfg->on_first_hello)
+                                cfg->on_first_hello(cfg->ud);
                         free(e->hostname);
                         free(e->endpoint);
                         e->present = true;
@@ -341,7 +343,9 @@ static tsr_status run_follower(void *sock, const tsr_bootstrap_cfg *cfg, const c
          * hear its reason when it gives up on a node that never came. */
         uint64_t deadline = tsr_now_ms() + cfg->timeout_ms + TSR_BOOTSTRAP_FOLLOWER_GRACE_MS;
         for (;;) {
-                if ((st = wait_readable(sock, deadline)) != TSR_OK)
+                if ((st = wait_readable(sock, deadline, cfg->cancel)) == TSR_E_CANCELLED)
+                        return failf(st, err, errlen, "rendezvous: cancelled");
+                if (st != TSR_OK)
                         return failf(st, err, errlen,
                                      "no answer from node 0 at %s within %u ms (is node 0 running with --nnodes %u, "
                                      "is --master-addr/--master-port right, is the port open?)",

@@ -22,6 +22,8 @@
 #ifndef TSR_PARALLEL_BOOTSTRAP_H
 #define TSR_PARALLEL_BOOTSTRAP_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +40,14 @@ typedef struct tsr_bootstrap_cfg {
         const char *fingerprint;    /* configuration that must agree, as text (may be "") */
         const char *data_endpoint;  /* this node's bound comm endpoint, e.g. tcp://10.0.0.2:41234 */
         uint32_t timeout_ms;        /* bound of the whole rendezvous */
+        /* Optional: another thread sets it to give up (a stop signal); the rendezvous
+         * then returns TSR_E_CANCELLED within half a second. */
+        const _Atomic bool *cancel;
+        /* Optional, node 0: called (on the caller's thread) when the first other node has
+         * said hello, before the others have: a node that restarted says hello while
+         * the group it left may still be up (nodes.h aborts that group here). */
+        void (*on_first_hello)(void *ud);
+        void *ud;
 } tsr_bootstrap_cfg;
 
 typedef struct tsr_bootstrap_group {
@@ -50,7 +60,7 @@ typedef struct tsr_bootstrap_group {
 /* Run the rendezvous.  On success *out holds the group (tsr_bootstrap_group_free).
  * TSR_E_INVAL (bad cfg), TSR_E_TIMEOUT (a node never came / node 0 never answered),
  * TSR_E_PROTO (nodes disagree: err names the node and the field), TSR_E_IO (bind or
- * connect failed), TSR_E_NOMEM.  `err` gets one line on failure. */
+ * connect failed), TSR_E_CANCELLED (cfg->cancel was set), TSR_E_NOMEM.  `err` gets one line on failure. */
 tsr_status tsr_bootstrap_rendezvous(const tsr_bootstrap_cfg *cfg, tsr_bootstrap_group *out, char *err,
                                     size_t errlen);
 void tsr_bootstrap_group_free(tsr_bootstrap_group *g);

@@ -1,0 +1,285 @@
+"""A replica over two nodes (issue #20, worker/parallel/nodes.h): `tessera serve MODEL -pp 2
+--nnodes 2 --node-rank 0 --master-addr A --master-port P` on node 0 (worker + router) and
+the same with `--node-rank 1 --headless` on node 1 (a follower worker, no router), as
+vllm serve is started on two machines.  Each node loads only its stage; the step plan
+and the activations cross between the processes; the answers are the same text and
+logprob floats as -pp 1 in one process.  Then the failures: a follower killed under a
+streaming load (every stream ends, none hangs; the replica reports itself unhealthy and
+answers 503; a new follower makes it serve again, on a new group, with the prefix cache
+reset), a follower restarted by its launcher while node 0 is idle (served again with no
+failed request once it is back), a follower of another model refused naming the field,
+a node whose peer never comes (a clear error, exit non-zero), the flags vLLM would refuse
+or this build does not run, and the same two nodes in two network namespaces."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import pytest
+import requests
+
+from conftest import DEMO_MODEL, LAUNCHER, WORKER, Proc, free_port, http_status, skip_because, wait_until
+
+MODEL = "smol"
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
+COMMON = ["--served-model-name", MODEL, "--max-model-len", "1024", "--max-num-seqs", "8",
+          "--kv-cache-memory-bytes", "128M"]
+ENV = dict(os.environ, TESSERA_NODE_JOIN_TIMEOUT="60")
+
+
+def need_model():
+    if not DEMO_MODEL.exists():
+        skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
+
+
+def node_flags(rank, master_port, master="127.0.0.1"):
+    return ["-pp", "2", "--nnodes", "2", "--node-rank", str(rank), "--master-addr", master,
+            "--master-port", str(master_port)] + (["--headless"] if rank else [])
+
+
+def ns_prefix(ns):
+    return ["ip", "netns", "exec", ns] if ns else []
+
+
+def leader(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, model=DEMO_MODEL, wait=True):
+    port = free_port()
+    proc = Proc([*ns_prefix(ns), LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, *COMMON,
+                 *node_flags(0, master_port, master), *extra], tmp_path / f"{name}.log", env=ENV)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        if proc.p.poll() is not None:
+            raise AssertionError(proc.output()[-3000:])
+        return http_status(base + "/health") == 200
+    if wait and not ns:
+        wait_until(ready, timeout=120, interval=0.1, what=f"{name} ready")
+    return proc, base
+
+
+def follower(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, model=DEMO_MODEL, launcher=True):
+    args = [LAUNCHER, "serve", model] if launcher else [WORKER, model]
+    return Proc([*ns_prefix(ns), *args, *COMMON, *node_flags(1, master_port, master), *extra],
+                tmp_path / f"{name}.log", env=ENV)
+
+
+def single(tmp_path):
+    port = free_port()
+    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port, *COMMON],
+                tmp_path / "single.log", env=ENV)
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http_status(base + "/health") == 200, timeout=120, interval=0.1, what="pp1 ready")
+    return proc, base
+
+
+def client(base):
+    return openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def answers(base):
+    """Greedy and seeded completions with top-5 logprobs, then the prompts at once."""
+    c = client(base)
+    out = []
+    for p in PROMPTS:
+        for kw in ({"temperature": 0}, {"temperature": 0.9, "top_p": 0.95, "seed": 1234}):
+            r = c.completions.create(model=MODEL, prompt=p, max_tokens=16, logprobs=5, **kw)
+            ch = r.choices[0]
+            out.append((p, str(kw), ch.text, ch.logprobs.token_logprobs, ch.logprobs.top_logprobs))
+    got = [None] * len(PROMPTS)
+
+    def one(i):
+        r = c.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=16, temperature=0.7, seed=i, logprobs=2)
+        got[i] = (r.choices[0].text, r.choices[0].logprobs.token_logprobs)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.append(("batch", got))
+    return out
+
+
+def greedy(base, prompt=PROMPTS[0]):
+    r = requests.post(base + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 16,
+                                                      "temperature": 0, "logprobs": 1}, timeout=60)
+    return r.status_code, r.json()
+
+
+def stop(proc):
+    """SIGTERM to the process group; every process exits 0."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.output()[-3000:]
+    proc.kill_group()
+
+
+def two_nodes(tmp_path):
+    """Node 1 then node 0 on loopback, and node 0's greedy answer."""
+    need_model()
+    mp = free_port()
+    f = follower(tmp_path, "node1", mp)
+    lead, base = leader(tmp_path, "node0", mp)
+    code, before = greedy(base)
+    assert code == 200, before
+    return mp, f, lead, base, before
+
+
+def test_two_nodes_answer_as_one_process(tmp_path):
+    need_model()
+    proc, base = single(tmp_path)
+    want = answers(base)
+    stop(proc)
+    mp = free_port()
+    f = follower(tmp_path, "node1", mp)
+    lead, base = leader(tmp_path, "node0", mp)
+    got = answers(base)
+    for w, g in zip(want, got):
+        assert w == g, (w, g)
+    log0, log1 = lead.output(), f.output()
+    assert "this one (node rank 0, the leader) runs stage 0: layers [0..14, 15..29]" in log0, log0[-3000:]
+    assert "the 2 nodes met" in log0 and "node rank 1: " in log0, log0[-3000:]
+    assert "headless: node rank 1 of 2" in log1 and "serving pipeline stage 1" in log1, log1[-3000:]
+    # each node holds its stage: the embedding on node 0, the final norm and lm_head on node 1
+    assert "layers 0..14 + embedding" in log0 and "layers 15..29 + final norm and lm_head" in log1
+    assert "tessera-router" not in log1     # no router on a headless node
+    stop(lead)
+    # node 0 gone cleanly: the follower goes back to the rendezvous; SIGTERM ends it with 0
+    wait_until(lambda: "meeting node 0 again" in f.output(), timeout=30, interval=0.1, what="follower rejoins")
+    stop(f)
+
+
+def test_follower_killed_under_load_then_replaced(tmp_path):
+    mp, f, lead, base, before = two_nodes(tmp_path)
+    ends, chunks = [], [0] * 4
+
+    def stream(i):
+        try:
+            s = client(base).completions.create(model=MODEL, prompt=PROMPTS[i % 3], max_tokens=400, stream=True,
+                                                temperature=0, extra_body={"ignore_eos": True})
+            for _ in s:
+                chunks[i] += 1
+            ends.append(("done", chunks[i]))
+        except Exception as e:      # an error event or status: the stream ended, which is the point
+            ends.append(("error", type(e).__name__))
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: min(chunks) >= 3, timeout=60, interval=0.05, what="every stream under way")
+    os.killpg(f.pid, signal.SIGKILL)      # the follower's launcher and worker: nothing restarts it
+    t0 = time.monotonic()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(not t.is_alive() for t in threads), "a stream hung after the follower died"
+    # none could finish its 400 tokens: each ended with an error (event or status)
+    assert len(ends) == 4 and all(e[0] == "error" or e[1] < 400 for e in ends), ends
+    log0 = lead.output()
+    assert "replica group 1 failed (closed)" in log0, log0[-3000:]
+    # the replica reports itself unhealthy: /health 503, requests 503 (no live replica)
+    wait_until(lambda: http_status(base + "/health") == 503, timeout=10, interval=0.1, what="replica down")
+    assert time.monotonic() - t0 < 15
+    code, body = greedy(base)
+    assert code == 503, body
+    # a new follower: the nodes meet again (a new epoch), the same answer, the cache reset
+    f2 = follower(tmp_path, "node1-new", mp)
+    wait_until(lambda: http_status(base + "/health") == 200, timeout=60, interval=0.1, what="replica back")
+    code, after = greedy(base)
+    assert code == 200 and after["choices"][0]["text"] == before["choices"][0]["text"], (before, after)
+    assert after["choices"][0]["logprobs"]["token_logprobs"] == before["choices"][0]["logprobs"]["token_logprobs"]
+    log0 = lead.output()
+    assert "the 2 nodes met again (epoch" in log0 and "replica group 2 (epoch" in log0, log0[-3000:]
+    assert "prefix cache reset" in log0, log0[-3000:]
+    stop(lead)
+    f2.kill_group()
+
+
+def test_follower_restarted_while_idle_serves_on(tmp_path):
+    mp, f, lead, base, before = two_nodes(tmp_path)
+    worker = subprocess.run(["pgrep", "-f", f"tessera-worker.*--node-rank 1 .*--master-port {mp}"],
+                            capture_output=True, text=True).stdout.split()
+    assert len(worker) == 1, worker
+    os.kill(int(worker[0]), signal.SIGKILL)    # its launcher restarts it (0.5 s backoff)
+    wait_until(lambda: "the 2 nodes met again" in lead.output(), timeout=60, interval=0.1, what="rejoined")
+    code, after = greedy(base)
+    assert code == 200 and after["choices"][0] == before["choices"][0], (before, after)
+    log0 = lead.output()
+    # node 0 heard the restarted follower say hello and ended the group it had left
+    assert "a node is meeting the others again: replica group 1 is over" in log0, log0[-3000:]
+    assert "failed" not in log0.split("meeting the others again")[1], log0[-3000:]
+    stop(lead)
+    f.kill_group()
+
+
+def test_follower_of_another_model_is_refused(tmp_path):
+    need_model()
+    other = tmp_path / "other.gguf"
+    other.symlink_to(DEMO_MODEL)
+    mp = free_port()
+    f = follower(tmp_path, "node1", mp, model=other, launcher=False)
+    lead = Proc([WORKER, DEMO_MODEL, "--listen", f"tcp://127.0.0.1:{free_port(2)}", *COMMON, *node_flags(0, mp)],
+                tmp_path / "node0.log", env=ENV)
+    assert lead.wait(60) == 2, lead.output()[-3000:]
+    assert f.wait(60) == 2, f.output()[-3000:]
+    for log in (lead.output(), f.output()):
+        assert ("node rank 1 (host " in log and "has another configuration: 'model=SmolLM2-135M-Instruct.Q4_1.gguf'"
+                " on node 0, 'model=other.gguf' there") in log, log[-3000:]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_node_whose_peer_never_comes_exits_non_zero(tmp_path, rank):
+    need_model()
+    mp = free_port()
+    extra = ["--listen", f"tcp://127.0.0.1:{free_port(2)}"] if rank == 0 else []
+    p = Proc([WORKER, DEMO_MODEL, *COMMON, *node_flags(rank, mp), *extra], tmp_path / "node.log",
+             env=dict(ENV, TESSERA_NODE_JOIN_TIMEOUT="2"))
+    assert p.wait(60) == 1, p.output()[-3000:]
+    log = p.output()
+    want = "node rank 1 did not join within 2000 ms" if rank == 0 else "no answer from node 0 at tcp://127.0.0.1:"
+    assert want in log, log[-3000:]
+
+
+@pytest.mark.parametrize("flags,msg", [
+    (["--nnodes", "2"], "argument --nnodes: 2 needs --pipeline-parallel-size 2 and --tensor-parallel-size 1"),
+    (["--nnodes", "2", "-pp", "2", "-tp", "3"], "tensor parallelism in a multi-node replica is not supported yet"),
+    (["--nnodes", "2", "-pp", "2", "--node-rank", "1"], "argument --node-rank: 1 runs a follower node: pass --headless"),
+    (["--nnodes", "2", "-pp", "2", "--node-rank", "2", "--headless"], "argument --node-rank: 2 must be less than --nnodes 2"),
+    (["--headless"], "argument --headless: runs a follower node of a multi-node replica"),
+    (["--nnodes", "2", "-pp", "2", "--async-scheduling"], "argument --async-scheduling: not supported with --nnodes 2"),
+])
+def test_bad_flags(tmp_path, flags, msg):
+    need_model()
+    r = subprocess.run([LAUNCHER, "serve", DEMO_MODEL, *flags], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and msg in r.stderr, (r.returncode, r.stderr)
+
+
+def test_two_nodes_in_two_network_namespaces(tmp_path, two_namespaces):
+    """Node 0 in one namespace, node 1 in another, reached only over the veth pair at
+    their own addresses: the answer is the one of one process."""
+    need_model()
+    proc, base = single(tmp_path)
+    code, want = greedy(base)
+    stop(proc)
+    ns, addrs = two_namespaces
+    mp = free_port()
+    f = follower(tmp_path, "node1", mp, master=addrs[0], ns=ns[1])
+    lead, base = leader(tmp_path, "node0", mp, master=addrs[0], ns=ns[0], wait=False)
+    query = ("import json, sys, time, requests\n"
+             "for _ in range(1200):\n"
+             "    try:\n"
+             f"        if requests.get('{base}/health', timeout=5).status_code == 200: break\n"
+             "    except Exception: pass\n"
+             "    time.sleep(0.1)\n"
+             f"r = requests.post('{base}/v1/completions', json={{'model': '{MODEL}', 'prompt': {PROMPTS[0]!r}, "
+             "'max_tokens': 16, 'temperature': 0, 'logprobs': 1}, timeout=60)\n"
+             "print(json.dumps([r.status_code, r.json()]))\n")
+    r = subprocess.run(["ip", "netns", "exec", ns[0], sys.executable, "-c", query], capture_output=True, text=True,
+                       timeout=200)
+    assert r.returncode == 0, (r.stderr, lead.output()[-3000:], f.output()[-3000:])
+    code, got = json.loads(r.stdout)
+    assert code == 200 and got["choices"][0]["text"] == want["choices"][0]["text"], (want, got)
+    assert got["choices"][0]["logprobs"]["token_logprobs"] == want["choices"][0]["logprobs"]["token_logprobs"]
+    log0, log1 = lead.output(), f.output()
+    assert "joined from host" in log0 and f"(data endpoint tcp://{addrs[1]}:" in log0, log0[-3000:]
+    stop(lead)
+    stop(f)

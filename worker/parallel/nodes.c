@@ -1,0 +1,553 @@
+/* nodes.c - a replica over several nodes: the leader's steps and rejoin thread, the
+ * follower's loop, the step plan on the wire (nodes.h).
+ *
+ * Messages on the group (tags; FIFO per peer and tag, so a constant tag per kind is
+ * enough while one step is in flight):
+ *   READY  follower -> 0 once per group: {u64 kv_blocks, u32 state_slots, u32 pad}
+ *   CTL    0 -> every follower per step: {u64 step, u64 plan_bytes, u64 io_floats,
+ *          u64 out_floats}, then PLAN (plan_bytes)
+ *   ACT    stage s -> s + 1: [status i32, pad i32, io_floats floats]
+ *   OUT    the last stage -> 0: [status i32, pad i32, out_floats floats]
+ * The header of ACT/OUT keeps the floats 8-byte aligned, as pipeline.c's messages.
+ *
+ * Plan encoding, little-endian u32 words: n_seqs, then per sequence n_table, n,
+ * past_len (u64: two words, low first), flags (1 want_logits, 2 want_all_logits),
+ * state_slot, block_table[n_table], tokens[n]. */
+#include "worker/parallel/nodes.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "worker/parallel/bootstrap.h"
+#include "worker/parallel/comm.h"
+
+enum { TAG_READY = 1, TAG_CTL = 2, TAG_PLAN = 3, TAG_ACT = 4, TAG_OUT = 5 };
+#define HDR_FLOATS 2
+/* A plan, a step's activations or logits larger than this is malformed (1 GiB). */
+#define MAX_MSG_BYTES ((size_t)1 << 30)
+
+typedef struct ready_msg {
+        uint64_t kv_blocks;
+        uint32_t state_slots, pad;
+} ready_msg;
+
+typedef struct ctl_msg {
+        uint64_t step, plan_bytes, io_floats, out_floats;
+} ctl_msg;
+
+/* ---- the plan ---------------------------------------------------------------------- */
+
+#define SEQ_WORDS 6     /* n_table, n, past_len lo, past_len hi, flags, state_slot */
+
+tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint8_t **buf, size_t *len) {
+        size_t words = 1;
+        for (size_t i = 0; i < n_seqs; i++)
+                words += SEQ_WORDS + seqs[i].n_table + seqs[i].n;
+        uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
+        if (!w)
+                return TSR_E_NOMEM;
+        *p++ = (uint32_t)n_seqs;
+        for (size_t i = 0; i < n_seqs; i++) {
+                const tsr_engine_seq *q = &seqs[i];
+                *p++ = (uint32_t)q->n_table;
+                *p++ = (uint32_t)q->n;
+                *p++ = (uint32_t)q->past_len;
+                *p++ = (uint32_t)((uint64_t)q->past_len >> 32);
+                *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u);
+                *p++ = q->state_slot;
+                memcpy(p, q->block_table, q->n_table * sizeof(uint32_t));
+                p += q->n_table;
+                memcpy(p, q->tokens, q->n * sizeof(uint32_t));
+                p += q->n;
+        }
+        *buf = (uint8_t *)w;
+        *len = words * sizeof(uint32_t);
+        return TSR_OK;
+}
+
+tsr_status tsr_nodes_plan_unpack(const uint8_t *buf, size_t len, tsr_engine_seq **seqs, size_t *n_seqs) {
+        size_t words = len / sizeof(uint32_t), at = 1, n;
+        const uint32_t *w = (const uint32_t *)buf;   /* the comm's buffers are malloc'd: aligned */
+
+        if (len % sizeof(uint32_t) || words < 1)
+                return TSR_E_PROTO;
+        n = w[0];
+        if (n > words / SEQ_WORDS)      /* each sequence takes SEQ_WORDS words at least */
+                return TSR_E_PROTO;
+        /* One allocation: the records, then a copy of the words they point into. */
+        tsr_engine_seq *s = malloc(n * sizeof(*s) + len);
+        if (!s)
+                return TSR_E_NOMEM;
+        uint32_t *copy = (uint32_t *)(s + n);
+        memcpy(copy, buf, len);
+        for (size_t i = 0; i < n; i++) {
+                if (words - at < SEQ_WORDS)
+                        goto bad;
+                size_t nt = copy[at], nn = copy[at + 1];
+                uint64_t past = copy[at + 2] | (uint64_t)copy[at + 3] << 32;
+                uint32_t flags = copy[at + 4];
+                at += SEQ_WORDS;
+                if (nt > words - at || nn > words - at - nt || flags > 3 || nn == 0)
+                        goto bad;
+                s[i] = (tsr_engine_seq){.block_table = copy + at, .n_table = nt, .tokens = copy + at + nt, .n = nn,
+                                        .past_len = (size_t)past, .want_logits = flags & 1,
+                                        .want_all_logits = (flags & 2) != 0, .state_slot = copy[at - 1]};
+                at += nt + nn;
+        }
+        if (at != words)
+                goto bad;
+        *seqs = s;
+        *n_seqs = n;
+        return TSR_OK;
+bad:
+        free(s);
+        return TSR_E_PROTO;
+}
+
+/* Floats a step hands on and returns, from its sequences. */
+static void step_sizes(const tsr_engine_seq *seqs, size_t n_seqs, size_t *tokens, size_t *rows) {
+        *tokens = *rows = 0;
+        for (size_t i = 0; i < n_seqs; i++) {
+                *tokens += seqs[i].n;
+                *rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
+        }
+}
+
+static tsr_status grow(float **buf, size_t *cap, size_t floats) {
+        if (floats <= *cap)
+                return TSR_OK;
+        float *p = realloc(*buf, floats * sizeof(float));
+        if (!p)
+                return TSR_E_NOMEM;
+        *buf = p;
+        *cap = floats;
+        return TSR_OK;
+}
+
+/* ---- joining -------------------------------------------------------------------------- */
+
+/* Meet the other nodes and build the group on this thread.  TSR_E_* with err. */
+static tsr_status join(const tsr_nodes_cfg *cfg, const _Atomic bool *cancel, void (*on_first_hello)(void *ud),
+                       void *ud, tsr_comm **ret, uint64_t *epoch, char *err, size_t errlen) {
+        char addr[128], bind_ep[160];
+        tsr_comm_zmq_listener *l = NULL;
+        tsr_bootstrap_group g = {0};
+        tsr_status st;
+
+        /* The address this node is reached at: the one its traffic to node 0 leaves from. */
+        if ((st = tsr_bootstrap_local_addr(cfg->master_addr, cfg->master_port, addr, sizeof addr, err, errlen)) !=
+            TSR_OK)
+                return st;
+        snprintf(bind_ep, sizeof bind_ep, "tcp://%s:*", addr);
+        if ((st = tsr_comm_zmq_listener_new(bind_ep, &l, err, errlen)) != TSR_OK)
+                return st;
+        tsr_bootstrap_cfg bc = {.nnodes = cfg->nnodes, .node_rank = cfg->node_rank, .master_addr = cfg->master_addr,
+                                .master_port = cfg->master_port, .purpose = "serve", .fingerprint = cfg->fingerprint,
+                                .data_endpoint = tsr_comm_zmq_listener_endpoint(l),
+                                .timeout_ms = cfg->join_timeout_ms, .cancel = cancel,
+                                .on_first_hello = on_first_hello, .ud = ud};
+        if ((st = tsr_bootstrap_rendezvous(&bc, &g, err, errlen)) != TSR_OK) {
+                tsr_comm_zmq_listener_free(&l);
+                return st;
+        }
+        tsr_comm_desc d = {.backend = TSR_COMM_BACKEND_ZMQ, .rank = (int)cfg->node_rank, .size = (int)cfg->nnodes,
+                           .timeout_ms = cfg->step_timeout_ms, .epoch = g.epoch, .zmq_listener = &l,
+                           .endpoints = (const char *const *)g.endpoints};
+        st = tsr_comm_new(&d, ret, err, errlen);
+        *epoch = g.epoch;
+        tsr_bootstrap_group_free(&g);
+        return st;
+}
+
+/* ---- the leader ----------------------------------------------------------------------- */
+
+struct tsr_nodes {
+        tsr_nodes_cfg cfg;
+        char *fingerprint, *master_addr;        /* cfg's strings, owned */
+        uint64_t kv_blocks;                     /* what the engine uses: a new group must hold it */
+        uint32_t state_slots;
+        /* engine thread */
+        tsr_comm *comm;                         /* the installed group; NULL while down */
+        uint64_t generation;
+        uint64_t steps;
+        float *act, *out;                       /* [HDR_FLOATS + floats] of the step's messages */
+        size_t act_cap, out_cap;
+        /* under mu */
+        pthread_mutex_t mu;
+        tsr_comm *ready;                        /* a group that met again, not installed yet */
+        uint64_t ready_epoch;
+        bool down;                              /* the installed group failed (group_down) */
+        pthread_t rejoin;
+        bool rejoin_running;
+        _Atomic bool cancel;                    /* tsr_nodes_free: the rejoin thread stops */
+        _Atomic bool up;
+        /* the comm abort may reach, under mu (abort from any thread) */
+        tsr_comm *abortable;
+};
+
+/* Hear every follower's capacity; a new group must hold what the engine uses. */
+static tsr_status hear_ready(tsr_comm *c, uint32_t nnodes, uint64_t *kv_blocks, uint32_t *state_slots, char *err,
+                             size_t errlen) {
+        for (uint32_t q = 1; q < nnodes; q++) {
+                ready_msg m;
+                tsr_status st = tsr_comm_recv(c, &m, sizeof m, (int)q, TAG_READY, NULL);
+                if (st != TSR_OK) {
+                        snprintf(err, errlen, "node rank %u did not report its KV capacity: %s", q,
+                                 tsr_status_str(st));
+                        return st;
+                }
+                log_info("node rank %u: %llu KV blocks, %u state slots", q, (unsigned long long)m.kv_blocks,
+                         m.state_slots);
+                *kv_blocks = m.kv_blocks < *kv_blocks ? m.kv_blocks : *kv_blocks;
+                *state_slots = m.state_slots < *state_slots ? m.state_slots : *state_slots;
+        }
+        return TSR_OK;
+}
+
+/* A node said hello while a group may be up: it left that group (it restarted, or its
+ * group broke), so the group is done; abort it, which also sends the nodes still in it
+ * back to the rendezvous.  The rejoin thread, inside the rendezvous. */
+static void stale_group(void *ud) {
+        tsr_nodes *n = ud;
+        pthread_mutex_lock(&n->mu);
+        if (n->abortable) {
+                log_warn("a node is meeting the others again: replica group %llu is over",
+                         (unsigned long long)n->generation);
+                tsr_comm_abort(n->abortable);
+        }
+        atomic_store(&n->up, false);
+        pthread_mutex_unlock(&n->mu);
+}
+
+/* Node 0 listens for the nodes all the time: after a failure (the engine took the group
+ * down) and while a group is up (a follower that restarted says hello: stale_group).
+ * Each new group goes to `ready`; the engine thread installs it (tsr_nodes_generation). */
+static void *rejoin_main(void *arg) {
+        tsr_nodes *n = arg;
+        char err[1024];
+        tsr_nodes_cfg cfg = n->cfg;
+
+        tsr_log_set_thread("nodes");
+        while (!atomic_load(&n->cancel)) {
+                tsr_comm *c = NULL;
+                uint64_t epoch = 0, blocks = UINT64_MAX;
+                uint32_t slots = UINT32_MAX;
+                tsr_status st = join(&cfg, &n->cancel, stale_group, n, &c, &epoch, err, sizeof err);
+                if (st == TSR_OK)
+                        st = hear_ready(c, cfg.nnodes, &blocks, &slots, err, sizeof err);
+                if (st == TSR_OK && (blocks < n->kv_blocks || slots < n->state_slots)) {
+                        snprintf(err, sizeof err, "a node now holds %llu KV blocks and %u state slots, fewer than the "
+                                 "%llu and %u this replica serves with", (unsigned long long)blocks, slots,
+                                 (unsigned long long)n->kv_blocks, n->state_slots);
+                        st = TSR_E_UNAVAILABLE;
+                }
+                pthread_mutex_lock(&n->mu);
+                if (st == TSR_OK && !atomic_load(&n->cancel)) {
+                        tsr_comm *old = n->ready;
+                        n->ready = c;
+                        n->ready_epoch = epoch;
+                        atomic_store(&n->up, true);
+                        pthread_mutex_unlock(&n->mu);
+                        tsr_comm_free(&old);    /* a group met before it and never installed: over too */
+                        log_info("the %u nodes met again (epoch %016llx): serving on it from the next step",
+                                 cfg.nnodes, (unsigned long long)epoch);
+                        continue;
+                }
+                bool down = n->down;
+                pthread_mutex_unlock(&n->mu);
+                tsr_comm_free(&c);
+                if (st == TSR_E_CANCELLED)
+                        break;
+                if (down)       /* while a group is up, a rendezvous nobody came to is no news */
+                        log_warn("the nodes did not meet again: %s (listening again)", err);
+        }
+        return NULL;
+}
+
+tsr_status tsr_nodes_lead(const tsr_nodes_cfg *cfg, uint64_t *kv_blocks, uint32_t *state_slots, tsr_nodes **ret,
+                          char *err, size_t errlen) {
+        tsr_nodes *n = calloc(1, sizeof(*n));
+        tsr_status st;
+        uint64_t epoch = 0;
+
+        if (!n || !(n->fingerprint = strdup(cfg->fingerprint ? cfg->fingerprint : "")) ||
+            !(n->master_addr = strdup(cfg->master_addr))) {
+                if (n)
+                        free(n->fingerprint);
+                free(n);
+                snprintf(err, errlen, "out of memory");
+                return TSR_E_NOMEM;
+        }
+        n->cfg = *cfg;
+        n->cfg.fingerprint = n->fingerprint;
+        n->cfg.master_addr = n->master_addr;
+        pthread_mutex_init(&n->mu, NULL);
+        log_info("node 0 of %u: waiting up to %u s for the other nodes at %s:%u", cfg->nnodes,
+                 cfg->join_timeout_ms / 1000, cfg->master_addr, cfg->master_port);
+        *kv_blocks = cfg->kv_blocks;
+        *state_slots = cfg->state_slots;
+        st = join(&n->cfg, NULL, NULL, NULL, &n->ready, &epoch, err, errlen);
+        if (st == TSR_OK)
+                st = hear_ready(n->ready, cfg->nnodes, kv_blocks, state_slots, err, errlen);
+        if (st == TSR_OK) {
+                /* The rejoin thread takes no signal: the io thread reads them (signalfd). */
+                sigset_t all, old;
+                sigfillset(&all);
+                pthread_sigmask(SIG_SETMASK, &all, &old);
+                if (pthread_create(&n->rejoin, NULL, rejoin_main, n) != 0) {
+                        snprintf(err, errlen, "cannot start the rejoin thread");
+                        st = TSR_E_INTERNAL;
+                }
+                pthread_sigmask(SIG_SETMASK, &old, NULL);
+        }
+        if (st != TSR_OK) {
+                tsr_comm_free(&n->ready);
+                tsr_nodes_free(&n);
+                return st;
+        }
+        n->rejoin_running = true;
+        n->ready_epoch = epoch;
+        n->kv_blocks = *kv_blocks;
+        n->state_slots = *state_slots;
+        atomic_store(&n->up, true);
+        log_info("the %u nodes met (epoch %016llx): %llu KV blocks, %u state slots on every node", cfg->nnodes,
+                 (unsigned long long)epoch, (unsigned long long)*kv_blocks, *state_slots);
+        *ret = n;
+        return TSR_OK;
+}
+
+uint64_t tsr_nodes_generation(tsr_nodes *n) {
+        tsr_comm *old = NULL;
+        pthread_mutex_lock(&n->mu);
+        if (n->ready) {         /* the nodes met again: whatever group was up is over */
+                old = n->comm;
+                n->comm = n->abortable = n->ready;
+                n->ready = NULL;
+                n->down = false;
+                n->generation++;
+                log_info("replica group %llu (epoch %016llx) installed", (unsigned long long)n->generation,
+                         (unsigned long long)n->ready_epoch);
+        }
+        pthread_mutex_unlock(&n->mu);
+        tsr_comm_free(&old);
+        return n->generation;
+}
+
+bool tsr_nodes_up(const tsr_nodes *n) { return atomic_load(&n->up); }
+
+void tsr_nodes_abort(tsr_nodes *n) {
+        if (!n)
+                return;
+        pthread_mutex_lock(&n->mu);
+        if (n->abortable)
+                tsr_comm_abort(n->abortable);
+        pthread_mutex_unlock(&n->mu);
+}
+
+/* The group broke: free it and wake the rejoin thread.  Engine thread. */
+static void group_down(tsr_nodes *n, tsr_status why) {
+        log_error("replica group %llu failed (%s): its in-flight requests end with an error; the worker reports "
+                  "itself unhealthy until the nodes meet again", (unsigned long long)n->generation,
+                  tsr_status_str(why));
+        pthread_mutex_lock(&n->mu);
+        n->abortable = NULL;
+        if (!n->ready)          /* a group that met meanwhile stays up */
+                atomic_store(&n->up, false);
+        n->down = true;
+        pthread_mutex_unlock(&n->mu);
+        tsr_comm_free(&n->comm);
+}
+
+tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,
+                          size_t out_floats, tsr_status (*stage0)(void *ud, float *act), void *stage0_ud,
+                          float *logits) {
+        uint32_t last = n->cfg.nnodes - 1;
+        uint8_t *plan = NULL;
+        size_t plan_len = 0;
+        tsr_status st, local;
+
+        if (!n->comm)
+                return TSR_E_UNAVAILABLE;
+        if ((st = grow(&n->act, &n->act_cap, HDR_FLOATS + io_floats)) != TSR_OK ||
+            (st = grow(&n->out, &n->out_cap, HDR_FLOATS + out_floats)) != TSR_OK ||
+            (st = tsr_nodes_plan_pack(seqs, n_seqs, &plan, &plan_len)) != TSR_OK)
+                return st;
+        ctl_msg ctl = {.step = ++n->steps, .plan_bytes = plan_len, .io_floats = io_floats, .out_floats = out_floats};
+        for (uint32_t q = 1; st == TSR_OK && q <= last; q++) {
+                st = tsr_comm_send(n->comm, &ctl, sizeof ctl, (int)q, TAG_CTL, NULL);
+                if (st == TSR_OK)
+                        st = tsr_comm_send(n->comm, plan, plan_len, (int)q, TAG_PLAN, NULL);
+        }
+        free(plan);
+        /* Stage 0 between the plan and its output: the followers decode the plan meanwhile.
+         * A stage 0 that failed still sends, so the step ends at once on every node. */
+        local = st == TSR_OK ? stage0(stage0_ud, n->act + HDR_FLOATS) : st;
+        ((int32_t *)n->act)[0] = local;
+        ((int32_t *)n->act)[1] = 0;
+        if (st == TSR_OK)
+                st = tsr_comm_send(n->comm, n->act, (HDR_FLOATS + io_floats) * sizeof(float), 1, TAG_ACT, NULL);
+        if (st == TSR_OK)
+                st = tsr_comm_recv(n->comm, n->out, (HDR_FLOATS + out_floats) * sizeof(float), (int)last, TAG_OUT,
+                                   NULL);
+        if (st != TSR_OK) {
+                group_down(n, st);
+                return st;
+        }
+        if ((st = (tsr_status)((int32_t *)n->out)[0]) == TSR_OK)
+                memcpy(logits, n->out + HDR_FLOATS, out_floats * sizeof(float));
+        return st;
+}
+
+void tsr_nodes_free(tsr_nodes **np) {
+        tsr_nodes *n = *np;
+        if (!n)
+                return;
+        if (n->rejoin_running) {
+                atomic_store(&n->cancel, true);        /* the rendezvous gives up within 0.5 s */
+                pthread_join(n->rejoin, NULL);
+        }
+        tsr_comm_free(&n->comm);
+        tsr_comm_free(&n->ready);
+        free(n->act);
+        free(n->out);
+        pthread_mutex_destroy(&n->mu);
+        free(n->fingerprint);
+        free(n->master_addr);
+        free(n);
+        *np = NULL;
+}
+
+/* ---- a follower ----------------------------------------------------------------------- */
+
+static pthread_mutex_t follow_mu = PTHREAD_MUTEX_INITIALIZER;
+static tsr_comm *follow_comm;           /* under follow_mu: what tsr_nodes_stop aborts */
+static _Atomic bool follow_stop;
+
+void tsr_nodes_stop(void) {
+        atomic_store(&follow_stop, true);
+        pthread_mutex_lock(&follow_mu);
+        if (follow_comm)
+                tsr_comm_abort(follow_comm);
+        pthread_mutex_unlock(&follow_mu);
+}
+
+/* Run steps on group c until it breaks (its status) or a plan is malformed (TSR_E_PROTO). */
+static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_stage_fn fn, void *ud,
+                               size_t hidden_floats, size_t vocab, char *err, size_t errlen) {
+        bool last = cfg->node_rank + 1 == cfg->nnodes;
+        float *in = NULL, *out = NULL;
+        size_t in_cap = 0, out_cap = 0;
+        uint8_t *plan = NULL;
+        tsr_status st = TSR_OK;
+
+        for (;;) {
+                ctl_msg ctl;
+                tsr_engine_seq *seqs = NULL;
+                size_t n_seqs = 0, tokens, rows;
+                /* An idle leader may send nothing for hours: this wait has no deadline (a
+                 * dead leader is a disconnect, a silent host ZeroMQ's heartbeat). */
+                tsr_comm_set_timeout(c, UINT32_MAX);
+                st = tsr_comm_recv(c, &ctl, sizeof ctl, 0, TAG_CTL, NULL);
+                tsr_comm_set_timeout(c, cfg->step_timeout_ms);
+                if (st != TSR_OK)
+                        break;
+                if (ctl.plan_bytes > MAX_MSG_BYTES || ctl.io_floats > MAX_MSG_BYTES / sizeof(float) ||
+                    ctl.out_floats > MAX_MSG_BYTES / sizeof(float) || !(plan = malloc(ctl.plan_bytes ? ctl.plan_bytes : 1))) {
+                        snprintf(err, errlen, "step %llu: a plan of %llu bytes", (unsigned long long)ctl.step,
+                                 (unsigned long long)ctl.plan_bytes);
+                        st = TSR_E_PROTO;
+                        break;
+                }
+                if ((st = tsr_comm_recv(c, plan, ctl.plan_bytes, 0, TAG_PLAN, NULL)) != TSR_OK)
+                        break;
+                st = tsr_nodes_plan_unpack(plan, ctl.plan_bytes, &seqs, &n_seqs);
+                free(plan);
+                plan = NULL;
+                if (st == TSR_OK) {
+                        step_sizes(seqs, n_seqs, &tokens, &rows);
+                        if (ctl.io_floats != 2 * tokens * hidden_floats || (last && ctl.out_floats != rows * vocab))
+                                st = TSR_E_PROTO;
+                }
+                if (st != TSR_OK) {
+                        free(seqs);
+                        snprintf(err, errlen, "step %llu: node 0 sent a plan that does not decode or does not match "
+                                 "its sizes", (unsigned long long)ctl.step);
+                        st = TSR_E_PROTO;
+                        break;
+                }
+                size_t out_n = last ? ctl.out_floats : ctl.io_floats;
+                if ((st = grow(&in, &in_cap, HDR_FLOATS + ctl.io_floats)) != TSR_OK ||
+                    (st = grow(&out, &out_cap, HDR_FLOATS + out_n)) != TSR_OK) {
+                        free(seqs);
+                        snprintf(err, errlen, "out of memory for step %llu", (unsigned long long)ctl.step);
+                        break;
+                }
+                st = tsr_comm_recv(c, in, (HDR_FLOATS + ctl.io_floats) * sizeof(float), (int)cfg->node_rank - 1,
+                                   TAG_ACT, NULL);
+                if (st != TSR_OK) {
+                        free(seqs);
+                        break;
+                }
+                /* The previous stage's failure travels on; this stage does not run. */
+                tsr_status prev = (tsr_status)((int32_t *)in)[0];
+                tsr_status mine = prev != TSR_OK ? prev : fn(ud, seqs, n_seqs, in + HDR_FLOATS, out + HDR_FLOATS);
+                free(seqs);
+                if (mine != TSR_OK && prev == TSR_OK)
+                        log_error("step %llu: this stage failed: %s", (unsigned long long)ctl.step,
+                                  tsr_status_str(mine));
+                ((int32_t *)out)[0] = mine;
+                ((int32_t *)out)[1] = 0;
+                st = tsr_comm_send(c, out, (HDR_FLOATS + out_n) * sizeof(float), last ? 0 : (int)cfg->node_rank + 1,
+                                   last ? TAG_OUT : TAG_ACT, NULL);
+                if (st != TSR_OK)
+                        break;
+        }
+        free(plan);
+        free(in);
+        free(out);
+        return st;
+}
+
+tsr_status tsr_nodes_follow(const tsr_nodes_cfg *cfg, tsr_nodes_stage_fn fn, void *ud, size_t hidden_floats,
+                            size_t vocab, char *err, size_t errlen) {
+        tsr_status st = TSR_OK;
+
+        while (!atomic_load(&follow_stop)) {
+                tsr_comm *c = NULL;
+                uint64_t epoch = 0;
+                log_info("node %u of %u: meeting node 0 at %s:%u (up to %u s)", cfg->node_rank, cfg->nnodes,
+                         cfg->master_addr, cfg->master_port, cfg->join_timeout_ms / 1000);
+                if ((st = join(cfg, &follow_stop, NULL, NULL, &c, &epoch, err, errlen)) != TSR_OK)
+                        break;
+                ready_msg m = {.kv_blocks = cfg->kv_blocks, .state_slots = cfg->state_slots};
+                pthread_mutex_lock(&follow_mu);
+                follow_comm = c;
+                pthread_mutex_unlock(&follow_mu);
+                if (atomic_load(&follow_stop))  /* a stop between the join and the line above */
+                        tsr_comm_abort(c);
+                log_info("node %u of %u: in the group (epoch %016llx), serving pipeline stage %u", cfg->node_rank,
+                         cfg->nnodes, (unsigned long long)epoch, cfg->node_rank);
+                st = tsr_comm_send(c, &m, sizeof m, 0, TAG_READY, NULL);
+                if (st == TSR_OK)
+                        st = follow_steps(cfg, c, fn, ud, hidden_floats, vocab, err, errlen);
+                pthread_mutex_lock(&follow_mu);
+                follow_comm = NULL;
+                pthread_mutex_unlock(&follow_mu);
+                tsr_comm_free(&c);
+                if (atomic_load(&follow_stop))
+                        break;
+                if (st == TSR_E_PROTO)
+                        break;
+                log_warn("node %u: the group broke (%s): meeting node 0 again", cfg->node_rank, tsr_status_str(st));
+        }
+        if (atomic_load(&follow_stop))
+                return TSR_OK;
+        if (st == TSR_E_CANCELLED)
+                return TSR_OK;
+        return st;
+}
