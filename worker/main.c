@@ -596,12 +596,11 @@ int main(int argc, char **argv) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
                 rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
         }
-        /* --kv-cache-dtype: fp8 for the llama and nemotron_h families in one rank, on the
-         * CPU or (llama) on CUDA; refused before anything loads. */
+        /* --kv-cache-dtype: fp8 for the llama and nemotron_h families (any -tp / -pp), on
+         * the CPU or (llama) on CUDA; refused before anything loads. */
         tsr_dtype kv_dtype = TSR_DTYPE_F32;
         (void)tsr_kv_cache_dtype_parse(cfg.kv_cache_dtype, &kv_dtype);  /* config.c refused the rest */
-        if ((st = tsr_runner_kv_dtype_check(family, kv_dtype, cfg.kv_cache_dtype, (uint32_t)ranks, err,
-                                            sizeof(err))) != TSR_OK) {
+        if ((st = tsr_runner_kv_dtype_check(family, kv_dtype, cfg.kv_cache_dtype, err, sizeof(err))) != TSR_OK) {
                 fprintf(stderr, "tessera-worker: error: %s\n", err);
                 goto out;
         }

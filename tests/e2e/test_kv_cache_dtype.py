@@ -18,8 +18,12 @@ What is asserted, and why:
     logprobs move by up to 0.47;
   - a YAML --config with `kv-cache-dtype: fp8` (the deployment guides' form) starts;
   - NemotronH's attention layers take an fp8 cache too (its Mamba state stays float32);
-  - fp8 where it is not implemented (-pp, Llama 4) is refused
-    with exit 2 and the reason, never run with a float32 cache;
+  - with pipeline stages (-pp 2, -pp 3) each stage keeps its layers' cache in fp8 with
+    their scales: the answers are the fp8 one-rank answers, bitwise (text and logprob
+    floats; the logits themselves: tests/unit/test_parallel.c test_fp8_kv_parallel),
+    for SmolLM2 and for the ModelOpt FP8 NemotronH with its checkpoint scales;
+  - fp8 where it is not implemented (Llama 4) is refused with exit 2 and the reason,
+    never run with a float32 cache;
   - a ModelOpt checkpoint's k_scale / v_scale are the ones used (Llama, NemotronH);
     fp8_e5m2 / fp8_inc are refused in test_worker_startup.py (REFUSED)."""
 import re
@@ -114,17 +118,13 @@ def test_yaml_config_starts(spawn, tmp_path, demo_model):
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-SCOPE = "the fp8 KV cache is implemented for the llama and nemotron_h families in one rank (supported there: auto)"
+SCOPE = "the fp8 KV cache is implemented for the llama and nemotron_h families (supported there: auto)"
 
 
 @pytest.mark.parametrize("model,args,message", [
-    (None, ["-pp", "2"], "argument --kv-cache-dtype: 'fp8' is not supported with tensor or pipeline parallelism "
-                         "yet: "),
     ("tiny-llama4", [], "argument --kv-cache-dtype: 'fp8' is not supported for model family llama4 yet: "),
-    # NemotronH runs -pp now (issue #14); its fp8 cache stays one rank's
-    ("tiny-nemotron-h/model", ["-pp", "2"], "argument --kv-cache-dtype: 'fp8' is not supported with tensor or "
-                                            "pipeline parallelism yet: "),
-], ids=["pp", "llama4", "nemotron_h-pp"])
+    ("tiny-llama4", ["-pp", "2"], "argument --kv-cache-dtype: 'fp8' is not supported for model family llama4 yet: "),
+], ids=["llama4", "llama4-pp"])
 def test_refused_where_not_implemented(spawn, demo_model, model, args, message):
     """Never a silent float32 cache: exit 2 before anything is loaded or bound."""
     w = spawn([WORKER, FIXTURES / model if model else demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}",
@@ -173,3 +173,41 @@ def serve_fp8_tiny(spawn, model, flag):
                                   extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 8
     return base, proc.output()
+
+
+def fp8_answers(spawn, model, *flags):
+    """Greedy and seeded completions (token ids, 12 tokens, top-3 logprobs) of `model`
+    served with --kv-cache-dtype fp8 and `flags`, then its log."""
+    port = free_port()
+    proc = spawn([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, "--served-model-name", "m",
+                  "--kv-cache-memory-bytes", "64M", "--max-model-len", "512", "--kv-cache-dtype", "fp8", *flags])
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: proc.p.poll() is not None or http_status(base + "/health") == 200, timeout=120,
+               what=f"{model} {flags} served")
+    assert proc.p.poll() is None, proc.output()
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+    out = []
+    for prompt in ([1, 2, 3, 4, 5], [7, 9, 11]):
+        for kw in ({"temperature": 0}, {"temperature": 0.8, "seed": 7}):
+            r = client.completions.create(model="m", prompt=prompt, max_tokens=12, logprobs=3,
+                                          extra_body={"ignore_eos": True}, **kw)
+            c = r.choices[0]
+            out.append((c.text, c.logprobs.token_logprobs, c.logprobs.top_logprobs))
+    log = proc.output()
+    proc.kill_group()
+    return out, log
+
+
+@pytest.mark.parametrize("model,splits", [(None, ("2", "3")), ("tiny-nemotron-h-fp8/model", ("2", "3"))],
+                         ids=["llama", "nemotron_h"])
+def test_pipeline_stages_answer_as_one_rank(spawn, demo_model, model, splits):
+    """-pp N with the fp8 cache answers bitwise as one rank with it: each stage stores its
+    layers' K and V in fp8 with its layers' scales (the ModelOpt NemotronH's from its
+    checkpoint), and the stages only move bytes."""
+    path = FIXTURES / model if model else demo_model
+    want, out1 = fp8_answers(spawn, path)
+    assert "KV cache dtype fp8_e4m3" in out1, out1
+    for pp in splits:
+        got, out = fp8_answers(spawn, path, "-pp", pp)
+        assert f"pipeline parallel: {pp} stages" in out and "KV cache dtype fp8_e4m3" in out, out
+        assert got == want, (pp, want, got)

@@ -348,8 +348,8 @@ static tsr_status device_kv_blocks(tsr_backend *be, double util, uint64_t block_
         return TSR_OK;
 }
 
-tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_dtype, const char *flag,
-                                     uint32_t ranks, char *err, size_t errlen) {
+tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_dtype, const char *flag, char *err,
+                                     size_t errlen) {
         const char *where = NULL;
 
         if (kv_dtype == TSR_DTYPE_F32)
@@ -358,8 +358,6 @@ tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_d
                 where = "for this model";
         else if (!fam->kv_scale_module)
                 where = fam->name;
-        else if (ranks > 1)
-                where = "with tensor or pipeline parallelism";
         if (!where)
                 return TSR_OK;
         snprintf(err, errlen, "argument --kv-cache-dtype: '%s' is not supported %s%s yet: " TSR_RUNNER_KV_FP8_SCOPE
@@ -501,7 +499,7 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         /* The KV memory, group by group as the family declares it for this shard; the
          * family's forward gets a view of it. */
         n_groups = r->fam->kv_groups(desc, shard, groups, TSR_KV_GROUPS_MAX);
-        if ((st = tsr_runner_kv_dtype_check(r->fam, opts->kv_dtype, NULL, r->pp * r->tp, err, errlen)) != TSR_OK)
+        if ((st = tsr_runner_kv_dtype_check(r->fam, opts->kv_dtype, NULL, err, errlen)) != TSR_OK)
                 return st;
         tsr_kv_groups_set_dtype(groups, n_groups, opts->kv_dtype);
         if (num_blocks == 0 && (st = device_kv_blocks(sg->be, opts->gpu_memory_utilization,
