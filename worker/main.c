@@ -606,8 +606,11 @@ int main(int argc, char **argv) {
         }
         /* The device (--device): a GPU only for a family that runs there, in one rank
          * (--device auto then picks the CPU; --device cuda is refused). */
+        char gpu_families[128], no_gpu_family[192];
+        snprintf(no_gpu_family, sizeof no_gpu_family, "the model's family does not run on CUDA yet (supported: %s)",
+                 tsr_family_names(tsr_family_has_device, gpu_families, sizeof gpu_families));
         const char *gpu_not_ok = !family                    ? "the model has no runner on any device"
-                                 : !family->to_backend      ? "the model's family does not run on CUDA yet (supported: llama)"
+                                 : !family->to_backend      ? no_gpu_family
                                  : ranks > 1                ? "tensor or pipeline parallelism on CUDA is not supported yet"
                                  : cfg.nnodes > 1           ? "a multi-node replica on CUDA is not supported yet"
                                                             : NULL;

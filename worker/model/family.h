@@ -165,9 +165,11 @@ static inline tsr_status tsr_stage_send(tsr_backend *be, float *out, const float
 /* The names of the registered families for which `has` is true, comma-separated, into
  * buf (for the "supported: ..." of an error message); returns buf.  Any thread. */
 const char *tsr_family_names(bool (*has)(const tsr_model_family *f), char *buf, size_t len);
-/* tsr_family_names' tests: the family runs pipeline stages / tensor-parallel shards. */
+/* tsr_family_names' tests: the family runs pipeline stages / tensor-parallel shards / on
+ * a backend whose memory is not the host's (CUDA). */
 bool tsr_family_has_stages(const tsr_model_family *f);
 bool tsr_family_has_tp(const tsr_model_family *f);
+bool tsr_family_has_device(const tsr_model_family *f);
 
 /* The family that serves a model whose metadata says `format` ("gguf" or "hf"),
  * `architecture` (HF architectures[0] or GGUF general.architecture; may be NULL) and

@@ -483,8 +483,10 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                 stats->resident_bytes = r->fam->resident_bytes(sg->model);
         if (!tsr_backend_host_memory(sg->be)) {
                 if (!r->fam->to_backend) {
-                        snprintf(err, errlen, "model family %s does not run on the %s backend yet (supported: llama); "
-                                 "use --device cpu", r->fam->name, tsr_backend_name(sg->be));
+                        char names[128];
+                        snprintf(err, errlen, "model family %s does not run on the %s backend yet (supported: %s); "
+                                 "use --device cpu", r->fam->name, tsr_backend_name(sg->be),
+                                 tsr_family_names(tsr_family_has_device, names, sizeof names));
                         return TSR_E_UNSUPPORTED;
                 }
                 if ((st = r->fam->to_backend(sg->model, sg->be, opts->max_step_tokens, opts->max_logit_rows, err,
