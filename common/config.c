@@ -1128,10 +1128,10 @@ static tsr_status check_nodes(const tsr_config *cfg, char *err, size_t errlen) {
         }
         if (cfg->nnodes == 1)
                 return TSR_OK;
-        if (cfg->pipeline_parallel_size != cfg->nnodes || cfg->tensor_parallel_size != 1) {
-                tsr_errf(err, errlen, "argument --nnodes: %d needs --pipeline-parallel-size %d and "
-                         "--tensor-parallel-size 1: this build runs one pipeline stage per node (tensor "
-                         "parallelism in a multi-node replica is not supported yet)", cfg->nnodes, cfg->nnodes);
+        if (cfg->pipeline_parallel_size != cfg->nnodes) {
+                tsr_errf(err, errlen, "argument --nnodes: %d needs --pipeline-parallel-size %d: this build runs one "
+                         "pipeline stage per node (its --tensor-parallel-size ranks inside the node; several stages "
+                         "per node are not supported yet)", cfg->nnodes, cfg->nnodes);
                 return TSR_E_UNSUPPORTED;
         }
         if (cfg->async_scheduling) {

@@ -188,7 +188,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                                                : CPU_DEFAULT_MAX_NUM_SEQS;
         /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
          * per block, and state slots (counted in the same budget) per running request. */
-        long long budget = kv_budget(cfg, node_stage >= 0 ? 1 : (pp_layers ? pp : 1) * (tp > 1 ? tp : 1));
+        long long budget = kv_budget(cfg, (node_stage >= 0 || !pp_layers ? 1 : pp) * (tp > 1 ? tp : 1));
         p->state_slot_bytes = slot_bytes;
         p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs);
         if (p->state_slot_bytes && p->state_slots == 0) {
@@ -571,9 +571,10 @@ int main(int argc, char **argv) {
                         o += (size_t)snprintf(line + o, sizeof line - o, "%s%u..%u", s ? ", " : "", first,
                                               first + pp_layers[s] - 1);
                 if (cfg.nnodes > 1)
-                        log_info("pipeline parallel: %u stages on %u nodes, this one (node rank %d%s) runs stage %d: "
+                        log_info("pipeline parallel: %u stages on %u nodes, this one (node rank %d%s) runs stage %d%s: "
                                  "layers [%s]%s", pp, pp, cfg.node_rank, cfg.headless ? ", headless" : ", the leader",
-                                 cfg.node_rank, line, getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
+                                 cfg.node_rank, tp > 1 ? " on its tensor-parallel rank threads" : "", line,
+                                 getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
                 else if (tp > 1)
                         log_info("pipeline parallel: %u stages x tensor parallel: %u ranks each = %u rank threads in "
                                  "this process (rank = stage x %u + tp rank), layers [%s]%s", pp, tp, pp * tp, tp,
@@ -590,11 +591,12 @@ int main(int argc, char **argv) {
          * keeps several steps in flight. */
         int rank_threads = cfg.cpu_threads;
         long ranks = (long)pp * (long)(tp > 1 ? tp : 1);
-        /* A node of a multi-node replica holds one stage: one rank here, the node's cores. */
+        /* A node of a multi-node replica holds one stage: its tp ranks share the node's cores. */
         int node_stage = cfg.nnodes > 1 ? cfg.node_rank : -1;
-        if (ranks > 1 && node_stage < 0) {
+        long local_ranks = node_stage >= 0 ? (tp > 1 ? tp : 1) : ranks;
+        if (local_ranks > 1) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
-                rank_threads = cores / ranks > 1 ? (int)(cores / ranks) : 1;
+                rank_threads = cores / local_ranks > 1 ? (int)(cores / local_ranks) : 1;
         }
         /* --kv-cache-dtype: fp8 for the llama and nemotron_h families (any -tp / -pp), on
          * the CPU or (llama) on CUDA; refused before anything loads. */

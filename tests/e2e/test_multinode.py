@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -45,9 +46,10 @@ def ns_prefix(ns):
     return ["ip", "netns", "exec", ns] if ns else []
 
 
-def leader(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, model=DEMO_MODEL, wait=True):
+def leader(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, model=DEMO_MODEL, wait=True,
+           common=COMMON):
     port = free_port()
-    proc = Proc([*ns_prefix(ns), LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, *COMMON,
+    proc = Proc([*ns_prefix(ns), LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, *common,
                  *node_flags(0, master_port, master), *extra], tmp_path / f"{name}.log", env=ENV)
     base = f"http://127.0.0.1:{port}"
 
@@ -60,15 +62,16 @@ def leader(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, mod
     return proc, base
 
 
-def follower(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, model=DEMO_MODEL, launcher=True):
+def follower(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, model=DEMO_MODEL, launcher=True,
+             common=COMMON):
     args = [LAUNCHER, "serve", model] if launcher else [WORKER, model]
-    return Proc([*ns_prefix(ns), *args, *COMMON, *node_flags(1, master_port, master), *extra],
+    return Proc([*ns_prefix(ns), *args, *common, *node_flags(1, master_port, master), *extra],
                 tmp_path / f"{name}.log", env=ENV)
 
 
-def single(tmp_path):
+def single(tmp_path, *extra, model=DEMO_MODEL, common=COMMON):
     port = free_port()
-    proc = Proc([LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", port, *COMMON],
+    proc = Proc([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, *common, *extra],
                 tmp_path / "single.log", env=ENV)
     base = f"http://127.0.0.1:{port}"
     wait_until(lambda: http_status(base + "/health") == 200, timeout=120, interval=0.1, what="pp1 ready")
@@ -148,6 +151,49 @@ def test_two_nodes_answer_as_one_process(tmp_path):
     # node 0 gone cleanly: the follower goes back to the rendezvous; SIGTERM ends it with 0
     wait_until(lambda: "meeting node 0 again" in f.output(), timeout=30, interval=0.1, what="follower rejoins")
     stop(f)
+
+
+TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama3-hf" / "f32"   # 4 heads, 2 KV heads
+TINY_COMMON = ["--served-model-name", MODEL, "--max-model-len", "256", "--max-num-seqs", "8",
+               "--kv-cache-memory-bytes", "64M", "--dtype", "float32"]
+
+
+def id_answers(base):
+    """Greedy and seeded completions of token-id prompts (12 tokens, top-3 logprobs),
+    then both prompts at once."""
+    c = client(base)
+    out = []
+    prompts = ([1, 2, 3, 4, 5], [9, 8, 7])
+    for p in prompts:
+        for kw in ({"temperature": 0}, {"temperature": 0.9, "seed": 11}):
+            r = c.completions.create(model=MODEL, prompt=p, max_tokens=12, logprobs=3,
+                                     extra_body={"ignore_eos": True}, **kw)
+            ch = r.choices[0]
+            out.append((ch.text, ch.logprobs.token_logprobs, ch.logprobs.top_logprobs))
+    r = c.completions.create(model=MODEL, prompt=list(prompts), max_tokens=12, temperature=0, logprobs=1,
+                             extra_body={"ignore_eos": True})
+    out.append([(ch.text, ch.logprobs.token_logprobs) for ch in r.choices])
+    return out
+
+
+def test_tensor_parallel_inside_each_node(tmp_path):
+    """-tp 2 -pp 2 --nnodes 2 --dtype float32 on the tiny HF Llama 3: each node runs its
+    stage on two tensor-parallel rank threads (the heads split, the row-parallel layers in
+    R7's canonical split and the comm's fixed tree), the nodes hand the activations on;
+    the answers are bitwise those of -tp 1 --dtype float32 in one process."""
+    proc, base = single(tmp_path, model=TINY, common=TINY_COMMON)
+    want = id_answers(base)
+    stop(proc)
+    mp = free_port()
+    f = follower(tmp_path, "node1", mp, "-tp", "2", model=TINY, common=TINY_COMMON)
+    lead, base = leader(tmp_path, "node0", mp, "-tp", "2", model=TINY, common=TINY_COMMON)
+    assert id_answers(base) == want
+    log0, log1 = lead.output(), f.output()
+    assert "runs stage 0 on its tensor-parallel rank threads: layers [0..0, 1..1]" in log0, log0[-3000:]
+    assert "pipeline stage 1 of 2, tensor parallel rank 1 of 2: layers 1..1 + final norm and lm_head" in log1, \
+        log1[-3000:]
+    stop(lead)
+    f.kill_group()
 
 
 def test_follower_killed_under_load_then_replaced(tmp_path):
@@ -240,8 +286,9 @@ def test_a_node_whose_peer_never_comes_exits_non_zero(tmp_path, rank):
 
 
 @pytest.mark.parametrize("flags,msg", [
-    (["--nnodes", "2"], "argument --nnodes: 2 needs --pipeline-parallel-size 2 and --tensor-parallel-size 1"),
-    (["--nnodes", "2", "-pp", "2", "-tp", "3"], "tensor parallelism in a multi-node replica is not supported yet"),
+    (["--nnodes", "2"], "argument --nnodes: 2 needs --pipeline-parallel-size 2: this build runs one pipeline stage "
+                        "per node"),
+    (["--nnodes", "3", "-pp", "2"], "argument --nnodes: 3 needs --pipeline-parallel-size 3"),
     (["--nnodes", "2", "-pp", "2", "--node-rank", "1"], "argument --node-rank: 1 runs a follower node: pass --headless"),
     (["--nnodes", "2", "-pp", "2", "--node-rank", "2", "--headless"], "argument --node-rank: 2 must be less than --nnodes 2"),
     (["--headless"], "argument --headless: runs a follower node of a multi-node replica"),

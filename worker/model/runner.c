@@ -65,7 +65,9 @@ static tsr_status stage_run(void *ud, uint32_t rank, const tsr_pipeline_step *st
         tsr_runner *r = ud;
         const step_plan *pl = step->plan;
         const stage *sg = &r->stages[rank];
-        bool last = rank / r->tp + 1 == r->pp;
+        /* the model's stage: a node of a multi-node replica holds one, its tp ranks here */
+        uint32_t s = r->node_mode ? r->node_stage : rank / r->tp;
+        bool last = s + 1 == r->pp;
 
         if (last && r->abort_at && pl->step == r->abort_at)
                 tsr_pipeline_abort(r->pipe);
@@ -73,8 +75,8 @@ static tsr_status stage_run(void *ud, uint32_t rank, const tsr_pipeline_step *st
                 r->fam->tp_set_comm(sg->model, comm);
         if (r->pp == 1)         /* TP only: the whole step on the rank's shard */
                 return r->fam->forward_batch(sg->model, sg->be, sg->pool, pl->seqs, pl->n_seqs, out);
-        return r->fam->forward_stage(sg->model, sg->be, sg->pool, pl->seqs, pl->n_seqs, in, last ? NULL : out,
-                                     last ? out : NULL);
+        return r->fam->forward_stage(sg->model, sg->be, sg->pool, pl->seqs, pl->n_seqs, s > 0 ? in : NULL,
+                                     last ? NULL : out, last ? out : NULL);
 }
 
 /* The family's sequence records of the engine's, in a new buffer (free()); NULL: no memory. */
@@ -91,17 +93,40 @@ static char *fill_seqs(const tsr_runner *r, const tsr_engine_seq *seqs, size_t n
         return ls;
 }
 
+/* This node's stage of a multi-node step (node_mode): `in` from the previous node (NULL on
+ * node 0), into `out` (the next node's input, or the logits rows on the last node); with
+ * tp > 1 on this node's grid of tp rank threads.  Engine thread (node 0) or the
+ * follower's main thread. */
+static tsr_status node_stage_run(tsr_runner *r, const tsr_engine_seq *seqs, const char *ls, size_t n_seqs,
+                                 const float *in, float *out) {
+        const stage *sg = &r->stages[0];
+        bool last = r->node_stage + 1 == r->pp;
+        if (!r->pipe)
+                return r->fam->forward_stage(sg->model, sg->be, sg->pool, ls, n_seqs, r->node_stage ? in : NULL,
+                                             last ? NULL : out, last ? out : NULL);
+        size_t n_tokens = 0, rows = 0;
+        for (size_t i = 0; i < n_seqs; i++) {
+                n_tokens += seqs[i].n;
+                rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
+        }
+        step_plan pl = {.seqs = ls, .n_seqs = n_seqs, .step = r->steps};
+        size_t io = 2 * n_tokens * r->hidden;
+        tsr_pipeline_step step = {.plan = &pl, .io_floats = io, .out_floats = last ? rows * r->em.vocab : io,
+                                  .in = r->node_stage ? in : NULL};
+        return tsr_pipeline_run(r->pipe, &step, out);
+}
+
 /* Node 0's stage of a multi-node step (tsr_nodes_step's stage0). */
 typedef struct node0_step {
-        const tsr_runner *r;
-        const char *seqs;
+        tsr_runner *r;
+        const tsr_engine_seq *seqs;
+        const char *ls;
         size_t n_seqs;
 } node0_step;
 
 static tsr_status node0_stage(void *ud, float *act) {
         const node0_step *q = ud;
-        const stage *sg = &q->r->stages[0];
-        return q->r->fam->forward_stage(sg->model, sg->be, sg->pool, q->seqs, q->n_seqs, NULL, act, NULL);
+        return node_stage_run(q->r, q->seqs, q->ls, q->n_seqs, NULL, act);
 }
 
 static uint64_t runner_kv_generation(void *ud) { return tsr_nodes_generation(((tsr_runner *)ud)->nodes); }
@@ -115,13 +140,11 @@ void tsr_runner_set_nodes(tsr_runner *r, struct tsr_nodes *nodes) {
 
 tsr_status tsr_runner_run_stage(tsr_runner *r, const tsr_engine_seq *seqs, size_t n_seqs, const float *in,
                                 float *out) {
-        const stage *sg = &r->stages[0];
-        bool last = r->node_stage + 1 == r->pp;
         char *ls = fill_seqs(r, seqs, n_seqs);
         if (!ls)
                 return TSR_E_NOMEM;
-        tsr_status st = r->fam->forward_stage(sg->model, sg->be, sg->pool, ls, n_seqs, r->node_stage ? in : NULL,
-                                              last ? NULL : out, last ? out : NULL);
+        r->steps++;
+        tsr_status st = node_stage_run(r, seqs, ls, n_seqs, in, out);
         free(ls);
         return st;
 }
@@ -147,7 +170,7 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
                 rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
         }
         if (r->nodes) {
-                node0_step q = {.r = r, .seqs = ls, .n_seqs = n_seqs};
+                node0_step q = {.r = r, .seqs = seqs, .ls = ls, .n_seqs = n_seqs};
                 st = tsr_nodes_step(r->nodes, seqs, n_seqs, 2 * n_tokens * r->hidden, rows * r->em.vocab, node0_stage,
                                     &q, logits);
         } else if (r->n_stages == 1) {
@@ -556,13 +579,13 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         r->tp = tp;
         r->n_stages = pp * tp;
         if (opts->node_stage_only) {    /* one stage of pp here, the others on other nodes */
-                if (tp != 1 || pp < 2 || opts->node_stage >= pp) {
+                if (pp < 2 || opts->node_stage >= pp) {
                         free(r);
                         return TSR_E_INVAL;
                 }
                 r->node_mode = true;
                 r->node_stage = opts->node_stage;
-                r->n_stages = 1;
+                r->n_stages = tp;       /* the node's stage, on its tp ranks */
                 for (uint32_t s = 0; s < opts->node_stage; s++)
                         first += opts->pp_layers[s];
         }
@@ -624,10 +647,11 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
         const char *hang_at = getenv("TESSERA_TEST_HANG_AT_STEP");
         r->hang_at = hang_at ? strtoull(hang_at, NULL, 10) : 0;
-        if (r->n_stages > 1 && !r->node_mode) {
+        if (r->n_stages > 1) {
                 const char *abort_at = getenv("TESSERA_TEST_PP_ABORT_AT_STEP");
                 r->abort_at = abort_at ? strtoull(abort_at, NULL, 10) : 0;
-                if ((st = tsr_pipeline_new_grid(pp, tp, opts->pp_timeout_ms, stage_run, r, &r->pipe)) != TSR_OK) {
+                if ((st = tsr_pipeline_new_grid(r->node_mode ? 1 : pp, tp, opts->pp_timeout_ms, stage_run, r,
+                                                &r->pipe)) != TSR_OK) {
                         snprintf(err, errlen, "cannot make the pipeline: %s", tsr_status_str(st));
                         goto fail;
                 }

@@ -125,7 +125,7 @@ static tsr_status rank_step(rank *r, uint64_t id, const tsr_pipeline_step *step,
         }
         float *out = result ? result : r->out + HDR_FLOATS;
         if (st == TSR_OK)
-                st = p->fn(p->ud, r->id, step, stage > 0 ? r->in + HDR_FLOATS : NULL, out, tp_comm(r));
+                st = p->fn(p->ud, r->id, step, stage > 0 ? r->in + HDR_FLOATS : step->in, out, tp_comm(r));
         if (p->tp > 1 && (cst = tp_agree(r, &st)) != TSR_OK)
                 return cst;
         if (p->n_stages == 1) {

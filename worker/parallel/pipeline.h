@@ -63,11 +63,15 @@ typedef enum tsr_pipeline_kind {
 typedef struct tsr_pipeline_step {
         const void *plan;       /* the caller's step plan, read-only for the stages */
         size_t io_floats;       /* floats stage s hands stage s + 1 (hidden state and residual) */
+        /* io_floats the grid's first stage starts from, when the grid is not the model's
+         * first stage (a node of a multi-node replica: the previous node's output), read
+         * by every tp rank of it; else NULL. */
+        const float *in;
         size_t out_floats;      /* floats the last stage returns (logits rows); may be 0 */
 } tsr_pipeline_step;
 
 /* Rank `rank`'s part of a step, on that rank's thread: stage = rank / tp, tp_rank = rank
- * % tp.  `in` holds io_floats from the previous stage (NULL on stage 0); `out` receives
+ * % tp.  `in` holds io_floats from the previous stage (on stage 0: step->in); `out` receives
  * io_floats for the next stage, or out_floats on the last stage (every tp rank of it:
  * only tp rank 0's are returned).  `comm` is the rank's handle on its stage's TP group
  * (size tp), for the collectives of the shard's layers; with tp 1 it is the grid's
