@@ -601,8 +601,10 @@ struct ilv_tile {
         const uint8_t *w[QMM_TILE_W_MAX];
         const uint8_t *q[QMM_TILE_A];
         const float *dx[QMM_TILE_A], *sx[QMM_TILE_A];   /* sx: 32-blocks only */
-        const int16_t *qsum[QMM_TILE_A];                /* K blocks only */
-        size_t ng, nb;                                  /* 32-blocks: groups; K: blocks */
+        size_t ng;                                      /* 32-blocks: groups */
+        /* K blocks only (after the 32-blocks' fields, which keep main's offsets) */
+        const int16_t *qsum[QMM_TILE_A];
+        size_t nb;                                      /* blocks */
 };
 
 /* The float32 terms of group g for every pair of the tile, added to its lanes as the
@@ -705,9 +707,10 @@ struct qmm_ctx {
         bool tiles, vnni;               /* rows > 1; vpdpbusd */
 };
 
-/* Weight rows i0..i1 with every activation row, in tiles (above). */
-QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu) {
-        const bool k = tsr_qmm_is_k(c->t), q6 = c->t == TSR_DTYPE_Q6_K;
+/* Weight rows i0..i1 with every activation row, in tiles (above); k: the K formats'
+ * tiles (a constant: the 32-blocks' driver is compiled as it was before them). */
+QMM_INLINE void qmm_tiles_t(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu, const bool k) {
+        const bool q6 = c->t == TSR_DTYPE_Q6_K;
         const size_t wb = k ? ilvk_w_bytes(c->n) : ilv_w_bytes(c->n), ab = ilv_a_bytes(c->n), nw = i1 - i0;
         const int rw = c->vnni ? QMM_TILE_W_VNNI : QMM_TILE_W_AVX2;
         bool sgn = !c->vnni && c->t == TSR_DTYPE_Q8_0;
@@ -735,7 +738,8 @@ QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint
                         tl.q[r] = c->xi + rr * ab;
                         tl.dx[r] = a.dx;
                         tl.sx[r] = a.sx;
-                        tl.qsum[r] = a.qsum;
+                        if (k)
+                                tl.qsum[r] = a.qsum;
                 }
                 for (size_t w0 = 0; w0 < nw; w0 += (size_t)rw) {
                         for (int i = 0; i < rw; i++)
@@ -748,13 +752,24 @@ QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint
         }
 }
 
+QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu) {
+        qmm_tiles_t(c, i0, i1, wu, false);
+}
+
+__attribute__((noinline)) QMM_FN static void qmm_tiles_k(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu) {
+        qmm_tiles_t(c, i0, i1, wu, true);
+}
+
 QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         const struct qmm_ctx *c = ctx;
         size_t i0 = task * QMM_ROWS_PER_TASK, i1 = i0 + QMM_ROWS_PER_TASK < c->d ? i0 + QMM_ROWS_PER_TASK : c->d;
         uint8_t *wu = c->scratch + (size_t)worker * c->wu_bytes;
 
         if (c->tiles) {                 /* a batch */
-                qmm_tiles(c, i0, i1, wu);
+                if (tsr_qmm_is_k(c->t))
+                        qmm_tiles_k(c, i0, i1, wu);
+                else
+                        qmm_tiles(c, i0, i1, wu);
                 return;
         }
         if (!tsr_qmm_is_k(c->t)) {      /* 32-blocks, the decode GEMV: blocks decoded in registers */
@@ -764,10 +779,12 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
                 return;
         }
         tsr_qmm_w u = tsr_qmm_w_at(c->t, wu, c->n);
-        tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq, c->n);
-        for (size_t i = i0; i < i1; i++) {     /* K blocks, the decode GEMV: a row unpacked, then its dot */
+        for (size_t i = i0; i < i1; i++) {     /* K blocks, the decode GEMV (rows == 1): a row unpacked, then its dot */
                 unpackk_row(c->t, c->w + i * c->row_bytes, c->n, &u);
-                c->out[i] = dotk_row(&u, &a, c->n);
+                for (size_t r = 0; r < c->rows; r++) {
+                        tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
+                        c->out[r * c->d + i] = dotk_row(&u, &a, c->n);
+                }
         }
 }
 
