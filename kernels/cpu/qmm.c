@@ -14,10 +14,11 @@
  * Work split: weight rows in tasks of QMM_ROWS_PER_TASK across the backend's pool, each
  * thread taking its tasks from one contiguous span of W (tsr_pool_run_spans: one long
  * stream per core for the prefetchers, rather than every other 16 rows), so W is read
- * from memory once per call.  Three paths: one activation row (the decode GEMV) decodes
- * the blocks in registers; several rows of the 32-block formats go through register
- * tiles over interleaved copies of the task's rows; the K formats unpack a weight row at
- * a time and dot it with every activation row.  No split of K, and every path computes
+ * from memory once per call.  Three paths: one activation row (the decode GEMV) of the
+ * 32-block formats decodes the blocks in registers; one row of the K formats unpacks a
+ * weight row at a time and dots it with the activation row; several rows of any format
+ * go through register tiles over interleaved copies of the task's rows (for the K
+ * formats, lane j = sub-block j of a 256-block).  No split of K, and every path computes
  * the reference's terms in its order, so the path, the tiling and the thread count
  * change nothing (kernels.h batch invariance).
  *
@@ -99,8 +100,31 @@ QMM_INLINE void k_scales(const uint8_t *scales, int16_t *sc, int16_t *mn) {
         }
 }
 
-QMM_FN static void unpackk_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_w *u) {
+/* Sub-block 4h + k of a q6_K block (0..63, before its -32); hv = qh[32h..32h+31]. */
+QMM_INLINE __m256i k6_codes(const uint8_t *blk, __m256i hv, int h, int k) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        __m256i lb = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (k % 2)));
+        __m256i lo = k < 2 ? _mm256_and_si256(lb, m4) : _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * k), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
+/* Sub-blocks 2c (low nibbles) and 2c + 1 (high) of a q4_K / q5_K block (0..15 / 0..31);
+ * hv = q5_K's qh[32]. */
+QMM_INLINE void k45_codes(tsr_dtype t, const uint8_t *blk, __m256i hv, int c, __m256i *lo, __m256i *hi) {
         const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (t == TSR_DTYPE_Q5_K ? 48 : 16) + 32 * c));
+        *lo = _mm256_and_si256(v, m4);
+        *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (t == TSR_DTYPE_Q5_K) {
+                __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
+                __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
+                *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(b0, 4));
+                *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(b1, 4));
+        }
+}
+
+QMM_FN static void unpackk_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_w *u) {
         size_t bb = tsr_dtype_get_info(t)->block_bytes;
 
         for (size_t b = 0; b < n / 256; b++) {
@@ -108,20 +132,13 @@ QMM_FN static void unpackk_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_
                 int8_t *w = u->w + 256 * b;
                 int16_t *sc = u->sc + 128 * b, *mn = u->mn + 16 * b;
                 if (t == TSR_DTYPE_Q6_K) {
-                        const uint8_t *ql = blk, *qh = blk + 128;
                         u->d[b] = f16_at(blk + 208);
                         u->dmin[b] = 0.0f;
                         for (int h = 0; h < 2; h++) {
-                                __m256i hv = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-                                for (int k = 0; k < 4; k++) {
-                                        __m256i lb = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (k % 2)));
-                                        __m256i lo = k < 2 ? _mm256_and_si256(lb, m4)
-                                                           : _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4);
-                                        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * k), _mm256_set1_epi8(3));
-                                        __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+                                __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                                for (int k = 0; k < 4; k++)
                                         _mm256_store_si256((__m256i *)(w + 128 * h + 32 * k),
-                                                           _mm256_sub_epi8(q, _mm256_set1_epi8(32)));
-                                }
+                                                           _mm256_sub_epi8(k6_codes(blk, hv, h, k), _mm256_set1_epi8(32)));
                         }
                         for (int g = 0; g < 16; g++) {
                                 _mm_store_si128((__m128i *)(sc + 8 * g), _mm_set1_epi16((int8_t)blk[192 + g]));
@@ -129,24 +146,32 @@ QMM_FN static void unpackk_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_
                         }
                         continue;
                 }
-                const uint8_t *qs = blk + (t == TSR_DTYPE_Q5_K ? 48 : 16);
-                __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 16));   /* q5_K: qh[32] */
+                __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 16)), lo, hi;
                 u->d[b] = f16_at(blk);
                 u->dmin[b] = f16_at(blk + 2);
                 k_scales(blk + 4, sc, mn);
-                for (int c = 0; c < 4; c++) {           /* sub-blocks 2c (low nibbles), 2c+1 (high) */
-                        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-                        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                        if (t == TSR_DTYPE_Q5_K) {
-                                __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
-                                __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
-                                lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
-                                hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
-                        }
+                for (int c = 0; c < 4; c++) {
+                        k45_codes(t, blk, hv, c, &lo, &hi);
                         _mm256_store_si256((__m256i *)(w + 64 * c), lo);
                         _mm256_store_si256((__m256i *)(w + 64 * c + 32), hi);
                 }
         }
+}
+
+/* Block blk's 256 codes as eight vectors, v[j] = sub-block j's 32 (elements 32j..32j+31),
+ * unsigned: q4_K 0..15, q5_K 0..31, q6_K 0..63 (before its -32). */
+QMM_INLINE void k_codes(tsr_dtype t, const uint8_t *blk, __m256i v[8]) {
+        if (t == TSR_DTYPE_Q6_K) {
+                for (int h = 0; h < 2; h++) {
+                        __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                        for (int k = 0; k < 4; k++)
+                                v[4 * h + k] = k6_codes(blk, hv, h, k);
+                }
+                return;
+        }
+        __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 16));
+        for (int c = 0; c < 4; c++)
+                k45_codes(t, blk, hv, c, &v[2 * c], &v[2 * c + 1]);
 }
 
 /* ---- dot products --------------------------------------------------------------------- */
@@ -499,13 +524,87 @@ QMM_FN static void ilv_act_row(const tsr_qmm_act *a, size_t n, int32_t o, uint8_
         }
 }
 
+/* ---- many activation rows of the K formats: the same tiles, lane j = sub-block j -----------
+ * A 256-block has eight sub-blocks of 32, and the interleaving above, applied to one K
+ * block instead of eight 32-blocks, puts sub-block j in lane j: step s holds bytes
+ * 4s..4s+3 of each sub-block, of the weight codes and of the activation codes alike (the
+ * activation rows take ilv_act_row itself, with o = 0 and its sums unused).  So eight
+ * steps of the same multiply-adds leave lane j = sub-block j's sum of w q for each pair
+ * of the tile, with the codes stored unsigned: q4_K, q5_K as they are, q6_K before its
+ * -32.  Per block and pair, then, exactly in int32:
+ *   q4_K, q5_K:  P1 = lane j's sum * sub-block j's scale (one vpmulld), P2 = the
+ *                sixteen mn_g * qsum_g in eight lanes (one vpmaddwd of the weight row's
+ *                mins and the activation row's sums of 16);
+ *   q6_K:        its scale is per 16: lane j's sum after steps 0-3 (group 2j) times
+ *                scale 2j, plus its sum over steps 4-7 times scale 2j + 1; P2 = the
+ *                sixteen sc_g * qsum_g, as the -32 comes back out:
+ *                I1 = sum sc_g sum (q - 32) x = (sum of P1) - 32 (sum of P2), I2 = 0.
+ * The eight blocks of a group then go through one 8 x 8 transpose-and-add
+ * (hsum8_epi32), which leaves lane b = block b's I1 (I2): the reference's integers,
+ * exactly (|I1| < 2^28, every partial sum smaller), in the reference's lanes, where the
+ * float terms are its own: t_b = (d*dx) * (float)I1 - (dmin*dx) * (float)I2.
+ *
+ * Layout of an interleaved weight row: per block (ILVK_BLOCK bytes) the 256 codes, then
+ * int32 sc[2][8] (q4_K, q5_K: sc[0] lane j = sub-block j's scale, sc[1] zero; q6_K: the
+ * scales of groups 2j and 2j + 1), then int16 m[16] (q4_K, q5_K: the min of each 16, as
+ * unpack256's mn; q6_K: the 16 scales); after the blocks, float d and dmin per group of
+ * eight blocks (8 each, padding zero: a block past the row's end adds
+ * (0*0)*0 - (0*0)*0 = +0 to its lane). */
+
+#define ILVK_BLOCK (256 + 64 + 32)
+
+static inline size_t ilvk_groups(size_t n) { return (n / 256 + 7) / 8; }
+static inline size_t ilvk_w_bytes(size_t n) { return n / 256 * ILVK_BLOCK + ilvk_groups(n) * 64; }
+
+/* One weight row of K blocks -> its interleaved row (above). */
+QMM_FN static void ilvk_unpack_row(tsr_dtype t, const uint8_t *p, size_t n, uint8_t *dst) {
+        const size_t bb = tsr_dtype_get_info(t)->block_bytes, nb = n / 256;
+        float *d = (float *)(dst + nb * ILVK_BLOCK), *dmin = d + 8 * ilvk_groups(n);
+
+        memset(d, 0, ilvk_groups(n) * 64);
+        for (size_t b = 0; b < nb; b++) {
+                const uint8_t *blk = p + b * bb;
+                uint8_t *o = dst + b * ILVK_BLOCK;
+                int32_t *sc = (int32_t *)(o + 256);
+                int16_t *m = (int16_t *)(o + 320);
+                __m256i v[8];
+                for (size_t k = 0; k < bb; k += 64)     /* as dot32_group_t */
+                        _mm_prefetch((const char *)blk + QMM_PREFETCH + k, _MM_HINT_T0);
+                k_codes(t, blk, v);
+                transpose8_epi32(v);
+                for (int s = 0; s < 8; s++)
+                        _mm256_store_si256((__m256i *)(o + 32 * s), v[s]);
+                if (t == TSR_DTYPE_Q6_K) {
+                        d[b] = f16_at(blk + 208);
+                        dmin[b] = 0.0f;
+                        for (int g = 0; g < 16; g++) {
+                                sc[8 * (g % 2) + g / 2] = (int8_t)blk[192 + g];
+                                m[g] = (int8_t)blk[192 + g];
+                        }
+                        continue;
+                }
+                d[b] = f16_at(blk);
+                dmin[b] = f16_at(blk + 2);
+                for (int j = 0; j < 8; j++) {
+                        int s, mn;
+                        tsr_gguf_k_scale_min(j, blk + 4, &s, &mn);
+                        sc[j] = s;
+                        sc[8 + j] = 0;
+                        m[2 * j] = m[2 * j + 1] = (int16_t)mn;
+                }
+        }
+}
+
 /* A tile's operands: RW interleaved weight rows, RA interleaved activation rows with
  * their dx / sx (the reference layout's), and the float accumulators. */
 struct ilv_tile {
         const uint8_t *w[QMM_TILE_W_MAX];
         const uint8_t *q[QMM_TILE_A];
-        const float *dx[QMM_TILE_A], *sx[QMM_TILE_A];
-        size_t ng;
+        const float *dx[QMM_TILE_A], *sx[QMM_TILE_A];   /* sx: 32-blocks only */
+        size_t ng;                                      /* 32-blocks: groups */
+        /* K blocks only (after the 32-blocks' fields, which keep main's offsets) */
+        const int16_t *qsum[QMM_TILE_A];
+        size_t nb;                                      /* blocks */
 };
 
 /* The float32 terms of group g for every pair of the tile, added to its lanes as the
@@ -523,6 +622,32 @@ QMM_INLINE void ilv_group_terms(const int RW, const int RA, const struct ilv_til
                         __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[i][r], os));
                         __m256 dd = _mm256_mul_ps(_mm256_load_ps(dw), dx);
                         __m256 t = _mm256_add_ps(_mm256_mul_ps(dd, s), _mm256_mul_ps(_mm256_load_ps(mw), sx));
+                        facc[i][r] = _mm256_add_ps(facc[i][r], t);
+                }
+        }
+}
+
+/* The K tiles' group g: p1[i][r][j], p2[i][r][j] (block 8g + j's P1, P2 above, zero past
+ * the row's end) -> I1, I2 in lanes, and their float32 terms added as the reference adds
+ * them: t = (d*dx) * (float)I1 - (dmin*dx) * (float)I2. */
+QMM_INLINE void ilvk_group_terms(const int RW, const int RA, const bool q6, const struct ilv_tile *tl, size_t g,
+                                 __m256i p1[][QMM_TILE_A][8], __m256i p2[][QMM_TILE_A][8],
+                                 __m256 facc[][QMM_TILE_A]) {
+        const size_t kg = (tl->nb + 7) / 8;
+#pragma GCC unroll 4
+        for (int r = 0; r < RA; r++) {
+                __m256 dx = _mm256_load_ps(tl->dx[r] + 8 * g);
+#pragma GCC unroll 4
+                for (int i = 0; i < RW; i++) {
+                        const float *d = (const float *)(tl->w[i] + tl->nb * ILVK_BLOCK) + 8 * g, *dmin = d + 8 * kg;
+                        __m256i i1 = hsum8_epi32(p1[i][r]), i2 = hsum8_epi32(p2[i][r]);
+                        if (q6) {
+                                i1 = _mm256_sub_epi32(i1, _mm256_slli_epi32(i2, 5));
+                                i2 = _mm256_setzero_si256();
+                        }
+                        __m256 dd = _mm256_mul_ps(_mm256_load_ps(d), dx), dm = _mm256_mul_ps(_mm256_load_ps(dmin), dx);
+                        __m256 t = _mm256_sub_ps(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(i1)),
+                                                 _mm256_mul_ps(dm, _mm256_cvtepi32_ps(i2)));
                         facc[i][r] = _mm256_add_ps(facc[i][r], t);
                 }
         }
@@ -552,6 +677,7 @@ typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_A]);
 #define ILV_TARGET "avx2,f16c"
 #define ILV_RW QMM_TILE_W_AVX2
 #define ILV_DOT ilv_dot_avx2
+#define ILV_K 1
 #include "kernels/cpu/qmm_tile.h"
 
 #define ILV_NAME avx2_signed_
@@ -564,6 +690,7 @@ typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_A]);
 #define ILV_TARGET QMM_VNNI_TARGET
 #define ILV_RW QMM_TILE_W_VNNI
 #define ILV_DOT ilv_dot_vnni
+#define ILV_K 1
 #include "kernels/cpu/qmm_tile.h"
 
 /* ---- the driver ----------------------------------------------------------------------- */
@@ -577,21 +704,32 @@ struct qmm_ctx {
                                          * a task's interleaved rows (tiles) */
         const uint8_t *xi;              /* (rows, ilv_a_bytes): the interleaved activations (tiles) */
         size_t rows, n, d, row_bytes, act_bytes, wu_bytes;
-        bool tiles, vnni;               /* the 32-block formats with rows > 1; vpdpbusd */
+        bool tiles, vnni;               /* rows > 1; vpdpbusd */
 };
 
-/* Weight rows i0..i1 with every activation row, in tiles (above). */
-QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu) {
-        const size_t wb = ilv_w_bytes(c->n), ab = ilv_a_bytes(c->n), nw = i1 - i0;
+/* Weight rows i0..i1 with every activation row, in tiles (above); k: the K formats'
+ * tiles (a constant: the 32-blocks' driver is compiled as it was before them). */
+QMM_INLINE void qmm_tiles_t(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu, const bool k) {
+        const bool q6 = c->t == TSR_DTYPE_Q6_K;
+        const size_t wb = k ? ilvk_w_bytes(c->n) : ilv_w_bytes(c->n), ab = ilv_a_bytes(c->n), nw = i1 - i0;
         const int rw = c->vnni ? QMM_TILE_W_VNNI : QMM_TILE_W_AVX2;
         bool sgn = !c->vnni && c->t == TSR_DTYPE_Q8_0;
         ilv_tile_fn *tile4 = c->vnni ? ilv_tile_vnni_4 : sgn ? ilv_tile_avx2_signed_4 : ilv_tile_avx2_4;
         ilv_tile_fn *tile2 = c->vnni ? ilv_tile_vnni_2 : sgn ? ilv_tile_avx2_signed_2 : ilv_tile_avx2_2;
-        struct ilv_tile tl = {.ng = ilv_groups(c->n)};
+        struct ilv_tile tl = {.ng = ilv_groups(c->n), .nb = c->n / 256};
         float o[QMM_TILE_W_MAX][QMM_TILE_A];
 
-        for (size_t i = 0; i < nw; i++)
-                ilv_unpack_row(c->t, c->w + (i0 + i) * c->row_bytes, c->n, c->vnni, wu + i * wb);
+        if (k) {
+                tile4 = c->vnni ? (q6 ? ilv_tile_vnni_k6_4 : ilv_tile_vnni_k4) : q6 ? ilv_tile_avx2_k6_4 : ilv_tile_avx2_k4;
+                tile2 = c->vnni ? (q6 ? ilv_tile_vnni_k6_2 : ilv_tile_vnni_k2) : q6 ? ilv_tile_avx2_k6_2 : ilv_tile_avx2_k2;
+        }
+        for (size_t i = 0; i < nw; i++) {
+                const uint8_t *row = c->w + (i0 + i) * c->row_bytes;
+                if (k)
+                        ilvk_unpack_row(c->t, row, c->n, wu + i * wb);
+                else
+                        ilv_unpack_row(c->t, row, c->n, c->vnni, wu + i * wb);
+        }
         for (size_t r0 = 0, ra; r0 < c->rows; r0 += ra) {
                 ra = c->rows - r0 >= 4 ? 4 : 2;         /* a last row alone: a tile of two, repeated */
                 for (int r = 0; r < (int)ra; r++) {
@@ -600,6 +738,8 @@ QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint
                         tl.q[r] = c->xi + rr * ab;
                         tl.dx[r] = a.dx;
                         tl.sx[r] = a.sx;
+                        if (k)
+                                tl.qsum[r] = a.qsum;
                 }
                 for (size_t w0 = 0; w0 < nw; w0 += (size_t)rw) {
                         for (int i = 0; i < rw; i++)
@@ -612,13 +752,24 @@ QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint
         }
 }
 
+QMM_FN static void qmm_tiles(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu) {
+        qmm_tiles_t(c, i0, i1, wu, false);
+}
+
+__attribute__((noinline)) QMM_FN static void qmm_tiles_k(const struct qmm_ctx *c, size_t i0, size_t i1, uint8_t *wu) {
+        qmm_tiles_t(c, i0, i1, wu, true);
+}
+
 QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         const struct qmm_ctx *c = ctx;
         size_t i0 = task * QMM_ROWS_PER_TASK, i1 = i0 + QMM_ROWS_PER_TASK < c->d ? i0 + QMM_ROWS_PER_TASK : c->d;
         uint8_t *wu = c->scratch + (size_t)worker * c->wu_bytes;
 
-        if (c->tiles) {                 /* 32-blocks, a batch */
-                qmm_tiles(c, i0, i1, wu);
+        if (c->tiles) {                 /* a batch */
+                if (tsr_qmm_is_k(c->t))
+                        qmm_tiles_k(c, i0, i1, wu);
+                else
+                        qmm_tiles(c, i0, i1, wu);
                 return;
         }
         if (!tsr_qmm_is_k(c->t)) {      /* 32-blocks, the decode GEMV: blocks decoded in registers */
@@ -628,7 +779,7 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
                 return;
         }
         tsr_qmm_w u = tsr_qmm_w_at(c->t, wu, c->n);
-        for (size_t i = i0; i < i1; i++) {     /* K blocks: a row unpacked, then every activation row */
+        for (size_t i = i0; i < i1; i++) {     /* K blocks, the decode GEMV (rows == 1): a row unpacked, then its dot */
                 unpackk_row(c->t, c->w + i * c->row_bytes, c->n, &u);
                 for (size_t r = 0; r < c->rows; r++) {
                         tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
@@ -696,11 +847,10 @@ struct quant_ctx {
 QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
         const struct quant_ctx *c = ctx;
         (void)worker;
-        if (tsr_qmm_is_k(c->t)) {
+        if (tsr_qmm_is_k(c->t))
                 tsr_qmm_quantize_row(c->t, c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
-                return;
-        }
-        quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+        else
+                quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
         if (c->xi) {
                 tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
                 ilv_act_row(&a, c->n, c->offset, c->xi + r * ilv_a_bytes(c->n));
@@ -729,13 +879,13 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
                 return TSR_OK;
         struct qmm_ctx c = {.t = t, .out = out, .w = w, .rows = rows, .n = n, .d = d,
                             .act_bytes = tsr_qmm_act_bytes(t, n), .wu_bytes = tsr_qmm_unpacked_bytes(t, n),
-                            .tiles = rows > 1 && !tsr_qmm_is_k(t),
+                            .tiles = rows > 1,
                             .vnni = isa >= TSR_CPU_ISA_AVX512_BF16 && cpu_has_vnni()};
         size_t xi_bytes = c.tiles ? ilv_a_bytes(n) : 0;
         if (rows > SIZE_MAX / (c.act_bytes + xi_bytes) || tsr_dtype_row_bytes(t, n, &c.row_bytes) != TSR_OK)
                 return TSR_E_LIMIT;
         if (c.tiles)
-                c.wu_bytes = QMM_ROWS_PER_TASK * ilv_w_bytes(n);
+                c.wu_bytes = QMM_ROWS_PER_TASK * (tsr_qmm_is_k(t) ? ilvk_w_bytes(n) : ilv_w_bytes(n));
         uint8_t *xq = aligned_alloc(32, rows * (c.act_bytes + xi_bytes));
         c.scratch = aligned_alloc(32, threads * c.wu_bytes);
         if (!xq || !c.scratch) {
