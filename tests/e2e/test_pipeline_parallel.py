@@ -9,7 +9,8 @@ on a new group), and a clean SIGTERM exit.  Tensor parallelism inside one worker
 -tp 2, -tp 4 and -tp 2 -pp 2 (four rank threads) --dtype float32 on the tiny HF Llama 3
 answer bitwise as -tp 1 -pp 1.  The hybrid families (issue #14): the tiny Llama 4
 (chunked-local KV groups) and the tiny NemotronH (Mamba state slots) at -pp 2 and 3
-answer bitwise as -pp 1, alone and in a concurrent batch."""
+answer bitwise as -pp 1, alone and in a concurrent batch; the tiny Llama 4 at -tp 2, -tp
+4 and -tp 2 -pp 2 --dtype float32 (its MoE experts split by columns) as -tp 1."""
 import json
 import os
 import signal
@@ -164,6 +165,32 @@ def test_pp2_pp3_answer_as_pp1(tmp_path):
         stop_cleanly(proc)
 
 
+def compare_tp(tmp_path, label, model, stage_layers, collect):
+    """`model` served at -tp 1, -tp 2, -tp 4 and -tp 2 -pp 2 --dtype float32 (stage s holding
+    layers stage_layers[s]): collect(client) from each, every one equal to -tp 1's, which
+    is returned."""
+    want = None
+    for tp, pp in (("1", "1"), ("2", "1"), ("4", "1"), ("2", "2")):
+        name = f"{label}tp{tp}pp{pp}"
+        proc, client = start(tmp_path, name, "--dtype", "float32", "-tp", tp, "-pp", pp, model=model)
+        log = proc.output()
+        if pp != "1":
+            assert "pipeline parallel: 2 stages x tensor parallel: 2 ranks each = 4 rank threads" in log, log[-3000:]
+            for rank, (stage, tp_rank) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
+                assert (f"rank {rank}: pipeline stage {stage} of 2, tensor parallel rank {tp_rank} of 2: "
+                        f"layers {stage_layers[stage]}") in log, log[-3000:]
+        elif tp != "1":
+            assert f"tensor parallel rank {int(tp) - 1} of {tp}" in log, log[-3000:]
+        got = collect(client)
+        stop_cleanly(proc)
+        if want is None:
+            want = got
+        else:
+            for w, g in zip(want, got):
+                assert w == g, (name, w, g)
+    return want
+
+
 def test_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
     """Tensor parallelism in one worker (rank threads over the comm layer's local backend):
     -tp 2 and -tp 4 (4 > the 2 KV heads: each KV head on two ranks) on the tiny HF Llama 3,
@@ -171,25 +198,21 @@ def test_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
     are 8 canonical partial sums added in the comm layer's fixed tree at every -tp (R7).
     -tp 2 -pp 2: four rank threads (rank = stage x 2 + tp rank), each stage's two ranks
     a TP group of their own, stage 1's ranks receiving from their counterparts."""
-    want = None
-    for tp, pp in (("1", "1"), ("2", "1"), ("4", "1"), ("2", "2")):
-        name = f"tp{tp}pp{pp}"
-        proc, client = start(tmp_path, name, "--dtype", "float32", "-tp", tp, "-pp", pp, model=TINY)
-        log = proc.output()
-        if pp != "1":
-            assert "pipeline parallel: 2 stages x tensor parallel: 2 ranks each = 4 rank threads" in log, log[-3000:]
-            for rank, (stage, tp_rank) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):
-                assert (f"rank {rank}: pipeline stage {stage} of 2, tensor parallel rank {tp_rank} of 2: "
-                        f"layers {stage}..{stage}") in log, log[-3000:]
-        elif tp != "1":
-            assert f"tensor parallel rank {int(tp) - 1} of {tp}" in log
-        got = answers(client)
-        stop_cleanly(proc)
-        if want is None:
-            want = got
-        else:
-            for w, g in zip(want, got):
-                assert w == g, (name, w, g)
+    compare_tp(tmp_path, "", TINY, ("0..0", "1..1"), answers)
+
+
+def test_llama4_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
+    """Tensor parallelism for Llama 4: -tp 2, -tp 4 (4 > the 2 KV heads: replicated) and
+    -tp 2 -pp 2 --dtype float32 on the tiny Llama 4 answer greedy and seeded completions
+    of its golden prompts (24 tokens: past the chunked layers' chunk of 8) with the same
+    text and logprob floats as -tp 1 --dtype float32, alone and in a concurrent batch.
+    Every expert's, the shared expert's and the dense MLP's columns are split, the router
+    replicated; each MoE block adds its shared and routed partials per canonical slice
+    and reduces once (R7)."""
+    golden = json.loads((TINY_LLAMA4 / "golden.json").read_text())
+    prompts = [p["ids"] for p in golden["prompts"]]
+    want = compare_tp(tmp_path, "llama4-", TINY_LLAMA4, ("0..1", "2..3"), lambda c: answers_ids(c, prompts))
+    assert all(w[2] for w in want[:-1]), want       # every request answered
 
 
 @pytest.mark.parametrize("flags,env,words", [
@@ -203,6 +226,14 @@ def test_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
      "--pipeline-parallel-size 3 is greater than the model's 2 hidden layers"),
     (("-tp", "3", "-pp", "2", "--dtype", "float32", "tiny"), None,
      "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
+    (("-tp", "8", "--dtype", "float32", "tiny-llama4"), None,
+     "Total number of attention heads (4) must be divisible by tensor parallel size (8)."),
+    (("-tp", "3", "-pp", "2", "--dtype", "float32", "tiny-llama4"), None,
+     "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
+    (("-tp", "2", "tiny-llama4"), None, "argument --tensor-parallel-size: 2 needs --dtype float32"),
+    (("-tp", "2", "--dtype", "float32", "tiny-nemotron-h"), None,
+     "argument --tensor-parallel-size: 2 is not supported for NemotronHForCausalLM (supported for the model "
+     "families llama, llama4; 1 for the others)"),
     (("-pp", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12"}, "len(partition_list)=2 does not match pp_size=3."),
     (("-pp", "2"), {"VLLM_PP_LAYER_PARTITION": "10,10"},
      "sum(partition_list)=20 does not match num_hidden_layers=30."),
@@ -211,8 +242,10 @@ def test_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
 def test_refused(tmp_path, flags, env, words):
     """Refused at start-up, before any socket: `tessera serve` exits 2 with the line."""
     model = DEMO_MODEL
-    if flags[-1] == "tiny":         # the tiny HF Llama 3 (2 layers, 4 heads, 2 KV heads)
-        flags, model = flags[:-1], TINY
+    tiny = {"tiny": TINY,           # the tiny HF Llama 3 (2 layers, 4 heads, 2 KV heads)
+            "tiny-llama4": TINY_LLAMA4, "tiny-nemotron-h": TINY_NEMOTRON_H / "model"}
+    if flags[-1] in tiny:
+        flags, model = flags[:-1], tiny[flags[-1]]
     elif not DEMO_MODEL.exists():
         skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
     r = subprocess.run([str(LAUNCHER), "serve", str(model), "--port", str(free_port()), *flags],

@@ -510,6 +510,63 @@ static void test_tiny_llama3_pp(void **state) {
         compare_pp("tests/fixtures/tiny-llama3-hf/f32", splits, pps, 1);
 }
 
+/* A run of a model's steps at pp stages of layers[] (pp 1: the whole model) of tp ranks
+ * each, `canonical` as tsr_runner_opts.tp_canonical: the logits into out, their count
+ * into *n_out (run_steps_tp, run_hybrid_f32). */
+typedef void (*tp_run_fn)(model_case *mc, uint32_t pp, const uint32_t *layers, uint32_t tp, bool canonical,
+                          float *out, size_t *n_out);
+typedef struct tp_case {
+        uint32_t tp, pp;
+        const uint32_t *layers;
+} tp_case;
+
+/* R7 on `mc` (named `name`), on the reference kernels and on the fast ones: TP = 1 in the
+ * canonical split within 1e-3 of the one-pass sum, and every case memcmp-equal to it;
+ * `rows` bounds the rows of logits a run makes. */
+static void compare_tp(model_case *mc, const char *name, tp_run_fn run, size_t rows, const tp_case *cases,
+                       size_t n_cases) {
+        const char *kern[] = {"ref", "fast"};
+        size_t V = mc->desc.vocab_size, n_want = 0, n_got = 0;
+        float *want = malloc(rows * V * sizeof(float)), *got = malloc(rows * V * sizeof(float)),
+              *plain = malloc(rows * V * sizeof(float));
+        assert_non_null(want);
+        assert_non_null(got);
+        assert_non_null(plain);
+        for (int k = 0; k < 2; k++) {
+                char err[256];
+                tsr_backend_free(&mc->be);
+                setenv("TESSERA_KERNELS", kern[k], 1);
+                assert_int_equal(tsr_runner_backend_new(1, &mc->be, err, sizeof err), TSR_OK);
+                run(mc, 1, NULL, 1, true, want, &n_want);
+                run(mc, 1, NULL, 1, false, plain, &n_got);
+                assert_int_equal(n_got, n_want);
+                double worst = 0, top = 0;
+                for (size_t i = 0; i < n_want; i++) {
+                        worst = fabs((double)want[i] - plain[i]) > worst ? fabs((double)want[i] - plain[i]) : worst;
+                        top = fabs((double)want[i]) > top ? fabs((double)want[i]) : top;
+                }
+                print_message("%s (%s kernels): canonical split vs plain at tp 1: max |dlogit| %.3g\n", name, kern[k],
+                              worst);
+                assert_true(worst < 1e-3);
+                assert_true(top > 0.01);        /* real logits, not a zeroed buffer */
+                for (size_t c = 0; c < n_cases; c++) {
+                        memset(got, 0xff, rows * V * sizeof(float));
+                        run(mc, cases[c].pp, cases[c].layers, cases[c].tp, true, got, &n_got);
+                        assert_int_equal(n_got, n_want);
+                        for (size_t i = 0; i < n_want; i++)
+                                if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                                        fail_msg("%s, %s kernels, tp %u pp %u: logit [%zu, %zu] %.9g, tp 1 %.9g", name,
+                                                 kern[k], cases[c].tp, cases[c].pp, i / V, i % V, got[i], want[i]);
+                        print_message("%s (%s kernels): tp %u pp %u: %zu logits bitwise equal to tp 1\n", name,
+                                      kern[k], cases[c].tp, cases[c].pp, n_want);
+                }
+        }
+        unsetenv("TESSERA_KERNELS");
+        free(want);
+        free(got);
+        free(plain);
+}
+
 /* Tensor parallelism (R7): TP = 2 and 4 (4 > the 2 KV heads: replicated) on the tiny HF
  * Llama 3 memcmp-equal to TP = 1 computed in the canonical split, on the reference
  * kernels and on the fast ones; the canonical split at PP = 2 too; and TP x PP: 2 x 2
@@ -518,46 +575,11 @@ static void test_tiny_llama3_pp(void **state) {
 static void test_tiny_llama3_tp(void **state) {
         (void)state;
         model_case mc = {0};
-        const char *kern[] = {"ref", "fast"};
+        static const uint32_t two[] = {1, 1};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {1, 2, two}, {2, 2, two}, {4, 2, two}};
         if (!model_open(&mc, "tests/fixtures/tiny-llama3-hf/f32"))
                 fail_msg("the tiny Llama 3 fixture is committed: run from the source tree");
-        size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0;
-        float *want = malloc(13 * V * sizeof(float)), *got = malloc(13 * V * sizeof(float)),
-              *plain = malloc(13 * V * sizeof(float));
-        assert_non_null(want);
-        assert_non_null(got);
-        assert_non_null(plain);
-        for (int k = 0; k < 2; k++) {
-                char err[256];
-                tsr_backend_free(&mc.be);
-                setenv("TESSERA_KERNELS", kern[k], 1);
-                assert_int_equal(tsr_runner_backend_new(1, &mc.be, err, sizeof err), TSR_OK);
-                run_steps_tp(&mc, 1, NULL, 1, true, want, &n_want);
-                run_steps_tp(&mc, 1, NULL, 1, false, plain, &n_got);
-                double worst = 0;
-                for (size_t i = 0; i < n_want; i++)
-                        worst = fabs((double)want[i] - plain[i]) > worst ? fabs((double)want[i] - plain[i]) : worst;
-                print_message("tiny-llama3 (%s kernels): canonical split vs plain at tp 1: max |dlogit| %.3g\n", kern[k],
-                              worst);
-                assert_true(worst < 1e-3);
-                static const uint32_t two[] = {1, 1};
-                struct { uint32_t tp, pp; } cases[] = {{2, 1}, {4, 1}, {1, 2}, {2, 2}, {4, 2}};
-                for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-                        memset(got, 0xff, 13 * V * sizeof(float));
-                        run_steps_tp(&mc, cases[c].pp, cases[c].pp > 1 ? two : NULL, cases[c].tp, true, got, &n_got);
-                        assert_int_equal(n_got, n_want);
-                        for (size_t i = 0; i < n_want; i++)
-                                if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
-                                        fail_msg("%s kernels, tp %u pp %u: logit [%zu, %zu] %.9g, tp 1 %.9g", kern[k],
-                                                 cases[c].tp, cases[c].pp, i / V, i % V, got[i], want[i]);
-                        print_message("tiny-llama3 (%s kernels): tp %u pp %u: %zu logits bitwise equal to tp 1\n",
-                                      kern[k], cases[c].tp, cases[c].pp, n_want);
-                }
-        }
-        unsetenv("TESSERA_KERNELS");
-        free(want);
-        free(got);
-        free(plain);
+        compare_tp(&mc, "tiny-llama3", run_steps_tp, 13, cases, sizeof cases / sizeof cases[0]);
         model_close(&mc);
 }
 
@@ -692,7 +714,8 @@ static void test_llama_4layers_tp_pp(void **state) {
 #define H_SLOTS 4
 
 /* Three steps of three sequences through the runner at `pp` stages of layers[] (pp 1:
- * the whole model), each sequence holding the whole model's block tables (a Llama 4's
+ * the whole model) of `tp` tensor-parallel ranks each (`canonical`: the canonical split
+ * at tp 1, as --dtype float32 makes it), each sequence holding the whole model's block tables (a Llama 4's
  * hybrid: one per paged group, as main.c plans them) and, for NemotronH, its own state
  * slot (3, 0, 2: not its index).  Step 1: prefills of 11 tokens (every row's logits), 5
  * (none) and 9 (the last row).  Step 2: a decode token for the first and third, the
@@ -702,8 +725,8 @@ static void test_llama_4layers_tp_pp(void **state) {
  * and, as the engine does, a chunked table's blocks wholly behind the current chunk are
  * TSR_KV_NULL_BLOCK from step 2 on: a stage that read them through the wrong table
  * would fail.  The logits of every step, packed, into out; their count into *n_out. */
-static void run_hybrid(model_case *mc, const char *dtype, uint32_t pp, const uint32_t *layers, float *out,
-                       size_t *n_out) {
+static void run_hybrid_tp(model_case *mc, const char *dtype, uint32_t pp, const uint32_t *layers, uint32_t tp,
+                          bool canonical, float *out, size_t *n_out) {
         tsr_runner *r = NULL;
         char err[512] = "";
         tsr_kv_group g[TSR_KV_GROUPS_MAX];
@@ -722,10 +745,10 @@ static void run_hybrid(model_case *mc, const char *dtype, uint32_t pp, const uin
                 for (size_t t = 0; t < n_tables * H_TABLE; t++)
                         tables[i][t] = (uint32_t)((i * n_tables * H_TABLE + t) * 7 % H_BLOCKS);
         tsr_runner_opts o = {.dtype = dtype, .backend = mc->be, .pp = pp, .pp_layers = layers, .stage_threads = 1,
-                             .pp_timeout_ms = 60000};
+                             .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical};
         if (tsr_runner_new(mc->path, &mc->desc, &o, H_BLOCKS, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err) != TSR_OK)
-                fail_msg("%s pp %u: %s", mc->path, pp, err);
-        assert_int_equal(tsr_runner_stages(r), pp);
+                fail_msg("%s pp %u tp %u: %s", mc->path, pp, tp, err);
+        assert_int_equal(tsr_runner_stages(r), (tp > 1 ? tp : 1) * (pp > 1 ? pp : 1));
         const tsr_engine_model *m = tsr_runner_model(r);
 #define SEQ(i, toks, cnt, past, want, all)                                                                       \
         {.block_table = tables[i], .n_table = H_TABLE, .tokens = (toks), .n = (cnt), .past_len = (past),        \
@@ -750,6 +773,17 @@ static void run_hybrid(model_case *mc, const char *dtype, uint32_t pp, const uin
         *n_out = rows * V;
         tsr_runner_free(&r);
         assert_null(r);
+}
+
+static void run_hybrid(model_case *mc, const char *dtype, uint32_t pp, const uint32_t *layers, float *out,
+                       size_t *n_out) {
+        run_hybrid_tp(mc, dtype, pp, layers, 1, false, out, n_out);
+}
+
+/* run_hybrid_tp in float32, as compare_tp runs it */
+static void run_hybrid_f32(model_case *mc, uint32_t pp, const uint32_t *layers, uint32_t tp, bool canonical,
+                           float *out, size_t *n_out) {
+        run_hybrid_tp(mc, "float32", pp, layers, tp, canonical, out, n_out);
 }
 
 #define H_ROWS 23
@@ -809,6 +843,24 @@ static void test_llama4_pp(void **state) {
         const uint32_t pps[] = {2, 3, 4, 2};
         compare_hybrid(hybrid_fx[0].rel, hybrid_fx[0].family, "float32", splits, pps, 4);
         compare_hybrid(hybrid_fx[0].rel, hybrid_fx[0].family, "bfloat16", splits, pps, 2);
+}
+
+/* Llama 4 tensor parallelism (R7): TP = 2 and 4 (4 heads of 16, 2 KV heads: replicated
+ * at 4; every expert's 32 columns, the shared expert's and the dense MLP's 96 split) on
+ * the tiny Llama 4 memcmp-equal to TP = 1 computed in the canonical split, over
+ * run_hybrid's prefills, decodes and chunked layers past their chunk of 8, on the
+ * reference kernels and on the fast ones; the canonical split at PP = 2 too, and TP x PP:
+ * 2 x 2 (vLLM's split) and 4 x 2 at 3,1 (the second stage a full-attention MoE layer
+ * and lm_head alone). */
+static void test_llama4_tp(void **state) {
+        (void)state;
+        model_case mc = {0};
+        static const uint32_t two[] = {2, 2}, skew[] = {3, 1};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {1, 2, two}, {2, 2, two}, {4, 2, skew}};
+        if (!model_open_family(&mc, hybrid_fx[0].rel, hybrid_fx[0].family))
+                fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[0].rel);
+        compare_tp(&mc, "tiny-llama4", run_hybrid_f32, H_ROWS, cases, sizeof cases / sizeof cases[0]);
+        model_close(&mc);
 }
 
 /* NemotronH (6 layers 'ME*M-E'): 3,3 (the second stage keeps Mamba state only), vLLM's
@@ -898,14 +950,16 @@ static void test_hybrid_stage_args(void **state) {
         }
 }
 
-/* Tensor parallelism stays refused for both families, with the families that have it
- * named; pipeline parallelism's refusal names every family that runs stages; the fp8 KV
- * cache stays refused with pipeline stages (NemotronH's is one rank's; Llama 4 has none). */
+/* Tensor parallelism: refused for NemotronH, with the families that have it named; Llama
+ * 4's refused where tp does not divide its counts (named, vLLM's words for the heads),
+ * and on bfloat16 weights; pipeline parallelism's refusal names every family that runs
+ * stages; the fp8 KV cache stays refused with pipeline stages (NemotronH's is one rank's;
+ * Llama 4 has none). */
 static void test_hybrid_tp_refused(void **state) {
         (void)state;
         char names[128];
         assert_string_equal(tsr_family_names(tsr_family_has_stages, names, sizeof names), "llama, llama4, nemotron_h");
-        assert_string_equal(tsr_family_names(tsr_family_has_tp, names, sizeof names), "llama");
+        assert_string_equal(tsr_family_names(tsr_family_has_tp, names, sizeof names), "llama, llama4");
         for (size_t f = 0; f < 2; f++) {
                 model_case mc = {0};
                 tsr_runner *r = NULL;
@@ -913,16 +967,45 @@ static void test_hybrid_tp_refused(void **state) {
                 static const uint32_t two[] = {2, 2};
                 if (!model_open_family(&mc, hybrid_fx[f].rel, hybrid_fx[f].family))
                         fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[f].rel);
-                tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = 2, .stage_threads = 1};
-                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err),
-                                 TSR_E_UNSUPPORTED);
-                assert_null(r);
-                t.pp = 2;
-                t.pp_layers = two;
-                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err),
-                                 TSR_E_UNSUPPORTED);
-                assert_null(r);
-                assert_non_null(strstr(err, "(supported: llama)"));
+                if (f == 0) {
+                        /* tp 3: not a divisor of the 8 canonical partial sums; 8: of the 4 heads */
+                        static const struct { uint32_t tp, pp; const char *words; } bad[] = {
+                                {3, 1, "tensor parallel size 3 must divide 8 (the canonical partial sums"},
+                                {8, 1, "Total number of attention heads (4) must be divisible by tensor parallel "
+                                       "size (8)."},
+                                {8, 2, "Total number of attention heads (4) must be divisible by tensor parallel "
+                                       "size (8)."}};
+                        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                                tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = bad[i].tp,
+                                                     .pp = bad[i].pp, .pp_layers = bad[i].pp > 1 ? two : NULL,
+                                                     .stage_threads = 1};
+                                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL,
+                                                                err, sizeof err),
+                                                 TSR_E_UNSUPPORTED);
+                                assert_null(r);
+                                if (!strstr(err, bad[i].words))
+                                        fail_msg("tp %u pp %u: %s", bad[i].tp, bad[i].pp, err);
+                        }
+                        /* the split is float32 math */
+                        tsr_runner_opts b = {.dtype = "bfloat16", .backend = mc.be, .tp = 2, .stage_threads = 1};
+                        assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &b, 16, H_BLOCK, H_SLOTS, &r, NULL, err,
+                                                            sizeof err),
+                                             TSR_OK);
+                        assert_null(r);
+                } else {
+                        tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = 2, .stage_threads = 1};
+                        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL, err,
+                                                        sizeof err),
+                                         TSR_E_UNSUPPORTED);
+                        assert_null(r);
+                        t.pp = 2;
+                        t.pp_layers = two;
+                        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL, err,
+                                                        sizeof err),
+                                         TSR_E_UNSUPPORTED);
+                        assert_null(r);
+                        assert_non_null(strstr(err, "(supported: llama, llama4)"));
+                }
                 tsr_runner_opts k = {.dtype = "float32", .backend = mc.be, .pp = 2, .pp_layers = two,
                                      .stage_threads = 1, .kv_dtype = TSR_DTYPE_FP8_E4M3};
                 /* the fp8 KV cache: not Llama 4's; NemotronH's with pipeline stages too */
@@ -1038,6 +1121,7 @@ int main(void) {
                 cmocka_unit_test(test_llama_4layers_tp_pp),
                 cmocka_unit_test(test_runner_refuses),
                 cmocka_unit_test(test_llama4_pp),
+                cmocka_unit_test(test_llama4_tp),
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_hybrid_stage_args),
                 cmocka_unit_test(test_hybrid_tp_refused),

@@ -10,6 +10,7 @@
 #include "worker/load/gguf.h"
 #include "worker/model/family.h"
 #include "worker/model/llama.h"
+#include "worker/model/tp.h"
 #include "worker/parallel/comm.h"
 
 /* The matmul weights of a layer, in the order bf16[] and the layers' stored[] keep them. */
@@ -598,32 +599,6 @@ tsr_status tsr_llama_reserve(const tsr_llama *m, size_t tokens, size_t logit_row
         return m->dev ? dev_reserve(m, tokens, logit_rows) : TSR_OK;
 }
 
-/* Keep rows [first, first + n) of the (?, cols) float32 matrix *w (a new array). */
-static tsr_status keep_rows(float **w, size_t cols, size_t first, size_t n) {
-        float *k = malloc(n * cols * sizeof(float));
-        if (!k)
-                return TSR_E_NOMEM;
-        memcpy(k, *w + first * cols, n * cols * sizeof(float));
-        free(*w);
-        *w = k;
-        return TSR_OK;
-}
-
-/* Keep columns [first, first + n) of the (rows, cols) float32 matrix *w as ns contiguous
- * (rows, n / ns) blocks, block j = columns first + j * n / ns ... (a new array). */
-static tsr_status keep_col_slices(float **w, size_t rows, size_t cols, size_t first, size_t n, size_t ns) {
-        size_t ks = n / ns;
-        float *k = malloc(rows * n * sizeof(float));
-        if (!k)
-                return TSR_E_NOMEM;
-        for (size_t j = 0; j < ns; j++)
-                for (size_t r = 0; r < rows; r++)
-                        memcpy(k + (j * rows + r) * ks, *w + r * cols + first + j * ks, ks * sizeof(float));
-        free(*w);
-        *w = k;
-        return TSR_OK;
-}
-
 tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
         const tsr_llama_config *c;
         uint32_t S = TSR_COMM_TREE_LEAVES, nh, nkv, kv0, hid, vl;
@@ -665,36 +640,29 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
                                 return TSR_E_UNSUPPORTED;
                         }
                 if (st == TSR_OK && tp_size > 1)
-                        st = keep_rows(&L->wq, c->dim, (size_t)tp_rank * nh * hd, (size_t)nh * hd);
+                        st = tsr_tp_keep_rows(&L->wq, 1, (size_t)c->n_heads * hd, c->dim, (size_t)tp_rank * nh * hd,
+                                              (size_t)nh * hd);
                 if (st == TSR_OK && tp_size > 1)
-                        st = keep_rows(&L->wk, c->dim, (size_t)kv0 * hd, (size_t)nkv * hd);
+                        st = tsr_tp_keep_rows(&L->wk, 1, (size_t)c->n_kv_heads * hd, c->dim, (size_t)kv0 * hd,
+                                              (size_t)nkv * hd);
                 if (st == TSR_OK && tp_size > 1)
-                        st = keep_rows(&L->wv, c->dim, (size_t)kv0 * hd, (size_t)nkv * hd);
+                        st = tsr_tp_keep_rows(&L->wv, 1, (size_t)c->n_kv_heads * hd, c->dim, (size_t)kv0 * hd,
+                                              (size_t)nkv * hd);
                 if (st == TSR_OK && tp_size > 1)
-                        st = keep_rows(&L->w_gate, c->dim, (size_t)tp_rank * hid, hid);
+                        st = tsr_tp_keep_rows(&L->w_gate, 1, c->hidden_dim, c->dim, (size_t)tp_rank * hid, hid);
                 if (st == TSR_OK && tp_size > 1)
-                        st = keep_rows(&L->w_up, c->dim, (size_t)tp_rank * hid, hid);
+                        st = tsr_tp_keep_rows(&L->w_up, 1, c->hidden_dim, c->dim, (size_t)tp_rank * hid, hid);
                 if (st == TSR_OK)
-                        st = keep_col_slices(&L->wo, c->dim, (size_t)c->n_heads * hd, (size_t)tp_rank * nh * hd,
-                                             (size_t)nh * hd, ns);
+                        st = tsr_tp_keep_col_slices(&L->wo, 1, c->dim, (size_t)c->n_heads * hd,
+                                                    (size_t)tp_rank * nh * hd, (size_t)nh * hd, ns);
                 if (st == TSR_OK)
-                        st = keep_col_slices(&L->w_down, c->dim, c->hidden_dim, (size_t)tp_rank * hid, hid, ns);
+                        st = tsr_tp_keep_col_slices(&L->w_down, 1, c->dim, c->hidden_dim, (size_t)tp_rank * hid, hid,
+                                                    ns);
         }
         if (st == TSR_OK && tp_size > 1 && w->output) {
-                if (w->output == w->token_embd) {       /* tied: the embedding stays whole, lm_head gets its rows */
-                        float *k = malloc((size_t)vl * c->dim * sizeof(float));
-                        if (!k)
-                                st = TSR_E_NOMEM;
-                        else
-                                memcpy(k, w->token_embd + (size_t)tp_rank * vl * c->dim, (size_t)vl * c->dim * sizeof(float));
-                        w->output = k ? k : w->output;
-                        if (k && m->first_layer > 0) {  /* a later pipeline stage never embeds */
-                                free(w->token_embd);
-                                w->token_embd = NULL;
-                        }
-                } else {
-                        st = keep_rows(&w->output, c->dim, (size_t)tp_rank * vl, vl);
-                }
+                /* tied: the embedding stays whole where it runs, lm_head gets its rows */
+                st = tsr_tp_keep_vocab_rows(&w->output, &w->token_embd, m->first_layer == 0, c->vocab_size, c->dim,
+                                            (size_t)tp_rank * vl, vl);
         }
         if (st != TSR_OK) {
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
@@ -986,51 +954,34 @@ static tsr_status embed(const tsr_llama *m, tsr_backend *be, float *x, const uin
  * bits for every tp_size. */
 static tsr_status mm_row(const tsr_llama *m, tsr_backend *be, struct scratch *s, float *out, const float *x, long l,
                          int which, const float *w_f32, size_t rows, size_t k, size_t d) {
-        size_t ns, ks;
-        const float *parts[TSR_COMM_TREE_LEAVES];
-        tsr_status st = TSR_OK;
+        size_t ns;
+        tsr_status st;
 
         if (!m->canonical)
                 return mm(m, be, out, x, l, which, w_f32, rows, k, d);
         ns = TSR_COMM_TREE_LEAVES / m->tp_size;
-        ks = k / ns;
-        for (size_t j = 0; j < ns && st == TSR_OK; j++) {
-                for (size_t r = 0; r < rows; r++)
-                        memcpy(s->slice + r * ks, x + r * k + j * ks, ks * sizeof(float));
-                parts[j] = s->parts + j * rows * d;
-                st = tsr_backend_matmul(be, s->parts + j * rows * d, s->slice, w_f32 + j * d * ks, TSR_DTYPE_F32,
-                                        rows, ks, d);
-        }
-        if (st != TSR_OK)
+        if ((st = tsr_tp_row_partials(be, s->parts, s->slice, x, w_f32, rows, k, d, ns)) != TSR_OK)
                 return st;
-        tsr_comm_tree_sum(parts, (int)ns, out, rows * d);
-        if (m->tp_size > 1)
-                st = m->comm ? tsr_comm_all_reduce_sum(m->comm, out, rows * d, NULL) : TSR_E_INVAL;
-        return st;
+        return tsr_tp_row_reduce(m->comm, m->tp_size, s->parts, ns, out, rows * d);
 }
 
 /* logits (rows, vocab) of the normed rows xb (rows, dim): with tensor parallelism each rank
  * computes its vocab_out rows of lm_head and the all-gather puts the vocab back together
  * (every rank gets the whole rows; vLLM's LogitsProcessor gathers the same way). */
 static tsr_status lm_head(const tsr_llama *m, tsr_backend *be, float *logits, const float *xb, size_t rows) {
-        size_t dim = m->cfg.dim, vl = m->vocab_out, t = m->tp_size;
-        float *mine, *all;
+        size_t dim = m->cfg.dim, vl = m->vocab_out;
+        float *mine;
         tsr_status st;
 
-        if (t == 1)
+        if (m->tp_size == 1)
                 return mm(m, be, logits, xb, -1, 0, m->w->output, rows, dim, vl);
         if (!m->comm)
                 return TSR_E_INVAL;
         mine = malloc(rows * vl * sizeof(float));
-        all = malloc(t * rows * vl * sizeof(float));
-        st = mine && all ? mm(m, be, mine, xb, -1, 0, m->w->output, rows, dim, vl) : TSR_E_NOMEM;
+        st = mine ? mm(m, be, mine, xb, -1, 0, m->w->output, rows, dim, vl) : TSR_E_NOMEM;
         if (st == TSR_OK)
-                st = tsr_comm_all_gather(m->comm, mine, all, rows * vl * sizeof(float), NULL);
-        for (size_t q = 0; st == TSR_OK && q < t; q++)          /* (t, rows, vl) -> (rows, t * vl) */
-                for (size_t r = 0; r < rows; r++)
-                        memcpy(logits + r * t * vl + q * vl, all + (q * rows + r) * vl, vl * sizeof(float));
+                st = tsr_tp_gather_vocab(m->comm, m->tp_size, mine, logits, rows, vl);
         free(mine);
-        free(all);
         return st;
 }
 

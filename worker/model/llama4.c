@@ -15,6 +15,8 @@
 #include "common/log.h"
 #include "worker/model/family.h"
 #include "worker/model/llama4.h"
+#include "worker/model/tp.h"
+#include "worker/parallel/comm.h"
 
 /* A matmul weight: float32 as loaded, or its bf16 copy after tsr_llama4_use_bf16 (then
  * f is freed, except a tied output which is the embedding table). */
@@ -43,6 +45,15 @@ struct tsr_llama4 {
         float *inv_freq;                        /* (head_dim/2,) */
         float *ones;                            /* (head_dim,): the qk L2 norm is rmsnorm with unit weight */
         bool bf16;
+        /* Tensor parallelism (tsr_llama4_shard_tp; issue #20): this rank's attention heads,
+         * KV heads, expert and shared-expert columns (of I), dense MLP columns and lm_head
+         * rows; the whole model's counts when tp_size is 1.  With `canonical`, every
+         * row-parallel matrix (o, down, each expert's down, the shared expert's down)
+         * holds the rank's S / tp_size canonical K slices (tp.h), so the forward's sums
+         * are the same bits at every tp_size. */
+        uint32_t tp_size, nh, nkv, hid, mlp, vocab_out;
+        bool canonical;
+        tsr_comm *comm;                         /* the rank's TP group; NULL when tp_size 1 */
 };
 
 struct tsr_llama4_kv {
@@ -55,10 +66,12 @@ struct tsr_llama4_kv {
 
 #define N_MATS 13
 
-/* The layer's matmul weights with their (rows, cols) per expert and expert count. */
-static void layer_mats(const tsr_llama4_config *c, layer *L, mat **w, size_t *rows, size_t *cols, size_t *n) {
-        size_t dim = c->base.dim, qd = (size_t)c->base.n_heads * c->base.head_dim;
-        size_t kvd = (size_t)c->base.n_kv_heads * c->base.head_dim, I = c->base.hidden_dim, M = c->mlp_dim;
+/* The layer's matmul weights with their (rows, cols) per expert and expert count, as the
+ * model holds them (a tensor-parallel rank: its share). */
+static void layer_mats(const tsr_llama4 *m, layer *L, mat **w, size_t *rows, size_t *cols, size_t *n) {
+        const tsr_llama4_config *c = m->cfg;
+        size_t dim = c->base.dim, qd = (size_t)m->nh * c->base.head_dim;
+        size_t kvd = (size_t)m->nkv * c->base.head_dim, I = m->hid, M = m->mlp;
         size_t E = c->n_experts;
         mat *ww[N_MATS] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->router, &L->exp_gate_up,
                            &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down};
@@ -87,7 +100,7 @@ void tsr_llama4_free(tsr_llama4 **mp) {
                         layer *L = &m->layers[l];
                         mat *w[N_MATS];
                         size_t r[N_MATS], c[N_MATS], n[N_MATS];
-                        layer_mats(m->cfg, L, w, r, c, n);
+                        layer_mats(m, L, w, r, c, n);
                         for (int i = 0; i < N_MATS; i++)
                                 mat_free(w[i]);
                         free(L->attn_norm);
@@ -198,6 +211,12 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
         if ((m = calloc(1, sizeof *m)) && (m->cfg = malloc(cfg_bytes))) {
                 memcpy(m->cfg, cfg, cfg_bytes);
                 m->shard = *spec;
+                m->tp_size = 1;
+                m->nh = cfg->base.n_heads;
+                m->nkv = cfg->base.n_kv_heads;
+                m->hid = cfg->base.hidden_dim;
+                m->mlp = cfg->mlp_dim;
+                m->vocab_out = cfg->base.vocab_size;
         }
         if (!m || !m->cfg || !(m->layers = calloc(spec->last_layer - spec->first_layer + 1, sizeof *m->layers)) ||
             !(m->inv_freq = malloc(hd / 2 * sizeof(float))) || !(m->ones = malloc(hd * sizeof(float)))) {
@@ -256,15 +275,16 @@ uint64_t tsr_llama4_resident_bytes(const tsr_llama4 *m) {
         if (!m)
                 return 0;
         const tsr_llama4_config *c = m->cfg;
-        uint64_t dim = c->base.dim, vd = (uint64_t)c->base.vocab_size * dim, n_layers, b;
+        uint64_t dim = c->base.dim, vd = (uint64_t)c->base.vocab_size * dim, od = (uint64_t)m->vocab_out * dim;
+        uint64_t n_layers, b;
         n_layers = m->shard.last_layer - m->shard.first_layer + 1;
         b = (m->embed ? vd * sizeof(float) : 0) + (m->out_norm ? dim * sizeof(float) : 0);
-        b += m->output.b ? vd * sizeof(uint16_t) : m->output.f && m->output.f != m->embed ? vd * sizeof(float) : 0;
+        b += m->output.b ? od * sizeof(uint16_t) : m->output.f && m->output.f != m->embed ? od * sizeof(float) : 0;
         for (size_t l = 0; l < n_layers; l++) {
                 layer *L = &m->layers[l];
                 mat *w[N_MATS];
                 size_t r[N_MATS], cc[N_MATS], n[N_MATS];
-                layer_mats(c, L, w, r, cc, n);
+                layer_mats(m, L, w, r, cc, n);
                 b += ((L->attn_norm ? dim : 0) + (L->ffn_norm ? dim : 0)) * sizeof(float);
                 for (int i = 0; i < N_MATS; i++)
                         b += (uint64_t)r[i] * cc[i] * n[i] *
@@ -291,16 +311,18 @@ tsr_status tsr_llama4_use_bf16(tsr_llama4 *m) {
                 return TSR_E_INVAL;
         if (m->bf16)
                 return TSR_OK;
+        if (m->canonical)
+                return TSR_E_UNSUPPORTED;       /* the TP / canonical split runs on float32 weights */
         c = m->cfg;
         n_layers = m->shard.last_layer - m->shard.first_layer + 1;
         /* Convert everything first; free the float32 copies only once nothing can fail.
          * The output matrix is the last pipeline stage's only. */
-        if (m->output.f && !(m->output.b = to_bf16(m->output.f, (size_t)c->base.vocab_size * c->base.dim)))
+        if (m->output.f && !(m->output.b = to_bf16(m->output.f, (size_t)m->vocab_out * c->base.dim)))
                 goto nomem;
         for (size_t l = 0; l < n_layers; l++) {
                 mat *w[N_MATS];
                 size_t r[N_MATS], cc[N_MATS], n[N_MATS];
-                layer_mats(c, &m->layers[l], w, r, cc, n);
+                layer_mats(m, &m->layers[l], w, r, cc, n);
                 for (int i = 0; i < N_MATS; i++)
                         if (w[i]->f && !(w[i]->b = to_bf16(w[i]->f, r[i] * cc[i] * n[i])))
                                 goto nomem;
@@ -308,7 +330,7 @@ tsr_status tsr_llama4_use_bf16(tsr_llama4 *m) {
         for (size_t l = 0; l < n_layers; l++) {
                 mat *w[N_MATS];
                 size_t r[N_MATS], cc[N_MATS], n[N_MATS];
-                layer_mats(c, &m->layers[l], w, r, cc, n);
+                layer_mats(m, &m->layers[l], w, r, cc, n);
                 for (int i = 0; i < N_MATS; i++) {
                         free(w[i]->f);
                         w[i]->f = NULL;
@@ -323,7 +345,7 @@ nomem:
         for (size_t l = 0; l < n_layers; l++) {
                 mat *w[N_MATS];
                 size_t r[N_MATS], cc[N_MATS], n[N_MATS];
-                layer_mats(c, &m->layers[l], w, r, cc, n);
+                layer_mats(m, &m->layers[l], w, r, cc, n);
                 for (int i = 0; i < N_MATS; i++) {
                         free(w[i]->b);
                         w[i]->b = NULL;
@@ -351,6 +373,117 @@ tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be) 
         return TSR_OK;
 }
 
+/* ---- tensor parallelism ----------------------------------------------------------------- */
+
+/* Whether tp_size splits the model (tsr_llama4_shard_tp); else TSR_E_UNSUPPORTED with the
+ * first count that does not divide named in err, in vLLM's words where vLLM has them. */
+static tsr_status tp_check(const tsr_llama4_config *c, uint32_t t, char *err, size_t errlen) {
+        uint32_t S = TSR_COMM_TREE_LEAVES, H = c->base.n_heads, KVH = c->base.n_kv_heads;
+        uint32_t qd = H * c->base.head_dim, I = c->base.hidden_dim, M = c->mlp_dim, V = c->base.vocab_size;
+
+        if (S % t)
+                tsr_errf(err, errlen, "tensor parallel size %u must divide %u (the canonical partial sums of a "
+                         "row-parallel layer)", t, S);
+        else if (H % t)
+                tsr_errf(err, errlen, "Total number of attention heads (%u) must be divisible by tensor parallel "
+                         "size (%u).", H, t);
+        else if (t <= KVH ? KVH % t : t % KVH)
+                tsr_errf(err, errlen, "Total number of key/value heads (%u) and tensor parallel size (%u) must "
+                         "divide one another.", KVH, t);
+        else if (V % t)
+                tsr_errf(err, errlen, "the vocabulary size (%u) must be divisible by tensor parallel size (%u) "
+                         "(vLLM pads it, this build does not)", V, t);
+        else if (I % S)
+                tsr_errf(err, errlen, "intermediate_size (%u: the columns of every expert and of the shared "
+                         "expert) must be divisible by tensor parallel size (%u) and by %u (the canonical partial "
+                         "sums of their down_proj)", I, t, S);
+        else if (M % S)
+                tsr_errf(err, errlen, "intermediate_size_mlp (%u: the dense layers' MLP columns) must be "
+                         "divisible by tensor parallel size (%u) and by %u (the canonical partial sums of their "
+                         "down_proj)", M, t, S);
+        else if (qd % S)
+                tsr_errf(err, errlen, "the attention output (%u heads x %u = %u columns) must be divisible by %u "
+                         "(the canonical partial sums of o_proj)", H, c->base.head_dim, qd, S);
+        else
+                return TSR_OK;
+        return TSR_E_UNSUPPORTED;
+}
+
+tsr_status tsr_llama4_shard_tp(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        const tsr_llama4_config *c;
+        size_t dim, hd, H, KVH, I, M, E, nh, nkv, kv0, hid, mlp, vl, ns, n_local;
+        bool split;
+        tsr_status st;
+
+        if (!m || tp_size == 0 || tp_rank >= tp_size || m->canonical)
+                return TSR_E_INVAL;
+        c = m->cfg;
+        if ((st = tp_check(c, tp_size, err, errlen)) != TSR_OK)
+                return st;
+        if (m->bf16) {
+                tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
+                return TSR_E_UNSUPPORTED;
+        }
+        dim = c->base.dim, hd = c->base.head_dim, H = c->base.n_heads, KVH = c->base.n_kv_heads;
+        I = c->base.hidden_dim, M = c->mlp_dim, E = c->n_experts;
+        nh = H / tp_size;
+        nkv = tp_size <= KVH ? KVH / tp_size : 1;
+        /* tp > KV heads: each KV head is replicated on tp / n_kv_heads ranks (vLLM) */
+        kv0 = tp_size <= KVH ? tp_rank * nkv : tp_rank / (tp_size / KVH);
+        hid = I / tp_size, mlp = M / tp_size, vl = c->base.vocab_size / tp_size;
+        ns = TSR_COMM_TREE_LEAVES / tp_size;
+        split = tp_size > 1;    /* tp 1: the canonical K slices alone */
+        n_local = m->shard.last_layer - m->shard.first_layer + 1;
+        st = TSR_OK;
+        for (size_t l = 0; l < n_local && st == TSR_OK; l++) {
+                layer *L = &m->layers[l];
+                if (split && (st = tsr_tp_keep_rows(&L->q.f, 1, H * hd, dim, tp_rank * nh * hd, nh * hd)) == TSR_OK &&
+                    (st = tsr_tp_keep_rows(&L->k.f, 1, KVH * hd, dim, kv0 * hd, nkv * hd)) == TSR_OK)
+                        st = tsr_tp_keep_rows(&L->v.f, 1, KVH * hd, dim, kv0 * hd, nkv * hd);
+                if (st == TSR_OK)
+                        st = tsr_tp_keep_col_slices(&L->o.f, 1, dim, H * hd, tp_rank * nh * hd, nh * hd, ns);
+                if (st != TSR_OK)
+                        break;
+                if (c->layer[m->shard.first_layer + l] & TSR_LLAMA4_MOE) {
+                        /* every expert's gate and up halves, (2E, I, dim) as stacked (I, dim)
+                         * matrices, and the shared expert: the rank's hid rows of each */
+                        if (split && (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 2 * E, I, dim, tp_rank * hid, hid)) ==
+                                             TSR_OK &&
+                            (st = tsr_tp_keep_rows(&L->sh_gate.f, 1, I, dim, tp_rank * hid, hid)) == TSR_OK)
+                                st = tsr_tp_keep_rows(&L->sh_up.f, 1, I, dim, tp_rank * hid, hid);
+                        if (st == TSR_OK &&
+                            (st = tsr_tp_keep_col_slices(&L->exp_down.f, E, dim, I, tp_rank * hid, hid, ns)) == TSR_OK)
+                                st = tsr_tp_keep_col_slices(&L->sh_down.f, 1, dim, I, tp_rank * hid, hid, ns);
+                } else {
+                        if (split && (st = tsr_tp_keep_rows(&L->gate.f, 1, M, dim, tp_rank * mlp, mlp)) == TSR_OK)
+                                st = tsr_tp_keep_rows(&L->up.f, 1, M, dim, tp_rank * mlp, mlp);
+                        if (st == TSR_OK)
+                                st = tsr_tp_keep_col_slices(&L->down.f, 1, dim, M, tp_rank * mlp, mlp, ns);
+                }
+        }
+        /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs */
+        if (st == TSR_OK && split && m->output.f)
+                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->embed, m->shard.first_layer == 0, c->base.vocab_size,
+                                            dim, tp_rank * vl, vl);
+        if (st != TSR_OK) {
+                tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
+                return st;      /* the model is half split: the caller frees it */
+        }
+        m->tp_size = tp_size;
+        m->nh = (uint32_t)nh;
+        m->nkv = (uint32_t)nkv;
+        m->hid = (uint32_t)hid;
+        m->mlp = (uint32_t)mlp;
+        m->vocab_out = (uint32_t)vl;
+        m->canonical = true;
+        return TSR_OK;
+}
+
+void tsr_llama4_set_comm(tsr_llama4 *m, tsr_comm *comm) {
+        if (m)
+                m->comm = comm;
+}
+
 /* ---- KV --------------------------------------------------------------------------------- */
 
 tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *c) {
@@ -364,7 +497,9 @@ static size_t whole_groups(const tsr_llama4_config *c, uint32_t tp_size, tsr_kv_
 
         if (max < 1)
                 return 0;
-        base.n_kv_heads /= tp_size ? tp_size : 1;
+        /* tp above the KV heads: one (replicated) KV head per rank, as vLLM */
+        if (tp_size > 1)
+                base.n_kv_heads = tp_size <= base.n_kv_heads ? base.n_kv_heads / tp_size : 1;
         for (uint32_t l = 0; l < c->base.n_layers; l++)
                 (c->layer[l] & TSR_LLAMA4_CHUNKED) ? n_chunked++ : n_full++;
         if (n_chunked == 0) {
@@ -451,13 +586,14 @@ tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4
                 return TSR_E_INVAL;
         first = m->shard.first_layer;
         n_layers = m->shard.last_layer - first + 1;
-        n_whole = whole_groups(m->cfg, 1, whole, TSR_KV_GROUPS_MAX);
-        n_want = tsr_llama4_kv_groups(m->cfg, first, m->shard.last_layer, 1, want, TSR_KV_GROUPS_MAX);
+        n_whole = whole_groups(m->cfg, m->tp_size, whole, TSR_KV_GROUPS_MAX);
+        n_want = tsr_llama4_kv_groups(m->cfg, first, m->shard.last_layer, m->tp_size, want, TSR_KV_GROUPS_MAX);
         /* the hybrid (a pipeline stage's: the whole model's groups it has layers of), or
          * the one-group pool of every position */
         one = !pool_is(pool, want, n_want);
         want[0] = tsr_llama4_kv_group(m->cfg);
         want[0].n_layers = (uint32_t)n_layers;
+        want[0].n_kv_heads = m->nkv;
         if (one && !pool_is(pool, want, 1))
                 return TSR_E_INVAL;
         if (pool->n_blocks > UINT32_MAX)
@@ -522,8 +658,13 @@ struct scratch {
         float *x, *xb;                  /* (N, dim) residual stream; a sublayer's input, then output */
         float *q, *att;                 /* (N, q_dim) */
         float *k, *v;                   /* (N, kv_dim) */
-        float *hb, *hb2;                /* (N, max(mlp, I)) */
-        float *sh, *routed, *xin, *ey;  /* (N, dim): shared expert out, routed sum, an expert's rows in and out */
+        float *hb, *hb2;                /* (N, max(mlp, I)): the rank's columns */
+        /* (P, N, dim), P = n_parts: a row-parallel matmul's partials (the one product when
+         * the model is not canonical): o_proj's, the dense MLP's, the shared expert's (then
+         * the MoE block's); the routed experts' sum; one expert's rows' */
+        float *parts, *routed, *ey;
+        float *xin;                     /* (N, dim) an expert's rows in */
+        float *slice;                   /* canonical: (N, widest K / P) one K slice of a row-parallel input */
         float *rl;                      /* (N, E) router logits */
         float *score;                   /* (N, top_k) */
         uint32_t *sel;                  /* (N, top_k) chosen experts */
@@ -534,8 +675,8 @@ struct scratch {
 };
 
 static void scratch_free(struct scratch *s) {
-        float *f[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->hb, s->hb2, s->sh, s->routed, s->xin, s->ey,
-                      s->rl, s->score, s->rscale, s->ck, s->cv};
+        float *f[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->hb, s->hb2, s->parts, s->routed, s->xin, s->ey,
+                      s->slice, s->rl, s->score, s->rscale, s->ck, s->cv};
         for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
                 free(f[i]);
         free(s->sel);
@@ -544,11 +685,15 @@ static void scratch_free(struct scratch *s) {
         free(s->tokens);
 }
 
-static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4_config *c, size_t N, size_t chunk_rows) {
-        size_t dim = c->base.dim, qd = (size_t)c->base.n_heads * c->base.head_dim;
-        size_t kvd = (size_t)c->base.n_kv_heads * c->base.head_dim;
-        size_t hid = c->mlp_dim > c->base.hidden_dim ? c->mlp_dim : c->base.hidden_dim;
-        size_t E = c->n_experts, K = c->top_k, widest = dim;
+/* Partials of a row-parallel matmul: the rank's canonical K slices, or the one product. */
+static size_t n_parts(const tsr_llama4 *m) { return m->canonical ? TSR_COMM_TREE_LEAVES / m->tp_size : 1; }
+
+static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N, size_t chunk_rows) {
+        const tsr_llama4_config *c = m->cfg;
+        size_t dim = c->base.dim, qd = (size_t)m->nh * c->base.head_dim;
+        size_t kvd = (size_t)m->nkv * c->base.head_dim, P = n_parts(m);
+        size_t hid = m->mlp > m->hid ? m->mlp : m->hid;
+        size_t E = c->n_experts, K = c->top_k, widest = P * dim, k = qd > hid ? qd : hid;
 
         memset(s, 0, sizeof *s);
         widest = qd > widest ? qd : widest;
@@ -558,8 +703,9 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4_config *c, s
                 return TSR_E_LIMIT;
 #define A(p, n) ((p) = malloc((n) * sizeof *(p)))
         if (!A(s->x, N * dim) || !A(s->xb, N * dim) || !A(s->q, N * qd) || !A(s->att, N * qd) || !A(s->k, N * kvd) ||
-            !A(s->v, N * kvd) || !A(s->hb, N * hid) || !A(s->hb2, N * hid) || !A(s->sh, N * dim) ||
-            !A(s->routed, N * dim) || !A(s->xin, N * dim) || !A(s->ey, N * dim) || !A(s->rl, N * E) ||
+            !A(s->v, N * kvd) || !A(s->hb, N * hid) || !A(s->hb2, N * hid) || !A(s->parts, P * N * dim) ||
+            !A(s->routed, P * N * dim) || !A(s->xin, N * dim) || !A(s->ey, P * N * dim) ||
+            !A(s->slice, m->canonical ? N * k / P : 1) || !A(s->rl, N * E) ||
             !A(s->score, N * K) || !A(s->sel, N * K) || !A(s->rows, N) || !A(s->rscale, N) ||
             !A(s->ck, chunk_rows * kvd + 1) || !A(s->cv, chunk_rows * kvd + 1) || !A(s->pos, N) || !A(s->tokens, N)) {
                 scratch_free(s);
@@ -578,21 +724,38 @@ static tsr_status mm(tsr_backend *be, float *out, const float *x, const mat *w, 
         return tsr_backend_matmul(be, out, x, w->f + off, TSR_DTYPE_F32, rows, n, d);
 }
 
+/* A row-parallel W (dim, k) @ x (rows, k), x the rank's k columns, for the matrix `off`
+ * elements into `w`: its n_parts partials into parts (n_parts, rows, dim), the one
+ * product unless the model is canonical, then one per K slice (tp.h). */
+static tsr_status mm_parts(const tsr_llama4 *m, tsr_backend *be, struct scratch *s, float *parts, const float *x,
+                           const mat *w, size_t off, size_t rows, size_t k) {
+        if (!m->canonical)
+                return mm(be, parts, x, w, off, rows, k, m->cfg->base.dim);
+        return tsr_tp_row_partials(be, parts, s->slice, x, w->f + off, rows, k, m->cfg->base.dim, n_parts(m));
+}
+
+/* out (count,) = the sum of the partials parts (n_parts, count) over the rank's slices
+ * and the TP group (R7); `out` itself when the model is not canonical (parts == out). */
+static tsr_status parts_sum(const tsr_llama4 *m, float *out, const float *parts, size_t count) {
+        return m->canonical ? tsr_tp_row_reduce(m->comm, m->tp_size, parts, n_parts(m), out, count) : TSR_OK;
+}
+
 #define TRY(expr)                               \
         do {                                    \
                 if ((st = (expr)) != TSR_OK)    \
                         goto done;              \
         } while (0)
 
-/* down(silu(gate(x)) * up(x)) for x (rows, dim) -> out (rows, dim); `hid` the width. */
-static tsr_status swiglu(tsr_backend *be, const tsr_llama4_config *c, struct scratch *s, float *out, const float *x,
+/* down(silu(gate(x)) * up(x)) for x (rows, dim): down's partials into parts (n_parts, rows,
+ * dim) (mm_parts); `hid` the rank's width. */
+static tsr_status swiglu(const tsr_llama4 *m, tsr_backend *be, struct scratch *s, float *parts, const float *x,
                          const mat *gate, const mat *up, const mat *down, size_t rows, size_t hid) {
-        size_t dim = c->base.dim;
+        size_t dim = m->cfg->base.dim;
         tsr_status st;
         TRY(mm(be, s->hb, x, gate, 0, rows, dim, hid));
         TRY(mm(be, s->hb2, x, up, 0, rows, dim, hid));
         TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, rows * hid));
-        TRY(mm(be, out, s->hb, down, 0, rows, hid, dim));
+        TRY(mm_parts(m, be, s, parts, s->hb, down, 0, rows, hid));
 done:
         return st;
 }
@@ -600,12 +763,18 @@ done:
 /* Llama4TextMoe on s->xb (N, dim) -> s->xb: shared(x) + sum over the token's top-k experts
  * e (in expert order) of expert_e(x * sigmoid(logit_e)).  transformers runs every expert
  * on every token with the others' input scaled by sigmoid(-inf) = 0, whose outputs are
- * exact zeros: the same sum. */
-static tsr_status moe(tsr_backend *be, const tsr_llama4_config *c, const layer *L, struct scratch *s, size_t N) {
-        size_t dim = c->base.dim, I = c->base.hidden_dim, E = c->n_experts, K = c->top_k;
+ * exact zeros: the same sum.  A tensor-parallel rank (vLLM's Llama4MoE without expert
+ * parallelism) holds its columns of every expert and of the shared expert, and the
+ * router whole: every rank routes alike from the same x.  The canonical form keeps the
+ * sums per K slice: slice j's shared partial + its routed experts' partials (added in
+ * expert order), then the one reduce over the slices and the group, so every tp_size
+ * adds the same floats in the same order (R7's tree_r(routed_r + shared_r)). */
+static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, struct scratch *s, size_t N) {
+        const tsr_llama4_config *c = m->cfg;
+        size_t dim = c->base.dim, I = m->hid, E = c->n_experts, K = c->top_k, P = n_parts(m), cnt = N * dim;
         tsr_status st;
 
-        TRY(swiglu(be, c, s, s->sh, s->xb, &L->sh_gate, &L->sh_up, &L->sh_down, N, I));        /* sh (N, dim) */
+        TRY(swiglu(m, be, s, s->parts, s->xb, &L->sh_gate, &L->sh_up, &L->sh_down, N, I));   /* parts (P, N, dim) */
         TRY(mm(be, s->rl, s->xb, &L->router, 0, N, dim, E));                                    /* rl (N, E) */
         for (size_t r = 0; r < N; r++) {
                 /* top-k by logit, ties to the lower index; the score is the sigmoid in float32 */
@@ -623,7 +792,7 @@ static tsr_status moe(tsr_backend *be, const tsr_llama4_config *c, const layer *
                         s->score[r * K + j] = 1.0f / (1.0f + expf(-lg[best]));
                 }
         }
-        memset(s->routed, 0, N * dim * sizeof(float));
+        memset(s->routed, 0, P * cnt * sizeof(float));
         for (size_t e = 0; e < E; e++) {
                 size_t n = 0;
                 for (size_t r = 0; r < N; r++)
@@ -641,12 +810,21 @@ static tsr_status moe(tsr_backend *be, const tsr_llama4_config *c, const layer *
                 TRY(mm(be, s->hb, s->xin, &L->exp_gate_up, e * 2 * I * dim, n, dim, I));
                 TRY(mm(be, s->hb2, s->xin, &L->exp_gate_up, e * 2 * I * dim + I * dim, n, dim, I));
                 TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, n * I));
-                TRY(mm(be, s->ey, s->hb, &L->exp_down, e * dim * I, n, I, dim));
-                for (size_t i = 0; i < n; i++)
-                        for (size_t d = 0; d < dim; d++)
-                                s->routed[(size_t)s->rows[i] * dim + d] += s->ey[i * dim + d];
+                TRY(mm_parts(m, be, s, s->ey, s->hb, &L->exp_down, e * dim * I, n, I));         /* ey (P, n, dim) */
+                for (size_t p = 0; p < P; p++)
+                        for (size_t i = 0; i < n; i++) {
+                                float *dst = s->routed + p * cnt + (size_t)s->rows[i] * dim;
+                                for (size_t d = 0; d < dim; d++)
+                                        dst[d] += s->ey[(p * n + i) * dim + d];
+                        }
         }
-        TRY(tsr_backend_add(be, s->xb, s->sh, s->routed, N * dim));
+        if (!m->canonical) {
+                TRY(tsr_backend_add(be, s->xb, s->parts, s->routed, cnt));
+        } else {
+                for (size_t p = 0; p < P; p++)
+                        TRY(tsr_backend_add(be, s->parts + p * cnt, s->parts + p * cnt, s->routed + p * cnt, cnt));
+                TRY(parts_sum(m, s->xb, s->parts, cnt));
+        }
 done:
         return st;
 }
@@ -668,7 +846,7 @@ static size_t live_block(const tsr_llama4_kv *kv, size_t l, const tsr_llama_seq 
 static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_kv *kv, struct scratch *s,
                          size_t l, const tsr_llama_seq *q, const float *qrows, float *out) {
         const tsr_llama4_config *c = m->cfg;
-        size_t H = c->base.n_heads, qd = H * c->base.head_dim, kvd = kv->n_kv_heads * kv->head_dim;
+        size_t H = m->nh, qd = H * c->base.head_dim, kvd = kv->n_kv_heads * kv->head_dim;
         size_t C = c->chunk, bs = kv->block_size;
         float scale = (float)(1.0 / sqrt((double)c->base.head_dim));
         tsr_kv_view view = kv_view(kv, l, q);
@@ -703,6 +881,24 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
         return st;
 }
 
+/* logits (rows, vocab) of the normed rows xb (rows, dim): a tensor-parallel rank computes
+ * its vocab_out rows of lm_head and the all-gather puts the vocabulary together (tp.h). */
+static tsr_status lm_head(const tsr_llama4 *m, tsr_backend *be, float *logits, const float *xb, size_t rows) {
+        size_t dim = m->cfg->base.dim, vl = m->vocab_out;
+        float *mine;
+        tsr_status st;
+
+        if (m->tp_size == 1)
+                return mm(be, logits, xb, &m->output, 0, rows, dim, vl);
+        if (!(mine = malloc(rows * vl * sizeof(float))))
+                return TSR_E_NOMEM;
+        st = mm(be, mine, xb, &m->output, 0, rows, dim, vl);
+        if (st == TSR_OK)
+                st = tsr_tp_gather_vocab(m->comm, m->tp_size, mine, logits, rows, vl);
+        free(mine);
+        return st;
+}
+
 /* The stacked forward of n_seqs sequences through the model's layers; arguments already
  * checked.  A pipeline stage (family.h forward_stage, as the Llama's): `in` NULL on the
  * first stage (the embedding runs), else the previous stage's pair x then xb (its last
@@ -711,11 +907,11 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
 static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4_kv *kv, const tsr_llama_seq *seqs,
                           size_t n_seqs, const float *in, float *out, float *logits) {
         const tsr_llama4_config *c = m->cfg;
-        size_t dim = c->base.dim, hd = c->base.head_dim, H = c->base.n_heads, KVH = c->base.n_kv_heads;
+        size_t dim = c->base.dim, hd = c->base.head_dim, H = m->nh, KVH = m->nkv;     /* the rank's heads */
         size_t qd = H * hd, kvd = KVH * hd, N = 0, chunk_rows = 0, n_out = 0;
         size_t first_layer = m->shard.first_layer, n_local = m->shard.last_layer - first_layer + 1;
         bool last_stage = first_layer + n_local == c->base.n_layers;
-        float eps = c->base.rms_eps;
+        float eps = c->base.rms_eps, *parts;
         struct scratch s;
         tsr_status st;
 
@@ -725,8 +921,10 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                 if (c->chunk && end > chunk_rows)
                         chunk_rows = end < c->chunk ? end : c->chunk;
         }
-        if ((st = scratch_alloc(&s, c, N, chunk_rows)) != TSR_OK)
+        if ((st = scratch_alloc(&s, m, N, chunk_rows)) != TSR_OK)
                 return st;
+        /* a row-parallel matmul's partials: the canonical slices', else its output itself */
+        parts = m->canonical ? s.parts : s.xb;
         for (size_t i = 0, row = 0; i < n_seqs; i++)
                 for (size_t t = 0; t < seqs[i].n; t++, row++) {
                         s.tokens[row] = seqs[i].tokens[t];
@@ -773,12 +971,15 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                                                  seqs[i].past_len - lo * kv->block_size));
                         TRY(attend(be, m, kv, &s, li, &seqs[i], s.q + row * qd, s.att + row * qd));
                 }
-                TRY(mm(be, s.xb, s.att, &L->o, 0, N, qd, dim));
+                TRY(mm_parts(m, be, &s, parts, s.att, &L->o, 0, N, qd));
+                TRY(parts_sum(m, s.xb, parts, N * dim));
                 TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, L->ffn_norm, N, dim, eps));
-                if (c->layer[l] & TSR_LLAMA4_MOE)
-                        TRY(moe(be, c, L, &s, N));
-                else
-                        TRY(swiglu(be, c, &s, s.xb, s.xb, &L->gate, &L->up, &L->down, N, c->mlp_dim));
+                if (c->layer[l] & TSR_LLAMA4_MOE) {
+                        TRY(moe(m, be, L, &s, N));
+                } else {
+                        TRY(swiglu(m, be, &s, parts, s.xb, &L->gate, &L->up, &L->down, N, m->mlp));
+                        TRY(parts_sum(m, s.xb, parts, N * dim));
+                }
                 if (li + 1 < n_local) {
                         TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, m->layers[li + 1].attn_norm, N, dim, eps));
                 } else if (!last_stage) {       /* the next stage adds and norms (see above) */
@@ -797,7 +998,7 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
         }
         if (n_out) {
                 TRY(tsr_backend_rmsnorm(be, s.xb, s.xb, m->out_norm, n_out, dim, eps));
-                TRY(mm(be, logits, s.xb, &m->output, 0, n_out, dim, c->base.vocab_size));
+                TRY(lm_head(m, be, logits, s.xb, n_out));
         }
 done:
         scratch_free(&s);
@@ -817,7 +1018,7 @@ tsr_status tsr_llama4_forward_stage(const tsr_llama4 *m, tsr_backend *be, tsr_ll
         if (!m || !kv || !seqs || n_seqs == 0)
                 return TSR_E_INVAL;
         if (kv->n_layers != m->shard.last_layer - m->shard.first_layer + 1 ||
-            kv->n_kv_heads != m->cfg->base.n_kv_heads || kv->head_dim != m->cfg->base.head_dim)
+            kv->n_kv_heads != m->nkv || kv->head_dim != m->cfg->base.head_dim)
                 return TSR_E_INVAL;     /* a view made for another model */
         for (size_t i = 0; i < n_seqs; i++) {
                 const tsr_llama_seq *q = &seqs[i];

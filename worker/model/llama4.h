@@ -80,7 +80,8 @@ typedef struct tsr_llama4 tsr_llama4;
 /* The weights of `spec` (the whole model, or a pipeline stage's layer range: its layers,
  * the embedding on the first stage, the final norm and lm_head on the last, the
  * embedding there too when tied) from the HF folder `dir`, float32 in host memory, as
- * `cfg` describes them (copied).  tp_size 1 only.  Tensor names are the family's
+ * `cfg` describes them (copied).  tp_size 1 (tsr_llama4_shard_tp splits the loaded
+ * model for a tensor-parallel rank).  Tensor names are the family's
  * table (llama4_family.c) under the prefix the folder uses: "language_model." for the
  * nested layout when language_model.model.embed_tokens.weight is there, none otherwise
  * (Llama4ForCausalLM, and ModelOpt exports of the nested model).  Vision tower and
@@ -104,6 +105,26 @@ uint64_t tsr_llama4_resident_bytes(const tsr_llama4 *m);
 /* As tsr_llama_check_backend. */
 tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be);
 
+/* Tensor parallelism (issue #20): split a loaded float32 model (whole or a pipeline
+ * stage) for rank tp_rank of tp_size as vLLM shards Llama 4 without expert parallelism:
+ * q/k/v by heads (KV heads replicated when tp_size exceeds them), o_proj by input
+ * columns; every expert's gate/up by output columns and its down_proj by input columns
+ * (each rank holds 1/tp_size of every expert's intermediate columns), the shared expert
+ * and the dense MLP likewise; the router, the embedding and the norms whole; lm_head by
+ * vocabulary rows (the logits all-gathered).  The row-parallel matrices are held as
+ * TSR_COMM_TREE_LEAVES / tp_size canonical K slices (tp.h), and an MoE block adds its
+ * shared and routed experts' partials slice by slice before one reduce (R7), so TP 1
+ * (tp_size 1: the canonical split alone) and TP > 1 give the same bits.  The KV the
+ * model then binds has its local KV heads (tsr_llama4_kv_groups with tp_size).
+ * TSR_E_UNSUPPORTED (a count tp_size does not divide, named in err; bf16 weights; the
+ * model is then unchanged) or TSR_E_NOMEM (the model is then only fit to be freed).
+ * Main thread, at start-up. */
+struct tsr_comm;
+tsr_status tsr_llama4_shard_tp(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
+/* The rank's TP group, which the forwards of a tp_size > 1 model all-reduce and
+ * all-gather over; set by the rank's thread before its forward (borrowed). */
+void tsr_llama4_set_comm(tsr_llama4 *m, struct tsr_comm *comm);
+
 /* One KV group of every layer as full attention (chunked layers too), float32. */
 tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *cfg);
 /* The hybrid groups of layers first .. last into out[max] (returns how many, 0 when max
@@ -115,16 +136,16 @@ tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *cfg);
  * (kv_pool.h) go unused as little as possible.  A pipeline stage's range gets those of
  * the whole model's groups it has layers of, in order, each with its layers of the
  * range: the engine's block tables are the whole model's (one per paged group), which
- * every stage's layers index alike (tsr_llama4_kv_bind).  n_kv_heads divided by
- * tp_size. */
+ * every stage's layers index alike (tsr_llama4_kv_bind).  A tensor-parallel rank's
+ * n_kv_heads: divided by tp_size, or one (replicated) when tp_size exceeds them. */
 size_t tsr_llama4_kv_groups(const tsr_llama4_config *cfg, uint32_t first, uint32_t last, uint32_t tp_size,
                             tsr_kv_group *out, size_t max);
 typedef struct tsr_llama4_kv tsr_llama4_kv;
 /* A view of `pool`: tsr_llama4_kv_group's one group of the model's layers, or
  * tsr_llama4_kv_groups' hybrid of its layer range (then a sequence's block_table holds
  * one table per paged group of the whole model, n_table entries each, in the whole
- * model's group order, whatever layers the model holds; kv_pool.h tsr_kv_tables).
- * TSR_E_INVAL for another pool. */
+ * model's group order, whatever layers the model holds; kv_pool.h tsr_kv_tables), with the
+ * model's KV heads (a tensor-parallel rank's).  TSR_E_INVAL for another pool. */
 tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4_kv **ret);
 void tsr_llama4_kv_free(tsr_llama4_kv **kv);
 

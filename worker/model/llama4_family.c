@@ -15,9 +15,9 @@ static const char *const gguf_archs[] = {"llama4", NULL};
 
 /* One row per weight, HF names without the nesting prefix (the loader adds
  * "language_model." for the nested layout; llama4.h).  No GGUF names: a Llama 4 GGUF is
- * refused.  Shard rules (data for the TP work): attention as Llama; the router
- * replicated; the shared expert and the dense MLP as Llama's MLP; every expert split
- * like an MLP, gate/up column-parallel and down row-parallel.  The experts are stored
+ * refused.  Shard rules (tsr_llama4_shard_tp splits by them): attention as Llama; the
+ * router replicated; the shared expert and the dense MLP as Llama's MLP; every expert
+ * split like an MLP, gate/up column-parallel and down row-parallel.  The experts are stored
  * [E, in, out] (transformers' BMM layout), so "column" splits their last dimension
  * (gate and up halves each) and "row" the middle one of down_proj. */
 static const tsr_tensor_name llama4_tensors[] = {
@@ -115,6 +115,12 @@ static tsr_status llama4_forward_stage(const void *model, tsr_backend *be, void 
         return tsr_llama4_forward_stage(model, be, pool, seqs, n_seqs, in, out, logits);
 }
 
+static tsr_status llama4_tp_shard(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        return tsr_llama4_shard_tp(model, tp_rank, tp_size, err, errlen);
+}
+
+static void llama4_tp_set_comm(void *model, struct tsr_comm *comm) { tsr_llama4_set_comm(model, comm); }
+
 /* The sequence record and the pipeline split are the Llama family's (llama.h). */
 const tsr_model_family tsr_family_llama4 = {
         .name = "llama4",
@@ -136,6 +142,8 @@ const tsr_model_family tsr_family_llama4 = {
         .kv_unbind = llama4_kv_unbind,
         .forward_batch = llama4_forward_batch,
         .forward_stage = llama4_forward_stage,
+        .tp_shard = llama4_tp_shard,
+        .tp_set_comm = llama4_tp_set_comm,
         .seq_size = sizeof(tsr_llama_seq),
         .seq_fill = tsr_llama_seq_fill,
 };

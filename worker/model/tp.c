@@ -1,0 +1,98 @@
+/* tp.c - the tensor-parallel split and sums the families share (tp.h). */
+#include "worker/model/tp.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/parallel/comm.h"
+
+tsr_status tsr_tp_keep_rows(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n) {
+        float *k = malloc(n_mats * n * cols * sizeof(float));
+        if (!k)
+                return TSR_E_NOMEM;
+        for (size_t e = 0; e < n_mats; e++)
+                memcpy(k + e * n * cols, *w + (e * rows + first) * cols, n * cols * sizeof(float));
+        free(*w);
+        *w = k;
+        return TSR_OK;
+}
+
+tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
+                                  size_t ns) {
+        size_t ks = n / ns;
+        float *k = malloc(n_mats * rows * n * sizeof(float));
+        if (!k)
+                return TSR_E_NOMEM;
+        for (size_t e = 0; e < n_mats; e++) {
+                const float *a = *w + e * rows * cols;
+                float *b = k + e * rows * n;
+                for (size_t j = 0; j < ns; j++)
+                        for (size_t r = 0; r < rows; r++)
+                                memcpy(b + (j * rows + r) * ks, a + r * cols + first + j * ks, ks * sizeof(float));
+        }
+        free(*w);
+        *w = k;
+        return TSR_OK;
+}
+
+tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, bool embeds, size_t vocab, size_t dim, size_t first,
+                                  size_t n) {
+        float *k;
+
+        if (*output != *embed)
+                return tsr_tp_keep_rows(output, 1, vocab, dim, first, n);
+        if (!(k = malloc(n * dim * sizeof(float))))
+                return TSR_E_NOMEM;
+        memcpy(k, *embed + first * dim, n * dim * sizeof(float));
+        *output = k;
+        if (!embeds) {          /* a later pipeline stage never embeds */
+                free(*embed);
+                *embed = NULL;
+        }
+        return TSR_OK;
+}
+
+tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, const float *x, const float *w,
+                               size_t rows, size_t k, size_t d, size_t ns) {
+        size_t ks = k / ns;
+        tsr_status st = TSR_OK;
+
+        for (size_t j = 0; j < ns && st == TSR_OK; j++) {
+                for (size_t r = 0; r < rows; r++)
+                        memcpy(slice + r * ks, x + r * k + j * ks, ks * sizeof(float));
+                st = tsr_backend_matmul(be, parts + j * rows * d, slice, w + j * d * ks, TSR_DTYPE_F32, rows, ks, d);
+        }
+        return st;
+}
+
+tsr_status tsr_tp_row_reduce(tsr_comm *comm, uint32_t tp_size, const float *parts, size_t ns, float *out,
+                             size_t count) {
+        const float *p[TSR_COMM_TREE_LEAVES];
+
+        if (ns == 0 || ns > TSR_COMM_TREE_LEAVES)
+                return TSR_E_INVAL;
+        for (size_t j = 0; j < ns; j++)
+                p[j] = parts + j * count;
+        tsr_comm_tree_sum(p, (int)ns, out, count);
+        if (tp_size > 1)
+                return comm ? tsr_comm_all_reduce_sum(comm, out, count, NULL) : TSR_E_INVAL;
+        return TSR_OK;
+}
+
+tsr_status tsr_tp_gather_vocab(tsr_comm *comm, uint32_t tp_size, const float *mine, float *logits, size_t rows,
+                               size_t vl) {
+        size_t t = tp_size;
+        float *all;
+        tsr_status st;
+
+        if (!comm)
+                return TSR_E_INVAL;
+        if (!(all = malloc(t * rows * vl * sizeof(float))))
+                return TSR_E_NOMEM;
+        st = tsr_comm_all_gather(comm, mine, all, rows * vl * sizeof(float), NULL);
+        for (size_t q = 0; st == TSR_OK && q < t; q++)          /* (t, rows, vl) -> (rows, t * vl) */
+                for (size_t r = 0; r < rows; r++)
+                        memcpy(logits + r * t * vl + q * vl, all + (q * rows + r) * vl, vl * sizeof(float));
+        free(all);
+        return st;
+}

@@ -1,0 +1,60 @@
+/* tp.h - the pieces of tensor parallelism (issue #20) the families share: splitting a
+ * loaded float32 matrix for a rank, the canonical row-parallel sum of R7
+ * (reference/distributed.md) and lm_head's vocabulary all-gather.
+ *
+ * A row-parallel matrix W (d, K) of a rank of tp_size holds the rank's K / tp_size input
+ * columns as ns = TSR_COMM_TREE_LEAVES / tp_size contiguous (d, K / S) blocks
+ * (tsr_tp_keep_col_slices); its product gives one fp32 partial per block
+ * (tsr_tp_row_partials), the balanced tree adds a rank's partials and the all-reduce
+ * the ranks' sums (tsr_tp_row_reduce): the lower tree levels on the rank, the upper ones
+ * in the all-reduce, the same bits for every tp_size.  A family may add several
+ * matrices' partials slice by slice before the one reduce (Llama 4's MoE block).
+ *
+ * Pure functions of their arguments; the splits run at start-up on the main thread, the
+ * forward's pieces on the rank's thread (its comm and backend). */
+#ifndef TSR_WORKER_MODEL_TP_H
+#define TSR_WORKER_MODEL_TP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tsr_status.h"
+#include "kernels/kernels.h"
+
+struct tsr_comm;
+
+/* Keep rows [first, first + n) of each of the n_mats stacked (rows, cols) float32
+ * matrices of *w: *w becomes a new (n_mats, n, cols) array and the old one is freed.
+ * TSR_E_NOMEM (*w unchanged). */
+tsr_status tsr_tp_keep_rows(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n);
+/* Keep columns [first, first + n) of each of the n_mats stacked (rows, cols) float32
+ * matrices of *w as ns contiguous (rows, n / ns) blocks, block j = columns
+ * first + j * n / ns ...: *w becomes a new (n_mats, ns, rows, n / ns) array and the old
+ * one is freed.  TSR_E_NOMEM (*w unchanged). */
+tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
+                                  size_t ns);
+/* lm_head's rows [first, first + n) of the (vocab, dim) float32 *output: tsr_tp_keep_rows,
+ * or, when *output is the embedding table *embed itself (tied), a copy of them, the
+ * table then freed unless `embeds` (the rank's pipeline stage runs the embedding).
+ * TSR_E_NOMEM (nothing changed). */
+tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, bool embeds, size_t vocab, size_t dim, size_t first,
+                                  size_t n);
+
+/* The ns canonical partials of W (d, k) @ x (rows, k) -> parts (ns, rows, d), W held as
+ * tsr_tp_keep_col_slices' ns (d, k / ns) blocks; `slice` (rows, k / ns) is scratch.
+ * The backend's float32 matmul's status. */
+tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, const float *x, const float *w,
+                               size_t rows, size_t k, size_t d, size_t ns);
+/* out (count,) = the balanced tree (tsr_comm_tree_sum) over the ns partials parts (ns,
+ * count), then, when tp_size > 1, all-reduced over `comm` (TSR_E_INVAL without one).
+ * `out` may be one of the partials. */
+tsr_status tsr_tp_row_reduce(struct tsr_comm *comm, uint32_t tp_size, const float *parts, size_t ns, float *out,
+                             size_t count);
+/* lm_head's vocabulary all-gather: each rank's logits rows mine (rows, vl) of its vl
+ * vocabulary rows, all-gathered over `comm` into logits (rows, tp_size * vl) in rank
+ * order (vLLM's LogitsProcessor gathers the same way).  TSR_E_NOMEM, the comm's status. */
+tsr_status tsr_tp_gather_vocab(struct tsr_comm *comm, uint32_t tp_size, const float *mine, float *logits,
+                               size_t rows, size_t vl);
+
+#endif
