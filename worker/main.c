@@ -706,7 +706,7 @@ int main(int argc, char **argv) {
                                     .master_addr = cfg.master_addr, .master_port = (uint16_t)cfg.master_port,
                                     .fingerprint = fp, .join_timeout_ms = node_join_timeout_ms(),
                                     .step_timeout_ms = pp_timeout_ms(), .kv_blocks = plan.kv_blocks_total,
-                                    .state_slots = plan.state_slots};
+                                    .state_slots = plan.state_slots, .n_kv_tables = plan.n_kv_tables};
                 if (!runner) {
                         log_error("model %s: a multi-node replica needs a model runner", cfg.model);
                         goto out;

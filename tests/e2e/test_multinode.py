@@ -153,7 +153,7 @@ def test_two_nodes_answer_as_one_process(tmp_path):
     stop(f)
 
 
-TINY = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama3-hf" / "f32"   # 4 heads, 2 KV heads
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY_COMMON = ["--served-model-name", MODEL, "--max-model-len", "256", "--max-num-seqs", "8",
                "--kv-cache-memory-bytes", "64M", "--dtype", "float32"]
 
@@ -176,22 +176,34 @@ def id_answers(base):
     return out
 
 
-def test_tensor_parallel_inside_each_node(tmp_path):
-    """-tp 2 -pp 2 --nnodes 2 --dtype float32 on the tiny HF Llama 3: each node runs its
-    stage on two tensor-parallel rank threads (the heads split, the row-parallel layers in
-    R7's canonical split and the comm's fixed tree), the nodes hand the activations on;
-    the answers are bitwise those of -tp 1 --dtype float32 in one process."""
-    proc, base = single(tmp_path, model=TINY, common=TINY_COMMON)
+@pytest.mark.parametrize("fixture,tp,split", [
+    ("tiny-llama3-hf/f32", "2", ("0..0", "1..1")),
+    ("tiny-llama4", "2", ("0..1", "2..3")),
+    ("tiny-llama4", "1", ("0..1", "2..3")),
+    ("tiny-nemotron-h/model", "1", ("0..2", "3..5")),
+], ids=["llama-tp2", "llama4-tp2", "llama4", "nemotron_h"])
+def test_families_over_two_nodes(tmp_path, fixture, tp, split):
+    """-pp 2 --nnodes 2 --dtype float32 on the tiny Llama 4 (MoE; a full-attention and a
+    chunked-local block table per request: both cross in the plan) and the tiny NemotronH
+    (Mamba state slots), and with -tp 2 on the tiny HF Llama 3 and the tiny Llama 4: each
+    node runs its stage (with -tp 2 on two tensor-parallel rank threads: the heads and the
+    experts' columns split, the row-parallel layers in R7's canonical split and the comm's
+    fixed tree), the nodes hand the activations on; the answers are bitwise those of one
+    process at -tp 1 --dtype float32."""
+    model = FIXTURES / fixture
+    proc, base = single(tmp_path, model=model, common=TINY_COMMON)
     want = id_answers(base)
     stop(proc)
     mp = free_port()
-    f = follower(tmp_path, "node1", mp, "-tp", "2", model=TINY, common=TINY_COMMON)
-    lead, base = leader(tmp_path, "node0", mp, "-tp", "2", model=TINY, common=TINY_COMMON)
+    f = follower(tmp_path, "node1", mp, "-tp", tp, model=model, common=TINY_COMMON)
+    lead, base = leader(tmp_path, "node0", mp, "-tp", tp, model=model, common=TINY_COMMON)
     assert id_answers(base) == want
     log0, log1 = lead.output(), f.output()
-    assert "runs stage 0 on its tensor-parallel rank threads: layers [0..0, 1..1]" in log0, log0[-3000:]
-    assert "pipeline stage 1 of 2, tensor parallel rank 1 of 2: layers 1..1 + final norm and lm_head" in log1, \
-        log1[-3000:]
+    on_tp = " on its tensor-parallel rank threads" if tp != "1" else ""
+    assert f"runs stage 0{on_tp}: layers [{split[0]}, {split[1]}]" in log0, log0[-3000:]
+    stage1 = (f"pipeline stage 1 of 2, tensor parallel rank 1 of 2: layers {split[1]} + final norm and lm_head"
+              if tp != "1" else f"pipeline stage 1 of 2: layers {split[1]} + final norm and lm_head")
+    assert stage1 in log1, log1[-3000:]
     stop(lead)
     f.kill_group()
 

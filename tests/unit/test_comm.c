@@ -1025,8 +1025,8 @@ static void test_nodes_plan_round_trip(void **state) {
         uint8_t *buf;
         size_t len, n;
         tsr_engine_seq *out;
-        assert_int_equal(tsr_nodes_plan_pack(in, 3, &buf, &len), TSR_OK);
-        assert_int_equal(tsr_nodes_plan_unpack(buf, len, &out, &n), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_pack(in, 3, 1, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(buf, len, 1, &out, &n), TSR_OK);
         assert_int_equal(n, 3);
         for (size_t i = 0; i < 3; i++) {
                 assert_int_equal(out[i].n_table, in[i].n_table);
@@ -1040,6 +1040,21 @@ static void test_nodes_plan_round_trip(void **state) {
         }
         free(out);
         free(buf);
+
+        /* a hybrid's two tables per sequence (full attention, then chunked-local), one
+         * after the other: every entry crosses; read as one table, the plan is refused */
+        const uint32_t two[] = {1, 2, 3, TSR_KV_NULL_BLOCK, 5, 6}, tok[] = {42, 43};
+        tsr_engine_seq h[1] = {{.block_table = two, .n_table = 3, .tokens = tok, .n = 2, .past_len = 40,
+                                .want_logits = true}};
+        assert_int_equal(tsr_nodes_plan_pack(h, 1, 2, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(buf, len, 2, &out, &n), TSR_OK);
+        assert_int_equal(n, 1);
+        assert_int_equal(out[0].n_table, 3);
+        assert_memory_equal(out[0].block_table, two, sizeof two);
+        assert_memory_equal(out[0].tokens, tok, sizeof tok);
+        free(out);
+        assert_int_equal(tsr_nodes_plan_unpack(buf, len, 1, &out, &n), TSR_E_PROTO);
+        free(buf);
 }
 
 /* Every truncation and a few corruptions of a good plan are refused, never read past
@@ -1052,11 +1067,11 @@ static void test_nodes_plan_malformed(void **state) {
         uint8_t *buf;
         size_t len, n;
         tsr_engine_seq *out = NULL;
-        assert_int_equal(tsr_nodes_plan_pack(in, 2, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_pack(in, 2, 1, &buf, &len), TSR_OK);
         for (size_t cut = 0; cut < len; cut++) {
                 uint8_t *c = malloc(cut ? cut : 1);
                 memcpy(c, buf, cut);
-                assert_int_equal(tsr_nodes_plan_unpack(c, cut, &out, &n), TSR_E_PROTO);
+                assert_int_equal(tsr_nodes_plan_unpack(c, cut, 1, &out, &n), TSR_E_PROTO);
                 free(c);
         }
         uint32_t *w = (uint32_t *)buf;
@@ -1066,13 +1081,13 @@ static void test_nodes_plan_malformed(void **state) {
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
                 uint32_t keep = w[bad[i].word];
                 w[bad[i].word] = bad[i].value;
-                assert_int_equal(tsr_nodes_plan_unpack(buf, len, &out, &n), TSR_E_PROTO);
+                assert_int_equal(tsr_nodes_plan_unpack(buf, len, 1, &out, &n), TSR_E_PROTO);
                 w[bad[i].word] = keep;
         }
         uint8_t *longer = calloc(1, len + 4);
         memcpy(longer, buf, len);
-        assert_int_equal(tsr_nodes_plan_unpack(longer, len + 4, &out, &n), TSR_E_PROTO);   /* trailing words */
-        assert_int_equal(tsr_nodes_plan_unpack(buf, len, &out, &n), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(longer, len + 4, 1, &out, &n), TSR_E_PROTO);   /* trailing words */
+        assert_int_equal(tsr_nodes_plan_unpack(buf, len, 1, &out, &n), TSR_OK);
         free(out);
         free(longer);
         free(buf);

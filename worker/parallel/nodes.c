@@ -12,7 +12,8 @@
  *
  * Plan encoding, little-endian u32 words: n_seqs, then per sequence n_table, n,
  * past_len (u64: two words, low first), flags (1 want_logits, 2 want_all_logits),
- * state_slot, block_table[n_table], tokens[n]. */
+ * state_slot, block_table[n_tables x n_table] (the tables one after the other, as the
+ * engine hands them; n_tables is the model's, known to both sides), tokens[n]. */
 #include "worker/parallel/nodes.h"
 
 #include <pthread.h>
@@ -44,10 +45,11 @@ typedef struct ctl_msg {
 
 #define SEQ_WORDS 6     /* n_table, n, past_len lo, past_len hi, flags, state_slot */
 
-tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint8_t **buf, size_t *len) {
-        size_t words = 1;
+tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint32_t n_tables, uint8_t **buf,
+                               size_t *len) {
+        size_t words = 1, nt = n_tables ? n_tables : 1;
         for (size_t i = 0; i < n_seqs; i++)
-                words += SEQ_WORDS + seqs[i].n_table + seqs[i].n;
+                words += SEQ_WORDS + nt * seqs[i].n_table + seqs[i].n;
         uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
         if (!w)
                 return TSR_E_NOMEM;
@@ -60,8 +62,8 @@ tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint8_
                 *p++ = (uint32_t)((uint64_t)q->past_len >> 32);
                 *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u);
                 *p++ = q->state_slot;
-                memcpy(p, q->block_table, q->n_table * sizeof(uint32_t));
-                p += q->n_table;
+                memcpy(p, q->block_table, nt * q->n_table * sizeof(uint32_t));
+                p += nt * q->n_table;
                 memcpy(p, q->tokens, q->n * sizeof(uint32_t));
                 p += q->n;
         }
@@ -70,8 +72,9 @@ tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint8_
         return TSR_OK;
 }
 
-tsr_status tsr_nodes_plan_unpack(const uint8_t *buf, size_t len, tsr_engine_seq **seqs, size_t *n_seqs) {
-        size_t words = len / sizeof(uint32_t), at = 1, n;
+tsr_status tsr_nodes_plan_unpack(const uint8_t *buf, size_t len, uint32_t n_tables, tsr_engine_seq **seqs,
+                                 size_t *n_seqs) {
+        size_t words = len / sizeof(uint32_t), at = 1, n, tables = n_tables ? n_tables : 1;
         const uint32_t *w = (const uint32_t *)buf;   /* the comm's buffers are malloc'd: aligned */
 
         if (len % sizeof(uint32_t) || words < 1)
@@ -88,13 +91,16 @@ tsr_status tsr_nodes_plan_unpack(const uint8_t *buf, size_t len, tsr_engine_seq 
         for (size_t i = 0; i < n; i++) {
                 if (words - at < SEQ_WORDS)
                         goto bad;
-                size_t nt = copy[at], nn = copy[at + 1];
+                size_t n_table = copy[at], nn = copy[at + 1];
                 uint64_t past = copy[at + 2] | (uint64_t)copy[at + 3] << 32;
                 uint32_t flags = copy[at + 4];
                 at += SEQ_WORDS;
-                if (nt > words - at || nn > words - at - nt || flags > 3 || nn == 0)
+                if (n_table > (words - at) / tables)
                         goto bad;
-                s[i] = (tsr_engine_seq){.block_table = copy + at, .n_table = nt, .tokens = copy + at + nt, .n = nn,
+                size_t nt = tables * n_table;   /* every table's entries */
+                if (nn > words - at - nt || flags > 3 || nn == 0)
+                        goto bad;
+                s[i] = (tsr_engine_seq){.block_table = copy + at, .n_table = n_table, .tokens = copy + at + nt, .n = nn,
                                         .past_len = (size_t)past, .want_logits = flags & 1,
                                         .want_all_logits = (flags & 2) != 0, .state_slot = copy[at - 1]};
                 at += nt + nn;
@@ -375,7 +381,7 @@ tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seq
                 return TSR_E_UNAVAILABLE;
         if ((st = grow(&n->act, &n->act_cap, HDR_FLOATS + io_floats)) != TSR_OK ||
             (st = grow(&n->out, &n->out_cap, HDR_FLOATS + out_floats)) != TSR_OK ||
-            (st = tsr_nodes_plan_pack(seqs, n_seqs, &plan, &plan_len)) != TSR_OK)
+            (st = tsr_nodes_plan_pack(seqs, n_seqs, n->cfg.n_kv_tables, &plan, &plan_len)) != TSR_OK)
                 return st;
         ctl_msg ctl = {.step = ++n->steps, .plan_bytes = plan_len, .io_floats = io_floats, .out_floats = out_floats};
         for (uint32_t q = 1; st == TSR_OK && q <= last; q++) {
@@ -465,7 +471,7 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
                 }
                 if ((st = tsr_comm_recv(c, plan, ctl.plan_bytes, 0, TAG_PLAN, NULL)) != TSR_OK)
                         break;
-                st = tsr_nodes_plan_unpack(plan, ctl.plan_bytes, &seqs, &n_seqs);
+                st = tsr_nodes_plan_unpack(plan, ctl.plan_bytes, cfg->n_kv_tables, &seqs, &n_seqs);
                 free(plan);
                 plan = NULL;
                 if (st == TSR_OK) {

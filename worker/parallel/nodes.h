@@ -56,6 +56,7 @@ typedef struct tsr_nodes_cfg {
         /* This node's KV pool: blocks and recurrent-state slots (the leader's own). */
         uint64_t kv_blocks;
         uint32_t state_slots;
+        uint32_t n_kv_tables;           /* block tables per sequence (engine.h; 0 or 1: one) */
 } tsr_nodes_cfg;
 
 /* What a follower's stage does with one step: `in` holds io_floats from the previous
@@ -102,12 +103,14 @@ void tsr_nodes_stop(void);
 
 /* ---- the step plan on the wire (exposed for the tests) ---- */
 
-/* Encode `seqs` (n_tables block tables each, n_table entries in all) into a new buffer
- * (*buf, *len; free()).  TSR_E_NOMEM. */
-tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint8_t **buf, size_t *len);
-/* Decode a plan: *seqs points into one allocation (free(*seqs)) whose arrays point into
- * itself.  TSR_E_PROTO for anything malformed (lengths that disagree, counts past the
- * buffer).  Never reads past buf + len. */
-tsr_status tsr_nodes_plan_unpack(const uint8_t *buf, size_t len, tsr_engine_seq **seqs, size_t *n_seqs);
+/* Encode `seqs` (each with n_tables block tables of n_table entries, one after the other:
+ * engine.h) into a new buffer (*buf, *len; free()).  TSR_E_NOMEM. */
+tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint32_t n_tables, uint8_t **buf,
+                               size_t *len);
+/* Decode a plan of sequences with n_tables block tables each: *seqs points into one
+ * allocation (free(*seqs)) whose arrays point into itself.  TSR_E_PROTO for anything
+ * malformed (lengths that disagree, counts past the buffer).  Never reads past buf + len. */
+tsr_status tsr_nodes_plan_unpack(const uint8_t *buf, size_t len, uint32_t n_tables, tsr_engine_seq **seqs,
+                                 size_t *n_seqs);
 
 #endif
