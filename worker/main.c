@@ -586,17 +586,18 @@ int main(int argc, char **argv) {
                 log_info("tensor parallel: %u ranks (threads) in this process, every layer split across them", tp);
         }
         /* Each rank's kernel pool gets an even share of the cores (--cpu-threads, else the
-         * online ones), at least one thread: max(1, cores / (tp x pp)).  The stages of a
-         * step run one after another, but a stage's tp ranks at once, and a later slice
-         * keeps several steps in flight. */
+         * online ones) among the ranks that compute at once, at least one thread:
+         * max(1, cores / tp).  The stages of a step run one after another (no micro-batches
+         * yet), so each stage may use every core while it runs; a stage's tp ranks run at
+         * once and share them.  (cores / (tp x pp) left -pp 2 at half speed: benchmarks.md,
+         * "A replica over two nodes".)  A multi-node replica's node holds one stage. */
         int rank_threads = cfg.cpu_threads;
         long ranks = (long)pp * (long)(tp > 1 ? tp : 1);
-        /* A node of a multi-node replica holds one stage: its tp ranks share the node's cores. */
         int node_stage = cfg.nnodes > 1 ? cfg.node_rank : -1;
-        long local_ranks = node_stage >= 0 ? (tp > 1 ? tp : 1) : ranks;
-        if (local_ranks > 1) {
+        long concurrent = tp > 1 ? tp : 1;
+        if (ranks > 1) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
-                rank_threads = cores / local_ranks > 1 ? (int)(cores / local_ranks) : 1;
+                rank_threads = cores / concurrent > 1 ? (int)(cores / concurrent) : 1;
         }
         /* --kv-cache-dtype: fp8 for the llama and nemotron_h families (any -tp / -pp), on
          * the CPU or (llama) on CUDA; refused before anything loads. */
