@@ -807,6 +807,52 @@ static void victim_fn(tsr_comm *c, void *arg, rank_result *r, int up_fd, const c
         r->st[2] = tsr_comm_barrier(c);
 }
 
+/* Two ranks; rank 1 is killed while rank 0 is idle: rank 0 only polls
+ * (tsr_comm_progress, as node 0's engine does while it waits for work) and must see the
+ * loss, TSR_E_CLOSED, without a send or receive, well inside the group's deadline. */
+static void idle_victim_fn(tsr_comm *c, void *arg, rank_result *r, int up_fd, const char *const *eps) {
+        (void)arg;
+        (void)eps;
+        r->ran = 1;
+        r->st[3] = tsr_comm_barrier(c);
+        char one = 1;
+        if (write(up_fd, &one, 1) != 1)
+                _exit(20);
+        if (tsr_comm_rank(c) == 1) {
+                for (;;)
+                        pause();
+        }
+        uint64_t t0 = tsr_now_ns();
+        tsr_status st = TSR_OK;
+        while (st == TSR_OK && tsr_now_ns() - t0 < 20ull * 1000000000ull) {
+                struct timespec ts = {.tv_sec = 0, .tv_nsec = 50 * 1000000};
+                nanosleep(&ts, NULL);
+                st = tsr_comm_progress(c);
+        }
+        r->st[0] = st;
+        r->st[1] = (int)((tsr_now_ns() - t0) / 1000000);
+}
+
+static void test_zmq_progress_sees_a_lost_idle_peer(void **state) {
+        rank_result *res = shared_results();
+        procs p;
+        int codes[MAX_N];
+        char one;
+        (void)state;
+        memset(res, 0, MAX_N * sizeof(*res));
+        spawn(&p, 2, 60000, NULL, idle_victim_fn, NULL, res);
+        for (int q = 0; q < 2; q++)
+                assert_true(read_full(p.up[q], &one, 1));
+        kill(p.pid[1], SIGKILL);
+        reap(&p, 30000, codes);
+        assert_int_equal(codes[1], -SIGKILL);
+        assert_int_equal(codes[0], 0);
+        print_message("rank 0 idle: %s after %d ms\n", tsr_status_str(res[0].st[0]), res[0].st[1]);
+        assert_int_equal(res[0].st[0], TSR_E_CLOSED);
+        assert_true(res[0].st[1] < 5000);
+        munmap(res, MAX_N * sizeof(rank_result));
+}
+
 static void test_zmq_kill9_peer_is_an_error(void **state) {
         rank_result *res = shared_results();
         procs p;
@@ -1116,6 +1162,7 @@ int main(void) {
                 cmocka_unit_test(test_zmq_other_epoch_refused),
                 cmocka_unit_test(test_zmq_bad_desc),
                 cmocka_unit_test(test_nccl_unique_id),
+                cmocka_unit_test(test_zmq_progress_sees_a_lost_idle_peer),
                 cmocka_unit_test(test_nodes_plan_round_trip),
                 cmocka_unit_test(test_nodes_plan_malformed),
         };

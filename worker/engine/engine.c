@@ -552,20 +552,29 @@ static void abort_requests(tsr_engine *e, tsr_engine_in *in) {
 }
 
 /* Blocking pop for an idle engine.  With a liveness callback the wait wakes every
- * alive_interval_ms to call it; the queue answers NULL both on a timeout and when it is
- * closed and empty, told apart by the clock (a timed-out wait has reached its deadline). */
+ * alive_interval_ms to call it, with a model's idle hook every TSR_ENGINE_IDLE_POLL_MS
+ * (the shorter); the queue answers NULL both on a timeout and when it is closed and
+ * empty, told apart by the clock (a timed-out wait has reached its deadline). */
 static tsr_engine_in *wait_inbox(tsr_engine *e) {
+        const tsr_engine_model *m = e->params.model;
+        bool alive = e->params.alive && e->params.alive_interval_ms, idle = m && m->idle;
+        uint32_t every = alive ? e->params.alive_interval_ms : TSR_ENGINE_IDLE_POLL_MS;
         tsr_engine_in *in;
         uint64_t deadline;
 
-        if (!e->params.alive || !e->params.alive_interval_ms)
+        if (!alive && !idle)
                 return tsr_queue_pop_wait(e->inbox, -1);
+        if (idle && every > TSR_ENGINE_IDLE_POLL_MS)
+                every = TSR_ENGINE_IDLE_POLL_MS;
         for (;;) {
-                deadline = tsr_now_ns() + (uint64_t)e->params.alive_interval_ms * 1000000ull;
-                in = tsr_queue_pop_wait(e->inbox, e->params.alive_interval_ms);
+                deadline = tsr_now_ns() + (uint64_t)every * 1000000ull;
+                in = tsr_queue_pop_wait(e->inbox, (int)every);
                 if (in || tsr_now_ns() < deadline)
                         return in;
-                e->params.alive(e->params.alive_ud);
+                if (alive)
+                        e->params.alive(e->params.alive_ud);
+                if (idle)
+                        m->idle(m->ud);
         }
 }
 

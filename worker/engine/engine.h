@@ -101,7 +101,13 @@ typedef struct tsr_engine_model {
          * the Status it publishes (UNHEALTHY while not, so routers place elsewhere).  Any
          * thread. */
         bool (*available)(void *ud);
+        /* Optional: called on the engine thread about every TSR_ENGINE_IDLE_POLL_MS while
+         * it waits for work (a multi-node replica drives its group's sockets here, so a
+         * node that died while nothing ran is noticed then, not at the next request). */
+        void (*idle)(void *ud);
 } tsr_engine_model;
+
+#define TSR_ENGINE_IDLE_POLL_MS 1000u
 
 typedef struct tsr_engine_params {
         const tsr_engine_model *model;     /* NULL: skeleton mode (refuse Submit) */

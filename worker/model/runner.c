@@ -131,11 +131,13 @@ static tsr_status node0_stage(void *ud, float *act) {
 
 static uint64_t runner_kv_generation(void *ud) { return tsr_nodes_generation(((tsr_runner *)ud)->nodes); }
 static bool runner_available(void *ud) { return tsr_nodes_up(((tsr_runner *)ud)->nodes); }
+static void runner_idle(void *ud) { tsr_nodes_idle(((tsr_runner *)ud)->nodes); }
 
 void tsr_runner_set_nodes(tsr_runner *r, struct tsr_nodes *nodes) {
         r->nodes = nodes;
         r->em.kv_generation = nodes ? runner_kv_generation : NULL;
         r->em.available = nodes ? runner_available : NULL;
+        r->em.idle = nodes ? runner_idle : NULL;
 }
 
 tsr_status tsr_runner_run_stage(tsr_runner *r, const tsr_engine_seq *seqs, size_t n_seqs, const float *in,

@@ -253,6 +253,15 @@ tsr_status tsr_comm_poll_error(tsr_comm *c) {
         return st;
 }
 
+tsr_status tsr_comm_progress(tsr_comm *c) {
+        if (!c)
+                return TSR_E_INVAL;
+        tsr_status st = tsr_comm_failed(c);
+        if (st == TSR_OK && c->ops->progress)
+                st = c->ops->progress(c);
+        return st;
+}
+
 void tsr_comm_abort(tsr_comm *c) {
         if (!c)
                 return;

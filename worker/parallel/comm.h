@@ -142,6 +142,12 @@ tsr_status tsr_comm_sync(tsr_comm *c, void *stream);
  * (zmq: a lost peer; nccl: ncclCommGetAsyncError) become sticky inside the rank thread's
  * calls, so another thread sees them once the rank thread has made one. */
 tsr_status tsr_comm_poll_error(tsr_comm *c);
+/* Drive the backend without waiting and return the sticky status: zmq reads what has
+ * arrived (buffered for its recv) and its peers' disconnects, so a peer killed while
+ * this rank had nothing to send or receive becomes TSR_E_CLOSED at a later call (a
+ * disconnect counts once its grace has passed without a BYE: 0.2 s); the other backends
+ * only report the sticky status.  The rank's thread (an idle rank polls with it). */
+tsr_status tsr_comm_progress(tsr_comm *c);
 /* Fail the group: every wait of this rank (local: of every rank of the group) returns
  * TSR_E_CANCELLED promptly, and so does every later call; zmq tells the peers too (their
  * waits fail with TSR_E_CANCELLED); nccl: the rank thread calls ncclCommAbort in the wait

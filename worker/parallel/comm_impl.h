@@ -26,6 +26,7 @@ typedef struct tsr_comm_ops {
         tsr_status (*group_end)(tsr_comm *c, uint64_t deadline);
         tsr_status (*sync)(tsr_comm *c, void *stream, uint64_t deadline);     /* NULL: nothing to wait for */
         tsr_status (*poll_error)(tsr_comm *c);                                 /* NULL: the sticky status only */
+        tsr_status (*progress)(tsr_comm *c);     /* NULL: nothing to drive (tsr_comm_progress) */
         void (*abort)(tsr_comm *c);              /* after comm.c set the sticky status; any thread */
         void (*destroy)(tsr_comm *c);
 } tsr_comm_ops;

@@ -337,9 +337,10 @@ static void read_monitor(zmq_comm *z, int q) {
         }
 }
 
-/* One round: wait (until the deadline) for a frame, a monitor event, an abort, or room
- * on dealer[out_peer] (-1: none), and handle what came.  Returns the sticky status. */
-static tsr_status progress(zmq_comm *z, uint64_t deadline, int out_peer) {
+/* One round: wait (until the deadline; UINT64_MAX with poll_only: not at all) for a
+ * frame, a monitor event, an abort, or room on dealer[out_peer] (-1: none), and handle
+ * what came.  Returns the sticky status. */
+static tsr_status progress_round(zmq_comm *z, uint64_t deadline, int out_peer, bool poll_only) {
         zmq_pollitem_t items[2 + 2 * TSR_COMM_MAX_RANKS];
         int mon_of[2 + 2 * TSR_COMM_MAX_RANKS];
         int n = 0;
@@ -359,7 +360,7 @@ static tsr_status progress(zmq_comm *z, uint64_t deadline, int out_peer) {
         for (int q = 0; q < z->base.size; q++)
                 if (z->lost_at[q] && !z->bye_from[q] && z->lost_at[q] + LOST_GRACE_NS < wake)
                         wake = z->lost_at[q] + LOST_GRACE_NS;
-        long timeout_ms = now >= wake ? 0 : (long)((wake - now + 999999) / 1000000);
+        long timeout_ms = poll_only || now >= wake ? 0 : (long)((wake - now + 999999) / 1000000);
         int rc = zmq_poll(items, n, timeout_ms);
         if (rc < 0 && zmq_errno() != EINTR)
                 return fail(z, TSR_E_IO);
@@ -381,10 +382,16 @@ static tsr_status progress(zmq_comm *z, uint64_t deadline, int out_peer) {
                 if (z->lost_at[q] && !z->bye_from[q] && now >= z->lost_at[q] + LOST_GRACE_NS)
                         fail(z, TSR_E_CLOSED);
         tsr_status st = tsr_comm_failed(&z->base);
-        if (st == TSR_OK && tsr_now_ns() >= deadline)
+        if (st == TSR_OK && !poll_only && tsr_now_ns() >= deadline)
                 st = fail(z, TSR_E_TIMEOUT);
         return st;
 }
+
+static tsr_status progress(zmq_comm *z, uint64_t deadline, int out_peer) {
+        return progress_round(z, deadline, out_peer, false);
+}
+
+static tsr_status zmq_progress_op(tsr_comm *c) { return progress_round((zmq_comm *)c, UINT64_MAX, -1, true); }
 
 /* Send one frame to `peer`, waiting (bounded) for room while draining our ROUTER. */
 static tsr_status zsend(zmq_comm *z, int peer, uint8_t kind, uint16_t op, uint64_t tag, uint64_t total,
@@ -679,6 +686,7 @@ static const tsr_comm_ops zmq_ops = {
         .send = zmq_send_op,
         .recv = zmq_recv_op,
         .barrier = zmq_barrier,
+        .progress = zmq_progress_op,
         .abort = zmq_abort,
         .destroy = zmq_destroy,
 };

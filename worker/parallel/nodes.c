@@ -357,9 +357,9 @@ void tsr_nodes_abort(tsr_nodes *n) {
 
 /* The group broke: free it and wake the rejoin thread.  Engine thread. */
 static void group_down(tsr_nodes *n, tsr_status why) {
-        log_error("replica group %llu failed (%s): its in-flight requests end with an error; the worker reports "
-                  "itself unhealthy until the nodes meet again", (unsigned long long)n->generation,
-                  tsr_status_str(why));
+        log_error("replica group %llu failed (%s): the requests in its step end (those without a token go back to "
+                  "their router); the worker reports itself unhealthy until the nodes meet again",
+                  (unsigned long long)n->generation, tsr_status_str(why));
         pthread_mutex_lock(&n->mu);
         n->abortable = NULL;
         if (!n->ready)          /* a group that met meanwhile stays up */
@@ -367,6 +367,12 @@ static void group_down(tsr_nodes *n, tsr_status why) {
         n->down = true;
         pthread_mutex_unlock(&n->mu);
         tsr_comm_free(&n->comm);
+}
+
+void tsr_nodes_idle(tsr_nodes *n) {
+        tsr_status st;
+        if (n->comm && (st = tsr_comm_progress(n->comm)) != TSR_OK)
+                group_down(n, st);
 }
 
 tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,

@@ -84,6 +84,10 @@ tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seq
 /* Install a group that has met again, if one has; returns the group's generation (1 for
  * the first, + 1 for each new one).  Engine thread, before it schedules a step. */
 uint64_t tsr_nodes_generation(tsr_nodes *n);
+/* While the engine waits for work: drive the group's sockets (tsr_comm_progress), so a
+ * follower that died is noticed (the group goes down, Status UNHEALTHY) within about
+ * two polls.  Engine thread. */
+void tsr_nodes_idle(tsr_nodes *n);
 /* Whether a group is up (installed or waiting to be).  Any thread. */
 bool tsr_nodes_up(const tsr_nodes *n);
 /* Fail the step in flight, if any (tsr_comm_abort).  Any thread. */
