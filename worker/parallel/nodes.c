@@ -300,6 +300,11 @@ tsr_status tsr_nodes_lead(const tsr_nodes_cfg *cfg, uint64_t *kv_blocks, uint32_
         st = join(&n->cfg, NULL, NULL, NULL, &n->ready, &epoch, err, errlen);
         if (st == TSR_OK)
                 st = hear_ready(n->ready, cfg->nnodes, kv_blocks, state_slots, err, errlen);
+        /* what the rejoin thread reads, set before it starts */
+        n->ready_epoch = epoch;
+        n->kv_blocks = *kv_blocks;
+        n->state_slots = *state_slots;
+        atomic_store(&n->up, true);
         if (st == TSR_OK) {
                 /* The rejoin thread takes no signal: the io thread reads them (signalfd). */
                 sigset_t all, old;
@@ -317,10 +322,6 @@ tsr_status tsr_nodes_lead(const tsr_nodes_cfg *cfg, uint64_t *kv_blocks, uint32_
                 return st;
         }
         n->rejoin_running = true;
-        n->ready_epoch = epoch;
-        n->kv_blocks = *kv_blocks;
-        n->state_slots = *state_slots;
-        atomic_store(&n->up, true);
         log_info("the %u nodes met (epoch %016llx): %llu KV blocks, %u state slots on every node", cfg->nnodes,
                  (unsigned long long)epoch, (unsigned long long)*kv_blocks, *state_slots);
         *ret = n;
