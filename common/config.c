@@ -138,7 +138,7 @@ static const tsr_opt opts[] = {
         {O_INT("data-parallel-size", data_parallel_size, 1, 1024), .alias = "-dp", .owner = W,
          .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "independent engine replicas; only 1: run more workers behind the router instead"},
         {O_INT("nnodes", nnodes, 1, 64), .alias = "-n", .owner = W, .group = GRP_PARALLEL, .metavar = "N",
-         .def = "1", .help = "nodes one replica spans: one pipeline stage per node (-pp equal to it), node 0 "
+         .def = "1", .help = "nodes one replica spans: -pp / N pipeline stages per node (N divides -pp), node 0 "
                  "schedules and serves, the others run --headless"},
         {O_INT("node-rank", node_rank, 0, 63), .alias = "-r", .owner = W, .group = GRP_PARALLEL, .metavar = "N",
          .def = "0", .help = "this node's rank (0 .. --nnodes - 1); the pipeline stage it runs"},
@@ -1108,8 +1108,8 @@ static tsr_status check_parsers(const tsr_config *cfg, char *err, size_t errlen)
         return TSR_OK;
 }
 
-/* A replica over several nodes (issue #20): vLLM's flags, in the shape this build runs,
- * one pipeline stage per node (worker/parallel/nodes.h). */
+/* A replica over several nodes (issue #20): vLLM's flags, in the shape this build runs:
+ * pp / nnodes pipeline stages per node, tp inside each node (worker/parallel/nodes.h). */
 static tsr_status check_nodes(const tsr_config *cfg, char *err, size_t errlen) {
         if (cfg->node_rank >= cfg->nnodes) {
                 tsr_errf(err, errlen, "argument --node-rank: %d must be less than --nnodes %d", cfg->node_rank,
@@ -1128,10 +1128,10 @@ static tsr_status check_nodes(const tsr_config *cfg, char *err, size_t errlen) {
         }
         if (cfg->nnodes == 1)
                 return TSR_OK;
-        if (cfg->pipeline_parallel_size != cfg->nnodes) {
-                tsr_errf(err, errlen, "argument --nnodes: %d needs --pipeline-parallel-size %d: this build runs one "
-                         "pipeline stage per node (its --tensor-parallel-size ranks inside the node; several stages "
-                         "per node are not supported yet)", cfg->nnodes, cfg->nnodes);
+        if (cfg->pipeline_parallel_size % cfg->nnodes != 0) {
+                tsr_errf(err, errlen, "argument --nnodes: %d must divide --pipeline-parallel-size (%d): each node runs "
+                         "as many pipeline stages, each on its --tensor-parallel-size ranks inside the node (tensor "
+                         "parallelism across nodes is not supported)", cfg->nnodes, cfg->pipeline_parallel_size);
                 return TSR_E_UNSUPPORTED;
         }
         if (cfg->async_scheduling) {

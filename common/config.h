@@ -70,7 +70,7 @@ typedef struct tsr_config {
         int pipeline_parallel_size;        /* -pp, 1 */
         int data_parallel_size;            /* -dp, 1 (only 1 supported for now: tsr_config_validate) */
         char *distributed_executor_backend;/* NULL = auto; mp|uni */
-        /* A replica over several nodes (issue #20): one pipeline stage per node, node 0
+        /* A replica over several nodes (issue #20): pp / nnodes pipeline stages per node, node 0
          * schedules and serves; the others run --headless (worker/parallel/nodes.h). */
         int nnodes;                        /* -n, 1 */
         int node_rank;                     /* -r, 0 */

@@ -117,7 +117,8 @@ static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t
  * the runner sizes the KV cache from the device's memory after the weights are in
  * (tsr_runner_opts), so the plan leaves kv_blocks_total 0 and main checks it then. */
 static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, const tsr_model_desc *desc,
-                            uint32_t pp, const uint32_t *pp_layers, int node_stage, uint32_t tp, uint64_t gpu_total,
+                            uint32_t pp, const uint32_t *pp_layers, int node_stage, uint32_t node_stages, uint32_t tp,
+                            uint64_t gpu_total,
                             bool kv_on_device, tsr_dtype kv_dtype, tsr_worker_plan *p, char *err, size_t errlen) {
         tsr_kv_group groups[TSR_KV_GROUPS_MAX], sg[TSR_KV_GROUPS_MAX];
         size_t n_groups = 0, n_sg;
@@ -166,10 +167,10 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
          * own layers' groups (a stage of a hybrid may keep no state at all), so the rank
          * with the most bytes per block, and the one with the most per slot, size them:
          * the capacity is the minimum over the ranks. */
-        /* A node of a multi-node replica (node_stage >= 0) holds its own stage only. */
+        /* A node of a multi-node replica (node_stage >= 0) holds its own stages only. */
         bool seen = false;
         for (uint32_t s = 0, first = 0; desc && pp_layers && s < pp; first += pp_layers[s++]) {
-                if (node_stage >= 0 && s != (uint32_t)node_stage)
+                if (node_stage >= 0 && (s < (uint32_t)node_stage || s >= (uint32_t)node_stage + node_stages))
                         continue;
                 tsr_shard_spec one = {.tp_size = tp > 1 ? tp : 1, .first_layer = first,
                                       .last_layer = first + pp_layers[s] - 1};
@@ -188,7 +189,7 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                                                : CPU_DEFAULT_MAX_NUM_SEQS;
         /* Bytes of one KV block: the sum over the groups; the runner allocates exactly this
          * per block, and state slots (counted in the same budget) per running request. */
-        long long budget = kv_budget(cfg, (node_stage >= 0 || !pp_layers ? 1 : pp) * (tp > 1 ? tp : 1));
+        long long budget = kv_budget(cfg, (node_stage >= 0 ? node_stages : !pp_layers ? 1 : pp) * (tp > 1 ? tp : 1));
         p->state_slot_bytes = slot_bytes;
         p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs);
         if (p->state_slot_bytes && p->state_slots == 0) {
@@ -570,18 +571,26 @@ int main(int argc, char **argv) {
                 for (uint32_t s = 0, first = 0; s < pp && o < sizeof line; first += pp_layers[s++])
                         o += (size_t)snprintf(line + o, sizeof line - o, "%s%u..%u", s ? ", " : "", first,
                                               first + pp_layers[s] - 1);
-                if (cfg.nnodes > 1)
-                        log_info("pipeline parallel: %u stages on %u nodes, this one (node rank %d%s) runs stage %d%s: "
-                                 "layers [%s]%s", pp, pp, cfg.node_rank, cfg.headless ? ", headless" : ", the leader",
-                                 cfg.node_rank, tp > 1 ? " on its tensor-parallel rank threads" : "", line,
+                if (cfg.nnodes > 1) {
+                        uint32_t k = pp / (uint32_t)cfg.nnodes, s0 = (uint32_t)cfg.node_rank * k;
+                        char which[48];
+                        if (k == 1)
+                                snprintf(which, sizeof which, "stage %u", s0);
+                        else
+                                snprintf(which, sizeof which, "stages %u..%u", s0, s0 + k - 1);
+                        log_info("pipeline parallel: %u stages on %d nodes, this one (node rank %d%s) runs %s%s: "
+                                 "layers [%s]%s", pp, cfg.nnodes, cfg.node_rank,
+                                 cfg.headless ? ", headless" : ", the leader", which,
+                                 tp > 1 ? " on its tensor-parallel rank threads" : "", line,
                                  getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
-                else if (tp > 1)
+                } else if (tp > 1) {
                         log_info("pipeline parallel: %u stages x tensor parallel: %u ranks each = %u rank threads in "
                                  "this process (rank = stage x %u + tp rank), layers [%s]%s", pp, tp, pp * tp, tp,
                                  line, getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
-                else
+                } else {
                         log_info("pipeline parallel: %u stages (ranks) in this process, layers [%s]%s", pp, line,
                                  getenv("VLLM_PP_LAYER_PARTITION") ? " (VLLM_PP_LAYER_PARTITION)" : "");
+                }
         } else if (tp > 1) {
                 log_info("tensor parallel: %u ranks (threads) in this process, every layer split across them", tp);
         }
@@ -593,7 +602,9 @@ int main(int argc, char **argv) {
          * "A replica over two nodes".)  A multi-node replica's node holds one stage. */
         int rank_threads = cfg.cpu_threads;
         long ranks = (long)pp * (long)(tp > 1 ? tp : 1);
-        int node_stage = cfg.nnodes > 1 ? cfg.node_rank : -1;
+        /* A node of a multi-node replica runs pp / nnodes consecutive stages. */
+        uint32_t node_stages = cfg.nnodes > 1 ? pp / (uint32_t)cfg.nnodes : 0;
+        int node_stage = cfg.nnodes > 1 ? cfg.node_rank * (int)node_stages : -1;
         long concurrent = tp > 1 ? tp : 1;
         if (ranks > 1) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
@@ -634,7 +645,7 @@ int main(int argc, char **argv) {
         if (!on_gpu && cfg.gpu_memory_utilization != 0.9)
                 log_info("--gpu-memory-utilization has no effect by design on the CPU backend: the KV cache is sized "
                          "by --kv-cache-memory-bytes (vLLM's CPU backend also sizes it from its own setting)");
-        if (make_plan(&cfg, meta, family ? &desc : NULL, pp, pp > 1 ? pp_layers : NULL, node_stage,
+        if (make_plan(&cfg, meta, family ? &desc : NULL, pp, pp > 1 ? pp_layers : NULL, node_stage, node_stages,
                       (uint32_t)cfg.tensor_parallel_size, gpu_total, kv_on_device, kv_dtype, &plan, err,
                       sizeof(err)) != TSR_OK) {
                 log_error("%s", err);
@@ -673,6 +684,7 @@ int main(int argc, char **argv) {
                                  .stage_threads = rank_threads, .pp_timeout_ms = pp_timeout_ms(),
                                  .tp = tp, .node_stage_only = node_stage >= 0,
                                  .node_stage = node_stage >= 0 ? (uint32_t)node_stage : 0,
+                                 .node_stages = node_stages,
                                  .tp_canonical = f32 && family && family->tp_shard && !on_gpu,
                                  .quantization = cfg.quantization,
                                  .max_step_tokens = plan.max_num_batched_tokens, .max_logit_rows = plan.max_num_seqs,
@@ -694,7 +706,7 @@ int main(int argc, char **argv) {
                          (double)lstats.resident_bytes / 1e6,
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
                          (double)(plan.kv_blocks_total * plan.kv_block_bytes + plan.state_slots * plan.state_slot_bytes) /
-                                 1e6, node_stage >= 0 ? " (this node's stage)"
+                                 1e6, node_stage >= 0 ? " (this node's stages; the one with the most KV per block)"
                                       : pp > 1 ? " on the rank with the most KV per block (each holds its layers' KV)"
                                       : ranks > 1 ? " on each rank (each holds its share of the KV heads)" : "");
         }

@@ -3,7 +3,8 @@
 the same with `--node-rank 1 --headless` on node 1 (a follower worker, no router), as
 vllm serve is started on two machines.  Each node loads only its stage; the step plan
 and the activations cross between the processes; the answers are the same text and
-logprob floats as -pp 1 in one process.  Then the failures: a follower killed under a
+logprob floats as -pp 1 in one process (also with three nodes, two stages per node, -tp 2
+inside each node, and the Llama 4 and NemotronH families).  Then the failures: a follower killed under a
 streaming load (every stream ends, none hangs; the replica reports itself unhealthy and
 answers 503; a new follower makes it serve again, on a new group, with the prefix cache
 reset), a follower restarted by its launcher while node 0 is idle (served again with no
@@ -37,8 +38,8 @@ def need_model():
         skip_because("not-fetched", f"demo model absent ({DEMO_MODEL}); scripts/fetch-model.sh fetches it")
 
 
-def node_flags(rank, master_port, master="127.0.0.1"):
-    return ["-pp", "2", "--nnodes", "2", "--node-rank", str(rank), "--master-addr", master,
+def node_flags(rank, master_port, master="127.0.0.1", pp=2, nnodes=2):
+    return ["-pp", str(pp), "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master,
             "--master-port", str(master_port)] + (["--headless"] if rank else [])
 
 
@@ -47,10 +48,10 @@ def ns_prefix(ns):
 
 
 def leader(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, model=DEMO_MODEL, wait=True,
-           common=COMMON):
+           common=COMMON, pp=2, nnodes=2):
     port = free_port()
     proc = Proc([*ns_prefix(ns), LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, *common,
-                 *node_flags(0, master_port, master), *extra], tmp_path / f"{name}.log", env=ENV)
+                 *node_flags(0, master_port, master, pp, nnodes), *extra], tmp_path / f"{name}.log", env=ENV)
     base = f"http://127.0.0.1:{port}"
 
     def ready():
@@ -208,6 +209,33 @@ def test_families_over_two_nodes(tmp_path, fixture, tp, split):
     f.kill_group()
 
 
+@pytest.mark.parametrize("pp,nnodes,logs", [
+    (3, 3, ["runs stage 0: layers [0..9, 10..19, 20..29]", "runs stage 1:", "runs stage 2:"]),
+    (4, 2, ["runs stages 0..1: layers [0..6, 7..14, 15..22, 23..29]", "runs stages 2..3:"]),
+], ids=["3-nodes", "2-stages-per-node"])
+def test_more_nodes_and_stages(tmp_path, pp, nnodes, logs):
+    """Three nodes (a middle follower receives from node 1 and sends to node 2), and four
+    stages on two nodes (each node runs its two stages as rank threads, the second node's
+    first stage starting from node 0's output): the answers of one process."""
+    need_model()
+    proc, base = single(tmp_path)
+    want = answers(base)
+    stop(proc)
+    mp = free_port()
+    fs = [Proc([LAUNCHER, "serve", DEMO_MODEL, *COMMON, *node_flags(r, mp, pp=pp, nnodes=nnodes)],
+               tmp_path / f"node{r}.log", env=ENV) for r in range(1, nnodes)]
+    lead, base = leader(tmp_path, "node0", mp, pp=pp, nnodes=nnodes)
+    got = answers(base)
+    for w, g in zip(want, got):
+        assert w == g, (w, g)
+    outs = [lead.output()] + [f.output() for f in fs]
+    for out, line in zip(outs, logs):
+        assert line in out, out[-3000:]
+    stop(lead)
+    for f in fs:
+        f.kill_group()
+
+
 def test_follower_killed_under_load_then_replaced(tmp_path):
     mp, f, lead, base, before = two_nodes(tmp_path)
     ends, chunks = [], [0] * 4
@@ -314,9 +342,9 @@ def test_a_node_whose_peer_never_comes_exits_non_zero(tmp_path, rank):
 
 
 @pytest.mark.parametrize("flags,msg", [
-    (["--nnodes", "2"], "argument --nnodes: 2 needs --pipeline-parallel-size 2: this build runs one pipeline stage "
-                        "per node"),
-    (["--nnodes", "3", "-pp", "2"], "argument --nnodes: 3 needs --pipeline-parallel-size 3"),
+    (["--nnodes", "2"], "argument --nnodes: 2 must divide --pipeline-parallel-size (1): each node runs as many "
+                        "pipeline stages"),
+    (["--nnodes", "3", "-pp", "4"], "argument --nnodes: 3 must divide --pipeline-parallel-size (4)"),
     (["--nnodes", "2", "-pp", "2", "--node-rank", "1"], "argument --node-rank: 1 runs a follower node: pass --headless"),
     (["--nnodes", "2", "-pp", "2", "--node-rank", "2", "--headless"], "argument --node-rank: 2 must be less than --nnodes 2"),
     (["--headless"], "argument --headless: runs a follower node of a multi-node replica"),

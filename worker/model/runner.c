@@ -39,10 +39,11 @@ struct tsr_runner {
         uint32_t n_stages;         /* ranks: pp x tp; stages[stage x tp + tp_rank] (pipeline.h) */
         stage stages[TSR_RUNNER_MAX_STAGES];
         tsr_pipeline *pipe;        /* n_stages > 1 */
-        /* A node of a multi-node replica: the one stage held here is node_stage of pp;
-         * on node 0, `nodes` runs the others (borrowed). */
+        /* A node of a multi-node replica: the stages held here are node_stage ..
+         * node_stage + node_stages - 1 of pp, as a grid of node_stages x tp ranks; on
+         * node 0, `nodes` runs the others (borrowed). */
         bool node_mode;
-        uint32_t node_stage;
+        uint32_t node_stage, node_stages;
         struct tsr_nodes *nodes;
         uint32_t hidden;           /* desc->hidden_size: a stage hands 2 x tokens x hidden floats on */
         uint64_t steps;            /* forwards run; engine's forward thread only */
@@ -65,8 +66,8 @@ static tsr_status stage_run(void *ud, uint32_t rank, const tsr_pipeline_step *st
         tsr_runner *r = ud;
         const step_plan *pl = step->plan;
         const stage *sg = &r->stages[rank];
-        /* the model's stage: a node of a multi-node replica holds one, its tp ranks here */
-        uint32_t s = r->node_mode ? r->node_stage : rank / r->tp;
+        /* the model's stage: a node of a multi-node replica holds node_stages of them */
+        uint32_t s = (r->node_mode ? r->node_stage : 0) + rank / r->tp;
         bool last = s + 1 == r->pp;
 
         if (last && r->abort_at && pl->step == r->abort_at)
@@ -93,14 +94,14 @@ static char *fill_seqs(const tsr_runner *r, const tsr_engine_seq *seqs, size_t n
         return ls;
 }
 
-/* This node's stage of a multi-node step (node_mode): `in` from the previous node (NULL on
- * node 0), into `out` (the next node's input, or the logits rows on the last node); with
- * tp > 1 on this node's grid of tp rank threads.  Engine thread (node 0) or the
- * follower's main thread. */
+/* This node's stages of a multi-node step (node_mode): `in` from the previous node (NULL
+ * on node 0), into `out` (the next node's input, or the logits rows on the last node);
+ * with several stages or tp > 1 on this node's grid of rank threads.  Engine thread
+ * (node 0) or the follower's main thread. */
 static tsr_status node_stage_run(tsr_runner *r, const tsr_engine_seq *seqs, const char *ls, size_t n_seqs,
                                  const float *in, float *out) {
         const stage *sg = &r->stages[0];
-        bool last = r->node_stage + 1 == r->pp;
+        bool last = r->node_stage + r->node_stages == r->pp;
         if (!r->pipe)
                 return r->fam->forward_stage(sg->model, sg->be, sg->pool, ls, n_seqs, r->node_stage ? in : NULL,
                                              last ? NULL : out, last ? out : NULL);
@@ -581,13 +582,15 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         r->tp = tp;
         r->n_stages = pp * tp;
         if (opts->node_stage_only) {    /* one stage of pp here, the others on other nodes */
-                if (pp < 2 || opts->node_stage >= pp) {
+                uint32_t k = opts->node_stages ? opts->node_stages : 1;
+                if (pp < 2 || opts->node_stage >= pp || k > pp - opts->node_stage || k * tp > TSR_RUNNER_MAX_STAGES) {
                         free(r);
                         return TSR_E_INVAL;
                 }
                 r->node_mode = true;
                 r->node_stage = opts->node_stage;
-                r->n_stages = tp;       /* the node's stage, on its tp ranks */
+                r->node_stages = k;
+                r->n_stages = k * tp;   /* the node's stages, each on its tp ranks */
                 for (uint32_t s = 0; s < opts->node_stage; s++)
                         first += opts->pp_layers[s];
         }
@@ -598,7 +601,7 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                                 errlen)) != TSR_OK)
                 goto fail;
         for (uint32_t i = 0; i < r->n_stages; i++) {
-                uint32_t s = r->node_mode ? r->node_stage : i / tp, t = i % tp;
+                uint32_t s = (r->node_mode ? r->node_stage : 0) + i / tp, t = i % tp;
                 tsr_shard_spec shard;
                 tsr_load_stats one = {0};
                 stage *sg = &r->stages[i];
@@ -652,8 +655,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         if (r->n_stages > 1) {
                 const char *abort_at = getenv("TESSERA_TEST_PP_ABORT_AT_STEP");
                 r->abort_at = abort_at ? strtoull(abort_at, NULL, 10) : 0;
-                if ((st = tsr_pipeline_new_grid(r->node_mode ? 1 : pp, tp, opts->pp_timeout_ms, stage_run, r,
-                                                &r->pipe)) != TSR_OK) {
+                if ((st = tsr_pipeline_new_grid(r->node_mode ? r->node_stages : pp, tp, opts->pp_timeout_ms, stage_run,
+                                                r, &r->pipe)) != TSR_OK) {
                         snprintf(err, errlen, "cannot make the pipeline: %s", tsr_status_str(st));
                         goto fail;
                 }

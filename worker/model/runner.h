@@ -31,11 +31,12 @@ typedef struct tsr_runner_opts {
         uint32_t pp;
         const uint32_t *pp_layers;      /* [pp], borrowed for the call */
         /* A node of a multi-node replica (issue #20, worker/parallel/nodes.h): the runner
-         * holds only stage `node_stage` of the pp stages, on `backend`; the other stages
-         * run on the other nodes (tsr_runner_set_nodes on node 0; tsr_runner_run_stage on
-         * a follower).  tp must be 1. */
+         * holds only stages node_stage .. node_stage + node_stages - 1 of the pp stages
+         * (each on its tp ranks), the first on `backend`; the other stages run on the
+         * other nodes (tsr_runner_set_nodes on node 0; tsr_runner_run_stage on a
+         * follower). */
         bool node_stage_only;
-        uint32_t node_stage;
+        uint32_t node_stage, node_stages;
         /* Tensor parallelism (issue #20): tp ranks (0 or 1: none) per pipeline stage, each
          * holding its shard of the stage's layers; with pp, tp x pp ranks in all, global
          * rank = stage x tp + tp_rank (pipeline.h), rank 0 on the engine's thread, the
@@ -116,9 +117,9 @@ struct tsr_nodes;
  * outlive the runner's last forward).  The engine model then also reports the group's
  * generation and whether it is up (engine.h).  Main thread, before the engine starts. */
 void tsr_runner_set_nodes(tsr_runner *r, struct tsr_nodes *nodes);
-/* A follower of a multi-node replica: run this node's stage of one step (`in`: the
- * previous stage's (2, tokens, hidden) floats; `out`: the same for the next stage, or
- * the logits rows on the last).  The follower's main thread. */
+/* A follower of a multi-node replica: run this node's stages of one step (`in`: the
+ * previous node's (2, tokens, hidden) floats; `out`: the same for the next node, or the
+ * logits rows on the last).  The follower's main thread. */
 tsr_status tsr_runner_run_stage(tsr_runner *r, const tsr_engine_seq *seqs, size_t n_seqs, const float *in,
                                 float *out);
 /* Ranks of the runner: pipeline stages x tensor-parallel ranks (1 without either). */

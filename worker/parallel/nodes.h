@@ -1,6 +1,7 @@
-/* nodes.h - a replica over several nodes (issue #20): one pipeline stage per node, node 0
- * (the leader) schedules and serves, nodes 1 .. n-1 (followers, started with --headless)
- * run their stage of every step.
+/* nodes.h - a replica over several nodes (issue #20): pp / nnodes consecutive pipeline
+ * stages per node (the runner's; one usually), node 0 (the leader) schedules and
+ * serves, nodes 1 .. n-1 (followers, started with --headless) run their stages of every
+ * step.  Below, "stage" is a node's part.
  *
  * Joining.  Every node binds a comm listener on the address its traffic to node 0 leaves
  * from and meets the others at --master-addr:--master-port (bootstrap.h: NodeHello with
