@@ -790,7 +790,15 @@ typedef float nh_v8 __attribute__((vector_size(32)));
  * order of the read-out's sum is its own.  The scalar loop's latency chain was 27% of a
  * NemotronH decode step at batch 32 (perf, 2026-11-27); docs/benchmarks.md has before and
  * after. */
-__attribute__((target_clones("avx2", "default")))
+#if defined(__SANITIZE_THREAD__)
+/* ThreadSanitizer instruments the ifunc resolver that target_clones makes, and the
+ * dynamic loader runs it before TSan is set up: build-tsan's worker crashed at start.
+ * There, one clone. */
+#define NH_SCAN_CLONES
+#else
+#define NH_SCAN_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+NH_SCAN_CLONES
 static float scan_row(float *S, const float *B, const float *C, size_t ns, float dA, float d, float xv) {
         nh_v8 acc = {0}, va = {dA, dA, dA, dA, dA, dA, dA, dA}, vd = {d, d, d, d, d, d, d, d};
         nh_v8 vx = {xv, xv, xv, xv, xv, xv, xv, xv};
