@@ -182,13 +182,14 @@ def id_answers(base):
     ("tiny-llama4", "2", ("0..1", "2..3")),
     ("tiny-llama4", "1", ("0..1", "2..3")),
     ("tiny-nemotron-h/model", "1", ("0..2", "3..5")),
-], ids=["llama-tp2", "llama4-tp2", "llama4", "nemotron_h"])
+    ("tiny-nemotron-h/model", "2", ("0..2", "3..5")),
+], ids=["llama-tp2", "llama4-tp2", "llama4", "nemotron_h", "nemotron_h-tp2"])
 def test_families_over_two_nodes(tmp_path, fixture, tp, split):
     """-pp 2 --nnodes 2 --dtype float32 on the tiny Llama 4 (MoE; a full-attention and a
     chunked-local block table per request: both cross in the plan) and the tiny NemotronH
-    (Mamba state slots), and with -tp 2 on the tiny HF Llama 3 and the tiny Llama 4: each
-    node runs its stage (with -tp 2 on two tensor-parallel rank threads: the heads and the
-    experts' columns split, the row-parallel layers in R7's canonical split and the comm's
+    (Mamba state slots), and with -tp 2 on the tiny HF Llama 3, the tiny Llama 4 and the
+    tiny NemotronH: each node runs its stage (with -tp 2 on two tensor-parallel rank
+    threads: the heads (Mamba heads and B/C groups too) and the experts' columns split, the row-parallel layers in R7's canonical split and the comm's
     fixed tree), the nodes hand the activations on; the answers are bitwise those of one
     process at -tp 1 --dtype float32."""
     model = FIXTURES / fixture

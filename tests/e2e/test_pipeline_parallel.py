@@ -10,7 +10,8 @@ on a new group), and a clean SIGTERM exit.  Tensor parallelism inside one worker
 answer bitwise as -tp 1 -pp 1.  The hybrid families (issue #14): the tiny Llama 4
 (chunked-local KV groups) and the tiny NemotronH (Mamba state slots) at -pp 2 and 3
 answer bitwise as -pp 1, alone and in a concurrent batch; the tiny Llama 4 at -tp 2, -tp
-4 and -tp 2 -pp 2 --dtype float32 (its MoE experts split by columns) as -tp 1."""
+4 and -tp 2 -pp 2 --dtype float32 (its MoE experts split by columns) as -tp 1, and the
+tiny NemotronH at -tp 2 and -tp 2 -pp 2 (its Mamba heads, B/C groups and state split)."""
 import json
 import os
 import signal
@@ -165,12 +166,12 @@ def test_pp2_pp3_answer_as_pp1(tmp_path):
         stop_cleanly(proc)
 
 
-def compare_tp(tmp_path, label, model, stage_layers, collect):
-    """`model` served at -tp 1, -tp 2, -tp 4 and -tp 2 -pp 2 --dtype float32 (stage s holding
-    layers stage_layers[s]): collect(client) from each, every one equal to -tp 1's, which
-    is returned."""
+def compare_tp(tmp_path, label, model, stage_layers, collect, grid=(("1", "1"), ("2", "1"), ("4", "1"), ("2", "2"))):
+    """`model` served at each (-tp, -pp) of `grid` (by default -tp 1, -tp 2, -tp 4 and -tp 2
+    -pp 2) --dtype float32 (stage s holding layers stage_layers[s]): collect(client) from
+    each, every one equal to the first's (-tp 1), which is returned."""
     want = None
-    for tp, pp in (("1", "1"), ("2", "1"), ("4", "1"), ("2", "2")):
+    for tp, pp in grid:
         name = f"{label}tp{tp}pp{pp}"
         proc, client = start(tmp_path, name, "--dtype", "float32", "-tp", tp, "-pp", pp, model=model)
         log = proc.output()
@@ -215,6 +216,23 @@ def test_llama4_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
     assert all(w[2] for w in want[:-1]), want       # every request answered
 
 
+def test_nemotron_h_tp2_tp2pp2_answer_as_tp1(tmp_path):
+    """Tensor parallelism for NemotronH: -tp 2 and -tp 2 -pp 2 --dtype float32 on the tiny
+    NemotronH ('ME*M-E') answer greedy and seeded completions of its golden prompts with
+    the same text and logprob floats as -tp 1 --dtype float32, alone and in a concurrent
+    batch.  A rank holds 4 of the 8 Mamba heads with their one B/C group (its in_proj
+    rows, conv channels, A / D / dt_bias, gated-norm weights and state slots' channels),
+    2 of the 4 attention heads and 1 of the 2 KV heads, and its columns of every expert,
+    the shared expert and the dense MLP; out_proj, o_proj and the down projections sum 8
+    canonical partials in the comm layer's fixed tree (R7).  -tp 4 does not divide the 2
+    groups (test_refused)."""
+    golden = json.loads((TINY_NEMOTRON_H / "golden.json").read_text())
+    prompts = [p["ids"] for p in golden["prompts"]]
+    want = compare_tp(tmp_path, "nemotron-h-", TINY_NEMOTRON_H / "model", ("0..2", "3..5"),
+                      lambda c: answers_ids(c, prompts), grid=(("1", "1"), ("2", "1"), ("2", "2")))
+    assert all(w[2] for w in want[:-1]), want       # every request answered
+
+
 @pytest.mark.parametrize("flags,env,words", [
     (("-tp", "2"), None, "Total number of attention heads (9) must be divisible by tensor parallel size (2)."),
     (("-tp", "3"), None, "argument --tensor-parallel-size: 3 needs --dtype float32"),
@@ -231,9 +249,14 @@ def test_llama4_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
     (("-tp", "3", "-pp", "2", "--dtype", "float32", "tiny-llama4"), None,
      "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
     (("-tp", "2", "tiny-llama4"), None, "argument --tensor-parallel-size: 2 needs --dtype float32"),
-    (("-tp", "2", "--dtype", "float32", "tiny-nemotron-h"), None,
-     "argument --tensor-parallel-size: 2 is not supported for NemotronHForCausalLM (supported for the model "
-     "families llama, llama4; 1 for the others)"),
+    (("-tp", "4", "--dtype", "float32", "tiny-nemotron-h"), None,
+     "If tensor parallel world size does not divide num_groups, then num_groups must equal 1. "
+     "(n_groups 2, tensor parallel size 4)"),
+    (("-tp", "4", "-pp", "2", "--dtype", "float32", "tiny-nemotron-h"), None,
+     "If tensor parallel world size does not divide num_groups, then num_groups must equal 1."),
+    (("-tp", "3", "--dtype", "float32", "tiny-nemotron-h"), None,
+     "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
+    (("-tp", "2", "tiny-nemotron-h"), None, "argument --tensor-parallel-size: 2 needs --dtype float32"),
     (("-pp", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12"}, "len(partition_list)=2 does not match pp_size=3."),
     (("-pp", "2"), {"VLLM_PP_LAYER_PARTITION": "10,10"},
      "sum(partition_list)=20 does not match num_hidden_layers=30."),

@@ -506,7 +506,7 @@ static void test_batch_invariance(void **state) {
 static void test_pool_bind(void **state) {
         tsr_kv_group g[TSR_KV_GROUPS_MAX];
         size_t ng = tsr_nemotron_h_kv_groups(tsr_nemotron_h_config_of(model), 0,
-                                           tsr_nemotron_h_config_of(model)->n_layers - 1, g, TSR_KV_GROUPS_MAX);
+                                           tsr_nemotron_h_config_of(model)->n_layers - 1, 1, g, TSR_KV_GROUPS_MAX);
         tsr_kv_pool *pool = NULL;
         tsr_nemotron_h_cache *bound = NULL, *own = new_cache();
         uint32_t ids[128], table[SEQ_BLOCKS];
@@ -890,7 +890,7 @@ static void test_bf16_greedy(void **state) {
 static void test_pool_fp8_kv(void **state) {
         const tsr_nemotron_h_config *cfg = tsr_nemotron_h_config_of(model);
         tsr_kv_group g[TSR_KV_GROUPS_MAX], g8[TSR_KV_GROUPS_MAX];
-        size_t ng = tsr_nemotron_h_kv_groups(cfg, 0, cfg->n_layers - 1, g, TSR_KV_GROUPS_MAX);
+        size_t ng = tsr_nemotron_h_kv_groups(cfg, 0, cfg->n_layers - 1, 1, g, TSR_KV_GROUPS_MAX);
         size_t kvd = (size_t)cfg->n_kv_heads * cfg->head_dim;
         tsr_kv_pool *p32 = NULL, *p8 = NULL;
         tsr_nemotron_h_cache *c32 = NULL, *c8 = NULL;

@@ -876,6 +876,26 @@ static void test_nemotron_h_pp(void **state) {
         compare_hybrid(hybrid_fx[1].rel, hybrid_fx[1].family, "bfloat16", splits, pps, 2);
 }
 
+/* NemotronH tensor parallelism (R7): TP = 2 (4 of the 8 Mamba heads and 1 of the 2 B/C
+ * groups a rank, its conv channels and SSM state only; 2 of the 4 attention heads and 1
+ * of the 2 KV heads; every routed expert's 32 columns, the shared expert's 48 and the
+ * dense MLP's 40 split; lm_head's 300 rows) on the tiny NemotronH memcmp-equal to TP = 1
+ * computed in the canonical split, over run_hybrid's prefills, decodes and a sequence
+ * restarting in its state slot, on the reference kernels and on the fast ones; the
+ * canonical split at PP = 2 too, and TP x PP: 2 x 2 (3,3: the second stage keeps Mamba
+ * state only) and 2 x 3 (2,2,2: the last stage keeps no state).  TP 4 does not divide
+ * the 2 groups (test_hybrid_tp_refused). */
+static void test_nemotron_h_tp(void **state) {
+        (void)state;
+        model_case mc = {0};
+        static const uint32_t two[] = {3, 3}, three[] = {2, 2, 2};
+        static const tp_case cases[] = {{2, 1, NULL}, {1, 2, two}, {2, 2, two}, {2, 3, three}};
+        if (!model_open_family(&mc, hybrid_fx[1].rel, hybrid_fx[1].family))
+                fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[1].rel);
+        compare_tp(&mc, "tiny-nemotron-h", run_hybrid_f32, H_ROWS, cases, sizeof cases / sizeof cases[0]);
+        model_close(&mc);
+}
+
 /* A stage's forward_stage refuses arguments that do not fit its place: no input on a
  * later stage, an output on the last, input on the first; and a stage model's pool is
  * its own layers' (a whole-model pool is refused). */
@@ -950,62 +970,54 @@ static void test_hybrid_stage_args(void **state) {
         }
 }
 
-/* Tensor parallelism: refused for NemotronH, with the families that have it named; Llama
- * 4's refused where tp does not divide its counts (named, vLLM's words for the heads),
- * and on bfloat16 weights; pipeline parallelism's refusal names every family that runs
- * stages; the fp8 KV cache stays refused with pipeline stages (NemotronH's is one rank's;
- * Llama 4 has none). */
+/* Tensor parallelism refused where tp does not divide a family's counts (named, in
+ * vLLM's words where vLLM has them: the attention heads for both, NemotronH's B/C groups
+ * at 4 and its n_groups rule), with or without pipeline stages, and on bfloat16 weights;
+ * pipeline and tensor parallelism's refusals name every family that has them; the fp8 KV
+ * cache stays refused with pipeline stages (NemotronH's is one rank's; Llama 4 has
+ * none). */
 static void test_hybrid_tp_refused(void **state) {
         (void)state;
         char names[128];
+        static const struct { size_t f; uint32_t tp, pp; const char *words; } bad[] = {
+                /* tp 3: not a divisor of the 8 canonical partial sums; 8: of the 4 heads */
+                {0, 3, 1, "tensor parallel size 3 must divide 8 (the canonical partial sums"},
+                {0, 8, 1, "Total number of attention heads (4) must be divisible by tensor parallel size (8)."},
+                {0, 8, 2, "Total number of attention heads (4) must be divisible by tensor parallel size (8)."},
+                {1, 3, 1, "tensor parallel size 3 must divide 8 (the canonical partial sums"},
+                {1, 8, 2, "Total number of attention heads (4) must be divisible by tensor parallel size (8)."},
+                /* tp 4: the heads split (8 Mamba, 4 attention; the 2 KV heads replicated), the 2 groups not */
+                {1, 4, 1, "If tensor parallel world size does not divide num_groups, then num_groups must equal 1. "
+                          "(n_groups 2, tensor parallel size 4)"},
+                {1, 4, 2, "If tensor parallel world size does not divide num_groups, then num_groups must equal 1."},
+        };
         assert_string_equal(tsr_family_names(tsr_family_has_stages, names, sizeof names), "llama, llama4, nemotron_h");
-        assert_string_equal(tsr_family_names(tsr_family_has_tp, names, sizeof names), "llama, llama4");
+        assert_string_equal(tsr_family_names(tsr_family_has_tp, names, sizeof names), "llama, llama4, nemotron_h");
         for (size_t f = 0; f < 2; f++) {
                 model_case mc = {0};
                 tsr_runner *r = NULL;
                 char err[512] = "";
-                static const uint32_t two[] = {2, 2};
+                const uint32_t *two = f == 0 ? (const uint32_t[]){2, 2} : (const uint32_t[]){3, 3};
                 if (!model_open_family(&mc, hybrid_fx[f].rel, hybrid_fx[f].family))
                         fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[f].rel);
-                if (f == 0) {
-                        /* tp 3: not a divisor of the 8 canonical partial sums; 8: of the 4 heads */
-                        static const struct { uint32_t tp, pp; const char *words; } bad[] = {
-                                {3, 1, "tensor parallel size 3 must divide 8 (the canonical partial sums"},
-                                {8, 1, "Total number of attention heads (4) must be divisible by tensor parallel "
-                                       "size (8)."},
-                                {8, 2, "Total number of attention heads (4) must be divisible by tensor parallel "
-                                       "size (8)."}};
-                        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-                                tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = bad[i].tp,
-                                                     .pp = bad[i].pp, .pp_layers = bad[i].pp > 1 ? two : NULL,
-                                                     .stage_threads = 1};
-                                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL,
-                                                                err, sizeof err),
-                                                 TSR_E_UNSUPPORTED);
-                                assert_null(r);
-                                if (!strstr(err, bad[i].words))
-                                        fail_msg("tp %u pp %u: %s", bad[i].tp, bad[i].pp, err);
-                        }
-                        /* the split is float32 math */
-                        tsr_runner_opts b = {.dtype = "bfloat16", .backend = mc.be, .tp = 2, .stage_threads = 1};
-                        assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &b, 16, H_BLOCK, H_SLOTS, &r, NULL, err,
-                                                            sizeof err),
-                                             TSR_OK);
-                        assert_null(r);
-                } else {
-                        tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = 2, .stage_threads = 1};
+                for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                        if (bad[i].f != f)
+                                continue;
+                        tsr_runner_opts t = {.dtype = "float32", .backend = mc.be, .tp = bad[i].tp, .pp = bad[i].pp,
+                                             .pp_layers = bad[i].pp > 1 ? two : NULL, .stage_threads = 1};
                         assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL, err,
                                                         sizeof err),
                                          TSR_E_UNSUPPORTED);
                         assert_null(r);
-                        t.pp = 2;
-                        t.pp_layers = two;
-                        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 16, H_BLOCK, H_SLOTS, &r, NULL, err,
-                                                        sizeof err),
-                                         TSR_E_UNSUPPORTED);
-                        assert_null(r);
-                        assert_non_null(strstr(err, "(supported: llama, llama4)"));
+                        if (!strstr(err, bad[i].words))
+                                fail_msg("%s tp %u pp %u: %s", hybrid_fx[f].family, bad[i].tp, bad[i].pp, err);
                 }
+                /* the split is float32 math */
+                tsr_runner_opts b = {.dtype = "bfloat16", .backend = mc.be, .tp = 2, .stage_threads = 1};
+                assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &b, 16, H_BLOCK, H_SLOTS, &r, NULL, err,
+                                                    sizeof err),
+                                     TSR_OK);
+                assert_null(r);
                 tsr_runner_opts k = {.dtype = "float32", .backend = mc.be, .pp = 2, .pp_layers = two,
                                      .stage_threads = 1, .kv_dtype = TSR_DTYPE_FP8_E4M3};
                 /* the fp8 KV cache: not Llama 4's; NemotronH's with pipeline stages too */
@@ -1123,6 +1135,7 @@ int main(void) {
                 cmocka_unit_test(test_llama4_pp),
                 cmocka_unit_test(test_llama4_tp),
                 cmocka_unit_test(test_nemotron_h_pp),
+                cmocka_unit_test(test_nemotron_h_tp),
                 cmocka_unit_test(test_hybrid_stage_args),
                 cmocka_unit_test(test_hybrid_tp_refused),
                 cmocka_unit_test(test_fp8_kv_parallel),

@@ -378,22 +378,13 @@ tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be) 
 /* Whether tp_size splits the model (tsr_llama4_shard_tp); else TSR_E_UNSUPPORTED with the
  * first count that does not divide named in err, in vLLM's words where vLLM has them. */
 static tsr_status tp_check(const tsr_llama4_config *c, uint32_t t, char *err, size_t errlen) {
-        uint32_t S = TSR_COMM_TREE_LEAVES, H = c->base.n_heads, KVH = c->base.n_kv_heads;
-        uint32_t qd = H * c->base.head_dim, I = c->base.hidden_dim, M = c->mlp_dim, V = c->base.vocab_size;
+        uint32_t S = TSR_COMM_TREE_LEAVES, H = c->base.n_heads;
+        uint32_t qd = H * c->base.head_dim, I = c->base.hidden_dim, M = c->mlp_dim;
+        tsr_status st = tsr_tp_check_split(t, H, c->base.n_kv_heads, c->base.vocab_size, err, errlen);
 
-        if (S % t)
-                tsr_errf(err, errlen, "tensor parallel size %u must divide %u (the canonical partial sums of a "
-                         "row-parallel layer)", t, S);
-        else if (H % t)
-                tsr_errf(err, errlen, "Total number of attention heads (%u) must be divisible by tensor parallel "
-                         "size (%u).", H, t);
-        else if (t <= KVH ? KVH % t : t % KVH)
-                tsr_errf(err, errlen, "Total number of key/value heads (%u) and tensor parallel size (%u) must "
-                         "divide one another.", KVH, t);
-        else if (V % t)
-                tsr_errf(err, errlen, "the vocabulary size (%u) must be divisible by tensor parallel size (%u) "
-                         "(vLLM pads it, this build does not)", V, t);
-        else if (I % S)
+        if (st != TSR_OK)
+                return st;
+        if (I % S)
                 tsr_errf(err, errlen, "intermediate_size (%u: the columns of every expert and of the shared "
                          "expert) must be divisible by tensor parallel size (%u) and by %u (the canonical partial "
                          "sums of their down_proj)", I, t, S);

@@ -11,14 +11,18 @@
 
 #include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
+#include "worker/model/tp.h"
+#include "worker/parallel/comm.h"
 
 /* One row per weight.  Layers hold only the rows of their block type (the bind answers
  * "no slot" for the others).  Shard rules follow vLLM's nemotron_h.py: in_proj is
  * column-parallel over its z / xBC / dt parts (each split by heads and groups), the
  * conv, A_log, D, dt_bias and the gated norm split with the heads they belong to
  * (COLUMN: along their first dimension), out_proj / o_proj / down projections are
- * row-parallel, the router and its bias are replicated, routed experts are whole per
- * rank.  The per-expert rows are formatted at load time (expert index inside the name):
+ * row-parallel, the router and its bias are replicated; a routed expert's up / down
+ * split as the shared expert's (EXPERT: vLLM's expert parallelism would keep it whole,
+ * tsr_nemotron_h_shard_tp splits its columns as vLLM's default MoE does).  The loader
+ * reads every tensor whole; tsr_nemotron_h_shard_tp splits them.  The per-expert rows are formatted at load time (expert index inside the name):
  * the "%u" here is the layer, EXPERT_FMT below adds the expert. */
 const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS] = {
         {"token_embd", NULL, "backbone.embeddings.weight", false, TSR_SHARD_COLUMN},
@@ -91,6 +95,15 @@ struct tsr_nemotron_h {
         bool bf16;                      /* the linears are bf16 (tsr_nemotron_h_use_bf16) */
         bool fp8;                       /* some linears are ModelOpt fp8_e4m3 (nh_mat.q) */
         uint64_t resident_bytes;        /* the weights' bytes in memory, as now held */
+        /* Tensor parallelism (tsr_nemotron_h_shard_tp): `rank` is the config as this rank
+         * holds it (tsr_nemotron_h_config_rank; `cfg` at tp_size 1), which the forward and
+         * the state read; vocab_out its lm_head rows.  With `canonical`, every row-parallel
+         * matrix holds the rank's canonical K slices (tp.h), so the sums are the same bits
+         * at every tp_size. */
+        tsr_nemotron_h_config rank;
+        uint32_t tp_size, vocab_out;
+        bool canonical;
+        tsr_comm *comm;                 /* the rank's TP group; NULL at tp_size 1 */
 };
 
 struct tsr_nemotron_h_cache {
@@ -373,6 +386,9 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
         else if ((st = tsr_nemotron_h_config_from_hf(dir, &m->cfg, err, errlen)) != TSR_OK)
                 goto fail;
         m->shard = spec ? *spec : tsr_shard_spec_whole(m->cfg.n_layers);
+        m->rank = m->cfg;
+        m->tp_size = 1;
+        m->vocab_out = m->cfg.vocab_size;
         if (m->shard.tp_size != 1 || m->shard.tp_rank != 0 || m->shard.first_layer > m->shard.last_layer ||
             m->shard.last_layer >= m->cfg.n_layers) {
                 tsr_errf(err, errlen, "%s: shard tp %u/%u layers %u..%u: only tp 0/1 (tensor parallelism is not "
@@ -467,6 +483,8 @@ tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m) {
                 return TSR_E_INVAL;
         if (m->bf16)
                 return TSR_OK;
+        if (m->canonical)
+                return TSR_E_UNSUPPORTED;       /* the TP / canonical split runs on float32 weights */
         max = 1 + (size_t)m->cfg.n_layers * (NH_LAYER_MATS + 2 * (size_t)m->cfg.n_experts);
         if (!(w = malloc(max * sizeof *w)) || !(n = malloc(max * sizeof *n)))
                 goto done;
@@ -518,6 +536,178 @@ tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backe
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
                         return TSR_E_UNSUPPORTED;
         return TSR_OK;
+}
+
+/* ---- tensor parallelism ----------------------------------------------------------------- */
+
+tsr_nemotron_h_config tsr_nemotron_h_config_rank(const tsr_nemotron_h_config *c, uint32_t t) {
+        tsr_nemotron_h_config r = *c;
+
+        if (t <= 1)
+                return r;
+        r.m_heads /= t;
+        r.n_groups /= t;
+        r.n_heads /= t;
+        /* tp above the KV heads: one (replicated) KV head per rank, as vLLM */
+        r.n_kv_heads = t <= c->n_kv_heads ? c->n_kv_heads / t : 1;
+        r.moe_hidden /= t;
+        r.shared_hidden /= t;
+        r.mlp_hidden /= t;
+        return r;
+}
+
+/* Whether tp_size t splits the model (tsr_nemotron_h_shard_tp); else TSR_E_UNSUPPORTED
+ * with the first count that does not divide named in err, in vLLM's words where vLLM has
+ * them.  A row-parallel input (out_proj's, o_proj's, the experts', the MLP's) must split
+ * into the TSR_COMM_TREE_LEAVES canonical slices; only the kinds of layer the pattern has
+ * count. */
+static tsr_status tp_check(const tsr_nemotron_h_config *c, uint32_t t, char *err, size_t errlen) {
+        uint32_t S = TSR_COMM_TREE_LEAVES, di = tsr_nemotron_h_d_inner(c), qd = c->n_heads * c->head_dim;
+        const struct { char kind; uint32_t cols; const char *what; } rows[] = {
+                {'M', di, "the Mamba output (mamba_num_heads x mamba_head_dim: out_proj's input)"},
+                {'*', qd, "the attention output (num_attention_heads x head_dim: o_proj's input)"},
+                {'E', c->moe_hidden, "moe_intermediate_size (every routed expert's down_proj input)"},
+                {'E', c->shared_hidden, "moe_shared_expert_intermediate_size (the shared expert's down_proj input)"},
+                {'-', c->mlp_hidden, "intermediate_size (the dense MLP's down_proj input)"},
+        };
+        tsr_status st = tsr_tp_check_split(t, c->n_heads, c->n_kv_heads, c->vocab_size, err, errlen);
+
+        if (st != TSR_OK)
+                return st;
+        if (c->m_heads % t) {
+                tsr_errf(err, errlen, "Tensor parallel world size must divide num heads. (mamba_num_heads %u, "
+                         "tensor parallel size %u)", c->m_heads, t);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (c->n_groups % t && c->n_groups != 1) {
+                tsr_errf(err, errlen, "If tensor parallel world size does not divide num_groups, then num_groups "
+                         "must equal 1. (n_groups %u, tensor parallel size %u)", c->n_groups, t);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (c->n_groups % t) {
+                /* vLLM replicates the one group and all-reduces the gated norm's sum of
+                 * squares: a sum over the ranks that is not the bits of -tp 1 */
+                tsr_errf(err, errlen, "n_groups 1 at tensor parallel size %u (the gated RMSNorm's one group across "
+                         "the ranks) is not supported yet: tensor parallel size must divide n_groups", t);
+                return TSR_E_UNSUPPORTED;
+        }
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+                if (tsr_nemotron_h_count(c, rows[i].kind) && rows[i].cols % S) {
+                        tsr_errf(err, errlen, "%s: %u columns must be divisible by %u (the canonical partial sums "
+                                 "of a row-parallel layer)", rows[i].what, rows[i].cols, S);
+                        return TSR_E_UNSUPPORTED;
+                }
+        return TSR_OK;
+}
+
+/* One Mamba layer's weights for rank `rk` of the counts in `r` (the whole model's in
+ * `c`); `split` false: out_proj's canonical slices alone. */
+static tsr_status split_mamba(nh_layer *L, const tsr_nemotron_h_config *c, const tsr_nemotron_h_config *r,
+                              uint32_t rk, size_t ns, bool split) {
+        size_t P = c->m_head_dim, NS = c->ssm_state, di = tsr_nemotron_h_d_inner(c), gn = (size_t)c->n_groups * NS;
+        size_t hr = r->m_heads, dr = hr * P, gr = (size_t)r->n_groups * NS;
+        size_t h0 = rk * hr, x0 = rk * dr, g0 = rk * gr;
+        /* xBC's channels: the rank's heads' x, its groups' B, then their C */
+        const size_t xbc[3][2] = {{x0, dr}, {di + g0, gr}, {di + gn + g0, gr}};
+        /* in_proj's rows [z | xBC | dt]: the rank's z, its xBC channels, its heads' dt */
+        const size_t in[5][2] = {{x0, dr}, {di + x0, dr}, {2 * di + g0, gr}, {2 * di + gn + g0, gr},
+                                 {2 * di + 2 * gn + h0, hr}};
+        float **per_head[] = {&L->A_log, &L->D, &L->dt_bias, &L->A};
+        tsr_status st;
+
+        if (split) {
+                if ((st = tsr_tp_keep_row_ranges(&L->in_proj.f, c->dim, in, 5)) ||
+                    (st = tsr_tp_keep_row_ranges(&L->conv_w, c->conv_kernel, xbc, 3)) ||
+                    (L->conv_b && (st = tsr_tp_keep_row_ranges(&L->conv_b, 1, xbc, 3))) ||
+                    (st = tsr_tp_keep_rows(&L->gnorm, 1, di, 1, x0, dr)))
+                        return st;
+                for (size_t i = 0; i < sizeof per_head / sizeof per_head[0]; i++)
+                        if ((st = tsr_tp_keep_rows(per_head[i], 1, c->m_heads, 1, h0, hr)))
+                                return st;
+        }
+        return tsr_tp_keep_col_slices(&L->out_proj.f, 1, c->dim, di, x0, dr, ns);
+}
+
+/* A column-parallel up (hid, dim) and row-parallel down (dim, hid) pair: rank rk's n of
+ * the hid columns. */
+static tsr_status split_ffn(nh_mat *up, nh_mat *down, size_t dim, size_t hid, size_t n, uint32_t rk, size_t ns,
+                            bool split) {
+        tsr_status st;
+
+        if (split && (st = tsr_tp_keep_rows(&up->f, 1, hid, dim, rk * n, n)))
+                return st;
+        return tsr_tp_keep_col_slices(&down->f, 1, dim, hid, rk * n, n, ns);
+}
+
+tsr_status tsr_nemotron_h_shard_tp(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        const tsr_nemotron_h_config *c;
+        tsr_nemotron_h_config r;
+        size_t dim, hd, ns, nkv, kv0, vl;
+        bool split;
+        tsr_status st = TSR_OK;
+
+        if (!m || tp_size == 0 || tp_rank >= tp_size || m->canonical)
+                return TSR_E_INVAL;
+        c = &m->cfg;
+        if ((st = tp_check(c, tp_size, err, errlen)) != TSR_OK)
+                return st;
+        if (m->bf16 || m->fp8) {
+                tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
+                return TSR_E_UNSUPPORTED;
+        }
+        r = tsr_nemotron_h_config_rank(c, tp_size);
+        dim = c->dim, hd = c->head_dim, ns = TSR_COMM_TREE_LEAVES / tp_size, nkv = r.n_kv_heads;
+        /* tp > KV heads: each KV head is replicated on tp / n_kv_heads ranks (vLLM) */
+        kv0 = tp_size <= c->n_kv_heads ? tp_rank * nkv : tp_rank / (tp_size / c->n_kv_heads);
+        vl = c->vocab_size / tp_size;
+        split = tp_size > 1;    /* tp 1: the canonical K slices alone */
+        for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer && st == TSR_OK; l++) {
+                nh_layer *L = &m->layers[l];
+                size_t qr = (size_t)r.n_heads * hd;
+                switch (c->pattern[l]) {
+                case 'M':
+                        st = split_mamba(L, c, &r, tp_rank, ns, split);
+                        break;
+                case '*':
+                        if (split && ((st = tsr_tp_keep_rows(&L->wq.f, 1, c->n_heads * hd, dim, tp_rank * qr, qr)) ||
+                                      (st = tsr_tp_keep_rows(&L->wk.f, 1, c->n_kv_heads * hd, dim, kv0 * hd,
+                                                             nkv * hd)) ||
+                                      (st = tsr_tp_keep_rows(&L->wv.f, 1, c->n_kv_heads * hd, dim, kv0 * hd,
+                                                             nkv * hd))))
+                                break;
+                        st = tsr_tp_keep_col_slices(&L->wo.f, 1, dim, c->n_heads * hd, tp_rank * qr, qr, ns);
+                        break;
+                case 'E':
+                        for (uint32_t e = 0; e < c->n_experts && st == TSR_OK; e++)
+                                st = split_ffn(&L->exp_up[e], &L->exp_down[e], dim, c->moe_hidden, r.moe_hidden,
+                                               tp_rank, ns, split);
+                        if (st == TSR_OK)
+                                st = split_ffn(&L->shared_up, &L->shared_down, dim, c->shared_hidden, r.shared_hidden,
+                                               tp_rank, ns, split);
+                        break;
+                default:
+                        st = split_ffn(&L->mlp_up, &L->mlp_down, dim, c->mlp_hidden, r.mlp_hidden, tp_rank, ns, split);
+                        break;
+                }
+        }
+        /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs */
+        if (st == TSR_OK && split && m->output.f)
+                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->token_embd, m->shard.first_layer == 0, c->vocab_size,
+                                            dim, tp_rank * vl, vl);
+        if (st != TSR_OK) {
+                tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
+                return st;      /* the model is half split: the caller frees it */
+        }
+        m->rank = r;
+        m->tp_size = tp_size;
+        m->vocab_out = split ? (uint32_t)vl : c->vocab_size;
+        m->canonical = true;
+        return TSR_OK;
+}
+
+void tsr_nemotron_h_set_comm(tsr_nemotron_h *m, tsr_comm *comm) {
+        if (m)
+                m->comm = comm;
 }
 
 /* ---- state cache -------------------------------------------------------------------- */
@@ -573,7 +763,7 @@ tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, si
 
         if (!m || !ret)
                 return TSR_E_INVAL;
-        cfg = &m->cfg;
+        cfg = &m->rank;         /* the rank's KV heads, conv channels and SSM heads */
         if (!(c = calloc(1, sizeof *c)))
                 return TSR_E_NOMEM;
         c->owned = true;
@@ -621,8 +811,10 @@ nomem:
  * state's heads x head_dim x state (3.4% of a Nemotron-3-Nano slot), so bf16 would save
  * 1.7% of the slot.  The attention K/V are float32 as in the other families on the CPU
  * backend. */
-size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, uint32_t first, uint32_t last, tsr_kv_group *out,
-                                size_t max) {
+size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *whole, uint32_t first, uint32_t last, uint32_t tp_size,
+                                tsr_kv_group *out, size_t max) {
+        tsr_nemotron_h_config rank = tsr_nemotron_h_config_rank(whole, tp_size);
+        const tsr_nemotron_h_config *c = &rank;
         uint32_t n_attn = count_in(c, '*', first, last), n_mamba = count_in(c, 'M', first, last);
         size_t n = 0;
 
@@ -644,7 +836,8 @@ tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool,
 
         if (!m || !pool || !ret)
                 return TSR_E_INVAL;
-        n = tsr_nemotron_h_kv_groups(&m->cfg, m->shard.first_layer, m->shard.last_layer, want, TSR_KV_GROUPS_MAX);
+        n = tsr_nemotron_h_kv_groups(&m->cfg, m->shard.first_layer, m->shard.last_layer, m->tp_size, want,
+                                     TSR_KV_GROUPS_MAX);
         if (pool->n_groups != n)
                 return TSR_E_INVAL;
         for (size_t i = 0; i < n; i++) {
@@ -693,7 +886,13 @@ struct scratch {
         float *rs, *rsc, *gscore;       /* (E,), (E,), (n_group,) one row's router scores */
         bool *gsel, *taken;             /* (n_group,), (E,) */
         float *hid, *hid2;              /* (N, max hidden) */
-        float *exp_in, *exp_out;        /* (N, dim): the rows routed to one expert */
+        float *exp_in;                  /* (N, dim): the rows routed to one expert */
+        /* (P, N, dim), P = n_parts: a row-parallel matmul's partials (the canonical K
+         * slices'; P = 1 when the model is not canonical): one expert's rows', then the
+         * shared expert's (ey); out_proj's, o_proj's, the MLP's and the shared expert's
+         * (parts); the routed experts' sum (routed) */
+        float *ey, *parts, *routed;
+        float *slice;                   /* canonical: (N, widest row-parallel K) one K slice */
         uint32_t *top;                  /* (N, top_k) chosen experts */
         float *topw;                    /* (N, top_k) their weights */
         uint32_t *rows;                 /* (N,) the rows routed to one expert */
@@ -701,17 +900,22 @@ struct scratch {
 };
 
 static void scratch_free(struct scratch *s) {
-        void *p[] = {s->x,   s->xb,   s->out,  s->proj, s->y,    s->win,    s->xbc,     s->rs,
-                     s->rsc, s->gscore, s->gsel, s->taken, s->hid, s->hid2, s->exp_in, s->exp_out,
-                     s->top, s->topw, s->rows, s->rowsw};
+        void *p[] = {s->x,   s->xb,     s->out,  s->proj,  s->y,   s->win,  s->xbc,    s->rs,
+                     s->rsc, s->gscore, s->gsel, s->taken, s->hid, s->hid2, s->exp_in, s->ey,
+                     s->parts, s->routed, s->slice, s->top, s->topw, s->rows, s->rowsw};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
                 free(p[i]);
 }
 
 static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h_config *c, size_t N, size_t max_n) {
-        size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c);
+/* Partials of a row-parallel matmul: the rank's canonical K slices, or the one product. */
+static size_t n_parts(const tsr_nemotron_h *m) { return m->canonical ? TSR_COMM_TREE_LEAVES / m->tp_size : 1; }
+
+/* Scratch for N rows of the rank's sizes (m->rank), the longest sequence max_n. */
+static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size_t N, size_t max_n) {
+        const tsr_nemotron_h_config *c = &m->rank;
+        size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c), P = n_parts(m);
         size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
         size_t proj = max3(di + cd + c->m_heads, qd + 2 * kvd, c->n_experts);
         size_t hid = max3(c->moe_hidden, c->shared_hidden, c->mlp_hidden);
@@ -733,14 +937,18 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h_config *
         s->hid = malloc(N * hid * sizeof(float) + 1);
         s->hid2 = malloc(N * hid * sizeof(float) + 1);
         s->exp_in = malloc(N * dim * sizeof(float));
-        s->exp_out = malloc(N * dim * sizeof(float));
+        s->ey = malloc(P * N * dim * sizeof(float));
+        s->parts = malloc(P * N * dim * sizeof(float));
+        s->routed = malloc(P * N * dim * sizeof(float));
+        /* widest K of a row-parallel matmul: out_proj's, o_proj's, the experts' and the MLP's */
+        s->slice = malloc((m->canonical ? N * max3(di, qd, hid) : 1) * sizeof(float));
         s->top = malloc(N * tk * sizeof(uint32_t));
         s->topw = malloc(N * tk * sizeof(float));
         s->rows = malloc(N * sizeof(uint32_t));
         s->rowsw = malloc(N * sizeof(float));
         if (!s->x || !s->xb || !s->out || !s->proj || !s->y || !s->win || !s->xbc || !s->rs || !s->rsc ||
-            !s->gscore || !s->gsel || !s->taken || !s->hid || !s->hid2 || !s->exp_in ||
-            !s->exp_out || !s->top || !s->topw || !s->rows || !s->rowsw) {
+            !s->gscore || !s->gsel || !s->taken || !s->hid || !s->hid2 || !s->exp_in || !s->ey ||
+            !s->parts || !s->routed || !s->slice || !s->top || !s->topw || !s->rows || !s->rowsw) {
                 scratch_free(s);
                 return TSR_E_NOMEM;
         }
@@ -754,6 +962,30 @@ static tsr_status mm(tsr_backend *be, float *out, const float *x, const nh_mat *
         if (w->b)
                 return tsr_backend_matmul(be, out, x, w->b, TSR_DTYPE_BF16, rows, n, d);
         return tsr_backend_matmul(be, out, x, w->f, TSR_DTYPE_F32, rows, n, d);
+}
+
+/* A row-parallel W (dim, k) @ x (rows, k), x the rank's k columns: its n_parts partials
+ * into parts (n_parts, rows, dim), the one product unless the model is canonical, then
+ * one per K slice (tp.h). */
+static tsr_status mm_parts(const tsr_nemotron_h *m, tsr_backend *be, struct scratch *s, float *parts, const float *x,
+                           const nh_mat *w, size_t rows, size_t k) {
+        if (!m->canonical)
+                return mm(be, parts, x, w, rows, k, m->cfg.dim);
+        return tsr_tp_row_partials(be, parts, s->slice, x, w->f, rows, k, m->cfg.dim, n_parts(m));
+}
+
+/* out (count,) = the partials parts (n_parts, count) summed over the rank's slices and
+ * the TP group (R7); nothing when the model is not canonical (then parts is out). */
+static tsr_status parts_sum(const tsr_nemotron_h *m, float *out, const float *parts, size_t count) {
+        return m->canonical ? tsr_tp_row_reduce(m->comm, m->tp_size, parts, n_parts(m), out, count) : TSR_OK;
+}
+
+/* A row-parallel matmul whole: W (dim, k) @ x (rows, k) -> s->out (rows, dim). */
+static tsr_status mm_row(const tsr_nemotron_h *m, tsr_backend *be, struct scratch *s, const float *x,
+                         const nh_mat *w, size_t rows, size_t k) {
+        float *parts = m->canonical ? s->parts : s->out;
+        tsr_status st = mm_parts(m, be, s, parts, x, w, rows, k);
+        return st != TSR_OK ? st : parts_sum(m, s->out, parts, rows * m->cfg.dim);
 }
 
 /* The residual stream in bf16 precision (a bf16 model with residual_in_fp32 false, as
@@ -935,46 +1167,58 @@ static void route_row(const tsr_nemotron_h_config *c, const float *bias, const f
 }
 
 /* MoE over N rows xb -> out: routed experts in expert-index order (as transformers
- * accumulates them), each row's weighted outputs summed onto zero, then the shared expert. */
-static tsr_status moe(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be, struct scratch *s,
-                      size_t N) {
+ * accumulates them), each row's weighted outputs summed onto zero, then the shared expert.
+ * A tensor-parallel rank (vLLM's MoE without expert parallelism) holds its columns of
+ * every expert and of the shared expert, and the router whole: every rank routes alike.
+ * The canonical form keeps the sums per K slice, as Llama 4's: slice j's routed sum (in
+ * expert order) plus its shared partial, then the one reduce over the slices and the
+ * group. */
+static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *be, struct scratch *s, size_t N) {
+        const tsr_nemotron_h_config *c = &m->rank;
         size_t dim = c->dim, E = c->n_experts, tk = c->top_k, I = c->moe_hidden, SI = c->shared_hidden;
+        size_t P = n_parts(m), cnt = N * dim;
+        float *routed = m->canonical ? s->routed : s->out, *shared = m->canonical ? s->parts : s->ey;
         tsr_status st;
 
         if ((st = tsr_backend_matmul(be, s->proj, s->xb, L->router, TSR_DTYPE_F32, N, dim, E)) != TSR_OK)
                 return st;
         for (size_t r = 0; r < N; r++)
                 route_row(c, L->router_bias, s->proj + r * E, s, s->top + r * tk, s->topw + r * tk);
-        memset(s->out, 0, N * dim * sizeof(float));
+        memset(routed, 0, P * cnt * sizeof(float));
         for (size_t e = 0; e < E; e++) {
-                size_t cnt = 0;
+                size_t n = 0;
                 for (size_t r = 0; r < N; r++)
                         for (size_t k = 0; k < tk; k++)
                                 if (s->top[r * tk + k] == e) {
-                                        s->rows[cnt] = (uint32_t)r;
-                                        s->rowsw[cnt++] = s->topw[r * tk + k];
+                                        s->rows[n] = (uint32_t)r;
+                                        s->rowsw[n++] = s->topw[r * tk + k];
                                 }
-                if (cnt == 0)
+                if (n == 0)
                         continue;
-                for (size_t i = 0; i < cnt; i++)
+                for (size_t i = 0; i < n; i++)
                         memcpy(s->exp_in + i * dim, s->xb + (size_t)s->rows[i] * dim, dim * sizeof(float));
-                if ((st = mm(be, s->hid, s->exp_in, &L->exp_up[e], cnt, dim, I)))
+                if ((st = mm(be, s->hid, s->exp_in, &L->exp_up[e], n, dim, I)))
                         return st;
-                relu2(s->hid, cnt * I);
-                if ((st = mm(be, s->exp_out, s->hid, &L->exp_down[e], cnt, I, dim)))
+                relu2(s->hid, n * I);
+                if ((st = mm_parts(m, be, s, s->ey, s->hid, &L->exp_down[e], n, I)))   /* ey (P, n, dim) */
                         return st;
-                for (size_t i = 0; i < cnt; i++) {
-                        float *o = s->out + (size_t)s->rows[i] * dim;
-                        for (size_t j = 0; j < dim; j++)
-                                o[j] += s->exp_out[i * dim + j] * s->rowsw[i];
-                }
+                for (size_t p = 0; p < P; p++)
+                        for (size_t i = 0; i < n; i++) {
+                                float *o = routed + p * cnt + (size_t)s->rows[i] * dim;
+                                const float *y = s->ey + (p * n + i) * dim;
+                                for (size_t j = 0; j < dim; j++)
+                                        o[j] += y[j] * s->rowsw[i];
+                        }
         }
         if ((st = mm(be, s->hid, s->xb, &L->shared_up, N, dim, SI)) != TSR_OK)
                 return st;
         relu2(s->hid, N * SI);
-        if ((st = mm(be, s->exp_out, s->hid, &L->shared_down, N, SI, dim)) != TSR_OK)
+        if ((st = mm_parts(m, be, s, shared, s->hid, &L->shared_down, N, SI)) != TSR_OK)
                 return st;
-        return tsr_backend_add(be, s->out, s->out, s->exp_out, N * dim);
+        for (size_t p = 0; p < P; p++)
+                if ((st = tsr_backend_add(be, routed + p * cnt, routed + p * cnt, shared + p * cnt, cnt)) != TSR_OK)
+                        return st;
+        return parts_sum(m, s->out, routed, cnt);
 }
 
 static tsr_kv_view attn_view(const tsr_nemotron_h_config *c, tsr_nemotron_h_cache *kv, size_t i,
@@ -986,9 +1230,10 @@ static tsr_kv_view attn_view(const tsr_nemotron_h_config *c, tsr_nemotron_h_cach
                              .block_size = kv->block_size, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim};
 }
 
-static tsr_status attention(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be,
-                            tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs, size_t n_seqs,
-                            struct scratch *s, size_t N) {
+/* Attention of the rank's heads (its KV heads' cache), o_proj row-parallel. */
+static tsr_status attention(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *be, tsr_nemotron_h_cache *kv,
+                            const tsr_nemotron_h_seq *seqs, size_t n_seqs, struct scratch *s, size_t N) {
+        const tsr_nemotron_h_config *c = &m->rank;
         size_t dim = c->dim, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
         float *q = s->proj, *k = q + N * qd, *v = k + N * kvd;
         float scale = 1.0f / sqrtf((float)c->head_dim);
@@ -1006,12 +1251,14 @@ static tsr_status attention(const tsr_nemotron_h_config *c, const nh_layer *L, t
                                                 seqs[i].past_len, c->n_heads, scale)))
                         return st;
         }
-        return mm(be, s->out, s->y, &L->wo, N, qd, dim);
+        return mm_row(m, be, s, s->y, &L->wo, N, qd);
 }
 
-static tsr_status mamba(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be,
-                        tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs, size_t n_seqs, struct scratch *s,
-                        size_t N) {
+/* The Mamba mixer of the rank's heads and groups (its state slots' channels), out_proj
+ * row-parallel. */
+static tsr_status mamba(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *be, tsr_nemotron_h_cache *kv,
+                        const tsr_nemotron_h_seq *seqs, size_t n_seqs, struct scratch *s, size_t N) {
+        const tsr_nemotron_h_config *c = &m->rank;
         size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), pr = di + tsr_nemotron_h_conv_dim(c) + c->m_heads;
         tsr_status st;
 
@@ -1022,17 +1269,34 @@ static tsr_status mamba(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_b
                           kv->conv[L->kind_index] + seqs[i].slot * conv_elems(c),
                           kv->ssm[L->kind_index] + seqs[i].slot * ssm_elems(c), s->win, s->xbc,
                           s->y + row * di);
-        return mm(be, s->out, s->y, &L->out_proj, N, di, dim);
+        return mm_row(m, be, s, s->y, &L->out_proj, N, di);
 }
 
-static tsr_status mlp(const tsr_nemotron_h_config *c, const nh_layer *L, tsr_backend *be, struct scratch *s,
-                      size_t N) {
+static tsr_status mlp(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *be, struct scratch *s, size_t N) {
+        const tsr_nemotron_h_config *c = &m->rank;
         tsr_status st;
 
         if ((st = mm(be, s->hid, s->xb, &L->mlp_up, N, c->dim, c->mlp_hidden)))
                 return st;
         relu2(s->hid, N * c->mlp_hidden);
-        return mm(be, s->out, s->hid, &L->mlp_down, N, c->mlp_hidden, c->dim);
+        return mm_row(m, be, s, s->hid, &L->mlp_down, N, c->mlp_hidden);
+}
+
+/* logits (rows, vocab) of the normed rows xb (rows, dim): a tensor-parallel rank computes
+ * its vocab_out rows of lm_head and the all-gather puts the vocabulary together (tp.h). */
+static tsr_status lm_head(const tsr_nemotron_h *m, tsr_backend *be, float *logits, const float *xb, size_t rows) {
+        size_t dim = m->cfg.dim, vl = m->vocab_out;
+        float *mine;
+        tsr_status st;
+
+        if (m->tp_size == 1)
+                return mm(be, logits, xb, &m->output, rows, dim, vl);
+        if (!(mine = malloc(rows * vl * sizeof(float))))
+                return TSR_E_NOMEM;
+        if ((st = mm(be, mine, xb, &m->output, rows, dim, vl)) == TSR_OK)
+                st = tsr_tp_gather_vocab(m->comm, m->tp_size, mine, logits, rows, vl);
+        free(mine);
+        return st;
 }
 
 /* The sequences against the cache (the logits against the stage: tsr_stage_args_ok). */
@@ -1087,7 +1351,7 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
                 return TSR_E_INVAL;
         if ((st = tsr_nemotron_h_check_backend(m, be)) != TSR_OK || (st = args_ok(m, kv, seqs, n_seqs)))
                 return st;
-        c = &m->cfg;
+        c = &m->rank;           /* the rank's counts (the whole model's at tp_size 1) */
         for (size_t i = 0; i < n_seqs; i++)
                 want |= seqs[i].which != TSR_LLAMA_LOGITS_NONE;
         if (!tsr_stage_args_ok(&m->shard, c->n_layers, in, out, want, logits))
@@ -1099,7 +1363,7 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
                 N += seqs[i].n;
                 max_n = seqs[i].n > max_n ? seqs[i].n : max_n;
         }
-        if ((st = scratch_alloc(&s, c, N, max_n)) != TSR_OK)
+        if ((st = scratch_alloc(&s, m, N, max_n)) != TSR_OK)
                 return st;
         if (!in) {
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
@@ -1117,10 +1381,10 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
                 const nh_layer *L = &m->layers[l];
                 TRY(tsr_backend_rmsnorm(be, s.xb, s.x, L->norm, N, dim, c->eps));
                 switch (c->pattern[l]) {
-                case 'M': TRY(mamba(c, L, be, kv, seqs, n_seqs, &s, N)); break;
-                case '*': TRY(attention(c, L, be, kv, seqs, n_seqs, &s, N)); break;
-                case 'E': TRY(moe(c, L, be, &s, N)); break;
-                default: TRY(mlp(c, L, be, &s, N)); break;
+                case 'M': TRY(mamba(m, L, be, kv, seqs, n_seqs, &s, N)); break;
+                case '*': TRY(attention(m, L, be, kv, seqs, n_seqs, &s, N)); break;
+                case 'E': TRY(moe(m, L, be, &s, N)); break;
+                default: TRY(mlp(m, L, be, &s, N)); break;
                 }
                 if (l == m->shard.last_layer && !last_stage) {  /* the next stage adds (see above) */
                         TRY(tsr_stage_send(be, out, s.x, s.out, N, dim));
@@ -1130,16 +1394,19 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
                 if (bf16_residual)
                         round_bf16(s.x, N * dim);
         }
-        /* The rows whose logits are asked for: norm_f then lm_head. */
+        /* The rows whose logits are asked for, stacked: norm_f, then lm_head over them all
+         * (one all-gather of the vocabulary under tensor parallelism). */
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                 size_t first = seqs[i].which == TSR_LLAMA_LOGITS_ALL ? row : row + seqs[i].n - 1;
                 size_t cnt = seqs[i].which == TSR_LLAMA_LOGITS_ALL ? seqs[i].n : 1;
                 if (seqs[i].which == TSR_LLAMA_LOGITS_NONE)
                         continue;
-                TRY(tsr_backend_rmsnorm(be, s.xb, s.x + first * dim, m->output_norm, cnt, dim, c->eps));
-                TRY(mm(be, logits + out_row * c->vocab_size, s.xb, &m->output, cnt, dim, c->vocab_size));
+                TRY(tsr_backend_rmsnorm(be, s.xb + out_row * dim, s.x + first * dim, m->output_norm, cnt, dim,
+                                        c->eps));
                 out_row += cnt;
         }
+        if (out_row)
+                TRY(lm_head(m, be, logits, s.xb, out_row));
 done:
         scratch_free(&s);
         return st;

@@ -47,6 +47,8 @@
 
 #define TSR_NEMOTRON_H_MAX_LAYERS 256
 
+struct tsr_comm;
+
 /* What config.json says, checked.  One flat struct (the family's desc->config). */
 typedef struct tsr_nemotron_h_config {
         uint32_t vocab_size, dim, n_layers;
@@ -70,6 +72,12 @@ typedef struct tsr_nemotron_h_config {
  * than silu / relu2, more than one shared expert, multi-token-prediction layers are
  * ignored), TSR_E_NOTFOUND, TSR_E_IO.  Blocking. */
 tsr_status tsr_nemotron_h_config_from_hf(const char *dir, tsr_nemotron_h_config *ret, char *err, size_t errlen);
+
+/* The counts one tensor-parallel rank of tp_size holds (tsr_nemotron_h_shard_tp): the
+ * Mamba heads and B/C groups, the attention heads and KV heads (one, replicated, where
+ * tp_size exceeds them), the columns of every expert, of the shared expert and of the
+ * dense MLP; the rest as `c`.  tp_size 1: `c` itself. */
+tsr_nemotron_h_config tsr_nemotron_h_config_rank(const tsr_nemotron_h_config *c, uint32_t tp_size);
 
 /* Derived sizes of the Mamba mixer. */
 static inline uint32_t tsr_nemotron_h_d_inner(const tsr_nemotron_h_config *c) { return c->m_heads * c->m_head_dim; }
@@ -99,19 +107,41 @@ typedef struct tsr_nemotron_h tsr_nemotron_h;
  * `cfg` NULL: read config.json.  `spec` NULL or whole: the whole model; a pipeline
  * stage's layer range holds those layers (any kind: the split counts layers), the
  * embedding on the first stage, the final norm and lm_head on the last (the embedding
- * there too when tied); tp_size 1 only (TSR_E_UNSUPPORTED).  Errors name the file and
- * the tensor.  *ret new on success (tsr_nemotron_h_free). */
+ * there too when tied); tp_size 1 only (TSR_E_UNSUPPORTED: a rank's split is
+ * tsr_nemotron_h_shard_tp, after the load).  Errors name the file and the tensor.  *ret
+ * new on success (tsr_nemotron_h_free). */
 tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
                                const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud,
                                tsr_nemotron_h **ret, tsr_load_stats *stats, char *err, size_t errlen);
 void tsr_nemotron_h_free(tsr_nemotron_h **m);
 const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m);
+/* Tensor parallelism (issue #14; vLLM's nemotron_h.py and mamba_mixer2.py): split a
+ * loaded float32 model for tp_rank of tp_size.  Mamba: in_proj column-parallel with its
+ * parts split apart (the rank's heads' z, x and dt rows, its groups' B and C rows), the
+ * conv weights and bias by the same channels, A, D and dt_bias by head, the gated norm's
+ * weight with its heads (each rank holds whole groups), out_proj row-parallel.
+ * Attention as the Llama's: q by head, k / v by KV head (replicated where tp_size exceeds
+ * them), o_proj row-parallel.  MoE and the dense MLP: every expert's, the shared
+ * expert's and the MLP's up column-parallel and down row-parallel, the router whole.
+ * lm_head by vocabulary rows (the logits all-gathered); the embedding and the norms
+ * whole.  Every row-parallel matrix holds the rank's canonical K slices (tp.h), so the
+ * forward's sums are the same bits at every tp_size, tp_size 1 included (that split
+ * alone).  TSR_E_UNSUPPORTED (err names the count, in vLLM's words where vLLM has them)
+ * when tp_size does not split the model, or the weights are not float32; TSR_E_NOMEM
+ * (the model half split: free it).  A rank's state (tsr_nemotron_h_kv_groups with its
+ * tp_size) holds its heads' and groups' conv channels and SSM state only.  Main thread,
+ * after the load. */
+tsr_status tsr_nemotron_h_shard_tp(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
+/* The rank's TP group, before each forward (borrowed; NULL at tp_size 1).  The rank's thread. */
+void tsr_nemotron_h_set_comm(tsr_nemotron_h *m, struct tsr_comm *comm);
+
 /* --dtype bfloat16: the linears (in_proj, out_proj, q/k/v/o, routed and shared experts,
  * the dense MLP, lm_head) not held as fp8 rounded to bf16 (exact for a bf16 checkpoint, which the loader
  * widened), float32 copies freed; the router, A, D, dt_bias, conv weights, norms and the
  * embedding stay float32 (models.md §3), the recurrent state stays float32, and the
  * residual stream is held at bf16 precision unless config.json says residual_in_fp32.
- * TSR_OK (also when already), TSR_E_NOMEM (model unchanged).  Main thread, after load. */
+ * TSR_OK (also when already), TSR_E_NOMEM (model unchanged), TSR_E_UNSUPPORTED after
+ * tsr_nemotron_h_shard_tp (the split is float32 math).  Main thread, after load. */
 tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m);
 bool tsr_nemotron_h_is_bf16(const tsr_nemotron_h *m);
 /* Bytes the weights take in memory as now held (float32, bf16 linears, fp8 linears). */
@@ -131,12 +161,14 @@ tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, si
 void tsr_nemotron_h_cache_free(tsr_nemotron_h_cache **c);
 /* Bytes of one Mamba state slot over all Mamba layers (conv + SSM state, float32). */
 uint64_t tsr_nemotron_h_slot_bytes(const tsr_nemotron_h_config *c);
-/* The KV groups of layers first .. last of a NemotronH (worker/engine/kv_pool.h), into
- * out[max]: their attention layers' full-attention group (when there are any) and their
- * Mamba layers' TSR_KV_MAMBA_STATE group (when there are any), float32.  Returns how
- * many: 0 for a range of MoE and MLP layers only (a pipeline stage that keeps nothing). */
-size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, uint32_t first, uint32_t last, tsr_kv_group *out,
-                                size_t max);
+/* The KV groups of layers first .. last of a NemotronH (worker/engine/kv_pool.h) on one
+ * tensor-parallel rank of tp_size (1: the whole model), into out[max]: their attention
+ * layers' full-attention group of the rank's KV heads (when there are any) and their
+ * Mamba layers' TSR_KV_MAMBA_STATE group of the rank's conv channels and SSM heads
+ * (when there are any), float32.  Returns how many: 0 for a range of MoE and MLP layers
+ * only (a pipeline stage that keeps nothing). */
+size_t tsr_nemotron_h_kv_groups(const tsr_nemotron_h_config *c, uint32_t first, uint32_t last, uint32_t tp_size,
+                                tsr_kv_group *out, size_t max);
 /* A cache over the caller's pool (tsr_kv_pool_new_slots from those groups): the
  * forward writes the pool's arrays, which must outlive the cache.  TSR_E_INVAL when
  * the pool's groups are not exactly the model's; TSR_E_NOMEM. */

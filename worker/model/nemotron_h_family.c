@@ -40,11 +40,10 @@ static tsr_status nh_read_config(const char *path, bool gguf, tsr_model_desc *re
         return st;
 }
 
-/* The whole model or a pipeline stage's layers; TP is not built (the loader refuses it). */
+/* The whole model or a pipeline stage's layers, of one tensor-parallel rank: its KV heads,
+ * its heads' and groups' Mamba state. */
 static size_t nh_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *shard, tsr_kv_group *out, size_t max) {
-        if (shard->tp_size > 1)
-                return 0;
-        return tsr_nemotron_h_kv_groups(cfg_of(d), shard->first_layer, shard->last_layer, out, max);
+        return tsr_nemotron_h_kv_groups(cfg_of(d), shard->first_layer, shard->last_layer, shard->tp_size, out, max);
 }
 
 /* Layer ranges as the Llama family splits them (a function of the layer count only):
@@ -124,6 +123,13 @@ static tsr_status nh_forward_stage(const void *model, tsr_backend *be, void *poo
         return tsr_nemotron_h_forward_stage(model, be, pool, seqs, n_seqs, in, out, logits);
 }
 
+/* Tensor parallelism: the rank's split of the loaded model (tsr_nemotron_h_shard_tp). */
+static tsr_status nh_tp_shard(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        return tsr_nemotron_h_shard_tp(model, tp_rank, tp_size, err, errlen);
+}
+
+static void nh_tp_set_comm(void *model, struct tsr_comm *comm) { tsr_nemotron_h_set_comm(model, comm); }
+
 static void nh_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
                         size_t past_len, bool want_logits, bool want_all_logits) {
         *(tsr_nemotron_h_seq *)seq = (tsr_nemotron_h_seq){
@@ -161,6 +167,8 @@ const tsr_model_family tsr_family_nemotron_h = {
         .kv_unbind = nh_kv_unbind,
         .forward_batch = nh_forward_batch,
         .forward_stage = nh_forward_stage,
+        .tp_shard = nh_tp_shard,
+        .tp_set_comm = nh_tp_set_comm,
         .seq_size = sizeof(tsr_nemotron_h_seq),
         .seq_fill = nh_seq_fill,
         .seq_set_state_slot = nh_seq_set_state_slot,

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/tsr_status.h"
+
 #include "worker/parallel/comm.h"
 
 tsr_status tsr_tp_keep_rows(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n) {
@@ -35,6 +37,22 @@ tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t 
         return TSR_OK;
 }
 
+tsr_status tsr_tp_keep_row_ranges(float **w, size_t cols, const size_t (*ranges)[2], size_t n) {
+        size_t rows = 0;
+        float *k, *at;
+
+        for (size_t i = 0; i < n; i++)
+                rows += ranges[i][1];
+        if (!(k = malloc(rows * cols * sizeof(float) + 1)))
+                return TSR_E_NOMEM;
+        at = k;
+        for (size_t i = 0; i < n; at += ranges[i][1] * cols, i++)
+                memcpy(at, *w + ranges[i][0] * cols, ranges[i][1] * cols * sizeof(float));
+        free(*w);
+        *w = k;
+        return TSR_OK;
+}
+
 tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, bool embeds, size_t vocab, size_t dim, size_t first,
                                   size_t n) {
         float *k;
@@ -50,6 +68,25 @@ tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, bool embeds, si
                 *embed = NULL;
         }
         return TSR_OK;
+}
+
+tsr_status tsr_tp_check_split(uint32_t t, uint32_t n_heads, uint32_t n_kv_heads, uint32_t vocab, char *err,
+                              size_t errlen) {
+        if (TSR_COMM_TREE_LEAVES % t)
+                tsr_errf(err, errlen, "tensor parallel size %u must divide %d (the canonical partial sums of a "
+                         "row-parallel layer)", t, TSR_COMM_TREE_LEAVES);
+        else if (n_heads % t)
+                tsr_errf(err, errlen, "Total number of attention heads (%u) must be divisible by tensor parallel "
+                         "size (%u).", n_heads, t);
+        else if (n_kv_heads && (t <= n_kv_heads ? n_kv_heads % t : t % n_kv_heads))
+                tsr_errf(err, errlen, "Total number of key/value heads (%u) and tensor parallel size (%u) must "
+                         "divide one another.", n_kv_heads, t);
+        else if (vocab % t)
+                tsr_errf(err, errlen, "the vocabulary size (%u) must be divisible by tensor parallel size (%u) "
+                         "(vLLM pads it, this build does not)", vocab, t);
+        else
+                return TSR_OK;
+        return TSR_E_UNSUPPORTED;
 }
 
 tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, const float *x, const float *w,

@@ -34,12 +34,24 @@ tsr_status tsr_tp_keep_rows(float **w, size_t n_mats, size_t rows, size_t cols, 
  * one is freed.  TSR_E_NOMEM (*w unchanged). */
 tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
                                   size_t ns);
+/* Keep the n row ranges [ranges[i][0], ranges[i][0] + ranges[i][1]) of the (rows, cols)
+ * float32 matrix *w, in that order: *w becomes a new (sum of the lengths, cols) array and
+ * the old one is freed (a fused projection whose parts split apart, NemotronH's in_proj).
+ * TSR_E_NOMEM (*w unchanged). */
+tsr_status tsr_tp_keep_row_ranges(float **w, size_t cols, const size_t (*ranges)[2], size_t n);
 /* lm_head's rows [first, first + n) of the (vocab, dim) float32 *output: tsr_tp_keep_rows,
  * or, when *output is the embedding table *embed itself (tied), a copy of them, the
  * table then freed unless `embeds` (the rank's pipeline stage runs the embedding).
  * TSR_E_NOMEM (nothing changed). */
 tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, bool embeds, size_t vocab, size_t dim, size_t first,
                                   size_t n);
+
+/* Whether tp_size splits the counts every family's split needs; else TSR_E_UNSUPPORTED
+ * with the first that does not named in err, in vLLM's words where vLLM has them:
+ * tp_size divides the TSR_COMM_TREE_LEAVES canonical partial sums, the n_heads attention
+ * heads and the vocabulary, and is a divisor or a multiple of the n_kv_heads KV heads. */
+tsr_status tsr_tp_check_split(uint32_t tp_size, uint32_t n_heads, uint32_t n_kv_heads, uint32_t vocab, char *err,
+                              size_t errlen);
 
 /* The ns canonical partials of W (d, k) @ x (rows, k) -> parts (ns, rows, d), W held as
  * tsr_tp_keep_col_slices' ns (d, k / ns) blocks; `slice` (rows, k / ns) is scratch.
