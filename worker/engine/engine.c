@@ -79,10 +79,10 @@ typedef struct slot {
         tsr_engine_finish finish;
         bool has_stop_token_id;
         uint32_t stop_token_id;
-        bool reported_prompt;
+        bool reported_prompt;         /* prompt/cached counts go in the first Output */
         /* The replica failed before this request's first token (replica_failure): a
          * retryable Error went to its router, which resubmits it; no Output follows. */
-        bool handed_back;         /* prompt/cached counts go in the first Output */
+        bool handed_back;
         /* Structured output: the compile job while the request waits for it (vLLM's
          * WAITING_FOR_FSM: the scheduler skips it), then the matcher.  The matcher is
          * used by execute_plan only (the step thread with --async-scheduling). */
