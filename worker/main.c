@@ -610,7 +610,7 @@ int main(int argc, char **argv) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
                 rank_threads = cores / concurrent > 1 ? (int)(cores / concurrent) : 1;
         }
-        /* --kv-cache-dtype: fp8 for the llama and nemotron_h families (any -tp / -pp), on
+        /* --kv-cache-dtype: fp8 for the llama, llama4 and nemotron_h families (any -tp / -pp), on
          * the CPU or (llama) on CUDA; refused before anything loads. */
         tsr_dtype kv_dtype = TSR_DTYPE_F32;
         (void)tsr_kv_cache_dtype_parse(cfg.kv_cache_dtype, &kv_dtype);  /* config.c refused the rest */

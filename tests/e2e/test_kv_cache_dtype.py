@@ -21,9 +21,9 @@ What is asserted, and why:
   - with pipeline stages (-pp 2, -pp 3) each stage keeps its layers' cache in fp8 with
     their scales: the answers are the fp8 one-rank answers, bitwise (text and logprob
     floats; the logits themselves: tests/unit/test_parallel.c test_fp8_kv_parallel),
-    for SmolLM2 and for the ModelOpt FP8 NemotronH with its checkpoint scales;
-  - fp8 where it is not implemented (Llama 4) is refused with exit 2 and the reason,
-    never run with a float32 cache;
+    for SmolLM2, the tiny Llama 4 (its full-attention and chunked-local groups, past a
+    chunk) and the ModelOpt FP8 NemotronH with its checkpoint scales;
+  - every family with a runner takes fp8 (a model without one is refused: test_family.c);
   - a ModelOpt checkpoint's k_scale / v_scale are the ones used (Llama, NemotronH);
     fp8_e5m2 / fp8_inc are refused in test_worker_startup.py (REFUSED)."""
 import re
@@ -33,7 +33,7 @@ import openai
 import pytest
 import requests
 
-from conftest import LAUNCHER, WORKER, free_port, free_port_pair, http_status, serve_demo, wait_until
+from conftest import LAUNCHER, free_port, http_status, serve_demo, wait_until
 
 KV_BYTES = "32M"
 PROMPTS = ["The capital of France is", "Water boils at a temperature of",
@@ -118,23 +118,6 @@ def test_yaml_config_starts(spawn, tmp_path, demo_model):
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-SCOPE = "the fp8 KV cache is implemented for the llama and nemotron_h families (supported there: auto)"
-
-
-@pytest.mark.parametrize("model,args,message", [
-    ("tiny-llama4", [], "argument --kv-cache-dtype: 'fp8' is not supported for model family llama4 yet: "),
-    ("tiny-llama4", ["-pp", "2"], "argument --kv-cache-dtype: 'fp8' is not supported for model family llama4 yet: "),
-], ids=["llama4", "llama4-pp"])
-def test_refused_where_not_implemented(spawn, demo_model, model, args, message):
-    """Never a silent float32 cache: exit 2 before anything is loaded or bound."""
-    w = spawn([WORKER, FIXTURES / model if model else demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}",
-               "--kv-cache-dtype", "fp8", *args])
-    assert w.wait(timeout=30) == 2
-    out = w.output()
-    assert message + SCOPE in out, out
-    assert "listening on" not in out and "loaded " not in out, out
-
-
 @pytest.mark.parametrize("fixture,layers", [("tiny-modelopt/fp8", 2), ("tiny-nemotron-h-fp8/model", 1)],
                          ids=["llama", "nemotron_h"])
 def test_modelopt_scales_from_checkpoint(spawn, fixture, layers):
@@ -198,8 +181,9 @@ def fp8_answers(spawn, model, *flags):
     return out, log
 
 
-@pytest.mark.parametrize("model,splits", [(None, ("2", "3")), ("tiny-nemotron-h-fp8/model", ("2", "3"))],
-                         ids=["llama", "nemotron_h"])
+@pytest.mark.parametrize("model,splits", [(None, ("2", "3")), ("tiny-llama4", ("2", "3")),
+                                          ("tiny-nemotron-h-fp8/model", ("2", "3"))],
+                         ids=["llama", "llama4", "nemotron_h"])
 def test_pipeline_stages_answer_as_one_rank(spawn, demo_model, model, splits):
     """-pp N with the fp8 cache answers bitwise as one rank with it: each stage stores its
     layers' K and V in fp8 with its layers' scales (the ModelOpt NemotronH's from its

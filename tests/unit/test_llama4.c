@@ -32,6 +32,7 @@
 #include <jansson.h>
 
 #include "kernels/kernels.h"
+#include "kernels/quant/quant.h"
 #include "worker/model/family.h"
 #include "worker/model/llama4.h"
 
@@ -246,6 +247,27 @@ static void test_family(void **state) {
         assert_int_equal(g[1].n_layers, 2);
         assert_int_equal(g[2].n_layers, 1);
         assert_int_equal(tsr_family_llama4.kv_groups(&d, &sp, g, 1), 0);
+        /* the fp8 KV cache's scales: layer i of group k of a range (the layers of that
+         * whole-model group in the range, in order): whole model, full group = layer 3,
+         * the chunked groups layers 0, 1, 2; stage 0..1: only two chunked groups */
+        uint32_t layer = 99;
+        const char *fmt = tsr_family_llama4.kv_scale_module(&d, &sp, 0, 0, &layer);
+        assert_string_equal(fmt, "model.layers.%u.self_attn");
+        assert_int_equal(layer, 3);
+        for (uint32_t k = 1; k < 4; k++) {
+                (void)tsr_family_llama4.kv_scale_module(&d, &sp, k, 0, &layer);
+                assert_int_equal(layer, k - 1);
+        }
+        tsr_shard_spec st0 = {.tp_size = 1, .first_layer = 0, .last_layer = 1};
+        (void)tsr_family_llama4.kv_scale_module(&d, &st0, 1, 0, &layer);
+        assert_int_equal(layer, 1);
+        tsr_shard_spec st1 = {.tp_size = 1, .first_layer = 2, .last_layer = 3};
+        (void)tsr_family_llama4.kv_scale_module(&d, &st1, 0, 0, &layer);     /* the full layer first */
+        assert_int_equal(layer, 3);
+        (void)tsr_family_llama4.kv_scale_module(&d, &st1, 1, 0, &layer);
+        assert_int_equal(layer, 2);
+        (void)tsr_family_llama4.kv_scale_module(&d, &st1, 2, 0, &layer);     /* no third group there */
+        assert_int_equal(layer, UINT32_MAX);
         /* shard rules: the router replicated, experts' gate/up column, down row */
         for (size_t i = 0; i < tsr_family_llama4.n_tensors; i++) {
                 const tsr_tensor_name *t = &tsr_family_llama4.tensors[i];
@@ -327,6 +349,100 @@ static void check_golden(tsr_backend *be, size_t bs, float *keep) {
         tsr_kv_pool_free(&pool);
         free(got);
         free(step);
+}
+
+/* --kv-cache-dtype fp8: the same prompts through an fp8 pool and a float32 one, blocks of
+ * 3 tokens so the chunked layers gather a chunk that starts inside a block (their scratch
+ * copy of fp8 rows).  Layer 0's cache holds exactly e4m3(k / k_scale), e4m3(v / v_scale)
+ * of the float32 cache's values (scales 2 and 0.5: applied, not the 1.0 default), and
+ * every logit row stays close (cosine >= FP8_MIN_COS, the same top-1 on FP8_MIN_TOP1 of
+ * the rows) without being equal (the cache really is fp8).  The bar is looser than
+ * bf16's (0.999, 99%): this random tiny model's qk-normed keys are unit vectors of 16
+ * elements, each rounded to 3 mantissa bits; measured 2026-11-27: worst cosine 0.9927,
+ * top-1 76/82, max |dlogit| 0.27.  A wrong scale or byte width fails the byte check or
+ * the gather comparison long before this bar. */
+#define FP8_MIN_COS 0.99
+#define FP8_MIN_TOP1 0.9
+static void test_fp8_kv(void **state) {
+        tsr_kv_group g = tsr_llama4_kv_group(tsr_llama4_config_of(model));
+        tsr_kv_pool *pool32 = NULL, *pool8 = NULL;
+        tsr_llama4_kv *kv32 = NULL, *kv8 = NULL;
+        uint32_t ids[MAXT], table[MAXT];
+        size_t bs = 3, n_table = (MAXT + bs - 1) / bs, kvd = (size_t)g.n_kv_heads * g.head_dim;
+        float *a = malloc(MAXT * V * sizeof(float)), *b = malloc(MAXT * V * sizeof(float));
+        double worst_cos = 1, worst = 0;
+        size_t rows = 0, agree = 0, differ = 0;
+        (void)state;
+        assert_int_equal(tsr_kv_pool_new(&g, 1, n_table, (uint32_t)bs, &pool32), TSR_OK);
+        tsr_kv_groups_set_dtype(&g, 1, TSR_DTYPE_FP8_E4M3);
+        assert_int_equal(tsr_kv_pool_new(&g, 1, n_table, (uint32_t)bs, &pool8), TSR_OK);
+        pool8->groups[0].k_scale[0] = 2.0f;
+        pool8->groups[0].v_scale[0] = 0.5f;
+        assert_int_equal(tsr_llama4_kv_bind(model, pool32, &kv32), TSR_OK);
+        assert_int_equal(tsr_llama4_kv_bind(model, pool8, &kv8), TSR_OK);
+        for (size_t i = 0; i < n_table; i++)
+                table[i] = (uint32_t)i;
+        for (size_t pi = 0; pi < n_prompts; pi++) {
+                size_t n = prompt_ids(pi, ids);
+                run(ref_be, kv32, table, n_table, ids, n, 0, TSR_LLAMA_LOGITS_ALL, a);
+                run(ref_be, kv8, table, n_table, ids, n, 0, TSR_LLAMA_LOGITS_ALL, b);
+                if (pi == 0) {          /* layer 0 sees the same values in both runs */
+                        const float *k32 = pool32->groups[0].k[0], *v32 = pool32->groups[0].v[0];
+                        const uint8_t *k8 = pool8->groups[0].k[0], *v8 = pool8->groups[0].v[0];
+                        for (size_t j = 0; j < n * kvd; j++) {
+                                assert_int_equal(k8[j], tsr_f32_to_fp8_e4m3(k32[j] / 2.0f));
+                                assert_int_equal(v8[j], tsr_f32_to_fp8_e4m3(v32[j] / 0.5f));
+                        }
+                }
+                for (size_t t = 0; t < n; t++, rows++) {
+                        const float *x = a + t * V, *y = b + t * V;
+                        double xy = 0, xx = 0, yy = 0;
+                        for (size_t i = 0; i < V; i++) {
+                                xy += (double)x[i] * y[i];
+                                xx += (double)x[i] * x[i];
+                                yy += (double)y[i] * y[i];
+                                worst = fmax(worst, fabs((double)x[i] - y[i]));
+                                differ += x[i] != y[i];
+                        }
+                        worst_cos = fmin(worst_cos, xy / sqrt(xx * yy));
+                        agree += tsr_test_argmax(x, V) == tsr_test_argmax(y, V);
+                }
+        }
+        /* the chunk gathers (blocks of 3) read the fp8 rows as the paged path does: blocks
+         * of 8 (a chunk always starts on a block) give the same bits */
+        {
+                tsr_kv_pool *p8b = NULL;
+                tsr_llama4_kv *k8b = NULL;
+                uint32_t tb[MAXT];
+                size_t nb = (MAXT + 7) / 8;
+                float *c8 = malloc(MAXT * V * sizeof(float));
+                assert_int_equal(tsr_kv_pool_new(&g, 1, nb, 8, &p8b), TSR_OK);
+                p8b->groups[0].k_scale[0] = 2.0f;
+                p8b->groups[0].v_scale[0] = 0.5f;
+                assert_int_equal(tsr_llama4_kv_bind(model, p8b, &k8b), TSR_OK);
+                for (size_t i = 0; i < nb; i++)
+                        tb[i] = (uint32_t)(nb - 1 - i);
+                for (size_t pi = 0; pi < n_prompts; pi++) {
+                        size_t n = prompt_ids(pi, ids);
+                        run(ref_be, kv8, table, n_table, ids, n, 0, TSR_LLAMA_LOGITS_ALL, b);
+                        run(ref_be, k8b, tb, nb, ids, n, 0, TSR_LLAMA_LOGITS_ALL, c8);
+                        assert_memory_equal(b, c8, n * V * sizeof(float));
+                }
+                tsr_llama4_kv_free(&k8b);
+                tsr_kv_pool_free(&p8b);
+                free(c8);
+        }
+        print_message("tiny-llama4 fp8 KV vs float32: worst cosine %.6f, top-1 %zu/%zu, max |dlogit| %.3g, %zu "
+                      "logits differ\n", worst_cos, agree, rows, worst, differ);
+        assert_true(worst_cos >= FP8_MIN_COS);
+        assert_true((double)agree >= FP8_MIN_TOP1 * (double)rows);
+        assert_true(differ > 0);
+        tsr_llama4_kv_free(&kv8);
+        tsr_llama4_kv_free(&kv32);
+        tsr_kv_pool_free(&pool8);
+        tsr_kv_pool_free(&pool32);
+        free(a);
+        free(b);
 }
 
 static size_t total_rows(void) {
@@ -597,6 +713,7 @@ int main(void) {
                 cmocka_unit_test(test_family),         cmocka_unit_test(test_golden_f32),
                 cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bf16),
                 cmocka_unit_test(test_flat_layout),    cmocka_unit_test(test_load_errors),
+                cmocka_unit_test(test_fp8_kv),
         };
         if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
                 return 1;

@@ -102,12 +102,13 @@ struct tsr_model_family {
          * stays the caller's.  TSR_E_INVAL when the pool's groups are not the model's. */
         tsr_status (*kv_bind)(const void *model, tsr_kv_pool *pool, void **ret);
         /* The fp8 KV cache (--kv-cache-dtype fp8, issue #15): where a ModelOpt checkpoint
-         * keeps the k_scale / v_scale of layer `i` of the shard's attention group
-         * (`<module>.k_proj.k_scale`, `<module>.v_proj.v_scale`): a module-name format
-         * with one %u, and its value in *layer.  NULL: the family has no fp8 KV cache, and
-         * --kv-cache-dtype fp8 is refused for it. */
-        const char *(*kv_scale_module)(const tsr_model_desc *d, const tsr_shard_spec *shard, uint32_t i,
-                                       uint32_t *layer);
+         * keeps the k_scale / v_scale of layer `i` of the shard's paged (attention) group
+         * `group` (its index among the shard's kv_groups; Llama 4 has a full-attention and
+         * chunked-local ones) (`<module>.k_proj.k_scale`, `<module>.v_proj.v_scale`): a
+         * module-name format with one %u, and its value in *layer.  NULL: the family has
+         * no fp8 KV cache, and --kv-cache-dtype fp8 is refused for it. */
+        const char *(*kv_scale_module)(const tsr_model_desc *d, const tsr_shard_spec *shard, uint32_t group,
+                                       uint32_t i, uint32_t *layer);
         void (*kv_unbind)(void **view);
         /* One engine step: seqs are the family's own sequence records built by
          * `seq_fill` (the runner converts the engine's records through it). */

@@ -58,7 +58,9 @@ struct tsr_llama4 {
 
 struct tsr_llama4_kv {
         size_t n_layers, n_kv_heads, head_dim, block_size, n_blocks;
-        float **k, **v;                         /* [n_layers], borrowed from the pool */
+        float **k, **v;                         /* [n_layers], borrowed from the pool (fp8: bytes) */
+        tsr_dtype dtype;                        /* the pool's: float32, or fp8_e4m3 (--kv-cache-dtype fp8) */
+        float *k_scale, *v_scale;               /* [n_layers]: the pool's per-layer scales (fp8) */
         uint32_t *table;                        /* [n_layers] which of a sequence's tables layer l uses */
         size_t n_tables;
         uint32_t chunk[TSR_KV_GROUPS_MAX];      /* per table: 0 full attention, else its chunk */
@@ -553,13 +555,39 @@ size_t tsr_llama4_kv_groups(const tsr_llama4_config *c, uint32_t first, uint32_t
         return n;
 }
 
+uint32_t tsr_llama4_kv_layer(const tsr_llama4_config *c, uint32_t first, uint32_t last, uint32_t tp_size,
+                             uint32_t group, uint32_t i) {
+        tsr_kv_group whole[TSR_KV_GROUPS_MAX];
+        uint32_t count[TSR_KV_GROUPS_MAX] = {0}, g, want = UINT32_MAX, seen = 0;
+        size_t n_whole;
+
+        if (last < first || last >= c->base.n_layers ||
+            !(n_whole = whole_groups(c, tp_size, whole, TSR_KV_GROUPS_MAX)))
+                return UINT32_MAX;
+        for (uint32_t l = first; l <= last; l++) {
+                whole_slot(c, whole, l, &g);
+                count[g]++;
+        }
+        for (g = 0; g < n_whole && want == UINT32_MAX; g++)   /* the group-th with layers in the range */
+                if (count[g] && seen++ == group)
+                        want = g;
+        for (uint32_t l = first, k = 0; want != UINT32_MAX && l <= last; l++) {
+                whole_slot(c, whole, l, &g);
+                if (g == want && k++ == i)
+                        return l;
+        }
+        return UINT32_MAX;
+}
+
 static bool pool_is(const tsr_kv_pool *pool, const tsr_kv_group *want, size_t n_want) {
         if (pool->n_groups != n_want)
                 return false;
         for (size_t i = 0; i < n_want; i++) {
                 const tsr_kv_group *g = &pool->groups[i].spec;
                 if (g->kind != want[i].kind || g->n_layers != want[i].n_layers || g->chunk != want[i].chunk ||
-                    g->n_kv_heads != want[i].n_kv_heads || g->head_dim != want[i].head_dim || g->dtype != want[i].dtype)
+                    g->n_kv_heads != want[i].n_kv_heads || g->head_dim != want[i].head_dim ||
+                    (g->dtype != want[i].dtype && g->dtype != TSR_DTYPE_FP8_E4M3) ||
+                    g->dtype != pool->groups[0].spec.dtype)     /* one dtype for every paged group */
                         return false;
         }
         return true;
@@ -590,10 +618,13 @@ tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4
         if (pool->n_blocks > UINT32_MAX)
                 return TSR_E_LIMIT;
         if (!(kv = calloc(1, sizeof *kv)) || !(kv->k = calloc(n_layers, sizeof *kv->k)) ||
-            !(kv->v = calloc(n_layers, sizeof *kv->v)) || !(kv->table = calloc(n_layers, sizeof *kv->table))) {
+            !(kv->v = calloc(n_layers, sizeof *kv->v)) || !(kv->table = calloc(n_layers, sizeof *kv->table)) ||
+            !(kv->k_scale = calloc(n_layers, sizeof *kv->k_scale)) ||
+            !(kv->v_scale = calloc(n_layers, sizeof *kv->v_scale))) {
                 tsr_llama4_kv_free(&kv);
                 return TSR_E_NOMEM;
         }
+        kv->dtype = pool->groups[0].spec.dtype;
         kv->n_layers = n_layers;
         kv->n_kv_heads = want[0].n_kv_heads;
         kv->head_dim = want[0].head_dim;
@@ -617,8 +648,11 @@ tsr_status tsr_llama4_kv_bind(const tsr_llama4 *m, tsr_kv_pool *pool, tsr_llama4
                         whole_slot(m->cfg, whole, first + l, &g);
                         j = next[g]++;
                 }
-                kv->k[l] = (float *)pool->groups[one ? 0 : at[g]].k[j];
-                kv->v[l] = (float *)pool->groups[one ? 0 : at[g]].v[j];
+                const tsr_kv_pool_group *pg = &pool->groups[one ? 0 : at[g]];
+                kv->k[l] = (float *)pg->k[j];
+                kv->v[l] = (float *)pg->v[j];
+                kv->k_scale[l] = pg->k_scale ? pg->k_scale[j] : 1.0f;
+                kv->v_scale[l] = pg->v_scale ? pg->v_scale[j] : 1.0f;
                 kv->table[l] = g;       /* every group of a hybrid is paged: group i is table i */
         }
         *ret = kv;
@@ -631,13 +665,16 @@ void tsr_llama4_kv_free(tsr_llama4_kv **kv) {
         free((*kv)->k);
         free((*kv)->v);
         free((*kv)->table);
+        free((*kv)->k_scale);
+        free((*kv)->v_scale);
         free(*kv);
         *kv = NULL;
 }
 
 /* Layer l's view of q's blocks: its group's table. */
 static tsr_kv_view kv_view(const tsr_llama4_kv *kv, size_t l, const tsr_llama_seq *q) {
-        return (tsr_kv_view){.k = kv->k[l], .v = kv->v[l], .block_table = q->block_table + kv->table[l] * q->n_table,
+        return (tsr_kv_view){.k = kv->k[l], .v = kv->v[l], .dtype = kv->dtype, .k_scale = kv->k_scale[l],
+                             .v_scale = kv->v_scale[l], .block_table = q->block_table + kv->table[l] * q->n_table,
                              .n_table = q->n_table,
                              .n_blocks = kv->n_blocks, .block_size = kv->block_size, .n_kv_heads = kv->n_kv_heads,
                              .head_dim = kv->head_dim};
@@ -855,13 +892,16 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
                         v2.n_table -= cs / bs;
                 } else {
                         size_t rows = p0 + cnt - cs;
+                        /* the rows as stored (fp8: one byte each), and the view says so */
+                        size_t eb = kv->dtype == TSR_DTYPE_FP8_E4M3 ? 1 : sizeof(float);
                         static const uint32_t zero = 0;
                         for (size_t p = cs; p < cs + rows; p++) {
-                                size_t at = ((size_t)view.block_table[p / bs] * bs + p % bs) * kvd;
-                                memcpy(s->ck + (p - cs) * kvd, kv->k[l] + at, kvd * sizeof(float));
-                                memcpy(s->cv + (p - cs) * kvd, kv->v[l] + at, kvd * sizeof(float));
+                                size_t at = ((size_t)view.block_table[p / bs] * bs + p % bs) * kvd * eb;
+                                memcpy((char *)s->ck + (p - cs) * kvd * eb, (const char *)kv->k[l] + at, kvd * eb);
+                                memcpy((char *)s->cv + (p - cs) * kvd * eb, (const char *)kv->v[l] + at, kvd * eb);
                         }
-                        v2 = (tsr_kv_view){.k = s->ck, .v = s->cv, .block_table = &zero, .n_table = 1, .n_blocks = 1,
+                        v2 = (tsr_kv_view){.k = s->ck, .v = s->cv, .dtype = kv->dtype, .k_scale = view.k_scale,
+                                           .v_scale = view.v_scale, .block_table = &zero, .n_table = 1, .n_blocks = 1,
                                            .block_size = rows, .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim};
                 }
                 if ((st = tsr_backend_attention(be, out + t * qd, qrows + t * qd, &v2, cnt, p0 - cs, H, scale)) !=

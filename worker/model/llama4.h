@@ -140,6 +140,11 @@ tsr_kv_group tsr_llama4_kv_group(const tsr_llama4_config *cfg);
  * n_kv_heads: divided by tp_size, or one (replicated) when tp_size exceeds them. */
 size_t tsr_llama4_kv_groups(const tsr_llama4_config *cfg, uint32_t first, uint32_t last, uint32_t tp_size,
                             tsr_kv_group *out, size_t max);
+/* The model layer that is layer `i` of group `group` of tsr_llama4_kv_groups(cfg, first,
+ * last, tp_size): the range's layers of that whole-model group, in order.  UINT32_MAX when
+ * there is no such layer. */
+uint32_t tsr_llama4_kv_layer(const tsr_llama4_config *cfg, uint32_t first, uint32_t last, uint32_t tp_size,
+                             uint32_t group, uint32_t i);
 typedef struct tsr_llama4_kv tsr_llama4_kv;
 /* A view of `pool`: tsr_llama4_kv_group's one group of the model's layers, or
  * tsr_llama4_kv_groups' hybrid of its layer range (then a sequence's block_table holds

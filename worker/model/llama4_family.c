@@ -67,6 +67,14 @@ static size_t llama4_kv_groups(const tsr_model_desc *d, const tsr_shard_spec *sh
         return tsr_llama4_kv_groups(d->config, shard->first_layer, shard->last_layer, shard->tp_size, out, max);
 }
 
+/* The fp8 KV cache: a (ModelOpt) checkpoint's scales of layer i of the range's paged
+ * group `group` sit on that layer's attention module, as Llama's. */
+static const char *llama4_kv_scale_module(const tsr_model_desc *d, const tsr_shard_spec *shard, uint32_t group,
+                                          uint32_t i, uint32_t *layer) {
+        *layer = tsr_llama4_kv_layer(d->config, shard->first_layer, shard->last_layer, shard->tp_size, group, i);
+        return "model.layers.%u.self_attn";
+}
+
 static tsr_status llama4_load(const char *path, const tsr_model_desc *d, const tsr_shard_spec *shard,
                               const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud, void **ret,
                               tsr_load_stats *stats, char *err, size_t errlen) {
@@ -139,6 +147,7 @@ const tsr_model_family tsr_family_llama4 = {
         .resident_bytes = llama4_resident_bytes,
         .check_backend = llama4_check_backend,
         .kv_bind = llama4_kv_bind,
+        .kv_scale_module = llama4_kv_scale_module,
         .kv_unbind = llama4_kv_unbind,
         .forward_batch = llama4_forward_batch,
         .forward_stage = llama4_forward_stage,

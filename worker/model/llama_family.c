@@ -134,9 +134,10 @@ static tsr_status llama_kv_bind(const void *model, tsr_kv_pool *pool, void **ret
         return st;
 }
 
-static const char *llama_kv_scale_module(const tsr_model_desc *d, const tsr_shard_spec *shard, uint32_t i,
-                                         uint32_t *layer) {
+static const char *llama_kv_scale_module(const tsr_model_desc *d, const tsr_shard_spec *shard, uint32_t group,
+                                         uint32_t i, uint32_t *layer) {
         (void)d;
+        (void)group;            /* one group */
         *layer = shard->first_layer + i;        /* the group holds the shard's layers in order */
         return "model.layers.%u.self_attn";
 }

@@ -94,8 +94,9 @@ static tsr_status nh_kv_bind(const void *model, tsr_kv_pool *pool, void **ret) {
 /* ModelOpt's kv scales sit on the attention mixers (models.md §4.5):
  * backbone.layers.{l}.mixer.{k,v}_proj.{k,v}_scale, l the i-th attention layer's index
  * in the hybrid pattern. */
-static const char *nh_kv_scale_module(const tsr_model_desc *d, const tsr_shard_spec *shard, uint32_t i,
-                                      uint32_t *layer) {
+static const char *nh_kv_scale_module(const tsr_model_desc *d, const tsr_shard_spec *shard, uint32_t group,
+                                      uint32_t i, uint32_t *layer) {
+        (void)group;            /* one attention group (the state group is not paged) */
         const tsr_nemotron_h_config *c = cfg_of(d);
         uint32_t seen = 0;
         *layer = shard->first_layer;

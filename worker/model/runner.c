@@ -392,49 +392,48 @@ tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_d
         return TSR_E_UNSUPPORTED;
 }
 
-/* The fp8 KV cache's scales of the stage's layers: a ModelOpt checkpoint's k_scale /
- * v_scale where it has them, else the pool's 1.0 with vLLM's warning.  Main thread. */
+/* The fp8 KV cache's scales of the stage's layers, group by paged group: a ModelOpt
+ * checkpoint's k_scale / v_scale where it has them, else the pool's 1.0 with vLLM's
+ * warning.  Main thread. */
 static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr_model_desc *desc,
                                 const tsr_shard_spec *shard, tsr_kv_pool *pool, char *err, size_t errlen) {
-        tsr_kv_pool_group *g = NULL;            /* the attention layers' group (the only fp8 one) */
         tsr_safetensors_set *set = NULL;
-        uint32_t found = 0;
+        uint32_t found = 0, total = 0;
+        float lo = INFINITY, hi = 0;
         tsr_status st = TSR_OK;
 
-        for (size_t i = 0; !g && i < pool->n_groups; i++)
-                if (tsr_kv_group_paged(&pool->groups[i].spec))
-                        g = &pool->groups[i];
-        if (!g)
-                return TSR_OK;
-        if (!desc->gguf && r->mo.algo != TSR_MODELOPT_NONE) {
-                if ((st = tsr_safetensors_set_open(path, &set, err, errlen)) != TSR_OK)
-                        return st;
+        if (!desc->gguf && r->mo.algo != TSR_MODELOPT_NONE &&
+            (st = tsr_safetensors_set_open(path, &set, err, errlen)) != TSR_OK)
+                return st;
+        for (size_t gi = 0; st == TSR_OK && gi < pool->n_groups; gi++) {
+                tsr_kv_pool_group *g = &pool->groups[gi];
+                if (!tsr_kv_group_paged(&g->spec))
+                        continue;
+                total += g->spec.n_layers;
                 /* layer by layer: the family says where each of the group's layers lives
                  * (NemotronH's attention layers are scattered among its Mamba and MoE ones) */
-                for (uint32_t i = 0; st == TSR_OK && i < g->spec.n_layers; i++) {
+                for (uint32_t i = 0; set && st == TSR_OK && i < g->spec.n_layers; i++) {
                         uint32_t layer, one = 0;
-                        const char *fmt = r->fam->kv_scale_module(desc, shard, i, &layer);
+                        const char *fmt = r->fam->kv_scale_module(desc, shard, (uint32_t)gi, i, &layer);
                         st = tsr_modelopt_kv_scales(set, fmt, layer, 1, &g->k_scale[i], &g->v_scale[i], &one, err,
                                                     errlen);
                         found += one;
                 }
-                tsr_safetensors_set_close(&set);
-                if (st != TSR_OK)
-                        return st;
+                for (uint32_t l = 0; l < g->spec.n_layers; l++) {
+                        lo = fminf(lo, fminf(g->k_scale[l], g->v_scale[l]));
+                        hi = fmaxf(hi, fmaxf(g->k_scale[l], g->v_scale[l]));
+                }
         }
+        tsr_safetensors_set_close(&set);
+        if (st != TSR_OK || total == 0)
+                return st;
         if (found == 0) {       /* vLLM's BaseKVCacheMethod warning */
                 log_warn("Using KV cache scaling factor 1.0 for fp8_e4m3. If this is unintended, verify that k/v_scale "
                          "scaling factors are properly set in the checkpoint.");
                 return TSR_OK;
         }
-        float lo = INFINITY, hi = 0;
-        for (uint32_t l = 0; l < g->spec.n_layers; l++) {
-                lo = fminf(lo, fminf(g->k_scale[l], g->v_scale[l]));
-                hi = fmaxf(hi, fmaxf(g->k_scale[l], g->v_scale[l]));
-        }
-        log_info("KV cache fp8_e4m3: k_scale / v_scale of %u of %u layers from %s (range %g .. %g)%s", found,
-                 g->spec.n_layers, r->mo.source, (double)lo, (double)hi,
-                 found < g->spec.n_layers ? "; the other layers use 1.0" : "");
+        log_info("KV cache fp8_e4m3: k_scale / v_scale of %u of %u layers from %s (range %g .. %g)%s", found, total,
+                 r->mo.source, (double)lo, (double)hi, found < total ? "; the other layers use 1.0" : "");
         return TSR_OK;
 }
 

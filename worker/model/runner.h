@@ -67,13 +67,13 @@ typedef struct tsr_runner_opts {
 
 /* Whether the KV cache can store `kv_dtype` for a model of `fam`: float32 always;
  * fp8_e4m3 for a family that names its checkpoint scales (kv_scale_module: llama,
- * nemotron_h), with any tensor and pipeline parallelism (each rank stores its layers'
+ * llama4, nemotron_h), with any tensor and pipeline parallelism (each rank stores its layers'
  * and heads' KV with its layers' scales), on any backend the family runs on (the CPU
  * backends and CUDA have the fp8 kv_write and attention).  TSR_E_UNSUPPORTED
  * with one line in err naming the flag, the value (`flag`, as given) and what is
  * supported otherwise.  Any thread; main's start-up check and the runner's. */
 #define TSR_RUNNER_KV_FP8_SCOPE \
-        "the fp8 KV cache is implemented for the llama and nemotron_h families"
+        "the fp8 KV cache is implemented for the llama, llama4 and nemotron_h families"
 tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_dtype, const char *flag, char *err,
                                      size_t errlen);
 
