@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <utf8proc.h>
+
 #include "router/tools/tools.h"
 
 #define GREEDY_EPS 1e-5   /* vLLM's _SAMPLING_EPS: below it, temperature means greedy */
@@ -961,9 +963,37 @@ void tsr_oai_request_done(tsr_oai_request *req) {
         req->root = NULL;
 }
 
+/* A JSON string of `s` with every byte that is not valid UTF-8 replaced by U+FFFD (as
+ * Python's errors="replace"): an error message may quote the request's own bytes (a
+ * parse error near invalid input), and JSON text must be UTF-8. */
+static json_t *json_string_lossy(const char *s) {
+        size_t n = strlen(s), o = 0;
+        char *buf = malloc(3 * n + 1);          /* one byte can become three */
+        json_t *j;
+        if (!buf)
+                return NULL;
+        for (size_t i = 0; i < n;) {
+                utf8proc_int32_t cp;
+                utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+                if (k > 0) {
+                        memcpy(buf + o, s + i, (size_t)k);
+                        o += (size_t)k;
+                        i += (size_t)k;
+                } else {
+                        memcpy(buf + o, "\xEF\xBF\xBD", 3);
+                        o += 3;
+                        i++;
+                }
+        }
+        j = json_stringn(buf, o);
+        free(buf);
+        return j;
+}
+
 char *tsr_oai_error_json(const tsr_oai_error *err) {
-        json_t *body = json_pack("{s:{s:s, s:s, s:o, s:i}}", "error", "message", err->message, "type", err->type,
-                                 "param", err->param ? json_string(err->param) : json_null(), "code", err->status);
+        json_t *body = json_pack("{s:{s:o, s:s, s:o, s:i}}", "error", "message", json_string_lossy(err->message),
+                                 "type", err->type, "param", err->param ? json_string_lossy(err->param) : json_null(),
+                                 "code", err->status);
         char *s = body ? json_dumps(body, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         json_decref(body);
         return s;

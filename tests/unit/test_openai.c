@@ -475,6 +475,16 @@ static void test_error_json(void **state) {
         s = tsr_oai_error_json(&e);
         assert_non_null(strstr(s, "\"param\":null"));
         free(s);
+        /* a message quoting invalid UTF-8 (a parse error near the request's own bytes; a
+         * fuzz finding: the body was NULL): each bad byte becomes U+FFFD, valid text stays */
+        snprintf(e.message, sizeof(e.message), "invalid escape near '\"\\\xdax' in \xc3\xa9t\xe9");
+        e.param = "st\xffop";
+        s = tsr_oai_error_json(&e);
+        assert_non_null(s);
+        assert_string_equal(s, "{\"error\":{\"message\":\"invalid escape near '\\\"\\\\\xef\xbf\xbdx' in "
+                               "\xc3\xa9t\xef\xbf\xbd\",\"type\":\"BadRequestError\",\"param\":\"st\xef\xbf\xbdop\","
+                               "\"code\":400}}");
+        free(s);
 }
 
 int main(void) {
