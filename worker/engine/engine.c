@@ -908,8 +908,6 @@ static tsr_status gather_prompt_lp(tsr_engine *e, slot *s, size_t past, size_t n
 }
 
 /* Logits rows chunk `q` takes in the step's buffer (tsr_engine_model.forward). */
-static size_t seq_rows(const tsr_engine_seq *q) { return q->want_all_logits ? q->n : q->want_logits ? 1 : 0; }
-
 static tsr_status plan_reserve(step_plan *p, size_t cap) {
         if (cap <= p->cap)
                 return TSR_OK;
@@ -1036,7 +1034,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                         .want_all_logits = wants_prompt_lp(s, pe->past),
                         .state_slot = s->state_slot,
                 };
-                p->n_want += seq_rows(&p->seqs[i]);
+                p->n_want += tsr_engine_seq_rows(&p->seqs[i]);
         }
 }
 
@@ -1245,7 +1243,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 slot *s = pe->s;
                 float *rows = e->logits + row * m->vocab, *logits;
                 tsr_sample_result r;
-                row += seq_rows(q);
+                row += tsr_engine_seq_rows(q);
                 bool constrained = n_masks && pe->constrained;
                 pe->sampled = false;
                 pe->has_lp = false;

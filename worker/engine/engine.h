@@ -76,6 +76,21 @@ static inline bool tsr_engine_seq_is_decode(const tsr_engine_seq *q) {
         return q->n == 1 && q->past_len > 0 && q->want_logits && !q->want_all_logits;
 }
 
+/* The logits rows a chunk asks of the forward: one per token with want_all_logits, else
+ * one with want_logits, else none. */
+static inline size_t tsr_engine_seq_rows(const tsr_engine_seq *q) {
+        return q->want_all_logits ? q->n : q->want_logits ? 1 : 0;
+}
+
+/* A step's tokens and logits rows over its chunks. */
+static inline void tsr_engine_step_size(const tsr_engine_seq *seqs, size_t n_seqs, size_t *tokens, size_t *rows) {
+        *tokens = *rows = 0;
+        for (size_t i = 0; i < n_seqs; i++) {
+                *tokens += seqs[i].n;
+                *rows += tsr_engine_seq_rows(&seqs[i]);
+        }
+}
+
 /* What the engine needs from a model: its vocabulary and one forward over a paged KV
  * cache for a whole step.  The KV memory belongs to the model adapter, indexed by the
  * engine's block ids. */

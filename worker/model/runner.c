@@ -105,11 +105,8 @@ static tsr_status node_stage_run(tsr_runner *r, const tsr_engine_seq *seqs, cons
         if (!r->pipe)
                 return r->fam->forward_stage(sg->model, sg->be, sg->pool, ls, n_seqs, r->node_stage ? in : NULL,
                                              last ? NULL : out, last ? out : NULL);
-        size_t n_tokens = 0, rows = 0;
-        for (size_t i = 0; i < n_seqs; i++) {
-                n_tokens += seqs[i].n;
-                rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
-        }
+        size_t n_tokens, rows;
+        tsr_engine_step_size(seqs, n_seqs, &n_tokens, &rows);
         step_plan pl = {.seqs = ls, .n_seqs = n_seqs, .step = r->steps};
         size_t io = 2 * n_tokens * r->hidden;
         tsr_pipeline_step step = {.plan = &pl, .io_floats = io, .out_floats = last ? rows * r->em.vocab : io,
@@ -158,7 +155,7 @@ tsr_status tsr_runner_run_stage(tsr_runner *r, const tsr_engine_seq *seqs, size_
 static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
         tsr_runner *r = ud;
         char *ls = fill_seqs(r, seqs, n_seqs);
-        size_t n_tokens = 0, rows = 0;
+        size_t n_tokens, rows;
         tsr_status st;
         if (!ls)
                 return TSR_E_NOMEM;
@@ -168,10 +165,7 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
                 for (;;)
                         sleep(3600);
         }
-        for (size_t i = 0; i < n_seqs; i++) {
-                n_tokens += seqs[i].n;
-                rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
-        }
+        tsr_engine_step_size(seqs, n_seqs, &n_tokens, &rows);
         if (r->nodes) {
                 node0_step q = {.r = r, .seqs = seqs, .ls = ls, .n_seqs = n_seqs};
                 st = tsr_nodes_step(r->nodes, seqs, n_seqs, 2 * n_tokens * r->hidden, rows * r->em.vocab, node0_stage,

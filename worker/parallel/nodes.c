@@ -115,15 +115,6 @@ bad:
         return TSR_E_PROTO;
 }
 
-/* Floats a step hands on and returns, from its sequences. */
-static void step_sizes(const tsr_engine_seq *seqs, size_t n_seqs, size_t *tokens, size_t *rows) {
-        *tokens = *rows = 0;
-        for (size_t i = 0; i < n_seqs; i++) {
-                *tokens += seqs[i].n;
-                *rows += seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0;
-        }
-}
-
 static tsr_status grow(float **buf, size_t *cap, size_t floats) {
         if (floats <= *cap)
                 return TSR_OK;
@@ -482,7 +473,7 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
                 free(plan);
                 plan = NULL;
                 if (st == TSR_OK) {
-                        step_sizes(seqs, n_seqs, &tokens, &rows);
+                        tsr_engine_step_size(seqs, n_seqs, &tokens, &rows);
                         if (ctl.io_floats != 2 * tokens * hidden_floats || (last && ctl.out_floats != rows * vocab))
                                 st = TSR_E_PROTO;
                 }
