@@ -33,6 +33,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/quant/quant.h"
+#include "worker/load/modelopt.h"
 #include "worker/model/family.h"
 #include "worker/model/llama4.h"
 
@@ -76,8 +77,8 @@ static int setup(void **state) {
                 return -1;
         tsr_test_src_path(FIXTURE, path, sizeof path);
         if (tsr_llama4_config_from_hf(path, &c, err, sizeof err) != TSR_OK ||
-            tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, NULL, NULL, &model, &st, err,
-                            sizeof err) != TSR_OK) {
+            tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, NULL, NULL, NULL, &model, &st,
+                            err, sizeof err) != TSR_OK) {
                 print_error("%s\n", err);
                 free(c);
                 return -1;
@@ -541,7 +542,8 @@ static void test_bf16(void **state) {
 
         tsr_test_src_path(FIXTURE, path, sizeof path);
         assert_int_equal(tsr_llama4_config_from_hf(path, &c, err, sizeof err), TSR_OK);
-        assert_int_equal(tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, 3}, NULL, NULL, &m16, NULL, err, sizeof err),
+        assert_int_equal(tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, 3}, NULL, NULL, NULL, &m16, NULL, err,
+                                         sizeof err),
                          TSR_OK);
         free(c);
         assert_int_equal(tsr_llama4_use_bf16(m16), TSR_OK);
@@ -645,7 +647,8 @@ static tsr_status load_dir(const char *dir, tsr_llama4 **m, char *err, size_t er
         tsr_llama4_config *c = NULL;
         tsr_status st = tsr_llama4_config_from_hf(dir, &c, err, errlen);
         if (st == TSR_OK)
-                st = tsr_llama4_load(dir, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, NULL, NULL, m, NULL, err,
+                st = tsr_llama4_load(dir, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, NULL, NULL, NULL, m,
+                                     NULL, err,
                                      errlen);
         free(c);
         return st;
@@ -707,13 +710,135 @@ static void test_load_errors(void **state) {
         tsr_test_remove_model_dir(dir);
 }
 
+/* ---- ModelOpt FP8 / NVFP4 (issue #15) ------------------------------------------------------
+ *
+ * tests/fixtures/tiny-llama4-modelopt (make_tiny_llama4_modelopt.py): this fixture's model
+ * exported as ModelOpt's Llama 4 Scout FP8 (nested names, the experts in BMM stacks with
+ * one scale pair each) and NVFP4 (bare names, one linear per expert), with logits and
+ * greedy tokens from a torch emulation of vLLM's W8A8 / W4A4 math (the MoE GEMMs with one
+ * activation scale each, the max over the experts).  Loaded as the worker does (its
+ * config read, the weights kept as stored): resident bytes exactly the quantized
+ * elements' (fp8 1 byte, nvfp4 9 per 16) plus the float32 rest; logits within 1e-4 + 50
+ * x the fixture's order sensitivity of the emulation (test_quant_modelopt.c derives the
+ * bound: only the float32 sum order differs); the fast backend bitwise the reference;
+ * greedy 32 tokens per prompt through the decode path token-exact. */
+#define MO_FIXTURE "tests/fixtures/tiny-llama4-modelopt"
+
+static void check_modelopt(const char *variant, tsr_dtype want_dtype) {
+        char path[1024], err[512], rel[512];
+        json_error_t je;
+        json_t *g = NULL;
+        tsr_modelopt_config mo;
+        tsr_llama4_config *c = NULL;
+        tsr_llama4 *m = NULL, *keep = model;
+        tsr_backend *fast = NULL;
+        tsr_load_stats st;
+        tsr_kv_pool *pool = NULL;
+        tsr_llama4_kv *kv = NULL;
+        uint32_t ids[MAXT], table[MAXT / 16];
+
+        assert_non_null(tsr_test_src_path(MO_FIXTURE "/golden.json", path, sizeof path));
+        assert_non_null(g = json_load_file(path, 0, &je));
+        json_t *var = json_object_get(json_object_get(g, "variants"), variant);
+        assert_non_null(var);
+        snprintf(rel, sizeof rel, MO_FIXTURE "/%s", json_string_value(json_object_get(var, "dir")));
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+        if (tsr_modelopt_config_read(path, &mo, err, sizeof err) != TSR_OK ||
+            tsr_llama4_config_from_hf(path, &c, err, sizeof err) != TSR_OK ||
+            tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, &mo, NULL, NULL, &m, &st,
+                            err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        free(c);
+        tsr_modelopt_config_done(&mo);
+
+        /* memory truth: q/k/v/o of 4 layers, 2 dense MLPs (96 wide), 2 shared experts and
+         * 2 x 4 routed experts (32 wide) stay quantized; the embedding, lm_head, norms and
+         * routers are float32 */
+        uint64_t q = 4 * (64 * 64 * 2 + 32 * 64 * 2) + 2 * 3 * 96 * 64 + 2 * 3 * 32 * 64 + 2 * 4 * 3 * 32 * 64;
+        uint64_t f = 2 * 300 * 64 + (4 * 2 + 1) * 64 + 2 * 4 * 64;
+        uint64_t want_bytes = (want_dtype == TSR_DTYPE_FP8_E4M3 ? q : q / 16 * 9) + 4 * f;
+        assert_int_equal(tsr_llama4_resident_bytes(m), want_bytes);
+        assert_int_equal(st.resident_bytes, want_bytes);
+
+        size_t n_lp = json_array_size(json_object_get(g, "logit_prompts")), rows = 0;
+        for (size_t i = 0; i < n_lp; i++)
+                rows += tsr_test_prompt_ids(g, (size_t)json_integer_value(json_array_get(json_object_get(g,
+                                            "logit_prompts"), i)), ids, MAXT);
+        snprintf(rel, sizeof rel, MO_FIXTURE "/%s", json_string_value(json_object_get(var, "logits_file")));
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+        float *emu = malloc(rows * V * sizeof(float)), *a = malloc(MAXT * V * sizeof(float));
+        float *b = malloc(MAXT * V * sizeof(float)), *step = malloc(V * sizeof(float));
+        FILE *fp = fopen(path, "rb");
+        assert_non_null(fp);
+        assert_int_equal(fread(emu, sizeof(float), rows * V, fp), rows * V);
+        fclose(fp);
+
+        model = m;      /* pool_new and run work on `model` */
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &fast), TSR_OK);
+        for (size_t i = 0; i < MAXT / 16; i++)
+                table[i] = (uint32_t)i;
+        pool_new(MAXT / 16, 16, &pool, &kv);
+        double bound = 1e-4 + 50 * json_number_value(json_object_get(var, "order_sensitivity")), worst = 0;
+        for (size_t i = 0, row = 0; i < n_lp; i++) {
+                size_t pi = (size_t)json_integer_value(json_array_get(json_object_get(g, "logit_prompts"), i));
+                size_t n = tsr_test_prompt_ids(g, pi, ids, MAXT);
+                run(ref_be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, a);
+                run(fast, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, b);
+                assert_memory_equal(a, b, n * V * sizeof(float));
+                for (size_t k = 0; k < n * V; k++) {
+                        double d = fabs((double)a[k] - emu[row * V + k]);
+                        worst = fmax(worst, d);
+                        if (!(d <= bound))
+                                fail_msg("%s prompt %zu pos %zu id %zu: %.7g, emulation %.7g (bound %.3g)", variant,
+                                         pi, k / V, k % V, a[k], emu[row * V + k], bound);
+                }
+                row += n;
+        }
+        json_t *greedy = json_object_get(var, "greedy");
+        size_t total = 0;
+        for (size_t pi = 0; pi < json_array_size(greedy); pi++) {
+                json_t *gw = json_array_get(greedy, pi);
+                size_t n = tsr_test_prompt_ids(g, pi, ids, MAXT);
+                run(fast, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step);
+                for (size_t s2 = 0; s2 < json_array_size(gw); s2++, total++) {
+                        uint32_t tok = (uint32_t)tsr_test_argmax(step, V);
+                        long long w = json_integer_value(json_array_get(gw, s2));
+                        if (tok != w)
+                                fail_msg("%s prompt %zu greedy step %zu: %u, emulation %lld", variant, pi, s2, tok, w);
+                        run(fast, kv, table, MAXT / 16, &tok, 1, n + s2, TSR_LLAMA_LOGITS_LAST, step);
+                }
+        }
+        assert_int_equal(total, 32 * json_array_size(greedy));
+        print_message("tiny-llama4-modelopt %s: resident %llu bytes; max |dlogit| vs emulation %.3g (bound %.3g); "
+                      "greedy %zu/%zu tokens equal\n", variant, (unsigned long long)want_bytes, worst, bound, total,
+                      total);
+        model = keep;
+        tsr_llama4_kv_free(&kv);
+        tsr_kv_pool_free(&pool);
+        tsr_backend_free(&fast);
+        tsr_llama4_free(&m);
+        json_decref(g);
+        free(emu), free(a), free(b), free(step);
+}
+
+static void test_modelopt_fp8(void **state) {
+        (void)state;
+        check_modelopt("fp8", TSR_DTYPE_FP8_E4M3);
+}
+
+static void test_modelopt_nvfp4(void **state) {
+        (void)state;
+        check_modelopt("nvfp4", TSR_DTYPE_NVFP4);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config_fixture), cmocka_unit_test(test_config_derived),
                 cmocka_unit_test(test_family),         cmocka_unit_test(test_golden_f32),
                 cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bf16),
                 cmocka_unit_test(test_flat_layout),    cmocka_unit_test(test_load_errors),
-                cmocka_unit_test(test_fp8_kv),
+                cmocka_unit_test(test_fp8_kv),         cmocka_unit_test(test_modelopt_fp8),
+                cmocka_unit_test(test_modelopt_nvfp4),
         };
         if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
                 return 1;

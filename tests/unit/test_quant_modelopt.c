@@ -530,6 +530,40 @@ static void test_kv_scales(void **state) {
         rmdir(tmpdir);
 }
 
+/* tsr_modelopt_load_stack's checks that need no file: an NVFP4 config refuses a stack
+ * (only the per-expert export is read), a dtype the config does not announce, a shape
+ * that is not [E, rows, cols], a module the exclude list names.  (A real stack with its
+ * scales: test_llama4.c test_modelopt_fp8; a missing scale: test_llama4_modelopt.py.) */
+static void test_expert_stack_checks(void **state) {
+        static uint8_t bytes[2 * 4 * 6];
+        char err[512];
+        tsr_tensor t = {0};
+        tsr_safetensors_tensor w = {.name = "x", .dtype = TSR_ST_U8, .n_dims = 3, .shape = {2, 4, 6},
+                                    .n_elements = 48, .n_bytes = 48, .data = bytes};
+        char *ex[] = {"*experts*"};
+        tsr_modelopt_config nv = {.algo = TSR_MODELOPT_NVFP4, .source = "hf_quant_config.json"};
+        tsr_modelopt_config fp8 = {.algo = TSR_MODELOPT_FP8, .source = "hf_quant_config.json"};
+        tsr_modelopt_config fp8_ex = fp8;
+        const char *name = "model.layers.1.feed_forward.experts.gate_up_proj";
+        (void)state;
+
+        expect_err(tsr_modelopt_load_stack(&nv, NULL, name, &w, "m.safetensors", 2, 4, 6, &t, err, sizeof err),
+                   TSR_E_UNSUPPORTED, "m.safetensors: tensor 'model.layers.1.feed_forward.experts.gate_up_proj': "
+                   "dtype U8, which is not read as an NVFP4 expert stack (the per-expert layout");
+        expect_err(tsr_modelopt_load_stack(&fp8, NULL, name, &w, "m.safetensors", 2, 4, 6, &t, err, sizeof err),
+                   TSR_E_INVAL, "dtype U8, which does not match the announced quant_algo (FP8)");
+        expect_err(tsr_modelopt_load_stack(NULL, NULL, name, &w, "m.safetensors", 2, 4, 6, &t, err, sizeof err),
+                   TSR_E_INVAL, "which the checkpoint's config does not announce");
+        w.dtype = TSR_ST_F8_E4M3;
+        expect_err(tsr_modelopt_load_stack(&fp8, NULL, name, &w, "m.safetensors", 2, 6, 4, &t, err, sizeof err),
+                   TSR_E_INVAL, "shape [2, 4, 6], expected [2, 6, 4]");
+        fp8_ex.exclude = ex;
+        fp8_ex.n_exclude = 1;
+        expect_err(tsr_modelopt_load_stack(&fp8_ex, NULL, name, &w, "m.safetensors", 2, 4, 6, &t, err, sizeof err),
+                   TSR_E_INVAL, "is F8_E4M3 but hf_quant_config.json excludes module");
+        assert_null(t.data);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config_forms),
@@ -537,6 +571,7 @@ int main(void) {
                 cmocka_unit_test(test_nvfp4_model),
                 cmocka_unit_test(test_bad_checkpoints),
                 cmocka_unit_test(test_kv_scales),
+                cmocka_unit_test(test_expert_stack_checks),
         };
         tsr_cpu_backend_config cfg = {.n_threads = 2, .max_isa = TSR_CPU_ISA_AMX_BF16};
         if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK || tsr_backend_cpu_new(&cfg, &fast_be) != TSR_OK)

@@ -178,10 +178,13 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
                          tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_INVAL;
         }
+        if (w->stored && w->experts)    /* an expert stack in the BMM layout (Llama 4's FP8) */
+                return tsr_modelopt_load_stack(s->modelopt, s->set, w->name, t, file, w->experts, w->rows, w->cols,
+                                               w->stored, err, errlen);
         if (!w->stored || !w->cols || w->experts || n < 7 || strcmp(w->name + n - 7, ".weight") != 0) {
                 tsr_errf(err, errlen, "%s: tensor '%s': dtype %s: this model reads the tensor as float32 only "
-                         "(quantized weights are supported for the linear layers of the Llama and NemotronH "
-                         "families)", file, w->name, tsr_safetensors_dtype_name(t->dtype));
+                         "(quantized weights are supported for the linear layers of the Llama, Llama 4 and "
+                         "NemotronH families)", file, w->name, tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_UNSUPPORTED;
         }
         snprintf(module, sizeof module, "%.*s", (int)(n - 7), w->name);

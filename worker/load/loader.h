@@ -99,7 +99,8 @@ typedef struct tsr_load_slot {
         tsr_tensor *stored;
         uint64_t rows, cols;    /* (out, in) row-major; cols == 0: a vector of `rows` elements */
         /* > 0: a 3-D stack (experts, rows, cols) of matrices as the file stores it (MoE
-         * experts, transformers' BMM layout); never kept in a block format. */
+         * experts, transformers' BMM layout); never kept in a block format, kept as
+         * stored (`stored`) only as a ModelOpt FP8 stack (tsr_modelopt_load_stack). */
         uint64_t experts;
         bool optional;          /* may be absent from the source (then *dst stays NULL) */
 } tsr_load_slot;

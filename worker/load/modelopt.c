@@ -258,11 +258,11 @@ size_t tsr_modelopt_unmatched_excludes(const tsr_modelopt_config *c, const tsr_s
 bool tsr_modelopt_weight_dtype(tsr_safetensors_dtype d) { return d == TSR_ST_F8_E4M3 || d == TSR_ST_U8; }
 
 /* The scalar companion `module`.`suffix` (F32, shape [] or [1]) into *ret: finite, > 0. */
-static tsr_status scalar(const tsr_safetensors_set *set, const char *module, const char *suffix, float *ret,
-                         char *err, size_t errlen) {
+static tsr_status scalar_sep(const tsr_safetensors_set *set, const char *module, const char *sep, const char *suffix,
+                             float *ret, char *err, size_t errlen) {
         char name[300];
         const char *file;
-        snprintf(name, sizeof name, "%s.%s", module, suffix);
+        snprintf(name, sizeof name, "%s%s%s", module, sep, suffix);
         const tsr_safetensors_tensor *t = tsr_safetensors_set_find(set, name, &file);
         if (!t) {
                 tsr_errf(err, errlen, "%s: tensor '%s' missing (a quantized weight needs its %s)",
@@ -283,6 +283,12 @@ static tsr_status scalar(const tsr_safetensors_set *set, const char *module, con
         }
         *ret = v;
         return TSR_OK;
+}
+
+/* The F32 scalar "<module>.<suffix>" (a linear's weight_scale, input_scale, ...). */
+static tsr_status scalar(const tsr_safetensors_set *set, const char *module, const char *suffix, float *ret,
+                         char *err, size_t errlen) {
+        return scalar_sep(set, module, ".", suffix, ret, err, errlen);
 }
 
 static void shape_str(const tsr_safetensors_tensor *t, char *buf, size_t len) {
@@ -375,6 +381,57 @@ tsr_status tsr_modelopt_load_weight(const tsr_modelopt_config *c, const tsr_safe
                         }
         }
         tt.data = buf;
+        tt.scales = s;
+        *ret = tt;
+        return TSR_OK;
+}
+
+tsr_status tsr_modelopt_load_stack(const tsr_modelopt_config *c, const tsr_safetensors_set *set, const char *name,
+                                   const tsr_safetensors_tensor *weight, const char *file, uint64_t experts,
+                                   uint64_t rows, uint64_t cols, tsr_tensor *ret, char *err, size_t errlen) {
+        tsr_matmul_scales s = {0};
+        char got[96];
+        tsr_status st;
+
+        if (!c || c->algo == TSR_MODELOPT_NONE || weight->dtype != TSR_ST_F8_E4M3) {
+                tsr_errf(err, errlen, "%s: tensor '%s': dtype %s, which %s (%s)", file, name,
+                         tsr_safetensors_dtype_name(weight->dtype),
+                         !c || c->algo == TSR_MODELOPT_NONE ? "the checkpoint's config does not announce"
+                         : c->algo == TSR_MODELOPT_NVFP4
+                                 ? "is not read as an NVFP4 expert stack (the per-expert layout, "
+                                   "experts.<e>.{gate,up,down}_proj, is)"
+                                 : "does not match the announced quant_algo",
+                         !c || c->algo == TSR_MODELOPT_NONE ? "no quantization_config or hf_quant_config.json"
+                                                            : tsr_modelopt_algo_name(c->algo));
+                return c && c->algo == TSR_MODELOPT_NVFP4 ? TSR_E_UNSUPPORTED : TSR_E_INVAL;
+        }
+        if (tsr_modelopt_excluded(c, name)) {
+                tsr_errf(err, errlen, "%s: tensor '%s' is %s but %s excludes module '%s' from quantization", file,
+                         name, tsr_safetensors_dtype_name(weight->dtype), c->source, name);
+                return TSR_E_INVAL;
+        }
+        shape_str(weight, got, sizeof got);
+        if (weight->n_dims != 3 || weight->shape[0] != experts || weight->shape[1] != rows ||
+            weight->shape[2] != cols) {
+                tsr_errf(err, errlen, "%s: tensor '%s': shape %s, expected [%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
+                         file, name, got, experts, rows, cols);
+                return TSR_E_INVAL;
+        }
+        if ((st = scalar_sep(set, name, "_", "weight_scale", &s.weight, err, errlen)) != TSR_OK ||
+            (st = scalar_sep(set, name, "_", "input_scale", &s.input, err, errlen)) != TSR_OK)
+                return st;
+        size_t shape[3] = {(size_t)experts, (size_t)rows, (size_t)cols};
+        tsr_tensor tt;
+        if ((st = tsr_tensor_init(&tt, TSR_DTYPE_FP8_E4M3, 3, shape, NULL, NULL)) != TSR_OK) {
+                tsr_errf(err, errlen, "%s: tensor '%s': bad shape", file, name);
+                return st;
+        }
+        size_t bytes = tsr_tensor_n_bytes(&tt);
+        if (!(tt.data = aligned_alloc(64, (bytes + 63) / 64 * 64))) {
+                tsr_errf(err, errlen, "%s: tensor '%s': out of memory", file, name);
+                return TSR_E_NOMEM;
+        }
+        memcpy(tt.data, weight->data, bytes);
         tt.scales = s;
         *ret = tt;
         return TSR_OK;

@@ -95,6 +95,18 @@ tsr_status tsr_modelopt_load_weight(const tsr_modelopt_config *c, const tsr_safe
                                     const tsr_safetensors_tensor *weight, const char *file, uint64_t rows,
                                     uint64_t cols, tsr_tensor *ret, char *err, size_t errlen);
 
+/* A quantized MoE expert stack in transformers' BMM layout (models.md §4.2: Llama 4's
+ * FP8 `experts.gate_up_proj` / `experts.down_proj`, F8_E4M3 [experts, rows, cols] with
+ * the F32 scalars "<name>_weight_scale" and "<name>_input_scale" shared by every expert,
+ * as ModelOpt's one quantizer per 3-D weight writes them) into *ret: the bytes as stored
+ * in new 64-byte aligned memory (free(ret->data)), a 3-D fp8_e4m3 tensor, scales set.
+ * TSR_E_UNSUPPORTED for an NVFP4 stack (its block-scale layout is unverified: the
+ * per-expert export is read instead); TSR_E_INVAL and TSR_E_NOMEM as
+ * tsr_modelopt_load_weight. */
+tsr_status tsr_modelopt_load_stack(const tsr_modelopt_config *c, const tsr_safetensors_set *set, const char *name,
+                                   const tsr_safetensors_tensor *weight, const char *file, uint64_t experts,
+                                   uint64_t rows, uint64_t cols, tsr_tensor *ret, char *err, size_t errlen);
+
 /* The FP8 KV cache scales (models.md §4.5) of layers first .. first + n - 1: the F32
  * scalars "<layer>.k_proj.k_scale" and "<layer>.v_proj.v_scale", where <layer> is
  * layer_fmt (e.g. "model.layers.%u.self_attn") with the layer number.  As vLLM's

@@ -19,10 +19,13 @@
 #include "worker/parallel/comm.h"
 
 /* A matmul weight: float32 as loaded, or its bf16 copy after tsr_llama4_use_bf16 (then
- * f is freed, except a tied output which is the embedding table). */
+ * f is freed, except a tied output which is the embedding table), or, for a ModelOpt
+ * checkpoint's quantized linear, q: the fp8_e4m3 / nvfp4 bytes as stored with their
+ * scales (f and b NULL; --dtype bfloat16 leaves it as it is). */
 typedef struct mat {
         float *f;
         uint16_t *b;
+        tsr_tensor q;
 } mat;
 
 typedef struct layer {
@@ -33,6 +36,14 @@ typedef struct layer {
         mat exp_gate_up;                        /* (E, 2I, dim) (the file's (E, dim, 2I), transposed at load) */
         mat exp_down;                           /* (E, dim, I)  (the file's (E, I, dim)) */
         mat sh_gate, sh_up, sh_down;            /* shared expert: (I, dim), (I, dim), (dim, I) */
+        /* MoE layers of a ModelOpt checkpoint that quantizes the experts: expert e's gate
+         * (I, dim), up (I, dim) and down (dim, I) at [3e], [3e + 1], [3e + 2], as stored
+         * (exp_gate_up and exp_down are then NULL); all zero otherwise. */
+        tsr_tensor *qexp;
+        /* load only: an FP8 BMM stack as the file has it ([E, dim, 2I], [E, I, dim]), and
+         * the per-expert layout's widened matrices ([3E] as qexp) */
+        tsr_tensor stack_gu, stack_dn;
+        float **fexp;
 } layer;
 
 struct tsr_llama4 {
@@ -54,6 +65,14 @@ struct tsr_llama4 {
         uint32_t tp_size, nh, nkv, hid, mlp, vocab_out;
         bool canonical;
         tsr_comm *comm;                         /* the rank's TP group; NULL when tp_size 1 */
+        /* ModelOpt: the dtype the quantized weights are stored in (fp8_e4m3 or nvfp4);
+         * TSR_DTYPE_F32 when nothing is */
+        tsr_dtype qdtype;
+        /* The per-expert layout (experts.<e>.{gate,up,down}_proj) instead of the BMM
+         * stacks: its 3 E loader rows (gate, up, down per expert; hf names in strs). */
+        bool per_expert;
+        tsr_tensor_name *expert_names;
+        char *expert_strs;
 };
 
 struct tsr_llama4_kv {
@@ -89,7 +108,24 @@ static void layer_mats(const tsr_llama4 *m, layer *L, mat **w, size_t *rows, siz
 static void mat_free(mat *w) {
         free(w->f);
         free(w->b);
+        free(w->q.data);
         *w = (mat){0};
+}
+
+/* A MoE layer's expert state beyond exp_gate_up / exp_down (qexp, the load-only stacks
+ * and per-expert matrices). */
+static void experts_free(layer *L, size_t E) {
+        for (size_t i = 0; L->qexp && i < 3 * E; i++)
+                free(L->qexp[i].data);
+        for (size_t i = 0; L->fexp && i < 3 * E; i++)
+                free(L->fexp[i]);
+        free(L->qexp);
+        free(L->fexp);
+        free(L->stack_gu.data);
+        free(L->stack_dn.data);
+        L->qexp = NULL;
+        L->fexp = NULL;
+        L->stack_gu = L->stack_dn = (tsr_tensor){0};
 }
 
 void tsr_llama4_free(tsr_llama4 **mp) {
@@ -105,6 +141,7 @@ void tsr_llama4_free(tsr_llama4 **mp) {
                         layer_mats(m, L, w, r, c, n);
                         for (int i = 0; i < N_MATS; i++)
                                 mat_free(w[i]);
+                        experts_free(L, m->cfg->n_experts);
                         free(L->attn_norm);
                         free(L->ffn_norm);
                 }
@@ -118,6 +155,8 @@ void tsr_llama4_free(tsr_llama4 **mp) {
         free(m->inv_freq);
         free(m->ones);
         free(m->cfg);
+        free(m->expert_names);
+        free(m->expert_strs);
         free(m);
         *mp = NULL;
 }
@@ -141,31 +180,44 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
          * lm_head only on the last (a tied lm_head is the embedding: the last reads it too),
          * as the Llama family's stages do. */
         bool first = m->shard.first_layer == 0, last = m->shard.last_layer + 1 == c->base.n_layers;
-        struct { const char *name; float **dst; uint64_t rows, cols, experts; } s[] = {
+        /* `mat`: a linear a ModelOpt checkpoint may store quantized (its .q) */
+        struct { const char *name; float **dst; uint64_t rows, cols, experts; mat *mat; } s[] = {
                 {"token_embd", first || (last && c->base.tied_embeddings) ? &m->embed : NULL, c->base.vocab_size, dim,
                  0},
                 {"output_norm", last ? &m->out_norm : NULL, dim, 0, 0},
                 {"output", c->base.tied_embeddings || !last ? NULL : &m->output.f, c->base.vocab_size, dim, 0},
                 {"attn_norm", L ? &L->attn_norm : NULL, dim, 0, 0},
-                {"attn_q", L ? &L->q.f : NULL, qd, dim, 0},
-                {"attn_k", L ? &L->k.f : NULL, kvd, dim, 0},
-                {"attn_v", L ? &L->v.f : NULL, kvd, dim, 0},
-                {"attn_output", L ? &L->o.f : NULL, dim, qd, 0},
+                {"attn_q", L ? &L->q.f : NULL, qd, dim, 0, L ? &L->q : NULL},
+                {"attn_k", L ? &L->k.f : NULL, kvd, dim, 0, L ? &L->k : NULL},
+                {"attn_v", L ? &L->v.f : NULL, kvd, dim, 0, L ? &L->v : NULL},
+                {"attn_output", L ? &L->o.f : NULL, dim, qd, 0, L ? &L->o : NULL},
                 {"ffn_norm", L ? &L->ffn_norm : NULL, dim, 0, 0},
-                {"ffn_gate", L && !moe ? &L->gate.f : NULL, M, dim, 0},
-                {"ffn_up", L && !moe ? &L->up.f : NULL, M, dim, 0},
-                {"ffn_down", L && !moe ? &L->down.f : NULL, dim, M, 0},
+                {"ffn_gate", L && !moe ? &L->gate.f : NULL, M, dim, 0, L ? &L->gate : NULL},
+                {"ffn_up", L && !moe ? &L->up.f : NULL, M, dim, 0, L ? &L->up : NULL},
+                {"ffn_down", L && !moe ? &L->down.f : NULL, dim, M, 0, L ? &L->down : NULL},
                 {"ffn_gate_inp", moe ? &L->router.f : NULL, E, dim, 0},
-                {"ffn_gate_up_exps", moe ? &L->exp_gate_up.f : NULL, dim, 2 * I, E},
-                {"ffn_down_exps", moe ? &L->exp_down.f : NULL, I, dim, E},
-                {"ffn_gate_shexp", moe ? &L->sh_gate.f : NULL, I, dim, 0},
-                {"ffn_up_shexp", moe ? &L->sh_up.f : NULL, I, dim, 0},
-                {"ffn_down_shexp", moe ? &L->sh_down.f : NULL, dim, I, 0},
+                {"ffn_gate_up_exps", moe && !m->per_expert ? &L->exp_gate_up.f : NULL, dim, 2 * I, E},
+                {"ffn_down_exps", moe && !m->per_expert ? &L->exp_down.f : NULL, I, dim, E},
+                {"ffn_gate_shexp", moe ? &L->sh_gate.f : NULL, I, dim, 0, L ? &L->sh_gate : NULL},
+                {"ffn_up_shexp", moe ? &L->sh_up.f : NULL, I, dim, 0, L ? &L->sh_up : NULL},
+                {"ffn_down_shexp", moe ? &L->sh_down.f : NULL, dim, I, 0, L ? &L->sh_down : NULL},
         };
+
+        if (m->expert_names && n >= m->expert_names && n < m->expert_names + 3 * E) {
+                size_t i = (size_t)(n - m->expert_names);       /* expert i / 3's gate, up, down */
+                if (!moe)
+                        return false;
+                *ret = (tsr_load_slot){.dst = &L->fexp[i], .stored = &L->qexp[i], .rows = i % 3 == 2 ? dim : I,
+                                       .cols = i % 3 == 2 ? I : dim};
+                return true;
+        }
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
                 if (strcmp(s[i].name, n->logical) == 0 && s[i].dst) {
-                        *ret = (tsr_load_slot){.dst = s[i].dst, .rows = s[i].rows, .cols = s[i].cols,
-                                               .experts = s[i].experts};
+                        tsr_tensor *stored = s[i].mat ? &s[i].mat->q : NULL;
+                        if (s[i].experts)       /* an FP8 BMM stack is kept as stored, then split per expert */
+                                stored = s[i].dst == &L->exp_gate_up.f ? &L->stack_gu : &L->stack_dn;
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = stored, .rows = s[i].rows,
+                                               .cols = s[i].cols, .experts = s[i].experts};
                         return true;
                 }
         return false;
@@ -188,17 +240,155 @@ static bool transpose_experts(float *w, size_t E, size_t rows, size_t cols) {
         return true;
 }
 
+/* The per-expert loader rows: for expert e, "...experts.<e>.{gate,up,down}_proj.weight",
+ * each with the layer's "%u" left for the loader. */
+static tsr_status expert_table(tsr_llama4 *m) {
+        static const char *const logical[3] = {"ffn_gate_exp", "ffn_up_exp", "ffn_down_exp"};
+        static const char *const proj[3] = {"gate", "up", "down"};
+        size_t E = m->cfg->n_experts, stride = 96;
+        char *p;
+
+        if (!(m->expert_names = calloc(3 * E, sizeof *m->expert_names)) || !(m->expert_strs = malloc(3 * E * stride)))
+                return TSR_E_NOMEM;
+        p = m->expert_strs;
+        for (size_t i = 0; i < 3 * E; i++, p += stride) {
+                snprintf(p, stride, "model.layers.%%u.feed_forward.experts.%zu.%s_proj.weight", i / 3, proj[i % 3]);
+                m->expert_names[i] = (tsr_tensor_name){.logical = logical[i % 3], .hf = p, .per_layer = true,
+                                                       .shard = TSR_SHARD_EXPERT};
+        }
+        return TSR_OK;
+}
+
+/* tensor (rows, cols) of `dtype` in new 64-byte aligned memory, scales `sc`; NULL data
+ * on failure (nothing else set). */
+static tsr_status tensor_new(tsr_tensor *t, tsr_dtype dtype, size_t rows, size_t cols, tsr_matmul_scales sc) {
+        size_t shape[2] = {rows, cols};
+        tsr_status st = tsr_tensor_init(t, dtype, 2, shape, NULL, NULL);
+        if (st != TSR_OK)
+                return st;
+        size_t bytes = tsr_tensor_n_bytes(t);
+        if (!(t->data = aligned_alloc(64, (bytes + 63) / 64 * 64)))
+                return TSR_E_NOMEM;
+        t->scales = sc;
+        return TSR_OK;
+}
+
+/* An FP8 BMM stack pair (ModelOpt's Llama 4 FP8: gate_up [E, dim, 2I], down [E, I, dim],
+ * fp8 bytes) -> each expert's gate and up (I, dim) and down (dim, I), the (out, in)
+ * rows the matmul reads: a transposition of bytes, the values and the stack's one
+ * scale pair unchanged. */
+static tsr_status split_stacks(layer *L, size_t E, size_t I, size_t dim) {
+        const uint8_t *gu = L->stack_gu.data, *dn = L->stack_dn.data;
+        tsr_status st;
+
+        for (size_t e = 0; e < E; e++) {
+                tsr_tensor *g = &L->qexp[3 * e], *u = g + 1, *d = g + 2;
+                if ((st = tensor_new(g, TSR_DTYPE_FP8_E4M3, I, dim, L->stack_gu.scales)) != TSR_OK ||
+                    (st = tensor_new(u, TSR_DTYPE_FP8_E4M3, I, dim, L->stack_gu.scales)) != TSR_OK ||
+                    (st = tensor_new(d, TSR_DTYPE_FP8_E4M3, dim, I, L->stack_dn.scales)) != TSR_OK)
+                        return st;
+                uint8_t *gb = g->data, *ub = u->data, *db = d->data;
+                for (size_t r = 0; r < dim; r++)
+                        for (size_t i = 0; i < I; i++) {
+                                gb[i * dim + r] = gu[(e * dim + r) * 2 * I + i];
+                                ub[i * dim + r] = gu[(e * dim + r) * 2 * I + I + i];
+                        }
+                for (size_t i = 0; i < I; i++)
+                        for (size_t o = 0; o < dim; o++)
+                                db[o * I + i] = dn[(e * I + i) * dim + o];
+        }
+        free(L->stack_gu.data);
+        free(L->stack_dn.data);
+        L->stack_gu = L->stack_dn = (tsr_tensor){0};
+        return TSR_OK;
+}
+
+/* MoE layer l's experts after the tensors (its layer struct L): the FP8 stacks split per
+ * expert, the per-expert layout's float matrices stacked into exp_gate_up / exp_down (the
+ * BMM layout's, transposed), or the BMM float stacks transposed; for quantized experts
+ * the GEMMs' shared activation scales (tsr_llama4_load).  TSR_E_INVAL (a layer that
+ * mixes quantized and float experts; err names the tensor), TSR_E_NOMEM. */
+static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char *pre, const char *dir, char *err,
+                                 size_t errlen) {
+        size_t E = m->cfg->n_experts, I = m->cfg->base.hidden_dim, dim = m->cfg->base.dim, nq = 0;
+        static const char *const proj[3] = {"gate", "up", "down"};
+        tsr_status st = TSR_OK;
+
+        if (!m->per_expert) {
+                if (!L->stack_gu.data != !L->stack_dn.data) {
+                        tsr_errf(err, errlen, "%s: tensor '%smodel.layers.%u.feed_forward.experts.%s' is F8_E4M3 but "
+                                 "experts.%s is not: a MoE layer's expert stacks must be quantized both or neither",
+                                 dir, pre, l, L->stack_gu.data ? "gate_up_proj" : "down_proj",
+                                 L->stack_gu.data ? "down_proj" : "gate_up_proj");
+                        return TSR_E_INVAL;
+                }
+                if (L->stack_gu.data)
+                        st = split_stacks(L, E, I, dim);
+                else if (!transpose_experts(L->exp_gate_up.f, E, dim, 2 * I) ||
+                         !transpose_experts(L->exp_down.f, E, I, dim))
+                        st = TSR_E_NOMEM;
+        } else {
+                for (size_t i = 0; i < 3 * E; i++)
+                        nq += L->qexp[i].data != NULL;
+                for (size_t i = 1; nq && nq < 3 * E && i < 3 * E; i++)
+                        if (!L->qexp[i].data != !L->qexp[0].data) {
+                                tsr_errf(err, errlen, "%s: tensor '%smodel.layers.%u.feed_forward.experts.%zu.%s_proj."
+                                         "weight' is %s but expert 0's gate_proj is %s: a MoE layer's experts must be "
+                                         "quantized all or none (vLLM fuses them into one weight)", dir, pre, l, i / 3,
+                                         proj[i % 3],
+                                         L->qexp[i].data ? tsr_dtype_name(L->qexp[i].dtype) : "not quantized",
+                                         L->qexp[0].data ? tsr_dtype_name(L->qexp[0].dtype) : "not quantized");
+                                return TSR_E_INVAL;
+                        }
+                if (!nq) {      /* float experts, one matrix each: stacked as the BMM layout's */
+                        if (!(L->exp_gate_up.f = malloc(E * 2 * I * dim * sizeof(float))) ||
+                            !(L->exp_down.f = malloc(E * dim * I * sizeof(float))))
+                                st = TSR_E_NOMEM;
+                        for (size_t e = 0; st == TSR_OK && e < E; e++) {
+                                memcpy(L->exp_gate_up.f + e * 2 * I * dim, L->fexp[3 * e], I * dim * sizeof(float));
+                                memcpy(L->exp_gate_up.f + (e * 2 + 1) * I * dim, L->fexp[3 * e + 1],
+                                       I * dim * sizeof(float));
+                                memcpy(L->exp_down.f + e * dim * I, L->fexp[3 * e + 2], dim * I * sizeof(float));
+                        }
+                }
+                for (size_t i = 0; i < 3 * E; i++) {
+                        free(L->fexp[i]);
+                        L->fexp[i] = NULL;
+                }
+        }
+        if (st != TSR_OK) {
+                tsr_errf(err, errlen, "%s: out of memory", dir);
+                return st;
+        }
+        if (!L->qexp[0].data)
+                return TSR_OK;
+        /* one activation scale per expert GEMM (vLLM's fused MoE: "use the max") */
+        float xs_gu = 0, xs_d = 0;
+        for (size_t e = 0; e < E; e++) {
+                xs_gu = fmaxf(xs_gu, fmaxf(L->qexp[3 * e].scales.input, L->qexp[3 * e + 1].scales.input));
+                xs_d = fmaxf(xs_d, L->qexp[3 * e + 2].scales.input);
+        }
+        for (size_t e = 0; e < E; e++) {
+                L->qexp[3 * e].scales.input = L->qexp[3 * e + 1].scales.input = xs_gu;
+                L->qexp[3 * e + 2].scales.input = xs_d;
+        }
+        m->qdtype = L->qexp[0].dtype;
+        return TSR_OK;
+}
+
 static bool is_vision(const char *name) {
         return strncmp(name, "vision_model.", 13) == 0 || strncmp(name, "multi_modal_projector.", 22) == 0;
 }
 
 tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const tsr_shard_spec *spec,
-                           tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret, tsr_load_stats *stats,
-                           char *err, size_t errlen) {
+                           const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret,
+                           tsr_load_stats *stats, char *err, size_t errlen) {
         const tsr_model_family *fam = &tsr_family_llama4;
         tsr_safetensors_set *set = NULL;
         tsr_llama4 *m = NULL;
-        size_t cfg_bytes, n_vision = 0, hd;
+        tsr_load_stats a = {0}, b = {0};
+        size_t cfg_bytes, n_vision = 0, hd, E = cfg ? cfg->n_experts : 0;
+        char name[256];
         tsr_status st;
 
         if (!dir || !cfg || !spec || !ret)
@@ -219,6 +409,7 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 m->hid = cfg->base.hidden_dim;
                 m->mlp = cfg->mlp_dim;
                 m->vocab_out = cfg->base.vocab_size;
+                m->qdtype = TSR_DTYPE_F32;
         }
         if (!m || !m->cfg || !(m->layers = calloc(spec->last_layer - spec->first_layer + 1, sizeof *m->layers)) ||
             !(m->inv_freq = malloc(hd / 2 * sizeof(float))) || !(m->ones = malloc(hd * sizeof(float)))) {
@@ -241,30 +432,64 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                          n_vision);
         /* The nested layout (Meta/HF Scout) keeps the text model under language_model.;
          * Llama4ForCausalLM and ModelOpt's exports of the nested model use the bare names. */
-        tsr_tensor_source src = {
-                .set = set, .src = dir,
-                .hf_prefix = tsr_safetensors_set_find(set, "language_model.model.embed_tokens.weight", NULL)
-                                     ? "language_model."
-                                     : NULL,
-        };
-        if ((st = tsr_load_tensors(&src, fam->tensors, fam->n_tensors, spec, llama4_bind, m, progress, ud, stats,
-                                   err, errlen)) != TSR_OK)
-                goto done;
+        const char *pre = tsr_safetensors_set_find(set, "language_model.model.embed_tokens.weight", NULL)
+                                  ? "language_model."
+                                  : "";
+        tsr_tensor_source src = {.set = set, .src = dir, .hf_prefix = *pre ? pre : NULL,
+                                 .modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL};
+        /* The experts' layout, from the range's first MoE layer: BMM stacks unless that
+         * layer has expert 0's gate_proj instead. */
         for (uint32_t l = spec->first_layer; l <= spec->last_layer; l++) {
-                layer *L = &m->layers[l - spec->first_layer];
                 if (!(cfg->layer[l] & TSR_LLAMA4_MOE))
                         continue;
-                if (!transpose_experts(L->exp_gate_up.f, cfg->n_experts, cfg->base.dim, 2 * (size_t)cfg->base.hidden_dim) ||
-                    !transpose_experts(L->exp_down.f, cfg->n_experts, cfg->base.hidden_dim, cfg->base.dim)) {
-                        tsr_errf(err, errlen, "%s: out of memory", dir);
-                        st = TSR_E_NOMEM;
-                        goto done;
+                snprintf(name, sizeof name, "%smodel.layers.%u.feed_forward.experts.gate_up_proj", pre, l);
+                if (!tsr_safetensors_set_find(set, name, NULL)) {
+                        snprintf(name, sizeof name, "%smodel.layers.%u.feed_forward.experts.0.gate_proj.weight", pre,
+                                 l);
+                        m->per_expert = tsr_safetensors_set_find(set, name, NULL) != NULL;
                 }
+                break;
+        }
+        if (m->per_expert && (st = expert_table(m)) != TSR_OK)
+                goto nomem;
+        for (uint32_t l = spec->first_layer; l <= spec->last_layer; l++) {
+                layer *L = &m->layers[l - spec->first_layer];
+                if ((cfg->layer[l] & TSR_LLAMA4_MOE) &&
+                    (!(L->qexp = calloc(3 * E, sizeof *L->qexp)) ||
+                     (m->per_expert && !(L->fexp = calloc(3 * E, sizeof *L->fexp)))))
+                        goto nomem;
+        }
+        /* the family's fixed rows, then (per-expert layout) the 3 E rows per MoE layer */
+        if ((st = tsr_load_tensors(&src, fam->tensors, fam->n_tensors, spec, llama4_bind, m, progress, ud, &a, err,
+                                   errlen)) != TSR_OK ||
+            (m->per_expert && (st = tsr_load_tensors(&src, m->expert_names, 3 * E, spec, llama4_bind, m, progress, ud,
+                                                     &b, err, errlen)) != TSR_OK))
+                goto done;
+        if (stats)
+                *stats = (tsr_load_stats){.n_tensors = a.n_tensors + b.n_tensors,
+                                          .file_bytes = a.file_bytes + b.file_bytes,
+                                          .f32_bytes = a.f32_bytes + b.f32_bytes,
+                                          .resident_bytes = a.resident_bytes + b.resident_bytes,
+                                          .seconds = a.seconds + b.seconds};
+        for (uint32_t l = spec->first_layer; l <= spec->last_layer; l++) {
+                layer *L = &m->layers[l - spec->first_layer];
+                mat *w[N_MATS];
+                size_t r[N_MATS], cc[N_MATS], n[N_MATS];
+                layer_mats(m, L, w, r, cc, n);
+                for (int i = 0; i < N_MATS; i++)
+                        if (w[i]->q.data)
+                                m->qdtype = w[i]->q.dtype;
+                if ((cfg->layer[l] & TSR_LLAMA4_MOE) && (st = experts_finish(m, L, l, pre, dir, err, errlen)) != TSR_OK)
+                        goto done;
         }
         if (cfg->base.tied_embeddings)
                 m->output.f = m->embed;         /* NULL before the last stage */
         *ret = m;
         m = NULL;
+        goto done;
+nomem:
+        tsr_errf(err, errlen, "%s: out of memory", dir);
+        st = TSR_E_NOMEM;
 done:
         tsr_llama4_free(&m);
         tsr_safetensors_set_close(&set);
@@ -272,7 +497,8 @@ done:
 }
 
 /* The weights' bytes as held now: the embedding and norms in float32, each matmul as its
- * float32 or its bf16 copy, the output unless it is the embedding itself. */
+ * float32 or its bf16 copy or as stored (ModelOpt), the output unless it is the
+ * embedding itself. */
 uint64_t tsr_llama4_resident_bytes(const tsr_llama4 *m) {
         if (!m)
                 return 0;
@@ -289,8 +515,11 @@ uint64_t tsr_llama4_resident_bytes(const tsr_llama4 *m) {
                 layer_mats(m, L, w, r, cc, n);
                 b += ((L->attn_norm ? dim : 0) + (L->ffn_norm ? dim : 0)) * sizeof(float);
                 for (int i = 0; i < N_MATS; i++)
-                        b += (uint64_t)r[i] * cc[i] * n[i] *
-                             (w[i]->b ? sizeof(uint16_t) : w[i]->f ? sizeof(float) : 0);
+                        b += w[i]->q.data ? tsr_tensor_n_bytes(&w[i]->q)
+                                          : (uint64_t)r[i] * cc[i] * n[i] *
+                                                    (w[i]->b ? sizeof(uint16_t) : w[i]->f ? sizeof(float) : 0);
+                for (size_t i = 0; L->qexp && i < 3 * (size_t)c->n_experts; i++)
+                        b += L->qexp[i].data ? tsr_tensor_n_bytes(&L->qexp[i]) : 0;
         }
         return b;
 }
@@ -370,7 +599,10 @@ tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be) 
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
                         return TSR_E_UNSUPPORTED;
-        if (!tsr_backend_supports(be, TSR_OP_MATMUL, m->bf16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32))
+        /* the router (and, in a ModelOpt checkpoint, what it leaves unquantized) runs in
+         * the model's dtype; the quantized weights on their own */
+        if (!tsr_backend_supports(be, TSR_OP_MATMUL, m->bf16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32) ||
+            !tsr_backend_supports(be, TSR_OP_MATMUL, m->qdtype))
                 return TSR_E_UNSUPPORTED;
         return TSR_OK;
 }
@@ -413,8 +645,9 @@ tsr_status tsr_llama4_shard_tp(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size
         c = m->cfg;
         if ((st = tp_check(c, tp_size, err, errlen)) != TSR_OK)
                 return st;
-        if (m->bf16) {
-                tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
+        if (m->bf16 || m->qdtype != TSR_DTYPE_F32) {
+                tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32%s)",
+                         m->qdtype != TSR_DTYPE_F32 ? "; a quantized checkpoint is served at -tp 1" : "");
                 return TSR_E_UNSUPPORTED;
         }
         dim = c->base.dim, hd = c->base.head_dim, H = c->base.n_heads, KVH = c->base.n_kv_heads;
@@ -743,10 +976,19 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N
         return TSR_OK;
 }
 
+/* W @ x (rows, n) -> out (rows, d) for a weight kept as stored (ModelOpt: W8A8 / W4A4
+ * with its scales), t (d, n). */
+static tsr_status mm_stored(tsr_backend *be, float *out, const float *x, const tsr_tensor *t, size_t rows) {
+        return tsr_backend_matmul_scaled(be, out, x, t->data, t->dtype, &t->scales, rows, t->shape[1], t->shape[0]);
+}
+
 /* W (d, n) @ x (rows, n) -> out (rows, d) for the (d, n) matrix starting `off` elements
- * into `w`, in the dtype the model holds it in. */
+ * into `w`, in the dtype the model holds it in (a quantized one is always whole: off 0). */
 static tsr_status mm(tsr_backend *be, float *out, const float *x, const mat *w, size_t off, size_t rows, size_t n,
                      size_t d) {
+        if (w->q.data)
+                return off == 0 && w->q.shape[0] == d && w->q.shape[1] == n ? mm_stored(be, out, x, &w->q, rows)
+                                                                           : TSR_E_INTERNAL;
         if (w->b)
                 return tsr_backend_matmul(be, out, x, w->b + off, TSR_DTYPE_BF16, rows, n, d);
         return tsr_backend_matmul(be, out, x, w->f + off, TSR_DTYPE_F32, rows, n, d);
@@ -834,11 +1076,18 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                 for (size_t i = 0; i < n; i++)          /* the router weight scales the expert's input */
                         for (size_t d = 0; d < dim; d++)
                                 s->xin[i * dim + d] = s->xb[(size_t)s->rows[i] * dim + d] * s->rscale[i];
-                /* gate rows 0..I-1 and up rows I..2I-1 of the expert's (2I, dim) matrix */
-                TRY(mm(be, s->hb, s->xin, &L->exp_gate_up, e * 2 * I * dim, n, dim, I));
-                TRY(mm(be, s->hb2, s->xin, &L->exp_gate_up, e * 2 * I * dim + I * dim, n, dim, I));
-                TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, n * I));
-                TRY(mm_parts(m, be, s, s->ey, s->hb, &L->exp_down, e * dim * I, n, I));         /* ey (P, n, dim) */
+                if (L->qexp[0].data) {  /* as stored (ModelOpt; never canonical: P is 1) */
+                        TRY(mm_stored(be, s->hb, s->xin, &L->qexp[3 * e], n));
+                        TRY(mm_stored(be, s->hb2, s->xin, &L->qexp[3 * e + 1], n));
+                        TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, n * I));
+                        TRY(mm_stored(be, s->ey, s->hb, &L->qexp[3 * e + 2], n));
+                } else {
+                        /* gate rows 0..I-1 and up rows I..2I-1 of the expert's (2I, dim) matrix */
+                        TRY(mm(be, s->hb, s->xin, &L->exp_gate_up, e * 2 * I * dim, n, dim, I));
+                        TRY(mm(be, s->hb2, s->xin, &L->exp_gate_up, e * 2 * I * dim + I * dim, n, dim, I));
+                        TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, n * I));
+                        TRY(mm_parts(m, be, s, s->ey, s->hb, &L->exp_down, e * dim * I, n, I)); /* ey (P, n, dim) */
+                }
                 for (size_t p = 0; p < P; p++)
                         for (size_t i = 0; i < n; i++) {
                                 float *dst = s->routed + p * cnt + (size_t)s->rows[i] * dim;

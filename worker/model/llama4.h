@@ -85,11 +85,24 @@ typedef struct tsr_llama4 tsr_llama4;
  * table (llama4_family.c) under the prefix the folder uses: "language_model." for the
  * nested layout when language_model.model.embed_tokens.weight is there, none otherwise
  * (Llama4ForCausalLM, and ModelOpt exports of the nested model).  Vision tower and
- * projector tensors are not read (one INFO line counts them).  Progress and stats as
- * tsr_load_tensors.  Errors name the folder and the tensor. */
+ * projector tensors are not read (one INFO line counts them).  The routed experts come
+ * in transformers' BMM stacks (experts.gate_up_proj / down_proj) or, when the first
+ * MoE layer of the range has experts.0.gate_proj.weight instead, one linear per expert
+ * (experts.<e>.{gate,up,down}_proj: ModelOpt's NVFP4 export; vLLM reads both).
+ *
+ * `mo`: what the folder announces (tsr_modelopt_config_read; NULL or algo NONE: none).
+ * A ModelOpt FP8 / NVFP4 checkpoint's quantized linears stay as stored with their scales
+ * (attention, dense MLP, shared expert; models.md §4.2), and so do its routed experts:
+ * an FP8 BMM stack with its one scale pair (transposed per expert at load, still fp8),
+ * or per-expert linears.  A MoE layer's experts are all quantized or none; as vLLM's
+ * fused MoE, each expert GEMM quantizes its input with ONE scale, the max over the
+ * layer's experts of their input_scale (gate and up together; down); each expert keeps
+ * its own weight scales (vLLM requantizes gate/up to their max: a rounding difference
+ * only when ModelOpt did not already give them one).  Progress and stats as
+ * tsr_load_tensors.  Errors name the folder (or file) and the tensor. */
 tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const tsr_shard_spec *spec,
-                           tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret, tsr_load_stats *stats,
-                           char *err, size_t errlen);
+                           const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret,
+                           tsr_load_stats *stats, char *err, size_t errlen);
 /* Accepts NULL and *m == NULL; clears *m. */
 void tsr_llama4_free(tsr_llama4 **m);
 const tsr_llama4_config *tsr_llama4_config_of(const tsr_llama4 *m);

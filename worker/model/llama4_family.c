@@ -80,8 +80,10 @@ static tsr_status llama4_load(const char *path, const tsr_model_desc *d, const t
                               tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_llama4 *m = NULL;
         tsr_status st;
-        (void)opts;     /* GGUF block formats only; a Llama 4 is always a safetensors folder */
-        if ((st = tsr_llama4_load(path, d->config, shard, progress, ud, &m, stats, err, errlen)) == TSR_OK)
+        /* keep_dtypes is for GGUF block formats (a Llama 4 is always a safetensors folder);
+         * a ModelOpt FP8 / NVFP4 folder's quantized linears and experts stay as stored */
+        if ((st = tsr_llama4_load(path, d->config, shard, opts ? opts->modelopt : NULL, progress, ud, &m, stats, err,
+                                  errlen)) == TSR_OK)
                 *ret = m;
         return st;
 }

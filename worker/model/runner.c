@@ -394,11 +394,16 @@ static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr
         tsr_safetensors_set *set = NULL;
         uint32_t found = 0, total = 0;
         float lo = INFINITY, hi = 0;
+        bool nested;
+        char fmt_nested[256];
         tsr_status st = TSR_OK;
 
         if (!desc->gguf && r->mo.algo != TSR_MODELOPT_NONE &&
             (st = tsr_safetensors_set_open(path, &set, err, errlen)) != TSR_OK)
                 return st;
+        /* a checkpoint that nests its text model (Llama 4's Llama4ForConditionalGeneration
+         * layout) keeps the scales under "language_model.", as the weights (llama4.h) */
+        nested = set && tsr_safetensors_set_find(set, "language_model.model.embed_tokens.weight", NULL);
         for (size_t gi = 0; st == TSR_OK && gi < pool->n_groups; gi++) {
                 tsr_kv_pool_group *g = &pool->groups[gi];
                 if (!tsr_kv_group_paged(&g->spec))
@@ -409,6 +414,10 @@ static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr
                 for (uint32_t i = 0; set && st == TSR_OK && i < g->spec.n_layers; i++) {
                         uint32_t layer, one = 0;
                         const char *fmt = r->fam->kv_scale_module(desc, shard, (uint32_t)gi, i, &layer);
+                        if (nested) {
+                                snprintf(fmt_nested, sizeof fmt_nested, "language_model.%s", fmt);
+                                fmt = fmt_nested;
+                        }
                         st = tsr_modelopt_kv_scales(set, fmt, layer, 1, &g->k_scale[i], &g->v_scale[i], &one, err,
                                                     errlen);
                         found += one;
