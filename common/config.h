@@ -69,6 +69,7 @@ typedef struct tsr_config {
         int tensor_parallel_size;          /* -tp, 1 */
         int pipeline_parallel_size;        /* -pp, 1 */
         int data_parallel_size;            /* -dp, 1 (only 1 supported for now: tsr_config_validate) */
+        bool enable_expert_parallel;       /* MoE experts whole per tensor-parallel rank (issue #14) */
         char *distributed_executor_backend;/* NULL = auto; mp|uni */
         /* A replica over several nodes (issue #20): pp / nnodes pipeline stages per node, node 0
          * schedules and serves; the others run --headless (worker/parallel/nodes.h). */

@@ -243,6 +243,19 @@ static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m,
         uint32_t heads = m->num_attention_heads, kv_heads = m->num_key_value_heads;
         const char *partition = getenv("VLLM_PP_LAYER_PARTITION");
 
+        /* --enable-expert-parallel: whole experts per rank where the family has MoE layers
+         * and implements it; vLLM's flag changes nothing for a model without them */
+        if (cfg->enable_expert_parallel && desc && desc->family->moe && !desc->family->ep_shard) {
+                char names[128];
+                snprintf(err, errlen, "argument --enable-expert-parallel: not supported yet for model family %s "
+                         "(supported for %s; without the flag its experts are split across the tensor-parallel "
+                         "ranks)", desc->family->name, tsr_family_names(tsr_family_has_ep, names, sizeof names));
+                return TSR_E_UNSUPPORTED;
+        }
+        if (cfg->enable_expert_parallel && desc && !desc->family->moe)
+                log_info("--enable-expert-parallel: model family %s has no MoE layers, so it changes nothing (as in "
+                         "vLLM)", desc->family->name);
+
         if (tp > 1) {
                 if (heads && heads % tp != 0) {
                         snprintf(err, errlen, "Total number of attention heads (%u) must be divisible by tensor "
@@ -390,10 +403,10 @@ static void node_fingerprint(const tsr_config *cfg, uint32_t pp, const uint32_t 
                 o += (size_t)snprintf(split + o, sizeof split - o, "%s%u", s ? "," : "", layers[s]);
         snprintf(out, len,
                  "model=%s\nmodel_files=%s\npipeline_parallel_size=%u\nlayers_per_stage=%s\ndtype=%s\n"
-                 "kv_cache_dtype=%s\nblock_size=%d\nquantization=%s\nmax_model_len=%d\n",
+                 "kv_cache_dtype=%s\nblock_size=%d\nquantization=%s\nmax_model_len=%d\nenable_expert_parallel=%d\n",
                  slash && slash[1] ? slash + 1 : cfg->model, ident, pp, split, cfg->dtype ? cfg->dtype : "auto",
                  cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto", cfg->block_size,
-                 cfg->quantization ? cfg->quantization : "auto", cfg->max_model_len);
+                 cfg->quantization ? cfg->quantization : "auto", cfg->max_model_len, cfg->enable_expert_parallel);
 }
 
 /* How long the nodes wait for one another: TESSERA_NODE_JOIN_TIMEOUT seconds (600). */
@@ -686,6 +699,7 @@ int main(int argc, char **argv) {
                                  .node_stage = node_stage >= 0 ? (uint32_t)node_stage : 0,
                                  .node_stages = node_stages,
                                  .tp_canonical = f32 && family && family->tp_shard && !on_gpu,
+                                 .expert_parallel = cfg.enable_expert_parallel,
                                  .quantization = cfg.quantization,
                                  .max_step_tokens = plan.max_num_batched_tokens, .max_logit_rows = plan.max_num_seqs,
                                  .gpu_memory_utilization = cfg.gpu_memory_utilization, .kv_dtype = kv_dtype};

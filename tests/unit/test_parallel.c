@@ -518,7 +518,12 @@ typedef void (*tp_run_fn)(model_case *mc, uint32_t pp, const uint32_t *layers, u
 typedef struct tp_case {
         uint32_t tp, pp;
         const uint32_t *layers;
+        bool ep;                /* --enable-expert-parallel (run_hybrid_tp reads it from run_ep) */
 } tp_case;
+
+/* The case compare_tp is running asks for expert parallelism (a run function's argument
+ * list is shared by every family's tests; only run_hybrid_tp reads this). */
+static bool run_ep;
 
 /* R7 on `mc` (named `name`), on the reference kernels and on the fast ones: TP = 1 in the
  * canonical split within 1e-3 of the one-pass sum, and every case memcmp-equal to it;
@@ -551,14 +556,17 @@ static void compare_tp(model_case *mc, const char *name, tp_run_fn run, size_t r
                 assert_true(top > 0.01);        /* real logits, not a zeroed buffer */
                 for (size_t c = 0; c < n_cases; c++) {
                         memset(got, 0xff, rows * V * sizeof(float));
+                        run_ep = cases[c].ep;
                         run(mc, cases[c].pp, cases[c].layers, cases[c].tp, true, got, &n_got);
+                        run_ep = false;
                         assert_int_equal(n_got, n_want);
                         for (size_t i = 0; i < n_want; i++)
                                 if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
                                         fail_msg("%s, %s kernels, tp %u pp %u: logit [%zu, %zu] %.9g, tp 1 %.9g", name,
                                                  kern[k], cases[c].tp, cases[c].pp, i / V, i % V, got[i], want[i]);
-                        print_message("%s (%s kernels): tp %u pp %u: %zu logits bitwise equal to tp 1\n", name,
-                                      kern[k], cases[c].tp, cases[c].pp, n_want);
+                        print_message("%s (%s kernels): tp %u pp %u%s: %zu logits bitwise equal to tp 1\n", name,
+                                      kern[k], cases[c].tp, cases[c].pp, cases[c].ep ? " expert-parallel" : "",
+                                      n_want);
                 }
         }
         unsetenv("TESSERA_KERNELS");
@@ -745,7 +753,7 @@ static void run_hybrid_tp(model_case *mc, const char *dtype, uint32_t pp, const 
                 for (size_t t = 0; t < n_tables * H_TABLE; t++)
                         tables[i][t] = (uint32_t)((i * n_tables * H_TABLE + t) * 7 % H_BLOCKS);
         tsr_runner_opts o = {.dtype = dtype, .backend = mc->be, .pp = pp, .pp_layers = layers, .stage_threads = 1,
-                             .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical};
+                             .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical, .expert_parallel = run_ep};
         if (tsr_runner_new(mc->path, &mc->desc, &o, H_BLOCKS, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err) != TSR_OK)
                 fail_msg("%s pp %u tp %u: %s", mc->path, pp, tp, err);
         assert_int_equal(tsr_runner_stages(r), (tp > 1 ? tp : 1) * (pp > 1 ? pp : 1));
@@ -857,6 +865,24 @@ static void test_llama4_tp(void **state) {
         model_case mc = {0};
         static const uint32_t two[] = {2, 2}, skew[] = {3, 1};
         static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {1, 2, two}, {2, 2, two}, {4, 2, skew}};
+        if (!model_open_family(&mc, hybrid_fx[0].rel, hybrid_fx[0].family))
+                fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[0].rel);
+        compare_tp(&mc, "tiny-llama4", run_hybrid_f32, H_ROWS, cases, sizeof cases / sizeof cases[0]);
+        model_close(&mc);
+}
+
+/* --enable-expert-parallel on Llama 4: each rank holds whole experts (tp 2: experts 0-1 and
+ * 2-3; tp 4: one each) and the MoE block's all-reduce of every choice's per-slice
+ * partials, memcmp-equal to TP = 1 in the canonical split as tensor parallelism is:
+ * tp 1 (every expert local), 2, 4, and 2 x 2 with pipeline stages.  (Adding a rank's
+ * slice p where its global slice is tp_rank x P + p fails tp 2.  The fixture's top-2
+ * cannot show the expert order of a row's choices: two addends commute exactly.) */
+static void test_llama4_ep(void **state) {
+        (void)state;
+        model_case mc = {0};
+        static const uint32_t two[] = {2, 2};
+        static const tp_case cases[] = {{1, 1, NULL, true}, {2, 1, NULL, true}, {4, 1, NULL, true},
+                                        {2, 2, two, true}};
         if (!model_open_family(&mc, hybrid_fx[0].rel, hybrid_fx[0].family))
                 fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[0].rel);
         compare_tp(&mc, "tiny-llama4", run_hybrid_f32, H_ROWS, cases, sizeof cases / sizeof cases[0]);
@@ -1132,6 +1158,7 @@ int main(void) {
                 cmocka_unit_test(test_runner_refuses),
                 cmocka_unit_test(test_llama4_pp),
                 cmocka_unit_test(test_llama4_tp),
+                cmocka_unit_test(test_llama4_ep),
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_nemotron_h_tp),
                 cmocka_unit_test(test_hybrid_stage_args),

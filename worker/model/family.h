@@ -127,6 +127,13 @@ struct tsr_model_family {
          * has no TP. */
         tsr_status (*tp_shard)(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
         void (*tp_set_comm)(void *model, struct tsr_comm *comm);
+        /* --enable-expert-parallel (issue #14): as tp_shard, but each MoE layer's routed
+         * experts go whole to the ranks instead of a share of every expert to every rank,
+         * with outputs bitwise tp_shard's.  `moe`: the family's models have MoE layers; a
+         * family without them runs tp_shard for the flag (it changes nothing there, as in
+         * vLLM), one with them and no ep_shard refuses the flag. */
+        tsr_status (*ep_shard)(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
+        bool moe;
         size_t seq_size;                        /* bytes of one family sequence record */
         void (*seq_fill)(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
                          size_t past_len, bool want_logits, bool want_all_logits);        /* A family with per-request state (a TSR_KV_MAMBA_STATE group): the engine's state
@@ -170,6 +177,7 @@ const char *tsr_family_names(bool (*has)(const tsr_model_family *f), char *buf, 
  * a backend whose memory is not the host's (CUDA). */
 bool tsr_family_has_stages(const tsr_model_family *f);
 bool tsr_family_has_tp(const tsr_model_family *f);
+bool tsr_family_has_ep(const tsr_model_family *f);
 bool tsr_family_has_device(const tsr_model_family *f);
 
 /* The family that serves a model whose metadata says `format` ("gguf" or "hf"),

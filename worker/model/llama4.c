@@ -64,6 +64,12 @@ struct tsr_llama4 {
          * are the same bits at every tp_size. */
         uint32_t tp_size, nh, nkv, hid, mlp, vocab_out;
         bool canonical;
+        /* Expert parallelism (tsr_llama4_shard_ep): this rank holds routed experts
+         * [e0, e0 + ne) whole, ehid columns each (the whole intermediate_size; hid, the
+         * rank's share of every expert, without it), their down_proj as the
+         * TSR_COMM_TREE_LEAVES canonical K slices. */
+        bool ep;
+        uint32_t tp_rank, e0, ne, ehid;
         tsr_comm *comm;                         /* the rank's TP group; NULL when tp_size 1 */
         /* ModelOpt: the dtype the quantized weights are stored in (fp8_e4m3 or nvfp4);
          * TSR_DTYPE_F32 when nothing is */
@@ -93,11 +99,11 @@ static void layer_mats(const tsr_llama4 *m, layer *L, mat **w, size_t *rows, siz
         const tsr_llama4_config *c = m->cfg;
         size_t dim = c->base.dim, qd = (size_t)m->nh * c->base.head_dim;
         size_t kvd = (size_t)m->nkv * c->base.head_dim, I = m->hid, M = m->mlp;
-        size_t E = c->n_experts;
+        size_t E = m->ne, EI = m->ehid;         /* the routed experts as held */
         mat *ww[N_MATS] = {&L->q, &L->k, &L->v, &L->o, &L->gate, &L->up, &L->down, &L->router, &L->exp_gate_up,
                            &L->exp_down, &L->sh_gate, &L->sh_up, &L->sh_down};
-        size_t r[N_MATS] = {qd, kvd, kvd, dim, M, M, dim, E, 2 * I, dim, I, I, dim};
-        size_t cc[N_MATS] = {dim, dim, dim, qd, dim, dim, M, dim, dim, I, dim, dim, I};
+        size_t r[N_MATS] = {qd, kvd, kvd, dim, M, M, dim, c->n_experts, 2 * EI, dim, I, I, dim};
+        size_t cc[N_MATS] = {dim, dim, dim, qd, dim, dim, M, dim, dim, EI, dim, dim, I};
         size_t nn[N_MATS] = {1, 1, 1, 1, 1, 1, 1, 1, E, E, 1, 1, 1};
         memcpy(w, ww, sizeof ww);
         memcpy(rows, r, sizeof r);
@@ -409,6 +415,8 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 m->hid = cfg->base.hidden_dim;
                 m->mlp = cfg->mlp_dim;
                 m->vocab_out = cfg->base.vocab_size;
+                m->ne = cfg->n_experts;
+                m->ehid = cfg->base.hidden_dim;
                 m->qdtype = TSR_DTYPE_F32;
         }
         if (!m || !m->cfg || !(m->layers = calloc(spec->last_layer - spec->first_layer + 1, sizeof *m->layers)) ||
@@ -634,9 +642,11 @@ static tsr_status tp_check(const tsr_llama4_config *c, uint32_t t, char *err, si
         return TSR_E_UNSUPPORTED;
 }
 
-tsr_status tsr_llama4_shard_tp(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+/* tsr_llama4_shard_tp, and with `ep` tsr_llama4_shard_ep: the routed experts whole per
+ * rank instead of a share of each. */
+static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool ep, char *err, size_t errlen) {
         const tsr_llama4_config *c;
-        size_t dim, hd, H, KVH, I, M, E, nh, nkv, kv0, hid, mlp, vl, ns, n_local;
+        size_t dim, hd, H, KVH, I, M, E, nh, nkv, kv0, hid, mlp, vl, ns, n_local, e0 = 0, ne;
         bool split;
         tsr_status st;
 
@@ -660,6 +670,14 @@ tsr_status tsr_llama4_shard_tp(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size
         ns = TSR_COMM_TREE_LEAVES / tp_size;
         split = tp_size > 1;    /* tp 1: the canonical K slices alone */
         n_local = m->shard.last_layer - m->shard.first_layer + 1;
+        if (ep && E < tp_size) {
+                tsr_errf(err, errlen, "--enable-expert-parallel: %zu routed experts cannot be placed on %u ranks "
+                         "(at least one each)", E, tp_size);
+                return TSR_E_UNSUPPORTED;
+        }
+        /* vLLM's linear expert placement: E / tp each, the first E % tp ranks one more */
+        ne = E / tp_size + (tp_rank < E % tp_size);
+        e0 = tp_rank * (E / tp_size) + (tp_rank < E % tp_size ? tp_rank : E % tp_size);
         st = TSR_OK;
         for (size_t l = 0; l < n_local && st == TSR_OK; l++) {
                 layer *L = &m->layers[l];
@@ -670,7 +688,20 @@ tsr_status tsr_llama4_shard_tp(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size
                         st = tsr_tp_keep_col_slices(&L->o.f, 1, dim, H * hd, tp_rank * nh * hd, nh * hd, ns);
                 if (st != TSR_OK)
                         break;
-                if (c->layer[m->shard.first_layer + l] & TSR_LLAMA4_MOE) {
+                if ((c->layer[m->shard.first_layer + l] & TSR_LLAMA4_MOE) && ep) {
+                        /* experts e0 .. e0 + ne - 1 whole (their rows of the (E, 2I, dim) and
+                         * (E, dim, I) stacks), down_proj as all S canonical K slices; the
+                         * shared expert as below */
+                        if ((st = tsr_tp_keep_rows(&L->exp_gate_up.f, 1, E * 2 * I, dim, e0 * 2 * I, ne * 2 * I)) ==
+                                    TSR_OK &&
+                            (st = tsr_tp_keep_rows(&L->exp_down.f, 1, E * dim, I, e0 * dim, ne * dim)) == TSR_OK)
+                                st = tsr_tp_keep_col_slices(&L->exp_down.f, ne, dim, I, 0, I, TSR_COMM_TREE_LEAVES);
+                        if (st == TSR_OK && split && (st = tsr_tp_keep_rows(&L->sh_gate.f, 1, I, dim, tp_rank * hid,
+                                                                            hid)) == TSR_OK)
+                                st = tsr_tp_keep_rows(&L->sh_up.f, 1, I, dim, tp_rank * hid, hid);
+                        if (st == TSR_OK)
+                                st = tsr_tp_keep_col_slices(&L->sh_down.f, 1, dim, I, tp_rank * hid, hid, ns);
+                } else if (c->layer[m->shard.first_layer + l] & TSR_LLAMA4_MOE) {
                         /* every expert's gate and up halves, (2E, I, dim) as stacked (I, dim)
                          * matrices, and the shared expert: the rank's hid rows of each */
                         if (split && (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 2 * E, I, dim, tp_rank * hid, hid)) ==
@@ -696,13 +727,29 @@ tsr_status tsr_llama4_shard_tp(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size
                 return st;      /* the model is half split: the caller frees it */
         }
         m->tp_size = tp_size;
+        m->tp_rank = tp_rank;
         m->nh = (uint32_t)nh;
         m->nkv = (uint32_t)nkv;
         m->hid = (uint32_t)hid;
         m->mlp = (uint32_t)mlp;
         m->vocab_out = (uint32_t)vl;
         m->canonical = true;
+        if (ep)         /* vLLM logs the same per EP rank ("Local/global number of experts") */
+                log_info("expert parallel rank %u of %u: routed experts %zu..%zu of %zu (%zu local)", tp_rank, tp_size,
+                         e0, e0 + ne - 1, E, ne);
+        m->ep = ep;
+        m->e0 = ep ? (uint32_t)e0 : 0;
+        m->ne = ep ? (uint32_t)ne : (uint32_t)E;
+        m->ehid = ep ? (uint32_t)I : (uint32_t)hid;
         return TSR_OK;
+}
+
+tsr_status tsr_llama4_shard_tp(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        return shard(m, tp_rank, tp_size, false, err, errlen);
+}
+
+tsr_status tsr_llama4_shard_ep(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        return shard(m, tp_rank, tp_size, true, err, errlen);
 }
 
 void tsr_llama4_set_comm(tsr_llama4 *m, tsr_comm *comm) {
@@ -931,6 +978,11 @@ struct scratch {
         uint32_t *sel;                  /* (N, top_k) chosen experts */
         uint32_t *rows;                 /* (N,) rows routed to one expert */
         float *rscale;                  /* (N,) their scores */
+        /* expert parallelism: (N,) which of its top_k choices each routed row is, and
+         * (N, top_k, S, dim) every choice's down_proj partials per canonical slice, this
+         * rank's experts' filled, the others' zero, all-reduced (tsr_llama4_shard_ep) */
+        uint32_t *rk;
+        float *ep_parts;
         float *ck, *cv;                 /* (chunk rows, kv_dim) a chunk's keys and values, gathered */
         uint32_t *pos, *tokens;         /* (N,) */
 };
@@ -942,6 +994,8 @@ static void scratch_free(struct scratch *s) {
                 free(f[i]);
         free(s->sel);
         free(s->rows);
+        free(s->rk);
+        free(s->ep_parts);
         free(s->pos);
         free(s->tokens);
 }
@@ -954,7 +1008,14 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N
         size_t dim = c->base.dim, qd = (size_t)m->nh * c->base.head_dim;
         size_t kvd = (size_t)m->nkv * c->base.head_dim, P = n_parts(m);
         size_t hid = m->mlp > m->hid ? m->mlp : m->hid;
-        size_t E = c->n_experts, K = c->top_k, widest = P * dim, k = qd > hid ? qd : hid;
+        size_t E = c->n_experts, K = c->top_k, widest = P * dim, k = qd > hid ? qd : hid, S = TSR_COMM_TREE_LEAVES;
+
+        /* expert parallelism: an expert's whole width, its S partials, every choice's */
+        if (m->ep) {
+                hid = m->ehid > hid ? m->ehid : hid;
+                k = m->ehid / S * P > k ? m->ehid / S * P : k;
+                widest = S * dim > widest ? S * dim : widest;
+        }
 
         memset(s, 0, sizeof *s);
         widest = qd > widest ? qd : widest;
@@ -965,10 +1026,11 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N
 #define A(p, n) ((p) = malloc((n) * sizeof *(p)))
         if (!A(s->x, N * dim) || !A(s->xb, N * dim) || !A(s->q, N * qd) || !A(s->att, N * qd) || !A(s->k, N * kvd) ||
             !A(s->v, N * kvd) || !A(s->hb, N * hid) || !A(s->hb2, N * hid) || !A(s->parts, P * N * dim) ||
-            !A(s->routed, P * N * dim) || !A(s->xin, N * dim) || !A(s->ey, P * N * dim) ||
+            !A(s->routed, P * N * dim) || !A(s->xin, N * dim) || !A(s->ey, (m->ep ? S : P) * N * dim) ||
             !A(s->slice, m->canonical ? N * k / P : 1) || !A(s->rl, N * E) ||
             !A(s->score, N * K) || !A(s->sel, N * K) || !A(s->rows, N) || !A(s->rscale, N) ||
-            !A(s->ck, chunk_rows * kvd + 1) || !A(s->cv, chunk_rows * kvd + 1) || !A(s->pos, N) || !A(s->tokens, N)) {
+            !A(s->ck, chunk_rows * kvd + 1) || !A(s->cv, chunk_rows * kvd + 1) || !A(s->pos, N) || !A(s->tokens, N) ||
+            !A(s->rk, N) || (m->ep && !A(s->ep_parts, N * K * S * dim))) {
                 scratch_free(s);
                 return TSR_E_NOMEM;
         }
@@ -1041,10 +1103,11 @@ done:
  * adds the same floats in the same order (R7's tree_r(routed_r + shared_r)). */
 static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, struct scratch *s, size_t N) {
         const tsr_llama4_config *c = m->cfg;
-        size_t dim = c->base.dim, I = m->hid, E = c->n_experts, K = c->top_k, P = n_parts(m), cnt = N * dim;
+        size_t dim = c->base.dim, I = m->ehid, E = c->n_experts, K = c->top_k, P = n_parts(m), cnt = N * dim;
+        size_t S = TSR_COMM_TREE_LEAVES;
         tsr_status st;
 
-        TRY(swiglu(m, be, s, s->parts, s->xb, &L->sh_gate, &L->sh_up, &L->sh_down, N, I));   /* parts (P, N, dim) */
+        TRY(swiglu(m, be, s, s->parts, s->xb, &L->sh_gate, &L->sh_up, &L->sh_down, N, m->hid)); /* parts (P, N, dim) */
         TRY(mm(be, s->rl, s->xb, &L->router, 0, N, dim, E));                                    /* rl (N, E) */
         for (size_t r = 0; r < N; r++) {
                 /* top-k by logit, ties to the lower index; the score is the sigmoid in float32 */
@@ -1063,12 +1126,15 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                 }
         }
         memset(s->routed, 0, P * cnt * sizeof(float));
-        for (size_t e = 0; e < E; e++) {
-                size_t n = 0;
+        if (m->ep)
+                memset(s->ep_parts, 0, N * K * S * dim * sizeof(float));
+        for (size_t e = m->e0; e < m->e0 + m->ne; e++) {       /* the experts held: all, or the rank's (ep) */
+                size_t n = 0, le = e - m->e0;
                 for (size_t r = 0; r < N; r++)
                         for (size_t j = 0; j < K; j++)
                                 if (s->sel[r * K + j] == e) {
                                         s->rows[n] = (uint32_t)r;
+                                        s->rk[n] = (uint32_t)j;
                                         s->rscale[n++] = s->score[r * K + j];
                                 }
                 if (!n)
@@ -1083,10 +1149,21 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                         TRY(mm_stored(be, s->ey, s->hb, &L->qexp[3 * e + 2], n));
                 } else {
                         /* gate rows 0..I-1 and up rows I..2I-1 of the expert's (2I, dim) matrix */
-                        TRY(mm(be, s->hb, s->xin, &L->exp_gate_up, e * 2 * I * dim, n, dim, I));
-                        TRY(mm(be, s->hb2, s->xin, &L->exp_gate_up, e * 2 * I * dim + I * dim, n, dim, I));
+                        TRY(mm(be, s->hb, s->xin, &L->exp_gate_up, le * 2 * I * dim, n, dim, I));
+                        TRY(mm(be, s->hb2, s->xin, &L->exp_gate_up, le * 2 * I * dim + I * dim, n, dim, I));
                         TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, n * I));
-                        TRY(mm_parts(m, be, s, s->ey, s->hb, &L->exp_down, e * dim * I, n, I)); /* ey (P, n, dim) */
+                        if (m->ep)      /* all S slices of the whole expert: ey (S, n, dim) */
+                                TRY(tsr_tp_row_partials(be, s->ey, s->slice, s->hb, L->exp_down.f + le * dim * I, n, I,
+                                                        dim, S));
+                        else
+                                TRY(mm_parts(m, be, s, s->ey, s->hb, &L->exp_down, le * dim * I, n, I)); /* (P, n, dim) */
+                }
+                if (m->ep) {    /* each choice's slices where every rank finds them (below) */
+                        for (size_t j = 0; j < S; j++)
+                                for (size_t i = 0; i < n; i++)
+                                        memcpy(s->ep_parts + (((size_t)s->rows[i] * K + s->rk[i]) * S + j) * dim,
+                                               s->ey + (j * n + i) * dim, dim * sizeof(float));
+                        continue;
                 }
                 for (size_t p = 0; p < P; p++)
                         for (size_t i = 0; i < n; i++) {
@@ -1094,6 +1171,32 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                                 for (size_t d = 0; d < dim; d++)
                                         dst[d] += s->ey[(p * n + i) * dim + d];
                         }
+        }
+        if (m->ep) {
+                /* Every choice's partials from the rank holding its expert (each entry is
+                 * written by one rank, zero on the others: the sum is exact), then per row
+                 * and per slice of this rank the choices added in expert order from zero,
+                 * as the tensor-parallel sum above adds them: the same bits. */
+                if (m->tp_size > 1)
+                        TRY(tsr_comm_all_reduce_sum(m->comm, s->ep_parts, N * K * S * dim, NULL));
+                for (size_t r = 0; r < N; r++) {
+                        const uint32_t *sel = s->sel + r * K;   /* distinct experts */
+                        for (size_t t = 0, best = K; t < K; t++) {
+                                /* the choice with the next larger expert */
+                                size_t prev = best;
+                                best = K;
+                                for (size_t j = 0; j < K; j++)
+                                        if ((prev == K || sel[j] > sel[prev]) && (best == K || sel[j] < sel[best]))
+                                                best = j;
+                                for (size_t p = 0; p < P; p++) {
+                                        size_t slice = (size_t)m->tp_rank * P + p;
+                                        const float *src = s->ep_parts + ((r * K + best) * S + slice) * dim;
+                                        float *dst = s->routed + p * cnt + r * dim;
+                                        for (size_t d = 0; d < dim; d++)
+                                                dst[d] += src[d];
+                                }
+                        }
+                }
         }
         if (!m->canonical) {
                 TRY(tsr_backend_add(be, s->xb, s->parts, s->routed, cnt));

@@ -136,6 +136,19 @@ struct tsr_comm;
 tsr_status tsr_llama4_shard_tp(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
 /* The rank's TP group, which the forwards of a tp_size > 1 model all-reduce and
  * all-gather over; set by the rank's thread before its forward (borrowed). */
+/* --enable-expert-parallel (issue #14): tsr_llama4_shard_tp, except that each MoE
+ * layer's routed experts go whole to the ranks, vLLM's linear placement (E / tp_size
+ * consecutive experts each, the first E % tp_size ranks one more), their down_proj held
+ * as all TSR_COMM_TREE_LEAVES canonical K slices; attention, the dense MLPs, the shared
+ * expert and lm_head are split as by tsr_llama4_shard_tp.  In the forward every rank
+ * routes every token (the router is whole), runs its experts on the tokens routed to
+ * them (vLLM's naive dispatch: every rank has every token), and one all-reduce of each
+ * choice's per-slice partials (written by the rank holding its expert, zero elsewhere)
+ * lets each rank add its slices' partials in expert order, as the tensor-parallel sum
+ * does: outputs bitwise those of tsr_llama4_shard_tp at any tp_size (and of TP 1).
+ * That all-reduce moves N x top_k x TSR_COMM_TREE_LEAVES x dim floats per MoE layer.
+ * Errors as tsr_llama4_shard_tp. */
+tsr_status tsr_llama4_shard_ep(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
 void tsr_llama4_set_comm(tsr_llama4 *m, struct tsr_comm *comm);
 
 /* One KV group of every layer as full attention (chunked layers too), float32. */

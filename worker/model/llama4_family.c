@@ -129,6 +129,10 @@ static tsr_status llama4_tp_shard(void *model, uint32_t tp_rank, uint32_t tp_siz
         return tsr_llama4_shard_tp(model, tp_rank, tp_size, err, errlen);
 }
 
+static tsr_status llama4_ep_shard(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        return tsr_llama4_shard_ep(model, tp_rank, tp_size, err, errlen);
+}
+
 static void llama4_tp_set_comm(void *model, struct tsr_comm *comm) { tsr_llama4_set_comm(model, comm); }
 
 /* The sequence record and the pipeline split are the Llama family's (llama.h). */
@@ -154,6 +158,8 @@ const tsr_model_family tsr_family_llama4 = {
         .forward_batch = llama4_forward_batch,
         .forward_stage = llama4_forward_stage,
         .tp_shard = llama4_tp_shard,
+        .ep_shard = llama4_ep_shard,
+        .moe = true,
         .tp_set_comm = llama4_tp_set_comm,
         .seq_size = sizeof(tsr_llama_seq),
         .seq_fill = tsr_llama_seq_fill,

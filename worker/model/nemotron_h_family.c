@@ -169,6 +169,7 @@ const tsr_model_family tsr_family_nemotron_h = {
         .forward_batch = nh_forward_batch,
         .forward_stage = nh_forward_stage,
         .tp_shard = nh_tp_shard,
+        .moe = true,            /* no ep_shard yet: --enable-expert-parallel is refused */
         .tp_set_comm = nh_tp_set_comm,
         .seq_size = sizeof(tsr_nemotron_h_seq),
         .seq_fill = nh_seq_fill,

@@ -487,7 +487,9 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                          r->fam->name, tsr_family_names(tsr_family_has_tp, names, sizeof names));
                 return TSR_E_UNSUPPORTED;
         }
-        if (split && (st = r->fam->tp_shard(sg->model, shard->tp_rank, shard->tp_size, err, errlen)) != TSR_OK) {
+        tsr_status (*shard_fn)(void *, uint32_t, uint32_t, char *, size_t) =
+                opts->expert_parallel && r->fam->ep_shard ? r->fam->ep_shard : r->fam->tp_shard;
+        if (split && (st = shard_fn(sg->model, shard->tp_rank, shard->tp_size, err, errlen)) != TSR_OK) {
                 if (shard->tp_size > 1 || st != TSR_E_UNSUPPORTED)
                         return st;
                 /* tp 1: a model whose sizes the split does not fit runs as it always did */

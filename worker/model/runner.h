@@ -45,6 +45,9 @@ typedef struct tsr_runner_opts {
          * so that a tp 1 runner gives the bits of a tp > 1 one (needs float32 weights). */
         uint32_t tp;
         bool tp_canonical;
+        /* --enable-expert-parallel: the family's ep_shard instead of tp_shard (the worker
+         * has checked that the family has one, or has no MoE layers). */
+        bool expert_parallel;
         int stage_threads;
         uint32_t pp_timeout_ms;
         /* --quantization (NULL: from the checkpoint): must agree with what a Hugging Face
