@@ -139,7 +139,7 @@ static const tsr_opt opts[] = {
          .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "independent engine replicas; only 1: run more workers behind the router instead"},
         {O_BOOL("enable-expert-parallel", enable_expert_parallel), .owner = W, .group = GRP_PARALLEL,
          .help = "MoE layers: each tensor-parallel rank holds whole experts (E / -tp, consecutive) instead of a "
-                 "share of every expert; the same outputs (llama4 family; no effect without MoE layers)"},
+                 "share of every expert; the same outputs (llama4, nemotron_h; no effect without MoE layers)"},
         {O_INT("nnodes", nnodes, 1, 64), .alias = "-n", .owner = W, .group = GRP_PARALLEL, .metavar = "N",
          .def = "1", .help = "nodes one replica spans: -pp / N pipeline stages per node (N divides -pp), node 0 "
                  "schedules and serves, the others run --headless"},

@@ -253,6 +253,20 @@ def test_nemotron_h_tp2_tp2pp2_answer_as_tp1(tmp_path):
     assert all(w[2] for w in want[:-1]), want       # every request answered
 
 
+def test_nemotron_h_expert_parallel_answers_as_tp1(tmp_path):
+    """--enable-expert-parallel on the tiny NemotronH (8 experts, top-2): -tp 2 (experts
+    0-3 and 4-7) and -tp 2 -pp 2 answer as -tp 1 without it (text and logprob floats)."""
+    golden = json.loads((TINY_NEMOTRON_H / "golden.json").read_text())
+    prompts = [p["ids"] for p in golden["prompts"]]
+    ep = "--enable-expert-parallel"
+    compare_tp(tmp_path, "nemotron-h-", TINY_NEMOTRON_H / "model", ("0..2", "3..5"),
+               lambda c: answers_ids(c, prompts), grid=(("1", "1"), ("2", "1", ep), ("2", "2", ep)))
+    log = (tmp_path / "nemotron-h-tp2pp1-enable-expert-parallel.log").read_text()
+    for r in range(2):
+        assert f"expert parallel rank {r} of 2: routed experts {4 * r}..{4 * r + 3} of 8 (4 local)" in log, \
+            log[-3000:]
+
+
 @pytest.mark.parametrize("flags,env,words", [
     (("-tp", "2"), None, "Total number of attention heads (9) must be divisible by tensor parallel size (2)."),
     (("-tp", "3"), None, "argument --tensor-parallel-size: 3 needs --dtype float32"),
@@ -277,8 +291,6 @@ def test_nemotron_h_tp2_tp2pp2_answer_as_tp1(tmp_path):
     (("-tp", "3", "--dtype", "float32", "tiny-nemotron-h"), None,
      "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
     (("-tp", "2", "tiny-nemotron-h"), None, "argument --tensor-parallel-size: 2 needs --dtype float32"),
-    (("-tp", "2", "--dtype", "float32", "--enable-expert-parallel", "tiny-nemotron-h"), None,
-     "argument --enable-expert-parallel: not supported yet for model family nemotron_h (supported for llama4;"),
     (("-pp", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12"}, "len(partition_list)=2 does not match pp_size=3."),
     (("-pp", "2"), {"VLLM_PP_LAYER_PARTITION": "10,10"},
      "sum(partition_list)=20 does not match num_hidden_layers=30."),

@@ -39,6 +39,7 @@
 #include "worker/engine/kv_cache.h"
 #include "worker/model/family.h"
 #include "worker/model/runner.h"
+#include "worker/model/tp.h"
 #include "worker/parallel/comm.h"
 #include "worker/parallel/partition.h"
 #include "worker/parallel/pipeline.h"
@@ -381,15 +382,13 @@ typedef struct model_case {
 } model_case;
 
 /* The model at `rel` (from the source tree) of the family named `family`. */
-static bool model_open_family(model_case *mc, const char *rel, const char *family) {
-        static char path[4096];
+/* `path` (kept: mc->path borrows it) as a model of `family`. */
+static void model_open_path(model_case *mc, const char *path, const char *family) {
         char err[512] = "";
-        bool gguf = strstr(rel, ".gguf") != NULL;
+        bool gguf = strstr(path, ".gguf") != NULL;
         static const tsr_model_family *const all[] = {&tsr_family_llama, &tsr_family_llama4, &tsr_family_nemotron_h};
         const tsr_model_family *fam = NULL;
 
-        if (!tsr_test_src_path(rel, path, sizeof path))
-                return false;
         mc->path = path;
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
                 if (strcmp(all[i]->name, family) == 0)
@@ -398,6 +397,13 @@ static bool model_open_family(model_case *mc, const char *rel, const char *famil
         if (tsr_model_desc_read(fam, path, gguf, &mc->desc, err, sizeof err) != TSR_OK)
                 fail_msg("%s: %s", path, err);
         assert_int_equal(tsr_runner_backend_new(1, &mc->be, err, sizeof err), TSR_OK);
+}
+
+static bool model_open_family(model_case *mc, const char *rel, const char *family) {
+        static char path[4096];
+        if (!tsr_test_src_path(rel, path, sizeof path))
+                return false;
+        model_open_path(mc, path, family);
         return true;
 }
 
@@ -922,6 +928,74 @@ static void test_nemotron_h_tp(void **state) {
         model_close(&mc);
 }
 
+/* --enable-expert-parallel on NemotronH (8 experts): tp 2 (experts 0-3 and 4-7), tp 1 and
+ * 2 x 2, memcmp-equal to TP = 1 canonical; then a copy whose router picks 3 experts a
+ * row (config.json rewritten, the weights linked), where a row's choices come in another
+ * order than the experts' and the order of the weighted sum shows: TP 2 and EP 2 both
+ * bitwise its TP 1.  (Adding the choices in top-k order fails the top-3 copy.) */
+static void test_nemotron_h_ep(void **state) {
+        (void)state;
+        model_case mc = {0};
+        static const uint32_t two[] = {3, 3};
+        static const tp_case cases[] = {{1, 1, NULL, true}, {2, 1, NULL, true}, {2, 2, two, true}};
+        static const tp_case top3[] = {{2, 1, NULL, false}, {2, 1, NULL, true}};
+        char dir[] = "/tmp/tsr_nh_top3_XXXXXX", src[4096], path[4200];
+        static const char *const linked[] = {"model.safetensors", "tokenizer.json", "tokenizer_config.json"};
+        json_error_t je;
+        json_t *cfg;
+
+        if (!model_open_family(&mc, hybrid_fx[1].rel, hybrid_fx[1].family))
+                fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[1].rel);
+        compare_tp(&mc, "tiny-nemotron-h", run_hybrid_f32, H_ROWS, cases, sizeof cases / sizeof cases[0]);
+        model_close(&mc);
+
+        assert_non_null(tsr_test_src_path(hybrid_fx[1].rel, src, sizeof src));
+        assert_non_null(mkdtemp(dir));
+        for (size_t i = 0; i < sizeof linked / sizeof linked[0]; i++) {
+                char from[4200];
+                snprintf(from, sizeof from, "%s/%s", src, linked[i]);
+                snprintf(path, sizeof path, "%s/%s", dir, linked[i]);
+                assert_int_equal(symlink(from, path), 0);
+        }
+        snprintf(path, sizeof path, "%s/config.json", src);
+        assert_non_null(cfg = json_load_file(path, 0, &je));
+        json_object_set_new(cfg, "num_experts_per_tok", json_integer(3));
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        assert_int_equal(json_dump_file(cfg, path, 0), 0);
+        json_decref(cfg);
+        model_open_path(&mc, dir, "nemotron_h");
+        compare_tp(&mc, "tiny-nemotron-h top-3", run_hybrid_f32, H_ROWS, top3, sizeof top3 / sizeof top3[0]);
+        model_close(&mc);
+        for (size_t i = 1; i < sizeof linked / sizeof linked[0]; i++) {
+                snprintf(path, sizeof path, "%s/%s", dir, linked[i]);
+                unlink(path);
+        }
+        tsr_test_remove_model_dir(dir);
+}
+
+/* vLLM's linear expert placement (determine_expert_map): E / tp consecutive experts a
+ * rank, the remainder one each to the first ranks; every expert placed once; fewer
+ * experts than ranks refused. */
+static void test_expert_range(void **state) {
+        static const struct { size_t E; uint32_t tp; size_t first[4], count[4]; } cases[] = {
+                {4, 2, {0, 2}, {2, 2}},       {8, 2, {0, 4}, {4, 4}},       {16, 4, {0, 4, 8, 12}, {4, 4, 4, 4}},
+                {5, 2, {0, 3}, {3, 2}},       {10, 4, {0, 3, 6, 8}, {3, 3, 2, 2}}, {3, 3, {0, 1, 2}, {1, 1, 1}},
+                {128, 1, {0}, {128}},
+        };
+        char err[256];
+        size_t e0, ne;
+        (void)state;
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+                for (uint32_t r = 0; r < cases[c].tp; r++) {
+                        assert_int_equal(tsr_tp_expert_range(cases[c].E, r, cases[c].tp, &e0, &ne, err, sizeof err),
+                                         TSR_OK);
+                        assert_int_equal(e0, cases[c].first[r]);
+                        assert_int_equal(ne, cases[c].count[r]);
+                }
+        assert_int_equal(tsr_tp_expert_range(3, 0, 4, &e0, &ne, err, sizeof err), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "3 routed experts cannot be placed on 4 ranks"));
+}
+
 /* A stage's forward_stage refuses arguments that do not fit its place: no input on a
  * later stage, an output on the last, input on the first; and a stage model's pool is
  * its own layers' (a whole-model pool is refused). */
@@ -1159,6 +1233,8 @@ int main(void) {
                 cmocka_unit_test(test_llama4_pp),
                 cmocka_unit_test(test_llama4_tp),
                 cmocka_unit_test(test_llama4_ep),
+                cmocka_unit_test(test_nemotron_h_ep),
+                cmocka_unit_test(test_expert_range),
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_nemotron_h_tp),
                 cmocka_unit_test(test_hybrid_stage_args),

@@ -646,7 +646,7 @@ static tsr_status tp_check(const tsr_llama4_config *c, uint32_t t, char *err, si
  * rank instead of a share of each. */
 static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool ep, char *err, size_t errlen) {
         const tsr_llama4_config *c;
-        size_t dim, hd, H, KVH, I, M, E, nh, nkv, kv0, hid, mlp, vl, ns, n_local, e0 = 0, ne;
+        size_t dim, hd, H, KVH, I, M, E, nh, nkv, kv0, hid, mlp, vl, ns, n_local, e0 = 0, ne = 0;
         bool split;
         tsr_status st;
 
@@ -670,14 +670,8 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         ns = TSR_COMM_TREE_LEAVES / tp_size;
         split = tp_size > 1;    /* tp 1: the canonical K slices alone */
         n_local = m->shard.last_layer - m->shard.first_layer + 1;
-        if (ep && E < tp_size) {
-                tsr_errf(err, errlen, "--enable-expert-parallel: %zu routed experts cannot be placed on %u ranks "
-                         "(at least one each)", E, tp_size);
-                return TSR_E_UNSUPPORTED;
-        }
-        /* vLLM's linear expert placement: E / tp each, the first E % tp ranks one more */
-        ne = E / tp_size + (tp_rank < E % tp_size);
-        e0 = tp_rank * (E / tp_size) + (tp_rank < E % tp_size ? tp_rank : E % tp_size);
+        if (ep && (st = tsr_tp_expert_range(E, tp_rank, tp_size, &e0, &ne, err, errlen)) != TSR_OK)
+                return st;
         st = TSR_OK;
         for (size_t l = 0; l < n_local && st == TSR_OK; l++) {
                 layer *L = &m->layers[l];

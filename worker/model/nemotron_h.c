@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
 #include "worker/model/tp.h"
@@ -103,6 +104,11 @@ struct tsr_nemotron_h {
         tsr_nemotron_h_config rank;
         uint32_t tp_size, vocab_out;
         bool canonical;
+        /* Expert parallelism (tsr_nemotron_h_shard_ep): this rank holds routed experts
+         * [e0, e0 + ne) whole (cfg.moe_hidden columns each, down_proj as all
+         * TSR_COMM_TREE_LEAVES canonical K slices), the others not at all. */
+        bool ep;
+        uint32_t tp_rank, e0, ne;
         tsr_comm *comm;                 /* the rank's TP group; NULL at tp_size 1 */
 };
 
@@ -387,6 +393,7 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 goto fail;
         m->shard = spec ? *spec : tsr_shard_spec_whole(m->cfg.n_layers);
         m->rank = m->cfg;
+        m->ne = m->cfg.n_experts;       /* every routed expert (tsr_nemotron_h_shard_ep keeps a range) */
         m->tp_size = 1;
         m->vocab_out = m->cfg.vocab_size;
         if (m->shard.tp_size != 1 || m->shard.tp_rank != 0 || m->shard.first_layer > m->shard.last_layer ||
@@ -639,10 +646,29 @@ static tsr_status split_ffn(nh_mat *up, nh_mat *down, size_t dim, size_t hid, si
         return tsr_tp_keep_col_slices(&down->f, 1, dim, hid, rk * n, n, ns);
 }
 
-tsr_status tsr_nemotron_h_shard_tp(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+/* An expert parallel rank's experts: e0 .. e0 + ne - 1 whole (down_proj as all S
+ * canonical K slices), every other expert's weights freed. */
+static tsr_status keep_experts(nh_layer *L, const tsr_nemotron_h_config *c, size_t e0, size_t ne) {
+        tsr_status st = TSR_OK;
+        for (size_t e = 0; e < c->n_experts && st == TSR_OK; e++) {
+                if (e < e0 || e >= e0 + ne) {
+                        free(L->exp_up[e].f);
+                        free(L->exp_down[e].f);
+                        L->exp_up[e].f = L->exp_down[e].f = NULL;
+                        continue;
+                }
+                st = tsr_tp_keep_col_slices(&L->exp_down[e].f, 1, c->dim, c->moe_hidden, 0, c->moe_hidden,
+                                            TSR_COMM_TREE_LEAVES);
+        }
+        return st;
+}
+
+/* tsr_nemotron_h_shard_tp, and with `ep` tsr_nemotron_h_shard_ep: the routed experts
+ * whole per rank instead of a share of each. */
+static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, bool ep, char *err, size_t errlen) {
         const tsr_nemotron_h_config *c;
         tsr_nemotron_h_config r;
-        size_t dim, hd, ns, nkv, kv0, vl;
+        size_t dim, hd, ns, nkv, kv0, vl, E, e0 = 0, ne = 0;
         bool split;
         tsr_status st = TSR_OK;
 
@@ -655,6 +681,9 @@ tsr_status tsr_nemotron_h_shard_tp(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t
                 tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
                 return TSR_E_UNSUPPORTED;
         }
+        E = c->n_experts;
+        if (ep && (st = tsr_tp_expert_range(E, tp_rank, tp_size, &e0, &ne, err, errlen)) != TSR_OK)
+                return st;
         r = tsr_nemotron_h_config_rank(c, tp_size);
         dim = c->dim, hd = c->head_dim, ns = TSR_COMM_TREE_LEAVES / tp_size, nkv = r.n_kv_heads;
         /* tp > KV heads: each KV head is replicated on tp / n_kv_heads ranks (vLLM) */
@@ -678,7 +707,9 @@ tsr_status tsr_nemotron_h_shard_tp(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t
                         st = tsr_tp_keep_col_slices(&L->wo.f, 1, dim, c->n_heads * hd, tp_rank * qr, qr, ns);
                         break;
                 case 'E':
-                        for (uint32_t e = 0; e < c->n_experts && st == TSR_OK; e++)
+                        if (ep)
+                                st = keep_experts(L, c, e0, ne);
+                        for (uint32_t e = 0; !ep && e < c->n_experts && st == TSR_OK; e++)
                                 st = split_ffn(&L->exp_up[e], &L->exp_down[e], dim, c->moe_hidden, r.moe_hidden,
                                                tp_rank, ns, split);
                         if (st == TSR_OK)
@@ -698,11 +729,26 @@ tsr_status tsr_nemotron_h_shard_tp(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
                 return st;      /* the model is half split: the caller frees it */
         }
+        if (ep)         /* vLLM logs the same per EP rank ("Local/global number of experts") */
+                log_info("expert parallel rank %u of %u: routed experts %zu..%zu of %zu (%zu local)", tp_rank, tp_size,
+                         e0, e0 + ne - 1, E, ne);
         m->rank = r;
         m->tp_size = tp_size;
+        m->tp_rank = tp_rank;
         m->vocab_out = split ? (uint32_t)vl : c->vocab_size;
         m->canonical = true;
+        m->ep = ep;
+        m->e0 = ep ? (uint32_t)e0 : 0;
+        m->ne = ep ? (uint32_t)ne : c->n_experts;
         return TSR_OK;
+}
+
+tsr_status tsr_nemotron_h_shard_tp(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        return shard(m, tp_rank, tp_size, false, err, errlen);
+}
+
+tsr_status tsr_nemotron_h_shard_ep(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        return shard(m, tp_rank, tp_size, true, err, errlen);
 }
 
 void tsr_nemotron_h_set_comm(tsr_nemotron_h *m, tsr_comm *comm) {
@@ -897,12 +943,17 @@ struct scratch {
         float *topw;                    /* (N, top_k) their weights */
         uint32_t *rows;                 /* (N,) the rows routed to one expert */
         float *rowsw;                   /* (N,) */
+        /* expert parallelism: (N,) which of its top_k choices each routed row is, and
+         * (N, top_k, S, dim) every choice's down_proj partials per canonical slice (not
+         * yet weighted), this rank's experts' filled, the others' zero, all-reduced */
+        uint32_t *rk;
+        float *ep_parts;
 };
 
 static void scratch_free(struct scratch *s) {
         void *p[] = {s->x,   s->xb,     s->out,  s->proj,  s->y,   s->win,  s->xbc,    s->rs,
                      s->rsc, s->gscore, s->gsel, s->taken, s->hid, s->hid2, s->exp_in, s->ey,
-                     s->parts, s->routed, s->slice, s->top, s->topw, s->rows, s->rowsw};
+                     s->parts, s->routed, s->slice, s->top, s->topw, s->rows, s->rowsw, s->rk, s->ep_parts};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
                 free(p[i]);
 }
@@ -918,8 +969,8 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size
         size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c), P = n_parts(m);
         size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
         size_t proj = max3(di + cd + c->m_heads, qd + 2 * kvd, c->n_experts);
-        size_t hid = max3(c->moe_hidden, c->shared_hidden, c->mlp_hidden);
-        size_t tk = c->top_k ? c->top_k : 1;
+        size_t hid = max3(m->ep ? m->cfg.moe_hidden : c->moe_hidden, c->shared_hidden, c->mlp_hidden);
+        size_t tk = c->top_k ? c->top_k : 1, S = TSR_COMM_TREE_LEAVES;
 
         *s = (struct scratch){0};
         s->x = malloc(N * dim * sizeof(float));
@@ -937,7 +988,7 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size
         s->hid = malloc(N * hid * sizeof(float) + 1);
         s->hid2 = malloc(N * hid * sizeof(float) + 1);
         s->exp_in = malloc(N * dim * sizeof(float));
-        s->ey = malloc(P * N * dim * sizeof(float));
+        s->ey = malloc((m->ep ? S : P) * N * dim * sizeof(float));
         s->parts = malloc(P * N * dim * sizeof(float));
         s->routed = malloc(P * N * dim * sizeof(float));
         /* widest K of a row-parallel matmul: out_proj's, o_proj's, the experts' and the MLP's */
@@ -946,7 +997,9 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size
         s->topw = malloc(N * tk * sizeof(float));
         s->rows = malloc(N * sizeof(uint32_t));
         s->rowsw = malloc(N * sizeof(float));
-        if (!s->x || !s->xb || !s->out || !s->proj || !s->y || !s->win || !s->xbc || !s->rs || !s->rsc ||
+        s->rk = malloc(N * sizeof(uint32_t));
+        s->ep_parts = m->ep ? malloc(N * tk * S * dim * sizeof(float)) : NULL;
+        if ((m->ep && !s->ep_parts) || !s->rk || !s->x || !s->xb || !s->out || !s->proj || !s->y || !s->win || !s->xbc || !s->rs || !s->rsc ||
             !s->gscore || !s->gsel || !s->taken || !s->hid || !s->hid2 || !s->exp_in || !s->ey ||
             !s->parts || !s->routed || !s->slice || !s->top || !s->topw || !s->rows || !s->rowsw) {
                 scratch_free(s);
@@ -1173,10 +1226,19 @@ static void route_row(const tsr_nemotron_h_config *c, const float *bias, const f
  * The canonical form keeps the sums per K slice, as Llama 4's: slice j's routed sum (in
  * expert order) plus its shared partial, then the one reduce over the slices and the
  * group. */
+/* o (dim,) += y * w: one routed choice's weighted output added to a row's sum, the one
+ * expression both the tensor-parallel and the expert-parallel sums use (the compiler may
+ * fuse the multiply-add; it must do it alike in both). */
+static void add_weighted(float *o, const float *y, float w, size_t dim) {
+        for (size_t j = 0; j < dim; j++)
+                o[j] += y[j] * w;
+}
+
 static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *be, struct scratch *s, size_t N) {
         const tsr_nemotron_h_config *c = &m->rank;
-        size_t dim = c->dim, E = c->n_experts, tk = c->top_k, I = c->moe_hidden, SI = c->shared_hidden;
-        size_t P = n_parts(m), cnt = N * dim;
+        size_t dim = c->dim, E = c->n_experts, tk = c->top_k, SI = c->shared_hidden;
+        size_t I = m->ep ? m->cfg.moe_hidden : c->moe_hidden;  /* an expert's columns as held */
+        size_t P = n_parts(m), cnt = N * dim, S = TSR_COMM_TREE_LEAVES;
         float *routed = m->canonical ? s->routed : s->out, *shared = m->canonical ? s->parts : s->ey;
         tsr_status st;
 
@@ -1185,12 +1247,15 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
         for (size_t r = 0; r < N; r++)
                 route_row(c, L->router_bias, s->proj + r * E, s, s->top + r * tk, s->topw + r * tk);
         memset(routed, 0, P * cnt * sizeof(float));
-        for (size_t e = 0; e < E; e++) {
+        if (m->ep)
+                memset(s->ep_parts, 0, N * tk * S * dim * sizeof(float));
+        for (size_t e = m->e0; e < m->e0 + m->ne; e++) {       /* the experts held: all, or the rank's (ep) */
                 size_t n = 0;
                 for (size_t r = 0; r < N; r++)
                         for (size_t k = 0; k < tk; k++)
                                 if (s->top[r * tk + k] == e) {
                                         s->rows[n] = (uint32_t)r;
+                                        s->rk[n] = (uint32_t)k;
                                         s->rowsw[n++] = s->topw[r * tk + k];
                                 }
                 if (n == 0)
@@ -1200,15 +1265,44 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
                 if ((st = mm(be, s->hid, s->exp_in, &L->exp_up[e], n, dim, I)))
                         return st;
                 relu2(s->hid, n * I);
+                if (m->ep) {    /* all S slices of the whole expert, each where every rank finds it */
+                        if ((st = tsr_tp_row_partials(be, s->ey, s->slice, s->hid, L->exp_down[e].f, n, I, dim, S)))
+                                return st;
+                        for (size_t j = 0; j < S; j++)
+                                for (size_t i = 0; i < n; i++)
+                                        memcpy(s->ep_parts + (((size_t)s->rows[i] * tk + s->rk[i]) * S + j) * dim,
+                                               s->ey + (j * n + i) * dim, dim * sizeof(float));
+                        continue;
+                }
                 if ((st = mm_parts(m, be, s, s->ey, s->hid, &L->exp_down[e], n, I)))   /* ey (P, n, dim) */
                         return st;
                 for (size_t p = 0; p < P; p++)
-                        for (size_t i = 0; i < n; i++) {
-                                float *o = routed + p * cnt + (size_t)s->rows[i] * dim;
-                                const float *y = s->ey + (p * n + i) * dim;
-                                for (size_t j = 0; j < dim; j++)
-                                        o[j] += y[j] * s->rowsw[i];
+                        for (size_t i = 0; i < n; i++)
+                                add_weighted(routed + p * cnt + (size_t)s->rows[i] * dim, s->ey + (p * n + i) * dim,
+                                             s->rowsw[i], dim);
+        }
+        if (m->ep) {
+                /* Every choice's partials from the rank holding its expert (one non-zero
+                 * addend per entry: the sum is exact), then per row and per slice of this
+                 * rank the choices weighted and added in expert order from zero, as the
+                 * tensor-parallel sum above: the same bits (llama4.c's, with the weight). */
+                if (m->tp_size > 1 &&
+                    (st = tsr_comm_all_reduce_sum(m->comm, s->ep_parts, N * tk * S * dim, NULL)) != TSR_OK)
+                        return st;
+                for (size_t r = 0; r < N; r++) {
+                        const uint32_t *sel = s->top + r * tk;  /* distinct experts */
+                        for (size_t t = 0, best = tk; t < tk; t++) {
+                                size_t prev = best;     /* the choice with the next larger expert */
+                                best = tk;
+                                for (size_t k = 0; k < tk; k++)
+                                        if ((prev == tk || sel[k] > sel[prev]) && (best == tk || sel[k] < sel[best]))
+                                                best = k;
+                                for (size_t p = 0; p < P; p++)
+                                        add_weighted(routed + p * cnt + r * dim,
+                                                     s->ep_parts + ((r * tk + best) * S + m->tp_rank * P + p) * dim,
+                                                     s->topw[r * tk + best], dim);
                         }
+                }
         }
         if ((st = mm(be, s->hid, s->xb, &L->shared_up, N, dim, SI)) != TSR_OK)
                 return st;

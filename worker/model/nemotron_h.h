@@ -133,6 +133,16 @@ const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m);
  * after the load. */
 tsr_status tsr_nemotron_h_shard_tp(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
 /* The rank's TP group, before each forward (borrowed; NULL at tp_size 1).  The rank's thread. */
+/* --enable-expert-parallel (issue #14): tsr_nemotron_h_shard_tp, except that each MoE
+ * layer's routed experts go whole to the ranks (vLLM's linear placement: E / tp_size
+ * consecutive experts each, the first E % tp_size ranks one more), their down_proj as
+ * all TSR_COMM_TREE_LEAVES canonical K slices; every rank routes every token and runs
+ * its experts on the tokens routed to them, and one all-reduce of each choice's
+ * per-slice partials (zero where another rank's expert was chosen) lets each rank add
+ * its slices' weighted partials in expert order, as the tensor-parallel sum does:
+ * outputs bitwise those of tsr_nemotron_h_shard_tp (llama4.h says the cost).  Errors as
+ * tsr_nemotron_h_shard_tp, and fewer experts than ranks. */
+tsr_status tsr_nemotron_h_shard_ep(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
 void tsr_nemotron_h_set_comm(tsr_nemotron_h *m, struct tsr_comm *comm);
 
 /* --dtype bfloat16: the linears (in_proj, out_proj, q/k/v/o, routed and shared experts,

@@ -129,6 +129,10 @@ static tsr_status nh_tp_shard(void *model, uint32_t tp_rank, uint32_t tp_size, c
         return tsr_nemotron_h_shard_tp(model, tp_rank, tp_size, err, errlen);
 }
 
+static tsr_status nh_ep_shard(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
+        return tsr_nemotron_h_shard_ep(model, tp_rank, tp_size, err, errlen);
+}
+
 static void nh_tp_set_comm(void *model, struct tsr_comm *comm) { tsr_nemotron_h_set_comm(model, comm); }
 
 static void nh_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
@@ -169,7 +173,8 @@ const tsr_model_family tsr_family_nemotron_h = {
         .forward_batch = nh_forward_batch,
         .forward_stage = nh_forward_stage,
         .tp_shard = nh_tp_shard,
-        .moe = true,            /* no ep_shard yet: --enable-expert-parallel is refused */
+        .ep_shard = nh_ep_shard,
+        .moe = true,
         .tp_set_comm = nh_tp_set_comm,
         .seq_size = sizeof(tsr_nemotron_h_seq),
         .seq_fill = nh_seq_fill,

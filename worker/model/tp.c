@@ -133,3 +133,15 @@ tsr_status tsr_tp_gather_vocab(tsr_comm *comm, uint32_t tp_size, const float *mi
         free(all);
         return st;
 }
+
+tsr_status tsr_tp_expert_range(size_t E, uint32_t tp_rank, uint32_t tp_size, size_t *e0, size_t *ne, char *err,
+                               size_t errlen) {
+        if (E < tp_size) {
+                tsr_errf(err, errlen, "--enable-expert-parallel: %zu routed experts cannot be placed on %u ranks "
+                         "(at least one each)", E, tp_size);
+                return TSR_E_UNSUPPORTED;
+        }
+        *ne = E / tp_size + (tp_rank < E % tp_size);
+        *e0 = tp_rank * (E / tp_size) + (tp_rank < E % tp_size ? tp_rank : E % tp_size);
+        return TSR_OK;
+}

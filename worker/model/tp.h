@@ -53,6 +53,12 @@ tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, bool embeds, si
 tsr_status tsr_tp_check_split(uint32_t tp_size, uint32_t n_heads, uint32_t n_kv_heads, uint32_t vocab, char *err,
                               size_t errlen);
 
+/* --enable-expert-parallel: the routed experts rank tp_rank of tp_size holds whole,
+ * vLLM's linear placement (E / tp_size consecutive experts each, the first E % tp_size
+ * ranks one more): [*e0, *e0 + *ne).  TSR_E_UNSUPPORTED (err says why) when there are
+ * fewer experts than ranks. */
+tsr_status tsr_tp_expert_range(size_t E, uint32_t tp_rank, uint32_t tp_size, size_t *e0, size_t *ne, char *err,
+                               size_t errlen);
 /* The ns canonical partials of W (d, k) @ x (rows, k) -> parts (ns, rows, d), W held as
  * tsr_tp_keep_col_slices' ns (d, k / ns) blocks; `slice` (rows, k / ns) is scratch.
  * The backend's float32 matmul's status. */
