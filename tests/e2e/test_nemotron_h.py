@@ -9,9 +9,10 @@ bfloat16 (issue #14): a BF16 copy of the fixture (as a bf16 NemotronH ships: eve
 tensor bf16 but the router's, which transformers keeps in float32) written at test time
 and served with --dtype bfloat16 (bf16 linears), float32 (upcast) and auto.
 
-ModelOpt FP8 (issue #15): tests/fixtures/tiny-nemotron-h-fp8 served through the router
-with --quantization modelopt / fp8, its greedy tokens the W8A8 emulation's; the fp8 KV
-cache, a disagreeing --quantization and NVFP4 refused at start."""
+ModelOpt FP8 and NVFP4 (issue #15): tests/fixtures/tiny-nemotron-h-fp8 served through the
+router with --quantization modelopt / fp8, its greedy tokens the W8A8 emulation's, and
+tests/fixtures/tiny-nemotron-h-nvfp4 with modelopt_fp4 (the W4A4 emulation's); a
+disagreeing --quantization and an FP8 folder announced as NVFP4 refused at start."""
 import hashlib
 import json
 import os
@@ -320,40 +321,45 @@ def test_bf16_checkpoint_dtype_flags(spawn, tmp_path):
 
 
 FP8 = REPO / "tests" / "fixtures" / "tiny-nemotron-h-fp8"
+NVFP4 = REPO / "tests" / "fixtures" / "tiny-nemotron-h-nvfp4"
 
 
-def fp8_resident_bytes():
-    """What the worker keeps of the FP8 fixture, from its safetensors header alone: an
-    F8_E4M3 weight one byte an element, every other tensor it reads widened to float32,
-    the scales held inside their weights."""
-    raw = (FP8 / "model" / "model.safetensors").read_bytes()
+def quant_resident_bytes(fixture):
+    """What the worker keeps of a quantized fixture, from its safetensors header alone: an
+    F8_E4M3 weight one byte an element, an NVFP4 one (U8, two codes a byte) 9 bytes per
+    16 elements, every other tensor it reads widened to float32, the scales held inside
+    their weights."""
+    raw = (fixture / "model" / "model.safetensors").read_bytes()
     hdr = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
     total = 0
     for name, t in hdr.items():
-        if name == "__metadata__" or name.endswith("_scale"):
+        if name == "__metadata__" or name.endswith(("_scale", "_scale_2")):
             continue
         n = int(np.prod(t["shape"])) if t["shape"] else 1
-        total += n if t["dtype"] == "F8_E4M3" else 4 * n
+        total += n if t["dtype"] == "F8_E4M3" else n * 2 // 16 * 9 if t["dtype"] == "U8" else 4 * n
     return total
 
 
-@pytest.mark.parametrize("flag", ["modelopt", "fp8", None])
-def test_modelopt_fp8_served(spawn, flag):
-    """The ModelOpt FP8 NemotronH (make_tiny_nemotron_h_fp8.py: the Nano FP8 recipe)
-    through `tessera serve` with the deployment's --quantization: every prompt's greedy
-    32 tokens are the W8A8 emulation's, and the load line and /metrics report the fp8
-    weights' resident bytes."""
+@pytest.mark.parametrize("fixture,flag,pp", [(FP8, "modelopt", "1"), (FP8, "fp8", "1"), (FP8, None, "1"),
+                                             (NVFP4, "modelopt_fp4", "1"), (NVFP4, None, "2")],
+                         ids=["fp8-modelopt", "fp8-fp8", "fp8", "nvfp4-flag", "nvfp4-pp2"])
+def test_modelopt_served(spawn, fixture, flag, pp):
+    """The ModelOpt FP8 and NVFP4 NemotronH (make_tiny_nemotron_h_fp8.py /
+    make_tiny_nemotron_h_nvfp4.py: the Nano recipe) through `tessera serve` with the
+    deployment's --quantization: every prompt's greedy 32 tokens are the W8A8 / W4A4
+    emulation's, and the load line and /metrics report the quantized weights' resident
+    bytes (-pp 2: each stage loads its layers as stored; the load line adds them up)."""
     port = free_port()
     quant = ["--quantization", flag] if flag else []
-    proc = spawn([LAUNCHER, "serve", FP8 / "model", "--host", "127.0.0.1", "--port", port, "--served-model-name",
-                  "tiny", "--kv-cache-memory-bytes", "64M", "--dtype", "float32", *quant])
+    proc = spawn([LAUNCHER, "serve", fixture / "model", "--host", "127.0.0.1", "--port", port, "--served-model-name",
+                  "tiny", "--kv-cache-memory-bytes", "64M", "--dtype", "float32", "-pp", pp, *quant])
     base = f"http://127.0.0.1:{port}"
 
     def ready():
         assert proc.p.poll() is None, proc.output()
         return http_status(base + "/health") == 200
-    wait_until(ready, timeout=60, interval=0.1, what="tiny-nemotron-h-fp8 served")
-    golden = json.loads((FP8 / "golden.json").read_text())
+    wait_until(ready, timeout=60, interval=0.1, what=f"{fixture.name} served")
+    golden = json.loads((fixture / "golden.json").read_text())
     client = openai.OpenAI(base_url=base + "/v1", api_key="none")
     for prompt, want in zip(golden["prompts"], golden["greedy"]):
         r = client.completions.create(model="tiny", prompt=prompt["ids"], temperature=0, max_tokens=len(want),
@@ -361,9 +367,11 @@ def test_modelopt_fp8_served(spawn, flag):
         assert r.choices[0].text == completion_text(base, want), prompt["text"]
         assert r.usage.completion_tokens == 32
     out = proc.output()
-    assert "quantization: modelopt (ModelOpt FP8" in out, out
-    want_bytes = fp8_resident_bytes()
-    assert float(re.search(r"([0-9.]+) MB resident", out).group(1)) == pytest.approx(want_bytes / 1e6, abs=0.05)
+    assert ("quantization: modelopt_fp4 (ModelOpt NVFP4" if fixture == NVFP4 else
+            "quantization: modelopt (ModelOpt FP8") in out, out
+    want_bytes = quant_resident_bytes(fixture)
+    loaded = re.search(r"loaded \d+ tensors \(.*?([0-9.]+) MB resident\)", out)
+    assert loaded and float(loaded.group(1)) == pytest.approx(want_bytes / 1e6, abs=0.05), out
 
     def gauge():
         text = requests.get(base + "/metrics", timeout=5).text
@@ -381,11 +389,13 @@ def refused(spawn, model, *flags):
 
 def test_modelopt_refusals(spawn, tmp_path):
     """Refused at start, with a line naming what is supported, never served as something
-    else: the FP8 NemotronH with a --quantization that disagrees, and an NVFP4 NemotronH
-    (not implemented for this family).  (--kv-cache-dtype fp8 works for it:
-    test_kv_cache_dtype.py.)"""
+    else: the FP8 and NVFP4 NemotronH with a --quantization that disagrees, and the FP8
+    weights under a config announcing NVFP4 (the first F8_E4M3 linear named).
+    (--kv-cache-dtype fp8 works for it: test_kv_cache_dtype.py.)"""
     out = refused(spawn, FP8 / "model", "--quantization", "modelopt_fp4")
     assert "argument --quantization: 'modelopt_fp4' does not match the checkpoint" in out, out
+    out = refused(spawn, NVFP4 / "model", "--quantization", "modelopt")
+    assert "argument --quantization: 'modelopt' does not match the checkpoint" in out, out
     d = tmp_path / "nvfp4"
     d.mkdir()
     for f in (FP8 / "model").iterdir():
@@ -395,7 +405,8 @@ def test_modelopt_refusals(spawn, tmp_path):
     cfg["quantization_config"].update(quant_algo="NVFP4", group_size=16)
     (d / "config.json").write_text(json.dumps(cfg))
     out = refused(spawn, d)
-    assert "a ModelOpt NVFP4 quantized NemotronH checkpoint is not supported" in out and str(d) in out, out
+    assert "tensor 'backbone.layers.1.mixer.shared_experts.up_proj.weight': dtype F8_E4M3, which does not match " \
+        "the announced quant_algo (NVFP4)" in out and str(d) in out, out
 
 
 def test_attention_free_pattern_serves(spawn, tmp_path):

@@ -18,7 +18,9 @@
  *    the reference, resident bytes; the same folder upcast (--dtype float32);
  *  - ModelOpt FP8 (issue #15): tests/fixtures/tiny-nemotron-h-fp8 against a torch
  *    emulation of vLLM's W8A8 math (the section's comment has the bound), greedy, chunked,
- *    decoded and batched bitwise, resident bytes, bad checkpoints named. */
+ *    decoded and batched bitwise, resident bytes, bad checkpoints named; and
+ *    tests/fixtures/tiny-nemotron-h-nvfp4 (the same recipe in NVFP4) against the W4A4
+ *    emulation: resident bytes, logits, greedy, batch invariance, the fast backend. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1104,26 +1106,42 @@ static void test_bf16_residual_in_fp32(void **state) {
  * happened).  The fixture measures how far the sum order alone moves its logits
  * (`order_sensitivity`, float64 accumulation: 7.2e-7), so the bound is 1e-4 + 50 x that. */
 #define FP8_FIXTURE "tests/fixtures/tiny-nemotron-h-fp8"
+/* The same model exported as NVFP4 (make_tiny_nemotron_h_nvfp4.py: the same recipe, the
+ * dense MLP kept bf16 as its 40 columns are not whole blocks of 16), against the W4A4
+ * emulation; load, logits, greedy, batch invariance and the fast backend run on it too
+ * (setup_nvfp4), within the same bound (its order sensitivity: 0). */
+#define NVFP4_FIXTURE "tests/fixtures/tiny-nemotron-h-nvfp4"
 
+static const char *quant_fixture = FP8_FIXTURE;  /* the one the setup loaded */
 static json_t *golden8;
 static tsr_nemotron_h *model8;
 static tsr_load_stats stats8;
 static tsr_modelopt_config mo8;
 
-static int setup_fp8(void **state) {
-        char path[1024], err[512] = "";
+static int setup_quant(const char *fixture) {
+        char path[1024], rel[256], err[512] = "";
         json_error_t je;
 
-        (void)state;
-        if (!tsr_test_src_path(FP8_FIXTURE "/golden.json", path, sizeof path) ||
-            !(golden8 = json_load_file(path, 0, &je)) ||
-            !tsr_test_src_path(FP8_FIXTURE "/model", path, sizeof path) ||
+        quant_fixture = fixture;
+        snprintf(rel, sizeof rel, "%s/golden.json", fixture);
+        if (!tsr_test_src_path(rel, path, sizeof path) || !(golden8 = json_load_file(path, 0, &je)) ||
+            (snprintf(rel, sizeof rel, "%s/model", fixture), !tsr_test_src_path(rel, path, sizeof path)) ||
             tsr_modelopt_config_read(path, &mo8, err, sizeof err) != TSR_OK ||
             tsr_nemotron_h_load(path, NULL, NULL, &mo8, NULL, NULL, &model8, &stats8, err, sizeof err) != TSR_OK) {
-                fprintf(stderr, "fp8 fixture: %s\n", err);
+                fprintf(stderr, "%s: %s\n", fixture, err);
                 return -1;
         }
         return 0;
+}
+
+static int setup_fp8(void **state) {
+        (void)state;
+        return setup_quant(FP8_FIXTURE);
+}
+
+static int setup_nvfp4(void **state) {
+        (void)state;
+        return setup_quant(NVFP4_FIXTURE);
 }
 
 static int teardown_fp8(void **state) {
@@ -1135,17 +1153,21 @@ static int teardown_fp8(void **state) {
 }
 
 /* What the load keeps of the fixture's file, by its own arithmetic: an F8_E4M3 weight
- * one byte an element, every other tensor the model reads widened to float32, the scale
- * tensors held inside their weights (not counted); *bf16_linears: the elements of the
- * linears stored BF16 (what --dtype bfloat16 converts). */
+ * one byte an element, an NVFP4 one (U8, two codes a byte) 9 bytes per 16 elements,
+ * every other tensor the model reads widened to float32, the scale tensors held inside
+ * their weights (not counted); *bf16_linears: the elements of the linears stored BF16
+ * (what --dtype bfloat16 converts). */
 static uint64_t fp8_expected_resident(uint64_t *bf16_linears) {
         char path[1024], err[256];
         tsr_safetensors *st = NULL;
         uint64_t bytes = 0;
-        static const char *const scales[] = {".weight_scale", ".input_scale", ".k_scale", ".v_scale"};
+        static const char *const scales[] = {".weight_scale", ".weight_scale_2", ".input_scale", ".k_scale",
+                                             ".v_scale"};
 
         *bf16_linears = 0;
-        assert_non_null(tsr_test_src_path(FP8_FIXTURE "/model/model.safetensors", path, sizeof path));
+        char rel[256];
+        snprintf(rel, sizeof rel, "%s/model/model.safetensors", quant_fixture);
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
         assert_int_equal(tsr_safetensors_open(path, &st, err, sizeof err), TSR_OK);
         for (size_t i = 0; i < tsr_safetensors_n_tensors(st); i++) {
                 const tsr_safetensors_tensor *t = tsr_safetensors_tensor_at(st, i);
@@ -1155,7 +1177,9 @@ static uint64_t fp8_expected_resident(uint64_t *bf16_linears) {
                                           strcmp(t->name + strlen(t->name) - strlen(scales[k]), scales[k]) == 0);
                 if (scale)
                         continue;
-                bytes += t->dtype == TSR_ST_F8_E4M3 ? t->n_elements : t->n_elements * 4;
+                bytes += t->dtype == TSR_ST_F8_E4M3 ? t->n_elements
+                         : t->dtype == TSR_ST_U8    ? t->n_elements * 2 / 16 * 9
+                                                    : t->n_elements * 4;
                 if (t->dtype == TSR_ST_BF16 && is_linear(t->name))
                         *bf16_linears += t->n_elements;
         }
@@ -1167,12 +1191,12 @@ static void test_fp8_load(void **state) {
         uint64_t bf16_lin, want = fp8_expected_resident(&bf16_lin);
 
         (void)state;
-        assert_int_equal(mo8.algo, TSR_MODELOPT_FP8);
+        assert_int_equal(mo8.algo, strstr(quant_fixture, "nvfp4") ? TSR_MODELOPT_NVFP4 : TSR_MODELOPT_FP8);
         assert_int_equal(stats8.resident_bytes, want);
         assert_int_equal(tsr_nemotron_h_resident_bytes(model8), want);
         assert_true(want < stats32.resident_bytes);
         assert_int_equal(tsr_nemotron_h_check_backend(model8, be), TSR_OK);
-        print_message("tiny-nemotron-h-fp8 resident: %.1f KB (float32 fixture %.1f KB), %zu tensors\n",
+        print_message("%s resident: %.1f KB (float32 fixture %.1f KB), %zu tensors\n", quant_fixture,
                       (double)want / 1e3, (double)stats32.resident_bytes / 1e3, stats8.n_tensors);
 }
 
@@ -1180,7 +1204,9 @@ static void test_fp8_load(void **state) {
  * from chunked prefill and from decode steps bitwise the full sequences'. */
 static void test_fp8_logits(void **state) {
         size_t n_rows, rows = prompt_rows();
-        float *want = load_logits_at(FP8_FIXTURE "/logits.f32", &n_rows);
+        char rel[256];
+        snprintf(rel, sizeof rel, "%s/logits.f32", quant_fixture);
+        float *want = load_logits_at(rel, &n_rows);
         float *full = malloc(rows * vocab * sizeof(float)), *chunked = malloc(rows * vocab * sizeof(float));
         float *dec = malloc(rows * vocab * sizeof(float));
         double bound = 1e-4 + 50 * json_real_value(json_object_get(golden8, "order_sensitivity"));
@@ -1189,8 +1215,8 @@ static void test_fp8_logits(void **state) {
         assert_true(n_rows <= rows);
         full_rows(model8, be, NULL, 0, full);
         float worst = compare_rows(full, want, n_rows);
-        print_message("fp8 vs the W8A8 emulation: max |dlogit| %.3g over %zu rows (bound %.3g)\n", (double)worst,
-                      n_rows, bound);
+        print_message("%s vs its emulation: max |dlogit| %.3g over %zu rows (bound %.3g)\n", quant_fixture,
+                      (double)worst, n_rows, bound);
         assert_true(worst <= bound);
         full_rows(model8, be, chunk_sizes, N_CHUNK_SIZES, chunked);
         assert_memory_equal(chunked, full, rows * vocab * sizeof(float));
@@ -1377,8 +1403,9 @@ static void test_fp8_bad_checkpoints(void **state) {
                  "expert 0's is F8_E4M3"},
                 {{NULL, NULL, NULL, NULL, false}, "{\"ignore\": [\"lm_head\", \"backbone.layers.3.mixer.in_proj\"]}",
                  TSR_E_INVAL, "tensor 'backbone.layers.3.mixer.in_proj.weight' is F8_E4M3 but"},
-                {{NULL, NULL, NULL, NULL, false}, "{\"quant_algo\": \"NVFP4\"}", TSR_E_UNSUPPORTED,
-                 "a ModelOpt NVFP4 quantized NemotronH checkpoint is not supported"},
+                {{NULL, NULL, NULL, NULL, false}, "{\"quant_algo\": \"NVFP4\"}", TSR_E_INVAL,
+                 "tensor 'backbone.layers.1.mixer.shared_experts.up_proj.weight': dtype F8_E4M3, which does not "
+                 "match the announced quant_algo (NVFP4)"},
         };
         char dir[] = "/tmp/tsr_nh_fp8_XXXXXX", path[1024], err[512];
         tsr_modelopt_config mo;
@@ -1436,6 +1463,11 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_fp8_fast_backend, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_bf16, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_bad_checkpoints, setup_fp8, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_load, setup_nvfp4, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_logits, setup_nvfp4, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_greedy, setup_nvfp4, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_batch_invariance, setup_nvfp4, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_fast_backend, setup_nvfp4, teardown_fp8),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }

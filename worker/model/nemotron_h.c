@@ -59,7 +59,7 @@ const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS] = {
 
 /* A linear's weight: float32 as loaded, or its bf16 copy after tsr_nemotron_h_use_bf16
  * (then f is freed, except a tied output, which is the embedding table), or, for a
- * ModelOpt FP8 checkpoint's quantized linear, q: the fp8_e4m3 bytes as stored with their
+ * ModelOpt FP8 / NVFP4 checkpoint's quantized linear, q: the fp8_e4m3 / nvfp4 bytes as stored with their
  * weight_scale / input_scale (f and b NULL; --dtype bfloat16 leaves it as it is). */
 typedef struct nh_mat {
         float *f;
@@ -94,7 +94,9 @@ struct tsr_nemotron_h {
         tsr_tensor_name *expert_names;  /* [2 * n_experts]: up, down per expert */
         char *expert_strs;
         bool bf16;                      /* the linears are bf16 (tsr_nemotron_h_use_bf16) */
-        bool fp8;                       /* some linears are ModelOpt fp8_e4m3 (nh_mat.q) */
+        /* ModelOpt: the dtype some linears are stored in (nh_mat.q: fp8_e4m3 or nvfp4);
+         * TSR_DTYPE_F32 when none is */
+        tsr_dtype qdtype;
         uint64_t resident_bytes;        /* the weights' bytes in memory, as now held */
         /* Tensor parallelism (tsr_nemotron_h_shard_tp): `rank` is the config as this rank
          * holds it (tsr_nemotron_h_config_rank; `cfg` at tp_size 1), which the forward and
@@ -283,13 +285,20 @@ static tsr_status alloc_layers(tsr_nemotron_h *m) {
         return expert_table(m);
 }
 
-/* A ModelOpt FP8 MoE layer's expert GEMM (up or down over all experts), as vLLM's
- * ModelOptFp8MoEMethod holds it: one fused weight, so either every expert is quantized
- * or none (a mix is refused naming the first expert that differs), and ONE activation
- * scale for the GEMM, the max of the experts' input_scale
- * (process_fp8_input_tensor_strategy_moe: "use the max"); each expert keeps its own
- * weight_scale (Nemotron's experts are non-gated: one w13 shard, nothing to requantize).
+/* A ModelOpt FP8 / NVFP4 MoE layer's expert GEMM (up or down over all experts), as
+ * vLLM's ModelOptFp8MoEMethod / ModelOptNvFp4FusedMoE hold it: one fused weight, so
+ * either every expert is quantized or none (a mix is refused naming the first expert
+ * that differs), and ONE activation scale for the GEMM, the max of the experts'
+ * input_scale (FP8's process_fp8_input_tensor_strategy_moe: "use the max"; NVFP4's
+ * global-scale backends, FlashInfer's, the max over the experts too); each expert keeps
+ * its own weight_scale / weight_scale_2 (Nemotron's experts are non-gated: one w13
+ * shard, nothing to requantize or pick).
  * TSR_OK, or TSR_E_INVAL with `err` naming the source and the tensor. */
+/* How the file stores a linear held as `q`, for messages: its safetensors dtype. */
+static const char *stored_as(const tsr_tensor *q) {
+        return !q->data ? "not quantized" : q->dtype == TSR_DTYPE_NVFP4 ? "U8 (NVFP4)" : "F8_E4M3";
+}
+
 static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, const char *src, char *err,
                                 size_t errlen) {
         nh_layer *L = &m->layers[layer];
@@ -310,12 +319,12 @@ static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, cons
                         tsr_errf(err, errlen, "%s: tensor 'backbone.layers.%u.mixer.experts.%u.%s_proj.weight' is %s "
                                  "but expert 0's is %s: a MoE layer's experts must be all quantized or none (vLLM "
                                  "fuses them into one weight)", src, layer, e, up ? "up" : "down",
-                                 w[e].q.data ? "F8_E4M3" : "not quantized", w[0].q.data ? "F8_E4M3" : "not quantized");
+                                 stored_as(&w[e].q), stored_as(&w[0].q));
                         return TSR_E_INVAL;
                 }
         for (uint32_t e = 0; e < ne; e++)
                 w[e].q.scales.input = xs;
-        m->fp8 = true;
+        m->qdtype = w[0].q.dtype;
         return TSR_OK;
 }
 
@@ -331,7 +340,8 @@ static tsr_status finish_load(tsr_nemotron_h *m, const char *src, char *err, siz
                 nh_mat *w[NH_LAYER_MATS];
                 layer_mats(L, w);
                 for (size_t i = 0; i < NH_LAYER_MATS; i++)
-                        m->fp8 = m->fp8 || w[i]->q.data;
+                        if (w[i]->q.data)
+                                m->qdtype = w[i]->q.dtype;
                 if (c->pattern[l] == 'E' && ((st = expert_scales(m, l, true, src, err, errlen)) != TSR_OK ||
                                              (st = expert_scales(m, l, false, src, err, errlen)) != TSR_OK))
                         return st;
@@ -387,6 +397,7 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 tsr_errf(err, errlen, "%s: out of memory", dir);
                 return TSR_E_NOMEM;
         }
+        m->qdtype = TSR_DTYPE_F32;
         if (cfg)
                 m->cfg = *cfg;
         else if ((st = tsr_nemotron_h_config_from_hf(dir, &m->cfg, err, errlen)) != TSR_OK)
@@ -402,13 +413,6 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                          "built) and a layer range within 0..%u are supported", dir, m->shard.tp_rank,
                          m->shard.tp_size, m->shard.first_layer, m->shard.last_layer,
                          m->cfg.n_layers ? m->cfg.n_layers - 1 : 0);
-                st = TSR_E_UNSUPPORTED;
-                goto fail;
-        }
-        if (mo && mo->algo != TSR_MODELOPT_NONE && mo->algo != TSR_MODELOPT_FP8) {
-                tsr_errf(err, errlen, "%s: a ModelOpt %s quantized NemotronH checkpoint is not supported (%s; "
-                         "supported: ModelOpt FP8, or bf16, fp16 and fp32 safetensors)", dir,
-                         tsr_modelopt_algo_name(mo->algo), mo->source);
                 st = TSR_E_UNSUPPORTED;
                 goto fail;
         }
@@ -537,7 +541,7 @@ tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backe
          * router's matmul is float32 in every dtype. */
         if (!tsr_backend_host_memory(be) || !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_F32) ||
             (m->bf16 && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_BF16)) ||
-            (m->fp8 && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_FP8_E4M3)))
+            !tsr_backend_supports(be, TSR_OP_MATMUL, m->qdtype))
                 return TSR_E_UNSUPPORTED;
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
@@ -677,7 +681,7 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         c = &m->cfg;
         if ((st = tp_check(c, tp_size, err, errlen)) != TSR_OK)
                 return st;
-        if (m->bf16 || m->fp8) {
+        if (m->bf16 || m->qdtype != TSR_DTYPE_F32) {
                 tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
                 return TSR_E_UNSUPPORTED;
         }
@@ -1010,7 +1014,7 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size
 
 /* W (d, n) @ x (rows, n) -> out (rows, d), in the dtype the model holds W in. */
 static tsr_status mm(tsr_backend *be, float *out, const float *x, const nh_mat *w, size_t rows, size_t n, size_t d) {
-        if (w->q.data)          /* ModelOpt FP8: W8A8 with the weight's static scales */
+        if (w->q.data)          /* ModelOpt FP8 / NVFP4: W8A8 / W4A4 with the weight's static scales */
                 return tsr_backend_matmul_scaled(be, out, x, w->q.data, w->q.dtype, &w->q.scales, rows, n, d);
         if (w->b)
                 return tsr_backend_matmul(be, out, x, w->b, TSR_DTYPE_BF16, rows, n, d);

@@ -1,7 +1,7 @@
 /* nemotron_h.h - the NemotronH hybrid (transformers' NemotronHForCausalLM, model_type
  * nemotron_h; Nemotron-3-Nano) on the host, in float32 or with bf16 linears
- * (tsr_nemotron_h_use_bf16), and with a ModelOpt FP8 checkpoint's quantized linears
- * kept as stored (W8A8 through tsr_backend_matmul_scaled; tsr_nemotron_h_load), written
+ * (tsr_nemotron_h_use_bf16), and with a ModelOpt FP8 / NVFP4 checkpoint's quantized linears
+ * kept as stored (W8A8 / W4A4 through tsr_backend_matmul_scaled; tsr_nemotron_h_load), written
  * against kernels/kernels.h.
  *
  * The math is models.md §3 as transformers 5's modeling_nemotron_h.py computes it:
@@ -96,14 +96,15 @@ typedef struct tsr_nemotron_h tsr_nemotron_h;
 /* Load the HF folder `dir` (config.json; model.safetensors or an index), its F32, F16
  * or BF16 tensors widened to float32 (exactly).
  * `mo`: what the folder announces (tsr_modelopt_config_read; NULL or algo NONE: no
- * quantization).  ModelOpt FP8 (models.md §4.2-4.3, nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8):
- * every linear stored F8_E4M3 with its weight_scale / input_scale stays as stored
+ * quantization).  ModelOpt FP8 (models.md §4.2-4.3, nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8)
+ * and NVFP4 (§4.4): every linear stored F8_E4M3 with its weight_scale / input_scale, or
+ * U8 e2m1 codes with weight_scale (e4m3 per 16) / weight_scale_2 / input_scale, stays as
+ * stored
  * (in_proj, out_proj, q/k/v/o, routed and shared experts, the dense MLP; the router,
  * conv1d, embeddings and lm_head are read as float32 only), the rest is widened; the
  * decision is per module from its dtype and scales, the exclude list cross-checks it
  * (tsr_modelopt_load_weight).  A MoE layer's experts are all quantized or none, and
- * share one activation scale per GEMM, the max over the experts (vLLM).  NVFP4:
- * TSR_E_UNSUPPORTED.
+ * share one activation scale per GEMM, the max over the experts (vLLM).
  * `cfg` NULL: read config.json.  `spec` NULL or whole: the whole model; a pipeline
  * stage's layer range holds those layers (any kind: the split counts layers), the
  * embedding on the first stage, the final norm and lm_head on the last (the embedding
@@ -146,7 +147,7 @@ tsr_status tsr_nemotron_h_shard_ep(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t
 void tsr_nemotron_h_set_comm(tsr_nemotron_h *m, struct tsr_comm *comm);
 
 /* --dtype bfloat16: the linears (in_proj, out_proj, q/k/v/o, routed and shared experts,
- * the dense MLP, lm_head) not held as fp8 rounded to bf16 (exact for a bf16 checkpoint, which the loader
+ * the dense MLP, lm_head) not held quantized rounded to bf16 (exact for a bf16 checkpoint, which the loader
  * widened), float32 copies freed; the router, A, D, dt_bias, conv weights, norms and the
  * embedding stay float32 (models.md §3), the recurrent state stays float32, and the
  * residual stream is held at bf16 precision unless config.json says residual_in_fp32.
@@ -154,7 +155,7 @@ void tsr_nemotron_h_set_comm(tsr_nemotron_h *m, struct tsr_comm *comm);
  * tsr_nemotron_h_shard_tp (the split is float32 math).  Main thread, after load. */
 tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m);
 bool tsr_nemotron_h_is_bf16(const tsr_nemotron_h *m);
-/* Bytes the weights take in memory as now held (float32, bf16 linears, fp8 linears). */
+/* Bytes the weights take in memory as now held (float32, bf16 linears, quantized linears). */
 uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m);
 /* TSR_OK when `be` has every op the forward uses on host memory. */
 tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be);

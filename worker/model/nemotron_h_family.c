@@ -3,7 +3,7 @@
  * config reader of nemotron_h_config.c, the forward and state of nemotron_h.c.
  *
  * HF safetensors folders only (F32, F16 or BF16 tensors; linears held in float32 or
- * bf16; a ModelOpt FP8 checkpoint's quantized linears as stored, fp8_e4m3), on the
+ * bf16; a ModelOpt FP8 / NVFP4 checkpoint's quantized linears as stored), on the
  * CPU.  llama.cpp names this architecture "nemotron_h" in GGUF (and
  * "nemotron_h_moe" for the MoE variant); we list both so a GGUF of it is refused with a
  * clear error rather than served as metadata only. */
@@ -61,7 +61,7 @@ static tsr_status nh_load(const char *path, const tsr_model_desc *d, const tsr_s
         tsr_status st;
 
         /* safetensors only: nothing is kept in a block format (keep_dtypes is for GGUF);
-         * a ModelOpt FP8 folder's quantized linears stay as stored (NVFP4 is refused there) */
+         * a ModelOpt FP8 / NVFP4 folder's quantized linears stay as stored */
         if ((st = tsr_nemotron_h_load(path, cfg_of(d), shard, opts ? opts->modelopt : NULL, progress, ud, &m, stats,
                                       err, errlen)) == TSR_OK)
                 *ret = m;
