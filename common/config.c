@@ -111,6 +111,9 @@ static const tsr_opt opts[] = {
         {O_STR("kv-cache-dtype", kv_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
          .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache: auto (float32), or fp8 / fp8_e4m3 (one byte per element, scaled; "
                  "llama family on the CPU backend)"},
+        {O_BOOL("calculate-kv-scales", calculate_kv_scales), .owner = W, .group = GRP_MODEL,
+         .help = "compute the fp8 KV cache scales from the first batch: refused (the scales are the checkpoint's, "
+                 "else 1.0)"},
         {O_STR("quantization", quantization), .alias = "-q", .owner = W, .group = GRP_MODEL, .metavar = "METHOD",
          .def_help = "from the checkpoint",
          .help = "weight quantization method: modelopt (FP8), modelopt_fp4 (NVFP4) or fp8; must match the checkpoint"},
@@ -1161,6 +1164,8 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                 {cfg->enable_server_load_tracking, "enable-server-load-tracking", "there is no /load endpoint"},
                 {cfg->enable_tokenizer_info_endpoint, "enable-tokenizer-info-endpoint",
                  "there is no /tokenizer_info endpoint"},
+                {cfg->calculate_kv_scales, "calculate-kv-scales",
+                 "the fp8 KV cache's scales are the checkpoint's k_scale / v_scale, else 1.0"},
         };
         const char *model_file = "the model's own path";
 

@@ -63,6 +63,7 @@ typedef struct tsr_config {
         int max_logprobs;                  /* 20; -1 = vocab size */
         long long seed;                    /* 0 */
         bool trust_remote_code;
+        bool calculate_kv_scales;          /* refused (issue #15): the scales are the checkpoint's */
         bool enforce_eager;
 
         /* ---- parallelism (worker) ---- */

@@ -870,6 +870,9 @@ static void test_validate_refuses_unsupported(void **state) {
                 {{"--enable-tokenizer-info-endpoint"}, "argument --enable-tokenizer-info-endpoint: not supported "
                                                        "yet: there is no /tokenizer_info endpoint (supported: "
                                                        "leave it off)"},
+                {{"--calculate-kv-scales"}, "argument --calculate-kv-scales: not supported yet: the fp8 KV cache's "
+                                            "scales are the checkpoint's k_scale / v_scale, else 1.0 (supported: "
+                                            "leave it off)"},
         };
         tsr_config c;
 

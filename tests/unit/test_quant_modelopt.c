@@ -512,6 +512,21 @@ static void test_kv_scales(void **state) {
         tsr_safetensors_set_close(&set);
         assert_int_equal(found, 0);
         assert_true(k[0] == 2.5f && k[1] == 1.0f);
+        /* the other forms vLLM reads, on a layer 5 the file otherwise lacks: the module's
+         * own k_scale (v duplicated), one kv_scale, one kv_cache_scaling_factor */
+        static const char *const other[] = {"model.layers.5.self_attn.k_scale", "model.layers.5.self_attn.kv_scale",
+                                            "model.layers.5.self_attn.kv_cache_scaling_factor"};
+        for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+                make_copy("fp8", &(st_edit){.name = other[i], .dtype = "F32", .value = 0.625f}, NULL);
+                assert_int_equal(tsr_safetensors_set_open(tmpdir, &set, err, sizeof err), TSR_OK);
+                k[0] = v[0] = 7.0f;
+                assert_int_equal(tsr_modelopt_kv_scales(set, "model.layers.%u.self_attn", 5, 1, k, v, &found, err,
+                                                        sizeof err),
+                                 TSR_OK);
+                tsr_safetensors_set_close(&set);
+                assert_int_equal(found, 1);
+                assert_true(k[0] == 0.625f && v[0] == 0.625f);
+        }
         /* bad scales name the file and the tensor */
         make_copy("fp8", &(st_edit){.name = "model.layers.0.self_attn.v_proj.v_scale", .dtype = "F32", .value = -2.0f},
                   NULL);

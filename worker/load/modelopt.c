@@ -439,7 +439,14 @@ tsr_status tsr_modelopt_load_stack(const tsr_modelopt_config *c, const tsr_safet
 
 tsr_status tsr_modelopt_kv_scales(const tsr_safetensors_set *set, const char *layer_fmt, uint32_t first, uint32_t n,
                                   float *k_scale, float *v_scale, uint32_t *n_found, char *err, size_t errlen) {
-        char layer[256], k_mod[300], v_mod[300], name[320];
+        /* The forms vLLM's loaders accept, most specific first: ModelOpt's per projection,
+         * the attention module's own pair, then one scale for both (the deprecated
+         * kv_scale, TensorRT-LLM's kv_cache_scaling_factor). */
+        static const struct { const char *k, *v; } forms[] = {
+                {"k_proj.k_scale", "v_proj.v_scale"}, {"k_scale", "v_scale"},
+                {"kv_scale", NULL},                   {"kv_cache_scaling_factor", NULL},
+        };
+        char layer[256], name[320];
         tsr_status st;
 
         if (!set || !layer_fmt || !k_scale || !v_scale || !n_found)
@@ -447,22 +454,23 @@ tsr_status tsr_modelopt_kv_scales(const tsr_safetensors_set *set, const char *la
         *n_found = 0;
         for (uint32_t i = 0; i < n; i++) {
                 snprintf(layer, sizeof layer, layer_fmt, first + i);
-                snprintf(k_mod, sizeof k_mod, "%s.k_proj", layer);
-                snprintf(v_mod, sizeof v_mod, "%s.v_proj", layer);
-                snprintf(name, sizeof name, "%s.k_scale", k_mod);
-                bool has_k = tsr_safetensors_set_find(set, name, NULL) != NULL;
-                snprintf(name, sizeof name, "%s.v_scale", v_mod);
-                bool has_v = tsr_safetensors_set_find(set, name, NULL) != NULL;
-                if (!has_k && !has_v)
-                        continue;
-                if ((has_k && (st = scalar(set, k_mod, "k_scale", &k_scale[i], err, errlen)) != TSR_OK) ||
-                    (has_v && (st = scalar(set, v_mod, "v_scale", &v_scale[i], err, errlen)) != TSR_OK))
-                        return st;
-                if (!has_v)             /* vLLM duplicates the one scale a layer has */
-                        v_scale[i] = k_scale[i];
-                else if (!has_k)
-                        k_scale[i] = v_scale[i];
-                (*n_found)++;
+                for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+                        snprintf(name, sizeof name, "%s.%s", layer, forms[f].k);
+                        bool has_k = tsr_safetensors_set_find(set, name, NULL) != NULL;
+                        snprintf(name, sizeof name, "%s.%s", layer, forms[f].v ? forms[f].v : forms[f].k);
+                        bool has_v = forms[f].v && tsr_safetensors_set_find(set, name, NULL) != NULL;
+                        if (!has_k && !has_v)
+                                continue;
+                        if ((has_k && (st = scalar(set, layer, forms[f].k, &k_scale[i], err, errlen)) != TSR_OK) ||
+                            (has_v && (st = scalar(set, layer, forms[f].v, &v_scale[i], err, errlen)) != TSR_OK))
+                                return st;
+                        if (!has_v)     /* vLLM duplicates the one scale a layer has */
+                                v_scale[i] = k_scale[i];
+                        else if (!has_k)
+                                k_scale[i] = v_scale[i];
+                        (*n_found)++;
+                        break;
+                }
         }
         return TSR_OK;
 }

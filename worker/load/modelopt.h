@@ -108,10 +108,12 @@ tsr_status tsr_modelopt_load_stack(const tsr_modelopt_config *c, const tsr_safet
                                    uint64_t rows, uint64_t cols, tsr_tensor *ret, char *err, size_t errlen);
 
 /* The FP8 KV cache scales (models.md §4.5) of layers first .. first + n - 1: the F32
- * scalars "<layer>.k_proj.k_scale" and "<layer>.v_proj.v_scale", where <layer> is
- * layer_fmt (e.g. "model.layers.%u.self_attn") with the layer number.  As vLLM's
- * BaseKVCacheMethod: a layer with both uses them, a layer with one uses it for K and V,
- * a layer with neither keeps what k_scale[i] / v_scale[i] hold (the caller's 1.0).
+ * scalars "<layer>.k_proj.k_scale" and "<layer>.v_proj.v_scale" (ModelOpt), else
+ * "<layer>.k_scale" / "<layer>.v_scale", else one "<layer>.kv_scale" (vLLM's deprecated
+ * form) or "<layer>.kv_cache_scaling_factor" for both, where <layer> is layer_fmt (e.g.
+ * "model.layers.%u.self_attn") with the layer number.  As vLLM's BaseKVCacheMethod: a
+ * layer with both uses them, a layer with one uses it for K and V, a layer with neither
+ * keeps what k_scale[i] / v_scale[i] hold (the caller's 1.0).
  * *n_found: the layers that had at least one.  TSR_E_INVAL (the message names the file
  * and the tensor) for a scale that is not a finite positive F32 scalar. */
 tsr_status tsr_modelopt_kv_scales(const tsr_safetensors_set *set, const char *layer_fmt, uint32_t first, uint32_t n,
