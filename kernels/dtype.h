@@ -52,6 +52,10 @@ typedef struct tsr_dtype_info {
         bool quantized;                 /* a block format with scales (dequantize before use) */
 } tsr_dtype_info;
 
+/* A dtype a KV cache may store scaled, one byte per element (--kv-cache-dtype fp8 /
+ * fp8_e4m3, fp8_e5m2; kernels.h's tsr_kv_view). */
+static inline bool tsr_dtype_is_fp8(tsr_dtype t) { return t == TSR_DTYPE_FP8_E4M3 || t == TSR_DTYPE_FP8_E5M2; }
+
 /* The entry for `t`; NULL for a value out of range.  Any thread. */
 const tsr_dtype_info *tsr_dtype_get_info(tsr_dtype t);
 /* Name of a dtype (the table's); "?" for a value out of range. */

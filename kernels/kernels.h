@@ -71,7 +71,10 @@ typedef enum tsr_rope_layout {
  * saturating at +-448: tsr_f32_to_fp8_e4m3) and attention reads float(code) * k_scale
  * (a float32 product), V the same with v_scale; the scores, softmax and P.V are then
  * the float32 ones on those values.  Scales finite and > 0; unused for f32.  Every
- * backend: the CPU ones and CUDA store the same codes (bitwise). */
+ * backend: the CPU ones and CUDA store the same codes (bitwise).
+ * dtype TSR_DTYPE_FP8_E5M2 (--kv-cache-dtype fp8_e5m2): the same with e5m2 codes,
+ * saturating at +-57344 (tsr_f32_to_fp8_e5m2_sat, vLLM's __NV_SATFINITE store); the CPU
+ * backends only (CUDA answers TSR_E_UNSUPPORTED). */
 typedef struct tsr_kv_view {
         union {
                 float *k;               /* (n_blocks, block_size, n_kv_heads, head_dim) */
@@ -81,7 +84,7 @@ typedef struct tsr_kv_view {
                 float *v;               /* (n_blocks, block_size, n_kv_heads, head_dim) */
                 uint8_t *v8;
         };
-        tsr_dtype dtype;                /* TSR_DTYPE_F32 or TSR_DTYPE_FP8_E4M3 */
+        tsr_dtype dtype;                /* TSR_DTYPE_F32, TSR_DTYPE_FP8_E4M3 or TSR_DTYPE_FP8_E5M2 */
         float k_scale, v_scale;         /* fp8 only */
         const uint32_t *block_table;    /* (n_table,) block ids, each < n_blocks; host memory */
         size_t n_table;                 /* entries in block_table */

@@ -647,6 +647,11 @@ int main(int argc, char **argv) {
                 goto out;
         }
         bool on_gpu = !tsr_backend_host_memory(backend);
+        if (on_gpu && kv_dtype == TSR_DTYPE_FP8_E5M2) {
+                log_error("argument --kv-cache-dtype: 'fp8_e5m2' is not supported on CUDA yet (supported there: auto, "
+                          "fp8, fp8_e4m3; fp8_e5m2 runs on the CPU backend: --device cpu)");
+                goto out;
+        }
         size_t gpu_free = 0, gpu_total = 0;
         if (on_gpu)
                 (void)tsr_backend_mem_info(backend, &gpu_free, &gpu_total);
@@ -778,7 +783,7 @@ int main(int argc, char **argv) {
                          (unsigned long long)plan.kv_blocks_total, cfg.block_size, concurrency, plan.max_model_len);
         log_info("KV cache dtype %s (--kv-cache-dtype %s): %llu bytes per block, %s", tsr_dtype_get_info(kv_dtype)->name,
                  cfg.kv_cache_dtype ? cfg.kv_cache_dtype : "auto", (unsigned long long)plan.kv_block_bytes,
-                 kv_dtype == TSR_DTYPE_FP8_E4M3 ? "1 byte per element: 4x the tokens of float32 in the same memory"
+                 tsr_dtype_is_fp8(kv_dtype) ? "1 byte per element: 4x the tokens of float32 in the same memory"
                                                 : "4 bytes per element");
         {       /* vLLM V1's capacity line, word for word (kv_cache_utils), for runbooks that grep it */
                 char kv_tokens[32], model_len[32];

@@ -583,7 +583,7 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
         if (n == 0)
                 return TSR_OK;
         int threads = tsr_pool_threads(f->pool);
-        bool fp8 = kv->dtype == TSR_DTYPE_FP8_E4M3;
+        bool fp8 = tsr_dtype_is_fp8(kv->dtype);
         struct att_ctx *c = malloc(sizeof *c);  /* heap: the two tables are 2 KiB */
         if (!c)
                 return TSR_E_NOMEM;
@@ -595,8 +595,8 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
         size_t rows = past_len + n, width = kv->n_kv_heads * kv->head_dim;
         if (fp8) {
                 for (unsigned b = 0; b < 256; b++) {
-                        kv_fp8_load(&c->k_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->k_scale);
-                        kv_fp8_load(&c->v_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->v_scale);
+                        kv_fp8_load(kv->dtype, &c->k_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->k_scale);
+                        kv_fp8_load(kv->dtype, &c->v_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->v_scale);
                 }
                 if (rows > SIZE_MAX / sizeof(float) / width / 2 ||
                     !(c->kd = malloc(2 * rows * width * sizeof(float))))

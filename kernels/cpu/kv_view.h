@@ -16,7 +16,7 @@ static inline bool kv_view_ok(const tsr_kv_view *kv, size_t n_tokens) {
         if (!kv || !kv->k || !kv->v || !kv->block_table || kv->block_size == 0 || kv->n_kv_heads == 0 ||
             kv->head_dim == 0)
                 return false;
-        if (kv->dtype == TSR_DTYPE_FP8_E4M3) {
+        if (tsr_dtype_is_fp8(kv->dtype)) {
                 /* the negation catches NaN too */
                 if (!(kv->k_scale > 0.0f && kv->k_scale <= FLT_MAX && kv->v_scale > 0.0f && kv->v_scale <= FLT_MAX))
                         return false;
@@ -38,17 +38,21 @@ static inline size_t kv_row(const tsr_kv_view *kv, size_t t) {
         return row * kv->n_kv_heads * kv->head_dim;
 }
 
-/* Elements [off, off + n) of an fp8 array as float32: float(code) * scale, the one
- * dequantization ref.c and fast.c both use, so their attention reads the same values. */
-static inline void kv_fp8_load(float *dst, const uint8_t *src, size_t n, float scale) {
+/* Elements [off, off + n) of an fp8 array of `dtype` (e4m3 or e5m2) as float32:
+ * float(code) * scale, the one dequantization ref.c and fast.c both use, so their
+ * attention reads the same values. */
+static inline void kv_fp8_load(tsr_dtype dtype, float *dst, const uint8_t *src, size_t n, float scale) {
         for (size_t i = 0; i < n; i++)
-                dst[i] = tsr_fp8_e4m3_to_f32(src[i]) * scale;
+                dst[i] = (dtype == TSR_DTYPE_FP8_E5M2 ? tsr_fp8_e5m2_to_f32(src[i]) : tsr_fp8_e4m3_to_f32(src[i])) *
+                         scale;
 }
 
-/* Rows of an fp8 array: e4m3(x / scale), round to nearest even, saturating. */
-static inline void kv_fp8_store(uint8_t *dst, const float *src, size_t n, float scale) {
+/* Rows of an fp8 array: e4m3(x / scale) or e5m2(x / scale), round to nearest even,
+ * saturating (vLLM's __NV_SATFINITE stores). */
+static inline void kv_fp8_store(tsr_dtype dtype, uint8_t *dst, const float *src, size_t n, float scale) {
         for (size_t i = 0; i < n; i++)
-                dst[i] = tsr_f32_to_fp8_e4m3(src[i] / scale);
+                dst[i] = dtype == TSR_DTYPE_FP8_E5M2 ? tsr_f32_to_fp8_e5m2_sat(src[i] / scale)
+                                                     : tsr_f32_to_fp8_e4m3(src[i] / scale);
 }
 
 #endif

@@ -159,9 +159,9 @@ tsr_status tsr_ref_kv_write(const tsr_kv_view *kv, const float *k, const float *
         size_t width = kv->n_kv_heads * kv->head_dim;
         for (size_t t = 0; t < n; t++) {
                 size_t row = kv_row(kv, past_len + t);
-                if (kv->dtype == TSR_DTYPE_FP8_E4M3) {
-                        kv_fp8_store(kv->k8 + row, k + t * width, width, kv->k_scale);
-                        kv_fp8_store(kv->v8 + row, v + t * width, width, kv->v_scale);
+                if (tsr_dtype_is_fp8(kv->dtype)) {
+                        kv_fp8_store(kv->dtype, kv->k8 + row, k + t * width, width, kv->k_scale);
+                        kv_fp8_store(kv->dtype, kv->v8 + row, v + t * width, width, kv->v_scale);
                 } else {
                         memcpy(kv->k + row, k + t * width, width * sizeof(float));
                         memcpy(kv->v + row, v + t * width, width * sizeof(float));
@@ -174,9 +174,9 @@ tsr_status tsr_ref_kv_write(const tsr_kv_view *kv, const float *k, const float *
  * buf (head_dim floats, kv_fp8_load). */
 static const float *ref_kv_head(const tsr_kv_view *kv, bool is_v, size_t j, size_t g, float *buf) {
         size_t off = kv_row(kv, j) + g * kv->head_dim;
-        if (kv->dtype != TSR_DTYPE_FP8_E4M3)
+        if (!tsr_dtype_is_fp8(kv->dtype))
                 return (is_v ? kv->v : kv->k) + off;
-        kv_fp8_load(buf, (is_v ? kv->v8 : kv->k8) + off, kv->head_dim, is_v ? kv->v_scale : kv->k_scale);
+        kv_fp8_load(kv->dtype, buf, (is_v ? kv->v8 : kv->k8) + off, kv->head_dim, is_v ? kv->v_scale : kv->k_scale);
         return buf;
 }
 

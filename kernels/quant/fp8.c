@@ -87,6 +87,11 @@ uint8_t tsr_f32_to_fp8_e5m2(float x) {
         return sign | mini_code(r, 2, 15);
 }
 
+uint8_t tsr_f32_to_fp8_e5m2_sat(float x) {
+        uint8_t c = tsr_f32_to_fp8_e5m2(x);
+        return (c & 0x7f) == 0x7c ? (uint8_t)((c & 0x80) | 0x7b) : c;      /* inf -> S.11110.11 = 57344 */
+}
+
 float tsr_e2m1_to_f32(uint8_t code) {
         float s = code & 8 ? -1.0f : 1.0f;
         return s * mini_decode((code >> 1) & 3, code & 1, 1, 1);

@@ -55,6 +55,10 @@ float tsr_fp8_e5m2_to_f32(uint8_t v);
  * 61440 (halfway from 57344 to the next power of two) gives inf; NaN gives a quiet NaN
  * (S.11111.10) of x's sign. */
 uint8_t tsr_f32_to_fp8_e5m2(float x);
+/* The same, saturating as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2) that
+ * vLLM's KV cache stores with: a magnitude past 57344 after rounding (infinity included)
+ * gives +-57344; NaN as above. */
+uint8_t tsr_f32_to_fp8_e5m2_sat(float x);
 /* e2m1 code (low 4 bits of `code`; the rest ignored) -> float32: +-{0, 0.5, 1, 1.5, 2, 3,
  * 4, 6}, exact. */
 float tsr_e2m1_to_f32(uint8_t code);

@@ -1,5 +1,7 @@
 /* test_kv_fp8.c - the fp8 e4m3 KV cache (--kv-cache-dtype fp8; kernels.h tsr_kv_view,
- * models.md §4.5, §4.6) on the CPU backends and CUDA:
+ * models.md §4.5, §4.6) on the CPU backends and CUDA, and the e5m2 one (fp8_e5m2: the
+ * same scales, e5m2 codes saturating at +-57344 as vLLM's __NV_SATFINITE stores) on the
+ * CPU backends, the oracle and fast-vs-ref cases run again for it:
  *   - kv_write stores e4m3(x / scale) (round to nearest even, saturating at +-448, NaN
  *     to S.1111.111): the codes of §4.6's examples, with scale 1 and a scale != 1;
  *   - the reference attention on an fp8 cache against a float64 oracle that dequantizes
@@ -27,10 +29,17 @@
 #include "kernels/kernels.h"
 #include "kernels/quant/quant.h"
 
+/* The format the cases below store (the e5m2 cases set it, then put it back). */
+static tsr_dtype kv_dt = TSR_DTYPE_FP8_E4M3;
+
+static double code_value(uint8_t code) {
+        return kv_dt == TSR_DTYPE_FP8_E5M2 ? (double)tsr_fp8_e5m2_to_f32(code) : (double)tsr_fp8_e4m3_to_f32(code);
+}
+
 /* One contiguous block of `tokens` rows: the simplest fp8 view. */
 static tsr_kv_view one_block(uint8_t *k, uint8_t *v, const uint32_t *table, size_t tokens, size_t heads, size_t hd,
                              float k_scale, float v_scale) {
-        return (tsr_kv_view){.k8 = k, .v8 = v, .dtype = TSR_DTYPE_FP8_E4M3, .k_scale = k_scale, .v_scale = v_scale,
+        return (tsr_kv_view){.k8 = k, .v8 = v, .dtype = kv_dt, .k_scale = k_scale, .v_scale = v_scale,
                              .block_table = table, .n_table = 1, .n_blocks = 1, .block_size = tokens,
                              .n_kv_heads = heads, .head_dim = hd};
 }
@@ -62,6 +71,37 @@ static void test_write_codes(void **state) {
         assert_int_equal(tsr_backend_kv_write(ref, &kv, &nan_in, &nan_in, 1, 0), TSR_OK);
         assert_int_equal(k[0] & 0x7f, 0x7f);
         assert_int_equal(k[0], tsr_f32_to_fp8_e4m3(NAN));
+        tsr_backend_free(&ref);
+}
+
+/* e5m2 through kv_write: 1, its largest finite 57344, -2, its smallest subnormal 2^-16,
+ * 60000 (rounds down to 57344), 61440 (halfway to 2^16: ties to the even 2^16, past the
+ * largest, saturates), -1e30 and -inf (saturate), the zeros, 2^-18 (below half the
+ * smallest subnormal: 0); NaN stays NaN.  K with scale 1, V with scale 2. */
+static void test_write_codes_e5m2(void **state) {
+        (void)state;
+        static const float x[] = {1.0f,    57344.0f, -2.0f, 0x1p-16f, 60000.0f, 61440.0f,
+                                  -1e30f,  -INFINITY, 0.0f, -0.0f,    0x1p-18f};
+        static const uint8_t want[] = {0x3c, 0x7b, 0xc0, 0x01, 0x7b, 0x7b, 0xfb, 0xfb, 0x00, 0x80, 0x00};
+        enum { N = sizeof x / sizeof *x };
+        float x2[N], nan_in = NAN;
+        uint8_t k[N + 1], v[N + 1];
+        uint32_t zero = 0;
+        tsr_backend *ref = NULL;
+
+        kv_dt = TSR_DTYPE_FP8_E5M2;
+        for (size_t i = 0; i < N; i++)
+                x2[i] = 2.0f * x[i];
+        assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        tsr_kv_view kv = one_block(k, v, &zero, 1, 1, N, 1.0f, 2.0f);
+        assert_int_equal(tsr_backend_kv_write(ref, &kv, x, x2, 1, 0), TSR_OK);
+        for (size_t i = 0; i < N; i++)
+                if (k[i] != want[i] || v[i] != want[i])
+                        fail_msg("e5m2 of %a: k 0x%02x v 0x%02x, want 0x%02x", x[i], k[i], v[i], want[i]);
+        kv = one_block(k, v, &zero, 1, 1, 1, 1.0f, 1.0f);
+        assert_int_equal(tsr_backend_kv_write(ref, &kv, &nan_in, &nan_in, 1, 0), TSR_OK);
+        assert_true(isnan(tsr_fp8_e5m2_to_f32(k[0])));
+        kv_dt = TSR_DTYPE_FP8_E4M3;
         tsr_backend_free(&ref);
 }
 
@@ -100,7 +140,7 @@ static void kvc_done(struct kvc *c) {
 }
 
 static tsr_kv_view kvc_view(const struct kvc *c, uint8_t *k8, uint8_t *v8) {
-        return (tsr_kv_view){.k8 = k8, .v8 = v8, .dtype = TSR_DTYPE_FP8_E4M3, .k_scale = c->k_scale,
+        return (tsr_kv_view){.k8 = k8, .v8 = v8, .dtype = kv_dt, .k_scale = c->k_scale,
                              .v_scale = c->v_scale, .block_table = c->table, .n_table = c->n_table,
                              .n_blocks = c->n_blocks, .block_size = c->block_size, .n_kv_heads = c->n_kv_heads,
                              .head_dim = c->head_dim};
@@ -142,7 +182,7 @@ static void check_vs_oracle(const struct kvc *c, const float *out, double slack,
                                 const uint8_t *kj = c->k8 + row_of(c, j) + g * hd;
                                 double dot = 0, a = 0;
                                 for (size_t i = 0; i < hd; i++) {
-                                        double kd = (double)tsr_fp8_e4m3_to_f32(kj[i]) * c->k_scale;
+                                        double kd = code_value(kj[i]) * c->k_scale;
                                         dot += (double)qh[i] * kd, a += fabs((double)qh[i] * kd);
                                 }
                                 s[j] = dot * scale;
@@ -154,8 +194,7 @@ static void check_vs_oracle(const struct kvc *c, const float *out, double slack,
                         for (size_t i = 0; i < hd; i++) {
                                 double want = 0;
                                 for (size_t j = 0; j <= p; j++) {
-                                        double vd = (double)tsr_fp8_e4m3_to_f32(c->v8[row_of(c, j) + g * hd + i]) *
-                                                    c->v_scale;
+                                        double vd = code_value(c->v8[row_of(c, j) + g * hd + i]) * c->v_scale;
                                         want += s[j] / sum * vd;
                                         vmax = fmax(vmax, fabs(vd));
                                 }
@@ -265,6 +304,14 @@ static void test_fast_bitwise(void **state) {
         tsr_backend_free(&ref);
 }
 
+/* The oracle and fast-vs-ref cases on an e5m2 cache (the same shapes and scales). */
+static void test_e5m2_ref_and_fast(void **state) {
+        kv_dt = TSR_DTYPE_FP8_E5M2;
+        test_ref_vs_oracle(state);
+        test_fast_bitwise(state);
+        kv_dt = TSR_DTYPE_FP8_E4M3;
+}
+
 /* Views the CPU backends refuse, and the CUDA backend's answer. */
 static void test_bad_views(void **state) {
         (void)state;
@@ -323,6 +370,18 @@ static void test_cuda(void **state) {
                 TSR_SKIP("no-gpu", "no CUDA device: %s", tsr_status_str(st));
         assert_int_equal(st, TSR_OK);
         assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        {       /* e5m2 is the CPU backends' only: refused, never stored as float */
+                uint32_t zero = 0;
+                uint8_t *dk8 = dev_copy(cuda, NULL, 64), *dv8 = dev_copy(cuda, NULL, 64);
+                float *dx = dev_copy(cuda, NULL, 64 * sizeof(float));
+                kv_dt = TSR_DTYPE_FP8_E5M2;
+                tsr_kv_view kv = one_block(dk8, dv8, &zero, 1, 1, 8, 1.0f, 1.0f);
+                kv_dt = TSR_DTYPE_FP8_E4M3;
+                tsr_kv_seq one = {&zero, 1, 1, 0};
+                assert_int_equal(tsr_backend_kv_write_batch(cuda, &kv, &one, 1, dx, dx), TSR_E_UNSUPPORTED);
+                assert_int_equal(tsr_backend_attention_batch(cuda, dx, dx, &kv, &one, 1, 1, 1.0f), TSR_E_UNSUPPORTED);
+                tsr_backend_mem_free(cuda, dk8), tsr_backend_mem_free(cuda, dv8), tsr_backend_mem_free(cuda, dx);
+        }
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
                 struct kvc c = shapes[si];
                 char what[160];
@@ -389,6 +448,8 @@ static void test_cuda(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_write_codes),
+                cmocka_unit_test(test_write_codes_e5m2),
+                cmocka_unit_test(test_e5m2_ref_and_fast),
                 cmocka_unit_test(test_ref_vs_oracle),
                 cmocka_unit_test(test_fast_bitwise),
                 cmocka_unit_test(test_bad_views),

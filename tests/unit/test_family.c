@@ -189,7 +189,7 @@ static void test_kv_fp8(void **state) {
         assert_true(tsr_kv_cache_dtype_parse("fp8", &t) && t == TSR_DTYPE_FP8_E4M3);
         t = TSR_DTYPE_F32;
         assert_true(tsr_kv_cache_dtype_parse("fp8_e4m3", &t) && t == TSR_DTYPE_FP8_E4M3);
-        assert_false(tsr_kv_cache_dtype_parse("fp8_e5m2", &t));
+        assert_true(tsr_kv_cache_dtype_parse("fp8_e5m2", &t) && t == TSR_DTYPE_FP8_E5M2);
         assert_false(tsr_kv_cache_dtype_parse("bfloat16", &t));
 
         /* SmolLM2-135M's group (737280 bytes a block in float32) and a state group */

@@ -893,7 +893,7 @@ tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool,
         for (size_t i = 0; i < n; i++) {
                 const tsr_kv_group *g = &pool->groups[i].spec;
                 /* the attention group may be fp8_e4m3 (the runner's --kv-cache-dtype fp8) */
-                bool fp8_ok = tsr_kv_group_paged(g) && g->dtype == TSR_DTYPE_FP8_E4M3 && pool->groups[i].k_scale &&
+                bool fp8_ok = tsr_kv_group_paged(g) && tsr_dtype_is_fp8(g->dtype) && pool->groups[i].k_scale &&
                               pool->groups[i].v_scale;
                 if (g->kind != want[i].kind || g->n_layers != want[i].n_layers ||
                     (g->dtype != want[i].dtype && !fp8_ok) ||
@@ -1321,8 +1321,8 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
 
 static tsr_kv_view attn_view(const tsr_nemotron_h_config *c, tsr_nemotron_h_cache *kv, size_t i,
                              const tsr_nemotron_h_seq *q) {
-        bool fp8 = kv->kv_dtype == TSR_DTYPE_FP8_E4M3;
-        return (tsr_kv_view){.k = kv->k[i], .v = kv->v[i], .dtype = fp8 ? TSR_DTYPE_FP8_E4M3 : TSR_DTYPE_F32,
+        bool fp8 = tsr_dtype_is_fp8(kv->kv_dtype);
+        return (tsr_kv_view){.k = kv->k[i], .v = kv->v[i], .dtype = fp8 ? kv->kv_dtype : TSR_DTYPE_F32,
                              .k_scale = fp8 ? kv->k_scale[i] : 1.0f, .v_scale = fp8 ? kv->v_scale[i] : 1.0f,
                              .block_table = q->block_table, .n_table = q->n_table, .n_blocks = kv->n_blocks,
                              .block_size = kv->block_size, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim};

@@ -374,7 +374,7 @@ tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_d
 
         if (kv_dtype == TSR_DTYPE_F32)
                 return TSR_OK;
-        if (kv_dtype != TSR_DTYPE_FP8_E4M3 || !fam)
+        if (!tsr_dtype_is_fp8(kv_dtype) || !fam)
                 where = "for this model";
         else if (!fam->kv_scale_module)
                 where = fam->name;
@@ -390,7 +390,8 @@ tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_d
  * checkpoint's k_scale / v_scale where it has them, else the pool's 1.0 with vLLM's
  * warning.  Main thread. */
 static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr_model_desc *desc,
-                                const tsr_shard_spec *shard, tsr_kv_pool *pool, char *err, size_t errlen) {
+                                const tsr_shard_spec *shard, tsr_kv_pool *pool, tsr_dtype dtype, char *err,
+                                size_t errlen) {
         tsr_safetensors_set *set = NULL;
         uint32_t found = 0, total = 0;
         float lo = INFINITY, hi = 0;
@@ -430,13 +431,14 @@ static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr
         tsr_safetensors_set_close(&set);
         if (st != TSR_OK || total == 0)
                 return st;
+        const char *fmt_name = tsr_dtype_name(dtype);  /* fp8_e4m3 or fp8_e5m2 */
         if (found == 0) {       /* vLLM's BaseKVCacheMethod warning */
-                log_warn("Using KV cache scaling factor 1.0 for fp8_e4m3. If this is unintended, verify that k/v_scale "
-                         "scaling factors are properly set in the checkpoint.");
+                log_warn("Using KV cache scaling factor 1.0 for %s. If this is unintended, verify that k/v_scale "
+                         "scaling factors are properly set in the checkpoint.", fmt_name);
                 return TSR_OK;
         }
-        log_info("KV cache fp8_e4m3: k_scale / v_scale of %u of %u layers from %s (range %g .. %g)%s", found, total,
-                 r->mo.source, (double)lo, (double)hi, found < total ? "; the other layers use 1.0" : "");
+        log_info("KV cache %s: k_scale / v_scale of %u of %u layers from %s (range %g .. %g)%s", fmt_name, found,
+                 total, r->mo.source, (double)lo, (double)hi, found < total ? "; the other layers use 1.0" : "");
         return TSR_OK;
 }
 
@@ -542,8 +544,8 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                 r->kv_blocks = num_blocks;
         st = tsr_kv_pool_new_on(tsr_backend_host_memory(sg->be) ? NULL : sg->be, groups, n_groups, num_blocks,
                                 block_size, n_state_slots, &sg->kv_memory);
-        if (st == TSR_OK && opts->kv_dtype == TSR_DTYPE_FP8_E4M3 &&
-            (st = kv_fp8_scales(r, path, desc, shard, sg->kv_memory, err, errlen)) != TSR_OK)
+        if (st == TSR_OK && tsr_dtype_is_fp8(opts->kv_dtype) &&
+            (st = kv_fp8_scales(r, path, desc, shard, sg->kv_memory, opts->kv_dtype, err, errlen)) != TSR_OK)
                 return st;      /* the message names the file and the tensor */
         if (st != TSR_OK || (st = r->fam->kv_bind(sg->model, sg->kv_memory, &sg->pool)) != TSR_OK) {
                 snprintf(err, errlen, "cannot allocate the KV cache (%llu blocks of %u tokens, %zu group%s): %s",
@@ -601,7 +603,7 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         r->hidden = desc->hidden_size;
         r->stages[0].be = opts->backend;
         if ((st = pick_dtype(opts, &bf16, err, errlen)) != TSR_OK ||
-            (st = quant_config(path, desc, opts->quantization, opts->kv_dtype == TSR_DTYPE_FP8_E4M3, &r->mo, err,
+            (st = quant_config(path, desc, opts->quantization, tsr_dtype_is_fp8(opts->kv_dtype), &r->mo, err,
                                 errlen)) != TSR_OK)
                 goto fail;
         for (uint32_t i = 0; i < r->n_stages; i++) {

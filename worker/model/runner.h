@@ -62,17 +62,18 @@ typedef struct tsr_runner_opts {
          * processes) goes to the KV blocks (tsr_runner_kv_blocks says how many). */
         size_t max_step_tokens, max_logit_rows;
         double gpu_memory_utilization;
-        /* --kv-cache-dtype (tsr_kv_cache_dtype_parse): float32 (0), or fp8_e4m3 for the
-         * full-attention groups, with a ModelOpt checkpoint's k_scale / v_scale where it
+        /* --kv-cache-dtype (tsr_kv_cache_dtype_parse): float32 (0), or fp8_e4m3 /
+         * fp8_e5m2 for the paged groups, with a checkpoint's k_scale / v_scale where it
          * has them, else 1.0 (logged as vLLM does).  tsr_runner_kv_dtype_check says where. */
         tsr_dtype kv_dtype;
 } tsr_runner_opts;
 
 /* Whether the KV cache can store `kv_dtype` for a model of `fam`: float32 always;
- * fp8_e4m3 for a family that names its checkpoint scales (kv_scale_module: llama,
- * llama4, nemotron_h), with any tensor and pipeline parallelism (each rank stores its layers'
- * and heads' KV with its layers' scales), on any backend the family runs on (the CPU
- * backends and CUDA have the fp8 kv_write and attention).  TSR_E_UNSUPPORTED
+ * fp8_e4m3 and fp8_e5m2 for a family that names its checkpoint scales (kv_scale_module:
+ * llama, llama4, nemotron_h), with any tensor and pipeline parallelism (each rank stores
+ * its layers' and heads' KV with its layers' scales), on any backend the family runs on
+ * (the CPU backends and CUDA have the e4m3 kv_write and attention; e5m2 is the CPU
+ * backends' only, which worker/main.c checks once it knows the device).  TSR_E_UNSUPPORTED
  * with one line in err naming the flag, the value (`flag`, as given) and what is
  * supported otherwise.  Any thread; main's start-up check and the runner's. */
 #define TSR_RUNNER_KV_FP8_SCOPE \
