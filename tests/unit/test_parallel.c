@@ -1176,6 +1176,69 @@ static void test_fp8_kv_parallel(void **state) {
         }
 }
 
+/* --kv-cache-dtype fp8 against a torch emulation of the cache (issue #15):
+ * tests/fixtures/tiny-modelopt/fp8-kv is the ModelOpt FP8 tiny Llama with k/v scales
+ * 1.5 / 2.0 and 1.25 / 1.75 (make_tiny_modelopt_kv.py), whose emulation stores K (after
+ * RoPE) and V as e4m3(x / scale) and attends over float(code) x scale.  Served by the
+ * runner with an fp8 pool and the checkpoint's scales, prompts 0 and 1 give every
+ * position's logits within 1e-4 + 50 x the emulation's sum-order sensitivity of it (as
+ * test_quant_modelopt.c's bound; the fp8 cache itself moves them by 0.44), and the same
+ * runner with a float32 pool does not (the scales and the cache are really used). */
+static void test_fp8_kv_vs_emulation(void **state) {
+        (void)state;
+        model_case mc = {0};
+        char path[1024], err[512] = "";
+        json_error_t je;
+        json_t *g = NULL, *meta = NULL;
+        tsr_runner *r = NULL;
+        uint32_t table[N_BLOCKS], ids[64];
+
+        if (!model_open(&mc, "tests/fixtures/tiny-modelopt/fp8-kv"))
+                fail_msg("the fp8-kv fixture is committed: run from the source tree");
+        assert_non_null(tsr_test_src_path("tests/fixtures/tiny-modelopt/golden.json", path, sizeof path));
+        assert_non_null(g = json_load_file(path, 0, &je));
+        assert_non_null(tsr_test_src_path("tests/fixtures/tiny-modelopt/fp8-kv.json", path, sizeof path));
+        assert_non_null(meta = json_load_file(path, 0, &je));
+        size_t V = mc.desc.vocab_size, rows = 0, n0 = tsr_test_prompt_ids(g, 0, ids, 64);
+        rows = n0 + tsr_test_prompt_ids(g, 1, ids, 64);
+        float *want = malloc(rows * V * sizeof(float)), *got = malloc(rows * V * sizeof(float));
+        assert_true(want && got);
+        assert_non_null(tsr_test_src_path("tests/fixtures/tiny-modelopt/fp8-kv.logits.f32", path, sizeof path));
+        FILE *f = fopen(path, "rb");
+        assert_non_null(f);
+        assert_int_equal(fread(want, sizeof(float), rows * V, f), rows * V);
+        fclose(f);
+        for (size_t i = 0; i < N_BLOCKS; i++)
+                table[i] = (uint32_t)(N_BLOCKS - 1 - i);        /* reversed: the table matters */
+        double bound = 1e-4 + 50 * json_number_value(json_object_get(meta, "order_sensitivity")), worst[2] = {0, 0};
+        for (int fp8 = 1; fp8 >= 0; fp8--) {
+                tsr_runner_opts o = {.dtype = "float32", .backend = mc.be, .stage_threads = 1,
+                                     .kv_dtype = fp8 ? TSR_DTYPE_FP8_E4M3 : TSR_DTYPE_F32};
+                if (tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 0, &r, NULL, err, sizeof err) != TSR_OK)
+                        fail_msg("%s: %s", mc.path, err);
+                const tsr_engine_model *m = tsr_runner_model(r);
+                for (size_t pi = 0, row = 0; pi < 2; pi++) {
+                        size_t n = tsr_test_prompt_ids(g, pi, ids, 64);
+                        tsr_engine_seq q = {.block_table = table, .n_table = N_BLOCKS, .tokens = ids, .n = n,
+                                            .want_logits = true, .want_all_logits = true};
+                        assert_int_equal(m->forward(m->ud, &q, 1, got + row * V), TSR_OK);
+                        row += n;
+                }
+                tsr_runner_free(&r);
+                for (size_t i = 0; i < rows * V; i++)
+                        worst[fp8] = fmax(worst[fp8], fabs((double)got[i] - want[i]));
+        }
+        print_message("fp8 KV (scales 1.5/2.0, 1.25/1.75) vs the torch emulation: max |dlogit| %.3g (bound %.3g); "
+                      "a float32 cache: %.3g\n", worst[1], bound, worst[0]);
+        assert_true(worst[1] <= bound);
+        assert_true(worst[0] > 100 * bound);
+        json_decref(g);
+        json_decref(meta);
+        free(want);
+        free(got);
+        model_close(&mc);
+}
+
 /* Bad stage arguments: no layer split, or more stages than the model has layers (the
  * loader refuses the empty range; main.c refuses pp > layers before it gets here). */
 static void test_runner_refuses(void **state) {
@@ -1235,6 +1298,7 @@ int main(void) {
                 cmocka_unit_test(test_llama4_ep),
                 cmocka_unit_test(test_nemotron_h_ep),
                 cmocka_unit_test(test_expert_range),
+                cmocka_unit_test(test_fp8_kv_vs_emulation),
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_nemotron_h_tp),
                 cmocka_unit_test(test_hybrid_stage_args),
