@@ -1239,6 +1239,46 @@ static void test_fp8_kv_vs_emulation(void **state) {
         model_close(&mc);
 }
 
+/* What the ranks hold after a tensor- or expert-parallel split, for every family: the
+ * load reads whole tensors, then each rank keeps its share, and the runner's total
+ * resident bytes (the worker's "loaded" line and tessera:worker_weight_bytes) count the
+ * shares, not the reads: at tp 2 more than one copy (the embedding, norms and routers are
+ * whole on every rank) but well under two. */
+static void test_tp_resident_bytes(void **state) {
+        (void)state;
+        static const struct { const char *rel, *family; bool ep; } cases[] = {
+                {"tests/fixtures/tiny-llama3-hf/f32", "llama", false},
+                {"tests/fixtures/tiny-llama4", "llama4", false},
+                {"tests/fixtures/tiny-llama4", "llama4", true},
+                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", false},
+                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", true},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+                model_case mc = {0};
+                tsr_load_stats one = {0}, two = {0};
+                tsr_runner *r = NULL;
+                char err[512] = "";
+                if (!model_open_family(&mc, cases[c].rel, cases[c].family))
+                        fail_msg("%s is a committed fixture: run from the source tree", cases[c].rel);
+                for (uint32_t tp = 1; tp <= 2; tp++) {
+                        tsr_runner_opts o = {.dtype = "float32", .backend = mc.be, .stage_threads = 1,
+                                             .pp_timeout_ms = 60000, .tp = tp, .expert_parallel = cases[c].ep};
+                        if (tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 4, &r, tp == 1 ? &one : &two, err,
+                                           sizeof err) != TSR_OK)
+                                fail_msg("%s tp %u: %s", mc.path, tp, err);
+                        tsr_runner_free(&r);
+                }
+                print_message("%s%s: resident %llu bytes at tp 1, %llu over the 2 ranks at tp 2 (%.2fx)\n",
+                              cases[c].rel, cases[c].ep ? " (expert parallel)" : "",
+                              (unsigned long long)one.resident_bytes, (unsigned long long)two.resident_bytes,
+                              (double)two.resident_bytes / (double)one.resident_bytes);
+                assert_true(two.resident_bytes > one.resident_bytes);
+                assert_true(two.resident_bytes < one.resident_bytes * 3 / 2);
+                assert_true(two.f32_bytes == 2 * one.f32_bytes);        /* each rank read every tensor */
+                model_close(&mc);
+        }
+}
+
 /* Bad stage arguments: no layer split, or more stages than the model has layers (the
  * loader refuses the empty range; main.c refuses pp > layers before it gets here). */
 static void test_runner_refuses(void **state) {
@@ -1299,6 +1339,7 @@ int main(void) {
                 cmocka_unit_test(test_nemotron_h_ep),
                 cmocka_unit_test(test_expert_range),
                 cmocka_unit_test(test_fp8_kv_vs_emulation),
+                cmocka_unit_test(test_tp_resident_bytes),
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_nemotron_h_tp),
                 cmocka_unit_test(test_hybrid_stage_args),

@@ -97,7 +97,6 @@ struct tsr_nemotron_h {
         /* ModelOpt: the dtype some linears are stored in (nh_mat.q: fp8_e4m3 or nvfp4);
          * TSR_DTYPE_F32 when none is */
         tsr_dtype qdtype;
-        uint64_t resident_bytes;        /* the weights' bytes in memory, as now held */
         /* Tensor parallelism (tsr_nemotron_h_shard_tp): `rank` is the config as this rank
          * holds it (tsr_nemotron_h_config_rank; `cfg` at tp_size 1), which the forward and
          * the state read; vocab_out its lm_head rows.  With `canonical`, every row-parallel
@@ -373,12 +372,11 @@ static tsr_status load_from(const tsr_tensor_source *s, tsr_nemotron_h *m, const
             (st = tsr_load_tensors(s, m->expert_names, 2 * (size_t)m->cfg.n_experts, spec, nh_bind, m, progress,
                                    ud, &b, err, errlen)) != TSR_OK)
                 return st;
-        m->resident_bytes = a.resident_bytes + b.resident_bytes;
         if (stats)
                 *stats = (tsr_load_stats){.n_tensors = a.n_tensors + b.n_tensors,
                                           .file_bytes = a.file_bytes + b.file_bytes,
                                           .f32_bytes = a.f32_bytes + b.f32_bytes,
-                                          .resident_bytes = m->resident_bytes,
+                                          .resident_bytes = a.resident_bytes + b.resident_bytes,
                                           .seconds = a.seconds + b.seconds};
         return TSR_OK;
 }
@@ -513,12 +511,9 @@ tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m) {
                         w[i]->b[e] = tsr_f32_to_bf16(w[i]->f[e]);
         }
         for (size_t i = 0; i < k; i++) {
-                if (w[i]->f != m->token_embd) {         /* tied: the embedding still reads it */
+                if (w[i]->f != m->token_embd)           /* tied: the embedding still reads it */
                         free(w[i]->f);
-                        m->resident_bytes -= n[i] * sizeof(float);
-                }
                 w[i]->f = NULL;
-                m->resident_bytes += n[i] * sizeof(uint16_t);
         }
         m->bf16 = true;
         st = TSR_OK;
@@ -530,7 +525,53 @@ done:
 
 bool tsr_nemotron_h_is_bf16(const tsr_nemotron_h *m) { return m && m->bf16; }
 
-uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m) { return m ? m->resident_bytes : 0; }
+/* Bytes of a linear of n elements as held: as stored (ModelOpt), bf16 or float32. */
+static uint64_t mat_bytes(const nh_mat *w, uint64_t n) {
+        return w->q.data ? tsr_tensor_n_bytes(&w->q) : w->b ? n * sizeof(uint16_t) : w->f ? n * sizeof(float) : 0;
+}
+
+/* Every array the model holds, at the sizes it holds them (the rank's counts after a
+ * tensor- or expert-parallel split): what the load counted for an unsplit model, and
+ * less once a split has freed the other ranks' shares. */
+uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m) {
+        if (!m)
+                return 0;
+        const tsr_nemotron_h_config *c = &m->cfg, *r = &m->rank;
+        uint64_t dim = c->dim, F = sizeof(float), b = 0;
+        uint64_t di = tsr_nemotron_h_d_inner(r), cd = tsr_nemotron_h_conv_dim(r), H = r->m_heads;
+        uint64_t qd = (uint64_t)r->n_heads * r->head_dim, kvd = (uint64_t)r->n_kv_heads * r->head_dim;
+        uint64_t I = m->ep ? c->moe_hidden : r->moe_hidden;
+
+        b += (m->token_embd ? (uint64_t)c->vocab_size * dim * F : 0) + (m->output_norm ? dim * F : 0);
+        if (m->output.f != m->token_embd || m->output.b || m->output.q.data)
+                b += mat_bytes(&m->output, (uint64_t)m->vocab_out * dim);
+        for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
+                const nh_layer *L = &m->layers[l];
+                b += L->norm ? dim * F : 0;
+                switch (c->pattern[l]) {
+                case 'M':
+                        b += mat_bytes(&L->in_proj, (di + cd + H) * dim) + mat_bytes(&L->out_proj, dim * di);
+                        b += (cd * c->conv_kernel + (L->conv_b ? cd : 0) + 3 * H + di) * F;
+                        break;
+                case '*':
+                        b += mat_bytes(&L->wq, qd * dim) + mat_bytes(&L->wk, kvd * dim) + mat_bytes(&L->wv, kvd * dim) +
+                             mat_bytes(&L->wo, dim * qd);
+                        break;
+                case 'E':
+                        b += ((uint64_t)c->n_experts * dim + (L->router_bias ? c->n_experts : 0)) * F;
+                        b += mat_bytes(&L->shared_up, (uint64_t)r->shared_hidden * dim) +
+                             mat_bytes(&L->shared_down, dim * r->shared_hidden);
+                        for (uint32_t e = 0; L->exp_up && e < c->n_experts; e++)
+                                b += mat_bytes(&L->exp_up[e], I * dim) + mat_bytes(&L->exp_down[e], dim * I);
+                        break;
+                default:
+                        b += mat_bytes(&L->mlp_up, (uint64_t)r->mlp_hidden * dim) +
+                             mat_bytes(&L->mlp_down, dim * r->mlp_hidden);
+                        break;
+                }
+        }
+        return b;
+}
 
 tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be) {
         static const tsr_op needed[] = {TSR_OP_RMSNORM, TSR_OP_EMBEDDING, TSR_OP_KV_WRITE, TSR_OP_ATTENTION,

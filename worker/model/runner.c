@@ -511,7 +511,9 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                 snprintf(err, errlen, "cannot convert the weights to bfloat16: %s", tsr_status_str(st));
                 return st;
         }
-        if (*bf16 && r->fam->resident_bytes && stats)  /* the float32 copies are gone */
+        /* what the rank holds now: the float32 copies are gone after bf16, the other ranks'
+         * shares after a tensor- or expert-parallel split (the load counted whole tensors) */
+        if ((*bf16 || split) && r->fam->resident_bytes && stats)
                 stats->resident_bytes = r->fam->resident_bytes(sg->model);
         if (!tsr_backend_host_memory(sg->be)) {
                 if (!r->fam->to_backend) {
@@ -634,9 +636,9 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                         goto fail;
                 int threads = tsr_backend_threads(sg->be);
                 if (pp == 1 && tp > 1)
-                        log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s "
-                                 "(%.1f MB read: whole tensors, then split)", t, tp, tp, threads,
-                                 threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6);
+                        log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s, "
+                                 "%.1f MB resident (%.1f MB read: whole tensors, then split)", t, tp, tp, threads,
+                                 threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6, (double)one.f32_bytes / 1e6);
                 else if (pp > 1 && tp == 1)
                         log_info("pipeline stage %u of %u: layers %u..%u%s%s, %d kernel thread%s, %.1f MB resident", s,
                                  pp, shard.first_layer, shard.last_layer, s == 0 ? " + embedding" : "",
@@ -644,10 +646,11 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                                  (double)one.resident_bytes / 1e6);
                 else if (pp > 1)
                         log_info("rank %u: pipeline stage %u of %u, tensor parallel rank %u of %u: layers %u..%u%s%s, "
-                                 "their 1/%u shard, %d kernel thread%s (%.1f MB read: the stage's whole tensors, "
-                                 "then split)", i, s, pp, t, tp, shard.first_layer, shard.last_layer,
+                                 "their 1/%u shard, %d kernel thread%s, %.1f MB resident (%.1f MB read: the stage's "
+                                 "whole tensors, then split)", i, s, pp, t, tp, shard.first_layer, shard.last_layer,
                                  s == 0 ? " + embedding" : "", s + 1 == pp ? " + final norm and lm_head" : "", tp,
-                                 threads, threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6);
+                                 threads, threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6,
+                                 (double)one.f32_bytes / 1e6);
                 total.n_tensors += one.n_tensors;
                 total.file_bytes += one.file_bytes;
                 total.f32_bytes += one.f32_bytes;
