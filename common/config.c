@@ -110,7 +110,7 @@ static const tsr_opt opts[] = {
                  "family runs on it, else cpu)"},
         {O_STR("kv-cache-dtype", kv_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
          .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache: auto (float32), or fp8 / fp8_e4m3 / fp8_e5m2 (one byte per element, scaled; "
-                 "llama family on the CPU backend)"},
+                 "llama, llama4 and nemotron_h; e5m2 on the CPU backend only)"},
         {O_BOOL("calculate-kv-scales", calculate_kv_scales), .owner = W, .group = GRP_MODEL,
          .help = "compute the fp8 KV cache scales from the first batch: refused (the scales are the checkpoint's, "
                  "else 1.0)"},
@@ -134,7 +134,7 @@ static const tsr_opt opts[] = {
 
         /* ---- parallelism ---- */
         {O_INT("tensor-parallel-size", tensor_parallel_size, 1, 1024), .alias = "-tp", .owner = W,
-         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "ranks each layer is split across: rank threads in the worker, per pipeline stage (llama family, --dtype float32)"},
+         .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "ranks each layer is split across: rank threads in the worker, per pipeline stage (llama, llama4 and nemotron_h families, --dtype float32)"},
         {O_INT("pipeline-parallel-size", pipeline_parallel_size, 1, 1024), .alias = "-pp", .owner = W,
          .group = GRP_PARALLEL, .metavar = "N", .def = "1", .help = "pipeline stages the layers are split into: one rank thread per stage in the worker "
                  "(VLLM_PP_LAYER_PARTITION=a,b,... overrides the split)"},
