@@ -270,7 +270,7 @@ static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m,
                         return TSR_E_INVAL;
                 }
                 /* This slice: TP ranks are threads of this worker (with -pp, tp of them per
-                 * stage), float32 weights (the canonical split of R7 is float32 math). */
+                 * stage), the canonical split of R7 in float32 or bfloat16. */
                 if (!desc || !desc->family->tp_shard) {
                         char names[128];
                         snprintf(err, errlen, "argument --tensor-parallel-size: %u is not supported for %s "
@@ -285,12 +285,8 @@ static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m,
                                  TSR_RUNNER_MAX_STAGES);
                         return TSR_E_INVAL;
                 }
-                if (!cfg->dtype || (strcmp(cfg->dtype, "float32") != 0 && strcmp(cfg->dtype, "float") != 0)) {
-                        snprintf(err, errlen, "argument --tensor-parallel-size: %u needs --dtype float32 (the "
-                                 "tensor-parallel split computes in float32, bitwise equal to -tp 1 --dtype float32)",
-                                 tp);
-                        return TSR_E_UNSUPPORTED;
-                }
+                /* any --dtype: the split runs on the float32 weights, which --dtype bfloat16
+                 * (or auto where it picks bf16) then converts rank by rank */
                 if (TSR_COMM_TREE_LEAVES % tp != 0 || desc->vocab_size % tp != 0) {
                         snprintf(err, errlen, "argument --tensor-parallel-size: %u must divide %d (the canonical "
                                  "partial sums of a row-parallel layer) and the vocabulary size (%u; vLLM pads it, "

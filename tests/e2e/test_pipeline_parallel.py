@@ -253,6 +253,24 @@ def test_nemotron_h_tp2_tp2pp2_answer_as_tp1(tmp_path):
     assert all(w[2] for w in want[:-1]), want       # every request answered
 
 
+def test_bf16_tp_without_dtype_float32(tmp_path):
+    """`-tp N` with bf16 weights (what vLLM serves a bf16 checkpoint with; no --dtype
+    float32): the tiny Llama 3 at -tp 2 and -tp 4 --dtype bfloat16 give the same text and
+    logprob floats (each rank converts its float32 split; every canonical slice's partial
+    is the bf16 matmul's), the log says bfloat16; and Llama 4 at -tp 2 with --dtype auto
+    serves."""
+    want = compare_tp(tmp_path, "bf16-", TINY, ("0..0", "1..1"), answers,
+                      grid=(("2", "1", "--dtype", "bfloat16"), ("4", "1", "--dtype", "bfloat16")))
+    assert all(w[4] for w in want[:-2]), want           # every completion has its logprobs
+    log = (tmp_path / "bf16-tp2pp1-dtype-bfloat16.log").read_text()
+    assert "matmul weights held as bfloat16" in log, log[-3000:]
+    proc, client = start(tmp_path, "llama4-auto-tp2", "-tp", "2", model=TINY_LLAMA4)
+    r = client.completions.create(model=MODEL, prompt=[1, 5, 9], max_tokens=4, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 4
+    stop_cleanly(proc)
+
+
 def test_nemotron_h_expert_parallel_answers_as_tp1(tmp_path):
     """--enable-expert-parallel on the tiny NemotronH (8 experts, top-2): -tp 2 (experts
     0-3 and 4-7) and -tp 2 -pp 2 answer as -tp 1 without it (text and logprob floats)."""
@@ -269,7 +287,7 @@ def test_nemotron_h_expert_parallel_answers_as_tp1(tmp_path):
 
 @pytest.mark.parametrize("flags,env,words", [
     (("-tp", "2"), None, "Total number of attention heads (9) must be divisible by tensor parallel size (2)."),
-    (("-tp", "3"), None, "argument --tensor-parallel-size: 3 needs --dtype float32"),
+    (("-tp", "3"), None, "argument --tensor-parallel-size: 3 must divide 8"),
     (("-tp", "3", "--dtype", "float32"), None, "argument --tensor-parallel-size: 3 must divide 8"),
     (("-pp", "31"), None, "--pipeline-parallel-size 31 is greater than the model's 30 hidden layers"),
     (("-tp", "2", "-pp", "2"), None,
@@ -282,7 +300,6 @@ def test_nemotron_h_expert_parallel_answers_as_tp1(tmp_path):
      "Total number of attention heads (4) must be divisible by tensor parallel size (8)."),
     (("-tp", "3", "-pp", "2", "--dtype", "float32", "tiny-llama4"), None,
      "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
-    (("-tp", "2", "tiny-llama4"), None, "argument --tensor-parallel-size: 2 needs --dtype float32"),
     (("-tp", "4", "--dtype", "float32", "tiny-nemotron-h"), None,
      "If tensor parallel world size does not divide num_groups, then num_groups must equal 1. "
      "(n_groups 2, tensor parallel size 4)"),
@@ -290,7 +307,6 @@ def test_nemotron_h_expert_parallel_answers_as_tp1(tmp_path):
      "If tensor parallel world size does not divide num_groups, then num_groups must equal 1."),
     (("-tp", "3", "--dtype", "float32", "tiny-nemotron-h"), None,
      "Total number of attention heads (4) must be divisible by tensor parallel size (3)."),
-    (("-tp", "2", "tiny-nemotron-h"), None, "argument --tensor-parallel-size: 2 needs --dtype float32"),
     (("-pp", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12"}, "len(partition_list)=2 does not match pp_size=3."),
     (("-pp", "2"), {"VLLM_PP_LAYER_PARTITION": "10,10"},
      "sum(partition_list)=20 does not match num_hidden_layers=30."),

@@ -1112,12 +1112,13 @@ static void test_hybrid_tp_refused(void **state) {
                         if (!strstr(err, bad[i].words))
                                 fail_msg("%s tp %u pp %u: %s", hybrid_fx[f].family, bad[i].tp, bad[i].pp, err);
                 }
-                /* the split is float32 math */
+                /* bfloat16 weights: split in float32, then converted rank by rank (test_tp_bf16) */
                 tsr_runner_opts b = {.dtype = "bfloat16", .backend = mc.be, .tp = 2, .stage_threads = 1};
-                assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &b, 16, H_BLOCK, H_SLOTS, &r, NULL, err,
-                                                    sizeof err),
-                                     TSR_OK);
-                assert_null(r);
+                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &b, 16, H_BLOCK, H_SLOTS, &r, NULL, err,
+                                                sizeof err),
+                                 TSR_OK);
+                assert_string_equal(tsr_runner_dtype(r), "bfloat16");
+                tsr_runner_free(&r);
                 tsr_runner_opts k = {.dtype = "float32", .backend = mc.be, .pp = 2, .pp_layers = two,
                                      .stage_threads = 1, .kv_dtype = TSR_DTYPE_FP8_E4M3};
                 /* the fp8 KV cache with pipeline stages: both families */
@@ -1239,6 +1240,52 @@ static void test_fp8_kv_vs_emulation(void **state) {
         model_close(&mc);
 }
 
+/* Tensor parallelism with bf16 weights (no --dtype float32 needed, as vLLM serves a bf16
+ * checkpoint at -tp N): the split runs on float32, then each rank converts its share, and
+ * every row-parallel K slice's partial is the bf16 matmul's on that slice, so TP 2 (and
+ * 4) give the bits of TP 1 in the canonical split with bf16 weights, for every family
+ * (expert-parallel too); and they are not the float32 bits (the weights really are bf16). */
+static void test_tp_bf16(void **state) {
+        (void)state;
+        static const struct { const char *rel, *family; uint32_t max_tp; bool ep; } cases[] = {
+                {"tests/fixtures/tiny-llama3-hf/f32", "llama", 4, false},
+                {"tests/fixtures/tiny-llama4", "llama4", 4, false},
+                {"tests/fixtures/tiny-llama4", "llama4", 2, true},
+                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", 2, false},
+                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", 2, true},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+                model_case mc = {0};
+                if (!model_open_family(&mc, cases[c].rel, cases[c].family))
+                        fail_msg("%s is a committed fixture: run from the source tree", cases[c].rel);
+                size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0, n32 = 0;
+                float *want = malloc(H_ROWS * V * sizeof(float)), *got = malloc(H_ROWS * V * sizeof(float));
+                float *f32 = malloc(H_ROWS * V * sizeof(float));
+                assert_true(want && got && f32);
+                run_ep = cases[c].ep;
+                run_hybrid_tp(&mc, "bfloat16", 1, NULL, 1, true, want, &n_want);
+                run_hybrid_tp(&mc, "float32", 1, NULL, 2, true, f32, &n32);
+                assert_int_equal(n32, n_want);
+                assert_true(memcmp(f32, want, n_want * sizeof(float)) != 0);
+                for (uint32_t tp = 2; tp <= cases[c].max_tp; tp *= 2) {
+                        memset(got, 0xff, H_ROWS * V * sizeof(float));
+                        run_hybrid_tp(&mc, "bfloat16", 1, NULL, tp, true, got, &n_got);
+                        assert_int_equal(n_got, n_want);
+                        for (size_t i = 0; i < n_want; i++)
+                                if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
+                                        fail_msg("%s bf16 tp %u%s: logit [%zu, %zu] %.9g, tp 1 %.9g", cases[c].rel, tp,
+                                                 cases[c].ep ? " ep" : "", i / V, i % V, got[i], want[i]);
+                        print_message("%s bf16%s: tp %u: %zu logits bitwise equal to tp 1 (canonical)\n", cases[c].rel,
+                                      cases[c].ep ? " expert-parallel" : "", tp, n_want);
+                }
+                run_ep = false;
+                free(want);
+                free(got);
+                free(f32);
+                model_close(&mc);
+        }
+}
+
 /* What the ranks hold after a tensor- or expert-parallel split, for every family: the
  * load reads whole tensors, then each rank keeps its share, and the runner's total
  * resident bytes (the worker's "loaded" line and tessera:worker_weight_bytes) count the
@@ -1314,10 +1361,11 @@ static void test_runner_refuses(void **state) {
                               .stage_threads = 1};
         assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_E_INVAL);
         assert_non_null(strstr(err, "at most 64 ranks in one worker"));
-        /* TP on bfloat16 weights: the split is float32 math */
+        /* TP on bfloat16 weights runs (test_tp_bf16) */
         t = (tsr_runner_opts){.dtype = "bfloat16", .backend = mc.be, .tp = 2, .stage_threads = 1};
-        assert_int_not_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
-        assert_null(r);
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &t, 4, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
+        assert_string_equal(tsr_runner_dtype(r), "bfloat16");
+        tsr_runner_free(&r);
         model_close(&mc);
 }
 
@@ -1340,6 +1388,7 @@ int main(void) {
                 cmocka_unit_test(test_expert_range),
                 cmocka_unit_test(test_fp8_kv_vs_emulation),
                 cmocka_unit_test(test_tp_resident_bytes),
+                cmocka_unit_test(test_tp_bf16),
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_nemotron_h_tp),
                 cmocka_unit_test(test_hybrid_stage_args),

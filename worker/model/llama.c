@@ -326,7 +326,7 @@ uint64_t tsr_llama_resident_bytes(const tsr_llama *m) {
         b += w->token_embd ? (uint64_t)m->cfg.vocab_size * dim * sizeof(float)
                            : w->token_embd_stored.data ? tsr_tensor_n_bytes(&w->token_embd_stored) : 0;
         if (m->output_bf16)
-                b += (uint64_t)m->cfg.vocab_size * dim * sizeof(uint16_t);
+                b += (uint64_t)m->vocab_out * dim * sizeof(uint16_t);
         else if (w->output && w->output != w->token_embd)
                 b += (uint64_t)m->vocab_out * dim * sizeof(float);
         else if (!w->output && w->output_stored.data && w->output_stored.data != w->token_embd_stored.data)
@@ -354,14 +354,13 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
                 return TSR_E_INVAL;     /* after tsr_llama_to_backend the host weights are gone */
         if (m->bf16)
                 return TSR_OK;
-        if (m->canonical)
-                return TSR_E_UNSUPPORTED;       /* the TP / canonical split runs on float32 weights */
         const tsr_llama_config *c = &m->cfg;
         size_t n_layers = m->n_local, rows[MM_PER_LAYER], cols[MM_PER_LAYER];
         float **f32[MM_PER_LAYER];
         mm_shapes(m, rows, cols);
         m->bf16 = calloc(n_layers * MM_PER_LAYER, sizeof *m->bf16);
-        if (!m->bf16 || (m->w->output && !(m->output_bf16 = to_bf16(m->w->output, c->vocab_size, c->dim))))
+        /* a tensor-parallel rank's lm_head rows: vocab_out */
+        if (!m->bf16 || (m->w->output && !(m->output_bf16 = to_bf16(m->w->output, m->vocab_out, c->dim))))
                 goto nomem;
         /* Convert everything first, free the float32 copies only once nothing can fail.  A
          * weight kept in its block format has no float32 copy and stays as it is. */
@@ -379,7 +378,9 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
                         *f32[i] = NULL;
                 }
         }
-        if (!c->tied_embeddings && m->w->output) {      /* tied: output is token_embd, which the embedding reads */
+        /* tied: output is token_embd, which the embedding reads -- unless a tensor-parallel
+         * split made it a copy of the rank's rows (tsr_tp_keep_vocab_rows) */
+        if (m->w->output && m->w->output != m->w->token_embd) {
                 free(m->w->output);
                 m->w->output = NULL;
         }
@@ -960,7 +961,8 @@ static tsr_status mm_row(const tsr_llama *m, tsr_backend *be, struct scratch *s,
         if (!m->canonical)
                 return mm(m, be, out, x, l, which, w_f32, rows, k, d);
         ns = TSR_COMM_TREE_LEAVES / m->tp_size;
-        if ((st = tsr_tp_row_partials(be, s->parts, s->slice, x, w_f32, rows, k, d, ns)) != TSR_OK)
+        tsr_tensor t = mm_weight(m, l, which, w_f32);   /* float32, or its bf16 copy */
+        if ((st = tsr_tp_row_partials(be, s->parts, s->slice, x, t.data, t.dtype, rows, k, d, ns)) != TSR_OK)
                 return st;
         return tsr_tp_row_reduce(m->comm, m->tp_size, s->parts, ns, out, rows * d);
 }

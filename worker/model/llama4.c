@@ -550,8 +550,6 @@ tsr_status tsr_llama4_use_bf16(tsr_llama4 *m) {
                 return TSR_E_INVAL;
         if (m->bf16)
                 return TSR_OK;
-        if (m->canonical)
-                return TSR_E_UNSUPPORTED;       /* the TP / canonical split runs on float32 weights */
         c = m->cfg;
         n_layers = m->shard.last_layer - m->shard.first_layer + 1;
         /* Convert everything first; free the float32 copies only once nothing can fail.
@@ -1057,7 +1055,11 @@ static tsr_status mm_parts(const tsr_llama4 *m, tsr_backend *be, struct scratch 
                            const mat *w, size_t off, size_t rows, size_t k) {
         if (!m->canonical)
                 return mm(be, parts, x, w, off, rows, k, m->cfg->base.dim);
-        return tsr_tp_row_partials(be, parts, s->slice, x, w->f + off, rows, k, m->cfg->base.dim, n_parts(m));
+        if (w->b)       /* converted after the split: bf16 blocks of the same layout */
+                return tsr_tp_row_partials(be, parts, s->slice, x, w->b + off, TSR_DTYPE_BF16, rows, k,
+                                           m->cfg->base.dim, n_parts(m));
+        return tsr_tp_row_partials(be, parts, s->slice, x, w->f + off, TSR_DTYPE_F32, rows, k, m->cfg->base.dim,
+                                   n_parts(m));
 }
 
 /* out (count,) = the sum of the partials parts (n_parts, count) over the rank's slices
@@ -1147,7 +1149,10 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                         TRY(mm(be, s->hb2, s->xin, &L->exp_gate_up, le * 2 * I * dim + I * dim, n, dim, I));
                         TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, n * I));
                         if (m->ep)      /* all S slices of the whole expert: ey (S, n, dim) */
-                                TRY(tsr_tp_row_partials(be, s->ey, s->slice, s->hb, L->exp_down.f + le * dim * I, n, I,
+                                TRY(tsr_tp_row_partials(be, s->ey, s->slice, s->hb,
+                                                        L->exp_down.b ? (const void *)(L->exp_down.b + le * dim * I)
+                                                                      : (const void *)(L->exp_down.f + le * dim * I),
+                                                        L->exp_down.b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, n, I,
                                                         dim, S));
                         else
                                 TRY(mm_parts(m, be, s, s->ey, s->hb, &L->exp_down, le * dim * I, n, I)); /* (P, n, dim) */

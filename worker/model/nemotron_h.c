@@ -441,14 +441,16 @@ fail:
 /* Every linear of the model with its element count, into w[] / n[] (up to max); returns
  * how many.  The output matrix first. */
 static size_t all_mats(tsr_nemotron_h *m, nh_mat **w, size_t *n, size_t max) {
-        const tsr_nemotron_h_config *c = &m->cfg;
+        /* the rank's counts after a tensor-parallel split (the whole model's before) */
+        const tsr_nemotron_h_config *c = &m->rank;
         uint64_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c);
         uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+        uint64_t I = m->ep ? m->cfg.moe_hidden : c->moe_hidden;       /* a held expert's columns */
         size_t k = 0;
 
         if (m->output.f && k < max) {   /* the last pipeline stage's only */
                 w[k] = &m->output;
-                n[k++] = (size_t)(c->vocab_size * dim);
+                n[k++] = (size_t)((uint64_t)m->vocab_out * dim);
         }
         for (uint32_t l = 0; l < c->n_layers; l++) {
                 nh_layer *L = &m->layers[l];
@@ -469,7 +471,7 @@ static size_t all_mats(tsr_nemotron_h *m, nh_mat **w, size_t *n, size_t max) {
                                 if (!x->f)
                                         continue;
                                 w[k] = x;
-                                n[k++] = (size_t)((uint64_t)c->moe_hidden * dim);
+                                n[k++] = (size_t)(I * dim);
                         }
         }
         return k;
@@ -492,8 +494,6 @@ tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m) {
                 return TSR_E_INVAL;
         if (m->bf16)
                 return TSR_OK;
-        if (m->canonical)
-                return TSR_E_UNSUPPORTED;       /* the TP / canonical split runs on float32 weights */
         max = 1 + (size_t)m->cfg.n_layers * (NH_LAYER_MATS + 2 * (size_t)m->cfg.n_experts);
         if (!(w = malloc(max * sizeof *w)) || !(n = malloc(max * sizeof *n)))
                 goto done;
@@ -1069,7 +1069,8 @@ static tsr_status mm_parts(const tsr_nemotron_h *m, tsr_backend *be, struct scra
                            const nh_mat *w, size_t rows, size_t k) {
         if (!m->canonical)
                 return mm(be, parts, x, w, rows, k, m->cfg.dim);
-        return tsr_tp_row_partials(be, parts, s->slice, x, w->f, rows, k, m->cfg.dim, n_parts(m));
+        return tsr_tp_row_partials(be, parts, s->slice, x, w->b ? (const void *)w->b : (const void *)w->f,
+                                   w->b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, rows, k, m->cfg.dim, n_parts(m));
 }
 
 /* out (count,) = the partials parts (n_parts, count) summed over the rank's slices and
@@ -1311,7 +1312,10 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
                         return st;
                 relu2(s->hid, n * I);
                 if (m->ep) {    /* all S slices of the whole expert, each where every rank finds it */
-                        if ((st = tsr_tp_row_partials(be, s->ey, s->slice, s->hid, L->exp_down[e].f, n, I, dim, S)))
+                        const nh_mat *dw = &L->exp_down[e];
+                        if ((st = tsr_tp_row_partials(be, s->ey, s->slice, s->hid,
+                                                      dw->b ? (const void *)dw->b : (const void *)dw->f,
+                                                      dw->b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, n, I, dim, S)))
                                 return st;
                         for (size_t j = 0; j < S; j++)
                                 for (size_t i = 0; i < n; i++)

@@ -89,15 +89,18 @@ tsr_status tsr_tp_check_split(uint32_t t, uint32_t n_heads, uint32_t n_kv_heads,
         return TSR_E_UNSUPPORTED;
 }
 
-tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, const float *x, const float *w,
-                               size_t rows, size_t k, size_t d, size_t ns) {
-        size_t ks = k / ns;
+tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, const float *x, const void *w,
+                               tsr_dtype w_dtype, size_t rows, size_t k, size_t d, size_t ns) {
+        size_t ks = k / ns, elt = w_dtype == TSR_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
         tsr_status st = TSR_OK;
 
+        if (w_dtype != TSR_DTYPE_F32 && w_dtype != TSR_DTYPE_BF16)
+                return TSR_E_UNSUPPORTED;
         for (size_t j = 0; j < ns && st == TSR_OK; j++) {
                 for (size_t r = 0; r < rows; r++)
                         memcpy(slice + r * ks, x + r * k + j * ks, ks * sizeof(float));
-                st = tsr_backend_matmul(be, parts + j * rows * d, slice, w + j * d * ks, TSR_DTYPE_F32, rows, ks, d);
+                st = tsr_backend_matmul(be, parts + j * rows * d, slice, (const char *)w + j * d * ks * elt, w_dtype,
+                                        rows, ks, d);
         }
         return st;
 }

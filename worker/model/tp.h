@@ -60,10 +60,12 @@ tsr_status tsr_tp_check_split(uint32_t tp_size, uint32_t n_heads, uint32_t n_kv_
 tsr_status tsr_tp_expert_range(size_t E, uint32_t tp_rank, uint32_t tp_size, size_t *e0, size_t *ne, char *err,
                                size_t errlen);
 /* The ns canonical partials of W (d, k) @ x (rows, k) -> parts (ns, rows, d), W held as
- * tsr_tp_keep_col_slices' ns (d, k / ns) blocks; `slice` (rows, k / ns) is scratch.
- * The backend's float32 matmul's status. */
-tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, const float *x, const float *w,
-                               size_t rows, size_t k, size_t d, size_t ns);
+ * tsr_tp_keep_col_slices' ns (d, k / ns) blocks of w_dtype (float32, or bf16 converted
+ * after the split: each block's partial is then the bf16 matmul's, the same bits at
+ * every tp_size); `slice` (rows, k / ns) is scratch.  The backend matmul's status,
+ * TSR_E_UNSUPPORTED for another dtype. */
+tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, const float *x, const void *w,
+                               tsr_dtype w_dtype, size_t rows, size_t k, size_t d, size_t ns);
 /* out (count,) = the balanced tree (tsr_comm_tree_sum) over the ns partials parts (ns,
  * count), then, when tp_size > 1, all-reduced over `comm` (TSR_E_INVAL without one).
  * `out` may be one of the partials. */
