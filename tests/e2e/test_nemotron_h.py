@@ -94,8 +94,9 @@ def test_golden_alone_and_32_concurrent(worker, budget):
         assert a.finish == "length" and len(a.tokens) == m
         if g is not None:
             assert a.tokens == g
-    for i, (p, m, _) in enumerate(reqs):
-        w.submit(f"b{i}", p, m, logprobs=2)
+    with w.paused():                            # they arrive together (a loaded machine
+        for i, (p, m, _) in enumerate(reqs):    # once let them trickle in one by one)
+            w.submit(f"b{i}", p, m, logprobs=2)
     got = w.collect([f"b{i}" for i in range(32)])
     assert w.max_step_outputs >= 4             # they ran together (budget 8: at most 8 a step)
     for i in range(32):
