@@ -81,6 +81,58 @@ FPMM_INLINE float dot_fp8_row(const uint8_t *w8, const float *wf, const float *x
         return lanes_sum(acc);
 }
 
+/* Two weight rows (e4m3 bytes) . one activation row: dot_fp8_row's lanes for each, the
+ * two chains interleaved (the decode's add latency hidden), each bitwise its own. */
+FPMM_INLINE void dot_fp8_2rows(const uint8_t *wa, const uint8_t *wb, const float *x, size_t n, float *a, float *b) {
+        __m256 aa = _mm256_setzero_ps(), ab = aa;
+        size_t k = 0;
+        for (; k + 8 <= n; k += 8) {
+                __m256 xv = _mm256_loadu_ps(x + k);
+                aa = _mm256_add_ps(aa, _mm256_mul_ps(xv, e4m3x8(wa + k)));
+                ab = _mm256_add_ps(ab, _mm256_mul_ps(xv, e4m3x8(wb + k)));
+        }
+        if (k < n) {
+                uint8_t ta[8] = {0}, tb[8] = {0};
+                float xt[8] = {0};
+                memcpy(ta, wa + k, n - k);
+                memcpy(tb, wb + k, n - k);
+                memcpy(xt, x + k, (n - k) * sizeof(float));
+                __m256 xv = _mm256_loadu_ps(xt);
+                aa = _mm256_add_ps(aa, _mm256_mul_ps(xv, e4m3x8(ta)));
+                ab = _mm256_add_ps(ab, _mm256_mul_ps(xv, e4m3x8(tb)));
+        }
+        *a = lanes_sum(aa);
+        *b = lanes_sum(ab);
+}
+
+/* Four activation rows x0..x3 against one decoded weight row wf: four independent
+ * chains of the reference's lanes (each row's sums in dot_fp8_row's order, so bitwise
+ * its results), the weight chunk loaded once for the four. */
+FPMM_INLINE void dot_fp8_rows4(const float *wf, const float *x, size_t n, float *out4) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float *x0 = x, *x1 = x + n, *x2 = x + 2 * n, *x3 = x + 3 * n;
+        size_t k = 0;
+        for (; k + 8 <= n; k += 8) {
+                __m256 w = _mm256_loadu_ps(wf + k);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(x0 + k), w));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(x1 + k), w));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(x2 + k), w));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(x3 + k), w));
+        }
+        if (k < n) {
+                float ft[8] = {0}, xt[4][8] = {{0}};
+                memcpy(ft, wf + k, (n - k) * sizeof(float));
+                for (int r = 0; r < 4; r++)
+                        memcpy(xt[r], x + (size_t)r * n + k, (n - k) * sizeof(float));
+                __m256 w = _mm256_loadu_ps(ft);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(xt[0]), w));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(_mm256_loadu_ps(xt[1]), w));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(_mm256_loadu_ps(xt[2]), w));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(_mm256_loadu_ps(xt[3]), w));
+        }
+        out4[0] = lanes_sum(a0), out4[1] = lanes_sum(a1), out4[2] = lanes_sum(a2), out4[3] = lanes_sum(a3);
+}
+
 /* ---- NVFP4 ----------------------------------------------------------------------------- */
 
 /* A block's 8 code bytes -> 16 codes, element 2i from the low nibble of byte i. */
@@ -128,9 +180,21 @@ FPMM_INLINE __m128i dot16_epi32(__m128i w, __m128i a) {
         return _mm_madd_epi16(p16, _mm_set1_epi16(1));
 }
 
-/* W4A4: one weight row . one activation row (a: 2*e2m1 int8, sfa: block scales), eight
- * blocks per step into the lanes (block b -> lane b % 8), the tail one block at a time. */
-FPMM_INLINE float dot_nvfp4_w4a4(const uint8_t *w, const int8_t *a, const float *sfa, size_t n) {
+/* Block b of a weight row as 2*e2m1 int8 codes and its scale: from the stored 9-byte
+ * blocks (w), or from the row decoded once into wq / wsf (w NULL; several activation
+ * rows). */
+FPMM_INLINE __m128i blk_codes(const uint8_t *w, const int8_t *wq, size_t b) {
+        return w ? e2m1x2_16(nvfp4_codes(w + 9 * b + 1)) : _mm_loadu_si128((const __m128i *)(wq + 16 * b));
+}
+FPMM_INLINE float blk_scale(const uint8_t *w, const float *wsf, size_t b) {
+        return w ? e4m3_1(w[9 * b]) : wsf[b];
+}
+
+/* W4A4: one weight row (w, or decoded: wq, wsf) . one activation row (a: 2*e2m1 int8,
+ * sfa: block scales), eight blocks per step into the lanes (block b -> lane b % 8), the
+ * tail one block at a time. */
+FPMM_INLINE float dot_nvfp4_w4a4(const uint8_t *w, const int8_t *wq, const float *wsf, const int8_t *a,
+                                 const float *sfa, size_t n) {
         size_t nb = n / 16, b = 0;
         __m256 acc = _mm256_setzero_ps();
         for (; b + 8 <= nb; b += 8) {
@@ -138,10 +202,8 @@ FPMM_INLINE float dot_nvfp4_w4a4(const uint8_t *w, const int8_t *a, const float 
                 float sw[8];
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; j++) {
-                        const uint8_t *blk = w + 9 * (b + j);
-                        sw[j] = e4m3_1(blk[0]);
-                        s[j] = dot16_epi32(e2m1x2_16(nvfp4_codes(blk + 1)),
-                                           _mm_loadu_si128((const __m128i *)(a + 16 * (b + j))));
+                        sw[j] = blk_scale(w, wsf, b + j);
+                        s[j] = dot16_epi32(blk_codes(w, wq, b + j), _mm_loadu_si128((const __m128i *)(a + 16 * (b + j))));
                 }
                 /* eight blocks' four partials each -> one sum per block, lane j = block j */
                 __m128i h01 = _mm_hadd_epi32(s[0], s[1]), h23 = _mm_hadd_epi32(s[2], s[3]);
@@ -155,12 +217,10 @@ FPMM_INLINE float dot_nvfp4_w4a4(const uint8_t *w, const int8_t *a, const float 
                 float lane[8];
                 _mm256_storeu_ps(lane, acc);
                 for (; b < nb; b++) {
-                        const uint8_t *blk = w + 9 * b;
-                        __m128i s4 = dot16_epi32(e2m1x2_16(nvfp4_codes(blk + 1)),
-                                                 _mm_loadu_si128((const __m128i *)(a + 16 * b)));
+                        __m128i s4 = dot16_epi32(blk_codes(w, wq, b), _mm_loadu_si128((const __m128i *)(a + 16 * b)));
                         s4 = _mm_hadd_epi32(s4, s4);
                         s4 = _mm_hadd_epi32(s4, s4);
-                        float t = ((float)_mm_cvtsi128_si32(s4) * (sfa[b] * e4m3_1(blk[0]))) * 0.25f;
+                        float t = ((float)_mm_cvtsi128_si32(s4) * (sfa[b] * blk_scale(w, wsf, b))) * 0.25f;
                         lane[b % 8] += t;
                 }
                 acc = _mm256_loadu_ps(lane);
@@ -180,6 +240,8 @@ struct fpmm_ctx {
         const int8_t *a;                /* NVFP4 W4A4: (rows, n) */
         const float *sfa;               /* NVFP4 W4A4: (rows, n/16) */
         float *scratch;                 /* FP8, rows > 1: (threads, n) one decoded weight row per thread */
+        int8_t *wq;                     /* NVFP4 W4A4, rows > 1: (threads, n) a row's 2*e2m1 codes per thread */
+        float *wsf;                     /* and (threads, n / 16) its block scales */
         size_t rows, n, d, row_bytes;
 };
 
@@ -189,8 +251,27 @@ FPMM_FN static void fpmm_task(void *ctx, size_t task, int worker) {
         size_t n = c->n;
         float *wf = c->scratch ? c->scratch + (size_t)worker * n : NULL;
 
+        if (c->t == TSR_DTYPE_FP8_E4M3 && c->rows == 1) {      /* decode: weight rows in pairs */
+                size_t i = i0;
+                for (; i + 2 <= i1; i += 2) {
+                        float a, b;
+                        dot_fp8_2rows(c->w + i * c->row_bytes, c->w + (i + 1) * c->row_bytes, c->x, n, &a, &b);
+                        c->out[i] = a * c->scale;
+                        c->out[i + 1] = b * c->scale;
+                }
+                if (i < i1)
+                        c->out[i] = dot_fp8_row(c->w + i * c->row_bytes, NULL, c->x, n) * c->scale;
+                return;
+        }
+        int8_t *wq = c->wq ? c->wq + (size_t)worker * n : NULL;
+        float *wsf = c->wq ? c->wsf + (size_t)worker * (n / 16) : NULL;
         for (size_t i = i0; i < i1; i++) {
                 const uint8_t *wi = c->w + i * c->row_bytes;
+                if (wq)                 /* NVFP4 W4A4 with several rows: decode once, reuse */
+                        for (size_t b = 0; b < n / 16; b++) {
+                                _mm_storeu_si128((__m128i *)(wq + 16 * b), blk_codes(wi, NULL, b));
+                                wsf[b] = blk_scale(wi, NULL, b);
+                        }
                 if (wf) {               /* FP8 with several rows: decode once, reuse */
                         size_t k = 0;
                         for (; k + 8 <= n; k += 8)
@@ -198,10 +279,17 @@ FPMM_FN static void fpmm_task(void *ctx, size_t task, int worker) {
                         for (; k < n; k++)
                                 wf[k] = tsr_fp8_e4m3_to_f32(wi[k]);
                 }
-                for (size_t r = 0; r < c->rows; r++) {
+                size_t r = 0;
+                for (; wf && r + 4 <= c->rows; r += 4) {        /* FP8 tiles of four activation rows */
+                        float acc4[4];
+                        dot_fp8_rows4(wf, c->x + r * n, n, acc4);
+                        for (int j = 0; j < 4; j++)
+                                c->out[(r + j) * c->d + i] = acc4[j] * c->scale;
+                }
+                for (; r < c->rows; r++) {
                         float acc;
                         if (c->t == TSR_DTYPE_NVFP4 && c->act)
-                                acc = dot_nvfp4_w4a4(wi, c->a + r * n, c->sfa + r * (n / 16), n);
+                                acc = dot_nvfp4_w4a4(wq ? NULL : wi, wq, wsf, c->a + r * n, c->sfa + r * (n / 16), n);
                         else if (c->t == TSR_DTYPE_NVFP4)
                                 acc = dot_nvfp4_w4a16(wi, c->x + r * n, n);
                         else if (wf)
@@ -243,8 +331,13 @@ tsr_status tsr_cpu_fpmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float
         }
         if (!nv && rows > 1)
                 c.scratch = malloc(threads * n * sizeof(float));
-        if ((c.act && nv && (!a || !sfa)) || (c.act && !nv && !xq) || (!nv && rows > 1 && !c.scratch)) {
-                free(a), free(sfa), free(xq), free(c.scratch);
+        if (nv && c.act && rows > 1) {
+                c.wq = malloc(threads * n);
+                c.wsf = malloc(threads * (n / 16) * sizeof(float));
+        }
+        if ((c.act && nv && (!a || !sfa)) || (c.act && !nv && !xq) || (!nv && rows > 1 && !c.scratch) ||
+            (nv && c.act && rows > 1 && (!c.wq || !c.wsf))) {
+                free(a), free(sfa), free(xq), free(c.scratch), free(c.wq), free(c.wsf);
                 return TSR_E_NOMEM;
         }
         for (size_t r = 0; c.act && r < rows; r++) {       /* O(rows * n): the reference's own quantizers */
@@ -258,7 +351,7 @@ tsr_status tsr_cpu_fpmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float
         c.a = a;
         c.sfa = sfa;
         tsr_pool_run_spans(pool, (d + FPMM_ROWS_PER_TASK - 1) / FPMM_ROWS_PER_TASK, fpmm_task, &c);
-        free(a), free(sfa), free(xq), free(c.scratch);
+        free(a), free(sfa), free(xq), free(c.scratch), free(c.wq), free(c.wsf);
         return TSR_OK;
 #else
         (void)pool, (void)isa;

@@ -231,7 +231,7 @@ static size_t compare_bitwise(const float *got, const float *want, size_t len, c
  * backend vs reference bitwise, and each row alone vs in the batch. */
 static void run_matrix(tsr_dtype t, tsr_backend **cands, size_t n_cands) {
         static const size_t n_fp8[] = {1, 3, 7, 8, 9, 17, 33, 129}, n_nv[] = {16, 48, 128, 144, 272};
-        static const size_t d_list[] = {1, 3, 17, 37}, rows_list[] = {1, 3, 5};
+        static const size_t d_list[] = {1, 3, 17, 37}, rows_list[] = {1, 3, 4, 5, 9};   /* 4, 9: the tiles */
         const size_t *n_list = t == TSR_DTYPE_NVFP4 ? n_nv : n_fp8;
         size_t n_n = t == TSR_DTYPE_NVFP4 ? sizeof n_nv / sizeof *n_nv : sizeof n_fp8 / sizeof *n_fp8;
         tsr_backend *ref;
