@@ -435,6 +435,11 @@ struct att_ctx {
          * head_dim) each, filled once per call (deq_task) before the attention tasks */
         float *kd, *vd;
         float k_lut[256], v_lut[256];   /* fp8: float(code) * scale, kv_fp8_load's values */
+        /* What the heads read: K, V (the cache's f32 arrays, or kd, vd), and each cached
+         * token's row offset in them, found once per call (kv_row's division by the block
+         * size was a tenth of the tasks' time when each pass over the keys redid it) */
+        const float *kb, *vb;
+        size_t *rowoff;                 /* (past_len + n) */
 };
 
 #define DEQ_ROWS_PER_TASK 64
@@ -457,10 +462,10 @@ static void deq_task(void *ctx, size_t task, int worker) {
         }
 }
 
-/* Head g of cached token j as float32: in the f32 cache, or in the call's dequantized
- * copy (deq_task). */
-static inline const float *att_head(const tsr_kv_view *kv, const float *f32, const float *deq, size_t j, size_t g) {
-        return deq ? deq + (j * kv->n_kv_heads + g) * kv->head_dim : f32 + kv_row(kv, j) + g * kv->head_dim;
+/* Head g of cached token j as float32 in base (c->kb or c->vb): the f32 cache, or the
+ * call's dequantized copy (deq_task). */
+static inline const float *att_head(const struct att_ctx *c, const float *base, size_t j, size_t g) {
+        return base + c->rowoff[j] + g * c->kv->head_dim;
 }
 
 /* s[j] = tsr_exp(s[j] - m) for j < n, 8 lanes at a time (the tail one by one: the same
@@ -521,8 +526,8 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
         for (size_t j = 0; j <= p; j++) {
                 float dot[8];
                 if (j + ATT_PREFETCH <= p)      /* the cache's rows jump at each block: no stream */
-                        att_prefetch(att_head(kv, kv->k, c->kd, j + ATT_PREFETCH, g), hd);
-                tile_f32(NH, 1, q, att_head(kv, kv->k, c->kd, j, g), hd, dot, 1);
+                        att_prefetch(att_head(c, c->kb, j + ATT_PREFETCH, g), hd);
+                tile_f32(NH, 1, q, att_head(c, c->kb, j, g), hd, dot, 1);
 #pragma GCC unroll 8
                 for (int a = 0; a < NH; a++) {
                         s[a * ss + j] = dot[a] * c->scale;
@@ -555,9 +560,9 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                         for (int u = 0; u < U; u++)
                                 acc[a][u] = _mm256_setzero_ps();
                 for (size_t j = 0; j <= p; j++) {
-                        const float *vj = att_head(kv, kv->v, c->vd, j, g) + i;
+                        const float *vj = att_head(c, c->vb, j, g) + i;
                         if (i == 0 && j + ATT_PREFETCH <= p)
-                                att_prefetch(att_head(kv, kv->v, c->vd, j + ATT_PREFETCH, g), hd);
+                                att_prefetch(att_head(c, c->vb, j + ATT_PREFETCH, g), hd);
                         __m256 v[4];
 #pragma GCC unroll 4
                         for (int u = 0; u < U; u++)
@@ -580,7 +585,7 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                 for (int a = 0; a < NH; a++) {
                         __m256 a0 = _mm256_setzero_ps();
                         for (size_t j = 0; j <= p; j++) {
-                                __m256 vj = _mm256_loadu_ps(att_head(kv, kv->v, c->vd, j, g) + i);
+                                __m256 vj = _mm256_loadu_ps(att_head(c, c->vb, j, g) + i);
                                 a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[a * ss + j]), vj));
                         }
                         _mm256_storeu_ps(o + a * hd + i, a0);
@@ -589,7 +594,7 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                 for (int a = 0; a < NH; a++) {
                         float acc = 0.0f;
                         for (size_t j = 0; j <= p; j++)
-                                acc += s[a * ss + j] * att_head(kv, kv->v, c->vd, j, g)[i];
+                                acc += s[a * ss + j] * att_head(c, c->vb, j, g)[i];
                         o[a * hd + i] = acc;
                 }
 }
@@ -649,12 +654,19 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
                 c->vd = c->kd + rows * width;
                 tsr_pool_run(f->pool, (rows + DEQ_ROWS_PER_TASK - 1) / DEQ_ROWS_PER_TASK, deq_task, c);
         }
+        c->kb = fp8 ? c->kd : kv->k;
+        c->vb = fp8 ? c->vd : kv->v;
+        if (!(c->rowoff = malloc(rows * sizeof *c->rowoff)))
+                goto done;
+        for (size_t j = 0; j < rows; j++)       /* the copy is dense; the cache is paged */
+                c->rowoff[j] = fp8 ? j * width : kv_row(kv, j);
         if (!(c->scores = malloc((size_t)threads * ATT_HEADS_MAX * c->scores_stride * sizeof(float))))
                 goto done;
         tsr_pool_run(f->pool, n * kv->n_kv_heads, att_task, c);
         st = TSR_OK;
 done:
         free(c->scores);
+        free(c->rowoff);
         free(c->kd);
         free(c);
         return st;
