@@ -21,7 +21,11 @@
  *    bf16 matmul (decode rows included) on TDPBF16PS tiles instead, with its own fixed
  *    per-element order.
  *
- * silu_mul, add and rmsnorm are ref.c's functions run on slices across the pool;
+ * exp (attention's softmax, silu) is exp.h's, whose 8- and 16-lane forms give the scalar
+ * form's bits lane by lane; ref.c runs the scalar one.
+ *
+ * silu_mul (vectorised with that exp), add and rmsnorm are ref.c's functions run on
+ * slices across the pool;
  * add_rmsnorm (the residual add fused with the next norm) has an AVX2 row kernel that
  * does ref's float adds, double squares and index-order double sum in one pass, and ref's
  * two float multiplies in a second.  The other ops (rope, softmax, ...) are cheap next to
@@ -40,6 +44,7 @@
 
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/bf16_simd.h"
+#include "kernels/cpu/exp.h"
 #include "kernels/cpu/fpmm.h"
 #include "kernels/quant/fpmm.h"
 #include "kernels/cpu/kv_view.h"
@@ -91,8 +96,9 @@ static void detect(void) {
         tsr_cpu_isa best = TSR_CPU_ISA_SCALAR;
 #ifdef FAST_X86
         __builtin_cpu_init();
-        /* F16C with AVX2 (every AVX2 CPU has it): the GGUF block scales are f16. */
-        if (__builtin_cpu_supports("avx2") && cpu_has_f16c())
+        /* F16C and FMA with AVX2 (every AVX2 CPU has both): the GGUF block scales are f16,
+         * and exp.h's vector exp is ref's fmaf steps. */
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
                 best = TSR_CPU_ISA_AVX2;
         if (best == TSR_CPU_ISA_AVX2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16"))
@@ -422,12 +428,18 @@ struct att_ctx {
         const tsr_kv_view *kv;
         size_t past_len, n, n_heads, group;
         float scale;
+        bool avx512;            /* the softmax's exp on 16 lanes (else 8) */
         float *scores;          /* (threads, ATT_HEADS_MAX, scores_stride) */
         size_t scores_stride;
         /* fp8 view: every cached row's K and V as float32, (past_len + n, n_kv_heads,
          * head_dim) each, filled once per call (deq_task) before the attention tasks */
         float *kd, *vd;
         float k_lut[256], v_lut[256];   /* fp8: float(code) * scale, kv_fp8_load's values */
+        /* What the heads read: K, V (the cache's f32 arrays, or kd, vd), and each cached
+         * token's row offset in them, found once per call (kv_row's division by the block
+         * size was a tenth of the tasks' time when each pass over the keys redid it) */
+        const float *kb, *vb;
+        size_t *rowoff;                 /* (past_len + n) */
 };
 
 #define DEQ_ROWS_PER_TASK 64
@@ -450,10 +462,39 @@ static void deq_task(void *ctx, size_t task, int worker) {
         }
 }
 
-/* Head g of cached token j as float32: in the f32 cache, or in the call's dequantized
- * copy (deq_task). */
-static inline const float *att_head(const tsr_kv_view *kv, const float *f32, const float *deq, size_t j, size_t g) {
-        return deq ? deq + (j * kv->n_kv_heads + g) * kv->head_dim : f32 + kv_row(kv, j) + g * kv->head_dim;
+/* Head g of cached token j as float32 in base (c->kb or c->vb): the f32 cache, or the
+ * call's dequantized copy (deq_task). */
+static inline const float *att_head(const struct att_ctx *c, const float *base, size_t j, size_t g) {
+        return base + c->rowoff[j] + g * c->kv->head_dim;
+}
+
+/* s[j] = tsr_exp(s[j] - m) for j < n, 8 lanes at a time (the tail one by one: the same
+ * bits, exp.h), then the same on 16 lanes with a masked tail. */
+__attribute__((target("avx2,fma"))) static void exp_sub_avx2(float *s, size_t n, float m) {
+        __m256 mv = _mm256_set1_ps(m);
+        size_t j = 0;
+        for (; j + 8 <= n; j += 8)
+                _mm256_storeu_ps(s + j, tsr_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv)));
+        for (; j < n; j++)
+                s[j] = tsr_exp(s[j] - m);
+}
+
+__attribute__((target("avx512f"))) static void exp_sub_avx512(float *s, size_t n, float m) {
+        __m512 mv = _mm512_set1_ps(m);
+        for (size_t j = 0; j < n; j += 16) {
+                __mmask16 k = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+                _mm512_mask_storeu_ps(s + j, k, tsr_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv)));
+        }
+}
+
+/* s[j] = s[j] / sum for j < n: IEEE division per element, so 8 lanes are ref's bits. */
+AVX2_FN static void div_row(float *s, size_t n, float sum) {
+        __m256 sv = _mm256_set1_ps(sum);
+        size_t j = 0;
+        for (; j + 8 <= n; j += 8)
+                _mm256_storeu_ps(s + j, _mm256_div_ps(_mm256_loadu_ps(s + j), sv));
+        for (; j < n; j++)
+                s[j] = s[j] / sum;
 }
 
 /* Keys ahead that the attention loops prefetch, and the prefetch of one head's row. */
@@ -465,8 +506,9 @@ AVX2_INLINE void att_prefetch(const float *row, size_t hd) {
 
 /* ref_attention for NH (<= 8) heads of one KV group at one query row, each in ref's
  * order: scores by dot_f32 (tile_f32: head a's dot is its own chain, so running NH of
- * them over one read of K_j changes no bit), the maximum, expf and their float sum in j
- * order, P = s / sum, then out[i] = sum_j P[j] * V[j][i] over j in order for each i,
+ * them over one read of K_j changes no bit), the maximum, exp (exp.h's vector forms, the
+ * scalar's bits) and the float sum in j order (the NH heads' serial chains side by side),
+ * P = s / sum, then out[i] = sum_j P[j] * V[j][i] over j in order for each i,
  * eight i at a time (elementwise, so vectors do not reorder anything), NH heads per read
  * of V_j.  The heads of a group share K and V (GQA): one pass over them for the group
  * instead of one per head, and NH independent chains where one head had one.  s:
@@ -484,8 +526,8 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
         for (size_t j = 0; j <= p; j++) {
                 float dot[8];
                 if (j + ATT_PREFETCH <= p)      /* the cache's rows jump at each block: no stream */
-                        att_prefetch(att_head(kv, kv->k, c->kd, j + ATT_PREFETCH, g), hd);
-                tile_f32(NH, 1, q, att_head(kv, kv->k, c->kd, j, g), hd, dot, 1);
+                        att_prefetch(att_head(c, c->kb, j + ATT_PREFETCH, g), hd);
+                tile_f32(NH, 1, q, att_head(c, c->kb, j, g), hd, dot, 1);
 #pragma GCC unroll 8
                 for (int a = 0; a < NH; a++) {
                         s[a * ss + j] = dot[a] * c->scale;
@@ -493,15 +535,22 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                                 max[a] = s[a * ss + j];
                 }
         }
-        for (int a = 0; a < NH; a++) {  /* locals, not arrays: the loop calls expf */
-                float *sa = s + a * ss, m = max[a], sum = 0.0f;
-                for (size_t j = 0; j <= p; j++) {
-                        sa[j] = expf(sa[j] - m);
-                        sum += sa[j];
-                }
-                for (size_t j = 0; j <= p; j++)
-                        sa[j] = sa[j] / sum;
+        float sum[8];
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++) {
+                if (c->avx512)
+                        exp_sub_avx512(s + a * ss, p + 1, max[a]);
+                else
+                        exp_sub_avx2(s + a * ss, p + 1, max[a]);
+                sum[a] = 0.0f;
         }
+        for (size_t j = 0; j <= p; j++)
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++)
+                        sum[a] += s[a * ss + j];
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++)
+                div_row(s + a * ss, p + 1, sum[a]);
         size_t i = 0;
         for (; i + 8 * U <= hd; i += 8 * U) {
                 __m256 acc[8][4];
@@ -511,9 +560,9 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                         for (int u = 0; u < U; u++)
                                 acc[a][u] = _mm256_setzero_ps();
                 for (size_t j = 0; j <= p; j++) {
-                        const float *vj = att_head(kv, kv->v, c->vd, j, g) + i;
+                        const float *vj = att_head(c, c->vb, j, g) + i;
                         if (i == 0 && j + ATT_PREFETCH <= p)
-                                att_prefetch(att_head(kv, kv->v, c->vd, j + ATT_PREFETCH, g), hd);
+                                att_prefetch(att_head(c, c->vb, j + ATT_PREFETCH, g), hd);
                         __m256 v[4];
 #pragma GCC unroll 4
                         for (int u = 0; u < U; u++)
@@ -536,7 +585,7 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                 for (int a = 0; a < NH; a++) {
                         __m256 a0 = _mm256_setzero_ps();
                         for (size_t j = 0; j <= p; j++) {
-                                __m256 vj = _mm256_loadu_ps(att_head(kv, kv->v, c->vd, j, g) + i);
+                                __m256 vj = _mm256_loadu_ps(att_head(c, c->vb, j, g) + i);
                                 a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[a * ss + j]), vj));
                         }
                         _mm256_storeu_ps(o + a * hd + i, a0);
@@ -545,7 +594,7 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                 for (int a = 0; a < NH; a++) {
                         float acc = 0.0f;
                         for (size_t j = 0; j <= p; j++)
-                                acc += s[a * ss + j] * att_head(kv, kv->v, c->vd, j, g)[i];
+                                acc += s[a * ss + j] * att_head(c, c->vb, j, g)[i];
                         o[a * hd + i] = acc;
                 }
 }
@@ -589,7 +638,8 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
                 return TSR_E_NOMEM;
         *c = (struct att_ctx){
                 .out = out, .q = q, .kv = kv, .past_len = past_len, .n = n, .n_heads = n_heads,
-                .group = n_heads / kv->n_kv_heads, .scale = scale, .scores_stride = past_len + n,
+                .group = n_heads / kv->n_kv_heads, .scale = scale, .avx512 = f->isa >= TSR_CPU_ISA_AVX512_BF16,
+                .scores_stride = past_len + n,
         };
         tsr_status st = TSR_E_NOMEM;
         size_t rows = past_len + n, width = kv->n_kv_heads * kv->head_dim;
@@ -604,12 +654,19 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
                 c->vd = c->kd + rows * width;
                 tsr_pool_run(f->pool, (rows + DEQ_ROWS_PER_TASK - 1) / DEQ_ROWS_PER_TASK, deq_task, c);
         }
+        c->kb = fp8 ? c->kd : kv->k;
+        c->vb = fp8 ? c->vd : kv->v;
+        if (!(c->rowoff = malloc(rows * sizeof *c->rowoff)))
+                goto done;
+        for (size_t j = 0; j < rows; j++)       /* the copy is dense; the cache is paged */
+                c->rowoff[j] = fp8 ? j * width : kv_row(kv, j);
         if (!(c->scores = malloc((size_t)threads * ATT_HEADS_MAX * c->scores_stride * sizeof(float))))
                 goto done;
         tsr_pool_run(f->pool, n * kv->n_kv_heads, att_task, c);
         st = TSR_OK;
 done:
         free(c->scores);
+        free(c->rowoff);
         free(c->kd);
         free(c);
         return st;
@@ -639,13 +696,14 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
 
 /* ---- elementwise and per-row ops: ref.c's own functions on slices, across the pool ----
  * Each output element (silu_mul, add) or row (rmsnorm) depends on its own inputs only,
- * so running ref's function on slices is bitwise ref's whole-array result. */
+ * so running ref's function on slices is bitwise ref's whole-array result; silu_mul and
+ * add_rmsnorm run vector forms of ref's, bitwise too. */
 
 #define ELEMS_PER_TASK 16384    /* below this an op runs on the caller alone */
 
 struct slice_ctx {
         int op;                 /* 0 silu_mul, 1 add, 2 rmsnorm, 3 add_rmsnorm */
-        tsr_cpu_isa isa;        /* the backend's (add_rmsnorm's row kernel) */
+        tsr_cpu_isa isa;        /* the backend's (silu_mul's and add_rmsnorm's kernels) */
         float *out;
         float *residual;        /* add_rmsnorm only */
         const float *a, *b;     /* silu_mul: gate, up; add: a, b; rmsnorm, add_rmsnorm: x, w */
@@ -692,6 +750,53 @@ AVX2_FN static void add_rmsnorm_row_avx2(float *out, float *res, const float *x,
 }
 #endif
 
+#ifdef FAST_X86
+/* ref_silu_mul, g * (1 / (1 + exp(-g))) * up, each step one IEEE operation per lane in
+ * ref's order with exp.h's exp (-g flips the sign bit, as ref's negation does): bitwise
+ * ref's.  out may alias gate or up: each vector is read before it is written. */
+__attribute__((target("avx2,fma"))) static void silu_mul_avx2(float *out, const float *gate, const float *up,
+                                                              size_t n) {
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+                __m256 g = _mm256_loadu_ps(gate + i);
+                __m256 sg = _mm256_div_ps(one, _mm256_add_ps(one, tsr_exp8(_mm256_xor_ps(g, sign))));
+                _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sg), _mm256_loadu_ps(up + i)));
+        }
+        tsr_ref_silu_mul(out + i, gate + i, up + i, n - i);
+}
+
+__attribute__((target("avx512f"))) static void silu_mul_avx512(float *out, const float *gate, const float *up,
+                                                               size_t n) {
+        const __m512 one = _mm512_set1_ps(1.0f);
+        const __m512i sign = _mm512_set1_epi32((int32_t)0x80000000u);
+        for (size_t i = 0; i < n; i += 16) {
+                __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+                __m512 g = _mm512_maskz_loadu_ps(k, gate + i);
+                __m512 neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), sign));
+                __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, tsr_exp16(neg)));
+                __m512 u = _mm512_maskz_loadu_ps(k, up + i);
+                _mm512_mask_storeu_ps(out + i, k, _mm512_mul_ps(_mm512_mul_ps(g, sg), u));
+        }
+}
+#endif
+
+/* silu_mul over n elements at the backend's ISA. */
+static void silu_mul_span(tsr_cpu_isa isa, float *out, const float *gate, const float *up, size_t n) {
+#ifdef FAST_X86
+        if (isa >= TSR_CPU_ISA_AVX512_BF16) {
+                silu_mul_avx512(out, gate, up, n);
+                return;
+        }
+        if (isa >= TSR_CPU_ISA_AVX2) {
+                silu_mul_avx2(out, gate, up, n);
+                return;
+        }
+#endif
+        (void)isa;
+        tsr_ref_silu_mul(out, gate, up, n);
+}
+
 /* Rows lo .. hi-1 of add_rmsnorm: the AVX2 row kernel where the ISA allows, else ref's. */
 static void add_rmsnorm_rows(const struct slice_ctx *c, size_t lo, size_t hi) {
         size_t dim = c->dim;
@@ -713,7 +818,7 @@ static void slice_task(void *ctx, size_t task, int worker) {
 
         (void)worker;
         if (c->op == 0)
-                tsr_ref_silu_mul(c->out + lo, c->a + lo, c->b + lo, hi - lo);
+                silu_mul_span(c->isa, c->out + lo, c->a + lo, c->b + lo, hi - lo);
         else if (c->op == 1)
                 tsr_ref_add(c->out + lo, c->a + lo, c->b + lo, hi - lo);
         else if (c->op == 2)    /* lo, hi count rows */
@@ -730,9 +835,13 @@ static void slice_run(const struct cpu_fast *f, struct slice_ctx *c, size_t elem
 
 static tsr_status fast_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n) {
         const struct cpu_fast *f = be->ctx;
-        if (!f->pool || n < 2 * ELEMS_PER_TASK || !out || !gate || !up)
+        if (!out || !gate || !up)
                 return tsr_ref_silu_mul(out, gate, up, n);
-        struct slice_ctx c = {.op = 0, .out = out, .a = gate, .b = up, .n = n};
+        if (!f->pool || n < 2 * ELEMS_PER_TASK) {
+                silu_mul_span(f->isa, out, gate, up, n);
+                return TSR_OK;
+        }
+        struct slice_ctx c = {.op = 0, .isa = f->isa, .out = out, .a = gate, .b = up, .n = n};
         slice_run(f, &c, 1);
         return TSR_OK;
 }

@@ -653,6 +653,26 @@ QMM_INLINE void ilvk_group_terms(const int RW, const int RA, const bool q6, cons
         }
 }
 
+/* out[r][i] = lanes_sum(facc[i][r]) for the tile's RW x RA pairs: the same pair tree,
+ * RW sums at once (hadds of the RW accumulators of activation row r put pair k of the
+ * tree for accumulator i in one lane; commutative float adds, so bitwise lanes_sum's),
+ * and each activation row's RW outputs side by side, as they lie in the output row. */
+QMM_INLINE void ilv_tile_sums(const int RW, const int RA, __m256 facc[][QMM_TILE_A], float out[][QMM_TILE_W_MAX]) {
+#pragma GCC unroll 4
+        for (int r = 0; r < RA; r++) {
+                if (RW == 4) {
+                        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(facc[0][r], facc[1][r]),
+                                                  _mm256_hadd_ps(facc[2][r], facc[3][r]));
+                        _mm_storeu_ps(out[r], _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+                } else {        /* RW == 2: lanes 0, 1 = rows 0, 1 (2, 3 repeat them) */
+                        __m256 h = _mm256_hadd_ps(facc[0][r], facc[1][r]);
+                        h = _mm256_hadd_ps(h, h);
+                        _mm_storel_pi((__m64 *)out[r], _mm_add_ps(_mm256_castps256_ps128(h),
+                                                                  _mm256_extractf128_ps(h, 1)));
+                }
+        }
+}
+
 /* The tile kernels, one per way of multiplying bytes (qmm_tile.h; each inclusion defines
  * ilv_tile_<NAME>4 and ilv_tile_<NAME>2, for tiles of four and two activation rows). */
 QMM_INLINE __m256i ilv_dot_avx2(__m256i acc, __m256i w, __m256i q) {
@@ -671,7 +691,7 @@ __attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline __m256i il
         return _mm256_dpbusd_epi32(acc, w, q);
 }
 
-typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_A]);
+typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]);
 
 #define ILV_NAME avx2_
 #define ILV_TARGET "avx2,f16c"
@@ -717,7 +737,7 @@ QMM_INLINE void qmm_tiles_t(const struct qmm_ctx *c, size_t i0, size_t i1, uint8
         ilv_tile_fn *tile4 = c->vnni ? ilv_tile_vnni_4 : sgn ? ilv_tile_avx2_signed_4 : ilv_tile_avx2_4;
         ilv_tile_fn *tile2 = c->vnni ? ilv_tile_vnni_2 : sgn ? ilv_tile_avx2_signed_2 : ilv_tile_avx2_2;
         struct ilv_tile tl = {.ng = ilv_groups(c->n), .nb = c->n / 256};
-        float o[QMM_TILE_W_MAX][QMM_TILE_A];
+        float o[QMM_TILE_A][QMM_TILE_W_MAX];    /* [activation row][weight row] */
 
         if (k) {
                 tile4 = c->vnni ? (q6 ? ilv_tile_vnni_k6_4 : ilv_tile_vnni_k4) : q6 ? ilv_tile_avx2_k6_4 : ilv_tile_avx2_k4;
@@ -745,9 +765,18 @@ QMM_INLINE void qmm_tiles_t(const struct qmm_ctx *c, size_t i0, size_t i1, uint8
                         for (int i = 0; i < rw; i++)
                                 tl.w[i] = wu + (w0 + i < nw ? w0 + i : nw - 1) * wb;
                         (ra == 4 ? tile4 : tile2)(&tl, o);
+                        float *out = c->out + r0 * c->d + i0 + w0;
+                        if (w0 + (size_t)rw <= nw && r0 + ra <= c->rows) {      /* a whole tile */
+                                for (size_t r = 0; r < ra; r++)
+                                        if (rw == 4)
+                                                memcpy(out + r * c->d, o[r], 4 * sizeof(float));
+                                        else
+                                                memcpy(out + r * c->d, o[r], 2 * sizeof(float));
+                                continue;
+                        }
                         for (int i = 0; i < rw && w0 + i < nw; i++)
                                 for (int r = 0; r < (int)ra && r0 + r < c->rows; r++)
-                                        c->out[(r0 + r) * c->d + i0 + w0 + i] = o[i][r];
+                                        out[r * c->d + i] = o[r][i];
                 }
         }
 }

@@ -49,7 +49,7 @@ __attribute__((always_inline, target(ILV_TARGET))) static inline void ILV_FN(ste
 
 __attribute__((always_inline, target(ILV_TARGET))) static inline void ILV_FN(_t)(const int RA,
                                                                                 const struct ilv_tile *tl,
-                                                                                float out[][QMM_TILE_A]) {
+                                                                                float out[][QMM_TILE_W_MAX]) {
         enum { RW = ILV_RW };
         __m256 facc[RW][QMM_TILE_A];
 
@@ -68,25 +68,21 @@ __attribute__((always_inline, target(ILV_TARGET))) static inline void ILV_FN(_t)
                 ILV_FN(steps)(RA, tl, 256 * g, 256 * g, 0, 8, acc);
                 ilv_group_terms(RW, RA, tl, g, acc, facc);
         }
-#pragma GCC unroll 4
-        for (int i = 0; i < RW; i++)
-#pragma GCC unroll 4
-                for (int r = 0; r < RA; r++)
-                        out[i][r] = lanes_sum(facc[i][r]);
+        ilv_tile_sums(RW, RA, facc, out);
 }
 
-__attribute__((target(ILV_TARGET))) static void ILV_FN(4)(const struct ilv_tile *tl, float out[][QMM_TILE_A]) {
+__attribute__((target(ILV_TARGET))) static void ILV_FN(4)(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
         ILV_FN(_t)(4, tl, out);
 }
 
-__attribute__((target(ILV_TARGET))) static void ILV_FN(2)(const struct ilv_tile *tl, float out[][QMM_TILE_A]) {
+__attribute__((target(ILV_TARGET))) static void ILV_FN(2)(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
         ILV_FN(_t)(2, tl, out);
 }
 
 #ifdef ILV_K
 __attribute__((always_inline, target(ILV_TARGET))) static inline void ILV_FN(k_t)(const int RA, const bool Q6,
                                                                                  const struct ilv_tile *tl,
-                                                                                 float out[][QMM_TILE_A]) {
+                                                                                 float out[][QMM_TILE_W_MAX]) {
         enum { RW = ILV_RW };
         const size_t nb = tl->nb;
         __m256 facc[RW][QMM_TILE_A];
@@ -141,26 +137,22 @@ __attribute__((always_inline, target(ILV_TARGET))) static inline void ILV_FN(k_t
                 }
                 ilvk_group_terms(RW, RA, Q6, tl, g, p1, p2, facc);
         }
-#pragma GCC unroll 4
-        for (int i = 0; i < RW; i++)
-#pragma GCC unroll 4
-                for (int r = 0; r < RA; r++)
-                        out[i][r] = lanes_sum(facc[i][r]);
+        ilv_tile_sums(RW, RA, facc, out);
 }
 
-__attribute__((target(ILV_TARGET))) static void ILV_FN(k4)(const struct ilv_tile *tl, float out[][QMM_TILE_A]) {
+__attribute__((target(ILV_TARGET))) static void ILV_FN(k4)(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
         ILV_FN(k_t)(4, false, tl, out);
 }
 
-__attribute__((target(ILV_TARGET))) static void ILV_FN(k2)(const struct ilv_tile *tl, float out[][QMM_TILE_A]) {
+__attribute__((target(ILV_TARGET))) static void ILV_FN(k2)(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
         ILV_FN(k_t)(2, false, tl, out);
 }
 
-__attribute__((target(ILV_TARGET))) static void ILV_FN(k6_4)(const struct ilv_tile *tl, float out[][QMM_TILE_A]) {
+__attribute__((target(ILV_TARGET))) static void ILV_FN(k6_4)(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
         ILV_FN(k_t)(4, true, tl, out);
 }
 
-__attribute__((target(ILV_TARGET))) static void ILV_FN(k6_2)(const struct ilv_tile *tl, float out[][QMM_TILE_A]) {
+__attribute__((target(ILV_TARGET))) static void ILV_FN(k6_2)(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
         ILV_FN(k_t)(2, true, tl, out);
 }
 #endif

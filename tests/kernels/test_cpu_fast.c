@@ -7,7 +7,8 @@
  * AMX level is skipped on CPUs without it); in every case bitwise invariant to the
  * thread count and to the rows around a row.  add_rmsnorm (the residual add fused with
  * the next norm): ref's is bitwise ref's add then rmsnorm, fast's bitwise ref's, and a
- * NaN or an infinity stays in its row.  Also: the bf16 rounding, the thread pool
+ * NaN or an infinity stays in its row.  Also: exp.h's exp (its stated accuracy against
+ * exp() in double, its special values, its vector forms bitwise its scalar one), the bf16 rounding, the thread pool
  * (every task exactly once, a second driving thread, spans), and the int8 matmul's
  * activation quantization at its rounding edges.
  *
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/exp.h"
 #include "kernels/cpu/pool.h"
 #include "kernels/kernels.h"
 
@@ -941,6 +943,102 @@ static int teardown(void **state) {
         return 0;
 }
 
+/* ---- exp (cpu/exp.h): the softmax's and silu's -------------------------------------------- */
+
+/* |got - exact| in units of the float ulp at exact (2^-149 in the subnormal range). */
+static double ulp_error(float got, double exact) {
+        int e;
+        frexp(exact, &e);
+        return fabs((double)got - exact) / ldexp(1.0, e - 24 < -149 ? -149 : e - 24);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void exp_avx2_row(float *out, const float *x, size_t n) {
+        for (size_t i = 0; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(out + i, tsr_exp8(_mm256_loadu_ps(x + i)));
+}
+
+__attribute__((target("avx512f"))) static void exp_avx512_row(float *out, const float *x, size_t n) {
+        for (size_t i = 0; i + 16 <= n; i += 16)
+                _mm512_storeu_ps(out + i, tsr_exp16(_mm512_loadu_ps(x + i)));
+}
+#endif
+
+/* Accuracy as exp.h states it, over a sample of every float in [-104, 89] (one bit pattern
+ * in 127: about 17.6 million, most of them near 0 as floats are); the special values; the
+ * 8- and 16-lane forms bitwise the scalar one over the same inputs, where the CPU has them. */
+static void test_exp(void **state) {
+        enum { CHUNK = 4096 };
+        static float x[CHUNK], want[CHUNK], got[CHUNK];
+        double worst = 0.0;
+        float worst_x = 0.0f;
+        size_t n = 0, checked = 0, mismatched = 0;
+        bool avx2 = false, avx512 = false;
+        (void)state;
+
+#if defined(__x86_64__)
+        __builtin_cpu_init();
+        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        avx512 = __builtin_cpu_supports("avx512f");
+#endif
+        static const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, -0.5f, 1e-30f, -1e-30f, 88.72f, 88.73f,
+                                         89.0f, 100.0f, -87.3f, -87.4f, -100.0f, -103.0f, -103.9f, -104.0f,
+                                         -105.0f, -1e30f, 1e30f, FLT_MAX, -FLT_MAX, INFINITY, -INFINITY, NAN};
+        for (uint64_t u = 0; u < 0x100000000ull; u += 127) {
+                uint32_t b = (uint32_t)u;
+                float v;
+                memcpy(&v, &b, sizeof v);
+                if (!(v >= -104.0f && v <= 89.0f))
+                        continue;
+                x[n++] = v;
+                if (n < CHUNK - sizeof specials / sizeof *specials && u + 127 < 0x100000000ull)
+                        continue;
+                if (u + 127 >= 0x100000000ull) {
+                        memcpy(x + n, specials, sizeof specials);
+                        n += sizeof specials / sizeof *specials;
+                }
+                n -= n % 16;            /* whole vectors: the leftovers go in the next chunk */
+                for (size_t i = 0; i < n; i++) {
+                        want[i] = tsr_exp(x[i]);
+                        double ex = exp((double)x[i]);
+                        if ((float)ex > FLT_MAX) {      /* rounds to +inf: so must exp */
+                                if (!isinf(want[i]) && mismatched++ < 5)
+                                        print_message("exp(%a) = %a, not +inf\n", x[i], want[i]);
+                        } else if (isfinite(x[i])) {
+                                double e = ulp_error(want[i], ex);
+                                if (e > worst)
+                                        worst = e, worst_x = x[i];
+                                checked++;
+                        }
+                }
+#if defined(__x86_64__)
+                for (int form = 0; form < 2; form++) {
+                        if (!(form ? avx512 : avx2))
+                                continue;
+                        (form ? exp_avx512_row : exp_avx2_row)(got, x, n);
+                        for (size_t i = 0; i < n; i++)
+                                if (memcmp(&got[i], &want[i], sizeof(float)) != 0 && !(isnan(got[i]) && isnan(want[i])))
+                                        if (mismatched++ < 5)
+                                                print_message("exp %d lanes: x %a got %a want %a\n", form ? 16 : 8,
+                                                              x[i], got[i], want[i]);
+                }
+#endif
+                n = 0;
+        }
+        print_message("exp: %zu finite results, max error %.3f ulp at %a; vector forms checked: avx2 %d avx512 %d\n",
+                      checked, worst, worst_x, avx2, avx512);
+        assert_true(checked > 17000000);
+        assert_true(worst < 1.05);
+        assert_int_equal(mismatched, 0);
+        /* the softmax's ends: its largest term exactly 1, masked-out (-inf) terms exactly 0 */
+        assert_true(tsr_exp(0.0f) == 1.0f && tsr_exp(-0.0f) == 1.0f);
+        assert_true(tsr_exp(-INFINITY) == 0.0f && !signbit(tsr_exp(-INFINITY)));
+        assert_true(tsr_exp(-104.0f) == 0.0f && tsr_exp(-1e30f) == 0.0f);
+        assert_true(tsr_exp(-103.0f) > 0.0f && tsr_exp(-103.0f) < FLT_MIN);     /* subnormal, not flushed */
+        assert_true(isinf(tsr_exp(INFINITY)) && isinf(tsr_exp(88.73f)) && isfinite(tsr_exp(88.72f)));
+        assert_true(isnan(tsr_exp(NAN)));
+}
+
 /* ---- one case per ISA level --------------------------------------------------------- */
 
 /* The level alone, at 2 threads: it is what runs, float32 matmul bitwise ref's, bf16
@@ -981,6 +1079,7 @@ static const tsr_cpu_isa level_avx2 = TSR_CPU_ISA_AVX2, level_avx512_bf16 = TSR_
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_pool),
+                cmocka_unit_test(test_exp),
                 {"isa_avx2", test_isa_level, NULL, NULL, (void *)&level_avx2},
                 {"isa_avx512_bf16", test_isa_level, NULL, NULL, (void *)&level_avx512_bf16},
                 {"isa_amx_bf16", test_isa_level, NULL, NULL, (void *)&level_amx_bf16},
