@@ -22,7 +22,8 @@ import openai
 import pytest
 import requests
 
-from conftest import DEMO_MODEL, LAUNCHER, REPO, Proc, free_port, http_status, skip_because, wait_until
+from conftest import (DEMO_MODEL, LAUNCHER, REPO, Proc, free_port, group_alive, http_status, skip_because,
+                      wait_until)
 
 MODEL = "smol"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
@@ -31,6 +32,19 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, i
 TINY = REPO / "tests" / "fixtures" / "tiny-llama3-hf" / "f32"   # 4 heads, 2 KV heads, float32
 TINY_LLAMA4 = REPO / "tests" / "fixtures" / "tiny-llama4"              # 4 layers: 3 chunked (chunk 8), 1 full
 TINY_NEMOTRON_H = REPO / "tests" / "fixtures" / "tiny-nemotron-h"      # 6 layers 'ME*M-E'
+
+
+STARTED = []     # every server start() made, for _reap
+
+
+@pytest.fixture(autouse=True)
+def _reap():
+    """A test that fails between start() and stop_cleanly() leaves no server behind."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.p.poll() is None or group_alive(proc.pid):
+            proc.kill_group()
 
 
 def start(tmp_path, name, *flags, env=None, model=None):
@@ -42,6 +56,7 @@ def start(tmp_path, name, *flags, env=None, model=None):
                  "--max-num-seqs", "8",
                  "--kv-cache-memory-bytes", "128M", *flags],
                 tmp_path / f"{name}.log", env=dict(os.environ, **(env or {})))
+    STARTED.append(proc)
     base = f"http://127.0.0.1:{port}"
 
     def ready():
