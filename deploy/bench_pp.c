@@ -16,7 +16,7 @@
  * tokens, last logits only (ms).  Each number is the best of --repeat rounds, the three
  * runners timed in turn in every round.
  *
- * --tp T (> 1; llama family, float32: --dtype is float32 then): the third runner is
+ * --tp T (> 1; llama family, any --dtype: bf16 ranks convert their float32 split): the third runner is
  * TP T x PP pp, T x pp ranks of cores / (T x pp) threads each (what `-tp T -pp pp`
  * runs), the second PP 1 with that share, and all three compute o_proj and down_proj in
  * the canonical split (R7), so TP T x PP pp vs PP 1 at the same threads per rank is the
@@ -82,8 +82,6 @@ int main(int argc, char **argv) {
                                 "[--prefill N] [--repeat N]\n");
                 return 2;
         }
-        if (tp > 1)
-                dtype = "float32";      /* the tensor-parallel split computes in float32 */
         const char *dot = strrchr(path, '.');
         bool gguf = dot && strcmp(dot, ".gguf") == 0;
         const tsr_model_family *fam = tsr_family_find(gguf ? "gguf" : "hf", "llama", "llama");
