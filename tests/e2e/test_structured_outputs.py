@@ -40,7 +40,10 @@ SCHEMAS = [
                           "additionalProperties": False}),
     ("pattern", {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}},
                  "required": ["code"], "additionalProperties": False}),
-    ("email", {"type": "object", "properties": {"email": {"type": "string", "format": "email", "maxLength": 24}},
+    # "examples" is an annotation (the grammar ignores it) the prompt shows the model: with
+    # the exp of issue #21 SmolLM2's greedy email looped on "example.com/..." without '@'
+    ("email", {"type": "object", "properties": {"email": {"type": "string", "format": "email", "maxLength": 24,
+                                                          "examples": ["ann@example.com"]}},
                "required": ["email"], "additionalProperties": False}),
     ("date", {"type": "object", "properties": {"day": {"type": "string", "format": "date"}}, "required": ["day"],
               "additionalProperties": False}),
