@@ -116,6 +116,10 @@ typedef struct sched_entry {
         bool has_lp;
         tsr_token_logprobs lp;
         bool grammar_end;             /* its grammar is complete: finish (stop) */
+        /* execute_plan's middle phase: the row it samples from (NULL: nothing to sample),
+         * sampled by the engine (or step) thread or by the "sample" thread (sample_rows) */
+        const float *sample_logits;
+        tsr_sample_result sample;
         /* structured output: its mask is filled (the mask thread, while the forward
          * runs) into row mask_row of engine.gmask for n_output tokens; mask_st the fill's */
         bool constrained;
@@ -142,6 +146,9 @@ typedef struct step_plan {
         uint64_t prefill_tokens;
         uint32_t n_decode;
         uint64_t compute_ns;
+        /* execute_plan's sampling split: the "sample" thread samples the entries from
+         * sample_from on, the calling thread those before */
+        size_t sample_from;
 } step_plan;
 
 /* A thread that runs one plan at a time for the engine: job_launch hands it a plan,
@@ -184,6 +191,7 @@ struct tsr_engine {
         size_t logits_rows;
         size_t max_lp_rows;           /* prompt-logprobs rows one step may ask for (bounds `logits`) */
         float *scratch;               /* (2 * vocab,) */
+        float *scratch2;              /* (2 * vocab,) the "sample" thread's */
         uint32_t *gmask;              /* (gmask_rows, tsr_grammar_mask_words(vocab)) execute_plan's */
         size_t gmask_rows;
         /* Structured outputs: the "mask" thread fills a step's masks (fill_masks)
@@ -191,6 +199,11 @@ struct tsr_engine {
          * computes; the plan's constrained entries' matchers are its meanwhile (the
          * forward does not touch them). */
         job_thread mask_thread;
+        /* The "sample" thread: a step's rows are sampled half here, half on the calling
+         * thread (sample_rows), after the forward, when its kernel threads are idle.
+         * Each row's draw depends on that row, its request and its position only, so the
+         * split changes no token (tsr_sample). */
+        job_thread sample_thread;
         bool stopping;
         uint64_t sched_round;         /* schedule() calls */
         /* TSR_ENGINE_IN_SHUTDOWN: no new Submits; at the deadline (or once idle) the rest is
@@ -1200,6 +1213,29 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
         return true;
 }
 
+/* tsr_sample for p's entries [from, to) that have a row to sample (sample_logits), with
+ * `scratch`; results in the entries.  Reads each entry's slot (its sampling parameters,
+ * tokens and key) and writes only the entry: the two halves run at once. */
+static void sample_range(tsr_engine *e, step_plan *p, size_t from, size_t to, float *scratch) {
+        size_t vocab = e->params.model->vocab;
+        for (size_t i = from; i < to; i++) {
+                sched_entry *pe = &p->entries[i];
+                const slot *s = pe->s;
+                if (!pe->sample_logits)
+                        continue;
+                tsr_sample_history h = {
+                        .prompt = s->tokens,
+                        .n_prompt = s->n_prompt,
+                        .output = s->tokens + s->n_prompt,
+                        .n_output = s->n_tokens - s->n_prompt,
+                };
+                pe->st = tsr_sample(&s->sampling, &h, s->rng_key, pe->sample_logits, vocab, scratch, &pe->sample);
+        }
+}
+
+/* The "sample" thread's half (job_thread run). */
+static void sample_rows(tsr_engine *e, step_plan *p) { sample_range(e, p, p->sample_from, p->n, e->scratch2); }
+
 /* The step's forward, then for each chunk its prompt logprobs (seq->want_all_logits:
  * a row per token) and, where the chunk reached the end of the known tokens, a token
  * sampled from its last row.  Results go to the entries; the slots are only read (the
@@ -1237,16 +1273,18 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 p->st = m->forward(m->ud, p->seqs, p->n, e->logits);
         if (n_masks)
                 job_wait(&e->mask_thread);
+        /* 1. Prompt logprobs, grammar masks, and which rows to sample (in order). */
+        size_t n_sample = 0;
         for (size_t i = 0, row = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 const tsr_engine_seq *q = &p->seqs[i];
                 slot *s = pe->s;
                 float *rows = e->logits + row * m->vocab, *logits;
-                tsr_sample_result r;
                 row += tsr_engine_seq_rows(q);
                 bool constrained = n_masks && pe->constrained;
                 pe->sampled = false;
                 pe->has_lp = false;
+                pe->sample_logits = NULL;
                 if (!constrained)
                         pe->grammar_end = false;   /* the others': their fill's */
                 if ((pe->st = p->st) != TSR_OK)
@@ -1256,12 +1294,6 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 if (!q->want_logits)
                         continue;   /* a prefill chunk: nothing to sample */
                 logits = q->want_all_logits ? rows + (q->n - 1) * m->vocab : rows;
-                tsr_sample_history h = {
-                        .prompt = s->tokens,
-                        .n_prompt = s->n_prompt,
-                        .output = s->tokens + s->n_prompt,
-                        .n_output = s->n_tokens - s->n_prompt,
-                };
                 if (constrained && (pe->st = pe->mask_st) != TSR_OK)
                         continue;
                 if (pe->grammar_end)
@@ -1269,16 +1301,38 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 if (constrained)
                         tsr_grammar_apply_mask(logits, m->vocab,
                                                e->gmask + (size_t)pe->mask_row * tsr_grammar_mask_words(m->vocab));
-                if ((pe->st = tsr_sample(&s->sampling, &h, s->rng_key, logits, m->vocab, e->scratch, &r)) != TSR_OK)
+                pe->sample_logits = logits;
+                n_sample++;
+        }
+        /* 2. The draws: the later half of the rows on the "sample" thread (a step of
+         * several), the rest here; each entry's result its own. */
+        p->sample_from = p->n;
+        if (n_sample >= 2 && e->sample_thread.up) {
+                for (size_t i = 0, k = 0; i < p->n; i++)
+                        if (p->entries[i].sample_logits && k++ == n_sample / 2) {
+                                p->sample_from = i;
+                                break;
+                        }
+                job_launch(&e->sample_thread, p);
+        }
+        sample_range(e, p, 0, p->sample_from, e->scratch);
+        if (p->sample_from < p->n)
+                job_wait(&e->sample_thread);
+        /* 3. In order: the grammars advance, the results are taken. */
+        for (size_t i = 0; i < p->n; i++) {
+                sched_entry *pe = &p->entries[i];
+                slot *s = pe->s;
+                bool constrained = n_masks && pe->constrained;
+                if (!pe->sample_logits || pe->st != TSR_OK)
                         continue;
-                if (constrained && (pe->st = tsr_grammar_accept(s->gm, r.token)) != TSR_OK)
+                if (constrained && (pe->st = tsr_grammar_accept(s->gm, pe->sample.token)) != TSR_OK)
                         continue;   /* cannot happen: the mask allowed it */
                 pe->grammar_end = constrained && tsr_grammar_terminated(s->gm);
                 pe->sampled = true;
-                pe->token = r.token;
-                pe->has_lp = r.has_logprobs;
-                if (r.has_logprobs)
-                        pe->lp = r.lp;
+                pe->token = pe->sample.token;
+                pe->has_lp = pe->sample.has_logprobs;
+                if (pe->sample.has_logprobs)
+                        pe->lp = pe->sample.lp;
         }
         /* A prompt-logprobs step may have grown the buffer to max_lp_rows rows: give the
          * memory back once the steps that need it are over. */
@@ -1596,6 +1650,8 @@ static void *engine_main(void *arg) {
         bool async = false;
 
         tsr_log_set_thread("engine");
+        if (e->params.model && !job_thread_start(&e->sample_thread, e, "sample", sample_rows))
+                log_warn("cannot start the sample thread: a step's rows are sampled on one thread");
         if (e->params.model && e->params.grammar &&
             !job_thread_start(&e->mask_thread, e, "mask", fill_masks))
                 log_warn("cannot start the mask thread: structured outputs' masks are filled before the forward");
@@ -1619,6 +1675,7 @@ static void *engine_main(void *arg) {
                 loop_sync(e);
         job_thread_stop(&e->step_thread);
         job_thread_stop(&e->mask_thread);
+        job_thread_stop(&e->sample_thread);
         log_info("engine stopped (%zu running, %zu waiting dropped)", e->running.n, e->waiting.n);
         return NULL;
 }
@@ -1669,7 +1726,8 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
                 if (e->max_lp_rows == 0)
                         e->max_lp_rows = 1;
                 e->scratch = malloc(2 * p->model->vocab * sizeof(float));
-                if (!e->logits || !e->scratch) {
+                e->scratch2 = malloc(2 * p->model->vocab * sizeof(float));
+                if (!e->logits || !e->scratch || !e->scratch2) {
                         st = TSR_E_NOMEM;
                         goto fail;
                 }
@@ -1683,6 +1741,7 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
 fail:
         free(e->logits);
         free(e->scratch);
+        free(e->scratch2);
         free(e->gmask);
         free(e->free_state_slots);
         tsr_kv_cache_free(&e->kv);
@@ -1707,6 +1766,7 @@ void tsr_engine_stop(tsr_engine **ep) {
         plan_free(&e->plans[1]);
         free(e->logits);
         free(e->scratch);
+        free(e->scratch2);
         free(e->gmask);
         tsr_kv_cache_free(&e->kv);
         free(e->free_state_slots);
