@@ -273,6 +273,12 @@ tsr_status tsr_backend_attention_batch(tsr_backend *be, float *out, const float 
         return st;
 }
 
+tsr_status tsr_backend_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend_task_fn task, void *ctx) {
+        if (!task && n_tasks)
+                return TSR_E_INVAL;
+        CALL(host_tasks, n_tasks, task, ctx);
+}
+
 tsr_status tsr_backend_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n) {
         CALL(silu_mul, out, gate, up, n);
 }

@@ -63,6 +63,8 @@ typedef struct tsr_backend_ops {
         tsr_status (*log_softmax)(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
         tsr_status (*add_rmsnorm)(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
                                   size_t rows, size_t dim, float eps);
+        /* CPU backends only (kernels.h, tsr_backend_host_tasks) */
+        tsr_status (*host_tasks)(tsr_backend *be, size_t n_tasks, tsr_backend_task_fn task, void *ctx);
 } tsr_backend_ops;
 
 /* Written once by the backend's constructor, read-only after: the queries of kernels.h

@@ -294,6 +294,15 @@ tsr_status tsr_backend_kv_write_batch(tsr_backend *be, const tsr_kv_view *kv, co
                                       const float *k, const float *v);
 tsr_status tsr_backend_attention_batch(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv,
                                        const tsr_kv_seq *seqs, size_t n_seqs, size_t n_heads, float scale);
+/* A model's own host loops (work with no kernel op yet: NemotronH's Mamba mixer) on a CPU
+ * backend's threads: task(ctx, i, worker) for every i in [0, n_tasks), returning when all
+ * have run.  `worker` < tsr_backend_threads(be) indexes per-thread scratch; two tasks of
+ * one worker never overlap.  Which thread runs which task is not fixed, so a task writes
+ * only its own outputs, computed from its own index (then the bits never depend on the
+ * thread count).  The reference runs the tasks in order on the calling thread; a device
+ * backend answers TSR_E_UNSUPPORTED (its memory is not the host's). */
+typedef void (*tsr_backend_task_fn)(void *ctx, size_t i, int worker);
+tsr_status tsr_backend_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend_task_fn task, void *ctx);
 /* out[i] = silu(gate[i]) * up[i], silu(a) = a / (1 + exp(-a)).
  * gate, up (n,) -> out (n,); out may alias gate or up. */
 tsr_status tsr_backend_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n);

@@ -948,6 +948,11 @@ static void fast_ctx_free(void *ctx) {
         free(f);
 }
 
+static tsr_status fast_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend_task_fn task, void *ctx) {
+        tsr_pool_run(((struct cpu_fast *)be->ctx)->pool, n_tasks, task, ctx);
+        return TSR_OK;
+}
+
 static const tsr_backend_ops cpu_fast_ops = {
         .name = "cpu-fast",
         .host_memory = true,
@@ -971,6 +976,7 @@ static const tsr_backend_ops cpu_fast_ops = {
         .softmax = fast_softmax,
         .log_softmax = fast_log_softmax,
         .add_rmsnorm = fast_add_rmsnorm,
+        .host_tasks = fast_host_tasks,
 };
 
 static int online_cores(void) {

@@ -389,6 +389,13 @@ static tsr_status ref_be_add_rmsnorm(tsr_backend *be, float *out, float *residua
         return tsr_ref_add_rmsnorm(out, residual, x, w, rows, dim, eps);
 }
 
+static tsr_status ref_be_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend_task_fn task, void *ctx) {
+        (void)be;
+        for (size_t i = 0; i < n_tasks; i++)
+                task(ctx, i, 0);
+        return TSR_OK;
+}
+
 #define CPU_REF_OPS(NAME, HOST)                                                                   \
         {                                                                                                 \
         .name = NAME,                                                                                     \
@@ -412,6 +419,7 @@ static tsr_status ref_be_add_rmsnorm(tsr_backend *be, float *out, float *residua
         .softmax = ref_be_softmax,                                                                        \
         .log_softmax = ref_be_log_softmax,                                                                \
         .add_rmsnorm = ref_be_add_rmsnorm,                                                                \
+        .host_tasks = ref_be_host_tasks,                                                                  \
         }
 
 static const tsr_backend_ops cpu_ref_ops = CPU_REF_OPS("cpu-ref", true);

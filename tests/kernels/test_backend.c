@@ -3,7 +3,8 @@
  * different sizes driven at once from two threads, every result bitwise the
  * reference's (float32 ops; the bf16 matmul bitwise the reference's where the ISA
  * widens, else bitwise the same on both backends: its order is fixed per element).
- * No file-scope mutable state in kernels/ is what makes the last one possible. */
+ * No file-scope mutable state in kernels/ is what makes the last one possible.  And
+ * host tasks (tsr_backend_host_tasks): each runs once, on a worker of its own. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -346,12 +347,63 @@ static void test_two_backends_concurrently(void **state) {
         free(in.v);
 }
 
+/* ---- host tasks --------------------------------------------------------------------------- */
+
+struct task_log {
+        int threads;
+        unsigned runs[1000];            /* how often each task ran */
+        int worker[1000];               /* which worker ran it */
+        unsigned busy[8];               /* tasks running per worker right now (never above 1) */
+        unsigned overlap;
+};
+
+static void log_task(void *ctx, size_t i, int worker) {
+        struct task_log *l = ctx;
+        assert_true(worker >= 0 && worker < l->threads);
+        if (__atomic_fetch_add(&l->busy[worker], 1, __ATOMIC_SEQ_CST) != 0)
+                __atomic_fetch_add(&l->overlap, 1, __ATOMIC_SEQ_CST);
+        __atomic_fetch_add(&l->runs[i], 1, __ATOMIC_SEQ_CST);
+        l->worker[i] = worker;
+        __atomic_fetch_sub(&l->busy[worker], 1, __ATOMIC_SEQ_CST);
+}
+
+/* tsr_backend_host_tasks runs every task once, each on a worker index below the thread
+ * count that no other task uses at the same time; the reference runs them in order on
+ * worker 0.  Zero tasks is a no-op; a missing task function with tasks is refused. */
+static void test_host_tasks(void **state) {
+        tsr_backend *ref = NULL, *fast = cpu_new(3, TSR_CPU_ISA_AMX_BF16), *one = cpu_new(1, TSR_CPU_ISA_SCALAR);
+        tsr_backend *bs[3];
+        static struct task_log l;
+
+        (void)state;
+        assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        bs[0] = ref, bs[1] = fast, bs[2] = one;
+        for (size_t b = 0; b < 3; b++) {
+                memset(&l, 0, sizeof l);
+                l.threads = tsr_backend_threads(bs[b]);
+                assert_int_equal(tsr_backend_host_tasks(bs[b], 1000, log_task, &l), TSR_OK);
+                for (size_t i = 0; i < 1000; i++)
+                        assert_int_equal(l.runs[i], 1);
+                assert_int_equal(l.overlap, 0);
+                if (b != 1)
+                        for (size_t i = 0; i < 1000; i++)
+                                assert_int_equal(l.worker[i], 0);
+                assert_int_equal(tsr_backend_host_tasks(bs[b], 0, NULL, NULL), TSR_OK);
+                assert_int_equal(tsr_backend_host_tasks(bs[b], 1, NULL, NULL), TSR_E_INVAL);
+        }
+        assert_int_equal(tsr_backend_host_tasks(NULL, 1, log_task, &l), TSR_E_INVAL);
+        tsr_backend_free(&ref);
+        tsr_backend_free(&fast);
+        tsr_backend_free(&one);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_create_and_query),
                 cmocka_unit_test(test_memory),
                 cmocka_unit_test(test_matmul_dtype_dispatch),
                 cmocka_unit_test(test_two_backends_concurrently),
+                cmocka_unit_test(test_host_tasks),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

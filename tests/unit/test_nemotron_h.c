@@ -7,7 +7,8 @@
  *  - the decode path (state carried across one-token steps) against transformers' cache
  *    decode, and prefill cut into chunks that cross the conv window and the KV blocks;
  *  - the greedy 32-token continuations token for token (prefill, then decode steps);
- *  - batch invariance: a sequence alone and batched with others, bitwise;
+ *  - batch invariance: a sequence alone and batched with others, bitwise; the same bits
+ *    on fast backends of 1, 2 and 3 threads (the Mamba mixer runs as host tasks);
  *  - config and argument errors;
  *  - bfloat16 (issue #14): a BF16 copy of the fixture, written at setup into a temporary
  *    folder as a bf16 checkpoint ships (every tensor rounded to bf16 but the router's
@@ -500,6 +501,59 @@ static void check_batch_invariance(const tsr_nemotron_h *m) {
 static void test_batch_invariance(void **state) {
         (void)state;
         check_batch_invariance(model);
+}
+
+/* The Mamba mixer runs as (sequence, group) tasks on the backend's threads: a step of
+ * three sequences (a new prompt, a prefill chunk after 20 tokens, a decode step) gives
+ * the same bits on fast backends of 1, 2 and 3 threads, and leaves the same state (3
+ * threads six times: a task writing outside its own channels shows as a difference only
+ * when two tasks overlap in time). */
+static void test_threads_bitwise(void **state) {
+        uint32_t ids[3][128], tables[3][SEQ_BLOCKS];
+        size_t n[3], rows;
+        float *want = NULL;
+
+        (void)state;
+        for (size_t k = 0; k < 3; k++) {
+                n[k] = tsr_test_prompt_ids(golden, k, ids[k], 128);
+                table_of(k, tables[k]);
+        }
+        rows = n[0] + (n[1] - 20) + 1 + 1;
+        for (int round = 0; round < 8; round++) {       /* 1, 2, then 3 threads six times */
+                int threads = round < 2 ? round + 1 : 3;
+                tsr_backend *b = NULL;
+                tsr_nemotron_h_cache *kv = new_cache();
+                float *got = malloc(rows * vocab * sizeof(float));
+
+                assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = threads,
+                                                                                .max_isa = TSR_CPU_ISA_AMX_BF16},
+                                                     &b),
+                                 TSR_OK);
+                tsr_nemotron_h_seq hist[2] = {
+                        {tables[1], SEQ_BLOCKS, ids[1], 20, 0, 1, TSR_LLAMA_LOGITS_NONE},
+                        {tables[2], SEQ_BLOCKS, ids[2], n[2] - 1, 0, 2, TSR_LLAMA_LOGITS_NONE},
+                };
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, b, kv, hist, 2, NULL), TSR_OK);
+                tsr_nemotron_h_seq step[3] = {
+                        {tables[0], SEQ_BLOCKS, ids[0], n[0], 0, 0, TSR_LLAMA_LOGITS_ALL},
+                        {tables[1], SEQ_BLOCKS, ids[1] + 20, n[1] - 20, 20, 1, TSR_LLAMA_LOGITS_ALL},
+                        {tables[2], SEQ_BLOCKS, ids[2] + n[2] - 1, 1, n[2] - 1, 2, TSR_LLAMA_LOGITS_LAST},
+                };
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, b, kv, step, 3, got), TSR_OK);
+                /* one more token of seq 1: reads the state the step left */
+                tsr_nemotron_h_seq next = {tables[1], SEQ_BLOCKS, ids[0], 1, n[1], 1, TSR_LLAMA_LOGITS_LAST};
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, b, kv, &next, 1, got + (rows - 1) * vocab),
+                                 TSR_OK);
+                if (!want)
+                        want = got;
+                else {
+                        assert_memory_equal(got, want, rows * vocab * sizeof(float));
+                        free(got);
+                }
+                tsr_nemotron_h_cache_free(&kv);
+                tsr_backend_free(&b);
+        }
+        free(want);
 }
 
 /* Over the runner's pool (the family's kv_groups: attention blocks + Mamba state slots)
@@ -1441,6 +1495,7 @@ int main(void) {
                 cmocka_unit_test(test_chunked_prefill),
                 cmocka_unit_test(test_greedy),
                 cmocka_unit_test(test_batch_invariance),
+                cmocka_unit_test(test_threads_bitwise),
                 cmocka_unit_test(test_pool_bind),
                 cmocka_unit_test(test_pool_fp8_kv),
                 cmocka_unit_test(test_bad_args),

@@ -972,8 +972,8 @@ struct scratch {
         float *x, *xb, *out;            /* (N, dim) */
         float *proj;                    /* (N, max(in_proj rows, q+2kv, E)) */
         float *y;                       /* (N, max(d_inner, q_dim)) */
-        float *win;                     /* (K-1 + max n, conv_dim) */
-        float *xbc;                     /* (conv_dim,) one token's conv output */
+        float *xbc;                     /* (threads, conv_dim): one token's conv output per thread */
+        size_t *first_row;              /* (n_seqs,) each sequence's first row */
         float *rs, *rsc, *gscore;       /* (E,), (E,), (n_group,) one row's router scores */
         bool *gsel, *taken;             /* (n_group,), (E,) */
         float *hid, *hid2;              /* (N, max hidden) */
@@ -996,9 +996,10 @@ struct scratch {
 };
 
 static void scratch_free(struct scratch *s) {
-        void *p[] = {s->x,   s->xb,     s->out,  s->proj,  s->y,   s->win,  s->xbc,    s->rs,
-                     s->rsc, s->gscore, s->gsel, s->taken, s->hid, s->hid2, s->exp_in, s->ey,
-                     s->parts, s->routed, s->slice, s->top, s->topw, s->rows, s->rowsw, s->rk, s->ep_parts};
+        void *p[] = {s->x,     s->xb,     s->out,    s->proj,   s->y,     s->first_row, s->xbc,
+                     s->rs,    s->rsc,    s->gscore, s->gsel,   s->taken, s->hid,       s->hid2,
+                     s->exp_in, s->ey,    s->parts,  s->routed, s->slice, s->top,       s->topw,
+                     s->rows,  s->rowsw,  s->rk,     s->ep_parts};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
                 free(p[i]);
 }
@@ -1008,8 +1009,9 @@ static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c
 /* Partials of a row-parallel matmul: the rank's canonical K slices, or the one product. */
 static size_t n_parts(const tsr_nemotron_h *m) { return m->canonical ? TSR_COMM_TREE_LEAVES / m->tp_size : 1; }
 
-/* Scratch for N rows of the rank's sizes (m->rank), the longest sequence max_n. */
-static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size_t N, size_t max_n) {
+/* Scratch for N rows of n_seqs sequences at the rank's sizes (m->rank), for a backend of
+ * `threads` threads. */
+static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size_t N, size_t n_seqs, int threads) {
         const tsr_nemotron_h_config *c = &m->rank;
         size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c), P = n_parts(m);
         size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
@@ -1023,8 +1025,8 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size
         s->out = malloc(N * dim * sizeof(float));
         s->proj = malloc(N * proj * sizeof(float));
         s->y = malloc(N * (di > qd ? di : qd) * sizeof(float) + 1);
-        s->win = malloc((c->conv_kernel + max_n) * cd * sizeof(float) + 1);
-        s->xbc = malloc(cd * sizeof(float) + 1);
+        s->first_row = malloc(n_seqs * sizeof(size_t));
+        s->xbc = malloc((size_t)threads * cd * sizeof(float) + 1);
         s->rs = malloc(c->n_experts * sizeof(float) + 1);
         s->rsc = malloc(c->n_experts * sizeof(float) + 1);
         s->gscore = malloc(c->n_group * sizeof(float) + 1);
@@ -1044,7 +1046,7 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size
         s->rowsw = malloc(N * sizeof(float));
         s->rk = malloc(N * sizeof(uint32_t));
         s->ep_parts = m->ep ? malloc(N * tk * S * dim * sizeof(float)) : NULL;
-        if ((m->ep && !s->ep_parts) || !s->rk || !s->x || !s->xb || !s->out || !s->proj || !s->y || !s->win || !s->xbc || !s->rs || !s->rsc ||
+        if ((m->ep && !s->ep_parts) || !s->rk || !s->x || !s->xb || !s->out || !s->proj || !s->y || !s->first_row || !s->xbc || !s->rs || !s->rsc ||
             !s->gscore || !s->gsel || !s->taken || !s->hid || !s->hid2 || !s->exp_in || !s->ey ||
             !s->parts || !s->routed || !s->slice || !s->top || !s->topw || !s->rows || !s->rowsw) {
                 scratch_free(s);
@@ -1152,60 +1154,102 @@ static float scan_row(float *S, const float *B, const float *C, size_t ns, float
         return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
-/* One sequence's Mamba mixer over its rows proj (n, in_proj rows) -> y (n, d_inner),
- * with the gated norm applied; the conv and SSM state of its slot are read (past_len > 0)
- * or zeroed (a new sequence) and left holding the state after its last token. */
-static void mamba_seq(const tsr_nemotron_h_config *c, const nh_layer *L, const float *proj, size_t n, bool fresh,
-                      float *conv_state, float *ssm, float *win, float *xbc, float *y) {
+/* The Mamba mixer of a step, as (sequence, group) tasks on the backend's threads.  A
+ * group g owns its heads g*hpg .. (g+1)*hpg - 1 (hpg = heads / n_groups), i.e. the
+ * channels of x and of y [g*gs, (g+1)*gs) with gs = d_inner / n_groups, its own B and C
+ * channels, those heads' SSM state and its group of the gated norm; and a sequence owns
+ * its state slot.  So each (sequence, group) runs the sequence's tokens in order on its
+ * own channels, in any order against the others, with the float operations of one loop
+ * over everything: the same bits at every thread count. */
+struct mixer_job {
+        const tsr_nemotron_h_config *c;
+        const nh_layer *L;
+        const tsr_nemotron_h_seq *seqs;
+        const size_t *first_row;        /* (n_seqs,) each sequence's first row in proj and y */
+        const float *proj;              /* (N, in_proj rows) */
+        float *conv, *ssm;              /* the layer's state arrays, a slot per sequence */
+        float *y;                       /* (N, d_inner) the mixer's output, gated and normed */
+        float *xbc;                     /* (threads, conv_dim): one token's conv output */
+};
+
+/* The channels of xBC that group g owns: x, then B, then C (three [first, end) ranges). */
+static void group_channels(const tsr_nemotron_h_config *c, size_t g, size_t ranges[3][2]) {
+        size_t di = tsr_nemotron_h_d_inner(c), NS = c->ssm_state, G = c->n_groups, gs = di / G;
+        ranges[0][0] = g * gs;
+        ranges[0][1] = (g + 1) * gs;
+        ranges[1][0] = di + g * NS;
+        ranges[1][1] = di + (g + 1) * NS;
+        ranges[2][0] = di + G * NS + g * NS;
+        ranges[2][1] = di + G * NS + (g + 1) * NS;
+}
+
+/* Task i = (sequence i / n_groups, group i % n_groups): the causal conv with SiLU, the
+ * selective scan and the gated norm over the sequence's n tokens, then the group's
+ * channels of the conv state moved on to the last K-1 raw rows.  The conv's window row r
+ * (0 .. K-2 + n) is the conv state's row r before the sequence's rows (r < K-1), then
+ * proj's row r - (K-1); a fresh sequence's state was zeroed by the caller. */
+static void mixer_task(void *ctx, size_t i, int worker) {
+        const struct mixer_job *j = ctx;
+        const tsr_nemotron_h_config *c = j->c;
+        const nh_layer *L = j->L;
         size_t di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c), K = c->conv_kernel;
         size_t H = c->m_heads, P = c->m_head_dim, NS = c->ssm_state, G = c->n_groups, hpg = H / G;
-        size_t pr = di + cd + H, gs = di / G;
+        size_t pr = di + cd + H, gs = di / G, g = i % G, seq = i / G;
+        size_t n = j->seqs[seq].n, row0 = j->first_row[seq], ranges[3][2];
+        const float *proj = j->proj + row0 * pr;
+        float *conv_state = j->conv + j->seqs[seq].slot * conv_elems(c);
+        float *ssm = j->ssm + j->seqs[seq].slot * ssm_elems(c);
+        float *xbc = j->xbc + (size_t)worker * cd;
+        const float *conv_w = L->conv_w, *conv_b = L->conv_b;
 
-        if (fresh) {
-                memset(conv_state, 0, (K - 1) * cd * sizeof(float));
-                memset(ssm, 0, H * P * NS * sizeof(float));
-        }
-        /* The window: the K-1 raw xBC rows before this chunk, then the chunk's. */
-        memcpy(win, conv_state, (K - 1) * cd * sizeof(float));
-        for (size_t t = 0; t < n; t++)
-                memcpy(win + (K - 1 + t) * cd, proj + t * pr + di, cd * sizeof(float));
-        memcpy(conv_state, win + n * cd, (K - 1) * cd * sizeof(float));
-
+        group_channels(c, g, ranges);
         for (size_t t = 0; t < n; t++) {
                 const float *row = proj + t * pr, *z = row, *dt_raw = row + di + cd;
-                float *yt = y + t * di;
+                float *yt = j->y + (row0 + t) * di;
 
-                /* causal depthwise conv: out[c] = b[c] + sum_k w[c,k] * win[t+k][c], then SiLU */
-                for (size_t ch = 0; ch < cd; ch++) {
-                        float acc = L->conv_b ? L->conv_b[ch] : 0.0f;
-                        for (size_t k = 0; k < K; k++)
-                                acc += L->conv_w[ch * K + k] * win[(t + k) * cd + ch];
-                        xbc[ch] = silu(acc);
-                }
-                const float *xs = xbc, *B = xbc + di, *C = xbc + di + G * NS;
+                /* causal depthwise conv: out[c] = b[c] + sum_k w[c,k] * win[t+k][c], then
+                 * SiLU; each channel's sum in k order */
+                const float *win[16];   /* conv_kernel <= 16 (nemotron_h_config.c) */
+                for (size_t k = 0; k < K; k++)
+                        win[k] = t + k < K - 1 ? conv_state + (t + k) * cd : proj + (t + k - (K - 1)) * pr + di;
+                for (size_t r = 0; r < 3; r++)
+                        for (size_t ch = ranges[r][0]; ch < ranges[r][1]; ch++) {
+                                const float *w = conv_w + ch * K;
+                                float acc = conv_b ? conv_b[ch] : 0.0f;
+                                for (size_t k = 0; k < K; k++)
+                                        acc += w[k] * win[k][ch];
+                                xbc[ch] = silu(acc);
+                        }
+                const float *xs = xbc, *B = xbc + di + g * NS, *C = xbc + di + G * NS + g * NS;
                 /* the selective scan, one step: S = S*exp(Δ A) + (Δ B) x;  y = S·C + D x */
-                for (size_t h = 0; h < H; h++) {
-                        size_t g = h / hpg;
+                for (size_t h = g * hpg; h < (g + 1) * hpg; h++) {
                         float d = softplus(dt_raw[h] + L->dt_bias[h]);
                         d = fminf(fmaxf(d, c->dt_min), c->dt_max);
                         float dA = expf(d * L->A[h]);
                         for (size_t p = 0; p < P; p++) {
                                 float xv = xs[h * P + p];
-                                float acc = scan_row(ssm + (h * P + p) * NS, B + g * NS, C + g * NS, NS, dA, d, xv);
+                                float acc = scan_row(ssm + (h * P + p) * NS, B, C, NS, dA, d, xv);
                                 yt[h * P + p] = acc + xv * L->D[h];
                         }
                 }
-                /* gated group RMSNorm: gate first, then each group of d_inner/n_groups */
-                for (size_t i = 0; i < di; i++)
-                        yt[i] *= silu(z[i]);
-                for (size_t g = 0; g < G; g++) {
-                        float *u = yt + g * gs, ss = 0.0f;
-                        for (size_t i = 0; i < gs; i++)
-                                ss += u[i] * u[i];
-                        float r = 1.0f / sqrtf(ss / (float)gs + c->eps);
-                        for (size_t i = 0; i < gs; i++)
-                                u[i] = L->gnorm[g * gs + i] * (u[i] * r);
-                }
+                /* gated group RMSNorm: gate first, then the group's gs channels */
+                float *u = yt + g * gs, ss = 0.0f;
+                for (size_t e = 0; e < gs; e++)
+                        u[e] *= silu(z[g * gs + e]);
+                for (size_t e = 0; e < gs; e++)
+                        ss += u[e] * u[e];
+                float rs = 1.0f / sqrtf(ss / (float)gs + c->eps);
+                for (size_t e = 0; e < gs; e++)
+                        u[e] = L->gnorm[g * gs + e] * (u[e] * rs);
+        }
+        /* the conv state: window rows n .. n + K-2; in place, as row w = n + r > r is
+         * read before it is overwritten (rows go up) */
+        for (size_t r = 0; r + 1 < K; r++) {
+                size_t w = n + r;
+                const float *src = w < K - 1 ? conv_state + w * cd : proj + (w - (K - 1)) * pr + di;
+                for (size_t q = 0; q < 3; q++)
+                        for (size_t ch = ranges[q][0]; ch < ranges[q][1]; ch++)
+                                conv_state[r * cd + ch] = src[ch];
         }
 }
 
@@ -1407,11 +1451,18 @@ static tsr_status mamba(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend 
 
         if ((st = mm(be, s->proj, s->xb, &L->in_proj, N, dim, pr)) != TSR_OK)
                 return st;
-        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
-                mamba_seq(c, L, s->proj + row * pr, seqs[i].n, seqs[i].past_len == 0,
-                          kv->conv[L->kind_index] + seqs[i].slot * conv_elems(c),
-                          kv->ssm[L->kind_index] + seqs[i].slot * ssm_elems(c), s->win, s->xbc,
-                          s->y + row * di);
+        float *conv = kv->conv[L->kind_index], *ssm = kv->ssm[L->kind_index];
+        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
+                s->first_row[i] = row;
+                if (seqs[i].past_len == 0) {    /* a new sequence: its slot's state from zero */
+                        memset(conv + seqs[i].slot * conv_elems(c), 0, conv_elems(c) * sizeof(float));
+                        memset(ssm + seqs[i].slot * ssm_elems(c), 0, ssm_elems(c) * sizeof(float));
+                }
+        }
+        struct mixer_job job = {.c = c, .L = L, .seqs = seqs, .first_row = s->first_row, .proj = s->proj,
+                                .conv = conv, .ssm = ssm, .y = s->y, .xbc = s->xbc};
+        if ((st = tsr_backend_host_tasks(be, n_seqs * c->n_groups, mixer_task, &job)) != TSR_OK)
+                return st;
         return mm_row(m, be, s, s->y, &L->out_proj, N, di);
 }
 
@@ -1486,7 +1537,7 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
                                         float *logits) {
         const tsr_nemotron_h_config *c;
         struct scratch s;
-        size_t N = 0, max_n = 0, dim, out_row = 0;
+        size_t N = 0, dim, out_row = 0;
         bool bf16_residual, want = false, last_stage;
         tsr_status st;
 
@@ -1502,11 +1553,9 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
         last_stage = m->shard.last_layer + 1 == c->n_layers;
         dim = c->dim;
         bf16_residual = m->bf16 && !c->residual_in_fp32;
-        for (size_t i = 0; i < n_seqs; i++) {
+        for (size_t i = 0; i < n_seqs; i++)
                 N += seqs[i].n;
-                max_n = seqs[i].n > max_n ? seqs[i].n : max_n;
-        }
-        if ((st = scratch_alloc(&s, m, N, max_n)) != TSR_OK)
+        if ((st = scratch_alloc(&s, m, N, n_seqs, tsr_backend_threads(be))) != TSR_OK)
                 return st;
         if (!in) {
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
