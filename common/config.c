@@ -109,8 +109,9 @@ static const tsr_opt opts[] = {
          .help = "where the forward runs: cuda (GPU 0), cpu, or auto (cuda when a device is there and the model's "
                  "family runs on it, else cpu)"},
         {O_STR("kv-cache-dtype", kv_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
-         .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache: auto (float32), or fp8 / fp8_e4m3 / fp8_e5m2 (one byte per element, scaled; "
-                 "llama, llama4 and nemotron_h; e5m2 on the CPU backend only)"},
+         .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache: auto (float32), bfloat16 (two bytes per element), or fp8 / fp8_e4m3 / "
+                 "fp8_e5m2 (one byte per element, scaled); llama, llama4 and nemotron_h; bfloat16 and e5m2 on the CPU "
+                 "backend only"},
         {O_BOOL("calculate-kv-scales", calculate_kv_scales), .owner = W, .group = GRP_MODEL,
          .help = "compute the fp8 KV cache scales from the first batch: refused (the scales are the checkpoint's, "
                  "else 1.0)"},
@@ -1183,11 +1184,11 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
         /* fp8 (= fp8_e4m3) and fp8_e5m2 are the worker's to check against the model and the
          * device (worker/model/runner.h, tsr_runner_kv_dtype_check). */
         if (cfg->kv_cache_dtype && strcmp(cfg->kv_cache_dtype, "auto") != 0 &&
-            strcmp(cfg->kv_cache_dtype, "fp8") != 0 && strcmp(cfg->kv_cache_dtype, "fp8_e4m3") != 0 &&
-            strcmp(cfg->kv_cache_dtype, "fp8_e5m2") != 0) {
+            strcmp(cfg->kv_cache_dtype, "bfloat16") != 0 && strcmp(cfg->kv_cache_dtype, "fp8") != 0 &&
+            strcmp(cfg->kv_cache_dtype, "fp8_e4m3") != 0 && strcmp(cfg->kv_cache_dtype, "fp8_e5m2") != 0) {
                 tsr_errf(err, errlen, "argument --kv-cache-dtype: '%s' is not supported yet: the KV cache is "
-                         "float32, fp8 e4m3 or fp8 e5m2 (supported: auto, fp8, fp8_e4m3, fp8_e5m2)",
-                         cfg->kv_cache_dtype);
+                         "float32, bfloat16, fp8 e4m3 or fp8 e5m2 (supported: auto, bfloat16, fp8, fp8_e4m3, "
+                         "fp8_e5m2)", cfg->kv_cache_dtype);
                 return TSR_E_UNSUPPORTED;
         }
         /* ModelOpt FP8 / NVFP4 checkpoints (#15); the worker checks the value against what

@@ -164,12 +164,12 @@ tsr_status tsr_config_load_yaml(tsr_config *cfg, const char *path, char *err, si
 
 /* Checks after parsing: every range and choice again, rules across flags, and the
  * values Tessera accepts as vLLM's but cannot honour yet (a --kv-cache-dtype other than
- * auto, fp8 or fp8_e4m3, a --quantization other than ModelOpt's, the tool-call and
+ * auto, bfloat16 or fp8*, a --quantization other than ModelOpt's, the tool-call and
  * reasoning parsers, ...: the list is in docs/configuration.md, "Flag status").  Returns TSR_OK, TSR_E_INVAL for a bad value
  * or TSR_E_UNSUPPORTED for one not implemented yet, with one line in err naming the
  * flag, the value and what is supported, e.g.
- *   "argument --kv-cache-dtype: 'fp8_e5m2' is not supported yet: the KV cache is float32 or fp8 e4m3
- *    (supported: auto, fp8, fp8_e4m3)"
+ *   "argument --kv-cache-dtype: 'fp8_inc' is not supported yet: the KV cache is float32, bfloat16,
+ *    fp8 e4m3 or fp8 e5m2 (supported: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2)"
  * Every process calls it, whichever process owns the flag, so `tessera serve` refuses
  * before it starts a child. */
 tsr_status tsr_config_validate(const tsr_config *cfg, char *err, size_t errlen);

@@ -6,7 +6,7 @@
  *                        [--steps N] [--prefill N] [--context N] [--repeat N]
  *                        [--kernels fast|amx_bf16|avx512_bf16|avx2|ref|cuda]
  *                        [--dtypes float32,bfloat16,stored] [--no-bandwidth]
- *                        [--kv-cache-dtype auto|fp8]
+ *                        [--kv-cache-dtype auto|bfloat16|fp8|fp8_e5m2]
  *
  * For each dtype, thread count and batch B: B sequences each prefilled with --context
  * tokens (16),
@@ -29,7 +29,9 @@
  * which waits for the device.  The bandwidth triad is the host's: pass --no-bandwidth.
  * --kv-cache-dtype fp8: the KV cache stores e4m3 bytes with scale 1.0 (the worker's
  * --kv-cache-dtype fp8 without checkpoint scales), on the CPU or the device; attention
- * dequantizes what it reads, which --context makes the larger part of a step. */
+ * dequantizes what it reads, which --context makes the larger part of a step.
+ * --kv-cache-dtype bfloat16: bf16 K and V (no scale), which the CPU attention reads as
+ * stored, widening as it loads. */
 #include <math.h>
 #include <stdbool.h>
 #include <pthread.h>

@@ -55,6 +55,10 @@ typedef struct tsr_dtype_info {
 /* A dtype a KV cache may store scaled, one byte per element (--kv-cache-dtype fp8 /
  * fp8_e4m3, fp8_e5m2; kernels.h's tsr_kv_view). */
 static inline bool tsr_dtype_is_fp8(tsr_dtype t) { return t == TSR_DTYPE_FP8_E4M3 || t == TSR_DTYPE_FP8_E5M2; }
+/* What a paged KV cache may hold (kernels.h, tsr_kv_view): f32, bf16, fp8 e4m3 / e5m2. */
+static inline bool tsr_dtype_is_kv(tsr_dtype t) {
+        return t == TSR_DTYPE_F32 || t == TSR_DTYPE_BF16 || tsr_dtype_is_fp8(t);
+}
 
 /* The entry for `t`; NULL for a value out of range.  Any thread. */
 const tsr_dtype_info *tsr_dtype_get_info(tsr_dtype t);

@@ -74,17 +74,22 @@ typedef enum tsr_rope_layout {
  * backend: the CPU ones and CUDA store the same codes (bitwise).
  * dtype TSR_DTYPE_FP8_E5M2 (--kv-cache-dtype fp8_e5m2): the same with e5m2 codes,
  * saturating at +-57344 (tsr_f32_to_fp8_e5m2_sat, vLLM's __NV_SATFINITE store); the CPU
- * backends only (CUDA answers TSR_E_UNSUPPORTED). */
+ * backends only (CUDA answers TSR_E_UNSUPPORTED).
+ * dtype TSR_DTYPE_BF16 (--kv-cache-dtype bfloat16): k16 and v16 hold bfloat16 bits;
+ * kv_write stores tsr_f32_to_bf16(k) (round to nearest even; no scale) and attention
+ * reads them widened, then the float32 math as for f32.  The CPU backends only. */
 typedef struct tsr_kv_view {
         union {
                 float *k;               /* (n_blocks, block_size, n_kv_heads, head_dim) */
                 uint8_t *k8;            /* the same shape, fp8 */
+                uint16_t *k16;          /* the same shape, bf16 */
         };
         union {
                 float *v;               /* (n_blocks, block_size, n_kv_heads, head_dim) */
                 uint8_t *v8;
+                uint16_t *v16;
         };
-        tsr_dtype dtype;                /* TSR_DTYPE_F32, TSR_DTYPE_FP8_E4M3 or TSR_DTYPE_FP8_E5M2 */
+        tsr_dtype dtype;                /* TSR_DTYPE_F32, _FP8_E4M3, _FP8_E5M2 or _BF16 */
         float k_scale, v_scale;         /* fp8 only */
         const uint32_t *block_table;    /* (n_table,) block ids, each < n_blocks; host memory */
         size_t n_table;                 /* entries in block_table */

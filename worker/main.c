@@ -619,8 +619,8 @@ int main(int argc, char **argv) {
                 long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
                 rank_threads = cores / concurrent > 1 ? (int)(cores / concurrent) : 1;
         }
-        /* --kv-cache-dtype: fp8 for the llama, llama4 and nemotron_h families (any -tp / -pp), on
-         * the CPU or (llama) on CUDA; refused before anything loads. */
+        /* --kv-cache-dtype: bfloat16 and fp8 for the llama, llama4 and nemotron_h families (any
+         * -tp / -pp), on the CPU or (llama, fp8 e4m3) on CUDA; refused before anything loads. */
         tsr_dtype kv_dtype = TSR_DTYPE_F32;
         (void)tsr_kv_cache_dtype_parse(cfg.kv_cache_dtype, &kv_dtype);  /* config.c refused the rest */
         if ((st = tsr_runner_kv_dtype_check(family, kv_dtype, cfg.kv_cache_dtype, err, sizeof(err))) != TSR_OK) {
@@ -643,9 +643,10 @@ int main(int argc, char **argv) {
                 goto out;
         }
         bool on_gpu = !tsr_backend_host_memory(backend);
-        if (on_gpu && kv_dtype == TSR_DTYPE_FP8_E5M2) {
-                log_error("argument --kv-cache-dtype: 'fp8_e5m2' is not supported on CUDA yet (supported there: auto, "
-                          "fp8, fp8_e4m3; fp8_e5m2 runs on the CPU backend: --device cpu)");
+        if (on_gpu && (kv_dtype == TSR_DTYPE_FP8_E5M2 || kv_dtype == TSR_DTYPE_BF16)) {
+                log_error("argument --kv-cache-dtype: '%s' is not supported on CUDA yet (supported there: auto, "
+                          "fp8, fp8_e4m3; %s runs on the CPU backend: --device cpu)", cfg.kv_cache_dtype,
+                          cfg.kv_cache_dtype);
                 goto out;
         }
         size_t gpu_free = 0, gpu_total = 0;
@@ -779,8 +780,9 @@ int main(int argc, char **argv) {
                          (unsigned long long)plan.kv_blocks_total, cfg.block_size, concurrency, plan.max_model_len);
         log_info("KV cache dtype %s (--kv-cache-dtype %s): %llu bytes per block, %s", tsr_dtype_get_info(kv_dtype)->name,
                  cfg.kv_cache_dtype ? cfg.kv_cache_dtype : "auto", (unsigned long long)plan.kv_block_bytes,
-                 tsr_dtype_is_fp8(kv_dtype) ? "1 byte per element: 4x the tokens of float32 in the same memory"
-                                                : "4 bytes per element");
+                 tsr_dtype_is_fp8(kv_dtype)       ? "1 byte per element: 4x the tokens of float32 in the same memory"
+                 : kv_dtype == TSR_DTYPE_BF16 ? "2 bytes per element: 2x the tokens of float32 in the same memory"
+                                              : "4 bytes per element");
         {       /* vLLM V1's capacity line, word for word (kv_cache_utils), for runbooks that grep it */
                 char kv_tokens[32], model_len[32];
                 log_info("%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",

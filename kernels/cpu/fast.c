@@ -439,6 +439,10 @@ struct att_ctx {
          * token's row offset in them, found once per call (kv_row's division by the block
          * size was a tenth of the tasks' time when each pass over the keys redid it) */
         const float *kb, *vb;
+        /* a bf16 view is read as it is stored, each element widened as it is loaded (the
+         * float32 the reference widens it to, so the same bits) */
+        bool bf16;
+        const uint16_t *kb16, *vb16;
         size_t *rowoff;                 /* (past_len + n) */
 };
 
@@ -462,10 +466,16 @@ static void deq_task(void *ctx, size_t task, int worker) {
         }
 }
 
-/* Head g of cached token j as float32 in base (c->kb or c->vb): the f32 cache, or the
- * call's dequantized copy (deq_task). */
-static inline const float *att_head(const struct att_ctx *c, const float *base, size_t j, size_t g) {
-        return base + c->rowoff[j] + g * c->kv->head_dim;
+/* Head g of cached token j: its offset in elements in the arrays (c->kb and c->vb: the
+ * f32 cache or the call's dequantized copy (deq_task); c->kb16 and c->vb16: a bf16
+ * cache). */
+static inline size_t att_head(const struct att_ctx *c, size_t j, size_t g) {
+        return c->rowoff[j] + g * c->kv->head_dim;
+}
+
+/* Eight bf16 values widened to float32: exact (the bits shifted up), as tsr_bf16_to_f32. */
+AVX2_INLINE __m256 bf16x8_load(const uint16_t *p) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
 /* s[j] = tsr_exp(s[j] - m) for j < n, 8 lanes at a time (the tail one by one: the same
@@ -497,11 +507,65 @@ AVX2_FN static void div_row(float *s, size_t n, float sum) {
                 s[j] = s[j] / sum;
 }
 
-/* Keys ahead that the attention loops prefetch, and the prefetch of one head's row. */
+/* Keys ahead that the attention loops prefetch, and the prefetch of one head's row (of
+ * `bytes`). */
 #define ATT_PREFETCH 8
-AVX2_INLINE void att_prefetch(const float *row, size_t hd) {
-        for (size_t o = 0; o < hd; o += 16)
-                _mm_prefetch((const char *)(row + o), _MM_HINT_T0);
+AVX2_INLINE void att_prefetch(const void *row, size_t bytes) {
+        for (size_t o = 0; o < bytes; o += 64)
+                _mm_prefetch((const char *)row + o, _MM_HINT_T0);
+}
+
+/* The head's row of token j (K or V) prefetched, as stored (BF: bf16). */
+AVX2_INLINE void att_prefetch_head(const bool BF, const struct att_ctx *c, bool is_v, size_t j, size_t g) {
+        size_t off = att_head(c, j, g), hd = c->kv->head_dim;
+        if (BF)
+                att_prefetch((is_v ? c->vb16 : c->kb16) + off, hd * sizeof(uint16_t));
+        else
+                att_prefetch((is_v ? c->vb : c->kb) + off, hd * sizeof(float));
+}
+
+/* dot[a] = dot_f32(q + a*n, K_j, n) for a < NH, K_j read as stored: tile_f32's, or (BF)
+ * the same chains over K_j's bf16 values widened as they load, its tail zero-filled as
+ * tile_f32's mask fills it: the same bits. */
+AVX2_INLINE void att_dots(const int NH, const bool BF, const struct att_ctx *c, const float *q, size_t off,
+                          size_t n, float *dot) {
+        if (!BF) {
+                tile_f32(NH, 1, q, c->kb + off, n, dot, 1);
+                return;
+        }
+        const uint16_t *k16 = c->kb16 + off;
+        __m256 acc[8];
+        size_t k = 0;
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++)
+                acc[a] = _mm256_setzero_ps();
+        for (; k + 8 <= n; k += 8) {
+                __m256 xv = bf16x8_load(k16 + k);
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++)
+                        acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_loadu_ps(q + a * n + k), xv));
+        }
+        if (k < n) {
+                __m256i m = _mm256_loadu_si256((const __m256i *)(tail_mask + 8 - (n - k)));
+                uint16_t tail[8] = {0};
+                memcpy(tail, k16 + k, (n - k) * sizeof *tail);
+                __m256 xv = bf16x8_load(tail);
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++)
+                        acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_maskload_ps(q + a * n + k, m), xv));
+        }
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++)
+                dot[a] = sum_lanes_ref_order(acc[a]);
+}
+
+/* Eight and one of V_j's head from element i, as float32 (BF: widened). */
+AVX2_INLINE __m256 att_v8(const bool BF, const struct att_ctx *c, size_t off) {
+        return BF ? bf16x8_load(c->vb16 + off) : _mm256_loadu_ps(c->vb + off);
+}
+
+AVX2_INLINE float att_v1(const bool BF, const struct att_ctx *c, size_t off) {
+        return BF ? tsr_bf16_to_f32(c->vb16[off]) : c->vb[off];
 }
 
 /* ref_attention for NH (<= 8) heads of one KV group at one query row, each in ref's
@@ -513,8 +577,8 @@ AVX2_INLINE void att_prefetch(const float *row, size_t hd) {
  * of V_j.  The heads of a group share K and V (GQA): one pass over them for the group
  * instead of one per head, and NH independent chains where one head had one.  s:
  * NH rows of scores_stride floats. */
-AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, size_t g, const float *q, float *o,
-                             float *s) {
+AVX2_INLINE void att_heads_t(const int NH, const bool BF, const struct att_ctx *c, size_t p, size_t g,
+                             const float *q, float *o, float *s) {
         const int U = NH >= 4 ? 1 : NH >= 2 ? 2 : 4;   /* eight-float columns per head in flight */
         const tsr_kv_view *kv = c->kv;
         const size_t hd = kv->head_dim, ss = c->scores_stride;
@@ -526,8 +590,8 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
         for (size_t j = 0; j <= p; j++) {
                 float dot[8];
                 if (j + ATT_PREFETCH <= p)      /* the cache's rows jump at each block: no stream */
-                        att_prefetch(att_head(c, c->kb, j + ATT_PREFETCH, g), hd);
-                tile_f32(NH, 1, q, att_head(c, c->kb, j, g), hd, dot, 1);
+                        att_prefetch_head(BF, c, false, j + ATT_PREFETCH, g);
+                att_dots(NH, BF, c, q, att_head(c, j, g), hd, dot);
 #pragma GCC unroll 8
                 for (int a = 0; a < NH; a++) {
                         s[a * ss + j] = dot[a] * c->scale;
@@ -560,13 +624,13 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                         for (int u = 0; u < U; u++)
                                 acc[a][u] = _mm256_setzero_ps();
                 for (size_t j = 0; j <= p; j++) {
-                        const float *vj = att_head(c, c->vb, j, g) + i;
+                        size_t vj = att_head(c, j, g) + i;
                         if (i == 0 && j + ATT_PREFETCH <= p)
-                                att_prefetch(att_head(c, c->vb, j + ATT_PREFETCH, g), hd);
+                                att_prefetch_head(BF, c, true, j + ATT_PREFETCH, g);
                         __m256 v[4];
 #pragma GCC unroll 4
                         for (int u = 0; u < U; u++)
-                                v[u] = _mm256_loadu_ps(vj + 8 * u);
+                                v[u] = att_v8(BF, c, vj + 8 * u);
 #pragma GCC unroll 8
                         for (int a = 0; a < NH; a++) {
                                 __m256 pj = _mm256_set1_ps(s[a * ss + j]);
@@ -585,7 +649,7 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                 for (int a = 0; a < NH; a++) {
                         __m256 a0 = _mm256_setzero_ps();
                         for (size_t j = 0; j <= p; j++) {
-                                __m256 vj = _mm256_loadu_ps(att_head(c, c->vb, j, g) + i);
+                                __m256 vj = att_v8(BF, c, att_head(c, j, g) + i);
                                 a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[a * ss + j]), vj));
                         }
                         _mm256_storeu_ps(o + a * hd + i, a0);
@@ -594,7 +658,7 @@ AVX2_INLINE void att_heads_t(const int NH, const struct att_ctx *c, size_t p, si
                 for (int a = 0; a < NH; a++) {
                         float acc = 0.0f;
                         for (size_t j = 0; j <= p; j++)
-                                acc += s[a * ss + j] * att_head(c, c->vb, j, g)[i];
+                                acc += s[a * ss + j] * att_v1(BF, c, att_head(c, j, g) + i);
                         o[a * hd + i] = acc;
                 }
 }
@@ -610,16 +674,22 @@ AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
                 size_t nh = (g + 1) * c->group - h < ATT_HEADS_MAX ? (g + 1) * c->group - h : ATT_HEADS_MAX;
                 const float *q = c->q + (t * c->n_heads + h) * hd;
                 float *o = c->out + (t * c->n_heads + h) * hd;
-                switch (nh) {
-                case 1: att_heads_t(1, c, p, g, q, o, s); break;
-                case 2: att_heads_t(2, c, p, g, q, o, s); break;
-                case 3: att_heads_t(3, c, p, g, q, o, s); break;
-                case 4: att_heads_t(4, c, p, g, q, o, s); break;
-                case 5: att_heads_t(5, c, p, g, q, o, s); break;
-                case 6: att_heads_t(6, c, p, g, q, o, s); break;
-                case 7: att_heads_t(7, c, p, g, q, o, s); break;
-                default: att_heads_t(8, c, p, g, q, o, s); break;
-                }
+#define ATT_HEADS(BF)                                                       \
+        switch (nh) {                                                       \
+        case 1: att_heads_t(1, BF, c, p, g, q, o, s); break;                \
+        case 2: att_heads_t(2, BF, c, p, g, q, o, s); break;                \
+        case 3: att_heads_t(3, BF, c, p, g, q, o, s); break;                \
+        case 4: att_heads_t(4, BF, c, p, g, q, o, s); break;                \
+        case 5: att_heads_t(5, BF, c, p, g, q, o, s); break;                \
+        case 6: att_heads_t(6, BF, c, p, g, q, o, s); break;                \
+        case 7: att_heads_t(7, BF, c, p, g, q, o, s); break;                \
+        default: att_heads_t(8, BF, c, p, g, q, o, s); break;               \
+        }
+                if (c->bf16)
+                        ATT_HEADS(true)
+                else
+                        ATT_HEADS(false)
+#undef ATT_HEADS
         }
 }
 
@@ -639,7 +709,7 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
         *c = (struct att_ctx){
                 .out = out, .q = q, .kv = kv, .past_len = past_len, .n = n, .n_heads = n_heads,
                 .group = n_heads / kv->n_kv_heads, .scale = scale, .avx512 = f->isa >= TSR_CPU_ISA_AVX512_BF16,
-                .scores_stride = past_len + n,
+                .scores_stride = past_len + n, .bf16 = kv->dtype == TSR_DTYPE_BF16,
         };
         tsr_status st = TSR_E_NOMEM;
         size_t rows = past_len + n, width = kv->n_kv_heads * kv->head_dim;
@@ -656,6 +726,8 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
         }
         c->kb = fp8 ? c->kd : kv->k;
         c->vb = fp8 ? c->vd : kv->v;
+        c->kb16 = kv->k16;
+        c->vb16 = kv->v16;
         if (!(c->rowoff = malloc(rows * sizeof *c->rowoff)))
                 goto done;
         for (size_t j = 0; j < rows; j++)       /* the copy is dense; the cache is paged */

@@ -20,7 +20,7 @@ static inline bool kv_view_ok(const tsr_kv_view *kv, size_t n_tokens) {
                 /* the negation catches NaN too */
                 if (!(kv->k_scale > 0.0f && kv->k_scale <= FLT_MAX && kv->v_scale > 0.0f && kv->v_scale <= FLT_MAX))
                         return false;
-        } else if (kv->dtype != TSR_DTYPE_F32) {
+        } else if (kv->dtype != TSR_DTYPE_F32 && kv->dtype != TSR_DTYPE_BF16) {
                 return false;
         }
         if (n_tokens > kv->n_table * kv->block_size)
@@ -31,8 +31,8 @@ static inline bool kv_view_ok(const tsr_kv_view *kv, size_t n_tokens) {
         return true;
 }
 
-/* Offset, in elements (floats, or bytes of an fp8 view), of token t's row in the K and V
- * arrays. */
+/* Offset, in elements (floats, bf16 values or fp8 bytes), of token t's row in the K and
+ * V arrays. */
 static inline size_t kv_row(const tsr_kv_view *kv, size_t t) {
         size_t row = (size_t)kv->block_table[t / kv->block_size] * kv->block_size + t % kv->block_size;
         return row * kv->n_kv_heads * kv->head_dim;
@@ -53,6 +53,18 @@ static inline void kv_fp8_store(tsr_dtype dtype, uint8_t *dst, const float *src,
         for (size_t i = 0; i < n; i++)
                 dst[i] = dtype == TSR_DTYPE_FP8_E5M2 ? tsr_f32_to_fp8_e5m2_sat(src[i] / scale)
                                                      : tsr_f32_to_fp8_e4m3(src[i] / scale);
+}
+
+/* Elements of a bf16 array widened to float32, and rows stored as bf16 (round to
+ * nearest even: tsr_f32_to_bf16). */
+static inline void kv_bf16_load(float *dst, const uint16_t *src, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                dst[i] = tsr_bf16_to_f32(src[i]);
+}
+
+static inline void kv_bf16_store(uint16_t *dst, const float *src, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                dst[i] = tsr_f32_to_bf16(src[i]);
 }
 
 #endif

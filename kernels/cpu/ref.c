@@ -163,6 +163,9 @@ tsr_status tsr_ref_kv_write(const tsr_kv_view *kv, const float *k, const float *
                 if (tsr_dtype_is_fp8(kv->dtype)) {
                         kv_fp8_store(kv->dtype, kv->k8 + row, k + t * width, width, kv->k_scale);
                         kv_fp8_store(kv->dtype, kv->v8 + row, v + t * width, width, kv->v_scale);
+                } else if (kv->dtype == TSR_DTYPE_BF16) {
+                        kv_bf16_store(kv->k16 + row, k + t * width, width);
+                        kv_bf16_store(kv->v16 + row, v + t * width, width);
                 } else {
                         memcpy(kv->k + row, k + t * width, width * sizeof(float));
                         memcpy(kv->v + row, v + t * width, width * sizeof(float));
@@ -171,12 +174,16 @@ tsr_status tsr_ref_kv_write(const tsr_kv_view *kv, const float *k, const float *
         return TSR_OK;
 }
 
-/* Head g of cached token j as float32: the array itself for f32, else dequantized into
- * buf (head_dim floats, kv_fp8_load). */
+/* Head g of cached token j as float32: the array itself for f32, else widened or
+ * dequantized into buf (head_dim floats: kv_bf16_load, kv_fp8_load). */
 static const float *ref_kv_head(const tsr_kv_view *kv, bool is_v, size_t j, size_t g, float *buf) {
         size_t off = kv_row(kv, j) + g * kv->head_dim;
-        if (!tsr_dtype_is_fp8(kv->dtype))
+        if (kv->dtype == TSR_DTYPE_F32)
                 return (is_v ? kv->v : kv->k) + off;
+        if (kv->dtype == TSR_DTYPE_BF16) {
+                kv_bf16_load(buf, (is_v ? kv->v16 : kv->k16) + off, kv->head_dim);
+                return buf;
+        }
         kv_fp8_load(kv->dtype, buf, (is_v ? kv->v8 : kv->k8) + off, kv->head_dim, is_v ? kv->v_scale : kv->k_scale);
         return buf;
 }

@@ -102,8 +102,8 @@ def test_kv_budget_below_one_block_exits_before_binding(spawn, demo_model):
 # a child, and the router refuses them too (one YAML file serves every process).
 REFUSED = [
     (["--kv-cache-dtype", "fp8_inc"],
-     "argument --kv-cache-dtype: 'fp8_inc' is not supported yet: the KV cache is float32, fp8 e4m3 or fp8 e5m2 "
-     "(supported: auto, fp8, fp8_e4m3, fp8_e5m2)"),
+     "argument --kv-cache-dtype: 'fp8_inc' is not supported yet: the KV cache is float32, bfloat16, fp8 e4m3 or "
+     "fp8 e5m2 (supported: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2)"),
     (["--quantization", "awq"],
      "argument --quantization: 'awq' is not supported (supported: modelopt, modelopt_fp4, fp8, or leave it unset "
      "to use the checkpoint's)"),

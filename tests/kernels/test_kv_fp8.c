@@ -11,7 +11,11 @@
  *     one-sequence and batched;
  *   - bad views (zero, negative, NaN scales; an unknown dtype) refused with TSR_E_INVAL;
  *   - the CUDA backend (GPU 0; "[skip:no-gpu]" without one): the same codes bitwise, its
- *     attention within 4x the oracle's bound, batched bitwise alone, bad scales refused. */
+ *     attention within 4x the oracle's bound, batched bitwise alone, bad scales refused.
+ * And the bfloat16 cache (--kv-cache-dtype bfloat16, CPU backends only): kv_write's bits
+ * (round to nearest even, ties, overflow to inf, NaN), the oracle on the widened values
+ * (no scale) and the fast backend bitwise the reference, by the same cases; CUDA refuses
+ * it as it refuses e5m2. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -32,9 +36,21 @@
 /* The format the cases below store (the e5m2 cases set it, then put it back). */
 static tsr_dtype kv_dt = TSR_DTYPE_FP8_E4M3;
 
-static double code_value(uint8_t code) {
-        return kv_dt == TSR_DTYPE_FP8_E5M2 ? (double)tsr_fp8_e5m2_to_f32(code) : (double)tsr_fp8_e4m3_to_f32(code);
+/* Bytes per stored element, and element i of a stored array as a value (an fp8 code
+ * as float(code); a bf16 widened).  A bf16 view has no scale: kv_scale() is 1 there. */
+static size_t elt_bytes(void) { return kv_dt == TSR_DTYPE_BF16 ? 2 : 1; }
+
+static double elem_value(const uint8_t *base, size_t i) {
+        if (kv_dt == TSR_DTYPE_BF16) {
+                uint16_t h;
+                memcpy(&h, base + 2 * i, sizeof h);
+                return (double)tsr_bf16_to_f32(h);
+        }
+        return kv_dt == TSR_DTYPE_FP8_E5M2 ? (double)tsr_fp8_e5m2_to_f32(base[i])
+                                           : (double)tsr_fp8_e4m3_to_f32(base[i]);
 }
+
+static double kv_scale(float scale) { return kv_dt == TSR_DTYPE_BF16 ? 1.0 : (double)scale; }
 
 /* One contiguous block of `tokens` rows: the simplest fp8 view. */
 static tsr_kv_view one_block(uint8_t *k, uint8_t *v, const uint32_t *table, size_t tokens, size_t heads, size_t hd,
@@ -122,8 +138,8 @@ static void kvc_init(struct kvc *c) {
         c->n_blocks = c->n_table + 2;
         c->cache = c->n_blocks * c->block_size * c->width;
         c->table = malloc(c->n_table * sizeof *c->table);
-        c->k8 = calloc(c->cache, 1);
-        c->v8 = calloc(c->cache, 1);
+        c->k8 = calloc(c->cache, elt_bytes());
+        c->v8 = calloc(c->cache, elt_bytes());
         assert_true(c->table && c->k8 && c->v8);
         for (size_t i = 0; i < c->n_table; i++)
                 c->table[i] = (uint32_t)((i * 5 + 1) % c->n_blocks);   /* scattered, distinct */
@@ -179,10 +195,9 @@ static void check_vs_oracle(const struct kvc *c, const float *out, double slack,
                         const float *qh = c->q + (t * c->n_heads + h) * hd;
                         double max = -INFINITY, sum = 0, qk_abs = 0, vmax = 0;
                         for (size_t j = 0; j <= p; j++) {
-                                const uint8_t *kj = c->k8 + row_of(c, j) + g * hd;
                                 double dot = 0, a = 0;
                                 for (size_t i = 0; i < hd; i++) {
-                                        double kd = code_value(kj[i]) * c->k_scale;
+                                        double kd = elem_value(c->k8, row_of(c, j) + g * hd + i) * kv_scale(c->k_scale);
                                         dot += (double)qh[i] * kd, a += fabs((double)qh[i] * kd);
                                 }
                                 s[j] = dot * scale;
@@ -194,7 +209,7 @@ static void check_vs_oracle(const struct kvc *c, const float *out, double slack,
                         for (size_t i = 0; i < hd; i++) {
                                 double want = 0;
                                 for (size_t j = 0; j <= p; j++) {
-                                        double vd = code_value(c->v8[row_of(c, j) + g * hd + i]) * c->v_scale;
+                                        double vd = elem_value(c->v8, row_of(c, j) + g * hd + i) * kv_scale(c->v_scale);
                                         want += s[j] / sum * vd;
                                         vmax = fmax(vmax, fabs(vd));
                                 }
@@ -271,17 +286,17 @@ static void test_fast_bitwise(void **state) {
                         struct kvc c = shapes[si];
                         char what[160];
                         kvc_init(&c);
-                        uint8_t *k2 = calloc(c.cache, 1), *v2 = calloc(c.cache, 1);
+                        uint8_t *k2 = calloc(c.cache, elt_bytes()), *v2 = calloc(c.cache, elt_bytes());
                         size_t out_n = c.n * c.n_heads * c.head_dim;
                         float *o1 = malloc(out_n * sizeof *o1), *o2 = malloc(out_n * sizeof *o2);
                         float scale = 1.0f / sqrtf((float)c.head_dim);
                         assert_true(k2 && v2 && o1 && o2);
                         kvc_write(ref, &c, c.k8, c.v8);
                         kvc_write(fast, &c, k2, v2);
-                        snprintf(what, sizeof what, "fp8 shape %zu %s t%d", si, tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)),
-                                 tsr_backend_threads(fast));
-                        expect_same_bits(what, k2, c.k8, c.cache);
-                        expect_same_bits(what, v2, c.v8, c.cache);
+                        snprintf(what, sizeof what, "%s shape %zu %s t%d", tsr_dtype_get_info(kv_dt)->name, si,
+                                 tsr_cpu_isa_name(tsr_backend_cpu_isa(fast)), tsr_backend_threads(fast));
+                        expect_same_bits(what, k2, c.k8, c.cache * elt_bytes());
+                        expect_same_bits(what, v2, c.v8, c.cache * elt_bytes());
                         tsr_kv_view kv = kvc_view(&c, c.k8, c.v8);
                         assert_int_equal(tsr_backend_attention(ref, o1, c.q, &kv, c.n, c.past_len, c.n_heads, scale),
                                          TSR_OK);
@@ -312,6 +327,52 @@ static void test_e5m2_ref_and_fast(void **state) {
         kv_dt = TSR_DTYPE_FP8_E4M3;
 }
 
+/* bfloat16 through kv_write on both CPU backends (the scales are not used): 1, 1 + 2^-8
+ * (a tie: to the even 1), 1 + 3 * 2^-8 (a tie: to the even 1 + 2^-6), 1 + 2^-8 + 2^-20
+ * (past the tie: up), -2, FLT_MAX (rounds past the largest bf16: inf), -inf, the zeros,
+ * float's smallest subnormal 2^-149 (below half of bf16's smallest, 2^-133: 0); NaN
+ * stays a quiet NaN. */
+static void test_write_bf16(void **state) {
+        (void)state;
+        static const float x[] = {1.0f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -2.0f, FLT_MAX,
+                                  -INFINITY, 0.0f, -0.0f, 0x1p-149f};
+        static const uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0x3f81, 0xc000, 0x7f80, 0xff80, 0x0000, 0x8000, 0x0000};
+        enum { N = sizeof x / sizeof *x };
+        uint16_t k[N + 1], v[N + 1];
+        float nan_in = NAN;
+        uint32_t zero = 0;
+        tsr_backend *ref = NULL, *fast = NULL;
+
+        kv_dt = TSR_DTYPE_BF16;
+        assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2, .max_isa = TSR_CPU_ISA_AMX_BF16},
+                                             &fast),
+                         TSR_OK);
+        tsr_backend *bes[2] = {ref, fast};
+        for (size_t b = 0; b < 2; b++) {
+                tsr_kv_view kv = one_block((uint8_t *)k, (uint8_t *)v, &zero, 1, 1, N, 7.0f, 0.5f);
+                assert_int_equal(tsr_backend_kv_write(bes[b], &kv, x, x, 1, 0), TSR_OK);
+                for (size_t i = 0; i < N; i++)
+                        if (k[i] != want[i] || v[i] != want[i])
+                                fail_msg("bf16 of %a: k 0x%04x v 0x%04x, want 0x%04x", x[i], k[i], v[i], want[i]);
+                kv = one_block((uint8_t *)k, (uint8_t *)v, &zero, 1, 1, 1, 1.0f, 1.0f);
+                assert_int_equal(tsr_backend_kv_write(bes[b], &kv, &nan_in, &nan_in, 1, 0), TSR_OK);
+                assert_true(isnan(tsr_bf16_to_f32(k[0])) && (k[0] & 0x0040));
+        }
+        kv_dt = TSR_DTYPE_FP8_E4M3;
+        tsr_backend_free(&ref);
+        tsr_backend_free(&fast);
+}
+
+/* The oracle and fast-vs-ref cases on a bfloat16 cache (the same shapes; the scales in
+ * them are not used). */
+static void test_bf16_ref_and_fast(void **state) {
+        kv_dt = TSR_DTYPE_BF16;
+        test_ref_vs_oracle(state);
+        test_fast_bitwise(state);
+        kv_dt = TSR_DTYPE_FP8_E4M3;
+}
+
 /* Views the CPU backends refuse, and the CUDA backend's answer. */
 static void test_bad_views(void **state) {
         (void)state;
@@ -332,7 +393,7 @@ static void test_bad_views(void **state) {
                         assert_int_equal(tsr_backend_attention(bes[b], out, x, &kv, 1, 0, 1, 1.0f), TSR_E_INVAL);
                 }
                 tsr_kv_view kv = one_block(k, v, &zero, 1, 1, 8, 1.0f, 1.0f);
-                kv.dtype = TSR_DTYPE_BF16;              /* a KV dtype no backend stores */
+                kv.dtype = TSR_DTYPE_F16;               /* a KV dtype no backend stores */
                 assert_int_equal(tsr_backend_kv_write(bes[b], &kv, x, x, 1, 0), TSR_E_INVAL);
                 assert_int_equal(tsr_backend_attention(bes[b], out, x, &kv, 1, 0, 1, 1.0f), TSR_E_INVAL);
                 tsr_backend_free(&bes[b]);
@@ -370,11 +431,11 @@ static void test_cuda(void **state) {
                 TSR_SKIP("no-gpu", "no CUDA device: %s", tsr_status_str(st));
         assert_int_equal(st, TSR_OK);
         assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
-        {       /* e5m2 is the CPU backends' only: refused, never stored as float */
+        for (int d = 0; d < 2; d++) {   /* e5m2 and bf16 are the CPU backends' only: refused */
                 uint32_t zero = 0;
                 uint8_t *dk8 = dev_copy(cuda, NULL, 64), *dv8 = dev_copy(cuda, NULL, 64);
                 float *dx = dev_copy(cuda, NULL, 64 * sizeof(float));
-                kv_dt = TSR_DTYPE_FP8_E5M2;
+                kv_dt = d == 0 ? TSR_DTYPE_FP8_E5M2 : TSR_DTYPE_BF16;
                 tsr_kv_view kv = one_block(dk8, dv8, &zero, 1, 1, 8, 1.0f, 1.0f);
                 kv_dt = TSR_DTYPE_FP8_E4M3;
                 tsr_kv_seq one = {&zero, 1, 1, 0};
@@ -452,6 +513,8 @@ int main(void) {
                 cmocka_unit_test(test_e5m2_ref_and_fast),
                 cmocka_unit_test(test_ref_vs_oracle),
                 cmocka_unit_test(test_fast_bitwise),
+                cmocka_unit_test(test_write_bf16),
+                cmocka_unit_test(test_bf16_ref_and_fast),
                 cmocka_unit_test(test_bad_views),
                 cmocka_unit_test(test_cuda),
         };

@@ -829,11 +829,11 @@ static void test_validate_refuses_unsupported(void **state) {
                                            "replica; for data parallelism start more workers behind the router "
                                            "(supported: 1)"},
                 {{"--kv-cache-dtype", "fp8_inc"}, "argument --kv-cache-dtype: 'fp8_inc' is not supported yet: "
-                                                  "the KV cache is float32, fp8 e4m3 or fp8 e5m2 (supported: auto, "
-                                                  "fp8, fp8_e4m3, fp8_e5m2)"},
-                {{"--kv-cache-dtype", "bfloat16"}, "argument --kv-cache-dtype: 'bfloat16' is not supported yet: "
-                                                   "the KV cache is float32, fp8 e4m3 or fp8 e5m2 (supported: auto, "
-                                                   "fp8, fp8_e4m3, fp8_e5m2)"},
+                                                  "the KV cache is float32, bfloat16, fp8 e4m3 or fp8 e5m2 "
+                                                  "(supported: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2)"},
+                {{"--kv-cache-dtype", "fp8_ds_mla"}, "argument --kv-cache-dtype: 'fp8_ds_mla' is not supported yet: "
+                                                     "the KV cache is float32, bfloat16, fp8 e4m3 or fp8 e5m2 "
+                                                     "(supported: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2)"},
                 {{"--quantization", "gptq"}, "argument --quantization: 'gptq' is not supported (supported: "
                                              "modelopt, modelopt_fp4, fp8, or leave it unset to use the "
                                              "checkpoint's)"},

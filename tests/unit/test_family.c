@@ -190,7 +190,8 @@ static void test_kv_fp8(void **state) {
         t = TSR_DTYPE_F32;
         assert_true(tsr_kv_cache_dtype_parse("fp8_e4m3", &t) && t == TSR_DTYPE_FP8_E4M3);
         assert_true(tsr_kv_cache_dtype_parse("fp8_e5m2", &t) && t == TSR_DTYPE_FP8_E5M2);
-        assert_false(tsr_kv_cache_dtype_parse("bfloat16", &t));
+        assert_true(tsr_kv_cache_dtype_parse("bfloat16", &t) && t == TSR_DTYPE_BF16);
+        assert_false(tsr_kv_cache_dtype_parse("fp8_inc", &t));
 
         /* SmolLM2-135M's group (737280 bytes a block in float32) and a state group */
         tsr_kv_group g[2] = {
@@ -227,9 +228,19 @@ static void test_kv_fp8(void **state) {
                          TSR_OK);
         assert_int_equal(tsr_runner_kv_dtype_check(NULL, TSR_DTYPE_FP8_E4M3, NULL, err, sizeof err),
                          TSR_E_UNSUPPORTED);
-        assert_string_equal(err, "argument --kv-cache-dtype: 'fp8_e4m3' is not supported for this model yet: the fp8 "
-                                 "KV cache is implemented for the llama, llama4 and nemotron_h families (supported "
-                                 "there: auto)");
+        assert_string_equal(err, "argument --kv-cache-dtype: 'fp8_e4m3' is not supported for this model yet: the "
+                                 "bfloat16 and fp8 KV caches are implemented for the llama, llama4 and nemotron_h "
+                                 "families (supported there: auto)");
+        /* bfloat16: every family (no scales to read) */
+        assert_int_equal(tsr_runner_kv_dtype_check(&tsr_family_llama4, TSR_DTYPE_BF16, "bfloat16", err, sizeof err),
+                         TSR_OK);
+        assert_int_equal(tsr_runner_kv_dtype_check(&tsr_family_nemotron_h, TSR_DTYPE_BF16, "bfloat16", err, sizeof err),
+                         TSR_OK);
+        assert_int_equal(tsr_runner_kv_dtype_check(NULL, TSR_DTYPE_BF16, "bfloat16", err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        tsr_kv_groups_set_dtype(g, 2, TSR_DTYPE_BF16);          /* two bytes an element */
+        g[0].n_layers = 30;
+        assert_int_equal(tsr_kv_block_bytes(g, 2, 16), 737280 / 2);
 }
 
 /* The description of a real checkpoint: the worker-wide fields from its config.json, the

@@ -258,6 +258,8 @@ bool tsr_kv_cache_dtype_parse(const char *flag, tsr_dtype *ret) {
                 *ret = TSR_DTYPE_FP8_E4M3;
         else if (strcmp(flag, "fp8_e5m2") == 0)
                 *ret = TSR_DTYPE_FP8_E5M2;
+        else if (strcmp(flag, "bfloat16") == 0)
+                *ret = TSR_DTYPE_BF16;
         else
                 return false;
         return true;

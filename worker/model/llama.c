@@ -721,7 +721,7 @@ tsr_status tsr_llama_kv_bind(const tsr_llama *m, tsr_kv_pool *pool, tsr_llama_kv
         g = &pool->groups[0];
         if (pool->n_groups != 1 || g->spec.kind != want.kind || g->spec.n_layers != want.n_layers ||
             g->spec.n_kv_heads != want.n_kv_heads || g->spec.head_dim != want.head_dim ||
-            (g->spec.dtype != want.dtype && !tsr_dtype_is_fp8(g->spec.dtype)) || !g->k_scale || !g->v_scale)
+            !tsr_dtype_is_kv(g->spec.dtype) || !g->k_scale || !g->v_scale)
                 return TSR_E_INVAL;
         if (pool->n_blocks > UINT32_MAX)
                 return TSR_E_LIMIT;

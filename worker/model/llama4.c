@@ -858,7 +858,7 @@ static bool pool_is(const tsr_kv_pool *pool, const tsr_kv_group *want, size_t n_
                 const tsr_kv_group *g = &pool->groups[i].spec;
                 if (g->kind != want[i].kind || g->n_layers != want[i].n_layers || g->chunk != want[i].chunk ||
                     g->n_kv_heads != want[i].n_kv_heads || g->head_dim != want[i].head_dim ||
-                    (g->dtype != want[i].dtype && !tsr_dtype_is_fp8(g->dtype)) ||
+                    !tsr_dtype_is_kv(g->dtype) ||
                     g->dtype != pool->groups[0].spec.dtype)     /* one dtype for every paged group */
                         return false;
         }
@@ -1243,8 +1243,8 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
                         v2.n_table -= cs / bs;
                 } else {
                         size_t rows = p0 + cnt - cs;
-                        /* the rows as stored (fp8: one byte each), and the view says so */
-                        size_t eb = tsr_dtype_is_fp8(kv->dtype) ? 1 : sizeof(float);
+                        /* the rows as stored (fp8: one byte each, bf16 two), and the view says so */
+                        size_t eb = tsr_dtype_get_info(kv->dtype)->block_bytes;
                         static const uint32_t zero = 0;
                         for (size_t p = cs; p < cs + rows; p++) {
                                 size_t at = ((size_t)view.block_table[p / bs] * bs + p % bs) * kvd * eb;

@@ -118,7 +118,7 @@ struct tsr_nemotron_h_cache {
         size_t n_attn, n_mamba;
         float **k, **v;                 /* [n_attn]: (n_blocks, block_size, n_kv_heads, head_dim) of
                                          * kv_dtype (fp8: the arrays are bytes) */
-        tsr_dtype kv_dtype;             /* float32, or fp8_e4m3 (--kv-cache-dtype fp8) */
+        tsr_dtype kv_dtype;             /* float32, bf16 or fp8 (--kv-cache-dtype) */
         const float *k_scale, *v_scale; /* [n_attn], the pool's: fp8's per-layer scales */
         float **conv, **ssm;            /* [n_mamba]: (n_slots, K-1, conv_dim), (n_slots, heads, head_dim, state) */
         bool owned;                     /* the arrays are this cache's (cache_new), else a pool's */
@@ -933,11 +933,11 @@ tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool,
                 return TSR_E_INVAL;
         for (size_t i = 0; i < n; i++) {
                 const tsr_kv_group *g = &pool->groups[i].spec;
-                /* the attention group may be fp8_e4m3 (the runner's --kv-cache-dtype fp8) */
-                bool fp8_ok = tsr_kv_group_paged(g) && tsr_dtype_is_fp8(g->dtype) && pool->groups[i].k_scale &&
-                              pool->groups[i].v_scale;
+                /* the attention group may be bf16 or fp8 (the runner's --kv-cache-dtype) */
+                bool dtype_ok = tsr_kv_group_paged(g) && tsr_dtype_is_kv(g->dtype) && pool->groups[i].k_scale &&
+                                pool->groups[i].v_scale;
                 if (g->kind != want[i].kind || g->n_layers != want[i].n_layers ||
-                    (g->dtype != want[i].dtype && !fp8_ok) ||
+                    (g->dtype != want[i].dtype && !dtype_ok) ||
                     g->n_kv_heads != want[i].n_kv_heads || g->head_dim != want[i].head_dim ||
                     g->conv_elems != want[i].conv_elems || g->ssm_elems != want[i].ssm_elems)
                         return TSR_E_INVAL;
@@ -1411,7 +1411,7 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
 static tsr_kv_view attn_view(const tsr_nemotron_h_config *c, tsr_nemotron_h_cache *kv, size_t i,
                              const tsr_nemotron_h_seq *q) {
         bool fp8 = tsr_dtype_is_fp8(kv->kv_dtype);
-        return (tsr_kv_view){.k = kv->k[i], .v = kv->v[i], .dtype = fp8 ? kv->kv_dtype : TSR_DTYPE_F32,
+        return (tsr_kv_view){.k = kv->k[i], .v = kv->v[i], .dtype = kv->kv_dtype,
                              .k_scale = fp8 ? kv->k_scale[i] : 1.0f, .v_scale = fp8 ? kv->v_scale[i] : 1.0f,
                              .block_table = q->block_table, .n_table = q->n_table, .n_blocks = kv->n_blocks,
                              .block_size = kv->block_size, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim};

@@ -372,7 +372,7 @@ tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_d
                                      size_t errlen) {
         const char *where = NULL;
 
-        if (kv_dtype == TSR_DTYPE_F32)
+        if (kv_dtype == TSR_DTYPE_F32 || (kv_dtype == TSR_DTYPE_BF16 && fam))  /* every family's paged KV */
                 return TSR_OK;
         if (!tsr_dtype_is_fp8(kv_dtype) || !fam)
                 where = "for this model";
@@ -380,7 +380,7 @@ tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_d
                 where = fam->name;
         if (!where)
                 return TSR_OK;
-        snprintf(err, errlen, "argument --kv-cache-dtype: '%s' is not supported %s%s yet: " TSR_RUNNER_KV_FP8_SCOPE
+        snprintf(err, errlen, "argument --kv-cache-dtype: '%s' is not supported %s%s yet: " TSR_RUNNER_KV_DTYPE_SCOPE
                  " (supported there: auto)", flag ? flag : tsr_dtype_get_info(kv_dtype)->name,
                  fam && where == fam->name ? "for model family " : "", where);
         return TSR_E_UNSUPPORTED;

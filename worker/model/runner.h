@@ -69,6 +69,7 @@ typedef struct tsr_runner_opts {
 } tsr_runner_opts;
 
 /* Whether the KV cache can store `kv_dtype` for a model of `fam`: float32 always;
+ * bfloat16 for any family (no scales; the CPU backends only, which worker/main.c checks);
  * fp8_e4m3 and fp8_e5m2 for a family that names its checkpoint scales (kv_scale_module:
  * llama, llama4, nemotron_h), with any tensor and pipeline parallelism (each rank stores
  * its layers' and heads' KV with its layers' scales), on any backend the family runs on
@@ -76,8 +77,8 @@ typedef struct tsr_runner_opts {
  * backends' only, which worker/main.c checks once it knows the device).  TSR_E_UNSUPPORTED
  * with one line in err naming the flag, the value (`flag`, as given) and what is
  * supported otherwise.  Any thread; main's start-up check and the runner's. */
-#define TSR_RUNNER_KV_FP8_SCOPE \
-        "the fp8 KV cache is implemented for the llama, llama4 and nemotron_h families"
+#define TSR_RUNNER_KV_DTYPE_SCOPE \
+        "the bfloat16 and fp8 KV caches are implemented for the llama, llama4 and nemotron_h families"
 tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_dtype, const char *flag, char *err,
                                      size_t errlen);
 
