@@ -431,18 +431,20 @@ struct att_ctx {
         bool avx512;            /* the softmax's exp on 16 lanes (else 8) */
         float *scores;          /* (threads, ATT_HEADS_MAX, scores_stride) */
         size_t scores_stride;
-        /* fp8 view: every cached row's K and V as float32, (past_len + n, n_kv_heads,
-         * head_dim) each, filled once per call (deq_task) before the attention tasks */
+        /* fp8 view (but an e4m3 decode step's): every cached row's K and V as float32,
+         * (past_len + n, n_kv_heads, head_dim) each, filled once per call (deq_task) before
+         * the attention tasks */
         float *kd, *vd;
         float k_lut[256], v_lut[256];   /* fp8: float(code) * scale, kv_fp8_load's values */
         /* What the heads read: K, V (the cache's f32 arrays, or kd, vd), and each cached
          * token's row offset in them, found once per call (kv_row's division by the block
          * size was a tenth of the tasks' time when each pass over the keys redid it) */
         const float *kb, *vb;
-        /* a bf16 view is read as it is stored, each element widened as it is loaded (the
-         * float32 the reference widens it to, so the same bits) */
-        bool bf16;
+        /* a bf16 or e4m3 view is read as it is stored, each element converted as it is
+         * loaded (to the float32 the reference reads, so the same bits): kt says how */
+        int kt;                         /* ATT_F32, ATT_BF16, ATT_E4M3 */
         const uint16_t *kb16, *vb16;
+        const uint8_t *kb8, *vb8;
         size_t *rowoff;                 /* (past_len + n) */
 };
 
@@ -515,41 +517,92 @@ AVX2_INLINE void att_prefetch(const void *row, size_t bytes) {
                 _mm_prefetch((const char *)row + o, _MM_HINT_T0);
 }
 
-/* The head's row of token j (K or V) prefetched, as stored (BF: bf16). */
-AVX2_INLINE void att_prefetch_head(const bool BF, const struct att_ctx *c, bool is_v, size_t j, size_t g) {
+/* How the attention tasks read the cache (a compile-time argument of the helpers below,
+ * so each form is its own code): float32 (the f32 cache, or an fp8 cache's dequantized
+ * copy), bf16 widened as it loads, e4m3 converted as it loads (a decode step). */
+enum { ATT_F32, ATT_BF16, ATT_E4M3 };
+
+/* Eight e4m3 codes as float(code) * scale with the bits of ref's table (kv_fp8_load):
+ * the code's seven magnitude bits moved into float32's exponent and mantissa fields and
+ * the result times 2^120 (exact: the biases are 7 and 127; a subnormal code lands on a
+ * float subnormal, and nothing here flushes those), the sign bit on top, the NaN codes
+ * (S.1111.111) replaced by ref's NaN of that sign; then one float product with the
+ * scale, as the table's entries are made. */
+AVX2_INLINE __m256 e4m3x8_load(const uint8_t *p, __m256 scale) {
+        __m256i code = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+        __m256i mag = _mm256_and_si256(code, _mm256_set1_epi32(0x7f));
+        __m256i sign = _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(0x80)), 24);
+        __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(mag, 20), sign)),
+                                 _mm256_set1_ps(0x1p120f));
+        __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f)));
+        if (!_mm256_testz_ps(nan, nan)) {       /* only a NaN input stores these */
+                __m256 qnan = _mm256_or_ps(_mm256_set1_ps(tsr_fp8_e4m3_to_f32(0x7f)), _mm256_castsi256_ps(sign));
+                v = _mm256_blendv_ps(v, qnan, nan);
+        }
+        return _mm256_mul_ps(v, scale);
+}
+
+/* The head's row of token j (K or V) prefetched, as stored. */
+AVX2_INLINE void att_prefetch_head(const int KT, const struct att_ctx *c, bool is_v, size_t j, size_t g) {
         size_t off = att_head(c, j, g), hd = c->kv->head_dim;
-        if (BF)
+        if (KT == ATT_BF16)
                 att_prefetch((is_v ? c->vb16 : c->kb16) + off, hd * sizeof(uint16_t));
+        else if (KT == ATT_E4M3)
+                att_prefetch((is_v ? c->vb8 : c->kb8) + off, hd);
         else
                 att_prefetch((is_v ? c->vb : c->kb) + off, hd * sizeof(float));
 }
 
-/* dot[a] = dot_f32(q + a*n, K_j, n) for a < NH, K_j read as stored: tile_f32's, or (BF)
- * the same chains over K_j's bf16 values widened as they load, its tail zero-filled as
- * tile_f32's mask fills it: the same bits. */
-AVX2_INLINE void att_dots(const int NH, const bool BF, const struct att_ctx *c, const float *q, size_t off,
+/* Eight of K_j's or V_j's head as float32, read as stored (a bf16 widened, an e4m3
+ * code converted and scaled: kv_bf16_load's and the fp8 table's values). */
+AVX2_INLINE __m256 att_k8(const int KT, const struct att_ctx *c, size_t off) {
+        return KT == ATT_BF16   ? bf16x8_load(c->kb16 + off)
+               : KT == ATT_E4M3 ? e4m3x8_load(c->kb8 + off, _mm256_set1_ps(c->kv->k_scale))
+                                : _mm256_loadu_ps(c->kb + off);
+}
+
+AVX2_INLINE __m256 att_v8(const int KT, const struct att_ctx *c, size_t off) {
+        return KT == ATT_BF16   ? bf16x8_load(c->vb16 + off)
+               : KT == ATT_E4M3 ? e4m3x8_load(c->vb8 + off, _mm256_set1_ps(c->kv->v_scale))
+                                : _mm256_loadu_ps(c->vb + off);
+}
+
+AVX2_INLINE float att_v1(const int KT, const struct att_ctx *c, size_t off) {
+        return KT == ATT_BF16 ? tsr_bf16_to_f32(c->vb16[off]) : KT == ATT_E4M3 ? c->v_lut[c->vb8[off]] : c->vb[off];
+}
+
+/* dot[a] = dot_f32(q + a*n, K_j, n) for a < NH, K_j read as stored: tile_f32's, or the
+ * same chains over K_j's values converted as they load (att_k8), the tail's lanes past
+ * n zero as tile_f32's mask makes them (a zero element converts to +0): the same bits. */
+AVX2_INLINE void att_dots(const int NH, const int KT, const struct att_ctx *c, const float *q, size_t off,
                           size_t n, float *dot) {
-        if (!BF) {
+        if (KT == ATT_F32) {
                 tile_f32(NH, 1, q, c->kb + off, n, dot, 1);
                 return;
         }
-        const uint16_t *k16 = c->kb16 + off;
         __m256 acc[8];
         size_t k = 0;
 #pragma GCC unroll 8
         for (int a = 0; a < NH; a++)
                 acc[a] = _mm256_setzero_ps();
         for (; k + 8 <= n; k += 8) {
-                __m256 xv = bf16x8_load(k16 + k);
+                __m256 xv = att_k8(KT, c, off + k);
 #pragma GCC unroll 8
                 for (int a = 0; a < NH; a++)
                         acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_loadu_ps(q + a * n + k), xv));
         }
         if (k < n) {
                 __m256i m = _mm256_loadu_si256((const __m256i *)(tail_mask + 8 - (n - k)));
-                uint16_t tail[8] = {0};
-                memcpy(tail, k16 + k, (n - k) * sizeof *tail);
-                __m256 xv = bf16x8_load(tail);
+                __m256 xv;
+                if (KT == ATT_BF16) {
+                        uint16_t tail[8] = {0};
+                        memcpy(tail, c->kb16 + off + k, (n - k) * sizeof *tail);
+                        xv = bf16x8_load(tail);
+                } else {
+                        uint8_t tail[8] = {0};
+                        memcpy(tail, c->kb8 + off + k, n - k);
+                        xv = e4m3x8_load(tail, _mm256_set1_ps(c->kv->k_scale));
+                }
 #pragma GCC unroll 8
                 for (int a = 0; a < NH; a++)
                         acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_maskload_ps(q + a * n + k, m), xv));
@@ -557,15 +610,6 @@ AVX2_INLINE void att_dots(const int NH, const bool BF, const struct att_ctx *c, 
 #pragma GCC unroll 8
         for (int a = 0; a < NH; a++)
                 dot[a] = sum_lanes_ref_order(acc[a]);
-}
-
-/* Eight and one of V_j's head from element i, as float32 (BF: widened). */
-AVX2_INLINE __m256 att_v8(const bool BF, const struct att_ctx *c, size_t off) {
-        return BF ? bf16x8_load(c->vb16 + off) : _mm256_loadu_ps(c->vb + off);
-}
-
-AVX2_INLINE float att_v1(const bool BF, const struct att_ctx *c, size_t off) {
-        return BF ? tsr_bf16_to_f32(c->vb16[off]) : c->vb[off];
 }
 
 /* ref_attention for NH (<= 8) heads of one KV group at one query row, each in ref's
@@ -577,7 +621,7 @@ AVX2_INLINE float att_v1(const bool BF, const struct att_ctx *c, size_t off) {
  * of V_j.  The heads of a group share K and V (GQA): one pass over them for the group
  * instead of one per head, and NH independent chains where one head had one.  s:
  * NH rows of scores_stride floats. */
-AVX2_INLINE void att_heads_t(const int NH, const bool BF, const struct att_ctx *c, size_t p, size_t g,
+AVX2_INLINE void att_heads_t(const int NH, const int KT, const struct att_ctx *c, size_t p, size_t g,
                              const float *q, float *o, float *s) {
         const int U = NH >= 4 ? 1 : NH >= 2 ? 2 : 4;   /* eight-float columns per head in flight */
         const tsr_kv_view *kv = c->kv;
@@ -590,8 +634,8 @@ AVX2_INLINE void att_heads_t(const int NH, const bool BF, const struct att_ctx *
         for (size_t j = 0; j <= p; j++) {
                 float dot[8];
                 if (j + ATT_PREFETCH <= p)      /* the cache's rows jump at each block: no stream */
-                        att_prefetch_head(BF, c, false, j + ATT_PREFETCH, g);
-                att_dots(NH, BF, c, q, att_head(c, j, g), hd, dot);
+                        att_prefetch_head(KT, c, false, j + ATT_PREFETCH, g);
+                att_dots(NH, KT, c, q, att_head(c, j, g), hd, dot);
 #pragma GCC unroll 8
                 for (int a = 0; a < NH; a++) {
                         s[a * ss + j] = dot[a] * c->scale;
@@ -626,11 +670,11 @@ AVX2_INLINE void att_heads_t(const int NH, const bool BF, const struct att_ctx *
                 for (size_t j = 0; j <= p; j++) {
                         size_t vj = att_head(c, j, g) + i;
                         if (i == 0 && j + ATT_PREFETCH <= p)
-                                att_prefetch_head(BF, c, true, j + ATT_PREFETCH, g);
+                                att_prefetch_head(KT, c, true, j + ATT_PREFETCH, g);
                         __m256 v[4];
 #pragma GCC unroll 4
                         for (int u = 0; u < U; u++)
-                                v[u] = att_v8(BF, c, vj + 8 * u);
+                                v[u] = att_v8(KT, c, vj + 8 * u);
 #pragma GCC unroll 8
                         for (int a = 0; a < NH; a++) {
                                 __m256 pj = _mm256_set1_ps(s[a * ss + j]);
@@ -649,7 +693,7 @@ AVX2_INLINE void att_heads_t(const int NH, const bool BF, const struct att_ctx *
                 for (int a = 0; a < NH; a++) {
                         __m256 a0 = _mm256_setzero_ps();
                         for (size_t j = 0; j <= p; j++) {
-                                __m256 vj = att_v8(BF, c, att_head(c, j, g) + i);
+                                __m256 vj = att_v8(KT, c, att_head(c, j, g) + i);
                                 a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_set1_ps(s[a * ss + j]), vj));
                         }
                         _mm256_storeu_ps(o + a * hd + i, a0);
@@ -658,7 +702,7 @@ AVX2_INLINE void att_heads_t(const int NH, const bool BF, const struct att_ctx *
                 for (int a = 0; a < NH; a++) {
                         float acc = 0.0f;
                         for (size_t j = 0; j <= p; j++)
-                                acc += s[a * ss + j] * att_v1(BF, c, att_head(c, j, g) + i);
+                                acc += s[a * ss + j] * att_v1(KT, c, att_head(c, j, g) + i);
                         o[a * hd + i] = acc;
                 }
 }
@@ -674,21 +718,23 @@ AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
                 size_t nh = (g + 1) * c->group - h < ATT_HEADS_MAX ? (g + 1) * c->group - h : ATT_HEADS_MAX;
                 const float *q = c->q + (t * c->n_heads + h) * hd;
                 float *o = c->out + (t * c->n_heads + h) * hd;
-#define ATT_HEADS(BF)                                                       \
+#define ATT_HEADS(KT)                                                       \
         switch (nh) {                                                       \
-        case 1: att_heads_t(1, BF, c, p, g, q, o, s); break;                \
-        case 2: att_heads_t(2, BF, c, p, g, q, o, s); break;                \
-        case 3: att_heads_t(3, BF, c, p, g, q, o, s); break;                \
-        case 4: att_heads_t(4, BF, c, p, g, q, o, s); break;                \
-        case 5: att_heads_t(5, BF, c, p, g, q, o, s); break;                \
-        case 6: att_heads_t(6, BF, c, p, g, q, o, s); break;                \
-        case 7: att_heads_t(7, BF, c, p, g, q, o, s); break;                \
-        default: att_heads_t(8, BF, c, p, g, q, o, s); break;               \
+        case 1: att_heads_t(1, KT, c, p, g, q, o, s); break;                \
+        case 2: att_heads_t(2, KT, c, p, g, q, o, s); break;                \
+        case 3: att_heads_t(3, KT, c, p, g, q, o, s); break;                \
+        case 4: att_heads_t(4, KT, c, p, g, q, o, s); break;                \
+        case 5: att_heads_t(5, KT, c, p, g, q, o, s); break;                \
+        case 6: att_heads_t(6, KT, c, p, g, q, o, s); break;                \
+        case 7: att_heads_t(7, KT, c, p, g, q, o, s); break;                \
+        default: att_heads_t(8, KT, c, p, g, q, o, s); break;               \
         }
-                if (c->bf16)
-                        ATT_HEADS(true)
+                if (c->kt == ATT_BF16)
+                        ATT_HEADS(ATT_BF16)
+                else if (c->kt == ATT_E4M3)
+                        ATT_HEADS(ATT_E4M3)
                 else
-                        ATT_HEADS(false)
+                        ATT_HEADS(ATT_F32)
 #undef ATT_HEADS
         }
 }
@@ -702,36 +748,45 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
         if (n == 0)
                 return TSR_OK;
         int threads = tsr_pool_threads(f->pool);
-        bool fp8 = tsr_dtype_is_fp8(kv->dtype);
+        /* An fp8 cache is read through a float32 copy of its rows (deq_task: one conversion
+         * per element), except an e4m3 cache at one query row, a decode step, whose tasks
+         * convert each element as they load it (one conversion per element there too, and
+         * no copy to write and read back: 2x at batch 32; for a prefill of n rows the
+         * tasks would convert every element n times).  Both read the same floats. */
+        bool fp8 = tsr_dtype_is_fp8(kv->dtype), copy = fp8 && (kv->dtype == TSR_DTYPE_FP8_E5M2 || n > 1);
         struct att_ctx *c = malloc(sizeof *c);  /* heap: the two tables are 2 KiB */
         if (!c)
                 return TSR_E_NOMEM;
         *c = (struct att_ctx){
                 .out = out, .q = q, .kv = kv, .past_len = past_len, .n = n, .n_heads = n_heads,
                 .group = n_heads / kv->n_kv_heads, .scale = scale, .avx512 = f->isa >= TSR_CPU_ISA_AVX512_BF16,
-                .scores_stride = past_len + n, .bf16 = kv->dtype == TSR_DTYPE_BF16,
+                .scores_stride = past_len + n,
+                .kt = kv->dtype == TSR_DTYPE_BF16 ? ATT_BF16 : fp8 && !copy ? ATT_E4M3 : ATT_F32,
         };
         tsr_status st = TSR_E_NOMEM;
         size_t rows = past_len + n, width = kv->n_kv_heads * kv->head_dim;
-        if (fp8) {
+        if (fp8)
                 for (unsigned b = 0; b < 256; b++) {
                         kv_fp8_load(kv->dtype, &c->k_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->k_scale);
                         kv_fp8_load(kv->dtype, &c->v_lut[b], (const uint8_t[]){(uint8_t)b}, 1, kv->v_scale);
                 }
+        if (copy) {
                 if (rows > SIZE_MAX / sizeof(float) / width / 2 ||
                     !(c->kd = malloc(2 * rows * width * sizeof(float))))
                         goto done;
                 c->vd = c->kd + rows * width;
                 tsr_pool_run(f->pool, (rows + DEQ_ROWS_PER_TASK - 1) / DEQ_ROWS_PER_TASK, deq_task, c);
         }
-        c->kb = fp8 ? c->kd : kv->k;
-        c->vb = fp8 ? c->vd : kv->v;
+        c->kb = copy ? c->kd : kv->k;
+        c->vb = copy ? c->vd : kv->v;
         c->kb16 = kv->k16;
         c->vb16 = kv->v16;
+        c->kb8 = kv->k8;
+        c->vb8 = kv->v8;
         if (!(c->rowoff = malloc(rows * sizeof *c->rowoff)))
                 goto done;
         for (size_t j = 0; j < rows; j++)       /* the copy is dense; the cache is paged */
-                c->rowoff[j] = fp8 ? j * width : kv_row(kv, j);
+                c->rowoff[j] = copy ? j * width : kv_row(kv, j);
         if (!(c->scores = malloc((size_t)threads * ATT_HEADS_MAX * c->scores_stride * sizeof(float))))
                 goto done;
         tsr_pool_run(f->pool, n * kv->n_kv_heads, att_task, c);

@@ -142,7 +142,7 @@ static void kvc_init(struct kvc *c) {
         c->v8 = calloc(c->cache, elt_bytes());
         assert_true(c->table && c->k8 && c->v8);
         for (size_t i = 0; i < c->n_table; i++)
-                c->table[i] = (uint32_t)((i * 5 + 1) % c->n_blocks);   /* scattered, distinct */
+                c->table[i] = (uint32_t)(c->n_blocks - 1 - i);  /* reversed, distinct, never block 0 */
         /* magnitudes up to 3x the scale, with every 29th element past 448 * scale: saturates */
         c->k_in = rand_vec(total * c->width, 3.0f * c->k_scale);
         c->v_in = rand_vec(total * c->width, 3.0f * c->v_scale);
@@ -373,6 +373,44 @@ static void test_bf16_ref_and_fast(void **state) {
         kv_dt = TSR_DTYPE_FP8_E4M3;
 }
 
+/* A NaN in K and V (stored as e4m3's NaN codes, or a bf16 NaN): the fast attention gives
+ * the reference's bits, NaNs included, reading the cache in place (bf16; e4m3 at one
+ * query row) and through its float32 copy (e4m3 at two rows). */
+static void test_nan_codes_bitwise(void **state) {
+        static const tsr_dtype dts[] = {TSR_DTYPE_FP8_E4M3, TSR_DTYPE_BF16};
+        tsr_backend *ref = NULL, *fast = NULL;
+        (void)state;
+        assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2, .max_isa = TSR_CPU_ISA_AMX_BF16},
+                                             &fast),
+                         TSR_OK);
+        for (size_t d = 0; d < 4; d++) {
+                kv_dt = dts[d % 2];
+                struct kvc c = {d < 2 ? 1 : 2, 5, 4, 2, 17, 3, 0.5f, 2.0f};
+                kvc_init(&c);
+                c.k_in[3] = NAN;                        /* token 0, KV head 0 */
+                c.v_in[c.width + 20] = -NAN;            /* token 1, KV head 1 */
+                kvc_write(ref, &c, c.k8, c.v8);
+                size_t out_n = c.n * c.n_heads * c.head_dim;
+                float *o1 = malloc(out_n * sizeof *o1), *o2 = malloc(out_n * sizeof *o2);
+                assert_true(o1 && o2);
+                tsr_kv_view kv = kvc_view(&c, c.k8, c.v8);
+                float scale = 1.0f / sqrtf((float)c.head_dim);
+                assert_int_equal(tsr_backend_attention(ref, o1, c.q, &kv, c.n, c.past_len, c.n_heads, scale), TSR_OK);
+                assert_int_equal(tsr_backend_attention(fast, o2, c.q, &kv, c.n, c.past_len, c.n_heads, scale), TSR_OK);
+                size_t nans = 0;        /* V's NaN reaches group 1's outputs (K's is clamped by exp.h) */
+                for (size_t i = 0; i < out_n; i++)
+                        nans += isnan(o1[i]) != 0;
+                assert_true(nans > 0);
+                expect_same_bits(tsr_dtype_get_info(kv_dt)->name, o2, o1, out_n * sizeof *o1);
+                free(o1), free(o2);
+                kvc_done(&c);
+        }
+        kv_dt = TSR_DTYPE_FP8_E4M3;
+        tsr_backend_free(&ref);
+        tsr_backend_free(&fast);
+}
+
 /* Views the CPU backends refuse, and the CUDA backend's answer. */
 static void test_bad_views(void **state) {
         (void)state;
@@ -515,6 +553,7 @@ int main(void) {
                 cmocka_unit_test(test_fast_bitwise),
                 cmocka_unit_test(test_write_bf16),
                 cmocka_unit_test(test_bf16_ref_and_fast),
+                cmocka_unit_test(test_nan_codes_bitwise),
                 cmocka_unit_test(test_bad_views),
                 cmocka_unit_test(test_cuda),
         };
