@@ -109,7 +109,7 @@ static const tsr_opt opts[] = {
          .help = "where the forward runs: cuda (GPU 0), cpu, or auto (cuda when a device is there and the model's "
                  "family runs on it, else cpu)"},
         {O_STR("kv-cache-dtype", kv_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
-         .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache: auto (float32), bfloat16 (two bytes per element), or fp8 / fp8_e4m3 / "
+         .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache: auto (the model's dtype: bfloat16 where the CPU holds the weights in bfloat16, else float32), bfloat16 (two bytes per element), or fp8 / fp8_e4m3 / "
                  "fp8_e5m2 (one byte per element, scaled); llama, llama4 and nemotron_h; bfloat16 and e5m2 on the CPU "
                  "backend only"},
         {O_BOOL("calculate-kv-scales", calculate_kv_scales), .owner = W, .group = GRP_MODEL,

@@ -31,7 +31,9 @@
  * --kv-cache-dtype fp8 without checkpoint scales), on the CPU or the device; attention
  * dequantizes what it reads, which --context makes the larger part of a step.
  * --kv-cache-dtype bfloat16: bf16 K and V (no scale), which the CPU attention reads as
- * stored, widening as it loads. */
+ * stored, widening as it loads.  auto (the default) is float32 here whatever --dtypes
+ * says, so that every row of one run compares the weights over the same cache (the
+ * worker's auto is the model's dtype, as vLLM's). */
 #include <math.h>
 #include <stdbool.h>
 #include <pthread.h>
@@ -281,7 +283,7 @@ int main(int argc, char **argv) {
                         dtypes = v;
                 else if (strcmp(a, "--kv-cache-dtype") == 0) {
                         if (!tsr_kv_cache_dtype_parse(v, &kv_dtype)) {
-                                fprintf(stderr, "--kv-cache-dtype %s: expected auto, fp8 or fp8_e4m3\n", v);
+                                fprintf(stderr, "--kv-cache-dtype %s: expected auto (here always float32), bfloat16, fp8, fp8_e4m3 or fp8_e5m2\n", v);
                                 return 2;
                         }
                 }

@@ -216,9 +216,9 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
                                      ((p->max_model_len + (uint32_t)cfg->block_size - 1) / (uint32_t)cfg->block_size);
         if (p->kv_blocks_total == 0 && !kv_on_device) {   /* vLLM: "No available memory for the cache blocks" */
                 snprintf(err, errlen,
-                         "no available memory for the cache blocks: one block of %d tokens takes %llu bytes; "
-                         "increase --kv-cache-memory",
-                         cfg->block_size, (unsigned long long)p->kv_block_bytes);
+                         "no available memory for the cache blocks: one block of %d tokens takes %llu bytes "
+                         "(KV cache dtype %s); increase --kv-cache-memory",
+                         cfg->block_size, (unsigned long long)p->kv_block_bytes, tsr_dtype_get_info(kv_dtype)->name);
                 return TSR_E_INVAL;
         }
         if (!kv_on_device && p->n_kv_tables > 1 && p->kv_blocks_total < p->kv_blocks_per_request)
@@ -649,6 +649,10 @@ int main(int argc, char **argv) {
                           cfg.kv_cache_dtype);
                 goto out;
         }
+        /* --kv-cache-dtype auto: the model's dtype, as vLLM (bfloat16 where the CPU holds the
+         * weights as bfloat16); every family stores bfloat16 KV. */
+        if (!cfg.kv_cache_dtype || strcmp(cfg.kv_cache_dtype, "auto") == 0)
+                kv_dtype = family ? tsr_runner_auto_kv_dtype(backend, cfg.dtype) : TSR_DTYPE_F32;
         size_t gpu_free = 0, gpu_total = 0;
         if (on_gpu)
                 (void)tsr_backend_mem_info(backend, &gpu_free, &gpu_total);

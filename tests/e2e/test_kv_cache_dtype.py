@@ -15,10 +15,11 @@ What is asserted, and why:
     " United" over " answer" by 0.15 before the exp of issue #21's kernels/cpu/exp.h,
     by 0.04 after, which the fp8 cache flipped), and over the common prefix the chosen tokens' logprobs must stay
     within LOGPROB_TOL of the float32 ones -- a wrong scale breaks the text at once.
-    Measured (this file's prompts, 24 tokens, 1 thread): 14, 24, 21 and 15 tokens agree,
-    max |dlogprob| 0.20 (with that exp: 5, 9, 21, 13; 0.18); with the stored values off
-    by a factor 0.8 (a deliberately wrong scale) only 2-4 tokens agree and the logprobs
-    move by up to 0.47;
+    Measured (this file's prompts, 24 tokens, 1 thread, every server --dtype float32 since
+    auto became the model's dtype): 24, 9, 11 and 13 tokens agree, max |dlogprob| 0.14
+    (before, on the GGUF's Q4_1/Q8_0 weights with int8 activations, which amplify small
+    changes: 5, 9, 21, 13; 0.18); with the stored values off by a factor 0.8 (a
+    deliberately wrong scale) only 2-4 tokens agree and the logprobs move by up to 0.47;
   - a YAML --config with `kv-cache-dtype: fp8` (the deployment guides' form) starts;
   - NemotronH's attention layers take an fp8 cache too (its Mamba state stays float32);
   - with pipeline stages (-pp 2, -pp 3) each stage keeps its layers' cache in fp8 with
@@ -33,9 +34,12 @@ What is asserted, and why:
     below; with its stored values off by a factor 0.8, 3 of the 4 prompts fail: 2, 4
     and 5 tokens agree); the hybrid families take it too; fp8_inc is refused in
     test_worker_startup.py (REFUSED);
-  - bfloat16 (no scale, 2 bytes an element): 2x the tokens, the same greedy bars as fp8
+  - bfloat16 (no scale, 2 bytes an element): 2x the tokens, tighter greedy bars than fp8
     (measured below), Llama 4 and NemotronH serve with it, and -pp 2 answers bitwise as
-    one rank (the stored bits: tests/kernels/test_kv_fp8.c)."""
+    one rank (the stored bits: tests/kernels/test_kv_fp8.c);
+  - --kv-cache-dtype auto is the model's dtype (vLLM's rule): float32 here, where every
+    server runs --dtype float32; bfloat16 under --dtype auto on a CPU with AVX512_BF16
+    (tests/e2e/test_worker_startup.py)."""
 import re
 from pathlib import Path
 
@@ -53,26 +57,30 @@ FIRST_AGREE = 6
 NEAR_TIE = 0.2          # the fp8 cache's largest logprob move (measured): either token may win
 LOGPROB_TOL = 0.3
 # e5m2 keeps 2 mantissa bits (fp8's e4m3: 3): measured on this file's prompts (24 tokens,
-# 1 thread, AVX-512 BF16 machine) 5, 13, 8 and 5 tokens agree, max |dlogprob| 0.26; with
-# the exp of kernels/cpu/exp.h 5, 9, 8 and 15, max 0.44 (in 'def fibonacci(n):'); the
-# codes themselves are exact against their oracle (tests/kernels/test_kv_fp8.c)
+# 1 thread, AVX-512 BF16 machine, float32 weights) 10, 9, 8 and 15 tokens agree, max
+# |dlogprob| 0.53 (in 'def fibonacci(n):'; on the GGUF's block weights 5, 9, 8 and 15,
+# max 0.44); the codes themselves are exact against their oracle (tests/kernels/test_kv_fp8.c)
 E5M2_FIRST_AGREE = 3
-E5M2_LOGPROB_TOL = 0.6
+E5M2_LOGPROB_TOL = 0.7
 # bfloat16 keeps 8 significant bits (no scale): measured (same prompts, 1 thread, AVX-512
-# BF16 machine) 14, 21, 8 and 24 tokens agree, max |dlogprob| 0.22 -- no closer than
-# e4m3 on this model's largest logprob moves, so held to fp8's bars
-BF16_FIRST_AGREE = FIRST_AGREE
-BF16_LOGPROB_TOL = LOGPROB_TOL
+# BF16 machine, float32 weights) all 24 tokens agree on every prompt, max |dlogprob|
+# 0.024 (on the GGUF's block weights, whose int8 activations amplify it: 14, 21, 8 and 24
+# tokens, 0.22); held to 16 tokens and 0.08
+BF16_FIRST_AGREE = 16
+BF16_LOGPROB_TOL = 0.08
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    f32 = serve_demo(tmp_path_factory, "--cpu-threads", "1", name="smol", kv_cache=KV_BYTES)
+    # --dtype float32 everywhere, so that auto is a float32 cache (auto is the model's
+    # dtype, as vLLM: bfloat16 under --dtype auto on a CPU with AVX512_BF16) and the
+    # weights are the same float32 in every server: only the cache differs.
+    f32 = serve_demo(tmp_path_factory, "--cpu-threads", "1", "--dtype", "float32", name="smol", kv_cache=KV_BYTES)
     started = [f32]
     try:
         for dt in ("fp8", "fp8_e5m2", "bfloat16"):
-            started.append(serve_demo(tmp_path_factory, "--cpu-threads", "1", "--kv-cache-dtype", dt, name="smol",
-                                      kv_cache=KV_BYTES))
+            started.append(serve_demo(tmp_path_factory, "--cpu-threads", "1", "--dtype", "float32", "--kv-cache-dtype",
+                                      dt, name="smol", kv_cache=KV_BYTES))
     except BaseException:
         for _, proc in started:
             proc.kill_group()

@@ -31,13 +31,22 @@ def serve(spawn, variant, *extra):
     return proc, base
 
 
+def weight_gauge(base):
+    def gauge():
+        text = requests.get(base + "/metrics", timeout=5).text
+        return re.search(r'^tessera:worker_weight_bytes\{worker="[^"]+"\} ([0-9.e+]+)$', text, re.M)
+    return float(wait_until(gauge, timeout=10, what="tessera:worker_weight_bytes").group(1))
+
+
+# --dtype float32 throughout: the emulation's math has a float32 lm_head and a float32 KV
+# cache (--kv-cache-dtype auto is the model's dtype, bfloat16 under --dtype auto on a CPU
+# with AVX512_BF16: test_dtype_auto below).
 @pytest.mark.parametrize("variant,method,extra", [
     ("fp8", "modelopt", []), ("nvfp4", "modelopt_fp4", []), ("fp8", "fp8", []),
-    ("nvfp4", "modelopt_fp4", ["--dtype", "float32"]),          # no canonical tp split of stored weights
     ("fp8", "modelopt", ["-pp", "2"]),                            # each stage loads its layers' weights as stored
 ])
 def test_greedy_matches_emulation(spawn, variant, method, extra):
-    proc, base = serve(spawn, variant, "--quantization", method, *extra)
+    proc, base = serve(spawn, variant, "--quantization", method, "--dtype", "float32", *extra)
     client = openai.OpenAI(base_url=base + "/v1", api_key="none")
     want_all = GOLDEN["variants"][variant]["greedy"]
     for prompt, want in zip(GOLDEN["prompts"], want_all):
@@ -49,19 +58,34 @@ def test_greedy_matches_emulation(spawn, variant, method, extra):
     assert f"quantization: {'modelopt_fp4' if variant == 'nvfp4' else 'modelopt'} (ModelOpt " \
            f"{variant.upper()}" in out, out
     # memory truth: 14 quantized linears (73728 weights) kept as stored, the 7 bf16
-    # tensors widened to float32 (test_quant_modelopt.c has the arithmetic); where --dtype
-    # auto holds bfloat16 (a CPU with AVX512_BF16), the lm_head (300 x 64) at 2 bytes, not 4
+    # tensors widened to float32 (test_quant_modelopt.c has the arithmetic)
     if not extra:
-        want = (228608 if variant == "fp8" else 196352) - (300 * 64 * 2 if "dtype bfloat16 (--dtype auto)" in out
-                                                           else 0)
+        want = 228608 if variant == "fp8" else 196352
         resident = float(re.search(r"([0-9.]+) MB resident", out).group(1))
         assert resident == pytest.approx(want / 1e6, abs=0.05), out
-        # and /metrics says the same, exactly, per worker
-        def gauge():
-            text = requests.get(base + "/metrics", timeout=5).text
-            return re.search(r'^tessera:worker_weight_bytes\{worker="[^"]+"\} ([0-9.e+]+)$', text, re.M)
-        g = wait_until(gauge, timeout=10, what="tessera:worker_weight_bytes")
-        assert float(g.group(1)) == want
+        assert weight_gauge(base) == want       # and /metrics says the same, exactly, per worker
+    assert "KV cache dtype f32 (--kv-cache-dtype auto)" in out, out
+
+
+@pytest.mark.parametrize("variant", ["fp8", "nvfp4"])
+def test_dtype_auto(spawn, variant):
+    """--dtype auto (unset): where it holds bfloat16 (a CPU with AVX512_BF16) the lm_head
+    (300 x 64) is 2 bytes a weight, not 4, the quantized weights stay as stored, and the
+    KV cache is the model's dtype as in vLLM; the text is no longer the float32
+    emulation's, so only its length is asserted."""
+    proc, base = serve(spawn, variant)
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+    r = client.completions.create(model="tiny", prompt=GOLDEN["prompts"][0]["ids"], temperature=0, max_tokens=32,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 32
+    out = proc.output()
+    bf16 = "dtype bfloat16 (--dtype auto)" in out
+    assert bf16 or "dtype float32 (--dtype auto)" in out, out
+    want = (228608 if variant == "fp8" else 196352) - (300 * 64 * 2 if bf16 else 0)
+    resident = float(re.search(r"([0-9.]+) MB resident", out).group(1))
+    assert resident == pytest.approx(want / 1e6, abs=0.05), out
+    assert weight_gauge(base) == want
+    assert f"KV cache dtype {'bf16' if bf16 else 'f32'} (--kv-cache-dtype auto)" in out, out
 
 
 def test_tensor_parallel_refused(spawn):

@@ -60,18 +60,6 @@ def test_startup_lines_and_defaults(spawn, demo_model):
     assert int(vllm_line.group(1).replace(",", "")) == n_blocks * 16
     assert vllm_line.group(2) == f"{max_model_len:,}" and max_model_len == 8192    # SmolLM2's context
     assert vllm_line.group(3) == f"{n_blocks * 16 / max_model_len:.2f}" == blocks.group(2)
-    # SmolLM2: 30 layers x 3 KV heads x 64 x (K and V) x 4 bytes x 16 tokens = 737,280 bytes a block.
-    # 4 GiB unless half the free RAM (read after loading) is less: then fewer blocks.
-    if free_bytes_before / 2 > KV_DEFAULT_BYTES + (1 << 30):   # a margin for what loading takes
-        assert n_blocks == KV_DEFAULT_BYTES // 737280, n_blocks
-    else:
-        assert 0 < n_blocks <= KV_DEFAULT_BYTES // 737280, n_blocks
-
-    up = re.search(r"engine up: (\d+) KV blocks of (\d+) tokens, max_model_len (\d+), max_num_seqs (\d+), "
-                   r"max_num_batched_tokens (\d+), prefix caching (\w+), async scheduling (\w+)", out)
-    assert up, out
-    assert up.groups() == (str(n_blocks), "16", str(max_model_len), "256", "2048", "on", "off"), up.groups()
-
     # --dtype auto: bfloat16 where the CPU has AVX512_BF16 or AMX-BF16, else float32.
     kernels = re.search(r"kernels: cpu-fast, isa (\w+), \d+ threads?, dtype (\w+) \(--dtype auto\)", out)
     assert kernels, out
@@ -80,6 +68,22 @@ def test_startup_lines_and_defaults(spawn, demo_model):
     with open("/proc/cpuinfo") as f:
         flags = f.read()
     assert (isa in ("avx512_bf16", "amx_bf16")) == (" avx512_bf16" in flags or " amx_bf16" in flags), isa
+    # --kv-cache-dtype auto is the model's dtype, as vLLM.  SmolLM2: 30 layers x 3 KV heads x
+    # 64 x (K and V) x 16 tokens x 4 bytes (float32) = 737,280 bytes a block, 368,640 in bfloat16.
+    kv = re.search(r"KV cache dtype (\w+) \(--kv-cache-dtype auto\): (\d+) bytes per block", out)
+    assert kv and kv.group(1) == {"bfloat16": "bf16", "float32": "f32"}[dtype], out
+    block_bytes = 737280 if dtype == "float32" else 368640
+    assert int(kv.group(2)) == block_bytes, kv.group(0)
+    # 4 GiB unless half the free RAM (read after loading) is less: then fewer blocks.
+    if free_bytes_before / 2 > KV_DEFAULT_BYTES + (1 << 30):   # a margin for what loading takes
+        assert n_blocks == KV_DEFAULT_BYTES // block_bytes, n_blocks
+    else:
+        assert 0 < n_blocks <= KV_DEFAULT_BYTES // block_bytes, n_blocks
+
+    up = re.search(r"engine up: (\d+) KV blocks of (\d+) tokens, max_model_len (\d+), max_num_seqs (\d+), "
+                   r"max_num_batched_tokens (\d+), prefix caching (\w+), async scheduling (\w+)", out)
+    assert up, out
+    assert up.groups() == (str(n_blocks), "16", str(max_model_len), "256", "2048", "on", "off"), up.groups()
 
     w.p.send_signal(signal.SIGTERM)
     assert w.wait(timeout=60) == 0
@@ -93,7 +97,18 @@ def test_kv_budget_below_one_block_exits_before_binding(spawn, demo_model):
     assert w.wait(timeout=START_S) == 2
     out = w.output()
     assert "no available memory for the cache blocks" in out and "--kv-cache-memory" in out, out
-    assert "737280 bytes" in out and "listening on" not in out, out
+    # The KV dtype of --kv-cache-dtype auto is the model's: bfloat16 on a CPU with bf16
+    # dot products (test_startup_lines_and_defaults checks that rule), else float32.
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    bf16 = " avx512_bf16" in flags or " amx_bf16" in flags
+    want = "368640 bytes (KV cache dtype bf16)" if bf16 else "737280 bytes (KV cache dtype f32)"
+    assert want in out and "listening on" not in out, out
+    # With --dtype float32, auto is float32 on any CPU.
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}",
+               "--kv-cache-memory", "100000", "--dtype", "float32"])
+    assert w.wait(timeout=START_S) == 2
+    assert "737280 bytes (KV cache dtype f32)" in w.output(), w.output()
 
 
 # Values vLLM has but Tessera cannot honour yet (docs/configuration.md, "Flag status"):

@@ -264,6 +264,29 @@ tsr_status tsr_runner_backend_for(const char *device, const char *gpu_not_ok, in
 
 uint64_t tsr_runner_kv_blocks(const tsr_runner *r) { return r ? r->kv_blocks : 0; }
 
+/* Whether --dtype `dtype` (NULL: auto) holds the matmul weights as bfloat16 on `be`: a
+ * GPU unless float32 is asked for (as vLLM); cpu-ref only when asked; the fast CPU
+ * backends when asked, and under auto where the CPU has dot-product instructions for it
+ * (vLLM's CPU platform downcasts float32 checkpoints to bfloat16 unconditionally; here
+ * the AVX2 fallback would halve the bytes too, but rounds x through bf16 for no speed-up
+ * in compute, so auto keeps float32's fidelity there).  "half" is refused by pick_dtype. */
+static bool weights_bf16(const tsr_backend *be, const char *dtype) {
+        if (!dtype)
+                dtype = "auto";
+        if (!tsr_backend_host_memory(be))
+                return strcmp(dtype, "float32") != 0 && strcmp(dtype, "float") != 0;
+        if (strcmp(tsr_backend_name(be), "cpu-ref") == 0)      /* only TESSERA_KERNELS=ref makes one */
+                return strcmp(dtype, "bfloat16") == 0;
+        return strcmp(dtype, "bfloat16") == 0 ||
+               (strcmp(dtype, "auto") == 0 && tsr_backend_cpu_isa(be) >= TSR_CPU_ISA_AVX512_BF16);
+}
+
+tsr_dtype tsr_runner_auto_kv_dtype(const tsr_backend *be, const char *dtype) {
+        /* vLLM: "auto" stores the KV cache in the model's dtype.  CUDA keeps float32 until
+         * its attention reads bfloat16 rows (issue #16). */
+        return be && tsr_backend_host_memory(be) && weights_bf16(be, dtype) ? TSR_DTYPE_BF16 : TSR_DTYPE_F32;
+}
+
 /* The weight dtype for `opts` on the backend, and the start-up line naming both.  Main
  * thread, at startup. */
 static tsr_status pick_dtype(const tsr_runner_opts *opts, bool *bf16, char *err, size_t errlen) {
@@ -276,23 +299,16 @@ static tsr_status pick_dtype(const tsr_runner_opts *opts, bool *bf16, char *err,
                          dtype, tsr_backend_host_memory(be) ? "CPU" : tsr_backend_name(be));
                 return TSR_E_INVAL;
         }
-        if (!tsr_backend_host_memory(be)) {     /* a GPU: bfloat16 unless float32 is asked for, as vLLM */
-                *bf16 = strcmp(dtype, "float32") != 0 && strcmp(dtype, "float") != 0;
+        *bf16 = weights_bf16(be, dtype);
+        if (!tsr_backend_host_memory(be)) {
                 log_info("kernels: %s, dtype %s%s", tsr_backend_name(be), *bf16 ? "bfloat16" : "float32",
                          strcmp(dtype, "auto") == 0 ? " (--dtype auto)" : "");
                 return TSR_OK;
         }
-        if (strcmp(tsr_backend_name(be), "cpu-ref") == 0) {    /* only TESSERA_KERNELS=ref makes one here */
-                *bf16 = strcmp(dtype, "bfloat16") == 0;
+        if (strcmp(tsr_backend_name(be), "cpu-ref") == 0) {
                 log_info("kernels: cpu-ref (TESSERA_KERNELS=ref), 1 thread, dtype %s", *bf16 ? "bfloat16" : "float32");
                 return TSR_OK;
         }
-        /* auto: bfloat16 only where the CPU has dot-product instructions for it (vLLM's CPU
-         * platform downcasts float32 checkpoints to bfloat16 unconditionally; here the
-         * AVX2 fallback would halve the bytes too, but rounds x through bf16 for no
-         * speed-up in compute, so auto keeps float32's fidelity there). */
-        *bf16 = strcmp(dtype, "bfloat16") == 0 ||
-                (strcmp(dtype, "auto") == 0 && tsr_backend_cpu_isa(be) >= TSR_CPU_ISA_AVX512_BF16);
         log_info("kernels: %s, isa %s, %d thread%s, dtype %s%s", tsr_backend_name(be),
                  tsr_cpu_isa_name(tsr_backend_cpu_isa(be)), threads, threads == 1 ? "" : "s",
                  *bf16 ? "bfloat16" : "float32", strcmp(dtype, "auto") == 0 ? " (--dtype auto)" : "");

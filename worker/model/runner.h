@@ -82,6 +82,12 @@ typedef struct tsr_runner_opts {
 tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_dtype, const char *flag, char *err,
                                      size_t errlen);
 
+/* What --kv-cache-dtype auto stores on `be` under --dtype `dtype` (NULL: auto): the
+ * model's dtype, as vLLM: bfloat16 where the weights are held as bfloat16 on a CPU
+ * backend, else float32 (CUDA: float32 until its attention reads bfloat16).  Main
+ * thread, at start-up, before the KV plan. */
+tsr_dtype tsr_runner_auto_kv_dtype(const tsr_backend *be, const char *dtype);
+
 /* The backend for --device `device` (auto | cuda | cpu; NULL: auto): cuda is GPU 0;
  * auto takes it when there is one and the model can run there (`gpu_not_ok` NULL; else
  * it says why not: --device cuda is then refused with it), else the CPU backend of
