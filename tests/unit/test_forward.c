@@ -447,10 +447,16 @@ static void test_load_errors(void **state) {
         err[0] = 0;
         assert_int_equal(load_bytes(p, n, NULL, NULL, err, sizeof err), TSR_OK);
 
-        /* a shard other than the whole model */
-        tsr_shard_spec tp2 = {.tp_rank = 0, .tp_size = 2, .first_layer = 0, .last_layer = 4};
+        /* a tensor-parallel rank past the size, and a size that does not split the model
+         * (stories260K's 172 MLP columns: 86 a rank, not a multiple of the 4 canonical
+         * slices), are refused naming the file */
+        tsr_shard_spec tp2 = {.tp_rank = 2, .tp_size = 2, .first_layer = 0, .last_layer = 4};
         assert_int_equal(load_bytes(p, n, NULL, &tp2, err, sizeof err), TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "s.gguf"));
+        tp2.tp_rank = 1;
+        assert_int_equal(load_bytes(p, n, NULL, &tp2, err, sizeof err), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "s.gguf"));
+        assert_non_null(strstr(err, "tensor parallel size 2 does not split this model"));
 
         /* a config whose shapes disagree with the tensors */
         tsr_gguf *g;

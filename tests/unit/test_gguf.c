@@ -20,6 +20,7 @@
 
 #include "common/buf.h"
 #include "worker/load/gguf.h"
+#include "worker/load/loader.h"
 
 /* ---- a minimal GGUF writer ---------------------------------------------------- */
 
@@ -745,6 +746,80 @@ static void test_llama2_tiny_random(void **state) {
         tsr_gguf_close(&g);
 }
 
+/* tsr_load_tensors' tensor-parallel slices (issue #20) on SmolLM2's block formats:
+ * rows of the Q8_0 embedding and of a Q4_1 attn_k, columns of a Q4_1 ffn_down, each
+ * bitwise the same rows / columns of the whole tensor widened in one call; the stats
+ * count the slices; a slice outside the matrix is refused naming the tensor. */
+static struct { uint64_t rows, cols; tsr_load_slice slice; float *dst; } slice_case;
+
+static bool slice_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_load_slot *ret) {
+        (void)model, (void)n, (void)layer;
+        *ret = (tsr_load_slot){.dst = &slice_case.dst, .rows = slice_case.rows, .cols = slice_case.cols,
+                               .slice = slice_case.slice};
+        return true;
+}
+
+static void test_load_slices(void **state) {
+        (void)state;
+        char path[4096], err[512];
+        tsr_gguf *g = open_real("TSR_SOURCE_ROOT", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", path, sizeof(path));
+        if (!g)
+                TSR_SKIP(TSR_SKIP_NOT_FETCHED, "%s absent (scripts/fetch-model.sh fetches it)", path);
+        static const struct {
+                const char *name;
+                uint64_t rows, cols;
+                tsr_load_slice slice;
+        } cases[] = {
+                {"token_embd.weight", 49152, 576, {TSR_LOAD_SLICE_ROWS, 24576, 24576}},     /* Q8_0 */
+                {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_ROWS, 64, 64}},           /* Q4_1 */
+                {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_COLS, 37, 100}},          /* mid-block */
+                {"blk.0.ffn_down.weight", 576, 1536, {TSR_LOAD_SLICE_COLS, 768, 768}},     /* Q4_1 */
+        };
+        tsr_tensor_source src = {.g = g, .src = path};
+        tsr_shard_spec spec = tsr_shard_spec_whole(30);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+                tsr_tensor_name table[] = {{.logical = "x", .gguf = cases[c].name}};
+                const tsr_gguf_tensor *t = tsr_gguf_find_tensor(g, cases[c].name);
+                tsr_load_stats stats = {0};
+                assert_non_null(t);
+                float *whole = malloc(cases[c].rows * cases[c].cols * sizeof(float));
+                assert_non_null(whole);
+                assert_int_equal(tsr_ggml_dequantize(t->type, t->data, cases[c].rows * cases[c].cols, whole), TSR_OK);
+                slice_case.rows = cases[c].rows;
+                slice_case.cols = cases[c].cols;
+                slice_case.slice = cases[c].slice;
+                slice_case.dst = NULL;
+                assert_int_equal(tsr_load_tensors(&src, table, 1, &spec, slice_bind, NULL, NULL, NULL, &stats, err,
+                                                  sizeof err), TSR_OK);
+                assert_non_null(slice_case.dst);
+                const tsr_load_slice *sl = &cases[c].slice;
+                bool rows = sl->axis == TSR_LOAD_SLICE_ROWS;
+                uint64_t out_rows = rows ? sl->n : cases[c].rows, out_cols = rows ? cases[c].cols : sl->n;
+                for (uint64_t r = 0; r < out_rows; r++) {
+                        const float *want = rows ? whole + (sl->first + r) * cases[c].cols
+                                                 : whole + r * cases[c].cols + sl->first;
+                        assert_memory_equal(slice_case.dst + r * out_cols, want, out_cols * sizeof(float));
+                }
+                assert_int_equal(stats.f32_bytes, out_rows * out_cols * sizeof(float));
+                assert_int_equal(stats.resident_bytes, out_rows * out_cols * sizeof(float));
+                assert_int_equal(stats.file_bytes, t->n_bytes);
+                free(slice_case.dst);
+                free(whole);
+        }
+        /* a slice past the matrix: refused, the tensor named */
+        tsr_tensor_name table[] = {{.logical = "x", .gguf = "blk.0.attn_k.weight"}};
+        slice_case.rows = 192;
+        slice_case.cols = 576;
+        slice_case.slice = (tsr_load_slice){TSR_LOAD_SLICE_COLS, 500, 100};
+        slice_case.dst = NULL;
+        assert_int_equal(tsr_load_tensors(&src, table, 1, &spec, slice_bind, NULL, NULL, NULL, NULL, err, sizeof err),
+                         TSR_E_INVAL);
+        assert_non_null(strstr(err, "tensor 'blk.0.attn_k.weight': columns [500, 600) of a (192, 576) matrix: out of "
+                                    "range"));
+        assert_null(slice_case.dst);
+        tsr_gguf_close(&g);
+}
+
 static void test_smollm2(void **state) {
         char path[4096];
         tsr_gguf *g = open_real("TSR_SOURCE_ROOT", ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", path, sizeof(path));
@@ -812,6 +887,7 @@ int main(void) {
                 cmocka_unit_test(test_stories260k),
                 cmocka_unit_test(test_llama2_tiny_random),
                 cmocka_unit_test(test_smollm2),
+                cmocka_unit_test(test_load_slices),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

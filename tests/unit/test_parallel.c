@@ -1321,7 +1321,14 @@ static void test_tp_resident_bytes(void **state) {
                               (double)two.resident_bytes / (double)one.resident_bytes);
                 assert_true(two.resident_bytes > one.resident_bytes);
                 assert_true(two.resident_bytes < one.resident_bytes * 3 / 2);
-                assert_true(two.f32_bytes == 2 * one.f32_bytes);        /* each rank read every tensor */
+                if (strcmp(cases[c].family, "llama") == 0) {
+                        /* each rank read its share from the file and kept all it read:
+                         * under two whole reads (the embedding and norms are whole) */
+                        assert_true(two.f32_bytes < 2 * one.f32_bytes * 3 / 4);
+                        assert_true(two.f32_bytes <= two.resident_bytes);
+                } else {
+                        assert_true(two.f32_bytes == 2 * one.f32_bytes);        /* each rank read every tensor */
+                }
                 model_close(&mc);
         }
 }

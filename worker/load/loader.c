@@ -23,7 +23,59 @@ struct want {
         float **dst;
         tsr_tensor *stored;     /* where it goes when kept in its block format; NULL: always widened */
         bool optional;
+        tsr_load_slice slice;   /* a tensor-parallel rank's rows or columns (tsr_load_slot) */
 };
+
+/* Float32 elements that `w` takes of a tensor of n_elements. */
+static uint64_t want_elems(const struct want *w, uint64_t n_elements) {
+        switch (w->slice.axis) {
+        case TSR_LOAD_SLICE_ROWS: return w->slice.n * w->cols;
+        case TSR_LOAD_SLICE_COLS: return w->rows * w->slice.n;
+        default: return n_elements;
+        }
+}
+
+/* Whether w's slice lies inside its (rows, cols) matrix; else a message naming the tensor. */
+static bool slice_ok(const struct want *w, const char *src, char *err, size_t errlen) {
+        uint64_t extent = w->slice.axis == TSR_LOAD_SLICE_ROWS ? w->rows : w->cols;
+        if (w->slice.axis == TSR_LOAD_WHOLE)
+                return true;
+        if (w->cols && !w->experts && w->slice.n > 0 && w->slice.first <= extent && w->slice.n <= extent - w->slice.first)
+                return true;
+        tsr_errf(err, errlen, "%s: tensor '%s': %s [%" PRIu64 ", %" PRIu64 ") of a (%" PRIu64 ", %" PRIu64 ") matrix: "
+                 "out of range", src, w->name, w->slice.axis == TSR_LOAD_SLICE_ROWS ? "rows" : "columns",
+                 w->slice.first, w->slice.first + w->slice.n, w->rows, w->cols);
+        return false;
+}
+
+/* Widen a tensor of ggml type `type` (the encoding; safetensors' F32 / F16 / BF16 map to
+ * it) at `data` into *buf (want_elems floats): all of it in one call, or w's slice row by
+ * row -- a column slice through one widened row -- so that only the share is ever held in
+ * float32.  TSR_E_UNSUPPORTED / TSR_E_INVAL from the dequantizer, TSR_E_NOMEM. */
+static tsr_status widen(uint32_t type, const void *data, uint64_t n_elements, const struct want *w, float *buf) {
+        const uint8_t *p = data;
+        size_t row_bytes;
+        tsr_dtype dt;
+        tsr_status st;
+
+        if (w->slice.axis == TSR_LOAD_WHOLE)
+                return tsr_ggml_dequantize(type, data, (size_t)n_elements, buf);
+        if (!tsr_ggml_dtype(type, &dt))
+                return TSR_E_UNSUPPORTED;
+        if ((st = tsr_dtype_row_bytes(dt, (size_t)w->cols, &row_bytes)) != TSR_OK)
+                return st;
+        if (w->slice.axis == TSR_LOAD_SLICE_ROWS)
+                return tsr_ggml_dequantize(type, p + w->slice.first * row_bytes, (size_t)(w->slice.n * w->cols), buf);
+        float *row = malloc((size_t)w->cols * sizeof(float));
+        if (!row)
+                return TSR_E_NOMEM;
+        for (uint64_t r = 0; r < w->rows && st == TSR_OK; r++) {
+                st = tsr_ggml_dequantize(type, p + r * row_bytes, (size_t)w->cols, row);
+                memcpy(buf + r * w->slice.n, row + w->slice.first, (size_t)w->slice.n * sizeof(float));
+        }
+        free(row);
+        return st;
+}
 
 /* A tensor of the source, format-blind: enough for the totals and the progress. */
 typedef struct src_tensor {
@@ -95,7 +147,8 @@ static bool gguf_keep(const tsr_gguf_tensor *t, const struct want *w, uint32_t k
         size_t shape[2] = {w->rows, w->cols};
         tsr_tensor tt;
 
-        if (!w->stored || !w->cols || w->experts || !tsr_ggml_dtype(t->type, &dt) || !(keep_dtypes & (1u << dt)) ||
+        if (!w->stored || !w->cols || w->experts || w->slice.axis != TSR_LOAD_WHOLE || !tsr_ggml_dtype(t->type, &dt) ||
+            !(keep_dtypes & (1u << dt)) ||
             tsr_tensor_init(&tt, dt, 2, shape, NULL, (void *)t->data) != TSR_OK || tsr_tensor_n_bytes(&tt) != t->n_bytes)
                 return false;
         void *buf = aligned_alloc(64, (t->n_bytes + 63) / 64 * 64);
@@ -127,6 +180,8 @@ static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, 
                         path, w->name, t->dims[0], t->dims[1], t->dims[2], t->dims[3], d0, d1);
                 return TSR_E_INVAL;
         }
+        if (!slice_ok(w, path, err, errlen))
+                return TSR_E_INVAL;
         if (gguf_keep(t, w, keep_dtypes, &st)) {
                 if (st != TSR_OK)
                         tsr_errf(err, errlen, "%s: tensor '%s': out of memory", path, w->name);
@@ -136,12 +191,17 @@ static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, 
                 tsr_errf(err, errlen, "%s: tensor '%s' too large", path, w->name);
                 return TSR_E_LIMIT;
         }
-        buf = malloc((size_t)t->n_elements * sizeof(float));
+        buf = malloc((size_t)want_elems(w, t->n_elements) * sizeof(float));
         if (!buf) {
                 tsr_errf(err, errlen, "%s: tensor '%s': out of memory", path, w->name);
                 return TSR_E_NOMEM;
         }
-        st = tsr_ggml_dequantize(t->type, t->data, (size_t)t->n_elements, buf);
+        st = widen(t->type, t->data, t->n_elements, w, buf);
+        if (st == TSR_E_NOMEM) {
+                tsr_errf(err, errlen, "%s: tensor '%s': out of memory", path, w->name);
+                free(buf);
+                return st;
+        }
         if (st != TSR_OK) {
                 const char *tn = tsr_ggml_type_name(t->type);
                 tsr_errf(err, errlen, "%s: tensor '%s': type %s is not supported", path, w->name, tn ? tn : "?");
@@ -172,6 +232,11 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
         char module[sizeof w->name];
         size_t n = strlen(w->name);
 
+        if (w->slice.axis != TSR_LOAD_WHOLE) {  /* runner.c refuses ModelOpt at tp > 1 before this */
+                tsr_errf(err, errlen, "%s: tensor '%s': a tensor-parallel share of a quantized (%s) weight is not "
+                         "supported", file, w->name, tsr_safetensors_dtype_name(t->dtype));
+                return TSR_E_UNSUPPORTED;
+        }
         if (!s->modelopt) {
                 tsr_errf(err, errlen, "%s: tensor '%s': dtype %s, which the checkpoint's config does not announce "
                          "(no quantization_config in config.json, no hf_quant_config.json)", file, w->name,
@@ -228,21 +293,25 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
                 tsr_errf(err, errlen, "%s: tensor '%s': shape %s, expected %s", file, w->name, got, want);
                 return TSR_E_INVAL;
         }
+        if (!slice_ok(w, file, err, errlen))
+                return TSR_E_INVAL;
         if (t->n_elements > SIZE_MAX / sizeof(float)) {
                 tsr_errf(err, errlen, "%s: tensor '%s' too large", file, w->name);
                 return TSR_E_LIMIT;
         }
-        buf = malloc((size_t)t->n_elements * sizeof(float));
+        buf = malloc((size_t)want_elems(w, t->n_elements) * sizeof(float));
         if (!buf) {
                 tsr_errf(err, errlen, "%s: tensor '%s': out of memory", file, w->name);
                 return TSR_E_NOMEM;
         }
         /* Safetensors data is little-endian and only byte-aligned: the dequantizer reads
          * it byte-wise (F16/BF16) or with memcpy (F32). */
-        if (tsr_ggml_dequantize(gtype, t->data, (size_t)t->n_elements, buf) != TSR_OK) {
-                tsr_errf(err, errlen, "%s: tensor '%s': conversion failed", file, w->name);
+        tsr_status st = widen(gtype, t->data, t->n_elements, w, buf);
+        if (st != TSR_OK) {
+                tsr_errf(err, errlen, "%s: tensor '%s': %s", file, w->name,
+                         st == TSR_E_NOMEM ? "out of memory" : "conversion failed");
                 free(buf);
-                return TSR_E_INTERNAL;
+                return st == TSR_E_NOMEM ? st : TSR_E_INTERNAL;
         }
         *ret = buf;
         return TSR_OK;
@@ -287,6 +356,7 @@ static void want_entry(const tsr_tensor_source *s, const tsr_tensor_name *n, tsr
         x->cols = slot.cols;
         x->experts = slot.experts;
         x->optional = slot.optional;
+        x->slice = slot.slice;
         (*n_wants)++;
 }
 
@@ -338,7 +408,7 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
                 }
                 total.n_tensors++;
                 total.file_bytes += t.n_bytes;
-                total.f32_bytes += t.n_elements * sizeof(float);
+                total.f32_bytes += want_elems(&wants[i], t.n_elements) * sizeof(float);
         }
         for (size_t i = 0; i < n_wants; i++) {
                 if (!src_find(s, wants[i].name, &t))
@@ -347,11 +417,11 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
                         goto out;
                 done.n_tensors++;
                 done.file_bytes += t.n_bytes;
-                done.f32_bytes += t.n_elements * sizeof(float);
+                done.f32_bytes += want_elems(&wants[i], t.n_elements) * sizeof(float);
                 /* kept: its bytes in memory (the file's; NVFP4 with its block scales regrouped in) */
                 done.resident_bytes += wants[i].stored && wants[i].stored->data
                                                ? tsr_tensor_n_bytes(wants[i].stored)
-                                               : t.n_elements * sizeof(float);
+                                               : want_elems(&wants[i], t.n_elements) * sizeof(float);
                 done.seconds = now_s() - t0;
                 if (progress)
                         progress(ud, &done, &total);

@@ -51,7 +51,7 @@ typedef struct tsr_tensor_name {
 typedef struct tsr_load_stats {
         size_t n_tensors;       /* tensors read */
         uint64_t file_bytes;    /* their bytes in the file */
-        uint64_t f32_bytes;     /* bytes of float32 they would be widened */
+        uint64_t f32_bytes;     /* bytes of float32 they would be widened (a slice: its share) */
         uint64_t resident_bytes;        /* bytes they take in memory after the load (kept + widened) */
         double seconds;
 } tsr_load_stats;
@@ -90,6 +90,16 @@ typedef struct tsr_load_opts {
         const tsr_modelopt_config *modelopt;
 } tsr_load_opts;
 
+/* A tensor-parallel rank's share of a matrix, read straight from the file (issue #20;
+ * vLLM's weight_loader narrows the same way): rows [first, first + n) of a
+ * column-parallel weight, or columns [first, first + n) of every row of a row-parallel
+ * one.  TSR_LOAD_WHOLE (zero): all of it. */
+typedef enum { TSR_LOAD_WHOLE, TSR_LOAD_SLICE_ROWS, TSR_LOAD_SLICE_COLS } tsr_load_slice_axis;
+typedef struct tsr_load_slice {
+        tsr_load_slice_axis axis;
+        uint64_t first, n;
+} tsr_load_slice;
+
 /* Where one tensor goes and the shape it must have, as the family answers `bind`. */
 typedef struct tsr_load_slot {
         float **dst;            /* receives a new float32 array (malloc; the family frees it) */
@@ -103,6 +113,11 @@ typedef struct tsr_load_slot {
          * stored (`stored`) only as a ModelOpt FP8 stack (tsr_modelopt_load_stack). */
         uint64_t experts;
         bool optional;          /* may be absent from the source (then *dst stays NULL) */
+        /* Not TSR_LOAD_WHOLE: only this share of the (rows, cols) matrix (rows and cols
+         * stay the file's shape, which is checked) goes into *dst, as (n, cols) or
+         * (rows, n) floats; it is converted row by row from the file's bytes, so no whole
+         * tensor is ever held in float32, and never kept as stored.  A 2-D matrix only. */
+        tsr_load_slice slice;
 } tsr_load_slot;
 
 /* The family's half of a load: the slot of table entry `n` in its `model` for layer

@@ -602,8 +602,8 @@ tsr_status tsr_llama_reserve(const tsr_llama *m, size_t tokens, size_t logit_row
 
 tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
         const tsr_llama_config *c;
-        uint32_t S = TSR_COMM_TREE_LEAVES, nh, nkv, kv0, hid, vl;
-        size_t hd, ns;
+        tsr_llama_tp_share sh;
+        size_t hd;
         tsr_llama_weights *w;
         tsr_status st = TSR_OK;
 
@@ -612,23 +612,16 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
         c = &m->cfg;
         w = m->w;
         hd = c->head_dim;
-        nh = c->n_heads / tp_size;
-        nkv = tp_size <= c->n_kv_heads ? c->n_kv_heads / tp_size : 1;
-        /* tp > KV heads: each KV head is replicated on tp / n_kv_heads ranks (vLLM). */
-        kv0 = tp_size <= c->n_kv_heads ? tp_rank * nkv : tp_rank / (tp_size / c->n_kv_heads);
-        hid = c->hidden_dim / tp_size;
-        vl = c->vocab_size / tp_size;
-        ns = S / tp_size;
-        if (S % tp_size || c->n_heads % tp_size ||
-            (tp_size <= c->n_kv_heads ? c->n_kv_heads % tp_size : tp_size % c->n_kv_heads) ||
-            c->hidden_dim % tp_size || c->vocab_size % tp_size || (nh * hd) % ns || hid % ns) {
-                tsr_errf(err, errlen, "tensor parallel size %u does not split this model: it needs to divide %u "
-                         "(the canonical partial sums), the %u attention heads, the %u MLP columns and the "
-                         "vocabulary of %u, and a multiple or divisor of the %u KV heads, with each rank's "
-                         "o_proj and down_proj inputs a multiple of %zu", tp_size, S, c->n_heads, c->hidden_dim,
-                         c->vocab_size, c->n_kv_heads, ns);
-                return TSR_E_UNSUPPORTED;
-        }
+        if ((st = tsr_llama_tp_share_of(c, tp_rank, tp_size, &sh, err, errlen)) != TSR_OK)
+                return st;
+        /* Read as the rank's share (tsr_llama_weights.tp_sliced): only o_proj's and
+         * down_proj's columns still go into the canonical slice order below. */
+        bool sliced = w->tp_sliced;
+        if (sliced && (w->shard.tp_rank != tp_rank || w->shard.tp_size != tp_size))
+                return TSR_E_INVAL;
+        bool split_rows = tp_size > 1 && !sliced;
+        size_t o_cols = sliced ? (size_t)sh.nh * hd : (size_t)c->n_heads * hd, o_first = sliced ? 0 : tp_rank * sh.nh * hd;
+        size_t down_cols = sliced ? sh.hid : c->hidden_dim, down_first = sliced ? 0 : (size_t)tp_rank * sh.hid;
         if (m->bf16 || w->token_embd_stored.data || w->output_stored.data) {
                 tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
                 return TSR_E_UNSUPPORTED;
@@ -640,30 +633,29 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
                                 tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
                                 return TSR_E_UNSUPPORTED;
                         }
-                if (st == TSR_OK && tp_size > 1)
-                        st = tsr_tp_keep_rows(&L->wq, 1, (size_t)c->n_heads * hd, c->dim, (size_t)tp_rank * nh * hd,
-                                              (size_t)nh * hd);
-                if (st == TSR_OK && tp_size > 1)
-                        st = tsr_tp_keep_rows(&L->wk, 1, (size_t)c->n_kv_heads * hd, c->dim, (size_t)kv0 * hd,
-                                              (size_t)nkv * hd);
-                if (st == TSR_OK && tp_size > 1)
-                        st = tsr_tp_keep_rows(&L->wv, 1, (size_t)c->n_kv_heads * hd, c->dim, (size_t)kv0 * hd,
-                                              (size_t)nkv * hd);
-                if (st == TSR_OK && tp_size > 1)
-                        st = tsr_tp_keep_rows(&L->w_gate, 1, c->hidden_dim, c->dim, (size_t)tp_rank * hid, hid);
-                if (st == TSR_OK && tp_size > 1)
-                        st = tsr_tp_keep_rows(&L->w_up, 1, c->hidden_dim, c->dim, (size_t)tp_rank * hid, hid);
+                if (st == TSR_OK && split_rows)
+                        st = tsr_tp_keep_rows(&L->wq, 1, (size_t)c->n_heads * hd, c->dim, (size_t)tp_rank * sh.nh * hd,
+                                              (size_t)sh.nh * hd);
+                if (st == TSR_OK && split_rows)
+                        st = tsr_tp_keep_rows(&L->wk, 1, (size_t)c->n_kv_heads * hd, c->dim, (size_t)sh.kv0 * hd,
+                                              (size_t)sh.nkv * hd);
+                if (st == TSR_OK && split_rows)
+                        st = tsr_tp_keep_rows(&L->wv, 1, (size_t)c->n_kv_heads * hd, c->dim, (size_t)sh.kv0 * hd,
+                                              (size_t)sh.nkv * hd);
+                if (st == TSR_OK && split_rows)
+                        st = tsr_tp_keep_rows(&L->w_gate, 1, c->hidden_dim, c->dim, (size_t)tp_rank * sh.hid, sh.hid);
+                if (st == TSR_OK && split_rows)
+                        st = tsr_tp_keep_rows(&L->w_up, 1, c->hidden_dim, c->dim, (size_t)tp_rank * sh.hid, sh.hid);
                 if (st == TSR_OK)
-                        st = tsr_tp_keep_col_slices(&L->wo, 1, c->dim, (size_t)c->n_heads * hd,
-                                                    (size_t)tp_rank * nh * hd, (size_t)nh * hd, ns);
+                        st = tsr_tp_keep_col_slices(&L->wo, 1, c->dim, o_cols, o_first, (size_t)sh.nh * hd, sh.ns);
                 if (st == TSR_OK)
-                        st = tsr_tp_keep_col_slices(&L->w_down, 1, c->dim, c->hidden_dim, (size_t)tp_rank * hid, hid,
-                                                    ns);
+                        st = tsr_tp_keep_col_slices(&L->w_down, 1, c->dim, down_cols, down_first, sh.hid, sh.ns);
         }
-        if (st == TSR_OK && tp_size > 1 && w->output) {
-                /* tied: the embedding stays whole where it runs, lm_head gets its rows */
+        /* tied: the embedding stays whole where it runs, lm_head gets a copy of its rows;
+         * untied and read as the share: its rows are already the rank's */
+        if (st == TSR_OK && tp_size > 1 && w->output && !(sliced && w->output != w->token_embd)) {
                 st = tsr_tp_keep_vocab_rows(&w->output, &w->token_embd, m->first_layer == 0, c->vocab_size, c->dim,
-                                            (size_t)tp_rank * vl, vl);
+                                            (size_t)tp_rank * sh.vl, sh.vl);
         }
         if (st != TSR_OK) {
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
@@ -671,10 +663,10 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
         }
         m->tp_rank = tp_rank;
         m->tp_size = tp_size;
-        m->nh = nh;
-        m->nkv = nkv;
-        m->hid = hid;
-        m->vocab_out = vl;
+        m->nh = sh.nh;
+        m->nkv = sh.nkv;
+        m->hid = sh.hid;
+        m->vocab_out = sh.vl;
         m->canonical = true;
         return TSR_OK;
 }

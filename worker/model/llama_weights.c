@@ -11,6 +11,7 @@
 
 #include "worker/model/family.h"
 #include "worker/model/llama_weights.h"
+#include "worker/parallel/comm.h"
 
 
 /* ---- config ------------------------------------------------------------------------ */
@@ -152,12 +153,12 @@ tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_l
 
 tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_spec *spec, const char *src,
                                    char *err, size_t errlen) {
-        /* A pipeline stage's layer range loads (issue #20); tensor-parallel shards do not yet. */
-        if (spec->tp_size != 1 || spec->tp_rank != 0 || spec->first_layer > spec->last_layer ||
+        /* A pipeline stage's layer range, a tensor-parallel rank's share (issue #20). */
+        if (spec->tp_size == 0 || spec->tp_rank >= spec->tp_size || spec->first_layer > spec->last_layer ||
             spec->last_layer >= cfg->n_layers) {
                 tsr_errf(err, errlen, "%s: shard tp %" PRIu32 "/%" PRIu32 " layers %" PRIu32 "..%" PRIu32
-                        ": only tp 0/1 and a layer range within 0..%" PRIu32 " are supported", src,
-                        spec->tp_rank, spec->tp_size, spec->first_layer, spec->last_layer,
+                        ": a rank below the tensor parallel size and a layer range within 0..%" PRIu32
+                        " are supported", src, spec->tp_rank, spec->tp_size, spec->first_layer, spec->last_layer,
                         cfg->n_layers ? cfg->n_layers - 1 : 0);
                 return TSR_E_UNSUPPORTED;
         }
@@ -167,6 +168,42 @@ tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_
                 tsr_errf(err, errlen, "%s: inconsistent model config", src);
                 return TSR_E_INVAL;
         }
+        tsr_llama_tp_share share;
+        char why[400];
+        tsr_status st;
+        if (spec->tp_size > 1 &&
+            (st = tsr_llama_tp_share_of(cfg, spec->tp_rank, spec->tp_size, &share, why, sizeof why)) != TSR_OK) {
+                tsr_errf(err, errlen, "%s: %s", src, why);
+                return st;
+        }
+        return TSR_OK;
+}
+
+tsr_status tsr_llama_tp_share_of(const tsr_llama_config *c, uint32_t tp_rank, uint32_t tp_size,
+                                 tsr_llama_tp_share *ret, char *err, size_t errlen) {
+        uint32_t S = TSR_COMM_TREE_LEAVES;
+        tsr_llama_tp_share x;
+        size_t hd = c->head_dim;
+
+        if (tp_size == 0 || tp_rank >= tp_size || c->n_kv_heads == 0)
+                return TSR_E_INVAL;
+        x.nh = c->n_heads / tp_size;
+        x.nkv = tp_size <= c->n_kv_heads ? c->n_kv_heads / tp_size : 1;
+        x.kv0 = tp_size <= c->n_kv_heads ? tp_rank * x.nkv : tp_rank / (tp_size / c->n_kv_heads);
+        x.hid = c->hidden_dim / tp_size;
+        x.vl = c->vocab_size / tp_size;
+        x.ns = S / tp_size;
+        if (S % tp_size || c->n_heads % tp_size ||
+            (tp_size <= c->n_kv_heads ? c->n_kv_heads % tp_size : tp_size % c->n_kv_heads) ||
+            c->hidden_dim % tp_size || c->vocab_size % tp_size || (x.nh * hd) % x.ns || x.hid % x.ns) {
+                tsr_errf(err, errlen, "tensor parallel size %u does not split this model: it needs to divide %u "
+                         "(the canonical partial sums), the %u attention heads, the %u MLP columns and the "
+                         "vocabulary of %u, and a multiple or divisor of the %u KV heads, with each rank's "
+                         "o_proj and down_proj inputs a multiple of %u", tp_size, S, c->n_heads, c->hidden_dim,
+                         c->vocab_size, c->n_kv_heads, x.ns);
+                return TSR_E_UNSUPPORTED;
+        }
+        *ret = x;
         return TSR_OK;
 }
 
@@ -223,26 +260,39 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
          * lm_head only on the last (a tied lm_head is the embedding, so the last stage
          * reads it too). */
         bool first = w->shard.first_layer == 0, last = w->shard.last_layer + 1 == c->n_layers;
-        struct { float **dst; tsr_tensor *stored; uint64_t rows, cols; } s[] = {
+        /* A tensor-parallel rank reads its share only (tp_sliced; the check passed). */
+        tsr_llama_tp_share sh = {0};
+        bool tp = w->tp_sliced && tsr_llama_tp_share_of(c, w->shard.tp_rank, w->shard.tp_size, &sh, NULL, 0) == TSR_OK;
+        uint64_t r = w->shard.tp_rank, hd = c->head_dim;
+        const tsr_load_slice rows_q = {TSR_LOAD_SLICE_ROWS, r * sh.nh * hd, sh.nh * hd},
+                             rows_kv = {TSR_LOAD_SLICE_ROWS, sh.kv0 * hd, sh.nkv * hd},
+                             rows_mlp = {TSR_LOAD_SLICE_ROWS, r * sh.hid, sh.hid},
+                             cols_o = {TSR_LOAD_SLICE_COLS, r * sh.nh * hd, sh.nh * hd},
+                             cols_down = {TSR_LOAD_SLICE_COLS, r * sh.hid, sh.hid},
+                             rows_vocab = {TSR_LOAD_SLICE_ROWS, r * sh.vl, sh.vl}, whole = {0};
+        struct { float **dst; tsr_tensor *stored; uint64_t rows, cols; tsr_load_slice slice; } s[] = {
                 {first || (last && c->tied_embeddings) ? &w->token_embd : NULL, &w->token_embd_stored,
-                 c->vocab_size, dim},
-                {L ? &L->attn_norm : NULL, NULL, dim, 0},
-                {L ? &L->wq : NULL, st ? &st[TSR_LLAMA_MM_Q] : NULL, q_dim, dim},
-                {L ? &L->wk : NULL, st ? &st[TSR_LLAMA_MM_K] : NULL, kv_dim, dim},
-                {L ? &L->wv : NULL, st ? &st[TSR_LLAMA_MM_V] : NULL, kv_dim, dim},
-                {L ? &L->wo : NULL, st ? &st[TSR_LLAMA_MM_O] : NULL, dim, q_dim},
-                {L ? &L->ffn_norm : NULL, NULL, dim, 0},
-                {L ? &L->w_gate : NULL, st ? &st[TSR_LLAMA_MM_GATE] : NULL, hid, dim},
-                {L ? &L->w_up : NULL, st ? &st[TSR_LLAMA_MM_UP] : NULL, hid, dim},
-                {L ? &L->w_down : NULL, st ? &st[TSR_LLAMA_MM_DOWN] : NULL, dim, hid},
-                {last ? &w->output_norm : NULL, NULL, dim, 0},
-                {c->tied_embeddings || !last ? NULL : &w->output, &w->output_stored, c->vocab_size, dim},
-                {&w->rope_freqs, NULL, c->head_dim / 2, 0},
+                 c->vocab_size, dim, whole},
+                {L ? &L->attn_norm : NULL, NULL, dim, 0, whole},
+                {L ? &L->wq : NULL, st ? &st[TSR_LLAMA_MM_Q] : NULL, q_dim, dim, tp ? rows_q : whole},
+                {L ? &L->wk : NULL, st ? &st[TSR_LLAMA_MM_K] : NULL, kv_dim, dim, tp ? rows_kv : whole},
+                {L ? &L->wv : NULL, st ? &st[TSR_LLAMA_MM_V] : NULL, kv_dim, dim, tp ? rows_kv : whole},
+                {L ? &L->wo : NULL, st ? &st[TSR_LLAMA_MM_O] : NULL, dim, q_dim, tp ? cols_o : whole},
+                {L ? &L->ffn_norm : NULL, NULL, dim, 0, whole},
+                {L ? &L->w_gate : NULL, st ? &st[TSR_LLAMA_MM_GATE] : NULL, hid, dim, tp ? rows_mlp : whole},
+                {L ? &L->w_up : NULL, st ? &st[TSR_LLAMA_MM_UP] : NULL, hid, dim, tp ? rows_mlp : whole},
+                {L ? &L->w_down : NULL, st ? &st[TSR_LLAMA_MM_DOWN] : NULL, dim, hid, tp ? cols_down : whole},
+                {last ? &w->output_norm : NULL, NULL, dim, 0, whole},
+                {c->tied_embeddings || !last ? NULL : &w->output, &w->output_stored, c->vocab_size, dim,
+                 tp ? rows_vocab : whole},
+                {&w->rope_freqs, NULL, c->head_dim / 2, 0, whole},
         };
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
                 if (strcmp(names[i], n->logical) == 0 && s[i].dst) {
-                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].stored, .rows = s[i].rows,
-                                               .cols = s[i].cols, .optional = strcmp(n->logical, "rope_freqs") == 0};
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].slice.axis ? NULL : s[i].stored,
+                                               .rows = s[i].rows, .cols = s[i].cols,
+                                               .optional = strcmp(n->logical, "rope_freqs") == 0,
+                                               .slice = s[i].slice};
                         return true;
                 }
         }
@@ -266,6 +316,7 @@ static tsr_status llama_load_source(const tsr_tensor_source *s, const tsr_llama_
         }
         w->cfg = *cfg;
         w->shard = *spec;
+        w->tp_sliced = spec->tp_size > 1;
         st = tsr_load_tensors(s, fam->tensors, fam->n_tensors, spec, llama_bind, w, progress, ud, stats, err,
                               errlen);
         if (st != TSR_OK)

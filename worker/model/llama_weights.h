@@ -60,11 +60,24 @@ typedef struct tsr_llama_config {
 } tsr_llama_config;
 
 
-/* What both loaders (GGUF, safetensors) require before reading a tensor: a shard spec
- * of the whole model (TP/PP shards come later) and a consistent config.  `src` names the
- * file or folder in the message.  TSR_OK, TSR_E_UNSUPPORTED or TSR_E_INVAL. */
+/* What both loaders (GGUF, safetensors) require before reading a tensor: a layer range
+ * of the model, a tensor-parallel rank that splits it (tsr_llama_tp_share_of) and a
+ * consistent config.  `src` names the file or folder in the message.  TSR_OK,
+ * TSR_E_UNSUPPORTED or TSR_E_INVAL. */
 tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_spec *spec, const char *src,
                                    char *err, size_t errlen);
+
+/* A tensor-parallel rank's share of a Llama, as vLLM lays it out: query heads
+ * [rank x nh, + nh), KV heads [kv0, kv0 + nkv) (each replicated on tp / n_kv_heads ranks
+ * when tp > n_kv_heads), MLP columns [rank x hid, + hid), lm_head rows [rank x vl, + vl),
+ * and ns = TSR_COMM_TREE_LEAVES / tp canonical K slices of o_proj and down_proj. */
+typedef struct tsr_llama_tp_share {
+        uint32_t nh, nkv, kv0, hid, vl, ns;
+} tsr_llama_tp_share;
+/* The share of rank tp_rank of tp_size; TSR_E_UNSUPPORTED with the counts tp_size must
+ * divide named in err when it does not split the model. */
+tsr_status tsr_llama_tp_share_of(const tsr_llama_config *c, uint32_t tp_rank, uint32_t tp_size,
+                                 tsr_llama_tp_share *ret, char *err, size_t errlen);
 
 
 /* The matmul weights of a layer, in the order tsr_llama_layer.stored keeps them. */
@@ -102,6 +115,12 @@ typedef struct tsr_llama_weights {
          * float32 field is then NULL (the forward widens the embedding rows it looks up);
          * tied: output_stored is token_embd_stored (the same data, freed once). */
         tsr_tensor token_embd_stored, output_stored;
+        /* shard.tp_size > 1: every matmul weight and an untied lm_head were read as the
+         * rank's share straight from the file (tsr_llama_tp_share_of; loader.h's slices):
+         * wq/wk/wv/w_gate/w_up hold its rows, wo/w_down its columns (not yet in the
+         * canonical slice order: tsr_llama_shard_tp), output its vocab rows.  The
+         * embedding stays whole (the first stage looks tokens up in it). */
+        bool tp_sliced;
 } tsr_llama_weights;
 
 

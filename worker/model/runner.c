@@ -492,8 +492,11 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         }
         if (lo.modelopt)
                 split = false;
-        load.tp_rank = 0;
-        load.tp_size = 1;
+        /* A family that reads a rank's share from the file gets the rank's spec; the
+         * others load whole tensors and split them after (tp_shard either way). */
+        bool share = split && shard->tp_size > 1 && r->fam->load_tp_share;
+        load.tp_rank = share ? shard->tp_rank : 0;
+        load.tp_size = share ? shard->tp_size : 1;
         if (split)
                 lo.keep_dtypes = 0;
         st = r->fam->load(path, desc, &load, &lo, progress, NULL, &sg->model, stats, err, errlen);
@@ -651,10 +654,13 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 if (st != TSR_OK)
                         goto fail;
                 int threads = tsr_backend_threads(sg->be);
+                const char *how = r->fam->load_tp_share ? "its share read straight from the file"
+                                                        : "whole tensors, then split";
                 if (pp == 1 && tp > 1)
                         log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s, "
-                                 "%.1f MB resident (%.1f MB read: whole tensors, then split)", t, tp, tp, threads,
-                                 threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6, (double)one.f32_bytes / 1e6);
+                                 "%.1f MB resident (%.1f MB read as float32: %s)", t, tp, tp, threads,
+                                 threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6, (double)one.f32_bytes / 1e6,
+                                 how);
                 else if (pp > 1 && tp == 1)
                         log_info("pipeline stage %u of %u: layers %u..%u%s%s, %d kernel thread%s, %.1f MB resident", s,
                                  pp, shard.first_layer, shard.last_layer, s == 0 ? " + embedding" : "",
@@ -662,11 +668,11 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                                  (double)one.resident_bytes / 1e6);
                 else if (pp > 1)
                         log_info("rank %u: pipeline stage %u of %u, tensor parallel rank %u of %u: layers %u..%u%s%s, "
-                                 "their 1/%u shard, %d kernel thread%s, %.1f MB resident (%.1f MB read: the stage's "
-                                 "whole tensors, then split)", i, s, pp, t, tp, shard.first_layer, shard.last_layer,
+                                 "their 1/%u shard, %d kernel thread%s, %.1f MB resident (%.1f MB read as float32: "
+                                 "the stage's %s)", i, s, pp, t, tp, shard.first_layer, shard.last_layer,
                                  s == 0 ? " + embedding" : "", s + 1 == pp ? " + final norm and lm_head" : "", tp,
                                  threads, threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6,
-                                 (double)one.f32_bytes / 1e6);
+                                 (double)one.f32_bytes / 1e6, how);
                 total.n_tensors += one.n_tensors;
                 total.file_bytes += one.file_bytes;
                 total.f32_bytes += one.f32_bytes;
