@@ -673,8 +673,12 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                                  s == 0 ? " + embedding" : "", s + 1 == pp ? " + final norm and lm_head" : "", tp,
                                  threads, threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6,
                                  (double)one.f32_bytes / 1e6, how);
-                total.n_tensors += one.n_tensors;
-                total.file_bytes += one.file_bytes;
+                /* the file's tensors and bytes once per stage (its tp ranks read the same
+                 * tensors, each its share); what the ranks widened and hold, summed */
+                if (t == 0) {
+                        total.n_tensors += one.n_tensors;
+                        total.file_bytes += one.file_bytes;
+                }
                 total.f32_bytes += one.f32_bytes;
                 total.resident_bytes += one.resident_bytes;
                 total.seconds += one.seconds;

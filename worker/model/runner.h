@@ -117,8 +117,10 @@ tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err,
  * auto means bfloat16 weights where the backend has AVX512_BF16 and is not the
  * reference, float32 otherwise; and, with auto only, a GGUF file's block-format matmul
  * weights (q8_0 .. q6_K) kept as stored wherever the backend's matmul computes on them
- * (explicit float32 / bfloat16 widen them, as the transformers goldens need).  TSR_E_INVAL for a dtype the CPU backend cannot run, no
- * backend or no family; other statuses with the file and tensor named in err. */
+ * (explicit float32 / bfloat16 widen them, as the transformers goldens need).  *stats
+ * (may be NULL): the file's tensors and bytes once per pipeline stage, the bytes widened
+ * and resident summed over every rank.  TSR_E_INVAL for a dtype the CPU backend cannot
+ * run, no backend or no family; other statuses with the file and tensor named in err. */
 tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
                           uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
                           tsr_load_stats *stats, char *err, size_t errlen);
