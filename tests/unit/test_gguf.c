@@ -770,10 +770,12 @@ static void test_load_slices(void **state) {
                 uint64_t rows, cols;
                 tsr_load_slice slice;
         } cases[] = {
-                {"token_embd.weight", 49152, 576, {TSR_LOAD_SLICE_ROWS, 24576, 24576}},     /* Q8_0 */
-                {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_ROWS, 64, 64}},           /* Q4_1 */
-                {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_COLS, 37, 100}},          /* mid-block */
-                {"blk.0.ffn_down.weight", 576, 1536, {TSR_LOAD_SLICE_COLS, 768, 768}},     /* Q4_1 */
+                {"token_embd.weight", 49152, 576, {TSR_LOAD_SLICE_ROWS, 1, {{24576, 24576}}}},     /* Q8_0 */
+                {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_ROWS, 1, {{64, 64}}}},           /* Q4_1 */
+                /* a fused projection's parts, out of order */
+                {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_ROWS, 3, {{128, 32}, {0, 16}, {191, 1}}}},
+                {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_COLS, 1, {{37, 100}}}},          /* mid-block */
+                {"blk.0.ffn_down.weight", 576, 1536, {TSR_LOAD_SLICE_COLS, 1, {{768, 768}}}},     /* Q4_1 */
         };
         tsr_tensor_source src = {.g = g, .src = path};
         tsr_shard_spec spec = tsr_shard_spec_whole(30);
@@ -794,11 +796,18 @@ static void test_load_slices(void **state) {
                 assert_non_null(slice_case.dst);
                 const tsr_load_slice *sl = &cases[c].slice;
                 bool rows = sl->axis == TSR_LOAD_SLICE_ROWS;
-                uint64_t out_rows = rows ? sl->n : cases[c].rows, out_cols = rows ? cases[c].cols : sl->n;
-                for (uint64_t r = 0; r < out_rows; r++) {
-                        const float *want = rows ? whole + (sl->first + r) * cases[c].cols
-                                                 : whole + r * cases[c].cols + sl->first;
-                        assert_memory_equal(slice_case.dst + r * out_cols, want, out_cols * sizeof(float));
+                uint64_t out_rows = 0, out_cols = rows ? cases[c].cols : sl->range[0][1];
+                if (rows) {
+                        for (uint32_t i = 0; i < sl->n_ranges; i++)     /* the ranges in order */
+                                for (uint64_t k = 0; k < sl->range[i][1]; k++, out_rows++)
+                                        assert_memory_equal(slice_case.dst + out_rows * out_cols,
+                                                            whole + (sl->range[i][0] + k) * cases[c].cols,
+                                                            out_cols * sizeof(float));
+                } else {
+                        for (out_rows = 0; out_rows < cases[c].rows; out_rows++)
+                                assert_memory_equal(slice_case.dst + out_rows * out_cols,
+                                                    whole + out_rows * cases[c].cols + sl->range[0][0],
+                                                    out_cols * sizeof(float));
                 }
                 assert_int_equal(stats.f32_bytes, out_rows * out_cols * sizeof(float));
                 assert_int_equal(stats.resident_bytes, out_rows * out_cols * sizeof(float));
@@ -810,12 +819,17 @@ static void test_load_slices(void **state) {
         tsr_tensor_name table[] = {{.logical = "x", .gguf = "blk.0.attn_k.weight"}};
         slice_case.rows = 192;
         slice_case.cols = 576;
-        slice_case.slice = (tsr_load_slice){TSR_LOAD_SLICE_COLS, 500, 100};
+        slice_case.slice = (tsr_load_slice){TSR_LOAD_SLICE_COLS, 1, {{500, 100}}};
         slice_case.dst = NULL;
         assert_int_equal(tsr_load_tensors(&src, table, 1, &spec, slice_bind, NULL, NULL, NULL, NULL, err, sizeof err),
                          TSR_E_INVAL);
         assert_non_null(strstr(err, "tensor 'blk.0.attn_k.weight': columns [500, 600) of a (192, 576) matrix: out of "
                                     "range"));
+        assert_null(slice_case.dst);
+        slice_case.slice = (tsr_load_slice){TSR_LOAD_SLICE_ROWS, 2, {{0, 16}, {180, 13}}};     /* the second range */
+        assert_int_equal(tsr_load_tensors(&src, table, 1, &spec, slice_bind, NULL, NULL, NULL, NULL, err, sizeof err),
+                         TSR_E_INVAL);
+        assert_non_null(strstr(err, "rows [180, 193) of a (192, 576) matrix: out of range"));
         assert_null(slice_case.dst);
         tsr_gguf_close(&g);
 }

@@ -28,32 +28,51 @@ struct want {
 
 /* Float32 elements that `w` takes of a tensor of n_elements. */
 static uint64_t want_elems(const struct want *w, uint64_t n_elements) {
+        uint64_t rows = 0;
         switch (w->slice.axis) {
-        case TSR_LOAD_SLICE_ROWS: return w->slice.n * w->cols;
-        case TSR_LOAD_SLICE_COLS: return w->rows * w->slice.n;
+        case TSR_LOAD_SLICE_ROWS:
+                for (uint32_t i = 0; i < w->slice.n_ranges; i++)
+                        rows += w->slice.range[i][1];
+                return rows * (w->cols ? w->cols : 1);
+        case TSR_LOAD_SLICE_COLS: return w->rows * w->slice.range[0][1];
         default: return n_elements;
         }
 }
 
 /* Whether w's slice lies inside its (rows, cols) matrix; else a message naming the tensor. */
 static bool slice_ok(const struct want *w, const char *src, char *err, size_t errlen) {
-        uint64_t extent = w->slice.axis == TSR_LOAD_SLICE_ROWS ? w->rows : w->cols;
-        if (w->slice.axis == TSR_LOAD_WHOLE)
+        const tsr_load_slice *sl = &w->slice;
+        bool rows = sl->axis == TSR_LOAD_SLICE_ROWS;
+        uint64_t extent = rows ? w->rows : w->cols;
+        uint32_t bad = 0;
+
+        if (sl->axis == TSR_LOAD_WHOLE)
                 return true;
-        if (w->cols && !w->experts && w->slice.n > 0 && w->slice.first <= extent && w->slice.n <= extent - w->slice.first)
-                return true;
-        tsr_errf(err, errlen, "%s: tensor '%s': %s [%" PRIu64 ", %" PRIu64 ") of a (%" PRIu64 ", %" PRIu64 ") matrix: "
-                 "out of range", src, w->name, w->slice.axis == TSR_LOAD_SLICE_ROWS ? "rows" : "columns",
-                 w->slice.first, w->slice.first + w->slice.n, w->rows, w->cols);
+        if (!w->experts && (rows || w->cols) && sl->n_ranges >= 1 &&
+            sl->n_ranges <= (rows ? TSR_LOAD_SLICE_MAX : 1)) {
+                for (bad = 0; bad < sl->n_ranges; bad++)
+                        if (sl->range[bad][1] == 0 || sl->range[bad][0] > extent ||
+                            sl->range[bad][1] > extent - sl->range[bad][0])
+                                break;
+                if (bad == sl->n_ranges)
+                        return true;
+        }
+        if (bad >= sl->n_ranges)
+                bad = 0;
+        tsr_errf(err, errlen, "%s: tensor '%s': %s [%" PRIu64 ", %" PRIu64 ") of a (%" PRIu64 ", %" PRIu64 ") %s: "
+                 "out of range", src, w->name, rows ? "rows" : "columns", sl->range[bad][0],
+                 sl->range[bad][0] + sl->range[bad][1], w->rows, w->cols, w->cols ? "matrix" : "vector");
         return false;
 }
 
 /* Widen a tensor of ggml type `type` (the encoding; safetensors' F32 / F16 / BF16 map to
- * it) at `data` into *buf (want_elems floats): all of it in one call, or w's slice row by
- * row -- a column slice through one widened row -- so that only the share is ever held in
- * float32.  TSR_E_UNSUPPORTED / TSR_E_INVAL from the dequantizer, TSR_E_NOMEM. */
+ * it) at `data` into *buf (want_elems floats): all of it in one call, or w's slice range
+ * by range -- a column slice through one widened row at a time -- so that only the share
+ * is ever held in float32.  TSR_E_UNSUPPORTED / TSR_E_INVAL from the dequantizer,
+ * TSR_E_NOMEM. */
 static tsr_status widen(uint32_t type, const void *data, uint64_t n_elements, const struct want *w, float *buf) {
         const uint8_t *p = data;
+        uint64_t cols = w->cols ? w->cols : 1;
         size_t row_bytes;
         tsr_dtype dt;
         tsr_status st;
@@ -62,16 +81,23 @@ static tsr_status widen(uint32_t type, const void *data, uint64_t n_elements, co
                 return tsr_ggml_dequantize(type, data, (size_t)n_elements, buf);
         if (!tsr_ggml_dtype(type, &dt))
                 return TSR_E_UNSUPPORTED;
-        if ((st = tsr_dtype_row_bytes(dt, (size_t)w->cols, &row_bytes)) != TSR_OK)
+        if ((st = tsr_dtype_row_bytes(dt, (size_t)cols, &row_bytes)) != TSR_OK)
                 return st;
-        if (w->slice.axis == TSR_LOAD_SLICE_ROWS)
-                return tsr_ggml_dequantize(type, p + w->slice.first * row_bytes, (size_t)(w->slice.n * w->cols), buf);
-        float *row = malloc((size_t)w->cols * sizeof(float));
+        if (w->slice.axis == TSR_LOAD_SLICE_ROWS) {
+                for (uint32_t i = 0; i < w->slice.n_ranges && st == TSR_OK; i++) {
+                        const uint64_t *rg = w->slice.range[i];
+                        st = tsr_ggml_dequantize(type, p + rg[0] * row_bytes, (size_t)(rg[1] * cols), buf);
+                        buf += rg[1] * cols;
+                }
+                return st;
+        }
+        const uint64_t first = w->slice.range[0][0], n = w->slice.range[0][1];
+        float *row = malloc((size_t)cols * sizeof(float));
         if (!row)
                 return TSR_E_NOMEM;
         for (uint64_t r = 0; r < w->rows && st == TSR_OK; r++) {
-                st = tsr_ggml_dequantize(type, p + r * row_bytes, (size_t)w->cols, row);
-                memcpy(buf + r * w->slice.n, row + w->slice.first, (size_t)w->slice.n * sizeof(float));
+                if ((st = tsr_ggml_dequantize(type, p + r * row_bytes, (size_t)cols, row)) == TSR_OK)
+                        memcpy(buf + r * n, row + first, (size_t)n * sizeof(float));
         }
         free(row);
         return st;

@@ -264,12 +264,12 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
         tsr_llama_tp_share sh = {0};
         bool tp = w->tp_sliced && tsr_llama_tp_share_of(c, w->shard.tp_rank, w->shard.tp_size, &sh, NULL, 0) == TSR_OK;
         uint64_t r = w->shard.tp_rank, hd = c->head_dim;
-        const tsr_load_slice rows_q = {TSR_LOAD_SLICE_ROWS, r * sh.nh * hd, sh.nh * hd},
-                             rows_kv = {TSR_LOAD_SLICE_ROWS, sh.kv0 * hd, sh.nkv * hd},
-                             rows_mlp = {TSR_LOAD_SLICE_ROWS, r * sh.hid, sh.hid},
-                             cols_o = {TSR_LOAD_SLICE_COLS, r * sh.nh * hd, sh.nh * hd},
-                             cols_down = {TSR_LOAD_SLICE_COLS, r * sh.hid, sh.hid},
-                             rows_vocab = {TSR_LOAD_SLICE_ROWS, r * sh.vl, sh.vl}, whole = {0};
+        const tsr_load_slice rows_q = {TSR_LOAD_SLICE_ROWS, 1, {{r * sh.nh * hd, sh.nh * hd}}},
+                             rows_kv = {TSR_LOAD_SLICE_ROWS, 1, {{sh.kv0 * hd, sh.nkv * hd}}},
+                             rows_mlp = {TSR_LOAD_SLICE_ROWS, 1, {{r * sh.hid, sh.hid}}},
+                             cols_o = {TSR_LOAD_SLICE_COLS, 1, {{r * sh.nh * hd, sh.nh * hd}}},
+                             cols_down = {TSR_LOAD_SLICE_COLS, 1, {{r * sh.hid, sh.hid}}},
+                             rows_vocab = {TSR_LOAD_SLICE_ROWS, 1, {{r * sh.vl, sh.vl}}}, whole = {0};
         struct { float **dst; tsr_tensor *stored; uint64_t rows, cols; tsr_load_slice slice; } s[] = {
                 {first || (last && c->tied_embeddings) ? &w->token_embd : NULL, &w->token_embd_stored,
                  c->vocab_size, dim, whole},

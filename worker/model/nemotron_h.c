@@ -182,6 +182,53 @@ void tsr_nemotron_h_free(tsr_nemotron_h **mp) {
         *mp = NULL;
 }
 
+static tsr_status tp_check(const tsr_nemotron_h_config *c, uint32_t t, char *err, size_t errlen);
+
+/* A tensor-parallel rank's share of logical tensor `name` (m->shard.tp_size > 1: the
+ * rank reads only it from the file; issue #20): the rows and columns shard() keeps of a
+ * whole model (split_mamba, split_ffn, the attention's heads, lm_head's vocabulary
+ * rows), TSR_LOAD_WHOLE for what every rank holds whole (embedding, norms, router) and
+ * at tp 1. */
+static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
+        const tsr_nemotron_h_config *c = &m->cfg;
+        uint32_t t = m->shard.tp_size, rk = m->shard.tp_rank;
+        if (t <= 1)
+                return (tsr_load_slice){0};
+        tsr_nemotron_h_config r = tsr_nemotron_h_config_rank(c, t);
+        uint64_t P = c->m_head_dim, NS = c->ssm_state, di = tsr_nemotron_h_d_inner(c), gn = (uint64_t)c->n_groups * NS;
+        uint64_t hr = r.m_heads, dr = hr * P, gr = (uint64_t)r.n_groups * NS, h0 = rk * hr, x0 = rk * dr, g0 = rk * gr;
+        uint64_t hd = c->head_dim, qr = (uint64_t)r.n_heads * hd, nkv = r.n_kv_heads;
+        uint64_t kv0 = t <= c->n_kv_heads ? rk * nkv : rk / (t / c->n_kv_heads), vl = c->vocab_size / t;
+        const struct { const char *name; tsr_load_slice s; } rule[] = {
+                /* in_proj's rows [z | xBC | dt]: the rank's z, its xBC channels, its heads' dt */
+                {"in_proj", {TSR_LOAD_SLICE_ROWS, 5, {{x0, dr}, {di + x0, dr}, {2 * di + g0, gr},
+                                                      {2 * di + gn + g0, gr}, {2 * di + 2 * gn + h0, hr}}}},
+                /* xBC's channels: the rank's heads' x, its groups' B, then their C */
+                {"conv_w", {TSR_LOAD_SLICE_ROWS, 3, {{x0, dr}, {di + g0, gr}, {di + gn + g0, gr}}}},
+                {"conv_b", {TSR_LOAD_SLICE_ROWS, 3, {{x0, dr}, {di + g0, gr}, {di + gn + g0, gr}}}},
+                {"A_log", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
+                {"D", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
+                {"dt_bias", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
+                {"gnorm", {TSR_LOAD_SLICE_ROWS, 1, {{x0, dr}}}},
+                {"out_proj", {TSR_LOAD_SLICE_COLS, 1, {{x0, dr}}}},
+                {"attn_q", {TSR_LOAD_SLICE_ROWS, 1, {{rk * qr, qr}}}},
+                {"attn_k", {TSR_LOAD_SLICE_ROWS, 1, {{kv0 * hd, nkv * hd}}}},
+                {"attn_v", {TSR_LOAD_SLICE_ROWS, 1, {{kv0 * hd, nkv * hd}}}},
+                {"attn_o", {TSR_LOAD_SLICE_COLS, 1, {{rk * qr, qr}}}},
+                {"expert_up", {TSR_LOAD_SLICE_ROWS, 1, {{rk * r.moe_hidden, r.moe_hidden}}}},
+                {"expert_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.moe_hidden, r.moe_hidden}}}},
+                {"shared_up", {TSR_LOAD_SLICE_ROWS, 1, {{rk * r.shared_hidden, r.shared_hidden}}}},
+                {"shared_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.shared_hidden, r.shared_hidden}}}},
+                {"mlp_up", {TSR_LOAD_SLICE_ROWS, 1, {{rk * r.mlp_hidden, r.mlp_hidden}}}},
+                {"mlp_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.mlp_hidden, r.mlp_hidden}}}},
+                {"output", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},
+        };
+        for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++)
+                if (strcmp(rule[i].name, name) == 0)
+                        return rule[i].s;
+        return (tsr_load_slice){0};
+}
+
 /* Where the family's logical tensor `n` of `layer` goes, and its shape; false when the
  * layer's block type has no such tensor. */
 static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_load_slot *ret) {
@@ -229,8 +276,9 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 if (kind != 'E')
                         return false;
                 nh_mat *w = up ? &L->exp_up[i / 2] : &L->exp_down[i / 2];
-                *ret = (tsr_load_slot){.dst = &w->f, .stored = &w->q, .rows = up ? c->moe_hidden : dim,
-                                       .cols = up ? dim : c->moe_hidden};
+                tsr_load_slice sl = nh_slice(m, n->logical);
+                *ret = (tsr_load_slot){.dst = &w->f, .stored = sl.axis ? NULL : &w->q, .rows = up ? c->moe_hidden : dim,
+                                       .cols = up ? dim : c->moe_hidden, .slice = sl};
                 return true;
         }
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
@@ -238,8 +286,9 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                         continue;
                 if (!s[i].dst || (s[i].kind && s[i].kind != 'A' && s[i].kind != kind))
                         return false;
-                *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].mat ? &s[i].mat->q : NULL,
-                                       .rows = s[i].rows, .cols = s[i].cols};
+                tsr_load_slice sl = nh_slice(m, n->logical);
+                *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].mat && !sl.axis ? &s[i].mat->q : NULL,
+                                       .rows = s[i].rows, .cols = s[i].cols, .slice = sl};
                 return true;
         }
         return false;
@@ -346,11 +395,13 @@ static tsr_status finish_load(tsr_nemotron_h *m, const char *src, char *err, siz
                         return st;
                 if (c->pattern[l] != 'M')
                         continue;
-                if (!(L->A = malloc(c->m_heads * sizeof *L->A))) {
+                /* a tensor-parallel rank read its heads' A_log only (nh_slice) */
+                uint32_t heads = m->shard.tp_size > 1 ? c->m_heads / m->shard.tp_size : c->m_heads;
+                if (!(L->A = malloc(heads * sizeof *L->A))) {
                         tsr_errf(err, errlen, "%s: out of memory", src);
                         return TSR_E_NOMEM;
                 }
-                for (uint32_t h = 0; h < c->m_heads; h++)
+                for (uint32_t h = 0; h < heads; h++)
                         L->A[h] = -expf(L->A_log[h]);
         }
         if (c->tied_embeddings)
@@ -405,13 +456,19 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
         m->ne = m->cfg.n_experts;       /* every routed expert (tsr_nemotron_h_shard_ep keeps a range) */
         m->tp_size = 1;
         m->vocab_out = m->cfg.vocab_size;
-        if (m->shard.tp_size != 1 || m->shard.tp_rank != 0 || m->shard.first_layer > m->shard.last_layer ||
-            m->shard.last_layer >= m->cfg.n_layers) {
-                tsr_errf(err, errlen, "%s: shard tp %u/%u layers %u..%u: only tp 0/1 (tensor parallelism is not "
-                         "built) and a layer range within 0..%u are supported", dir, m->shard.tp_rank,
+        if (m->shard.tp_size == 0 || m->shard.tp_rank >= m->shard.tp_size ||
+            m->shard.first_layer > m->shard.last_layer || m->shard.last_layer >= m->cfg.n_layers) {
+                tsr_errf(err, errlen, "%s: shard tp %u/%u layers %u..%u: a rank below the tensor parallel size and "
+                         "a layer range within 0..%u are supported", dir, m->shard.tp_rank,
                          m->shard.tp_size, m->shard.first_layer, m->shard.last_layer,
                          m->cfg.n_layers ? m->cfg.n_layers - 1 : 0);
                 st = TSR_E_UNSUPPORTED;
+                goto fail;
+        }
+        /* a tensor-parallel rank reads its share (nh_slice), which needs tp to split it */
+        char why[400];
+        if (m->shard.tp_size > 1 && (st = tp_check(&m->cfg, m->shard.tp_size, why, sizeof why)) != TSR_OK) {
+                tsr_errf(err, errlen, "%s: %s", dir, why);
                 goto fail;
         }
         if ((st = alloc_layers(m)) != TSR_OK) {
@@ -655,7 +712,7 @@ static tsr_status tp_check(const tsr_nemotron_h_config *c, uint32_t t, char *err
 /* One Mamba layer's weights for rank `rk` of the counts in `r` (the whole model's in
  * `c`); `split` false: out_proj's canonical slices alone. */
 static tsr_status split_mamba(nh_layer *L, const tsr_nemotron_h_config *c, const tsr_nemotron_h_config *r,
-                              uint32_t rk, size_t ns, bool split) {
+                              uint32_t rk, size_t ns, bool split, bool sliced) {
         size_t P = c->m_head_dim, NS = c->ssm_state, di = tsr_nemotron_h_d_inner(c), gn = (size_t)c->n_groups * NS;
         size_t hr = r->m_heads, dr = hr * P, gr = (size_t)r->n_groups * NS;
         size_t h0 = rk * hr, x0 = rk * dr, g0 = rk * gr;
@@ -667,7 +724,7 @@ static tsr_status split_mamba(nh_layer *L, const tsr_nemotron_h_config *c, const
         float **per_head[] = {&L->A_log, &L->D, &L->dt_bias, &L->A};
         tsr_status st;
 
-        if (split) {
+        if (split && !sliced) {
                 if ((st = tsr_tp_keep_row_ranges(&L->in_proj.f, c->dim, in, 5)) ||
                     (st = tsr_tp_keep_row_ranges(&L->conv_w, c->conv_kernel, xbc, 3)) ||
                     (L->conv_b && (st = tsr_tp_keep_row_ranges(&L->conv_b, 1, xbc, 3))) ||
@@ -677,15 +734,19 @@ static tsr_status split_mamba(nh_layer *L, const tsr_nemotron_h_config *c, const
                         if ((st = tsr_tp_keep_rows(per_head[i], 1, c->m_heads, 1, h0, hr)))
                                 return st;
         }
+        if (sliced)     /* read as the share (nh_slice): only out_proj's canonical order left */
+                return tsr_tp_keep_col_slices(&L->out_proj.f, 1, c->dim, dr, 0, dr, ns);
         return tsr_tp_keep_col_slices(&L->out_proj.f, 1, c->dim, di, x0, dr, ns);
 }
 
 /* A column-parallel up (hid, dim) and row-parallel down (dim, hid) pair: rank rk's n of
- * the hid columns. */
+ * the hid columns (`sliced`: read as the share already, down's canonical order left). */
 static tsr_status split_ffn(nh_mat *up, nh_mat *down, size_t dim, size_t hid, size_t n, uint32_t rk, size_t ns,
-                            bool split) {
+                            bool split, bool sliced) {
         tsr_status st;
 
+        if (sliced)
+                return tsr_tp_keep_col_slices(&down->f, 1, dim, n, 0, n, ns);
         if (split && (st = tsr_tp_keep_rows(&up->f, 1, hid, dim, rk * n, n)))
                 return st;
         return tsr_tp_keep_col_slices(&down->f, 1, dim, hid, rk * n, n, ns);
@@ -735,14 +796,23 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         kv0 = tp_size <= c->n_kv_heads ? tp_rank * nkv : tp_rank / (tp_size / c->n_kv_heads);
         vl = c->vocab_size / tp_size;
         split = tp_size > 1;    /* tp 1: the canonical K slices alone */
+        /* read as the rank's share (nh_slice, the load's tp spec): the splits below only
+         * put the row-parallel columns in the canonical order */
+        bool sliced = m->shard.tp_size > 1;
+        if (sliced && (ep || m->shard.tp_size != tp_size || m->shard.tp_rank != tp_rank))
+                return TSR_E_INVAL;
         for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer && st == TSR_OK; l++) {
                 nh_layer *L = &m->layers[l];
                 size_t qr = (size_t)r.n_heads * hd;
                 switch (c->pattern[l]) {
                 case 'M':
-                        st = split_mamba(L, c, &r, tp_rank, ns, split);
+                        st = split_mamba(L, c, &r, tp_rank, ns, split, sliced);
                         break;
                 case '*':
+                        if (sliced) {
+                                st = tsr_tp_keep_col_slices(&L->wo.f, 1, dim, qr, 0, qr, ns);
+                                break;
+                        }
                         if (split && ((st = tsr_tp_keep_rows(&L->wq.f, 1, c->n_heads * hd, dim, tp_rank * qr, qr)) ||
                                       (st = tsr_tp_keep_rows(&L->wk.f, 1, c->n_kv_heads * hd, dim, kv0 * hd,
                                                              nkv * hd)) ||
@@ -756,18 +826,20 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
                                 st = keep_experts(L, c, e0, ne);
                         for (uint32_t e = 0; !ep && e < c->n_experts && st == TSR_OK; e++)
                                 st = split_ffn(&L->exp_up[e], &L->exp_down[e], dim, c->moe_hidden, r.moe_hidden,
-                                               tp_rank, ns, split);
+                                               tp_rank, ns, split, sliced);
                         if (st == TSR_OK)
                                 st = split_ffn(&L->shared_up, &L->shared_down, dim, c->shared_hidden, r.shared_hidden,
-                                               tp_rank, ns, split);
+                                               tp_rank, ns, split, sliced);
                         break;
                 default:
-                        st = split_ffn(&L->mlp_up, &L->mlp_down, dim, c->mlp_hidden, r.mlp_hidden, tp_rank, ns, split);
+                        st = split_ffn(&L->mlp_up, &L->mlp_down, dim, c->mlp_hidden, r.mlp_hidden, tp_rank, ns, split,
+                                       sliced);
                         break;
                 }
         }
-        /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs */
-        if (st == TSR_OK && split && m->output.f)
+        /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs and
+         * lm_head gets a copy of its rows; untied and read as the share: already its rows */
+        if (st == TSR_OK && split && m->output.f && !(sliced && m->output.f != m->token_embd))
                 st = tsr_tp_keep_vocab_rows(&m->output.f, &m->token_embd, m->shard.first_layer == 0, c->vocab_size,
                                             dim, tp_rank * vl, vl);
         if (st != TSR_OK) {

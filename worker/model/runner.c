@@ -458,6 +458,12 @@ static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr
         return TSR_OK;
 }
 
+/* Whether the family's tensor-parallel ranks read their share from the file (not under
+ * expert parallelism: its whole experts per rank load as before). */
+static bool reads_share(const tsr_runner *r, const tsr_runner_opts *opts) {
+        return r->fam->load_tp_share && !(opts->expert_parallel && r->fam->ep_shard);
+}
+
 /* Load stage `s` (layers `shard`) onto sg->be and allocate its KV.  Main thread. */
 static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
                              bool *bf16, const tsr_shard_spec *shard, stage *sg, uint64_t num_blocks,
@@ -494,7 +500,7 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                 split = false;
         /* A family that reads a rank's share from the file gets the rank's spec; the
          * others load whole tensors and split them after (tp_shard either way). */
-        bool share = split && shard->tp_size > 1 && r->fam->load_tp_share;
+        bool share = split && shard->tp_size > 1 && reads_share(r, opts);
         load.tp_rank = share ? shard->tp_rank : 0;
         load.tp_size = share ? shard->tp_size : 1;
         if (split)
@@ -654,7 +660,7 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 if (st != TSR_OK)
                         goto fail;
                 int threads = tsr_backend_threads(sg->be);
-                const char *how = r->fam->load_tp_share ? "its share read straight from the file"
+                const char *how = reads_share(r, opts) ? "its share read straight from the file"
                                                         : "whole tensors, then split";
                 if (pp == 1 && tp > 1)
                         log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s, "
