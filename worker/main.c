@@ -389,7 +389,8 @@ static void model_identity(const char *path, char *out, size_t len) {
 
 /* What every node of a replica must agree on, a key=value line each (bootstrap.h names
  * the first line that differs). */
-static void node_fingerprint(const tsr_config *cfg, uint32_t pp, const uint32_t *layers, char *out, size_t len) {
+static void node_fingerprint(const tsr_config *cfg, uint32_t pp, const uint32_t *layers, const char *weights_dtype,
+                             tsr_dtype kv_dtype, char *out, size_t len) {
         char ident[128], split[256];
         size_t o = 0;
         const char *slash = strrchr(cfg->model, '/');
@@ -398,10 +399,12 @@ static void node_fingerprint(const tsr_config *cfg, uint32_t pp, const uint32_t 
         for (uint32_t s = 0; s < pp && o < sizeof split; s++)
                 o += (size_t)snprintf(split + o, sizeof split - o, "%s%u", s ? "," : "", layers[s]);
         snprintf(out, len,
-                 "model=%s\nmodel_files=%s\npipeline_parallel_size=%u\nlayers_per_stage=%s\ndtype=%s\n"
-                 "kv_cache_dtype=%s\nblock_size=%d\nquantization=%s\nmax_model_len=%d\nenable_expert_parallel=%d\n",
+                 "model=%s\nmodel_files=%s\npipeline_parallel_size=%u\nlayers_per_stage=%s\ndtype=%s (%s)\n"
+                 "kv_cache_dtype=%s (%s)\nblock_size=%d\nquantization=%s\nmax_model_len=%d\n"
+                 "enable_expert_parallel=%d\n",
                  slash && slash[1] ? slash + 1 : cfg->model, ident, pp, split, cfg->dtype ? cfg->dtype : "auto",
-                 cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto", cfg->block_size,
+                 weights_dtype, cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto", tsr_dtype_get_info(kv_dtype)->name,
+                 cfg->block_size,
                  cfg->quantization ? cfg->quantization : "auto", cfg->max_model_len, cfg->enable_expert_parallel);
 }
 
@@ -734,7 +737,9 @@ int main(int argc, char **argv) {
          * followers and serves with the smallest KV capacity among the nodes. */
         if (node_stage >= 0) {
                 char fp[1024];
-                node_fingerprint(&cfg, pp, pp_layers, fp, sizeof fp);
+                /* the dtypes as resolved: nodes whose CPUs resolve auto differently disagree */
+                node_fingerprint(&cfg, pp, pp_layers, runner ? tsr_runner_dtype(runner) : "none", kv_dtype, fp,
+                                 sizeof fp);
                 tsr_nodes_cfg nc = {.nnodes = (uint32_t)cfg.nnodes, .node_rank = (uint32_t)cfg.node_rank,
                                     .master_addr = cfg.master_addr, .master_port = (uint16_t)cfg.master_port,
                                     .fingerprint = fp, .join_timeout_ms = node_join_timeout_ms(),

@@ -775,6 +775,7 @@ static void test_load_slices(void **state) {
                 /* a fused projection's parts, out of order */
                 {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_ROWS, 3, {{128, 32}, {0, 16}, {191, 1}}}},
                 {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_COLS, 1, {{37, 100}}}},          /* mid-block */
+                {"blk.0.attn_k.weight", 192, 576, {TSR_LOAD_SLICE_COLS, 2, {{500, 40}, {0, 32}}}}, /* two ranges */
                 {"blk.0.ffn_down.weight", 576, 1536, {TSR_LOAD_SLICE_COLS, 1, {{768, 768}}}},     /* Q4_1 */
         };
         tsr_tensor_source src = {.g = g, .src = path};
@@ -804,10 +805,13 @@ static void test_load_slices(void **state) {
                                                             whole + (sl->range[i][0] + k) * cases[c].cols,
                                                             out_cols * sizeof(float));
                 } else {
+                        for (uint32_t i = 1; i < sl->n_ranges; i++)
+                                out_cols += sl->range[i][1];
                         for (out_rows = 0; out_rows < cases[c].rows; out_rows++)
-                                assert_memory_equal(slice_case.dst + out_rows * out_cols,
-                                                    whole + out_rows * cases[c].cols + sl->range[0][0],
-                                                    out_cols * sizeof(float));
+                                for (uint32_t i = 0, at = 0; i < sl->n_ranges; at += (uint32_t)sl->range[i][1], i++)
+                                        assert_memory_equal(slice_case.dst + out_rows * out_cols + at,
+                                                            whole + out_rows * cases[c].cols + sl->range[i][0],
+                                                            sl->range[i][1] * sizeof(float));
                 }
                 assert_int_equal(stats.f32_bytes, out_rows * out_cols * sizeof(float));
                 assert_int_equal(stats.resident_bytes, out_rows * out_cols * sizeof(float));

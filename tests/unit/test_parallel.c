@@ -1322,11 +1322,10 @@ static void test_tp_resident_bytes(void **state) {
                               (unsigned long long)one.f32_bytes, (unsigned long long)two.f32_bytes);
                 assert_true(two.resident_bytes > one.resident_bytes);
                 assert_true(two.resident_bytes < one.resident_bytes * 3 / 2);
-                if (strcmp(cases[c].family, "llama") == 0 ||
-                    (strcmp(cases[c].family, "nemotron_h") == 0 && !cases[c].ep)) {
+                if (!cases[c].ep) {
                         /* each rank read its share from the file and kept all it read:
                          * under 1.5 whole reads (the embedding, norms and routers are
-                         * whole); expert parallelism and Llama 4 read whole tensors */
+                         * whole); expert parallelism reads whole tensors */
                         assert_true(two.f32_bytes < 2 * one.f32_bytes * 3 / 4);
                         assert_true(two.f32_bytes <= two.resident_bytes);
                 } else {

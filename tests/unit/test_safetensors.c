@@ -777,6 +777,34 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
         free(step);
 }
 
+/* A tensor-parallel rank's load (issue #20) of the f32 and bf16 copies: rank 1 of 2
+ * reads its share only (the stats count it: under the whole model's floats, the
+ * embedding and norms whole) and comes back split for that rank, so that a caller that
+ * never calls tsr_llama_shard_tp still holds a consistent model (bf16 conversion reads
+ * only what was loaded: ASan would see an overflow); shard_tp for the same rank is a
+ * no-op, for another rank an error naming both. */
+static void test_tp_share_load(void **state) {
+        (void)state;
+        static const char *const dirs[] = {"f32", "bf16"};
+        for (size_t d = 0; d < 2; d++) {
+                char path[1024], err[512] = "";
+                tsr_llama *m = NULL;
+                tsr_load_stats st = {0};
+                tsr_shard_spec r1 = {.tp_rank = 1, .tp_size = 2, .first_layer = 0, .last_layer = 1};
+                assert_non_null(tsr_test_src_path(FIXTURE, path, sizeof path));
+                snprintf(path + strlen(path), sizeof path - strlen(path), "/%s", dirs[d]);
+                if (tsr_llama_load(path, &r1, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
+                        fail_msg("%s: %s", path, err);
+                assert_int_equal(st.n_tensors, 21);
+                assert_true(st.f32_bytes < 112448 * 4 * 3 / 4);
+                assert_int_equal(tsr_llama_shard_tp(m, 1, 2, err, sizeof err), TSR_OK);
+                assert_int_equal(tsr_llama_shard_tp(m, 0, 2, err, sizeof err), TSR_E_INVAL);
+                assert_non_null(strstr(err, "read as tensor parallel rank 1 of 2's share, not tensor parallel rank 0 of 2's"));
+                assert_int_equal(tsr_llama_use_bf16(m), TSR_OK);
+                tsr_llama_free(&m);
+        }
+}
+
 static void test_tiny_llama3_f32(void **state) { check_variant("f32", TSR_ST_F32); }
 
 static void test_tiny_llama3_bf16(void **state) { check_variant("bf16", TSR_ST_BF16); }
@@ -890,6 +918,7 @@ int main(void) {
                 cmocka_unit_test(test_tiny_llama3_f32),
                 cmocka_unit_test(test_tiny_llama3_bf16),
                 cmocka_unit_test(test_load_errors),
+                cmocka_unit_test(test_tp_share_load),
         };
         if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
                 return 1;

@@ -26,17 +26,22 @@ struct want {
         tsr_load_slice slice;   /* a tensor-parallel rank's rows or columns (tsr_load_slot) */
 };
 
+/* The rows and columns of one (rows, cols) matrix that w's slice keeps. */
+static void slice_shape(const struct want *w, uint64_t *rows, uint64_t *cols) {
+        uint64_t n = 0;
+        for (uint32_t i = 0; i < w->slice.n_ranges; i++)
+                n += w->slice.range[i][1];
+        *rows = w->slice.axis == TSR_LOAD_SLICE_ROWS ? n : w->rows;
+        *cols = w->slice.axis == TSR_LOAD_SLICE_COLS ? n : w->cols ? w->cols : 1;
+}
+
 /* Float32 elements that `w` takes of a tensor of n_elements. */
 static uint64_t want_elems(const struct want *w, uint64_t n_elements) {
-        uint64_t rows = 0;
-        switch (w->slice.axis) {
-        case TSR_LOAD_SLICE_ROWS:
-                for (uint32_t i = 0; i < w->slice.n_ranges; i++)
-                        rows += w->slice.range[i][1];
-                return rows * (w->cols ? w->cols : 1);
-        case TSR_LOAD_SLICE_COLS: return w->rows * w->slice.range[0][1];
-        default: return n_elements;
-        }
+        uint64_t rows, cols;
+        if (w->slice.axis == TSR_LOAD_WHOLE)
+                return n_elements;
+        slice_shape(w, &rows, &cols);
+        return (w->experts ? w->experts : 1) * rows * cols;
 }
 
 /* Whether w's slice lies inside its (rows, cols) matrix; else a message naming the tensor. */
@@ -48,8 +53,7 @@ static bool slice_ok(const struct want *w, const char *src, char *err, size_t er
 
         if (sl->axis == TSR_LOAD_WHOLE)
                 return true;
-        if (!w->experts && (rows || w->cols) && sl->n_ranges >= 1 &&
-            sl->n_ranges <= (rows ? TSR_LOAD_SLICE_MAX : 1)) {
+        if ((rows || w->cols) && sl->n_ranges >= 1 && sl->n_ranges <= TSR_LOAD_SLICE_MAX) {
                 for (bad = 0; bad < sl->n_ranges; bad++)
                         if (sl->range[bad][1] == 0 || sl->range[bad][0] > extent ||
                             sl->range[bad][1] > extent - sl->range[bad][0])
@@ -66,38 +70,47 @@ static bool slice_ok(const struct want *w, const char *src, char *err, size_t er
 }
 
 /* Widen a tensor of ggml type `type` (the encoding; safetensors' F32 / F16 / BF16 map to
- * it) at `data` into *buf (want_elems floats): all of it in one call, or w's slice range
- * by range -- a column slice through one widened row at a time -- so that only the share
- * is ever held in float32.  TSR_E_UNSUPPORTED / TSR_E_INVAL from the dequantizer,
- * TSR_E_NOMEM. */
+ * it) at `data` into *buf (want_elems floats): all of it in one call, or w's slice of
+ * each expert's matrix range by range -- column ranges through one widened row at a
+ * time -- so that only the share is ever held in float32.  TSR_E_UNSUPPORTED /
+ * TSR_E_INVAL from the dequantizer, TSR_E_NOMEM. */
 static tsr_status widen(uint32_t type, const void *data, uint64_t n_elements, const struct want *w, float *buf) {
         const uint8_t *p = data;
-        uint64_t cols = w->cols ? w->cols : 1;
+        const tsr_load_slice *sl = &w->slice;
+        uint64_t cols = w->cols ? w->cols : 1, out_rows, out_cols;
         size_t row_bytes;
+        float *row = NULL;
         tsr_dtype dt;
         tsr_status st;
 
-        if (w->slice.axis == TSR_LOAD_WHOLE)
+        if (sl->axis == TSR_LOAD_WHOLE)
                 return tsr_ggml_dequantize(type, data, (size_t)n_elements, buf);
         if (!tsr_ggml_dtype(type, &dt))
                 return TSR_E_UNSUPPORTED;
         if ((st = tsr_dtype_row_bytes(dt, (size_t)cols, &row_bytes)) != TSR_OK)
                 return st;
-        if (w->slice.axis == TSR_LOAD_SLICE_ROWS) {
-                for (uint32_t i = 0; i < w->slice.n_ranges && st == TSR_OK; i++) {
-                        const uint64_t *rg = w->slice.range[i];
-                        st = tsr_ggml_dequantize(type, p + rg[0] * row_bytes, (size_t)(rg[1] * cols), buf);
-                        buf += rg[1] * cols;
-                }
-                return st;
-        }
-        const uint64_t first = w->slice.range[0][0], n = w->slice.range[0][1];
-        float *row = malloc((size_t)cols * sizeof(float));
-        if (!row)
+        slice_shape(w, &out_rows, &out_cols);
+        if (sl->axis == TSR_LOAD_SLICE_COLS && !(row = malloc((size_t)cols * sizeof(float))))
                 return TSR_E_NOMEM;
-        for (uint64_t r = 0; r < w->rows && st == TSR_OK; r++) {
-                if ((st = tsr_ggml_dequantize(type, p + r * row_bytes, (size_t)cols, row)) == TSR_OK)
-                        memcpy(buf + r * n, row + first, (size_t)n * sizeof(float));
+        for (uint64_t e = 0; e < (w->experts ? w->experts : 1) && st == TSR_OK; e++) {
+                const uint8_t *m = p + e * w->rows * row_bytes;
+                float *out = buf + e * out_rows * out_cols;
+                if (sl->axis == TSR_LOAD_SLICE_ROWS) {
+                        for (uint32_t i = 0; i < sl->n_ranges && st == TSR_OK; i++) {
+                                st = tsr_ggml_dequantize(type, m + sl->range[i][0] * row_bytes,
+                                                         (size_t)(sl->range[i][1] * cols), out);
+                                out += sl->range[i][1] * cols;
+                        }
+                        continue;
+                }
+                for (uint64_t r = 0; r < w->rows && st == TSR_OK; r++) {
+                        if ((st = tsr_ggml_dequantize(type, m + r * row_bytes, (size_t)cols, row)) != TSR_OK)
+                                break;
+                        for (uint32_t i = 0; i < sl->n_ranges; i++) {
+                                memcpy(out, row + sl->range[i][0], (size_t)sl->range[i][1] * sizeof(float));
+                                out += sl->range[i][1];
+                        }
+                }
         }
         free(row);
         return st;

@@ -92,14 +92,16 @@ typedef struct tsr_load_opts {
 
 /* A tensor-parallel rank's share of a matrix, read straight from the file (issue #20;
  * vLLM's weight_loader narrows the same way): row ranges [first, first + n) of a
- * column-parallel weight (several for a fused projection whose parts split apart, e.g.
- * NemotronH's in_proj; concatenated in order), or one column range of every row of a
- * row-parallel one.  TSR_LOAD_WHOLE (zero): all of it. */
+ * column-parallel weight, or column ranges of every row (a row-parallel weight, or a
+ * column-parallel one stored transposed, as Llama 4's expert stacks [E, in, out]).
+ * Several ranges for a fused projection whose parts split apart (NemotronH's in_proj,
+ * Llama 4's gate_up), concatenated in order.  Of an expert stack, the same share of
+ * every expert's matrix.  TSR_LOAD_WHOLE (zero): all of it. */
 typedef enum { TSR_LOAD_WHOLE, TSR_LOAD_SLICE_ROWS, TSR_LOAD_SLICE_COLS } tsr_load_slice_axis;
 #define TSR_LOAD_SLICE_MAX 5
 typedef struct tsr_load_slice {
         tsr_load_slice_axis axis;
-        uint32_t n_ranges;                      /* rows: 1..TSR_LOAD_SLICE_MAX; columns: 1 */
+        uint32_t n_ranges;                      /* 1..TSR_LOAD_SLICE_MAX */
         uint64_t range[TSR_LOAD_SLICE_MAX][2];  /* {first, n} each, n > 0 */
 } tsr_load_slice;
 
@@ -118,9 +120,9 @@ typedef struct tsr_load_slot {
         bool optional;          /* may be absent from the source (then *dst stays NULL) */
         /* Not TSR_LOAD_WHOLE: only this share of the (rows, cols) matrix (rows and cols
          * stay the file's shape, which is checked) goes into *dst, as (sum of the n, cols)
-         * or (rows, n) floats; it is converted row by row from the file's bytes, so no
-         * whole tensor is ever held in float32, and never kept as stored.  A 2-D matrix,
-         * or a vector (cols 0) by rows; never an expert stack. */
+         * or (rows, sum of the n) floats (an expert stack: experts of those); it is
+         * converted row by row from the file's bytes, so no whole tensor is ever held in
+         * float32, and never kept as stored.  A vector (cols 0) only by rows. */
         tsr_load_slice slice;
 } tsr_load_slot;
 

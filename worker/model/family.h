@@ -127,9 +127,10 @@ struct tsr_model_family {
          * has no TP. */
         tsr_status (*tp_shard)(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
         /* load, given a shard spec with tp_size > 1, reads only the rank's share of each
-         * split tensor from the file (loader.h's slices), and tp_shard then finishes the
-         * split of that model: no rank ever holds a whole tensor in float32.  False: load
-         * takes tp_size 1 (whole tensors) and tp_shard splits them afterwards. */
+         * split tensor from the file (loader.h's slices) and returns the rank's model,
+         * split (tp_shard for the same rank is then a no-op): no rank ever holds a whole
+         * split tensor in float32.  False: load takes tp_size 1 (whole tensors) and
+         * tp_shard splits them afterwards. */
         bool load_tp_share;
         void (*tp_set_comm)(void *model, struct tsr_comm *comm);
         /* --enable-expert-parallel (issue #14): as tp_shard, but each MoE layer's routed

@@ -277,6 +277,11 @@ tsr_status tsr_llama_load_opts(const char *path, const tsr_llama_config *cfg, co
                 tsr_errf(err, errlen, "%s: bad RoPE parameters", path);
                 goto done;
         }
+        /* A tensor-parallel rank's share: finish the split here, so that what load returns
+         * is always a whole model or a rank's, never half of one (shard_tp is then a no-op) */
+        if (m->w->tp_sliced && (st = tsr_llama_shard_tp(m, m->w->shard.tp_rank, m->w->shard.tp_size, err, errlen)) !=
+                                       TSR_OK)
+                goto done;
         *ret = m;
         m = NULL;
 done:
@@ -607,18 +612,20 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
         tsr_llama_weights *w;
         tsr_status st = TSR_OK;
 
-        if (!m || tp_size == 0 || tp_rank >= tp_size || m->canonical)
+        if (!m)
                 return TSR_E_INVAL;
         c = &m->cfg;
         w = m->w;
         hd = c->head_dim;
+        /* Read as the rank's share (tsr_llama_weights.tp_sliced): the load's own call
+         * splits it, a later one for that rank has nothing left to do; only o_proj's and
+         * down_proj's columns still go into the canonical slice order below. */
+        bool done, sliced = w->tp_sliced;
+        if ((st = tsr_tp_shard_begin(w->shard.tp_rank, sliced ? w->shard.tp_size : 1, m->canonical, tp_rank, tp_size,
+                                     false, &done, err, errlen)) != TSR_OK || done)
+                return st;
         if ((st = tsr_llama_tp_share_of(c, tp_rank, tp_size, &sh, err, errlen)) != TSR_OK)
                 return st;
-        /* Read as the rank's share (tsr_llama_weights.tp_sliced): only o_proj's and
-         * down_proj's columns still go into the canonical slice order below. */
-        bool sliced = w->tp_sliced;
-        if (sliced && (w->shard.tp_rank != tp_rank || w->shard.tp_size != tp_size))
-                return TSR_E_INVAL;
         bool split_rows = tp_size > 1 && !sliced;
         size_t o_cols = sliced ? (size_t)sh.nh * hd : (size_t)c->n_heads * hd, o_first = sliced ? 0 : tp_rank * sh.nh * hd;
         size_t down_cols = sliced ? sh.hid : c->hidden_dim, down_first = sliced ? 0 : (size_t)tp_rank * sh.hid;

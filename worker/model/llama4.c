@@ -171,6 +171,49 @@ const tsr_llama4_config *tsr_llama4_config_of(const tsr_llama4 *m) { return m ? 
 
 /* ---- load ------------------------------------------------------------------------------ */
 
+static tsr_status tp_check(const tsr_llama4_config *c, uint32_t t, char *err, size_t errlen);
+static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool ep, char *err, size_t errlen);
+
+/* A tensor-parallel rank's share of logical tensor `name` (m->shard.tp_size > 1: the
+ * rank reads only it from the file; issue #20): what shard() keeps of a whole model --
+ * the attention's heads, the dense MLP's, the shared expert's and every expert's
+ * intermediate columns (the BMM stacks [E, in, out] by their gate and up column halves
+ * and down's rows), lm_head's vocabulary rows; TSR_LOAD_WHOLE for what every rank holds
+ * whole (embedding, norms, router) and at tp 1. */
+static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
+        const tsr_llama4_config *c = m->cfg;
+        uint32_t t = m->shard.tp_size, rk = m->shard.tp_rank;
+        if (t <= 1)
+                return (tsr_load_slice){0};
+        uint64_t hd = c->base.head_dim, KVH = c->base.n_kv_heads, I = c->base.hidden_dim;
+        uint64_t qr = c->base.n_heads / t * hd, nkv = t <= KVH ? KVH / t : 1, kv0 = t <= KVH ? rk * nkv : rk / (t / KVH);
+        uint64_t hid = I / t, mlp = c->mlp_dim / t, vl = c->base.vocab_size / t;
+        const struct { const char *name; tsr_load_slice s; } rule[] = {
+                {"attn_q", {TSR_LOAD_SLICE_ROWS, 1, {{rk * qr, qr}}}},
+                {"attn_k", {TSR_LOAD_SLICE_ROWS, 1, {{kv0 * hd, nkv * hd}}}},
+                {"attn_v", {TSR_LOAD_SLICE_ROWS, 1, {{kv0 * hd, nkv * hd}}}},
+                {"attn_output", {TSR_LOAD_SLICE_COLS, 1, {{rk * qr, qr}}}},
+                {"ffn_gate", {TSR_LOAD_SLICE_ROWS, 1, {{rk * mlp, mlp}}}},
+                {"ffn_up", {TSR_LOAD_SLICE_ROWS, 1, {{rk * mlp, mlp}}}},
+                {"ffn_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * mlp, mlp}}}},
+                /* [E, dim, 2I]: the rank's gate columns, then its up columns */
+                {"ffn_gate_up_exps", {TSR_LOAD_SLICE_COLS, 2, {{rk * hid, hid}, {I + rk * hid, hid}}}},
+                {"ffn_down_exps", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},        /* [E, I, dim] */
+                {"ffn_gate_shexp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
+                {"ffn_up_shexp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
+                {"ffn_down_shexp", {TSR_LOAD_SLICE_COLS, 1, {{rk * hid, hid}}}},
+                {"output", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},
+                /* the per-expert layout's matrices */
+                {"ffn_gate_exp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
+                {"ffn_up_exp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
+                {"ffn_down_exp", {TSR_LOAD_SLICE_COLS, 1, {{rk * hid, hid}}}},
+        };
+        for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++)
+                if (strcmp(rule[i].name, name) == 0)
+                        return rule[i].s;
+        return (tsr_load_slice){0};
+}
+
 /* Where the family's logical tensor `n` of `layer` goes (llama4_family.c's table).  A
  * dense layer has no router or experts, a MoE layer no dense MLP; a tied model no output
  * matrix.  Experts are 3-D stacks in transformers' BMM layout [E, in, out]. */
@@ -213,17 +256,19 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                 size_t i = (size_t)(n - m->expert_names);       /* expert i / 3's gate, up, down */
                 if (!moe)
                         return false;
-                *ret = (tsr_load_slot){.dst = &L->fexp[i], .stored = &L->qexp[i], .rows = i % 3 == 2 ? dim : I,
-                                       .cols = i % 3 == 2 ? I : dim};
+                tsr_load_slice sl = l4_slice(m, n->logical);
+                *ret = (tsr_load_slot){.dst = &L->fexp[i], .stored = sl.axis ? NULL : &L->qexp[i],
+                                       .rows = i % 3 == 2 ? dim : I, .cols = i % 3 == 2 ? I : dim, .slice = sl};
                 return true;
         }
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
                 if (strcmp(s[i].name, n->logical) == 0 && s[i].dst) {
+                        tsr_load_slice sl = l4_slice(m, n->logical);
                         tsr_tensor *stored = s[i].mat ? &s[i].mat->q : NULL;
                         if (s[i].experts)       /* an FP8 BMM stack is kept as stored, then split per expert */
                                 stored = s[i].dst == &L->exp_gate_up.f ? &L->stack_gu : &L->stack_dn;
-                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = stored, .rows = s[i].rows,
-                                               .cols = s[i].cols, .experts = s[i].experts};
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = sl.axis ? NULL : stored, .rows = s[i].rows,
+                                               .cols = s[i].cols, .experts = s[i].experts, .slice = sl};
                         return true;
                 }
         return false;
@@ -316,7 +361,8 @@ static tsr_status split_stacks(layer *L, size_t E, size_t I, size_t dim) {
  * mixes quantized and float experts; err names the tensor), TSR_E_NOMEM. */
 static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char *pre, const char *dir, char *err,
                                  size_t errlen) {
-        size_t E = m->cfg->n_experts, I = m->cfg->base.hidden_dim, dim = m->cfg->base.dim, nq = 0;
+        /* a tensor-parallel rank read its hidden_dim / tp columns of each expert (l4_slice) */
+        size_t E = m->cfg->n_experts, I = m->cfg->base.hidden_dim / m->shard.tp_size, dim = m->cfg->base.dim, nq = 0;
         static const char *const proj[3] = {"gate", "up", "down"};
         tsr_status st = TSR_OK;
 
@@ -399,8 +445,25 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
 
         if (!dir || !cfg || !spec || !ret)
                 return TSR_E_INVAL;
-        if ((st = tsr_llama_weights_check(&cfg->base, spec, dir, err, errlen)) != TSR_OK)
+        /* the layer range as a Llama's; a tensor-parallel rank (it reads its share:
+         * l4_slice) by Llama 4's own split rules */
+        tsr_shard_spec layers = *spec;
+        layers.tp_rank = 0;
+        layers.tp_size = 1;
+        if ((st = tsr_llama_weights_check(&cfg->base, &layers, dir, err, errlen)) != TSR_OK)
                 return st;
+        if (spec->tp_size == 0 || spec->tp_rank >= spec->tp_size) {
+                tsr_errf(err, errlen, "%s: shard tp %u/%u: a rank below the tensor parallel size is supported", dir,
+                         spec->tp_rank, spec->tp_size);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (spec->tp_size > 1) {
+                char why[400];
+                if ((st = tp_check(cfg, spec->tp_size, why, sizeof why)) != TSR_OK) {
+                        tsr_errf(err, errlen, "%s: %s", dir, why);
+                        return st;
+                }
+        }
         if ((st = tsr_safetensors_set_open(dir, &set, err, errlen)) != TSR_OK)
                 return st;
         hd = cfg->base.head_dim;
@@ -492,6 +555,9 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
         }
         if (cfg->base.tied_embeddings)
                 m->output.f = m->embed;         /* NULL before the last stage */
+        /* a tensor-parallel rank's share: split here, so load never returns half a split */
+        if (spec->tp_size > 1 && (st = shard(m, spec->tp_rank, spec->tp_size, false, err, errlen)) != TSR_OK)
+                goto done;
         *ret = m;
         m = NULL;
         goto done;
@@ -648,8 +714,15 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         bool split;
         tsr_status st;
 
-        if (!m || tp_size == 0 || tp_rank >= tp_size || m->canonical)
-                return TSR_E_INVAL;
+        /* read as the rank's share (the load's tp spec): the load's own call splits it,
+         * a later one for that rank has nothing left to do; the splits below then only
+         * put the row-parallel columns in the canonical order */
+        bool done, sliced = m && m->shard.tp_size > 1;
+        if (!m || (st = tsr_tp_shard_begin(m->shard.tp_rank, m->shard.tp_size, m->canonical, tp_rank, tp_size, ep,
+                                           &done, err, errlen)) != TSR_OK)
+                return m ? st : TSR_E_INVAL;
+        if (done)
+                return TSR_OK;
         c = m->cfg;
         if ((st = tp_check(c, tp_size, err, errlen)) != TSR_OK)
                 return st;
@@ -667,17 +740,21 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         hid = I / tp_size, mlp = M / tp_size, vl = c->base.vocab_size / tp_size;
         ns = TSR_COMM_TREE_LEAVES / tp_size;
         split = tp_size > 1;    /* tp 1: the canonical K slices alone */
+        size_t o_cols = sliced ? nh * hd : H * hd, o0 = sliced ? 0 : tp_rank * nh * hd;
+        size_t i_cols = sliced ? hid : I, i0 = sliced ? 0 : tp_rank * hid;
+        size_t m_cols = sliced ? mlp : M, m0 = sliced ? 0 : tp_rank * mlp;
         n_local = m->shard.last_layer - m->shard.first_layer + 1;
         if (ep && (st = tsr_tp_expert_range(E, tp_rank, tp_size, &e0, &ne, err, errlen)) != TSR_OK)
                 return st;
         st = TSR_OK;
         for (size_t l = 0; l < n_local && st == TSR_OK; l++) {
                 layer *L = &m->layers[l];
-                if (split && (st = tsr_tp_keep_rows(&L->q.f, 1, H * hd, dim, tp_rank * nh * hd, nh * hd)) == TSR_OK &&
+                if (split && !sliced &&
+                    (st = tsr_tp_keep_rows(&L->q.f, 1, H * hd, dim, tp_rank * nh * hd, nh * hd)) == TSR_OK &&
                     (st = tsr_tp_keep_rows(&L->k.f, 1, KVH * hd, dim, kv0 * hd, nkv * hd)) == TSR_OK)
                         st = tsr_tp_keep_rows(&L->v.f, 1, KVH * hd, dim, kv0 * hd, nkv * hd);
                 if (st == TSR_OK)
-                        st = tsr_tp_keep_col_slices(&L->o.f, 1, dim, H * hd, tp_rank * nh * hd, nh * hd, ns);
+                        st = tsr_tp_keep_col_slices(&L->o.f, 1, dim, o_cols, o0, nh * hd, ns);
                 if (st != TSR_OK)
                         break;
                 if ((c->layer[m->shard.first_layer + l] & TSR_LLAMA4_MOE) && ep) {
@@ -696,22 +773,24 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
                 } else if (c->layer[m->shard.first_layer + l] & TSR_LLAMA4_MOE) {
                         /* every expert's gate and up halves, (2E, I, dim) as stacked (I, dim)
                          * matrices, and the shared expert: the rank's hid rows of each */
-                        if (split && (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 2 * E, I, dim, tp_rank * hid, hid)) ==
-                                             TSR_OK &&
+                        if (split && !sliced &&
+                            (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 2 * E, I, dim, tp_rank * hid, hid)) == TSR_OK &&
                             (st = tsr_tp_keep_rows(&L->sh_gate.f, 1, I, dim, tp_rank * hid, hid)) == TSR_OK)
                                 st = tsr_tp_keep_rows(&L->sh_up.f, 1, I, dim, tp_rank * hid, hid);
                         if (st == TSR_OK &&
-                            (st = tsr_tp_keep_col_slices(&L->exp_down.f, E, dim, I, tp_rank * hid, hid, ns)) == TSR_OK)
-                                st = tsr_tp_keep_col_slices(&L->sh_down.f, 1, dim, I, tp_rank * hid, hid, ns);
+                            (st = tsr_tp_keep_col_slices(&L->exp_down.f, E, dim, i_cols, i0, hid, ns)) == TSR_OK)
+                                st = tsr_tp_keep_col_slices(&L->sh_down.f, 1, dim, i_cols, i0, hid, ns);
                 } else {
-                        if (split && (st = tsr_tp_keep_rows(&L->gate.f, 1, M, dim, tp_rank * mlp, mlp)) == TSR_OK)
+                        if (split && !sliced &&
+                            (st = tsr_tp_keep_rows(&L->gate.f, 1, M, dim, tp_rank * mlp, mlp)) == TSR_OK)
                                 st = tsr_tp_keep_rows(&L->up.f, 1, M, dim, tp_rank * mlp, mlp);
                         if (st == TSR_OK)
-                                st = tsr_tp_keep_col_slices(&L->down.f, 1, dim, M, tp_rank * mlp, mlp, ns);
+                                st = tsr_tp_keep_col_slices(&L->down.f, 1, dim, m_cols, m0, mlp, ns);
                 }
         }
-        /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs */
-        if (st == TSR_OK && split && m->output.f)
+        /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs and
+         * lm_head gets a copy of its rows; untied and read as the share: already its rows */
+        if (st == TSR_OK && split && m->output.f && !(sliced && m->output.f != m->embed))
                 st = tsr_tp_keep_vocab_rows(&m->output.f, &m->embed, m->shard.first_layer == 0, c->base.vocab_size,
                                             dim, tp_rank * vl, vl);
         if (st != TSR_OK) {

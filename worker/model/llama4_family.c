@@ -158,6 +158,7 @@ const tsr_model_family tsr_family_llama4 = {
         .forward_batch = llama4_forward_batch,
         .forward_stage = llama4_forward_stage,
         .tp_shard = llama4_tp_shard,
+        .load_tp_share = true,
         .ep_shard = llama4_ep_shard,
         .moe = true,
         .tp_set_comm = llama4_tp_set_comm,

@@ -260,9 +260,9 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
          * lm_head only on the last (a tied lm_head is the embedding, so the last stage
          * reads it too). */
         bool first = w->shard.first_layer == 0, last = w->shard.last_layer + 1 == c->n_layers;
-        /* A tensor-parallel rank reads its share only (tp_sliced; the check passed). */
-        tsr_llama_tp_share sh = {0};
-        bool tp = w->tp_sliced && tsr_llama_tp_share_of(c, w->shard.tp_rank, w->shard.tp_size, &sh, NULL, 0) == TSR_OK;
+        /* A tensor-parallel rank reads its share only (tp_sliced, tp_share: llama_load_source). */
+        const tsr_llama_tp_share sh = w->tp_share;
+        bool tp = w->tp_sliced;
         uint64_t r = w->shard.tp_rank, hd = c->head_dim;
         const tsr_load_slice rows_q = {TSR_LOAD_SLICE_ROWS, 1, {{r * sh.nh * hd, sh.nh * hd}}},
                              rows_kv = {TSR_LOAD_SLICE_ROWS, 1, {{sh.kv0 * hd, sh.nkv * hd}}},
@@ -316,7 +316,12 @@ static tsr_status llama_load_source(const tsr_tensor_source *s, const tsr_llama_
         }
         w->cfg = *cfg;
         w->shard = *spec;
-        w->tp_sliced = spec->tp_size > 1;
+        if (spec->tp_size > 1) {        /* tsr_llama_weights_check passed it */
+                if ((st = tsr_llama_tp_share_of(cfg, spec->tp_rank, spec->tp_size, &w->tp_share, err, errlen)) !=
+                    TSR_OK)
+                        goto fail;
+                w->tp_sliced = true;
+        }
         st = tsr_load_tensors(s, fam->tensors, fam->n_tensors, spec, llama_bind, w, progress, ud, stats, err,
                               errlen);
         if (st != TSR_OK)

@@ -121,6 +121,7 @@ typedef struct tsr_llama_weights {
          * canonical slice order: tsr_llama_shard_tp), output its vocab rows.  The
          * embedding stays whole (the first stage looks tokens up in it). */
         bool tp_sliced;
+        tsr_llama_tp_share tp_share;    /* the share read when tp_sliced */
 } tsr_llama_weights;
 
 

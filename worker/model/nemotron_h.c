@@ -183,6 +183,7 @@ void tsr_nemotron_h_free(tsr_nemotron_h **mp) {
 }
 
 static tsr_status tp_check(const tsr_nemotron_h_config *c, uint32_t t, char *err, size_t errlen);
+static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, bool ep, char *err, size_t errlen);
 
 /* A tensor-parallel rank's share of logical tensor `name` (m->shard.tp_size > 1: the
  * rank reads only it from the file; issue #20): the rows and columns shard() keeps of a
@@ -486,6 +487,9 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 goto fail;
         if ((st = finish_load(m, dir, err, errlen)) != TSR_OK)
                 goto fail;
+        /* a tensor-parallel rank's share: split here, so load never returns half a split */
+        if (m->shard.tp_size > 1 && (st = shard(m, m->shard.tp_rank, m->shard.tp_size, false, err, errlen)) != TSR_OK)
+                goto fail;
         *ret = m;
         return TSR_OK;
 fail:
@@ -778,8 +782,15 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         bool split;
         tsr_status st = TSR_OK;
 
-        if (!m || tp_size == 0 || tp_rank >= tp_size || m->canonical)
-                return TSR_E_INVAL;
+        /* read as the rank's share (the load's tp spec): the load's own call splits it,
+         * a later one for that rank has nothing left to do; the splits below then only
+         * put the row-parallel columns in the canonical order */
+        bool done, sliced = m && m->shard.tp_size > 1;
+        if (!m || (st = tsr_tp_shard_begin(m->shard.tp_rank, m->shard.tp_size, m->canonical, tp_rank, tp_size, ep,
+                                           &done, err, errlen)) != TSR_OK)
+                return m ? st : TSR_E_INVAL;
+        if (done)
+                return TSR_OK;
         c = &m->cfg;
         if ((st = tp_check(c, tp_size, err, errlen)) != TSR_OK)
                 return st;
@@ -796,11 +807,6 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         kv0 = tp_size <= c->n_kv_heads ? tp_rank * nkv : tp_rank / (tp_size / c->n_kv_heads);
         vl = c->vocab_size / tp_size;
         split = tp_size > 1;    /* tp 1: the canonical K slices alone */
-        /* read as the rank's share (nh_slice, the load's tp spec): the splits below only
-         * put the row-parallel columns in the canonical order */
-        bool sliced = m->shard.tp_size > 1;
-        if (sliced && (ep || m->shard.tp_size != tp_size || m->shard.tp_rank != tp_rank))
-                return TSR_E_INVAL;
         for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer && st == TSR_OK; l++) {
                 nh_layer *L = &m->layers[l];
                 size_t qr = (size_t)r.n_heads * hd;

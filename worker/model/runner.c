@@ -660,13 +660,12 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 if (st != TSR_OK)
                         goto fail;
                 int threads = tsr_backend_threads(sg->be);
-                const char *how = reads_share(r, opts) ? "its share read straight from the file"
-                                                        : "whole tensors, then split";
+                bool share = reads_share(r, opts);
                 if (pp == 1 && tp > 1)
                         log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s, "
                                  "%.1f MB resident (%.1f MB read as float32: %s)", t, tp, tp, threads,
                                  threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6, (double)one.f32_bytes / 1e6,
-                                 how);
+                                 share ? "its share read straight from the file" : "whole tensors, then split");
                 else if (pp > 1 && tp == 1)
                         log_info("pipeline stage %u of %u: layers %u..%u%s%s, %d kernel thread%s, %.1f MB resident", s,
                                  pp, shard.first_layer, shard.last_layer, s == 0 ? " + embedding" : "",
@@ -675,10 +674,12 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 else if (pp > 1)
                         log_info("rank %u: pipeline stage %u of %u, tensor parallel rank %u of %u: layers %u..%u%s%s, "
                                  "their 1/%u shard, %d kernel thread%s, %.1f MB resident (%.1f MB read as float32: "
-                                 "the stage's %s)", i, s, pp, t, tp, shard.first_layer, shard.last_layer,
+                                 "%s)", i, s, pp, t, tp, shard.first_layer, shard.last_layer,
                                  s == 0 ? " + embedding" : "", s + 1 == pp ? " + final norm and lm_head" : "", tp,
                                  threads, threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6,
-                                 (double)one.f32_bytes / 1e6, how);
+                                 (double)one.f32_bytes / 1e6,
+                                 share ? "the share of its layers, read straight from the file"
+                                       : "the stage's whole tensors, then split");
                 /* the file's tensors and bytes once per stage (its tp ranks read the same
                  * tensors, each its share); what the ranks widened and hold, summed */
                 if (t == 0) {
