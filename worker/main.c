@@ -723,9 +723,15 @@ int main(int argc, char **argv) {
         } else {
                 if (kv_on_device)       /* the runner sized it from the device's memory */
                         plan.kv_blocks_total = tsr_runner_kv_blocks(runner);
-                log_info("loaded %zu tensors (%.1f MB in the file, %.1f MB as float32, %.1f MB resident) in %.2f s, "
+                /* several ranks: what each read of the file, summed (shared tensors and
+                 * whole ones read by each, column shares reading every row) */
+                char read_by[48] = "in the file";
+                if (tsr_runner_stages(runner) > 1)
+                        snprintf(read_by, sizeof read_by, "read from the file by the %u ranks",
+                                 tsr_runner_stages(runner));
+                log_info("loaded %zu tensors (%.1f MB %s, %.1f MB as float32, %.1f MB resident) in %.2f s, "
                          "%.1f MB/s; KV pool %.1f MB%s",
-                         lstats.n_tensors, (double)lstats.file_bytes / 1e6, (double)lstats.f32_bytes / 1e6,
+                         lstats.n_tensors, (double)lstats.file_bytes / 1e6, read_by, (double)lstats.f32_bytes / 1e6,
                          (double)lstats.resident_bytes / 1e6,
                          lstats.seconds, lstats.seconds > 0 ? (double)lstats.file_bytes / 1e6 / lstats.seconds : 0.0,
                          (double)(plan.kv_blocks_total * plan.kv_block_bytes + plan.state_slots * plan.state_slot_bytes) /

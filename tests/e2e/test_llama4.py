@@ -164,3 +164,52 @@ def test_llama4_gguf_is_refused(spawn, tmp_path):
     out = w.output()
     assert f"{model}: a Llama 4 GGUF (general.architecture llama4) is not supported" in out, out
     assert "listening on" not in out and "metadata only" not in out, out
+
+
+def per_expert_copy(dst):
+    """The tiny Llama 4 with its routed experts as one linear per expert
+    (experts.<e>.{gate,up,down}_proj.weight, vLLM's make_expert_params_mapping names, the
+    layout of ModelOpt's NVFP4 export) instead of the BMM stacks, in float32: the same
+    numbers, so the same greedy continuations."""
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+    dst.mkdir()
+    for f in TINY4.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy(f, dst / f.name)
+    out = {}
+    for name, t in load_file(TINY4 / "model.safetensors").items():
+        if name.endswith("experts.gate_up_proj"):            # [E, dim, 2I]
+            pre, half = name[:-len("gate_up_proj")], t.shape[2] // 2
+            for e in range(t.shape[0]):
+                out[f"{pre}{e}.gate_proj.weight"] = np.ascontiguousarray(t[e][:, :half].T)
+                out[f"{pre}{e}.up_proj.weight"] = np.ascontiguousarray(t[e][:, half:].T)
+        elif name.endswith("experts.down_proj"):              # [E, I, dim]
+            pre = name[:-len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{pre}{e}.down_proj.weight"] = np.ascontiguousarray(t[e].T)
+        else:
+            out[name] = t
+    save_file(out, dst / "model.safetensors")
+    return dst
+
+
+@pytest.mark.parametrize("layout", ["stacks", "per_expert"])
+@pytest.mark.parametrize("flags", [(), ("-tp", "2"), ("-tp", "2", "--enable-expert-parallel"), ("-tp", "4")],
+                         ids=["tp1", "tp2", "tp2-ep", "tp4"])
+def test_rank_shares_give_the_golden(spawn, tmp_path, layout, flags):
+    """Tensor- and expert-parallel ranks read only their share of each tensor from the
+    file (issue #20: BMM stacks by each expert's column and row ranges, per-expert
+    linears by rows / columns, an expert-parallel rank only its experts): every layout
+    and split gives transformers' greedy continuations, and each rank's load line says it
+    read its share."""
+    path = TINY4 if layout == "stacks" else per_expert_copy(tmp_path / "per-expert")
+    w = EngineWorker(spawn, path, "--dtype", "float32", *flags)
+    for i, (ids, want) in enumerate(GOLDENS):
+        assert w.run(f"p{i}", ids, len(want)).tokens == want, (layout, flags, i)
+    w.close()
+    if flags:
+        out = w.proc.output()
+        assert "its share read straight from the file" in out, out

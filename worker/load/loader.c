@@ -24,7 +24,13 @@ struct want {
         tsr_tensor *stored;     /* where it goes when kept in its block format; NULL: always widened */
         bool optional;
         tsr_load_slice slice;   /* a tensor-parallel rank's rows or columns (tsr_load_slot) */
+        uint64_t experts_first, experts_n;      /* an expert-parallel rank's experts (tsr_load_slot) */
 };
+
+/* The experts of a stack that `w` takes: its range, or all (1 for a matrix). */
+static uint64_t want_experts(const struct want *w) {
+        return w->experts_n ? w->experts_n : w->experts ? w->experts : 1;
+}
 
 /* The rows and columns of one (rows, cols) matrix that w's slice keeps. */
 static void slice_shape(const struct want *w, uint64_t *rows, uint64_t *cols) {
@@ -38,10 +44,26 @@ static void slice_shape(const struct want *w, uint64_t *rows, uint64_t *cols) {
 /* Float32 elements that `w` takes of a tensor of n_elements. */
 static uint64_t want_elems(const struct want *w, uint64_t n_elements) {
         uint64_t rows, cols;
-        if (w->slice.axis == TSR_LOAD_WHOLE)
+        if (w->slice.axis == TSR_LOAD_WHOLE && !w->experts_n)
                 return n_elements;
+        if (w->slice.axis == TSR_LOAD_WHOLE)
+                return n_elements / w->experts * w->experts_n;
         slice_shape(w, &rows, &cols);
-        return (w->experts ? w->experts : 1) * rows * cols;
+        return want_experts(w) * rows * cols;
+}
+
+/* Bytes of the file's tensor (n_bytes in all) that `w` reads: the rows its slice or
+ * expert range takes (a column slice reads every row of the experts it takes). */
+static uint64_t want_file_bytes(const struct want *w, uint64_t n_bytes) {
+        uint64_t all_rows = (w->experts ? w->experts : 1) * w->rows, rows = 0;
+        if (w->slice.axis == TSR_LOAD_WHOLE && !w->experts_n)
+                return n_bytes;
+        if (w->slice.axis == TSR_LOAD_SLICE_ROWS)
+                for (uint32_t i = 0; i < w->slice.n_ranges; i++)
+                        rows += w->slice.range[i][1];
+        else
+                rows = w->rows;
+        return all_rows ? n_bytes / all_rows * rows * want_experts(w) : n_bytes;
 }
 
 /* Whether w's slice lies inside its (rows, cols) matrix; else a message naming the tensor. */
@@ -51,6 +73,12 @@ static bool slice_ok(const struct want *w, const char *src, char *err, size_t er
         uint64_t extent = rows ? w->rows : w->cols;
         uint32_t bad = 0;
 
+        if (w->experts_n && (!w->experts || w->experts_first > w->experts ||
+                             w->experts_n > w->experts - w->experts_first)) {
+                tsr_errf(err, errlen, "%s: tensor '%s': experts [%" PRIu64 ", %" PRIu64 ") of %" PRIu64 ": out of range",
+                         src, w->name, w->experts_first, w->experts_first + w->experts_n, w->experts);
+                return false;
+        }
         if (sl->axis == TSR_LOAD_WHOLE)
                 return true;
         if ((rows || w->cols) && sl->n_ranges >= 1 && sl->n_ranges <= TSR_LOAD_SLICE_MAX) {
@@ -83,17 +111,20 @@ static tsr_status widen(uint32_t type, const void *data, uint64_t n_elements, co
         tsr_dtype dt;
         tsr_status st;
 
-        if (sl->axis == TSR_LOAD_WHOLE)
+        if (sl->axis == TSR_LOAD_WHOLE && !w->experts_n)
                 return tsr_ggml_dequantize(type, data, (size_t)n_elements, buf);
         if (!tsr_ggml_dtype(type, &dt))
                 return TSR_E_UNSUPPORTED;
         if ((st = tsr_dtype_row_bytes(dt, (size_t)cols, &row_bytes)) != TSR_OK)
                 return st;
+        if (sl->axis == TSR_LOAD_WHOLE)         /* an expert range, each expert whole */
+                return tsr_ggml_dequantize(type, p + w->experts_first * w->rows * row_bytes,
+                                           (size_t)(w->experts_n * w->rows * cols), buf);
         slice_shape(w, &out_rows, &out_cols);
         if (sl->axis == TSR_LOAD_SLICE_COLS && !(row = malloc((size_t)cols * sizeof(float))))
                 return TSR_E_NOMEM;
-        for (uint64_t e = 0; e < (w->experts ? w->experts : 1) && st == TSR_OK; e++) {
-                const uint8_t *m = p + e * w->rows * row_bytes;
+        for (uint64_t e = 0; e < want_experts(w) && st == TSR_OK; e++) {
+                const uint8_t *m = p + (w->experts_first + e) * w->rows * row_bytes;
                 float *out = buf + e * out_rows * out_cols;
                 if (sl->axis == TSR_LOAD_SLICE_ROWS) {
                         for (uint32_t i = 0; i < sl->n_ranges && st == TSR_OK; i++) {
@@ -271,7 +302,7 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
         char module[sizeof w->name];
         size_t n = strlen(w->name);
 
-        if (w->slice.axis != TSR_LOAD_WHOLE) {  /* runner.c refuses ModelOpt at tp > 1 before this */
+        if (w->slice.axis != TSR_LOAD_WHOLE || w->experts_n) {  /* runner.c refuses ModelOpt at tp > 1 first */
                 tsr_errf(err, errlen, "%s: tensor '%s': a tensor-parallel share of a quantized (%s) weight is not "
                          "supported", file, w->name, tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_UNSUPPORTED;
@@ -396,6 +427,8 @@ static void want_entry(const tsr_tensor_source *s, const tsr_tensor_name *n, tsr
         x->experts = slot.experts;
         x->optional = slot.optional;
         x->slice = slot.slice;
+        x->experts_first = slot.experts_first;
+        x->experts_n = slot.experts_n;
         (*n_wants)++;
 }
 
@@ -446,7 +479,7 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
                         goto out;
                 }
                 total.n_tensors++;
-                total.file_bytes += t.n_bytes;
+                total.file_bytes += want_file_bytes(&wants[i], t.n_bytes);
                 total.f32_bytes += want_elems(&wants[i], t.n_elements) * sizeof(float);
         }
         for (size_t i = 0; i < n_wants; i++) {
@@ -455,7 +488,7 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
                 if ((st = src_load_one(s, &t, &wants[i], err, errlen)) != TSR_OK)
                         goto out;
                 done.n_tensors++;
-                done.file_bytes += t.n_bytes;
+                done.file_bytes += want_file_bytes(&wants[i], t.n_bytes);
                 done.f32_bytes += want_elems(&wants[i], t.n_elements) * sizeof(float);
                 /* kept: its bytes in memory (the file's; NVFP4 with its block scales regrouped in) */
                 done.resident_bytes += wants[i].stored && wants[i].stored->data

@@ -19,11 +19,15 @@
 #include "worker/load/modelopt.h"
 #include "worker/load/safetensors.h"
 
-/* Which part of the model this worker holds.  Only the whole model (tp_rank 0,
- * tp_size 1, layers 0 .. n_layers-1) is supported now; TP and PP will only change this. */
+/* Which part of the model a rank holds: a pipeline stage's layers, a tensor-parallel
+ * rank's share of them (tp_size > 1: a family that reads its share from the file,
+ * tsr_model_family.load_tp_share; the others load tp_size 1), with expert_parallel the
+ * routed experts whole per rank instead (vLLM's --enable-expert-parallel; the rank's
+ * range is tsr_tp_expert_range's), the rest of each layer tensor parallel. */
 typedef struct tsr_shard_spec {
         uint32_t tp_rank, tp_size;
         uint32_t first_layer, last_layer;       /* inclusive */
+        bool expert_parallel;
 } tsr_shard_spec;
 
 /* The spec for the whole model of n_layers layers. */
@@ -50,7 +54,7 @@ typedef struct tsr_tensor_name {
 /* What a load did, for the caller's progress and summary log lines. */
 typedef struct tsr_load_stats {
         size_t n_tensors;       /* tensors read */
-        uint64_t file_bytes;    /* their bytes in the file */
+        uint64_t file_bytes;    /* their bytes in the file that were read (a row slice: its rows) */
         uint64_t f32_bytes;     /* bytes of float32 they would be widened (a slice: its share) */
         uint64_t resident_bytes;        /* bytes they take in memory after the load (kept + widened) */
         double seconds;
@@ -124,6 +128,10 @@ typedef struct tsr_load_slot {
          * converted row by row from the file's bytes, so no whole tensor is ever held in
          * float32, and never kept as stored.  A vector (cols 0) only by rows. */
         tsr_load_slice slice;
+        /* An expert stack (experts > 0): only experts [experts_first, experts_first +
+         * experts_n) go into *dst (experts_n 0: every one); an expert-parallel rank's
+         * (tsr_shard_spec.expert_parallel).  Never kept as stored then. */
+        uint64_t experts_first, experts_n;
 } tsr_load_slot;
 
 /* The family's half of a load: the slot of table entry `n` in its `model` for layer

@@ -621,8 +621,8 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
          * splits it, a later one for that rank has nothing left to do; only o_proj's and
          * down_proj's columns still go into the canonical slice order below. */
         bool done, sliced = w->tp_sliced;
-        if ((st = tsr_tp_shard_begin(w->shard.tp_rank, sliced ? w->shard.tp_size : 1, m->canonical, tp_rank, tp_size,
-                                     false, &done, err, errlen)) != TSR_OK || done)
+        if ((st = tsr_tp_shard_begin(&w->shard, m->canonical, tp_rank, tp_size, false, &done, err, errlen)) != TSR_OK ||
+            done)
                 return st;
         if ((st = tsr_llama_tp_share_of(c, tp_rank, tp_size, &sh, err, errlen)) != TSR_OK)
                 return st;

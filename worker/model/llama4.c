@@ -229,6 +229,10 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
          * lm_head only on the last (a tied lm_head is the embedding: the last reads it too),
          * as the Llama family's stages do. */
         bool first = m->shard.first_layer == 0, last = m->shard.last_layer + 1 == c->base.n_layers;
+        /* an expert-parallel rank's routed experts (tsr_tp_expert_range; checked at load) */
+        size_t e0 = 0, ne = E;
+        bool ep = m->shard.expert_parallel && m->shard.tp_size > 1 &&
+                  tsr_tp_expert_range(E, m->shard.tp_rank, m->shard.tp_size, &e0, &ne, NULL, 0) == TSR_OK;
         /* `mat`: a linear a ModelOpt checkpoint may store quantized (its .q) */
         struct { const char *name; float **dst; uint64_t rows, cols, experts; mat *mat; } s[] = {
                 {"token_embd", first || (last && c->base.tied_embeddings) ? &m->embed : NULL, c->base.vocab_size, dim,
@@ -256,19 +260,25 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                 size_t i = (size_t)(n - m->expert_names);       /* expert i / 3's gate, up, down */
                 if (!moe)
                         return false;
-                tsr_load_slice sl = l4_slice(m, n->logical);
-                *ret = (tsr_load_slot){.dst = &L->fexp[i], .stored = sl.axis ? NULL : &L->qexp[i],
+                if (ep && (i / 3 < e0 || i / 3 >= e0 + ne))
+                        return false;   /* an expert-parallel rank reads its experts, no other's */
+                tsr_load_slice sl = ep ? (tsr_load_slice){0} : l4_slice(m, n->logical);
+                *ret = (tsr_load_slot){.dst = &L->fexp[i], .stored = sl.axis || ep ? NULL : &L->qexp[i],
                                        .rows = i % 3 == 2 ? dim : I, .cols = i % 3 == 2 ? I : dim, .slice = sl};
                 return true;
         }
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
                 if (strcmp(s[i].name, n->logical) == 0 && s[i].dst) {
-                        tsr_load_slice sl = l4_slice(m, n->logical);
+                        /* the expert stacks of an expert-parallel rank: its experts whole */
+                        bool ep_stack = ep && s[i].experts;
+                        tsr_load_slice sl = ep_stack ? (tsr_load_slice){0} : l4_slice(m, n->logical);
                         tsr_tensor *stored = s[i].mat ? &s[i].mat->q : NULL;
                         if (s[i].experts)       /* an FP8 BMM stack is kept as stored, then split per expert */
                                 stored = s[i].dst == &L->exp_gate_up.f ? &L->stack_gu : &L->stack_dn;
-                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = sl.axis ? NULL : stored, .rows = s[i].rows,
-                                               .cols = s[i].cols, .experts = s[i].experts, .slice = sl};
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = sl.axis || ep_stack ? NULL : stored,
+                                               .rows = s[i].rows, .cols = s[i].cols, .experts = s[i].experts,
+                                               .slice = sl, .experts_first = ep_stack ? e0 : 0,
+                                               .experts_n = ep_stack ? ne : 0};
                         return true;
                 }
         return false;
@@ -361,10 +371,21 @@ static tsr_status split_stacks(layer *L, size_t E, size_t I, size_t dim) {
  * mixes quantized and float experts; err names the tensor), TSR_E_NOMEM. */
 static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char *pre, const char *dir, char *err,
                                  size_t errlen) {
-        /* a tensor-parallel rank read its hidden_dim / tp columns of each expert (l4_slice) */
-        size_t E = m->cfg->n_experts, I = m->cfg->base.hidden_dim / m->shard.tp_size, dim = m->cfg->base.dim, nq = 0;
+        /* a tensor-parallel rank read its hidden_dim / tp columns of each expert (l4_slice),
+         * an expert-parallel one its experts e0 .. e0 + E - 1 whole (llama4_bind) */
+        size_t En = m->cfg->n_experts, E = En, I = m->cfg->base.hidden_dim, dim = m->cfg->base.dim, nq = 0, e0 = 0;
         static const char *const proj[3] = {"gate", "up", "down"};
         tsr_status st = TSR_OK;
+
+        if (m->shard.tp_size > 1 && m->shard.expert_parallel) {
+                if ((st = tsr_tp_expert_range(En, m->shard.tp_rank, m->shard.tp_size, &e0, &E, err, errlen)) != TSR_OK)
+                        return st;
+        } else {
+                I /= m->shard.tp_size;
+        }
+        /* the per-expert layout's matrices of the experts held: global expert e0 + j at j */
+        tsr_tensor *qexp = L->qexp + 3 * e0;
+        float **fexp = L->fexp ? L->fexp + 3 * e0 : NULL;
 
         if (!m->per_expert) {
                 if (!L->stack_gu.data != !L->stack_dn.data) {
@@ -381,15 +402,15 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char
                         st = TSR_E_NOMEM;
         } else {
                 for (size_t i = 0; i < 3 * E; i++)
-                        nq += L->qexp[i].data != NULL;
+                        nq += qexp[i].data != NULL;
                 for (size_t i = 1; nq && nq < 3 * E && i < 3 * E; i++)
-                        if (!L->qexp[i].data != !L->qexp[0].data) {
+                        if (!qexp[i].data != !qexp[0].data) {
                                 tsr_errf(err, errlen, "%s: tensor '%smodel.layers.%u.feed_forward.experts.%zu.%s_proj."
-                                         "weight' is %s but expert 0's gate_proj is %s: a MoE layer's experts must be "
-                                         "quantized all or none (vLLM fuses them into one weight)", dir, pre, l, i / 3,
-                                         proj[i % 3],
-                                         L->qexp[i].data ? tsr_dtype_name(L->qexp[i].dtype) : "not quantized",
-                                         L->qexp[0].data ? tsr_dtype_name(L->qexp[0].dtype) : "not quantized");
+                                         "weight' is %s but expert %zu's gate_proj is %s: a MoE layer's experts must "
+                                         "be quantized all or none (vLLM fuses them into one weight)", dir, pre, l,
+                                         e0 + i / 3, proj[i % 3],
+                                         qexp[i].data ? tsr_dtype_name(qexp[i].dtype) : "not quantized", e0,
+                                         qexp[0].data ? tsr_dtype_name(qexp[0].dtype) : "not quantized");
                                 return TSR_E_INVAL;
                         }
                 if (!nq) {      /* float experts, one matrix each: stacked as the BMM layout's */
@@ -397,13 +418,13 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char
                             !(L->exp_down.f = malloc(E * dim * I * sizeof(float))))
                                 st = TSR_E_NOMEM;
                         for (size_t e = 0; st == TSR_OK && e < E; e++) {
-                                memcpy(L->exp_gate_up.f + e * 2 * I * dim, L->fexp[3 * e], I * dim * sizeof(float));
-                                memcpy(L->exp_gate_up.f + (e * 2 + 1) * I * dim, L->fexp[3 * e + 1],
+                                memcpy(L->exp_gate_up.f + e * 2 * I * dim, fexp[3 * e], I * dim * sizeof(float));
+                                memcpy(L->exp_gate_up.f + (e * 2 + 1) * I * dim, fexp[3 * e + 1],
                                        I * dim * sizeof(float));
-                                memcpy(L->exp_down.f + e * dim * I, L->fexp[3 * e + 2], dim * I * sizeof(float));
+                                memcpy(L->exp_down.f + e * dim * I, fexp[3 * e + 2], dim * I * sizeof(float));
                         }
                 }
-                for (size_t i = 0; i < 3 * E; i++) {
+                for (size_t i = 0; i < 3 * En; i++) {
                         free(L->fexp[i]);
                         L->fexp[i] = NULL;
                 }
@@ -459,7 +480,10 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
         }
         if (spec->tp_size > 1) {
                 char why[400];
-                if ((st = tp_check(cfg, spec->tp_size, why, sizeof why)) != TSR_OK) {
+                size_t e0, ne;
+                if ((st = tp_check(cfg, spec->tp_size, why, sizeof why)) != TSR_OK ||
+                    (spec->expert_parallel &&
+                     (st = tsr_tp_expert_range(E, spec->tp_rank, spec->tp_size, &e0, &ne, why, sizeof why)) != TSR_OK)) {
                         tsr_errf(err, errlen, "%s: %s", dir, why);
                         return st;
                 }
@@ -556,7 +580,8 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
         if (cfg->base.tied_embeddings)
                 m->output.f = m->embed;         /* NULL before the last stage */
         /* a tensor-parallel rank's share: split here, so load never returns half a split */
-        if (spec->tp_size > 1 && (st = shard(m, spec->tp_rank, spec->tp_size, false, err, errlen)) != TSR_OK)
+        if (spec->tp_size > 1 &&
+            (st = shard(m, spec->tp_rank, spec->tp_size, spec->expert_parallel, err, errlen)) != TSR_OK)
                 goto done;
         *ret = m;
         m = NULL;
@@ -718,8 +743,8 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
          * a later one for that rank has nothing left to do; the splits below then only
          * put the row-parallel columns in the canonical order */
         bool done, sliced = m && m->shard.tp_size > 1;
-        if (!m || (st = tsr_tp_shard_begin(m->shard.tp_rank, m->shard.tp_size, m->canonical, tp_rank, tp_size, ep,
-                                           &done, err, errlen)) != TSR_OK)
+        if (!m || (st = tsr_tp_shard_begin(&m->shard, m->canonical, tp_rank, tp_size, ep, &done, err, errlen)) !=
+                          TSR_OK)
                 return m ? st : TSR_E_INVAL;
         if (done)
                 return TSR_OK;
@@ -761,15 +786,16 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
                         /* experts e0 .. e0 + ne - 1 whole (their rows of the (E, 2I, dim) and
                          * (E, dim, I) stacks), down_proj as all S canonical K slices; the
                          * shared expert as below */
-                        if ((st = tsr_tp_keep_rows(&L->exp_gate_up.f, 1, E * 2 * I, dim, e0 * 2 * I, ne * 2 * I)) ==
-                                    TSR_OK &&
-                            (st = tsr_tp_keep_rows(&L->exp_down.f, 1, E * dim, I, e0 * dim, ne * dim)) == TSR_OK)
+                        if (!sliced && (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 1, E * 2 * I, dim, e0 * 2 * I,
+                                                              ne * 2 * I)) == TSR_OK)
+                                st = tsr_tp_keep_rows(&L->exp_down.f, 1, E * dim, I, e0 * dim, ne * dim);
+                        if (st == TSR_OK)       /* (read: the rank's experts only) */
                                 st = tsr_tp_keep_col_slices(&L->exp_down.f, ne, dim, I, 0, I, TSR_COMM_TREE_LEAVES);
-                        if (st == TSR_OK && split && (st = tsr_tp_keep_rows(&L->sh_gate.f, 1, I, dim, tp_rank * hid,
-                                                                            hid)) == TSR_OK)
+                        if (st == TSR_OK && split && !sliced &&
+                            (st = tsr_tp_keep_rows(&L->sh_gate.f, 1, I, dim, tp_rank * hid, hid)) == TSR_OK)
                                 st = tsr_tp_keep_rows(&L->sh_up.f, 1, I, dim, tp_rank * hid, hid);
                         if (st == TSR_OK)
-                                st = tsr_tp_keep_col_slices(&L->sh_down.f, 1, dim, I, tp_rank * hid, hid, ns);
+                                st = tsr_tp_keep_col_slices(&L->sh_down.f, 1, dim, i_cols, i0, hid, ns);
                 } else if (c->layer[m->shard.first_layer + l] & TSR_LLAMA4_MOE) {
                         /* every expert's gate and up halves, (2E, I, dim) as stacked (I, dim)
                          * matrices, and the shared expert: the rank's hid rows of each */

@@ -277,7 +277,13 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 if (kind != 'E')
                         return false;
                 nh_mat *w = up ? &L->exp_up[i / 2] : &L->exp_down[i / 2];
-                tsr_load_slice sl = nh_slice(m, n->logical);
+                /* an expert-parallel rank reads its routed experts whole, no other's */
+                size_t e0 = 0, ne = c->n_experts;
+                if (m->shard.expert_parallel && m->shard.tp_size > 1 &&
+                    tsr_tp_expert_range(c->n_experts, m->shard.tp_rank, m->shard.tp_size, &e0, &ne, NULL, 0) == TSR_OK &&
+                    (i / 2 < e0 || i / 2 >= e0 + ne))
+                        return false;
+                tsr_load_slice sl = m->shard.expert_parallel ? (tsr_load_slice){0} : nh_slice(m, n->logical);
                 *ret = (tsr_load_slot){.dst = &w->f, .stored = sl.axis ? NULL : &w->q, .rows = up ? c->moe_hidden : dim,
                                        .cols = up ? dim : c->moe_hidden, .slice = sl};
                 return true;
@@ -466,9 +472,15 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 st = TSR_E_UNSUPPORTED;
                 goto fail;
         }
-        /* a tensor-parallel rank reads its share (nh_slice), which needs tp to split it */
+        /* a tensor-parallel rank reads its share (nh_slice), which needs tp to split it;
+         * an expert-parallel one its range of whole experts */
         char why[400];
-        if (m->shard.tp_size > 1 && (st = tp_check(&m->cfg, m->shard.tp_size, why, sizeof why)) != TSR_OK) {
+        size_t e0, ne;
+        if (m->shard.tp_size > 1 &&
+            ((st = tp_check(&m->cfg, m->shard.tp_size, why, sizeof why)) != TSR_OK ||
+             (m->shard.expert_parallel && (st = tsr_tp_expert_range(m->cfg.n_experts, m->shard.tp_rank,
+                                                                    m->shard.tp_size, &e0, &ne, why, sizeof why)) !=
+                                                  TSR_OK))) {
                 tsr_errf(err, errlen, "%s: %s", dir, why);
                 goto fail;
         }
@@ -488,7 +500,8 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
         if ((st = finish_load(m, dir, err, errlen)) != TSR_OK)
                 goto fail;
         /* a tensor-parallel rank's share: split here, so load never returns half a split */
-        if (m->shard.tp_size > 1 && (st = shard(m, m->shard.tp_rank, m->shard.tp_size, false, err, errlen)) != TSR_OK)
+        if (m->shard.tp_size > 1 &&
+            (st = shard(m, m->shard.tp_rank, m->shard.tp_size, m->shard.expert_parallel, err, errlen)) != TSR_OK)
                 goto fail;
         *ret = m;
         return TSR_OK;
@@ -786,8 +799,8 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
          * a later one for that rank has nothing left to do; the splits below then only
          * put the row-parallel columns in the canonical order */
         bool done, sliced = m && m->shard.tp_size > 1;
-        if (!m || (st = tsr_tp_shard_begin(m->shard.tp_rank, m->shard.tp_size, m->canonical, tp_rank, tp_size, ep,
-                                           &done, err, errlen)) != TSR_OK)
+        if (!m || (st = tsr_tp_shard_begin(&m->shard, m->canonical, tp_rank, tp_size, ep, &done, err, errlen)) !=
+                          TSR_OK)
                 return m ? st : TSR_E_INVAL;
         if (done)
                 return TSR_OK;

@@ -458,10 +458,11 @@ static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr
         return TSR_OK;
 }
 
-/* Whether the family's tensor-parallel ranks read their share from the file (not under
- * expert parallelism: its whole experts per rank load as before). */
+/* Whether the family's tensor-parallel ranks read their share from the file (under
+ * expert parallelism: their routed experts whole, the rest of each layer's share). */
 static bool reads_share(const tsr_runner *r, const tsr_runner_opts *opts) {
-        return r->fam->load_tp_share && !(opts->expert_parallel && r->fam->ep_shard);
+        (void)opts;
+        return r->fam->load_tp_share;
 }
 
 /* Load stage `s` (layers `shard`) onto sg->be and allocate its KV.  Main thread. */
@@ -503,6 +504,7 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         bool share = split && shard->tp_size > 1 && reads_share(r, opts);
         load.tp_rank = share ? shard->tp_rank : 0;
         load.tp_size = share ? shard->tp_size : 1;
+        load.expert_parallel = share && opts->expert_parallel && r->fam->ep_shard;
         if (split)
                 lo.keep_dtypes = 0;
         st = r->fam->load(path, desc, &load, &lo, progress, NULL, &sg->model, stats, err, errlen);
@@ -680,12 +682,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                                  (double)one.f32_bytes / 1e6,
                                  share ? "the share of its layers, read straight from the file"
                                        : "the stage's whole tensors, then split");
-                /* the file's tensors and bytes once per stage (its tp ranks read the same
-                 * tensors, each its share); what the ranks widened and hold, summed */
-                if (t == 0) {
-                        total.n_tensors += one.n_tensors;
-                        total.file_bytes += one.file_bytes;
-                }
+                total.n_tensors += one.n_tensors;       /* what the ranks read, summed */
+                total.file_bytes += one.file_bytes;
                 total.f32_bytes += one.f32_bytes;
                 total.resident_bytes += one.resident_bytes;
                 total.seconds += one.seconds;

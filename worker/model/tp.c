@@ -149,19 +149,20 @@ tsr_status tsr_tp_expert_range(size_t E, uint32_t tp_rank, uint32_t tp_size, siz
         return TSR_OK;
 }
 
-tsr_status tsr_tp_shard_begin(uint32_t loaded_rank, uint32_t loaded_size, bool canonical, uint32_t tp_rank,
-                              uint32_t tp_size, bool ep, bool *done, char *err, size_t errlen) {
-        bool same = !ep && loaded_rank == tp_rank && loaded_size == tp_size;
+tsr_status tsr_tp_shard_begin(const tsr_shard_spec *loaded, bool canonical, uint32_t tp_rank, uint32_t tp_size,
+                              bool ep, bool *done, char *err, size_t errlen) {
+        bool same = loaded->expert_parallel == ep && loaded->tp_rank == tp_rank && loaded->tp_size == tp_size;
         *done = false;
         if (tp_size == 0 || tp_rank >= tp_size)
                 return TSR_E_INVAL;
-        if (loaded_size <= 1)           /* whole tensors: split once */
+        if (loaded->tp_size <= 1)       /* whole tensors: split once */
                 return canonical ? TSR_E_INVAL : TSR_OK;
         if (same) {
                 *done = canonical;
                 return TSR_OK;
         }
-        tsr_errf(err, errlen, "the weights were read as tensor parallel rank %u of %u's share, not %s rank %u of %u's",
-                 loaded_rank, loaded_size, ep ? "expert parallel" : "tensor parallel", tp_rank, tp_size);
+        tsr_errf(err, errlen, "the weights were read as %s rank %u of %u's share, not %s rank %u of %u's",
+                 loaded->expert_parallel ? "expert parallel" : "tensor parallel", loaded->tp_rank, loaded->tp_size,
+                 ep ? "expert parallel" : "tensor parallel", tp_rank, tp_size);
         return TSR_E_INVAL;
 }

@@ -21,6 +21,7 @@
 
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
+#include "worker/load/loader.h"
 
 struct tsr_comm;
 
@@ -72,13 +73,13 @@ tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, cons
 tsr_status tsr_tp_row_reduce(struct tsr_comm *comm, uint32_t tp_size, const float *parts, size_t ns, float *out,
                              size_t count);
 /* The start of a family's shard call for tp_rank of tp_size (`ep`: expert parallelism)
- * on a model loaded as rank loaded_rank of loaded_size's share (loaded_size 1: whole
- * tensors), `canonical` once split.  TSR_OK with *done false: split it now (the load's
- * own call, or a whole model); TSR_OK with *done true: the load split it for this very
- * rank, nothing left; TSR_E_INVAL for anything else (another rank than the one read, ep
- * on a share, a whole model split twice), err naming the share read where there is one. */
-tsr_status tsr_tp_shard_begin(uint32_t loaded_rank, uint32_t loaded_size, bool canonical, uint32_t tp_rank,
-                              uint32_t tp_size, bool ep, bool *done, char *err, size_t errlen);
+ * on a model loaded as `loaded`'s share (tp_size 1: whole tensors), `canonical` once
+ * split.  TSR_OK with *done false: split it now (the load's own call, or a whole model);
+ * TSR_OK with *done true: the load split it for this very rank, nothing left;
+ * TSR_E_INVAL for anything else (another rank or kind of parallelism than the one read,
+ * a whole model split twice), err naming the share read where there is one. */
+tsr_status tsr_tp_shard_begin(const tsr_shard_spec *loaded, bool canonical, uint32_t tp_rank, uint32_t tp_size,
+                              bool ep, bool *done, char *err, size_t errlen);
 /* lm_head's vocabulary all-gather: each rank's logits rows mine (rows, vl) of its vl
  * vocabulary rows, all-gathered over `comm` into logits (rows, tp_size * vl) in rank
  * order (vLLM's LogitsProcessor gathers the same way).  TSR_E_NOMEM, the comm's status. */
