@@ -659,8 +659,10 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
                         st = tsr_tp_keep_col_slices(&L->w_down, 1, c->dim, down_cols, down_first, sh.hid, sh.ns);
         }
         /* tied: the embedding stays whole where it runs, lm_head gets a copy of its rows;
-         * untied and read as the share: its rows are already the rank's */
-        if (st == TSR_OK && tp_size > 1 && w->output && !(sliced && w->output != w->token_embd)) {
+         * read as the share, untied or tied on a stage that does not embed: its rows are
+         * already the rank's */
+        bool output_is_share = sliced && (w->output != w->token_embd || m->first_layer != 0);
+        if (st == TSR_OK && tp_size > 1 && w->output && !output_is_share) {
                 st = tsr_tp_keep_vocab_rows(&w->output, &w->token_embd, m->first_layer == 0, c->vocab_size, c->dim,
                                             (size_t)tp_rank * sh.vl, sh.vl);
         }

@@ -119,7 +119,8 @@ typedef struct tsr_llama_weights {
          * rank's share straight from the file (tsr_llama_tp_share_of; loader.h's slices):
          * wq/wk/wv/w_gate/w_up hold its rows, wo/w_down its columns (not yet in the
          * canonical slice order: tsr_llama_shard_tp), output its vocab rows.  The
-         * embedding stays whole (the first stage looks tokens up in it). */
+         * embedding stays whole where the rank embeds (the first stage looks tokens up
+         * in it); a tied last stage that does not embed reads only its vocab rows. */
         bool tp_sliced;
         tsr_llama_tp_share tp_share;    /* the share read when tp_sliced */
 } tsr_llama_weights;
