@@ -75,8 +75,9 @@ static bool slice_ok(const struct want *w, const char *src, char *err, size_t er
 
         if (w->experts_n && (!w->experts || w->experts_first > w->experts ||
                              w->experts_n > w->experts - w->experts_first)) {
-                tsr_errf(err, errlen, "%s: tensor '%s': experts [%" PRIu64 ", %" PRIu64 ") of %" PRIu64 ": out of range",
-                         src, w->name, w->experts_first, w->experts_first + w->experts_n, w->experts);
+                tsr_errf(err, errlen, "%s: tensor '%s': experts [%" PRIu64 ", %" PRIu64 ") of %" PRIu64
+                         ": out of range", src, w->name, w->experts_first, w->experts_first + w->experts_n,
+                         w->experts);
                 return false;
         }
         if (sl->axis == TSR_LOAD_WHOLE)

@@ -627,7 +627,8 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
         if ((st = tsr_llama_tp_share_of(c, tp_rank, tp_size, &sh, err, errlen)) != TSR_OK)
                 return st;
         bool split_rows = tp_size > 1 && !sliced;
-        size_t o_cols = sliced ? (size_t)sh.nh * hd : (size_t)c->n_heads * hd, o_first = sliced ? 0 : tp_rank * sh.nh * hd;
+        size_t o_cols = sliced ? (size_t)sh.nh * hd : (size_t)c->n_heads * hd;
+        size_t o_first = sliced ? 0 : tp_rank * sh.nh * hd;
         size_t down_cols = sliced ? sh.hid : c->hidden_dim, down_first = sliced ? 0 : (size_t)tp_rank * sh.hid;
         if (m->bf16 || w->token_embd_stored.data || w->output_stored.data) {
                 tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");

@@ -186,7 +186,8 @@ static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
         if (t <= 1)
                 return (tsr_load_slice){0};
         uint64_t hd = c->base.head_dim, KVH = c->base.n_kv_heads, I = c->base.hidden_dim;
-        uint64_t qr = c->base.n_heads / t * hd, nkv = t <= KVH ? KVH / t : 1, kv0 = t <= KVH ? rk * nkv : rk / (t / KVH);
+        uint64_t qr = c->base.n_heads / t * hd, nkv = t <= KVH ? KVH / t : 1;
+        uint64_t kv0 = t <= KVH ? rk * nkv : rk / (t / KVH);
         uint64_t hid = I / t, mlp = c->mlp_dim / t, vl = c->base.vocab_size / t;
         const struct { const char *name; tsr_load_slice s; } rule[] = {
                 {"attn_q", {TSR_LOAD_SLICE_ROWS, 1, {{rk * qr, qr}}}},
@@ -483,7 +484,8 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 size_t e0, ne;
                 if ((st = tp_check(cfg, spec->tp_size, why, sizeof why)) != TSR_OK ||
                     (spec->expert_parallel &&
-                     (st = tsr_tp_expert_range(E, spec->tp_rank, spec->tp_size, &e0, &ne, why, sizeof why)) != TSR_OK)) {
+                     (st = tsr_tp_expert_range(E, spec->tp_rank, spec->tp_size, &e0, &ne, why, sizeof why)) !=
+                             TSR_OK)) {
                         tsr_errf(err, errlen, "%s: %s", dir, why);
                         return st;
                 }

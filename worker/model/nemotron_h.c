@@ -280,7 +280,8 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 /* an expert-parallel rank reads its routed experts whole, no other's */
                 size_t e0 = 0, ne = c->n_experts;
                 if (m->shard.expert_parallel && m->shard.tp_size > 1 &&
-                    tsr_tp_expert_range(c->n_experts, m->shard.tp_rank, m->shard.tp_size, &e0, &ne, NULL, 0) == TSR_OK &&
+                    tsr_tp_expert_range(c->n_experts, m->shard.tp_rank, m->shard.tp_size, &e0, &ne, NULL, 0) ==
+                            TSR_OK &&
                     (i / 2 < e0 || i / 2 >= e0 + ne))
                         return false;
                 tsr_load_slice sl = m->shard.expert_parallel ? (tsr_load_slice){0} : nh_slice(m, n->logical);

@@ -119,8 +119,9 @@ tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err,
  * weights (q8_0 .. q6_K) kept as stored wherever the backend's matmul computes on them
  * (explicit float32 / bfloat16 widen them, as the transformers goldens need).  *stats
  * (may be NULL): summed over the ranks, each counting the tensors and file bytes it
- * read (its share's rows), the float32 it widened and the bytes it holds.  TSR_E_INVAL for a dtype the CPU backend cannot
- * run, no backend or no family; other statuses with the file and tensor named in err. */
+ * read (its share's rows), the float32 it widened and the bytes it holds.  TSR_E_INVAL
+ * for a dtype the CPU backend cannot run, no backend or no family; other statuses with
+ * the file and tensor named in err. */
 tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
                           uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
                           tsr_load_stats *stats, char *err, size_t errlen);
