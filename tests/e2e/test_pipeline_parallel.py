@@ -14,6 +14,7 @@ answer bitwise as -pp 1, alone and in a concurrent batch; the tiny Llama 4 at -t
 tiny NemotronH at -tp 2 and -tp 2 -pp 2 (its Mamba heads, B/C groups and state split)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -434,3 +435,45 @@ def test_model_info_reports_tp_and_pp(spawn):
         finally:
             w.close()
     assert got[(1, 1)] == got[(2, 2)]
+
+
+def tied_copy(src, dst):
+    """`src` with tie_word_embeddings true (every config level that has it) and no
+    lm_head tensor: the output matrix is the embedding table."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    dst.mkdir()
+    for f in src.iterdir():
+        if not f.name.endswith(".safetensors") and f.is_file():
+            shutil.copy(f, dst / f.name)
+    cfg = json.loads((src / "config.json").read_text())
+    for c in (cfg, cfg.get("text_config") or {}):
+        if "tie_word_embeddings" in c:
+            c["tie_word_embeddings"] = True
+    (dst / "config.json").write_text(json.dumps(cfg))
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update({k: v for k, v in load_file(f).items() if not k.endswith("lm_head.weight")})
+    save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+@pytest.mark.parametrize("family", ["llama4", "nemotron_h"])
+def test_tied_last_stage_reads_its_lm_head_rows(tmp_path, family):
+    """A tied model at -tp 2 -pp 2: the last stage does not embed, so each of its ranks
+    reads only its vocabulary rows of the embedding table, as its lm_head share (issue
+    #20); the answers are those of -tp 1 -pp 1, text and logprob floats (--dtype
+    float32: R7's canonical sums)."""
+    src, layers = ((TINY_LLAMA4, ("0..1", "2..3")) if family == "llama4"
+                   else (TINY_NEMOTRON_H / "model", ("0..2", "3..5")))
+    golden = json.loads(((TINY_LLAMA4 if family == "llama4" else TINY_NEMOTRON_H) / "golden.json").read_text())
+    prompts = [p["ids"] for p in golden["prompts"]]
+    model = tied_copy(src, tmp_path / f"{family}-tied")
+    want = compare_tp(tmp_path, f"{family}-tied-", model, layers, lambda c: answers_ids(c, prompts),
+                      grid=(("1", "1"), ("2", "2")))
+    assert all(w[2] for w in want[:-1]), want
+    log = (tmp_path / f"{family}-tied-tp2pp2.log").read_text()
+    for rank in (2, 3):         # stage 1: the tied lm_head's share, read from the file
+        assert re.search(rf"rank {rank}: pipeline stage 1 of 2, .*the share of its layers, read straight from the "
+                         rf"file", log), log[-3000:]

@@ -209,6 +209,9 @@ static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
                 {"ffn_up_exp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_down_exp", {TSR_LOAD_SLICE_COLS, 1, {{rk * hid, hid}}}},
         };
+        /* a tied last stage that does not embed reads the table only as lm_head */
+        if (strcmp(name, "token_embd") == 0 && m->shard.first_layer != 0)
+                return (tsr_load_slice){TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}};
         for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++)
                 if (strcmp(rule[i].name, name) == 0)
                         return rule[i].s;
@@ -817,8 +820,10 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
                 }
         }
         /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs and
-         * lm_head gets a copy of its rows; untied and read as the share: already its rows */
-        if (st == TSR_OK && split && m->output.f && !(sliced && m->output.f != m->embed))
+         * lm_head gets a copy of its rows; read as the share, untied or tied on a stage
+         * that does not embed: already its rows */
+        bool output_is_share = sliced && (m->output.f != m->embed || m->shard.first_layer != 0);
+        if (st == TSR_OK && split && m->output.f && !output_is_share)
                 st = tsr_tp_keep_vocab_rows(&m->output.f, &m->embed, m->shard.first_layer == 0, c->base.vocab_size,
                                             dim, tp_rank * vl, vl);
         if (st != TSR_OK) {

@@ -224,6 +224,9 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
                 {"mlp_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.mlp_hidden, r.mlp_hidden}}}},
                 {"output", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},
         };
+        /* a tied last stage that does not embed reads the table only as lm_head */
+        if (strcmp(name, "token_embd") == 0 && m->shard.first_layer != 0)
+                return (tsr_load_slice){TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}};
         for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++)
                 if (strcmp(rule[i].name, name) == 0)
                         return rule[i].s;
@@ -858,8 +861,10 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
                 }
         }
         /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs and
-         * lm_head gets a copy of its rows; untied and read as the share: already its rows */
-        if (st == TSR_OK && split && m->output.f && !(sliced && m->output.f != m->token_embd))
+         * lm_head gets a copy of its rows; read as the share, untied or tied on a stage
+         * that does not embed: already its rows */
+        bool output_is_share = sliced && (m->output.f != m->token_embd || m->shard.first_layer != 0);
+        if (st == TSR_OK && split && m->output.f && !output_is_share)
                 st = tsr_tp_keep_vocab_rows(&m->output.f, &m->token_embd, m->shard.first_layer == 0, c->vocab_size,
                                             dim, tp_rank * vl, vl);
         if (st != TSR_OK) {
