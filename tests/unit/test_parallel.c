@@ -597,6 +597,26 @@ static void test_tiny_llama3_tp(void **state) {
         model_close(&mc);
 }
 
+/* A GGUF Llama at -tp 2 (issue #20): ../shared/fixtures' llama-2-tiny-random (F16,
+ * llama.cpp's converter: Q and K rows permuted for interleaved RoPE; 2 heads of 4, MLP
+ * 32, vocabulary 32000, one layer), each rank reading its rows and columns of the F16
+ * tensors from the file: logits bitwise -tp 1's on both kernel sets. */
+static void test_gguf_f16_tp(void **state) {
+        (void)state;
+        model_case mc = {0};
+        static char path[4096];
+        static const tp_case cases[] = {{2, 1, NULL}};
+        const char *dir = getenv("TSR_FIXTURES");
+        FILE *f = NULL;
+        snprintf(path, sizeof path, "%s/models/llama-2-tiny-random.gguf", dir ? dir : "");
+        if (!dir || !(f = fopen(path, "rb")))
+                TSR_SKIP(TSR_SKIP_NO_SHARED, "%s is absent (../shared/fixtures)", path);
+        fclose(f);
+        model_open_path(&mc, path, "llama");
+        compare_tp(&mc, "llama-2-tiny-random.gguf", run_steps_tp, 13, cases, sizeof cases / sizeof cases[0]);
+        model_close(&mc);
+}
+
 /* A random 4-layer Llama in Hugging Face layout, written at run time (nothing committed):
  * hidden 64, 4 heads of 16, 2 KV heads, MLP 128, vocabulary 300, tied embeddings (so the
  * last stage's lm_head is the embedding's rows), every float from a fixed LCG.  Four
@@ -1385,6 +1405,7 @@ int main(void) {
                 cmocka_unit_test(test_smollm2_pp),
                 cmocka_unit_test(test_tiny_llama3_tp),
                 cmocka_unit_test(test_llama_4layers_tp_pp),
+                cmocka_unit_test(test_gguf_f16_tp),
                 cmocka_unit_test(test_runner_refuses),
                 cmocka_unit_test(test_llama4_pp),
                 cmocka_unit_test(test_llama4_tp),
