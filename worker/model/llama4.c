@@ -189,7 +189,7 @@ static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
         uint64_t qr = c->base.n_heads / t * hd, nkv = t <= KVH ? KVH / t : 1;
         uint64_t kv0 = t <= KVH ? rk * nkv : rk / (t / KVH);
         uint64_t hid = I / t, mlp = c->mlp_dim / t, vl = c->base.vocab_size / t;
-        const struct { const char *name; tsr_load_slice s; } rule[] = {
+        const tsr_tp_slice_rule rule[] = {
                 {"attn_q", {TSR_LOAD_SLICE_ROWS, 1, {{rk * qr, qr}}}},
                 {"attn_k", {TSR_LOAD_SLICE_ROWS, 1, {{kv0 * hd, nkv * hd}}}},
                 {"attn_v", {TSR_LOAD_SLICE_ROWS, 1, {{kv0 * hd, nkv * hd}}}},
@@ -209,13 +209,7 @@ static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
                 {"ffn_up_exp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_down_exp", {TSR_LOAD_SLICE_COLS, 1, {{rk * hid, hid}}}},
         };
-        /* a tied last stage that does not embed reads the table only as lm_head */
-        if (strcmp(name, "token_embd") == 0 && m->shard.first_layer != 0)
-                return (tsr_load_slice){TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}};
-        for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++)
-                if (strcmp(rule[i].name, name) == 0)
-                        return rule[i].s;
-        return (tsr_load_slice){0};
+        return tsr_tp_slice_of(rule, sizeof rule / sizeof rule[0], name, m->shard.first_layer == 0, rk * vl, vl);
 }
 
 /* Where the family's logical tensor `n` of `layer` goes (llama4_family.c's table).  A

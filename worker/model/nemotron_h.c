@@ -200,7 +200,7 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
         uint64_t hr = r.m_heads, dr = hr * P, gr = (uint64_t)r.n_groups * NS, h0 = rk * hr, x0 = rk * dr, g0 = rk * gr;
         uint64_t hd = c->head_dim, qr = (uint64_t)r.n_heads * hd, nkv = r.n_kv_heads;
         uint64_t kv0 = t <= c->n_kv_heads ? rk * nkv : rk / (t / c->n_kv_heads), vl = c->vocab_size / t;
-        const struct { const char *name; tsr_load_slice s; } rule[] = {
+        const tsr_tp_slice_rule rule[] = {
                 /* in_proj's rows [z | xBC | dt]: the rank's z, its xBC channels, its heads' dt */
                 {"in_proj", {TSR_LOAD_SLICE_ROWS, 5, {{x0, dr}, {di + x0, dr}, {2 * di + g0, gr},
                                                       {2 * di + gn + g0, gr}, {2 * di + 2 * gn + h0, hr}}}},
@@ -224,13 +224,7 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
                 {"mlp_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.mlp_hidden, r.mlp_hidden}}}},
                 {"output", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},
         };
-        /* a tied last stage that does not embed reads the table only as lm_head */
-        if (strcmp(name, "token_embd") == 0 && m->shard.first_layer != 0)
-                return (tsr_load_slice){TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}};
-        for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++)
-                if (strcmp(rule[i].name, name) == 0)
-                        return rule[i].s;
-        return (tsr_load_slice){0};
+        return tsr_tp_slice_of(rule, sizeof rule / sizeof rule[0], name, m->shard.first_layer == 0, rk * vl, vl);
 }
 
 /* Where the family's logical tensor `n` of `layer` goes, and its shape; false when the

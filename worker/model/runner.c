@@ -458,13 +458,6 @@ static tsr_status kv_fp8_scales(const tsr_runner *r, const char *path, const tsr
         return TSR_OK;
 }
 
-/* Whether the family's tensor-parallel ranks read their share from the file (under
- * expert parallelism: their routed experts whole, the rest of each layer's share). */
-static bool reads_share(const tsr_runner *r, const tsr_runner_opts *opts) {
-        (void)opts;
-        return r->fam->load_tp_share;
-}
-
 /* Load stage `s` (layers `shard`) onto sg->be and allocate its KV.  Main thread. */
 static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
                              bool *bf16, const tsr_shard_spec *shard, stage *sg, uint64_t num_blocks,
@@ -500,8 +493,9 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         if (lo.modelopt)
                 split = false;
         /* A family that reads a rank's share from the file gets the rank's spec; the
-         * others load whole tensors and split them after (tp_shard either way). */
-        bool share = split && shard->tp_size > 1 && reads_share(r, opts);
+         * others load whole tensors and split them after (tp_shard either way); under
+         * expert parallelism the share is the rank's routed experts whole. */
+        bool share = split && shard->tp_size > 1 && r->fam->load_tp_share;
         load.tp_rank = share ? shard->tp_rank : 0;
         load.tp_size = share ? shard->tp_size : 1;
         load.expert_parallel = share && opts->expert_parallel && r->fam->ep_shard;
@@ -662,7 +656,7 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 if (st != TSR_OK)
                         goto fail;
                 int threads = tsr_backend_threads(sg->be);
-                bool share = reads_share(r, opts);
+                bool share = r->fam->load_tp_share;
                 if (pp == 1 && tp > 1)
                         log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s, "
                                  "%.1f MB resident (%.1f MB read as float32: %s)", t, tp, tp, threads,

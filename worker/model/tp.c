@@ -166,3 +166,13 @@ tsr_status tsr_tp_shard_begin(const tsr_shard_spec *loaded, bool canonical, uint
                  ep ? "expert parallel" : "tensor parallel", tp_rank, tp_size);
         return TSR_E_INVAL;
 }
+
+tsr_load_slice tsr_tp_slice_of(const tsr_tp_slice_rule *rules, size_t n, const char *name, bool embeds,
+                               uint64_t vocab_first, uint64_t vocab_n) {
+        if (strcmp(name, "token_embd") == 0 && !embeds)
+                return (tsr_load_slice){TSR_LOAD_SLICE_ROWS, 1, {{vocab_first, vocab_n}}};
+        for (size_t i = 0; i < n; i++)
+                if (strcmp(rules[i].name, name) == 0)
+                        return rules[i].s;
+        return (tsr_load_slice){0};
+}

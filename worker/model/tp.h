@@ -72,6 +72,18 @@ tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, cons
  * `out` may be one of the partials. */
 tsr_status tsr_tp_row_reduce(struct tsr_comm *comm, uint32_t tp_size, const float *parts, size_t ns, float *out,
                              size_t count);
+/* A family's rule for a tensor-parallel rank's share of one logical tensor (the loader's
+ * slice of it), by the family's logical name. */
+typedef struct tsr_tp_slice_rule {
+        const char *name;
+        tsr_load_slice s;
+} tsr_tp_slice_rule;
+/* The share of logical tensor `name` among the n rules (TSR_LOAD_WHOLE when none names
+ * it: what every rank holds whole).  The embedding table ("token_embd") of a stage that
+ * does not embed (`embeds` false: a tied model's last stage reads it only as lm_head) is
+ * the rank's vocabulary rows [vocab_first, vocab_first + vocab_n). */
+tsr_load_slice tsr_tp_slice_of(const tsr_tp_slice_rule *rules, size_t n, const char *name, bool embeds,
+                               uint64_t vocab_first, uint64_t vocab_n);
 /* The start of a family's shard call for tp_rank of tp_size (`ep`: expert parallelism)
  * on a model loaded as `loaded`'s share (tp_size 1: whole tensors), `canonical` once
  * split.  TSR_OK with *done false: split it now (the load's own call, or a whole model);
