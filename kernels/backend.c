@@ -96,6 +96,8 @@ bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
                 return o->log_softmax;
         case TSR_OP_ADD_RMSNORM:
                 return o->add_rmsnorm;
+        case TSR_OP_ARGMAX:
+                return o->argmax;
         case TSR_OP_COUNT:
                 break;
         }
@@ -293,6 +295,14 @@ tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size
 
 tsr_status tsr_backend_log_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
         CALL(log_softmax, out, x, rows, n);
+}
+
+tsr_status tsr_backend_argmax(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n) {
+        if (!out || !x || n == 0 || n > INT32_MAX)
+                return TSR_E_INVAL;
+        if (rows == 0)
+                return TSR_OK;
+        CALL(argmax, out, x, rows, n);
 }
 
 tsr_status tsr_backend_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,

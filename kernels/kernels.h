@@ -182,6 +182,7 @@ typedef enum tsr_op {
         TSR_OP_SOFTMAX,
         TSR_OP_LOG_SOFTMAX,
         TSR_OP_ADD_RMSNORM,
+        TSR_OP_ARGMAX,
         TSR_OP_COUNT
 } tsr_op;
 /* Whether `op` runs on this backend; for TSR_OP_MATMUL, with weights of `w_dtype` (ignored
@@ -317,6 +318,14 @@ tsr_status tsr_backend_add(tsr_backend *be, float *out, const float *a, const fl
  * x (rows, n) -> out (rows, n); out may alias x. */
 tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_backend_log_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
+/* Each row's greedy token, with the sampler's rules (worker/engine/sampler.h): out[r] the
+ * index of the first maximum of x[r, :], or TSR_ARGMAX_NONE when the row holds a NaN or
+ * +inf or is -inf everywhere (no distribution: the sampler's TSR_E_INVAL).  x (rows, n)
+ * backend memory -> out (rows,) HOST memory, as the other index arrays; synchronous (the
+ * only op that waits: a decode step reads back rows * 4 bytes instead of its logits).
+ * n <= INT32_MAX; rows == 0 is TSR_OK. */
+#define TSR_ARGMAX_NONE UINT32_MAX
+tsr_status tsr_backend_argmax(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n);
 /* The residual add of a pre-norm transformer and the RMSNorm that follows it:
  *     residual[r,:] = residual[r,:] + x[r,:]             (the running hidden state, in place)
  *     out[r,:]      = rmsnorm(residual[r,:]) * w[:]      (the next sublayer's input)

@@ -1067,6 +1067,11 @@ static tsr_status fast_log_softmax(tsr_backend *be, float *out, const float *x, 
         return tsr_ref_log_softmax(out, x, rows, n);
 }
 
+static tsr_status fast_argmax(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n) {
+        (void)be;
+        return tsr_ref_argmax(out, x, rows, n);
+}
+
 static void fast_ctx_free(void *ctx) {
         struct cpu_fast *f = ctx;
         if (!f)
@@ -1102,6 +1107,7 @@ static const tsr_backend_ops cpu_fast_ops = {
         .add = fast_add,
         .softmax = fast_softmax,
         .log_softmax = fast_log_softmax,
+        .argmax = fast_argmax,
         .add_rmsnorm = fast_add_rmsnorm,
         .host_tasks = fast_host_tasks,
 };

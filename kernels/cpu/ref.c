@@ -280,6 +280,30 @@ tsr_status tsr_ref_softmax(float *out, const float *x, size_t rows, size_t n) {
         return TSR_OK;
 }
 
+/* x (rows, n) -> out (rows,): the first maximum of each row, TSR_ARGMAX_NONE for a row
+ * with NaN or +inf or only -inf (kernels.h; the sampler's greedy rule, sampler.c). */
+tsr_status tsr_ref_argmax(uint32_t *out, const float *x, size_t rows, size_t n) {
+        if (!out || !x || n == 0)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++) {
+                const float *xr = x + r * n;
+                float max = -INFINITY;
+                uint32_t best = TSR_ARGMAX_NONE;
+                for (size_t i = 0; i < n; i++) {
+                        if (isnan(xr[i]) || xr[i] == INFINITY) {
+                                best = TSR_ARGMAX_NONE;
+                                break;
+                        }
+                        if (xr[i] > max) {
+                                max = xr[i];
+                                best = (uint32_t)i;
+                        }
+                }
+                out[r] = best;
+        }
+        return TSR_OK;
+}
+
 /* x (rows, n) -> out (rows, n): x - max - log(sum exp(x - max)), the sum in double. */
 tsr_status tsr_ref_log_softmax(float *out, const float *x, size_t rows, size_t n) {
         if (!out || !x || n == 0)
@@ -390,6 +414,11 @@ static tsr_status ref_be_log_softmax(tsr_backend *be, float *out, const float *x
         return tsr_ref_log_softmax(out, x, rows, n);
 }
 
+static tsr_status ref_be_argmax(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n) {
+        (void)be;
+        return tsr_ref_argmax(out, x, rows, n);
+}
+
 static tsr_status ref_be_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
                                      size_t rows, size_t dim, float eps) {
         (void)be;
@@ -425,6 +454,7 @@ static tsr_status ref_be_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend
         .add = ref_be_add,                                                                                \
         .softmax = ref_be_softmax,                                                                        \
         .log_softmax = ref_be_log_softmax,                                                                \
+        .argmax = ref_be_argmax,                                                                          \
         .add_rmsnorm = ref_be_add_rmsnorm,                                                                \
         .host_tasks = ref_be_host_tasks,                                                                  \
         }

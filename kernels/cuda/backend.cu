@@ -60,6 +60,7 @@ struct cuda_ctx {
         cuda_index_scratch rows;        // kv_write's and attention's rows (upload_rows)
         cuda_scratch act;       // a bf16 matmul's rounded activations
         cuda_scratch attn;      // attention's per-run records (attention.cu's split over the keys)
+        cuda_scratch argmax;    // argmax's row results before their download
 };
 
 static cuda_ctx *ctx_of(tsr_backend *be) { return static_cast<cuda_ctx *>(be->ctx); }
@@ -141,6 +142,7 @@ static void cuda_ctx_free(void *ctx) {
                 index_scratch_free(&c->rows);
                 (void)cudaFree(c->act.p);
                 (void)cudaFree(c->attn.p);
+                (void)cudaFree(c->argmax.p);
                 if (c->stream)
                         (void)cudaStreamDestroy(c->stream);
         }
@@ -457,6 +459,19 @@ static tsr_status cuda_log_softmax(tsr_backend *be, float *out, const float *x, 
         return softmax_any(be, out, x, rows, n, true);
 }
 
+// The rows' argmax into the scratch, then their rows * 4 bytes to the host (waits).
+static tsr_status cuda_argmax(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n) {
+        if (rows > INT_MAX)
+                return TSR_E_INVAL;
+        cuda_ctx *c = ctx_of(be);
+        tsr_status st = use_device(be);
+        if (st == TSR_OK)
+                st = scratch_reserve(c, &c->argmax, rows * sizeof(uint32_t));
+        if (st == TSR_OK)
+                st = tsr_cuda_argmax(c->stream, static_cast<uint32_t *>(c->argmax.p), x, rows, n);
+        return st != TSR_OK ? st : cuda_download(be, out, c->argmax.p, rows * sizeof(uint32_t));
+}
+
 // Built by assignment: C++17 has no designated initialisers.  matmul_scaled stays NULL
 // (fp8/nvfp4 kernels come later: kernels.h's TSR_E_UNSUPPORTED).
 static tsr_backend_ops make_cuda_ops(void) {
@@ -484,6 +499,7 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.add = cuda_add;
         o.softmax = cuda_softmax;
         o.log_softmax = cuda_log_softmax;
+        o.argmax = cuda_argmax;
         o.add_rmsnorm = cuda_add_rmsnorm;
         return o;
 }

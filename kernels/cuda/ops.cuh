@@ -28,6 +28,9 @@ tsr_status tsr_cuda_f32_to_bf16(cudaStream_t stream, uint16_t *out, const float 
 /* softmax.cu: row-wise softmax (log_softmax when `log`), x (rows, n) -> out; out may alias x. */
 tsr_status tsr_cuda_softmax(cudaStream_t stream, float *out, const float *x, size_t rows, size_t n, bool log_out);
 
+/* argmax.cu: x (rows, n) -> out (rows,) device memory, kernels.h's tsr_backend_argmax rule. */
+tsr_status tsr_cuda_argmax(cudaStream_t stream, uint32_t *out, const float *x, size_t rows, size_t n);
+
 /* rope.cu: x (rows, n_heads, head_dim) rotated in place by pos (rows,) and inv_freq (head_dim/2,). */
 tsr_status tsr_cuda_rope(cudaStream_t stream, float *x, size_t rows, size_t n_heads, size_t head_dim,
                          const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout);

@@ -1030,6 +1030,85 @@ static void run_quant_matmul(struct col_run *cr, tsr_dtype t, size_t *not_run) {
                         }
 }
 
+/* ---- argmax: exact, against its definition ------------------------------------------------
+ * kernels.h: the index of the first maximum of a row, TSR_ARGMAX_NONE for a row with a
+ * NaN or +inf or nothing above -inf.  Every column must give these very indices. */
+enum { AV_RANDOM, AV_TIES, AV_NAN, AV_POS_INF, AV_ALL_NEG_INF, AV_ONE_FINITE, AV_LAST, AV_ZEROS, AV_COUNT };
+static const char *const av_names[AV_COUNT] = {"random", "ties", "nan", "+inf", "all -inf", "one finite",
+                                               "max last", "+0/-0"};
+
+static uint32_t argmax_def(const float *x, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                if (isnan(x[i]) || x[i] == INFINITY)
+                        return TSR_ARGMAX_NONE;
+        uint32_t best = TSR_ARGMAX_NONE;
+        for (size_t i = 0; i < n; i++)
+                if (x[i] != -INFINITY && (best == TSR_ARGMAX_NONE || x[i] > x[best]))
+                        best = (uint32_t)i;
+        return best;
+}
+
+/* Row r of variant v: the edge sits at a position that moves with the row, so rows of
+ * one call put it on different threads of a device kernel. */
+static void argmax_row(float *x, size_t n, int v, size_t r) {
+        size_t at = (r * 257 + 5) % n;
+        for (size_t i = 0; i < n; i++)
+                x[i] = v == AV_ALL_NEG_INF || v == AV_ONE_FINITE ? -INFINITY : v == AV_ZEROS ? 0.0f : frand();
+        switch (v) {
+        case AV_TIES:   /* the maximum three times: at `at`, 256 later (another thread's share), last */
+                x[at] = 2.0f;
+                x[(at + 256) % n] = 2.0f;
+                x[n - 1] = 2.0f;
+                break;
+        case AV_NAN:
+                x[at] = NAN;
+                break;
+        case AV_POS_INF:
+                x[at] = INFINITY;
+                break;
+        case AV_ONE_FINITE:
+                x[at] = -3.0e38f;
+                break;
+        case AV_LAST:
+                x[n - 1] = 1.5f;
+                break;
+        case AV_ZEROS:  /* -0 == +0: the first of them wins whatever its sign */
+                x[at] = -0.0f;
+                break;
+        }
+}
+
+static void run_argmax(struct col_run *cr) {
+        static const size_t an[] = {1, 2, 255, 256, 257, 4097, 49152 + 7};
+        static const size_t arows[] = {1, 3, 9};
+        for (int v = 0; v < AV_COUNT; v++)
+                for (size_t i = 0; i < sizeof an / sizeof *an; i++)
+                        for (size_t j = 0; j < sizeof arows / sizeof *arows; j++) {
+                                size_t n = an[i], rows = arows[j];
+                                seed(1000 + (uint64_t)v * 100 + i * 10 + j);
+                                float *x = vec(rows * n);
+                                uint32_t *got = malloc(rows * sizeof *got);
+                                assert_non_null(got);
+                                for (size_t r = 0; r < rows; r++)
+                                        argmax_row(x + r * n, n, v, r);
+                                void *dx = dev_copy(cr->be, x, rows * n * sizeof(float));
+                                assert_int_equal(tsr_backend_argmax(cr->be, got, dx, rows, n), TSR_OK);
+                                bool ok = true;
+                                for (size_t r = 0; r < rows; r++) {
+                                        uint32_t want = argmax_def(x + r * n, n);
+                                        if (got[r] != want) {
+                                                print_message("FAIL argmax %s n=%zu rows=%zu row %zu: got %u, want %u\n",
+                                                              av_names[v], n, rows, r, got[r], want);
+                                                ok = false;
+                                        }
+                                }
+                                ok ? cr->n_bitwise++ : cr->n_failed++;
+                                tsr_backend_mem_free(cr->be, dx);
+                                free(got);
+                                free(x);
+                        }
+}
+
 static void test_column(void **state) {
         const column *col = *state;
         struct col_run cr = {.col = col};
@@ -1069,6 +1148,10 @@ static void test_column(void **state) {
                 }
                 for_each_case((mop)m, run_one, &cr);
         }
+        if (tsr_backend_supports(cr.be, TSR_OP_ARGMAX, TSR_DTYPE_F32))
+                run_argmax(&cr);
+        else
+                not_run++;
         for (int t = 0; t < TSR_DTYPE_COUNT; t++)
                 if (t != TSR_DTYPE_F32 && t != TSR_DTYPE_BF16)
                         run_quant_matmul(&cr, (tsr_dtype)t, &not_run);
