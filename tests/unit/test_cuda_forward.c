@@ -240,6 +240,55 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         }
         tsr_llama_free(&mg);
         tsr_llama_free(&mc);
+
+        /* 3b: greedy rows answered by their argmax on the device (tsr_llama_seq.argmax) in a
+         * batch that mixes them with whole rows: the indices are the first maxima of the
+         * rows the same batch downloads whole, the whole rows are bitwise those, and an
+         * argmax row's slot in the logits is left alone. */
+        mg = load_on(path, gpu, false);
+        CHECK(mg, "tiny f32 for argmax");
+        if (mg) {
+                uint32_t ids[4][256], t[4][4] = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}};
+                size_t n[4], pick[4] = {0, 1, 0, 2};      /* the argmax rows of two different prompts */
+                for (size_t i = 0; i < 4; i++)
+                        n[i] = json_ids(json_object_get(json_array_get(prompts, pick[i] % json_array_size(prompts)),
+                                                        "ids"),
+                                        ids[i], 256);
+                tsr_llama_kv *pool = NULL;
+                CHECK(tsr_llama_kv_new(mg, 16 * 16, 16, &pool) == TSR_OK, "pool");
+                /* rows: seq 0 its last (argmax), seq 1 all n[1] (prompt logprobs), seq 2 its
+                 * last (whole), seq 3 its last (argmax) */
+                size_t nrows = 1 + n[1] + 1 + 1, off3 = 1 + n[1] + 1;
+                float *whole = malloc(nrows * vocab * sizeof(float)), *mixed = malloc(nrows * vocab * sizeof(float));
+                uint32_t am[4] = {TSR_ARGMAX_NONE - 1, 0, 0, TSR_ARGMAX_NONE - 1};
+                tsr_llama_seq seqs[4];
+                for (size_t i = 0; i < 4; i++)
+                        seqs[i] = (tsr_llama_seq){.block_table = t[i], .n_table = 4, .tokens = ids[i], .n = n[i],
+                                                  .which = i == 1 ? TSR_LLAMA_LOGITS_ALL : TSR_LLAMA_LOGITS_LAST};
+                tsr_status st = tsr_llama_forward_batch(mg, gpu, pool, seqs, 4, whole);
+                CHECK(st == TSR_OK, "batch, whole rows: %s", tsr_status_str(st));
+                seqs[0].argmax = &am[0];
+                seqs[3].argmax = &am[3];
+                memset(mixed, 0x7f, nrows * vocab * sizeof(float));
+                st = tsr_llama_forward_batch(mg, gpu, pool, seqs, 4, mixed);
+                CHECK(st == TSR_OK, "batch, argmax rows: %s", tsr_status_str(st));
+                CHECK(am[0] == argmax(whole, vocab) && am[3] == argmax(whole + off3 * vocab, vocab),
+                      "argmax %u %u, of the rows %zu %zu", am[0], am[3], argmax(whole, vocab),
+                      argmax(whole + off3 * vocab, vocab));
+                CHECK(memcmp(mixed + vocab, whole + vocab, (n[1] + 1) * vocab * sizeof(float)) == 0,
+                      "the whole rows between the argmax rows differ");
+                bool untouched = true;
+                for (size_t v = 0; v < vocab; v++)
+                        untouched &= memcmp(&mixed[v], &(uint32_t){0x7f7f7f7fu}, 4) == 0 &&
+                                     memcmp(&mixed[off3 * vocab + v], &(uint32_t){0x7f7f7f7fu}, 4) == 0;
+                CHECK(untouched, "an argmax row's slot was written");
+                printf("argmax rows on the device: %u and %u, the first maxima of the whole rows; %zu whole rows "
+                       "bitwise\n", am[0], am[3], n[1] + 1);
+                tsr_llama_kv_free(&pool);
+                free(whole);
+                free(mixed);
+        }
+        tsr_llama_free(&mg);
         free(golden);
         free(got);
         json_decref(g);

@@ -64,6 +64,13 @@ typedef struct fake_model {
          * reused block would not) */
         uint32_t n_tables;
         uint32_t chunk[TSR_KV_TABLES_MAX];
+        /* As a model on a device (tsr_engine_seq.argmax): a row the engine offers is
+         * answered with its argmax, and its slot in `logits` filled with NaN (a row the
+         * sampler would refuse: so the engine must not read it).  argmax_none: answered
+         * TSR_ARGMAX_NONE instead (a row without a maximum).  answered: how many. */
+        bool argmax;
+        bool argmax_none;
+        size_t argmax_answered;
 } fake_model;
 
 static uint64_t fnv_more(uint64_t h, const uint32_t *t, size_t n) {
@@ -181,12 +188,29 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                                                  any ? logits : NULL);
                 if (st != TSR_OK)
                         return st;
+                if (seqs[i].argmax && m->argmax) {
+                        /* only ever offered for a last row whose token is its plain argmax */
+                        if (seqs[i].want_all_logits || !seqs[i].want_logits ||
+                            *seqs[i].argmax != TSR_ENGINE_ARGMAX_UNSET)
+                                return TSR_E_INTERNAL;
+                        uint32_t best = 0;
+                        for (uint32_t v = 1; v < VOCAB; v++)
+                                if (logits[v] > logits[best])
+                                        best = v;
+                        *seqs[i].argmax = m->argmax_none ? UINT32_MAX : best;
+                        for (size_t v = 0; v < VOCAB; v++)
+                                logits[v] = NAN;
+                        pthread_mutex_lock(&m->mu);
+                        m->argmax_answered++;
+                        pthread_mutex_unlock(&m->mu);
+                }
                 logits += (seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0) * VOCAB;
         }
         return TSR_OK;
 }
 
 static bool g_async;   /* start engines with async_scheduling (the second group) */
+static bool g_argmax;  /* the model answers greedy rows with their argmax (the third group) */
 
 typedef struct harness {
         fake_model fm;
@@ -210,6 +234,7 @@ static harness *held_full(uint64_t blocks, uint32_t max_batched, uint32_t max_se
         h->model.vocab = VOCAB;
         h->model.ud = &h->fm;
         h->model.forward = fake_forward;
+        h->fm.argmax = g_argmax;
         pthread_mutex_init(&h->fm.mu, NULL);
         pthread_cond_init(&h->fm.cv, NULL);
         h->eos[0] = EOS;
@@ -476,6 +501,36 @@ static void test_single_request_greedy(void **state) {
         assert_int_equal(res[0].n, 20);
         assert_memory_equal(res[0].tokens, want, sizeof(want));
         assert_int_equal(res[0].finish, TSR_ENGINE_FINISH_LENGTH);
+        pthread_mutex_lock(&h->fm.mu);
+        assert_int_equal(h->fm.argmax_answered, g_argmax ? 20 : 0);   /* every token, the prefill's too */
+        pthread_mutex_unlock(&h->fm.mu);
+        stop(h);
+}
+
+/* A model's argmax answer that says the row had no maximum (NaN or +inf in it) ends the
+ * request with an error, as tsr_sample's TSR_E_INVAL for that row would; a request the
+ * argmax does not serve (logprobs asked) runs on, sampled from its row. */
+static void test_argmax_none_is_an_error(void **state) {
+        harness *h = held(64, 64, 8, false, 0);
+        uint32_t prompt[6], want[4];
+        result res[2] = {0};
+        const char *ids[] = {"none", "lp"};
+        h->fm.argmax = true;
+        h->fm.argmax_none = true;
+        make_prompt(prompt, 6, 3);
+        submit(h, "none", prompt, 6, 4, NULL, 0);
+        submit_lp(h, "lp", prompt, 6, 4, NULL, 0, 0, -1);
+        go(h);
+        collect(h, ids, res, 2);
+        assert_int_equal(res[0].finish, TSR_ENGINE_FINISH_ERROR);
+        assert_int_equal(res[0].n, 0);
+        expected(prompt, 6, 4, want);
+        assert_int_equal(res[1].finish, TSR_ENGINE_FINISH_LENGTH);
+        assert_int_equal(res[1].n, 4);
+        assert_memory_equal(res[1].tokens, want, sizeof(want));
+        pthread_mutex_lock(&h->fm.mu);
+        assert_true(h->fm.argmax_answered >= 1);        /* "none"'s first row (and no "lp" row) */
+        pthread_mutex_unlock(&h->fm.mu);
         stop(h);
 }
 
@@ -1833,6 +1888,7 @@ int main(void) {
                 cmocka_unit_test(test_structured_output_refused),
                 cmocka_unit_test(test_structured_output_after_reasoning),
                 cmocka_unit_test(test_single_request_greedy),
+                cmocka_unit_test(test_argmax_none_is_an_error),
                 cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),
                 cmocka_unit_test(test_prefix_cache_hit_same_output),
                 cmocka_unit_test(test_hybrid_tables),
@@ -1867,5 +1923,10 @@ int main(void) {
         int failed = cmocka_run_group_tests_name("engine", tests, NULL, NULL);
         g_async = true;
         failed += cmocka_run_group_tests_name("engine --async-scheduling", tests, NULL, NULL);
+        /* As on a device: every greedy row the engine offers comes back as its argmax
+         * (fake_model.argmax), the row itself poisoned; every test must hold as before. */
+        g_async = false;
+        g_argmax = true;
+        failed += cmocka_run_group_tests_name("engine, argmax from the model", tests, NULL, NULL);
         return failed;
 }

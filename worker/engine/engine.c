@@ -120,6 +120,10 @@ typedef struct sched_entry {
          * sampled by the engine (or step) thread or by the "sample" thread (sample_rows) */
         const float *sample_logits;
         tsr_sample_result sample;
+        /* a greedy row the model may answer with its argmax (tsr_engine_seq.argmax);
+         * argmax_taken: it did, and `sample` holds that token */
+        uint32_t argmax;
+        bool argmax_taken;
         /* structured output: its mask is filled (the mask thread, while the forward
          * runs) into row mask_row of engine.gmask for n_output tokens; mask_st the fill's */
         bool constrained;
@@ -1213,6 +1217,23 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
         return true;
 }
 
+/* The chunks whose token is the plain argmax of their row (tsr_sampling_plain_argmax,
+ * and no grammar mask): the model may answer them with that index instead of the row
+ * (a device then reads back 4 bytes, not the vocabulary's floats).  After plan_masks:
+ * it needs the entries' constrained flags. */
+static void plan_argmax(step_plan *p) {
+        for (size_t i = 0; i < p->n; i++) {
+                sched_entry *pe = &p->entries[i];
+                tsr_engine_seq *q = &p->seqs[i];
+                const slot *s = pe->s;
+                pe->argmax = TSR_ENGINE_ARGMAX_UNSET;
+                q->argmax = q->want_logits && !q->want_all_logits && !pe->constrained &&
+                                            tsr_sampling_plain_argmax(&s->sampling, s->n_tokens - s->n_prompt)
+                                    ? &pe->argmax
+                                    : NULL;
+        }
+}
+
 /* tsr_sample for p's entries [from, to) that have a row to sample (sample_logits), with
  * `scratch`; results in the entries.  Reads each entry's slot (its sampling parameters,
  * tokens and key) and writes only the entry: the two halves run at once. */
@@ -1269,8 +1290,10 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 p->st = TSR_E_NOMEM;
         if (n_masks)
                 job_launch(&e->mask_thread, p);
-        if (p->st == TSR_OK)
+        if (p->st == TSR_OK) {
+                plan_argmax(p);
                 p->st = m->forward(m->ud, p->seqs, p->n, e->logits);
+        }
         if (n_masks)
                 job_wait(&e->mask_thread);
         /* 1. Prompt logprobs, grammar masks, and which rows to sample (in order). */
@@ -1285,6 +1308,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 pe->sampled = false;
                 pe->has_lp = false;
                 pe->sample_logits = NULL;
+                pe->argmax_taken = false;
                 if (!constrained)
                         pe->grammar_end = false;   /* the others': their fill's */
                 if ((pe->st = p->st) != TSR_OK)
@@ -1293,6 +1317,13 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                         continue;
                 if (!q->want_logits)
                         continue;   /* a prefill chunk: nothing to sample */
+                if (q->argmax && pe->argmax != TSR_ENGINE_ARGMAX_UNSET) {   /* the model's argmax: tsr_sample's token */
+                        if (pe->argmax >= m->vocab)
+                                pe->st = TSR_E_INVAL;   /* no maximum: tsr_sample's answer to such a row */
+                        pe->sample = (tsr_sample_result){.token = pe->argmax};
+                        pe->argmax_taken = true;
+                        continue;
+                }
                 logits = q->want_all_logits ? rows + (q->n - 1) * m->vocab : rows;
                 if (constrained && (pe->st = pe->mask_st) != TSR_OK)
                         continue;
@@ -1323,7 +1354,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 sched_entry *pe = &p->entries[i];
                 slot *s = pe->s;
                 bool constrained = n_masks && pe->constrained;
-                if (!pe->sample_logits || pe->st != TSR_OK)
+                if ((!pe->sample_logits && !pe->argmax_taken) || pe->st != TSR_OK)
                         continue;
                 if (constrained && (pe->st = tsr_grammar_accept(s->gm, pe->sample.token)) != TSR_OK)
                         continue;   /* cannot happen: the mask allowed it */

@@ -67,7 +67,16 @@ typedef struct tsr_engine_seq {
         bool want_logits;              /* the chunk ends the known tokens: sample after it */
         bool want_all_logits;          /* prompt_logprobs: a row for every token of the chunk */
         uint32_t state_slot;           /* its recurrent-state slot (params.state_slots > 0), else 0 */
+        /* NULL, or (want_logits without want_all_logits) the chunk's token is the argmax of
+         * its row as it stands (a greedy request with nothing that changes the row:
+         * tsr_sampling_plain_argmax): a model may then write that index here
+         * (TSR_ARGMAX_NONE: the row has no maximum, a NaN or +inf in it) instead of the
+         * row, whose slot in `logits` it leaves unwritten.  The engine sets it to
+         * TSR_ENGINE_ARGMAX_UNSET first and samples the row when it is still that. */
+        uint32_t *argmax;
 } tsr_engine_seq;
+
+#define TSR_ENGINE_ARGMAX_UNSET (UINT32_MAX - 1)
 
 /* A decode: one new token after some context, sampled, no prompt logprobs.  Anything
  * else computes prompt tokens (the step timing model and the simulated worker's cost

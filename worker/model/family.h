@@ -142,9 +142,14 @@ struct tsr_model_family {
         bool moe;
         size_t seq_size;                        /* bytes of one family sequence record */
         void (*seq_fill)(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
-                         size_t past_len, bool want_logits, bool want_all_logits);        /* A family with per-request state (a TSR_KV_MAMBA_STATE group): the engine's state
+                         size_t past_len, bool want_logits, bool want_all_logits);
+        /* A family with per-request state (a TSR_KV_MAMBA_STATE group): the engine's state
          * slot of the sequence `seq_fill` just filled.  NULL for families without. */
         void (*seq_set_state_slot)(void *seq, uint32_t slot);
+        /* A family whose model on a device can hand back a greedy row's argmax instead
+         * of the row (tsr_engine_seq.argmax): set it on the sequence `seq_fill` just
+         * filled.  NULL: the rows always come back whole. */
+        void (*seq_set_argmax)(void *seq, uint32_t *argmax);
 };
 
 /* ---- pipeline stages: the forward_stage contract, shared by the families -------------- */
