@@ -623,7 +623,8 @@ int main(int argc, char **argv) {
                 rank_threads = cores / concurrent > 1 ? (int)(cores / concurrent) : 1;
         }
         /* --kv-cache-dtype: bfloat16 and fp8 for the llama, llama4 and nemotron_h families (any
-         * -tp / -pp), on the CPU or (llama, fp8 e4m3) on CUDA; refused before anything loads. */
+         * -tp / -pp), on the CPU or (llama: bfloat16, fp8 e4m3) on CUDA; refused before anything
+         * loads. */
         tsr_dtype kv_dtype = TSR_DTYPE_F32;
         (void)tsr_kv_cache_dtype_parse(cfg.kv_cache_dtype, &kv_dtype);  /* config.c refused the rest */
         if ((st = tsr_runner_kv_dtype_check(family, kv_dtype, cfg.kv_cache_dtype, err, sizeof(err))) != TSR_OK) {
@@ -646,14 +647,15 @@ int main(int argc, char **argv) {
                 goto out;
         }
         bool on_gpu = !tsr_backend_host_memory(backend);
-        if (on_gpu && (kv_dtype == TSR_DTYPE_FP8_E5M2 || kv_dtype == TSR_DTYPE_BF16)) {
+        if (on_gpu && kv_dtype == TSR_DTYPE_FP8_E5M2) {
                 log_error("argument --kv-cache-dtype: '%s' is not supported on CUDA yet (supported there: auto, "
-                          "fp8, fp8_e4m3; %s runs on the CPU backend: --device cpu)", cfg.kv_cache_dtype,
+                          "bfloat16, fp8, fp8_e4m3; %s runs on the CPU backend: --device cpu)", cfg.kv_cache_dtype,
                           cfg.kv_cache_dtype);
                 goto out;
         }
-        /* --kv-cache-dtype auto: the model's dtype, as vLLM (bfloat16 where the CPU holds the
-         * weights as bfloat16); every family stores bfloat16 KV. */
+        /* --kv-cache-dtype auto: the model's dtype, as vLLM (bfloat16 where the weights are
+         * bfloat16: on CUDA by default, on a CPU with AVX512-BF16); every family stores
+         * bfloat16 KV. */
         if (!cfg.kv_cache_dtype || strcmp(cfg.kv_cache_dtype, "auto") == 0)
                 kv_dtype = family ? tsr_runner_auto_kv_dtype(backend, cfg.dtype) : TSR_DTYPE_F32;
         size_t gpu_free = 0, gpu_total = 0;

@@ -1,6 +1,6 @@
 // attention.cu - causal grouped-query attention over the paged KV cache (kernels.h), in
-// float32, the cache holding floats or fp8 e4m3 codes (each read as float(code) * scale,
-// as cpu/ref.c reads them).  The math of cpu/ref.c's attention with the softmax done
+// float32, the cache holding floats, bf16 values (widened, exact) or fp8 e4m3 codes (each
+// read as float(code) * scale, as cpu/ref.c reads them).  The math of cpu/ref.c's attention with the softmax done
 // online (running max and sum, rescaled as the max grows), which needs no score array:
 //   s_j = (q . k_j) * scale for j = 0 .. pos;  out = sum_j exp(s_j - max) v_j / sum_j exp(s_j - max)
 //
@@ -17,6 +17,7 @@
 // token came in a prefill or a decode step.
 #include <math.h>
 
+#include "kernels/cuda/bf16.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
 
@@ -39,6 +40,9 @@
 // block's table of the 256 codes' values (quant/fp8.c's decoding) times the scale, the
 // float32 product cpu/ref.c's kv_fp8_load computes.
 __device__ static inline float kv_load(const float *p, int i, float, const float *) { return p[i]; }
+__device__ static inline float kv_load(const uint16_t *p, int i, float, const float *) {
+        return tsr_cuda_bf16_bits_to_f32(p[i]);
+}
 __device__ static inline float kv_load(const uint8_t *p, int i, float scale, const float *codes) {
         return codes[p[i]] * scale;
 }
@@ -72,7 +76,7 @@ __host__ __device__ static inline size_t attn_record_floats(size_t hd) { return 
 // acc) are then merged in shared memory, M = max_w m_w: with one run, thread i < hd
 // writes out[i] = sum_w acc_w[i] e^(m_w - M) / sum_w l_w e^(m_w - M); with several, the
 // run's record (M, that denominator, that numerator) goes to `work`.  T: the cache's
-// element, float or uint8_t (fp8 e4m3 codes, read through kv_load).
+// element, float, uint16_t (bf16 bits) or uint8_t (fp8 e4m3 codes), read through kv_load.
 template <typename T>
 __global__ static void attention_kernel(float *out, float *work, const float *q, const T *k_cache, const T *v_cache,
                                         float k_scale, float v_scale, tsr_cuda_rows rows, size_t r0,
@@ -249,6 +253,11 @@ extern "C" tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, float 
                         attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(
                                 out, work, q, static_cast<const uint8_t *>(k_cache),
                                 static_cast<const uint8_t *>(v_cache), k_scale, v_scale, rows, r0, block_size,
+                                (int)n_kv_heads, (int)head_dim, (int)n_heads, scale);
+                else if (dtype == TSR_DTYPE_BF16)
+                        attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(
+                                out, work, q, static_cast<const uint16_t *>(k_cache),
+                                static_cast<const uint16_t *>(v_cache), k_scale, v_scale, rows, r0, block_size,
                                 (int)n_kv_heads, (int)head_dim, (int)n_heads, scale);
                 else
                         attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(

@@ -366,8 +366,8 @@ static tsr_status upload_rows(tsr_backend *be, const tsr_kv_view *kv, const tsr_
 static tsr_status cuda_kv_write_batch(tsr_backend *be, const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs,
                                       const float *k, const float *v) {
         tsr_cuda_rows rows;
-        if (kv && (kv->dtype == TSR_DTYPE_FP8_E5M2 || kv->dtype == TSR_DTYPE_BF16))   // the CPU backends only
-                return TSR_E_UNSUPPORTED;                                               // (the worker refuses them here)
+        if (kv && kv->dtype == TSR_DTYPE_FP8_E5M2)     // the CPU backends only (the worker refuses it here)
+                return TSR_E_UNSUPPORTED;
         if (!k || !v || !seqs_ok(kv, seqs, n_seqs))
                 return TSR_E_INVAL;
         tsr_status st = upload_rows(be, kv, seqs, n_seqs, &rows, NULL);
@@ -391,8 +391,8 @@ static tsr_status cuda_kv_write(tsr_backend *be, const tsr_kv_view *kv, const fl
 static tsr_status cuda_attention_batch(tsr_backend *be, float *out, const float *q, const tsr_kv_view *kv,
                                        const tsr_kv_seq *seqs, size_t n_seqs, size_t n_heads, float scale) {
         tsr_cuda_rows rows;
-        if (kv && (kv->dtype == TSR_DTYPE_FP8_E5M2 || kv->dtype == TSR_DTYPE_BF16))   // the CPU backends only
-                return TSR_E_UNSUPPORTED;                                               // (the worker refuses them here)
+        if (kv && kv->dtype == TSR_DTYPE_FP8_E5M2)     // the CPU backends only (the worker refuses it here)
+                return TSR_E_UNSUPPORTED;
         if (!out || !q || n_heads == 0 || !seqs_ok(kv, seqs, n_seqs) || kv->n_kv_heads == 0 ||
             n_heads % kv->n_kv_heads != 0)
                 return TSR_E_INVAL;

@@ -2,6 +2,7 @@
 // thread per element (grid-stride), the arithmetic of cpu/ref.c spelled with the _rn
 // intrinsics so nvcc cannot fuse a multiply and an add into one FMA (one rounding
 // instead of ref's two): add is bitwise ref's, silu_mul differs only by expf's ulps.
+#include "kernels/cuda/bf16.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
 
@@ -31,15 +32,8 @@ __global__ static void silu_mul_kernel(float *out, const float *gate, const floa
 // x (n,) float32 -> out (n,) bfloat16 bits: tsr_f32_to_bf16's rounding (nearest, ties to
 // even; a NaN keeps its sign and top payload and is made quiet), bit for bit.
 __global__ static void f32_to_bf16_kernel(uint16_t *out, const float *x, size_t n) {
-        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-                uint32_t u = __float_as_uint(x[i]);
-                if ((u & 0x7fffffffu) > 0x7f800000u) {
-                        out[i] = (uint16_t)((u >> 16) | 0x0040u);
-                } else {
-                        u += 0x7fffu + ((u >> 16) & 1u);
-                        out[i] = (uint16_t)(u >> 16);
-                }
-        }
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+                out[i] = tsr_cuda_f32_to_bf16_bits(x[i]);
 }
 
 extern "C" tsr_status tsr_cuda_add(cudaStream_t stream, float *out, const float *a, const float *b, size_t n) {

@@ -48,8 +48,9 @@ typedef struct tsr_cuda_rows {
  * embedding: out[r,:] = table[ids[r],:], ids already checked < vocab.
  * kv_write: k, v (rows.n, width) -> row r into the cache row of its position p: row
  * p % block_size of block table[p / block_size] (width = n_kv_heads * head_dim).  The
- * cache holds dtype TSR_DTYPE_F32 (floats, the scales unused) or TSR_DTYPE_FP8_E4M3
- * (bytes e4m3(x / k_scale), V with v_scale: kernels.h's fp8 view). */
+ * cache holds dtype TSR_DTYPE_F32 (floats, the scales unused), TSR_DTYPE_BF16
+ * (tsr_f32_to_bf16(x), the scales unused) or TSR_DTYPE_FP8_E4M3 (bytes e4m3(x / k_scale),
+ * V with v_scale: kernels.h's fp8 view). */
 tsr_status tsr_cuda_embedding(cudaStream_t stream, float *out, const float *table, size_t dim, const uint32_t *ids,
                               size_t rows);
 tsr_status tsr_cuda_kv_write(cudaStream_t stream, void *k_cache, void *v_cache, tsr_dtype dtype, float k_scale,
@@ -59,7 +60,8 @@ tsr_status tsr_cuda_kv_write(cudaStream_t stream, void *k_cache, void *v_cache, 
 /* attention.cu: kernels.h's attention for every row of `rows` over the paged cache:
  * q (rows.n, n_heads, head_dim) -> out (rows.n, n_heads, head_dim), row r seeing cached
  * tokens 0 .. pos[r] of its own sequence.  head_dim <= TSR_CUDA_ATTN_MAX_HEAD_DIM.  The
- * cache as kv_write's (dtype, scales): an fp8 element reads as float(code) * scale.
+ * cache as kv_write's (dtype, scales): a bf16 element reads as its exact float32, an fp8
+ * one as float(code) * scale.
  * host_pos: a host copy of rows.pos (the launcher sizes each launch from it).  work: a
  * device array of work_bytes, at least tsr_cuda_attention_work_bytes(1, n_heads,
  * head_dim), for the runs of rows split over their keys; with

@@ -1,9 +1,12 @@
 // paged.cu - the two row copies through an index table: embedding (a row of the token
 // table per id) and kv_write (a token's keys and values into its paged cache row, as
-// they are or as fp8 e4m3 codes).  The index arrays are device copies backend.cu made of
-// the caller's host arrays, after it checked every index (nothing is checked here).
-// Copies: bitwise cpu/ref.c's memcpy; fp8 codes: bitwise quant/fp8.c's encoder.
+// they are, as bf16 values or as fp8 e4m3 codes).  The index arrays are device copies
+// backend.cu made of the caller's host arrays, after it checked every index (nothing is
+// checked here).  Copies: bitwise cpu/ref.c's memcpy; bf16: bitwise tsr_f32_to_bf16; fp8
+// codes: bitwise quant/fp8.c's encoder.
 #include <math.h>
+
+#include "kernels/cuda/bf16.cuh"
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
@@ -50,6 +53,9 @@ __device__ static uint8_t f32_to_e4m3(float x) {
 }
 
 __device__ static inline void kv_store(float *dst, const float *src, size_t i, float) { dst[i] = src[i]; }
+__device__ static inline void kv_store(uint16_t *dst, const float *src, size_t i, float) {
+        dst[i] = tsr_cuda_f32_to_bf16_bits(src[i]);
+}
 __device__ static inline void kv_store(uint8_t *dst, const float *src, size_t i, float scale) {
         dst[i] = f32_to_e4m3(src[i] / scale);
 }
@@ -60,7 +66,8 @@ __device__ static inline void kv_store(uint8_t *dst, const float *src, size_t i,
 // sequence to one row; ref's loop leaves the later token there, so a row whose cache row
 // a later token of its sequence in this call also writes skips its copy (uniform over the
 // block: all its threads return together).
-// T: float (the values) or uint8_t (e4m3(x / scale), kernels.h's fp8 view).
+// T: float (the values), uint16_t (their bf16 bits) or uint8_t (e4m3(x / scale),
+// kernels.h's fp8 view).
 template <typename T>
 __global__ static void kv_write_kernel(T *k_cache, T *v_cache, tsr_cuda_rows rows, size_t block_size, size_t width,
                                        const float *k, const float *v, float k_scale, float v_scale) {
@@ -95,6 +102,10 @@ extern "C" tsr_status tsr_cuda_kv_write(cudaStream_t stream, void *k_cache, void
                 kv_write_kernel<<<(unsigned)rows.n, threads, 0, stream>>>(
                         static_cast<uint8_t *>(k_cache), static_cast<uint8_t *>(v_cache), rows, block_size, width, k,
                         v, k_scale, v_scale);
+        else if (dtype == TSR_DTYPE_BF16)
+                kv_write_kernel<<<(unsigned)rows.n, threads, 0, stream>>>(
+                        static_cast<uint16_t *>(k_cache), static_cast<uint16_t *>(v_cache), rows, block_size, width,
+                        k, v, k_scale, v_scale);
         else
                 kv_write_kernel<<<(unsigned)rows.n, threads, 0, stream>>>(
                         static_cast<float *>(k_cache), static_cast<float *>(v_cache), rows, block_size, width, k, v,

@@ -10,7 +10,10 @@
  *      bfloat16 path, which computes the same products (x rounded to bf16, bf16 weights,
  *      float32 sums) in another order: within 1e-3 * max |logit| + 1e-4.
  *   3. Paged batching: two sequences through shuffled block tables in one
- *      tsr_llama_forward_batch on CUDA, against each alone on the CPU.
+ *      tsr_llama_forward_batch on CUDA, against each alone on the CPU.  3b: a bfloat16 KV
+ *      cache on CUDA against one on the CPU reference (within 1e-3 * max |logit| + 1e-4).
+ *      3c: greedy rows answered by their argmax on the device (tsr_llama_seq.argmax) in a
+ *      batch with whole rows: the first maxima of the rows, the whole rows bitwise.
  *   4. $TSR_GPU_MODEL (a folder or .gguf; unset: skipped with a line, not a failure),
  *      e.g. the SmolLM2-shaped random model the device script makes: float32 CUDA against
  *      the fast CPU backend, last-position logits of a 96-token prompt within
@@ -29,6 +32,7 @@
 #include <jansson.h>
 
 #include "kernels/kernels.h"
+#include "worker/engine/kv_pool.h"
 #include "worker/model/llama.h"
 
 static int failures;
@@ -107,6 +111,24 @@ static tsr_status logits_all(tsr_llama *m, tsr_backend *be, const uint32_t *ids,
         if (st == TSR_OK)
                 st = tsr_llama_forward(m, be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, out);
         tsr_llama_kv_free(&kv);
+        return st;
+}
+
+/* The same through a KV pool of `dtype` in be's memory (the runner's pool for
+ * --kv-cache-dtype). */
+static tsr_status logits_all_kv(tsr_llama *m, tsr_backend *be, tsr_dtype dtype, const uint32_t *ids, size_t n,
+                                float *out) {
+        tsr_kv_group g = tsr_llama_kv_group(tsr_llama_config_of(m));
+        tsr_kv_pool *pool = NULL;
+        tsr_llama_kv *kv = NULL;
+        g.dtype = dtype;
+        tsr_status st = tsr_kv_pool_new_on(tsr_backend_host_memory(be) ? NULL : be, &g, 1, n / 16 + 1, 16, 0, &pool);
+        if (st == TSR_OK)
+                st = tsr_llama_kv_bind(m, pool, &kv);
+        if (st == TSR_OK)
+                st = tsr_llama_forward(m, be, kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, out);
+        tsr_llama_kv_free(&kv);
+        tsr_kv_pool_free(&pool);
         return st;
 }
 
@@ -241,7 +263,37 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         tsr_llama_free(&mg);
         tsr_llama_free(&mc);
 
-        /* 3b: greedy rows answered by their argmax on the device (tsr_llama_seq.argmax) in a
+        /* 3b: a bfloat16 KV cache (--kv-cache-dtype bfloat16, and auto under bf16 weights):
+         * both backends round K and V alike (tsr_f32_to_bf16), but a K one float32 ulp away
+         * after RoPE can round one bf16 ulp (2^-8 relative) away, so the bar is the bf16
+         * weights' (1e-3 x max |logit| + 1e-4; the H200 measured 4.2e-4 for a bar of 3.6e-3),
+         * not the float32 cache's 2e-4 */
+        mg = load_on(path, gpu, false);
+        mc = load_on(path, ref, false);
+        CHECK(mg && mc, "tiny f32 for the bf16 cache");
+        if (mg && mc) {
+                uint32_t ids[256];
+                size_t n = json_ids(json_object_get(json_array_get(prompts, 2), "ids"), ids, 256);
+                float *want = malloc(n * vocab * sizeof(float)), *f32kv = malloc(n * vocab * sizeof(float));
+                tsr_status st = logits_all_kv(mc, ref, TSR_DTYPE_BF16, ids, n, want);
+                CHECK(st == TSR_OK, "cpu-ref, bf16 cache: %s", tsr_status_str(st));
+                st = logits_all_kv(mg, gpu, TSR_DTYPE_BF16, ids, n, got);
+                CHECK(st == TSR_OK, "device, bf16 cache: %s", tsr_status_str(st));
+                CHECK(logits_all(mc, ref, ids, n, f32kv) == TSR_OK, "cpu-ref, f32 cache");
+                double d = max_abs_diff(got, want, n * vocab), d32 = max_abs_diff(want, f32kv, n * vocab);
+                double bound = 1e-3 * max_abs(want, n * vocab) + 1e-4;
+                printf("tiny-llama3-hf f32 weights, bf16 KV cache (%zu tokens): max |dlogit| %s vs cpu-ref %.3g "
+                       "(bound %.3g; the bf16 cache vs a float32 one on cpu-ref: %.3g)\n", n, tsr_backend_name(gpu),
+                       d, bound, d32);
+                CHECK(d <= bound, "bf16 cache: %.3g > %.3g", d, bound);
+                CHECK(d32 > 0, "the bf16 cache changed nothing: is it in use?");
+                free(want);
+                free(f32kv);
+        }
+        tsr_llama_free(&mg);
+        tsr_llama_free(&mc);
+
+        /* 3c: greedy rows answered by their argmax on the device (tsr_llama_seq.argmax) in a
          * batch that mixes them with whole rows: the indices are the first maxima of the
          * rows the same batch downloads whole, the whole rows are bitwise those, and an
          * argmax row's slot in the logits is left alone. */

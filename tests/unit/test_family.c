@@ -243,6 +243,25 @@ static void test_kv_fp8(void **state) {
         assert_int_equal(tsr_kv_block_bytes(g, 2, 16), 737280 / 2);
 }
 
+/* --kv-cache-dtype auto is the weights' dtype, as vLLM's: on a device (cpu-devlike stands
+ * for CUDA: memory not the host's) bfloat16 unless --dtype float32; on the reference CPU
+ * backend float32 unless --dtype bfloat16. */
+static void test_auto_kv_dtype(void **state) {
+        (void)state;
+        tsr_backend *dev = NULL, *ref = NULL;
+        assert_int_equal(tsr_backend_cpu_devlike_new(&dev), TSR_OK);
+        assert_int_equal(tsr_backend_cpu_ref_new(&ref), TSR_OK);
+        assert_int_equal(tsr_runner_auto_kv_dtype(dev, NULL), TSR_DTYPE_BF16);
+        assert_int_equal(tsr_runner_auto_kv_dtype(dev, "auto"), TSR_DTYPE_BF16);
+        assert_int_equal(tsr_runner_auto_kv_dtype(dev, "bfloat16"), TSR_DTYPE_BF16);
+        assert_int_equal(tsr_runner_auto_kv_dtype(dev, "float32"), TSR_DTYPE_F32);
+        assert_int_equal(tsr_runner_auto_kv_dtype(ref, "auto"), TSR_DTYPE_F32);
+        assert_int_equal(tsr_runner_auto_kv_dtype(ref, "bfloat16"), TSR_DTYPE_BF16);
+        assert_int_equal(tsr_runner_auto_kv_dtype(NULL, "auto"), TSR_DTYPE_F32);
+        tsr_backend_free(&dev);
+        tsr_backend_free(&ref);
+}
+
 /* The description of a real checkpoint: the worker-wide fields from its config.json, the
  * family's own config behind `config`, freed by tsr_model_desc_done. */
 static void test_read_config(void **state) {
@@ -273,6 +292,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_find),
                 cmocka_unit_test(test_kv_block_bytes),
+                cmocka_unit_test(test_auto_kv_dtype),
                 cmocka_unit_test(test_shard_for),
                 cmocka_unit_test(test_tensor_table),
                 cmocka_unit_test(test_read_config_errors),

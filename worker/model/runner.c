@@ -286,9 +286,8 @@ static bool weights_bf16(const tsr_backend *be, const char *dtype) {
 }
 
 tsr_dtype tsr_runner_auto_kv_dtype(const tsr_backend *be, const char *dtype) {
-        /* vLLM: "auto" stores the KV cache in the model's dtype.  CUDA keeps float32 until
-         * its attention reads bfloat16 rows (issue #16). */
-        return be && tsr_backend_host_memory(be) && weights_bf16(be, dtype) ? TSR_DTYPE_BF16 : TSR_DTYPE_F32;
+        /* vLLM: "auto" stores the KV cache in the model's dtype. */
+        return be && weights_bf16(be, dtype) ? TSR_DTYPE_BF16 : TSR_DTYPE_F32;
 }
 
 /* The weight dtype for `opts` on the backend, and the start-up line naming both.  Main

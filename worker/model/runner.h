@@ -83,8 +83,8 @@ tsr_status tsr_runner_kv_dtype_check(const tsr_model_family *fam, tsr_dtype kv_d
                                      size_t errlen);
 
 /* What --kv-cache-dtype auto stores on `be` under --dtype `dtype` (NULL: auto): the
- * model's dtype, as vLLM: bfloat16 where the weights are held as bfloat16 on a CPU
- * backend, else float32 (CUDA: float32 until its attention reads bfloat16).  Main
+ * model's dtype, as vLLM: bfloat16 where the weights are held as bfloat16 (CUDA unless
+ * --dtype float32; a CPU with AVX512-BF16 or --dtype bfloat16), else float32.  Main
  * thread, at start-up, before the KV plan. */
 tsr_dtype tsr_runner_auto_kv_dtype(const tsr_backend *be, const char *dtype);
 
