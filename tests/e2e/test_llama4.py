@@ -19,6 +19,12 @@ from engine_client import EngineWorker
 TINY4 = REPO / "tests" / "fixtures" / "tiny-llama4"
 GOLDEN = json.loads((TINY4 / "golden.json").read_text())
 GOLDENS = [(p["ids"], g) for p, g in zip(GOLDEN["prompts"], GOLDEN["greedy"])]
+# llama.cpp's converter's F16 GGUF of the same recipe with llama.cpp's fixed Llama 4 values
+# (make_tiny_llama4_gguf.py), and transformers' greedy continuations of its weights
+TINY4_GGUF_DIR = REPO / "tests" / "fixtures" / "tiny-llama4-gguf"
+GGUF_GOLDEN = json.loads((TINY4_GGUF_DIR / "golden.json").read_text())
+TINY4_GGUF = TINY4_GGUF_DIR / GGUF_GOLDEN["gguf"]
+GGUF_GOLDENS = [(p["ids"], g) for p, g in zip(GGUF_GOLDEN["prompts"], GGUF_GOLDEN["greedy"])]
 
 
 @pytest.fixture
@@ -147,10 +153,10 @@ def gguf_str(x):
     return struct.pack("<Q", len(b)) + b
 
 
-def test_llama4_gguf_is_refused(spawn, tmp_path):
-    """A GGUF whose general.architecture is llama4 (llama.cpp's converter writes those)
-    finds the Llama 4 family and is refused at start-up naming the file: exit 2 before
-    the sockets are bound, not served as metadata only."""
+def test_llama4_gguf_without_its_keys_is_refused(spawn, tmp_path):
+    """A GGUF whose general.architecture is llama4 but which lacks the model's keys finds
+    the Llama 4 family and is refused at start-up naming the file and the key: exit 2
+    before the sockets are bound, not served as metadata only."""
     kvs = [("general.architecture", 8, gguf_str("llama4")),
            ("tokenizer.ggml.model", 8, gguf_str("gpt2")),
            ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 3) + gguf_str("a") + gguf_str("b") + gguf_str("ab")),
@@ -162,8 +168,50 @@ def test_llama4_gguf_is_refused(spawn, tmp_path):
     w = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}"])
     assert w.wait(timeout=60) == 2
     out = w.output()
-    assert f"{model}: a Llama 4 GGUF (general.architecture llama4) is not supported" in out, out
+    assert f"{model}: metadata key 'llama4.embedding_length' missing" in out, out
     assert "listening on" not in out and "metadata only" not in out, out
+
+
+@pytest.mark.parametrize("flags", [(), ("-tp", "2"), ("-tp", "2", "--enable-expert-parallel")],
+                         ids=["tp1", "tp2", "tp2-ep"])
+def test_gguf_gives_the_golden(spawn, flags):
+    """llama.cpp's F16 GGUF of a tiny Llama 4 (general.architecture llama4: gate and up
+    expert stacks apart, rope_freqs, llama.cpp's fixed chunk / NoPE / temperature values)
+    gives transformers' greedy continuations of the same weights, at one rank, at -tp 2
+    (each rank reading its rows of every stack) and with expert parallelism."""
+    w = EngineWorker(spawn, TINY4_GGUF, "--dtype", "float32", *flags)
+    for i, (ids, want) in enumerate(GGUF_GOLDENS):
+        assert w.run(f"p{i}", ids, len(want)).tokens == want, (flags, i)
+    w.close()
+    out = w.proc.output()
+    if flags:
+        assert "its share read straight from the file" in out, out
+
+
+def test_serve_gguf(spawn):
+    """`tessera serve model.gguf`: the tokenizer and chat template come from the GGUF
+    (tiny-hf's vocabulary as the converter wrote it, no BOS added: the file does not ask
+    for one), /tokenize gives the prompts' ids after the fixture's BOS, and
+    /v1/completions on those ids returns transformers' greedy continuation."""
+    port = free_port()
+    proc = spawn([LAUNCHER, "serve", TINY4_GGUF, "--host", "127.0.0.1", "--port", port, "--served-model-name",
+                  "tiny4gguf", "--kv-cache-memory-bytes", "64M", "--dtype", "float32"])
+    base = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert proc.p.poll() is None, proc.output()
+        return http_status(base + "/health") == 200
+    wait_until(ready, timeout=60, interval=0.1, what="tiny Llama 4 GGUF served")
+    info = requests.get(base + "/v1/models", timeout=5).json()["data"][0]
+    assert info["id"] == "tiny4gguf" and info["max_model_len"] == 512
+    for p, (ids, want) in zip(GGUF_GOLDEN["prompts"], GGUF_GOLDENS):
+        tok = requests.post(base + "/tokenize", json={"model": "tiny4gguf", "prompt": p["text"]}, timeout=5).json()
+        assert tok["tokens"] == ids[1:], (p["text"], tok)
+        r = requests.post(base + "/v1/completions", json={"model": "tiny4gguf", "prompt": ids, "temperature": 0,
+                                                          "max_tokens": len(want), "ignore_eos": True,
+                                                          "skip_special_tokens": False}, timeout=60).json()
+        assert r["usage"]["completion_tokens"] == len(want), r
+        assert r["choices"][0]["text"] == completion_text(base, want)
 
 
 def per_expert_copy(dst):

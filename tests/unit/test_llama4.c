@@ -38,6 +38,7 @@
 #include "worker/model/llama4.h"
 
 #define FIXTURE "tests/fixtures/tiny-llama4"
+#define GGUF_FIXTURE "tests/fixtures/tiny-llama4-gguf"
 #define MAXT 128
 
 static tsr_backend *ref_be;
@@ -113,24 +114,33 @@ static int teardown(void **state) {
 
 /* ---- config ------------------------------------------------------------------------------ */
 
-static void test_config_fixture(void **state) {
-        const tsr_llama4_config *c = tsr_llama4_config_of(model);
-        (void)state;
-        assert_true(c->nested);
+/* The tiny model's shape (make_tiny_llama4.py), with its chunk and floor_scale. */
+static void check_tiny_config(const tsr_llama4_config *c, uint32_t chunk, float floor_scale) {
         assert_int_equal(c->base.n_layers, 4);
+        assert_int_equal(c->base.dim, 64);
+        assert_int_equal(c->base.head_dim, 16);
+        assert_int_equal(c->base.vocab_size, 300);
         assert_int_equal(c->base.hidden_dim, 32);
         assert_int_equal(c->mlp_dim, 96);
         assert_int_equal(c->n_experts, 4);
         assert_int_equal(c->top_k, 2);
-        assert_int_equal(c->chunk, 8);
+        assert_int_equal(c->chunk, chunk);
         assert_true(c->qk_norm && c->temp_tuning);
-        assert_true(c->floor_scale == 4.0f && c->attn_scale == 0.1f);
+        assert_true(c->floor_scale == floor_scale && c->attn_scale == 0.1f);
         assert_int_equal(c->base.rope_layout, TSR_ROPE_INTERLEAVED);
-        assert_true(c->base.rope_llama3);
+        assert_false(c->base.tied_embeddings);
         assert_int_equal(c->layer[0], TSR_LLAMA4_ROPE | TSR_LLAMA4_CHUNKED);
         assert_int_equal(c->layer[1], TSR_LLAMA4_ROPE | TSR_LLAMA4_CHUNKED | TSR_LLAMA4_MOE);
         assert_int_equal(c->layer[2], TSR_LLAMA4_ROPE | TSR_LLAMA4_CHUNKED);
         assert_int_equal(c->layer[3], TSR_LLAMA4_MOE);
+}
+
+static void test_config_fixture(void **state) {
+        const tsr_llama4_config *c = tsr_llama4_config_of(model);
+        (void)state;
+        assert_true(c->nested && !c->gguf);
+        check_tiny_config(c, 8, 4.0f);
+        assert_true(c->base.rope_llama3);
 }
 
 /* A Llama4ForCausalLM config.json around `extra` fields. */
@@ -217,10 +227,16 @@ static void test_family(void **state) {
         assert_ptr_equal(tsr_family_find("hf", "Llama4ForCausalLM", NULL), &tsr_family_llama4);
         assert_ptr_equal(tsr_family_find("hf", NULL, "llama4_text"), &tsr_family_llama4);
         assert_ptr_equal(tsr_family_find("gguf", "llama4", NULL), &tsr_family_llama4);
-        /* a Llama 4 GGUF is refused, naming the file, before anything is read */
-        assert_int_equal(tsr_model_desc_read(&tsr_family_llama4, "/models/scout.gguf", true, &d, err, sizeof err),
-                         TSR_E_UNSUPPORTED);
-        assert_non_null(strstr(err, "/models/scout.gguf: a Llama 4 GGUF (general.architecture llama4) is not supported"));
+        /* a Llama 4 GGUF is read (test_gguf); a missing one is an error naming the file */
+        assert_int_not_equal(tsr_model_desc_read(&tsr_family_llama4, "/models/scout.gguf", true, &d, err, sizeof err),
+                             TSR_OK);
+        assert_non_null(strstr(err, "/models/scout.gguf"));
+        tsr_test_src_path(GGUF_FIXTURE "/model-f16.gguf", path, sizeof path);
+        assert_int_equal(tsr_model_desc_read(&tsr_family_llama4, path, true, &d, err, sizeof err), TSR_OK);
+        assert_int_equal(d.vocab_size, 300);
+        assert_int_equal(d.n_layers, 4);
+        assert_int_equal(d.hidden_size, 64);
+        tsr_model_desc_done(&d);
         /* the description of the fixture, and its KV group: every layer full attention */
         tsr_test_src_path(FIXTURE, path, sizeof path);
         assert_int_equal(tsr_model_desc_read(&tsr_family_llama4, path, false, &d, err, sizeof err), TSR_OK);
@@ -724,6 +740,47 @@ static void test_load_errors(void **state) {
  * greedy 32 tokens per prompt through the decode path token-exact. */
 #define MO_FIXTURE "tests/fixtures/tiny-llama4-modelopt"
 
+/* Prompt pi of golden g (the rows at `expect`): its full-sequence logits on the reference
+ * and the fast backend, bitwise alike, each within `bound` of expect; *worst the largest
+ * |d| seen.  a, b: MAXT rows of scratch.  Returns the prompt's length. */
+static size_t check_prompt_logits(json_t *g, size_t pi, tsr_backend *fast, tsr_llama4_kv *kv, const uint32_t *table,
+                                  const float *expect, double bound, double *worst, float *a, float *b, const char *who) {
+        uint32_t ids[MAXT];
+        size_t n = tsr_test_prompt_ids(g, pi, ids, MAXT);
+        run(ref_be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, a);
+        run(fast, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, b);
+        assert_memory_equal(a, b, n * V * sizeof(float));
+        for (size_t k = 0; k < n * V; k++) {
+                double d = fabs((double)a[k] - expect[k]);
+                *worst = fmax(*worst, d);
+                if (!(d <= bound))
+                        fail_msg("%s prompt %zu pos %zu id %zu: %.7g, want %.7g (bound %.3g)", who, pi, k / V, k % V,
+                                 a[k], expect[k], bound);
+        }
+        return n;
+}
+
+/* Golden g's greedy continuations (`greedy`: a list per prompt) through the decode path
+ * on `be`, token-exact; returns how many tokens were checked.  step: V floats. */
+static size_t check_greedy(json_t *g, json_t *greedy, tsr_backend *be, tsr_llama4_kv *kv, const uint32_t *table,
+                           float *step, const char *who) {
+        uint32_t ids[MAXT];
+        size_t total = 0;
+        for (size_t pi = 0; pi < json_array_size(greedy); pi++) {
+                json_t *gw = json_array_get(greedy, pi);
+                size_t n = tsr_test_prompt_ids(g, pi, ids, MAXT);
+                run(be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step);
+                for (size_t s2 = 0; s2 < json_array_size(gw); s2++, total++) {
+                        uint32_t tok = (uint32_t)tsr_test_argmax(step, V);
+                        long long w = json_integer_value(json_array_get(gw, s2));
+                        if (tok != w)
+                                fail_msg("%s prompt %zu greedy step %zu: %u, want %lld", who, pi, s2, tok, w);
+                        run(be, kv, table, MAXT / 16, &tok, 1, n + s2, TSR_LLAMA_LOGITS_LAST, step);
+                }
+        }
+        return total;
+}
+
 static void check_modelopt(const char *variant, tsr_dtype want_dtype) {
         char path[1024], err[512], rel[512];
         json_error_t je;
@@ -781,33 +838,10 @@ static void check_modelopt(const char *variant, tsr_dtype want_dtype) {
         double bound = 1e-4 + 50 * json_number_value(json_object_get(var, "order_sensitivity")), worst = 0;
         for (size_t i = 0, row = 0; i < n_lp; i++) {
                 size_t pi = (size_t)json_integer_value(json_array_get(json_object_get(g, "logit_prompts"), i));
-                size_t n = tsr_test_prompt_ids(g, pi, ids, MAXT);
-                run(ref_be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, a);
-                run(fast, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, b);
-                assert_memory_equal(a, b, n * V * sizeof(float));
-                for (size_t k = 0; k < n * V; k++) {
-                        double d = fabs((double)a[k] - emu[row * V + k]);
-                        worst = fmax(worst, d);
-                        if (!(d <= bound))
-                                fail_msg("%s prompt %zu pos %zu id %zu: %.7g, emulation %.7g (bound %.3g)", variant,
-                                         pi, k / V, k % V, a[k], emu[row * V + k], bound);
-                }
-                row += n;
+                row += check_prompt_logits(g, pi, fast, kv, table, emu + row * V, bound, &worst, a, b, variant);
         }
         json_t *greedy = json_object_get(var, "greedy");
-        size_t total = 0;
-        for (size_t pi = 0; pi < json_array_size(greedy); pi++) {
-                json_t *gw = json_array_get(greedy, pi);
-                size_t n = tsr_test_prompt_ids(g, pi, ids, MAXT);
-                run(fast, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_LAST, step);
-                for (size_t s2 = 0; s2 < json_array_size(gw); s2++, total++) {
-                        uint32_t tok = (uint32_t)tsr_test_argmax(step, V);
-                        long long w = json_integer_value(json_array_get(gw, s2));
-                        if (tok != w)
-                                fail_msg("%s prompt %zu greedy step %zu: %u, emulation %lld", variant, pi, s2, tok, w);
-                        run(fast, kv, table, MAXT / 16, &tok, 1, n + s2, TSR_LLAMA_LOGITS_LAST, step);
-                }
-        }
+        size_t total = check_greedy(g, greedy, fast, kv, table, step, variant);
         assert_int_equal(total, 32 * json_array_size(greedy));
         print_message("tiny-llama4-modelopt %s: resident %llu bytes; max |dlogit| vs emulation %.3g (bound %.3g); "
                       "greedy %zu/%zu tokens equal\n", variant, (unsigned long long)want_bytes, worst, bound, total,
@@ -831,6 +865,82 @@ static void test_modelopt_nvfp4(void **state) {
         check_modelopt("nvfp4", TSR_DTYPE_NVFP4);
 }
 
+/* ---- GGUF (llama.cpp's "llama4", tests/fixtures/make_tiny_llama4_gguf.py) ---------------- */
+
+
+/* The converter's F16 file of a tiny Llama 4 with llama.cpp's fixed values: the config
+ * read from its metadata, 48 tensors loaded (gate and up stacks apart, rope_freqs), every
+ * position of every prompt within 1e-4 of transformers' logits of the same (F16-rounded)
+ * weights, 32 greedy tokens per prompt equal, the fast backend bitwise the reference;
+ * then tensor parallel 2 (each rank reading its share of the stacks) and 2 + expert
+ * parallel give the same logits as one rank within the same bar. */
+static void test_gguf(void **state) {
+        char path[1024], err[512], rel[512];
+        json_error_t je;
+        json_t *g = NULL;
+        tsr_gguf *gf = NULL;
+        tsr_llama4_config *c = NULL;
+        tsr_llama4 *m = NULL, *keep = model;
+        tsr_backend *fast = NULL;
+        tsr_load_stats st;
+        tsr_kv_pool *pool = NULL;
+        tsr_llama4_kv *kv = NULL;
+        uint32_t ids[MAXT], table[MAXT / 16];
+        (void)state;
+
+        assert_non_null(tsr_test_src_path(GGUF_FIXTURE "/golden.json", path, sizeof path));
+        assert_non_null(g = json_load_file(path, 0, &je));
+        snprintf(rel, sizeof rel, GGUF_FIXTURE "/%s", json_string_value(json_object_get(g, "gguf")));
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+        if (tsr_gguf_open(path, &gf, err, sizeof err) != TSR_OK ||
+            tsr_llama4_config_from_gguf(gf, path, &c, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        tsr_gguf_close(&gf);
+        /* the metadata's, and llama.cpp's fixed values; RoPE scaling comes as rope_freqs */
+        assert_true(c->gguf && !c->nested);
+        check_tiny_config(c, 8192, 8192.0f);
+        assert_false(c->base.rope_llama3);
+        if (tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, NULL, NULL, NULL, &m, &st, err,
+                            sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        /* 4 model-wide (token_embd, rope_freqs, output_norm, output) + 2 dense x 9 + 2 MoE x 13 */
+        assert_int_equal(st.n_tensors, 48);
+
+        size_t n_p = json_array_size(json_object_get(g, "prompts")), rows = 0;
+        for (size_t pi = 0; pi < n_p; pi++)
+                rows += tsr_test_prompt_ids(g, pi, ids, MAXT);
+        snprintf(rel, sizeof rel, GGUF_FIXTURE "/%s", json_string_value(json_object_get(g, "logits_file")));
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+        float *ref = malloc(rows * V * sizeof(float)), *a = malloc(MAXT * V * sizeof(float));
+        float *b = malloc(MAXT * V * sizeof(float)), *step = malloc(V * sizeof(float));
+        FILE *fp = fopen(path, "rb");
+        assert_non_null(fp);
+        assert_int_equal(fread(ref, sizeof(float), rows * V, fp), rows * V);
+        fclose(fp);
+
+        model = m;
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &fast), TSR_OK);
+        for (size_t i = 0; i < MAXT / 16; i++)
+                table[i] = (uint32_t)i;
+        pool_new(MAXT / 16, 16, &pool, &kv);
+        double worst = 0;
+        for (size_t pi = 0, row = 0; pi < n_p; pi++)
+                row += check_prompt_logits(g, pi, fast, kv, table, ref + row * V, 1e-4, &worst, a, b, "gguf");
+        json_t *greedy = json_object_get(g, "greedy");
+        size_t total = check_greedy(g, greedy, fast, kv, table, step, "gguf");
+        assert_int_equal(total, 32 * json_array_size(greedy));
+        print_message("tiny-llama4-gguf (F16): max |dlogit| vs transformers %.3g (bound 1e-4); greedy %zu/%zu tokens "
+                      "equal\n", worst, total, total);
+        model = keep;
+        tsr_llama4_kv_free(&kv);
+        tsr_kv_pool_free(&pool);
+        tsr_backend_free(&fast);
+        tsr_llama4_free(&m);
+        free(c);
+        json_decref(g);
+        free(ref), free(a), free(b), free(step);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config_fixture), cmocka_unit_test(test_config_derived),
@@ -838,7 +948,7 @@ int main(void) {
                 cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bf16),
                 cmocka_unit_test(test_flat_layout),    cmocka_unit_test(test_load_errors),
                 cmocka_unit_test(test_fp8_kv),         cmocka_unit_test(test_modelopt_fp8),
-                cmocka_unit_test(test_modelopt_nvfp4),
+                cmocka_unit_test(test_modelopt_nvfp4), cmocka_unit_test(test_gguf),
         };
         if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
                 return 1;

@@ -41,9 +41,11 @@ typedef struct layer {
          * (exp_gate_up and exp_down are then NULL); all zero otherwise. */
         tsr_tensor *qexp;
         /* load only: an FP8 BMM stack as the file has it ([E, dim, 2I], [E, I, dim]), and
-         * the per-expert layout's widened matrices ([3E] as qexp) */
+         * the per-expert layout's widened matrices ([3E] as qexp); a GGUF's gate and up
+         * stacks apart ([E, I, dim] each, merged into exp_gate_up) */
         tsr_tensor stack_gu, stack_dn;
         float **fexp;
+        float *gguf_gate, *gguf_up;
 } layer;
 
 struct tsr_llama4 {
@@ -54,6 +56,7 @@ struct tsr_llama4 {
         mat output;                             /* (vocab, dim); f == embed when tied */
         layer *layers;
         float *inv_freq;                        /* (head_dim/2,) */
+        float *rope_freqs;                      /* (head_dim/2,) a GGUF's llama3 divisors; NULL: none */
         float *ones;                            /* (head_dim,): the qk L2 norm is rmsnorm with unit weight */
         bool bf16;
         /* Tensor parallelism (tsr_llama4_shard_tp; issue #20): this rank's attention heads,
@@ -129,6 +132,9 @@ static void experts_free(layer *L, size_t E) {
         free(L->fexp);
         free(L->stack_gu.data);
         free(L->stack_dn.data);
+        free(L->gguf_gate);
+        free(L->gguf_up);
+        L->gguf_gate = L->gguf_up = NULL;
         L->qexp = NULL;
         L->fexp = NULL;
         L->stack_gu = L->stack_dn = (tsr_tensor){0};
@@ -159,6 +165,7 @@ void tsr_llama4_free(tsr_llama4 **mp) {
         free(m->embed);
         free(m->out_norm);
         free(m->inv_freq);
+        free(m->rope_freqs);
         free(m->ones);
         free(m->cfg);
         free(m->expert_names);
@@ -199,7 +206,10 @@ static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
                 {"ffn_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * mlp, mlp}}}},
                 /* [E, dim, 2I]: the rank's gate columns, then its up columns */
                 {"ffn_gate_up_exps", {TSR_LOAD_SLICE_COLS, 2, {{rk * hid, hid}, {I + rk * hid, hid}}}},
-                {"ffn_down_exps", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},        /* [E, I, dim] */
+                {"ffn_down_exps", {c->gguf ? TSR_LOAD_SLICE_COLS : TSR_LOAD_SLICE_ROWS, 1,  /* HF [E, I, dim], */
+                                   {{rk * hid, hid}}}},                                 /* GGUF [E, dim, I] */
+                {"ffn_gate_exps", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},        /* GGUF [E, I, dim] */
+                {"ffn_up_exps", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_gate_shexp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_up_shexp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_down_shexp", {TSR_LOAD_SLICE_COLS, 1, {{rk * hid, hid}}}},
@@ -248,7 +258,11 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                 {"ffn_down", L && !moe ? &L->down.f : NULL, dim, M, 0, L ? &L->down : NULL},
                 {"ffn_gate_inp", moe ? &L->router.f : NULL, E, dim, 0},
                 {"ffn_gate_up_exps", moe && !m->per_expert ? &L->exp_gate_up.f : NULL, dim, 2 * I, E},
-                {"ffn_down_exps", moe && !m->per_expert ? &L->exp_down.f : NULL, I, dim, E},
+                {"ffn_gate_exps", moe ? &L->gguf_gate : NULL, I, dim, E},   /* GGUF: (out, in) per expert */
+                {"ffn_up_exps", moe ? &L->gguf_up : NULL, I, dim, E},
+                {"ffn_down_exps", moe && !m->per_expert ? &L->exp_down.f : NULL, c->gguf ? dim : I, c->gguf ? I : dim,
+                 E},
+                {"rope_freqs", &m->rope_freqs, c->base.head_dim / 2, 0, 0},        /* GGUF only, optional */
                 {"ffn_gate_shexp", moe ? &L->sh_gate.f : NULL, I, dim, 0, L ? &L->sh_gate : NULL},
                 {"ffn_up_shexp", moe ? &L->sh_up.f : NULL, I, dim, 0, L ? &L->sh_up : NULL},
                 {"ffn_down_shexp", moe ? &L->sh_down.f : NULL, dim, I, 0, L ? &L->sh_down : NULL},
@@ -272,11 +286,12 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                         tsr_load_slice sl = ep_stack ? (tsr_load_slice){0} : l4_slice(m, n->logical);
                         tsr_tensor *stored = s[i].mat ? &s[i].mat->q : NULL;
                         if (s[i].experts)       /* an FP8 BMM stack is kept as stored, then split per expert */
-                                stored = s[i].dst == &L->exp_gate_up.f ? &L->stack_gu : &L->stack_dn;
+                                stored = c->gguf ? NULL : s[i].dst == &L->exp_gate_up.f ? &L->stack_gu : &L->stack_dn;
                         *ret = (tsr_load_slot){.dst = s[i].dst, .stored = sl.axis || ep_stack ? NULL : stored,
                                                .rows = s[i].rows, .cols = s[i].cols, .experts = s[i].experts,
                                                .slice = sl, .experts_first = ep_stack ? e0 : 0,
-                                               .experts_n = ep_stack ? ne : 0};
+                                               .experts_n = ep_stack ? ne : 0,
+                                               .optional = s[i].dst == &m->rope_freqs};
                         return true;
                 }
         return false;
@@ -385,7 +400,18 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char
         tsr_tensor *qexp = L->qexp + 3 * e0;
         float **fexp = L->fexp ? L->fexp + 3 * e0 : NULL;
 
-        if (!m->per_expert) {
+        if (m->cfg->gguf) {     /* gate and up apart, each expert's (I, dim) as the matmul reads it */
+                if (!(L->exp_gate_up.f = malloc(E * 2 * I * dim * sizeof(float))))
+                        st = TSR_E_NOMEM;
+                for (size_t e = 0; st == TSR_OK && e < E; e++) {
+                        memcpy(L->exp_gate_up.f + e * 2 * I * dim, L->gguf_gate + e * I * dim, I * dim * sizeof(float));
+                        memcpy(L->exp_gate_up.f + (e * 2 + 1) * I * dim, L->gguf_up + e * I * dim,
+                               I * dim * sizeof(float));
+                }
+                free(L->gguf_gate);
+                free(L->gguf_up);
+                L->gguf_gate = L->gguf_up = NULL;
+        } else if (!m->per_expert) {
                 if (!L->stack_gu.data != !L->stack_dn.data) {
                         tsr_errf(err, errlen, "%s: tensor '%smodel.layers.%u.feed_forward.experts.%s' is F8_E4M3 but "
                                  "experts.%s is not: a MoE layer's expert stacks must be quantized both or neither",
@@ -456,6 +482,7 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                            tsr_load_stats *stats, char *err, size_t errlen) {
         const tsr_model_family *fam = &tsr_family_llama4;
         tsr_safetensors_set *set = NULL;
+        tsr_gguf *g = NULL;
         tsr_llama4 *m = NULL;
         tsr_load_stats a = {0}, b = {0};
         size_t cfg_bytes, n_vision = 0, hd, E = cfg ? cfg->n_experts : 0;
@@ -487,7 +514,8 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                         return st;
                 }
         }
-        if ((st = tsr_safetensors_set_open(dir, &set, err, errlen)) != TSR_OK)
+        if ((st = cfg->gguf ? tsr_gguf_open(dir, &g, err, errlen) : tsr_safetensors_set_open(dir, &set, err, errlen)) !=
+            TSR_OK)
                 return st;
         hd = cfg->base.head_dim;
         cfg_bytes = sizeof *cfg + cfg->base.n_layers;
@@ -517,7 +545,7 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 tsr_errf(err, errlen, "%s: bad RoPE parameters", dir);
                 goto done;
         }
-        for (size_t i = 0; i < tsr_safetensors_set_n_tensors(set); i++) {
+        for (size_t i = 0; set && i < tsr_safetensors_set_n_tensors(set); i++) {
                 const tsr_safetensors_tensor *t = tsr_safetensors_set_tensor_at(set, i, NULL);
                 n_vision += t && is_vision(t->name);
         }
@@ -526,14 +554,14 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                          n_vision);
         /* The nested layout (Meta/HF Scout) keeps the text model under language_model.;
          * Llama4ForCausalLM and ModelOpt's exports of the nested model use the bare names. */
-        const char *pre = tsr_safetensors_set_find(set, "language_model.model.embed_tokens.weight", NULL)
+        const char *pre = set && tsr_safetensors_set_find(set, "language_model.model.embed_tokens.weight", NULL)
                                   ? "language_model."
                                   : "";
-        tsr_tensor_source src = {.set = set, .src = dir, .hf_prefix = *pre ? pre : NULL,
+        tsr_tensor_source src = {.set = set, .g = g, .src = dir, .hf_prefix = *pre ? pre : NULL,
                                  .modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL};
         /* The experts' layout, from the range's first MoE layer: BMM stacks unless that
-         * layer has expert 0's gate_proj instead. */
-        for (uint32_t l = spec->first_layer; l <= spec->last_layer; l++) {
+         * layer has expert 0's gate_proj instead (a GGUF: its gate and up stacks). */
+        for (uint32_t l = spec->first_layer; set && l <= spec->last_layer; l++) {
                 if (!(cfg->layer[l] & TSR_LLAMA4_MOE))
                         continue;
                 snprintf(name, sizeof name, "%smodel.layers.%u.feed_forward.experts.gate_up_proj", pre, l);
@@ -576,6 +604,11 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 if ((cfg->layer[l] & TSR_LLAMA4_MOE) && (st = experts_finish(m, L, l, pre, dir, err, errlen)) != TSR_OK)
                         goto done;
         }
+        if (m->rope_freqs && (st = tsr_llama_rope_inv_freq(&cfg->base, m->rope_freqs, m->inv_freq)) != TSR_OK) {
+                tsr_errf(err, errlen, "%s: tensor 'rope_freqs.weight': every entry must be a positive finite "
+                         "divisor", dir);
+                goto done;
+        }
         if (cfg->base.tied_embeddings)
                 m->output.f = m->embed;         /* NULL before the last stage */
         /* a tensor-parallel rank's share: split here, so load never returns half a split */
@@ -591,6 +624,7 @@ nomem:
 done:
         tsr_llama4_free(&m);
         tsr_safetensors_set_close(&set);
+        tsr_gguf_close(&g);
         return st;
 }
 

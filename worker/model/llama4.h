@@ -58,6 +58,7 @@ typedef struct tsr_llama4_config {
         bool temp_tuning;               /* attn_temperature_tuning */
         float floor_scale, attn_scale;  /* temperature tuning's */
         bool nested;                    /* Llama4ForConditionalGeneration: text_config, language_model. tensors */
+        bool gguf;                      /* read from a GGUF (tsr_llama4_config_from_gguf): load from it too */
         uint8_t layer[];                /* [base.n_layers] TSR_LLAMA4_* flags */
 } tsr_llama4_config;
 
@@ -74,6 +75,21 @@ tsr_status tsr_llama4_config_from_hf(const char *dir, tsr_llama4_config **ret, c
 /* The same from config.json's bytes; `path` names it in messages. */
 tsr_status tsr_llama4_config_from_hf_json(const char *json, size_t len, const char *path, tsr_llama4_config **ret,
                                           char *err, size_t errlen);
+
+/* The same from a GGUF of llama.cpp's "llama4" architecture (its convert_hf_to_gguf.py):
+ * the Llama keys under "llama4." (tsr_llama_config_from_gguf_arch; feed_forward_length is
+ * the dense layers' width), expert_count, expert_used_count, expert_feed_forward_length
+ * (the experts' and the shared expert's width) and interleave_moe_layer_step, all
+ * required.  What such a file does not say is fixed as llama.cpp's loader fixes it
+ * (src/models/llama4.cpp): chunked attention of 8192 on three layers of every four, the
+ * fourth NoPE with full attention and temperature tuning (floor_scale 8192, attn_scale
+ * 0.1), qk norm on the RoPE layers unless the model has 128 experts; the llama3 RoPE
+ * scaling comes as the rope_freqs.weight tensor (the load reads it).  A file with
+ * "llama4.attention.sliding_window" 0 (every layer full attention: not a Llama 4 from
+ * Meta) is TSR_E_UNSUPPORTED.  *ret (malloc'd, free()) only on success; `path` names the
+ * file in messages. */
+tsr_status tsr_llama4_config_from_gguf(const tsr_gguf *g, const char *path, tsr_llama4_config **ret, char *err,
+                                       size_t errlen);
 
 typedef struct tsr_llama4 tsr_llama4;
 

@@ -208,6 +208,72 @@ static tsr_status from_root(json_t *root, const char *path, tsr_llama4_config **
         return TSR_OK;
 }
 
+/* "llama4.<key>" as a u32 in [lo, hi]; absent: TSR_E_INVAL naming it. */
+static tsr_status gguf_u32(const tsr_gguf *g, const char *path, const char *key, uint32_t lo, uint32_t hi,
+                           uint32_t *ret, char *err, size_t errlen) {
+        char name[96];
+        uint64_t v;
+        snprintf(name, sizeof name, "llama4.%s", key);
+        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, name);
+        if (!kv || tsr_gguf_get_u64(&kv->value, &v) != TSR_OK || v < lo || v > hi) {
+                tsr_errf(err, errlen, "%s: metadata key '%s' %s (expected an integer in [%" PRIu32 ", %" PRIu32 "])",
+                        path, name, kv ? "out of range or not an integer" : "missing", lo, hi);
+                return TSR_E_INVAL;
+        }
+        *ret = (uint32_t)v;
+        return TSR_OK;
+}
+
+tsr_status tsr_llama4_config_from_gguf(const tsr_gguf *g, const char *path, tsr_llama4_config **ret, char *err,
+                                       size_t errlen) {
+        tsr_llama_config base;
+        tsr_llama4_config *c;
+        uint32_t step, ffn_exp;
+        uint64_t swa;
+        tsr_status st;
+
+        if (!g || !ret)
+                return TSR_E_INVAL;
+        if (!path)
+                path = "<gguf>";
+        if ((st = tsr_llama_config_from_gguf_arch(g, path, "llama4", &base, err, errlen)) != TSR_OK)
+                return st;
+        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, "llama4.attention.sliding_window");
+        if (kv && tsr_gguf_get_u64(&kv->value, &swa) == TSR_OK && swa == 0) {
+                tsr_errf(err, errlen, "%s: llama4.attention.sliding_window 0 (every layer full attention, as "
+                        "llama.cpp converts MobileLLM-R1) is not supported: serve its Hugging Face folder", path);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (!(c = calloc(1, sizeof *c + base.n_layers))) {
+                tsr_errf(err, errlen, "%s: out of memory", path);
+                return TSR_E_NOMEM;
+        }
+        c->base = base;
+        c->mlp_dim = base.hidden_dim;           /* feed_forward_length: the dense layers' */
+        if ((st = gguf_u32(g, path, "expert_count", 1, 1u << 16, &c->n_experts, err, errlen)) != TSR_OK ||
+            (st = gguf_u32(g, path, "expert_used_count", 1, c->n_experts, &c->top_k, err, errlen)) != TSR_OK ||
+            (st = gguf_u32(g, path, "expert_feed_forward_length", 1, UINT32_MAX, &ffn_exp, err, errlen)) != TSR_OK ||
+            (st = gguf_u32(g, path, "interleave_moe_layer_step", 1, UINT32_MAX, &step, err, errlen)) != TSR_OK) {
+                free(c);
+                return st;
+        }
+        c->base.hidden_dim = ffn_exp;
+        c->base.rope_layout = TSR_ROPE_INTERLEAVED;    /* the converter does not permute Llama 4's q/k */
+        c->chunk = 8192;
+        c->qk_norm = c->n_experts != 128;
+        c->temp_tuning = true;
+        c->floor_scale = 8192;
+        c->attn_scale = 0.1f;
+        c->gguf = true;
+        for (uint32_t l = 0; l < base.n_layers; l++) {
+                bool rope = (l + 1) % 4 != 0;
+                c->layer[l] = (rope ? TSR_LLAMA4_ROPE | TSR_LLAMA4_CHUNKED : 0) |
+                              ((l + 1) % step == 0 ? TSR_LLAMA4_MOE : 0);
+        }
+        *ret = c;
+        return TSR_OK;
+}
+
 tsr_status tsr_llama4_config_from_hf_json(const char *json, size_t len, const char *path, tsr_llama4_config **ret,
                                           char *err, size_t errlen) {
         json_error_t je;

@@ -9,37 +9,47 @@
 
 static const char *const hf_archs[] = {"Llama4ForConditionalGeneration", "Llama4ForCausalLM", NULL};
 static const char *const hf_types[] = {"llama4", "llama4_text", NULL};
-/* Listed so a Llama 4 GGUF finds this family and is refused by read_config with a clear
- * error, rather than served as metadata only. */
+/* llama.cpp's convert_hf_to_gguf.py writes Llama 4's text model as "llama4". */
 static const char *const gguf_archs[] = {"llama4", NULL};
 
-/* One row per weight, HF names without the nesting prefix (the loader adds
- * "language_model." for the nested layout; llama4.h).  No GGUF names: a Llama 4 GGUF is
- * refused.  Shard rules (tsr_llama4_shard_tp splits by them): attention as Llama; the
- * router replicated; the shared expert and the dense MLP as Llama's MLP; every expert
- * split like an MLP, gate/up column-parallel and down row-parallel.  The experts are stored
- * [E, in, out] (transformers' BMM layout), so "column" splits their last dimension
- * (gate and up halves each) and "row" the middle one of down_proj. */
+/* One row per weight: llama.cpp's GGUF names, and HF names without the nesting prefix
+ * (the loader adds "language_model." for the nested layout; llama4.h).  Shard rules
+ * (tsr_llama4_shard_tp splits by them): attention as Llama; the router replicated; the
+ * shared expert and the dense MLP as Llama's MLP; every expert split like an MLP, gate/up
+ * column-parallel and down row-parallel.  HF stores the experts [E, in, out]
+ * (transformers' BMM layout, gate and up in one stack), so "column" splits their last
+ * dimension (gate and up halves each) and "row" the middle one of down_proj; the GGUF
+ * stores them as the matmul reads them, [E, out, in], gate and up apart (the converter
+ * splits and transposes), down too (llama4.c's l4_slice and llama4_bind know both). */
 static const tsr_tensor_name llama4_tensors[] = {
-        {"token_embd", NULL, "model.embed_tokens.weight", false, TSR_SHARD_COLUMN},
-        {"attn_norm", NULL, "model.layers.%u.input_layernorm.weight", true, TSR_SHARD_REPLICATED},
-        {"attn_q", NULL, "model.layers.%u.self_attn.q_proj.weight", true, TSR_SHARD_COLUMN},
-        {"attn_k", NULL, "model.layers.%u.self_attn.k_proj.weight", true, TSR_SHARD_COLUMN},
-        {"attn_v", NULL, "model.layers.%u.self_attn.v_proj.weight", true, TSR_SHARD_COLUMN},
-        {"attn_output", NULL, "model.layers.%u.self_attn.o_proj.weight", true, TSR_SHARD_ROW},
-        {"ffn_norm", NULL, "model.layers.%u.post_attention_layernorm.weight", true, TSR_SHARD_REPLICATED},
-        {"ffn_gate", NULL, "model.layers.%u.feed_forward.gate_proj.weight", true, TSR_SHARD_COLUMN},
-        {"ffn_up", NULL, "model.layers.%u.feed_forward.up_proj.weight", true, TSR_SHARD_COLUMN},
-        {"ffn_down", NULL, "model.layers.%u.feed_forward.down_proj.weight", true, TSR_SHARD_ROW},
-        {"ffn_gate_inp", NULL, "model.layers.%u.feed_forward.router.weight", true, TSR_SHARD_REPLICATED},
+        {"token_embd", "token_embd.weight", "model.embed_tokens.weight", false, TSR_SHARD_COLUMN},
+        {"rope_freqs", "rope_freqs.weight", NULL, false, TSR_SHARD_REPLICATED},        /* GGUF: llama3 divisors */
+        {"attn_norm", "blk.%u.attn_norm.weight", "model.layers.%u.input_layernorm.weight", true,
+         TSR_SHARD_REPLICATED},
+        {"attn_q", "blk.%u.attn_q.weight", "model.layers.%u.self_attn.q_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_k", "blk.%u.attn_k.weight", "model.layers.%u.self_attn.k_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_v", "blk.%u.attn_v.weight", "model.layers.%u.self_attn.v_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_output", "blk.%u.attn_output.weight", "model.layers.%u.self_attn.o_proj.weight", true, TSR_SHARD_ROW},
+        {"ffn_norm", "blk.%u.ffn_norm.weight", "model.layers.%u.post_attention_layernorm.weight", true,
+         TSR_SHARD_REPLICATED},
+        {"ffn_gate", "blk.%u.ffn_gate.weight", "model.layers.%u.feed_forward.gate_proj.weight", true, TSR_SHARD_COLUMN},
+        {"ffn_up", "blk.%u.ffn_up.weight", "model.layers.%u.feed_forward.up_proj.weight", true, TSR_SHARD_COLUMN},
+        {"ffn_down", "blk.%u.ffn_down.weight", "model.layers.%u.feed_forward.down_proj.weight", true, TSR_SHARD_ROW},
+        {"ffn_gate_inp", "blk.%u.ffn_gate_inp.weight", "model.layers.%u.feed_forward.router.weight", true,
+         TSR_SHARD_REPLICATED},
         {"ffn_gate_up_exps", NULL, "model.layers.%u.feed_forward.experts.gate_up_proj", true, TSR_SHARD_COLUMN},
-        {"ffn_down_exps", NULL, "model.layers.%u.feed_forward.experts.down_proj", true, TSR_SHARD_ROW},
-        {"ffn_gate_shexp", NULL, "model.layers.%u.feed_forward.shared_expert.gate_proj.weight", true,
-         TSR_SHARD_COLUMN},
-        {"ffn_up_shexp", NULL, "model.layers.%u.feed_forward.shared_expert.up_proj.weight", true, TSR_SHARD_COLUMN},
-        {"ffn_down_shexp", NULL, "model.layers.%u.feed_forward.shared_expert.down_proj.weight", true, TSR_SHARD_ROW},
-        {"output_norm", NULL, "model.norm.weight", false, TSR_SHARD_REPLICATED},
-        {"output", NULL, "lm_head.weight", false, TSR_SHARD_COLUMN},
+        {"ffn_gate_exps", "blk.%u.ffn_gate_exps.weight", NULL, true, TSR_SHARD_COLUMN},
+        {"ffn_up_exps", "blk.%u.ffn_up_exps.weight", NULL, true, TSR_SHARD_COLUMN},
+        {"ffn_down_exps", "blk.%u.ffn_down_exps.weight", "model.layers.%u.feed_forward.experts.down_proj", true,
+         TSR_SHARD_ROW},
+        {"ffn_gate_shexp", "blk.%u.ffn_gate_shexp.weight", "model.layers.%u.feed_forward.shared_expert.gate_proj.weight",
+         true, TSR_SHARD_COLUMN},
+        {"ffn_up_shexp", "blk.%u.ffn_up_shexp.weight", "model.layers.%u.feed_forward.shared_expert.up_proj.weight",
+         true, TSR_SHARD_COLUMN},
+        {"ffn_down_shexp", "blk.%u.ffn_down_shexp.weight",
+         "model.layers.%u.feed_forward.shared_expert.down_proj.weight", true, TSR_SHARD_ROW},
+        {"output_norm", "output_norm.weight", "model.norm.weight", false, TSR_SHARD_REPLICATED},
+        {"output", "output.weight", "lm_head.weight", false, TSR_SHARD_COLUMN},
 };
 
 static tsr_status llama4_read_config(const char *path, bool gguf, tsr_model_desc *ret, char *err, size_t errlen) {
@@ -47,11 +57,15 @@ static tsr_status llama4_read_config(const char *path, bool gguf, tsr_model_desc
         tsr_status st;
 
         if (gguf) {
-                tsr_errf(err, errlen, "%s: a Llama 4 GGUF (general.architecture llama4) is not supported; serve the "
-                        "Hugging Face safetensors folder instead", path);
-                return TSR_E_UNSUPPORTED;
+                tsr_gguf *g = NULL;
+                if ((st = tsr_gguf_open(path, &g, err, errlen)) != TSR_OK)
+                        return st;
+                st = tsr_llama4_config_from_gguf(g, path, &c, err, errlen);
+                tsr_gguf_close(&g);
+        } else {
+                st = tsr_llama4_config_from_hf(path, &c, err, errlen);
         }
-        if ((st = tsr_llama4_config_from_hf(path, &c, err, errlen)) != TSR_OK)
+        if (st != TSR_OK)
                 return st;
         ret->config = c;
         ret->vocab_size = c->base.vocab_size;
@@ -80,8 +94,9 @@ static tsr_status llama4_load(const char *path, const tsr_model_desc *d, const t
                               tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_llama4 *m = NULL;
         tsr_status st;
-        /* keep_dtypes is for GGUF block formats (a Llama 4 is always a safetensors folder);
-         * a ModelOpt FP8 / NVFP4 folder's quantized linears and experts stay as stored */
+        /* keep_dtypes is not passed: a GGUF's tensors (F32, F16, the block formats) are
+         * widened to float32; a ModelOpt FP8 / NVFP4 folder's quantized linears and experts
+         * stay as stored */
         if ((st = tsr_llama4_load(path, d->config, shard, opts ? opts->modelopt : NULL, progress, ud, &m, stats, err,
                                   errlen)) == TSR_OK)
                 *ret = m;

@@ -16,13 +16,13 @@
 
 /* ---- config ------------------------------------------------------------------------ */
 
-/* Read "llama.<suffix>" as a u32.  Absent: *ret = def when !required, else TSR_E_INVAL. */
-static tsr_status cfg_u32(const tsr_gguf *g, const char *path, const char *suffix, bool required, uint32_t def,
-                          uint32_t *ret, char *err, size_t errlen) {
+/* Read "<arch>.<suffix>" as a u32.  Absent: *ret = def when !required, else TSR_E_INVAL. */
+static tsr_status cfg_u32(const tsr_gguf *g, const char *path, const char *arch, const char *suffix, bool required,
+                          uint32_t def, uint32_t *ret, char *err, size_t errlen) {
         char key[128];
         uint64_t v;
 
-        snprintf(key, sizeof key, "llama.%s", suffix);
+        snprintf(key, sizeof key, "%s.%s", arch, suffix);
         const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, key);
         if (!kv) {
                 if (required) {
@@ -40,11 +40,11 @@ static tsr_status cfg_u32(const tsr_gguf *g, const char *path, const char *suffi
         return TSR_OK;
 }
 
-static tsr_status cfg_f64(const tsr_gguf *g, const char *path, const char *suffix, double def, double *ret,
-                          char *err, size_t errlen) {
+static tsr_status cfg_f64(const tsr_gguf *g, const char *path, const char *arch, const char *suffix, double def,
+                          double *ret, char *err, size_t errlen) {
         char key[128];
 
-        snprintf(key, sizeof key, "llama.%s", suffix);
+        snprintf(key, sizeof key, "%s.%s", arch, suffix);
         const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, key);
         if (!kv) {
                 *ret = def;
@@ -59,15 +59,21 @@ static tsr_status cfg_f64(const tsr_gguf *g, const char *path, const char *suffi
 
 tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_llama_config *ret,
                                       char *err, size_t errlen) {
+        return tsr_llama_config_from_gguf_arch(g, path, "llama", ret, err, errlen);
+}
+
+tsr_status tsr_llama_config_from_gguf_arch(const tsr_gguf *g, const char *path, const char *arch,
+                                           tsr_llama_config *ret, char *err, size_t errlen) {
         tsr_llama_config c = {0};
         const tsr_gguf_kv *kv;
         const char *s;
         size_t len;
         uint32_t rot_dim;
         double eps;
+        char key[96];
         tsr_status st;
 
-        if (!g || !ret)
+        if (!g || !ret || !arch)
                 return TSR_E_INVAL;
         if (!path)
                 path = "<gguf>";
@@ -76,21 +82,21 @@ tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_l
                 tsr_errf(err, errlen, "%s: metadata key 'general.architecture' missing or not a string", path);
                 return TSR_E_INVAL;
         }
-        if (len != 5 || memcmp(s, "llama", 5) != 0) {
-                tsr_errf(err, errlen, "%s: architecture '%.*s' is not supported (only 'llama')", path,
-                        (int)(len > 64 ? 64 : len), s);
+        if (len != strlen(arch) || memcmp(s, arch, len) != 0) {
+                tsr_errf(err, errlen, "%s: architecture '%.*s' is not supported (only '%s')", path,
+                        (int)(len > 64 ? 64 : len), s, arch);
                 return TSR_E_UNSUPPORTED;
         }
-        if ((st = cfg_u32(g, path, "embedding_length", true, 0, &c.dim, err, errlen)) != TSR_OK ||
-            (st = cfg_u32(g, path, "block_count", true, 0, &c.n_layers, err, errlen)) != TSR_OK ||
-            (st = cfg_u32(g, path, "attention.head_count", true, 0, &c.n_heads, err, errlen)) != TSR_OK ||
-            (st = cfg_u32(g, path, "attention.head_count_kv", false, c.n_heads, &c.n_kv_heads, err,
+        if ((st = cfg_u32(g, path, arch, "embedding_length", true, 0, &c.dim, err, errlen)) != TSR_OK ||
+            (st = cfg_u32(g, path, arch, "block_count", true, 0, &c.n_layers, err, errlen)) != TSR_OK ||
+            (st = cfg_u32(g, path, arch, "attention.head_count", true, 0, &c.n_heads, err, errlen)) != TSR_OK ||
+            (st = cfg_u32(g, path, arch, "attention.head_count_kv", false, c.n_heads, &c.n_kv_heads, err,
                           errlen)) != TSR_OK ||
-            (st = cfg_u32(g, path, "feed_forward_length", true, 0, &c.hidden_dim, err, errlen)) != TSR_OK ||
-            (st = cfg_u32(g, path, "context_length", false, 0, &c.max_seq_len, err, errlen)) != TSR_OK)
+            (st = cfg_u32(g, path, arch, "feed_forward_length", true, 0, &c.hidden_dim, err, errlen)) != TSR_OK ||
+            (st = cfg_u32(g, path, arch, "context_length", false, 0, &c.max_seq_len, err, errlen)) != TSR_OK)
                 return st;
         if (c.dim == 0 || c.n_layers == 0 || c.n_heads == 0 || c.n_kv_heads == 0 || c.hidden_dim == 0) {
-                tsr_errf(err, errlen, "%s: a llama.* dimension is zero", path);
+                tsr_errf(err, errlen, "%s: a %s.* dimension is zero", path, arch);
                 return TSR_E_INVAL;
         }
         if (c.n_heads % c.n_kv_heads != 0) {
@@ -98,37 +104,39 @@ tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_l
                         path, c.n_heads, c.n_kv_heads);
                 return TSR_E_INVAL;
         }
-        if ((st = cfg_u32(g, path, "attention.key_length", false, c.dim / c.n_heads, &c.head_dim, err, errlen)))
+        if ((st = cfg_u32(g, path, arch, "attention.key_length", false, c.dim / c.n_heads, &c.head_dim, err, errlen)))
                 return st;
         if (c.head_dim == 0 || c.head_dim % 2 != 0) {
                 tsr_errf(err, errlen, "%s: head dim %" PRIu32 " must be even and non-zero", path, c.head_dim);
                 return TSR_E_INVAL;
         }
-        if ((st = cfg_u32(g, path, "rope.dimension_count", false, c.head_dim, &rot_dim, err, errlen)))
+        if ((st = cfg_u32(g, path, arch, "rope.dimension_count", false, c.head_dim, &rot_dim, err, errlen)))
                 return st;
         if (rot_dim != c.head_dim) {
-                tsr_errf(err, errlen, "%s: llama.rope.dimension_count %" PRIu32 " != head dim %" PRIu32
-                        " (partial rotary is not supported)", path, rot_dim, c.head_dim);
+                tsr_errf(err, errlen, "%s: %s.rope.dimension_count %" PRIu32 " != head dim %" PRIu32
+                        " (partial rotary is not supported)", path, arch, rot_dim, c.head_dim);
                 return TSR_E_UNSUPPORTED;
         }
-        if ((st = cfg_f64(g, path, "attention.layer_norm_rms_epsilon", 1e-5, &eps, err, errlen)) ||
-            (st = cfg_f64(g, path, "rope.freq_base", 10000.0, &c.rope_theta, err, errlen)))
+        if ((st = cfg_f64(g, path, arch, "attention.layer_norm_rms_epsilon", 1e-5, &eps, err, errlen)) ||
+            (st = cfg_f64(g, path, arch, "rope.freq_base", 10000.0, &c.rope_theta, err, errlen)))
                 return st;
         if (eps <= 0 || c.rope_theta <= 0) {
                 tsr_errf(err, errlen, "%s: rms epsilon and rope.freq_base must be positive", path);
                 return TSR_E_INVAL;
         }
         c.rms_eps = (float)eps;
-        kv = tsr_gguf_find_kv(g, "llama.rope.scaling.type");
+        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+        kv = tsr_gguf_find_kv(g, key);
         if (kv && (tsr_gguf_get_str(&kv->value, &s, &len) != TSR_OK || len != 4 || memcmp(s, "none", 4) != 0)) {
-                tsr_errf(err, errlen, "%s: llama.rope.scaling.type other than 'none' is not supported", path);
+                tsr_errf(err, errlen, "%s: %s other than 'none' is not supported", path, key);
                 return TSR_E_UNSUPPORTED;
         }
 
         /* Vocabulary: the explicit key, else the tokenizer's size, else the embedding rows. */
-        kv = tsr_gguf_find_kv(g, "llama.vocab_size");
+        snprintf(key, sizeof key, "%s.vocab_size", arch);
+        kv = tsr_gguf_find_kv(g, key);
         if (kv) {
-                if ((st = cfg_u32(g, path, "vocab_size", true, 0, &c.vocab_size, err, errlen)) != TSR_OK)
+                if ((st = cfg_u32(g, path, arch, "vocab_size", true, 0, &c.vocab_size, err, errlen)) != TSR_OK)
                         return st;
         } else if ((kv = tsr_gguf_find_kv(g, "tokenizer.ggml.tokens")) && kv->value.type == TSR_GGUF_TYPE_ARRAY &&
                    kv->value.count <= UINT32_MAX) {

@@ -138,6 +138,10 @@ typedef struct tsr_llama_weights {
  * type, partial rotary). */
 tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_llama_config *ret,
                                       char *err, size_t errlen);
+/* The same for an architecture whose keys follow llama's under its own prefix ("llama4":
+ * general.architecture must be `arch`, the keys "<arch>.*"). */
+tsr_status tsr_llama_config_from_gguf_arch(const tsr_gguf *g, const char *path, const char *arch,
+                                           tsr_llama_config *ret, char *err, size_t errlen);
 
 /* Load the tensors of `spec`'s shard.  `path` only names the file in messages.  On
  * success *ret is new (free with tsr_llama_weights_free) and *stats (if not NULL) holds
