@@ -341,6 +341,73 @@ static void test_greedy_ties_lowest_id(void **state) {
         assert_int_equal(r.token, 1);
 }
 
+/* Plain greedy (tsr_sampling_plain_argmax: the one-pass path) gives what the full
+ * pipeline gives when a no-op processor forces it (a logit bias of +0 on id 0): the same
+ * status and token over random rows with ties, -inf entries, a NaN, a +inf and a row of
+ * only -inf; and what tsr_sampling_plain_argmax says matches the processors that are set. */
+static void test_plain_greedy_is_the_pipeline(void **state) {
+        enum { V = 37, ROWS = 200 };
+        float x[V], scratch[2 * V];
+        uint32_t seed = 12345, hist[3] = {4, 5, 6};
+        tsr_sample_history h = {.prompt = hist, .n_prompt = 2, .output = hist + 2, .n_output = 1};
+        tsr_logit_bias nop = {.id = 0, .bias = 0.0f};
+        tsr_sampling plain, forced;
+        (void)state;
+        tsr_sampling_init(&plain);
+        plain.temperature = 0.0f;
+        forced = plain;
+        forced.bias = &nop;
+        forced.n_bias = 1;
+        assert_true(tsr_sampling_plain_argmax(&plain, 1));
+        assert_false(tsr_sampling_plain_argmax(&forced, 1));
+        for (int r = 0; r < ROWS; r++) {
+                for (int i = 0; i < V; i++) {
+                        seed = seed * 1103515245u + 12345u;
+                        x[i] = (float)((seed >> 16) % 7) - 3.0f;   /* few values: many ties */
+                        if ((seed >> 8) % 11 == 0)
+                                x[i] = -INFINITY;
+                }
+                if (r == 10)
+                        x[seed % V] = NAN;
+                if (r == 11)
+                        x[seed % V] = INFINITY;
+                if (r == 12)
+                        for (int i = 0; i < V; i++)
+                                x[i] = -INFINITY;
+                tsr_sample_result a = {0}, b = {0};
+                tsr_status sa = tsr_sample(&plain, &h, 7, x, V, scratch, &a);
+                tsr_status sb = tsr_sample(&forced, &h, 7, x, V, scratch, &b);
+                assert_int_equal(sa, sb);
+                assert_int_equal(sa, r >= 10 && r <= 12 ? TSR_E_INVAL : TSR_OK);
+                if (sa == TSR_OK) {
+                        assert_int_equal(a.token, b.token);
+                        assert_false(a.has_logprobs);
+                }
+        }
+        /* anything that can move the maximum or asks for more takes the full pipeline */
+        tsr_sampling t = plain;
+        t.logprobs = 0;
+        assert_false(tsr_sampling_plain_argmax(&t, 1));
+        t = plain, t.repetition_penalty = 1.1f;
+        assert_false(tsr_sampling_plain_argmax(&t, 1));
+        t = plain, t.presence_penalty = 0.5f;
+        assert_false(tsr_sampling_plain_argmax(&t, 1));
+        t = plain, t.frequency_penalty = 0.5f;
+        assert_false(tsr_sampling_plain_argmax(&t, 1));
+        t = plain, t.allowed_ids = hist, t.n_allowed = 1;
+        assert_false(tsr_sampling_plain_argmax(&t, 1));
+        t = plain, t.temperature = 0.5f;
+        assert_false(tsr_sampling_plain_argmax(&t, 1));
+        t = plain, t.min_tokens = 3, t.eos_ids = hist, t.n_eos = 1;
+        assert_false(tsr_sampling_plain_argmax(&t, 1));   /* the EOS mask is on until 3 tokens */
+        assert_true(tsr_sampling_plain_argmax(&t, 3));
+        t.n_eos = 0;                                        /* nothing to mask: plain again */
+        assert_true(tsr_sampling_plain_argmax(&t, 1));
+        /* NULL scratch is refused on both paths, as the header says */
+        tsr_sample_result c;
+        assert_int_equal(tsr_sample(&plain, &h, 7, x, V, NULL, &c), TSR_E_INVAL);
+}
+
 static void test_min_tokens(void **state) {
         float logits[8] = {0, 1, 9, 2, 8, 3, 0, 0}, scratch[16];
         uint32_t eos = 2, stop = 4, out[4] = {1, 1, 1, 1};
@@ -530,6 +597,7 @@ int main(void) {
                 cmocka_unit_test(test_seeded_determinism),
                 cmocka_unit_test(test_draw_statistics),
                 cmocka_unit_test(test_greedy_ties_lowest_id),
+                cmocka_unit_test(test_plain_greedy_is_the_pipeline),
                 cmocka_unit_test(test_min_tokens),
                 cmocka_unit_test(test_logit_bias_and_allowed),
                 cmocka_unit_test(test_penalties_by_hand),

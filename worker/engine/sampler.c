@@ -401,6 +401,25 @@ static void apply_top_p(float *w, uint32_t *ids, size_t vocab, float top_p) {
         }
 }
 
+/* The index of the first maximum of x[0, n) into *ret; TSR_E_INVAL for a NaN or +inf
+ * anywhere or nothing above -inf (no distribution). */
+static tsr_status first_max(const float *x, size_t n, uint32_t *ret) {
+        float m = -INFINITY;
+        uint32_t best = 0;
+        for (size_t i = 0; i < n; i++) {
+                if (isnan(x[i]) || x[i] == INFINITY)
+                        return TSR_E_INVAL;
+                if (x[i] > m) {
+                        m = x[i];
+                        best = (uint32_t)i;
+                }
+        }
+        if (m == -INFINITY)
+                return TSR_E_INVAL;
+        *ret = best;
+        return TSR_OK;
+}
+
 /* Steps 2-5 of sampler.h.  On TSR_OK, scratch[0, vocab) holds the probabilities and
  * *greedy the argmax after processors and penalties. */
 static tsr_status sampler_run(const tsr_sampling *s, const tsr_sample_history *h, const float *logits,
@@ -445,17 +464,8 @@ static tsr_status sampler_run(const tsr_sampling *s, const tsr_sample_history *h
 
         /* 4. Greedy token; also the check that something is left and nothing overflowed
          * (a huge bias can push a logit to +inf). */
-        m = -INFINITY;
-        for (size_t i = 0; i < vocab; i++) {
-                if (isnan(w[i]) || w[i] == INFINITY)
-                        return TSR_E_INVAL;
-                if (w[i] > m) {
-                        m = w[i];
-                        best = (uint32_t)i;
-                }
-        }
-        if (m == -INFINITY)
-                return TSR_E_INVAL;
+        if ((st = first_max(w, vocab, &best)) != TSR_OK)
+                return st;
         *greedy = best;
         if (s->temperature < TSR_SAMPLER_GREEDY_EPS) {
                 memset(w, 0, vocab * sizeof(*w));
@@ -550,6 +560,20 @@ static uint32_t draw(const float *p, size_t vocab, double u) {
         return last;
 }
 
+/* tsr_sample's answer where tsr_sampling_plain_argmax holds: the same checks, then one
+ * pass over the row instead of sampler_run's copy, scans and probability row (a decode
+ * step samples every running request: at 32 rows of 49,152 that was five passes each). */
+static tsr_status plain_argmax(const tsr_sampling *s, const tsr_sample_history *h, const float *logits, size_t vocab,
+                               const float *scratch, uint32_t *ret) {
+        tsr_status st = tsr_sampling_check(s, vocab);
+        if (st != TSR_OK)
+                return st;
+        if (!h || !logits || !scratch || (h->n_prompt && !h->prompt) || (h->n_output && !h->output) ||
+            !ids_ok(h->prompt, h->n_prompt, vocab) || !ids_ok(h->output, h->n_output, vocab))
+                return TSR_E_INVAL;
+        return first_max(logits, vocab, ret);
+}
+
 tsr_status tsr_sample(const tsr_sampling *s, const tsr_sample_history *h, uint64_t rng_key,
                       const float *logits, size_t vocab, float *scratch, tsr_sample_result *out) {
         tsr_sample_result r;
@@ -558,6 +582,11 @@ tsr_status tsr_sample(const tsr_sampling *s, const tsr_sample_history *h, uint64
 
         if (!out)
                 return TSR_E_INVAL;
+        if (s && h && tsr_sampling_plain_argmax(s, h->n_output)) {
+                if ((st = plain_argmax(s, h, logits, vocab, scratch, &g)) == TSR_OK)
+                        *out = (tsr_sample_result){.token = g};
+                return st;
+        }
         st = sampler_run(s, h, logits, vocab, scratch, &g);
         if (st != TSR_OK)
                 return st;
