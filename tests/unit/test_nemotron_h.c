@@ -43,6 +43,7 @@
 #include "worker/model/nemotron_h.h"
 
 #define FIXTURE "tests/fixtures/tiny-nemotron-h"
+#define GGUF_FIXTURE "tests/fixtures/tiny-nemotron-h-gguf"
 #define TOL 1e-4f
 #define BLOCK 4         /* small blocks: every prompt spans several */
 #define SEQ_BLOCKS 32   /* 128 positions per sequence */
@@ -662,7 +663,7 @@ static void test_config_bare_infinity(void **state) {
 
 /* The family table: HF names only (no GGUF), "%u" exactly in the per-layer ones,
  * unique logical names, shard rules as vLLM splits the layers (row-parallel outputs,
- * whole experts); the family's description, KV groups and GGUF refusal. */
+ * whole experts); the family's description (config.json and GGUF) and KV groups. */
 static void test_family(void **state) {
         const tsr_model_family *f = &tsr_family_nemotron_h;
         char path[1024], err[512] = "";
@@ -674,11 +675,16 @@ static void test_family(void **state) {
         assert_int_equal(f->n_tensors, TSR_NEMOTRON_H_N_TENSORS);
         for (size_t i = 0; i < f->n_tensors; i++) {
                 const tsr_tensor_name *t = &f->tensors[i];
-                assert_null(t->gguf);
-                assert_non_null(t->hf);
-                assert_int_equal(strstr(t->hf, "%u") != NULL, t->per_layer);
+                /* every row has a name in one format at least; "%u" exactly in the per-layer ones */
+                assert_true(t->hf || t->gguf);
+                if (t->hf)
+                        assert_int_equal(strstr(t->hf, "%u") != NULL, t->per_layer);
+                if (t->gguf)
+                        assert_int_equal(strstr(t->gguf, "%u") != NULL, t->per_layer);
                 for (size_t j = 0; j < i; j++)
                         assert_string_not_equal(f->tensors[j].logical, t->logical);
+                if (!t->hf)
+                        continue;
                 if (strstr(t->hf, "out_proj") || strstr(t->hf, "o_proj") || strstr(t->hf, "down_proj.weight"))
                         assert_int_equal(t->shard, strstr(t->hf, "experts.<e>") ? TSR_SHARD_EXPERT : TSR_SHARD_ROW);
                 if (strstr(t->hf, "experts.<e>"))
@@ -711,8 +717,15 @@ static void test_family(void **state) {
         sh.tp_size = 2;                 /* tensor parallelism is not built */
         assert_int_equal(f->kv_groups(&d, &sh, g, TSR_KV_GROUPS_MAX), 0);
         tsr_model_desc_done(&d);
-        assert_int_equal(tsr_model_desc_read(f, "/x/model.gguf", true, &d, err, sizeof err), TSR_E_UNSUPPORTED);
-        assert_non_null(strstr(err, "NemotronH from GGUF is not supported"));
+        /* a GGUF: read (test_gguf); a missing one is an error naming the file */
+        assert_int_not_equal(tsr_model_desc_read(f, "/x/model.gguf", true, &d, err, sizeof err), TSR_OK);
+        assert_non_null(strstr(err, "/x/model.gguf"));
+        tsr_model_desc_done(&d);
+        assert_non_null(tsr_test_src_path(GGUF_FIXTURE "/model-f16.gguf", path, sizeof path));
+        assert_int_equal(tsr_model_desc_read(f, path, true, &d, err, sizeof err), TSR_OK);
+        assert_int_equal(d.n_layers, 6);
+        assert_int_equal(d.vocab_size, 300);
+        tsr_model_desc_done(&d);
 }
 
 /* config.json variants in a temporary folder: each refused with the field named. */
@@ -1487,6 +1500,83 @@ static void test_fp8_bad_checkpoints(void **state) {
         assert_non_null(strstr(err, "model.safetensors"));
 }
 
+/* llama.cpp's converter's F16 GGUF of the fixture (nemotron_h_moe;
+ * tests/fixtures/make_tiny_nemotron_h_gguf.py): the config from its metadata and tensors
+ * equals the one config.json gives (the '-' layer's kind from its tensors), its 43 tensors
+ * load (A as stored, the expert stacks split), every position within TOL of transformers'
+ * logits of the same F16-rounded weights, and the greedy continuations equal up to the
+ * first step whose margin is under 1e-4 (one step of prompt 0 has 6e-6); tensor
+ * parallelism of the file is refused with a message. */
+static void test_gguf(void **state) {
+        char path[1024], rel[512], err[512] = "";
+        json_error_t je;
+        json_t *g = NULL;
+        tsr_gguf *gf = NULL;
+        tsr_nemotron_h_config c;
+        tsr_nemotron_h *m = NULL;
+        tsr_load_stats st = {0};
+        (void)state;
+
+        assert_non_null(tsr_test_src_path(GGUF_FIXTURE "/golden.json", path, sizeof path));
+        assert_non_null(g = json_load_file(path, 0, &je));
+        snprintf(rel, sizeof rel, GGUF_FIXTURE "/%s", json_string_value(json_object_get(g, "gguf")));
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+        if (tsr_gguf_open(path, &gf, err, sizeof err) != TSR_OK ||
+            tsr_nemotron_h_config_from_gguf(gf, path, &c, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        tsr_gguf_close(&gf);
+        const tsr_nemotron_h_config *h = tsr_nemotron_h_config_of(model);
+        assert_true(c.gguf && !h->gguf);
+        assert_string_equal(c.pattern, h->pattern);
+#define SAME(f) assert_true(c.f == h->f)
+        SAME(vocab_size), SAME(dim), SAME(n_layers), SAME(n_heads), SAME(n_kv_heads), SAME(head_dim);
+        SAME(m_heads), SAME(m_head_dim), SAME(ssm_state), SAME(n_groups), SAME(conv_kernel), SAME(conv_bias);
+        SAME(dt_min), SAME(dt_max), SAME(n_experts), SAME(top_k), SAME(moe_hidden), SAME(shared_hidden);
+        SAME(n_group), SAME(topk_group), SAME(norm_topk_prob), SAME(routed_scale), SAME(mlp_hidden), SAME(eps);
+        SAME(tied_embeddings), SAME(residual_in_fp32);
+#undef SAME
+        /* tensor parallelism of the file: refused, naming it */
+        tsr_shard_spec tp2 = tsr_shard_spec_whole(c.n_layers);
+        tp2.tp_size = 2;
+        assert_int_equal(tsr_nemotron_h_load(path, &c, &tp2, NULL, NULL, NULL, &m, NULL, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "tensor parallelism of a NemotronH GGUF is not supported yet"));
+        if (tsr_nemotron_h_load(path, &c, NULL, NULL, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        /* 2 model-wide + output_norm + 2 Mamba x 9 + attention x 5 + 2 MoE x 7 + MLP x 3 */
+        assert_int_equal(st.n_tensors, 43);
+
+        size_t n_rows, rows = prompt_rows();
+        snprintf(rel, sizeof rel, GGUF_FIXTURE "/%s", json_string_value(json_object_get(g, "logits_file")));
+        float *want = load_logits_at(rel, &n_rows), *got = malloc(rows * vocab * sizeof(float));
+        assert_int_equal(n_rows, rows);
+        full_rows(m, be, NULL, 0, got);
+        float worst = compare_rows(got, want, rows);
+        size_t n_prompts = json_array_size(json_object_get(g, "prompts")), checked = 0, total = 0;
+        uint32_t toks[64];
+        for (size_t p = 0; p < n_prompts; p++) {
+                json_t *gw = json_array_get(json_object_get(g, "greedy"), p);
+                json_t *mg = json_array_get(json_object_get(g, "greedy_margin"), p);
+                assert_true(json_array_size(gw) <= 64);
+                greedy_on(m, p, json_array_size(gw), toks);
+                for (size_t i = 0; i < json_array_size(gw); i++, checked++) {
+                        if (json_number_value(json_array_get(mg, i)) < 1e-4)
+                                break;  /* a near-tie: past it the continuation may fork */
+                        assert_int_equal(toks[i], json_integer_value(json_array_get(gw, i)));
+                }
+                total += json_array_size(gw);
+        }
+        print_message("tiny-nemotron-h-gguf (F16): max |dlogit| vs transformers %.3g over %zu rows (TOL %.0e); "
+                      "greedy %zu/%zu tokens equal before a near-tie\n", (double)worst, rows, (double)TOL, checked,
+                      total);
+        assert_true(worst <= TOL);
+        assert_true(checked >= total - 9);
+        tsr_nemotron_h_free(&m);
+        free(want);
+        free(got);
+        json_decref(g);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config),
@@ -1511,6 +1601,7 @@ int main(void) {
                 cmocka_unit_test(test_bf16_downcast),
                 cmocka_unit_test(test_bf16_residual_in_fp32),
                 cmocka_unit_test(test_f16_checkpoint),
+                cmocka_unit_test(test_gguf),
                 cmocka_unit_test_setup_teardown(test_fp8_load, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_logits, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_greedy, setup_fp8, teardown_fp8),

@@ -26,28 +26,37 @@
  * reads every tensor whole; tsr_nemotron_h_shard_tp splits them.  The per-expert rows are formatted at load time (expert index inside the name):
  * the "%u" here is the layer, EXPERT_FMT below adds the expert. */
 const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS] = {
-        {"token_embd", NULL, "backbone.embeddings.weight", false, TSR_SHARD_COLUMN},
-        {"norm", NULL, "backbone.layers.%u.norm.weight", true, TSR_SHARD_REPLICATED},
-        {"in_proj", NULL, "backbone.layers.%u.mixer.in_proj.weight", true, TSR_SHARD_COLUMN},
-        {"conv_w", NULL, "backbone.layers.%u.mixer.conv1d.weight", true, TSR_SHARD_COLUMN},
-        {"conv_b", NULL, "backbone.layers.%u.mixer.conv1d.bias", true, TSR_SHARD_COLUMN},
+        {"token_embd", "token_embd.weight", "backbone.embeddings.weight", false, TSR_SHARD_COLUMN},
+        {"norm", "blk.%u.attn_norm.weight", "backbone.layers.%u.norm.weight", true, TSR_SHARD_REPLICATED},
+        {"in_proj", "blk.%u.ssm_in.weight", "backbone.layers.%u.mixer.in_proj.weight", true, TSR_SHARD_COLUMN},
+        {"conv_w", "blk.%u.ssm_conv1d.weight", "backbone.layers.%u.mixer.conv1d.weight", true, TSR_SHARD_COLUMN},
+        {"conv_b", "blk.%u.ssm_conv1d.bias", "backbone.layers.%u.mixer.conv1d.bias", true, TSR_SHARD_COLUMN},
         {"A_log", NULL, "backbone.layers.%u.mixer.A_log", true, TSR_SHARD_COLUMN},
-        {"D", NULL, "backbone.layers.%u.mixer.D", true, TSR_SHARD_COLUMN},
-        {"dt_bias", NULL, "backbone.layers.%u.mixer.dt_bias", true, TSR_SHARD_COLUMN},
-        {"gnorm", NULL, "backbone.layers.%u.mixer.norm.weight", true, TSR_SHARD_COLUMN},
-        {"out_proj", NULL, "backbone.layers.%u.mixer.out_proj.weight", true, TSR_SHARD_ROW},
-        {"attn_q", NULL, "backbone.layers.%u.mixer.q_proj.weight", true, TSR_SHARD_COLUMN},
-        {"attn_k", NULL, "backbone.layers.%u.mixer.k_proj.weight", true, TSR_SHARD_COLUMN},
-        {"attn_v", NULL, "backbone.layers.%u.mixer.v_proj.weight", true, TSR_SHARD_COLUMN},
-        {"attn_o", NULL, "backbone.layers.%u.mixer.o_proj.weight", true, TSR_SHARD_ROW},
-        {"router", NULL, "backbone.layers.%u.mixer.gate.weight", true, TSR_SHARD_REPLICATED},
-        {"router_bias", NULL, "backbone.layers.%u.mixer.gate.e_score_correction_bias", true, TSR_SHARD_REPLICATED},
-        {"shared_up", NULL, "backbone.layers.%u.mixer.shared_experts.up_proj.weight", true, TSR_SHARD_COLUMN},
-        {"shared_down", NULL, "backbone.layers.%u.mixer.shared_experts.down_proj.weight", true, TSR_SHARD_ROW},
-        {"mlp_up", NULL, "backbone.layers.%u.mixer.up_proj.weight", true, TSR_SHARD_COLUMN},
-        {"mlp_down", NULL, "backbone.layers.%u.mixer.down_proj.weight", true, TSR_SHARD_ROW},
-        {"output_norm", NULL, "backbone.norm_f.weight", false, TSR_SHARD_REPLICATED},
-        {"output", NULL, "lm_head.weight", false, TSR_SHARD_COLUMN},
+        /* the GGUF stores A = -exp(A_log) itself, (heads, 1) */
+        {"ssm_a", "blk.%u.ssm_a", NULL, true, TSR_SHARD_COLUMN},
+        {"D", "blk.%u.ssm_d", "backbone.layers.%u.mixer.D", true, TSR_SHARD_COLUMN},
+        {"dt_bias", "blk.%u.ssm_dt.bias", "backbone.layers.%u.mixer.dt_bias", true, TSR_SHARD_COLUMN},
+        {"gnorm", "blk.%u.ssm_norm.weight", "backbone.layers.%u.mixer.norm.weight", true, TSR_SHARD_COLUMN},
+        {"out_proj", "blk.%u.ssm_out.weight", "backbone.layers.%u.mixer.out_proj.weight", true, TSR_SHARD_ROW},
+        {"attn_q", "blk.%u.attn_q.weight", "backbone.layers.%u.mixer.q_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_k", "blk.%u.attn_k.weight", "backbone.layers.%u.mixer.k_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_v", "blk.%u.attn_v.weight", "backbone.layers.%u.mixer.v_proj.weight", true, TSR_SHARD_COLUMN},
+        {"attn_o", "blk.%u.attn_output.weight", "backbone.layers.%u.mixer.o_proj.weight", true, TSR_SHARD_ROW},
+        {"router", "blk.%u.ffn_gate_inp.weight", "backbone.layers.%u.mixer.gate.weight", true, TSR_SHARD_REPLICATED},
+        {"router_bias", "blk.%u.exp_probs_b.bias", "backbone.layers.%u.mixer.gate.e_score_correction_bias", true,
+         TSR_SHARD_REPLICATED},
+        {"shared_up", "blk.%u.ffn_up_shexp.weight", "backbone.layers.%u.mixer.shared_experts.up_proj.weight", true,
+         TSR_SHARD_COLUMN},
+        {"shared_down", "blk.%u.ffn_down_shexp.weight", "backbone.layers.%u.mixer.shared_experts.down_proj.weight",
+         true, TSR_SHARD_ROW},
+        {"mlp_up", "blk.%u.ffn_up.weight", "backbone.layers.%u.mixer.up_proj.weight", true, TSR_SHARD_COLUMN},
+        {"mlp_down", "blk.%u.ffn_down.weight", "backbone.layers.%u.mixer.down_proj.weight", true, TSR_SHARD_ROW},
+        {"output_norm", "output_norm.weight", "backbone.norm_f.weight", false, TSR_SHARD_REPLICATED},
+        {"output", "output.weight", "lm_head.weight", false, TSR_SHARD_COLUMN},
+        /* the GGUF's routed experts in two stacks, [E, I, dim] and [E, dim, I] (the
+         * converter stacks the per-expert linears), split per expert after the load */
+        {"expert_up_stack", "blk.%u.ffn_up_exps.weight", NULL, true, TSR_SHARD_EXPERT},
+        {"expert_down_stack", "blk.%u.ffn_down_exps.weight", NULL, true, TSR_SHARD_EXPERT},
         /* last: the per-expert rows (N_FIXED) */
         {"expert_up", NULL, "backbone.layers.%u.mixer.experts.<e>.up_proj.weight", true, TSR_SHARD_EXPERT},
         {"expert_down", NULL, "backbone.layers.%u.mixer.experts.<e>.down_proj.weight", true, TSR_SHARD_EXPERT},
@@ -72,7 +81,7 @@ typedef struct nh_layer {
         /* 'M' */
         nh_mat in_proj, out_proj;
         float *conv_w, *conv_b, *A_log, *D, *dt_bias, *gnorm;
-        float *A;                       /* -exp(A_log), computed once after the load */
+        float *A;                       /* -exp(A_log), computed once after the load (a GGUF's as stored) */
         /* '*' */
         nh_mat wq, wk, wv, wo;
         /* 'E': the router stays float32 in every dtype (models.md §3.6: transformers'
@@ -80,6 +89,7 @@ typedef struct nh_layer {
         float *router, *router_bias;
         nh_mat shared_up, shared_down;
         nh_mat *exp_up, *exp_down;      /* [n_experts] */
+        float *stack_up, *stack_down;   /* load only: a GGUF's expert stacks, split into exp_up / exp_down */
         /* '-' */
         nh_mat mlp_up, mlp_down;
         uint32_t kind_index;            /* among the shard's layers of its kind: its K/V or state arrays */
@@ -153,8 +163,8 @@ void tsr_nemotron_h_free(tsr_nemotron_h **mp) {
         m = *mp;
         for (uint32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
                 nh_layer *L = &m->layers[l];
-                float *arrays[] = {L->norm,  L->conv_w, L->conv_b, L->A_log,  L->D,          L->dt_bias,
-                                   L->gnorm, L->A,      L->router, L->router_bias};
+                float *arrays[] = {L->norm, L->conv_w, L->conv_b, L->A_log,       L->D,        L->dt_bias,
+                                   L->gnorm, L->A,     L->router, L->router_bias, L->stack_up, L->stack_down};
                 nh_mat *w[NH_LAYER_MATS];
                 for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
                         free(arrays[i]);
@@ -252,9 +262,12 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 {"conv_w", 'M', L ? &L->conv_w : NULL, cd, c->conv_kernel},
                 {"conv_b", 'M', L && c->conv_bias ? &L->conv_b : NULL, cd, 0},
                 {"A_log", 'M', L ? &L->A_log : NULL, c->m_heads, 0},
-                {"D", 'M', L ? &L->D : NULL, c->m_heads, 0},
+                /* a GGUF's A, D (heads, 1) and gated-norm weight (groups, di / groups): the
+                 * same floats in the same order as HF's vectors */
+                {"ssm_a", 'M', L ? &L->A : NULL, c->m_heads, 1},
+                {"D", 'M', L ? &L->D : NULL, c->m_heads, c->gguf ? 1 : 0},
                 {"dt_bias", 'M', L ? &L->dt_bias : NULL, c->m_heads, 0},
-                {"gnorm", 'M', L ? &L->gnorm : NULL, di, 0},
+                {"gnorm", 'M', L ? &L->gnorm : NULL, c->gguf ? c->n_groups : di, c->gguf ? di / c->n_groups : 0},
                 {"out_proj", 'M', L ? &L->out_proj.f : NULL, dim, di, L ? &L->out_proj : NULL},
                 {"attn_q", '*', L ? &L->wq.f : NULL, qd, dim, L ? &L->wq : NULL},
                 {"attn_k", '*', L ? &L->wk.f : NULL, kvd, dim, L ? &L->wk : NULL},
@@ -268,6 +281,14 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 {"mlp_down", '-', L ? &L->mlp_down.f : NULL, dim, c->mlp_hidden, L ? &L->mlp_down : NULL},
         };
 
+        if (strcmp(n->logical, "expert_up_stack") == 0 || strcmp(n->logical, "expert_down_stack") == 0) {
+                bool up = n->logical[7] == 'u';
+                if (kind != 'E')
+                        return false;
+                *ret = (tsr_load_slot){.dst = up ? &L->stack_up : &L->stack_down, .rows = up ? c->moe_hidden : dim,
+                                       .cols = up ? dim : c->moe_hidden, .experts = c->n_experts};
+                return true;
+        }
         if (m->expert_names && n >= m->expert_names && n < m->expert_names + 2 * (size_t)c->n_experts) {
                 size_t i = (size_t)(n - m->expert_names);
                 bool up = i % 2 == 0;
@@ -381,6 +402,23 @@ static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, cons
         return TSR_OK;
 }
 
+/* A GGUF MoE layer's stacks ([E, I, dim] up, [E, dim, I] down: each expert's matrix as
+ * the matmul reads it) into one matrix per expert, as the HF layout loads; the stacks
+ * freed.  TSR_E_NOMEM (the experts copied so far stay for tsr_nemotron_h_free). */
+static tsr_status split_stacks(const tsr_nemotron_h *m, nh_layer *L) {
+        size_t per = (size_t)m->cfg.moe_hidden * m->cfg.dim;
+        for (uint32_t e = 0; e < m->cfg.n_experts; e++) {
+                if (!(L->exp_up[e].f = malloc(per * sizeof(float))) || !(L->exp_down[e].f = malloc(per * sizeof(float))))
+                        return TSR_E_NOMEM;
+                memcpy(L->exp_up[e].f, L->stack_up + e * per, per * sizeof(float));
+                memcpy(L->exp_down[e].f, L->stack_down + e * per, per * sizeof(float));
+        }
+        free(L->stack_up);
+        free(L->stack_down);
+        L->stack_up = L->stack_down = NULL;
+        return TSR_OK;
+}
+
 /* After the tensors: the experts' shared activation scales (expert_scales), whether any
  * linear is fp8, and A = -exp(A_log), as transformers computes it in float32 per call.
  * TSR_E_INVAL (err set) or TSR_E_NOMEM. */
@@ -395,10 +433,14 @@ static tsr_status finish_load(tsr_nemotron_h *m, const char *src, char *err, siz
                 for (size_t i = 0; i < NH_LAYER_MATS; i++)
                         if (w[i]->q.data)
                                 m->qdtype = w[i]->q.dtype;
+                if (c->pattern[l] == 'E' && L->stack_up && (st = split_stacks(m, L)) != TSR_OK) {
+                        tsr_errf(err, errlen, "%s: out of memory", src);
+                        return st;
+                }
                 if (c->pattern[l] == 'E' && ((st = expert_scales(m, l, true, src, err, errlen)) != TSR_OK ||
                                              (st = expert_scales(m, l, false, src, err, errlen)) != TSR_OK))
                         return st;
-                if (c->pattern[l] != 'M')
+                if (c->pattern[l] != 'M' || L->A)       /* a GGUF's A is as stored */
                         continue;
                 /* a tensor-parallel rank read its heads' A_log only (nh_slice) */
                 uint32_t heads = m->shard.tp_size > 1 ? c->m_heads / m->shard.tp_size : c->m_heads;
@@ -441,6 +483,7 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                                const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud,
                                tsr_nemotron_h **ret, tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_safetensors_set *set = NULL;
+        tsr_gguf *g = NULL;
         tsr_tensor_source s = {0};
         tsr_nemotron_h *m;
         tsr_status st;
@@ -486,13 +529,27 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 tsr_errf(err, errlen, "%s: out of memory", dir);
                 goto fail;
         }
-        if ((st = tsr_safetensors_set_open(dir, &set, err, errlen)) != TSR_OK)
-                goto fail;
-        s.set = set;
-        s.src = tsr_safetensors_set_source(set);
-        s.modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL;
+        if (m->cfg.gguf) {      /* llama.cpp's nemotron_h / nemotron_h_moe: every tensor widened to float32 */
+                if (m->shard.tp_size > 1) {
+                        tsr_errf(err, errlen, "%s: tensor parallelism of a NemotronH GGUF is not supported yet "
+                                 "(serve its Hugging Face folder with -tp, or this file at -tp 1)", dir);
+                        st = TSR_E_UNSUPPORTED;
+                        goto fail;
+                }
+                if ((st = tsr_gguf_open(dir, &g, err, errlen)) != TSR_OK)
+                        goto fail;
+                s.g = g;
+                s.src = dir;
+        } else {
+                if ((st = tsr_safetensors_set_open(dir, &set, err, errlen)) != TSR_OK)
+                        goto fail;
+                s.set = set;
+                s.src = tsr_safetensors_set_source(set);
+                s.modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL;
+        }
         st = load_from(&s, m, &m->shard, progress, ud, stats, err, errlen);
         tsr_safetensors_set_close(&set);
+        tsr_gguf_close(&g);
         if (st != TSR_OK)
                 goto fail;
         if ((st = finish_load(m, dir, err, errlen)) != TSR_OK)

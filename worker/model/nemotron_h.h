@@ -65,6 +65,7 @@ typedef struct tsr_nemotron_h_config {
         float eps;
         bool tied_embeddings;
         bool residual_in_fp32;          /* a bf16 model keeps the residual stream in float32 */
+        bool gguf;                      /* read from a GGUF (tsr_nemotron_h_config_from_gguf): load from it too */
 } tsr_nemotron_h_config;
 
 /* Read `dir`/config.json.  TSR_E_INVAL (missing or bad field: `err` names the file and
@@ -72,6 +73,22 @@ typedef struct tsr_nemotron_h_config {
  * than silu / relu2, more than one shared expert, multi-token-prediction layers are
  * ignored), TSR_E_NOTFOUND, TSR_E_IO.  Blocking. */
 tsr_status tsr_nemotron_h_config_from_hf(const char *dir, tsr_nemotron_h_config *ret, char *err, size_t errlen);
+
+/* The same from a GGUF of llama.cpp's "nemotron_h" or "nemotron_h_moe" architecture (its
+ * convert_hf_to_gguf.py), keys under that prefix: embedding_length, block_count,
+ * attention.head_count / head_count_kv (per layer: the attention layers' is non-zero) /
+ * key_length / layer_norm_epsilon, ssm.conv_kernel / state_size / group_count /
+ * inner_size / time_step_rank (the Mamba heads), and for MoE expert_count /
+ * expert_used_count / expert_feed_forward_length / expert_shared_feed_forward_length /
+ * expert_shared_count (1) / expert_weights_norm / expert_weights_scale /
+ * expert_group_count / expert_group_used_count.  Each layer's kind comes from its tensors
+ * (ssm_in: 'M', attn_q: '*', ffn_up_exps: 'E', ffn_up: '-'; the converter's per-layer
+ * feed_forward_length says 0 for a '-' layer of a MoE model), the dense MLP's width from
+ * ffn_up; time_step_limit is (0, inf), the converter's only value; the conv bias is
+ * there when its tensor is.  TSR_E_INVAL naming the file and the key, TSR_E_UNSUPPORTED
+ * (another architecture, a latent MoE, more than one shared expert, a layer of no kind). */
+tsr_status tsr_nemotron_h_config_from_gguf(const tsr_gguf *g, const char *path, tsr_nemotron_h_config *ret,
+                                           char *err, size_t errlen);
 
 /* The counts one tensor-parallel rank of tp_size holds (tsr_nemotron_h_shard_tp): the
  * Mamba heads and B/C groups, the attention heads and KV heads (one, replicated, where
@@ -88,7 +105,7 @@ static inline uint32_t tsr_nemotron_h_conv_dim(const tsr_nemotron_h_config *c) {
 uint32_t tsr_nemotron_h_count(const tsr_nemotron_h_config *c, char kind);
 
 /* The family's tensor table (shard rules as data); nemotron_h.c. */
-#define TSR_NEMOTRON_H_N_TENSORS 24
+#define TSR_NEMOTRON_H_N_TENSORS 27
 extern const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS];
 
 typedef struct tsr_nemotron_h tsr_nemotron_h;

@@ -233,6 +233,188 @@ static tsr_status from_json(const char *path, json_t *root, tsr_nemotron_h_confi
         return TSR_OK;
 }
 
+/* ---- GGUF ----------------------------------------------------------------------------- */
+
+/* "<arch>.<key>" as a u32 (element `elem` of an array, or the scalar whatever `elem`);
+ * absent: def unless required. */
+static tsr_status gguf_u32(const tsr_gguf *g, const char *path, const char *arch, const char *key, bool required,
+                           uint32_t def, int64_t elem, uint32_t *ret, char *err, size_t errlen) {
+        char name[128];
+        uint64_t v;
+        tsr_gguf_value e;
+        snprintf(name, sizeof name, "%s.%s", arch, key);
+        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, name);
+        if (!kv) {
+                if (required) {
+                        tsr_errf(err, errlen, "%s: metadata key '%s' missing", path, name);
+                        return TSR_E_INVAL;
+                }
+                *ret = def;
+                return TSR_OK;
+        }
+        const tsr_gguf_value *val = &kv->value;
+        if (kv->value.type == TSR_GGUF_TYPE_ARRAY) {
+                if (elem < 0 || tsr_gguf_array_elem(&kv->value, (uint64_t)elem, &e) != TSR_OK) {
+                        tsr_errf(err, errlen, "%s: metadata key '%s': expected %s", path, name,
+                                elem < 0 ? "a number" : "an entry per layer");
+                        return TSR_E_INVAL;
+                }
+                val = &e;
+        }
+        if (tsr_gguf_get_u64(val, &v) != TSR_OK || v > UINT32_MAX) {
+                tsr_errf(err, errlen, "%s: metadata key '%s': expected an unsigned 32-bit integer", path, name);
+                return TSR_E_INVAL;
+        }
+        *ret = (uint32_t)v;
+        return TSR_OK;
+}
+
+static tsr_status gguf_f32(const tsr_gguf *g, const char *path, const char *arch, const char *key, double def,
+                           float *ret, char *err, size_t errlen) {
+        char name[128];
+        double v = def;
+        snprintf(name, sizeof name, "%s.%s", arch, key);
+        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, name);
+        if (kv && (tsr_gguf_get_f64(&kv->value, &v) != TSR_OK || !isfinite(v))) {
+                tsr_errf(err, errlen, "%s: metadata key '%s': expected a finite number", path, name);
+                return TSR_E_INVAL;
+        }
+        *ret = (float)v;
+        return TSR_OK;
+}
+
+/* Whether tensor "blk.<l>.<what>" is in the file. */
+static bool has_blk(const tsr_gguf *g, uint32_t l, const char *what) {
+        char name[96];
+        snprintf(name, sizeof name, "blk.%" PRIu32 ".%s", l, what);
+        return tsr_gguf_find_tensor(g, name) != NULL;
+}
+
+tsr_status tsr_nemotron_h_config_from_gguf(const tsr_gguf *g, const char *path, tsr_nemotron_h_config *ret,
+                                           char *err, size_t errlen) {
+        tsr_nemotron_h_config c = {0};
+        const tsr_gguf_kv *kv;
+        const char *s;
+        size_t len;
+        uint32_t n_shared = 1, inner = 0;
+        tsr_status st;
+
+        if (!g || !ret)
+                return TSR_E_INVAL;
+        if (!path)
+                path = "<gguf>";
+        kv = tsr_gguf_find_kv(g, "general.architecture");
+        if (!kv || tsr_gguf_get_str(&kv->value, &s, &len) != TSR_OK ||
+            !((len == 10 && memcmp(s, "nemotron_h", 10) == 0) || (len == 14 && memcmp(s, "nemotron_h_moe", 14) == 0))) {
+                tsr_errf(err, errlen, "%s: general.architecture is not nemotron_h or nemotron_h_moe", path);
+                return TSR_E_UNSUPPORTED;
+        }
+        char arch[16];
+        memcpy(arch, s, len);
+        arch[len] = 0;
+        if ((st = gguf_u32(g, path, arch, "embedding_length", true, 0, -1, &c.dim, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "block_count", true, 0, -1, &c.n_layers, err, errlen)))
+                return st;
+        if (c.n_layers == 0 || c.n_layers > TSR_NEMOTRON_H_MAX_LAYERS) {
+                tsr_errf(err, errlen, "%s: %s.block_count %" PRIu32 ": expected 1..%d", path, arch, c.n_layers,
+                        TSR_NEMOTRON_H_MAX_LAYERS);
+                return TSR_E_INVAL;
+        }
+        for (uint32_t l = 0; l < c.n_layers; l++) {
+                char k = has_blk(g, l, "ssm_in.weight") ? 'M' : has_blk(g, l, "attn_q.weight") ? '*'
+                         : has_blk(g, l, "ffn_up_exps.weight")                                  ? 'E'
+                         : has_blk(g, l, "ffn_up.weight")                                       ? '-'
+                                                                                                : 0;
+                if (!k) {
+                        tsr_errf(err, errlen, "%s: layer %" PRIu32 " has none of blk.%" PRIu32 ".ssm_in, attn_q, "
+                                "ffn_up_exps, ffn_up: not a NemotronH block", path, l, l);
+                        return TSR_E_UNSUPPORTED;
+                }
+                c.pattern[l] = k;
+        }
+        c.pattern[c.n_layers] = 0;
+        /* the attention layers' KV heads (a per-layer array: 0 elsewhere) */
+        for (uint32_t l = 0; l < c.n_layers; l++)
+                if (c.pattern[l] == '*' &&
+                    (st = gguf_u32(g, path, arch, "attention.head_count_kv", true, 0, l, &c.n_kv_heads, err, errlen)))
+                        return st;
+        if ((st = gguf_u32(g, path, arch, "attention.head_count", tsr_nemotron_h_count(&c, '*') > 0, 0, -1, &c.n_heads,
+                           err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "attention.key_length", false, c.n_heads ? c.dim / c.n_heads : 0, -1,
+                           &c.head_dim, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "ssm.conv_kernel", false, 4, -1, &c.conv_kernel, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "ssm.state_size", false, 0, -1, &c.ssm_state, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "ssm.group_count", false, 1, -1, &c.n_groups, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "ssm.inner_size", false, 0, -1, &inner, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "ssm.time_step_rank", false, 0, -1, &c.m_heads, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "expert_count", false, 0, -1, &c.n_experts, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "expert_used_count", false, 0, -1, &c.top_k, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "expert_feed_forward_length", false, 0, -1, &c.moe_hidden, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "expert_shared_feed_forward_length", false, c.moe_hidden, -1,
+                           &c.shared_hidden, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "expert_shared_count", false, 1, -1, &n_shared, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "expert_group_count", false, 1, -1, &c.n_group, err, errlen)) ||
+            (st = gguf_u32(g, path, arch, "expert_group_used_count", false, 1, -1, &c.topk_group, err, errlen)) ||
+            (st = gguf_f32(g, path, arch, "expert_weights_scale", 1.0, &c.routed_scale, err, errlen)) ||
+            (st = gguf_f32(g, path, arch, "attention.layer_norm_epsilon", 1e-5, &c.eps, err, errlen)))
+                return st;
+        c.norm_topk_prob = true;
+        char key[96];
+        snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+        if ((kv = tsr_gguf_find_kv(g, key)) && tsr_gguf_get_bool(&kv->value, &c.norm_topk_prob) != TSR_OK) {
+                tsr_errf(err, errlen, "%s: metadata key '%s': expected a boolean", path, key);
+                return TSR_E_INVAL;
+        }
+        snprintf(key, sizeof key, "%s.moe_latent_size", arch);
+        if (tsr_gguf_find_kv(g, key)) {
+                tsr_errf(err, errlen, "%s: metadata key '%s' is set: latent MoE projections are not supported", path,
+                        key);
+                return TSR_E_UNSUPPORTED;
+        }
+        if (tsr_nemotron_h_count(&c, 'E') && n_shared != 1) {
+                tsr_errf(err, errlen, "%s: %s.expert_shared_count %" PRIu32 ": only 1 is supported", path, arch,
+                        n_shared);
+                return TSR_E_UNSUPPORTED;
+        }
+        c.m_head_dim = c.m_heads ? inner / c.m_heads : 0;
+        c.dt_min = 0.0f;
+        c.dt_max = INFINITY;
+        for (uint32_t l = 0; l < c.n_layers; l++) {
+                char name[96];
+                if (c.pattern[l] == 'M') {
+                        snprintf(name, sizeof name, "blk.%" PRIu32 ".ssm_conv1d.bias", l);
+                        c.conv_bias = tsr_gguf_find_tensor(g, name) != NULL;
+                }
+                if (c.pattern[l] == '-' && !c.mlp_hidden) {
+                        snprintf(name, sizeof name, "blk.%" PRIu32 ".ffn_up.weight", l);
+                        const tsr_gguf_tensor *t = tsr_gguf_find_tensor(g, name);
+                        c.mlp_hidden = t->n_dims == 2 && t->dims[1] <= UINT32_MAX ? (uint32_t)t->dims[1] : 0;
+                }
+        }
+        /* Vocabulary: the explicit key, else the tokenizer's size, else the embedding rows. */
+        const tsr_gguf_tensor *emb = tsr_gguf_find_tensor(g, "token_embd.weight");
+        snprintf(key, sizeof key, "%s.vocab_size", arch);
+        if ((kv = tsr_gguf_find_kv(g, key))) {
+                if ((st = gguf_u32(g, path, arch, "vocab_size", true, 0, -1, &c.vocab_size, err, errlen)))
+                        return st;
+        } else if ((kv = tsr_gguf_find_kv(g, "tokenizer.ggml.tokens")) && kv->value.type == TSR_GGUF_TYPE_ARRAY &&
+                   kv->value.count <= UINT32_MAX) {
+                c.vocab_size = (uint32_t)kv->value.count;
+        } else if (emb && emb->n_dims == 2 && emb->dims[1] <= UINT32_MAX) {
+                c.vocab_size = (uint32_t)emb->dims[1];
+        }
+        c.tied_embeddings = tsr_gguf_find_tensor(g, "output.weight") == NULL;
+        c.gguf = true;
+        if (!(c.eps > 0)) {
+                tsr_errf(err, errlen, "%s: %s.attention.layer_norm_epsilon must be positive", path, arch);
+                return TSR_E_INVAL;
+        }
+        if ((st = check_sizes(path, NULL, &c, err, errlen)) != TSR_OK)
+                return st;
+        *ret = c;
+        return TSR_OK;
+}
+
 /* Python's json module writes float('inf') as a bare Infinity, which is not JSON (Mamba
  * configs carry it in time_step_limit): outside strings, each becomes `null` padded to
  * the same length, which the fields that may be infinite read as infinity. */

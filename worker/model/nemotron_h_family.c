@@ -23,17 +23,20 @@ static tsr_status nh_read_config(const char *path, bool gguf, tsr_model_desc *re
         tsr_nemotron_h_config *c;
         tsr_status st;
 
-        if (gguf) {
-                tsr_errf(err, errlen, "%s: NemotronH from GGUF is not supported (serve its Hugging Face "
-                        "safetensors folder)", path);
-                return TSR_E_UNSUPPORTED;
-        }
         if (!(c = calloc(1, sizeof *c))) {
                 tsr_errf(err, errlen, "%s: out of memory", path);
                 return TSR_E_NOMEM;
         }
         ret->config = c;
-        st = tsr_nemotron_h_config_from_hf(path, c, err, errlen);
+        if (gguf) {
+                tsr_gguf *g = NULL;
+                if ((st = tsr_gguf_open(path, &g, err, errlen)) != TSR_OK)
+                        return st;
+                st = tsr_nemotron_h_config_from_gguf(g, path, c, err, errlen);
+                tsr_gguf_close(&g);
+        } else {
+                st = tsr_nemotron_h_config_from_hf(path, c, err, errlen);
+        }
         ret->vocab_size = c->vocab_size;
         ret->n_layers = c->n_layers;
         ret->hidden_size = c->dim;
@@ -60,8 +63,8 @@ static tsr_status nh_load(const char *path, const tsr_model_desc *d, const tsr_s
         tsr_nemotron_h *m = NULL;
         tsr_status st;
 
-        /* safetensors only: nothing is kept in a block format (keep_dtypes is for GGUF);
-         * a ModelOpt FP8 / NVFP4 folder's quantized linears stay as stored */
+        /* keep_dtypes is not passed: a GGUF's tensors are widened to float32; a ModelOpt
+         * FP8 / NVFP4 folder's quantized linears stay as stored */
         if ((st = tsr_nemotron_h_load(path, cfg_of(d), shard, opts ? opts->modelopt : NULL, progress, ud, &m, stats,
                                       err, errlen)) == TSR_OK)
                 *ret = m;
