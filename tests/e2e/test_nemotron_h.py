@@ -435,13 +435,16 @@ GGUF_DIR = REPO / "tests" / "fixtures" / "tiny-nemotron-h-gguf"
 GGUF_GOLDEN = json.loads((GGUF_DIR / "golden.json").read_text())
 
 
-def test_gguf_served(spawn):
-    """llama.cpp's F16 GGUF of the fixture (nemotron_h_moe) through the real worker and
-    `tessera serve`: transformers' greedy continuations of the same weights up to each
-    prompt's first near-tie (margin under 1e-4), alone and four at once; -tp 2 of the file
-    exits 2 naming it."""
+@pytest.mark.parametrize("flags", [(), ("-tp", "2"), ("-tp", "2", "--enable-expert-parallel")],
+                         ids=["tp1", "tp2", "tp2-ep"])
+def test_gguf_served(spawn, flags):
+    """llama.cpp's F16 GGUF of the fixture (nemotron_h_moe) through the real worker:
+    transformers' greedy continuations of the same weights up to each prompt's first
+    near-tie (margin under 1e-4), alone and four at once, at one rank, at -tp 2 (each
+    rank reading its share of the file: its heads' ssm_a and D, its groups of the gated
+    norm, its columns of every expert stack) and with expert parallelism."""
     model = GGUF_DIR / GGUF_GOLDEN["gguf"]
-    w = EngineWorker(spawn, model, "--dtype", "float32")
+    w = EngineWorker(spawn, model, "--dtype", "float32", *flags)
     wants = []
     for p, g, mg in zip(GGUF_GOLDEN["prompts"], GGUF_GOLDEN["greedy"], GGUF_GOLDEN["greedy_margin"]):
         k = next((i for i, m in enumerate(mg) if m < 1e-4), len(g))
@@ -456,6 +459,5 @@ def test_gguf_served(spawn):
     for i in range(len(wants)):
         assert batch[f"b{i}"].tokens == alone[i].tokens, i
     w.close()
-    tp = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "-tp", "2", "--dtype", "float32"])
-    assert tp.wait(timeout=60) == 2
-    assert "tensor parallelism of a NemotronH GGUF is not supported yet" in tp.output(), tp.output()
+    if flags:
+        assert "its share read straight from the file" in w.proc.output(), w.proc.output()

@@ -1505,8 +1505,8 @@ static void test_fp8_bad_checkpoints(void **state) {
  * equals the one config.json gives (the '-' layer's kind from its tensors), its 43 tensors
  * load (A as stored, the expert stacks split), every position within TOL of transformers'
  * logits of the same F16-rounded weights, and the greedy continuations equal up to the
- * first step whose margin is under 1e-4 (one step of prompt 0 has 6e-6); tensor
- * parallelism of the file is refused with a message. */
+ * first step whose margin is under 1e-4 (one step of prompt 0 has 6e-6).  Tensor and
+ * expert parallelism of the file: tests/e2e/test_nemotron_h.py test_gguf_served. */
 static void test_gguf(void **state) {
         char path[1024], rel[512], err[512] = "";
         json_error_t je;
@@ -1535,12 +1535,6 @@ static void test_gguf(void **state) {
         SAME(n_group), SAME(topk_group), SAME(norm_topk_prob), SAME(routed_scale), SAME(mlp_hidden), SAME(eps);
         SAME(tied_embeddings), SAME(residual_in_fp32);
 #undef SAME
-        /* tensor parallelism of the file: refused, naming it */
-        tsr_shard_spec tp2 = tsr_shard_spec_whole(c.n_layers);
-        tp2.tp_size = 2;
-        assert_int_equal(tsr_nemotron_h_load(path, &c, &tp2, NULL, NULL, NULL, &m, NULL, err, sizeof err),
-                         TSR_E_UNSUPPORTED);
-        assert_non_null(strstr(err, "tensor parallelism of a NemotronH GGUF is not supported yet"));
         if (tsr_nemotron_h_load(path, &c, NULL, NULL, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
                 fail_msg("%s", err);
         /* 2 model-wide + output_norm + 2 Mamba x 9 + attention x 5 + 2 MoE x 7 + MLP x 3 */

@@ -210,6 +210,7 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
         uint64_t hr = r.m_heads, dr = hr * P, gr = (uint64_t)r.n_groups * NS, h0 = rk * hr, x0 = rk * dr, g0 = rk * gr;
         uint64_t hd = c->head_dim, qr = (uint64_t)r.n_heads * hd, nkv = r.n_kv_heads;
         uint64_t kv0 = t <= c->n_kv_heads ? rk * nkv : rk / (t / c->n_kv_heads), vl = c->vocab_size / t;
+        uint64_t gw = di / c->n_groups;         /* a GGUF's gated norm is (groups, gw): whole groups per rank */
         const tsr_tp_slice_rule rule[] = {
                 /* in_proj's rows [z | xBC | dt]: the rank's z, its xBC channels, its heads' dt */
                 {"in_proj", {TSR_LOAD_SLICE_ROWS, 5, {{x0, dr}, {di + x0, dr}, {2 * di + g0, gr},
@@ -218,9 +219,10 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
                 {"conv_w", {TSR_LOAD_SLICE_ROWS, 3, {{x0, dr}, {di + g0, gr}, {di + gn + g0, gr}}}},
                 {"conv_b", {TSR_LOAD_SLICE_ROWS, 3, {{x0, dr}, {di + g0, gr}, {di + gn + g0, gr}}}},
                 {"A_log", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
+                {"ssm_a", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
                 {"D", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
                 {"dt_bias", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
-                {"gnorm", {TSR_LOAD_SLICE_ROWS, 1, {{x0, dr}}}},
+                {"gnorm", {TSR_LOAD_SLICE_ROWS, 1, {{c->gguf ? x0 / gw : x0, c->gguf ? dr / gw : dr}}}},
                 {"out_proj", {TSR_LOAD_SLICE_COLS, 1, {{x0, dr}}}},
                 {"attn_q", {TSR_LOAD_SLICE_ROWS, 1, {{rk * qr, qr}}}},
                 {"attn_k", {TSR_LOAD_SLICE_ROWS, 1, {{kv0 * hd, nkv * hd}}}},
@@ -228,6 +230,9 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
                 {"attn_o", {TSR_LOAD_SLICE_COLS, 1, {{rk * qr, qr}}}},
                 {"expert_up", {TSR_LOAD_SLICE_ROWS, 1, {{rk * r.moe_hidden, r.moe_hidden}}}},
                 {"expert_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.moe_hidden, r.moe_hidden}}}},
+                /* a GGUF's stacks [E, I, dim] / [E, dim, I]: every expert's rows / columns */
+                {"expert_up_stack", {TSR_LOAD_SLICE_ROWS, 1, {{rk * r.moe_hidden, r.moe_hidden}}}},
+                {"expert_down_stack", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.moe_hidden, r.moe_hidden}}}},
                 {"shared_up", {TSR_LOAD_SLICE_ROWS, 1, {{rk * r.shared_hidden, r.shared_hidden}}}},
                 {"shared_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.shared_hidden, r.shared_hidden}}}},
                 {"mlp_up", {TSR_LOAD_SLICE_ROWS, 1, {{rk * r.mlp_hidden, r.mlp_hidden}}}},
@@ -285,8 +290,16 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 bool up = n->logical[7] == 'u';
                 if (kind != 'E')
                         return false;
+                /* a tensor-parallel rank: its columns of every expert; an expert-parallel one:
+                 * its routed experts whole */
+                size_t e0 = 0, ne = 0;
+                bool ep = m->shard.expert_parallel && m->shard.tp_size > 1 &&
+                          tsr_tp_expert_range(c->n_experts, m->shard.tp_rank, m->shard.tp_size, &e0, &ne, NULL, 0) ==
+                                  TSR_OK;
                 *ret = (tsr_load_slot){.dst = up ? &L->stack_up : &L->stack_down, .rows = up ? c->moe_hidden : dim,
-                                       .cols = up ? dim : c->moe_hidden, .experts = c->n_experts};
+                                       .cols = up ? dim : c->moe_hidden, .experts = c->n_experts,
+                                       .slice = ep ? (tsr_load_slice){0} : nh_slice(m, n->logical),
+                                       .experts_first = ep ? e0 : 0, .experts_n = ep ? ne : 0};
                 return true;
         }
         if (m->expert_names && n >= m->expert_names && n < m->expert_names + 2 * (size_t)c->n_experts) {
@@ -406,12 +419,21 @@ static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, cons
  * the matmul reads it) into one matrix per expert, as the HF layout loads; the stacks
  * freed.  TSR_E_NOMEM (the experts copied so far stay for tsr_nemotron_h_free). */
 static tsr_status split_stacks(const tsr_nemotron_h *m, nh_layer *L) {
-        size_t per = (size_t)m->cfg.moe_hidden * m->cfg.dim;
-        for (uint32_t e = 0; e < m->cfg.n_experts; e++) {
-                if (!(L->exp_up[e].f = malloc(per * sizeof(float))) || !(L->exp_down[e].f = malloc(per * sizeof(float))))
+        /* what the load read (nh_bind): a tensor-parallel rank its columns of every
+         * expert, an expert-parallel one its experts e0 .. e0 + ne - 1 whole */
+        const tsr_nemotron_h_config *c = &m->cfg;
+        size_t e0 = 0, ne = c->n_experts, I = c->moe_hidden;
+        if (m->shard.tp_size > 1 && m->shard.expert_parallel)
+                (void)tsr_tp_expert_range(c->n_experts, m->shard.tp_rank, m->shard.tp_size, &e0, &ne, NULL, 0);
+        else if (m->shard.tp_size > 1)
+                I = tsr_nemotron_h_config_rank(c, m->shard.tp_size).moe_hidden;
+        size_t per = I * c->dim;
+        for (size_t j = 0; j < ne; j++) {
+                nh_mat *u = &L->exp_up[e0 + j], *d = &L->exp_down[e0 + j];
+                if (!(u->f = malloc(per * sizeof(float))) || !(d->f = malloc(per * sizeof(float))))
                         return TSR_E_NOMEM;
-                memcpy(L->exp_up[e].f, L->stack_up + e * per, per * sizeof(float));
-                memcpy(L->exp_down[e].f, L->stack_down + e * per, per * sizeof(float));
+                memcpy(u->f, L->stack_up + j * per, per * sizeof(float));
+                memcpy(d->f, L->stack_down + j * per, per * sizeof(float));
         }
         free(L->stack_up);
         free(L->stack_down);
@@ -530,12 +552,6 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 goto fail;
         }
         if (m->cfg.gguf) {      /* llama.cpp's nemotron_h / nemotron_h_moe: every tensor widened to float32 */
-                if (m->shard.tp_size > 1) {
-                        tsr_errf(err, errlen, "%s: tensor parallelism of a NemotronH GGUF is not supported yet "
-                                 "(serve its Hugging Face folder with -tp, or this file at -tp 1)", dir);
-                        st = TSR_E_UNSUPPORTED;
-                        goto fail;
-                }
                 if ((st = tsr_gguf_open(dir, &g, err, errlen)) != TSR_OK)
                         goto fail;
                 s.g = g;
