@@ -4,6 +4,7 @@
  * A wrapper checks the handle and the op's slot (TSR_E_INVAL for NULL, TSR_E_UNSUPPORTED
  * for an op or weight dtype the backend lacks) and calls the backend's op; it touches no
  * data.  Thread: the caller's (kernels.h: one thread drives a backend at a time). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,6 +99,8 @@ bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
                 return o->add_rmsnorm;
         case TSR_OP_ARGMAX:
                 return o->argmax;
+        case TSR_OP_SAMPLE:
+                return o->sample;
         case TSR_OP_COUNT:
                 break;
         }
@@ -295,6 +298,22 @@ tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size
 
 tsr_status tsr_backend_log_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
         CALL(log_softmax, out, x, rows, n);
+}
+
+tsr_status tsr_backend_sample(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws) {
+        if (!out || !x || !draws || n == 0 || n > INT32_MAX)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++) {
+                const tsr_draw *d = &draws[r];
+                if (d->temperature == 0.0f)
+                        continue;
+                if (!(d->temperature > 0.0f) || !isfinite(d->temperature) || !(d->top_p > 0.0f && d->top_p <= 1.0f) ||
+                    !(d->min_p >= 0.0f && d->min_p <= 1.0f) || !(d->u >= 0.0 && d->u < 1.0))
+                        return TSR_E_INVAL;
+        }
+        if (rows == 0)
+                return TSR_OK;
+        CALL(sample, out, x, rows, n, draws);
 }
 
 tsr_status tsr_backend_argmax(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n) {

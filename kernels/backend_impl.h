@@ -63,6 +63,8 @@ typedef struct tsr_backend_ops {
         tsr_status (*log_softmax)(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
         /* out is host memory; the wrapper checked the arguments and rows > 0 */
         tsr_status (*argmax)(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n);
+        /* the same: draws checked, rows > 0 */
+        tsr_status (*sample)(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws);
         tsr_status (*add_rmsnorm)(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
                                   size_t rows, size_t dim, float eps);
         /* CPU backends only (kernels.h, tsr_backend_host_tasks) */

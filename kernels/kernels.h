@@ -183,6 +183,7 @@ typedef enum tsr_op {
         TSR_OP_LOG_SOFTMAX,
         TSR_OP_ADD_RMSNORM,
         TSR_OP_ARGMAX,
+        TSR_OP_SAMPLE,
         TSR_OP_COUNT
 } tsr_op;
 /* Whether `op` runs on this backend; for TSR_OP_MATMUL, with weights of `w_dtype` (ignored
@@ -326,6 +327,30 @@ tsr_status tsr_backend_log_softmax(tsr_backend *be, float *out, const float *x, 
  * n <= INT32_MAX; rows == 0 is TSR_OK. */
 #define TSR_ARGMAX_NONE UINT32_MAX
 tsr_status tsr_backend_argmax(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n);
+
+/* One draw of a row's token (tsr_backend_sample): the request's sampling parameters and
+ * its uniform u in [0, 1) (the engine's Philox stream: the same u, the same token, for a
+ * given row on a given backend).  temperature 0: the row is not drawn (left as it is). */
+#define TSR_SAMPLE_CHUNKS 256       /* tsr_backend_sample's summation chunks (one CUDA thread each) */
+typedef struct tsr_draw {
+        float temperature;      /* > 0 */
+        int32_t top_k;          /* <= 0 or >= n: off */
+        float top_p;            /* (0, 1]; 1: off */
+        float min_p;            /* [0, 1]; 0: off */
+        double u;
+} tsr_draw;
+/* Each row's sampled token on the backend, by one definition every backend computes to
+ * the same bits (cpu/ref.c tsr_ref_sample is the specification; CUDA's sample.cu the
+ * same steps in the same order): w = x / T; e_i = tsr_exp(w_i - max w) (exp.h's exp, no
+ * libm); min_p drops e_i with (float)(e_i / Z) < (float)(1 / Z) * min_p; top_k keeps
+ * e_i >= the k-th largest e (ties kept); top_p keeps e_i >= the largest threshold t whose
+ * kept mass sum(e_j >= t) is at least top_p x the mass before it (ties kept); the token
+ * is the first i whose running sum passes u x the total.  Every sum is in double over
+ * 256 chunks of ceil(n / 256) consecutive entries, each chunk in index order, the chunk
+ * sums added in order.  out[r] = TSR_ARGMAX_NONE for a row with a NaN or +inf or only
+ * -inf; unspecified for a row not drawn (temperature 0).  x (rows, n) backend memory, CLOBBERED for the drawn rows (their e); draws
+ * (rows,) and out (rows,) host memory; synchronous.  n <= INT32_MAX. */
+tsr_status tsr_backend_sample(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws);
 /* The residual add of a pre-norm transformer and the RMSNorm that follows it:
  *     residual[r,:] = residual[r,:] + x[r,:]             (the running hidden state, in place)
  *     out[r,:]      = rmsnorm(residual[r,:]) * w[:]      (the next sublayer's input)

@@ -1072,6 +1072,11 @@ static tsr_status fast_argmax(tsr_backend *be, uint32_t *out, const float *x, si
         return tsr_ref_argmax(out, x, rows, n);
 }
 
+static tsr_status fast_sample(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws) {
+        (void)be;
+        return tsr_ref_sample(out, x, rows, n, draws);
+}
+
 static void fast_ctx_free(void *ctx) {
         struct cpu_fast *f = ctx;
         if (!f)
@@ -1108,6 +1113,7 @@ static const tsr_backend_ops cpu_fast_ops = {
         .softmax = fast_softmax,
         .log_softmax = fast_log_softmax,
         .argmax = fast_argmax,
+        .sample = fast_sample,
         .add_rmsnorm = fast_add_rmsnorm,
         .host_tasks = fast_host_tasks,
 };

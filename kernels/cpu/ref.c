@@ -304,6 +304,131 @@ tsr_status tsr_ref_argmax(uint32_t *out, const float *x, size_t rows, size_t n) 
         return TSR_OK;
 }
 
+/* ---- sample: kernels.h's tsr_backend_sample, the specification cuda/sample.cu follows
+ * step for step (the same float operations, each rounded once, and the same order of
+ * every double sum), so both give the same token for the same row and u. */
+
+/* Chunk c of n entries: [lo, hi). */
+static void sample_chunk(size_t n, size_t c, size_t *lo, size_t *hi) {
+        size_t len = (n + TSR_SAMPLE_CHUNKS - 1) / TSR_SAMPLE_CHUNKS;
+        *lo = c * len < n ? c * len : n;
+        *hi = *lo + len < n ? *lo + len : n;
+}
+
+/* The mass of the entries >= t: each chunk in index order, the chunk sums in order. */
+static double sample_mass(const float *e, size_t n, float t) {
+        double total = 0.0;
+        for (size_t c = 0; c < TSR_SAMPLE_CHUNKS; c++) {
+                size_t lo, hi;
+                double s = 0.0;
+                sample_chunk(n, c, &lo, &hi);
+                for (size_t i = lo; i < hi; i++)
+                        if (e[i] >= t)
+                                s += (double)e[i];
+                total += s;
+        }
+        return total;
+}
+
+static size_t sample_count(const float *e, size_t n, float t) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+                k += e[i] >= t;
+        return k;
+}
+
+static float sample_f32(uint32_t u) {
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+}
+
+/* The largest t among [0, 1] (by bits: e >= 0) with count(e >= t) >= k (mass_goal < 0)
+ * or mass(e >= t) >= mass_goal: a bisection over the float bits, 30 halvings. */
+static float sample_threshold(const float *e, size_t n, size_t k, double mass_goal) {
+        uint32_t lo = 0, hi = 0x3f800001u;      /* bits(1.0f) + 1: nothing is above 1 */
+        while (hi - lo > 1) {
+                uint32_t mid = lo + (hi - lo) / 2;
+                bool ok = mass_goal < 0 ? sample_count(e, n, sample_f32(mid)) >= k
+                                        : sample_mass(e, n, sample_f32(mid)) >= mass_goal;
+                if (ok)
+                        lo = mid;
+                else
+                        hi = mid;
+        }
+        return sample_f32(lo);
+}
+
+/* One row: e in place of x; its token, or TSR_ARGMAX_NONE. */
+static uint32_t sample_row(float *x, size_t n, const tsr_draw *d) {
+        float xmax = -INFINITY;
+        for (size_t i = 0; i < n; i++) {
+                if (isnan(x[i]) || x[i] == INFINITY)
+                        return TSR_ARGMAX_NONE;
+                xmax = x[i] > xmax ? x[i] : xmax;
+        }
+        if (xmax == -INFINITY)
+                return TSR_ARGMAX_NONE;
+        float m = xmax / d->temperature;        /* the max of x / T: division is monotonic */
+        for (size_t i = 0; i < n; i++) {
+                float w = x[i] / d->temperature;
+                x[i] = isinf(m) ? (w == m ? 1.0f : 0.0f) : tsr_exp(w - m);
+        }
+        if (d->min_p > 0.0f) {
+                double z = sample_mass(x, n, 0.0f);
+                float thr = (float)(1.0 / z) * d->min_p;
+                for (size_t i = 0; i < n; i++)
+                        if ((float)((double)x[i] / z) < thr)
+                                x[i] = 0.0f;
+        }
+        if (d->top_k > 0 && (size_t)d->top_k < n) {
+                float t = sample_threshold(x, n, (size_t)d->top_k, -1.0);
+                for (size_t i = 0; i < n; i++)
+                        if (x[i] < t)
+                                x[i] = 0.0f;
+        }
+        if (d->top_p < 1.0f) {
+                float t = sample_threshold(x, n, 0, (double)d->top_p * sample_mass(x, n, 0.0f));
+                for (size_t i = 0; i < n; i++)
+                        if (x[i] < t)
+                                x[i] = 0.0f;
+        }
+        /* the draw: chunk by chunk, into the chunk whose sum takes the running sum past u x
+         * total, there entry by entry; rounding that never passes it: the last entry > 0 */
+        double target = d->u * sample_mass(x, n, 0.0f), cum = 0.0;
+        for (size_t c = 0; c < TSR_SAMPLE_CHUNKS; c++) {
+                size_t lo, hi;
+                double s = 0.0;
+                sample_chunk(n, c, &lo, &hi);
+                for (size_t i = lo; i < hi; i++)
+                        s += (double)x[i];
+                if (!(cum + s > target)) {
+                        cum += s;
+                        continue;
+                }
+                for (size_t i = lo; i < hi; i++) {
+                        if (x[i] <= 0.0f)
+                                continue;
+                        cum += (double)x[i];
+                        if (cum > target)
+                                return (uint32_t)i;
+                }
+        }
+        for (size_t i = n; i-- > 0;)
+                if (x[i] > 0.0f)
+                        return (uint32_t)i;
+        return TSR_ARGMAX_NONE;         /* unreachable: the maximum's e is 1 */
+}
+
+tsr_status tsr_ref_sample(uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws) {
+        if (!out || !x || !draws || n == 0)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++)
+                if (draws[r].temperature != 0.0f)
+                        out[r] = sample_row(x + r * n, n, &draws[r]);
+        return TSR_OK;
+}
+
 /* x (rows, n) -> out (rows, n): x - max - log(sum exp(x - max)), the sum in double. */
 tsr_status tsr_ref_log_softmax(float *out, const float *x, size_t rows, size_t n) {
         if (!out || !x || n == 0)
@@ -419,6 +544,12 @@ static tsr_status ref_be_argmax(tsr_backend *be, uint32_t *out, const float *x, 
         return tsr_ref_argmax(out, x, rows, n);
 }
 
+static tsr_status ref_be_sample(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n,
+                                const tsr_draw *draws) {
+        (void)be;
+        return tsr_ref_sample(out, x, rows, n, draws);
+}
+
 static tsr_status ref_be_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
                                      size_t rows, size_t dim, float eps) {
         (void)be;
@@ -455,6 +586,7 @@ static tsr_status ref_be_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend
         .softmax = ref_be_softmax,                                                                        \
         .log_softmax = ref_be_log_softmax,                                                                \
         .argmax = ref_be_argmax,                                                                          \
+        .sample = ref_be_sample,                                                                          \
         .add_rmsnorm = ref_be_add_rmsnorm,                                                                \
         .host_tasks = ref_be_host_tasks,                                                                  \
         }

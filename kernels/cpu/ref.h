@@ -23,6 +23,7 @@ tsr_status tsr_ref_add(float *out, const float *a, const float *b, size_t n);
 tsr_status tsr_ref_softmax(float *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_ref_log_softmax(float *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_ref_argmax(uint32_t *out, const float *x, size_t rows, size_t n);
+tsr_status tsr_ref_sample(uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws);
 tsr_status tsr_ref_add_rmsnorm(float *out, float *residual, const float *x, const float *w, size_t rows,
                                size_t dim, float eps);
 

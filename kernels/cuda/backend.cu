@@ -60,7 +60,8 @@ struct cuda_ctx {
         cuda_index_scratch rows;        // kv_write's and attention's rows (upload_rows)
         cuda_scratch act;       // a bf16 matmul's rounded activations
         cuda_scratch attn;      // attention's per-run records (attention.cu's split over the keys)
-        cuda_scratch argmax;    // argmax's row results before their download
+        cuda_scratch argmax;    // argmax's (and sample's) row results before their download
+        cuda_scratch draws;     // sample's per-row parameters
 };
 
 static cuda_ctx *ctx_of(tsr_backend *be) { return static_cast<cuda_ctx *>(be->ctx); }
@@ -143,6 +144,7 @@ static void cuda_ctx_free(void *ctx) {
                 (void)cudaFree(c->act.p);
                 (void)cudaFree(c->attn.p);
                 (void)cudaFree(c->argmax.p);
+                (void)cudaFree(c->draws.p);
                 if (c->stream)
                         (void)cudaStreamDestroy(c->stream);
         }
@@ -472,6 +474,24 @@ static tsr_status cuda_argmax(tsr_backend *be, uint32_t *out, const float *x, si
         return st != TSR_OK ? st : cuda_download(be, out, c->argmax.p, rows * sizeof(uint32_t));
 }
 
+// The draws up, the rows drawn into the scratch, their tokens down (waits).
+static tsr_status cuda_sample(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws) {
+        if (rows > INT_MAX)
+                return TSR_E_INVAL;
+        cuda_ctx *c = ctx_of(be);
+        tsr_status st = use_device(be);
+        if (st == TSR_OK)
+                st = scratch_reserve(c, &c->argmax, rows * sizeof(uint32_t));
+        if (st == TSR_OK)
+                st = scratch_reserve(c, &c->draws, rows * sizeof(tsr_draw));
+        if (st == TSR_OK)
+                st = cuda_upload(be, c->draws.p, draws, rows * sizeof(tsr_draw));
+        if (st == TSR_OK)
+                st = tsr_cuda_sample(c->stream, static_cast<uint32_t *>(c->argmax.p), x, rows, n,
+                                     static_cast<const tsr_draw *>(c->draws.p));
+        return st != TSR_OK ? st : cuda_download(be, out, c->argmax.p, rows * sizeof(uint32_t));
+}
+
 // Built by assignment: C++17 has no designated initialisers.  matmul_scaled stays NULL
 // (fp8/nvfp4 kernels come later: kernels.h's TSR_E_UNSUPPORTED).
 static tsr_backend_ops make_cuda_ops(void) {
@@ -500,6 +520,7 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.softmax = cuda_softmax;
         o.log_softmax = cuda_log_softmax;
         o.argmax = cuda_argmax;
+        o.sample = cuda_sample;
         o.add_rmsnorm = cuda_add_rmsnorm;
         return o;
 }

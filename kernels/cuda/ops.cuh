@@ -31,6 +31,10 @@ tsr_status tsr_cuda_softmax(cudaStream_t stream, float *out, const float *x, siz
 /* argmax.cu: x (rows, n) -> out (rows,) device memory, kernels.h's tsr_backend_argmax rule. */
 tsr_status tsr_cuda_argmax(cudaStream_t stream, uint32_t *out, const float *x, size_t rows, size_t n);
 
+/* sample.cu: kernels.h's tsr_backend_sample, draws (rows,) and out (rows,) device memory. */
+tsr_status tsr_cuda_sample(cudaStream_t stream, uint32_t *out, float *x, size_t rows, size_t n,
+                           const tsr_draw *draws);
+
 /* rope.cu: x (rows, n_heads, head_dim) rotated in place by pos (rows,) and inv_freq (head_dim/2,). */
 tsr_status tsr_cuda_rope(cudaStream_t stream, float *x, size_t rows, size_t n_heads, size_t head_dim,
                          const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout);

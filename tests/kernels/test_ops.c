@@ -1109,6 +1109,113 @@ static void run_argmax(struct col_run *cr) {
                         }
 }
 
+/* ---- sample: every column draws cpu-ref's tokens, bitwise, and leaves its bits in x ---------
+ * kernels.h tsr_backend_sample is one definition (cpu/ref.c), so a column's tokens and the
+ * drawn rows' e values must equal the reference's exactly; test_sample_spec checks the
+ * reference against the distributions it must draw from. */
+static const tsr_draw sample_draws[] = {
+        {1.0f, 0, 1.0f, 0.0f, 0.0},     {1.0f, 0, 1.0f, 0.0f, 0.5},   {0.7f, 5, 1.0f, 0.0f, 0.31},
+        {1.0f, 0, 0.9f, 0.0f, 0.77},    {1.3f, 0, 1.0f, 0.05f, 0.13}, {0.6f, 40, 0.8f, 0.02f, 0.999999},
+        {1e-5f, 0, 1.0f, 0.0f, 0.42},   {1.0f, 1, 1.0f, 0.0f, 0.9},   {0.0f, 0, 1.0f, 0.0f, 0.5},
+};
+
+static void run_sample(struct col_run *cr) {
+        static const size_t an[] = {1, 2, 255, 256, 257, 4097, 49152 + 7};
+        size_t nd = sizeof sample_draws / sizeof *sample_draws;
+        for (int v = 0; v < AV_COUNT; v++)
+                for (size_t i = 0; i < sizeof an / sizeof *an; i++) {
+                        size_t n = an[i], rows = nd;
+                        seed(5000 + (uint64_t)v * 100 + i);
+                        float *x = vec(rows * n), *xr = vec(rows * n), *back = vec(rows * n);
+                        uint32_t got[16], want[16];
+                        for (size_t r = 0; r < rows; r++)
+                                argmax_row(x + r * n, n, v, r);
+                        for (size_t k = 0; k < rows * n; k++)
+                                x[k] *= 4.0f;           /* logits of a few units: draws away from the top */
+                        memcpy(xr, x, rows * n * sizeof(float));
+                        assert_int_equal(tsr_backend_sample(ref, want, xr, rows, n, sample_draws), TSR_OK);
+                        void *dx = dev_copy(cr->be, x, rows * n * sizeof(float));
+                        assert_int_equal(tsr_backend_sample(cr->be, got, dx, rows, n, sample_draws), TSR_OK);
+                        assert_int_equal(tsr_backend_download(cr->be, back, dx, rows * n * sizeof(float)), TSR_OK);
+                        bool ok = true;
+                        for (size_t r = 0; r < rows; r++) {
+                                if (sample_draws[r].temperature == 0.0f) {      /* not drawn: x untouched */
+                                        ok &= memcmp(back + r * n, x + r * n, n * sizeof(float)) == 0;
+                                        continue;
+                                }
+                                if (got[r] != want[r] || memcmp(back + r * n, xr + r * n, n * sizeof(float)) != 0) {
+                                        print_message("FAIL sample %s n=%zu draw %zu: token %u, cpu-ref %u%s\n",
+                                                      av_names[v], n, r, got[r], want[r],
+                                                      memcmp(back + r * n, xr + r * n, n * sizeof(float))
+                                                              ? " (the e values differ)" : "");
+                                        ok = false;
+                                }
+                        }
+                        ok ? cr->n_bitwise++ : cr->n_failed++;
+                        tsr_backend_mem_free(cr->be, dx);
+                        free(x), free(xr), free(back);
+                }
+}
+
+/* The reference draws from the distribution its definition names: over a grid of u, each
+ * token's share is its probability within a grid step (plus exp.h's ulp): plain softmax,
+ * temperature, top_k (ties kept), top_p (the threshold keeps ties), min_p; a NaN row and
+ * an all -inf row draw nothing. */
+static void test_sample_spec(void **state) {
+        (void)state;
+        enum { N = 6, G = 20000 };
+        const float x[N] = {0.0f, 1.0f, 2.0f, 3.0f, 3.0f, -1.0f};
+        struct { tsr_draw d; double p[N]; } cases[] = {
+                {{1.0f, 0, 1.0f, 0.0f, 0}, {0}},        /* filled below: softmax */
+                {{2.0f, 0, 1.0f, 0.0f, 0}, {0}},        /* softmax(x / 2) */
+                {{1.0f, 3, 1.0f, 0.0f, 0}, {0}},        /* the 3 largest: 2, 3, 3 */
+                {{1.0f, 0, 0.5f, 0.0f, 0}, {0, 0, 0, 0.5, 0.5, 0}},     /* the two 3s hold >= half */
+                {{1.0f, 0, 1.0f, 0.3f, 0}, {0}},        /* e >= 0.3: 3, 3, 2 */
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+                tsr_draw d = cases[c].d;
+                double *p = cases[c].p, z = 0;
+                if (c != 3) {
+                        for (int i = 0; i < N; i++) {
+                                bool keep = c == 2 ? x[i] >= 2.0f : c == 4 ? exp(x[i] - 3.0) >= 0.3 : true;
+                                p[i] = keep ? exp((x[i] - 3.0) / d.temperature) : 0;
+                                z += p[i];
+                        }
+                        for (int i = 0; i < N; i++)
+                                p[i] /= z;
+                }
+                size_t count[N] = {0};
+                for (int j = 0; j < G; j++) {
+                        float row[N];
+                        uint32_t tok;
+                        memcpy(row, x, sizeof row);
+                        d.u = (j + 0.5) / G;
+                        assert_int_equal(tsr_backend_sample(ref, &tok, row, 1, N, &d), TSR_OK);
+                        assert_true(tok < N);
+                        count[tok]++;
+                }
+                for (int i = 0; i < N; i++)
+                        if (fabs((double)count[i] / G - p[i]) > 2.0 / G + 1e-6)
+                                fail_msg("sample case %zu token %d: share %.5f, probability %.5f", c, i,
+                                         (double)count[i] / G, p[i]);
+        }
+        float bad[N] = {0, 1, NAN, 2, 3, 4}, neg[N];
+        uint32_t tok = 0;
+        for (int i = 0; i < N; i++)
+                neg[i] = -INFINITY;
+        tsr_draw d = {1.0f, 0, 1.0f, 0.0f, 0.5};
+        assert_int_equal(tsr_backend_sample(ref, &tok, bad, 1, N, &d), TSR_OK);
+        assert_int_equal(tok, TSR_ARGMAX_NONE);
+        assert_int_equal(tsr_backend_sample(ref, &tok, neg, 1, N, &d), TSR_OK);
+        assert_int_equal(tok, TSR_ARGMAX_NONE);
+        d.u = 1.0;              /* u outside [0, 1), T < 0, top_p 0: refused */
+        assert_int_equal(tsr_backend_sample(ref, &tok, bad, 1, N, &d), TSR_E_INVAL);
+        d.u = 0.5, d.temperature = -1.0f;
+        assert_int_equal(tsr_backend_sample(ref, &tok, bad, 1, N, &d), TSR_E_INVAL);
+        d.temperature = 1.0f, d.top_p = 0.0f;
+        assert_int_equal(tsr_backend_sample(ref, &tok, bad, 1, N, &d), TSR_E_INVAL);
+}
+
 static void test_column(void **state) {
         const column *col = *state;
         struct col_run cr = {.col = col};
@@ -1150,6 +1257,10 @@ static void test_column(void **state) {
         }
         if (tsr_backend_supports(cr.be, TSR_OP_ARGMAX, TSR_DTYPE_F32))
                 run_argmax(&cr);
+        else
+                not_run++;
+        if (tsr_backend_supports(cr.be, TSR_OP_SAMPLE, TSR_DTYPE_F32))
+                run_sample(&cr);
         else
                 not_run++;
         for (int t = 0; t < TSR_DTYPE_COUNT; t++)
@@ -1570,6 +1681,7 @@ int main(void) {
                 cmocka_unit_test(test_fp8_e5m2_all_codes),
                 cmocka_unit_test(test_gguf_blocks),
                 cmocka_unit_test(test_nvfp4),
+                cmocka_unit_test(test_sample_spec),
                 {"ops_cpu_ref", test_column, NULL, NULL, (void *)&col_ref},
                 {"ops_cpu_fast_scalar", test_column, NULL, NULL, (void *)&col_scalar},
                 {"ops_cpu_fast_avx2", test_column, NULL, NULL, (void *)&col_avx2},
