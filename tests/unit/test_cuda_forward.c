@@ -12,8 +12,9 @@
  *   3. Paged batching: two sequences through shuffled block tables in one
  *      tsr_llama_forward_batch on CUDA, against each alone on the CPU.  3b: a bfloat16 KV
  *      cache on CUDA against one on the CPU reference (within 1e-3 * max |logit| + 1e-4).
- *      3c: greedy rows answered by their argmax on the device (tsr_llama_seq.argmax) in a
- *      batch with whole rows: the first maxima of the rows, the whole rows bitwise.
+ *      3c: rows answered by their token on the device (tsr_llama_seq.token) in a batch
+ *      with whole rows: an argmax (the row's first maximum) and a draw (cpu-ref's
+ *      tsr_backend_sample of the same row, bitwise), the whole rows bitwise.
  *   4. $TSR_GPU_MODEL (a folder or .gguf; unset: skipped with a line, not a failure),
  *      e.g. the SmolLM2-shaped random model the device script makes: float32 CUDA against
  *      the fast CPU backend, last-position logits of a 96-token prompt within
@@ -293,12 +294,13 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         tsr_llama_free(&mg);
         tsr_llama_free(&mc);
 
-        /* 3c: greedy rows answered by their argmax on the device (tsr_llama_seq.argmax) in a
-         * batch that mixes them with whole rows: the indices are the first maxima of the
-         * rows the same batch downloads whole, the whole rows are bitwise those, and an
-         * argmax row's slot in the logits is left alone. */
+        /* 3c: rows answered by their token on the device (tsr_llama_seq.token) in a batch
+         * that mixes them with whole rows: a greedy row's argmax is the first maximum of the
+         * row the same batch downloads whole, a drawn row's token the reference backend's
+         * draw from that row, the whole rows are bitwise those, and a token row's slot in
+         * the logits is left alone. */
         mg = load_on(path, gpu, false);
-        CHECK(mg, "tiny f32 for argmax");
+        CHECK(mg, "tiny f32 for token rows");
         if (mg) {
                 uint32_t ids[4][256], t[4][4] = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}};
                 size_t n[4], pick[4] = {0, 1, 0, 2};      /* the argmax rows of two different prompts */
@@ -309,7 +311,7 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
                 tsr_llama_kv *pool = NULL;
                 CHECK(tsr_llama_kv_new(mg, 16 * 16, 16, &pool) == TSR_OK, "pool");
                 /* rows: seq 0 its last (argmax), seq 1 all n[1] (prompt logprobs), seq 2 its
-                 * last (whole), seq 3 its last (argmax) */
+                 * last (whole), seq 3 its last (a draw: temperature, top_k, top_p, u) */
                 size_t nrows = 1 + n[1] + 1 + 1, off3 = 1 + n[1] + 1;
                 float *whole = malloc(nrows * vocab * sizeof(float)), *mixed = malloc(nrows * vocab * sizeof(float));
                 uint32_t am[4] = {TSR_ARGMAX_NONE - 1, 0, 0, TSR_ARGMAX_NONE - 1};
@@ -319,23 +321,30 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
                                                   .which = i == 1 ? TSR_LLAMA_LOGITS_ALL : TSR_LLAMA_LOGITS_LAST};
                 tsr_status st = tsr_llama_forward_batch(mg, gpu, pool, seqs, 4, whole);
                 CHECK(st == TSR_OK, "batch, whole rows: %s", tsr_status_str(st));
-                seqs[0].argmax = &am[0];
-                seqs[3].argmax = &am[3];
+                tsr_draw dr = {.temperature = 0.9f, .top_k = 20, .top_p = 0.95f, .u = 0.37};
+                seqs[0].token = &am[0];
+                seqs[3].token = &am[3];
+                seqs[3].draw = &dr;
                 memset(mixed, 0x7f, nrows * vocab * sizeof(float));
                 st = tsr_llama_forward_batch(mg, gpu, pool, seqs, 4, mixed);
-                CHECK(st == TSR_OK, "batch, argmax rows: %s", tsr_status_str(st));
-                CHECK(am[0] == argmax(whole, vocab) && am[3] == argmax(whole + off3 * vocab, vocab),
-                      "argmax %u %u, of the rows %zu %zu", am[0], am[3], argmax(whole, vocab),
-                      argmax(whole + off3 * vocab, vocab));
+                CHECK(st == TSR_OK, "batch, token rows: %s", tsr_status_str(st));
+                /* the draw: what the reference's tsr_backend_sample draws from the whole row */
+                uint32_t want3 = TSR_ARGMAX_NONE;
+                float *row3 = malloc(vocab * sizeof(float));
+                memcpy(row3, whole + off3 * vocab, vocab * sizeof(float));
+                CHECK(tsr_backend_sample(ref, &want3, row3, 1, vocab, &dr) == TSR_OK, "reference draw");
+                free(row3);
+                CHECK(am[0] == argmax(whole, vocab) && am[3] == want3, "argmax %u, draw %u; of the rows %zu, %u",
+                      am[0], am[3], argmax(whole, vocab), want3);
                 CHECK(memcmp(mixed + vocab, whole + vocab, (n[1] + 1) * vocab * sizeof(float)) == 0,
                       "the whole rows between the argmax rows differ");
                 bool untouched = true;
                 for (size_t v = 0; v < vocab; v++)
                         untouched &= memcmp(&mixed[v], &(uint32_t){0x7f7f7f7fu}, 4) == 0 &&
                                      memcmp(&mixed[off3 * vocab + v], &(uint32_t){0x7f7f7f7fu}, 4) == 0;
-                CHECK(untouched, "an argmax row's slot was written");
-                printf("argmax rows on the device: %u and %u, the first maxima of the whole rows; %zu whole rows "
-                       "bitwise\n", am[0], am[3], n[1] + 1);
+                CHECK(untouched, "a token row's slot was written");
+                printf("token rows on the device: argmax %u (the row's first maximum), draw %u (the reference's "
+                       "tsr_backend_sample of the row); %zu whole rows bitwise\n", am[0], am[3], n[1] + 1);
                 tsr_llama_kv_free(&pool);
                 free(whole);
                 free(mixed);

@@ -64,13 +64,18 @@ typedef struct fake_model {
          * reused block would not) */
         uint32_t n_tables;
         uint32_t chunk[TSR_KV_TABLES_MAX];
-        /* As a model on a device (tsr_engine_seq.argmax): a row the engine offers is
+        /* As a model on a device (tsr_engine_seq.token): a greedy row the engine offers is
          * answered with its argmax, and its slot in `logits` filled with NaN (a row the
          * sampler would refuse: so the engine must not read it).  argmax_none: answered
-         * TSR_ARGMAX_NONE instead (a row without a maximum).  answered: how many. */
+         * TSR_ARGMAX_NONE instead (a row without a maximum).  answered: how many.
+         * draws: a sampled row offered (tsr_engine_seq.draw) is answered with
+         * draw_token(u), its draws recorded in drawn[n_drawn]. */
         bool argmax;
         bool argmax_none;
         size_t argmax_answered;
+        bool draws;
+        tsr_draw drawn[64];
+        size_t n_drawn;
 } fake_model;
 
 static uint64_t fnv_more(uint64_t h, const uint32_t *t, size_t n) {
@@ -153,6 +158,9 @@ static tsr_status fake_forward_one(fake_model *m, const uint32_t *bt, size_t n_t
         return TSR_OK;
 }
 
+/* The fake device's draw: a token from u alone (never EOS, 0). */
+static uint32_t draw_token(double u) { return 1 + (uint32_t)(u * (VOCAB - 1)); }
+
 static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
         fake_model *m = ud;
         size_t step_tokens = 0;
@@ -188,20 +196,28 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                                                  any ? logits : NULL);
                 if (st != TSR_OK)
                         return st;
-                if (seqs[i].argmax && m->argmax) {
-                        /* only ever offered for a last row whose token is its plain argmax */
-                        if (seqs[i].want_all_logits || !seqs[i].want_logits ||
-                            *seqs[i].argmax != TSR_ENGINE_ARGMAX_UNSET)
-                                return TSR_E_INTERNAL;
+                /* only ever offered for a last row, never answered before */
+                if (seqs[i].token && (seqs[i].want_all_logits || !seqs[i].want_logits ||
+                                      *seqs[i].token != TSR_ENGINE_TOKEN_UNSET))
+                        return TSR_E_INTERNAL;
+                if (seqs[i].token && !seqs[i].draw && m->argmax) {
                         uint32_t best = 0;
                         for (uint32_t v = 1; v < VOCAB; v++)
                                 if (logits[v] > logits[best])
                                         best = v;
-                        *seqs[i].argmax = m->argmax_none ? UINT32_MAX : best;
+                        *seqs[i].token = m->argmax_none ? UINT32_MAX : best;
                         for (size_t v = 0; v < VOCAB; v++)
                                 logits[v] = NAN;
                         pthread_mutex_lock(&m->mu);
                         m->argmax_answered++;
+                        pthread_mutex_unlock(&m->mu);
+                } else if (seqs[i].token && seqs[i].draw && m->draws) {
+                        *seqs[i].token = draw_token(seqs[i].draw->u);
+                        for (size_t v = 0; v < VOCAB; v++)
+                                logits[v] = NAN;
+                        pthread_mutex_lock(&m->mu);
+                        if (m->n_drawn < sizeof m->drawn / sizeof m->drawn[0])
+                                m->drawn[m->n_drawn++] = *seqs[i].draw;
                         pthread_mutex_unlock(&m->mu);
                 }
                 logits += (seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0) * VOCAB;
@@ -327,6 +343,9 @@ static void stop(harness *h) {
 
 typedef struct submit_opts {
         float temperature;        /* 0: greedy */
+        int32_t top_k;            /* 0: off */
+        float top_p, min_p;       /* 0: off (vLLM's 1 and 0) */
+        float presence_penalty;
         bool has_seed;
         uint64_t seed;
         uint32_t min_tokens;
@@ -356,6 +375,12 @@ static void submit_full(harness *h, const char *id, const uint32_t *prompt, size
         }
         tsr_sampling_init(&s->sampling);
         s->sampling.temperature = so ? so->temperature : 0.0f;   /* greedy by default */
+        if (so && so->top_k)
+                s->sampling.top_k = so->top_k;
+        if (so && so->top_p > 0.0f)
+                s->sampling.top_p = so->top_p;
+        if (so)
+                s->sampling.min_p = so->min_p, s->sampling.presence_penalty = so->presence_penalty;
         s->has_seed = so && so->has_seed;
         s->seed = so ? so->seed : 0;
         s->min_tokens = so ? so->min_tokens : 0;
@@ -503,6 +528,57 @@ static void test_single_request_greedy(void **state) {
         assert_int_equal(res[0].finish, TSR_ENGINE_FINISH_LENGTH);
         pthread_mutex_lock(&h->fm.mu);
         assert_int_equal(h->fm.argmax_answered, g_argmax ? 20 : 0);   /* every token, the prefill's too */
+        pthread_mutex_unlock(&h->fm.mu);
+        stop(h);
+}
+
+/* A sampled request whose row needs nothing but its token (no logprobs, bias, penalties)
+ * is offered to the model as a draw: the request's temperature, top_k, top_p, min_p and
+ * the uniform tsr_sample would use at that position (its seed's Philox stream), and the
+ * model's token is the output; with logprobs or a penalty the row is sampled by the
+ * engine as before (nothing offered). */
+static void test_device_draws(void **state) {
+        enum { MAX = 5 };
+        harness *h = held(64, 64, 8, false, 0);
+        uint32_t prompt[6];
+        result res[1];
+        const char *ids[] = {"d"};
+        memset(res, 0, sizeof(res));
+        h->fm.draws = true;
+        make_prompt(prompt, 6, 5);
+        submit_full(h, "d", prompt, 6, MAX, NULL, 0, -1, -1,
+                    &(submit_opts){.temperature = 0.8f, .top_k = 5, .top_p = 0.9f, .min_p = 0.1f, .has_seed = true,
+                                   .seed = 7});
+        go(h);
+        collect(h, ids, res, 1);
+        assert_int_equal(res[0].n, MAX);
+        pthread_mutex_lock(&h->fm.mu);
+        assert_int_equal(h->fm.n_drawn, MAX);
+        for (size_t i = 0; i < MAX; i++) {
+                const tsr_draw *d = &h->fm.drawn[i];
+                assert_true(d->temperature == 0.8f && d->top_k == 5 && d->top_p == 0.9f && d->min_p == 0.1f);
+                /* the engine's key of seed 7 (engine.c), position i of the output */
+                assert_true(d->u == tsr_sampler_uniform(7 * 0x9e3779b97f4a7c15ull + 1, i));
+                assert_int_equal(res[0].tokens[i], draw_token(d->u));
+        }
+        pthread_mutex_unlock(&h->fm.mu);
+        stop(h);
+
+        /* logprobs, or a penalty: sampled by the engine, nothing offered */
+        h = held(64, 64, 8, false, 0);
+        h->fm.draws = true;
+        const char *ids2[] = {"lp", "pen"};
+        result res2[2];
+        memset(res2, 0, sizeof(res2));
+        submit_full(h, "lp", prompt, 6, MAX, NULL, 0, 1, -1, &(submit_opts){.temperature = 0.8f});
+        submit_full(h, "pen", prompt, 6, MAX, NULL, 0, -1, -1,
+                    &(submit_opts){.temperature = 0.8f, .presence_penalty = 0.5f});
+        go(h);
+        collect(h, ids2, res2, 2);
+        assert_int_equal(res2[0].n, MAX);
+        assert_int_equal(res2[1].n, MAX);
+        pthread_mutex_lock(&h->fm.mu);
+        assert_int_equal(h->fm.n_drawn, 0);
         pthread_mutex_unlock(&h->fm.mu);
         stop(h);
 }
@@ -1889,6 +1965,7 @@ int main(void) {
                 cmocka_unit_test(test_structured_output_after_reasoning),
                 cmocka_unit_test(test_single_request_greedy),
                 cmocka_unit_test(test_argmax_none_is_an_error),
+                cmocka_unit_test(test_device_draws),
                 cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),
                 cmocka_unit_test(test_prefix_cache_hit_same_output),
                 cmocka_unit_test(test_hybrid_tables),

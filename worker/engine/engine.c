@@ -120,10 +120,11 @@ typedef struct sched_entry {
          * sampled by the engine (or step) thread or by the "sample" thread (sample_rows) */
         const float *sample_logits;
         tsr_sample_result sample;
-        /* a greedy row the model may answer with its argmax (tsr_engine_seq.argmax);
-         * argmax_taken: it did, and `sample` holds that token */
-        uint32_t argmax;
-        bool argmax_taken;
+        /* a row whose token the model may give instead of the row (tsr_engine_seq.token,
+         * with `draw` for a sampled one); token_taken: it did, and `sample` holds it */
+        uint32_t dev_token;
+        tsr_draw draw;
+        bool token_taken;
         /* structured output: its mask is filled (the mask thread, while the forward
          * runs) into row mask_row of engine.gmask for n_output tokens; mask_st the fill's */
         bool constrained;
@@ -1217,20 +1218,30 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
         return true;
 }
 
-/* The chunks whose token is the plain argmax of their row (tsr_sampling_plain_argmax,
- * and no grammar mask): the model may answer them with that index instead of the row
- * (a device then reads back 4 bytes, not the vocabulary's floats).  After plan_masks:
- * it needs the entries' constrained flags. */
-static void plan_argmax(step_plan *p) {
+/* The chunks whose token needs nothing of the row but the token (tsr_sampling_device_ok,
+ * and no grammar mask): the model may give the token instead of the row (a device then
+ * reads back 4 bytes, not the vocabulary's floats): the argmax of a greedy one, else a
+ * draw with the request's parameters and the uniform tsr_sample would use at this
+ * position (the request's Philox stream: a seed gives the same tokens again).  After
+ * plan_masks: it needs the entries' constrained flags. */
+static void plan_device_tokens(step_plan *p) {
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 tsr_engine_seq *q = &p->seqs[i];
                 const slot *s = pe->s;
-                pe->argmax = TSR_ENGINE_ARGMAX_UNSET;
-                q->argmax = q->want_logits && !q->want_all_logits && !pe->constrained &&
-                                            tsr_sampling_plain_argmax(&s->sampling, s->n_tokens - s->n_prompt)
-                                    ? &pe->argmax
-                                    : NULL;
+                size_t n_output = s->n_tokens - s->n_prompt;
+                const tsr_sampling *sp = &s->sampling;
+                pe->dev_token = TSR_ENGINE_TOKEN_UNSET;
+                q->token = NULL;
+                q->draw = NULL;
+                if (!q->want_logits || q->want_all_logits || pe->constrained || !tsr_sampling_device_ok(sp, n_output))
+                        continue;
+                q->token = &pe->dev_token;
+                if (sp->temperature < TSR_SAMPLER_GREEDY_EPS)
+                        continue;       /* the argmax */
+                pe->draw = (tsr_draw){.temperature = sp->temperature, .top_k = sp->top_k, .top_p = sp->top_p,
+                                      .min_p = sp->min_p, .u = tsr_sampler_uniform(s->rng_key, n_output)};
+                q->draw = &pe->draw;
         }
 }
 
@@ -1291,7 +1302,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
         if (n_masks)
                 job_launch(&e->mask_thread, p);
         if (p->st == TSR_OK) {
-                plan_argmax(p);
+                plan_device_tokens(p);
                 p->st = m->forward(m->ud, p->seqs, p->n, e->logits);
         }
         if (n_masks)
@@ -1308,7 +1319,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 pe->sampled = false;
                 pe->has_lp = false;
                 pe->sample_logits = NULL;
-                pe->argmax_taken = false;
+                pe->token_taken = false;
                 if (!constrained)
                         pe->grammar_end = false;   /* the others': their fill's */
                 if ((pe->st = p->st) != TSR_OK)
@@ -1317,11 +1328,11 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                         continue;
                 if (!q->want_logits)
                         continue;   /* a prefill chunk: nothing to sample */
-                if (q->argmax && pe->argmax != TSR_ENGINE_ARGMAX_UNSET) {   /* the model's argmax: tsr_sample's token */
-                        if (pe->argmax >= m->vocab)
+                if (q->token && pe->dev_token != TSR_ENGINE_TOKEN_UNSET) {         /* the model's token */
+                        if (pe->dev_token >= m->vocab)
                                 pe->st = TSR_E_INVAL;   /* no maximum: tsr_sample's answer to such a row */
-                        pe->sample = (tsr_sample_result){.token = pe->argmax};
-                        pe->argmax_taken = true;
+                        pe->sample = (tsr_sample_result){.token = pe->dev_token};
+                        pe->token_taken = true;
                         continue;
                 }
                 logits = q->want_all_logits ? rows + (q->n - 1) * m->vocab : rows;
@@ -1354,7 +1365,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 sched_entry *pe = &p->entries[i];
                 slot *s = pe->s;
                 bool constrained = n_masks && pe->constrained;
-                if ((!pe->sample_logits && !pe->argmax_taken) || pe->st != TSR_OK)
+                if ((!pe->sample_logits && !pe->token_taken) || pe->st != TSR_OK)
                         continue;
                 if (constrained && (pe->st = tsr_grammar_accept(s->gm, pe->sample.token)) != TSR_OK)
                         continue;   /* cannot happen: the mask allowed it */

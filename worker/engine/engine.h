@@ -32,6 +32,7 @@
 #include "common/block_hash.h"
 #include "common/queue.h"
 #include "grammar/pool.h"
+#include "kernels/kernels.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/engine/sampler.h"
 
@@ -67,16 +68,20 @@ typedef struct tsr_engine_seq {
         bool want_logits;              /* the chunk ends the known tokens: sample after it */
         bool want_all_logits;          /* prompt_logprobs: a row for every token of the chunk */
         uint32_t state_slot;           /* its recurrent-state slot (params.state_slots > 0), else 0 */
-        /* NULL, or (want_logits without want_all_logits) the chunk's token is the argmax of
-         * its row as it stands (a greedy request with nothing that changes the row:
-         * tsr_sampling_plain_argmax): a model may then write that index here
-         * (TSR_ARGMAX_NONE: the row has no maximum, a NaN or +inf in it) instead of the
-         * row, whose slot in `logits` it leaves unwritten.  The engine sets it to
-         * TSR_ENGINE_ARGMAX_UNSET first and samples the row when it is still that. */
-        uint32_t *argmax;
+        /* NULL, or (want_logits without want_all_logits) the chunk's token may come from the
+         * model instead of its row (a request with nothing that needs the row itself:
+         * tsr_sampling_device_ok): with `draw` NULL the row's argmax as it stands (a greedy
+         * request), else the token kernels.h's tsr_backend_sample draws with *draw (the
+         * request's temperature, top_k, top_p, min_p and its Philox uniform for this
+         * position).  A model on a device may write it here (an index >= the vocabulary,
+         * TSR_ARGMAX_NONE: the row has no maximum, a NaN or +inf in it) and leave the
+         * row's slot in `logits` unwritten.  The engine sets it to TSR_ENGINE_TOKEN_UNSET
+         * first and samples the row itself when it is still that. */
+        uint32_t *token;
+        const tsr_draw *draw;
 } tsr_engine_seq;
 
-#define TSR_ENGINE_ARGMAX_UNSET (UINT32_MAX - 1)
+#define TSR_ENGINE_TOKEN_UNSET (UINT32_MAX - 1)
 
 /* A decode: one new token after some context, sampled, no prompt logprobs.  Anything
  * else computes prompt tokens (the step timing model and the simulated worker's cost

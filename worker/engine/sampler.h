@@ -105,12 +105,14 @@ void tsr_sampling_init(tsr_sampling *s);
  * refuse a request before it runs. */
 tsr_status tsr_sampling_check(const tsr_sampling *s, size_t vocab);
 
-/* Whether tsr_sample's token after n_output tokens is the first maximum of the row as
- * given, with nothing else to report: greedy, no logprobs, and no processor or penalty
- * that could move the maximum (allowed ids, logit bias, an active min_tokens mask,
- * repetition/presence/frequency penalties).  tsr_sample then returns that index, or
- * TSR_E_INVAL for a row holding NaN or +inf or only -inf; a device may compute it in
- * place of the row's download (engine.h tsr_engine_seq.argmax). */
+/* Whether the token after n_output tokens needs nothing of the row but the token: no
+ * logprobs, and no processor or penalty (allowed ids, logit bias, an active min_tokens
+ * mask, repetition/presence/frequency penalties), so only temperature, top_k, top_p and
+ * min_p shape it; a device may then pick it in place of the row's download (engine.h
+ * tsr_engine_seq.token). */
+bool tsr_sampling_device_ok(const tsr_sampling *s, size_t n_output);
+/* tsr_sampling_device_ok and greedy: tsr_sample's token is the first maximum of the row
+ * as given (TSR_E_INVAL for a row holding NaN or +inf or only -inf). */
 bool tsr_sampling_plain_argmax(const tsr_sampling *s, size_t n_output);
 
 /* Sample the next token of one sequence.

@@ -146,10 +146,10 @@ struct tsr_model_family {
         /* A family with per-request state (a TSR_KV_MAMBA_STATE group): the engine's state
          * slot of the sequence `seq_fill` just filled.  NULL for families without. */
         void (*seq_set_state_slot)(void *seq, uint32_t slot);
-        /* A family whose model on a device can hand back a greedy row's argmax instead
-         * of the row (tsr_engine_seq.argmax): set it on the sequence `seq_fill` just
+        /* A family whose model on a device can hand back a row's token instead of the row
+         * (tsr_engine_seq.token and .draw): set them on the sequence `seq_fill` just
          * filled.  NULL: the rows always come back whole. */
-        void (*seq_set_argmax)(void *seq, uint32_t *argmax);
+        void (*seq_set_token)(void *seq, uint32_t *token, const tsr_draw *draw);
 };
 
 /* ---- pipeline stages: the forward_stage contract, shared by the families -------------- */

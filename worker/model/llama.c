@@ -1009,27 +1009,38 @@ static size_t seq_logit_rows(const tsr_llama_seq *q) {
                         goto done;              \
         } while (0)
 
+/* Whether sequence q's last row comes back as its token (seq.token). */
+static bool token_only(const tsr_llama_seq *q) { return q->token && q->which == TSR_LLAMA_LOGITS_LAST; }
+
 /* The step's logits rows `lg` (n_rows, vocab) from the device into `logits`, in sequence
- * order: a sequence that asks only for its last row's argmax (seq.argmax) gets that index
- * and its slot in `logits` stays unwritten; the other rows come back whole, each run of
- * neighbours in one copy.  A decode step of greedy requests so reads 4 bytes a row
- * instead of vocab * 4 (at 256 rows of a 49152-entry vocabulary, 50 MB a step). */
-static tsr_status logits_to_host(tsr_backend *be, const tsr_llama_seq *seqs, size_t n_seqs, float *logits,
-                                 const float *lg, size_t n_rows, size_t vocab) {
-        size_t n_argmax = 0, row_bytes = vocab * sizeof(float);
+ * order: a sequence that asks only for its last row's token (seq.token) gets it (the
+ * argmax, or with seq.draw a tsr_backend_sample draw, which overwrites that row on the
+ * device) and its slot in `logits` stays unwritten; the other rows come back whole, each
+ * run of neighbours in one copy.  A decode step so reads 4 bytes a row instead of
+ * vocab * 4 (at 256 rows of a 49152-entry vocabulary, 50 MB a step). */
+static tsr_status logits_to_host(tsr_backend *be, const tsr_llama_seq *seqs, size_t n_seqs, float *logits, float *lg,
+                                 size_t n_rows, size_t vocab) {
+        size_t n_argmax = 0, n_draw = 0, row_bytes = vocab * sizeof(float);
         for (size_t i = 0; i < n_seqs; i++)
-                n_argmax += seqs[i].argmax && seqs[i].which == TSR_LLAMA_LOGITS_LAST;
-        if (n_argmax == 0)
+                if (token_only(&seqs[i]))
+                        seqs[i].draw ? n_draw++ : n_argmax++;
+        if (n_argmax + n_draw == 0)
                 return tsr_backend_download(be, logits, lg, n_rows * row_bytes);
-        uint32_t *idx = malloc(n_rows * sizeof *idx);
-        if (!idx)
-                return TSR_E_NOMEM;
-        tsr_status st = tsr_backend_argmax(be, idx, lg, n_rows, vocab);
+        uint32_t *idx = malloc(n_rows * sizeof *idx), *drawn = malloc(n_rows * sizeof *drawn);
+        tsr_draw *draws = calloc(n_rows, sizeof *draws);        /* temperature 0: not drawn */
+        tsr_status st = idx && drawn && draws ? TSR_OK : TSR_E_NOMEM;
+        for (size_t i = 0, row = 0; i < n_seqs && st == TSR_OK; row += seq_logit_rows(&seqs[i]), i++)
+                if (token_only(&seqs[i]) && seqs[i].draw)
+                        draws[row] = *seqs[i].draw;
+        if (st == TSR_OK && n_argmax)           /* before the draws: those overwrite their rows */
+                st = tsr_backend_argmax(be, idx, lg, n_rows, vocab);
+        if (st == TSR_OK && n_draw)
+                st = tsr_backend_sample(be, drawn, lg, n_rows, vocab, draws);
         size_t row = 0, run = 0;        /* rows [run, row) still to download */
         for (size_t i = 0; i < n_seqs && st == TSR_OK; i++) {
                 size_t rows = seq_logit_rows(&seqs[i]);
-                if (seqs[i].argmax && seqs[i].which == TSR_LLAMA_LOGITS_LAST) {
-                        *seqs[i].argmax = idx[row];
+                if (token_only(&seqs[i])) {
+                        *seqs[i].token = seqs[i].draw ? drawn[row] : idx[row];
                         st = tsr_backend_download(be, (char *)logits + run * row_bytes, (const char *)lg + run * row_bytes,
                                                   (row - run) * row_bytes);
                         run = row + rows;
@@ -1040,6 +1051,8 @@ static tsr_status logits_to_host(tsr_backend *be, const tsr_llama_seq *seqs, siz
                 st = tsr_backend_download(be, (char *)logits + run * row_bytes, (const char *)lg + run * row_bytes,
                                           (row - run) * row_bytes);
         free(idx);
+        free(drawn);
+        free(draws);
         return st;
 }
 

@@ -165,11 +165,13 @@ typedef struct tsr_llama_seq {
         size_t n;
         size_t past_len;
         tsr_llama_logits which;         /* NONE, LAST (1 row) or ALL (n rows) */
-        /* NULL, or (which LAST) where a model on a device may put the row's argmax
-         * instead of downloading the row (kernels.h tsr_backend_argmax: TSR_ARGMAX_NONE
-         * for a row without a maximum); its slot in `logits` is then left unwritten.  A
-         * model on the host leaves it as it is (the engine's greedy request, engine.h). */
-        uint32_t *argmax;
+        /* NULL, or (which LAST) where a model on a device may put the row's token instead of
+         * downloading the row: its argmax (kernels.h tsr_backend_argmax) with `draw` NULL,
+         * else tsr_backend_sample's draw with *draw (TSR_ARGMAX_NONE for a row without a
+         * maximum); its slot in `logits` is then left unwritten.  A model on the host
+         * leaves it as it is (engine.h tsr_engine_seq.token). */
+        uint32_t *token;
+        const tsr_draw *draw;
 } tsr_llama_seq;
 
 /* Several sequences over one shared pool in a single pass: their rows are stacked so

@@ -171,10 +171,10 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
                 st = tsr_nodes_step(r->nodes, seqs, n_seqs, 2 * n_tokens * r->hidden, rows * r->em.vocab, node0_stage,
                                     &q, logits);
         } else if (r->n_stages == 1) {
-                /* one process, one rank: the step's greedy rows may come back as their argmax */
-                if (r->fam->seq_set_argmax)
+                /* one process, one rank: rows may come back as their token (argmax or draw) */
+                if (r->fam->seq_set_token)
                         for (size_t i = 0; i < n_seqs; i++)
-                                r->fam->seq_set_argmax(ls + i * r->fam->seq_size, seqs[i].argmax);
+                                r->fam->seq_set_token(ls + i * r->fam->seq_size, seqs[i].token, seqs[i].draw);
                 st = r->fam->forward_batch(r->stages[0].model, r->stages[0].be, r->stages[0].pool, ls, n_seqs,
                                            logits);
         } else {
