@@ -156,8 +156,11 @@ static int bind_loopback(int port) {
  * and the supervisor restarts it on the same ports.  They are taken below the kernel's
  * ephemeral range (ip_local_port_range), where no outgoing connection (the router's
  * ZeroMQ reconnects, HTTP clients) can be given P+1 as its local port in the meantime:
- * CI once saw a worker restarted 7 times on a Status port held that way. */
-static int pick_port_pair(void) {
+ * CI once saw a worker restarted 7 times on a Status port held that way.  Neither may be
+ * `avoid`, the router's HTTP port, which is free until the router binds it: CI once saw
+ * the pair drawn on it, the worker restarted every 30 s on a port the router held and
+ * the router's ZeroMQ talking to its own HTTP server. */
+static int pick_port_pair(int avoid) {
         int lo = 32768, hi = 60999;
         FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
         if (f) {
@@ -169,6 +172,8 @@ static int pick_port_pair(void) {
                 unsigned seed = (unsigned)getpid() ^ (unsigned)tsr_now_ms();
                 for (int tries = 0; tries < 200; tries++) {
                         int port = 10000 + (int)(rand_r(&seed) % (unsigned)(lo - 10000 - 1));
+                        if (port == avoid || port + 1 == avoid)
+                                continue;
                         int fd = bind_loopback(port), fd2 = fd >= 0 ? bind_loopback(port + 1) : -1;
                         if (fd >= 0)
                                 close(fd);
@@ -186,7 +191,7 @@ static int pick_port_pair(void) {
                         return -1;
                 getsockname(fd, (struct sockaddr *)&a, &alen);
                 int port = ntohs(a.sin_port);
-                fd2 = port < 65535 ? bind_loopback(port + 1) : -1;
+                fd2 = port < 65535 && port + 1 != avoid && port != avoid ? bind_loopback(port + 1) : -1;
                 close(fd);
                 if (fd2 >= 0) {
                         close(fd2);
@@ -330,7 +335,7 @@ int main(int argc, char **argv) {
                 else
                         snprintf(worker_spec, sizeof(worker_spec), "%s", cfg.worker_listen);
         } else {
-                int port = pick_port_pair();
+                int port = pick_port_pair(cfg.port);
                 if (port < 0) {
                         fprintf(stderr, "tessera serve: error: no free loopback port for the worker\n");
                         rc = 1;
