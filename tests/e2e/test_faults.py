@@ -274,11 +274,14 @@ def test_kill_one_of_two_workers_under_32_streams(spawn, demo_model, watches):
     sequences, so it holds queued requests (no token yet) and running ones (mid
     stream) when it is killed -9.  The router stays up; every stream ends within the
     deadline: the queued ones are retried on the survivor and complete, the running
-    ones end with an error event, and nothing else happens."""
+    ones end with an error event, and nothing else happens.  Round robin puts half the
+    streams on the victim: a load-aware policy sends it no more than it runs at once
+    when the survivor keeps up (ci44 saw exactly 2 there, no queue, and the wait below
+    timed out)."""
     victim, vport = start_worker(spawn, demo_model, "--max-num-seqs", "2")
     survivor, sport = start_worker(spawn, demo_model)
     vstatus = watches(vport + 1)
-    router, base = start_router(spawn, [vport, sport])
+    router, base = start_router(spawn, [vport, sport], "--routing-policy", "round_robin")
     wait_serving(router, base, 2)
     retries0 = metric(base, "tessera:request_retries_total") or metric(base, "tessera:request_retries")
 
