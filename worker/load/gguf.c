@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/arena.h"
+#include "common/tsr_status.h"
 
 #define GGUF_MAGIC "GGUF"
 /* Smallest encodings, used to reject counts that the bytes left could never hold:
@@ -797,5 +799,53 @@ tsr_status tsr_gguf_array_elem(const tsr_gguf_value *arr, uint64_t i, tsr_gguf_v
                 e._data = arr->_data + i * gguf_type_sizes[arr->elem_type];
         }
         *ret = e;
+        return TSR_OK;
+}
+
+tsr_status tsr_gguf_arch_u32(const tsr_gguf *g, const char *path, const char *arch, const char *key, bool required,
+                             uint32_t def, int64_t elem, uint32_t *ret, char *err, size_t errlen) {
+        char name[128];
+        uint64_t v;
+        tsr_gguf_value e;
+        snprintf(name, sizeof name, "%s.%s", arch, key);
+        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, name);
+        if (!kv) {
+                if (required) {
+                        tsr_errf(err, errlen, "%s: metadata key '%s' missing", path, name);
+                        return TSR_E_INVAL;
+                }
+                *ret = def;
+                return TSR_OK;
+        }
+        const tsr_gguf_value *val = &kv->value;
+        if (kv->value.type == TSR_GGUF_TYPE_ARRAY) {
+                if (elem < 0 || tsr_gguf_array_elem(&kv->value, (uint64_t)elem, &e) != TSR_OK) {
+                        tsr_errf(err, errlen, "%s: metadata key '%s': expected %s", path, name,
+                                 elem < 0 ? "a number" : "an entry per layer");
+                        return TSR_E_INVAL;
+                }
+                val = &e;
+        }
+        if (tsr_gguf_get_u64(val, &v) != TSR_OK || v > UINT32_MAX) {
+                tsr_errf(err, errlen, "%s: metadata key '%s': expected an unsigned 32-bit integer", path, name);
+                return TSR_E_INVAL;
+        }
+        *ret = (uint32_t)v;
+        return TSR_OK;
+}
+
+tsr_status tsr_gguf_arch_f64(const tsr_gguf *g, const char *path, const char *arch, const char *key, double def,
+                             double *ret, char *err, size_t errlen) {
+        char name[128];
+        snprintf(name, sizeof name, "%s.%s", arch, key);
+        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, name);
+        if (!kv) {
+                *ret = def;
+                return TSR_OK;
+        }
+        if (tsr_gguf_get_f64(&kv->value, ret) != TSR_OK || !isfinite(*ret)) {
+                tsr_errf(err, errlen, "%s: metadata key '%s': expected a finite number", path, name);
+                return TSR_E_INVAL;
+        }
         return TSR_OK;
 }

@@ -156,6 +156,17 @@ tsr_status tsr_gguf_get_str(const tsr_gguf_value *v, const char **s, size_t *len
  * TSR_E_INVAL if `arr` is not an array, TSR_E_NOTFOUND if i >= count.  O(1). */
 tsr_status tsr_gguf_array_elem(const tsr_gguf_value *arr, uint64_t i, tsr_gguf_value *ret);
 
+/* A model family's metadata key "<arch>.<key>" as a u32, for the config readers: an
+ * array value's element `elem` (a per-layer list; elem < 0: an array is an error), a
+ * scalar as it is.  Absent: *ret = def unless `required`.  TSR_E_INVAL with `err` naming
+ * `path` and the key ("missing", "expected an unsigned 32-bit integer", "expected an
+ * entry per layer"). */
+tsr_status tsr_gguf_arch_u32(const tsr_gguf *g, const char *path, const char *arch, const char *key, bool required,
+                             uint32_t def, int64_t elem, uint32_t *ret, char *err, size_t errlen);
+/* The same as a finite number (never required: absent is def). */
+tsr_status tsr_gguf_arch_f64(const tsr_gguf *g, const char *path, const char *arch, const char *key, double def,
+                             double *ret, char *err, size_t errlen);
+
 /* Tensors, in file order.  Names are unique (duplicates are rejected at open). */
 size_t tsr_gguf_n_tensors(const tsr_gguf *g);
 const tsr_gguf_tensor *tsr_gguf_tensor_at(const tsr_gguf *g, size_t i);

@@ -208,20 +208,16 @@ static tsr_status from_root(json_t *root, const char *path, tsr_llama4_config **
         return TSR_OK;
 }
 
-/* "llama4.<key>" as a u32 in [lo, hi]; absent: TSR_E_INVAL naming it. */
+/* "llama4.<key>", required, as a u32 in [lo, hi] (gguf.h's reader, then the range). */
 static tsr_status gguf_u32(const tsr_gguf *g, const char *path, const char *key, uint32_t lo, uint32_t hi,
                            uint32_t *ret, char *err, size_t errlen) {
-        char name[96];
-        uint64_t v;
-        snprintf(name, sizeof name, "llama4.%s", key);
-        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, name);
-        if (!kv || tsr_gguf_get_u64(&kv->value, &v) != TSR_OK || v < lo || v > hi) {
-                tsr_errf(err, errlen, "%s: metadata key '%s' %s (expected an integer in [%" PRIu32 ", %" PRIu32 "])",
-                        path, name, kv ? "out of range or not an integer" : "missing", lo, hi);
+        tsr_status st = tsr_gguf_arch_u32(g, path, "llama4", key, true, 0, -1, ret, err, errlen);
+        if (st == TSR_OK && (*ret < lo || *ret > hi)) {
+                tsr_errf(err, errlen, "%s: metadata key 'llama4.%s' %" PRIu32 " out of range (expected [%" PRIu32
+                        ", %" PRIu32 "])", path, key, *ret, lo, hi);
                 return TSR_E_INVAL;
         }
-        *ret = (uint32_t)v;
-        return TSR_OK;
+        return st;
 }
 
 tsr_status tsr_llama4_config_from_gguf(const tsr_gguf *g, const char *path, tsr_llama4_config **ret, char *err,

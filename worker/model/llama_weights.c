@@ -16,45 +16,10 @@
 
 /* ---- config ------------------------------------------------------------------------ */
 
-/* Read "<arch>.<suffix>" as a u32.  Absent: *ret = def when !required, else TSR_E_INVAL. */
+/* The shared GGUF key readers, scalars only here (gguf.h). */
 static tsr_status cfg_u32(const tsr_gguf *g, const char *path, const char *arch, const char *suffix, bool required,
                           uint32_t def, uint32_t *ret, char *err, size_t errlen) {
-        char key[128];
-        uint64_t v;
-
-        snprintf(key, sizeof key, "%s.%s", arch, suffix);
-        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, key);
-        if (!kv) {
-                if (required) {
-                        tsr_errf(err, errlen, "%s: metadata key '%s' missing", path, key);
-                        return TSR_E_INVAL;
-                }
-                *ret = def;
-                return TSR_OK;
-        }
-        if (tsr_gguf_get_u64(&kv->value, &v) != TSR_OK || v > UINT32_MAX) {
-                tsr_errf(err, errlen, "%s: metadata key '%s': expected an unsigned 32-bit integer", path, key);
-                return TSR_E_INVAL;
-        }
-        *ret = (uint32_t)v;
-        return TSR_OK;
-}
-
-static tsr_status cfg_f64(const tsr_gguf *g, const char *path, const char *arch, const char *suffix, double def,
-                          double *ret, char *err, size_t errlen) {
-        char key[128];
-
-        snprintf(key, sizeof key, "%s.%s", arch, suffix);
-        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, key);
-        if (!kv) {
-                *ret = def;
-                return TSR_OK;
-        }
-        if (tsr_gguf_get_f64(&kv->value, ret) != TSR_OK || !isfinite(*ret)) {
-                tsr_errf(err, errlen, "%s: metadata key '%s': expected a finite number", path, key);
-                return TSR_E_INVAL;
-        }
-        return TSR_OK;
+        return tsr_gguf_arch_u32(g, path, arch, suffix, required, def, -1, ret, err, errlen);
 }
 
 tsr_status tsr_llama_config_from_gguf(const tsr_gguf *g, const char *path, tsr_llama_config *ret,
@@ -117,8 +82,8 @@ tsr_status tsr_llama_config_from_gguf_arch(const tsr_gguf *g, const char *path, 
                         " (partial rotary is not supported)", path, arch, rot_dim, c.head_dim);
                 return TSR_E_UNSUPPORTED;
         }
-        if ((st = cfg_f64(g, path, arch, "attention.layer_norm_rms_epsilon", 1e-5, &eps, err, errlen)) ||
-            (st = cfg_f64(g, path, arch, "rope.freq_base", 10000.0, &c.rope_theta, err, errlen)))
+        if ((st = tsr_gguf_arch_f64(g, path, arch, "attention.layer_norm_rms_epsilon", 1e-5, &eps, err, errlen)) ||
+            (st = tsr_gguf_arch_f64(g, path, arch, "rope.freq_base", 10000.0, &c.rope_theta, err, errlen)))
                 return st;
         if (eps <= 0 || c.rope_theta <= 0) {
                 tsr_errf(err, errlen, "%s: rms epsilon and rope.freq_base must be positive", path);

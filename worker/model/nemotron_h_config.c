@@ -235,52 +235,19 @@ static tsr_status from_json(const char *path, json_t *root, tsr_nemotron_h_confi
 
 /* ---- GGUF ----------------------------------------------------------------------------- */
 
-/* "<arch>.<key>" as a u32 (element `elem` of an array, or the scalar whatever `elem`);
- * absent: def unless required. */
+/* gguf.h's key readers (a short name for the many keys below; gguf_f32: as a float). */
 static tsr_status gguf_u32(const tsr_gguf *g, const char *path, const char *arch, const char *key, bool required,
                            uint32_t def, int64_t elem, uint32_t *ret, char *err, size_t errlen) {
-        char name[128];
-        uint64_t v;
-        tsr_gguf_value e;
-        snprintf(name, sizeof name, "%s.%s", arch, key);
-        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, name);
-        if (!kv) {
-                if (required) {
-                        tsr_errf(err, errlen, "%s: metadata key '%s' missing", path, name);
-                        return TSR_E_INVAL;
-                }
-                *ret = def;
-                return TSR_OK;
-        }
-        const tsr_gguf_value *val = &kv->value;
-        if (kv->value.type == TSR_GGUF_TYPE_ARRAY) {
-                if (elem < 0 || tsr_gguf_array_elem(&kv->value, (uint64_t)elem, &e) != TSR_OK) {
-                        tsr_errf(err, errlen, "%s: metadata key '%s': expected %s", path, name,
-                                elem < 0 ? "a number" : "an entry per layer");
-                        return TSR_E_INVAL;
-                }
-                val = &e;
-        }
-        if (tsr_gguf_get_u64(val, &v) != TSR_OK || v > UINT32_MAX) {
-                tsr_errf(err, errlen, "%s: metadata key '%s': expected an unsigned 32-bit integer", path, name);
-                return TSR_E_INVAL;
-        }
-        *ret = (uint32_t)v;
-        return TSR_OK;
+        return tsr_gguf_arch_u32(g, path, arch, key, required, def, elem, ret, err, errlen);
 }
 
 static tsr_status gguf_f32(const tsr_gguf *g, const char *path, const char *arch, const char *key, double def,
                            float *ret, char *err, size_t errlen) {
-        char name[128];
-        double v = def;
-        snprintf(name, sizeof name, "%s.%s", arch, key);
-        const tsr_gguf_kv *kv = tsr_gguf_find_kv(g, name);
-        if (kv && (tsr_gguf_get_f64(&kv->value, &v) != TSR_OK || !isfinite(v))) {
-                tsr_errf(err, errlen, "%s: metadata key '%s': expected a finite number", path, name);
-                return TSR_E_INVAL;
-        }
-        *ret = (float)v;
-        return TSR_OK;
+        double v;
+        tsr_status st = tsr_gguf_arch_f64(g, path, arch, key, def, &v, err, errlen);
+        if (st == TSR_OK)
+                *ret = (float)v;
+        return st;
 }
 
 /* Whether tensor "blk.<l>.<what>" is in the file. */
