@@ -81,6 +81,8 @@ enum { SRC_YAML = 1u << 0, SRC_CLI = 1u << 1 };
 static const char *const dtype_choices[] = {"auto", "half", "float16", "bfloat16", "float", "float32", NULL};
 static const char *const kv_dtype_choices[] = {"auto",     "bfloat16", "fp8",        "fp8_e4m3",
                                                "fp8_e5m2", "fp8_inc",  "fp8_ds_mla", NULL};
+/* vLLM's MambaDType */
+static const char *const mamba_dtype_choices[] = {"auto", "float32", "float16", NULL};
 static const char *const load_format_choices[] = {"auto", "safetensors", "gguf", "dummy", NULL};
 static const char *const backend_choices[] = {"mp", "uni", NULL};
 static const char *const device_choices[] = {"auto", "cuda", "cpu", NULL};
@@ -112,6 +114,14 @@ static const tsr_opt opts[] = {
          .def = "auto", .choices = kv_dtype_choices, .help = "element type of the KV cache: auto (the model's dtype: bfloat16 where the CPU holds the weights in bfloat16, else float32), bfloat16 (two bytes per element), or fp8 / fp8_e4m3 / "
                  "fp8_e5m2 (one byte per element, scaled); llama, llama4 and nemotron_h; bfloat16 and e5m2 on the CPU "
                  "backend only"},
+        {O_STR("mamba-cache-dtype", mamba_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
+         .def = "auto", .choices = mamba_dtype_choices,
+         .help = "element type of a Mamba hybrid's recurrent state (conv and SSM): auto or float32, which is what "
+                 "the CPU backend keeps (float16 is refused)"},
+        {O_STR("mamba-ssm-cache-dtype", mamba_ssm_cache_dtype), .owner = W, .group = GRP_MODEL, .metavar = "DTYPE",
+         .def = "auto", .choices = mamba_dtype_choices,
+         .help = "element type of the SSM state alone (vLLM: auto follows --mamba-cache-dtype): auto or float32 "
+                 "(float16 is refused)"},
         {O_BOOL("calculate-kv-scales", calculate_kv_scales), .owner = W, .group = GRP_MODEL,
          .help = "compute the fp8 KV cache scales from the first batch: refused (the scales are the checkpoint's, "
                  "else 1.0)"},
@@ -175,6 +185,10 @@ static const tsr_opt opts[] = {
          .help = "KV cache size, overriding --gpu-memory-utilization"},
         {O_INT("num-gpu-blocks-override", num_gpu_blocks_override, 0, INT_MAX), .owner = W, .group = GRP_CACHE,
          .metavar = "N", .def_help = "none", .help = "fixed number of KV blocks (testing)"},
+        {O_INT("mamba-block-size", mamba_block_size, 0, INT_MAX), .owner = W, .group = GRP_CACHE, .metavar = "N",
+         .def_help = "the model's scan chunk (chunk_size) rounded up to --block-size",
+         .help = "with --enable-prefix-caching on a Mamba hybrid: keep the recurrent state every N tokens (a "
+                 "multiple of 8 and of --block-size); a hit ends at one of them"},
         {O_INT("max-num-seqs", max_num_seqs, 0, INT_MAX), .owner = W, .group = GRP_CACHE, .metavar = "N",
          .def_help = "platform default", .help = "sequences running at once"},
         {O_INT_HR("max-num-batched-tokens", max_num_batched_tokens, 0, INT_MAX), .owner = W, .group = GRP_CACHE,
@@ -1189,6 +1203,26 @@ static tsr_status check_supported(const tsr_config *cfg, char *err, size_t errle
                 tsr_errf(err, errlen, "argument --kv-cache-dtype: '%s' is not supported yet: the KV cache is "
                          "float32, bfloat16, fp8 e4m3 or fp8 e5m2 (supported: auto, bfloat16, fp8, fp8_e4m3, "
                          "fp8_e5m2)", cfg->kv_cache_dtype);
+                return TSR_E_UNSUPPORTED;
+        }
+        /* vLLM: "--mamba-block-size can only be set with --enable-prefix-caching" */
+        if (cfg->mamba_block_size > 0 && cfg->enable_prefix_caching != TSR_TRI_TRUE) {
+                tsr_errf(err, errlen, "argument --mamba-block-size: can only be set with --enable-prefix-caching");
+                return TSR_E_INVAL;
+        }
+        if (cfg->mamba_block_size > 0 && (cfg->mamba_block_size % 8 || cfg->mamba_block_size % cfg->block_size)) {
+                tsr_errf(err, errlen, "argument --mamba-block-size: %d is not a multiple of 8 and of --block-size %d",
+                         cfg->mamba_block_size, cfg->block_size);
+                return TSR_E_INVAL;
+        }
+        /* The Mamba state is float32 in every weight dtype (worker/model/nemotron_h.c says
+         * why): vLLM's float16 state is not built. */
+        if ((cfg->mamba_cache_dtype && strcmp(cfg->mamba_cache_dtype, "float16") == 0) ||
+            (cfg->mamba_ssm_cache_dtype && strcmp(cfg->mamba_ssm_cache_dtype, "float16") == 0)) {
+                tsr_errf(err, errlen, "argument --%s: 'float16' is not supported yet: the Mamba state is kept in "
+                         "float32 (supported: auto, float32)",
+                         cfg->mamba_cache_dtype && strcmp(cfg->mamba_cache_dtype, "float16") == 0
+                                 ? "mamba-cache-dtype" : "mamba-ssm-cache-dtype");
                 return TSR_E_UNSUPPORTED;
         }
         /* ModelOpt FP8 / NVFP4 checkpoints (#15); the worker checks the value against what

@@ -56,6 +56,8 @@ typedef struct tsr_config {
         char *dtype;                       /* auto|half|float16|bfloat16|float|float32 */
         char *device;                      /* auto|cuda|cpu: where the worker's forward runs */
         char *kv_cache_dtype;              /* auto|bfloat16|fp8|fp8_e4m3|fp8_e5m2|fp8_inc|fp8_ds_mla */
+        char *mamba_cache_dtype;           /* auto|float32|float16 (float16 refused) */
+        char *mamba_ssm_cache_dtype;       /* auto|float32|float16 (float16 refused) */
         char *quantization;                /* NULL = from the checkpoint */
         char *load_format;                 /* auto|safetensors|gguf|dummy */
         char *generation_config;           /* auto|vllm|DIR */
@@ -88,6 +90,7 @@ typedef struct tsr_config {
         long long kv_cache_memory_bytes;   /* 0 = derived (CPU: 4 GiB capped by free RAM) */
         int num_gpu_blocks_override;       /* 0 = none */
         int max_num_seqs;                  /* 0 = platform default */
+        int mamba_block_size;              /* 0 = the model's scan chunk rounded up to block_size */
         int max_num_batched_tokens;        /* 0 = platform default */
         int enable_chunked_prefill;        /* TSR_TRI_*; unset = on */
         int max_num_partial_prefills;      /* 1 */

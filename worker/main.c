@@ -99,16 +99,17 @@ static uint64_t plan_kv_blocks(const tsr_config *cfg, long long budget, uint64_t
 }
 
 /* Recurrent-state slots of a model with per-request state (a Mamba hybrid): one per
- * request that may run at once, max_num_seqs, but at most half of the budget (the
- * rest is for the attention layers' blocks), and at least one.  0 when the model keeps
- * no such state. */
-static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t max_num_seqs) {
-        uint64_t fit;
+ * request that may run at once, max_num_seqs, and with prefix caching as many again for
+ * the states kept at block boundaries (state_cache.h; running requests evict them), but
+ * at most half of the budget (the rest is for the attention layers' blocks).  0 when
+ * the model keeps no such state, or the budget holds not one slot. */
+static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t max_num_seqs, bool prefix_caching) {
+        uint64_t fit, want = (uint64_t)max_num_seqs * (prefix_caching ? 2 : 1);
 
         if (!slot_bytes || budget <= 0)
                 return 0;
         fit = (uint64_t)budget / 2 / slot_bytes;
-        return fit < max_num_seqs ? (uint32_t)fit : max_num_seqs;
+        return (uint32_t)(fit < want ? fit : want);
 }
 
 /* pp_layers[pp]: the layers of each pipeline stage (pp > 1), else NULL. */
@@ -191,7 +192,8 @@ static tsr_status make_plan(const tsr_config *cfg, const tsr_model_meta *m, cons
          * per block, and state slots (counted in the same budget) per running request. */
         long long budget = kv_budget(cfg, (node_stage >= 0 ? node_stages : !pp_layers ? 1 : pp) * (tp > 1 ? tp : 1));
         p->state_slot_bytes = slot_bytes;
-        p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs);
+        p->state_slots = plan_state_slots(budget, p->state_slot_bytes, p->max_num_seqs,
+                                          cfg->enable_prefix_caching == TSR_TRI_TRUE);
         if (p->state_slot_bytes && p->state_slots == 0) {
                 snprintf(err, errlen, "no available memory for the recurrent state: one request's state takes %llu "
                          "bytes; increase --kv-cache-memory", (unsigned long long)p->state_slot_bytes);
@@ -676,19 +678,29 @@ int main(int argc, char **argv) {
                 goto out;
         }
         if (plan.state_slots) {
-                /* vLLM V1 turns prefix caching off for hybrid Mamba models unless asked for
-                 * its experimental Mamba prefix caching, which is not built here: a state
-                 * cannot be rewound to a cached prefix. */
+                /* vLLM (0.11+) leaves prefix caching off by default for hybrid Mamba models
+                 * and, asked for it, runs its experimental Mamba prefix caching: states kept
+                 * where a step ends on a block boundary ("align" mode), so a hit ends at
+                 * one of those (worker/engine/state_cache.h). */
+                uint32_t running = plan.state_slots, bs = (uint32_t)cfg.block_size;
                 if (cfg.enable_prefix_caching == TSR_TRI_TRUE) {
-                        log_error("--enable-prefix-caching is not supported for %s (a hybrid model with recurrent "
-                                  "Mamba state); leave it unset or pass --no-enable-prefix-caching",
-                                  meta->architecture ? meta->architecture : "this model");
-                        goto out;
+                        /* vLLM 0.11-0.12 keeps the state at every mamba block, a multiple of the
+                         * scan's chunk_size (its attention blocks grow to match; ours stay) */
+                        plan.state_block = cfg.mamba_block_size > 0 ? (uint32_t)cfg.mamba_block_size
+                                           : desc.state_chunk  ? (desc.state_chunk + bs - 1) / bs * bs
+                                                               : bs;
+                        log_info("prefix caching on for a hybrid model with recurrent (Mamba) state (experimental, as "
+                                 "in vLLM): the state is kept every %u tokens (--mamba-block-size), and a hit ends at "
+                                 "one of those", plan.state_block);
+                        if (running > plan.max_num_seqs)
+                                running = plan.max_num_seqs;
+                } else {
+                        cfg.enable_prefix_caching = TSR_TRI_FALSE;
+                        log_info("prefix caching disabled: the model keeps recurrent (Mamba) state per request "
+                                 "(vLLM's default for hybrid models; --enable-prefix-caching turns it on)");
                 }
-                cfg.enable_prefix_caching = TSR_TRI_FALSE;
-                log_info("prefix caching disabled: the model keeps recurrent (Mamba) state per request");
                 log_info("# state slots: %u (%.2f MB each): at most %u requests run at once", plan.state_slots,
-                         (double)plan.state_slot_bytes / 1e6, plan.state_slots);
+                         (double)plan.state_slot_bytes / 1e6, running);
         }
         if (plan.n_kv_tables > 1)
                 log_info("hybrid KV cache: %u block tables per request (full attention + chunked-local attention, "

@@ -170,9 +170,9 @@ def test_abort_frees_the_slot(spawn, long_model):
     w.close()
 
 
-def test_prefix_caching_is_off_and_explicitly_refused(spawn, worker):
-    """vLLM turns prefix caching off for hybrid Mamba models: the worker says so and
-    serves; an explicit --enable-prefix-caching is a start-up error (exit 2)."""
+def test_prefix_caching_off_by_default(worker):
+    """vLLM leaves prefix caching off for hybrid Mamba models unless asked: the worker
+    says so, serves, and reads nothing from a cache."""
     w = worker()
     ids, g = goldens()[2]
     first = w.run("x", ids, 4)
@@ -180,12 +180,62 @@ def test_prefix_caching_is_off_and_explicitly_refused(spawn, worker):
     assert first.tokens == second.tokens == g[:4]
     assert second.cached == 0
     assert "prefix caching disabled" in w.proc.output()
-    port = free_port_pair()
-    p = spawn([WORKER, MODEL / "model", "--listen", f"tcp://127.0.0.1:{port}", "--enable-prefix-caching"])
-    assert p.wait(timeout=60) == 2
-    out = p.output()
-    assert "--enable-prefix-caching is not supported for NemotronHForCausalLM" in out, out
-    assert "listening on" not in out
+    assert w.status()["state_slots_total"] == 256
+
+
+@pytest.mark.parametrize("mode", [(), ("--async-scheduling",), ("-tp", "2")], ids=["sync", "async", "tp2"])
+def test_prefix_caching_of_the_state(worker, mode):
+    """--enable-prefix-caching (vLLM's experimental Mamba prefix caching): the state is
+    kept at every state block a step passes (the fixture's chunk_size 8 rounded up to the
+    16-token block), so a request sharing a prefix starts from a copy of it.  Each golden
+    prompt a second time hits its full blocks below the last token and gives bitwise the
+    first run (tokens and logprobs); a next turn (prompt + the answer + more) hits blocks
+    whose state its predecessor kept while decoding; 32 mixed requests sharing stems, 24
+    tokens a step (chunks that end anywhere), are each bitwise what an uncached worker
+    gives; at the end every slot and block is free again (kept states are not held).
+    --mamba-block-size 32 keeps every other one: hits end on multiples of 32.  With -tp 2
+    each rank keeps and copies its own heads' share of every state."""
+    plain = worker()
+    cached = worker("--enable-prefix-caching", *mode)
+    out = cached.proc.output()
+    assert "prefix caching on for a hybrid model" in out and "kept every 16 tokens" in out, out
+    assert cached.status()["state_slots_total"] == 512      # 2 x max_num_seqs: running + kept
+    for i, (ids, g) in enumerate(goldens()):
+        a = cached.run(f"g{i}", ids, len(g), logprobs=2)
+        b = cached.run(f"h{i}", ids, len(g), logprobs=2)
+        assert a.tokens == g and b.tokens == g
+        same(a, b)
+        assert b.cached == (len(ids) - 1) // 16 * 16
+    # a next turn: the 51-token golden, its 32 tokens, then 9 more
+    ids, g = goldens()[2]
+    turn = ids + g + [7, 8, 9, 10, 11, 12, 13, 14, 15]
+    want = plain.run("t-plain", turn, 12, logprobs=2)
+    got = cached.run("t", turn, 12, logprobs=2)
+    same(got, want)
+    assert got.cached == (len(ids) + len(g) - 1) // 16 * 16 == 80   # the state at 80 was kept decoding
+    rng = random.Random(16)
+    stems = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (20, 37, 64)]
+    reqs = []
+    for i in range(32):
+        p = stems[i % 3] + [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 30))]
+        reqs.append((p, rng.randint(1, 24)))
+    alone = [plain.run(f"p{i}", p, m, logprobs=2) for i, (p, m) in enumerate(reqs)]
+    small = worker("--enable-prefix-caching", "--max-num-batched-tokens", "24", *mode)
+    with small.paused():
+        for i, (p, m) in enumerate(reqs):
+            small.submit(f"c{i}", p, m, logprobs=2)
+    got = small.collect([f"c{i}" for i in range(32)])
+    for i in range(32):
+        same(got[f"c{i}"], alone[i])
+    assert sum(r.cached for r in got.values()) > 0
+    all_free(small)
+    all_free(cached)
+    coarse = worker("--enable-prefix-caching", "--mamba-block-size", "32", *mode)
+    for i, (ids, g) in enumerate(goldens()):
+        coarse.run(f"g{i}", ids, 4)
+        b = coarse.run(f"h{i}", ids, 4, logprobs=2)
+        assert b.tokens == g[:4]
+        assert b.cached == (len(ids) - 1) // 32 * 32
 
 
 def bf16_copy(tmp_path):

@@ -1061,11 +1061,12 @@ static void test_nccl_unique_id(void **state) {
 static void test_nodes_plan_round_trip(void **state) {
         (void)state;
         const uint32_t t0[] = {7, 3, 9}, k0[] = {11, 12, 13, 14, 15}, t1[] = {4, TSR_KV_NULL_BLOCK}, k1[] = {99};
+        const tsr_state_save sv[2] = {{.pos = 2, .slot = 0}, {.pos = 4, .slot = 5}};
         tsr_engine_seq in[3] = {
                 {.block_table = t0, .n_table = 3, .tokens = k0, .n = 5, .past_len = 0, .want_logits = true,
-                 .want_all_logits = true, .state_slot = 2},
+                 .want_all_logits = true, .state_slot = 2, .saves = sv, .n_saves = 2},
                 {.block_table = t1, .n_table = 2, .tokens = k1, .n = 1, .past_len = (size_t)1 << 33,
-                 .want_logits = true},
+                 .want_logits = true, .state_slot = 1, .restore_state = true, .restore_from = 7},
                 {.block_table = t1, .n_table = 0, .tokens = k0, .n = 2, .past_len = 5},
         };
         uint8_t *buf;
@@ -1081,6 +1082,11 @@ static void test_nodes_plan_round_trip(void **state) {
                 assert_int_equal(out[i].want_logits, in[i].want_logits);
                 assert_int_equal(out[i].want_all_logits, in[i].want_all_logits);
                 assert_int_equal(out[i].state_slot, in[i].state_slot);
+                assert_int_equal(out[i].restore_state, in[i].restore_state);
+                assert_int_equal(out[i].restore_from, in[i].restore_from);
+                assert_int_equal(out[i].n_saves, in[i].n_saves);
+                if (in[i].n_saves)
+                        assert_memory_equal(out[i].saves, in[i].saves, in[i].n_saves * sizeof(tsr_state_save));
                 assert_memory_equal(out[i].block_table, in[i].block_table, in[i].n_table * sizeof(uint32_t));
                 assert_memory_equal(out[i].tokens, in[i].tokens, in[i].n * sizeof(uint32_t));
         }

@@ -473,6 +473,12 @@ static void test_invalid_choice(void **state) {
                                "--block-size", "32", NULL), TSR_OK);
         assert_string_equal(c.kv_cache_dtype, "fp8_e5m2");
         assert_string_equal(c.scheduling_policy, "priority");
+        assert_int_equal(parse(&c, "--mamba-ssm-cache-dtype", "float32", "--mamba-cache-dtype", "auto", NULL), TSR_OK);
+        assert_string_equal(c.mamba_ssm_cache_dtype, "float32");
+        assert_string_equal(c.mamba_cache_dtype, "auto");
+        assert_int_equal(parse(&c, "--mamba-ssm-cache-dtype", "bfloat16", NULL), TSR_E_INVAL);
+        assert_string_equal(err, "argument --mamba-ssm-cache-dtype: invalid choice: 'bfloat16' "
+                                 "(choose from auto, float32, float16)");
         assert_string_equal(c.load_format, "dummy");
         assert_string_equal(c.distributed_executor_backend, "uni");
         assert_string_equal(c.prefix_caching_hash_algo, "xxhash");
@@ -798,6 +804,17 @@ static void test_validate(void **state) {
         assert_int_equal(parse(&c, "--status-listen", "tcp://127.0.0.1:8101", NULL), TSR_OK);
         assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_OK);
 
+        /* --mamba-block-size: only with --enable-prefix-caching, a multiple of 8 and of the block */
+        assert_int_equal(parse(&c, "--mamba-block-size", "64", NULL), TSR_OK);
+        assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_UNSUPPORTED);
+        assert_string_equal(err, "argument --mamba-block-size: can only be set with --enable-prefix-caching");
+        assert_int_equal(parse(&c, "--enable-prefix-caching", NULL), TSR_OK);
+        assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_OK);
+        assert_int_equal(parse(&c, "--mamba-block-size", "24", NULL), TSR_OK);
+        assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_UNSUPPORTED);
+        assert_string_equal(err, "argument --mamba-block-size: 24 is not a multiple of 8 and of --block-size 16");
+        c.mamba_block_size = 0;
+
         /* fields filled by hand are checked too */
         c.port = 70000;
         assert_int_equal(tsr_config_validate(&c, err, sizeof(err)), TSR_E_INVAL);
@@ -834,6 +851,12 @@ static void test_validate_refuses_unsupported(void **state) {
                 {{"--kv-cache-dtype", "fp8_ds_mla"}, "argument --kv-cache-dtype: 'fp8_ds_mla' is not supported yet: "
                                                      "the KV cache is float32, bfloat16, fp8 e4m3 or fp8 e5m2 "
                                                      "(supported: auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2)"},
+                {{"--mamba-ssm-cache-dtype", "float16"}, "argument --mamba-ssm-cache-dtype: 'float16' is not "
+                                                         "supported yet: the Mamba state is kept in float32 "
+                                                         "(supported: auto, float32)"},
+                {{"--mamba-cache-dtype", "float16"}, "argument --mamba-cache-dtype: 'float16' is not supported "
+                                                     "yet: the Mamba state is kept in float32 (supported: auto, "
+                                                     "float32)"},
                 {{"--quantization", "gptq"}, "argument --quantization: 'gptq' is not supported (supported: "
                                              "modelopt, modelopt_fp4, fp8, or leave it unset to use the "
                                              "checkpoint's)"},

@@ -58,6 +58,12 @@ typedef struct fake_model {
         uint32_t state_slots;
         size_t *state_len;
         uint64_t *state_hash;
+        /* Prefix caching of the state (tsr_engine_seq restore_state / save_state): a
+         * restore copies the source slot in before the chunk (which must then hold the
+         * chunk's first `past` tokens, as above), a save copies the slot out after it;
+         * counted here. */
+        size_t restores, saves;
+        uint64_t state_hash_at[4097];   /* the last chunk's state after past + t tokens, t = 0..n */
         /* A hybrid's block tables (tsr_engine_params.n_kv_tables > 1): table 0 is full
          * attention (read above), each other one chunked with chunk[t]: its KV is written
          * too and, from the chunk of `past` on, must read back the context (a freed or
@@ -96,8 +102,11 @@ static tsr_status fake_state(fake_model *m, uint32_t slot, const uint32_t *ctx, 
         }
         if (m->state_len[slot] != past || m->state_hash[slot] != fnv_more(1469598103934665603ull, ctx, past))
                 return TSR_E_INTERNAL;  /* the slot holds another history */
+        m->state_hash_at[0] = m->state_hash[slot];
+        for (size_t t = 0; t < n; t++)
+                m->state_hash_at[t + 1] = fnv_more(m->state_hash_at[t], ctx + past + t, 1);
         m->state_len[slot] = past + n;
-        m->state_hash[slot] = fnv_more(m->state_hash[slot], ctx + past, n);
+        m->state_hash[slot] = m->state_hash_at[n];
         return TSR_OK;
 }
 
@@ -113,6 +122,31 @@ static void fake_row(const uint32_t *ctx, size_t n, float *logits) {
         for (size_t v = 0; v < VOCAB; v++)
                 logits[v] = -10.0f;
         logits[next_of(ctx, n)] = 10.0f;
+}
+
+/* The slots a step writes (every running request's, every save's) are distinct and in
+ * range, no restore reads one of them, a restore continues something (past > 0), and
+ * each chunk's saves lie in it, in order. */
+static bool fake_slots_ok(const fake_model *m, const tsr_engine_seq *seqs, size_t n_seqs) {
+        uint8_t written[64] = {0};
+        if (m->state_slots > sizeof written)
+                return false;
+        for (size_t i = 0; i < n_seqs; i++) {
+                const tsr_engine_seq *q = &seqs[i];
+                if (q->state_slot >= m->state_slots || written[q->state_slot]++)
+                        return false;
+                for (size_t k = 0; k < q->n_saves; k++) {
+                        const tsr_state_save *sv = &q->saves[k];
+                        if (sv->slot >= m->state_slots || written[sv->slot]++ || sv->pos <= q->past_len ||
+                            sv->pos > q->past_len + q->n || (k && sv->pos <= q->saves[k - 1].pos))
+                                return false;
+                }
+        }
+        for (size_t i = 0; i < n_seqs; i++)
+                if (seqs[i].restore_state && (seqs[i].restore_from >= m->state_slots || seqs[i].past_len == 0 ||
+                                              written[seqs[i].restore_from]))
+                        return false;
+        return true;
 }
 
 /* logits: NULL, one row (the last token's), or with `all` one row per token. */
@@ -180,12 +214,16 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
         }
         if (n_seqs > m->max_step_seqs)
                 m->max_step_seqs = n_seqs;
+        if (m->state_slots && !fake_slots_ok(m, seqs, n_seqs)) {
+                pthread_mutex_unlock(&m->mu);
+                return TSR_E_INTERNAL;
+        }
         for (size_t i = 0; m->state_slots && i < n_seqs; i++)
-                for (size_t j = 0; j < i; j++)
-                        if (seqs[i].state_slot == seqs[j].state_slot) {
-                                pthread_mutex_unlock(&m->mu);
-                                return TSR_E_INTERNAL;  /* two running requests in one slot */
-                        }
+                if (seqs[i].restore_state && seqs[i].state_slot < m->state_slots) {
+                        m->state_len[seqs[i].state_slot] = m->state_len[seqs[i].restore_from];
+                        m->state_hash[seqs[i].state_slot] = m->state_hash[seqs[i].restore_from];
+                        m->restores++;
+                }
         if (step_tokens > m->max_step_tokens)
                 m->max_step_tokens = step_tokens;
         pthread_mutex_unlock(&m->mu);
@@ -196,6 +234,17 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                                                  any ? logits : NULL);
                 if (st != TSR_OK)
                         return st;
+                /* the saves: the state after the first pos tokens (a hash of them, as the
+                 * slot's own would be); its context is the chunk's tokens after the slot's */
+                for (size_t k = 0; k < seqs[i].n_saves; k++) {
+                        const tsr_state_save *sv = &seqs[i].saves[k];
+                        uint64_t h = m->state_hash_at[sv->pos - seqs[i].past_len];
+                        pthread_mutex_lock(&m->mu);
+                        m->state_len[sv->slot] = sv->pos;
+                        m->state_hash[sv->slot] = h;
+                        m->saves++;
+                        pthread_mutex_unlock(&m->mu);
+                }
                 /* only ever offered for a last row, never answered before */
                 if (seqs[i].token && (seqs[i].want_all_logits || !seqs[i].want_logits ||
                                       *seqs[i].token != TSR_ENGINE_TOKEN_UNSET))
@@ -1728,15 +1777,150 @@ static void test_state_slot_freed_on_abort_and_finish(void **state) {
         stop(h);
 }
 
-/* A state model with prefix caching is refused at start: a cached prefix's state
- * cannot be recovered. */
-static void test_state_slots_refuse_prefix_caching(void **state) {
-        harness *h = held_state(64, 64, 4, 2);
+/* ---- prefix caching of the recurrent state (vLLM's Mamba prefix caching) ---- */
+
+static harness *held_state_cached(uint64_t blocks, uint32_t max_batched, uint32_t max_seqs, uint32_t slots) {
+        harness *h = held_state(blocks, max_batched, max_seqs, slots);
+        h->params.enable_prefix_caching = true;
+        return h;
+}
+
+static size_t fake_count(harness *h, const size_t *field) {
+        pthread_mutex_lock(&h->fm.mu);
+        size_t n = *field;
+        pthread_mutex_unlock(&h->fm.mu);
+        return n;
+}
+
+/* One request alone, then one sharing its first blocks: the first's prompt (14 tokens,
+ * one chunk) keeps the states after 4, 8 and 12 tokens on the way; the second (15
+ * tokens, its first 12 the same) hits those 3 blocks (at most (15 - 1) / 4 = 3), starts
+ * from a copy of the state at 12 (the fake model fails a chunk whose slot does not hold
+ * exactly its prefix) and gives the unshared run's tokens. */
+static void test_state_prefix_cache_hit(void **state) {
+        harness *h = held_state_cached(64, 64, 4, 4);
+        uint32_t a[14], b[15], wa[6], wb[6];
+        result ra[1] = {0}, rb[1] = {0};
+        const char *ia[] = {"a"}, *ib[] = {"b"};
 
         (void)state;
-        h->params.enable_prefix_caching = true;
-        assert_int_equal(tsr_engine_start(&h->params, h->in, h->out, &h->e), TSR_E_INVAL);
-        assert_null(h->e);
+        make_prompt(a, 14, 5);
+        memcpy(b, a, 12 * sizeof(uint32_t));
+        b[12] = 3, b[13] = 9, b[14] = 27;
+        expected(a, 14, 6, wa);
+        expected(b, 15, 6, wb);
+        go(h);
+        submit(h, "a", a, 14, 6, NULL, 0);
+        collect(h, ia, ra, 1);
+        assert_int_equal(model_records(h).max_chunk, 14);       /* no chunk is cut for a save */
+        submit(h, "b", b, 15, 6, NULL, 0);
+        collect(h, ib, rb, 1);
+        assert_memory_equal(ra[0].tokens, wa, sizeof(wa));
+        assert_memory_equal(rb[0].tokens, wb, sizeof(wb));
+        assert_int_equal(ra[0].cached, 0);
+        assert_int_equal(rb[0].cached, 12);
+        assert_true(fake_count(h, &h->fm.restores) == 1);
+        tsr_engine_stats st = idle_stats(h);
+        assert_int_equal(st.prefix_cache_hits_total, 12);
+        assert_int_equal(st.state_slots_free, 4);       /* kept states are not held */
+        stop(h);
+}
+
+/* The attention blocks are cached further than a state was kept: the hit is cut back to
+ * the last block with a state.  A state block of 8 tokens (2 blocks): "a" (22 tokens,
+ * in chunks of 9, 9 and 4) keeps the states at 8 and 16, inside its chunks (and 24
+ * decoding).  "b" shares
+ * a's first 12 tokens: its attention hit would be 3 blocks, but no state was kept at
+ * 12, so it starts from the one at 8. */
+static void test_state_prefix_cache_hit_cut_to_a_state(void **state) {
+        harness *h = held_state_cached(64, 9, 4, 6);
+        h->params.state_block = 8;
+        uint32_t a[22], b[17], wa[4], wb[4];
+        result ra[1] = {0}, rb[1] = {0};
+        const char *ia[] = {"a"}, *ib[] = {"b"};
+
+        (void)state;
+        make_prompt(a, 22, 6);
+        memcpy(b, a, 12 * sizeof(uint32_t));
+        make_prompt(b + 12, 5, 77);
+        expected(a, 22, 4, wa);
+        expected(b, 17, 4, wb);
+        go(h);
+        submit(h, "a", a, 22, 4, NULL, 0);
+        collect(h, ia, ra, 1);
+        assert_int_equal(model_records(h).max_chunk, 9);
+        assert_int_equal(fake_count(h, &h->fm.saves), 3);      /* 8, 16; 24 decoding */
+        submit(h, "b", b, 17, 4, NULL, 0);
+        collect(h, ib, rb, 1);
+        assert_memory_equal(ra[0].tokens, wa, sizeof(wa));
+        assert_memory_equal(rb[0].tokens, wb, sizeof(wb));
+        assert_int_equal(rb[0].cached, 8);
+        tsr_engine_stats st = idle_stats(h);
+        assert_int_equal(st.prefix_cache_hits_total, 8);
+        stop(h);
+}
+
+/* States kept at block boundaries reached while decoding serve a next turn: "t1" (a
+ * prompt of 6) generates 14 tokens, its decode steps passing positions 8, 12 and 16;
+ * "t2" sends t1's whole text plus 3 tokens (23): at most (23 - 1) / 4 = 5 blocks, but
+ * t1 never ran its last token (sampled, not computed), so block 4 is not full and the
+ * hit is 4 blocks, from the state its decode step kept at 16. */
+static void test_state_prefix_cache_next_turn(void **state) {
+        harness *h = held_state_cached(64, 64, 4, 6);
+        uint32_t p1[6], w1[14], p2[23], w2[5];
+        result r1[1] = {0}, r2[1] = {0};
+        const char *i1[] = {"t1"}, *i2[] = {"t2"};
+
+        (void)state;
+        make_prompt(p1, 6, 8);
+        expected(p1, 6, 14, w1);
+        memcpy(p2, p1, sizeof(p1));
+        memcpy(p2 + 6, w1, sizeof(w1));
+        p2[20] = 4, p2[21] = 40, p2[22] = 44;
+        expected(p2, 23, 5, w2);
+        go(h);
+        submit(h, "t1", p1, 6, 14, NULL, 0);
+        collect(h, i1, r1, 1);
+        submit(h, "t2", p2, 23, 5, NULL, 0);
+        collect(h, i2, r2, 1);
+        assert_memory_equal(r1[0].tokens, w1, sizeof(w1));
+        assert_memory_equal(r2[0].tokens, w2, sizeof(w2));
+        assert_int_equal(r2[0].cached, 16);
+        stop(h);
+}
+
+/* Many requests over few slots, shared prefixes, chunking and preemption (few blocks):
+ * every output is the unshared run's, the kept states are evicted to make room for
+ * running ones (never the other way round: all run to the end), and at the end no slot
+ * is held and no block is in use. */
+static void test_state_prefix_cache_under_pressure(void **state) {
+        harness *h = held_state_cached(24, 8, 8, 6);
+        uint32_t prompts[12][26], want[12][12];
+        size_t lens[12];
+        result res[12];
+        const char *ids[12] = {"q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9", "q10", "q11"};
+
+        (void)state;
+        memset(res, 0, sizeof(res));
+        for (int i = 0; i < 12; i++) {
+                lens[i] = 9 + (size_t)(i * 7) % 17;
+                make_prompt(prompts[i], lens[i], 100);          /* one shared stem */
+                prompts[i][lens[i] - 1] = 1 + (uint32_t)i;      /* each its own last token */
+                if (i % 3 == 0)
+                        make_prompt(prompts[i] + 4, lens[i] - 5, 200 + (uint32_t)i);
+                expected(prompts[i], lens[i], 12, want[i]);
+                submit(h, ids[i], prompts[i], lens[i], 12, NULL, 0);
+        }
+        go(h);
+        collect(h, ids, res, 12);
+        for (int i = 0; i < 12; i++)
+                if (res[i].n != 12 || memcmp(res[i].tokens, want[i], sizeof(want[i])) != 0)
+                        fail_msg("request %d: %zu tokens, or wrong tokens", i, res[i].n);
+        tsr_engine_stats st = idle_stats(h);
+        assert_true(st.prefix_cache_hits_total > 0);
+        assert_true(fake_count(h, &h->fm.saves) > 0);
+        assert_int_equal(st.state_slots_free, 6);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
         stop(h);
 }
 
@@ -1995,7 +2179,10 @@ int main(void) {
                 cmocka_unit_test(test_state_slots_bound_admission),
                 cmocka_unit_test(test_state_slots_freed_on_preemption),
                 cmocka_unit_test(test_state_slot_freed_on_abort_and_finish),
-                cmocka_unit_test(test_state_slots_refuse_prefix_caching),
+                cmocka_unit_test(test_state_prefix_cache_hit),
+                cmocka_unit_test(test_state_prefix_cache_hit_cut_to_a_state),
+                cmocka_unit_test(test_state_prefix_cache_next_turn),
+                cmocka_unit_test(test_state_prefix_cache_under_pressure),
         };
         int failed = cmocka_run_group_tests_name("engine", tests, NULL, NULL);
         g_async = true;

@@ -418,6 +418,72 @@ static void test_chunked_prefill(void **state) {
         free(want);
 }
 
+/* Prefix caching of the state (engine.h restore_state / saves): sequence A runs the
+ * first 40 tokens of the longest prompt in one chunk in slot 1, saving the states after
+ * 16 and 32 tokens to slots 2 and 0 on the way; sequence B (slot 3, its table's leading
+ * blocks A's) restores one of them and runs the rest in one chunk, batched with a fresh
+ * prompt in slot 1: B's rows are bitwise the full sequence's from there, from either
+ * save (so each save is the state at its position, conv window included), twice from
+ * the same save.  Copies that would touch a slot the step writes, or saves outside the
+ * chunk or out of order, are refused. */
+static void test_state_restore_and_save(void **state) {
+        size_t n_prompts = json_array_size(json_object_get(golden, "prompts"));
+        uint32_t ids[128], other[128], ta[SEQ_BLOCKS], tb[SEQ_BLOCKS], t0[SEQ_BLOCKS];
+        size_t n = tsr_test_prompt_ids(golden, n_prompts - 1, ids, 128);
+        size_t n0 = tsr_test_prompt_ids(golden, 0, other, 128);
+        float *want = malloc(n * vocab * sizeof(float)), *got = malloc(n * vocab * sizeof(float));
+        tsr_nemotron_h_cache *c = new_cache();
+        const tsr_state_save saves[2] = {{.pos = 16, .slot = 2}, {.pos = 32, .slot = 0}};
+
+        (void)state;
+        assert_true(n > 48);
+        run_on(model, be, c, 0, ids, n, 0, TSR_LLAMA_LOGITS_ALL, want);
+        table_of(1, ta);
+        table_of(3, tb);
+        table_of(0, t0);
+        memcpy(tb, ta, 40 / BLOCK * sizeof(uint32_t));  /* A's KV blocks, as a prefix hit shares them */
+        tsr_nemotron_h_seq a = {.block_table = ta, .n_table = SEQ_BLOCKS, .tokens = ids, .n = 40, .slot = 1,
+                                .which = TSR_LLAMA_LOGITS_NONE, .saves = saves, .n_saves = 2};
+        assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, &a, 1, NULL), TSR_OK);
+        for (int round = 0; round < 3; round++) {
+                size_t P = round == 1 ? 32 : 16;
+                uint32_t from = round == 1 ? 0 : 2;
+                tsr_nemotron_h_seq q[2] = {
+                        {.block_table = tb, .n_table = SEQ_BLOCKS, .tokens = ids + P, .n = n - P, .past_len = P,
+                         .slot = 3, .which = TSR_LLAMA_LOGITS_ALL, .restore = true, .restore_from = from},
+                        {.block_table = t0, .n_table = SEQ_BLOCKS, .tokens = other, .n = n0, .slot = 1,
+                         .which = TSR_LLAMA_LOGITS_LAST},
+                };
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, q, 2, got), TSR_OK);
+                assert_memory_equal(got, want + P * vocab, (n - P) * vocab * sizeof(float));
+                /* the bad ones, each refused before anything runs */
+                q[0].restore_from = 3;                  /* B's own slot */
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, q, 2, got), TSR_E_INVAL);
+                q[0].restore_from = 1;                  /* the other sequence's slot */
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, q, 2, got), TSR_E_INVAL);
+                q[0].restore_from = from;
+                tsr_state_save bad[2] = {{.pos = 1, .slot = from}, {.pos = 2, .slot = 2}};
+                q[1].saves = bad;                       /* a save over B's source */
+                q[1].n_saves = 1;
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, q, 2, got), TSR_E_INVAL);
+                bad[0].slot = 3;                        /* over B's slot */
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, q, 2, got), TSR_E_INVAL);
+                bad[0].slot = N_SLOTS;                  /* no such slot */
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, q, 2, got), TSR_E_INVAL);
+                bad[0] = (tsr_state_save){.pos = (uint32_t)n0 + 1, .slot = 2 - from};   /* past the chunk */
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, q, 2, got), TSR_E_INVAL);
+                bad[0].pos = 3;                         /* out of order */
+                q[1].n_saves = 2;
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, q, 2, got), TSR_E_INVAL);
+                q[1].n_saves = 0;
+                q[0].past_len = 0;                      /* a restore with nothing before */
+                assert_int_equal(tsr_nemotron_h_forward_batch(model, be, c, q, 2, got), TSR_E_INVAL);
+        }
+        tsr_nemotron_h_cache_free(&c);
+        free(want);
+        free(got);
+}
+
 /* The greedy continuations: prefill the prompt, then decode on the carried state. */
 /* Prompt p's greedy continuation of n tokens on model m (prefill, then decode steps on
  * the carried state) into out[n]. */
@@ -1577,6 +1643,7 @@ int main(void) {
                 cmocka_unit_test(test_full_logits),
                 cmocka_unit_test(test_decode_steps),
                 cmocka_unit_test(test_chunked_prefill),
+                cmocka_unit_test(test_state_restore_and_save),
                 cmocka_unit_test(test_greedy),
                 cmocka_unit_test(test_batch_invariance),
                 cmocka_unit_test(test_threads_bitwise),

@@ -26,6 +26,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "worker/engine/state_cache.h"
 
 typedef enum slot_state { SLOT_WAITING, SLOT_RUNNING, SLOT_FINISHED } slot_state;
 
@@ -59,7 +60,7 @@ typedef struct slot {
                                        * request to compute its shared prefix */
         bool cached_known;
         tsr_kv_req kv;
-        bool has_state_slot;          /* holds engine.free_state_slots' entry state_slot */
+        bool has_state_slot;          /* holds engine.states' slot state_slot */
         uint32_t state_slot;
         /* Scheduled ahead of the KV cache (--async-scheduling schedules step N+1 while N
          * runs; synchronously both are 0 whenever schedule() reads them): tokens in a
@@ -109,6 +110,13 @@ typedef struct sched_entry {
         size_t past;                  /* tokens before the chunk (computed, or computed by the step before) */
         uint64_t epoch;               /* s->epoch when scheduled */
         bool will_sample;             /* the chunk ends the known tokens (placeholders counted) */
+        /* Mamba prefix caching (tsr_engine_seq's fields of the same names): the chunk
+         * starts from cached state restore_from; its saves are the plan's
+         * saves[save_first .. save_first + n_saves), slots held until the step is
+         * applied (state_saves_done). */
+        bool restore_state;
+        uint32_t restore_from;
+        size_t save_first, n_saves;
         /* execute_plan's results (the step thread with --async-scheduling) */
         tsr_status st;
         bool sampled;
@@ -143,6 +151,8 @@ typedef struct step_plan {
         tsr_engine_seq *seqs;             /* (cap,) parallel to entries until apply_plan */
         uint32_t *inputs;             /* the seqs' tokens and block tables */
         size_t inputs_cap;
+        tsr_state_save *saves;        /* the entries' state saves (Mamba prefix caching) */
+        size_t n_saves, saves_cap;
         size_t n_want;                /* logits rows the forward writes */
         tsr_status st;                /* preparing or running the forward */
         uint64_t step;
@@ -220,10 +230,9 @@ struct tsr_engine {
         /* --async-scheduling: the "step" thread runs execute_plan while the engine
          * thread emits, takes the inbox and schedules the next step. */
         job_thread step_thread;
-        /* Recurrent-state slots not held by a running request (a stack; params.state_slots
-         * in all).  Engine thread only. */
-        uint32_t *free_state_slots;
-        uint32_t n_free_state_slots;
+        /* Recurrent-state slots (params.state_slots > 0): held by running requests, and
+         * with prefix caching the states kept every state block.  Engine thread only. */
+        tsr_state_cache *states;
 };
 
 /* ------------------------------------------------------------------ small helpers */
@@ -288,12 +297,12 @@ void tsr_engine_out_free(tsr_engine_out *out) {
         free(out);
 }
 
-/* A request's recurrent-state slot back to the free stack (none held: nothing).  Its
+/* A request's recurrent-state slot back to the pool (none held: nothing).  Its
  * contents need no clearing: the forward that starts a sequence zeroes the slot. */
 static void state_slot_give(tsr_engine *e, slot *s) {
         if (!s->has_state_slot)
                 return;
-        e->free_state_slots[e->n_free_state_slots++] = s->state_slot;
+        tsr_state_give(e->states, s->state_slot);
         s->has_state_slot = false;
 }
 
@@ -406,7 +415,11 @@ static void refresh_stats(tsr_engine *e) {
         e->stats.kv_blocks_free = ks.num_free;
         e->stats.kv_blocks_active = ks.num_active;
         e->stats.state_slots_total = e->params.state_slots;
-        e->stats.state_slots_free = e->n_free_state_slots;
+        if (e->states) {
+                tsr_state_stats ss;
+                tsr_state_cache_stats(e->states, &ss);
+                e->stats.state_slots_free = ss.total - ss.held;
+        }
         e->stats.num_running = (uint32_t)e->running.n;
         e->stats.num_waiting = (uint32_t)e->waiting.n;
         e->stats.waiting_prompt_tokens = waiting_tokens;
@@ -741,6 +754,83 @@ static bool prefix_in_flight(tsr_engine *e, slot *s) {
         return false;
 }
 
+/* ---- prefix caching of a Mamba hybrid's state (state_cache.h) ---- */
+
+static bool states_cached(const tsr_engine *e) { return e->states && e->params.enable_prefix_caching; }
+
+/* kv_cache's hit check (tsr_kv_cache_set_hit_check): a hybrid's hit must end at a block
+ * whose state was kept.  Engine thread. */
+static bool state_kept(void *ud, uint64_t hash) {
+        const tsr_engine *e = ud;
+        return tsr_state_has(e->states, hash);
+}
+
+/* A hit of `cached` tokens: pin the state kept at its end for this round and return its
+ * slot (the request's first chunk copies it into its own).  false: no hit, or (not
+ * expected: the hit check found it) the state is gone, and the request must start from
+ * nothing. */
+static bool state_for_hit(tsr_engine *e, slot *s, size_t cached, uint32_t *from) {
+        uint64_t h;
+        return cached && tsr_kv_req_block_hash(&s->kv, cached / e->params.block_size - 1, &h) &&
+               tsr_state_find(e->states, h, e->sched_round, from);
+}
+
+/* The state block (tokens): prefix caching keeps a hybrid's state at its multiples. */
+static size_t state_block(const tsr_engine *e) {
+        return e->params.state_block ? e->params.state_block : e->params.block_size;
+}
+
+/* After scheduling: each position a multiple of the state block that a chunk reaches
+ * saves the state there into a slot of its own (a free one, else the least recently used
+ * kept state), kept under the hash of the block that ends there once the step is applied
+ * (vLLM 0.11-0.12 keeps a hybrid's state at every mamba block the prefill computes, and
+ * at the blocks decoding fills).  Positions whose state is kept already are skipped.
+ * After the admissions, so saves never take a slot a request could have run in; when no
+ * slot is left, the rest are not kept. */
+static void plan_saves(tsr_engine *e, step_plan *p) {
+        size_t sb = state_block(e), bs = e->params.block_size;
+        p->n_saves = 0;
+        for (size_t i = 0; i < p->n; i++) {
+                sched_entry *pe = &p->entries[i];
+                pe->save_first = p->n_saves;
+                pe->n_saves = 0;
+                for (size_t b = (pe->past / sb + 1) * sb; b <= pe->past + pe->num_new; b += sb) {
+                        uint64_t h;
+                        uint32_t to;
+                        if (tsr_kv_req_block_hash(&pe->s->kv, b / bs - 1, &h) && tsr_state_has(e->states, h))
+                                continue;
+                        if (p->n_saves == p->saves_cap) {
+                                size_t cap = p->saves_cap ? 2 * p->saves_cap : 64;
+                                tsr_state_save *g = realloc(p->saves, cap * sizeof(*g));
+                                if (!g)
+                                        return;
+                                p->saves = g;
+                                p->saves_cap = cap;
+                        }
+                        if (!tsr_state_take(e->states, e->sched_round, &to))
+                                return;
+                        p->saves[p->n_saves++] = (tsr_state_save){.pos = (uint32_t)b, .slot = to};
+                        pe->n_saves++;
+                }
+        }
+}
+
+/* pe's step was applied (ok: its KV committed, so every block up to each save is
+ * hashed) or dropped: keep each state it saved under the hash of the block ending at its
+ * position, or give the slot back.  Engine thread. */
+static void state_saves_done(tsr_engine *e, const step_plan *p, sched_entry *pe, bool ok) {
+        size_t bs = e->params.block_size;
+        for (size_t k = 0; k < pe->n_saves; k++) {
+                const tsr_state_save *sv = &p->saves[pe->save_first + k];
+                uint64_t h;
+                if (ok && tsr_kv_req_block_hash(&pe->s->kv, sv->pos / bs - 1, &h))
+                        tsr_state_store(e->states, sv->slot, h);
+                else
+                        tsr_state_give(e->states, sv->slot);
+        }
+        pe->n_saves = 0;
+}
+
 /* --long-prefill-token-threshold, as vLLM V1 applies it to running and waiting requests
  * alike before the step's budget: more than the threshold to compute means a chunk of
  * exactly the threshold.  A decode step (one token) is never capped. */
@@ -822,6 +912,8 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                 size_t wi = next_waiting(e);
                 slot *s;
                 size_t cached = 0, num_new;
+                uint32_t restore_from = 0;
+                bool restore = false;
 
                 if (wi == SIZE_MAX)
                         break;
@@ -849,13 +941,19 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         if (num_new == 0)
                                 break;   /* head-of-line: no logits rows left this step */
                 }
-                if (e->params.state_slots && !s->has_state_slot && e->n_free_state_slots == 0)
-                        break;   /* head-of-line: wait for a state slot (vLLM: no Mamba block free) */
-                if (tsr_kv_cache_allocate_slots(e->kv, &s->kv, num_new) != TSR_OK)
-                        break;   /* head-of-line: wait for blocks */
+                if (cached && states_cached(e)) {
+                        if (!state_for_hit(e, s, cached, &restore_from))
+                                break;   /* its state went missing: the next round looks up again */
+                        restore = true;
+                }
                 if (e->params.state_slots && !s->has_state_slot) {
-                        s->state_slot = e->free_state_slots[--e->n_free_state_slots];
+                        if (!tsr_state_take(e->states, e->sched_round, &s->state_slot))
+                                break;   /* head-of-line: wait for a state slot (vLLM: no Mamba block free) */
                         s->has_state_slot = true;
+                }
+                if (tsr_kv_cache_allocate_slots(e->kv, &s->kv, num_new) != TSR_OK) {
+                        state_slot_give(e, s);
+                        break;   /* head-of-line: wait for blocks */
                 }
                 if (wants_prompt_lp(s, s->kv.n_computed))
                         lp_rows -= num_new;
@@ -865,7 +963,9 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                 if (!s->first_scheduled_ns)
                         s->first_scheduled_ns = tsr_now_ns();
                 /* allocate_slots took the prefix hits: kv.n_computed counts them now */
-                plan_add(&plan[n_plan++], s, s->kv.n_computed, num_new, s->kv.n_computed + num_new == s->n_tokens);
+                plan_add(&plan[n_plan], s, s->kv.n_computed, num_new, s->kv.n_computed + num_new == s->n_tokens);
+                plan[n_plan].restore_state = restore;
+                plan[n_plan++].restore_from = restore_from;
                 budget -= num_new;
         }
         return n_plan;
@@ -945,6 +1045,7 @@ static void plan_free(step_plan *p) {
         free(p->entries);
         free(p->seqs);
         free(p->inputs);
+        free(p->saves);
         memset(p, 0, sizeof(*p));
 }
 
@@ -991,6 +1092,8 @@ static void schedule_plan(tsr_engine *e, step_plan *p) {
                                          (unsigned long long)g);
                         if (e->kv && e->params.enable_prefix_caching)
                                 tsr_kv_cache_reset_prefix_cache(e->kv);
+                        if (states_cached(e))
+                                tsr_state_reset(e->states);
                         e->kv_generation = g;
                 }
         }
@@ -1000,6 +1103,8 @@ static void schedule_plan(tsr_engine *e, step_plan *p) {
         if (plan_reserve(p, cap ? cap : 1) != TSR_OK)
                 return;   /* nothing scheduled: the requests wait for the next round */
         p->n = schedule(e, p->entries, cap);
+        if (states_cached(e))
+                plan_saves(e, p);
 }
 
 /* Just before the step runs (the step before it applied): drop the entries the step
@@ -1013,14 +1118,17 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 slot *s = pe->s;
-                if (s->finish || s->epoch != pe->epoch)
+                if (s->finish || s->epoch != pe->epoch) {
+                        state_saves_done(e, p, pe, false);
                         continue;   /* its token of the step before was its last, or it was preempted */
+                }
                 if (pe->past != s->kv.n_computed || pe->past + pe->num_new > s->n_tokens) {
                         log_req(TSR_LOG_ERROR, s->request_id, "scheduled chunk no longer fits (%zu+%zu, computed %zu, "
                                 "known %zu): rescheduled", pe->past, pe->num_new, s->kv.n_computed, s->n_tokens);
                         s->n_ahead -= pe->num_new;
                         if (pe->will_sample)
                                 s->n_placeholders--;
+                        state_saves_done(e, p, pe, false);
                         continue;
                 }
                 p->entries[kept++] = *pe;
@@ -1051,6 +1159,10 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                         .want_logits = pe->past + pe->num_new == s->n_tokens,
                         .want_all_logits = wants_prompt_lp(s, pe->past),
                         .state_slot = s->state_slot,
+                        .restore_state = pe->restore_state,
+                        .restore_from = pe->restore_from,
+                        .saves = p->saves + pe->save_first,
+                        .n_saves = pe->n_saves,
                 };
                 p->n_want += tsr_engine_seq_rows(&p->seqs[i]);
         }
@@ -1407,12 +1519,12 @@ static void apply_plan(tsr_engine *e, step_plan *p) {
                 slot *s = pe->s;
                 tsr_status st = pe->st;
                 s->in_flight = false;
-                if (s->aborted) {
-                        slot_free(e, s);
+                if (s->aborted || s->epoch != pe->epoch) {
+                        state_saves_done(e, p, pe, false);
+                        if (s->aborted)
+                                slot_free(e, s);
                         continue;
                 }
-                if (s->epoch != pe->epoch)
-                        continue;
                 s->step_has_token = false;
                 s->step_has_lp = false;
                 s->n_ahead -= pe->num_new;
@@ -1420,6 +1532,7 @@ static void apply_plan(tsr_engine *e, step_plan *p) {
                         s->n_placeholders--;
                 if (st == TSR_OK)
                         st = tsr_kv_cache_commit(e->kv, &s->kv, s->tokens, pe->past + pe->num_new);
+                state_saves_done(e, p, pe, st == TSR_OK);
                 if (st == TSR_OK && pe->sampled) {
                         s->tokens[s->n_tokens++] = pe->token;
                         s->step_new[0] = pe->token;
@@ -1732,19 +1845,9 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
         e->outbox = outbox;
         e->stats.max_num_seqs = p->max_num_seqs;
         e->stats.ready = p->model != NULL;
-        if (p->state_slots) {
-                if (p->enable_prefix_caching) {
-                        free(e);
-                        return TSR_E_INVAL;
-                }
-                if (!(e->free_state_slots = malloc(p->state_slots * sizeof *e->free_state_slots))) {
-                        free(e);
-                        return TSR_E_NOMEM;
-                }
-                /* Pushed high to low, so slot 0 is taken first. */
-                for (uint32_t i = 0; i < p->state_slots; i++)
-                        e->free_state_slots[i] = p->state_slots - 1 - i;
-                e->n_free_state_slots = p->state_slots;
+        if (p->state_slots && (st = tsr_state_cache_new(p->state_slots, &e->states)) != TSR_OK) {
+                free(e);
+                return st;
         }
         e->stats.state_slots_total = p->state_slots;
         e->stats.state_slots_free = p->state_slots;
@@ -1754,10 +1857,12 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
                 st = tsr_kv_cache_set_tables(e->kv, p->kv_chunk, p->n_kv_tables);
         if (st != TSR_OK) {
                 tsr_kv_cache_free(&e->kv);
-                free(e->free_state_slots);
+                tsr_state_cache_free(&e->states);
                 free(e);
                 return st;
         }
+        if (e->states && p->enable_prefix_caching)
+                tsr_kv_cache_set_hit_check(e->kv, state_kept, e);
         if (p->model) {
                 e->logits = malloc(p->model->vocab * sizeof(float));
                 e->logits_rows = 1;
@@ -1785,7 +1890,7 @@ fail:
         free(e->scratch);
         free(e->scratch2);
         free(e->gmask);
-        free(e->free_state_slots);
+        tsr_state_cache_free(&e->states);
         tsr_kv_cache_free(&e->kv);
         free(e);
         return st;
@@ -1811,7 +1916,7 @@ void tsr_engine_stop(tsr_engine **ep) {
         free(e->scratch2);
         free(e->gmask);
         tsr_kv_cache_free(&e->kv);
-        free(e->free_state_slots);
+        tsr_state_cache_free(&e->states);
         free(e);
         *ep = NULL;
 }

@@ -34,6 +34,7 @@
 #include "grammar/pool.h"
 #include "kernels/kernels.h"
 #include "worker/engine/kv_cache.h"
+#include "worker/engine/kv_pool.h"
 #include "worker/engine/sampler.h"
 
 #define TSR_ENGINE_ROUTER_ID_MAX 255
@@ -68,6 +69,17 @@ typedef struct tsr_engine_seq {
         bool want_logits;              /* the chunk ends the known tokens: sample after it */
         bool want_all_logits;          /* prompt_logprobs: a row for every token of the chunk */
         uint32_t state_slot;           /* its recurrent-state slot (params.state_slots > 0), else 0 */
+        /* Prefix caching of a model with recurrent state (state_cache.h): before the chunk,
+         * copy slot restore_from's state into state_slot (the chunk continues a cached
+         * prefix: past_len is that prefix's length); and for each of saves[0..n_saves)
+         * (positions in order, past_len < pos <= past_len + n) copy the state after the
+         * first pos tokens into its slot.  A slot written by one sequence of a step (its
+         * state_slot, a save) is no other's and is never a restore source of that step,
+         * so the copies commute with the other sequences' work. */
+        bool restore_state;
+        uint32_t restore_from;
+        const tsr_state_save *saves;
+        size_t n_saves;
         /* NULL, or (want_logits without want_all_logits) the chunk's token may come from the
          * model instead of its row (a request with nothing that needs the row itself:
          * tsr_sampling_device_ok): with `draw` NULL the row's argmax as it stands (a greedy
@@ -150,9 +162,13 @@ typedef struct tsr_engine_params {
          * TSR_KV_MAMBA_STATE): each running request holds one, taken when it is admitted
          * and given back when it finishes, is aborted or is preempted (it then recomputes
          * from its tokens); a request is not admitted without a free one.  0: the model
-         * keeps no per-request state.  Needs enable_prefix_caching false (a state cannot
-         * be rewound to a cached prefix). */
+         * keeps no per-request state.  With enable_prefix_caching the slots no running
+         * request holds also keep the states at every state_block-th position a step
+         * computes (vLLM 0.11-0.12's Mamba prefix caching, states at each mamba block:
+         * state_cache.h), and a hit ends where a state was kept; the model must then
+         * honour tsr_engine_seq's restore_state and saves. */
         uint32_t state_slots;
+        uint32_t state_block;          /* a multiple of block_size (0: block_size) */
         /* Block tables per request (kv_cache.h tsr_kv_cache_set_tables): kv_chunk[t] 0 for
          * a full-attention table, else a chunked-local one's attention chunk (a hybrid
          * model's groups, kv_pool.h tsr_kv_tables).  0 tables: one full-attention table.
@@ -195,7 +211,7 @@ typedef struct tsr_engine_stats {
         uint64_t kv_blocks_free;
         uint64_t kv_blocks_active;
         uint32_t state_slots_total;     /* params.state_slots */
-        uint32_t state_slots_free;
+        uint32_t state_slots_free;      /* not held by a running request: free, or keeping a cached state */
         uint32_t num_running;
         uint32_t num_waiting;
         uint32_t max_num_seqs;

@@ -56,6 +56,11 @@ struct tsr_kv_cache {
         size_t n_ev, ev_cap, n_h, h_cap;
 
         uint64_t requests, queries, hits, evictions, overflows;
+
+        /* tsr_kv_cache_set_hit_check: a hit of b > 0 blocks also needs hit_check(hit_ud,
+         * hash of block b - 1) (NULL: every hit stands) */
+        bool (*hit_check)(void *ud, uint64_t hash);
+        void *hit_ud;
 };
 
 /* ---------------------------------------------------------------- free queue */
@@ -492,6 +497,10 @@ tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, con
                 r->block_ids[n_hit * kv->n_tables] = id;
         }
         n_hit = tables_hit(kv, r, n_hit);
+        /* vLLM's MambaManager.find_longest_cache_hit: the hit must end where a state was
+         * kept; a shorter hit is checked against every table again */
+        while (kv->hit_check && n_hit > 0 && !kv->hit_check(kv->hit_ud, r->_hashes[n_hit - 1]))
+                n_hit = tables_hit(kv, r, n_hit - 1);
         r->_n_hit = (uint32_t)n_hit;
         r->num_cached_tokens = n_hit * kv->block_size;
         kv->requests++;
@@ -499,6 +508,18 @@ tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, con
         kv->hits += r->num_cached_tokens;
         *ret_cached = r->num_cached_tokens;
         return TSR_OK;
+}
+
+void tsr_kv_cache_set_hit_check(tsr_kv_cache *kv, bool (*check)(void *ud, uint64_t hash), void *ud) {
+        kv->hit_check = check;
+        kv->hit_ud = ud;
+}
+
+bool tsr_kv_req_block_hash(const tsr_kv_req *r, size_t b, uint64_t *ret) {
+        if (b >= r->_n_hashes)
+                return false;
+        *ret = r->_hashes[b];
+        return true;
 }
 
 size_t tsr_kv_req_common_blocks(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *tokens, size_t n_tokens,

@@ -136,6 +136,17 @@ uint32_t tsr_kv_req_held(const tsr_kv_cache *kv, const tsr_kv_req *r);
 tsr_status tsr_kv_cache_get_computed_blocks(tsr_kv_cache *kv, tsr_kv_req *r, const uint32_t *tokens,
                                             size_t n_tokens, bool skip_read, size_t *ret_cached);
 
+/* A further condition on a hit (vLLM's Mamba prefix caching: a hybrid's hit must end
+ * at a block whose recurrent state was kept, state_cache.h): get_computed_blocks cuts a
+ * hit of b > 0 blocks back until check(ud, chain hash of block b - 1) holds (or b is 0).
+ * NULL: none.  The counters count the hit after the cut. */
+void tsr_kv_cache_set_hit_check(tsr_kv_cache *kv, bool (*check)(void *ud, uint64_t hash), void *ud);
+
+/* The chain hash of r's block b (table 0's, salt included) when r has hashed it (its
+ * full blocks up to its last lookup, plus every block it committed since, with caching
+ * on); false otherwise. */
+bool tsr_kv_req_block_hash(const tsr_kv_req *r, size_t b, uint64_t *ret);
+
 /* How many leading full blocks of tokens[0..n_tokens) `r` has in common with the hash
  * chain of `other` (the blocks `other` has hashed: its full blocks up to its last
  * lookup, plus every block it committed since).  Hashes r's full blocks first, as

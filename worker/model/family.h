@@ -42,6 +42,8 @@ typedef struct tsr_model_desc {
                                          * 0 for a family without forward_stage */
         void *config;                   /* the family's config: one flat allocation, freed by
                                          * tsr_model_desc_done */
+        uint32_t state_chunk;           /* a family with recurrent state: its scan's chunk (tokens), the
+                                         * default step of the prefix cache's states; else 0 */
 } tsr_model_desc;
 
 /* ---- per-layer KV / state spec --------------------------------------------------------
@@ -144,8 +146,12 @@ struct tsr_model_family {
         void (*seq_fill)(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
                          size_t past_len, bool want_logits, bool want_all_logits);
         /* A family with per-request state (a TSR_KV_MAMBA_STATE group): the engine's state
-         * slot of the sequence `seq_fill` just filled.  NULL for families without. */
-        void (*seq_set_state_slot)(void *seq, uint32_t slot);
+         * slot of the sequence `seq_fill` just filled, and (prefix caching) the slot whose
+         * state it starts from (NULL: none) and the states it saves on the way (engine.h
+         * tsr_engine_seq restore_from / saves; borrowed for the step).  NULL for families
+         * without. */
+        void (*seq_set_state)(void *seq, uint32_t slot, const uint32_t *restore_from, const tsr_state_save *saves,
+                              size_t n_saves);
         /* A family whose model on a device can hand back a row's token instead of the row
          * (tsr_engine_seq.token and .draw): set them on the sequence `seq_fill` just
          * filled.  NULL: the rows always come back whole. */

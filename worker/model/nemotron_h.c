@@ -1347,6 +1347,15 @@ static void group_channels(const tsr_nemotron_h_config *c, size_t g, size_t rang
         ranges[2][1] = di + G * NS + (g + 1) * NS;
 }
 
+/* Row r (0 .. K-2) of the conv state after the first t tokens of the chunk: the raw
+ * xBC row of position past + t - (K-1) + r, from the state before the chunk or from the
+ * chunk's own in_proj rows. */
+static const float *conv_row_after(const float *conv_state, const float *proj, size_t t, size_t r, size_t K,
+                                   size_t cd, size_t pr, size_t di) {
+        size_t w = t + r;
+        return w < K - 1 ? conv_state + w * cd : proj + (w - (K - 1)) * pr + di;
+}
+
 /* Task i = (sequence i / n_groups, group i % n_groups): the causal conv with SiLU, the
  * selective scan and the gated norm over the sequence's n tokens, then the group's
  * channels of the conv state moved on to the last K-1 raw rows.  The conv's window row r
@@ -1359,10 +1368,11 @@ static void mixer_task(void *ctx, size_t i, int worker) {
         size_t di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c), K = c->conv_kernel;
         size_t H = c->m_heads, P = c->m_head_dim, NS = c->ssm_state, G = c->n_groups, hpg = H / G;
         size_t pr = di + cd + H, gs = di / G, g = i % G, seq = i / G;
-        size_t n = j->seqs[seq].n, row0 = j->first_row[seq], ranges[3][2];
+        const tsr_nemotron_h_seq *q = &j->seqs[seq];
+        size_t n = q->n, row0 = j->first_row[seq], ranges[3][2], next_save = 0;
         const float *proj = j->proj + row0 * pr;
-        float *conv_state = j->conv + j->seqs[seq].slot * conv_elems(c);
-        float *ssm = j->ssm + j->seqs[seq].slot * ssm_elems(c);
+        float *conv_state = j->conv + q->slot * conv_elems(c);
+        float *ssm = j->ssm + q->slot * ssm_elems(c);
         float *xbc = j->xbc + (size_t)worker * cd;
         const float *conv_w = L->conv_w, *conv_b = L->conv_b;
 
@@ -1405,14 +1415,26 @@ static void mixer_task(void *ctx, size_t i, int worker) {
                 float rs = 1.0f / sqrtf(ss / (float)gs + c->eps);
                 for (size_t e = 0; e < gs; e++)
                         u[e] = L->gnorm[g * gs + e] * (u[e] * rs);
+                /* prefix caching: the group's share of the state after this token */
+                if (next_save < q->n_saves && q->saves[next_save].pos == q->past_len + t + 1) {
+                        uint32_t to = q->saves[next_save++].slot;
+                        float *conv_to = j->conv + to * conv_elems(c), *ssm_to = j->ssm + to * ssm_elems(c);
+                        size_t first = g * hpg * P * NS, count = hpg * P * NS;
+                        memcpy(ssm_to + first, ssm + first, count * sizeof(float));
+                        for (size_t r = 0; r + 1 < K; r++) {
+                                const float *src = conv_row_after(conv_state, proj, t + 1, r, K, cd, pr, di);
+                                for (size_t k2 = 0; k2 < 3; k2++)
+                                        for (size_t ch = ranges[k2][0]; ch < ranges[k2][1]; ch++)
+                                                conv_to[r * cd + ch] = src[ch];
+                        }
+                }
         }
         /* the conv state: window rows n .. n + K-2; in place, as row w = n + r > r is
          * read before it is overwritten (rows go up) */
         for (size_t r = 0; r + 1 < K; r++) {
-                size_t w = n + r;
-                const float *src = w < K - 1 ? conv_state + w * cd : proj + (w - (K - 1)) * pr + di;
-                for (size_t q = 0; q < 3; q++)
-                        for (size_t ch = ranges[q][0]; ch < ranges[q][1]; ch++)
+                const float *src = conv_row_after(conv_state, proj, n, r, K, cd, pr, di);
+                for (size_t k2 = 0; k2 < 3; k2++)
+                        for (size_t ch = ranges[k2][0]; ch < ranges[k2][1]; ch++)
                                 conv_state[r * cd + ch] = src[ch];
         }
 }
@@ -1616,11 +1638,16 @@ static tsr_status mamba(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend 
         if ((st = mm(be, s->proj, s->xb, &L->in_proj, N, dim, pr)) != TSR_OK)
                 return st;
         float *conv = kv->conv[L->kind_index], *ssm = kv->ssm[L->kind_index];
+        size_t ce = conv_elems(c), se = ssm_elems(c);
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
+                const tsr_nemotron_h_seq *q = &seqs[i];
                 s->first_row[i] = row;
-                if (seqs[i].past_len == 0) {    /* a new sequence: its slot's state from zero */
-                        memset(conv + seqs[i].slot * conv_elems(c), 0, conv_elems(c) * sizeof(float));
-                        memset(ssm + seqs[i].slot * ssm_elems(c), 0, ssm_elems(c) * sizeof(float));
+                if (q->past_len == 0) {         /* a new sequence: its slot's state from zero */
+                        memset(conv + q->slot * ce, 0, ce * sizeof(float));
+                        memset(ssm + q->slot * se, 0, se * sizeof(float));
+                } else if (q->restore) {        /* it continues a cached prefix: that state */
+                        memcpy(conv + q->slot * ce, conv + q->restore_from * ce, ce * sizeof(float));
+                        memcpy(ssm + q->slot * se, ssm + q->restore_from * se, se * sizeof(float));
                 }
         }
         struct mixer_job job = {.c = c, .L = L, .seqs = seqs, .first_row = s->first_row, .proj = s->proj,
@@ -1658,6 +1685,28 @@ static tsr_status lm_head(const tsr_nemotron_h *m, tsr_backend *be, float *logit
 }
 
 /* The sequences against the cache (the logits against the stage: tsr_stage_args_ok). */
+/* The slots a step writes (each sequence's own, its saves) are distinct, and no restore
+ * reads one of them (restores may share a source): the copies then commute with the
+ * other sequences' mixer tasks.  Slots already checked in range. */
+static tsr_status slots_ok(const tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs, size_t n_seqs) {
+        uint8_t *written = calloc(kv->n_slots, 1);
+        tsr_status st = TSR_OK;
+        if (!written)
+                return TSR_E_NOMEM;
+        for (size_t i = 0; i < n_seqs && st == TSR_OK; i++) {
+                if (written[seqs[i].slot]++)
+                        st = TSR_E_INVAL;
+                for (size_t k = 0; k < seqs[i].n_saves; k++)
+                        if (written[seqs[i].saves[k].slot]++)
+                                st = TSR_E_INVAL;
+        }
+        for (size_t i = 0; i < n_seqs && st == TSR_OK; i++)
+                if (seqs[i].restore && written[seqs[i].restore_from])
+                        st = TSR_E_INVAL;
+        free(written);
+        return st;
+}
+
 static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs,
                           size_t n_seqs) {
         const tsr_nemotron_h_config *c = &m->cfg;
@@ -1670,10 +1719,12 @@ static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *k
                         if (q->tokens[t] >= c->vocab_size)
                                 return TSR_E_INVAL;
                 if (kv->n_mamba) {
-                        if (q->slot >= kv->n_slots)
+                        if (q->slot >= kv->n_slots || (q->restore && (q->restore_from >= kv->n_slots || q->past_len == 0)))
                                 return TSR_E_INVAL;
-                        for (size_t j = 0; j < i; j++)
-                                if (seqs[j].slot == q->slot)
+                        for (size_t k = 0; k < q->n_saves; k++)
+                                if (q->saves[k].slot >= kv->n_slots || q->saves[k].pos <= q->past_len ||
+                                    q->saves[k].pos > q->past_len + q->n ||
+                                    (k && q->saves[k].pos <= q->saves[k - 1].pos))
                                         return TSR_E_INVAL;
                 }
                 if (kv->n_attn) {
@@ -1685,7 +1736,7 @@ static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *k
                                         return TSR_E_INVAL;
                 }
         }
-        return TSR_OK;
+        return kv->n_mamba ? slots_ok(kv, seqs, n_seqs) : TSR_OK;
 }
 
 tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be, tsr_nemotron_h_cache *kv,

@@ -42,6 +42,7 @@
 
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
+#include "worker/engine/kv_pool.h"
 #include "worker/load/loader.h"
 #include "worker/model/llama.h"
 
@@ -55,6 +56,8 @@ typedef struct tsr_nemotron_h_config {
         char pattern[TSR_NEMOTRON_H_MAX_LAYERS + 1];    /* 'M', '*', 'E', '-' per layer */
         uint32_t n_heads, n_kv_heads, head_dim;                 /* attention */
         uint32_t m_heads, m_head_dim, ssm_state, n_groups, conv_kernel;   /* Mamba-2 */
+        uint32_t chunk_size;    /* the SSD scan's chunk (config.json; 128, NemotronHConfig's default): the
+                                 * step of the prefix cache's states unless --mamba-block-size */
         bool conv_bias;
         float dt_min, dt_max;                                   /* time_step_limit */
         uint32_t n_experts, top_k, moe_hidden, shared_hidden;   /* MoE */
@@ -213,6 +216,15 @@ typedef struct tsr_nemotron_h_seq {
         size_t past_len;
         uint32_t slot;                  /* its Mamba state slot */
         tsr_llama_logits which;         /* NONE, LAST (1 row) or ALL (n rows) */
+        /* Prefix caching (engine.h tsr_engine_seq): each Mamba layer copies slot
+         * restore_from's state into `slot` before the sequence's tokens (past_len > 0:
+         * the state after the cached prefix), and the state after position saves[k].pos
+         * into saves[k].slot as its tokens pass there (positions increasing, in
+         * (past_len, past_len + n]). */
+        bool restore;
+        uint32_t restore_from;
+        const tsr_state_save *saves;
+        size_t n_saves;
 } tsr_nemotron_h_seq;
 
 /* Run the sequences in one pass (rows stacked for every matmul), update their K/V and

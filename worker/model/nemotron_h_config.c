@@ -182,6 +182,7 @@ static tsr_status from_json(const char *path, json_t *root, tsr_nemotron_h_confi
             (st = tsr_hf_u32(path, root, "ssm_state_size", false, 0, &c.ssm_state, err, errlen)) ||
             (st = tsr_hf_u32(path, root, "n_groups", false, 1, &c.n_groups, err, errlen)) ||
             (st = tsr_hf_u32(path, root, "conv_kernel", false, 4, &c.conv_kernel, err, errlen)) ||
+            (st = tsr_hf_u32(path, root, "chunk_size", false, 128, &c.chunk_size, err, errlen)) ||
             (st = tsr_hf_bool(path, root, "use_conv_bias", true, &c.conv_bias, err, errlen)) ||
             (st = read_dt_limit(path, root, &c, err, errlen)) ||
             (st = tsr_hf_u32(path, root, "n_routed_experts", false, 0, &c.n_experts, err, errlen)) ||
@@ -259,7 +260,7 @@ static bool has_blk(const tsr_gguf *g, uint32_t l, const char *what) {
 
 tsr_status tsr_nemotron_h_config_from_gguf(const tsr_gguf *g, const char *path, tsr_nemotron_h_config *ret,
                                            char *err, size_t errlen) {
-        tsr_nemotron_h_config c = {0};
+        tsr_nemotron_h_config c = {.chunk_size = 128};  /* llama.cpp keeps none: NemotronHConfig's default */
         const tsr_gguf_kv *kv;
         const char *s;
         size_t len;

@@ -40,6 +40,7 @@ static tsr_status nh_read_config(const char *path, bool gguf, tsr_model_desc *re
         ret->vocab_size = c->vocab_size;
         ret->n_layers = c->n_layers;
         ret->hidden_size = c->dim;
+        ret->state_chunk = c->chunk_size;
         return st;
 }
 
@@ -152,7 +153,15 @@ static void nh_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, 
         };
 }
 
-static void nh_seq_set_state_slot(void *seq, uint32_t slot) { ((tsr_nemotron_h_seq *)seq)->slot = slot; }
+static void nh_seq_set_state(void *seq, uint32_t slot, const uint32_t *restore_from, const tsr_state_save *saves,
+                             size_t n_saves) {
+        tsr_nemotron_h_seq *q = seq;
+        q->slot = slot;
+        q->restore = restore_from != NULL;
+        q->restore_from = restore_from ? *restore_from : 0;
+        q->saves = saves;
+        q->n_saves = n_saves;
+}
 
 const tsr_model_family tsr_family_nemotron_h = {
         .name = "nemotron_h",
@@ -182,5 +191,5 @@ const tsr_model_family tsr_family_nemotron_h = {
         .tp_set_comm = nh_tp_set_comm,
         .seq_size = sizeof(tsr_nemotron_h_seq),
         .seq_fill = nh_seq_fill,
-        .seq_set_state_slot = nh_seq_set_state_slot,
+        .seq_set_state = nh_seq_set_state,
 };

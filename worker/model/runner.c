@@ -88,9 +88,11 @@ static char *fill_seqs(const tsr_runner *r, const tsr_engine_seq *seqs, size_t n
         for (size_t i = 0; i < n_seqs; i++)
                 r->fam->seq_fill(ls + i * r->fam->seq_size, seqs[i].block_table, seqs[i].n_table, seqs[i].tokens,
                                  seqs[i].n, seqs[i].past_len, seqs[i].want_logits, seqs[i].want_all_logits);
-        if (r->fam->seq_set_state_slot)
+        if (r->fam->seq_set_state)
                 for (size_t i = 0; i < n_seqs; i++)
-                        r->fam->seq_set_state_slot(ls + i * r->fam->seq_size, seqs[i].state_slot);
+                        r->fam->seq_set_state(ls + i * r->fam->seq_size, seqs[i].state_slot,
+                                              seqs[i].restore_state ? &seqs[i].restore_from : NULL, seqs[i].saves,
+                                              seqs[i].n_saves);
         return ls;
 }
 

@@ -12,8 +12,9 @@
  *
  * Plan encoding, little-endian u32 words: n_seqs, then per sequence n_table, n,
  * past_len (u64: two words, low first), flags (1 want_logits, 2 want_all_logits),
- * state_slot, block_table[n_tables x n_table] (the tables one after the other, as the
- * engine hands them; n_tables is the model's, known to both sides), tokens[n]. */
+ * state_slot, restore_from + 1 (0: none; engine.h), n_saves, block_table[n_tables x n_table] (the tables one after the other, as the
+ * engine hands them; n_tables is the model's, known to both sides), tokens[n], then
+ * n_saves (pos, slot) pairs. */
 #include "worker/parallel/nodes.h"
 
 #include <pthread.h>
@@ -43,13 +44,14 @@ typedef struct ctl_msg {
 
 /* ---- the plan ---------------------------------------------------------------------- */
 
-#define SEQ_WORDS 6     /* n_table, n, past_len lo, past_len hi, flags, state_slot */
+/* n_table, n, past_len lo, past_len hi, flags, state_slot, restore_from + 1 (0: none), n_saves */
+#define SEQ_WORDS 8
 
 tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint32_t n_tables, uint8_t **buf,
                                size_t *len) {
         size_t words = 1, nt = n_tables ? n_tables : 1;
         for (size_t i = 0; i < n_seqs; i++)
-                words += SEQ_WORDS + nt * seqs[i].n_table + seqs[i].n;
+                words += SEQ_WORDS + nt * seqs[i].n_table + seqs[i].n + 2 * seqs[i].n_saves;
         uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
         if (!w)
                 return TSR_E_NOMEM;
@@ -62,10 +64,16 @@ tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint32
                 *p++ = (uint32_t)((uint64_t)q->past_len >> 32);
                 *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u);
                 *p++ = q->state_slot;
+                *p++ = q->restore_state ? q->restore_from + 1 : 0;
+                *p++ = (uint32_t)q->n_saves;
                 memcpy(p, q->block_table, nt * q->n_table * sizeof(uint32_t));
                 p += nt * q->n_table;
                 memcpy(p, q->tokens, q->n * sizeof(uint32_t));
                 p += q->n;
+                for (size_t k = 0; k < q->n_saves; k++) {
+                        *p++ = q->saves[k].pos;
+                        *p++ = q->saves[k].slot;
+                }
         }
         *buf = (uint8_t *)w;
         *len = words * sizeof(uint32_t);
@@ -100,10 +108,17 @@ tsr_status tsr_nodes_plan_unpack(const uint8_t *buf, size_t len, uint32_t n_tabl
                 size_t nt = tables * n_table;   /* every table's entries */
                 if (nn > words - at - nt || flags > 3 || nn == 0)
                         goto bad;
+                uint32_t restore = copy[at - 2];
+                size_t n_saves = copy[at - 1];
+                if (n_saves > (words - at - nt - nn) / 2)
+                        goto bad;
+                /* the (pos, slot) word pairs are tsr_state_save records as they lie */
                 s[i] = (tsr_engine_seq){.block_table = copy + at, .n_table = n_table, .tokens = copy + at + nt, .n = nn,
                                         .past_len = (size_t)past, .want_logits = flags & 1,
-                                        .want_all_logits = (flags & 2) != 0, .state_slot = copy[at - 1]};
-                at += nt + nn;
+                                        .want_all_logits = (flags & 2) != 0, .state_slot = copy[at - 3],
+                                        .restore_state = restore != 0, .restore_from = restore ? restore - 1 : 0,
+                                        .saves = (const tsr_state_save *)(copy + at + nt + nn), .n_saves = n_saves};
+                at += nt + nn + 2 * n_saves;
         }
         if (at != words)
                 goto bad;
