@@ -728,6 +728,14 @@ static size_t next_waiting(const tsr_engine *e) {
         return best;
 }
 
+/* Prefix caching of a Mamba hybrid's state (state_cache.h): on, and its state block
+ * (tokens), at whose multiples the states are kept. */
+static bool states_cached(const tsr_engine *e) { return e->states && e->params.enable_prefix_caching; }
+
+static size_t state_block(const tsr_engine *e) {
+        return e->params.state_block ? e->params.state_block : e->params.block_size;
+}
+
 /* True when a running request is computing, right now, full blocks of s's tokens that
  * s could read from the prefix cache once they are done: s then waits for them rather
  * than computing them a second time.  This is what makes the `n` samples of one prompt
@@ -748,15 +756,15 @@ static bool prefix_in_flight(tsr_engine *e, slot *s) {
                 size_t common = tsr_kv_req_common_blocks(e->kv, &s->kv, s->tokens, s->n_tokens, &x->kv);
                 if (common > readable)
                         common = readable;
+                if (states_cached(e))   /* a hybrid's hit ends where a state is kept */
+                        common = common * bs / state_block(e) * state_block(e) / bs;
                 if (common && x->kv.n_computed < common * bs)
                         return true;
         }
         return false;
 }
 
-/* ---- prefix caching of a Mamba hybrid's state (state_cache.h) ---- */
-
-static bool states_cached(const tsr_engine *e) { return e->states && e->params.enable_prefix_caching; }
+/* ---- prefix caching of a Mamba hybrid's state: the hit, the saves ---- */
 
 /* kv_cache's hit check (tsr_kv_cache_set_hit_check): a hybrid's hit must end at a block
  * whose state was kept.  Engine thread. */
@@ -773,11 +781,6 @@ static bool state_for_hit(tsr_engine *e, slot *s, size_t cached, uint32_t *from)
         uint64_t h;
         return cached && tsr_kv_req_block_hash(&s->kv, cached / e->params.block_size - 1, &h) &&
                tsr_state_find(e->states, h, e->sched_round, from);
-}
-
-/* The state block (tokens): prefix caching keeps a hybrid's state at its multiples. */
-static size_t state_block(const tsr_engine *e) {
-        return e->params.state_block ? e->params.state_block : e->params.block_size;
 }
 
 /* After scheduling: each position a multiple of the state block that a chunk reaches
