@@ -234,3 +234,23 @@ class EngineWorker:
             if pred(s):
                 return s
             assert time.monotonic() < deadline, f"timed out waiting for {what}: last {s}"
+
+
+def greedy_until_tie(w, prompts, greedy, margins, tie=1e-3):
+    """Each prompt's greedy continuation up to its first step whose reference top-1 /
+    top-2 margin is under `tie` (where rounding may pick either), asked of worker `w`
+    alone and then all at once: both must give it.  Returns the tokens checked."""
+    wants = []
+    for ids, g, mg in zip(prompts, greedy, margins):
+        k = next((i for i, m in enumerate(mg) if m < tie), len(g))
+        wants.append((ids, g[:k]))
+    alone = [w.run(f"a{i}", ids, len(want)) for i, (ids, want) in enumerate(wants)]
+    for i, (ids, want) in enumerate(wants):
+        assert alone[i].tokens == want, i
+    with w.paused():
+        for i, (ids, want) in enumerate(wants):
+            w.submit(f"b{i}", ids, len(want))
+    batch = w.collect([f"b{i}" for i in range(len(wants))])
+    for i in range(len(wants)):
+        assert batch[f"b{i}"].tokens == alone[i].tokens, i
+    return sum(len(want) for _, want in wants)

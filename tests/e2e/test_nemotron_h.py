@@ -29,7 +29,7 @@ import openai
 import requests
 
 from conftest import BUILD, LAUNCHER, REPO, WORKER, free_port, free_port_pair, http_status, wait_until
-from engine_client import EngineWorker
+from engine_client import EngineWorker, greedy_until_tie
 from test_hf_model import completion_text
 
 MODEL = REPO / "tests" / "fixtures" / "tiny-nemotron-h"
@@ -495,19 +495,28 @@ def test_gguf_served(spawn, flags):
     norm, its columns of every expert stack) and with expert parallelism."""
     model = GGUF_DIR / GGUF_GOLDEN["gguf"]
     w = EngineWorker(spawn, model, "--dtype", "float32", *flags)
-    wants = []
-    for p, g, mg in zip(GGUF_GOLDEN["prompts"], GGUF_GOLDEN["greedy"], GGUF_GOLDEN["greedy_margin"]):
-        k = next((i for i, m in enumerate(mg) if m < 1e-4), len(g))
-        wants.append((p["ids"], g[:k]))
-    alone = [w.run(f"a{i}", ids, len(want)) for i, (ids, want) in enumerate(wants)]
-    for i, (ids, want) in enumerate(wants):
-        assert alone[i].tokens == want, i
-    with w.paused():
-        for i, (ids, want) in enumerate(wants):
-            w.submit(f"b{i}", ids, len(want))
-    batch = w.collect([f"b{i}" for i in range(len(wants))])
-    for i in range(len(wants)):
-        assert batch[f"b{i}"].tokens == alone[i].tokens, i
+    greedy_until_tie(w, [p["ids"] for p in GGUF_GOLDEN["prompts"]], GGUF_GOLDEN["greedy"],
+                     GGUF_GOLDEN["greedy_margin"], tie=1e-4)
+    w.close()
+    if flags:
+        assert "its share read straight from the file" in w.proc.output(), w.proc.output()
+
+
+DENSE_GGUF_DIR = REPO / "tests" / "fixtures" / "tiny-nemotron-h-dense-gguf"
+DENSE_GGUF_GOLDEN = json.loads((DENSE_GGUF_DIR / "golden.json").read_text())
+
+
+@pytest.mark.parametrize("flags", [(), ("-tp", "2")], ids=["tp1", "tp2"])
+def test_gguf_dense_served(spawn, flags):
+    """llama.cpp's F16 GGUF of a tiny dense NemotronH (general.architecture nemotron_h,
+    pattern "M*M-M-": no expert anywhere; make_tiny_nemotron_h_dense_gguf.py) through the
+    real worker: transformers' greedy continuations of the same weights up to each
+    prompt's first near-tie (margin under 1e-3, as tests/unit/test_nemotron_h.c
+    test_gguf_dense: none in these 128 tokens), alone and four at once, at one rank and
+    at -tp 2 (each rank reading its share of the file)."""
+    w = EngineWorker(spawn, DENSE_GGUF_DIR / DENSE_GGUF_GOLDEN["gguf"], "--dtype", "float32", *flags)
+    assert greedy_until_tie(w, [p["ids"] for p in DENSE_GGUF_GOLDEN["prompts"]], DENSE_GGUF_GOLDEN["greedy"],
+                            DENSE_GGUF_GOLDEN["greedy_margin"]) == 128
     w.close()
     if flags:
         assert "its share read straight from the file" in w.proc.output(), w.proc.output()

@@ -1637,6 +1637,133 @@ static void test_gguf(void **state) {
         json_decref(g);
 }
 
+/* llama.cpp's converter's F16 GGUF of a tiny random dense NemotronH (general.architecture
+ * "nemotron_h": no MoE layer, so no expert key or tensor; the Mamba tensors through
+ * Mamba2's rules; tests/fixtures/make_tiny_nemotron_h_dense_gguf.py, pattern "M*M-M-",
+ * n_groups 2): the config from its metadata and tensors (each layer's kind from its
+ * tensors, the MLP width from ffn_up, no experts), its 41 tensors load, the family's
+ * description and KV groups (one attention layer, three Mamba states), every position
+ * of its four prompts within TOL of transformers' logits of the same F16-rounded weights,
+ * and the greedy continuations (the decode path) equal up to each prompt's first step
+ * whose recorded margin is under 1e-3: measured 2026-11-27 max |dlogit| 4.6e-6, the
+ * smallest margin 0.0065, so all 128 tokens. */
+#define DENSE_FIXTURE "tests/fixtures/tiny-nemotron-h-dense-gguf"
+#define DENSE_TIE 1e-3
+static void test_gguf_dense(void **state) {
+        char path[1024], rel[512], err[512] = "";
+        json_error_t je;
+        json_t *g = NULL, *keep_golden = golden;
+        tsr_gguf *gf = NULL;
+        tsr_nemotron_h_config c;
+        tsr_nemotron_h *m = NULL, *keep_model = model;
+        tsr_load_stats st = {0};
+        tsr_model_desc d;
+        tsr_shard_spec sh;
+        tsr_kv_group kg[TSR_KV_GROUPS_MAX];
+        (void)state;
+
+        assert_non_null(tsr_test_src_path(DENSE_FIXTURE "/golden.json", path, sizeof path));
+        assert_non_null(g = json_load_file(path, 0, &je));
+        snprintf(rel, sizeof rel, DENSE_FIXTURE "/%s", json_string_value(json_object_get(g, "gguf")));
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+        if (tsr_gguf_open(path, &gf, err, sizeof err) != TSR_OK ||
+            tsr_nemotron_h_config_from_gguf(gf, path, &c, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        const tsr_gguf_kv *arch = tsr_gguf_find_kv(gf, "general.architecture");
+        const char *as;
+        size_t alen;
+        assert_non_null(arch);
+        assert_int_equal(tsr_gguf_get_str(&arch->value, &as, &alen), TSR_OK);
+        assert_true(alen == 10 && memcmp(as, "nemotron_h", 10) == 0);
+        tsr_gguf_close(&gf);
+        /* the sizes make_tiny_nemotron_h_dense_gguf.py builds; the '-' layers' width from ffn_up */
+        assert_true(c.gguf);
+        assert_string_equal(c.pattern, "M*M-M-");
+        assert_string_equal(c.pattern, json_string_value(json_object_get(g, "pattern")));
+        assert_int_equal(c.n_layers, 6);
+        assert_int_equal(c.vocab_size, 300);
+        assert_int_equal(c.dim, 64);
+        assert_int_equal(c.n_heads, 4);
+        assert_int_equal(c.n_kv_heads, 2);
+        assert_int_equal(c.head_dim, 16);
+        assert_int_equal(c.m_heads, 8);
+        assert_int_equal(c.m_head_dim, 8);
+        assert_int_equal(c.ssm_state, 16);
+        assert_int_equal(c.n_groups, 2);
+        assert_int_equal(c.conv_kernel, 4);
+        assert_true(c.conv_bias);
+        assert_int_equal(c.mlp_hidden, 40);
+        assert_int_equal(c.n_experts, 0);
+        assert_int_equal(c.top_k, 0);
+        assert_int_equal(c.moe_hidden, 0);
+        assert_true(c.eps == 1e-5f);
+        assert_true(c.dt_min == 0.0f && isinf(c.dt_max));
+        assert_false(c.tied_embeddings);
+        assert_false(c.residual_in_fp32);
+        if (tsr_nemotron_h_load(path, &c, NULL, NULL, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        /* 2 model-wide + output_norm + 3 Mamba x 9 + attention x 5 + 2 MLP x 3 */
+        assert_int_equal(st.n_tensors, 41);
+
+        /* the family's description, as the runner reads it: one KV group of the attention
+         * layer, one of the three Mamba layers' states */
+        const tsr_model_family *f = &tsr_family_nemotron_h;
+        assert_int_equal(tsr_model_desc_read(f, path, true, &d, err, sizeof err), TSR_OK);
+        assert_int_equal(d.n_layers, 6);
+        assert_int_equal(d.vocab_size, 300);
+        assert_int_equal(d.hidden_size, 64);
+        assert_int_equal(f->shard_for(&d, 0, 1, 0, 1, &sh), TSR_OK);
+        assert_int_equal(f->kv_groups(&d, &sh, kg, TSR_KV_GROUPS_MAX), 2);
+        assert_int_equal(kg[0].kind, TSR_KV_FULL_ATTENTION);
+        assert_int_equal(kg[0].n_layers, 1);
+        assert_int_equal(kg[1].kind, TSR_KV_MAMBA_STATE);
+        assert_int_equal(kg[1].n_layers, 3);
+        tsr_model_desc_done(&d);
+
+        /* full_rows and greedy_on read the prompts from `golden` and size their cache for
+         * `model`: this fixture's for the test */
+        assert_int_equal(json_integer_value(json_object_get(g, "vocab_size")), vocab);
+        golden = g;
+        model = m;
+        size_t n_rows, rows = prompt_rows();
+        snprintf(rel, sizeof rel, DENSE_FIXTURE "/%s", json_string_value(json_object_get(g, "logits_file")));
+        float *want = load_logits_at(rel, &n_rows), *got = malloc(rows * vocab * sizeof(float));
+        assert_int_equal(n_rows, rows);
+        full_rows(m, be, NULL, 0, got);
+        float worst = compare_rows(got, want, rows);
+        size_t n_prompts = json_array_size(json_object_get(g, "prompts")), checked = 0, before_tie = 0, total = 0;
+        uint32_t toks[64];
+        for (size_t p = 0; p < n_prompts; p++) {
+                json_t *gw = json_array_get(json_object_get(g, "greedy"), p);
+                json_t *mg = json_array_get(json_object_get(g, "greedy_margin"), p);
+                assert_true(json_array_size(gw) <= 64);
+                assert_int_equal(json_array_size(mg), json_array_size(gw));
+                greedy_on(m, p, json_array_size(gw), toks);
+                size_t i = 0;
+                while (i < json_array_size(mg) && json_number_value(json_array_get(mg, i)) >= DENSE_TIE)
+                        i++;
+                before_tie += i;
+                for (size_t k = 0; k < i; k++, checked++)
+                        if (toks[k] != json_integer_value(json_array_get(gw, k)))
+                                fail_msg("dense gguf prompt %zu greedy step %zu: %u, transformers %lld", p, k, toks[k],
+                                         (long long)json_integer_value(json_array_get(gw, k)));
+                total += json_array_size(gw);
+        }
+        golden = keep_golden;
+        model = keep_model;
+        print_message("tiny-nemotron-h-dense-gguf (F16, nemotron_h): max |dlogit| vs transformers %.3g over %zu rows "
+                      "(TOL %.0e); greedy %zu/%zu tokens equal before a near-tie (margin < %.0e)\n", (double)worst,
+                      rows, (double)TOL, checked, total, DENSE_TIE);
+        assert_true(worst <= TOL);
+        assert_int_equal(checked, before_tie);
+        assert_int_equal(total, 4 * 32);
+        assert_true(checked >= total * 3 / 4);  /* a fixture whose near-ties come early tests little */
+        tsr_nemotron_h_free(&m);
+        free(want);
+        free(got);
+        json_decref(g);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config),
@@ -1663,6 +1790,7 @@ int main(void) {
                 cmocka_unit_test(test_bf16_residual_in_fp32),
                 cmocka_unit_test(test_f16_checkpoint),
                 cmocka_unit_test(test_gguf),
+                cmocka_unit_test(test_gguf_dense),
                 cmocka_unit_test_setup_teardown(test_fp8_load, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_logits, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_greedy, setup_fp8, teardown_fp8),
