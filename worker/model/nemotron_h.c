@@ -1719,7 +1719,8 @@ static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *k
                         if (q->tokens[t] >= c->vocab_size)
                                 return TSR_E_INVAL;
                 if (kv->n_mamba) {
-                        if (q->slot >= kv->n_slots || (q->restore && (q->restore_from >= kv->n_slots || q->past_len == 0)))
+                        if (q->slot >= kv->n_slots ||
+                            (q->restore && (q->restore_from >= kv->n_slots || q->past_len == 0)))
                                 return TSR_E_INVAL;
                         for (size_t k = 0; k < q->n_saves; k++)
                                 if (q->saves[k].slot >= kv->n_slots || q->saves[k].pos <= q->past_len ||

@@ -12,9 +12,9 @@
  *
  * Plan encoding, little-endian u32 words: n_seqs, then per sequence n_table, n,
  * past_len (u64: two words, low first), flags (1 want_logits, 2 want_all_logits),
- * state_slot, restore_from + 1 (0: none; engine.h), n_saves, block_table[n_tables x n_table] (the tables one after the other, as the
- * engine hands them; n_tables is the model's, known to both sides), tokens[n], then
- * n_saves (pos, slot) pairs. */
+ * state_slot, restore_from + 1 (0: none; engine.h), n_saves, block_table[n_tables x
+ * n_table] (the tables one after the other, as the engine hands them; n_tables is the
+ * model's, known to both sides), tokens[n], then n_saves (pos, slot) pairs. */
 #include "worker/parallel/nodes.h"
 
 #include <pthread.h>
