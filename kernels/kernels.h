@@ -132,8 +132,16 @@ typedef struct tsr_backend tsr_backend;
  * reference's.  The bf16 matmul follows its own fixed order on AVX512_BF16 and on AMX
  * (within the float32 summation error of the reference's) and is bitwise the reference's
  * elsewhere. */
+/* The default kernel thread count: one per physical core this process may run on
+ * (sched_getaffinity, each (package, core) counted once: SMT siblings share one core's
+ * vector units); the allowed CPUs where Linux gives no topology.  Any thread. */
+int tsr_cpu_default_threads(void);
+/* The distinct (physical_package_id, core_id) pairs of cpus[0..n) under sysfs_cpu_root
+ * (normally /sys/devices/system/cpu); n when a CPU's topology cannot be read. */
+int tsr_cpu_cores_of(const int *cpus, size_t n, const char *sysfs_cpu_root);
+
 typedef struct tsr_cpu_backend_config {
-        int n_threads;          /* threads in all, the calling thread included; 0 = the online cores */
+        int n_threads;          /* threads in all, the calling thread included; 0 = tsr_cpu_default_threads() */
         tsr_cpu_isa max_isa;    /* use at most this ISA (what the CPU lacks is never used) */
 } tsr_cpu_backend_config;
 

@@ -609,7 +609,7 @@ int main(int argc, char **argv) {
                 log_info("tensor parallel: %u ranks (threads) in this process, every layer split across them", tp);
         }
         /* Each rank's kernel pool gets an even share of the cores (--cpu-threads, else the
-         * online ones) among the ranks that compute at once, at least one thread:
+         * physical cores it may run on) among the ranks that compute at once, at least one thread:
          * max(1, cores / tp).  The stages of a step run one after another (no micro-batches
          * yet), so each stage may use every core while it runs; a stage's tp ranks run at
          * once and share them.  (cores / (tp x pp) left -pp 2 at half speed: benchmarks.md,
@@ -621,7 +621,7 @@ int main(int argc, char **argv) {
         int node_stage = cfg.nnodes > 1 ? cfg.node_rank * (int)node_stages : -1;
         long concurrent = tp > 1 ? tp : 1;
         if (ranks > 1) {
-                long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : sysconf(_SC_NPROCESSORS_ONLN);
+                long cores = cfg.cpu_threads > 0 ? cfg.cpu_threads : tsr_cpu_default_threads();
                 rank_threads = cores / concurrent > 1 ? (int)(cores / concurrent) : 1;
         }
         /* --kv-cache-dtype: bfloat16 and fp8 for the llama, llama4 and nemotron_h families (any

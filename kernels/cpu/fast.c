@@ -1118,14 +1118,6 @@ static const tsr_backend_ops cpu_fast_ops = {
         .host_tasks = fast_host_tasks,
 };
 
-static int online_cores(void) {
-        cpu_set_t set;
-        if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-                return CPU_COUNT(&set);
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        return n > 0 ? (int)n : 1;
-}
-
 tsr_status tsr_backend_cpu_new(const tsr_cpu_backend_config *cfg, tsr_backend **ret) {
         struct cpu_fast *f;
         int n_threads;
@@ -1136,7 +1128,7 @@ tsr_status tsr_backend_cpu_new(const tsr_cpu_backend_config *cfg, tsr_backend **
         if (!f)
                 return TSR_E_NOMEM;
         f->isa = cfg->max_isa < tsr_cpu_isa_best() ? cfg->max_isa : tsr_cpu_isa_best();
-        n_threads = cfg->n_threads ? cfg->n_threads : online_cores();
+        n_threads = cfg->n_threads ? cfg->n_threads : tsr_cpu_default_threads();
         if (n_threads > 1 && !(f->pool = tsr_pool_new(n_threads))) {
                 free(f);
                 return TSR_E_NOMEM;

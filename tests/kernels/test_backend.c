@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kernels/kernels.h"
 
@@ -397,8 +398,52 @@ static void test_host_tasks(void **state) {
         tsr_backend_free(&one);
 }
 
+/* <root>/cpu<c>/topology/{physical_package_id,core_id}. */
+static void put_topology(const char *root, int cpu, int pkg, int core) {
+        char path[512];
+        FILE *f;
+        snprintf(path, sizeof path, "%s/cpu%d", root, cpu);
+        assert_int_equal(mkdir(path, 0700), 0);
+        snprintf(path, sizeof path, "%s/cpu%d/topology", root, cpu);
+        assert_int_equal(mkdir(path, 0700), 0);
+        snprintf(path, sizeof path, "%s/cpu%d/topology/physical_package_id", root, cpu);
+        assert_non_null(f = fopen(path, "w"));
+        fprintf(f, "%d\n", pkg);
+        fclose(f);
+        snprintf(path, sizeof path, "%s/cpu%d/topology/core_id", root, cpu);
+        assert_non_null(f = fopen(path, "w"));
+        fprintf(f, "%d\n", core);
+        fclose(f);
+}
+
+/* The default thread count counts physical cores: a fake sysfs of two packages, each of
+ * two cores with two SMT threads (cpus 0-3 the first threads, 4-7 their siblings; core
+ * ids repeat across packages): all 8 CPUs are 4 cores, the first threads alone 4, one
+ * core's two threads 1, the same core id in two packages 2; a CPU without topology
+ * counts the CPUs.  And the real one is at least 1. */
+static void test_default_threads_physical_cores(void **state) {
+        char root[] = "/tmp/tsr-sysfs-XXXXXX";
+        (void)state;
+        assert_non_null(mkdtemp(root));
+        for (int cpu = 0; cpu < 8; cpu++)
+                put_topology(root, cpu, (cpu % 4) / 2, cpu % 2);
+        const int all[] = {0, 1, 2, 3, 4, 5, 6, 7}, firsts[] = {0, 1, 2, 3}, one_core[] = {0, 4}, pkgs[] = {0, 2},
+                  missing[] = {0, 9, 1};
+        assert_int_equal(tsr_cpu_cores_of(all, 8, root), 4);
+        assert_int_equal(tsr_cpu_cores_of(firsts, 4, root), 4);
+        assert_int_equal(tsr_cpu_cores_of(one_core, 2, root), 1);
+        assert_int_equal(tsr_cpu_cores_of(pkgs, 2, root), 2);
+        assert_int_equal(tsr_cpu_cores_of(missing, 3, root), 3);
+        assert_int_equal(tsr_cpu_cores_of(all, 0, root), 0);
+        assert_true(tsr_cpu_default_threads() >= 1);
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+        assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
+                cmocka_unit_test(test_default_threads_physical_cores),
                 cmocka_unit_test(test_create_and_query),
                 cmocka_unit_test(test_memory),
                 cmocka_unit_test(test_matmul_dtype_dispatch),
