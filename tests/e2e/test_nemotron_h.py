@@ -520,3 +520,31 @@ def test_gguf_dense_served(spawn, flags):
     w.close()
     if flags:
         assert "its share read straight from the file" in w.proc.output(), w.proc.output()
+
+
+G1 = REPO / "tests" / "fixtures" / "tiny-nemotron-h-g1"
+
+
+def test_one_group_tp(spawn, tmp_path):
+    """One Mamba group (n_groups 1, tests/fixtures/tiny-nemotron-h-g1; the tokenizer linked
+    from tiny-nemotron-h): -tp 2 and -tp 4 split the heads, replicate the group (as vLLM)
+    and sum the gated norm's squares across the ranks; every prompt's greedy tokens are
+    transformers', and tokens and logprobs are bitwise those of -tp 1."""
+    d = tmp_path / "g1"
+    d.mkdir()
+    for f in (G1 / "model").iterdir():
+        (d / f.name).symlink_to(f)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (d / f).symlink_to(MODEL / "model" / f)
+    golden = json.loads((G1 / "golden.json").read_text())
+    runs = {}
+    for tp in ("1", "2", "4"):
+        w = EngineWorker(spawn, d, "--dtype", "float32", "-tp", tp)
+        runs[tp] = [w.run(f"p{i}", p["ids"], len(g), logprobs=2) for i, (p, g) in
+                    enumerate(zip(golden["prompts"], golden["greedy"]))]
+        w.close()
+    for i, g in enumerate(golden["greedy"]):
+        assert runs["1"][i].tokens == g, i
+        same(runs["2"][i], runs["1"][i])
+        same(runs["4"][i], runs["1"][i])
+

@@ -1764,6 +1764,62 @@ static void test_gguf_dense(void **state) {
         json_decref(g);
 }
 
+/* One Mamba group (n_groups 1: tests/fixtures/tiny-nemotron-h-g1, make_tiny_nemotron_h_g1.py,
+ * pattern "M*M-"), whose gated RMSNorm spans every channel: the norm's sum of squares
+ * is taken as R7's canonical partials (8 fixed channel slices summed in one tree, so
+ * -tp 2 and 4 give the same bits: tests/unit/test_parallel.c test_nemotron_h_tp_one_group);
+ * here every position of its prompts and the decode path within TOL of transformers,
+ * prefill in chunks bitwise the whole, and the greedy continuations equal. */
+#define G1_FIXTURE "tests/fixtures/tiny-nemotron-h-g1"
+static void test_one_group(void **state) {
+        char path[1024], err[512] = "";
+        json_error_t je;
+        json_t *g = NULL, *keep_golden = golden;
+        tsr_nemotron_h *m = NULL, *keep_model = model;
+        (void)state;
+
+        assert_non_null(tsr_test_src_path(G1_FIXTURE "/golden.json", path, sizeof path));
+        assert_non_null(g = json_load_file(path, 0, &je));
+        assert_non_null(tsr_test_src_path(G1_FIXTURE "/model", path, sizeof path));
+        if (tsr_nemotron_h_load(path, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        const tsr_nemotron_h_config *c = tsr_nemotron_h_config_of(m);
+        assert_int_equal(c->n_groups, 1);
+        assert_int_equal(c->vocab_size, vocab);
+        golden = g;
+        model = m;
+        size_t n_rows, rows = prompt_rows();
+        float *want = load_logits_at(G1_FIXTURE "/logits.f32", &n_rows), *got = malloc(n_rows * vocab * sizeof(float));
+        float *chunked = malloc(rows * vocab * sizeof(float));
+        full_rows(m, be, NULL, 0, got);
+        float worst = compare_rows(got, want, rows);
+        full_rows(m, be, chunk_sizes, N_CHUNK_SIZES, chunked);
+        assert_memory_equal(chunked, got, rows * vocab * sizeof(float));
+        size_t steps = decode_rows(m, be, got);
+        assert_int_equal(n_rows, rows + steps);
+        float worst_dec = compare_rows(got, want + rows * vocab, steps);
+        size_t n_prompts = json_array_size(json_object_get(g, "prompts")), n_greedy = 0;
+        uint32_t toks[64];
+        for (size_t p = 0; p < n_prompts; p++) {
+                json_t *gw = json_array_get(json_object_get(g, "greedy"), p);
+                assert_true(json_array_size(gw) <= 64);
+                greedy_on(m, p, json_array_size(gw), toks);
+                for (size_t i = 0; i < json_array_size(gw); i++, n_greedy++)
+                        assert_int_equal(toks[i], json_integer_value(json_array_get(gw, i)));
+        }
+        golden = keep_golden;
+        model = keep_model;
+        print_message("tiny-nemotron-h-g1 (n_groups 1): max |dlogit| %.3g over %zu rows, decode %.3g over %zu steps; "
+                      "%zu greedy tokens equal\n", (double)worst, rows, (double)worst_dec, steps, n_greedy);
+        assert_true(worst <= TOL);
+        assert_true(worst_dec <= TOL);
+        tsr_nemotron_h_free(&m);
+        free(want);
+        free(got);
+        free(chunked);
+        json_decref(g);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config),
@@ -1791,6 +1847,7 @@ int main(void) {
                 cmocka_unit_test(test_f16_checkpoint),
                 cmocka_unit_test(test_gguf),
                 cmocka_unit_test(test_gguf_dense),
+                cmocka_unit_test(test_one_group),
                 cmocka_unit_test_setup_teardown(test_fp8_load, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_logits, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_greedy, setup_fp8, teardown_fp8),

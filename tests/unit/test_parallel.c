@@ -948,6 +948,23 @@ static void test_nemotron_h_tp(void **state) {
         model_close(&mc);
 }
 
+/* NemotronH with one Mamba group (n_groups 1, tests/fixtures/tiny-nemotron-h-g1, "M*M-"):
+ * tp does not divide the groups, so every rank holds the group (its B and C channels and
+ * their conv state replicated, vLLM's extra_groups_for_head_shards) and the gated
+ * RMSNorm's sum of squares over all d_inner channels is R7's: 8 canonical channel slices,
+ * each rank's tree-summed, then all-reduced.  TP = 2 and 4 (4 and 2 of the 8 Mamba heads
+ * a rank) and 2 x 2 with pipeline stages, memcmp-equal to TP = 1 in the canonical split. */
+static void test_nemotron_h_tp_one_group(void **state) {
+        (void)state;
+        model_case mc = {0};
+        static const uint32_t two[] = {2, 2};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, two}};
+        if (!model_open_family(&mc, "tests/fixtures/tiny-nemotron-h-g1/model", "nemotron_h"))
+                fail_msg("tests/fixtures/tiny-nemotron-h-g1 is a committed fixture: run from the source tree");
+        compare_tp(&mc, "tiny-nemotron-h-g1", run_hybrid_f32, H_ROWS, cases, sizeof cases / sizeof cases[0]);
+        model_close(&mc);
+}
+
 /* --enable-expert-parallel on NemotronH (8 experts): tp 2 (experts 0-3 and 4-7), tp 1 and
  * 2 x 2, memcmp-equal to TP = 1 canonical; then a copy whose router picks 3 experts a
  * row (config.json rewritten, the weights linked), where a row's choices come in another
@@ -1417,6 +1434,7 @@ int main(void) {
                 cmocka_unit_test(test_tp_bf16),
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_nemotron_h_tp),
+                cmocka_unit_test(test_nemotron_h_tp_one_group),
                 cmocka_unit_test(test_hybrid_stage_args),
                 cmocka_unit_test(test_hybrid_tp_refused),
                 cmocka_unit_test(test_fp8_kv_parallel),

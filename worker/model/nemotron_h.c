@@ -207,7 +207,9 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
                 return (tsr_load_slice){0};
         tsr_nemotron_h_config r = tsr_nemotron_h_config_rank(c, t);
         uint64_t P = c->m_head_dim, NS = c->ssm_state, di = tsr_nemotron_h_d_inner(c), gn = (uint64_t)c->n_groups * NS;
-        uint64_t hr = r.m_heads, dr = hr * P, gr = (uint64_t)r.n_groups * NS, h0 = rk * hr, x0 = rk * dr, g0 = rk * gr;
+        uint64_t hr = r.m_heads, dr = hr * P, gr = (uint64_t)r.n_groups * NS, h0 = rk * hr, x0 = rk * dr;
+        bool replicated = c->n_groups % t != 0;         /* one group, every rank's (config_rank) */
+        uint64_t g0 = replicated ? 0 : rk * gr;
         uint64_t hd = c->head_dim, qr = (uint64_t)r.n_heads * hd, nkv = r.n_kv_heads;
         uint64_t kv0 = t <= c->n_kv_heads ? rk * nkv : rk / (t / c->n_kv_heads), vl = c->vocab_size / t;
         uint64_t gw = di / c->n_groups;         /* a GGUF's gated norm is (groups, gw): whole groups per rank */
@@ -222,7 +224,10 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
                 {"ssm_a", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
                 {"D", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
                 {"dt_bias", {TSR_LOAD_SLICE_ROWS, 1, {{h0, hr}}}},
-                {"gnorm", {TSR_LOAD_SLICE_ROWS, 1, {{c->gguf ? x0 / gw : x0, c->gguf ? dr / gw : dr}}}},
+                /* one group across the ranks: a GGUF's (1, di) row, the rank's columns of it */
+                {"gnorm", replicated && c->gguf ? (tsr_load_slice){TSR_LOAD_SLICE_COLS, 1, {{x0, dr}}}
+                                                : (tsr_load_slice){TSR_LOAD_SLICE_ROWS, 1,
+                                                                   {{c->gguf ? x0 / gw : x0, c->gguf ? dr / gw : dr}}}},
                 {"out_proj", {TSR_LOAD_SLICE_COLS, 1, {{x0, dr}}}},
                 {"attn_q", {TSR_LOAD_SLICE_ROWS, 1, {{rk * qr, qr}}}},
                 {"attn_k", {TSR_LOAD_SLICE_ROWS, 1, {{kv0 * hd, nkv * hd}}}},
@@ -743,7 +748,9 @@ tsr_nemotron_h_config tsr_nemotron_h_config_rank(const tsr_nemotron_h_config *c,
         if (t <= 1)
                 return r;
         r.m_heads /= t;
-        r.n_groups /= t;
+        /* one group that t does not divide (n_groups 1, tp_check): every rank holds it,
+         * B and C replicated, as vLLM's extra_groups_for_head_shards */
+        r.n_groups = c->n_groups % t ? 1 : c->n_groups / t;
         r.n_heads /= t;
         /* tp above the KV heads: one (replicated) KV head per rank, as vLLM */
         r.n_kv_heads = t <= c->n_kv_heads ? c->n_kv_heads / t : 1;
@@ -781,13 +788,6 @@ static tsr_status tp_check(const tsr_nemotron_h_config *c, uint32_t t, char *err
                          "must equal 1. (n_groups %u, tensor parallel size %u)", c->n_groups, t);
                 return TSR_E_UNSUPPORTED;
         }
-        if (c->n_groups % t) {
-                /* vLLM replicates the one group and all-reduces the gated norm's sum of
-                 * squares: a sum over the ranks that is not the bits of -tp 1 */
-                tsr_errf(err, errlen, "n_groups 1 at tensor parallel size %u (the gated RMSNorm's one group across "
-                         "the ranks) is not supported yet: tensor parallel size must divide n_groups", t);
-                return TSR_E_UNSUPPORTED;
-        }
         for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
                 if (tsr_nemotron_h_count(c, rows[i].kind) && rows[i].cols % S) {
                         tsr_errf(err, errlen, "%s: %u columns must be divisible by %u (the canonical partial sums "
@@ -803,7 +803,7 @@ static tsr_status split_mamba(nh_layer *L, const tsr_nemotron_h_config *c, const
                               uint32_t rk, size_t ns, bool split, bool sliced) {
         size_t P = c->m_head_dim, NS = c->ssm_state, di = tsr_nemotron_h_d_inner(c), gn = (size_t)c->n_groups * NS;
         size_t hr = r->m_heads, dr = hr * P, gr = (size_t)r->n_groups * NS;
-        size_t h0 = rk * hr, x0 = rk * dr, g0 = rk * gr;
+        size_t h0 = rk * hr, x0 = rk * dr, g0 = c->n_groups % (c->m_heads / hr) ? 0 : rk * gr;  /* replicated: 0 */
         /* xBC's channels: the rank's heads' x, its groups' B, then their C */
         const size_t xbc[3][2] = {{x0, dr}, {di + g0, gr}, {di + gn + g0, gr}};
         /* in_proj's rows [z | xBC | dt]: the rank's z, its xBC channels, its heads' dt */
@@ -1157,13 +1157,17 @@ struct scratch {
          * yet weighted), this rank's experts' filled, the others' zero, all-reduced */
         uint32_t *rk;
         float *ep_parts;
+        /* one gated-norm group across the model (n_groups 1): each row's sums of squares
+         * over the S / tp canonical channel slices this rank holds (leaves, leaf-major:
+         * (S / tp, N)), then the row's whole sum (ss, (N,)) */
+        float *leaves, *ss;
 };
 
 static void scratch_free(struct scratch *s) {
         void *p[] = {s->x,     s->xb,     s->out,    s->proj,   s->y,     s->first_row, s->xbc,
                      s->rs,    s->rsc,    s->gscore, s->gsel,   s->taken, s->hid,       s->hid2,
                      s->exp_in, s->ey,    s->parts,  s->routed, s->slice, s->top,       s->topw,
-                     s->rows,  s->rowsw,  s->rk,     s->ep_parts};
+                     s->rows,  s->rowsw,  s->rk,     s->ep_parts, s->leaves, s->ss};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
                 free(p[i]);
 }
@@ -1210,7 +1214,9 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size
         s->rowsw = malloc(N * sizeof(float));
         s->rk = malloc(N * sizeof(uint32_t));
         s->ep_parts = m->ep ? malloc(N * tk * S * dim * sizeof(float)) : NULL;
-        if ((m->ep && !s->ep_parts) || !s->rk || !s->x || !s->xb || !s->out || !s->proj || !s->y || !s->first_row || !s->xbc || !s->rs || !s->rsc ||
+        s->leaves = malloc(N * S * sizeof(float));
+        s->ss = malloc(N * sizeof(float));
+        if ((m->ep && !s->ep_parts) || !s->leaves || !s->ss || !s->rk || !s->x || !s->xb || !s->out || !s->proj || !s->y || !s->first_row || !s->xbc || !s->rs || !s->rsc ||
             !s->gscore || !s->gsel || !s->taken || !s->hid || !s->hid2 || !s->exp_in || !s->ey ||
             !s->parts || !s->routed || !s->slice || !s->top || !s->topw || !s->rows || !s->rowsw) {
                 scratch_free(s);
@@ -1334,6 +1340,11 @@ struct mixer_job {
         float *conv, *ssm;              /* the layer's state arrays, a slot per sequence */
         float *y;                       /* (N, d_inner) the mixer's output, gated and normed */
         float *xbc;                     /* (threads, conv_dim): one token's conv output */
+        /* NULL, or (the model's one group spans the ranks: norm_across) y is left gated but
+         * not normed, and leaves (n_leaves, N) gets each row's sums of squares over its
+         * n_leaves canonical channel slices */
+        float *leaves;
+        size_t n_leaves, n_rows;
 };
 
 /* The channels of xBC that group g owns: x, then B, then C (three [first, end) ranges). */
@@ -1410,11 +1421,21 @@ static void mixer_task(void *ctx, size_t i, int worker) {
                 float *u = yt + g * gs, ss = 0.0f;
                 for (size_t e = 0; e < gs; e++)
                         u[e] *= silu(z[g * gs + e]);
-                for (size_t e = 0; e < gs; e++)
-                        ss += u[e] * u[e];
-                float rs = 1.0f / sqrtf(ss / (float)gs + c->eps);
-                for (size_t e = 0; e < gs; e++)
-                        u[e] = L->gnorm[g * gs + e] * (u[e] * rs);
+                if (j->leaves) {        /* the group spans the ranks: mamba() norms the row */
+                        size_t lw = gs / j->n_leaves;
+                        for (size_t l = 0; l < j->n_leaves; l++) {
+                                float part = 0.0f;
+                                for (size_t e = l * lw; e < (l + 1) * lw; e++)
+                                        part += u[e] * u[e];
+                                j->leaves[l * j->n_rows + row0 + t] = part;
+                        }
+                } else {
+                        for (size_t e = 0; e < gs; e++)
+                                ss += u[e] * u[e];
+                        float rs = 1.0f / sqrtf(ss / (float)gs + c->eps);
+                        for (size_t e = 0; e < gs; e++)
+                                u[e] = L->gnorm[g * gs + e] * (u[e] * rs);
+                }
                 /* prefix caching: the group's share of the state after this token */
                 if (next_save < q->n_saves && q->saves[next_save].pos == q->past_len + t + 1) {
                         uint32_t to = q->saves[next_save++].slot;
@@ -1650,10 +1671,26 @@ static tsr_status mamba(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend 
                         memcpy(ssm + q->slot * se, ssm + q->restore_from * se, se * sizeof(float));
                 }
         }
+        /* vLLM's Mixer2RMSNormGated with one group over tp ranks all-reduces the sum of
+         * squares; here as R7's canonical partials (comm.h): S fixed channel slices summed
+         * in one tree, the same bits at every tp (tp 1 included) */
+        bool across = m->cfg.n_groups == 1 && tsr_nemotron_h_d_inner(&m->cfg) % TSR_COMM_TREE_LEAVES == 0;
+        size_t S = TSR_COMM_TREE_LEAVES, n_leaves = S / m->tp_size;
         struct mixer_job job = {.c = c, .L = L, .seqs = seqs, .first_row = s->first_row, .proj = s->proj,
-                                .conv = conv, .ssm = ssm, .y = s->y, .xbc = s->xbc};
+                                .conv = conv, .ssm = ssm, .y = s->y, .xbc = s->xbc,
+                                .leaves = across ? s->leaves : NULL, .n_leaves = n_leaves, .n_rows = N};
         if ((st = tsr_backend_host_tasks(be, n_seqs * c->n_groups, mixer_task, &job)) != TSR_OK)
                 return st;
+        if (across) {
+                size_t gs = tsr_nemotron_h_d_inner(&m->cfg);    /* the whole group */
+                if ((st = tsr_tp_row_reduce(m->comm, m->tp_size, s->leaves, n_leaves, s->ss, N)) != TSR_OK)
+                        return st;
+                for (size_t r = 0; r < N; r++) {
+                        float *u = s->y + r * di, rs = 1.0f / sqrtf(s->ss[r] / (float)gs + c->eps);
+                        for (size_t e = 0; e < di; e++)
+                                u[e] = L->gnorm[e] * (u[e] * rs);
+                }
+        }
         return mm_row(m, be, s, s->y, &L->out_proj, N, di);
 }
 
