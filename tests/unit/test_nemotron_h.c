@@ -1637,6 +1637,49 @@ static void test_gguf(void **state) {
         json_decref(g);
 }
 
+/* A GGUF fixture's model m against its goldens: the prompts of `g` (golden.json), every
+ * position within TOL of logits file `logits_rel`, and the greedy continuations of `gold`
+ * ("greedy", "greedy_margin") equal up to each prompt's first margin under `tie`.  The
+ * file-global golden / model are this fixture's meanwhile (full_rows and greedy_on read
+ * them).  Prints and checks; *checked / *total: greedy tokens compared / recorded. */
+static void check_gguf_goldens(tsr_nemotron_h *m, json_t *g, json_t *gold, const char *logits_rel, const char *what,
+                               double tie, size_t *checked, size_t *total) {
+        json_t *keep_golden = golden;
+        tsr_nemotron_h *keep_model = model;
+        golden = g;
+        model = m;
+        size_t n_rows, rows = prompt_rows();
+        float *want = load_logits_at(logits_rel, &n_rows), *got = malloc(rows * vocab * sizeof(float));
+        assert_int_equal(n_rows, rows);
+        full_rows(m, be, NULL, 0, got);
+        float worst = compare_rows(got, want, rows);
+        size_t n_prompts = json_array_size(json_object_get(g, "prompts"));
+        uint32_t toks[64];
+        *checked = *total = 0;
+        for (size_t p = 0; p < n_prompts; p++) {
+                json_t *gw = json_array_get(json_object_get(gold, "greedy"), p);
+                json_t *mg = json_array_get(json_object_get(gold, "greedy_margin"), p);
+                assert_true(json_array_size(gw) <= 64);
+                assert_int_equal(json_array_size(mg), json_array_size(gw));
+                greedy_on(m, p, json_array_size(gw), toks);
+                for (size_t k = 0; k < json_array_size(gw) && json_number_value(json_array_get(mg, k)) >= tie;
+                     k++, (*checked)++)
+                        if (toks[k] != json_integer_value(json_array_get(gw, k)))
+                                fail_msg("%s prompt %zu greedy step %zu: %u, transformers %lld", what, p, k, toks[k],
+                                         (long long)json_integer_value(json_array_get(gw, k)));
+                *total += json_array_size(gw);
+        }
+        golden = keep_golden;
+        model = keep_model;
+        print_message("%s: max |dlogit| vs transformers %.3g over %zu rows (TOL %.0e); greedy %zu/%zu tokens equal "
+                      "before a near-tie (margin < %.0e)\n", what, (double)worst, rows, (double)TOL, *checked, *total,
+                      tie);
+        assert_true(worst <= TOL);
+        assert_true(*checked >= *total * 3 / 4);        /* a fixture whose near-ties come early tests little */
+        free(want);
+        free(got);
+}
+
 /* llama.cpp's converter's F16 GGUF of a tiny random dense NemotronH (general.architecture
  * "nemotron_h": no MoE layer, so no expert key or tensor; the Mamba tensors through
  * Mamba2's rules; tests/fixtures/make_tiny_nemotron_h_dense_gguf.py, pattern "M*M-M-",
@@ -1652,10 +1695,10 @@ static void test_gguf(void **state) {
 static void test_gguf_dense(void **state) {
         char path[1024], rel[512], err[512] = "";
         json_error_t je;
-        json_t *g = NULL, *keep_golden = golden;
+        json_t *g = NULL;
         tsr_gguf *gf = NULL;
         tsr_nemotron_h_config c;
-        tsr_nemotron_h *m = NULL, *keep_model = model;
+        tsr_nemotron_h *m = NULL;
         tsr_load_stats st = {0};
         tsr_model_desc d;
         tsr_shard_spec sh;
@@ -1720,47 +1763,12 @@ static void test_gguf_dense(void **state) {
         assert_int_equal(kg[1].n_layers, 3);
         tsr_model_desc_done(&d);
 
-        /* full_rows and greedy_on read the prompts from `golden` and size their cache for
-         * `model`: this fixture's for the test */
         assert_int_equal(json_integer_value(json_object_get(g, "vocab_size")), vocab);
-        golden = g;
-        model = m;
-        size_t n_rows, rows = prompt_rows();
+        size_t checked, total;
         snprintf(rel, sizeof rel, DENSE_FIXTURE "/%s", json_string_value(json_object_get(g, "logits_file")));
-        float *want = load_logits_at(rel, &n_rows), *got = malloc(rows * vocab * sizeof(float));
-        assert_int_equal(n_rows, rows);
-        full_rows(m, be, NULL, 0, got);
-        float worst = compare_rows(got, want, rows);
-        size_t n_prompts = json_array_size(json_object_get(g, "prompts")), checked = 0, before_tie = 0, total = 0;
-        uint32_t toks[64];
-        for (size_t p = 0; p < n_prompts; p++) {
-                json_t *gw = json_array_get(json_object_get(g, "greedy"), p);
-                json_t *mg = json_array_get(json_object_get(g, "greedy_margin"), p);
-                assert_true(json_array_size(gw) <= 64);
-                assert_int_equal(json_array_size(mg), json_array_size(gw));
-                greedy_on(m, p, json_array_size(gw), toks);
-                size_t i = 0;
-                while (i < json_array_size(mg) && json_number_value(json_array_get(mg, i)) >= DENSE_TIE)
-                        i++;
-                before_tie += i;
-                for (size_t k = 0; k < i; k++, checked++)
-                        if (toks[k] != json_integer_value(json_array_get(gw, k)))
-                                fail_msg("dense gguf prompt %zu greedy step %zu: %u, transformers %lld", p, k, toks[k],
-                                         (long long)json_integer_value(json_array_get(gw, k)));
-                total += json_array_size(gw);
-        }
-        golden = keep_golden;
-        model = keep_model;
-        print_message("tiny-nemotron-h-dense-gguf (F16, nemotron_h): max |dlogit| vs transformers %.3g over %zu rows "
-                      "(TOL %.0e); greedy %zu/%zu tokens equal before a near-tie (margin < %.0e)\n", (double)worst,
-                      rows, (double)TOL, checked, total, DENSE_TIE);
-        assert_true(worst <= TOL);
-        assert_int_equal(checked, before_tie);
+        check_gguf_goldens(m, g, g, rel, "tiny-nemotron-h-dense-gguf (F16, nemotron_h)", DENSE_TIE, &checked, &total);
         assert_int_equal(total, 4 * 32);
-        assert_true(checked >= total * 3 / 4);  /* a fixture whose near-ties come early tests little */
         tsr_nemotron_h_free(&m);
-        free(want);
-        free(got);
         json_decref(g);
 }
 
@@ -1820,6 +1828,75 @@ static void test_one_group(void **state) {
         json_decref(g);
 }
 
+/* tests/fixtures/tiny-nemotron-h-g1/model-f16.gguf: the one-group model above through
+ * llama.cpp's converter (--outtype f16, general.architecture "nemotron_h"), whose gated
+ * norms are (groups, d_inner / groups) = (1, 64) rows (test_parallel.c
+ * test_nemotron_h_tp_one_group_gguf reads them by columns at -tp N): the config from its
+ * metadata and tensors (n_groups 1, "M*M-", the MLP width from ffn_up, no experts), its 29
+ * tensors load, every position of its prompts within TOL of transformers' logits of the
+ * same F16-rounded weights (golden.json "gguf"), and the greedy continuations equal up to
+ * each prompt's first recorded margin under 1e-3 (the smallest recorded is 0.0047: all 96). */
+#define G1_TIE 1e-3
+static void test_one_group_gguf(void **state) {
+        char path[1024], rel[512], err[512] = "";
+        json_error_t je;
+        json_t *g = NULL, *gg;
+        tsr_gguf *gf = NULL;
+        tsr_nemotron_h_config c;
+        tsr_nemotron_h *m = NULL;
+        tsr_load_stats st = {0};
+        (void)state;
+
+        assert_non_null(tsr_test_src_path(G1_FIXTURE "/golden.json", path, sizeof path));
+        assert_non_null(g = json_load_file(path, 0, &je));
+        assert_non_null(gg = json_object_get(g, "gguf"));
+        snprintf(rel, sizeof rel, G1_FIXTURE "/%s", json_string_value(json_object_get(gg, "file")));
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+        if (tsr_gguf_open(path, &gf, err, sizeof err) != TSR_OK ||
+            tsr_nemotron_h_config_from_gguf(gf, path, &c, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        const tsr_gguf_kv *arch = tsr_gguf_find_kv(gf, "general.architecture");
+        const char *as;
+        size_t alen;
+        assert_non_null(arch);
+        assert_int_equal(tsr_gguf_get_str(&arch->value, &as, &alen), TSR_OK);
+        assert_true(alen == 10 && memcmp(as, "nemotron_h", 10) == 0);
+        tsr_gguf_close(&gf);
+        /* make_tiny_nemotron_h_g1.py's sizes */
+        assert_true(c.gguf);
+        assert_int_equal(c.n_groups, 1);
+        assert_string_equal(c.pattern, "M*M-");
+        assert_string_equal(c.pattern, json_string_value(json_object_get(g, "pattern")));
+        assert_int_equal(c.n_layers, 4);
+        assert_int_equal(c.vocab_size, vocab);
+        assert_int_equal(c.dim, 64);
+        assert_int_equal(c.n_heads, 4);
+        assert_int_equal(c.n_kv_heads, 2);
+        assert_int_equal(c.head_dim, 16);
+        assert_int_equal(c.m_heads, 8);
+        assert_int_equal(c.m_head_dim, 8);
+        assert_int_equal(c.ssm_state, 16);
+        assert_int_equal(c.conv_kernel, 4);
+        assert_true(c.conv_bias);
+        assert_int_equal(c.mlp_hidden, 40);
+        assert_int_equal(c.n_experts, 0);
+        assert_true(c.eps == 1e-5f);
+        assert_true(c.dt_min == 0.0f && isinf(c.dt_max));
+        assert_false(c.tied_embeddings);
+        if (tsr_nemotron_h_load(path, &c, NULL, NULL, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        /* 2 model-wide + output_norm + 2 Mamba x 9 + attention x 5 + MLP x 3 */
+        assert_int_equal(st.n_tensors, 29);
+        assert_int_equal(tsr_nemotron_h_config_of(m)->n_groups, 1);
+
+        size_t checked, total, n_prompts = json_array_size(json_object_get(g, "prompts"));
+        snprintf(rel, sizeof rel, G1_FIXTURE "/%s", json_string_value(json_object_get(gg, "logits_file")));
+        check_gguf_goldens(m, g, gg, rel, "tiny-nemotron-h-g1 (F16 GGUF, n_groups 1)", G1_TIE, &checked, &total);
+        assert_int_equal(total, n_prompts * 32);
+        tsr_nemotron_h_free(&m);
+        json_decref(g);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config),
@@ -1848,6 +1925,7 @@ int main(void) {
                 cmocka_unit_test(test_gguf),
                 cmocka_unit_test(test_gguf_dense),
                 cmocka_unit_test(test_one_group),
+                cmocka_unit_test(test_one_group_gguf),
                 cmocka_unit_test_setup_teardown(test_fp8_load, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_logits, setup_fp8, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_greedy, setup_fp8, teardown_fp8),

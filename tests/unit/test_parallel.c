@@ -965,6 +965,26 @@ static void test_nemotron_h_tp_one_group(void **state) {
         model_close(&mc);
 }
 
+/* The same one-group model as llama.cpp's converter writes it (tests/fixtures/tiny-nemotron-h-g1/
+ * model-f16.gguf, "nemotron_h", F16 matrices): there each gated norm is one (1, d_inner)
+ * row, of which every rank reads its heads' columns x0 .. x0 + dr (nemotron_h.c nh_slice,
+ * TSR_LOAD_SLICE_COLS), with every other tensor its share of the F16 file.  TP = 2 and 4
+ * and 2 x 2, memcmp-equal to TP = 1 in the canonical split. */
+static void test_nemotron_h_tp_one_group_gguf(void **state) {
+        (void)state;
+        model_case mc = {0};
+        static const uint32_t two[] = {2, 2};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, two}};
+        if (!model_open_family(&mc, "tests/fixtures/tiny-nemotron-h-g1/model-f16.gguf", "nemotron_h"))
+                fail_msg("tests/fixtures/tiny-nemotron-h-g1 is a committed fixture: run from the source tree");
+        assert_true(mc.desc.gguf);
+        assert_int_equal(mc.desc.n_layers, 4);
+        assert_int_equal(mc.desc.vocab_size, 300);
+        compare_tp(&mc, "tiny-nemotron-h-g1 (F16 GGUF)", run_hybrid_f32, H_ROWS, cases,
+                   sizeof cases / sizeof cases[0]);
+        model_close(&mc);
+}
+
 /* --enable-expert-parallel on NemotronH (8 experts): tp 2 (experts 0-3 and 4-7), tp 1 and
  * 2 x 2, memcmp-equal to TP = 1 canonical; then a copy whose router picks 3 experts a
  * row (config.json rewritten, the weights linked), where a row's choices come in another
@@ -1435,6 +1455,7 @@ int main(void) {
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_nemotron_h_tp),
                 cmocka_unit_test(test_nemotron_h_tp_one_group),
+                cmocka_unit_test(test_nemotron_h_tp_one_group_gguf),
                 cmocka_unit_test(test_hybrid_stage_args),
                 cmocka_unit_test(test_hybrid_tp_refused),
                 cmocka_unit_test(test_fp8_kv_parallel),
