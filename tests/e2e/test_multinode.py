@@ -210,6 +210,45 @@ def test_families_over_two_nodes(tmp_path, fixture, tp, split):
     f.kill_group()
 
 
+def prefix_answers(base):
+    """A 40-id prompt twice and once with 10 more ids (greedy, top-3 logprobs, ignore_eos),
+    and the prefix-cache hit counter after them."""
+    c = client(base)
+    stem = [(7 * i + 3) % 290 + 5 for i in range(40)]
+    out = []
+    for p in (stem, stem, stem + [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]):
+        r = c.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0, logprobs=3,
+                                 extra_body={"ignore_eos": True})
+        ch = r.choices[0]
+        out.append((ch.text, ch.logprobs.token_logprobs, ch.logprobs.top_logprobs, r.usage.prompt_tokens))
+    metrics = requests.get(base + "/metrics", timeout=30).text
+    hits = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("vllm:prefix_cache_hits_total"))
+    return out, hits
+
+
+def test_hybrid_prefix_caching_over_two_nodes(tmp_path):
+    """--enable-prefix-caching on the tiny NemotronH across two nodes (-pp 2 --nnodes 2):
+    the states kept for hits are saved and restored by each node for its own Mamba
+    layers (the step plan carries every chunk's restore and saves); a prompt twice and
+    once extended give bitwise the answers of one process with the same flags, and the
+    second and third read their first 32 ids from the cache."""
+    model = FIXTURES / "tiny-nemotron-h/model"
+    common = TINY_COMMON + ["--enable-prefix-caching"]
+    proc, base = single(tmp_path, model=model, common=common)
+    want, want_hits = prefix_answers(base)
+    stop(proc)
+    assert want_hits == 32 + 32, want_hits      # 2 of the 40 ids' full blocks, twice
+    mp = free_port()
+    f = follower(tmp_path, "node1", mp, model=model, common=common)
+    lead, base = leader(tmp_path, "node0", mp, model=model, common=common)
+    got, hits = prefix_answers(base)
+    assert got == want
+    assert hits == want_hits
+    stop(lead)
+    f.kill_group()
+
+
 @pytest.mark.parametrize("pp,nnodes,logs", [
     (3, 3, ["runs stage 0: layers [0..9, 10..19, 20..29]", "runs stage 1:", "runs stage 2:"]),
     (4, 2, ["runs stages 0..1: layers [0..6, 7..14, 15..22, 23..29]", "runs stages 2..3:"]),
