@@ -124,7 +124,7 @@ static void test_goldens(void **state) {
         raw = read_all(path, &len);
         assert_non_null(raw);
         assert_int_equal(len, rows * vocab * sizeof(float));
-        scratch = malloc(2 * vocab * sizeof(float));
+        scratch = malloc(TSR_SAMPLER_SCRATCH(vocab) * sizeof(float));
         probs = malloc(vocab * sizeof(float));
         assert_non_null(scratch);
         assert_non_null(probs);
@@ -246,7 +246,7 @@ static void test_goldens(void **state) {
 
 static void test_seeded_determinism(void **state) {
         enum { V = 64, STEPS = 200 };
-        float logits[V], scratch[2 * V], other[V];
+        float logits[V], scratch[3 * V], other[V];
         uint32_t out[STEPS] = {0};
         tsr_sampling s;
         tsr_sample_result r1, r2;
@@ -288,7 +288,7 @@ static void test_seeded_determinism(void **state) {
 static void test_draw_statistics(void **state) {
         enum { V = 5, N = 20000 };
         static const double p[V] = {0.1, 0.2, 0.3, 0.15, 0.25};
-        float logits[V], scratch[2 * V];
+        float logits[V], scratch[3 * V];
         uint32_t *hist = calloc(N, sizeof(uint32_t));
         unsigned count[V] = {0}, count_k[V] = {0};
         tsr_sampling s, sk;
@@ -321,7 +321,7 @@ static void test_draw_statistics(void **state) {
 }
 
 static void test_greedy_ties_lowest_id(void **state) {
-        float logits[6] = {1.0f, 3.0f, -2.0f, 3.0f, 2.5f, 3.0f}, scratch[12], probs[6];
+        float logits[6] = {1.0f, 3.0f, -2.0f, 3.0f, 2.5f, 3.0f}, scratch[18], probs[6];
         tsr_sampling s;
         tsr_sample_result r;
         uint32_t g;
@@ -347,7 +347,7 @@ static void test_greedy_ties_lowest_id(void **state) {
  * only -inf; and what tsr_sampling_plain_argmax says matches the processors that are set. */
 static void test_plain_greedy_is_the_pipeline(void **state) {
         enum { V = 37, ROWS = 200 };
-        float x[V], scratch[2 * V];
+        float x[V], scratch[3 * V];
         uint32_t seed = 12345, hist[3] = {4, 5, 6};
         tsr_sample_history h = {.prompt = hist, .n_prompt = 2, .output = hist + 2, .n_output = 1};
         tsr_logit_bias nop = {.id = 0, .bias = 0.0f};
@@ -409,7 +409,7 @@ static void test_plain_greedy_is_the_pipeline(void **state) {
 }
 
 static void test_min_tokens(void **state) {
-        float logits[8] = {0, 1, 9, 2, 8, 3, 0, 0}, scratch[16];
+        float logits[8] = {0, 1, 9, 2, 8, 3, 0, 0}, scratch[24];
         uint32_t eos = 2, stop = 4, out[4] = {1, 1, 1, 1};
         tsr_sampling s;
         tsr_sample_result r;
@@ -437,7 +437,7 @@ static void test_min_tokens(void **state) {
 }
 
 static void test_logit_bias_and_allowed(void **state) {
-        float logits[5] = {1, 2, 3, 4, 5}, scratch[10], probs[5];
+        float logits[5] = {1, 2, 3, 4, 5}, scratch[15], probs[5];
         tsr_logit_bias b[2] = {{0, 10.0f}, {4, -100.0f}};
         uint32_t allowed[2] = {1, 3}, g;
         tsr_sampling s;
@@ -467,7 +467,7 @@ static void test_penalties_by_hand(void **state) {
          *   t3 out x2:  3 / 2 - 0.5 * 2 - 0.25                  =  0.25
          *   t4 unseen:                                          =  1
          * Greedy is 0 (tied with 4 at 1.0, lower id wins). */
-        float logits[5] = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f}, scratch[10], probs[5];
+        float logits[5] = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f}, scratch[15], probs[5];
         static const double want[5] = {1.0, -2.0, -0.5, 0.25, 1.0};
         uint32_t prompt[2] = {0, 1}, output[3] = {3, 3, 2}, g;
         tsr_sample_history h = {prompt, 2, output, 3};
@@ -489,7 +489,7 @@ static void test_penalties_by_hand(void **state) {
 }
 
 static void test_top_p_keeps_one(void **state) {
-        float logits[4] = {0.0f, 0.1f, 0.2f, 0.05f}, scratch[8], probs[4];
+        float logits[4] = {0.0f, 0.1f, 0.2f, 0.05f}, scratch[12], probs[4];
         tsr_sampling s;
         uint32_t g;
 
@@ -532,7 +532,7 @@ static void test_logprobs_rank_and_order(void **state) {
 }
 
 static void test_bad_input_rejected(void **state) {
-        float logits[4] = {0.0f, 1.0f, 2.0f, 3.0f}, scratch[8], probs[4];
+        float logits[4] = {0.0f, 1.0f, 2.0f, 3.0f}, scratch[12], probs[4];
         uint32_t bad_out = 4, allowed = 1;
         tsr_sampling s, t;
         tsr_sample_result r, before;

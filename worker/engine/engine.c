@@ -205,8 +205,8 @@ struct tsr_engine {
         float *logits;                /* (logits_rows, vocab): the rows of this step (tsr_engine_model.forward) */
         size_t logits_rows;
         size_t max_lp_rows;           /* prompt-logprobs rows one step may ask for (bounds `logits`) */
-        float *scratch;               /* (2 * vocab,) */
-        float *scratch2;              /* (2 * vocab,) the "sample" thread's */
+        float *scratch;               /* (TSR_SAMPLER_SCRATCH(vocab),) */
+        float *scratch2;              /* (TSR_SAMPLER_SCRATCH(vocab),) the "sample" thread's */
         uint32_t *gmask;              /* (gmask_rows, tsr_grammar_mask_words(vocab)) execute_plan's */
         size_t gmask_rows;
         /* Structured outputs: the "mask" thread fills a step's masks (fill_masks)
@@ -1875,8 +1875,8 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
                                                        : ((size_t)256 << 20) / sizeof(float) / p->model->vocab;
                 if (e->max_lp_rows == 0)
                         e->max_lp_rows = 1;
-                e->scratch = malloc(2 * p->model->vocab * sizeof(float));
-                e->scratch2 = malloc(2 * p->model->vocab * sizeof(float));
+                e->scratch = malloc(TSR_SAMPLER_SCRATCH(p->model->vocab) * sizeof(float));
+                e->scratch2 = malloc(TSR_SAMPLER_SCRATCH(p->model->vocab) * sizeof(float));
                 if (!e->logits || !e->scratch || !e->scratch2) {
                         st = TSR_E_NOMEM;
                         goto fail;

@@ -327,24 +327,41 @@ static inline double cand_prob(const float *w, uint32_t id, float m, double z) {
         return (double)expf(w[id] - m) / z;
 }
 
-static void apply_top_p(float *w, uint32_t *ids, size_t vocab, float top_p) {
+static inline void swap_cand(uint32_t *ids, float *e, size_t a, size_t b) {
+        uint32_t t = ids[a];
+        float u = e[a];
+        ids[a] = ids[b];
+        ids[b] = t;
+        e[a] = e[b];
+        e[b] = u;
+}
+
+/* `e` (vocab,): scratch for each candidate's exp, which the partitions read instead of
+ * computing it again (cand_prob's value, the same bits). */
+static void apply_top_p(float *w, uint32_t *ids, float *e, size_t vocab, float top_p) {
         float m = -INFINITY;
-        double z, cum = 0.0, cut, low;
+        double z = 0.0, cum = 0.0, cut, low;
         size_t n = 0, lo, hi;
 
         for (size_t i = 0; i < vocab; i++)
                 if (w[i] > m)
                         m = w[i];
-        z = row_expsum(w, vocab, m);
+        /* row_expsum's sum with each exp kept, so each is computed once: the same floats
+         * in the same order, the same bits as computing them again (expf(-inf) is +0) */
+        for (size_t i = 0; i < vocab; i++) {
+                e[i] = w[i] == -INFINITY ? 0.0f : expf(w[i] - m);
+                z += (double)e[i];
+        }
         cut = (double)(1.0f - top_p);           /* vLLM computes 1 - p in float32 */
         low = cut / (2.0 * (double)vocab);
         for (size_t i = 0; i < vocab; i++) {
-                double p = (double)expf(w[i] - m) / z;
+                double p = (double)e[i] / z;
 
                 if (p < low) {
                         cum += p;
                         w[i] = -INFINITY;
                 } else {
+                        e[n] = e[i];    /* n <= i: compacted alongside the ids */
                         ids[n++] = (uint32_t)i;
                 }
         }
@@ -354,7 +371,7 @@ static void apply_top_p(float *w, uint32_t *ids, size_t vocab, float top_p) {
         hi = n;
         while (hi - lo > TOP_P_SORT_BELOW) {
                 size_t mid = lo + (hi - lo) / 2, store = lo;
-                uint32_t a = ids[lo], b = ids[mid], c = ids[hi - 1], pivot, t;
+                uint32_t a = ids[lo], b = ids[mid], c = ids[hi - 1], pivot;
                 double part = 0.0;
 
                 if (cand_before(w, a, b))
@@ -364,23 +381,19 @@ static void apply_top_p(float *w, uint32_t *ids, size_t vocab, float top_p) {
                 /* Lomuto partition around the pivot, which ends at ids[store]. */
                 for (size_t i = lo; i < hi; i++) {
                         if (ids[i] == pivot) {
-                                ids[i] = ids[hi - 1];
-                                ids[hi - 1] = pivot;
+                                swap_cand(ids, e, i, hi - 1);
                                 break;
                         }
                 }
                 for (size_t i = lo; i + 1 < hi; i++) {
                         if (cand_before(w, ids[i], pivot)) {
-                                t = ids[i];
-                                ids[i] = ids[store];
-                                ids[store] = t;
-                                part += cand_prob(w, ids[store], m, z);
+                                swap_cand(ids, e, i, store);
+                                part += (double)e[store] / z;
                                 store++;
                         }
                 }
-                ids[hi - 1] = ids[store];
-                ids[store] = pivot;
-                part += cand_prob(w, pivot, m, z);
+                swap_cand(ids, e, hi - 1, store);
+                part += (double)e[store] / z;
                 if (cum + part <= cut && store + 1 < n) {
                         /* Every cumulative sum up to the pivot is <= cut: all masked. */
                         for (size_t i = lo; i <= store; i++)
@@ -505,7 +518,7 @@ static tsr_status sampler_run(const tsr_sampling *s, const tsr_sample_history *h
         }
         if (s->top_p < 1.0f) {
                 _Static_assert(sizeof(float) == sizeof(uint32_t), "scratch holds ids as floats");
-                apply_top_p(w, (uint32_t *)(void *)a, vocab, s->top_p);
+                apply_top_p(w, (uint32_t *)(void *)a, scratch + 2 * vocab, vocab, s->top_p);
         }
 
         /* Softmax of what is left: row_expsum's sum, with each exp kept in w for the
@@ -517,11 +530,12 @@ static tsr_status sampler_run(const tsr_sampling *s, const tsr_sample_history *h
                         m = w[i];
         z = 0.0;
         for (size_t i = 0; i < vocab; i++) {
-                w[i] = expf(w[i] - m);
+                w[i] = w[i] == -INFINITY ? 0.0f : expf(w[i] - m);  /* expf(-inf) is +0: a masked token's call saved */
                 z += (double)w[i];
         }
         for (size_t i = 0; i < vocab; i++)
-                w[i] = (float)((double)w[i] / z);
+                if (w[i] != 0.0f)       /* a masked token's 0 / z is +0 as it stands */
+                        w[i] = (float)((double)w[i] / z);
         return TSR_OK;
 }
 
@@ -550,7 +564,8 @@ static uint32_t draw(const float *p, size_t vocab, double u) {
         uint32_t last = 0;
 
         for (size_t i = 0; i < vocab; i++)
-                total += (double)p[i];
+                if (p[i] != 0.0f)       /* adding +0 leaves the sum as it is */
+                        total += (double)p[i];
         target = u * total;
         for (size_t i = 0; i < vocab; i++) {
                 if (p[i] <= 0.0f)

@@ -43,6 +43,9 @@
 #define TSR_SAMPLER_GREEDY_EPS 1e-5f
 /* vLLM's default --max-logprobs; the top-logprobs arrays below hold this many. */
 #define TSR_SAMPLER_MAX_LOGPROBS 20
+/* Floats of working space tsr_sample and tsr_sampler_probs take for a row of `vocab`:
+ * the working row, the candidates' ids and their exps (top_p). */
+#define TSR_SAMPLER_SCRATCH(vocab) (3 * (size_t)(vocab))
 
 typedef struct tsr_logit_bias {
         uint32_t id;     /* < vocab */
@@ -116,7 +119,7 @@ bool tsr_sampling_device_ok(const tsr_sampling *s, size_t n_output);
 bool tsr_sampling_plain_argmax(const tsr_sampling *s, size_t n_output);
 
 /* Sample the next token of one sequence.
- * `logits` (vocab,) is read only.  `scratch` (2 * vocab floats) is working space, any
+ * `logits` (vocab,) is read only.  `scratch` (TSR_SAMPLER_SCRATCH(vocab) floats) is working space, any
  * contents, clobbered.  `rng_key`: see top; unused for greedy.  Writes *out only on
  * success.  Returns TSR_OK; TSR_E_INVAL for vocab 0, bad parameters, a token id >= vocab
  * in the history, a NaN or +inf logit, or when every token ends up masked (-inf). */
