@@ -1721,7 +1721,6 @@ static tsr_status lm_head(const tsr_nemotron_h *m, tsr_backend *be, float *logit
         return st;
 }
 
-/* The sequences against the cache (the logits against the stage: tsr_stage_args_ok). */
 /* The slots a step writes (each sequence's own, its saves) are distinct, and no restore
  * reads one of them (restores may share a source): the copies then commute with the
  * other sequences' mixer tasks.  Slots already checked in range. */
@@ -1744,6 +1743,7 @@ static tsr_status slots_ok(const tsr_nemotron_h_cache *kv, const tsr_nemotron_h_
         return st;
 }
 
+/* The sequences against the cache (the logits against the stage: tsr_stage_args_ok). */
 static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *kv, const tsr_nemotron_h_seq *seqs,
                           size_t n_seqs) {
         const tsr_nemotron_h_config *c = &m->cfg;
