@@ -100,7 +100,7 @@ static uint64_t plan_kv_blocks(const tsr_config *cfg, long long budget, uint64_t
 
 /* Recurrent-state slots of a model with per-request state (a Mamba hybrid): one per
  * request that may run at once, max_num_seqs, and with prefix caching as many again for
- * the states kept at block boundaries (state_cache.h; running requests evict them), but
+ * the states kept every state block (state_cache.h; running requests evict them), but
  * at most half of the budget (the rest is for the attention layers' blocks).  0 when
  * the model keeps no such state, or the budget holds not one slot. */
 static uint32_t plan_state_slots(long long budget, uint64_t slot_bytes, uint32_t max_num_seqs, bool prefix_caching) {
@@ -679,9 +679,9 @@ int main(int argc, char **argv) {
         }
         if (plan.state_slots) {
                 /* vLLM (0.11+) leaves prefix caching off by default for hybrid Mamba models
-                 * and, asked for it, runs its experimental Mamba prefix caching: states kept
-                 * where a step ends on a block boundary ("align" mode), so a hit ends at
-                 * one of those (worker/engine/state_cache.h). */
+                 * and, asked for it, runs its experimental Mamba prefix caching: the state
+                 * kept at every state block a step passes, so a hit ends at one of those
+                 * (worker/engine/state_cache.h). */
                 uint32_t running = plan.state_slots, bs = (uint32_t)cfg.block_size;
                 if (cfg.enable_prefix_caching == TSR_TRI_TRUE) {
                         /* vLLM 0.11-0.12 keeps the state at every mamba block, a multiple of the
