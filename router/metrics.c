@@ -738,7 +738,8 @@ static tsr_status add_worker(tsr_metrics *m, const char *key, worker **ret) {
  * cache in use" means when there are several. */
 static void model_refresh_gauges(tsr_metrics *m, size_t idx) {
         model *md = m->models[idx];
-        uint64_t running = 0, waiting = 0, total = 0, free_blocks = 0;
+        uint64_t running = 0, waiting = 0, total = 0, free_blocks = 0, bytes_total = 0, bytes_used = 0;
+        bool by_bytes = true;   /* every worker reports bytes (a hybrid's state slots counted) */
 
         for (size_t i = 0; i < m->n_workers; i++) {
                 const worker *w = m->workers[i];
@@ -749,10 +750,16 @@ static void model_refresh_gauges(tsr_metrics *m, size_t idx) {
                 total += w->last.kv_blocks_total;
                 free_blocks += w->last.kv_blocks_free < w->last.kv_blocks_total ? w->last.kv_blocks_free
                                                                                  : w->last.kv_blocks_total;
+                by_bytes = by_bytes && w->last.kv_bytes_total > 0;
+                bytes_total += w->last.kv_bytes_total;
+                bytes_used += w->last.kv_bytes_used < w->last.kv_bytes_total ? w->last.kv_bytes_used
+                                                                             : w->last.kv_bytes_total;
         }
         md->c[F_RUNNING]->value = (double)running;
         md->c[F_WAITING]->value = (double)waiting;
-        md->c[F_KV_USAGE]->value = total ? 1.0 - (double)free_blocks / (double)total : 0.0;
+        md->c[F_KV_USAGE]->value = by_bytes && bytes_total ? (double)bytes_used / (double)bytes_total
+                                   : total                 ? 1.0 - (double)free_blocks / (double)total
+                                                           : 0.0;
 }
 
 /* What a cumulative worker counter grew by.  Lower than before means the counter

@@ -90,6 +90,9 @@ typedef struct tsr_metrics_worker_sample {
         uint32_t num_waiting;
         uint64_t kv_blocks_total;            /* allocatable blocks (no reserved null block) */
         uint64_t kv_blocks_free;             /* evictable cached blocks included */
+        /* The KV memory by bytes, recurrent-state slots included (0 / 0: not reported):
+         * usage is then used / total, else 1 - free / total blocks */
+        uint64_t kv_bytes_total, kv_bytes_used;
         uint64_t num_preemptions_total;
         uint64_t prefix_cache_queries_total;
         uint64_t prefix_cache_hits_total;

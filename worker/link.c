@@ -294,6 +294,13 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         s.generation_tokens_total = l->stats.generation_tokens_total;
         s.state_slots_total = l->stats.state_slots_total;
         s.state_slots_free = l->stats.state_slots_free;
+        uint64_t blocks_used = l->stats.kv_blocks_total > l->stats.kv_blocks_free
+                                       ? l->stats.kv_blocks_total - l->stats.kv_blocks_free : 0;
+        uint64_t slots_used = l->stats.state_slots_total > l->stats.state_slots_free
+                                      ? (uint64_t)(l->stats.state_slots_total - l->stats.state_slots_free) : 0;
+        s.kv_bytes_total = l->stats.kv_blocks_total * l->o->kv_block_bytes +
+                           (uint64_t)l->stats.state_slots_total * l->o->state_slot_bytes;
+        s.kv_bytes_used = blocks_used * l->o->kv_block_bytes + slots_used * l->o->state_slot_bytes;
         s.prefill_tokens_per_s = l->stats.prefill_tokens_per_s;
         s.decode_step_ms = l->stats.decode_step_ms;
         for (size_t i = 0; i < l->n_peers; i++) {

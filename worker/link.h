@@ -80,6 +80,9 @@ typedef struct tsr_link_opts {
         /* The engine's model (may be NULL): while its `available` says no, Status says
          * UNHEALTHY (a multi-node replica whose nodes are apart). */
         const struct tsr_engine_model *model;
+        /* Bytes of one KV block and of one recurrent-state slot (the plan's), for
+         * Status' kv_bytes_total / kv_bytes_used. */
+        uint64_t kv_block_bytes, state_slot_bytes;
 } tsr_link_opts;
 
 /* Bind the sockets and run the io loop on the calling thread until a Shutdown message

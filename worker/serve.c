@@ -88,6 +88,8 @@ tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
                 .curve = o->curve,
                 .log_stats_interval_s = o->log_stats_interval_s,
                 .model = o->model,
+                .kv_block_bytes = o->plan->kv_block_bytes,
+                .state_slot_bytes = o->plan->state_slot_bytes,
         };
         st = tsr_link_run(&lo, inbox, outbox, sfd);
 out:

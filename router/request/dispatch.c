@@ -483,6 +483,8 @@ static void on_status(void *ud, tsr_worker *w, const Tessera__V1__Status *st) {
                 .num_waiting = st->num_waiting,
                 .kv_blocks_total = st->kv_blocks_total,
                 .kv_blocks_free = st->kv_blocks_free,
+                .kv_bytes_total = st->kv_bytes_total,
+                .kv_bytes_used = st->kv_bytes_used,
                 .num_preemptions_total = st->num_preemptions_total,
                 .prefix_cache_queries_total = st->prefix_cache_queries_total,
                 .prefix_cache_hits_total = st->prefix_cache_hits_total,

@@ -211,7 +211,8 @@ class EngineWorker:
         self.last_status = dict(state=g(5), kv_blocks_total=g(6), kv_blocks_free=g(7), kv_blocks_active=g(8),
                                 num_running=g(9), num_waiting=g(10), num_preemptions_total=g(20),
                                 prefix_cache_queries_total=g(21), prefix_cache_hits_total=g(22),
-                                state_slots_total=g(25), state_slots_free=g(26))
+                                state_slots_total=g(25), state_slots_free=g(26), kv_bytes_total=g(30),
+                                kv_bytes_used=g(31))
         return self.last_status
 
     def _apply_events(self, s):

@@ -151,6 +151,28 @@ def long_model(tmp_path):
     return patched(tmp_path, "tiny-nemotron-h-long", max_position_embeddings=8192)
 
 
+def test_kv_bytes_count_the_state(spawn, long_model):
+    """Status' KV memory by bytes (what the router's vllm:kv_cache_usage_perc reads) counts
+    the attention blocks and the state slots a running request holds: idle, nothing used
+    of every block and slot; with one request generating (for thousands of tokens),
+    exactly its blocks and its one slot; after its abort, nothing again."""
+    w = EngineWorker(spawn, long_model, "--dtype", "float32")
+    s = w.status()
+    B, S = s["kv_blocks_total"], s["state_slots_total"]
+    assert s["kv_bytes_total"] == B * BLOCK_BYTES + S * SLOT_BYTES and s["kv_bytes_used"] == 0
+    w.submit("long", [5, 6, 7], 8000)
+    while not w.results["long"].tokens:
+        w.pump(1000)
+    s = w.wait_status(lambda s: s["num_running"] == 1, what="one running")
+    used_blocks = s["kv_blocks_total"] - s["kv_blocks_free"]
+    assert used_blocks >= 1 and s["state_slots_free"] == S - 1
+    assert s["kv_bytes_used"] == used_blocks * BLOCK_BYTES + SLOT_BYTES
+    w.abort("long")
+    all_free(w)
+    assert w.status()["kv_bytes_used"] == 0
+    w.close()
+
+
 def test_abort_frees_the_slot(spawn, long_model):
     """One state slot: a request waits while another generates (for thousands of
     tokens); aborting the first gives it the slot, and it returns its golden tokens."""

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <math.h>
 
 #include "router/metrics.h"
 
@@ -472,6 +473,36 @@ static void test_counters_monotonic_across_restart(void **state) {
         tsr_metrics_free(&m);
 }
 
+/* A hybrid's workers report their KV memory by bytes, state slots included: usage is
+ * then used / total bytes over the workers (a running request's state counts, as in
+ * vLLM's one page pool); one worker without bytes puts the model back on blocks. */
+static void test_kv_usage_by_bytes(void **state) {
+        tsr_metrics *m = new_metrics(false, NULL);
+        /* 100 blocks of 1000 bytes, 10 free; 8 slots of 5000 bytes, 6 held: (90k + 30k) / 140k */
+        tsr_metrics_worker_sample a = {.kv_blocks_total = 100, .kv_blocks_free = 10, .kv_bytes_total = 140000,
+                                       .kv_bytes_used = 120000};
+        tsr_metrics_worker_sample b = {.kv_blocks_total = 100, .kv_blocks_free = 100, .kv_bytes_total = 60000,
+                                       .kv_bytes_used = 0};
+        tsr_metrics_worker_sample c = {.kv_blocks_total = 100, .kv_blocks_free = 50};
+        char *t;
+        (void)state;
+
+        assert_int_equal(tsr_metrics_add_model(m, "m", 8192, NULL), TSR_OK);
+        assert_int_equal(tsr_metrics_worker_status(m, "m", "w1", 1, &a), TSR_OK);
+        t = render(m);
+        assert_true(fabs(sample_value(t, "vllm:kv_cache_usage_perc" L0) - 120000.0 / 140000.0) < 1e-9);
+        free(t);
+        assert_int_equal(tsr_metrics_worker_status(m, "m", "w2", 1, &b), TSR_OK);
+        t = render(m);
+        assert_true(sample_value(t, "vllm:kv_cache_usage_perc" L0) == 0.6);    /* 120k / 200k */
+        free(t);
+        assert_int_equal(tsr_metrics_worker_status(m, "m", "w3", 1, &c), TSR_OK);
+        t = render(m);
+        assert_true(sample_value(t, "vllm:kv_cache_usage_perc" L0) == 1.0 - 160.0 / 300.0);
+        free(t);
+        tsr_metrics_free(&m);
+}
+
 static void test_gauges_over_workers(void **state) {
         tsr_metrics *m = new_metrics(false, NULL);
         tsr_metrics_worker_sample a = {.num_running = 3, .num_waiting = 1, .kv_blocks_total = 100,
@@ -796,6 +827,7 @@ int main(void) {
                 cmocka_unit_test(test_buckets),
                 cmocka_unit_test(test_counters_monotonic_across_restart),
                 cmocka_unit_test(test_gauges_over_workers),
+                cmocka_unit_test(test_kv_usage_by_bytes),
                 cmocka_unit_test(test_worker_removed),
                 cmocka_unit_test(test_disable_log_stats),
                 cmocka_unit_test(test_hidden_metric),
