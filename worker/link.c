@@ -254,6 +254,18 @@ static void send_error(link *l, const uint8_t *rid, size_t rid_len, const char *
         send_env(l, rid, rid_len, &env);
 }
 
+/* The KV memory by bytes from the engine's last stats: the attention blocks and the
+ * recurrent-state slots, all of them and what running requests hold (free and evictable
+ * cached blocks, free and kept states not held).  Status' kv_bytes_*; the usage. */
+static void kv_bytes(const link *l, uint64_t *total, uint64_t *used) {
+        const tsr_engine_stats *s = &l->stats;
+        uint64_t blocks_used = s->kv_blocks_total > s->kv_blocks_free ? s->kv_blocks_total - s->kv_blocks_free : 0;
+        uint64_t slots_used = s->state_slots_total > s->state_slots_free
+                                      ? (uint64_t)(s->state_slots_total - s->state_slots_free) : 0;
+        *total = s->kv_blocks_total * l->o->kv_block_bytes + (uint64_t)s->state_slots_total * l->o->state_slot_bytes;
+        *used = blocks_used * l->o->kv_block_bytes + slots_used * l->o->state_slot_bytes;
+}
+
 /* Status, with the prefix-cache events of this engine snapshot when there are some
  * (`events` may be NULL: the periodic heartbeat). */
 static void publish_status(link *l, const tsr_kv_events *events) {
@@ -294,13 +306,7 @@ static void publish_status(link *l, const tsr_kv_events *events) {
         s.generation_tokens_total = l->stats.generation_tokens_total;
         s.state_slots_total = l->stats.state_slots_total;
         s.state_slots_free = l->stats.state_slots_free;
-        uint64_t blocks_used = l->stats.kv_blocks_total > l->stats.kv_blocks_free
-                                       ? l->stats.kv_blocks_total - l->stats.kv_blocks_free : 0;
-        uint64_t slots_used = l->stats.state_slots_total > l->stats.state_slots_free
-                                      ? (uint64_t)(l->stats.state_slots_total - l->stats.state_slots_free) : 0;
-        s.kv_bytes_total = l->stats.kv_blocks_total * l->o->kv_block_bytes +
-                           (uint64_t)l->stats.state_slots_total * l->o->state_slot_bytes;
-        s.kv_bytes_used = blocks_used * l->o->kv_block_bytes + slots_used * l->o->state_slot_bytes;
+        kv_bytes(l, &s.kv_bytes_total, &s.kv_bytes_used);
         s.prefill_tokens_per_s = l->stats.prefill_tokens_per_s;
         s.decode_step_ms = l->stats.decode_step_ms;
         for (size_t i = 0; i < l->n_peers; i++) {
@@ -730,7 +736,11 @@ static void log_stats(link *l, uint64_t now) {
         uint64_t queries = s->prefix_cache_queries_total - o->prefix_cache_queries_total;
         uint64_t hits = s->prefix_cache_hits_total - o->prefix_cache_hits_total;
         uint64_t preempted = s->num_preemptions_total - o->num_preemptions_total;
-        double usage = s->kv_blocks_total ? 100.0 * (1.0 - (double)s->kv_blocks_free / (double)s->kv_blocks_total) : 0;
+        uint64_t bytes_total, bytes_used;
+        kv_bytes(l, &bytes_total, &bytes_used);
+        double usage = bytes_total ? 100.0 * (double)bytes_used / (double)bytes_total
+                       : s->kv_blocks_total ? 100.0 * (1.0 - (double)s->kv_blocks_free / (double)s->kv_blocks_total)
+                                            : 0;
         char extra[48] = "";
         bool busy = s->num_running || s->num_waiting || prompt_tps > 0 || gen_tps > 0;
 
