@@ -1637,6 +1637,40 @@ static void test_gguf(void **state) {
         json_decref(g);
 }
 
+/* The config of a tiny dense NemotronH GGUF by llama.cpp's converter (general.architecture
+ * "nemotron_h"), with the sizes its fixture scripts share asserted: hidden 64, 4 heads /
+ * 2 KV heads of 16, Mamba 8 heads of 8 with a 16 state and a kernel of 4 (bias), MLP 40,
+ * no experts, eps 1e-5, no dt limit, untied. */
+static void read_dense_gguf(const char *path, tsr_nemotron_h_config *c) {
+        char err[512] = "";
+        tsr_gguf *gf = NULL;
+        const char *as;
+        size_t alen;
+        if (tsr_gguf_open(path, &gf, err, sizeof err) != TSR_OK ||
+            tsr_nemotron_h_config_from_gguf(gf, path, c, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        const tsr_gguf_kv *arch = tsr_gguf_find_kv(gf, "general.architecture");
+        assert_non_null(arch);
+        assert_int_equal(tsr_gguf_get_str(&arch->value, &as, &alen), TSR_OK);
+        assert_true(alen == 10 && memcmp(as, "nemotron_h", 10) == 0);
+        tsr_gguf_close(&gf);
+        assert_true(c->gguf);
+        assert_int_equal(c->dim, 64);
+        assert_int_equal(c->n_heads, 4);
+        assert_int_equal(c->n_kv_heads, 2);
+        assert_int_equal(c->head_dim, 16);
+        assert_int_equal(c->m_heads, 8);
+        assert_int_equal(c->m_head_dim, 8);
+        assert_int_equal(c->ssm_state, 16);
+        assert_int_equal(c->conv_kernel, 4);
+        assert_true(c->conv_bias);
+        assert_int_equal(c->mlp_hidden, 40);
+        assert_int_equal(c->n_experts, 0);
+        assert_true(c->eps == 1e-5f);
+        assert_true(c->dt_min == 0.0f && isinf(c->dt_max));
+        assert_false(c->tied_embeddings);
+}
+
 /* A GGUF fixture's model m against its goldens: the prompts of `g` (golden.json), every
  * position within TOL of logits file `logits_rel`, and the greedy continuations of `gold`
  * ("greedy", "greedy_margin") equal up to each prompt's first margin under `tie`.  The
@@ -1696,7 +1730,6 @@ static void test_gguf_dense(void **state) {
         char path[1024], rel[512], err[512] = "";
         json_error_t je;
         json_t *g = NULL;
-        tsr_gguf *gf = NULL;
         tsr_nemotron_h_config c;
         tsr_nemotron_h *m = NULL;
         tsr_load_stats st = {0};
@@ -1709,39 +1742,15 @@ static void test_gguf_dense(void **state) {
         assert_non_null(g = json_load_file(path, 0, &je));
         snprintf(rel, sizeof rel, DENSE_FIXTURE "/%s", json_string_value(json_object_get(g, "gguf")));
         assert_non_null(tsr_test_src_path(rel, path, sizeof path));
-        if (tsr_gguf_open(path, &gf, err, sizeof err) != TSR_OK ||
-            tsr_nemotron_h_config_from_gguf(gf, path, &c, err, sizeof err) != TSR_OK)
-                fail_msg("%s", err);
-        const tsr_gguf_kv *arch = tsr_gguf_find_kv(gf, "general.architecture");
-        const char *as;
-        size_t alen;
-        assert_non_null(arch);
-        assert_int_equal(tsr_gguf_get_str(&arch->value, &as, &alen), TSR_OK);
-        assert_true(alen == 10 && memcmp(as, "nemotron_h", 10) == 0);
-        tsr_gguf_close(&gf);
-        /* the sizes make_tiny_nemotron_h_dense_gguf.py builds; the '-' layers' width from ffn_up */
-        assert_true(c.gguf);
+        read_dense_gguf(path, &c);
+        /* the sizes make_tiny_nemotron_h_dense_gguf.py builds (read_dense_gguf: the shared ones) */
         assert_string_equal(c.pattern, "M*M-M-");
         assert_string_equal(c.pattern, json_string_value(json_object_get(g, "pattern")));
         assert_int_equal(c.n_layers, 6);
         assert_int_equal(c.vocab_size, 300);
-        assert_int_equal(c.dim, 64);
-        assert_int_equal(c.n_heads, 4);
-        assert_int_equal(c.n_kv_heads, 2);
-        assert_int_equal(c.head_dim, 16);
-        assert_int_equal(c.m_heads, 8);
-        assert_int_equal(c.m_head_dim, 8);
-        assert_int_equal(c.ssm_state, 16);
         assert_int_equal(c.n_groups, 2);
-        assert_int_equal(c.conv_kernel, 4);
-        assert_true(c.conv_bias);
-        assert_int_equal(c.mlp_hidden, 40);
-        assert_int_equal(c.n_experts, 0);
         assert_int_equal(c.top_k, 0);
         assert_int_equal(c.moe_hidden, 0);
-        assert_true(c.eps == 1e-5f);
-        assert_true(c.dt_min == 0.0f && isinf(c.dt_max));
-        assert_false(c.tied_embeddings);
         assert_false(c.residual_in_fp32);
         if (tsr_nemotron_h_load(path, &c, NULL, NULL, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
                 fail_msg("%s", err);
@@ -1841,7 +1850,6 @@ static void test_one_group_gguf(void **state) {
         char path[1024], rel[512], err[512] = "";
         json_error_t je;
         json_t *g = NULL, *gg;
-        tsr_gguf *gf = NULL;
         tsr_nemotron_h_config c;
         tsr_nemotron_h *m = NULL;
         tsr_load_stats st = {0};
@@ -1852,37 +1860,13 @@ static void test_one_group_gguf(void **state) {
         assert_non_null(gg = json_object_get(g, "gguf"));
         snprintf(rel, sizeof rel, G1_FIXTURE "/%s", json_string_value(json_object_get(gg, "file")));
         assert_non_null(tsr_test_src_path(rel, path, sizeof path));
-        if (tsr_gguf_open(path, &gf, err, sizeof err) != TSR_OK ||
-            tsr_nemotron_h_config_from_gguf(gf, path, &c, err, sizeof err) != TSR_OK)
-                fail_msg("%s", err);
-        const tsr_gguf_kv *arch = tsr_gguf_find_kv(gf, "general.architecture");
-        const char *as;
-        size_t alen;
-        assert_non_null(arch);
-        assert_int_equal(tsr_gguf_get_str(&arch->value, &as, &alen), TSR_OK);
-        assert_true(alen == 10 && memcmp(as, "nemotron_h", 10) == 0);
-        tsr_gguf_close(&gf);
-        /* make_tiny_nemotron_h_g1.py's sizes */
-        assert_true(c.gguf);
+        read_dense_gguf(path, &c);
+        /* make_tiny_nemotron_h_g1.py's sizes (read_dense_gguf: the shared ones) */
         assert_int_equal(c.n_groups, 1);
         assert_string_equal(c.pattern, "M*M-");
         assert_string_equal(c.pattern, json_string_value(json_object_get(g, "pattern")));
         assert_int_equal(c.n_layers, 4);
         assert_int_equal(c.vocab_size, vocab);
-        assert_int_equal(c.dim, 64);
-        assert_int_equal(c.n_heads, 4);
-        assert_int_equal(c.n_kv_heads, 2);
-        assert_int_equal(c.head_dim, 16);
-        assert_int_equal(c.m_heads, 8);
-        assert_int_equal(c.m_head_dim, 8);
-        assert_int_equal(c.ssm_state, 16);
-        assert_int_equal(c.conv_kernel, 4);
-        assert_true(c.conv_bias);
-        assert_int_equal(c.mlp_hidden, 40);
-        assert_int_equal(c.n_experts, 0);
-        assert_true(c.eps == 1e-5f);
-        assert_true(c.dt_min == 0.0f && isinf(c.dt_max));
-        assert_false(c.tied_embeddings);
         if (tsr_nemotron_h_load(path, &c, NULL, NULL, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
                 fail_msg("%s", err);
         /* 2 model-wide + output_norm + 2 Mamba x 9 + attention x 5 + MLP x 3 */
