@@ -677,6 +677,11 @@ int main(int argc, char **argv) {
                 log_error("%s", err);
                 goto out;
         }
+        if (!plan.state_slots && (cfg.mamba_block_size > 0 ||
+                                  (cfg.mamba_cache_dtype && strcmp(cfg.mamba_cache_dtype, "auto") != 0) ||
+                                  (cfg.mamba_ssm_cache_dtype && strcmp(cfg.mamba_ssm_cache_dtype, "auto") != 0)))
+                log_info("--mamba-block-size / --mamba-cache-dtype / --mamba-ssm-cache-dtype have no effect: %s keeps "
+                         "no recurrent (Mamba) state", meta->architecture ? meta->architecture : "this model");
         if (plan.state_slots) {
                 /* vLLM (0.11+) leaves prefix caching off by default for hybrid Mamba models
                  * and, asked for it, runs its experimental Mamba prefix caching: the state
