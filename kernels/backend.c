@@ -150,6 +150,29 @@ tsr_status tsr_backend_synchronize(tsr_backend *be) {
         return be->ops->synchronize(be);
 }
 
+tsr_status tsr_backend_graph_begin(tsr_backend *be, uint64_t key, tsr_graph_mode mode, uint32_t table_width,
+                                   uint32_t max_len) {
+        if (!be || (mode != TSR_GRAPH_CAPTURE && mode != TSR_GRAPH_REPLAY))
+                return TSR_E_INVAL;
+        return be->ops->graph_begin ? be->ops->graph_begin(be, key, mode, table_width, max_len) : TSR_E_UNSUPPORTED;
+}
+
+tsr_status tsr_backend_graph_end(tsr_backend *be, bool launch, bool *launched) {
+        if (!be || !launched)
+                return TSR_E_INVAL;
+        *launched = false;
+        return be->ops->graph_end ? be->ops->graph_end(be, launch, launched) : TSR_E_INVAL;
+}
+
+bool tsr_backend_graph_has(tsr_backend *be, uint64_t key, uint32_t max_len) {
+        return be && be->ops->graph_has && be->ops->graph_has(be, key, max_len);
+}
+
+void tsr_backend_graph_drop(tsr_backend *be) {
+        if (be && be->ops->graph_drop)
+                be->ops->graph_drop(be);
+}
+
 tsr_status tsr_backend_host_alloc(tsr_backend *be, size_t bytes, void **ret) {
         (void)be;
         if (bytes > SIZE_MAX - 63)

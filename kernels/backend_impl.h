@@ -32,6 +32,12 @@ typedef struct tsr_backend_ops {
         /* NULL: TSR_E_UNSUPPORTED (host memory) */
         tsr_status (*mem_info)(tsr_backend *be, size_t *free_bytes, size_t *total_bytes);
         tsr_status (*synchronize)(tsr_backend *be);
+        /* kernels.h's graphs; NULL: none (the wrappers answer TSR_E_UNSUPPORTED / false) */
+        tsr_status (*graph_begin)(tsr_backend *be, uint64_t key, tsr_graph_mode mode, uint32_t table_width,
+                                  uint32_t max_len);
+        tsr_status (*graph_end)(tsr_backend *be, bool launch, bool *launched);
+        bool (*graph_has)(tsr_backend *be, uint64_t key, uint32_t max_len);
+        void (*graph_drop)(tsr_backend *be);
 
         /* The operators of kernels.h, same arguments after `be`; NULL: not implemented
          * (the wrapper answers TSR_E_UNSUPPORTED). */

@@ -221,6 +221,44 @@ tsr_status tsr_backend_mem_info(tsr_backend *be, size_t *free_bytes, size_t *tot
 /* Wait for all work queued on this backend (no-op on the CPU, whose ops return when done). */
 tsr_status tsr_backend_synchronize(tsr_backend *be);
 
+/* ---- graphs: record a run of ops once, replay it (CUDA graphs; issue #16) --------------
+ * A caller that issues the same ops on the same memory step after step (a decode step of
+ * one batch size) records them once and then replays them, paying the host's launch cost
+ * once per step instead of once per op.  Between tsr_backend_graph_begin and
+ * tsr_backend_graph_end every op checks its arguments as always (TSR_E_INVAL, ...) and
+ * copies its host index arrays (ids, positions, rows and block tables) into the graph's
+ * staging memory, but queues nothing:
+ *  - TSR_GRAPH_CAPTURE records the ops as graph `key`, replacing any graph of that key;
+ *  - TSR_GRAPH_REPLAY checks each op against graph `key`'s record: the same op with the
+ *    same memory, sizes and scalars, index arrays of the same sizes (their values may
+ *    differ: they are what changes from step to step).
+ * In both, the kv ops' block tables are laid out `table_width` entries per sequence (a
+ * fixed size whatever the sequences' lengths: a sequence with more blocks fails the
+ * recording), and attention's launches are sized for the backend's length class of
+ * `max_len` (the longest sequence of the step, in tokens): a graph is kept per key and
+ * class, and serves the steps whose longest sequence is in its class (CUDA's class is the
+ * number of key splits such a row gets: 128-token steps up to 4096; a row's result is the
+ * bits of the same call outside a graph; a longer sequence fails the recording).  Not allowed inside (TSR_E_INVAL): upload,
+ * download, synchronize, argmax, sample, mem_alloc; mem_free must not free what a
+ * recorded op reads.
+ * tsr_backend_graph_end(be, launch, &launched) leaves the mode.  When the capture
+ * succeeded (or every replayed op matched) and `launch`, it queues the staged index
+ * arrays' copy and the graph: *launched = true, and the work is ordered with the ops as
+ * if issued one by one.  Otherwise nothing of the run was queued (*launched = false:
+ * the caller issues the ops again outside a graph); a failed capture leaves no graph of
+ * that key, a failed replay keeps its graph.  A capture without `launch` records only
+ * (start-up).  TSR_E_UNSUPPORTED (begin): a backend without graphs, the CPU's.  Graphs
+ * are the backend's: freed with it, or by tsr_backend_graph_drop (all); past 256 of them
+ * recording one drops the one replayed longest ago.
+ * One thread, the backend's (kernels.h). */
+typedef enum tsr_graph_mode { TSR_GRAPH_CAPTURE, TSR_GRAPH_REPLAY } tsr_graph_mode;
+tsr_status tsr_backend_graph_begin(tsr_backend *be, uint64_t key, tsr_graph_mode mode, uint32_t table_width,
+                                   uint32_t max_len);
+tsr_status tsr_backend_graph_end(tsr_backend *be, bool launch, bool *launched);
+/* Whether graph `key` is recorded. */
+bool tsr_backend_graph_has(tsr_backend *be, uint64_t key, uint32_t max_len);
+void tsr_backend_graph_drop(tsr_backend *be);
+
 /* ---- operators ------------------------------------------------------------------------ */
 
 /* out[r,:] = x[r,:] / sqrt(mean(x[r,:]^2) + eps) * w[:]

@@ -223,6 +223,8 @@ __global__ static void attention_merge_kernel(float *out, const float *work, tsr
         }
 }
 
+extern "C" unsigned tsr_cuda_attention_splits(size_t n) { return attn_splits(n ? n : 1); }
+
 extern "C" size_t tsr_cuda_attention_work_bytes(size_t rows, size_t n_heads, size_t head_dim) {
         size_t per_row = n_heads * ATTN_MAX_SPLITS * attn_record_floats(head_dim) * sizeof(float);
         size_t group = ATTN_WORK_BYTES / per_row;
@@ -234,7 +236,7 @@ extern "C" size_t tsr_cuda_attention_work_bytes(size_t rows, size_t n_heads, siz
 extern "C" tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, float *work, size_t work_bytes,
                                          const float *q, const void *k_cache, const void *v_cache, tsr_dtype dtype,
                                          float k_scale, float v_scale, tsr_cuda_rows rows, const uint32_t *host_pos,
-                                         size_t block_size, size_t n_kv_heads, size_t head_dim, size_t n_heads,
+                                         unsigned fixed_splits, size_t block_size, size_t n_kv_heads, size_t head_dim, size_t n_heads,
                                          float scale) {
         size_t per_row = n_heads * ATTN_MAX_SPLITS * attn_record_floats(head_dim) * sizeof(float);
         size_t group = work_bytes / per_row;
@@ -244,10 +246,13 @@ extern "C" tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, float 
                 return TSR_E_INVAL;
         for (size_t r0 = 0; r0 < rows.n; r0 += group) {
                 size_t g = rows.n - r0 < group ? rows.n - r0 : group;
-                uint32_t longest = 0;
-                for (size_t r = r0; r < r0 + g; r++)
-                        longest = host_pos[r] > longest ? host_pos[r] : longest;
-                unsigned splits = attn_splits((size_t)longest + 1);
+                unsigned splits = fixed_splits;
+                if (host_pos) {
+                        uint32_t longest = 0;
+                        for (size_t r = r0; r < r0 + g; r++)
+                                longest = host_pos[r] > longest ? host_pos[r] : longest;
+                        splits = attn_splits((size_t)longest + 1);
+                }
                 dim3 grid((unsigned)g, (unsigned)n_heads, splits);
                 if (dtype == TSR_DTYPE_FP8_E4M3)
                         attention_kernel<<<grid, ATTN_WARPS * 32, 0, stream>>>(

@@ -13,6 +13,17 @@
 // wait for the stream (kernels.h: synchronous); copy and the ops return once queued; a
 // fault inside a kernel shows as TSR_E_CUDA at the next upload/download/synchronize.
 //
+// Graphs (kernels.h): between graph_begin and graph_end the ops check their arguments,
+// stage their index arrays in a pinned host buffer (at offsets that are part of the op's
+// signature; the kernels read them from a device copy of that buffer at the same
+// offsets) and fold everything else they would launch with (pointers, sizes, scalars,
+// scratch buffers) into a 64-bit signature.  A capture records the signatures while the
+// stream records the launches (cudaStreamBeginCapture, thread-local mode); a replay only
+// compares them, launching nothing.  graph_end then copies the staged bytes up in one
+// copy and launches the graph.  Any difference (another pointer, a grown scratch, a
+// block table past its width) makes the run fail and the caller issue it eagerly: a
+// replay can never read memory the recording did not.
+//
 // Host index arrays (embedding's ids, rope's pos, a batch's rows and block tables) are
 // copied to an index scratch with cudaMemcpyAsync on the stream just before the kernel
 // that reads them.  From pageable memory (what callers have) that call returns once the
@@ -22,6 +33,7 @@
 // arrays they reuse before a synchronize.)  Each kind of array has its own scratch, which
 // remembers what it holds: a forward passes every layer the same positions and the same
 // rows, so one step uploads each once instead of once per op and layer.
+#include <initializer_list>
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -51,10 +63,28 @@ struct cuda_index_scratch {
         size_t host_cap, held;
 };
 
+// A recorded graph: its executable, the signatures of its ops in order and the staged
+// bytes its launches read.
+struct cuda_graph {
+        uint64_t key;
+        unsigned splits;                // attention's key splits: the length class
+        uint64_t last_use;              // g_clock at its last launch
+        cudaGraphExec_t exec;
+        uint64_t *sigs;
+        size_t n_sigs;
+        size_t staged;
+};
+
+enum { GRAPH_OFF, GRAPH_CAPTURE, GRAPH_REPLAY };
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+#define GRAPH_CAP 256                   // graphs kept (kernels.h): ~1.6 MB each for SmolLM2
+enum { IDX_IDS, IDX_POS, IDX_ROWS, IDX_KINDS };
+
 struct cuda_ctx {
         int device;
         cudaStream_t stream;
         cublasHandle_t blas;
+        void *blas_ws;                  // cuBLAS's workspace (CUBLAS_WORKSPACE_BYTES)
         cuda_index_scratch ids;         // embedding's token ids
         cuda_index_scratch pos;         // rope's positions
         cuda_index_scratch rows;        // kv_write's and attention's rows (upload_rows)
@@ -62,6 +92,27 @@ struct cuda_ctx {
         cuda_scratch attn;      // attention's per-run records (attention.cu's split over the keys)
         cuda_scratch argmax;    // argmax's (and sample's) row results before their download
         cuda_scratch draws;     // sample's per-row parameters
+        // graphs: the one in progress (state, key, block-table width, ops so far, whether
+        // it failed, the capture's signatures, staging used and the last array of each
+        // index kind staged in it), the staging (pinned host, its device copy, an event
+        // after the last copy up) and the recorded graphs
+        int g_state;
+        uint64_t g_key, g_clock;
+        uint32_t g_width;
+        unsigned g_splits;
+        size_t g_op;
+        bool g_failed;
+        cuda_graph *g_replay;
+        uint64_t *g_sigs;
+        size_t g_n_sigs, g_cap_sigs;
+        size_t g_used, g_need;
+        struct { size_t off, bytes; } g_last[IDX_KINDS];
+        unsigned char *stage_host;
+        cuda_scratch stage_dev;
+        cudaEvent_t stage_done;
+        bool stage_pending;
+        cuda_graph *graphs;
+        size_t n_graphs, cap_graphs;
 };
 
 static cuda_ctx *ctx_of(tsr_backend *be) { return static_cast<cuda_ctx *>(be->ctx); }
@@ -77,6 +128,10 @@ static tsr_status use_device(tsr_backend *be) {
 static tsr_status scratch_reserve(cuda_ctx *c, cuda_scratch *s, size_t bytes) {
         if (bytes <= s->cap)
                 return TSR_OK;
+        if (c->g_state != GRAPH_OFF) {  // no allocation inside a graph: the eager rerun grows it
+                c->g_failed = true;
+                return TSR_OK;
+        }
         size_t want = bytes > 2 * s->cap ? bytes : 2 * s->cap;
         TSR_CUDA_TRY(cudaStreamSynchronize(c->stream));
         TSR_CUDA_TRY(cudaFree(s->p));
@@ -97,9 +152,86 @@ static tsr_status scratch_reserve(cuda_ctx *c, cuda_scratch *s, size_t bytes) {
 // The host index array a (count,) in the index scratch x; *dev points at it.  Copied
 // unless x's last upload was these very bytes (then the copy on the device, or the one
 // queued ahead, is theirs).
+// ---- graph runs: signatures and staging -----------------------------------------------
+
+// A signature: the op, then each argument's bits folded in (a 64-bit multiply-xorshift).
+static uint64_t sig_of(int op, std::initializer_list<uint64_t> args) {
+        uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)op;
+        for (uint64_t v : args) {
+                h = (h ^ v) * 0xff51afd7ed558ccdull;
+                h ^= h >> 33;
+        }
+        return h;
+}
+static uint64_t ptr_bits(const void *p) { return (uint64_t)(uintptr_t)p; }
+static uint64_t float_bits(float f) {
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        return u;
+}
+
+enum { SIG_RMSNORM = 1, SIG_ADD_RMSNORM, SIG_EMBEDDING, SIG_MATMUL, SIG_ROPE, SIG_KV_WRITE, SIG_ATTENTION,
+       SIG_SILU_MUL, SIG_ADD, SIG_SOFTMAX, SIG_COPY };
+
+// Outside a graph run: true (queue the op).  In one: record (capture) or check (replay)
+// the op's signature h; true when the op is to be queued, i.e. in a capture that has not
+// failed (its launches go into the graph).  A replay never queues.
+static bool graph_op(cuda_ctx *c, uint64_t h) {
+        if (c->g_state == GRAPH_OFF)
+                return true;
+        if (c->g_failed)
+                return false;
+        if (c->g_state == GRAPH_REPLAY) {
+                if (c->g_op >= c->g_replay->n_sigs || c->g_replay->sigs[c->g_op] != h)
+                        c->g_failed = true;
+                c->g_op++;
+                return false;
+        }
+        if (c->g_n_sigs == c->g_cap_sigs) {
+                size_t cap = c->g_cap_sigs ? 2 * c->g_cap_sigs : 1024;
+                uint64_t *p = static_cast<uint64_t *>(realloc(c->g_sigs, cap * sizeof *p));
+                if (!p) {
+                        c->g_failed = true;
+                        return false;
+                }
+                c->g_sigs = p;
+                c->g_cap_sigs = cap;
+        }
+        c->g_sigs[c->g_n_sigs++] = h;
+        c->g_op++;
+        return true;
+}
+
+// In a graph run: the index array a (bytes) in the staging, at the offset of the run's
+// last array of this kind when that held the same bytes (a forward passes every layer
+// the same positions and rows), else at the next free offset; returns the device address
+// the launches read it at (part of the op's signature).  Past the staging's capacity the
+// run fails and g_need says what it wanted (graph_end grows the staging for the next).
+static const uint32_t *graph_stage(cuda_ctx *c, int kind, const uint32_t *a, size_t bytes) {
+        size_t off = c->g_last[kind].off;
+        if (!(bytes && c->g_last[kind].bytes == bytes && memcmp(c->stage_host + off, a, bytes) == 0)) {
+                off = (c->g_used + 15) & ~(size_t)15;
+                c->g_used = off + bytes;
+                if (c->g_used > c->stage_dev.cap) {
+                        c->g_need = c->g_used > c->g_need ? c->g_used : c->g_need;
+                        c->g_failed = true;
+                        return static_cast<const uint32_t *>(c->stage_dev.p);   // never launched
+                }
+                if (bytes)
+                        memcpy(c->stage_host + off, a, bytes);
+                c->g_last[kind].off = off;
+                c->g_last[kind].bytes = bytes;
+        }
+        return reinterpret_cast<const uint32_t *>(static_cast<unsigned char *>(c->stage_dev.p) + off);
+}
+
 static tsr_status upload_indices(cuda_ctx *c, cuda_index_scratch *x, const uint32_t *a, size_t count,
                                  const uint32_t **dev) {
         size_t bytes = count * sizeof *a;
+        if (c->g_state != GRAPH_OFF) {
+                *dev = graph_stage(c, x == &c->ids ? IDX_IDS : x == &c->pos ? IDX_POS : IDX_ROWS, a, bytes);
+                return TSR_OK;
+        }
         if (x->dev.p && bytes == x->held && bytes && memcmp(x->host, a, bytes) == 0) {
                 *dev = static_cast<const uint32_t *>(x->dev.p);
                 return TSR_OK;
@@ -129,15 +261,49 @@ static void index_scratch_free(cuda_index_scratch *x) {
         free(x->host);
 }
 
+static void graph_free(cuda_graph *g) {
+        if (g->exec)
+                (void)cudaGraphExecDestroy(g->exec);
+        free(g->sigs);
+        *g = cuda_graph{};
+}
+
+static void graphs_drop(cuda_ctx *c) {
+        for (size_t i = 0; i < c->n_graphs; i++)
+                graph_free(&c->graphs[i]);
+        c->n_graphs = 0;
+}
+
+static cuda_graph *graph_find(cuda_ctx *c, uint64_t key, unsigned splits) {
+        for (size_t i = 0; i < c->n_graphs; i++)
+                if (c->graphs[i].key == key && c->graphs[i].splits == splits)
+                        return &c->graphs[i];
+        return NULL;
+}
+
 static void cuda_ctx_free(void *ctx) {
         cuda_ctx *c = static_cast<cuda_ctx *>(ctx);
         if (!c)
                 return;
         if (cudaSetDevice(c->device) == cudaSuccess) {
+                if (c->g_state == GRAPH_CAPTURE) {      // a run left open: end the capture
+                        cudaGraph_t g = NULL;
+                        if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g)
+                                (void)cudaGraphDestroy(g);
+                        (void)cudaGetLastError();
+                }
                 if (c->stream)
                         (void)cudaStreamSynchronize(c->stream);
+                graphs_drop(c);
+                free(c->graphs);
+                free(c->g_sigs);
+                (void)cudaFreeHost(c->stage_host);
+                (void)cudaFree(c->stage_dev.p);
+                if (c->stage_done)
+                        (void)cudaEventDestroy(c->stage_done);
                 if (c->blas)
                         (void)cublasDestroy(c->blas);
+                (void)cudaFree(c->blas_ws);
                 index_scratch_free(&c->ids);
                 index_scratch_free(&c->pos);
                 index_scratch_free(&c->rows);
@@ -154,6 +320,8 @@ static void cuda_ctx_free(void *ctx) {
 // ---- memory --------------------------------------------------------------------------
 
 static tsr_status cuda_mem_alloc(tsr_backend *be, size_t bytes, void **ret) {
+        if (ctx_of(be)->g_state != GRAPH_OFF)
+                return TSR_E_INVAL;
         tsr_status st = use_device(be);
         if (st != TSR_OK)
                 return st;
@@ -177,10 +345,15 @@ static void cuda_mem_free(tsr_backend *be, void *p) {
 // Queue the copy on the stream; wait for it when `wait` (upload, download: synchronous).
 static tsr_status cuda_memcpy(tsr_backend *be, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                               bool wait) {
+        cuda_ctx *c = ctx_of(be);
+        if (c->g_state != GRAPH_OFF && (wait || kind != cudaMemcpyDeviceToDevice))
+                return TSR_E_INVAL;     // kernels.h: no upload or download inside a graph run
         tsr_status st = use_device(be);
         if (st != TSR_OK)
                 return st;
-        cudaStream_t s = ctx_of(be)->stream;
+        if (!graph_op(c, sig_of(SIG_COPY, {ptr_bits(dst), ptr_bits(src), bytes})))
+                return TSR_OK;
+        cudaStream_t s = c->stream;
         TSR_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, s));
         if (wait)
                 TSR_CUDA_TRY(cudaStreamSynchronize(s));
@@ -209,6 +382,8 @@ static tsr_status cuda_mem_info(tsr_backend *be, size_t *free_bytes, size_t *tot
 }
 
 static tsr_status cuda_synchronize(tsr_backend *be) {
+        if (ctx_of(be)->g_state != GRAPH_OFF)
+                return TSR_E_INVAL;
         tsr_status st = use_device(be);
         if (st != TSR_OK)
                 return st;
@@ -223,13 +398,19 @@ static tsr_status cuda_synchronize(tsr_backend *be) {
 static tsr_status cuda_rmsnorm(tsr_backend *be, float *out, const float *x, const float *w, size_t rows, size_t dim,
                                float eps) {
         tsr_status st = use_device(be);
-        return st != TSR_OK ? st : tsr_cuda_rmsnorm(ctx_of(be)->stream, out, x, w, rows, dim, eps);
+        if (st != TSR_OK || !graph_op(ctx_of(be), sig_of(SIG_RMSNORM, {ptr_bits(out), ptr_bits(x), ptr_bits(w), rows,
+                                                                       dim, float_bits(eps)})))
+                return st;
+        return tsr_cuda_rmsnorm(ctx_of(be)->stream, out, x, w, rows, dim, eps);
 }
 
 static tsr_status cuda_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
                                    size_t rows, size_t dim, float eps) {
         tsr_status st = use_device(be);
-        return st != TSR_OK ? st : tsr_cuda_add_rmsnorm(ctx_of(be)->stream, out, residual, x, w, rows, dim, eps);
+        if (st != TSR_OK || !graph_op(ctx_of(be), sig_of(SIG_ADD_RMSNORM, {ptr_bits(out), ptr_bits(residual), ptr_bits(x),
+                                                                           ptr_bits(w), rows, dim, float_bits(eps)})))
+                return st;
+        return tsr_cuda_add_rmsnorm(ctx_of(be)->stream, out, residual, x, w, rows, dim, eps);
 }
 
 static tsr_status cuda_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
@@ -245,7 +426,10 @@ static tsr_status cuda_embedding(tsr_backend *be, float *out, const float *table
         tsr_status st = use_device(be);
         if (st == TSR_OK)
                 st = upload_indices(ctx_of(be), &ctx_of(be)->ids, ids, rows, &dids);
-        return st != TSR_OK ? st : tsr_cuda_embedding(ctx_of(be)->stream, out, table, dim, dids, rows);
+        if (st != TSR_OK || !graph_op(ctx_of(be), sig_of(SIG_EMBEDDING, {ptr_bits(out), ptr_bits(table), vocab, dim,
+                                                                         ptr_bits(dids), rows})))
+                return st;
+        return tsr_cuda_embedding(ctx_of(be)->stream, out, table, dim, dids, rows);
 }
 
 static tsr_status cuda_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
@@ -265,11 +449,16 @@ static tsr_status cuda_matmul(tsr_backend *be, float *out, const float *x, const
         if (st != TSR_OK)
                 return st;
         cuda_ctx *c = ctx_of(be);
-        if (w_dtype == TSR_DTYPE_F32)
+        if (w_dtype == TSR_DTYPE_F32) {
+                if (!graph_op(c, sig_of(SIG_MATMUL, {ptr_bits(out), ptr_bits(x), ptr_bits(w), (uint64_t)w_dtype, rows, n,
+                                                     d})))
+                        return TSR_OK;
                 return tsr_cuda_matmul_f32(c->blas, out, x, static_cast<const float *>(w), rows, n, d);
+        }
         // bf16: round x to bf16 in the activation scratch (kernels.h's b()), then the GEMM.
         st = scratch_reserve(c, &c->act, rows * n * sizeof(uint16_t));
-        if (st != TSR_OK)
+        if (st != TSR_OK || !graph_op(c, sig_of(SIG_MATMUL, {ptr_bits(out), ptr_bits(x), ptr_bits(w), (uint64_t)w_dtype,
+                                                             rows, n, d, ptr_bits(c->act.p)})))
                 return st;
         uint16_t *xb = static_cast<uint16_t *>(c->act.p);
         st = tsr_cuda_f32_to_bf16(c->stream, xb, x, rows * n);
@@ -289,8 +478,10 @@ static tsr_status cuda_rope(tsr_backend *be, float *x, size_t rows, size_t n_hea
         tsr_status st = use_device(be);
         if (st == TSR_OK)
                 st = upload_indices(ctx_of(be), &ctx_of(be)->pos, pos, rows, &dpos);
-        return st != TSR_OK ? st : tsr_cuda_rope(ctx_of(be)->stream, x, rows, n_heads, head_dim, dpos, inv_freq,
-                                                 layout);
+        if (st != TSR_OK || !graph_op(ctx_of(be), sig_of(SIG_ROPE, {ptr_bits(x), rows, n_heads, head_dim, ptr_bits(dpos),
+                                                                    ptr_bits(inv_freq), (uint64_t)layout})))
+                return st;
+        return tsr_cuda_rope(ctx_of(be)->stream, x, rows, n_heads, head_dim, dpos, inv_freq, layout);
 }
 
 // Sequence i's view: the shared cache arrays and geometry with its own block table.
@@ -326,10 +517,12 @@ static bool seqs_ok(const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs
 // Sequences checked by seqs_ok.
 static tsr_status upload_rows(tsr_backend *be, const tsr_kv_view *kv, const tsr_kv_seq *seqs, size_t n_seqs,
                               tsr_cuda_rows *rows, uint32_t **host) {
+        cuda_ctx *c = ctx_of(be);
+        size_t width = c->g_state != GRAPH_OFF ? c->g_width : 0;       // a graph run's fixed table size
         size_t n = 0, entries = 0;
         for (size_t i = 0; i < n_seqs; i++) {
                 n += seqs[i].n;
-                entries += (seqs[i].past_len + seqs[i].n + kv->block_size - 1) / kv->block_size;
+                entries += width ? width : (seqs[i].past_len + seqs[i].n + kv->block_size - 1) / kv->block_size;
         }
         uint32_t *h = static_cast<uint32_t *>(malloc((3 * n + entries) * sizeof *h + 1));
         if (!h)
@@ -342,14 +535,20 @@ static tsr_status upload_rows(tsr_backend *be, const tsr_kv_view *kv, const tsr_
                         h[n + r] = (uint32_t)end;
                         h[2 * n + r] = (uint32_t)(off - 3 * n);
                 }
+                if (width && (used > width || tsr_cuda_attention_splits(end) > c->g_splits)) { // past the recording
+                        c->g_failed = true;
+                        used = width;
+                }
                 for (size_t e = 0; e < used; e++)
                         h[off + e] = seqs[i].block_table[e];
-                off += used;
+                for (size_t e = used; e < width; e++)
+                        h[off + e] = 0;         // never read: past the row's end
+                off += width ? width : used;
         }
         const uint32_t *d = NULL;
         tsr_status st = use_device(be);
         if (st == TSR_OK)
-                st = upload_indices(ctx_of(be), &ctx_of(be)->rows, h, off, &d);
+                st = upload_indices(c, &c->rows, h, off, &d);
         if (st != TSR_OK || !host)
                 free(h);
         if (st != TSR_OK)
@@ -373,10 +572,14 @@ static tsr_status cuda_kv_write_batch(tsr_backend *be, const tsr_kv_view *kv, co
         if (!k || !v || !seqs_ok(kv, seqs, n_seqs))
                 return TSR_E_INVAL;
         tsr_status st = upload_rows(be, kv, seqs, n_seqs, &rows, NULL);
-        return st != TSR_OK ? st
-                            : tsr_cuda_kv_write(ctx_of(be)->stream, kv->k, kv->v, kv->dtype, kv->k_scale,
-                                                kv->v_scale, rows, kv->block_size, kv->n_kv_heads * kv->head_dim, k,
-                                                v);
+        if (st != TSR_OK ||
+            !graph_op(ctx_of(be), sig_of(SIG_KV_WRITE, {ptr_bits(kv->k), ptr_bits(kv->v), (uint64_t)kv->dtype,
+                                                        float_bits(kv->k_scale), float_bits(kv->v_scale),
+                                                        ptr_bits(rows.pos), rows.n, n_seqs, kv->block_size,
+                                                        kv->n_kv_heads, kv->head_dim, ptr_bits(k), ptr_bits(v)})))
+                return st;
+        return tsr_cuda_kv_write(ctx_of(be)->stream, kv->k, kv->v, kv->dtype, kv->k_scale, kv->v_scale, rows,
+                                 kv->block_size, kv->n_kv_heads * kv->head_dim, k, v);
 }
 
 static tsr_status cuda_kv_write(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,
@@ -416,9 +619,16 @@ static tsr_status cuda_attention_batch(tsr_backend *be, float *out, const float 
         uint32_t *host = NULL;
         if (st == TSR_OK)
                 st = upload_rows(be, kv, seqs, n_seqs, &rows, &host);
-        if (st == TSR_OK)
+        // In a graph the launches cover every split a row may have (host NULL): the same bits.
+        if (st == TSR_OK &&
+            graph_op(c, sig_of(SIG_ATTENTION, {ptr_bits(out), ptr_bits(c->attn.p), c->attn.cap, ptr_bits(q),
+                                               ptr_bits(kv->k), ptr_bits(kv->v), (uint64_t)kv->dtype,
+                                               float_bits(kv->k_scale), float_bits(kv->v_scale), ptr_bits(rows.pos),
+                                               rows.n, n_seqs, kv->block_size, kv->n_kv_heads, kv->head_dim, n_heads,
+                                               float_bits(scale), c->g_splits})))
                 st = tsr_cuda_attention(c->stream, out, static_cast<float *>(c->attn.p), c->attn.cap, q, kv->k, kv->v,
-                                        kv->dtype, kv->k_scale, kv->v_scale, rows, host, kv->block_size,
+                                        kv->dtype, kv->k_scale, kv->v_scale, rows,
+                                        c->g_state == GRAPH_OFF ? host : NULL, c->g_splits, kv->block_size,
                                         kv->n_kv_heads, kv->head_dim, n_heads, scale);
         free(host);
         return st;
@@ -436,21 +646,28 @@ static tsr_status cuda_silu_mul(tsr_backend *be, float *out, const float *gate, 
         if (!out || !gate || !up)
                 return TSR_E_INVAL;
         tsr_status st = use_device(be);
-        return st != TSR_OK ? st : tsr_cuda_silu_mul(ctx_of(be)->stream, out, gate, up, n);
+        if (st != TSR_OK || !graph_op(ctx_of(be), sig_of(SIG_SILU_MUL, {ptr_bits(out), ptr_bits(gate), ptr_bits(up), n})))
+                return st;
+        return tsr_cuda_silu_mul(ctx_of(be)->stream, out, gate, up, n);
 }
 
 static tsr_status cuda_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {
         if (!out || !a || !b)
                 return TSR_E_INVAL;
         tsr_status st = use_device(be);
-        return st != TSR_OK ? st : tsr_cuda_add(ctx_of(be)->stream, out, a, b, n);
+        if (st != TSR_OK || !graph_op(ctx_of(be), sig_of(SIG_ADD, {ptr_bits(out), ptr_bits(a), ptr_bits(b), n})))
+                return st;
+        return tsr_cuda_add(ctx_of(be)->stream, out, a, b, n);
 }
 
 static tsr_status softmax_any(tsr_backend *be, float *out, const float *x, size_t rows, size_t n, bool log_out) {
         if (!out || !x || n == 0 || n > INT_MAX || rows > INT_MAX)
                 return TSR_E_INVAL;
         tsr_status st = use_device(be);
-        return st != TSR_OK ? st : tsr_cuda_softmax(ctx_of(be)->stream, out, x, rows, n, log_out);
+        if (st != TSR_OK ||
+            !graph_op(ctx_of(be), sig_of(SIG_SOFTMAX, {ptr_bits(out), ptr_bits(x), rows, n, (uint64_t)log_out})))
+                return st;
+        return tsr_cuda_softmax(ctx_of(be)->stream, out, x, rows, n, log_out);
 }
 
 static tsr_status cuda_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
@@ -463,9 +680,9 @@ static tsr_status cuda_log_softmax(tsr_backend *be, float *out, const float *x, 
 
 // The rows' argmax into the scratch, then their rows * 4 bytes to the host (waits).
 static tsr_status cuda_argmax(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n) {
-        if (rows > INT_MAX)
-                return TSR_E_INVAL;
         cuda_ctx *c = ctx_of(be);
+        if (rows > INT_MAX || c->g_state != GRAPH_OFF)  // a host result: not in a graph run
+                return TSR_E_INVAL;
         tsr_status st = use_device(be);
         if (st == TSR_OK)
                 st = scratch_reserve(c, &c->argmax, rows * sizeof(uint32_t));
@@ -476,9 +693,9 @@ static tsr_status cuda_argmax(tsr_backend *be, uint32_t *out, const float *x, si
 
 // The draws up, the rows drawn into the scratch, their tokens down (waits).
 static tsr_status cuda_sample(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws) {
-        if (rows > INT_MAX)
-                return TSR_E_INVAL;
         cuda_ctx *c = ctx_of(be);
+        if (rows > INT_MAX || c->g_state != GRAPH_OFF)  // a host result: not in a graph run
+                return TSR_E_INVAL;
         tsr_status st = use_device(be);
         if (st == TSR_OK)
                 st = scratch_reserve(c, &c->argmax, rows * sizeof(uint32_t));
@@ -490,6 +707,150 @@ static tsr_status cuda_sample(tsr_backend *be, uint32_t *out, float *x, size_t r
                 st = tsr_cuda_sample(c->stream, static_cast<uint32_t *>(c->argmax.p), x, rows, n,
                                      static_cast<const tsr_draw *>(c->draws.p));
         return st != TSR_OK ? st : cuda_download(be, out, c->argmax.p, rows * sizeof(uint32_t));
+}
+
+// ---- graphs (kernels.h) ------------------------------------------------------------------
+
+// Staging of at least `bytes`: a pinned host buffer and its device copy.  Every recorded
+// graph reads the old device copy, so they all go.  Outside a graph run.
+static tsr_status stage_grow(cuda_ctx *c, size_t bytes) {
+        graphs_drop(c);
+        if (c->stage_pending) {
+                TSR_CUDA_TRY(cudaEventSynchronize(c->stage_done));
+                c->stage_pending = false;
+        }
+        (void)cudaFreeHost(c->stage_host);
+        c->stage_host = NULL;
+        c->stage_dev.cap = 0;           // scratch_reserve frees the old device copy
+        void *h = NULL;
+        cudaError_t e = cudaHostAlloc(&h, bytes, cudaHostAllocDefault);
+        if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                return TSR_E_NOMEM;
+        }
+        c->stage_host = static_cast<unsigned char *>(h);
+        return scratch_reserve(c, &c->stage_dev, bytes);
+}
+
+static tsr_status cuda_graph_begin(tsr_backend *be, uint64_t key, tsr_graph_mode mode, uint32_t table_width,
+                                   uint32_t max_len) {
+        cuda_ctx *c = ctx_of(be);
+        if (c->g_state != GRAPH_OFF || table_width == 0 || max_len == 0)
+                return TSR_E_INVAL;
+        unsigned splits = tsr_cuda_attention_splits(max_len);
+        cuda_graph *g = graph_find(c, key, splits);
+        if (mode == TSR_GRAPH_REPLAY && !g)
+                return TSR_E_NOTFOUND;
+        tsr_status st = use_device(be);
+        if (st == TSR_OK && !c->stage_done)
+                TSR_CUDA_TRY(cudaEventCreateWithFlags(&c->stage_done, cudaEventDisableTiming));
+        if (st == TSR_OK && !c->stage_host)
+                st = stage_grow(c, (size_t)1 << 20);
+        if (st != TSR_OK)
+                return st;
+        if (c->stage_pending) {         // the last launch's copy up still reads the staging
+                TSR_CUDA_TRY(cudaEventSynchronize(c->stage_done));
+                c->stage_pending = false;
+        }
+        c->g_key = key;
+        c->g_width = table_width;
+        c->g_splits = splits;
+        c->g_op = 0;
+        c->g_failed = false;
+        c->g_used = 0;
+        c->g_need = 0;
+        c->g_n_sigs = 0;
+        memset(c->g_last, 0, sizeof c->g_last);
+        c->g_replay = g;
+        if (mode == TSR_GRAPH_CAPTURE)
+                TSR_CUDA_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+        c->g_state = mode == TSR_GRAPH_CAPTURE ? GRAPH_CAPTURE : GRAPH_REPLAY;
+        return TSR_OK;
+}
+
+// A capture's end: the graph instantiated and kept under the run's key, or (failed) no
+// graph of that key.  Whether it is kept.
+static bool capture_end(cuda_ctx *c) {
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        bool ok = !c->g_failed;
+        if (cudaStreamEndCapture(c->stream, &graph) != cudaSuccess) {   // an op the capture refused
+                (void)cudaGetLastError();
+                ok = false;
+        }
+        if (ok && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) {
+                (void)cudaGetLastError();
+                ok = false;
+        }
+        if (graph)
+                (void)cudaGraphDestroy(graph);
+        cuda_graph *g = graph_find(c, c->g_key, c->g_splits);
+        if (g) {                        // the key's old recording goes either way
+                graph_free(g);
+                *g = c->graphs[--c->n_graphs];
+        }
+        if (ok && c->n_graphs == GRAPH_CAP) {   // full: the one replayed longest ago goes
+                size_t lru = 0;
+                for (size_t i = 1; i < c->n_graphs; i++)
+                        lru = c->graphs[i].last_use < c->graphs[lru].last_use ? i : lru;
+                graph_free(&c->graphs[lru]);
+                c->graphs[lru] = c->graphs[--c->n_graphs];
+        }
+        if (ok && c->n_graphs == c->cap_graphs) {
+                size_t cap = c->cap_graphs ? 2 * c->cap_graphs : 16;
+                cuda_graph *p = static_cast<cuda_graph *>(realloc(c->graphs, cap * sizeof *p));
+                if (p) {
+                        c->graphs = p;
+                        c->cap_graphs = cap;
+                } else {
+                        ok = false;
+                }
+        }
+        if (!ok) {
+                if (exec)
+                        (void)cudaGraphExecDestroy(exec);
+                return false;
+        }
+        c->graphs[c->n_graphs++] = cuda_graph{c->g_key, c->g_splits, c->g_clock, exec, c->g_sigs, c->g_n_sigs,
+                                              c->g_used};
+        c->g_sigs = NULL;               // the graph owns them now
+        c->g_n_sigs = c->g_cap_sigs = 0;
+        return true;
+}
+
+static tsr_status cuda_graph_end(tsr_backend *be, bool launch, bool *launched) {
+        cuda_ctx *c = ctx_of(be);
+        if (c->g_state == GRAPH_OFF)
+                return TSR_E_INVAL;
+        bool capture = c->g_state == GRAPH_CAPTURE;
+        c->g_state = GRAPH_OFF;
+        tsr_status st = use_device(be);
+        if (st != TSR_OK)
+                return st;
+        bool ok = capture ? capture_end(c) : !c->g_failed && c->g_op == c->g_replay->n_sigs;
+        if (c->g_need > c->stage_dev.cap)       // for the next run (drops every graph)
+                return stage_grow(c, 2 * c->g_need);
+        if (!ok || !launch)
+                return TSR_OK;
+        cuda_graph *g = graph_find(c, c->g_key, c->g_splits);
+        g->last_use = ++c->g_clock;
+        if (g->staged)
+                TSR_CUDA_TRY(cudaMemcpyAsync(c->stage_dev.p, c->stage_host, g->staged, cudaMemcpyHostToDevice,
+                                             c->stream));
+        TSR_CUDA_TRY(cudaGraphLaunch(g->exec, c->stream));
+        TSR_CUDA_TRY(cudaEventRecord(c->stage_done, c->stream));
+        c->stage_pending = true;
+        *launched = true;
+        return TSR_OK;
+}
+
+static bool cuda_graph_has(tsr_backend *be, uint64_t key, uint32_t max_len) {
+        return graph_find(ctx_of(be), key, tsr_cuda_attention_splits(max_len ? max_len : 1)) != NULL;
+}
+
+static void cuda_graph_drop(tsr_backend *be) {
+        if (ctx_of(be)->g_state == GRAPH_OFF && use_device(be) == TSR_OK)
+                graphs_drop(ctx_of(be));
 }
 
 // Built by assignment: C++17 has no designated initialisers.  matmul_scaled stays NULL
@@ -507,6 +868,10 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.copy = cuda_copy_d2d;
         o.mem_info = cuda_mem_info;
         o.synchronize = cuda_synchronize;
+        o.graph_begin = cuda_graph_begin;
+        o.graph_end = cuda_graph_end;
+        o.graph_has = cuda_graph_has;
+        o.graph_drop = cuda_graph_drop;
         o.rmsnorm = cuda_rmsnorm;
         o.embedding = cuda_embedding;
         o.matmul = cuda_matmul;
@@ -534,6 +899,11 @@ static tsr_status ctx_init(cuda_ctx *c) {
         TSR_CUBLAS_TRY(cublasCreate(&c->blas));
         TSR_CUBLAS_TRY(cublasSetStream(c->blas, c->stream));
         TSR_CUBLAS_TRY(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+        // A workspace of our own (after cublasSetStream, which resets it): the same one in
+        // and out of a graph capture, which then allocates nothing (32 MiB, PyTorch's for
+        // Hopper).
+        TSR_CUDA_TRY(cudaMalloc(&c->blas_ws, CUBLAS_WORKSPACE_BYTES));
+        TSR_CUBLAS_TRY(cublasSetWorkspace(c->blas, c->blas_ws, CUBLAS_WORKSPACE_BYTES));
         return TSR_OK;
 }
 

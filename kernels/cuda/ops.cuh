@@ -66,14 +66,20 @@ tsr_status tsr_cuda_kv_write(cudaStream_t stream, void *k_cache, void *v_cache, 
  * tokens 0 .. pos[r] of its own sequence.  head_dim <= TSR_CUDA_ATTN_MAX_HEAD_DIM.  The
  * cache as kv_write's (dtype, scales): a bf16 element reads as its exact float32, an fp8
  * one as float(code) * scale.
- * host_pos: a host copy of rows.pos (the launcher sizes each launch from it).  work: a
+ * host_pos: a host copy of rows.pos (the launcher sizes each launch from it), or NULL:
+ * launches of fixed_splits key splits whatever the rows (a CUDA graph's: the blocks past
+ * a row's own splits return at once; the bits are the same; a row with more splits,
+ * tsr_cuda_attention_splits, is the caller's error).  work: a
  * device array of work_bytes, at least tsr_cuda_attention_work_bytes(1, n_heads,
  * head_dim), for the runs of rows split over their keys; with
  * tsr_cuda_attention_work_bytes(rows.n, ...) bytes the call is at its fewest launches. */
 size_t tsr_cuda_attention_work_bytes(size_t rows, size_t n_heads, size_t head_dim);
+/* The key splits (1 .. 32) of a row with n >= 1 keys. */
+unsigned tsr_cuda_attention_splits(size_t n);
 tsr_status tsr_cuda_attention(cudaStream_t stream, float *out, float *work, size_t work_bytes, const float *q,
                               const void *k_cache, const void *v_cache, tsr_dtype dtype, float k_scale,
-                              float v_scale, tsr_cuda_rows rows, const uint32_t *host_pos, size_t block_size,
+                              float v_scale, tsr_cuda_rows rows, const uint32_t *host_pos, unsigned fixed_splits,
+                              size_t block_size,
                               size_t n_kv_heads, size_t head_dim, size_t n_heads, float scale);
 
 #ifdef __cplusplus
