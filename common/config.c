@@ -142,6 +142,10 @@ static const tsr_opt opts[] = {
          .help = "no effect: Tessera never runs model code"},
         {O_BOOL("enforce-eager", enforce_eager), .owner = W, .group = GRP_MODEL,
          .help = "do not capture CUDA graphs; no effect: the CPU backend always runs eagerly"},
+        {O_STR("compilation-config", compilation_config), .owner = W, .group = GRP_MODEL, .metavar = "JSON",
+         .help = "CUDA graphs as vLLM's JSON: cudagraph_capture_sizes, max_cudagraph_capture_size, cudagraph_mode"},
+        {O_INT("max-seq-len-to-capture", max_seq_len_to_capture, 1, INT_MAX), .owner = W, .group = GRP_MODEL,
+         .metavar = "N", .def = "8192", .help = "decode steps with a longer sequence run without CUDA graphs"},
 
         /* ---- parallelism ---- */
         {O_INT("tensor-parallel-size", tensor_parallel_size, 1, 1024), .alias = "-tp", .owner = W,

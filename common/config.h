@@ -67,6 +67,8 @@ typedef struct tsr_config {
         bool trust_remote_code;
         bool calculate_kv_scales;          /* refused (issue #15): the scales are the checkpoint's */
         bool enforce_eager;
+        char *compilation_config;       /* JSON object text (worker/model/cudagraph.h), NULL: {} */
+        int max_seq_len_to_capture;     /* 8192 */
 
         /* ---- parallelism (worker) ---- */
         int tensor_parallel_size;          /* -tp, 1 */

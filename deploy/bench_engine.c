@@ -6,7 +6,7 @@
  *                        [--steps N] [--prefill N] [--context N] [--repeat N]
  *                        [--kernels fast|amx_bf16|avx512_bf16|avx2|ref|cuda]
  *                        [--dtypes float32,bfloat16,stored] [--no-bandwidth]
- *                        [--kv-cache-dtype auto|bfloat16|fp8|fp8_e5m2]
+ *                        [--kv-cache-dtype auto|bfloat16|fp8|fp8_e5m2] [--graphs]
  *
  * For each dtype, thread count and batch B: B sequences each prefilled with --context
  * tokens (16),
@@ -27,6 +27,9 @@
  * --kernels cuda: the CUDA backend on GPU 0 (issue #16), weights copied to the device
  * (tsr_llama_to_backend), one "thread"; the timed steps end with the logits' download,
  * which waits for the device.  The bandwidth triad is the host's: pass --no-bandwidth.
+ * --graphs (with --kernels cuda): each decode batch through a CUDA graph recorded for its
+ * size before its prefills (tsr_llama_set_graphs), as the worker's default; without it
+ * every step runs eagerly (the worker's --enforce-eager).
  * --kv-cache-dtype fp8: the KV cache stores e4m3 bytes with scale 1.0 (the worker's
  * --kv-cache-dtype fp8 without checkpoint scales), on the CPU or the device; attention
  * dequantizes what it reads, which --context makes the larger part of a step.
@@ -142,6 +145,7 @@ out:
 /* Tokens each sequence holds before the timed decode steps (--context; 16 by default):
  * attention reads them all every step, so a long context times the attention kernel too. */
 static int context_len = 16;
+static bool use_graphs;         /* --graphs */
 /* What the KV cache stores (--kv-cache-dtype). */
 static tsr_dtype kv_dtype = TSR_DTYPE_F32;
 
@@ -183,6 +187,15 @@ static double run_decode(tsr_llama *m, tsr_backend *be, int batch, int steps, fl
         if (!tables || !toks || !seqs || !prompt ||
             kv_new(m, be, (size_t)batch * per_seq * block, block, &mem, &pool) != TSR_OK)
                 goto out;
+        if (use_graphs && be && !tsr_backend_host_memory(be)) {    /* recorded before the prefills: */
+                uint32_t size = (uint32_t)batch;                    /* its warm-up writes block 0 */
+                size_t captured = 0;
+                if (tsr_llama_set_graphs(m, &size, 1, (uint32_t)per_seq, UINT32_MAX) != TSR_OK ||
+                    tsr_llama_capture_graphs(m, be, pool, &captured) != TSR_OK || captured != 1) {
+                        fprintf(stderr, "batch %d: the CUDA graph was not recorded\n", batch);
+                        goto out;
+                }
+        }
         for (size_t i = 0; i < (size_t)batch * per_seq; i++)
                 tables[i] = (uint32_t)i;
         for (int s = 0; s < batch; s++) {
@@ -208,6 +221,8 @@ static double run_decode(tsr_llama *m, tsr_backend *be, int batch, int steps, fl
         }
         secs = now_s() - t0;
 out:
+        if (use_graphs && be && !tsr_backend_host_memory(be))
+                (void)tsr_llama_set_graphs(m, NULL, 0, 0, 0);    /* before the pool they read goes */
         tsr_llama_kv_free(&pool);
         tsr_kv_pool_free(&mem);
         free(tables);
@@ -254,6 +269,10 @@ int main(int argc, char **argv) {
                 const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
                 if (strcmp(a, "--no-bandwidth") == 0) {
                         bandwidth = false;
+                        continue;
+                }
+                if (strcmp(a, "--graphs") == 0) {
+                        use_graphs = true;
                         continue;
                 }
                 if (a[0] != '-') {
@@ -320,8 +339,9 @@ int main(int argc, char **argv) {
         double best_b1[3] = {0, 0, 0};  /* best batch-1 decode tok/s: float32, bfloat16, stored */
         double wbytes_of[3] = {0, 0, 0};
         tsr_cpu_isa isa = ref ? TSR_CPU_ISA_SCALAR : max_isa < tsr_cpu_isa_best() ? max_isa : tsr_cpu_isa_best();
-        printf("kernels %s, isa %s, model %s, KV cache %s, context %d\n", cuda ? "cuda" : ref ? "cpu-ref" : "cpu-fast",
-               tsr_cpu_isa_name(isa), model, tsr_dtype_get_info(kv_dtype)->name, context_len);
+        printf("kernels %s, isa %s, model %s, KV cache %s, context %d%s\n", cuda ? "cuda" : ref ? "cpu-ref" : "cpu-fast",
+               tsr_cpu_isa_name(isa), model, tsr_dtype_get_info(kv_dtype)->name, context_len,
+               cuda ? use_graphs ? ", decode through CUDA graphs" : ", decode eager" : "");
         printf("| dtype | threads | what | tok/s | |\n|---|---|---|---|---|\n");
         char dt[64];
         snprintf(dt, sizeof dt, "%s", dtypes);

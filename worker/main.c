@@ -27,6 +27,7 @@
 #include "worker/load/gen_config.h"
 #include "worker/link.h"
 #include "worker/serve.h"
+#include "worker/model/cudagraph.h"
 #include "worker/model/family.h"
 #include "worker/load/model_meta.h"
 #include "worker/model/runner.h"
@@ -485,6 +486,7 @@ int main(int argc, char **argv) {
         tsr_curve curve = {0};
         tsr_gen_override gen_override;
         tsr_gen_defaults gen_defaults;
+        tsr_cudagraph_sizes graph_sizes;        /* CUDA graphs' batch sizes */
         bool gen_no_file = false;
         char gen_text[256];
         int rc = TSR_EXIT_CONFIG;
@@ -665,9 +667,6 @@ int main(int argc, char **argv) {
                 (void)tsr_backend_mem_info(backend, &gpu_free, &gpu_total);
         /* The KV cache of a GPU is sized by the runner once the weights are in. */
         bool kv_on_device = on_gpu && !cfg.kv_cache_memory_bytes && cfg.num_gpu_blocks_override <= 0;
-        if (cfg.enforce_eager)
-                log_info("--enforce-eager has no effect by design: the %s backend never captures graphs, it always "
-                         "runs eagerly", on_gpu ? "CUDA (no CUDA graphs yet)" : "CPU");
         if (!on_gpu && cfg.gpu_memory_utilization != 0.9)
                 log_info("--gpu-memory-utilization has no effect by design on the CPU backend: the KV cache is sized "
                          "by --kv-cache-memory-bytes (vLLM's CPU backend also sizes it from its own setting)");
@@ -721,6 +720,30 @@ int main(int argc, char **argv) {
         /* --dtype float32 computes o_proj and down_proj in the canonical split (R7) at
          * every -tp, so -tp 1 and -tp N give the same bits. */
         bool f32 = cfg.dtype && (strcmp(cfg.dtype, "float32") == 0 || strcmp(cfg.dtype, "float") == 0);
+        /* CUDA graphs of decode steps: vLLM's sizes (worker/model/cudagraph.h), recorded
+         * by the runner at start-up on a GPU. */
+        if (tsr_cudagraph_sizes_for(cfg.compilation_config, cfg.enforce_eager, plan.max_num_seqs, &graph_sizes, err,
+                                    sizeof(err)) != TSR_OK) {
+                log_error("%s", err);
+                goto out;
+        }
+        if (graph_sizes.compile_keys)
+                log_info("--compilation-config: level and mode have no effect by design: Tessera compiles nothing at "
+                         "run time (its kernels are built ahead of time)");
+        if (!on_gpu && (cfg.enforce_eager || cfg.compilation_config))
+                log_info("--enforce-eager and --compilation-config have no effect by design: the CPU backend never "
+                         "captures graphs, it always runs eagerly");
+        else if (on_gpu && graph_sizes.n == 0)
+                log_info("CUDA graphs off (%s): every step runs eagerly",
+                         cfg.enforce_eager ? "--enforce-eager" : "cudagraph_mode NONE");
+        tsr_graph_opts graph_opts = {
+                .sizes = graph_sizes.sizes,
+                .n_sizes = on_gpu ? graph_sizes.n : 0,
+                .table_width = (plan.max_model_len + (uint32_t)cfg.block_size - 1) / (uint32_t)cfg.block_size,
+                .max_seq_len = (uint32_t)cfg.max_seq_len_to_capture < plan.max_model_len
+                                       ? (uint32_t)cfg.max_seq_len_to_capture
+                                       : plan.max_model_len,
+        };
         tsr_runner_opts ropts = {.dtype = cfg.dtype, .backend = backend, .pp = pp, .pp_layers = pp_layers,
                                  .stage_threads = rank_threads, .pp_timeout_ms = pp_timeout_ms(),
                                  .tp = tp, .node_stage_only = node_stage >= 0,
@@ -730,7 +753,8 @@ int main(int argc, char **argv) {
                                  .expert_parallel = cfg.enable_expert_parallel,
                                  .quantization = cfg.quantization,
                                  .max_step_tokens = plan.max_num_batched_tokens, .max_logit_rows = plan.max_num_seqs,
-                                 .gpu_memory_utilization = cfg.gpu_memory_utilization, .kv_dtype = kv_dtype};
+                                 .gpu_memory_utilization = cfg.gpu_memory_utilization, .kv_dtype = kv_dtype,
+                                 .graphs = graph_opts};
         if (!family) {
                 log_warn("model %s: no model runner (no model family serves architecture %s); serving its metadata "
                          "only, Submit is refused", cfg.model,

@@ -179,6 +179,36 @@ def test_load_format_must_match_the_model(spawn, demo_model):
             "(supported here: auto, gguf)") in out, out
 
 
+@pytest.mark.parametrize("value, message", [
+    ('{"custom_ops": ["none"]}', "--compilation-config: key 'custom_ops' is not implemented"),
+    ('{"cudagraph_mode": "PIECEWISE"}', "--compilation-config: cudagraph_mode PIECEWISE is not implemented"),
+    ('{"cudagraph_capture_sizes": [0]}', "--compilation-config: cudagraph_capture_sizes[0] is not a positive integer"),
+    ("3", "--compilation-config: expected a JSON object"),
+])
+def test_compilation_config_refused(spawn, demo_model, value, message):
+    """vLLM's --compilation-config: what Tessera does not implement is refused at start-up
+    (exit 2, one line naming the key), on any backend, not accepted and ignored."""
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}",
+               "--compilation-config", value])
+    assert w.wait(timeout=START_S) == 2
+    assert message in w.output(), w.output()
+
+
+def test_compilation_config_accepted_on_the_cpu(spawn, demo_model):
+    """The keys Tessera reads are accepted on the CPU backend, which never captures graphs
+    (logged), and torch.compile's level has no effect by design (logged too)."""
+    w = spawn([WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--compilation-config",
+               '{"cudagraph_capture_sizes": [1, 2, 4], "cudagraph_mode": "FULL_DECODE_ONLY", "level": 3}',
+               "--max-seq-len-to-capture", "4096"])
+    wait_until(lambda: "engine up" in w.output() or w.p.poll() is not None, START_S, what="engine up")
+    out = w.output()
+    assert "engine up" in out, out
+    assert "--compilation-config: level and mode have no effect by design" in out, out
+    assert "--enforce-eager and --compilation-config have no effect by design: the CPU backend never captures" in out
+    w.p.send_signal(signal.SIGTERM)
+    assert w.wait(timeout=60) == 0
+
+
 def test_noop_flags_are_logged_and_the_worker_serves(spawn, demo_model):
     """Accepted flags that change nothing on the CPU backend, by design: one line each at
     start-up with the reason; the worker starts as usual, with the other in-effect flags."""
@@ -189,7 +219,7 @@ def test_noop_flags_are_logged_and_the_worker_serves(spawn, demo_model):
     wait_until(lambda: "engine up" in w.output() or w.p.poll() is not None, START_S, what="engine up")
     out = w.output()
     assert "engine up" in out, out
-    for line in ("--enforce-eager has no effect by design: the CPU backend never captures graphs",
+    for line in ("--enforce-eager and --compilation-config have no effect by design: the CPU backend never captures graphs",
                  "--swap-space has no effect by design: preempted requests are recomputed",
                  "--trust-remote-code has no effect by design",
                  "--gpu-memory-utilization has no effect by design on the CPU backend",

@@ -21,6 +21,7 @@
  *      1e-3 * max |logit|, and 24 greedy decode steps equal up to the first near tie
  *      (a CPU top-2 margin under 1e-4 * max |logit|); bfloat16 CUDA against the
  *      CPU bfloat16 path within 2e-2 * max |logit| (prints the greedy agreement).
+ *   5. CUDA graphs of decode steps against the same steps run eagerly (graphs(), below).
  * TSR_TEST_DEVICE=cpu-devlike runs it all on the reference kernels behind a backend
  * whose memory counts as a device's (tsr_backend_cpu_devlike_new): the forward's device
  * path without a GPU, in the unit suite ('cuda_forward_devlike').
@@ -355,6 +356,144 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         json_decref(g);
 }
 
+/* 5: CUDA graphs of decode steps (tsr_llama_set_graphs): the same decode steps on two
+ * copies of the model, one eager, one through graphs recorded at start-up for batch sizes
+ * {1, 2, 4, 8} (the shortest length class; the runner's reserve first, so that no
+ * prefill moves the scratch).  Five sequences with prompts of 3 to 203 tokens in
+ * interleaved blocks, then decode steps (the token fed is a fixed function of the
+ * sequence and step, so both copies see the same inputs) across block boundaries:
+ *   steps 0-19: batches of 4 then 1 sequences (recorded sizes), bitwise the eager step's
+ *     logits (attention split over the keys);
+ *   step 20: the scratch regrown (tsr_llama_reserve): the graph no longer matches, is
+ *     recorded again on the spot, the same bits;
+ *   step 21: a block-table width of 1 (the sequences hold 2+ blocks): the step runs
+ *     eagerly, the same bits;
+ *   steps 22-41: the width back (graphs dropped), batches of 5 then 3 sequences, padded
+ *     to 8 and 4 (another matmul height, which cuBLAS may sum in another order; the KV
+ *     history differs from here on too): recorded on the first step of each size,
+ *     replayed after, within 1e-4 * max |logit| + 1e-5 with the same argmax.
+ * On a backend without graphs (cpu-devlike) the capture is TSR_E_UNSUPPORTED and every
+ * step runs eagerly with the same bits. */
+static void graphs(tsr_backend *gpu, const char *path, bool bf16) {
+        tsr_llama *mg = load_on(path, gpu, bf16), *me = load_on(path, gpu, bf16);
+        tsr_llama_kv *kg = NULL, *ke = NULL;
+        bool has_graphs = strcmp(tsr_backend_name(gpu), "cuda") == 0;
+        enum { NS = 5, BLOCKS = 24, STEPS = 42, LONGEST = 203 };
+        CHECK(mg && me, "graphs: models");
+        if (!mg || !me || tsr_llama_kv_new(mg, NS * BLOCKS * 16, 16, &kg) != TSR_OK ||
+            tsr_llama_kv_new(me, NS * BLOCKS * 16, 16, &ke) != TSR_OK) {
+                CHECK(false, "graphs: kv");
+                goto out;
+        }
+        size_t vocab = tsr_llama_config_of(mg)->vocab_size;
+        uint32_t sizes[] = {8, 2, 1, 4}, tables[NS][BLOCKS], prompt[NS][LONGEST], next[NS];
+        size_t len[NS];
+        float *lg = malloc(NS * vocab * sizeof(float)), *le = malloc(NS * vocab * sizeof(float));
+        size_t captured = 0;
+        tsr_status st = tsr_llama_reserve(mg, 256, 8);
+        CHECK(st == TSR_OK, "reserve: %s", tsr_status_str(st));
+        st = tsr_llama_set_graphs(mg, sizes, 4, BLOCKS, 4096);
+        CHECK(st == TSR_OK, "set_graphs: %s", tsr_status_str(st));
+        st = tsr_llama_capture_graphs(mg, gpu, kg, &captured);
+        if (has_graphs)
+                CHECK(st == TSR_OK && captured == 4, "capture: %s, %zu of 4", tsr_status_str(st), captured);
+        else
+                CHECK(st == TSR_E_UNSUPPORTED, "capture on %s: %s", tsr_backend_name(gpu), tsr_status_str(st));
+        for (size_t i = 0; i < NS; i++) {
+                len[i] = 3 + 50 * i;
+                for (size_t b = 0; b < BLOCKS; b++)
+                        tables[i][b] = (uint32_t)(b * NS + (NS - 1 - i));
+                for (size_t t = 0; t < len[i]; t++)
+                        prompt[i][t] = (uint32_t)(1 + (i * 131 + t * 17) % (vocab - 1));
+                tsr_llama_seq q = {.block_table = tables[i], .n_table = BLOCKS, .tokens = prompt[i], .n = len[i],
+                                   .which = TSR_LLAMA_LOGITS_LAST};
+                CHECK(tsr_llama_forward_batch(mg, gpu, kg, &q, 1, lg) == TSR_OK &&
+                              tsr_llama_forward_batch(me, gpu, ke, &q, 1, le) == TSR_OK,
+                      "prefill %zu", i);
+        }
+        double worst_padded = 0;
+        size_t exact_steps = 0, exact_equal = 0, padded_steps = 0, seen[64] = {1 * 64 + 1, 2 * 64 + 1, 4 * 64 + 1,
+                                                                                8 * 64 + 1}, n_seen = 4;
+        for (size_t s = 0; s < STEPS; s++) {
+                size_t nb = s < 10 ? 4 : s < 20 ? 1 : s < 22 ? 4 : s < 32 ? 5 : 3;
+                if (s == 20)
+                        CHECK(tsr_llama_reserve(mg, 4096, 64) == TSR_OK, "reserve");
+                if (s == 21)
+                        CHECK(tsr_llama_set_graphs(mg, sizes, 4, 1, 4096) == TSR_OK, "set_graphs width 1");
+                if (s == 22)
+                        CHECK(tsr_llama_set_graphs(mg, sizes, 4, BLOCKS, 4096) == TSR_OK, "set_graphs again");
+                tsr_llama_graph_stats before, after;
+                tsr_llama_graph_stats_of(mg, &before);
+                tsr_llama_seq q[NS];
+                for (size_t i = 0; i < nb; i++) {
+                        next[i] = (uint32_t)(1 + (i * 7 + s * 29) % (vocab - 1));
+                        q[i] = (tsr_llama_seq){.block_table = tables[i], .n_table = BLOCKS, .tokens = &next[i], .n = 1,
+                                               .past_len = len[i], .which = TSR_LLAMA_LOGITS_LAST};
+                }
+                st = tsr_llama_forward_batch(mg, gpu, kg, q, nb, lg);
+                CHECK(st == TSR_OK, "step %zu graphed: %s", s, tsr_status_str(st));
+                st = tsr_llama_forward_batch(me, gpu, ke, q, nb, le);
+                CHECK(st == TSR_OK, "step %zu eager: %s", s, tsr_status_str(st));
+                for (size_t i = 0; i < nb; i++)
+                        len[i]++;
+                tsr_llama_graph_stats_of(mg, &after);
+                if (s < 22) {
+                        exact_steps++;
+                        exact_equal += memcmp(lg, le, nb * vocab * sizeof(float)) == 0;
+                } else {
+                        double d = max_abs_diff(lg, le, nb * vocab), bound = 1e-4 * max_abs(le, nb * vocab) + 1e-5;
+                        worst_padded = d > worst_padded ? d : worst_padded;
+                        padded_steps++;
+                        CHECK(d <= bound, "step %zu (%zu sequences, padded): %.3g > %.3g", s, nb, d, bound);
+                        for (size_t i = 0; i < nb; i++)
+                                CHECK(argmax(lg + i * vocab, vocab) == argmax(le + i * vocab, vocab),
+                                      "step %zu row %zu argmax", s, i);
+                }
+                if (!has_graphs)
+                        continue;
+                /* a step records its graph when its (size, length class) is new since the last
+                 * set_graphs (the CUDA backend's class: the key splits of the longest row, one
+                 * per 128 keys up to 32; start-up recorded class 1), or the scratch moved */
+                size_t size = nb <= 1 ? 1 : nb <= 2 ? 2 : nb <= 4 ? 4 : 8, longest = 0;
+                for (size_t i = 0; i < nb; i++)
+                        longest = len[i] > longest ? len[i] : longest;    /* len: after the step */
+                size_t cls = (longest + 127) / 128 < 32 ? (longest + 127) / 128 : 32, id = size * 64 + cls;
+                if (s == 22)
+                        n_seen = 0;
+                bool recorded = s == 20 || s == 22;
+                if (!recorded) {
+                        recorded = true;
+                        for (size_t j = 0; j < n_seen; j++)
+                                recorded &= seen[j] != id;
+                }
+                if (n_seen < 64 && recorded)
+                        seen[n_seen++] = id;
+                if (s == 21)    /* set_graphs reset the counts */
+                        CHECK(after.eager == 1 && after.replays == 0 && after.captures == 0,
+                              "width 1: eager %llu, replays %llu", (unsigned long long)after.eager,
+                              (unsigned long long)after.replays);
+                else if (s == 22)
+                        CHECK(after.captures == 1 && after.replays == 0, "step 22 not recorded on the spot");
+                else if (recorded)
+                        CHECK(after.captures == before.captures + 1, "step %zu not recorded on the spot", s);
+                else
+                        CHECK(after.replays == before.replays + 1, "step %zu not replayed", s);
+        }
+        printf("%s graphs (%s): %zu of %zu decode steps of recorded sizes bitwise the eager ones (re-recorded after "
+               "the scratch moved, eager past the table width); %zu padded steps within %.3g%s\n",
+               tsr_backend_name(gpu), bf16 ? "bf16" : "f32", exact_equal, exact_steps, padded_steps, worst_padded,
+               has_graphs ? "" : " (no graphs on this backend: every step eager)");
+        CHECK(exact_equal == exact_steps, "%zu of %zu exact-size steps differ", exact_steps - exact_equal,
+              exact_steps);
+        free(lg);
+        free(le);
+out:
+        tsr_llama_kv_free(&kg);
+        tsr_llama_kv_free(&ke);
+        tsr_llama_free(&mg);
+        tsr_llama_free(&me);
+}
+
 /* 4: a larger model, CUDA against the fast CPU backend. */
 static void big_model(tsr_backend *gpu, const char *path) {
         tsr_backend *cpu = NULL;
@@ -430,6 +569,10 @@ int main(void) {
                 return 1;
         }
         tiny_fixture(gpu, ref, root);
+        char tiny[4200];
+        snprintf(tiny, sizeof tiny, "%s/tests/fixtures/tiny-llama3-hf/f32", root);
+        graphs(gpu, tiny, false);
+        graphs(gpu, tiny, true);
         if (big && *big)
                 big_model(gpu, big);
         else

@@ -53,6 +53,15 @@ typedef struct tsr_model_desc {
 /* The tensor-name table (tsr_tensor_name) and its shard rules are the loader's input:
  * worker/load/loader.h. */
 
+/* CUDA graphs of decode steps (issue #16): the batch sizes to record, the block-table
+ * entries of the longest request, the longest sequence a graph runs (tokens). */
+typedef struct tsr_graph_opts {
+        const uint32_t *sizes;
+        size_t n_sizes;
+        uint32_t table_width;
+        uint32_t max_seq_len;
+} tsr_graph_opts;
+
 /* ---- the family ----------------------------------------------------------------------- */
 
 struct tsr_model_family {
@@ -99,6 +108,11 @@ struct tsr_model_family {
          * family runs on host-memory backends only. */
         tsr_status (*to_backend)(void *model, tsr_backend *be, size_t tokens, size_t logit_rows, char *err,
                                  size_t errlen);
+        /* CUDA graphs of decode steps on a device backend (issue #16), after kv_bind with
+         * the model's pool view: record o's sizes now (start-up); *captured = how many.
+         * NULL: the family's steps run eagerly. */
+        tsr_status (*capture_graphs)(void *model, tsr_backend *be, void *pool, const tsr_graph_opts *o,
+                                     size_t *captured);
         /* The family's view of `pool` (allocated by the runner from this family's
          * kv_groups for the model's shard), which the forward reads and writes; the pool
          * stays the caller's.  TSR_E_INVAL when the pool's groups are not the model's. */

@@ -9,6 +9,7 @@
 #include "kernels/quant/quant.h"
 #include "worker/load/gguf.h"
 #include "worker/model/family.h"
+#include "common/log.h"
 #include "worker/model/llama.h"
 #include "worker/model/tp.h"
 #include "worker/parallel/comm.h"
@@ -71,6 +72,14 @@ struct llama_dev {
         size_t scratch_rows;
         float *logits;
         size_t logits_rows;
+        /* CUDA graphs of decode steps (tsr_llama_set_graphs): the batch sizes recorded,
+         * ascending, each with its failed recordings; a graph's block-table width per
+         * sequence; the longest sequence a graph runs; what the graphed steps did. */
+        uint32_t *graph_sizes;
+        uint8_t *graph_fails;
+        size_t n_graph_sizes;
+        uint32_t graph_width, graph_max_len;
+        tsr_llama_graph_stats graph_stats;
 };
 
 /* A view of a KV pool's one full-attention group (kv_pool.h), which the pool allocated
@@ -421,6 +430,13 @@ static void dev_free(tsr_llama *m) {
         tsr_backend_mem_free(d->be, d->inv_freq);
         tsr_backend_mem_free(d->be, d->scratch);
         tsr_backend_mem_free(d->be, d->logits);
+        if (d->n_graph_sizes)
+                log_info("CUDA graphs: %llu decode steps replayed, %llu recorded on first use, %llu run eagerly after "
+                         "a failed recording", (unsigned long long)d->graph_stats.replays,
+                         (unsigned long long)d->graph_stats.captures, (unsigned long long)d->graph_stats.eager);
+        tsr_backend_graph_drop(d->be);          /* they read the memory freed above */
+        free(d->graph_sizes);
+        free(d->graph_fails);
         free(d);
         m->dev = NULL;
 }
@@ -1056,7 +1072,74 @@ static tsr_status logits_to_host(tsr_backend *be, const tsr_llama_seq *seqs, siz
         return st;
 }
 
-/* The forward of several sequences at once over `kv`'s pools; arguments already checked.
+/* One forward's working set: the (possibly padded) sequences, their stacked tokens and
+ * KV rows, the scratch, and where the logits go (fwd_setup / fwd_done). */
+struct fwd {
+        const tsr_llama_seq *seqs;
+        size_t n_seqs, N;
+        const float *in;
+        float *out;
+        float *lg;                      /* the logits rows: the caller's host array, or the device's */
+        bool want_logits;
+        struct scratch s;
+        uint32_t *tokens;               /* (N,) */
+        tsr_kv_seq *kseqs;              /* the sequences as the batched KV ops take them */
+        size_t n_rows_out;              /* logits rows written */
+};
+
+static void fwd_done(const tsr_llama *m, struct fwd *f) {
+        free(f->tokens);
+        free(f->kseqs);
+        if (f->tokens || f->kseqs || f->s.pos)
+                scratch_done(m, &f->s);
+        f->tokens = NULL;
+        f->kseqs = NULL;
+}
+
+static tsr_status fwd_setup(const tsr_llama *m, const tsr_llama_seq *seqs, size_t n_seqs, const float *in, float *out,
+                            float *logits, struct fwd *f) {
+        size_t want_rows = 0;
+        tsr_status st;
+
+        memset(f, 0, sizeof *f);
+        for (size_t i = 0; i < n_seqs; i++) {
+                for (size_t t = 0; t < seqs[i].n; t++)
+                        if (seqs[i].tokens[t] >= m->cfg.vocab_size)
+                                return TSR_E_INVAL;
+                f->N += seqs[i].n;
+                want_rows += seq_logit_rows(&seqs[i]);
+        }
+        st = m->dev ? scratch_dev(&f->s, m, f->N, logits ? want_rows : 0) : scratch_alloc(&f->s, m, f->N);
+        if (st != TSR_OK)
+                return st;
+        f->seqs = seqs;
+        f->n_seqs = n_seqs;
+        f->in = in;
+        f->out = out;
+        f->want_logits = logits != NULL;
+        /* The logits land in the caller's host array; on a device, in the kept device
+         * array first, downloaded at the end. */
+        f->lg = m->dev ? m->dev->logits : logits;
+        f->tokens = malloc(f->N * sizeof(uint32_t));
+        f->kseqs = malloc(n_seqs * sizeof *f->kseqs);
+        if (!f->tokens || !f->kseqs) {
+                fwd_done(m, f);
+                return TSR_E_NOMEM;
+        }
+        for (size_t i = 0, row = 0; i < n_seqs; i++) {
+                f->kseqs[i] = (tsr_kv_seq){.block_table = seqs[i].block_table, .n_table = seqs[i].n_table,
+                                           .n = seqs[i].n, .past_len = seqs[i].past_len};
+                for (size_t t = 0; t < seqs[i].n; t++, row++) {
+                        f->tokens[row] = seqs[i].tokens[t];
+                        f->s.pos[row] = (uint32_t)(seqs[i].past_len + t);
+                }
+        }
+        return TSR_OK;
+}
+
+/* The forward's ops, from the embedding (or the previous stage's pair) to the logits rows
+ * in f->lg (f->n_rows_out of them) or the pair for the next stage: everything a CUDA
+ * graph records (forward_graphed), nothing that waits for the device.
  * Their token rows are stacked into one (N, dim) batch, so every matmul reads its
  * weights once for all rows (continuous batching's gain on a memory-bound decode);
  * only kv_write and attention work per sequence, through its own block table.  Each
@@ -1069,116 +1152,318 @@ static tsr_status logits_to_host(tsr_backend *be, const tsr_llama_seq *seqs, siz
  * (the residual stream) then xb (its last sublayer's output, not yet added), so the
  * add_rmsnorm that joins two layers runs here exactly as it does in one process; `out`
  * receives that pair when a later stage holds the remaining layers (no logits then). */
-static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, const tsr_llama_seq *seqs,
-                                   size_t n_seqs, const float *in, float *out, float *logits) {
+static tsr_status forward_ops(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, struct fwd *f) {
         const tsr_llama_config *c = &m->cfg;
-        struct scratch s;
-        uint32_t *tokens = NULL;
-        tsr_kv_seq *kseqs = NULL;      /* the sequences as the batched KV ops take them */
-        size_t N = 0, n_rows_out = 0, want_rows = 0;
-        tsr_status st;
-
-        for (size_t i = 0; i < n_seqs; i++) {
-                for (size_t t = 0; t < seqs[i].n; t++)
-                        if (seqs[i].tokens[t] >= c->vocab_size)
-                                return TSR_E_INVAL;
-                N += seqs[i].n;
-                want_rows += seq_logit_rows(&seqs[i]);
-        }
-        st = m->dev ? scratch_dev(&s, m, N, logits ? want_rows : 0) : scratch_alloc(&s, m, N);
-        if (st != TSR_OK)
-                return st;
-        tokens = malloc(N * sizeof(uint32_t));
-        kseqs = malloc(n_seqs * sizeof *kseqs);
-        if (!tokens || !kseqs) {
-                free(tokens);
-                free(kseqs);
-                scratch_done(m, &s);
-                return TSR_E_NOMEM;
-        }
-        for (size_t i = 0; i < n_seqs; i++)
-                kseqs[i] = (tsr_kv_seq){.block_table = seqs[i].block_table, .n_table = seqs[i].n_table,
-                                        .n = seqs[i].n, .past_len = seqs[i].past_len};
-        /* The logits land in the caller's host array; on a device, in the kept device
-         * array first, downloaded at the end. */
-        float *lg = m->dev ? m->dev->logits : logits;
+        struct scratch *s = &f->s;
+        const tsr_llama_seq *seqs = f->seqs;
+        size_t N = f->N, n_seqs = f->n_seqs;
         const float *inv_freq = m->dev ? m->dev->inv_freq : m->inv_freq;
-
         size_t dim = c->dim, hd = c->head_dim, hid = m->hid;
         size_t q_dim = (size_t)m->nh * hd, kv_dim = (size_t)m->nkv * hd;     /* this TP rank's */
         float scale = (float)(1.0 / sqrt((double)hd));
         const tsr_llama_weights *w = m->w;
-
-        for (size_t i = 0, row = 0; i < n_seqs; i++)
-                for (size_t t = 0; t < seqs[i].n; t++, row++) {
-                        tokens[row] = seqs[i].tokens[t];
-                        s.pos[row] = (uint32_t)(seqs[i].past_len + t);
-                }
         bool last_stage = m->first_layer + m->n_local == c->n_layers;
-        if (!in) {
-                TRY(embed(m, be, s.x, tokens, N));                                          /* x (N, dim) */
+        tsr_status st = TSR_OK;
+
+        f->n_rows_out = 0;
+        if (!f->in) {
+                TRY(embed(m, be, s->x, f->tokens, N));                                      /* x (N, dim) */
                 /* The first layer's attention norm; each later norm is fused with the
                  * residual add before it (add_rmsnorm: x += xb, xb = rmsnorm(x), bitwise the
                  * two ops in turn). */
                 if (m->n_local)
-                        TRY(tsr_backend_rmsnorm(be, s.xb, s.x, attn_norm_of(m, 0), N, dim, c->rms_eps));
+                        TRY(tsr_backend_rmsnorm(be, s->xb, s->x, attn_norm_of(m, 0), N, dim, c->rms_eps));
         } else {        /* the previous stage's x and xb: the add and norm it left to this one */
-                TRY(tsr_stage_recv(be, s.x, s.xb, in, N, dim));
-                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, attn_norm_of(m, 0), N, dim, c->rms_eps));
+                TRY(tsr_stage_recv(be, s->x, s->xb, f->in, N, dim));
+                TRY(tsr_backend_add_rmsnorm(be, s->xb, s->x, s->xb, attn_norm_of(m, 0), N, dim, c->rms_eps));
         }
 
         for (size_t l = 0; l < m->n_local; l++) {
                 const tsr_llama_layer *L = &w->layers[l];
 
                 /* attention: x += o_proj(attn(rope(q), rope(k), v)) of xb = rmsnorm(x) */
-                TRY(mm(m, be, s.q, s.xb, (long)l, MM_Q, L->wq, N, dim, q_dim));                  /* q (N, q_dim) */
-                TRY(mm(m, be, s.k, s.xb, (long)l, MM_K, L->wk, N, dim, kv_dim));                 /* k (N, kv_dim) */
-                TRY(mm(m, be, s.v, s.xb, (long)l, MM_V, L->wv, N, dim, kv_dim));                 /* v (N, kv_dim) */
-                TRY(tsr_backend_rope(be, s.q, N, m->nh, hd, s.pos, inv_freq, c->rope_layout));
-                TRY(tsr_backend_rope(be, s.k, N, m->nkv, hd, s.pos, inv_freq, c->rope_layout));
+                TRY(mm(m, be, s->q, s->xb, (long)l, MM_Q, L->wq, N, dim, q_dim));                /* q (N, q_dim) */
+                TRY(mm(m, be, s->k, s->xb, (long)l, MM_K, L->wk, N, dim, kv_dim));               /* k (N, kv_dim) */
+                TRY(mm(m, be, s->v, s->xb, (long)l, MM_V, L->wv, N, dim, kv_dim));               /* v (N, kv_dim) */
+                TRY(tsr_backend_rope(be, s->q, N, m->nh, hd, s->pos, inv_freq, c->rope_layout));
+                TRY(tsr_backend_rope(be, s->k, N, m->nkv, hd, s->pos, inv_freq, c->rope_layout));
                 /* every sequence's keys and values into its blocks, then its attention
                  * over them: one call each for the whole batch (kernels.h) */
                 tsr_kv_view view = kv_layer_view(kv, l, NULL, 0);
-                TRY(tsr_backend_kv_write_batch(be, &view, kseqs, n_seqs, s.k, s.v));
-                TRY(tsr_backend_attention_batch(be, s.att, s.q, &view, kseqs, n_seqs, m->nh, scale)); /* att (N, q_dim) */
-                TRY(mm_row(m, be, &s, s.xb, s.att, (long)l, MM_O, L->wo, N, q_dim, dim));            /* xb (N, dim) */
+                TRY(tsr_backend_kv_write_batch(be, &view, f->kseqs, n_seqs, s->k, s->v));
+                TRY(tsr_backend_attention_batch(be, s->att, s->q, &view, f->kseqs, n_seqs, m->nh,
+                                                scale));                                  /* att (N, q_dim) */
+                TRY(mm_row(m, be, s, s->xb, s->att, (long)l, MM_O, L->wo, N, q_dim, dim));         /* xb (N, dim) */
 
                 /* MLP: x += down(silu(gate(xb)) * up(xb)), xb = rmsnorm(x) after the attention's add */
-                TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, ffn_norm_of(m, l), N, dim, c->rms_eps));
-                TRY(mm(m, be, s.hb, s.xb, (long)l, MM_GATE, L->w_gate, N, dim, hid));            /* hb (N, hid) */
-                TRY(mm(m, be, s.hb2, s.xb, (long)l, MM_UP, L->w_up, N, dim, hid));               /* hb2 (N, hid) */
-                TRY(tsr_backend_silu_mul(be, s.hb, s.hb, s.hb2, N * hid));
-                TRY(mm_row(m, be, &s, s.xb, s.hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));        /* xb (N, dim) */
+                TRY(tsr_backend_add_rmsnorm(be, s->xb, s->x, s->xb, ffn_norm_of(m, l), N, dim, c->rms_eps));
+                TRY(mm(m, be, s->hb, s->xb, (long)l, MM_GATE, L->w_gate, N, dim, hid));          /* hb (N, hid) */
+                TRY(mm(m, be, s->hb2, s->xb, (long)l, MM_UP, L->w_up, N, dim, hid));             /* hb2 (N, hid) */
+                TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, N * hid));
+                TRY(mm_row(m, be, s, s->xb, s->hb, (long)l, MM_DOWN, L->w_down, N, hid, dim));     /* xb (N, dim) */
                 if (l + 1 < m->n_local) {       /* with the next layer's attention norm */
-                        TRY(tsr_backend_add_rmsnorm(be, s.xb, s.x, s.xb, attn_norm_of(m, l + 1), N, dim,
+                        TRY(tsr_backend_add_rmsnorm(be, s->xb, s->x, s->xb, attn_norm_of(m, l + 1), N, dim,
                                                     c->rms_eps));
                 } else if (!last_stage) {       /* the next stage adds and norms (see above) */
-                        TRY(tsr_stage_send(be, out, s.x, s.xb, N, dim));
+                        TRY(tsr_stage_send(be, f->out, s->x, s->xb, N, dim));
                         goto done;
                 } else {                        /* the final norm runs on the gathered rows only */
-                        TRY(tsr_backend_add(be, s.x, s.x, s.xb, N * dim));
+                        TRY(tsr_backend_add(be, s->x, s->x, s->xb, N * dim));
                 }
         }
+        if (!f->want_logits)
+                goto done;
 
         /* Only the rows whose logits are wanted go through the final norm and the
-         * (vocab, dim) output matrix, the largest matmul of a decode step: gather them. */
+         * (vocab, dim) output matrix, the largest matmul of a decode step: gather them,
+         * each run of neighbouring rows in one copy (a decode step's are all one run). */
+        size_t run_src = 0, run_rows = 0;
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
-                size_t rows = seq_logit_rows(&seqs[i]), first = seqs[i].n - rows;
-                TRY(tsr_backend_copy(be, s.xb + n_rows_out * dim, s.x + (row + first) * dim, rows * dim * sizeof(float)));
-                n_rows_out += rows;
+                size_t rows = seq_logit_rows(&seqs[i]), first = row + seqs[i].n - rows;
+                if (run_rows && first != run_src + run_rows) {
+                        TRY(tsr_backend_copy(be, s->xb + (f->n_rows_out - run_rows) * dim, s->x + run_src * dim,
+                                             run_rows * dim * sizeof(float)));
+                        run_rows = 0;
+                }
+                if (!run_rows)
+                        run_src = first;
+                run_rows += rows;
+                f->n_rows_out += rows;
         }
-        if (n_rows_out) {
-                TRY(tsr_backend_rmsnorm(be, s.xb, s.xb, m->dev ? m->dev->output_norm : w->output_norm, n_rows_out,
-                                        dim, c->rms_eps));
-                TRY(lm_head(m, be, lg, s.xb, n_rows_out));                                        /* (rows, vocab) */
-                if (m->dev)
-                        TRY(logits_to_host(be, seqs, n_seqs, logits, lg, n_rows_out, c->vocab_size));
+        if (run_rows)
+                TRY(tsr_backend_copy(be, s->xb + (f->n_rows_out - run_rows) * dim, s->x + run_src * dim,
+                                     run_rows * dim * sizeof(float)));
+        if (f->n_rows_out) {
+                TRY(tsr_backend_rmsnorm(be, s->xb, s->xb, m->dev ? m->dev->output_norm : w->output_norm,
+                                        f->n_rows_out, dim, c->rms_eps));
+                TRY(lm_head(m, be, f->lg, s->xb, f->n_rows_out));                                 /* (rows, vocab) */
         }
 done:
-        free(tokens);
-        free(kseqs);
-        scratch_done(m, &s);
         return st;
+}
+
+/* ---- CUDA graphs of decode steps (tsr_llama_set_graphs; issue #16) ---------------------- */
+
+/* After this many failed recordings a batch size runs eagerly for good. */
+#define GRAPH_MAX_FAILS 3
+
+/* The index in d->graph_sizes of the graph that runs this step, or -1: eager.  A graph
+ * runs a plain decode step of a whole model on one rank (every sequence one new token,
+ * its logits wanted; no pipeline stage, no tensor parallelism) of at most the largest
+ * recorded batch size, no sequence longer than max_seq_len_to_capture; the batch is
+ * padded to the smallest recorded size that holds it (forward_segments). */
+static long graph_slot(const tsr_llama *m, const tsr_llama_seq *seqs, size_t n_seqs, const float *in, float *out,
+                       const float *logits, uint32_t *longest_ret) {
+        const struct llama_dev *d = m->dev;
+        size_t longest = 0;
+        if (!d || !d->n_graph_sizes || in || out || !logits || m->tp_size != 1 || m->first_layer != 0 ||
+            m->n_local != m->cfg.n_layers)
+                return -1;
+        for (size_t i = 0; i < n_seqs; i++) {
+                if (seqs[i].n != 1 || seqs[i].which != TSR_LLAMA_LOGITS_LAST ||
+                    seqs[i].past_len + 1 > d->graph_max_len)
+                        return -1;
+                longest = seqs[i].past_len + 1 > longest ? seqs[i].past_len + 1 : longest;
+        }
+        *longest_ret = (uint32_t)longest;
+        for (size_t k = 0; k < d->n_graph_sizes; k++)
+                if (d->graph_sizes[k] >= n_seqs)
+                        return d->graph_fails[k] < GRAPH_MAX_FAILS ? (long)k : -1;
+        return -1;
+}
+
+/* forward_ops of f between tsr_backend_graph_begin(mode) and _end(launch); *launched:
+ * whether the graph was queued.  The ops' error first, then the graph's. */
+static tsr_status graph_run(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, struct fwd *f, uint64_t key,
+                            tsr_graph_mode mode, uint32_t longest, bool launch, bool *launched) {
+        tsr_status st = tsr_backend_graph_begin(be, key, mode, m->dev->graph_width, longest), end_st;
+
+        *launched = false;
+        if (st != TSR_OK)
+                return st;
+        st = forward_ops(m, be, kv, f);
+        end_st = tsr_backend_graph_end(be, launch, launched);
+        return st != TSR_OK ? st : end_st;
+}
+
+/* forward_ops of f (a batch of one recorded size whose longest sequence has `longest`
+ * tokens) through the graph of the size and that length's class (kernels.h: one graph
+ * per class, so that attention launches what the step needs and no more): replayed;
+ * when there is none yet (start-up records the shortest class) or the replay does not
+ * match (a scratch moved or grew, a table outgrew the width), recorded and launched;
+ * when that fails too, run eagerly and counted against the size (its next step records
+ * again, from a grown scratch). */
+static tsr_status forward_graphed(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, struct fwd *f, size_t k,
+                                  uint32_t longest) {
+        struct llama_dev *d = m->dev;
+        uint64_t key = d->graph_sizes[k];
+        bool launched = false;
+        tsr_status st;
+
+        if (tsr_backend_graph_has(be, key, longest) &&
+            ((st = graph_run(m, be, kv, f, key, TSR_GRAPH_REPLAY, longest, true, &launched)) != TSR_OK || launched)) {
+                d->graph_stats.replays += launched;
+                return st;
+        }
+        st = graph_run(m, be, kv, f, key, TSR_GRAPH_CAPTURE, longest, true, &launched);
+        if (st == TSR_E_UNSUPPORTED)            /* a backend without graphs */
+                d->graph_fails[k] = GRAPH_MAX_FAILS;
+        else if (st != TSR_OK || launched) {
+                d->graph_stats.captures += launched;
+                return st;
+        } else {
+                d->graph_fails[k]++;
+        }
+        d->graph_stats.eager++;
+        return forward_ops(m, be, kv, f);
+}
+
+/* The forward of several sequences at once over `kv`'s pools; arguments already checked:
+ * forward_ops, through a CUDA graph where one applies (graph_slot: the batch padded with
+ * copies of its last sequence, whose rows are computed and dropped; each writes the same
+ * bits to that sequence's newest KV row), then the device's logits down. */
+static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, const tsr_llama_seq *seqs,
+                                   size_t n_seqs, const float *in, float *out, float *logits) {
+        uint32_t longest = 0;
+        long k = graph_slot(m, seqs, n_seqs, in, out, logits, &longest);
+        tsr_llama_seq *padded = NULL;
+        struct fwd f;
+        tsr_status st;
+
+        if (k >= 0 && m->dev->graph_sizes[k] > n_seqs) {
+                size_t S = m->dev->graph_sizes[k];
+                if (!(padded = malloc(S * sizeof *padded)))
+                        return TSR_E_NOMEM;
+                memcpy(padded, seqs, n_seqs * sizeof *padded);
+                for (size_t i = n_seqs; i < S; i++) {
+                        padded[i] = seqs[n_seqs - 1];
+                        padded[i].token = NULL;
+                        padded[i].draw = NULL;
+                }
+        }
+        st = fwd_setup(m, padded ? padded : seqs, padded ? m->dev->graph_sizes[k] : n_seqs, in, out, logits, &f);
+        if (st == TSR_OK)
+                st = k >= 0 ? forward_graphed(m, be, kv, &f, (size_t)k, longest) : forward_ops(m, be, kv, &f);
+        /* the real sequences' rows come first; the padding's are dropped */
+        if (st == TSR_OK && m->dev && logits && f.n_rows_out) {
+                size_t rows = 0;
+                for (size_t i = 0; i < n_seqs; i++)
+                        rows += seq_logit_rows(&seqs[i]);
+                st = logits_to_host(be, seqs, n_seqs, logits, f.lg, rows, m->cfg.vocab_size);
+        }
+        fwd_done(m, &f);
+        free(padded);
+        return st;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+        uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+tsr_status tsr_llama_set_graphs(tsr_llama *m, const uint32_t *sizes, size_t n_sizes, uint32_t table_width,
+                                uint32_t max_seq_len) {
+        struct llama_dev *d = m ? m->dev : NULL;
+        uint32_t *sz = NULL;
+        uint8_t *fails = NULL;
+        size_t n = 0;
+
+        if (!d || (n_sizes && (!sizes || table_width == 0)))
+                return TSR_E_INVAL;
+        if (n_sizes && (!(sz = malloc(n_sizes * sizeof *sz)) || !(fails = calloc(n_sizes, 1)))) {
+                free(sz);
+                return TSR_E_NOMEM;
+        }
+        if (n_sizes) {
+                memcpy(sz, sizes, n_sizes * sizeof *sz);
+                qsort(sz, n_sizes, sizeof *sz, cmp_u32);
+        }
+        for (size_t i = 0; i < n_sizes; i++)    /* ascending, no repeats, no 0 */
+                if (sz[i] && (n == 0 || sz[n - 1] != sz[i]))
+                        sz[n++] = sz[i];
+        tsr_backend_graph_drop(d->be);
+        free(d->graph_sizes);
+        free(d->graph_fails);
+        d->graph_sizes = n ? sz : NULL;
+        d->graph_fails = n ? fails : NULL;
+        if (!n) {
+                free(sz);
+                free(fails);
+        }
+        d->n_graph_sizes = n;
+        d->graph_width = table_width;
+        d->graph_max_len = max_seq_len;
+        memset(&d->graph_stats, 0, sizeof d->graph_stats);
+        return TSR_OK;
+}
+
+tsr_status tsr_llama_capture_graphs(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, size_t *captured) {
+        struct llama_dev *d = m ? m->dev : NULL;
+        tsr_llama_seq *seqs = NULL;
+        uint32_t token = 0, block = 0;
+        float no_host_logits;           /* a device forward's logits stay on the device */
+        struct fwd f;
+        tsr_status st = TSR_OK;
+
+        if (!captured || !d || !kv || kv->n_blocks == 0 || be != d->be)
+                return TSR_E_INVAL;
+        *captured = 0;
+        if (!d->n_graph_sizes)
+                return TSR_OK;
+        size_t most = d->graph_sizes[d->n_graph_sizes - 1];
+        size_t warm = d->scratch_rows > most ? d->scratch_rows : most, warm_blocks = (warm + kv->block_size - 1) /
+                                                                                     kv->block_size;
+        uint32_t *zeros = NULL;
+        if ((st = dev_reserve(m, warm, d->logits_rows > most ? d->logits_rows : most)) != TSR_OK)
+                return st;
+        if (!(seqs = malloc(most * sizeof *seqs)) || !(zeros = calloc(warm_blocks, sizeof *zeros))) {
+                free(seqs);
+                return TSR_E_NOMEM;
+        }
+        /* Sequences of one token at position 0 in block 0: the values only matter to the
+         * warm-up run (which writes block 0's first row, rewritten by whichever request
+         * gets the block before it reads it); a capture runs nothing. */
+        for (size_t i = 0; i < most; i++)
+                seqs[i] = (tsr_llama_seq){.block_table = &block, .n_table = 1, .tokens = &token, .n = 1,
+                                          .which = TSR_LLAMA_LOGITS_LAST};
+        /* One eager run of the most tokens a step may have first (a prefill of `warm`
+         * tokens, every row in block 0): every scratch of the model's and the backend's
+         * grows to its size here, outside a recording (which may not allocate), and no
+         * later step moves it (which would make every graph record again). */
+        uint32_t *wtok = calloc(warm, sizeof *wtok);
+        tsr_llama_seq w = {.block_table = zeros, .n_table = warm_blocks, .tokens = wtok, .n = warm,
+                           .which = TSR_LLAMA_LOGITS_LAST};
+        st = wtok ? fwd_setup(m, &w, 1, NULL, NULL, &no_host_logits, &f) : TSR_E_NOMEM;
+        if (st == TSR_OK && (st = forward_ops(m, be, kv, &f)) == TSR_OK)
+                st = tsr_backend_synchronize(be);
+        fwd_done(m, &f);
+        free(wtok);
+        for (size_t k = d->n_graph_sizes; k-- > 0 && st == TSR_OK;) {
+                bool kept = false;
+                /* a second try when the first outgrew the staging (graph_end grew it) */
+                for (int attempt = 0; attempt < 2 && !kept && st == TSR_OK; attempt++) {
+                        bool launched;
+                        if ((st = fwd_setup(m, seqs, d->graph_sizes[k], NULL, NULL, &no_host_logits, &f)) != TSR_OK)
+                                break;
+                        st = graph_run(m, be, kv, &f, d->graph_sizes[k], TSR_GRAPH_CAPTURE, 1, false, &launched);
+                        if (st == TSR_E_UNSUPPORTED)    /* a backend without graphs: every step eager */
+                                memset(d->graph_fails, GRAPH_MAX_FAILS, d->n_graph_sizes);
+                        kept = st == TSR_OK && tsr_backend_graph_has(be, d->graph_sizes[k], 1);
+                        fwd_done(m, &f);
+                }
+                if (kept)
+                        (*captured)++;
+                else
+                        d->graph_fails[k]++;
+        }
+        free(seqs);
+        free(zeros);
+        return st;
+}
+
+void tsr_llama_graph_stats_of(const tsr_llama *m, tsr_llama_graph_stats *ret) {
+        if (ret)
+                *ret = m && m->dev ? m->dev->graph_stats : (tsr_llama_graph_stats){0};
 }
 
 /* One sequence through `table`. */

@@ -86,6 +86,7 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
  * step and logits for `logit_rows` rows (kept and grown on demand, so a step never waits
  * on an allocation the memory plan did not count).  TSR_OK and nothing on the CPU. */
 tsr_status tsr_llama_reserve(const tsr_llama *m, size_t tokens, size_t logit_rows);
+
 /* The model's config; lives as long as the model. */
 const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m);
 
@@ -120,6 +121,32 @@ tsr_kv_group tsr_llama_kv_group(const tsr_llama_config *c);
 tsr_status tsr_llama_kv_bind(const tsr_llama *m, tsr_kv_pool *pool, tsr_llama_kv **ret);
 /* Accepts NULL and *kv == NULL; clears *kv. */
 void tsr_llama_kv_free(tsr_llama_kv **kv);
+
+/* CUDA graphs of decode steps (issue #16; kernels.h's graphs), on a device backend after
+ * tsr_llama_to_backend.  tsr_llama_set_graphs: the batch sizes to record (any order;
+ * none: every step eager, the default), each graph's block tables `table_width` entries
+ * per sequence (the blocks of the longest request: max_model_len / block_size rounded
+ * up) and the longest sequence (tokens, the new one included) a graph runs
+ * (--max-seq-len-to-capture).  A plain decode step (every sequence one new token and its
+ * last logits; one process, no tensor parallelism) of n sequences then runs through the
+ * graph of the smallest size >= n, the batch padded with copies of its last sequence;
+ * any other step, or one past the largest size or the longest length, runs eagerly.  A
+ * graph whose replay no longer matches (a scratch grew) is recorded again on the spot; a
+ * size that fails to record GRAPH_MAX_FAILS times runs eagerly.  Drops the graphs
+ * recorded before.  TSR_E_INVAL (not on a device), TSR_E_NOMEM.
+ * tsr_llama_capture_graphs: record every size now (start-up), after one eager step of
+ * the largest size on `kv` (it writes block 0's first row, which no request has yet);
+ * *captured = how many were recorded.  The backend's errors; a size that fails to record
+ * is not an error (it is counted against the size).
+ * tsr_llama_graph_stats_of: decode steps replayed, recorded on the spot and run eagerly
+ * after a failed recording, since tsr_llama_set_graphs.  Engine thread, as the forward. */
+typedef struct tsr_llama_graph_stats {
+        uint64_t replays, captures, eager;
+} tsr_llama_graph_stats;
+tsr_status tsr_llama_set_graphs(tsr_llama *m, const uint32_t *sizes, size_t n_sizes, uint32_t table_width,
+                                uint32_t max_seq_len);
+tsr_status tsr_llama_capture_graphs(const tsr_llama *m, tsr_backend *be, tsr_llama_kv *kv, size_t *captured);
+void tsr_llama_graph_stats_of(const tsr_llama *m, tsr_llama_graph_stats *ret);
 /* Positions 0 .. len-1 hold valid keys and values. */
 size_t tsr_llama_kv_len(const tsr_llama_kv *kv);
 size_t tsr_llama_kv_capacity(const tsr_llama_kv *kv);

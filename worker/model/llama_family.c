@@ -122,6 +122,12 @@ static tsr_status llama_to_backend(void *model, tsr_backend *be, size_t tokens, 
         return st;
 }
 
+static tsr_status llama_capture_graphs(void *model, tsr_backend *be, void *pool, const tsr_graph_opts *o,
+                                       size_t *captured) {
+        tsr_status st = tsr_llama_set_graphs(model, o->sizes, o->n_sizes, o->table_width, o->max_seq_len);
+        return st != TSR_OK ? st : tsr_llama_capture_graphs(model, be, pool, captured);
+}
+
 static tsr_status llama_check_backend(const void *model, const tsr_backend *be) {
         return tsr_llama_check_backend(model, be);
 }
@@ -200,6 +206,7 @@ const tsr_model_family tsr_family_llama = {
         .resident_bytes = llama_resident_bytes,
         .check_backend = llama_check_backend,
         .to_backend = llama_to_backend,
+        .capture_graphs = llama_capture_graphs,
         .kv_bind = llama_kv_bind,
         .kv_scale_module = llama_kv_scale_module,
         .kv_unbind = llama_kv_unbind,

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -584,6 +585,51 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         return TSR_OK;
 }
 
+static double now_seconds(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CUDA graphs of decode steps (opts->graphs), recorded now as vLLM captures at start-up,
+ * with its two log lines.  A model in one rank on a device backend whose family has
+ * them; otherwise a line says the steps run eagerly.  Main thread, at start-up. */
+static tsr_status capture_graphs(tsr_runner *r, const tsr_runner_opts *opts, char *err, size_t errlen) {
+        const tsr_graph_opts *o = &opts->graphs;
+        stage *sg = &r->stages[0];
+        size_t free0 = 0, free1 = 0, total = 0, captured = 0;
+
+        if (!o->n_sizes || tsr_backend_host_memory(sg->be))
+                return TSR_OK;
+        if (r->n_stages > 1 || !r->fam->capture_graphs) {
+                log_info("CUDA graphs are not captured for %s: every step runs eagerly (as --enforce-eager)",
+                         r->n_stages > 1 ? "tensor or pipeline parallelism yet" : "this model family yet");
+                return TSR_OK;
+        }
+        log_info("Capturing CUDA graphs (decode, FULL): %zu batch sizes, %u .. %u, for the shortest sequences (each "
+                 "longer length class is recorded on first use, up to %u tokens)", o->n_sizes, o->sizes[0],
+                 o->sizes[o->n_sizes - 1], o->max_seq_len);
+        (void)tsr_backend_mem_info(sg->be, &free0, &total);
+        double t0 = now_seconds();
+        tsr_status st = r->fam->capture_graphs(sg->model, sg->be, sg->pool, o, &captured);
+        if (st == TSR_E_UNSUPPORTED) {
+                log_info("the %s backend records no graphs: every step runs eagerly", tsr_backend_name(sg->be));
+                return TSR_OK;
+        }
+        if (st != TSR_OK) {
+                snprintf(err, errlen, "capturing CUDA graphs failed: %s (--enforce-eager runs without them)",
+                         tsr_status_str(st));
+                return st;
+        }
+        (void)tsr_backend_mem_info(sg->be, &free1, &total);
+        log_info("Graph capturing finished in %.2f secs, took %.2f GiB", now_seconds() - t0,
+                 free0 > free1 ? (double)(free0 - free1) / (1 << 30) : 0.0);
+        if (captured < o->n_sizes)
+                log_warn("CUDA graphs: %zu of %zu batch sizes could not be recorded; their steps run eagerly",
+                         o->n_sizes - captured, o->n_sizes);
+        return TSR_OK;
+}
+
 tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const tsr_runner_opts *opts,
                           uint64_t num_blocks, uint32_t block_size, uint32_t n_state_slots, tsr_runner **ret,
                           tsr_load_stats *stats, char *err, size_t errlen) {
@@ -689,6 +735,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         }
         if (bf16)
                 log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
+        if ((st = capture_graphs(r, opts, err, errlen)) != TSR_OK)
+                goto fail;
         const char *hang_at = getenv("TESSERA_TEST_HANG_AT_STEP");
         r->hang_at = hang_at ? strtoull(hang_at, NULL, 10) : 0;
         if (r->n_stages > 1) {

@@ -62,6 +62,10 @@ typedef struct tsr_runner_opts {
          * processes) goes to the KV blocks (tsr_runner_kv_blocks says how many). */
         size_t max_step_tokens, max_logit_rows;
         double gpu_memory_utilization;
+        /* CUDA graphs of decode steps (n_sizes 0: none, --enforce-eager): recorded at
+         * start-up on a device backend for a model in one rank whose family has them;
+         * logged as vLLM logs its capture. */
+        tsr_graph_opts graphs;
         /* --kv-cache-dtype (tsr_kv_cache_dtype_parse): float32 (0), or fp8_e4m3 /
          * fp8_e5m2 for the paged groups, with a checkpoint's k_scale / v_scale where it
          * has them, else 1.0 (logged as vLLM does).  tsr_runner_kv_dtype_check says where. */
