@@ -91,6 +91,11 @@ struct tsr_backend {
 tsr_status tsr_backend_make(const tsr_backend_ops *ops, void *ctx, tsr_cpu_isa isa, int n_threads,
                             tsr_backend **ret);
 
+/* The reference backend's operator table (cpu/ref.c), for cpu/devlike.c, and the weight
+ * dtypes its matmul takes. */
+const tsr_backend_ops *tsr_backend_ref_ops(void);
+#define TSR_CPU_REF_MATMUL_DTYPES (1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES | TSR_FPMM_DTYPES)
+
 /* Host memory for the CPU backends: aligned_alloc(64), free, memcpy. */
 tsr_status tsr_backend_host_alloc(tsr_backend *be, size_t bytes, void **ret);
 void tsr_backend_host_free(tsr_backend *be, void *p);

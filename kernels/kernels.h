@@ -157,7 +157,8 @@ tsr_status tsr_backend_cpu_ref_new(tsr_backend **ret);
  * (tsr_backend_host_memory false, name "cpu-devlike"), for tests: code with a device
  * path (the forward's tsr_llama_to_backend) runs it on a machine without a GPU.  The
  * memory is still the host's, so a host pointer passed where device memory belongs is
- * not caught here; the GPU suite catches that. */
+ * not caught here; the GPU suite catches that.  It has the graphs below too, as their
+ * CPU reference (cpu/devlike.c: records replayed through the reference kernels). */
 tsr_status tsr_backend_cpu_devlike_new(tsr_backend **ret);
 /* A CUDA backend on device `device` (an ordinal): every call of this backend first makes
  * that device current on the calling thread.  TSR_E_UNSUPPORTED when CUDA is not built,

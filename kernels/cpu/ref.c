@@ -567,7 +567,7 @@ static tsr_status ref_be_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend
         {                                                                                                 \
         .name = NAME,                                                                                     \
         .host_memory = HOST,                                                                              \
-        .matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_QMM_DTYPES | TSR_FPMM_DTYPES,   \
+        .matmul_dtypes = TSR_CPU_REF_MATMUL_DTYPES,                                                       \
         .mem_alloc = tsr_backend_host_alloc,                                                              \
         .mem_free = tsr_backend_host_free,                                                                \
         .upload = tsr_backend_host_copy,                                                                  \
@@ -592,11 +592,10 @@ static tsr_status ref_be_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend
         }
 
 static const tsr_backend_ops cpu_ref_ops = CPU_REF_OPS("cpu-ref", true);
-/* The same kernels behind a backend that says its memory is not the host's: the forward
- * then takes its device path (weights copied in, activations and KV allocated and
- * copied through the backend, logits downloaded) on a machine without a GPU.  Tests
- * only (kernels.h: tsr_backend_cpu_devlike_new). */
-static const tsr_backend_ops cpu_devlike_ops = CPU_REF_OPS("cpu-devlike", false);
+
+/* The table, for devlike.c: the same kernels behind a backend whose memory counts as a
+ * device's (the forward's device path on a machine without a GPU; kernels.h's graphs). */
+const tsr_backend_ops *tsr_backend_ref_ops(void) { return &cpu_ref_ops; }
 
 /* No context: the reference keeps no state, so every reference backend is the same
  * table behind its own handle. */
@@ -606,8 +605,3 @@ tsr_status tsr_backend_cpu_ref_new(tsr_backend **ret) {
         return tsr_backend_make(&cpu_ref_ops, NULL, TSR_CPU_ISA_SCALAR, 1, ret);
 }
 
-tsr_status tsr_backend_cpu_devlike_new(tsr_backend **ret) {
-        if (!ret)
-                return TSR_E_INVAL;
-        return tsr_backend_make(&cpu_devlike_ops, NULL, TSR_CPU_ISA_SCALAR, 1, ret);
-}
