@@ -74,9 +74,23 @@
 
 /* One fast CPU backend's state (be->ctx): its pool and the ISA its ops run.  Set by
  * tsr_backend_cpu_new, read-only after; the pool's own state is the pool's. */
+/* rope's cos and sin for the positions of its last call: a forward passes every layer's
+ * q and k the same positions, so a step computes them once instead of 2 x n_layers
+ * times (ref's values: (float)cos((double)theta), in libm's double sincos, which was
+ * 1.6% of a batch-32 decode step and more of a prefill).  Keyed by the positions and the
+ * inv_freq values themselves (not their pointer, which a freed model's successor may
+ * reuse).  Engine thread: one thread drives a backend (kernels.h). */
+struct rope_cache {
+        uint32_t *pos;          /* (rows,) */
+        float *freq;            /* (half,) */
+        float *cs;              /* (rows, half, 2): cos, sin */
+        size_t rows, half, cap_rows, cap_half;
+};
+
 struct cpu_fast {
         tsr_pool *pool;         /* NULL: single-threaded */
         tsr_cpu_isa isa;        /* min(the config's max_isa, what the CPU supports) */
+        struct rope_cache rope;
 };
 
 /* What the CPU supports: a fact about the machine, not backend state, found once under
@@ -1045,10 +1059,67 @@ static tsr_status fast_embedding(tsr_backend *be, float *out, const float *table
         return tsr_ref_embedding(out, table, vocab, dim, ids, rows);
 }
 
+/* Make rc hold cos and sin for pos (rows) and inv_freq (half), unless it does already.
+ * False when out of memory (rc then holds nothing). */
+static bool rope_cache_fill(struct rope_cache *rc, const uint32_t *pos, size_t rows, const float *inv_freq,
+                            size_t half) {
+        if (rc->rows == rows && rc->half == half && memcmp(rc->pos, pos, rows * sizeof *pos) == 0 &&
+            memcmp(rc->freq, inv_freq, half * sizeof *inv_freq) == 0)
+                return true;
+        rc->rows = rc->half = 0;
+        if (rows > rc->cap_rows || half > rc->cap_half) {
+                size_t cr = rows > rc->cap_rows ? rows : rc->cap_rows, ch = half > rc->cap_half ? half : rc->cap_half;
+                free(rc->pos);
+                free(rc->freq);
+                free(rc->cs);
+                rc->pos = malloc(cr * sizeof *rc->pos);
+                rc->freq = malloc(ch * sizeof *rc->freq);
+                rc->cs = cr <= SIZE_MAX / 2 / sizeof(float) / ch ? malloc(cr * ch * 2 * sizeof *rc->cs) : NULL;
+                rc->cap_rows = rc->cap_half = 0;
+                if (!rc->pos || !rc->freq || !rc->cs)
+                        return false;
+                rc->cap_rows = cr;
+                rc->cap_half = ch;
+        }
+        for (size_t r = 0; r < rows; r++)
+                for (size_t i = 0; i < half; i++) {
+                        float theta = (float)pos[r] * inv_freq[i];      /* ref.c's rope, the same values */
+                        rc->cs[(r * half + i) * 2] = (float)cos((double)theta);
+                        rc->cs[(r * half + i) * 2 + 1] = (float)sin((double)theta);
+                }
+        memcpy(rc->pos, pos, rows * sizeof *pos);
+        memcpy(rc->freq, inv_freq, half * sizeof *inv_freq);
+        rc->rows = rows;
+        rc->half = half;
+        return true;
+}
+
+/* ref.c's rope, bitwise: the same cos and sin (from the cache) and the same four
+ * multiplies and two adds per pair. */
 static tsr_status fast_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
                             const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout) {
-        (void)be;
-        return tsr_ref_rope(x, rows, n_heads, head_dim, pos, inv_freq, layout);
+        struct cpu_fast *f = be->ctx;
+        size_t half = head_dim / 2;
+
+        if (!x || !pos || !inv_freq || head_dim == 0 || head_dim % 2 != 0 ||
+            (layout != TSR_ROPE_NEOX && layout != TSR_ROPE_INTERLEAVED))
+                return TSR_E_INVAL;
+        if (rows == 0 || !rope_cache_fill(&f->rope, pos, rows, inv_freq, half))
+                return tsr_ref_rope(x, rows, n_heads, head_dim, pos, inv_freq, layout);
+        const float *cs = f->rope.cs;
+        for (size_t r = 0; r < rows; r++)
+                for (size_t i = 0; i < half; i++) {
+                        float c = cs[(r * half + i) * 2], s = cs[(r * half + i) * 2 + 1];
+                        size_t ia = layout == TSR_ROPE_NEOX ? i : 2 * i;
+                        size_t ib = layout == TSR_ROPE_NEOX ? i + half : 2 * i + 1;
+                        for (size_t h = 0; h < n_heads; h++) {
+                                float *xh = x + (r * n_heads + h) * head_dim;
+                                float a = xh[ia], b = xh[ib];
+                                xh[ia] = a * c - b * s;
+                                xh[ib] = b * c + a * s;
+                        }
+                }
+        return TSR_OK;
 }
 
 static tsr_status fast_kv_write(tsr_backend *be, const tsr_kv_view *kv, const float *k, const float *v, size_t n,
@@ -1082,6 +1153,9 @@ static void fast_ctx_free(void *ctx) {
         if (!f)
                 return;
         tsr_pool_free(&f->pool);
+        free(f->rope.pos);
+        free(f->rope.freq);
+        free(f->rope.cs);
         free(f);
 }
 

@@ -692,6 +692,38 @@ static void expect_same_bits(const char *what, const float *got, const float *wa
 /* ref's add_rmsnorm is, bit for bit, ref's add over the rows then ref's rmsnorm of the
  * sums: the specification of the fused op is the unfused pair.  out == x is checked too,
  * the forward's use. */
+/* rope through the fast backend's cos/sin cache, bitwise ref's on every call: the same
+ * positions again (a hit: another layer's q and k), other positions of the same count,
+ * other inv_freq values behind the same pointer (a new model where a freed one was), a
+ * longer batch (the cache grows), both layouts. */
+static void test_rope_cache_bitwise(void **state) {
+        (void)state;
+        enum { ROWS = 40, HEADS = 3, HD = 64 };
+        uint32_t pos[ROWS];
+        float freq[HD / 2];
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+        for (size_t i = 0; i < HD / 2; i++)
+                freq[i] = powf(10000.0f, -2.0f * (float)i / HD);
+        for (int round = 0; round < 8; round++) {
+                size_t rows = round < 6 ? ROWS / 2 : ROWS;
+                for (size_t r = 0; r < rows; r++)
+                        pos[r] = round < 2 ? (uint32_t)(r + 7) : (uint32_t)(r * 13 + (round == 4 ? 3 : round) * 1000);
+                if (round == 4)         /* round 3's positions, new values behind the same pointer */
+                        for (size_t i = 0; i < HD / 2; i++)
+                                freq[i] *= 0.5f;
+                tsr_rope_layout layout = round % 2 ? TSR_ROPE_INTERLEAVED : TSR_ROPE_NEOX;
+                float *x = rand_vec(rows * HEADS * HD), *want = malloc(rows * HEADS * HD * sizeof(float));
+                memcpy(want, x, rows * HEADS * HD * sizeof(float));
+                assert_int_equal(tsr_backend_rope(ref, want, rows, HEADS, HD, pos, freq, layout), TSR_OK);
+                assert_int_equal(tsr_backend_rope(fast, x, rows, HEADS, HD, pos, freq, layout), TSR_OK);
+                expect_bitwise("rope", x, want, rows, HEADS * HD);
+                free(x);
+                free(want);
+        }
+        assert_int_equal(tsr_backend_rope(fast, NULL, 1, HEADS, HD, pos, freq, TSR_ROPE_NEOX), TSR_E_INVAL);
+        assert_int_equal(tsr_backend_rope(fast, (float[2]){0}, 1, 1, 3, pos, freq, TSR_ROPE_NEOX), TSR_E_INVAL);
+}
+
 static void test_add_rmsnorm_ref_is_add_then_rmsnorm(void **state) {
         static const size_t shapes[][2] = {{1, 1}, {1, 7}, {3, 9}, {5, 64}, {4, 576}, {2, 1539}};
 
@@ -1095,6 +1127,7 @@ int main(void) {
                 cmocka_unit_test(test_batch_invariance),
                 cmocka_unit_test(test_qmm_quantize_edges),
                 cmocka_unit_test(test_elementwise_bitwise),
+                cmocka_unit_test(test_rope_cache_bitwise),
                 cmocka_unit_test(test_add_rmsnorm_ref_is_add_then_rmsnorm),
                 cmocka_unit_test(test_add_rmsnorm_bitwise),
                 cmocka_unit_test(test_add_rmsnorm_special),
