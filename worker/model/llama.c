@@ -1087,13 +1087,16 @@ struct fwd {
         size_t n_rows_out;              /* logits rows written */
 };
 
+/* Release what fwd_setup made; safe to call again, and after a failed fwd_setup (its
+ * scratch is set up when s.pos is: both scratch_dev and scratch_alloc make it). */
 static void fwd_done(const tsr_llama *m, struct fwd *f) {
         free(f->tokens);
         free(f->kseqs);
-        if (f->tokens || f->kseqs || f->s.pos)
+        if (f->s.pos)
                 scratch_done(m, &f->s);
         f->tokens = NULL;
         f->kseqs = NULL;
+        memset(&f->s, 0, sizeof f->s);
 }
 
 static tsr_status fwd_setup(const tsr_llama *m, const tsr_llama_seq *seqs, size_t n_seqs, const float *in, float *out,
@@ -1110,8 +1113,10 @@ static tsr_status fwd_setup(const tsr_llama *m, const tsr_llama_seq *seqs, size_
                 want_rows += seq_logit_rows(&seqs[i]);
         }
         st = m->dev ? scratch_dev(&f->s, m, f->N, logits ? want_rows : 0) : scratch_alloc(&f->s, m, f->N);
-        if (st != TSR_OK)
+        if (st != TSR_OK) {
+                memset(&f->s, 0, sizeof f->s);  /* a failed scratch freed itself: nothing for fwd_done */
                 return st;
+        }
         f->seqs = seqs;
         f->n_seqs = n_seqs;
         f->in = in;
@@ -1402,7 +1407,7 @@ tsr_status tsr_llama_capture_graphs(const tsr_llama *m, tsr_backend *be, tsr_lla
         tsr_llama_seq *seqs = NULL;
         uint32_t token = 0, block = 0;
         float no_host_logits;           /* a device forward's logits stay on the device */
-        struct fwd f;
+        struct fwd f = {0};
         tsr_status st = TSR_OK;
 
         if (!captured || !d || !kv || kv->n_blocks == 0 || be != d->be)
