@@ -271,7 +271,7 @@ tsr_status tsr_bench_sse_feed(tsr_buf *buf, const char *data, size_t n, tsr_benc
                 if (clen == 6 && memcmp(content, "[DONE]", 6) == 0) {
                         complete = true;
                 } else if (clen) {
-                        json_t *j = json_loadb(content, clen, JSON_DECODE_ANY, NULL);
+                        json_t *j = json_loadb(content, clen, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
                         complete = j != NULL;
                         json_decref(j);
                 }
@@ -366,7 +366,9 @@ tsr_status tsr_bench_output_on_message(tsr_bench_output *o, const char *msg, siz
         if (len == 6 && memcmp(msg, "[DONE]", 6) == 0)
                 return TSR_OK;
         json_error_t jerr;
-        json_t *data = json_loadb(msg, len, JSON_DECODE_ANY, &jerr);
+        /* "\u0000" is valid JSON (a model may emit a NUL byte; Python's json, vLLM's bench,
+         * takes it): jansson refuses it unless asked */
+        json_t *data = json_loadb(msg, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
         if (!json_is_object(data)) {
                 tsr_bench_output_fail(o, "invalid JSON in the stream: %s", data ? "not an object" : jerr.text);
                 json_decref(data);

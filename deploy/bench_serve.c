@@ -424,7 +424,7 @@ static tsr_status server_call(const char *url, json_t *req, json_t **resp, char 
                 st = status == 400 ? TSR_E_INVAL : TSR_E_IO;
         }
         if (st == TSR_OK) {
-                *resp = json_loadb((const char *)out.data, out.len, 0, NULL);
+                *resp = json_loadb((const char *)out.data, out.len, JSON_ALLOW_NUL, NULL);
                 if (!*resp) {
                         tsr_errf(err, errlen, "%s: the reply is not JSON", url);
                         st = TSR_E_PROTO;
@@ -816,7 +816,7 @@ static bool fetch_first_model(const char *base_url, char **id, char **root, char
         snprintf(url, sizeof(url), "%s/v1/models", base_url);
         tsr_buf_init(&out, (size_t)16 << 20);
         if (http_simple(url, NULL, &status, &out, err, errlen) == TSR_OK) {
-                json_t *j = json_loadb((const char *)out.data, out.len, 0, NULL);
+                json_t *j = json_loadb((const char *)out.data, out.len, JSON_ALLOW_NUL, NULL);
                 json_t *d0 = json_array_get(json_object_get(j, "data"), 0);
                 if (status == 200 && json_is_string(json_object_get(d0, "id"))) {
                         *id = strdup(json_string_value(json_object_get(d0, "id")));

@@ -142,6 +142,23 @@ static void test_output_chat_role_chunk_is_not_a_token(void **state) {
         tsr_bench_output_done(&o);
 }
 
+/* A chunk whose text is a NUL byte ("\u0000", valid JSON; a model can emit one) is a
+ * token like any other, kept in the text with its length. */
+static void test_output_nul_text(void **state) {
+        tsr_bench_output o;
+        (void)state;
+        tsr_bench_output_init(&o, false, 10, 0.0);
+        feed(&o, "data: {\"choices\":[{\"text\":\"a\"}]}", 0.1);
+        feed(&o, "data: {\"choices\":[{\"text\":\"\\u0000b\"}]}", 0.2);
+        feed(&o, "data: [DONE]", 0.3);
+        tsr_bench_output_finish(&o);
+        assert_true(o.success);
+        assert_int_equal(o.n_itl, 1);
+        assert_int_equal(o.text.len, 3);
+        assert_memory_equal(o.text.data, "a\0b", 3);
+        tsr_bench_output_done(&o);
+}
+
 static void test_output_failures(void **state) {
         tsr_bench_output o;
         tsr_bench_output_init(&o, false, 1, 0.0);
@@ -647,6 +664,7 @@ int main(void) {
                 cmocka_unit_test(test_output_completions),
                 cmocka_unit_test(test_output_usage_beside_choices),
                 cmocka_unit_test(test_output_chat_role_chunk_is_not_a_token),
+                cmocka_unit_test(test_output_nul_text),
                 cmocka_unit_test(test_output_failures),
                 cmocka_unit_test(test_percentile_matches_numpy),
                 cmocka_unit_test(test_metrics_as_calculate_metrics),
