@@ -9,15 +9,19 @@
 #      test_cuda_forward (tiny fixture vs transformers) again with TSR_GPU_MODEL set to
 #      a random SmolLM2-shaped model (CUDA vs the CPU backend);
 #   2. compute-sanitizer memcheck of test_cuda_forward on the tiny fixture;
-#   3. tessera-bench-engine --kernels cuda on the random model (decode batches, prefill);
+#   3. tessera-bench-engine --kernels cuda on the random model (decode batches, prefill),
+#      eager then with --graphs (each decode batch through a CUDA graph);
 #   4. tessera serve --device cuda of the random model: a chat completion through the
 #      router, then tessera bench serve (random 1k/1k, --ignore-eos) at concurrency 1,
-#      32 and 256 (GPU_CHECK_QUICK=1: fewer prompts).
+#      32 and 256 (GPU_CHECK_QUICK=1: fewer prompts); then the same server flags with
+#      GPU_CHECK_EAGER_TOO=1 once more with --enforce-eager (graphs vs eager, same call).
 # Each step has its own time limit; a failed step is reported and the next one runs.
 # Knobs (environment): GPU_CHECK_SKIP_SUITE=1 skips the tiny-fixture suite and memcheck
 # (step 1's first half, step 2); GPU_CHECK_DEVICE (cuda) is what step 4 serves on;
 # GPU_CHECK_LEN (1024) the random input and output lengths; GPU_CHECK_MODEL_DIR a
-# model folder to use (made when it has no config.json).
+# model folder to use (made when it has no config.json); GPU_CHECK_EAGER_TOO=1 serves a
+# second time with --enforce-eager (CUDA graphs against none, in the same call);
+# GPU_CHECK_MAX_MODEL_LEN (4096) the servers' --max-model-len.
 set -u
 BIN=${1:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
 OUT=${2:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
@@ -76,32 +80,45 @@ fi
 [ "$DEVICE" = cuda ] && p=$(bin tessera-bench-engine) && step bench_engine 240 "$p" "$MODEL" --kernels cuda --dtypes bfloat16,float32 \
         --batches 1,8,32,64,256 --steps 32 --prefill 1024 --repeat 2 --no-bandwidth
 cat "$OUT/bench_engine.log" 2>/dev/null
+[ "$DEVICE" = cuda ] && p=$(bin tessera-bench-engine) && step bench_engine_graphs 240 "$p" "$MODEL" --kernels cuda \
+        --dtypes bfloat16 --batches 1,8,32,64,256 --steps 32 --prefill 1024 --repeat 2 --no-bandwidth --graphs
+cat "$OUT/bench_engine_graphs.log" 2>/dev/null
 
-# 4. served over HTTP
+# 4. served over HTTP: with the default flags (CUDA graphs on CUDA), then with
+# GPU_CHECK_EAGER_TOO=1 the same with --enforce-eager (an A/B in one call)
 p=$(bin tessera) || exit 1
-"$p" serve "$MODEL" --device "$DEVICE" --host 127.0.0.1 --port "$PORT" --served-model-name smollm2-random \
-        --max-model-len 4096 > "$OUT/serve.log" 2>&1 &
-SERVE=$!
-for _ in $(seq 1 240); do
-        env -u LD_LIBRARY_PATH curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-        sleep 0.5
-done
-grep -E "device|kernels|KV cache|Available|loaded" "$OUT/serve.log" | head -12
-env -u LD_LIBRARY_PATH curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
-        -d '{"model": "smollm2-random", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16,
-             "temperature": 0}' | tee "$OUT/chat.json"
-echo
 B=$(bin tessera-bench)
 n1=8 n32=128 n256=512
 [ -n "${GPU_CHECK_QUICK:-}" ] && n1=4 n32=64 n256=256
-for c in 1 32 256; do
-        n=$([ $c = 1 ] && echo $n1 || ([ $c = 32 ] && echo $n32 || echo $n256))
-        step "bench_serve_c$c" 240 "$B" serve --base-url "http://127.0.0.1:$PORT" --model smollm2-random \
-                --tokenizer "$MODEL" --dataset-name random --random-input-len "$LEN" --random-output-len "$LEN" \
-                --ignore-eos --num-prompts "$n" --max-concurrency "$c" --temperature 0 --save-result \
-                --result-dir "$OUT" --result-filename "bench_c$c.json"
-        grep -E "Successful|throughput|TTFT|TPOT|ITL" "$OUT/bench_serve_c$c.log" | head -12
-done
-kill -TERM $SERVE
-wait $SERVE
-echo "gpu-check: serve exit $?"
+serve_and_bench() {     # serve_and_bench LABEL EXTRA-FLAGS...
+        local label=$1
+        shift
+        "$p" serve "$MODEL" --device "$DEVICE" --host 127.0.0.1 --port "$PORT" --served-model-name smollm2-random \
+                --max-model-len "${GPU_CHECK_MAX_MODEL_LEN:-4096}" "$@" > "$OUT/serve$label.log" 2>&1 &
+        SERVE=$!
+        for _ in $(seq 1 240); do
+                env -u LD_LIBRARY_PATH curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+                sleep 0.5
+        done
+        grep -E "device|kernels|KV cache|Available|loaded|CUDA graphs|Graph capturing" "$OUT/serve$label.log" | head -14
+        env -u LD_LIBRARY_PATH curl -s "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \
+                -d '{"model": "smollm2-random", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16,
+                     "temperature": 0}' | tee "$OUT/chat$label.json"
+        echo
+        for c in 1 32 256; do
+                n=$([ $c = 1 ] && echo $n1 || ([ $c = 32 ] && echo $n32 || echo $n256))
+                step "bench_serve$label""_c$c" 240 "$B" serve --base-url "http://127.0.0.1:$PORT" --model smollm2-random \
+                        --tokenizer "$MODEL" --dataset-name random --random-input-len "$LEN" --random-output-len "$LEN" \
+                        --ignore-eos --num-prompts "$n" --max-concurrency "$c" --temperature 0 --save-result \
+                        --result-dir "$OUT" --result-filename "bench$label""_c$c.json"
+                grep -E "Successful|throughput|TTFT|TPOT|ITL" "$OUT/bench_serve$label""_c$c.log" | head -12
+        done
+        kill -TERM $SERVE
+        wait $SERVE
+        echo "gpu-check: serve$label exit $?"
+        grep -E "CUDA graphs:" "$OUT/serve$label.log"
+}
+serve_and_bench ""
+if [ -n "${GPU_CHECK_EAGER_TOO:-}" ] && [ "$DEVICE" = cuda ]; then
+        serve_and_bench _eager --enforce-eager
+fi
