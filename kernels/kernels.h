@@ -238,10 +238,10 @@ tsr_status tsr_backend_synchronize(tsr_backend *be);
  * recording), and attention's launches are sized for the backend's length class of
  * `max_len` (the longest sequence of the step, in tokens): a graph is kept per key and
  * class, and serves the steps whose longest sequence is in its class (CUDA's class is the
- * number of key splits such a row gets: 128-token steps up to 4096; a row's result is the
- * bits of the same call outside a graph; a longer sequence fails the recording).  Not allowed inside (TSR_E_INVAL): upload,
- * download, synchronize, argmax, sample, mem_alloc; mem_free must not free what a
- * recorded op reads.
+ * number of key splits such a row gets: one per 128 keys up to 32; a row's result is the
+ * bits of the same call outside a graph; a longer sequence fails the recording).  Not
+ * allowed inside (TSR_E_INVAL): upload, download, synchronize, argmax, sample,
+ * mem_alloc; mem_free must not free what a recorded op reads.
  * tsr_backend_graph_end(be, launch, &launched) leaves the mode.  When the capture
  * succeeded (or every replayed op matched) and `launch`, it queues the staged index
  * arrays' copy and the graph: *launched = true, and the work is ordered with the ops as
@@ -256,7 +256,7 @@ typedef enum tsr_graph_mode { TSR_GRAPH_CAPTURE, TSR_GRAPH_REPLAY } tsr_graph_mo
 tsr_status tsr_backend_graph_begin(tsr_backend *be, uint64_t key, tsr_graph_mode mode, uint32_t table_width,
                                    uint32_t max_len);
 tsr_status tsr_backend_graph_end(tsr_backend *be, bool launch, bool *launched);
-/* Whether graph `key` is recorded. */
+/* Whether graph `key` is recorded for the length class of max_len. */
 bool tsr_backend_graph_has(tsr_backend *be, uint64_t key, uint32_t max_len);
 void tsr_backend_graph_drop(tsr_backend *be);
 

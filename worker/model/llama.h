@@ -86,7 +86,6 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
  * step and logits for `logit_rows` rows (kept and grown on demand, so a step never waits
  * on an allocation the memory plan did not count).  TSR_OK and nothing on the CPU. */
 tsr_status tsr_llama_reserve(const tsr_llama *m, size_t tokens, size_t logit_rows);
-
 /* The model's config; lives as long as the model. */
 const tsr_llama_config *tsr_llama_config_of(const tsr_llama *m);
 
@@ -134,10 +133,12 @@ void tsr_llama_kv_free(tsr_llama_kv **kv);
  * graph whose replay no longer matches (a scratch grew) is recorded again on the spot; a
  * size that fails to record GRAPH_MAX_FAILS times runs eagerly.  Drops the graphs
  * recorded before.  TSR_E_INVAL (not on a device), TSR_E_NOMEM.
- * tsr_llama_capture_graphs: record every size now (start-up), after one eager step of
- * the largest size on `kv` (it writes block 0's first row, which no request has yet);
- * *captured = how many were recorded.  The backend's errors; a size that fails to record
- * is not an error (it is counted against the size).
+ * tsr_llama_capture_graphs: record every size now (start-up) for the shortest length
+ * class, after one eager warm-up step of the most tokens a step may have (the reserve's,
+ * or the largest size) on `kv`, every row in block 0, which no request holds yet: every
+ * scratch grows to its size there, so no later step moves one; *captured = how many were
+ * recorded.  TSR_E_UNSUPPORTED: a backend without graphs; the backend's errors; a size
+ * that fails to record is not an error (it is counted against the size).
  * tsr_llama_graph_stats_of: decode steps replayed, recorded on the spot and run eagerly
  * after a failed recording, since tsr_llama_set_graphs.  Engine thread, as the forward. */
 typedef struct tsr_llama_graph_stats {
