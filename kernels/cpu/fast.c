@@ -143,6 +143,14 @@ AVX2_INLINE float sum_lanes_ref_order(__m256 v) {
         return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
 }
 
+/* sum_lanes_ref_order of four vectors at once: lane u of the result is v_u's sum, the
+ * same adds in the same tree (hadd(v0, v1) holds v0's and v1's pairs, the second hadd
+ * their quads, the last add the two halves), in three hadds and one add for the four. */
+AVX2_INLINE __m128 sum_lanes_ref_order4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+        __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+        return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
 /* out[b*ldo + a] = dot_f32(w + a*n, x + b*n, n) for a < NI, b < NR (NI <= 8, NR <= 4,
  * constants after inlining).  Each dot is ref.c's, bit for bit. */
 AVX2_INLINE void tile_f32(const int NI, const int NR, const float *w, const float *x, size_t n, float *out,
@@ -626,6 +634,22 @@ AVX2_INLINE void att_dots(const int NH, const int KT, const struct att_ctx *c, c
                 dot[a] = sum_lanes_ref_order(acc[a]);
 }
 
+/* att_dots' chains for n a multiple of 8, without their last step: acc[a] = head a's
+ * eight lane sums of q_a . K_j (K_j read as stored, att_k8; for float32 the same chains
+ * as tile_f32's). */
+AVX2_INLINE void att_lanes(const int NH, const int KT, const struct att_ctx *c, const float *q, size_t off, size_t n,
+                           __m256 *acc) {
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++)
+                acc[a] = _mm256_setzero_ps();
+        for (size_t k = 0; k + 8 <= n; k += 8) {
+                __m256 xv = att_k8(KT, c, off + k);
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++)
+                        acc[a] = _mm256_add_ps(acc[a], _mm256_mul_ps(_mm256_loadu_ps(q + a * n + k), xv));
+        }
+}
+
 /* ref_attention for NH (<= 8) heads of one KV group at one query row, each in ref's
  * order: scores by dot_f32 (tile_f32: head a's dot is its own chain, so running NH of
  * them over one read of K_j changes no bit), the maximum, exp (exp.h's vector forms, the
@@ -645,16 +669,39 @@ AVX2_INLINE void att_heads_t(const int NH, const int KT, const struct att_ctx *c
 #pragma GCC unroll 8
         for (int a = 0; a < NH; a++)
                 max[a] = -INFINITY;
-        for (size_t j = 0; j <= p; j++) {
+        size_t jk = 0;
+        /* Four keys at a time where the head has no tail: each key's chains as att_dots
+         * runs them (att_lanes), the four reductions in one (sum_lanes_ref_order4), the
+         * scale and the maximum in key order: the same bits as one key at a time. */
+        if (hd % 8 == 0)
+                for (; jk + 3 <= p; jk += 4) {
+                        __m256 acc[4][8];
+#pragma GCC unroll 4
+                        for (int u = 0; u < 4; u++) {
+                                if (jk + u + ATT_PREFETCH <= p)
+                                        att_prefetch_head(KT, c, false, jk + u + ATT_PREFETCH, g);
+                                att_lanes(NH, KT, c, q, att_head(c, jk + u, g), hd, acc[u]);
+                        }
+#pragma GCC unroll 8
+                        for (int a = 0; a < NH; a++) {
+                                __m128 d = sum_lanes_ref_order4(acc[0][a], acc[1][a], acc[2][a], acc[3][a]);
+                                _mm_storeu_ps(s + a * ss + jk, _mm_mul_ps(d, _mm_set1_ps(c->scale)));
+#pragma GCC unroll 4
+                                for (int u = 0; u < 4; u++)
+                                        if (s[a * ss + jk + u] > max[a])
+                                                max[a] = s[a * ss + jk + u];
+                        }
+                }
+        for (; jk <= p; jk++) {
                 float dot[8];
-                if (j + ATT_PREFETCH <= p)      /* the cache's rows jump at each block: no stream */
-                        att_prefetch_head(KT, c, false, j + ATT_PREFETCH, g);
-                att_dots(NH, KT, c, q, att_head(c, j, g), hd, dot);
+                if (jk + ATT_PREFETCH <= p)     /* the cache's rows jump at each block: no stream */
+                        att_prefetch_head(KT, c, false, jk + ATT_PREFETCH, g);
+                att_dots(NH, KT, c, q, att_head(c, jk, g), hd, dot);
 #pragma GCC unroll 8
                 for (int a = 0; a < NH; a++) {
-                        s[a * ss + j] = dot[a] * c->scale;
-                        if (s[a * ss + j] > max[a])
-                                max[a] = s[a * ss + j];
+                        s[a * ss + jk] = dot[a] * c->scale;
+                        if (s[a * ss + jk] > max[a])
+                                max[a] = s[a * ss + jk];
                 }
         }
         float sum[8];
