@@ -14,6 +14,16 @@ static int cmp_u32(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
+size_t tsr_cudagraph_sort_sizes(uint32_t *sizes, size_t n) {
+        size_t kept = 0;
+        if (n)
+                qsort(sizes, n, sizeof *sizes, cmp_u32);
+        for (size_t i = 0; i < n; i++)
+                if (sizes[i] && (kept == 0 || sizes[kept - 1] != sizes[i]))
+                        sizes[kept++] = sizes[i];
+        return kept;
+}
+
 /* vLLM's default list up to max (ascending). */
 static void default_sizes(uint32_t max, tsr_cudagraph_sizes *ret) {
         static const uint32_t first[] = {1, 2, 4};
@@ -121,10 +131,9 @@ tsr_status tsr_cudagraph_sizes_for(const char *compilation_config, bool enforce_
         if (st == TSR_OK && !none && !enforce_eager) {
                 if (have_given) {
                         ret->n = 0;
-                        qsort(given->sizes, given->n, sizeof given->sizes[0], cmp_u32);
+                        given->n = tsr_cudagraph_sort_sizes(given->sizes, given->n);
                         for (size_t i = 0; i < given->n; i++)
-                                if ((!max_size || given->sizes[i] <= max_size) &&
-                                    (ret->n == 0 || ret->sizes[ret->n - 1] != given->sizes[i]))
+                                if (!max_size || given->sizes[i] <= max_size)
                                         ret->sizes[ret->n++] = given->sizes[i];
                 } else {
                         uint64_t twice = 2 * (uint64_t)max_num_seqs;

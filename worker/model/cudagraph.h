@@ -45,4 +45,8 @@ typedef struct tsr_cudagraph_sizes {
 tsr_status tsr_cudagraph_sizes_for(const char *compilation_config, bool enforce_eager, uint32_t max_num_seqs,
                                    tsr_cudagraph_sizes *ret, char *err, size_t errlen);
 
+/* sizes[0..n) sorted ascending in place, repeats and zeros dropped; returns how many are
+ * left (the list of sizes both the flags and llama.h's tsr_llama_set_graphs keep). */
+size_t tsr_cudagraph_sort_sizes(uint32_t *sizes, size_t n);
+
 #endif

@@ -8,6 +8,7 @@
 
 #include "kernels/quant/quant.h"
 #include "worker/load/gguf.h"
+#include "worker/model/cudagraph.h"
 #include "worker/model/family.h"
 #include "common/log.h"
 #include "worker/model/llama.h"
@@ -1361,11 +1362,6 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
         return st;
 }
 
-static int cmp_u32(const void *a, const void *b) {
-        uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-        return x < y ? -1 : x > y;
-}
-
 tsr_status tsr_llama_set_graphs(tsr_llama *m, const uint32_t *sizes, size_t n_sizes, uint32_t table_width,
                                 uint32_t max_seq_len) {
         struct llama_dev *d = m ? m->dev : NULL;
@@ -1381,11 +1377,8 @@ tsr_status tsr_llama_set_graphs(tsr_llama *m, const uint32_t *sizes, size_t n_si
         }
         if (n_sizes) {
                 memcpy(sz, sizes, n_sizes * sizeof *sz);
-                qsort(sz, n_sizes, sizeof *sz, cmp_u32);
+                n = tsr_cudagraph_sort_sizes(sz, n_sizes);
         }
-        for (size_t i = 0; i < n_sizes; i++)    /* ascending, no repeats, no 0 */
-                if (sz[i] && (n == 0 || sz[n - 1] != sz[i]))
-                        sz[n++] = sz[i];
         tsr_backend_graph_drop(d->be);
         free(d->graph_sizes);
         free(d->graph_fails);
