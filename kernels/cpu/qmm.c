@@ -7,7 +7,8 @@
  * and the same float scales (f16 -> f32 through F16C is exact, as tsr_f16_to_f32 is);
  * the integer block sums are exact in any order; and the float32 terms of each block are
  * computed with the same operations in the same order, eight blocks at a time in one
- * __m256 whose lane j is the reference's lane j (block b goes to lane b % 8).  Lanes past
+ * __m256 whose lane j is the reference's lane j (block b goes to lane b % 8; the 512-bit
+ * tiles hold two activation rows' eight lanes side by side).  Lanes past
  * the last block add +0, which leaves a lane unchanged (a lane that starts at +0 is never
  * -0).  The final lane sum is the reference's pair tree.
  *
@@ -504,24 +505,29 @@ QMM_FN static void ilv_unpack_row(tsr_dtype t, const uint8_t *p, size_t n, bool 
         }
 }
 
-/* One quantized activation row (the reference's layout) -> its interleaved codes and
- * o * (each block's sum of codes). */
+/* Group g of a quantized activation row (the reference's layout) -> its interleaved
+ * steps at codes + step * s, and o * (each block's sum of codes) at os. */
+QMM_INLINE void ilv_act_group(const tsr_qmm_act *a, size_t g, int32_t o, uint8_t *codes, size_t step, int32_t *os) {
+        __m256i v[8], sum = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++)
+                v[j] = _mm256_load_si256((const __m256i *)(a->q + 256 * g + 32 * j));
+        transpose8_epi32(v);
+        for (int s = 0; s < 8; s++) {
+                _mm256_store_si256((__m256i *)(codes + step * s), v[s]);
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v[s]),
+                                                              _mm256_set1_epi16(1)));
+        }
+        _mm256_store_si256((__m256i *)os, _mm256_mullo_epi32(sum, _mm256_set1_epi32(o)));
+}
+
+/* One quantized activation row -> its interleaved codes and o * (each block's sum of
+ * codes). */
 QMM_FN static void ilv_act_row(const tsr_qmm_act *a, size_t n, int32_t o, uint8_t *dst) {
         const size_t ng = ilv_groups(n);
         int32_t *os = (int32_t *)(dst + ng * 256);
 
-        for (size_t g = 0; g < ng; g++) {
-                __m256i v[8], sum = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++)
-                        v[j] = _mm256_load_si256((const __m256i *)(a->q + 256 * g + 32 * j));
-                transpose8_epi32(v);
-                for (int s = 0; s < 8; s++) {
-                        _mm256_store_si256((__m256i *)(dst + 256 * g + 32 * s), v[s]);
-                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v[s]),
-                                                                      _mm256_set1_epi16(1)));
-                }
-                _mm256_store_si256((__m256i *)(os + 8 * g), _mm256_mullo_epi32(sum, _mm256_set1_epi32(o)));
-        }
+        for (size_t g = 0; g < ng; g++)
+                ilv_act_group(a, g, o, dst + 256 * g, 32, os + 8 * g);
 }
 
 /* ---- many activation rows of the K formats: the same tiles, lane j = sub-block j -----------
@@ -713,6 +719,108 @@ typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX])
 #define ILV_K 1
 #include "kernels/cpu/qmm_tile.h"
 
+/* ---- many activation rows on 512-bit vectors (VNNI, 32-blocks) ---------------------------
+ * The same integers and the same float terms as the tiles above, two activation rows per
+ * vector: lanes 0-7 belong to the pair's first row, lanes 8-15 to its second.  For that
+ * the activation rows are interleaved in pairs (ilv2_act_half): per group, step s of the
+ * first row and step s of the second fill 64 contiguous bytes, then the pair's o * S,
+ * dx and sx the same way.  A weight step (32 bytes) is broadcast to both halves, so one
+ * vpdpbusd on a zmm does the work of two on ymm, and each float operation of
+ * ilv_group_terms serves two pairs of the tile; every lane still computes exactly its
+ * pair's block terms in the reference's order (nothing crosses halves until the end,
+ * where each half goes to ilv_tile_sums as its own row).  An odd last row is paired with
+ * itself and its copy dropped, as the ymm tiles repeat a row.
+ *
+ * Measured on Zen 5 (512-bit datapaths: a zmm vpdpbusd issues as fast as a ymm one),
+ * SmolLM2 Q4_1, one thread: decode batch 32 at context 512 396 -> 451 tok/s, prefill 512
+ * 775 -> 1018 (docs/benchmarks.md, issue #21).  Four pairs a tile instead of two read
+ * +1%, within noise: not kept.  The K formats keep the 256-bit tiles. */
+
+#define ILV2_GROUP (512 + 3 * 64)       /* codes, o * S, dx, sx of one group of a pair */
+
+static inline size_t ilv2_pair_bytes(size_t n) { return ilv_groups(n) * ILV2_GROUP; }
+
+/* Activation row a (quantized, the reference's layout) -> half `half` of its pair's
+ * interleaved rows at dst; o: the weight codes' offset (ilv_offset). */
+QMM_FN static void ilv2_act_half(const tsr_qmm_act *a, size_t n, int32_t o, uint8_t *dst, int half) {
+        for (size_t g = 0; g < ilv_groups(n); g++) {
+                uint8_t *gd = dst + g * ILV2_GROUP + 32 * half;
+                ilv_act_group(a, g, o, gd, 64, (int32_t *)(gd + 512));
+                _mm256_store_ps((float *)(gd + 576), _mm256_load_ps(a->dx + 8 * g));   /* padded (qmm.h) */
+                _mm256_store_ps((float *)(gd + 640), _mm256_load_ps(a->sx + 8 * g));
+        }
+}
+
+/* A tile of QMM_TILE_W_VNNI weight rows x P pairs of activation rows (tl->q[2p]: pair p). */
+__attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline void ilv2_tile_t(const int P,
+                                                                                       const struct ilv_tile *tl,
+                                                                                       float out[][QMM_TILE_W_MAX]) {
+        enum { RW = QMM_TILE_W_VNNI };
+        const size_t ng = tl->ng;
+        __m512 facc[RW][2];
+        __m256 half[RW][QMM_TILE_A];
+
+#pragma GCC unroll 4
+        for (int i = 0; i < RW; i++)
+#pragma GCC unroll 2
+                for (int p = 0; p < P; p++)
+                        facc[i][p] = _mm512_setzero_ps();
+        for (size_t g = 0; g < ng; g++) {
+                __m512i acc[RW][2];
+#pragma GCC unroll 4
+                for (int i = 0; i < RW; i++)
+#pragma GCC unroll 2
+                        for (int p = 0; p < P; p++)
+                                acc[i][p] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int s = 0; s < 8; s++) {
+                        __m512i w[RW];
+#pragma GCC unroll 4
+                        for (int i = 0; i < RW; i++)
+                                w[i] = _mm512_broadcast_i64x4(
+                                        _mm256_load_si256((const __m256i *)(tl->w[i] + 256 * g + 32 * s)));
+#pragma GCC unroll 2
+                        for (int p = 0; p < P; p++) {
+                                __m512i q = _mm512_load_si512(tl->q[2 * p] + g * ILV2_GROUP + 64 * s);
+#pragma GCC unroll 4
+                                for (int i = 0; i < RW; i++)
+                                        acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], w[i], q);
+                        }
+                }
+#pragma GCC unroll 2
+                for (int p = 0; p < P; p++) {   /* ilv_group_terms, two pairs per vector */
+                        const uint8_t *pg = tl->q[2 * p] + g * ILV2_GROUP;
+                        __m512i os = _mm512_load_si512(pg + 512);
+                        __m512 dx = _mm512_load_ps(pg + 576), sx = _mm512_load_ps(pg + 640);
+#pragma GCC unroll 4
+                        for (int i = 0; i < RW; i++) {
+                                const float *dwp = (const float *)(tl->w[i] + 256 * ng) + 8 * g, *mwp = dwp + 8 * ng;
+                                __m512 dw = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)dwp)));
+                                __m512 mw = _mm512_castsi512_ps(_mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)mwp)));
+                                __m512 sv = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][p], os));
+                                __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(dw, dx), sv), _mm512_mul_ps(mw, sx));
+                                facc[i][p] = _mm512_add_ps(facc[i][p], t);
+                        }
+                }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < RW; i++)
+#pragma GCC unroll 2
+                for (int p = 0; p < P; p++) {
+                        half[i][2 * p] = _mm512_castps512_ps256(facc[i][p]);
+                        half[i][2 * p + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(facc[i][p]), 1));
+                }
+        ilv_tile_sums(RW, 2 * P, half, out);
+}
+
+__attribute__((target(QMM_VNNI_TARGET))) static void ilv2_tile_4(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
+        ilv2_tile_t(2, tl, out);
+}
+
+__attribute__((target(QMM_VNNI_TARGET))) static void ilv2_tile_2(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
+        ilv2_tile_t(1, tl, out);
+}
+
 /* ---- the driver ----------------------------------------------------------------------- */
 
 struct qmm_ctx {
@@ -722,9 +830,11 @@ struct qmm_ctx {
         const uint8_t *xq;              /* (rows, act_bytes) */
         uint8_t *scratch;               /* (threads, wu_bytes): one unpacked weight row per thread, or
                                          * a task's interleaved rows (tiles) */
-        const uint8_t *xi;              /* (rows, ilv_a_bytes): the interleaved activations (tiles) */
+        const uint8_t *xi;              /* the interleaved activations (tiles): (rows, ilv_a_bytes), or
+                                         * with zmm ((rows + 1) / 2, ilv2_pair_bytes) */
         size_t rows, n, d, row_bytes, act_bytes, wu_bytes;
         bool tiles, vnni;               /* rows > 1; vpdpbusd */
+        bool zmm;                       /* the 512-bit tiles (32-blocks with VNNI) */
 };
 
 /* Weight rows i0..i1 with every activation row, in tiles (above); k: the K formats'
@@ -736,9 +846,14 @@ QMM_INLINE void qmm_tiles_t(const struct qmm_ctx *c, size_t i0, size_t i1, uint8
         bool sgn = !c->vnni && c->t == TSR_DTYPE_Q8_0;
         ilv_tile_fn *tile4 = c->vnni ? ilv_tile_vnni_4 : sgn ? ilv_tile_avx2_signed_4 : ilv_tile_avx2_4;
         ilv_tile_fn *tile2 = c->vnni ? ilv_tile_vnni_2 : sgn ? ilv_tile_avx2_signed_2 : ilv_tile_avx2_2;
+        const bool zmm = !k && c->zmm;
         struct ilv_tile tl = {.ng = ilv_groups(c->n), .nb = c->n / 256};
         float o[QMM_TILE_A][QMM_TILE_W_MAX];    /* [activation row][weight row] */
 
+        if (zmm) {
+                tile4 = ilv2_tile_4;
+                tile2 = ilv2_tile_2;
+        }
         if (k) {
                 tile4 = c->vnni ? (q6 ? ilv_tile_vnni_k6_4 : ilv_tile_vnni_k4) : q6 ? ilv_tile_avx2_k6_4 : ilv_tile_avx2_k4;
                 tile2 = c->vnni ? (q6 ? ilv_tile_vnni_k6_2 : ilv_tile_vnni_k2) : q6 ? ilv_tile_avx2_k6_2 : ilv_tile_avx2_k2;
@@ -755,7 +870,7 @@ QMM_INLINE void qmm_tiles_t(const struct qmm_ctx *c, size_t i0, size_t i1, uint8
                 for (int r = 0; r < (int)ra; r++) {
                         size_t rr = r0 + r < c->rows ? r0 + r : c->rows - 1;
                         tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + rr * c->act_bytes, c->n);
-                        tl.q[r] = c->xi + rr * ab;
+                        tl.q[r] = zmm ? c->xi + (r0 / 2 + (size_t)r / 2) * ilv2_pair_bytes(c->n) : c->xi + rr * ab;
                         tl.dx[r] = a.dx;
                         tl.sx[r] = a.sx;
                         if (k)
@@ -869,8 +984,9 @@ struct quant_ctx {
         tsr_dtype t;
         const float *x;
         uint8_t *xq, *xi;               /* xi: the interleaved rows too, for the tiles; else NULL */
-        size_t n, act_bytes;
+        size_t n, act_bytes, rows;
         int32_t offset;                 /* the tiles' code offset (ilv_offset) */
+        bool zmm;                       /* xi in pairs (ilv2_act_half) */
 };
 
 QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
@@ -882,7 +998,14 @@ QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
                 quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
         if (c->xi) {
                 tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
-                ilv_act_row(&a, c->n, c->offset, c->xi + r * ilv_a_bytes(c->n));
+                if (!c->zmm) {
+                        ilv_act_row(&a, c->n, c->offset, c->xi + r * ilv_a_bytes(c->n));
+                        return;
+                }
+                uint8_t *pair = c->xi + r / 2 * ilv2_pair_bytes(c->n);
+                ilv2_act_half(&a, c->n, c->offset, pair, (int)(r % 2));
+                if (r % 2 == 0 && r + 1 == c->rows)     /* an odd last row: its pair's second half too */
+                        ilv2_act_half(&a, c->n, c->offset, pair, 1);
         }
 }
 
@@ -910,19 +1033,26 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
                             .act_bytes = tsr_qmm_act_bytes(t, n), .wu_bytes = tsr_qmm_unpacked_bytes(t, n),
                             .tiles = rows > 1,
                             .vnni = isa >= TSR_CPU_ISA_AVX512_BF16 && cpu_has_vnni()};
-        size_t xi_bytes = c.tiles ? ilv_a_bytes(n) : 0;
-        if (rows > SIZE_MAX / (c.act_bytes + xi_bytes) || tsr_dtype_row_bytes(t, n, &c.row_bytes) != TSR_OK)
+        c.zmm = c.tiles && c.vnni && !tsr_qmm_is_k(t);
+        /* per row: its quantized copy, and its interleaved one (with zmm: half a pair, and
+         * a whole pair's bytes for an odd last row) */
+        size_t xi_bytes = !c.tiles ? 0 : c.zmm ? ilv2_pair_bytes(n) : ilv_a_bytes(n);
+        if (rows > SIZE_MAX / (c.act_bytes + xi_bytes) - 1 || tsr_dtype_row_bytes(t, n, &c.row_bytes) != TSR_OK)
                 return TSR_E_LIMIT;
         if (c.tiles)
                 c.wu_bytes = QMM_ROWS_PER_TASK * (tsr_qmm_is_k(t) ? ilvk_w_bytes(n) : ilv_w_bytes(n));
-        uint8_t *xq = aligned_alloc(32, rows * (c.act_bytes + xi_bytes));
-        c.scratch = aligned_alloc(32, threads * c.wu_bytes);
+        /* 64-byte aligned: the zmm tiles load whole cache lines (act_bytes, pair bytes and
+         * wu_bytes are multiples of 64 there: 32 * (n / 32 padded to 8 blocks), 704 * ng) */
+        size_t xq_bytes = (rows * c.act_bytes + 63) / 64 * 64;
+        uint8_t *xq = aligned_alloc(64, xq_bytes + ((rows + 1) * xi_bytes + 63) / 64 * 64);
+        c.scratch = aligned_alloc(64, threads * c.wu_bytes);
         if (!xq || !c.scratch) {
                 free(xq), free(c.scratch);
                 return TSR_E_NOMEM;
         }
-        struct quant_ctx qc = {.t = t, .x = x, .xq = xq, .xi = c.tiles ? xq + rows * c.act_bytes : NULL, .n = n,
-                               .act_bytes = c.act_bytes, .offset = ilv_offset(t, c.vnni)};
+        struct quant_ctx qc = {.t = t, .x = x, .xq = xq, .xi = c.tiles ? xq + xq_bytes : NULL, .n = n,
+                               .act_bytes = c.act_bytes, .rows = rows, .offset = ilv_offset(t, c.vnni),
+                               .zmm = c.zmm};
         tsr_pool_run(rows >= 8 ? pool : NULL, rows, quant_task, &qc);
         c.xq = xq;
         c.xi = qc.xi;
