@@ -37,6 +37,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -451,8 +452,9 @@ struct att_ctx {
         size_t past_len, n, n_heads, group;
         float scale;
         bool avx512;            /* the softmax's exp on 16 lanes (else 8) */
-        float *scores;          /* (threads, ATT_HEADS_MAX, scores_stride) */
-        size_t scores_stride;
+        size_t scores_stride;   /* a task's scores: (ATT_HEADS_MAX, scores_stride) floats in
+                                 * its thread's own scratch (tsr_thread_scratch) */
+        _Atomic bool no_memory; /* set by a task whose scratch could not grow */
         /* fp8 view (but an e4m3 decode step's): every cached row's K and V as float32,
          * (past_len + n, n_kv_heads, head_dim) each, filled once per call (deq_task) before
          * the attention tasks */
@@ -773,7 +775,13 @@ AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
         const struct att_ctx *c = ctx;
         size_t n_kv = c->kv->n_kv_heads, hd = c->kv->head_dim, t = task / n_kv, g = task % n_kv;
         size_t p = c->past_len + t;
-        float *s = c->scores + (size_t)worker * ATT_HEADS_MAX * c->scores_stride;
+        float *s = tsr_thread_scratch(ATT_HEADS_MAX * c->scores_stride * sizeof(float));
+
+        (void)worker;
+        if (!s) {
+                atomic_store_explicit(&((struct att_ctx *)ctx)->no_memory, true, memory_order_relaxed);
+                return;
+        }
 
         for (size_t h = g * c->group; h < (g + 1) * c->group; h += ATT_HEADS_MAX) {
                 size_t nh = (g + 1) * c->group - h < ATT_HEADS_MAX ? (g + 1) * c->group - h : ATT_HEADS_MAX;
@@ -808,7 +816,6 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
                 return TSR_E_INVAL;
         if (n == 0)
                 return TSR_OK;
-        int threads = tsr_pool_threads(f->pool);
         /* An fp8 cache is read through a float32 copy of its rows (deq_task: one conversion
          * per element), except an e4m3 cache at one query row, a decode step, whose tasks
          * convert each element as they load it (one conversion per element there too, and
@@ -848,12 +855,9 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
                 goto done;
         for (size_t j = 0; j < rows; j++)       /* the copy is dense; the cache is paged */
                 c->rowoff[j] = copy ? j * width : kv_row(kv, j);
-        if (!(c->scores = malloc((size_t)threads * ATT_HEADS_MAX * c->scores_stride * sizeof(float))))
-                goto done;
         tsr_pool_run(f->pool, n * kv->n_kv_heads, att_task, c);
-        st = TSR_OK;
+        st = atomic_load(&c->no_memory) ? TSR_E_NOMEM : TSR_OK;
 done:
-        free(c->scores);
         free(c->rowoff);
         free(c->kd);
         free(c);

@@ -247,3 +247,28 @@ void tsr_pool_run_spans(tsr_pool *p, size_t n_tasks, tsr_pool_task_fn task, void
         }
         tsr_pool_run(p, n_spans, span_task, &r);
 }
+
+/* tsr_thread_scratch: the pointer in a thread-local, and also under a key whose
+ * destructor frees it when the thread exits (a pool helper's at tsr_pool_free). */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static bool scratch_key_ok;
+static _Thread_local struct { void *p; size_t cap; } scratch;
+
+static void scratch_key_make(void) { scratch_key_ok = pthread_key_create(&scratch_key, free) == 0; }
+
+void *tsr_thread_scratch(size_t bytes) {
+        if (bytes <= scratch.cap)
+                return scratch.p;
+        pthread_once(&scratch_once, scratch_key_make);
+        size_t cap = bytes > SIZE_MAX - 63 ? 0 : (bytes + 63) / 64 * 64;
+        void *p = cap && scratch_key_ok ? aligned_alloc(64, cap) : NULL;
+        if (!p || pthread_setspecific(scratch_key, p) != 0) {
+                free(p);
+                return NULL;
+        }
+        free(scratch.p);
+        scratch.p = p;
+        scratch.cap = cap;
+        return p;
+}

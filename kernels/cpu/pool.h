@@ -48,4 +48,13 @@ void tsr_pool_run(tsr_pool *p, size_t n_tasks, tsr_pool_task_fn task, void *ctx)
 #define TSR_POOL_MAX_SPANS 64
 void tsr_pool_run_spans(tsr_pool *p, size_t n_tasks, tsr_pool_task_fn task, void *ctx);
 
+/* The calling thread's own scratch of at least `bytes`, 64-byte aligned, kept between
+ * calls and freed when the thread exits; NULL when it cannot grow.  For a task's working
+ * buffer that only its thread writes: its lines then stay in that core's cache, where a
+ * buffer malloc'd per call by the driving thread arrives each call from whichever core
+ * wrote that memory last (measured in cpu/qmm.c: the helper thread ran its share of a
+ * matmul 2-3x slower that way).  One buffer per thread, its contents lost when it grows:
+ * a caller must not hold it across another caller's use in the same thread. */
+void *tsr_thread_scratch(size_t bytes);
+
 #endif

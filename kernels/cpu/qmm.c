@@ -25,6 +25,8 @@
  *
  * Thread: the backend's driving thread plus its pool's helpers (pool.h). */
 #include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -828,13 +830,12 @@ struct qmm_ctx {
         float *out;                     /* (rows, d) */
         const uint8_t *w;               /* (d, row_bytes) */
         const uint8_t *xq;              /* (rows, act_bytes) */
-        uint8_t *scratch;               /* (threads, wu_bytes): one unpacked weight row per thread, or
-                                         * a task's interleaved rows (tiles) */
         const uint8_t *xi;              /* the interleaved activations (tiles): (rows, ilv_a_bytes), or
                                          * with zmm ((rows + 1) / 2, ilv2_pair_bytes) */
         size_t rows, n, d, row_bytes, act_bytes, wu_bytes;
         bool tiles, vnni;               /* rows > 1; vpdpbusd */
         bool zmm;                       /* the 512-bit tiles (32-blocks with VNNI) */
+        _Atomic bool *no_memory;        /* set by a task whose scratch could not grow */
 };
 
 /* Weight rows i0..i1 with every activation row, in tiles (above); k: the K formats'
@@ -907,7 +908,14 @@ __attribute__((noinline)) QMM_FN static void qmm_tiles_k(const struct qmm_ctx *c
 QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         const struct qmm_ctx *c = ctx;
         size_t i0 = task * QMM_ROWS_PER_TASK, i1 = i0 + QMM_ROWS_PER_TASK < c->d ? i0 + QMM_ROWS_PER_TASK : c->d;
-        uint8_t *wu = c->scratch + (size_t)worker * c->wu_bytes;
+        /* wu_bytes: one unpacked weight row, or a task's interleaved rows (tiles), in the
+         * thread's own scratch (pool.h says why not one malloc'd per call) */
+        uint8_t *wu = tsr_thread_scratch(c->wu_bytes);
+        (void)worker;
+        if (!wu) {
+                atomic_store_explicit(c->no_memory, true, memory_order_relaxed);
+                return;
+        }
 
         if (c->tiles) {                 /* a batch */
                 if (tsr_qmm_is_k(c->t))
@@ -986,7 +994,6 @@ struct quant_ctx {
         uint8_t *xq, *xi;               /* xi: the interleaved rows too, for the tiles; else NULL */
         size_t n, act_bytes, rows;
         int32_t offset;                 /* the tiles' code offset (ilv_offset) */
-        bool zmm;                       /* xi in pairs (ilv2_act_half) */
 };
 
 QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
@@ -998,14 +1005,23 @@ QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
                 quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
         if (c->xi) {
                 tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
-                if (!c->zmm) {
-                        ilv_act_row(&a, c->n, c->offset, c->xi + r * ilv_a_bytes(c->n));
-                        return;
-                }
-                uint8_t *pair = c->xi + r / 2 * ilv2_pair_bytes(c->n);
-                ilv2_act_half(&a, c->n, c->offset, pair, (int)(r % 2));
-                if (r % 2 == 0 && r + 1 == c->rows)     /* an odd last row: its pair's second half too */
-                        ilv2_act_half(&a, c->n, c->offset, pair, 1);
+                ilv_act_row(&a, c->n, c->offset, c->xi + r * ilv_a_bytes(c->n));
+        }
+}
+
+/* The zmm tiles' rows, a pair per task: the two halves of a pair share every cache line,
+ * so one thread writes both rather than two bouncing the lines.  An odd last row fills
+ * both halves. */
+QMM_FN static void quant_pair_task(void *ctx, size_t p, int worker) {
+        const struct quant_ctx *c = ctx;
+        uint8_t *pair = c->xi + p * ilv2_pair_bytes(c->n);
+        (void)worker;
+        for (size_t h = 0; h < 2; h++) {
+                size_t r = 2 * p + h < c->rows ? 2 * p + h : c->rows - 1;
+                if (r == 2 * p + h)
+                        quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+                tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
+                ilv2_act_half(&a, c->n, c->offset, pair, (int)h);
         }
 }
 
@@ -1021,7 +1037,6 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
                        size_t rows, size_t n, size_t d) {
 #ifdef QMM_X86
         const tsr_dtype_info *info = tsr_dtype_get_info(t);
-        size_t threads = (size_t)tsr_pool_threads(pool);
 
         if (isa < TSR_CPU_ISA_AVX2)
                 return tsr_qmm_ref(out, x, w, t, rows, n, d);
@@ -1045,20 +1060,21 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
          * wu_bytes are multiples of 64 there: 32 * (n / 32 padded to 8 blocks), 704 * ng) */
         size_t xq_bytes = (rows * c.act_bytes + 63) / 64 * 64;
         uint8_t *xq = aligned_alloc(64, xq_bytes + ((rows + 1) * xi_bytes + 63) / 64 * 64);
-        c.scratch = aligned_alloc(64, threads * c.wu_bytes);
-        if (!xq || !c.scratch) {
-                free(xq), free(c.scratch);
+        _Atomic bool no_memory = false;
+        if (!xq)
                 return TSR_E_NOMEM;
-        }
+        c.no_memory = &no_memory;
         struct quant_ctx qc = {.t = t, .x = x, .xq = xq, .xi = c.tiles ? xq + xq_bytes : NULL, .n = n,
-                               .act_bytes = c.act_bytes, .rows = rows, .offset = ilv_offset(t, c.vnni),
-                               .zmm = c.zmm};
-        tsr_pool_run(rows >= 8 ? pool : NULL, rows, quant_task, &qc);
+                               .act_bytes = c.act_bytes, .rows = rows, .offset = ilv_offset(t, c.vnni)};
+        if (c.zmm)
+                tsr_pool_run(rows >= 8 ? pool : NULL, (rows + 1) / 2, quant_pair_task, &qc);
+        else
+                tsr_pool_run(rows >= 8 ? pool : NULL, rows, quant_task, &qc);
         c.xq = xq;
         c.xi = qc.xi;
         tsr_pool_run_spans(pool, (d + QMM_ROWS_PER_TASK - 1) / QMM_ROWS_PER_TASK, qmm_task, &c);
-        free(xq), free(c.scratch);
-        return TSR_OK;
+        free(xq);
+        return atomic_load(&no_memory) ? TSR_E_NOMEM : TSR_OK;
 #else
         (void)pool, (void)isa;
         return tsr_qmm_ref(out, x, w, t, rows, n, d);
