@@ -17,6 +17,8 @@
  *
  * Thread: the backend's driving thread plus its pool's helpers (pool.h). */
 #include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -239,17 +241,21 @@ struct fpmm_ctx {
         const float *x;                 /* (rows, n): x, or its fp8 values (FP8 W8A8) */
         const int8_t *a;                /* NVFP4 W4A4: (rows, n) */
         const float *sfa;               /* NVFP4 W4A4: (rows, n/16) */
-        float *scratch;                 /* FP8, rows > 1: (threads, n) one decoded weight row per thread */
-        int8_t *wq;                     /* NVFP4 W4A4, rows > 1: (threads, n) a row's 2*e2m1 codes per thread */
-        float *wsf;                     /* and (threads, n / 16) its block scales */
+        /* With several activation rows each weight row is decoded once into its thread's
+         * own scratch (tsr_thread_scratch; pool.h says why not one block per call): FP8 as n
+         * floats (wf), NVFP4 W4A4 as its n 2*e2m1 codes (wq) and n / 16 block scales (wsf). */
+        bool decode_fp8, decode_nvfp4;
+        _Atomic bool no_memory;         /* set by a task whose scratch could not grow */
         size_t rows, n, d, row_bytes;
 };
 
 FPMM_FN static void fpmm_task(void *ctx, size_t task, int worker) {
         const struct fpmm_ctx *c = ctx;
         size_t i0 = task * FPMM_ROWS_PER_TASK, i1 = i0 + FPMM_ROWS_PER_TASK < c->d ? i0 + FPMM_ROWS_PER_TASK : c->d;
-        size_t n = c->n;
-        float *wf = c->scratch ? c->scratch + (size_t)worker * n : NULL;
+        size_t n = c->n, codes = (n + 63) / 64 * 64;
+        float *wf = NULL, *wsf = NULL;
+        int8_t *wq = NULL;
+        (void)worker;
 
         if (c->t == TSR_DTYPE_FP8_E4M3 && c->rows == 1) {      /* decode: weight rows in pairs */
                 size_t i = i0;
@@ -263,8 +269,17 @@ FPMM_FN static void fpmm_task(void *ctx, size_t task, int worker) {
                         c->out[i] = dot_fp8_row(c->w + i * c->row_bytes, NULL, c->x, n) * c->scale;
                 return;
         }
-        int8_t *wq = c->wq ? c->wq + (size_t)worker * n : NULL;
-        float *wsf = c->wq ? c->wsf + (size_t)worker * (n / 16) : NULL;
+        if (c->decode_fp8 || c->decode_nvfp4) {
+                uint8_t *buf = tsr_thread_scratch(c->decode_fp8 ? n * sizeof(float) : codes + n / 16 * sizeof(float));
+                if (!buf) {
+                        atomic_store_explicit(&((struct fpmm_ctx *)ctx)->no_memory, true, memory_order_relaxed);
+                        return;
+                }
+                if (c->decode_fp8)
+                        wf = (float *)buf;
+                else
+                        wq = (int8_t *)buf, wsf = (float *)(buf + codes);
+        }
         for (size_t i = i0; i < i1; i++) {
                 const uint8_t *wi = c->w + i * c->row_bytes;
                 if (wq)                 /* NVFP4 W4A4 with several rows: decode once, reuse */
@@ -307,7 +322,6 @@ tsr_status tsr_cpu_fpmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float
                         const tsr_matmul_scales *s, size_t rows, size_t n, size_t d) {
 #ifdef FPMM_X86
         bool nv = t == TSR_DTYPE_NVFP4;
-        size_t threads = (size_t)tsr_pool_threads(pool);
 
         if (isa < TSR_CPU_ISA_AVX2)
                 return tsr_fpmm_ref(out, x, w, t, s, rows, n, d);
@@ -318,7 +332,7 @@ tsr_status tsr_cpu_fpmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float
                 return TSR_OK;
         struct fpmm_ctx c = {.t = t, .act = s->input > 0, .out = out, .w = w, .x = x, .rows = rows, .n = n, .d = d};
         if (tsr_dtype_row_bytes(t, n, &c.row_bytes) != TSR_OK || rows > SIZE_MAX / n / sizeof(float) ||
-            threads > SIZE_MAX / n / sizeof(float))
+            n > SIZE_MAX / 8)
                 return TSR_E_LIMIT;
         c.scale = c.act ? s->input * s->weight : s->weight;
         float *xq = NULL, *sfa = NULL;
@@ -329,15 +343,10 @@ tsr_status tsr_cpu_fpmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float
         } else if (c.act) {
                 xq = malloc(rows * n * sizeof(float));
         }
-        if (!nv && rows > 1)
-                c.scratch = malloc(threads * n * sizeof(float));
-        if (nv && c.act && rows > 1) {
-                c.wq = malloc(threads * n);
-                c.wsf = malloc(threads * (n / 16) * sizeof(float));
-        }
-        if ((c.act && nv && (!a || !sfa)) || (c.act && !nv && !xq) || (!nv && rows > 1 && !c.scratch) ||
-            (nv && c.act && rows > 1 && (!c.wq || !c.wsf))) {
-                free(a), free(sfa), free(xq), free(c.scratch), free(c.wq), free(c.wsf);
+        c.decode_fp8 = !nv && rows > 1;
+        c.decode_nvfp4 = nv && c.act && rows > 1;
+        if ((c.act && nv && (!a || !sfa)) || (c.act && !nv && !xq)) {
+                free(a), free(sfa), free(xq);
                 return TSR_E_NOMEM;
         }
         for (size_t r = 0; c.act && r < rows; r++) {       /* O(rows * n): the reference's own quantizers */
@@ -351,8 +360,8 @@ tsr_status tsr_cpu_fpmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float
         c.a = a;
         c.sfa = sfa;
         tsr_pool_run_spans(pool, (d + FPMM_ROWS_PER_TASK - 1) / FPMM_ROWS_PER_TASK, fpmm_task, &c);
-        free(a), free(sfa), free(xq), free(c.scratch), free(c.wq), free(c.wsf);
-        return TSR_OK;
+        free(a), free(sfa), free(xq);
+        return atomic_load(&c.no_memory) ? TSR_E_NOMEM : TSR_OK;
 #else
         (void)pool, (void)isa;
         return tsr_fpmm_ref(out, x, w, t, s, rows, n, d);
