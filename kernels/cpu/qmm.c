@@ -748,8 +748,33 @@ QMM_FN static void ilv2_act_half(const tsr_qmm_act *a, size_t n, int32_t o, uint
         for (size_t g = 0; g < ilv_groups(n); g++) {
                 uint8_t *gd = dst + g * ILV2_GROUP + 32 * half;
                 ilv_act_group(a, g, o, gd, 64, (int32_t *)(gd + 512));
+                if (!a->sx)             /* a K row: group g is block g; the K tiles read dx, qsum in place */
+                        continue;
                 _mm256_store_ps((float *)(gd + 576), _mm256_load_ps(a->dx + 8 * g));   /* padded (qmm.h) */
                 _mm256_store_ps((float *)(gd + 640), _mm256_load_ps(a->sx + 8 * g));
+        }
+}
+
+/* Steps s0..s1-1 of a tile into acc: weight step s broadcast from tl->w[i] + wo + 32s,
+ * pair p's step s at tl->q[2p] + qo + 64s. */
+__attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline void ilv2_steps(const int P,
+                                                                                      const struct ilv_tile *tl,
+                                                                                      size_t wo, size_t qo,
+                                                                                      const int s0, const int s1,
+                                                                                      __m512i acc[][2]) {
+#pragma GCC unroll 8
+        for (int s = s0; s < s1; s++) {
+                __m512i w[QMM_TILE_W_VNNI];
+#pragma GCC unroll 4
+                for (int i = 0; i < QMM_TILE_W_VNNI; i++)
+                        w[i] = _mm512_broadcast_i64x4(_mm256_load_si256((const __m256i *)(tl->w[i] + wo + 32 * s)));
+#pragma GCC unroll 2
+                for (int p = 0; p < P; p++) {
+                        __m512i q = _mm512_load_si512(tl->q[2 * p] + qo + 64 * s);
+#pragma GCC unroll 4
+                        for (int i = 0; i < QMM_TILE_W_VNNI; i++)
+                                acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], w[i], q);
+                }
         }
 }
 
@@ -774,21 +799,7 @@ __attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline void ilv2_
 #pragma GCC unroll 2
                         for (int p = 0; p < P; p++)
                                 acc[i][p] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-                for (int s = 0; s < 8; s++) {
-                        __m512i w[RW];
-#pragma GCC unroll 4
-                        for (int i = 0; i < RW; i++)
-                                w[i] = _mm512_broadcast_i64x4(
-                                        _mm256_load_si256((const __m256i *)(tl->w[i] + 256 * g + 32 * s)));
-#pragma GCC unroll 2
-                        for (int p = 0; p < P; p++) {
-                                __m512i q = _mm512_load_si512(tl->q[2 * p] + g * ILV2_GROUP + 64 * s);
-#pragma GCC unroll 4
-                                for (int i = 0; i < RW; i++)
-                                        acc[i][p] = _mm512_dpbusd_epi32(acc[i][p], w[i], q);
-                        }
-                }
+                ilv2_steps(P, tl, 256 * g, g * ILV2_GROUP, 0, 8, acc);
 #pragma GCC unroll 2
                 for (int p = 0; p < P; p++) {   /* ilv_group_terms, two pairs per vector */
                         const uint8_t *pg = tl->q[2 * p] + g * ILV2_GROUP;
@@ -823,6 +834,94 @@ __attribute__((target(QMM_VNNI_TARGET))) static void ilv2_tile_2(const struct il
         ilv2_tile_t(1, tl, out);
 }
 
+/* The K tiles on 512-bit vectors: a K block is a group of the pair layout (its eight
+ * sub-blocks in the lanes, as ilv_tile_<NAME>k_t has them), each block's integer sums
+ * times their scales in zmm for two rows at once, then split into the rows' P1 of the
+ * ymm K tiles; P2 (one vpmaddwd of 16 int16 per row) and the group terms as there. */
+__attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline void ilv2_tile_k_t(const int P, const bool Q6,
+                                                                                         const struct ilv_tile *tl,
+                                                                                         float out[][QMM_TILE_W_MAX]) {
+        enum { RW = QMM_TILE_W_VNNI };
+        const int RA = 2 * P;
+        const size_t nb = tl->nb;
+        __m256 facc[RW][QMM_TILE_A];
+        __m256i p1[RW][QMM_TILE_A][8], p2[RW][QMM_TILE_A][8];
+
+#pragma GCC unroll 4
+        for (int i = 0; i < RW; i++)
+#pragma GCC unroll 4
+                for (int r = 0; r < RA; r++)
+                        facc[i][r] = _mm256_setzero_ps();
+        for (size_t g = 0; g < (nb + 7) / 8; g++) {
+                for (size_t j = 0; j < 8; j++) {
+                        const size_t b = 8 * g + j;
+                        __m512i acc[RW][2], prod[RW][2];
+                        if (b >= nb) {
+                                for (int i = 0; i < RW; i++)
+                                        for (int r = 0; r < RA; r++)
+                                                p1[i][r][j] = p2[i][r][j] = _mm256_setzero_si256();
+                                continue;
+                        }
+#pragma GCC unroll 4
+                        for (int i = 0; i < RW; i++)
+#pragma GCC unroll 2
+                                for (int p = 0; p < P; p++)
+                                        acc[i][p] = prod[i][p] = _mm512_setzero_si512();
+                        if (Q6) {       /* groups 2j: times their scales, then groups 2j + 1 */
+                                ilv2_steps(P, tl, ILVK_BLOCK * b, b * ILV2_GROUP, 0, 4, acc);
+#pragma GCC unroll 4
+                                for (int i = 0; i < RW; i++) {
+                                        __m512i sc = _mm512_broadcast_i64x4(
+                                                _mm256_load_si256((const __m256i *)(tl->w[i] + ILVK_BLOCK * b + 256)));
+#pragma GCC unroll 2
+                                        for (int p = 0; p < P; p++) {
+                                                prod[i][p] = _mm512_mullo_epi32(acc[i][p], sc);
+                                                acc[i][p] = _mm512_setzero_si512();
+                                        }
+                                }
+                        }
+                        ilv2_steps(P, tl, ILVK_BLOCK * b, b * ILV2_GROUP, Q6 ? 4 : 0, 8, acc);
+#pragma GCC unroll 4
+                        for (int i = 0; i < RW; i++) {
+                                const uint8_t *wb = tl->w[i] + ILVK_BLOCK * b;
+                                __m512i sc = _mm512_broadcast_i64x4(
+                                        _mm256_load_si256((const __m256i *)(wb + 256 + (Q6 ? 32 : 0))));
+                                __m256i m = _mm256_load_si256((const __m256i *)(wb + 320));
+#pragma GCC unroll 2
+                                for (int p = 0; p < P; p++) {
+                                        __m512i v = _mm512_mullo_epi32(acc[i][p], sc);
+                                        if (Q6)
+                                                v = _mm512_add_epi32(prod[i][p], v);
+                                        p1[i][2 * p][j] = _mm512_castsi512_si256(v);
+                                        p1[i][2 * p + 1][j] = _mm512_extracti64x4_epi64(v, 1);
+                                }
+#pragma GCC unroll 4
+                                for (int r = 0; r < RA; r++)
+                                        p2[i][r][j] = _mm256_madd_epi16(
+                                                m, _mm256_load_si256((const __m256i *)(tl->qsum[r] + 16 * b)));
+                        }
+                }
+                ilvk_group_terms(RW, RA, Q6, tl, g, p1, p2, facc);
+        }
+        ilv_tile_sums(RW, RA, facc, out);
+}
+
+__attribute__((target(QMM_VNNI_TARGET))) static void ilv2_tile_k4(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
+        ilv2_tile_k_t(2, false, tl, out);
+}
+
+__attribute__((target(QMM_VNNI_TARGET))) static void ilv2_tile_k2(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
+        ilv2_tile_k_t(1, false, tl, out);
+}
+
+__attribute__((target(QMM_VNNI_TARGET))) static void ilv2_tile_k6_4(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
+        ilv2_tile_k_t(2, true, tl, out);
+}
+
+__attribute__((target(QMM_VNNI_TARGET))) static void ilv2_tile_k6_2(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]) {
+        ilv2_tile_k_t(1, true, tl, out);
+}
+
 /* ---- the driver ----------------------------------------------------------------------- */
 
 struct qmm_ctx {
@@ -847,7 +946,7 @@ QMM_INLINE void qmm_tiles_t(const struct qmm_ctx *c, size_t i0, size_t i1, uint8
         bool sgn = !c->vnni && c->t == TSR_DTYPE_Q8_0;
         ilv_tile_fn *tile4 = c->vnni ? ilv_tile_vnni_4 : sgn ? ilv_tile_avx2_signed_4 : ilv_tile_avx2_4;
         ilv_tile_fn *tile2 = c->vnni ? ilv_tile_vnni_2 : sgn ? ilv_tile_avx2_signed_2 : ilv_tile_avx2_2;
-        const bool zmm = !k && c->zmm;
+        const bool zmm = c->zmm;
         struct ilv_tile tl = {.ng = ilv_groups(c->n), .nb = c->n / 256};
         float o[QMM_TILE_A][QMM_TILE_W_MAX];    /* [activation row][weight row] */
 
@@ -855,7 +954,10 @@ QMM_INLINE void qmm_tiles_t(const struct qmm_ctx *c, size_t i0, size_t i1, uint8
                 tile4 = ilv2_tile_4;
                 tile2 = ilv2_tile_2;
         }
-        if (k) {
+        if (k && zmm) {
+                tile4 = q6 ? ilv2_tile_k6_4 : ilv2_tile_k4;
+                tile2 = q6 ? ilv2_tile_k6_2 : ilv2_tile_k2;
+        } else if (k) {
                 tile4 = c->vnni ? (q6 ? ilv_tile_vnni_k6_4 : ilv_tile_vnni_k4) : q6 ? ilv_tile_avx2_k6_4 : ilv_tile_avx2_k4;
                 tile2 = c->vnni ? (q6 ? ilv_tile_vnni_k6_2 : ilv_tile_vnni_k2) : q6 ? ilv_tile_avx2_k6_2 : ilv_tile_avx2_k2;
         }
@@ -940,51 +1042,88 @@ QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         }
 }
 
-/* ---- step 1 for the 32-block formats: tsr_qmm_quantize_row, eight lanes at a time --------
+/* ---- step 1: tsr_qmm_quantize_row, eight lanes at a time --------------------------------
  * Bitwise the reference's quantize_block: max |x| is exact in any order; id = 127 / amax
  * and dx = amax / 127 are the same scalar divisions; x * id rounds once, and vroundps to
  * nearest-even is rintf (the default rounding mode); the clamp to +-127 comes before the
- * (then exact) conversion; the integer sum is exact; sx = dx * (float)sum as there, also
- * for a zero block (0 * 0) and a non-finite one (NaN * 0). */
-QMM_FN static void quantize32_row(const float *x, size_t n, void *dst) {
-        tsr_qmm_act a = tsr_qmm_act_at(TSR_DTYPE_Q8_0, dst, n);
+ * (then exact) conversion; the integer sums are exact; sx = dx * (float)sum as there,
+ * also for a zero block (0 * 0) and a non-finite one (NaN * 0).  The K formats' blocks
+ * (256) take the same per-32 steps as the 32-blocks; their sums of 16 codes are the
+ * reference's own loop (the scalar rintf per element was what cost: 6.8% of a b32 step of
+ * a Q4_K_M SmolLM2 before). */
+
+/* One block of 32 * chunks floats at x -> q; returns dx (NaN: non-finite) and, in *sum,
+ * the sum of its codes (zero for a zero or non-finite block, whose codes stay 0). */
+QMM_INLINE float quantize_block_simd(const float *x, int chunks, int8_t *q, int32_t *sum) {
         const __m256 sign = _mm256_set1_ps(-0.0f), inf = _mm256_set1_ps(INFINITY);
         const __m256 hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
         const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        __m256 m = _mm256_setzero_ps(), fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+
+        for (int k = 0; k < 4 * chunks; k++) {
+                __m256 av = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8 * k));
+                fin = _mm256_and_ps(fin, _mm256_cmp_ps(av, inf, _CMP_LT_OQ));     /* NaN: false */
+                m = _mm256_max_ps(m, av);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+        bool finite = _mm256_movemask_ps(fin) == 0xff;
+        *sum = 0;
+        if (!finite || amax == 0.0f)            /* q stays 0 */
+                return finite ? 0.0f : NAN;
+        __m256 id = _mm256_set1_ps(127.0f / amax);
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < chunks; c++) {
+                __m256i qi[4];
+                for (int k = 0; k < 4; k++) {
+                        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * c + 8 * k), id),
+                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                        qi[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+                        acc = _mm256_add_epi32(acc, qi[k]);
+                }
+                /* packs work per 128-bit half: dwords 0..7 then hold elements 0-3, 8-11,
+                 * 16-19, 24-27, 4-7, ...; the permute puts them back in order. */
+                __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+                _mm256_storeu_si256((__m256i *)(q + 32 * c), _mm256_permutevar8x32_epi32(q8, order));
+        }
+        *sum = hsum_epi32(acc);
+        return amax / 127.0f;
+}
+
+QMM_FN static void quantize32_row(const float *x, size_t n, void *dst) {
+        tsr_qmm_act a = tsr_qmm_act_at(TSR_DTYPE_Q8_0, dst, n);
 
         memset(dst, 0, tsr_qmm_act_bytes(TSR_DTYPE_Q8_0, n));   /* the padding (qmm.h) */
         for (size_t b = 0; b < n / 32; b++) {
-                __m256 v[4], m = _mm256_setzero_ps(), fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-                for (int k = 0; k < 4; k++) {
-                        v[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
-                        __m256 av = _mm256_andnot_ps(sign, v[k]);
-                        fin = _mm256_and_ps(fin, _mm256_cmp_ps(av, inf, _CMP_LT_OQ));     /* NaN: false */
-                        m = _mm256_max_ps(m, av);
-                }
-                __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-                m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-                float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
-                bool finite = _mm256_movemask_ps(fin) == 0xff;
-                if (!finite || amax == 0.0f) {          /* q stays 0 */
-                        a.dx[b] = finite ? 0.0f : NAN;
-                        a.sx[b] = a.dx[b] * 0.0f;
-                        continue;
-                }
-                __m256 id = _mm256_set1_ps(127.0f / amax);
-                __m256i qi[4], sum = _mm256_setzero_si256();
-                for (int k = 0; k < 4; k++) {
-                        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], id),
-                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                        qi[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
-                        sum = _mm256_add_epi32(sum, qi[k]);
-                }
-                /* packs work per 128-bit half: dwords 0..7 then hold elements 0-3, 8-11, 16-19,
-                 * 24-27, 4-7, ...; the permute puts them back in order. */
-                __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-                _mm256_store_si256((__m256i *)(a.q + 32 * b), _mm256_permutevar8x32_epi32(q8, order));
-                a.dx[b] = amax / 127.0f;
-                a.sx[b] = a.dx[b] * (float)hsum_epi32(sum);
+                int32_t sum;
+                a.dx[b] = quantize_block_simd(x + 32 * b, 1, a.q + 32 * b, &sum);
+                a.sx[b] = a.dx[b] * (float)sum;
         }
+}
+
+QMM_FN static void quantizek_row(tsr_dtype t, const float *x, size_t n, void *dst) {
+        tsr_qmm_act a = tsr_qmm_act_at(t, dst, n);
+
+        memset(dst, 0, tsr_qmm_act_bytes(t, n));
+        for (size_t b = 0; b < n / 256; b++) {
+                int32_t sum;
+                a.dx[b] = quantize_block_simd(x + 256 * b, 8, a.q + 256 * b, &sum);
+        }
+        for (size_t g = 0; g < n / 16; g++) {
+                int s = 0;
+                for (int k = 0; k < 16; k++)
+                        s += a.q[16 * g + k];
+                a.qsum[g] = (int16_t)s;
+        }
+}
+
+/* A row of any format, quantized for the matmul (tsr_qmm_quantize_row's bits). */
+QMM_FN static void quantize_row(tsr_dtype t, const float *x, size_t n, void *dst) {
+        if (tsr_qmm_is_k(t))
+                quantizek_row(t, x, n, dst);
+        else
+                quantize32_row(x, n, dst);
 }
 
 /* Rows of x quantized across the pool too, row by row. */
@@ -999,10 +1138,7 @@ struct quant_ctx {
 QMM_FN static void quant_task(void *ctx, size_t r, int worker) {
         const struct quant_ctx *c = ctx;
         (void)worker;
-        if (tsr_qmm_is_k(c->t))
-                tsr_qmm_quantize_row(c->t, c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
-        else
-                quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+        quantize_row(c->t, c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
         if (c->xi) {
                 tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
                 ilv_act_row(&a, c->n, c->offset, c->xi + r * ilv_a_bytes(c->n));
@@ -1019,7 +1155,7 @@ QMM_FN static void quant_pair_task(void *ctx, size_t p, int worker) {
         for (size_t h = 0; h < 2; h++) {
                 size_t r = 2 * p + h < c->rows ? 2 * p + h : c->rows - 1;
                 if (r == 2 * p + h)
-                        quantize32_row(c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
+                        quantize_row(c->t, c->x + r * c->n, c->n, c->xq + r * c->act_bytes);
                 tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
                 ilv2_act_half(&a, c->n, c->offset, pair, (int)h);
         }
@@ -1048,7 +1184,7 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
                             .act_bytes = tsr_qmm_act_bytes(t, n), .wu_bytes = tsr_qmm_unpacked_bytes(t, n),
                             .tiles = rows > 1,
                             .vnni = isa >= TSR_CPU_ISA_AVX512_BF16 && cpu_has_vnni()};
-        c.zmm = c.tiles && c.vnni && !tsr_qmm_is_k(t);
+        c.zmm = c.tiles && c.vnni;
         /* per row: its quantized copy, and its interleaved one (with zmm: half a pair, and
          * a whole pair's bytes for an odd last row) */
         size_t xi_bytes = !c.tiles ? 0 : c.zmm ? ilv2_pair_bytes(n) : ilv_a_bytes(n);

@@ -567,6 +567,70 @@ static void test_batch_invariance(void **state) {
         assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
 }
 
+/* Activation rows of quantization edge cases, block (of qk) b of row r by (b + r) % 5:
+ * amax 127 with x.5 ties in every 32 (x * id == x), small values, -0 and denormals beside
+ * larger ones, all zero, large random. */
+static void edge_rows(float *x, size_t rows, size_t n, size_t qk) {
+        for (size_t r = 0; r < rows; r++)
+                for (size_t b = 0; b < n / qk; b++)
+                        for (size_t k = 0; k < qk; k++) {
+                                float *v = &x[r * n + qk * b + k], half = (float)(k % 32) - 15.5f;
+                                switch ((b + r) % 5) {
+                                case 0: *v = k == 0 ? 127.0f : half * (r % 2 ? -1.0f : 1.0f); break;
+                                case 1: *v = k == 3 ? -0.75f : k == 9 ? 0.75f : frand() * 0.75f; break;
+                                case 2: *v = k % 3 == 0 ? -0.0f : k % 3 == 1 ? 1e-40f : 2.5f * frand(); break;
+                                case 3: *v = 0.0f; break;
+                                default: *v = frand() * 1000.0f; break;
+                                }
+                        }
+}
+
+/* The K formats' activation quantization (cpu/qmm.c quantizek_row: the same per-32 steps
+ * over a 256-block, and the sums of 16): blocks of 256 built as the edges test below
+ * builds its blocks of 32 (amax 127 with x.5 ties in every 32, -0 and denormals, zero,
+ * random, large), against random q4_K / q6_K weights; bitwise the reference for 1 row and
+ * 9, at every ISA level (AVX-512: the zmm K tiles), 1 and 2 threads. */
+static void test_qmm_quantize_k_edges(void **state) {
+        static const tsr_dtype types[] = {TSR_DTYPE_Q4_K, TSR_DTYPE_Q6_K};
+        const size_t nb = 3, n = 256 * nb, d = 5, rows = 9;
+        float *x = malloc(rows * n * sizeof(float)), *o1 = malloc(rows * d * sizeof(float));
+        float *o2 = malloc(rows * d * sizeof(float));
+        (void)state;
+
+        edge_rows(x, rows, n, 256);
+        for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
+                tsr_dtype t = types[ti];
+                size_t bb = tsr_dtype_get_info(t)->block_bytes;
+                uint8_t *w = malloc(d * nb * bb);
+                for (size_t i = 0; i < d * nb * bb; i++)
+                        w[i] = (uint8_t)(frand() * 128.0f + 128.0f);
+                for (size_t blk = 0; blk < d * nb; blk++) {     /* finite f16 scales: d (and dmin) = 1/64 */
+                        uint8_t *p = w + blk * bb + (t == TSR_DTYPE_Q6_K ? 208 : 0);
+                        p[0] = 0x00, p[1] = 0x24;
+                        if (t == TSR_DTYPE_Q4_K)
+                                p[2] = 0x00, p[3] = 0x24;
+                }
+                for (size_t ii = 0; ii < sizeof isas / sizeof *isas; ii++)
+                        for (int threads = 1; threads <= 2; threads++) {
+                                assert_int_equal(configure(threads, isas[ii]), TSR_OK);
+                                for (size_t rr = 1; rr <= rows; rr += rows - 1) {
+                                        char what[96];
+                                        snprintf(what, sizeof what, "matmul_%s quantize edges rows %zu t%d %s",
+                                                 tsr_dtype_get_info(t)->name, rr, threads,
+                                                 tsr_cpu_isa_name(isas[ii]));
+                                        assert_int_equal(tsr_backend_matmul(ref, o1, x, w, t, rr, n, d), TSR_OK);
+                                        assert_int_equal(tsr_backend_matmul(fast, o2, x, w, t, rr, n, d), TSR_OK);
+                                        expect_bitwise(what, o2, o1, rr, d);
+                                }
+                        }
+                free(w);
+        }
+        free(x);
+        free(o1);
+        free(o2);
+        assert_int_equal(configure(1, TSR_CPU_ISA_AVX512_BF16), TSR_OK);
+}
+
 /* ---- the int8 matmul's activation quantization (cpu/qmm.c quantize32_row) ----------------
  * Blocks built to hit the rounding's edges: amax 127 (x * id == x, so every x.5 is a tie
  * that rintf sends to even), +-amax itself (+-127), -0 and denormals beside larger
@@ -580,18 +644,7 @@ static void test_qmm_quantize_edges(void **state) {
         float *o2 = malloc(rows * d * sizeof(float));
         uint8_t w[3 * 9 * 34];
 
-        for (size_t r = 0; r < rows; r++)
-                for (size_t b = 0; b < nb; b++)
-                        for (size_t k = 0; k < 32; k++) {
-                                float *v = &x[r * n + 32 * b + k], half = (float)k - 15.5f;
-                                switch ((b + r) % 5) {
-                                case 0: *v = k == 0 ? 127.0f : half * (r % 2 ? -1.0f : 1.0f); break;
-                                case 1: *v = k == 3 ? -0.75f : k == 9 ? 0.75f : frand() * 0.75f; break;
-                                case 2: *v = k % 3 == 0 ? -0.0f : k % 3 == 1 ? 1e-40f : 2.5f * frand(); break;
-                                case 3: *v = 0.0f; break;
-                                default: *v = frand() * 1000.0f; break;
-                                }
-                        }
+        edge_rows(x, rows, n, 32);
         for (size_t ti = 0; ti < sizeof types / sizeof *types; ti++) {
                 tsr_dtype t = types[ti];
                 size_t bb = tsr_dtype_get_info(t)->block_bytes, off = t == TSR_DTYPE_Q8_0 ? 2 : 4;
@@ -1126,6 +1179,7 @@ int main(void) {
                 cmocka_unit_test(test_matmul_bf16_two_callers),
                 cmocka_unit_test(test_batch_invariance),
                 cmocka_unit_test(test_qmm_quantize_edges),
+                cmocka_unit_test(test_qmm_quantize_k_edges),
                 cmocka_unit_test(test_elementwise_bitwise),
                 cmocka_unit_test(test_rope_cache_bitwise),
                 cmocka_unit_test(test_add_rmsnorm_ref_is_add_then_rmsnorm),
