@@ -736,7 +736,7 @@ typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX])
  * Measured on Zen 5 (512-bit datapaths: a zmm vpdpbusd issues as fast as a ymm one),
  * SmolLM2 Q4_1, one thread: decode batch 32 at context 512 396 -> 451 tok/s, prefill 512
  * 775 -> 1018 (docs/benchmarks.md, issue #21).  Four pairs a tile instead of two read
- * +1%, within noise: not kept.  The K formats keep the 256-bit tiles. */
+ * +1%, within noise: not kept.  The K formats use the same pairs (ilv2_tile_k_t below). */
 
 #define ILV2_GROUP (512 + 3 * 64)       /* codes, o * S, dx, sx of one group of a pair */
 
