@@ -5,14 +5,17 @@
  * tsr_backend_cpu_ref_new or tsr_backend_cuda_new and freed by tsr_backend_free.  Every
  * operator takes the backend first; so do memory (alloc/free, upload/download) and
  * synchronize.  A backend holds all of its state (thread pool, ISA, device ordinal):
- * kernels/ keeps no mutable state of its own, so two backends (tensor-parallel ranks as
- * threads of one worker, two engines in one test) run side by side in one process.
+ * kernels/ keeps no mutable state of its own but each thread's scratch buffer (cpu/pool.h
+ * tsr_thread_scratch, which no two calls hold at once), so two backends (tensor-parallel
+ * ranks as threads of one worker, two engines in one test) run side by side in one process.
  *
  * cpu/ref.c is the specification: scalar, plain, with shape comments.  Fast CPU paths
  * and CUDA kernels are judged against it (tests/kernels).  Functions return a tsr_status
  * and never exit or abort on bad input: NULL pointers and zero or inconsistent sizes
  * are TSR_E_INVAL, an op or weight dtype the backend does not implement is
- * TSR_E_UNSUPPORTED, and an op that fails writes nothing.
+ * TSR_E_UNSUPPORTED, and an op that fails writes nothing -- but for TSR_E_NOMEM from a
+ * fast CPU op whose thread could not grow its scratch mid-run, which may leave the
+ * output partly written (no op's output is also its input, so only the output is lost).
  *
  * Activations are float32, row-major, in the backend's memory (host for cpu, device for
  * cuda; tsr_backend_mem_alloc gives such memory).  Shapes are written (rows, cols) with

@@ -255,18 +255,30 @@ static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
 static bool scratch_key_ok;
 static _Thread_local struct { void *p; size_t cap; } scratch;
 
-static void scratch_key_make(void) { scratch_key_ok = pthread_key_create(&scratch_key, free) == 0; }
+/* At thread exit: free the buffer and forget it, so nothing later in the thread's exit
+ * (another key's destructor) can be handed the freed block. */
+static void scratch_free(void *p) {
+        if (scratch.p == p) {
+                scratch.p = NULL;
+                scratch.cap = 0;
+        }
+        free(p);
+}
+
+static void scratch_key_make(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_free) == 0; }
 
 void *tsr_thread_scratch(size_t bytes) {
         if (bytes <= scratch.cap)
                 return scratch.p;
         pthread_once(&scratch_once, scratch_key_make);
         size_t cap = bytes > SIZE_MAX - 63 ? 0 : (bytes + 63) / 64 * 64;
-        void *p = cap && scratch_key_ok ? aligned_alloc(64, cap) : NULL;
-        if (!p || pthread_setspecific(scratch_key, p) != 0) {
-                free(p);
+        void *p = cap ? aligned_alloc(64, cap) : NULL;
+        if (!p)
                 return NULL;
-        }
+        /* Without the key (PTHREAD_KEYS_MAX used up) the buffer still serves; a thread
+         * that exits then leaks it rather than every op failing. */
+        if (scratch_key_ok)
+                (void)pthread_setspecific(scratch_key, p);
         free(scratch.p);
         scratch.p = p;
         scratch.cap = cap;

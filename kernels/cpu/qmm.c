@@ -1069,10 +1069,11 @@ QMM_INLINE float quantize_block_simd(const float *x, int chunks, int8_t *q, int3
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
         bool finite = _mm256_movemask_ps(fin) == 0xff;
+        float idf = 127.0f / amax;
         *sum = 0;
-        if (!finite || amax == 0.0f)            /* q stays 0 */
+        if (!finite || amax == 0.0f || isinf(idf))      /* q stays 0 (quant/qmm.h) */
                 return finite ? 0.0f : NAN;
-        __m256 id = _mm256_set1_ps(127.0f / amax);
+        __m256 id = _mm256_set1_ps(idf);
         __m256i acc = _mm256_setzero_si256();
         for (int c = 0; c < chunks; c++) {
                 __m256i qi[4];

@@ -53,11 +53,11 @@ static float quantize_block(const float *x, int qk, int8_t *q) {
                 if (a > amax)
                         amax = a;
         }
-        if (!finite || amax == 0.0f) {
+        float id = 127.0f / amax;
+        if (!finite || amax == 0.0f || isinf(id)) {     /* isinf: a block under 127 / FLT_MAX (qmm.h) */
                 memset(q, 0, (size_t)qk);
                 return finite ? 0.0f : NAN;
         }
-        float id = 127.0f / amax;
         for (int k = 0; k < qk; k++) {
                 float v = rintf(x[k] * id);
                 q[k] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : (int)v);

@@ -8,6 +8,9 @@
  *     32-element formats (q8_0, q4_0, q4_1, q5_0, q5_1) one block per 32 elements, for the
  *     K formats (q4_K, q5_K, q6_K) one per 256.  Per block, with a = max |x_k|:
  *         dx = a / 127,  q_k = clamp(rint(x_k * (127 / a)), -127, 127)   (a = 0: dx = 0, q = 0)
+ *     A block so small that 127 / a overflows (a < 127 / FLT_MAX, about 3.7e-37) is a zero
+ *     block too (dx = 0, q = 0): x_k * inf would make a zero x_k NaN, and no int8 code says
+ *     that (its contribution, under a * sum |w|, is below float32's normal range anyway).
  *     rint is round-to-nearest-even.  A block holding an infinity or a NaN gets dx = NaN
  *     (its q are 0), so the outputs it feeds are NaN, as a float32 dot product's would be.
  *     32-blocks also keep sx = dx * (float)sum_k q_k (the offset term of q4_1/q5_1); K
