@@ -18,8 +18,9 @@
 typedef struct tsr_pool tsr_pool;
 
 /* task(ctx, i, worker) for one task index i in [0, n_tasks); `worker` (< the pool's
- * thread count) is the index of the thread running it, for per-thread scratch space:
- * two tasks with the same `worker` never run at the same time within one run. */
+ * thread count) is the index of the thread running it: two tasks with the same `worker`
+ * never run at the same time within one run.  For a working buffer prefer
+ * tsr_thread_scratch (below) to slicing one per-call block by `worker`. */
 typedef void (*tsr_pool_task_fn)(void *ctx, size_t i, int worker);
 
 /* A pool of n_threads (>= 1; 1 = no helper threads, every run is inline).  NULL on
