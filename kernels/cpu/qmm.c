@@ -351,7 +351,7 @@ QMM_FN static float dot32_fused(tsr_dtype t, const uint8_t *wrow, const tsr_qmm_
 
 #define QMM_TILE_A 4
 #define QMM_TILE_W_AVX2 2               /* 8 accumulators + operands in 16 ymm registers */
-#define QMM_TILE_W_VNNI 4               /* 16 accumulators in AVX-512VL's 32 */
+#define QMM_TILE_W_VNNI 4               /* the zmm tiles (below): 4 x 2 pairs of accumulators */
 #define QMM_TILE_W_MAX 4
 
 /* Bytes per interleaved row: codes (groups x 256), then dw and mw for weights or the
@@ -638,6 +638,25 @@ QMM_INLINE void ilv_group_terms(const int RW, const int RA, const struct ilv_til
 /* The K tiles' group g: p1[i][r][j], p2[i][r][j] (block 8g + j's P1, P2 above, zero past
  * the row's end) -> I1, I2 in lanes, and their float32 terms added as the reference adds
  * them: t = (d*dx) * (float)I1 - (dmin*dx) * (float)I2. */
+/* Block j of a K group past the row's end: its P1 and P2 are zero for every pair (its
+ * terms then add +0). */
+QMM_INLINE void ilvk_absent_block(const int RW, const int RA, __m256i p1[][QMM_TILE_A][8],
+                                  __m256i p2[][QMM_TILE_A][8], size_t j) {
+        for (int i = 0; i < RW; i++)
+                for (int r = 0; r < RA; r++)
+                        p1[i][r][j] = p2[i][r][j] = _mm256_setzero_si256();
+}
+
+/* Block b's P2 of one weight row (its K block at wb) with each activation row: the
+ * sixteen mins (or q6_K scales) times the row's sums of 16, one vpmaddwd, into p2[r][j]. */
+QMM_INLINE void ilvk_p2(const int RA, const struct ilv_tile *tl, const uint8_t *wb, size_t b, __m256i p2[][8],
+                        size_t j) {
+        __m256i m = _mm256_load_si256((const __m256i *)(wb + 320));
+#pragma GCC unroll 4
+        for (int r = 0; r < RA; r++)
+                p2[r][j] = _mm256_madd_epi16(m, _mm256_load_si256((const __m256i *)(tl->qsum[r] + 16 * b)));
+}
+
 QMM_INLINE void ilvk_group_terms(const int RW, const int RA, const bool q6, const struct ilv_tile *tl, size_t g,
                                  __m256i p1[][QMM_TILE_A][8], __m256i p2[][QMM_TILE_A][8],
                                  __m256 facc[][QMM_TILE_A]) {
@@ -694,10 +713,6 @@ QMM_INLINE __m256i ilv_dot_avx2_signed(__m256i acc, __m256i w, __m256i q) {
 
 #define QMM_VNNI_TARGET "avx2,f16c,avx512f,avx512vl,avx512vnni"
 
-__attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline __m256i ilv_dot_vnni(__m256i acc, __m256i w,
-                                                                                          __m256i q) {
-        return _mm256_dpbusd_epi32(acc, w, q);
-}
 
 typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX]);
 
@@ -712,13 +727,6 @@ typedef void ilv_tile_fn(const struct ilv_tile *tl, float out[][QMM_TILE_W_MAX])
 #define ILV_TARGET "avx2,f16c"
 #define ILV_RW QMM_TILE_W_AVX2
 #define ILV_DOT ilv_dot_avx2_signed
-#include "kernels/cpu/qmm_tile.h"
-
-#define ILV_NAME vnni_
-#define ILV_TARGET QMM_VNNI_TARGET
-#define ILV_RW QMM_TILE_W_VNNI
-#define ILV_DOT ilv_dot_vnni
-#define ILV_K 1
 #include "kernels/cpu/qmm_tile.h"
 
 /* ---- many activation rows on 512-bit vectors (VNNI, 32-blocks) ---------------------------
@@ -857,9 +865,7 @@ __attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline void ilv2_
                         const size_t b = 8 * g + j;
                         __m512i acc[RW][2], prod[RW][2];
                         if (b >= nb) {
-                                for (int i = 0; i < RW; i++)
-                                        for (int r = 0; r < RA; r++)
-                                                p1[i][r][j] = p2[i][r][j] = _mm256_setzero_si256();
+                                ilvk_absent_block(RW, RA, p1, p2, j);
                                 continue;
                         }
 #pragma GCC unroll 4
@@ -886,7 +892,6 @@ __attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline void ilv2_
                                 const uint8_t *wb = tl->w[i] + ILVK_BLOCK * b;
                                 __m512i sc = _mm512_broadcast_i64x4(
                                         _mm256_load_si256((const __m256i *)(wb + 256 + (Q6 ? 32 : 0))));
-                                __m256i m = _mm256_load_si256((const __m256i *)(wb + 320));
 #pragma GCC unroll 2
                                 for (int p = 0; p < P; p++) {
                                         __m512i v = _mm512_mullo_epi32(acc[i][p], sc);
@@ -895,10 +900,7 @@ __attribute__((always_inline, target(QMM_VNNI_TARGET))) static inline void ilv2_
                                         p1[i][2 * p][j] = _mm512_castsi512_si256(v);
                                         p1[i][2 * p + 1][j] = _mm512_extracti64x4_epi64(v, 1);
                                 }
-#pragma GCC unroll 4
-                                for (int r = 0; r < RA; r++)
-                                        p2[i][r][j] = _mm256_madd_epi16(
-                                                m, _mm256_load_si256((const __m256i *)(tl->qsum[r] + 16 * b)));
+                                ilvk_p2(RA, tl, wb, b, p2[i], j);
                         }
                 }
                 ilvk_group_terms(RW, RA, Q6, tl, g, p1, p2, facc);
@@ -930,10 +932,9 @@ struct qmm_ctx {
         const uint8_t *w;               /* (d, row_bytes) */
         const uint8_t *xq;              /* (rows, act_bytes) */
         const uint8_t *xi;              /* the interleaved activations (tiles): (rows, ilv_a_bytes), or
-                                         * with zmm ((rows + 1) / 2, ilv2_pair_bytes) */
+                                         * with VNNI in pairs ((rows + 1) / 2, ilv2_pair_bytes) */
         size_t rows, n, d, row_bytes, act_bytes, wu_bytes;
         bool tiles, vnni;               /* rows > 1; vpdpbusd */
-        bool zmm;                       /* the 512-bit tiles (32-blocks with VNNI) */
         _Atomic bool *no_memory;        /* set by a task whose scratch could not grow */
 };
 
@@ -944,22 +945,20 @@ QMM_INLINE void qmm_tiles_t(const struct qmm_ctx *c, size_t i0, size_t i1, uint8
         const size_t wb = k ? ilvk_w_bytes(c->n) : ilv_w_bytes(c->n), ab = ilv_a_bytes(c->n), nw = i1 - i0;
         const int rw = c->vnni ? QMM_TILE_W_VNNI : QMM_TILE_W_AVX2;
         bool sgn = !c->vnni && c->t == TSR_DTYPE_Q8_0;
-        ilv_tile_fn *tile4 = c->vnni ? ilv_tile_vnni_4 : sgn ? ilv_tile_avx2_signed_4 : ilv_tile_avx2_4;
-        ilv_tile_fn *tile2 = c->vnni ? ilv_tile_vnni_2 : sgn ? ilv_tile_avx2_signed_2 : ilv_tile_avx2_2;
-        const bool zmm = c->zmm;
+        const bool zmm = c->vnni;       /* with VNNI the tiles are the 512-bit ones, in pairs */
+        ilv_tile_fn *tile4, *tile2;
         struct ilv_tile tl = {.ng = ilv_groups(c->n), .nb = c->n / 256};
         float o[QMM_TILE_A][QMM_TILE_W_MAX];    /* [activation row][weight row] */
 
         if (zmm) {
-                tile4 = ilv2_tile_4;
-                tile2 = ilv2_tile_2;
-        }
-        if (k && zmm) {
-                tile4 = q6 ? ilv2_tile_k6_4 : ilv2_tile_k4;
-                tile2 = q6 ? ilv2_tile_k6_2 : ilv2_tile_k2;
+                tile4 = k ? (q6 ? ilv2_tile_k6_4 : ilv2_tile_k4) : ilv2_tile_4;
+                tile2 = k ? (q6 ? ilv2_tile_k6_2 : ilv2_tile_k2) : ilv2_tile_2;
         } else if (k) {
-                tile4 = c->vnni ? (q6 ? ilv_tile_vnni_k6_4 : ilv_tile_vnni_k4) : q6 ? ilv_tile_avx2_k6_4 : ilv_tile_avx2_k4;
-                tile2 = c->vnni ? (q6 ? ilv_tile_vnni_k6_2 : ilv_tile_vnni_k2) : q6 ? ilv_tile_avx2_k6_2 : ilv_tile_avx2_k2;
+                tile4 = q6 ? ilv_tile_avx2_k6_4 : ilv_tile_avx2_k4;
+                tile2 = q6 ? ilv_tile_avx2_k6_2 : ilv_tile_avx2_k2;
+        } else {
+                tile4 = sgn ? ilv_tile_avx2_signed_4 : ilv_tile_avx2_4;
+                tile2 = sgn ? ilv_tile_avx2_signed_2 : ilv_tile_avx2_2;
         }
         for (size_t i = 0; i < nw; i++) {
                 const uint8_t *row = c->w + (i0 + i) * c->row_bytes;
@@ -1162,8 +1161,8 @@ QMM_FN static void quant_pair_task(void *ctx, size_t p, int worker) {
         }
 }
 
-/* VNNI on 256-bit vectors: the avx512_bf16 level has AVX512VL; every CPU with it so far
- * has VNNI too, but ask (two reads of libgcc's CPU model: no cache of our own). */
+/* VNNI for the zmm tiles: every CPU at the avx512_bf16 level so far has it, but ask (two
+ * reads of libgcc's CPU model: no cache of our own). */
 static bool cpu_has_vnni(void) {
         return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 }
@@ -1185,25 +1184,27 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
                             .act_bytes = tsr_qmm_act_bytes(t, n), .wu_bytes = tsr_qmm_unpacked_bytes(t, n),
                             .tiles = rows > 1,
                             .vnni = isa >= TSR_CPU_ISA_AVX512_BF16 && cpu_has_vnni()};
-        c.zmm = c.tiles && c.vnni;
-        /* per row: its quantized copy, and its interleaved one (with zmm: half a pair, and
-         * a whole pair's bytes for an odd last row) */
-        size_t xi_bytes = !c.tiles ? 0 : c.zmm ? ilv2_pair_bytes(n) : ilv_a_bytes(n);
+        const bool pairs = c.tiles && c.vnni;   /* the zmm tiles' activation layout */
+        /* per row: its quantized copy, and its interleaved one (in pairs: half a pair's
+         * bytes, an odd last row taking a whole pair) */
+        size_t xi_bytes = !c.tiles ? 0 : pairs ? ilv2_pair_bytes(n) : ilv_a_bytes(n);
         if (rows > SIZE_MAX / (c.act_bytes + xi_bytes) - 1 || tsr_dtype_row_bytes(t, n, &c.row_bytes) != TSR_OK)
                 return TSR_E_LIMIT;
         if (c.tiles)
                 c.wu_bytes = QMM_ROWS_PER_TASK * (tsr_qmm_is_k(t) ? ilvk_w_bytes(n) : ilv_w_bytes(n));
-        /* 64-byte aligned: the zmm tiles load whole cache lines (act_bytes, pair bytes and
-         * wu_bytes are multiples of 64 there: 32 * (n / 32 padded to 8 blocks), 704 * ng) */
+        /* 64-byte aligned: the zmm tiles load whole cache lines of the pairs (704 bytes a
+         * group, starting at xq_bytes) and of wu (tsr_thread_scratch's; wu_bytes is 16 x
+         * 320 or 352 bytes a group or block) */
         size_t xq_bytes = (rows * c.act_bytes + 63) / 64 * 64;
-        uint8_t *xq = aligned_alloc(64, xq_bytes + ((rows + 1) * xi_bytes + 63) / 64 * 64);
+        size_t xi_total = pairs ? (rows + 1) / 2 * xi_bytes : rows * xi_bytes;
+        uint8_t *xq = aligned_alloc(64, xq_bytes + (xi_total + 63) / 64 * 64);
         _Atomic bool no_memory = false;
         if (!xq)
                 return TSR_E_NOMEM;
         c.no_memory = &no_memory;
         struct quant_ctx qc = {.t = t, .x = x, .xq = xq, .xi = c.tiles ? xq + xq_bytes : NULL, .n = n,
                                .act_bytes = c.act_bytes, .rows = rows, .offset = ilv_offset(t, c.vnni)};
-        if (c.zmm)
+        if (pairs)
                 tsr_pool_run(rows >= 8 ? pool : NULL, (rows + 1) / 2, quant_pair_task, &qc);
         else
                 tsr_pool_run(rows >= 8 ? pool : NULL, rows, quant_task, &qc);

@@ -98,9 +98,7 @@ __attribute__((always_inline, target(ILV_TARGET))) static inline void ILV_FN(k_t
                         const size_t b = 8 * g + j;
                         __m256i acc[RW][QMM_TILE_A];
                         if (b >= nb) {
-                                for (int i = 0; i < RW; i++)
-                                        for (int r = 0; r < RA; r++)
-                                                p1[i][r][j] = p2[i][r][j] = _mm256_setzero_si256();
+                                ilvk_absent_block(RW, RA, p1, p2, j);
                                 continue;
                         }
 #pragma GCC unroll 4
@@ -125,14 +123,12 @@ __attribute__((always_inline, target(ILV_TARGET))) static inline void ILV_FN(k_t
                         for (int i = 0; i < RW; i++) {
                                 const uint8_t *wb = tl->w[i] + ILVK_BLOCK * b;
                                 __m256i sc = _mm256_load_si256((const __m256i *)(wb + 256 + (Q6 ? 32 : 0)));
-                                __m256i m = _mm256_load_si256((const __m256i *)(wb + 320));
 #pragma GCC unroll 4
                                 for (int r = 0; r < RA; r++) {
                                         __m256i v = _mm256_mullo_epi32(acc[i][r], sc);
                                         p1[i][r][j] = Q6 ? _mm256_add_epi32(p1[i][r][j], v) : v;
-                                        p2[i][r][j] = _mm256_madd_epi16(
-                                                m, _mm256_load_si256((const __m256i *)(tl->qsum[r] + 16 * b)));
                                 }
+                                ilvk_p2(RA, tl, wb, b, p2[i], j);
                         }
                 }
                 ilvk_group_terms(RW, RA, Q6, tl, g, p1, p2, facc);
