@@ -1159,11 +1159,6 @@ static tsr_status check_nodes(const tsr_config *cfg, char *err, size_t errlen) {
                          "parallelism across nodes is not supported)", cfg->nnodes, cfg->pipeline_parallel_size);
                 return TSR_E_UNSUPPORTED;
         }
-        if (cfg->async_scheduling) {
-                tsr_errf(err, errlen, "argument --async-scheduling: not supported with --nnodes %d yet (supported: "
-                         "leave it off)", cfg->nnodes);
-                return TSR_E_UNSUPPORTED;
-        }
         return TSR_OK;
 }
 

@@ -4,10 +4,10 @@ the same with `--node-rank 1 --headless` on node 1 (a follower worker, no router
 vllm serve is started on two machines.  Each node loads only its stage; the step plan
 and the activations cross between the processes; the answers are the same text and
 logprob floats as -pp 1 in one process (also with three nodes, two stages per node, -tp 2
-inside each node, and the Llama 4 and NemotronH families).  Then the failures: a follower killed under a
+inside each node, the Llama 4 and NemotronH families, and --async-scheduling).  Then the failures: a follower killed under a
 streaming load (every stream ends, none hangs; the replica reports itself unhealthy and
 answers 503; a new follower makes it serve again, on a new group, with the prefix cache
-reset), a follower restarted by its launcher while node 0 is idle (served again with no
+reset; with --async-scheduling too), a follower restarted by its launcher while node 0 is idle (served again with no
 failed request once it is back), a follower of another model refused naming the field,
 a node whose peer never comes (a clear error, exit non-zero), the flags vLLM would refuse
 or this build does not run, and the same two nodes in two network namespaces."""
@@ -119,29 +119,33 @@ def stop(proc):
     proc.kill_group()
 
 
-def two_nodes(tmp_path):
+def two_nodes(tmp_path, *extra):
     """Node 1 then node 0 on loopback, and node 0's greedy answer."""
     need_model()
     mp = free_port()
-    f = follower(tmp_path, "node1", mp)
-    lead, base = leader(tmp_path, "node0", mp)
+    f = follower(tmp_path, "node1", mp, *extra)
+    lead, base = leader(tmp_path, "node0", mp, *extra)
     code, before = greedy(base)
     assert code == 200, before
     return mp, f, lead, base, before
 
 
-def test_two_nodes_answer_as_one_process(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--async-scheduling"]], ids=["sync", "async"])
+def test_two_nodes_answer_as_one_process(tmp_path, extra):
+    """With --async-scheduling (the Llama 3.3 70B recipe's) too: node 0's step thread runs
+    the steps while its engine thread schedules the next; the same answers."""
     need_model()
     proc, base = single(tmp_path)
     want = answers(base)
     stop(proc)
     mp = free_port()
-    f = follower(tmp_path, "node1", mp)
-    lead, base = leader(tmp_path, "node0", mp)
+    f = follower(tmp_path, "node1", mp, *extra)
+    lead, base = leader(tmp_path, "node0", mp, *extra)
     got = answers(base)
     for w, g in zip(want, got):
         assert w == g, (w, g)
     log0, log1 = lead.output(), f.output()
+    assert f"async scheduling {'on' if extra else 'off'}" in log0, log0[-3000:]
     assert "this one (node rank 0, the leader) runs stage 0: layers [0..14, 15..29]" in log0, log0[-3000:]
     assert "the 2 nodes met" in log0 and "node rank 1: " in log0, log0[-3000:]
     assert "headless: node rank 1 of 2" in log1 and "serving pipeline stage 1" in log1, log1[-3000:]
@@ -276,8 +280,12 @@ def test_more_nodes_and_stages(tmp_path, pp, nnodes, logs):
         f.kill_group()
 
 
-def test_follower_killed_under_load_then_replaced(tmp_path):
-    mp, f, lead, base, before = two_nodes(tmp_path)
+@pytest.mark.parametrize("extra", [[], ["--async-scheduling"]], ids=["sync", "async"])
+def test_follower_killed_under_load_then_replaced(tmp_path, extra):
+    """With --async-scheduling the new group goes in only once no step is in flight
+    (engine.h's kv_generation): the engine thread, which schedules ahead, lets the step
+    thread's step end first."""
+    mp, f, lead, base, before = two_nodes(tmp_path, *extra)
     ends, chunks = [], [0] * 4
 
     def stream(i):
@@ -308,7 +316,7 @@ def test_follower_killed_under_load_then_replaced(tmp_path):
     code, body = greedy(base)
     assert code == 503, body
     # a new follower: the nodes meet again (a new epoch), the same answer, the cache reset
-    f2 = follower(tmp_path, "node1-new", mp)
+    f2 = follower(tmp_path, "node1-new", mp, *extra)
     wait_until(lambda: http_status(base + "/health") == 200, timeout=60, interval=0.1, what="replica back")
     code, after = greedy(base)
     assert code == 200 and after["choices"][0]["text"] == before["choices"][0]["text"], (before, after)
@@ -355,6 +363,55 @@ def test_follower_restarted_while_idle_serves_on(tmp_path):
     f.kill_group()
 
 
+def test_follower_restarted_under_load_with_async_scheduling(tmp_path):
+    """Clients keep sending while the follower's worker is killed twice (its launcher
+    restarts it): node 0's engine thread schedules ahead of its step thread, and each new
+    group goes in only between steps.  Every request ends (a stream, an error event or a
+    503: no hang), node 0 stays up, and the replica answers as before once the nodes have
+    met again."""
+    mp, f, lead, base, before = two_nodes(tmp_path, "--async-scheduling")
+    done = threading.Event()
+    ends = []
+
+    def load(i):
+        while not done.is_set():
+            try:
+                s = client(base).completions.create(model=MODEL, prompt=PROMPTS[i % 3], max_tokens=64,
+                                                    stream=True, temperature=0, extra_body={"ignore_eos": True})
+                n = sum(1 for _ in s)
+                ends.append(("done", n))
+            except Exception as e:     # an error event or status (the replica down): the point
+                ends.append(("error", type(e).__name__))
+                time.sleep(0.05)
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for rejoin in (1, 2):
+        wait_until(lambda: sum(e[0] == "done" for e in ends) >= 3 * rejoin, timeout=60, interval=0.05,
+                   what="streams completing")
+        worker = subprocess.run(["pgrep", "-f", f"tessera-worker.*--node-rank 1 .*--master-port {mp}"],
+                                capture_output=True, text=True).stdout.split()
+        assert len(worker) == 1, worker
+        os.kill(int(worker[0]), signal.SIGKILL)    # its launcher restarts it (0.5 s backoff)
+        wait_until(lambda: lead.output().count("the 2 nodes met again") >= rejoin, timeout=60, interval=0.1,
+                   what=f"rejoin {rejoin}")
+    wait_until(lambda: http_status(base + "/health") == 200, timeout=60, interval=0.1, what="replica back")
+    n_before = len(ends)
+    wait_until(lambda: sum(e[0] == "done" for e in ends[n_before:]) >= 3, timeout=60, interval=0.05,
+               what="streams completing on the new group")
+    done.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert all(not t.is_alive() for t in threads), "a client hung"
+    assert lead.p.poll() is None, lead.output()[-3000:]
+    code, after = greedy(base)
+    assert code == 200 and after["choices"][0] == before["choices"][0], (before, after)
+    log0 = lead.output()
+    assert "async scheduling on" in log0 and "replica group 3 (epoch" in log0, log0[-3000:]
+    stop(lead)
+    f.kill_group()
+
+
 def test_follower_of_another_model_is_refused(tmp_path):
     need_model()
     other = tmp_path / "other.gguf"
@@ -390,7 +447,6 @@ def test_a_node_whose_peer_never_comes_exits_non_zero(tmp_path, rank):
     (["--nnodes", "2", "-pp", "2", "--node-rank", "1"], "argument --node-rank: 1 runs a follower node: pass --headless"),
     (["--nnodes", "2", "-pp", "2", "--node-rank", "2", "--headless"], "argument --node-rank: 2 must be less than --nnodes 2"),
     (["--headless"], "argument --headless: runs a follower node of a multi-node replica"),
-    (["--nnodes", "2", "-pp", "2", "--async-scheduling"], "argument --async-scheduling: not supported with --nnodes 2"),
 ])
 def test_bad_flags(tmp_path, flags, msg):
     need_model()

@@ -82,6 +82,15 @@ typedef struct fake_model {
         bool draws;
         tsr_draw drawn[64];
         size_t n_drawn;
+        /* KV incarnations (tsr_engine_model.kv_generation, as a multi-node replica's):
+         * renewal_pending makes the next kv_generation call install a new one;
+         * in_forward counts forward calls running, and a kv_generation call meeting one
+         * is counted in generation_during_forward (the engine must never make one). */
+        uint64_t generation;
+        bool renewal_pending;
+        size_t installs;
+        size_t in_forward;
+        size_t generation_during_forward;
 } fake_model;
 
 static uint64_t fnv_more(uint64_t h, const uint32_t *t, size_t n) {
@@ -272,6 +281,62 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                 logits += (seqs[i].want_all_logits ? seqs[i].n : seqs[i].want_logits ? 1 : 0) * VOCAB;
         }
         return TSR_OK;
+}
+
+/* fake_forward with in_forward counted (the KV incarnation test's model).  A forward
+ * that starts while a renewal is pending lingers until it is installed, up to 200 ms;
+ * an install takes 50 ms (freeing a group, meeting again).  So an engine that would
+ * install with a step in flight is seen doing it, whichever thread comes first. */
+static tsr_status fake_forward_counted(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
+        fake_model *m = ud;
+        struct timespec until;
+        tsr_status st;
+        int rc = 0;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 200000000L;
+        if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec++;
+                until.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&m->mu);
+        m->in_forward++;
+        while (m->renewal_pending && rc != ETIMEDOUT)
+                rc = pthread_cond_timedwait(&m->cv, &m->mu, &until);
+        pthread_mutex_unlock(&m->mu);
+        st = fake_forward(ud, seqs, n_seqs, logits);
+        pthread_mutex_lock(&m->mu);
+        m->in_forward--;
+        pthread_mutex_unlock(&m->mu);
+        return st;
+}
+
+static uint64_t fake_kv_generation(void *ud) {
+        fake_model *m = ud;
+        pthread_mutex_lock(&m->mu);
+        if (m->in_forward)
+                m->generation_during_forward++;
+        if (m->renewal_pending) {
+                pthread_mutex_unlock(&m->mu);
+                nanosleep(&(struct timespec){.tv_nsec = 50000000L}, NULL);
+                pthread_mutex_lock(&m->mu);
+                if (m->in_forward)
+                        m->generation_during_forward++;
+                m->generation++;
+                m->installs++;
+                m->renewal_pending = false;
+                pthread_cond_broadcast(&m->cv);
+        }
+        uint64_t g = m->generation;
+        pthread_mutex_unlock(&m->mu);
+        return g;
+}
+
+static bool fake_kv_renewal_pending(void *ud) {
+        fake_model *m = ud;
+        pthread_mutex_lock(&m->mu);
+        bool pending = m->renewal_pending;
+        pthread_mutex_unlock(&m->mu);
+        return pending;
 }
 
 static bool g_async;   /* start engines with async_scheduling (the second group) */
@@ -772,6 +837,55 @@ static void test_prefix_cache_hit_same_output(void **state) {
         assert_int_equal(h->fm.tokens_run - tokens_before, 2 + 5);
         tsr_engine_stats st = idle_stats(h);
         assert_true(st.prefix_cache_hits_total >= 16);
+        stop(h);
+}
+
+/* A model whose KV memory can be lost (a multi-node replica whose follower came back,
+ * worker/parallel/nodes.h) installs the new incarnation in kv_generation.  The engine
+ * calls it only while no forward runs (with --async-scheduling it lets the step in
+ * flight end first, else the old group would be freed under it), and forgets its prefix
+ * cache at the new generation: the same prompt hits before, not after. */
+static void test_kv_renewal_waits_for_the_step_in_flight(void **state) {
+        harness *h = held(64, 256, 4, true, 0);
+        uint32_t prompt[18], want[6];
+        result r[3];
+        const char *ids[3] = {"before", "during", "after"};
+        memset(r, 0, sizeof(r));
+        h->model.forward = fake_forward_counted;
+        h->model.kv_generation = fake_kv_generation;
+        h->model.kv_renewal_pending = fake_kv_renewal_pending;
+        h->fm.generation = 1;
+        go(h);
+        make_prompt(prompt, 18, 5);
+        expected(prompt, 18, 6, want);
+        submit(h, ids[0], prompt, 18, 6, NULL, 0);
+        collect(h, &ids[0], &r[0], 1);
+        /* "during" hits the cache (2 prompt tokens left) and decodes 5 more steps; hold
+         * its 5th step (tokens 1-5), make a renewal pending while it runs, let it go */
+        pthread_mutex_lock(&h->fm.mu);
+        h->fm.hold_at = h->fm.steps + 5;
+        pthread_mutex_unlock(&h->fm.mu);
+        submit(h, ids[1], prompt, 18, 6, NULL, 0);
+        wait_holding(h);
+        pthread_mutex_lock(&h->fm.mu);
+        h->fm.renewal_pending = true;
+        pthread_mutex_unlock(&h->fm.mu);
+        release(h);
+        collect(h, &ids[1], &r[1], 1);
+        submit(h, ids[2], prompt, 18, 6, NULL, 0);
+        collect(h, &ids[2], &r[2], 1);
+        for (int i = 0; i < 3; i++) {
+                assert_int_equal(r[i].n, 6);
+                assert_memory_equal(r[i].tokens, want, sizeof(want));
+                assert_int_equal(r[i].finish, TSR_ENGINE_FINISH_LENGTH);
+        }
+        assert_int_equal(r[0].cached, 0);
+        assert_int_equal(r[1].cached, 16);      /* the first generation's cache */
+        assert_int_equal(r[2].cached, 0);       /* forgotten with it */
+        pthread_mutex_lock(&h->fm.mu);
+        assert_int_equal(h->fm.installs, 1);
+        assert_int_equal(h->fm.generation_during_forward, 0);
+        pthread_mutex_unlock(&h->fm.mu);
         stop(h);
 }
 
@@ -2152,6 +2266,7 @@ int main(void) {
                 cmocka_unit_test(test_device_draws),
                 cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),
                 cmocka_unit_test(test_prefix_cache_hit_same_output),
+                cmocka_unit_test(test_kv_renewal_waits_for_the_step_in_flight),
                 cmocka_unit_test(test_hybrid_tables),
                 cmocka_unit_test(test_stop_token_and_eos),
                 cmocka_unit_test(test_abort_frees_blocks),

@@ -1080,14 +1080,21 @@ static void grammar_poll(tsr_engine *e) {
         }
 }
 
-/* schedule() into `p`.  Engine thread. */
-static void schedule_plan(tsr_engine *e, step_plan *p) {
+/* Whether the model has a new KV incarnation to install (tsr_engine_model.kv_renewal_pending). */
+static bool kv_renewal_pending(const tsr_engine *e) {
+        const tsr_engine_model *m = e->params.model;
+        return m && m->kv_generation && (!m->kv_renewal_pending || m->kv_renewal_pending(m->ud));
+}
+
+/* schedule() into `p`.  `quiet`: no step is in flight, so the model may install a new
+ * KV incarnation (kv_generation) first.  Engine thread. */
+static void schedule_plan(tsr_engine *e, step_plan *p, bool quiet) {
         const tsr_engine_model *m = e->params.model;
         size_t cap;
         grammar_poll(e);
         /* The model's KV memory was lost and made anew (a restarted pipeline node): no
          * cached block holds what its hash says any more. */
-        if (m && m->kv_generation) {
+        if (quiet && m && m->kv_generation) {
                 uint64_t g = m->kv_generation(m->ud);
                 if (g != e->kv_generation) {
                         if (e->kv_generation && e->kv && e->params.enable_prefix_caching)
@@ -1667,7 +1674,7 @@ static void retire_finished(tsr_engine *e, const step_plan *p) {
 /* One synchronous step (no --async-scheduling): schedule, run, sample, emit. */
 static void step(tsr_engine *e) {
         step_plan *p = &e->plans[0];
-        schedule_plan(e, p);
+        schedule_plan(e, p, true);
         p->step = ++e->step;
         prepare_plan(e, p);
         execute_plan(e, p);
@@ -1778,10 +1785,20 @@ static void loop_async(tsr_engine *e) {
                         }
                         finish_shutdown(e);
                 }
-                next = inflight == &e->plans[0] ? &e->plans[1] : &e->plans[0];
+                /* The model has a new KV incarnation to install (a pipeline node came
+                 * back): it goes in only with no step in flight, so end that one first
+                 * and schedule the next on the new one. */
+                if (inflight && kv_renewal_pending(e)) {
+                        job_wait(&e->step_thread);
+                        apply_plan(e, inflight);
+                        ready = inflight;
+                        inflight = NULL;
+                }
+                step_plan *busy = inflight ? inflight : ready;   /* not to be overwritten */
+                next = busy == &e->plans[0] ? &e->plans[1] : &e->plans[0];
                 next->n = 0;
                 if (e->running.n || e->waiting.n)
-                        schedule_plan(e, next);
+                        schedule_plan(e, next, !inflight);
                 if (inflight) {
                         job_wait(&e->step_thread);
                         apply_plan(e, inflight);

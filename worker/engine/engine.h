@@ -133,11 +133,19 @@ typedef struct tsr_engine_model {
         tsr_status (*forward)(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits);
         /* Optional (NULL: the KV memory lives as long as the model).  A model whose KV
          * memory can be lost while it runs (a pipeline stage on another node that
-         * restarted: worker/parallel/nodes.h) counts its incarnations; the engine reads
-         * the count before it schedules each step and, when it moved, forgets its prefix
-         * cache first.  The synchronous engine loop only (config.c refuses
-         * --async-scheduling where a model has it).  Engine thread. */
+         * restarted: worker/parallel/nodes.h) counts its incarnations, and may install
+         * a new one inside this call; the engine reads the count before it schedules a
+         * step and, when it moved, forgets its prefix cache first.  Engine thread, and
+         * never while a forward runs: with --async-scheduling the engine calls it only
+         * with no step in flight, so every step runs on the incarnation it was
+         * scheduled for. */
         uint64_t (*kv_generation)(void *ud);
+        /* Optional, with kv_generation (NULL: always true): whether a new incarnation
+         * waits for the next kv_generation call.  With --async-scheduling, when it says
+         * so, the engine lets the step in flight end before it schedules the next one
+         * (else it schedules ahead as usual and leaves kv_generation for a quiet
+         * moment).  Any thread. */
+        bool (*kv_renewal_pending)(void *ud);
         /* Optional (NULL: always): whether a step can run now.  The io thread reads it for
          * the Status it publishes (UNHEALTHY while not, so routers place elsewhere).  Any
          * thread. */

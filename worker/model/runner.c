@@ -131,12 +131,14 @@ static tsr_status node0_stage(void *ud, float *act) {
 }
 
 static uint64_t runner_kv_generation(void *ud) { return tsr_nodes_generation(((tsr_runner *)ud)->nodes); }
+static bool runner_kv_renewal_pending(void *ud) { return tsr_nodes_renewal_pending(((tsr_runner *)ud)->nodes); }
 static bool runner_available(void *ud) { return tsr_nodes_up(((tsr_runner *)ud)->nodes); }
 static void runner_idle(void *ud) { tsr_nodes_idle(((tsr_runner *)ud)->nodes); }
 
 void tsr_runner_set_nodes(tsr_runner *r, struct tsr_nodes *nodes) {
         r->nodes = nodes;
         r->em.kv_generation = nodes ? runner_kv_generation : NULL;
+        r->em.kv_renewal_pending = nodes ? runner_kv_renewal_pending : NULL;
         r->em.available = nodes ? runner_available : NULL;
         r->em.idle = nodes ? runner_idle : NULL;
 }

@@ -183,7 +183,9 @@ struct tsr_nodes {
         char *fingerprint, *master_addr;        /* cfg's strings, owned */
         uint64_t kv_blocks;                     /* what the engine uses: a new group must hold it */
         uint32_t state_slots;
-        /* engine thread */
+        /* the engine's forward thread (tsr_nodes_step) and the engine thread
+         * (tsr_nodes_generation, tsr_nodes_idle): never at once, the engine waits for its
+         * step before it calls either */
         tsr_comm *comm;                         /* the installed group; NULL while down */
         uint64_t generation;
         uint64_t steps;
@@ -351,6 +353,13 @@ uint64_t tsr_nodes_generation(tsr_nodes *n) {
         return n->generation;
 }
 
+bool tsr_nodes_renewal_pending(tsr_nodes *n) {
+        pthread_mutex_lock(&n->mu);
+        bool pending = n->ready != NULL;
+        pthread_mutex_unlock(&n->mu);
+        return pending;
+}
+
 bool tsr_nodes_up(const tsr_nodes *n) { return atomic_load(&n->up); }
 
 void tsr_nodes_abort(tsr_nodes *n) {
@@ -362,7 +371,8 @@ void tsr_nodes_abort(tsr_nodes *n) {
         pthread_mutex_unlock(&n->mu);
 }
 
-/* The group broke: free it and wake the rejoin thread.  Engine thread. */
+/* The group broke: free it and wake the rejoin thread.  The engine's forward thread, or
+ * the engine thread while idle. */
 static void group_down(tsr_nodes *n, tsr_status why) {
         log_error("replica group %llu failed (%s): the requests in its step end (those without a token go back to "
                   "their router); the worker reports itself unhealthy until the nodes meet again",

@@ -30,8 +30,11 @@
  * group breaks goes back to the rendezvous once; if node 0 does not come within the join
  * deadline it exits non-zero, to be restarted.
  *
- * Threads: the leader's tsr_nodes_step and tsr_nodes_generation from the engine thread
- * only (one call at a time); tsr_nodes_up and tsr_nodes_abort from any thread;
+ * Threads: the leader's tsr_nodes_step from the thread that runs the engine's forward
+ * (the engine thread, or its step thread with --async-scheduling), tsr_nodes_generation
+ * and tsr_nodes_idle from the engine thread, one call at a time: the engine never
+ * calls the model's kv_generation or idle while a step runs (engine.h);
+ * tsr_nodes_renewal_pending, tsr_nodes_up and tsr_nodes_abort from any thread;
  * start/free from the main thread.  tsr_nodes_follow runs on the follower's main thread;
  * tsr_nodes_stop from any thread (a signal thread). */
 #ifndef TSR_PARALLEL_NODES_H
@@ -78,13 +81,16 @@ tsr_status tsr_nodes_lead(const tsr_nodes_cfg *cfg, uint64_t *kv_blocks, uint32_
  * the plan's sending and the activations' (the followers decode the plan meanwhile); the
  * logits rows (out_floats) land in `logits`.  Returns the first failing stage's status,
  * TSR_E_UNAVAILABLE while the group is down, or the comm's failure, which takes the
- * group down (above).  Engine thread. */
+ * group down (above).  The engine's forward thread (above). */
 tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,
                           size_t out_floats, tsr_status (*stage0)(void *ud, float *act), void *stage0_ud,
                           float *logits);
 /* Install a group that has met again, if one has; returns the group's generation (1 for
- * the first, + 1 for each new one).  Engine thread, before it schedules a step. */
+ * the first, + 1 for each new one).  Engine thread, before it schedules a step, never
+ * while a step runs (the old group is freed here). */
 uint64_t tsr_nodes_generation(tsr_nodes *n);
+/* Whether a group that met again waits for tsr_nodes_generation.  Any thread. */
+bool tsr_nodes_renewal_pending(tsr_nodes *n);
 /* While the engine waits for work: drive the group's sockets (tsr_comm_progress), so a
  * follower that died is noticed (the group goes down, Status UNHEALTHY) within about
  * two polls.  Engine thread. */
