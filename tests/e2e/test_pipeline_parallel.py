@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 
 import openai
 import pytest
@@ -68,9 +69,11 @@ def start(tmp_path, name, *flags, env=None, model=None):
     return proc, openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=120)
 
 
-def concurrently(n, one):
+def concurrently(n, one, gap=0.0):
     """one(i) for every i < n at once (threads: the requests meet in the engine's
-    batches); their results, in order."""
+    batches), or each started `gap` seconds after the one before (so later ones arrive
+    while earlier ones decode: with -pp they go into another micro-batch); their results,
+    in order."""
     out = [None] * n
 
     def run(i):
@@ -78,6 +81,7 @@ def concurrently(n, one):
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
+        time.sleep(gap)
     for t in threads:
         t.join()
     return out
@@ -103,6 +107,13 @@ def answers(client):
                                       logprobs=2)
         return r.choices[0].text, r.choices[0].logprobs.token_logprobs
     out.append(("batch", concurrently(len(PROMPTS), one)))
+
+    def longer(i):
+        r = client.completions.create(model=MODEL, prompt=PROMPTS[i % len(PROMPTS)], max_tokens=32, logprobs=2,
+                                      extra_body={"ignore_eos": True}, **({"temperature": 0.7, "seed": i} if i % 2 else
+                                                                          {"temperature": 0}))
+        return r.choices[0].text, r.choices[0].logprobs.token_logprobs
+    out.append(("staggered", concurrently(6, longer, gap=0.02)))
     return out
 
 
@@ -123,6 +134,7 @@ def answers_ids(client, prompts):
                                       extra_body={"ignore_eos": True}, **kws[i % 2])
         return r.choices[0].text, r.choices[0].logprobs.token_logprobs
     out.append(("batch", concurrently(2 * len(prompts), one)))
+    out.append(("staggered", concurrently(2 * len(prompts), one, gap=0.02)))
     return out
 
 
@@ -135,20 +147,23 @@ def test_hybrid_families_pp_answer_as_pp1(tmp_path, folder, model, splits):
     NemotronH's last stage at 3, '-E', keeps no state at all) answer greedy and seeded
     completions with the same text and logprob floats as -pp 1, alone and in a
     concurrent batch: the stages only move bytes, each holding its layers' KV (the whole
-    model's block tables) and state slots."""
+    model's block tables) and state slots.  With micro-batches (up to pp steps in flight)."""
     golden = json.loads(((model.parent if folder == "tiny-nemotron-h" else model) / "golden.json").read_text())
     prompts = [p["ids"] for p in golden["prompts"]]
     proc, client = start(tmp_path, f"{folder}-pp1", model=model)
     want = answers_ids(client, prompts)
     stop_cleanly(proc)
-    assert all(w[2] for w in want[:-1]), want       # every request answered
+    assert all(w[2] for w in want[:-2]), want       # every request answered
     for pp, layers in splits:
-        proc, client = start(tmp_path, f"{folder}-pp{pp}", "-pp", pp, model=model)
+        proc, client = start(tmp_path, f"{folder}-pp{pp}", "-pp", pp, model=model,
+                             env={"TESSERA_PP_MAX_IN_FLIGHT": pp})           # micro-batches
         log = proc.output()
         assert f"pipeline parallel: {pp} stages (ranks) in this process, layers [{layers}]" in log, log[-3000:]
         got = answers_ids(client, prompts)
         for w, g in zip(want, got):
             assert w == g, (folder, pp, w, g)
+        # micro-batches on; whether the tiny model's 5 ms requests overlapped is timing
+        assert_micro_batches(proc, pp)
         stop_cleanly(proc)
 
 
@@ -161,24 +176,46 @@ def stop_cleanly(proc):
     assert "engine stopped" in log and "worker exited with status 0" in log, log[-3000:]
 
 
+def assert_micro_batches(proc, pp):
+    """Micro-batches are on (up to pp steps in flight).  Whether the staggered requests
+    overlapped is timing (a request that arrives while the engine waits for a step joins
+    that step's requests in the next one; one that arrives while stage 0 runs goes into
+    a step of its own), so it is printed, not asserted: tests/unit/test_engine.c's
+    "pipeline micro-batches" group and test_parallel.c's steps in flight are the
+    deterministic checks."""
+    log = proc.output()
+    assert f"pipeline micro-batches: up to {pp} steps in the {pp} stages at once (TESSERA_PP_MAX_IN_FLIGHT)" in log
+    assert f"pipeline micro-batches: up to {pp} steps in flight" in log, log[-3000:]
+    print(f"-pp {pp}: several steps in flight at once: "
+          f"{'pipeline micro-batches: 2 steps in flight at once' in log}")
+
+
 def test_pp2_pp3_answer_as_pp1(tmp_path):
-    """-pp 2 (also with --async-scheduling, where stage 0 runs on the engine's step
-    thread) and -pp 3 split 8,12,10 by VLLM_PP_LAYER_PARTITION, against -pp 1."""
+    """-pp 2 (one step at a time, the default; with --async-scheduling, where stage 0
+    runs on the engine's step thread; with micro-batches, TESSERA_PP_MAX_IN_FLIGHT) and
+    -pp 3 split 8,12,10 by VLLM_PP_LAYER_PARTITION with micro-batches, against -pp 1."""
     proc, client = start(tmp_path, "pp1")
     want = answers(client)
     stop_cleanly(proc)
     assert want[0][2] and " Paris" in want[0][2]       # a real model answers
-    for name, flags, env in (("pp2", ("-pp", "2"), None),
+    micro = {"TESSERA_PP_MAX_IN_FLIGHT": "3"}
+    for name, flags, env in (("pp2", ("-pp", "2"), None),                                  # one step at a time
                              ("pp2-async", ("-pp", "2", "--async-scheduling"), None),   # forward on the step thread
-                             ("pp3-uneven", ("--pipeline-parallel-size", "3"), {"VLLM_PP_LAYER_PARTITION": "8,12,10"})):
+                             ("pp2-micro", ("-pp", "2"), micro),                        # capped at pp: 2 in flight
+                             ("pp3-uneven", ("--pipeline-parallel-size", "3"),
+                              dict(micro, VLLM_PP_LAYER_PARTITION="8,12,10"))):
         proc, client = start(tmp_path, name, *flags, env=env)
         log = proc.output()
         assert "pipeline parallel:" in log, log[-2000:]
-        if env:
+        if env and "VLLM_PP_LAYER_PARTITION" in env:
             assert "layers [0..7, 8..19, 20..29] (VLLM_PP_LAYER_PARTITION)" in log, log[-2000:]
         got = answers(client)
         for w, g in zip(want, got):
             assert w == g, (name, w, g)
+        if env:
+            assert_micro_batches(proc, flags[-1])
+        else:
+            assert "micro-batches" not in log, log[-2000:]
         stop_cleanly(proc)
 
 
@@ -188,8 +225,10 @@ def compare_tp(tmp_path, label, model, stage_layers, collect, grid=(("1", "1"), 
     collect(client) from each, every one equal to the first's (-tp 1), which is returned."""
     want = None
     for tp, pp, *more in grid:
-        name = f"{label}tp{tp}pp{pp}{'-'.join([''] + [f.strip('-') for f in more])}"
-        proc, client = start(tmp_path, name, "--dtype", "float32", "-tp", tp, "-pp", pp, *more, model=model)
+        env = dict(m.split("=", 1) for m in more if m.startswith("TESSERA_"))    # an entry's environment
+        more = [m for m in more if not m.startswith("TESSERA_")]
+        name = f"{label}tp{tp}pp{pp}{'-'.join([''] + [f.strip('-') for f in more])}{'-micro' if env else ''}"
+        proc, client = start(tmp_path, name, "--dtype", "float32", "-tp", tp, "-pp", pp, *more, model=model, env=env)
         log = proc.output()
         if pp != "1":
             assert "pipeline parallel: 2 stages x tensor parallel: 2 ranks each = 4 rank threads" in log, log[-3000:]
@@ -214,8 +253,10 @@ def test_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
     with --dtype float32, answer bitwise as -tp 1 --dtype float32: o_proj and down_proj
     are 8 canonical partial sums added in the comm layer's fixed tree at every -tp (R7).
     -tp 2 -pp 2: four rank threads (rank = stage x 2 + tp rank), each stage's two ranks
-    a TP group of their own, stage 1's ranks receiving from their counterparts."""
-    compare_tp(tmp_path, "", TINY, ("0..0", "1..1"), answers)
+    a TP group of their own, stage 1's ranks receiving from their counterparts; and with
+    micro-batches (two steps in the grid at once)."""
+    compare_tp(tmp_path, "", TINY, ("0..0", "1..1"), answers,
+               grid=(("1", "1"), ("2", "1"), ("4", "1"), ("2", "2"), ("2", "2", "TESSERA_PP_MAX_IN_FLIGHT=2")))
 
 
 def test_llama4_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
@@ -229,7 +270,7 @@ def test_llama4_tp2_tp4_tp2pp2_answer_as_tp1(tmp_path):
     golden = json.loads((TINY_LLAMA4 / "golden.json").read_text())
     prompts = [p["ids"] for p in golden["prompts"]]
     want = compare_tp(tmp_path, "llama4-", TINY_LLAMA4, ("0..1", "2..3"), lambda c: answers_ids(c, prompts))
-    assert all(w[2] for w in want[:-1]), want       # every request answered
+    assert all(w[2] for w in want[:-2]), want       # every request answered
 
 
 def test_llama4_expert_parallel_answers_as_tp1(tmp_path):
@@ -266,7 +307,7 @@ def test_nemotron_h_tp2_tp2pp2_answer_as_tp1(tmp_path):
     prompts = [p["ids"] for p in golden["prompts"]]
     want = compare_tp(tmp_path, "nemotron-h-", TINY_NEMOTRON_H / "model", ("0..2", "3..5"),
                       lambda c: answers_ids(c, prompts), grid=(("1", "1"), ("2", "1"), ("2", "2")))
-    assert all(w[2] for w in want[:-1]), want       # every request answered
+    assert all(w[2] for w in want[:-2]), want       # every request answered
 
 
 def test_bf16_tp_without_dtype_float32(tmp_path):
@@ -277,7 +318,7 @@ def test_bf16_tp_without_dtype_float32(tmp_path):
     serves."""
     want = compare_tp(tmp_path, "bf16-", TINY, ("0..0", "1..1"), answers,
                       grid=(("2", "1", "--dtype", "bfloat16"), ("4", "1", "--dtype", "bfloat16")))
-    assert all(w[4] for w in want[:-2]), want           # every completion has its logprobs
+    assert all(w[4] for w in want[:-3]), want           # every completion has its logprobs
     log = (tmp_path / "bf16-tp2pp1-dtype-bfloat16.log").read_text()
     assert "matmul weights held as bfloat16" in log, log[-3000:]
     proc, client = start(tmp_path, "llama4-auto-tp2", "-tp", "2", model=TINY_LLAMA4)
@@ -472,7 +513,7 @@ def test_tied_last_stage_reads_its_lm_head_rows(tmp_path, family):
     model = tied_copy(src, tmp_path / f"{family}-tied")
     want = compare_tp(tmp_path, f"{family}-tied-", model, layers, lambda c: answers_ids(c, prompts),
                       grid=(("1", "1"), ("2", "2")))
-    assert all(w[2] for w in want[:-1]), want
+    assert all(w[2] for w in want[:-2]), want
     log = (tmp_path / f"{family}-tied-tp2pp2.log").read_text()
     for rank in (2, 3):         # stage 1: the tied lm_head's share, read from the file
         assert re.search(rf"rank {rank}: pipeline stage 1 of 2, .*the share of its layers, read straight from the "

@@ -85,12 +85,19 @@ typedef struct fake_model {
         /* KV incarnations (tsr_engine_model.kv_generation, as a multi-node replica's):
          * renewal_pending makes the next kv_generation call install a new one;
          * in_forward counts forward calls running, and a kv_generation call meeting one
-         * is counted in generation_during_forward (the engine must never make one). */
+         * (or a step in the model, with micro-batches) is counted in
+         * generation_during_forward (the engine must never make one). */
         uint64_t generation;
         bool renewal_pending;
         size_t installs;
         size_t in_forward;
         size_t generation_during_forward;
+        /* As a pipeline with micro-batches (tsr_engine_model.submit, the fourth group): a
+         * step is computed when it is submitted (every stage runs the steps in submit
+         * order, so its KV writes land as they would) and its status handed out by
+         * wait, oldest first; the most steps in flight at once is recorded. */
+        tsr_status queued_st[8];
+        size_t queued_head, queued_n, max_queued;
 } fake_model;
 
 static uint64_t fnv_more(uint64_t h, const uint32_t *t, size_t n) {
@@ -313,13 +320,13 @@ static tsr_status fake_forward_counted(void *ud, const tsr_engine_seq *seqs, siz
 static uint64_t fake_kv_generation(void *ud) {
         fake_model *m = ud;
         pthread_mutex_lock(&m->mu);
-        if (m->in_forward)
+        if (m->in_forward || m->queued_n)      /* a step running, or in the model (micro-batches) */
                 m->generation_during_forward++;
         if (m->renewal_pending) {
                 pthread_mutex_unlock(&m->mu);
                 nanosleep(&(struct timespec){.tv_nsec = 50000000L}, NULL);
                 pthread_mutex_lock(&m->mu);
-                if (m->in_forward)
+                if (m->in_forward || m->queued_n)
                         m->generation_during_forward++;
                 m->generation++;
                 m->installs++;
@@ -339,7 +346,35 @@ static bool fake_kv_renewal_pending(void *ud) {
         return pending;
 }
 
+static tsr_status fake_submit(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
+        fake_model *m = ud;
+        tsr_status st = fake_forward(ud, seqs, n_seqs, logits);
+        pthread_mutex_lock(&m->mu);
+        if (m->queued_n == 8) {
+                pthread_mutex_unlock(&m->mu);
+                return TSR_E_INVAL;
+        }
+        m->queued_st[(m->queued_head + m->queued_n++) % 8] = st;
+        if (m->queued_n > m->max_queued)
+                m->max_queued = m->queued_n;
+        pthread_mutex_unlock(&m->mu);
+        return TSR_OK;
+}
+
+static tsr_status fake_wait(void *ud) {
+        fake_model *m = ud;
+        pthread_mutex_lock(&m->mu);
+        tsr_status st = m->queued_n ? m->queued_st[m->queued_head] : TSR_E_INVAL;
+        if (m->queued_n) {
+                m->queued_head = (m->queued_head + 1) % 8;
+                m->queued_n--;
+        }
+        pthread_mutex_unlock(&m->mu);
+        return st;
+}
+
 static bool g_async;   /* start engines with async_scheduling (the second group) */
+static bool g_queue;   /* the model takes 2 steps in flight (micro-batches, the fourth group) */
 static bool g_argmax;  /* the model answers greedy rows with their argmax (the third group) */
 
 typedef struct harness {
@@ -364,6 +399,11 @@ static harness *held_full(uint64_t blocks, uint32_t max_batched, uint32_t max_se
         h->model.vocab = VOCAB;
         h->model.ud = &h->fm;
         h->model.forward = fake_forward;
+        if (g_queue) {
+                h->model.max_in_flight = 2;
+                h->model.submit = fake_submit;
+                h->model.wait = fake_wait;
+        }
         h->fm.argmax = g_argmax;
         pthread_mutex_init(&h->fm.mu, NULL);
         pthread_cond_init(&h->fm.cv, NULL);
@@ -1751,9 +1791,15 @@ static void step_limits(bool priority) {
         }
         step_records r = model_records(h);
         tsr_engine_stats st = idle_stats(h);
-        if (r.max_step_tokens != BUDGET || r.max_step_seqs != SEQS)
+        /* With micro-batches the running requests (max_num_seqs in all) are split over
+         * the steps in flight, so a step's sequences stay under the limit; two steps
+         * were in the model at once. */
+        if (r.max_step_tokens != BUDGET || (g_queue ? r.max_step_seqs > SEQS : r.max_step_seqs != SEQS))
                 fail_msg("%s policy: at most %zu tokens and %zu sequences in a step (limits %d and %d)",
                          priority ? "priority" : "fcfs", r.max_step_tokens, r.max_step_seqs, BUDGET, SEQS);
+        pthread_mutex_lock(&h->fm.mu);
+        assert_int_equal(h->fm.max_queued, g_queue ? 2 : 0);
+        pthread_mutex_unlock(&h->fm.mu);
         assert_true(st.num_preemptions_total > 0);
         assert_true(st.prefix_cache_hits_total > 0);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
@@ -2307,5 +2353,9 @@ int main(void) {
         g_async = false;
         g_argmax = true;
         failed += cmocka_run_group_tests_name("engine, argmax from the model", tests, NULL, NULL);
+        /* As a pipeline of stages: two steps in the model at once (loop_queue). */
+        g_argmax = false;
+        g_queue = true;
+        failed += cmocka_run_group_tests_name("engine, pipeline micro-batches", tests, NULL, NULL);
         return failed;
 }

@@ -94,6 +94,7 @@ typedef struct toy {
         tsr_pipeline *p;
         int fail_stage;                 /* -1: none */
         int abort_stage;                /* -1: none */
+        const void *abort_plan;         /* non-NULL: abort_stage aborts only this plan's step */
         tsr_status fail_with;
         int ran[8];
 } toy;
@@ -105,7 +106,7 @@ static tsr_status toy_stage(void *ud, uint32_t s, const tsr_pipeline_step *step,
         const float *base = step->plan;
         size_t n = step->io_floats;
         t->ran[s]++;
-        if ((int)s == t->abort_stage)
+        if ((int)s == t->abort_stage && (!t->abort_plan || t->abort_plan == step->plan))
                 tsr_pipeline_abort(t->p);
         if ((int)s == t->fail_stage)
                 return t->fail_with;
@@ -121,6 +122,58 @@ static void toy_expect(uint32_t stages, const float *base, const float *got, siz
                         want = want * 2.0f + (float)s;
                 if (got[i] != want)
                         fail_msg("%u stages: element %zu is %g, want %g", stages, i, got[i], want);
+        }
+}
+
+/* Micro-batches: as many steps as stages submitted before the first wait, each with its
+ * own plan and output, come back in order with their own results; every stage runs each
+ * once.  A step whose grid fails while another is in flight: both fail (the first may
+ * have been answered before the abort), the next runs on a new group. */
+static void test_pipeline_micro_batches(void **state) {
+        (void)state;
+        enum { N = 37, MAXS = 4 };
+        static float base[MAXS][N], out[MAXS][N];
+        for (uint32_t k = 0; k < MAXS; k++)
+                for (size_t i = 0; i < N; i++)
+                        base[k][i] = (float)i * (float)(k + 1) - 3.5f;
+        for (uint32_t stages = 2; stages <= MAXS; stages++) {
+                toy t = {.fail_stage = -1, .abort_stage = -1};
+                tsr_pipeline_step st[MAXS];
+                assert_int_equal(tsr_pipeline_new(stages, 10000, toy_stage, &t, &t.p), TSR_OK);
+                for (int round = 0; round < 3; round++) {
+                        memset(out, 0, sizeof out);
+                        for (uint32_t k = 0; k < stages; k++) {
+                                st[k] = (tsr_pipeline_step){.plan = base[k], .io_floats = N, .out_floats = N};
+                                assert_int_equal(tsr_pipeline_submit(t.p, &st[k], out[k]), TSR_OK);
+                        }
+                        for (uint32_t k = 0; k < stages; k++) {
+                                assert_int_equal(tsr_pipeline_wait(t.p, &st[k], out[k]), TSR_OK);
+                                toy_expect(stages, base[k], out[k], N);
+                        }
+                }
+                assert_int_equal(tsr_pipeline_wait(t.p, &st[0], out[0]), TSR_E_INVAL);   /* nothing in flight */
+                for (uint32_t s = 0; s < stages; s++)
+                        assert_int_equal(t.ran[s], 3 * (int)stages);
+                assert_int_equal(tsr_pipeline_epoch(t.p), 1);
+
+                t.abort_stage = (int)stages - 1;
+                t.abort_plan = base[1];
+                for (uint32_t k = 0; k < 2; k++) {
+                        st[k] = (tsr_pipeline_step){.plan = base[k], .io_floats = N, .out_floats = N};
+                        assert_int_equal(tsr_pipeline_submit(t.p, &st[k], out[k]), TSR_OK);
+                }
+                tsr_status first = tsr_pipeline_wait(t.p, &st[0], out[0]);
+                assert_true(first == TSR_OK || first == TSR_E_CANCELLED);
+                if (first == TSR_OK)
+                        toy_expect(stages, base[0], out[0], N);
+                assert_int_equal(tsr_pipeline_wait(t.p, &st[1], out[1]), TSR_E_CANCELLED);
+                t.abort_stage = -1;
+                memset(out, 0, sizeof out);
+                st[2] = (tsr_pipeline_step){.plan = base[2], .io_floats = N, .out_floats = N};
+                assert_int_equal(tsr_pipeline_run(t.p, &st[2], out[2]), TSR_OK);
+                toy_expect(stages, base[2], out[2], N);
+                assert_int_equal(tsr_pipeline_epoch(t.p), 2);
+                tsr_pipeline_free(&t.p);
         }
 }
 
@@ -417,6 +470,10 @@ static void model_close(model_case *mc) {
 #define BLOCK 16
 #define N_BLOCKS 32
 
+/* compare_pp's second pass: both steps in the pipeline at once (micro-batches: submit,
+ * submit, wait, wait), the second's chunks reading the KV the first writes on each stage. */
+static bool g_micro;
+
 /* Two steps through `pp` stages of layers[] (pp 1: the whole model): a prefill of 11
  * tokens with every row's logits beside a prefill of 5 whose logits nobody wants, then a
  * step of one decode token for each plus the second's next 3 prompt tokens with the
@@ -437,21 +494,33 @@ static void run_steps_kv(model_case *mc, uint32_t pp, const uint32_t *layers, ui
         tsr_runner_opts o = {.dtype = "float32", .backend = mc->be, .pp = pp, .pp_layers = layers,
                              .stage_threads = 1, .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical,
                              .kv_dtype = kv_dtype};
+        if (g_micro)    /* the runner offers submit / wait (off by default on CPU stages) */
+                setenv("TESSERA_PP_MAX_IN_FLIGHT", "8", 1);
         if (tsr_runner_new(mc->path, &mc->desc, &o, N_BLOCKS, BLOCK, 0, &r, &ls, err, sizeof err) != TSR_OK)
                 fail_msg("%s pp %u tp %u: %s", mc->path, pp, tp, err);
+        unsetenv("TESSERA_PP_MAX_IN_FLIGHT");
         assert_int_equal(tsr_runner_stages(r), (tp > 1 ? tp : 1) * (pp > 1 ? pp : 1));
         const tsr_engine_model *m = tsr_runner_model(r);
+        assert_true(g_micro && pp > 1 ? m->max_in_flight == pp : !m->submit);
         tsr_engine_seq step1[2] = {
                 {.block_table = t0, .n_table = 4, .tokens = p0, .n = 11, .past_len = 0, .want_logits = true,
                  .want_all_logits = true},
                 {.block_table = t1, .n_table = 4, .tokens = p1, .n = 5, .past_len = 0},
         };
-        assert_int_equal(m->forward(m->ud, step1, 2, out), TSR_OK);
         tsr_engine_seq step2[2] = {
                 {.block_table = t0, .n_table = 4, .tokens = &next0, .n = 1, .past_len = 11, .want_logits = true},
                 {.block_table = t1, .n_table = 4, .tokens = p1 + 5, .n = 3, .past_len = 5, .want_logits = true},
         };
-        assert_int_equal(m->forward(m->ud, step2, 2, out + 11 * V), TSR_OK);
+        if (g_micro && pp > 1) {
+                assert_true(m->submit && m->max_in_flight >= 2);
+                assert_int_equal(m->submit(m->ud, step1, 2, out), TSR_OK);
+                assert_int_equal(m->submit(m->ud, step2, 2, out + 11 * V), TSR_OK);
+                assert_int_equal(m->wait(m->ud), TSR_OK);
+                assert_int_equal(m->wait(m->ud), TSR_OK);
+        } else {
+                assert_int_equal(m->forward(m->ud, step1, 2, out), TSR_OK);
+                assert_int_equal(m->forward(m->ud, step2, 2, out + 11 * V), TSR_OK);
+        }
         *n_out = 13 * V;
         tsr_runner_free(&r);
         assert_null(r);
@@ -482,17 +551,22 @@ static void compare_pp(const char *rel, const uint32_t *const *splits, const uin
                 max_abs = fabsf(want[i]) > max_abs ? fabsf(want[i]) : max_abs;
         }
         assert_true(max_abs > 0.1f);    /* real logits, not a zeroed buffer */
-        for (size_t c = 0; c < n_cases; c++) {
+        for (size_t c = 0; c < 2 * n_cases; c++) {
+                g_micro = c >= n_cases;         /* every case again with both steps in flight */
+                size_t k = c % n_cases;
                 memset(got, 0xff, 13 * V * sizeof(float));
-                run_steps(&mc, pps[c], splits[c], got, &n_got);
+                run_steps(&mc, pps[k], splits[k], got, &n_got);
+                g_micro = false;
                 assert_int_equal(n_got, n_want);
                 if (memcmp(got, want, n_want * sizeof(float)) != 0)
                         for (size_t i = 0; i < n_want; i++)
                                 if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
-                                        fail_msg("%s pp %u (split %u,%u,...): logit [%zu, %zu] %.9g, pp 1 %.9g", rel,
-                                                 pps[c], splits[c][0], splits[c][1], i / V, i % V, got[i], want[i]);
-                print_message("%s: pp %u (%u,%u%s): %zu logits bitwise equal to pp 1\n", rel, pps[c], splits[c][0],
-                              splits[c][1], pps[c] > 2 ? ",..." : "", n_want);
+                                        fail_msg("%s pp %u (split %u,%u,...%s): logit [%zu, %zu] %.9g, pp 1 %.9g", rel,
+                                                 pps[k], splits[k][0], splits[k][1], c >= n_cases ? ", micro-batches" : "",
+                                                 i / V, i % V, got[i], want[i]);
+                print_message("%s: pp %u (%u,%u%s)%s: %zu logits bitwise equal to pp 1\n", rel, pps[k], splits[k][0],
+                              splits[k][1], pps[k] > 2 ? ",..." : "", c >= n_cases ? ", both steps in flight" : "",
+                              n_want);
         }
         free(want);
         free(got);
@@ -1435,6 +1509,7 @@ int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_partition),
                 cmocka_unit_test(test_pipeline_toy),
+                cmocka_unit_test(test_pipeline_micro_batches),
                 cmocka_unit_test(test_pipeline_deadline),
                 cmocka_unit_test(test_pipeline_tensor),
                 cmocka_unit_test(test_pipeline_grid),

@@ -164,6 +164,14 @@ typedef struct step_plan {
         /* execute_plan's sampling split: the "sample" thread samples the entries from
          * sample_from on, the calling thread those before */
         size_t sample_from;
+        /* Pipeline micro-batches (tsr_engine_model.submit): the plan's own logits rows
+         * (several steps are in flight; else the engine's `logits`), whether its step
+         * is in the model (a wait owed), and when it went in. */
+        float *logits;
+        size_t logits_rows;
+        bool submitted;
+        uint64_t t0;
+        size_t n_masks;
 } step_plan;
 
 /* A thread that runs one plan at a time for the engine: job_launch hands it a plan,
@@ -227,6 +235,10 @@ struct tsr_engine {
         bool shutdown_done;
         uint64_t shutdown_deadline_ns;
         step_plan plans[2];           /* synchronous: plans[0]; async: the one in flight and the next */
+        /* Pipeline micro-batches (tsr_engine_model.submit, loop_queue): queue_cap plans,
+         * the steps in the model and the one being scheduled. */
+        step_plan *queue;
+        uint32_t queue_cap;
         /* --async-scheduling: the "step" thread runs execute_plan while the engine
          * thread emits, takes the inbox and schedules the next step. */
         job_thread step_thread;
@@ -717,7 +729,9 @@ static size_t next_waiting(const tsr_engine *e) {
         size_t best = SIZE_MAX;
         for (size_t i = 0; i < e->waiting.n; i++) {
                 const slot *a = e->waiting.items[i], *b;
-                if (a->deferred_round == e->sched_round || a->gjob)
+                /* in_flight: preempted while its step is in the model (micro-batches):
+                 * it is one step's at a time, so it waits for that step to be applied */
+                if (a->deferred_round == e->sched_round || a->gjob || a->in_flight)
                         continue;   /* deferred, or its grammar is still compiling */
                 if (!e->params.priority_scheduling)
                         return i;
@@ -868,6 +882,11 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                 size_t num_new, room, computed, known;
                 if (s->state != SLOT_RUNNING)
                         continue;   /* preempted earlier in this step */
+                /* With micro-batches, a request in a step still in the model waits for
+                 * that step's result (vLLM's batch queue skips a decode whose token is in
+                 * flight; here a prompt's next chunk waits too). */
+                if (e->queue && s->in_flight)
+                        continue;
                 computed = s->kv.n_computed + s->n_ahead;
                 known = s->n_tokens + s->n_placeholders;
                 /* Its pending token is its last for sure (max_tokens, max_model_len):
@@ -1045,6 +1064,7 @@ static tsr_status plan_reserve(step_plan *p, size_t cap) {
 }
 
 static void plan_free(step_plan *p) {
+        free(p->logits);
         free(p->entries);
         free(p->seqs);
         free(p->inputs);
@@ -1394,11 +1414,17 @@ static void sample_rows(tsr_engine *e, step_plan *p) { sample_range(e, p, p->sam
  * a row per token) and, where the chunk reached the end of the known tokens, a token
  * sampled from its last row.  Results go to the entries; the slots are only read (the
  * sampler's history), except prompt_lp rows no one else touches until the request's
- * first Output.  The step thread with --async-scheduling, else the engine thread. */
-static void execute_plan(tsr_engine *e, step_plan *p) {
+ * first Output.  In two halves: execute_begin runs the forward (`queued`: submits it,
+ * with micro-batches), execute_end samples (after the queued step's wait).  The step
+ * thread with --async-scheduling, else the engine thread. */
+static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
         const tsr_engine_model *m = e->params.model;
-        uint64_t t0 = tsr_now_ns();
+        float **logits = queued ? &p->logits : &e->logits;
+        size_t *logits_rows = queued ? &p->logits_rows : &e->logits_rows;
+        p->t0 = tsr_now_ns();
         p->compute_ns = 0;
+        p->submitted = false;
+        p->n_masks = 0;
         if (p->n == 0)
                 return;
         p->prefill_tokens = 0;
@@ -1409,24 +1435,47 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 else
                         p->prefill_tokens += p->seqs[i].n;
         }
-        if (p->st == TSR_OK && p->n_want > e->logits_rows) {
-                float *g = realloc(e->logits, p->n_want * m->vocab * sizeof(float));
+        if (p->st == TSR_OK && p->n_want > *logits_rows) {
+                float *g = realloc(*logits, p->n_want * m->vocab * sizeof(float));
                 if (g) {
-                        e->logits = g;
-                        e->logits_rows = p->n_want;
+                        *logits = g;
+                        *logits_rows = p->n_want;
                 } else {
                         p->st = TSR_E_NOMEM;
                 }
         }
-        size_t n_masks = 0;
-        if (p->st == TSR_OK && !plan_masks(e, p, &n_masks))
+        /* The masks are filled while the forward runs; a queued step's after its wait
+         * (the mask thread serves one step at a time, and the step before must have
+         * advanced the matchers). */
+        if (!queued && p->st == TSR_OK && !plan_masks(e, p, &p->n_masks))
                 p->st = TSR_E_NOMEM;
-        if (n_masks)
+        if (p->n_masks)
                 job_launch(&e->mask_thread, p);
         if (p->st == TSR_OK) {
                 plan_device_tokens(p);
-                p->st = m->forward(m->ud, p->seqs, p->n, e->logits);
+                if (queued)
+                        p->submitted = (p->st = m->submit(m->ud, p->seqs, p->n, *logits)) == TSR_OK;
+                else
+                        p->st = m->forward(m->ud, p->seqs, p->n, *logits);
         }
+}
+
+static void execute_end(tsr_engine *e, step_plan *p, bool queued) {
+        const tsr_engine_model *m = e->params.model;
+        float *logits_buf = queued ? p->logits : e->logits;
+        if (p->n == 0)
+                return;
+        if (p->submitted) {
+                p->st = m->wait(m->ud);
+                p->submitted = false;
+        }
+        if (queued && p->st == TSR_OK) {
+                if (!plan_masks(e, p, &p->n_masks))
+                        p->st = TSR_E_NOMEM;
+                else if (p->n_masks)
+                        job_launch(&e->mask_thread, p);
+        }
+        size_t n_masks = p->n_masks;
         if (n_masks)
                 job_wait(&e->mask_thread);
         /* 1. Prompt logprobs, grammar masks, and which rows to sample (in order). */
@@ -1435,7 +1484,7 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
                 sched_entry *pe = &p->entries[i];
                 const tsr_engine_seq *q = &p->seqs[i];
                 slot *s = pe->s;
-                float *rows = e->logits + row * m->vocab, *logits;
+                float *rows = logits_buf + row * m->vocab, *logits;
                 row += tsr_engine_seq_rows(q);
                 bool constrained = n_masks && pe->constrained;
                 pe->sampled = false;
@@ -1500,15 +1549,22 @@ static void execute_plan(tsr_engine *e, step_plan *p) {
         }
         /* A prompt-logprobs step may have grown the buffer to max_lp_rows rows: give the
          * memory back once the steps that need it are over. */
-        if (e->logits_rows > e->params.max_num_seqs && p->n_want <= e->params.max_num_seqs) {
+        float **logits = queued ? &p->logits : &e->logits;
+        size_t *logits_rows = queued ? &p->logits_rows : &e->logits_rows;
+        if (*logits_rows > e->params.max_num_seqs && p->n_want <= e->params.max_num_seqs) {
                 size_t keep = e->params.max_num_seqs ? e->params.max_num_seqs : 1;
-                float *g = realloc(e->logits, keep * m->vocab * sizeof(float));
+                float *g = realloc(*logits, keep * m->vocab * sizeof(float));
                 if (g) {
-                        e->logits = g;
-                        e->logits_rows = keep;
+                        *logits = g;
+                        *logits_rows = keep;
                 }
         }
-        p->compute_ns = tsr_now_ns() - t0;
+        p->compute_ns = tsr_now_ns() - p->t0;
+}
+
+static void execute_plan(tsr_engine *e, step_plan *p) {
+        execute_begin(e, p, false);
+        execute_end(e, p, false);
 }
 
 /* A step that failed for the replica's sake, not the request's: a pipeline stage or
@@ -1820,6 +1876,65 @@ static void loop_async(tsr_engine *e) {
         }
 }
 
+/* Pipeline micro-batches (tsr_engine_model.submit; vLLM's batch queue): up to queue_cap
+ * steps in the model at once.  While there is room, schedule a step of the requests not
+ * already in one and submit it (the model returns once its first stage is done with it);
+ * when the queue is full or nothing more can go in, end the oldest (wait, sample, apply,
+ * emit).  A request is in at most one step in flight, so the slots, aborts and
+ * preemption behave as with one step: an aborted request is freed when its step is
+ * applied, a preempted one's result dropped, and a step's blocks reused only by steps
+ * submitted after it, which every stage runs after it. */
+static void loop_queue(tsr_engine *e) {
+        size_t head = 0, n_q = 0;
+        bool overlapped = false;
+        while (!e->stopping) {
+                bool idle = n_q == 0 && e->running.n == 0 && e->waiting.n == 0;
+                publish_stats(e, false);
+                take_inbox(e, idle && (!e->shutting_down || e->shutdown_done));
+                if (e->stopping)
+                        break;
+                /* shutdown (finish_shutdown frees every slot) and a new KV incarnation
+                 * (installed with nothing in flight) wait for every step in the model */
+                bool drain = shutdown_due(e) || (n_q && kv_renewal_pending(e));
+                bool submitted = false;
+                if (!drain && n_q < e->queue_cap && (e->running.n || e->waiting.n)) {
+                        step_plan *p = &e->queue[(head + n_q) % e->queue_cap];
+                        p->n = 0;
+                        schedule_plan(e, p, n_q == 0);
+                        prepare_plan(e, p);
+                        if (p->n) {
+                                p->step = ++e->step;
+                                for (size_t i = 0; i < p->n; i++)
+                                        p->entries[i].s->in_flight = true;
+                                execute_begin(e, p, true);
+                                n_q++;
+                                submitted = true;
+                                if (n_q == 2 && !overlapped) {
+                                        overlapped = true;
+                                        log_info("pipeline micro-batches: 2 steps in flight at once (step %llu; "
+                                                 "logged the first time)", (unsigned long long)p->step);
+                                }
+                        }
+                }
+                if (n_q && (drain || !submitted || n_q == e->queue_cap)) {
+                        step_plan *p = &e->queue[head];
+                        execute_end(e, p, true);
+                        apply_plan(e, p);
+                        emit_outputs(e, p->entries, p->n, p->step);
+                        retire_finished(e, p);
+                        head = (head + 1) % e->queue_cap;
+                        n_q--;
+                        continue;
+                }
+                if (shutdown_due(e))
+                        finish_shutdown(e);
+        }
+        for (; n_q; n_q--, head = (head + 1) % e->queue_cap) {   /* stopping: the model must be done */
+                execute_end(e, &e->queue[head], true);
+                apply_plan(e, &e->queue[head]);
+        }
+}
+
 static void *engine_main(void *arg) {
         tsr_engine *e = arg;
         bool async = false;
@@ -1835,6 +1950,8 @@ static void *engine_main(void *arg) {
                 if (!async)
                         log_warn("cannot start the step thread: scheduling synchronously");
         }
+        if (e->queue)
+                log_info("pipeline micro-batches: up to %u steps in flight", e->queue_cap);
         if (e->params.model)
                 log_info("engine up: %llu KV blocks of %u tokens, max_model_len %u, max_num_seqs %u, "
                          "max_num_batched_tokens %u, prefix caching %s, async scheduling %s",
@@ -1846,6 +1963,8 @@ static void *engine_main(void *arg) {
         publish_stats(e, true);
         if (async)
                 loop_async(e);
+        else if (e->queue)
+                loop_queue(e);
         else
                 loop_sync(e);
         job_thread_stop(&e->step_thread);
@@ -1898,6 +2017,16 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
                         st = TSR_E_NOMEM;
                         goto fail;
                 }
+                /* micro-batches: a plan per step in the model (--async-scheduling, which
+                 * overlaps scheduling with one step instead, takes precedence) */
+                const tsr_engine_model *m = p->model;
+                if (m->submit && m->wait && m->max_in_flight > 1 && !p->async_scheduling) {
+                        e->queue_cap = m->max_in_flight;
+                        if (!(e->queue = calloc(e->queue_cap, sizeof(*e->queue)))) {
+                                st = TSR_E_NOMEM;
+                                goto fail;
+                        }
+                }
         }
         if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
                 st = TSR_E_INTERNAL;
@@ -1906,6 +2035,7 @@ tsr_status tsr_engine_start(const tsr_engine_params *p, tsr_queue *inbox, tsr_qu
         *ret = e;
         return TSR_OK;
 fail:
+        free(e->queue);
         free(e->logits);
         free(e->scratch);
         free(e->scratch2);
@@ -1931,6 +2061,9 @@ void tsr_engine_stop(tsr_engine **ep) {
         free(e->waiting.items);
         plan_free(&e->plans[0]);
         plan_free(&e->plans[1]);
+        for (uint32_t i = 0; i < e->queue_cap; i++)
+                plan_free(&e->queue[i]);
+        free(e->queue);
         free(e->logits);
         free(e->scratch);
         free(e->scratch2);

@@ -131,6 +131,16 @@ typedef struct tsr_engine_model {
          * invariance).  Engine thread, or its runner thread with --async-scheduling
          * (one call at a time either way). */
         tsr_status (*forward)(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits);
+        /* Optional: pipeline micro-batches (vLLM's batch queue, with pipeline stages).  Up
+         * to max_in_flight (> 1) steps may be in the model at once: submit starts one
+         * (as forward would run it: `seqs` and `logits` stay the engine's, untouched,
+         * until its wait) and returns once the first stage is done with it; wait ends the
+         * oldest step submitted and returns its status, as forward's.  A submit that
+         * fails leaves nothing in flight (no wait for it).  The engine uses them instead
+         * of forward when set and --async-scheduling is off.  Engine thread. */
+        uint32_t max_in_flight;
+        tsr_status (*submit)(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits);
+        tsr_status (*wait)(void *ud);
         /* Optional (NULL: the KV memory lives as long as the model).  A model whose KV
          * memory can be lost while it runs (a pipeline stage on another node that
          * restarted: worker/parallel/nodes.h) counts its incarnations, and may install

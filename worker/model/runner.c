@@ -56,6 +56,14 @@ struct tsr_runner {
          * pings stop, so WatchdogSec restarts the worker. */
         uint64_t hang_at;
         tsr_engine_model em;
+        /* Micro-batches (pp > 1 in this process: em.submit): the steps in the pipeline,
+         * oldest first, each with its sequence records and plan, alive until its wait. */
+        struct queued_step {
+                step_plan pl;
+                tsr_pipeline_step step;
+                float *logits;
+        } queued[TSR_RUNNER_MAX_STAGES];
+        uint32_t queued_head, queued_n;
         tsr_modelopt_config mo;    /* what a Hugging Face folder announces (worker/load/modelopt.h) */
         uint64_t kv_blocks;        /* allocated on every stage */
 };
@@ -189,6 +197,45 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
                 st = tsr_pipeline_run(r->pipe, &step, logits);
         }
         free(ls);
+        return st;
+}
+
+/* Micro-batches: the step goes in (stage 0 runs here) and stays in the pipeline until
+ * runner_wait; up to pp of them at once.  Engine thread. */
+static tsr_status runner_submit(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
+        tsr_runner *r = ud;
+        size_t n_tokens, rows;
+        if (r->queued_n == r->pp)
+                return TSR_E_INVAL;
+        struct queued_step *q = &r->queued[(r->queued_head + r->queued_n) % r->pp];
+        char *ls = fill_seqs(r, seqs, n_seqs);
+        if (!ls)
+                return TSR_E_NOMEM;
+        r->steps++;
+        tsr_engine_step_size(seqs, n_seqs, &n_tokens, &rows);
+        q->pl = (step_plan){.seqs = ls, .n_seqs = n_seqs, .step = r->steps};
+        q->step = (tsr_pipeline_step){.plan = &q->pl, .io_floats = 2 * n_tokens * r->hidden,
+                                      .out_floats = rows * r->em.vocab};
+        q->logits = logits;
+        tsr_status st = tsr_pipeline_submit(r->pipe, &q->step, logits);
+        if (st != TSR_OK) {
+                free(ls);
+                return st;
+        }
+        r->queued_n++;
+        return TSR_OK;
+}
+
+static tsr_status runner_wait(void *ud) {
+        tsr_runner *r = ud;
+        if (r->queued_n == 0)
+                return TSR_E_INVAL;
+        struct queued_step *q = &r->queued[r->queued_head];
+        tsr_status st = tsr_pipeline_wait(r->pipe, &q->step, q->logits);
+        free((char *)q->pl.seqs);
+        q->pl.seqs = NULL;
+        r->queued_head = (r->queued_head + 1) % r->pp;
+        r->queued_n--;
         return st;
 }
 
@@ -755,6 +802,21 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         r->em.vocab = desc->vocab_size;
         r->em.ud = r;
         r->em.forward = runner_forward;
+        /* Pipeline stages in this process: up to k steps in flight (vLLM's batch queue,
+         * max_concurrent_batches = pp) with TESSERA_PP_MAX_IN_FLIGHT=k (2 .. pp).  Off by
+         * default: the stages here are CPU rank threads sharing the same cores, where
+         * two steps at once only split the batch and the cores (served -pp 2 lost 13-24%
+         * with them: docs/benchmarks.md, "Pipeline micro-batches"); they pay where each
+         * stage has a device or a node of its own. */
+        const char *cap = getenv("TESSERA_PP_MAX_IN_FLIGHT");
+        unsigned long k = cap && *cap ? strtoul(cap, NULL, 10) : 1;
+        if (pp > 1 && !r->node_mode && k > 1) {
+                r->em.max_in_flight = (uint32_t)(k < pp ? k : pp);
+                r->em.submit = runner_submit;
+                r->em.wait = runner_wait;
+                log_info("pipeline micro-batches: up to %u steps in the %u stages at once (TESSERA_PP_MAX_IN_FLIGHT)",
+                         r->em.max_in_flight, pp);
+        }
         *ret = r;
         return TSR_OK;
 fail:

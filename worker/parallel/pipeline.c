@@ -25,6 +25,7 @@
 
 #define HDR_FLOATS 2
 #define MAX_RANKS 64
+#define MAX_IN_FLIGHT TSR_PIPELINE_MAX_IN_FLIGHT
 
 typedef struct rank {
         tsr_pipeline *p;
@@ -49,12 +50,18 @@ struct tsr_pipeline {
         tsr_comm_local_group *world;
         tsr_comm_local_group *tp_groups[MAX_RANKS];     /* [n_stages] when n_stages > 1 and tp > 1 */
         uint64_t epoch;
-        /* the mailbox, under mu */
+        /* the mailbox, under mu: steps[id % MAX_IN_FLIGHT] is step id's; a rank runs
+         * every id after the one it last ran, in order */
         pthread_mutex_t mu;
         pthread_cond_t cv;
         uint64_t step_id;
-        const tsr_pipeline_step *step;
+        const tsr_pipeline_step *steps[MAX_IN_FLIGHT];
         bool stop;
+        /* the caller's: the steps submitted and not yet waited for, oldest first, each
+         * with the epoch it went in on (a step of a grid that has since failed fails) */
+        uint64_t oldest, n_in_flight;
+        uint64_t in_flight_epoch[MAX_IN_FLIGHT];
+        tsr_status one_stage_st[MAX_IN_FLIGHT];         /* a one-stage grid's steps end in submit */
 };
 
 static tsr_status grow(float **buf, size_t *cap, size_t floats) {
@@ -199,8 +206,8 @@ static void *rank_main(void *arg) {
                         pthread_cond_wait(&p->cv, &p->mu);
                 if (p->stop)
                         break;
-                seen = p->step_id;
-                const tsr_pipeline_step *step = p->step;
+                seen++;         /* every step in turn: several may be in flight */
+                const tsr_pipeline_step *step = p->steps[seen % MAX_IN_FLIGHT];
                 pthread_mutex_unlock(&p->mu);
                 st = rank_step(r, seen, step, NULL, NULL);
                 pthread_mutex_lock(&p->mu);
@@ -330,45 +337,77 @@ tsr_status tsr_pipeline_new_kind(tsr_pipeline_kind kind, uint32_t n_ranks, uint3
                                            : tsr_pipeline_new_grid(n_ranks, 1, timeout_ms, fn, ud, ret);
 }
 
-tsr_status tsr_pipeline_run(tsr_pipeline *p, const tsr_pipeline_step *step, float *out) {
+/* The grid is dead (a comm failure): stop every rank before returning, so none still
+ * reads a plan; every step still in flight fails; the next step builds new groups. */
+static tsr_status grid_failed(tsr_pipeline *p, uint64_t id, tsr_status cst) {
+        log_error("pipeline: step %llu failed in the comm (%s): the in-flight requests fail; a new group "
+                  "(epoch %llu) serves the next step", (unsigned long long)id, tsr_status_str(cst),
+                  (unsigned long long)p->epoch + 1);
+        stop_ranks(p);
+        return cst;
+}
+
+tsr_status tsr_pipeline_submit(tsr_pipeline *p, const tsr_pipeline_step *step, float *out) {
         rank *r0 = &p->ranks[0];
         uint64_t id;
         tsr_status st = TSR_OK, cst;
         bool one_stage = p->n_stages == 1;
 
-        if (!step || (step->out_floats && !out))
+        if (!step || (step->out_floats && !out) || p->n_in_flight >= MAX_IN_FLIGHT)
                 return TSR_E_INVAL;
         if (!p->world && (st = start_ranks(p)) != TSR_OK)
                 return st;
-        if (!one_stage && (st = grow(&r0->in, &r0->in_cap, step->out_floats)) != TSR_OK)
-                return st;
         pthread_mutex_lock(&p->mu);
         id = ++p->step_id;
-        p->step = step;
+        p->steps[id % MAX_IN_FLIGHT] = step;
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
+        if (p->n_in_flight == 0)
+                p->oldest = id;
+        p->in_flight_epoch[id % MAX_IN_FLIGHT] = p->epoch;
+        p->n_in_flight++;
 
-        /* One stage: rank 0 writes the output itself; else it receives it from the last
-         * stage's tp rank 0. */
+        /* Stage 0 here; its output goes to stage 1, or, one stage, rank 0 writes the
+         * output itself and the step is over. */
         cst = rank_step(r0, id, step, one_stage ? out : NULL, &st);
-        if (cst == TSR_OK && !one_stage)
-                cst = tsr_comm_recv(r0->comm, r0->in, (HDR_FLOATS + step->out_floats) * sizeof(float),
-                                    (int)((p->n_stages - 1) * p->tp), id, NULL);
         if (cst != TSR_OK) {
-                /* The grid is dead: stop every rank before returning, so none still reads
-                 * the plan; the next step builds new groups. */
-                log_error("pipeline: step %llu failed in the comm (%s): the in-flight requests fail; a new group "
-                          "(epoch %llu) serves the next step", (unsigned long long)id, tsr_status_str(cst),
-                          (unsigned long long)p->epoch + 1);
-                stop_ranks(p);
-                return cst;
+                p->n_in_flight--;       /* not in flight: no wait for it (older ones fail theirs) */
+                return grid_failed(p, id, cst);
         }
         if (one_stage)
-                return st;
+                p->one_stage_st[id % MAX_IN_FLIGHT] = st;
+        return TSR_OK;
+}
+
+tsr_status tsr_pipeline_wait(tsr_pipeline *p, const tsr_pipeline_step *step, float *out) {
+        rank *r0 = &p->ranks[0];
+        tsr_status st, cst;
+
+        if (p->n_in_flight == 0)
+                return TSR_E_INVAL;
+        uint64_t id = p->oldest++;
+        p->n_in_flight--;
+        if (!p->world || p->in_flight_epoch[id % MAX_IN_FLIGHT] != p->epoch)
+                return TSR_E_CANCELLED;     /* its grid failed after it went in */
+        if (p->n_stages == 1)
+                return p->one_stage_st[id % MAX_IN_FLIGHT];
+        /* the output from the last stage's tp rank 0 */
+        if ((st = grow(&r0->in, &r0->in_cap, step->out_floats)) != TSR_OK)
+                cst = st;
+        else
+                cst = tsr_comm_recv(r0->comm, r0->in, (HDR_FLOATS + step->out_floats) * sizeof(float),
+                                    (int)((p->n_stages - 1) * p->tp), id, NULL);
+        if (cst != TSR_OK)
+                return grid_failed(p, id, cst);
         st = hdr_status(r0->in);
         if (st == TSR_OK && step->out_floats)
                 memcpy(out, r0->in + HDR_FLOATS, step->out_floats * sizeof(float));
         return st;
+}
+
+tsr_status tsr_pipeline_run(tsr_pipeline *p, const tsr_pipeline_step *step, float *out) {
+        tsr_status st = tsr_pipeline_submit(p, step, out);
+        return st != TSR_OK ? st : tsr_pipeline_wait(p, step, out);
 }
 
 void tsr_pipeline_abort(tsr_pipeline *p) {

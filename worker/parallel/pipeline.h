@@ -21,8 +21,12 @@
  * is different: each tp rank sends 1/tp of the tensor and the receivers all-gather, to
  * cut the bytes on the wire; that belongs to the zmq data plane, not here.)
  *
- * No micro-batches: one step is in the pipeline at a time, so on one step the stages
- * run one after another (a later slice can keep pp steps in flight, vLLM's batch queue).
+ * Micro-batches (vLLM's batch queue): tsr_pipeline_submit runs stage 0 of a step and
+ * returns once its output is on the way to stage 1, so the caller can submit the next
+ * step while the later stages work on this one; tsr_pipeline_wait takes the oldest
+ * step's output.  Every rank runs the steps in submit order, so a step's KV writes on a
+ * stage come after those of every step submitted before it (block ids a later step
+ * reuses, a request's next chunk).  tsr_pipeline_run is submit + wait.
  *
  * Every stage-to-stage message starts with the sender's status: a stage whose own work
  * failed (bad input, out of memory) still sends, so the others learn it at once and the
@@ -36,7 +40,8 @@
  * still reads the plan), and the next step starts fresh groups with epoch + 1.  The
  * worker stays up.
  *
- * Threads: tsr_pipeline_run from one thread at a time (the engine's forward);
+ * Threads: tsr_pipeline_submit / wait / run from one thread at a time (the engine's
+ * forward);
  * tsr_pipeline_abort from any thread; new/free from the thread that owns the runner.
  * Rank threads block every signal (the io thread reads SIGTERM through a signalfd). */
 #ifndef TSR_PARALLEL_PIPELINE_H
@@ -90,10 +95,24 @@ tsr_status tsr_pipeline_new(uint32_t n_stages, uint32_t timeout_ms, tsr_pipeline
 /* `kind`: n_ranks x 1 (stages) or 1 x n_ranks (tensor). */
 tsr_status tsr_pipeline_new_kind(tsr_pipeline_kind kind, uint32_t n_ranks, uint32_t timeout_ms,
                                  tsr_pipeline_stage_fn fn, void *ud, tsr_pipeline **ret);
-/* Run one step through every stage; the last stage's out_floats land in `out`.  Returns
- * the first failing stage's status, or the comm's (TSR_E_TIMEOUT, TSR_E_CANCELLED, ...)
- * or, with tp > 1, the first of a stage's disagreeing statuses (the grid starts over);
- * `out` is then undefined.  TSR_E_INTERNAL when a rank thread cannot be started. */
+/* Steps in flight at most (submitted, not yet waited for). */
+#define TSR_PIPELINE_MAX_IN_FLIGHT 64
+
+/* Start one step: post it to every rank thread and run rank 0's part (stage 0) here.
+ * `step` and `out` stay the caller's, untouched, until the step's tsr_pipeline_wait; on
+ * a one-stage grid the step is over on return (the output written, its status kept for
+ * the wait).  TSR_OK: the step is in flight.  Otherwise it is not (no wait for it): a
+ * comm failure (the grid starts over, and the steps still in flight fail in their
+ * waits), TSR_E_INTERNAL when a rank thread cannot be started, TSR_E_INVAL with
+ * TSR_PIPELINE_MAX_IN_FLIGHT steps in flight. */
+tsr_status tsr_pipeline_submit(tsr_pipeline *p, const tsr_pipeline_step *step, float *out);
+/* End the oldest step in flight (`step` and `out` are what it was submitted with): the
+ * last stage's out_floats land in `out`.  Returns the first failing stage's status, or
+ * the comm's (TSR_E_TIMEOUT, TSR_E_CANCELLED, ...: the grid starts over) or, with tp > 1,
+ * the first of a stage's disagreeing statuses; TSR_E_CANCELLED when the grid failed after
+ * the step went in; `out` is then undefined.  TSR_E_INVAL when nothing is in flight. */
+tsr_status tsr_pipeline_wait(tsr_pipeline *p, const tsr_pipeline_step *step, float *out);
+/* One step through every stage, nothing else in flight: submit + wait. */
 tsr_status tsr_pipeline_run(tsr_pipeline *p, const tsr_pipeline_step *step, float *out);
 /* Fail the step in flight (if any): every comm wait returns TSR_E_CANCELLED promptly.
  * Any thread; the next step runs on a fresh group. */
