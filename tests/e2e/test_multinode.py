@@ -48,10 +48,11 @@ def ns_prefix(ns):
 
 
 def leader(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, model=DEMO_MODEL, wait=True,
-           common=COMMON, pp=2, nnodes=2):
+           common=COMMON, pp=2, nnodes=2, env=None):
     port = free_port()
     proc = Proc([*ns_prefix(ns), LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port, *common,
-                 *node_flags(0, master_port, master, pp, nnodes), *extra], tmp_path / f"{name}.log", env=ENV)
+                 *node_flags(0, master_port, master, pp, nnodes), *extra], tmp_path / f"{name}.log",
+                env=dict(ENV, **(env or {})))
     base = f"http://127.0.0.1:{port}"
 
     def ready():
@@ -84,7 +85,8 @@ def client(base):
 
 
 def answers(base):
-    """Greedy and seeded completions with top-5 logprobs, then the prompts at once."""
+    """Greedy and seeded completions with top-5 logprobs, then the prompts at once, then
+    six longer ones started 20 ms apart (later ones arrive while earlier ones decode)."""
     c = client(base)
     out = []
     for p in PROMPTS:
@@ -103,6 +105,20 @@ def answers(base):
     for t in threads:
         t.join()
     out.append(("batch", got))
+    staggered = [None] * 6
+
+    def longer(i):
+        kw = {"temperature": 0.7, "seed": i} if i % 2 else {"temperature": 0}
+        r = c.completions.create(model=MODEL, prompt=PROMPTS[i % 3], max_tokens=32, logprobs=2,
+                                 extra_body={"ignore_eos": True}, **kw)
+        staggered[i] = (r.choices[0].text, r.choices[0].logprobs.token_logprobs)
+    threads = [threading.Thread(target=longer, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    out.append(("staggered", staggered))
     return out
 
 
@@ -119,33 +135,39 @@ def stop(proc):
     proc.kill_group()
 
 
-def two_nodes(tmp_path, *extra):
+def two_nodes(tmp_path, *extra, env=None):
     """Node 1 then node 0 on loopback, and node 0's greedy answer."""
     need_model()
     mp = free_port()
     f = follower(tmp_path, "node1", mp, *extra)
-    lead, base = leader(tmp_path, "node0", mp, *extra)
+    lead, base = leader(tmp_path, "node0", mp, *extra, env=env)
     code, before = greedy(base)
     assert code == 200, before
     return mp, f, lead, base, before
 
 
-@pytest.mark.parametrize("extra", [[], ["--async-scheduling"]], ids=["sync", "async"])
-def test_two_nodes_answer_as_one_process(tmp_path, extra):
+@pytest.mark.parametrize("extra,env", [([], None), (["--async-scheduling"], None),
+                                       ([], {"TESSERA_PP_MAX_IN_FLIGHT": "2"})], ids=["sync", "async", "micro"])
+def test_two_nodes_answer_as_one_process(tmp_path, extra, env):
     """With --async-scheduling (the Llama 3.3 70B recipe's) too: node 0's step thread runs
-    the steps while its engine thread schedules the next; the same answers."""
+    the steps while its engine thread schedules the next; and with micro-batches (two
+    steps in the nodes at once, the requests of the last batch started 20 ms apart: node 0
+    runs stage 0 of one while node 1 runs the other); the same answers."""
     need_model()
     proc, base = single(tmp_path)
     want = answers(base)
     stop(proc)
     mp = free_port()
     f = follower(tmp_path, "node1", mp, *extra)
-    lead, base = leader(tmp_path, "node0", mp, *extra)
+    lead, base = leader(tmp_path, "node0", mp, *extra, env=env)
     got = answers(base)
     for w, g in zip(want, got):
         assert w == g, (w, g)
     log0, log1 = lead.output(), f.output()
     assert f"async scheduling {'on' if extra else 'off'}" in log0, log0[-3000:]
+    if env:
+        assert "pipeline micro-batches: up to 2 steps in the 2 stages at once" in log0, log0[-3000:]
+        print("two steps in flight at once:", "pipeline micro-batches: 2 steps in flight at once" in log0)
     assert "this one (node rank 0, the leader) runs stage 0: layers [0..14, 15..29]" in log0, log0[-3000:]
     assert "the 2 nodes met" in log0 and "node rank 1: " in log0, log0[-3000:]
     assert "headless: node rank 1 of 2" in log1 and "serving pipeline stage 1" in log1, log1[-3000:]
@@ -280,12 +302,13 @@ def test_more_nodes_and_stages(tmp_path, pp, nnodes, logs):
         f.kill_group()
 
 
-@pytest.mark.parametrize("extra", [[], ["--async-scheduling"]], ids=["sync", "async"])
-def test_follower_killed_under_load_then_replaced(tmp_path, extra):
+@pytest.mark.parametrize("extra,env", [([], None), (["--async-scheduling"], None),
+                                       ([], {"TESSERA_PP_MAX_IN_FLIGHT": "2"})], ids=["sync", "async", "micro"])
+def test_follower_killed_under_load_then_replaced(tmp_path, extra, env):
     """With --async-scheduling the new group goes in only once no step is in flight
     (engine.h's kv_generation): the engine thread, which schedules ahead, lets the step
-    thread's step end first."""
-    mp, f, lead, base, before = two_nodes(tmp_path, *extra)
+    thread's step end first; with micro-batches once no step is in the nodes."""
+    mp, f, lead, base, before = two_nodes(tmp_path, *extra, env=env)
     ends, chunks = [], [0] * 4
 
     def stream(i):

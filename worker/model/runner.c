@@ -138,6 +138,23 @@ static tsr_status node0_stage(void *ud, float *act) {
         return node_stage_run(q->r, q->seqs, q->ls, q->n_seqs, NULL, act);
 }
 
+static tsr_status runner_submit(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits);
+static tsr_status runner_wait(void *ud);
+
+/* TESSERA_PP_MAX_IN_FLIGHT=k (2 .. pp): up to k steps in flight, with stages in this
+ * process or (node 0) on other nodes.  Off by default (runner_new says why). */
+static void micro_batches_setup(tsr_runner *r) {
+        const char *cap = getenv("TESSERA_PP_MAX_IN_FLIGHT");
+        unsigned long k = cap && *cap ? strtoul(cap, NULL, 10) : 1;
+        if (r->pp < 2 || k < 2)
+                return;
+        r->em.max_in_flight = (uint32_t)(k < r->pp ? k : r->pp);
+        r->em.submit = runner_submit;
+        r->em.wait = runner_wait;
+        log_info("pipeline micro-batches: up to %u steps in the %u stages at once (TESSERA_PP_MAX_IN_FLIGHT)",
+                 r->em.max_in_flight, r->pp);
+}
+
 static uint64_t runner_kv_generation(void *ud) { return tsr_nodes_generation(((tsr_runner *)ud)->nodes); }
 static bool runner_kv_renewal_pending(void *ud) { return tsr_nodes_renewal_pending(((tsr_runner *)ud)->nodes); }
 static bool runner_available(void *ud) { return tsr_nodes_up(((tsr_runner *)ud)->nodes); }
@@ -149,6 +166,8 @@ void tsr_runner_set_nodes(tsr_runner *r, struct tsr_nodes *nodes) {
         r->em.kv_renewal_pending = nodes ? runner_kv_renewal_pending : NULL;
         r->em.available = nodes ? runner_available : NULL;
         r->em.idle = nodes ? runner_idle : NULL;
+        if (nodes)
+                micro_batches_setup(r);
 }
 
 tsr_status tsr_runner_run_stage(tsr_runner *r, const tsr_engine_seq *seqs, size_t n_seqs, const float *in,
@@ -200,11 +219,13 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
         return st;
 }
 
-/* Micro-batches: the step goes in (stage 0 runs here) and stays in the pipeline until
- * runner_wait; up to pp of them at once.  Engine thread. */
+/* Micro-batches: the step goes in (stage 0 runs here: this process's stages, or node 0's
+ * part of a multi-node replica) and stays in the pipeline until runner_wait; up to pp of
+ * them at once.  Engine thread. */
 static tsr_status runner_submit(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
         tsr_runner *r = ud;
         size_t n_tokens, rows;
+        tsr_status st;
         if (r->queued_n == r->pp)
                 return TSR_E_INVAL;
         struct queued_step *q = &r->queued[(r->queued_head + r->queued_n) % r->pp];
@@ -217,11 +238,19 @@ static tsr_status runner_submit(void *ud, const tsr_engine_seq *seqs, size_t n_s
         q->step = (tsr_pipeline_step){.plan = &q->pl, .io_floats = 2 * n_tokens * r->hidden,
                                       .out_floats = rows * r->em.vocab};
         q->logits = logits;
-        tsr_status st = tsr_pipeline_submit(r->pipe, &q->step, logits);
-        if (st != TSR_OK) {
+        if (r->nodes) {         /* the followers hold the plan now: node 0 is done with ls */
+                node0_step n0 = {.r = r, .seqs = seqs, .ls = ls, .n_seqs = n_seqs};
+                st = tsr_nodes_submit(r->nodes, seqs, n_seqs, q->step.io_floats, q->step.out_floats, node0_stage,
+                                      &n0);
                 free(ls);
-                return st;
+                q->pl.seqs = NULL;
+        } else {
+                st = tsr_pipeline_submit(r->pipe, &q->step, logits);
+                if (st != TSR_OK)
+                        free(ls);
         }
+        if (st != TSR_OK)
+                return st;
         r->queued_n++;
         return TSR_OK;
 }
@@ -231,7 +260,8 @@ static tsr_status runner_wait(void *ud) {
         if (r->queued_n == 0)
                 return TSR_E_INVAL;
         struct queued_step *q = &r->queued[r->queued_head];
-        tsr_status st = tsr_pipeline_wait(r->pipe, &q->step, q->logits);
+        tsr_status st = r->nodes ? tsr_nodes_wait(r->nodes, q->step.out_floats, q->logits)
+                                 : tsr_pipeline_wait(r->pipe, &q->step, q->logits);
         free((char *)q->pl.seqs);
         q->pl.seqs = NULL;
         r->queued_head = (r->queued_head + 1) % r->pp;
@@ -808,15 +838,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
          * two steps at once only split the batch and the cores (served -pp 2 lost 13-24%
          * with them: docs/benchmarks.md, "Pipeline micro-batches"); they pay where each
          * stage has a device or a node of its own. */
-        const char *cap = getenv("TESSERA_PP_MAX_IN_FLIGHT");
-        unsigned long k = cap && *cap ? strtoul(cap, NULL, 10) : 1;
-        if (pp > 1 && !r->node_mode && k > 1) {
-                r->em.max_in_flight = (uint32_t)(k < pp ? k : pp);
-                r->em.submit = runner_submit;
-                r->em.wait = runner_wait;
-                log_info("pipeline micro-batches: up to %u steps in the %u stages at once (TESSERA_PP_MAX_IN_FLIGHT)",
-                         r->em.max_in_flight, pp);
-        }
+        if (!r->node_mode)
+                micro_batches_setup(r);
         *ret = r;
         return TSR_OK;
 fail:

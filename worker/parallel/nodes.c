@@ -189,6 +189,7 @@ struct tsr_nodes {
         tsr_comm *comm;                         /* the installed group; NULL while down */
         uint64_t generation;
         uint64_t steps;
+        uint32_t in_flight;                     /* steps submitted and not yet waited for */
         float *act, *out;                       /* [HDR_FLOATS + floats] of the step's messages */
         size_t act_cap, out_cap;
         /* under mu */
@@ -392,10 +393,8 @@ void tsr_nodes_idle(tsr_nodes *n) {
                 group_down(n, st);
 }
 
-tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,
-                          size_t out_floats, tsr_status (*stage0)(void *ud, float *act), void *stage0_ud,
-                          float *logits) {
-        uint32_t last = n->cfg.nnodes - 1;
+tsr_status tsr_nodes_submit(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,
+                            size_t out_floats, tsr_status (*stage0)(void *ud, float *act), void *stage0_ud) {
         uint8_t *plan = NULL;
         size_t plan_len = 0;
         tsr_status st, local;
@@ -403,11 +402,10 @@ tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seq
         if (!n->comm)
                 return TSR_E_UNAVAILABLE;
         if ((st = grow(&n->act, &n->act_cap, HDR_FLOATS + io_floats)) != TSR_OK ||
-            (st = grow(&n->out, &n->out_cap, HDR_FLOATS + out_floats)) != TSR_OK ||
             (st = tsr_nodes_plan_pack(seqs, n_seqs, n->cfg.n_kv_tables, &plan, &plan_len)) != TSR_OK)
                 return st;
         ctl_msg ctl = {.step = ++n->steps, .plan_bytes = plan_len, .io_floats = io_floats, .out_floats = out_floats};
-        for (uint32_t q = 1; st == TSR_OK && q <= last; q++) {
+        for (uint32_t q = 1; st == TSR_OK && q < n->cfg.nnodes; q++) {
                 st = tsr_comm_send(n->comm, &ctl, sizeof ctl, (int)q, TAG_CTL, NULL);
                 if (st == TSR_OK)
                         st = tsr_comm_send(n->comm, plan, plan_len, (int)q, TAG_PLAN, NULL);
@@ -420,9 +418,25 @@ tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seq
         ((int32_t *)n->act)[1] = 0;
         if (st == TSR_OK)
                 st = tsr_comm_send(n->comm, n->act, (HDR_FLOATS + io_floats) * sizeof(float), 1, TAG_ACT, NULL);
-        if (st == TSR_OK)
-                st = tsr_comm_recv(n->comm, n->out, (HDR_FLOATS + out_floats) * sizeof(float), (int)last, TAG_OUT,
-                                   NULL);
+        if (st != TSR_OK) {
+                group_down(n, st);
+                return st;
+        }
+        n->in_flight++;
+        return TSR_OK;
+}
+
+tsr_status tsr_nodes_wait(tsr_nodes *n, size_t out_floats, float *logits) {
+        tsr_status st;
+
+        if (n->in_flight == 0)
+                return TSR_E_INVAL;
+        n->in_flight--;
+        if (!n->comm)           /* the group failed under an earlier step */
+                return TSR_E_UNAVAILABLE;
+        if ((st = grow(&n->out, &n->out_cap, HDR_FLOATS + out_floats)) == TSR_OK)
+                st = tsr_comm_recv(n->comm, n->out, (HDR_FLOATS + out_floats) * sizeof(float),
+                                   (int)n->cfg.nnodes - 1, TAG_OUT, NULL);
         if (st != TSR_OK) {
                 group_down(n, st);
                 return st;
@@ -430,6 +444,13 @@ tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seq
         if ((st = (tsr_status)((int32_t *)n->out)[0]) == TSR_OK)
                 memcpy(logits, n->out + HDR_FLOATS, out_floats * sizeof(float));
         return st;
+}
+
+tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,
+                          size_t out_floats, tsr_status (*stage0)(void *ud, float *act), void *stage0_ud,
+                          float *logits) {
+        tsr_status st = tsr_nodes_submit(n, seqs, n_seqs, io_floats, out_floats, stage0, stage0_ud);
+        return st != TSR_OK ? st : tsr_nodes_wait(n, out_floats, logits);
 }
 
 void tsr_nodes_free(tsr_nodes **np) {

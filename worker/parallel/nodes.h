@@ -18,6 +18,11 @@
  * message starts with its sender's status (a stage that failed still sends, so the step
  * fails at once everywhere while the group stays up).
  *
+ * Micro-batches (TESSERA_PP_MAX_IN_FLIGHT): tsr_nodes_submit is a step's first half (the
+ * plan out, stage 0, its output on to node 1) and tsr_nodes_wait its second (the logits
+ * rows back), so node 0 can start the next step while the followers run this one; every
+ * node runs the steps in the order they come (the messages of one tag are FIFO).
+ *
  * Failures.  A comm failure (a follower killed: TSR_E_CLOSED within a fraction of a
  * second; a host gone silent: ZeroMQ's heartbeat, 5 s; a stall past the step deadline:
  * TSR_E_TIMEOUT) fails the step and takes the group down: tsr_nodes_up turns false (the
@@ -85,6 +90,14 @@ tsr_status tsr_nodes_lead(const tsr_nodes_cfg *cfg, uint64_t *kv_blocks, uint32_
 tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,
                           size_t out_floats, tsr_status (*stage0)(void *ud, float *act), void *stage0_ud,
                           float *logits);
+/* tsr_nodes_step in two halves, for micro-batches: submit sends the plan, runs stage 0 and
+ * sends its output on (TSR_OK: the step is in flight, its wait owed; else it is not, and
+ * a comm failure took the group down); wait receives the oldest step's logits rows.  The
+ * followers run the steps in the order they come.  A wait after the group failed under
+ * an earlier step answers TSR_E_UNAVAILABLE.  The engine's forward thread (above). */
+tsr_status tsr_nodes_submit(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,
+                            size_t out_floats, tsr_status (*stage0)(void *ud, float *act), void *stage0_ud);
+tsr_status tsr_nodes_wait(tsr_nodes *n, size_t out_floats, float *logits);
 /* Install a group that has met again, if one has; returns the group's generation (1 for
  * the first, + 1 for each new one).  Engine thread, before it schedules a step, never
  * while a step runs (the old group is freed here). */
