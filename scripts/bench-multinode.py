@@ -2,7 +2,7 @@
 """What a replica over two nodes costs per step (issue #20): the same model served four
 ways, measured with the same client, interleaved round by round.
 
-  scripts/bench-multinode.py [--rounds 2] [--namespaces]
+  scripts/bench-multinode.py [--rounds 2] [--namespaces] [--micro]
 
   pp1        tessera serve MODEL                              (one process, one stage)
   pp2        tessera serve MODEL -pp 2                        (one process, two rank threads)
@@ -12,7 +12,10 @@ ways, measured with the same client, interleaved round by round.
 
 Each configuration gets every CPU (--cpu-threads unset): the stages of a step run one
 after the other (no micro-batches), so a two-stage step computes what one stage does
-and adds the hand-over.  Per configuration: decode at concurrency 1 (median TPOT) and
+and adds the hand-over.  --micro adds pipeline micro-batches (TESSERA_PP_MAX_IN_FLIGHT=2:
+two steps in the stages at once): pp2-micro (one process), nodes-micro (two nodes, every
+CPU each), and nodes-1t / nodes-1t-micro (two nodes with --cpu-threads 1 each: a core of
+their own, one step at a time and two).  Per configuration: decode at concurrency 1 (median TPOT) and
 32 (output tokens/s, median TPOT), and a 512-token prefill (median TTFT), with
 `tessera bench serve` (random prompts, ignore_eos).  Prints one table per round and the
 CPU.  A benchmark, not a test; nothing here is asserted.
@@ -43,8 +46,9 @@ def ns_prefix(ns):
     return ["ip", "netns", "exec", ns] if ns else []
 
 
-def start(args, log):
-    return subprocess.Popen([str(a) for a in args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def start(args, log, env=None):
+    return subprocess.Popen([str(a) for a in args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=dict(os.environ, **(env or {})))
 
 
 def stop(procs):
@@ -85,15 +89,18 @@ def serve(kind, tmp, namespaces):
     port, mp = free_port(), free_port()
     log = open(Path(tmp) / f"{kind}.log", "ab")
     http = ["--host", "127.0.0.1", "--port", port]
-    if kind in ("pp1", "pp2"):
-        procs = [start([LAUNCHER, "serve", MODEL, *http, *COMMON, *(["-pp", "2"] if kind == "pp2" else [])], log)]
+    env = {"TESSERA_PP_MAX_IN_FLIGHT": "2" if kind.endswith("-micro") else "1"}    # explicit: nodes default to 2
+    threads = ["--cpu-threads", "1"] if "-1t" in kind else []
+    if kind.split("-")[0] in ("pp1", "pp2"):
+        procs = [start([LAUNCHER, "serve", MODEL, *http, *COMMON, *(["-pp", "2"] if kind != "pp1" else [])], log,
+                       env)]
         wait_healthy(port, None, procs)
         return port, None, procs
     ns = namespaces if kind == "netns" else (None, None)
     master = "10.214.1.1" if kind == "netns" else "127.0.0.1"
-    nodes = ["-pp", "2", "--nnodes", "2", "--master-addr", master, "--master-port", mp]
+    nodes = ["-pp", "2", "--nnodes", "2", "--master-addr", master, "--master-port", mp, *threads]
     f = start([*ns_prefix(ns[1]), LAUNCHER, "serve", MODEL, *COMMON, *nodes, "--node-rank", "1", "--headless"], log)
-    lead = start([*ns_prefix(ns[0]), LAUNCHER, "serve", MODEL, *http, *COMMON, *nodes], log)
+    lead = start([*ns_prefix(ns[0]), LAUNCHER, "serve", MODEL, *http, *COMMON, *nodes], log, env)
     wait_healthy(port, ns[0], [f, lead])
     return port, ns[0], [lead, f]
 
@@ -142,8 +149,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--namespaces", action="store_true", help="also two nodes in network namespaces (root)")
+    ap.add_argument("--micro", action="store_true", help="also pipeline micro-batches (TESSERA_PP_MAX_IN_FLIGHT=2)")
     args = ap.parse_args()
     kinds = ["pp1", "pp2", "nodes"] + (["netns"] if args.namespaces else [])
+    if args.micro:
+        kinds += ["pp2-micro", "nodes-micro", "nodes-1t", "nodes-1t-micro"]
     ns = namespaces_up() if args.namespaces else None
     flags = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8") if f in Path("/proc/cpuinfo").read_text()]
     print(f"CPU: {cpu_name()}, {os.cpu_count()} threads, {' '.join(flags) or 'avx2'}; model {MODEL.name}")

@@ -13,7 +13,7 @@ the same prompts, which no earlier cell used (both servers cache prompts).
 Prints the table with ratios and the CPU it ran on.  A benchmark, not a test.
 
 Environment: TESSERA_BUILD (default build/), TESSERA_TEST_MODEL (default the demo GGUF,
-SmolLM2-135M-Instruct Q4_1), EXTRA_TESSERA_FLAGS (e.g. "--dtype bfloat16")."""
+SmolLM2-135M-Instruct Q4_1), EXTRA_TESSERA_FLAGS (e.g. "--dtype bfloat16"), EXTRA_LLAMA_FLAGS (llama-server's, e.g. "--no-repack")."""
 import argparse
 import json
 import os
@@ -127,6 +127,9 @@ def main():
     out_dir = tempfile.mkdtemp(prefix="bench-vs-llamacpp-")
     tp, lp = free_port(), free_port()
     extra = shlex.split(os.environ.get("EXTRA_TESSERA_FLAGS", ""))
+    # e.g. EXTRA_LLAMA_FLAGS=--no-repack where llama.cpp's AMX-INT8 kernels fault (a VM
+    # whose tiles ggml does not get configured: SIGILL on tilezero, 2026-11-28)
+    extra_llama = shlex.split(os.environ.get("EXTRA_LLAMA_FLAGS", ""))
     tessera = Server("tessera", [BUILD / "deploy" / "tessera", "serve", MODEL, "--host", "127.0.0.1", "--port", tp,
                                  "--served-model-name", "smol", "--cpu-threads", args.threads,
                                  "--max-num-seqs", slots, "--disable-log-requests", *extra],
@@ -135,7 +138,7 @@ def main():
     try:
         llama = Server("llama.cpp", [server_bin, "-m", MODEL, "--host", "127.0.0.1", "--port", lp, "-t", args.threads,
                                      "-tb", args.threads, "--parallel", slots, "-c", slots * ctx_per_slot,
-                                     "--alias", "smol", "--no-webui"],
+                                     "--alias", "smol", "--no-webui", *extra_llama],
                        lp, Path(out_dir) / "llama-server.log")
         rows = {}
         for rnd in range(args.rounds):

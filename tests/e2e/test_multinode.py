@@ -147,12 +147,13 @@ def two_nodes(tmp_path, *extra, env=None):
 
 
 @pytest.mark.parametrize("extra,env", [([], None), (["--async-scheduling"], None),
-                                       ([], {"TESSERA_PP_MAX_IN_FLIGHT": "2"})], ids=["sync", "async", "micro"])
+                                       ([], {"TESSERA_PP_MAX_IN_FLIGHT": "1"})], ids=["micro", "async", "one-step"])
 def test_two_nodes_answer_as_one_process(tmp_path, extra, env):
-    """With --async-scheduling (the Llama 3.3 70B recipe's) too: node 0's step thread runs
-    the steps while its engine thread schedules the next; and with micro-batches (two
-    steps in the nodes at once, the requests of the last batch started 20 ms apart: node 0
-    runs stage 0 of one while node 1 runs the other); the same answers."""
+    """By default with micro-batches (up to two steps in the nodes at once: with the
+    requests of the last batch started 20 ms apart, node 0 runs stage 0 of one while node
+    1 runs the other); with --async-scheduling (the Llama 3.3 70B recipe's: node 0's step
+    thread runs one step at a time while its engine thread schedules the next); and one
+    step at a time (TESSERA_PP_MAX_IN_FLIGHT=1); the same answers."""
     need_model()
     proc, base = single(tmp_path)
     want = answers(base)
@@ -165,9 +166,13 @@ def test_two_nodes_answer_as_one_process(tmp_path, extra, env):
         assert w == g, (w, g)
     log0, log1 = lead.output(), f.output()
     assert f"async scheduling {'on' if extra else 'off'}" in log0, log0[-3000:]
-    if env:
-        assert "pipeline micro-batches: up to 2 steps in the 2 stages at once" in log0, log0[-3000:]
+    if not extra and not env:
+        assert "pipeline micro-batches: up to 2 steps in flight" in log0, log0[-3000:]
         print("two steps in flight at once:", "pipeline micro-batches: 2 steps in flight at once" in log0)
+    else:
+        assert "pipeline micro-batches: up to" not in log0, log0[-3000:]
+        if extra:
+            assert "pipeline micro-batches off: --async-scheduling runs one step at a time" in log0, log0[-3000:]
     assert "this one (node rank 0, the leader) runs stage 0: layers [0..14, 15..29]" in log0, log0[-3000:]
     assert "the 2 nodes met" in log0 and "node rank 1: " in log0, log0[-3000:]
     assert "headless: node rank 1 of 2" in log1 and "serving pipeline stage 1" in log1, log1[-3000:]
@@ -303,11 +308,11 @@ def test_more_nodes_and_stages(tmp_path, pp, nnodes, logs):
 
 
 @pytest.mark.parametrize("extra,env", [([], None), (["--async-scheduling"], None),
-                                       ([], {"TESSERA_PP_MAX_IN_FLIGHT": "2"})], ids=["sync", "async", "micro"])
+                                       ([], {"TESSERA_PP_MAX_IN_FLIGHT": "1"})], ids=["micro", "async", "one-step"])
 def test_follower_killed_under_load_then_replaced(tmp_path, extra, env):
-    """With --async-scheduling the new group goes in only once no step is in flight
-    (engine.h's kv_generation): the engine thread, which schedules ahead, lets the step
-    thread's step end first; with micro-batches once no step is in the nodes."""
+    """With micro-batches (the default) the new group goes in only once no step is in
+    the nodes, with --async-scheduling once the step thread's step has ended (engine.h's
+    kv_generation); and one step at a time."""
     mp, f, lead, base, before = two_nodes(tmp_path, *extra, env=env)
     ends, chunks = [], [0] * 4
 
@@ -386,13 +391,15 @@ def test_follower_restarted_while_idle_serves_on(tmp_path):
     f.kill_group()
 
 
-def test_follower_restarted_under_load_with_async_scheduling(tmp_path):
+@pytest.mark.parametrize("extra", [["--async-scheduling"], []], ids=["async", "micro"])
+def test_follower_restarted_under_load(tmp_path, extra):
     """Clients keep sending while the follower's worker is killed twice (its launcher
-    restarts it): node 0's engine thread schedules ahead of its step thread, and each new
-    group goes in only between steps.  Every request ends (a stream, an error event or a
-    503: no hang), node 0 stays up, and the replica answers as before once the nodes have
-    met again."""
-    mp, f, lead, base, before = two_nodes(tmp_path, "--async-scheduling")
+    restarts it): node 0's engine thread schedules ahead of its step thread (async), or
+    keeps two steps in the nodes (micro-batches, the default), and each new group goes in
+    only with no step in flight.  Every request ends (a stream, an error event or a 503:
+    no hang), node 0 stays up, and the replica answers as before once the nodes have met
+    again."""
+    mp, f, lead, base, before = two_nodes(tmp_path, *extra)
     done = threading.Event()
     ends = []
 
@@ -430,7 +437,7 @@ def test_follower_restarted_under_load_with_async_scheduling(tmp_path):
     code, after = greedy(base)
     assert code == 200 and after["choices"][0] == before["choices"][0], (before, after)
     log0 = lead.output()
-    assert "async scheduling on" in log0 and "replica group 3 (epoch" in log0, log0[-3000:]
+    assert f"async scheduling {'on' if extra else 'off'}" in log0 and "replica group 3 (epoch" in log0, log0[-3000:]
     stop(lead)
     f.kill_group()
 

@@ -1952,6 +1952,8 @@ static void *engine_main(void *arg) {
         }
         if (e->queue)
                 log_info("pipeline micro-batches: up to %u steps in flight", e->queue_cap);
+        else if (e->params.model && e->params.model->submit && async)
+                log_info("pipeline micro-batches off: --async-scheduling runs one step at a time");
         if (e->params.model)
                 log_info("engine up: %llu KV blocks of %u tokens, max_model_len %u, max_num_seqs %u, "
                          "max_num_batched_tokens %u, prefix caching %s, async scheduling %s",

@@ -141,18 +141,20 @@ static tsr_status node0_stage(void *ud, float *act) {
 static tsr_status runner_submit(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits);
 static tsr_status runner_wait(void *ud);
 
-/* TESSERA_PP_MAX_IN_FLIGHT=k (2 .. pp): up to k steps in flight, with stages in this
- * process or (node 0) on other nodes.  Off by default (runner_new says why). */
-static void micro_batches_setup(tsr_runner *r) {
+/* Micro-batches (vLLM's batch queue, max_concurrent_batches = pp): up to k steps in
+ * flight, k = TESSERA_PP_MAX_IN_FLIGHT (1 .. pp), else `dflt`: pp on node 0 of a
+ * multi-node replica (each node computes on its own cores: two nodes with a core each
+ * served 43-47% more with them), 1 for stages in this process (rank threads sharing the
+ * same cores, where two steps at once only split the batch and the cores: -pp 2 lost
+ * 4-24%).  docs/benchmarks.md, "Pipeline micro-batches". */
+static void micro_batches_setup(tsr_runner *r, unsigned long dflt) {
         const char *cap = getenv("TESSERA_PP_MAX_IN_FLIGHT");
-        unsigned long k = cap && *cap ? strtoul(cap, NULL, 10) : 1;
+        unsigned long k = cap && *cap ? strtoul(cap, NULL, 10) : dflt;
         if (r->pp < 2 || k < 2)
                 return;
         r->em.max_in_flight = (uint32_t)(k < r->pp ? k : r->pp);
         r->em.submit = runner_submit;
-        r->em.wait = runner_wait;
-        log_info("pipeline micro-batches: up to %u steps in the %u stages at once (TESSERA_PP_MAX_IN_FLIGHT)",
-                 r->em.max_in_flight, r->pp);
+        r->em.wait = runner_wait;      /* the engine says whether it uses them */
 }
 
 static uint64_t runner_kv_generation(void *ud) { return tsr_nodes_generation(((tsr_runner *)ud)->nodes); }
@@ -167,7 +169,7 @@ void tsr_runner_set_nodes(tsr_runner *r, struct tsr_nodes *nodes) {
         r->em.available = nodes ? runner_available : NULL;
         r->em.idle = nodes ? runner_idle : NULL;
         if (nodes)
-                micro_batches_setup(r);
+                micro_batches_setup(r, r->pp);
 }
 
 tsr_status tsr_runner_run_stage(tsr_runner *r, const tsr_engine_seq *seqs, size_t n_seqs, const float *in,
@@ -832,14 +834,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         r->em.vocab = desc->vocab_size;
         r->em.ud = r;
         r->em.forward = runner_forward;
-        /* Pipeline stages in this process: up to k steps in flight (vLLM's batch queue,
-         * max_concurrent_batches = pp) with TESSERA_PP_MAX_IN_FLIGHT=k (2 .. pp).  Off by
-         * default: the stages here are CPU rank threads sharing the same cores, where
-         * two steps at once only split the batch and the cores (served -pp 2 lost 13-24%
-         * with them: docs/benchmarks.md, "Pipeline micro-batches"); they pay where each
-         * stage has a device or a node of its own. */
-        if (!r->node_mode)
-                micro_batches_setup(r);
+        if (!r->node_mode)     /* off by default for stages in this process (above) */
+                micro_batches_setup(r, 1);
         *ret = r;
         return TSR_OK;
 fail:
