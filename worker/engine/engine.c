@@ -1417,10 +1417,17 @@ static void sample_rows(tsr_engine *e, step_plan *p) { sample_range(e, p, p->sam
  * first Output.  In two halves: execute_begin runs the forward (`queued`: submits it,
  * with micro-batches), execute_end samples (after the queued step's wait).  The step
  * thread with --async-scheduling, else the engine thread. */
+/* The step's logits rows and their count: the plan's own with micro-batches (several
+ * steps in flight), else the engine's. */
+static float **logits_of(tsr_engine *e, step_plan *p, bool queued, size_t **rows) {
+        *rows = queued ? &p->logits_rows : &e->logits_rows;
+        return queued ? &p->logits : &e->logits;
+}
+
 static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
         const tsr_engine_model *m = e->params.model;
-        float **logits = queued ? &p->logits : &e->logits;
-        size_t *logits_rows = queued ? &p->logits_rows : &e->logits_rows;
+        size_t *logits_rows;
+        float **logits = logits_of(e, p, queued, &logits_rows);
         p->t0 = tsr_now_ns();
         p->compute_ns = 0;
         p->submitted = false;
@@ -1549,8 +1556,8 @@ static void execute_end(tsr_engine *e, step_plan *p, bool queued) {
         }
         /* A prompt-logprobs step may have grown the buffer to max_lp_rows rows: give the
          * memory back once the steps that need it are over. */
-        float **logits = queued ? &p->logits : &e->logits;
-        size_t *logits_rows = queued ? &p->logits_rows : &e->logits_rows;
+        size_t *logits_rows;
+        float **logits = logits_of(e, p, queued, &logits_rows);
         if (*logits_rows > e->params.max_num_seqs && p->n_want <= e->params.max_num_seqs) {
                 size_t keep = e->params.max_num_seqs ? e->params.max_num_seqs : 1;
                 float *g = realloc(*logits, keep * m->vocab * sizeof(float));
@@ -1810,6 +1817,16 @@ static void loop_sync(tsr_engine *e) {
         }
 }
 
+/* --async-scheduling: wait for the step thread's step *inflight, apply it and return
+ * it; *inflight becomes NULL. */
+static step_plan *land_step(tsr_engine *e, step_plan **inflight) {
+        step_plan *p = *inflight;
+        job_wait(&e->step_thread);
+        apply_plan(e, p);
+        *inflight = NULL;
+        return p;
+}
+
 /* --async-scheduling: step N's forward and sampling run on the step thread while
  * this thread emits step N-1's Outputs, frees what finished in it, publishes stats,
  * takes the inbox and schedules step N+1 against placeholders for N's tokens.  When N
@@ -1833,34 +1850,24 @@ static void loop_async(tsr_engine *e) {
                         break;
                 if (shutdown_due(e)) {
                         if (inflight) {   /* let the running step end first: finish_shutdown frees every slot */
-                                job_wait(&e->step_thread);
-                                apply_plan(e, inflight);
-                                emit_outputs(e, inflight->entries, inflight->n, inflight->step);
-                                retire_finished(e, inflight);
-                                inflight = NULL;
+                                step_plan *done = land_step(e, &inflight);
+                                emit_outputs(e, done->entries, done->n, done->step);
+                                retire_finished(e, done);
                         }
                         finish_shutdown(e);
                 }
                 /* The model has a new KV incarnation to install (a pipeline node came
                  * back): it goes in only with no step in flight, so end that one first
                  * and schedule the next on the new one. */
-                if (inflight && kv_renewal_pending(e)) {
-                        job_wait(&e->step_thread);
-                        apply_plan(e, inflight);
-                        ready = inflight;
-                        inflight = NULL;
-                }
+                if (inflight && kv_renewal_pending(e))
+                        ready = land_step(e, &inflight);
                 step_plan *busy = inflight ? inflight : ready;   /* not to be overwritten */
                 next = busy == &e->plans[0] ? &e->plans[1] : &e->plans[0];
                 next->n = 0;
                 if (e->running.n || e->waiting.n)
                         schedule_plan(e, next, !inflight);
-                if (inflight) {
-                        job_wait(&e->step_thread);
-                        apply_plan(e, inflight);
-                        ready = inflight;
-                        inflight = NULL;
-                }
+                if (inflight)
+                        ready = land_step(e, &inflight);
                 prepare_plan(e, next);
                 if (next->n) {
                         next->step = ++e->step;
@@ -1870,10 +1877,8 @@ static void loop_async(tsr_engine *e) {
                         inflight = next;
                 }
         }
-        if (inflight) {   /* stopping: the step thread must be done with the slots before they are freed */
-                job_wait(&e->step_thread);
-                apply_plan(e, inflight);
-        }
+        if (inflight)     /* stopping: the step thread must be done with the slots before they are freed */
+                land_step(e, &inflight);
 }
 
 /* Pipeline micro-batches (tsr_engine_model.submit; vLLM's batch queue): up to queue_cap
