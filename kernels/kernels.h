@@ -114,8 +114,10 @@ typedef enum tsr_cpu_isa {
         TSR_CPU_ISA_SCALAR = 0,         /* the reference functions (also: not a CPU backend) */
         TSR_CPU_ISA_AVX2 = 1,           /* 8-wide float32, no FMA (it would change rounding) */
         TSR_CPU_ISA_AVX512_BF16 = 2,    /* AVX2 float32 + AVX512_BF16 dot products for bf16 weights */
-        TSR_CPU_ISA_AMX_BF16 = 3,       /* AVX512_BF16 + AMX tiles (TDPBF16PS) for the bf16 matmul; needs
-                                         * Linux's grant of the tile state (arch_prctl) */
+        TSR_CPU_ISA_AMX_BF16 = 3,       /* AVX512_BF16 + AMX tiles (TDPBF16PS) for the bf16 matmul and,
+                                         * where the CPU has AMX-INT8, for the int8 matmul of the
+                                         * 32-block GGUF formats from 32 activation rows; needs Linux's
+                                         * grant of the tile state (arch_prctl) */
 } tsr_cpu_isa;
 
 /* "scalar", "avx2", "avx512_bf16", "amx_bf16"; "?" for a value out of range. */

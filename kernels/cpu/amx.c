@@ -66,16 +66,17 @@
 /* ---- detection --------------------------------------------------------------------- */
 
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
-static bool amx_ok;
+static bool amx_ok, amx_int8_ok;
 
 static void amx_detect(void) {
         unsigned a, b, c, d;
-        /* CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE. */
+        /* CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE, bit 25 AMX-INT8. */
         if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
                 return;
         /* Linux keeps the 8 KiB tile state off until a process asks; it refuses when the
          * kernel is too old or a thread's signal stack is too small for it. */
         amx_ok = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+        amx_int8_ok = amx_ok && (d & (1u << 25));
 }
 
 bool tsr_amx_init(void) {
@@ -83,19 +84,15 @@ bool tsr_amx_init(void) {
         return amx_ok;
 }
 
+bool tsr_amx_int8(void) {
+        pthread_once(&amx_once, amx_detect);
+        return amx_int8_ok;
+}
+
 /* ---- the kernel ---------------------------------------------------------------------- */
 
-/* LDTILECFG's 64-byte operand (palette 1): tiles 0..7 all 16 rows x 64 bytes.  Tiles
- * 0-3 are C (float32), 4-5 A (weights), 6-7 B (packed x). */
-struct tile_config {
-        uint8_t palette;
-        uint8_t start_row;
-        uint8_t reserved[14];
-        uint16_t colsb[16];
-        uint8_t rows[16];
-};
-
-static const struct tile_config tile_cfg __attribute__((aligned(64))) = {
+/* Tiles 0..7 all 16 rows x 64 bytes: 0-3 C (float32), 4-5 A (weights), 6-7 B (packed x). */
+static const struct tsr_amx_tilecfg tile_cfg __attribute__((aligned(64))) = {
         .palette = 1,
         .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
         .rows = {16, 16, 16, 16, 16, 16, 16, 16},
@@ -370,6 +367,8 @@ tsr_status tsr_amx_matmul_bf16(tsr_pool *pool, float *out, const float *x, const
 #else   /* not x86-64 Linux: no AMX */
 
 bool tsr_amx_init(void) { return false; }
+
+bool tsr_amx_int8(void) { return false; }
 
 tsr_status tsr_amx_matmul_bf16(tsr_pool *pool, float *out, const float *x, const uint16_t *w, size_t rows, size_t n,
                                size_t d) {

@@ -14,10 +14,24 @@
 #include "common/tsr_status.h"
 #include "kernels/cpu/pool.h"
 
+/* LDTILECFG's 64-byte operand, palette 1: per tile its bytes per row and its rows. */
+struct tsr_amx_tilecfg {
+        uint8_t palette;
+        uint8_t start_row;
+        uint8_t reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+};
+
 /* True when this CPU has AMX-TILE and AMX-BF16 and Linux granted this process the tile
  * data state (arch_prctl ARCH_REQ_XCOMP_PERM; the grant covers every thread of the
  * process).  Asks the kernel once; later calls return the first answer.  Any thread. */
 bool tsr_amx_init(void);
+
+/* True when tsr_amx_init() is and the CPU also has AMX-INT8 (TDPBSSD / TDPBSUD): the
+ * int8 matmul's tiles (cpu/qmm_amx.c) then serve a backend at TSR_CPU_ISA_AMX_BF16.
+ * Any thread. */
+bool tsr_amx_int8(void);
 
 /* The bf16 matmul (kernels.h) on AMX tiles: out (rows, d) = b(x) (rows, n) @ W^T, W (d, n) bf16.
  * Arguments already checked by the caller (non-NULL, n, d, rows >= 1, rows * n fits).

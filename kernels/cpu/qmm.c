@@ -15,13 +15,14 @@
  * Work split: weight rows in tasks of QMM_ROWS_PER_TASK across the backend's pool, each
  * thread taking its tasks from one contiguous span of W (tsr_pool_run_spans: one long
  * stream per core for the prefetchers, rather than every other 16 rows), so W is read
- * from memory once per call.  Three paths: one activation row (the decode GEMV) of the
+ * from memory once per call.  Four paths: one activation row (the decode GEMV) of the
  * 32-block formats decodes the blocks in registers; one row of the K formats unpacks a
  * weight row at a time and dots it with the activation row; several rows of any format
  * go through register tiles over interleaved copies of the task's rows (for the K
- * formats, lane j = sub-block j of a 256-block).  No split of K, and every path computes
- * the reference's terms in its order, so the path, the tiling and the thread count
- * change nothing (kernels.h batch invariance).
+ * formats, lane j = sub-block j of a 256-block); and from QMM_AMX_MIN_ROWS rows of the
+ * 32-block formats, on CPUs with AMX-INT8, AMX tiles (cpu/qmm_amx.c).  No split of K,
+ * and every path computes the reference's terms in its order, so the path, the tiling
+ * and the thread count change nothing (kernels.h batch invariance).
  *
  * Thread: the backend's driving thread plus its pool's helpers (pool.h). */
 #include <math.h>
@@ -30,7 +31,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/qmm.h"
+#include "kernels/cpu/qmm_amx.h"
 #include "kernels/quant/qmm.h"
 #include "kernels/quant/quant.h"
 
@@ -42,54 +45,14 @@
 /* Weight rows per pool task: d = 576 still gives 36 tasks to share. */
 #define QMM_ROWS_PER_TASK 16
 
+/* Activation rows from which the 32-blocks take the AMX-INT8 tiles where the CPU has them.
+ * Measured (SmolLM2's 576 x 1536 and 1536 x 576, one and two threads): at 16 rows the
+ * VNNI tiles were 5-20% faster, at 32 about even, from 48 AMX won by 10-45%. */
+#define QMM_AMX_MIN_ROWS 32
+
 #ifdef QMM_X86
 
-#define QMM_FN __attribute__((target("avx2,f16c")))
-#define QMM_INLINE static inline __attribute__((always_inline, target("avx2,f16c")))
-
-static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-
-/* An f16 scale -> float32, exact (as tsr_f16_to_f32). */
-QMM_INLINE float f16_at(const uint8_t *p) { return _cvtsh_ss(rd16(p)); }
-
-/* ---- unpacking 32-blocks (quant/qmm.c unpack32, vectorised) ---------------------------- */
-
-/* The 32 fifth bits of a q5 block, bit j -> 0x10 in byte j. */
-QMM_INLINE __m256i q5_high(uint32_t qh) {
-        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
-                                              3, 3, 3, 3, 3, 3, 3, 3);
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-        __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
-        v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-        return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
-}
-
-/* 16 bytes of nibbles: low nibbles are elements 0..15, high nibbles 16..31. */
-QMM_INLINE __m256i nibbles(const uint8_t *qs) {
-        __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0f);
-        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-}
-
-/* Block j's codes of type T as int8 (q4_0, q5_0, q8_0: signed; q4_1, q5_1: 0..31). */
-QMM_INLINE __m256i codes32(const tsr_dtype T, const uint8_t *blk) {
-        uint32_t qh;
-        if (T == TSR_DTYPE_Q8_0)
-                return _mm256_loadu_si256((const __m256i *)(blk + 2));
-        if (T == TSR_DTYPE_Q4_0)
-                return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
-        if (T == TSR_DTYPE_Q4_1)
-                return nibbles(blk + 4);
-        if (T == TSR_DTYPE_Q5_0) {
-                memcpy(&qh, blk + 2, 4);
-                return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), q5_high(qh)), _mm256_set1_epi8(16));
-        }
-        memcpy(&qh, blk + 4, 4);
-        return _mm256_or_si256(nibbles(blk + 8), q5_high(qh));
-}
-
-/* Bytes of a 32-block of type T (dtype.c's table, as a constant for the compiler). */
-#define BLOCK32_BYTES(T) ((T) == TSR_DTYPE_Q8_0 ? 34 : (T) == TSR_DTYPE_Q4_0 ? 18 : (T) == TSR_DTYPE_Q4_1 ? 20 \
-                          : (T) == TSR_DTYPE_Q5_0 ? 22 : 24)
+#include "kernels/cpu/qmm_blocks.h"
 
 /* ---- unpacking K blocks (quant/qmm.c unpack256, vectorised) ------------------------------ */
 
@@ -367,25 +330,6 @@ static int32_t ilv_offset(tsr_dtype t, bool vnni) {
         case TSR_DTYPE_Q5_0: return 16;
         case TSR_DTYPE_Q8_0: return vnni ? 128 : 0;
         default: return 0;
-        }
-}
-
-/* An 8 x 8 transpose of 32-bit elements: afterwards v[s] lane j = the old v[j] lane s. */
-QMM_INLINE void transpose8_epi32(__m256i v[8]) {
-        __m256i t[8], u[8];
-        for (int k = 0; k < 8; k += 2) {
-                t[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
-                t[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
-        }
-        for (int k = 0; k < 8; k += 4) {
-                u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
-                u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
-                u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
-                u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
-        }
-        for (int k = 0; k < 4; k++) {
-                v[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
-                v[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
         }
 }
 
@@ -1161,6 +1105,28 @@ QMM_FN static void quant_pair_task(void *ctx, size_t p, int worker) {
         }
 }
 
+/* ---- many activation rows with AMX-INT8 (cpu/qmm_amx.c) ----------------------------------
+ * The rows are quantized as for the other paths (the reference's layout, which the A
+ * tiles read in place), padded with zero rows to whole tiles of TSR_QMM_AMX_ROWS. */
+
+static tsr_status qmm_amx(tsr_pool *pool, float *out, const float *x, const void *w, tsr_dtype t, size_t rows,
+                          size_t n, size_t d) {
+        size_t ab = tsr_qmm_act_bytes(t, n), row_bytes;
+        size_t padded = (rows + TSR_QMM_AMX_ROWS - 1) / TSR_QMM_AMX_ROWS * TSR_QMM_AMX_ROWS;
+
+        if (padded > SIZE_MAX / ab || tsr_dtype_row_bytes(t, n, &row_bytes) != TSR_OK)
+                return TSR_E_LIMIT;
+        uint8_t *xq = aligned_alloc(64, (padded * ab + 63) / 64 * 64);
+        if (!xq)
+                return TSR_E_NOMEM;
+        memset(xq + rows * ab, 0, (padded - rows) * ab);
+        struct quant_ctx qc = {.t = t, .x = x, .xq = xq, .n = n, .act_bytes = ab, .rows = rows};
+        tsr_pool_run(rows >= 8 ? pool : NULL, rows, quant_task, &qc);
+        tsr_status st = tsr_qmm_amx(pool, out, xq, ab, w, row_bytes, t, rows, n, d);
+        free(xq);
+        return st;
+}
+
 /* VNNI for the zmm tiles: every CPU at the avx512_bf16 level so far has it, but ask (two
  * reads of libgcc's CPU model: no cache of our own). */
 static bool cpu_has_vnni(void) {
@@ -1180,6 +1146,10 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
                 return TSR_E_INVAL;
         if (rows == 0)
                 return TSR_OK;
+        /* n < 2^26: the AMX path gathers scales 16 weight rows apart with 32-bit offsets */
+        if (rows >= QMM_AMX_MIN_ROWS && isa >= TSR_CPU_ISA_AMX_BF16 && !tsr_qmm_is_k(t) && n < (1u << 26) &&
+            tsr_amx_int8())
+                return qmm_amx(pool, out, x, w, t, rows, n, d);
         struct qmm_ctx c = {.t = t, .out = out, .w = w, .rows = rows, .n = n, .d = d,
                             .act_bytes = tsr_qmm_act_bytes(t, n), .wu_bytes = tsr_qmm_unpacked_bytes(t, n),
                             .tiles = rows > 1,

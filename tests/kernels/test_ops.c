@@ -842,9 +842,10 @@ static void rand_weights(tsr_dtype t, uint8_t *w, size_t bytes) {
 /* ---- matmul on GGUF blocks with int8 activations (kernels/quant/qmm.h) -----------------
  * Every column with the kernel, every block dtype, odd block counts (1, 2, 3 below the
  * eight-block SIMD step; 8, 9, 17 on and past it), d across the 16-row task boundary and
- * not a multiple of the weight rows of a tile, rows 1 (the GEMV), 3 (one pair at a time)
- * and 5, 6, 9 (tiles of four and two activation rows, a last row repeated), and four
- * variants:
+ * not a multiple of the weight rows of a tile, rows 1 (the GEMV), 3 (one pair at a time),
+ * 5, 6, 9 (tiles of four and two activation rows, a last row repeated), 32 and 33 (from
+ * 32 rows the AMX-INT8 tiles where the column has them, cpu/qmm_amx.c: two whole tiles of
+ * 16 rows, then a last tile of one row and fifteen of padding), and four variants:
  *   plain       random blocks (finite scales), x in [-1, 1);
  *   zero        every other weight block all zero bytes, the first block of each x row zero;
  *   max-scale   every f16 scale the largest finite half (65504), q8_0 codes -128 in half the
@@ -961,7 +962,7 @@ static void qmm_case(struct col_run *cr, tsr_dtype t, int var, size_t nb, size_t
 }
 
 static void run_qmm(struct col_run *cr, tsr_dtype t) {
-        static const size_t n_blocks[] = {1, 2, 3, 8, 9, 17}, d_list[] = {1, 3, 17, 37}, rows_list[] = {1, 3, 5, 6, 9};
+        static const size_t n_blocks[] = {1, 2, 3, 8, 9, 17}, d_list[] = {1, 3, 17, 37}, rows_list[] = {1, 3, 5, 6, 9, 32, 33};
         uint64_t k = 0;
 
         for (int var = 0; var < QV_COUNT; var++)
