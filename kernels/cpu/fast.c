@@ -443,7 +443,8 @@ static tsr_status fast_matmul_bf16(const struct cpu_fast *f, float *out, const f
         return TSR_OK;
 }
 
-/* ---- attention: one task per (query row, head) ------------------------------------------ */
+/* ---- attention: one task per (query row, KV group), or per pair of rows (a prefill on
+ * AVX-512: att_pair_task below) ----------------------------------------------------------- */
 
 struct att_ctx {
         float *out;
@@ -652,6 +653,30 @@ AVX2_INLINE void att_lanes(const int NH, const int KT, const struct att_ctx *c, 
         }
 }
 
+/* ref's softmax of NH rows of scores (s, c->scores_stride apart) over keys 0 .. n_keys - 1,
+ * max[a] their maximum: exp (exp.h's vector forms, the scalar's bits), the float sum in j
+ * order (the NH heads' serial chains side by side), then P = s / sum. */
+AVX2_INLINE void att_softmax(const int NH, const struct att_ctx *c, float *s, size_t n_keys, const float *max) {
+        const size_t ss = c->scores_stride;
+        float sum[8];
+
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++) {
+                if (c->avx512)
+                        exp_sub_avx512(s + a * ss, n_keys, max[a]);
+                else
+                        exp_sub_avx2(s + a * ss, n_keys, max[a]);
+                sum[a] = 0.0f;
+        }
+        for (size_t j = 0; j < n_keys; j++)
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++)
+                        sum[a] += s[a * ss + j];
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++)
+                div_row(s + a * ss, n_keys, sum[a]);
+}
+
 /* ref_attention for NH (<= 8) heads of one KV group at one query row, each in ref's
  * order: scores by dot_f32 (tile_f32: head a's dot is its own chain, so running NH of
  * them over one read of K_j changes no bit), the maximum, exp (exp.h's vector forms, the
@@ -706,22 +731,7 @@ AVX2_INLINE void att_heads_t(const int NH, const int KT, const struct att_ctx *c
                                 max[a] = s[a * ss + jk];
                 }
         }
-        float sum[8];
-#pragma GCC unroll 8
-        for (int a = 0; a < NH; a++) {
-                if (c->avx512)
-                        exp_sub_avx512(s + a * ss, p + 1, max[a]);
-                else
-                        exp_sub_avx2(s + a * ss, p + 1, max[a]);
-                sum[a] = 0.0f;
-        }
-        for (size_t j = 0; j <= p; j++)
-#pragma GCC unroll 8
-                for (int a = 0; a < NH; a++)
-                        sum[a] += s[a * ss + j];
-#pragma GCC unroll 8
-        for (int a = 0; a < NH; a++)
-                div_row(s + a * ss, p + 1, sum[a]);
+        att_softmax(NH, c, s, p + 1, max);
         size_t i = 0;
         for (; i + 8 * U <= hd; i += 8 * U) {
                 __m256 acc[8][4];
@@ -770,6 +780,220 @@ AVX2_INLINE void att_heads_t(const int NH, const int KT, const struct att_ctx *c
                 }
 }
 
+/* att_heads_t for nh (<= 8) heads of group g at one query row, the cache read as c->kt says. */
+AVX2_FN static void att_heads(const struct att_ctx *c, size_t nh, size_t p, size_t g, const float *q, float *o,
+                              float *s) {
+#define ATT_HEADS(KT)                                                       \
+        switch (nh) {                                                       \
+        case 1: att_heads_t(1, KT, c, p, g, q, o, s); break;                \
+        case 2: att_heads_t(2, KT, c, p, g, q, o, s); break;                \
+        case 3: att_heads_t(3, KT, c, p, g, q, o, s); break;                \
+        case 4: att_heads_t(4, KT, c, p, g, q, o, s); break;                \
+        case 5: att_heads_t(5, KT, c, p, g, q, o, s); break;                \
+        case 6: att_heads_t(6, KT, c, p, g, q, o, s); break;                \
+        case 7: att_heads_t(7, KT, c, p, g, q, o, s); break;                \
+        default: att_heads_t(8, KT, c, p, g, q, o, s); break;               \
+        }
+        if (c->kt == ATT_BF16)
+                ATT_HEADS(ATT_BF16)
+        else if (c->kt == ATT_E4M3)
+                ATT_HEADS(ATT_E4M3)
+        else
+                ATT_HEADS(ATT_F32)
+#undef ATT_HEADS
+}
+
+/* ---- two query rows of a prefill at once (AVX-512) ----------------------------------------
+ * Query rows t and t + 1 of one call see the same keys 0 .. p (p = past_len + t) and the
+ * same values, and row t + 1 one more, p + 1.  With 512-bit vectors, each of ref's
+ * eight-lane chains of row t runs in the low half and the same chain of row t + 1 in the
+ * high half of one vector, K_j's and V_j's eight floats broadcast to both halves: one
+ * read of K and V and one instruction serve both rows.  Nothing crosses the halves, so
+ * each row's dots (att_lanes' chains, sum_lanes_ref_order's tree), maximum, softmax and
+ * outputs are att_heads_t's bits, which are ref's.  Key p + 1 is row t + 1's alone: its
+ * dot by att_dots, its value added to the high half only (a masked add: a zero product
+ * in the low half would leave row t unchanged for finite values, but not for an inf).
+ * Prefill only (a decode step has one row per sequence); float32 and bf16 caches (an fp8
+ * cache with several rows is read through its float32 copy). */
+
+#define PAIR_TARGET "avx2,avx512f,avx512dq"
+#define PAIR_INLINE static inline __attribute__((always_inline, target(PAIR_TARGET)))
+
+/* Row t's eight values in the low half and row t + 1's in the high half. */
+PAIR_INLINE __m512 pair_of(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+
+/* att_lanes for both rows: acc[a] = head a's eight lane sums of row t's q . K_j (low half)
+ * and row t + 1's (high half); qp: the heads' q rows in pairs (hd / 8 vectors a head). */
+PAIR_INLINE void pair_lanes(const int NH, const int KT, const struct att_ctx *c, const __m512 *qp, size_t off,
+                            size_t hd, __m512 *acc) {
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++)
+                acc[a] = _mm512_setzero_ps();
+        for (size_t k = 0; k < hd; k += 8) {
+                __m512 kv = _mm512_broadcast_f32x8(att_k8(KT, c, off + k));
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++)
+                        acc[a] = _mm512_add_ps(acc[a], _mm512_mul_ps(qp[a * (hd / 8) + k / 8], kv));
+        }
+}
+
+/* Outputs i .. i + 8U - 1 of NH heads for both rows: sum_j P[j] * V[j][i] in j order. */
+PAIR_INLINE void pair_pv(const int NH, const int U, const int KT, const struct att_ctx *c, size_t p, size_t g,
+                         size_t i, const float *s0, const float *s1, float *o0, float *o1) {
+        const size_t ss = c->scores_stride, hd = c->kv->head_dim;
+        __m512 acc[8][4], v[4];
+
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++)
+#pragma GCC unroll 4
+                for (int u = 0; u < U; u++)
+                        acc[a][u] = _mm512_setzero_ps();
+        for (size_t j = 0; j <= p; j++) {
+                size_t vj = att_head(c, j, g) + i;
+                if (i == 0 && j + ATT_PREFETCH <= p + 1)
+                        att_prefetch_head(KT, c, true, j + ATT_PREFETCH, g);
+#pragma GCC unroll 4
+                for (int u = 0; u < U; u++)
+                        v[u] = _mm512_broadcast_f32x8(att_v8(KT, c, vj + 8 * u));
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++) {
+                        __m512 pj = pair_of(_mm256_set1_ps(s0[a * ss + j]), _mm256_set1_ps(s1[a * ss + j]));
+#pragma GCC unroll 4
+                        for (int u = 0; u < U; u++)
+                                acc[a][u] = _mm512_add_ps(acc[a][u], _mm512_mul_ps(pj, v[u]));
+                }
+        }
+        size_t vl = att_head(c, p + 1, g) + i;  /* row t + 1's own last key */
+#pragma GCC unroll 4
+        for (int u = 0; u < U; u++)
+                v[u] = _mm512_broadcast_f32x8(att_v8(KT, c, vl + 8 * u));
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++) {
+                __m512 pj = _mm512_set1_ps(s1[a * ss + p + 1]);
+#pragma GCC unroll 4
+                for (int u = 0; u < U; u++) {
+                        acc[a][u] = _mm512_mask_add_ps(acc[a][u], 0xff00, acc[a][u], _mm512_mul_ps(pj, v[u]));
+                        _mm256_storeu_ps(o0 + a * hd + i + 8 * u, _mm512_castps512_ps256(acc[a][u]));
+                        _mm256_storeu_ps(o1 + a * hd + i + 8 * u, _mm512_extractf32x8_ps(acc[a][u], 1));
+                }
+        }
+}
+
+/* att_heads_t for query rows t (q0, o0, scores s0) and t + 1 (q1, o1, s1) at once, p =
+ * row t's last key; head_dim a multiple of 8.  qp: room for NH * head_dim / 8 vectors. */
+PAIR_INLINE void att_pair_t(const int NH, const int KT, const struct att_ctx *c, size_t p, size_t g, const float *q0,
+                            const float *q1, float *o0, float *o1, float *s0, float *s1, __m512 *qp) {
+        const int U = NH >= 4 ? 1 : NH >= 2 ? 2 : 4;
+        const size_t hd = c->kv->head_dim, ss = c->scores_stride;
+        float max0[8], max1[8], dot[8];
+
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++) {
+                max0[a] = max1[a] = -INFINITY;
+                for (size_t k = 0; k < hd; k += 8)
+                        qp[a * (hd / 8) + k / 8] = pair_of(_mm256_loadu_ps(q0 + a * hd + k),
+                                                           _mm256_loadu_ps(q1 + a * hd + k));
+        }
+        size_t jk = 0;
+        for (; jk + 3 <= p; jk += 4) {  /* four keys at a time, as att_heads_t */
+                __m512 acc[4][8];
+#pragma GCC unroll 4
+                for (int u = 0; u < 4; u++) {
+                        if (jk + u + ATT_PREFETCH <= p + 1)
+                                att_prefetch_head(KT, c, false, jk + u + ATT_PREFETCH, g);
+                        pair_lanes(NH, KT, c, qp, att_head(c, jk + u, g), hd, acc[u]);
+                }
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++) {
+                        __m128 d0 = sum_lanes_ref_order4(_mm512_castps512_ps256(acc[0][a]), _mm512_castps512_ps256(acc[1][a]),
+                                                         _mm512_castps512_ps256(acc[2][a]), _mm512_castps512_ps256(acc[3][a]));
+                        __m128 d1 = sum_lanes_ref_order4(_mm512_extractf32x8_ps(acc[0][a], 1),
+                                                         _mm512_extractf32x8_ps(acc[1][a], 1),
+                                                         _mm512_extractf32x8_ps(acc[2][a], 1),
+                                                         _mm512_extractf32x8_ps(acc[3][a], 1));
+                        _mm_storeu_ps(s0 + a * ss + jk, _mm_mul_ps(d0, _mm_set1_ps(c->scale)));
+                        _mm_storeu_ps(s1 + a * ss + jk, _mm_mul_ps(d1, _mm_set1_ps(c->scale)));
+#pragma GCC unroll 4
+                        for (int u = 0; u < 4; u++) {
+                                if (s0[a * ss + jk + u] > max0[a])
+                                        max0[a] = s0[a * ss + jk + u];
+                                if (s1[a * ss + jk + u] > max1[a])
+                                        max1[a] = s1[a * ss + jk + u];
+                        }
+                }
+        }
+        for (; jk <= p; jk++) {
+                __m512 acc[8];
+                pair_lanes(NH, KT, c, qp, att_head(c, jk, g), hd, acc);
+#pragma GCC unroll 8
+                for (int a = 0; a < NH; a++) {
+                        s0[a * ss + jk] = sum_lanes_ref_order(_mm512_castps512_ps256(acc[a])) * c->scale;
+                        s1[a * ss + jk] = sum_lanes_ref_order(_mm512_extractf32x8_ps(acc[a], 1)) * c->scale;
+                        if (s0[a * ss + jk] > max0[a])
+                                max0[a] = s0[a * ss + jk];
+                        if (s1[a * ss + jk] > max1[a])
+                                max1[a] = s1[a * ss + jk];
+                }
+        }
+        att_dots(NH, KT, c, q1, att_head(c, p + 1, g), hd, dot);      /* row t + 1's own key */
+#pragma GCC unroll 8
+        for (int a = 0; a < NH; a++) {
+                s1[a * ss + p + 1] = dot[a] * c->scale;
+                if (s1[a * ss + p + 1] > max1[a])
+                        max1[a] = s1[a * ss + p + 1];
+        }
+        att_softmax(NH, c, s0, p + 1, max0);
+        att_softmax(NH, c, s1, p + 2, max1);
+        size_t i = 0;
+        for (; i + 8 * U <= hd; i += 8 * U)
+                pair_pv(NH, U, KT, c, p, g, i, s0, s1, o0, o1);
+        for (; i < hd; i += 8)
+                pair_pv(NH, 1, KT, c, p, g, i, s0, s1, o0, o1);
+}
+
+/* One pair task: query rows 2 tp and 2 tp + 1, KV group g (the last row of an odd n goes
+ * alone, through att_heads_t). */
+__attribute__((target(PAIR_TARGET))) static void att_pair_task(void *ctx, size_t task, int worker) {
+        const struct att_ctx *c = ctx;
+        size_t n_kv = c->kv->n_kv_heads, hd = c->kv->head_dim, t = task / n_kv * 2, g = task % n_kv;
+        size_t p = c->past_len + t, ss = c->scores_stride;
+        /* the heads' paired q rows (64-byte aligned at the scratch's start), then the two
+         * rows' scores */
+        __m512 *qp = tsr_thread_scratch(ATT_HEADS_MAX * hd / 8 * sizeof(__m512) + 2 * ATT_HEADS_MAX * ss * sizeof(float));
+
+        (void)worker;
+        if (!qp) {
+                atomic_store_explicit(&((struct att_ctx *)ctx)->no_memory, true, memory_order_relaxed);
+                return;
+        }
+        float *s0 = (float *)(qp + ATT_HEADS_MAX * hd / 8), *s1 = s0 + ATT_HEADS_MAX * ss;
+        for (size_t h = g * c->group; h < (g + 1) * c->group; h += ATT_HEADS_MAX) {
+                size_t nh = (g + 1) * c->group - h < ATT_HEADS_MAX ? (g + 1) * c->group - h : ATT_HEADS_MAX;
+                const float *q0 = c->q + (t * c->n_heads + h) * hd, *q1 = q0 + c->n_heads * hd;
+                float *o0 = c->out + (t * c->n_heads + h) * hd, *o1 = o0 + c->n_heads * hd;
+                if (t + 1 == c->n) {    /* an odd n's last row */
+                        att_heads(c, nh, p, g, q0, o0, s0);
+                        continue;
+                }
+#define ATT_TWO(KT)                                                                             \
+        switch (nh) {                                                                           \
+        case 1: att_pair_t(1, KT, c, p, g, q0, q1, o0, o1, s0, s1, qp); break;                  \
+        case 2: att_pair_t(2, KT, c, p, g, q0, q1, o0, o1, s0, s1, qp); break;                  \
+        case 3: att_pair_t(3, KT, c, p, g, q0, q1, o0, o1, s0, s1, qp); break;                  \
+        case 4: att_pair_t(4, KT, c, p, g, q0, q1, o0, o1, s0, s1, qp); break;                  \
+        case 5: att_pair_t(5, KT, c, p, g, q0, q1, o0, o1, s0, s1, qp); break;                  \
+        case 6: att_pair_t(6, KT, c, p, g, q0, q1, o0, o1, s0, s1, qp); break;                  \
+        case 7: att_pair_t(7, KT, c, p, g, q0, q1, o0, o1, s0, s1, qp); break;                  \
+        default: att_pair_t(8, KT, c, p, g, q0, q1, o0, o1, s0, s1, qp); break;                 \
+        }
+                if (c->kt == ATT_BF16)
+                        ATT_TWO(ATT_BF16)
+                else
+                        ATT_TWO(ATT_F32)
+#undef ATT_TWO
+        }
+}
+
 /* One task: query row t, KV group g, its heads in chunks of at most eight. */
 AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
         const struct att_ctx *c = ctx;
@@ -787,24 +1011,7 @@ AVX2_FN static void att_task(void *ctx, size_t task, int worker) {
                 size_t nh = (g + 1) * c->group - h < ATT_HEADS_MAX ? (g + 1) * c->group - h : ATT_HEADS_MAX;
                 const float *q = c->q + (t * c->n_heads + h) * hd;
                 float *o = c->out + (t * c->n_heads + h) * hd;
-#define ATT_HEADS(KT)                                                       \
-        switch (nh) {                                                       \
-        case 1: att_heads_t(1, KT, c, p, g, q, o, s); break;                \
-        case 2: att_heads_t(2, KT, c, p, g, q, o, s); break;                \
-        case 3: att_heads_t(3, KT, c, p, g, q, o, s); break;                \
-        case 4: att_heads_t(4, KT, c, p, g, q, o, s); break;                \
-        case 5: att_heads_t(5, KT, c, p, g, q, o, s); break;                \
-        case 6: att_heads_t(6, KT, c, p, g, q, o, s); break;                \
-        case 7: att_heads_t(7, KT, c, p, g, q, o, s); break;                \
-        default: att_heads_t(8, KT, c, p, g, q, o, s); break;               \
-        }
-                if (c->kt == ATT_BF16)
-                        ATT_HEADS(ATT_BF16)
-                else if (c->kt == ATT_E4M3)
-                        ATT_HEADS(ATT_E4M3)
-                else
-                        ATT_HEADS(ATT_F32)
-#undef ATT_HEADS
+                att_heads(c, nh, p, g, q, o, s);
         }
 }
 
@@ -855,7 +1062,11 @@ static tsr_status fast_attention_run(const struct cpu_fast *f, float *out, const
                 goto done;
         for (size_t j = 0; j < rows; j++)       /* the copy is dense; the cache is paged */
                 c->rowoff[j] = copy ? j * width : kv_row(kv, j);
-        tsr_pool_run(f->pool, n * kv->n_kv_heads, att_task, c);
+        /* a prefill on AVX-512: two query rows a task (att_pair_task) */
+        if (c->avx512 && n >= 2 && kv->head_dim % 8 == 0 && c->kt != ATT_E4M3)
+                tsr_pool_run(f->pool, (n + 1) / 2 * kv->n_kv_heads, att_pair_task, c);
+        else
+                tsr_pool_run(f->pool, n * kv->n_kv_heads, att_task, c);
         st = atomic_load(&c->no_memory) ? TSR_E_NOMEM : TSR_OK;
 done:
         free(c->rowoff);
