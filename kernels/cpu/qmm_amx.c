@@ -74,14 +74,15 @@ struct qamx_ctx {
         const uint8_t *xq;              /* (rows rounded up to 16, act_bytes) */
         const uint8_t *w;               /* (d, row_bytes) */
         tsr_dtype t;
-        size_t rows, n, d, nb, act_bytes, row_bytes;
+        size_t rows, d, nb, act_bytes, row_bytes;      /* nb: blocks per row, n / 32 */
         size_t dx_at, sx_at;            /* byte offsets of dx and sx in an activation row */
         size_t scratch_bytes;
         _Atomic bool *no_memory;
 };
 
 /* Weight rows i0 .. i0 + nw - 1 (nw <= 16) -> B's layout at wb and their scales at dw,
- * mw (nb x 16 each).  Columns past nw repeat the last row: computed, never stored. */
+ * mw (nb x 16 each; mw only for q4_1 / q5_1).  Columns past nw repeat the last row:
+ * computed, never stored. */
 QAMX_INLINE void unpack_rows_t(const tsr_dtype T, const struct qamx_ctx *c, size_t i0, size_t nw, uint8_t *wb,
                                float *dw, float *mw) {
         const size_t bb = BLOCK32_BYTES(T);
@@ -109,8 +110,8 @@ QAMX_INLINE void unpack_rows_t(const tsr_dtype T, const struct qamx_ctx *c, size
                 /* The 16 blocks' first dwords: f16 d, then f16 m (or codes). */
                 __m512i head = _mm512_i32gather_epi32(at, base, 1);
                 _mm512_store_ps(dw + 16 * b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)));
-                _mm512_store_ps(mw + 16 * b, has_m ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
-                                                   : _mm512_setzero_ps());
+                if (has_m)      /* block_terms reads mw only then */
+                        _mm512_store_ps(mw + 16 * b, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))));
         }
         /* TILELOADD's asm does not say it reads memory: the stores above come first. */
         __asm__ volatile("" ::: "memory");
@@ -271,7 +272,7 @@ tsr_status tsr_qmm_amx(tsr_pool *pool, float *out, const uint8_t *xq, size_t act
         tsr_qmm_act a = tsr_qmm_act_at(t, xq, n);
         _Atomic bool no_memory = false;
         struct qamx_ctx c = {
-                .out = out, .xq = xq, .w = w, .t = t, .rows = rows, .n = n, .d = d, .nb = n / 32,
+                .out = out, .xq = xq, .w = w, .t = t, .rows = rows, .d = d, .nb = n / 32,
                 .act_bytes = act_bytes, .row_bytes = row_bytes,
                 .dx_at = (size_t)((const uint8_t *)a.dx - xq), .sx_at = (size_t)((const uint8_t *)a.sx - xq),
                 .scratch_bytes = 10 * C_WORDS * 4 + n / 32 * (B_BYTES + 2 * 16 * sizeof(float) + sizeof(uint32_t)),
