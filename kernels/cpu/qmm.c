@@ -19,8 +19,8 @@
  * 32-block formats decodes the blocks in registers; one row of the K formats unpacks a
  * weight row at a time and dots it with the activation row; several rows of any format
  * go through register tiles over interleaved copies of the task's rows (for the K
- * formats, lane j = sub-block j of a 256-block); and from QMM_AMX_MIN_ROWS rows of the
- * 32-block formats, on CPUs with AMX-INT8, AMX tiles (cpu/qmm_amx.c).  No split of K,
+ * formats, lane j = sub-block j of a 256-block); and from QMM_AMX_MIN_ROWS rows of any
+ * format, on CPUs with AMX-INT8, AMX tiles (cpu/qmm_amx.c).  No split of K,
  * and every path computes the reference's terms in its order, so the path, the tiling
  * and the thread count change nothing (kernels.h batch invariance).
  *
@@ -45,9 +45,11 @@
 /* Weight rows per pool task: d = 576 still gives 36 tasks to share. */
 #define QMM_ROWS_PER_TASK 16
 
-/* Activation rows from which the 32-blocks take the AMX-INT8 tiles where the CPU has them.
+/* Activation rows from which the AMX-INT8 tiles take over where the CPU has them.
  * Measured (SmolLM2's 576 x 1536 and 1536 x 576, one and two threads): at 16 rows the
- * VNNI tiles were 5-20% faster, at 32 about even, from 48 AMX won by 10-45%. */
+ * VNNI tiles were 5-20% faster, at 32 about even, from 48 AMX won by 10-45%; the K
+ * formats (q4_K, q6_K; 1536 x 576 and 2048 x 2048, one thread) at 32 rows 0-20% faster
+ * on AMX, from 48 10-35%. */
 #define QMM_AMX_MIN_ROWS 32
 
 #ifdef QMM_X86
@@ -63,30 +65,6 @@ QMM_INLINE void k_scales(const uint8_t *scales, int16_t *sc, int16_t *mn) {
                 tsr_gguf_k_scale_min(j, scales, &s, &m);
                 _mm256_store_si256((__m256i *)(sc + 16 * j), _mm256_set1_epi16((short)s));
                 mn[2 * j] = mn[2 * j + 1] = (int16_t)m;
-        }
-}
-
-/* Sub-block 4h + k of a q6_K block (0..63, before its -32); hv = qh[32h..32h+31]. */
-QMM_INLINE __m256i k6_codes(const uint8_t *blk, __m256i hv, int h, int k) {
-        const __m256i m4 = _mm256_set1_epi8(0x0f);
-        __m256i lb = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (k % 2)));
-        __m256i lo = k < 2 ? _mm256_and_si256(lb, m4) : _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * k), _mm256_set1_epi8(3));
-        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-}
-
-/* Sub-blocks 2c (low nibbles) and 2c + 1 (high) of a q4_K / q5_K block (0..15 / 0..31);
- * hv = q5_K's qh[32]. */
-QMM_INLINE void k45_codes(tsr_dtype t, const uint8_t *blk, __m256i hv, int c, __m256i *lo, __m256i *hi) {
-        const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (t == TSR_DTYPE_Q5_K ? 48 : 16) + 32 * c));
-        *lo = _mm256_and_si256(v, m4);
-        *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-        if (t == TSR_DTYPE_Q5_K) {
-                __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
-                __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
-                *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(b0, 4));
-                *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(b1, 4));
         }
 }
 
@@ -122,22 +100,6 @@ QMM_FN static void unpackk_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_
                         _mm256_store_si256((__m256i *)(w + 64 * c + 32), hi);
                 }
         }
-}
-
-/* Block blk's 256 codes as eight vectors, v[j] = sub-block j's 32 (elements 32j..32j+31),
- * unsigned: q4_K 0..15, q5_K 0..31, q6_K 0..63 (before its -32). */
-QMM_INLINE void k_codes(tsr_dtype t, const uint8_t *blk, __m256i v[8]) {
-        if (t == TSR_DTYPE_Q6_K) {
-                for (int h = 0; h < 2; h++) {
-                        __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-                        for (int k = 0; k < 4; k++)
-                                v[4 * h + k] = k6_codes(blk, hv, h, k);
-                }
-                return;
-        }
-        __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 16));
-        for (int c = 0; c < 4; c++)
-                k45_codes(t, blk, hv, c, &v[2 * c], &v[2 * c + 1]);
 }
 
 /* ---- dot products --------------------------------------------------------------------- */
@@ -1147,7 +1109,7 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
         if (rows == 0)
                 return TSR_OK;
         /* n < 2^26: the AMX path gathers scales 16 weight rows apart with 32-bit offsets */
-        if (rows >= QMM_AMX_MIN_ROWS && isa >= TSR_CPU_ISA_AMX_BF16 && !tsr_qmm_is_k(t) && n < (1u << 26) &&
+        if (rows >= QMM_AMX_MIN_ROWS && isa >= TSR_CPU_ISA_AMX_BF16 && n < (1u << 26) &&
             tsr_amx_int8())
                 return qmm_amx(pool, out, x, w, t, rows, n, d);
         struct qmm_ctx c = {.t = t, .out = out, .w = w, .rows = rows, .n = n, .d = d,

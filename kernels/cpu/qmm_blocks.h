@@ -1,4 +1,4 @@
-/* qmm_blocks.h - the GGUF 32-blocks' codes in AVX2 registers, shared by the int8
+/* qmm_blocks.h - the GGUF blocks' codes in AVX2 registers, shared by the int8
  * matmul's paths: cpu/qmm.c (the GEMV, the VNNI and AVX2 tiles) and cpu/qmm_amx.c (the
  * AMX tiles).  Internal to kernels/cpu, x86 only.  Every function is always-inline with
  * target "avx2,f16c", so a caller of that target or of a superset of it inlines it. */
@@ -52,6 +52,48 @@ QMM_INLINE __m256i codes32(const tsr_dtype T, const uint8_t *blk) {
         }
         memcpy(&qh, blk + 4, 4);
         return _mm256_or_si256(nibbles(blk + 8), q5_high(qh));
+}
+
+/* ---- the K formats' codes (quant/qmm.c unpack256, vectorised) --------------------------- */
+
+/* Sub-block 4h + k of a q6_K block (0..63, before its -32); hv = qh[32h..32h+31]. */
+QMM_INLINE __m256i k6_codes(const uint8_t *blk, __m256i hv, int h, int k) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        __m256i lb = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32 * (k % 2)));
+        __m256i lo = k < 2 ? _mm256_and_si256(lb, m4) : _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * k), _mm256_set1_epi8(3));
+        return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
+/* Sub-blocks 2c (low nibbles) and 2c + 1 (high) of a q4_K / q5_K block (0..15 / 0..31);
+ * hv = q5_K's qh[32]. */
+QMM_INLINE void k45_codes(tsr_dtype t, const uint8_t *blk, __m256i hv, int c, __m256i *lo, __m256i *hi) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (t == TSR_DTYPE_Q5_K ? 48 : 16) + 32 * c));
+        *lo = _mm256_and_si256(v, m4);
+        *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (t == TSR_DTYPE_Q5_K) {
+                __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), one);
+                __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(hv, 2 * c + 1), one);
+                *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(b0, 4));
+                *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(b1, 4));
+        }
+}
+
+/* Block blk's 256 codes as eight vectors, v[j] = sub-block j's 32 (elements 32j..32j+31),
+ * unsigned: q4_K 0..15, q5_K 0..31, q6_K 0..63 (before its -32). */
+QMM_INLINE void k_codes(tsr_dtype t, const uint8_t *blk, __m256i v[8]) {
+        if (t == TSR_DTYPE_Q6_K) {
+                for (int h = 0; h < 2; h++) {
+                        __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+                        for (int k = 0; k < 4; k++)
+                                v[4 * h + k] = k6_codes(blk, hv, h, k);
+                }
+                return;
+        }
+        __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 16));
+        for (int c = 0; c < 4; c++)
+                k45_codes(t, blk, hv, c, &v[2 * c], &v[2 * c + 1]);
 }
 
 /* Bytes of a 32-block of type T (dtype.c's table, as a constant for the compiler). */

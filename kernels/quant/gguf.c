@@ -94,19 +94,6 @@ static void deq_q5_1(const uint8_t *b, float *y) {
         }
 }
 
-/* The 6-bit scale and min of sub-block j (0..7) packed in the 12 bytes of a Q4_K/Q5_K
- * super-block: sub-blocks 0..3 in the low 6 bits of bytes j and j+4; 4..7 in the
- * nibbles of bytes j+4 with their top two bits in the high bits of bytes j-4 and j. */
-void tsr_gguf_k_scale_min(int j, const uint8_t *s, int *sc, int *mn) {
-        if (j < 4) {
-                *sc = s[j] & 63;
-                *mn = s[j + 4] & 63;
-        } else {
-                *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-                *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
-}
-
 /* Q4_K (256 elements): f16 d, f16 dmin; u8 scales[12]; u8 qs[128].
  * Eight sub-blocks of 32; each 64-element chunk uses the low nibbles of 32 bytes for its
  * first sub-block and the high nibbles for its second.  x = (d*sc) * q - (dmin*mn) */

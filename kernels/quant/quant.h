@@ -67,9 +67,19 @@ float tsr_e2m1_to_f32(uint8_t code);
  * (infinity included); sign bit 3 from x (-0 -> 0x8).  NaN gives 0x7 (no NaN in e2m1). */
 uint8_t tsr_f32_to_e2m1(float x);
 
-/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block, from its 12
- * scale bytes `s` (gguf.c has the packing). */
-void tsr_gguf_k_scale_min(int j, const uint8_t *s, int *sc, int *mn);
+/* The 6-bit scale and min of sub-block j (0..7) packed in the 12 scale bytes `s` of a
+ * Q4_K/Q5_K super-block: sub-blocks 0..3 in the low 6 bits of bytes j and j+4; 4..7 in
+ * the nibbles of bytes j+4 with their top two bits in the high bits of bytes j-4 and j.
+ * Inline: the int8 matmul's weight unpacking (cpu/qmm*.c) calls it per sub-block. */
+static inline void tsr_gguf_k_scale_min(int j, const uint8_t *s, int *sc, int *mn) {
+        if (j < 4) {
+                *sc = s[j] & 63;
+                *mn = s[j + 4] & 63;
+        } else {
+                *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+                *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+}
 
 /* ---- rows: n elements of a format -> out (n,) float32 --------------------------------- */
 
