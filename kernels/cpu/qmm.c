@@ -15,9 +15,8 @@
  * Work split: weight rows in tasks of QMM_ROWS_PER_TASK across the backend's pool, each
  * thread taking its tasks from one contiguous span of W (tsr_pool_run_spans: one long
  * stream per core for the prefetchers, rather than every other 16 rows), so W is read
- * from memory once per call.  Four paths: one activation row (the decode GEMV) of the
- * 32-block formats decodes the blocks in registers; one row of the K formats unpacks a
- * weight row at a time and dots it with the activation row; several rows of any format
+ * from memory once per call.  Three paths: one activation row (the decode GEMV) decodes
+ * the weight blocks in registers, eight at a time; several rows of any format
  * go through register tiles over interleaved copies of the task's rows (for the K
  * formats, lane j = sub-block j of a 256-block); and from QMM_AMX_MIN_ROWS rows of any
  * format, on CPUs with AMX-INT8, AMX tiles (cpu/qmm_amx.c).  No split of K,
@@ -56,52 +55,6 @@
 
 #include "kernels/cpu/qmm_blocks.h"
 
-/* ---- unpacking K blocks (quant/qmm.c unpack256, vectorised) ------------------------------ */
-
-/* Sub-block j's scale for its 16 pairs and its min for its two groups of 16. */
-QMM_INLINE void k_scales(const uint8_t *scales, int16_t *sc, int16_t *mn) {
-        for (int j = 0; j < 8; j++) {
-                int s, m;
-                tsr_gguf_k_scale_min(j, scales, &s, &m);
-                _mm256_store_si256((__m256i *)(sc + 16 * j), _mm256_set1_epi16((short)s));
-                mn[2 * j] = mn[2 * j + 1] = (int16_t)m;
-        }
-}
-
-QMM_FN static void unpackk_row(tsr_dtype t, const uint8_t *p, size_t n, tsr_qmm_w *u) {
-        size_t bb = tsr_dtype_get_info(t)->block_bytes;
-
-        for (size_t b = 0; b < n / 256; b++) {
-                const uint8_t *blk = p + b * bb;
-                int8_t *w = u->w + 256 * b;
-                int16_t *sc = u->sc + 128 * b, *mn = u->mn + 16 * b;
-                if (t == TSR_DTYPE_Q6_K) {
-                        u->d[b] = f16_at(blk + 208);
-                        u->dmin[b] = 0.0f;
-                        for (int h = 0; h < 2; h++) {
-                                __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
-                                for (int k = 0; k < 4; k++)
-                                        _mm256_store_si256((__m256i *)(w + 128 * h + 32 * k),
-                                                           _mm256_sub_epi8(k6_codes(blk, hv, h, k), _mm256_set1_epi8(32)));
-                        }
-                        for (int g = 0; g < 16; g++) {
-                                _mm_store_si128((__m128i *)(sc + 8 * g), _mm_set1_epi16((int8_t)blk[192 + g]));
-                                mn[g] = 0;
-                        }
-                        continue;
-                }
-                __m256i hv = _mm256_loadu_si256((const __m256i *)(blk + 16)), lo, hi;
-                u->d[b] = f16_at(blk);
-                u->dmin[b] = f16_at(blk + 2);
-                k_scales(blk + 4, sc, mn);
-                for (int c = 0; c < 4; c++) {
-                        k45_codes(t, blk, hv, c, &lo, &hi);
-                        _mm256_store_si256((__m256i *)(w + 64 * c), lo);
-                        _mm256_store_si256((__m256i *)(w + 64 * c + 32), hi);
-                }
-        }
-}
-
 /* ---- dot products --------------------------------------------------------------------- */
 
 /* The eight block sums of v[0..7] (eight int32 partials each) as one vector, lane j = block j. */
@@ -126,32 +79,6 @@ QMM_INLINE float lanes_sum(__m256 v) {
         __m256 t = _mm256_hadd_ps(v, v);
         t = _mm256_hadd_ps(t, t);
         return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-}
-
-/* K blocks: I1 with the per-pair int16 scales in the multiply-add (|pair sum| <= 2*32*127,
- * times |sc| <= 128: int32), I2 from the 16 mins and activation sums; the float terms one
- * block at a time into the reference's lanes (a few per row: not worth vectorising). */
-QMM_FN static float dotk_row(const tsr_qmm_w *u, const tsr_qmm_act *a, size_t n) {
-        float lane[8] = {0};
-
-        for (size_t b = 0; b < n / 256; b++) {
-                __m256i acc = _mm256_setzero_si256();
-                const int8_t *w = u->w + 256 * b, *q = a->q + 256 * b;
-                const int16_t *sc = u->sc + 128 * b;
-#pragma GCC unroll 8
-                for (int c = 0; c < 8; c++) {
-                        __m256i wv = _mm256_load_si256((const __m256i *)(w + 32 * c));
-                        __m256i qv = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
-                        __m256i p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(qv, wv));
-                        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_load_si256((const __m256i *)(sc + 16 * c))));
-                }
-                int32_t i1 = hsum_epi32(acc);
-                int32_t i2 = hsum_epi32(_mm256_madd_epi16(_mm256_load_si256((const __m256i *)(u->mn + 16 * b)),
-                                                          _mm256_loadu_si256((const __m256i *)(a->qsum + 16 * b))));
-                float t_b = (u->d[b] * a->dx[b]) * (float)i1 - (u->dmin[b] * a->dx[b]) * (float)i2;
-                lane[b % 8] += t_b;
-        }
-        return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
 /* ---- one activation row: the weight blocks decoded in registers --------------------------
@@ -240,6 +167,97 @@ QMM_FN static float dot32_fused(tsr_dtype t, const uint8_t *wrow, const tsr_qmm_
         case TSR_DTYPE_Q4_1: return dot32_fused_t(TSR_DTYPE_Q4_1, wrow, a, n);
         case TSR_DTYPE_Q5_0: return dot32_fused_t(TSR_DTYPE_Q5_0, wrow, a, n);
         default: return dot32_fused_t(TSR_DTYPE_Q5_1, wrow, a, n);
+        }
+}
+
+/* The K formats' GEMV the same way: blocks b..b+7 of one weight row straight from the
+ * file's bytes.  Per block, with its codes unsigned (k_codes: q6_K before its -32) and
+ * the activation codes signed, each sub-block of 32 takes one maddubs (pairs at most
+ * 2 * 63 * 127: no saturation) and one madd against its scale (q6_K: the scale of each
+ * half, its two groups of 16), exact in int32 (|I1| < 2^28); the mins (q6_K: the scales,
+ * as the -32 comes back out: I1 = sum sc (c - 32) q = that - 32 sum_g sc_g qsum_g) meet
+ * the activation sums of 16 in one madd.  The eight blocks' partial sums then go through
+ * hsum8_epi32 (lane j = block b + j's I1 / I2) and the reference's float terms,
+ * t = (d*dx) * (float)I1 - (dmin*dx) * (float)I2 (q6_K: dmin = 0 and I2 = 0, as
+ * unpack256 has them).  Lanes past `live` are +0: d = dmin = 0 and dx's padding 0. */
+#define KBLOCK_BYTES(T) ((T) == TSR_DTYPE_Q4_K ? 144 : (T) == TSR_DTYPE_Q5_K ? 176 : 210)
+
+QMM_INLINE __m256 dotk_group_t(const tsr_dtype T, const uint8_t *wrow, const tsr_qmm_act *a, size_t b0,
+                               size_t live) {
+        const size_t bb = KBLOCK_BYTES(T);
+        __m256i v1[8], v2[8];
+        float d[8] = {0}, dmin[8] = {0};
+
+#pragma GCC unroll 8
+        for (size_t j = 0; j < 8; j++) {
+                if (j >= live) {
+                        v1[j] = v2[j] = _mm256_setzero_si256();
+                        continue;
+                }
+                const uint8_t *blk = wrow + j * bb;
+                const int8_t *q = a->q + 256 * (b0 + j);
+                __m256i qsum = _mm256_loadu_si256((const __m256i *)(a->qsum + 16 * (b0 + j)));
+                __m256i c[8], acc = _mm256_setzero_si256();
+                for (size_t o = 0; o < bb; o += 64)
+                        _mm_prefetch((const char *)blk + QMM_PREFETCH + o, _MM_HINT_T0);
+                k_codes(T, blk, c);
+                if (T == TSR_DTYPE_Q6_K) {
+                        const int8_t *sc = (const int8_t *)blk + 192;
+                        for (int s = 0; s < 8; s++) {
+                                __m256i p16 = _mm256_maddubs_epi16(c[s], _mm256_loadu_si256((const __m256i *)(q + 32 * s)));
+                                __m256i scv = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * s]), _mm_set1_epi16(sc[2 * s + 1]));
+                                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scv));
+                        }
+                        v2[j] = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)), qsum);
+                        d[j] = f16_at(blk + 208);
+                } else {
+                        /* the eight 6-bit scales and mins (tsr_gguf_k_scale_min), four at a time */
+                        uint32_t u0, u1, u2;
+                        memcpy(&u0, blk + 4, 4), memcpy(&u1, blk + 8, 4), memcpy(&u2, blk + 12, 4);
+                        uint64_t scs = (uint64_t)(u0 & 0x3f3f3f3f) |
+                                       (uint64_t)((u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4) << 32;
+                        uint64_t mns = (uint64_t)(u1 & 0x3f3f3f3f) |
+                                       (uint64_t)(((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4) << 32;
+                        for (int s = 0; s < 8; s++) {
+                                __m256i p16 = _mm256_maddubs_epi16(c[s], _mm256_loadu_si256((const __m256i *)(q + 32 * s)));
+                                __m256i scv = _mm256_set1_epi16((short)(scs >> 8 * s & 0xff));
+                                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scv));
+                        }
+                        __m128i m8 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mns));     /* mn_0 .. mn_7 */
+                        __m256i m16 = _mm256_setr_m128i(_mm_unpacklo_epi16(m8, m8), _mm_unpackhi_epi16(m8, m8));
+                        v2[j] = _mm256_madd_epi16(m16, qsum);
+                        d[j] = f16_at(blk);
+                        dmin[j] = f16_at(blk + 2);
+                }
+                v1[j] = acc;
+        }
+        __m256i i1 = hsum8_epi32(v1), i2 = hsum8_epi32(v2);
+        if (T == TSR_DTYPE_Q6_K) {
+                i1 = _mm256_sub_epi32(i1, _mm256_slli_epi32(i2, 5));
+                i2 = _mm256_setzero_si256();
+        }
+        __m256 dx = _mm256_load_ps(a->dx + b0);
+        __m256 dd = _mm256_mul_ps(_mm256_loadu_ps(d), dx), dm = _mm256_mul_ps(_mm256_loadu_ps(dmin), dx);
+        return _mm256_sub_ps(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(i1)), _mm256_mul_ps(dm, _mm256_cvtepi32_ps(i2)));
+}
+
+QMM_INLINE float dotk_fused_t(const tsr_dtype T, const uint8_t *wrow, const tsr_qmm_act *a, size_t n) {
+        const size_t bb = KBLOCK_BYTES(T);
+        size_t nb = n / 256, b = 0;
+        __m256 acc = _mm256_setzero_ps();
+
+        for (; b + 8 <= nb; b += 8)
+                acc = _mm256_add_ps(acc, dotk_group_t(T, wrow + b * bb, a, b, 8));
+        if (b < nb)
+                acc = _mm256_add_ps(acc, dotk_group_t(T, wrow + b * bb, a, b, nb - b));
+        return lanes_sum(acc);
+}
+
+QMM_FN static float dotk_fused(tsr_dtype t, const uint8_t *wrow, const tsr_qmm_act *a, size_t n) {
+        switch (t) {
+        case TSR_DTYPE_Q4_K: return dotk_fused_t(TSR_DTYPE_Q4_K, wrow, a, n);
+        case TSR_DTYPE_Q5_K: return dotk_fused_t(TSR_DTYPE_Q5_K, wrow, a, n);
+        default: return dotk_fused_t(TSR_DTYPE_Q6_K, wrow, a, n);
         }
 }
 
@@ -839,7 +857,7 @@ struct qmm_ctx {
         const uint8_t *xq;              /* (rows, act_bytes) */
         const uint8_t *xi;              /* the interleaved activations (tiles): (rows, ilv_a_bytes), or
                                          * with VNNI in pairs ((rows + 1) / 2, ilv2_pair_bytes) */
-        size_t rows, n, d, row_bytes, act_bytes, wu_bytes;
+        size_t rows, n, d, row_bytes, act_bytes, wu_bytes;   /* wu_bytes: a task's interleaved weight rows (tiles) */
         bool tiles, vnni;               /* rows > 1; vpdpbusd */
         _Atomic bool *no_memory;        /* set by a task whose scratch could not grow */
 };
@@ -915,36 +933,30 @@ __attribute__((noinline)) QMM_FN static void qmm_tiles_k(const struct qmm_ctx *c
 QMM_FN static void qmm_task(void *ctx, size_t task, int worker) {
         const struct qmm_ctx *c = ctx;
         size_t i0 = task * QMM_ROWS_PER_TASK, i1 = i0 + QMM_ROWS_PER_TASK < c->d ? i0 + QMM_ROWS_PER_TASK : c->d;
-        /* wu_bytes: one unpacked weight row, or a task's interleaved rows (tiles), in the
-         * thread's own scratch (pool.h says why not one malloc'd per call) */
-        uint8_t *wu = tsr_thread_scratch(c->wu_bytes);
         (void)worker;
-        if (!wu) {
-                atomic_store_explicit(c->no_memory, true, memory_order_relaxed);
-                return;
-        }
-
         if (c->tiles) {                 /* a batch */
+                /* the task's interleaved rows, in the thread's own scratch (pool.h says
+                 * why not one malloc'd per call) */
+                uint8_t *wu = tsr_thread_scratch(c->wu_bytes);
+                if (!wu) {
+                        atomic_store_explicit(c->no_memory, true, memory_order_relaxed);
+                        return;
+                }
                 if (tsr_qmm_is_k(c->t))
                         qmm_tiles_k(c, i0, i1, wu);
                 else
                         qmm_tiles(c, i0, i1, wu);
                 return;
         }
-        if (!tsr_qmm_is_k(c->t)) {      /* 32-blocks, the decode GEMV: blocks decoded in registers */
+        if (!tsr_qmm_is_k(c->t)) {      /* the decode GEMV (rows == 1): blocks decoded in registers */
                 tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq, c->n);
                 for (size_t i = i0; i < i1; i++)
                         c->out[i] = dot32_fused(c->t, c->w + i * c->row_bytes, &a, c->n);
                 return;
         }
-        tsr_qmm_w u = tsr_qmm_w_at(c->t, wu, c->n);
-        for (size_t i = i0; i < i1; i++) {     /* K blocks, the decode GEMV (rows == 1): a row unpacked, then its dot */
-                unpackk_row(c->t, c->w + i * c->row_bytes, c->n, &u);
-                for (size_t r = 0; r < c->rows; r++) {
-                        tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq + r * c->act_bytes, c->n);
-                        c->out[r * c->d + i] = dotk_row(&u, &a, c->n);
-                }
-        }
+        tsr_qmm_act a = tsr_qmm_act_at(c->t, c->xq, c->n);     /* K blocks, the decode GEMV: the same */
+        for (size_t i = i0; i < i1; i++)
+                c->out[i] = dotk_fused(c->t, c->w + i * c->row_bytes, &a, c->n);
 }
 
 /* ---- step 1: tsr_qmm_quantize_row, eight lanes at a time --------------------------------
@@ -1113,7 +1125,7 @@ tsr_status tsr_cpu_qmm(tsr_pool *pool, tsr_cpu_isa isa, float *out, const float 
             tsr_amx_int8())
                 return qmm_amx(pool, out, x, w, t, rows, n, d);
         struct qmm_ctx c = {.t = t, .out = out, .w = w, .rows = rows, .n = n, .d = d,
-                            .act_bytes = tsr_qmm_act_bytes(t, n), .wu_bytes = tsr_qmm_unpacked_bytes(t, n),
+                            .act_bytes = tsr_qmm_act_bytes(t, n),
                             .tiles = rows > 1,
                             .vnni = isa >= TSR_CPU_ISA_AVX512_BF16 && cpu_has_vnni()};
         const bool pairs = c.tiles && c.vnni;   /* the zmm tiles' activation layout */
