@@ -180,8 +180,6 @@ QMM_FN static float dot32_fused(tsr_dtype t, const uint8_t *wrow, const tsr_qmm_
  * hsum8_epi32 (lane j = block b + j's I1 / I2) and the reference's float terms,
  * t = (d*dx) * (float)I1 - (dmin*dx) * (float)I2 (q6_K: dmin = 0 and I2 = 0, as
  * unpack256 has them).  Lanes past `live` are +0: d = dmin = 0 and dx's padding 0. */
-#define KBLOCK_BYTES(T) ((T) == TSR_DTYPE_Q4_K ? 144 : (T) == TSR_DTYPE_Q5_K ? 176 : 210)
-
 /* A q4_K / q5_K block's eight 6-bit scales and mins (tsr_gguf_k_scale_min), byte j of
  * *scs / *mns = sub-block j's, four at a time from 32-bit words. */
 QMM_INLINE void k45_scale_bytes(const uint8_t *blk, uint64_t *scs, uint64_t *mns) {

@@ -177,7 +177,7 @@ QAMX_INLINE void unpack_rows_t(const tsr_dtype T, const struct qamx_ctx *c, size
  * q5_K's unsigned.  tmp: 16 x 256 bytes. */
 QAMX_INLINE void unpack_k_rows_t(const tsr_dtype T, const struct qamx_ctx *c, size_t i0, size_t nw,
                                  const struct qamx_w *u, uint8_t *tmp) {
-        const size_t bb = tsr_dtype_get_info(T)->block_bytes;
+        const size_t bb = KBLOCK_BYTES(T);
         const uint8_t *row[W_ROWS];
 
         for (size_t i = 0; i < W_ROWS; i++)

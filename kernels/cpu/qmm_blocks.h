@@ -99,6 +99,8 @@ QMM_INLINE void k_codes(tsr_dtype t, const uint8_t *blk, __m256i v[8]) {
 /* Bytes of a 32-block of type T (dtype.c's table, as a constant for the compiler). */
 #define BLOCK32_BYTES(T) ((T) == TSR_DTYPE_Q8_0 ? 34 : (T) == TSR_DTYPE_Q4_0 ? 18 : (T) == TSR_DTYPE_Q4_1 ? 20 \
                           : (T) == TSR_DTYPE_Q5_0 ? 22 : 24)
+/* Bytes of a K block of type T (q4_K, q5_K, q6_K), the same way. */
+#define KBLOCK_BYTES(T) ((T) == TSR_DTYPE_Q4_K ? 144 : (T) == TSR_DTYPE_Q5_K ? 176 : 210)
 
 /* An 8 x 8 transpose of 32-bit elements: afterwards v[s] lane j = the old v[j] lane s. */
 QMM_INLINE void transpose8_epi32(__m256i v[8]) {
