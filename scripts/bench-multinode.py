@@ -2,7 +2,8 @@
 """What a replica over two nodes costs per step (issue #20): the same model served four
 ways, measured with the same client, interleaved round by round.
 
-  scripts/bench-multinode.py [--rounds 2] [--namespaces] [--micro]
+  scripts/bench-multinode.py [--rounds 2] [--namespaces] [--micro] [--kinds K,...]
+                             [--chunk N] [--prefill-len L]
 
   pp1        tessera serve MODEL                              (one process, one stage)
   pp2        tessera serve MODEL -pp 2                        (one process, two rank threads)
@@ -19,6 +20,11 @@ their own, one step at a time and two).  Per configuration: decode at concurrenc
 32 (output tokens/s, median TPOT), and a 512-token prefill (median TTFT), with
 `tessera bench serve` (random prompts, ignore_eos).  Prints one table per round and the
 CPU.  A benchmark, not a test; nothing here is asserted.
+
+--kinds runs only those configurations; --chunk N serves with --max-num-batched-tokens N
+(a prompt longer than N is prefilled in chunks, which micro-batches pipeline: chunk k+1
+enters stage 0 while chunk k is in stage 1) and --prefill-len L sets the prefill row's
+prompt length.
 
 Environment: TESSERA_BUILD (default build/), TESSERA_TEST_MODEL (default the demo GGUF)."""
 import argparse
@@ -84,7 +90,7 @@ def wait_healthy(port, ns, procs, timeout=120):
     raise SystemExit("not ready in time")
 
 
-def serve(kind, tmp, namespaces):
+def serve(kind, tmp, namespaces, common):
     """Start configuration `kind`; (port, namespace of the client, processes)."""
     port, mp = free_port(), free_port()
     log = open(Path(tmp) / f"{kind}.log", "ab")
@@ -92,15 +98,15 @@ def serve(kind, tmp, namespaces):
     env = {"TESSERA_PP_MAX_IN_FLIGHT": "2" if kind.endswith("-micro") else "1"}    # explicit: nodes default to 2
     threads = ["--cpu-threads", "1"] if "-1t" in kind else []
     if kind.split("-")[0] in ("pp1", "pp2"):
-        procs = [start([LAUNCHER, "serve", MODEL, *http, *COMMON, *(["-pp", "2"] if kind != "pp1" else [])], log,
+        procs = [start([LAUNCHER, "serve", MODEL, *http, *common, *(["-pp", "2"] if kind != "pp1" else [])], log,
                        env)]
         wait_healthy(port, None, procs)
         return port, None, procs
     ns = namespaces if kind == "netns" else (None, None)
     master = "10.214.1.1" if kind == "netns" else "127.0.0.1"
     nodes = ["-pp", "2", "--nnodes", "2", "--master-addr", master, "--master-port", mp, *threads]
-    f = start([*ns_prefix(ns[1]), LAUNCHER, "serve", MODEL, *COMMON, *nodes, "--node-rank", "1", "--headless"], log)
-    lead = start([*ns_prefix(ns[0]), LAUNCHER, "serve", MODEL, *http, *COMMON, *nodes], log, env)
+    f = start([*ns_prefix(ns[1]), LAUNCHER, "serve", MODEL, *common, *nodes, "--node-rank", "1", "--headless"], log)
+    lead = start([*ns_prefix(ns[0]), LAUNCHER, "serve", MODEL, *http, *common, *nodes], log, env)
     wait_healthy(port, ns[0], [f, lead])
     return port, ns[0], [lead, f]
 
@@ -150,28 +156,35 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--namespaces", action="store_true", help="also two nodes in network namespaces (root)")
     ap.add_argument("--micro", action="store_true", help="also pipeline micro-batches (TESSERA_PP_MAX_IN_FLIGHT=2)")
+    ap.add_argument("--kinds", help="only these configurations (comma-separated, from the list above)")
+    ap.add_argument("--chunk", type=int, help="--max-num-batched-tokens for every server")
+    ap.add_argument("--prefill-len", type=int, default=512, help="the prefill row's prompt tokens (default 512)")
     args = ap.parse_args()
     kinds = ["pp1", "pp2", "nodes"] + (["netns"] if args.namespaces else [])
     if args.micro:
         kinds += ["pp2-micro", "nodes-micro", "nodes-1t", "nodes-1t-micro"]
+    if args.kinds:
+        kinds = args.kinds.split(",")
+    common = COMMON + (["--max-num-batched-tokens", str(args.chunk)] if args.chunk else [])
     ns = namespaces_up() if args.namespaces else None
     flags = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8") if f in Path("/proc/cpuinfo").read_text()]
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} threads, {' '.join(flags) or 'avx2'}; model {MODEL.name}")
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} threads, {' '.join(flags) or 'avx2'}; model {MODEL.name}"
+          f"{f'; --max-num-batched-tokens {args.chunk}' if args.chunk else ''}")
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for rnd in range(args.rounds):
                 print(f"\nround {rnd + 1}\n| configuration | c=1 TPOT ms | c=32 out tok/s | c=32 TPOT ms | "
-                      f"prefill 512 TTFT ms |\n|---|---|---|---|---|")
+                      f"prefill {args.prefill_len} TTFT ms |\n|---|---|---|---|---|")
                 order = kinds if rnd % 2 == 0 else kinds[::-1]
                 rows = {}
                 for kind in order:
-                    port, cns, procs = serve(kind, tmp, ns)
+                    port, cns, procs = serve(kind, tmp, ns, common)
                     try:
                         seed = 1000 * rnd
                         bench(port, cns, tmp, f"{kind}-w{rnd}", 1, 2, 32, 8, seed + 1)        # warm-up
                         c1 = bench(port, cns, tmp, f"{kind}-c1-{rnd}", 1, 4, 128, 64, seed + 2)
                         c32 = bench(port, cns, tmp, f"{kind}-c32-{rnd}", 32, 32, 128, 64, seed + 3)
-                        pf = bench(port, cns, tmp, f"{kind}-pf-{rnd}", 1, 4, 512, 1, seed + 4)
+                        pf = bench(port, cns, tmp, f"{kind}-pf-{rnd}", 1, 4, args.prefill_len, 1, seed + 4)
                     finally:
                         stop(procs)
                     rows[kind] = (c1["median_tpot_ms"], c32["output_throughput"], c32["median_tpot_ms"],

@@ -117,6 +117,26 @@ def answers(client):
     return out
 
 
+LONG = " ".join(f"item {i}," for i in range(120))   # ~480 tokens: 8 chunks of 64
+
+
+def long_answers(client):
+    """Prompts of several chunks (--max-num-batched-tokens 64): greedy with prompt
+    logprobs (every chunk's rows), then three staggered, so with micro-batches a prompt's
+    next chunk goes into the model behind the one before it (and beside another's)."""
+    r = client.completions.create(model=MODEL, prompt=LONG, max_tokens=8, temperature=0, logprobs=1,
+                                  extra_body={"prompt_logprobs": 1})
+    out = [(r.choices[0].text, r.choices[0].logprobs.token_logprobs,
+            json.dumps(r.model_extra.get("prompt_logprobs") or r.choices[0].model_extra.get("prompt_logprobs")))]
+
+    def one(i):
+        r = client.completions.create(model=MODEL, prompt=f"{i}: {LONG}", max_tokens=8, logprobs=2,
+                                      **({"temperature": 0.7, "seed": i} if i % 2 else {"temperature": 0}))
+        return r.choices[0].text, r.choices[0].logprobs.token_logprobs
+    out.append(("staggered long", concurrently(3, one, gap=0.02)))
+    return out
+
+
 def answers_ids(client, prompts):
     """Completions of token-id prompts, each request alone then all at once: greedy (24
     tokens, past Llama 4's chunk of 8) and seeded sampling, with top-5 logprobs."""
@@ -192,10 +212,14 @@ def assert_micro_batches(proc, pp):
 def test_pp2_pp3_answer_as_pp1(tmp_path):
     """-pp 2 (one step at a time, the default; with --async-scheduling, where stage 0
     runs on the engine's step thread; with micro-batches, TESSERA_PP_MAX_IN_FLIGHT) and
-    -pp 3 split 8,12,10 by VLLM_PP_LAYER_PARTITION with micro-batches, against -pp 1."""
-    proc, client = start(tmp_path, "pp1")
-    want = answers(client)
+    -pp 3 split 8,12,10 by VLLM_PP_LAYER_PARTITION with micro-batches, against -pp 1.
+    Chunked prefill (a budget of 64 tokens) in every run, so long prompts' chunks follow
+    each other into the pipeline."""
+    budget = ("--max-num-batched-tokens", "64")
+    proc, client = start(tmp_path, "pp1", *budget)
+    want = answers(client) + long_answers(client)
     stop_cleanly(proc)
+    assert want[-2][2] != "null", want[-2]      # the prompt logprobs came back
     assert want[0][2] and " Paris" in want[0][2]       # a real model answers
     micro = {"TESSERA_PP_MAX_IN_FLIGHT": "3"}
     for name, flags, env in (("pp2", ("-pp", "2"), None),                                  # one step at a time
@@ -203,12 +227,12 @@ def test_pp2_pp3_answer_as_pp1(tmp_path):
                              ("pp2-micro", ("-pp", "2"), micro),                        # capped at pp: 2 in flight
                              ("pp3-uneven", ("--pipeline-parallel-size", "3"),
                               dict(micro, VLLM_PP_LAYER_PARTITION="8,12,10"))):
-        proc, client = start(tmp_path, name, *flags, env=env)
+        proc, client = start(tmp_path, name, *budget, *flags, env=env)
         log = proc.output()
         assert "pipeline parallel:" in log, log[-2000:]
         if env and "VLLM_PP_LAYER_PARTITION" in env:
             assert "layers [0..7, 8..19, 20..29] (VLLM_PP_LAYER_PARTITION)" in log, log[-2000:]
-        got = answers(client)
+        got = answers(client) + long_answers(client)
         for w, g in zip(want, got):
             assert w == g, (name, w, g)
         if env:

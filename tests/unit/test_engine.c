@@ -52,6 +52,8 @@ typedef struct fake_model {
         size_t hold_at;
         bool holding;
         bool released;
+        /* fail_at: the forward call of that number fails (TSR_E_INTERNAL) for its step */
+        size_t fail_at;
         /* Recurrent state (params.state_slots > 0), as a Mamba model keeps it: per slot the
          * length and a hash of the tokens it has seen.  A chunk with past > 0 must find
          * exactly its sequence's first `past` tokens there, else the forward fails. */
@@ -98,6 +100,12 @@ typedef struct fake_model {
          * wait, oldest first; the most steps in flight at once is recorded. */
         tsr_status queued_st[8];
         size_t queued_head, queued_n, max_queued;
+        /* Each queued step's sequences by their first block; chunk_behind counts the
+         * sequences submitted while a step holding a chunk of them was still queued
+         * (a prompt's chunks pipelined). */
+        uint32_t queued_first[8][16];
+        size_t queued_n_first[8];
+        size_t chunk_behind;
 } fake_model;
 
 static uint64_t fnv_more(uint64_t h, const uint32_t *t, size_t n) {
@@ -220,6 +228,10 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                 pthread_cond_broadcast(&m->cv);
                 while (!m->released)
                         pthread_cond_wait(&m->cv, &m->mu);
+        }
+        if (m->steps == m->fail_at) {
+                pthread_mutex_unlock(&m->mu);
+                return TSR_E_INTERNAL;
         }
         for (size_t i = 0; i < n_seqs; i++) {
                 step_tokens += seqs[i].n;
@@ -348,13 +360,30 @@ static bool fake_kv_renewal_pending(void *ud) {
 
 static tsr_status fake_submit(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits) {
         fake_model *m = ud;
-        tsr_status st = fake_forward(ud, seqs, n_seqs, logits);
+        size_t q;
         pthread_mutex_lock(&m->mu);
-        if (m->queued_n == 8) {
+        if (m->queued_n == 8 || n_seqs > 16) {
                 pthread_mutex_unlock(&m->mu);
                 return TSR_E_INVAL;
         }
-        m->queued_st[(m->queued_head + m->queued_n++) % 8] = st;
+        q = (m->queued_head + m->queued_n) % 8;
+        m->queued_n_first[q] = 0;
+        for (size_t i = 0; i < n_seqs; i++) {
+                uint32_t first = seqs[i].n_table ? seqs[i].block_table[0] : UINT32_MAX;
+                bool behind = false;
+                for (size_t k = 0; k < m->queued_n; k++) {
+                        size_t o = (m->queued_head + k) % 8;
+                        for (size_t j = 0; j < m->queued_n_first[o]; j++)
+                                behind |= m->queued_first[o][j] == first;
+                }
+                m->chunk_behind += behind;
+                m->queued_first[q][m->queued_n_first[q]++] = first;
+        }
+        pthread_mutex_unlock(&m->mu);
+        tsr_status st = fake_forward(ud, seqs, n_seqs, logits);
+        pthread_mutex_lock(&m->mu);
+        m->queued_st[q] = st;
+        m->queued_n++;
         if (m->queued_n > m->max_queued)
                 m->max_queued = m->queued_n;
         pthread_mutex_unlock(&m->mu);
@@ -969,6 +998,96 @@ static void test_abort_frees_blocks(void **state) {
         /* Aborted well before its 1000 tokens: the abort, not the length limit, ended it. */
         assert_true(st.generation_tokens_total < 1000);
         assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        stop(h);
+}
+
+/* Request `id` of the prompt runs to its max_tokens greedy tokens, the fake model's. */
+static void assert_serves(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens) {
+        uint32_t want[64];
+        result res[1] = {0};
+        const char *ids[] = {id};
+        assert_true(max_tokens <= 64);
+        submit(h, id, prompt, n, max_tokens, NULL, 0);
+        collect(h, ids, res, 1);
+        expected(prompt, n, max_tokens, want);
+        assert_int_equal(res[0].n, max_tokens);
+        assert_memory_equal(res[0].tokens, want, max_tokens * sizeof(uint32_t));
+}
+
+/* A prompt of four chunks: with micro-batches each next chunk goes in behind the one
+ * still in the model (vLLM's batch queue pipelines a prompt's chunks), and the fake
+ * model, which reads every position's KV back, computes the same tokens. */
+static void test_prompt_chunks_pipelined(void **state) {
+        enum { N = 64, MAX = 4 };
+        harness *h = start(64, 16, 4, false);
+        uint32_t prompt[N];
+        make_prompt(prompt, N, 9);
+        assert_serves(h, "long", prompt, N, MAX);
+        pthread_mutex_lock(&h->fm.mu);
+        /* chunks 2, 3 and 4 each behind the one before; a decode never behind its token */
+        assert_int_equal(h->fm.chunk_behind, g_queue ? 3 : 0);
+        assert_int_equal(h->fm.max_queued, g_queue ? 2 : 0);
+        pthread_mutex_unlock(&h->fm.mu);
+        stop(h);
+}
+
+/* A prompt's chunk fails while its next chunk is in the model (micro-batches): the
+ * request ends once, with an error, and is freed only when that next step returns
+ * (ASan sees a use after free otherwise); the engine serves the next request. */
+static void test_failed_chunk_with_the_next_in_flight(void **state) {
+        enum { N = 64, MAX = 4 };
+        harness *h = held(64, 16, 4, false, 0);
+        uint32_t prompt[N];
+        result res[1] = {0};
+        const char *ids[] = {"bad"};
+        h->fm.fail_at = 1;
+        make_prompt(prompt, N, 11);
+        submit(h, "bad", prompt, N, MAX, NULL, 0);
+        go(h);
+        collect(h, ids, res, 1);
+        assert_int_equal(res[0].finish, TSR_ENGINE_FINISH_ERROR);
+        assert_int_equal(res[0].n, 0);
+        tsr_engine_stats st = idle_stats(h);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        assert_serves(h, "next", prompt, N, MAX);
+        pthread_mutex_lock(&h->fm.mu);
+        assert_int_equal(h->fm.chunk_behind, g_queue ? 1 + 3 : 0);   /* "bad"'s second chunk went in */
+        pthread_mutex_unlock(&h->fm.mu);
+        stop(h);
+}
+
+/* Aborted with chunks in the model: with micro-batches three steps at once (as -pp 3),
+ * the abort taken while its second and third chunks are in flight.  No Output for it,
+ * its blocks come back once every step of it has returned (freeing it at the first is
+ * a use after free ASan sees), and the next request runs. */
+static void test_abort_with_chunks_in_flight(void **state) {
+        enum { N = 64, MAX = 4 };
+        harness *h = held(64, 16, 4, false, 0);
+        uint32_t prompt[N];
+        tsr_engine_out *o;
+        h->fm.hold_at = g_queue ? 3 : 2;
+        if (g_queue)
+                h->model.max_in_flight = 3;
+        make_prompt(prompt, N, 13);
+        submit(h, "gone", prompt, N, MAX, NULL, 0);
+        go(h);
+        wait_holding(h);
+        abort_req(h, "gone");
+        release(h);
+        tsr_engine_stats st = idle_stats(h);
+        assert_int_equal(st.num_running, 0);
+        assert_int_equal(st.kv_blocks_free, st.kv_blocks_total);
+        assert_int_equal(st.generation_tokens_total, 0);
+        assert_serves(h, "next", prompt, N, MAX);
+        while ((o = tsr_queue_pop_wait(h->out, 50))) {
+                for (size_t i = 0; i < o->n_outputs; i++)
+                        assert_string_not_equal(o->outputs[i].request_id, "gone");
+                tsr_engine_out_free(o);
+        }
+        pthread_mutex_lock(&h->fm.mu);
+        assert_true(h->fm.chunk_behind >= (g_queue ? 2u : 0u));   /* "gone"'s second and third chunks */
+        assert_int_equal(h->fm.max_queued, g_queue ? 3 : 0);
+        pthread_mutex_unlock(&h->fm.mu);
         stop(h);
 }
 
@@ -2316,6 +2435,9 @@ int main(void) {
                 cmocka_unit_test(test_hybrid_tables),
                 cmocka_unit_test(test_stop_token_and_eos),
                 cmocka_unit_test(test_abort_frees_blocks),
+                cmocka_unit_test(test_prompt_chunks_pipelined),
+                cmocka_unit_test(test_failed_chunk_with_the_next_in_flight),
+                cmocka_unit_test(test_abort_with_chunks_in_flight),
                 cmocka_unit_test(test_too_long_prompt_refused),
                 cmocka_unit_test(test_prompt_logprobs),
                 cmocka_unit_test(test_prompt_logprobs_edge_cases),

@@ -70,8 +70,12 @@ typedef struct slot {
         size_t n_ahead;
         size_t n_placeholders;
         uint64_t epoch;
-        bool in_flight;               /* in the step the step thread is computing */
-        bool aborted;                 /* aborted while in flight: freed when that step returns */
+        /* Steps in the model holding a chunk of it: at most one, except a prompt's
+         * chunks with micro-batches (loop_queue), which follow each other in. */
+        uint32_t n_in_flight;
+        /* Let go while in flight (aborted, or finished with a chunk of it still in the
+         * model): in no list, no Output; freed when its last step in flight returns. */
+        bool aborted;
         /* this step's output */
         uint32_t step_new[1];
         tsr_token_logprobs step_lp;
@@ -586,7 +590,7 @@ static void abort_requests(tsr_engine *e, tsr_engine_in *in) {
                         /* Aborted requests get no Output: the router already let go. */
                         list_remove_at(l, i);
                         log_req(TSR_LOG_DEBUG, s->request_id, "aborted (%s)", a->reason);
-                        if (s->in_flight)
+                        if (s->n_in_flight)
                                 s->aborted = true;   /* the step thread still reads it: apply_plan frees it */
                         else
                                 slot_free(e, s);
@@ -729,9 +733,9 @@ static size_t next_waiting(const tsr_engine *e) {
         size_t best = SIZE_MAX;
         for (size_t i = 0; i < e->waiting.n; i++) {
                 const slot *a = e->waiting.items[i], *b;
-                /* in_flight: preempted while its step is in the model (micro-batches):
-                 * it is one step's at a time, so it waits for that step to be applied */
-                if (a->deferred_round == e->sched_round || a->gjob || a->in_flight)
+                /* n_in_flight: preempted while a step of it is in the model (micro-
+                 * batches): its recompute waits for those steps to be applied */
+                if (a->deferred_round == e->sched_round || a->gjob || a->n_in_flight)
                         continue;   /* deferred, or its grammar is still compiling */
                 if (!e->params.priority_scheduling)
                         return i;
@@ -882,10 +886,12 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                 size_t num_new, room, computed, known;
                 if (s->state != SLOT_RUNNING)
                         continue;   /* preempted earlier in this step */
-                /* With micro-batches, a request in a step still in the model waits for
-                 * that step's result (vLLM's batch queue skips a decode whose token is in
-                 * flight; here a prompt's next chunk waits too). */
-                if (e->queue && s->in_flight)
+                /* With micro-batches, a request whose token a step in the model will
+                 * sample waits for it (vLLM's batch queue: nothing is known to schedule
+                 * after it).  A prompt's next chunk does not wait: it goes in behind the
+                 * chunk in flight, which every stage computes first (vLLM advances
+                 * num_computed_tokens when it schedules, so its chunks pipeline too). */
+                if (e->queue && s->n_in_flight && s->n_placeholders)
                         continue;
                 computed = s->kv.n_computed + s->n_ahead;
                 known = s->n_tokens + s->n_placeholders;
@@ -1140,7 +1146,7 @@ static void schedule_plan(tsr_engine *e, step_plan *p, bool quiet) {
 /* Just before the step runs (the step before it applied): drop the entries the step
  * before made moot (its request finished, or was preempted since), and copy every
  * chunk's tokens (placeholders are real tokens by now) and block table for the
- * forward.  Engine thread. */
+ * forward; each request kept counts the step in its n_in_flight.  Engine thread. */
 static void prepare_plan(tsr_engine *e, step_plan *p) {
         size_t kept = 0, need = 0, used = 0;
         p->st = TSR_OK;
@@ -1152,7 +1158,9 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                         state_saves_done(e, p, pe, false);
                         continue;   /* its token of the step before was its last, or it was preempted */
                 }
-                if (pe->past != s->kv.n_computed || pe->past + pe->num_new > s->n_tokens) {
+                /* its chunk follows the ones not yet applied (micro-batches), if any */
+                size_t before = s->n_ahead - pe->num_new;
+                if (pe->past != s->kv.n_computed + before || pe->past + pe->num_new > s->n_tokens) {
                         log_req(TSR_LOG_ERROR, s->request_id, "scheduled chunk no longer fits (%zu+%zu, computed %zu, "
                                 "known %zu): rescheduled", pe->past, pe->num_new, s->kv.n_computed, s->n_tokens);
                         s->n_ahead -= pe->num_new;
@@ -1162,6 +1170,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                         continue;
                 }
                 p->entries[kept++] = *pe;
+                s->n_in_flight++;   /* the step runs next: apply_plan counts it back */
                 need += pe->num_new + (size_t)s->kv.n_blocks * tsr_kv_cache_tables(e->kv);
         }
         p->n = kept;
@@ -1591,10 +1600,10 @@ static void apply_plan(tsr_engine *e, step_plan *p) {
                 sched_entry *pe = &p->entries[i];
                 slot *s = pe->s;
                 tsr_status st = pe->st;
-                s->in_flight = false;
+                s->n_in_flight--;
                 if (s->aborted || s->epoch != pe->epoch) {
                         state_saves_done(e, p, pe, false);
-                        if (s->aborted)
+                        if (s->aborted && !s->n_in_flight)
                                 slot_free(e, s);
                         continue;
                 }
@@ -1730,7 +1739,12 @@ static void retire_finished(tsr_engine *e, const step_plan *p) {
                 if (!s->finish)
                         continue;
                 list_remove(&e->running, s);
-                slot_free(e, s);
+                /* a prompt's later chunk still in the model (a failed step finishes a
+                 * request mid-prompt): that step frees it when it returns */
+                if (s->n_in_flight)
+                        s->aborted = true;
+                else
+                        slot_free(e, s);
         }
 }
 
@@ -1871,8 +1885,6 @@ static void loop_async(tsr_engine *e) {
                 prepare_plan(e, next);
                 if (next->n) {
                         next->step = ++e->step;
-                        for (size_t i = 0; i < next->n; i++)
-                                next->entries[i].s->in_flight = true;
                         job_launch(&e->step_thread, next);
                         inflight = next;
                 }
@@ -1883,12 +1895,14 @@ static void loop_async(tsr_engine *e) {
 
 /* Pipeline micro-batches (tsr_engine_model.submit; vLLM's batch queue): up to queue_cap
  * steps in the model at once.  While there is room, schedule a step of the requests not
- * already in one and submit it (the model returns once its first stage is done with it);
- * when the queue is full or nothing more can go in, end the oldest (wait, sample, apply,
- * emit).  A request is in at most one step in flight, so the slots, aborts and
- * preemption behave as with one step: an aborted request is freed when its step is
- * applied, a preempted one's result dropped, and a step's blocks reused only by steps
- * submitted after it, which every stage runs after it. */
+ * waiting for a token in one and submit it (the model returns once its first stage is
+ * done with it); when the queue is full or nothing more can go in, end the oldest (wait,
+ * sample, apply, emit).  A request is in one step in flight at a time, except a prompt's chunks,
+ * which follow each other in (schedule()): every stage runs the steps in submit order,
+ * so a chunk's attention reads the KV its chunks before it wrote.  An aborted request
+ * is freed when its last step in flight is applied, a preempted one's results dropped
+ * (their epoch), and a step's blocks reused only by steps submitted after it, which
+ * every stage runs after it. */
 static void loop_queue(tsr_engine *e) {
         size_t head = 0, n_q = 0;
         bool overlapped = false;
@@ -1909,8 +1923,6 @@ static void loop_queue(tsr_engine *e) {
                         prepare_plan(e, p);
                         if (p->n) {
                                 p->step = ++e->step;
-                                for (size_t i = 0; i < p->n; i++)
-                                        p->entries[i].s->in_flight = true;
                                 execute_begin(e, p, true);
                                 n_q++;
                                 submitted = true;
