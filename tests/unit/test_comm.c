@@ -1058,6 +1058,27 @@ static void test_nccl_unique_id(void **state) {
 
 /* ---- the multi-node step plan (nodes.h) ---- */
 
+/* Every field of out[i] as in[i], each with nt block tables. */
+static void assert_seqs_equal(const tsr_engine_seq *in, const tsr_engine_seq *out, size_t n, size_t nt) {
+        for (size_t i = 0; i < n; i++) {
+                assert_int_equal(out[i].seq_id, in[i].seq_id);
+                assert_int_equal(out[i].n_table, in[i].n_table);
+                assert_int_equal(out[i].n, in[i].n);
+                assert_int_equal(out[i].past_len, in[i].past_len);
+                assert_int_equal(out[i].want_logits, in[i].want_logits);
+                assert_int_equal(out[i].want_all_logits, in[i].want_all_logits);
+                assert_int_equal(out[i].state_slot, in[i].state_slot);
+                assert_int_equal(out[i].restore_state, in[i].restore_state);
+                assert_int_equal(out[i].restore_from, in[i].restore_from);
+                assert_int_equal(out[i].n_saves, in[i].n_saves);
+                if (in[i].n_saves)
+                        assert_memory_equal(out[i].saves, in[i].saves, in[i].n_saves * sizeof(tsr_state_save));
+                if (in[i].n_table)
+                        assert_memory_equal(out[i].block_table, in[i].block_table, nt * in[i].n_table * sizeof(uint32_t));
+                assert_memory_equal(out[i].tokens, in[i].tokens, in[i].n * sizeof(uint32_t));
+        }
+}
+
 static void test_nodes_plan_round_trip(void **state) {
         (void)state;
         const uint32_t t0[] = {7, 3, 9}, k0[] = {11, 12, 13, 14, 15}, t1[] = {4, TSR_KV_NULL_BLOCK}, k1[] = {99};
@@ -1072,24 +1093,11 @@ static void test_nodes_plan_round_trip(void **state) {
         uint8_t *buf;
         size_t len, n;
         tsr_engine_seq *out;
-        assert_int_equal(tsr_nodes_plan_pack(in, 3, 1, &buf, &len), TSR_OK);
-        assert_int_equal(tsr_nodes_plan_unpack(buf, len, 1, &out, &n), TSR_OK);
+        in[1].seq_id = (uint64_t)1 << 40 | 3;
+        assert_int_equal(tsr_nodes_plan_pack(NULL, in, 3, 1, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_OK);
         assert_int_equal(n, 3);
-        for (size_t i = 0; i < 3; i++) {
-                assert_int_equal(out[i].n_table, in[i].n_table);
-                assert_int_equal(out[i].n, in[i].n);
-                assert_int_equal(out[i].past_len, in[i].past_len);
-                assert_int_equal(out[i].want_logits, in[i].want_logits);
-                assert_int_equal(out[i].want_all_logits, in[i].want_all_logits);
-                assert_int_equal(out[i].state_slot, in[i].state_slot);
-                assert_int_equal(out[i].restore_state, in[i].restore_state);
-                assert_int_equal(out[i].restore_from, in[i].restore_from);
-                assert_int_equal(out[i].n_saves, in[i].n_saves);
-                if (in[i].n_saves)
-                        assert_memory_equal(out[i].saves, in[i].saves, in[i].n_saves * sizeof(tsr_state_save));
-                assert_memory_equal(out[i].block_table, in[i].block_table, in[i].n_table * sizeof(uint32_t));
-                assert_memory_equal(out[i].tokens, in[i].tokens, in[i].n * sizeof(uint32_t));
-        }
+        assert_seqs_equal(in, out, 3, 1);
         free(out);
         free(buf);
 
@@ -1098,14 +1106,14 @@ static void test_nodes_plan_round_trip(void **state) {
         const uint32_t two[] = {1, 2, 3, TSR_KV_NULL_BLOCK, 5, 6}, tok[] = {42, 43};
         tsr_engine_seq h[1] = {{.block_table = two, .n_table = 3, .tokens = tok, .n = 2, .past_len = 40,
                                 .want_logits = true}};
-        assert_int_equal(tsr_nodes_plan_pack(h, 1, 2, &buf, &len), TSR_OK);
-        assert_int_equal(tsr_nodes_plan_unpack(buf, len, 2, &out, &n), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_pack(NULL, h, 1, 2, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 2, &out, &n), TSR_OK);
         assert_int_equal(n, 1);
         assert_int_equal(out[0].n_table, 3);
         assert_memory_equal(out[0].block_table, two, sizeof two);
         assert_memory_equal(out[0].tokens, tok, sizeof tok);
         free(out);
-        assert_int_equal(tsr_nodes_plan_unpack(buf, len, 1, &out, &n), TSR_E_PROTO);
+        assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
         free(buf);
 }
 
@@ -1119,30 +1127,165 @@ static void test_nodes_plan_malformed(void **state) {
         uint8_t *buf;
         size_t len, n;
         tsr_engine_seq *out = NULL;
-        assert_int_equal(tsr_nodes_plan_pack(in, 2, 1, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_pack(NULL, in, 2, 1, &buf, &len), TSR_OK);
         for (size_t cut = 0; cut < len; cut++) {
                 uint8_t *c = malloc(cut ? cut : 1);
                 memcpy(c, buf, cut);
-                assert_int_equal(tsr_nodes_plan_unpack(c, cut, 1, &out, &n), TSR_E_PROTO);
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, c, cut, 1, &out, &n), TSR_E_PROTO);
                 free(c);
         }
+        /* the first sequence's header: words 1-2 seq_id, 3 n_table, 4 n, 7 flags, 11 base,
+         * 12 n_changes */
         uint32_t *w = (uint32_t *)buf;
         const struct { size_t word; uint32_t value; } bad[] = {
-                {0, 3}, {0, 0xffffffffu}, {1, 1000}, {2, 0}, {2, 0x40000000u}, {5, 4}, {1, 3},
+                {0, 3}, {0, 0xffffffffu}, {3, 1000}, {4, 0}, {4, 0x40000000u}, {7, 4}, {3, 3},
+                {11, 1}, {11, 3}, {12, 1}, {12, 0x80000000u},
         };
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
                 uint32_t keep = w[bad[i].word];
                 w[bad[i].word] = bad[i].value;
-                assert_int_equal(tsr_nodes_plan_unpack(buf, len, 1, &out, &n), TSR_E_PROTO);
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
                 w[bad[i].word] = keep;
         }
         uint8_t *longer = calloc(1, len + 4);
         memcpy(longer, buf, len);
-        assert_int_equal(tsr_nodes_plan_unpack(longer, len + 4, 1, &out, &n), TSR_E_PROTO);   /* trailing words */
-        assert_int_equal(tsr_nodes_plan_unpack(buf, len, 1, &out, &n), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(NULL, longer, len + 4, 1, &out, &n), TSR_E_PROTO);   /* trailing words */
+        assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_OK);
         free(out);
         free(longer);
         free(buf);
+}
+
+/* One plan from the leader's copy of the tables to a follower's: the follower decodes
+ * exactly the leader's sequences, and both copies then hold the same ids.  The plan's
+ * bytes. */
+static size_t plan_trip(tsr_plan_tables *lead, tsr_plan_tables *follow, const tsr_engine_seq *seqs, size_t n_seqs,
+                        uint32_t nt) {
+        uint8_t *buf;
+        size_t len, n;
+        tsr_engine_seq *out;
+        assert_int_equal(tsr_nodes_plan_pack(lead, seqs, n_seqs, nt, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(follow, buf, len, nt, &out, &n), TSR_OK);
+        assert_int_equal(n, n_seqs);
+        assert_seqs_equal(seqs, out, n_seqs, nt);
+        assert_int_equal(lead->n, follow->n);
+        assert_int_equal(lead->plans, follow->plans);
+        for (size_t i = 0; i < lead->n; i++) {
+                assert_int_equal(lead->e[i].seq_id, follow->e[i].seq_id);
+                assert_int_equal(lead->e[i].n_table, follow->e[i].n_table);
+                assert_memory_equal(lead->e[i].blocks, follow->e[i].blocks, nt * lead->e[i].n_table * sizeof(uint32_t));
+        }
+        free(out);
+        free(buf);
+        return len;
+}
+
+/* Block tables as changes (vLLM's scheduler output: new block ids only): appended
+ * blocks, a chunked table's entry freed behind its chunk, a new sequence between two
+ * known ones, a table that shrank (a preempted request), one with most entries changed,
+ * one id twice in a plan, ids forgotten after TSR_PLAN_TABLES_AGE plans on both ends;
+ * and a follower without the leader's copy refuses the changes. */
+static void test_nodes_plan_deltas(void **state) {
+        (void)state;
+        tsr_plan_tables lead = {0}, follow = {0}, empty = {0};
+        const uint32_t tok[] = {5};
+        uint32_t a1[] = {1, 2, 3, 4, 5, 6}, a2[] = {1, 2, 3, 7, TSR_KV_NULL_BLOCK, 5, 6, 8}, b1[] = {9, 10},
+                 c1[] = {11, 12, 13, 14}, a3[] = {20, 21}, a4[] = {30, 31, 32, 33, 34, 35, 36, 37}, z1[] = {1, 2},
+                 z2[] = {3, 4, 5, 6, 7, 8}, z3[] = {3, 4, 5, 9, 6, 7, 8, 10};
+        /* two tables per sequence (a hybrid: full attention, then chunked-local) */
+        tsr_engine_seq p1[2] = {{.seq_id = 5, .block_table = a1, .n_table = 3, .tokens = tok, .n = 1, .past_len = 9,
+                                 .want_logits = true},
+                                {.seq_id = 9, .block_table = b1, .n_table = 1, .tokens = tok, .n = 1, .past_len = 2,
+                                 .want_logits = true}};
+        size_t whole = plan_trip(&lead, &follow, p1, 2, 2);
+        assert_int_equal(lead.words_sent, lead.words_whole);   /* nothing known yet: whole tables */
+
+        /* a: one block appended to each table, the chunked one's first entry freed; b the
+         * same; c new, between them by id */
+        tsr_engine_seq p2[3] = {p1[0], p1[1], {.seq_id = 7, .block_table = c1, .n_table = 2, .tokens = tok, .n = 1,
+                                               .past_len = 1, .want_logits = true}};
+        p2[0].block_table = a2;
+        p2[0].n_table = 4;
+        uint64_t sent = lead.words_sent;
+        size_t len = plan_trip(&lead, &follow, p2, 3, 2);
+        /* a: one change pair + one new entry per table; b: nothing; c: whole (2 x 2) */
+        assert_int_equal(lead.words_sent - sent, 2 + 2 + 0 + 4);
+        /* n_seqs, three headers of 12 words, those 8 table words, three tokens */
+        assert_int_equal(len, (1 + 3 * 12 + 8 + 3) * sizeof(uint32_t));
+        assert_int_equal(whole, (1 + 2 * 12 + 6 + 2 + 2) * sizeof(uint32_t));
+
+        /* a preempted and readmitted: fewer blocks, whole again; then most changed: whole */
+        tsr_engine_seq p3[1] = {p1[0]};
+        p3[0].block_table = a3;
+        p3[0].n_table = 1;
+        sent = lead.words_sent;
+        plan_trip(&lead, &follow, p3, 1, 2);
+        assert_int_equal(lead.words_sent - sent, 2);
+        p3[0].block_table = a4;
+        p3[0].n_table = 4;
+        sent = lead.words_sent;
+        plan_trip(&lead, &follow, p3, 1, 2);
+        assert_int_equal(lead.words_sent - sent, 8);   /* 2 of 2 known entries changed: whole */
+
+        /* an id twice in one plan (0: sequences nobody numbered): the second goes whole,
+         * and the next plan's is against the last */
+        tsr_engine_seq p4[2] = {{.block_table = z1, .n_table = 1, .tokens = tok, .n = 1, .want_logits = true},
+                                {.block_table = z2, .n_table = 3, .tokens = tok, .n = 1, .want_logits = true}};
+        plan_trip(&lead, &follow, p4, 2, 2);
+        tsr_engine_seq p5[1] = {{.block_table = z3, .n_table = 4, .tokens = tok, .n = 1, .want_logits = true}};
+        sent = lead.words_sent;
+        plan_trip(&lead, &follow, p5, 1, 2);
+        assert_int_equal(lead.words_sent - sent, 2);   /* one appended per table */
+
+        /* a change whose index is past the tables, or in an entry past the base, or a
+         * base other than the table this end holds: refused; the plan as sent: decoded */
+        uint8_t *buf;
+        size_t n;
+        tsr_engine_seq *out;
+        uint32_t z4[] = {3, 99, 5, 9, 6, 7, 8, 10};
+        p5[0].block_table = z4;
+        assert_int_equal(tsr_nodes_plan_pack(&lead, p5, 1, 2, &buf, &len), TSR_OK);
+        uint32_t *w = (uint32_t *)buf;
+        assert_int_equal(w[11], 4);     /* base */
+        assert_int_equal(w[12], 1);     /* one change: (1, 99) */
+        assert_int_equal(w[13], 1);
+        assert_int_equal(w[14], 99);
+        const struct { size_t word; uint32_t value; } bad[] = {{13, 8}, {13, 0xffffffffu}, {11, 3}, {11, 2}};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+                uint32_t keep = w[bad[i].word];
+                w[bad[i].word] = bad[i].value;
+                assert_int_equal(tsr_nodes_plan_unpack(&follow, buf, len, 2, &out, &n), TSR_E_PROTO);
+                w[bad[i].word] = keep;
+        }
+        assert_int_equal(tsr_nodes_plan_unpack(&follow, buf, len, 2, &out, &n), TSR_OK);
+        assert_memory_equal(out[0].block_table, z4, sizeof z4);
+        free(out);
+        free(buf);
+
+        /* a plan with changes to a follower that never held the tables: refused */
+        p5[0].block_table = z3;
+        assert_int_equal(tsr_nodes_plan_pack(&lead, p5, 1, 2, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(&empty, buf, len, 2, &out, &n), TSR_E_PROTO);
+        free(buf);
+        tsr_plan_tables_clear(&lead);
+        tsr_plan_tables_clear(&follow);
+        tsr_plan_tables_clear(&empty);
+        memset(&lead, 0, sizeof lead);  /* a new group on both ends */
+        memset(&follow, 0, sizeof follow);
+
+        /* aging: an id none of the last TSR_PLAN_TABLES_AGE plans held is forgotten by
+         * both ends and sent whole when it comes back */
+        plan_trip(&lead, &follow, p1, 1, 2);
+        for (int i = 0; i < TSR_PLAN_TABLES_AGE - 1; i++)
+                plan_trip(&lead, &follow, p1 + 1, 1, 2);
+        assert_int_equal(lead.n, 2);    /* seq 5 in the last TSR_PLAN_TABLES_AGE plans: kept */
+        plan_trip(&lead, &follow, p1 + 1, 1, 2);
+        assert_int_equal(lead.n, 1);
+        sent = lead.words_sent;
+        plan_trip(&lead, &follow, p1, 1, 2);
+        assert_int_equal(lead.words_sent - sent, 6);
+        tsr_plan_tables_clear(&lead);
+        tsr_plan_tables_clear(&follow);
 }
 
 int main(void) {
@@ -1171,6 +1314,7 @@ int main(void) {
                 cmocka_unit_test(test_zmq_progress_sees_a_lost_idle_peer),
                 cmocka_unit_test(test_nodes_plan_round_trip),
                 cmocka_unit_test(test_nodes_plan_malformed),
+                cmocka_unit_test(test_nodes_plan_deltas),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1202,6 +1202,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                         .restore_from = pe->restore_from,
                         .saves = p->saves + pe->save_first,
                         .n_saves = pe->n_saves,
+                        .seq_id = s->seq,
                 };
                 p->n_want += tsr_engine_seq_rows(&p->seqs[i]);
         }

@@ -91,6 +91,9 @@ typedef struct tsr_engine_seq {
          * first and samples the row itself when it is still that. */
         uint32_t *token;
         const tsr_draw *draw;
+        /* The request (its admission number): a replica over several nodes sends each
+         * step's block tables as changes against the same request's last ones (nodes.h). */
+        uint64_t seq_id;
 } tsr_engine_seq;
 
 #define TSR_ENGINE_TOKEN_UNSET (UINT32_MAX - 1)

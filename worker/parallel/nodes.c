@@ -10,11 +10,15 @@
  *   OUT    the last stage -> 0: [status i32, pad i32, out_floats floats]
  * The header of ACT/OUT keeps the floats 8-byte aligned, as pipeline.c's messages.
  *
- * Plan encoding, little-endian u32 words: n_seqs, then per sequence n_table, n,
- * past_len (u64: two words, low first), flags (1 want_logits, 2 want_all_logits),
- * state_slot, restore_from + 1 (0: none; engine.h), n_saves, block_table[n_tables x
- * n_table] (the tables one after the other, as the engine hands them; n_tables is the
- * model's, known to both sides), tokens[n], then n_saves (pos, slot) pairs. */
+ * Plan encoding, little-endian u32 words: n_seqs, then per sequence seq_id (u64: two
+ * words, low first), n_table, n, past_len (u64), flags (1 want_logits, 2 want_all_logits),
+ * state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes; then its
+ * block tables (n_tables of n_table entries, one after the other as the engine hands
+ * them; n_tables is the model's, known to both sides) as changes against the receiver's
+ * copy (tsr_plan_tables): base 0, every entry of every table; base b > 0, the copy held
+ * b entries per table and its first b of each stay but for n_changes (index, block)
+ * pairs (index into the new tables, t x n_table + i with i < b), then each table's
+ * entries from b on; then tokens[n], then n_saves (pos, slot) pairs. */
 #include "worker/parallel/nodes.h"
 
 #include <pthread.h>
@@ -44,20 +48,125 @@ typedef struct ctl_msg {
 
 /* ---- the plan ---------------------------------------------------------------------- */
 
-/* n_table, n, past_len lo, past_len hi, flags, state_slot, restore_from + 1 (0: none), n_saves */
-#define SEQ_WORDS 8
+/* seq_id lo, hi, n_table, n, past_len lo, hi, flags, state_slot, restore_from + 1 (0:
+ * none), n_saves, base, n_changes */
+#define SEQ_WORDS 12
 
-tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint32_t n_tables, uint8_t **buf,
-                               size_t *len) {
+void tsr_plan_tables_clear(tsr_plan_tables *t) {
+        for (size_t i = 0; i < t->n; i++)
+                free(t->e[i].blocks);
+        free(t->e);
+        t->e = NULL;
+        t->n = t->cap = 0;
+}
+
+/* The index of seq_id in t, or where it would go (*found false). */
+static size_t tables_find(const tsr_plan_tables *t, uint64_t seq_id, bool *found) {
+        size_t lo = 0, hi = t->n;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (t->e[mid].seq_id < seq_id)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        *found = lo < t->n && t->e[lo].seq_id == seq_id;
+        return lo;
+}
+
+/* seq_id's tables are now blocks[nt x n_table], held in plan t->plans. */
+static tsr_status tables_keep(tsr_plan_tables *t, uint64_t seq_id, const uint32_t *blocks, size_t n_table,
+                              size_t nt) {
+        bool found;
+        size_t i = tables_find(t, seq_id, &found);
+        if (!found) {
+                if (t->n == t->cap) {
+                        size_t cap = t->cap ? 2 * t->cap : 64;
+                        tsr_plan_table *g = realloc(t->e, cap * sizeof(*g));
+                        if (!g)
+                                return TSR_E_NOMEM;
+                        t->e = g;
+                        t->cap = cap;
+                }
+                /* ids are admission numbers, new ones the largest: this rarely moves */
+                memmove(t->e + i + 1, t->e + i, (t->n - i) * sizeof(*t->e));
+                t->e[i] = (tsr_plan_table){.seq_id = seq_id};
+                t->n++;
+        }
+        tsr_plan_table *e = &t->e[i];
+        if (n_table != e->n_table || !e->blocks) {
+                uint32_t *g = realloc(e->blocks, (nt * n_table + 1) * sizeof(uint32_t));   /* + 1: never 0 bytes */
+                if (!g)
+                        return TSR_E_NOMEM;
+                e->blocks = g;
+                e->n_table = n_table;
+        }
+        memcpy(e->blocks, blocks, nt * n_table * sizeof(uint32_t));
+        e->last_plan = t->plans;
+        return TSR_OK;
+}
+
+/* A plan is done: forget the sequences none of the last TSR_PLAN_TABLES_AGE plans held. */
+static void tables_age(tsr_plan_tables *t) {
+        size_t kept = 0;
+        t->plans++;
+        for (size_t i = 0; i < t->n; i++) {
+                if (t->e[i].last_plan + TSR_PLAN_TABLES_AGE < t->plans)
+                        free(t->e[i].blocks);
+                else
+                        t->e[kept++] = t->e[i];
+        }
+        t->n = kept;
+}
+
+/* The base of q's tables against known's copy (0: send them whole), and its changes. */
+static size_t table_base(const tsr_plan_tables *known, const tsr_engine_seq *q, size_t nt, size_t *n_changes) {
+        bool found;
+        size_t i, b, changes = 0;
+        *n_changes = 0;
+        if (!known)
+                return 0;
+        i = tables_find(known, q->seq_id, &found);
+        if (!found || (b = known->e[i].n_table) == 0 || b > q->n_table)
+                return 0;
+        for (size_t t = 0; t < nt; t++)
+                for (size_t k = 0; k < b; k++)
+                        changes += known->e[i].blocks[t * b + k] != q->block_table[t * q->n_table + k];
+        if (2 * changes >= nt * b)     /* a pair per change: no cheaper than the entries */
+                return 0;
+        *n_changes = changes;
+        return b;
+}
+
+tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seqs, size_t n_seqs,
+                               uint32_t n_tables, uint8_t **buf, size_t *len) {
         size_t words = 1, nt = n_tables ? n_tables : 1;
-        for (size_t i = 0; i < n_seqs; i++)
-                words += SEQ_WORDS + nt * seqs[i].n_table + seqs[i].n + 2 * seqs[i].n_saves;
-        uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
-        if (!w)
+        size_t *base = malloc((n_seqs ? n_seqs : 1) * 2 * sizeof(size_t)), *changes = base + n_seqs;
+        tsr_status st = TSR_OK;
+        if (!base)
                 return TSR_E_NOMEM;
+        for (size_t i = 0; i < n_seqs; i++) {
+                /* a seq_id met again in this plan goes whole: known is updated after the
+                 * loop, the receiver as it decodes, so only a first one has a common copy */
+                bool again = false;
+                for (size_t k = 0; k < i && !again; k++)
+                        again = seqs[k].seq_id == seqs[i].seq_id;
+                changes[i] = 0;
+                base[i] = again ? 0 : table_base(known, &seqs[i], nt, &changes[i]);
+                words += SEQ_WORDS + 2 * changes[i] + nt * (seqs[i].n_table - base[i]) + seqs[i].n +
+                         2 * seqs[i].n_saves;
+        }
+        uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
+        if (!w) {
+                free(base);
+                return TSR_E_NOMEM;
+        }
         *p++ = (uint32_t)n_seqs;
         for (size_t i = 0; i < n_seqs; i++) {
                 const tsr_engine_seq *q = &seqs[i];
+                size_t b = base[i];
+                *p++ = (uint32_t)q->seq_id;
+                *p++ = (uint32_t)(q->seq_id >> 32);
                 *p++ = (uint32_t)q->n_table;
                 *p++ = (uint32_t)q->n;
                 *p++ = (uint32_t)q->past_len;
@@ -66,68 +175,137 @@ tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint32
                 *p++ = q->state_slot;
                 *p++ = q->restore_state ? q->restore_from + 1 : 0;
                 *p++ = (uint32_t)q->n_saves;
-                memcpy(p, q->block_table, nt * q->n_table * sizeof(uint32_t));
-                p += nt * q->n_table;
+                *p++ = (uint32_t)b;
+                *p++ = (uint32_t)changes[i];
+                if (b) {
+                        bool found;
+                        const uint32_t *old = known->e[tables_find(known, q->seq_id, &found)].blocks;
+                        for (size_t t = 0; t < nt; t++)
+                                for (size_t k = 0; k < b; k++)
+                                        if (old[t * b + k] != q->block_table[t * q->n_table + k]) {
+                                                *p++ = (uint32_t)(t * q->n_table + k);
+                                                *p++ = q->block_table[t * q->n_table + k];
+                                        }
+                }
+                for (size_t t = 0; t < nt; t++) {
+                        memcpy(p, q->block_table + t * q->n_table + b, (q->n_table - b) * sizeof(uint32_t));
+                        p += q->n_table - b;
+                }
                 memcpy(p, q->tokens, q->n * sizeof(uint32_t));
                 p += q->n;
                 for (size_t k = 0; k < q->n_saves; k++) {
                         *p++ = q->saves[k].pos;
                         *p++ = q->saves[k].slot;
                 }
+                if (known) {
+                        known->words_sent += 2 * changes[i] + nt * (q->n_table - b);
+                        known->words_whole += nt * q->n_table;
+                }
+        }
+        for (size_t i = 0; known && i < n_seqs && st == TSR_OK; i++)
+                st = tables_keep(known, seqs[i].seq_id, seqs[i].block_table, seqs[i].n_table, nt);
+        if (known)
+                tables_age(known);
+        free(base);
+        if (st != TSR_OK) {     /* known no longer what the receiver will hold */
+                free(w);
+                return st;
         }
         *buf = (uint8_t *)w;
         *len = words * sizeof(uint32_t);
         return TSR_OK;
 }
 
-tsr_status tsr_nodes_plan_unpack(const uint8_t *buf, size_t len, uint32_t n_tables, tsr_engine_seq **seqs,
-                                 size_t *n_seqs) {
-        size_t words = len / sizeof(uint32_t), at = 1, n, tables = n_tables ? n_tables : 1;
+tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, size_t len, uint32_t n_tables,
+                                 tsr_engine_seq **seqs, size_t *n_seqs) {
+        size_t words = len / sizeof(uint32_t), at, n, tables = n_tables ? n_tables : 1, table_words = 0;
         const uint32_t *w = (const uint32_t *)buf;   /* the comm's buffers are malloc'd: aligned */
+        tsr_status st = TSR_OK;
 
         if (len % sizeof(uint32_t) || words < 1)
                 return TSR_E_PROTO;
         n = w[0];
         if (n > words / SEQ_WORDS)      /* each sequence takes SEQ_WORDS words at least */
                 return TSR_E_PROTO;
-        /* One allocation: the records, then a copy of the words they point into. */
-        tsr_engine_seq *s = malloc(n * sizeof(*s) + len);
-        if (!s)
-                return TSR_E_NOMEM;
-        uint32_t *copy = (uint32_t *)(s + n);
-        memcpy(copy, buf, len);
+        /* The layout first, bounded by the buffer (a base by what this end holds, below):
+         * how many table entries the records need. */
+        at = 1;
         for (size_t i = 0; i < n; i++) {
                 if (words - at < SEQ_WORDS)
-                        goto bad;
-                size_t n_table = copy[at], nn = copy[at + 1];
-                uint64_t past = copy[at + 2] | (uint64_t)copy[at + 3] << 32;
-                uint32_t flags = copy[at + 4];
+                        return TSR_E_PROTO;
+                const uint32_t *h = w + at;
+                size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
                 at += SEQ_WORDS;
-                if (n_table > (words - at) / tables)
-                        goto bad;
-                size_t nt = tables * n_table;   /* every table's entries */
-                if (nn > words - at - nt || flags > 3 || nn == 0)
-                        goto bad;
-                uint32_t restore = copy[at - 2];
-                size_t n_saves = copy[at - 1];
-                if (n_saves > (words - at - nt - nn) / 2)
-                        goto bad;
-                /* the (pos, slot) word pairs are tsr_state_save records as they lie */
-                s[i] = (tsr_engine_seq){.block_table = copy + at, .n_table = n_table, .tokens = copy + at + nt, .n = nn,
-                                        .past_len = (size_t)past, .want_logits = flags & 1,
-                                        .want_all_logits = (flags & 2) != 0, .state_slot = copy[at - 3],
-                                        .restore_state = restore != 0, .restore_from = restore ? restore - 1 : 0,
-                                        .saves = (const tsr_state_save *)(copy + at + nt + nn), .n_saves = n_saves};
-                at += nt + nn + 2 * n_saves;
+                if (h[6] > 3 || nn == 0 || b > n_table || (b && !known) || (b == 0 && n_changes) ||
+                    n_changes > (words - at) / 2)
+                        return TSR_E_PROTO;
+                at += 2 * n_changes;
+                if (n_table - b > (words - at) / tables)
+                        return TSR_E_PROTO;
+                at += tables * (n_table - b);
+                if (nn > words - at)
+                        return TSR_E_PROTO;
+                at += nn;
+                if (n_saves > (words - at) / 2)
+                        return TSR_E_PROTO;
+                at += 2 * n_saves;
+                table_words += tables * n_table;
         }
         if (at != words)
-                goto bad;
+                return TSR_E_PROTO;
+        /* One allocation: the records, the tables rebuilt, a copy of the words. */
+        tsr_engine_seq *s = malloc(n * sizeof(*s) + table_words * sizeof(uint32_t) + len);
+        if (!s)
+                return TSR_E_NOMEM;
+        uint32_t *out = (uint32_t *)(s + n), *copy = out + table_words;
+        memcpy(copy, buf, len);
+        at = 1;
+        for (size_t i = 0; i < n && st == TSR_OK; i++) {
+                const uint32_t *h = copy + at;
+                uint64_t seq_id = h[0] | (uint64_t)h[1] << 32, past = h[4] | (uint64_t)h[5] << 32;
+                size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
+                const uint32_t *pairs = h + SEQ_WORDS, *tail = pairs + 2 * n_changes;
+                at += SEQ_WORDS + 2 * n_changes + tables * (n_table - b);
+                if (b) {
+                        bool found;
+                        size_t k = tables_find(known, seq_id, &found);
+                        if (!found || known->e[k].n_table != b) {
+                                st = TSR_E_PROTO;     /* changes to tables this end does not hold */
+                                break;
+                        }
+                        for (size_t t = 0; t < tables; t++)
+                                memcpy(out + t * n_table, known->e[k].blocks + t * b, b * sizeof(uint32_t));
+                        for (size_t c = 0; c < n_changes && st == TSR_OK; c++) {
+                                size_t idx = pairs[2 * c];
+                                if (idx >= tables * n_table || idx % n_table >= b)
+                                        st = TSR_E_PROTO;
+                                else
+                                        out[idx] = pairs[2 * c + 1];
+                        }
+                }
+                for (size_t t = 0; t < tables; t++)
+                        memcpy(out + t * n_table + b, tail + t * (n_table - b), (n_table - b) * sizeof(uint32_t));
+                /* the (pos, slot) word pairs are tsr_state_save records as they lie */
+                s[i] = (tsr_engine_seq){.block_table = out, .n_table = n_table, .tokens = copy + at, .n = nn,
+                                        .past_len = (size_t)past, .want_logits = h[6] & 1,
+                                        .want_all_logits = (h[6] & 2) != 0, .state_slot = h[7],
+                                        .restore_state = h[8] != 0, .restore_from = h[8] ? h[8] - 1 : 0,
+                                        .saves = (const tsr_state_save *)(copy + at + nn), .n_saves = n_saves,
+                                        .seq_id = seq_id};
+                at += nn + 2 * n_saves;
+                if (st == TSR_OK && known)
+                        st = tables_keep(known, seq_id, out, n_table, tables);
+                out += tables * n_table;
+        }
+        if (known)
+                tables_age(known);
+        if (st != TSR_OK) {
+                free(s);
+                return st;
+        }
         *seqs = s;
         *n_seqs = n;
         return TSR_OK;
-bad:
-        free(s);
-        return TSR_E_PROTO;
 }
 
 static tsr_status grow(float **buf, size_t *cap, size_t floats) {
@@ -190,6 +368,8 @@ struct tsr_nodes {
         uint64_t generation;
         uint64_t steps;
         uint32_t in_flight;                     /* steps submitted and not yet waited for */
+        tsr_plan_tables known;                  /* the block tables the followers hold */
+        uint64_t plan_bytes;                    /* every plan sent, for the log at the end */
         float *act, *out;                       /* [HDR_FLOATS + floats] of the step's messages */
         size_t act_cap, out_cap;
         /* under mu */
@@ -342,6 +522,7 @@ uint64_t tsr_nodes_generation(tsr_nodes *n) {
         pthread_mutex_lock(&n->mu);
         if (n->ready) {         /* the nodes met again: whatever group was up is over */
                 old = n->comm;
+                tsr_plan_tables_clear(&n->known);   /* the new group's followers hold none */
                 n->comm = n->abortable = n->ready;
                 n->ready = NULL;
                 n->down = false;
@@ -385,6 +566,7 @@ static void group_down(tsr_nodes *n, tsr_status why) {
         n->down = true;
         pthread_mutex_unlock(&n->mu);
         tsr_comm_free(&n->comm);
+        tsr_plan_tables_clear(&n->known);
 }
 
 void tsr_nodes_idle(tsr_nodes *n) {
@@ -401,9 +583,13 @@ tsr_status tsr_nodes_submit(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_s
 
         if (!n->comm)
                 return TSR_E_UNAVAILABLE;
-        if ((st = grow(&n->act, &n->act_cap, HDR_FLOATS + io_floats)) != TSR_OK ||
-            (st = tsr_nodes_plan_pack(seqs, n_seqs, n->cfg.n_kv_tables, &plan, &plan_len)) != TSR_OK)
+        if ((st = grow(&n->act, &n->act_cap, HDR_FLOATS + io_floats)) != TSR_OK)
                 return st;
+        if ((st = tsr_nodes_plan_pack(&n->known, seqs, n_seqs, n->cfg.n_kv_tables, &plan, &plan_len)) != TSR_OK) {
+                group_down(n, st);      /* its tables may now differ from the followers' */
+                return st;
+        }
+        n->plan_bytes += plan_len;
         ctl_msg ctl = {.step = ++n->steps, .plan_bytes = plan_len, .io_floats = io_floats, .out_floats = out_floats};
         for (uint32_t q = 1; st == TSR_OK && q < n->cfg.nnodes; q++) {
                 st = tsr_comm_send(n->comm, &ctl, sizeof ctl, (int)q, TAG_CTL, NULL);
@@ -461,6 +647,13 @@ void tsr_nodes_free(tsr_nodes **np) {
                 atomic_store(&n->cancel, true);        /* the rendezvous gives up within 0.5 s */
                 pthread_join(n->rejoin, NULL);
         }
+        if (n->known.plans)
+                log_info("%llu step plans sent: %.1f MB; their block tables %.1f%% of whole ones (%llu of %llu "
+                         "entries: the rest are changes the followers apply to their copies)",
+                         (unsigned long long)n->known.plans, (double)n->plan_bytes / 1e6,
+                         n->known.words_whole ? 100.0 * (double)n->known.words_sent / (double)n->known.words_whole : 0.0,
+                         (unsigned long long)n->known.words_sent, (unsigned long long)n->known.words_whole);
+        tsr_plan_tables_clear(&n->known);
         tsr_comm_free(&n->comm);
         tsr_comm_free(&n->ready);
         free(n->act);
@@ -493,6 +686,7 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
         float *in = NULL, *out = NULL;
         size_t in_cap = 0, out_cap = 0;
         uint8_t *plan = NULL;
+        tsr_plan_tables known = {0};    /* the tables of the leader's recent plans, as it has them */
         tsr_status st = TSR_OK;
 
         for (;;) {
@@ -515,7 +709,7 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
                 }
                 if ((st = tsr_comm_recv(c, plan, ctl.plan_bytes, 0, TAG_PLAN, NULL)) != TSR_OK)
                         break;
-                st = tsr_nodes_plan_unpack(plan, ctl.plan_bytes, cfg->n_kv_tables, &seqs, &n_seqs);
+                st = tsr_nodes_plan_unpack(&known, plan, ctl.plan_bytes, cfg->n_kv_tables, &seqs, &n_seqs);
                 free(plan);
                 plan = NULL;
                 if (st == TSR_OK) {
@@ -560,6 +754,7 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
         free(plan);
         free(in);
         free(out);
+        tsr_plan_tables_clear(&known);
         return st;
 }
 

@@ -127,14 +127,46 @@ void tsr_nodes_stop(void);
 
 /* ---- the step plan on the wire (exposed for the tests) ---- */
 
+/* What one end knows of the sequences' block tables, so that a plan carries only what
+ * changed in them (vLLM's scheduler output sends a running request's new block ids, not
+ * its table): each seq_id's tables as the last plan that held it had them, for the
+ * sequences of the last TSR_PLAN_TABLES_AGE plans.  The leader updates its copy as it
+ * packs each plan and a follower its own as it unpacks them, in the same order, and both
+ * forget the same entries, so the two agree without a word about it; a new group starts
+ * both empty.  Zeroed = empty. */
+#define TSR_PLAN_TABLES_AGE 16
+
+typedef struct tsr_plan_table {
+        uint64_t seq_id;
+        uint64_t last_plan;             /* the plan (count) that last held it */
+        size_t n_table;                 /* entries per table */
+        uint32_t *blocks;               /* [n_tables x n_table] */
+} tsr_plan_table;
+
+typedef struct tsr_plan_tables {
+        tsr_plan_table *e;              /* sorted by seq_id */
+        size_t n, cap;
+        uint64_t plans;                 /* plans packed or unpacked */
+        /* block-table words the plans carried, and what whole tables would have taken */
+        uint64_t words_sent, words_whole;
+} tsr_plan_tables;
+
+/* Forget every table (a new group); the counters stay. */
+void tsr_plan_tables_clear(tsr_plan_tables *t);
+
 /* Encode `seqs` (each with n_tables block tables of n_table entries, one after the other:
- * engine.h) into a new buffer (*buf, *len; free()).  TSR_E_NOMEM. */
-tsr_status tsr_nodes_plan_pack(const tsr_engine_seq *seqs, size_t n_seqs, uint32_t n_tables, uint8_t **buf,
-                               size_t *len);
-/* Decode a plan of sequences with n_tables block tables each: *seqs points into one
- * allocation (free(*seqs)) whose arrays point into itself.  TSR_E_PROTO for anything
- * malformed (lengths that disagree, counts past the buffer).  Never reads past buf + len. */
-tsr_status tsr_nodes_plan_unpack(const uint8_t *buf, size_t len, uint32_t n_tables, tsr_engine_seq **seqs,
-                                 size_t *n_seqs);
+ * engine.h) into a new buffer (*buf, *len; free()), their tables as changes against
+ * `known` (NULL: whole tables), which then holds them.  A seq_id met twice in one plan,
+ * or shared by sequences (0 where nobody set it), costs bytes, never correctness: each
+ * table is sent against the last one sent under its id.  TSR_E_NOMEM. */
+tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seqs, size_t n_seqs,
+                               uint32_t n_tables, uint8_t **buf, size_t *len);
+/* Decode a plan of sequences with n_tables block tables each, their tables completed
+ * from `known` (NULL: a plan with changes is refused), which then holds them: *seqs
+ * points into one allocation (free(*seqs)) whose arrays point into itself.  TSR_E_PROTO
+ * for anything malformed (lengths that disagree, counts past the buffer, changes to a
+ * table this end does not hold); TSR_E_NOMEM.  Never reads past buf + len. */
+tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, size_t len, uint32_t n_tables,
+                                 tsr_engine_seq **seqs, size_t *n_seqs);
 
 #endif
