@@ -2479,5 +2479,10 @@ int main(void) {
         g_argmax = false;
         g_queue = true;
         failed += cmocka_run_group_tests_name("engine, pipeline micro-batches", tests, NULL, NULL);
+        /* Both: a pipeline whose last stage answers greedy rows with their token (a
+         * multi-node replica's last node does, nodes.c token_back). */
+        g_argmax = true;
+        failed += cmocka_run_group_tests_name("engine, pipeline micro-batches, argmax from the model", tests, NULL,
+                                              NULL);
         return failed;
 }

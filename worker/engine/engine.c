@@ -1376,7 +1376,7 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
  * draw with the request's parameters and the uniform tsr_sample would use at this
  * position (the request's Philox stream: a seed gives the same tokens again).  After
  * plan_masks: it needs the entries' constrained flags. */
-static void plan_device_tokens(step_plan *p) {
+static void plan_device_tokens(step_plan *p, bool queued) {
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 tsr_engine_seq *q = &p->seqs[i];
@@ -1386,7 +1386,11 @@ static void plan_device_tokens(step_plan *p) {
                 pe->dev_token = TSR_ENGINE_TOKEN_UNSET;
                 q->token = NULL;
                 q->draw = NULL;
-                if (!q->want_logits || q->want_all_logits || pe->constrained || !tsr_sampling_device_ok(sp, n_output))
+                /* s->gm: a queued step (micro-batches) plans its masks after its wait, so
+                 * pe->constrained is not known yet; a request under a grammar never
+                 * offers its token then */
+                if (!q->want_logits || q->want_all_logits || pe->constrained || (queued && s->gm) ||
+                    !tsr_sampling_device_ok(sp, n_output))
                         continue;
                 q->token = &pe->dev_token;
                 if (sp->temperature < TSR_SAMPLER_GREEDY_EPS)
@@ -1469,7 +1473,7 @@ static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
         if (p->n_masks)
                 job_launch(&e->mask_thread, p);
         if (p->st == TSR_OK) {
-                plan_device_tokens(p);
+                plan_device_tokens(p, queued);
                 if (queued)
                         p->submitted = (p->st = m->submit(m->ud, p->seqs, p->n, *logits)) == TSR_OK;
                 else

@@ -7,12 +7,14 @@
  *   CTL    0 -> every follower per step: {u64 step, u64 plan_bytes, u64 io_floats,
  *          u64 out_floats}, then PLAN (plan_bytes)
  *   ACT    stage s -> s + 1: [status i32, pad i32, io_floats floats]
- *   OUT    the last stage -> 0: [status i32, pad i32, out_floats floats]
+ *   OUT    the last stage -> 0: [status i32, pad i32, out_floats floats]: per sequence in
+ *          order its logits rows, or for one whose row goes back as its token (a greedy
+ *          row: the plan's flag 4) one float slot holding the token's bits
  * The header of ACT/OUT keeps the floats 8-byte aligned, as pipeline.c's messages.
  *
  * Plan encoding, little-endian u32 words: n_seqs, then per sequence seq_id (u64: two
- * words, low first), n_table, n, past_len (u64), flags (1 want_logits, 2 want_all_logits),
- * state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes; then its
+ * words, low first), n_table, n, past_len (u64), flags (1 want_logits, 2 want_all_logits,
+ * 4 the row goes back as its token: token_back), state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes; then its
  * block tables (n_tables of n_table entries, one after the other as the engine hands
  * them; n_tables is the model's, known to both sides) as changes against the receiver's
  * copy (tsr_plan_tables): base 0, every entry of every table; base b > 0, the copy held
@@ -29,6 +31,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "kernels/cpu/ref.h"
 #include "worker/parallel/bootstrap.h"
 #include "worker/parallel/comm.h"
 
@@ -51,6 +54,42 @@ typedef struct ctl_msg {
 /* seq_id lo, hi, n_table, n, past_len lo, hi, flags, state_slot, restore_from + 1 (0:
  * none), n_saves, base, n_changes */
 #define SEQ_WORDS 12
+
+/* Whether q's one row comes back from the last node as its token: the engine offers the
+ * token (tsr_engine_seq.token) and needs no draw, so the token is the row's first
+ * maximum, which the last node computes as the sampler would (tsr_ref_argmax; a row
+ * without one, TSR_ARGMAX_NONE, is the engine's TSR_E_INVAL as it would be from
+ * tsr_sample).  A decode step then sends 4 bytes a sequence back instead of vocab x 4. */
+static bool token_back(const tsr_engine_seq *q) {
+        return q->token && !q->draw && q->want_logits && !q->want_all_logits;
+}
+
+/* The floats of a step's OUT message: rows, or one slot per token_back sequence. */
+static size_t out_wire_floats(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab) {
+        size_t f = 0;
+        for (size_t i = 0; i < n_seqs; i++)
+                f += token_back(&seqs[i]) ? 1 : tsr_engine_seq_rows(&seqs[i]) * vocab;
+        return f;
+}
+
+/* The last node: the step's logits rows (in place) into the OUT message's layout, each
+ * token_back row replaced by its token. */
+static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab, float *rows) {
+        size_t rd = 0, wr = 0;
+        for (size_t i = 0; i < n_seqs; i++) {
+                size_t k = tsr_engine_seq_rows(&seqs[i]) * vocab;
+                if (token_back(&seqs[i])) {
+                        uint32_t t = TSR_ARGMAX_NONE;
+                        (void)tsr_ref_argmax(&t, rows + rd, 1, vocab);
+                        memcpy(rows + wr, &t, sizeof t);
+                        wr++;
+                } else {
+                        memmove(rows + wr, rows + rd, k * sizeof(float));
+                        wr += k;
+                }
+                rd += k;
+        }
+}
 
 void tsr_plan_tables_clear(tsr_plan_tables *t) {
         for (size_t i = 0; i < t->n; i++)
@@ -171,7 +210,7 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 *p++ = (uint32_t)q->n;
                 *p++ = (uint32_t)q->past_len;
                 *p++ = (uint32_t)((uint64_t)q->past_len >> 32);
-                *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u);
+                *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u) | (token_back(q) ? 4u : 0u);
                 *p++ = q->state_slot;
                 *p++ = q->restore_state ? q->restore_from + 1 : 0;
                 *p++ = (uint32_t)q->n_saves;
@@ -236,7 +275,8 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                 const uint32_t *h = w + at;
                 size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
                 at += SEQ_WORDS;
-                if (h[6] > 3 || nn == 0 || b > n_table || (b && !known) || (b == 0 && n_changes) ||
+                if (h[6] > 7 || ((h[6] & 4) && h[6] != 5) || nn == 0 || b > n_table || (b && !known) ||
+                    (b == 0 && n_changes) ||
                     n_changes > (words - at) / 2)
                         return TSR_E_PROTO;
                 at += 2 * n_changes;
@@ -253,11 +293,11 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
         }
         if (at != words)
                 return TSR_E_PROTO;
-        /* One allocation: the records, the tables rebuilt, a copy of the words. */
-        tsr_engine_seq *s = malloc(n * sizeof(*s) + table_words * sizeof(uint32_t) + len);
+        /* One allocation: the records, their tokens, the tables rebuilt, a copy of the words. */
+        tsr_engine_seq *s = malloc(n * sizeof(*s) + (n + table_words) * sizeof(uint32_t) + len);
         if (!s)
                 return TSR_E_NOMEM;
-        uint32_t *out = (uint32_t *)(s + n), *copy = out + table_words;
+        uint32_t *tokens = (uint32_t *)(s + n), *out = tokens + n, *copy = out + table_words;
         memcpy(copy, buf, len);
         at = 1;
         for (size_t i = 0; i < n && st == TSR_OK; i++) {
@@ -291,7 +331,8 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                                         .want_all_logits = (h[6] & 2) != 0, .state_slot = h[7],
                                         .restore_state = h[8] != 0, .restore_from = h[8] ? h[8] - 1 : 0,
                                         .saves = (const tsr_state_save *)(copy + at + nn), .n_saves = n_saves,
-                                        .seq_id = seq_id};
+                                        .seq_id = seq_id, .token = h[6] & 4 ? &tokens[i] : NULL};
+                tokens[i] = TSR_ENGINE_TOKEN_UNSET;
                 at += nn + 2 * n_saves;
                 if (st == TSR_OK && known)
                         st = tables_keep(known, seq_id, out, n_table, tables);
@@ -356,6 +397,20 @@ static tsr_status join(const tsr_nodes_cfg *cfg, const _Atomic bool *cancel, voi
 
 /* ---- the leader ----------------------------------------------------------------------- */
 
+/* A step in flight: its sequences' logits rows (0 for a token_back one) and token slot
+ * (the engine's, for a token_back one; else NULL), and its OUT message's floats.  The
+ * engine's plan, which the token slots point into, lives until the step's wait. */
+struct out_layout {
+        size_t n, cap, vocab, wire_floats;
+        size_t *rows;
+        uint32_t **token;
+};
+
+static void layout_free(struct out_layout *l) {
+        free(l->rows);
+        free(l->token);
+}
+
 struct tsr_nodes {
         tsr_nodes_cfg cfg;
         char *fingerprint, *master_addr;        /* cfg's strings, owned */
@@ -369,7 +424,12 @@ struct tsr_nodes {
         uint64_t steps;
         uint32_t in_flight;                     /* steps submitted and not yet waited for */
         tsr_plan_tables known;                  /* the block tables the followers hold */
-        uint64_t plan_bytes;                    /* every plan sent, for the log at the end */
+        /* the steps in flight, oldest first: where each one's OUT message goes */
+        struct out_layout *lay;
+        size_t lay_head, lay_n, lay_cap;
+        /* for the log at the end: every plan's bytes, the rows that came back as their
+         * token and those that came back whole */
+        uint64_t plan_bytes, rows_as_token, rows_whole;
         float *act, *out;                       /* [HDR_FLOATS + floats] of the step's messages */
         size_t act_cap, out_cap;
         /* under mu */
@@ -575,11 +635,53 @@ void tsr_nodes_idle(tsr_nodes *n) {
                 group_down(n, st);
 }
 
+/* Keep the layout of a step just sent (its OUT message's floats: wire_floats). */
+static tsr_status layout_push(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab,
+                              size_t wire_floats) {
+        if (n->lay_n == n->lay_cap) {   /* grow the ring, its steps in order from 0 */
+                size_t cap = n->lay_cap ? 2 * n->lay_cap : 4;
+                struct out_layout *g = calloc(cap, sizeof(*g));
+                if (!g)
+                        return TSR_E_NOMEM;
+                for (size_t i = 0; i < n->lay_cap; i++)
+                        g[i] = n->lay[(n->lay_head + i) % n->lay_cap];
+                free(n->lay);
+                n->lay = g;
+                n->lay_head = 0;
+                n->lay_cap = cap;
+        }
+        struct out_layout *l = &n->lay[(n->lay_head + n->lay_n) % n->lay_cap];
+        if (n_seqs > l->cap) {
+                size_t *r = realloc(l->rows, n_seqs * sizeof(*r));
+                if (r)
+                        l->rows = r;
+                uint32_t **t = realloc(l->token, n_seqs * sizeof(*t));
+                if (t)
+                        l->token = t;
+                if (!r || !t)
+                        return TSR_E_NOMEM;
+                l->cap = n_seqs;
+        }
+        for (size_t i = 0; i < n_seqs; i++) {
+                l->token[i] = token_back(&seqs[i]) ? seqs[i].token : NULL;
+                l->rows[i] = tsr_engine_seq_rows(&seqs[i]);
+        }
+        l->n = n_seqs;
+        l->vocab = vocab;
+        l->wire_floats = wire_floats;
+        n->lay_n++;
+        return TSR_OK;
+}
+
 tsr_status tsr_nodes_submit(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,
                             size_t out_floats, tsr_status (*stage0)(void *ud, float *act), void *stage0_ud) {
         uint8_t *plan = NULL;
         size_t plan_len = 0;
         tsr_status st, local;
+
+        size_t n_tokens, rows, vocab;
+        tsr_engine_step_size(seqs, n_seqs, &n_tokens, &rows);
+        vocab = rows ? out_floats / rows : 0;
 
         if (!n->comm)
                 return TSR_E_UNAVAILABLE;
@@ -590,7 +692,8 @@ tsr_status tsr_nodes_submit(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_s
                 return st;
         }
         n->plan_bytes += plan_len;
-        ctl_msg ctl = {.step = ++n->steps, .plan_bytes = plan_len, .io_floats = io_floats, .out_floats = out_floats};
+        ctl_msg ctl = {.step = ++n->steps, .plan_bytes = plan_len, .io_floats = io_floats,
+                       .out_floats = out_wire_floats(seqs, n_seqs, vocab)};
         for (uint32_t q = 1; st == TSR_OK && q < n->cfg.nnodes; q++) {
                 st = tsr_comm_send(n->comm, &ctl, sizeof ctl, (int)q, TAG_CTL, NULL);
                 if (st == TSR_OK)
@@ -604,6 +707,8 @@ tsr_status tsr_nodes_submit(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_s
         ((int32_t *)n->act)[1] = 0;
         if (st == TSR_OK)
                 st = tsr_comm_send(n->comm, n->act, (HDR_FLOATS + io_floats) * sizeof(float), 1, TAG_ACT, NULL);
+        if (st == TSR_OK)
+                st = layout_push(n, seqs, n_seqs, vocab, ctl.out_floats);
         if (st != TSR_OK) {
                 group_down(n, st);
                 return st;
@@ -614,22 +719,43 @@ tsr_status tsr_nodes_submit(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_s
 
 tsr_status tsr_nodes_wait(tsr_nodes *n, size_t out_floats, float *logits) {
         tsr_status st;
+        struct out_layout *l;
 
-        if (n->in_flight == 0)
+        if (n->in_flight == 0 || n->lay_n == 0)
                 return TSR_E_INVAL;
         n->in_flight--;
+        l = &n->lay[n->lay_head];       /* the oldest step's; reused once this returns */
+        n->lay_head = (n->lay_head + 1) % n->lay_cap;
+        n->lay_n--;
         if (!n->comm)           /* the group failed under an earlier step */
                 return TSR_E_UNAVAILABLE;
-        if ((st = grow(&n->out, &n->out_cap, HDR_FLOATS + out_floats)) == TSR_OK)
-                st = tsr_comm_recv(n->comm, n->out, (HDR_FLOATS + out_floats) * sizeof(float),
+        if ((st = grow(&n->out, &n->out_cap, HDR_FLOATS + l->wire_floats)) == TSR_OK)
+                st = tsr_comm_recv(n->comm, n->out, (HDR_FLOATS + l->wire_floats) * sizeof(float),
                                    (int)n->cfg.nnodes - 1, TAG_OUT, NULL);
         if (st != TSR_OK) {
                 group_down(n, st);
                 return st;
         }
-        if ((st = (tsr_status)((int32_t *)n->out)[0]) == TSR_OK)
-                memcpy(logits, n->out + HDR_FLOATS, out_floats * sizeof(float));
-        return st;
+        if ((st = (tsr_status)((int32_t *)n->out)[0]) != TSR_OK)
+                return st;
+        /* the rows to their places in `logits`, the tokens to the engine's slots (their
+         * rows' places stay unwritten: the engine reads the token, as from a device) */
+        const float *rd = n->out + HDR_FLOATS;
+        size_t wr = 0, vocab = l->vocab;
+        for (size_t i = 0; i < l->n; i++) {
+                if (l->token[i]) {
+                        memcpy(l->token[i], rd, sizeof(uint32_t));
+                        rd++;
+                        wr += vocab;
+                        n->rows_as_token++;
+                } else {
+                        memcpy(logits + wr, rd, l->rows[i] * vocab * sizeof(float));
+                        rd += l->rows[i] * vocab;
+                        wr += l->rows[i] * vocab;
+                        n->rows_whole += l->rows[i];
+                }
+        }
+        return wr == out_floats ? TSR_OK : TSR_E_INTERNAL;
 }
 
 tsr_status tsr_nodes_step(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n_seqs, size_t io_floats,
@@ -647,6 +773,12 @@ void tsr_nodes_free(tsr_nodes **np) {
                 atomic_store(&n->cancel, true);        /* the rendezvous gives up within 0.5 s */
                 pthread_join(n->rejoin, NULL);
         }
+        for (size_t i = 0; i < n->lay_cap; i++)
+                layout_free(&n->lay[i]);
+        free(n->lay);
+        if (n->rows_as_token + n->rows_whole)
+                log_info("logits rows from the last node: %llu as their token (greedy), %llu whole",
+                         (unsigned long long)n->rows_as_token, (unsigned long long)n->rows_whole);
         if (n->known.plans)
                 log_info("%llu step plans sent: %.1f MB; their block tables %.1f%% of whole ones (%llu of %llu "
                          "entries: the rest are changes the followers apply to their copies)",
@@ -714,7 +846,8 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
                 plan = NULL;
                 if (st == TSR_OK) {
                         tsr_engine_step_size(seqs, n_seqs, &tokens, &rows);
-                        if (ctl.io_floats != 2 * tokens * hidden_floats || (last && ctl.out_floats != rows * vocab))
+                        if (ctl.io_floats != 2 * tokens * hidden_floats ||
+                            (last && ctl.out_floats != out_wire_floats(seqs, n_seqs, vocab)))
                                 st = TSR_E_PROTO;
                 }
                 if (st != TSR_OK) {
@@ -724,7 +857,8 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
                         st = TSR_E_PROTO;
                         break;
                 }
-                size_t out_n = last ? ctl.out_floats : ctl.io_floats;
+                /* the last stage computes every row; its message holds tokens for some */
+                size_t out_n = last ? rows * vocab : ctl.io_floats;
                 if ((st = grow(&in, &in_cap, HDR_FLOATS + ctl.io_floats)) != TSR_OK ||
                     (st = grow(&out, &out_cap, HDR_FLOATS + out_n)) != TSR_OK) {
                         free(seqs);
@@ -740,14 +874,16 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
                 /* The previous stage's failure travels on; this stage does not run. */
                 tsr_status prev = (tsr_status)((int32_t *)in)[0];
                 tsr_status mine = prev != TSR_OK ? prev : fn(ud, seqs, n_seqs, in + HDR_FLOATS, out + HDR_FLOATS);
+                if (last && mine == TSR_OK)
+                        rows_to_wire(seqs, n_seqs, vocab, out + HDR_FLOATS);
                 free(seqs);
                 if (mine != TSR_OK && prev == TSR_OK)
                         log_error("step %llu: this stage failed: %s", (unsigned long long)ctl.step,
                                   tsr_status_str(mine));
                 ((int32_t *)out)[0] = mine;
                 ((int32_t *)out)[1] = 0;
-                st = tsr_comm_send(c, out, (HDR_FLOATS + out_n) * sizeof(float), last ? 0 : (int)cfg->node_rank + 1,
-                                   last ? TAG_OUT : TAG_ACT, NULL);
+                st = tsr_comm_send(c, out, (HDR_FLOATS + (last ? ctl.out_floats : out_n)) * sizeof(float),
+                                   last ? 0 : (int)cfg->node_rank + 1, last ? TAG_OUT : TAG_ACT, NULL);
                 if (st != TSR_OK)
                         break;
         }
