@@ -3,7 +3,7 @@
 ways, measured with the same client, interleaved round by round.
 
   scripts/bench-multinode.py [--rounds 2] [--namespaces] [--micro] [--kinds K,...]
-                             [--chunk N] [--prefill-len L]
+                             [--chunk N] [--prefill-len L] [--temperature T]
 
   pp1        tessera serve MODEL                              (one process, one stage)
   pp2        tessera serve MODEL -pp 2                        (one process, two rank threads)
@@ -24,7 +24,8 @@ CPU.  A benchmark, not a test; nothing here is asserted.
 --kinds runs only those configurations; --chunk N serves with --max-num-batched-tokens N
 (a prompt longer than N is prefilled in chunks, which micro-batches pipeline: chunk k+1
 enters stage 0 while chunk k is in stage 1) and --prefill-len L sets the prefill row's
-prompt length.
+prompt length; --temperature goes to every request (0: greedy, whose rows the last node
+sends back as their token; without it the server's default applies).
 
 Environment: TESSERA_BUILD (default build/), TESSERA_TEST_MODEL (default the demo GGUF)."""
 import argparse
@@ -111,12 +112,13 @@ def serve(kind, tmp, namespaces, common):
     return port, ns[0], [lead, f]
 
 
-def bench(port, ns, tmp, tag, conc, n, inp, out, seed):
+def bench(port, ns, tmp, tag, conc, n, inp, out, seed, temperature=None):
     fname = f"{tag}.json"
     cmd = [*ns_prefix(ns), LAUNCHER, "bench", "serve", "--backend", "openai", "--host", "127.0.0.1", "--port", port,
            "--model", "m", "--tokenizer", MODEL, "--dataset-name", "random", "--random-input-len", inp,
            "--random-output-len", out, "--ignore-eos", "--num-prompts", n, "--max-concurrency", conc, "--seed", seed,
-           "--disable-tqdm", "--save-result", "--result-dir", tmp, "--result-filename", fname]
+           "--disable-tqdm", "--save-result", "--result-dir", tmp, "--result-filename", fname,
+           *(["--temperature", temperature] if temperature is not None else [])]
     r = subprocess.run([str(a) for a in cmd], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"bench {tag} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
@@ -159,6 +161,7 @@ def main():
     ap.add_argument("--kinds", help="only these configurations (comma-separated, from the list above)")
     ap.add_argument("--chunk", type=int, help="--max-num-batched-tokens for every server")
     ap.add_argument("--prefill-len", type=int, default=512, help="the prefill row's prompt tokens (default 512)")
+    ap.add_argument("--temperature", help="every request's temperature (default: the server's)")
     args = ap.parse_args()
     kinds = ["pp1", "pp2", "nodes"] + (["netns"] if args.namespaces else [])
     if args.micro:
@@ -169,7 +172,8 @@ def main():
     ns = namespaces_up() if args.namespaces else None
     flags = [f for f in ("avx512_vnni", "avx512_bf16", "amx_int8") if f in Path("/proc/cpuinfo").read_text()]
     print(f"CPU: {cpu_name()}, {os.cpu_count()} threads, {' '.join(flags) or 'avx2'}; model {MODEL.name}"
-          f"{f'; --max-num-batched-tokens {args.chunk}' if args.chunk else ''}")
+          f"{f'; --max-num-batched-tokens {args.chunk}' if args.chunk else ''}"
+          f"{f'; --temperature {args.temperature}' if args.temperature is not None else ''}")
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for rnd in range(args.rounds):
@@ -181,10 +185,11 @@ def main():
                     port, cns, procs = serve(kind, tmp, ns, common)
                     try:
                         seed = 1000 * rnd
-                        bench(port, cns, tmp, f"{kind}-w{rnd}", 1, 2, 32, 8, seed + 1)        # warm-up
-                        c1 = bench(port, cns, tmp, f"{kind}-c1-{rnd}", 1, 4, 128, 64, seed + 2)
-                        c32 = bench(port, cns, tmp, f"{kind}-c32-{rnd}", 32, 32, 128, 64, seed + 3)
-                        pf = bench(port, cns, tmp, f"{kind}-pf-{rnd}", 1, 4, args.prefill_len, 1, seed + 4)
+                        t = args.temperature
+                        bench(port, cns, tmp, f"{kind}-w{rnd}", 1, 2, 32, 8, seed + 1, t)        # warm-up
+                        c1 = bench(port, cns, tmp, f"{kind}-c1-{rnd}", 1, 4, 128, 64, seed + 2, t)
+                        c32 = bench(port, cns, tmp, f"{kind}-c32-{rnd}", 32, 32, 128, 64, seed + 3, t)
+                        pf = bench(port, cns, tmp, f"{kind}-pf-{rnd}", 1, 4, args.prefill_len, 1, seed + 4, t)
                     finally:
                         stop(procs)
                     rows[kind] = (c1["median_tpot_ms"], c32["output_throughput"], c32["median_tpot_ms"],

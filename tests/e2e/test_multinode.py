@@ -3,8 +3,8 @@
 the same with `--node-rank 1 --headless` on node 1 (a follower worker, no router), as
 vllm serve is started on two machines.  Each node loads only its stage; the step plan
 and the activations cross between the processes; the answers are the same text and
-logprob floats as -pp 1 in one process (greedy rows without logprobs come back from the
-last node as their token; also with three nodes, two stages per node, -tp 2
+logprob floats as -pp 1 in one process (rows without logprobs come back from the last
+node as their token, drawn there as node 0 would; also with three nodes, two stages per node, -tp 2
 inside each node, the Llama 4 and NemotronH families, and --async-scheduling).  Then the failures: a follower killed under a
 streaming load (every stream ends, none hangs; the replica reports itself unhealthy and
 answers 503; a new follower makes it serve again, on a new group, with the prefix cache
@@ -121,11 +121,13 @@ def answers(base):
     for t in threads:
         t.join()
     out.append(("staggered", staggered))
-    # greedy without logprobs: across nodes the last node sends such a row back as its
-    # token (its first maximum), not the row
+    # without logprobs: across nodes the last node sends such a row back as its token
+    # (the first maximum; a seeded draw as node 0's sampler draws it), not the row
     for p in PROMPTS:
-        r = c.completions.create(model=MODEL, prompt=p, max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
-        out.append((p, "greedy, no logprobs", r.choices[0].text))
+        for kw, extra in (({"temperature": 0}, {}), ({"temperature": 0.8, "top_p": 0.9, "seed": 7}, {"top_k": 40})):
+            r = c.completions.create(model=MODEL, prompt=p, max_tokens=24, extra_body={"ignore_eos": True, **extra},
+                                     **kw)
+            out.append((p, str(kw), "no logprobs", r.choices[0].text))
     return out
 
 
@@ -194,7 +196,7 @@ def test_two_nodes_answer_as_one_process(tmp_path, extra, env):
     assert "layers 0..14 + embedding" in log0 and "layers 15..29 + final norm and lm_head" in log1
     assert "tessera-router" not in log1     # no router on a headless node
     stop(lead)
-    assert rows_as_token(Path(lead.log_path).read_text(errors="replace")) >= 3 * 24   # greedy, no logprobs
+    assert rows_as_token(Path(lead.log_path).read_text(errors="replace")) >= 6 * 24   # those without logprobs
     # node 0 gone cleanly: the follower goes back to the rendezvous; SIGTERM ends it with 0
     wait_until(lambda: "meeting node 0 again" in f.output(), timeout=30, interval=0.1, what="follower rejoins")
     stop(f)

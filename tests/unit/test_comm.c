@@ -1094,8 +1094,8 @@ static void test_nodes_plan_round_trip(void **state) {
         size_t len, n;
         tsr_engine_seq *out;
         in[1].seq_id = (uint64_t)1 << 40 | 3;
-        /* a greedy row the engine offers as its token comes back so (flag 4), a drawn
-         * one or one of all the chunk's rows does not */
+        /* a row the engine offers as its token comes back so (flag 4), one of all the
+         * chunk's rows does not */
         uint32_t slot = 0;
         const tsr_draw draw = {.temperature = 0.5f, .top_p = 1.0f, .u = 0.25};
         in[1].token = &slot;
@@ -1110,10 +1110,14 @@ static void test_nodes_plan_round_trip(void **state) {
         assert_null(out[2].token);
         free(out);
         free(buf);
-        in[1].draw = &draw;
+        in[1].draw = &draw;     /* drawn: its parameters and uniform travel (flag 8) */
         assert_int_equal(tsr_nodes_plan_pack(NULL, in, 3, 1, &buf, &len), TSR_OK);
         assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_OK);
-        assert_null(out[1].token);
+        assert_seqs_equal(in, out, 3, 1);
+        assert_non_null(out[1].token);
+        assert_non_null(out[1].draw);
+        assert_memory_equal(out[1].draw, &draw, sizeof draw);
+        assert_null(out[0].draw);
         free(out);
         free(buf);
 
@@ -1155,7 +1159,7 @@ static void test_nodes_plan_malformed(void **state) {
         uint32_t *w = (uint32_t *)buf;
         const struct { size_t word; uint32_t value; } bad[] = {
                 {0, 3}, {0, 0xffffffffu}, {3, 1000}, {4, 0}, {4, 0x40000000u}, {7, 4}, {3, 3},
-                {11, 1}, {11, 3}, {12, 1}, {12, 0x80000000u}, {7, 6}, {7, 7}, {7, 8},
+                {11, 1}, {11, 3}, {12, 1}, {12, 0x80000000u}, {7, 6}, {7, 7}, {7, 8}, {7, 9}, {7, 12}, {7, 13}, {7, 16},
         };
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
                 uint32_t keep = w[bad[i].word];

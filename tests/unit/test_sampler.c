@@ -244,6 +244,61 @@ static void test_goldens(void **state) {
 
 /* ---- hand-made cases ---- */
 
+/* A row whose sampling needs only temperature, top_k, top_p and min_p gets from
+ * tsr_sample_uniform_given, with the uniform of its key and position, tsr_sample's
+ * token (a multi-node replica's last node samples so for node 0); parameters it does
+ * not serve are refused. */
+static void test_uniform_given_matches_tsr_sample(void **state) {
+        (void)state;
+        enum { V = 300 };
+        float logits[V], *scratch = malloc(TSR_SAMPLER_SCRATCH(V) * sizeof(float));
+        const struct { float t; int32_t k; float p, min_p; } params[] = {
+                {0.0f, 0, 1.0f, 0.0f}, {1.0f, 0, 1.0f, 0.0f}, {0.7f, 20, 1.0f, 0.0f}, {1.3f, 0, 0.9f, 0.0f},
+                {0.8f, 0, 1.0f, 0.05f}, {0.5f, 5, 0.8f, 0.1f},
+        };
+        uint64_t x = 12345;
+        size_t drawn_differently = 0;
+        for (size_t c = 0; c < sizeof params / sizeof params[0]; c++)
+                for (uint64_t pos = 0; pos < 40; pos++) {
+                        for (size_t i = 0; i < V; i++) {
+                                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                                logits[i] = (float)((x >> 40) % 2000) / 200.0f - 5.0f;
+                        }
+                        tsr_sampling sp;
+                        tsr_sampling_init(&sp);
+                        sp.temperature = params[c].t;
+                        sp.top_k = params[c].k;
+                        sp.top_p = params[c].p;
+                        sp.min_p = params[c].min_p;
+                        uint32_t out[4] = {0};
+                        tsr_sample_history h = {.output = out, .n_output = pos < 4 ? pos : 4};
+                        uint64_t key = 0x9e3779b97f4a7c15ull * (c + 1);
+                        tsr_sample_result want;
+                        uint32_t got, other;
+                        assert_int_equal(tsr_sample(&sp, &h, key, logits, V, scratch, &want), TSR_OK);
+                        assert_int_equal(tsr_sample_uniform_given(&sp, tsr_sampler_uniform(key, h.n_output), logits, V,
+                                                                  scratch, &got), TSR_OK);
+                        assert_int_equal(got, want.token);
+                        /* another position's uniform draws another token often enough */
+                        assert_int_equal(tsr_sample_uniform_given(&sp, tsr_sampler_uniform(key, h.n_output + 1),
+                                                                  logits, V, scratch, &other), TSR_OK);
+                        drawn_differently += other != got;
+                }
+        assert_true(drawn_differently > 20);
+        tsr_sampling sp;
+        tsr_sampling_init(&sp);
+        uint32_t tok;
+        sp.logprobs = 1;
+        assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
+        tsr_sampling_init(&sp);
+        sp.presence_penalty = 0.5f;
+        assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
+        tsr_sampling_init(&sp);
+        logits[7] = NAN;
+        assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
+        free(scratch);
+}
+
 static void test_seeded_determinism(void **state) {
         enum { V = 64, STEPS = 200 };
         float logits[V], scratch[3 * V], other[V];
@@ -594,6 +649,7 @@ int main(void) {
                 cmocka_unit_test(test_philox_known_answers),
                 cmocka_unit_test(test_uniform_streams),
                 cmocka_unit_test(test_goldens),
+                cmocka_unit_test(test_uniform_given_matches_tsr_sample),
                 cmocka_unit_test(test_seeded_determinism),
                 cmocka_unit_test(test_draw_statistics),
                 cmocka_unit_test(test_greedy_ties_lowest_id),

@@ -126,6 +126,15 @@ bool tsr_sampling_plain_argmax(const tsr_sampling *s, size_t n_output);
 tsr_status tsr_sample(const tsr_sampling *s, const tsr_sample_history *h, uint64_t rng_key,
                       const float *logits, size_t vocab, float *scratch, tsr_sample_result *out);
 
+/* tsr_sample's token for a sequence whose sampling tsr_sampling_device_ok serves
+ * (temperature, top_k, top_p and min_p shape it; nothing of its history), with the
+ * draw's uniform given: u = tsr_sampler_uniform(rng_key, n_output) is the token tsr_sample
+ * gives at that position, bit for bit.  Where the row is and the request is not (a
+ * multi-node replica's last node, nodes.c).  TSR_E_INVAL as tsr_sample, and for
+ * parameters tsr_sampling_device_ok refuses. */
+tsr_status tsr_sample_uniform_given(const tsr_sampling *s, double u, const float *logits, size_t vocab,
+                                    float *scratch, uint32_t *token);
+
 /* The distribution tsr_sample draws from (steps 2-5 above), written to `probs` (vocab,)
  * on success only: zeros for masked tokens, and one-hot at the argmax when greedy.
  * `*greedy` (may be NULL) gets the argmax after steps 2-3.  Same arguments, checks and

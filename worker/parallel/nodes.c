@@ -8,19 +8,21 @@
  *          u64 out_floats}, then PLAN (plan_bytes)
  *   ACT    stage s -> s + 1: [status i32, pad i32, io_floats floats]
  *   OUT    the last stage -> 0: [status i32, pad i32, out_floats floats]: per sequence in
- *          order its logits rows, or for one whose row goes back as its token (a greedy
- *          row: the plan's flag 4) one float slot holding the token's bits
+ *          order its logits rows, or for one whose row goes back as its token (the
+ *          plan's flag 4) one float slot holding the token's bits
  * The header of ACT/OUT keeps the floats 8-byte aligned, as pipeline.c's messages.
  *
  * Plan encoding, little-endian u32 words: n_seqs, then per sequence seq_id (u64: two
  * words, low first), n_table, n, past_len (u64), flags (1 want_logits, 2 want_all_logits,
- * 4 the row goes back as its token: token_back), state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes; then its
+ * 4 the row goes back as its token: token_back, 8 drawn), state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes; then its
  * block tables (n_tables of n_table entries, one after the other as the engine hands
  * them; n_tables is the model's, known to both sides) as changes against the receiver's
  * copy (tsr_plan_tables): base 0, every entry of every table; base b > 0, the copy held
  * b entries per table and its first b of each stay but for n_changes (index, block)
  * pairs (index into the new tables, t x n_table + i with i < b), then each table's
- * entries from b on; then tokens[n], then n_saves (pos, slot) pairs. */
+ * entries from b on; then tokens[n], then n_saves (pos, slot) pairs.  With flag 8 the
+ * header is followed by the draw (tsr_draw: temperature, top_k, top_p, min_p, u as a
+ * double in two words) before the changes. */
 #include "worker/parallel/nodes.h"
 
 #include <pthread.h>
@@ -32,6 +34,7 @@
 
 #include "common/log.h"
 #include "kernels/cpu/ref.h"
+#include "worker/engine/sampler.h"
 #include "worker/parallel/bootstrap.h"
 #include "worker/parallel/comm.h"
 
@@ -56,13 +59,17 @@ typedef struct ctl_msg {
 #define SEQ_WORDS 12
 
 /* Whether q's one row comes back from the last node as its token: the engine offers the
- * token (tsr_engine_seq.token) and needs no draw, so the token is the row's first
- * maximum, which the last node computes as the sampler would (tsr_ref_argmax; a row
- * without one, TSR_ARGMAX_NONE, is the engine's TSR_E_INVAL as it would be from
- * tsr_sample).  A decode step then sends 4 bytes a sequence back instead of vocab x 4. */
+ * token (tsr_engine_seq.token: nothing but temperature, top_k, top_p and min_p shapes
+ * it), so the last node computes what node 0's sampler would: the row's first maximum
+ * for a greedy one (tsr_ref_argmax), else tsr_sample's draw with the request's uniform
+ * (tsr_sample_uniform_given); a row without an answer (TSR_ARGMAX_NONE) is the engine's
+ * TSR_E_INVAL, as from tsr_sample.  A decode step then sends 4 bytes a sequence back
+ * instead of vocab x 4. */
 static bool token_back(const tsr_engine_seq *q) {
-        return q->token && !q->draw && q->want_logits && !q->want_all_logits;
+        return q->token && q->want_logits && !q->want_all_logits;
 }
+
+#define DRAW_WORDS 6
 
 /* The floats of a step's OUT message: rows, or one slot per token_back sequence. */
 static size_t out_wire_floats(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab) {
@@ -73,14 +80,26 @@ static size_t out_wire_floats(const tsr_engine_seq *seqs, size_t n_seqs, size_t 
 }
 
 /* The last node: the step's logits rows (in place) into the OUT message's layout, each
- * token_back row replaced by its token. */
-static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab, float *rows) {
+ * token_back row replaced by its token.  scratch: TSR_SAMPLER_SCRATCH(vocab) floats. */
+static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab, float *rows, float *scratch) {
         size_t rd = 0, wr = 0;
         for (size_t i = 0; i < n_seqs; i++) {
+                const tsr_draw *d = seqs[i].draw;
                 size_t k = tsr_engine_seq_rows(&seqs[i]) * vocab;
                 if (token_back(&seqs[i])) {
                         uint32_t t = TSR_ARGMAX_NONE;
-                        (void)tsr_ref_argmax(&t, rows + rd, 1, vocab);
+                        if (d) {
+                                tsr_sampling sp;
+                                tsr_sampling_init(&sp);
+                                sp.temperature = d->temperature;
+                                sp.top_k = d->top_k;
+                                sp.top_p = d->top_p;
+                                sp.min_p = d->min_p;
+                                if (tsr_sample_uniform_given(&sp, d->u, rows + rd, vocab, scratch, &t) != TSR_OK)
+                                        t = TSR_ARGMAX_NONE;
+                        } else {
+                                (void)tsr_ref_argmax(&t, rows + rd, 1, vocab);
+                        }
                         memcpy(rows + wr, &t, sizeof t);
                         wr++;
                 } else {
@@ -192,8 +211,8 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                         again = seqs[k].seq_id == seqs[i].seq_id;
                 changes[i] = 0;
                 base[i] = again ? 0 : table_base(known, &seqs[i], nt, &changes[i]);
-                words += SEQ_WORDS + 2 * changes[i] + nt * (seqs[i].n_table - base[i]) + seqs[i].n +
-                         2 * seqs[i].n_saves;
+                words += SEQ_WORDS + (token_back(&seqs[i]) && seqs[i].draw ? DRAW_WORDS : 0) + 2 * changes[i] +
+                         nt * (seqs[i].n_table - base[i]) + seqs[i].n + 2 * seqs[i].n_saves;
         }
         uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
         if (!w) {
@@ -210,12 +229,22 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 *p++ = (uint32_t)q->n;
                 *p++ = (uint32_t)q->past_len;
                 *p++ = (uint32_t)((uint64_t)q->past_len >> 32);
-                *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u) | (token_back(q) ? 4u : 0u);
+                bool drawn = token_back(q) && q->draw;
+                *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u) | (token_back(q) ? 4u : 0u) |
+                       (drawn ? 8u : 0u);
                 *p++ = q->state_slot;
                 *p++ = q->restore_state ? q->restore_from + 1 : 0;
                 *p++ = (uint32_t)q->n_saves;
                 *p++ = (uint32_t)b;
                 *p++ = (uint32_t)changes[i];
+                if (drawn) {
+                        memcpy(p++, &q->draw->temperature, sizeof(uint32_t));
+                        *p++ = (uint32_t)q->draw->top_k;
+                        memcpy(p++, &q->draw->top_p, sizeof(uint32_t));
+                        memcpy(p++, &q->draw->min_p, sizeof(uint32_t));
+                        memcpy(p, &q->draw->u, sizeof(double));
+                        p += 2;
+                }
                 if (b) {
                         bool found;
                         const uint32_t *old = known->e[tables_find(known, q->seq_id, &found)].blocks;
@@ -275,7 +304,14 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                 const uint32_t *h = w + at;
                 size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
                 at += SEQ_WORDS;
-                if (h[6] > 7 || ((h[6] & 4) && h[6] != 5) || nn == 0 || b > n_table || (b && !known) ||
+                /* flags: want_logits, want_all_logits, or both; a token back wants the
+                 * one row (5), drawn (13) */
+                if (h[6] == 13) {
+                        if (words - at < DRAW_WORDS)
+                                return TSR_E_PROTO;
+                        at += DRAW_WORDS;
+                }
+                if ((h[6] > 3 && h[6] != 5 && h[6] != 13) || nn == 0 || b > n_table || (b && !known) ||
                     (b == 0 && n_changes) ||
                     n_changes > (words - at) / 2)
                         return TSR_E_PROTO;
@@ -293,19 +329,30 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
         }
         if (at != words)
                 return TSR_E_PROTO;
-        /* One allocation: the records, their tokens, the tables rebuilt, a copy of the words. */
-        tsr_engine_seq *s = malloc(n * sizeof(*s) + (n + table_words) * sizeof(uint32_t) + len);
+        /* One allocation: the records, their draws and tokens, the tables rebuilt, a copy
+         * of the words. */
+        tsr_engine_seq *s = malloc(n * (sizeof(*s) + sizeof(tsr_draw)) + (n + table_words) * sizeof(uint32_t) + len);
         if (!s)
                 return TSR_E_NOMEM;
-        uint32_t *tokens = (uint32_t *)(s + n), *out = tokens + n, *copy = out + table_words;
+        tsr_draw *draws = (tsr_draw *)(s + n);
+        uint32_t *tokens = (uint32_t *)(draws + n), *out = tokens + n, *copy = out + table_words;
         memcpy(copy, buf, len);
         at = 1;
         for (size_t i = 0; i < n && st == TSR_OK; i++) {
                 const uint32_t *h = copy + at;
                 uint64_t seq_id = h[0] | (uint64_t)h[1] << 32, past = h[4] | (uint64_t)h[5] << 32;
                 size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
-                const uint32_t *pairs = h + SEQ_WORDS, *tail = pairs + 2 * n_changes;
-                at += SEQ_WORDS + 2 * n_changes + tables * (n_table - b);
+                size_t dw = h[6] == 13 ? DRAW_WORDS : 0;
+                const uint32_t *pairs = h + SEQ_WORDS + dw, *tail = pairs + 2 * n_changes;
+                at += SEQ_WORDS + dw + 2 * n_changes + tables * (n_table - b);
+                if (dw) {
+                        const uint32_t *dr = h + SEQ_WORDS;
+                        memcpy(&draws[i].temperature, dr, sizeof(uint32_t));
+                        draws[i].top_k = (int32_t)dr[1];
+                        memcpy(&draws[i].top_p, dr + 2, sizeof(uint32_t));
+                        memcpy(&draws[i].min_p, dr + 3, sizeof(uint32_t));
+                        memcpy(&draws[i].u, dr + 4, sizeof(double));
+                }
                 if (b) {
                         bool found;
                         size_t k = tables_find(known, seq_id, &found);
@@ -331,7 +378,8 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                                         .want_all_logits = (h[6] & 2) != 0, .state_slot = h[7],
                                         .restore_state = h[8] != 0, .restore_from = h[8] ? h[8] - 1 : 0,
                                         .saves = (const tsr_state_save *)(copy + at + nn), .n_saves = n_saves,
-                                        .seq_id = seq_id, .token = h[6] & 4 ? &tokens[i] : NULL};
+                                        .seq_id = seq_id, .token = h[6] & 4 ? &tokens[i] : NULL,
+                                        .draw = dw ? &draws[i] : NULL};
                 tokens[i] = TSR_ENGINE_TOKEN_UNSET;
                 at += nn + 2 * n_saves;
                 if (st == TSR_OK && known)
@@ -777,7 +825,7 @@ void tsr_nodes_free(tsr_nodes **np) {
                 layout_free(&n->lay[i]);
         free(n->lay);
         if (n->rows_as_token + n->rows_whole)
-                log_info("logits rows from the last node: %llu as their token (greedy), %llu whole",
+                log_info("logits rows from the last node: %llu as their token, %llu whole",
                          (unsigned long long)n->rows_as_token, (unsigned long long)n->rows_whole);
         if (n->known.plans)
                 log_info("%llu step plans sent: %.1f MB; their block tables %.1f%% of whole ones (%llu of %llu "
@@ -819,8 +867,13 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
         size_t in_cap = 0, out_cap = 0;
         uint8_t *plan = NULL;
         tsr_plan_tables known = {0};    /* the tables of the leader's recent plans, as it has them */
+        float *scratch = last ? malloc(TSR_SAMPLER_SCRATCH(vocab) * sizeof(float)) : NULL;   /* rows_to_wire's */
         tsr_status st = TSR_OK;
 
+        if (last && !scratch) {
+                snprintf(err, errlen, "out of memory for the sampler's scratch");
+                return TSR_E_NOMEM;
+        }
         for (;;) {
                 ctl_msg ctl;
                 tsr_engine_seq *seqs = NULL;
@@ -875,7 +928,7 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
                 tsr_status prev = (tsr_status)((int32_t *)in)[0];
                 tsr_status mine = prev != TSR_OK ? prev : fn(ud, seqs, n_seqs, in + HDR_FLOATS, out + HDR_FLOATS);
                 if (last && mine == TSR_OK)
-                        rows_to_wire(seqs, n_seqs, vocab, out + HDR_FLOATS);
+                        rows_to_wire(seqs, n_seqs, vocab, out + HDR_FLOATS, scratch);
                 free(seqs);
                 if (mine != TSR_OK && prev == TSR_OK)
                         log_error("step %llu: this stage failed: %s", (unsigned long long)ctl.step,
@@ -891,6 +944,7 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
         free(in);
         free(out);
         tsr_plan_tables_clear(&known);
+        free(scratch);
         return st;
 }
 
