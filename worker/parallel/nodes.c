@@ -12,17 +12,18 @@
  *          plan's flag 4) one float slot holding the token's bits
  * The header of ACT/OUT keeps the floats 8-byte aligned, as pipeline.c's messages.
  *
- * Plan encoding, little-endian u32 words: n_seqs, then per sequence seq_id (u64: two
- * words, low first), n_table, n, past_len (u64), flags (1 want_logits, 2 want_all_logits,
- * 4 the row goes back as its token: token_back, 8 drawn), state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes; then its
- * block tables (n_tables of n_table entries, one after the other as the engine hands
- * them; n_tables is the model's, known to both sides) as changes against the receiver's
- * copy (tsr_plan_tables): base 0, every entry of every table; base b > 0, the copy held
- * b entries per table and its first b of each stay but for n_changes (index, block)
- * pairs (index into the new tables, t x n_table + i with i < b), then each table's
- * entries from b on; then tokens[n], then n_saves (pos, slot) pairs.  With flag 8 the
- * header is followed by the draw (tsr_draw: temperature, top_k, top_p, min_p, u as a
- * double in two words) before the changes. */
+ * Plan encoding, little-endian u32 words: n_seqs, then per sequence a header of
+ * SEQ_WORDS: seq_id (u64: two words, low first), n_table, n, past_len (u64), flags (1
+ * want_logits, 2 want_all_logits, 4 its row comes back as its token: token_back, 8 and
+ * drawn), state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes;
+ * with flag 8 the draw (tsr_draw: temperature, top_k, top_p, min_p, then u, a double in
+ * two words); then its block tables (n_tables of n_table entries, one after the other
+ * as the engine hands them; n_tables is the model's, known to both sides) as changes
+ * against the receiver's copy (tsr_plan_tables): base 0, every entry of every table;
+ * base b > 0, the copy held b entries per table and its first b of each stay but for
+ * n_changes (index, block) pairs (index into the new tables, t x n_table + i with
+ * i < b), then each table's entries from b on; then tokens[n], then n_saves (pos, slot)
+ * pairs. */
 #include "worker/parallel/nodes.h"
 
 #include <pthread.h>
@@ -69,7 +70,7 @@ static bool token_back(const tsr_engine_seq *q) {
         return q->token && q->want_logits && !q->want_all_logits;
 }
 
-#define DRAW_WORDS 6
+#define DRAW_WORDS 6             /* a drawn row's tsr_draw after its header (flag 8) */
 
 /* The floats of a step's OUT message: rows, or one slot per token_back sequence. */
 static size_t out_wire_floats(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab) {

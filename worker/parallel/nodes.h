@@ -11,10 +11,12 @@
  * the minimum over the nodes, itself included, and only then serves (Status READY).
  *
  * One step, on the leader's engine thread: the control header and the step plan (the
- * engine's sequences: block tables, tokens, positions, state slots; the followers need
- * nothing else, since the block ids are global and each node stores its own layers' KV)
- * go to every follower; stage 0 runs; its output goes to node 1, whose output goes to
- * node 2, ...; the last node sends the logits rows back to node 0.  Every stage-to-stage
+ * engine's sequences: block tables as changes (tsr_plan_tables), tokens, positions,
+ * state slots; the followers need nothing else, since the block ids are global and each
+ * node stores its own layers' KV) go to every follower; stage 0 runs; its output goes to node 1, whose output goes to
+ * node 2, ...; the last node sends the logits rows back to node 0, each row the engine
+ * offers as its token (no logprobs, penalty, bias or grammar) as that token, sampled
+ * there as node 0's sampler would (nodes.c token_back).  Every stage-to-stage
  * message starts with its sender's status (a stage that failed still sends, so the step
  * fails at once everywhere while the group stays up).
  *
