@@ -167,15 +167,18 @@ def test_hybrid_families_pp_answer_as_pp1(tmp_path, folder, model, splits):
     NemotronH's last stage at 3, '-E', keeps no state at all) answer greedy and seeded
     completions with the same text and logprob floats as -pp 1, alone and in a
     concurrent batch: the stages only move bytes, each holding its layers' KV (the whole
-    model's block tables) and state slots.  With micro-batches (up to pp steps in flight)."""
+    model's block tables) and state slots.  With micro-batches (up to pp steps in flight)
+    and a budget of 8 tokens a step, so a prompt's chunks follow each other into the
+    stages (Llama 4's chunked-local tables, NemotronH's state slots across chunks)."""
     golden = json.loads(((model.parent if folder == "tiny-nemotron-h" else model) / "golden.json").read_text())
     prompts = [p["ids"] for p in golden["prompts"]]
-    proc, client = start(tmp_path, f"{folder}-pp1", model=model)
+    budget = ("--max-num-batched-tokens", "8")
+    proc, client = start(tmp_path, f"{folder}-pp1", *budget, model=model)
     want = answers_ids(client, prompts)
     stop_cleanly(proc)
     assert all(w[2] for w in want[:-2]), want       # every request answered
     for pp, layers in splits:
-        proc, client = start(tmp_path, f"{folder}-pp{pp}", "-pp", pp, model=model,
+        proc, client = start(tmp_path, f"{folder}-pp{pp}", *budget, "-pp", pp, model=model,
                              env={"TESSERA_PP_MAX_IN_FLIGHT": pp})           # micro-batches
         log = proc.output()
         assert f"pipeline parallel: {pp} stages (ranks) in this process, layers [{layers}]" in log, log[-3000:]
@@ -197,16 +200,14 @@ def stop_cleanly(proc):
 
 
 def assert_micro_batches(proc, pp):
-    """Micro-batches are on (up to pp steps in flight).  Whether the staggered requests
-    overlapped is timing (a request that arrives while the engine waits for a step joins
-    that step's requests in the next one; one that arrives while stage 0 runs goes into
-    a step of its own), so it is printed, not asserted: tests/unit/test_engine.c's
-    "pipeline micro-batches" group and test_parallel.c's steps in flight are the
-    deterministic checks."""
+    """Micro-batches are on (up to pp steps in flight), and several steps were in flight
+    at once: a prompt longer than the step budget (every caller has one) goes in chunk
+    behind chunk, whatever the timing.  Whether the staggered requests shared steps is
+    timing (tests/unit/test_engine.c's "pipeline micro-batches" groups and
+    test_parallel.c's steps in flight are the deterministic checks of the rest)."""
     log = proc.output()
     assert f"pipeline micro-batches: up to {pp} steps in flight" in log, log[-3000:]
-    print(f"-pp {pp}: several steps in flight at once: "
-          f"{'pipeline micro-batches: 2 steps in flight at once' in log}")
+    assert "pipeline micro-batches: 2 steps in flight at once" in log, log[-3000:]
 
 
 def test_pp2_pp3_answer_as_pp1(tmp_path):
