@@ -83,12 +83,16 @@ typedef struct tsr_engine_seq {
         /* NULL, or (want_logits without want_all_logits) the chunk's token may come from the
          * model instead of its row (a request with nothing that needs the row itself:
          * tsr_sampling_device_ok): with `draw` NULL the row's argmax as it stands (a greedy
-         * request), else the token kernels.h's tsr_backend_sample draws with *draw (the
-         * request's temperature, top_k, top_p, min_p and its Philox uniform for this
-         * position).  A model on a device may write it here (an index >= the vocabulary,
+         * request), else a draw with *draw (the request's temperature, top_k, top_p,
+         * min_p and its Philox uniform for this position): on a device kernels.h's
+         * tsr_backend_sample, on a multi-node replica's last node the engine's own
+         * tsr_sample (sampler.h tsr_sample_uniform_given, so the tokens are the ones the
+         * engine would draw).  The model may write it here (an index >= the vocabulary,
          * TSR_ARGMAX_NONE: the row has no maximum, a NaN or +inf in it) and leave the
          * row's slot in `logits` unwritten.  The engine sets it to TSR_ENGINE_TOKEN_UNSET
-         * first and samples the row itself when it is still that. */
+         * first and samples the row itself when it is still that.  In a queued step
+         * (micro-batches) a request under a grammar is not offered it: its mask is
+         * planned after the step's wait. */
         uint32_t *token;
         const tsr_draw *draw;
         /* The request (its admission number): a replica over several nodes sends each
