@@ -1247,8 +1247,8 @@ static void test_nodes_plan_deltas(void **state) {
         plan_trip(&lead, &follow, p3, 1, 2);
         assert_int_equal(lead.words_sent - sent, 8);   /* 2 of 2 known entries changed: whole */
 
-        /* an id twice in one plan (0: sequences nobody numbered): the second goes whole,
-         * and the next plan's is against the last */
+        /* an id twice in one plan (0: sequences nobody numbered): each against the copy
+         * from before the plan (none: whole), and the next plan's against the last */
         tsr_engine_seq p4[2] = {{.block_table = z1, .n_table = 1, .tokens = tok, .n = 1, .want_logits = true},
                                 {.block_table = z2, .n_table = 3, .tokens = tok, .n = 1, .want_logits = true}};
         plan_trip(&lead, &follow, p4, 2, 2);

@@ -891,7 +891,7 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                  * after it).  A prompt's next chunk does not wait: it goes in behind the
                  * chunk in flight, which every stage computes first (vLLM advances
                  * num_computed_tokens when it schedules, so its chunks pipeline too). */
-                if (e->queue && s->n_in_flight && s->n_placeholders)
+                if (e->queue && s->n_placeholders)   /* a token pending: its step is in flight */
                         continue;
                 computed = s->kv.n_computed + s->n_ahead;
                 known = s->n_tokens + s->n_placeholders;

@@ -204,14 +204,11 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
         tsr_status st = TSR_OK;
         if (!base)
                 return TSR_E_NOMEM;
+        /* Every table against the copies as they were before this plan (the receiver
+         * reads them so too), which take the plan's tables after it: a seq_id met twice
+         * needs nothing of its own. */
         for (size_t i = 0; i < n_seqs; i++) {
-                /* a seq_id met again in this plan goes whole: known is updated after the
-                 * loop, the receiver as it decodes, so only a first one has a common copy */
-                bool again = false;
-                for (size_t k = 0; k < i && !again; k++)
-                        again = seqs[k].seq_id == seqs[i].seq_id;
-                changes[i] = 0;
-                base[i] = again ? 0 : table_base(known, &seqs[i], nt, &changes[i]);
+                base[i] = table_base(known, &seqs[i], nt, &changes[i]);
                 words += SEQ_WORDS + (token_back(&seqs[i]) && seqs[i].draw ? DRAW_WORDS : 0) + 2 * changes[i] +
                          nt * (seqs[i].n_table - base[i]) + seqs[i].n + 2 * seqs[i].n_saves;
         }
@@ -383,10 +380,11 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                                         .draw = dw ? &draws[i] : NULL};
                 tokens[i] = TSR_ENGINE_TOKEN_UNSET;
                 at += nn + 2 * n_saves;
-                if (st == TSR_OK && known)
-                        st = tables_keep(known, seq_id, out, n_table, tables);
                 out += tables * n_table;
         }
+        /* the copies take the plan's tables after it, as the leader's (plan_pack) */
+        for (size_t i = 0; known && i < n && st == TSR_OK; i++)
+                st = tables_keep(known, s[i].seq_id, s[i].block_table, s[i].n_table, tables);
         if (known)
                 tables_age(known);
         if (st != TSR_OK) {

@@ -158,9 +158,9 @@ void tsr_plan_tables_clear(tsr_plan_tables *t);
 
 /* Encode `seqs` (each with n_tables block tables of n_table entries, one after the other:
  * engine.h) into a new buffer (*buf, *len; free()), their tables as changes against
- * `known` (NULL: whole tables), which then holds them.  A seq_id met twice in one plan,
- * or shared by sequences (0 where nobody set it), costs bytes, never correctness: each
- * table is sent against the last one sent under its id.  TSR_E_NOMEM. */
+ * `known` as it was before the plan (NULL: whole tables), which then holds them (for a
+ * seq_id met twice in the plan, or shared: 0 where nobody set it, the last one's).  Such
+ * ids cost bytes, never correctness.  TSR_E_NOMEM. */
 tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seqs, size_t n_seqs,
                                uint32_t n_tables, uint8_t **buf, size_t *len);
 /* Decode a plan of sequences with n_tables block tables each, their tables completed
