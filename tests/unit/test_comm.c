@@ -33,6 +33,7 @@
 #include "tests/tsr_test.h"
 #include "worker/parallel/comm.h"
 #include "worker/parallel/nodes.h"
+#include "tests/unit/comm_values.h"
 
 #define MAX_N 8
 static const size_t AR_COUNTS[] = {0, 1, 3, 7, 64, 1000, 4097, 65539};
@@ -66,22 +67,6 @@ typedef struct rank_result {
 } rank_result;
 
 /* ---- deterministic inputs ---------------------------------------------------------- */
-
-static uint32_t mix(uint32_t x) {
-        x ^= x >> 16;
-        x *= 0x7feb352du;
-        x ^= x >> 15;
-        x *= 0x846ca68bu;
-        x ^= x >> 16;
-        return x;
-}
-
-/* Values over 40 binades with both signs, so the summation order shows in the bits. */
-static float value(uint32_t rank, uint32_t seed, size_t i) {
-        uint32_t h = mix(rank * 0x9e3779b9u ^ seed * 0x85ebca6bu ^ (uint32_t)i * 0xc2b2ae35u);
-        float m = (float)((int)(h % 2001u) - 1000) / 997.0f;
-        return ldexpf(m, (int)((h >> 12) % 41u) - 20);
-}
 
 static void fill(float *x, size_t n, int rank, uint32_t seed) {
         for (size_t i = 0; i < n; i++)
