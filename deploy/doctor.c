@@ -18,11 +18,22 @@
  *     half its round trip;
  *   - all_reduce_sum over every node at each size, its result checked bitwise against the
  *     reference reduction tree (tsr_comm_tree_sum of every node's known input).
- * Node 0 prints the table.  Exit 0 when every check passed, 1 when one failed (the line
- * says which), 2 on bad flags.  NCCL transports (NET/IB vs NET/Socket) are not measured
- * here yet: that needs GPUs (docs/troubleshooting.md says how to read NCCL_DEBUG=INFO).
+ * Node 0 prints the table.
  *
- * Threads: one (the comm is used from the thread that made it). */
+ * The NCCL half (--nccl auto: where every node has a CUDA device and the build has NCCL;
+ * on: required, and run even on one GPU; off): every GPU of every node one rank of one
+ * communicator (worker/parallel/nccl_probe.h), an all-reduce at each size checked bitwise
+ * against the reference tree and timed (nccl-tests' algbw / busbw), round trips between
+ * rank 0 and every other rank, and the transport of each channel connection read from
+ * NCCL's own INFO lines (nccl_log.h): the doctor sets NCCL_DEBUG=INFO and a
+ * NCCL_DEBUG_FILE of its own where the user set neither, and node 0 warns when a node
+ * sends between nodes over NET/Socket (the seeds' check) or over IB without GDRDMA.
+ * UNTESTED ON GPUS so far: scripts/gpu-check.sh runs it with --nccl on.
+ *
+ * Exit 0 when every check passed, 1 when one failed (the line says which), 2 on bad flags.
+ *
+ * Threads: the main thread (the zmq comm is used from the thread that made it); the NCCL
+ * half runs a thread per local GPU inside tsr_nccl_probe_run. */
 #include <errno.h>
 #include <glob.h>
 #include <jansson.h>
@@ -39,6 +50,8 @@
 #include "kernels/kernels.h"
 #include "worker/parallel/bootstrap.h"
 #include "worker/parallel/comm.h"
+#include "worker/parallel/nccl_log.h"
+#include "worker/parallel/nccl_probe.h"
 
 #define MAX_SIZES 16
 #define EXIT_FAIL 1
@@ -47,6 +60,7 @@
 typedef struct doctor_opts {
         long nnodes, node_rank, master_port, timeout_s;
         const char *master_addr, *json_path;
+        const char *nccl;                    /* "auto", "on", "off" */
         size_t sizes[MAX_SIZES];
         int n_sizes;
         char sizes_text[256];
@@ -54,12 +68,16 @@ typedef struct doctor_opts {
 
 static void usage(FILE *f) {
         fprintf(f, "usage: tessera doctor [--nnodes N --node-rank R --master-addr ADDR --master-port PORT]\n"
-                   "                      [--timeout SECONDS] [--sizes BYTES,BYTES,...] [--json FILE]\n\n"
+                   "                      [--timeout SECONDS] [--sizes BYTES,BYTES,...] [--json FILE]\n"
+                   "                      [--nccl auto|on|off]\n\n"
                    "Reports what this node offers a replica (CPU, memory, /dev/shm, memlock, GPUs,\n"
                    "InfiniBand, NCCL).  With --nnodes, run it on every node of a multi-node replica with\n"
                    "the same flags `tessera serve` takes: the nodes meet at node 0's --master-addr and\n"
                    "--master-port, then each link's latency and bandwidth and an all-reduce over every\n"
-                   "node are measured and checked.  Exit 0: every check passed; 1: one failed.\n");
+                   "node are measured and checked.  Where every node has GPUs and this build has NCCL\n"
+                   "(--nccl auto; on: required), the same over NCCL with every GPU a rank, and the\n"
+                   "transport of each NCCL channel read from NCCL_DEBUG=INFO (TCP sockets between nodes\n"
+                   "are flagged).  Exit 0: every check passed; 1: one failed.\n");
 }
 
 static bool parse_long(const char *s, long lo, long hi, long *out) {
@@ -89,7 +107,7 @@ static bool parse_sizes(const char *s, doctor_opts *o) {
 }
 
 static int parse_args(int argc, char **argv, doctor_opts *o) {
-        *o = (doctor_opts){.nnodes = 1, .node_rank = 0, .master_port = 0, .timeout_s = 60};
+        *o = (doctor_opts){.nnodes = 1, .node_rank = 0, .master_port = 0, .timeout_s = 60, .nccl = "auto"};
         parse_sizes("4096,1048576,16777216", o);
         for (int i = 1; i < argc; i += 2) {    /* every option takes a value, but --help */
                 const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -116,6 +134,10 @@ static int parse_args(int argc, char **argv, doctor_opts *o) {
                         ok = parse_sizes(v, o);
                 else if (strcmp(a, "--json") == 0)
                         o->json_path = v;
+                else if (strcmp(a, "--nccl") == 0) {
+                        o->nccl = v;
+                        ok = strcmp(v, "auto") == 0 || strcmp(v, "on") == 0 || strcmp(v, "off") == 0;
+                }
                 else {
                         fprintf(stderr, "tessera doctor: error: unrecognized argument %s\n", a);
                         usage(stderr);
@@ -371,7 +393,226 @@ static const char *human_bytes(size_t b, char *buf, size_t len) {
         return buf;
 }
 
-static int run_group(const doctor_opts *o, json_t *root) {
+/* ---- NCCL ------------------------------------------------------------------------------- */
+
+/* What each node tells the others after its NCCL run (fixed size: all_gather'd raw). */
+typedef struct nccl_summary {
+        int32_t gpus, status, connections;
+        int32_t by_kind[TSR_NCCL_KINDS];
+        char version[48], network[32];
+} nccl_summary;
+
+/* Where NCCL_DEBUG=INFO output goes for the doctor to read: a file of our own unless the
+ * user chose one (then its name may hold %h / %p, and the transports are not read here). */
+static char nccl_debug_path[64];
+
+static void nccl_capture_debug(void) {
+        if (!getenv("NCCL_DEBUG"))
+                setenv("NCCL_DEBUG", "INFO", 1);
+        if (getenv("NCCL_DEBUG_FILE"))
+                return;
+        snprintf(nccl_debug_path, sizeof(nccl_debug_path), "/tmp/tessera-doctor-nccl.XXXXXX");
+        int fd = mkstemp(nccl_debug_path);
+        if (fd < 0) {
+                nccl_debug_path[0] = 0;
+                return;
+        }
+        close(fd);
+        setenv("NCCL_DEBUG_FILE", nccl_debug_path, 1);
+}
+
+static void nccl_read_debug(tsr_nccl_log *log) {
+        tsr_nccl_log_init(log);
+        if (!nccl_debug_path[0])
+                return;
+        FILE *f = fopen(nccl_debug_path, "r");
+        char line[1024];
+        while (f && fgets(line, sizeof(line), f))
+                tsr_nccl_log_line(log, line);
+        if (f)
+                fclose(f);
+        unlink(nccl_debug_path);
+}
+
+/* The NCCL half: every GPU of every node a rank of one communicator.  `zc` is the nodes'
+ * zmq group (NULL on one node): GPU counts, node 0's NCCL id and each node's summary go
+ * over it.  Returns 0, or EXIT_FAIL with a FAILED line. */
+static int nccl_phase(const doctor_opts *o, tsr_comm *zc, json_t *root, int *warnings) {
+        int n_nodes = zc ? tsr_comm_size(zc) : 1, me = zc ? tsr_comm_rank(zc) : 0;
+        int32_t mine = tsr_comm_nccl_available() ? (int32_t)tsr_nccl_probe_devices() : 0;
+        int32_t gpus[TSR_COMM_MAX_RANKS] = {mine};
+        json_t *jn = json_object();
+        json_object_set_new(root, "nccl", jn);
+        if (zc && tsr_comm_all_gather(zc, &mine, gpus, sizeof(mine), NULL) != TSR_OK) {
+                printf("doctor: FAILED: the nodes' GPU counts could not be exchanged\n");
+                return EXIT_FAIL;
+        }
+        int total = 0, first = 0, without = -1;
+        for (int q = 0; q < n_nodes; q++) {
+                if (q < me)
+                        first += gpus[q];
+                total += gpus[q];
+                if (gpus[q] == 0 && without < 0)
+                        without = q;
+        }
+        /* one GPU in all has no link to measure; --nccl on runs its one-rank group anyway */
+        if (strcmp(o->nccl, "off") == 0 || without >= 0 || (total < 2 && strcmp(o->nccl, "on") != 0)) {
+                /* the reason, as this node knows it */
+                char why[160];
+                if (strcmp(o->nccl, "off") == 0)
+                        snprintf(why, sizeof(why), "--nccl off");
+                else if (without < 0)
+                        snprintf(why, sizeof(why), "one GPU: no link to measure");
+                else if (without == me)
+                        snprintf(why, sizeof(why), "%s", tsr_comm_nccl_available() ? "no CUDA device on this node"
+                                                                                   : "this build has no NCCL");
+                else
+                        snprintf(why, sizeof(why), "node %d has no CUDA device or no NCCL", without);
+                json_object_set_new(jn, "run", json_false());
+                json_object_set_new(jn, "reason", json_string(why));
+                if (strcmp(o->nccl, "on") == 0) {
+                        printf("doctor: FAILED: --nccl on, but NCCL cannot run: %s\n", why);
+                        json_object_set_new(root, "error", json_string(why));
+                        return EXIT_FAIL;
+                }
+                printf("nccl: not run (%s)\n", why);
+                return 0;
+        }
+        nccl_capture_debug();
+        /* node 0 makes the id; a failure travels as status so no node waits for it */
+        struct {
+                int32_t status;
+                tsr_comm_nccl_id id;
+        } idmsg = {0};
+        char err[512] = "";
+        if (me == 0)
+                idmsg.status = (int32_t)tsr_comm_nccl_unique_id(&idmsg.id, err, sizeof(err));
+        if (zc && tsr_comm_broadcast(zc, &idmsg, sizeof(idmsg), 0, NULL) != TSR_OK) {
+                printf("doctor: FAILED: node 0's NCCL id did not arrive\n");
+                return EXIT_FAIL;
+        }
+        if (idmsg.status != TSR_OK) {
+                printf("doctor: FAILED: NCCL on node 0: %s\n", err[0] ? err : tsr_status_str(idmsg.status));
+                return EXIT_FAIL;
+        }
+        printf("nccl: %d GPU%s on %d node%s, this node's ranks %d..%d\n", total, total == 1 ? "" : "s", n_nodes,
+               n_nodes == 1 ? "" : "s", first, first + mine - 1);
+        fflush(stdout);
+        tsr_nccl_probe_cfg cfg = {.id = &idmsg.id, .first_rank = first, .n_local = mine, .size = total,
+                                  .sizes = o->sizes, .n_sizes = o->n_sizes,
+                                  .timeout_ms = (uint32_t)o->timeout_s * 1000u};
+        tsr_nccl_probe_out out;
+        tsr_status st = tsr_nccl_probe_run(&cfg, &out, err, sizeof(err));
+        tsr_nccl_log log;
+        nccl_read_debug(&log);
+
+        nccl_summary sum = {.gpus = mine, .status = (int32_t)st, .connections = log.connections}, all[TSR_COMM_MAX_RANKS];
+        memcpy(sum.by_kind, log.by_kind, sizeof(sum.by_kind));
+        snprintf(sum.version, sizeof(sum.version), "%s", log.version);
+        snprintf(sum.network, sizeof(sum.network), "%s", log.network);
+        all[0] = sum;
+        if (zc && tsr_comm_all_gather(zc, &sum, all, sizeof(sum), NULL) != TSR_OK) {
+                printf("doctor: FAILED: the nodes' NCCL results could not be exchanged\n");
+                return EXIT_FAIL;
+        }
+        json_object_set_new(jn, "run", json_true());
+        json_object_set_new(jn, "ranks", json_integer(total));
+        json_object_set_new(jn, "version", json_string(log.version));
+        json_object_set_new(jn, "network", json_string(log.network));
+        json_t *jt = json_object();
+        char line[1024];
+        size_t off = 0;
+        for (int i = 0; i < log.n_transports; i++) {
+                json_object_set_new(jt, log.transports[i].text, json_integer(log.transports[i].count));
+                if (off < sizeof(line))
+                        off += (size_t)snprintf(line + off, sizeof(line) - off, "%s%s x %d", i ? ", " : "",
+                                                log.transports[i].text, log.transports[i].count);
+        }
+        json_object_set_new(jn, "transports", jt);
+        if (log.version[0])
+                printf("nccl: version %s%s%s\n", log.version, log.network[0] ? ", network " : "", log.network);
+        if (!nccl_debug_path[0])
+                printf("nccl: NCCL_DEBUG_FILE is set (%s): the transports are in that file, not read here\n",
+                       getenv("NCCL_DEBUG_FILE"));
+        else if (log.connections)
+                printf("nccl: this node's channel connections: %d (%s)\n", log.connections, line);
+        else if (total > 1)
+                printf("nccl: no channel lines from NCCL (NCCL_DEBUG=%s hides them; INFO shows them)\n",
+                       getenv("NCCL_DEBUG"));
+        if (log.warnings)
+                printf("nccl: NCCL warned %d time%s, first: %s\n", log.warnings, log.warnings == 1 ? "" : "s",
+                       log.first_warning);
+        for (int q = 0; q < n_nodes; q++)
+                if (all[q].status != TSR_OK) {
+                        printf("doctor: FAILED: NCCL on node %d: %s\n", q,
+                               q == me && err[0] ? err : tsr_status_str(all[q].status));
+                        json_object_set_new(jn, "error", json_string(q == me && err[0] ? err : tsr_status_str(all[q].status)));
+                        return EXIT_FAIL;
+                }
+
+        bool ok = true;
+        json_t *jr = json_array(), *jl = json_array();
+        json_object_set_new(jn, "all_reduce", jr);
+        json_object_set_new(jn, "links", jl);
+        for (int i = 0; i < o->n_sizes; i++) {
+                char a[32];
+                double algbw = (double)o->sizes[i] / (out.all_reduce_us[i] * 1e3);
+                double busbw = algbw * 2.0 * (total - 1) / total;      /* nccl-tests' bus bandwidth */
+                if (me == 0)
+                        printf("nccl all_reduce over %d GPUs, %s: %.1f us, algbw %.3f GB/s, busbw %.3f GB/s; result %s\n",
+                               total, human_bytes(o->sizes[i], a, sizeof(a)), out.all_reduce_us[i], algbw, busbw,
+                               out.all_reduce_ok[i] ? "bitwise equal to the reference tree"
+                                                    : "DIFFERS from the reference tree");
+                json_array_append_new(jr, json_pack("{s:I, s:f, s:f, s:b}", "bytes", (json_int_t)o->sizes[i], "us",
+                                                    out.all_reduce_us[i], "busbw_gbps", busbw, "bitwise_ok",
+                                                    out.all_reduce_ok[i]));
+                ok = ok && out.all_reduce_ok[i];
+        }
+        for (int q = 1; q < total; q++) {
+                char a[32], b[32];
+                int node = 0;
+                for (int acc = gpus[0]; q >= acc && node + 1 < n_nodes; acc += gpus[++node])
+                        ;
+                if (me == 0)
+                        printf("nccl link rank 0 <-> rank %d (node %d): %s one way %.1f us; %s %.3f GB/s; bytes %s\n",
+                               q, node, human_bytes(o->sizes[0], a, sizeof(a)), out.link_latency_us[q],
+                               human_bytes(o->sizes[o->n_sizes - 1], b, sizeof(b)), out.link_gbps[q],
+                               out.link_ok[q] ? "checked" : "DIFFER");
+                if (me == 0 || node == me)
+                        json_array_append_new(jl, json_pack("{s:i, s:i, s:f, s:f, s:b}", "rank", q, "node", node,
+                                                            "latency_us", out.link_latency_us[q], "gbps",
+                                                            out.link_gbps[q], "bytes_ok", out.link_ok[q]));
+                ok = ok && out.link_ok[q];
+        }
+        /* the seeds' check (003): between nodes, NET/IB/.../GDRDMA is the efficient path and
+         * NET/Socket the inefficient one; node 0 reports every node's */
+        for (int q = 0; me == 0 && n_nodes > 1 && q < n_nodes; q++) {
+                if (all[q].by_kind[TSR_NCCL_NET_SOCKET] > 0) {
+                        printf("warning: NCCL on node %d sends between nodes over TCP sockets (NET/Socket, %d of %d "
+                               "channel connections): tensor parallelism across nodes will be slow; check "
+                               "InfiniBand/RoCE (NCCL_IB_HCA, ibstat) or which interface NCCL_SOCKET_IFNAME picks "
+                               "(docs/troubleshooting.md)\n", q, all[q].by_kind[TSR_NCCL_NET_SOCKET],
+                               all[q].connections);
+                        (*warnings)++;
+                } else if (all[q].by_kind[TSR_NCCL_NET_IB] > 0) {
+                        printf("warning: NCCL on node %d uses InfiniBand without GPUDirect RDMA (NET/IB without "
+                               "/GDRDMA, %d connections): check the nvidia-peermem module\n", q,
+                               all[q].by_kind[TSR_NCCL_NET_IB]);
+                        (*warnings)++;
+                }
+                if (strcmp(all[q].version, all[0].version) != 0) {
+                        printf("warning: node %d runs NCCL %s, node 0 runs %s\n", q, all[q].version, all[0].version);
+                        (*warnings)++;
+                }
+        }
+        if (!ok) {
+                printf("doctor: FAILED: NCCL results differed (above)\n");
+                return EXIT_FAIL;
+        }
+        return 0;
+}
+
+static int run_group(const doctor_opts *o, json_t *root, int *warnings) {
         char addr[128], bind_ep[200], err[1024];
         tsr_comm_zmq_listener *l = NULL;
         tsr_bootstrap_group g = {0};
@@ -392,7 +633,7 @@ static int run_group(const doctor_opts *o, json_t *root) {
                 return EXIT_FAIL;
         }
         /* What every node must agree on: the schedule of tests below. */
-        snprintf(fingerprint, sizeof(fingerprint), "purpose=doctor\nsizes=%s\n", o->sizes_text);
+        snprintf(fingerprint, sizeof(fingerprint), "purpose=doctor\nsizes=%s\nnccl=%s\n", o->sizes_text, o->nccl);
         tsr_bootstrap_cfg bc = {.nnodes = (uint32_t)o->nnodes, .node_rank = (uint32_t)o->node_rank,
                                 .master_addr = o->master_addr, .master_port = (uint16_t)o->master_port,
                                 .purpose = "doctor", .fingerprint = fingerprint,
@@ -488,6 +729,8 @@ static int run_group(const doctor_opts *o, json_t *root) {
                                                          ns / 1e3, "bitwise_ok", ok));
                 all_ok = all_ok && ok;
         }
+        if (st == TSR_OK && nccl_phase(o, c, root, warnings) != 0)
+                goto out;
         if (st == TSR_OK)
                 st = tsr_comm_barrier(c);
         if (st != TSR_OK) {
@@ -522,7 +765,7 @@ int main(int argc, char **argv) {
         printf("tessera doctor %s\n", TSR_VERSION);
         report_node(node, &warnings);
         json_object_set_new(root, "node", node);
-        rc = o.nnodes > 1 ? run_group(&o, root) : 0;
+        rc = o.nnodes > 1 ? run_group(&o, root, &warnings) : nccl_phase(&o, NULL, root, &warnings);
         json_object_set_new(root, "warnings", json_integer(warnings));
         json_object_set_new(root, "ok", json_boolean(rc == 0));
         if (rc == 0)

@@ -5,8 +5,8 @@
 # prints a summary line per step.  TOKENIZER_DIR: tests/fixtures/make_gpu_model.py
 # tokenizer's output (the random model is made here from it).
 #
-#   1. the GPU suite: every test_cuda_* program, test_comm_nccl (NCCL_DEBUG=INFO), test_ops'
-#      CUDA column, and
+#   1. the GPU suite: every test_cuda_* program, test_comm_nccl (NCCL_DEBUG=INFO),
+#      `tessera-doctor --nccl on` (its NCCL half over the GPUs here), test_ops' CUDA column, and
 #      test_cuda_forward (tiny fixture vs transformers) again with TSR_GPU_MODEL set to
 #      a random SmolLM2-shaped model (CUDA vs the CPU backend);
 #   2. compute-sanitizer memcheck of test_cuda_forward on the tiny fixture;
@@ -64,6 +64,9 @@ if [ $SUITE = yes ]; then
         # the NCCL comm backend's first real run (groups up to the GPUs present)
         p=$(bin test_comm_nccl) && NCCL_DEBUG=${NCCL_DEBUG:-INFO} step test_comm_nccl 240 "$p"
         grep -E "^group|never comes|^OK|^FAIL|NCCL version" "$OUT/test_comm_nccl.log" | head -12
+        # tessera doctor's NCCL half (every GPU here one rank; --nccl on: even with one GPU)
+        p=$(bin tessera-doctor) && step doctor_nccl 120 "$p" --nccl on --json "$OUT/doctor.json"
+        grep -E "^nccl|^doctor|^warning" "$OUT/doctor_nccl.log" | head -12
         p=$(bin test_ops) && step test_ops 300 "$p"
         grep -E "cuda|FAIL|PASSED|SKIPPED" "$OUT/test_ops.log" | tail -5
         grep -E "max \||FAIL|OK \(" "$OUT/test_cuda_forward.log"

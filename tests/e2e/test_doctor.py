@@ -14,6 +14,10 @@ from conftest import BUILD, free_port
 
 DOCTOR = BUILD / "deploy" / "tessera-doctor"
 SIZES = "4096,65536,1048576"
+HAVE_GPU = bool(list(Path("/dev").glob("nvidia[0-9]*")))
+# what a node without a GPU says of itself (a build without the CUDA toolkit has no NCCL)
+NO_GPU_HERE = ("no CUDA device on this node" if (BUILD / "worker" / "libtsr_comm_nccl.a").exists()
+               else "this build has no NCCL")
 
 
 def start(args, log, ns=None):
@@ -86,6 +90,11 @@ def check_group(res, nnodes):
     for r, (_, _, j) in res.items():    # node r > 0 checked the bytes of its own link
         if r > 0:
             assert j["links"] == [{"peer": 0, "bytes_ok": True}]
+    if not HAVE_GPU:    # the NCCL half needs a CUDA device on every node: said, not failed
+        assert res[0][2]["nccl"] == {"run": False, "reason": NO_GPU_HERE}, res[0][1]
+        for r in range(1, nnodes):
+            assert res[r][2]["nccl"] == {"run": False, "reason": "node 0 has no CUDA device or no NCCL"}, res[r][1]
+        assert f"nccl: not run ({NO_GPU_HERE})" in res[0][1]
     links = res[0][2]["links"]
     assert [link["peer"] for link in links] == list(range(1, nnodes))
     for link in links:
@@ -109,6 +118,25 @@ def test_nodes_that_disagree_are_refused_naming_the_field(tmp_path):
     assert j1["error"].startswith("node 0 refused the group: node rank 1"), text1
 
 
+@pytest.mark.skipif(HAVE_GPU, reason="checks the NCCL half's refusal where no GPU is")
+def test_nccl_half_without_gpus(tmp_path):
+    """Without a CUDA device the NCCL measurements are not run (said in a line and the
+    JSON); --nccl on makes that a failure on every node, naming why; --nccl off skips."""
+    r = subprocess.run([str(DOCTOR), "--nccl", "on", "--json", str(tmp_path / "on.json")], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1, r.stdout
+    assert f"doctor: FAILED: --nccl on, but NCCL cannot run: {NO_GPU_HERE}" in r.stdout
+    j = json.loads((tmp_path / "on.json").read_text())
+    assert j["ok"] is False and j["nccl"]["run"] is False and j["error"] == NO_GPU_HERE
+    r = subprocess.run([str(DOCTOR), "--nccl", "off"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and "nccl: not run (--nccl off)" in r.stdout, r.stdout
+    # two nodes: both fail, each with the reason it knows; the zmq half ran first
+    res = group(tmp_path, 2, [0, 1], extra={0: ["--nccl", "on"], 1: ["--nccl", "on"]}, timeout=10)
+    assert res[0][0] == 1 and f"--nccl on, but NCCL cannot run: {NO_GPU_HERE}" in res[0][1], res[0][1]
+    assert res[1][0] == 1 and "--nccl on, but NCCL cannot run: node 0 has no CUDA device or no NCCL" in res[1][1]
+    assert all(a["bitwise_ok"] for a in res[0][2]["all_reduce"])
+
+
 def test_a_node_that_never_comes_is_named(tmp_path):
     t0 = time.monotonic()
     res = group(tmp_path, 3, [0, 2], timeout=3)
@@ -129,6 +157,7 @@ def test_no_node_0_is_a_clear_error(tmp_path):
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "x", "--master-port", "1"], "must be below --nnodes"),
     (["--sizes", "3"], "argument --sizes: invalid value"),
     (["--frobnicate", "1"], "unrecognized argument --frobnicate"),
+    (["--nccl", "maybe"], "argument --nccl: invalid value 'maybe'"),
 ])
 def test_bad_flags(args, msg):
     r = subprocess.run([str(DOCTOR), *args], capture_output=True, text=True, timeout=10)
