@@ -19,10 +19,11 @@ PKGS=(build-essential pkg-config meson ninja-build python3 python3-venv
       libssl-dev clang libclang-rt-14-dev libcurl4-openssl-dev valgrind
       cmake python3-pip)
 # Tools of the deploy tests, not of the build (deploy/Containerfile sets TEST_TOOLS=0):
-# systemd-analyze (test_systemd.py), buildah + debootstrap (test_container.py builds the
-# image), prometheus (test_grafana.py scrapes a running server), iproute2 (test_doctor.py
-# puts two "nodes" in network namespaces).
-[ "${TEST_TOOLS:-1}" = 1 ] && PKGS+=(systemd buildah debootstrap prometheus iproute2)
+# systemd (systemd-analyze for test_systemd.py; systemd itself, which test_systemd_boot.py
+# boots in a namespace with util-linux's unshare/nsenter), buildah + debootstrap
+# (test_container.py builds the image), prometheus (test_grafana.py scrapes a running
+# server), iproute2 (test_doctor.py puts two "nodes" in network namespaces).
+[ "${TEST_TOOLS:-1}" = 1 ] && PKGS+=(systemd util-linux buildah debootstrap prometheus iproute2)
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PKGS+=(libutf8proc-dev)   # tokenizer NFC/NFKC normalizers (common/tokenizer.c)

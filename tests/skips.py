@@ -41,6 +41,13 @@ def gpu_present():
     return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
+def host_pid1():
+    try:
+        return Path("/proc/1/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
 def allowed(key):
     """(True, why) when a skip for `key` is allowed on this machine, else (False, why)."""
     if key == "no-gpu":
@@ -58,6 +65,11 @@ def allowed(key):
     if key == "no-shared-fixtures":
         return (not SHARED_FIXTURES.is_dir(), f"{SHARED_FIXTURES} is absent (a user's clone)"
                 if not SHARED_FIXTURES.is_dir() else f"{SHARED_FIXTURES} is present")
+    if key == "host-systemd":
+        # test_systemd_boot.py boots its own systemd as PID 1 of a namespace, sharing the
+        # host's cgroup hierarchies: only where no systemd manages them already
+        pid1 = host_pid1()
+        return (pid1 == "systemd", f"PID 1 of this machine is {pid1!r}")
     if key == "not-fetched":
         return False, "the test command fetches it: a failed download is a failure"
     return False, "not a reason a test may skip for"
