@@ -131,11 +131,12 @@ def answers(base):
     return out
 
 
-def rows_as_token(log):
-    """How many logits rows node 0's log says came back from the last node as their token."""
-    m = re.search(r"logits rows from the last node: (\d+) as their token", log)
+def rows_as_token(log, with_logprobs=False):
+    """How many logits rows node 0's log says came back from the last node as their token
+    (with_logprobs: of those, how many with their logprobs)."""
+    m = re.search(r"logits rows from the last node: (\d+) as their token \((\d+) with its logprobs\)", log)
     assert m, log[-3000:]
-    return int(m.group(1))
+    return int(m.group(2 if with_logprobs else 1))
 
 
 def greedy(base, prompt=PROMPTS[0]):
@@ -196,7 +197,11 @@ def test_two_nodes_answer_as_one_process(tmp_path, extra, env):
     assert "layers 0..14 + embedding" in log0 and "layers 15..29 + final norm and lm_head" in log1
     assert "tessera-router" not in log1     # no router on a headless node
     stop(lead)
-    assert rows_as_token(Path(lead.log_path).read_text(errors="replace")) >= 6 * 24   # those without logprobs
+    log0 = Path(lead.log_path).read_text(errors="replace")
+    assert rows_as_token(log0) >= 6 * 24 + 6 * 32       # those without logprobs, and the staggered ones
+    # with logprobs (top 2 or 5) the answer is the token and its logprobs, as node 0's
+    # sampler computes them: the staggered requests' 6 x 32 rows at least
+    assert rows_as_token(log0, with_logprobs=True) >= 6 * 32, log0[-2000:]
     # node 0 gone cleanly: the follower goes back to the rendezvous; SIGTERM ends it with 0
     wait_until(lambda: "meeting node 0 again" in f.output(), timeout=30, interval=0.1, what="follower rejoins")
     stop(f)

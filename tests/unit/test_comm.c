@@ -1064,6 +1064,8 @@ static void assert_seqs_equal(const tsr_engine_seq *in, const tsr_engine_seq *ou
         }
 }
 
+#define SEQ_WORDS_TEST 12       /* nodes.c SEQ_WORDS: a sequence's header words */
+
 static void test_nodes_plan_round_trip(void **state) {
         (void)state;
         const uint32_t t0[] = {7, 3, 9}, k0[] = {11, 12, 13, 14, 15}, t1[] = {4, TSR_KV_NULL_BLOCK}, k1[] = {99};
@@ -1103,8 +1105,42 @@ static void test_nodes_plan_round_trip(void **state) {
         assert_non_null(out[1].draw);
         assert_memory_equal(out[1].draw, &draw, sizeof draw);
         assert_null(out[0].draw);
+        assert_null(out[1].lp);
         free(out);
         free(buf);
+        /* with its logprobs (flag 16): lp_top travels, after the draw; on a row that does
+         * not come back as its token (in[0]) logprobs are not asked of the last node */
+        tsr_token_logprobs lp_slot;
+        in[1].lp = &lp_slot;
+        in[1].lp_top = 3;
+        in[0].lp = &lp_slot;
+        in[0].lp_top = 5;
+        for (int drawn = 1; drawn >= 0; drawn--) {
+                in[1].draw = drawn ? &draw : NULL;
+                assert_int_equal(tsr_nodes_plan_pack(NULL, in, 3, 1, &buf, &len), TSR_OK);
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_OK);
+                assert_seqs_equal(in, out, 3, 1);
+                assert_non_null(out[1].lp);
+                assert_int_equal(out[1].lp_top, 3);
+                assert_true(drawn ? out[1].draw && memcmp(out[1].draw, &draw, sizeof draw) == 0 : !out[1].draw);
+                assert_null(out[0].lp);
+                assert_null(out[2].lp);
+                free(out);
+                /* the flags word of sequence 1 says 21 or 29; its lp_top above 20 is refused */
+                uint32_t *w = (uint32_t *)buf;
+                size_t at = 1 + SEQ_WORDS_TEST + 3 + 5 + 2 * 2;   /* seq 0: header, 3 table entries, 5 tokens, 2 saves */
+                assert_int_equal(w[at + 6], drawn ? 29u : 21u);
+                size_t lp_word = at + SEQ_WORDS_TEST + (drawn ? 6 : 0);
+                assert_int_equal(w[lp_word], 3);
+                w[lp_word] = TSR_SAMPLER_MAX_LOGPROBS + 1;
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+                w[lp_word] = TSR_SAMPLER_MAX_LOGPROBS;
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_OK);
+                assert_int_equal(out[1].lp_top, TSR_SAMPLER_MAX_LOGPROBS);
+                free(out);
+                free(buf);
+        }
+        in[0].lp = in[1].lp = NULL;
 
         /* a hybrid's two tables per sequence (full attention, then chunked-local), one
          * after the other: every entry crosses; read as one table, the plan is refused */
@@ -1145,6 +1181,7 @@ static void test_nodes_plan_malformed(void **state) {
         const struct { size_t word; uint32_t value; } bad[] = {
                 {0, 3}, {0, 0xffffffffu}, {3, 1000}, {4, 0}, {4, 0x40000000u}, {7, 4}, {3, 3},
                 {11, 1}, {11, 3}, {12, 1}, {12, 0x80000000u}, {7, 6}, {7, 7}, {7, 8}, {7, 9}, {7, 12}, {7, 13}, {7, 16},
+                {7, 17}, {7, 20}, {7, 21}, {7, 24}, {7, 29}, {7, 31},
         };
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
                 uint32_t keep = w[bad[i].word];

@@ -81,6 +81,11 @@ typedef struct fake_model {
         bool argmax;
         bool argmax_none;
         size_t argmax_answered;
+        /* the engine may offer rows with logprobs (tsr_engine_model.answers_logprobs, set
+         * from this): the answer then carries tsr_logprobs_gather of the row, as a
+         * multi-node replica's last node sends; answered_lp counts them */
+        bool answers_logprobs;
+        size_t answered_lp;
         bool draws;
         tsr_draw drawn[64];
         size_t n_drawn;
@@ -277,22 +282,33 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                 if (seqs[i].token && (seqs[i].want_all_logits || !seqs[i].want_logits ||
                                       *seqs[i].token != TSR_ENGINE_TOKEN_UNSET))
                         return TSR_E_INTERNAL;
+                /* logprobs are offered only to a model that answers them */
+                if (seqs[i].lp && (!seqs[i].token || !m->answers_logprobs))
+                        return TSR_E_INTERNAL;
                 if (seqs[i].token && !seqs[i].draw && m->argmax) {
                         uint32_t best = 0;
                         for (uint32_t v = 1; v < VOCAB; v++)
                                 if (logits[v] > logits[best])
                                         best = v;
                         *seqs[i].token = m->argmax_none ? UINT32_MAX : best;
+                        if (seqs[i].lp && !m->argmax_none &&
+                            tsr_logprobs_gather(logits, VOCAB, best, seqs[i].lp_top, seqs[i].lp) != TSR_OK)
+                                return TSR_E_INTERNAL;
                         for (size_t v = 0; v < VOCAB; v++)
                                 logits[v] = NAN;
                         pthread_mutex_lock(&m->mu);
                         m->argmax_answered++;
+                        m->answered_lp += seqs[i].lp != NULL;
                         pthread_mutex_unlock(&m->mu);
                 } else if (seqs[i].token && seqs[i].draw && m->draws) {
                         *seqs[i].token = draw_token(seqs[i].draw->u);
+                        if (seqs[i].lp && tsr_logprobs_gather(logits, VOCAB, *seqs[i].token, seqs[i].lp_top,
+                                                              seqs[i].lp) != TSR_OK)
+                                return TSR_E_INTERNAL;
                         for (size_t v = 0; v < VOCAB; v++)
                                 logits[v] = NAN;
                         pthread_mutex_lock(&m->mu);
+                        m->answered_lp += seqs[i].lp != NULL;
                         if (m->n_drawn < sizeof m->drawn / sizeof m->drawn[0])
                                 m->drawn[m->n_drawn++] = *seqs[i].draw;
                         pthread_mutex_unlock(&m->mu);
@@ -434,6 +450,8 @@ static harness *held_full(uint64_t blocks, uint32_t max_batched, uint32_t max_se
                 h->model.wait = fake_wait;
         }
         h->fm.argmax = g_argmax;
+        /* a model that answers tokens answers logprobs too, as a last node does */
+        h->fm.answers_logprobs = h->model.answers_logprobs = g_argmax;
         pthread_mutex_init(&h->fm.mu, NULL);
         pthread_cond_init(&h->fm.cv, NULL);
         h->eos[0] = EOS;
@@ -747,9 +765,11 @@ static void test_device_draws(void **state) {
         pthread_mutex_unlock(&h->fm.mu);
         stop(h);
 
-        /* logprobs, or a penalty: sampled by the engine, nothing offered */
+        /* logprobs, or a penalty: sampled by the engine, nothing offered (to a model that
+         * does not answer logprobs: test_model_answers_logprobs has the other kind) */
         h = held(64, 64, 8, false, 0);
         h->fm.draws = true;
+        h->fm.answers_logprobs = h->model.answers_logprobs = false;
         const char *ids2[] = {"lp", "pen"};
         result res2[2];
         memset(res2, 0, sizeof(res2));
@@ -776,6 +796,7 @@ static void test_argmax_none_is_an_error(void **state) {
         const char *ids[] = {"none", "lp"};
         h->fm.argmax = true;
         h->fm.argmax_none = true;
+        h->fm.answers_logprobs = h->model.answers_logprobs = false;
         make_prompt(prompt, 6, 3);
         submit(h, "none", prompt, 6, 4, NULL, 0);
         submit_lp(h, "lp", prompt, 6, 4, NULL, 0, 0, -1);
@@ -791,6 +812,62 @@ static void test_argmax_none_is_an_error(void **state) {
         assert_true(h->fm.argmax_answered >= 1);        /* "none"'s first row (and no "lp" row) */
         pthread_mutex_unlock(&h->fm.mu);
         stop(h);
+}
+
+/* A model that answers logprobs with the token (tsr_engine_model.answers_logprobs: a
+ * multi-node replica's last node) is offered the rows of requests that asked for
+ * logprobs, greedy and drawn, but not one with a penalty or prompt logprobs; the
+ * model's token and logprobs are the output (its rows poisoned: never read), and for
+ * the greedy request they are the ones the engine computes from the row itself. */
+static void test_model_answers_logprobs(void **state) {
+        enum { MAX = 5 };
+        uint32_t prompt[6];
+        result res[2][4];
+        const char *ids[] = {"greedy", "drawn", "pen", "plp"};
+        size_t answered_lp[2];
+        make_prompt(prompt, 6, 9);
+        memset(res, 0, sizeof(res));
+        for (int run = 0; run < 2; run++) {
+                harness *h = held(64, 64, 8, false, 0);
+                h->fm.argmax = h->fm.draws = run == 1;
+                h->fm.answers_logprobs = h->model.answers_logprobs = run == 1;
+                submit_full(h, "greedy", prompt, 6, MAX, NULL, 0, 3, -1, &(submit_opts){0});
+                submit_full(h, "drawn", prompt, 6, MAX, NULL, 0, 2, -1,
+                            &(submit_opts){.temperature = 0.8f, .has_seed = true, .seed = 7});
+                submit_full(h, "pen", prompt, 6, MAX, NULL, 0, 1, -1, &(submit_opts){.presence_penalty = 0.5f});
+                submit_full(h, "plp", prompt, 6, MAX, NULL, 0, 1, 2, &(submit_opts){0});
+                go(h);
+                collect(h, ids, res[run], 4);
+                pthread_mutex_lock(&h->fm.mu);
+                answered_lp[run] = h->fm.answered_lp;
+                if (run == 1) {
+                        /* drawn: the model's draws, each with its logprobs */
+                        assert_int_equal(h->fm.n_drawn, MAX);
+                        for (size_t i = 0; i < MAX; i++) {
+                                assert_int_equal(res[1][1].tokens[i], draw_token(h->fm.drawn[i].u));
+                                assert_int_equal(res[1][1].lp[i].token, res[1][1].tokens[i]);
+                                assert_int_equal(res[1][1].lp[i].n_top, 2);
+                        }
+                }
+                pthread_mutex_unlock(&h->fm.mu);
+                stop(h);
+                for (int r = 0; r < 4; r++)
+                        assert_int_equal(res[run][r].n, MAX);
+        }
+        assert_int_equal(answered_lp[0], 0);
+        /* greedy's 5 rows and drawn's 5; "pen" (a penalty) and "plp" (prompt logprobs: its
+         * first token's row is a prompt row) are sampled by the engine, except plp's
+         * decode rows, which need nothing else: 4 more */
+        assert_int_equal(answered_lp[1], MAX + MAX + (MAX - 1));
+        /* the model's answers are the engine's own: tokens and logprobs, bit for bit */
+        for (int r = 0; r < 4; r++) {
+                if (r == 1)
+                        continue;   /* drawn by the fake model's rule, not from the row */
+                assert_int_equal(res[1][r].n_lp, MAX);
+                assert_memory_equal(res[1][r].tokens, res[0][r].tokens, MAX * sizeof(uint32_t));
+                assert_memory_equal(res[1][r].lp, res[0][r].lp, MAX * sizeof(tsr_token_logprobs));
+        }
+        assert_memory_equal(res[1][3].plp, res[0][3].plp, res[0][3].n_plp * sizeof(tsr_token_logprobs));
 }
 
 static void test_many_concurrent_with_preemption_and_chunking(void **state) {
@@ -2428,6 +2505,7 @@ int main(void) {
                 cmocka_unit_test(test_structured_output_after_reasoning),
                 cmocka_unit_test(test_single_request_greedy),
                 cmocka_unit_test(test_argmax_none_is_an_error),
+                cmocka_unit_test(test_model_answers_logprobs),
                 cmocka_unit_test(test_device_draws),
                 cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),
                 cmocka_unit_test(test_prefix_cache_hit_same_output),

@@ -136,6 +136,7 @@ typedef struct sched_entry {
          * with `draw` for a sampled one); token_taken: it did, and `sample` holds it */
         uint32_t dev_token;
         tsr_draw draw;
+        tsr_token_logprobs dev_lp;    /* its logprobs, where the model answers them too */
         bool token_taken;
         /* structured output: its mask is filled (the mask thread, while the forward
          * runs) into row mask_row of engine.gmask for n_output tokens; mask_st the fill's */
@@ -1374,9 +1375,11 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
  * and no grammar mask): the model may give the token instead of the row (a device then
  * reads back 4 bytes, not the vocabulary's floats): the argmax of a greedy one, else a
  * draw with the request's parameters and the uniform tsr_sample would use at this
- * position (the request's Philox stream: a seed gives the same tokens again).  After
- * plan_masks: it needs the entries' constrained flags. */
-static void plan_device_tokens(step_plan *p, bool queued) {
+ * position (the request's Philox stream: a seed gives the same tokens again).  To a model
+ * that answers logprobs (answers_logprobs) also the rows of requests that asked for
+ * logprobs and nothing else of the row.  After plan_masks: it needs the entries'
+ * constrained flags. */
+static void plan_device_tokens(step_plan *p, bool queued, bool answers_logprobs) {
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 tsr_engine_seq *q = &p->seqs[i];
@@ -1386,13 +1389,19 @@ static void plan_device_tokens(step_plan *p, bool queued) {
                 pe->dev_token = TSR_ENGINE_TOKEN_UNSET;
                 q->token = NULL;
                 q->draw = NULL;
+                q->lp = NULL;
+                bool with_lp = sp->logprobs >= 0;
                 /* s->gm: a queued step (micro-batches) plans its masks after its wait, so
                  * pe->constrained is not known yet; a request under a grammar never
                  * offers its token then */
                 if (!q->want_logits || q->want_all_logits || pe->constrained || (queued && s->gm) ||
-                    !tsr_sampling_device_ok(sp, n_output))
+                    !tsr_sampling_token_and_logprobs_ok(sp, n_output) || (with_lp && !answers_logprobs))
                         continue;
                 q->token = &pe->dev_token;
+                if (with_lp) {
+                        q->lp = &pe->dev_lp;
+                        q->lp_top = (uint32_t)sp->logprobs;
+                }
                 if (sp->temperature < TSR_SAMPLER_GREEDY_EPS)
                         continue;       /* the argmax */
                 pe->draw = (tsr_draw){.temperature = sp->temperature, .top_k = sp->top_k, .top_p = sp->top_p,
@@ -1473,7 +1482,7 @@ static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
         if (p->n_masks)
                 job_launch(&e->mask_thread, p);
         if (p->st == TSR_OK) {
-                plan_device_tokens(p, queued);
+                plan_device_tokens(p, queued, e->params.model->answers_logprobs);
                 if (queued)
                         p->submitted = (p->st = m->submit(m->ud, p->seqs, p->n, *logits)) == TSR_OK;
                 else
@@ -1524,6 +1533,10 @@ static void execute_end(tsr_engine *e, step_plan *p, bool queued) {
                         if (pe->dev_token >= m->vocab)
                                 pe->st = TSR_E_INVAL;   /* no maximum: tsr_sample's answer to such a row */
                         pe->sample = (tsr_sample_result){.token = pe->dev_token};
+                        if (q->lp && pe->st == TSR_OK) {
+                                pe->sample.has_logprobs = true;
+                                pe->sample.lp = pe->dev_lp;
+                        }
                         pe->token_taken = true;
                         continue;
                 }

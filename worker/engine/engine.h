@@ -95,6 +95,13 @@ typedef struct tsr_engine_seq {
          * planned after the step's wait. */
         uint32_t *token;
         const tsr_draw *draw;
+        /* NULL, or (with `token`, to a model with answers_logprobs: a request that asked
+         * for logprobs and nothing else that needs the row, tsr_sampling_token_and_
+         * logprobs_ok) where a model that answers the token also writes its logprobs:
+         * tsr_logprobs_gather(the row as computed, the token, lp_top).  A model that
+         * answers *token must then fill *lp. */
+        tsr_token_logprobs *lp;
+        uint32_t lp_top;
         /* The request (its admission number): a replica over several nodes sends each
          * step's block tables as changes against the same request's last ones (nodes.h). */
         uint64_t seq_id;
@@ -138,6 +145,10 @@ typedef struct tsr_engine_model {
          * invariance).  Engine thread, or its runner thread with --async-scheduling
          * (one call at a time either way). */
         tsr_status (*forward)(void *ud, const tsr_engine_seq *seqs, size_t n_seqs, float *logits);
+        /* The model answers tsr_engine_seq.lp with the token (a multi-node replica's last
+         * node does): rows of requests that asked for logprobs are offered as tokens too.
+         * false: they never are. */
+        bool answers_logprobs;
         /* Optional: pipeline micro-batches (vLLM's batch queue, with pipeline stages).  Up
          * to max_in_flight (> 1) steps may be in the model at once: submit starts one
          * (as forward would run it: `seqs` and `logits` stay the engine's, untouched,

@@ -95,10 +95,14 @@ tsr_status tsr_sampling_check(const tsr_sampling *s, size_t vocab) {
         return TSR_OK;
 }
 
-bool tsr_sampling_device_ok(const tsr_sampling *s, size_t n_output) {
+bool tsr_sampling_token_and_logprobs_ok(const tsr_sampling *s, size_t n_output) {
         bool min_tokens_mask = n_output < s->min_tokens && (s->n_eos || s->n_stop);
-        return s->logprobs < 0 && s->n_allowed == 0 && s->n_bias == 0 && !min_tokens_mask &&
-               s->repetition_penalty == 1.0f && s->presence_penalty == 0.0f && s->frequency_penalty == 0.0f;
+        return s->n_allowed == 0 && s->n_bias == 0 && !min_tokens_mask && s->repetition_penalty == 1.0f &&
+               s->presence_penalty == 0.0f && s->frequency_penalty == 0.0f;
+}
+
+bool tsr_sampling_device_ok(const tsr_sampling *s, size_t n_output) {
+        return s->logprobs < 0 && tsr_sampling_token_and_logprobs_ok(s, n_output);
 }
 
 bool tsr_sampling_plain_argmax(const tsr_sampling *s, size_t n_output) {

@@ -114,6 +114,9 @@ tsr_status tsr_sampling_check(const tsr_sampling *s, size_t vocab);
  * min_p shape it; a device may then pick it in place of the row's download (engine.h
  * tsr_engine_seq.token). */
 bool tsr_sampling_device_ok(const tsr_sampling *s, size_t n_output);
+/* tsr_sampling_device_ok but for logprobs: the token and its raw logprobs
+ * (tsr_logprobs_gather of the row as given) are all the engine needs of the row. */
+bool tsr_sampling_token_and_logprobs_ok(const tsr_sampling *s, size_t n_output);
 /* tsr_sampling_device_ok and greedy: tsr_sample's token is the first maximum of the row
  * as given (TSR_E_INVAL for a row holding NaN or +inf or only -inf). */
 bool tsr_sampling_plain_argmax(const tsr_sampling *s, size_t n_output);

@@ -168,6 +168,8 @@ void tsr_runner_set_nodes(tsr_runner *r, struct tsr_nodes *nodes) {
         r->em.kv_renewal_pending = nodes ? runner_kv_renewal_pending : NULL;
         r->em.available = nodes ? runner_available : NULL;
         r->em.idle = nodes ? runner_idle : NULL;
+        /* the last node answers logprobs with the token (nodes.c lp_back) */
+        r->em.answers_logprobs = nodes && r->em.vocab >= TSR_NODES_LP_MIN_VOCAB;
         if (nodes)
                 micro_batches_setup(r, r->pp);
 }

@@ -9,15 +9,17 @@
  *   ACT    stage s -> s + 1: [status i32, pad i32, io_floats floats]
  *   OUT    the last stage -> 0: [status i32, pad i32, out_floats floats]: per sequence in
  *          order its logits rows, or for one whose row goes back as its token (the
- *          plan's flag 4) one float slot holding the token's bits
+ *          plan's flag 4) one float slot holding the token's bits, and with flag 16 its
+ *          logprobs after it (lp_floats: logprob, rank, n_top, lp_top ids, lp_top
+ *          logprobs; integers as their bits)
  * The header of ACT/OUT keeps the floats 8-byte aligned, as pipeline.c's messages.
  *
  * Plan encoding, little-endian u32 words: n_seqs, then per sequence a header of
  * SEQ_WORDS: seq_id (u64: two words, low first), n_table, n, past_len (u64), flags (1
  * want_logits, 2 want_all_logits, 4 its row comes back as its token: token_back, 8 and
- * drawn), state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes;
- * with flag 8 the draw (tsr_draw: temperature, top_k, top_p, min_p, then u, a double in
- * two words); then its block tables (n_tables of n_table entries, one after the other
+ * drawn, 16 and its logprobs), state_slot, restore_from + 1 (0: none; engine.h),
+ * n_saves, base, n_changes; with flag 8 the draw (tsr_draw: temperature, top_k, top_p,
+ * min_p, then u, a double in two words); with flag 16 lp_top; then its block tables (n_tables of n_table entries, one after the other
  * as the engine hands them; n_tables is the model's, known to both sides) as changes
  * against the receiver's copy (tsr_plan_tables): base 0, every entry of every table;
  * base b > 0, the copy held b entries per table and its first b of each stay but for
@@ -71,17 +73,30 @@ static bool token_back(const tsr_engine_seq *q) {
 }
 
 #define DRAW_WORDS 6             /* a drawn row's tsr_draw after its header (flag 8) */
+#define LP_WORDS 1               /* lp_top after the draw (flag 16) */
 
-/* The floats of a step's OUT message: rows, or one slot per token_back sequence. */
+/* A token_back row's logprobs come back too (tsr_engine_seq.lp: the engine offers them
+ * to a model with answers_logprobs, which the runner sets for a replica whose vocabulary
+ * holds the largest answer: TSR_NODES_LP_MIN_VOCAB). */
+static bool lp_back(const tsr_engine_seq *q) { return token_back(q) && q->lp; }
+
+/* The floats of a token_back row's answer: its token, then with logprobs the
+ * tsr_token_logprobs fields (logprob, rank, n_top, lp_top ids, lp_top logprobs). */
+static size_t answer_floats(const tsr_engine_seq *q) { return 1 + (lp_back(q) ? 3 + 2 * (size_t)q->lp_top : 0); }
+
+/* The floats of a step's OUT message: rows, or an answer per token_back sequence. */
 static size_t out_wire_floats(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab) {
         size_t f = 0;
         for (size_t i = 0; i < n_seqs; i++)
-                f += token_back(&seqs[i]) ? 1 : tsr_engine_seq_rows(&seqs[i]) * vocab;
+                f += token_back(&seqs[i]) ? answer_floats(&seqs[i]) : tsr_engine_seq_rows(&seqs[i]) * vocab;
         return f;
 }
 
 /* The last node: the step's logits rows (in place) into the OUT message's layout, each
- * token_back row replaced by its token.  scratch: TSR_SAMPLER_SCRATCH(vocab) floats. */
+ * token_back row replaced by its answer (its token; with logprobs, tsr_logprobs_gather of
+ * the row as computed, the engine's own).  An answer is never longer than its row
+ * (vocab >= TSR_NODES_LP_MIN_VOCAB: the unpack refuses logprobs otherwise), so the
+ * rows still to read are ahead of the writes.  scratch: TSR_SAMPLER_SCRATCH(vocab). */
 static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab, float *rows, float *scratch) {
         size_t rd = 0, wr = 0;
         for (size_t i = 0; i < n_seqs; i++) {
@@ -101,8 +116,22 @@ static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab
                         } else {
                                 (void)tsr_ref_argmax(&t, rows + rd, 1, vocab);
                         }
+                        tsr_token_logprobs lp = {0};
+                        if (lp_back(&seqs[i]) && t < vocab &&
+                            tsr_logprobs_gather(rows + rd, vocab, t, seqs[i].lp_top, &lp) != TSR_OK)
+                                t = TSR_ARGMAX_NONE;
+                        /* the row is read: its answer may overwrite it */
                         memcpy(rows + wr, &t, sizeof t);
-                        wr++;
+                        if (lp_back(&seqs[i])) {
+                                float *a = rows + wr + 1;
+                                uint32_t top = seqs[i].lp_top;
+                                a[0] = lp.logprob;
+                                memcpy(&a[1], &lp.rank, sizeof(uint32_t));
+                                memcpy(&a[2], &lp.n_top, sizeof(uint32_t));
+                                memcpy(&a[3], lp.top_ids, top * sizeof(uint32_t));
+                                memcpy(&a[3 + top], lp.top_logprobs, top * sizeof(float));
+                        }
+                        wr += answer_floats(&seqs[i]);
                 } else {
                         memmove(rows + wr, rows + rd, k * sizeof(float));
                         wr += k;
@@ -209,7 +238,8 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
          * needs nothing of its own. */
         for (size_t i = 0; i < n_seqs; i++) {
                 base[i] = table_base(known, &seqs[i], nt, &changes[i]);
-                words += SEQ_WORDS + (token_back(&seqs[i]) && seqs[i].draw ? DRAW_WORDS : 0) + 2 * changes[i] +
+                words += SEQ_WORDS + (token_back(&seqs[i]) && seqs[i].draw ? DRAW_WORDS : 0) +
+                         (lp_back(&seqs[i]) ? LP_WORDS : 0) + 2 * changes[i] +
                          nt * (seqs[i].n_table - base[i]) + seqs[i].n + 2 * seqs[i].n_saves;
         }
         uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
@@ -229,7 +259,7 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 *p++ = (uint32_t)((uint64_t)q->past_len >> 32);
                 bool drawn = token_back(q) && q->draw;
                 *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u) | (token_back(q) ? 4u : 0u) |
-                       (drawn ? 8u : 0u);
+                       (drawn ? 8u : 0u) | (lp_back(q) ? 16u : 0u);
                 *p++ = q->state_slot;
                 *p++ = q->restore_state ? q->restore_from + 1 : 0;
                 *p++ = (uint32_t)q->n_saves;
@@ -243,6 +273,8 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                         memcpy(p, &q->draw->u, sizeof(double));
                         p += 2;
                 }
+                if (lp_back(q))
+                        *p++ = q->lp_top;
                 if (b) {
                         bool found;
                         const uint32_t *old = known->e[tables_find(known, q->seq_id, &found)].blocks;
@@ -303,13 +335,20 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                 size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
                 at += SEQ_WORDS;
                 /* flags: want_logits, want_all_logits, or both; a token back wants the
-                 * one row (5), drawn (13) */
-                if (h[6] == 13) {
+                 * one row (5), drawn (13), either with its logprobs (21, 29) */
+                uint32_t f = h[6];
+                bool flags_ok = f <= 3 || f == 5 || f == 13 || f == 21 || f == 29;
+                if (flags_ok && (f & 8)) {
                         if (words - at < DRAW_WORDS)
                                 return TSR_E_PROTO;
                         at += DRAW_WORDS;
                 }
-                if ((h[6] > 3 && h[6] != 5 && h[6] != 13) || nn == 0 || b > n_table || (b && !known) ||
+                if (flags_ok && (f & 16)) {
+                        if (words - at < LP_WORDS || w[at] > TSR_SAMPLER_MAX_LOGPROBS)
+                                return TSR_E_PROTO;
+                        at += LP_WORDS;
+                }
+                if (!flags_ok || nn == 0 || b > n_table || (b && !known) ||
                     (b == 0 && n_changes) ||
                     n_changes > (words - at) / 2)
                         return TSR_E_PROTO;
@@ -327,22 +366,24 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
         }
         if (at != words)
                 return TSR_E_PROTO;
-        /* One allocation: the records, their draws and tokens, the tables rebuilt, a copy
-         * of the words. */
-        tsr_engine_seq *s = malloc(n * (sizeof(*s) + sizeof(tsr_draw)) + (n + table_words) * sizeof(uint32_t) + len);
+        /* One allocation: the records, their draws, logprobs and tokens, the tables
+         * rebuilt, a copy of the words. */
+        tsr_engine_seq *s = malloc(n * (sizeof(*s) + sizeof(tsr_draw) + sizeof(tsr_token_logprobs)) +
+                                   (n + table_words) * sizeof(uint32_t) + len);
         if (!s)
                 return TSR_E_NOMEM;
         tsr_draw *draws = (tsr_draw *)(s + n);
-        uint32_t *tokens = (uint32_t *)(draws + n), *out = tokens + n, *copy = out + table_words;
+        tsr_token_logprobs *lps = (tsr_token_logprobs *)(draws + n);
+        uint32_t *tokens = (uint32_t *)(lps + n), *out = tokens + n, *copy = out + table_words;
         memcpy(copy, buf, len);
         at = 1;
         for (size_t i = 0; i < n && st == TSR_OK; i++) {
                 const uint32_t *h = copy + at;
                 uint64_t seq_id = h[0] | (uint64_t)h[1] << 32, past = h[4] | (uint64_t)h[5] << 32;
                 size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
-                size_t dw = h[6] == 13 ? DRAW_WORDS : 0;
-                const uint32_t *pairs = h + SEQ_WORDS + dw, *tail = pairs + 2 * n_changes;
-                at += SEQ_WORDS + dw + 2 * n_changes + tables * (n_table - b);
+                size_t dw = h[6] & 8 ? DRAW_WORDS : 0, lw = h[6] & 16 ? LP_WORDS : 0;
+                const uint32_t *pairs = h + SEQ_WORDS + dw + lw, *tail = pairs + 2 * n_changes;
+                at += SEQ_WORDS + dw + lw + 2 * n_changes + tables * (n_table - b);
                 if (dw) {
                         const uint32_t *dr = h + SEQ_WORDS;
                         memcpy(&draws[i].temperature, dr, sizeof(uint32_t));
@@ -377,7 +418,8 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                                         .restore_state = h[8] != 0, .restore_from = h[8] ? h[8] - 1 : 0,
                                         .saves = (const tsr_state_save *)(copy + at + nn), .n_saves = n_saves,
                                         .seq_id = seq_id, .token = h[6] & 4 ? &tokens[i] : NULL,
-                                        .draw = dw ? &draws[i] : NULL};
+                                        .draw = dw ? &draws[i] : NULL, .lp = lw ? &lps[i] : NULL,
+                                        .lp_top = lw ? h[SEQ_WORDS + dw] : 0};
                 tokens[i] = TSR_ENGINE_TOKEN_UNSET;
                 at += nn + 2 * n_saves;
                 out += tables * n_table;
@@ -451,11 +493,15 @@ struct out_layout {
         size_t n, cap, vocab, wire_floats;
         size_t *rows;
         uint32_t **token;
+        tsr_token_logprobs **lp;        /* a token_back row's logprobs (the engine's), or NULL */
+        uint32_t *lp_top;
 };
 
 static void layout_free(struct out_layout *l) {
         free(l->rows);
         free(l->token);
+        free(l->lp);
+        free(l->lp_top);
 }
 
 struct tsr_nodes {
@@ -476,7 +522,7 @@ struct tsr_nodes {
         size_t lay_head, lay_n, lay_cap;
         /* for the log at the end: every plan's bytes, the rows that came back as their
          * token and those that came back whole */
-        uint64_t plan_bytes, rows_as_token, rows_whole;
+        uint64_t plan_bytes, rows_as_token, rows_with_lp, rows_whole;
         float *act, *out;                       /* [HDR_FLOATS + floats] of the step's messages */
         size_t act_cap, out_cap;
         /* under mu */
@@ -705,12 +751,20 @@ static tsr_status layout_push(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n
                 uint32_t **t = realloc(l->token, n_seqs * sizeof(*t));
                 if (t)
                         l->token = t;
-                if (!r || !t)
+                tsr_token_logprobs **lp = realloc(l->lp, n_seqs * sizeof(*lp));
+                if (lp)
+                        l->lp = lp;
+                uint32_t *k = realloc(l->lp_top, n_seqs * sizeof(*k));
+                if (k)
+                        l->lp_top = k;
+                if (!r || !t || !lp || !k)
                         return TSR_E_NOMEM;
                 l->cap = n_seqs;
         }
         for (size_t i = 0; i < n_seqs; i++) {
                 l->token[i] = token_back(&seqs[i]) ? seqs[i].token : NULL;
+                l->lp[i] = lp_back(&seqs[i]) ? seqs[i].lp : NULL;
+                l->lp_top[i] = seqs[i].lp_top;
                 l->rows[i] = tsr_engine_seq_rows(&seqs[i]);
         }
         l->n = n_seqs;
@@ -795,6 +849,21 @@ tsr_status tsr_nodes_wait(tsr_nodes *n, size_t out_floats, float *logits) {
                         rd++;
                         wr += vocab;
                         n->rows_as_token++;
+                        if (l->lp[i]) {         /* its logprobs: the fields as rows_to_wire lays them */
+                                tsr_token_logprobs *lp = l->lp[i];
+                                uint32_t k = l->lp_top[i];
+                                memset(lp, 0, sizeof(*lp));
+                                lp->token = *l->token[i];
+                                lp->logprob = rd[0];
+                                memcpy(&lp->rank, &rd[1], sizeof(uint32_t));
+                                memcpy(&lp->n_top, &rd[2], sizeof(uint32_t));
+                                memcpy(lp->top_ids, &rd[3], k * sizeof(uint32_t));
+                                memcpy(lp->top_logprobs, &rd[3 + k], k * sizeof(float));
+                                if (lp->n_top > k)
+                                        return TSR_E_PROTO;
+                                rd += 3 + 2 * (size_t)k;
+                                n->rows_with_lp++;
+                        }
                 } else {
                         memcpy(logits + wr, rd, l->rows[i] * vocab * sizeof(float));
                         rd += l->rows[i] * vocab;
@@ -824,8 +893,9 @@ void tsr_nodes_free(tsr_nodes **np) {
                 layout_free(&n->lay[i]);
         free(n->lay);
         if (n->rows_as_token + n->rows_whole)
-                log_info("logits rows from the last node: %llu as their token, %llu whole",
-                         (unsigned long long)n->rows_as_token, (unsigned long long)n->rows_whole);
+                log_info("logits rows from the last node: %llu as their token (%llu with its logprobs), %llu whole",
+                         (unsigned long long)n->rows_as_token, (unsigned long long)n->rows_with_lp,
+                         (unsigned long long)n->rows_whole);
         if (n->known.plans)
                 log_info("%llu step plans sent: %.1f MB; their block tables %.1f%% of whole ones (%llu of %llu "
                          "entries: the rest are changes the followers apply to their copies)",
@@ -901,6 +971,9 @@ static tsr_status follow_steps(const tsr_nodes_cfg *cfg, tsr_comm *c, tsr_nodes_
                         if (ctl.io_floats != 2 * tokens * hidden_floats ||
                             (last && ctl.out_floats != out_wire_floats(seqs, n_seqs, vocab)))
                                 st = TSR_E_PROTO;
+                        for (size_t i = 0; i < n_seqs && vocab < TSR_NODES_LP_MIN_VOCAB; i++)
+                                if (seqs[i].lp)
+                                        st = TSR_E_PROTO;   /* an answer longer than its row */
                 }
                 if (st != TSR_OK) {
                         free(seqs);

@@ -137,6 +137,10 @@ void tsr_nodes_stop(void);
  * forget the same entries, so the two agree without a word about it; a new group starts
  * both empty.  Zeroed = empty. */
 #define TSR_PLAN_TABLES_AGE 16
+/* The smallest vocabulary whose rows come back from the last node with their logprobs
+ * (tsr_engine_model.answers_logprobs): the longest answer (token, logprob, rank, n_top,
+ * 20 ids, 20 logprobs) fits in a row, so the last node lays answers over rows in place. */
+#define TSR_NODES_LP_MIN_VOCAB (4 + 2 * TSR_SAMPLER_MAX_LOGPROBS)
 
 typedef struct tsr_plan_table {
         uint64_t seq_id;
