@@ -27,6 +27,7 @@
 #include <cmocka.h>
 #include <math.h>
 
+#include "common/clock.h"
 #include "worker/engine/engine.h"
 
 #define VOCAB 97u
@@ -111,6 +112,12 @@ typedef struct fake_model {
         uint32_t queued_first[8][16];
         size_t queued_n_first[8];
         size_t chunk_behind;
+        /* stage_ns > 0: the queued steps go through two pipeline stages of stage_ns each
+         * (a stage takes one step at a time, in submit order), and wait returns when the
+         * oldest has left the second (queued_ready) */
+        uint64_t stage_ns;
+        uint64_t stage_free[2];
+        uint64_t queued_ready[8];
 } fake_model;
 
 static uint64_t fnv_more(uint64_t h, const uint32_t *t, size_t n) {
@@ -384,6 +391,14 @@ static tsr_status fake_submit(void *ud, const tsr_engine_seq *seqs, size_t n_seq
         }
         q = (m->queued_head + m->queued_n) % 8;
         m->queued_n_first[q] = 0;
+        if (m->stage_ns) {
+                uint64_t t = tsr_now_ns();
+                for (int s = 0; s < 2; s++) {
+                        t = (t > m->stage_free[s] ? t : m->stage_free[s]) + m->stage_ns;
+                        m->stage_free[s] = t;
+                }
+                m->queued_ready[q] = t;
+        }
         for (size_t i = 0; i < n_seqs; i++) {
                 uint32_t first = seqs[i].n_table ? seqs[i].block_table[0] : UINT32_MAX;
                 bool behind = false;
@@ -408,6 +423,13 @@ static tsr_status fake_submit(void *ud, const tsr_engine_seq *seqs, size_t n_seq
 
 static tsr_status fake_wait(void *ud) {
         fake_model *m = ud;
+        pthread_mutex_lock(&m->mu);
+        uint64_t ready = m->stage_ns && m->queued_n ? m->queued_ready[m->queued_head] : 0;
+        pthread_mutex_unlock(&m->mu);
+        for (uint64_t now = tsr_now_ns(); now < ready; now = tsr_now_ns()) {
+                struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)(ready - now)};
+                nanosleep(&ts, NULL);
+        }
         pthread_mutex_lock(&m->mu);
         tsr_status st = m->queued_n ? m->queued_st[m->queued_head] : TSR_E_INVAL;
         if (m->queued_n) {
@@ -868,6 +890,46 @@ static void test_model_answers_logprobs(void **state) {
                 assert_memory_equal(res[1][r].lp, res[0][r].lp, MAX * sizeof(tsr_token_logprobs));
         }
         assert_memory_equal(res[1][3].plp, res[0][3].plp, res[0][3].n_plp * sizeof(tsr_token_logprobs));
+}
+
+/* The step time the routers place by (Status decode_step_ms) with micro-batches: a
+ * model of two pipeline stages of 30 ms each, two steps in flight (a budget of 8
+ * tokens puts the four 8-token prompts in steps of their own, so the requests decode
+ * in two groups whose steps alternate: a request whose token is in flight waits).
+ * Decode steps then end every 30 ms though each takes 60 ms through both stages; a step
+ * is counted from the end of the one before it (the pipeline's interval), not from its
+ * submit (which made it 60 ms: every step's latency, twice what a step adds).  The
+ * engine runs without --async-scheduling in every group here (which would run the
+ * model's forward, one step at a time). */
+static void test_step_time_with_steps_in_flight(void **state) {
+        enum { N = 4, MAX = 24 };
+        harness *h = held(256, 8, 8, false, 0);
+        h->params.async_scheduling = false;
+        uint32_t prompt[N][8];
+        result res[N];
+        const char *ids[N] = {"a", "b", "c", "d"};
+        memset(res, 0, sizeof(res));
+        h->model.max_in_flight = 2;
+        h->model.submit = fake_submit;
+        h->model.wait = fake_wait;
+        h->fm.stage_ns = 30 * 1000000ull;
+        for (int i = 0; i < N; i++) {
+                make_prompt(prompt[i], 8, 20 + (uint32_t)i);
+                submit(h, ids[i], prompt[i], 8, MAX, NULL, 0);
+        }
+        go(h);
+        tsr_engine_stats st = collect(h, ids, res, N);
+        for (int i = 0; i < N; i++)
+                assert_int_equal(res[i].n, MAX);
+        print_message("decode_step_ms %.1f (two stages of 30 ms, two steps in flight)\n", st.decode_step_ms);
+        pthread_mutex_lock(&h->fm.mu);
+        assert_int_equal(h->fm.max_queued, 2);
+        pthread_mutex_unlock(&h->fm.mu);
+        /* counted from its submit a step takes at least the two stages, 60 ms; the bounds
+         * leave a loaded machine's scheduling jitter room on both sides of 30 (the median
+         * of the last 8 decode steps) */
+        assert_true(st.decode_step_ms >= 15 && st.decode_step_ms < 50);
+        stop(h);
 }
 
 static void test_many_concurrent_with_preemption_and_chunking(void **state) {
@@ -2506,6 +2568,7 @@ int main(void) {
                 cmocka_unit_test(test_single_request_greedy),
                 cmocka_unit_test(test_argmax_none_is_an_error),
                 cmocka_unit_test(test_model_answers_logprobs),
+                cmocka_unit_test(test_step_time_with_steps_in_flight),
                 cmocka_unit_test(test_device_draws),
                 cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),
                 cmocka_unit_test(test_prefix_cache_hit_same_output),

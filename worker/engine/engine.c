@@ -239,6 +239,9 @@ struct tsr_engine {
         bool shutting_down;
         bool shutdown_done;
         uint64_t shutdown_deadline_ns;
+        /* When the last step ended (execute_end; steps end in submit order): a step in a
+         * pipeline costs from the later of its submit and that (step_timing_update). */
+        uint64_t last_step_end_ns;
         step_plan plans[2];           /* synchronous: plans[0]; async: the one in flight and the next */
         /* Pipeline micro-batches (tsr_engine_model.submit, loop_queue): queue_cap plans,
          * the steps in the model and the one being scheduled. */
@@ -376,7 +379,8 @@ static void send_error(tsr_engine *e, const uint8_t *rid, size_t rid_len, const 
 
 /* The step timing model routers place by (Status prefill_tokens_per_s and
  * decode_step_ms, router/placement.h): a step takes about prefill_tokens / P, plus D
- * when it decodes.  A step that only decodes samples D; one that prefills at least
+ * when it decodes, a step's time being what it adds to the engine's (execute_end:
+ * with micro-batches the interval since the step before it ended).  A step that only decodes samples D; one that prefills at least
  * TIMING_MIN_PREFILL tokens samples P from the time left after D (once D is known when
  * it also decodes).  Each is the median of its last 8 samples: it follows the batch
  * size and context lengths as load changes, and one step stretched by a page fault,
@@ -1593,7 +1597,13 @@ static void execute_end(tsr_engine *e, step_plan *p, bool queued) {
                         *logits_rows = keep;
                 }
         }
-        p->compute_ns = tsr_now_ns() - p->t0;
+        /* With steps in flight (micro-batches) a step submitted before the previous one
+         * ended overlaps it: what it adds is the time since that end, the pipeline's
+         * interval between steps, not its own latency through every stage.  One step at
+         * a time: since its submit, as the previous one had ended. */
+        uint64_t now = tsr_now_ns();
+        p->compute_ns = now - (p->t0 > e->last_step_end_ns ? p->t0 : e->last_step_end_ns);
+        e->last_step_end_ns = now;
 }
 
 static void execute_plan(tsr_engine *e, step_plan *p) {
