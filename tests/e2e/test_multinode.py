@@ -26,7 +26,26 @@ import openai
 import pytest
 import requests
 
-from conftest import DEMO_MODEL, LAUNCHER, WORKER, Proc, free_port, http_status, skip_because, wait_until
+import conftest
+from conftest import DEMO_MODEL, LAUNCHER, WORKER, free_port, http_status, skip_because, wait_until
+
+
+class Proc(conftest.Proc):
+    """conftest.Proc, remembered until the test ends: a test that fails before it stops
+    its nodes must not leave them serving (stop_every_node)."""
+    live = []
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        Proc.live.append(self)
+
+
+@pytest.fixture(autouse=True)
+def stop_every_node():
+    yield
+    live, Proc.live = Proc.live, []
+    for p in live:
+        p.kill_group()
 
 MODEL = "smol"
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
