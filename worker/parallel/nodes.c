@@ -19,8 +19,9 @@
  * want_logits, 2 want_all_logits, 4 its row comes back as its token: token_back, 8 and
  * drawn, 16 and its logprobs), state_slot, restore_from + 1 (0: none; engine.h),
  * n_saves, base, n_changes; with flag 8 the draw (tsr_draw: temperature, top_k, top_p,
- * min_p, then u, a double in two words); with flag 16 lp_top; then its block tables (n_tables of n_table entries, one after the other
- * as the engine hands them; n_tables is the model's, known to both sides) as changes
+ * min_p, then u, a double in two words); with flag 16 lp_top; then its block tables
+ * (n_tables of n_table entries, one after the other as the engine hands them; n_tables
+ * is the model's, known to both sides) as changes
  * against the receiver's copy (tsr_plan_tables): base 0, every entry of every table;
  * base b > 0, the copy held b entries per table and its first b of each stay but for
  * n_changes (index, block) pairs (index into the new tables, t x n_table + i with
@@ -95,7 +96,7 @@ static size_t out_wire_floats(const tsr_engine_seq *seqs, size_t n_seqs, size_t 
 /* The last node: the step's logits rows (in place) into the OUT message's layout, each
  * token_back row replaced by its answer (its token; with logprobs, tsr_logprobs_gather of
  * the row as computed, the engine's own).  An answer is never longer than its row
- * (vocab >= TSR_NODES_LP_MIN_VOCAB: the unpack refuses logprobs otherwise), so the
+ * (vocab >= TSR_NODES_LP_MIN_VOCAB: follow_steps refuses logprobs otherwise), so the
  * rows still to read are ahead of the writes.  scratch: TSR_SAMPLER_SCRATCH(vocab). */
 static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab, float *rows, float *scratch) {
         size_t rd = 0, wr = 0;
