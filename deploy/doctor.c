@@ -439,7 +439,8 @@ static void nccl_read_debug(tsr_nccl_log *log) {
  * over it.  Returns 0, or EXIT_FAIL with a FAILED line. */
 static int nccl_phase(const doctor_opts *o, tsr_comm *zc, json_t *root, int *warnings) {
         int n_nodes = zc ? tsr_comm_size(zc) : 1, me = zc ? tsr_comm_rank(zc) : 0;
-        int32_t mine = tsr_comm_nccl_available() ? (int32_t)tsr_nccl_probe_devices() : 0;
+        int32_t mine = (int32_t)tsr_nccl_probe_devices();      /* 0 in a build without NCCL */
+        bool nccl_off = strcmp(o->nccl, "off") == 0, nccl_on = strcmp(o->nccl, "on") == 0;
         int32_t gpus[TSR_COMM_MAX_RANKS] = {mine};
         json_t *jn = json_object();
         json_object_set_new(root, "nccl", jn);
@@ -456,10 +457,10 @@ static int nccl_phase(const doctor_opts *o, tsr_comm *zc, json_t *root, int *war
                         without = q;
         }
         /* one GPU in all has no link to measure; --nccl on runs its one-rank group anyway */
-        if (strcmp(o->nccl, "off") == 0 || without >= 0 || (total < 2 && strcmp(o->nccl, "on") != 0)) {
+        if (nccl_off || without >= 0 || (total < 2 && !nccl_on)) {
                 /* the reason, as this node knows it */
                 char why[160];
-                if (strcmp(o->nccl, "off") == 0)
+                if (nccl_off)
                         snprintf(why, sizeof(why), "--nccl off");
                 else if (without < 0)
                         snprintf(why, sizeof(why), "one GPU: no link to measure");
@@ -470,7 +471,7 @@ static int nccl_phase(const doctor_opts *o, tsr_comm *zc, json_t *root, int *war
                         snprintf(why, sizeof(why), "node %d has no CUDA device or no NCCL", without);
                 json_object_set_new(jn, "run", json_false());
                 json_object_set_new(jn, "reason", json_string(why));
-                if (strcmp(o->nccl, "on") == 0) {
+                if (nccl_on) {
                         printf("doctor: FAILED: --nccl on, but NCCL cannot run: %s\n", why);
                         json_object_set_new(root, "error", json_string(why));
                         return EXIT_FAIL;

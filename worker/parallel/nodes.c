@@ -83,7 +83,8 @@ static bool lp_back(const tsr_engine_seq *q) { return token_back(q) && q->lp; }
 
 /* The floats of a token_back row's answer: its token, then with logprobs the
  * tsr_token_logprobs fields (logprob, rank, n_top, lp_top ids, lp_top logprobs). */
-static size_t answer_floats(const tsr_engine_seq *q) { return 1 + (lp_back(q) ? 3 + 2 * (size_t)q->lp_top : 0); }
+static size_t answer_len(bool with_lp, uint32_t lp_top) { return 1 + (with_lp ? 3 + 2 * (size_t)lp_top : 0); }
+static size_t answer_floats(const tsr_engine_seq *q) { return answer_len(lp_back(q), q->lp_top); }
 
 /* The floats of a step's OUT message: rows, or an answer per token_back sequence. */
 static size_t out_wire_floats(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab) {
@@ -91,6 +92,35 @@ static size_t out_wire_floats(const tsr_engine_seq *seqs, size_t n_seqs, size_t 
         for (size_t i = 0; i < n_seqs; i++)
                 f += token_back(&seqs[i]) ? answer_floats(&seqs[i]) : tsr_engine_seq_rows(&seqs[i]) * vocab;
         return f;
+}
+
+/* A token_back row's answer on the wire, answer_floats of them: the token's bits, then
+ * with its logprobs (lp non-NULL, top = lp_top) logprob, rank, n_top, top ids and top
+ * logprobs, integers as their bits.  answer_get reads what answer_put wrote into *lp
+ * (NULL: none); TSR_E_PROTO for an n_top above top. */
+static void answer_put(float *a, uint32_t token, const tsr_token_logprobs *lp, uint32_t top) {
+        memcpy(&a[0], &token, sizeof token);
+        if (!lp)
+                return;
+        a[1] = lp->logprob;
+        memcpy(&a[2], &lp->rank, sizeof(uint32_t));
+        memcpy(&a[3], &lp->n_top, sizeof(uint32_t));
+        memcpy(&a[4], lp->top_ids, top * sizeof(uint32_t));
+        memcpy(&a[4 + top], lp->top_logprobs, top * sizeof(float));
+}
+
+static tsr_status answer_get(const float *a, uint32_t *token, tsr_token_logprobs *lp, uint32_t top) {
+        memcpy(token, &a[0], sizeof *token);
+        if (!lp)
+                return TSR_OK;
+        memset(lp, 0, sizeof(*lp));
+        lp->token = *token;
+        lp->logprob = a[1];
+        memcpy(&lp->rank, &a[2], sizeof(uint32_t));
+        memcpy(&lp->n_top, &a[3], sizeof(uint32_t));
+        memcpy(lp->top_ids, &a[4], top * sizeof(uint32_t));
+        memcpy(lp->top_logprobs, &a[4 + top], top * sizeof(float));
+        return lp->n_top > top ? TSR_E_PROTO : TSR_OK;
 }
 
 /* The last node: the step's logits rows (in place) into the OUT message's layout, each
@@ -122,16 +152,7 @@ static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab
                             tsr_logprobs_gather(rows + rd, vocab, t, seqs[i].lp_top, &lp) != TSR_OK)
                                 t = TSR_ARGMAX_NONE;
                         /* the row is read: its answer may overwrite it */
-                        memcpy(rows + wr, &t, sizeof t);
-                        if (lp_back(&seqs[i])) {
-                                float *a = rows + wr + 1;
-                                uint32_t top = seqs[i].lp_top;
-                                a[0] = lp.logprob;
-                                memcpy(&a[1], &lp.rank, sizeof(uint32_t));
-                                memcpy(&a[2], &lp.n_top, sizeof(uint32_t));
-                                memcpy(&a[3], lp.top_ids, top * sizeof(uint32_t));
-                                memcpy(&a[3 + top], lp.top_logprobs, top * sizeof(float));
-                        }
+                        answer_put(rows + wr, t, lp_back(&seqs[i]) ? &lp : NULL, seqs[i].lp_top);
                         wr += answer_floats(&seqs[i]);
                 } else {
                         memmove(rows + wr, rows + rd, k * sizeof(float));
@@ -846,25 +867,12 @@ tsr_status tsr_nodes_wait(tsr_nodes *n, size_t out_floats, float *logits) {
         size_t wr = 0, vocab = l->vocab;
         for (size_t i = 0; i < l->n; i++) {
                 if (l->token[i]) {
-                        memcpy(l->token[i], rd, sizeof(uint32_t));
-                        rd++;
+                        if ((st = answer_get(rd, l->token[i], l->lp[i], l->lp_top[i])) != TSR_OK)
+                                return st;
+                        rd += answer_len(l->lp[i] != NULL, l->lp_top[i]);
                         wr += vocab;
                         n->rows_as_token++;
-                        if (l->lp[i]) {         /* its logprobs: the fields as rows_to_wire lays them */
-                                tsr_token_logprobs *lp = l->lp[i];
-                                uint32_t k = l->lp_top[i];
-                                memset(lp, 0, sizeof(*lp));
-                                lp->token = *l->token[i];
-                                lp->logprob = rd[0];
-                                memcpy(&lp->rank, &rd[1], sizeof(uint32_t));
-                                memcpy(&lp->n_top, &rd[2], sizeof(uint32_t));
-                                memcpy(lp->top_ids, &rd[3], k * sizeof(uint32_t));
-                                memcpy(lp->top_logprobs, &rd[3 + k], k * sizeof(float));
-                                if (lp->n_top > k)
-                                        return TSR_E_PROTO;
-                                rd += 3 + 2 * (size_t)k;
-                                n->rows_with_lp++;
-                        }
+                        n->rows_with_lp += l->lp[i] != NULL;
                 } else {
                         memcpy(logits + wr, rd, l->rows[i] * vocab * sizeof(float));
                         rd += l->rows[i] * vocab;
