@@ -1192,14 +1192,15 @@ tsr_status tsr_bench_prefix_repetition_dataset(const tsr_bench_tok *t, tsr_bench
 tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r, const tsr_bench_multi_turn_cfg *c, size_t n,
                                     tsr_bench_sample **ret, char *err, size_t errlen) {
         uint32_t *allowed = NULL;
-        size_t n_allowed = 0, sessions, k = 0, *order = NULL;
+        size_t n_allowed = 0, sessions, k = 0, *order = NULL, *last = NULL;   /* last[s]: session s's latest turn */
         tsr_bench_sample *out = NULL;
         id_seq system = {0}, *hist = NULL;
         tsr_status st;
 
         *ret = NULL;
-        if (c->system_len < 0 || c->turns < 1 || c->user_len < 1 || c->output_len < 1) {
-                tsr_errf(err, errlen, "--multi-turn-turns, --multi-turn-user-len and --random-output-len must be >= 1");
+        if (c->system_len < 0 || c->session_prefix_len < 0 || c->turns < 1 || c->user_len < 1 || c->output_len < 1) {
+                tsr_errf(err, errlen, "--multi-turn-turns, --multi-turn-user-len and --random-output-len must be >= 1, "
+                                      "--multi-turn-session-prefix-len >= 0");
                 return TSR_E_INVAL;
         }
         sessions = (n + (size_t)c->turns - 1) / (size_t)c->turns;
@@ -1208,9 +1209,13 @@ tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r
                 st = TSR_E_NOMEM;
         if (st == TSR_OK)
                 st = seq_push_random(&system, r, allowed, n_allowed, c->system_len);
-        for (size_t s = 0; st == TSR_OK && s < sessions; s++)
+        for (size_t s = 0; st == TSR_OK && s < sessions; s++) {
                 st = seq_append(&hist[s], system.v, system.n);
-        if (st == TSR_OK && !(order = malloc((sessions ? sessions : 1) * sizeof(*order))))
+                if (st == TSR_OK)
+                        st = seq_push_random(&hist[s], r, allowed, n_allowed, c->session_prefix_len);
+        }
+        if (st == TSR_OK && (!(order = malloc((sessions ? sessions : 1) * sizeof(*order))) ||
+                             !(last = malloc((sessions ? sessions : 1) * sizeof(*last)))))
                 st = TSR_E_NOMEM;
         for (size_t s = 0; st == TSR_OK && s < sessions; s++)
                 order[s] = s;
@@ -1228,7 +1233,10 @@ tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r
                         size_t s = order[i];
                         st = seq_push_random(&hist[s], r, allowed, n_allowed, c->user_len);
                         if (st == TSR_OK)
-                                st = sample_from_ids(t, r, hist[s].v, hist[s].n, c->output_len, &out[k++]);
+                                st = sample_from_ids(t, r, hist[s].v, hist[s].n, c->output_len, &out[k]);
+                        out[k].follows = turn > 0;
+                        out[k].prev = turn > 0 ? last[s] : 0;
+                        last[s] = k++;
                         if (st == TSR_OK)   /* the reply the next turn resends */
                                 st = seq_push_random(&hist[s], r, allowed, n_allowed, c->output_len);
                 }
@@ -1237,6 +1245,7 @@ tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r
                 free(hist[s].v);
         free(hist);
         free(order);
+        free(last);
         free(system.v);
         free(allowed);
         if (st != TSR_OK) {

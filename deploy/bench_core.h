@@ -203,6 +203,10 @@ typedef struct tsr_bench_sample {
         char *prompt;                   /* malloc'd */
         int64_t prompt_len;             /* client-side token count */
         int64_t expected_output_len;
+        /* follows: not sent before sample prev (< this one's index) has finished: a chat
+         * session's previous turn, whose answer a user waits for */
+        bool follows;
+        size_t prev;
 } tsr_bench_sample;
 
 typedef struct tsr_bench_random_cfg {
@@ -247,15 +251,19 @@ tsr_status tsr_bench_prefix_repetition_dataset(const tsr_bench_tok *t, tsr_bench
                                            tsr_bench_sample **ret, char *err, size_t errlen);
 
 /* multi_turn: ceil(n / turns) chat sessions growing a history.  A session's turn k
- * (0-based) is  system || user_0 || reply_0 || ... || user_k, where system is
- * system_len ids shared by every session (--random-prefix-len), user_i user_len fresh
+ * (0-based) is  system || document || user_0 || reply_0 || ... || user_k, where system
+ * is system_len ids shared by every session (--random-prefix-len), document
+ * session_prefix_len ids of the session's own (--multi-turn-session-prefix-len, 0 for
+ * none: the per-conversation prefix of vLLM's multi-turn benchmark), user_i user_len fresh
  * ids and reply_i output_len ids standing in for the assistant's answer (the dataset is
  * built before the run, so not the real answer: the prefix a real client resends is
  * the same length).  Ordered turn by turn (every session's turn 0, then turn 1, ...),
- * so with a request rate a session's next turn comes after its previous one; the last
- * turns are cut so that there are exactly n.  Every output is output_len tokens. */
+ * each round in its own random order; a turn follows its session's previous turn, so it
+ * is sent at its arrival time or when that turn has finished, whichever is later (a
+ * closed loop per session, as in vLLM's multi-turn benchmark).  The last turns are cut
+ * so that there are exactly n.  Every output is output_len tokens. */
 typedef struct tsr_bench_multi_turn_cfg {
-        int64_t system_len, turns, user_len, output_len;
+        int64_t system_len, turns, user_len, output_len, session_prefix_len;
 } tsr_bench_multi_turn_cfg;
 tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r, const tsr_bench_multi_turn_cfg *c, size_t n,
                                     tsr_bench_sample **ret, char *err, size_t errlen);

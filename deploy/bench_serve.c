@@ -11,8 +11,10 @@
  * handle; the write callback runs inside curl_multi_perform on this thread, and is where
  * chunks are timestamped (as vLLM's aiohttp loop timestamps each chunk as it reads it).
  * Arrivals are precomputed offsets; the loop sleeps in curl_multi_poll until the next
- * arrival or socket event.  --max-concurrency holds arrived requests in a FIFO until a
- * slot frees, the asyncio.Semaphore of vLLM; the wait is the client queue time. */
+ * arrival or socket event.  A multi_turn turn that arrives before its session's previous
+ * turn has finished is parked until it has (a user waits for the answer).
+ * --max-concurrency holds arrived requests in a FIFO until a slot frees, the
+ * asyncio.Semaphore of vLLM; the wait is the client queue time. */
 #include <curl/curl.h>
 #include <errno.h>
 #include <jansson.h>
@@ -43,7 +45,7 @@ typedef struct bench_args {
         long long ready_check_timeout_sec, logprobs;
         /* --dataset-name prefix_repetition (vLLM's names) and multi_turn (ours) */
         long long prep_prefix_len, prep_suffix_len, prep_num_prefixes, prep_output_len;
-        long long mt_turns, mt_user_len;
+        long long mt_turns, mt_user_len, mt_session_prefix_len;
         double request_rate, burstiness;
         bool ignore_eos, save_result, save_detailed, append_result, disable_tqdm, help;
         /* sampling parameters: NULL = not given (not sent) */
@@ -84,6 +86,7 @@ static const flag_def FLAGS[] = {
         {"--prefix-repetition-output-len", F_INT, A(prep_output_len), 0},
         {"--multi-turn-turns", F_INT, A(mt_turns), 0},
         {"--multi-turn-user-len", F_INT, A(mt_user_len), 0},
+        {"--multi-turn-session-prefix-len", F_INT, A(mt_session_prefix_len), 0},
         {"--num-prompts", F_INT, A(num_prompts), 0},
         {"--max-concurrency", F_INT, A(max_concurrency), 0},
         {"--request-rate", F_FLOAT, A(request_rate), 0},
@@ -139,6 +142,7 @@ static void usage(FILE *out) {
                 "                           [--prefix-repetition-prefix-len N] [--prefix-repetition-suffix-len N]\n"
                 "                           [--prefix-repetition-num-prefixes N] [--prefix-repetition-output-len N]\n"
                 "                           [--multi-turn-turns N] [--multi-turn-user-len N]\n"
+                "                           [--multi-turn-session-prefix-len N]\n"
                 "                           [--request-rate RPS|inf] [--burstiness B] [--max-concurrency N]\n"
                 "                           [--num-warmups N] [--ignore-eos] [--seed N]\n"
                 "                           [--percentile-metrics ttft,tpot,itl,e2el] [--metric-percentiles 99]\n"
@@ -726,28 +730,40 @@ typedef struct job {
         int64_t prompt_len, output_len;
         char request_id[256];
         bool has_id;
+        bool follows;                   /* sent only once jobs[prev] has finished */
+        size_t prev;
 } job;
 
-/* Send jobs[i] at t0 + delays[i] (delays NULL: all at once), at most max_conc in flight
- * (<= 0: no limit), and wait for all.  outs[i] gets each result. */
+/* Send jobs[i] at t0 + delays[i] (delays NULL: all at once), or, for a job that follows
+ * another, when that one has finished if that is later; at most max_conc in flight
+ * (<= 0: no limit); wait for all.  outs[i] gets each result. */
 static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, const job *jobs, size_t n, const double *delays,
                            long long max_conc, tsr_bench_output *outs, pbar *pb) {
         live_req *live = calloc(n ? n : 1, sizeof(*live));
         size_t *fifo = malloc((n ? n : 1) * sizeof(*fifo));
         double *arrival = calloc(n ? n : 1, sizeof(double));
+        /* waiter[j]: the job that arrived while jobs[j], which it follows, was not done */
+        size_t *waiter = malloc((n ? n : 1) * sizeof(*waiter));
+        bool *finished = calloc(n ? n : 1, sizeof(*finished));
         size_t next = 0, head = 0, tail = 0, done = 0, in_flight = 0;
         tsr_status st = TSR_OK;
-        if (!live || !fifo || !arrival) {
+        if (!live || !fifo || !arrival || !waiter || !finished) {
                 st = TSR_E_NOMEM;
                 goto out;
         }
+        for (size_t i = 0; i < n; i++)
+                waiter[i] = SIZE_MAX;
         curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, max_conc > 0 ? (long)max_conc : 0L);
         double t0 = now_s();
         while (done < n) {
                 double t = now_s();
                 while (next < n && (!delays || delays[next] <= t - t0)) {
-                        arrival[next] = t;
-                        fifo[tail++] = next++;
+                        size_t i = next++;
+                        arrival[i] = t;
+                        if (jobs[i].follows && !finished[jobs[i].prev])
+                                waiter[jobs[i].prev] = i;
+                        else
+                                fifo[tail++] = i;
                 }
                 while (head < tail && (max_conc <= 0 || in_flight < (size_t)max_conc)) {
                         size_t i = fifo[head++];
@@ -771,6 +787,12 @@ static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, const job *jobs, si
                         live_finish(multi, r, rc);
                         in_flight--;
                         done++;
+                        size_t j = (size_t)(r - live), w = waiter[j];
+                        finished[j] = true;
+                        if (w != SIZE_MAX) {    /* its follower arrived meanwhile: it arrives now */
+                                arrival[w] = now_s();
+                                fifo[tail++] = w;
+                        }
                         if (pb) {
                                 pb->n++;
                                 pbar_draw(pb);
@@ -803,6 +825,8 @@ out:
         free(live);
         free(fifo);
         free(arrival);
+        free(waiter);
+        free(finished);
         return st;
 }
 
@@ -1129,7 +1153,8 @@ int bench_serve_main(int argc, char **argv) {
                                            a.prep_output_len};
                 dst = tsr_bench_prefix_repetition_dataset(&tok, &data_rng, &pc, n, &samples, err, sizeof(err));
         } else if (strcmp(a.dataset_name, "multi_turn") == 0) {
-                tsr_bench_multi_turn_cfg mc = {a.prefix_len, a.mt_turns, a.mt_user_len, a.output_len};
+                tsr_bench_multi_turn_cfg mc = {a.prefix_len, a.mt_turns, a.mt_user_len, a.output_len,
+                                               a.mt_session_prefix_len};
                 dst = tsr_bench_multi_turn_dataset(&tok, &data_rng, &mc, n, &samples, err, sizeof(err));
         } else {
                 dst = tsr_bench_random_dataset(&tok, &data_rng, &rc, n, &samples, &mismatch, err, sizeof(err));
@@ -1156,7 +1181,8 @@ int bench_serve_main(int argc, char **argv) {
         }
         for (size_t i = 0; i < n; i++) {
                 jobs[i] = (job){.prompt = samples[i].prompt, .prompt_len = samples[i].prompt_len,
-                                .output_len = samples[i].expected_output_len, .has_id = true};
+                                .output_len = samples[i].expected_output_len, .has_id = true,
+                                .follows = samples[i].follows, .prev = samples[i].prev};
                 snprintf(jobs[i].request_id, sizeof(jobs[i].request_id), "%s%zu", request_id_prefix, i);
         }
         if (!a.temperature)

@@ -6,7 +6,7 @@ with `tessera bench serve`.  docs/benchmarks.md, "Router at scale", shows the ou
   scripts/bench-router.py placement    4/16/64 workers x kv/round_robin/least_load x workloads
       [--prompts-per-worker N] [--kv-blocks N] [--num-prefixes N | --prefixes-per-worker N]
       [--prefix-len N] [--turns N]
-      [--user-len N] [--reply-len N] [--workloads a,b] [--policies a,b]
+      [--user-len N] [--reply-len N] [--session-prefix-len N] [--workloads a,b] [--policies a,b]
       (--kv-blocks: each simulated worker's KV pool; small pools put the caches under pressure)
   scripts/bench-router.py routers      1, 2 and 4 routers sharing one fleet of 16 (each with its control)
   scripts/bench-router.py all
@@ -47,6 +47,13 @@ WORKLOADS = {
     # chat sessions growing a history (a 256-token system prompt shared by all)
     "multi_turn": ["--dataset-name", "multi_turn", "--multi-turn-turns", "5", "--multi-turn-user-len", "96",
                    "--random-prefix-len", "256", "--random-output-len", "32"],
+    # the shape of vLLM's own multi-turn benchmark (benchmarks/multi_turn,
+    # generate_multi_turn.json): a 500-token prefix common to all, a ~1000-token document
+    # per conversation, 6-9 user turns of 120-160 tokens, replies of 80-120 (here the
+    # middle of each range, as constants)
+    "multi_turn_long": ["--dataset-name", "multi_turn", "--multi-turn-turns", "7", "--multi-turn-user-len", "140",
+                        "--multi-turn-session-prefix-len", "1000", "--random-prefix-len", "500",
+                        "--random-output-len", "100"],
     # the control: no sharing
     "random": ["--dataset-name", "random", "--random-input-len", "1024", "--random-output-len", "32"],
 }
@@ -170,7 +177,10 @@ def workload_flags(workload, opts, n):
     overrides = {"prefix_repetition": {"--prefix-repetition-num-prefixes": prefixes,
                                        "--prefix-repetition-prefix-len": opts.prefix_len},
                  "multi_turn": {"--multi-turn-turns": opts.turns, "--multi-turn-user-len": opts.user_len,
-                                "--random-output-len": opts.reply_len}}
+                                "--random-output-len": opts.reply_len},
+                 "multi_turn_long": {"--multi-turn-turns": opts.turns, "--multi-turn-user-len": opts.user_len,
+                                     "--random-output-len": opts.reply_len,
+                                     "--multi-turn-session-prefix-len": opts.session_prefix_len}}
     for flag, value in overrides.get(workload, {}).items():
         if value:
             flags[flags.index(flag) + 1] = str(value)
@@ -180,6 +190,7 @@ def workload_flags(workload, opts, n):
 def workload_flags_note(opts):
     set_ = {k: v for k, v in (("prefixes", opts.num_prefixes), ("prefixes per worker", opts.prefixes_per_worker), ("prefix len", opts.prefix_len),
                               ("turns", opts.turns), ("user len", opts.user_len),
+                              ("session prefix len", opts.session_prefix_len),
                               ("reply len", opts.reply_len)) if v}
     return ", ".join(f"{k} {v}" for k, v in set_.items()) or "none"
 
@@ -274,7 +285,10 @@ def main():
     ap.add_argument("--user-len", type=int, default=0, help="multi_turn's user tokens per turn (default 96)")
     ap.add_argument("--reply-len", type=int, default=0,
                     help="multi_turn's generated tokens per turn, which the next turn resends (default 32)")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--session-prefix-len", type=int, default=0,
+                    help="multi_turn_long's document per session (default 1000)")
+    ap.add_argument("--workloads", default="prefix_repetition,multi_turn,random",
+                    help=f"comma list of {', '.join(WORKLOADS)}")
     ap.add_argument("--policies", default="kv,round_robin,least_load")
     opts = ap.parse_args()
     what = opts.what

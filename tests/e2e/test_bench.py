@@ -312,6 +312,37 @@ def test_dataset_and_schedule_are_numpys(server, tmp_path):
     assert d["duration"] >= due[-1] - 0.2
 
 
+def test_multi_turn_waits_for_the_previous_turn(server, tmp_path):
+    """multi_turn is a closed loop per session: a turn is sent no earlier than its
+    session's previous turn has finished (a user waits for the answer).  At
+    --request-rate inf every arrival is due at once, so only that rule spaces them."""
+    base, port, _ = server
+    sessions, turns, out_len = 3, 3, 4
+    r = bench("--port", port, "--model", MODEL, "--tokenizer", DEMO_MODEL, "--dataset-name", "multi_turn",
+              "--num-prompts", sessions * turns, "--multi-turn-turns", turns, "--multi-turn-user-len", 6,
+              "--multi-turn-session-prefix-len", 10, "--random-prefix-len", 8, "--random-output-len", out_len,
+              "--request-rate", "inf", "--temperature", "0", "--seed", "5", "--disable-tqdm",
+              "--save-result", "--save-detailed", "--result-dir", tmp_path)
+    assert r.returncode == 0, r.stderr
+    _, d = one_json(tmp_path)
+    assert d["completed"] == sessions * turns and d["output_lens"] == [out_len] * (sessions * turns)
+    starts = np.array(d["start_times"])
+    ends = starts + np.array(d["latencies"])
+    # prompts grow round by round: 8 + 10 + 6 ids, then + 4 + 6 per turn
+    lens = np.array(d["input_lens"]).reshape(turns, sessions)
+    assert np.all(lens[1:].min(axis=1) > lens[:-1].max(axis=1)), lens
+    # the dataset is in rounds of one turn per session; whatever the order inside a round,
+    # each turn of round k+1 has its own predecessor in round k that ended before it
+    # started, so the j-th earliest start of round k+1 is no earlier than the j-th earliest
+    # end of round k (Hall's condition for that matching)
+    for k in range(turns - 1):
+        prev_ends = np.sort(ends[k * sessions:(k + 1) * sessions])
+        next_starts = np.sort(starts[(k + 1) * sessions:(k + 2) * sessions])
+        assert np.all(next_starts >= prev_ends - 1e-3), (k, prev_ends, next_starts)
+    # while round 0 went out at once
+    assert np.ptp(starts[:sessions]) < 0.5, starts
+
+
 # ------------------------------------------------------------------ vLLM's own client
 VLLM_VENV = REPO / ".venv-vllm"     # scripts/test.sh: vllm --no-deps + tests/requirements-vllm.txt
 CROSSCHECK = REPO / "deploy" / "bench_vllm_crosscheck.py"

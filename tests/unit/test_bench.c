@@ -568,12 +568,63 @@ static void test_multi_turn_dataset(void **state) {
                         assert_int_not_equal(next, SIZE_MAX);
                 if (next != SIZE_MAX) {
                         assert_true(s[next].prompt_len >= s[i].prompt_len + 5 + 8 - 2);
+                        /* sent only after this turn has finished */
+                        assert_true(s[next].follows);
+                        assert_int_equal(s[next].prev, i);
                         moved += next % sessions != i % sessions;
                 }
         }
+        for (size_t i = 0; i < n; i++)
+                assert_int_equal(s[i].follows, i >= sessions);          /* turn 0 follows nothing */
         assert_true(moved > 0);         /* the rounds are not all in one order */
         assert_true(strncmp(s[0].prompt + 20, s[1].prompt + 20, 20) != 0);   /* sessions differ past it */
         tsr_bench_samples_free(s, n);
+}
+
+/* A document per session: every turn of a session starts with the shared system
+ * prompt and then the session's own document; two sessions share only the system
+ * prompt.  Length 0 leaves the dataset as it was (no draw from the stream). */
+static void test_multi_turn_session_prefix(void **state) {
+        tsr_bench_rng r;
+        tsr_bench_sample *s, *plain, *zero, *bad = NULL;
+        char err[512];
+        tsr_bench_multi_turn_cfg cfg = {.system_len = 20, .turns = 3, .user_len = 8, .output_len = 5,
+                                        .session_prefix_len = 40};
+        const size_t n = 12, sessions = 4;
+
+        tsr_bench_rng_seed(&r, 9);
+        assert_int_equal(tsr_bench_multi_turn_dataset(&TOY, &r, &cfg, n, &s, err, sizeof(err)), TSR_OK);
+        for (size_t i = 0; i < n; i++) {
+                assert_true(s[i].prompt_len >= 20 + 40 + 8 - 2);      /* ids, give or take re-encoding */
+                size_t same = 0, other = 0;
+                for (size_t j = 0; j < n; j++) {
+                        if (j == i)
+                                continue;
+                        /* system + document is 60 ids, at least 60 characters */
+                        if (strncmp(s[i].prompt, s[j].prompt, 55) == 0)
+                                same++;
+                        else if (strncmp(s[i].prompt, s[j].prompt, 15) == 0)
+                                other++;
+                }
+                assert_int_equal(same, n / sessions - 1);      /* the session's other turns */
+                assert_int_equal(other, n - n / sessions);     /* everyone else: the system prompt only */
+        }
+        cfg.session_prefix_len = -1;
+        assert_int_equal(tsr_bench_multi_turn_dataset(&TOY, &r, &cfg, n, &bad, err, sizeof(err)), TSR_E_INVAL);
+        assert_null(bad);
+        assert_non_null(strstr(err, "--multi-turn-session-prefix-len"));
+        /* 0 draws nothing: the same dataset as a config without the field */
+        cfg.session_prefix_len = 0;
+        tsr_bench_multi_turn_cfg old = {.system_len = 20, .turns = 3, .user_len = 8, .output_len = 5};
+        tsr_bench_rng_seed(&r, 9);
+        assert_int_equal(tsr_bench_multi_turn_dataset(&TOY, &r, &cfg, n, &zero, err, sizeof(err)), TSR_OK);
+        tsr_bench_rng_seed(&r, 9);
+        assert_int_equal(tsr_bench_multi_turn_dataset(&TOY, &r, &old, n, &plain, err, sizeof(err)), TSR_OK);
+        for (size_t i = 0; i < n; i++)
+                assert_string_equal(zero[i].prompt, plain[i].prompt);
+        tsr_bench_samples_free(s, n);
+        tsr_bench_samples_free(zero, n);
+        tsr_bench_samples_free(plain, n);
 }
 
 static void test_decode_to_target_len(void **state) {
@@ -678,6 +729,7 @@ int main(void) {
                 cmocka_unit_test(test_random_dataset),
                 cmocka_unit_test(test_prefix_repetition_dataset),
                 cmocka_unit_test(test_multi_turn_dataset),
+                cmocka_unit_test(test_multi_turn_session_prefix),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
