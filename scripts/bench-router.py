@@ -174,13 +174,12 @@ def throughput(tmp):
 def workload_flags(workload, opts, n):
     flags = list(WORKLOADS[workload])
     prefixes = opts.num_prefixes or opts.prefixes_per_worker * n
+    turns = {"--multi-turn-turns": opts.turns, "--multi-turn-user-len": opts.user_len,
+             "--random-output-len": opts.reply_len}
     overrides = {"prefix_repetition": {"--prefix-repetition-num-prefixes": prefixes,
                                        "--prefix-repetition-prefix-len": opts.prefix_len},
-                 "multi_turn": {"--multi-turn-turns": opts.turns, "--multi-turn-user-len": opts.user_len,
-                                "--random-output-len": opts.reply_len},
-                 "multi_turn_long": {"--multi-turn-turns": opts.turns, "--multi-turn-user-len": opts.user_len,
-                                     "--random-output-len": opts.reply_len,
-                                     "--multi-turn-session-prefix-len": opts.session_prefix_len}}
+                 "multi_turn": turns,
+                 "multi_turn_long": {**turns, "--multi-turn-session-prefix-len": opts.session_prefix_len}}
     for flag, value in overrides.get(workload, {}).items():
         if value:
             flags[flags.index(flag) + 1] = str(value)

@@ -382,11 +382,11 @@ static void send_error(tsr_engine *e, const uint8_t *rid, size_t rid_len, const 
  * when it decodes, a step's time being what it adds to the engine's (execute_end:
  * with micro-batches the interval since the step before it ended).  A step that only
  * decodes samples D; one that prefills at least TIMING_MIN_PREFILL tokens samples P from
- * the time left after D (once D is known when it also decodes).  Each is the median of its last 8 samples: it follows the batch
- * size and context lengths as load changes, and one step stretched by a page fault,
- * a first-call allocation or a descheduled thread (seen: a 50 ms simulated prefill
- * timed at 1.1 s on a loaded machine) does not move it.  Engine thread (both loops
- * apply here). */
+ * the time left after D (once D is known when it also decodes).  Each is the median of
+ * its last 8 samples: it follows the batch size and context lengths as load changes,
+ * and one step stretched by a page fault, a first-call allocation or a descheduled
+ * thread (seen: a 50 ms simulated prefill timed at 1.1 s on a loaded machine) does not
+ * move it.  Engine thread (both loops apply here). */
 #define TIMING_MIN_PREFILL 32
 
 static void timing_add(struct timing_samples *t, double v) {
