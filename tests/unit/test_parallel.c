@@ -36,6 +36,7 @@
 
 #include "tests/tsr_test.h"
 #include "tests/unit/test_util.h"
+#include "kernels/quant/quant.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/model/family.h"
 #include "worker/model/runner.h"
@@ -1417,6 +1418,148 @@ static void test_tp_bf16(void **state) {
         }
 }
 
+/* Row d of the 2-D stored tensor t widened to float32 (its cols values). */
+static void stored_row(const tsr_tensor *t, size_t d, float *out) {
+        size_t rb;
+        assert_int_equal(tsr_dtype_row_bytes(t->dtype, t->shape[1], &rb), TSR_OK);
+        assert_int_equal(tsr_dequant_row(t->dtype, (const uint8_t *)t->data + d * rb, t->shape[1], out), TSR_OK);
+}
+
+/* A stored (3, 64) nvfp4 and (3, 24) fp8_e4m3 tensor of pseudo-random codes (every
+ * block scale a finite e4m3): tsr_load_stored_slice keeps rows and whole-block column
+ * ranges and refuses a range that cuts a block, leaving the tensor as it was;
+ * tsr_tp_keep_stored_col_slices lays the K slices out one after the other, each slice's
+ * rows widening to the whole row's columns, the scales kept. */
+static void test_stored_slices(void **state) {
+        (void)state;
+        static const struct { tsr_dtype dt; size_t cols, first, n, ns_ok, ns_bad; } cases[] = {
+                {TSR_DTYPE_NVFP4, 64, 16, 32, 2, 4},
+                {TSR_DTYPE_FP8_E4M3, 24, 3, 18, 6, 0},
+        };
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+                size_t rows = 3, cols = cases[c].cols, rb, shape[2] = {rows, cols};
+                bool nv = cases[c].dt == TSR_DTYPE_NVFP4;
+                float whole[3][64], got[64];
+                uint32_t seed = 7;
+                assert_int_equal(tsr_dtype_row_bytes(cases[c].dt, cols, &rb), TSR_OK);
+                uint8_t *bytes = aligned_alloc(64, 64 * ((rows * rb + 63) / 64));
+                assert_non_null(bytes);
+                for (size_t i = 0; i < rows * rb; i++) {
+                        seed = seed * 1103515245u + 12345u;
+                        bytes[i] = (uint8_t)(seed >> 16) & 0x77;       /* no e4m3 NaN (0x7f / 0xff) */
+                }
+                tsr_tensor t, keep;
+                assert_int_equal(tsr_tensor_init(&t, cases[c].dt, 2, shape, NULL, bytes), TSR_OK);
+                t.scales = (tsr_matmul_scales){.weight = 0.5f, .input = 2.0f};
+                for (size_t d = 0; d < rows; d++)
+                        stored_row(&t, d, whole[d]);
+                /* rows 1 and 2 */
+                tsr_load_slice rs = {TSR_LOAD_SLICE_ROWS, 1, {{1, 2}}};
+                keep = t;
+                keep.data = aligned_alloc(64, 64 * ((rows * rb + 63) / 64));
+                assert_non_null(keep.data);
+                memcpy(keep.data, bytes, rows * rb);
+                assert_int_equal(tsr_load_stored_slice(&keep, &rs), TSR_OK);
+                assert_true(keep.shape[0] == 2 && keep.shape[1] == cols && keep.scales.weight == 0.5f);
+                for (size_t d = 0; d < 2; d++) {
+                        stored_row(&keep, d, got);
+                        assert_memory_equal(got, whole[d + 1], cols * sizeof(float));
+                }
+                free(keep.data);
+                /* a column range on whole blocks, and one that cuts a block (nvfp4) */
+                tsr_load_slice cs = {TSR_LOAD_SLICE_COLS, 1, {{cases[c].first, cases[c].n}}};
+                keep = t;
+                keep.data = aligned_alloc(64, 64 * ((rows * rb + 63) / 64));
+                assert_non_null(keep.data);
+                memcpy(keep.data, bytes, rows * rb);
+                if (nv) {
+                        tsr_load_slice bad = {TSR_LOAD_SLICE_COLS, 1, {{8, 16}}};
+                        void *before = keep.data;
+                        assert_int_equal(tsr_load_stored_slice(&keep, &bad), TSR_E_UNSUPPORTED);
+                        assert_true(keep.data == before && keep.shape[1] == cols);
+                }
+                assert_int_equal(tsr_load_stored_slice(&keep, &cs), TSR_OK);
+                assert_true(keep.shape[0] == rows && keep.shape[1] == cases[c].n && keep.scales.input == 2.0f);
+                for (size_t d = 0; d < rows; d++) {
+                        stored_row(&keep, d, got);
+                        assert_memory_equal(got, whole[d] + cases[c].first, cases[c].n * sizeof(float));
+                }
+                free(keep.data);
+                /* the canonical K slices */
+                if (cases[c].ns_bad) {
+                        void *before = t.data;
+                        assert_int_equal(tsr_tp_keep_stored_col_slices(&t, cases[c].first, cases[c].n, cases[c].ns_bad),
+                                         TSR_E_UNSUPPORTED);
+                        assert_true(t.data == before);
+                }
+                size_t ns = cases[c].ns_ok, ks = cases[c].n / ns, ksb;
+                assert_int_equal(tsr_tp_keep_stored_col_slices(&t, cases[c].first, cases[c].n, ns), TSR_OK);
+                assert_true(t.shape[1] == cases[c].n && t.scales.weight == 0.5f);
+                assert_int_equal(tsr_dtype_row_bytes(t.dtype, ks, &ksb), TSR_OK);
+                for (size_t j = 0; j < ns; j++)
+                        for (size_t d = 0; d < rows; d++) {
+                                assert_int_equal(tsr_dequant_row(t.dtype, (const uint8_t *)t.data + (j * rows + d) * ksb,
+                                                                 ks, got), TSR_OK);
+                                assert_memory_equal(got, whole[d] + cases[c].first + j * ks, ks * sizeof(float));
+                        }
+                free(t.data);
+        }
+}
+
+/* A ModelOpt FP8 Llama (tests/fixtures/tiny-modelopt/fp8: every linear fp8_e4m3 with a
+ * per-tensor weight and input scale) at TP = 2, 4 (4 > the 2 KV heads) and 2 x PP 2:
+ * each rank reads its rows and K columns of the fp8 bytes, kept as stored, and the
+ * logits are bitwise TP = 1's in the canonical split, on both kernel sets.  The NVFP4
+ * fixture's o_proj has 64 columns: 8 a canonical slice, half an nvfp4 block, so -tp 2
+ * is refused naming the tensor, and at -tp 1 the model runs unsplit. */
+static void test_modelopt_tp(void **state) {
+        (void)state;
+        model_case mc = {0};
+        static const uint32_t two[] = {1, 1};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, two}};
+        if (!model_open(&mc, "tests/fixtures/tiny-modelopt/fp8"))
+                fail_msg("the tiny ModelOpt fixture is committed: run from the source tree");
+        compare_tp(&mc, "tiny-modelopt fp8", run_steps_tp, 13, cases, sizeof cases / sizeof cases[0]);
+        model_close(&mc);
+
+        if (!model_open(&mc, "tests/fixtures/tiny-modelopt/nvfp4"))
+                fail_msg("the tiny ModelOpt fixture is committed: run from the source tree");
+        tsr_runner *r = NULL;
+        char err[512] = "";
+        tsr_runner_opts o = {.dtype = "float32", .backend = mc.be, .stage_threads = 1, .pp_timeout_ms = 60000,
+                             .tp = 2, .tp_canonical = true};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 0, &r, NULL, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        print_message("nvfp4 at tp 2: %s\n", err);
+        assert_non_null(strstr(err, "o_proj of layer 0 is nvfp4, whose blocks of 16 elements the canonical split's "
+                                    "8 columns per slice would cut (4 slices a rank)"));
+        o.tp = 1;
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
+        tsr_runner_free(&r);
+        model_close(&mc);
+
+        /* the families whose split does not cut quantized weights refuse them at -tp 2 */
+        static const struct { const char *rel, *family; } others[] = {
+                {"tests/fixtures/tiny-llama4-modelopt/fp8", "llama4"},
+                {"tests/fixtures/tiny-nemotron-h-fp8/model", "nemotron_h"},
+        };
+        for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+                char want[256];
+                if (!model_open_family(&mc, others[i].rel, others[i].family))
+                        fail_msg("%s is a committed fixture: run from the source tree", others[i].rel);
+                o = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .stage_threads = 1,
+                                      .pp_timeout_ms = 60000, .tp = 2, .tp_canonical = true};
+                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 4, &r, NULL, err, sizeof err),
+                                 TSR_E_UNSUPPORTED);
+                snprintf(want, sizeof want, "tensor parallelism with a quantized (ModelOpt FP8) checkpoint is not "
+                         "supported for model family %s (supported: -tp 1; families that split one: llama)",
+                         others[i].family);
+                if (!strstr(err, want))
+                        fail_msg("%s: %s", others[i].rel, err);
+                model_close(&mc);
+        }
+}
+
 /* What the ranks hold after a tensor- or expert-parallel split, for every family: the
  * load reads whole tensors, then each rank keeps its share, and the runner's total
  * resident bytes (the worker's "loaded" line and tessera:worker_weight_bytes) count the
@@ -1527,6 +1670,8 @@ int main(void) {
                 cmocka_unit_test(test_fp8_kv_vs_emulation),
                 cmocka_unit_test(test_tp_resident_bytes),
                 cmocka_unit_test(test_tp_bf16),
+                cmocka_unit_test(test_stored_slices),
+                cmocka_unit_test(test_modelopt_tp),
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_nemotron_h_tp),
                 cmocka_unit_test(test_nemotron_h_tp_one_group),

@@ -283,6 +283,59 @@ static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, 
         return TSR_OK;
 }
 
+tsr_status tsr_load_stored_slice(tsr_tensor *t, const tsr_load_slice *s) {
+        const tsr_dtype_info *di = tsr_dtype_get_info(t->dtype);
+        bool rows = s->axis == TSR_LOAD_SLICE_ROWS;
+        size_t n_rows = t->shape[0], n_cols = t->shape[1], total = 0, row_bytes, piece_bytes, be;
+        uint8_t *k, *at;
+
+        if (!di || t->n_dims != 2 || !t->data || s->axis == TSR_LOAD_WHOLE || s->n_ranges < 1 ||
+            s->n_ranges > TSR_LOAD_SLICE_MAX)
+                return TSR_E_INVAL;
+        be = di->block_elems;
+        for (uint32_t i = 0; i < s->n_ranges; i++) {
+                uint64_t first = s->range[i][0], n = s->range[i][1], extent = rows ? n_rows : n_cols;
+                if (n == 0 || first > extent || n > extent - first)
+                        return TSR_E_INVAL;
+                if (!rows && (first % be || n % be))
+                        return TSR_E_UNSUPPORTED;       /* a block would be cut */
+                total += (size_t)n;
+        }
+        if (tsr_dtype_row_bytes(t->dtype, n_cols, &row_bytes) != TSR_OK ||
+            tsr_dtype_row_bytes(t->dtype, rows ? n_cols : total, &piece_bytes) != TSR_OK)
+                return TSR_E_INVAL;
+        size_t bytes = (rows ? total : n_rows) * piece_bytes;
+        if (!(k = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)))
+                return TSR_E_NOMEM;
+        at = k;
+        if (rows) {
+                for (uint32_t i = 0; i < s->n_ranges; at += s->range[i][1] * row_bytes, i++)
+                        memcpy(at, (const uint8_t *)t->data + s->range[i][0] * row_bytes, s->range[i][1] * row_bytes);
+        } else {
+                for (size_t r = 0; r < n_rows; r++)
+                        for (uint32_t i = 0; i < s->n_ranges; i++) {
+                                size_t off = (size_t)s->range[i][0] / be * di->block_bytes,
+                                       len = (size_t)s->range[i][1] / be * di->block_bytes;
+                                memcpy(at, (const uint8_t *)t->data + r * row_bytes + off, len);
+                                at += len;
+                        }
+        }
+        return tsr_load_stored_adopt(t, k, rows ? total : n_rows, rows ? n_cols : total);
+}
+
+tsr_status tsr_load_stored_adopt(tsr_tensor *t, void *data, size_t rows, size_t cols) {
+        size_t shape[2] = {rows, cols};
+        tsr_tensor nt;
+        if (tsr_tensor_init(&nt, t->dtype, 2, shape, t->backend, data) != TSR_OK) {
+                free(data);
+                return TSR_E_INVAL;
+        }
+        nt.scales = t->scales;
+        free(t->data);
+        *t = nt;
+        return TSR_OK;
+}
+
 /* ---- safetensors ----------------------------------------------------------------- */
 
 /* The ggml tag with the same element encoding, so tsr_ggml_dequantize converts it. */
@@ -303,7 +356,8 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
         char module[sizeof w->name];
         size_t n = strlen(w->name);
 
-        if (w->slice.axis != TSR_LOAD_WHOLE || w->experts_n) {  /* runner.c refuses ModelOpt at tp > 1 first */
+        if (w->experts_n || (w->slice.axis != TSR_LOAD_WHOLE && (!w->stored || w->experts))) {
+                /* runner.c refuses ModelOpt at tp > 1 first for the families without it */
                 tsr_errf(err, errlen, "%s: tensor '%s': a tensor-parallel share of a quantized (%s) weight is not "
                          "supported", file, w->name, tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_UNSUPPORTED;
@@ -323,9 +377,22 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
                          "NemotronH families)", file, w->name, tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_UNSUPPORTED;
         }
+        if (!slice_ok(w, file, err, errlen))
+                return TSR_E_INVAL;
         snprintf(module, sizeof module, "%.*s", (int)(n - 7), w->name);
-        return tsr_modelopt_load_weight(s->modelopt, s->set, module, t, file, w->rows, w->cols, w->stored, err,
-                                        errlen);
+        tsr_status st = tsr_modelopt_load_weight(s->modelopt, s->set, module, t, file, w->rows, w->cols, w->stored,
+                                                 err, errlen);
+        /* A tensor-parallel share: the whole tensor as stored (one tensor, never the
+         * model), then only the share kept */
+        if (st == TSR_OK && w->slice.axis != TSR_LOAD_WHOLE && (st = tsr_load_stored_slice(w->stored, &w->slice)) !=
+                                                                        TSR_OK) {
+                tsr_errf(err, errlen, "%s: tensor '%s': %s", file, w->name,
+                         st == TSR_E_NOMEM ? "out of memory"
+                                           : "its tensor-parallel share does not fall on whole blocks of the format");
+                free(w->stored->data);
+                *w->stored = (tsr_tensor){0};
+        }
+        return st;
 }
 
 /* Check `t` (from `file`) against `w` and convert it into a new float32 array. */
@@ -386,6 +453,14 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
         }
         *ret = buf;
         return TSR_OK;
+}
+
+/* Bytes of the file that loading t for w reads: a ModelOpt weight is read whole, then
+ * cut to its share (hf_load_quantized), the others as want_file_bytes says. */
+static uint64_t src_read_bytes(const tsr_tensor_source *s, const src_tensor *t, const struct want *w) {
+        if (!s->g && tsr_modelopt_weight_dtype(t->st->dtype))
+                return t->n_bytes;
+        return want_file_bytes(w, t->n_bytes);
 }
 
 static tsr_status src_load_one(const tsr_tensor_source *s, const src_tensor *t, const struct want *w, char *err,
@@ -480,7 +555,7 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
                         goto out;
                 }
                 total.n_tensors++;
-                total.file_bytes += want_file_bytes(&wants[i], t.n_bytes);
+                total.file_bytes += src_read_bytes(s, &t, &wants[i]);
                 total.f32_bytes += want_elems(&wants[i], t.n_elements) * sizeof(float);
         }
         for (size_t i = 0; i < n_wants; i++) {
@@ -489,7 +564,7 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
                 if ((st = src_load_one(s, &t, &wants[i], err, errlen)) != TSR_OK)
                         goto out;
                 done.n_tensors++;
-                done.file_bytes += want_file_bytes(&wants[i], t.n_bytes);
+                done.file_bytes += src_read_bytes(s, &t, &wants[i]);
                 done.f32_bytes += want_elems(&wants[i], t.n_elements) * sizeof(float);
                 /* kept: its bytes in memory (the file's; NVFP4 with its block scales regrouped in) */
                 done.resident_bytes += wants[i].stored && wants[i].stored->data

@@ -109,6 +109,17 @@ typedef struct tsr_load_slice {
         uint64_t range[TSR_LOAD_SLICE_MAX][2];  /* {first, n} each, n > 0 */
 } tsr_load_slice;
 
+/* Cut a 2-D host tensor kept as stored (its data from aligned_alloc, freed with free:
+ * tsr_load_slot.stored) to the share `s`: the rows of its ranges, or the columns of its
+ * ranges side by side, in order; the scales kept.  Column ranges of a block format must
+ * start and end on whole blocks (dtype.h's block_elems): TSR_E_UNSUPPORTED otherwise;
+ * TSR_E_INVAL for a range out of the tensor, TSR_E_NOMEM; *t unchanged on failure. */
+tsr_status tsr_load_stored_slice(tsr_tensor *t, const tsr_load_slice *s);
+/* Its last step, for any new layout of such a tensor: t takes `data` (aligned_alloc'd,
+ * `rows` x `cols` of t's dtype) in place of its own, which is freed; the scales kept.
+ * TSR_E_INVAL (data freed, *t unchanged) for a shape the dtype cannot have. */
+tsr_status tsr_load_stored_adopt(tsr_tensor *t, void *data, size_t rows, size_t cols);
+
 /* Where one tensor goes and the shape it must have, as the family answers `bind`. */
 typedef struct tsr_load_slot {
         float **dst;            /* receives a new float32 array (malloc; the family frees it) */
@@ -126,7 +137,9 @@ typedef struct tsr_load_slot {
          * stay the file's shape, which is checked) goes into *dst, as (sum of the n, cols)
          * or (rows, sum of the n) floats (an expert stack: experts of those); it is
          * converted row by row from the file's bytes, so no whole tensor is ever held in
-         * float32, and never kept as stored.  A vector (cols 0) only by rows. */
+         * float32.  A GGUF block format is then never kept as stored; a ModelOpt weight
+         * is, read whole as stored and cut to the share (tsr_load_stored_slice: the one
+         * tensor, never the whole model, held at once).  A vector (cols 0) only by rows. */
         tsr_load_slice slice;
         /* An expert stack (experts > 0): only experts [experts_first, experts_first +
          * experts_n) go into *dst (experts_n 0: every one); an expert-parallel rank's

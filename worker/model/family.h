@@ -148,6 +148,10 @@ struct tsr_model_family {
          * split tensor in float32.  False: load takes tp_size 1 (whole tensors) and
          * tp_shard splits them afterwards. */
         bool load_tp_share;
+        /* tp_shard (and load_tp_share) split a ModelOpt FP8 / NVFP4 checkpoint's linears as
+         * stored (the canonical split needs each rank's K slices to be whole blocks).
+         * False: such a checkpoint runs at -tp 1 only. */
+        bool tp_quantized;
         void (*tp_set_comm)(void *model, struct tsr_comm *comm);
         /* --enable-expert-parallel (issue #14): as tp_shard, but each MoE layer's routed
          * experts go whole to the ranks instead of a share of every expert to every rank,
@@ -208,6 +212,8 @@ const char *tsr_family_names(bool (*has)(const tsr_model_family *f), char *buf, 
  * a backend whose memory is not the host's (CUDA). */
 bool tsr_family_has_stages(const tsr_model_family *f);
 bool tsr_family_has_tp(const tsr_model_family *f);
+/* The families whose tensor parallelism splits a ModelOpt checkpoint (tp_quantized). */
+bool tsr_family_has_tp_quantized(const tsr_model_family *f);
 bool tsr_family_has_ep(const tsr_model_family *f);
 bool tsr_family_has_device(const tsr_model_family *f);
 

@@ -651,30 +651,55 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
                 tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
                 return TSR_E_UNSUPPORTED;
         }
-        for (size_t l = 0; l < m->n_local; l++) {
-                tsr_llama_layer *L = &w->layers[l];
-                for (int i = 0; i < MM_PER_LAYER; i++)
-                        if (L->stored[i].data) {
+        /* Weights kept as stored (a ModelOpt checkpoint's fp8 / nvfp4 linears): rows and
+         * K slices of whole blocks; checked for every layer before anything is cut, so a
+         * refusal at tp 1 leaves the model as loaded */
+        for (size_t l = 0; l < m->n_local; l++)
+                for (int i = 0; i < MM_PER_LAYER; i++) {
+                        const tsr_tensor *t = &w->layers[l].stored[i];
+                        bool row_parallel = i == TSR_LLAMA_MM_O || i == TSR_LLAMA_MM_DOWN;
+                        size_t ks = (i == TSR_LLAMA_MM_O ? (size_t)sh.nh * hd : sh.hid) / sh.ns;
+                        uint32_t be = t->data ? tsr_dtype_get_info(t->dtype)->block_elems : 1;
+                        if (t->data && (tsr_dtype_get_info(t->dtype)->quantized && !tsr_dtype_is_fp8(t->dtype) &&
+                                        t->dtype != TSR_DTYPE_NVFP4)) {
                                 tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
                                 return TSR_E_UNSUPPORTED;
                         }
-                if (st == TSR_OK && split_rows)
-                        st = tsr_tp_keep_rows(&L->wq, 1, (size_t)c->n_heads * hd, c->dim, (size_t)tp_rank * sh.nh * hd,
-                                              (size_t)sh.nh * hd);
-                if (st == TSR_OK && split_rows)
-                        st = tsr_tp_keep_rows(&L->wk, 1, (size_t)c->n_kv_heads * hd, c->dim, (size_t)sh.kv0 * hd,
-                                              (size_t)sh.nkv * hd);
-                if (st == TSR_OK && split_rows)
-                        st = tsr_tp_keep_rows(&L->wv, 1, (size_t)c->n_kv_heads * hd, c->dim, (size_t)sh.kv0 * hd,
-                                              (size_t)sh.nkv * hd);
-                if (st == TSR_OK && split_rows)
-                        st = tsr_tp_keep_rows(&L->w_gate, 1, c->hidden_dim, c->dim, (size_t)tp_rank * sh.hid, sh.hid);
-                if (st == TSR_OK && split_rows)
-                        st = tsr_tp_keep_rows(&L->w_up, 1, c->hidden_dim, c->dim, (size_t)tp_rank * sh.hid, sh.hid);
+                        if (row_parallel && ks % be) {
+                                tsr_errf(err, errlen, "tensor parallelism: %s of layer %zu is %s, whose blocks of %u "
+                                         "elements the canonical split's %zu columns per slice would cut (%u slices "
+                                         "a rank)", i == TSR_LLAMA_MM_O ? "o_proj" : "down_proj",
+                                         m->first_layer + l, tsr_dtype_get_info(t->dtype)->name, be, ks, sh.ns);
+                                return TSR_E_UNSUPPORTED;
+                        }
+                }
+        for (size_t l = 0; l < m->n_local; l++) {
+                tsr_llama_layer *L = &w->layers[l];
+                tsr_tensor *t = L->stored;
+                struct { float **f; int which; size_t rows, first, n; } col_par[] = {
+                        {&L->wq, TSR_LLAMA_MM_Q, (size_t)c->n_heads * hd, (size_t)tp_rank * sh.nh * hd,
+                         (size_t)sh.nh * hd},
+                        {&L->wk, TSR_LLAMA_MM_K, (size_t)c->n_kv_heads * hd, (size_t)sh.kv0 * hd, (size_t)sh.nkv * hd},
+                        {&L->wv, TSR_LLAMA_MM_V, (size_t)c->n_kv_heads * hd, (size_t)sh.kv0 * hd, (size_t)sh.nkv * hd},
+                        {&L->w_gate, TSR_LLAMA_MM_GATE, c->hidden_dim, (size_t)tp_rank * sh.hid, sh.hid},
+                        {&L->w_up, TSR_LLAMA_MM_UP, c->hidden_dim, (size_t)tp_rank * sh.hid, sh.hid},
+                };
+                for (size_t j = 0; split_rows && st == TSR_OK && j < sizeof col_par / sizeof col_par[0]; j++) {
+                        tsr_load_slice rows = {TSR_LOAD_SLICE_ROWS, 1, {{col_par[j].first, col_par[j].n}}};
+                        st = t[col_par[j].which].data ? tsr_load_stored_slice(&t[col_par[j].which], &rows)
+                                                      : tsr_tp_keep_rows(col_par[j].f, 1, col_par[j].rows, c->dim,
+                                                                         col_par[j].first, col_par[j].n);
+                }
                 if (st == TSR_OK)
-                        st = tsr_tp_keep_col_slices(&L->wo, 1, c->dim, o_cols, o_first, (size_t)sh.nh * hd, sh.ns);
+                        st = t[TSR_LLAMA_MM_O].data ? tsr_tp_keep_stored_col_slices(&t[TSR_LLAMA_MM_O], o_first,
+                                                                                    (size_t)sh.nh * hd, sh.ns)
+                                                    : tsr_tp_keep_col_slices(&L->wo, 1, c->dim, o_cols, o_first,
+                                                                             (size_t)sh.nh * hd, sh.ns);
                 if (st == TSR_OK)
-                        st = tsr_tp_keep_col_slices(&L->w_down, 1, c->dim, down_cols, down_first, sh.hid, sh.ns);
+                        st = t[TSR_LLAMA_MM_DOWN].data
+                                     ? tsr_tp_keep_stored_col_slices(&t[TSR_LLAMA_MM_DOWN], down_first, sh.hid, sh.ns)
+                                     : tsr_tp_keep_col_slices(&L->w_down, 1, c->dim, down_cols, down_first, sh.hid,
+                                                              sh.ns);
         }
         /* tied: the embedding stays whole where it runs, lm_head gets a copy of its rows;
          * read as the share, untied or tied on a stage that does not embed: its rows are
@@ -981,7 +1006,7 @@ static tsr_status mm_row(const tsr_llama *m, tsr_backend *be, struct scratch *s,
                 return mm(m, be, out, x, l, which, w_f32, rows, k, d);
         ns = TSR_COMM_TREE_LEAVES / m->tp_size;
         tsr_tensor t = mm_weight(m, l, which, w_f32);   /* float32, or its bf16 copy */
-        if ((st = tsr_tp_row_partials(be, s->parts, s->slice, x, t.data, t.dtype, rows, k, d, ns)) != TSR_OK)
+        if ((st = tsr_tp_row_partials(be, s->parts, s->slice, x, t.data, t.dtype, &t.scales, rows, k, d, ns)) != TSR_OK)
                 return st;
         return tsr_tp_row_reduce(m->comm, m->tp_size, s->parts, ns, out, rows * d);
 }

@@ -1196,10 +1196,10 @@ static tsr_status mm_parts(const tsr_llama4 *m, tsr_backend *be, struct scratch 
         if (!m->canonical)
                 return mm(be, parts, x, w, off, rows, k, m->cfg->base.dim);
         if (w->b)       /* converted after the split: bf16 blocks of the same layout */
-                return tsr_tp_row_partials(be, parts, s->slice, x, w->b + off, TSR_DTYPE_BF16, rows, k,
+                return tsr_tp_row_partials(be, parts, s->slice, x, w->b + off, TSR_DTYPE_BF16, NULL, rows, k,
                                            m->cfg->base.dim, n_parts(m));
-        return tsr_tp_row_partials(be, parts, s->slice, x, w->f + off, TSR_DTYPE_F32, rows, k, m->cfg->base.dim,
-                                   n_parts(m));
+        return tsr_tp_row_partials(be, parts, s->slice, x, w->f + off, TSR_DTYPE_F32, NULL, rows, k,
+                                   m->cfg->base.dim, n_parts(m));
 }
 
 /* out (count,) = the sum of the partials parts (n_parts, count) over the rank's slices
@@ -1292,7 +1292,7 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                                 TRY(tsr_tp_row_partials(be, s->ey, s->slice, s->hb,
                                                         L->exp_down.b ? (const void *)(L->exp_down.b + le * dim * I)
                                                                       : (const void *)(L->exp_down.f + le * dim * I),
-                                                        L->exp_down.b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, n, I,
+                                                        L->exp_down.b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, NULL, n, I,
                                                         dim, S));
                         else
                                 TRY(mm_parts(m, be, s, s->ey, s->hb, &L->exp_down, le * dim * I, n, I)); /* (P, n, dim) */

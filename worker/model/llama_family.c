@@ -214,6 +214,7 @@ const tsr_model_family tsr_family_llama = {
         .forward_stage = llama_forward_stage,
         .tp_shard = llama_tp_shard,
         .load_tp_share = true,
+        .tp_quantized = true,
         .tp_set_comm = llama_tp_set_comm,
         .seq_size = sizeof(tsr_llama_seq),
         .seq_fill = tsr_llama_seq_fill,

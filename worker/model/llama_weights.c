@@ -264,7 +264,8 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
         };
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
                 if (strcmp(names[i], n->logical) == 0 && s[i].dst) {
-                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].slice.axis ? NULL : s[i].stored,
+                        /* a share is kept as stored only as a ModelOpt weight (loader.h) */
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].stored,
                                                .rows = s[i].rows, .cols = s[i].cols,
                                                .optional = strcmp(n->logical, "rope_freqs") == 0,
                                                .slice = s[i].slice};

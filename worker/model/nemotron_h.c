@@ -1242,7 +1242,7 @@ static tsr_status mm_parts(const tsr_nemotron_h *m, tsr_backend *be, struct scra
         if (!m->canonical)
                 return mm(be, parts, x, w, rows, k, m->cfg.dim);
         return tsr_tp_row_partials(be, parts, s->slice, x, w->b ? (const void *)w->b : (const void *)w->f,
-                                   w->b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, rows, k, m->cfg.dim, n_parts(m));
+                                   w->b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, NULL, rows, k, m->cfg.dim, n_parts(m));
 }
 
 /* out (count,) = the partials parts (n_parts, count) summed over the rank's slices and
@@ -1566,7 +1566,8 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
                         const nh_mat *dw = &L->exp_down[e];
                         if ((st = tsr_tp_row_partials(be, s->ey, s->slice, s->hid,
                                                       dw->b ? (const void *)dw->b : (const void *)dw->f,
-                                                      dw->b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, n, I, dim, S)))
+                                                      dw->b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, NULL, n, I, dim,
+                                                      S)))
                                 return st;
                         for (size_t j = 0; j < S; j++)
                                 for (size_t i = 0; i < n; i++)

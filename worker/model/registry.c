@@ -43,6 +43,7 @@ const char *tsr_family_names(bool (*has)(const tsr_model_family *f), char *buf, 
 
 bool tsr_family_has_stages(const tsr_model_family *f) { return f->forward_stage != NULL; }
 bool tsr_family_has_tp(const tsr_model_family *f) { return f->tp_shard != NULL; }
+bool tsr_family_has_tp_quantized(const tsr_model_family *f) { return f->tp_shard && f->tp_quantized; }
 bool tsr_family_has_ep(const tsr_model_family *f) { return f->ep_shard != NULL; }
 bool tsr_family_has_device(const tsr_model_family *f) { return f->to_backend != NULL; }
 

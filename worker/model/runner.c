@@ -572,14 +572,18 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
          * runs on float32; --dtype auto then keeps float32). */
         bool split = shard->tp_size > 1 || (opts->tp_canonical && opts->tp <= 1);
         /* A ModelOpt FP8 / NVFP4 folder: its quantized weights stay as stored (issue #15);
-         * the split works on float32 weights, so such a model is not split (refused at tp > 1). */
+         * a family whose split cuts them (tp_quantized) splits such a model too, the others
+         * refuse it at tp > 1 and leave it whole at tp 1. */
         lo.modelopt = r->mo.algo != TSR_MODELOPT_NONE ? &r->mo : NULL;
-        if (split && lo.modelopt && shard->tp_size > 1) {
+        if (split && lo.modelopt && shard->tp_size > 1 && !r->fam->tp_quantized) {
+                char names[128];
                 snprintf(err, errlen, "tensor parallelism with a quantized (ModelOpt %s) checkpoint is not supported "
-                         "yet (supported: -tp 1)", tsr_modelopt_algo_name(r->mo.algo));
+                         "for model family %s (supported: -tp 1; families that split one: %s)",
+                         tsr_modelopt_algo_name(r->mo.algo), r->fam->name,
+                         tsr_family_names(tsr_family_has_tp_quantized, names, sizeof names));
                 return TSR_E_UNSUPPORTED;
         }
-        if (lo.modelopt)
+        if (lo.modelopt && !r->fam->tp_quantized)
                 split = false;
         /* A family that reads a rank's share from the file gets the rank's spec; the
          * others load whole tensors and split them after (tp_shard either way); under
@@ -791,11 +795,17 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                         goto fail;
                 int threads = tsr_backend_threads(sg->be);
                 bool share = r->fam->load_tp_share;
+                /* a ModelOpt checkpoint's fp8 / nvfp4 linears: each read whole, then cut */
+                const char *how = !share ? "whole tensors, then split"
+                                  : r->mo.algo != TSR_MODELOPT_NONE
+                                          ? "its share of the float32 tensors read straight from the file; each "
+                                            "quantized linear read whole, one at a time, and cut to its share"
+                                          : "its share read straight from the file";
                 if (pp == 1 && tp > 1)
                         log_info("tensor parallel rank %u of %u: every layer's 1/%u shard, %d kernel thread%s, "
                                  "%.1f MB resident (%.1f MB read as float32: %s)", t, tp, tp, threads,
                                  threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6, (double)one.f32_bytes / 1e6,
-                                 share ? "its share read straight from the file" : "whole tensors, then split");
+                                 how);
                 else if (pp > 1 && tp == 1)
                         log_info("pipeline stage %u of %u: layers %u..%u%s%s, %d kernel thread%s, %.1f MB resident", s,
                                  pp, shard.first_layer, shard.last_layer, s == 0 ? " + embedding" : "",
@@ -808,8 +818,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                                  s == 0 ? " + embedding" : "", s + 1 == pp ? " + final norm and lm_head" : "", tp,
                                  threads, threads == 1 ? "" : "s", (double)one.resident_bytes / 1e6,
                                  (double)one.f32_bytes / 1e6,
-                                 share ? "the share of its layers, read straight from the file"
-                                       : "the stage's whole tensors, then split");
+                                 share && r->mo.algo == TSR_MODELOPT_NONE
+                                         ? "the share of its layers, read straight from the file" : how);
                 total.n_tensors += one.n_tensors;       /* what the ranks read, summed */
                 total.file_bytes += one.file_bytes;
                 total.f32_bytes += one.f32_bytes;

@@ -37,6 +37,35 @@ tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t 
         return TSR_OK;
 }
 
+tsr_status tsr_tp_keep_stored_col_slices(tsr_tensor *t, size_t first, size_t n, size_t ns) {
+        const tsr_dtype_info *di = tsr_dtype_get_info(t->dtype);
+        size_t rows, cols, ks, be, row_bytes, ks_bytes;
+        uint8_t *k, *at;
+
+        if (!di || t->n_dims != 2 || !t->data || ns == 0 || n % ns)
+                return TSR_E_INVAL;
+        rows = t->shape[0];
+        cols = t->shape[1];
+        ks = n / ns;
+        be = di->block_elems;
+        if (first > cols || n > cols - first)
+                return TSR_E_INVAL;
+        if (first % be || ks % be)
+                return TSR_E_UNSUPPORTED;       /* a slice would cut a block */
+        if (tsr_dtype_row_bytes(t->dtype, cols, &row_bytes) != TSR_OK ||
+            tsr_dtype_row_bytes(t->dtype, ks, &ks_bytes) != TSR_OK)
+                return TSR_E_INVAL;
+        size_t bytes = ns * rows * ks_bytes;
+        if (!(k = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)))
+                return TSR_E_NOMEM;
+        at = k;
+        for (size_t j = 0; j < ns; j++)
+                for (size_t r = 0; r < rows; r++, at += ks_bytes)
+                        memcpy(at, (const uint8_t *)t->data + r * row_bytes + (first + j * ks) / be * di->block_bytes,
+                               ks_bytes);
+        return tsr_load_stored_adopt(t, k, rows, n);
+}
+
 tsr_status tsr_tp_keep_row_ranges(float **w, size_t cols, const size_t (*ranges)[2], size_t n) {
         size_t rows = 0;
         float *k, *at;
@@ -90,17 +119,23 @@ tsr_status tsr_tp_check_split(uint32_t t, uint32_t n_heads, uint32_t n_kv_heads,
 }
 
 tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, const float *x, const void *w,
-                               tsr_dtype w_dtype, size_t rows, size_t k, size_t d, size_t ns) {
-        size_t ks = k / ns, elt = w_dtype == TSR_DTYPE_BF16 ? sizeof(uint16_t) : sizeof(float);
+                               tsr_dtype w_dtype, const tsr_matmul_scales *scales, size_t rows, size_t k, size_t d,
+                               size_t ns) {
+        size_t ks = k / ns, ks_bytes;
+        bool scaled = w_dtype == TSR_DTYPE_FP8_E4M3 || w_dtype == TSR_DTYPE_NVFP4;
         tsr_status st = TSR_OK;
 
-        if (w_dtype != TSR_DTYPE_F32 && w_dtype != TSR_DTYPE_BF16)
+        if ((w_dtype != TSR_DTYPE_F32 && w_dtype != TSR_DTYPE_BF16 && !scaled) || (scaled && !scales))
                 return TSR_E_UNSUPPORTED;
+        if (tsr_dtype_row_bytes(w_dtype, ks, &ks_bytes) != TSR_OK)
+                return TSR_E_INVAL;     /* a slice that cuts a block: tsr_tp_keep_stored_col_slices refused it */
         for (size_t j = 0; j < ns && st == TSR_OK; j++) {
+                const void *wj = (const char *)w + j * d * ks_bytes;
                 for (size_t r = 0; r < rows; r++)
                         memcpy(slice + r * ks, x + r * k + j * ks, ks * sizeof(float));
-                st = tsr_backend_matmul(be, parts + j * rows * d, slice, (const char *)w + j * d * ks * elt, w_dtype,
-                                        rows, ks, d);
+                st = scaled ? tsr_backend_matmul_scaled(be, parts + j * rows * d, slice, wj, w_dtype, scales, rows, ks,
+                                                        d)
+                            : tsr_backend_matmul(be, parts + j * rows * d, slice, wj, w_dtype, rows, ks, d);
         }
         return st;
 }
