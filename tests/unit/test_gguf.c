@@ -21,46 +21,25 @@
 #include "common/buf.h"
 #include "worker/load/gguf.h"
 #include "worker/load/loader.h"
+#include "tests/unit/gguf_writer.h"
 
 /* ---- a minimal GGUF writer ---------------------------------------------------- */
-
-static void w_bytes(tsr_buf *b, const void *p, size_t n) { assert_int_equal(tsr_buf_append(b, p, n), TSR_OK); }
-
-static void w_u8(tsr_buf *b, uint8_t x) { w_bytes(b, &x, 1); }
-
-static void w_le(tsr_buf *b, uint64_t x, int n) {
-        for (int i = 0; i < n; i++)
-                w_u8(b, (uint8_t)(x >> (8 * i)));
-}
-
-static void w_u32(tsr_buf *b, uint32_t x) { w_le(b, x, 4); }
-static void w_u64(tsr_buf *b, uint64_t x) { w_le(b, x, 8); }
-
-static void w_str(tsr_buf *b, const char *s) {
-        w_u64(b, strlen(s));
-        w_bytes(b, s, strlen(s));
-}
-
-static void w_key(tsr_buf *b, const char *key, tsr_gguf_type t) {
-        w_str(b, key);
-        w_u32(b, t);
-}
 
 static void w_f32(tsr_buf *b, float f) {
         uint32_t bits;
         memcpy(&bits, &f, 4);
-        w_u32(b, bits);
+        gw_u32(b, bits);
 }
 
 static void w_f64(tsr_buf *b, double d) {
         uint64_t bits;
         memcpy(&bits, &d, 8);
-        w_u64(b, bits);
+        gw_u64(b, bits);
 }
 
 static void w_pad(tsr_buf *b, size_t align) {
         while (b->len % align)
-                w_u8(b, 0);
+                gw_u8(b, 0);
 }
 
 static void put_u32(tsr_buf *b, size_t off, uint32_t x) {
@@ -96,106 +75,106 @@ static void build_sample(struct sample *s) {
 
         memset(s, 0, sizeof(*s));
         tsr_buf_init(b, 1 << 20);
-        w_bytes(b, "GGUF", 4);
+        gw_bytes(b, "GGUF", 4);
         s->off_version = b->len;
-        w_u32(b, 3);
+        gw_u32(b, 3);
         s->off_n_tensors = b->len;
-        w_u64(b, 2);
+        gw_u64(b, 2);
         s->off_n_kv = b->len;
-        w_u64(b, 19);
+        gw_u64(b, 19);
 
         s->off_key0_len = b->len;
-        w_key(b, "general.architecture", TSR_GGUF_TYPE_STRING);
-        w_str(b, "llama");
-        w_str(b, "t.u8");
+        gw_key(b, "general.architecture", TSR_GGUF_TYPE_STRING);
+        gw_str(b, "llama");
+        gw_str(b, "t.u8");
         s->off_type_u8 = b->len;
-        w_u32(b, TSR_GGUF_TYPE_UINT8);
-        w_u8(b, 200);
-        w_u64(b, 4);
+        gw_u32(b, TSR_GGUF_TYPE_UINT8);
+        gw_u8(b, 200);
+        gw_u64(b, 4);
         s->off_key_i8 = b->len;
-        w_bytes(b, "t.i8", 4);
-        w_u32(b, TSR_GGUF_TYPE_INT8);
-        w_u8(b, (uint8_t)-5);
-        w_key(b, "t.u16", TSR_GGUF_TYPE_UINT16);
-        w_le(b, 60000, 2);
-        w_key(b, "t.i16", TSR_GGUF_TYPE_INT16);
-        w_le(b, (uint16_t)-300, 2);
-        w_key(b, "t.u32", TSR_GGUF_TYPE_UINT32);
-        w_u32(b, 4000000000u);
-        w_key(b, "t.i32", TSR_GGUF_TYPE_INT32);
-        w_u32(b, (uint32_t)-70000);
-        w_key(b, "t.f32", TSR_GGUF_TYPE_FLOAT32);
+        gw_bytes(b, "t.i8", 4);
+        gw_u32(b, TSR_GGUF_TYPE_INT8);
+        gw_u8(b, (uint8_t)-5);
+        gw_key(b, "t.u16", TSR_GGUF_TYPE_UINT16);
+        gw_le(b, 60000, 2);
+        gw_key(b, "t.i16", TSR_GGUF_TYPE_INT16);
+        gw_le(b, (uint16_t)-300, 2);
+        gw_key(b, "t.u32", TSR_GGUF_TYPE_UINT32);
+        gw_u32(b, 4000000000u);
+        gw_key(b, "t.i32", TSR_GGUF_TYPE_INT32);
+        gw_u32(b, (uint32_t)-70000);
+        gw_key(b, "t.f32", TSR_GGUF_TYPE_FLOAT32);
         w_f32(b, 1.5f);
-        w_key(b, "t.bool", TSR_GGUF_TYPE_BOOL);
-        w_u8(b, 1);
-        w_key(b, "t.str", TSR_GGUF_TYPE_STRING);
+        gw_key(b, "t.bool", TSR_GGUF_TYPE_BOOL);
+        gw_u8(b, 1);
+        gw_key(b, "t.str", TSR_GGUF_TYPE_STRING);
         s->off_str_len = b->len;
-        w_str(b, "hello");
-        w_key(b, "t.u64", TSR_GGUF_TYPE_UINT64);
-        w_u64(b, UINT64_C(1) << 40);
-        w_key(b, "t.i64", TSR_GGUF_TYPE_INT64);
-        w_u64(b, (uint64_t)INT64_MIN);
-        w_key(b, "t.f64", TSR_GGUF_TYPE_FLOAT64);
+        gw_str(b, "hello");
+        gw_key(b, "t.u64", TSR_GGUF_TYPE_UINT64);
+        gw_u64(b, UINT64_C(1) << 40);
+        gw_key(b, "t.i64", TSR_GGUF_TYPE_INT64);
+        gw_u64(b, (uint64_t)INT64_MIN);
+        gw_key(b, "t.f64", TSR_GGUF_TYPE_FLOAT64);
         w_f64(b, 2.25);
-        w_key(b, "t.arr_i32", TSR_GGUF_TYPE_ARRAY);
+        gw_key(b, "t.arr_i32", TSR_GGUF_TYPE_ARRAY);
         s->off_arr_type = b->len;
-        w_u32(b, TSR_GGUF_TYPE_INT32);
+        gw_u32(b, TSR_GGUF_TYPE_INT32);
         s->off_arr_count = b->len;
-        w_u64(b, 3);
-        w_u32(b, 1);
-        w_u32(b, (uint32_t)-2);
-        w_u32(b, 3);
-        w_key(b, "t.arr_str", TSR_GGUF_TYPE_ARRAY);
-        w_u32(b, TSR_GGUF_TYPE_STRING);
-        w_u64(b, 3);
-        w_str(b, "a");
-        w_str(b, "bc");
-        w_str(b, "");
-        w_key(b, "t.arr_nested", TSR_GGUF_TYPE_ARRAY);   /* [[7, 8], [], [9]] of uint16 */
-        w_u32(b, TSR_GGUF_TYPE_ARRAY);
-        w_u64(b, 3);
-        w_u32(b, TSR_GGUF_TYPE_UINT16);
-        w_u64(b, 2);
-        w_le(b, 7, 2);
-        w_le(b, 8, 2);
-        w_u32(b, TSR_GGUF_TYPE_UINT16);
-        w_u64(b, 0);
-        w_u32(b, TSR_GGUF_TYPE_UINT16);
-        w_u64(b, 1);
-        w_le(b, 9, 2);
-        w_key(b, "t.arr_f64", TSR_GGUF_TYPE_ARRAY);
-        w_u32(b, TSR_GGUF_TYPE_FLOAT64);
-        w_u64(b, 2);
+        gw_u64(b, 3);
+        gw_u32(b, 1);
+        gw_u32(b, (uint32_t)-2);
+        gw_u32(b, 3);
+        gw_key(b, "t.arr_str", TSR_GGUF_TYPE_ARRAY);
+        gw_u32(b, TSR_GGUF_TYPE_STRING);
+        gw_u64(b, 3);
+        gw_str(b, "a");
+        gw_str(b, "bc");
+        gw_str(b, "");
+        gw_key(b, "t.arr_nested", TSR_GGUF_TYPE_ARRAY);   /* [[7, 8], [], [9]] of uint16 */
+        gw_u32(b, TSR_GGUF_TYPE_ARRAY);
+        gw_u64(b, 3);
+        gw_u32(b, TSR_GGUF_TYPE_UINT16);
+        gw_u64(b, 2);
+        gw_le(b, 7, 2);
+        gw_le(b, 8, 2);
+        gw_u32(b, TSR_GGUF_TYPE_UINT16);
+        gw_u64(b, 0);
+        gw_u32(b, TSR_GGUF_TYPE_UINT16);
+        gw_u64(b, 1);
+        gw_le(b, 9, 2);
+        gw_key(b, "t.arr_f64", TSR_GGUF_TYPE_ARRAY);
+        gw_u32(b, TSR_GGUF_TYPE_FLOAT64);
+        gw_u64(b, 2);
         w_f64(b, -1.0);
         w_f64(b, 0.5);
-        w_key(b, "t.arr_empty", TSR_GGUF_TYPE_ARRAY);
-        w_u32(b, TSR_GGUF_TYPE_STRING);
-        w_u64(b, 0);
-        w_key(b, "general.alignment", TSR_GGUF_TYPE_UINT32);
+        gw_key(b, "t.arr_empty", TSR_GGUF_TYPE_ARRAY);
+        gw_u32(b, TSR_GGUF_TYPE_STRING);
+        gw_u64(b, 0);
+        gw_key(b, "general.alignment", TSR_GGUF_TYPE_UINT32);
         s->off_align_value = b->len;
-        w_u32(b, SAMPLE_ALIGN);
+        gw_u32(b, SAMPLE_ALIGN);
 
         /* Tensor 0: "a.weight", F32 [4, 3] at 0 (48 bytes). */
-        w_str(b, "a.weight");
+        gw_str(b, "a.weight");
         s->off_t0_ndims = b->len;
-        w_u32(b, 2);
+        gw_u32(b, 2);
         s->off_t0_dim0 = b->len;
-        w_u64(b, 4);
-        w_u64(b, 3);
-        w_u32(b, TSR_GGML_TYPE_F32);
-        w_u64(b, 0);
+        gw_u64(b, 4);
+        gw_u64(b, 3);
+        gw_u32(b, TSR_GGML_TYPE_F32);
+        gw_u64(b, 0);
         /* Tensor 1: "b.weight", Q4_0 [64, 2] at 64 (4 blocks of 18 bytes). */
-        w_u64(b, 8);
+        gw_u64(b, 8);
         s->off_t1_name = b->len;
-        w_bytes(b, "b.weight", 8);
-        w_u32(b, 2);
+        gw_bytes(b, "b.weight", 8);
+        gw_u32(b, 2);
         s->off_t1_dim0 = b->len;
-        w_u64(b, 64);
-        w_u64(b, 2);
+        gw_u64(b, 64);
+        gw_u64(b, 2);
         s->off_t1_type = b->len;
-        w_u32(b, TSR_GGML_TYPE_Q4_0);
+        gw_u32(b, TSR_GGML_TYPE_Q4_0);
         s->off_t1_offset = b->len;
-        w_u64(b, SAMPLE_ALIGN);
+        gw_u64(b, SAMPLE_ALIGN);
 
         w_pad(b, SAMPLE_ALIGN);
         s->data_start = b->len;
@@ -203,7 +182,7 @@ static void build_sample(struct sample *s) {
                 w_f32(b, (float)i * 0.5f);
         w_pad(b, SAMPLE_ALIGN);
         for (int i = 0; i < 72; i++)
-                w_u8(b, (uint8_t)(0xA0 + i));
+                gw_u8(b, (uint8_t)(0xA0 + i));
 }
 
 /* Parse from an exactly-sized heap copy so ASan flags any read past the end. */
@@ -556,18 +535,18 @@ static void test_nesting_limit(void **state) {
                 tsr_status st;
 
                 tsr_buf_init(&b, 1 << 16);
-                w_bytes(&b, "GGUF", 4);
-                w_u32(&b, 2);
-                w_u64(&b, 0);
-                w_u64(&b, 1);
-                w_key(&b, "deep", TSR_GGUF_TYPE_ARRAY);
+                gw_bytes(&b, "GGUF", 4);
+                gw_u32(&b, 2);
+                gw_u64(&b, 0);
+                gw_u64(&b, 1);
+                gw_key(&b, "deep", TSR_GGUF_TYPE_ARRAY);
                 for (int k = 1; k < depth; k++) {      /* `depth` arrays in all, one element each */
-                        w_u32(&b, TSR_GGUF_TYPE_ARRAY);
-                        w_u64(&b, 1);
+                        gw_u32(&b, TSR_GGUF_TYPE_ARRAY);
+                        gw_u64(&b, 1);
                 }
-                w_u32(&b, TSR_GGUF_TYPE_UINT8);
-                w_u64(&b, 1);
-                w_u8(&b, 42);
+                gw_u32(&b, TSR_GGUF_TYPE_UINT8);
+                gw_u64(&b, 1);
+                gw_u8(&b, 42);
                 st = open_copy(&b, b.len, &g, err, sizeof(err), &copy);
                 if (depth <= TSR_GGUF_MAX_ARRAY_DEPTH) {
                         assert_int_equal(st, TSR_OK);

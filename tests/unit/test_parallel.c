@@ -37,6 +37,7 @@
 #include "tests/tsr_test.h"
 #include "tests/unit/test_util.h"
 #include "kernels/quant/quant.h"
+#include "tests/unit/gguf_writer.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/model/family.h"
 #include "worker/model/runner.h"
@@ -474,6 +475,10 @@ static void model_close(model_case *mc) {
 /* compare_pp's second pass: both steps in the pipeline at once (micro-batches: submit,
  * submit, wait, wait), the second's chunks reading the KV the first writes on each stage. */
 static bool g_micro;
+/* compare_tp's bound on the canonical split against the one-pass sum at tp 1 */
+static double g_plain_tol = 1e-3;
+/* run_steps_kv's --dtype ("float32"; "auto" keeps a GGUF's block-format weights) */
+static const char *g_dtype = "float32";
 
 /* Two steps through `pp` stages of layers[] (pp 1: the whole model): a prefill of 11
  * tokens with every row's logits beside a prefill of 5 whose logits nobody wants, then a
@@ -492,7 +497,7 @@ static void run_steps_kv(model_case *mc, uint32_t pp, const uint32_t *layers, ui
 
         for (size_t i = 0; i < 11; i++)
                 p0[i] %= (uint32_t)V;
-        tsr_runner_opts o = {.dtype = "float32", .backend = mc->be, .pp = pp, .pp_layers = layers,
+        tsr_runner_opts o = {.dtype = g_dtype, .backend = mc->be, .pp = pp, .pp_layers = layers,
                              .stage_threads = 1, .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical,
                              .kv_dtype = kv_dtype};
         if (g_micro)    /* the runner offers submit / wait (off by default on CPU stages) */
@@ -633,7 +638,7 @@ static void compare_tp(model_case *mc, const char *name, tp_run_fn run, size_t r
                 }
                 print_message("%s (%s kernels): canonical split vs plain at tp 1: max |dlogit| %.3g\n", name, kern[k],
                               worst);
-                assert_true(worst < 1e-3);
+                assert_true(worst < g_plain_tol);
                 assert_true(top > 0.01);        /* real logits, not a zeroed buffer */
                 for (size_t c = 0; c < n_cases; c++) {
                         memset(got, 0xff, rows * V * sizeof(float));
@@ -1506,6 +1511,137 @@ static void test_stored_slices(void **state) {
         }
 }
 
+static void gg_key_u32(tsr_buf *b, const char *key, uint32_t v) {
+        gw_key(b, key, TSR_GGUF_TYPE_UINT32);
+        gw_u32(b, v);
+}
+
+/* A random Llama GGUF written at run time (nothing committed): `dim` wide, 4 heads of
+ * dim / 4, 2 KV heads, MLP 2 x dim, 2 layers, vocabulary 300,
+ * tied; the matmuls in Q8_0 blocks (each block's scale a power of two, so its f16 is
+ * exact), the embedding and norms F32.  ggml lists dims fastest first. */
+static bool write_llama_q8_0(char *path, uint32_t dim) {
+        uint32_t hid = 2 * dim, V = 300, L = 2, seed = 99;
+        struct { char name[64]; uint64_t rows, cols; bool q; } t[2 + 2 * 9];
+        size_t n = 0;
+        tsr_buf b;
+        t[n++] = (__typeof__(t[0])){"token_embd.weight", V, dim, false};
+        t[n++] = (__typeof__(t[0])){"output_norm.weight", dim, 1, false};
+        for (uint32_t l = 0; l < L; l++) {
+                static const struct { const char *name; int rows, cols; bool q; } per[] = {
+                        {"attn_norm", 1, 0, false}, {"ffn_norm", 1, 0, false}, {"attn_q", 1, 1, true},
+                        {"attn_k", -2, 1, true},   {"attn_v", -2, 1, true},    {"attn_output", 1, 1, true},
+                        {"ffn_gate", 2, 1, true},  {"ffn_up", 2, 1, true},     {"ffn_down", 1, 2, true},
+                };
+                for (size_t i = 0; i < 9; i++, n++) {
+                        snprintf(t[n].name, sizeof t[n].name, "blk.%u.%s.weight", l, per[i].name);
+                        t[n].rows = per[i].rows < 0 ? dim / 2 : per[i].rows * dim;      /* k, v: 2 KV heads */
+                        t[n].cols = per[i].cols ? per[i].cols * dim : 1;
+                        t[n].q = per[i].q;
+                }
+        }
+        tsr_buf_init(&b, 64 << 20);
+        gw_bytes(&b, "GGUF", 4);
+        gw_u32(&b, 3);
+        gw_u64(&b, n);
+        gw_u64(&b, 6);
+        gw_key(&b, "general.architecture", TSR_GGUF_TYPE_STRING);
+        gw_str(&b, "llama");
+        gg_key_u32(&b, "llama.embedding_length", dim);
+        gg_key_u32(&b, "llama.block_count", L);
+        gg_key_u32(&b, "llama.attention.head_count", 4);
+        gg_key_u32(&b, "llama.attention.head_count_kv", 2);
+        gg_key_u32(&b, "llama.feed_forward_length", hid);
+        uint64_t off = 0;
+        for (size_t i = 0; i < n; i++) {
+                gw_str(&b, t[i].name);
+                gw_u32(&b, t[i].cols == 1 ? 1 : 2);
+                gw_u64(&b, t[i].cols == 1 ? t[i].rows : t[i].cols);
+                if (t[i].cols != 1)
+                        gw_u64(&b, t[i].rows);
+                gw_u32(&b, t[i].q ? TSR_GGML_TYPE_Q8_0 : TSR_GGML_TYPE_F32);
+                gw_u64(&b, off);
+                off += t[i].q ? t[i].rows * t[i].cols / 32 * 34 : t[i].rows * t[i].cols * 4;
+                off = (off + 31) / 32 * 32;
+        }
+        while (b.len % 32)
+                gw_u8(&b, 0);
+        for (size_t i = 0; i < n; i++) {
+                size_t blocks = t[i].q ? t[i].rows * t[i].cols / 32 : t[i].rows * t[i].cols;
+                for (size_t k = 0; k < blocks; k++) {
+                        seed = seed * 1103515245u + 12345u;
+                        if (t[i].q) {   /* scale 2^-7, 2^-8 or 2^-6 (f16 0x2000, 0x1c00, 0x2400), 32 int8 */
+                                static const uint16_t d[3] = {0x2000, 0x1c00, 0x2400};
+                                gw_le(&b, d[(seed >> 16) % 3], 2);
+                                for (int e = 0; e < 32; e++) {
+                                        seed = seed * 1103515245u + 12345u;
+                                        gw_u8(&b, (uint8_t)((int)((seed >> 16) % 255) - 127));
+                                }
+                        } else {        /* norms near 1, the embedding in [-1, 1) */
+                                float v = ((float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f) *
+                                          (t[i].cols == 1 ? 0.1f : 1.0f) + (t[i].cols == 1 ? 1.0f : 0.0f);
+                                gw_bytes(&b, &v, 4);
+                        }
+                }
+                while (b.len % 32)
+                        gw_u8(&b, 0);
+        }
+        int fd = mkstemps(path, 5);     /* "XXXXXX.gguf" */
+        bool ok = fd >= 0 && write(fd, b.data, b.len) == (ssize_t)b.len;
+        if (fd >= 0)
+                ok = close(fd) == 0 && ok;
+        tsr_buf_done(&b);
+        return ok;
+}
+
+/* A GGUF's Q8_0 weights under TP, kept as stored (--dtype auto): each rank keeps its rows
+ * and its canonical K slices of the blocks, and the logits are bitwise TP = 1's in the
+ * canonical split on both kernel sets, at TP 2 and 4.  In the 256-wide model every slice
+ * is whole blocks (o_proj: 32 columns at tp 1, 32 at tp 2 and 4; down_proj 64, 64, 64);
+ * in the 128-wide one o_proj's slices are 16 columns, half a block: o_proj is widened to
+ * float32 (the bits of a widened load), down_proj stays Q8_0.  Resident bytes: the
+ * ranks' together under one float32 copy. */
+static void test_gguf_q8_0_tp(void **state) {
+        (void)state;
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}};
+        for (uint32_t dim = 256; dim >= 128; dim /= 2) {
+                static char path[64];
+                model_case mc = {0};
+                snprintf(path, sizeof path, "/tmp/tsr-q8-llama-XXXXXX.gguf");
+                if (!write_llama_q8_0(path, dim))
+                        fail_msg("cannot write a GGUF under /tmp");
+                model_open_path(&mc, path, "llama");
+                g_dtype = "auto";
+                /* 128 wide: the canonical split widens o_proj, the one-pass run keeps its
+                 * Q8_0 blocks (and quantizes its activations): not the same arithmetic */
+                g_plain_tol = dim == 128 ? 10.0 : 1e-3;
+                char name[64];
+                snprintf(name, sizeof name, "q8_0 llama %u wide", dim);
+                compare_tp(&mc, name, run_steps_tp, 13, cases, sizeof cases / sizeof cases[0]);
+                /* what the ranks hold: the Q8_0 shares, not float32 */
+                tsr_load_stats one = {0}, two = {0};
+                tsr_runner *r = NULL;
+                char err[512] = "";
+                for (uint32_t tp = 1; tp <= 2; tp++) {
+                        tsr_runner_opts o = {.dtype = "auto", .backend = mc.be, .stage_threads = 1,
+                                             .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = true};
+                        if (tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 0, &r, tp == 1 ? &one : &two, err,
+                                           sizeof err) != TSR_OK)
+                                fail_msg("%s tp %u: %s", mc.path, tp, err);
+                        tsr_runner_free(&r);
+                }
+                g_dtype = "float32";
+                g_plain_tol = 1e-3;
+                print_message("%s: resident %llu bytes at tp 1, %llu over the 2 ranks at tp 2, float32 %llu\n", name,
+                              (unsigned long long)one.resident_bytes, (unsigned long long)two.resident_bytes,
+                              (unsigned long long)one.f32_bytes);
+                assert_true(one.resident_bytes < one.f32_bytes / 2);
+                assert_true(two.resident_bytes < one.f32_bytes);
+                model_close(&mc);
+                unlink(path);
+        }
+}
+
 /* A ModelOpt FP8 Llama (tests/fixtures/tiny-modelopt/fp8: every linear fp8_e4m3 with a
  * per-tensor weight and input scale) at TP = 2, 4 (4 > the 2 KV heads) and 2 x PP 2:
  * each rank reads its rows and K columns of the fp8 bytes, kept as stored, and the
@@ -1672,6 +1808,7 @@ int main(void) {
                 cmocka_unit_test(test_tp_bf16),
                 cmocka_unit_test(test_stored_slices),
                 cmocka_unit_test(test_modelopt_tp),
+                cmocka_unit_test(test_gguf_q8_0_tp),
                 cmocka_unit_test(test_nemotron_h_pp),
                 cmocka_unit_test(test_nemotron_h_tp),
                 cmocka_unit_test(test_nemotron_h_tp_one_group),

@@ -210,18 +210,29 @@ tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers) {
 
 /* ---- GGUF ------------------------------------------------------------------------ */
 
+static tsr_status stored_cut(const tsr_tensor *t, const tsr_load_slice *s, tsr_tensor *ret);
+
 /* Keep GGUF tensor `t` (shape checked) in its block format when `keep_dtypes` has its
- * dtype and `w` a place for it: its bytes copied into 64-byte aligned memory of ours (the
- * file is unmapped after the load).  False when it is to be widened instead. */
+ * dtype and `w` a place for it: its bytes (w's share of them) copied into 64-byte aligned
+ * memory of ours (the file is unmapped after the load).  False when it is to be widened
+ * instead. */
 static bool gguf_keep(const tsr_gguf_tensor *t, const struct want *w, uint32_t keep_dtypes, tsr_status *st) {
         tsr_dtype dt;
         size_t shape[2] = {w->rows, w->cols};
         tsr_tensor tt;
 
-        if (!w->stored || !w->cols || w->experts || w->slice.axis != TSR_LOAD_WHOLE || !tsr_ggml_dtype(t->type, &dt) ||
+        if (!w->stored || !w->cols || w->experts || w->experts_n || !tsr_ggml_dtype(t->type, &dt) ||
             !(keep_dtypes & (1u << dt)) ||
             tsr_tensor_init(&tt, dt, 2, shape, NULL, (void *)t->data) != TSR_OK || tsr_tensor_n_bytes(&tt) != t->n_bytes)
                 return false;
+        /* a tensor-parallel share: only its bytes, cut from the file's; a column range
+         * that would cut a block is widened instead, as without keep_dtypes */
+        if (w->slice.axis != TSR_LOAD_WHOLE) {
+                tsr_tensor cut;
+                if ((*st = stored_cut(&tt, &w->slice, &cut)) == TSR_OK)
+                        *w->stored = cut;
+                return *st != TSR_E_UNSUPPORTED;
+        }
         void *buf = aligned_alloc(64, (t->n_bytes + 63) / 64 * 64);
         if (!buf) {
                 *st = TSR_E_NOMEM;
@@ -283,7 +294,9 @@ static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, 
         return TSR_OK;
 }
 
-tsr_status tsr_load_stored_slice(tsr_tensor *t, const tsr_load_slice *s) {
+/* The share `s` of the 2-D tensor t (host memory, borrowed: t is not changed) in new
+ * aligned_alloc memory, as tsr_load_stored_slice describes it; *ret takes it. */
+static tsr_status stored_cut(const tsr_tensor *t, const tsr_load_slice *s, tsr_tensor *ret) {
         const tsr_dtype_info *di = tsr_dtype_get_info(t->dtype);
         bool rows = s->axis == TSR_LOAD_SLICE_ROWS;
         size_t n_rows = t->shape[0], n_cols = t->shape[1], total = 0, row_bytes, piece_bytes, be;
@@ -320,7 +333,23 @@ tsr_status tsr_load_stored_slice(tsr_tensor *t, const tsr_load_slice *s) {
                                 at += len;
                         }
         }
-        return tsr_load_stored_adopt(t, k, rows ? total : n_rows, rows ? n_cols : total);
+        size_t shape[2] = {rows ? total : n_rows, rows ? n_cols : total};
+        if (tsr_tensor_init(ret, t->dtype, 2, shape, t->backend, k) != TSR_OK) {
+                free(k);
+                return TSR_E_INVAL;
+        }
+        ret->scales = t->scales;
+        return TSR_OK;
+}
+
+tsr_status tsr_load_stored_slice(tsr_tensor *t, const tsr_load_slice *s) {
+        tsr_tensor cut;
+        tsr_status st = stored_cut(t, s, &cut);
+        if (st == TSR_OK) {
+                free(t->data);
+                *t = cut;
+        }
+        return st;
 }
 
 tsr_status tsr_load_stored_adopt(tsr_tensor *t, void *data, size_t rows, size_t cols) {

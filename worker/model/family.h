@@ -148,9 +148,11 @@ struct tsr_model_family {
          * split tensor in float32.  False: load takes tp_size 1 (whole tensors) and
          * tp_shard splits them afterwards. */
         bool load_tp_share;
-        /* tp_shard (and load_tp_share) split a ModelOpt FP8 / NVFP4 checkpoint's linears as
-         * stored (the canonical split needs each rank's K slices to be whole blocks).
-         * False: such a checkpoint runs at -tp 1 only. */
+        /* tp_shard (and load_tp_share) split weights kept as stored: a ModelOpt FP8 / NVFP4
+         * checkpoint's linears (the canonical split needs each rank's K slices to be whole
+         * blocks) and a GGUF's block-format ones (widened where a slice would cut a
+         * block).  False: a ModelOpt checkpoint runs at -tp 1 only, and a GGUF's blocks
+         * are widened to float32 whenever the model is split. */
         bool tp_quantized;
         void (*tp_set_comm)(void *model, struct tsr_comm *comm);
         /* --enable-expert-parallel (issue #14): as tp_shard, but each MoE layer's routed

@@ -622,6 +622,48 @@ tsr_status tsr_llama_reserve(const tsr_llama *m, size_t tokens, size_t logit_row
         return m->dev ? dev_reserve(m, tokens, logit_rows) : TSR_OK;
 }
 
+/* A weight kept in a GGUF block format, widened into a new float32 array *dst as the
+ * load would have widened it (tsr_dequant_row), the stored bytes freed: the split's
+ * float32 path takes it from there. */
+static tsr_status widen_stored(tsr_tensor *t, float **dst) {
+        size_t rows = t->shape[0], cols = t->shape[1], rb;
+        float *f;
+        tsr_status st = tsr_dtype_row_bytes(t->dtype, cols, &rb);
+
+        if (st != TSR_OK)
+                return st;
+        if (!(f = malloc(rows * cols * sizeof(float))))
+                return TSR_E_NOMEM;
+        for (size_t r = 0; r < rows && st == TSR_OK; r++)
+                st = tsr_dequant_row(t->dtype, (const uint8_t *)t->data + r * rb, cols, f + r * cols);
+        if (st != TSR_OK) {
+                free(f);
+                return st;
+        }
+        free(t->data);
+        *t = (tsr_tensor){0};
+        *dst = f;
+        return TSR_OK;
+}
+
+/* The embedding and lm_head kept in a block format are widened before a split (the vocab
+ * split and the embedding lookups of a split model read float32); a tied lm_head is the
+ * embedding again. */
+static tsr_status widen_vocab_tables(tsr_llama_weights *w) {
+        bool tied = w->output_stored.data && w->output_stored.data == w->token_embd_stored.data;
+        tsr_status st = TSR_OK;
+
+        if (w->token_embd_stored.data && (st = widen_stored(&w->token_embd_stored, &w->token_embd)) != TSR_OK)
+                return st;
+        if (tied) {
+                w->output = w->token_embd;
+                w->output_stored = (tsr_tensor){0};
+        } else if (w->output_stored.data) {
+                st = widen_stored(&w->output_stored, &w->output);
+        }
+        return st;
+}
+
 tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
         const tsr_llama_config *c;
         tsr_llama_tp_share sh;
@@ -647,25 +689,23 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
         size_t o_cols = sliced ? (size_t)sh.nh * hd : (size_t)c->n_heads * hd;
         size_t o_first = sliced ? 0 : tp_rank * sh.nh * hd;
         size_t down_cols = sliced ? sh.hid : c->hidden_dim, down_first = sliced ? 0 : (size_t)tp_rank * sh.hid;
-        if (m->bf16 || w->token_embd_stored.data || w->output_stored.data) {
+        if (m->bf16) {
                 tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
                 return TSR_E_UNSUPPORTED;
         }
-        /* Weights kept as stored (a ModelOpt checkpoint's fp8 / nvfp4 linears): rows and
-         * K slices of whole blocks; checked for every layer before anything is cut, so a
-         * refusal at tp 1 leaves the model as loaded */
+        /* Weights kept as stored (a ModelOpt checkpoint's fp8 / nvfp4 linears, a GGUF's
+         * blocks): rows, and K slices of whole blocks.  Checked for every layer before
+         * anything is cut, so a refusal at tp 1 leaves the model as loaded; a GGUF block
+         * weight whose slices would cut a block is widened to float32 instead (its bits
+         * are the widened load's). */
         for (size_t l = 0; l < m->n_local; l++)
                 for (int i = 0; i < MM_PER_LAYER; i++) {
                         const tsr_tensor *t = &w->layers[l].stored[i];
                         bool row_parallel = i == TSR_LLAMA_MM_O || i == TSR_LLAMA_MM_DOWN;
+                        bool modelopt = t->dtype == TSR_DTYPE_FP8_E4M3 || t->dtype == TSR_DTYPE_NVFP4;
                         size_t ks = (i == TSR_LLAMA_MM_O ? (size_t)sh.nh * hd : sh.hid) / sh.ns;
                         uint32_t be = t->data ? tsr_dtype_get_info(t->dtype)->block_elems : 1;
-                        if (t->data && (tsr_dtype_get_info(t->dtype)->quantized && !tsr_dtype_is_fp8(t->dtype) &&
-                                        t->dtype != TSR_DTYPE_NVFP4)) {
-                                tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
-                                return TSR_E_UNSUPPORTED;
-                        }
-                        if (row_parallel && ks % be) {
+                        if (row_parallel && ks % be && modelopt) {
                                 tsr_errf(err, errlen, "tensor parallelism: %s of layer %zu is %s, whose blocks of %u "
                                          "elements the canonical split's %zu columns per slice would cut (%u slices "
                                          "a rank)", i == TSR_LLAMA_MM_O ? "o_proj" : "down_proj",
@@ -673,9 +713,26 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
                                 return TSR_E_UNSUPPORTED;
                         }
                 }
+        if ((st = widen_vocab_tables(w)) != TSR_OK) {
+                tsr_errf(err, errlen, "out of memory while widening the embedding for tensor parallelism");
+                return st;
+        }
         for (size_t l = 0; l < m->n_local; l++) {
                 tsr_llama_layer *L = &w->layers[l];
                 tsr_tensor *t = L->stored;
+                float **o_f32[2] = {&L->wo, &L->w_down};
+                for (int j = 0; j < 2 && st == TSR_OK; j++) {
+                        int i = j ? TSR_LLAMA_MM_DOWN : TSR_LLAMA_MM_O;
+                        size_t ks = (i == TSR_LLAMA_MM_O ? (size_t)sh.nh * hd : sh.hid) / sh.ns;
+                        const tsr_dtype_info *di = t[i].data ? tsr_dtype_get_info(t[i].dtype) : NULL;
+                        if (di && ks % di->block_elems) {
+                                if (l == 0 && tp_rank == 0)
+                                        log_info("tensor parallelism: %s (%s) widened to float32 in every layer: "
+                                                 "its canonical K slices of %zu columns would cut its blocks of %u",
+                                                 j ? "down_proj" : "o_proj", di->name, ks, di->block_elems);
+                                st = widen_stored(&t[i], o_f32[j]);
+                        }
+                }
                 struct { float **f; int which; size_t rows, first, n; } col_par[] = {
                         {&L->wq, TSR_LLAMA_MM_Q, (size_t)c->n_heads * hd, (size_t)tp_rank * sh.nh * hd,
                          (size_t)sh.nh * hd},

@@ -592,7 +592,7 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         load.tp_rank = share ? shard->tp_rank : 0;
         load.tp_size = share ? shard->tp_size : 1;
         load.expert_parallel = share && opts->expert_parallel && r->fam->ep_shard;
-        if (split)
+        if (split && !r->fam->tp_quantized)     /* that family's split reads float32 only */
                 lo.keep_dtypes = 0;
         st = r->fam->load(path, desc, &load, &lo, progress, NULL, &sg->model, stats, err, errlen);
         if (st != TSR_OK)

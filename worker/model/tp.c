@@ -125,7 +125,7 @@ tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, cons
         bool scaled = w_dtype == TSR_DTYPE_FP8_E4M3 || w_dtype == TSR_DTYPE_NVFP4;
         tsr_status st = TSR_OK;
 
-        if ((w_dtype != TSR_DTYPE_F32 && w_dtype != TSR_DTYPE_BF16 && !scaled) || (scaled && !scales))
+        if (scaled && !scales)
                 return TSR_E_UNSUPPORTED;
         if (tsr_dtype_row_bytes(w_dtype, ks, &ks_bytes) != TSR_OK)
                 return TSR_E_INVAL;     /* a slice that cuts a block: tsr_tp_keep_stored_col_slices refused it */

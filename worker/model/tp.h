@@ -36,7 +36,8 @@ tsr_status tsr_tp_keep_rows(float **w, size_t n_mats, size_t rows, size_t cols, 
 tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
                                   size_t ns);
 /* tsr_tp_keep_col_slices for a (rows, cols) host tensor kept as stored (a ModelOpt
- * fp8_e4m3 / nvfp4 weight: loader.h's tsr_load_slot.stored, data from aligned_alloc):
+ * fp8_e4m3 / nvfp4 weight, a GGUF block-format one: loader.h's tsr_load_slot.stored,
+ * data from aligned_alloc):
  * the ns blocks (rows, n / ns) of the tensor's dtype one after the other, the scales
  * kept; the tensor then says (rows, n), its data in that slice order.  TSR_E_UNSUPPORTED
  * when first or n / ns is not a whole number of the dtype's blocks (nvfp4: 16 elements),
@@ -70,9 +71,9 @@ tsr_status tsr_tp_expert_range(size_t E, uint32_t tp_rank, uint32_t tp_size, siz
 /* The ns canonical partials of W (d, k) @ x (rows, k) -> parts (ns, rows, d), W held as
  * tsr_tp_keep_col_slices' ns (d, k / ns) blocks of w_dtype (float32, or bf16 converted
  * after the split: each block's partial is then the bf16 matmul's, the same bits at
- * every tp_size), or tsr_tp_keep_stored_col_slices' blocks of fp8_e4m3 / nvfp4 with
- * their `scales` (tsr_backend_matmul_scaled; NULL for the others); `slice` (rows,
- * k / ns) is scratch.  The backend matmul's status, TSR_E_UNSUPPORTED for another dtype. */
+ * every tp_size), or tsr_tp_keep_stored_col_slices' blocks of a stored dtype (a GGUF
+ * block format; fp8_e4m3 / nvfp4 with their `scales`, tsr_backend_matmul_scaled; NULL
+ * for the others); `slice` (rows, k / ns) is scratch.  The backend matmul's status. */
 tsr_status tsr_tp_row_partials(tsr_backend *be, float *parts, float *slice, const float *x, const void *w,
                                tsr_dtype w_dtype, const tsr_matmul_scales *scales, size_t rows, size_t k, size_t d,
                                size_t ns);
