@@ -1518,14 +1518,14 @@ static void gg_key_u32(tsr_buf *b, const char *key, uint32_t v) {
 
 /* A random Llama GGUF written at run time (nothing committed): `dim` wide, 4 heads of
  * dim / 4, 2 KV heads, MLP 2 x dim, 2 layers, vocabulary 300,
- * tied; the matmuls in Q8_0 blocks (each block's scale a power of two, so its f16 is
- * exact), the embedding and norms F32.  ggml lists dims fastest first. */
+ * tied; the matmuls and the embedding in Q8_0 blocks (each block's scale a power of
+ * two, so its f16 is exact), the norms F32.  ggml lists dims fastest first. */
 static bool write_llama_q8_0(char *path, uint32_t dim) {
         uint32_t hid = 2 * dim, V = 300, L = 2, seed = 99;
         struct { char name[64]; uint64_t rows, cols; bool q; } t[2 + 2 * 9];
         size_t n = 0;
         tsr_buf b;
-        t[n++] = (__typeof__(t[0])){"token_embd.weight", V, dim, false};
+        t[n++] = (__typeof__(t[0])){"token_embd.weight", V, dim, true};
         t[n++] = (__typeof__(t[0])){"output_norm.weight", dim, 1, false};
         for (uint32_t l = 0; l < L; l++) {
                 static const struct { const char *name; int rows, cols; bool q; } per[] = {
@@ -1577,9 +1577,8 @@ static bool write_llama_q8_0(char *path, uint32_t dim) {
                                         seed = seed * 1103515245u + 12345u;
                                         gw_u8(&b, (uint8_t)((int)((seed >> 16) % 255) - 127));
                                 }
-                        } else {        /* norms near 1, the embedding in [-1, 1) */
-                                float v = ((float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f) *
-                                          (t[i].cols == 1 ? 0.1f : 1.0f) + (t[i].cols == 1 ? 1.0f : 0.0f);
+                        } else {        /* norms in [0.9, 1.1) */
+                                float v = ((float)((seed >> 8) & 0xffff) / 32768.0f - 1.0f) * 0.1f + 1.0f;
                                 gw_bytes(&b, &v, 4);
                         }
                 }
@@ -1596,14 +1595,17 @@ static bool write_llama_q8_0(char *path, uint32_t dim) {
 
 /* A GGUF's Q8_0 weights under TP, kept as stored (--dtype auto): each rank keeps its rows
  * and its canonical K slices of the blocks, and the logits are bitwise TP = 1's in the
- * canonical split on both kernel sets, at TP 2 and 4.  In the 256-wide model every slice
- * is whole blocks (o_proj: 32 columns at tp 1, 32 at tp 2 and 4; down_proj 64, 64, 64);
+ * canonical split on both kernel sets, at TP 2, 4 and 2 x PP 2 (the last stage, which
+ * does not embed, reads only its vocabulary rows of the tied table).  In the 256-wide
+ * model every slice is whole blocks (o_proj: 32 columns at tp 1, 32 at tp 2 and 4; down_proj 64, 64, 64);
  * in the 128-wide one o_proj's slices are 16 columns, half a block: o_proj is widened to
- * float32 (the bits of a widened load), down_proj stays Q8_0.  Resident bytes: the
- * ranks' together under one float32 copy. */
+ * float32 (the bits of a widened load), down_proj stays Q8_0.  The tied embedding stays
+ * Q8_0 too (rows widened at lookup), each rank's lm_head a Q8_0 copy of its vocabulary
+ * rows.  Resident bytes: the ranks' together under one float32 copy. */
 static void test_gguf_q8_0_tp(void **state) {
         (void)state;
-        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}};
+        static const uint32_t halves[] = {1, 1};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, halves}};
         for (uint32_t dim = 256; dim >= 128; dim /= 2) {
                 static char path[64];
                 model_case mc = {0};
@@ -1651,8 +1653,8 @@ static void test_gguf_q8_0_tp(void **state) {
 static void test_modelopt_tp(void **state) {
         (void)state;
         model_case mc = {0};
-        static const uint32_t two[] = {1, 1};
-        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, two}};
+        static const uint32_t halves[] = {1, 1};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, halves}};
         if (!model_open(&mc, "tests/fixtures/tiny-modelopt/fp8"))
                 fail_msg("the tiny ModelOpt fixture is committed: run from the source tree");
         compare_tp(&mc, "tiny-modelopt fp8", run_steps_tp, 13, cases, sizeof cases / sizeof cases[0]);

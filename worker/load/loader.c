@@ -210,8 +210,6 @@ tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers) {
 
 /* ---- GGUF ------------------------------------------------------------------------ */
 
-static tsr_status stored_cut(const tsr_tensor *t, const tsr_load_slice *s, tsr_tensor *ret);
-
 /* Keep GGUF tensor `t` (shape checked) in its block format when `keep_dtypes` has its
  * dtype and `w` a place for it: its bytes (w's share of them) copied into 64-byte aligned
  * memory of ours (the file is unmapped after the load).  False when it is to be widened
@@ -229,7 +227,7 @@ static bool gguf_keep(const tsr_gguf_tensor *t, const struct want *w, uint32_t k
          * that would cut a block is widened instead, as without keep_dtypes */
         if (w->slice.axis != TSR_LOAD_WHOLE) {
                 tsr_tensor cut;
-                if ((*st = stored_cut(&tt, &w->slice, &cut)) == TSR_OK)
+                if ((*st = tsr_load_stored_cut(&tt, &w->slice, &cut)) == TSR_OK)
                         *w->stored = cut;
                 return *st != TSR_E_UNSUPPORTED;
         }
@@ -294,9 +292,7 @@ static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, 
         return TSR_OK;
 }
 
-/* The share `s` of the 2-D tensor t (host memory, borrowed: t is not changed) in new
- * aligned_alloc memory, as tsr_load_stored_slice describes it; *ret takes it. */
-static tsr_status stored_cut(const tsr_tensor *t, const tsr_load_slice *s, tsr_tensor *ret) {
+tsr_status tsr_load_stored_cut(const tsr_tensor *t, const tsr_load_slice *s, tsr_tensor *ret) {
         const tsr_dtype_info *di = tsr_dtype_get_info(t->dtype);
         bool rows = s->axis == TSR_LOAD_SLICE_ROWS;
         size_t n_rows = t->shape[0], n_cols = t->shape[1], total = 0, row_bytes, piece_bytes, be;
@@ -344,7 +340,7 @@ static tsr_status stored_cut(const tsr_tensor *t, const tsr_load_slice *s, tsr_t
 
 tsr_status tsr_load_stored_slice(tsr_tensor *t, const tsr_load_slice *s) {
         tsr_tensor cut;
-        tsr_status st = stored_cut(t, s, &cut);
+        tsr_status st = tsr_load_stored_cut(t, s, &cut);
         if (st == TSR_OK) {
                 free(t->data);
                 *t = cut;

@@ -115,6 +115,9 @@ typedef struct tsr_load_slice {
  * start and end on whole blocks (dtype.h's block_elems): TSR_E_UNSUPPORTED otherwise;
  * TSR_E_INVAL for a range out of the tensor, TSR_E_NOMEM; *t unchanged on failure. */
 tsr_status tsr_load_stored_slice(tsr_tensor *t, const tsr_load_slice *s);
+/* The same share as a copy: *ret gets new aligned_alloc memory, t (its data borrowed,
+ * e.g. a file's mapped bytes) is not changed. */
+tsr_status tsr_load_stored_cut(const tsr_tensor *t, const tsr_load_slice *s, tsr_tensor *ret);
 /* Its last step, for any new layout of such a tensor: t takes `data` (aligned_alloc'd,
  * `rows` x `cols` of t's dtype) in place of its own, which is freed; the scales kept.
  * TSR_E_INVAL (data freed, *t unchanged) for a shape the dtype cannot have. */

@@ -646,22 +646,25 @@ static tsr_status widen_stored(tsr_tensor *t, float **dst) {
         return TSR_OK;
 }
 
-/* The embedding and lm_head kept in a block format are widened before a split (the vocab
- * split and the embedding lookups of a split model read float32); a tied lm_head is the
- * embedding again. */
-static tsr_status widen_vocab_tables(tsr_llama_weights *w) {
-        bool tied = w->output_stored.data && w->output_stored.data == w->token_embd_stored.data;
-        tsr_status st = TSR_OK;
+/* lm_head's vocabulary rows [first, first + n) when the embedding / lm_head are kept in
+ * a block format: tsr_tp_keep_vocab_rows for stored tables.  Untied, output_stored is
+ * cut to them; tied, lm_head gets a cut copy and the table stays whole where the stage
+ * embeds (the lookups widen its rows), freed where it does not. */
+static tsr_status keep_vocab_rows_stored(tsr_llama_weights *w, bool embeds, size_t first, size_t n) {
+        tsr_load_slice rows = {TSR_LOAD_SLICE_ROWS, 1, {{first, n}}};
+        tsr_tensor cut;
+        tsr_status st;
 
-        if (w->token_embd_stored.data && (st = widen_stored(&w->token_embd_stored, &w->token_embd)) != TSR_OK)
+        if (w->output_stored.data != w->token_embd_stored.data)
+                return tsr_load_stored_slice(&w->output_stored, &rows);
+        if ((st = tsr_load_stored_cut(&w->token_embd_stored, &rows, &cut)) != TSR_OK)
                 return st;
-        if (tied) {
-                w->output = w->token_embd;
-                w->output_stored = (tsr_tensor){0};
-        } else if (w->output_stored.data) {
-                st = widen_stored(&w->output_stored, &w->output);
+        w->output_stored = cut;
+        if (!embeds) {
+                free(w->token_embd_stored.data);
+                w->token_embd_stored = (tsr_tensor){0};
         }
-        return st;
+        return TSR_OK;
 }
 
 tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
@@ -713,10 +716,6 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
                                 return TSR_E_UNSUPPORTED;
                         }
                 }
-        if ((st = widen_vocab_tables(w)) != TSR_OK) {
-                tsr_errf(err, errlen, "out of memory while widening the embedding for tensor parallelism");
-                return st;
-        }
         for (size_t l = 0; l < m->n_local; l++) {
                 tsr_llama_layer *L = &w->layers[l];
                 tsr_tensor *t = L->stored;
@@ -761,11 +760,14 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
         /* tied: the embedding stays whole where it runs, lm_head gets a copy of its rows;
          * read as the share, untied or tied on a stage that does not embed: its rows are
          * already the rank's */
-        bool output_is_share = sliced && (w->output != w->token_embd || m->first_layer != 0);
-        if (st == TSR_OK && tp_size > 1 && w->output && !output_is_share) {
+        bool tied = w->output_stored.data ? w->output_stored.data == w->token_embd_stored.data
+                                          : w->output == w->token_embd;
+        bool output_is_share = sliced && (!tied || m->first_layer != 0);
+        if (st == TSR_OK && tp_size > 1 && w->output_stored.data && !output_is_share)
+                st = keep_vocab_rows_stored(w, m->first_layer == 0, (size_t)tp_rank * sh.vl, sh.vl);
+        else if (st == TSR_OK && tp_size > 1 && w->output && !output_is_share)
                 st = tsr_tp_keep_vocab_rows(&w->output, &w->token_embd, m->first_layer == 0, c->vocab_size, c->dim,
                                             (size_t)tp_rank * sh.vl, sh.vl);
-        }
         if (st != TSR_OK) {
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
                 return st;      /* the model is half split: the caller frees it */
