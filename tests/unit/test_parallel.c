@@ -1676,10 +1676,39 @@ static void test_modelopt_tp(void **state) {
         tsr_runner_free(&r);
         model_close(&mc);
 
-        /* the families whose split does not cut quantized weights refuse them at -tp 2 */
+        /* NemotronH FP8 (tests/fixtures/tiny-nemotron-h-fp8, "ME*M-E": every linear of
+         * the Mamba mixer, the attention, the experts, the shared expert and the MLP is
+         * fp8) at TP 2 and 2 x PP 2, bitwise TP 1; with --enable-expert-parallel refused
+         * (a rank would hold only its experts' activation scales); its NVFP4 twin's
+         * shared expert has 48 columns, 24 a rank at tp 2, a block and a half: refused at
+         * the load, naming the tensor */
+        static const uint32_t nh_halves[] = {3, 3};
+        static const tp_case nh_cases[] = {{2, 1, NULL}, {2, 2, nh_halves}};
+        if (!model_open_family(&mc, "tests/fixtures/tiny-nemotron-h-fp8/model", "nemotron_h"))
+                fail_msg("the tiny NemotronH FP8 fixture is committed: run from the source tree");
+        compare_tp(&mc, "tiny-nemotron-h fp8", run_hybrid_f32, H_ROWS, nh_cases, sizeof nh_cases / sizeof nh_cases[0]);
+        o = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .stage_threads = 1, .pp_timeout_ms = 60000,
+                              .tp = 2, .tp_canonical = true, .expert_parallel = true};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 4, &r, NULL, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "--enable-expert-parallel with a quantized (ModelOpt FP8) checkpoint is not "
+                                    "supported yet"));
+        model_close(&mc);
+        if (!model_open_family(&mc, "tests/fixtures/tiny-nemotron-h-nvfp4/model", "nemotron_h"))
+                fail_msg("the tiny NemotronH NVFP4 fixture is committed: run from the source tree");
+        o = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .stage_threads = 1, .pp_timeout_ms = 60000,
+                              .tp = 2, .tp_canonical = true};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 4, &r, NULL, err, sizeof err),
+                         TSR_E_UNSUPPORTED);
+        print_message("nemotron_h nvfp4 at tp 2: %s\n", err);
+        assert_non_null(strstr(err, "tensor 'backbone.layers.1.mixer.shared_experts.down_proj.weight': its "
+                                    "tensor-parallel share (columns 0..23) does not fall on whole nvfp4 blocks of "
+                                    "16 elements"));
+        model_close(&mc);
+
+        /* Llama 4's split does not cut quantized weights: refused at -tp 2 */
         static const struct { const char *rel, *family; } others[] = {
                 {"tests/fixtures/tiny-llama4-modelopt/fp8", "llama4"},
-                {"tests/fixtures/tiny-nemotron-h-fp8/model", "nemotron_h"},
         };
         for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
                 char want[256];
@@ -1690,7 +1719,8 @@ static void test_modelopt_tp(void **state) {
                 assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 4, &r, NULL, err, sizeof err),
                                  TSR_E_UNSUPPORTED);
                 snprintf(want, sizeof want, "tensor parallelism with a quantized (ModelOpt FP8) checkpoint is not "
-                         "supported for model family %s (supported: -tp 1; families that split one: llama)",
+                         "supported for model family %s (supported: -tp 1; families that split one: llama, "
+                         "nemotron_h)",
                          others[i].family);
                 if (!strstr(err, want))
                         fail_msg("%s: %s", others[i].rel, err);

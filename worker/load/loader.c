@@ -411,9 +411,15 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
          * model), then only the share kept */
         if (st == TSR_OK && w->slice.axis != TSR_LOAD_WHOLE && (st = tsr_load_stored_slice(w->stored, &w->slice)) !=
                                                                         TSR_OK) {
-                tsr_errf(err, errlen, "%s: tensor '%s': %s", file, w->name,
-                         st == TSR_E_NOMEM ? "out of memory"
-                                           : "its tensor-parallel share does not fall on whole blocks of the format");
+                const tsr_dtype_info *di = tsr_dtype_get_info(w->stored->dtype);
+                if (st == TSR_E_NOMEM)
+                        tsr_errf(err, errlen, "%s: tensor '%s': out of memory", file, w->name);
+                else
+                        tsr_errf(err, errlen, "%s: tensor '%s': its tensor-parallel share (%s %" PRIu64 "..%" PRIu64
+                                 ") does not fall on whole %s blocks of %u elements", file, w->name,
+                                 w->slice.axis == TSR_LOAD_SLICE_ROWS ? "rows" : "columns", w->slice.range[0][0],
+                                 w->slice.range[0][0] + w->slice.range[0][1] - 1, di ? di->name : "?",
+                                 di ? di->block_elems : 0);
                 free(w->stored->data);
                 *w->stored = (tsr_tensor){0};
         }

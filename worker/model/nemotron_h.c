@@ -321,7 +321,8 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                     (i / 2 < e0 || i / 2 >= e0 + ne))
                         return false;
                 tsr_load_slice sl = m->shard.expert_parallel ? (tsr_load_slice){0} : nh_slice(m, n->logical);
-                *ret = (tsr_load_slot){.dst = &w->f, .stored = sl.axis ? NULL : &w->q, .rows = up ? c->moe_hidden : dim,
+                /* a share of a ModelOpt weight is kept as stored too (loader.h) */
+                *ret = (tsr_load_slot){.dst = &w->f, .stored = &w->q, .rows = up ? c->moe_hidden : dim,
                                        .cols = up ? dim : c->moe_hidden, .slice = sl};
                 return true;
         }
@@ -331,7 +332,7 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 if (!s[i].dst || (s[i].kind && s[i].kind != 'A' && s[i].kind != kind))
                         return false;
                 tsr_load_slice sl = nh_slice(m, n->logical);
-                *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].mat && !sl.axis ? &s[i].mat->q : NULL,
+                *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].mat ? &s[i].mat->q : NULL,
                                        .rows = s[i].rows, .cols = s[i].cols, .slice = sl};
                 return true;
         }
@@ -797,6 +798,31 @@ static tsr_status tp_check(const tsr_nemotron_h_config *c, uint32_t t, char *err
         return TSR_OK;
 }
 
+/* tsr_tp_keep_row_ranges / tsr_tp_keep_rows / tsr_tp_keep_col_slices for a linear held
+ * as float32 or kept as stored (a ModelOpt checkpoint's fp8 / nvfp4: w->q). */
+static tsr_status nh_keep_row_ranges(nh_mat *w, size_t cols, const size_t (*ranges)[2], size_t n) {
+        if (!w->q.data)
+                return tsr_tp_keep_row_ranges(&w->f, cols, ranges, n);
+        tsr_load_slice sl = {TSR_LOAD_SLICE_ROWS, (uint32_t)n, {{0}}};
+        if (n > TSR_LOAD_SLICE_MAX)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < n; i++) {
+                sl.range[i][0] = ranges[i][0];
+                sl.range[i][1] = ranges[i][1];
+        }
+        return tsr_load_stored_slice(&w->q, &sl);
+}
+
+static tsr_status nh_keep_rows(nh_mat *w, size_t rows, size_t cols, size_t first, size_t n) {
+        const size_t one[1][2] = {{first, n}};
+        return w->q.data ? nh_keep_row_ranges(w, cols, one, 1) : tsr_tp_keep_rows(&w->f, 1, rows, cols, first, n);
+}
+
+static tsr_status nh_keep_col_slices(nh_mat *w, size_t rows, size_t cols, size_t first, size_t n, size_t ns) {
+        return w->q.data ? tsr_tp_keep_stored_col_slices(&w->q, first, n, ns)
+                         : tsr_tp_keep_col_slices(&w->f, 1, rows, cols, first, n, ns);
+}
+
 /* One Mamba layer's weights for rank `rk` of the counts in `r` (the whole model's in
  * `c`); `split` false: out_proj's canonical slices alone. */
 static tsr_status split_mamba(nh_layer *L, const tsr_nemotron_h_config *c, const tsr_nemotron_h_config *r,
@@ -813,7 +839,7 @@ static tsr_status split_mamba(nh_layer *L, const tsr_nemotron_h_config *c, const
         tsr_status st;
 
         if (split && !sliced) {
-                if ((st = tsr_tp_keep_row_ranges(&L->in_proj.f, c->dim, in, 5)) ||
+                if ((st = nh_keep_row_ranges(&L->in_proj, c->dim, in, 5)) ||
                     (st = tsr_tp_keep_row_ranges(&L->conv_w, c->conv_kernel, xbc, 3)) ||
                     (L->conv_b && (st = tsr_tp_keep_row_ranges(&L->conv_b, 1, xbc, 3))) ||
                     (st = tsr_tp_keep_rows(&L->gnorm, 1, di, 1, x0, dr)))
@@ -823,8 +849,8 @@ static tsr_status split_mamba(nh_layer *L, const tsr_nemotron_h_config *c, const
                                 return st;
         }
         if (sliced)     /* read as the share (nh_slice): only out_proj's canonical order left */
-                return tsr_tp_keep_col_slices(&L->out_proj.f, 1, c->dim, dr, 0, dr, ns);
-        return tsr_tp_keep_col_slices(&L->out_proj.f, 1, c->dim, di, x0, dr, ns);
+                return nh_keep_col_slices(&L->out_proj, c->dim, dr, 0, dr, ns);
+        return nh_keep_col_slices(&L->out_proj, c->dim, di, x0, dr, ns);
 }
 
 /* A column-parallel up (hid, dim) and row-parallel down (dim, hid) pair: rank rk's n of
@@ -834,10 +860,10 @@ static tsr_status split_ffn(nh_mat *up, nh_mat *down, size_t dim, size_t hid, si
         tsr_status st;
 
         if (sliced)
-                return tsr_tp_keep_col_slices(&down->f, 1, dim, n, 0, n, ns);
-        if (split && (st = tsr_tp_keep_rows(&up->f, 1, hid, dim, rk * n, n)))
+                return nh_keep_col_slices(down, dim, n, 0, n, ns);
+        if (split && (st = nh_keep_rows(up, hid, dim, rk * n, n)))
                 return st;
-        return tsr_tp_keep_col_slices(&down->f, 1, dim, hid, rk * n, n, ns);
+        return nh_keep_col_slices(down, dim, hid, rk * n, n, ns);
 }
 
 /* An expert parallel rank's experts: e0 .. e0 + ne - 1 whole (down_proj as all S
@@ -848,13 +874,46 @@ static tsr_status keep_experts(nh_layer *L, const tsr_nemotron_h_config *c, size
                 if (e < e0 || e >= e0 + ne) {
                         free(L->exp_up[e].f);
                         free(L->exp_down[e].f);
-                        L->exp_up[e].f = L->exp_down[e].f = NULL;
+                        free(L->exp_up[e].q.data);
+                        free(L->exp_down[e].q.data);
+                        L->exp_up[e] = L->exp_down[e] = (nh_mat){0};
                         continue;
                 }
-                st = tsr_tp_keep_col_slices(&L->exp_down[e].f, 1, c->dim, c->moe_hidden, 0, c->moe_hidden,
-                                            TSR_COMM_TREE_LEAVES);
+                st = nh_keep_col_slices(&L->exp_down[e], c->dim, c->moe_hidden, 0, c->moe_hidden,
+                                        TSR_COMM_TREE_LEAVES);
         }
         return st;
+}
+
+/* A ModelOpt checkpoint's row-parallel linears kept as stored split into canonical K
+ * slices of whole blocks (NVFP4's 16 elements): checked for every layer before anything
+ * is cut, so a refusal at tp 1 leaves the model as loaded.  `r`: the rank's counts. */
+static tsr_status stored_slices_check(const tsr_nemotron_h *m, const tsr_nemotron_h_config *r, uint32_t tp_size,
+                                      bool ep, char *err, size_t errlen) {
+        const tsr_nemotron_h_config *c = &m->cfg;
+        size_t ns = TSR_COMM_TREE_LEAVES / tp_size;
+        for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
+                const nh_layer *L = &m->layers[l];
+                const struct { const nh_mat *w; size_t k; const char *what; } rows[] = {
+                        {&L->out_proj, (size_t)r->m_heads * c->m_head_dim / ns, "out_proj"},
+                        {&L->wo, (size_t)r->n_heads * c->head_dim / ns, "o_proj"},
+                        {&L->shared_down, r->shared_hidden / ns, "the shared expert's down_proj"},
+                        {&L->mlp_down, r->mlp_hidden / ns, "down_proj"},
+                        {L->exp_down, ep ? c->moe_hidden / TSR_COMM_TREE_LEAVES : r->moe_hidden / ns,
+                         "the experts' down_proj"},
+                };
+                for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+                        const tsr_tensor *q = rows[i].w ? &rows[i].w->q : NULL;
+                        uint32_t be = q && q->data ? tsr_dtype_get_info(q->dtype)->block_elems : 1;
+                        if (rows[i].k % be) {
+                                tsr_errf(err, errlen, "tensor parallelism: %s of layer %u is %s, whose blocks of %u "
+                                         "elements the canonical split's %zu columns per slice would cut",
+                                         rows[i].what, l, tsr_dtype_get_info(q->dtype)->name, be, rows[i].k);
+                                return TSR_E_UNSUPPORTED;
+                        }
+                }
+        }
+        return TSR_OK;
 }
 
 /* tsr_nemotron_h_shard_tp, and with `ep` tsr_nemotron_h_shard_ep: the routed experts
@@ -878,7 +937,7 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         c = &m->cfg;
         if ((st = tp_check(c, tp_size, err, errlen)) != TSR_OK)
                 return st;
-        if (m->bf16 || m->qdtype != TSR_DTYPE_F32) {
+        if (m->bf16) {
                 tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
                 return TSR_E_UNSUPPORTED;
         }
@@ -886,6 +945,8 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         if (ep && (st = tsr_tp_expert_range(E, tp_rank, tp_size, &e0, &ne, err, errlen)) != TSR_OK)
                 return st;
         r = tsr_nemotron_h_config_rank(c, tp_size);
+        if ((st = stored_slices_check(m, &r, tp_size, ep, err, errlen)) != TSR_OK)
+                return st;
         dim = c->dim, hd = c->head_dim, ns = TSR_COMM_TREE_LEAVES / tp_size, nkv = r.n_kv_heads;
         /* tp > KV heads: each KV head is replicated on tp / n_kv_heads ranks (vLLM) */
         kv0 = tp_size <= c->n_kv_heads ? tp_rank * nkv : tp_rank / (tp_size / c->n_kv_heads);
@@ -900,16 +961,14 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
                         break;
                 case '*':
                         if (sliced) {
-                                st = tsr_tp_keep_col_slices(&L->wo.f, 1, dim, qr, 0, qr, ns);
+                                st = nh_keep_col_slices(&L->wo, dim, qr, 0, qr, ns);
                                 break;
                         }
-                        if (split && ((st = tsr_tp_keep_rows(&L->wq.f, 1, c->n_heads * hd, dim, tp_rank * qr, qr)) ||
-                                      (st = tsr_tp_keep_rows(&L->wk.f, 1, c->n_kv_heads * hd, dim, kv0 * hd,
-                                                             nkv * hd)) ||
-                                      (st = tsr_tp_keep_rows(&L->wv.f, 1, c->n_kv_heads * hd, dim, kv0 * hd,
-                                                             nkv * hd))))
+                        if (split && ((st = nh_keep_rows(&L->wq, c->n_heads * hd, dim, tp_rank * qr, qr)) ||
+                                      (st = nh_keep_rows(&L->wk, c->n_kv_heads * hd, dim, kv0 * hd, nkv * hd)) ||
+                                      (st = nh_keep_rows(&L->wv, c->n_kv_heads * hd, dim, kv0 * hd, nkv * hd))))
                                 break;
-                        st = tsr_tp_keep_col_slices(&L->wo.f, 1, dim, c->n_heads * hd, tp_rank * qr, qr, ns);
+                        st = nh_keep_col_slices(&L->wo, dim, c->n_heads * hd, tp_rank * qr, qr, ns);
                         break;
                 case 'E':
                         if (ep)
@@ -1241,6 +1300,9 @@ static tsr_status mm_parts(const tsr_nemotron_h *m, tsr_backend *be, struct scra
                            const nh_mat *w, size_t rows, size_t k) {
         if (!m->canonical)
                 return mm(be, parts, x, w, rows, k, m->cfg.dim);
+        if (w->q.data)
+                return tsr_tp_row_partials(be, parts, s->slice, x, w->q.data, w->q.dtype, &w->q.scales, rows, k,
+                                           m->cfg.dim, n_parts(m));
         return tsr_tp_row_partials(be, parts, s->slice, x, w->b ? (const void *)w->b : (const void *)w->f,
                                    w->b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, NULL, rows, k, m->cfg.dim, n_parts(m));
 }
@@ -1564,10 +1626,10 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
                 relu2(s->hid, n * I);
                 if (m->ep) {    /* all S slices of the whole expert, each where every rank finds it */
                         const nh_mat *dw = &L->exp_down[e];
-                        if ((st = tsr_tp_row_partials(be, s->ey, s->slice, s->hid,
-                                                      dw->b ? (const void *)dw->b : (const void *)dw->f,
-                                                      dw->b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32, NULL, n, I, dim,
-                                                      S)))
+                        const void *wd = dw->q.data ? dw->q.data : dw->b ? (const void *)dw->b : (const void *)dw->f;
+                        tsr_dtype dt = dw->q.data ? dw->q.dtype : dw->b ? TSR_DTYPE_BF16 : TSR_DTYPE_F32;
+                        if ((st = tsr_tp_row_partials(be, s->ey, s->slice, s->hid, wd, dt,
+                                                      dw->q.data ? &dw->q.scales : NULL, n, I, dim, S)))
                                 return st;
                         for (size_t j = 0; j < S; j++)
                                 for (size_t i = 0; i < n; i++)

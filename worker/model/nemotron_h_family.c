@@ -186,6 +186,7 @@ const tsr_model_family tsr_family_nemotron_h = {
         .forward_stage = nh_forward_stage,
         .tp_shard = nh_tp_shard,
         .load_tp_share = true,
+        .tp_quantized = true,
         .ep_shard = nh_ep_shard,
         .moe = true,
         .tp_set_comm = nh_tp_set_comm,

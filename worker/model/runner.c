@@ -583,6 +583,13 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                          tsr_family_names(tsr_family_has_tp_quantized, names, sizeof names));
                 return TSR_E_UNSUPPORTED;
         }
+        /* an expert-parallel rank holds only its experts, and a layer's experts share one
+         * activation scale, the max over all of them (expert_scales in nemotron_h.c) */
+        if (split && lo.modelopt && shard->tp_size > 1 && opts->expert_parallel) {
+                snprintf(err, errlen, "--enable-expert-parallel with a quantized (ModelOpt %s) checkpoint is not "
+                         "supported yet (supported: tensor parallelism without it)", tsr_modelopt_algo_name(r->mo.algo));
+                return TSR_E_UNSUPPORTED;
+        }
         if (lo.modelopt && !r->fam->tp_quantized)
                 split = false;
         /* A family that reads a rank's share from the file gets the rank's spec; the
