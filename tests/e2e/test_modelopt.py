@@ -4,7 +4,10 @@ tests/fixtures/make_tiny_modelopt.py through `tessera serve` with the real
 the load line reporting the quantized weights' resident bytes, and a --quantization
 that disagrees with the checkpoint refused at start with a clear message."""
 import json
+import random
 import re
+import shutil
+import struct
 from pathlib import Path
 
 import openai
@@ -109,6 +112,96 @@ def test_tensor_parallel_nvfp4_refused(spawn):
     out = proc.output()
     assert "tensor parallelism: o_proj of layer 0 is nvfp4, whose blocks of 16 elements the canonical split's " \
         "8 columns per slice would cut (4 slices a rank)" in out, out
+
+
+def write_wide_nvfp4(out, dim=256, hidden=512, layers=2):
+    """A random NVFP4 Llama wide enough for the canonical split (o_proj's 256 columns are
+    32 a slice at -tp 1, 16 at -tp 2 and 4: whole NVFP4 blocks), in ModelOpt's layout:
+    packed e2m1 codes (U8, two a byte), an e4m3 scale per 16 (F8_E4M3), weight_scale_2
+    and input_scale per linear; the embedding, norms and lm_head (excluded) float32.  The
+    tiny fixture's tokenizer and vocabulary (300)."""
+    out.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(FIX / "nvfp4" / name, out / name)
+    config = json.loads((FIX / "nvfp4" / "config.json").read_text())
+    config.update(hidden_size=dim, intermediate_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=dim // 4)
+    config["quantization_config"].pop("kv_cache_scheme", None)
+    (out / "config.json").write_text(json.dumps(config))
+    quant = json.loads((FIX / "nvfp4" / "hf_quant_config.json").read_text())
+    quant["quantization"].pop("kv_cache_quant_algo", None)
+    (out / "hf_quant_config.json").write_text(json.dumps(quant))
+    rng = random.Random(5)
+    tensors = {}
+
+    def f32(name, values, shape):
+        tensors[name] = ("F32", shape, struct.pack(f"<{len(values)}f", *values))
+
+    def linear(name, rows, cols):
+        tensors[name + ".weight"] = ("U8", [rows, cols // 2], rng.randbytes(rows * cols // 2))
+        # e4m3 0x30 .. 0x3f: 0.5 .. 0.94, finite and positive
+        tensors[name + ".weight_scale"] = ("F8_E4M3", [rows, cols // 16],
+                                           bytes(0x30 + rng.randrange(16) for _ in range(rows * cols // 16)))
+        f32(name + ".weight_scale_2", [0.02], [])
+        f32(name + ".input_scale", [0.05], [])
+
+    vocab = config["vocab_size"]
+    f32("model.embed_tokens.weight", [rng.uniform(-1, 1) for _ in range(vocab * dim)], [vocab, dim])
+    f32("lm_head.weight", [rng.uniform(-0.1, 0.1) for _ in range(vocab * dim)], [vocab, dim])
+    f32("model.norm.weight", [1.0] * dim, [dim])
+    for layer in range(layers):
+        pre = f"model.layers.{layer}."
+        f32(pre + "input_layernorm.weight", [1.0] * dim, [dim])
+        f32(pre + "post_attention_layernorm.weight", [1.0] * dim, [dim])
+        for proj, rows, cols in (("self_attn.q_proj", dim, dim), ("self_attn.k_proj", dim // 2, dim),
+                                 ("self_attn.v_proj", dim // 2, dim), ("self_attn.o_proj", dim, dim),
+                                 ("mlp.gate_proj", hidden, dim), ("mlp.up_proj", hidden, dim),
+                                 ("mlp.down_proj", dim, hidden)):
+            linear(pre + proj, rows, cols)
+    header, offset = {}, 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(out / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head)
+        for _, _, data in tensors.values():
+            f.write(data)
+
+
+def test_tensor_parallel_nvfp4_bitwise(spawn, tmp_path):
+    """An NVFP4 Llama whose K slices are whole blocks, served at -tp 1, 2 and 4 (4 > the
+    2 KV heads: replicated) with --dtype float32 (the canonical split at every -tp): the
+    greedy tokens and every top-5 logprob the same, to the last bit of the JSON float."""
+    model = tmp_path / "nvfp4-wide"
+    write_wide_nvfp4(model)
+    prompts = [[1, 17, 42, 99, 123, 7], [1, 250, 3, 3, 64]]
+    answers = {}
+    for tp in ("1", "2", "4"):
+        proc = spawn([LAUNCHER, "serve", model, "--host", "127.0.0.1", "--port", port := free_port(),
+                      "--served-model-name", "tiny", "--kv-cache-memory-bytes", "64M", "--dtype", "float32",
+                      "-tp", tp])
+        base = f"http://127.0.0.1:{port}"
+
+        def ready():
+            assert proc.p.poll() is None, proc.output()
+            return http_status(base + "/health") == 200
+        wait_until(ready, timeout=60, interval=0.1, what=f"nvfp4 -tp {tp} served")
+        got = []
+        for ids in prompts:
+            r = requests.post(base + "/v1/completions", json={
+                "model": "tiny", "prompt": ids, "max_tokens": 12, "temperature": 0, "logprobs": 5,
+                "ignore_eos": True}, timeout=60).json()
+            got.append((r["choices"][0]["logprobs"]["tokens"], r["choices"][0]["logprobs"]["top_logprobs"]))
+        out = proc.output()
+        assert "quantization: modelopt_fp4 (ModelOpt NVFP4" in out, out
+        if tp != "1":
+            assert f"tensor parallel rank 0 of {tp}" in out, out
+        proc.kill_group()
+        answers[tp] = got
+    assert answers["1"] == answers["2"] == answers["4"]
+    assert len(set(answers["1"][0][0])) > 1      # not one token repeated: real logits
 
 
 @pytest.mark.parametrize("variant,flag,message", [

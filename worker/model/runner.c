@@ -567,9 +567,10 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                         if (tsr_dtype_get_info((tsr_dtype)t)->quantized &&
                             tsr_backend_supports(sg->be, TSR_OP_MATMUL, (tsr_dtype)t))
                                 lo.keep_dtypes |= 1u << t;
-        /* Tensor parallelism (and the canonical split at tp 1): the layers load whole, then
-         * the family splits them for the rank, before any bfloat16 conversion (the split
-         * runs on float32; --dtype auto then keeps float32). */
+        /* Tensor parallelism (and the canonical split at tp 1): the layers load whole (or
+         * as the rank's share), then the family splits them for the rank, before any
+         * bfloat16 conversion (the split runs on float32, and, in a tp_quantized family,
+         * on the weights kept as stored). */
         bool split = shard->tp_size > 1 || (opts->tp_canonical && opts->tp <= 1);
         /* A ModelOpt FP8 / NVFP4 folder: its quantized weights stay as stored (issue #15);
          * a family whose split cuts them (tp_quantized) splits such a model too, the others
