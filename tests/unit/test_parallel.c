@@ -1644,88 +1644,84 @@ static void test_gguf_q8_0_tp(void **state) {
         }
 }
 
-/* A ModelOpt FP8 Llama (tests/fixtures/tiny-modelopt/fp8: every linear fp8_e4m3 with a
- * per-tensor weight and input scale) at TP = 2, 4 (4 > the 2 KV heads) and 2 x PP 2:
- * each rank reads its rows and K columns of the fp8 bytes, kept as stored, and the
- * logits are bitwise TP = 1's in the canonical split, on both kernel sets.  The NVFP4
- * fixture's o_proj has 64 columns: 8 a canonical slice, half an nvfp4 block, so -tp 2
- * is refused naming the tensor, and at -tp 1 the model runs unsplit. */
-static void test_modelopt_tp(void **state) {
-        (void)state;
+/* The ModelOpt fixture at `rel` (of `family`) loaded at tp 2 (`ep`: expert-parallel)
+ * is refused, err containing `want`. */
+static void expect_tp2_refused(const char *rel, const char *family, bool ep, const char *want) {
         model_case mc = {0};
-        static const uint32_t halves[] = {1, 1};
-        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, halves}};
-        if (!model_open(&mc, "tests/fixtures/tiny-modelopt/fp8"))
-                fail_msg("the tiny ModelOpt fixture is committed: run from the source tree");
-        compare_tp(&mc, "tiny-modelopt fp8", run_steps_tp, 13, cases, sizeof cases / sizeof cases[0]);
-        model_close(&mc);
-
-        if (!model_open(&mc, "tests/fixtures/tiny-modelopt/nvfp4"))
-                fail_msg("the tiny ModelOpt fixture is committed: run from the source tree");
         tsr_runner *r = NULL;
         char err[512] = "";
+        if (!model_open_family(&mc, rel, family))
+                fail_msg("%s is a committed fixture: run from the source tree", rel);
         tsr_runner_opts o = {.dtype = "float32", .backend = mc.be, .stage_threads = 1, .pp_timeout_ms = 60000,
-                             .tp = 2, .tp_canonical = true};
-        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 0, &r, NULL, err, sizeof err),
+                             .tp = 2, .tp_canonical = true, .expert_parallel = ep};
+        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 4, &r, NULL, err, sizeof err),
                          TSR_E_UNSUPPORTED);
-        print_message("nvfp4 at tp 2: %s\n", err);
-        assert_non_null(strstr(err, "o_proj of layer 0 is nvfp4, whose blocks of 16 elements the canonical split's "
-                                    "8 columns per slice would cut (4 slices a rank)"));
-        o.tp = 1;
+        print_message("%s at tp 2%s: %s\n", rel, ep ? " (expert parallel)" : "", err);
+        if (!strstr(err, want))
+                fail_msg("%s: %s", rel, err);
+        model_close(&mc);
+}
+
+/* Tensor parallelism on ModelOpt checkpoints, every linear kept as stored: each rank
+ * reads its rows and K columns of the fp8 bytes (a Llama 4 FP8 expert stack whole, then
+ * the rank's columns of each expert), and the logits are bitwise TP = 1's in the
+ * canonical split, on both kernel sets: the tiny Llama (TP 2, 4 > its 2 KV heads, 2 x PP
+ * 2), NemotronH ("ME*M-E": Mamba mixer, attention, experts, shared expert, MLP; TP 2,
+ * 2 x PP 2) and Llama 4 (TP 2, 4, 2 x PP 2).  The NVFP4 twins are too narrow for blocks
+ * of 16: refused at tp 2, naming the tensor (the Llama's and Llama 4's o_proj: 8 columns
+ * a canonical slice; NemotronH's shared expert: 24 columns a rank, at the load), and the
+ * tiny Llama's runs unsplit at tp 1.  --enable-expert-parallel on a quantized checkpoint
+ * is refused (a layer's experts share one activation scale, the max over all of them). */
+static void test_modelopt_tp(void **state) {
+        (void)state;
+        static const uint32_t llama_pp[] = {1, 1}, nh_pp[] = {3, 3}, l4_pp[] = {2, 2};
+        static const tp_case llama_cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, llama_pp}};
+        static const tp_case nh_cases[] = {{2, 1, NULL}, {2, 2, nh_pp}};
+        static const tp_case l4_cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, l4_pp}};
+        static const struct {
+                const char *rel, *family;
+                tp_run_fn run;
+                size_t rows;
+                const tp_case *cases;
+                size_t n;
+        } fp8[] = {
+                {"tests/fixtures/tiny-modelopt/fp8", "llama", run_steps_tp, 13, llama_cases,
+                 sizeof llama_cases / sizeof llama_cases[0]},
+                {"tests/fixtures/tiny-nemotron-h-fp8/model", "nemotron_h", run_hybrid_f32, H_ROWS, nh_cases,
+                 sizeof nh_cases / sizeof nh_cases[0]},
+                {"tests/fixtures/tiny-llama4-modelopt/fp8", "llama4", run_hybrid_f32, H_ROWS, l4_cases,
+                 sizeof l4_cases / sizeof l4_cases[0]},
+        };
+        for (size_t i = 0; i < sizeof fp8 / sizeof fp8[0]; i++) {
+                model_case mc = {0};
+                if (!model_open_family(&mc, fp8[i].rel, fp8[i].family))
+                        fail_msg("%s is a committed fixture: run from the source tree", fp8[i].rel);
+                compare_tp(&mc, fp8[i].rel, fp8[i].run, fp8[i].rows, fp8[i].cases, fp8[i].n);
+                model_close(&mc);
+        }
+        expect_tp2_refused("tests/fixtures/tiny-modelopt/nvfp4", "llama",
+                           false, "tensor parallelism: o_proj of layer 0 is nvfp4, whose blocks of 16 elements the "
+                                  "canonical split's 8 columns per slice would cut (4 slices a rank)");
+        expect_tp2_refused("tests/fixtures/tiny-nemotron-h-nvfp4/model", "nemotron_h", false,
+                           "tensor 'backbone.layers.1.mixer.shared_experts.down_proj.weight': its tensor-parallel "
+                           "share (columns 0..23) does not fall on whole nvfp4 blocks of 16 elements");
+        expect_tp2_refused("tests/fixtures/tiny-llama4-modelopt/nvfp4", "llama4", false,
+                           "tensor parallelism: o_proj of layer 0 is nvfp4, whose blocks of 16 elements the "
+                           "canonical split's 8 columns per slice would cut");
+        expect_tp2_refused("tests/fixtures/tiny-nemotron-h-fp8/model", "nemotron_h", true,
+                           "--enable-expert-parallel with a quantized (ModelOpt FP8) checkpoint is not supported yet");
+
+        /* the narrow NVFP4 Llama at tp 1: the canonical split does not apply, it runs unsplit */
+        model_case mc = {0};
+        tsr_runner *r = NULL;
+        char err[512] = "";
+        if (!model_open(&mc, "tests/fixtures/tiny-modelopt/nvfp4"))
+                fail_msg("the tiny ModelOpt fixture is committed: run from the source tree");
+        tsr_runner_opts o = {.dtype = "float32", .backend = mc.be, .stage_threads = 1, .pp_timeout_ms = 60000,
+                             .tp = 1, .tp_canonical = true};
         assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 0, &r, NULL, err, sizeof err), TSR_OK);
         tsr_runner_free(&r);
         model_close(&mc);
-
-        /* NemotronH FP8 (tests/fixtures/tiny-nemotron-h-fp8, "ME*M-E": every linear of
-         * the Mamba mixer, the attention, the experts, the shared expert and the MLP is
-         * fp8) at TP 2 and 2 x PP 2, bitwise TP 1; with --enable-expert-parallel refused
-         * (a rank would hold only its experts' activation scales); its NVFP4 twin's
-         * shared expert has 48 columns, 24 a rank at tp 2, a block and a half: refused at
-         * the load, naming the tensor */
-        static const uint32_t nh_halves[] = {3, 3};
-        static const tp_case nh_cases[] = {{2, 1, NULL}, {2, 2, nh_halves}};
-        if (!model_open_family(&mc, "tests/fixtures/tiny-nemotron-h-fp8/model", "nemotron_h"))
-                fail_msg("the tiny NemotronH FP8 fixture is committed: run from the source tree");
-        compare_tp(&mc, "tiny-nemotron-h fp8", run_hybrid_f32, H_ROWS, nh_cases, sizeof nh_cases / sizeof nh_cases[0]);
-        o = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .stage_threads = 1, .pp_timeout_ms = 60000,
-                              .tp = 2, .tp_canonical = true, .expert_parallel = true};
-        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 4, &r, NULL, err, sizeof err),
-                         TSR_E_UNSUPPORTED);
-        assert_non_null(strstr(err, "--enable-expert-parallel with a quantized (ModelOpt FP8) checkpoint is not "
-                                    "supported yet"));
-        model_close(&mc);
-        if (!model_open_family(&mc, "tests/fixtures/tiny-nemotron-h-nvfp4/model", "nemotron_h"))
-                fail_msg("the tiny NemotronH NVFP4 fixture is committed: run from the source tree");
-        o = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .stage_threads = 1, .pp_timeout_ms = 60000,
-                              .tp = 2, .tp_canonical = true};
-        assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 4, &r, NULL, err, sizeof err),
-                         TSR_E_UNSUPPORTED);
-        print_message("nemotron_h nvfp4 at tp 2: %s\n", err);
-        assert_non_null(strstr(err, "tensor 'backbone.layers.1.mixer.shared_experts.down_proj.weight': its "
-                                    "tensor-parallel share (columns 0..23) does not fall on whole nvfp4 blocks of "
-                                    "16 elements"));
-        model_close(&mc);
-
-        /* Llama 4's split does not cut quantized weights: refused at -tp 2 */
-        static const struct { const char *rel, *family; } others[] = {
-                {"tests/fixtures/tiny-llama4-modelopt/fp8", "llama4"},
-        };
-        for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
-                char want[256];
-                if (!model_open_family(&mc, others[i].rel, others[i].family))
-                        fail_msg("%s is a committed fixture: run from the source tree", others[i].rel);
-                o = (tsr_runner_opts){.dtype = "float32", .backend = mc.be, .stage_threads = 1,
-                                      .pp_timeout_ms = 60000, .tp = 2, .tp_canonical = true};
-                assert_int_equal(tsr_runner_new(mc.path, &mc.desc, &o, N_BLOCKS, BLOCK, 4, &r, NULL, err, sizeof err),
-                                 TSR_E_UNSUPPORTED);
-                snprintf(want, sizeof want, "tensor parallelism with a quantized (ModelOpt FP8) checkpoint is not "
-                         "supported for model family %s (supported: -tp 1; families that split one: llama, "
-                         "nemotron_h)",
-                         others[i].family);
-                if (!strstr(err, want))
-                        fail_msg("%s: %s", others[i].rel, err);
-                model_close(&mc);
-        }
 }
 
 /* What the ranks hold after a tensor- or expert-parallel split, for every family: the

@@ -381,7 +381,7 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
         char module[sizeof w->name];
         size_t n = strlen(w->name);
 
-        if (w->experts_n || (w->slice.axis != TSR_LOAD_WHOLE && (!w->stored || w->experts))) {
+        if (w->experts_n || (w->slice.axis != TSR_LOAD_WHOLE && !w->stored)) {
                 /* runner.c refuses ModelOpt at tp > 1 first for the families without it */
                 tsr_errf(err, errlen, "%s: tensor '%s': a tensor-parallel share of a quantized (%s) weight is not "
                          "supported", file, w->name, tsr_safetensors_dtype_name(t->dtype));
@@ -393,7 +393,9 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
                          tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_INVAL;
         }
-        if (w->stored && w->experts)    /* an expert stack in the BMM layout (Llama 4's FP8) */
+        /* an expert stack in the BMM layout (Llama 4's FP8): read whole even for a
+         * tensor-parallel share, which the family keeps of each expert (loader.h) */
+        if (w->stored && w->experts)
                 return tsr_modelopt_load_stack(s->modelopt, s->set, w->name, t, file, w->experts, w->rows, w->cols,
                                                w->stored, err, errlen);
         if (!w->stored || !w->cols || w->experts || n < 7 || strcmp(w->name + n - 7, ".weight") != 0) {

@@ -142,7 +142,9 @@ typedef struct tsr_load_slot {
          * converted row by row from the file's bytes, so no whole tensor is ever held in
          * float32.  A GGUF block format is then never kept as stored; a ModelOpt weight
          * is, read whole as stored and cut to the share (tsr_load_stored_slice: the one
-         * tensor, never the whole model, held at once).  A vector (cols 0) only by rows. */
+         * tensor, never the whole model, held at once), except an FP8 expert stack
+         * (experts > 0), read whole: the family keeps its share of each expert.  A vector
+         * (cols 0) only by rows. */
         tsr_load_slice slice;
         /* An expert stack (experts > 0): only experts [experts_first, experts_first +
          * experts_n) go into *dst (experts_n 0: every one); an expert-parallel rank's

@@ -275,7 +275,8 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                 if (ep && (i / 3 < e0 || i / 3 >= e0 + ne))
                         return false;   /* an expert-parallel rank reads its experts, no other's */
                 tsr_load_slice sl = ep ? (tsr_load_slice){0} : l4_slice(m, n->logical);
-                *ret = (tsr_load_slot){.dst = &L->fexp[i], .stored = sl.axis || ep ? NULL : &L->qexp[i],
+                /* a share of a ModelOpt weight is kept as stored too (loader.h) */
+                *ret = (tsr_load_slot){.dst = &L->fexp[i], .stored = ep ? NULL : &L->qexp[i],
                                        .rows = i % 3 == 2 ? dim : I, .cols = i % 3 == 2 ? I : dim, .slice = sl};
                 return true;
         }
@@ -287,7 +288,10 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                         tsr_tensor *stored = s[i].mat ? &s[i].mat->q : NULL;
                         if (s[i].experts)       /* an FP8 BMM stack is kept as stored, then split per expert */
                                 stored = c->gguf ? NULL : s[i].dst == &L->exp_gate_up.f ? &L->stack_gu : &L->stack_dn;
-                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = sl.axis || ep_stack ? NULL : stored,
+                        /* a tensor-parallel rank reads a float stack's share; an FP8 stack is
+                         * read whole (the loader cuts no 3-D stack) and split_stacks keeps
+                         * the rank's columns of each expert */
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = ep_stack ? NULL : stored,
                                                .rows = s[i].rows, .cols = s[i].cols, .experts = s[i].experts,
                                                .slice = sl, .experts_first = ep_stack ? e0 : 0,
                                                .experts_n = ep_stack ? ne : 0,
@@ -348,28 +352,29 @@ static tsr_status tensor_new(tsr_tensor *t, tsr_dtype dtype, size_t rows, size_t
 }
 
 /* An FP8 BMM stack pair (ModelOpt's Llama 4 FP8: gate_up [E, dim, 2I], down [E, I, dim],
- * fp8 bytes) -> each expert's gate and up (I, dim) and down (dim, I), the (out, in)
- * rows the matmul reads: a transposition of bytes, the values and the stack's one
- * scale pair unchanged. */
-static tsr_status split_stacks(layer *L, size_t E, size_t I, size_t dim) {
+ * fp8 bytes) -> each expert's gate and up (n, dim) and down (dim, n), the (out, in)
+ * rows the matmul reads, of intermediate columns [i0, i0 + n) (a tensor-parallel rank's;
+ * 0 and I: all): a transposition of bytes, the values and the stack's one scale pair
+ * unchanged. */
+static tsr_status split_stacks(layer *L, size_t E, size_t I, size_t dim, size_t i0, size_t n) {
         const uint8_t *gu = L->stack_gu.data, *dn = L->stack_dn.data;
         tsr_status st;
 
         for (size_t e = 0; e < E; e++) {
                 tsr_tensor *g = &L->qexp[3 * e], *u = g + 1, *d = g + 2;
-                if ((st = tensor_new(g, TSR_DTYPE_FP8_E4M3, I, dim, L->stack_gu.scales)) != TSR_OK ||
-                    (st = tensor_new(u, TSR_DTYPE_FP8_E4M3, I, dim, L->stack_gu.scales)) != TSR_OK ||
-                    (st = tensor_new(d, TSR_DTYPE_FP8_E4M3, dim, I, L->stack_dn.scales)) != TSR_OK)
+                if ((st = tensor_new(g, TSR_DTYPE_FP8_E4M3, n, dim, L->stack_gu.scales)) != TSR_OK ||
+                    (st = tensor_new(u, TSR_DTYPE_FP8_E4M3, n, dim, L->stack_gu.scales)) != TSR_OK ||
+                    (st = tensor_new(d, TSR_DTYPE_FP8_E4M3, dim, n, L->stack_dn.scales)) != TSR_OK)
                         return st;
                 uint8_t *gb = g->data, *ub = u->data, *db = d->data;
                 for (size_t r = 0; r < dim; r++)
-                        for (size_t i = 0; i < I; i++) {
-                                gb[i * dim + r] = gu[(e * dim + r) * 2 * I + i];
-                                ub[i * dim + r] = gu[(e * dim + r) * 2 * I + I + i];
+                        for (size_t i = 0; i < n; i++) {
+                                gb[i * dim + r] = gu[(e * dim + r) * 2 * I + i0 + i];
+                                ub[i * dim + r] = gu[(e * dim + r) * 2 * I + I + i0 + i];
                         }
-                for (size_t i = 0; i < I; i++)
+                for (size_t i = 0; i < n; i++)
                         for (size_t o = 0; o < dim; o++)
-                                db[o * I + i] = dn[(e * I + i) * dim + o];
+                                db[o * n + i] = dn[(e * I + i0 + i) * dim + o];
         }
         free(L->stack_gu.data);
         free(L->stack_dn.data);
@@ -419,8 +424,8 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char
                                  L->stack_gu.data ? "down_proj" : "gate_up_proj");
                         return TSR_E_INVAL;
                 }
-                if (L->stack_gu.data)
-                        st = split_stacks(L, E, I, dim);
+                if (L->stack_gu.data)   /* read whole (llama4_bind): the rank's I columns of each */
+                        st = split_stacks(L, E, m->cfg->base.hidden_dim, dim, (size_t)m->shard.tp_rank * I, I);
                 else if (!transpose_experts(L->exp_gate_up.f, E, dim, 2 * I) ||
                          !transpose_experts(L->exp_down.f, E, I, dim))
                         st = TSR_E_NOMEM;
@@ -766,6 +771,47 @@ static tsr_status tp_check(const tsr_llama4_config *c, uint32_t t, char *err, si
 
 /* tsr_llama4_shard_tp, and with `ep` tsr_llama4_shard_ep: the routed experts whole per
  * rank instead of a share of each. */
+/* tsr_tp_keep_rows / tsr_tp_keep_col_slices for a linear held as float32 or kept as
+ * stored (a ModelOpt checkpoint's fp8 / nvfp4: w->q). */
+static tsr_status keep_rows(mat *w, size_t rows, size_t cols, size_t first, size_t n) {
+        tsr_load_slice sl = {TSR_LOAD_SLICE_ROWS, 1, {{first, n}}};
+        return w->q.data ? tsr_load_stored_slice(&w->q, &sl) : tsr_tp_keep_rows(&w->f, 1, rows, cols, first, n);
+}
+
+static tsr_status keep_col_slices(mat *w, size_t rows, size_t cols, size_t first, size_t n, size_t ns) {
+        return w->q.data ? tsr_tp_keep_stored_col_slices(&w->q, first, n, ns)
+                         : tsr_tp_keep_col_slices(&w->f, 1, rows, cols, first, n, ns);
+}
+
+/* The row-parallel linears kept as stored split into canonical K slices of whole blocks
+ * (NVFP4's 16 elements): o_proj's ko columns a slice, the experts' and the shared
+ * expert's ke, the dense MLP's km.  Checked for every layer before anything is cut. */
+static tsr_status stored_slices_check(const tsr_llama4 *m, size_t ko, size_t ke, size_t km, char *err,
+                                      size_t errlen) {
+        size_t n_local = m->shard.last_layer - m->shard.first_layer + 1;
+        for (size_t l = 0; l < n_local; l++) {
+                const layer *L = &m->layers[l];
+                const struct { const tsr_tensor *q; size_t k; const char *what; } rows[] = {
+                        {&L->o.q, ko, "o_proj"},
+                        {&L->sh_down.q, ke, "the shared expert's down_proj"},
+                        {L->qexp ? &L->qexp[2] : NULL, ke, "the experts' down_proj"},
+                        {&L->down.q, km, "down_proj"},
+                };
+                for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+                        const tsr_tensor *q = rows[i].q;
+                        uint32_t be = q && q->data ? tsr_dtype_get_info(q->dtype)->block_elems : 1;
+                        if (rows[i].k % be) {
+                                tsr_errf(err, errlen, "tensor parallelism: %s of layer %zu is %s, whose blocks of %u "
+                                         "elements the canonical split's %zu columns per slice would cut",
+                                         rows[i].what, m->shard.first_layer + l, tsr_dtype_get_info(q->dtype)->name,
+                                         be, rows[i].k);
+                                return TSR_E_UNSUPPORTED;
+                        }
+                }
+        }
+        return TSR_OK;
+}
+
 static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool ep, char *err, size_t errlen) {
         const tsr_llama4_config *c;
         size_t dim, hd, H, KVH, I, M, E, nh, nkv, kv0, hid, mlp, vl, ns, n_local, e0 = 0, ne = 0;
@@ -784,9 +830,8 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         c = m->cfg;
         if ((st = tp_check(c, tp_size, err, errlen)) != TSR_OK)
                 return st;
-        if (m->bf16 || m->qdtype != TSR_DTYPE_F32) {
-                tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32%s)",
-                         m->qdtype != TSR_DTYPE_F32 ? "; a quantized checkpoint is served at -tp 1" : "");
+        if (m->bf16) {
+                tsr_errf(err, errlen, "tensor parallelism needs float32 weights (--dtype float32)");
                 return TSR_E_UNSUPPORTED;
         }
         dim = c->base.dim, hd = c->base.head_dim, H = c->base.n_heads, KVH = c->base.n_kv_heads;
@@ -804,15 +849,27 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         n_local = m->shard.last_layer - m->shard.first_layer + 1;
         if (ep && (st = tsr_tp_expert_range(E, tp_rank, tp_size, &e0, &ne, err, errlen)) != TSR_OK)
                 return st;
+        if ((st = stored_slices_check(m, nh * hd / ns, hid / ns, mlp / ns, err, errlen)) != TSR_OK)
+                return st;
         st = TSR_OK;
         for (size_t l = 0; l < n_local && st == TSR_OK; l++) {
                 layer *L = &m->layers[l];
                 if (split && !sliced &&
-                    (st = tsr_tp_keep_rows(&L->q.f, 1, H * hd, dim, tp_rank * nh * hd, nh * hd)) == TSR_OK &&
-                    (st = tsr_tp_keep_rows(&L->k.f, 1, KVH * hd, dim, kv0 * hd, nkv * hd)) == TSR_OK)
-                        st = tsr_tp_keep_rows(&L->v.f, 1, KVH * hd, dim, kv0 * hd, nkv * hd);
+                    (st = keep_rows(&L->q, H * hd, dim, tp_rank * nh * hd, nh * hd)) == TSR_OK &&
+                    (st = keep_rows(&L->k, KVH * hd, dim, kv0 * hd, nkv * hd)) == TSR_OK)
+                        st = keep_rows(&L->v, KVH * hd, dim, kv0 * hd, nkv * hd);
                 if (st == TSR_OK)
-                        st = tsr_tp_keep_col_slices(&L->o.f, 1, dim, o_cols, o0, nh * hd, ns);
+                        st = keep_col_slices(&L->o, dim, o_cols, o0, nh * hd, ns);
+                /* a ModelOpt checkpoint's experts, one tensor each (qexp): the rank's rows
+                 * of gate and up (read as the share already at tp > 1), down's K slices */
+                for (size_t e = 0; st == TSR_OK && L->qexp && L->qexp[0].data && e < E; e++) {
+                        tsr_tensor *g = &L->qexp[3 * e];
+                        tsr_load_slice rows = {TSR_LOAD_SLICE_ROWS, 1, {{tp_rank * hid, hid}}};
+                        if (split && !sliced && (st = tsr_load_stored_slice(&g[0], &rows)) == TSR_OK)
+                                st = tsr_load_stored_slice(&g[1], &rows);
+                        if (st == TSR_OK)
+                                st = tsr_tp_keep_stored_col_slices(&g[2], i0, hid, ns);
+                }
                 if (st != TSR_OK)
                         break;
                 if ((c->layer[m->shard.first_layer + l] & TSR_LLAMA4_MOE) && ep) {
@@ -825,26 +882,29 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
                         if (st == TSR_OK)       /* (read: the rank's experts only) */
                                 st = tsr_tp_keep_col_slices(&L->exp_down.f, ne, dim, I, 0, I, TSR_COMM_TREE_LEAVES);
                         if (st == TSR_OK && split && !sliced &&
-                            (st = tsr_tp_keep_rows(&L->sh_gate.f, 1, I, dim, tp_rank * hid, hid)) == TSR_OK)
-                                st = tsr_tp_keep_rows(&L->sh_up.f, 1, I, dim, tp_rank * hid, hid);
+                            (st = keep_rows(&L->sh_gate, I, dim, tp_rank * hid, hid)) == TSR_OK)
+                                st = keep_rows(&L->sh_up, I, dim, tp_rank * hid, hid);
                         if (st == TSR_OK)
-                                st = tsr_tp_keep_col_slices(&L->sh_down.f, 1, dim, i_cols, i0, hid, ns);
+                                st = keep_col_slices(&L->sh_down, dim, i_cols, i0, hid, ns);
                 } else if (c->layer[m->shard.first_layer + l] & TSR_LLAMA4_MOE) {
                         /* every expert's gate and up halves, (2E, I, dim) as stacked (I, dim)
-                         * matrices, and the shared expert: the rank's hid rows of each */
-                        if (split && !sliced &&
-                            (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 2 * E, I, dim, tp_rank * hid, hid)) == TSR_OK &&
-                            (st = tsr_tp_keep_rows(&L->sh_gate.f, 1, I, dim, tp_rank * hid, hid)) == TSR_OK)
-                                st = tsr_tp_keep_rows(&L->sh_up.f, 1, I, dim, tp_rank * hid, hid);
-                        if (st == TSR_OK &&
-                            (st = tsr_tp_keep_col_slices(&L->exp_down.f, E, dim, i_cols, i0, hid, ns)) == TSR_OK)
-                                st = tsr_tp_keep_col_slices(&L->sh_down.f, 1, dim, i_cols, i0, hid, ns);
-                } else {
-                        if (split && !sliced &&
-                            (st = tsr_tp_keep_rows(&L->gate.f, 1, M, dim, tp_rank * mlp, mlp)) == TSR_OK)
-                                st = tsr_tp_keep_rows(&L->up.f, 1, M, dim, tp_rank * mlp, mlp);
+                         * matrices (float; a quantized checkpoint's are qexp, above), and the
+                         * shared expert: the rank's hid rows of each */
+                        bool fexp = L->exp_gate_up.f != NULL;
+                        if (split && !sliced && fexp &&
+                            (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 2 * E, I, dim, tp_rank * hid, hid)) != TSR_OK)
+                                break;
+                        if (split && !sliced && (st = keep_rows(&L->sh_gate, I, dim, tp_rank * hid, hid)) == TSR_OK)
+                                st = keep_rows(&L->sh_up, I, dim, tp_rank * hid, hid);
+                        if (st == TSR_OK && fexp)
+                                st = tsr_tp_keep_col_slices(&L->exp_down.f, E, dim, i_cols, i0, hid, ns);
                         if (st == TSR_OK)
-                                st = tsr_tp_keep_col_slices(&L->down.f, 1, dim, m_cols, m0, mlp, ns);
+                                st = keep_col_slices(&L->sh_down, dim, i_cols, i0, hid, ns);
+                } else {
+                        if (split && !sliced && (st = keep_rows(&L->gate, M, dim, tp_rank * mlp, mlp)) == TSR_OK)
+                                st = keep_rows(&L->up, M, dim, tp_rank * mlp, mlp);
+                        if (st == TSR_OK)
+                                st = keep_col_slices(&L->down, dim, m_cols, m0, mlp, ns);
                 }
         }
         /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs and
@@ -1195,6 +1255,10 @@ static tsr_status mm_parts(const tsr_llama4 *m, tsr_backend *be, struct scratch 
                            const mat *w, size_t off, size_t rows, size_t k) {
         if (!m->canonical)
                 return mm(be, parts, x, w, off, rows, k, m->cfg->base.dim);
+        if (w->q.data)  /* as stored: the canonical K slices of the quantized bytes */
+                return off ? TSR_E_INTERNAL
+                           : tsr_tp_row_partials(be, parts, s->slice, x, w->q.data, w->q.dtype, &w->q.scales, rows, k,
+                                                 m->cfg->base.dim, n_parts(m));
         if (w->b)       /* converted after the split: bf16 blocks of the same layout */
                 return tsr_tp_row_partials(be, parts, s->slice, x, w->b + off, TSR_DTYPE_BF16, NULL, rows, k,
                                            m->cfg->base.dim, n_parts(m));
@@ -1278,11 +1342,16 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                 for (size_t i = 0; i < n; i++)          /* the router weight scales the expert's input */
                         for (size_t d = 0; d < dim; d++)
                                 s->xin[i * dim + d] = s->xb[(size_t)s->rows[i] * dim + d] * s->rscale[i];
-                if (L->qexp[0].data) {  /* as stored (ModelOpt; never canonical: P is 1) */
+                if (L->qexp && L->qexp[0].data) {       /* as stored (ModelOpt) */
+                        const tsr_tensor *d = &L->qexp[3 * e + 2];
                         TRY(mm_stored(be, s->hb, s->xin, &L->qexp[3 * e], n));
                         TRY(mm_stored(be, s->hb2, s->xin, &L->qexp[3 * e + 1], n));
                         TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, n * I));
-                        TRY(mm_stored(be, s->ey, s->hb, &L->qexp[3 * e + 2], n));
+                        if (m->canonical)       /* its K slices (shard): ey (P, n, dim) */
+                                TRY(tsr_tp_row_partials(be, s->ey, s->slice, s->hb, d->data, d->dtype, &d->scales, n,
+                                                        I, dim, P));
+                        else
+                                TRY(mm_stored(be, s->ey, s->hb, d, n));
                 } else {
                         /* gate rows 0..I-1 and up rows I..2I-1 of the expert's (2I, dim) matrix */
                         TRY(mm(be, s->hb, s->xin, &L->exp_gate_up, le * 2 * I * dim, n, dim, I));

@@ -174,6 +174,7 @@ const tsr_model_family tsr_family_llama4 = {
         .forward_stage = llama4_forward_stage,
         .tp_shard = llama4_tp_shard,
         .load_tp_share = true,
+        .tp_quantized = true,
         .ep_shard = llama4_ep_shard,
         .moe = true,
         .tp_set_comm = llama4_tp_set_comm,
