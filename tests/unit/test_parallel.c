@@ -1585,7 +1585,7 @@ static bool write_llama_q8_0(char *path, uint32_t dim) {
                 while (b.len % 32)
                         gw_u8(&b, 0);
         }
-        int fd = mkstemps(path, 5);     /* "XXXXXX.gguf" */
+        int fd = mkstemps(path, 5);     /* the template's 5-byte ".gguf" suffix is kept */
         bool ok = fd >= 0 && write(fd, b.data, b.len) == (ssize_t)b.len;
         if (fd >= 0)
                 ok = close(fd) == 0 && ok;
@@ -1609,6 +1609,7 @@ static void test_gguf_q8_0_tp(void **state) {
         for (uint32_t dim = 256; dim >= 128; dim /= 2) {
                 static char path[64];
                 model_case mc = {0};
+                /* mkstemps' template: the six X become a unique name (write_llama_q8_0) */
                 snprintf(path, sizeof path, "/tmp/tsr-q8-llama-XXXXXX.gguf");
                 if (!write_llama_q8_0(path, dim))
                         fail_msg("cannot write a GGUF under /tmp");

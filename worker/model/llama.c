@@ -701,28 +701,26 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
          * anything is cut, so a refusal at tp 1 leaves the model as loaded; a GGUF block
          * weight whose slices would cut a block is widened to float32 instead (its bits
          * are the widened load's). */
-        for (size_t l = 0; l < m->n_local; l++)
-                for (int i = 0; i < MM_PER_LAYER; i++) {
-                        const tsr_tensor *t = &w->layers[l].stored[i];
-                        bool row_parallel = i == TSR_LLAMA_MM_O || i == TSR_LLAMA_MM_DOWN;
-                        bool modelopt = t->dtype == TSR_DTYPE_FP8_E4M3 || t->dtype == TSR_DTYPE_NVFP4;
-                        size_t ks = (i == TSR_LLAMA_MM_O ? (size_t)sh.nh * hd : sh.hid) / sh.ns;
-                        uint32_t be = t->data ? tsr_dtype_get_info(t->dtype)->block_elems : 1;
-                        if (row_parallel && ks % be && modelopt) {
-                                tsr_errf(err, errlen, "tensor parallelism: %s of layer %zu is %s, whose blocks of %u "
-                                         "elements the canonical split's %zu columns per slice would cut (%u slices "
-                                         "a rank)", i == TSR_LLAMA_MM_O ? "o_proj" : "down_proj",
-                                         m->first_layer + l, tsr_dtype_get_info(t->dtype)->name, be, ks, sh.ns);
-                                return TSR_E_UNSUPPORTED;
-                        }
-                }
+        size_t o_ks = (size_t)sh.nh * hd / sh.ns, down_ks = sh.hid / sh.ns;
+        for (size_t l = 0; l < m->n_local; l++) {
+                const tsr_tensor *t = w->layers[l].stored;
+                /* only a ModelOpt format is refused: a GGUF block is widened below */
+                bool o_mo = t[TSR_LLAMA_MM_O].dtype == TSR_DTYPE_FP8_E4M3 || t[TSR_LLAMA_MM_O].dtype == TSR_DTYPE_NVFP4;
+                bool d_mo = t[TSR_LLAMA_MM_DOWN].dtype == TSR_DTYPE_FP8_E4M3 ||
+                            t[TSR_LLAMA_MM_DOWN].dtype == TSR_DTYPE_NVFP4;
+                if ((o_mo && (st = tsr_tp_check_stored_slice(&t[TSR_LLAMA_MM_O], o_ks, sh.ns, "o_proj",
+                                                             m->first_layer + l, err, errlen)) != TSR_OK) ||
+                    (d_mo && (st = tsr_tp_check_stored_slice(&t[TSR_LLAMA_MM_DOWN], down_ks, sh.ns, "down_proj",
+                                                             m->first_layer + l, err, errlen)) != TSR_OK))
+                        return st;
+        }
         for (size_t l = 0; l < m->n_local; l++) {
                 tsr_llama_layer *L = &w->layers[l];
                 tsr_tensor *t = L->stored;
                 float **o_f32[2] = {&L->wo, &L->w_down};
                 for (int j = 0; j < 2 && st == TSR_OK; j++) {
                         int i = j ? TSR_LLAMA_MM_DOWN : TSR_LLAMA_MM_O;
-                        size_t ks = (i == TSR_LLAMA_MM_O ? (size_t)sh.nh * hd : sh.hid) / sh.ns;
+                        size_t ks = j ? down_ks : o_ks;
                         const tsr_dtype_info *di = t[i].data ? tsr_dtype_get_info(t[i].dtype) : NULL;
                         if (di && ks % di->block_elems) {
                                 if (l == 0 && tp_rank == 0)
@@ -740,22 +738,15 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
                         {&L->w_gate, TSR_LLAMA_MM_GATE, c->hidden_dim, (size_t)tp_rank * sh.hid, sh.hid},
                         {&L->w_up, TSR_LLAMA_MM_UP, c->hidden_dim, (size_t)tp_rank * sh.hid, sh.hid},
                 };
-                for (size_t j = 0; split_rows && st == TSR_OK && j < sizeof col_par / sizeof col_par[0]; j++) {
-                        tsr_load_slice rows = {TSR_LOAD_SLICE_ROWS, 1, {{col_par[j].first, col_par[j].n}}};
-                        st = t[col_par[j].which].data ? tsr_load_stored_slice(&t[col_par[j].which], &rows)
-                                                      : tsr_tp_keep_rows(col_par[j].f, 1, col_par[j].rows, c->dim,
-                                                                         col_par[j].first, col_par[j].n);
-                }
+                for (size_t j = 0; split_rows && st == TSR_OK && j < sizeof col_par / sizeof col_par[0]; j++)
+                        st = tsr_tp_keep_rows_of(col_par[j].f, &t[col_par[j].which], col_par[j].rows, c->dim,
+                                                 col_par[j].first, col_par[j].n);
                 if (st == TSR_OK)
-                        st = t[TSR_LLAMA_MM_O].data ? tsr_tp_keep_stored_col_slices(&t[TSR_LLAMA_MM_O], o_first,
-                                                                                    (size_t)sh.nh * hd, sh.ns)
-                                                    : tsr_tp_keep_col_slices(&L->wo, 1, c->dim, o_cols, o_first,
-                                                                             (size_t)sh.nh * hd, sh.ns);
+                        st = tsr_tp_keep_col_slices_of(&L->wo, &t[TSR_LLAMA_MM_O], c->dim, o_cols, o_first,
+                                                       (size_t)sh.nh * hd, sh.ns);
                 if (st == TSR_OK)
-                        st = t[TSR_LLAMA_MM_DOWN].data
-                                     ? tsr_tp_keep_stored_col_slices(&t[TSR_LLAMA_MM_DOWN], down_first, sh.hid, sh.ns)
-                                     : tsr_tp_keep_col_slices(&L->w_down, 1, c->dim, down_cols, down_first, sh.hid,
-                                                              sh.ns);
+                        st = tsr_tp_keep_col_slices_of(&L->w_down, &t[TSR_LLAMA_MM_DOWN], c->dim, down_cols, down_first,
+                                                       sh.hid, sh.ns);
         }
         /* tied: the embedding stays whole where it runs, lm_head gets a copy of its rows;
          * read as the share, untied or tied on a stage that does not embed: its rows are

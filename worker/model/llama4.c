@@ -771,22 +771,20 @@ static tsr_status tp_check(const tsr_llama4_config *c, uint32_t t, char *err, si
 
 /* tsr_llama4_shard_tp, and with `ep` tsr_llama4_shard_ep: the routed experts whole per
  * rank instead of a share of each. */
-/* tsr_tp_keep_rows / tsr_tp_keep_col_slices for a linear held as float32 or kept as
- * stored (a ModelOpt checkpoint's fp8 / nvfp4: w->q). */
+/* tp.h's splits of a linear held as float32 (w->f) or kept as stored (a ModelOpt
+ * checkpoint's fp8 / nvfp4: w->q). */
 static tsr_status keep_rows(mat *w, size_t rows, size_t cols, size_t first, size_t n) {
-        tsr_load_slice sl = {TSR_LOAD_SLICE_ROWS, 1, {{first, n}}};
-        return w->q.data ? tsr_load_stored_slice(&w->q, &sl) : tsr_tp_keep_rows(&w->f, 1, rows, cols, first, n);
+        return tsr_tp_keep_rows_of(&w->f, &w->q, rows, cols, first, n);
 }
 
 static tsr_status keep_col_slices(mat *w, size_t rows, size_t cols, size_t first, size_t n, size_t ns) {
-        return w->q.data ? tsr_tp_keep_stored_col_slices(&w->q, first, n, ns)
-                         : tsr_tp_keep_col_slices(&w->f, 1, rows, cols, first, n, ns);
+        return tsr_tp_keep_col_slices_of(&w->f, &w->q, rows, cols, first, n, ns);
 }
 
 /* The row-parallel linears kept as stored split into canonical K slices of whole blocks
  * (NVFP4's 16 elements): o_proj's ko columns a slice, the experts' and the shared
  * expert's ke, the dense MLP's km.  Checked for every layer before anything is cut. */
-static tsr_status stored_slices_check(const tsr_llama4 *m, size_t ko, size_t ke, size_t km, char *err,
+static tsr_status stored_slices_check(const tsr_llama4 *m, size_t ko, size_t ke, size_t km, size_t ns, char *err,
                                       size_t errlen) {
         size_t n_local = m->shard.last_layer - m->shard.first_layer + 1;
         for (size_t l = 0; l < n_local; l++) {
@@ -798,15 +796,10 @@ static tsr_status stored_slices_check(const tsr_llama4 *m, size_t ko, size_t ke,
                         {&L->down.q, km, "down_proj"},
                 };
                 for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-                        const tsr_tensor *q = rows[i].q;
-                        uint32_t be = q && q->data ? tsr_dtype_get_info(q->dtype)->block_elems : 1;
-                        if (rows[i].k % be) {
-                                tsr_errf(err, errlen, "tensor parallelism: %s of layer %zu is %s, whose blocks of %u "
-                                         "elements the canonical split's %zu columns per slice would cut",
-                                         rows[i].what, m->shard.first_layer + l, tsr_dtype_get_info(q->dtype)->name,
-                                         be, rows[i].k);
-                                return TSR_E_UNSUPPORTED;
-                        }
+                        tsr_status st = tsr_tp_check_stored_slice(rows[i].q, rows[i].k, ns, rows[i].what,
+                                                                  m->shard.first_layer + l, err, errlen);
+                        if (st != TSR_OK)
+                                return st;
                 }
         }
         return TSR_OK;
@@ -849,7 +842,7 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         n_local = m->shard.last_layer - m->shard.first_layer + 1;
         if (ep && (st = tsr_tp_expert_range(E, tp_rank, tp_size, &e0, &ne, err, errlen)) != TSR_OK)
                 return st;
-        if ((st = stored_slices_check(m, nh * hd / ns, hid / ns, mlp / ns, err, errlen)) != TSR_OK)
+        if ((st = stored_slices_check(m, nh * hd / ns, hid / ns, mlp / ns, ns, err, errlen)) != TSR_OK)
                 return st;
         st = TSR_OK;
         for (size_t l = 0; l < n_local && st == TSR_OK; l++) {

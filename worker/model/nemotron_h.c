@@ -798,29 +798,18 @@ static tsr_status tp_check(const tsr_nemotron_h_config *c, uint32_t t, char *err
         return TSR_OK;
 }
 
-/* tsr_tp_keep_row_ranges / tsr_tp_keep_rows / tsr_tp_keep_col_slices for a linear held
- * as float32 or kept as stored (a ModelOpt checkpoint's fp8 / nvfp4: w->q). */
+/* tp.h's splits of a linear held as float32 (w->f) or kept as stored (a ModelOpt
+ * checkpoint's fp8 / nvfp4: w->q). */
 static tsr_status nh_keep_row_ranges(nh_mat *w, size_t cols, const size_t (*ranges)[2], size_t n) {
-        if (!w->q.data)
-                return tsr_tp_keep_row_ranges(&w->f, cols, ranges, n);
-        tsr_load_slice sl = {TSR_LOAD_SLICE_ROWS, (uint32_t)n, {{0}}};
-        if (n > TSR_LOAD_SLICE_MAX)
-                return TSR_E_INVAL;
-        for (size_t i = 0; i < n; i++) {
-                sl.range[i][0] = ranges[i][0];
-                sl.range[i][1] = ranges[i][1];
-        }
-        return tsr_load_stored_slice(&w->q, &sl);
+        return tsr_tp_keep_row_ranges_of(&w->f, &w->q, cols, ranges, n);
 }
 
 static tsr_status nh_keep_rows(nh_mat *w, size_t rows, size_t cols, size_t first, size_t n) {
-        const size_t one[1][2] = {{first, n}};
-        return w->q.data ? nh_keep_row_ranges(w, cols, one, 1) : tsr_tp_keep_rows(&w->f, 1, rows, cols, first, n);
+        return tsr_tp_keep_rows_of(&w->f, &w->q, rows, cols, first, n);
 }
 
 static tsr_status nh_keep_col_slices(nh_mat *w, size_t rows, size_t cols, size_t first, size_t n, size_t ns) {
-        return w->q.data ? tsr_tp_keep_stored_col_slices(&w->q, first, n, ns)
-                         : tsr_tp_keep_col_slices(&w->f, 1, rows, cols, first, n, ns);
+        return tsr_tp_keep_col_slices_of(&w->f, &w->q, rows, cols, first, n, ns);
 }
 
 /* One Mamba layer's weights for rank `rk` of the counts in `r` (the whole model's in
@@ -894,23 +883,20 @@ static tsr_status stored_slices_check(const tsr_nemotron_h *m, const tsr_nemotro
         size_t ns = TSR_COMM_TREE_LEAVES / tp_size;
         for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
                 const nh_layer *L = &m->layers[l];
-                const struct { const nh_mat *w; size_t k; const char *what; } rows[] = {
-                        {&L->out_proj, (size_t)r->m_heads * c->m_head_dim / ns, "out_proj"},
-                        {&L->wo, (size_t)r->n_heads * c->head_dim / ns, "o_proj"},
-                        {&L->shared_down, r->shared_hidden / ns, "the shared expert's down_proj"},
-                        {&L->mlp_down, r->mlp_hidden / ns, "down_proj"},
-                        {L->exp_down, ep ? c->moe_hidden / TSR_COMM_TREE_LEAVES : r->moe_hidden / ns,
-                         "the experts' down_proj"},
+                /* an expert-parallel rank holds its experts whole: all S slices of each */
+                size_t ens = ep ? TSR_COMM_TREE_LEAVES : ns;
+                const struct { const nh_mat *w; size_t k, ns; const char *what; } rows[] = {
+                        {&L->out_proj, (size_t)r->m_heads * c->m_head_dim / ns, ns, "out_proj"},
+                        {&L->wo, (size_t)r->n_heads * c->head_dim / ns, ns, "o_proj"},
+                        {&L->shared_down, r->shared_hidden / ns, ns, "the shared expert's down_proj"},
+                        {&L->mlp_down, r->mlp_hidden / ns, ns, "down_proj"},
+                        {L->exp_down, (ep ? c->moe_hidden : r->moe_hidden) / ens, ens, "the experts' down_proj"},
                 };
                 for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-                        const tsr_tensor *q = rows[i].w ? &rows[i].w->q : NULL;
-                        uint32_t be = q && q->data ? tsr_dtype_get_info(q->dtype)->block_elems : 1;
-                        if (rows[i].k % be) {
-                                tsr_errf(err, errlen, "tensor parallelism: %s of layer %u is %s, whose blocks of %u "
-                                         "elements the canonical split's %zu columns per slice would cut",
-                                         rows[i].what, l, tsr_dtype_get_info(q->dtype)->name, be, rows[i].k);
-                                return TSR_E_UNSUPPORTED;
-                        }
+                        tsr_status st = tsr_tp_check_stored_slice(rows[i].w ? &rows[i].w->q : NULL, rows[i].k,
+                                                                  rows[i].ns, rows[i].what, l, err, errlen);
+                        if (st != TSR_OK)
+                                return st;
                 }
         }
         return TSR_OK;

@@ -82,6 +82,44 @@ tsr_status tsr_tp_keep_row_ranges(float **w, size_t cols, const size_t (*ranges)
         return TSR_OK;
 }
 
+tsr_status tsr_tp_keep_row_ranges_of(float **f, tsr_tensor *q, size_t cols, const size_t (*ranges)[2], size_t n) {
+        if (!q || !q->data)
+                return tsr_tp_keep_row_ranges(f, cols, ranges, n);
+        tsr_load_slice sl = {TSR_LOAD_SLICE_ROWS, (uint32_t)n, {{0}}};
+        if (n > TSR_LOAD_SLICE_MAX)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < n; i++) {
+                sl.range[i][0] = ranges[i][0];
+                sl.range[i][1] = ranges[i][1];
+        }
+        return tsr_load_stored_slice(q, &sl);
+}
+
+tsr_status tsr_tp_keep_rows_of(float **f, tsr_tensor *q, size_t rows, size_t cols, size_t first, size_t n) {
+        const size_t one[1][2] = {{first, n}};
+        return q && q->data ? tsr_tp_keep_row_ranges_of(f, q, cols, one, 1)
+                            : tsr_tp_keep_rows(f, 1, rows, cols, first, n);
+}
+
+tsr_status tsr_tp_keep_col_slices_of(float **f, tsr_tensor *q, size_t rows, size_t cols, size_t first, size_t n,
+                                     size_t ns) {
+        return q && q->data ? tsr_tp_keep_stored_col_slices(q, first, n, ns)
+                            : tsr_tp_keep_col_slices(f, 1, rows, cols, first, n, ns);
+}
+
+tsr_status tsr_tp_check_stored_slice(const tsr_tensor *q, size_t ks, size_t ns, const char *what, size_t layer,
+                                     char *err, size_t errlen) {
+        if (!q || !q->data)
+                return TSR_OK;
+        const tsr_dtype_info *di = tsr_dtype_get_info(q->dtype);
+        if (!di || ks % di->block_elems == 0)
+                return TSR_OK;
+        tsr_errf(err, errlen, "tensor parallelism: %s of layer %zu is %s, whose blocks of %u elements the canonical "
+                 "split's %zu columns per slice would cut (%zu slices a rank)", what, layer, di->name,
+                 di->block_elems, ks, ns);
+        return TSR_E_UNSUPPORTED;
+}
+
 tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, bool embeds, size_t vocab, size_t dim, size_t first,
                                   size_t n) {
         float *k;

@@ -43,6 +43,19 @@ tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t 
  * when first or n / ns is not a whole number of the dtype's blocks (nvfp4: 16 elements),
  * TSR_E_INVAL for a range out of it, TSR_E_NOMEM (*t unchanged on failure). */
 tsr_status tsr_tp_keep_stored_col_slices(tsr_tensor *t, size_t first, size_t n, size_t ns);
+/* The same three for a linear held either as float32 (*f) or kept as stored (q->data
+ * set: loader.h's tsr_load_stored_slice cuts its rows, tsr_tp_keep_stored_col_slices its
+ * K slices), so a family splits both with one call. */
+tsr_status tsr_tp_keep_rows_of(float **f, tsr_tensor *q, size_t rows, size_t cols, size_t first, size_t n);
+tsr_status tsr_tp_keep_row_ranges_of(float **f, tsr_tensor *q, size_t cols, const size_t (*ranges)[2], size_t n);
+tsr_status tsr_tp_keep_col_slices_of(float **f, tsr_tensor *q, size_t rows, size_t cols, size_t first, size_t n,
+                                     size_t ns);
+/* TSR_E_UNSUPPORTED, with err naming `what` of layer `layer`, when q is kept as stored
+ * (q->data set) and a canonical K slice of ks columns (ns a rank) would cut its blocks
+ * (NVFP4's 16 elements); TSR_OK otherwise (a float32 one, or no tensor: q NULL).  The
+ * families check every layer this way before cutting anything. */
+tsr_status tsr_tp_check_stored_slice(const tsr_tensor *q, size_t ks, size_t ns, const char *what, size_t layer,
+                                     char *err, size_t errlen);
 /* Keep the n row ranges [ranges[i][0], ranges[i][0] + ranges[i][1]) of the (rows, cols)
  * float32 matrix *w, in that order: *w becomes a new (sum of the lengths, cols) array and
  * the old one is freed (a fused projection whose parts split apart, NemotronH's in_proj).
