@@ -32,6 +32,7 @@ typedef struct tsr_worker_plan {
         uint32_t state_slots;           /* recurrent-state slots (a Mamba hybrid's), 0: none */
         uint64_t state_slot_bytes;      /* bytes of one */
         uint32_t state_block;           /* prefix caching of a hybrid: its states every this many tokens */
+        uint32_t prefill_align;         /* engine.h tsr_engine_params.prefill_align */
         /* Block tables per request (kv_pool.h tsr_kv_tables): 1, or one per paged group of
          * a hybrid of full and chunked-local attention (Llama 4), with their chunks (0:
          * full attention) for the engine; and the blocks one request of max_model_len

@@ -705,6 +705,14 @@ int main(int argc, char **argv) {
                 }
                 log_info("# state slots: %u (%.2f MB each): at most %u requests run at once", plan.state_slots,
                          (double)plan.state_slot_bytes / 1e6, running);
+                plan.prefill_align = desc.scan_chunk;
+                if (plan.prefill_align && plan.prefill_align <= plan.max_num_batched_tokens)
+                        log_info("the Mamba scan runs whole chunks of %u tokens in its chunked form: prefill pieces "
+                                 "end at multiples of %u", plan.prefill_align, plan.prefill_align);
+                else if (plan.prefill_align)
+                        log_info("the Mamba scan runs whole chunks of %u tokens in its chunked form; "
+                                 "--max-num-batched-tokens %u is smaller, so prefill pieces are not aligned to them",
+                                 plan.prefill_align, plan.max_num_batched_tokens);
         }
         if (plan.n_kv_tables > 1)
                 log_info("hybrid KV cache: %u block tables per request (full attention + chunked-local attention, "

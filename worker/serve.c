@@ -54,6 +54,7 @@ tsr_status tsr_worker_serve(const tsr_worker_serve_opts *o) {
                 .enable_prefix_caching = cfg->enable_prefix_caching != TSR_TRI_FALSE,
                 .state_slots = o->plan->state_slots,
                 .state_block = o->plan->state_block,
+                .prefill_align = o->plan->prefill_align,
                 .n_kv_tables = o->plan->n_kv_tables,
                 .hash_algo = o->hash_algo,
                 .priority_scheduling = strcmp(cfg->scheduling_policy, "priority") == 0,

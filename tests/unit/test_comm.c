@@ -1056,6 +1056,7 @@ static void assert_seqs_equal(const tsr_engine_seq *in, const tsr_engine_seq *ou
                 assert_int_equal(out[i].restore_state, in[i].restore_state);
                 assert_int_equal(out[i].restore_from, in[i].restore_from);
                 assert_int_equal(out[i].n_saves, in[i].n_saves);
+                assert_int_equal(out[i].prompt_len, in[i].prompt_len);
                 if (in[i].n_saves)
                         assert_memory_equal(out[i].saves, in[i].saves, in[i].n_saves * sizeof(tsr_state_save));
                 if (in[i].n_table)
@@ -1064,7 +1065,7 @@ static void assert_seqs_equal(const tsr_engine_seq *in, const tsr_engine_seq *ou
         }
 }
 
-#define SEQ_WORDS_TEST 12       /* nodes.c SEQ_WORDS: a sequence's header words */
+#define SEQ_WORDS_TEST 13       /* nodes.c SEQ_WORDS: a sequence's header words */
 
 static void test_nodes_plan_round_trip(void **state) {
         (void)state;
@@ -1072,9 +1073,10 @@ static void test_nodes_plan_round_trip(void **state) {
         const tsr_state_save sv[2] = {{.pos = 2, .slot = 0}, {.pos = 4, .slot = 5}};
         tsr_engine_seq in[3] = {
                 {.block_table = t0, .n_table = 3, .tokens = k0, .n = 5, .past_len = 0, .want_logits = true,
-                 .want_all_logits = true, .state_slot = 2, .saves = sv, .n_saves = 2},
+                 .want_all_logits = true, .state_slot = 2, .saves = sv, .n_saves = 2, .prompt_len = 5},
                 {.block_table = t1, .n_table = 2, .tokens = k1, .n = 1, .past_len = (size_t)1 << 33,
-                 .want_logits = true, .state_slot = 1, .restore_state = true, .restore_from = 7},
+                 .want_logits = true, .state_slot = 1, .restore_state = true, .restore_from = 7,
+                 .prompt_len = 300000},
                 {.block_table = t1, .n_table = 0, .tokens = k0, .n = 2, .past_len = 5},
         };
         uint8_t *buf;
@@ -1176,7 +1178,7 @@ static void test_nodes_plan_malformed(void **state) {
                 free(c);
         }
         /* the first sequence's header: words 1-2 seq_id, 3 n_table, 4 n, 7 flags, 11 base,
-         * 12 n_changes */
+         * 12 n_changes (13 prompt_len: any value) */
         uint32_t *w = (uint32_t *)buf;
         const struct { size_t word; uint32_t value; } bad[] = {
                 {0, 3}, {0, 0xffffffffu}, {3, 1000}, {4, 0}, {4, 0x40000000u}, {7, 4}, {3, 3},
@@ -1252,9 +1254,9 @@ static void test_nodes_plan_deltas(void **state) {
         size_t len = plan_trip(&lead, &follow, p2, 3, 2);
         /* a: one change pair + one new entry per table; b: nothing; c: whole (2 x 2) */
         assert_int_equal(lead.words_sent - sent, 2 + 2 + 0 + 4);
-        /* n_seqs, three headers of 12 words, those 8 table words, three tokens */
-        assert_int_equal(len, (1 + 3 * 12 + 8 + 3) * sizeof(uint32_t));
-        assert_int_equal(whole, (1 + 2 * 12 + 6 + 2 + 2) * sizeof(uint32_t));
+        /* n_seqs, three headers of 13 words, those 8 table words, three tokens */
+        assert_int_equal(len, (1 + 3 * 13 + 8 + 3) * sizeof(uint32_t));
+        assert_int_equal(whole, (1 + 2 * 13 + 6 + 2 + 2) * sizeof(uint32_t));
 
         /* a preempted and readmitted: fewer blocks, whole again; then most changed: whole */
         tsr_engine_seq p3[1] = {p1[0]};
@@ -1290,9 +1292,9 @@ static void test_nodes_plan_deltas(void **state) {
         uint32_t *w = (uint32_t *)buf;
         assert_int_equal(w[11], 4);     /* base */
         assert_int_equal(w[12], 1);     /* one change: (1, 99) */
-        assert_int_equal(w[13], 1);
-        assert_int_equal(w[14], 99);
-        const struct { size_t word; uint32_t value; } bad[] = {{13, 8}, {13, 0xffffffffu}, {11, 3}, {11, 2}};
+        assert_int_equal(w[14], 1);     /* after the header's 13 words (prompt_len the last) */
+        assert_int_equal(w[15], 99);
+        const struct { size_t word; uint32_t value; } bad[] = {{14, 8}, {14, 0xffffffffu}, {11, 3}, {11, 2}};
         for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
                 uint32_t keep = w[bad[i].word];
                 w[bad[i].word] = bad[i].value;

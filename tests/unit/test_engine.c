@@ -48,6 +48,9 @@ typedef struct fake_model {
         size_t max_step_tokens;  /* the most tokens one step ran */
         size_t max_pos_end;      /* the highest position computed, + 1 */
         size_t max_chunk;        /* the most tokens one sequence ran in one step */
+        /* align > 0: chunks that stop short of their known tokens at a position that is
+         * not a multiple of align (params.prefill_align's cut) */
+        size_t align, misaligned;
         /* hold_at: the forward call of that number (1 = the first) waits, holding, until
          * released: the test then knows exactly which steps ran before what it submits. */
         size_t hold_at;
@@ -251,6 +254,8 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                         m->max_chunk = seqs[i].n;
                 if (seqs[i].past_len + seqs[i].n > m->max_pos_end)
                         m->max_pos_end = seqs[i].past_len + seqs[i].n;
+                if (m->align && !seqs[i].want_logits && (seqs[i].past_len + seqs[i].n) % m->align)
+                        m->misaligned++;
         }
         if (n_seqs > m->max_step_seqs)
                 m->max_step_seqs = n_seqs;
@@ -2097,6 +2102,43 @@ static void long_prefill(uint32_t threshold, size_t want_max_chunk) {
 static void test_long_prefill_threshold_caps_chunks(void **state) { long_prefill(5, 5); }
 static void test_long_prefill_threshold_zero_is_no_cap(void **state) { long_prefill(0, 30); }
 
+/* params.prefill_align (a Mamba scan's chunk of 8): with a budget of 20, prompts of 23
+ * and 30 tokens and a third of 13 go in pieces that end at multiples of 8 or at their
+ * prompt's end (a piece that would end inside the chunk it starts waits for a step with
+ * more budget); the outputs are those of a run without it, which cuts at other places.
+ * A budget smaller than the chunk (5) cuts pieces where it must: nothing starves. */
+static size_t prefill_aligned(uint32_t align, uint32_t max_batched) {
+        harness *h = held(64, max_batched, 8, false, 0);
+        uint32_t p[3][30], want[3][6];
+        const size_t lens[3] = {23, 30, 13};
+        const char *ids[3] = {"a", "b", "c"};
+        static result res[3];
+        memset(res, 0, sizeof(res));
+        h->params.prefill_align = align;
+        h->fm.align = 8;
+        for (int i = 0; i < 3; i++) {
+                make_prompt(p[i], lens[i], (uint32_t)i + 7);
+                expected(p[i], lens[i], 6, want[i]);
+                submit(h, ids[i], p[i], lens[i], 6, NULL, 0);
+        }
+        go(h);
+        collect(h, ids, res, 3);
+        for (int i = 0; i < 3; i++)
+                assert_memory_equal(res[i].tokens, want[i], sizeof(want[i]));
+        pthread_mutex_lock(&h->fm.mu);
+        size_t misaligned = h->fm.misaligned;
+        pthread_mutex_unlock(&h->fm.mu);
+        stop(h);
+        return misaligned;
+}
+
+static void test_prefill_align(void **state) {
+        (void)state;
+        assert_int_equal(prefill_aligned(8, 20), 0);
+        assert_true(prefill_aligned(0, 20) > 0);        /* the same run cuts elsewhere without it */
+        assert_true(prefill_aligned(8, 5) > 0);         /* budget < chunk: cut anyway, and done */
+}
+
 /* ---- recurrent-state slots (a Mamba hybrid's per-request conv + SSM state) ---------- */
 
 /* A harness whose model keeps state in `slots` slots (prefix caching off, as the worker
@@ -2600,6 +2642,7 @@ int main(void) {
                 cmocka_unit_test(test_step_limits_priority),
                 cmocka_unit_test(test_long_prefill_threshold_caps_chunks),
                 cmocka_unit_test(test_long_prefill_threshold_zero_is_no_cap),
+                cmocka_unit_test(test_prefill_align),
                 cmocka_unit_test(test_state_slots_bound_admission),
                 cmocka_unit_test(test_state_slots_freed_on_preemption),
                 cmocka_unit_test(test_state_slot_freed_on_abort_and_finish),

@@ -1179,7 +1179,7 @@ static void test_hybrid_stage_args(void **state) {
                 assert_true(fam->seq_size <= sizeof seq);
                 fam->seq_fill(seq, e.block_table, e.n_table, e.tokens, e.n, 0, true, false);
                 if (fam->seq_set_state)
-                        fam->seq_set_state(seq, 1, NULL, NULL, 0);
+                        fam->seq_set_state(seq, 1, NULL, NULL, 0, 0);
                 /* the first stage: no input, an output, no logits */
                 assert_int_equal(fam->forward_stage(model[0], mc.be, view[0], seq, 1, io, io, NULL), TSR_E_INVAL);
                 assert_int_equal(fam->forward_stage(model[0], mc.be, view[0], seq, 1, NULL, NULL, logits),

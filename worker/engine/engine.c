@@ -866,6 +866,21 @@ static size_t long_prefill_cap(const tsr_engine_params *p, size_t num_new) {
         return num_new;
 }
 
+/* tsr_engine_params.prefill_align: num_new tokens from `computed` cut to end at a chunk
+ * multiple unless they reach `known`; 0 when the piece would end inside the chunk it
+ * starts at (the request waits for a step with more budget). */
+static size_t align_prefill(const tsr_engine_params *p, size_t computed, size_t num_new, size_t known) {
+        size_t Q = p->prefill_align, cap = p->max_num_batched_tokens;
+        if (p->long_prefill_token_threshold > 0 && p->long_prefill_token_threshold < cap)
+                cap = p->long_prefill_token_threshold;
+        if (Q < 2 || cap < Q || computed + num_new >= known)
+                return num_new;
+        size_t end = (computed + num_new) / Q * Q;
+        if (end > computed)
+                return end - computed;
+        return computed % Q ? num_new : 0;      /* mid-chunk already: that chunk is cut anyway */
+}
+
 /* Fill plan[0..] (at most plan_cap entries) for the next step.  A running request's
  * known tokens count its placeholders and its computed ones the tokens of the step in
  * flight (vLLM's AsyncScheduler); synchronously both additions are 0. */
@@ -914,6 +929,7 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         num_new = room;
                 if (wants_prompt_lp(s, computed) && num_new > lp_rows)
                         num_new = lp_rows;
+                num_new = align_prefill(p, computed, num_new, known);
                 if (num_new == 0)
                         continue;
                 while (tsr_kv_cache_allocate_slots(e->kv, &s->kv, s->n_ahead + num_new) != TSR_OK) {
@@ -974,6 +990,9 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         if (num_new == 0)
                                 break;   /* head-of-line: no logits rows left this step */
                 }
+                num_new = align_prefill(p, s->kv.n_computed + cached, num_new, s->n_tokens);
+                if (num_new == 0)
+                        break;   /* head-of-line: too little budget left for a whole chunk */
                 if (cached && states_cached(e)) {
                         if (!state_for_hit(e, s, cached, &restore_from))
                                 break;   /* its state went missing: the next round looks up again */
@@ -1207,6 +1226,7 @@ static void prepare_plan(tsr_engine *e, step_plan *p) {
                         .restore_from = pe->restore_from,
                         .saves = p->saves + pe->save_first,
                         .n_saves = pe->n_saves,
+                        .prompt_len = (uint32_t)s->n_prompt,
                         .seq_id = s->seq,
                 };
                 p->n_want += tsr_engine_seq_rows(&p->seqs[i]);

@@ -80,6 +80,11 @@ typedef struct tsr_engine_seq {
         uint32_t restore_from;
         const tsr_state_save *saves;
         size_t n_saves;
+        /* The request's prompt length: a model whose scan has a chunked form
+         * (tsr_engine_params.prefill_align) runs it only on whole chunks before this
+         * position.  Generated tokens ran through the recurrence one step at a time, so a
+         * recompute after preemption runs them so again and gives the same bits. */
+        uint32_t prompt_len;
         /* NULL, or (want_logits without want_all_logits) the chunk's token may come from the
          * model instead of its row (a request with nothing that needs the row itself:
          * tsr_sampling_device_ok): with `draw` NULL the row's argmax as it stands (a greedy
@@ -205,6 +210,14 @@ typedef struct tsr_engine_params {
          * honour tsr_engine_seq's restore_state and saves. */
         uint32_t state_slots;
         uint32_t state_block;          /* a multiple of block_size (0: block_size) */
+        /* A model whose scan runs whole chunks of this many tokens in its chunked form
+         * (NemotronH's Mamba chunk_size; 0: none): a prefill piece that does not finish
+         * the request's known tokens ends at a multiple of it, so a prompt cut into steps
+         * runs the scans of the whole prompt in one step, with the same bits.  A piece
+         * that would end inside the chunk it starts is put off to a later step (vLLM's
+         * block-aligned split for Mamba); where max_num_batched_tokens or
+         * long_prefill_token_threshold is smaller than the chunk, pieces are not cut. */
+        uint32_t prefill_align;
         /* Block tables per request (kv_cache.h tsr_kv_cache_set_tables): kv_chunk[t] 0 for
          * a full-attention table, else a chunked-local one's attention chunk (a hybrid
          * model's groups, kv_pool.h tsr_kv_tables).  0 tables: one full-attention table.

@@ -44,6 +44,8 @@ typedef struct tsr_model_desc {
                                          * tsr_model_desc_done */
         uint32_t state_chunk;           /* a family with recurrent state: its scan's chunk (tokens), the
                                          * default step of the prefix cache's states; else 0 */
+        uint32_t scan_chunk;            /* the chunk a prefill's scan runs whole chunks of in its
+                                         * chunked form (engine.h prefill_align); 0: none */
 } tsr_model_desc;
 
 /* ---- per-layer KV / state spec --------------------------------------------------------
@@ -168,10 +170,10 @@ struct tsr_model_family {
         /* A family with per-request state (a TSR_KV_MAMBA_STATE group): the engine's state
          * slot of the sequence `seq_fill` just filled, and (prefix caching) the slot whose
          * state it starts from (NULL: none) and the states it saves on the way (engine.h
-         * tsr_engine_seq restore_from / saves; borrowed for the step).  NULL for families
-         * without. */
+         * tsr_engine_seq restore_from / saves; borrowed for the step), and its request's
+         * prompt length (tsr_engine_seq.prompt_len).  NULL for families without. */
         void (*seq_set_state)(void *seq, uint32_t slot, const uint32_t *restore_from, const tsr_state_save *saves,
-                              size_t n_saves);
+                              size_t n_saves, uint32_t prompt_len);
         /* A family whose model on a device can hand back a row's token instead of the row
          * (tsr_engine_seq.token and .draw): set them on the sequence `seq_fill` just
          * filled.  NULL: the rows always come back whole. */

@@ -47,6 +47,8 @@
 #include "worker/model/llama.h"
 
 #define TSR_NEMOTRON_H_MAX_LAYERS 256
+/* The longest chunk_size the chunked scan takes: its (chunk, chunk) C.B table is per thread. */
+#define TSR_NEMOTRON_H_MAX_SSD_CHUNK 1024
 
 struct tsr_comm;
 
@@ -57,7 +59,9 @@ typedef struct tsr_nemotron_h_config {
         uint32_t n_heads, n_kv_heads, head_dim;                 /* attention */
         uint32_t m_heads, m_head_dim, ssm_state, n_groups, conv_kernel;   /* Mamba-2 */
         uint32_t chunk_size;    /* the SSD scan's chunk (config.json; 128, NemotronHConfig's default): the
-                                 * step of the prefix cache's states unless --mamba-block-size */
+                                 * step of the prefix cache's states unless --mamba-block-size; a
+                                 * prefill runs whole chunks of it in the chunked form (2 ..
+                                 * TSR_NEMOTRON_H_MAX_SSD_CHUNK; another value: the recurrence only) */
         bool conv_bias;
         float dt_min, dt_max;                                   /* time_step_limit */
         uint32_t n_experts, top_k, moe_hidden, shared_hidden;   /* MoE */
@@ -225,6 +229,10 @@ typedef struct tsr_nemotron_h_seq {
         uint32_t restore_from;
         const tsr_state_save *saves;
         size_t n_saves;
+        /* The scan's chunked form runs on whole chunk_size chunks of the sequence's tokens
+         * that end by this position (the engine's prompt_len: generated tokens keep the
+         * recurrence's bits); 0: no limit. */
+        size_t chunked_end;
 } tsr_nemotron_h_seq;
 
 /* Run the sequences in one pass (rows stacked for every matmul), update their K/V and

@@ -41,6 +41,8 @@ static tsr_status nh_read_config(const char *path, bool gguf, tsr_model_desc *re
         ret->n_layers = c->n_layers;
         ret->hidden_size = c->dim;
         ret->state_chunk = c->chunk_size;
+        if (c->chunk_size >= 2 && c->chunk_size <= TSR_NEMOTRON_H_MAX_SSD_CHUNK && tsr_nemotron_h_count(c, 'M'))
+                ret->scan_chunk = c->chunk_size;
         return st;
 }
 
@@ -154,8 +156,9 @@ static void nh_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, 
 }
 
 static void nh_seq_set_state(void *seq, uint32_t slot, const uint32_t *restore_from, const tsr_state_save *saves,
-                             size_t n_saves) {
+                             size_t n_saves, uint32_t prompt_len) {
         tsr_nemotron_h_seq *q = seq;
+        q->chunked_end = prompt_len;
         q->slot = slot;
         q->restore = restore_from != NULL;
         q->restore_from = restore_from ? *restore_from : 0;

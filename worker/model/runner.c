@@ -101,7 +101,7 @@ static char *fill_seqs(const tsr_runner *r, const tsr_engine_seq *seqs, size_t n
                 for (size_t i = 0; i < n_seqs; i++)
                         r->fam->seq_set_state(ls + i * r->fam->seq_size, seqs[i].state_slot,
                                               seqs[i].restore_state ? &seqs[i].restore_from : NULL, seqs[i].saves,
-                                              seqs[i].n_saves);
+                                              seqs[i].n_saves, seqs[i].prompt_len);
         return ls;
 }
 

@@ -18,7 +18,7 @@
  * SEQ_WORDS: seq_id (u64: two words, low first), n_table, n, past_len (u64), flags (1
  * want_logits, 2 want_all_logits, 4 its row comes back as its token: token_back, 8 and
  * drawn, 16 and its logprobs), state_slot, restore_from + 1 (0: none; engine.h),
- * n_saves, base, n_changes; with flag 8 the draw (tsr_draw: temperature, top_k, top_p,
+ * n_saves, base, n_changes, prompt_len; with flag 8 the draw (tsr_draw: temperature, top_k, top_p,
  * min_p, then u, a double in two words); with flag 16 lp_top; then its block tables
  * (n_tables of n_table entries, one after the other as the engine hands them; n_tables
  * is the model's, known to both sides) as changes
@@ -59,8 +59,8 @@ typedef struct ctl_msg {
 /* ---- the plan ---------------------------------------------------------------------- */
 
 /* seq_id lo, hi, n_table, n, past_len lo, hi, flags, state_slot, restore_from + 1 (0:
- * none), n_saves, base, n_changes */
-#define SEQ_WORDS 12
+ * none), n_saves, base, n_changes, prompt_len */
+#define SEQ_WORDS 13
 
 /* Whether q's one row comes back from the last node as its token: the engine offers the
  * token (tsr_engine_seq.token: nothing but temperature, top_k, top_p and min_p shapes
@@ -287,6 +287,7 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 *p++ = (uint32_t)q->n_saves;
                 *p++ = (uint32_t)b;
                 *p++ = (uint32_t)changes[i];
+                *p++ = q->prompt_len;
                 if (drawn) {
                         memcpy(p++, &q->draw->temperature, sizeof(uint32_t));
                         *p++ = (uint32_t)q->draw->top_k;
@@ -439,6 +440,7 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                                         .want_all_logits = (h[6] & 2) != 0, .state_slot = h[7],
                                         .restore_state = h[8] != 0, .restore_from = h[8] ? h[8] - 1 : 0,
                                         .saves = (const tsr_state_save *)(copy + at + nn), .n_saves = n_saves,
+                                        .prompt_len = h[12],
                                         .seq_id = seq_id, .token = h[6] & 4 ? &tokens[i] : NULL,
                                         .draw = dw ? &draws[i] : NULL, .lp = lw ? &lps[i] : NULL,
                                         .lp_top = lw ? h[SEQ_WORDS + dw] : 0};
