@@ -2137,6 +2137,23 @@ static void test_prefill_align(void **state) {
         assert_int_equal(prefill_aligned(8, 20), 0);
         assert_true(prefill_aligned(0, 20) > 0);        /* the same run cuts elsewhere without it */
         assert_true(prefill_aligned(8, 5) > 0);         /* budget < chunk: cut anyway, and done */
+
+        /* prompt_logprobs with 5 logits rows a step, fewer than the chunk: cut at 5 */
+        harness *h = held(64, 20, 8, false, 5);
+        uint32_t p[23], want[4];
+        const char *ids[1] = {"lp"};
+        static result res[1];
+        memset(res, 0, sizeof(res));
+        h->params.prefill_align = 8;
+        make_prompt(p, 23, 3);
+        expected(p, 23, 4, want);
+        submit_lp(h, "lp", p, 23, 4, NULL, 0, -1, 0);
+        go(h);
+        collect(h, ids, res, 1);
+        assert_memory_equal(res[0].tokens, want, sizeof(want));
+        assert_int_equal(res[0].n_plp, 22);
+        assert_int_equal(model_records(h).max_chunk, 5);
+        stop(h);
 }
 
 /* ---- recurrent-state slots (a Mamba hybrid's per-request conv + SSM state) ---------- */

@@ -868,11 +868,16 @@ static size_t long_prefill_cap(const tsr_engine_params *p, size_t num_new) {
 
 /* tsr_engine_params.prefill_align: num_new tokens from `computed` cut to end at a chunk
  * multiple unless they reach `known`; 0 when the piece would end inside the chunk it
- * starts at (the request waits for a step with more budget). */
-static size_t align_prefill(const tsr_engine_params *p, size_t computed, size_t num_new, size_t known) {
+ * starts at (the request waits for a step with more room).  Not cut where a step could
+ * never hold a chunk: a budget, threshold or (prompt logprobs, `lp`) logits-row cap
+ * below it. */
+static size_t align_prefill(const tsr_engine *e, size_t computed, size_t num_new, size_t known, bool lp) {
+        const tsr_engine_params *p = &e->params;
         size_t Q = p->prefill_align, cap = p->max_num_batched_tokens;
         if (p->long_prefill_token_threshold > 0 && p->long_prefill_token_threshold < cap)
                 cap = p->long_prefill_token_threshold;
+        if (lp && e->max_lp_rows < cap)
+                cap = e->max_lp_rows;
         if (Q < 2 || cap < Q || computed + num_new >= known)
                 return num_new;
         size_t end = (computed + num_new) / Q * Q;
@@ -929,7 +934,7 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         num_new = room;
                 if (wants_prompt_lp(s, computed) && num_new > lp_rows)
                         num_new = lp_rows;
-                num_new = align_prefill(p, computed, num_new, known);
+                num_new = align_prefill(e, computed, num_new, known, wants_prompt_lp(s, computed));
                 if (num_new == 0)
                         continue;
                 while (tsr_kv_cache_allocate_slots(e->kv, &s->kv, s->n_ahead + num_new) != TSR_OK) {
@@ -990,7 +995,8 @@ static size_t schedule(tsr_engine *e, sched_entry *plan, size_t plan_cap) {
                         if (num_new == 0)
                                 break;   /* head-of-line: no logits rows left this step */
                 }
-                num_new = align_prefill(p, s->kv.n_computed + cached, num_new, s->n_tokens);
+                num_new = align_prefill(e, s->kv.n_computed + cached, num_new, s->n_tokens,
+                                        wants_prompt_lp(s, s->kv.n_computed));
                 if (num_new == 0)
                         break;   /* head-of-line: too little budget left for a whole chunk */
                 if (cached && states_cached(e)) {

@@ -215,8 +215,9 @@ typedef struct tsr_engine_params {
          * the request's known tokens ends at a multiple of it, so a prompt cut into steps
          * runs the scans of the whole prompt in one step, with the same bits.  A piece
          * that would end inside the chunk it starts is put off to a later step (vLLM's
-         * block-aligned split for Mamba); where max_num_batched_tokens or
-         * long_prefill_token_threshold is smaller than the chunk, pieces are not cut. */
+         * block-aligned split for Mamba); where max_num_batched_tokens,
+         * long_prefill_token_threshold or (prompt logprobs) max_prompt_lp_rows is
+         * smaller than the chunk, pieces are not cut. */
         uint32_t prefill_align;
         /* Block tables per request (kv_cache.h tsr_kv_cache_set_tables): kv_chunk[t] 0 for
          * a full-attention table, else a chunked-local one's attention chunk (a hybrid
