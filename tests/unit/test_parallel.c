@@ -1434,7 +1434,8 @@ static void stored_row(const tsr_tensor *t, size_t d, float *out) {
  * block scale a finite e4m3): tsr_load_stored_slice keeps rows and whole-block column
  * ranges and refuses a range that cuts a block, leaving the tensor as it was;
  * tsr_tp_keep_stored_col_slices lays the K slices out one after the other, each slice's
- * rows widening to the whole row's columns, the scales kept. */
+ * rows widening to the whole row's columns, the scales kept.  A 3-D fp8 stack: each
+ * expert's rows or columns. */
 static void test_stored_slices(void **state) {
         (void)state;
         static const struct { tsr_dtype dt; size_t cols, first, n, ns_ok, ns_bad; } cases[] = {
@@ -1508,6 +1509,29 @@ static void test_stored_slices(void **state) {
                                 assert_memory_equal(got, whole[d] + cases[c].first + j * ks, ks * sizeof(float));
                         }
                 free(t.data);
+        }
+        /* an fp8 stack [2 experts, 3, 4] (byte e*12 + r*4 + c): the same share of each
+         * expert, as Llama 4's FP8 BMM stacks are cut for a rank */
+        for (int by_rows = 0; by_rows < 2; by_rows++) {
+                size_t shape3[3] = {2, 3, 4};
+                uint8_t *b = aligned_alloc(64, 64);
+                assert_non_null(b);
+                for (uint8_t i = 0; i < 24; i++)
+                        b[i] = i;
+                tsr_tensor st3;
+                assert_int_equal(tsr_tensor_init(&st3, TSR_DTYPE_FP8_E4M3, 3, shape3, NULL, b), TSR_OK);
+                st3.scales.weight = 0.25f;
+                tsr_load_slice sh = by_rows ? (tsr_load_slice){TSR_LOAD_SLICE_ROWS, 1, {{1, 2}}}
+                                            : (tsr_load_slice){TSR_LOAD_SLICE_COLS, 2, {{0, 1}, {3, 1}}};
+                assert_int_equal(tsr_load_stored_slice(&st3, &sh), TSR_OK);
+                const uint8_t want_rows[16] = {4, 5, 6, 7, 8, 9, 10, 11, 16, 17, 18, 19, 20, 21, 22, 23};
+                const uint8_t want_cols[12] = {0, 3, 4, 7, 8, 11, 12, 15, 16, 19, 20, 23};
+                assert_true(st3.n_dims == 3 && st3.shape[0] == 2 && st3.scales.weight == 0.25f);
+                assert_true(by_rows ? st3.shape[1] == 2 && st3.shape[2] == 4 : st3.shape[1] == 3 && st3.shape[2] == 2);
+                assert_memory_equal(st3.data, by_rows ? want_rows : want_cols, by_rows ? 16 : 12);
+                tsr_load_slice past = {TSR_LOAD_SLICE_ROWS, 1, {{2, 1}}};      /* beyond the 2 rows left */
+                assert_int_equal(tsr_load_stored_slice(&st3, &past), by_rows ? TSR_E_INVAL : TSR_OK);
+                free(st3.data);
         }
 }
 

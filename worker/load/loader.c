@@ -294,11 +294,14 @@ static tsr_status gguf_load_one(const tsr_gguf_tensor *t, const struct want *w, 
 
 tsr_status tsr_load_stored_cut(const tsr_tensor *t, const tsr_load_slice *s, tsr_tensor *ret) {
         const tsr_dtype_info *di = tsr_dtype_get_info(t->dtype);
-        bool rows = s->axis == TSR_LOAD_SLICE_ROWS;
-        size_t n_rows = t->shape[0], n_cols = t->shape[1], total = 0, row_bytes, piece_bytes, be;
+        bool rows = s->axis == TSR_LOAD_SLICE_ROWS, stack = t->n_dims == 3;
+        /* a stack [E, rows, cols]: the same share of each of its E matrices */
+        size_t E = stack ? t->shape[0] : 1, n_rows = t->shape[stack ? 1 : 0], n_cols = t->shape[stack ? 2 : 1];
+        size_t total = 0;
+        size_t row_bytes, piece_bytes, be;
         uint8_t *k, *at;
 
-        if (!di || t->n_dims != 2 || !t->data || s->axis == TSR_LOAD_WHOLE || s->n_ranges < 1 ||
+        if (!di || (t->n_dims != 2 && t->n_dims != 3) || !t->data || s->axis == TSR_LOAD_WHOLE || s->n_ranges < 1 ||
             s->n_ranges > TSR_LOAD_SLICE_MAX)
                 return TSR_E_INVAL;
         be = di->block_elems;
@@ -313,24 +316,27 @@ tsr_status tsr_load_stored_cut(const tsr_tensor *t, const tsr_load_slice *s, tsr
         if (tsr_dtype_row_bytes(t->dtype, n_cols, &row_bytes) != TSR_OK ||
             tsr_dtype_row_bytes(t->dtype, rows ? n_cols : total, &piece_bytes) != TSR_OK)
                 return TSR_E_INVAL;
-        size_t bytes = (rows ? total : n_rows) * piece_bytes;
+        size_t bytes = E * (rows ? total : n_rows) * piece_bytes;
         if (!(k = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64)))
                 return TSR_E_NOMEM;
         at = k;
-        if (rows) {
-                for (uint32_t i = 0; i < s->n_ranges; at += s->range[i][1] * row_bytes, i++)
-                        memcpy(at, (const uint8_t *)t->data + s->range[i][0] * row_bytes, s->range[i][1] * row_bytes);
-        } else {
-                for (size_t r = 0; r < n_rows; r++)
-                        for (uint32_t i = 0; i < s->n_ranges; i++) {
-                                size_t off = (size_t)s->range[i][0] / be * di->block_bytes,
-                                       len = (size_t)s->range[i][1] / be * di->block_bytes;
-                                memcpy(at, (const uint8_t *)t->data + r * row_bytes + off, len);
-                                at += len;
-                        }
+        for (size_t e = 0; e < E; e++) {
+                const uint8_t *m = (const uint8_t *)t->data + e * n_rows * row_bytes;
+                if (rows) {
+                        for (uint32_t i = 0; i < s->n_ranges; at += s->range[i][1] * row_bytes, i++)
+                                memcpy(at, m + s->range[i][0] * row_bytes, s->range[i][1] * row_bytes);
+                } else {
+                        for (size_t r = 0; r < n_rows; r++)
+                                for (uint32_t i = 0; i < s->n_ranges; i++) {
+                                        size_t off = (size_t)s->range[i][0] / be * di->block_bytes,
+                                               len = (size_t)s->range[i][1] / be * di->block_bytes;
+                                        memcpy(at, m + r * row_bytes + off, len);
+                                        at += len;
+                                }
+                }
         }
-        size_t shape[2] = {rows ? total : n_rows, rows ? n_cols : total};
-        if (tsr_tensor_init(ret, t->dtype, 2, shape, t->backend, k) != TSR_OK) {
+        size_t shape[3] = {E, rows ? total : n_rows, rows ? n_cols : total};
+        if (tsr_tensor_init(ret, t->dtype, t->n_dims, stack ? shape : shape + 1, t->backend, k) != TSR_OK) {
                 free(k);
                 return TSR_E_INVAL;
         }
@@ -393,11 +399,20 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
                          tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_INVAL;
         }
-        /* an expert stack in the BMM layout (Llama 4's FP8): read whole even for a
-         * tensor-parallel share, which the family keeps of each expert (loader.h) */
-        if (w->stored && w->experts)
-                return tsr_modelopt_load_stack(s->modelopt, s->set, w->name, t, file, w->experts, w->rows, w->cols,
-                                               w->stored, err, errlen);
+        /* an expert stack in the BMM layout (Llama 4's FP8): read whole, then (a
+         * tensor-parallel share) only the share of each expert kept, one stack at a time */
+        if (w->stored && w->experts) {
+                tsr_status st = tsr_modelopt_load_stack(s->modelopt, s->set, w->name, t, file, w->experts, w->rows,
+                                                        w->cols, w->stored, err, errlen);
+                if (st == TSR_OK && w->slice.axis != TSR_LOAD_WHOLE &&
+                    (st = tsr_load_stored_slice(w->stored, &w->slice)) != TSR_OK) {
+                        tsr_errf(err, errlen, "%s: tensor '%s': %s", file, w->name,
+                                 st == TSR_E_NOMEM ? "out of memory" : "its tensor-parallel share is out of the stack");
+                        free(w->stored->data);
+                        *w->stored = (tsr_tensor){0};
+                }
+                return st;
+        }
         if (!w->stored || !w->cols || w->experts || n < 7 || strcmp(w->name + n - 7, ".weight") != 0) {
                 tsr_errf(err, errlen, "%s: tensor '%s': dtype %s: this model reads the tensor as float32 only "
                          "(quantized weights are supported for the linear layers of the Llama, Llama 4 and "

@@ -111,7 +111,8 @@ typedef struct tsr_load_slice {
 
 /* Cut a 2-D host tensor kept as stored (its data from aligned_alloc, freed with free:
  * tsr_load_slot.stored) to the share `s`: the rows of its ranges, or the columns of its
- * ranges side by side, in order; the scales kept.  Column ranges of a block format must
+ * ranges side by side, in order; the scales kept.  A 3-D stack [E, rows, cols]: that
+ * share of each of its E matrices, [E, rows', cols'].  Column ranges of a block format must
  * start and end on whole blocks (dtype.h's block_elems): TSR_E_UNSUPPORTED otherwise;
  * TSR_E_INVAL for a range out of the tensor, TSR_E_NOMEM; *t unchanged on failure. */
 tsr_status tsr_load_stored_slice(tsr_tensor *t, const tsr_load_slice *s);
@@ -142,9 +143,8 @@ typedef struct tsr_load_slot {
          * converted row by row from the file's bytes, so no whole tensor is ever held in
          * float32.  A GGUF block format is then never kept as stored; a ModelOpt weight
          * is, read whole as stored and cut to the share (tsr_load_stored_slice: the one
-         * tensor, never the whole model, held at once), except an FP8 expert stack
-         * (experts > 0), read whole: the family keeps its share of each expert.  A vector
-         * (cols 0) only by rows. */
+         * tensor, never the whole model, held at once); an FP8 expert stack (experts > 0)
+         * the same, the share of each expert.  A vector (cols 0) only by rows. */
         tsr_load_slice slice;
         /* An expert stack (experts > 0): only experts [experts_first, experts_first +
          * experts_n) go into *dst (experts_n 0: every one); an expert-parallel rank's

@@ -289,8 +289,8 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                         if (s[i].experts)       /* an FP8 BMM stack is kept as stored, then split per expert */
                                 stored = c->gguf ? NULL : s[i].dst == &L->exp_gate_up.f ? &L->stack_gu : &L->stack_dn;
                         /* a tensor-parallel rank reads a float stack's share; an FP8 stack is
-                         * read whole (the loader cuts no 3-D stack) and split_stacks keeps
-                         * the rank's columns of each expert */
+                         * read whole and cut to the share of each expert at once (loader.h),
+                         * which split_stacks splits per expert */
                         *ret = (tsr_load_slot){.dst = s[i].dst, .stored = ep_stack ? NULL : stored,
                                                .rows = s[i].rows, .cols = s[i].cols, .experts = s[i].experts,
                                                .slice = sl, .experts_first = ep_stack ? e0 : 0,
@@ -352,29 +352,28 @@ static tsr_status tensor_new(tsr_tensor *t, tsr_dtype dtype, size_t rows, size_t
 }
 
 /* An FP8 BMM stack pair (ModelOpt's Llama 4 FP8: gate_up [E, dim, 2I], down [E, I, dim],
- * fp8 bytes) -> each expert's gate and up (n, dim) and down (dim, n), the (out, in)
- * rows the matmul reads, of intermediate columns [i0, i0 + n) (a tensor-parallel rank's;
- * 0 and I: all): a transposition of bytes, the values and the stack's one scale pair
- * unchanged. */
-static tsr_status split_stacks(layer *L, size_t E, size_t I, size_t dim, size_t i0, size_t n) {
+ * fp8 bytes; a tensor-parallel rank's I columns already, the loader cut them) -> each
+ * expert's gate and up (I, dim) and down (dim, I), the (out, in) rows the matmul reads: a
+ * transposition of bytes, the values and the stack's one scale pair unchanged. */
+static tsr_status split_stacks(layer *L, size_t E, size_t I, size_t dim) {
         const uint8_t *gu = L->stack_gu.data, *dn = L->stack_dn.data;
         tsr_status st;
 
         for (size_t e = 0; e < E; e++) {
                 tsr_tensor *g = &L->qexp[3 * e], *u = g + 1, *d = g + 2;
-                if ((st = tensor_new(g, TSR_DTYPE_FP8_E4M3, n, dim, L->stack_gu.scales)) != TSR_OK ||
-                    (st = tensor_new(u, TSR_DTYPE_FP8_E4M3, n, dim, L->stack_gu.scales)) != TSR_OK ||
-                    (st = tensor_new(d, TSR_DTYPE_FP8_E4M3, dim, n, L->stack_dn.scales)) != TSR_OK)
+                if ((st = tensor_new(g, TSR_DTYPE_FP8_E4M3, I, dim, L->stack_gu.scales)) != TSR_OK ||
+                    (st = tensor_new(u, TSR_DTYPE_FP8_E4M3, I, dim, L->stack_gu.scales)) != TSR_OK ||
+                    (st = tensor_new(d, TSR_DTYPE_FP8_E4M3, dim, I, L->stack_dn.scales)) != TSR_OK)
                         return st;
                 uint8_t *gb = g->data, *ub = u->data, *db = d->data;
                 for (size_t r = 0; r < dim; r++)
-                        for (size_t i = 0; i < n; i++) {
-                                gb[i * dim + r] = gu[(e * dim + r) * 2 * I + i0 + i];
-                                ub[i * dim + r] = gu[(e * dim + r) * 2 * I + I + i0 + i];
+                        for (size_t i = 0; i < I; i++) {
+                                gb[i * dim + r] = gu[(e * dim + r) * 2 * I + i];
+                                ub[i * dim + r] = gu[(e * dim + r) * 2 * I + I + i];
                         }
-                for (size_t i = 0; i < n; i++)
+                for (size_t i = 0; i < I; i++)
                         for (size_t o = 0; o < dim; o++)
-                                db[o * n + i] = dn[(e * I + i0 + i) * dim + o];
+                                db[o * I + i] = dn[(e * I + i) * dim + o];
         }
         free(L->stack_gu.data);
         free(L->stack_dn.data);
@@ -424,8 +423,8 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char
                                  L->stack_gu.data ? "down_proj" : "gate_up_proj");
                         return TSR_E_INVAL;
                 }
-                if (L->stack_gu.data)   /* read whole (llama4_bind): the rank's I columns of each */
-                        st = split_stacks(L, E, m->cfg->base.hidden_dim, dim, (size_t)m->shard.tp_rank * I, I);
+                if (L->stack_gu.data)   /* already the rank's I columns of each expert (llama4_bind) */
+                        st = split_stacks(L, E, I, dim);
                 else if (!transpose_experts(L->exp_gate_up.f, E, dim, 2 * I) ||
                          !transpose_experts(L->exp_down.f, E, I, dim))
                         st = TSR_E_NOMEM;
