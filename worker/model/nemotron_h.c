@@ -1238,9 +1238,7 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size
         size_t tk = c->top_k ? c->top_k : 1, S = TSR_COMM_TREE_LEAVES;
 
         *s = (struct scratch){0};
-        s->chunk = c->chunk_size >= 2 && c->chunk_size <= TSR_NEMOTRON_H_MAX_SSD_CHUNK && longest >= c->chunk_size
-                           ? c->chunk_size
-                           : 1;
+        s->chunk = tsr_nemotron_h_scan_chunk(c) && longest >= c->chunk_size ? c->chunk_size : 1;
         s->x = malloc(N * dim * sizeof(float));
         s->xb = malloc(N * dim * sizeof(float));
         s->out = malloc(N * dim * sizeof(float));
@@ -1383,23 +1381,6 @@ static float scan_row(float *S, const float *B, const float *C, size_t ns, float
 /* The chunked scan's inner loops.  Inlined into ssd_chunk, so compiled for each of its
  * clones (a call through the clones' resolver per row would cost more than the row). */
 #define NH_INLINE static inline __attribute__((always_inline))
-
-/* Dot product of a and b (n floats) in scan_row's order: eight lanes, then the fixed tree. */
-NH_INLINE float dot_lanes(const float *a, const float *b, size_t n) {
-        nh_v8 acc = {0};
-        size_t s = 0;
-        for (; s + 8 <= n; s += 8) {
-                nh_v8 va, vb;
-                memcpy(&va, a + s, sizeof va);
-                memcpy(&vb, b + s, sizeof vb);
-                acc += va * vb;
-        }
-        float lane[8];
-        memcpy(lane, &acc, sizeof lane);
-        for (size_t j = 0; s < n; s++, j++)
-                lane[j] += a[s] * b[s];
-        return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-}
 
 /* Two sums over the same rows with their own coefficients:
  * out0[i] = init0[i] + sum_k c0[k] * rows[k * stride + i], out1 likewise with c1 (init0 /

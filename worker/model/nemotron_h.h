@@ -104,6 +104,11 @@ tsr_status tsr_nemotron_h_config_from_gguf(const tsr_gguf *g, const char *path, 
 tsr_nemotron_h_config tsr_nemotron_h_config_rank(const tsr_nemotron_h_config *c, uint32_t tp_size);
 
 /* Derived sizes of the Mamba mixer. */
+/* The chunk a prefill's whole chunks run the scan's chunked form in: chunk_size, or 0
+ * (the recurrence only) outside 2 .. TSR_NEMOTRON_H_MAX_SSD_CHUNK. */
+static inline uint32_t tsr_nemotron_h_scan_chunk(const tsr_nemotron_h_config *c) {
+        return c->chunk_size >= 2 && c->chunk_size <= TSR_NEMOTRON_H_MAX_SSD_CHUNK ? c->chunk_size : 0;
+}
 static inline uint32_t tsr_nemotron_h_d_inner(const tsr_nemotron_h_config *c) { return c->m_heads * c->m_head_dim; }
 static inline uint32_t tsr_nemotron_h_conv_dim(const tsr_nemotron_h_config *c) {
         return c->m_heads * c->m_head_dim + 2 * c->n_groups * c->ssm_state;

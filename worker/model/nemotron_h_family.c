@@ -41,8 +41,8 @@ static tsr_status nh_read_config(const char *path, bool gguf, tsr_model_desc *re
         ret->n_layers = c->n_layers;
         ret->hidden_size = c->dim;
         ret->state_chunk = c->chunk_size;
-        if (c->chunk_size >= 2 && c->chunk_size <= TSR_NEMOTRON_H_MAX_SSD_CHUNK && tsr_nemotron_h_count(c, 'M'))
-                ret->scan_chunk = c->chunk_size;
+        if (tsr_nemotron_h_count(c, 'M'))
+                ret->scan_chunk = tsr_nemotron_h_scan_chunk(c);
         return st;
 }
 
