@@ -35,7 +35,10 @@ def resident_bytes(variant, bf16):
 
 @pytest.mark.parametrize("variant,extra", [("fp8", []), ("nvfp4", []), ("fp8", ["-pp", "2"]),
                                            ("nvfp4", ["-pp", "2"]),
-                                           ("fp8", ["-tp", "2"])])   # each rank its columns of every expert
+                                           ("fp8", ["-tp", "2"]),   # each rank its columns of every expert
+                                           # each rank its experts whole (the stack's one scale pair: the
+                                           # same activation scale as without expert parallelism)
+                                           ("fp8", ["-tp", "2", "--enable-expert-parallel"])])
 def test_greedy_matches_emulation(spawn, variant, extra):
     """Each prompt alone, then all at once (one batch through the quantized experts):
     every continuation the emulation's, token for token.  --dtype float32: the emulation

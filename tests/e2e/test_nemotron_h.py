@@ -468,6 +468,48 @@ def test_modelopt_served(spawn, fixture, flag, pp, tp):
     assert float(wait_until(gauge, timeout=10, what="tessera:worker_weight_bytes").group(1)) == want_bytes
 
 
+def ep_patched(tmp_path):
+    """tiny-nemotron-h-fp8 with the input scales make_tiny_nemotron_h_fp8_ep.py lists
+    (experts 4..7 of every MoE layer x 0.75) written over the file's float32 scalars."""
+    d = tmp_path / "fp8-ep"
+    d.mkdir()
+    for f in (FP8 / "model").iterdir():
+        if f.name != "model.safetensors":
+            (d / f.name).symlink_to(f)
+    raw = bytearray((FP8 / "model" / "model.safetensors").read_bytes())
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n])
+    patch = json.loads((FP8 / "golden.json").read_text())["expert_parallel"]["patched_input_scales"]
+    assert len(patch) == 16
+    for name, v in patch.items():
+        t = hdr[name]
+        assert t["dtype"] == "F32" and t["shape"] == [], name
+        off = 8 + n + t["data_offsets"][0]
+        assert struct.unpack("<f", raw[off:off + 4])[0] > v, name
+        raw[off:off + 4] = struct.pack("<f", v)
+    (d / "model.safetensors").write_bytes(bytes(raw))
+    return d
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["tp2", "tp2-expert-parallel"])
+def test_fp8_expert_parallel_scales(spawn, tmp_path, ep):
+    """--enable-expert-parallel on ModelOpt FP8 experts: each rank quantizes its experts'
+    inputs with the max input_scale of its own experts, as vLLM's FusedMoE does under
+    expert parallelism (it registers only the local experts' scales), not the max over
+    all of them.  On a copy whose experts 4..7 have smaller input scales, -tp 2 gives the
+    committed emulation's greedy tokens (experts 0..3 hold the global max) and -tp 2
+    --enable-expert-parallel the emulation with rank 1's own max
+    (make_tiny_nemotron_h_fp8_ep.py: 107 of the 128 tokens differ)."""
+    golden = json.loads((FP8 / "golden.json").read_text())
+    want = golden["expert_parallel"]["greedy"] if ep else golden["greedy"]
+    assert golden["expert_parallel"]["greedy"] != golden["greedy"]
+    w = EngineWorker(spawn, ep_patched(tmp_path), "--dtype", "float32", "-tp", "2",
+                     *(["--enable-expert-parallel"] if ep else []))
+    for i, (p, g) in enumerate(zip(golden["prompts"], want)):
+        assert w.run(f"p{i}", p["ids"], len(g)).tokens == g, f"prompt {i}"
+    w.close()
+
+
 def refused(spawn, model, *flags):
     p = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", *flags])
     assert p.wait(timeout=60) == 2

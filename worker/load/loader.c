@@ -354,10 +354,10 @@ tsr_status tsr_load_stored_slice(tsr_tensor *t, const tsr_load_slice *s) {
         return st;
 }
 
-tsr_status tsr_load_stored_adopt(tsr_tensor *t, void *data, size_t rows, size_t cols) {
-        size_t shape[2] = {rows, cols};
+/* tsr_load_stored_adopt for a tensor of n_dims dimensions `shape`. */
+static tsr_status stored_adopt(tsr_tensor *t, void *data, size_t n_dims, const size_t *shape) {
         tsr_tensor nt;
-        if (tsr_tensor_init(&nt, t->dtype, 2, shape, t->backend, data) != TSR_OK) {
+        if (tsr_tensor_init(&nt, t->dtype, n_dims, shape, t->backend, data) != TSR_OK) {
                 free(data);
                 return TSR_E_INVAL;
         }
@@ -365,6 +365,24 @@ tsr_status tsr_load_stored_adopt(tsr_tensor *t, void *data, size_t rows, size_t 
         free(t->data);
         *t = nt;
         return TSR_OK;
+}
+
+tsr_status tsr_load_stored_adopt(tsr_tensor *t, void *data, size_t rows, size_t cols) {
+        size_t shape[2] = {rows, cols};
+        return stored_adopt(t, data, 2, shape);
+}
+
+/* Keep experts [first, first + n) of a 3-D stack [E, rows, cols] kept as stored (its
+ * data from aligned_alloc), the scales kept: an expert-parallel rank's, which
+ * slice_ok checked are inside the stack.  TSR_E_NOMEM (*t unchanged). */
+static tsr_status stored_keep_experts(tsr_tensor *t, uint64_t first, uint64_t n) {
+        size_t per = tsr_tensor_n_bytes(t) / t->shape[0], bytes = (size_t)n * per;
+        uint8_t *k = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+        if (!k)
+                return TSR_E_NOMEM;
+        memcpy(k, (const uint8_t *)t->data + (size_t)first * per, bytes);
+        size_t shape[3] = {(size_t)n, t->shape[1], t->shape[2]};
+        return stored_adopt(t, k, 3, shape);
 }
 
 /* ---- safetensors ----------------------------------------------------------------- */
@@ -387,7 +405,7 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
         char module[sizeof w->name];
         size_t n = strlen(w->name);
 
-        if (w->experts_n || (w->slice.axis != TSR_LOAD_WHOLE && !w->stored)) {
+        if ((w->experts_n && !(w->stored && w->experts)) || (w->slice.axis != TSR_LOAD_WHOLE && !w->stored)) {
                 /* runner.c refuses ModelOpt at tp > 1 first for the families without it */
                 tsr_errf(err, errlen, "%s: tensor '%s': a tensor-parallel share of a quantized (%s) weight is not "
                          "supported", file, w->name, tsr_safetensors_dtype_name(t->dtype));
@@ -399,11 +417,21 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
                          tsr_safetensors_dtype_name(t->dtype));
                 return TSR_E_INVAL;
         }
-        /* an expert stack in the BMM layout (Llama 4's FP8): read whole, then (a
-         * tensor-parallel share) only the share of each expert kept, one stack at a time */
+        /* an expert stack in the BMM layout (Llama 4's FP8): read whole, then only the
+         * rank's experts (expert parallel) or the share of each expert (tensor parallel)
+         * kept, one stack at a time */
         if (w->stored && w->experts) {
+                if (!slice_ok(w, file, err, errlen))
+                        return TSR_E_INVAL;
                 tsr_status st = tsr_modelopt_load_stack(s->modelopt, s->set, w->name, t, file, w->experts, w->rows,
                                                         w->cols, w->stored, err, errlen);
+                if (st == TSR_OK && w->experts_n && (st = stored_keep_experts(w->stored, w->experts_first,
+                                                                              w->experts_n)) != TSR_OK) {
+                        tsr_errf(err, errlen, "%s: tensor '%s': %s", file, w->name,
+                                 st == TSR_E_NOMEM ? "out of memory" : "its expert range is not a tensor");
+                        free(w->stored->data);
+                        *w->stored = (tsr_tensor){0};
+                }
                 if (st == TSR_OK && w->slice.axis != TSR_LOAD_WHOLE &&
                     (st = tsr_load_stored_slice(w->stored, &w->slice)) != TSR_OK) {
                         tsr_errf(err, errlen, "%s: tensor '%s': %s", file, w->name,

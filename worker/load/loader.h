@@ -148,7 +148,8 @@ typedef struct tsr_load_slot {
         tsr_load_slice slice;
         /* An expert stack (experts > 0): only experts [experts_first, experts_first +
          * experts_n) go into *dst (experts_n 0: every one); an expert-parallel rank's
-         * (tsr_shard_spec.expert_parallel).  Never kept as stored then. */
+         * (tsr_shard_spec.expert_parallel).  A ModelOpt FP8 stack is read whole as
+         * stored, then cut to those experts. */
         uint64_t experts_first, experts_n;
 } tsr_load_slot;
 

@@ -275,8 +275,8 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                 if (ep && (i / 3 < e0 || i / 3 >= e0 + ne))
                         return false;   /* an expert-parallel rank reads its experts, no other's */
                 tsr_load_slice sl = ep ? (tsr_load_slice){0} : l4_slice(m, n->logical);
-                /* a share of a ModelOpt weight is kept as stored too (loader.h) */
-                *ret = (tsr_load_slot){.dst = &L->fexp[i], .stored = ep ? NULL : &L->qexp[i],
+                /* a ModelOpt weight is kept as stored, whole or its share (loader.h) */
+                *ret = (tsr_load_slot){.dst = &L->fexp[i], .stored = &L->qexp[i],
                                        .rows = i % 3 == 2 ? dim : I, .cols = i % 3 == 2 ? I : dim, .slice = sl};
                 return true;
         }
@@ -289,9 +289,10 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                         if (s[i].experts)       /* an FP8 BMM stack is kept as stored, then split per expert */
                                 stored = c->gguf ? NULL : s[i].dst == &L->exp_gate_up.f ? &L->stack_gu : &L->stack_dn;
                         /* a tensor-parallel rank reads a float stack's share; an FP8 stack is
-                         * read whole and cut to the share of each expert at once (loader.h),
-                         * which split_stacks splits per expert */
-                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = ep_stack ? NULL : stored,
+                         * read whole and cut at once to the share of each expert, or to an
+                         * expert-parallel rank's experts (loader.h), which split_stacks
+                         * splits per expert */
+                        *ret = (tsr_load_slot){.dst = s[i].dst, .stored = stored,
                                                .rows = s[i].rows, .cols = s[i].cols, .experts = s[i].experts,
                                                .slice = sl, .experts_first = ep_stack ? e0 : 0,
                                                .experts_n = ep_stack ? ne : 0,
@@ -352,15 +353,16 @@ static tsr_status tensor_new(tsr_tensor *t, tsr_dtype dtype, size_t rows, size_t
 }
 
 /* An FP8 BMM stack pair (ModelOpt's Llama 4 FP8: gate_up [E, dim, 2I], down [E, I, dim],
- * fp8 bytes; a tensor-parallel rank's I columns already, the loader cut them) -> each
- * expert's gate and up (I, dim) and down (dim, I), the (out, in) rows the matmul reads: a
- * transposition of bytes, the values and the stack's one scale pair unchanged. */
-static tsr_status split_stacks(layer *L, size_t E, size_t I, size_t dim) {
+ * fp8 bytes; a tensor-parallel rank's I columns already, or an expert-parallel rank's E
+ * experts: the loader cut them) -> each expert's gate and up (I, dim) and down (dim, I)
+ * at qexp[3e ..] (the rank's first expert's entry), the (out, in) rows the matmul reads:
+ * a transposition of bytes, the values and the stack's one scale pair unchanged. */
+static tsr_status split_stacks(layer *L, tsr_tensor *qexp, size_t E, size_t I, size_t dim) {
         const uint8_t *gu = L->stack_gu.data, *dn = L->stack_dn.data;
         tsr_status st;
 
         for (size_t e = 0; e < E; e++) {
-                tsr_tensor *g = &L->qexp[3 * e], *u = g + 1, *d = g + 2;
+                tsr_tensor *g = &qexp[3 * e], *u = g + 1, *d = g + 2;
                 if ((st = tensor_new(g, TSR_DTYPE_FP8_E4M3, I, dim, L->stack_gu.scales)) != TSR_OK ||
                     (st = tensor_new(u, TSR_DTYPE_FP8_E4M3, I, dim, L->stack_gu.scales)) != TSR_OK ||
                     (st = tensor_new(d, TSR_DTYPE_FP8_E4M3, dim, I, L->stack_dn.scales)) != TSR_OK)
@@ -423,8 +425,8 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char
                                  L->stack_gu.data ? "down_proj" : "gate_up_proj");
                         return TSR_E_INVAL;
                 }
-                if (L->stack_gu.data)   /* already the rank's I columns of each expert (llama4_bind) */
-                        st = split_stacks(L, E, I, dim);
+                if (L->stack_gu.data)   /* already the rank's share (llama4_bind) */
+                        st = split_stacks(L, qexp, E, I, dim);
                 else if (!transpose_experts(L->exp_gate_up.f, E, dim, 2 * I) ||
                          !transpose_experts(L->exp_down.f, E, I, dim))
                         st = TSR_E_NOMEM;
@@ -461,19 +463,21 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char
                 tsr_errf(err, errlen, "%s: out of memory", dir);
                 return st;
         }
-        if (!L->qexp[0].data)
+        if (!qexp[0].data)
                 return TSR_OK;
-        /* one activation scale per expert GEMM (vLLM's fused MoE: "use the max") */
+        /* one activation scale per expert GEMM (vLLM's fused MoE: "use the max"), over
+         * the experts the rank holds: an expert-parallel rank's own (FP8; vLLM's FusedMoE
+         * registers only the local experts' input_scale; nemotron_h.c's expert_scales) */
         float xs_gu = 0, xs_d = 0;
         for (size_t e = 0; e < E; e++) {
-                xs_gu = fmaxf(xs_gu, fmaxf(L->qexp[3 * e].scales.input, L->qexp[3 * e + 1].scales.input));
-                xs_d = fmaxf(xs_d, L->qexp[3 * e + 2].scales.input);
+                xs_gu = fmaxf(xs_gu, fmaxf(qexp[3 * e].scales.input, qexp[3 * e + 1].scales.input));
+                xs_d = fmaxf(xs_d, qexp[3 * e + 2].scales.input);
         }
         for (size_t e = 0; e < E; e++) {
-                L->qexp[3 * e].scales.input = L->qexp[3 * e + 1].scales.input = xs_gu;
-                L->qexp[3 * e + 2].scales.input = xs_d;
+                qexp[3 * e].scales.input = qexp[3 * e + 1].scales.input = xs_gu;
+                qexp[3 * e + 2].scales.input = xs_d;
         }
-        m->qdtype = L->qexp[0].dtype;
+        m->qdtype = qexp[0].dtype;
         return TSR_OK;
 }
 
@@ -781,21 +785,23 @@ static tsr_status keep_col_slices(mat *w, size_t rows, size_t cols, size_t first
 }
 
 /* The row-parallel linears kept as stored split into canonical K slices of whole blocks
- * (NVFP4's 16 elements): o_proj's ko columns a slice, the experts' and the shared
- * expert's ke, the dense MLP's km.  Checked for every layer before anything is cut. */
-static tsr_status stored_slices_check(const tsr_llama4 *m, size_t ko, size_t ke, size_t km, size_t ns, char *err,
-                                      size_t errlen) {
+ * (NVFP4's 16 elements): o_proj's ko columns a slice, the shared expert's ke, the dense
+ * MLP's km, the routed experts' ke too, or under expert parallelism (ep) all S slices of
+ * the rank's first expert, e0.  Checked for every layer before anything is cut. */
+static tsr_status stored_slices_check(const tsr_llama4 *m, size_t ko, size_t ke, size_t km, size_t ns, bool ep,
+                                      size_t e0, char *err, size_t errlen) {
+        size_t S = TSR_COMM_TREE_LEAVES, kx = ep ? m->cfg->base.hidden_dim / S : ke;
         size_t n_local = m->shard.last_layer - m->shard.first_layer + 1;
         for (size_t l = 0; l < n_local; l++) {
                 const layer *L = &m->layers[l];
-                const struct { const tsr_tensor *q; size_t k; const char *what; } rows[] = {
-                        {&L->o.q, ko, "o_proj"},
-                        {&L->sh_down.q, ke, "the shared expert's down_proj"},
-                        {L->qexp ? &L->qexp[2] : NULL, ke, "the experts' down_proj"},
-                        {&L->down.q, km, "down_proj"},
+                const struct { const tsr_tensor *q; size_t k, ns; const char *what; } rows[] = {
+                        {&L->o.q, ko, ns, "o_proj"},
+                        {&L->sh_down.q, ke, ns, "the shared expert's down_proj"},
+                        {L->qexp ? &L->qexp[3 * e0 + 2] : NULL, kx, ep ? S : ns, "the experts' down_proj"},
+                        {&L->down.q, km, ns, "down_proj"},
                 };
                 for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-                        tsr_status st = tsr_tp_check_stored_slice(rows[i].q, rows[i].k, ns, rows[i].what,
+                        tsr_status st = tsr_tp_check_stored_slice(rows[i].q, rows[i].k, rows[i].ns, rows[i].what,
                                                                   m->shard.first_layer + l, err, errlen);
                         if (st != TSR_OK)
                                 return st;
@@ -841,7 +847,16 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         n_local = m->shard.last_layer - m->shard.first_layer + 1;
         if (ep && (st = tsr_tp_expert_range(E, tp_rank, tp_size, &e0, &ne, err, errlen)) != TSR_OK)
                 return st;
-        if ((st = stored_slices_check(m, nh * hd / ns, hid / ns, mlp / ns, ns, err, errlen)) != TSR_OK)
+        /* quantized experts loaded whole share the max input scale of all of them
+         * (experts_finish); an expert-parallel rank's is its own experts' max, so it must
+         * be loaded as that rank (the worker always does) */
+        for (size_t l = 0; ep && !sliced && l < n_local; l++)
+                if (m->layers[l].qexp && m->layers[l].qexp[0].data) {
+                        tsr_errf(err, errlen, "expert parallelism of quantized experts needs the model loaded as "
+                                 "the rank (tsr_shard_spec.expert_parallel), not loaded whole and split");
+                        return TSR_E_UNSUPPORTED;
+                }
+        if ((st = stored_slices_check(m, nh * hd / ns, hid / ns, mlp / ns, ns, ep, e0, err, errlen)) != TSR_OK)
                 return st;
         st = TSR_OK;
         for (size_t l = 0; l < n_local && st == TSR_OK; l++) {
@@ -853,10 +868,17 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
                 if (st == TSR_OK)
                         st = keep_col_slices(&L->o, dim, o_cols, o0, nh * hd, ns);
                 /* a ModelOpt checkpoint's experts, one tensor each (qexp): the rank's rows
-                 * of gate and up (read as the share already at tp > 1), down's K slices */
-                for (size_t e = 0; st == TSR_OK && L->qexp && L->qexp[0].data && e < E; e++) {
+                 * of gate and up (read as the share already at tp > 1), down's K slices; an
+                 * expert-parallel rank's experts whole, down as all S slices */
+                for (size_t e = 0; st == TSR_OK && L->qexp && e < E; e++) {
                         tsr_tensor *g = &L->qexp[3 * e];
                         tsr_load_slice rows = {TSR_LOAD_SLICE_ROWS, 1, {{tp_rank * hid, hid}}};
+                        if (!g[0].data)         /* not quantized, or another rank's expert */
+                                continue;
+                        if (ep) {
+                                st = tsr_tp_keep_stored_col_slices(&g[2], 0, I, TSR_COMM_TREE_LEAVES);
+                                continue;
+                        }
                         if (split && !sliced && (st = tsr_load_stored_slice(&g[0], &rows)) == TSR_OK)
                                 st = tsr_load_stored_slice(&g[1], &rows);
                         if (st == TSR_OK)
@@ -868,10 +890,12 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
                         /* experts e0 .. e0 + ne - 1 whole (their rows of the (E, 2I, dim) and
                          * (E, dim, I) stacks), down_proj as all S canonical K slices; the
                          * shared expert as below */
-                        if (!sliced && (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 1, E * 2 * I, dim, e0 * 2 * I,
-                                                              ne * 2 * I)) == TSR_OK)
+                        bool fexp = L->exp_gate_up.f != NULL;   /* else quantized: qexp, above */
+                        if (fexp && !sliced &&
+                            (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 1, E * 2 * I, dim, e0 * 2 * I, ne * 2 * I)) ==
+                                    TSR_OK)
                                 st = tsr_tp_keep_rows(&L->exp_down.f, 1, E * dim, I, e0 * dim, ne * dim);
-                        if (st == TSR_OK)       /* (read: the rank's experts only) */
+                        if (st == TSR_OK && fexp)       /* (read: the rank's experts only) */
                                 st = tsr_tp_keep_col_slices(&L->exp_down.f, ne, dim, I, 0, I, TSR_COMM_TREE_LEAVES);
                         if (st == TSR_OK && split && !sliced &&
                             (st = keep_rows(&L->sh_gate, I, dim, tp_rank * hid, hid)) == TSR_OK)
@@ -1334,14 +1358,14 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                 for (size_t i = 0; i < n; i++)          /* the router weight scales the expert's input */
                         for (size_t d = 0; d < dim; d++)
                                 s->xin[i * dim + d] = s->xb[(size_t)s->rows[i] * dim + d] * s->rscale[i];
-                if (L->qexp && L->qexp[0].data) {       /* as stored (ModelOpt) */
+                if (L->qexp && L->qexp[3 * e].data) {       /* as stored (ModelOpt) */
                         const tsr_tensor *d = &L->qexp[3 * e + 2];
                         TRY(mm_stored(be, s->hb, s->xin, &L->qexp[3 * e], n));
                         TRY(mm_stored(be, s->hb2, s->xin, &L->qexp[3 * e + 1], n));
                         TRY(tsr_backend_silu_mul(be, s->hb, s->hb, s->hb2, n * I));
-                        if (m->canonical)       /* its K slices (shard): ey (P, n, dim) */
+                        if (m->canonical)       /* its K slices (shard): ey (P, n, dim); ep: (S, n, dim) */
                                 TRY(tsr_tp_row_partials(be, s->ey, s->slice, s->hb, d->data, d->dtype, &d->scales, n,
-                                                        I, dim, P));
+                                                        I, dim, m->ep ? S : P));
                         else
                                 TRY(mm_stored(be, s->ey, s->hb, d, n));
                 } else {

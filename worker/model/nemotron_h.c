@@ -247,6 +247,16 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
         return tsr_tp_slice_of(rule, sizeof rule / sizeof rule[0], name, m->shard.first_layer == 0, rk * vl, vl);
 }
 
+/* The routed experts the rank loads: all, or under expert parallelism its range
+ * (tsr_tp_expert_range, checked before the load begins; all if it is not valid). */
+static void held_experts(const tsr_nemotron_h *m, size_t *e0, size_t *ne) {
+        if (!m->shard.expert_parallel || m->shard.tp_size < 2 ||
+            tsr_tp_expert_range(m->cfg.n_experts, m->shard.tp_rank, m->shard.tp_size, e0, ne, NULL, 0) != TSR_OK) {
+                *e0 = 0;
+                *ne = m->cfg.n_experts;
+        }
+}
+
 /* Where the family's logical tensor `n` of `layer` goes, and its shape; false when the
  * layer's block type has no such tensor. */
 static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_load_slot *ret) {
@@ -297,10 +307,9 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                         return false;
                 /* a tensor-parallel rank: its columns of every expert; an expert-parallel one:
                  * its routed experts whole */
-                size_t e0 = 0, ne = 0;
-                bool ep = m->shard.expert_parallel && m->shard.tp_size > 1 &&
-                          tsr_tp_expert_range(c->n_experts, m->shard.tp_rank, m->shard.tp_size, &e0, &ne, NULL, 0) ==
-                                  TSR_OK;
+                size_t e0, ne;
+                held_experts(m, &e0, &ne);
+                bool ep = ne < c->n_experts;
                 *ret = (tsr_load_slot){.dst = up ? &L->stack_up : &L->stack_down, .rows = up ? c->moe_hidden : dim,
                                        .cols = up ? dim : c->moe_hidden, .experts = c->n_experts,
                                        .slice = ep ? (tsr_load_slice){0} : nh_slice(m, n->logical),
@@ -314,11 +323,9 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                         return false;
                 nh_mat *w = up ? &L->exp_up[i / 2] : &L->exp_down[i / 2];
                 /* an expert-parallel rank reads its routed experts whole, no other's */
-                size_t e0 = 0, ne = c->n_experts;
-                if (m->shard.expert_parallel && m->shard.tp_size > 1 &&
-                    tsr_tp_expert_range(c->n_experts, m->shard.tp_rank, m->shard.tp_size, &e0, &ne, NULL, 0) ==
-                            TSR_OK &&
-                    (i / 2 < e0 || i / 2 >= e0 + ne))
+                size_t e0, ne;
+                held_experts(m, &e0, &ne);
+                if (i / 2 < e0 || i / 2 >= e0 + ne)
                         return false;
                 tsr_load_slice sl = m->shard.expert_parallel ? (tsr_load_slice){0} : nh_slice(m, n->logical);
                 /* a share of a ModelOpt weight is kept as stored too (loader.h) */
@@ -378,14 +385,18 @@ static tsr_status alloc_layers(tsr_nemotron_h *m) {
         return expert_table(m);
 }
 
-/* A ModelOpt FP8 / NVFP4 MoE layer's expert GEMM (up or down over all experts), as
+/* A ModelOpt FP8 / NVFP4 MoE layer's expert GEMM (up or down over the experts held), as
  * vLLM's ModelOptFp8MoEMethod / ModelOptNvFp4FusedMoE hold it: one fused weight, so
  * either every expert is quantized or none (a mix is refused naming the first expert
  * that differs), and ONE activation scale for the GEMM, the max of the experts'
  * input_scale (FP8's process_fp8_input_tensor_strategy_moe: "use the max"; NVFP4's
  * global-scale backends, FlashInfer's, the max over the experts too); each expert keeps
  * its own weight_scale / weight_scale_2 (Nemotron's experts are non-gated: one w13
- * shard, nothing to requantize or pick).
+ * shard, nothing to requantize or pick).  An expert-parallel rank takes the max over
+ * its own experts only, as vLLM's FusedMoE under expert parallelism registers the
+ * input_scale of its local experts alone and then takes the max (FP8; runner.c refuses
+ * NVFP4 there, whose global-scale backends keep every expert's): the ranks may quantize
+ * their experts' inputs differently from one another and from -tp without it.
  * TSR_OK, or TSR_E_INVAL with `err` naming the source and the tensor. */
 /* How the file stores a linear held as `q`, for messages: its safetensors dtype. */
 static const char *stored_as(const tsr_tensor *q) {
@@ -395,28 +406,29 @@ static const char *stored_as(const tsr_tensor *q) {
 static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, const char *src, char *err,
                                 size_t errlen) {
         nh_layer *L = &m->layers[layer];
-        nh_mat *w = up ? L->exp_up : L->exp_down;
-        uint32_t ne = m->cfg.n_experts;
+        size_t e0, ne;
         bool any = false;
         float xs = 0.0f;
 
-        for (uint32_t e = 0; e < ne; e++)
-                if (w[e].q.data) {
+        held_experts(m, &e0, &ne);
+        nh_mat *w = (up ? L->exp_up : L->exp_down) + e0;        /* global expert e0 + j at j */
+        for (size_t j = 0; j < ne; j++)
+                if (w[j].q.data) {
                         any = true;
-                        xs = fmaxf(xs, w[e].q.scales.input);
+                        xs = fmaxf(xs, w[j].q.scales.input);
                 }
         if (!any)
                 return TSR_OK;
-        for (uint32_t e = 1; e < ne; e++)
-                if (!w[e].q.data != !w[0].q.data) {
-                        tsr_errf(err, errlen, "%s: tensor 'backbone.layers.%u.mixer.experts.%u.%s_proj.weight' is %s "
-                                 "but expert 0's is %s: a MoE layer's experts must be all quantized or none (vLLM "
-                                 "fuses them into one weight)", src, layer, e, up ? "up" : "down",
-                                 stored_as(&w[e].q), stored_as(&w[0].q));
+        for (size_t j = 1; j < ne; j++)
+                if (!w[j].q.data != !w[0].q.data) {
+                        tsr_errf(err, errlen, "%s: tensor 'backbone.layers.%u.mixer.experts.%zu.%s_proj.weight' is %s "
+                                 "but expert %zu's is %s: a MoE layer's experts must be all quantized or none (vLLM "
+                                 "fuses them into one weight)", src, layer, e0 + j, up ? "up" : "down",
+                                 stored_as(&w[j].q), e0, stored_as(&w[0].q));
                         return TSR_E_INVAL;
                 }
-        for (uint32_t e = 0; e < ne; e++)
-                w[e].q.scales.input = xs;
+        for (size_t j = 0; j < ne; j++)
+                w[j].q.scales.input = xs;
         m->qdtype = w[0].q.dtype;
         return TSR_OK;
 }
@@ -428,10 +440,9 @@ static tsr_status split_stacks(const tsr_nemotron_h *m, nh_layer *L) {
         /* what the load read (nh_bind): a tensor-parallel rank its columns of every
          * expert, an expert-parallel one its experts e0 .. e0 + ne - 1 whole */
         const tsr_nemotron_h_config *c = &m->cfg;
-        size_t e0 = 0, ne = c->n_experts, I = c->moe_hidden;
-        if (m->shard.tp_size > 1 && m->shard.expert_parallel)
-                (void)tsr_tp_expert_range(c->n_experts, m->shard.tp_rank, m->shard.tp_size, &e0, &ne, NULL, 0);
-        else if (m->shard.tp_size > 1)
+        size_t e0, ne, I = c->moe_hidden;
+        held_experts(m, &e0, &ne);
+        if (m->shard.tp_size > 1 && !m->shard.expert_parallel)
                 I = tsr_nemotron_h_config_rank(c, m->shard.tp_size).moe_hidden;
         size_t per = I * c->dim;
         for (size_t j = 0; j < ne; j++) {
@@ -880,7 +891,8 @@ static tsr_status keep_experts(nh_layer *L, const tsr_nemotron_h_config *c, size
 static tsr_status stored_slices_check(const tsr_nemotron_h *m, const tsr_nemotron_h_config *r, uint32_t tp_size,
                                       bool ep, char *err, size_t errlen) {
         const tsr_nemotron_h_config *c = &m->cfg;
-        size_t ns = TSR_COMM_TREE_LEAVES / tp_size;
+        size_t ns = TSR_COMM_TREE_LEAVES / tp_size, e0, ne;
+        held_experts(m, &e0, &ne);      /* the first held expert stands for them all */
         for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
                 const nh_layer *L = &m->layers[l];
                 /* an expert-parallel rank holds its experts whole: all S slices of each */
@@ -890,7 +902,8 @@ static tsr_status stored_slices_check(const tsr_nemotron_h *m, const tsr_nemotro
                         {&L->wo, (size_t)r->n_heads * c->head_dim / ns, ns, "o_proj"},
                         {&L->shared_down, r->shared_hidden / ns, ns, "the shared expert's down_proj"},
                         {&L->mlp_down, r->mlp_hidden / ns, ns, "down_proj"},
-                        {L->exp_down, (ep ? c->moe_hidden : r->moe_hidden) / ens, ens, "the experts' down_proj"},
+                        {L->exp_down ? L->exp_down + e0 : NULL, (ep ? c->moe_hidden : r->moe_hidden) / ens, ens,
+                         "the experts' down_proj"},
                 };
                 for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
                         tsr_status st = tsr_tp_check_stored_slice(rows[i].w ? &rows[i].w->q : NULL, rows[i].k,
@@ -930,6 +943,15 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         E = c->n_experts;
         if (ep && (st = tsr_tp_expert_range(E, tp_rank, tp_size, &e0, &ne, err, errlen)) != TSR_OK)
                 return st;
+        /* quantized experts loaded whole share the max input scale of all of them
+         * (expert_scales); an expert-parallel rank's is its own experts' max, so it must
+         * be loaded as that rank (the worker always does) */
+        for (uint32_t l = m->shard.first_layer; ep && !sliced && l <= m->shard.last_layer; l++)
+                if (c->pattern[l] == 'E' && m->layers[l].exp_up[0].q.data) {
+                        tsr_errf(err, errlen, "expert parallelism of quantized experts needs the model loaded as "
+                                 "the rank (tsr_shard_spec.expert_parallel), not loaded whole and split");
+                        return TSR_E_UNSUPPORTED;
+                }
         r = tsr_nemotron_h_config_rank(c, tp_size);
         if ((st = stored_slices_check(m, &r, tp_size, ep, err, errlen)) != TSR_OK)
                 return st;

@@ -584,11 +584,15 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                          tsr_family_names(tsr_family_has_tp_quantized, names, sizeof names));
                 return TSR_E_UNSUPPORTED;
         }
-        /* an expert-parallel rank holds only its experts, and a layer's experts share one
-         * activation scale, the max over all of them (expert_scales in nemotron_h.c) */
-        if (split && lo.modelopt && shard->tp_size > 1 && opts->expert_parallel) {
+        /* An expert-parallel rank holds only its experts; a layer's experts share one
+         * activation scale, with FP8 the max over the rank's own experts as vLLM's
+         * FusedMoE takes it (expert_scales in nemotron_h.c).  NVFP4's global-scale
+         * backends keep every expert's input scale on every rank, which a rank reading
+         * only its experts does not have: refused, not approximated. */
+        if (split && lo.modelopt && shard->tp_size > 1 && opts->expert_parallel && r->mo.algo != TSR_MODELOPT_FP8) {
                 snprintf(err, errlen, "--enable-expert-parallel with a quantized (ModelOpt %s) checkpoint is not "
-                         "supported yet (supported: tensor parallelism without it)", tsr_modelopt_algo_name(r->mo.algo));
+                         "supported yet (supported: ModelOpt FP8, or tensor parallelism without it)",
+                         tsr_modelopt_algo_name(r->mo.algo));
                 return TSR_E_UNSUPPORTED;
         }
         if (lo.modelopt && !r->fam->tp_quantized)
