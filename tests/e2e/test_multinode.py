@@ -147,6 +147,22 @@ def answers(base):
             r = c.completions.create(model=MODEL, prompt=p, max_tokens=24, extra_body={"ignore_eos": True, **extra},
                                      **kw)
             out.append((p, str(kw), "no logprobs", r.choices[0].text))
+    # a logit bias and min_tokens' EOS mask shape the token: across nodes they go with
+    # the plan and the last node still answers the token (with its logprobs where asked)
+    bias = {"28": 6.0, "30": 4.0, "1792": -100.0}
+    for p in PROMPTS[:2]:
+        for kw, lp in (({"temperature": 0}, 3), ({"temperature": 0.8, "seed": 11}, None)):
+            r = c.completions.create(model=MODEL, prompt=p, max_tokens=12, logit_bias=bias, logprobs=lp,
+                                     extra_body={"ignore_eos": True}, **kw)
+            ch = r.choices[0]
+            out.append((p, str(kw), "logit_bias", ch.text, ch.logprobs.token_logprobs if lp else None))
+        # EOS (id 2) pushed up: masked below min_tokens, then taken at once (counted, as
+        # vLLM counts it)
+        r = c.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0, logit_bias={"2": 100.0},
+                                 extra_body={"min_tokens": 5})
+        ch = r.choices[0]
+        assert ch.finish_reason == "stop" and r.usage.completion_tokens == 6, r
+        out.append((p, "min_tokens", ch.text))
     return out
 
 
@@ -156,6 +172,13 @@ def rows_as_token(log, with_logprobs=False):
     m = re.search(r"logits rows from the last node: (\d+) as their token \((\d+) with its logprobs\)", log)
     assert m, log[-3000:]
     return int(m.group(2 if with_logprobs else 1))
+
+
+def rows_whole(log):
+    """How many logits rows node 0's log says came back from the last node whole."""
+    m = re.search(r"logits rows from the last node: \d+ as their token \(\d+ with its logprobs\), (\d+) whole", log)
+    assert m, log[-3000:]
+    return int(m.group(1))
 
 
 def greedy(base, prompt=PROMPTS[0]):
@@ -221,6 +244,9 @@ def test_two_nodes_answer_as_one_process(tmp_path, extra, env):
     # with logprobs (top 2 or 5) the answer is the token and its logprobs, as node 0's
     # sampler computes them: the staggered requests' 6 x 32 rows at least
     assert rows_as_token(log0, with_logprobs=True) >= 6 * 32, log0[-2000:]
+    # nothing asked for a row of the last node's: the logit_bias and min_tokens requests'
+    # rows came back as tokens too (greedy()'s are 16 more)
+    assert rows_whole(log0) == 0, log0[-2000:]
     # node 0 gone cleanly: the follower goes back to the rendezvous; SIGTERM ends it with 0
     wait_until(lambda: "meeting node 0 again" in f.output(), timeout=30, interval=0.1, what="follower rejoins")
     stop(f)

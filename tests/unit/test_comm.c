@@ -1144,6 +1144,68 @@ static void test_nodes_plan_round_trip(void **state) {
         }
         in[0].lp = in[1].lp = NULL;
 
+        /* with its rules (flag 32): allowed ids, bias pairs and, below min_tokens, the EOS
+         * and stop ids, after lp_top; unpacked as a sampling whose min_tokens masks those
+         * ids at n_output 0; a list count past the plan is refused */
+        const uint32_t allowed[] = {4, 9, 77}, eos[] = {2}, stop[] = {5, 6};
+        const tsr_logit_bias bias[] = {{.id = 9, .bias = -1.5f}, {.id = 77, .bias = 2.25f}};
+        tsr_sampling rules;
+        tsr_sampling_init(&rules);
+        rules.allowed_ids = allowed;
+        rules.n_allowed = 3;
+        rules.bias = bias;
+        rules.n_bias = 2;
+        rules.eos_ids = eos;
+        rules.n_eos = 1;
+        rules.stop_ids = stop;
+        rules.n_stop = 2;
+        rules.min_tokens = 4;
+        rules.presence_penalty = 0.0f;
+        in[1].rules = &rules;
+        in[0].rules = &rules;   /* not a token back: nothing travels */
+        in[1].lp = &lp_slot;
+        in[1].lp_top = 2;
+        for (int masked = 1; masked >= 0; masked--) {
+                in[1].rules_mask_eos = masked;
+                in[1].draw = masked ? &draw : NULL;
+                assert_int_equal(tsr_nodes_plan_pack(NULL, in, 3, 1, &buf, &len), TSR_OK);
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_OK);
+                assert_seqs_equal(in, out, 3, 1);
+                assert_null(out[0].rules);
+                assert_null(out[2].rules);
+                const tsr_sampling *r = out[1].rules;
+                assert_non_null(r);
+                assert_int_equal(r->n_allowed, 3);
+                assert_memory_equal(r->allowed_ids, allowed, sizeof allowed);
+                assert_int_equal(r->n_bias, 2);
+                assert_memory_equal(r->bias, bias, sizeof bias);
+                assert_int_equal(r->n_eos, masked ? 3 : 0);
+                if (masked) {
+                        const uint32_t want[] = {2, 5, 6};
+                        assert_memory_equal(r->eos_ids, want, sizeof want);
+                }
+                assert_int_equal(r->min_tokens, masked ? 1 : 0);
+                assert_int_equal(r->n_stop, 0);
+                assert_true(r->temperature == 1.0f && r->repetition_penalty == 1.0f && r->logprobs == -1);
+                assert_int_equal(out[1].lp_top, 2);
+                assert_true(masked ? out[1].draw && memcmp(out[1].draw, &draw, sizeof draw) == 0 : !out[1].draw);
+                free(out);
+                uint32_t *w = (uint32_t *)buf;
+                size_t at = 1 + SEQ_WORDS_TEST + 3 + 5 + 2 * 2;
+                assert_int_equal(w[at + 6], masked ? 61u : 53u);
+                size_t counts = at + SEQ_WORDS_TEST + (masked ? 6 : 0) + 1;
+                assert_int_equal(w[counts], 3);
+                assert_int_equal(w[counts + 1], 2);
+                w[counts + 1] = 1u << 30;       /* bias pairs past the plan */
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+                w[counts + 1] = 2;
+                w[at + 6] = 32;                 /* rules on a row that does not come back */
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+                free(buf);
+        }
+        in[0].rules = in[1].rules = NULL;
+        in[1].lp = NULL;
+
         /* a hybrid's two tables per sequence (full attention, then chunked-local), one
          * after the other: every entry crosses; read as one table, the plan is refused */
         const uint32_t two[] = {1, 2, 3, TSR_KV_NULL_BLOCK, 5, 6}, tok[] = {42, 43};

@@ -90,6 +90,12 @@ typedef struct fake_model {
          * multi-node replica's last node sends; answered_lp counts them */
         bool answers_logprobs;
         size_t answered_lp;
+        /* the engine may offer rows shaped by their request's logit bias or min_tokens'
+         * mask (tsr_engine_model.answers_rules, set from this): answered as a multi-node
+         * replica's last node answers them, tsr_sample_uniform_given with the rules (and
+         * the draw's parameters and uniform); answered_rules counts them */
+        bool answers_rules;
+        size_t answered_rules;
         bool draws;
         tsr_draw drawn[64];
         size_t n_drawn;
@@ -294,10 +300,32 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                 if (seqs[i].token && (seqs[i].want_all_logits || !seqs[i].want_logits ||
                                       *seqs[i].token != TSR_ENGINE_TOKEN_UNSET))
                         return TSR_E_INTERNAL;
-                /* logprobs are offered only to a model that answers them */
+                /* logprobs and rules are offered only to a model that answers them */
                 if (seqs[i].lp && (!seqs[i].token || !m->answers_logprobs))
                         return TSR_E_INTERNAL;
-                if (seqs[i].token && !seqs[i].draw && m->argmax) {
+                if (seqs[i].rules && (!seqs[i].token || !m->answers_rules))
+                        return TSR_E_INTERNAL;
+                if (seqs[i].token && seqs[i].rules) {
+                        const tsr_draw *d = seqs[i].draw;
+                        tsr_sampling sp = *seqs[i].rules;
+                        float scratch[TSR_SAMPLER_SCRATCH(VOCAB)];
+                        sp.min_tokens = seqs[i].rules_mask_eos ? 1 : 0;   /* at n_output 0: masked or not */
+                        sp.logprobs = -1;
+                        sp.temperature = d ? d->temperature : 0.0f;
+                        sp.top_k = d ? d->top_k : 0;
+                        sp.top_p = d ? d->top_p : 1.0f;
+                        sp.min_p = d ? d->min_p : 0.0f;
+                        if (tsr_sample_uniform_given(&sp, d ? d->u : 0.0, logits, VOCAB, scratch, seqs[i].token) !=
+                                    TSR_OK ||
+                            (seqs[i].lp && tsr_logprobs_gather(logits, VOCAB, *seqs[i].token, seqs[i].lp_top,
+                                                               seqs[i].lp) != TSR_OK))
+                                return TSR_E_INTERNAL;
+                        for (size_t v = 0; v < VOCAB; v++)
+                                logits[v] = NAN;
+                        pthread_mutex_lock(&m->mu);
+                        m->answered_rules++;
+                        pthread_mutex_unlock(&m->mu);
+                } else if (seqs[i].token && !seqs[i].draw && m->argmax) {
                         uint32_t best = 0;
                         for (uint32_t v = 1; v < VOCAB; v++)
                                 if (logits[v] > logits[best])
@@ -579,6 +607,8 @@ typedef struct submit_opts {
         uint32_t min_tokens;
         int32_t priority;         /* --scheduling-policy priority: lower first */
         bool ignore_eos;
+        const tsr_logit_bias *bias;
+        size_t n_bias;
 } submit_opts;
 
 static void submit_full(harness *h, const char *id, const uint32_t *prompt, size_t n, uint32_t max_tokens,
@@ -614,6 +644,12 @@ static void submit_full(harness *h, const char *id, const uint32_t *prompt, size
         s->min_tokens = so ? so->min_tokens : 0;
         s->priority = so ? so->priority : 0;
         s->ignore_eos = so && so->ignore_eos;
+        if (so && so->n_bias) {
+                s->bias = malloc(so->n_bias * sizeof(*s->bias));
+                assert_non_null(s->bias);
+                memcpy(s->bias, so->bias, so->n_bias * sizeof(*s->bias));
+                s->n_bias = so->n_bias;
+        }
         s->max_tokens = max_tokens;
         s->logprobs = logprobs;
         s->prompt_logprobs = prompt_logprobs;
@@ -895,6 +931,67 @@ static void test_model_answers_logprobs(void **state) {
                 assert_memory_equal(res[1][r].lp, res[0][r].lp, MAX * sizeof(tsr_token_logprobs));
         }
         assert_memory_equal(res[1][3].plp, res[0][3].plp, res[0][3].n_plp * sizeof(tsr_token_logprobs));
+}
+
+/* A model that answers rows shaped by a logit bias or min_tokens' mask with their token
+ * (tsr_engine_model.answers_rules: a multi-node replica's last node, nodes.c): offered
+ * those rows (greedy and drawn, with and without logprobs; min_tokens' mask only below
+ * min_tokens), never a penalty's; its answers are the engine's own tokens and logprobs
+ * bit for bit, including EOS masked below min_tokens and taken after it. */
+static void test_model_answers_rules(void **state) {
+        (void)state;
+        enum { MAX = 6, N = 4 };
+        uint32_t prompt[6];
+        result res[2][N];
+        const char *ids[N] = {"bias", "drawn", "min", "pen"};
+        size_t answered[2];
+        /* the bias pushes tokens the fake model's rows (10 at one token, -10 elsewhere)
+         * would not choose, or nearly; +100 on EOS ends "min" as soon as min_tokens lets it */
+        const tsr_logit_bias up[] = {{.id = 3, .bias = 25.0f}, {.id = 11, .bias = 19.5f}, {.id = 12, .bias = -30.0f}};
+        const tsr_logit_bias eos[] = {{.id = EOS, .bias = 100.0f}};
+        make_prompt(prompt, 6, 5);
+        memset(res, 0, sizeof(res));
+        for (int run = 0; run < 2; run++) {
+                harness *h = held(64, 64, 8, false, 0);
+                h->fm.argmax = h->fm.draws = false;
+                h->fm.answers_logprobs = h->model.answers_logprobs = run == 1;
+                h->fm.answers_rules = h->model.answers_rules = run == 1;
+                submit_full(h, "bias", prompt, 6, MAX, NULL, 0, 2, -1, &(submit_opts){.bias = up, .n_bias = 3});
+                submit_full(h, "drawn", prompt, 6, MAX, NULL, 0, -1, -1,
+                            &(submit_opts){.temperature = 0.9f, .has_seed = true, .seed = 3, .bias = up, .n_bias = 3});
+                submit_full(h, "min", prompt, 6, MAX, NULL, 0, 1, -1,
+                            &(submit_opts){.min_tokens = 3, .bias = eos, .n_bias = 1});
+                submit_full(h, "pen", prompt, 6, MAX, NULL, 0, -1, -1,
+                            &(submit_opts){.presence_penalty = 0.5f, .bias = up, .n_bias = 3});
+                go(h);
+                collect(h, ids, res[run], N);
+                pthread_mutex_lock(&h->fm.mu);
+                answered[run] = h->fm.answered_rules;
+                pthread_mutex_unlock(&h->fm.mu);
+                stop(h);
+        }
+        assert_int_equal(answered[0], 0);
+        /* bias's and drawn's rows, min's three below min_tokens and its EOS row after
+         * (the bias is a rule too); pen's never (a penalty needs the history) */
+        assert_int_equal(res[0][2].n, 4);
+        assert_int_equal(res[0][2].tokens[3], EOS);
+        assert_int_equal(answered[1], MAX + MAX + 4);
+        for (int r = 0; r < N; r++) {
+                assert_int_equal(res[1][r].n, res[0][r].n);
+                assert_memory_equal(res[1][r].tokens, res[0][r].tokens, res[0][r].n * sizeof(uint32_t));
+                assert_int_equal(res[1][r].n_lp, res[0][r].n_lp);
+                assert_memory_equal(res[1][r].lp, res[0][r].lp, res[0][r].n_lp * sizeof(tsr_token_logprobs));
+        }
+        /* the bias did shape the tokens: without it the greedy request would differ */
+        harness *h = held(64, 64, 8, false, 0);
+        result plain[1];
+        const char *pid[1] = {"plain"};
+        memset(plain, 0, sizeof(plain));
+        submit_full(h, "plain", prompt, 6, MAX, NULL, 0, 2, -1, &(submit_opts){0});
+        go(h);
+        collect(h, pid, plain, 1);
+        stop(h);
+        assert_memory_not_equal(plain[0].tokens, res[0][0].tokens, MAX * sizeof(uint32_t));
 }
 
 /* The step time the routers place by (Status decode_step_ms) with micro-batches: a
@@ -2627,6 +2724,7 @@ int main(void) {
                 cmocka_unit_test(test_single_request_greedy),
                 cmocka_unit_test(test_argmax_none_is_an_error),
                 cmocka_unit_test(test_model_answers_logprobs),
+                cmocka_unit_test(test_model_answers_rules),
                 cmocka_unit_test(test_step_time_with_steps_in_flight),
                 cmocka_unit_test(test_device_draws),
                 cmocka_unit_test(test_many_concurrent_with_preemption_and_chunking),

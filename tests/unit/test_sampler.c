@@ -248,6 +248,80 @@ static void test_goldens(void **state) {
  * tsr_sample_uniform_given, with the uniform of its key and position, tsr_sample's
  * token (a multi-node replica's last node samples so for node 0); parameters it does
  * not serve are refused. */
+/* n logits in [-5, 5) from the LCG state *x. */
+static void random_row(float *logits, size_t n, uint64_t *x) {
+        for (size_t i = 0; i < n; i++) {
+                *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+                logits[i] = (float)((*x >> 40) % 2000) / 200.0f - 5.0f;
+        }
+}
+
+/* The request's rules as a multi-node replica's last node gets them (nodes.c): allowed
+ * ids, a logit bias and, at a position below min_tokens, the EOS and stop ids given as
+ * EOS ids with min_tokens 1 (n_output 0 there): tsr_sample_uniform_given's token is
+ * tsr_sample's at that position with the request's own sampling and history, greedy and
+ * drawn, and the rules do change tokens. */
+static void test_uniform_given_with_rules(void **state) {
+        (void)state;
+        enum { V = 300 };
+        float logits[V], *scratch = malloc(TSR_SAMPLER_SCRATCH(V) * sizeof(float));
+        const uint32_t allowed[] = {3, 17, 42, 43, 44, 250, 299}, eos[] = {42}, stop[] = {250, 3};
+        const tsr_logit_bias bias[] = {{.id = 17, .bias = 3.5f}, {.id = 250, .bias = -2.0f}, {.id = 5, .bias = 9.0f}};
+        uint32_t out[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        uint64_t x = 777;
+        size_t changed = 0, masked_pos = 0;
+        for (int c = 0; c < 6; c++)
+                for (size_t pos = 0; pos < 8; pos++) {
+                        random_row(logits, V, &x);
+                        tsr_sampling sp;
+                        tsr_sampling_init(&sp);
+                        sp.temperature = c % 2 ? 0.8f : 0.0f;
+                        sp.top_k = c == 3 ? 4 : 0;
+                        sp.top_p = c == 5 ? 0.9f : 1.0f;
+                        if (c < 2 || c == 4) {
+                                sp.allowed_ids = allowed;
+                                sp.n_allowed = sizeof allowed / sizeof allowed[0];
+                        }
+                        if (c >= 2) {
+                                sp.bias = bias;
+                                sp.n_bias = sizeof bias / sizeof bias[0];
+                        }
+                        sp.eos_ids = eos;
+                        sp.n_eos = 1;
+                        sp.stop_ids = stop;
+                        sp.n_stop = 2;
+                        sp.min_tokens = 4;
+                        tsr_sample_history h = {.output = out, .n_output = pos};
+                        uint64_t key = 0xabcdef12345ull * (uint64_t)(c + 1);
+                        tsr_sample_result want, plain;
+                        assert_int_equal(tsr_sample(&sp, &h, key, logits, V, scratch, &want), TSR_OK);
+                        /* the last node's sampling: the lists, the mask as EOS ids */
+                        const uint32_t masked[] = {42, 250, 3};
+                        tsr_sampling last = sp;
+                        bool below = pos < sp.min_tokens;
+                        last.eos_ids = below ? masked : NULL;
+                        last.n_eos = below ? 3 : 0;
+                        last.stop_ids = NULL;
+                        last.n_stop = 0;
+                        last.min_tokens = below ? 1 : 0;
+                        masked_pos += below;
+                        uint32_t got;
+                        assert_int_equal(tsr_sample_uniform_given(&last, tsr_sampler_uniform(key, pos), logits, V,
+                                                                  scratch, &got), TSR_OK);
+                        assert_int_equal(got, want.token);
+                        tsr_sampling none;
+                        tsr_sampling_init(&none);
+                        none.temperature = sp.temperature;
+                        none.top_k = sp.top_k;
+                        none.top_p = sp.top_p;
+                        assert_int_equal(tsr_sample(&none, &h, key, logits, V, scratch, &plain), TSR_OK);
+                        changed += plain.token != want.token;
+                }
+        assert_true(changed > 20);
+        assert_int_equal(masked_pos, 6 * 4);
+        free(scratch);
+}
+
 static void test_uniform_given_matches_tsr_sample(void **state) {
         (void)state;
         enum { V = 300 };
@@ -260,10 +334,7 @@ static void test_uniform_given_matches_tsr_sample(void **state) {
         size_t drawn_differently = 0;
         for (size_t c = 0; c < sizeof params / sizeof params[0]; c++)
                 for (uint64_t pos = 0; pos < 40; pos++) {
-                        for (size_t i = 0; i < V; i++) {
-                                x = x * 6364136223846793005ull + 1442695040888963407ull;
-                                logits[i] = (float)((x >> 40) % 2000) / 200.0f - 5.0f;
-                        }
+                        random_row(logits, V, &x);
                         tsr_sampling sp;
                         tsr_sampling_init(&sp);
                         sp.temperature = params[c].t;
@@ -292,6 +363,9 @@ static void test_uniform_given_matches_tsr_sample(void **state) {
         assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
         tsr_sampling_init(&sp);
         sp.presence_penalty = 0.5f;
+        assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
+        tsr_sampling_init(&sp);
+        sp.repetition_penalty = 1.1f;   /* penalties need the history: refused */
         assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
         tsr_sampling_init(&sp);
         logits[7] = NAN;
@@ -650,6 +724,7 @@ int main(void) {
                 cmocka_unit_test(test_uniform_streams),
                 cmocka_unit_test(test_goldens),
                 cmocka_unit_test(test_uniform_given_matches_tsr_sample),
+                cmocka_unit_test(test_uniform_given_with_rules),
                 cmocka_unit_test(test_seeded_determinism),
                 cmocka_unit_test(test_draw_statistics),
                 cmocka_unit_test(test_greedy_ties_lowest_id),

@@ -1407,9 +1407,11 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
  * draw with the request's parameters and the uniform tsr_sample would use at this
  * position (the request's Philox stream: a seed gives the same tokens again).  To a model
  * that answers logprobs (answers_logprobs) also the rows of requests that asked for
- * logprobs and nothing else of the row.  After plan_masks: it needs the entries'
- * constrained flags. */
-static void plan_device_tokens(step_plan *p, bool queued, bool answers_logprobs) {
+ * logprobs and nothing else of the row; to one that answers rules (answers_rules) also
+ * those with a logit bias or min_tokens' mask (tsr_engine_seq.rules), with their
+ * logprobs where it answers those.  After plan_masks: it needs the entries' constrained
+ * flags. */
+static void plan_device_tokens(step_plan *p, bool queued, bool answers_logprobs, bool answers_rules) {
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 tsr_engine_seq *q = &p->seqs[i];
@@ -1420,14 +1422,22 @@ static void plan_device_tokens(step_plan *p, bool queued, bool answers_logprobs)
                 q->token = NULL;
                 q->draw = NULL;
                 q->lp = NULL;
+                q->rules = NULL;
+                q->rules_mask_eos = false;
                 bool with_lp = sp->logprobs >= 0;
+                bool plain = tsr_sampling_token_and_logprobs_ok(sp, n_output);
+                bool rules = !plain && answers_rules && tsr_sampling_history_free(sp);
                 /* s->gm: a queued step (micro-batches) plans its masks after its wait, so
                  * pe->constrained is not known yet; a request under a grammar never
                  * offers its token then */
                 if (!q->want_logits || q->want_all_logits || pe->constrained || (queued && s->gm) ||
-                    !tsr_sampling_token_and_logprobs_ok(sp, n_output) || (with_lp && !answers_logprobs))
+                    (!plain && !rules) || (with_lp && !answers_logprobs))
                         continue;
                 q->token = &pe->dev_token;
+                if (rules) {
+                        q->rules = sp;
+                        q->rules_mask_eos = n_output < sp->min_tokens;
+                }
                 if (with_lp) {
                         q->lp = &pe->dev_lp;
                         q->lp_top = (uint32_t)sp->logprobs;
@@ -1512,7 +1522,7 @@ static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
         if (p->n_masks)
                 job_launch(&e->mask_thread, p);
         if (p->st == TSR_OK) {
-                plan_device_tokens(p, queued, e->params.model->answers_logprobs);
+                plan_device_tokens(p, queued, e->params.model->answers_logprobs, e->params.model->answers_rules);
                 if (queued)
                         p->submitted = (p->st = m->submit(m->ud, p->seqs, p->n, *logits)) == TSR_OK;
                 else

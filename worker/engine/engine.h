@@ -107,6 +107,13 @@ typedef struct tsr_engine_seq {
          * answers *token must then fill *lp. */
         tsr_token_logprobs *lp;
         uint32_t lp_top;
+        /* NULL, or (with `token`, to a model with answers_rules) the request's sampling,
+         * whose allowed ids, logit bias and, with rules_mask_eos (n_output < min_tokens),
+         * min_tokens' EOS / stop mask shape the token too (no penalty:
+         * tsr_sampling_history_free): a model that answers *token applies them as
+         * tsr_sample does (tsr_sample_uniform_given).  Borrowed for the call. */
+        const tsr_sampling *rules;
+        bool rules_mask_eos;
         /* The request (its admission number): a replica over several nodes sends each
          * step's block tables as changes against the same request's last ones (nodes.h). */
         uint64_t seq_id;
@@ -154,6 +161,10 @@ typedef struct tsr_engine_model {
          * node does): rows of requests that asked for logprobs are offered as tokens too.
          * false: they never are. */
         bool answers_logprobs;
+        /* The model answers tsr_engine_seq.rules with the token (a multi-node replica's
+         * last node does): rows of requests with allowed ids, a logit bias or min_tokens'
+         * mask are offered as tokens too.  false: they never are. */
+        bool answers_rules;
         /* Optional: pipeline micro-batches (vLLM's batch queue, with pipeline stages).  Up
          * to max_in_flight (> 1) steps may be in the model at once: submit starts one
          * (as forward would run it: `seqs` and `logits` stay the engine's, untouched,

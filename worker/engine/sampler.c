@@ -97,8 +97,11 @@ tsr_status tsr_sampling_check(const tsr_sampling *s, size_t vocab) {
 
 bool tsr_sampling_token_and_logprobs_ok(const tsr_sampling *s, size_t n_output) {
         bool min_tokens_mask = n_output < s->min_tokens && (s->n_eos || s->n_stop);
-        return s->n_allowed == 0 && s->n_bias == 0 && !min_tokens_mask && s->repetition_penalty == 1.0f &&
-               s->presence_penalty == 0.0f && s->frequency_penalty == 0.0f;
+        return s->n_allowed == 0 && s->n_bias == 0 && !min_tokens_mask && tsr_sampling_history_free(s);
+}
+
+bool tsr_sampling_history_free(const tsr_sampling *s) {
+        return s->repetition_penalty == 1.0f && s->presence_penalty == 0.0f && s->frequency_penalty == 0.0f;
 }
 
 bool tsr_sampling_device_ok(const tsr_sampling *s, size_t n_output) {
@@ -601,7 +604,7 @@ tsr_status tsr_sample_uniform_given(const tsr_sampling *s, double u, const float
         const tsr_sample_history none = {0};
         uint32_t g;
         tsr_status st;
-        if (!s || !token || !tsr_sampling_device_ok(s, 0))
+        if (!s || !token || s->logprobs >= 0 || !tsr_sampling_history_free(s))
                 return TSR_E_INVAL;
         if ((st = sampler_run(s, &none, logits, vocab, scratch, &g)) != TSR_OK)
                 return st;

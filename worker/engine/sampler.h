@@ -117,6 +117,11 @@ bool tsr_sampling_device_ok(const tsr_sampling *s, size_t n_output);
 /* tsr_sampling_device_ok but for logprobs: the token and its raw logprobs
  * (tsr_logprobs_gather of the row as given) are all the engine needs of the row. */
 bool tsr_sampling_token_and_logprobs_ok(const tsr_sampling *s, size_t n_output);
+/* Whether the token and its logprobs need nothing of the request's history: no
+ * repetition, presence or frequency penalty.  Its allowed ids, logit bias and min_tokens'
+ * mask are the request's own lists, which go where the row is (a multi-node replica's
+ * last node: tsr_engine_seq.rules). */
+bool tsr_sampling_history_free(const tsr_sampling *s);
 /* tsr_sampling_device_ok and greedy: tsr_sample's token is the first maximum of the row
  * as given (TSR_E_INVAL for a row holding NaN or +inf or only -inf). */
 bool tsr_sampling_plain_argmax(const tsr_sampling *s, size_t n_output);
@@ -129,12 +134,13 @@ bool tsr_sampling_plain_argmax(const tsr_sampling *s, size_t n_output);
 tsr_status tsr_sample(const tsr_sampling *s, const tsr_sample_history *h, uint64_t rng_key,
                       const float *logits, size_t vocab, float *scratch, tsr_sample_result *out);
 
-/* tsr_sample's token for a sequence whose sampling tsr_sampling_device_ok serves
- * (temperature, top_k, top_p and min_p shape it; nothing of its history), with the
- * draw's uniform given: u = tsr_sampler_uniform(rng_key, n_output) is the token tsr_sample
- * gives at that position, bit for bit.  Where the row is and the request is not (a
- * multi-node replica's last node, nodes.c).  TSR_E_INVAL as tsr_sample, and for
- * parameters tsr_sampling_device_ok refuses. */
+/* tsr_sample's token for a sequence whose sampling needs nothing of its history
+ * (tsr_sampling_history_free, no logprobs asked: temperature, top_k, top_p, min_p,
+ * allowed ids, logit bias, and min_tokens' mask as at n_output 0: min_tokens > 0 masks
+ * the EOS and stop ids), with the draw's uniform given: u = tsr_sampler_uniform(rng_key,
+ * n_output) is the token tsr_sample gives at that position, bit for bit.  Where the row
+ * is and the request is not (a multi-node replica's last node, nodes.c).  TSR_E_INVAL as
+ * tsr_sample, and for logprobs or penalties. */
 tsr_status tsr_sample_uniform_given(const tsr_sampling *s, double u, const float *logits, size_t vocab,
                                     float *scratch, uint32_t *token);
 

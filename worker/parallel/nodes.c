@@ -17,9 +17,12 @@
  * Plan encoding, little-endian u32 words: n_seqs, then per sequence a header of
  * SEQ_WORDS: seq_id (u64: two words, low first), n_table, n, past_len (u64), flags (1
  * want_logits, 2 want_all_logits, 4 its row comes back as its token: token_back, 8 and
- * drawn, 16 and its logprobs), state_slot, restore_from + 1 (0: none; engine.h),
- * n_saves, base, n_changes, prompt_len; with flag 8 the draw (tsr_draw: temperature, top_k, top_p,
- * min_p, then u, a double in two words); with flag 16 lp_top; then its block tables
+ * drawn, 16 and its logprobs, 32 and the request's rules shape it), state_slot,
+ * restore_from + 1 (0: none; engine.h), n_saves, base, n_changes, prompt_len; with flag 8
+ * the draw (tsr_draw: temperature, top_k, top_p, min_p, then u, a double in two words);
+ * with flag 16 lp_top; with flag 32 the rules (tsr_engine_seq.rules): n_allowed, n_bias,
+ * n_masked, the allowed ids, the bias pairs (id, float bits), the ids min_tokens masks at
+ * this position (EOS and stop ids; none once it is reached); then its block tables
  * (n_tables of n_table entries, one after the other as the engine hands them; n_tables
  * is the model's, known to both sides) as changes
  * against the receiver's copy (tsr_plan_tables): base 0, every entry of every table;
@@ -32,6 +35,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,10 +68,10 @@ typedef struct ctl_msg {
 
 /* Whether q's one row comes back from the last node as its token: the engine offers the
  * token (tsr_engine_seq.token: nothing but temperature, top_k, top_p and min_p shapes
- * it), so the last node computes what node 0's sampler would: the row's first maximum
- * for a greedy one (tsr_ref_argmax), else tsr_sample's draw with the request's uniform
- * (tsr_sample_uniform_given); a row without an answer (TSR_ARGMAX_NONE) is the engine's
- * TSR_E_INVAL, as from tsr_sample.  A decode step then sends 4 bytes a sequence back
+ * it, or also the rules the plan carries: rules_back), so the last node computes what
+ * node 0's sampler would: the row's first maximum for a greedy one (tsr_ref_argmax),
+ * else tsr_sample's token with the request's uniform (tsr_sample_uniform_given); a row
+ * without an answer (TSR_ARGMAX_NONE) is the engine's TSR_E_INVAL, as from tsr_sample.  A decode step then sends 4 bytes a sequence back
  * instead of vocab x 4. */
 static bool token_back(const tsr_engine_seq *q) {
         return q->token && q->want_logits && !q->want_all_logits;
@@ -75,11 +79,31 @@ static bool token_back(const tsr_engine_seq *q) {
 
 #define DRAW_WORDS 6             /* a drawn row's tsr_draw after its header (flag 8) */
 #define LP_WORDS 1               /* lp_top after the draw (flag 16) */
+#define RULES_WORDS 3            /* the rules' counts after lp_top (flag 32), then the lists */
+/* an unpacked plan's bias pairs are read where they lie, as tsr_logit_bias records */
+_Static_assert(sizeof(tsr_logit_bias) == 2 * sizeof(uint32_t) && offsetof(tsr_logit_bias, bias) == sizeof(uint32_t),
+               "tsr_logit_bias is two words: id, bias");
 
 /* A token_back row's logprobs come back too (tsr_engine_seq.lp: the engine offers them
  * to a model with answers_logprobs, which the runner sets for a replica whose vocabulary
  * holds the largest answer: TSR_NODES_LP_MIN_VOCAB). */
 static bool lp_back(const tsr_engine_seq *q) { return token_back(q) && q->lp; }
+
+/* A token_back row shaped by its request's allowed ids, logit bias or min_tokens' mask
+ * (tsr_engine_seq.rules: the engine offers such rows to a model with answers_rules,
+ * which the runner sets for a replica over nodes): the lists go with the plan, so the
+ * last node samples as node 0's tsr_sample would (tsr_sample_uniform_given). */
+static bool rules_back(const tsr_engine_seq *q) { return token_back(q) && q->rules; }
+
+/* The ids min_tokens masks at q's position: its EOS and stop ids while below. */
+static size_t masked_ids(const tsr_engine_seq *q) {
+        return q->rules_mask_eos ? q->rules->n_eos + q->rules->n_stop : 0;
+}
+
+/* The plan words of q's rules (flag 32). */
+static size_t rules_words(const tsr_engine_seq *q) {
+        return rules_back(q) ? RULES_WORDS + q->rules->n_allowed + 2 * q->rules->n_bias + masked_ids(q) : 0;
+}
 
 /* The floats of a token_back row's answer: its token, then with logprobs the
  * tsr_token_logprobs fields (logprob, rank, n_top, lp_top ids, lp_top logprobs). */
@@ -135,14 +159,20 @@ static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab
                 size_t k = tsr_engine_seq_rows(&seqs[i]) * vocab;
                 if (token_back(&seqs[i])) {
                         uint32_t t = TSR_ARGMAX_NONE;
-                        if (d) {
+                        if (d || seqs[i].rules) {
+                                /* the rules as unpacked (allowed ids, bias, the masked ids
+                                 * as EOS ids with min_tokens 1), the draw's parameters */
                                 tsr_sampling sp;
-                                tsr_sampling_init(&sp);
-                                sp.temperature = d->temperature;
-                                sp.top_k = d->top_k;
-                                sp.top_p = d->top_p;
-                                sp.min_p = d->min_p;
-                                if (tsr_sample_uniform_given(&sp, d->u, rows + rd, vocab, scratch, &t) != TSR_OK)
+                                if (seqs[i].rules)
+                                        sp = *seqs[i].rules;
+                                else
+                                        tsr_sampling_init(&sp);
+                                sp.temperature = d ? d->temperature : 0.0f;
+                                sp.top_k = d ? d->top_k : 0;
+                                sp.top_p = d ? d->top_p : 1.0f;
+                                sp.min_p = d ? d->min_p : 0.0f;
+                                if (tsr_sample_uniform_given(&sp, d ? d->u : 0.0, rows + rd, vocab, scratch, &t) !=
+                                    TSR_OK)
                                         t = TSR_ARGMAX_NONE;
                         } else {
                                 (void)tsr_ref_argmax(&t, rows + rd, 1, vocab);
@@ -261,7 +291,7 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
         for (size_t i = 0; i < n_seqs; i++) {
                 base[i] = table_base(known, &seqs[i], nt, &changes[i]);
                 words += SEQ_WORDS + (token_back(&seqs[i]) && seqs[i].draw ? DRAW_WORDS : 0) +
-                         (lp_back(&seqs[i]) ? LP_WORDS : 0) + 2 * changes[i] +
+                         (lp_back(&seqs[i]) ? LP_WORDS : 0) + rules_words(&seqs[i]) + 2 * changes[i] +
                          nt * (seqs[i].n_table - base[i]) + seqs[i].n + 2 * seqs[i].n_saves;
         }
         uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
@@ -281,7 +311,7 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 *p++ = (uint32_t)((uint64_t)q->past_len >> 32);
                 bool drawn = token_back(q) && q->draw;
                 *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u) | (token_back(q) ? 4u : 0u) |
-                       (drawn ? 8u : 0u) | (lp_back(q) ? 16u : 0u);
+                       (drawn ? 8u : 0u) | (lp_back(q) ? 16u : 0u) | (rules_back(q) ? 32u : 0u);
                 *p++ = q->state_slot;
                 *p++ = q->restore_state ? q->restore_from + 1 : 0;
                 *p++ = (uint32_t)q->n_saves;
@@ -298,6 +328,23 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 }
                 if (lp_back(q))
                         *p++ = q->lp_top;
+                if (rules_back(q)) {
+                        const tsr_sampling *r = q->rules;
+                        *p++ = (uint32_t)r->n_allowed;
+                        *p++ = (uint32_t)r->n_bias;
+                        *p++ = (uint32_t)masked_ids(q);
+                        memcpy(p, r->allowed_ids, r->n_allowed * sizeof(uint32_t));
+                        p += r->n_allowed;
+                        for (size_t k = 0; k < r->n_bias; k++) {
+                                *p++ = r->bias[k].id;
+                                memcpy(p++, &r->bias[k].bias, sizeof(uint32_t));
+                        }
+                        if (masked_ids(q)) {
+                                memcpy(p, r->eos_ids, r->n_eos * sizeof(uint32_t));
+                                memcpy(p + r->n_eos, r->stop_ids, r->n_stop * sizeof(uint32_t));
+                                p += r->n_eos + r->n_stop;
+                        }
+                }
                 if (b) {
                         bool found;
                         const uint32_t *old = known->e[tables_find(known, q->seq_id, &found)].blocks;
@@ -358,9 +405,10 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                 size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
                 at += SEQ_WORDS;
                 /* flags: want_logits, want_all_logits, or both; a token back wants the
-                 * one row (5), drawn (13), either with its logprobs (21, 29) */
-                uint32_t f = h[6];
-                bool flags_ok = f <= 3 || f == 5 || f == 13 || f == 21 || f == 29;
+                 * one row (5), drawn (13), either with its logprobs (21, 29), any of
+                 * those with rules (+ 32) */
+                uint32_t f = h[6], g = f & ~32u;
+                bool flags_ok = (f <= 3 || g == 5 || g == 13 || g == 21 || g == 29);
                 if (flags_ok && (f & 8)) {
                         if (words - at < DRAW_WORDS)
                                 return TSR_E_PROTO;
@@ -370,6 +418,15 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                         if (words - at < LP_WORDS || w[at] > TSR_SAMPLER_MAX_LOGPROBS)
                                 return TSR_E_PROTO;
                         at += LP_WORDS;
+                }
+                if (flags_ok && (f & 32)) {
+                        if (words - at < RULES_WORDS)
+                                return TSR_E_PROTO;
+                        uint64_t lists = (uint64_t)w[at] + 2 * (uint64_t)w[at + 1] + w[at + 2];
+                        at += RULES_WORDS;
+                        if (lists > words - at)
+                                return TSR_E_PROTO;
+                        at += lists;
                 }
                 if (!flags_ok || nn == 0 || b > n_table || (b && !known) ||
                     (b == 0 && n_changes) ||
@@ -389,13 +446,15 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
         }
         if (at != words)
                 return TSR_E_PROTO;
-        /* One allocation: the records, their draws, logprobs and tokens, the tables
-         * rebuilt, a copy of the words. */
-        tsr_engine_seq *s = malloc(n * (sizeof(*s) + sizeof(tsr_draw) + sizeof(tsr_token_logprobs)) +
+        /* One allocation: the records, their rules, draws, logprobs and tokens, the
+         * tables rebuilt, a copy of the words. */
+        tsr_engine_seq *s = malloc(n * (sizeof(*s) + sizeof(tsr_sampling) + sizeof(tsr_draw) +
+                                        sizeof(tsr_token_logprobs)) +
                                    (n + table_words) * sizeof(uint32_t) + len);
         if (!s)
                 return TSR_E_NOMEM;
-        tsr_draw *draws = (tsr_draw *)(s + n);
+        tsr_sampling *rules = (tsr_sampling *)(s + n);
+        tsr_draw *draws = (tsr_draw *)(rules + n);
         tsr_token_logprobs *lps = (tsr_token_logprobs *)(draws + n);
         uint32_t *tokens = (uint32_t *)(lps + n), *out = tokens + n, *copy = out + table_words;
         memcpy(copy, buf, len);
@@ -404,9 +463,21 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                 const uint32_t *h = copy + at;
                 uint64_t seq_id = h[0] | (uint64_t)h[1] << 32, past = h[4] | (uint64_t)h[5] << 32;
                 size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
-                size_t dw = h[6] & 8 ? DRAW_WORDS : 0, lw = h[6] & 16 ? LP_WORDS : 0;
-                const uint32_t *pairs = h + SEQ_WORDS + dw + lw, *tail = pairs + 2 * n_changes;
-                at += SEQ_WORDS + dw + lw + 2 * n_changes + tables * (n_table - b);
+                size_t dw = h[6] & 8 ? DRAW_WORDS : 0, lw = h[6] & 16 ? LP_WORDS : 0, rw = 0;
+                if (h[6] & 32) {        /* the lists as they lie: ids, (id, bias) pairs, ids */
+                        const uint32_t *r = h + SEQ_WORDS + dw + lw;
+                        tsr_sampling_init(&rules[i]);
+                        rules[i].n_allowed = r[0];
+                        rules[i].allowed_ids = r + RULES_WORDS;
+                        rules[i].n_bias = r[1];
+                        rules[i].bias = (const tsr_logit_bias *)(r + RULES_WORDS + r[0]);
+                        rules[i].n_eos = r[2];
+                        rules[i].eos_ids = r + RULES_WORDS + r[0] + 2 * (size_t)r[1];
+                        rules[i].min_tokens = r[2] ? 1 : 0;     /* masked at this position */
+                        rw = RULES_WORDS + r[0] + 2 * (size_t)r[1] + r[2];
+                }
+                const uint32_t *pairs = h + SEQ_WORDS + dw + lw + rw, *tail = pairs + 2 * n_changes;
+                at += SEQ_WORDS + dw + lw + rw + 2 * n_changes + tables * (n_table - b);
                 if (dw) {
                         const uint32_t *dr = h + SEQ_WORDS;
                         memcpy(&draws[i].temperature, dr, sizeof(uint32_t));
@@ -443,7 +514,8 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                                         .prompt_len = h[12],
                                         .seq_id = seq_id, .token = h[6] & 4 ? &tokens[i] : NULL,
                                         .draw = dw ? &draws[i] : NULL, .lp = lw ? &lps[i] : NULL,
-                                        .lp_top = lw ? h[SEQ_WORDS + dw] : 0};
+                                        .lp_top = lw ? h[SEQ_WORDS + dw] : 0,
+                                        .rules = rw ? &rules[i] : NULL};
                 tokens[i] = TSR_ENGINE_TOKEN_UNSET;
                 at += nn + 2 * n_saves;
                 out += tables * n_table;
