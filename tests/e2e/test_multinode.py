@@ -163,6 +163,15 @@ def answers(base):
         ch = r.choices[0]
         assert ch.finish_reason == "stop" and r.usage.completion_tokens == 6, r
         out.append((p, "min_tokens", ch.text))
+    # lm-eval's loglikelihood shape (echo + logprobs, one token): across nodes the prompt
+    # rows come back as their prompt logprobs, the last (sampled) row whole
+    for p in PROMPTS:
+        r = requests.post(base + "/v1/completions", json={"model": MODEL, "prompt": p, "max_tokens": 1,
+                                                          "temperature": 0, "logprobs": 3, "echo": True}, timeout=60)
+        assert r.status_code == 200, r.text
+        lp = r.json()["choices"][0]["logprobs"]
+        assert lp["token_logprobs"][0] is None and len(lp["token_logprobs"]) > 2, lp
+        out.append((p, "echo", lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]))
     return out
 
 
@@ -177,6 +186,14 @@ def rows_as_token(log, with_logprobs=False):
 def rows_whole(log):
     """How many logits rows node 0's log says came back from the last node whole."""
     m = re.search(r"logits rows from the last node: \d+ as their token \(\d+ with its logprobs\), (\d+) whole", log)
+    assert m, log[-3000:]
+    return int(m.group(1))
+
+
+def rows_prompt_lp(log):
+    """How many prompt rows node 0's log says came back from the last node as their prompt
+    logprobs."""
+    m = re.search(r"logits rows from the last node: .*?, \d+ whole, (\d+) as their prompt logprobs", log)
     assert m, log[-3000:]
     return int(m.group(1))
 
@@ -244,9 +261,11 @@ def test_two_nodes_answer_as_one_process(tmp_path, extra, env):
     # with logprobs (top 2 or 5) the answer is the token and its logprobs, as node 0's
     # sampler computes them: the staggered requests' 6 x 32 rows at least
     assert rows_as_token(log0, with_logprobs=True) >= 6 * 32, log0[-2000:]
-    # nothing asked for a row of the last node's: the logit_bias and min_tokens requests'
-    # rows came back as tokens too (greedy()'s are 16 more)
-    assert rows_whole(log0) == 0, log0[-2000:]
+    # only the echo requests' sampled rows (one each) came back whole: the logit_bias and
+    # min_tokens requests' rows as tokens, the echo requests' prompt rows as their prompt
+    # logprobs (greedy()'s rows are tokens too)
+    assert rows_whole(log0) == len(PROMPTS), log0[-2000:]
+    assert rows_prompt_lp(log0) >= 3 * 4, log0[-2000:]
     # node 0 gone cleanly: the follower goes back to the rendezvous; SIGTERM ends it with 0
     wait_until(lambda: "meeting node 0 again" in f.output(), timeout=30, interval=0.1, what="follower rejoins")
     stop(f)

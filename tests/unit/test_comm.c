@@ -1206,6 +1206,36 @@ static void test_nodes_plan_round_trip(void **state) {
         in[0].rules = in[1].rules = NULL;
         in[1].lp = NULL;
 
+        /* a prompt-logprobs chunk (flag 64, all rows): prompt_lp_top and next_token travel;
+         * not on a chunk that does not return all its rows (in[1]) */
+        tsr_token_logprobs plp[5];
+        in[0].prompt_lp = plp;
+        in[0].prompt_lp_top = 4;
+        in[0].next_token = 123;
+        in[1].prompt_lp = plp;
+        in[1].token = NULL;
+        assert_int_equal(tsr_nodes_plan_pack(NULL, in, 3, 1, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_OK);
+        assert_seqs_equal(in, out, 3, 1);
+        assert_non_null(out[0].prompt_lp);
+        assert_int_equal(out[0].prompt_lp_top, 4);
+        assert_int_equal(out[0].next_token, 123);
+        assert_null(out[1].prompt_lp);
+        assert_null(out[2].prompt_lp);
+        free(out);
+        {
+                uint32_t *w = (uint32_t *)buf;
+                assert_int_equal(w[1 + 6], 67u);        /* want_logits | want_all_logits | 64 */
+                w[1 + SEQ_WORDS_TEST] = TSR_SAMPLER_MAX_LOGPROBS + 1;
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+                w[1 + SEQ_WORDS_TEST] = 4;
+                w[1 + 6] = 64 | 4 | 1;                  /* prompt rows on a token back: refused */
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+        }
+        free(buf);
+        in[0].prompt_lp = in[1].prompt_lp = NULL;
+        in[1].token = &slot;
+
         /* a hybrid's two tables per sequence (full attention, then chunked-local), one
          * after the other: every entry crosses; read as one table, the plan is refused */
         const uint32_t two[] = {1, 2, 3, TSR_KV_NULL_BLOCK, 5, 6}, tok[] = {42, 43};

@@ -90,6 +90,7 @@ typedef struct fake_model {
          * multi-node replica's last node sends; answered_lp counts them */
         bool answers_logprobs;
         size_t answered_lp;
+        size_t answered_plp;    /* prompt rows answered as their logprobs (tsr_engine_seq.prompt_lp) */
         /* the engine may offer rows shaped by their request's logit bias or min_tokens'
          * mask (tsr_engine_model.answers_rules, set from this): answered as a multi-node
          * replica's last node answers them, tsr_sample_uniform_given with the rules (and
@@ -305,6 +306,21 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                         return TSR_E_INTERNAL;
                 if (seqs[i].rules && (!seqs[i].token || !m->answers_rules))
                         return TSR_E_INTERNAL;
+                if (seqs[i].prompt_lp && (!seqs[i].want_all_logits || !m->answers_logprobs))
+                        return TSR_E_INTERNAL;
+                /* a prompt-logprobs chunk's prompt rows: their logprobs, the rows then NaN */
+                for (size_t t = 0; seqs[i].prompt_lp && t < seqs[i].n &&
+                                   seqs[i].past_len + t + 1 < seqs[i].prompt_len; t++) {
+                        uint32_t next = t + 1 < seqs[i].n ? seqs[i].tokens[t + 1] : seqs[i].next_token;
+                        if (tsr_logprobs_gather(logits + t * VOCAB, VOCAB, next, seqs[i].prompt_lp_top,
+                                                &seqs[i].prompt_lp[t]) != TSR_OK)
+                                return TSR_E_INTERNAL;
+                        for (size_t v = 0; v < VOCAB; v++)
+                                logits[t * VOCAB + v] = NAN;
+                        pthread_mutex_lock(&m->mu);
+                        m->answered_plp++;
+                        pthread_mutex_unlock(&m->mu);
+                }
                 if (seqs[i].token && seqs[i].rules) {
                         const tsr_draw *d = seqs[i].draw;
                         tsr_sampling sp = *seqs[i].rules;
@@ -887,7 +903,7 @@ static void test_model_answers_logprobs(void **state) {
         uint32_t prompt[6];
         result res[2][4];
         const char *ids[] = {"greedy", "drawn", "pen", "plp"};
-        size_t answered_lp[2];
+        size_t answered_lp[2], answered_plp[2];
         make_prompt(prompt, 6, 9);
         memset(res, 0, sizeof(res));
         for (int run = 0; run < 2; run++) {
@@ -903,6 +919,7 @@ static void test_model_answers_logprobs(void **state) {
                 collect(h, ids, res[run], 4);
                 pthread_mutex_lock(&h->fm.mu);
                 answered_lp[run] = h->fm.answered_lp;
+                answered_plp[run] = h->fm.answered_plp;
                 if (run == 1) {
                         /* drawn: the model's draws, each with its logprobs */
                         assert_int_equal(h->fm.n_drawn, MAX);
@@ -918,6 +935,10 @@ static void test_model_answers_logprobs(void **state) {
                         assert_int_equal(res[run][r].n, MAX);
         }
         assert_int_equal(answered_lp[0], 0);
+        /* plp's prompt rows (positions 1..5 of its 6-token prompt) answered as their
+         * logprobs by the model too, not gathered by the engine */
+        assert_int_equal(answered_plp[0], 0);
+        assert_int_equal(answered_plp[1], 5);
         /* greedy's 5 rows and drawn's 5; "pen" (a penalty) and "plp" (prompt logprobs: its
          * first token's row is a prompt row) are sampled by the engine, except plp's
          * decode rows, which need nothing else: 4 more */

@@ -1418,6 +1418,12 @@ static void plan_device_tokens(step_plan *p, bool queued, bool answers_logprobs,
                 const slot *s = pe->s;
                 size_t n_output = s->n_tokens - s->n_prompt;
                 const tsr_sampling *sp = &s->sampling;
+                /* a prompt-logprobs chunk: the model that answers logprobs answers its
+                 * prompt rows' too (execute_plan then gathers none of them) */
+                bool plp = q->want_all_logits && answers_logprobs && q->past_len + 1 < s->n_prompt;
+                q->prompt_lp = plp ? s->prompt_lp + q->past_len : NULL;
+                q->prompt_lp_top = plp ? (uint32_t)s->prompt_logprobs : 0;
+                q->next_token = plp && q->past_len + q->n < s->n_prompt ? s->tokens[q->past_len + q->n] : 0;
                 pe->dev_token = TSR_ENGINE_TOKEN_UNSET;
                 q->token = NULL;
                 q->draw = NULL;
@@ -1565,7 +1571,8 @@ static void execute_end(tsr_engine *e, step_plan *p, bool queued) {
                         pe->grammar_end = false;   /* the others': their fill's */
                 if ((pe->st = p->st) != TSR_OK)
                         continue;
-                if (q->want_all_logits && (pe->st = gather_prompt_lp(e, s, q->past_len, q->n, rows)) != TSR_OK)
+                if (q->want_all_logits && !q->prompt_lp &&
+                    (pe->st = gather_prompt_lp(e, s, q->past_len, q->n, rows)) != TSR_OK)
                         continue;
                 if (!q->want_logits)
                         continue;   /* a prefill chunk: nothing to sample */

@@ -114,6 +114,15 @@ typedef struct tsr_engine_seq {
          * tsr_sample does (tsr_sample_uniform_given).  Borrowed for the call. */
         const tsr_sampling *rules;
         bool rules_mask_eos;
+        /* NULL, or (want_all_logits, to a model with answers_logprobs: a chunk of a request
+         * that asked for prompt logprobs) where the model writes the prompt logprobs of
+         * each row t with past_len + t + 1 < prompt_len: tsr_logprobs_gather(row t, the
+         * prompt's next token, prompt_lp_top) into prompt_lp[t], the next token being
+         * tokens[t + 1], or next_token for the chunk's last row.  Those rows of `logits`
+         * it may leave unwritten; the others (the prompt's last position, the one sampled
+         * from) it writes as usual. */
+        tsr_token_logprobs *prompt_lp;
+        uint32_t prompt_lp_top, next_token;
         /* The request (its admission number): a replica over several nodes sends each
          * step's block tables as changes against the same request's last ones (nodes.h). */
         uint64_t seq_id;

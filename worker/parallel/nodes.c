@@ -11,18 +11,21 @@
  *          order its logits rows, or for one whose row goes back as its token (the
  *          plan's flag 4) one float slot holding the token's bits, and with flag 16 its
  *          logprobs after it (lp_floats: logprob, rank, n_top, lp_top ids, lp_top
- *          logprobs; integers as their bits)
+ *          logprobs; integers as their bits); with flag 64 each prompt row as the same
+ *          answer (the prompt's next token, its prompt logprobs), the rest whole
  * The header of ACT/OUT keeps the floats 8-byte aligned, as pipeline.c's messages.
  *
  * Plan encoding, little-endian u32 words: n_seqs, then per sequence a header of
  * SEQ_WORDS: seq_id (u64: two words, low first), n_table, n, past_len (u64), flags (1
  * want_logits, 2 want_all_logits, 4 its row comes back as its token: token_back, 8 and
- * drawn, 16 and its logprobs, 32 and the request's rules shape it), state_slot,
+ * drawn, 16 and its logprobs, 32 and the request's rules shape it; 64 want_all_logits'
+ * prompt rows come back as their prompt logprobs), state_slot,
  * restore_from + 1 (0: none; engine.h), n_saves, base, n_changes, prompt_len; with flag 8
  * the draw (tsr_draw: temperature, top_k, top_p, min_p, then u, a double in two words);
  * with flag 16 lp_top; with flag 32 the rules (tsr_engine_seq.rules): n_allowed, n_bias,
  * n_masked, the allowed ids, the bias pairs (id, float bits), the ids min_tokens masks at
- * this position (EOS and stop ids; none once it is reached); then its block tables
+ * this position (EOS and stop ids; none once it is reached); with flag 64 prompt_lp_top
+ * and next_token; then its block tables
  * (n_tables of n_table entries, one after the other as the engine hands them; n_tables
  * is the model's, known to both sides) as changes
  * against the receiver's copy (tsr_plan_tables): base 0, every entry of every table;
@@ -80,6 +83,7 @@ static bool token_back(const tsr_engine_seq *q) {
 #define DRAW_WORDS 6             /* a drawn row's tsr_draw after its header (flag 8) */
 #define LP_WORDS 1               /* lp_top after the draw (flag 16) */
 #define RULES_WORDS 3            /* the rules' counts after lp_top (flag 32), then the lists */
+#define PLP_WORDS 2              /* prompt_lp_top, next_token after the rules (flag 64) */
 /* an unpacked plan's bias pairs are read where they lie, as tsr_logit_bias records */
 _Static_assert(sizeof(tsr_logit_bias) == 2 * sizeof(uint32_t) && offsetof(tsr_logit_bias, bias) == sizeof(uint32_t),
                "tsr_logit_bias is two words: id, bias");
@@ -100,6 +104,21 @@ static size_t masked_ids(const tsr_engine_seq *q) {
         return q->rules_mask_eos ? q->rules->n_eos + q->rules->n_stop : 0;
 }
 
+/* A prompt-logprobs chunk whose prompt rows come back as their logprobs (tsr_engine_seq.
+ * prompt_lp: the engine offers them to a model with answers_logprobs): the answer of row
+ * t is the prompt's next token and tsr_logprobs_gather of the row, node 0's own, 4 + 8k
+ * bytes instead of vocab x 4. */
+static bool plp_back(const tsr_engine_seq *q) { return q->prompt_lp && q->want_all_logits; }
+
+/* Its leading rows that are prompt rows (past_len + t + 1 < prompt_len); the rest come
+ * back whole. */
+static size_t plp_rows(const tsr_engine_seq *q) {
+        if (!plp_back(q) || (size_t)q->prompt_len <= q->past_len + 1)
+                return 0;
+        size_t k = q->prompt_len - q->past_len - 1;
+        return k < q->n ? k : q->n;
+}
+
 /* The plan words of q's rules (flag 32). */
 static size_t rules_words(const tsr_engine_seq *q) {
         return rules_back(q) ? RULES_WORDS + q->rules->n_allowed + 2 * q->rules->n_bias + masked_ids(q) : 0;
@@ -113,8 +132,12 @@ static size_t answer_floats(const tsr_engine_seq *q) { return answer_len(lp_back
 /* The floats of a step's OUT message: rows, or an answer per token_back sequence. */
 static size_t out_wire_floats(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab) {
         size_t f = 0;
-        for (size_t i = 0; i < n_seqs; i++)
-                f += token_back(&seqs[i]) ? answer_floats(&seqs[i]) : tsr_engine_seq_rows(&seqs[i]) * vocab;
+        for (size_t i = 0; i < n_seqs; i++) {
+                size_t k = plp_rows(&seqs[i]);
+                f += token_back(&seqs[i]) ? answer_floats(&seqs[i])
+                                          : k * answer_len(true, seqs[i].prompt_lp_top) +
+                                                    (tsr_engine_seq_rows(&seqs[i]) - k) * vocab;
+        }
         return f;
 }
 
@@ -184,6 +207,22 @@ static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab
                         /* the row is read: its answer may overwrite it */
                         answer_put(rows + wr, t, lp_back(&seqs[i]) ? &lp : NULL, seqs[i].lp_top);
                         wr += answer_floats(&seqs[i]);
+                } else if (plp_rows(&seqs[i])) {
+                        /* its prompt rows' answers, then its other rows whole */
+                        const tsr_engine_seq *q = &seqs[i];
+                        size_t np = plp_rows(q);
+                        for (size_t r = 0; r < np; r++) {
+                                uint32_t next = r + 1 < q->n ? q->tokens[r + 1] : q->next_token;
+                                tsr_token_logprobs lp = {0};
+                                if (next >= vocab ||
+                                    tsr_logprobs_gather(rows + rd + r * vocab, vocab, next, q->prompt_lp_top, &lp) !=
+                                            TSR_OK)
+                                        next = TSR_ARGMAX_NONE;     /* node 0 fails the request */
+                                answer_put(rows + wr, next, &lp, q->prompt_lp_top);
+                                wr += answer_len(true, q->prompt_lp_top);
+                        }
+                        memmove(rows + wr, rows + rd + np * vocab, (k - np * vocab) * sizeof(float));
+                        wr += k - np * vocab;
                 } else {
                         memmove(rows + wr, rows + rd, k * sizeof(float));
                         wr += k;
@@ -291,7 +330,8 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
         for (size_t i = 0; i < n_seqs; i++) {
                 base[i] = table_base(known, &seqs[i], nt, &changes[i]);
                 words += SEQ_WORDS + (token_back(&seqs[i]) && seqs[i].draw ? DRAW_WORDS : 0) +
-                         (lp_back(&seqs[i]) ? LP_WORDS : 0) + rules_words(&seqs[i]) + 2 * changes[i] +
+                         (lp_back(&seqs[i]) ? LP_WORDS : 0) + rules_words(&seqs[i]) +
+                         (plp_back(&seqs[i]) ? PLP_WORDS : 0) + 2 * changes[i] +
                          nt * (seqs[i].n_table - base[i]) + seqs[i].n + 2 * seqs[i].n_saves;
         }
         uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
@@ -311,7 +351,8 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 *p++ = (uint32_t)((uint64_t)q->past_len >> 32);
                 bool drawn = token_back(q) && q->draw;
                 *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u) | (token_back(q) ? 4u : 0u) |
-                       (drawn ? 8u : 0u) | (lp_back(q) ? 16u : 0u) | (rules_back(q) ? 32u : 0u);
+                       (drawn ? 8u : 0u) | (lp_back(q) ? 16u : 0u) | (rules_back(q) ? 32u : 0u) |
+                       (plp_back(q) ? 64u : 0u);
                 *p++ = q->state_slot;
                 *p++ = q->restore_state ? q->restore_from + 1 : 0;
                 *p++ = (uint32_t)q->n_saves;
@@ -344,6 +385,10 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                                 memcpy(p + r->n_eos, r->stop_ids, r->n_stop * sizeof(uint32_t));
                                 p += r->n_eos + r->n_stop;
                         }
+                }
+                if (plp_back(q)) {
+                        *p++ = q->prompt_lp_top;
+                        *p++ = q->next_token;
                 }
                 if (b) {
                         bool found;
@@ -406,9 +451,10 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                 at += SEQ_WORDS;
                 /* flags: want_logits, want_all_logits, or both; a token back wants the
                  * one row (5), drawn (13), either with its logprobs (21, 29), any of
-                 * those with rules (+ 32) */
+                 * those with rules (+ 32); all rows (2, 3) with their prompt rows'
+                 * logprobs (+ 64) */
                 uint32_t f = h[6], g = f & ~32u;
-                bool flags_ok = (f <= 3 || g == 5 || g == 13 || g == 21 || g == 29);
+                bool flags_ok = f <= 3 || g == 5 || g == 13 || g == 21 || g == 29 || f == 66 || f == 67;
                 if (flags_ok && (f & 8)) {
                         if (words - at < DRAW_WORDS)
                                 return TSR_E_PROTO;
@@ -427,6 +473,11 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                         if (lists > words - at)
                                 return TSR_E_PROTO;
                         at += lists;
+                }
+                if (flags_ok && (f & 64)) {
+                        if (words - at < PLP_WORDS || w[at] > TSR_SAMPLER_MAX_LOGPROBS)
+                                return TSR_E_PROTO;
+                        at += PLP_WORDS;
                 }
                 if (!flags_ok || nn == 0 || b > n_table || (b && !known) ||
                     (b == 0 && n_changes) ||
@@ -476,8 +527,10 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                         rules[i].min_tokens = r[2] ? 1 : 0;     /* masked at this position */
                         rw = RULES_WORDS + r[0] + 2 * (size_t)r[1] + r[2];
                 }
-                const uint32_t *pairs = h + SEQ_WORDS + dw + lw + rw, *tail = pairs + 2 * n_changes;
-                at += SEQ_WORDS + dw + lw + rw + 2 * n_changes + tables * (n_table - b);
+                size_t pw = h[6] & 64 ? PLP_WORDS : 0;
+                const uint32_t *plp = h + SEQ_WORDS + dw + lw + rw;
+                const uint32_t *pairs = h + SEQ_WORDS + dw + lw + rw + pw, *tail = pairs + 2 * n_changes;
+                at += SEQ_WORDS + dw + lw + rw + pw + 2 * n_changes + tables * (n_table - b);
                 if (dw) {
                         const uint32_t *dr = h + SEQ_WORDS;
                         memcpy(&draws[i].temperature, dr, sizeof(uint32_t));
@@ -515,7 +568,10 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                                         .seq_id = seq_id, .token = h[6] & 4 ? &tokens[i] : NULL,
                                         .draw = dw ? &draws[i] : NULL, .lp = lw ? &lps[i] : NULL,
                                         .lp_top = lw ? h[SEQ_WORDS + dw] : 0,
-                                        .rules = rw ? &rules[i] : NULL};
+                                        .rules = rw ? &rules[i] : NULL,
+                                        /* (marks the prompt rows: their answers go on the wire) */
+                                        .prompt_lp = pw ? &lps[i] : NULL, .prompt_lp_top = pw ? plp[0] : 0,
+                                        .next_token = pw ? plp[1] : 0};
                 tokens[i] = TSR_ENGINE_TOKEN_UNSET;
                 at += nn + 2 * n_saves;
                 out += tables * n_table;
@@ -591,6 +647,9 @@ struct out_layout {
         uint32_t **token;
         tsr_token_logprobs **lp;        /* a token_back row's logprobs (the engine's), or NULL */
         uint32_t *lp_top;
+        /* a prompt-logprobs chunk's: where its leading plp_n rows' answers go, or NULL */
+        tsr_token_logprobs **plp;
+        size_t *plp_n;
 };
 
 static void layout_free(struct out_layout *l) {
@@ -598,6 +657,8 @@ static void layout_free(struct out_layout *l) {
         free(l->token);
         free(l->lp);
         free(l->lp_top);
+        free(l->plp);
+        free(l->plp_n);
 }
 
 struct tsr_nodes {
@@ -618,7 +679,7 @@ struct tsr_nodes {
         size_t lay_head, lay_n, lay_cap;
         /* for the log at the end: every plan's bytes, the rows that came back as their
          * token and those that came back whole */
-        uint64_t plan_bytes, rows_as_token, rows_with_lp, rows_whole;
+        uint64_t plan_bytes, rows_as_token, rows_with_lp, rows_whole, rows_prompt_lp;
         float *act, *out;                       /* [HDR_FLOATS + floats] of the step's messages */
         size_t act_cap, out_cap;
         /* under mu */
@@ -853,15 +914,23 @@ static tsr_status layout_push(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n
                 uint32_t *k = realloc(l->lp_top, n_seqs * sizeof(*k));
                 if (k)
                         l->lp_top = k;
-                if (!r || !t || !lp || !k)
+                tsr_token_logprobs **plp = realloc(l->plp, n_seqs * sizeof(*plp));
+                if (plp)
+                        l->plp = plp;
+                size_t *pn = realloc(l->plp_n, n_seqs * sizeof(*pn));
+                if (pn)
+                        l->plp_n = pn;
+                if (!r || !t || !lp || !k || !plp || !pn)
                         return TSR_E_NOMEM;
                 l->cap = n_seqs;
         }
         for (size_t i = 0; i < n_seqs; i++) {
                 l->token[i] = token_back(&seqs[i]) ? seqs[i].token : NULL;
                 l->lp[i] = lp_back(&seqs[i]) ? seqs[i].lp : NULL;
-                l->lp_top[i] = seqs[i].lp_top;
+                l->lp_top[i] = plp_back(&seqs[i]) ? seqs[i].prompt_lp_top : seqs[i].lp_top;
                 l->rows[i] = tsr_engine_seq_rows(&seqs[i]);
+                l->plp_n[i] = plp_rows(&seqs[i]);
+                l->plp[i] = l->plp_n[i] ? seqs[i].prompt_lp : NULL;
         }
         l->n = n_seqs;
         l->vocab = vocab;
@@ -948,10 +1017,23 @@ tsr_status tsr_nodes_wait(tsr_nodes *n, size_t out_floats, float *logits) {
                         n->rows_as_token++;
                         n->rows_with_lp += l->lp[i] != NULL;
                 } else {
-                        memcpy(logits + wr, rd, l->rows[i] * vocab * sizeof(float));
-                        rd += l->rows[i] * vocab;
-                        wr += l->rows[i] * vocab;
-                        n->rows_whole += l->rows[i];
+                        /* a prompt-logprobs chunk's prompt rows: their answers (the rows'
+                         * places stay unwritten; the engine reads prompt_lp) */
+                        for (size_t r = 0; r < l->plp_n[i]; r++) {
+                                uint32_t next;
+                                if ((st = answer_get(rd, &next, &l->plp[i][r], l->lp_top[i])) != TSR_OK)
+                                        return st;
+                                if (next == TSR_ARGMAX_NONE)
+                                        return TSR_E_INVAL;     /* no logprobs: as gather_prompt_lp's */
+                                rd += answer_len(true, l->lp_top[i]);
+                                wr += vocab;
+                        }
+                        n->rows_prompt_lp += l->plp_n[i];
+                        size_t whole = l->rows[i] - l->plp_n[i];
+                        memcpy(logits + wr, rd, whole * vocab * sizeof(float));
+                        rd += whole * vocab;
+                        wr += whole * vocab;
+                        n->rows_whole += whole;
                 }
         }
         return wr == out_floats ? TSR_OK : TSR_E_INTERNAL;
@@ -975,10 +1057,11 @@ void tsr_nodes_free(tsr_nodes **np) {
         for (size_t i = 0; i < n->lay_cap; i++)
                 layout_free(&n->lay[i]);
         free(n->lay);
-        if (n->rows_as_token + n->rows_whole)
-                log_info("logits rows from the last node: %llu as their token (%llu with its logprobs), %llu whole",
-                         (unsigned long long)n->rows_as_token, (unsigned long long)n->rows_with_lp,
-                         (unsigned long long)n->rows_whole);
+        if (n->rows_as_token + n->rows_whole + n->rows_prompt_lp)
+                log_info("logits rows from the last node: %llu as their token (%llu with its logprobs), %llu whole, "
+                         "%llu as their prompt logprobs", (unsigned long long)n->rows_as_token,
+                         (unsigned long long)n->rows_with_lp, (unsigned long long)n->rows_whole,
+                         (unsigned long long)n->rows_prompt_lp);
         if (n->known.plans)
                 log_info("%llu step plans sent: %.1f MB; their block tables %.1f%% of whole ones (%llu of %llu "
                          "entries: the rest are changes the followers apply to their copies)",
