@@ -163,6 +163,15 @@ def answers(base):
         ch = r.choices[0]
         assert ch.finish_reason == "stop" and r.usage.completion_tokens == 6, r
         out.append((p, "min_tokens", ch.text))
+    # penalties: the request's tokens so far go with the plan, the last node samples
+    for p in PROMPTS[:2]:
+        for kw, extra in (({"temperature": 0, "presence_penalty": 1.0}, {}),
+                          ({"temperature": 0.8, "seed": 5, "frequency_penalty": 0.7}, {}),
+                          ({"temperature": 0}, {"repetition_penalty": 1.3})):
+            r = c.completions.create(model=MODEL, prompt=p, max_tokens=12, logprobs=2,
+                                     extra_body={"ignore_eos": True, **extra}, **kw)
+            ch = r.choices[0]
+            out.append((p, str(kw), str(extra), ch.text, ch.logprobs.token_logprobs))
     # lm-eval's loglikelihood shape (echo + logprobs, one token): across nodes the prompt
     # rows come back as their prompt logprobs, the last (sampled) row whole
     for p in PROMPTS:
@@ -261,9 +270,9 @@ def test_two_nodes_answer_as_one_process(tmp_path, extra, env):
     # with logprobs (top 2 or 5) the answer is the token and its logprobs, as node 0's
     # sampler computes them: the staggered requests' 6 x 32 rows at least
     assert rows_as_token(log0, with_logprobs=True) >= 6 * 32, log0[-2000:]
-    # only the echo requests' sampled rows (one each) came back whole: the logit_bias and
-    # min_tokens requests' rows as tokens, the echo requests' prompt rows as their prompt
-    # logprobs (greedy()'s rows are tokens too)
+    # only the echo requests' sampled rows (one each) came back whole: the logit_bias,
+    # min_tokens and penalty requests' rows as tokens, the echo requests' prompt rows as
+    # their prompt logprobs (greedy()'s rows are tokens too)
     assert rows_whole(log0) == len(PROMPTS), log0[-2000:]
     assert rows_prompt_lp(log0) >= 3 * 4, log0[-2000:]
     # node 0 gone cleanly: the follower goes back to the rendezvous; SIGTERM ends it with 0

@@ -1203,6 +1203,47 @@ static void test_nodes_plan_round_trip(void **state) {
                 assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
                 free(buf);
         }
+        /* with penalties (flag 128): the three penalties and the request's tokens so far
+         * after the rules' lists; a history shorter than the prompt, or past the plan, or
+         * without the rules flag, is refused */
+        const uint32_t hist[] = {5, 6, 7, 8, 9, 10, 11};
+        rules.presence_penalty = 0.25f;
+        rules.frequency_penalty = -0.5f;
+        rules.repetition_penalty = 1.3f;
+        in[1].history = hist;
+        in[1].n_history = 7;
+        in[1].prompt_len = 5;
+        in[1].rules_mask_eos = false;
+        in[1].draw = &draw;
+        assert_int_equal(tsr_nodes_plan_pack(NULL, in, 3, 1, &buf, &len), TSR_OK);
+        assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_OK);
+        assert_seqs_equal(in, out, 3, 1);
+        assert_int_equal(out[1].n_history, 7);
+        assert_memory_equal(out[1].history, hist, sizeof hist);
+        assert_true(out[1].rules->presence_penalty == 0.25f && out[1].rules->frequency_penalty == -0.5f &&
+                    out[1].rules->repetition_penalty == 1.3f);
+        assert_int_equal(out[1].rules->n_bias, 2);
+        assert_null(out[0].history);
+        free(out);
+        {
+                uint32_t *w = (uint32_t *)buf;
+                size_t at = 1 + SEQ_WORDS_TEST + 3 + 5 + 2 * 2;
+                assert_int_equal(w[at + 6], 128u | 32u | 16u | 8u | 4u | 1u);
+                size_t nh = at + SEQ_WORDS_TEST + 6 + 1 + 3 + 3 + 2 * 2 + 3;   /* draw, lp_top, counts, lists */
+                assert_int_equal(w[nh], 7);
+                w[nh] = 4;                      /* fewer than the prompt's 5 */
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+                w[nh] = 1u << 30;               /* past the plan */
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+                w[nh] = 7;
+                w[at + 6] &= ~32u;              /* a history without rules */
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+        }
+        free(buf);
+        in[1].history = NULL;
+        in[1].n_history = 0;
+        in[1].prompt_len = 300000;
+        in[1].draw = NULL;
         in[0].rules = in[1].rules = NULL;
         in[1].lp = NULL;
 

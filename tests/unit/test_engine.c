@@ -331,8 +331,14 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                         sp.top_k = d ? d->top_k : 0;
                         sp.top_p = d ? d->top_p : 1.0f;
                         sp.min_p = d ? d->min_p : 0.0f;
-                        if (tsr_sample_uniform_given(&sp, d ? d->u : 0.0, logits, VOCAB, scratch, seqs[i].token) !=
-                                    TSR_OK ||
+                        const tsr_engine_seq *q = &seqs[i];
+                        tsr_sample_history hist = {.prompt = q->history, .n_prompt = q->prompt_len,
+                                                   .output = q->history ? q->history + q->prompt_len : NULL,
+                                                   .n_output = q->history ? q->n_history - q->prompt_len : 0};
+                        if (q->history && sp.min_tokens)
+                                sp.min_tokens = (uint32_t)hist.n_output + 1;
+                        if (tsr_sample_uniform_given(&sp, q->history ? &hist : NULL, d ? d->u : 0.0, logits, VOCAB,
+                                                     scratch, seqs[i].token) != TSR_OK ||
                             (seqs[i].lp && tsr_logprobs_gather(logits, VOCAB, *seqs[i].token, seqs[i].lp_top,
                                                                seqs[i].lp) != TSR_OK))
                                 return TSR_E_INTERNAL;
@@ -954,11 +960,12 @@ static void test_model_answers_logprobs(void **state) {
         assert_memory_equal(res[1][3].plp, res[0][3].plp, res[0][3].n_plp * sizeof(tsr_token_logprobs));
 }
 
-/* A model that answers rows shaped by a logit bias or min_tokens' mask with their token
- * (tsr_engine_model.answers_rules: a multi-node replica's last node, nodes.c): offered
- * those rows (greedy and drawn, with and without logprobs; min_tokens' mask only below
- * min_tokens), never a penalty's; its answers are the engine's own tokens and logprobs
- * bit for bit, including EOS masked below min_tokens and taken after it. */
+/* A model that answers rows shaped by a logit bias, min_tokens' mask or penalties with
+ * their token (tsr_engine_model.answers_rules: a multi-node replica's last node,
+ * nodes.c): offered those rows (greedy and drawn, with and without logprobs; min_tokens'
+ * mask only below min_tokens; penalties with the request's tokens so far); its answers
+ * are the engine's own tokens and logprobs bit for bit, including EOS masked below
+ * min_tokens and taken after it. */
 static void test_model_answers_rules(void **state) {
         (void)state;
         enum { MAX = 6, N = 4 };
@@ -970,6 +977,8 @@ static void test_model_answers_rules(void **state) {
          * would not choose, or nearly; +100 on EOS ends "min" as soon as min_tokens lets it */
         const tsr_logit_bias up[] = {{.id = 3, .bias = 25.0f}, {.id = 11, .bias = 19.5f}, {.id = 12, .bias = -30.0f}};
         const tsr_logit_bias eos[] = {{.id = EOS, .bias = 100.0f}};
+        /* near ties the presence penalty breaks once a token has been output: 3, then 11 */
+        const tsr_logit_bias near[] = {{.id = 3, .bias = 21.0f}, {.id = 11, .bias = 20.5f}};
         make_prompt(prompt, 6, 5);
         memset(res, 0, sizeof(res));
         for (int run = 0; run < 2; run++) {
@@ -983,7 +992,7 @@ static void test_model_answers_rules(void **state) {
                 submit_full(h, "min", prompt, 6, MAX, NULL, 0, 1, -1,
                             &(submit_opts){.min_tokens = 3, .bias = eos, .n_bias = 1});
                 submit_full(h, "pen", prompt, 6, MAX, NULL, 0, -1, -1,
-                            &(submit_opts){.presence_penalty = 0.5f, .bias = up, .n_bias = 3});
+                            &(submit_opts){.presence_penalty = 2.0f, .bias = near, .n_bias = 2});
                 go(h);
                 collect(h, ids, res[run], N);
                 pthread_mutex_lock(&h->fm.mu);
@@ -993,10 +1002,12 @@ static void test_model_answers_rules(void **state) {
         }
         assert_int_equal(answered[0], 0);
         /* bias's and drawn's rows, min's three below min_tokens and its EOS row after
-         * (the bias is a rule too); pen's never (a penalty needs the history) */
+         * (the bias is a rule too), pen's with its history */
         assert_int_equal(res[0][2].n, 4);
         assert_int_equal(res[0][2].tokens[3], EOS);
-        assert_int_equal(answered[1], MAX + MAX + 4);
+        assert_int_equal(answered[1], MAX + MAX + 4 + MAX);
+        assert_int_equal(res[0][3].tokens[0], 3);
+        assert_int_equal(res[0][3].tokens[1], 11);
         for (int r = 0; r < N; r++) {
                 assert_int_equal(res[1][r].n, res[0][r].n);
                 assert_memory_equal(res[1][r].tokens, res[0][r].tokens, res[0][r].n * sizeof(uint32_t));

@@ -258,9 +258,10 @@ static void random_row(float *logits, size_t n, uint64_t *x) {
 
 /* The request's rules as a multi-node replica's last node gets them (nodes.c): allowed
  * ids, a logit bias and, at a position below min_tokens, the EOS and stop ids given as
- * EOS ids with min_tokens 1 (n_output 0 there): tsr_sample_uniform_given's token is
- * tsr_sample's at that position with the request's own sampling and history, greedy and
- * drawn, and the rules do change tokens. */
+ * EOS ids with min_tokens 1 (n_output 0 there), or with penalties the history too (then
+ * min_tokens n_output + 1): tsr_sample_uniform_given's token is tsr_sample's at that
+ * position with the request's own sampling and history, greedy and drawn, and the rules
+ * do change tokens. */
 static void test_uniform_given_with_rules(void **state) {
         (void)state;
         enum { V = 300 };
@@ -270,7 +271,8 @@ static void test_uniform_given_with_rules(void **state) {
         uint32_t out[8] = {1, 2, 3, 4, 5, 6, 7, 8};
         uint64_t x = 777;
         size_t changed = 0, masked_pos = 0;
-        for (int c = 0; c < 6; c++)
+        const uint32_t prompt[5] = {17, 17, 42, 9, 250};
+        for (int c = 0; c < 9; c++)
                 for (size_t pos = 0; pos < 8; pos++) {
                         random_row(logits, V, &x);
                         tsr_sampling sp;
@@ -291,7 +293,10 @@ static void test_uniform_given_with_rules(void **state) {
                         sp.stop_ids = stop;
                         sp.n_stop = 2;
                         sp.min_tokens = 4;
-                        tsr_sample_history h = {.output = out, .n_output = pos};
+                        sp.presence_penalty = c == 6 ? 0.5f : 0.0f;
+                        sp.frequency_penalty = c == 7 ? 0.3f : 0.0f;
+                        sp.repetition_penalty = c == 8 ? 1.2f : 1.0f;
+                        tsr_sample_history h = {.prompt = prompt, .n_prompt = 5, .output = out, .n_output = pos};
                         uint64_t key = 0xabcdef12345ull * (uint64_t)(c + 1);
                         tsr_sample_result want, plain;
                         assert_int_equal(tsr_sample(&sp, &h, key, logits, V, scratch, &want), TSR_OK);
@@ -306,9 +311,15 @@ static void test_uniform_given_with_rules(void **state) {
                         last.min_tokens = below ? 1 : 0;
                         masked_pos += below;
                         uint32_t got;
-                        assert_int_equal(tsr_sample_uniform_given(&last, tsr_sampler_uniform(key, pos), logits, V,
-                                                                  scratch, &got), TSR_OK);
+                        /* with penalties the history goes too, and min_tokens counts from it */
+                        const tsr_sample_history *lh = tsr_sampling_history_free(&sp) ? NULL : &h;
+                        if (lh)
+                                last.min_tokens = below ? (uint32_t)pos + 1 : 0;
+                        assert_int_equal(tsr_sample_uniform_given(&last, lh, tsr_sampler_uniform(key, pos), logits,
+                                                                  V, scratch, &got), TSR_OK);
                         assert_int_equal(got, want.token);
+                        if (c >= 6)
+                                continue;
                         tsr_sampling none;
                         tsr_sampling_init(&none);
                         none.temperature = sp.temperature;
@@ -318,7 +329,7 @@ static void test_uniform_given_with_rules(void **state) {
                         changed += plain.token != want.token;
                 }
         assert_true(changed > 20);
-        assert_int_equal(masked_pos, 6 * 4);
+        assert_int_equal(masked_pos, 9 * 4);
         free(scratch);
 }
 
@@ -347,11 +358,11 @@ static void test_uniform_given_matches_tsr_sample(void **state) {
                         tsr_sample_result want;
                         uint32_t got, other;
                         assert_int_equal(tsr_sample(&sp, &h, key, logits, V, scratch, &want), TSR_OK);
-                        assert_int_equal(tsr_sample_uniform_given(&sp, tsr_sampler_uniform(key, h.n_output), logits, V,
-                                                                  scratch, &got), TSR_OK);
+                        assert_int_equal(tsr_sample_uniform_given(&sp, NULL, tsr_sampler_uniform(key, h.n_output),
+                                                                  logits, V, scratch, &got), TSR_OK);
                         assert_int_equal(got, want.token);
                         /* another position's uniform draws another token often enough */
-                        assert_int_equal(tsr_sample_uniform_given(&sp, tsr_sampler_uniform(key, h.n_output + 1),
+                        assert_int_equal(tsr_sample_uniform_given(&sp, NULL, tsr_sampler_uniform(key, h.n_output + 1),
                                                                   logits, V, scratch, &other), TSR_OK);
                         drawn_differently += other != got;
                 }
@@ -360,16 +371,16 @@ static void test_uniform_given_matches_tsr_sample(void **state) {
         tsr_sampling_init(&sp);
         uint32_t tok;
         sp.logprobs = 1;
-        assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
+        assert_int_equal(tsr_sample_uniform_given(&sp, NULL, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
         tsr_sampling_init(&sp);
         sp.presence_penalty = 0.5f;
-        assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
+        assert_int_equal(tsr_sample_uniform_given(&sp, NULL, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
         tsr_sampling_init(&sp);
         sp.repetition_penalty = 1.1f;   /* penalties need the history: refused */
-        assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
+        assert_int_equal(tsr_sample_uniform_given(&sp, NULL, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
         tsr_sampling_init(&sp);
         logits[7] = NAN;
-        assert_int_equal(tsr_sample_uniform_given(&sp, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
+        assert_int_equal(tsr_sample_uniform_given(&sp, NULL, 0.5, logits, V, scratch, &tok), TSR_E_INVAL);
         free(scratch);
 }
 

@@ -1408,10 +1408,11 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
  * position (the request's Philox stream: a seed gives the same tokens again).  To a model
  * that answers logprobs (answers_logprobs) also the rows of requests that asked for
  * logprobs and nothing else of the row; to one that answers rules (answers_rules) also
- * those with a logit bias or min_tokens' mask (tsr_engine_seq.rules), with their
- * logprobs where it answers those.  After plan_masks: it needs the entries' constrained
- * flags. */
-static void plan_device_tokens(step_plan *p, bool queued, bool answers_logprobs, bool answers_rules) {
+ * those with a logit bias, min_tokens' mask or penalties (tsr_engine_seq.rules; with
+ * penalties the request's tokens, while fewer than the vocabulary), with their logprobs
+ * where it answers those.  After plan_masks: it needs the entries' constrained flags. */
+static void plan_device_tokens(step_plan *p, bool queued, const tsr_engine_model *m) {
+        bool answers_logprobs = m->answers_logprobs;
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 tsr_engine_seq *q = &p->seqs[i];
@@ -1430,9 +1431,12 @@ static void plan_device_tokens(step_plan *p, bool queued, bool answers_logprobs,
                 q->lp = NULL;
                 q->rules = NULL;
                 q->rules_mask_eos = false;
+                q->history = NULL;
+                q->n_history = 0;
                 bool with_lp = sp->logprobs >= 0;
                 bool plain = tsr_sampling_token_and_logprobs_ok(sp, n_output);
-                bool rules = !plain && answers_rules && tsr_sampling_history_free(sp);
+                bool history = !tsr_sampling_history_free(sp);
+                bool rules = !plain && m->answers_rules && (!history || s->n_tokens < m->vocab);
                 /* s->gm: a queued step (micro-batches) plans its masks after its wait, so
                  * pe->constrained is not known yet; a request under a grammar never
                  * offers its token then */
@@ -1443,6 +1447,8 @@ static void plan_device_tokens(step_plan *p, bool queued, bool answers_logprobs,
                 if (rules) {
                         q->rules = sp;
                         q->rules_mask_eos = n_output < sp->min_tokens;
+                        q->history = history ? s->tokens : NULL;
+                        q->n_history = history ? (uint32_t)s->n_tokens : 0;
                 }
                 if (with_lp) {
                         q->lp = &pe->dev_lp;
@@ -1528,7 +1534,7 @@ static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
         if (p->n_masks)
                 job_launch(&e->mask_thread, p);
         if (p->st == TSR_OK) {
-                plan_device_tokens(p, queued, e->params.model->answers_logprobs, e->params.model->answers_rules);
+                plan_device_tokens(p, queued, e->params.model);
                 if (queued)
                         p->submitted = (p->st = m->submit(m->ud, p->seqs, p->n, *logits)) == TSR_OK;
                 else

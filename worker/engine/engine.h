@@ -108,12 +108,15 @@ typedef struct tsr_engine_seq {
         tsr_token_logprobs *lp;
         uint32_t lp_top;
         /* NULL, or (with `token`, to a model with answers_rules) the request's sampling,
-         * whose allowed ids, logit bias and, with rules_mask_eos (n_output < min_tokens),
-         * min_tokens' EOS / stop mask shape the token too (no penalty:
-         * tsr_sampling_history_free): a model that answers *token applies them as
-         * tsr_sample does (tsr_sample_uniform_given).  Borrowed for the call. */
+         * whose allowed ids, logit bias, penalties and, with rules_mask_eos (n_output <
+         * min_tokens), min_tokens' EOS / stop mask shape the token too: a model that
+         * answers *token applies them as tsr_sample does (tsr_sample_uniform_given), the
+         * penalties with `history`, the request's tokens so far (n_history: the prompt's
+         * prompt_len, then its outputs; NULL without penalties).  Borrowed for the call. */
         const tsr_sampling *rules;
         bool rules_mask_eos;
+        const uint32_t *history;
+        uint32_t n_history;
         /* NULL, or (want_all_logits, to a model with answers_logprobs: a chunk of a request
          * that asked for prompt logprobs) where the model writes the prompt logprobs of
          * each row t with past_len + t + 1 < prompt_len: tsr_logprobs_gather(row t, the
@@ -171,8 +174,10 @@ typedef struct tsr_engine_model {
          * false: they never are. */
         bool answers_logprobs;
         /* The model answers tsr_engine_seq.rules with the token (a multi-node replica's
-         * last node does): rows of requests with allowed ids, a logit bias or min_tokens'
-         * mask are offered as tokens too.  false: they never are. */
+         * last node does): rows of requests with allowed ids, a logit bias, min_tokens'
+         * mask or penalties (the last while the request's tokens are fewer than the
+         * vocabulary: the history then costs less than the row) are offered as tokens
+         * too.  false: they never are. */
         bool answers_rules;
         /* Optional: pipeline micro-batches (vLLM's batch queue, with pipeline stages).  Up
          * to max_in_flight (> 1) steps may be in the model at once: submit starts one

@@ -599,14 +599,14 @@ static tsr_status plain_argmax(const tsr_sampling *s, const tsr_sample_history *
         return first_max(logits, vocab, ret);
 }
 
-tsr_status tsr_sample_uniform_given(const tsr_sampling *s, double u, const float *logits, size_t vocab,
-                                    float *scratch, uint32_t *token) {
+tsr_status tsr_sample_uniform_given(const tsr_sampling *s, const tsr_sample_history *h, double u,
+                                    const float *logits, size_t vocab, float *scratch, uint32_t *token) {
         const tsr_sample_history none = {0};
         uint32_t g;
         tsr_status st;
-        if (!s || !token || s->logprobs >= 0 || !tsr_sampling_history_free(s))
+        if (!s || !token || s->logprobs >= 0 || (!h && !tsr_sampling_history_free(s)))
                 return TSR_E_INVAL;
-        if ((st = sampler_run(s, &none, logits, vocab, scratch, &g)) != TSR_OK)
+        if ((st = sampler_run(s, h ? h : &none, logits, vocab, scratch, &g)) != TSR_OK)
                 return st;
         *token = s->temperature < TSR_SAMPLER_GREEDY_EPS ? g : draw(scratch, vocab, u);
         return TSR_OK;

@@ -134,15 +134,16 @@ bool tsr_sampling_plain_argmax(const tsr_sampling *s, size_t n_output);
 tsr_status tsr_sample(const tsr_sampling *s, const tsr_sample_history *h, uint64_t rng_key,
                       const float *logits, size_t vocab, float *scratch, tsr_sample_result *out);
 
-/* tsr_sample's token for a sequence whose sampling needs nothing of its history
- * (tsr_sampling_history_free, no logprobs asked: temperature, top_k, top_p, min_p,
- * allowed ids, logit bias, and min_tokens' mask as at n_output 0: min_tokens > 0 masks
- * the EOS and stop ids), with the draw's uniform given: u = tsr_sampler_uniform(rng_key,
- * n_output) is the token tsr_sample gives at that position, bit for bit.  Where the row
- * is and the request is not (a multi-node replica's last node, nodes.c).  TSR_E_INVAL as
- * tsr_sample, and for logprobs or penalties. */
-tsr_status tsr_sample_uniform_given(const tsr_sampling *s, double u, const float *logits, size_t vocab,
-                                    float *scratch, uint32_t *token);
+/* tsr_sample's token with the draw's uniform given: u = tsr_sampler_uniform(rng_key,
+ * n_output) is the token tsr_sample gives at that position with history h, bit for
+ * bit.  h NULL: the sequence's sampling needs nothing of its history
+ * (tsr_sampling_history_free: temperature, top_k, top_p, min_p, allowed ids, logit bias,
+ * and min_tokens' mask as at n_output 0: min_tokens > 0 masks the EOS and stop ids); else
+ * the penalties read it.  Where the row is and the request is not (a multi-node
+ * replica's last node, nodes.c).  No logprobs (the caller gathers them from the row).
+ * TSR_E_INVAL as tsr_sample, and for logprobs asked or penalties without a history. */
+tsr_status tsr_sample_uniform_given(const tsr_sampling *s, const tsr_sample_history *h, double u,
+                                    const float *logits, size_t vocab, float *scratch, uint32_t *token);
 
 /* The distribution tsr_sample draws from (steps 2-5 above), written to `probs` (vocab,)
  * on success only: zeros for masked tokens, and one-hot at the argmax when greedy.

@@ -18,13 +18,16 @@
  * Plan encoding, little-endian u32 words: n_seqs, then per sequence a header of
  * SEQ_WORDS: seq_id (u64: two words, low first), n_table, n, past_len (u64), flags (1
  * want_logits, 2 want_all_logits, 4 its row comes back as its token: token_back, 8 and
- * drawn, 16 and its logprobs, 32 and the request's rules shape it; 64 want_all_logits'
- * prompt rows come back as their prompt logprobs), state_slot,
+ * drawn, 16 and its logprobs, 32 and the request's rules shape it, 128 and its penalties
+ * with its history; 64 want_all_logits' prompt rows come back as their prompt
+ * logprobs), state_slot,
  * restore_from + 1 (0: none; engine.h), n_saves, base, n_changes, prompt_len; with flag 8
  * the draw (tsr_draw: temperature, top_k, top_p, min_p, then u, a double in two words);
  * with flag 16 lp_top; with flag 32 the rules (tsr_engine_seq.rules): n_allowed, n_bias,
  * n_masked, the allowed ids, the bias pairs (id, float bits), the ids min_tokens masks at
- * this position (EOS and stop ids; none once it is reached); with flag 64 prompt_lp_top
+ * this position (EOS and stop ids; none once it is reached); with flag 128 the
+ * repetition, presence and frequency penalties (float bits), n_history and the request's
+ * tokens so far (the prompt's prompt_len, then its outputs); with flag 64 prompt_lp_top
  * and next_token; then its block tables
  * (n_tables of n_table entries, one after the other as the engine hands them; n_tables
  * is the model's, known to both sides) as changes
@@ -84,6 +87,7 @@ static bool token_back(const tsr_engine_seq *q) {
 #define LP_WORDS 1               /* lp_top after the draw (flag 16) */
 #define RULES_WORDS 3            /* the rules' counts after lp_top (flag 32), then the lists */
 #define PLP_WORDS 2              /* prompt_lp_top, next_token after the rules (flag 64) */
+#define HISTORY_WORDS 4          /* the penalties and n_history after the rules (flag 128), then the ids */
 /* an unpacked plan's bias pairs are read where they lie, as tsr_logit_bias records */
 _Static_assert(sizeof(tsr_logit_bias) == 2 * sizeof(uint32_t) && offsetof(tsr_logit_bias, bias) == sizeof(uint32_t),
                "tsr_logit_bias is two words: id, bias");
@@ -119,9 +123,15 @@ static size_t plp_rows(const tsr_engine_seq *q) {
         return k < q->n ? k : q->n;
 }
 
-/* The plan words of q's rules (flag 32). */
+/* A rules row whose penalties need the request's tokens so far (tsr_engine_seq.history:
+ * the engine offers it while they are fewer than the vocabulary). */
+static bool history_back(const tsr_engine_seq *q) { return rules_back(q) && q->history; }
+
+/* The plan words of q's rules (flag 32) and history (flag 128). */
 static size_t rules_words(const tsr_engine_seq *q) {
-        return rules_back(q) ? RULES_WORDS + q->rules->n_allowed + 2 * q->rules->n_bias + masked_ids(q) : 0;
+        return rules_back(q) ? RULES_WORDS + q->rules->n_allowed + 2 * q->rules->n_bias + masked_ids(q) +
+                                       (history_back(q) ? HISTORY_WORDS + q->n_history : 0)
+                             : 0;
 }
 
 /* The floats of a token_back row's answer: its token, then with logprobs the
@@ -194,8 +204,18 @@ static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab
                                 sp.top_k = d ? d->top_k : 0;
                                 sp.top_p = d ? d->top_p : 1.0f;
                                 sp.min_p = d ? d->min_p : 0.0f;
-                                if (tsr_sample_uniform_given(&sp, d ? d->u : 0.0, rows + rd, vocab, scratch, &t) !=
-                                    TSR_OK)
+                                /* penalties: the history as node 0's sampler holds it, and
+                                 * min_tokens' mask counted from it */
+                                const tsr_engine_seq *q = &seqs[i];
+                                tsr_sample_history h = {0};
+                                if (q->history) {
+                                        h = (tsr_sample_history){.prompt = q->history, .n_prompt = q->prompt_len,
+                                                                 .output = q->history + q->prompt_len,
+                                                                 .n_output = q->n_history - q->prompt_len};
+                                        sp.min_tokens = sp.min_tokens ? (uint32_t)h.n_output + 1 : 0;
+                                }
+                                if (tsr_sample_uniform_given(&sp, q->history ? &h : NULL, d ? d->u : 0.0, rows + rd,
+                                                             vocab, scratch, &t) != TSR_OK)
                                         t = TSR_ARGMAX_NONE;
                         } else {
                                 (void)tsr_ref_argmax(&t, rows + rd, 1, vocab);
@@ -352,7 +372,7 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 bool drawn = token_back(q) && q->draw;
                 *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u) | (token_back(q) ? 4u : 0u) |
                        (drawn ? 8u : 0u) | (lp_back(q) ? 16u : 0u) | (rules_back(q) ? 32u : 0u) |
-                       (plp_back(q) ? 64u : 0u);
+                       (plp_back(q) ? 64u : 0u) | (history_back(q) ? 128u : 0u);
                 *p++ = q->state_slot;
                 *p++ = q->restore_state ? q->restore_from + 1 : 0;
                 *p++ = (uint32_t)q->n_saves;
@@ -384,6 +404,14 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                                 memcpy(p, r->eos_ids, r->n_eos * sizeof(uint32_t));
                                 memcpy(p + r->n_eos, r->stop_ids, r->n_stop * sizeof(uint32_t));
                                 p += r->n_eos + r->n_stop;
+                        }
+                        if (history_back(q)) {
+                                memcpy(p++, &r->repetition_penalty, sizeof(uint32_t));
+                                memcpy(p++, &r->presence_penalty, sizeof(uint32_t));
+                                memcpy(p++, &r->frequency_penalty, sizeof(uint32_t));
+                                *p++ = q->n_history;
+                                memcpy(p, q->history, q->n_history * sizeof(uint32_t));
+                                p += q->n_history;
                         }
                 }
                 if (plp_back(q)) {
@@ -451,9 +479,11 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                 at += SEQ_WORDS;
                 /* flags: want_logits, want_all_logits, or both; a token back wants the
                  * one row (5), drawn (13), either with its logprobs (21, 29), any of
-                 * those with rules (+ 32); all rows (2, 3) with their prompt rows'
-                 * logprobs (+ 64) */
-                uint32_t f = h[6], g = f & ~32u;
+                 * those with rules (+ 32), and a history (+ 128); all rows (2, 3) with
+                 * their prompt rows' logprobs (+ 64) */
+                uint32_t f = h[6], g = f & ~(32u | 128u);
+                if ((f & 128) && !(f & 32))
+                        return TSR_E_PROTO;
                 bool flags_ok = f <= 3 || g == 5 || g == 13 || g == 21 || g == 29 || f == 66 || f == 67;
                 if (flags_ok && (f & 8)) {
                         if (words - at < DRAW_WORDS)
@@ -473,6 +503,11 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                         if (lists > words - at)
                                 return TSR_E_PROTO;
                         at += lists;
+                }
+                if (flags_ok && (f & 128)) {    /* the whole prompt and the outputs so far */
+                        if (words - at < HISTORY_WORDS || w[at + 3] < h[12] || w[at + 3] > words - at - HISTORY_WORDS)
+                                return TSR_E_PROTO;
+                        at += HISTORY_WORDS + w[at + 3];
                 }
                 if (flags_ok && (f & 64)) {
                         if (words - at < PLP_WORDS || w[at] > TSR_SAMPLER_MAX_LOGPROBS)
@@ -515,6 +550,8 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                 uint64_t seq_id = h[0] | (uint64_t)h[1] << 32, past = h[4] | (uint64_t)h[5] << 32;
                 size_t n_table = h[2], nn = h[3], n_saves = h[9], b = h[10], n_changes = h[11];
                 size_t dw = h[6] & 8 ? DRAW_WORDS : 0, lw = h[6] & 16 ? LP_WORDS : 0, rw = 0;
+                const uint32_t *hist = NULL;
+                uint32_t hn = 0;
                 if (h[6] & 32) {        /* the lists as they lie: ids, (id, bias) pairs, ids */
                         const uint32_t *r = h + SEQ_WORDS + dw + lw;
                         tsr_sampling_init(&rules[i]);
@@ -526,6 +563,15 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                         rules[i].eos_ids = r + RULES_WORDS + r[0] + 2 * (size_t)r[1];
                         rules[i].min_tokens = r[2] ? 1 : 0;     /* masked at this position */
                         rw = RULES_WORDS + r[0] + 2 * (size_t)r[1] + r[2];
+                        if (h[6] & 128) {
+                                const uint32_t *y = r + rw;
+                                memcpy(&rules[i].repetition_penalty, y, sizeof(uint32_t));
+                                memcpy(&rules[i].presence_penalty, y + 1, sizeof(uint32_t));
+                                memcpy(&rules[i].frequency_penalty, y + 2, sizeof(uint32_t));
+                                hn = y[3];
+                                hist = y + HISTORY_WORDS;
+                                rw += HISTORY_WORDS + hn;
+                        }
                 }
                 size_t pw = h[6] & 64 ? PLP_WORDS : 0;
                 const uint32_t *plp = h + SEQ_WORDS + dw + lw + rw;
@@ -568,7 +614,7 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                                         .seq_id = seq_id, .token = h[6] & 4 ? &tokens[i] : NULL,
                                         .draw = dw ? &draws[i] : NULL, .lp = lw ? &lps[i] : NULL,
                                         .lp_top = lw ? h[SEQ_WORDS + dw] : 0,
-                                        .rules = rw ? &rules[i] : NULL,
+                                        .rules = rw ? &rules[i] : NULL, .history = hist, .n_history = hn,
                                         /* (marks the prompt rows: their answers go on the wire) */
                                         .prompt_lp = pw ? &lps[i] : NULL, .prompt_lp_top = pw ? plp[0] : 0,
                                         .next_token = pw ? plp[1] : 0};
