@@ -1742,7 +1742,8 @@ static void test_modelopt_tp(void **state) {
                            "tensor parallelism: o_proj of layer 0 is nvfp4, whose blocks of 16 elements the "
                            "canonical split's 8 columns per slice would cut");
         expect_tp2_refused("tests/fixtures/tiny-nemotron-h-nvfp4/model", "nemotron_h", true,
-                           "--enable-expert-parallel with a quantized (ModelOpt NVFP4) checkpoint is not supported yet");
+                           "--enable-expert-parallel with a quantized (ModelOpt NVFP4) checkpoint is not "
+                           "supported yet");
 
         /* the narrow NVFP4 Llama at tp 1: the canonical split does not apply, it runs unsplit */
         model_case mc = {0};

@@ -87,7 +87,8 @@ typedef struct tsr_engine_seq {
         uint32_t prompt_len;
         /* NULL, or (want_logits without want_all_logits) the chunk's token may come from the
          * model instead of its row (a request with nothing that needs the row itself:
-         * tsr_sampling_device_ok): with `draw` NULL the row's argmax as it stands (a greedy
+         * tsr_sampling_device_ok; to a model with answers_rules also one whose `rules`
+         * go with it): with `draw` NULL the row's argmax as it stands (a greedy
          * request), else a draw with *draw (the request's temperature, top_k, top_p,
          * min_p and its Philox uniform for this position): on a device kernels.h's
          * tsr_backend_sample, on a multi-node replica's last node the engine's own

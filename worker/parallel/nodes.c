@@ -19,19 +19,18 @@
  * SEQ_WORDS: seq_id (u64: two words, low first), n_table, n, past_len (u64), flags (1
  * want_logits, 2 want_all_logits, 4 its row comes back as its token: token_back, 8 and
  * drawn, 16 and its logprobs, 32 and the request's rules shape it, 128 and its penalties
- * with its history; 64 want_all_logits' prompt rows come back as their prompt
- * logprobs), state_slot,
- * restore_from + 1 (0: none; engine.h), n_saves, base, n_changes, prompt_len; with flag 8
- * the draw (tsr_draw: temperature, top_k, top_p, min_p, then u, a double in two words);
- * with flag 16 lp_top; with flag 32 the rules (tsr_engine_seq.rules): n_allowed, n_bias,
- * n_masked, the allowed ids, the bias pairs (id, float bits), the ids min_tokens masks at
- * this position (EOS and stop ids; none once it is reached); with flag 128 the
- * repetition, presence and frequency penalties (float bits), n_history and the request's
- * tokens so far (the prompt's prompt_len, then its outputs); with flag 64 prompt_lp_top
- * and next_token; then its block tables
- * (n_tables of n_table entries, one after the other as the engine hands them; n_tables
- * is the model's, known to both sides) as changes
- * against the receiver's copy (tsr_plan_tables): base 0, every entry of every table;
+ * with its history; 64 want_all_logits' prompt rows come back as their prompt logprobs),
+ * state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes, prompt_len;
+ * with flag 8 the draw (tsr_draw: temperature, top_k, top_p, min_p, then u, a double in
+ * two words); with flag 16 lp_top; with flag 32 the rules (tsr_engine_seq.rules):
+ * n_allowed, n_bias, n_masked, the allowed ids, the bias pairs (id, float bits), the ids
+ * min_tokens masks at this position (EOS and stop ids; none once it is reached); with
+ * flag 128 the repetition, presence and frequency penalties (float bits), n_history and
+ * the request's tokens so far (the prompt's prompt_len, then its outputs); with flag 64
+ * prompt_lp_top and next_token; then its block tables (n_tables of n_table entries, one
+ * after the other as the engine hands them; n_tables is the model's, known to both
+ * sides) as changes against the receiver's copy (tsr_plan_tables): base 0, every entry of
+ * every table;
  * base b > 0, the copy held b entries per table and its first b of each stay but for
  * n_changes (index, block) pairs (index into the new tables, t x n_table + i with
  * i < b), then each table's entries from b on; then tokens[n], then n_saves (pos, slot)
@@ -77,8 +76,8 @@ typedef struct ctl_msg {
  * it, or also the rules the plan carries: rules_back), so the last node computes what
  * node 0's sampler would: the row's first maximum for a greedy one (tsr_ref_argmax),
  * else tsr_sample's token with the request's uniform (tsr_sample_uniform_given); a row
- * without an answer (TSR_ARGMAX_NONE) is the engine's TSR_E_INVAL, as from tsr_sample.  A decode step then sends 4 bytes a sequence back
- * instead of vocab x 4. */
+ * without an answer (TSR_ARGMAX_NONE) is the engine's TSR_E_INVAL, as from tsr_sample.
+ * A decode step then sends 4 bytes a sequence back instead of vocab x 4. */
 static bool token_back(const tsr_engine_seq *q) {
         return q->token && q->want_logits && !q->want_all_logits;
 }
