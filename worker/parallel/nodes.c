@@ -686,25 +686,23 @@ static tsr_status join(const tsr_nodes_cfg *cfg, const _Atomic bool *cancel, voi
 /* A step in flight: its sequences' logits rows (0 for a token_back one) and token slot
  * (the engine's, for a token_back one; else NULL), and its OUT message's floats.  The
  * engine's plan, which the token slots point into, lives until the step's wait. */
-struct out_layout {
-        size_t n, cap, vocab, wire_floats;
-        size_t *rows;
-        uint32_t **token;
-        tsr_token_logprobs **lp;        /* a token_back row's logprobs (the engine's), or NULL */
-        uint32_t *lp_top;
+/* Where one sequence's part of an OUT message goes (the engine's memory). */
+struct out_seq {
+        size_t rows;                    /* tsr_engine_seq_rows */
+        uint32_t *token;                /* a token_back row's token, or NULL: rows come whole */
+        tsr_token_logprobs *lp;         /* and its logprobs, or NULL */
+        uint32_t lp_top;                /* its lp_top, or a prompt-logprobs chunk's prompt_lp_top */
         /* a prompt-logprobs chunk's: where its leading plp_n rows' answers go, or NULL */
-        tsr_token_logprobs **plp;
-        size_t *plp_n;
+        tsr_token_logprobs *plp;
+        size_t plp_n;
 };
 
-static void layout_free(struct out_layout *l) {
-        free(l->rows);
-        free(l->token);
-        free(l->lp);
-        free(l->lp_top);
-        free(l->plp);
-        free(l->plp_n);
-}
+struct out_layout {
+        size_t n, cap, vocab, wire_floats;
+        struct out_seq *seq;
+};
+
+static void layout_free(struct out_layout *l) { free(l->seq); }
 
 struct tsr_nodes {
         tsr_nodes_cfg cfg;
@@ -947,35 +945,20 @@ static tsr_status layout_push(tsr_nodes *n, const tsr_engine_seq *seqs, size_t n
         }
         struct out_layout *l = &n->lay[(n->lay_head + n->lay_n) % n->lay_cap];
         if (n_seqs > l->cap) {
-                size_t *r = realloc(l->rows, n_seqs * sizeof(*r));
-                if (r)
-                        l->rows = r;
-                uint32_t **t = realloc(l->token, n_seqs * sizeof(*t));
-                if (t)
-                        l->token = t;
-                tsr_token_logprobs **lp = realloc(l->lp, n_seqs * sizeof(*lp));
-                if (lp)
-                        l->lp = lp;
-                uint32_t *k = realloc(l->lp_top, n_seqs * sizeof(*k));
-                if (k)
-                        l->lp_top = k;
-                tsr_token_logprobs **plp = realloc(l->plp, n_seqs * sizeof(*plp));
-                if (plp)
-                        l->plp = plp;
-                size_t *pn = realloc(l->plp_n, n_seqs * sizeof(*pn));
-                if (pn)
-                        l->plp_n = pn;
-                if (!r || !t || !lp || !k || !plp || !pn)
+                struct out_seq *g = realloc(l->seq, n_seqs * sizeof(*g));
+                if (!g)
                         return TSR_E_NOMEM;
+                l->seq = g;
                 l->cap = n_seqs;
         }
         for (size_t i = 0; i < n_seqs; i++) {
-                l->token[i] = token_back(&seqs[i]) ? seqs[i].token : NULL;
-                l->lp[i] = lp_back(&seqs[i]) ? seqs[i].lp : NULL;
-                l->lp_top[i] = plp_back(&seqs[i]) ? seqs[i].prompt_lp_top : seqs[i].lp_top;
-                l->rows[i] = tsr_engine_seq_rows(&seqs[i]);
-                l->plp_n[i] = plp_rows(&seqs[i]);
-                l->plp[i] = l->plp_n[i] ? seqs[i].prompt_lp : NULL;
+                const tsr_engine_seq *q = &seqs[i];
+                size_t np = plp_rows(q);
+                l->seq[i] = (struct out_seq){.rows = tsr_engine_seq_rows(q),
+                                             .token = token_back(q) ? q->token : NULL,
+                                             .lp = lp_back(q) ? q->lp : NULL,
+                                             .lp_top = plp_back(q) ? q->prompt_lp_top : q->lp_top,
+                                             .plp = np ? q->prompt_lp : NULL, .plp_n = np};
         }
         l->n = n_seqs;
         l->vocab = vocab;
@@ -1054,27 +1037,28 @@ tsr_status tsr_nodes_wait(tsr_nodes *n, size_t out_floats, float *logits) {
         const float *rd = n->out + HDR_FLOATS;
         size_t wr = 0, vocab = l->vocab;
         for (size_t i = 0; i < l->n; i++) {
-                if (l->token[i]) {
-                        if ((st = answer_get(rd, l->token[i], l->lp[i], l->lp_top[i])) != TSR_OK)
+                const struct out_seq *o = &l->seq[i];
+                if (o->token) {
+                        if ((st = answer_get(rd, o->token, o->lp, o->lp_top)) != TSR_OK)
                                 return st;
-                        rd += answer_len(l->lp[i] != NULL, l->lp_top[i]);
+                        rd += answer_len(o->lp != NULL, o->lp_top);
                         wr += vocab;
                         n->rows_as_token++;
-                        n->rows_with_lp += l->lp[i] != NULL;
+                        n->rows_with_lp += o->lp != NULL;
                 } else {
                         /* a prompt-logprobs chunk's prompt rows: their answers (the rows'
                          * places stay unwritten; the engine reads prompt_lp) */
-                        for (size_t r = 0; r < l->plp_n[i]; r++) {
+                        for (size_t r = 0; r < o->plp_n; r++) {
                                 uint32_t next;
-                                if ((st = answer_get(rd, &next, &l->plp[i][r], l->lp_top[i])) != TSR_OK)
+                                if ((st = answer_get(rd, &next, &o->plp[r], o->lp_top)) != TSR_OK)
                                         return st;
                                 if (next == TSR_ARGMAX_NONE)
                                         return TSR_E_INVAL;     /* no logprobs: as gather_prompt_lp's */
-                                rd += answer_len(true, l->lp_top[i]);
+                                rd += answer_len(true, o->lp_top);
                                 wr += vocab;
                         }
-                        n->rows_prompt_lp += l->plp_n[i];
-                        size_t whole = l->rows[i] - l->plp_n[i];
+                        n->rows_prompt_lp += o->plp_n;
+                        size_t whole = o->rows - o->plp_n;
                         memcpy(logits + wr, rd, whole * vocab * sizeof(float));
                         rd += whole * vocab;
                         wr += whole * vocab;
