@@ -393,17 +393,18 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                         *p++ = (uint32_t)r->n_allowed;
                         *p++ = (uint32_t)r->n_bias;
                         *p++ = (uint32_t)masked_ids(q);
-                        memcpy(p, r->allowed_ids, r->n_allowed * sizeof(uint32_t));
+                        if (r->n_allowed)       /* (an empty list may be NULL: no memcpy from it) */
+                                memcpy(p, r->allowed_ids, r->n_allowed * sizeof(uint32_t));
                         p += r->n_allowed;
                         for (size_t k = 0; k < r->n_bias; k++) {
                                 *p++ = r->bias[k].id;
                                 memcpy(p++, &r->bias[k].bias, sizeof(uint32_t));
                         }
-                        if (masked_ids(q)) {
+                        if (masked_ids(q) && r->n_eos)
                                 memcpy(p, r->eos_ids, r->n_eos * sizeof(uint32_t));
+                        if (masked_ids(q) && r->n_stop)
                                 memcpy(p + r->n_eos, r->stop_ids, r->n_stop * sizeof(uint32_t));
-                                p += r->n_eos + r->n_stop;
-                        }
+                        p += masked_ids(q);
                         if (history_back(q)) {
                                 memcpy(p++, &r->repetition_penalty, sizeof(uint32_t));
                                 memcpy(p++, &r->presence_penalty, sizeof(uint32_t));
