@@ -18,6 +18,7 @@
 #include <math.h>
 
 #include "kernels/cuda/bf16.cuh"
+#include "kernels/cuda/minifloat.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
 
@@ -45,15 +46,6 @@ __device__ static inline float kv_load(const uint16_t *p, int i, float, const fl
 }
 __device__ static inline float kv_load(const uint8_t *p, int i, float scale, const float *codes) {
         return codes[p[i]] * scale;
-}
-
-// tsr_fp8_e4m3_to_f32: (-1)^S 2^(E-7) (1 + M/8), E = 0: (-1)^S 2^-6 (M/8); S.1111.111 is NaN.
-__device__ static float e4m3_to_f32(unsigned v) {
-        unsigned e = (v >> 3) & 0xf, m = v & 7;
-        float s = v & 0x80 ? -1.0f : 1.0f;
-        if (e == 15 && m == 7)
-                return copysignf(NAN, s);
-        return s * (e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 | m), (int)e - 10));
 }
 
 // The number of runs for a row with n >= 1 keys.
@@ -99,7 +91,7 @@ __global__ static void attention_kernel(float *out, float *work, const float *q,
                 qs[i] = qh[i];
         if constexpr (sizeof(T) == 1)
                 for (int i = threadIdx.x; i < 256; i += blockDim.x)
-                        codes[i] = e4m3_to_f32((unsigned)i);
+                        codes[i] = tsr_cuda_e4m3_to_f32((unsigned)i);
         __syncthreads();
 
         float m = -INFINITY, l = 0.0f, acc[ATTN_PER_LANE];

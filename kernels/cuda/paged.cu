@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "kernels/cuda/bf16.cuh"
+#include "kernels/cuda/minifloat.cuh"
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
@@ -22,42 +23,12 @@ __global__ static void embedding_kernel(float *out, const float *table, size_t d
                 dst[i] = src[i];
 }
 
-// tsr_f32_to_fp8_e4m3 (quant/fp8.c) step for step, in the same double arithmetic (frexp,
-// ldexp and the division by a power of two are exact, rint rounds to nearest even), so
-// every code is the CPU's: e4m3fn, saturating at +-448, NaN -> S.1111.111.
-__device__ static uint8_t f32_to_e4m3(float x) {
-        uint8_t sign = signbit(x) ? 0x80 : 0;
-        if (isnan(x))
-                return sign | 0x7f;
-        if (x == 0)
-                return sign;
-        int e2;
-        double r = 448.0;
-        if (!isinf(x)) {
-                double a = fabs((double)x);
-                frexp(a, &e2);
-                int exp = e2 - 1 < -6 ? -6 : e2 - 1;            // subnormals: the smallest quantum
-                double quantum = ldexp(1.0, exp - 3);
-                r = rint(a / quantum) * quantum;
-        }
-        if (r > 448.0)
-                r = 448.0;
-        if (r == 0)
-                return sign;
-        frexp(r, &e2);
-        int exp = e2 - 1;
-        if (exp < -6)                                           // subnormal: E = 0, M = r / 2^-9
-                return sign | (uint8_t)ldexp(r, 9);
-        unsigned m = (unsigned)(ldexp(r, 3 - exp) - 8.0);
-        return sign | (uint8_t)((unsigned)(exp + 7) << 3 | m);
-}
-
 __device__ static inline void kv_store(float *dst, const float *src, size_t i, float) { dst[i] = src[i]; }
 __device__ static inline void kv_store(uint16_t *dst, const float *src, size_t i, float) {
         dst[i] = tsr_cuda_f32_to_bf16_bits(src[i]);
 }
 __device__ static inline void kv_store(uint8_t *dst, const float *src, size_t i, float scale) {
-        dst[i] = f32_to_e4m3(src[i] / scale);
+        dst[i] = tsr_cuda_f32_to_e4m3(src[i] / scale);
 }
 
 // k, v (rows.n, width) -> the cache row of each row's position.  Block r copies row r's
