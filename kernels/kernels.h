@@ -106,8 +106,9 @@ typedef struct tsr_kv_view {
  * sizes in tsr_dtype_info; layouts and scalar dequantization in kernels/quant/quant.h).
  * A backend has a matmul kernel for some of them (tsr_backend_supports): on the CPU
  * backends f32, bf16 and the GGUF blocks q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K,
- * and, with their per-tensor scales (tsr_backend_matmul_scaled), fp8_e4m3 and nvfp4;
- * each other dtype a later kernel behind the same entry point. */
+ * and, with their per-tensor scales (tsr_backend_matmul_scaled), fp8_e4m3 and nvfp4; on
+ * CUDA f32, bf16, fp8_e4m3 and nvfp4; each other dtype a later kernel behind the same
+ * entry point. */
 
 /* The CPU instruction set a CPU backend's kernels use. */
 typedef enum tsr_cpu_isa {
@@ -169,6 +170,11 @@ tsr_status tsr_backend_cpu_devlike_new(tsr_backend **ret);
  * that device current on the calling thread.  TSR_E_UNSUPPORTED when CUDA is not built,
  * TSR_E_NOTFOUND when there is no such device, TSR_E_CUDA on a runtime error. */
 tsr_status tsr_backend_cuda_new(int device, tsr_backend **ret);
+/* The CUDA backend's fp8 / NVFP4 matmuls so far (tsr_backend_matmul_scaled): how many ran
+ * as cuBLASLt's FP8 GEMM and how many on the exact kernels (kernels/cuda/fpmm.cuh).  Both
+ * 0 for another backend.  TESSERA_CUDA_FPMM=exact in the environment when the backend is
+ * made: the exact kernels only (bitwise cpu-ref's; the GPU suite compares both ways). */
+void tsr_backend_cuda_fpmm_counts(const tsr_backend *be, uint64_t *cublaslt, uint64_t *exact);
 /* Stop the backend's threads and free it; accepts NULL and *be == NULL, clears *be.
  * Memory from tsr_backend_mem_alloc must be freed before.  Not while an op runs. */
 void tsr_backend_free(tsr_backend **be);

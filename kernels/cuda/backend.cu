@@ -45,9 +45,13 @@
 #include "kernels/cpu/kv_view.h"        // kv_view_ok: the same view checks as the CPU backends
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/add_rmsnorm.cuh"
+#include "kernels/cuda/fpmm.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
+extern "C" {
+#include "kernels/quant/fpmm.h"         // tsr_fpmm_scales_ok: the scales kernels.h accepts
+}
 
 // Device memory that grows to the largest request and is reused across ops.
 struct cuda_scratch {
@@ -88,7 +92,9 @@ struct cuda_ctx {
         cuda_index_scratch ids;         // embedding's token ids
         cuda_index_scratch pos;         // rope's positions
         cuda_index_scratch rows;        // kv_write's and attention's rows (upload_rows)
-        cuda_scratch act;       // a bf16 matmul's rounded activations
+        cuda_scratch act;       // a bf16 matmul's rounded activations, an fp8 / nvfp4 one's quantized ones
+        tsr_cuda_fpmm_lt *lt;   // cuBLASLt's FP8 GEMM (fpmm.cu)
+        bool fpmm_exact;        // TESSERA_CUDA_FPMM=exact: never cuBLASLt (the bitwise kernels only)
         cuda_scratch attn;      // attention's per-run records (attention.cu's split over the keys)
         cuda_scratch argmax;    // argmax's (and sample's) row results before their download
         cuda_scratch draws;     // sample's per-row parameters
@@ -171,7 +177,7 @@ static uint64_t float_bits(float f) {
 }
 
 enum { SIG_RMSNORM = 1, SIG_ADD_RMSNORM, SIG_EMBEDDING, SIG_MATMUL, SIG_ROPE, SIG_KV_WRITE, SIG_ATTENTION,
-       SIG_SILU_MUL, SIG_ADD, SIG_SOFTMAX, SIG_COPY };
+       SIG_SILU_MUL, SIG_ADD, SIG_SOFTMAX, SIG_COPY, SIG_MATMUL_SCALED };
 
 // Outside a graph run: true (queue the op).  In one: record (capture) or check (replay)
 // the op's signature h; true when the op is to be queued, i.e. in a capture that has not
@@ -301,6 +307,7 @@ static void cuda_ctx_free(void *ctx) {
                 (void)cudaFree(c->stage_dev.p);
                 if (c->stage_done)
                         (void)cudaEventDestroy(c->stage_done);
+                tsr_cuda_fpmm_lt_free(c->lt);
                 if (c->blas)
                         (void)cublasDestroy(c->blas);
                 (void)cudaFree(c->blas_ws);
@@ -432,17 +439,24 @@ static tsr_status cuda_embedding(tsr_backend *be, float *out, const float *table
         return tsr_cuda_embedding(ctx_of(be)->stream, out, table, dim, dids, rows);
 }
 
+// cuBLAS and cuBLASLt take int sizes, and a launch at most INT_MAX blocks (grids_fit): a
+// matmul past either is refused with a line.
+static bool sizes_fit(const char *op, size_t rows, size_t n, size_t d, bool grids_fit) {
+        if (rows <= INT_MAX && n <= INT_MAX && d <= INT_MAX && grids_fit)
+                return true;
+        fprintf(stderr, "cuda: %s rows %zu n %zu d %zu: a size past INT_MAX (or a launch past INT_MAX blocks) is not "
+                "supported\n", op, rows, n, d);
+        return false;
+}
+
 static tsr_status cuda_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
                               size_t rows, size_t n, size_t d) {
         if (!out || !x || !w || n == 0 || d == 0)
                 return TSR_E_INVAL;
         if (w_dtype != TSR_DTYPE_F32 && w_dtype != TSR_DTYPE_BF16)
                 return TSR_E_UNSUPPORTED;
-        if (rows > INT_MAX || n > INT_MAX || d > INT_MAX) {     // cuBLAS takes int sizes
-                fprintf(stderr, "cuda: matmul rows %zu n %zu d %zu: a size past INT_MAX is not supported\n", rows,
-                        n, d);
+        if (!sizes_fit("matmul", rows, n, d, true))
                 return TSR_E_UNSUPPORTED;
-        }
         if (rows == 0)
                 return TSR_OK;
         tsr_status st = use_device(be);
@@ -464,6 +478,37 @@ static tsr_status cuda_matmul(tsr_backend *be, float *out, const float *x, const
         st = tsr_cuda_f32_to_bf16(c->stream, xb, x, rows * n);
         return st != TSR_OK ? st
                             : tsr_cuda_matmul_bf16(c->blas, out, xb, static_cast<const uint16_t *>(w), rows, n, d);
+}
+
+// fp8_e4m3 / nvfp4 weights with their scales (fpmm.cuh): the activations quantized into
+// the act scratch, then cuBLASLt's FP8 GEMM where it applies, else the exact kernels.
+static tsr_status cuda_matmul_scaled(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
+                                     const tsr_matmul_scales *s, size_t rows, size_t n, size_t d) {
+        if (!out || !x || !w || n == 0 || d == 0 || !tsr_fpmm_scales_ok(s))
+                return TSR_E_INVAL;
+        if (w_dtype != TSR_DTYPE_FP8_E4M3 && w_dtype != TSR_DTYPE_NVFP4)
+                return TSR_E_UNSUPPORTED;
+        if (w_dtype == TSR_DTYPE_NVFP4 && n % 16 != 0)
+                return TSR_E_INVAL;
+        if (!sizes_fit("matmul_scaled", rows, n, d, tsr_cuda_fpmm_fits(rows, n, d)))
+                return TSR_E_UNSUPPORTED;
+        if (rows == 0)
+                return TSR_OK;
+        tsr_status st = use_device(be);
+        if (st != TSR_OK)
+                return st;
+        cuda_ctx *c = ctx_of(be);
+        bool quantized_x = s->input > 0;
+        size_t need = tsr_cuda_fpmm_scratch_bytes(w_dtype, quantized_x, rows, n);
+        if (need && (st = scratch_reserve(c, &c->act, need)) != TSR_OK)
+                return st;
+        bool use_lt = !c->fpmm_exact &&
+                      tsr_cuda_fpmm_lt_applies(c->lt, out, w, c->act.p, w_dtype, quantized_x, rows, n, d);
+        if (!graph_op(c, sig_of(SIG_MATMUL_SCALED, {ptr_bits(out), ptr_bits(x), ptr_bits(w), (uint64_t)w_dtype,
+                                                    float_bits(s->weight), float_bits(s->input), rows, n, d,
+                                                    ptr_bits(c->act.p), use_lt})))
+                return TSR_OK;
+        return tsr_cuda_fpmm(c->stream, c->lt, use_lt, out, x, w, w_dtype, s->weight, s->input, rows, n, d, c->act.p);
 }
 
 static tsr_status cuda_rope(tsr_backend *be, float *x, size_t rows, size_t n_heads, size_t head_dim,
@@ -853,13 +898,12 @@ static void cuda_graph_drop(tsr_backend *be) {
                 graphs_drop(ctx_of(be));
 }
 
-// Built by assignment: C++17 has no designated initialisers.  matmul_scaled stays NULL
-// (fp8/nvfp4 kernels come later: kernels.h's TSR_E_UNSUPPORTED).
+// Built by assignment: C++17 has no designated initialisers.
 static tsr_backend_ops make_cuda_ops(void) {
         tsr_backend_ops o = {};
         o.name = "cuda";
         o.host_memory = false;
-        o.matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16;
+        o.matmul_dtypes = 1u << TSR_DTYPE_F32 | 1u << TSR_DTYPE_BF16 | TSR_FPMM_DTYPES;
         o.ctx_free = cuda_ctx_free;
         o.mem_alloc = cuda_mem_alloc;
         o.mem_free = cuda_mem_free;
@@ -875,6 +919,7 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.rmsnorm = cuda_rmsnorm;
         o.embedding = cuda_embedding;
         o.matmul = cuda_matmul;
+        o.matmul_scaled = cuda_matmul_scaled;
         o.rope = cuda_rope;
         o.kv_write = cuda_kv_write;
         o.attention = cuda_attention;
@@ -904,7 +949,18 @@ static tsr_status ctx_init(cuda_ctx *c) {
         // Hopper).
         TSR_CUDA_TRY(cudaMalloc(&c->blas_ws, CUBLAS_WORKSPACE_BYTES));
         TSR_CUBLAS_TRY(cublasSetWorkspace(c->blas, c->blas_ws, CUBLAS_WORKSPACE_BYTES));
+        // cuBLASLt shares the workspace: both queue on the one stream, one call at a time.
+        // Without it (its own line on stderr) the fp8 matmuls run the exact kernels.
+        const char *mode = getenv("TESSERA_CUDA_FPMM");
+        c->fpmm_exact = mode && strcmp(mode, "exact") == 0;
+        if (tsr_cuda_fpmm_lt_new(c->blas_ws, CUBLAS_WORKSPACE_BYTES, &c->lt) != TSR_OK)
+                c->lt = NULL;
         return TSR_OK;
+}
+
+extern "C" void tsr_backend_cuda_fpmm_counts(const tsr_backend *be, uint64_t *cublaslt, uint64_t *exact) {
+        bool cuda = be && be->ops == &cuda_ops;
+        tsr_cuda_fpmm_lt_counts(cuda ? static_cast<const cuda_ctx *>(be->ctx)->lt : NULL, cublaslt, exact);
 }
 
 extern "C" tsr_status tsr_backend_cuda_new(int device, tsr_backend **ret) {
