@@ -5,7 +5,7 @@
 # prints a summary line per step.  TOKENIZER_DIR: tests/fixtures/make_gpu_model.py
 # tokenizer's output (the random model is made here from it).
 #
-#   1. the GPU suite: every test_cuda_* program, test_comm_nccl (NCCL_DEBUG=INFO),
+#   1. the GPU suite: every test_cuda_* program (test_cuda_fpmm: the fp8 / NVFP4 matmul), test_comm_nccl (NCCL_DEBUG=INFO),
 #      `tessera-doctor --nccl on` (its NCCL half over the GPUs here), test_ops' CUDA column, and
 #      test_cuda_forward (tiny fixture vs transformers) again with TSR_GPU_MODEL set to
 #      a random SmolLM2-shaped model (CUDA vs the CPU backend);
@@ -22,7 +22,8 @@
 # GPU_CHECK_LEN (1024) the random input and output lengths; GPU_CHECK_MODEL_DIR a
 # model folder to use (made when it has no config.json); GPU_CHECK_EAGER_TOO=1 serves a
 # second time with --enforce-eager (CUDA graphs against none, in the same call);
-# GPU_CHECK_MAX_MODEL_LEN (4096) the servers' --max-model-len.
+# GPU_CHECK_MAX_MODEL_LEN (4096) the servers' --max-model-len; GPU_CHECK_FP8=1 serves and
+# benchmarks the model once more as a ModelOpt FP8 checkpoint (made here from the same seed).
 set -u
 BIN=${1:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
 OUT=${2:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
@@ -58,7 +59,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 
 # 1. the GPU suite
 if [ $SUITE = yes ]; then
-        for t in test_cuda_rmsnorm test_cuda_add_rmsnorm test_cuda_layer test_cuda_forward; do
+        for t in test_cuda_rmsnorm test_cuda_add_rmsnorm test_cuda_layer test_cuda_fpmm test_cuda_forward; do
                 p=$(bin $t) && step "$t" 300 "$p"
         done
         # the NCCL comm backend's first real run (groups up to the GPUs present)
@@ -70,6 +71,7 @@ if [ $SUITE = yes ]; then
         p=$(bin test_ops) && step test_ops 300 "$p"
         grep -E "cuda|FAIL|PASSED|SKIPPED" "$OUT/test_ops.log" | tail -5
         grep -E "max \||FAIL|OK \(" "$OUT/test_cuda_forward.log"
+        grep -E "fpmm on cuda|FAIL|OK \(" "$OUT/test_cuda_fpmm.log" | head -8
 fi
 [ -f "$MODEL/config.json" ] ||
         step make_model 300 python3 "$ROOT/tests/fixtures/make_gpu_model.py" model "$TOK" "$MODEL" --shape smollm2
@@ -100,7 +102,7 @@ n1=8 n32=128 n256=512
 serve_and_bench() {     # serve_and_bench LABEL EXTRA-FLAGS...
         local label=$1
         shift
-        "$p" serve "$MODEL" --device "$DEVICE" --host 127.0.0.1 --port "$PORT" --served-model-name smollm2-random \
+        "$p" serve "$SERVE_MODEL" --device "$DEVICE" --host 127.0.0.1 --port "$PORT" --served-model-name smollm2-random \
                 --max-model-len "${GPU_CHECK_MAX_MODEL_LEN:-4096}" "$@" > "$OUT/serve$label.log" 2>&1 &
         SERVE=$!
         for _ in $(seq 1 240); do
@@ -115,7 +117,7 @@ serve_and_bench() {     # serve_and_bench LABEL EXTRA-FLAGS...
         for c in 1 32 256; do
                 n=$([ $c = 1 ] && echo $n1 || ([ $c = 32 ] && echo $n32 || echo $n256))
                 step "bench_serve$label""_c$c" 240 "$B" serve --base-url "http://127.0.0.1:$PORT" --model smollm2-random \
-                        --tokenizer "$MODEL" --dataset-name random --random-input-len "$LEN" --random-output-len "$LEN" \
+                        --tokenizer "$SERVE_MODEL" --dataset-name random --random-input-len "$LEN" --random-output-len "$LEN" \
                         --ignore-eos --num-prompts "$n" --max-concurrency "$c" --temperature 0 --save-result \
                         --result-dir "$OUT" --result-filename "bench$label""_c$c.json"
                 grep -E "Successful|throughput|TTFT|TPOT|ITL" "$OUT/bench_serve$label""_c$c.log" | head -12
@@ -125,7 +127,17 @@ serve_and_bench() {     # serve_and_bench LABEL EXTRA-FLAGS...
         echo "gpu-check: serve$label exit $?"
         grep -E "CUDA graphs:" "$OUT/serve$label.log"
 }
+SERVE_MODEL=$MODEL
 serve_and_bench ""
 if [ -n "${GPU_CHECK_EAGER_TOO:-}" ] && [ "$DEVICE" = cuda ]; then
         serve_and_bench _eager --enforce-eager
+fi
+# GPU_CHECK_FP8=1: the same random model exported as a ModelOpt FP8 checkpoint, served the
+# same way (fp8 linears through kernels/cuda/fpmm.cu: cuBLASLt's FP8 GEMM where it applies)
+if [ -n "${GPU_CHECK_FP8:-}" ]; then
+        [ -f "$MODEL-fp8/config.json" ] || step make_model_fp8 300 python3 "$ROOT/tests/fixtures/make_gpu_model.py" \
+                model "$TOK" "$MODEL-fp8" --shape smollm2 --modelopt fp8
+        tail -1 "$OUT/make_model_fp8.log" 2>/dev/null
+        SERVE_MODEL=$MODEL-fp8
+        serve_and_bench _fp8
 fi

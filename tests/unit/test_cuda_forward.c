@@ -35,6 +35,7 @@
 
 #include "kernels/kernels.h"
 #include "worker/engine/kv_pool.h"
+#include "worker/load/modelopt.h"
 #include "worker/model/llama.h"
 
 static int failures;
@@ -84,11 +85,12 @@ static size_t json_ids(const json_t *a, uint32_t *ids, size_t cap) {
         return n;
 }
 
-/* A model on `be` (weights copied there when it is a device), bf16 when asked. */
-static tsr_llama *load_on(const char *path, tsr_backend *be, bool bf16) {
+/* A model on `be` (weights copied there when it is a device), bf16 when asked; lo (may
+ * be NULL): the load's options (a ModelOpt checkpoint's weights kept as stored). */
+static tsr_llama *load_opts_on(const char *path, const tsr_load_opts *lo, tsr_backend *be, bool bf16) {
         char err[512] = "";
         tsr_llama *m = NULL;
-        if (tsr_llama_load_opts(path, NULL, NULL, NULL, NULL, NULL, &m, NULL, err, sizeof err) != TSR_OK) {
+        if (tsr_llama_load_opts(path, NULL, NULL, lo, NULL, NULL, &m, NULL, err, sizeof err) != TSR_OK) {
                 printf("FAIL load %s: %s\n", path, err);
                 return NULL;
         }
@@ -105,6 +107,8 @@ static tsr_llama *load_on(const char *path, tsr_backend *be, bool bf16) {
                 CHECK(tsr_llama_use_bf16(m) == TSR_E_INVAL, "use_bf16 after to_backend must be refused");
         return m;
 }
+
+static tsr_llama *load_on(const char *path, tsr_backend *be, bool bf16) { return load_opts_on(path, NULL, be, bf16); }
 
 /* All-position logits of ids[n] (n rows), prefilled in one forward. */
 static tsr_status logits_all(tsr_llama *m, tsr_backend *be, const uint32_t *ids, size_t n, float *out) {
@@ -356,6 +360,107 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         json_decref(g);
 }
 
+/* 6: the ModelOpt checkpoints of tests/fixtures/tiny-modelopt (fp8 and nvfp4 linears
+ * kept as stored, tsr_llama_to_backend copying their bytes and scales), on the device
+ * against the same model on the CPU reference and against the committed torch emulation
+ * (make_tiny_modelopt.py).  Every logit prompt's all-position logits and the greedy
+ * 32-token continuations through the decode path.
+ * cpu-devlike (the reference kernels): bitwise the CPU's logits, and within the CPU's
+ * own bound of the emulation (test_quant_modelopt.c: 1e-4 + 50 x order_sensitivity);
+ * greedy equal token for token.
+ * CUDA: cuBLASLt's fp8 GEMM and the device's attention sum in their own orders, which
+ * may move an activation across an fp8 / e2m1 rounding boundary in the next layer (one
+ * quantum of that element: logit jumps of about 1e-2 on this model), so the bound is
+ * 5e-2 (max |logit| 3.6) and the greedy tokens must equal the emulation's up to its
+ * first step with a top-2 margin under 5e-2 (greedy_margin), after which the
+ * continuations may part legitimately; the measured distances are printed. */
+static void modelopt(tsr_backend *gpu, tsr_backend *ref, const char *root, bool devlike) {
+        static const char *const variants[] = {"fp8", "nvfp4"};
+        char dir[4096], path[4400], err[512] = "";
+        json_error_t je;
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-modelopt", root);
+        snprintf(path, sizeof path, "%s/golden.json", dir);
+        json_t *g = json_load_file(path, 0, &je);
+        CHECK(g, "%s: %s", path, je.text);
+        for (size_t vi = 0; g && vi < sizeof variants / sizeof *variants; vi++) {
+                json_t *var = json_object_get(json_object_get(g, "variants"), variants[vi]);
+                json_t *lp = json_object_get(g, "logit_prompts"), *prompts = json_object_get(g, "prompts");
+                tsr_modelopt_config mc;
+                snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(var, "dir")));
+                if (tsr_modelopt_config_read(path, &mc, err, sizeof err) != TSR_OK) {
+                        CHECK(0, "%s: %s", path, err);
+                        continue;
+                }
+                tsr_load_opts lo = {.modelopt = &mc};
+                tsr_llama *md = load_opts_on(path, &lo, gpu, false), *mh = load_opts_on(path, &lo, ref, false);
+                tsr_modelopt_config_done(&mc);
+                CHECK(md && mh, "tiny-modelopt %s on %s and on the CPU", variants[vi], tsr_backend_name(gpu));
+                if (!md || !mh) {
+                        tsr_llama_free(&md);
+                        tsr_llama_free(&mh);
+                        continue;
+                }
+                size_t vocab = tsr_llama_config_of(md)->vocab_size, rows = 0;
+                for (size_t i = 0; i < json_array_size(lp); i++)
+                        rows += json_array_size(json_object_get(
+                                json_array_get(prompts, (size_t)json_integer_value(json_array_get(lp, i))), "ids"));
+                float *emu = malloc(rows * vocab * sizeof(float)), *got = malloc(256 * vocab * sizeof(float));
+                float *host = malloc(256 * vocab * sizeof(float)), *last = malloc(vocab * sizeof(float));
+                snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(var, "logits_file")));
+                FILE *f = fopen(path, "rb");
+                CHECK(f && fread(emu, sizeof(float), rows * vocab, f) == rows * vocab, "read %s", path);
+                if (f)
+                        fclose(f);
+                double bound = devlike ? 1e-4 + 50 * json_number_value(json_object_get(var, "order_sensitivity")) : 5e-2;
+                double worst_emu = 0, worst_host = 0;
+                size_t row = 0, equal = 0, compared = 0;
+                for (size_t i = 0; i < json_array_size(lp); i++) {
+                        uint32_t ids[256];
+                        size_t n = json_ids(json_object_get(json_array_get(prompts,
+                                                                           (size_t)json_integer_value(json_array_get(lp, i))),
+                                                            "ids"), ids, 256);
+                        tsr_status st = logits_all(md, gpu, ids, n, got);
+                        CHECK(st == TSR_OK, "%s forward on %s: %s", variants[vi], tsr_backend_name(gpu), tsr_status_str(st));
+                        st = logits_all(mh, ref, ids, n, host);
+                        CHECK(st == TSR_OK, "%s forward on the CPU: %s", variants[vi], tsr_status_str(st));
+                        if (devlike)
+                                CHECK(memcmp(got, host, n * vocab * sizeof(float)) == 0,
+                                      "%s logit prompt %zu: the device path is not bitwise the CPU's", variants[vi], i);
+                        worst_host = fmax(worst_host, max_abs_diff(got, host, n * vocab));
+                        worst_emu = fmax(worst_emu, max_abs_diff(got, emu + row * vocab, n * vocab));
+                        row += n;
+                }
+                CHECK(worst_emu <= bound, "%s: max |dlogit| vs the emulation %.3g > %.3g", variants[vi], worst_emu, bound);
+                json_t *greedy_all = json_object_get(var, "greedy"), *margins = json_object_get(var, "greedy_margin");
+                for (size_t p = 0; p < json_array_size(greedy_all); p++) {
+                        json_t *want = json_array_get(greedy_all, p);
+                        uint32_t ids[256], toks[64];
+                        size_t n = json_ids(json_object_get(json_array_get(prompts, p), "ids"), ids, 256);
+                        size_t steps = json_array_size(want) < 64 ? json_array_size(want) : 64;
+                        tsr_status st = greedy(md, gpu, ids, n, steps, toks, last, NULL);
+                        CHECK(st == TSR_OK, "%s greedy: %s", variants[vi], tsr_status_str(st));
+                        for (size_t s = 0; st == TSR_OK && s < steps; s++) {
+                                double margin = json_number_value(json_array_get(json_array_get(margins, p), s));
+                                if (!devlike && margin < 5e-2)
+                                        break;
+                                compared++;
+                                equal += toks[s] == (uint32_t)json_integer_value(json_array_get(want, s));
+                                CHECK(toks[s] == (uint32_t)json_integer_value(json_array_get(want, s)),
+                                      "%s prompt %zu greedy step %zu: %u, emulation %lld", variants[vi], p, s, toks[s],
+                                      (long long)json_integer_value(json_array_get(want, s)));
+                        }
+                }
+                CHECK(compared > 0, "%s: no greedy step compared", variants[vi]);
+                printf("tiny-modelopt %s on %s: max |dlogit| vs the emulation %.3g (bound %.3g), vs the CPU %.3g; greedy "
+                       "%zu/%zu tokens equal\n", variants[vi], tsr_backend_name(gpu), worst_emu, bound, worst_host, equal,
+                       compared);
+                free(emu), free(got), free(host), free(last);
+                tsr_llama_free(&md);
+                tsr_llama_free(&mh);
+        }
+        json_decref(g);
+}
+
 /* 5: CUDA graphs of decode steps (tsr_llama_set_graphs): the same decode steps on two
  * copies of the model, one eager, one through graphs recorded at start-up for batch sizes
  * {1, 2, 4, 8} (the shortest length class; the runner's reserve first, so that no
@@ -568,6 +673,7 @@ int main(void) {
         snprintf(tiny, sizeof tiny, "%s/tests/fixtures/tiny-llama3-hf/f32", root);
         graphs(gpu, tiny, false);
         graphs(gpu, tiny, true);
+        modelopt(gpu, ref, root, devlike);
         if (big && *big)
                 big_model(gpu, big);
         else

@@ -54,10 +54,12 @@ struct tsr_llama {
 };
 
 /* A layer's weights in device memory: the norms float32, the matmuls in the dtype the
- * host held them in (float32, or bf16 under --dtype bfloat16). */
+ * host held them in (float32, or bf16 under --dtype bfloat16, or a ModelOpt checkpoint's
+ * fp8 / nvfp4 bytes as stored, with their scales), each as the tensor mm() hands the
+ * backend: its data is device memory dev owns. */
 struct llama_dev_layer {
         float *attn_norm, *ffn_norm;
-        void *mm[MM_PER_LAYER];
+        tsr_tensor mm[MM_PER_LAYER];
 };
 
 struct llama_dev {
@@ -66,7 +68,8 @@ struct llama_dev {
         float *token_embd;              /* (vocab, dim), NULL on a stage without the embedding */
         void *output;                   /* (vocab_out, dim) in mm_dtype; the embedding's when tied and float32 */
         float *output_norm, *inv_freq;
-        tsr_dtype mm_dtype;             /* TSR_DTYPE_F32 or TSR_DTYPE_BF16 */
+        tsr_dtype mm_dtype;             /* of output and of every matmul not kept as stored:
+                                         * TSR_DTYPE_F32 or TSR_DTYPE_BF16 */
         /* The forward's activations for up to scratch_rows tokens and logits for up to
          * logits_rows rows (device memory), grown on demand and kept. */
         float *scratch;
@@ -159,9 +162,11 @@ static tsr_tensor mm_weight(const tsr_llama *m, long l, int which, const float *
         const tsr_tensor *st = l < 0 ? &m->w->output_stored : &m->w->layers[l].stored[which];
         tsr_tensor t = {.dtype = TSR_DTYPE_F32, .data = (void *)w_f32};
 
+        if (m->dev && l >= 0)
+                return m->dev->layers[l].mm[which];
         if (m->dev) {
                 t.dtype = m->dev->mm_dtype;
-                t.data = l < 0 ? m->dev->output : m->dev->layers[l].mm[which];
+                t.data = m->dev->output;
                 return t;
         }
         if (st->data)
@@ -421,7 +426,7 @@ static void dev_free(tsr_llama *m) {
                         tsr_backend_mem_free(d->be, d->layers[l].attn_norm);
                         tsr_backend_mem_free(d->be, d->layers[l].ffn_norm);
                         for (int i = 0; i < MM_PER_LAYER; i++)
-                                tsr_backend_mem_free(d->be, d->layers[l].mm[i]);
+                                tsr_backend_mem_free(d->be, d->layers[l].mm[i].data);
                 }
         free(d->layers);
         if (d->output != d->token_embd)
@@ -467,6 +472,8 @@ static void host_weights_drop(tsr_llama *m) {
                 for (int i = 0; i < MM_PER_LAYER; i++) {
                         free(*f32[i]);
                         *f32[i] = NULL;
+                        free(L->stored[i].data);
+                        L->stored[i].data = NULL;
                 }
                 free(L->attn_norm);
                 free(L->ffn_norm);
@@ -486,11 +493,14 @@ static void host_weights_drop(tsr_llama *m) {
 static size_t weights_device_bytes(const tsr_llama *m) {
         const tsr_llama_config *c = &m->cfg;
         size_t hd = c->head_dim, dim = c->dim, rows[MM_PER_LAYER], cols[MM_PER_LAYER];
-        size_t esz = m->bf16 ? sizeof(uint16_t) : sizeof(float), per_layer = 2 * dim * sizeof(float);
+        size_t esz = m->bf16 ? sizeof(uint16_t) : sizeof(float);
+        size_t bytes = (size_t)m->n_local * 2 * dim * sizeof(float) + dim * sizeof(float) + hd / 2 * sizeof(float);
         mm_shapes(m, rows, cols);
-        for (int i = 0; i < MM_PER_LAYER; i++)
-                per_layer += rows[i] * cols[i] * esz;
-        size_t bytes = (size_t)m->n_local * per_layer + dim * sizeof(float) + hd / 2 * sizeof(float);
+        for (size_t l = 0; l < m->n_local; l++)
+                for (int i = 0; i < MM_PER_LAYER; i++) {
+                        const tsr_tensor *st = &m->w->layers[l].stored[i];
+                        bytes += st->data ? tsr_tensor_n_bytes(st) : rows[i] * cols[i] * esz;
+                }
         if (m->w->token_embd)
                 bytes += (size_t)c->vocab_size * dim * sizeof(float);
         if (m->bf16 ? m->output_bf16 != NULL : (m->w->output && m->w->output != m->w->token_embd))
@@ -519,15 +529,19 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
                          "(use --dtype float32 or bfloat16)", tsr_backend_name(be));
                 return TSR_E_UNSUPPORTED;
         }
+        /* A weight kept as stored goes as its bytes where the backend computes on them
+         * (ModelOpt's fp8 / nvfp4 on CUDA: tsr_backend_matmul_scaled). */
         for (size_t l = 0; l < m->n_local; l++)
-                for (int i = 0; i < MM_PER_LAYER; i++)
-                        if (m->w->layers[l].stored[i].data) {
+                for (int i = 0; i < MM_PER_LAYER; i++) {
+                        const tsr_tensor *t = &m->w->layers[l].stored[i];
+                        if (t->data && !tsr_backend_supports(be, TSR_OP_MATMUL, t->dtype)) {
                                 tsr_errf(err, errlen, "layer %zu: a weight kept as %s cannot go to the %s backend "
-                                         "yet (supported: float32, bfloat16)", m->first_layer + l,
-                                         tsr_dtype_get_info(m->w->layers[l].stored[i].dtype)->name,
+                                         "yet (its matmul computes on float32, bfloat16, fp8_e4m3 and nvfp4)",
+                                         m->first_layer + l, tsr_dtype_get_info(t->dtype)->name,
                                          tsr_backend_name(be));
                                 return TSR_E_UNSUPPORTED;
                         }
+                }
         /* A model larger than the device is one clear error here, before any allocation. */
         size_t need = weights_device_bytes(m), free_b = 0, total_b = 0;
         if (tsr_backend_mem_info(be, &free_b, &total_b) == TSR_OK && need > free_b) {
@@ -555,9 +569,18 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
                 if (st == TSR_OK)
                         st = dev_put(d, L->ffn_norm, dim * sizeof(float), (void **)&D->ffn_norm);
                 for (int i = 0; i < MM_PER_LAYER && st == TSR_OK; i++) {
+                        const tsr_tensor *stored = &L->stored[i];
+                        if (stored->data) {
+                                D->mm[i] = *stored;     /* dtype, shape, scales; the data is dev's below */
+                                D->mm[i].backend = be;
+                                D->mm[i].owns_data = false;
+                                st = dev_put(d, stored->data, tsr_tensor_n_bytes(stored), &D->mm[i].data);
+                                continue;
+                        }
                         const void *src = m->bf16 ? (const void *)m->bf16[l * MM_PER_LAYER + (size_t)i]
                                                   : (const void *)*f32[i];
-                        st = dev_put(d, src, rows[i] * cols[i] * esz, &D->mm[i]);
+                        D->mm[i].dtype = d->mm_dtype;
+                        st = dev_put(d, src, rows[i] * cols[i] * esz, &D->mm[i].data);
                 }
         }
         if (st == TSR_OK)
