@@ -288,11 +288,14 @@ static void table_of(size_t k, uint32_t *table) {
                 table[b] = (uint32_t)(k * SEQ_BLOCKS + b);
 }
 
-static tsr_nemotron_h_cache *new_cache(void) {
+/* A cache sized for model m (the fixtures differ in their Mamba and attention widths). */
+static tsr_nemotron_h_cache *new_cache_for(const tsr_nemotron_h *m) {
         tsr_nemotron_h_cache *c = NULL;
-        assert_int_equal(tsr_nemotron_h_cache_new(model, N_SLOTS * SEQ_BLOCKS, BLOCK, N_SLOTS, &c), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_cache_new(m, N_SLOTS * SEQ_BLOCKS, BLOCK, N_SLOTS, &c), TSR_OK);
         return c;
 }
+
+static tsr_nemotron_h_cache *new_cache(void) { return new_cache_for(model); }
 
 /* Run tokens[past .. past+n) of a sequence in slot/table k, on model m and backend b. */
 static void run_on(const tsr_nemotron_h *m, tsr_backend *b, tsr_nemotron_h_cache *c, size_t k,
@@ -320,7 +323,7 @@ static size_t prompt_rows(void) {
  * chunks of chunks[i % n_chunks] tokens. */
 static void full_rows(const tsr_nemotron_h *m, tsr_backend *b, const size_t *chunks, size_t n_chunks, float *got) {
         size_t n_prompts = json_array_size(json_object_get(golden, "prompts")), row = 0;
-        tsr_nemotron_h_cache *c = new_cache();
+        tsr_nemotron_h_cache *c = new_cache_for(m);
         uint32_t ids[128];
 
         for (size_t p = 0; p < n_prompts; p++) {
@@ -342,7 +345,7 @@ static size_t decode_rows(const tsr_nemotron_h *m, tsr_backend *b, float *got) {
         json_t *d = json_object_get(golden, "decode");
         size_t pi = (size_t)json_integer_value(json_object_get(d, "prompt"));
         size_t steps = (size_t)json_integer_value(json_object_get(d, "steps"));
-        tsr_nemotron_h_cache *c = new_cache();
+        tsr_nemotron_h_cache *c = new_cache_for(m);
         uint32_t ids[128];
         size_t n = tsr_test_prompt_ids(golden, pi, ids, 128);
 
@@ -537,7 +540,7 @@ static void test_chunked_scan(void **state) {
 /* Prompt p's greedy continuation of n tokens on model m (prefill, then decode steps on
  * the carried state) into out[n]. */
 static void greedy_on(const tsr_nemotron_h *m, size_t p, size_t n, uint32_t *out) {
-        tsr_nemotron_h_cache *c = new_cache();
+        tsr_nemotron_h_cache *c = new_cache_for(m);
         float *logits = malloc(vocab * sizeof(float));
         uint32_t ids[SEQ_BLOCKS * BLOCK];
         size_t len = tsr_test_prompt_ids(golden, p, ids, 128);
@@ -582,7 +585,7 @@ static void check_batch_invariance(const tsr_nemotron_h *m) {
         }
         for (size_t bi = 0; bi < 2; bi++) {
                 tsr_backend *b = backends[bi];
-                tsr_nemotron_h_cache *alone = new_cache(), *batched = new_cache();
+                tsr_nemotron_h_cache *alone = new_cache_for(m), *batched = new_cache_for(m);
                 /* the history both caches share: seq 1 has 20 tokens, seq 2 has n-1 */
                 tsr_nemotron_h_seq hist[2] = {
                         {tables[1], SEQ_BLOCKS, ids[1], 20, 0, 1, TSR_LLAMA_LOGITS_NONE},
@@ -1291,6 +1294,10 @@ static void test_bf16_residual_in_fp32(void **state) {
  * emulation; load, logits, greedy, batch invariance and the fast backend run on it too
  * (setup_nvfp4), within the same bound (its order sensitivity: 0). */
 #define NVFP4_FIXTURE "tests/fixtures/tiny-nemotron-h-nvfp4"
+/* The recipe on a wider model whose quantized linears split into whole NVFP4 blocks
+ * under tensor parallelism (make_wide_nemotron_h_nvfp4.py; test_parallel.c splits it):
+ * logits, greedy and the fast backend against its own emulation here. */
+#define WIDE_NVFP4_FIXTURE "tests/fixtures/wide-nemotron-h-nvfp4"
 
 static const char *quant_fixture = FP8_FIXTURE;  /* the one the setup loaded */
 static json_t *golden8;
@@ -1322,6 +1329,11 @@ static int setup_fp8(void **state) {
 static int setup_nvfp4(void **state) {
         (void)state;
         return setup_quant(NVFP4_FIXTURE);
+}
+
+static int setup_wide_nvfp4(void **state) {
+        (void)state;
+        return setup_quant(WIDE_NVFP4_FIXTURE);
 }
 
 static int teardown_fp8(void **state) {
@@ -1975,6 +1987,9 @@ int main(void) {
                 cmocka_unit_test_setup_teardown(test_fp8_greedy, setup_nvfp4, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_batch_invariance, setup_nvfp4, teardown_fp8),
                 cmocka_unit_test_setup_teardown(test_fp8_fast_backend, setup_nvfp4, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_logits, setup_wide_nvfp4, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_greedy, setup_wide_nvfp4, teardown_fp8),
+                cmocka_unit_test_setup_teardown(test_fp8_fast_backend, setup_wide_nvfp4, teardown_fp8),
         };
         return cmocka_run_group_tests(tests, setup, teardown);
 }
