@@ -510,6 +510,23 @@ def test_fp8_expert_parallel_scales(spawn, tmp_path, ep):
     w.close()
 
 
+WIDE_NVFP4 = REPO / "tests" / "fixtures" / "wide-nemotron-h-nvfp4"
+
+
+@pytest.mark.parametrize("flags", [[], ["--enable-expert-parallel"]], ids=["tp2", "tp2-expert-parallel"])
+def test_nvfp4_tensor_and_expert_parallel(spawn, flags):
+    """ModelOpt NVFP4 split over two ranks: the wide fixture (make_wide_nemotron_h_nvfp4.py,
+    every quantized linear's K whole NVFP4 blocks per rank) at -tp 2, and with
+    --enable-expert-parallel, where each rank holds four experts whole and quantizes
+    their inputs with the max input_scale over all eight (vLLM's global-scale NVFP4 MoE),
+    gives the W4A4 emulation's greedy tokens, 32 per prompt."""
+    golden = json.loads((WIDE_NVFP4 / "golden.json").read_text())
+    w = EngineWorker(spawn, WIDE_NVFP4 / "model", "--dtype", "float32", "-tp", "2", *flags)
+    for i, (p, g) in enumerate(zip(golden["prompts"], golden["greedy"])):
+        assert w.run(f"p{i}", p["ids"], len(g)).tokens == g, f"prompt {i}"
+    w.close()
+
+
 def refused(spawn, model, *flags):
     p = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", *flags])
     assert p.wait(timeout=60) == 2

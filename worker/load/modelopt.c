@@ -291,6 +291,11 @@ static tsr_status scalar(const tsr_safetensors_set *set, const char *module, con
         return scalar_sep(set, module, ".", suffix, ret, err, errlen);
 }
 
+tsr_status tsr_modelopt_input_scale(const tsr_safetensors_set *set, const char *module, float *ret, char *err,
+                                    size_t errlen) {
+        return scalar(set, module, "input_scale", ret, err, errlen);
+}
+
 static void shape_str(const tsr_safetensors_tensor *t, char *buf, size_t len) {
         size_t n = (size_t)snprintf(buf, len, "[");
         for (uint32_t i = 0; i < t->n_dims && n < len; i++)

@@ -95,6 +95,14 @@ tsr_status tsr_modelopt_load_weight(const tsr_modelopt_config *c, const tsr_safe
                                     const tsr_safetensors_tensor *weight, const char *file, uint64_t rows,
                                     uint64_t cols, tsr_tensor *ret, char *err, size_t errlen);
 
+/* The F32 scalar "<module>.input_scale" (a quantized linear's static activation scale)
+ * into *ret, without its weight: an expert-parallel rank of an NVFP4 checkpoint reads
+ * the other ranks' experts' (vLLM's global-scale NVFP4 MoE keeps every expert's).
+ * TSR_E_INVAL (the message names the file and the tensor) when it is missing or not a
+ * finite positive F32 scalar. */
+tsr_status tsr_modelopt_input_scale(const tsr_safetensors_set *set, const char *module, float *ret, char *err,
+                                    size_t errlen);
+
 /* A quantized MoE expert stack in transformers' BMM layout (models.md §4.2: Llama 4's
  * FP8 `experts.gate_up_proj` / `experts.down_proj`, F8_E4M3 [experts, rows, cols] with
  * the F32 scalars "<name>_weight_scale" and "<name>_input_scale" shared by every expert,

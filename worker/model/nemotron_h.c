@@ -90,6 +90,10 @@ typedef struct nh_layer {
         nh_mat shared_up, shared_down;
         nh_mat *exp_up, *exp_down;      /* [n_experts] */
         float *stack_up, *stack_down;   /* load only: a GGUF's expert stacks, split into exp_up / exp_down */
+        /* An expert-parallel rank of an NVFP4 checkpoint: the max input_scale over every
+         * routed expert of the layer, as the file holds them (up, down; all_input_scales),
+         * the rank's GEMMs' activation scale; 0 otherwise. */
+        float xs_all_up, xs_all_down;
         /* '-' */
         nh_mat mlp_up, mlp_down;
         uint32_t kind_index;            /* among the shard's layers of its kind: its K/V or state arrays */
@@ -392,11 +396,14 @@ static tsr_status alloc_layers(tsr_nemotron_h *m) {
  * input_scale (FP8's process_fp8_input_tensor_strategy_moe: "use the max"; NVFP4's
  * global-scale backends, FlashInfer's, the max over the experts too); each expert keeps
  * its own weight_scale / weight_scale_2 (Nemotron's experts are non-gated: one w13
- * shard, nothing to requantize or pick).  An expert-parallel rank takes the max over
- * its own experts only, as vLLM's FusedMoE under expert parallelism registers the
- * input_scale of its local experts alone and then takes the max (FP8; runner.c refuses
- * NVFP4 there, whose global-scale backends keep every expert's): the ranks may quantize
- * their experts' inputs differently from one another and from -tp without it.
+ * shard, nothing to requantize or pick).  An expert-parallel rank of an FP8 checkpoint
+ * takes the max over its own experts only, as vLLM's FusedMoE under expert parallelism
+ * registers the input_scale of its local experts alone and then takes the max: the
+ * ranks may quantize their experts' inputs differently from one another and from -tp
+ * without it.  NVFP4's global-scale backends keep every expert's input scale on every
+ * rank (FlashInfer's, `global_sf_num_experts`), so an NVFP4 rank takes the max over all
+ * the layer's experts (xs_all_up / xs_all_down, read by all_input_scales): the same
+ * scale as -tp without expert parallelism.
  * TSR_OK, or TSR_E_INVAL with `err` naming the source and the tensor. */
 /* How the file stores a linear held as `q`, for messages: its safetensors dtype. */
 static const char *stored_as(const tsr_tensor *q) {
@@ -419,6 +426,8 @@ static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, cons
                 }
         if (!any)
                 return TSR_OK;
+        if (w[0].q.dtype == TSR_DTYPE_NVFP4 && (up ? L->xs_all_up : L->xs_all_down) > 0)
+                xs = up ? L->xs_all_up : L->xs_all_down;        /* the other ranks' experts too */
         for (size_t j = 1; j < ne; j++)
                 if (!w[j].q.data != !w[0].q.data) {
                         tsr_errf(err, errlen, "%s: tensor 'backbone.layers.%u.mixer.experts.%zu.%s_proj.weight' is %s "
@@ -492,6 +501,38 @@ static tsr_status finish_load(tsr_nemotron_h *m, const char *src, char *err, siz
         }
         if (c->tied_embeddings)
                 m->output.f = m->token_embd;    /* NULL before the last stage */
+        return TSR_OK;
+}
+
+/* An expert-parallel rank of an NVFP4 checkpoint: every routed expert's up / down
+ * input_scale of each MoE layer it holds, read from `set` (the rank read only its own
+ * experts' tensors), their max into xs_all_up / xs_all_down (expert_scales).  A layer
+ * whose experts are not quantized (no input_scale for expert 0) is left alone; a
+ * missing or bad scale of another expert is TSR_E_INVAL naming the file and the tensor. */
+static tsr_status all_input_scales(tsr_nemotron_h *m, const tsr_safetensors_set *set, char *err, size_t errlen) {
+        const tsr_nemotron_h_config *c = &m->cfg;
+        size_t e0, ne;
+        held_experts(m, &e0, &ne);
+        if (ne == c->n_experts)
+                return TSR_OK;          /* not expert-parallel: expert_scales sees every expert */
+        for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
+                nh_layer *L = &m->layers[l];
+                if (c->pattern[l] != 'E' || !L->exp_up[e0].q.data || L->exp_up[e0].q.dtype != TSR_DTYPE_NVFP4)
+                        continue;
+                for (int up = 0; up < 2; up++) {
+                        float xs = 0.0f, v;
+                        for (uint32_t e = 0; e < c->n_experts; e++) {
+                                char module[160];
+                                snprintf(module, sizeof module, "backbone.layers.%u.mixer.experts.%u.%s_proj", l, e,
+                                         up ? "up" : "down");
+                                tsr_status st = tsr_modelopt_input_scale(set, module, &v, err, errlen);
+                                if (st != TSR_OK)
+                                        return st;
+                                xs = fmaxf(xs, v);
+                        }
+                        *(up ? &L->xs_all_up : &L->xs_all_down) = xs;
+                }
+        }
         return TSR_OK;
 }
 
@@ -581,6 +622,8 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                 s.modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL;
         }
         st = load_from(&s, m, &m->shard, progress, ud, stats, err, errlen);
+        if (st == TSR_OK && s.modelopt && s.modelopt->algo == TSR_MODELOPT_NVFP4)
+                st = all_input_scales(m, set, err, errlen);
         tsr_safetensors_set_close(&set);
         tsr_gguf_close(&g);
         if (st != TSR_OK)
