@@ -956,8 +956,11 @@ tsr_status tsr_bench_decode_to_target_len(const tsr_bench_tok *t, tsr_bench_rng 
 void tsr_bench_samples_free(tsr_bench_sample *s, size_t n) {
         if (!s)
                 return;
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
                 free(s[i].prompt);
+                free(s[i].prev_reply);
+                free(s[i].user);
+        }
         free(s);
 }
 
@@ -1189,12 +1192,59 @@ tsr_status tsr_bench_prefix_repetition_dataset(const tsr_bench_tok *t, tsr_bench
         return TSR_OK;
 }
 
+char *tsr_bench_turn_prompt(const char *prev_prompt, const char *answer, const char *user) {
+        size_t a = strlen(prev_prompt), b = strlen(answer), c = strlen(user);
+        char *s = malloc(a + b + c + 1);
+        if (!s)
+                return NULL;
+        memcpy(s, prev_prompt, a);
+        memcpy(s + a, answer, b);
+        memcpy(s + a + b, user, c + 1);
+        return s;
+}
+
+/* One part of a multi_turn history as text: len random allowed ids, decoded and
+ * re-encoded to len.  The parts are joined as text and never as ids, so that a turn's
+ * prompt is exactly its predecessor's, then the reply's text, then the user's: the
+ * identity a client resending the real answer builds on.  Joined ids would break it in
+ * one case: the allowed ids include byte-level BPE's lone bytes 0x80-0xff, so a
+ * multi-byte UTF-8 character can be cut between two parts, and decoded together it is
+ * that character where decoded apart it is a U+FFFD on each side.  Decoded apart, every
+ * part is valid UTF-8 (as the JSON body needs) and the cut shows as U+FFFD, as a cut
+ * inside one part always did.  len 0 draws nothing from r. */
+static tsr_status part_text(const tsr_bench_tok *t, tsr_bench_rng *r, const uint32_t *allowed, size_t n_allowed,
+                            int64_t len, char **text) {
+        id_seq ids = {0};
+        int64_t mismatch;
+        tsr_status st;
+
+        *text = NULL;
+        if (len == 0)
+                return (*text = strdup("")) ? TSR_OK : TSR_E_NOMEM;
+        st = seq_push_random(&ids, r, allowed, n_allowed, len);
+        if (st == TSR_OK)
+                st = tsr_bench_decode_to_target_len(t, r, &ids.v, &ids.n, (size_t)len, text, &mismatch);
+        free(ids.v);
+        return st;
+}
+
+static tsr_status count_ids(const tsr_bench_tok *t, const char *text, int64_t *n) {
+        uint32_t *ids = NULL;
+        size_t n_ids = 0;
+        tsr_status st = t->encode(t->ud, text, strlen(text), &ids, &n_ids);
+        free(ids);
+        *n = (int64_t)n_ids;
+        return st;
+}
+
 tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r, const tsr_bench_multi_turn_cfg *c, size_t n,
                                     tsr_bench_sample **ret, char *err, size_t errlen) {
         uint32_t *allowed = NULL;
         size_t n_allowed = 0, sessions, k = 0, *order = NULL, *last = NULL;   /* last[s]: session s's latest turn */
         tsr_bench_sample *out = NULL;
-        id_seq system = {0}, *hist = NULL;
+        /* hist[s]: session s's next prompt less its user text; reply[s]: the stand-in
+         * answer to its latest turn */
+        char *system = NULL, **hist = NULL, **reply = NULL;
         tsr_status st;
 
         *ret = NULL;
@@ -1205,18 +1255,20 @@ tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r
         }
         sessions = (n + (size_t)c->turns - 1) / (size_t)c->turns;
         st = dataset_begin(t, n, &allowed, &n_allowed, &out, err, errlen);
-        if (st == TSR_OK && !(hist = calloc(sessions ? sessions : 1, sizeof(*hist))))
-                st = TSR_E_NOMEM;
-        if (st == TSR_OK)
-                st = seq_push_random(&system, r, allowed, n_allowed, c->system_len);
-        for (size_t s = 0; st == TSR_OK && s < sessions; s++) {
-                st = seq_append(&hist[s], system.v, system.n);
-                if (st == TSR_OK)
-                        st = seq_push_random(&hist[s], r, allowed, n_allowed, c->session_prefix_len);
-        }
-        if (st == TSR_OK && (!(order = malloc((sessions ? sessions : 1) * sizeof(*order))) ||
+        if (st == TSR_OK && (!(hist = calloc(sessions ? sessions : 1, sizeof(*hist))) ||
+                             !(reply = calloc(sessions ? sessions : 1, sizeof(*reply))) ||
+                             !(order = malloc((sessions ? sessions : 1) * sizeof(*order))) ||
                              !(last = malloc((sessions ? sessions : 1) * sizeof(*last)))))
                 st = TSR_E_NOMEM;
+        if (st == TSR_OK)
+                st = part_text(t, r, allowed, n_allowed, c->system_len, &system);
+        for (size_t s = 0; st == TSR_OK && s < sessions; s++) {
+                char *doc = NULL;
+                st = part_text(t, r, allowed, n_allowed, c->session_prefix_len, &doc);
+                if (st == TSR_OK && !(hist[s] = tsr_bench_turn_prompt(system, doc, "")))
+                        st = TSR_E_NOMEM;
+                free(doc);
+        }
         for (size_t s = 0; st == TSR_OK && s < sessions; s++)
                 order[s] = s;
         for (int64_t turn = 0; st == TSR_OK && turn < c->turns && k < n; turn++) {
@@ -1231,22 +1283,42 @@ tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r
                 }
                 for (size_t i = 0; st == TSR_OK && i < sessions && k < n; i++) {
                         size_t s = order[i];
-                        st = seq_push_random(&hist[s], r, allowed, n_allowed, c->user_len);
+                        char *user = NULL;
+                        tsr_bench_sample *o = &out[k];
+                        st = part_text(t, r, allowed, n_allowed, c->user_len, &user);
+                        if (st == TSR_OK && !(o->prompt = tsr_bench_turn_prompt(hist[s], "", user)))
+                                st = TSR_E_NOMEM;
                         if (st == TSR_OK)
-                                st = sample_from_ids(t, r, hist[s].v, hist[s].n, c->output_len, &out[k]);
-                        out[k].follows = turn > 0;
-                        out[k].prev = turn > 0 ? last[s] : 0;
+                                st = count_ids(t, o->prompt, &o->prompt_len);
+                        o->expected_output_len = c->output_len;
+                        o->follows = turn > 0;
+                        o->prev = turn > 0 ? last[s] : 0;
+                        if (turn > 0) {          /* hist[s] ends with the previous turn's reply */
+                                o->user = user;
+                                o->prev_reply = reply[s];
+                                reply[s] = NULL;
+                        } else {
+                                free(user);
+                        }
                         last[s] = k++;
-                        if (st == TSR_OK)   /* the reply the next turn resends */
-                                st = seq_push_random(&hist[s], r, allowed, n_allowed, c->output_len);
+                        if (st == TSR_OK && turn + 1 < c->turns)   /* the answer the next turn resends */
+                                st = part_text(t, r, allowed, n_allowed, c->output_len, &reply[s]);
+                        if (st == TSR_OK && turn + 1 < c->turns) {
+                                free(hist[s]);
+                                if (!(hist[s] = tsr_bench_turn_prompt(o->prompt, reply[s], "")))
+                                        st = TSR_E_NOMEM;
+                        }
                 }
         }
-        for (size_t s = 0; hist && s < sessions; s++)
-                free(hist[s].v);
+        for (size_t s = 0; s < sessions; s++) {
+                free(hist ? hist[s] : NULL);
+                free(reply ? reply[s] : NULL);
+        }
         free(hist);
+        free(reply);
         free(order);
         free(last);
-        free(system.v);
+        free(system);
         free(allowed);
         if (st != TSR_OK) {
                 if (st != TSR_E_INVAL)

@@ -207,6 +207,11 @@ typedef struct tsr_bench_sample {
          * session's previous turn, whose answer a user waits for */
         bool follows;
         size_t prev;
+        /* A multi_turn follower's parts (else NULL), malloc'd: prompt is, byte for byte,
+         * tsr_bench_turn_prompt(samples[prev].prompt, prev_reply, user), where prev_reply
+         * is the dataset's stand-in for turn prev's answer and user this turn's own text.
+         * A client that resends the server's real answer puts it in prev_reply's place. */
+        char *prev_reply, *user;
 } tsr_bench_sample;
 
 typedef struct tsr_bench_random_cfg {
@@ -251,21 +256,30 @@ tsr_status tsr_bench_prefix_repetition_dataset(const tsr_bench_tok *t, tsr_bench
                                            tsr_bench_sample **ret, char *err, size_t errlen);
 
 /* multi_turn: ceil(n / turns) chat sessions growing a history.  A session's turn k
- * (0-based) is  system || document || user_0 || reply_0 || ... || user_k, where system
- * is system_len ids shared by every session (--random-prefix-len), document
- * session_prefix_len ids of the session's own (--multi-turn-session-prefix-len, 0 for
+ * (0-based) is the text  system || document || user_0 || reply_0 || ... || user_k, where
+ * system is system_len tokens shared by every session (--random-prefix-len), document
+ * session_prefix_len tokens of the session's own (--multi-turn-session-prefix-len, 0 for
  * none: the per-conversation prefix of vLLM's multi-turn benchmark), user_i user_len fresh
- * ids and reply_i output_len ids standing in for the assistant's answer (the dataset is
- * built before the run, so not the real answer: the prefix a real client resends is
- * the same length).  Ordered turn by turn (every session's turn 0, then turn 1, ...),
- * each round in its own random order; a turn follows its session's previous turn, so it
- * is sent at its arrival time or when that turn has finished, whichever is later (a
- * closed loop per session, as in vLLM's multi-turn benchmark).  The last turns are cut
- * so that there are exactly n.  Every output is output_len tokens. */
+ * tokens and reply_i output_len tokens standing in for the assistant's answer.  Each part
+ * is random allowed ids decoded and re-encoded to its length on its own
+ * (tsr_bench_decode_to_target_len); the parts are joined as text, so prompt_len, the
+ * count of the whole prompt, can differ from the sum by a token where two parts meet.
+ * The dataset is built before the run, so reply_i is not the real answer: a follower
+ * carries its own user text and the stand-in separately (tsr_bench_sample), for a client
+ * that resends what the server generated, as vLLM's multi-turn benchmark does.  Ordered
+ * turn by turn (every session's turn 0, then turn 1, ...), each round in its own random
+ * order; a turn follows its session's previous turn, so it is sent at its arrival time
+ * or when that turn has finished, whichever is later (a closed loop per session, as in
+ * vLLM's multi-turn benchmark).  The last turns are cut so that there are exactly n.
+ * Every output is output_len tokens. */
 typedef struct tsr_bench_multi_turn_cfg {
         int64_t system_len, turns, user_len, output_len, session_prefix_len;
 } tsr_bench_multi_turn_cfg;
 tsr_status tsr_bench_multi_turn_dataset(const tsr_bench_tok *t, tsr_bench_rng *r, const tsr_bench_multi_turn_cfg *c, size_t n,
                                     tsr_bench_sample **ret, char *err, size_t errlen);
+
+/* A multi_turn follower's prompt: the previous turn's prompt, then its answer, then the
+ * new user text, joined as text.  Returns a malloc'd string, NULL only on OOM. */
+char *tsr_bench_turn_prompt(const char *prev_prompt, const char *answer, const char *user);
 
 #endif

@@ -537,48 +537,80 @@ static void test_prefix_repetition_dataset(void **state) {
         assert_null(s);
 }
 
-/* Sessions growing a history: turn k+1 of a session resends turn k's prompt (and a
- * reply), every prompt starts with the shared system prompt, and each round of turns
- * comes in its own order (so round-robin over workers is not session-sticky). */
+static int64_t toy_count(const char *text) {
+        uint32_t *ids;
+        size_t n;
+        assert_int_equal(toy_encode(NULL, text, strlen(text), &ids, &n), TSR_OK);
+        free(ids);
+        return (int64_t)n;
+}
+
+/* Sessions growing a history: turn k+1 of a session is, byte for byte, turn k's prompt,
+ * then the stand-in reply, then its own user text, the three handed out apart so a
+ * client can put the server's real answer in the reply's place; every prompt starts
+ * with the shared system prompt, and each round of turns comes in its own order (so
+ * round-robin over workers is not session-sticky). */
 static void test_multi_turn_dataset(void **state) {
         tsr_bench_rng r;
-        tsr_bench_sample *s;
+        tsr_bench_sample *s, *again;
         char err[512];
         tsr_bench_multi_turn_cfg cfg = {.system_len = 20, .turns = 4, .user_len = 8, .output_len = 5};
         const size_t n = 22, sessions = 6;   /* ceil(22 / 4); the last round is cut short */
-        size_t moved = 0;
+        size_t moved = 0, followed[22] = {0};
 
         tsr_bench_rng_seed(&r, 6);
         assert_int_equal(tsr_bench_multi_turn_dataset(&TOY, &r, &cfg, n, &s, err, sizeof(err)), TSR_OK);
         for (size_t i = 0; i < n; i++) {
                 assert_int_equal(s[i].expected_output_len, 5);
                 assert_memory_equal(s[i].prompt, s[0].prompt, 15);          /* the system prompt */
-                if (i + sessions >= n)
-                        continue;
-                /* exactly one prompt of the next round is this session's next turn: this
-                 * prompt, minus its last ids (re-encoding may pad the tail), then the reply
-                 * and new user text */
-                size_t keep = strlen(s[i].prompt) - 4, next = SIZE_MAX, round_end = (i / sessions + 2) * sessions;
-                for (size_t j = (i / sessions + 1) * sessions; j < round_end && j < n; j++)
-                        if (strncmp(s[j].prompt, s[i].prompt, keep) == 0) {
-                                assert_int_equal(next, SIZE_MAX);
-                                next = j;
-                        }
-                if (round_end <= n)     /* a full next round holds every session's turn */
-                        assert_int_not_equal(next, SIZE_MAX);
-                if (next != SIZE_MAX) {
-                        assert_true(s[next].prompt_len >= s[i].prompt_len + 5 + 8 - 2);
-                        /* sent only after this turn has finished */
-                        assert_true(s[next].follows);
-                        assert_int_equal(s[next].prev, i);
-                        moved += next % sessions != i % sessions;
-                }
-        }
-        for (size_t i = 0; i < n; i++)
+                /* prompt_len counts the prompt as joined, not its parts */
+                assert_int_equal(s[i].prompt_len, toy_count(s[i].prompt));
                 assert_int_equal(s[i].follows, i >= sessions);          /* turn 0 follows nothing */
+                if (!s[i].follows) {
+                        assert_null(s[i].user);
+                        assert_null(s[i].prev_reply);
+                        continue;
+                }
+                /* the previous turn of the same session, in the previous round */
+                size_t p = s[i].prev;
+                assert_true(p / sessions + 1 == i / sessions);
+                followed[p]++;
+                moved += i % sessions != p % sessions;
+                /* each part sized on its own (re-encoding is exact for this seed) */
+                assert_int_equal(toy_count(s[i].user), 8);
+                assert_int_equal(toy_count(s[i].prev_reply), 5);
+                /* the fallback a resending client uses is exactly the dataset's prompt */
+                char *joined = tsr_bench_turn_prompt(s[p].prompt, s[i].prev_reply, s[i].user);
+                assert_string_equal(joined, s[i].prompt);
+                free(joined);
+                /* the prompt ends with its own user text, after a reply of its own */
+                assert_int_equal(strlen(s[i].prompt),
+                                 strlen(s[p].prompt) + strlen(s[i].prev_reply) + strlen(s[i].user));
+        }
+        size_t cut = 0;
+        for (size_t i = 0; i < n; i++) {
+                /* every turn before the last full round has its follower; the last full
+                 * round has as many as the cut round holds */
+                assert_true(i < 2 * sessions ? followed[i] == 1 : followed[i] <= 1);
+                cut += i >= 2 * sessions ? followed[i] : 0;
+        }
+        assert_int_equal(cut, n - 3 * sessions);
         assert_true(moved > 0);         /* the rounds are not all in one order */
         assert_true(strncmp(s[0].prompt + 20, s[1].prompt + 20, 20) != 0);   /* sessions differ past it */
+        /* the same seed gives the same dataset, parts included */
+        tsr_bench_rng_seed(&r, 6);
+        assert_int_equal(tsr_bench_multi_turn_dataset(&TOY, &r, &cfg, n, &again, err, sizeof(err)), TSR_OK);
+        for (size_t i = 0; i < n; i++) {
+                assert_string_equal(s[i].prompt, again[i].prompt);
+                assert_int_equal(s[i].prompt_len, again[i].prompt_len);
+                assert_int_equal(s[i].prev, again[i].prev);
+                if (s[i].follows) {
+                        assert_string_equal(s[i].user, again[i].user);
+                        assert_string_equal(s[i].prev_reply, again[i].prev_reply);
+                }
+        }
         tsr_bench_samples_free(s, n);
+        tsr_bench_samples_free(again, n);
 }
 
 /* A document per session: every turn of a session starts with the shared system
@@ -708,6 +740,41 @@ static void test_random_dataset(void **state) {
         assert_null(s);
 }
 
+/* FNV-1a over every prompt (with its NUL) and its prompt_len. */
+static uint64_t samples_hash(const tsr_bench_sample *s, size_t n) {
+        uint64_t h = UINT64_C(0xcbf29ce484222325);
+        for (size_t i = 0; i < n; i++) {
+                const unsigned char *p = (const unsigned char *)s[i].prompt;
+                do {
+                        h = (h ^ *p) * UINT64_C(0x100000001b3);
+                } while (*p++);
+                h = (h ^ (uint64_t)s[i].prompt_len) * UINT64_C(0x100000001b3);
+        }
+        return h;
+}
+
+/* The random and prefix_repetition datasets stay byte for byte what they were for a
+ * seed when multi_turn, which shares their helpers, changes: the hashes were taken
+ * before multi_turn's history moved from ids to text (branch resend-reply). */
+static void test_other_datasets_unchanged(void **state) {
+        tsr_bench_rng r;
+        tsr_bench_sample *s;
+        int64_t mismatch;
+        char err[512];
+        tsr_bench_random_cfg rc = {.input_len = 12, .output_len = 6, .prefix_len = 3, .input_range_ratio = 0.5,
+                                   .output_range_ratio = 0.5};
+        tsr_bench_prefix_rep_cfg pc = {.prefix_len = 40, .suffix_len = 10, .num_prefixes = 3, .output_len = 7};
+
+        tsr_bench_rng_seed(&r, 42);
+        assert_int_equal(tsr_bench_random_dataset(&TOY, &r, &rc, 20, &s, &mismatch, err, sizeof(err)), TSR_OK);
+        assert_true(samples_hash(s, 20) == UINT64_C(0xbb169773a1e282dc));
+        tsr_bench_samples_free(s, 20);
+        tsr_bench_rng_seed(&r, 5);
+        assert_int_equal(tsr_bench_prefix_repetition_dataset(&TOY, &r, &pc, 20, &s, err, sizeof(err)), TSR_OK);
+        assert_true(samples_hash(s, 20) == UINT64_C(0x0f05ae5e2397c819));
+        tsr_bench_samples_free(s, 20);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_sse_split_anywhere),
@@ -730,6 +797,7 @@ int main(void) {
                 cmocka_unit_test(test_prefix_repetition_dataset),
                 cmocka_unit_test(test_multi_turn_dataset),
                 cmocka_unit_test(test_multi_turn_session_prefix),
+                cmocka_unit_test(test_other_datasets_unchanged),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
