@@ -12,7 +12,8 @@
  * chunks are timestamped (as vLLM's aiohttp loop timestamps each chunk as it reads it).
  * Arrivals are precomputed offsets; the loop sleeps in curl_multi_poll until the next
  * arrival or socket event.  A multi_turn turn that arrives before its session's previous
- * turn has finished is parked until it has (a user waits for the answer).
+ * turn has finished is parked until it has (a user waits for the answer), and is then
+ * sent with that turn's real answer in its history (resend_prompt).
  * --max-concurrency holds arrived requests in a FIFO until a slot frees, the
  * asyncio.Semaphore of vLLM; the wait is the client queue time. */
 #include <curl/curl.h>
@@ -46,6 +47,7 @@ typedef struct bench_args {
         /* --dataset-name prefix_repetition (vLLM's names) and multi_turn (ours) */
         long long prep_prefix_len, prep_suffix_len, prep_num_prefixes, prep_output_len;
         long long mt_turns, mt_user_len, mt_session_prefix_len;
+        bool mt_dataset_replies;        /* resend the dataset's stand-in replies, not the answers */
         double request_rate, burstiness;
         bool ignore_eos, save_result, save_detailed, append_result, disable_tqdm, help;
         /* sampling parameters: NULL = not given (not sent) */
@@ -87,6 +89,7 @@ static const flag_def FLAGS[] = {
         {"--multi-turn-turns", F_INT, A(mt_turns), 0},
         {"--multi-turn-user-len", F_INT, A(mt_user_len), 0},
         {"--multi-turn-session-prefix-len", F_INT, A(mt_session_prefix_len), 0},
+        {"--multi-turn-dataset-replies", F_BOOL, A(mt_dataset_replies), 0},
         {"--num-prompts", F_INT, A(num_prompts), 0},
         {"--max-concurrency", F_INT, A(max_concurrency), 0},
         {"--request-rate", F_FLOAT, A(request_rate), 0},
@@ -142,7 +145,7 @@ static void usage(FILE *out) {
                 "                           [--prefix-repetition-prefix-len N] [--prefix-repetition-suffix-len N]\n"
                 "                           [--prefix-repetition-num-prefixes N] [--prefix-repetition-output-len N]\n"
                 "                           [--multi-turn-turns N] [--multi-turn-user-len N]\n"
-                "                           [--multi-turn-session-prefix-len N]\n"
+                "                           [--multi-turn-session-prefix-len N] [--multi-turn-dataset-replies]\n"
                 "                           [--request-rate RPS|inf] [--burstiness B] [--max-concurrency N]\n"
                 "                           [--num-warmups N] [--ignore-eos] [--seed N]\n"
                 "                           [--percentile-metrics ttft,tpot,itl,e2el] [--metric-percentiles 99]\n"
@@ -732,12 +735,32 @@ typedef struct job {
         bool has_id;
         bool follows;                   /* sent only once jobs[prev] has finished */
         size_t prev;
+        /* A follower with user set is sent as resend_prompt() builds it, into sent
+         * (malloc'd, the caller frees it); prompt is then only the dataset's version. */
+        const char *prev_reply, *user;
+        char *sent;
 } job;
+
+/* A multi_turn follower's prompt as a chat client builds it: the prompt sent for the
+ * previous turn, the answer the server generated for it, then this turn's user text.
+ * vLLM's multi-turn benchmark does the same (send_turn keeps the server's answer as the
+ * next turn's context), and it is what lets a prefix cache that keeps decoded blocks hit
+ * on the answer.  A previous turn that failed or generated no text has no answer to
+ * resend: the dataset's stand-in reply takes its place, so that history is the
+ * dataset's.  Returns NULL on OOM. */
+static char *resend_prompt(const job *jobs, const tsr_bench_output *outs, size_t i) {
+        const job *p = &jobs[jobs[i].prev];
+        const tsr_bench_output *o = &outs[jobs[i].prev];
+        const char *answer = o->success && o->text.len ? (const char *)o->text.data : jobs[i].prev_reply;
+        return tsr_bench_turn_prompt(p->sent ? p->sent : p->prompt, answer, jobs[i].user);
+}
 
 /* Send jobs[i] at t0 + delays[i] (delays NULL: all at once), or, for a job that follows
  * another, when that one has finished if that is later; at most max_conc in flight
- * (<= 0: no limit); wait for all.  outs[i] gets each result. */
-static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, const job *jobs, size_t n, const double *delays,
+ * (<= 0: no limit); wait for all.  outs[i] gets each result.  A resent follower's
+ * jobs[i].sent is set, and its outs[i].prompt_len is -1 unless the server's usage gave
+ * it: counting here would stall the timed loop (the caller counts after the run). */
+static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, job *jobs, size_t n, const double *delays,
                            long long max_conc, tsr_bench_output *outs, pbar *pb) {
         live_req *live = calloc(n ? n : 1, sizeof(*live));
         size_t *fifo = malloc((n ? n : 1) * sizeof(*fifo));
@@ -767,8 +790,18 @@ static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, const job *jobs, si
                 }
                 while (head < tail && (max_conc <= 0 || in_flight < (size_t)max_conc)) {
                         size_t i = fifo[head++];
-                        st = live_start(multi, c, &live[i], &outs[i], jobs[i].prompt, jobs[i].prompt_len,
-                                        jobs[i].output_len, jobs[i].has_id ? jobs[i].request_id : NULL);
+                        const char *prompt = jobs[i].prompt;
+                        int64_t prompt_len = jobs[i].prompt_len;
+                        if (jobs[i].follows && jobs[i].user) {    /* jobs[prev] has finished */
+                                if (!(jobs[i].sent = resend_prompt(jobs, outs, i))) {
+                                        st = TSR_E_NOMEM;
+                                        goto out;
+                                }
+                                prompt = jobs[i].sent;
+                                prompt_len = -1;
+                        }
+                        st = live_start(multi, c, &live[i], &outs[i], prompt, prompt_len, jobs[i].output_len,
+                                        jobs[i].has_id ? jobs[i].request_id : NULL);
                         if (st != TSR_OK)
                                 goto out;
                         outs[i].client_queue_time = outs[i].start_time - arrival[i];
@@ -1182,7 +1215,9 @@ int bench_serve_main(int argc, char **argv) {
         for (size_t i = 0; i < n; i++) {
                 jobs[i] = (job){.prompt = samples[i].prompt, .prompt_len = samples[i].prompt_len,
                                 .output_len = samples[i].expected_output_len, .has_id = true,
-                                .follows = samples[i].follows, .prev = samples[i].prev};
+                                .follows = samples[i].follows, .prev = samples[i].prev,
+                                .prev_reply = samples[i].prev_reply,
+                                .user = a.mt_dataset_replies ? NULL : samples[i].user};
                 snprintf(jobs[i].request_id, sizeof(jobs[i].request_id), "%s%zu", request_id_prefix, i);
         }
         if (!a.temperature)
@@ -1271,6 +1306,17 @@ int bench_serve_main(int argc, char **argv) {
 
         /* --- report */
         count_ctx cc = {&tok};
+        /* The length of a prompt composed at send time, where the server's usage did not
+         * report it: the tokenizer the dataset was built with, on the prompt as sent. */
+        for (size_t i = 0; i < n; i++)
+                if (jobs[i].sent && outs[i].prompt_len < 0) {
+                        outs[i].prompt_len = count_tokens(&cc, jobs[i].sent, strlen(jobs[i].sent));
+                        if (outs[i].prompt_len < 0) {
+                                fprintf(stderr, PROG ": error: the tokenizer failed on request %zu's prompt%s%s\n", i,
+                                        srv.err[0] ? ": " : "", srv.err);
+                                goto out;
+                        }
+                }
         if (tsr_bench_metrics_compute(outs, n, duration, &gp, a.max_concurrency > 0, !isinf(a.request_rate), count_tokens,
                                   &cc, &m) != TSR_OK) {
                 fprintf(stderr, PROG ": error: out of memory\n");
@@ -1371,6 +1417,9 @@ out:
         if (outs)
                 for (size_t i = 0; i < (size_t)a.num_prompts; i++)
                         tsr_bench_output_done(&outs[i]);
+        if (jobs)
+                for (size_t i = 0; i < (size_t)a.num_prompts; i++)
+                        free(jobs[i].sent);
         free(outs);
         free(jobs);
         free(delays);

@@ -343,6 +343,108 @@ def test_multi_turn_waits_for_the_previous_turn(server, tmp_path):
     assert np.ptp(starts[:sessions]) < 0.5, starts
 
 
+class RecordingProxy:
+    """A pass-through HTTP proxy in front of the server that keeps each request's body
+    by its x-request-id, so a test sees the prompts the client really sent.  It relays
+    a response whole (timing is not under test) and, with drop_usage, strips the usage
+    from a stream, as a server that reports none would send it."""
+
+    def __init__(self, upstream, drop_usage=False):
+        import http.server
+
+        self.bodies = {}
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                proxy.bodies[self.headers.get("x-request-id")] = json.loads(body)
+                r = requests.post(upstream + self.path, data=body, headers={"Content-Type": "application/json"},
+                                  timeout=BENCH_TIMEOUT)
+                out = r.content
+                if drop_usage and r.status_code == 200:
+                    out = b"".join(proxy.without_usage(ev) for ev in out.split(b"\n\n") if ev.strip())
+                self.send_response(r.status_code)
+                self.send_header("Content-Type", r.headers.get("Content-Type", "text/event-stream"))
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def without_usage(event):
+        if event.startswith(b"data: {"):
+            d = json.loads(event[6:])
+            if d.get("usage") and not d.get("choices"):
+                return b""
+            d.pop("usage", None)
+            event = b"data: " + json.dumps(d).encode()
+        return event + b"\n\n"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def multi_turn_through_proxy(server, tmp_path, sessions, turns, *flags):
+    """`tessera bench serve` multi_turn through a RecordingProxy that drops the usage:
+    (the prompts sent, in dataset order; the --save-detailed JSON)."""
+    base, _, _ = server
+    proxy = RecordingProxy(base, drop_usage=True)
+    try:
+        r = bench("--port", proxy.port, "--model", MODEL, "--tokenizer", DEMO_MODEL, "--dataset-name", "multi_turn",
+                  "--num-prompts", sessions * turns, "--multi-turn-turns", turns, "--multi-turn-user-len", 6,
+                  "--random-prefix-len", 8, "--random-output-len", 4, "--request-rate", "inf",
+                  "--temperature", "0", "--seed", "5", "--disable-tqdm", "--request-id-prefix", "mt-",
+                  "--save-result", "--save-detailed", "--result-dir", tmp_path, *flags)
+    finally:
+        proxy.close()
+    assert r.returncode == 0, r.stderr
+    _, d = one_json(tmp_path)
+    assert d["completed"] == sessions * turns and all(d["generated_texts"]), d
+    return [proxy.bodies[f"mt-{i}"]["prompt"] for i in range(sessions * turns)], d
+
+
+def test_multi_turn_resends_the_generated_answer(server, tmp_path):
+    """As vLLM's multi-turn benchmark (send_turn keeps the server's answer as the next
+    turn's context), a turn's prompt is the previous turn's prompt as sent, then the
+    text the server generated for it, then new user text; not the dataset's stand-in
+    reply.  A proxy records the prompts.  It also drops the usage chunk, so each input
+    length is the client's own count of the prompt it sent, which must match the
+    server's tokenizer on that prompt.  --multi-turn-dataset-replies sends the stand-ins."""
+    base, _, _ = server
+    sessions, turns = 3, 3
+    prompts, d = multi_turn_through_proxy(server, tmp_path / "resend", sessions, turns)
+    gen = d["generated_texts"]
+    # every turn of rounds 1.. extends exactly one turn of the round before with that
+    # turn's generated answer, and every turn of a round is extended once
+    for k in range(1, turns):
+        extended = []
+        for i in range(k * sessions, (k + 1) * sessions):
+            prev = [j for j in range((k - 1) * sessions, k * sessions) if prompts[i].startswith(prompts[j] + gen[j])]
+            assert len(prev) == 1, (i, prompts[i], [prompts[j] + gen[j] for j in range((k - 1) * sessions, k * sessions)])
+            assert len(prompts[i]) > len(prompts[prev[0]] + gen[prev[0]])     # and then the user's text
+            extended += prev
+        assert sorted(extended) == list(range((k - 1) * sessions, k * sessions))
+    counts = [requests.post(f"{base}/tokenize", json={"model": MODEL, "prompt": p, "add_special_tokens": False},
+                            timeout=30).json()["count"] for p in prompts]
+    assert d["input_lens"] == counts
+
+    # the opt-out: each turn still extends its predecessor's prompt, but not with the answer
+    prompts, d = multi_turn_through_proxy(server, tmp_path / "stand-in", sessions, turns, "--multi-turn-dataset-replies")
+    gen = d["generated_texts"]
+    for i in range(sessions, sessions * turns):
+        k = i // sessions
+        prev = [j for j in range((k - 1) * sessions, k * sessions) if prompts[i].startswith(prompts[j])]
+        assert len(prev) == 1 and not prompts[i].startswith(prompts[prev[0]] + gen[prev[0]]), i
+
+
 # ------------------------------------------------------------------ vLLM's own client
 VLLM_VENV = REPO / ".venv-vllm"     # scripts/test.sh: vllm --no-deps + tests/requirements-vllm.txt
 CROSSCHECK = REPO / "deploy" / "bench_vllm_crosscheck.py"
