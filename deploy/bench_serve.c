@@ -365,16 +365,7 @@ static tsr_status load_local_tokenizer(const char *path, tsr_tokenizer **tok, ch
                 tsr_status st = tsr_model_meta_load(path, &m, err, errlen);
                 if (st != TSR_OK)
                         return st;
-                const tsr_gguf_tokenizer *g = m->gguf_tokenizer;
-                tsr_tok_gguf d = {
-                        .model = g->model, .pre = g->pre,
-                        .tokens = (const char *const *)g->tokens, .n_tokens = g->n_tokens,
-                        .scores = g->scores, .token_types = g->token_types,
-                        .merges = (const char *const *)g->merges, .n_merges = g->n_merges,
-                        .bos_id = g->bos_id, .eos_id = g->eos_id, .unk_id = g->unk_id, .pad_id = g->pad_id,
-                        .add_bos = g->add_bos, .add_eos = g->add_eos, .add_space_prefix = g->add_space_prefix,
-                };
-                st = tsr_tokenizer_new_gguf(&d, tok, err, errlen);
+                st = tsr_model_meta_tokenizer(m, tok, err, errlen);
                 tsr_model_meta_free(&m);
                 return st;
         }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "common/tokenizer.h"
 #include "worker/load/gguf.h"
 
 /* An eos_token_id list longer than this is a corrupt file, not a model. */
@@ -1061,4 +1062,24 @@ void tsr_model_meta_free(tsr_model_meta **mp) {
         gguf_tokenizer_free(m->gguf_tokenizer);
         free(m);
         *mp = NULL;
+}
+
+tsr_status tsr_model_meta_tokenizer(const tsr_model_meta *m, tsr_tokenizer **ret, char *err, size_t errlen) {
+        const tsr_gguf_tokenizer *g = m->gguf_tokenizer;
+        if (g) {
+                tsr_tok_gguf d = {
+                        .model = g->model, .pre = g->pre,
+                        .tokens = (const char *const *)g->tokens, .n_tokens = g->n_tokens,
+                        .scores = g->scores, .token_types = g->token_types,
+                        .merges = (const char *const *)g->merges, .n_merges = g->n_merges,
+                        .bos_id = g->bos_id, .eos_id = g->eos_id, .unk_id = g->unk_id, .pad_id = g->pad_id,
+                        .add_bos = g->add_bos, .add_eos = g->add_eos, .add_space_prefix = g->add_space_prefix,
+                };
+                return tsr_tokenizer_new_gguf(&d, ret, err, errlen);
+        }
+        if (m->tokenizer_json)
+                return tsr_tokenizer_new_json(m->tokenizer_json, m->tokenizer_json_len, m->tokenizer_config_json,
+                                              m->tokenizer_config_json_len, ret, err, errlen);
+        snprintf(err, errlen, "%s: the model has no tokenizer", m->path);
+        return TSR_E_UNSUPPORTED;
 }

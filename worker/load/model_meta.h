@@ -128,5 +128,11 @@ tsr_status tsr_model_meta_load(const char *path, tsr_model_meta **ret, char *err
 tsr_status tsr_model_meta_load_generation_config(const char *dir, tsr_gen_defaults *ret, char *err, size_t errlen);
 /* Accepts NULL and *m == NULL; clears *m. */
 void tsr_model_meta_free(tsr_model_meta **m);
+/* The model's tokenizer (common/tokenizer.h), from its GGUF tokenizer.ggml.* keys or its
+ * tokenizer.json (and tokenizer_config.json), into *ret on success (free with
+ * tsr_tokenizer_free).  TSR_E_UNSUPPORTED when the model has neither; else the
+ * tokenizer's own status and err. */
+struct tsr_tokenizer;
+tsr_status tsr_model_meta_tokenizer(const tsr_model_meta *m, struct tsr_tokenizer **ret, char *err, size_t errlen);
 
 #endif
