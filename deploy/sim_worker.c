@@ -12,7 +12,10 @@
  * token certain, chosen by a hash of (--seed, the previous token, the position), so
  * the output is deterministic and needs no model.  A prefix-cache hit therefore
  * shortens the simulated prefill exactly as it shortens the real one: the engine
- * never hands cached tokens to the forward.
+ * never hands cached tokens to the forward.  The tokens are words the tokenizer reads
+ * back as the same ids (sim_stable_ids), so a client that resends the answer in its
+ * next prompt, as a chat client does, hits the answer's cached blocks as it would on
+ * a real model.
  *
  * Cost model of one engine step (every chunk of the batch at once):
  *   t = prefill_tokens / --sim-prefill-tokens-per-s
@@ -32,6 +35,7 @@
 #include <time.h>
 
 #include "common/config.h"
+#include "common/tokenizer.h"
 #include "common/endpoint.h"
 #include "common/log.h"
 #include "common/clock.h"
@@ -59,6 +63,8 @@ typedef struct sim_model {
         sim_params sp;
         uint64_t seed;
         size_t vocab;
+        uint32_t *stable;                /* sim_stable_ids; NULL: any id in [lo, vocab) */
+        size_t n_stable;
         const uint32_t *eos;
         size_t n_eos;
         tsr_engine_model em;
@@ -75,9 +81,15 @@ static uint64_t mix64(uint64_t x) {   /* splitmix64's finaliser */
 
 /* The token after `prev` at `pos`: never an EOS id, so a request runs to max_tokens
  * (as with ignore_eos) and the workload, not the simulator, sets output lengths. */
+static uint64_t sim_first_id(size_t vocab) {
+        return vocab > SIM_FIRST_ID * 2 ? SIM_FIRST_ID : 0;
+}
+
 static uint32_t sim_token(const sim_model *m, uint32_t prev, uint64_t pos) {
-        uint64_t lo = m->vocab > SIM_FIRST_ID * 2 ? SIM_FIRST_ID : 0, span = m->vocab - lo;
+        uint64_t lo = sim_first_id(m->vocab), span = m->vocab - lo;
         uint64_t h = mix64(m->seed ^ mix64(((uint64_t)prev << 32) ^ pos));
+        if (m->n_stable)        /* none of them is EOS */
+                return m->stable[h % m->n_stable];
         for (;;) {
                 uint32_t t = (uint32_t)(lo + h % span);
                 bool eos = false;
@@ -87,6 +99,74 @@ static uint32_t sim_token(const sim_model *m, uint32_t prev, uint64_t pos) {
                         return t;
                 h = mix64(h);
         }
+}
+
+/* Below this many stable ids (a toy vocabulary) the output is any id, as before. */
+#define SIM_MIN_STABLE_IDS 64
+
+/* The ids the simulated model says: those in [lo, vocab), not special, not EOS, whose
+ * text on its own is a space and ASCII letters (" word") and encodes back to that id
+ * alone.  The router streams the text of the ids sampled, a chat client resends that
+ * text in its next prompt, and the router tokenizes it again: with arbitrary ids the
+ * text reads back as other ids (" Homer" "bps" "Mich" ...), and the cached blocks of
+ * the answer stop matching at the first such place (on SmolLM2, 200-token prompts
+ * resent with their 64-token answers: every block the answer filled hit in 1 of 12
+ * tries, none in 7), unlike on a real model, whose answers are mostly its tokenizer's
+ * own spelling; with these ids all 12 hit every such block.  A byte-level BPE
+ * pre-tokenizer (the GPT-2, Llama 3 and Qwen patterns) cuts before every " word", so a
+ * run of such words tokenizes word by word whatever comes before it, and each word
+ * encodes back to its id; a merge with what follows the answer can change only its
+ * last token, whose KV is never computed, so never cached.  Other tokenizers
+ * (SentencePiece's "_word", whose decode drops a first space) have no such ids and
+ * keep the old stream.  Returns TSR_OK with *n 0 when fewer than SIM_MIN_STABLE_IDS
+ * qualify or the model has no tokenizer. */
+static tsr_status sim_stable_ids(const tsr_model_meta *meta, size_t vocab, uint64_t lo, uint32_t **ret, size_t *n) {
+        tsr_tokenizer *t = NULL;
+        uint32_t *ids = NULL, *enc = NULL;
+        char err[256], *text = NULL;
+        size_t k = 0, n_enc = 0, len = 0;
+        tsr_status st;
+
+        *ret = NULL;
+        *n = 0;
+        if (tsr_model_meta_tokenizer(meta, &t, err, sizeof(err)) != TSR_OK) {
+                log_warn("no tokenizer for the simulated output (%s): any id, answers will not re-tokenize", err);
+                return TSR_OK;
+        }
+        if (tsr_tokenizer_vocab_size(t) < vocab)
+                vocab = tsr_tokenizer_vocab_size(t);
+        if (!(ids = malloc((vocab > lo ? vocab - lo : 1) * sizeof(*ids)))) {
+                st = TSR_E_NOMEM;
+                goto done;
+        }
+        for (uint32_t id = (uint32_t)lo; id < vocab; id++) {
+                bool ok = !tsr_tokenizer_is_special(t, id);
+                for (size_t i = 0; ok && i < meta->n_eos_token_ids; i++)
+                        ok = meta->eos_token_ids[i] != id;
+                if (!ok || tsr_tokenizer_decode(t, &id, 1, false, &text, &len) != TSR_OK)
+                        continue;
+                ok = len >= 2 && text[0] == ' ';
+                for (size_t i = 1; ok && i < len; i++)
+                        ok = (text[i] >= 'a' && text[i] <= 'z') || (text[i] >= 'A' && text[i] <= 'Z');
+                if (ok && tsr_tokenizer_encode(t, text, len, false, &enc, &n_enc) == TSR_OK) {
+                        if (n_enc == 1 && enc[0] == id)
+                                ids[k++] = id;
+                        free(enc);
+                        enc = NULL;
+                }
+                free(text);
+                text = NULL;
+        }
+        st = TSR_OK;
+        if (k >= SIM_MIN_STABLE_IDS) {
+                *ret = ids;
+                *n = k;
+                ids = NULL;
+        }
+done:
+        free(ids);
+        tsr_tokenizer_free(&t);
+        return st;
 }
 
 static void one_hot(float *row, size_t vocab, uint32_t tok) {
@@ -296,11 +376,16 @@ int main(int argc, char **argv) {
         sm.vocab = meta->vocab_size;
         sm.eos = meta->eos_token_ids;
         sm.n_eos = meta->n_eos_token_ids;
+        if (sim_stable_ids(meta, sm.vocab, sim_first_id(sm.vocab), &sm.stable, &sm.n_stable) != TSR_OK) {
+                log_error("out of memory");
+                goto out;
+        }
         sm.em = (tsr_engine_model){.vocab = sm.vocab, .ud = &sm, .forward = sim_forward};
         log_info("simulated worker for %s: vocab %zu, max_model_len %u, %llu KV blocks of %d tokens, max_num_seqs "
-                 "%u; prefill %.0f tokens/s, decode step %.2f ms + %.3f ms/seq (0 = free)",
+                 "%u; prefill %.0f tokens/s, decode step %.2f ms + %.3f ms/seq (0 = free); output from %zu word ids "
+                 "(0: any id)",
                  meta->path, sm.vocab, plan.max_model_len, (unsigned long long)plan.kv_blocks_total, cfg.block_size,
-                 plan.max_num_seqs, sm.sp.prefill_tps, sm.sp.decode_ms, sm.sp.decode_ms_per_seq);
+                 plan.max_num_seqs, sm.sp.prefill_tps, sm.sp.decode_ms, sm.sp.decode_ms_per_seq, sm.n_stable);
 
         rc = TSR_EXIT_RUNTIME;
         tsr_worker_serve_opts so = {
@@ -324,6 +409,7 @@ out:
                          (unsigned long long)sm.sampled);
         free(mi_full);
         free(mi_lean);
+        free(sm.stable);
         tsr_model_meta_free(&meta);
         tsr_config_done(&cfg);
         return rc;

@@ -124,3 +124,33 @@ def test_restarted_router_rebuilds_its_mirrors_from_snapshots(spawn, demo_model)
     for s in systems[1:] + systems[:1]:
         n, cached = complete(base, s + "\nUser 1: " + words(rng, 12))
         assert cached >= 0.8 * n, (n, cached)
+
+
+def test_resent_answer_hits_the_cache(spawn, demo_model):
+    """A chat client resends the simulated worker's answer in its next prompt, as text
+    that the router tokenizes again.  The worker says only words that read back as the
+    same ids (sim_worker.c, sim_stable_ids), so every block the answer filled is a hit,
+    as it would be with a real model's answer.  The last answer token's KV is never
+    computed, so the hit stops at the last full block before it.  With arbitrary ids
+    the text re-tokenized differently and most answers hit none of their blocks."""
+    port = free_port_pair()
+    spawn([SIM_WORKER, demo_model, "--listen", f"tcp://127.0.0.1:{port}", "--sim-zero-compute",
+           "--disable-log-stats"])
+    http = free_port()
+    router = spawn([ROUTER, "--host", "127.0.0.1", "--port", http, "--enable-prompt-tokens-details",
+                    "--worker", f"tcp://127.0.0.1:{port}"])
+    base = f"http://127.0.0.1:{http}"
+    wait_workers_live(router, base, 1, timeout=120)
+    model = requests.get(base + "/v1/models", timeout=5).json()["data"][0]["id"]
+    rng = random.Random(3)
+    for k in range(4):
+        # odd text before the answer (digits, punctuation, a trailing space or newline)
+        prompt = f"Session {k}: " + words(rng, 150) + [" 12,", " (ok)", " ", "\n"][k]
+        n_prompt = requests.post(base + "/tokenize", timeout=10, json={
+            "model": model, "prompt": prompt, "add_special_tokens": False}).json()["count"]
+        r = requests.post(base + "/v1/completions", timeout=60, json={
+            "model": model, "prompt": prompt, "max_tokens": 48, "temperature": 0})
+        assert r.status_code == 200, r.text
+        answer = r.json()["choices"][0]["text"]
+        n, cached = complete(base, prompt + answer + "\nUser: " + words(rng, 8))
+        assert cached == (n_prompt + 48 - 1) // 16 * 16, (k, n_prompt, n, cached, answer)
