@@ -7,6 +7,7 @@ with `tessera bench serve`.  docs/benchmarks.md, "Router at scale", shows the ou
       [--prompts-per-worker N] [--kv-blocks N] [--num-prefixes N | --prefixes-per-worker N]
       [--prefix-len N] [--turns N]
       [--user-len N] [--reply-len N] [--session-prefix-len N] [--workloads a,b] [--policies a,b]
+      [--dataset-replies]
       (--kv-blocks: each simulated worker's KV pool; small pools put the caches under pressure)
   scripts/bench-router.py routers      1, 2 and 4 routers sharing one fleet of 16 (each with its control)
   scripts/bench-router.py all
@@ -183,6 +184,8 @@ def workload_flags(workload, opts, n):
     for flag, value in overrides.get(workload, {}).items():
         if value:
             flags[flags.index(flag) + 1] = str(value)
+    if opts.dataset_replies and workload.startswith("multi_turn"):
+        flags.append("--multi-turn-dataset-replies")
     return flags
 
 
@@ -190,7 +193,7 @@ def workload_flags_note(opts):
     set_ = {k: v for k, v in (("prefixes", opts.num_prefixes), ("prefixes per worker", opts.prefixes_per_worker), ("prefix len", opts.prefix_len),
                               ("turns", opts.turns), ("user len", opts.user_len),
                               ("session prefix len", opts.session_prefix_len),
-                              ("reply len", opts.reply_len)) if v}
+                              ("reply len", opts.reply_len), ("dataset replies", opts.dataset_replies)) if v}
     return ", ".join(f"{k} {v}" for k, v in set_.items()) or "none"
 
 
@@ -286,6 +289,8 @@ def main():
                     help="multi_turn's generated tokens per turn, which the next turn resends (default 32)")
     ap.add_argument("--session-prefix-len", type=int, default=0,
                     help="multi_turn_long's document per session (default 1000)")
+    ap.add_argument("--dataset-replies", action="store_true",
+                    help="multi_turn resends the dataset's stand-in replies, not the generated answers")
     ap.add_argument("--workloads", default="prefix_repetition,multi_turn,random",
                     help=f"comma list of {', '.join(WORKLOADS)}")
     ap.add_argument("--policies", default="kv,round_robin,least_load")
