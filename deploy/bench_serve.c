@@ -738,7 +738,8 @@ typedef struct job {
  * next turn's context), and it is what lets a prefix cache that keeps decoded blocks hit
  * on the answer.  A previous turn that failed or generated no text has no answer to
  * resend: the dataset's stand-in reply takes its place, so that history is the
- * dataset's.  Returns NULL on OOM. */
+ * dataset's.  Prompts are C strings here: an answer holding a NUL is resent up to it.
+ * Returns NULL on OOM. */
 static char *resend_prompt(const job *jobs, const tsr_bench_output *outs, size_t i) {
         const job *p = &jobs[jobs[i].prev];
         const tsr_bench_output *o = &outs[jobs[i].prev];
