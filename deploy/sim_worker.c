@@ -35,10 +35,10 @@
 #include <time.h>
 
 #include "common/config.h"
-#include "common/tokenizer.h"
 #include "common/endpoint.h"
 #include "common/log.h"
 #include "common/clock.h"
+#include "common/tokenizer.h"
 #include "worker/engine/engine.h"
 #include "worker/exit_codes.h"
 #include "worker/load/gen_config.h"
@@ -79,12 +79,12 @@ static uint64_t mix64(uint64_t x) {   /* splitmix64's finaliser */
         return x ^ (x >> 31);
 }
 
-/* The token after `prev` at `pos`: never an EOS id, so a request runs to max_tokens
- * (as with ignore_eos) and the workload, not the simulator, sets output lengths. */
 static uint64_t sim_first_id(size_t vocab) {
         return vocab > SIM_FIRST_ID * 2 ? SIM_FIRST_ID : 0;
 }
 
+/* The token after `prev` at `pos`: never an EOS id, so a request runs to max_tokens
+ * (as with ignore_eos) and the workload, not the simulator, sets output lengths. */
 static uint32_t sim_token(const sim_model *m, uint32_t prev, uint64_t pos) {
         uint64_t lo = sim_first_id(m->vocab), span = m->vocab - lo;
         uint64_t h = mix64(m->seed ^ mix64(((uint64_t)prev << 32) ^ pos));
