@@ -172,6 +172,16 @@ def answers(base):
                                      extra_body={"ignore_eos": True, **extra}, **kw)
             ch = r.choices[0]
             out.append((p, str(kw), str(extra), ch.text, ch.logprobs.token_logprobs))
+    # a grammar (structured_outputs): across nodes its mask goes with the plan and the last
+    # node masks the row before it samples and gathers the logprobs (the regex cannot end
+    # within max_tokens: a row at the grammar's end would come back whole)
+    for p in PROMPTS[:2]:
+        for kw in ({"temperature": 0}, {"temperature": 0.8, "seed": 3}):
+            r = c.completions.create(model=MODEL, prompt=p, max_tokens=12, logprobs=2,
+                                     extra_body={"structured_outputs": {"regex": "[a-z ,]{60,90}"}}, **kw)
+            ch = r.choices[0]
+            assert re.fullmatch("[a-z ,]+", ch.text) and ch.finish_reason == "length", ch
+            out.append((p, str(kw), "grammar", ch.text, ch.logprobs.token_logprobs))
     # lm-eval's loglikelihood shape (echo + logprobs, one token): across nodes the prompt
     # rows come back as their prompt logprobs, the last (sampled) row whole
     for p in PROMPTS:
@@ -271,8 +281,8 @@ def test_two_nodes_answer_as_one_process(tmp_path, extra, env):
     # sampler computes them: the staggered requests' 6 x 32 rows at least
     assert rows_as_token(log0, with_logprobs=True) >= 6 * 32, log0[-2000:]
     # only the echo requests' sampled rows (one each) came back whole: the logit_bias,
-    # min_tokens and penalty requests' rows as tokens, the echo requests' prompt rows as
-    # their prompt logprobs (greedy()'s rows are tokens too)
+    # min_tokens, penalty and grammar requests' rows as tokens, the echo requests' prompt
+    # rows as their prompt logprobs (greedy()'s rows are tokens too)
     assert rows_whole(log0) == len(PROMPTS), log0[-2000:]
     assert rows_prompt_lp(log0) >= 3 * 4, log0[-2000:]
     # node 0 gone cleanly: the follower goes back to the rendezvous; SIGTERM ends it with 0

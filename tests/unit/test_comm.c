@@ -1247,6 +1247,39 @@ static void test_nodes_plan_round_trip(void **state) {
         in[0].rules = in[1].rules = NULL;
         in[1].lp = NULL;
 
+        /* under a grammar (flag 256): n_mask_words and the mask's words travel after the
+         * other lists, with or without rules; not on a row that does not come back (in[0]);
+         * a zero count or one past the plan is refused */
+        const uint32_t gmask[3] = {0x12345678u, 0xffffffffu, 0x1u};
+        for (int with_rules = 0; with_rules < 2; with_rules++) {
+                in[1].rules = with_rules ? &rules : NULL;
+                in[1].grammar_mask = gmask;
+                in[1].grammar_mask_words = 3;
+                in[0].grammar_mask = gmask;
+                in[0].grammar_mask_words = 3;
+                assert_int_equal(tsr_nodes_plan_pack(NULL, in, 3, 1, &buf, &len), TSR_OK);
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_OK);
+                assert_seqs_equal(in, out, 3, 1);
+                assert_null(out[0].grammar_mask);
+                assert_int_equal(out[1].grammar_mask_words, 3);
+                assert_memory_equal(out[1].grammar_mask, gmask, sizeof gmask);
+                assert_true(with_rules ? out[1].rules != NULL : out[1].rules == NULL);
+                free(out);
+                uint32_t *w = (uint32_t *)buf;
+                size_t at = 1 + SEQ_WORDS_TEST + 3 + 5 + 2 * 2;
+                assert_int_equal(w[at + 6], 256u | (with_rules ? 32u : 0u) | 4u | 1u);
+                size_t mw = at + SEQ_WORDS_TEST + (with_rules ? 3 + 3 + 2 * 2 : 0);
+                assert_int_equal(w[mw], 3);
+                w[mw] = 0;
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+                w[mw] = 1u << 30;
+                assert_int_equal(tsr_nodes_plan_unpack(NULL, buf, len, 1, &out, &n), TSR_E_PROTO);
+                free(buf);
+        }
+        in[0].grammar_mask = in[1].grammar_mask = NULL;
+        in[0].grammar_mask_words = in[1].grammar_mask_words = 0;
+        in[1].rules = NULL;
+
         /* a prompt-logprobs chunk (flag 64, all rows): prompt_lp_top and next_token travel;
          * not on a chunk that does not return all its rows (in[1]) */
         tsr_token_logprobs plp[5];

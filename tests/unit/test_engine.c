@@ -97,6 +97,11 @@ typedef struct fake_model {
          * the draw's parameters and uniform); answered_rules counts them */
         bool answers_rules;
         size_t answered_rules;
+        /* the engine may offer rows under a grammar with their mask (tsr_engine_model.
+         * answers_masks, set from this): the row is masked as the last node masks it
+         * (tsr_grammar_apply_mask) before it is answered; answered_masks counts them */
+        bool answers_masks;
+        size_t answered_masks;
         bool draws;
         tsr_draw drawn[64];
         size_t n_drawn;
@@ -306,6 +311,15 @@ static tsr_status fake_forward(void *ud, const tsr_engine_seq *seqs, size_t n_se
                         return TSR_E_INTERNAL;
                 if (seqs[i].rules && (!seqs[i].token || !m->answers_rules))
                         return TSR_E_INTERNAL;
+                if (seqs[i].grammar_mask && (!seqs[i].token || !m->answers_masks ||
+                                             seqs[i].grammar_mask_words != tsr_grammar_mask_words(VOCAB)))
+                        return TSR_E_INTERNAL;
+                if (seqs[i].token && seqs[i].grammar_mask) {
+                        tsr_grammar_apply_mask(logits, VOCAB, seqs[i].grammar_mask);
+                        pthread_mutex_lock(&m->mu);
+                        m->answered_masks++;
+                        pthread_mutex_unlock(&m->mu);
+                }
                 if (seqs[i].prompt_lp && (!seqs[i].want_all_logits || !m->answers_logprobs))
                         return TSR_E_INTERNAL;
                 /* a prompt-logprobs chunk's prompt rows: their logprobs, the rows then NaN */
@@ -2553,15 +2567,15 @@ static tsr_grammar_vocab *raw_vocab(void) {
 }
 
 /* reasoning_end: the constraint starts after this output token (-1: at once). */
-static void submit_grammar_after(harness *h, const char *id, tsr_grammar_kind kind, const char *text, bool ignore_eos,
-                                 int64_t reasoning_end) {
+/* A request of 20 tokens at most under the grammar, with so's sampling. */
+static void submit_grammar_so(harness *h, const char *id, tsr_grammar_kind kind, const char *text,
+                              const submit_opts *so, int64_t reasoning_end) {
         uint32_t prompt[6];
-        submit_opts so = {.ignore_eos = ignore_eos};
         tsr_engine_in *in;
         make_prompt(prompt, 6, (uint32_t)strlen(id));
         tsr_engine_in *queued[16];
         size_t n = 0;
-        submit_full(h, id, prompt, 6, 20, NULL, 0, -1, -1, &so);
+        submit_full(h, id, prompt, 6, 20, NULL, 0, -1, -1, so);
         /* the submit just queued (the last; the engine has not started) gets its spec */
         while (n < 16 && (in = tsr_queue_pop(h->in)))
                 queued[n++] = in;
@@ -2573,6 +2587,11 @@ static void submit_grammar_after(harness *h, const char *id, tsr_grammar_kind ki
         in->submit.so_reasoning_end = reasoning_end;
         for (size_t i = 0; i < n; i++)
                 assert_int_equal(tsr_queue_push(h->in, queued[i]), TSR_OK);
+}
+
+static void submit_grammar_after(harness *h, const char *id, tsr_grammar_kind kind, const char *text, bool ignore_eos,
+                                 int64_t reasoning_end) {
+        submit_grammar_so(h, id, kind, text, &(submit_opts){.ignore_eos = ignore_eos}, reasoning_end);
 }
 
 static void submit_grammar(harness *h, const char *id, tsr_grammar_kind kind, const char *text, bool ignore_eos) {
@@ -2630,6 +2649,62 @@ static void test_structured_output(void **state) {
         assert_int_equal(res[2].finish, TSR_ENGINE_FINISH_STOP);
         assert_int_not_equal(res[2].tokens[res[2].n - 1], EOS);
         stop(h);
+        tsr_grammar_pool_free(&pool);
+        tsr_grammar_vocab_free(&v);
+}
+
+/* A model that answers masks (a multi-node replica's last node): the step's masks are
+ * filled before its forward and its rows under a grammar come back as tokens, the mask
+ * applied by the model; the same outputs as the engine sampling them, one step at a time
+ * and with two steps in flight (micro-batches, a budget of 2 tokens: two requests' steps
+ * alternate with the other two's, so one step's masks are planned while another's are in flight, and the
+ * drawn request's rows, which the model does not answer, are sampled by the engine with
+ * its own step's masks). */
+static void test_model_answers_masks(void **state) {
+        tsr_grammar_vocab *v = raw_vocab();
+        tsr_grammar_pool *pool = NULL;
+        const char *ids[4] = {"regex", "plain", "choice", "drawn"};
+        result res[3][4];
+        size_t answered[3];
+        uint32_t prompt[6];
+        (void)state;
+        assert_int_equal(tsr_grammar_pool_new(v, &pool), TSR_OK);
+        memset(res, 0, sizeof(res));
+        make_prompt(prompt, 6, 5);
+        for (int run = 0; run < 3; run++) {     /* engine samples; model answers; answers, queued */
+                harness *h = held(64, 2, 8, false, 0);
+                h->params.grammar = pool;
+                h->fm.argmax = run > 0;
+                h->fm.answers_masks = h->model.answers_masks = run > 0;
+                if (run == 2) {
+                        h->params.async_scheduling = false;
+                        h->model.max_in_flight = 2;
+                        h->model.submit = fake_submit;
+                        h->model.wait = fake_wait;
+                }
+                submit_grammar(h, "regex", TSR_GRAMMAR_REGEX, "[0-9]{3}x", false);
+                submit(h, "plain", prompt, 6, 20, NULL, 0);
+                submit_grammar(h, "choice", TSR_GRAMMAR_CHOICE, "[\"ab12\",\"zz\"]", true);
+                submit_grammar_so(h, "drawn", TSR_GRAMMAR_REGEX, "[0-9a-z]{12}x",
+                                  &(submit_opts){.temperature = 0.9f, .has_seed = true, .seed = 5}, -1);
+                go(h);
+                collect(h, ids, res[run], 4);
+                pthread_mutex_lock(&h->fm.mu);
+                answered[run] = h->fm.answered_masks;
+                pthread_mutex_unlock(&h->fm.mu);
+                stop(h);
+        }
+        assert_int_equal(answered[0], 0);
+        /* regex's 4 rows ("000x"; the row where only EOS is left is the grammar's end, not
+         * offered) and choice's, as tokens, in both answering runs */
+        print_message("rows answered under a grammar: %zu, queued %zu\n", answered[1], answered[2]);
+        assert_true(answered[1] >= 4 + 2 && answered[2] >= 4 + 2);
+        for (int run = 1; run < 3; run++)
+                for (int r = 0; r < 4; r++) {
+                        assert_int_equal(res[run][r].n, res[0][r].n);
+                        assert_memory_equal(res[run][r].tokens, res[0][r].tokens, res[0][r].n * sizeof(uint32_t));
+                        assert_int_equal(res[run][r].finish, res[0][r].finish);
+                }
         tsr_grammar_pool_free(&pool);
         tsr_grammar_vocab_free(&v);
 }
@@ -2751,6 +2826,7 @@ static void test_structured_output_refused(void **state) {
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_structured_output),
+        cmocka_unit_test(test_model_answers_masks),
                 cmocka_unit_test(test_structured_output_refused),
                 cmocka_unit_test(test_structured_output_after_reasoning),
                 cmocka_unit_test(test_single_request_greedy),

@@ -177,6 +177,15 @@ typedef struct step_plan {
         bool submitted;
         uint64_t t0;
         size_t n_masks;
+        /* The masks were filled before the forward, not beside it: the model answers
+         * masks (tsr_engine_model.answers_masks), so its constrained rows go as tokens.
+         * masks_planned: its masks were planned when it went in (a queued step's are
+         * otherwise planned after its wait).  own_masks: a queued step's rows are its own
+         * (gmask, gmask_rows: the next step's plan would overwrite the engine's while
+         * this one is in flight); masks_of says whose. */
+        bool masks_first, masks_planned, own_masks;
+        uint32_t *gmask;
+        size_t gmask_rows;
 } step_plan;
 
 /* A thread that runs one plan at a time for the engine: job_launch hands it a plan,
@@ -1101,6 +1110,7 @@ static tsr_status plan_reserve(step_plan *p, size_t cap) {
 
 static void plan_free(step_plan *p) {
         free(p->logits);
+        free(p->gmask);
         free(p->entries);
         free(p->seqs);
         free(p->inputs);
@@ -1281,13 +1291,19 @@ static tsr_status grammar_fill(const tsr_engine *e, slot *s, uint32_t *mask, siz
         return TSR_OK;
 }
 
-/* Every constrained entry's mask of plan p (the mask thread's job). */
+/* Where plan p's mask rows live: its own (a queued step whose masks were filled before
+ * it went in, masks_first) or the engine's. */
+static uint32_t *masks_of(const tsr_engine *e, const step_plan *p) { return p->own_masks ? p->gmask : e->gmask; }
+
+/* Every constrained entry's mask of plan p (the mask thread's job, or before the forward
+ * with masks_first). */
 static void fill_masks(tsr_engine *e, step_plan *p) {
         size_t words = tsr_grammar_mask_words(e->params.model->vocab);
+        uint32_t *masks = masks_of(e, p);
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 if (pe->constrained)
-                        pe->mask_st = grammar_fill(e, pe->s, e->gmask + (size_t)pe->mask_row * words, pe->n_output,
+                        pe->mask_st = grammar_fill(e, pe->s, masks + (size_t)pe->mask_row * words, pe->n_output,
                                                    &pe->grammar_end);
         }
 }
@@ -1374,7 +1390,8 @@ static void job_thread_stop(job_thread *t) {
 /* Mark p's entries that sample under a grammar (their output is past the reasoning)
  * and give each a mask row; false: no memory for the rows. */
 static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
-        size_t words, n = 0;
+        size_t words, n = 0, *have = p->own_masks ? &p->gmask_rows : &e->gmask_rows;
+        uint32_t **rows = p->own_masks ? &p->gmask : &e->gmask;
         *n_masks = 0;
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
@@ -1389,13 +1406,13 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
                 pe->mask_row = (uint32_t)n++;
                 pe->mask_st = TSR_OK;
         }
-        if (n > e->gmask_rows) {
+        if (n > *have) {
                 words = tsr_grammar_mask_words(e->params.model->vocab);
-                uint32_t *g = realloc(e->gmask, n * words * sizeof(uint32_t));
+                uint32_t *g = realloc(*rows, n * words * sizeof(uint32_t));
                 if (!g)
                         return false;
-                e->gmask = g;
-                e->gmask_rows = n;
+                *rows = g;
+                *have = n;
         }
         *n_masks = n;
         return true;
@@ -1410,9 +1427,14 @@ static bool plan_masks(tsr_engine *e, step_plan *p, size_t *n_masks) {
  * logprobs and nothing else of the row; to one that answers rules (answers_rules) also
  * those with a logit bias, min_tokens' mask or penalties (tsr_engine_seq.rules; with
  * penalties the request's tokens, while fewer than the vocabulary), with their logprobs
- * where it answers those.  After plan_masks: it needs the entries' constrained flags. */
-static void plan_device_tokens(step_plan *p, bool queued, const tsr_engine_model *m) {
+ * where it answers those.  To one that answers masks (answers_masks) also the rows under
+ * a grammar whose mask was filled before the forward (masks_first; not one the grammar
+ * ends at, nor one whose fill failed), with the mask.  After plan_masks (and, with
+ * masks_first, fill_masks): it needs the entries' constrained flags and masks. */
+static void plan_device_tokens(const tsr_engine *e, step_plan *p, bool queued) {
+        const tsr_engine_model *m = e->params.model;
         bool answers_logprobs = m->answers_logprobs;
+        size_t words = tsr_grammar_mask_words(m->vocab);
         for (size_t i = 0; i < p->n; i++) {
                 sched_entry *pe = &p->entries[i];
                 tsr_engine_seq *q = &p->seqs[i];
@@ -1433,17 +1455,25 @@ static void plan_device_tokens(step_plan *p, bool queued, const tsr_engine_model
                 q->rules_mask_eos = false;
                 q->history = NULL;
                 q->n_history = 0;
+                q->grammar_mask = NULL;
+                q->grammar_mask_words = 0;
                 bool with_lp = sp->logprobs >= 0;
+                bool masked = pe->constrained && p->masks_first && pe->mask_st == TSR_OK && !pe->grammar_end;
                 bool plain = tsr_sampling_token_and_logprobs_ok(sp, n_output);
                 bool history = !tsr_sampling_history_free(sp);
                 bool rules = !plain && m->answers_rules && (!history || s->n_tokens < m->vocab);
-                /* s->gm: a queued step (micro-batches) plans its masks after its wait, so
-                 * pe->constrained is not known yet; a request under a grammar never
-                 * offers its token then */
-                if (!q->want_logits || q->want_all_logits || pe->constrained || (queued && s->gm) ||
+                /* s->gm: a queued step (micro-batches) plans its masks after its wait
+                 * unless the model answers them, so pe->constrained is not known yet; a
+                 * request under a grammar never offers its token then */
+                if (!q->want_logits || q->want_all_logits || (pe->constrained && !masked) ||
+                    (queued && s->gm && !p->masks_planned) ||
                     (!plain && !rules) || (with_lp && !answers_logprobs))
                         continue;
                 q->token = &pe->dev_token;
+                if (masked) {
+                        q->grammar_mask = masks_of(e, p) + (size_t)pe->mask_row * words;
+                        q->grammar_mask_words = (uint32_t)words;
+                }
                 if (rules) {
                         q->rules = sp;
                         q->rules_mask_eos = n_output < sp->min_tokens;
@@ -1507,6 +1537,10 @@ static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
         p->compute_ns = 0;
         p->submitted = false;
         p->n_masks = 0;
+        p->masks_first = p->masks_planned = false;
+        /* a request is never in two steps at once, so a queued step's matchers are
+         * current when it goes in: it may plan (and fill) its masks then */
+        p->own_masks = queued && m->answers_masks;
         if (p->n == 0)
                 return;
         p->prefill_tokens = 0;
@@ -1527,14 +1561,21 @@ static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
                 }
         }
         /* The masks are filled while the forward runs; a queued step's after its wait
-         * (the mask thread serves one step at a time, and the step before must have
-         * advanced the matchers). */
-        if (!queued && p->st == TSR_OK && !plan_masks(e, p, &p->n_masks))
+         * (the mask thread serves one step at a time).  A model that answers masks (a
+         * replica over nodes, whose last node samples) gets them with the step, so they
+         * are planned and filled first, a queued step's too (in its own rows), as vLLM's
+         * scheduler once built its bitmask before dispatching the step: the mask costs
+         * the step its fill time, the row (vocab x 4 bytes) no longer crosses. */
+        p->masks_planned = !queued || m->answers_masks;
+        if (p->masks_planned && p->st == TSR_OK && !plan_masks(e, p, &p->n_masks))
                 p->st = TSR_E_NOMEM;
-        if (p->n_masks)
+        p->masks_first = p->n_masks && m->answers_masks;
+        if (p->masks_first)
+                fill_masks(e, p);
+        else if (p->n_masks)
                 job_launch(&e->mask_thread, p);
         if (p->st == TSR_OK) {
-                plan_device_tokens(p, queued, e->params.model);
+                plan_device_tokens(e, p, queued);
                 if (queued)
                         p->submitted = (p->st = m->submit(m->ud, p->seqs, p->n, *logits)) == TSR_OK;
                 else
@@ -1551,14 +1592,14 @@ static void execute_end(tsr_engine *e, step_plan *p, bool queued) {
                 p->st = m->wait(m->ud);
                 p->submitted = false;
         }
-        if (queued && p->st == TSR_OK) {
+        if (queued && p->st == TSR_OK && !p->masks_planned) {
                 if (!plan_masks(e, p, &p->n_masks))
                         p->st = TSR_E_NOMEM;
                 else if (p->n_masks)
                         job_launch(&e->mask_thread, p);
         }
         size_t n_masks = p->n_masks;
-        if (n_masks)
+        if (n_masks && !p->masks_first)
                 job_wait(&e->mask_thread);
         /* 1. Prompt logprobs, grammar masks, and which rows to sample (in order). */
         size_t n_sample = 0;
@@ -1600,7 +1641,7 @@ static void execute_end(tsr_engine *e, step_plan *p, bool queued) {
                         continue;   /* complete: nothing more to sample */
                 if (constrained)
                         tsr_grammar_apply_mask(logits, m->vocab,
-                                               e->gmask + (size_t)pe->mask_row * tsr_grammar_mask_words(m->vocab));
+                                               masks_of(e, p) + (size_t)pe->mask_row * tsr_grammar_mask_words(m->vocab));
                 pe->sample_logits = logits;
                 n_sample++;
         }

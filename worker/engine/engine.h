@@ -118,6 +118,13 @@ typedef struct tsr_engine_seq {
         bool rules_mask_eos;
         const uint32_t *history;
         uint32_t n_history;
+        /* NULL, or (with `token`, to a model with answers_masks) the request's grammar mask
+         * at this position (tsr_grammar_mask_words(vocab) words; bit i % 32 of word i / 32
+         * set: token i allowed): a model that answers *token first masks the row with it
+         * as the engine does (tsr_grammar_apply_mask: the others -inf), then samples and
+         * gathers the logprobs from the masked row.  Borrowed for the call. */
+        const uint32_t *grammar_mask;
+        uint32_t grammar_mask_words;
         /* NULL, or (want_all_logits, to a model with answers_logprobs: a chunk of a request
          * that asked for prompt logprobs) where the model writes the prompt logprobs of
          * each row t with past_len + t + 1 < prompt_len: tsr_logprobs_gather(row t, the
@@ -180,6 +187,11 @@ typedef struct tsr_engine_model {
          * vocabulary: the history then costs less than the row) are offered as tokens
          * too.  false: they never are. */
         bool answers_rules;
+        /* The model answers tsr_engine_seq.grammar_mask with the token (a multi-node
+         * replica's last node does): a step's grammar masks are then filled before its
+         * forward instead of beside it, and rows under a grammar are offered as tokens
+         * (not in a queued step: its masks are planned after its wait).  false: never. */
+        bool answers_masks;
         /* Optional: pipeline micro-batches (vLLM's batch queue, with pipeline stages).  Up
          * to max_in_flight (> 1) steps may be in the model at once: submit starts one
          * (as forward would run it: `seqs` and `logits` stay the engine's, untouched,

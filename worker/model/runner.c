@@ -171,6 +171,7 @@ void tsr_runner_set_nodes(tsr_runner *r, struct tsr_nodes *nodes) {
         /* the last node answers logprobs with the token (nodes.c lp_back) */
         r->em.answers_logprobs = nodes && r->em.vocab >= TSR_NODES_LP_MIN_VOCAB;
         r->em.answers_rules = nodes;
+        r->em.answers_masks = nodes;
         if (nodes)
                 micro_batches_setup(r, r->pp);
 }

@@ -19,7 +19,8 @@
  * SEQ_WORDS: seq_id (u64: two words, low first), n_table, n, past_len (u64), flags (1
  * want_logits, 2 want_all_logits, 4 its row comes back as its token: token_back, 8 and
  * drawn, 16 and its logprobs, 32 and the request's rules shape it, 128 and its penalties
- * with its history; 64 want_all_logits' prompt rows come back as their prompt logprobs),
+ * with its history, 256 and the grammar's mask shapes it; 64 want_all_logits' prompt rows
+ * come back as their prompt logprobs),
  * state_slot, restore_from + 1 (0: none; engine.h), n_saves, base, n_changes, prompt_len;
  * with flag 8 the draw (tsr_draw: temperature, top_k, top_p, min_p, then u, a double in
  * two words); with flag 16 lp_top; with flag 32 the rules (tsr_engine_seq.rules):
@@ -27,7 +28,8 @@
  * min_tokens masks at this position (EOS and stop ids; none once it is reached); with
  * flag 128 the repetition, presence and frequency penalties (float bits), n_history and
  * the request's tokens so far (the prompt's prompt_len, then its outputs); with flag 64
- * prompt_lp_top and next_token; then its block tables (n_tables of n_table entries, one
+ * prompt_lp_top and next_token; with flag 256 n_mask_words and the mask's words
+ * (tsr_engine_seq.grammar_mask); then its block tables (n_tables of n_table entries, one
  * after the other as the engine hands them; n_tables is the model's, known to both
  * sides) as changes against the receiver's copy (tsr_plan_tables): base 0, every entry of
  * every table;
@@ -46,6 +48,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "grammar/grammar.h"
 #include "kernels/cpu/ref.h"
 #include "worker/engine/sampler.h"
 #include "worker/parallel/bootstrap.h"
@@ -87,6 +90,7 @@ static bool token_back(const tsr_engine_seq *q) {
 #define RULES_WORDS 3            /* the rules' counts after lp_top (flag 32), then the lists */
 #define PLP_WORDS 2              /* prompt_lp_top, next_token after the rules (flag 64) */
 #define HISTORY_WORDS 4          /* the penalties and n_history after the rules (flag 128), then the ids */
+#define MASK_WORDS 1             /* n_mask_words after the prompt-logprobs words (flag 256), then the mask */
 /* an unpacked plan's bias pairs are read where they lie, as tsr_logit_bias records */
 _Static_assert(sizeof(tsr_logit_bias) == 2 * sizeof(uint32_t) && offsetof(tsr_logit_bias, bias) == sizeof(uint32_t),
                "tsr_logit_bias is two words: id, bias");
@@ -121,6 +125,13 @@ static size_t plp_rows(const tsr_engine_seq *q) {
         size_t k = q->prompt_len - q->past_len - 1;
         return k < q->n ? k : q->n;
 }
+
+/* A token_back row under a grammar (tsr_engine_seq.grammar_mask: the engine offers it to a
+ * model with answers_masks, which the runner sets for a replica over nodes, once the
+ * step's masks are filled): the mask goes with the plan (vocab / 32 words: 6 KB for
+ * SmolLM2's 49,152 tokens, its row 192 KB) and the last node masks the row with it
+ * before it samples and gathers the logprobs, as node 0's engine does. */
+static bool mask_back(const tsr_engine_seq *q) { return token_back(q) && q->grammar_mask; }
 
 /* A rules row whose penalties need the request's tokens so far (tsr_engine_seq.history:
  * the engine offers it while they are fewer than the vocabulary). */
@@ -191,7 +202,14 @@ static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab
                 size_t k = tsr_engine_seq_rows(&seqs[i]) * vocab;
                 if (token_back(&seqs[i])) {
                         uint32_t t = TSR_ARGMAX_NONE;
-                        if (d || seqs[i].rules) {
+                        /* the grammar's mask first (a mask too short for the vocabulary
+                         * is a row without an answer: node 0 fails the request) */
+                        bool mask_ok = !seqs[i].grammar_mask || (size_t)seqs[i].grammar_mask_words * 32 >= vocab;
+                        if (seqs[i].grammar_mask && mask_ok)
+                                tsr_grammar_apply_mask(rows + rd, vocab, seqs[i].grammar_mask);
+                        if (!mask_ok) {
+                                /* t stays TSR_ARGMAX_NONE */
+                        } else if (d || seqs[i].rules) {
                                 /* the rules as unpacked (allowed ids, bias, the masked ids
                                  * as EOS ids with min_tokens 1), the draw's parameters */
                                 tsr_sampling sp;
@@ -350,7 +368,8 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 base[i] = table_base(known, &seqs[i], nt, &changes[i]);
                 words += SEQ_WORDS + (token_back(&seqs[i]) && seqs[i].draw ? DRAW_WORDS : 0) +
                          (lp_back(&seqs[i]) ? LP_WORDS : 0) + rules_words(&seqs[i]) +
-                         (plp_back(&seqs[i]) ? PLP_WORDS : 0) + 2 * changes[i] +
+                         (plp_back(&seqs[i]) ? PLP_WORDS : 0) +
+                         (mask_back(&seqs[i]) ? MASK_WORDS + seqs[i].grammar_mask_words : 0) + 2 * changes[i] +
                          nt * (seqs[i].n_table - base[i]) + seqs[i].n + 2 * seqs[i].n_saves;
         }
         uint32_t *w = malloc(words * sizeof(uint32_t)), *p = w;
@@ -371,7 +390,7 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 bool drawn = token_back(q) && q->draw;
                 *p++ = (q->want_logits ? 1u : 0u) | (q->want_all_logits ? 2u : 0u) | (token_back(q) ? 4u : 0u) |
                        (drawn ? 8u : 0u) | (lp_back(q) ? 16u : 0u) | (rules_back(q) ? 32u : 0u) |
-                       (plp_back(q) ? 64u : 0u) | (history_back(q) ? 128u : 0u);
+                       (plp_back(q) ? 64u : 0u) | (history_back(q) ? 128u : 0u) | (mask_back(q) ? 256u : 0u);
                 *p++ = q->state_slot;
                 *p++ = q->restore_state ? q->restore_from + 1 : 0;
                 *p++ = (uint32_t)q->n_saves;
@@ -417,6 +436,11 @@ tsr_status tsr_nodes_plan_pack(tsr_plan_tables *known, const tsr_engine_seq *seq
                 if (plp_back(q)) {
                         *p++ = q->prompt_lp_top;
                         *p++ = q->next_token;
+                }
+                if (mask_back(q)) {
+                        *p++ = q->grammar_mask_words;
+                        memcpy(p, q->grammar_mask, q->grammar_mask_words * sizeof(uint32_t));
+                        p += q->grammar_mask_words;
                 }
                 if (b) {
                         bool found;
@@ -479,9 +503,9 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                 at += SEQ_WORDS;
                 /* flags: want_logits, want_all_logits, or both; a token back wants the
                  * one row (5), drawn (13), either with its logprobs (21, 29), any of
-                 * those with rules (+ 32), and a history (+ 128); all rows (2, 3) with
-                 * their prompt rows' logprobs (+ 64) */
-                uint32_t f = h[6], g = f & ~(32u | 128u);
+                 * those with rules (+ 32), and a history (+ 128), a grammar mask (+ 256);
+                 * all rows (2, 3) with their prompt rows' logprobs (+ 64) */
+                uint32_t f = h[6], g = f & ~(32u | 128u | 256u);
                 if ((f & 128) && !(f & 32))
                         return TSR_E_PROTO;
                 bool flags_ok = f <= 3 || g == 5 || g == 13 || g == 21 || g == 29 || f == 66 || f == 67;
@@ -513,6 +537,11 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                         if (words - at < PLP_WORDS || w[at] > TSR_SAMPLER_MAX_LOGPROBS)
                                 return TSR_E_PROTO;
                         at += PLP_WORDS;
+                }
+                if (flags_ok && (f & 256)) {
+                        if (words - at < MASK_WORDS || w[at] == 0 || w[at] > words - at - MASK_WORDS)
+                                return TSR_E_PROTO;
+                        at += MASK_WORDS + w[at];
                 }
                 if (!flags_ok || nn == 0 || b > n_table || (b && !known) ||
                     (b == 0 && n_changes) ||
@@ -574,9 +603,10 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                         }
                 }
                 size_t pw = h[6] & 64 ? PLP_WORDS : 0;
-                const uint32_t *plp = h + SEQ_WORDS + dw + lw + rw;
-                const uint32_t *pairs = h + SEQ_WORDS + dw + lw + rw + pw, *tail = pairs + 2 * n_changes;
-                at += SEQ_WORDS + dw + lw + rw + pw + 2 * n_changes + tables * (n_table - b);
+                const uint32_t *plp = h + SEQ_WORDS + dw + lw + rw, *mask = plp + pw;
+                size_t mw = h[6] & 256 ? MASK_WORDS + mask[0] : 0;
+                const uint32_t *pairs = h + SEQ_WORDS + dw + lw + rw + pw + mw, *tail = pairs + 2 * n_changes;
+                at += SEQ_WORDS + dw + lw + rw + pw + mw + 2 * n_changes + tables * (n_table - b);
                 if (dw) {
                         const uint32_t *dr = h + SEQ_WORDS;
                         memcpy(&draws[i].temperature, dr, sizeof(uint32_t));
@@ -617,7 +647,9 @@ tsr_status tsr_nodes_plan_unpack(tsr_plan_tables *known, const uint8_t *buf, siz
                                         .rules = rw ? &rules[i] : NULL, .history = hist, .n_history = hn,
                                         /* (marks the prompt rows: their answers go on the wire) */
                                         .prompt_lp = pw ? &lps[i] : NULL, .prompt_lp_top = pw ? plp[0] : 0,
-                                        .next_token = pw ? plp[1] : 0};
+                                        .next_token = pw ? plp[1] : 0,
+                                        .grammar_mask = mw ? mask + MASK_WORDS : NULL,
+                                        .grammar_mask_words = mw ? mask[0] : 0};
                 tokens[i] = TSR_ENGINE_TOKEN_UNSET;
                 at += nn + 2 * n_saves;
                 out += tables * n_table;
