@@ -179,11 +179,11 @@ typedef struct step_plan {
         size_t n_masks;
         /* The masks were filled before the forward, not beside it: the model answers
          * masks (tsr_engine_model.answers_masks), so its constrained rows go as tokens.
-         * masks_planned: its masks were planned when it went in (a queued step's are
-         * otherwise planned after its wait).  own_masks: a queued step's rows are its own
-         * (gmask, gmask_rows: the next step's plan would overwrite the engine's while
-         * this one is in flight); masks_of says whose. */
-        bool masks_first, masks_planned, own_masks;
+         * A queued step plans its masks after its wait unless the model answers masks
+         * (then when it goes in, as every other step).  own_masks: a queued step's rows
+         * are its own (gmask, gmask_rows: the next step's plan would overwrite the
+         * engine's while this one is in flight); masks_of says whose. */
+        bool masks_first, own_masks;
         uint32_t *gmask;
         size_t gmask_rows;
 } step_plan;
@@ -1466,7 +1466,7 @@ static void plan_device_tokens(const tsr_engine *e, step_plan *p, bool queued) {
                  * unless the model answers them, so pe->constrained is not known yet; a
                  * request under a grammar never offers its token then */
                 if (!q->want_logits || q->want_all_logits || (pe->constrained && !masked) ||
-                    (queued && s->gm && !p->masks_planned) ||
+                    (queued && s->gm && !m->answers_masks) ||
                     (!plain && !rules) || (with_lp && !answers_logprobs))
                         continue;
                 q->token = &pe->dev_token;
@@ -1537,7 +1537,7 @@ static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
         p->compute_ns = 0;
         p->submitted = false;
         p->n_masks = 0;
-        p->masks_first = p->masks_planned = false;
+        p->masks_first = false;
         /* a request is never in two steps at once, so a queued step's matchers are
          * current when it goes in: it may plan (and fill) its masks then */
         p->own_masks = queued && m->answers_masks;
@@ -1566,8 +1566,7 @@ static void execute_begin(tsr_engine *e, step_plan *p, bool queued) {
          * are planned and filled first, a queued step's too (in its own rows), as vLLM's
          * scheduler once built its bitmask before dispatching the step: the mask costs
          * the step its fill time, the row (vocab x 4 bytes) no longer crosses. */
-        p->masks_planned = !queued || m->answers_masks;
-        if (p->masks_planned && p->st == TSR_OK && !plan_masks(e, p, &p->n_masks))
+        if ((!queued || m->answers_masks) && p->st == TSR_OK && !plan_masks(e, p, &p->n_masks))
                 p->st = TSR_E_NOMEM;
         p->masks_first = p->n_masks && m->answers_masks;
         if (p->masks_first)
@@ -1592,7 +1591,7 @@ static void execute_end(tsr_engine *e, step_plan *p, bool queued) {
                 p->st = m->wait(m->ud);
                 p->submitted = false;
         }
-        if (queued && p->st == TSR_OK && !p->masks_planned) {
+        if (queued && p->st == TSR_OK && !m->answers_masks) {
                 if (!plan_masks(e, p, &p->n_masks))
                         p->st = TSR_E_NOMEM;
                 else if (p->n_masks)
