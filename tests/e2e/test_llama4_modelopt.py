@@ -44,15 +44,19 @@ def test_greedy_matches_emulation(spawn, variant, extra):
     every continuation the emulation's, token for token.  --dtype float32: the emulation
     runs the unquantized router and lm_head in float32."""
     w = EngineWorker(spawn, FIX / variant, "--dtype", "float32", *extra)
-    want = GOLDEN["variants"][variant]["greedy"]
-    for i, (p, g) in enumerate(zip(PROMPTS, want)):
+    greedy_alone_and_batched(w, PROMPTS, GOLDEN["variants"][variant]["greedy"])
+    w.close()
+
+
+def greedy_alone_and_batched(w, prompts, want):
+    """Each prompt alone on worker w, then all at once: every continuation want's."""
+    for i, (p, g) in enumerate(zip(prompts, want)):
         assert w.run(f"alone{i}", p, len(g)).tokens == g, f"prompt {i}"
     with w.paused():
-        for i, (p, g) in enumerate(zip(PROMPTS, want)):
+        for i, (p, g) in enumerate(zip(prompts, want)):
             w.submit(f"batch{i}", p, len(g))
-    got = w.collect([f"batch{i}" for i in range(len(PROMPTS))])
-    assert [got[f"batch{i}"].tokens for i in range(len(PROMPTS))] == want
-    w.close()
+    got = w.collect([f"batch{i}" for i in range(len(prompts))])
+    assert [got[f"batch{i}"].tokens for i in range(len(prompts))] == want
 
 
 @pytest.mark.parametrize("variant", ["fp8", "nvfp4"])
@@ -119,6 +123,26 @@ def test_fp8_kv_scales_found_under_the_nested_names(spawn):
     assert "Using KV cache scaling factor 1.0" not in out, out
 
 
+WIDE = REPO / "tests" / "fixtures" / "wide-llama4-nvfp4"
+
+
+@pytest.mark.parametrize("flags", [["-tp", "2"], ["-tp", "2", "--enable-expert-parallel"],
+                                   ["-tp", "4", "--enable-expert-parallel"], ["-tp", "2", "-pp", "2"]],
+                         ids=["tp2", "tp2-expert-parallel", "tp4-expert-parallel", "tp2-pp2"])
+def test_nvfp4_tensor_and_expert_parallel(spawn, flags):
+    """ModelOpt NVFP4 Llama 4 split over ranks: the wide fixture (make_wide_llama4_nvfp4.py,
+    every row-parallel quantized linear's K whole NVFP4 blocks per canonical slice) at
+    -tp 2 (each rank its rows / K columns of every linear and expert), with
+    --enable-expert-parallel at -tp 2 and 4 (each rank its experts whole, their inputs
+    quantized with the max input_scale over all four, as vLLM's global-scale NVFP4 MoE)
+    and over two pipeline stages: each prompt alone, then all at once, gives the W4A4
+    emulation's greedy tokens, 32 per prompt."""
+    golden = json.loads((WIDE / "golden.json").read_text())
+    w = EngineWorker(spawn, WIDE / "nvfp4", "--dtype", "float32", *flags)
+    greedy_alone_and_batched(w, [p["ids"] for p in golden["prompts"]], golden["variants"]["nvfp4"]["greedy"])
+    w.close()
+
+
 # ---- broken checkpoints: a rewritten copy of a variant ----------------------------------------
 
 def read_st(path):
@@ -143,24 +167,24 @@ def write_st(path, meta, tensors):
     path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
-def broken(tmp_path, variant, edit, config=None):
+def broken(tmp_path, variant, edit, config=None, fixture=FIX):
     d = tmp_path / variant
     d.mkdir()
-    for f in (FIX / variant).iterdir():
+    for f in (fixture / variant).iterdir():
         if f.name not in ("model.safetensors", "config.json"):
             (d / f.name).symlink_to(f)
-    meta, t = read_st(FIX / variant / "model.safetensors")
+    meta, t = read_st(fixture / variant / "model.safetensors")
     edit(t)
     write_st(d / "model.safetensors", meta, t)
-    cfg = json.loads((FIX / variant / "config.json").read_text())
+    cfg = json.loads((fixture / variant / "config.json").read_text())
     if config:
         config(cfg)
     (d / "config.json").write_text(json.dumps(cfg))
     return d
 
 
-def refused(spawn, model):
-    p = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--dtype", "float32"])
+def refused(spawn, model, *flags):
+    p = spawn([WORKER, model, "--listen", f"tcp://127.0.0.1:{free_port_pair()}", "--dtype", "float32", *flags])
     assert p.wait(timeout=60) == 2
     out = p.output()
     assert "listening on" not in out and "loaded " not in out, out
@@ -208,3 +232,17 @@ def test_broken_checkpoints_refused(spawn, tmp_path, variant, edit, config, mess
     d = broken(tmp_path, variant, edit, config)
     out = refused(spawn, d)
     assert message in out and str(d) in out, out
+
+
+def test_expert_parallel_reads_every_experts_input_scale(spawn, tmp_path):
+    """-tp 2 --enable-expert-parallel on the wide NVFP4 fixture: rank 0 holds experts 0
+    and 1 but reads expert 3's input_scale too (the max over all of them is its
+    activation scale); without that scalar the worker is refused at start, naming the
+    file and the tensor, by rank 0: the ranks load in order and the first's tensors (its
+    41 fixed rows) were all read, the second never started."""
+    def drop(t):
+        del t["model.layers.1.feed_forward.experts.3.down_proj.input_scale"]
+    d = broken(tmp_path, "nvfp4", drop, fixture=WIDE)
+    out = refused(spawn, d, "-tp", "2", "--enable-expert-parallel")
+    assert "tensor 'model.layers.1.feed_forward.experts.3.down_proj.input_scale' missing" in out and str(d) in out, out
+    assert out.count("loading weights: 41/41 tensors") == 1, out

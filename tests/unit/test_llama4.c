@@ -741,6 +741,7 @@ static void test_load_errors(void **state) {
  * bound: only the float32 sum order differs); the fast backend bitwise the reference;
  * greedy 32 tokens per prompt through the decode path token-exact. */
 #define MO_FIXTURE "tests/fixtures/tiny-llama4-modelopt"
+#define WIDE_FIXTURE "tests/fixtures/wide-llama4-nvfp4"
 
 /* Prompt pi of golden g (the rows at `expect`): its full-sequence logits on the reference
  * and the fast backend, bitwise alike, each within `bound` of expect; *worst the largest
@@ -793,7 +794,21 @@ static size_t check_greedy(json_t *g, json_t *greedy, tsr_backend *be, tsr_llama
         return check_greedy_until_tie(g, greedy, NULL, 0, be, kv, table, step, who);
 }
 
-static void check_modelopt(const char *variant, tsr_dtype want_dtype) {
+/* The resident bytes of a ModelOpt export of make_tiny_llama4.py's model with `heads`
+ * query heads of 16, experts `I` and dense MLPs `M` wide (the tiny: 4, 32, 96): q/k/v/o
+ * of 4 layers, 2 dense MLPs, 2 shared experts and 2 x 4 routed experts stay quantized
+ * (fp8 1 byte a weight, nvfp4 9 bytes per 16); the embedding, lm_head, norms and routers
+ * are float32. */
+static uint64_t modelopt_bytes(uint64_t heads, uint64_t I, uint64_t M, tsr_dtype dtype) {
+        uint64_t qd = heads * 16;
+        uint64_t q = 4 * (qd * 64 * 2 + 32 * 64 * 2) + 2 * 3 * M * 64 + 2 * 3 * I * 64 + 2 * 4 * 3 * I * 64;
+        uint64_t f = 2 * 300 * 64 + (4 * 2 + 1) * 64 + 2 * 4 * 64;
+        return (dtype == TSR_DTYPE_FP8_E4M3 ? q : q / 16 * 9) + 4 * f;
+}
+
+/* Variant `variant` of the ModelOpt fixture folder `fixture` (MO_FIXTURE or WIDE_FIXTURE),
+ * whose weights are `want_bytes` resident (modelopt_bytes). */
+static void check_modelopt(const char *fixture, const char *variant, uint64_t want_bytes) {
         char path[1024], err[512], rel[512];
         json_error_t je;
         json_t *g = NULL;
@@ -806,11 +821,12 @@ static void check_modelopt(const char *variant, tsr_dtype want_dtype) {
         tsr_llama4_kv *kv = NULL;
         uint32_t ids[MAXT], table[MAXT / 16];
 
-        assert_non_null(tsr_test_src_path(MO_FIXTURE "/golden.json", path, sizeof path));
+        snprintf(rel, sizeof rel, "%s/golden.json", fixture);
+        assert_non_null(tsr_test_src_path(rel, path, sizeof path));
         assert_non_null(g = json_load_file(path, 0, &je));
         json_t *var = json_object_get(json_object_get(g, "variants"), variant);
         assert_non_null(var);
-        snprintf(rel, sizeof rel, MO_FIXTURE "/%s", json_string_value(json_object_get(var, "dir")));
+        snprintf(rel, sizeof rel, "%s/%s", fixture, json_string_value(json_object_get(var, "dir")));
         assert_non_null(tsr_test_src_path(rel, path, sizeof path));
         if (tsr_modelopt_config_read(path, &mo, err, sizeof err) != TSR_OK ||
             tsr_llama4_config_from_hf(path, &c, err, sizeof err) != TSR_OK ||
@@ -820,12 +836,6 @@ static void check_modelopt(const char *variant, tsr_dtype want_dtype) {
         free(c);
         tsr_modelopt_config_done(&mo);
 
-        /* memory truth: q/k/v/o of 4 layers, 2 dense MLPs (96 wide), 2 shared experts and
-         * 2 x 4 routed experts (32 wide) stay quantized; the embedding, lm_head, norms and
-         * routers are float32 */
-        uint64_t q = 4 * (64 * 64 * 2 + 32 * 64 * 2) + 2 * 3 * 96 * 64 + 2 * 3 * 32 * 64 + 2 * 4 * 3 * 32 * 64;
-        uint64_t f = 2 * 300 * 64 + (4 * 2 + 1) * 64 + 2 * 4 * 64;
-        uint64_t want_bytes = (want_dtype == TSR_DTYPE_FP8_E4M3 ? q : q / 16 * 9) + 4 * f;
         assert_int_equal(tsr_llama4_resident_bytes(m), want_bytes);
         assert_int_equal(st.resident_bytes, want_bytes);
 
@@ -833,7 +843,7 @@ static void check_modelopt(const char *variant, tsr_dtype want_dtype) {
         for (size_t i = 0; i < n_lp; i++)
                 rows += tsr_test_prompt_ids(g, (size_t)json_integer_value(json_array_get(json_object_get(g,
                                             "logit_prompts"), i)), ids, MAXT);
-        snprintf(rel, sizeof rel, MO_FIXTURE "/%s", json_string_value(json_object_get(var, "logits_file")));
+        snprintf(rel, sizeof rel, "%s/%s", fixture, json_string_value(json_object_get(var, "logits_file")));
         assert_non_null(tsr_test_src_path(rel, path, sizeof path));
         float *emu = malloc(rows * V * sizeof(float)), *a = malloc(MAXT * V * sizeof(float));
         float *b = malloc(MAXT * V * sizeof(float)), *step = malloc(V * sizeof(float));
@@ -855,9 +865,8 @@ static void check_modelopt(const char *variant, tsr_dtype want_dtype) {
         json_t *greedy = json_object_get(var, "greedy");
         size_t total = check_greedy(g, greedy, fast, kv, table, step, variant);
         assert_int_equal(total, 32 * json_array_size(greedy));
-        print_message("tiny-llama4-modelopt %s: resident %llu bytes; max |dlogit| vs emulation %.3g (bound %.3g); "
-                      "greedy %zu/%zu tokens equal\n", variant, (unsigned long long)want_bytes, worst, bound, total,
-                      total);
+        print_message("%s %s: resident %llu bytes; max |dlogit| vs emulation %.3g (bound %.3g); greedy %zu/%zu "
+                      "tokens equal\n", fixture, variant, (unsigned long long)want_bytes, worst, bound, total, total);
         model = keep;
         tsr_llama4_kv_free(&kv);
         tsr_kv_pool_free(&pool);
@@ -869,12 +878,21 @@ static void check_modelopt(const char *variant, tsr_dtype want_dtype) {
 
 static void test_modelopt_fp8(void **state) {
         (void)state;
-        check_modelopt("fp8", TSR_DTYPE_FP8_E4M3);
+        check_modelopt(MO_FIXTURE, "fp8", modelopt_bytes(4, 32, 96, TSR_DTYPE_FP8_E4M3));
 }
 
 static void test_modelopt_nvfp4(void **state) {
         (void)state;
-        check_modelopt("nvfp4", TSR_DTYPE_NVFP4);
+        check_modelopt(MO_FIXTURE, "nvfp4", modelopt_bytes(4, 32, 96, TSR_DTYPE_NVFP4));
+}
+
+/* tests/fixtures/wide-llama4-nvfp4 (make_wide_llama4_nvfp4.py): the same recipe's NVFP4
+ * export of a model with 8 query heads and experts and dense MLPs 128 wide, so every
+ * row-parallel quantized linear splits into whole blocks of 16 (test_parallel.c's
+ * test_modelopt_tp splits it); here whole, as the narrow one. */
+static void test_modelopt_nvfp4_wide(void **state) {
+        (void)state;
+        check_modelopt(WIDE_FIXTURE, "nvfp4", modelopt_bytes(8, 128, 128, TSR_DTYPE_NVFP4));
 }
 
 /* ---- GGUF (llama.cpp's "llama4", tests/fixtures/make_tiny_llama4_gguf.py) ---------------- */
@@ -1006,8 +1024,8 @@ int main(void) {
                 cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bf16),
                 cmocka_unit_test(test_flat_layout),    cmocka_unit_test(test_load_errors),
                 cmocka_unit_test(test_fp8_kv),         cmocka_unit_test(test_modelopt_fp8),
-                cmocka_unit_test(test_modelopt_nvfp4), cmocka_unit_test(test_gguf),
-                cmocka_unit_test(test_gguf_q8_0),
+                cmocka_unit_test(test_modelopt_nvfp4), cmocka_unit_test(test_modelopt_nvfp4_wide),
+                cmocka_unit_test(test_gguf),           cmocka_unit_test(test_gguf_q8_0),
         };
         if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
                 return 1;

@@ -1692,15 +1692,16 @@ static void expect_tp2_refused(const char *rel, const char *family, bool ep, con
  * the rank's columns of each expert), and the logits are bitwise TP = 1's in the
  * canonical split, on both kernel sets: the tiny Llama (TP 2, 4 > its 2 KV heads, 2 x PP
  * 2), NemotronH ("ME*M-E": Mamba mixer, attention, experts, shared expert, MLP; TP 2,
- * 2 x PP 2) and Llama 4 (TP 2, 4, 2 x PP 2), and NemotronH in NVFP4 on the wide fixture
- * (tests/fixtures/wide-nemotron-h-nvfp4: every quantized linear's K a multiple of 128).
+ * 2 x PP 2) and Llama 4 (TP 2, 4, 2 x PP 2), and both MoE families in NVFP4 on the wide
+ * fixtures (tests/fixtures/wide-nemotron-h-nvfp4, wide-llama4-nvfp4: every row-parallel
+ * quantized linear's K a multiple of 128).
  * The narrow NVFP4 twins are too narrow for blocks of 16: refused at tp 2, naming the
  * tensor (the Llama's and Llama 4's o_proj: 8 columns a canonical slice; NemotronH's
  * shared expert: 24 columns a rank, at the load), and the tiny Llama's runs unsplit at
  * tp 1.  --enable-expert-parallel: each rank holds its experts' fp8 / nvfp4 bytes whole
- * (NemotronH 2 x PP 1 and 2, FP8 and NVFP4; Llama 4 FP8 2 and 4), the same bits (an NVFP4
- * rank takes the max input scale over every expert, as vLLM's global-scale backends);
- * Llama 4 refuses it on NVFP4. */
+ * (NemotronH 2 x PP 1 and 2, FP8 and NVFP4; Llama 4 2 and 4, FP8 and NVFP4), the same
+ * bits (an NVFP4 rank takes the max input scale over every expert, as vLLM's
+ * global-scale backends). */
 static void test_modelopt_tp(void **state) {
         (void)state;
         static const uint32_t llama_pp[] = {1, 1}, nh_pp[] = {3, 3}, l4_pp[] = {2, 2};
@@ -1728,6 +1729,8 @@ static void test_modelopt_tp(void **state) {
                  sizeof l4_cases / sizeof l4_cases[0]},
                 {"tests/fixtures/wide-nemotron-h-nvfp4/model", "nemotron_h", run_hybrid_f32, H_ROWS, nh_cases,
                  sizeof nh_cases / sizeof nh_cases[0]},
+                {"tests/fixtures/wide-llama4-nvfp4/nvfp4", "llama4", run_hybrid_f32, H_ROWS, l4_cases,
+                 sizeof l4_cases / sizeof l4_cases[0]},
         };
         for (size_t i = 0; i < sizeof fp8 / sizeof fp8[0]; i++) {
                 model_case mc = {0};
@@ -1745,15 +1748,15 @@ static void test_modelopt_tp(void **state) {
         expect_tp2_refused("tests/fixtures/tiny-llama4-modelopt/nvfp4", "llama4", false,
                            "tensor parallelism: o_proj of layer 0 is nvfp4, whose blocks of 16 elements the "
                            "canonical split's 8 columns per slice would cut");
-        /* NVFP4 under expert parallelism: NemotronH reads every expert's input scale (the
-         * wide fixture above: bitwise tp 1), so the narrow one fails on its shared expert's
-         * share as without the flag; Llama 4 does not read them: refused */
+        /* NVFP4 under expert parallelism: both MoE families read every expert's input
+         * scale (the wide fixtures above: bitwise tp 1), so the narrow ones fail as without
+         * the flag, on what the flag leaves cut */
         expect_tp2_refused("tests/fixtures/tiny-nemotron-h-nvfp4/model", "nemotron_h", true,
                            "tensor 'backbone.layers.1.mixer.shared_experts.down_proj.weight': its tensor-parallel "
                            "share (columns 0..23) does not fall on whole nvfp4 blocks of 16 elements");
         expect_tp2_refused("tests/fixtures/tiny-llama4-modelopt/nvfp4", "llama4", true,
-                           "--enable-expert-parallel with a quantized (ModelOpt NVFP4) checkpoint is not "
-                           "supported yet for model family llama4");
+                           "tensor parallelism: o_proj of layer 0 is nvfp4, whose blocks of 16 elements the "
+                           "canonical split's 8 columns per slice would cut");
 
         /* the narrow NVFP4 Llama at tp 1: the canonical split does not apply, it runs unsplit */
         model_case mc = {0};

@@ -161,12 +161,11 @@ struct tsr_model_family {
          * experts go whole to the ranks instead of a share of every expert to every rank,
          * with outputs bitwise tp_shard's.  `moe`: the family's models have MoE layers; a
          * family without them runs tp_shard for the flag (it changes nothing there, as in
-         * vLLM), one with them and no ep_shard refuses the flag. */
+         * vLLM), one with them and no ep_shard refuses the flag.  A ModelOpt NVFP4
+         * checkpoint's rank quantizes its experts' inputs with the max input_scale over
+         * EVERY expert of the layer, read from the file at load (vLLM's global-scale NVFP4
+         * MoE); an FP8 one with its own experts' max (vLLM's FusedMoE). */
         tsr_status (*ep_shard)(void *model, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen);
-        /* An expert-parallel rank of an NVFP4 checkpoint reads every expert's input_scale
-         * (vLLM's global-scale NVFP4 MoE: one activation scale over all the layer's experts
-         * on every rank).  False: NVFP4 with --enable-expert-parallel is refused. */
-        bool ep_nvfp4;
         bool moe;
         size_t seq_size;                        /* bytes of one family sequence record */
         void (*seq_fill)(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,

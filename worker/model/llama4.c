@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "worker/load/modelopt.h"
 #include "worker/model/family.h"
 #include "worker/model/llama4.h"
 #include "worker/model/tp.h"
@@ -388,8 +389,32 @@ static tsr_status split_stacks(layer *L, tsr_tensor *qexp, size_t E, size_t I, s
  * BMM layout's, transposed), or the BMM float stacks transposed; for quantized experts
  * the GEMMs' shared activation scales (tsr_llama4_load).  TSR_E_INVAL (a layer that
  * mixes quantized and float experts; err names the tensor), TSR_E_NOMEM. */
-static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char *pre, const char *dir, char *err,
-                                 size_t errlen) {
+/* An expert-parallel rank of an NVFP4 checkpoint: the max input_scale over EVERY routed
+ * expert of layer l, as the file holds them (the rank read only its own experts'
+ * tensors), gate and up into *gu, down into *down.  vLLM's global-scale NVFP4 MoE
+ * backends (FlashInfer's) keep every expert's input scale on every rank, so a rank
+ * quantizes its experts' inputs as -tp without expert parallelism does.  TSR_E_INVAL
+ * naming the file and the tensor when one is missing or bad. */
+static tsr_status all_input_scales(const tsr_safetensors_set *set, const char *pre, uint32_t l, size_t n_experts,
+                                   float *gu, float *down, char *err, size_t errlen) {
+        static const char *const proj[3] = {"gate", "up", "down"};
+        *gu = *down = 0.0f;
+        for (size_t i = 0; i < 3 * n_experts; i++) {
+                char module[192];
+                float v;
+                snprintf(module, sizeof module, "%smodel.layers.%u.feed_forward.experts.%zu.%s_proj", pre, l, i / 3,
+                         proj[i % 3]);
+                tsr_status st = tsr_modelopt_input_scale(set, module, &v, err, errlen);
+                if (st != TSR_OK)
+                        return st;
+                float *xs = i % 3 == 2 ? down : gu;
+                *xs = fmaxf(*xs, v);
+        }
+        return TSR_OK;
+}
+
+static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const tsr_safetensors_set *set,
+                                 const char *pre, const char *dir, char *err, size_t errlen) {
         /* a tensor-parallel rank read its hidden_dim / tp columns of each expert (l4_slice),
          * an expert-parallel one its experts e0 .. e0 + E - 1 whole (llama4_bind) */
         size_t En = m->cfg->n_experts, E = En, I = m->cfg->base.hidden_dim, dim = m->cfg->base.dim, nq = 0, e0 = 0;
@@ -466,13 +491,17 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const char
         if (!qexp[0].data)
                 return TSR_OK;
         /* one activation scale per expert GEMM (vLLM's fused MoE: "use the max"), over
-         * the experts the rank holds: an expert-parallel rank's own (FP8; vLLM's FusedMoE
-         * registers only the local experts' input_scale; nemotron_h.c's expert_scales) */
+         * the experts the rank holds: an expert-parallel rank's own with FP8 (vLLM's
+         * FusedMoE registers only the local experts' input_scale; nemotron_h.c's
+         * expert_scales), every expert's with NVFP4 (all_input_scales) */
         float xs_gu = 0, xs_d = 0;
         for (size_t e = 0; e < E; e++) {
                 xs_gu = fmaxf(xs_gu, fmaxf(qexp[3 * e].scales.input, qexp[3 * e + 1].scales.input));
                 xs_d = fmaxf(xs_d, qexp[3 * e + 2].scales.input);
         }
+        if (qexp[0].dtype == TSR_DTYPE_NVFP4 && E < En &&
+            (st = all_input_scales(set, pre, l, En, &xs_gu, &xs_d, err, errlen)) != TSR_OK)
+                return st;
         for (size_t e = 0; e < E; e++) {
                 qexp[3 * e].scales.input = qexp[3 * e + 1].scales.input = xs_gu;
                 qexp[3 * e + 2].scales.input = xs_d;
@@ -609,7 +638,7 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 for (int i = 0; i < N_MATS; i++)
                         if (w[i]->q.data)
                                 m->qdtype = w[i]->q.dtype;
-                if ((cfg->layer[l] & TSR_LLAMA4_MOE) && (st = experts_finish(m, L, l, pre, dir, err, errlen)) != TSR_OK)
+                if ((cfg->layer[l] & TSR_LLAMA4_MOE) && (st = experts_finish(m, L, l, set, pre, dir, err, errlen)) != TSR_OK)
                         goto done;
         }
         if (m->rope_freqs && (st = tsr_llama_rope_inv_freq(&cfg->base, m->rope_freqs, m->inv_freq)) != TSR_OK) {

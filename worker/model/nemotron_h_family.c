@@ -191,7 +191,6 @@ const tsr_model_family tsr_family_nemotron_h = {
         .load_tp_share = true,
         .tp_quantized = true,
         .ep_shard = nh_ep_shard,
-        .ep_nvfp4 = true,
         .moe = true,
         .tp_set_comm = nh_tp_set_comm,
         .seq_size = sizeof(tsr_nemotron_h_seq),

@@ -586,18 +586,6 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                          tsr_family_names(tsr_family_has_tp_quantized, names, sizeof names));
                 return TSR_E_UNSUPPORTED;
         }
-        /* An expert-parallel rank holds only its experts; a layer's experts share one
-         * activation scale, with FP8 the max over the rank's own experts as vLLM's
-         * FusedMoE takes it (expert_scales in nemotron_h.c).  NVFP4's global-scale
-         * backends keep every expert's input scale on every rank: a family that reads
-         * them all (ep_nvfp4) runs it, the others refuse it rather than approximate. */
-        if (split && lo.modelopt && shard->tp_size > 1 && opts->expert_parallel && r->mo.algo != TSR_MODELOPT_FP8 &&
-            !(r->mo.algo == TSR_MODELOPT_NVFP4 && r->fam->ep_nvfp4)) {
-                snprintf(err, errlen, "--enable-expert-parallel with a quantized (ModelOpt %s) checkpoint is not "
-                         "supported yet for model family %s (supported: ModelOpt FP8; NVFP4 for nemotron_h; or "
-                         "tensor parallelism without it)", tsr_modelopt_algo_name(r->mo.algo), r->fam->name);
-                return TSR_E_UNSUPPORTED;
-        }
         if (lo.modelopt && !r->fam->tp_quantized)
                 split = false;
         /* A family that reads a rank's share from the file gets the rank's spec; the
