@@ -266,7 +266,8 @@ tsr_status tsr_bench_prefix_repetition_dataset(const tsr_bench_tok *t, tsr_bench
  * count of the whole prompt, can differ from the sum by a token where two parts meet.
  * The dataset is built before the run, so reply_i is not the real answer: a follower
  * carries its own user text and the stand-in separately (tsr_bench_sample), for a client
- * that resends what the server generated, as vLLM's multi-turn benchmark does.  Ordered
+ * that resends what the server generated, as vLLM's multi-turn benchmark does, or that
+ * sends the turns as chat messages.  Ordered
  * turn by turn (every session's turn 0, then turn 1, ...), each round in its own random
  * order; a turn follows its session's previous turn, so it is sent at its arrival time
  * or when that turn has finished, whichever is later (a closed loop per session, as in

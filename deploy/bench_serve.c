@@ -13,7 +13,9 @@
  * Arrivals are precomputed offsets; the loop sleeps in curl_multi_poll until the next
  * arrival or socket event.  A multi_turn turn that arrives before its session's previous
  * turn has finished is parked until it has (a user waits for the answer), and is then
- * sent with that turn's real answer in its history (resend_prompt).
+ * sent with that turn's real answer in its history: one prompt for the completions
+ * backends (resend_prompt), alternating user and assistant messages for openai-chat
+ * (chat_messages).
  * --max-concurrency holds arrived requests in a FIFO until a slot frees, the
  * asyncio.Semaphore of vLLM; the wait is the client queue time. */
 #include <curl/curl.h>
@@ -633,14 +635,26 @@ static size_t header_cb(char *p, size_t size, size_t nm, void *ud) {
         return n;
 }
 
-/* The payloads of async_request_openai_completions / _chat_completions. */
-static char *request_body(const bench_cfg *c, const char *prompt, int64_t output_len) {
+/* One chat message: a user's text as async_request_openai_chat_completions sends the
+ * prompt (one text content part), an assistant's as vLLM's multi-turn client keeps the
+ * answer it got back (a string).  NULL only on OOM. */
+static json_t *chat_message(const char *role, const char *text) {
+        if (strcmp(role, "user") == 0)
+                return json_pack("{s:s, s:[{s:s, s:s}]}", "role", role, "content", "type", "text", "text", text);
+        return json_pack("{s:s, s:s}", "role", role, "content", text);
+}
+
+/* The payloads of async_request_openai_completions / _chat_completions.  messages
+ * (borrowed; chat only): the conversation to send, else one user message of prompt. */
+static char *request_body(const bench_cfg *c, const char *prompt, json_t *messages, int64_t output_len) {
         json_t *b = json_object();
         const char *model = c->model_name ? c->model_name : c->model_id;
         json_object_set_new(b, "model", json_string(model));
         if (c->chat) {
-                json_t *content = json_pack("[{s:s, s:s}]", "type", "text", "text", prompt);
-                json_object_set_new(b, "messages", json_pack("[{s:s, s:o}]", "role", "user", "content", content));
+                if (messages)
+                        json_object_set(b, "messages", messages);
+                else
+                        json_object_set_new(b, "messages", json_pack("[o]", chat_message("user", prompt)));
                 json_object_set_new(b, "max_completion_tokens", json_integer(output_len));
         } else {
                 json_object_set_new(b, "prompt", json_string(prompt));
@@ -661,11 +675,11 @@ static char *request_body(const bench_cfg *c, const char *prompt, int64_t output
 }
 
 static tsr_status live_start(CURLM *multi, const bench_cfg *c, live_req *r, tsr_bench_output *out, const char *prompt,
-                             int64_t prompt_len, int64_t output_len, const char *request_id) {
+                             json_t *messages, int64_t prompt_len, int64_t output_len, const char *request_id) {
         memset(r, 0, sizeof(*r));
         r->out = out;
         tsr_buf_init(&r->sse, (size_t)64 << 20);
-        r->body = request_body(c, prompt, output_len);
+        r->body = request_body(c, prompt, messages, output_len);
         r->easy = curl_easy_init();
         if (!r->body || !r->easy)
                 return TSR_E_NOMEM;
@@ -726,25 +740,63 @@ typedef struct job {
         bool has_id;
         bool follows;                   /* sent only once jobs[prev] has finished */
         size_t prev;
-        /* A follower with user set is sent as resend_prompt() builds it, into sent
-         * (malloc'd, the caller frees it); prompt is then only the dataset's version. */
+        /* A multi_turn follower's parts (else NULL): the dataset's stand-in for
+         * jobs[prev]'s answer and this turn's user text; prompt is their join. */
         const char *prev_reply, *user;
+        /* A follower that resends the server's answer is sent as resend_prompt() builds
+         * it, into sent (malloc'd, the caller frees it); prompt is then only the
+         * dataset's version.  openai-chat sends chat_messages() and keeps sent to count. */
+        bool resend;
         char *sent;
 } job;
 
-/* A multi_turn follower's prompt as a chat client builds it: the prompt sent for the
- * previous turn, the answer the server generated for it, then this turn's user text.
- * vLLM's multi-turn benchmark does the same (send_turn keeps the server's answer as the
- * next turn's context), and it is what lets a prefix cache that keeps decoded blocks hit
- * on the answer.  A previous turn that failed or generated no text has no answer to
- * resend: the dataset's stand-in reply takes its place, so that history is the
- * dataset's.  Prompts are C strings here: an answer holding a NUL is resent up to it.
- * Returns NULL on OOM. */
+static bool job_is_follower(const job *j) {
+        return j->follows && j->user;
+}
+
+/* The answer a follower's history holds for jobs[i].prev: the text the server generated
+ * for it, as vLLM's multi-turn benchmark resends (send_turn keeps the server's answer as
+ * the next turn's context), which is what lets a prefix cache that keeps decoded blocks
+ * hit on the answer.  A previous turn that failed or generated no text has no answer to
+ * resend: the dataset's stand-in reply takes its place, so that history is the dataset's;
+ * so does every turn without resend (--multi-turn-dataset-replies).  Texts are C strings
+ * here: an answer holding a NUL is resent up to it. */
+static const char *turn_answer(const job *jobs, const tsr_bench_output *outs, size_t i) {
+        const tsr_bench_output *o = &outs[jobs[i].prev];
+        return jobs[i].resend && o->success && o->text.len ? (const char *)o->text.data : jobs[i].prev_reply;
+}
+
+/* A multi_turn follower's prompt as one text: the prompt sent for the previous turn, its
+ * answer (turn_answer), then this turn's user text.  Returns NULL on OOM. */
 static char *resend_prompt(const job *jobs, const tsr_bench_output *outs, size_t i) {
         const job *p = &jobs[jobs[i].prev];
-        const tsr_bench_output *o = &outs[jobs[i].prev];
-        const char *answer = o->success && o->text.len ? (const char *)o->text.data : jobs[i].prev_reply;
-        return tsr_bench_turn_prompt(p->sent ? p->sent : p->prompt, answer, jobs[i].user);
+        return tsr_bench_turn_prompt(p->sent ? p->sent : p->prompt, turn_answer(jobs, outs, i), jobs[i].user);
+}
+
+/* A multi_turn follower's conversation as a chat client sends it: the session's first
+ * prompt (its shared prefix, document and first user text, as vLLM's multi-turn
+ * generator puts the prefixes in the first user turn) as a user message, then for each
+ * later turn up to jobs[i] the answer to the turn before (turn_answer) as an assistant
+ * message and the turn's user text as a user message.  The contents joined are
+ * resend_prompt()'s text.  Returns a new array, NULL on OOM. */
+static json_t *chat_messages(const job *jobs, const tsr_bench_output *outs, size_t i) {
+        size_t turns = 0, j, m;
+        json_t *msgs = json_array();
+
+        for (j = i; job_is_follower(&jobs[j]); j = jobs[j].prev)
+                turns++;
+        for (m = 0; msgs && m < 2 * turns + 1; m++)     /* slots, filled back to front */
+                if (json_array_append_new(msgs, json_null()) != 0)
+                        goto fail;
+        for (j = i, m = 2 * turns; job_is_follower(&jobs[j]); j = jobs[j].prev, m -= 2)
+                if (json_array_set_new(msgs, m, chat_message("user", jobs[j].user)) != 0 ||
+                    json_array_set_new(msgs, m - 1, chat_message("assistant", turn_answer(jobs, outs, j))) != 0)
+                        goto fail;
+        if (msgs && json_array_set_new(msgs, 0, chat_message("user", jobs[j].prompt)) == 0)
+                return msgs;
+fail:
+        json_decref(msgs);
+        return NULL;
 }
 
 /* Send jobs[i] at t0 + delays[i] (delays NULL: all at once), or, for a job that follows
@@ -784,7 +836,8 @@ static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, job *jobs, size_t n
                         size_t i = fifo[head++];
                         const char *prompt = jobs[i].prompt;
                         int64_t prompt_len = jobs[i].prompt_len;
-                        if (jobs[i].follows && jobs[i].user) {    /* jobs[prev] has finished */
+                        json_t *msgs = NULL;
+                        if (job_is_follower(&jobs[i]) && jobs[i].resend) {    /* jobs[prev] has finished */
                                 if (!(jobs[i].sent = resend_prompt(jobs, outs, i))) {
                                         st = TSR_E_NOMEM;
                                         goto out;
@@ -792,8 +845,13 @@ static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, job *jobs, size_t n
                                 prompt = jobs[i].sent;
                                 prompt_len = -1;
                         }
-                        st = live_start(multi, c, &live[i], &outs[i], prompt, prompt_len, jobs[i].output_len,
+                        if (c->chat && job_is_follower(&jobs[i]) && !(msgs = chat_messages(jobs, outs, i))) {
+                                st = TSR_E_NOMEM;
+                                goto out;
+                        }
+                        st = live_start(multi, c, &live[i], &outs[i], prompt, msgs, prompt_len, jobs[i].output_len,
                                         jobs[i].has_id ? jobs[i].request_id : NULL);
+                        json_decref(msgs);
                         if (st != TSR_OK)
                                 goto out;
                         outs[i].client_queue_time = outs[i].start_time - arrival[i];
@@ -1208,8 +1266,8 @@ int bench_serve_main(int argc, char **argv) {
                 jobs[i] = (job){.prompt = samples[i].prompt, .prompt_len = samples[i].prompt_len,
                                 .output_len = samples[i].expected_output_len, .has_id = true,
                                 .follows = samples[i].follows, .prev = samples[i].prev,
-                                .prev_reply = samples[i].prev_reply,
-                                .user = a.mt_dataset_replies ? NULL : samples[i].user};
+                                .prev_reply = samples[i].prev_reply, .user = samples[i].user,
+                                .resend = !a.mt_dataset_replies};
                 snprintf(jobs[i].request_id, sizeof(jobs[i].request_id), "%s%zu", request_id_prefix, i);
         }
         if (!a.temperature)

@@ -345,23 +345,27 @@ def test_multi_turn_waits_for_the_previous_turn(server, tmp_path):
 
 class RecordingProxy:
     """A pass-through HTTP proxy in front of the server that keeps each request's body
-    by its x-request-id, so a test sees the prompts the client really sent.  It relays
-    a response whole (timing is not under test) and, with drop_usage, strips the usage
-    from a stream, as a server that reports none would send it."""
+    by its x-request-id, so a test sees the prompts the client really sent, and the text
+    the server streamed back for it.  It relays a response whole (timing is not under
+    test) and, with drop_usage, strips the usage from a stream, as a server that reports
+    none would send it."""
 
     def __init__(self, upstream, drop_usage=False):
         import http.server
 
-        self.bodies = {}
+        self.bodies, self.texts = {}, {}
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                proxy.bodies[self.headers.get("x-request-id")] = json.loads(body)
+                rid = self.headers.get("x-request-id")
+                proxy.bodies[rid] = json.loads(body)
                 r = requests.post(upstream + self.path, data=body, headers={"Content-Type": "application/json"},
                                   timeout=BENCH_TIMEOUT)
                 out = r.content
+                if r.status_code == 200:
+                    proxy.texts[rid] = proxy.streamed_text(out)
                 if drop_usage and r.status_code == 200:
                     out = b"".join(proxy.without_usage(ev) for ev in out.split(b"\n\n") if ev.strip())
                 self.send_response(r.status_code)
@@ -376,6 +380,17 @@ class RecordingProxy:
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.httpd.server_address[1]
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @staticmethod
+    def streamed_text(stream):
+        """The text of a completions or chat stream: its choices' text / delta.content."""
+        text = []
+        for event in stream.split(b"\n\n"):
+            event = event.strip()
+            if event.startswith(b"data: {"):
+                for c in json.loads(event[6:]).get("choices") or []:
+                    text.append(c.get("text") or (c.get("delta") or {}).get("content") or "")
+        return "".join(text)
 
     @staticmethod
     def without_usage(event):
@@ -394,7 +409,8 @@ class RecordingProxy:
 
 def multi_turn_through_proxy(server, tmp_path, sessions, turns, *flags):
     """`tessera bench serve` multi_turn through a RecordingProxy that drops the usage:
-    (the prompts sent, in dataset order; the --save-detailed JSON)."""
+    (the request bodies sent, in dataset order; the texts the server streamed back for
+    them; the --save-detailed JSON)."""
     base, _, _ = server
     proxy = RecordingProxy(base, drop_usage=True)
     try:
@@ -408,7 +424,14 @@ def multi_turn_through_proxy(server, tmp_path, sessions, turns, *flags):
     assert r.returncode == 0, r.stderr
     _, d = one_json(tmp_path)
     assert d["completed"] == sessions * turns and all(d["generated_texts"]), d
-    return [proxy.bodies[f"mt-{i}"]["prompt"] for i in range(sessions * turns)], d
+    ids = [f"mt-{i}" for i in range(sessions * turns)]
+    return [proxy.bodies[i] for i in ids], [proxy.texts[i] for i in ids], d
+
+
+def multi_turn_prompts(server, tmp_path, sessions, turns, *flags):
+    """multi_turn_through_proxy for the completions backend: (the prompts sent; the JSON)."""
+    bodies, _, d = multi_turn_through_proxy(server, tmp_path, sessions, turns, *flags)
+    return [b["prompt"] for b in bodies], d
 
 
 def test_multi_turn_resends_the_generated_answer(server, tmp_path):
@@ -420,7 +443,7 @@ def test_multi_turn_resends_the_generated_answer(server, tmp_path):
     server's tokenizer on that prompt.  --multi-turn-dataset-replies sends the stand-ins."""
     base, _, _ = server
     sessions, turns = 3, 3
-    prompts, d = multi_turn_through_proxy(server, tmp_path / "resend", sessions, turns)
+    prompts, d = multi_turn_prompts(server, tmp_path / "resend", sessions, turns)
     gen = d["generated_texts"]
     # every turn of rounds 1.. extends exactly one turn of the round before with that
     # turn's generated answer, and every turn of a round is extended once
@@ -437,12 +460,89 @@ def test_multi_turn_resends_the_generated_answer(server, tmp_path):
     assert d["input_lens"] == counts
 
     # the opt-out: each turn still extends its predecessor's prompt, but not with the answer
-    prompts, d = multi_turn_through_proxy(server, tmp_path / "stand-in", sessions, turns, "--multi-turn-dataset-replies")
+    prompts, d = multi_turn_prompts(server, tmp_path / "stand-in", sessions, turns, "--multi-turn-dataset-replies")
     gen = d["generated_texts"]
     for i in range(sessions, sessions * turns):
         k = i // sessions
         prev = [j for j in range((k - 1) * sessions, k * sessions) if prompts[i].startswith(prompts[j])]
         assert len(prev) == 1 and not prompts[i].startswith(prompts[prev[0]] + gen[prev[0]]), i
+
+
+CHAT = ("--backend", "openai-chat", "--endpoint", "/v1/chat/completions")
+
+
+def conversation(body):
+    """A chat body's messages as (role, text) pairs, a content's text parts joined."""
+    def text(c):
+        return c if isinstance(c, str) else "".join(p["text"] for p in c if p["type"] == "text")
+    return [(m["role"], text(m["content"])) for m in body["messages"]]
+
+
+def test_chat_multi_turn_sends_the_conversation(server, tmp_path):
+    """openai-chat sends a multi_turn turn as a chat client keeps the conversation (vLLM's
+    multi-turn benchmark appends each answer it got back to its `messages`): the session's
+    first prompt as a user message, then for every later turn the text the server streamed
+    back for the turn before as an assistant message and the turn's own user text as a
+    user message; not the history flattened into one user message.  The dataset is the
+    same whatever the backend, so the completions backend's stand-in prompts (what the
+    dataset holds) tell the user texts apart from the answers."""
+    base, _, _ = server
+    sessions, turns = 3, 3
+    n = sessions * turns
+    flat, _ = multi_turn_prompts(server, tmp_path / "flat", sessions, turns, "--multi-turn-dataset-replies")
+    bodies, streamed, d = multi_turn_through_proxy(server, tmp_path / "chat", sessions, turns, *CHAT)
+    convs = [conversation(b) for b in bodies]
+    assert streamed == d["generated_texts"] and all(streamed)
+    for i, conv in enumerate(convs):
+        assert [role for role, _ in conv] == ["user", "assistant"] * (i // sessions) + ["user"], (i, conv)
+    assert [conv[0][1] for conv in convs[:sessions]] == flat[:sessions]     # a first turn: its prompt, whole
+    for k in range(1, turns):
+        extended = []
+        for i in range(k * sessions, (k + 1) * sessions):
+            # the conversation of one turn of the round before, then its answer as
+            # streamed, then this turn's user text, which the dataset's prompt ends with
+            prev = [j for j in range((k - 1) * sessions, k * sessions) if convs[i][:-2] == convs[j]]
+            assert len(prev) == 1, (i, convs[i])
+            j = prev[0]
+            assert convs[i][-2] == ("assistant", streamed[j]), (i, j)
+            assert flat[i].startswith(flat[j]) and flat[i].endswith(convs[i][-1][1]), (i, j)
+            extended.append(j)
+        assert sorted(extended) == list(range((k - 1) * sessions, k * sessions))
+    # the client's count of a prompt the server's usage did not give (the proxy drops
+    # it) is the server tokenizer's count of the conversation's text
+    counts = [requests.post(f"{base}/tokenize", timeout=30,
+                            json={"model": MODEL, "prompt": "".join(t for _, t in conv),
+                                  "add_special_tokens": False}).json()["count"] for conv in convs]
+    assert d["input_lens"] == counts
+
+    # --multi-turn-dataset-replies: the same user messages, the dataset's stand-in replies
+    # as the assistant's, so that the conversation's text is the dataset's prompt
+    bodies, _, _ = multi_turn_through_proxy(server, tmp_path / "chat-stand-in", sessions, turns, *CHAT,
+                                            "--multi-turn-dataset-replies")
+    stand_in = [conversation(b) for b in bodies]
+    for i in range(n):
+        assert [role for role, _ in stand_in[i]] == [role for role, _ in convs[i]], i
+        assert [m for m in stand_in[i] if m[0] == "user"] == [m for m in convs[i] if m[0] == "user"], i
+        assert "".join(t for _, t in stand_in[i]) == flat[i], i
+
+
+def test_chat_single_turn_sends_one_user_message(server, tmp_path):
+    """A single-turn dataset keeps vLLM's openai-chat payload: one user message holding
+    the prompt as one text part, as the completions backend sends it as `prompt`."""
+    base, _, _ = server
+    sent = {}
+    for backend in (("--backend", "openai"), CHAT):
+        proxy = RecordingProxy(base)
+        try:
+            r = bench("--port", proxy.port, "--model", MODEL, "--tokenizer", DEMO_MODEL, "--num-prompts", 2,
+                      "--random-input-len", 12, "--random-output-len", 2, "--temperature", "0", "--seed", "7",
+                      "--disable-tqdm", "--request-id-prefix", "st-", *backend)
+        finally:
+            proxy.close()
+        assert r.returncode == 0, r.stderr
+        sent[backend[1]] = [proxy.bodies[f"st-{i}"] for i in range(2)]
+    for chat, completion in zip(sent["openai-chat"], sent["openai"]):
+        assert chat["messages"] == [{"role": "user", "content": [{"type": "text", "text": completion["prompt"]}]}]
 
 
 # ------------------------------------------------------------------ vLLM's own client
