@@ -378,36 +378,34 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
         size_t n_layers = m->n_local, rows[MM_PER_LAYER], cols[MM_PER_LAYER];
         float **f32[MM_PER_LAYER];
         mm_shapes(m, rows, cols);
-        m->bf16 = calloc(n_layers * MM_PER_LAYER, sizeof *m->bf16);
-        /* a tensor-parallel rank's lm_head rows: vocab_out */
-        if (!m->bf16 || (m->w->output && !(m->output_bf16 = to_bf16(m->w->output, m->vocab_out, c->dim))))
-                goto nomem;
-        /* Convert everything first, free the float32 copies only once nothing can fail.  A
-         * weight kept in its block format has no float32 copy and stays as it is. */
-        for (size_t l = 0; l < n_layers; l++) {
-                uint16_t **b = m->bf16 + l * MM_PER_LAYER;
-                mm_slots(&m->w->layers[l], f32);
-                for (int i = 0; i < MM_PER_LAYER; i++)
-                        if (*f32[i] && !(b[i] = to_bf16(*f32[i], rows[i], cols[i])))
-                                goto nomem;
-        }
-        for (size_t l = 0; l < n_layers; l++) {
-                mm_slots(&m->w->layers[l], f32);
-                for (int i = 0; i < MM_PER_LAYER; i++) {
-                        free(*f32[i]);
-                        *f32[i] = NULL;
-                }
-        }
+        if (!(m->bf16 = calloc(n_layers * MM_PER_LAYER, sizeof *m->bf16)))
+                return TSR_E_NOMEM;
+        /* One matrix at a time, its float32 copy freed as soon as it is converted: the
+         * host holds the float32 model plus one bf16 matrix at the peak, not both whole
+         * models (a 70B checkpoint: 280 GB, not 420).  A failure leaves a model only
+         * tsr_llama_free may touch.  A weight kept in its block format has no float32
+         * copy and stays as it is.  A tensor-parallel rank's lm_head rows: vocab_out. */
+        if (m->w->output && !(m->output_bf16 = to_bf16(m->w->output, m->vocab_out, c->dim)))
+                return TSR_E_NOMEM;
         /* tied: output is token_embd, which the embedding reads -- unless a tensor-parallel
          * split made it a copy of the rank's rows (tsr_tp_keep_vocab_rows) */
         if (m->w->output && m->w->output != m->w->token_embd) {
                 free(m->w->output);
                 m->w->output = NULL;
         }
+        for (size_t l = 0; l < n_layers; l++) {
+                uint16_t **b = m->bf16 + l * MM_PER_LAYER;
+                mm_slots(&m->w->layers[l], f32);
+                for (int i = 0; i < MM_PER_LAYER; i++) {
+                        if (!*f32[i])
+                                continue;
+                        if (!(b[i] = to_bf16(*f32[i], rows[i], cols[i])))
+                                return TSR_E_NOMEM;
+                        free(*f32[i]);
+                        *f32[i] = NULL;
+                }
+        }
         return TSR_OK;
-nomem:
-        bf16_free(m);
-        return TSR_E_NOMEM;
 }
 
 /* On a device the host bf16 arrays are gone: the device copy's dtype says it. */

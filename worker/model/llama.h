@@ -63,7 +63,8 @@ void tsr_llama_free(tsr_llama **m);
  * forward then runs the backend's matmul with TSR_DTYPE_BF16 weights on them
  * (activations, norms, attention and the KV cache stay float32).  Call once, after load
  * and before any forward and tsr_llama_to_backend (TSR_E_INVAL after it).  TSR_OK (also
- * when already bf16), TSR_E_NOMEM (the model is then unchanged). */
+ * when already bf16), TSR_E_NOMEM (the model is then half converted: only
+ * tsr_llama_free may be called on it). */
 tsr_status tsr_llama_use_bf16(tsr_llama *m);
 /* Whether `be` can run this model's forward: TSR_OK, TSR_E_UNSUPPORTED when it lacks an
  * op the forward uses (the matmul for the model's weight dtype included) or its memory is

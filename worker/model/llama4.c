@@ -713,45 +713,29 @@ tsr_status tsr_llama4_use_bf16(tsr_llama4 *m) {
                 return TSR_OK;
         c = m->cfg;
         n_layers = m->shard.last_layer - m->shard.first_layer + 1;
-        /* Convert everything first; free the float32 copies only once nothing can fail.
-         * The output matrix is the last pipeline stage's only. */
+        /* One matrix at a time, its float32 copy freed once converted (llama.c's
+         * tsr_llama_use_bf16 says why); a failure leaves a model only tsr_llama4_free may
+         * touch.  The output matrix is the last pipeline stage's only. */
         if (m->output.f && !(m->output.b = to_bf16(m->output.f, (size_t)m->vocab_out * c->base.dim)))
-                goto nomem;
-        for (size_t l = 0; l < n_layers; l++) {
-                mat *w[N_MATS];
-                size_t r[N_MATS], cc[N_MATS], n[N_MATS];
-                layer_mats(m, &m->layers[l], w, r, cc, n);
-                for (int i = 0; i < N_MATS; i++)
-                        if (w[i]->f && !(w[i]->b = to_bf16(w[i]->f, r[i] * cc[i] * n[i])))
-                                goto nomem;
-        }
+                return TSR_E_NOMEM;
+        if (m->output.f != m->embed)            /* tied: the embedding still reads it */
+                free(m->output.f);
+        m->output.f = NULL;
         for (size_t l = 0; l < n_layers; l++) {
                 mat *w[N_MATS];
                 size_t r[N_MATS], cc[N_MATS], n[N_MATS];
                 layer_mats(m, &m->layers[l], w, r, cc, n);
                 for (int i = 0; i < N_MATS; i++) {
+                        if (!w[i]->f)
+                                continue;
+                        if (!(w[i]->b = to_bf16(w[i]->f, r[i] * cc[i] * n[i])))
+                                return TSR_E_NOMEM;
                         free(w[i]->f);
                         w[i]->f = NULL;
                 }
         }
-        if (m->output.f != m->embed)            /* tied: the embedding still reads it */
-                free(m->output.f);
-        m->output.f = NULL;
         m->bf16 = true;
         return TSR_OK;
-nomem:
-        for (size_t l = 0; l < n_layers; l++) {
-                mat *w[N_MATS];
-                size_t r[N_MATS], cc[N_MATS], n[N_MATS];
-                layer_mats(m, &m->layers[l], w, r, cc, n);
-                for (int i = 0; i < N_MATS; i++) {
-                        free(w[i]->b);
-                        w[i]->b = NULL;
-                }
-        }
-        free(m->output.b);
-        m->output.b = NULL;
-        return TSR_E_NOMEM;
 }
 
 bool tsr_llama4_is_bf16(const tsr_llama4 *m) { return m && m->bf16; }

@@ -126,7 +126,7 @@ const tsr_llama4_config *tsr_llama4_config_of(const tsr_llama4 *m);
 /* --dtype bfloat16: every matmul weight (attention, router, experts, shared expert,
  * dense MLP, output) rounded to bf16, float32 copies freed; activations, norms,
  * routing math and the cache stay float32.  TSR_OK (also when already), TSR_E_NOMEM
- * (model unchanged). */
+ * (the model half converted: only tsr_llama4_free may be called on it). */
 tsr_status tsr_llama4_use_bf16(tsr_llama4 *m);
 bool tsr_llama4_is_bf16(const tsr_llama4 *m);
 /* The bytes the weights take in memory now (after tsr_llama4_use_bf16 too). */

@@ -703,19 +703,15 @@ tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m) {
         if (!(w = malloc(max * sizeof *w)) || !(n = malloc(max * sizeof *n)))
                 goto done;
         k = all_mats(m, w, n, max);
+        /* One linear at a time, its float32 copy freed once converted (llama.c's
+         * tsr_llama_use_bf16 says why); a failure leaves a model only
+         * tsr_nemotron_h_free may touch. */
         for (size_t i = 0; i < k; i++) {
                 /* 64-byte aligned, as the other families hold their bf16 copies */
-                if (!(w[i]->b = aligned_alloc(64, (n[i] * sizeof(uint16_t) + 63) / 64 * 64))) {
-                        for (size_t j = 0; j < i; j++) {
-                                free(w[j]->b);
-                                w[j]->b = NULL;
-                        }
+                if (!(w[i]->b = aligned_alloc(64, (n[i] * sizeof(uint16_t) + 63) / 64 * 64)))
                         goto done;
-                }
                 for (size_t e = 0; e < n[i]; e++)
                         w[i]->b[e] = tsr_f32_to_bf16(w[i]->f[e]);
-        }
-        for (size_t i = 0; i < k; i++) {
                 if (w[i]->f != m->token_embd)           /* tied: the embedding still reads it */
                         free(w[i]->f);
                 w[i]->f = NULL;

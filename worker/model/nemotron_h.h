@@ -180,7 +180,8 @@ void tsr_nemotron_h_set_comm(tsr_nemotron_h *m, struct tsr_comm *comm);
  * widened), float32 copies freed; the router, A, D, dt_bias, conv weights, norms and the
  * embedding stay float32 (models.md §3), the recurrent state stays float32, and the
  * residual stream is held at bf16 precision unless config.json says residual_in_fp32.
- * TSR_OK (also when already), TSR_E_NOMEM (model unchanged), TSR_E_UNSUPPORTED after
+ * TSR_OK (also when already), TSR_E_NOMEM (the model half converted: only
+ * tsr_nemotron_h_free may be called on it), TSR_E_UNSUPPORTED after
  * tsr_nemotron_h_shard_tp (the split is float32 math).  Main thread, after load. */
 tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m);
 bool tsr_nemotron_h_is_bf16(const tsr_nemotron_h *m);
