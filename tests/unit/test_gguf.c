@@ -725,6 +725,82 @@ static void test_llama2_tiny_random(void **state) {
         tsr_gguf_close(&g);
 }
 
+/* The loader drops the pages of a tensor it has read from the process (release_file_pages
+ * in loader.c: madvise MADV_DONTNEED) only where they are a file's: a GGUF opened from
+ * memory keeps every byte (DONTNEED would zero borrowed anonymous pages), and from a file
+ * the same tensor read twice gives the same floats (the second read faults the pages back
+ * in).  The tensor spans 16 pages so the release has whole pages to drop. */
+static float release_value(size_t i) { return (float)i * 0.25f - 1000.0f; }
+static float *release_dst;
+
+static bool release_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_load_slot *ret) {
+        (void)model, (void)n, (void)layer;
+        free(release_dst);
+        release_dst = NULL;
+        *ret = (tsr_load_slot){.dst = &release_dst, .rows = 64, .cols = 256};
+        return true;
+}
+
+static void test_load_releases_only_file_pages(void **state) {
+        (void)state;
+        enum { N = 64 * 256, ALIGN = 4096 };
+        tsr_buf b;
+        tsr_buf_init(&b, 1 << 20);
+        gw_bytes(&b, "GGUF", 4);
+        gw_u32(&b, 3);
+        gw_u64(&b, 1);                          /* tensors */
+        gw_u64(&b, 1);                          /* key-value pairs */
+        gw_key(&b, "general.alignment", TSR_GGUF_TYPE_UINT32);
+        gw_u32(&b, ALIGN);
+        gw_str(&b, "w.weight");
+        gw_u32(&b, 2);
+        gw_u64(&b, 256);                        /* ggml order: columns first */
+        gw_u64(&b, 64);
+        gw_u32(&b, 0);                          /* F32 */
+        gw_u64(&b, 0);
+        while (b.len % ALIGN)
+                gw_u8(&b, 0);
+        for (size_t i = 0; i < N; i++) {
+                float f = release_value(i);
+                gw_bytes(&b, &f, sizeof f);
+        }
+        /* borrowed bytes, page-aligned so the tensor's 16 pages are whole */
+        uint8_t *mem = aligned_alloc(ALIGN, (b.len + ALIGN - 1) / ALIGN * ALIGN);
+        assert_non_null(mem);
+        memcpy(mem, b.data, b.len);
+        tsr_tensor_name table[] = {{.logical = "w", .gguf = "w.weight"}};
+        tsr_shard_spec spec = tsr_shard_spec_whole(1);
+        char err[256], path[] = "/tmp/tsr_gguf_release_XXXXXX";
+        tsr_gguf *g = NULL;
+        assert_int_equal(tsr_gguf_open_memory(mem, b.len, &g, err, sizeof err), TSR_OK);
+        assert_false(tsr_gguf_file_mapped(g));
+        tsr_tensor_source src = {.g = g, .src = "<memory>"};
+        assert_int_equal(tsr_load_tensors(&src, table, 1, &spec, release_bind, NULL, NULL, NULL, NULL, err,
+                                          sizeof err), TSR_OK);
+        assert_memory_equal(mem, b.data, b.len);        /* every borrowed byte as it was */
+        tsr_gguf_close(&g);
+
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, b.data, b.len), (ssize_t)b.len);
+        close(fd);
+        assert_int_equal(tsr_gguf_open(path, &g, err, sizeof err), TSR_OK);
+        assert_true(tsr_gguf_file_mapped(g));
+        src = (tsr_tensor_source){.g = g, .src = path};
+        for (int pass = 0; pass < 2; pass++) {          /* the second read after the pages were dropped */
+                assert_int_equal(tsr_load_tensors(&src, table, 1, &spec, release_bind, NULL, NULL, NULL, NULL, err,
+                                                  sizeof err), TSR_OK);
+                for (size_t i = 0; i < N; i++)
+                        if (release_dst[i] != release_value(i))
+                                fail_msg("pass %d element %zu: %g", pass, i, (double)release_dst[i]);
+        }
+        tsr_gguf_close(&g);
+        unlink(path);
+        free(release_dst);
+        release_dst = NULL;
+        free(mem);
+        tsr_buf_done(&b);
+}
 /* tsr_load_tensors' tensor-parallel slices (issue #20) on SmolLM2's block formats:
  * rows of the Q8_0 embedding and of a Q4_1 attn_k, columns of a Q4_1 ffn_down, each
  * bitwise the same rows / columns of the whole tensor widened in one call; the stats
@@ -886,6 +962,7 @@ int main(void) {
                 cmocka_unit_test(test_llama2_tiny_random),
                 cmocka_unit_test(test_smollm2),
                 cmocka_unit_test(test_load_slices),
+                cmocka_unit_test(test_load_releases_only_file_pages),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

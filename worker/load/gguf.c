@@ -524,6 +524,8 @@ static tsr_status parse_tensors(gguf_rd *r, tsr_gguf *g, uint64_t n_tensors) {
         return TSR_OK;
 }
 
+bool tsr_gguf_file_mapped(const tsr_gguf *g) { return g && g->map; }
+
 static void gguf_free(tsr_gguf *g) {
         if (!g)
                 return;

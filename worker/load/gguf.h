@@ -126,6 +126,10 @@ tsr_status tsr_gguf_open(const char *path, tsr_gguf **ret, char *err, size_t err
 tsr_status tsr_gguf_open_memory(const void *data, size_t len, tsr_gguf **ret, char *err, size_t errlen);
 /* Unmap and free.  Accepts NULL and *g == NULL; clears *g. */
 void tsr_gguf_close(tsr_gguf **g);
+/* Whether g's bytes are its own read-only private map of a file (tsr_gguf_open), which
+ * madvise(MADV_DONTNEED) may drop and a later read faults back in; false for borrowed
+ * bytes (tsr_gguf_open_memory), where the same call would lose them. */
+bool tsr_gguf_file_mapped(const tsr_gguf *g);
 
 uint32_t tsr_gguf_version(const tsr_gguf *g);
 /* general.alignment, or 32 when absent. */

@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/quant/quant.h"
 #include "worker/load/loader.h"
@@ -549,6 +551,26 @@ static tsr_status src_load_one(const tsr_tensor_source *s, const src_tensor *t, 
 
 /* ---- the loader ------------------------------------------------------------------ */
 
+/* Drop the file pages of tensor t, just read from s, from the process's resident set:
+ * madvise MADV_DONTNEED on the whole pages inside its bytes.  A safetensors set is
+ * always a read-only private map of its files, a GGUF may be one (tsr_gguf_file_mapped);
+ * neither is ever written, so a later read of those bytes faults them back in from the
+ * file (the page cache keeps them for the next rank's load): nothing changes but
+ * memory.  Without it every page read stays resident until the file is closed after the
+ * load, and the load peaks at the file plus the float32 model (a bf16 70B checkpoint:
+ * 140 + 280 GB).  Bytes a GGUF borrows from memory are left alone (DONTNEED would zero
+ * them).  Best effort: an madvise that fails leaves the pages where they were. */
+static void release_file_pages(const tsr_tensor_source *s, const src_tensor *t) {
+        const void *data = t->gt ? t->gt->data : t->st ? t->st->data : NULL;
+        long page = sysconf(_SC_PAGESIZE);
+        if (!data || page <= 0 || (s->g && !tsr_gguf_file_mapped(s->g)))
+                return;
+        uintptr_t a = (uintptr_t)data, lo = (a + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page,
+                  hi = (a + t->n_bytes) / (uintptr_t)page * (uintptr_t)page;
+        if (hi > lo)
+                (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 static double now_s(void) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -637,7 +659,9 @@ tsr_status tsr_load_tensors(const tsr_tensor_source *s, const tsr_tensor_name *t
         for (size_t i = 0; i < n_wants; i++) {
                 if (!src_find(s, wants[i].name, &t))
                         continue;
-                if ((st = src_load_one(s, &t, &wants[i], err, errlen)) != TSR_OK)
+                st = src_load_one(s, &t, &wants[i], err, errlen);
+                release_file_pages(s, &t);
+                if (st != TSR_OK)
                         goto out;
                 done.n_tensors++;
                 done.file_bytes += src_read_bytes(s, &t, &wants[i]);
