@@ -1381,11 +1381,15 @@ static void test_fp8_kv_vs_emulation(void **state) {
  * checkpoint at -tp N): the split runs on float32, then each rank converts its share, and
  * every row-parallel K slice's partial is the bf16 matmul's on that slice, so TP 2 (and
  * 4) give the bits of TP 1 in the canonical split with bf16 weights, for every family
- * (expert-parallel too); and they are not the float32 bits (the weights really are bf16). */
+ * (expert-parallel too); and they are not the float32 bits (the weights really are bf16).
+ * A BF16 Llama checkpoint's matmuls are not converted at all: kept as stored, each rank
+ * its share of the bytes, the canonical slices cut from them. */
 static void test_tp_bf16(void **state) {
         (void)state;
         static const struct { const char *rel, *family; uint32_t max_tp; bool ep; } cases[] = {
                 {"tests/fixtures/tiny-llama3-hf/f32", "llama", 4, false},
+                /* a BF16 checkpoint: its matmuls kept as stored (keep_bf16), split as bytes */
+                {"tests/fixtures/tiny-llama3-hf/bf16", "llama", 4, false},
                 {"tests/fixtures/tiny-llama4", "llama4", 4, false},
                 {"tests/fixtures/tiny-llama4", "llama4", 2, true},
                 {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", 2, false},

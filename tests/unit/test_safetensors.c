@@ -805,6 +805,65 @@ static void test_tp_share_load(void **state) {
         }
 }
 
+/* keep_bf16 (tsr_load_opts; the runner sets it whenever the weights become bfloat16): the
+ * bf16 fixture's seven matmuls a layer stay BF16 as stored (the embedding and lm_head
+ * widened), so the load holds 2 bytes, not 4, for each of their weights; after
+ * tsr_llama_use_bf16 (which converts the lm_head only) the model holds the bytes and
+ * gives bitwise the logits of the same file widened and then converted, on the reference
+ * and the fast backend.  As tensor-parallel rank 1 of 2 the share is cut from the mapped
+ * file and the split (tsr_llama_shard_tp) runs on the kept bytes. */
+static void test_bf16_kept_as_stored(void **state) {
+        (void)state;
+        char path[1024], err[512] = "";
+        tsr_llama *conv = NULL, *kept = NULL;
+        tsr_llama_kv *kv = NULL;
+        tsr_load_stats sc = {0}, sk = {0};
+        tsr_backend *fast = NULL;
+        const tsr_load_opts keep = {.keep_bf16 = true};
+        uint32_t ids[128];
+
+        assert_non_null(tsr_test_src_path(FIXTURE "/bf16", path, sizeof path));
+        if (tsr_llama_load(path, NULL, NULL, NULL, &conv, &sc, err, sizeof err) != TSR_OK ||
+            tsr_llama_load_opts(path, NULL, NULL, &keep, NULL, NULL, &kept, &sk, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        const tsr_llama_config *c = tsr_llama_config_of(conv);
+        size_t V = c->vocab_size, L = c->n_layers, dim = c->dim, hd = c->head_dim;
+        size_t mm = L * (2 * c->n_heads * hd * dim + 2 * c->n_kv_heads * hd * dim + 3 * (size_t)c->hidden_dim * dim);
+        assert_int_equal(sc.resident_bytes, 112448 * 4);
+        assert_int_equal(sk.resident_bytes, 112448 * 4 - mm * 2);   /* the matmuls at 2 bytes */
+        assert_int_equal(tsr_llama_use_bf16(conv), TSR_OK);
+        assert_int_equal(tsr_llama_use_bf16(kept), TSR_OK);
+        assert_int_equal(tsr_llama_resident_bytes(kept), tsr_llama_resident_bytes(conv));
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &fast), TSR_OK);
+        float *a = malloc(128 * V * sizeof(float)), *b = malloc(128 * V * sizeof(float));
+        assert_true(a && b);
+        tsr_backend *bes[] = {ref_be, fast};
+        for (size_t k = 0; k < 2; k++)
+                for (size_t pi = 0; pi < json_array_size(json_object_get(golden, "prompts")); pi++) {
+                        size_t n = tsr_test_prompt_ids(golden, pi, ids, 128);
+                        assert_int_equal(tsr_llama_kv_new(conv, 128, 4, &kv), TSR_OK);
+                        assert_int_equal(tsr_llama_forward(conv, bes[k], kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, a), TSR_OK);
+                        tsr_llama_kv_free(&kv);
+                        assert_int_equal(tsr_llama_kv_new(kept, 128, 4, &kv), TSR_OK);
+                        assert_int_equal(tsr_llama_forward(kept, bes[k], kv, ids, n, 0, TSR_LLAMA_LOGITS_ALL, b), TSR_OK);
+                        tsr_llama_kv_free(&kv);
+                        assert_memory_equal(a, b, n * V * sizeof(float));
+                }
+        tsr_llama_free(&conv);
+        tsr_llama_free(&kept);
+
+        /* rank 1 of 2: its share kept (under half the matmul bytes), split on the bytes */
+        tsr_shard_spec r1 = {.tp_rank = 1, .tp_size = 2, .first_layer = 0, .last_layer = (uint32_t)L - 1};
+        if (tsr_llama_load_opts(path, NULL, &r1, &keep, NULL, NULL, &kept, &sk, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        assert_int_equal(tsr_llama_shard_tp(kept, 1, 2, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_llama_use_bf16(kept), TSR_OK);
+        tsr_llama_free(&kept);
+        tsr_backend_free(&fast);
+        free(a);
+        free(b);
+}
+
 static void test_tiny_llama3_f32(void **state) { check_variant("f32", TSR_ST_F32); }
 
 static void test_tiny_llama3_bf16(void **state) { check_variant("bf16", TSR_ST_BF16); }
@@ -919,6 +978,7 @@ int main(void) {
                 cmocka_unit_test(test_tiny_llama3_bf16),
                 cmocka_unit_test(test_load_errors),
                 cmocka_unit_test(test_tp_share_load),
+                cmocka_unit_test(test_bf16_kept_as_stored),
         };
         if (tsr_backend_cpu_ref_new(&ref_be) != TSR_OK)
                 return 1;

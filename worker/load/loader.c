@@ -212,6 +212,28 @@ tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers) {
 
 /* ---- GGUF ------------------------------------------------------------------------ */
 
+/* *w->stored = the matrix tt (its data the file's mapped bytes, borrowed), or w's
+ * tensor-parallel share of it, in new 64-byte aligned memory of ours (the file is
+ * unmapped after the load).  TSR_E_UNSUPPORTED when the share would cut a block,
+ * TSR_E_NOMEM; *w->stored unchanged on failure. */
+static tsr_status keep_stored(tsr_tensor *tt, const struct want *w) {
+        if (w->slice.axis != TSR_LOAD_WHOLE) {
+                tsr_tensor cut;
+                tsr_status st = tsr_load_stored_cut(tt, &w->slice, &cut);
+                if (st == TSR_OK)
+                        *w->stored = cut;
+                return st;
+        }
+        size_t bytes = tsr_tensor_n_bytes(tt);
+        void *buf = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        if (!buf)
+                return TSR_E_NOMEM;
+        memcpy(buf, tt->data, bytes);
+        tt->data = buf;
+        *w->stored = *tt;
+        return TSR_OK;
+}
+
 /* Keep GGUF tensor `t` (shape checked) in its block format when `keep_dtypes` has its
  * dtype and `w` a place for it: its bytes (w's share of them) copied into 64-byte aligned
  * memory of ours (the file is unmapped after the load).  False when it is to be widened
@@ -225,24 +247,8 @@ static bool gguf_keep(const tsr_gguf_tensor *t, const struct want *w, uint32_t k
             !(keep_dtypes & (1u << dt)) ||
             tsr_tensor_init(&tt, dt, 2, shape, NULL, (void *)t->data) != TSR_OK || tsr_tensor_n_bytes(&tt) != t->n_bytes)
                 return false;
-        /* a tensor-parallel share: only its bytes, cut from the file's; a column range
-         * that would cut a block is widened instead, as without keep_dtypes */
-        if (w->slice.axis != TSR_LOAD_WHOLE) {
-                tsr_tensor cut;
-                if ((*st = tsr_load_stored_cut(&tt, &w->slice, &cut)) == TSR_OK)
-                        *w->stored = cut;
-                return *st != TSR_E_UNSUPPORTED;
-        }
-        void *buf = aligned_alloc(64, (t->n_bytes + 63) / 64 * 64);
-        if (!buf) {
-                *st = TSR_E_NOMEM;
-                return true;
-        }
-        memcpy(buf, t->data, t->n_bytes);
-        tt.data = buf;
-        *w->stored = tt;
-        *st = TSR_OK;
-        return true;
+        /* a column range that would cut a block is widened instead, as without keep_dtypes */
+        return (*st = keep_stored(&tt, w)) != TSR_E_UNSUPPORTED;
 }
 
 /* Check `t` against `w` and dequantize it into a new array, or keep it (gguf_keep). */
@@ -473,9 +479,10 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
         return st;
 }
 
-/* Check `t` (from `file`) against `w` and convert it into a new float32 array. */
+/* Check `t` (from `file`) against `w` and convert it into a new float32 array, or, with
+ * keep_bf16, keep a BF16 matrix whose slot has `stored` as it is (tsr_tensor_source). */
 static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file, const struct want *w,
-                              float **ret, char *err, size_t errlen) {
+                              bool keep_bf16, float **ret, char *err, size_t errlen) {
         uint32_t gtype;
         float *buf;
 
@@ -511,6 +518,15 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
         }
         if (!slice_ok(w, file, err, errlen))
                 return TSR_E_INVAL;
+        if (keep_bf16 && t->dtype == TSR_ST_BF16 && w->stored && w->cols && !w->experts && t->n_dims == 2) {
+                size_t shape[2] = {w->rows, w->cols};
+                tsr_tensor tt;
+                tsr_status st = tsr_tensor_init(&tt, TSR_DTYPE_BF16, 2, shape, NULL, (void *)t->data);
+                if (st == TSR_OK && (st = keep_stored(&tt, w)) != TSR_OK)
+                        tsr_errf(err, errlen, "%s: tensor '%s': %s", file, w->name,
+                                 st == TSR_E_NOMEM ? "out of memory" : "cannot keep it as stored");
+                return st;
+        }
         if (t->n_elements > SIZE_MAX / sizeof(float)) {
                 tsr_errf(err, errlen, "%s: tensor '%s' too large", file, w->name);
                 return TSR_E_LIMIT;
@@ -546,7 +562,7 @@ static tsr_status src_load_one(const tsr_tensor_source *s, const src_tensor *t, 
         if (!s->g && tsr_modelopt_weight_dtype(t->st->dtype))
                 return hf_load_quantized(s, t->st, t->file, w, err, errlen);
         return s->g ? gguf_load_one(t->gt, w, s->src, s->keep_dtypes, w->dst, err, errlen)
-                    : hf_load_one(t->st, t->file, w, w->dst, err, errlen);
+                    : hf_load_one(t->st, t->file, w, s->keep_bf16, w->dst, err, errlen);
 }
 
 /* ---- the loader ------------------------------------------------------------------ */

@@ -72,6 +72,10 @@ typedef struct tsr_tensor_source {
         /* bit (1u << dtype): a GGUF tensor stored in this dtype whose slot has `stored` is
          * kept as it is, not widened (tsr_load_opts; issue #15).  0: widen everything. */
         uint32_t keep_dtypes;
+        /* A safetensors BF16 matrix whose slot has `stored` is kept as it is (BF16, the
+         * file's bytes or the slot's share of them), not widened (tsr_load_opts).  Ignored
+         * for GGUF, whose BF16 tensors keep_dtypes governs. */
+        bool keep_bf16;
         /* Prepended to every HF name of the table (NULL: none): a checkpoint that nests the
          * text model in a bigger one, e.g. "language_model." for Llama 4's
          * Llama4ForConditionalGeneration.  Ignored for GGUF. */
@@ -88,6 +92,11 @@ typedef struct tsr_load_opts {
          * this dtype (a GGUF block type the backend's matmul computes on) is kept as it
          * is: resident bytes = file bytes for it. */
         uint32_t keep_dtypes;
+        /* A Hugging Face folder's BF16 matmul weights stay BF16 as stored (the weights'
+         * dtype is bfloat16 and the backend's matmul computes on it): resident bytes =
+         * file bytes for them, and no float32 copy is ever made.  The family decides which
+         * of its slots may hold one (tsr_load_slot.stored). */
+        bool keep_bf16;
         /* A Hugging Face folder's ModelOpt quantization (tsr_modelopt_config_read; NULL:
          * none announced): its quantized linear weights stay fp8_e4m3 / nvfp4 with their
          * scales (resident bytes: the file's, plus NVFP4's block scales). */
@@ -141,8 +150,10 @@ typedef struct tsr_load_slot {
          * stay the file's shape, which is checked) goes into *dst, as (sum of the n, cols)
          * or (rows, sum of the n) floats (an expert stack: experts of those); it is
          * converted row by row from the file's bytes, so no whole tensor is ever held in
-         * float32.  A GGUF block format is then never kept as stored; a ModelOpt weight
-         * is, read whole as stored and cut to the share (tsr_load_stored_slice: the one
+         * float32.  A tensor kept as stored keeps only the share's bytes: a GGUF block
+         * format's and a safetensors BF16 matrix's cut from the mapped file (a GGUF
+         * column range that would cut a block is widened instead); a ModelOpt weight
+         * read whole as stored and cut to the share (tsr_load_stored_slice: the one
          * tensor, never the whole model, held at once); an FP8 expert stack (experts > 0)
          * the same, the share of each expert.  A vector (cols 0) only by rows. */
         tsr_load_slice slice;

@@ -246,8 +246,8 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
         struct { float **dst; tsr_tensor *stored; uint64_t rows, cols; tsr_load_slice slice; } s[] = {
                 /* a tied last stage that does not embed reads the table only as lm_head:
                  * a tensor-parallel rank its vocabulary rows */
-                {first || (last && c->tied_embeddings) ? &w->token_embd : NULL, &w->token_embd_stored,
-                 c->vocab_size, dim, tp && !first ? rows_vocab : whole},
+                {first || (last && c->tied_embeddings) ? &w->token_embd : NULL,
+                 w->tables_stored ? &w->token_embd_stored : NULL, c->vocab_size, dim, tp && !first ? rows_vocab : whole},
                 {L ? &L->attn_norm : NULL, NULL, dim, 0, whole},
                 {L ? &L->wq : NULL, st ? &st[TSR_LLAMA_MM_Q] : NULL, q_dim, dim, tp ? rows_q : whole},
                 {L ? &L->wk : NULL, st ? &st[TSR_LLAMA_MM_K] : NULL, kv_dim, dim, tp ? rows_kv : whole},
@@ -258,13 +258,12 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
                 {L ? &L->w_up : NULL, st ? &st[TSR_LLAMA_MM_UP] : NULL, hid, dim, tp ? rows_mlp : whole},
                 {L ? &L->w_down : NULL, st ? &st[TSR_LLAMA_MM_DOWN] : NULL, dim, hid, tp ? cols_down : whole},
                 {last ? &w->output_norm : NULL, NULL, dim, 0, whole},
-                {c->tied_embeddings || !last ? NULL : &w->output, &w->output_stored, c->vocab_size, dim,
-                 tp ? rows_vocab : whole},
+                {c->tied_embeddings || !last ? NULL : &w->output, w->tables_stored ? &w->output_stored : NULL,
+                 c->vocab_size, dim, tp ? rows_vocab : whole},
                 {&w->rope_freqs, NULL, c->head_dim / 2, 0, whole},
         };
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
                 if (strcmp(names[i], n->logical) == 0 && s[i].dst) {
-                        /* a share is kept as stored only as a ModelOpt weight (loader.h) */
                         *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].stored,
                                                .rows = s[i].rows, .cols = s[i].cols,
                                                .optional = strcmp(n->logical, "rope_freqs") == 0,
@@ -292,6 +291,7 @@ static tsr_status llama_load_source(const tsr_tensor_source *s, const tsr_llama_
         }
         w->cfg = *cfg;
         w->shard = *spec;
+        w->tables_stored = s->g != NULL;
         if (spec->tp_size > 1) {        /* tsr_llama_weights_check passed it */
                 if ((st = tsr_llama_tp_share_of(cfg, spec->tp_rank, spec->tp_size, &w->tp_share, err, errlen)) !=
                     TSR_OK)
@@ -355,7 +355,8 @@ tsr_status tsr_llama_weights_load_hf_opts(const tsr_safetensors_set *set, const 
                                           const tsr_shard_spec *spec, const tsr_load_opts *opts,
                                           tsr_load_progress_fn progress, void *ud, tsr_llama_weights **ret,
                                           tsr_load_stats *stats, char *err, size_t errlen) {
-        tsr_tensor_source s = {.set = set, .modelopt = opts ? opts->modelopt : NULL};
+        tsr_tensor_source s = {.set = set, .modelopt = opts ? opts->modelopt : NULL,
+                               .keep_bf16 = opts && opts->keep_bf16};
         const char *file;
         tsr_status st;
 

@@ -96,10 +96,11 @@ typedef struct tsr_llama_layer {
         float *w_gate;          /* (hidden_dim, dim) */
         float *w_up;            /* (hidden_dim, dim) */
         float *w_down;          /* (dim, hidden_dim) */
-        /* The matmul weights (TSR_LLAMA_MM_* order) kept in their file's block format
-         * (tsr_load_opts.keep_dtypes): the file's bytes copied into memory this struct owns
-         * (data), in the tensor's dtype and shape; the float32 field above is then NULL.
-         * data == NULL: widened to float32 as usual. */
+        /* The matmul weights (TSR_LLAMA_MM_* order) kept as the file stores them: a GGUF's
+         * block format (tsr_load_opts.keep_dtypes), a ModelOpt fp8 / nvfp4 weight, a
+         * safetensors BF16 one (keep_bf16): the file's bytes copied into memory this
+         * struct owns (data), in the tensor's dtype and shape; the float32 field above is
+         * then NULL.  data == NULL: widened to float32 as usual. */
         tsr_tensor stored[TSR_LLAMA_MM_PER_LAYER];
 } tsr_llama_layer;
 
@@ -113,8 +114,11 @@ typedef struct tsr_llama_weights {
         float *rope_freqs;      /* (head_dim/2,) llama.cpp's per-pair frequency divisors, NULL if absent */
         /* token_embd and output kept in their block format, as the layers' stored[]: the
          * float32 field is then NULL (the forward widens the embedding rows it looks up);
-         * tied: output_stored is token_embd_stored (the same data, freed once). */
+         * tied: output_stored is token_embd_stored (the same data, freed once).  A GGUF's
+         * only (tables_stored): a safetensors checkpoint's are always widened (ModelOpt
+         * never quantizes them, and keep_bf16 is for the layers' matmuls). */
         tsr_tensor token_embd_stored, output_stored;
+        bool tables_stored;
         /* shard.tp_size > 1: every matmul weight and an untied lm_head were read as the
          * rank's share straight from the file (tsr_llama_tp_share_of; loader.h's slices):
          * wq/wk/wv/w_gate/w_up hold its rows, wo/w_down its columns (not yet in the

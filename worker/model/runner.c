@@ -569,6 +569,11 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
                         if (tsr_dtype_get_info((tsr_dtype)t)->quantized &&
                             tsr_backend_supports(sg->be, TSR_OP_MATMUL, (tsr_dtype)t))
                                 lo.keep_dtypes |= 1u << t;
+        /* Weights that become bfloat16 anyway (--dtype bfloat16, or auto where the matmul
+         * has a bf16 path): a checkpoint's BF16 matmul weights stay as stored, the bits
+         * use_bf16 would round their float32 copies back to, with no float32 pass (a
+         * family that reads keep_bf16: llama). */
+        lo.keep_bf16 = *bf16 && tsr_backend_supports(sg->be, TSR_OP_MATMUL, TSR_DTYPE_BF16);
         /* Tensor parallelism (and the canonical split at tp 1): the layers load whole (or
          * as the rank's share), then the family splits them for the rank, before any
          * bfloat16 conversion (the split runs on float32, and, in a tp_quantized family,
@@ -595,8 +600,10 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         load.tp_rank = share ? shard->tp_rank : 0;
         load.tp_size = share ? shard->tp_size : 1;
         load.expert_parallel = share && opts->expert_parallel && r->fam->ep_shard;
-        if (split && !r->fam->tp_quantized)     /* that family's split reads float32 only */
+        if (split && !r->fam->tp_quantized) {   /* that family's split reads float32 only */
                 lo.keep_dtypes = 0;
+                lo.keep_bf16 = false;
+        }
         st = r->fam->load(path, desc, &load, &lo, progress, NULL, &sg->model, stats, err, errlen);
         if (st != TSR_OK)
                 return st;
