@@ -201,7 +201,7 @@ typedef struct tsr_bench_tok {
 
 typedef struct tsr_bench_sample {
         char *prompt;                   /* malloc'd */
-        int64_t prompt_len;             /* client-side token count */
+        int64_t prompt_len;             /* client-side token count; -1: counted after the run */
         int64_t expected_output_len;
         /* follows: not sent before sample prev (< this one's index) has finished: a chat
          * session's previous turn, whose answer a user waits for */

@@ -803,7 +803,8 @@ fail:
  * another, when that one has finished if that is later; at most max_conc in flight
  * (<= 0: no limit); wait for all.  outs[i] gets each result.  A resent follower's
  * jobs[i].sent is set, and its outs[i].prompt_len is -1 unless the server's usage gave
- * it: counting here would stall the timed loop (the caller counts after the run). */
+ * it, as is one whose jobs[i].prompt_len is -1 (align_to_server): counting here would
+ * stall the timed loop (the caller counts after the run). */
 static tsr_status run_jobs(CURLM *multi, const bench_cfg *c, job *jobs, size_t n, const double *delays,
                            long long max_conc, tsr_bench_output *outs, pbar *pb) {
         live_req *live = calloc(n ? n : 1, sizeof(*live));
@@ -940,33 +941,53 @@ static bool fetch_first_model(const char *base_url, char **id, char **root, char
 }
 
 /* serve.py _align_prompts_to_server_tokenizer(): if the server counts the first prompt
- * differently from the local tokenizer, cut every prompt to its count by the server's. */
-static void align_to_server(server_tok *srv, tsr_bench_sample *samples, size_t n) {
+ * differently from the local tokenizer, cut every prompt to its count by the server's.
+ * A multi_turn follower is not cut as one text: its prompt is its previous turn's, the
+ * stand-in reply and its user text (tsr_bench_sample), and a cut of the whole would keep
+ * the previous turn's prompt uncut where that turn was sent cut, and drop the user text,
+ * so the turn would not extend what its session sent.  It is rebuilt from the previous
+ * turn's prompt as aligned (samples[prev] comes first), and its prompt_len becomes -1:
+ * the caller counts it with the server's tokenizer after the run, as the prompts a
+ * follower resends are counted.  *aligned: whether the tokenizers differed.  TSR_OK, or
+ * TSR_E_NOMEM. */
+static tsr_status align_to_server(server_tok *srv, tsr_bench_sample *samples, size_t n, bool *aligned) {
         uint32_t *ids = NULL;
         size_t n_ids = 0;
+        *aligned = false;
         if (n == 0)
-                return;
+                return TSR_OK;
         if (server_tokenize(srv, samples[0].prompt, strlen(samples[0].prompt), false, &ids, &n_ids) != TSR_OK) {
                 printf("WARNING: /tokenize unavailable (%s), skipping alignment.\n", srv->err);
-                return;
+                return TSR_OK;
         }
         free(ids);
         if ((int64_t)n_ids == samples[0].prompt_len)
-                return;
+                return TSR_OK;
         printf("WARNING: tokenizer mismatch (server=%zu, expected=%lld), re-aligning prompts.\n", n_ids,
                (long long)samples[0].prompt_len);
+        *aligned = true;
         for (size_t i = 0; i < n; i++) {
+                tsr_bench_sample *s = &samples[i];
                 char *text;
                 size_t len;
-                if (server_tokenize(srv, samples[i].prompt, strlen(samples[i].prompt), false, &ids, &n_ids) != TSR_OK)
+                if (s->follows && s->user) {
+                        if (!(text = tsr_bench_turn_prompt(samples[s->prev].prompt, s->prev_reply, s->user)))
+                                return TSR_E_NOMEM;
+                        free(s->prompt);
+                        s->prompt = text;
+                        s->prompt_len = -1;
                         continue;
-                if ((int64_t)n_ids > samples[i].prompt_len &&
-                    server_decode(srv, ids, (size_t)samples[i].prompt_len, &text, &len) == TSR_OK) {
-                        free(samples[i].prompt);
-                        samples[i].prompt = text;
+                }
+                if (server_tokenize(srv, s->prompt, strlen(s->prompt), false, &ids, &n_ids) != TSR_OK)
+                        continue;
+                if ((int64_t)n_ids > s->prompt_len &&
+                    server_decode(srv, ids, (size_t)s->prompt_len, &text, &len) == TSR_OK) {
+                        free(s->prompt);
+                        s->prompt = text;
                 }
                 free(ids);
         }
+        return TSR_OK;
 }
 
 static bool valid_metric(const char *m) {
@@ -1250,8 +1271,11 @@ int bench_serve_main(int argc, char **argv) {
         if (mismatch)
                 printf("WARNING: across all generated prompts there were %lld %s tokens than asked for after "
                        "decoding and re-encoding.\n", (long long)llabs(mismatch), mismatch > 0 ? "more" : "fewer");
-        if (local)
-                align_to_server(&srv, samples, n);
+        bool aligned = false;
+        if (local && align_to_server(&srv, samples, n, &aligned) != TSR_OK) {
+                fprintf(stderr, PROG ": error: out of memory\n");
+                goto out;
+        }
 
         /* --- run */
         multi = curl_multi_init();
@@ -1356,11 +1380,16 @@ int bench_serve_main(int argc, char **argv) {
 
         /* --- report */
         count_ctx cc = {&tok};
-        /* The length of a prompt composed at send time, where the server's usage did not
-         * report it: the tokenizer the dataset was built with, on the prompt as sent. */
+        /* The length of a follower's prompt, composed at send time or rebuilt by
+         * align_to_server, where the server's usage did not report it: the tokenizer the
+         * dataset was built with on the prompt as sent, or the server's where the two
+         * were found to count differently (as the aligned first turns are cut to). */
+        tsr_bench_tok srv_tok = {.ud = &srv, .encode = server_encode, .decode = server_decode};
+        count_ctx pc = {aligned ? &srv_tok : &tok};
         for (size_t i = 0; i < n; i++)
-                if (jobs[i].sent && outs[i].prompt_len < 0) {
-                        outs[i].prompt_len = count_tokens(&cc, jobs[i].sent, strlen(jobs[i].sent));
+                if (outs[i].prompt_len < 0) {
+                        const char *p = jobs[i].sent ? jobs[i].sent : jobs[i].prompt;
+                        outs[i].prompt_len = count_tokens(&pc, p, strlen(p));
                         if (outs[i].prompt_len < 0) {
                                 fprintf(stderr, PROG ": error: the tokenizer failed on request %zu's prompt%s%s\n", i,
                                         srv.err[0] ? ": " : "", srv.err);

@@ -407,14 +407,22 @@ class RecordingProxy:
         self.httpd.server_close()
 
 
-def multi_turn_through_proxy(server, tmp_path, sessions, turns, *flags):
+def server_count(base, text):
+    """The server tokenizer's count of text (no special tokens added)."""
+    return requests.post(f"{base}/tokenize", json={"model": MODEL, "prompt": text, "add_special_tokens": False},
+                         timeout=30).json()["count"]
+
+
+def multi_turn_through_proxy(server, tmp_path, sessions, turns, *flags, tokenizer=DEMO_MODEL, all_answered=True):
     """`tessera bench serve` multi_turn through a RecordingProxy that drops the usage:
     (the request bodies sent, in dataset order; the texts the server streamed back for
-    them; the --save-detailed JSON)."""
+    them; the --save-detailed JSON).  The client aligns its prompts to the server's
+    tokenizer exactly when `tokenizer` is not the served model's.  all_answered: every
+    turn got text back (else an empty answer is resent as the dataset's stand-in)."""
     base, _, _ = server
     proxy = RecordingProxy(base, drop_usage=True)
     try:
-        r = bench("--port", proxy.port, "--model", MODEL, "--tokenizer", DEMO_MODEL, "--dataset-name", "multi_turn",
+        r = bench("--port", proxy.port, "--model", MODEL, "--tokenizer", tokenizer, "--dataset-name", "multi_turn",
                   "--num-prompts", sessions * turns, "--multi-turn-turns", turns, "--multi-turn-user-len", 6,
                   "--random-prefix-len", 8, "--random-output-len", 4, "--request-rate", "inf",
                   "--temperature", "0", "--seed", "5", "--disable-tqdm", "--request-id-prefix", "mt-",
@@ -422,8 +430,9 @@ def multi_turn_through_proxy(server, tmp_path, sessions, turns, *flags):
     finally:
         proxy.close()
     assert r.returncode == 0, r.stderr
+    assert ("re-aligning prompts" in r.stdout) == (tokenizer != DEMO_MODEL), r.stdout
     _, d = one_json(tmp_path)
-    assert d["completed"] == sessions * turns and all(d["generated_texts"]), d
+    assert d["completed"] == sessions * turns and (all(d["generated_texts"]) or not all_answered), d
     ids = [f"mt-{i}" for i in range(sessions * turns)]
     return [proxy.bodies[i] for i in ids], [proxy.texts[i] for i in ids], d
 
@@ -455,9 +464,7 @@ def test_multi_turn_resends_the_generated_answer(server, tmp_path):
             assert len(prompts[i]) > len(prompts[prev[0]] + gen[prev[0]])     # and then the user's text
             extended += prev
         assert sorted(extended) == list(range((k - 1) * sessions, k * sessions))
-    counts = [requests.post(f"{base}/tokenize", json={"model": MODEL, "prompt": p, "add_special_tokens": False},
-                            timeout=30).json()["count"] for p in prompts]
-    assert d["input_lens"] == counts
+    assert d["input_lens"] == [server_count(base, p) for p in prompts]
 
     # the opt-out: each turn still extends its predecessor's prompt, but not with the answer
     prompts, d = multi_turn_prompts(server, tmp_path / "stand-in", sessions, turns, "--multi-turn-dataset-replies")
@@ -510,10 +517,7 @@ def test_chat_multi_turn_sends_the_conversation(server, tmp_path):
         assert sorted(extended) == list(range((k - 1) * sessions, k * sessions))
     # the client's count of a prompt the server's usage did not give (the proxy drops
     # it) is the server tokenizer's count of the conversation's text
-    counts = [requests.post(f"{base}/tokenize", timeout=30,
-                            json={"model": MODEL, "prompt": "".join(t for _, t in conv),
-                                  "add_special_tokens": False}).json()["count"] for conv in convs]
-    assert d["input_lens"] == counts
+    assert d["input_lens"] == [server_count(base, "".join(t for _, t in conv)) for conv in convs]
 
     # --multi-turn-dataset-replies: the same user messages, the dataset's stand-in replies
     # as the assistant's, so that the conversation's text is the dataset's prompt
@@ -524,6 +528,47 @@ def test_chat_multi_turn_sends_the_conversation(server, tmp_path):
         assert [role for role, _ in stand_in[i]] == [role for role, _ in convs[i]], i
         assert [m for m in stand_in[i] if m[0] == "user"] == [m for m in convs[i] if m[0] == "user"], i
         assert "".join(t for _, t in stand_in[i]) == flat[i], i
+
+
+def test_multi_turn_aligned_to_the_server_tokenizer(server, tmp_path):
+    """A --tokenizer that counts the first prompt differently from the server's makes the
+    client cut prompts to the server's count (align_to_server; this one's text takes more
+    SmolLM2 tokens).  The first turns are cut; a later turn still is the previous turn's
+    prompt as sent, then the answer (the server's, or the dataset's stand-in), then its own
+    user text, for the completions and the chat backend alike, and every input length the
+    client reports (the proxy drops the usage) is the server's count of what it sent."""
+    base, _, _ = server
+    sessions, turns = 2, 3
+    n = sessions * turns
+    tok = REPO / "tests" / "fixtures" / "tokenizers" / "metaspace_bf.tokenizer.json"
+    # user texts long enough that the sessions' first turns still differ once cut
+    runs = {name: multi_turn_through_proxy(server, tmp_path / name, sessions, turns, "--multi-turn-user-len", 24,
+                                           *flags, tokenizer=tok, all_answered=False)
+            for name, flags in (("flat", ("--multi-turn-dataset-replies",)),
+                                ("chat-stand-in", (*CHAT, "--multi-turn-dataset-replies")),
+                                ("resend", ()), ("chat", CHAT))}
+    flat = [b["prompt"] for b in runs["flat"][0]]
+    resent, gen = [b["prompt"] for b in runs["resend"][0]], runs["resend"][2]["generated_texts"]
+    stand_in = [conversation(b) for b in runs["chat-stand-in"][0]]
+    convs, streamed = [conversation(b) for b in runs["chat"][0]], runs["chat"][1]
+    for h in range(sessions):       # a first turn: its aligned prompt, whatever the backend
+        assert flat[h] == resent[h] == stand_in[h][0][1] == convs[h][0][1], h
+    for i in range(sessions, n):
+        k = i // sessions
+        # the chat stand-in conversation tells the previous turn, the stand-in reply and
+        # the user text apart
+        prev = [j for j in range((k - 1) * sessions, k * sessions) if stand_in[i][:-2] == stand_in[j]]
+        assert len(prev) == 1, (i, stand_in[i])
+        (j,), ((r1, reply), (r2, user)) = prev, stand_in[i][-2:]
+        assert (r1, r2) == ("assistant", "user"), i
+        assert flat[i] == flat[j] + reply + user == "".join(t for _, t in stand_in[i]), i
+        # an answer with no text is resent as the stand-in (turn_answer)
+        assert resent[i] == resent[j] + (gen[j] or reply) + user, i
+        assert convs[i] == convs[j] + [("assistant", streamed[j] or reply), ("user", user)], i
+    texts = {"flat": flat, "chat-stand-in": ["".join(t for _, t in c) for c in stand_in], "resend": resent,
+             "chat": ["".join(t for _, t in c) for c in convs]}
+    for name, sent in texts.items():
+        assert runs[name][2]["input_lens"] == [server_count(base, t) for t in sent], name
 
 
 def test_chat_single_turn_sends_one_user_message(server, tmp_path):
