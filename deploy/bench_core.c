@@ -519,8 +519,11 @@ tsr_status tsr_bench_metrics_compute(const tsr_bench_output *outs, size_t n, dou
                         m->samples[TSR_BENCH_M_TPOT][m->n_samples[TSR_BENCH_M_TPOT]++] = tpot;
                 }
                 all_tpots[m->completed] = tpot;
-                memcpy(m->samples[TSR_BENCH_M_ITL] + m->n_samples[TSR_BENCH_M_ITL], o->itl, o->n_itl * sizeof(double));
-                m->n_samples[TSR_BENCH_M_ITL] += o->n_itl;
+                if (o->n_itl) { /* itl is NULL without gaps: memcpy from NULL is undefined even for 0 bytes */
+                        memcpy(m->samples[TSR_BENCH_M_ITL] + m->n_samples[TSR_BENCH_M_ITL], o->itl,
+                               o->n_itl * sizeof(double));
+                        m->n_samples[TSR_BENCH_M_ITL] += o->n_itl;
+                }
                 m->samples[TSR_BENCH_M_TTFT][m->n_samples[TSR_BENCH_M_TTFT]++] = o->ttft;
                 m->samples[TSR_BENCH_M_E2EL][m->n_samples[TSR_BENCH_M_E2EL]++] = o->latency;
                 if (m->present[TSR_BENCH_M_QUEUE])

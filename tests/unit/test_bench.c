@@ -200,9 +200,11 @@ static tsr_bench_output make_output(double start, double ttft, const double *itl
         tsr_bench_output_init(&o, false, prompt_len, start);
         o.success = success;
         o.ttft = ttft;
-        o.itl = malloc((n_itl ? n_itl : 1) * sizeof(double));
-        if (n_itl)      /* memcpy from NULL is undefined even for 0 bytes (UBSan) */
+        o.itl = NULL;   /* as the client leaves an output without gaps (one token, or failed) */
+        if (n_itl) {    /* memcpy from NULL is undefined even for 0 bytes (UBSan) */
+                o.itl = malloc(n_itl * sizeof(double));
                 memcpy(o.itl, itl, n_itl * sizeof(double));
+        }
         o.n_itl = o.itl_cap = n_itl;
         double lat = ttft;
         for (size_t i = 0; i < n_itl; i++)
