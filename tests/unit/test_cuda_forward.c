@@ -235,6 +235,32 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         tsr_llama_free(&mg);
         tsr_llama_free(&mc);
 
+        /* 2b: the BF16 copy's matmuls kept as stored (keep_bf16, as the runner loads a BF16
+         * checkpoint whose weights stay bfloat16) go to the device as their bytes: the
+         * device forward within the bf16 bound of cpu-ref's on the same file widened and
+         * converted, bitwise on cpu-devlike (the same reference kernels on the same bits) */
+        snprintf(path, sizeof path, "%s/bf16", dir);
+        const tsr_load_opts keep = {.keep_bf16 = true};
+        mg = load_opts_on(path, &keep, gpu, true);
+        mc = load_on(path, ref, true);
+        CHECK(mg && mc, "tiny BF16 copy kept as stored");
+        if (mg && mc) {
+                uint32_t ids[256];
+                size_t n = json_ids(json_object_get(json_array_get(prompts, 1), "ids"), ids, 256);
+                float *want = malloc(n * vocab * sizeof(float));
+                CHECK(logits_all(mc, ref, ids, n, want) == TSR_OK && logits_all(mg, gpu, ids, n, got) == TSR_OK,
+                      "kept bf16 forwards");
+                bool devlike = strcmp(tsr_backend_name(gpu), "cpu-devlike") == 0;
+                double d = max_abs_diff(got, want, n * vocab), bound = 1e-3 * max_abs(want, n * vocab) + 1e-4;
+                printf("tiny-llama3-hf BF16 kept as stored (%zu tokens): max |dlogit| %s vs cpu-ref converted %.3g "
+                       "(bound %.3g%s)\n", n, tsr_backend_name(gpu), d, bound, devlike ? ", bitwise here" : "");
+                CHECK(devlike ? memcmp(got, want, n * vocab * sizeof(float)) == 0 : d <= bound,
+                      "BF16 kept: %.3g (bound %.3g)", d, bound);
+                free(want);
+        }
+        tsr_llama_free(&mg);
+        tsr_llama_free(&mc);
+
         /* 3: two sequences in one batch through shuffled block tables */
         mg = load_on(path, gpu, false);
         mc = load_on(path, ref, false);
