@@ -173,6 +173,28 @@ static tsr_status greedy(tsr_llama *m, tsr_backend *be, const uint32_t *ids, siz
         return st;
 }
 
+/* Prompt 1's all-position logits of mg on gpu against mc's on ref (both bf16; each
+ * freed here): within the bf16 bound (1e-3 x max |logit| + 1e-4), or bitwise. */
+static void bf16_vs_ref(tsr_llama *mg, tsr_backend *gpu, tsr_llama *mc, tsr_backend *ref, json_t *prompts,
+                        size_t vocab, float *got, const char *what, bool bitwise) {
+        CHECK(mg && mc, "tiny %s", what);
+        if (mg && mc) {
+                uint32_t ids[256];
+                size_t n = json_ids(json_object_get(json_array_get(prompts, 1), "ids"), ids, 256);
+                float *want = malloc(n * vocab * sizeof(float));
+                CHECK(logits_all(mc, ref, ids, n, want) == TSR_OK && logits_all(mg, gpu, ids, n, got) == TSR_OK,
+                      "%s forwards", what);
+                double d = max_abs_diff(got, want, n * vocab), bound = 1e-3 * max_abs(want, n * vocab) + 1e-4;
+                printf("tiny-llama3-hf %s (%zu tokens): max |dlogit| %s vs cpu-ref %.3g (bound %.3g%s)\n", what, n,
+                       tsr_backend_name(gpu), d, bound, bitwise ? ", bitwise" : "");
+                CHECK(bitwise ? memcmp(got, want, n * vocab * sizeof(float)) == 0 : d <= bound, "%s: %.3g (bound %.3g)",
+                      what, d, bound);
+                free(want);
+        }
+        tsr_llama_free(&mg);
+        tsr_llama_free(&mc);
+}
+
 /* 1 and 2: the tiny fixture against transformers (f32) and the CPU bf16 path. */
 static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         char dir[4096], path[4200];
@@ -218,52 +240,19 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         tsr_llama_free(&m);
 
         /* 2: bf16 on both backends over the first prompt, all positions */
-        tsr_llama *mg = load_on(path, gpu, true), *mc = load_on(path, ref, true);
-        CHECK(mg && mc, "tiny bf16");
-        if (mg && mc) {
-                uint32_t ids[256];
-                size_t n = json_ids(json_object_get(json_array_get(prompts, 1), "ids"), ids, 256);
-                float *want = malloc(n * vocab * sizeof(float));
-                CHECK(logits_all(mc, ref, ids, n, want) == TSR_OK && logits_all(mg, gpu, ids, n, got) == TSR_OK,
-                      "bf16 forwards");
-                double d = max_abs_diff(got, want, n * vocab), bound = 1e-3 * max_abs(want, n * vocab) + 1e-4;
-                printf("tiny-llama3-hf bf16 (%zu tokens): max |dlogit| cuda vs cpu-ref %.3g (bound %.3g)\n", n, d,
-                       bound);
-                CHECK(d <= bound, "bf16: %.3g > %.3g", d, bound);
-                free(want);
-        }
-        tsr_llama_free(&mg);
-        tsr_llama_free(&mc);
-
+        bf16_vs_ref(load_on(path, gpu, true), gpu, load_on(path, ref, true), ref, prompts, vocab, got, "bf16", false);
         /* 2b: the BF16 copy's matmuls kept as stored (keep_bf16, as the runner loads a BF16
          * checkpoint whose weights stay bfloat16) go to the device as their bytes: the
          * device forward within the bf16 bound of cpu-ref's on the same file widened and
          * converted, bitwise on cpu-devlike (the same reference kernels on the same bits) */
         snprintf(path, sizeof path, "%s/bf16", dir);
         const tsr_load_opts keep = {.keep_bf16 = true};
-        mg = load_opts_on(path, &keep, gpu, true);
-        mc = load_on(path, ref, true);
-        CHECK(mg && mc, "tiny BF16 copy kept as stored");
-        if (mg && mc) {
-                uint32_t ids[256];
-                size_t n = json_ids(json_object_get(json_array_get(prompts, 1), "ids"), ids, 256);
-                float *want = malloc(n * vocab * sizeof(float));
-                CHECK(logits_all(mc, ref, ids, n, want) == TSR_OK && logits_all(mg, gpu, ids, n, got) == TSR_OK,
-                      "kept bf16 forwards");
-                bool devlike = strcmp(tsr_backend_name(gpu), "cpu-devlike") == 0;
-                double d = max_abs_diff(got, want, n * vocab), bound = 1e-3 * max_abs(want, n * vocab) + 1e-4;
-                printf("tiny-llama3-hf BF16 kept as stored (%zu tokens): max |dlogit| %s vs cpu-ref converted %.3g "
-                       "(bound %.3g%s)\n", n, tsr_backend_name(gpu), d, bound, devlike ? ", bitwise here" : "");
-                CHECK(devlike ? memcmp(got, want, n * vocab * sizeof(float)) == 0 : d <= bound,
-                      "BF16 kept: %.3g (bound %.3g)", d, bound);
-                free(want);
-        }
-        tsr_llama_free(&mg);
-        tsr_llama_free(&mc);
+        bf16_vs_ref(load_opts_on(path, &keep, gpu, true), gpu, load_on(path, ref, true), ref, prompts, vocab, got,
+                    "BF16 kept as stored", strcmp(tsr_backend_name(gpu), "cpu-devlike") == 0);
 
         /* 3: two sequences in one batch through shuffled block tables */
-        mg = load_on(path, gpu, false);
-        mc = load_on(path, ref, false);
+        snprintf(path, sizeof path, "%s/f32", dir);
+        tsr_llama *mg = load_on(path, gpu, false), *mc = load_on(path, ref, false);
         CHECK(mg && mc, "tiny f32 for batching");
         if (mg && mc) {
                 uint32_t i0[256], i1[256], t0[4] = {7, 5, 3, 1}, t1[4] = {6, 0, 2, 4};
