@@ -210,8 +210,6 @@ tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers) {
                                 .last_layer = n_layers ? n_layers - 1 : 0};
 }
 
-/* ---- GGUF ------------------------------------------------------------------------ */
-
 /* *w->stored = the matrix tt (its data the file's mapped bytes, borrowed), or w's
  * tensor-parallel share of it, in new 64-byte aligned memory of ours (the file is
  * unmapped after the load).  TSR_E_UNSUPPORTED when the share would cut a block,
@@ -233,6 +231,8 @@ static tsr_status keep_stored(tsr_tensor *tt, const struct want *w) {
         *w->stored = *tt;
         return TSR_OK;
 }
+
+/* ---- GGUF ------------------------------------------------------------------------ */
 
 /* Keep GGUF tensor `t` (shape checked) in its block format when `keep_dtypes` has its
  * dtype and `w` a place for it: its bytes (w's share of them) copied into 64-byte aligned
@@ -522,7 +522,9 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
                 size_t shape[2] = {w->rows, w->cols};
                 tsr_tensor tt;
                 tsr_status st = tsr_tensor_init(&tt, TSR_DTYPE_BF16, 2, shape, NULL, (void *)t->data);
-                if (st == TSR_OK && (st = keep_stored(&tt, w)) != TSR_OK)
+                if (st == TSR_OK)
+                        st = keep_stored(&tt, w);
+                if (st != TSR_OK)
                         tsr_errf(err, errlen, "%s: tensor '%s': %s", file, w->name,
                                  st == TSR_E_NOMEM ? "out of memory" : "cannot keep it as stored");
                 return st;
