@@ -90,7 +90,11 @@ class EngineWorker:
         port = free_port_pair()
         self.endpoint = f"tcp://127.0.0.1:{port}"
         self.proc = spawn([binary, model, "--listen", self.endpoint, "--status-interval-ms", "50", *flags], env=env)
-        self.ctx = zmq.Context()
+        # The process-wide context, never terminated here: a test that fails before
+        # close() leaves its sockets to the garbage collector, and a context of its own
+        # would then be terminated by its finalizer while they are open, which blocks
+        # pytest forever (zmq_ctx_term waits for every socket to close).
+        self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, b"engine-test")
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -108,7 +112,6 @@ class EngineWorker:
     def close(self):
         self.sock.close()
         self.sub.close()
-        self.ctx.term()
 
     def _hello(self, timeout=120):
         # Hello until ModelInfo: the worker binds only after loading the model.
