@@ -384,11 +384,6 @@ static tsr_status split_stacks(layer *L, tsr_tensor *qexp, size_t E, size_t I, s
         return TSR_OK;
 }
 
-/* MoE layer l's experts after the tensors (its layer struct L): the FP8 stacks split per
- * expert, the per-expert layout's float matrices stacked into exp_gate_up / exp_down (the
- * BMM layout's, transposed), or the BMM float stacks transposed; for quantized experts
- * the GEMMs' shared activation scales (tsr_llama4_load).  TSR_E_INVAL (a layer that
- * mixes quantized and float experts; err names the tensor), TSR_E_NOMEM. */
 /* An expert-parallel rank of an NVFP4 checkpoint: the max input_scale over EVERY routed
  * expert of layer l, as the file holds them (the rank read only its own experts'
  * tensors), gate and up into *gu, down into *down.  vLLM's global-scale NVFP4 MoE
@@ -413,6 +408,12 @@ static tsr_status all_input_scales(const tsr_safetensors_set *set, const char *p
         return TSR_OK;
 }
 
+/* MoE layer l's experts after the tensors (its layer struct L): the FP8 stacks split per
+ * expert, the per-expert layout's float matrices stacked into exp_gate_up / exp_down (the
+ * BMM layout's, transposed), or the BMM float stacks transposed; for quantized experts
+ * the GEMMs' shared activation scales (tsr_llama4_load; an NVFP4 expert-parallel rank
+ * reads the other experts' from `set`).  TSR_E_INVAL (a layer that mixes quantized and
+ * float experts, or an input scale missing; err names the tensor), TSR_E_NOMEM. */
 static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const tsr_safetensors_set *set,
                                  const char *pre, const char *dir, char *err, size_t errlen) {
         /* a tensor-parallel rank read its hidden_dim / tp columns of each expert (l4_slice),
@@ -638,7 +639,8 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 for (int i = 0; i < N_MATS; i++)
                         if (w[i]->q.data)
                                 m->qdtype = w[i]->q.dtype;
-                if ((cfg->layer[l] & TSR_LLAMA4_MOE) && (st = experts_finish(m, L, l, set, pre, dir, err, errlen)) != TSR_OK)
+                if ((cfg->layer[l] & TSR_LLAMA4_MOE) &&
+                    (st = experts_finish(m, L, l, set, pre, dir, err, errlen)) != TSR_OK)
                         goto done;
         }
         if (m->rope_freqs && (st = tsr_llama_rope_inv_freq(&cfg->base, m->rope_freqs, m->inv_freq)) != TSR_OK) {
