@@ -24,6 +24,7 @@
 #include <cmocka.h>
 #include "tests/unit/test_util.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -598,6 +599,183 @@ static void test_bf16(void **state) {
         free(got);
 }
 
+/* The bytes of the model's linears and expert stacks (every matmul but the router's and
+ * lm_head's), per element. */
+static uint64_t linear_elems(const tsr_llama4_config *c) {
+        uint64_t dim = c->base.dim, qd = (uint64_t)c->base.n_heads * c->base.head_dim;
+        uint64_t kvd = (uint64_t)c->base.n_kv_heads * c->base.head_dim, I = c->base.hidden_dim, n = 0;
+        for (uint32_t l = 0; l < c->base.n_layers; l++)
+                n += 2 * dim * qd + 2 * dim * kvd +
+                     ((c->layer[l] & TSR_LLAMA4_MOE) ? (1 + (uint64_t)c->n_experts) * 3 * I * dim
+                                                      : 3 * (uint64_t)c->mlp_dim * dim);
+        return n;
+}
+
+/* Every golden prompt through models x and y on `be`, each from an empty cache: their
+ * logits bitwise equal (a, b: MAXT * V floats of scratch).  The rows compared. */
+static size_t same_logits(tsr_llama4 *x, tsr_llama4 *y, tsr_backend *be, float *a, float *b) {
+        tsr_llama4 *saved = model;
+        uint32_t ids[MAXT], table[MAXT / 16];
+        size_t rows = 0;
+        for (size_t i = 0; i < MAXT / 16; i++)
+                table[i] = (uint32_t)i;
+        for (size_t pi = 0; pi < n_prompts; pi++) {
+                size_t n = prompt_ids(pi, ids);
+                tsr_kv_pool *pool = NULL;
+                tsr_llama4_kv *kv = NULL;
+                model = x;
+                pool_new(MAXT / 16, 16, &pool, &kv);
+                run(be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, a);
+                tsr_llama4_kv_free(&kv);
+                model = y;
+                assert_int_equal(tsr_llama4_kv_bind(model, pool, &kv), TSR_OK);
+                run(be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, b);
+                tsr_llama4_kv_free(&kv);
+                tsr_kv_pool_free(&pool);
+                assert_memory_equal(a, b, n * V * sizeof(float));
+                rows += n;
+        }
+        model = saved;
+        return rows;
+}
+
+/* The BF16 copy at `src` rewritten in the per-expert layout into a new folder from the
+ * template `dir`: each BMM stack pair experts.gate_up_proj [E, dim, 2I] / down_proj
+ * [E, I, dim] becomes experts.<e>.{gate,up,down}_proj.weight, (I, dim) / (dim, I) as
+ * nn.Linear stores them (ModelOpt's export layout), the same bf16 values. */
+static void per_expert_copy(const char *src, char *dir) {
+        char path[1024];
+        json_t *h, *nh = json_object(), *v;
+        const uint8_t *data;
+        const char *key;
+        size_t at = 0;
+
+        tsr_test_model_dir_new(src, dir);
+        snprintf(path, sizeof path, "%s/model.safetensors", src);
+        uint8_t *buf = tsr_test_st_read(path, &h, &data), *out = malloc(1);
+        json_object_foreach(h, key, v) {
+                json_t *off = json_object_get(v, "data_offsets"), *sh = json_object_get(v, "shape");
+                if (!off)
+                        continue;
+                size_t b0 = (size_t)json_integer_value(json_array_get(off, 0));
+                size_t b1 = (size_t)json_integer_value(json_array_get(off, 1)), kl = strlen(key);
+                bool gu = strstr(key, "experts.gate_up_proj") != NULL, dn = strstr(key, "experts.down_proj") != NULL;
+                assert_non_null(out = realloc(out, at + (b1 - b0)));       /* each is a permutation */
+                if (!gu && !dn) {
+                        memcpy(out + at, data + b0, b1 - b0);
+                        json_object_set_new(nh, key, json_pack("{s:O, s:O, s:[I, I]}", "dtype",
+                                                               json_object_get(v, "dtype"), "shape", sh,
+                                                               "data_offsets", (json_int_t)at,
+                                                               (json_int_t)(at + b1 - b0)));
+                        at += b1 - b0;
+                        continue;
+                }
+                assert_string_equal(json_string_value(json_object_get(v, "dtype")), "BF16");
+                const uint16_t *t = (const uint16_t *)(const void *)(data + b0);
+                size_t E = (size_t)json_integer_value(json_array_get(sh, 0));
+                size_t R = (size_t)json_integer_value(json_array_get(sh, 1));
+                size_t C = (size_t)json_integer_value(json_array_get(sh, 2));
+                size_t parts = gu ? 2 : 1, oc = C / parts;  /* each part: the file's (R, oc) -> (oc, R) */
+                for (size_t e = 0; e < E; e++)
+                        for (size_t p = 0; p < parts; p++) {
+                                char name[256];
+                                snprintf(name, sizeof name, "%.*s%zu.%s_proj.weight", (int)(kl - (gu ? 12 : 9)), key, e,
+                                         gu ? (p ? "up" : "gate") : "down");
+                                uint16_t *o = (uint16_t *)(void *)(out + at);
+                                for (size_t r = 0; r < R; r++)
+                                        for (size_t c = 0; c < oc; c++)
+                                                memcpy(&o[c * R + r], &t[(e * R + r) * C + p * oc + c], 2);
+                                json_object_set_new(nh, name, json_pack("{s:s, s:[I, I], s:[I, I]}", "dtype", "BF16",
+                                                                        "shape", (json_int_t)oc, (json_int_t)R,
+                                                                        "data_offsets", (json_int_t)at,
+                                                                        (json_int_t)(at + oc * R * 2)));
+                                at += oc * R * 2;
+                        }
+        }
+        assert_true(snprintf(path, sizeof path, "%s/model.safetensors", dir) < (int)sizeof path);
+        tsr_test_st_write(path, nh, out, at);
+        free(buf);
+        free(out);
+        json_decref(h);
+        json_decref(nh);
+}
+
+/* A BF16 checkpoint (the fixture rounded: tsr_test_bf16_copy) loaded with keep_bf16: its
+ * linears and expert stacks stay bf16 as stored, 2 bytes each, never widened, and after
+ * tsr_llama4_use_bf16 its logits are bitwise those of the same file widened and then
+ * converted, on the reference and the fast backends.  A tensor-parallel or
+ * expert-parallel rank keeps its share of the bytes (test_parallel's test_tp_bf16 checks
+ * those ranks' logits). */
+static void test_bf16_kept_as_stored(void **state) {
+        char dir[64] = "/tmp/tsr_llama4_bf16_XXXXXX", src[1024], err[512];
+        tsr_llama4_config *c = NULL;
+        tsr_llama4 *conv = NULL, *kept = NULL;
+        tsr_load_stats sc = {0}, sk = {0};
+        tsr_backend *fast = NULL;
+        const tsr_load_opts keep = {.keep_bf16 = true};
+        (void)state;
+
+        assert_non_null(tsr_test_src_path(FIXTURE, src, sizeof src));
+        tsr_test_bf16_copy(src, dir);
+        assert_int_equal(tsr_llama4_config_from_hf(dir, &c, err, sizeof err), TSR_OK);
+        tsr_shard_spec whole = {0, 1, 0, c->base.n_layers - 1};
+        if (tsr_llama4_load(dir, c, &whole, NULL, NULL, NULL, &conv, &sc, err, sizeof err) != TSR_OK ||
+            tsr_llama4_load(dir, c, &whole, &keep, NULL, NULL, &kept, &sk, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        uint64_t lin = linear_elems(c);
+        assert_int_equal(sk.resident_bytes, sc.resident_bytes - 2 * lin);
+        assert_int_equal(tsr_llama4_resident_bytes(kept), sk.resident_bytes);
+        assert_false(tsr_llama4_is_bf16(kept));
+        assert_int_equal(tsr_llama4_check_backend(kept, ref_be), TSR_OK);
+        assert_int_equal(tsr_llama4_use_bf16(conv), TSR_OK);
+        assert_int_equal(tsr_llama4_use_bf16(kept), TSR_OK);
+        assert_int_equal(tsr_llama4_resident_bytes(kept), tsr_llama4_resident_bytes(conv));
+
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &fast), TSR_OK);
+        float *a = malloc(MAXT * V * sizeof(float)), *b = malloc(MAXT * V * sizeof(float));
+        assert_true(a && b);
+        size_t rows = same_logits(conv, kept, ref_be, a, b) + same_logits(conv, kept, fast, a, b);
+        print_message("tiny-llama4 as BF16: %" PRIu64 " linear bytes kept as stored (%" PRIu64 " widened); %zu logit "
+                      "rows bitwise the converted model's\n", 2 * lin, 4 * lin, rows);
+        tsr_llama4_free(&conv);
+        tsr_llama4_free(&kept);
+
+        /* a tensor-parallel rank and an expert-parallel one: their shares at 2 bytes */
+        for (int ep = 0; ep < 2; ep++) {
+                tsr_shard_spec r1 = {1, 2, 0, c->base.n_layers - 1, ep};
+                if (tsr_llama4_load(dir, c, &r1, NULL, NULL, NULL, &conv, &sc, err, sizeof err) != TSR_OK ||
+                    tsr_llama4_load(dir, c, &r1, &keep, NULL, NULL, &kept, &sk, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                assert_true(sk.resident_bytes < sc.resident_bytes);
+                assert_int_equal(tsr_llama4_use_bf16(conv), TSR_OK);
+                assert_int_equal(tsr_llama4_use_bf16(kept), TSR_OK);
+                assert_int_equal(tsr_llama4_resident_bytes(kept), tsr_llama4_resident_bytes(conv));
+                tsr_llama4_free(&conv);
+                tsr_llama4_free(&kept);
+        }
+
+        /* the per-expert layout of the same BF16 weights: stacked as bytes, the same bits */
+        char pe[64] = "/tmp/tsr_llama4_bf16pe_XXXXXX";
+        per_expert_copy(dir, pe);
+        if (tsr_llama4_load(dir, c, &whole, &keep, NULL, NULL, &conv, &sc, err, sizeof err) != TSR_OK ||
+            tsr_llama4_load(pe, c, &whole, &keep, NULL, NULL, &kept, &sk, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        assert_int_equal(sk.resident_bytes, sc.resident_bytes);
+        size_t n_moe = 0;
+        for (uint32_t l = 0; l < c->base.n_layers; l++)
+                n_moe += (c->layer[l] & TSR_LLAMA4_MOE) != 0;
+        assert_int_equal(sk.n_tensors, sc.n_tensors + n_moe * (3 * c->n_experts - 2));
+        same_logits(conv, kept, fast, a, b);
+        tsr_llama4_free(&conv);
+        tsr_llama4_free(&kept);
+        tsr_test_remove_model_dir(pe);
+        free(c);
+        tsr_backend_free(&fast);
+        tsr_test_remove_model_dir(dir);
+        free(a);
+        free(b);
+}
+
 /* ---- other layouts and load errors on patched copies -------------------------------------- */
 
 /* The fixture copied to a scratch folder: config.json through `patch` (may be NULL); when
@@ -626,36 +804,21 @@ static void scratch_copy(char *dir, bool flat, void (*patch)(json_t *text)) {
         json_decref(cfg);
 
         /* the safetensors file: the same data section under a renamed header when flat */
-        FILE *f;
-        long n;
-        assert_non_null(tsr_test_src_path(FIXTURE "/model.safetensors", src, sizeof src));
-        assert_non_null(f = fopen(src, "rb"));
-        fseek(f, 0, SEEK_END);
-        n = ftell(f);
-        rewind(f);
-        uint8_t *buf = malloc((size_t)n);
-        assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
-        fclose(f);
-        uint64_t hl = 0;
-        for (int i = 0; i < 8; i++)
-                hl |= (uint64_t)buf[i] << (8 * i);
-        json_t *h = json_loadb((const char *)buf + 8, hl, 0, &je), *renamed = json_object(), *v;
+        json_t *h, *renamed = json_object(), *v;
+        const uint8_t *data;
         const char *key;
-        assert_non_null(h);
+        size_t n = 0;
+        assert_non_null(tsr_test_src_path(FIXTURE "/model.safetensors", src, sizeof src));
+        uint8_t *buf = tsr_test_st_read(src, &h, &data);
         json_object_foreach(h, key, v) {
                 const char *k = flat && strncmp(key, "language_model.", 15) == 0 ? key + 15 : key;
+                json_t *off = json_object_get(v, "data_offsets");
+                if (off && (size_t)json_integer_value(json_array_get(off, 1)) > n)
+                        n = (size_t)json_integer_value(json_array_get(off, 1));
                 json_object_set(renamed, k, v);
         }
-        char *hs = json_dumps(renamed, JSON_COMPACT);
-        uint64_t nl = strlen(hs);
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        assert_non_null(f = fopen(path, "wb"));
-        for (int i = 0; i < 8; i++)
-                fputc((int)(nl >> (8 * i)) & 0xff, f);
-        fwrite(hs, 1, nl, f);
-        fwrite(buf + 8 + hl, 1, (size_t)n - 8 - hl, f);
-        fclose(f);
-        free(hs);
+        tsr_test_st_write(path, renamed, data, n);
         free(buf);
         json_decref(h);
         json_decref(renamed);
@@ -675,30 +838,15 @@ static tsr_status load_dir(const char *dir, tsr_llama4 **m, char *err, size_t er
 /* Llama4ForCausalLM's layout (no nesting, no prefix) gives bitwise the nested model's logits. */
 static void test_flat_layout(void **state) {
         char dir[64], err[512];
-        tsr_llama4 *flat = NULL, *nested = model;
-        uint32_t ids[MAXT], table[MAXT / 16];
-        size_t n = prompt_ids(2, ids);
-        float *a = malloc(n * V * sizeof(float)), *b = malloc(n * V * sizeof(float));
-        tsr_kv_pool *pool = NULL;
-        tsr_llama4_kv *kv = NULL;
+        tsr_llama4 *flat = NULL;
+        float *a = malloc(MAXT * V * sizeof(float)), *b = malloc(MAXT * V * sizeof(float));
         (void)state;
 
         scratch_copy(dir, true, NULL);
         if (load_dir(dir, &flat, err, sizeof err) != TSR_OK)
                 fail_msg("%s", err);
         assert_false(tsr_llama4_config_of(flat)->nested);
-        for (size_t i = 0; i < MAXT / 16; i++)
-                table[i] = (uint32_t)i;
-        pool_new(MAXT / 16, 16, &pool, &kv);
-        run(ref_be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, a);
-        tsr_llama4_kv_free(&kv);
-        model = flat;
-        assert_int_equal(tsr_llama4_kv_bind(model, pool, &kv), TSR_OK);
-        run(ref_be, kv, table, MAXT / 16, ids, n, 0, TSR_LLAMA_LOGITS_ALL, b);
-        model = nested;
-        assert_memory_equal(a, b, n * V * sizeof(float));
-        tsr_llama4_kv_free(&kv);
-        tsr_kv_pool_free(&pool);
+        same_logits(model, flat, ref_be, a, b);
         tsr_llama4_free(&flat);
         tsr_test_remove_model_dir(dir);
         free(a);
@@ -830,8 +978,8 @@ static void check_modelopt(const char *fixture, const char *variant, uint64_t wa
         assert_non_null(tsr_test_src_path(rel, path, sizeof path));
         if (tsr_modelopt_config_read(path, &mo, err, sizeof err) != TSR_OK ||
             tsr_llama4_config_from_hf(path, &c, err, sizeof err) != TSR_OK ||
-            tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1}, &mo, NULL, NULL, &m, &st,
-                            err, sizeof err) != TSR_OK)
+            tsr_llama4_load(path, c, &(tsr_shard_spec){0, 1, 0, c->base.n_layers - 1},
+                            &(tsr_load_opts){.modelopt = &mo}, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
                 fail_msg("%s", err);
         free(c);
         tsr_modelopt_config_done(&mo);
@@ -1022,6 +1170,7 @@ int main(void) {
                 cmocka_unit_test(test_config_fixture), cmocka_unit_test(test_config_derived),
                 cmocka_unit_test(test_family),         cmocka_unit_test(test_golden_f32),
                 cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bf16),
+                cmocka_unit_test(test_bf16_kept_as_stored),
                 cmocka_unit_test(test_flat_layout),    cmocka_unit_test(test_load_errors),
                 cmocka_unit_test(test_fp8_kv),         cmocka_unit_test(test_modelopt_fp8),
                 cmocka_unit_test(test_modelopt_nvfp4), cmocka_unit_test(test_modelopt_nvfp4_wide),

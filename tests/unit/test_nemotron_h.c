@@ -31,6 +31,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1161,6 +1162,59 @@ static void test_bf16_fast_backend(void **state) {
         free(got);
 }
 
+/* The BF16 copy loaded with keep_bf16: every linear (routed experts too) stays bf16 as
+ * stored, 2 bytes each and never widened; lm_head (untied) is widened as before.  After
+ * tsr_nemotron_h_use_bf16 its weights and logits are bitwise model16's (the same file
+ * widened, then converted), on the reference and the fast backends.  A tensor-parallel
+ * and an expert-parallel rank keep their shares of the bytes (test_parallel's
+ * test_tp_bf16 checks their logits). */
+static void test_bf16_kept_as_stored(void **state) {
+        const tsr_nemotron_h_config *c = tsr_nemotron_h_config_of(model16);
+        uint64_t lin = linear_elems(c), out = c->tied_embeddings ? 0 : (uint64_t)c->vocab_size * c->dim;
+        size_t rows = prompt_rows();
+        float *ref = malloc(rows * vocab * sizeof(float)), *got = malloc(rows * vocab * sizeof(float));
+        const tsr_load_opts keep = {.keep_bf16 = true};
+        tsr_nemotron_h *m = NULL, *w = NULL;
+        tsr_load_stats st = {0}, sw = {0};
+        tsr_backend *fast = NULL;
+        char err[512] = "";
+
+        (void)state;
+        if (tsr_nemotron_h_load(bf16_dir, NULL, NULL, &keep, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        assert_int_equal(st.resident_bytes, stats16.resident_bytes - 2 * (lin - out));
+        assert_int_equal(tsr_nemotron_h_resident_bytes(m), st.resident_bytes);
+        assert_false(tsr_nemotron_h_is_bf16(m));
+        assert_int_equal(tsr_nemotron_h_check_backend(m, be), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(model16));
+        assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &fast), TSR_OK);
+        tsr_backend *bes[] = {be, fast};
+        for (size_t k = 0; k < 2; k++) {
+                full_rows(model16, bes[k], NULL, 0, ref);
+                full_rows(m, bes[k], NULL, 0, got);
+                assert_memory_equal(got, ref, rows * vocab * sizeof(float));
+        }
+        print_message("tiny-nemotron-h as BF16: %" PRIu64 " linear bytes kept as stored (%" PRIu64 " widened); %zu "
+                      "logit rows bitwise the converted model's\n", 2 * (lin - out), 4 * (lin - out), rows);
+        tsr_nemotron_h_free(&m);
+        for (int ep = 0; ep < 2; ep++) {
+                tsr_shard_spec r1 = {1, 2, 0, c->n_layers - 1, ep};
+                if (tsr_nemotron_h_load(bf16_dir, NULL, &r1, NULL, NULL, NULL, &w, &sw, err, sizeof err) != TSR_OK ||
+                    tsr_nemotron_h_load(bf16_dir, NULL, &r1, &keep, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                assert_true(st.resident_bytes < sw.resident_bytes);
+                assert_int_equal(tsr_nemotron_h_use_bf16(w), TSR_OK);
+                assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
+                assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(w));
+                tsr_nemotron_h_free(&w);
+                tsr_nemotron_h_free(&m);
+        }
+        tsr_backend_free(&fast);
+        free(ref);
+        free(got);
+}
+
 /* --dtype float32 on the BF16 folder: every weight widened, float32 math; within the bar. */
 static void test_bf16_upcast(void **state) {
         size_t n_rows, rows = prompt_rows();
@@ -1314,7 +1368,8 @@ static int setup_quant(const char *fixture) {
         if (!tsr_test_src_path(rel, path, sizeof path) || !(golden8 = json_load_file(path, 0, &je)) ||
             (snprintf(rel, sizeof rel, "%s/model", fixture), !tsr_test_src_path(rel, path, sizeof path)) ||
             tsr_modelopt_config_read(path, &mo8, err, sizeof err) != TSR_OK ||
-            tsr_nemotron_h_load(path, NULL, NULL, &mo8, NULL, NULL, &model8, &stats8, err, sizeof err) != TSR_OK) {
+            tsr_nemotron_h_load(path, NULL, NULL, &(tsr_load_opts){.modelopt = &mo8}, NULL, NULL, &model8, &stats8,
+                                err, sizeof err) != TSR_OK) {
                 fprintf(stderr, "%s: %s\n", fixture, err);
                 return -1;
         }
@@ -1480,7 +1535,9 @@ static void test_fp8_bf16(void **state) {
 
         (void)state;
         assert_non_null(tsr_test_src_path(FP8_FIXTURE "/model", path, sizeof path));
-        assert_int_equal(tsr_nemotron_h_load(path, NULL, NULL, &mo8, NULL, NULL, &m, NULL, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_load(path, NULL, NULL, &(tsr_load_opts){.modelopt = &mo8}, NULL, NULL, &m, NULL,
+                                             err, sizeof err),
+                         TSR_OK);
         assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
         assert_int_equal(tsr_nemotron_h_resident_bytes(m), want - 2 * bf16_lin);
         full_rows(m, be, NULL, 0, got);
@@ -1614,7 +1671,8 @@ static void test_fp8_bad_checkpoints(void **state) {
                 assert_int_equal(write_fp8_variant(dir, bad[i].edit.name ? &bad[i].edit : NULL, bad[i].qc_patch), 0);
                 err[0] = 0;
                 assert_int_equal(tsr_modelopt_config_read(dir, &mo, err, sizeof err), TSR_OK);
-                tsr_status st = tsr_nemotron_h_load(dir, NULL, NULL, &mo, NULL, NULL, &m, NULL, err, sizeof err);
+                tsr_status st = tsr_nemotron_h_load(dir, NULL, NULL, &(tsr_load_opts){.modelopt = &mo}, NULL, NULL, &m,
+                                                    NULL, err, sizeof err);
                 tsr_modelopt_config_done(&mo);
                 if (st != bad[i].st || !strstr(err, bad[i].needle) || !strstr(err, dir))
                         fail_msg("case %zu: status %d (want %d), message '%s' (want '%s' and the folder)", i, (int)st,
@@ -1967,6 +2025,7 @@ int main(void) {
                 cmocka_unit_test(test_bf16_greedy),
                 cmocka_unit_test(test_bf16_batch_invariance),
                 cmocka_unit_test(test_bf16_fast_backend),
+                cmocka_unit_test(test_bf16_kept_as_stored),
                 cmocka_unit_test(test_bf16_upcast),
                 cmocka_unit_test(test_bf16_downcast),
                 cmocka_unit_test(test_bf16_residual_in_fp32),

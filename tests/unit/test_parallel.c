@@ -1382,23 +1382,35 @@ static void test_fp8_kv_vs_emulation(void **state) {
  * every row-parallel K slice's partial is the bf16 matmul's on that slice, so TP 2 (and
  * 4) give the bits of TP 1 in the canonical split with bf16 weights, for every family
  * (expert-parallel too); and they are not the float32 bits (the weights really are bf16).
- * A BF16 Llama checkpoint's matmuls are not converted at all: kept as stored, each rank
- * its share of the bytes, the canonical slices cut from them. */
+ * A BF16 checkpoint's linears (and Llama 4's expert stacks) are not converted at all:
+ * kept as stored, each rank its share of the bytes, the canonical slices cut from them
+ * (`copy`: the fixture rounded to a BF16 checkpoint, tsr_test_bf16_copy). */
 static void test_tp_bf16(void **state) {
         (void)state;
-        static const struct { const char *rel, *family; uint32_t max_tp; bool ep; } cases[] = {
-                {"tests/fixtures/tiny-llama3-hf/f32", "llama", 4, false},
+        static const struct { const char *rel, *family; uint32_t max_tp; bool ep, copy; } cases[] = {
+                {"tests/fixtures/tiny-llama3-hf/f32", "llama", 4, false, false},
                 /* a BF16 checkpoint: its matmuls kept as stored (keep_bf16), split as bytes */
-                {"tests/fixtures/tiny-llama3-hf/bf16", "llama", 4, false},
-                {"tests/fixtures/tiny-llama4", "llama4", 4, false},
-                {"tests/fixtures/tiny-llama4", "llama4", 2, true},
-                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", 2, false},
-                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", 2, true},
+                {"tests/fixtures/tiny-llama3-hf/bf16", "llama", 4, false, false},
+                {"tests/fixtures/tiny-llama4", "llama4", 4, false, false},
+                {"tests/fixtures/tiny-llama4", "llama4", 2, true, false},
+                {"tests/fixtures/tiny-llama4", "llama4", 4, false, true},
+                {"tests/fixtures/tiny-llama4", "llama4", 2, true, true},
+                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", 2, false, false},
+                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", 2, true, false},
+                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", 2, false, true},
+                {"tests/fixtures/tiny-nemotron-h/model", "nemotron_h", 2, true, true},
         };
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
                 model_case mc = {0};
-                if (!model_open_family(&mc, cases[c].rel, cases[c].family))
+                char src[4096], copy[64] = "/tmp/tsr_tp_bf16_XXXXXX";
+                if (!tsr_test_src_path(cases[c].rel, src, sizeof src))
                         fail_msg("%s is a committed fixture: run from the source tree", cases[c].rel);
+                if (cases[c].copy) {
+                        tsr_test_bf16_copy(src, copy);
+                        model_open_path(&mc, copy, cases[c].family);
+                } else {
+                        model_open_family(&mc, cases[c].rel, cases[c].family);
+                }
                 size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0, n32 = 0;
                 float *want = malloc(H_ROWS * V * sizeof(float)), *got = malloc(H_ROWS * V * sizeof(float));
                 float *f32 = malloc(H_ROWS * V * sizeof(float));
@@ -1416,7 +1428,8 @@ static void test_tp_bf16(void **state) {
                                 if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
                                         fail_msg("%s bf16 tp %u%s: logit [%zu, %zu] %.9g, tp 1 %.9g", cases[c].rel, tp,
                                                  cases[c].ep ? " ep" : "", i / V, i % V, got[i], want[i]);
-                        print_message("%s bf16%s: tp %u: %zu logits bitwise equal to tp 1 (canonical)\n", cases[c].rel,
+                        print_message("%s%s bf16%s: tp %u: %zu logits bitwise equal to tp 1 (canonical)\n", cases[c].rel,
+                                      cases[c].copy ? " (as a BF16 checkpoint)" : "",
                                       cases[c].ep ? " expert-parallel" : "", tp, n_want);
                 }
                 run_ep = false;
@@ -1424,6 +1437,8 @@ static void test_tp_bf16(void **state) {
                 free(got);
                 free(f32);
                 model_close(&mc);
+                if (cases[c].copy)
+                        tsr_test_remove_model_dir(copy);
         }
 }
 

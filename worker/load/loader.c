@@ -210,10 +210,10 @@ tsr_shard_spec tsr_shard_spec_whole(uint32_t n_layers) {
                                 .last_layer = n_layers ? n_layers - 1 : 0};
 }
 
-/* *w->stored = the matrix tt (its data the file's mapped bytes, borrowed), or w's
- * tensor-parallel share of it, in new 64-byte aligned memory of ours (the file is
- * unmapped after the load).  TSR_E_UNSUPPORTED when the share would cut a block,
- * TSR_E_NOMEM; *w->stored unchanged on failure. */
+/* *w->stored = the matrix or expert stack tt (its data the file's mapped bytes,
+ * borrowed), or w's tensor-parallel share of it, in new 64-byte aligned memory of ours
+ * (the file is unmapped after the load).  TSR_E_UNSUPPORTED when the share would cut a
+ * block, TSR_E_NOMEM; *w->stored unchanged on failure. */
 static tsr_status keep_stored(tsr_tensor *tt, const struct want *w) {
         if (w->slice.axis != TSR_LOAD_WHOLE) {
                 tsr_tensor cut;
@@ -480,7 +480,8 @@ static tsr_status hf_load_quantized(const tsr_tensor_source *s, const tsr_safete
 }
 
 /* Check `t` (from `file`) against `w` and convert it into a new float32 array, or, with
- * keep_bf16, keep a BF16 matrix whose slot has `stored` as it is (tsr_tensor_source). */
+ * keep_bf16, keep a BF16 matrix or expert stack whose slot has `stored` as it is
+ * (tsr_tensor_source). */
 static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file, const struct want *w,
                               bool keep_bf16, float **ret, char *err, size_t errlen) {
         uint32_t gtype;
@@ -518,10 +519,15 @@ static tsr_status hf_load_one(const tsr_safetensors_tensor *t, const char *file,
         }
         if (!slice_ok(w, file, err, errlen))
                 return TSR_E_INVAL;
-        if (keep_bf16 && t->dtype == TSR_ST_BF16 && w->stored && w->cols && !w->experts && t->n_dims == 2) {
-                size_t shape[2] = {w->rows, w->cols};
+        if (keep_bf16 && t->dtype == TSR_ST_BF16 && w->stored && w->cols && t->n_dims == (w->experts ? 3 : 2)) {
+                /* an expert stack [E, rows, cols]: only the experts taken (an expert-parallel
+                 * rank's), viewed in the file, then the share of each cut from them */
+                uint64_t E = want_experts(w), per = w->rows * w->cols * 2;
+                size_t shape[3] = {E, w->rows, w->cols};
+                const uint8_t *at = (const uint8_t *)t->data + (w->experts_n ? w->experts_first * per : 0);
                 tsr_tensor tt;
-                tsr_status st = tsr_tensor_init(&tt, TSR_DTYPE_BF16, 2, shape, NULL, (void *)t->data);
+                tsr_status st = w->experts ? tsr_tensor_init(&tt, TSR_DTYPE_BF16, 3, shape, NULL, (void *)at)
+                                           : tsr_tensor_init(&tt, TSR_DTYPE_BF16, 2, shape + 1, NULL, (void *)at);
                 if (st == TSR_OK)
                         st = keep_stored(&tt, w);
                 if (st != TSR_OK)

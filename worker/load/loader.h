@@ -72,9 +72,9 @@ typedef struct tsr_tensor_source {
         /* bit (1u << dtype): a GGUF tensor stored in this dtype whose slot has `stored` is
          * kept as it is, not widened (tsr_load_opts; issue #15).  0: widen everything. */
         uint32_t keep_dtypes;
-        /* A safetensors BF16 matrix whose slot has `stored` is kept as it is (BF16, the
-         * file's bytes or the slot's share of them), not widened (tsr_load_opts).  Ignored
-         * for GGUF, whose BF16 tensors keep_dtypes governs. */
+        /* A safetensors BF16 matrix or expert stack whose slot has `stored` is kept as it
+         * is (BF16, the file's bytes or the slot's share of them), not widened
+         * (tsr_load_opts).  Ignored for GGUF, whose BF16 tensors keep_dtypes governs. */
         bool keep_bf16;
         /* Prepended to every HF name of the table (NULL: none): a checkpoint that nests the
          * text model in a bigger one, e.g. "language_model." for Llama 4's
@@ -143,7 +143,8 @@ typedef struct tsr_load_slot {
         uint64_t rows, cols;    /* (out, in) row-major; cols == 0: a vector of `rows` elements */
         /* > 0: a 3-D stack (experts, rows, cols) of matrices as the file stores it (MoE
          * experts, transformers' BMM layout); never kept in a block format, kept as
-         * stored (`stored`) only as a ModelOpt FP8 stack (tsr_modelopt_load_stack). */
+         * stored (`stored`) only as a ModelOpt FP8 stack (tsr_modelopt_load_stack) or a
+         * BF16 one (keep_bf16). */
         uint64_t experts;
         bool optional;          /* may be absent from the source (then *dst stays NULL) */
         /* Not TSR_LOAD_WHOLE: only this share of the (rows, cols) matrix (rows and cols
@@ -155,12 +156,13 @@ typedef struct tsr_load_slot {
          * column range that would cut a block is widened instead); a ModelOpt weight
          * read whole as stored and cut to the share (tsr_load_stored_slice: the one
          * tensor, never the whole model, held at once); an FP8 expert stack (experts > 0)
-         * the same, the share of each expert.  A vector (cols 0) only by rows. */
+         * the same, the share of each expert; a BF16 one's share of each expert cut from
+         * the mapped file.  A vector (cols 0) only by rows. */
         tsr_load_slice slice;
         /* An expert stack (experts > 0): only experts [experts_first, experts_first +
          * experts_n) go into *dst (experts_n 0: every one); an expert-parallel rank's
          * (tsr_shard_spec.expert_parallel).  A ModelOpt FP8 stack is read whole as
-         * stored, then cut to those experts. */
+         * stored, then cut to those experts; a BF16 one kept as stored reads only them. */
         uint64_t experts_first, experts_n;
 } tsr_load_slot;
 

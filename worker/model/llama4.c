@@ -22,7 +22,9 @@
 /* A matmul weight: float32 as loaded, or its bf16 copy after tsr_llama4_use_bf16 (then
  * f is freed, except a tied output which is the embedding table), or, for a ModelOpt
  * checkpoint's quantized linear, q: the fp8_e4m3 / nvfp4 bytes as stored with their
- * scales (f and b NULL; --dtype bfloat16 leaves it as it is). */
+ * scales (f and b NULL; --dtype bfloat16 leaves it as it is), or a BF16 checkpoint's
+ * linear kept as stored (keep_bf16), q of dtype bf16.  The expert stacks (exp_gate_up,
+ * exp_down) are f or b, never q: a BF16 stack kept as stored is transposed into b. */
 typedef struct mat {
         float *f;
         uint16_t *b;
@@ -78,6 +80,9 @@ struct tsr_llama4 {
         /* ModelOpt: the dtype the quantized weights are stored in (fp8_e4m3 or nvfp4);
          * TSR_DTYPE_F32 when nothing is */
         tsr_dtype qdtype;
+        /* Some matmul weight is a BF16 checkpoint's kept as stored (tsr_load_opts.keep_bf16):
+         * the backend needs the bf16 matmul even before tsr_llama4_use_bf16. */
+        bool kept_bf16;
         /* The per-expert layout (experts.<e>.{gate,up,down}_proj) instead of the BMM
          * stacks: its 3 E loader rows (gate, up, down per expert; hf names in strs). */
         bool per_expert;
@@ -320,6 +325,62 @@ static bool transpose_experts(float *w, size_t E, size_t rows, size_t cols) {
         return true;
 }
 
+/* A BF16 expert stack kept as stored ([E, rows, cols]: the file's (in, out) per expert,
+ * the rank's experts and share) -> *dst (E, cols, rows) bf16, the (out, in) rows the
+ * matmul reads: transpose_experts' layout, and the bits tsr_llama4_use_bf16 gives the
+ * stack widened.  The stack is freed.  TSR_E_NOMEM (nothing changed). */
+static tsr_status transpose_bf16_stack(uint16_t **dst, tsr_tensor *stack) {
+        size_t E = stack->shape[0], rows = stack->shape[1], cols = stack->shape[2], n = E * rows * cols;
+        const uint16_t *a = stack->data;
+        uint16_t *b = aligned_alloc(64, (n * sizeof(uint16_t) + 63) / 64 * 64 + 64);
+        if (!b)
+                return TSR_E_NOMEM;
+        for (size_t e = 0; e < E; e++)
+                for (size_t r = 0; r < rows; r++)
+                        for (size_t c = 0; c < cols; c++)
+                                b[(e * cols + c) * rows + r] = a[(e * rows + r) * cols + c];
+        free(stack->data);
+        *stack = (tsr_tensor){0};
+        *dst = b;
+        return TSR_OK;
+}
+
+/* The per-expert layout's BF16 matrices kept as stored (keep_bf16) of the E experts held,
+ * qexp[3e ..]: all of them -> the stacks exp_gate_up (E, 2I, dim) and exp_down (E, dim,
+ * I) as bf16 bytes; some (the others float32, fexp) -> widened into fexp, so the layer
+ * stacks float32 as before.  Each kept matrix is freed.  TSR_E_NOMEM. */
+static tsr_status per_expert_bf16(layer *L, tsr_tensor *qexp, float **fexp, size_t E, size_t I, size_t dim) {
+        size_t nb = 0, per = I * dim;
+        for (size_t i = 0; i < 3 * E; i++)
+                nb += qexp[i].data && qexp[i].dtype == TSR_DTYPE_BF16;
+        if (!nb)
+                return TSR_OK;
+        if (nb == 3 * E) {
+                if (!(L->exp_gate_up.b = aligned_alloc(64, (E * 2 * per * sizeof(uint16_t) + 63) / 64 * 64 + 64)) ||
+                    !(L->exp_down.b = aligned_alloc(64, (E * per * sizeof(uint16_t) + 63) / 64 * 64 + 64)))
+                        return TSR_E_NOMEM;
+                for (size_t e = 0; e < E; e++) {
+                        memcpy(L->exp_gate_up.b + e * 2 * per, qexp[3 * e].data, per * sizeof(uint16_t));
+                        memcpy(L->exp_gate_up.b + (e * 2 + 1) * per, qexp[3 * e + 1].data, per * sizeof(uint16_t));
+                        memcpy(L->exp_down.b + e * per, qexp[3 * e + 2].data, per * sizeof(uint16_t));
+                }
+        }
+        for (size_t i = 0; i < 3 * E; i++) {
+                if (!qexp[i].data || qexp[i].dtype != TSR_DTYPE_BF16)
+                        continue;
+                if (nb < 3 * E) {
+                        const uint16_t *h = qexp[i].data;
+                        if (!(fexp[i] = malloc(per * sizeof(float))))
+                                return TSR_E_NOMEM;
+                        for (size_t k = 0; k < per; k++)
+                                fexp[i][k] = tsr_bf16_to_f32(h[k]);
+                }
+                free(qexp[i].data);
+                qexp[i] = (tsr_tensor){0};
+        }
+        return TSR_OK;
+}
+
 /* The per-expert loader rows: for expert e, "...experts.<e>.{gate,up,down}_proj.weight",
  * each with the layer's "%u" left for the loader. */
 static tsr_status expert_table(tsr_llama4 *m) {
@@ -444,19 +505,26 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const tsr_
                 free(L->gguf_up);
                 L->gguf_gate = L->gguf_up = NULL;
         } else if (!m->per_expert) {
-                if (!L->stack_gu.data != !L->stack_dn.data) {
+                /* a stack kept as stored: FP8 (ModelOpt) or BF16 (keep_bf16), each already the
+                 * rank's share (llama4_bind) */
+                bool fp8_gu = L->stack_gu.data && L->stack_gu.dtype != TSR_DTYPE_BF16;
+                bool fp8_dn = L->stack_dn.data && L->stack_dn.dtype != TSR_DTYPE_BF16;
+                if (fp8_gu != fp8_dn) {
                         tsr_errf(err, errlen, "%s: tensor '%smodel.layers.%u.feed_forward.experts.%s' is F8_E4M3 but "
                                  "experts.%s is not: a MoE layer's expert stacks must be quantized both or neither",
-                                 dir, pre, l, L->stack_gu.data ? "gate_up_proj" : "down_proj",
-                                 L->stack_gu.data ? "down_proj" : "gate_up_proj");
+                                 dir, pre, l, fp8_gu ? "gate_up_proj" : "down_proj",
+                                 fp8_gu ? "down_proj" : "gate_up_proj");
                         return TSR_E_INVAL;
                 }
-                if (L->stack_gu.data)   /* already the rank's share (llama4_bind) */
+                if (fp8_gu)
                         st = split_stacks(L, qexp, E, I, dim);
-                else if (!transpose_experts(L->exp_gate_up.f, E, dim, 2 * I) ||
-                         !transpose_experts(L->exp_down.f, E, I, dim))
+                else if (L->stack_gu.data ? transpose_bf16_stack(&L->exp_gate_up.b, &L->stack_gu) != TSR_OK
+                                          : !transpose_experts(L->exp_gate_up.f, E, dim, 2 * I))
                         st = TSR_E_NOMEM;
-        } else {
+                else if (L->stack_dn.data ? transpose_bf16_stack(&L->exp_down.b, &L->stack_dn) != TSR_OK
+                                          : !transpose_experts(L->exp_down.f, E, I, dim))
+                        st = TSR_E_NOMEM;
+        } else if ((st = per_expert_bf16(L, qexp, fexp, E, I, dim)) == TSR_OK) {
                 for (size_t i = 0; i < 3 * E; i++)
                         nq += qexp[i].data != NULL;
                 for (size_t i = 1; nq && nq < 3 * E && i < 3 * E; i++)
@@ -469,7 +537,7 @@ static tsr_status experts_finish(tsr_llama4 *m, layer *L, uint32_t l, const tsr_
                                          qexp[0].data ? tsr_dtype_name(qexp[0].dtype) : "not quantized");
                                 return TSR_E_INVAL;
                         }
-                if (!nq) {      /* float experts, one matrix each: stacked as the BMM layout's */
+                if (!nq && !L->exp_gate_up.b) { /* float experts, one matrix each: stacked as the BMM layout's */
                         if (!(L->exp_gate_up.f = malloc(E * 2 * I * dim * sizeof(float))) ||
                             !(L->exp_down.f = malloc(E * dim * I * sizeof(float))))
                                 st = TSR_E_NOMEM;
@@ -516,7 +584,7 @@ static bool is_vision(const char *name) {
 }
 
 tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const tsr_shard_spec *spec,
-                           const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret,
+                           const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret,
                            tsr_load_stats *stats, char *err, size_t errlen) {
         const tsr_model_family *fam = &tsr_family_llama4;
         tsr_safetensors_set *set = NULL;
@@ -595,8 +663,10 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
         const char *pre = set && tsr_safetensors_set_find(set, "language_model.model.embed_tokens.weight", NULL)
                                   ? "language_model."
                                   : "";
+        const tsr_modelopt_config *mo = opts ? opts->modelopt : NULL;
         tsr_tensor_source src = {.set = set, .g = g, .src = dir, .hf_prefix = *pre ? pre : NULL,
-                                 .modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL};
+                                 .modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL,
+                                 .keep_bf16 = opts && opts->keep_bf16};
         /* The experts' layout, from the range's first MoE layer: BMM stacks unless that
          * layer has expert 0's gate_proj instead (a GGUF: its gate and up stacks). */
         for (uint32_t l = spec->first_layer; set && l <= spec->last_layer; l++) {
@@ -636,9 +706,13 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                 mat *w[N_MATS];
                 size_t r[N_MATS], cc[N_MATS], n[N_MATS];
                 layer_mats(m, L, w, r, cc, n);
-                for (int i = 0; i < N_MATS; i++)
-                        if (w[i]->q.data)
+                for (int i = 0; i < N_MATS; i++) {
+                        if (w[i]->q.data && w[i]->q.dtype == TSR_DTYPE_BF16)
+                                m->kept_bf16 = true;
+                        else if (w[i]->q.data)
                                 m->qdtype = w[i]->q.dtype;
+                }
+                m->kept_bf16 |= L->exp_gate_up.b || L->exp_down.b;
                 if ((cfg->layer[l] & TSR_LLAMA4_MOE) &&
                     (st = experts_finish(m, L, l, set, pre, dir, err, errlen)) != TSR_OK)
                         goto done;
@@ -755,7 +829,8 @@ tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be) 
         /* the router (and, in a ModelOpt checkpoint, what it leaves unquantized) runs in
          * the model's dtype; the quantized weights on their own */
         if (!tsr_backend_supports(be, TSR_OP_MATMUL, m->bf16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32) ||
-            !tsr_backend_supports(be, TSR_OP_MATMUL, m->qdtype))
+            !tsr_backend_supports(be, TSR_OP_MATMUL, m->qdtype) ||
+            (m->kept_bf16 && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_BF16)))
                 return TSR_E_UNSUPPORTED;
         return TSR_OK;
 }
@@ -797,6 +872,19 @@ static tsr_status keep_rows(mat *w, size_t rows, size_t cols, size_t first, size
 
 static tsr_status keep_col_slices(mat *w, size_t rows, size_t cols, size_t first, size_t n, size_t ns) {
         return tsr_tp_keep_col_slices_of(&w->f, &w->q, rows, cols, first, n, ns);
+}
+
+/* tp.h's splits of n_mats stacked (rows, cols) expert matrices held as float32 (w->f) or
+ * bf16 (w->b: a BF16 checkpoint's stack kept as stored). */
+static tsr_status stack_keep_rows(mat *w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n) {
+        return w->b ? tsr_tp_keep_rows_bf16(&w->b, n_mats, rows, cols, first, n)
+                    : tsr_tp_keep_rows(&w->f, n_mats, rows, cols, first, n);
+}
+
+static tsr_status stack_keep_col_slices(mat *w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
+                                        size_t ns) {
+        return w->b ? tsr_tp_keep_col_slices_bf16(&w->b, n_mats, rows, cols, first, n, ns)
+                    : tsr_tp_keep_col_slices(&w->f, n_mats, rows, cols, first, n, ns);
 }
 
 /* The row-parallel linears kept as stored split into canonical K slices of whole blocks
@@ -905,13 +993,14 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
                         /* experts e0 .. e0 + ne - 1 whole (their rows of the (E, 2I, dim) and
                          * (E, dim, I) stacks), down_proj as all S canonical K slices; the
                          * shared expert as below */
-                        bool fexp = L->exp_gate_up.f != NULL;   /* else quantized: qexp, above */
+                        /* else quantized: qexp, above */
+                        bool fexp = L->exp_gate_up.f || L->exp_gate_up.b;
                         if (fexp && !sliced &&
-                            (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 1, E * 2 * I, dim, e0 * 2 * I, ne * 2 * I)) ==
+                            (st = stack_keep_rows(&L->exp_gate_up, 1, E * 2 * I, dim, e0 * 2 * I, ne * 2 * I)) ==
                                     TSR_OK)
-                                st = tsr_tp_keep_rows(&L->exp_down.f, 1, E * dim, I, e0 * dim, ne * dim);
+                                st = stack_keep_rows(&L->exp_down, 1, E * dim, I, e0 * dim, ne * dim);
                         if (st == TSR_OK && fexp)       /* (read: the rank's experts only) */
-                                st = tsr_tp_keep_col_slices(&L->exp_down.f, ne, dim, I, 0, I, TSR_COMM_TREE_LEAVES);
+                                st = stack_keep_col_slices(&L->exp_down, ne, dim, I, 0, I, TSR_COMM_TREE_LEAVES);
                         if (st == TSR_OK && split && !sliced &&
                             (st = keep_rows(&L->sh_gate, I, dim, tp_rank * hid, hid)) == TSR_OK)
                                 st = keep_rows(&L->sh_up, I, dim, tp_rank * hid, hid);
@@ -921,14 +1010,14 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
                         /* every expert's gate and up halves, (2E, I, dim) as stacked (I, dim)
                          * matrices (float; a quantized checkpoint's are qexp, above), and the
                          * shared expert: the rank's hid rows of each */
-                        bool fexp = L->exp_gate_up.f != NULL;
+                        bool fexp = L->exp_gate_up.f || L->exp_gate_up.b;
                         if (split && !sliced && fexp &&
-                            (st = tsr_tp_keep_rows(&L->exp_gate_up.f, 2 * E, I, dim, tp_rank * hid, hid)) != TSR_OK)
+                            (st = stack_keep_rows(&L->exp_gate_up, 2 * E, I, dim, tp_rank * hid, hid)) != TSR_OK)
                                 break;
                         if (split && !sliced && (st = keep_rows(&L->sh_gate, I, dim, tp_rank * hid, hid)) == TSR_OK)
                                 st = keep_rows(&L->sh_up, I, dim, tp_rank * hid, hid);
                         if (st == TSR_OK && fexp)
-                                st = tsr_tp_keep_col_slices(&L->exp_down.f, E, dim, i_cols, i0, hid, ns);
+                                st = stack_keep_col_slices(&L->exp_down, E, dim, i_cols, i0, hid, ns);
                         if (st == TSR_OK)
                                 st = keep_col_slices(&L->sh_down, dim, i_cols, i0, hid, ns);
                 } else {
@@ -1262,8 +1351,10 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N
 }
 
 /* W @ x (rows, n) -> out (rows, d) for a weight kept as stored (ModelOpt: W8A8 / W4A4
- * with its scales), t (d, n). */
+ * with its scales; a BF16 checkpoint's bf16), t (d, n). */
 static tsr_status mm_stored(tsr_backend *be, float *out, const float *x, const tsr_tensor *t, size_t rows) {
+        if (t->dtype == TSR_DTYPE_BF16)
+                return tsr_backend_matmul(be, out, x, t->data, t->dtype, rows, t->shape[1], t->shape[0]);
         return tsr_backend_matmul_scaled(be, out, x, t->data, t->dtype, &t->scales, rows, t->shape[1], t->shape[0]);
 }
 

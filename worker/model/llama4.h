@@ -106,7 +106,12 @@ typedef struct tsr_llama4 tsr_llama4;
  * MoE layer of the range has experts.0.gate_proj.weight instead, one linear per expert
  * (experts.<e>.{gate,up,down}_proj: ModelOpt's NVFP4 export; vLLM reads both).
  *
- * `mo`: what the folder announces (tsr_modelopt_config_read; NULL or algo NONE: none).
+ * `opts` (NULL: widen every tensor): opts->keep_bf16 keeps a BF16 folder's linears
+ * (attention, dense MLP, shared expert) as stored, and its expert stacks as bf16 (one
+ * transposition of the bytes, no float32 pass), the bits tsr_llama4_use_bf16 gives the
+ * widened model; each rank reads only its share of them.  The router, embedding and
+ * output are widened.  opts->modelopt: what the folder announces
+ * (tsr_modelopt_config_read; NULL or algo NONE: none).
  * A ModelOpt FP8 / NVFP4 checkpoint's quantized linears stay as stored with their scales
  * (attention, dense MLP, shared expert; models.md §4.2), and so do its routed experts:
  * an FP8 BMM stack with its one scale pair (transposed per expert at load, still fp8),
@@ -117,7 +122,7 @@ typedef struct tsr_llama4 tsr_llama4;
  * only when ModelOpt did not already give them one).  Progress and stats as
  * tsr_load_tensors.  Errors name the folder (or file) and the tensor. */
 tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const tsr_shard_spec *spec,
-                           const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret,
+                           const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud, tsr_llama4 **ret,
                            tsr_load_stats *stats, char *err, size_t errlen);
 /* Accepts NULL and *m == NULL; clears *m. */
 void tsr_llama4_free(tsr_llama4 **m);

@@ -94,11 +94,10 @@ static tsr_status llama4_load(const char *path, const tsr_model_desc *d, const t
                               tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_llama4 *m = NULL;
         tsr_status st;
-        /* keep_dtypes is not passed: a GGUF's tensors (F32, F16, the block formats) are
+        /* opts->keep_dtypes is not read: a GGUF's tensors (F32, F16, the block formats) are
          * widened to float32; a ModelOpt FP8 / NVFP4 folder's quantized linears and experts
-         * stay as stored */
-        if ((st = tsr_llama4_load(path, d->config, shard, opts ? opts->modelopt : NULL, progress, ud, &m, stats, err,
-                                  errlen)) == TSR_OK)
+         * stay as stored, and with keep_bf16 a BF16 folder's linears and expert stacks */
+        if ((st = tsr_llama4_load(path, d->config, shard, opts, progress, ud, &m, stats, err, errlen)) == TSR_OK)
                 *ret = m;
         return st;
 }

@@ -68,8 +68,10 @@ const tsr_tensor_name tsr_nemotron_h_tensors[TSR_NEMOTRON_H_N_TENSORS] = {
 
 /* A linear's weight: float32 as loaded, or its bf16 copy after tsr_nemotron_h_use_bf16
  * (then f is freed, except a tied output, which is the embedding table), or, for a
- * ModelOpt FP8 / NVFP4 checkpoint's quantized linear, q: the fp8_e4m3 / nvfp4 bytes as stored with their
- * weight_scale / input_scale (f and b NULL; --dtype bfloat16 leaves it as it is). */
+ * ModelOpt FP8 / NVFP4 checkpoint's quantized linear, q: the fp8_e4m3 / nvfp4 bytes as
+ * stored with their weight_scale / input_scale (f and b NULL; --dtype bfloat16 leaves it
+ * as it is), or a BF16 checkpoint's linear kept as stored (keep_bf16): q of dtype bf16,
+ * not quantized (quantized()). */
 typedef struct nh_mat {
         float *f;
         uint16_t *b;
@@ -108,6 +110,7 @@ struct tsr_nemotron_h {
         tsr_tensor_name *expert_names;  /* [2 * n_experts]: up, down per expert */
         char *expert_strs;
         bool bf16;                      /* the linears are bf16 (tsr_nemotron_h_use_bf16) */
+        bool kept_bf16;                 /* some are a BF16 checkpoint's kept as stored (keep_bf16) */
         /* ModelOpt: the dtype some linears are stored in (nh_mat.q: fp8_e4m3 or nvfp4);
          * TSR_DTYPE_F32 when none is */
         tsr_dtype qdtype;
@@ -151,6 +154,9 @@ static void layer_mats(nh_layer *L, nh_mat **w) {
                                       &L->wo,      &L->shared_up, &L->shared_down, &L->mlp_up, &L->mlp_down};
         memcpy(w, all, sizeof all);
 }
+
+/* Whether w's stored weight is a quantized one (ModelOpt), not a BF16 one kept as stored. */
+static bool quantized(const nh_mat *w) { return w->q.data && w->q.dtype != TSR_DTYPE_BF16; }
 
 static void mat_free(nh_mat *w) {
         free(w->f);
@@ -407,7 +413,9 @@ static tsr_status alloc_layers(tsr_nemotron_h *m) {
  * TSR_OK, or TSR_E_INVAL with `err` naming the source and the tensor. */
 /* How the file stores a linear held as `q`, for messages: its safetensors dtype. */
 static const char *stored_as(const tsr_tensor *q) {
-        return !q->data ? "not quantized" : q->dtype == TSR_DTYPE_NVFP4 ? "U8 (NVFP4)" : "F8_E4M3";
+        return !q->data || q->dtype == TSR_DTYPE_BF16 ? "not quantized"
+               : q->dtype == TSR_DTYPE_NVFP4          ? "U8 (NVFP4)"
+                                                      : "F8_E4M3";
 }
 
 static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, const char *src, char *err,
@@ -420,7 +428,7 @@ static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, cons
         held_experts(m, &e0, &ne);
         nh_mat *w = (up ? L->exp_up : L->exp_down) + e0;        /* global expert e0 + j at j */
         for (size_t j = 0; j < ne; j++)
-                if (w[j].q.data) {
+                if (quantized(&w[j])) {
                         any = true;
                         xs = fmaxf(xs, w[j].q.scales.input);
                 }
@@ -429,7 +437,7 @@ static tsr_status expert_scales(tsr_nemotron_h *m, uint32_t layer, bool up, cons
         if (w[0].q.dtype == TSR_DTYPE_NVFP4 && (up ? L->xs_all_up : L->xs_all_down) > 0)
                 xs = up ? L->xs_all_up : L->xs_all_down;        /* the other ranks' experts too */
         for (size_t j = 1; j < ne; j++)
-                if (!w[j].q.data != !w[0].q.data) {
+                if (quantized(&w[j]) != quantized(&w[0])) {
                         tsr_errf(err, errlen, "%s: tensor 'backbone.layers.%u.mixer.experts.%zu.%s_proj.weight' is %s "
                                  "but expert %zu's is %s: a MoE layer's experts must be all quantized or none (vLLM "
                                  "fuses them into one weight)", src, layer, e0 + j, up ? "up" : "down",
@@ -478,9 +486,14 @@ static tsr_status finish_load(tsr_nemotron_h *m, const char *src, char *err, siz
                 nh_layer *L = &m->layers[l];
                 nh_mat *w[NH_LAYER_MATS];
                 layer_mats(L, w);
-                for (size_t i = 0; i < NH_LAYER_MATS; i++)
-                        if (w[i]->q.data)
+                for (size_t i = 0; i < NH_LAYER_MATS; i++) {
+                        m->kept_bf16 |= w[i]->q.data && !quantized(w[i]);
+                        if (quantized(w[i]))
                                 m->qdtype = w[i]->q.dtype;
+                }
+                for (size_t e = 0; c->pattern[l] == 'E' && e < c->n_experts; e++)
+                        m->kept_bf16 |= (L->exp_up[e].q.data && !quantized(&L->exp_up[e])) ||
+                                        (L->exp_down[e].q.data && !quantized(&L->exp_down[e]));
                 if (c->pattern[l] == 'E' && L->stack_up && (st = split_stacks(m, L)) != TSR_OK) {
                         tsr_errf(err, errlen, "%s: out of memory", src);
                         return st;
@@ -560,7 +573,7 @@ static tsr_status load_from(const tsr_tensor_source *s, tsr_nemotron_h *m, const
 }
 
 tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
-                               const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud,
+                               const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud,
                                tsr_nemotron_h **ret, tsr_load_stats *stats, char *err, size_t errlen) {
         tsr_safetensors_set *set = NULL;
         tsr_gguf *g = NULL;
@@ -619,7 +632,9 @@ tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg
                         goto fail;
                 s.set = set;
                 s.src = tsr_safetensors_set_source(set);
+                const tsr_modelopt_config *mo = opts ? opts->modelopt : NULL;
                 s.modelopt = mo && mo->algo != TSR_MODELOPT_NONE ? mo : NULL;
+                s.keep_bf16 = opts && opts->keep_bf16;
         }
         st = load_from(&s, m, &m->shard, progress, ud, stats, err, errlen);
         if (st == TSR_OK && s.modelopt && s.modelopt->algo == TSR_MODELOPT_NVFP4)
@@ -782,7 +797,7 @@ tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backe
         /* The family loops below read and write activations and states directly; the
          * router's matmul is float32 in every dtype. */
         if (!tsr_backend_host_memory(be) || !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_F32) ||
-            (m->bf16 && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_BF16)) ||
+            ((m->bf16 || m->kept_bf16) && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_BF16)) ||
             !tsr_backend_supports(be, TSR_OP_MATMUL, m->qdtype))
                 return TSR_E_UNSUPPORTED;
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
@@ -986,7 +1001,7 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
          * (expert_scales); an expert-parallel rank's is its own experts' max, so it must
          * be loaded as that rank (the worker always does) */
         for (uint32_t l = m->shard.first_layer; ep && !sliced && l <= m->shard.last_layer; l++)
-                if (c->pattern[l] == 'E' && m->layers[l].exp_up[0].q.data) {
+                if (c->pattern[l] == 'E' && quantized(&m->layers[l].exp_up[0])) {
                         tsr_errf(err, errlen, "expert parallelism of quantized experts needs the model loaded as "
                                  "the rank (tsr_shard_spec.expert_parallel), not loaded whole and split");
                         return TSR_E_UNSUPPORTED;
@@ -1339,8 +1354,10 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size
 
 /* W (d, n) @ x (rows, n) -> out (rows, d), in the dtype the model holds W in. */
 static tsr_status mm(tsr_backend *be, float *out, const float *x, const nh_mat *w, size_t rows, size_t n, size_t d) {
-        if (w->q.data)          /* ModelOpt FP8 / NVFP4: W8A8 / W4A4 with the weight's static scales */
+        if (quantized(w))       /* ModelOpt FP8 / NVFP4: W8A8 / W4A4 with the weight's static scales */
                 return tsr_backend_matmul_scaled(be, out, x, w->q.data, w->q.dtype, &w->q.scales, rows, n, d);
+        if (w->q.data)          /* a BF16 checkpoint's, kept as stored */
+                return tsr_backend_matmul(be, out, x, w->q.data, TSR_DTYPE_BF16, rows, n, d);
         if (w->b)
                 return tsr_backend_matmul(be, out, x, w->b, TSR_DTYPE_BF16, rows, n, d);
         return tsr_backend_matmul(be, out, x, w->f, TSR_DTYPE_F32, rows, n, d);

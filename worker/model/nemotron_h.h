@@ -124,7 +124,10 @@ typedef struct tsr_nemotron_h tsr_nemotron_h;
 
 /* Load the HF folder `dir` (config.json; model.safetensors or an index), its F32, F16
  * or BF16 tensors widened to float32 (exactly).
- * `mo`: what the folder announces (tsr_modelopt_config_read; NULL or algo NONE: no
+ * `opts` (NULL: widen every tensor): opts->keep_bf16 keeps a BF16 folder's linears (the
+ * same ones as below, routed experts included) as stored, 2 bytes each and never
+ * widened: the bits tsr_nemotron_h_use_bf16 gives the widened model.  opts->modelopt:
+ * what the folder announces (tsr_modelopt_config_read; NULL or algo NONE: no
  * quantization).  ModelOpt FP8 (models.md §4.2-4.3, nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8)
  * and NVFP4 (§4.4): every linear stored F8_E4M3 with its weight_scale / input_scale, or
  * U8 e2m1 codes with weight_scale (e4m3 per 16) / weight_scale_2 / input_scale, stays as
@@ -141,7 +144,7 @@ typedef struct tsr_nemotron_h tsr_nemotron_h;
  * tsr_nemotron_h_shard_tp, after the load).  Errors name the file and the tensor.  *ret
  * new on success (tsr_nemotron_h_free). */
 tsr_status tsr_nemotron_h_load(const char *dir, const tsr_nemotron_h_config *cfg, const tsr_shard_spec *spec,
-                               const tsr_modelopt_config *mo, tsr_load_progress_fn progress, void *ud,
+                               const tsr_load_opts *opts, tsr_load_progress_fn progress, void *ud,
                                tsr_nemotron_h **ret, tsr_load_stats *stats, char *err, size_t errlen);
 void tsr_nemotron_h_free(tsr_nemotron_h **m);
 const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m);

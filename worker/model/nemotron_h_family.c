@@ -66,10 +66,10 @@ static tsr_status nh_load(const char *path, const tsr_model_desc *d, const tsr_s
         tsr_nemotron_h *m = NULL;
         tsr_status st;
 
-        /* keep_dtypes is not passed: a GGUF's tensors are widened to float32; a ModelOpt
-         * FP8 / NVFP4 folder's quantized linears stay as stored */
-        if ((st = tsr_nemotron_h_load(path, cfg_of(d), shard, opts ? opts->modelopt : NULL, progress, ud, &m, stats,
-                                      err, errlen)) == TSR_OK)
+        /* opts->keep_dtypes is not read: a GGUF's tensors are widened to float32; a
+         * ModelOpt FP8 / NVFP4 folder's quantized linears stay as stored, and with
+         * keep_bf16 a BF16 folder's linears */
+        if ((st = tsr_nemotron_h_load(path, cfg_of(d), shard, opts, progress, ud, &m, stats, err, errlen)) == TSR_OK)
                 *ret = m;
         return st;
 }

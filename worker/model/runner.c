@@ -572,7 +572,7 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         /* Weights that become bfloat16 anyway (--dtype bfloat16, or auto where the matmul
          * has a bf16 path): a checkpoint's BF16 matmul weights stay as stored, the bits
          * use_bf16 would round their float32 copies back to, with no float32 pass (a
-         * family that reads keep_bf16: llama). */
+         * family that reads keep_bf16: llama, llama4, nemotron_h). */
         lo.keep_bf16 = *bf16 && tsr_backend_supports(sg->be, TSR_OP_MATMUL, TSR_DTYPE_BF16);
         /* Tensor parallelism (and the canonical split at tp 1): the layers load whole (or
          * as the rank's share), then the family splits them for the rank, before any

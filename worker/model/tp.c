@@ -8,33 +8,66 @@
 
 #include "worker/parallel/comm.h"
 
-tsr_status tsr_tp_keep_rows(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n) {
-        float *k = malloc(n_mats * n * cols * sizeof(float));
+/* tsr_tp_keep_rows and tsr_tp_keep_col_slices on elements of `es` bytes (float32, bf16):
+ * the kept ones in new 64-byte aligned memory, the old array freed. */
+static tsr_status keep_rows_es(void **w, size_t es, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n) {
+        size_t bytes = n_mats * n * cols * es;
+        uint8_t *k = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
         if (!k)
                 return TSR_E_NOMEM;
         for (size_t e = 0; e < n_mats; e++)
-                memcpy(k + e * n * cols, *w + (e * rows + first) * cols, n * cols * sizeof(float));
+                memcpy(k + e * n * cols * es, (const uint8_t *)*w + (e * rows + first) * cols * es, n * cols * es);
         free(*w);
         *w = k;
         return TSR_OK;
 }
 
-tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
-                                  size_t ns) {
-        size_t ks = n / ns;
-        float *k = malloc(n_mats * rows * n * sizeof(float));
+static tsr_status keep_col_slices_es(void **w, size_t es, size_t n_mats, size_t rows, size_t cols, size_t first,
+                                     size_t n, size_t ns) {
+        size_t ks = n / ns, bytes = n_mats * rows * n * es;
+        uint8_t *k = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
         if (!k)
                 return TSR_E_NOMEM;
         for (size_t e = 0; e < n_mats; e++) {
-                const float *a = *w + e * rows * cols;
-                float *b = k + e * rows * n;
+                const uint8_t *a = (const uint8_t *)*w + e * rows * cols * es;
+                uint8_t *b = k + e * rows * n * es;
                 for (size_t j = 0; j < ns; j++)
                         for (size_t r = 0; r < rows; r++)
-                                memcpy(b + (j * rows + r) * ks, a + r * cols + first + j * ks, ks * sizeof(float));
+                                memcpy(b + (j * rows + r) * ks * es, a + (r * cols + first + j * ks) * es, ks * es);
         }
         free(*w);
         *w = k;
         return TSR_OK;
+}
+
+tsr_status tsr_tp_keep_rows(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n) {
+        void *p = *w;
+        tsr_status st = keep_rows_es(&p, sizeof(float), n_mats, rows, cols, first, n);
+        *w = p;
+        return st;
+}
+
+tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
+                                  size_t ns) {
+        void *p = *w;
+        tsr_status st = keep_col_slices_es(&p, sizeof(float), n_mats, rows, cols, first, n, ns);
+        *w = p;
+        return st;
+}
+
+tsr_status tsr_tp_keep_rows_bf16(uint16_t **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n) {
+        void *p = *w;
+        tsr_status st = keep_rows_es(&p, sizeof(uint16_t), n_mats, rows, cols, first, n);
+        *w = p;
+        return st;
+}
+
+tsr_status tsr_tp_keep_col_slices_bf16(uint16_t **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
+                                       size_t ns) {
+        void *p = *w;
+        tsr_status st = keep_col_slices_es(&p, sizeof(uint16_t), n_mats, rows, cols, first, n, ns);
+        *w = p;
+        return st;
 }
 
 tsr_status tsr_tp_keep_stored_col_slices(tsr_tensor *t, size_t first, size_t n, size_t ns) {

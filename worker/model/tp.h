@@ -35,6 +35,11 @@ tsr_status tsr_tp_keep_rows(float **w, size_t n_mats, size_t rows, size_t cols, 
  * one is freed.  TSR_E_NOMEM (*w unchanged). */
 tsr_status tsr_tp_keep_col_slices(float **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
                                   size_t ns);
+/* The same two for stacked bfloat16 matrices (a BF16 checkpoint's expert stacks kept as
+ * stored: Llama 4's). */
+tsr_status tsr_tp_keep_rows_bf16(uint16_t **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n);
+tsr_status tsr_tp_keep_col_slices_bf16(uint16_t **w, size_t n_mats, size_t rows, size_t cols, size_t first, size_t n,
+                                       size_t ns);
 /* tsr_tp_keep_col_slices for a (rows, cols) host tensor kept as stored (a ModelOpt
  * fp8_e4m3 / nvfp4 weight, a GGUF block-format one: loader.h's tsr_load_slot.stored,
  * data from aligned_alloc):
