@@ -101,6 +101,10 @@ bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
                 return o->argmax;
         case TSR_OP_SAMPLE:
                 return o->sample;
+        case TSR_OP_GATHER_ROWS:
+                return o->gather_rows;
+        case TSR_OP_SCATTER_ADD_ROWS:
+                return o->scatter_add_rows;
         case TSR_OP_COUNT:
                 break;
         }
@@ -313,6 +317,32 @@ tsr_status tsr_backend_silu_mul(tsr_backend *be, float *out, const float *gate, 
 
 tsr_status tsr_backend_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {
         CALL(add, out, a, b, n);
+}
+
+/* Whether every idx[i] (i < n) is below rows. */
+static bool rows_in_range(const uint32_t *idx, size_t n, size_t rows) {
+        for (size_t i = 0; i < n; i++)
+                if (idx[i] >= rows)
+                        return false;
+        return true;
+}
+
+tsr_status tsr_backend_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
+                                   const uint32_t *idx, const float *scales, size_t n) {
+        if (n && (!out || !x || dim == 0 || (idx ? out == x || !rows_in_range(idx, n, rows) : n > rows)))
+                return TSR_E_INVAL;
+        if (n == 0)
+                return be ? TSR_OK : TSR_E_INVAL;
+        CALL(gather_rows, out, x, rows, dim, idx, scales, n);
+}
+
+tsr_status tsr_backend_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
+                                        const uint32_t *idx, size_t n) {
+        if (n && (!dst || !src || !idx || dim == 0 || !rows_in_range(idx, n, rows)))
+                return TSR_E_INVAL;
+        if (n == 0)
+                return be ? TSR_OK : TSR_E_INVAL;
+        CALL(scatter_add_rows, dst, rows, dim, src, idx, n);
 }
 
 tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {

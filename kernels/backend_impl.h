@@ -65,6 +65,11 @@ typedef struct tsr_backend_ops {
                                       const tsr_kv_seq *seqs, size_t n_seqs, size_t n_heads, float scale);
         tsr_status (*silu_mul)(tsr_backend *be, float *out, const float *gate, const float *up, size_t n);
         tsr_status (*add)(tsr_backend *be, float *out, const float *a, const float *b, size_t n);
+        /* the wrappers checked the arguments (idx in range) and n > 0 */
+        tsr_status (*gather_rows)(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
+                                  const uint32_t *idx, const float *scales, size_t n);
+        tsr_status (*scatter_add_rows)(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
+                                       const uint32_t *idx, size_t n);
         tsr_status (*softmax)(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
         tsr_status (*log_softmax)(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
         /* out is host memory; the wrapper checked the arguments and rows > 0 */

@@ -204,6 +204,8 @@ typedef enum tsr_op {
         TSR_OP_ADD_RMSNORM,
         TSR_OP_ARGMAX,
         TSR_OP_SAMPLE,
+        TSR_OP_GATHER_ROWS,
+        TSR_OP_SCATTER_ADD_ROWS,
         TSR_OP_COUNT
 } tsr_op;
 /* Whether `op` runs on this backend; for TSR_OP_MATMUL, with weights of `w_dtype` (ignored
@@ -373,6 +375,20 @@ tsr_status tsr_backend_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend_t
 tsr_status tsr_backend_silu_mul(tsr_backend *be, float *out, const float *gate, const float *up, size_t n);
 /* out[i] = a[i] + b[i].  a, b (n,) -> out (n,); out may alias a or b. */
 tsr_status tsr_backend_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n);
+/* Rows moved between a batch and a subset of it (a MoE layer's rows routed to one
+ * expert, a per-row scale), one float32 operation per element, so every backend gives
+ * the same bits.  idx and scales are HOST memory (as every index array); x, out, dst and
+ * src backend memory.
+ * gather_rows: out row i = x row idx[i] (idx NULL: row i) times scales[i] (scales NULL:
+ * copied), for i < n; x (rows, dim), out (n, dim), idx[i] < rows (else TSR_E_INVAL, before
+ * anything runs); out may be x only with idx NULL (a scale in place).
+ * scatter_add_rows: dst row idx[i] += src row i, for i < n; dst (rows, dim), src (n,
+ * dim); the idx < rows (else TSR_E_INVAL) and DISTINCT (a device adds the rows at once;
+ * not checked). */
+tsr_status tsr_backend_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
+                                   const uint32_t *idx, const float *scales, size_t n);
+tsr_status tsr_backend_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
+                                        const uint32_t *idx, size_t n);
 /* Row-wise softmax and log-softmax (max subtracted first).
  * x (rows, n) -> out (rows, n); out may alias x. */
 tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);

@@ -428,6 +428,20 @@ static tsr_status dl_add(tsr_backend *be, float *out, const float *a, const floa
         return IN_GRAPH(be) ? dl_ew(be, DL_ADD, out, a, b, n, 0) : tsr_backend_ref_ops()->add(be, out, a, b, n);
 }
 
+/* gather_rows and scatter_add_rows: eager only (no family records them in a graph yet;
+ * the CUDA backend refuses them there too). */
+static tsr_status dl_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
+                                 const uint32_t *idx, const float *scales, size_t n) {
+        return IN_GRAPH(be) ? TSR_E_UNSUPPORTED
+                            : tsr_backend_ref_ops()->gather_rows(be, out, x, rows, dim, idx, scales, n);
+}
+
+static tsr_status dl_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
+                                      const uint32_t *idx, size_t n) {
+        return IN_GRAPH(be) ? TSR_E_UNSUPPORTED
+                            : tsr_backend_ref_ops()->scatter_add_rows(be, dst, rows, dim, src, idx, n);
+}
+
 static tsr_status dl_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
         return IN_GRAPH(be) ? dl_ew(be, DL_SOFTMAX, out, x, NULL, rows, n)
                             : tsr_backend_ref_ops()->softmax(be, out, x, rows, n);
@@ -475,6 +489,8 @@ static const tsr_backend_ops cpu_devlike_ops = {
         .attention = dl_attention,
         .silu_mul = dl_silu_mul,
         .add = dl_add,
+        .gather_rows = dl_gather_rows,
+        .scatter_add_rows = dl_scatter_add_rows,
         .softmax = dl_softmax,
         .log_softmax = dl_log_softmax,
         .argmax = dl_argmax,

@@ -249,6 +249,27 @@ tsr_status tsr_ref_silu_mul(float *out, const float *gate, const float *up, size
         return TSR_OK;
 }
 
+/* kernels.h tsr_backend_gather_rows, arguments checked: out row i = x row idx[i] (or i)
+ * times scales[i] (or copied), element by element. */
+tsr_status tsr_ref_gather_rows(float *out, const float *x, size_t dim, const uint32_t *idx, const float *scales,
+                               size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                const float *src = x + (idx ? (size_t)idx[i] : i) * dim;
+                float *dst = out + i * dim;
+                for (size_t d = 0; d < dim; d++)
+                        dst[d] = scales ? src[d] * scales[i] : src[d];
+        }
+        return TSR_OK;
+}
+
+/* kernels.h tsr_backend_scatter_add_rows, arguments checked: dst row idx[i] += src row i. */
+tsr_status tsr_ref_scatter_add_rows(float *dst, size_t dim, const float *src, const uint32_t *idx, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                for (size_t d = 0; d < dim; d++)
+                        dst[(size_t)idx[i] * dim + d] += src[i * dim + d];
+        return TSR_OK;
+}
+
 /* a, b (n,) -> out (n,) */
 tsr_status tsr_ref_add(float *out, const float *a, const float *b, size_t n) {
         if (!out || !a || !b)
@@ -529,6 +550,22 @@ static tsr_status ref_be_add(tsr_backend *be, float *out, const float *a, const 
         return tsr_ref_add(out, a, b, n);
 }
 
+/* Also the fast CPU backend's (fast.c): a copy and one operation per element, memory-bound
+ * and small beside the matmuls around them. */
+tsr_status tsr_ref_be_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
+                                  const uint32_t *idx, const float *scales, size_t n) {
+        (void)be;
+        (void)rows;
+        return tsr_ref_gather_rows(out, x, dim, idx, scales, n);
+}
+
+tsr_status tsr_ref_be_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
+                                       const uint32_t *idx, size_t n) {
+        (void)be;
+        (void)rows;
+        return tsr_ref_scatter_add_rows(dst, dim, src, idx, n);
+}
+
 static tsr_status ref_be_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
         (void)be;
         return tsr_ref_softmax(out, x, rows, n);
@@ -583,6 +620,8 @@ static tsr_status ref_be_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend
         .attention = ref_be_attention,                                                                    \
         .silu_mul = ref_be_silu_mul,                                                                      \
         .add = ref_be_add,                                                                                \
+        .gather_rows = tsr_ref_be_gather_rows,                                                            \
+        .scatter_add_rows = tsr_ref_be_scatter_add_rows,                                                  \
         .softmax = ref_be_softmax,                                                                        \
         .log_softmax = ref_be_log_softmax,                                                                \
         .argmax = ref_be_argmax,                                                                          \

@@ -92,6 +92,8 @@ struct cuda_ctx {
         cuda_index_scratch ids;         // embedding's token ids
         cuda_index_scratch pos;         // rope's positions
         cuda_index_scratch rows;        // kv_write's and attention's rows (upload_rows)
+        cuda_index_scratch gather;      // gather_rows' and scatter_add_rows' row indices
+        cuda_index_scratch scales;      // gather_rows' scales (float bits)
         cuda_scratch act;       // a bf16 matmul's rounded activations, an fp8 / nvfp4 one's quantized ones
         tsr_cuda_fpmm_lt *lt;   // cuBLASLt's FP8 GEMM (fpmm.cu)
         bool fpmm_exact;        // TESSERA_CUDA_FPMM=exact: never cuBLASLt (the bitwise kernels only)
@@ -314,6 +316,8 @@ static void cuda_ctx_free(void *ctx) {
                 index_scratch_free(&c->ids);
                 index_scratch_free(&c->pos);
                 index_scratch_free(&c->rows);
+                index_scratch_free(&c->gather);
+                index_scratch_free(&c->scales);
                 (void)cudaFree(c->act.p);
                 (void)cudaFree(c->attn.p);
                 (void)cudaFree(c->argmax.p);
@@ -696,6 +700,40 @@ static tsr_status cuda_silu_mul(tsr_backend *be, float *out, const float *gate, 
         return tsr_cuda_silu_mul(ctx_of(be)->stream, out, gate, up, n);
 }
 
+// Eager only: a graph run refuses them (no family records them in one yet; their index
+// arrays have no staging kind).
+static tsr_status cuda_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
+                                   const uint32_t *idx, const float *scales, size_t n) {
+        cuda_ctx *c = ctx_of(be);
+        const uint32_t *didx = NULL, *dscales = NULL;
+        (void)rows;
+        if (c->g_state != GRAPH_OFF)
+                return TSR_E_UNSUPPORTED;
+        tsr_status st = use_device(be);
+        if (st == TSR_OK && idx)
+                st = upload_indices(c, &c->gather, idx, n, &didx);
+        if (st == TSR_OK && scales)
+                st = upload_indices(c, &c->scales, reinterpret_cast<const uint32_t *>(scales), n, &dscales);
+        if (st != TSR_OK)
+                return st;
+        return tsr_cuda_gather_rows(c->stream, out, x, didx, reinterpret_cast<const float *>(dscales), n, dim);
+}
+
+static tsr_status cuda_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
+                                        const uint32_t *idx, size_t n) {
+        cuda_ctx *c = ctx_of(be);
+        const uint32_t *didx = NULL;
+        (void)rows;
+        if (c->g_state != GRAPH_OFF)
+                return TSR_E_UNSUPPORTED;
+        tsr_status st = use_device(be);
+        if (st == TSR_OK)
+                st = upload_indices(c, &c->gather, idx, n, &didx);
+        if (st != TSR_OK)
+                return st;
+        return tsr_cuda_scatter_add_rows(c->stream, dst, src, didx, n, dim);
+}
+
 static tsr_status cuda_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {
         if (!out || !a || !b)
                 return TSR_E_INVAL;
@@ -927,6 +965,8 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.attention_batch = cuda_attention_batch;
         o.silu_mul = cuda_silu_mul;
         o.add = cuda_add;
+        o.gather_rows = cuda_gather_rows;
+        o.scatter_add_rows = cuda_scatter_add_rows;
         o.softmax = cuda_softmax;
         o.log_softmax = cuda_log_softmax;
         o.argmax = cuda_argmax;

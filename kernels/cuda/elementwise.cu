@@ -1,4 +1,5 @@
-// elementwise.cu - add, silu_mul and the bf16 rounding of matmul's activations: one
+// elementwise.cu - add, silu_mul, the row gather / scatter-add and the bf16 rounding of
+// matmul's activations: one
 // thread per element (grid-stride), the arithmetic of cpu/ref.c spelled with the _rn
 // intrinsics so nvcc cannot fuse a multiply and an add into one FMA (one rounding
 // instead of ref's two): add is bitwise ref's, silu_mul differs only by expf's ulps.
@@ -34,6 +35,48 @@ __global__ static void silu_mul_kernel(float *out, const float *gate, const floa
 __global__ static void f32_to_bf16_kernel(uint16_t *out, const float *x, size_t n) {
         for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
                 out[i] = tsr_cuda_f32_to_bf16_bits(x[i]);
+}
+
+// out row i = x row idx[i] (idx NULL: row i) * scales[i] (scales NULL: copied): one
+// element per thread, one rounding (ref's multiply).  out may be x only with idx NULL.
+__global__ static void gather_rows_kernel(float *out, const float *x, const uint32_t *idx, const float *scales,
+                                          size_t n, size_t dim) {
+        for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n * dim;
+             e += (size_t)gridDim.x * blockDim.x) {
+                size_t i = e / dim, d = e % dim;
+                float v = x[(idx ? (size_t)idx[i] : i) * dim + d];
+                out[e] = scales ? __fmul_rn(v, scales[i]) : v;
+        }
+}
+
+// dst row idx[i] += src row i; the idx distinct (kernels.h), so no two threads add to
+// one element.
+__global__ static void scatter_add_rows_kernel(float *dst, const float *src, const uint32_t *idx, size_t n,
+                                               size_t dim) {
+        for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n * dim;
+             e += (size_t)gridDim.x * blockDim.x) {
+                size_t i = e / dim, d = e % dim;
+                float *t = dst + (size_t)idx[i] * dim + d;
+                *t = __fadd_rn(*t, src[e]);
+        }
+}
+
+extern "C" tsr_status tsr_cuda_gather_rows(cudaStream_t stream, float *out, const float *x, const uint32_t *idx,
+                                           const float *scales, size_t n, size_t dim) {
+        if (n == 0)
+                return TSR_OK;
+        gather_rows_kernel<<<grid_for(n * dim), threads, 0, stream>>>(out, x, idx, scales, n, dim);
+        TSR_CUDA_TRY(cudaGetLastError());
+        return TSR_OK;
+}
+
+extern "C" tsr_status tsr_cuda_scatter_add_rows(cudaStream_t stream, float *dst, const float *src,
+                                                const uint32_t *idx, size_t n, size_t dim) {
+        if (n == 0)
+                return TSR_OK;
+        scatter_add_rows_kernel<<<grid_for(n * dim), threads, 0, stream>>>(dst, src, idx, n, dim);
+        TSR_CUDA_TRY(cudaGetLastError());
+        return TSR_OK;
 }
 
 extern "C" tsr_status tsr_cuda_add(cudaStream_t stream, float *out, const float *a, const float *b, size_t n) {

@@ -23,6 +23,11 @@ extern "C" {
 /* elementwise.cu: out = a + b; out = silu(gate) * up; out = bf16 bits of x (RNE, NaN quiet). */
 tsr_status tsr_cuda_add(cudaStream_t stream, float *out, const float *a, const float *b, size_t n);
 tsr_status tsr_cuda_silu_mul(cudaStream_t stream, float *out, const float *gate, const float *up, size_t n);
+// kernels.h tsr_backend_gather_rows / scatter_add_rows with idx and scales in device memory.
+tsr_status tsr_cuda_gather_rows(cudaStream_t stream, float *out, const float *x, const uint32_t *idx,
+                                const float *scales, size_t n, size_t dim);
+tsr_status tsr_cuda_scatter_add_rows(cudaStream_t stream, float *dst, const float *src, const uint32_t *idx,
+                                     size_t n, size_t dim);
 tsr_status tsr_cuda_f32_to_bf16(cudaStream_t stream, uint16_t *out, const float *x, size_t n);
 
 /* softmax.cu: row-wise softmax (log_softmax when `log`), x (rows, n) -> out; out may alias x. */

@@ -105,19 +105,22 @@ typedef enum mop {
         MOP_ROPE_INTERLEAVED,
         MOP_KV_WRITE,
         MOP_ATTENTION,
+        MOP_GATHER_ROWS,
+        MOP_SCATTER_ADD_ROWS,
         MOP_COUNT
 } mop;
 
 static const char *const mop_names[MOP_COUNT] = {
         "rmsnorm", "add_rmsnorm", "add", "silu_mul", "softmax", "log_softmax", "embedding",
-        "matmul_f32", "matmul_bf16", "rope_neox", "rope_interleaved", "kv_write", "attention",
+        "matmul_f32", "matmul_bf16", "rope_neox", "rope_interleaved", "kv_write", "attention", "gather_rows",
+        "scatter_add_rows",
 };
 
 static tsr_op mop_op(mop m) {
         static const tsr_op ops[MOP_COUNT] = {
                 TSR_OP_RMSNORM, TSR_OP_ADD_RMSNORM, TSR_OP_ADD, TSR_OP_SILU_MUL, TSR_OP_SOFTMAX,
                 TSR_OP_LOG_SOFTMAX, TSR_OP_EMBEDDING, TSR_OP_MATMUL, TSR_OP_MATMUL, TSR_OP_ROPE, TSR_OP_ROPE,
-                TSR_OP_KV_WRITE, TSR_OP_ATTENTION,
+                TSR_OP_KV_WRITE, TSR_OP_ATTENTION, TSR_OP_GATHER_ROWS, TSR_OP_SCATTER_ADD_ROWS,
         };
         return ops[m];
 }
@@ -131,7 +134,10 @@ static const char *const var_names[VAR_COUNT] = {"plain", "inf/nan-tail", "bf16-
  *   matmul: x (rows, n), w (d, n)
  *   rope: rows x n_heads(d) x head_dim(n)
  *   kv_write / attention: n new tokens (rows) after past_len, n_heads (d), head_dim (n),
- *   n_kv_heads, block_size */
+ *   n_kv_heads, block_size
+ *   gather_rows: x (d, n) -> out (rows, n), rows idx (ids) and scales (b); past_len 1: in
+ *   place, idx NULL (rows = d)
+ *   scatter_add_rows: dst (d, n) += src (rows, n) at distinct rows idx (ids), rows <= d */
 typedef struct mcase {
         mop op;
         enum variant var;
@@ -238,6 +244,34 @@ static void mcase_build(mcase *c) {
                 c->out2_len = c->op == MOP_KV_WRITE ? c->out_len : 0;
                 break;
         }
+        case MOP_GATHER_ROWS:
+        case MOP_SCATTER_ADD_ROWS: {
+                bool scatter = c->op == MOP_SCATTER_ADD_ROWS, in_place = !scatter && c->past_len;
+                if (scatter && c->rows > d)
+                        c->rows = rows = d;
+                if (in_place)
+                        c->rows = rows = d;
+                c->a = rand_vec(d * n, 1.0f);
+                c->b = rand_vec(rows * (scatter ? n : 1), scatter ? 1.0f : 4.0f);
+                if (c->var == VAR_TAIL_SPECIAL)
+                        poison_tail(c->a, d, n);
+                if (!in_place) {        /* gather: any rows, repeats too; scatter: a distinct draw */
+                        uint32_t *perm = malloc(d * sizeof *perm);
+                        c->ids = malloc(rows * sizeof *c->ids);
+                        for (size_t i = 0; i < d; i++)
+                                perm[i] = (uint32_t)i;
+                        for (size_t i = d; i > 1; i--) {
+                                size_t j = rnd() % i;
+                                uint32_t t = perm[i - 1];
+                                perm[i - 1] = perm[j], perm[j] = t;
+                        }
+                        for (size_t r = 0; r < rows; r++)
+                                c->ids[r] = scatter ? perm[r] : (uint32_t)(r == rows - 1 ? d - 1 : rnd() % d);
+                        free(perm);
+                }
+                c->out_len = (scatter ? d : rows) * n;
+                break;
+        }
         case MOP_COUNT:
                 break;
         }
@@ -322,6 +356,20 @@ static tsr_status run_case(tsr_backend *be, const mcase *c, float *out, float *o
         case MOP_ATTENTION:
                 da = dev_copy(be, c->a, rows * d * n * fb);
                 st = tsr_backend_attention(be, dout, da, &kv, rows, c->past_len, d, 1.0f / sqrtf((float)n));
+                break;
+        case MOP_GATHER_ROWS:          /* the scales stay host memory, as the index array */
+                if (!c->ids) {         /* in place: dout starts as a copy of x */
+                        assert_int_equal(tsr_backend_upload(be, dout, c->a, d * n * fb), TSR_OK);
+                        st = tsr_backend_gather_rows(be, dout, dout, d, n, NULL, c->b, d);
+                        break;
+                }
+                da = dev_copy(be, c->a, d * n * fb);
+                st = tsr_backend_gather_rows(be, dout, da, d, n, c->ids, c->b, rows);
+                break;
+        case MOP_SCATTER_ADD_ROWS:     /* dout starts as a copy of dst */
+                assert_int_equal(tsr_backend_upload(be, dout, c->a, d * n * fb), TSR_OK);
+                db = dev_copy(be, c->b, rows * n * fb);
+                st = tsr_backend_scatter_add_rows(be, dout, d, n, db, c->ids, rows);
                 break;
         case MOP_COUNT:
                 break;
@@ -532,6 +580,24 @@ static void oracle(const mcase *c, double *want, double *bound, double *want2, d
                 free(p), free(e);
                 break;
         }
+        case MOP_GATHER_ROWS:           /* one rounding of the exact product, or a copy */
+                for (size_t r = 0; r < rows; r++)
+                        for (size_t i = 0; i < n; i++) {
+                                double x = c->a[(c->ids ? (size_t)c->ids[r] : r) * n + i];
+                                want[r * n + i] = x * (double)c->b[r];
+                                bound[r * n + i] = u * fabs(want[r * n + i]);
+                        }
+                break;
+        case MOP_SCATTER_ADD_ROWS:      /* the rows not named: copies; the others one add */
+                for (size_t i = 0; i < d * n; i++)
+                        want[i] = c->a[i], bound[i] = 0;
+                for (size_t r = 0; r < rows; r++)
+                        for (size_t i = 0; i < n; i++) {
+                                size_t at = (size_t)c->ids[r] * n + i;
+                                want[at] = (double)c->a[at] + (double)c->b[r * n + i];
+                                bound[at] = u * fabs(want[at]);
+                        }
+                break;
         case MOP_COUNT:
                 break;
         }
@@ -657,6 +723,18 @@ static void for_each_case(mop m, void (*fn)(mcase *c, void *ud), void *ud) {
                                 mcase_build(&c), fn(&c, ud), mcase_free(&c);
                         }
                         break;
+                case MOP_GATHER_ROWS:
+                case MOP_SCATTER_ADD_ROWS:
+                        for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
+                                for (size_t b = 0; b < 3; b++)
+                                        for (size_t r = 0; r < 3; r++)
+                                                for (size_t place = 0; place < (m == MOP_GATHER_ROWS ? 2 : 1); place++) {
+                                                        mcase c = {.op = m, .var = var, .rows = mm_rows[r],
+                                                                   .n = sizes[a], .d = mm_d[b], .past_len = place};
+                                                        seed(++k * 131 + m);
+                                                        mcase_build(&c), fn(&c, ud), mcase_free(&c);
+                                                }
+                        break;
                 case MOP_COUNT:
                         break;
                 }
@@ -713,6 +791,8 @@ static void cuda_bounds(const mcase *c, const double *want, double *bound) {
         case MOP_ADD:           /* one float add: bitwise */
         case MOP_EMBEDDING:     /* copies: bitwise */
         case MOP_KV_WRITE:
+        case MOP_GATHER_ROWS:   /* a copy, or one multiply (__fmul_rn): bitwise */
+        case MOP_SCATTER_ADD_ROWS:      /* one add (__fadd_rn): bitwise */
                 break;
         case MOP_SILU_MUL:      /* device expf within 2 ulp: inside the oracle's 8 u */
         case MOP_SOFTMAX:       /* the same x - max, expf's ulps, a double sum in another order */

@@ -1,12 +1,14 @@
 /* llama4.c - Llama 4 text weights and forward (llama4.h; models.md §2.3).
  *
  * Everything runs on the caller's backend through kernels.h, except the small
- * family-specific arithmetic done on the host per row: the router's top-k and sigmoid,
- * the scaling of a token's expert input by its score, the sum of its experts' outputs
- * and the NoPE layers' temperature factor.  Each of those reads only its own row, in a
- * fixed order, so a row's result never depends on the other rows of the batch (the
- * experts' matmuls run on the rows routed to them, which kernels.h guarantees is
- * bitwise the same per row as running each alone).  Engine (or step) thread. */
+ * family-specific arithmetic done on the host per row: the router's top-k and sigmoid
+ * (on its logits), and the NoPE layers' temperature factor.  The rows an expert takes
+ * are gathered and scaled by their scores, and its outputs added back to their rows, by
+ * the backend's gather_rows / scatter_add_rows (the factor is applied by gather_rows in
+ * place), so those arrays may live in a device's memory.  Each of those reads only its
+ * own row, in a fixed order, so a row's result never depends on the other rows of the
+ * batch (the experts' matmuls run on the rows routed to them, which kernels.h guarantees
+ * is bitwise the same per row as running each alone).  Engine (or step) thread. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1290,6 +1292,7 @@ struct scratch {
         uint32_t *sel;                  /* (N, top_k) chosen experts */
         uint32_t *rows;                 /* (N,) rows routed to one expert */
         float *rscale;                  /* (N,) their scores */
+        float *qscale;                  /* (N,) a NoPE layer's query scale per row */
         /* expert parallelism: (N,) which of its top_k choices each routed row is, and
          * (N, top_k, S, dim) every choice's down_proj partials per canonical slice, this
          * rank's experts' filled, the others' zero, all-reduced (tsr_llama4_shard_ep) */
@@ -1300,8 +1303,9 @@ struct scratch {
 };
 
 static void scratch_free(struct scratch *s) {
-        float *f[] = {s->x, s->xb, s->q, s->att, s->k, s->v, s->hb, s->hb2, s->parts, s->routed, s->xin, s->ey,
-                      s->slice, s->rl, s->score, s->rscale, s->ck, s->cv};
+        float *f[] = {s->x,      s->xb,     s->q,  s->att,   s->k,      s->v,     s->hb,
+                      s->hb2,    s->parts,  s->routed, s->xin, s->ey,   s->slice,  s->rl,    s->score,
+                      s->rscale, s->qscale, s->ck, s->cv};
         for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
                 free(f[i]);
         free(s->sel);
@@ -1340,7 +1344,7 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N
             !A(s->v, N * kvd) || !A(s->hb, N * hid) || !A(s->hb2, N * hid) || !A(s->parts, P * N * dim) ||
             !A(s->routed, P * N * dim) || !A(s->xin, N * dim) || !A(s->ey, (m->ep ? S : P) * N * dim) ||
             !A(s->slice, m->canonical ? N * k / P : 1) || !A(s->rl, N * E) ||
-            !A(s->score, N * K) || !A(s->sel, N * K) || !A(s->rows, N) || !A(s->rscale, N) ||
+            !A(s->score, N * K) || !A(s->sel, N * K) || !A(s->rows, N) || !A(s->rscale, N) || !A(s->qscale, N) ||
             !A(s->ck, chunk_rows * kvd + 1) || !A(s->cv, chunk_rows * kvd + 1) || !A(s->pos, N) || !A(s->tokens, N) ||
             !A(s->rk, N) || (m->ep && !A(s->ep_parts, N * K * S * dim))) {
                 scratch_free(s);
@@ -1461,9 +1465,8 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                                 }
                 if (!n)
                         continue;
-                for (size_t i = 0; i < n; i++)          /* the router weight scales the expert's input */
-                        for (size_t d = 0; d < dim; d++)
-                                s->xin[i * dim + d] = s->xb[(size_t)s->rows[i] * dim + d] * s->rscale[i];
+                /* the router weight scales the expert's input */
+                TRY(tsr_backend_gather_rows(be, s->xin, s->xb, N, dim, s->rows, s->rscale, n));
                 if (L->qexp && L->qexp[3 * e].data) {       /* as stored (ModelOpt) */
                         const tsr_tensor *d = &L->qexp[3 * e + 2];
                         TRY(mm_stored(be, s->hb, s->xin, &L->qexp[3 * e], n));
@@ -1495,12 +1498,9 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                                                s->ey + (j * n + i) * dim, dim * sizeof(float));
                         continue;
                 }
-                for (size_t p = 0; p < P; p++)
-                        for (size_t i = 0; i < n; i++) {
-                                float *dst = s->routed + p * cnt + (size_t)s->rows[i] * dim;
-                                for (size_t d = 0; d < dim; d++)
-                                        dst[d] += s->ey[(p * n + i) * dim + d];
-                        }
+                for (size_t p = 0; p < P; p++)  /* each routed row once: the rows are distinct */
+                        TRY(tsr_backend_scatter_add_rows(be, s->routed + p * cnt, N, dim, s->ey + p * n * dim, s->rows,
+                                                         n));
         }
         if (m->ep) {
                 /* Every choice's partials from the rank holding its expert (each entry is
@@ -1666,12 +1666,11 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                 } else if (c->temp_tuning) {
                         /* NoPE: q scaled by log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1, in
                          * float32 as transformers computes it (the absolute position) */
-                        for (size_t r = 0; r < N; r++) {
-                                float f = log1pf(floorf(((float)s.pos[r] + 1.0f) / c->floor_scale)) * c->attn_scale +
-                                          1.0f;
-                                for (size_t i = 0; i < qd; i++)
-                                        s.q[r * qd + i] *= f;
-                        }
+                        for (size_t r = 0; r < N; r++)
+                                s.qscale[r] = log1pf(floorf(((float)s.pos[r] + 1.0f) / c->floor_scale)) *
+                                                      c->attn_scale +
+                                              1.0f;
+                        TRY(tsr_backend_gather_rows(be, s.q, s.q, N, qd, NULL, s.qscale, N));
                 }
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                         /* from the first block the step reads: a chunked table's blocks
@@ -1706,7 +1705,9 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
         for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                 size_t first = seqs[i].which == TSR_LLAMA_LOGITS_LAST ? seqs[i].n - 1 : 0;
                 size_t rows = seqs[i].which == TSR_LLAMA_LOGITS_NONE ? 0 : seqs[i].n - first;
-                memcpy(s.xb + n_out * dim, s.x + (row + first) * dim, rows * dim * sizeof(float));
+                if (rows)
+                        TRY(tsr_backend_copy(be, s.xb + n_out * dim, s.x + (row + first) * dim,
+                                             rows * dim * sizeof(float)));
                 n_out += rows;
         }
         if (n_out) {
