@@ -337,12 +337,12 @@ tsr_status tsr_backend_gather_rows(tsr_backend *be, float *out, const float *x, 
 }
 
 tsr_status tsr_backend_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
-                                        const uint32_t *idx, size_t n) {
+                                        const uint32_t *idx, const float *scales, size_t n) {
         if (n && (!dst || !src || !idx || dim == 0 || !rows_in_range(idx, n, rows)))
                 return TSR_E_INVAL;
         if (n == 0)
                 return be ? TSR_OK : TSR_E_INVAL;
-        CALL(scatter_add_rows, dst, rows, dim, src, idx, n);
+        CALL(scatter_add_rows, dst, rows, dim, src, idx, scales, n);
 }
 
 tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {

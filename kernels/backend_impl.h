@@ -69,7 +69,7 @@ typedef struct tsr_backend_ops {
         tsr_status (*gather_rows)(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
                                   const uint32_t *idx, const float *scales, size_t n);
         tsr_status (*scatter_add_rows)(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
-                                       const uint32_t *idx, size_t n);
+                                       const uint32_t *idx, const float *scales, size_t n);
         tsr_status (*softmax)(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
         tsr_status (*log_softmax)(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);
         /* out is host memory; the wrapper checked the arguments and rows > 0 */

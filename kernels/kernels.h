@@ -382,13 +382,14 @@ tsr_status tsr_backend_add(tsr_backend *be, float *out, const float *a, const fl
  * gather_rows: out row i = x row idx[i] (idx NULL: row i) times scales[i] (scales NULL:
  * copied), for i < n; x (rows, dim), out (n, dim), idx[i] < rows (else TSR_E_INVAL, before
  * anything runs); out may be x only with idx NULL (a scale in place).
- * scatter_add_rows: dst row idx[i] += src row i, for i < n; dst (rows, dim), src (n,
- * dim); the idx < rows (else TSR_E_INVAL) and DISTINCT (a device adds the rows at once;
- * not checked). */
+ * scatter_add_rows: dst row idx[i] += src row i times scales[i] (scales NULL: src row
+ * i; else the product rounded, then the sum: two roundings, no fused multiply-add), for
+ * i < n; dst (rows, dim), src (n, dim); the idx < rows (else TSR_E_INVAL) and DISTINCT
+ * (a device adds the rows at once; not checked). */
 tsr_status tsr_backend_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
                                    const uint32_t *idx, const float *scales, size_t n);
 tsr_status tsr_backend_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
-                                        const uint32_t *idx, size_t n);
+                                        const uint32_t *idx, const float *scales, size_t n);
 /* Row-wise softmax and log-softmax (max subtracted first).
  * x (rows, n) -> out (rows, n); out may alias x. */
 tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);

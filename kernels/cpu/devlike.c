@@ -437,9 +437,9 @@ static tsr_status dl_gather_rows(tsr_backend *be, float *out, const float *x, si
 }
 
 static tsr_status dl_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
-                                      const uint32_t *idx, size_t n) {
+                                      const uint32_t *idx, const float *scales, size_t n) {
         return IN_GRAPH(be) ? TSR_E_UNSUPPORTED
-                            : tsr_backend_ref_ops()->scatter_add_rows(be, dst, rows, dim, src, idx, n);
+                            : tsr_backend_ref_ops()->scatter_add_rows(be, dst, rows, dim, src, idx, scales, n);
 }
 
 static tsr_status dl_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {

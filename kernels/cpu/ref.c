@@ -262,11 +262,16 @@ tsr_status tsr_ref_gather_rows(float *out, const float *x, size_t dim, const uin
         return TSR_OK;
 }
 
-/* kernels.h tsr_backend_scatter_add_rows, arguments checked: dst row idx[i] += src row i. */
-tsr_status tsr_ref_scatter_add_rows(float *dst, size_t dim, const float *src, const uint32_t *idx, size_t n) {
-        for (size_t i = 0; i < n; i++)
+/* kernels.h tsr_backend_scatter_add_rows, arguments checked: dst row idx[i] += src row i
+ * (times scales[i]: the product rounded first; the build never contracts to an FMA). */
+tsr_status tsr_ref_scatter_add_rows(float *dst, size_t dim, const float *src, const uint32_t *idx,
+                                    const float *scales, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                float *o = dst + (size_t)idx[i] * dim;
+                const float *y = src + i * dim;
                 for (size_t d = 0; d < dim; d++)
-                        dst[(size_t)idx[i] * dim + d] += src[i * dim + d];
+                        o[d] += scales ? y[d] * scales[i] : y[d];
+        }
         return TSR_OK;
 }
 
@@ -560,10 +565,10 @@ tsr_status tsr_ref_be_gather_rows(tsr_backend *be, float *out, const float *x, s
 }
 
 tsr_status tsr_ref_be_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
-                                       const uint32_t *idx, size_t n) {
+                                       const uint32_t *idx, const float *scales, size_t n) {
         (void)be;
         (void)rows;
-        return tsr_ref_scatter_add_rows(dst, dim, src, idx, n);
+        return tsr_ref_scatter_add_rows(dst, dim, src, idx, scales, n);
 }
 
 static tsr_status ref_be_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {

@@ -22,12 +22,13 @@ tsr_status tsr_ref_silu_mul(float *out, const float *gate, const float *up, size
 tsr_status tsr_ref_add(float *out, const float *a, const float *b, size_t n);
 tsr_status tsr_ref_gather_rows(float *out, const float *x, size_t dim, const uint32_t *idx, const float *scales,
                                size_t n);
-tsr_status tsr_ref_scatter_add_rows(float *dst, size_t dim, const float *src, const uint32_t *idx, size_t n);
+tsr_status tsr_ref_scatter_add_rows(float *dst, size_t dim, const float *src, const uint32_t *idx,
+                                    const float *scales, size_t n);
 /* The two as backend ops (the reference's and the fast backend's table entries). */
 tsr_status tsr_ref_be_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
                                   const uint32_t *idx, const float *scales, size_t n);
 tsr_status tsr_ref_be_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
-                                       const uint32_t *idx, size_t n);
+                                       const uint32_t *idx, const float *scales, size_t n);
 tsr_status tsr_ref_softmax(float *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_ref_log_softmax(float *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_ref_argmax(uint32_t *out, const float *x, size_t rows, size_t n);

@@ -93,7 +93,7 @@ struct cuda_ctx {
         cuda_index_scratch pos;         // rope's positions
         cuda_index_scratch rows;        // kv_write's and attention's rows (upload_rows)
         cuda_index_scratch gather;      // gather_rows' and scatter_add_rows' row indices
-        cuda_index_scratch scales;      // gather_rows' scales (float bits)
+        cuda_index_scratch scales;      // gather_rows' and scatter_add_rows' scales (float bits)
         cuda_scratch act;       // a bf16 matmul's rounded activations, an fp8 / nvfp4 one's quantized ones
         tsr_cuda_fpmm_lt *lt;   // cuBLASLt's FP8 GEMM (fpmm.cu)
         bool fpmm_exact;        // TESSERA_CUDA_FPMM=exact: never cuBLASLt (the bitwise kernels only)
@@ -720,18 +720,21 @@ static tsr_status cuda_gather_rows(tsr_backend *be, float *out, const float *x, 
 }
 
 static tsr_status cuda_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
-                                        const uint32_t *idx, size_t n) {
+                                        const uint32_t *idx, const float *scales, size_t n) {
         cuda_ctx *c = ctx_of(be);
-        const uint32_t *didx = NULL;
+        const uint32_t *didx = NULL, *dscales = NULL;
         (void)rows;
         if (c->g_state != GRAPH_OFF)
                 return TSR_E_UNSUPPORTED;
         tsr_status st = use_device(be);
         if (st == TSR_OK)
                 st = upload_indices(c, &c->gather, idx, n, &didx);
+        if (st == TSR_OK && scales)
+                st = upload_indices(c, &c->scales, reinterpret_cast<const uint32_t *>(scales), n, &dscales);
         if (st != TSR_OK)
                 return st;
-        return tsr_cuda_scatter_add_rows(c->stream, dst, src, didx, n, dim);
+        return tsr_cuda_scatter_add_rows(c->stream, dst, src, didx, reinterpret_cast<const float *>(dscales), n,
+                                         dim);
 }
 
 static tsr_status cuda_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {

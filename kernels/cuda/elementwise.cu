@@ -49,15 +49,15 @@ __global__ static void gather_rows_kernel(float *out, const float *x, const uint
         }
 }
 
-// dst row idx[i] += src row i; the idx distinct (kernels.h), so no two threads add to
-// one element.
-__global__ static void scatter_add_rows_kernel(float *dst, const float *src, const uint32_t *idx, size_t n,
-                                               size_t dim) {
+// dst row idx[i] += src row i (* scales[i]: rounded, then added: ref's two roundings);
+// the idx distinct (kernels.h), so no two threads add to one element.
+__global__ static void scatter_add_rows_kernel(float *dst, const float *src, const uint32_t *idx,
+                                               const float *scales, size_t n, size_t dim) {
         for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < n * dim;
              e += (size_t)gridDim.x * blockDim.x) {
                 size_t i = e / dim, d = e % dim;
                 float *t = dst + (size_t)idx[i] * dim + d;
-                *t = __fadd_rn(*t, src[e]);
+                *t = __fadd_rn(*t, scales ? __fmul_rn(src[e], scales[i]) : src[e]);
         }
 }
 
@@ -71,10 +71,10 @@ extern "C" tsr_status tsr_cuda_gather_rows(cudaStream_t stream, float *out, cons
 }
 
 extern "C" tsr_status tsr_cuda_scatter_add_rows(cudaStream_t stream, float *dst, const float *src,
-                                                const uint32_t *idx, size_t n, size_t dim) {
+                                                const uint32_t *idx, const float *scales, size_t n, size_t dim) {
         if (n == 0)
                 return TSR_OK;
-        scatter_add_rows_kernel<<<grid_for(n * dim), threads, 0, stream>>>(dst, src, idx, n, dim);
+        scatter_add_rows_kernel<<<grid_for(n * dim), threads, 0, stream>>>(dst, src, idx, scales, n, dim);
         TSR_CUDA_TRY(cudaGetLastError());
         return TSR_OK;
 }

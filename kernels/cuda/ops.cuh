@@ -27,7 +27,7 @@ tsr_status tsr_cuda_silu_mul(cudaStream_t stream, float *out, const float *gate,
 tsr_status tsr_cuda_gather_rows(cudaStream_t stream, float *out, const float *x, const uint32_t *idx,
                                 const float *scales, size_t n, size_t dim);
 tsr_status tsr_cuda_scatter_add_rows(cudaStream_t stream, float *dst, const float *src, const uint32_t *idx,
-                                     size_t n, size_t dim);
+                                     const float *scales, size_t n, size_t dim);
 tsr_status tsr_cuda_f32_to_bf16(cudaStream_t stream, uint16_t *out, const float *x, size_t n);
 
 /* softmax.cu: row-wise softmax (log_softmax when `log`), x (rows, n) -> out; out may alias x. */

@@ -137,7 +137,8 @@ static const char *const var_names[VAR_COUNT] = {"plain", "inf/nan-tail", "bf16-
  *   n_kv_heads, block_size
  *   gather_rows: x (d, n) -> out (rows, n), rows idx (ids) and scales (b); past_len 1: in
  *   place, idx NULL (rows = d)
- *   scatter_add_rows: dst (d, n) += src (rows, n) at distinct rows idx (ids), rows <= d */
+ *   scatter_add_rows: dst (d, n) += src (rows, n) at distinct rows idx (ids), rows <= d;
+ *   past_len 1: each row times its scale (w) */
 typedef struct mcase {
         mop op;
         enum variant var;
@@ -253,6 +254,8 @@ static void mcase_build(mcase *c) {
                         c->rows = rows = d;
                 c->a = rand_vec(d * n, 1.0f);
                 c->b = rand_vec(rows * (scatter ? n : 1), scatter ? 1.0f : 4.0f);
+                if (scatter && c->past_len)
+                        c->w = rand_vec(rows, 4.0f);
                 if (c->var == VAR_TAIL_SPECIAL)
                         poison_tail(c->a, d, n);
                 if (!in_place) {        /* gather: any rows, repeats too; scatter: a distinct draw */
@@ -369,7 +372,7 @@ static tsr_status run_case(tsr_backend *be, const mcase *c, float *out, float *o
         case MOP_SCATTER_ADD_ROWS:     /* dout starts as a copy of dst */
                 assert_int_equal(tsr_backend_upload(be, dout, c->a, d * n * fb), TSR_OK);
                 db = dev_copy(be, c->b, rows * n * fb);
-                st = tsr_backend_scatter_add_rows(be, dout, d, n, db, c->ids, rows);
+                st = tsr_backend_scatter_add_rows(be, dout, d, n, db, c->ids, c->w, rows);
                 break;
         case MOP_COUNT:
                 break;
@@ -594,8 +597,10 @@ static void oracle(const mcase *c, double *want, double *bound, double *want2, d
                 for (size_t r = 0; r < rows; r++)
                         for (size_t i = 0; i < n; i++) {
                                 size_t at = (size_t)c->ids[r] * n + i;
-                                want[at] = (double)c->a[at] + (double)c->b[r * n + i];
-                                bound[at] = u * fabs(want[at]);
+                                double y = (double)c->b[r * n + i] * (c->w ? (double)c->w[r] : 1.0);
+                                want[at] = (double)c->a[at] + y;
+                                /* the product's rounding (u |y|), then the sum's */
+                                bound[at] = u * fabs(want[at]) + (c->w ? u * fabs(y) * (1 + u) : 0);
                         }
                 break;
         case MOP_COUNT:
@@ -728,7 +733,7 @@ static void for_each_case(mop m, void (*fn)(mcase *c, void *ud), void *ud) {
                         for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
                                 for (size_t b = 0; b < 3; b++)
                                         for (size_t r = 0; r < 3; r++)
-                                                for (size_t place = 0; place < (m == MOP_GATHER_ROWS ? 2 : 1); place++) {
+                                                for (size_t place = 0; place < 2; place++) {
                                                         mcase c = {.op = m, .var = var, .rows = mm_rows[r],
                                                                    .n = sizes[a], .d = mm_d[b], .past_len = place};
                                                         seed(++k * 131 + m);

@@ -1500,7 +1500,7 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                 }
                 for (size_t p = 0; p < P; p++)  /* each routed row once: the rows are distinct */
                         TRY(tsr_backend_scatter_add_rows(be, s->routed + p * cnt, N, dim, s->ey + p * n * dim, s->rows,
-                                                         n));
+                                                         NULL, n));
         }
         if (m->ep) {
                 /* Every choice's partials from the rank holding its expert (each entry is

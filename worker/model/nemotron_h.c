@@ -2,7 +2,8 @@
  * (nemotron_h.h).  The family math that has no kernel op (the causal conv, the
  * selective scan, the gated group norm, ReLU², the router) lives here as plain loops
  * with a fixed order per row or per sequence: batch invariance holds by construction.
- * Matmuls, norms, the embedding and attention go through the backend. */
+ * Matmuls, norms, the embedding, attention and the MoE's row gather and weighted
+ * scatter-add (gather_rows, scatter_add_rows) go through the backend. */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -1949,9 +1950,8 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
                                 }
                 if (n == 0)
                         continue;
-                for (size_t i = 0; i < n; i++)
-                        memcpy(s->exp_in + i * dim, s->xb + (size_t)s->rows[i] * dim, dim * sizeof(float));
-                if ((st = mm(be, s->hid, s->exp_in, &L->exp_up[e], n, dim, I)))
+                if ((st = tsr_backend_gather_rows(be, s->exp_in, s->xb, N, dim, s->rows, NULL, n)) ||
+                    (st = mm(be, s->hid, s->exp_in, &L->exp_up[e], n, dim, I)))
                         return st;
                 relu2(s->hid, n * I);
                 if (m->ep) {    /* all S slices of the whole expert, each where every rank finds it */
@@ -1969,10 +1969,10 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
                 }
                 if ((st = mm_parts(m, be, s, s->ey, s->hid, &L->exp_down[e], n, I)))   /* ey (P, n, dim) */
                         return st;
-                for (size_t p = 0; p < P; p++)
-                        for (size_t i = 0; i < n; i++)
-                                add_weighted(routed + p * cnt + (size_t)s->rows[i] * dim, s->ey + (p * n + i) * dim,
-                                             s->rowsw[i], dim);
+                for (size_t p = 0; p < P; p++)  /* each routed row once, weighted: the rows are distinct */
+                        if ((st = tsr_backend_scatter_add_rows(be, routed + p * cnt, N, dim, s->ey + p * n * dim,
+                                                               s->rows, s->rowsw, n)))
+                                return st;
         }
         if (m->ep) {
                 /* Every choice's partials from the rank holding its expert (one non-zero
