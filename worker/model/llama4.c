@@ -714,10 +714,10 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                         else if (w[i]->q.data)
                                 m->qdtype = w[i]->q.dtype;
                 }
-                m->kept_bf16 |= L->exp_gate_up.b || L->exp_down.b;
                 if ((cfg->layer[l] & TSR_LLAMA4_MOE) &&
                     (st = experts_finish(m, L, l, set, pre, dir, err, errlen)) != TSR_OK)
                         goto done;
+                m->kept_bf16 |= L->exp_gate_up.b || L->exp_down.b;     /* a BF16 stack kept */
         }
         if (m->rope_freqs && (st = tsr_llama_rope_inv_freq(&cfg->base, m->rope_freqs, m->inv_freq)) != TSR_OK) {
                 tsr_errf(err, errlen, "%s: tensor 'rope_freqs.weight': every entry must be a positive finite "
@@ -1303,9 +1303,8 @@ struct scratch {
 };
 
 static void scratch_free(struct scratch *s) {
-        float *f[] = {s->x,      s->xb,     s->q,  s->att,   s->k,      s->v,     s->hb,
-                      s->hb2,    s->parts,  s->routed, s->xin, s->ey,   s->slice,  s->rl,    s->score,
-                      s->rscale, s->qscale, s->ck, s->cv};
+        float *f[] = {s->x,   s->xb, s->q,     s->att, s->k,     s->v,      s->hb,     s->hb2, s->parts, s->routed,
+                      s->xin, s->ey, s->slice, s->rl,  s->score, s->rscale, s->qscale, s->ck,  s->cv};
         for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
                 free(f[i]);
         free(s->sel);
@@ -1666,11 +1665,11 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                 } else if (c->temp_tuning) {
                         /* NoPE: q scaled by log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1, in
                          * float32 as transformers computes it (the absolute position) */
-                        for (size_t r = 0; r < N; r++)
-                                s.qscale[r] = log1pf(floorf(((float)s.pos[r] + 1.0f) / c->floor_scale)) *
-                                                      c->attn_scale +
-                                              1.0f;
-                        TRY(tsr_backend_gather_rows(be, s.q, s.q, N, qd, NULL, s.qscale, N));
+                        for (size_t r = 0; r < N; r++) {
+                                float f = log1pf(floorf(((float)s.pos[r] + 1.0f) / c->floor_scale));
+                                s.qscale[r] = f * c->attn_scale + 1.0f;
+                        }
+                        TRY(tsr_backend_gather_rows(be, s.q, s.q, N, qd, NULL, s.qscale, N));   /* in place */
                 }
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++) {
                         /* from the first block the step reads: a chunked table's blocks
