@@ -142,6 +142,17 @@ tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t 
         return bytes ? be->ops->copy(be, dst, src, bytes) : TSR_OK;
 }
 
+tsr_status tsr_backend_zero(tsr_backend *be, void *p, size_t bytes) {
+        if (!be || (!p && bytes) || (!be->ops->zero && !be->ops->host_memory))
+                return TSR_E_INVAL;
+        if (!bytes)
+                return TSR_OK;
+        if (be->ops->zero)
+                return be->ops->zero(be, p, bytes);
+        memset(p, 0, bytes);
+        return TSR_OK;
+}
+
 tsr_status tsr_backend_mem_info(tsr_backend *be, size_t *free_bytes, size_t *total_bytes) {
         if (!be || !free_bytes || !total_bytes)
                 return TSR_E_INVAL;

@@ -29,6 +29,8 @@ typedef struct tsr_backend_ops {
         tsr_status (*upload)(tsr_backend *be, void *dst, const void *src, size_t bytes);
         tsr_status (*download)(tsr_backend *be, void *dst, const void *src, size_t bytes);
         tsr_status (*copy)(tsr_backend *be, void *dst, const void *src, size_t bytes);
+        /* NULL: memset (host memory) */
+        tsr_status (*zero)(tsr_backend *be, void *p, size_t bytes);
         /* NULL: TSR_E_UNSUPPORTED (host memory) */
         tsr_status (*mem_info)(tsr_backend *be, size_t *free_bytes, size_t *total_bytes);
         tsr_status (*synchronize)(tsr_backend *be);

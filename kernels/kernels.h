@@ -228,6 +228,9 @@ tsr_status tsr_backend_download(tsr_backend *be, void *dst, const void *src, siz
  * on the CPU, a device-to-device copy queued on the backend's stream on CUDA (ordered
  * with the ops; not waited for). */
 tsr_status tsr_backend_copy(tsr_backend *be, void *dst, const void *src, size_t bytes);
+/* Set `bytes` of backend memory at p to zero: memset on the CPU, queued on the stream on
+ * CUDA (ordered with the ops; not waited for); refused inside a graph run. */
+tsr_status tsr_backend_zero(tsr_backend *be, void *p, size_t bytes);
 /* The backend's memory now free and in all, in bytes (CUDA: cudaMemGetInfo of its
  * device, other processes' use included).  TSR_E_UNSUPPORTED on the CPU backends, whose
  * memory is the host's (sized from the RAM by the caller). */

@@ -253,6 +253,13 @@ static tsr_status dl_upload(tsr_backend *be, void *dst, const void *src, size_t 
 
 static tsr_status dl_sync(tsr_backend *be) { return IN_GRAPH(be) ? TSR_E_INVAL : TSR_OK; }
 
+static tsr_status dl_zero(tsr_backend *be, void *p, size_t bytes) {
+        if (IN_GRAPH(be))
+                return TSR_E_UNSUPPORTED;
+        memset(p, 0, bytes);
+        return TSR_OK;
+}
+
 static tsr_status dl_copy(tsr_backend *be, void *dst, const void *src, size_t bytes) {
         dl_rec *r;
         if (!IN_GRAPH(be))
@@ -475,6 +482,7 @@ static const tsr_backend_ops cpu_devlike_ops = {
         .upload = dl_upload,
         .download = dl_upload,
         .copy = dl_copy,
+        .zero = dl_zero,
         .synchronize = dl_sync,
         .graph_begin = dl_graph_begin,
         .graph_end = dl_graph_end,

@@ -383,6 +383,18 @@ static tsr_status cuda_copy_d2d(tsr_backend *be, void *dst, const void *src, siz
         return cuda_memcpy(be, dst, src, bytes, cudaMemcpyDeviceToDevice, false);
 }
 
+// Queued on the stream as the ops are; refused inside a graph run, as the row ops.
+static tsr_status cuda_zero(tsr_backend *be, void *p, size_t bytes) {
+        cuda_ctx *c = ctx_of(be);
+        if (c->g_state != GRAPH_OFF)
+                return TSR_E_UNSUPPORTED;
+        tsr_status st = use_device(be);
+        if (st != TSR_OK)
+                return st;
+        TSR_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, c->stream));
+        return TSR_OK;
+}
+
 // cudaMemGetInfo of the backend's device: free and total bytes, other processes' use included.
 static tsr_status cuda_mem_info(tsr_backend *be, size_t *free_bytes, size_t *total_bytes) {
         tsr_status st = use_device(be);
@@ -951,6 +963,7 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.upload = cuda_upload;
         o.download = cuda_download;
         o.copy = cuda_copy_d2d;
+        o.zero = cuda_zero;
         o.mem_info = cuda_mem_info;
         o.synchronize = cuda_synchronize;
         o.graph_begin = cuda_graph_begin;

@@ -37,6 +37,7 @@
 #include "worker/engine/kv_pool.h"
 #include "worker/load/modelopt.h"
 #include "worker/model/llama.h"
+#include "worker/model/llama4.h"
 
 static int failures;
 
@@ -668,6 +669,92 @@ static void big_model(tsr_backend *gpu, const char *path) {
         tsr_backend_free(&cpu);
 }
 
+/* Llama 4 on the device (tsr_llama4_to_backend): tiny-llama4 in float32 and bf16, each
+ * golden prompt prefilled whole on the device and on the CPU reference.  cpu-devlike:
+ * bitwise.  CUDA: within 1e-3 x max |logit| + 1e-4 (float32; cuBLAS sums in its own
+ * order) or 2e-2 x max |logit| (bf16 weights: the bf16-rounded activations may round
+ * apart), the same argmax wherever the reference's top-2 margin exceeds the bound; the
+ * distances are printed.  The bounds are first estimates: not yet run on a GPU. */
+static void llama4_on_device(tsr_backend *gpu, tsr_backend *ref, const char *root, bool devlike) {
+        char dir[4200], path[4400], err[512] = "";
+        json_error_t je;
+        tsr_llama4_config *c = NULL;
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-llama4", root);
+        snprintf(path, sizeof path, "%s/golden.json", dir);
+        json_t *g = json_load_file(path, 0, &je);
+        CHECK(g, "%s: %s", path, je.text);
+        if (!g || tsr_llama4_config_from_hf(dir, &c, err, sizeof err) != TSR_OK) {
+                CHECK(0, "%s: %s", dir, err);
+                json_decref(g);
+                return;
+        }
+        size_t vocab = c->base.vocab_size, bs = 16, per = 128 / bs;
+        tsr_shard_spec whole = {0, 1, 0, c->base.n_layers - 1};
+        tsr_kv_group kg = tsr_llama4_kv_group(c);
+        uint32_t table[128 / 16], ids[128];
+        for (size_t i = 0; i < per; i++)
+                table[i] = (uint32_t)i;
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+                tsr_llama4 *h = NULL, *d = NULL;
+                tsr_kv_pool *hp = NULL, *dp = NULL;
+                tsr_llama4_kv *hk = NULL, *dk = NULL;
+                float *want = malloc(128 * vocab * sizeof(float)), *got = malloc(128 * vocab * sizeof(float));
+                double worst = 0;
+                bool ok = want && got &&
+                          tsr_llama4_load(dir, c, &whole, NULL, NULL, NULL, &h, NULL, err, sizeof err) == TSR_OK &&
+                          tsr_llama4_load(dir, c, &whole, NULL, NULL, NULL, &d, NULL, err, sizeof err) == TSR_OK &&
+                          (!bf16 || (tsr_llama4_use_bf16(h) == TSR_OK && tsr_llama4_use_bf16(d) == TSR_OK)) &&
+                          tsr_llama4_to_backend(d, gpu, err, sizeof err) == TSR_OK;
+                CHECK(ok, "tiny-llama4 %s to %s: %s", bf16 ? "bf16" : "f32", tsr_backend_name(gpu), err);
+                for (size_t pi = 0; ok && pi < json_array_size(json_object_get(g, "prompts")); pi++) {
+                        json_t *a = json_object_get(json_array_get(json_object_get(g, "prompts"), pi), "ids");
+                        size_t n = json_array_size(a);
+                        for (size_t t = 0; t < n && t < 128; t++)
+                                ids[t] = (uint32_t)json_integer_value(json_array_get(a, t));
+                        tsr_llama_seq q = {.block_table = table, .n_table = per, .tokens = ids, .n = n,
+                                           .which = TSR_LLAMA_LOGITS_ALL};
+                        ok = n <= 128 && tsr_kv_pool_new(&kg, 1, per, (uint32_t)bs, &hp) == TSR_OK &&
+                             tsr_kv_pool_new_on(gpu, &kg, 1, per, (uint32_t)bs, 0, &dp) == TSR_OK &&
+                             tsr_llama4_kv_bind(h, hp, &hk) == TSR_OK && tsr_llama4_kv_bind(d, dp, &dk) == TSR_OK &&
+                             tsr_llama4_forward_batch(h, ref, hk, &q, 1, want) == TSR_OK &&
+                             tsr_llama4_forward_batch(d, gpu, dk, &q, 1, got) == TSR_OK;
+                        CHECK(ok, "tiny-llama4 prompt %zu: a forward failed", pi);
+                        double m = ok ? max_abs_diff(got, want, n * vocab) : 0;
+                        double bound = (bf16 ? 2e-2 : 1e-3) * max_abs(want, n * vocab) + 1e-4;
+                        worst = m > worst ? m : worst;
+                        if (ok && devlike)
+                                CHECK(memcmp(got, want, n * vocab * sizeof(float)) == 0,
+                                      "tiny-llama4 prompt %zu on cpu-devlike: not bitwise (%.3g)", pi, m);
+                        else if (ok)
+                                CHECK(m <= bound, "tiny-llama4 prompt %zu: max |dlogit| %.3g (bound %.3g)", pi, m,
+                                      bound);
+                        for (size_t r = 0; ok && !devlike && r < n; r++) {
+                                const float *w = want + r * vocab;
+                                size_t b1 = argmax(w, vocab);
+                                float second = -INFINITY;
+                                for (size_t i = 0; i < vocab; i++)
+                                        if (i != b1 && w[i] > second)
+                                                second = w[i];
+                                if (w[b1] - second > bound)
+                                        CHECK(argmax(got + r * vocab, vocab) == b1, "tiny-llama4 prompt %zu row %zu: "
+                                              "argmax differs", pi, r);
+                        }
+                        tsr_llama4_kv_free(&hk);
+                        tsr_llama4_kv_free(&dk);
+                        tsr_kv_pool_free(&hp);
+                        tsr_kv_pool_free(&dp);
+                }
+                printf("tiny-llama4 %s on %s: max |dlogit| vs cpu-ref %.3g%s\n", bf16 ? "bf16" : "f32",
+                       tsr_backend_name(gpu), worst, devlike ? " (bitwise required)" : "");
+                tsr_llama4_free(&h);
+                tsr_llama4_free(&d);
+                free(want);
+                free(got);
+        }
+        free(c);
+        json_decref(g);
+}
+
 int main(void) {
         tsr_backend *gpu = NULL, *ref = NULL;
         const char *root = getenv("TSR_SOURCE_ROOT"), *big = getenv("TSR_GPU_MODEL");
@@ -689,6 +776,7 @@ int main(void) {
         graphs(gpu, tiny, false);
         graphs(gpu, tiny, true);
         modelopt(gpu, ref, root, devlike);
+        llama4_on_device(gpu, ref, root, devlike);
         if (big && *big)
                 big_model(gpu, big);
         else

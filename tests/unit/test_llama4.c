@@ -776,6 +776,141 @@ static void test_bf16_kept_as_stored(void **state) {
         free(b);
 }
 
+/* ---- on a device backend (cpu-devlike) ---------------------------------------------------- */
+
+/* The golden prompts through model `h` on the host (the reference kernels) and through
+ * `d` moved to a cpu-devlike backend (the same kernels behind memory that counts as a
+ * device's: tsr_llama4_to_backend, a pool in that memory), in the batch-invariance
+ * schedule: three sequences cut into uneven chunks across chunked attention's borders,
+ * every row's logits, then one decode step wanting the last row only.  Bitwise equal
+ * step by step.  The rows compared. */
+static size_t device_vs_host(tsr_llama4 *h, tsr_llama4 *d, tsr_backend *dl) {
+        size_t bs = 16, per = MAXT / bs, len[3], done[3] = {0, 0, 0}, rows = 0;
+        uint32_t ids[3][MAXT], table[3 * (MAXT / 16)];
+        float *a = malloc(3 * MAXT * V * sizeof(float)), *b = malloc(3 * MAXT * V * sizeof(float));
+        tsr_kv_pool *hp = NULL, *dp = NULL;
+        tsr_llama4_kv *hk = NULL, *dk = NULL;
+        char err[512] = "";
+        tsr_kv_group g = tsr_llama4_kv_group(tsr_llama4_config_of(h));
+
+        assert_true(a && b);
+        if (tsr_llama4_to_backend(d, dl, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        assert_int_equal(tsr_llama4_check_backend(d, dl), TSR_OK);
+        assert_int_equal(tsr_llama4_check_backend(d, ref_be), TSR_E_UNSUPPORTED);      /* its weights moved */
+        assert_int_equal(tsr_llama4_check_backend(h, dl), TSR_E_UNSUPPORTED);          /* its did not */
+        assert_int_equal(tsr_llama4_use_bf16(d), TSR_E_INVAL);
+        assert_int_equal(tsr_kv_pool_new(&g, 1, 3 * per, (uint32_t)bs, &hp), TSR_OK);
+        assert_int_equal(tsr_kv_pool_new_on(dl, &g, 1, 3 * per, (uint32_t)bs, 0, &dp), TSR_OK);
+        assert_int_equal(tsr_llama4_kv_bind(h, hp, &hk), TSR_OK);
+        assert_int_equal(tsr_llama4_kv_bind(d, dp, &dk), TSR_OK);
+        for (size_t i = 0; i < 3 * per; i++)
+                table[i] = (uint32_t)((i % per) * 3 + i / per);
+        for (size_t pi = 0; pi < 3; pi++)
+                len[pi] = prompt_ids(pi, ids[pi]);
+        static const size_t cut[3][5] = {{1, 1, 3, 1, 1}, {7, 9, 1, 8, 1}, {20, 1, 17, 13, 1}};
+        for (size_t k = 0; k < 5; k++) {
+                tsr_llama_seq q[3];
+                size_t nq = 0, n_rows = 0;
+                for (size_t pi = 0; pi < 3; pi++) {
+                        size_t left = len[pi] - done[pi], n = k == 3 ? left : cut[pi][k] < left ? cut[pi][k] : left;
+                        if (k == 4)     /* a decode step: the prompt's last token again, one row wanted */
+                                n = 1;
+                        if (!n || done[pi] + n > MAXT)
+                                continue;
+                        q[nq++] = (tsr_llama_seq){.block_table = table + pi * per, .n_table = per,
+                                                  .tokens = ids[pi] + (k == 4 ? len[pi] - 1 : done[pi]), .n = n,
+                                                  .past_len = done[pi],
+                                                  .which = k == 4 ? TSR_LLAMA_LOGITS_LAST : TSR_LLAMA_LOGITS_ALL};
+                        n_rows += k == 4 ? 1 : n;
+                        done[pi] += n;
+                }
+                assert_int_equal(tsr_llama4_forward_batch(h, ref_be, hk, q, nq, a), TSR_OK);
+                assert_int_equal(tsr_llama4_forward_batch(d, dl, dk, q, nq, b), TSR_OK);
+                assert_memory_equal(a, b, n_rows * V * sizeof(float));
+                rows += n_rows;
+        }
+        tsr_llama4_kv_free(&hk);
+        tsr_llama4_kv_free(&dk);
+        tsr_kv_pool_free(&hp);
+        tsr_kv_pool_free(&dp);
+        free(a);
+        free(b);
+        return rows;
+}
+
+/* Llama 4 on a device backend (issue #16): the same family code, its weights and
+ * activations in the device's memory, bitwise the host's logits on cpu-devlike for the
+ * float32 fixture, bf16 weights (converted, and a BF16 checkpoint's kept as stored) and
+ * both ModelOpt formats; the parallel layouts are refused with a message. */
+static void test_device(void **state) {
+        char path[1024], err[512], dir[64] = "/tmp/tsr_llama4_dev_XXXXXX";
+        tsr_backend *dl = NULL;
+        tsr_llama4_config *c = NULL;
+        (void)state;
+
+        assert_int_equal(tsr_backend_cpu_devlike_new(&dl), TSR_OK);
+        assert_non_null(tsr_test_src_path(FIXTURE, path, sizeof path));
+        tsr_test_bf16_copy(path, dir);
+        assert_int_equal(tsr_llama4_config_from_hf(path, &c, err, sizeof err), TSR_OK);
+        tsr_shard_spec whole = {0, 1, 0, c->base.n_layers - 1};
+        const struct { const char *what, *dir; bool bf16, keep; } cases[] = {
+                {"float32", path, false, false},
+                {"bfloat16", path, true, false},
+                {"a BF16 checkpoint kept as stored", dir, true, true},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                tsr_llama4 *h = NULL, *d = NULL;
+                tsr_load_opts o = {.keep_bf16 = cases[i].keep};
+                if (tsr_llama4_load(cases[i].dir, c, &whole, &o, NULL, NULL, &h, NULL, err, sizeof err) != TSR_OK ||
+                    tsr_llama4_load(cases[i].dir, c, &whole, &o, NULL, NULL, &d, NULL, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                if (cases[i].bf16) {
+                        assert_int_equal(tsr_llama4_use_bf16(h), TSR_OK);
+                        assert_int_equal(tsr_llama4_use_bf16(d), TSR_OK);
+                }
+                print_message("tiny-llama4 %s on cpu-devlike: %zu logit rows bitwise the host's\n", cases[i].what,
+                              device_vs_host(h, d, dl));
+                tsr_llama4_free(&h);
+                tsr_llama4_free(&d);
+        }
+        /* a tensor-parallel rank stays on the host */
+        tsr_llama4 *r1 = NULL;
+        if (tsr_llama4_load(path, c, &(tsr_shard_spec){1, 2, 0, c->base.n_layers - 1}, NULL, NULL, NULL, &r1, NULL, err,
+                            sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        assert_int_equal(tsr_llama4_to_backend(r1, dl, err, sizeof err), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "not supported yet"));
+        assert_int_equal(tsr_llama4_check_backend(r1, ref_be), TSR_OK);       /* unchanged */
+        tsr_llama4_free(&r1);
+        free(c);
+
+        /* ModelOpt FP8 and NVFP4: the stored bytes go as they are */
+        static const char *const variants[] = {"fp8", "nvfp4"};
+        for (size_t i = 0; i < 2; i++) {
+                char rel[256];
+                tsr_modelopt_config mo;
+                tsr_llama4 *h = NULL, *d = NULL;
+                snprintf(rel, sizeof rel, "tests/fixtures/tiny-llama4-modelopt/%s", variants[i]);
+                assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+                if (tsr_modelopt_config_read(path, &mo, err, sizeof err) != TSR_OK ||
+                    tsr_llama4_config_from_hf(path, &c, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                tsr_load_opts o = {.modelopt = &mo};
+                if (tsr_llama4_load(path, c, &whole, &o, NULL, NULL, &h, NULL, err, sizeof err) != TSR_OK ||
+                    tsr_llama4_load(path, c, &whole, &o, NULL, NULL, &d, NULL, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                print_message("tiny-llama4-modelopt %s on cpu-devlike: %zu logit rows bitwise the host's\n",
+                              variants[i], device_vs_host(h, d, dl));
+                tsr_llama4_free(&h);
+                tsr_llama4_free(&d);
+                tsr_modelopt_config_done(&mo);
+                free(c);
+        }
+        tsr_test_remove_model_dir(dir);
+        tsr_backend_free(&dl);
+}
+
 /* ---- other layouts and load errors on patched copies -------------------------------------- */
 
 /* The fixture copied to a scratch folder: config.json through `patch` (may be NULL); when
@@ -1171,6 +1306,7 @@ int main(void) {
                 cmocka_unit_test(test_family),         cmocka_unit_test(test_golden_f32),
                 cmocka_unit_test(test_batch_invariance), cmocka_unit_test(test_bf16),
                 cmocka_unit_test(test_bf16_kept_as_stored),
+                cmocka_unit_test(test_device),
                 cmocka_unit_test(test_flat_layout),    cmocka_unit_test(test_load_errors),
                 cmocka_unit_test(test_fp8_kv),         cmocka_unit_test(test_modelopt_fp8),
                 cmocka_unit_test(test_modelopt_nvfp4), cmocka_unit_test(test_modelopt_nvfp4_wide),

@@ -1442,6 +1442,44 @@ static void test_tp_bf16(void **state) {
         }
 }
 
+/* Llama 4 through the runner on a device backend (cpu-devlike: the reference kernels
+ * behind memory that counts as a device's): the family's to_backend, the KV pool in that
+ * memory, run_hybrid_tp's three steps (prefills, chunked attention's freed blocks,
+ * decodes) bitwise the host runner's on the reference kernels, in float32 and bfloat16,
+ * and from a BF16 checkpoint kept as stored. */
+static void test_llama4_device(void **state) {
+        (void)state;
+        static const char *const dtypes[] = {"float32", "bfloat16"};
+        char src[4096], copy[64] = "/tmp/tsr_l4_dev_XXXXXX";
+        assert_non_null(tsr_test_src_path("tests/fixtures/tiny-llama4", src, sizeof src));
+        tsr_test_bf16_copy(src, copy);
+        const char *dirs[] = {src, copy};
+        for (size_t di = 0; di < 2; di++)
+                for (size_t k = di; k < 2; k++) {       /* the BF16 copy in bfloat16 only */
+                        model_case mc = {0};
+                        model_open_path(&mc, dirs[di], "llama4");
+                        size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0;
+                        float *want = malloc(H_ROWS * V * sizeof(float)), *got = malloc(H_ROWS * V * sizeof(float));
+                        tsr_backend *fast = mc.be;
+                        assert_true(want && got);
+                        assert_int_equal(tsr_backend_cpu_ref_new(&mc.be), TSR_OK);
+                        run_hybrid_tp(&mc, dtypes[k], 1, NULL, 1, false, want, &n_want);
+                        tsr_backend_free(&mc.be);
+                        assert_int_equal(tsr_backend_cpu_devlike_new(&mc.be), TSR_OK);
+                        run_hybrid_tp(&mc, dtypes[k], 1, NULL, 1, false, got, &n_got);
+                        tsr_backend_free(&mc.be);
+                        mc.be = fast;
+                        assert_int_equal(n_got, n_want);
+                        assert_memory_equal(got, want, n_want * sizeof(float));
+                        print_message("tiny-llama4%s %s through the runner on cpu-devlike: %zu logits bitwise the "
+                                      "host's\n", di ? " (BF16 checkpoint)" : "", dtypes[k], n_want);
+                        free(want);
+                        free(got);
+                        model_close(&mc);
+                }
+        tsr_test_remove_model_dir(copy);
+}
+
 /* Row d of the 2-D stored tensor t widened to float32 (its cols values). */
 static void stored_row(const tsr_tensor *t, size_t d, float *out) {
         size_t rb;
@@ -1904,6 +1942,7 @@ int main(void) {
                 cmocka_unit_test(test_fp8_kv_vs_emulation),
                 cmocka_unit_test(test_tp_resident_bytes),
                 cmocka_unit_test(test_tp_bf16),
+                cmocka_unit_test(test_llama4_device),
                 cmocka_unit_test(test_stored_slices),
                 cmocka_unit_test(test_modelopt_tp),
                 cmocka_unit_test(test_gguf_q8_0_tp),

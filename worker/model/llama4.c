@@ -79,6 +79,10 @@ struct tsr_llama4 {
         bool ep;
         uint32_t tp_rank, e0, ne, ehid;
         tsr_comm *comm;                         /* the rank's TP group; NULL when tp_size 1 */
+        /* The backend whose memory holds the weights the forward reads, after
+         * tsr_llama4_to_backend (every weight pointer is then its memory, rope_freqs
+         * excepted); NULL: the host's. */
+        tsr_backend *dev;
         /* ModelOpt: the dtype the quantized weights are stored in (fp8_e4m3 or nvfp4);
          * TSR_DTYPE_F32 when nothing is */
         tsr_dtype qdtype;
@@ -122,18 +126,26 @@ static void layer_mats(const tsr_llama4 *m, layer *L, mat **w, size_t *rows, siz
         memcpy(n, nn, sizeof nn);
 }
 
-static void mat_free(mat *w) {
-        free(w->f);
-        free(w->b);
-        free(w->q.data);
+/* Free weight memory: the device's after tsr_llama4_to_backend, else the host's. */
+static void release(const tsr_llama4 *m, void *p) {
+        if (m->dev)
+                tsr_backend_mem_free(m->dev, p);
+        else
+                free(p);
+}
+
+static void mat_free(const tsr_llama4 *m, mat *w) {
+        release(m, w->f);
+        release(m, w->b);
+        release(m, w->q.data);
         *w = (mat){0};
 }
 
 /* A MoE layer's expert state beyond exp_gate_up / exp_down (qexp, the load-only stacks
  * and per-expert matrices). */
-static void experts_free(layer *L, size_t E) {
+static void experts_free(const tsr_llama4 *m, layer *L, size_t E) {
         for (size_t i = 0; L->qexp && i < 3 * E; i++)
-                free(L->qexp[i].data);
+                release(m, L->qexp[i].data);
         for (size_t i = 0; L->fexp && i < 3 * E; i++)
                 free(L->fexp[i]);
         free(L->qexp);
@@ -160,21 +172,21 @@ void tsr_llama4_free(tsr_llama4 **mp) {
                         size_t r[N_MATS], c[N_MATS], n[N_MATS];
                         layer_mats(m, L, w, r, c, n);
                         for (int i = 0; i < N_MATS; i++)
-                                mat_free(w[i]);
-                        experts_free(L, m->cfg->n_experts);
-                        free(L->attn_norm);
-                        free(L->ffn_norm);
+                                mat_free(m, w[i]);
+                        experts_free(m, L, m->cfg->n_experts);
+                        release(m, L->attn_norm);
+                        release(m, L->ffn_norm);
                 }
                 free(m->layers);
         }
         if (m->output.f == m->embed)
                 m->output.f = NULL;
-        mat_free(&m->output);
-        free(m->embed);
-        free(m->out_norm);
-        free(m->inv_freq);
+        mat_free(m, &m->output);
+        release(m, m->embed);
+        release(m, m->out_norm);
+        release(m, m->inv_freq);
+        release(m, m->ones);
         free(m->rope_freqs);
-        free(m->ones);
         free(m->cfg);
         free(m->expert_names);
         free(m->expert_strs);
@@ -785,8 +797,8 @@ tsr_status tsr_llama4_use_bf16(tsr_llama4 *m) {
         const tsr_llama4_config *c;
         size_t n_layers;
 
-        if (!m)
-                return TSR_E_INVAL;
+        if (!m || m->dev)
+                return TSR_E_INVAL;     /* the host arrays are gone after tsr_llama4_to_backend */
         if (m->bf16)
                 return TSR_OK;
         c = m->cfg;
@@ -819,11 +831,14 @@ tsr_status tsr_llama4_use_bf16(tsr_llama4 *m) {
 bool tsr_llama4_is_bf16(const tsr_llama4 *m) { return m && m->bf16; }
 
 tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be) {
-        static const tsr_op needed[] = {TSR_OP_RMSNORM,   TSR_OP_EMBEDDING, TSR_OP_ROPE, TSR_OP_KV_WRITE,
-                                        TSR_OP_ATTENTION, TSR_OP_SILU_MUL,  TSR_OP_ADD,  TSR_OP_ADD_RMSNORM};
+        static const tsr_op needed[] = {TSR_OP_RMSNORM,     TSR_OP_EMBEDDING, TSR_OP_ROPE,
+                                        TSR_OP_KV_WRITE,    TSR_OP_ATTENTION, TSR_OP_SILU_MUL,
+                                        TSR_OP_ADD,         TSR_OP_ADD_RMSNORM, TSR_OP_GATHER_ROWS,
+                                        TSR_OP_SCATTER_ADD_ROWS};
         if (!m || !be)
                 return TSR_E_INVAL;
-        if (!tsr_backend_host_memory(be))       /* weights, activations and KV are host memory */
+        /* the weights are in the host's memory, or in this device's (tsr_llama4_to_backend) */
+        if (tsr_backend_host_memory(be) ? m->dev != NULL : m->dev != be)
                 return TSR_E_UNSUPPORTED;
         for (size_t i = 0; i < sizeof needed / sizeof needed[0]; i++)
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
@@ -834,6 +849,112 @@ tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be) 
             !tsr_backend_supports(be, TSR_OP_MATMUL, m->qdtype) ||
             (m->kept_bf16 && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_BF16)))
                 return TSR_E_UNSUPPORTED;
+        return TSR_OK;
+}
+
+/* ---- on a device backend (issue #16) ----------------------------------------------------- */
+
+/* One weight array to move: where the model points at it, and its bytes. */
+typedef struct dev_slot {
+        void **at;
+        size_t bytes;
+        void *dev;
+} dev_slot;
+
+/* Every weight array the forward reads, into slots[] (NULL: count only); how many.  A
+ * tied output is the embedding: its slot is not listed (the pointer is set after). */
+static size_t dev_slots(tsr_llama4 *m, dev_slot *slots) {
+        const tsr_llama4_config *c = m->cfg;
+        size_t dim = c->base.dim, hd = c->base.head_dim, n = 0;
+#define SLOT(p, b)                                                                      \
+        do {                                                                            \
+                if ((p) && slots)                                                       \
+                        slots[n] = (dev_slot){.at = (void **)&(p), .bytes = (b)};       \
+                n += (p) != NULL;                                                       \
+        } while (0)
+        SLOT(m->embed, (size_t)c->base.vocab_size * dim * sizeof(float));
+        SLOT(m->out_norm, dim * sizeof(float));
+        SLOT(m->inv_freq, hd / 2 * sizeof(float));
+        SLOT(m->ones, hd * sizeof(float));
+        if (m->output.f != m->embed)
+                SLOT(m->output.f, (size_t)m->vocab_out * dim * sizeof(float));
+        SLOT(m->output.b, (size_t)m->vocab_out * dim * sizeof(uint16_t));
+        for (size_t l = 0; l <= m->shard.last_layer - m->shard.first_layer; l++) {
+                layer *L = &m->layers[l];
+                mat *w[N_MATS];
+                size_t r[N_MATS], cc[N_MATS], k[N_MATS];
+                layer_mats(m, L, w, r, cc, k);
+                SLOT(L->attn_norm, dim * sizeof(float));
+                SLOT(L->ffn_norm, dim * sizeof(float));
+                for (int i = 0; i < N_MATS; i++) {
+                        SLOT(w[i]->f, r[i] * cc[i] * k[i] * sizeof(float));
+                        SLOT(w[i]->b, r[i] * cc[i] * k[i] * sizeof(uint16_t));
+                        SLOT(w[i]->q.data, w[i]->q.data ? tsr_tensor_n_bytes(&w[i]->q) : 0);
+                }
+                for (size_t i = 0; L->qexp && i < 3 * (size_t)c->n_experts; i++)
+                        SLOT(L->qexp[i].data, L->qexp[i].data ? tsr_tensor_n_bytes(&L->qexp[i]) : 0);
+        }
+#undef SLOT
+        return n;
+}
+
+tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size_t errlen) {
+        tsr_status st = TSR_OK;
+        size_t n, need = 0, free_b = 0, total_b = 0;
+        dev_slot *slots;
+
+        if (!m || !be || m->dev)
+                return TSR_E_INVAL;
+        if (tsr_backend_host_memory(be))
+                return TSR_OK;          /* the CPU reads the host arrays */
+        if (m->tp_size > 1 || m->canonical || m->ep || m->shard.first_layer > 0 ||
+            m->shard.last_layer + 1 < m->cfg->base.n_layers) {
+                tsr_errf(err, errlen, "tensor, expert or pipeline parallelism of Llama 4 on the %s backend is not "
+                         "supported yet", tsr_backend_name(be));
+                return TSR_E_UNSUPPORTED;
+        }
+        if (m->qdtype != TSR_DTYPE_F32 && !tsr_backend_supports(be, TSR_OP_MATMUL, m->qdtype)) {
+                tsr_errf(err, errlen, "weights kept as %s cannot go to the %s backend yet",
+                         tsr_dtype_get_info(m->qdtype)->name, tsr_backend_name(be));
+                return TSR_E_UNSUPPORTED;
+        }
+        n = dev_slots(m, NULL);
+        if (!(slots = calloc(n ? n : 1, sizeof *slots)))
+                return TSR_E_NOMEM;
+        dev_slots(m, slots);
+        for (size_t i = 0; i < n; i++)
+                need += slots[i].bytes;
+        /* a model larger than the device is one clear error here, before any allocation */
+        if (tsr_backend_mem_info(be, &free_b, &total_b) == TSR_OK && need > free_b) {
+                tsr_errf(err, errlen, "the weights need %.2f GiB on the %s device, which has %.2f GiB free of "
+                         "%.2f GiB", (double)need / (1 << 30), tsr_backend_name(be), (double)free_b / (1 << 30),
+                         (double)total_b / (1 << 30));
+                free(slots);
+                return TSR_E_NOMEM;
+        }
+        /* every copy first, the host arrays untouched; then the swap: a failure leaves the
+         * model as it was */
+        for (size_t i = 0; i < n && st == TSR_OK; i++)
+                if ((st = tsr_backend_mem_alloc(be, slots[i].bytes, &slots[i].dev)) == TSR_OK)
+                        st = tsr_backend_upload(be, slots[i].dev, *slots[i].at, slots[i].bytes);
+        if (st != TSR_OK) {
+                for (size_t i = 0; i < n; i++)
+                        tsr_backend_mem_free(be, slots[i].dev);
+                tsr_errf(err, errlen, "cannot copy the weights to the %s backend: %s", tsr_backend_name(be),
+                         tsr_status_str(st));
+                free(slots);
+                return st;
+        }
+        bool tied = m->output.f && m->output.f == m->embed;
+        for (size_t i = 0; i < n; i++) {
+                free(*slots[i].at);
+                *slots[i].at = slots[i].dev;
+        }
+        if (tied)
+                m->output.f = m->embed;
+        m->dev = be;
+        log_info("weights on the %s device: %.1f MB in %zu arrays", tsr_backend_name(be), (double)need / 1e6, n);
+        free(slots);
         return TSR_OK;
 }
 
@@ -1276,7 +1397,11 @@ static tsr_kv_view kv_view(const tsr_llama4_kv *kv, size_t l, const tsr_llama_se
 
 /* ---- forward ---------------------------------------------------------------------------- */
 
+/* A step's arrays.  The activations (x .. cv, rl and lg) live in the memory of the
+ * model's device (`mem`, tsr_llama4_to_backend) or the host's; the index arrays, the
+ * routing results and rlh (the router logits the host's top-k reads) in the host's. */
 struct scratch {
+        tsr_backend *mem;               /* NULL: every array is host memory */
         float *x, *xb;                  /* (N, dim) residual stream; a sublayer's input, then output */
         float *q, *att;                 /* (N, q_dim) */
         float *k, *v;                   /* (N, kv_dim) */
@@ -1288,6 +1413,9 @@ struct scratch {
         float *xin;                     /* (N, dim) an expert's rows in */
         float *slice;                   /* canonical: (N, widest K / P) one K slice of a row-parallel input */
         float *rl;                      /* (N, E) router logits */
+        float *ck, *cv;                 /* (chunk rows, kv_dim) a chunk's keys and values, gathered */
+        float *lg;                      /* on a device: (logit rows, vocab_out) logits before their download */
+        float *rlh;                     /* (N, E) the router logits on the host: rl itself there */
         float *score;                   /* (N, top_k) */
         uint32_t *sel;                  /* (N, top_k) chosen experts */
         uint32_t *rows;                 /* (N,) rows routed to one expert */
@@ -1298,15 +1426,26 @@ struct scratch {
          * rank's experts' filled, the others' zero, all-reduced (tsr_llama4_shard_ep) */
         uint32_t *rk;
         float *ep_parts;
-        float *ck, *cv;                 /* (chunk rows, kv_dim) a chunk's keys and values, gathered */
         uint32_t *pos, *tokens;         /* (N,) */
 };
 
+/* The activation arrays of s, for allocating and freeing them alike. */
+#define SCRATCH_ACTS(s)                                                                                               \
+        {&(s)->x,   &(s)->xb, &(s)->q,     &(s)->att, &(s)->k,  &(s)->v,  &(s)->hb, &(s)->hb2, &(s)->parts, &(s)->routed, \
+         &(s)->xin, &(s)->ey, &(s)->slice, &(s)->rl,  &(s)->ck, &(s)->cv, &(s)->lg}
+
 static void scratch_free(struct scratch *s) {
-        float *f[] = {s->x,   s->xb, s->q,     s->att, s->k,     s->v,      s->hb,     s->hb2, s->parts, s->routed,
-                      s->xin, s->ey, s->slice, s->rl,  s->score, s->rscale, s->qscale, s->ck,  s->cv};
-        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-                free(f[i]);
+        float **acts[] = SCRATCH_ACTS(s);
+        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+                if (s->mem)
+                        tsr_backend_mem_free(s->mem, *acts[i]);
+                else
+                        free(*acts[i]);
+        if (s->rlh != s->rl)
+                free(s->rlh);
+        free(s->score);
+        free(s->rscale);
+        free(s->qscale);
         free(s->sel);
         free(s->rows);
         free(s->rk);
@@ -1318,7 +1457,10 @@ static void scratch_free(struct scratch *s) {
 /* Partials of a row-parallel matmul: the rank's canonical K slices, or the one product. */
 static size_t n_parts(const tsr_llama4 *m) { return m->canonical ? TSR_COMM_TREE_LEAVES / m->tp_size : 1; }
 
-static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N, size_t chunk_rows) {
+/* The arrays of a step of N rows (chunk_rows: the longest chunk a chunked layer gathers;
+ * logit_rows: the rows whose logits are wanted), in the model's memory. */
+static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N, size_t chunk_rows,
+                                size_t logit_rows) {
         const tsr_llama4_config *c = m->cfg;
         size_t dim = c->base.dim, qd = (size_t)m->nh * c->base.head_dim;
         size_t kvd = (size_t)m->nkv * c->base.head_dim, P = n_parts(m);
@@ -1333,19 +1475,32 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N
         }
 
         memset(s, 0, sizeof *s);
+        s->mem = m->dev;
         widest = qd > widest ? qd : widest;
         widest = hid > widest ? hid : widest;
         widest = E > widest ? E : widest;
-        if (N > SIZE_MAX / sizeof(float) / widest || chunk_rows > SIZE_MAX / sizeof(float) / kvd)
+        if (N > SIZE_MAX / sizeof(float) / widest || chunk_rows > SIZE_MAX / sizeof(float) / kvd ||
+            logit_rows > SIZE_MAX / sizeof(float) / m->vocab_out)
                 return TSR_E_LIMIT;
+        /* the activations, in the order of SCRATCH_ACTS (floats; at least one each) */
+        size_t n_acts[] = {N * dim,  N * dim, N * qd,           N * qd,  N * kvd,          N * kvd,
+                           N * hid,  N * hid, P * N * dim,      P * N * dim,
+                           N * dim,  (m->ep ? S : P) * N * dim,  m->canonical ? N * k / P : 1, N * E,
+                           chunk_rows * kvd + 1, chunk_rows * kvd + 1, m->dev ? logit_rows * m->vocab_out + 1 : 1};
+        float **acts[] = SCRATCH_ACTS(s);
+        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+                size_t bytes = (n_acts[i] ? n_acts[i] : 1) * sizeof(float);
+                if (s->mem ? tsr_backend_mem_alloc(s->mem, bytes, (void **)acts[i]) != TSR_OK
+                           : !(*acts[i] = malloc(bytes))) {
+                        scratch_free(s);
+                        return TSR_E_NOMEM;
+                }
+        }
 #define A(p, n) ((p) = malloc((n) * sizeof *(p)))
-        if (!A(s->x, N * dim) || !A(s->xb, N * dim) || !A(s->q, N * qd) || !A(s->att, N * qd) || !A(s->k, N * kvd) ||
-            !A(s->v, N * kvd) || !A(s->hb, N * hid) || !A(s->hb2, N * hid) || !A(s->parts, P * N * dim) ||
-            !A(s->routed, P * N * dim) || !A(s->xin, N * dim) || !A(s->ey, (m->ep ? S : P) * N * dim) ||
-            !A(s->slice, m->canonical ? N * k / P : 1) || !A(s->rl, N * E) ||
-            !A(s->score, N * K) || !A(s->sel, N * K) || !A(s->rows, N) || !A(s->rscale, N) || !A(s->qscale, N) ||
-            !A(s->ck, chunk_rows * kvd + 1) || !A(s->cv, chunk_rows * kvd + 1) || !A(s->pos, N) || !A(s->tokens, N) ||
-            !A(s->rk, N) || (m->ep && !A(s->ep_parts, N * K * S * dim))) {
+        s->rlh = s->mem ? NULL : s->rl;
+        if ((s->mem && !A(s->rlh, N * E)) || !A(s->score, N * K) || !A(s->sel, N * K) || !A(s->rows, N) ||
+            !A(s->rscale, N) || !A(s->qscale, N) || !A(s->pos, N) || !A(s->tokens, N) || !A(s->rk, N) ||
+            (m->ep && !A(s->ep_parts, N * K * S * dim))) {
                 scratch_free(s);
                 return TSR_E_NOMEM;
         }
@@ -1434,9 +1589,11 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
 
         TRY(swiglu(m, be, s, s->parts, s->xb, &L->sh_gate, &L->sh_up, &L->sh_down, N, m->hid)); /* parts (P, N, dim) */
         TRY(mm(be, s->rl, s->xb, &L->router, 0, N, dim, E));                                    /* rl (N, E) */
+        if (s->mem)     /* the top-k runs on the host */
+                TRY(tsr_backend_download(be, s->rlh, s->rl, N * E * sizeof(float)));
         for (size_t r = 0; r < N; r++) {
                 /* top-k by logit, ties to the lower index; the score is the sigmoid in float32 */
-                const float *lg = s->rl + r * E;
+                const float *lg = s->rlh + r * E;
                 for (size_t j = 0; j < K; j++) {
                         size_t best = E;
                         for (size_t e = 0; e < E; e++) {
@@ -1450,7 +1607,7 @@ static tsr_status moe(const tsr_llama4 *m, tsr_backend *be, const layer *L, stru
                         s->score[r * K + j] = 1.0f / (1.0f + expf(-lg[best]));
                 }
         }
-        memset(s->routed, 0, P * cnt * sizeof(float));
+        TRY(tsr_backend_zero(be, s->routed, P * cnt * sizeof(float)));
         if (m->ep)
                 memset(s->ep_parts, 0, N * K * S * dim * sizeof(float));
         for (size_t e = m->e0; e < m->e0 + m->ne; e++) {       /* the experts held: all, or the rank's (ep) */
@@ -1576,11 +1733,15 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
                         /* the rows as stored (fp8: one byte each, bf16 two), and the view says so */
                         size_t eb = tsr_dtype_get_info(kv->dtype)->block_bytes;
                         static const uint32_t zero = 0;
-                        for (size_t p = cs; p < cs + rows; p++) {
+                        for (size_t p = cs; p < cs + rows && st == TSR_OK; p++) {
                                 size_t at = ((size_t)view.block_table[p / bs] * bs + p % bs) * kvd * eb;
-                                memcpy((char *)s->ck + (p - cs) * kvd * eb, (const char *)kv->k[l] + at, kvd * eb);
-                                memcpy((char *)s->cv + (p - cs) * kvd * eb, (const char *)kv->v[l] + at, kvd * eb);
+                                if ((st = tsr_backend_copy(be, (char *)s->ck + (p - cs) * kvd * eb,
+                                                           (const char *)kv->k[l] + at, kvd * eb)) == TSR_OK)
+                                        st = tsr_backend_copy(be, (char *)s->cv + (p - cs) * kvd * eb,
+                                                              (const char *)kv->v[l] + at, kvd * eb);
                         }
+                        if (st != TSR_OK)
+                                return st;
                         v2 = (tsr_kv_view){.k = s->ck, .v = s->cv, .dtype = kv->dtype, .k_scale = view.k_scale,
                                            .v_scale = view.v_scale, .block_table = &zero, .n_table = 1, .n_blocks = 1,
                                            .block_size = rows, .n_kv_heads = kv->n_kv_heads, .head_dim = kv->head_dim};
@@ -1627,13 +1788,15 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
         struct scratch s;
         tsr_status st;
 
+        size_t logit_rows = 0;
         for (size_t i = 0; i < n_seqs; i++) {
                 size_t end = seqs[i].past_len + seqs[i].n;
                 N += seqs[i].n;
                 if (c->chunk && end > chunk_rows)
                         chunk_rows = end < c->chunk ? end : c->chunk;
+                logit_rows += seqs[i].which == TSR_LLAMA_LOGITS_ALL ? seqs[i].n : seqs[i].which != TSR_LLAMA_LOGITS_NONE;
         }
-        if ((st = scratch_alloc(&s, m, N, chunk_rows)) != TSR_OK)
+        if ((st = scratch_alloc(&s, m, N, chunk_rows, logit_rows)) != TSR_OK)
                 return st;
         /* a row-parallel matmul's partials: the canonical slices', else its output itself */
         parts = m->canonical ? s.parts : s.xb;
@@ -1711,7 +1874,10 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
         }
         if (n_out) {
                 TRY(tsr_backend_rmsnorm(be, s.xb, s.xb, m->out_norm, n_out, dim, eps));
-                TRY(lm_head(m, be, logits, s.xb, n_out));
+                /* on a device: into its memory, then the one download of the step */
+                TRY(lm_head(m, be, s.mem ? s.lg : logits, s.xb, n_out));
+                if (s.mem)
+                        TRY(tsr_backend_download(be, logits, s.lg, n_out * m->vocab_out * sizeof(float)));
         }
 done:
         scratch_free(&s);

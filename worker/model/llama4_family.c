@@ -109,6 +109,14 @@ static void llama4_free(void **model) {
 }
 
 static tsr_status llama4_use_bf16(void *model) { return tsr_llama4_use_bf16(model); }
+
+/* The step's activations are allocated per step (tokens and logit_rows unused). */
+static tsr_status llama4_to_backend(void *model, tsr_backend *be, size_t tokens, size_t logit_rows, char *err,
+                                    size_t errlen) {
+        (void)tokens;
+        (void)logit_rows;
+        return tsr_llama4_to_backend(model, be, err, errlen);
+}
 static bool llama4_is_bf16(const void *model) { return tsr_llama4_is_bf16(model); }
 static uint64_t llama4_resident_bytes(const void *model) { return tsr_llama4_resident_bytes(model); }
 static tsr_status llama4_check_backend(const void *model, const tsr_backend *be) {
@@ -166,6 +174,7 @@ const tsr_model_family tsr_family_llama4 = {
         .is_bf16 = llama4_is_bf16,
         .resident_bytes = llama4_resident_bytes,
         .check_backend = llama4_check_backend,
+        .to_backend = llama4_to_backend,
         .kv_bind = llama4_kv_bind,
         .kv_scale_module = llama4_kv_scale_module,
         .kv_unbind = llama4_kv_unbind,
