@@ -800,6 +800,9 @@ static size_t device_vs_host(tsr_llama4 *h, tsr_llama4 *d, tsr_backend *dl) {
         assert_int_equal(tsr_llama4_check_backend(d, ref_be), TSR_E_UNSUPPORTED);      /* its weights moved */
         assert_int_equal(tsr_llama4_check_backend(h, dl), TSR_E_UNSUPPORTED);          /* its did not */
         assert_int_equal(tsr_llama4_use_bf16(d), TSR_E_INVAL);
+        /* activations kept for 8 tokens: the longer steps below grow them */
+        assert_int_equal(tsr_llama4_reserve(d, 8, 2), TSR_OK);
+        assert_int_equal(tsr_llama4_reserve(h, 8, 2), TSR_OK);         /* nothing on the host */
         assert_int_equal(tsr_kv_pool_new(&g, 1, 3 * per, (uint32_t)bs, &hp), TSR_OK);
         assert_int_equal(tsr_kv_pool_new_on(dl, &g, 1, 3 * per, (uint32_t)bs, 0, &dp), TSR_OK);
         assert_int_equal(tsr_llama4_kv_bind(h, hp, &hk), TSR_OK);

@@ -83,6 +83,11 @@ struct tsr_llama4 {
          * tsr_llama4_to_backend (every weight pointer is then its memory, rope_freqs
          * excepted); NULL: the host's. */
         tsr_backend *dev;
+        /* On the device: the step's activation arrays, kept between steps and grown on
+         * demand (scratch_alloc), sized up front by tsr_llama4_reserve so that the KV
+         * cache sized after it never leaves a step short.  Engine thread: the forward
+         * is the only writer, as Llama's (a model runs one forward at a time). */
+        struct kept_acts *acts;
         /* ModelOpt: the dtype the quantized weights are stored in (fp8_e4m3 or nvfp4);
          * TSR_DTYPE_F32 when nothing is */
         tsr_dtype qdtype;
@@ -125,6 +130,13 @@ static void layer_mats(const tsr_llama4 *m, layer *L, mat **w, size_t *rows, siz
         memcpy(cols, cc, sizeof cc);
         memcpy(n, nn, sizeof nn);
 }
+
+#define N_ACTS 17       /* struct scratch's activation arrays (SCRATCH_ACTS) */
+
+struct kept_acts {
+        float *p[N_ACTS];
+        size_t bytes[N_ACTS];
+};
 
 /* Free weight memory: the device's after tsr_llama4_to_backend, else the host's. */
 static void release(const tsr_llama4 *m, void *p) {
@@ -182,6 +194,9 @@ void tsr_llama4_free(tsr_llama4 **mp) {
         if (m->output.f == m->embed)
                 m->output.f = NULL;
         mat_free(m, &m->output);
+        for (size_t i = 0; m->acts && i < N_ACTS; i++)
+                tsr_backend_mem_free(m->dev, m->acts->p[i]);
+        free(m->acts);
         release(m, m->embed);
         release(m, m->out_norm);
         release(m, m->inv_freq);
@@ -919,8 +934,11 @@ tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size
                 return TSR_E_UNSUPPORTED;
         }
         n = dev_slots(m, NULL);
-        if (!(slots = calloc(n ? n : 1, sizeof *slots)))
+        if (!(m->acts = calloc(1, sizeof *m->acts)) || !(slots = calloc(n ? n : 1, sizeof *slots))) {
+                free(m->acts);
+                m->acts = NULL;
                 return TSR_E_NOMEM;
+        }
         dev_slots(m, slots);
         for (size_t i = 0; i < n; i++)
                 need += slots[i].bytes;
@@ -930,6 +948,8 @@ tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size
                          "%.2f GiB", (double)need / (1 << 30), tsr_backend_name(be), (double)free_b / (1 << 30),
                          (double)total_b / (1 << 30));
                 free(slots);
+                free(m->acts);
+                m->acts = NULL;
                 return TSR_E_NOMEM;
         }
         /* every copy first, the host arrays untouched; then the swap: a failure leaves the
@@ -943,6 +963,8 @@ tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size
                 tsr_errf(err, errlen, "cannot copy the weights to the %s backend: %s", tsr_backend_name(be),
                          tsr_status_str(st));
                 free(slots);
+                free(m->acts);
+                m->acts = NULL;
                 return st;
         }
         bool tied = m->output.f && m->output.f == m->embed;
@@ -1436,11 +1458,8 @@ struct scratch {
 
 static void scratch_free(struct scratch *s) {
         float **acts[] = SCRATCH_ACTS(s);
-        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
-                if (s->mem)
-                        tsr_backend_mem_free(s->mem, *acts[i]);
-                else
-                        free(*acts[i]);
+        for (size_t i = 0; !s->mem && i < sizeof acts / sizeof acts[0]; i++)
+                free(*acts[i]);         /* on a device they are the model's, kept */
         if (s->rlh != s->rl)
                 free(s->rlh);
         free(s->score);
@@ -1488,10 +1507,23 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N
                            N * dim,  (m->ep ? S : P) * N * dim,  m->canonical ? N * k / P : 1, N * E,
                            chunk_rows * kvd + 1, chunk_rows * kvd + 1, m->dev ? logit_rows * m->vocab_out + 1 : 1};
         float **acts[] = SCRATCH_ACTS(s);
-        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+        _Static_assert(sizeof n_acts / sizeof n_acts[0] == N_ACTS, "one size per activation array");
+        for (size_t i = 0; i < N_ACTS; i++) {
                 size_t bytes = (n_acts[i] ? n_acts[i] : 1) * sizeof(float);
-                if (s->mem ? tsr_backend_mem_alloc(s->mem, bytes, (void **)acts[i]) != TSR_OK
-                           : !(*acts[i] = malloc(bytes))) {
+                struct kept_acts *ka = m->acts;
+                if (s->mem && ka->bytes[i] < bytes) {   /* grow the kept array (its contents are a step's) */
+                        tsr_backend_mem_free(s->mem, ka->p[i]);
+                        ka->p[i] = NULL;
+                        ka->bytes[i] = 0;
+                        if (tsr_backend_mem_alloc(s->mem, bytes, (void **)&ka->p[i]) != TSR_OK) {
+                                scratch_free(s);
+                                return TSR_E_NOMEM;
+                        }
+                        ka->bytes[i] = bytes;
+                }
+                if (s->mem)
+                        *acts[i] = ka->p[i];
+                else if (!(*acts[i] = malloc(bytes))) {
                         scratch_free(s);
                         return TSR_E_NOMEM;
                 }
@@ -1881,6 +1913,19 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
         }
 done:
         scratch_free(&s);
+        return st;
+}
+
+tsr_status tsr_llama4_reserve(const tsr_llama4 *m, size_t tokens, size_t logit_rows) {
+        struct scratch s;
+        tsr_status st;
+        if (!m)
+                return TSR_E_INVAL;
+        if (!m->dev || tokens == 0)
+                return TSR_OK;
+        /* a chunked layer gathers at most one chunk's rows */
+        if ((st = scratch_alloc(&s, m, tokens, m->cfg->chunk, logit_rows)) == TSR_OK)
+                scratch_free(&s);
         return st;
 }
 

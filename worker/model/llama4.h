@@ -140,7 +140,7 @@ uint64_t tsr_llama4_resident_bytes(const tsr_llama4 *m);
 tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be);
 /* A backend whose memory is not the host's (CUDA): copy every weight array the forward
  * reads into its memory and free the host copies; the forward then keeps its activations
- * there too (allocated per step), its KV pool must be in that memory
+ * there too (tsr_llama4_reserve), its KV pool must be in that memory
  * (tsr_kv_pool_new_on), the router logits come back to the host for the top-k, the
  * logits are downloaded once a step, and `be` must outlive the model.  After load and
  * any tsr_llama4_use_bf16 (TSR_E_INVAL after this), a whole model only: TSR_E_UNSUPPORTED
@@ -149,6 +149,11 @@ tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be);
  * before any allocation) or an allocation fails, a backend error on a copy; the model is
  * then unchanged.  A no-op on a host backend. */
 tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size_t errlen);
+/* On a device backend: allocate now the forward's activations for a step of `tokens`
+ * tokens and `logit_rows` rows of logits (kept, and grown if a step ever needs more), so
+ * the KV cache sized after this never leaves a step short.  TSR_OK and nothing on the
+ * host; TSR_E_NOMEM, TSR_E_LIMIT. */
+tsr_status tsr_llama4_reserve(const tsr_llama4 *m, size_t tokens, size_t logit_rows);
 
 /* Tensor parallelism (issue #20): split a loaded float32 model (whole or a pipeline
  * stage) for rank tp_rank of tp_size as vLLM shards Llama 4 without expert parallelism:

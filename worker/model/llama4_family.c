@@ -110,12 +110,13 @@ static void llama4_free(void **model) {
 
 static tsr_status llama4_use_bf16(void *model) { return tsr_llama4_use_bf16(model); }
 
-/* The step's activations are allocated per step (tokens and logit_rows unused). */
 static tsr_status llama4_to_backend(void *model, tsr_backend *be, size_t tokens, size_t logit_rows, char *err,
                                     size_t errlen) {
-        (void)tokens;
-        (void)logit_rows;
-        return tsr_llama4_to_backend(model, be, err, errlen);
+        tsr_status st = tsr_llama4_to_backend(model, be, err, errlen);
+        if (st == TSR_OK && (st = tsr_llama4_reserve(model, tokens, logit_rows)) != TSR_OK)
+                tsr_errf(err, errlen, "cannot allocate the forward's activations for %zu tokens on the %s backend: %s",
+                         tokens, tsr_backend_name(be), tsr_status_str(st));
+        return st;
 }
 static bool llama4_is_bf16(const void *model) { return tsr_llama4_is_bf16(model); }
 static uint64_t llama4_resident_bytes(const void *model) { return tsr_llama4_resident_bytes(model); }
