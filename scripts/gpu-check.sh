@@ -23,7 +23,11 @@
 # model folder to use (made when it has no config.json); GPU_CHECK_EAGER_TOO=1 serves a
 # second time with --enforce-eager (CUDA graphs against none, in the same call);
 # GPU_CHECK_MAX_MODEL_LEN (4096) the servers' --max-model-len; GPU_CHECK_FP8=1 serves and
-# benchmarks the model once more as a ModelOpt FP8 checkpoint (made here from the same seed).
+# benchmarks the model once more as a ModelOpt FP8 checkpoint (made here from the same seed);
+# GPU_CHECK_LLAMA4=1 serves and benchmarks the Llama 4 bench model (Scout's structure at 768
+# wide, tiny-hf's 300-token vocabulary, written as a BF16 checkpoint by
+# tests/fixtures/make_bench_models.py): Llama 4's
+# device path (tsr_llama4_to_backend).
 set -u
 BIN=${1:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
 OUT=${2:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
@@ -140,4 +144,13 @@ if [ -n "${GPU_CHECK_FP8:-}" ]; then
         tail -1 "$OUT/make_model_fp8.log" 2>/dev/null
         SERVE_MODEL=$MODEL-fp8
         serve_and_bench _fp8
+fi
+# GPU_CHECK_LLAMA4=1: Llama 4 on the device (issue #16: bitwise the CPU on cpu-devlike in the
+# unit suite, its first GPU run here), served and benchmarked the same way
+if [ -n "${GPU_CHECK_LLAMA4:-}" ] && [ "$DEVICE" = cuda ]; then
+        [ -f "$MODEL-llama4/config.json" ] || step make_model_llama4 300 python3 "$ROOT/tests/fixtures/make_bench_models.py" \
+                llama4 "$MODEL-llama4" --dtype bfloat16 --vocab 300     # its tokenizer's: served ids decode
+        tail -1 "$OUT/make_model_llama4.log" 2>/dev/null
+        SERVE_MODEL=$MODEL-llama4
+        serve_and_bench _llama4
 fi

@@ -837,7 +837,8 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
                 total.seconds += one.seconds;
         }
         if (bf16)
-                log_info("matmul weights held as bfloat16 (rounded from float32), the float32 copies freed");
+                log_info("matmul weights held as bfloat16 (a BF16 checkpoint's linears as stored, the rest "
+                         "rounded from float32), the float32 copies freed");
         if ((st = capture_graphs(r, opts, err, errlen)) != TSR_OK)
                 goto fail;
         const char *hang_at = getenv("TESSERA_TEST_HANG_AT_STEP");
