@@ -712,41 +712,42 @@ static tsr_status cuda_silu_mul(tsr_backend *be, float *out, const float *gate, 
         return tsr_cuda_silu_mul(ctx_of(be)->stream, out, gate, up, n);
 }
 
-// Eager only: a graph run refuses them (no family records them in one yet; their index
+// The row ops' host arrays on the device: idx and scales (either NULL: none), queued on the
+// stream.  Eager only: a graph run refuses them (no family records them in one yet; their
 // arrays have no staging kind).
-static tsr_status cuda_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
-                                   const uint32_t *idx, const float *scales, size_t n) {
+static tsr_status row_op_arrays(tsr_backend *be, const uint32_t *idx, const float *scales, size_t n,
+                                const uint32_t **didx, const float **dscales) {
         cuda_ctx *c = ctx_of(be);
-        const uint32_t *didx = NULL, *dscales = NULL;
-        (void)rows;
+        const uint32_t *ds = NULL;
+        *didx = NULL;
+        *dscales = NULL;
         if (c->g_state != GRAPH_OFF)
                 return TSR_E_UNSUPPORTED;
         tsr_status st = use_device(be);
         if (st == TSR_OK && idx)
-                st = upload_indices(c, &c->gather, idx, n, &didx);
+                st = upload_indices(c, &c->gather, idx, n, didx);
         if (st == TSR_OK && scales)
-                st = upload_indices(c, &c->scales, reinterpret_cast<const uint32_t *>(scales), n, &dscales);
-        if (st != TSR_OK)
-                return st;
-        return tsr_cuda_gather_rows(c->stream, out, x, didx, reinterpret_cast<const float *>(dscales), n, dim);
+                st = upload_indices(c, &c->scales, reinterpret_cast<const uint32_t *>(scales), n, &ds);
+        *dscales = reinterpret_cast<const float *>(ds);
+        return st;
+}
+
+static tsr_status cuda_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
+                                   const uint32_t *idx, const float *scales, size_t n) {
+        const uint32_t *didx;
+        const float *dscales;
+        (void)rows;
+        tsr_status st = row_op_arrays(be, idx, scales, n, &didx, &dscales);
+        return st != TSR_OK ? st : tsr_cuda_gather_rows(ctx_of(be)->stream, out, x, didx, dscales, n, dim);
 }
 
 static tsr_status cuda_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
                                         const uint32_t *idx, const float *scales, size_t n) {
-        cuda_ctx *c = ctx_of(be);
-        const uint32_t *didx = NULL, *dscales = NULL;
+        const uint32_t *didx;
+        const float *dscales;
         (void)rows;
-        if (c->g_state != GRAPH_OFF)
-                return TSR_E_UNSUPPORTED;
-        tsr_status st = use_device(be);
-        if (st == TSR_OK)
-                st = upload_indices(c, &c->gather, idx, n, &didx);
-        if (st == TSR_OK && scales)
-                st = upload_indices(c, &c->scales, reinterpret_cast<const uint32_t *>(scales), n, &dscales);
-        if (st != TSR_OK)
-                return st;
-        return tsr_cuda_scatter_add_rows(c->stream, dst, src, didx, reinterpret_cast<const float *>(dscales), n,
-                                         dim);
+        tsr_status st = row_op_arrays(be, idx, scales, n, &didx, &dscales);
+        return st != TSR_OK ? st : tsr_cuda_scatter_add_rows(ctx_of(be)->stream, dst, src, didx, dscales, n, dim);
 }
 
 static tsr_status cuda_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {
