@@ -484,6 +484,9 @@ def test_follower_restarted_while_idle_serves_on(tmp_path):
     assert len(worker) == 1, worker
     os.kill(int(worker[0]), signal.SIGKILL)    # its launcher restarts it (0.5 s backoff)
     wait_until(lambda: "the 2 nodes met again" in lead.output(), timeout=60, interval=0.1, what="rejoined")
+    # the router hears of the rejoined replica through its next status (ci109: a request
+    # sent between the two got 503 "no live worker")
+    wait_until(lambda: http_status(base + "/health") == 200, timeout=30, interval=0.05, what="router sees it live")
     code, after = greedy(base)
     assert code == 200 and after["choices"][0] == before["choices"][0], (before, after)
     log0 = lead.output()
