@@ -105,6 +105,10 @@ bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
                 return o->gather_rows;
         case TSR_OP_SCATTER_ADD_ROWS:
                 return o->scatter_add_rows;
+        case TSR_OP_RELU_SQ:
+                return o->relu_sq;
+        case TSR_OP_MAMBA_MIXER:
+                return o->mamba_mixer;
         case TSR_OP_COUNT:
                 break;
         }
@@ -354,6 +358,65 @@ tsr_status tsr_backend_scatter_add_rows(tsr_backend *be, float *dst, size_t rows
         if (n == 0)
                 return be ? TSR_OK : TSR_E_INVAL;
         CALL(scatter_add_rows, dst, rows, dim, src, idx, scales, n);
+}
+
+tsr_status tsr_backend_relu_sq(tsr_backend *be, float *x, size_t n) {
+        if (n && !x)
+                return TSR_E_INVAL;
+        if (n == 0)
+                return be ? TSR_OK : TSR_E_INVAL;
+        CALL(relu_sq, x, n);
+}
+
+/* Marks slot in the step's bitmap; false when it was marked already. */
+static bool slot_first_use(uint8_t *used, uint32_t slot) {
+        uint8_t bit = (uint8_t)(1u << (slot & 7));
+        if (used[slot >> 3] & bit)
+                return false;
+        used[slot >> 3] |= bit;
+        return true;
+}
+
+/* kernels.h's conditions on one sequence of the mixer; marks its slots in used. */
+static bool mamba_seq_ok(const tsr_mamba_seq *q, size_t rows, size_t n_slots, uint8_t *used) {
+        if (q->n == 0 || q->row > rows || q->n > rows - q->row || q->slot >= n_slots ||
+            !slot_first_use(used, q->slot) || (q->n_saves && !q->saves))
+                return false;
+        for (size_t k = 0; k < q->n_saves; k++) {
+                const tsr_state_save *sv = &q->saves[k];
+                if (sv->slot >= n_slots || sv->pos <= q->past_len || sv->pos > q->past_len + q->n ||
+                    (k && sv->pos <= q->saves[k - 1].pos) || !slot_first_use(used, sv->slot))
+                        return false;
+        }
+        return true;
+}
+
+static bool mamba_dims_ok(const tsr_mamba_dims *d, size_t n_leaves, bool leaves) {
+        size_t di = d->heads * d->head_dim;
+        return d->heads && d->head_dim && d->state && d->groups && d->heads % d->groups == 0 && d->conv_kernel >= 1 &&
+               d->conv_kernel <= TSR_MAMBA_MAX_CONV && (d->chunk == 0 || (d->chunk >= 2 && d->chunk <= TSR_MAMBA_MAX_CHUNK)) &&
+               (!leaves || (d->groups == 1 && n_leaves && di % n_leaves == 0));
+}
+
+tsr_status tsr_backend_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,
+                                   const float *proj, size_t rows, float *conv, float *ssm, size_t n_slots,
+                                   const tsr_mamba_seq *seqs, size_t n_seqs, float *y, float *leaves,
+                                   size_t n_leaves) {
+        if (!d || !w || !w->conv_w || !w->dt_bias || !w->A || !w->D || (!leaves && !w->norm) || !proj || !ssm || !y ||
+            (!conv && d->conv_kernel > 1) || !n_slots || (n_seqs && !seqs) || !mamba_dims_ok(d, n_leaves, leaves))
+                return TSR_E_INVAL;
+        uint8_t *used = calloc((n_slots + 7) / 8, 1);
+        if (!used)
+                return TSR_E_NOMEM;
+        bool ok = true;
+        for (size_t i = 0; ok && i < n_seqs; i++)
+                ok = mamba_seq_ok(&seqs[i], rows, n_slots, used);
+        free(used);
+        if (!ok)
+                return TSR_E_INVAL;
+        if (n_seqs == 0)
+                return be ? TSR_OK : TSR_E_INVAL;
+        CALL(mamba_mixer, d, w, proj, rows, conv, ssm, n_slots, seqs, n_seqs, y, leaves, n_leaves);
 }
 
 tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {

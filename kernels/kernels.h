@@ -206,6 +206,8 @@ typedef enum tsr_op {
         TSR_OP_SAMPLE,
         TSR_OP_GATHER_ROWS,
         TSR_OP_SCATTER_ADD_ROWS,
+        TSR_OP_RELU_SQ,
+        TSR_OP_MAMBA_MIXER,
         TSR_OP_COUNT
 } tsr_op;
 /* Whether `op` runs on this backend; for TSR_OP_MATMUL, with weights of `w_dtype` (ignored
@@ -393,6 +395,73 @@ tsr_status tsr_backend_gather_rows(tsr_backend *be, float *out, const float *x, 
                                    const uint32_t *idx, const float *scales, size_t n);
 tsr_status tsr_backend_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
                                         const uint32_t *idx, const float *scales, size_t n);
+/* x[i] = max(x[i], 0)^2: the ReLU² activation of NemotronH's experts and dense MLP
+ * (vLLM's ReLUSquaredActivation), one float32 product per element, so every backend
+ * gives the same bits.  x (n,) in place. */
+tsr_status tsr_backend_relu_sq(tsr_backend *be, float *x, size_t n);
+
+/* ---- the Mamba-2 mixer (NemotronH's 'M' layers) ------------------------------------------
+ *
+ * Between a layer's in_proj and its out_proj: the causal depthwise conv1d with SiLU, the
+ * selective scan and the gated group RMSNorm, over the rows of a batch of sequences, each
+ * continuing its own state slot.  In the names of transformers' NemotronHMamba2Mixer:
+ * H heads of P channels, d_inner = H * P, G groups of B and C (each NS wide), a conv of
+ * K taps over conv_dim = d_inner + 2 * G * NS channels.
+ *   proj row (in_proj's output): [z (d_inner) | xBC (conv_dim) | dt (H)]
+ *   xBC' = silu(conv_b + sum_k conv_w[., k] * window[t + k])   window: the K-1 rows of the
+ *          slot's conv state, then the sequence's own xBC rows
+ *   Δ_h  = clamp(softplus(dt_h + dt_bias_h), dt_min, dt_max)     softplus threshold 20
+ *   S_h  = S_h * exp(Δ_h A_h) + Δ_h x_h B_gᵀ;   y_h = S_h C_g + D_h x_h     (A = -exp(A_log))
+ *   y   *= silu(z); then per group of d_inner / G channels y = norm * y / rms(y)
+ * and the slot's conv state moves on to the last K-1 raw xBC rows.  Whole chunks of
+ * `chunk` tokens (aligned to absolute positions, before chunked_end, no save strictly
+ * inside) run the scan's chunked (SSD) form, the same sum in another order; the other
+ * tokens the recurrence.  Only positions decide which, so a prompt cut into steps at
+ * chunk multiples gives the bits of the prompt in one step; the CPU backends give the
+ * same bits at every thread count (cpu/mamba.c is the specification).  CUDA runs the
+ * recurrence throughout: within tolerance of them. */
+#define TSR_MAMBA_MAX_CONV 16           /* conv taps */
+#define TSR_MAMBA_MAX_CHUNK 1024        /* the chunked form's chunk */
+typedef struct tsr_mamba_dims {
+        size_t heads, head_dim, state, groups, conv_kernel;     /* H, P, NS, G, K */
+        size_t chunk;                   /* 2 .. TSR_MAMBA_MAX_CHUNK; 0: the recurrence only */
+        float eps, dt_min, dt_max;
+} tsr_mamba_dims;
+/* The layer's parameters, backend memory, float32. */
+typedef struct tsr_mamba_weights {
+        const float *conv_w;            /* (conv_dim, K) */
+        const float *conv_b;            /* (conv_dim,), or NULL: no bias */
+        const float *dt_bias, *A, *D;   /* (H,) each */
+        const float *norm;              /* (d_inner,) the gated norm's weight */
+} tsr_mamba_weights;
+/* Prefix caching of a Mamba hybrid: the state after the first `pos` tokens of a
+ * sequence, copied into state slot `slot` while a step that reaches pos runs. */
+typedef struct tsr_state_save {
+        uint32_t pos;
+        uint32_t slot;
+} tsr_state_save;
+/* One sequence of the step, host memory: its n rows of proj and y from `row`, at
+ * positions past_len .. past_len + n - 1, continuing state slot `slot` (the caller zeroes
+ * a fresh one).  saves: positions increasing, in (past_len, past_len + n], slots
+ * distinct.  chunked_end: the chunked form only on chunks that end by it (0: no limit). */
+typedef struct tsr_mamba_seq {
+        size_t row, n, past_len, chunked_end;
+        uint32_t slot;
+        const tsr_state_save *saves;
+        size_t n_saves;
+} tsr_mamba_seq;
+/* The mixer over `rows` rows of n_seqs sequences.  proj (rows, d_inner + conv_dim + H),
+ * y (rows, d_inner), the state arrays conv (n_slots, K-1, conv_dim) and ssm (n_slots, H,
+ * P, NS): backend memory.  leaves NULL: y is gated and normed; else (G must be 1) y is
+ * left gated, not normed, and leaves (n_leaves, rows) gets each row's sums of squares of
+ * its n_leaves equal channel slices, for a norm whose group spans tensor-parallel ranks.
+ * TSR_E_INVAL (nothing run): a size 0 or out of range, H % G, d_inner % n_leaves, a row or
+ * slot out of range, a save out of order, a slot used twice by the step.  Sequences'
+ * rows must not overlap. */
+tsr_status tsr_backend_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,
+                                   const float *proj, size_t rows, float *conv, float *ssm, size_t n_slots,
+                                   const tsr_mamba_seq *seqs, size_t n_seqs, float *y, float *leaves,
+                                   size_t n_leaves);
 /* Row-wise softmax and log-softmax (max subtracted first).
  * x (rows, n) -> out (rows, n); out may alias x. */
 tsr_status tsr_backend_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n);

@@ -435,8 +435,8 @@ static tsr_status dl_add(tsr_backend *be, float *out, const float *a, const floa
         return IN_GRAPH(be) ? dl_ew(be, DL_ADD, out, a, b, n, 0) : tsr_backend_ref_ops()->add(be, out, a, b, n);
 }
 
-/* gather_rows and scatter_add_rows: eager only (no family records them in a graph yet;
- * the CUDA backend refuses them there too). */
+/* gather_rows, scatter_add_rows, relu_sq and mamba_mixer: eager only (no family records
+ * them in a graph yet; the CUDA backend refuses them there too). */
 static tsr_status dl_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
                                  const uint32_t *idx, const float *scales, size_t n) {
         return IN_GRAPH(be) ? TSR_E_UNSUPPORTED
@@ -447,6 +447,18 @@ static tsr_status dl_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, 
                                       const uint32_t *idx, const float *scales, size_t n) {
         return IN_GRAPH(be) ? TSR_E_UNSUPPORTED
                             : tsr_backend_ref_ops()->scatter_add_rows(be, dst, rows, dim, src, idx, scales, n);
+}
+
+static tsr_status dl_relu_sq(tsr_backend *be, float *x, size_t n) {
+        return IN_GRAPH(be) ? TSR_E_UNSUPPORTED : tsr_backend_ref_ops()->relu_sq(be, x, n);
+}
+
+static tsr_status dl_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,
+                                 const float *proj, size_t rows, float *conv, float *ssm, size_t n_slots,
+                                 const tsr_mamba_seq *seqs, size_t n_seqs, float *y, float *leaves, size_t n_leaves) {
+        return IN_GRAPH(be) ? TSR_E_UNSUPPORTED
+                            : tsr_backend_ref_ops()->mamba_mixer(be, d, w, proj, rows, conv, ssm, n_slots, seqs,
+                                                                 n_seqs, y, leaves, n_leaves);
 }
 
 static tsr_status dl_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
@@ -499,6 +511,8 @@ static const tsr_backend_ops cpu_devlike_ops = {
         .add = dl_add,
         .gather_rows = dl_gather_rows,
         .scatter_add_rows = dl_scatter_add_rows,
+        .relu_sq = dl_relu_sq,
+        .mamba_mixer = dl_mamba_mixer,
         .softmax = dl_softmax,
         .log_softmax = dl_log_softmax,
         .argmax = dl_argmax,

@@ -275,6 +275,16 @@ tsr_status tsr_ref_scatter_add_rows(float *dst, size_t dim, const float *src, co
         return TSR_OK;
 }
 
+/* kernels.h tsr_backend_relu_sq: x * x where x > 0, else 0 (NaN stays NaN: NaN > 0 is
+ * false, so it would become 0 - not what torch's relu(x)**2 gives; x * x keeps it). */
+tsr_status tsr_ref_relu_sq(float *x, size_t n) {
+        if (n && !x)
+                return TSR_E_INVAL;
+        for (size_t i = 0; i < n; i++)
+                x[i] = x[i] > 0.0f || isnan(x[i]) ? x[i] * x[i] : 0.0f;
+        return TSR_OK;
+}
+
 /* a, b (n,) -> out (n,) */
 tsr_status tsr_ref_add(float *out, const float *a, const float *b, size_t n) {
         if (!out || !a || !b)
@@ -571,6 +581,11 @@ tsr_status tsr_ref_be_scatter_add_rows(tsr_backend *be, float *dst, size_t rows,
         return tsr_ref_scatter_add_rows(dst, dim, src, idx, scales, n);
 }
 
+tsr_status tsr_ref_be_relu_sq(tsr_backend *be, float *x, size_t n) {
+        (void)be;
+        return tsr_ref_relu_sq(x, n);
+}
+
 static tsr_status ref_be_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
         (void)be;
         return tsr_ref_softmax(out, x, rows, n);
@@ -627,6 +642,8 @@ static tsr_status ref_be_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend
         .add = ref_be_add,                                                                                \
         .gather_rows = tsr_ref_be_gather_rows,                                                            \
         .scatter_add_rows = tsr_ref_be_scatter_add_rows,                                                  \
+        .relu_sq = tsr_ref_be_relu_sq,                                                                    \
+        .mamba_mixer = tsr_cpu_mamba_mixer,                                                               \
         .softmax = ref_be_softmax,                                                                        \
         .log_softmax = ref_be_log_softmax,                                                                \
         .argmax = ref_be_argmax,                                                                          \

@@ -29,6 +29,13 @@ tsr_status tsr_ref_be_gather_rows(tsr_backend *be, float *out, const float *x, s
                                   const uint32_t *idx, const float *scales, size_t n);
 tsr_status tsr_ref_be_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
                                        const uint32_t *idx, const float *scales, size_t n);
+tsr_status tsr_ref_relu_sq(float *x, size_t n);
+tsr_status tsr_ref_be_relu_sq(tsr_backend *be, float *x, size_t n);
+/* cpu/mamba.c: kernels.h tsr_backend_mamba_mixer, arguments checked, as the tasks of
+ * tsr_backend_host_tasks on `be` (the reference's, the fast backend's, devlike's). */
+tsr_status tsr_cpu_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,
+                               const float *proj, size_t rows, float *conv, float *ssm, size_t n_slots,
+                               const tsr_mamba_seq *seqs, size_t n_seqs, float *y, float *leaves, size_t n_leaves);
 tsr_status tsr_ref_softmax(float *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_ref_log_softmax(float *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_ref_argmax(uint32_t *out, const float *x, size_t rows, size_t n);

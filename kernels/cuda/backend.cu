@@ -100,6 +100,8 @@ struct cuda_ctx {
         cuda_scratch attn;      // attention's per-run records (attention.cu's split over the keys)
         cuda_scratch argmax;    // argmax's (and sample's) row results before their download
         cuda_scratch draws;     // sample's per-row parameters
+        cuda_index_scratch mamba;       // mamba_mixer's sequence table, row map and saves
+        cuda_scratch mamba_work;        // mamba_mixer's conv outputs and steps
         // graphs: the one in progress (state, key, block-table width, ops so far, whether
         // it failed, the capture's signatures, staging used and the last array of each
         // index kind staged in it), the staging (pinned host, its device copy, an event
@@ -322,6 +324,8 @@ static void cuda_ctx_free(void *ctx) {
                 (void)cudaFree(c->attn.p);
                 (void)cudaFree(c->argmax.p);
                 (void)cudaFree(c->draws.p);
+                index_scratch_free(&c->mamba);
+                (void)cudaFree(c->mamba_work.p);
                 if (c->stream)
                         (void)cudaStreamDestroy(c->stream);
         }
@@ -750,6 +754,72 @@ static tsr_status cuda_scatter_add_rows(tsr_backend *be, float *dst, size_t rows
         return st != TSR_OK ? st : tsr_cuda_scatter_add_rows(ctx_of(be)->stream, dst, src, didx, dscales, n, dim);
 }
 
+static tsr_status cuda_relu_sq(tsr_backend *be, float *x, size_t n) {
+        if (ctx_of(be)->g_state != GRAPH_OFF)
+                return TSR_E_UNSUPPORTED;       // eager only, as the row ops
+        tsr_status st = use_device(be);
+        return st != TSR_OK ? st : tsr_cuda_relu_sq(ctx_of(be)->stream, x, n);
+}
+
+// The mixer's host arrays as mamba.cu takes them (ops.cuh), in one upload: the sequence
+// table, each row's sequence, the saves.  Eager only (no family records it in a graph).
+static tsr_status cuda_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,
+                                   const float *proj, size_t rows, float *conv, float *ssm, size_t n_slots,
+                                   const tsr_mamba_seq *seqs, size_t n_seqs, float *y, float *leaves,
+                                   size_t n_leaves) {
+        cuda_ctx *c = ctx_of(be);
+        (void)n_slots;
+        if (c->g_state != GRAPH_OFF)
+                return TSR_E_UNSUPPORTED;
+        if (rows > UINT32_MAX || n_seqs > UINT32_MAX)
+                return TSR_E_LIMIT;
+        size_t n_saves = 0;
+        for (size_t i = 0; i < n_seqs; i++) {
+                if (seqs[i].past_len + seqs[i].n > UINT32_MAX)
+                        return TSR_E_LIMIT;
+                n_saves += seqs[i].n_saves;
+        }
+        size_t words = n_seqs * TSR_CUDA_MAMBA_SEQ_WORDS + rows + 2 * n_saves;
+        uint32_t *h = static_cast<uint32_t *>(malloc(words * sizeof *h));
+        if (!h)
+                return TSR_E_NOMEM;
+        uint32_t *row_seq = h + n_seqs * TSR_CUDA_MAMBA_SEQ_WORDS, *sv = row_seq + rows;
+        for (size_t r = 0; r < rows; r++)       // rows of no sequence: never read
+                row_seq[r] = 0;
+        for (size_t i = 0, k = 0; i < n_seqs; i++) {
+                const tsr_mamba_seq *q = &seqs[i];
+                uint32_t *e = h + i * TSR_CUDA_MAMBA_SEQ_WORDS;
+                e[TSR_CUDA_MAMBA_ROW] = (uint32_t)q->row;
+                e[TSR_CUDA_MAMBA_N] = (uint32_t)q->n;
+                e[TSR_CUDA_MAMBA_PAST] = (uint32_t)q->past_len;
+                e[TSR_CUDA_MAMBA_SLOT] = q->slot;
+                e[TSR_CUDA_MAMBA_SAVE_FIRST] = (uint32_t)k;
+                e[TSR_CUDA_MAMBA_N_SAVES] = (uint32_t)q->n_saves;
+                for (size_t t = 0; t < q->n; t++)
+                        row_seq[q->row + t] = (uint32_t)i;
+                for (size_t j = 0; j < q->n_saves; j++, k++) {
+                        sv[2 * k] = q->saves[j].pos;
+                        sv[2 * k + 1] = q->saves[j].slot;
+                }
+        }
+        const uint32_t *dev = NULL;
+        size_t cd = d->heads * d->head_dim + 2 * d->groups * d->state;
+        tsr_status st = use_device(be);
+        if (st == TSR_OK)
+                st = upload_indices(c, &c->mamba, h, words, &dev);
+        free(h);
+        if (st == TSR_OK)
+                st = scratch_reserve(c, &c->mamba_work, rows * (cd + d->heads) * sizeof(float));
+        if (st != TSR_OK)
+                return st;
+        tsr_cuda_mamba_shape shape = {d->heads, d->head_dim, d->state, d->groups, d->conv_kernel, n_leaves,
+                                      d->eps, d->dt_min, d->dt_max};
+        return tsr_cuda_mamba_mixer(c->stream, &shape, w, proj, rows, conv, ssm, dev, n_seqs,
+                                    dev + n_seqs * TSR_CUDA_MAMBA_SEQ_WORDS,
+                                    dev + n_seqs * TSR_CUDA_MAMBA_SEQ_WORDS + rows, y, leaves,
+                                    static_cast<float *>(c->mamba_work.p));
+}
+
 static tsr_status cuda_add(tsr_backend *be, float *out, const float *a, const float *b, size_t n) {
         if (!out || !a || !b)
                 return TSR_E_INVAL;
@@ -984,6 +1054,8 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.add = cuda_add;
         o.gather_rows = cuda_gather_rows;
         o.scatter_add_rows = cuda_scatter_add_rows;
+        o.relu_sq = cuda_relu_sq;
+        o.mamba_mixer = cuda_mamba_mixer;
         o.softmax = cuda_softmax;
         o.log_softmax = cuda_log_softmax;
         o.argmax = cuda_argmax;

@@ -30,6 +30,24 @@ tsr_status tsr_cuda_scatter_add_rows(cudaStream_t stream, float *dst, const floa
                                      const float *scales, size_t n, size_t dim);
 tsr_status tsr_cuda_f32_to_bf16(cudaStream_t stream, uint16_t *out, const float *x, size_t n);
 
+/* mamba.cu: kernels.h's relu_sq, and its Mamba-2 mixer with the sequences as backend.cu
+ * lays them out in device memory: seq (n_seqs, TSR_CUDA_MAMBA_SEQ_WORDS) each sequence's
+ * first row, n, past_len, slot, first save and its count of saves; row_seq (rows,) each
+ * row's sequence; saves (all the sequences' saves in order, 2 words each: pos, slot).
+ * work: (rows, conv_dim + heads) floats.  The recurrence for every token (mamba.cu). */
+tsr_status tsr_cuda_relu_sq(cudaStream_t stream, float *x, size_t n);
+enum { TSR_CUDA_MAMBA_ROW, TSR_CUDA_MAMBA_N, TSR_CUDA_MAMBA_PAST, TSR_CUDA_MAMBA_SLOT, TSR_CUDA_MAMBA_SAVE_FIRST,
+       TSR_CUDA_MAMBA_N_SAVES, TSR_CUDA_MAMBA_SEQ_WORDS };
+typedef struct tsr_cuda_mamba_shape {
+        size_t heads, head_dim, state, groups, conv_kernel;
+        size_t n_leaves;                /* with leaves */
+        float eps, dt_min, dt_max;
+} tsr_cuda_mamba_shape;
+tsr_status tsr_cuda_mamba_mixer(cudaStream_t stream, const tsr_cuda_mamba_shape *s, const tsr_mamba_weights *w,
+                                const float *proj, size_t rows, float *conv, float *ssm, const uint32_t *seq,
+                                size_t n_seqs, const uint32_t *row_seq, const uint32_t *saves, float *y,
+                                float *leaves, float *work);
+
 /* softmax.cu: row-wise softmax (log_softmax when `log`), x (rows, n) -> out; out may alias x. */
 tsr_status tsr_cuda_softmax(cudaStream_t stream, float *out, const float *x, size_t rows, size_t n, bool log_out);
 

@@ -46,14 +46,6 @@ typedef enum tsr_kv_kind {
 } tsr_kv_kind;
 
 /* A group of layers whose cache looks the same. */
-/* Prefix caching of a Mamba hybrid (worker/engine/state_cache.h): the state after the
- * first `pos` tokens of a sequence, copied into state slot `slot` while a chunk that
- * reaches pos runs. */
-typedef struct tsr_state_save {
-        uint32_t pos;
-        uint32_t slot;
-} tsr_state_save;
-
 typedef struct tsr_kv_group {
         tsr_kv_kind kind;
         uint32_t n_layers;              /* layers of this group the shard holds */

@@ -48,7 +48,7 @@
 
 #define TSR_NEMOTRON_H_MAX_LAYERS 256
 /* The longest chunk_size the chunked scan takes: its (chunk, chunk) C.B table is per thread. */
-#define TSR_NEMOTRON_H_MAX_SSD_CHUNK 1024
+#define TSR_NEMOTRON_H_MAX_SSD_CHUNK TSR_MAMBA_MAX_CHUNK  /* kernels.h */
 
 struct tsr_comm;
 
