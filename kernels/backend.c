@@ -107,6 +107,8 @@ bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
                 return o->scatter_add_rows;
         case TSR_OP_RELU_SQ:
                 return o->relu_sq;
+        case TSR_OP_ROUND_BF16:
+                return o->round_bf16;
         case TSR_OP_MAMBA_MIXER:
                 return o->mamba_mixer;
         case TSR_OP_COUNT:
@@ -366,6 +368,14 @@ tsr_status tsr_backend_relu_sq(tsr_backend *be, float *x, size_t n) {
         if (n == 0)
                 return be ? TSR_OK : TSR_E_INVAL;
         CALL(relu_sq, x, n);
+}
+
+tsr_status tsr_backend_round_bf16(tsr_backend *be, float *x, size_t n) {
+        if (n && !x)
+                return TSR_E_INVAL;
+        if (n == 0)
+                return be ? TSR_OK : TSR_E_INVAL;
+        CALL(round_bf16, x, n);
 }
 
 /* Marks slot in the step's bitmap; false when it was marked already. */

@@ -73,6 +73,7 @@ typedef struct tsr_backend_ops {
         tsr_status (*scatter_add_rows)(tsr_backend *be, float *dst, size_t rows, size_t dim, const float *src,
                                        const uint32_t *idx, const float *scales, size_t n);
         tsr_status (*relu_sq)(tsr_backend *be, float *x, size_t n);
+        tsr_status (*round_bf16)(tsr_backend *be, float *x, size_t n);
         /* the wrapper checked the arguments (kernels.h) and n_seqs > 0 */
         tsr_status (*mamba_mixer)(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,
                                   const float *proj, size_t rows, float *conv, float *ssm, size_t n_slots,

@@ -207,6 +207,7 @@ typedef enum tsr_op {
         TSR_OP_GATHER_ROWS,
         TSR_OP_SCATTER_ADD_ROWS,
         TSR_OP_RELU_SQ,
+        TSR_OP_ROUND_BF16,
         TSR_OP_MAMBA_MIXER,
         TSR_OP_COUNT
 } tsr_op;
@@ -399,6 +400,10 @@ tsr_status tsr_backend_scatter_add_rows(tsr_backend *be, float *dst, size_t rows
  * (vLLM's ReLUSquaredActivation), one float32 product per element, so every backend
  * gives the same bits.  x (n,) in place. */
 tsr_status tsr_backend_relu_sq(tsr_backend *be, float *x, size_t n);
+/* x[i] = tsr_bf16_to_f32(tsr_f32_to_bf16(x[i])): each element rounded to the nearest
+ * bfloat16 (ties to even, NaN kept quiet), held as float32 - a residual stream kept in
+ * bf16 precision (NemotronH with residual_in_fp32 false).  Bitwise on every backend. */
+tsr_status tsr_backend_round_bf16(tsr_backend *be, float *x, size_t n);
 
 /* ---- the Mamba-2 mixer (NemotronH's 'M' layers) ------------------------------------------
  *

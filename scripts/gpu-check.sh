@@ -27,7 +27,9 @@
 # GPU_CHECK_LLAMA4=1 serves and benchmarks the Llama 4 bench model (Scout's structure at 768
 # wide, tiny-hf's 300-token vocabulary, written as a BF16 checkpoint by
 # tests/fixtures/make_bench_models.py): Llama 4's
-# device path (tsr_llama4_to_backend).
+# device path (tsr_llama4_to_backend).  GPU_CHECK_NEMOTRON_H=1 the same for the NemotronH
+# bench model (Nano's structure at 768 wide: tsr_nemotron_h_to_backend, the Mamba mixer's
+# CUDA kernels).
 set -u
 BIN=${1:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
 OUT=${2:?usage: gpu-check.sh BIN OUT TOKENIZER_DIR}
@@ -153,4 +155,13 @@ if [ -n "${GPU_CHECK_LLAMA4:-}" ] && [ "$DEVICE" = cuda ]; then
         tail -1 "$OUT/make_model_llama4.log" 2>/dev/null
         SERVE_MODEL=$MODEL-llama4
         serve_and_bench _llama4
+fi
+# GPU_CHECK_NEMOTRON_H=1: NemotronH on the device (bitwise the CPU on cpu-devlike in the unit
+# suite; the GPU suite's cuda_forward section 8 and the mamba test's CUDA case), served
+if [ -n "${GPU_CHECK_NEMOTRON_H:-}" ] && [ "$DEVICE" = cuda ]; then
+        [ -f "$MODEL-nemotron_h/config.json" ] || step make_model_nemotron_h 300 python3 \
+                "$ROOT/tests/fixtures/make_bench_models.py" nemotron_h "$MODEL-nemotron_h" --dtype bfloat16 --vocab 300
+        tail -1 "$OUT/make_model_nemotron_h.log" 2>/dev/null
+        SERVE_MODEL=$MODEL-nemotron_h
+        serve_and_bench _nemotron_h
 fi

@@ -435,7 +435,7 @@ static tsr_status dl_add(tsr_backend *be, float *out, const float *a, const floa
         return IN_GRAPH(be) ? dl_ew(be, DL_ADD, out, a, b, n, 0) : tsr_backend_ref_ops()->add(be, out, a, b, n);
 }
 
-/* gather_rows, scatter_add_rows, relu_sq and mamba_mixer: eager only (no family records
+/* gather_rows, scatter_add_rows, relu_sq, round_bf16 and mamba_mixer: eager only (no family records
  * them in a graph yet; the CUDA backend refuses them there too). */
 static tsr_status dl_gather_rows(tsr_backend *be, float *out, const float *x, size_t rows, size_t dim,
                                  const uint32_t *idx, const float *scales, size_t n) {
@@ -451,6 +451,10 @@ static tsr_status dl_scatter_add_rows(tsr_backend *be, float *dst, size_t rows, 
 
 static tsr_status dl_relu_sq(tsr_backend *be, float *x, size_t n) {
         return IN_GRAPH(be) ? TSR_E_UNSUPPORTED : tsr_backend_ref_ops()->relu_sq(be, x, n);
+}
+
+static tsr_status dl_round_bf16(tsr_backend *be, float *x, size_t n) {
+        return IN_GRAPH(be) ? TSR_E_UNSUPPORTED : tsr_backend_ref_ops()->round_bf16(be, x, n);
 }
 
 static tsr_status dl_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,
@@ -512,6 +516,7 @@ static const tsr_backend_ops cpu_devlike_ops = {
         .gather_rows = dl_gather_rows,
         .scatter_add_rows = dl_scatter_add_rows,
         .relu_sq = dl_relu_sq,
+        .round_bf16 = dl_round_bf16,
         .mamba_mixer = dl_mamba_mixer,
         .softmax = dl_softmax,
         .log_softmax = dl_log_softmax,

@@ -1449,6 +1449,7 @@ static const tsr_backend_ops cpu_fast_ops = {
         .gather_rows = tsr_ref_be_gather_rows,
         .scatter_add_rows = tsr_ref_be_scatter_add_rows,
         .relu_sq = tsr_ref_be_relu_sq,
+        .round_bf16 = tsr_ref_be_round_bf16,
         .mamba_mixer = tsr_cpu_mamba_mixer,
         .softmax = fast_softmax,
         .log_softmax = fast_log_softmax,

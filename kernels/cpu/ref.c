@@ -586,6 +586,14 @@ tsr_status tsr_ref_be_relu_sq(tsr_backend *be, float *x, size_t n) {
         return tsr_ref_relu_sq(x, n);
 }
 
+/* Also the fast backend's: one conversion each way per element, memory-bound. */
+tsr_status tsr_ref_be_round_bf16(tsr_backend *be, float *x, size_t n) {
+        (void)be;
+        for (size_t i = 0; i < n; i++)
+                x[i] = tsr_bf16_to_f32(tsr_f32_to_bf16(x[i]));
+        return TSR_OK;
+}
+
 static tsr_status ref_be_softmax(tsr_backend *be, float *out, const float *x, size_t rows, size_t n) {
         (void)be;
         return tsr_ref_softmax(out, x, rows, n);
@@ -643,6 +651,7 @@ static tsr_status ref_be_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend
         .gather_rows = tsr_ref_be_gather_rows,                                                            \
         .scatter_add_rows = tsr_ref_be_scatter_add_rows,                                                  \
         .relu_sq = tsr_ref_be_relu_sq,                                                                    \
+        .round_bf16 = tsr_ref_be_round_bf16,                                                              \
         .mamba_mixer = tsr_cpu_mamba_mixer,                                                               \
         .softmax = ref_be_softmax,                                                                        \
         .log_softmax = ref_be_log_softmax,                                                                \

@@ -31,6 +31,7 @@ tsr_status tsr_ref_be_scatter_add_rows(tsr_backend *be, float *dst, size_t rows,
                                        const uint32_t *idx, const float *scales, size_t n);
 tsr_status tsr_ref_relu_sq(float *x, size_t n);
 tsr_status tsr_ref_be_relu_sq(tsr_backend *be, float *x, size_t n);
+tsr_status tsr_ref_be_round_bf16(tsr_backend *be, float *x, size_t n);
 /* cpu/mamba.c: kernels.h tsr_backend_mamba_mixer, arguments checked, as the tasks of
  * tsr_backend_host_tasks on `be` (the reference's, the fast backend's, devlike's). */
 tsr_status tsr_cpu_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,

@@ -761,6 +761,13 @@ static tsr_status cuda_relu_sq(tsr_backend *be, float *x, size_t n) {
         return st != TSR_OK ? st : tsr_cuda_relu_sq(ctx_of(be)->stream, x, n);
 }
 
+static tsr_status cuda_round_bf16(tsr_backend *be, float *x, size_t n) {
+        if (ctx_of(be)->g_state != GRAPH_OFF)
+                return TSR_E_UNSUPPORTED;
+        tsr_status st = use_device(be);
+        return st != TSR_OK ? st : tsr_cuda_round_bf16(ctx_of(be)->stream, x, n);
+}
+
 // The mixer's host arrays as mamba.cu takes them (ops.cuh), in one upload: the sequence
 // table, each row's sequence, the saves.  Eager only (no family records it in a graph).
 static tsr_status cuda_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,
@@ -1055,6 +1062,7 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.gather_rows = cuda_gather_rows;
         o.scatter_add_rows = cuda_scatter_add_rows;
         o.relu_sq = cuda_relu_sq;
+        o.round_bf16 = cuda_round_bf16;
         o.mamba_mixer = cuda_mamba_mixer;
         o.softmax = cuda_softmax;
         o.log_softmax = cuda_log_softmax;

@@ -1,4 +1,4 @@
-// mamba.cu - kernels.h's Mamba-2 mixer (tsr_backend_mamba_mixer) and relu_sq on the
+// mamba.cu - kernels.h's Mamba-2 mixer (tsr_backend_mamba_mixer), relu_sq and round_bf16 on the
 // device, beside their CPU specification (cpu/mamba.c, cpu/ref.c).  The mixer runs the
 // recurrence for every token (cpu/mamba.c also runs the chunked form on whole chunks: the
 // same sum in another order), so it agrees with the CPU backends within tolerance, not
@@ -14,6 +14,7 @@
 //      slot's K-1 rows moved on in place (row r from window row n + r, rows ascending:
 //      what it reads is not yet written).
 // Every product and sum is spelled with the _rn intrinsics, so nvcc fuses none into an FMA.
+#include "kernels/cuda/bf16.cuh"
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
@@ -201,6 +202,18 @@ __global__ static void relu_sq_kernel(float *x, size_t n) {
                 float v = x[i];
                 x[i] = v > 0.0f || isnan(v) ? __fmul_rn(v, v) : 0.0f;
         }
+}
+
+// tsr_f32_to_bf16 then back: bf16.cuh's rounding, the low 16 bits cleared.
+__global__ static void round_bf16_kernel(float *x, size_t n) {
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+                x[i] = __uint_as_float((uint32_t)tsr_cuda_f32_to_bf16_bits(x[i]) << 16);
+}
+
+extern "C" tsr_status tsr_cuda_round_bf16(cudaStream_t stream, float *x, size_t n) {
+        round_bf16_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, n);
+        TSR_CUDA_TRY(cudaGetLastError());
+        return TSR_OK;
 }
 
 extern "C" tsr_status tsr_cuda_relu_sq(cudaStream_t stream, float *x, size_t n) {

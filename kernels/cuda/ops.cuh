@@ -36,6 +36,7 @@ tsr_status tsr_cuda_f32_to_bf16(cudaStream_t stream, uint16_t *out, const float 
  * row's sequence; saves (all the sequences' saves in order, 2 words each: pos, slot).
  * work: (rows, conv_dim + heads) floats.  The recurrence for every token (mamba.cu). */
 tsr_status tsr_cuda_relu_sq(cudaStream_t stream, float *x, size_t n);
+tsr_status tsr_cuda_round_bf16(cudaStream_t stream, float *x, size_t n);
 enum { TSR_CUDA_MAMBA_ROW, TSR_CUDA_MAMBA_N, TSR_CUDA_MAMBA_PAST, TSR_CUDA_MAMBA_SLOT, TSR_CUDA_MAMBA_SAVE_FIRST,
        TSR_CUDA_MAMBA_N_SAVES, TSR_CUDA_MAMBA_SEQ_WORDS };
 typedef struct tsr_cuda_mamba_shape {

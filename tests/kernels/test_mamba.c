@@ -12,7 +12,7 @@
  *   - a prompt cut into steps at a chunk multiple gives the bits of the prompt in one step;
  *   - CUDA (device 0) within the bound of the oracle; "[skip:no-gpu]" without one;
  *   - arguments kernels.h refuses are TSR_E_INVAL with nothing written.
- * relu_sq against its definition, bitwise, on every backend. */
+ * relu_sq and round_bf16 against their definitions, bitwise, on every backend. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -556,15 +556,42 @@ static void test_refused(void **state) {
         tsr_backend_free(&be);
 }
 
-/* relu_sq: max(x, 0)^2, NaN kept, bitwise on every backend there is. */
-static void test_relu_sq(void **state) {
+/* bf16 from its definition: the nearest of the two bf16 values around x (by their
+ * distance in double), ties to the even one; overflow past the largest to infinity. */
+static float bf16_nearest(float x) {
+        uint32_t u;
+        memcpy(&u, &x, sizeof u);
+        if (isnan(x) || isinf(x))
+                return x;
+        uint32_t lo_bits = u & 0xffff0000u, hi_bits = lo_bits + 0x10000u;
+        float lo, hi;
+        memcpy(&lo, &lo_bits, sizeof lo);
+        memcpy(&hi, &hi_bits, sizeof hi);       /* the next bf16 away from zero (inf past the top) */
+        /* past the largest bf16 the next one up is 2^128 (IEEE's overflow rule) */
+        double dl = fabs((double)x - lo), dh = isinf(hi) ? 0x1p128 - fabs((double)x) : fabs((double)hi - x);
+        if (dl < dh)
+                return lo;
+        if (dh < dl)
+                return hi;
+        return (lo_bits >> 16) & 1 ? hi : lo;
+}
+
+/* relu_sq (max(x, 0)^2, NaN kept) and round_bf16 (the nearest bf16, ties to even, NaN
+ * kept), bitwise their definitions on every backend there is. */
+static void test_elementwise(void **state) {
         (void)state;
-        const float in[] = {-2.0f, -0.0f, 0.0f, 1e-30f, 0.5f, 3.0f, -INFINITY, INFINITY, NAN, 1e20f, -1e-45f, 1e-45f};
+        float in[] = {-2.0f, -0.0f, 0.0f, 1e-30f, 0.5f, 3.0f, -INFINITY, INFINITY, NAN, 1e20f, -1e-45f, 1e-45f,
+                            1.00390625f /* 1 + 2^-8: a tie, to even (1) */, 1.01171875f /* 1 + 3 x 2^-8: to 1 + 2^-6 */,
+                            1.0039063f /* just past the tie: up */, -3.14159265f, 0.0f, 0.0f};
         enum { N = sizeof in / sizeof *in };
-        float want[N], got[N];
+        uint32_t top_tie = 0x7f7f8000u, below_tie = 0xff7f7fffu;       /* past bf16's largest: a tie (to inf), and not */
+        memcpy(&in[N - 2], &top_tie, sizeof top_tie);
+        memcpy(&in[N - 1], &below_tie, sizeof below_tie);
+        float want[N], want_bf16[N], got[N];
         for (size_t i = 0; i < N; i++) {
                 float x = in[i];
                 want[i] = isnan(x) ? x : x > 0.0f ? x * x : 0.0f;
+                want_bf16[i] = bf16_nearest(x);
         }
         tsr_backend *bes[4] = {0};
         assert_int_equal(tsr_backend_cpu_ref_new(&bes[0]), TSR_OK);
@@ -582,9 +609,17 @@ static void test_relu_sq(void **state) {
                         if (isnan(want[i]) ? !isnan(got[i]) : memcmp(&got[i], &want[i], sizeof(float)))
                                 fail_msg("%s relu_sq(%g) = %g, want %g", tsr_backend_name(bes[b]), (double)in[i],
                                          (double)got[i], (double)want[i]);
+                assert_int_equal(tsr_backend_upload(bes[b], x, in, sizeof in), TSR_OK);
+                assert_int_equal(tsr_backend_round_bf16(bes[b], x, N), TSR_OK);
+                assert_int_equal(tsr_backend_download(bes[b], got, x, sizeof got), TSR_OK);
+                for (size_t i = 0; i < N; i++)
+                        if (isnan(want_bf16[i]) ? !isnan(got[i]) : memcmp(&got[i], &want_bf16[i], sizeof(float)))
+                                fail_msg("%s round_bf16(%.9g) = %.9g, want %.9g", tsr_backend_name(bes[b]),
+                                         (double)in[i], (double)got[i], (double)want_bf16[i]);
                 tsr_backend_mem_free(bes[b], x);
         }
         assert_int_equal(tsr_backend_relu_sq(bes[0], NULL, 3), TSR_E_INVAL);
+        assert_int_equal(tsr_backend_round_bf16(bes[0], NULL, 3), TSR_E_INVAL);
         for (int b = 0; b < 4; b++)
                 tsr_backend_free(&bes[b]);
 }
@@ -595,7 +630,7 @@ int main(void) {
                 cmocka_unit_test(test_cpu_backends_bitwise),
                 cmocka_unit_test(test_steps_at_chunk_multiples),
                 cmocka_unit_test(test_refused),
-                cmocka_unit_test(test_relu_sq),
+                cmocka_unit_test(test_elementwise),
                 cmocka_unit_test(test_cuda),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -22,6 +22,8 @@
  *      (a CPU top-2 margin under 1e-4 * max |logit|); bfloat16 CUDA against the
  *      CPU bfloat16 path within 2e-2 * max |logit| (prints the greedy agreement).
  *   5. CUDA graphs of decode steps against the same steps run eagerly (graphs(), below).
+ *   6. ModelOpt FP8 / NVFP4 weights (modelopt(), below); 7. Llama 4 on the device
+ *      (llama4_on_device()); 8. NemotronH on the device (nemotron_h_on_device()).
  * TSR_TEST_DEVICE=cpu-devlike runs it all on the reference kernels behind a backend
  * whose memory counts as a device's (tsr_backend_cpu_devlike_new): the forward's device
  * path without a GPU, in the unit suite ('cuda_forward_devlike').
@@ -38,6 +40,7 @@
 #include "worker/load/modelopt.h"
 #include "worker/model/llama.h"
 #include "worker/model/llama4.h"
+#include "worker/model/nemotron_h.h"
 
 static int failures;
 
@@ -669,6 +672,23 @@ static void big_model(tsr_backend *gpu, const char *path) {
         tsr_backend_free(&cpu);
 }
 
+/* Every row's argmax equal to the reference's where the reference's top-2 margin exceeds
+ * `bound` (elsewhere a tie within rounding may go either way). */
+static void argmax_where_clear(const char *what, size_t pi, const float *want, const float *got, size_t rows,
+                               size_t vocab, double bound) {
+        for (size_t r = 0; r < rows; r++) {
+                const float *w = want + r * vocab;
+                size_t b1 = argmax(w, vocab);
+                float second = -INFINITY;
+                for (size_t i = 0; i < vocab; i++)
+                        if (i != b1 && w[i] > second)
+                                second = w[i];
+                if (w[b1] - second > bound)
+                        CHECK(argmax(got + r * vocab, vocab) == b1, "%s prompt %zu row %zu: argmax differs", what, pi,
+                              r);
+        }
+}
+
 /* Llama 4 on the device (tsr_llama4_to_backend): tiny-llama4 in float32 and bf16, each
  * golden prompt prefilled whole on the device and on the CPU reference.  cpu-devlike:
  * bitwise.  CUDA: within 1e-3 x max |logit| + 1e-4 (float32; cuBLAS sums in its own
@@ -728,17 +748,8 @@ static void llama4_on_device(tsr_backend *gpu, tsr_backend *ref, const char *roo
                         else if (ok)
                                 CHECK(m <= bound, "tiny-llama4 prompt %zu: max |dlogit| %.3g (bound %.3g)", pi, m,
                                       bound);
-                        for (size_t r = 0; ok && !devlike && r < n; r++) {
-                                const float *w = want + r * vocab;
-                                size_t b1 = argmax(w, vocab);
-                                float second = -INFINITY;
-                                for (size_t i = 0; i < vocab; i++)
-                                        if (i != b1 && w[i] > second)
-                                                second = w[i];
-                                if (w[b1] - second > bound)
-                                        CHECK(argmax(got + r * vocab, vocab) == b1, "tiny-llama4 prompt %zu row %zu: "
-                                              "argmax differs", pi, r);
-                        }
+                        if (ok && !devlike)
+                                argmax_where_clear("tiny-llama4", pi, want, got, n, vocab, bound);
                         tsr_llama4_kv_free(&hk);
                         tsr_llama4_kv_free(&dk);
                         tsr_kv_pool_free(&hp);
@@ -752,6 +763,89 @@ static void llama4_on_device(tsr_backend *gpu, tsr_backend *ref, const char *roo
                 free(got);
         }
         free(c);
+        json_decref(g);
+}
+
+/* NemotronH on the device (tsr_nemotron_h_to_backend; the Mamba mixer and ReLU² as
+ * backend ops): tests/fixtures/tiny-nemotron-h in float32 and bf16, each golden prompt
+ * prefilled whole (its chunks of 8 in the chunked scan on the CPU, by the recurrence on
+ * CUDA) then its last 3 tokens decoded one at a time, on the device and on the CPU
+ * reference.  cpu-devlike: bitwise.  CUDA: llama4_on_device's bounds and argmax rule.
+ * The bounds are first estimates: not yet run on a GPU. */
+static void nemotron_h_on_device(tsr_backend *gpu, tsr_backend *ref, const char *root, bool devlike) {
+        char dir[4200], path[4400], err[512] = "";
+        json_error_t je;
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-nemotron-h", root);
+        snprintf(path, sizeof path, "%s/golden.json", dir);
+        json_t *g = json_load_file(path, 0, &je);
+        CHECK(g, "%s: %s", path, je.text);
+        if (!g)
+                return;
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-nemotron-h/model", root);
+        uint32_t table[32], ids[128];
+        for (size_t i = 0; i < 32; i++)
+                table[i] = (uint32_t)i;
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+                tsr_nemotron_h *h = NULL, *d = NULL;
+                double worst = 0;
+                bool ok = tsr_nemotron_h_load(dir, NULL, NULL, NULL, NULL, NULL, &h, NULL, err, sizeof err) == TSR_OK &&
+                          tsr_nemotron_h_load(dir, NULL, NULL, NULL, NULL, NULL, &d, NULL, err, sizeof err) == TSR_OK &&
+                          (!bf16 || (tsr_nemotron_h_use_bf16(h) == TSR_OK && tsr_nemotron_h_use_bf16(d) == TSR_OK)) &&
+                          tsr_nemotron_h_to_backend(d, gpu, err, sizeof err) == TSR_OK;
+                CHECK(ok, "tiny-nemotron-h %s to %s: %s", bf16 ? "bf16" : "f32", tsr_backend_name(gpu), err);
+                const tsr_nemotron_h_config *c = ok ? tsr_nemotron_h_config_of(h) : NULL;
+                size_t vocab = c ? c->vocab_size : 0;
+                tsr_kv_group kg[TSR_KV_GROUPS_MAX];
+                size_t ng = c ? tsr_nemotron_h_kv_groups(c, 0, c->n_layers - 1, 1, kg, TSR_KV_GROUPS_MAX) : 0;
+                float *want = malloc(128 * (vocab + 1) * sizeof(float)), *got = malloc(128 * (vocab + 1) * sizeof(float));
+                ok = ok && want && got;
+                for (size_t pi = 0; ok && pi < json_array_size(json_object_get(g, "prompts")); pi++) {
+                        json_t *a = json_object_get(json_array_get(json_object_get(g, "prompts"), pi), "ids");
+                        size_t n = json_array_size(a);
+                        for (size_t t = 0; t < n && t < 128; t++)
+                                ids[t] = (uint32_t)json_integer_value(json_array_get(a, t));
+                        tsr_kv_pool *hp = NULL, *dp = NULL;
+                        tsr_nemotron_h_cache *hc = NULL, *dc = NULL;
+                        ok = n > 3 && n <= 128 && tsr_kv_pool_new_slots(kg, ng, 32, 4, 1, &hp) == TSR_OK &&
+                             tsr_kv_pool_new_on(gpu, kg, ng, 32, 4, 1, &dp) == TSR_OK &&
+                             tsr_nemotron_h_cache_bind(h, hp, &hc) == TSR_OK &&
+                             tsr_nemotron_h_cache_bind(d, dp, &dc) == TSR_OK;
+                        /* the prompt but its last 3 tokens, all rows; then those one at a time */
+                        size_t rows = 0;
+                        for (size_t step = 0; ok && step < 4; step++) {
+                                size_t past = step ? n - 4 + step : 0, cnt = step ? 1 : n - 3;
+                                tsr_nemotron_h_seq q = {.block_table = table, .n_table = 32, .tokens = ids + past,
+                                                        .n = cnt, .past_len = past, .slot = 0,
+                                                        .which = step ? TSR_LLAMA_LOGITS_LAST : TSR_LLAMA_LOGITS_ALL,
+                                                        .chunked_end = n};
+                                ok = tsr_nemotron_h_forward_batch(h, ref, hc, &q, 1, want + rows * vocab) == TSR_OK &&
+                                     tsr_nemotron_h_forward_batch(d, gpu, dc, &q, 1, got + rows * vocab) == TSR_OK;
+                                rows += step ? 1 : cnt;
+                        }
+                        CHECK(ok, "tiny-nemotron-h prompt %zu: a forward failed", pi);
+                        double m = ok ? max_abs_diff(got, want, rows * vocab) : 0;
+                        double bound = (bf16 ? 2e-2 : 1e-3) * max_abs(want, rows * vocab) + 1e-4;
+                        worst = m > worst ? m : worst;
+                        if (ok && devlike)
+                                CHECK(memcmp(got, want, rows * vocab * sizeof(float)) == 0,
+                                      "tiny-nemotron-h prompt %zu on cpu-devlike: not bitwise (%.3g)", pi, m);
+                        else if (ok)
+                                CHECK(m <= bound, "tiny-nemotron-h prompt %zu: max |dlogit| %.3g (bound %.3g)", pi, m,
+                                      bound);
+                        if (ok && !devlike)
+                                argmax_where_clear("tiny-nemotron-h", pi, want, got, rows, vocab, bound);
+                        tsr_nemotron_h_cache_free(&hc);
+                        tsr_nemotron_h_cache_free(&dc);
+                        tsr_kv_pool_free(&hp);
+                        tsr_kv_pool_free(&dp);
+                }
+                printf("tiny-nemotron-h %s on %s: max |dlogit| vs cpu-ref %.3g%s\n", bf16 ? "bf16" : "f32",
+                       tsr_backend_name(gpu), worst, devlike ? " (bitwise required)" : "");
+                tsr_nemotron_h_free(&h);
+                tsr_nemotron_h_free(&d);
+                free(want);
+                free(got);
+        }
         json_decref(g);
 }
 
@@ -777,6 +871,7 @@ int main(void) {
         graphs(gpu, tiny, true);
         modelopt(gpu, ref, root, devlike);
         llama4_on_device(gpu, ref, root, devlike);
+        nemotron_h_on_device(gpu, ref, root, devlike);
         if (big && *big)
                 big_model(gpu, big);
         else

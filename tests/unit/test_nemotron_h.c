@@ -2003,6 +2003,164 @@ static void test_one_group_gguf(void **state) {
         json_decref(g);
 }
 
+/* ---- on a device backend (issue #16) ------------------------------------------------------- */
+
+#define DEV_SLOTS 6
+
+/* One scripted run on h (the host, cpu-ref, its own cache) and on d (moved to cpu-devlike,
+ * a pool in its memory) with the logits compared bitwise at every step: three prompts
+ * prefilled in pieces (a whole aligned chunk of 8 in the chunked form, shorter ones by
+ * the recurrence), a prefix save at position 8 into slot 3 and a fourth sequence
+ * restoring it, then decode steps of all four batched.  Returns the rows compared. */
+static size_t device_vs_host(tsr_nemotron_h *h, tsr_nemotron_h *d, tsr_backend *dl, const json_t *g) {
+        const tsr_nemotron_h_config *c = tsr_nemotron_h_config_of(h);
+        tsr_kv_group groups[TSR_KV_GROUPS_MAX];
+        size_t ng = tsr_nemotron_h_kv_groups(c, 0, c->n_layers - 1, 1, groups, TSR_KV_GROUPS_MAX), rows = 0;
+        size_t np = json_array_size(json_object_get(g, "prompts")), len[4], done[4] = {0, 0, 0, 8};
+        uint32_t ids[4][128], table[4][SEQ_BLOCKS];
+        size_t V = c->vocab_size;
+        float *a = malloc(4 * 128 * V * sizeof(float)), *b = malloc(4 * 128 * V * sizeof(float));
+        tsr_kv_pool *hp = NULL, *dp = NULL;
+        tsr_nemotron_h_cache *hc = NULL, *dc = NULL;
+        char err[512] = "";
+
+        assert_true(a && b && np >= 3);
+        if (tsr_nemotron_h_to_backend(d, dl, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        assert_int_equal(tsr_nemotron_h_check_backend(d, dl), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_check_backend(d, be), TSR_E_UNSUPPORTED);     /* its weights moved */
+        assert_int_equal(tsr_nemotron_h_check_backend(h, dl), TSR_E_UNSUPPORTED);     /* its did not */
+        assert_int_equal(tsr_nemotron_h_use_bf16(d), TSR_E_INVAL);
+        assert_int_equal(tsr_nemotron_h_to_backend(d, dl, err, sizeof err), TSR_E_INVAL);
+        /* activations kept for 4 tokens: the longer steps below grow them */
+        assert_int_equal(tsr_nemotron_h_reserve(d, 4, 1), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_reserve(h, 4, 1), TSR_OK);     /* nothing on the host */
+        assert_int_equal(tsr_kv_pool_new_slots(groups, ng, 4 * SEQ_BLOCKS, BLOCK, DEV_SLOTS, &hp), TSR_OK);
+        assert_int_equal(tsr_kv_pool_new_on(dl, groups, ng, 4 * SEQ_BLOCKS, BLOCK, DEV_SLOTS, &dp), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_cache_bind(h, hp, &hc), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_cache_bind(d, dp, &dc), TSR_OK);
+        for (size_t k = 0; k < 4; k++) {
+                len[k] = tsr_test_prompt_ids(g, k < 3 ? k : 2, ids[k], 128);
+                table_of(k, table[k]);
+        }
+        memcpy(table[3], table[2], 8 / BLOCK * sizeof(uint32_t));      /* the prefix's KV blocks, shared */
+        const tsr_state_save save = {.pos = 8, .slot = 3};
+        /* tokens per step of each sequence (0: not in the step); step 3 on: decode */
+        static const size_t plan[6][4] = {{8, 5, 16, 0}, {9, 1, 3, 4}, {3, 7, 1, 5}, {1, 1, 1, 1}, {1, 1, 1, 1},
+                                          {1, 1, 1, 1}};
+        for (size_t k = 0; k < 6; k++) {
+                tsr_nemotron_h_seq q[4];
+                size_t nq = 0, n_rows = 0;
+                for (size_t i = 0; i < 4; i++) {
+                        size_t n = plan[k][i], left = len[i] - done[i];
+                        n = n < left ? n : left;
+                        if (!n)
+                                continue;
+                        bool last = k >= 3;
+                        q[nq++] = (tsr_nemotron_h_seq){
+                                .block_table = table[i], .n_table = SEQ_BLOCKS, .tokens = ids[i] + done[i], .n = n,
+                                .past_len = done[i], .slot = (uint32_t)(i < 3 ? i : 4),
+                                .which = last ? TSR_LLAMA_LOGITS_LAST : TSR_LLAMA_LOGITS_ALL,
+                                .saves = k == 0 && i == 2 ? &save : NULL, .n_saves = k == 0 && i == 2,
+                                .restore = k == 1 && i == 3, .restore_from = 3, .chunked_end = len[i]};
+                        n_rows += last ? 1 : n;
+                        done[i] += n;
+                }
+                assert_int_equal(tsr_nemotron_h_forward_batch(h, be, hc, q, nq, a), TSR_OK);
+                assert_int_equal(tsr_nemotron_h_forward_batch(d, dl, dc, q, nq, b), TSR_OK);
+                assert_memory_equal(a, b, n_rows * V * sizeof(float));
+                rows += n_rows;
+        }
+        tsr_nemotron_h_cache_free(&hc);
+        tsr_nemotron_h_cache_free(&dc);
+        tsr_kv_pool_free(&hp);
+        tsr_kv_pool_free(&dp);
+        free(a);
+        free(b);
+        return rows;
+}
+
+/* NemotronH on a device backend: the same family code, its weights, state slots, K/V and
+ * activations in the device's memory, bitwise the host's logits on cpu-devlike for the
+ * float32 fixture, bf16 weights (converted, and a BF16 checkpoint's kept as stored) and
+ * both ModelOpt formats; a parallel layout and a one-group model are refused with a
+ * message, the model unchanged. */
+static void test_device(void **state) {
+        char path[1024], rel[256], err[512] = "";
+        tsr_backend *dl = NULL;
+        (void)state;
+
+        assert_int_equal(tsr_backend_cpu_devlike_new(&dl), TSR_OK);
+        assert_non_null(tsr_test_src_path(FIXTURE "/model", path, sizeof path));
+        const struct { const char *what, *dir; bool bf16, keep; } cases[] = {
+                {"float32", path, false, false},
+                {"bfloat16", path, true, false},
+                {"a BF16 checkpoint kept as stored", bf16_dir, true, true},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+                tsr_nemotron_h *h = NULL, *d = NULL;
+                tsr_load_opts o = {.keep_bf16 = cases[i].keep};
+                if (tsr_nemotron_h_load(cases[i].dir, NULL, NULL, &o, NULL, NULL, &h, NULL, err, sizeof err) != TSR_OK ||
+                    tsr_nemotron_h_load(cases[i].dir, NULL, NULL, &o, NULL, NULL, &d, NULL, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                if (cases[i].bf16) {
+                        assert_int_equal(tsr_nemotron_h_use_bf16(h), TSR_OK);
+                        assert_int_equal(tsr_nemotron_h_use_bf16(d), TSR_OK);
+                }
+                print_message("tiny-nemotron-h %s on cpu-devlike: %zu logit rows bitwise the host's\n", cases[i].what,
+                              device_vs_host(h, d, dl, golden));
+                tsr_nemotron_h_free(&h);
+                tsr_nemotron_h_free(&d);
+        }
+        /* ModelOpt FP8 and NVFP4: the stored bytes go as they are */
+        static const char *const quant[] = {FP8_FIXTURE, NVFP4_FIXTURE};
+        for (size_t i = 0; i < 2; i++) {
+                tsr_modelopt_config mo;
+                tsr_nemotron_h *h = NULL, *d = NULL;
+                json_error_t je;
+                json_t *g;
+                snprintf(rel, sizeof rel, "%s/golden.json", quant[i]);
+                assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+                assert_non_null(g = json_load_file(path, 0, &je));
+                snprintf(rel, sizeof rel, "%s/model", quant[i]);
+                assert_non_null(tsr_test_src_path(rel, path, sizeof path));
+                if (tsr_modelopt_config_read(path, &mo, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                tsr_load_opts o = {.modelopt = &mo};
+                if (tsr_nemotron_h_load(path, NULL, NULL, &o, NULL, NULL, &h, NULL, err, sizeof err) != TSR_OK ||
+                    tsr_nemotron_h_load(path, NULL, NULL, &o, NULL, NULL, &d, NULL, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                print_message("%s on cpu-devlike: %zu logit rows bitwise the host's\n", quant[i],
+                              device_vs_host(h, d, dl, g));
+                tsr_nemotron_h_free(&h);
+                tsr_nemotron_h_free(&d);
+                tsr_modelopt_config_done(&mo);
+                json_decref(g);
+        }
+        /* refused, the model left on the host: a tensor-parallel rank, one Mamba group */
+        tsr_nemotron_h *r1 = NULL, *g1 = NULL;
+        const tsr_nemotron_h_config *c = tsr_nemotron_h_config_of(model);
+        assert_non_null(tsr_test_src_path(FIXTURE "/model", path, sizeof path));
+        if (tsr_nemotron_h_load(path, NULL, &(tsr_shard_spec){1, 2, 0, c->n_layers - 1}, NULL, NULL, NULL, &r1, NULL,
+                                err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        assert_int_equal(tsr_nemotron_h_to_backend(r1, dl, err, sizeof err), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "not supported yet"));
+        assert_int_equal(tsr_nemotron_h_check_backend(r1, be), TSR_OK);
+        assert_non_null(tsr_test_src_path(G1_FIXTURE "/model", path, sizeof path));
+        if (tsr_nemotron_h_load(path, NULL, NULL, NULL, NULL, NULL, &g1, NULL, err, sizeof err) != TSR_OK)
+                fail_msg("%s", err);
+        assert_int_equal(tsr_nemotron_h_to_backend(g1, dl, err, sizeof err), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "n_groups 1"));
+        assert_int_equal(tsr_nemotron_h_check_backend(g1, be), TSR_OK);
+        /* and a host backend: nothing to move */
+        assert_int_equal(tsr_nemotron_h_to_backend(g1, be, err, sizeof err), TSR_OK);
+        assert_int_equal(tsr_nemotron_h_check_backend(g1, be), TSR_OK);
+        tsr_nemotron_h_free(&r1);
+        tsr_nemotron_h_free(&g1);
+        tsr_backend_free(&dl);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_config),
@@ -2027,6 +2185,7 @@ int main(void) {
                 cmocka_unit_test(test_bf16_fast_backend),
                 cmocka_unit_test(test_bf16_kept_as_stored),
                 cmocka_unit_test(test_bf16_upcast),
+                cmocka_unit_test(test_device),
                 cmocka_unit_test(test_bf16_downcast),
                 cmocka_unit_test(test_bf16_residual_in_fp32),
                 cmocka_unit_test(test_f16_checkpoint),

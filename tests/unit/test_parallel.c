@@ -1442,22 +1442,19 @@ static void test_tp_bf16(void **state) {
         }
 }
 
-/* Llama 4 through the runner on a device backend (cpu-devlike: the reference kernels
- * behind memory that counts as a device's): the family's to_backend, the KV pool in that
- * memory, run_hybrid_tp's three steps (prefills, chunked attention's freed blocks,
- * decodes) bitwise the host runner's on the reference kernels, in float32 and bfloat16,
- * and from a BF16 checkpoint kept as stored. */
-static void test_llama4_device(void **state) {
-        (void)state;
+/* A family on a device backend through the runner (to_backend, reserve, the pool in the
+ * device's memory): the fixture `rel` (and its BF16 copy, in bfloat16) on cpu-devlike
+ * gives bitwise the host's logits in float32 and bfloat16 (issue #16). */
+static void runner_on_devlike(const char *rel, const char *family) {
         static const char *const dtypes[] = {"float32", "bfloat16"};
-        char src[4096], copy[64] = "/tmp/tsr_l4_dev_XXXXXX";
-        assert_non_null(tsr_test_src_path("tests/fixtures/tiny-llama4", src, sizeof src));
+        char src[4096], copy[64] = "/tmp/tsr_dev_XXXXXX";
+        assert_non_null(tsr_test_src_path(rel, src, sizeof src));
         tsr_test_bf16_copy(src, copy);
         const char *dirs[] = {src, copy};
         for (size_t di = 0; di < 2; di++)
                 for (size_t k = di; k < 2; k++) {       /* the BF16 copy in bfloat16 only */
                         model_case mc = {0};
-                        model_open_path(&mc, dirs[di], "llama4");
+                        model_open_path(&mc, dirs[di], family);
                         size_t V = mc.desc.vocab_size, n_want = 0, n_got = 0;
                         float *want = malloc(H_ROWS * V * sizeof(float)), *got = malloc(H_ROWS * V * sizeof(float));
                         tsr_backend *fast = mc.be;
@@ -1471,13 +1468,23 @@ static void test_llama4_device(void **state) {
                         mc.be = fast;
                         assert_int_equal(n_got, n_want);
                         assert_memory_equal(got, want, n_want * sizeof(float));
-                        print_message("tiny-llama4%s %s through the runner on cpu-devlike: %zu logits bitwise the "
-                                      "host's\n", di ? " (BF16 checkpoint)" : "", dtypes[k], n_want);
+                        print_message("%s%s %s through the runner on cpu-devlike: %zu logits bitwise the host's\n",
+                                      rel, di ? " (BF16 checkpoint)" : "", dtypes[k], n_want);
                         free(want);
                         free(got);
                         model_close(&mc);
                 }
         tsr_test_remove_model_dir(copy);
+}
+
+static void test_llama4_device(void **state) {
+        (void)state;
+        runner_on_devlike("tests/fixtures/tiny-llama4", "llama4");
+}
+
+static void test_nemotron_h_device(void **state) {
+        (void)state;
+        runner_on_devlike("tests/fixtures/tiny-nemotron-h/model", "nemotron_h");
 }
 
 /* Row d of the 2-D stored tensor t widened to float32 (its cols values). */
@@ -1943,6 +1950,7 @@ int main(void) {
                 cmocka_unit_test(test_tp_resident_bytes),
                 cmocka_unit_test(test_tp_bf16),
                 cmocka_unit_test(test_llama4_device),
+                cmocka_unit_test(test_nemotron_h_device),
                 cmocka_unit_test(test_stored_slices),
                 cmocka_unit_test(test_modelopt_tp),
                 cmocka_unit_test(test_gguf_q8_0_tp),

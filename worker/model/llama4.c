@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "worker/load/modelopt.h"
+#include "worker/model/device_arrays.h"
 #include "worker/model/family.h"
 #include "worker/model/llama4.h"
 #include "worker/model/tp.h"
@@ -869,22 +870,15 @@ tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be) 
 
 /* ---- on a device backend (issue #16) ----------------------------------------------------- */
 
-/* One weight array to move: where the model points at it, and its bytes. */
-typedef struct dev_slot {
-        void **at;
-        size_t bytes;
-        void *dev;
-} dev_slot;
-
 /* Every weight array the forward reads, into slots[] (NULL: count only); how many.  A
  * tied output is the embedding: its slot is not listed (the pointer is set after). */
-static size_t dev_slots(tsr_llama4 *m, dev_slot *slots) {
+static size_t dev_arrays(tsr_llama4 *m, tsr_dev_array *slots) {
         const tsr_llama4_config *c = m->cfg;
         size_t dim = c->base.dim, hd = c->base.head_dim, n = 0;
 #define SLOT(p, b)                                                                      \
         do {                                                                            \
                 if ((p) && slots)                                                       \
-                        slots[n] = (dev_slot){.at = (void **)&(p), .bytes = (b)};       \
+                        slots[n] = (tsr_dev_array){.at = (void **)&(p), .bytes = (b)};  \
                 n += (p) != NULL;                                                       \
         } while (0)
         SLOT(m->embed, (size_t)c->base.vocab_size * dim * sizeof(float));
@@ -915,67 +909,34 @@ static size_t dev_slots(tsr_llama4 *m, dev_slot *slots) {
 
 tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size_t errlen) {
         tsr_status st = TSR_OK;
-        size_t n, need = 0, free_b = 0, total_b = 0;
-        dev_slot *slots;
+        size_t n;
+        tsr_dev_array *slots;
 
         if (!m || !be || m->dev)
                 return TSR_E_INVAL;
         if (tsr_backend_host_memory(be))
                 return TSR_OK;          /* the CPU reads the host arrays */
-        if (m->tp_size > 1 || m->canonical || m->ep || m->shard.first_layer > 0 ||
-            m->shard.last_layer + 1 < m->cfg->base.n_layers) {
-                tsr_errf(err, errlen, "tensor, expert or pipeline parallelism of Llama 4 on the %s backend is not "
-                         "supported yet", tsr_backend_name(be));
-                return TSR_E_UNSUPPORTED;
-        }
-        if (m->qdtype != TSR_DTYPE_F32 && !tsr_backend_supports(be, TSR_OP_MATMUL, m->qdtype)) {
-                tsr_errf(err, errlen, "weights kept as %s cannot go to the %s backend yet",
-                         tsr_dtype_get_info(m->qdtype)->name, tsr_backend_name(be));
-                return TSR_E_UNSUPPORTED;
-        }
-        n = dev_slots(m, NULL);
+        bool split = m->tp_size > 1 || m->canonical || m->ep || m->shard.first_layer > 0 ||
+                     m->shard.last_layer + 1 < m->cfg->base.n_layers;
+        if ((st = tsr_dev_check(be, "Llama 4", split, m->qdtype, err, errlen)) != TSR_OK)
+                return st;
+        n = dev_arrays(m, NULL);
         if (!(m->acts = calloc(1, sizeof *m->acts)) || !(slots = calloc(n ? n : 1, sizeof *slots))) {
                 free(m->acts);
                 m->acts = NULL;
                 return TSR_E_NOMEM;
         }
-        dev_slots(m, slots);
-        for (size_t i = 0; i < n; i++)
-                need += slots[i].bytes;
-        /* a model larger than the device is one clear error here, before any allocation */
-        if (tsr_backend_mem_info(be, &free_b, &total_b) == TSR_OK && need > free_b) {
-                tsr_errf(err, errlen, "the weights need %.2f GiB on the %s device, which has %.2f GiB free of "
-                         "%.2f GiB", (double)need / (1 << 30), tsr_backend_name(be), (double)free_b / (1 << 30),
-                         (double)total_b / (1 << 30));
-                free(slots);
-                free(m->acts);
-                m->acts = NULL;
-                return TSR_E_NOMEM;
-        }
-        /* every copy first, the host arrays untouched; then the swap: a failure leaves the
-         * model as it was */
-        for (size_t i = 0; i < n && st == TSR_OK; i++)
-                if ((st = tsr_backend_mem_alloc(be, slots[i].bytes, &slots[i].dev)) == TSR_OK)
-                        st = tsr_backend_upload(be, slots[i].dev, *slots[i].at, slots[i].bytes);
-        if (st != TSR_OK) {
-                for (size_t i = 0; i < n; i++)
-                        tsr_backend_mem_free(be, slots[i].dev);
-                tsr_errf(err, errlen, "cannot copy the weights to the %s backend: %s", tsr_backend_name(be),
-                         tsr_status_str(st));
+        dev_arrays(m, slots);
+        bool tied = m->output.f && m->output.f == m->embed;
+        if ((st = tsr_dev_arrays_move(be, slots, n, err, errlen)) != TSR_OK) {
                 free(slots);
                 free(m->acts);
                 m->acts = NULL;
                 return st;
         }
-        bool tied = m->output.f && m->output.f == m->embed;
-        for (size_t i = 0; i < n; i++) {
-                free(*slots[i].at);
-                *slots[i].at = slots[i].dev;
-        }
         if (tied)
                 m->output.f = m->embed;
         m->dev = be;
-        log_info("weights on the %s device: %.1f MB in %zu arrays", tsr_backend_name(be), (double)need / 1e6, n);
         free(slots);
         return TSR_OK;
 }
@@ -1508,25 +1469,10 @@ static tsr_status scratch_alloc(struct scratch *s, const tsr_llama4 *m, size_t N
                            chunk_rows * kvd + 1, chunk_rows * kvd + 1, m->dev ? logit_rows * m->vocab_out + 1 : 1};
         float **acts[] = SCRATCH_ACTS(s);
         _Static_assert(sizeof n_acts / sizeof n_acts[0] == N_ACTS, "one size per activation array");
-        for (size_t i = 0; i < N_ACTS; i++) {
-                size_t bytes = (n_acts[i] ? n_acts[i] : 1) * sizeof(float);
-                struct kept_acts *ka = m->acts;
-                if (s->mem && ka->bytes[i] < bytes) {   /* grow the kept array (its contents are a step's) */
-                        tsr_backend_mem_free(s->mem, ka->p[i]);
-                        ka->p[i] = NULL;
-                        ka->bytes[i] = 0;
-                        if (tsr_backend_mem_alloc(s->mem, bytes, (void **)&ka->p[i]) != TSR_OK) {
-                                scratch_free(s);
-                                return TSR_E_NOMEM;
-                        }
-                        ka->bytes[i] = bytes;
-                }
-                if (s->mem)
-                        *acts[i] = ka->p[i];
-                else if (!(*acts[i] = malloc(bytes))) {
-                        scratch_free(s);
-                        return TSR_E_NOMEM;
-                }
+        if (tsr_acts_bind(s->mem, s->mem ? m->acts->p : NULL, s->mem ? m->acts->bytes : NULL, acts, n_acts, N_ACTS) !=
+            TSR_OK) {
+                scratch_free(s);
+                return TSR_E_NOMEM;
         }
 #define A(p, n) ((p) = malloc((n) * sizeof *(p)))
         s->rlh = s->mem ? NULL : s->rl;

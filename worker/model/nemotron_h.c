@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "worker/model/device_arrays.h"
 #include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
 #include "worker/model/tp.h"
@@ -129,6 +130,18 @@ struct tsr_nemotron_h {
         bool ep;
         uint32_t tp_rank, e0, ne;
         tsr_comm *comm;                 /* the rank's TP group; NULL at tp_size 1 */
+        /* NULL, or the device backend whose memory holds every weight the forward reads
+         * (tsr_nemotron_h_to_backend; the router's bias, read by the host's top-k, stays
+         * the host's), and the step's activations kept there (scratch_alloc). */
+        tsr_backend *dev;
+        struct kept_acts *acts;
+};
+
+#define N_ACTS 14       /* struct scratch's activation arrays (SCRATCH_ACTS) */
+
+struct kept_acts {
+        float *p[N_ACTS];
+        size_t bytes[N_ACTS];
 };
 
 struct tsr_nemotron_h_cache {
@@ -159,10 +172,19 @@ static void layer_mats(nh_layer *L, nh_mat **w) {
 /* Whether w's stored weight is a quantized one (ModelOpt), not a BF16 one kept as stored. */
 static bool quantized(const nh_mat *w) { return w->q.data && w->q.dtype != TSR_DTYPE_BF16; }
 
-static void mat_free(nh_mat *w) {
-        free(w->f);
-        free(w->b);
-        free(w->q.data);
+/* Free weight memory: the device's after tsr_nemotron_h_to_backend, else the host's. */
+static void release(const tsr_nemotron_h *m, void *p) {
+        if (m->dev)
+                tsr_backend_mem_free(m->dev, p);
+        else
+                free(p);
+}
+
+static void mat_free(const tsr_nemotron_h *m, nh_mat *w) {
+        if (w->f != m->token_embd)      /* a tied output is the embedding, freed once */
+                release(m, w->f);
+        release(m, w->b);
+        release(m, w->q.data);
         *w = (nh_mat){0};
 }
 
@@ -174,29 +196,33 @@ void tsr_nemotron_h_free(tsr_nemotron_h **mp) {
         m = *mp;
         for (uint32_t l = 0; m->layers && l < m->cfg.n_layers; l++) {
                 nh_layer *L = &m->layers[l];
-                float *arrays[] = {L->norm, L->conv_w, L->conv_b, L->A_log,       L->D,        L->dt_bias,
-                                   L->gnorm, L->A,     L->router, L->router_bias, L->stack_up, L->stack_down};
+                /* the forward's (on the device after to_backend), then the host's only */
+                float *arrays[] = {L->norm, L->conv_w, L->conv_b, L->D, L->dt_bias, L->gnorm, L->A, L->router};
+                float *host[] = {L->A_log, L->router_bias, L->stack_up, L->stack_down};
                 nh_mat *w[NH_LAYER_MATS];
                 for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
-                        free(arrays[i]);
+                        release(m, arrays[i]);
+                for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+                        free(host[i]);
                 layer_mats(L, w);
                 for (size_t i = 0; i < NH_LAYER_MATS; i++)
-                        mat_free(w[i]);
+                        mat_free(m, w[i]);
                 for (uint32_t e = 0; e < m->cfg.n_experts; e++) {
                         if (L->exp_up)
-                                mat_free(&L->exp_up[e]);
+                                mat_free(m, &L->exp_up[e]);
                         if (L->exp_down)
-                                mat_free(&L->exp_down[e]);
+                                mat_free(m, &L->exp_down[e]);
                 }
                 free(L->exp_up);
                 free(L->exp_down);
         }
         free(m->layers);
-        if (m->output.f != m->token_embd)
-                free(m->output.f);
-        free(m->output.b);
-        free(m->token_embd);
-        free(m->output_norm);
+        mat_free(m, &m->output);
+        release(m, m->output_norm);
+        release(m, m->token_embd);
+        for (size_t i = 0; m->acts && i < N_ACTS; i++)
+                tsr_backend_mem_free(m->dev, m->acts->p[i]);
+        free(m->acts);
         free(m->expert_names);
         free(m->expert_strs);
         free(m);
@@ -661,6 +687,10 @@ fail:
 
 /* Every linear of the model with its element count, into w[] / n[] (up to max); returns
  * how many.  The output matrix first. */
+static bool held(const nh_mat *w) { return w->f || w->b || w->q.data; }
+
+/* Every linear the rank holds (in any form: float32, bf16, kept as stored), into w[max],
+ * with its element count in n; how many. */
 static size_t all_mats(tsr_nemotron_h *m, nh_mat **w, size_t *n, size_t max) {
         /* the rank's counts after a tensor-parallel split (the whole model's before) */
         const tsr_nemotron_h_config *c = &m->rank;
@@ -669,7 +699,7 @@ static size_t all_mats(tsr_nemotron_h *m, nh_mat **w, size_t *n, size_t max) {
         uint64_t I = m->ep ? m->cfg.moe_hidden : c->moe_hidden;       /* a held expert's columns */
         size_t k = 0;
 
-        if (m->output.f && k < max) {   /* the last pipeline stage's only */
+        if (held(&m->output) && k < max) {      /* the last pipeline stage's only */
                 w[k] = &m->output;
                 n[k++] = (size_t)((uint64_t)m->vocab_out * dim);
         }
@@ -682,14 +712,14 @@ static size_t all_mats(tsr_nemotron_h *m, nh_mat **w, size_t *n, size_t max) {
                                               dim * c->mlp_hidden};
                 layer_mats(L, lw);
                 for (size_t i = 0; i < NH_LAYER_MATS; i++)
-                        if (lw[i]->f && k < max) {
+                        if (held(lw[i]) && k < max) {
                                 w[k] = lw[i];
                                 n[k++] = (size_t)ln[i];
                         }
                 for (uint32_t e = 0; L->exp_up && e < c->n_experts; e++)
                         for (int up = 1; up >= 0 && k < max; up--) {
                                 nh_mat *x = up ? &L->exp_up[e] : &L->exp_down[e];
-                                if (!x->f)
+                                if (!held(x))
                                         continue;
                                 w[k] = x;
                                 n[k++] = (size_t)(I * dim);
@@ -711,8 +741,8 @@ tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m) {
         size_t *n = NULL, k, max;
         tsr_status st = TSR_E_NOMEM;
 
-        if (!m)
-                return TSR_E_INVAL;
+        if (!m || m->dev)
+                return TSR_E_INVAL;     /* the host arrays are gone after tsr_nemotron_h_to_backend */
         if (m->bf16)
                 return TSR_OK;
         max = 1 + (size_t)m->cfg.n_layers * (NH_LAYER_MATS + 2 * (size_t)m->cfg.n_experts);
@@ -723,6 +753,8 @@ tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m) {
          * tsr_llama_use_bf16 says why); a failure leaves a model only
          * tsr_nemotron_h_free may touch. */
         for (size_t i = 0; i < k; i++) {
+                if (!w[i]->f)           /* kept as stored: stays so */
+                        continue;
                 /* 64-byte aligned, as the other families hold their bf16 copies */
                 if (!(w[i]->b = aligned_alloc(64, (n[i] * sizeof(uint16_t) + 63) / 64 * 64)))
                         goto done;
@@ -791,13 +823,15 @@ uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m) {
 }
 
 tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be) {
-        static const tsr_op needed[] = {TSR_OP_RMSNORM, TSR_OP_EMBEDDING, TSR_OP_KV_WRITE, TSR_OP_ATTENTION,
-                                        TSR_OP_ADD};
+        static const tsr_op needed[] = {TSR_OP_RMSNORM,     TSR_OP_EMBEDDING,   TSR_OP_KV_WRITE,      TSR_OP_ATTENTION,
+                                        TSR_OP_ADD,         TSR_OP_RELU_SQ,     TSR_OP_ROUND_BF16,    TSR_OP_MAMBA_MIXER,
+                                        TSR_OP_GATHER_ROWS, TSR_OP_SCATTER_ADD_ROWS};
         if (!m || !be)
                 return TSR_E_INVAL;
-        /* The family loops below read and write activations and states directly; the
-         * router's matmul is float32 in every dtype. */
-        if (!tsr_backend_host_memory(be) || !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_F32) ||
+        /* the weights are in the host's memory, or in this device's (tsr_nemotron_h_to_backend);
+         * the router's matmul is float32 in every dtype */
+        if ((tsr_backend_host_memory(be) ? m->dev != NULL : m->dev != be) ||
+            !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_F32) ||
             ((m->bf16 || m->kept_bf16) && !tsr_backend_supports(be, TSR_OP_MATMUL, TSR_DTYPE_BF16)) ||
             !tsr_backend_supports(be, TSR_OP_MATMUL, m->qdtype))
                 return TSR_E_UNSUPPORTED;
@@ -805,6 +839,103 @@ tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backe
                 if (!tsr_backend_supports(be, needed[i], TSR_DTYPE_F32))
                         return TSR_E_UNSUPPORTED;
         return TSR_OK;
+}
+
+/* ---- on a device backend (issue #16) ----------------------------------------------------- */
+
+/* Whether the model's Mamba norm spans the whole d_inner in one group (mamba(): the sum of
+ * squares as canonical leaves, finished on the host). */
+static bool norm_across(const tsr_nemotron_h *m) {
+        return m->cfg.n_groups == 1 && tsr_nemotron_h_d_inner(&m->cfg) % TSR_COMM_TREE_LEAVES == 0;
+}
+
+/* Every array the forward reads from backend memory, into slots[] (NULL: count only); how
+ * many.  A tied output is the embedding: not listed (the pointer is set after). */
+static size_t dev_arrays(tsr_nemotron_h *m, tsr_dev_array *slots) {
+        const tsr_nemotron_h_config *c = &m->rank;
+        size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c), H = c->m_heads;
+        size_t F = sizeof(float), n = 0, k, max = 1 + (size_t)c->n_layers * (NH_LAYER_MATS + 2 * (size_t)c->n_experts);
+        nh_mat **w = malloc(max * sizeof *w);
+        size_t *cnt = malloc(max * sizeof *cnt);
+#define SLOT(p, b)                                                                      \
+        do {                                                                            \
+                if ((p) && slots)                                                       \
+                        slots[n] = (tsr_dev_array){.at = (void **)&(p), .bytes = (b)};       \
+                n += (p) != NULL;                                                       \
+        } while (0)
+        if (!w || !cnt) {
+                free(w);
+                free(cnt);
+                return SIZE_MAX;
+        }
+        SLOT(m->token_embd, (size_t)c->vocab_size * dim * F);
+        SLOT(m->output_norm, dim * F);
+        k = all_mats(m, w, cnt, max);
+        for (size_t i = 0; i < k; i++) {
+                if (w[i]->f != m->token_embd)
+                        SLOT(w[i]->f, cnt[i] * F);
+                SLOT(w[i]->b, cnt[i] * sizeof(uint16_t));
+                SLOT(w[i]->q.data, w[i]->q.data ? tsr_tensor_n_bytes(&w[i]->q) : 0);
+        }
+        for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
+                nh_layer *L = &m->layers[l];
+                SLOT(L->norm, dim * F);
+                SLOT(L->conv_w, cd * c->conv_kernel * F);
+                SLOT(L->conv_b, cd * F);
+                SLOT(L->dt_bias, H * F);
+                SLOT(L->A, H * F);
+                SLOT(L->D, H * F);
+                SLOT(L->gnorm, di * F);
+                SLOT(L->router, (size_t)c->n_experts * dim * F);
+        }
+#undef SLOT
+        free(w);
+        free(cnt);
+        return n;
+}
+
+tsr_status tsr_nemotron_h_to_backend(tsr_nemotron_h *m, tsr_backend *be, char *err, size_t errlen) {
+        tsr_status st = TSR_OK;
+        size_t n;
+        tsr_dev_array *slots;
+
+        if (!m || !be || m->dev)
+                return TSR_E_INVAL;
+        if (tsr_backend_host_memory(be))
+                return TSR_OK;          /* the CPU reads the host arrays */
+        bool split = m->tp_size > 1 || m->canonical || m->ep || m->shard.first_layer > 0 ||
+                     m->shard.last_layer + 1 < m->cfg.n_layers;
+        if ((st = tsr_dev_check(be, "NemotronH", split, m->qdtype, err, errlen)) != TSR_OK)
+                return st;
+        if (tsr_nemotron_h_count(&m->cfg, 'M') && norm_across(m)) {
+                tsr_errf(err, errlen, "a NemotronH whose Mamba layers have one group (n_groups 1) does not run on "
+                         "the %s backend yet (its gated norm is finished on the host)", tsr_backend_name(be));
+                return TSR_E_UNSUPPORTED;
+        }
+        if ((n = dev_arrays(m, NULL)) == SIZE_MAX)
+                return TSR_E_NOMEM;
+        if (!(m->acts = calloc(1, sizeof *m->acts)) || !(slots = calloc(n ? n : 1, sizeof *slots))) {
+                free(m->acts);
+                m->acts = NULL;
+                return TSR_E_NOMEM;
+        }
+        if (dev_arrays(m, slots) == SIZE_MAX) {
+                st = TSR_E_NOMEM;
+                goto fail;
+        }
+        bool tied = m->output.f && m->output.f == m->token_embd;
+        if ((st = tsr_dev_arrays_move(be, slots, n, err, errlen)) != TSR_OK)
+                goto fail;
+        if (tied)
+                m->output.f = m->token_embd;
+        m->dev = be;
+        free(slots);
+        return TSR_OK;
+fail:
+        free(slots);
+        free(m->acts);
+        m->acts = NULL;
+        return st;
 }
 
 /* ---- tensor parallelism ----------------------------------------------------------------- */
@@ -1253,14 +1384,15 @@ tsr_status tsr_nemotron_h_cache_bind(const tsr_nemotron_h *m, tsr_kv_pool *pool,
 
 /* ---- forward ------------------------------------------------------------------------- */
 
-/* Scratch for one batched forward of N rows. */
+/* Scratch for one batched forward of N rows.  The activations (x .. lg) live in the
+ * memory of the model's device (`mem`, tsr_nemotron_h_to_backend: kept for the model's
+ * life) or the host's; the sequences, the routing and the router logits the host's top-k
+ * reads (rlh) in the host's. */
 struct scratch {
+        tsr_backend *mem;               /* NULL: every array is host memory */
         float *x, *xb, *out;            /* (N, dim) */
         float *proj;                    /* (N, max(in_proj rows, q+2kv, E)) */
         float *y;                       /* (N, max(d_inner, q_dim)) */
-        tsr_mamba_seq *mseqs;           /* (n_seqs,) the sequences as the mixer op takes them */
-        float *rs, *rsc, *gscore;       /* (E,), (E,), (n_group,) one row's router scores */
-        bool *gsel, *taken;             /* (n_group,), (E,) */
         float *hid, *hid2;              /* (N, max hidden) */
         float *exp_in;                  /* (N, dim): the rows routed to one expert */
         /* (P, N, dim), P = n_parts: a row-parallel matmul's partials (the canonical K
@@ -1269,6 +1401,16 @@ struct scratch {
          * (parts); the routed experts' sum (routed) */
         float *ey, *parts, *routed;
         float *slice;                   /* canonical: (N, widest row-parallel K) one K slice */
+        /* one gated-norm group across the model (n_groups 1): each row's sums of squares
+         * over the S / tp canonical channel slices this rank holds (leaves, leaf-major:
+         * (S / tp, N)), then the row's whole sum (ss, (N,), host) */
+        float *leaves;
+        float *lg;                      /* on a device: (logit rows, vocab_out) logits before their download */
+        float *rlh;                     /* (N, E) the router logits on the host: proj itself there */
+        float *ss;
+        tsr_mamba_seq *mseqs;           /* (n_seqs,) the sequences as the mixer op takes them */
+        float *rs, *rsc, *gscore;       /* (E,), (E,), (n_group,) one row's router scores */
+        bool *gsel, *taken;             /* (n_group,), (E,) */
         uint32_t *top;                  /* (N, top_k) chosen experts */
         float *topw;                    /* (N, top_k) their weights */
         uint32_t *rows;                 /* (N,) the rows routed to one expert */
@@ -1278,17 +1420,21 @@ struct scratch {
          * yet weighted), this rank's experts' filled, the others' zero, all-reduced */
         uint32_t *rk;
         float *ep_parts;
-        /* one gated-norm group across the model (n_groups 1): each row's sums of squares
-         * over the S / tp canonical channel slices this rank holds (leaves, leaf-major:
-         * (S / tp, N)), then the row's whole sum (ss, (N,)) */
-        float *leaves, *ss;
 };
 
+/* The activation arrays of s, for allocating and freeing them alike. */
+#define SCRATCH_ACTS(s)                                                                                  \
+        {&(s)->x,   &(s)->xb, &(s)->out,    &(s)->proj,  &(s)->y,     &(s)->hid,    &(s)->hid2,         \
+         &(s)->exp_in, &(s)->ey, &(s)->parts, &(s)->routed, &(s)->slice, &(s)->leaves, &(s)->lg}
+
 static void scratch_free(struct scratch *s) {
-        void *p[] = {s->x,     s->xb,     s->out,    s->proj,   s->y,     s->mseqs,
-                     s->rs,    s->rsc,    s->gscore, s->gsel,   s->taken, s->hid,       s->hid2,
-                     s->exp_in, s->ey,    s->parts,  s->routed, s->slice, s->top,       s->topw,
-                     s->rows,  s->rowsw,  s->rk,     s->ep_parts, s->leaves, s->ss};
+        float **acts[] = SCRATCH_ACTS(s);
+        for (size_t i = 0; !s->mem && i < sizeof acts / sizeof acts[0]; i++)
+                free(*acts[i]);         /* on a device they are the model's, kept */
+        if (s->rlh != s->proj)
+                free(s->rlh);
+        void *p[] = {s->ss, s->mseqs, s->rs, s->rsc, s->gscore, s->gsel, s->taken, s->top,
+                     s->topw, s->rows, s->rowsw, s->rk, s->ep_parts};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
                 free(p[i]);
 }
@@ -1298,50 +1444,58 @@ static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c
 /* Partials of a row-parallel matmul: the rank's canonical K slices, or the one product. */
 static size_t n_parts(const tsr_nemotron_h *m) { return m->canonical ? TSR_COMM_TREE_LEAVES / m->tp_size : 1; }
 
-/* Scratch for N rows of n_seqs sequences at the rank's sizes (m->rank). */
-static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size_t N, size_t n_seqs) {
+/* Scratch for N rows of n_seqs sequences at the rank's sizes (m->rank), logit_rows rows of
+ * logits (a device's only), in the model's memory. */
+static tsr_status scratch_alloc(struct scratch *s, const tsr_nemotron_h *m, size_t N, size_t n_seqs,
+                                size_t logit_rows) {
         const tsr_nemotron_h_config *c = &m->rank;
         size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c), P = n_parts(m);
         size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
         size_t proj = max3(di + cd + c->m_heads, qd + 2 * kvd, c->n_experts);
         size_t hid = max3(m->ep ? m->cfg.moe_hidden : c->moe_hidden, c->shared_hidden, c->mlp_hidden);
-        size_t tk = c->top_k ? c->top_k : 1, S = TSR_COMM_TREE_LEAVES;
+        size_t tk = c->top_k ? c->top_k : 1, S = TSR_COMM_TREE_LEAVES, E = c->n_experts;
 
-        *s = (struct scratch){0};
-        s->x = malloc(N * dim * sizeof(float));
-        s->xb = malloc(N * dim * sizeof(float));
-        s->out = malloc(N * dim * sizeof(float));
-        s->proj = malloc(N * proj * sizeof(float));
-        s->y = malloc(N * (di > qd ? di : qd) * sizeof(float) + 1);
-        s->mseqs = malloc(n_seqs * sizeof *s->mseqs);
-        s->rs = malloc(c->n_experts * sizeof(float) + 1);
-        s->rsc = malloc(c->n_experts * sizeof(float) + 1);
-        s->gscore = malloc(c->n_group * sizeof(float) + 1);
-        s->gsel = malloc(c->n_group + 1);
-        s->taken = malloc(c->n_experts + 1);
-        s->hid = malloc(N * hid * sizeof(float) + 1);
-        s->hid2 = malloc(N * hid * sizeof(float) + 1);
-        s->exp_in = malloc(N * dim * sizeof(float));
-        s->ey = malloc((m->ep ? S : P) * N * dim * sizeof(float));
-        s->parts = malloc(P * N * dim * sizeof(float));
-        s->routed = malloc(P * N * dim * sizeof(float));
-        /* widest K of a row-parallel matmul: out_proj's, o_proj's, the experts' and the MLP's */
-        s->slice = malloc((m->canonical ? N * max3(di, qd, hid) : 1) * sizeof(float));
-        s->top = malloc(N * tk * sizeof(uint32_t));
-        s->topw = malloc(N * tk * sizeof(float));
-        s->rows = malloc(N * sizeof(uint32_t));
-        s->rowsw = malloc(N * sizeof(float));
-        s->rk = malloc(N * sizeof(uint32_t));
-        s->ep_parts = m->ep ? malloc(N * tk * S * dim * sizeof(float)) : NULL;
-        s->leaves = malloc(N * S * sizeof(float));
-        s->ss = malloc(N * sizeof(float));
-        if ((m->ep && !s->ep_parts) || !s->leaves || !s->ss || !s->rk || !s->x || !s->xb || !s->out || !s->proj || !s->y || !s->mseqs || !s->rs || !s->rsc ||
-            !s->gscore || !s->gsel || !s->taken || !s->hid || !s->hid2 || !s->exp_in || !s->ey ||
-            !s->parts || !s->routed || !s->slice || !s->top || !s->topw || !s->rows || !s->rowsw) {
+        *s = (struct scratch){.mem = m->dev};
+        if (N > SIZE_MAX / sizeof(float) / (S * dim + proj + hid) || logit_rows > SIZE_MAX / sizeof(float) / m->vocab_out)
+                return TSR_E_LIMIT;
+        /* the activations, in the order of SCRATCH_ACTS (floats; at least one each); the
+         * widest K of a row-parallel matmul (slice): out_proj's, o_proj's, the experts'
+         * and the MLP's */
+        size_t n_acts[] = {N * dim,  N * dim,  N * dim,  N * proj, N * (di > qd ? di : qd), N * hid, N * hid,
+                           N * dim,  (m->ep ? S : P) * N * dim, P * N * dim, P * N * dim,
+                           m->canonical ? N * max3(di, qd, hid) : 1, N * S, m->dev ? logit_rows * m->vocab_out : 1};
+        float **acts[] = SCRATCH_ACTS(s);
+        _Static_assert(sizeof n_acts / sizeof n_acts[0] == N_ACTS, "one size per activation array");
+        if (tsr_acts_bind(s->mem, s->mem ? m->acts->p : NULL, s->mem ? m->acts->bytes : NULL, acts, n_acts, N_ACTS) !=
+            TSR_OK) {
                 scratch_free(s);
                 return TSR_E_NOMEM;
         }
+#define A(p, n) ((p) = malloc(((n) + 1) * sizeof *(p)))  /* + 1: never malloc(0) */
+        s->rlh = s->mem ? NULL : s->proj;
+        if ((s->mem && !A(s->rlh, N * E)) || !A(s->ss, N) || !A(s->mseqs, n_seqs) || !A(s->rs, E) ||
+            !A(s->rsc, E) || !A(s->gscore, c->n_group) || !A(s->gsel, c->n_group) || !A(s->taken, E) ||
+            !A(s->top, N * tk) || !A(s->topw, N * tk) || !A(s->rows, N) || !A(s->rowsw, N) || !A(s->rk, N) ||
+            (m->ep && !A(s->ep_parts, N * tk * S * dim))) {
+                scratch_free(s);
+                return TSR_E_NOMEM;
+        }
+#undef A
         return TSR_OK;
+}
+
+/* Size the kept activations for a step of `tokens` rows and `logit_rows` rows of logits
+ * (a device model's; nothing on the host). */
+tsr_status tsr_nemotron_h_reserve(const tsr_nemotron_h *m, size_t tokens, size_t logit_rows) {
+        struct scratch s;
+        tsr_status st;
+        if (!m)
+                return TSR_E_INVAL;
+        if (!m->dev || tokens == 0)
+                return TSR_OK;
+        if ((st = scratch_alloc(&s, m, tokens, 1, logit_rows)) == TSR_OK)
+                scratch_free(&s);
+        return st;
 }
 
 /* W (d, n) @ x (rows, n) -> out (rows, d), in the dtype the model holds W in. */
@@ -1381,14 +1535,6 @@ static tsr_status mm_row(const tsr_nemotron_h *m, tsr_backend *be, struct scratc
         float *parts = m->canonical ? s->parts : s->out;
         tsr_status st = mm_parts(m, be, s, parts, x, w, rows, k);
         return st != TSR_OK ? st : parts_sum(m, s->out, parts, rows * m->cfg.dim);
-}
-
-/* The residual stream in bf16 precision (a bf16 model with residual_in_fp32 false, as
- * transformers and vLLM hold it: models.md §0): each element rounded to the nearest
- * bf16, in place.  Per element, so batching and chunking cannot change it. */
-static void round_bf16(float *x, size_t n) {
-        for (size_t i = 0; i < n; i++)
-                x[i] = tsr_bf16_to_f32(tsr_f32_to_bf16(x[i]));
 }
 
 #define TRY(expr)                               \
@@ -1474,9 +1620,12 @@ static tsr_status moe(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
 
         if ((st = tsr_backend_matmul(be, s->proj, s->xb, L->router, TSR_DTYPE_F32, N, dim, E)) != TSR_OK)
                 return st;
+        if (s->mem && (st = tsr_backend_download(be, s->rlh, s->proj, N * E * sizeof(float))) != TSR_OK)
+                return st;      /* the top-k runs on the host */
         for (size_t r = 0; r < N; r++)
-                route_row(c, L->router_bias, s->proj + r * E, s, s->top + r * tk, s->topw + r * tk);
-        memset(routed, 0, P * cnt * sizeof(float));
+                route_row(c, L->router_bias, s->rlh + r * E, s, s->top + r * tk, s->topw + r * tk);
+        if ((st = tsr_backend_zero(be, routed, P * cnt * sizeof(float))) != TSR_OK)
+                return st;
         if (m->ep)
                 memset(s->ep_parts, 0, N * tk * S * dim * sizeof(float));
         for (size_t e = m->e0; e < m->e0 + m->ne; e++) {       /* the experts held: all, or the rank's (ep) */
@@ -1742,8 +1891,11 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
         if ((st = tsr_nemotron_h_check_backend(m, be)) != TSR_OK || (st = args_ok(m, kv, seqs, n_seqs)))
                 return st;
         c = &m->rank;           /* the rank's counts (the whole model's at tp_size 1) */
-        for (size_t i = 0; i < n_seqs; i++)
+        size_t logit_rows = 0;
+        for (size_t i = 0; i < n_seqs; i++) {
                 want |= seqs[i].which != TSR_LLAMA_LOGITS_NONE;
+                logit_rows += seqs[i].which == TSR_LLAMA_LOGITS_ALL ? seqs[i].n : seqs[i].which != TSR_LLAMA_LOGITS_NONE;
+        }
         if (!tsr_stage_args_ok(&m->shard, c->n_layers, in, out, want, logits))
                 return TSR_E_INVAL;
         last_stage = m->shard.last_layer + 1 == c->n_layers;
@@ -1751,19 +1903,23 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
         bf16_residual = m->bf16 && !c->residual_in_fp32;
         for (size_t i = 0; i < n_seqs; i++)
                 N += seqs[i].n;
-        if ((st = scratch_alloc(&s, m, N, n_seqs)) != TSR_OK)
+        if ((st = scratch_alloc(&s, m, N, n_seqs, logit_rows)) != TSR_OK)
                 return st;
         if (!in) {
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
                         TRY(tsr_backend_embedding(be, s.x + row * dim, m->token_embd, c->vocab_size, dim,
                                                   seqs[i].tokens, seqs[i].n));
-                if (m->bf16)    /* exact for a bf16 checkpoint; a float32 one's rows as vLLM's bf16 table */
-                        round_bf16(s.x, N * dim);
+                /* exact for a bf16 checkpoint; a float32 one's rows as vLLM's bf16 table */
+                if (m->bf16)
+                        TRY(tsr_backend_round_bf16(be, s.x, N * dim));
         } else {        /* the previous stage's last add, left to this one */
                 TRY(tsr_stage_recv(be, s.x, s.out, in, N, dim));
                 TRY(tsr_backend_add(be, s.x, s.x, s.out, N * dim));
+                /* the residual stream in bf16 precision (a bf16 model with residual_in_fp32
+                 * false, as transformers and vLLM hold it: models.md §0), per element, so
+                 * batching and chunking cannot change it */
                 if (bf16_residual)
-                        round_bf16(s.x, N * dim);
+                        TRY(tsr_backend_round_bf16(be, s.x, N * dim));
         }
         for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
                 const nh_layer *L = &m->layers[l];
@@ -1779,8 +1935,11 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
                         goto done;
                 }
                 TRY(tsr_backend_add(be, s.x, s.x, s.out, N * dim));
+                /* the residual stream in bf16 precision (a bf16 model with residual_in_fp32
+                 * false, as transformers and vLLM hold it: models.md §0), per element, so
+                 * batching and chunking cannot change it */
                 if (bf16_residual)
-                        round_bf16(s.x, N * dim);
+                        TRY(tsr_backend_round_bf16(be, s.x, N * dim));
         }
         /* The rows whose logits are asked for, stacked: norm_f, then lm_head over them all
          * (one all-gather of the vocabulary under tensor parallelism). */
@@ -1793,8 +1952,11 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
                                         c->eps));
                 out_row += cnt;
         }
-        if (out_row)
-                TRY(lm_head(m, be, logits, s.xb, out_row));
+        if (out_row) {          /* on a device: into the kept array, then the step's one download */
+                TRY(lm_head(m, be, s.mem ? s.lg : logits, s.xb, out_row));
+                if (s.mem)
+                        TRY(tsr_backend_download(be, logits, s.lg, out_row * m->vocab_out * sizeof(float)));
+        }
 done:
         scratch_free(&s);
         return st;

@@ -190,8 +190,20 @@ tsr_status tsr_nemotron_h_use_bf16(tsr_nemotron_h *m);
 bool tsr_nemotron_h_is_bf16(const tsr_nemotron_h *m);
 /* Bytes the weights take in memory as now held (float32, bf16 linears, quantized linears). */
 uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m);
-/* TSR_OK when `be` has every op the forward uses on host memory. */
+/* TSR_OK when `be` has every op the forward uses, and the weights are in its memory
+ * (the host's, or the device's after tsr_nemotron_h_to_backend). */
 tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backend *be);
+/* A backend whose memory is not the host's (CUDA): as tsr_llama4_to_backend.  Every array
+ * the forward reads goes to the device (the router's bias stays the host's, for the
+ * top-k on the host); the state slots and K/V must be a pool in that memory
+ * (tsr_kv_pool_new_on).  TSR_E_UNSUPPORTED (err says why) under tensor, expert or
+ * pipeline parallelism, for a model whose Mamba layers have one group (its gated norm is
+ * finished on the host) or weights whose matmul the backend lacks; TSR_E_NOMEM (err: the
+ * sizes) when the device is too small; the model is then unchanged.  A no-op on a host
+ * backend; TSR_E_INVAL after it (and tsr_nemotron_h_use_bf16 is TSR_E_INVAL after it). */
+tsr_status tsr_nemotron_h_to_backend(tsr_nemotron_h *m, tsr_backend *be, char *err, size_t errlen);
+/* As tsr_llama4_reserve. */
+tsr_status tsr_nemotron_h_reserve(const tsr_nemotron_h *m, size_t tokens, size_t logit_rows);
 
 /* ---- state ------------------------------------------------------------------------ */
 

@@ -4,7 +4,7 @@
  *
  * HF safetensors folders only (F32, F16 or BF16 tensors; linears held in float32 or
  * bf16; a ModelOpt FP8 / NVFP4 checkpoint's quantized linears as stored), on the
- * CPU.  llama.cpp names this architecture "nemotron_h" in GGUF (and
+ * CPU, or one whole model on a device (tsr_nemotron_h_to_backend).  llama.cpp names this architecture "nemotron_h" in GGUF (and
  * "nemotron_h_moe" for the MoE variant); we list both so a GGUF of it is refused with a
  * clear error rather than served as metadata only. */
 #include "worker/model/family.h"
@@ -87,6 +87,15 @@ static bool nh_is_bf16(const void *model) { return tsr_nemotron_h_is_bf16(model)
 static uint64_t nh_resident_bytes(const void *model) { return tsr_nemotron_h_resident_bytes(model); }
 static tsr_status nh_check_backend(const void *model, const tsr_backend *be) {
         return tsr_nemotron_h_check_backend(model, be);
+}
+
+static tsr_status nh_to_backend(void *model, tsr_backend *be, size_t tokens, size_t logit_rows, char *err,
+                                size_t errlen) {
+        tsr_status st = tsr_nemotron_h_to_backend(model, be, err, errlen);
+        if (st == TSR_OK && (st = tsr_nemotron_h_reserve(model, tokens, logit_rows)) != TSR_OK)
+                tsr_errf(err, errlen, "cannot allocate the forward's activations for %zu tokens on the %s backend: %s",
+                         tokens, tsr_backend_name(be), tsr_status_str(st));
+        return st;
 }
 
 static tsr_status nh_kv_bind(const void *model, tsr_kv_pool *pool, void **ret) {
@@ -182,6 +191,7 @@ const tsr_model_family tsr_family_nemotron_h = {
         .is_bf16 = nh_is_bf16,
         .resident_bytes = nh_resident_bytes,
         .check_backend = nh_check_backend,
+        .to_backend = nh_to_backend,
         .kv_bind = nh_kv_bind,
         .kv_scale_module = nh_kv_scale_module,
         .kv_unbind = nh_kv_unbind,

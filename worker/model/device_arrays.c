@@ -1,0 +1,78 @@
+/* device_arrays.c - see device_arrays.h. */
+#include "worker/model/device_arrays.h"
+
+#include <stdlib.h>
+
+#include "common/log.h"
+
+tsr_status tsr_dev_check(const tsr_backend *be, const char *family, bool split, tsr_dtype qdtype, char *err,
+                         size_t errlen) {
+        if (split) {
+                tsr_errf(err, errlen, "tensor, expert or pipeline parallelism of %s on the %s backend is not "
+                         "supported yet", family, tsr_backend_name(be));
+                return TSR_E_UNSUPPORTED;
+        }
+        if (qdtype != TSR_DTYPE_F32 && !tsr_backend_supports(be, TSR_OP_MATMUL, qdtype)) {
+                tsr_errf(err, errlen, "weights kept as %s cannot go to the %s backend yet",
+                         tsr_dtype_get_info(qdtype)->name, tsr_backend_name(be));
+                return TSR_E_UNSUPPORTED;
+        }
+        return TSR_OK;
+}
+
+tsr_status tsr_dev_arrays_move(tsr_backend *be, tsr_dev_array *a, size_t n, char *err, size_t errlen) {
+        size_t need = 0, free_b = 0, total_b = 0;
+        tsr_status st = TSR_OK;
+
+        for (size_t i = 0; i < n; i++)
+                need += a[i].bytes;
+        /* a model larger than the device is one clear error here, before any allocation */
+        if (tsr_backend_mem_info(be, &free_b, &total_b) == TSR_OK && need > free_b) {
+                tsr_errf(err, errlen, "the weights need %.2f GiB on the %s device, which has %.2f GiB free of "
+                         "%.2f GiB", (double)need / (1 << 30), tsr_backend_name(be), (double)free_b / (1 << 30),
+                         (double)total_b / (1 << 30));
+                return TSR_E_NOMEM;
+        }
+        /* every copy first, the host arrays untouched; then the swap: a failure leaves the
+         * model as it was */
+        for (size_t i = 0; i < n; i++)
+                a[i].dev = NULL;
+        for (size_t i = 0; i < n && st == TSR_OK; i++)
+                if ((st = tsr_backend_mem_alloc(be, a[i].bytes, &a[i].dev)) == TSR_OK)
+                        st = tsr_backend_upload(be, a[i].dev, *a[i].at, a[i].bytes);
+        if (st != TSR_OK) {
+                for (size_t i = 0; i < n; i++)
+                        tsr_backend_mem_free(be, a[i].dev);
+                tsr_errf(err, errlen, "cannot copy the weights to the %s backend: %s", tsr_backend_name(be),
+                         tsr_status_str(st));
+                return st;
+        }
+        for (size_t i = 0; i < n; i++) {
+                free(*a[i].at);
+                *a[i].at = a[i].dev;
+        }
+        log_info("weights on the %s device: %.1f MB in %zu arrays", tsr_backend_name(be), (double)need / 1e6, n);
+        return TSR_OK;
+}
+
+tsr_status tsr_acts_bind(tsr_backend *mem, float **kept, size_t *kept_bytes, float **const *acts,
+                         const size_t *n_floats, size_t n) {
+        for (size_t i = 0; i < n; i++) {
+                size_t bytes = (n_floats[i] ? n_floats[i] : 1) * sizeof(float);
+                if (!mem) {
+                        if (!(*acts[i] = malloc(bytes)))
+                                return TSR_E_NOMEM;
+                        continue;
+                }
+                if (kept_bytes[i] < bytes) {    /* grow the kept array (its contents are a step's) */
+                        tsr_backend_mem_free(mem, kept[i]);
+                        kept[i] = NULL;
+                        kept_bytes[i] = 0;
+                        if (tsr_backend_mem_alloc(mem, bytes, (void **)&kept[i]) != TSR_OK)
+                                return TSR_E_NOMEM;
+                        kept_bytes[i] = bytes;
+                }
+                *acts[i] = kept[i];
+        }
+        return TSR_OK;
+}

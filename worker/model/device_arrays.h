@@ -1,0 +1,44 @@
+/* device_arrays.h - what the families that run on a device backend (llama4.c,
+ * nemotron_h.c) share: moving a model's weight arrays into the device's memory in one
+ * all-or-nothing pass, and binding a step's activation arrays to ones kept in the
+ * device's memory for the model's life.  Main thread (the move), or the one thread that
+ * runs the model's forward (the activations). */
+#ifndef TSR_WORKER_MODEL_DEVICE_ARRAYS_H
+#define TSR_WORKER_MODEL_DEVICE_ARRAYS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/tsr_status.h"
+#include "kernels/kernels.h"
+
+/* The refusals every family's to_backend shares: a model split by tensor, expert or
+ * pipeline parallelism (`split`), weights kept as `qdtype` (TSR_DTYPE_F32: none) whose
+ * matmul the backend lacks.  TSR_E_UNSUPPORTED with err naming `family` and the cause;
+ * TSR_OK when the model may go. */
+tsr_status tsr_dev_check(const tsr_backend *be, const char *family, bool split, tsr_dtype qdtype, char *err,
+                         size_t errlen);
+
+/* One host array to move: where the model points at it, and its bytes (dev: scratch). */
+typedef struct tsr_dev_array {
+        void **at;
+        size_t bytes;
+        void *dev;
+} tsr_dev_array;
+
+/* Copy the n arrays into be's memory; once every copy succeeded, free the host arrays
+ * and point *at[i] at the copies, and log one line.  A total larger than the device's
+ * free memory is TSR_E_NOMEM before any allocation (err: the sizes); a failed
+ * allocation or copy frees the copies made, leaves every host array as it was and names
+ * the cause in err. */
+tsr_status tsr_dev_arrays_move(tsr_backend *be, tsr_dev_array *a, size_t n, char *err, size_t errlen);
+
+/* A step's n activation arrays *acts[i] of n_floats[i] floats (at least one each): with
+ * mem NULL, fresh host arrays (malloc; the caller frees them); else views of the kept
+ * device arrays kept[i] (of kept_bytes[i] bytes), each grown first where too small (its
+ * old contents are a step's scratch: not kept).  TSR_E_NOMEM: some *acts[i] are NULL,
+ * the rest set (free as above). */
+tsr_status tsr_acts_bind(tsr_backend *mem, float **kept, size_t *kept_bytes, float **const *acts,
+                         const size_t *n_floats, size_t n);
+
+#endif
