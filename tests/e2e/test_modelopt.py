@@ -75,7 +75,8 @@ def test_greedy_matches_emulation(spawn, variant, method, extra):
 @pytest.mark.parametrize("variant", ["fp8", "nvfp4"])
 def test_dtype_auto(spawn, variant):
     """--dtype auto (unset): where it holds bfloat16 (a CPU with AVX512_BF16) the lm_head
-    (300 x 64) is 2 bytes a weight, not 4, the quantized weights stay as stored, and the
+    and the embedding table (300 x 64 each, BF16 in the file, kept as stored) are 2 bytes
+    a weight, not 4, the quantized weights stay as stored, and the
     KV cache is the model's dtype as in vLLM; the text is no longer the float32
     emulation's, so only its length is asserted."""
     proc, base = serve(spawn, variant)
@@ -86,7 +87,7 @@ def test_dtype_auto(spawn, variant):
     out = proc.output()
     bf16 = "dtype bfloat16 (--dtype auto)" in out
     assert bf16 or "dtype float32 (--dtype auto)" in out, out
-    want = (228608 if variant == "fp8" else 196352) - (300 * 64 * 2 if bf16 else 0)
+    want = (228608 if variant == "fp8" else 196352) - (2 * 300 * 64 * 2 if bf16 else 0)
     resident = float(re.search(r"([0-9.]+) MB resident", out).group(1))
     assert resident == pytest.approx(want / 1e6, abs=0.05), out
     assert weight_gauge(base) == want

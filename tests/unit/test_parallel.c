@@ -1443,15 +1443,16 @@ static void test_tp_bf16(void **state) {
 }
 
 /* A family on a device backend through the runner (to_backend, reserve, the pool in the
- * device's memory): the fixture `rel` (and its BF16 copy, in bfloat16) on cpu-devlike
- * gives bitwise the host's logits in float32 and bfloat16 (issue #16). */
-static void runner_on_devlike(const char *rel, const char *family) {
+ * device's memory): the fixture `rel` (and, with `copy`, its BF16 copy, in bfloat16) on
+ * cpu-devlike gives bitwise the host's logits in float32 and bfloat16 (issue #16). */
+static void runner_on_devlike(const char *rel, const char *family, bool copy_bf16) {
         static const char *const dtypes[] = {"float32", "bfloat16"};
         char src[4096], copy[64] = "/tmp/tsr_dev_XXXXXX";
         assert_non_null(tsr_test_src_path(rel, src, sizeof src));
-        tsr_test_bf16_copy(src, copy);
+        if (copy_bf16)
+                tsr_test_bf16_copy(src, copy);
         const char *dirs[] = {src, copy};
-        for (size_t di = 0; di < 2; di++)
+        for (size_t di = 0; di < (copy_bf16 ? 2u : 1u); di++)
                 for (size_t k = di; k < 2; k++) {       /* the BF16 copy in bfloat16 only */
                         model_case mc = {0};
                         model_open_path(&mc, dirs[di], family);
@@ -1474,17 +1475,25 @@ static void runner_on_devlike(const char *rel, const char *family) {
                         free(got);
                         model_close(&mc);
                 }
-        tsr_test_remove_model_dir(copy);
+        if (copy_bf16)
+                tsr_test_remove_model_dir(copy);
 }
 
 static void test_llama4_device(void **state) {
         (void)state;
-        runner_on_devlike("tests/fixtures/tiny-llama4", "llama4");
+        runner_on_devlike("tests/fixtures/tiny-llama4", "llama4", true);
 }
 
 static void test_nemotron_h_device(void **state) {
         (void)state;
-        runner_on_devlike("tests/fixtures/tiny-nemotron-h/model", "nemotron_h");
+        runner_on_devlike("tests/fixtures/tiny-nemotron-h/model", "nemotron_h", true);
+}
+
+/* The Llama family's, from a BF16 checkpoint: in bfloat16 its tables are kept as stored
+ * and go to the device as float32 (the embedding) and bf16 (lm_head). */
+static void test_llama_device(void **state) {
+        (void)state;
+        runner_on_devlike("tests/fixtures/tiny-llama3-hf/bf16", "llama", false);
 }
 
 /* Row d of the 2-D stored tensor t widened to float32 (its cols values). */
@@ -1951,6 +1960,7 @@ int main(void) {
                 cmocka_unit_test(test_tp_bf16),
                 cmocka_unit_test(test_llama4_device),
                 cmocka_unit_test(test_nemotron_h_device),
+                cmocka_unit_test(test_llama_device),
                 cmocka_unit_test(test_stored_slices),
                 cmocka_unit_test(test_modelopt_tp),
                 cmocka_unit_test(test_gguf_q8_0_tp),

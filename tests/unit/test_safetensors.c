@@ -806,11 +806,11 @@ static void test_tp_share_load(void **state) {
 }
 
 /* keep_bf16 (tsr_load_opts; the runner sets it whenever the weights become bfloat16): the
- * bf16 fixture's seven matmuls a layer stay BF16 as stored (the embedding and lm_head
- * widened), so the load holds 2 bytes, not 4, for each of their weights; after
- * tsr_llama_use_bf16 (which converts the lm_head only) the model holds the bytes and
- * gives bitwise the logits of the same file widened and then converted, on the reference
- * and the fast backend.  As tensor-parallel rank 1 of 2 the share is cut from the mapped
+ * bf16 fixture's seven matmuls a layer and its embedding / lm_head table(s) stay BF16 as
+ * stored, so the load holds 2 bytes, not 4, for each of their weights; after
+ * tsr_llama_use_bf16 the kept model holds 2 bytes less per table element than the
+ * widened-then-converted one (whose embedding stays float32) and gives bitwise its
+ * logits, on the reference and the fast backend.  As tensor-parallel rank 1 of 2 the share is cut from the mapped
  * file and the split (tsr_llama_shard_tp) runs on the kept bytes. */
 static void test_bf16_kept_as_stored(void **state) {
         (void)state;
@@ -829,11 +829,14 @@ static void test_bf16_kept_as_stored(void **state) {
         const tsr_llama_config *c = tsr_llama_config_of(conv);
         size_t V = c->vocab_size, L = c->n_layers, dim = c->dim, hd = c->head_dim;
         size_t mm = L * (2 * c->n_heads * hd * dim + 2 * c->n_kv_heads * hd * dim + 3 * (size_t)c->hidden_dim * dim);
+        size_t tables = (c->tied_embeddings ? 1 : 2) * V * dim;
         assert_int_equal(sc.resident_bytes, 112448 * 4);
-        assert_int_equal(sk.resident_bytes, 112448 * 4 - mm * 2);   /* the matmuls at 2 bytes */
+        assert_int_equal(sk.resident_bytes, 112448 * 4 - (mm + tables) * 2);   /* all at 2 bytes */
         assert_int_equal(tsr_llama_use_bf16(conv), TSR_OK);
         assert_int_equal(tsr_llama_use_bf16(kept), TSR_OK);
-        assert_int_equal(tsr_llama_resident_bytes(kept), tsr_llama_resident_bytes(conv));
+        /* converted: the float32 embedding and a bf16 lm_head; kept: the one table as stored
+         * (tied), or both at 2 bytes */
+        assert_int_equal(tsr_llama_resident_bytes(kept), tsr_llama_resident_bytes(conv) - V * dim * (c->tied_embeddings ? 4 : 2));
         assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &fast), TSR_OK);
         float *a = malloc(128 * V * sizeof(float)), *b = malloc(128 * V * sizeof(float));
         assert_true(a && b);

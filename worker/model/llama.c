@@ -483,6 +483,10 @@ static void host_weights_drop(tsr_llama *m) {
         w->output = NULL;
         free(w->token_embd);
         w->token_embd = NULL;
+        if (w->output_stored.data != w->token_embd_stored.data)
+                free(w->output_stored.data);
+        free(w->token_embd_stored.data);
+        w->output_stored = w->token_embd_stored = (tsr_tensor){0};
         free(w->output_norm);
         w->output_norm = NULL;
 }
@@ -499,11 +503,39 @@ static size_t weights_device_bytes(const tsr_llama *m) {
                         const tsr_tensor *st = &m->w->layers[l].stored[i];
                         bytes += st->data ? tsr_tensor_n_bytes(st) : rows[i] * cols[i] * esz;
                 }
-        if (m->w->token_embd)
+        if (m->w->token_embd || m->w->token_embd_stored.data)   /* a stored BF16 table goes widened */
                 bytes += (size_t)c->vocab_size * dim * sizeof(float);
-        if (m->bf16 ? m->output_bf16 != NULL : (m->w->output && m->w->output != m->w->token_embd))
+        if (m->bf16 ? m->output_bf16 != NULL || m->w->output_stored.data
+                    : (m->w->output && m->w->output != m->w->token_embd) || m->w->output_stored.data)
                 bytes += (size_t)m->vocab_out * dim * esz;
         return bytes;
+}
+
+/* n bf16 values of `bf16` on the device as float32 (exactly widened) at *dst. */
+static tsr_status put_widened(struct llama_dev *d, const void *bf16, size_t n, void **dst) {
+        float *wide = malloc(n * sizeof(float) + 1);
+        tsr_status st = wide ? tsr_dequant_row(TSR_DTYPE_BF16, bf16, n, wide) : TSR_E_NOMEM;
+        if (st == TSR_OK)
+                st = dev_put(d, wide, n * sizeof(float), dst);
+        free(wide);
+        return st;
+}
+
+/* The embedding table on the device, float32 (the device's gather reads float32 rows): the
+ * host's, or a BF16 checkpoint's kept as stored, widened on the way. */
+static tsr_status put_table(const tsr_llama *m, struct llama_dev *d, void **dst) {
+        const tsr_tensor *t = &m->w->token_embd_stored;
+        size_t n = (size_t)m->cfg.vocab_size * m->cfg.dim;
+        return t->data ? put_widened(d, t->data, n, dst) : dev_put(d, m->w->token_embd, n * sizeof(float), dst);
+}
+
+/* lm_head kept as stored (BF16): its bytes, in the device's matmul dtype (bf16, or widened
+ * for a float32 model). */
+static tsr_status put_output_stored(const tsr_llama *m, struct llama_dev *d, void **dst) {
+        const tsr_tensor *t = &m->w->output_stored;
+        size_t n = (size_t)m->vocab_out * m->cfg.dim;
+        return d->mm_dtype == TSR_DTYPE_BF16 ? dev_put(d, t->data, n * sizeof(uint16_t), dst)
+                                             : put_widened(d, t->data, n, dst);
 }
 
 tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t errlen) {
@@ -522,7 +554,8 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
                 tsr_errf(err, errlen, "tensor parallelism on the %s backend is not supported yet", tsr_backend_name(be));
                 return TSR_E_UNSUPPORTED;
         }
-        if (m->w->token_embd_stored.data || m->w->output_stored.data) {
+        if ((m->w->token_embd_stored.data && m->w->token_embd_stored.dtype != TSR_DTYPE_BF16) ||
+            (m->w->output_stored.data && m->w->output_stored.dtype != TSR_DTYPE_BF16)) {
                 tsr_errf(err, errlen, "weights kept in a GGUF block format cannot go to the %s backend yet "
                          "(use --dtype float32 or bfloat16)", tsr_backend_name(be));
                 return TSR_E_UNSUPPORTED;
@@ -582,9 +615,10 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
                 }
         }
         if (st == TSR_OK)
-                st = dev_put(d, m->w->token_embd, (size_t)c->vocab_size * dim * sizeof(float),
-                             (void **)&d->token_embd);
-        if (st == TSR_OK && m->bf16 && m->output_bf16)
+                st = put_table(m, d, (void **)&d->token_embd);
+        if (st == TSR_OK && m->w->output_stored.data)   /* a BF16 checkpoint's lm_head kept as stored */
+                st = put_output_stored(m, d, &d->output);
+        else if (st == TSR_OK && m->bf16 && m->output_bf16)
                 st = dev_put(d, m->output_bf16, (size_t)m->vocab_out * dim * esz, &d->output);
         else if (st == TSR_OK && m->w->output == m->w->token_embd)
                 d->output = d->token_embd;

@@ -291,7 +291,11 @@ static tsr_status llama_load_source(const tsr_tensor_source *s, const tsr_llama_
         }
         w->cfg = *cfg;
         w->shard = *spec;
-        w->tables_stored = s->g != NULL;
+        /* a GGUF's tables in their block format; a safetensors checkpoint's BF16 ones as
+         * stored when the weights become bfloat16 anyway (keep_bf16): half the bytes of
+         * their float32 widening, the same values (the embedding rows widen exactly, the
+         * lm_head's bf16 bits are what use_bf16 would round the widened table back to) */
+        w->tables_stored = s->g != NULL || s->keep_bf16;
         if (spec->tp_size > 1) {        /* tsr_llama_weights_check passed it */
                 if ((st = tsr_llama_tp_share_of(cfg, spec->tp_rank, spec->tp_size, &w->tp_share, err, errlen)) !=
                     TSR_OK)

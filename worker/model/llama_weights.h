@@ -115,8 +115,8 @@ typedef struct tsr_llama_weights {
         /* token_embd and output kept in their block format, as the layers' stored[]: the
          * float32 field is then NULL (the forward widens the embedding rows it looks up);
          * tied: output_stored is token_embd_stored (the same data, freed once).  A GGUF's
-         * only (tables_stored): a safetensors checkpoint's are always widened (ModelOpt
-         * never quantizes them, and keep_bf16 is for the layers' matmuls). */
+         * (tables_stored), and a safetensors checkpoint's BF16 ones under keep_bf16 (a
+         * F32 one is widened as usual; ModelOpt never quantizes them). */
         tsr_tensor token_embd_stored, output_stored;
         bool tables_stored;
         /* shard.tp_size > 1: every matmul weight and an untied lm_head were read as the
