@@ -462,7 +462,7 @@ typedef struct tsr_mamba_seq {
  * its n_leaves equal channel slices, for a norm whose group spans tensor-parallel ranks.
  * TSR_E_INVAL (nothing run): a size 0 or out of range, H % G, d_inner % n_leaves, a row or
  * slot out of range, a save out of order, a slot used twice by the step.  Sequences'
- * rows must not overlap. */
+ * rows must not overlap; a row no sequence covers is left as it is. */
 tsr_status tsr_backend_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, const tsr_mamba_weights *w,
                                    const float *proj, size_t rows, float *conv, float *ssm, size_t n_slots,
                                    const tsr_mamba_seq *seqs, size_t n_seqs, float *y, float *leaves,

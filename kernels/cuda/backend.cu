@@ -791,8 +791,8 @@ static tsr_status cuda_mamba_mixer(tsr_backend *be, const tsr_mamba_dims *d, con
         if (!h)
                 return TSR_E_NOMEM;
         uint32_t *row_seq = h + n_seqs * TSR_CUDA_MAMBA_SEQ_WORDS, *sv = row_seq + rows;
-        for (size_t r = 0; r < rows; r++)       // rows of no sequence: never read
-                row_seq[r] = 0;
+        for (size_t r = 0; r < rows; r++)       // rows of no sequence: left as they are
+                row_seq[r] = TSR_CUDA_MAMBA_NO_SEQ;
         for (size_t i = 0, k = 0; i < n_seqs; i++) {
                 const tsr_mamba_seq *q = &seqs[i];
                 uint32_t *e = h + i * TSR_CUDA_MAMBA_SEQ_WORDS;

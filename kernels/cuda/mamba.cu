@@ -63,6 +63,8 @@ __global__ static void conv_kernel(mamba_args a, size_t rows) {
         for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < rows * width;
              e += (size_t)gridDim.x * blockDim.x) {
                 size_t r = e / width, ch = e % width;
+                if (a.row_seq[r] == TSR_CUDA_MAMBA_NO_SEQ)
+                        continue;
                 const uint32_t *q = a.seq + (size_t)a.row_seq[r] * TSR_CUDA_MAMBA_SEQ_WORDS;
                 size_t t = r - q[TSR_CUDA_MAMBA_ROW];
                 if (ch < cd) {
@@ -130,7 +132,8 @@ __global__ static void gate_norm_kernel(mamba_args a, size_t rows) {
         size_t r = blockIdx.x / G, g = blockIdx.x % G, pr = di + cd + a.s.heads;
         float *u = a.y + r * di + g * gs;
         const float *z = a.proj + r * pr + g * gs;
-        (void)rows;
+        if (a.row_seq[r] == TSR_CUDA_MAMBA_NO_SEQ)     // a row of no sequence: left as it is
+                return;
         for (size_t e = threadIdx.x; e < gs; e += blockDim.x)
                 u[e] = __fmul_rn(u[e], silu_f(z[e]));
         __syncthreads();

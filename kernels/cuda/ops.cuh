@@ -33,12 +33,13 @@ tsr_status tsr_cuda_f32_to_bf16(cudaStream_t stream, uint16_t *out, const float 
 /* mamba.cu: kernels.h's relu_sq, and its Mamba-2 mixer with the sequences as backend.cu
  * lays them out in device memory: seq (n_seqs, TSR_CUDA_MAMBA_SEQ_WORDS) each sequence's
  * first row, n, past_len, slot, first save and its count of saves; row_seq (rows,) each
- * row's sequence; saves (all the sequences' saves in order, 2 words each: pos, slot).
+ * row's sequence (TSR_CUDA_MAMBA_NO_SEQ: none; that row is left as it is); saves (all the sequences' saves in order, 2 words each: pos, slot).
  * work: (rows, conv_dim + heads) floats.  The recurrence for every token (mamba.cu). */
 tsr_status tsr_cuda_relu_sq(cudaStream_t stream, float *x, size_t n);
 tsr_status tsr_cuda_round_bf16(cudaStream_t stream, float *x, size_t n);
 enum { TSR_CUDA_MAMBA_ROW, TSR_CUDA_MAMBA_N, TSR_CUDA_MAMBA_PAST, TSR_CUDA_MAMBA_SLOT, TSR_CUDA_MAMBA_SAVE_FIRST,
        TSR_CUDA_MAMBA_N_SAVES, TSR_CUDA_MAMBA_SEQ_WORDS };
+#define TSR_CUDA_MAMBA_NO_SEQ UINT32_MAX        /* row_seq of a row no sequence covers */
 typedef struct tsr_cuda_mamba_shape {
         size_t heads, head_dim, state, groups, conv_kernel;
         size_t n_leaves;                /* with leaves */

@@ -29,6 +29,7 @@
 #include "kernels/kernels.h"
 
 #define MAX_SEQS 4
+#define UNTOUCHED 1234.5f       /* y's value before the op */
 
 static uint64_t rng_state;
 
@@ -121,6 +122,8 @@ static void result_new(const mcase *c, result *r) {
         r->conv = malloc((c->n_slots * ce_of(&c->d) + 1) * sizeof(float));
         r->ssm = malloc(c->n_slots * se_of(&c->d) * sizeof(float));
         assert_true(r->y && r->leaves && r->conv && r->ssm);
+        for (size_t i = 0; i < ny; i++)        /* what a row no sequence covers keeps */
+                r->y[i] = UNTOUCHED;
 }
 
 static void result_free(result *r) {
@@ -143,12 +146,14 @@ static void oracle_run(const mcase *c, oracle *o) {
         const tsr_mamba_dims *d = &c->d;
         size_t di = di_of(d), cd = cd_of(d), pr = pr_of(d), K = d->conv_kernel, H = d->heads, P = d->head_dim;
         size_t NS = d->state, G = d->groups, hpg = H / G, gs = di / G, ce = ce_of(d), se = se_of(d);
-        o->y = calloc(c->rows * di, sizeof(double));
+        o->y = malloc(c->rows * di * sizeof(double));
         o->leaves = calloc(c->n_leaves * c->rows + 1, sizeof(double));
         o->conv = malloc((c->n_slots * ce + 1) * sizeof(double));
         o->ssm = malloc(c->n_slots * se * sizeof(double));
         double *xbc = malloc(cd * sizeof(double));
         assert_true(o->y && o->leaves && o->conv && o->ssm && xbc);
+        for (size_t i = 0; i < c->rows * di; i++)
+                o->y[i] = UNTOUCHED;
         for (size_t i = 0; i < c->n_slots * ce; i++)
                 o->conv[i] = c->conv0[i];
         for (size_t i = 0; i < c->n_slots * se; i++)
@@ -320,6 +325,7 @@ static void make_case(int i, mcase *c) {
                                         .chunk = 4, .eps = 1e-5f, .dt_min = 0.001f, .dt_max = 0.5f};
                 c->bias = true;
                 add_seq(c, 13, 0, 1, 0, (const uint32_t[]){4, 7, 8, 8, 11, 9}, 3);
+                c->rows += 2;   /* two rows of no sequence: left as they are */
                 add_seq(c, 10, 3, 3, 0, NULL, 0);
                 add_seq(c, 1, 9, 4, 0, NULL, 0);
                 add_seq(c, 9, 0, 6, 5, NULL, 0);
