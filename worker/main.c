@@ -642,6 +642,8 @@ int main(int argc, char **argv) {
                  tsr_family_names(tsr_family_has_device, gpu_families, sizeof gpu_families));
         const char *gpu_not_ok = !family                    ? "the model has no runner on any device"
                                  : !family->to_backend      ? no_gpu_family
+                                 : family->device_refusal && family->device_refusal(&desc)
+                                         ? family->device_refusal(&desc)
                                  : ranks > 1                ? "tensor or pipeline parallelism on CUDA is not supported yet"
                                  : cfg.nnodes > 1           ? "a multi-node replica on CUDA is not supported yet"
                                                             : NULL;

@@ -2153,6 +2153,19 @@ static void test_device(void **state) {
         assert_int_equal(tsr_nemotron_h_to_backend(g1, dl, err, sizeof err), TSR_E_UNSUPPORTED);
         assert_non_null(strstr(err, "n_groups 1"));
         assert_int_equal(tsr_nemotron_h_check_backend(g1, be), TSR_OK);
+        /* the family says so from the config alone (--device auto then takes the CPU) */
+        for (int k = 0; k < 2; k++) {
+                tsr_model_desc desc = {0};
+                assert_non_null(tsr_test_src_path(k ? G1_FIXTURE "/model" : FIXTURE "/model", path, sizeof path));
+                if (tsr_model_desc_read(&tsr_family_nemotron_h, path, false, &desc, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                const char *why = tsr_family_nemotron_h.device_refusal(&desc);
+                if (k)
+                        assert_non_null(why && strstr(why, "n_groups 1"));
+                else
+                        assert_null(why);
+                tsr_model_desc_done(&desc);
+        }
         /* and a host backend: nothing to move */
         assert_int_equal(tsr_nemotron_h_to_backend(g1, be, err, sizeof err), TSR_OK);
         assert_int_equal(tsr_nemotron_h_check_backend(g1, be), TSR_OK);

@@ -110,6 +110,10 @@ struct tsr_model_family {
          * family runs on host-memory backends only. */
         tsr_status (*to_backend)(void *model, tsr_backend *be, size_t tokens, size_t logit_rows, char *err,
                                  size_t errlen);
+        /* Why this model (its config) cannot run on a device though the family can, or
+         * NULL: read before the backend is chosen, so --device auto takes the CPU for it
+         * and --device cuda is refused with the reason.  NULL hook: every model can. */
+        const char *(*device_refusal)(const tsr_model_desc *d);
         /* CUDA graphs of decode steps on a device backend (issue #16), after kv_bind with
          * the model's pool view: record o's sizes now (start-up); *captured = how many.
          * NULL: the family's steps run eagerly. */

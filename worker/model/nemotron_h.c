@@ -841,13 +841,12 @@ tsr_status tsr_nemotron_h_check_backend(const tsr_nemotron_h *m, const tsr_backe
         return TSR_OK;
 }
 
+bool tsr_nemotron_h_norm_across(const tsr_nemotron_h_config *c) {
+        return c->n_groups == 1 && tsr_nemotron_h_d_inner(c) % TSR_COMM_TREE_LEAVES == 0;
+}
+
 /* ---- on a device backend (issue #16) ----------------------------------------------------- */
 
-/* Whether the model's Mamba norm spans the whole d_inner in one group (mamba(): the sum of
- * squares as canonical leaves, finished on the host). */
-static bool norm_across(const tsr_nemotron_h *m) {
-        return m->cfg.n_groups == 1 && tsr_nemotron_h_d_inner(&m->cfg) % TSR_COMM_TREE_LEAVES == 0;
-}
 
 /* Every array the forward reads from backend memory, into slots[] (NULL: count only); how
  * many.  A tied output is the embedding: not listed (the pointer is set after). */
@@ -907,7 +906,7 @@ tsr_status tsr_nemotron_h_to_backend(tsr_nemotron_h *m, tsr_backend *be, char *e
                      m->shard.last_layer + 1 < m->cfg.n_layers;
         if ((st = tsr_dev_check(be, "NemotronH", split, m->qdtype, err, errlen)) != TSR_OK)
                 return st;
-        if (tsr_nemotron_h_count(&m->cfg, 'M') && norm_across(m)) {
+        if (tsr_nemotron_h_count(&m->cfg, 'M') && tsr_nemotron_h_norm_across(&m->cfg)) {
                 tsr_errf(err, errlen, "a NemotronH whose Mamba layers have one group (n_groups 1) does not run on "
                          "the %s backend yet (its gated norm is finished on the host)", tsr_backend_name(be));
                 return TSR_E_UNSUPPORTED;
@@ -1762,7 +1761,7 @@ static tsr_status mamba(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend 
         /* vLLM's Mixer2RMSNormGated with one group over tp ranks all-reduces the sum of
          * squares; here as R7's canonical partials (comm.h): S fixed channel slices summed
          * in one tree, the same bits at every tp (tp 1 included) */
-        bool across = m->cfg.n_groups == 1 && tsr_nemotron_h_d_inner(&m->cfg) % TSR_COMM_TREE_LEAVES == 0;
+        bool across = tsr_nemotron_h_norm_across(&m->cfg);
         size_t S = TSR_COMM_TREE_LEAVES, n_leaves = S / m->tp_size;
         tsr_mamba_dims dims = {.heads = c->m_heads, .head_dim = c->m_head_dim, .state = c->ssm_state,
                                .groups = c->n_groups, .conv_kernel = c->conv_kernel,

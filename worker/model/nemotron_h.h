@@ -113,6 +113,9 @@ static inline uint32_t tsr_nemotron_h_d_inner(const tsr_nemotron_h_config *c) { 
 static inline uint32_t tsr_nemotron_h_conv_dim(const tsr_nemotron_h_config *c) {
         return c->m_heads * c->m_head_dim + 2 * c->n_groups * c->ssm_state;
 }
+/* Whether the Mamba layers' gated norm spans all d_inner channels in one group (n_groups
+ * 1): its sum of squares is then taken as canonical leaves and finished on the host. */
+bool tsr_nemotron_h_norm_across(const tsr_nemotron_h_config *c);
 /* Layers of one kind ('M', '*', 'E', '-') in the pattern. */
 uint32_t tsr_nemotron_h_count(const tsr_nemotron_h_config *c, char kind);
 

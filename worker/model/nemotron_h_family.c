@@ -98,6 +98,14 @@ static tsr_status nh_to_backend(void *model, tsr_backend *be, size_t tokens, siz
         return st;
 }
 
+/* tsr_nemotron_h_to_backend's refusal known from the config: one Mamba group. */
+static const char *nh_device_refusal(const tsr_model_desc *d) {
+        const tsr_nemotron_h_config *c = cfg_of(d);
+        return tsr_nemotron_h_count(c, 'M') && tsr_nemotron_h_norm_across(c)
+                       ? "a NemotronH whose Mamba layers have one group (n_groups 1) does not run on CUDA yet"
+                       : NULL;
+}
+
 static tsr_status nh_kv_bind(const void *model, tsr_kv_pool *pool, void **ret) {
         tsr_nemotron_h_cache *c = NULL;
         tsr_status st = tsr_nemotron_h_cache_bind(model, pool, &c);
@@ -192,6 +200,7 @@ const tsr_model_family tsr_family_nemotron_h = {
         .resident_bytes = nh_resident_bytes,
         .check_backend = nh_check_backend,
         .to_backend = nh_to_backend,
+        .device_refusal = nh_device_refusal,
         .kv_bind = nh_kv_bind,
         .kv_scale_module = nh_kv_scale_module,
         .kv_unbind = nh_kv_unbind,
