@@ -6,7 +6,7 @@
 # tokenizer's output (the random model is made here from it).
 #
 #   1. the GPU suite: every test_cuda_* program (test_cuda_fpmm: the fp8 / NVFP4 matmul), test_comm_nccl (NCCL_DEBUG=INFO),
-#      `tessera-doctor --nccl on` (its NCCL half over the GPUs here), test_ops' CUDA column, and
+#      `tessera-doctor --nccl on` (its NCCL half over the GPUs here), test_ops' and test_mamba's CUDA columns, and
 #      test_cuda_forward (tiny fixture vs transformers) again with TSR_GPU_MODEL set to
 #      a random SmolLM2-shaped model (CUDA vs the CPU backend);
 #   2. compute-sanitizer memcheck of test_cuda_forward on the tiny fixture;
@@ -76,6 +76,10 @@ if [ $SUITE = yes ]; then
         grep -E "^nccl|^doctor|^warning" "$OUT/doctor_nccl.log" | head -12
         p=$(bin test_ops) && step test_ops 300 "$p"
         grep -E "cuda|FAIL|PASSED|SKIPPED" "$OUT/test_ops.log" | tail -5
+        # NemotronH's ops on the device: the Mamba mixer against the float64 oracle, relu_sq
+        # and round_bf16 bitwise their definitions (test_mamba's CUDA case)
+        p=$(bin test_mamba) && step test_mamba 120 "$p"
+        grep -E "cuda|FAIL|PASSED|SKIPPED|ERROR" "$OUT/test_mamba.log" | tail -9
         grep -E "max \||FAIL|OK \(" "$OUT/test_cuda_forward.log"
         grep -E "fpmm on cuda|FAIL|OK \(" "$OUT/test_cuda_fpmm.log" | head -8
 fi
