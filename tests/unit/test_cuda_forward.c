@@ -23,7 +23,8 @@
  *      CPU bfloat16 path within 2e-2 * max |logit| (prints the greedy agreement).
  *   5. CUDA graphs of decode steps against the same steps run eagerly (graphs(), below).
  *   6. ModelOpt FP8 / NVFP4 weights (modelopt(), below); 7. Llama 4 on the device
- *      (llama4_on_device()); 8. NemotronH on the device (nemotron_h_on_device()).
+ *      (llama4_on_device()); 8. NemotronH on the device (nemotron_h_on_device()); 9. a BF16
+ *      Llama's tables kept as stored (stored_tables()).
  * TSR_TEST_DEVICE=cpu-devlike runs it all on the reference kernels behind a backend
  * whose memory counts as a device's (tsr_backend_cpu_devlike_new): the forward's device
  * path without a GPU, in the unit suite ('cuda_forward_devlike').
@@ -672,6 +673,53 @@ static void big_model(tsr_backend *gpu, const char *path) {
         tsr_backend_free(&cpu);
 }
 
+/* A BF16 checkpoint loaded with keep_bf16 (its matmuls and both tables kept as stored),
+ * as a float32 model (no use_bf16: lm_head still multiplies as bf16, as stored) and
+ * converted: on the device (the table widened on the way, lm_head's bf16 bytes) against
+ * the same load on cpu-ref, every position of every golden prompt.  cpu-devlike: bitwise;
+ * CUDA: within 1e-3 x max |logit| + 1e-4. */
+static void stored_tables(tsr_backend *gpu, tsr_backend *ref, const char *root, bool devlike) {
+        char dir[4200], path[4400];
+        json_error_t je;
+        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-llama3-hf", root);
+        snprintf(path, sizeof path, "%s/golden.json", dir);
+        json_t *g = json_load_file(path, 0, &je);
+        CHECK(g, "%s: %s", path, je.text);
+        snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/bf16");
+        const tsr_load_opts keep = {.keep_bf16 = true};
+        for (int bf16 = 0; g && bf16 < 2; bf16++) {
+                tsr_llama *d = load_opts_on(dir, &keep, gpu, bf16), *h = load_opts_on(dir, &keep, ref, bf16);
+                size_t vocab = h ? tsr_llama_config_of(h)->vocab_size : 0;
+                float *want = malloc(128 * (vocab + 1) * sizeof(float)), *got = malloc(128 * (vocab + 1) * sizeof(float));
+                double worst = 0;
+                uint32_t ids[128];
+                bool ok = d && h && want && got;
+                CHECK(ok, "tiny-llama3-hf/bf16 kept as stored (%s): load", bf16 ? "bf16" : "f32");
+                for (size_t pi = 0; ok && pi < json_array_size(json_object_get(g, "prompts")); pi++) {
+                        size_t n = json_ids(json_object_get(json_array_get(json_object_get(g, "prompts"), pi), "ids"),
+                                            ids, 128);
+                        ok = logits_all(h, ref, ids, n, want) == TSR_OK && logits_all(d, gpu, ids, n, got) == TSR_OK;
+                        CHECK(ok, "tiny-llama3-hf/bf16 prompt %zu: a forward failed", pi);
+                        double m = ok ? max_abs_diff(got, want, n * vocab) : 0;
+                        worst = m > worst ? m : worst;
+                        if (ok && devlike)
+                                CHECK(memcmp(got, want, n * vocab * sizeof(float)) == 0,
+                                      "tiny-llama3-hf/bf16 prompt %zu on cpu-devlike: not bitwise (%.3g)", pi, m);
+                        else if (ok)
+                                CHECK(m <= 1e-3 * max_abs(want, n * vocab) + 1e-4,
+                                      "tiny-llama3-hf/bf16 prompt %zu: max |dlogit| %.3g", pi, m);
+                }
+                printf("tiny-llama3-hf/bf16, tables kept as stored, %s on %s: max |dlogit| vs cpu-ref %.3g%s\n",
+                       bf16 ? "bf16" : "f32 (lm_head bf16 as stored)", tsr_backend_name(gpu), worst,
+                       devlike ? " (bitwise required)" : "");
+                tsr_llama_free(&d);
+                tsr_llama_free(&h);
+                free(want);
+                free(got);
+        }
+        json_decref(g);
+}
+
 /* Every row's argmax equal to the reference's where the reference's top-2 margin exceeds
  * `bound` (elsewhere a tie within rounding may go either way). */
 static void argmax_where_clear(const char *what, size_t pi, const float *want, const float *got, size_t rows,
@@ -872,6 +920,7 @@ int main(void) {
         modelopt(gpu, ref, root, devlike);
         llama4_on_device(gpu, ref, root, devlike);
         nemotron_h_on_device(gpu, ref, root, devlike);
+        stored_tables(gpu, ref, root, devlike);
         if (big && *big)
                 big_model(gpu, big);
         else

@@ -2032,6 +2032,8 @@ static size_t device_vs_host(tsr_nemotron_h *h, tsr_nemotron_h *d, tsr_backend *
         assert_int_equal(tsr_nemotron_h_check_backend(h, dl), TSR_E_UNSUPPORTED);     /* its did not */
         assert_int_equal(tsr_nemotron_h_use_bf16(d), TSR_E_INVAL);
         assert_int_equal(tsr_nemotron_h_to_backend(d, dl, err, sizeof err), TSR_E_INVAL);
+        tsr_nemotron_h_cache *host_cache = NULL;        /* host arrays for a device model: refused */
+        assert_int_equal(tsr_nemotron_h_cache_new(d, 4, BLOCK, 1, &host_cache), TSR_E_INVAL);
         /* activations kept for 4 tokens: the longer steps below grow them */
         assert_int_equal(tsr_nemotron_h_reserve(d, 4, 1), TSR_OK);
         assert_int_equal(tsr_nemotron_h_reserve(h, 4, 1), TSR_OK);     /* nothing on the host */

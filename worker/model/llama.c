@@ -66,10 +66,11 @@ struct llama_dev {
         tsr_backend *be;                /* borrowed: outlives the model (the runner frees it after) */
         struct llama_dev_layer *layers; /* [n_local] */
         float *token_embd;              /* (vocab, dim), NULL on a stage without the embedding */
-        void *output;                   /* (vocab_out, dim) in mm_dtype; the embedding's when tied and float32 */
+        void *output;                   /* (vocab_out, dim) in output_dtype; the embedding's when tied and float32 */
         float *output_norm, *inv_freq;
-        tsr_dtype mm_dtype;             /* of output and of every matmul not kept as stored:
+        tsr_dtype mm_dtype;             /* of every matmul not kept as stored:
                                          * TSR_DTYPE_F32 or TSR_DTYPE_BF16 */
+        tsr_dtype output_dtype;         /* output's: mm_dtype, or bf16 for a BF16 lm_head kept as stored */
         /* The forward's activations for up to scratch_rows tokens and logits for up to
          * logits_rows rows (device memory), grown on demand and kept. */
         float *scratch;
@@ -165,7 +166,7 @@ static tsr_tensor mm_weight(const tsr_llama *m, long l, int which, const float *
         if (m->dev && l >= 0)
                 return m->dev->layers[l].mm[which];
         if (m->dev) {
-                t.dtype = m->dev->mm_dtype;
+                t.dtype = m->dev->output_dtype;
                 t.data = m->dev->output;
                 return t;
         }
@@ -505,19 +506,34 @@ static size_t weights_device_bytes(const tsr_llama *m) {
                 }
         if (m->w->token_embd || m->w->token_embd_stored.data)   /* a stored BF16 table goes widened */
                 bytes += (size_t)c->vocab_size * dim * sizeof(float);
-        if (m->bf16 ? m->output_bf16 != NULL || m->w->output_stored.data
-                    : (m->w->output && m->w->output != m->w->token_embd) || m->w->output_stored.data)
+        if (m->w->output_stored.data)                           /* goes as its bf16 bytes */
+                bytes += (size_t)m->vocab_out * dim * sizeof(uint16_t);
+        else if (m->bf16 ? m->output_bf16 != NULL : (m->w->output && m->w->output != m->w->token_embd))
                 bytes += (size_t)m->vocab_out * dim * esz;
         return bytes;
 }
 
-/* n bf16 values of `bf16` on the device as float32 (exactly widened) at *dst. */
+/* n bf16 values of `bf16` on the device as float32 (exactly widened) at *dst, a piece at
+ * a time: the host never holds the whole float32 table (4.2 GB for a 128k x 8192 one). */
 static tsr_status put_widened(struct llama_dev *d, const void *bf16, size_t n, void **dst) {
-        float *wide = malloc(n * sizeof(float) + 1);
-        tsr_status st = wide ? tsr_dequant_row(TSR_DTYPE_BF16, bf16, n, wide) : TSR_E_NOMEM;
-        if (st == TSR_OK)
-                st = dev_put(d, wide, n * sizeof(float), dst);
-        free(wide);
+        enum { PIECE = 1 << 20 };       /* floats widened per upload */
+        float *wide = malloc((n < PIECE ? n : PIECE) * sizeof(float) + 1);
+        tsr_status st = wide ? tsr_backend_mem_alloc(d->be, n * sizeof(float), dst) : TSR_E_NOMEM;
+        if (st != TSR_OK) {
+                free(wide);
+                *dst = NULL;
+                return st;
+        }
+        for (size_t i = 0; i < n && st == TSR_OK; i += PIECE) {
+                size_t k = n - i < PIECE ? n - i : PIECE;
+                if ((st = tsr_dequant_row(TSR_DTYPE_BF16, (const uint16_t *)bf16 + i, k, wide)) == TSR_OK)
+                        st = tsr_backend_upload(d->be, (float *)*dst + i, wide, k * sizeof(float));
+        }
+        free(wide);             /* the uploads are synchronous (kernels.h) */
+        if (st != TSR_OK) {
+                tsr_backend_mem_free(d->be, *dst);
+                *dst = NULL;
+        }
         return st;
 }
 
@@ -529,13 +545,11 @@ static tsr_status put_table(const tsr_llama *m, struct llama_dev *d, void **dst)
         return t->data ? put_widened(d, t->data, n, dst) : dev_put(d, m->w->token_embd, n * sizeof(float), dst);
 }
 
-/* lm_head kept as stored (BF16): its bytes, in the device's matmul dtype (bf16, or widened
- * for a float32 model). */
+/* lm_head kept as stored (BF16): its bytes, multiplied as bf16 as on the host
+ * (output_dtype), whatever the other matmuls' dtype. */
 static tsr_status put_output_stored(const tsr_llama *m, struct llama_dev *d, void **dst) {
-        const tsr_tensor *t = &m->w->output_stored;
-        size_t n = (size_t)m->vocab_out * m->cfg.dim;
-        return d->mm_dtype == TSR_DTYPE_BF16 ? dev_put(d, t->data, n * sizeof(uint16_t), dst)
-                                             : put_widened(d, t->data, n, dst);
+        d->output_dtype = TSR_DTYPE_BF16;
+        return dev_put(d, m->w->output_stored.data, (size_t)m->vocab_out * m->cfg.dim * sizeof(uint16_t), dst);
 }
 
 tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t errlen) {
@@ -587,6 +601,7 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
         }
         d->be = be;
         d->mm_dtype = m->bf16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32;
+        d->output_dtype = d->mm_dtype;
         m->dev = d;             /* from here dev_free undoes a partial copy */
         hd = c->head_dim;
         dim = c->dim;

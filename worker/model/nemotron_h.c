@@ -1268,7 +1268,7 @@ tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, si
         tsr_nemotron_h_cache *c;
         size_t kv_row, kv_elems;
 
-        if (!m || !ret)
+        if (!m || !ret || m->dev)       /* host arrays: a device model binds a pool in its memory */
                 return TSR_E_INVAL;
         cfg = &m->rank;         /* the rank's KV heads, conv channels and SSM heads */
         if (!(c = calloc(1, sizeof *c)))

@@ -213,8 +213,9 @@ tsr_status tsr_nemotron_h_reserve(const tsr_nemotron_h *m, size_t tokens, size_t
 typedef struct tsr_nemotron_h_cache tsr_nemotron_h_cache;
 
 /* n_blocks blocks of block_size token rows for the model's attention layers' K/V, and
- * n_slots Mamba state slots (of the layers it holds).  TSR_E_INVAL (a zero size the
- * model needs), TSR_E_LIMIT, TSR_E_NOMEM. */
+ * n_slots Mamba state slots (of the layers it holds), in host memory.  TSR_E_INVAL (a
+ * zero size the model needs; a model moved to a device: bind a pool in its memory),
+ * TSR_E_LIMIT, TSR_E_NOMEM. */
 tsr_status tsr_nemotron_h_cache_new(const tsr_nemotron_h *m, size_t n_blocks, size_t block_size, size_t n_slots,
                                     tsr_nemotron_h_cache **ret);
 void tsr_nemotron_h_cache_free(tsr_nemotron_h_cache **c);
