@@ -1162,15 +1162,16 @@ static void test_bf16_fast_backend(void **state) {
         free(got);
 }
 
-/* The BF16 copy loaded with keep_bf16: every linear (routed experts too) stays bf16 as
- * stored, 2 bytes each and never widened; lm_head (untied) is widened as before.  After
- * tsr_nemotron_h_use_bf16 its weights and logits are bitwise model16's (the same file
- * widened, then converted), on the reference and the fast backends.  A tensor-parallel
+/* The BF16 copy loaded with keep_bf16: every linear (routed experts too), lm_head and the
+ * (untied) embedding table stay bf16 as stored, 2 bytes each and never widened.  After
+ * tsr_nemotron_h_use_bf16 it holds 2 bytes a table element less than model16 (the same
+ * file widened, then converted: its embedding stays float32), and its logits are bitwise
+ * model16's, on the reference and the fast backends.  A tensor-parallel
  * and an expert-parallel rank keep their shares of the bytes (test_parallel's
  * test_tp_bf16 checks their logits). */
 static void test_bf16_kept_as_stored(void **state) {
         const tsr_nemotron_h_config *c = tsr_nemotron_h_config_of(model16);
-        uint64_t lin = linear_elems(c), out = c->tied_embeddings ? 0 : (uint64_t)c->vocab_size * c->dim;
+        uint64_t lin = linear_elems(c), table = c->tied_embeddings ? 0 : (uint64_t)c->vocab_size * c->dim;
         size_t rows = prompt_rows();
         float *ref = malloc(rows * vocab * sizeof(float)), *got = malloc(rows * vocab * sizeof(float));
         const tsr_load_opts keep = {.keep_bf16 = true};
@@ -1182,12 +1183,12 @@ static void test_bf16_kept_as_stored(void **state) {
         (void)state;
         if (tsr_nemotron_h_load(bf16_dir, NULL, NULL, &keep, NULL, NULL, &m, &st, err, sizeof err) != TSR_OK)
                 fail_msg("%s", err);
-        assert_int_equal(st.resident_bytes, stats16.resident_bytes - 2 * (lin - out));
+        assert_int_equal(st.resident_bytes, stats16.resident_bytes - 2 * (lin + table));
         assert_int_equal(tsr_nemotron_h_resident_bytes(m), st.resident_bytes);
         assert_false(tsr_nemotron_h_is_bf16(m));
         assert_int_equal(tsr_nemotron_h_check_backend(m, be), TSR_OK);
         assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
-        assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(model16));
+        assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(model16) - 2 * table);
         assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &fast), TSR_OK);
         tsr_backend *bes[] = {be, fast};
         for (size_t k = 0; k < 2; k++) {
@@ -1195,8 +1196,9 @@ static void test_bf16_kept_as_stored(void **state) {
                 full_rows(m, bes[k], NULL, 0, got);
                 assert_memory_equal(got, ref, rows * vocab * sizeof(float));
         }
-        print_message("tiny-nemotron-h as BF16: %" PRIu64 " linear bytes kept as stored (%" PRIu64 " widened); %zu "
-                      "logit rows bitwise the converted model's\n", 2 * (lin - out), 4 * (lin - out), rows);
+        print_message("tiny-nemotron-h as BF16: %" PRIu64 " bytes of linears and tables kept as stored (%" PRIu64
+                      " widened); %zu logit rows bitwise the converted model's\n", 2 * (lin + table),
+                      4 * (lin + table), rows);
         tsr_nemotron_h_free(&m);
         for (int ep = 0; ep < 2; ep++) {
                 tsr_shard_spec r1 = {1, 2, 0, c->n_layers - 1, ep};
@@ -1206,7 +1208,16 @@ static void test_bf16_kept_as_stored(void **state) {
                 assert_true(st.resident_bytes < sw.resident_bytes);
                 assert_int_equal(tsr_nemotron_h_use_bf16(w), TSR_OK);
                 assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
-                assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(w));
+                /* each rank holds the embedding whole: at 2 bytes an element when kept */
+                assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(w) - 2 * table);
+                tsr_nemotron_h_free(&w);
+                /* the same rank loaded whole, then split: the kept lm_head cut to its rows too */
+                if (tsr_nemotron_h_load(bf16_dir, NULL, NULL, &keep, NULL, NULL, &w, &sw, err, sizeof err) != TSR_OK)
+                        fail_msg("%s", err);
+                assert_int_equal(ep ? tsr_nemotron_h_shard_ep(w, 1, 2, err, sizeof err)
+                                    : tsr_nemotron_h_shard_tp(w, 1, 2, err, sizeof err), TSR_OK);
+                assert_int_equal(tsr_nemotron_h_use_bf16(w), TSR_OK);
+                assert_int_equal(tsr_nemotron_h_resident_bytes(w), tsr_nemotron_h_resident_bytes(m));
                 tsr_nemotron_h_free(&w);
                 tsr_nemotron_h_free(&m);
         }

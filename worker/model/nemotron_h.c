@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "kernels/quant/quant.h"
 #include "worker/model/device_arrays.h"
 #include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
@@ -107,6 +108,10 @@ struct tsr_nemotron_h {
         tsr_nemotron_h_config cfg;
         tsr_shard_spec shard;           /* the layers held: all, or a pipeline stage's range */
         float *token_embd, *output_norm;        /* the first stage's, the last stage's (tied: both) */
+        /* A BF16 checkpoint's untied embedding kept as stored (keep_bf16; token_embd NULL):
+         * the rows a step looks up are widened on the host, exactly; on a device the
+         * table goes widened (tsr_nemotron_h_to_backend). */
+        tsr_tensor embd_q;
         nh_mat output;                  /* output.f == token_embd when tied; NULL before the last stage */
         nh_layer *layers;               /* [n_layers], indexed by the global layer; only the shard's loaded */
         tsr_tensor_name *expert_names;  /* [2 * n_experts]: up, down per expert */
@@ -220,6 +225,7 @@ void tsr_nemotron_h_free(tsr_nemotron_h **mp) {
         mat_free(m, &m->output);
         release(m, m->output_norm);
         release(m, m->token_embd);
+        free(m->embd_q.data);           /* host only: widened on the way to a device */
         for (size_t i = 0; m->acts && i < N_ACTS; i++)
                 tsr_backend_mem_free(m->dev, m->acts->p[i]);
         free(m->acts);
@@ -312,7 +318,8 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
         struct { const char *name; char kind; float **dst; uint64_t rows, cols; nh_mat *mat; } s[] = {
                 {"token_embd", 0, first || (last && c->tied_embeddings) ? &m->token_embd : NULL, c->vocab_size, dim},
                 {"output_norm", 0, last ? &m->output_norm : NULL, dim, 0},
-                {"output", 0, c->tied_embeddings || !last ? NULL : &m->output.f, c->vocab_size, dim},
+                /* a BF16 lm_head kept as stored under keep_bf16 (output.q; never quantized) */
+                {"output", 0, c->tied_embeddings || !last ? NULL : &m->output.f, c->vocab_size, dim, &m->output},
                 {"norm", 'A', L ? &L->norm : NULL, dim, 0},
                 {"in_proj", 'M', L ? &L->in_proj.f : NULL, di + cd + c->m_heads, dim, L ? &L->in_proj : NULL},
                 /* conv1d.weight is [conv_dim, 1, K] on disk: the loader reads it as (rows, cols). */
@@ -376,8 +383,12 @@ static bool nh_bind(void *model, const tsr_tensor_name *n, uint32_t layer, tsr_l
                 if (!s[i].dst || (s[i].kind && s[i].kind != 'A' && s[i].kind != kind))
                         return false;
                 tsr_load_slice sl = nh_slice(m, n->logical);
-                *ret = (tsr_load_slot){.dst = s[i].dst, .stored = s[i].mat ? &s[i].mat->q : NULL,
-                                       .rows = s[i].rows, .cols = s[i].cols, .slice = sl};
+                /* an untied embedding may be kept as stored (a tied one: lm_head reads the
+                 * float32 table) */
+                tsr_tensor *stored = s[i].mat ? &s[i].mat->q
+                                     : s[i].dst == &m->token_embd && !c->tied_embeddings ? &m->embd_q : NULL;
+                *ret = (tsr_load_slot){.dst = s[i].dst, .stored = stored, .rows = s[i].rows, .cols = s[i].cols,
+                                       .slice = sl};
                 return true;
         }
         return false;
@@ -791,7 +802,8 @@ uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m) {
         uint64_t qd = (uint64_t)r->n_heads * r->head_dim, kvd = (uint64_t)r->n_kv_heads * r->head_dim;
         uint64_t I = m->ep ? c->moe_hidden : r->moe_hidden;
 
-        b += (m->token_embd ? (uint64_t)c->vocab_size * dim * F : 0) + (m->output_norm ? dim * F : 0);
+        b += (m->token_embd ? (uint64_t)c->vocab_size * dim * F
+                            : m->embd_q.data ? tsr_tensor_n_bytes(&m->embd_q) : 0) + (m->output_norm ? dim * F : 0);
         if (m->output.f != m->token_embd || m->output.b || m->output.q.data)
                 b += mat_bytes(&m->output, (uint64_t)m->vocab_out * dim);
         for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer; l++) {
@@ -910,6 +922,17 @@ tsr_status tsr_nemotron_h_to_backend(tsr_nemotron_h *m, tsr_backend *be, char *e
                 tsr_errf(err, errlen, "a NemotronH whose Mamba layers have one group (n_groups 1) does not run on "
                          "the %s backend yet (its gated norm is finished on the host)", tsr_backend_name(be));
                 return TSR_E_UNSUPPORTED;
+        }
+        if (m->embd_q.data) {   /* the device's gather reads float32 rows: widen it here */
+                size_t ne = (size_t)m->cfg.vocab_size * m->cfg.dim;
+                float *wide = malloc(ne * sizeof(float) + 1);
+                if (!wide || tsr_dequant_row(m->embd_q.dtype, m->embd_q.data, ne, wide) != TSR_OK) {
+                        free(wide);
+                        return TSR_E_NOMEM;
+                }
+                m->token_embd = wide;
+                free(m->embd_q.data);
+                m->embd_q = (tsr_tensor){0};
         }
         if ((n = dev_arrays(m, NULL)) == SIZE_MAX)
                 return TSR_E_NOMEM;
@@ -1186,6 +1209,10 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         if (st == TSR_OK && split && m->output.f && !output_is_share)
                 st = tsr_tp_keep_vocab_rows(&m->output.f, &m->token_embd, m->shard.first_layer == 0, c->vocab_size,
                                             dim, tp_rank * vl, vl);
+        if (st == TSR_OK && split && m->output.q.data && !sliced) {     /* kept as stored (BF16): its rows */
+                tsr_load_slice rows = {TSR_LOAD_SLICE_ROWS, 1, {{tp_rank * vl, vl}}};
+                st = tsr_load_stored_slice(&m->output.q, &rows);
+        }
         if (st != TSR_OK) {
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
                 return st;      /* the model is half split: the caller frees it */
@@ -1797,6 +1824,20 @@ static tsr_status mlp(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
 
 /* logits (rows, vocab) of the normed rows xb (rows, dim): a tensor-parallel rank computes
  * its vocab_out rows of lm_head and the all-gather puts the vocabulary together (tp.h). */
+/* x (rows, dim) = the embedding rows of `tokens`: the backend's gather from the float32
+ * table, or each row of a table kept as stored widened on the host (a host backend's
+ * memory: on a device the table is float32). */
+static tsr_status embed(const tsr_nemotron_h *m, tsr_backend *be, float *x, const uint32_t *tokens, size_t rows) {
+        size_t dim = m->cfg.dim;
+        tsr_status st = TSR_OK;
+        if (!m->embd_q.data)
+                return tsr_backend_embedding(be, x, m->token_embd, m->cfg.vocab_size, dim, tokens, rows);
+        for (size_t r = 0; r < rows && st == TSR_OK; r++)
+                st = tsr_dequant_row(m->embd_q.dtype, (const uint16_t *)m->embd_q.data + (size_t)tokens[r] * dim, dim,
+                                     x + r * dim);
+        return st;
+}
+
 static tsr_status lm_head(const tsr_nemotron_h *m, tsr_backend *be, float *logits, const float *xb, size_t rows) {
         size_t dim = m->cfg.dim, vl = m->vocab_out;
         float *mine;
@@ -1906,8 +1947,7 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
                 return st;
         if (!in) {
                 for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
-                        TRY(tsr_backend_embedding(be, s.x + row * dim, m->token_embd, c->vocab_size, dim,
-                                                  seqs[i].tokens, seqs[i].n));
+                        TRY(embed(m, be, s.x + row * dim, seqs[i].tokens, seqs[i].n));
                 /* exact for a bf16 checkpoint; a float32 one's rows as vLLM's bf16 table */
                 if (m->bf16)
                         TRY(tsr_backend_round_bf16(be, s.x, N * dim));
