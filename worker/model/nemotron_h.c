@@ -1822,8 +1822,6 @@ static tsr_status mlp(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
         return mm_row(m, be, s, s->hid, &L->mlp_down, N, c->mlp_hidden);
 }
 
-/* logits (rows, vocab) of the normed rows xb (rows, dim): a tensor-parallel rank computes
- * its vocab_out rows of lm_head and the all-gather puts the vocabulary together (tp.h). */
 /* x (rows, dim) = the embedding rows of `tokens`: the backend's gather from the float32
  * table, or each row of a table kept as stored widened on the host (a host backend's
  * memory: on a device the table is float32). */
@@ -1838,6 +1836,8 @@ static tsr_status embed(const tsr_nemotron_h *m, tsr_backend *be, float *x, cons
         return st;
 }
 
+/* logits (rows, vocab) of the normed rows xb (rows, dim): a tensor-parallel rank computes
+ * its vocab_out rows of lm_head and the all-gather puts the vocabulary together (tp.h). */
 static tsr_status lm_head(const tsr_nemotron_h *m, tsr_backend *be, float *logits, const float *xb, size_t rows) {
         size_t dim = m->cfg.dim, vl = m->vocab_out;
         float *mine;

@@ -128,15 +128,16 @@ typedef struct tsr_nemotron_h tsr_nemotron_h;
 /* Load the HF folder `dir` (config.json; model.safetensors or an index), its F32, F16
  * or BF16 tensors widened to float32 (exactly).
  * `opts` (NULL: widen every tensor): opts->keep_bf16 keeps a BF16 folder's linears (the
- * same ones as below, routed experts included) as stored, 2 bytes each and never
- * widened: the bits tsr_nemotron_h_use_bf16 gives the widened model.  opts->modelopt:
+ * same ones as below, routed experts included), lm_head and an untied embedding table as
+ * stored, 2 bytes each and never widened: the bits tsr_nemotron_h_use_bf16 gives the
+ * widened model (the embedding rows widen exactly).  opts->modelopt:
  * what the folder announces (tsr_modelopt_config_read; NULL or algo NONE: no
  * quantization).  ModelOpt FP8 (models.md §4.2-4.3, nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8)
  * and NVFP4 (§4.4): every linear stored F8_E4M3 with its weight_scale / input_scale, or
  * U8 e2m1 codes with weight_scale (e4m3 per 16) / weight_scale_2 / input_scale, stays as
  * stored
  * (in_proj, out_proj, q/k/v/o, routed and shared experts, the dense MLP; the router,
- * conv1d, embeddings and lm_head are read as float32 only), the rest is widened; the
+ * conv1d, embeddings and lm_head are never quantized: widened, or BF16 kept as above), the rest is widened; the
  * decision is per module from its dtype and scales, the exclude list cross-checks it
  * (tsr_modelopt_load_weight).  A MoE layer's experts are all quantized or none, and
  * share one activation scale per GEMM, the max over the experts (vLLM).
