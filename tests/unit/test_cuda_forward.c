@@ -673,6 +673,42 @@ static void big_model(tsr_backend *gpu, const char *path) {
         tsr_backend_free(&cpu);
 }
 
+/* Every row's argmax equal to the reference's where the reference's top-2 margin exceeds
+ * `bound` (elsewhere a tie within rounding may go either way). */
+static void argmax_where_clear(const char *what, size_t pi, const float *want, const float *got, size_t rows,
+                               size_t vocab, double bound) {
+        for (size_t r = 0; r < rows; r++) {
+                const float *w = want + r * vocab;
+                size_t b1 = argmax(w, vocab);
+                float second = -INFINITY;
+                for (size_t i = 0; i < vocab; i++)
+                        if (i != b1 && w[i] > second)
+                                second = w[i];
+                if (w[b1] - second > bound)
+                        CHECK(argmax(got + r * vocab, vocab) == b1, "%s prompt %zu row %zu: argmax differs", what, pi,
+                              r);
+        }
+}
+
+/* Prompt pi's rows x vocab logits from the device (got) against cpu-ref's (want):
+ * cpu-devlike bitwise, else within rel x max |logit| + 1e-4 and, with `argmax`, the same
+ * argmax where the reference's margin exceeds that bound; the largest distance into
+ * *worst. */
+static void device_rows_check(const char *what, size_t pi, const float *want, const float *got, size_t rows,
+                              size_t vocab, double rel, bool argmax, bool devlike, double *worst) {
+        size_t cnt = rows * vocab;
+        double m = max_abs_diff(got, want, cnt), bound = rel * max_abs(want, cnt) + 1e-4;
+        *worst = m > *worst ? m : *worst;
+        if (devlike) {
+                CHECK(memcmp(got, want, cnt * sizeof(float)) == 0, "%s prompt %zu on cpu-devlike: not bitwise (%.3g)",
+                      what, pi, m);
+                return;
+        }
+        CHECK(m <= bound, "%s prompt %zu: max |dlogit| %.3g (bound %.3g)", what, pi, m, bound);
+        if (argmax)
+                argmax_where_clear(what, pi, want, got, rows, vocab, bound);
+}
+
 /* A BF16 checkpoint loaded with keep_bf16 (its matmuls and both tables kept as stored),
  * as a float32 model (no use_bf16: lm_head still multiplies as bf16, as stored) and
  * converted: on the device (the table widened on the way, lm_head's bf16 bytes) against
@@ -700,14 +736,9 @@ static void stored_tables(tsr_backend *gpu, tsr_backend *ref, const char *root, 
                                             ids, 128);
                         ok = logits_all(h, ref, ids, n, want) == TSR_OK && logits_all(d, gpu, ids, n, got) == TSR_OK;
                         CHECK(ok, "tiny-llama3-hf/bf16 prompt %zu: a forward failed", pi);
-                        double m = ok ? max_abs_diff(got, want, n * vocab) : 0;
-                        worst = m > worst ? m : worst;
-                        if (ok && devlike)
-                                CHECK(memcmp(got, want, n * vocab * sizeof(float)) == 0,
-                                      "tiny-llama3-hf/bf16 prompt %zu on cpu-devlike: not bitwise (%.3g)", pi, m);
-                        else if (ok)
-                                CHECK(m <= 1e-3 * max_abs(want, n * vocab) + 1e-4,
-                                      "tiny-llama3-hf/bf16 prompt %zu: max |dlogit| %.3g", pi, m);
+                        if (ok)
+                                device_rows_check("tiny-llama3-hf/bf16", pi, want, got, n, vocab, 1e-3, false,
+                                                  devlike, &worst);
                 }
                 printf("tiny-llama3-hf/bf16, tables kept as stored, %s on %s: max |dlogit| vs cpu-ref %.3g%s\n",
                        bf16 ? "bf16" : "f32 (lm_head bf16 as stored)", tsr_backend_name(gpu), worst,
@@ -718,23 +749,6 @@ static void stored_tables(tsr_backend *gpu, tsr_backend *ref, const char *root, 
                 free(got);
         }
         json_decref(g);
-}
-
-/* Every row's argmax equal to the reference's where the reference's top-2 margin exceeds
- * `bound` (elsewhere a tie within rounding may go either way). */
-static void argmax_where_clear(const char *what, size_t pi, const float *want, const float *got, size_t rows,
-                               size_t vocab, double bound) {
-        for (size_t r = 0; r < rows; r++) {
-                const float *w = want + r * vocab;
-                size_t b1 = argmax(w, vocab);
-                float second = -INFINITY;
-                for (size_t i = 0; i < vocab; i++)
-                        if (i != b1 && w[i] > second)
-                                second = w[i];
-                if (w[b1] - second > bound)
-                        CHECK(argmax(got + r * vocab, vocab) == b1, "%s prompt %zu row %zu: argmax differs", what, pi,
-                              r);
-        }
 }
 
 /* Llama 4 on the device (tsr_llama4_to_backend): tiny-llama4 in float32 and bf16, each
@@ -787,17 +801,9 @@ static void llama4_on_device(tsr_backend *gpu, tsr_backend *ref, const char *roo
                              tsr_llama4_forward_batch(h, ref, hk, &q, 1, want) == TSR_OK &&
                              tsr_llama4_forward_batch(d, gpu, dk, &q, 1, got) == TSR_OK;
                         CHECK(ok, "tiny-llama4 prompt %zu: a forward failed", pi);
-                        double m = ok ? max_abs_diff(got, want, n * vocab) : 0;
-                        double bound = (bf16 ? 2e-2 : 1e-3) * max_abs(want, n * vocab) + 1e-4;
-                        worst = m > worst ? m : worst;
-                        if (ok && devlike)
-                                CHECK(memcmp(got, want, n * vocab * sizeof(float)) == 0,
-                                      "tiny-llama4 prompt %zu on cpu-devlike: not bitwise (%.3g)", pi, m);
-                        else if (ok)
-                                CHECK(m <= bound, "tiny-llama4 prompt %zu: max |dlogit| %.3g (bound %.3g)", pi, m,
-                                      bound);
-                        if (ok && !devlike)
-                                argmax_where_clear("tiny-llama4", pi, want, got, n, vocab, bound);
+                        if (ok)
+                                device_rows_check("tiny-llama4", pi, want, got, n, vocab, bf16 ? 2e-2 : 1e-3, true,
+                                                  devlike, &worst);
                         tsr_llama4_kv_free(&hk);
                         tsr_llama4_kv_free(&dk);
                         tsr_kv_pool_free(&hp);
@@ -871,17 +877,9 @@ static void nemotron_h_on_device(tsr_backend *gpu, tsr_backend *ref, const char 
                                 rows += step ? 1 : cnt;
                         }
                         CHECK(ok, "tiny-nemotron-h prompt %zu: a forward failed", pi);
-                        double m = ok ? max_abs_diff(got, want, rows * vocab) : 0;
-                        double bound = (bf16 ? 2e-2 : 1e-3) * max_abs(want, rows * vocab) + 1e-4;
-                        worst = m > worst ? m : worst;
-                        if (ok && devlike)
-                                CHECK(memcmp(got, want, rows * vocab * sizeof(float)) == 0,
-                                      "tiny-nemotron-h prompt %zu on cpu-devlike: not bitwise (%.3g)", pi, m);
-                        else if (ok)
-                                CHECK(m <= bound, "tiny-nemotron-h prompt %zu: max |dlogit| %.3g (bound %.3g)", pi, m,
-                                      bound);
-                        if (ok && !devlike)
-                                argmax_where_clear("tiny-nemotron-h", pi, want, got, rows, vocab, bound);
+                        if (ok)
+                                device_rows_check("tiny-nemotron-h", pi, want, got, rows, vocab, bf16 ? 2e-2 : 1e-3,
+                                                  true, devlike, &worst);
                         tsr_nemotron_h_cache_free(&hc);
                         tsr_nemotron_h_cache_free(&dc);
                         tsr_kv_pool_free(&hp);

@@ -20,7 +20,24 @@ tsr_status tsr_dev_check(const tsr_backend *be, const char *family, bool split, 
         return TSR_OK;
 }
 
-tsr_status tsr_dev_arrays_move(tsr_backend *be, tsr_dev_array *a, size_t n, char *err, size_t errlen) {
+void tsr_dev_list_add(tsr_dev_list *l, void **at, size_t bytes) {
+        if (!*at || l->nomem)
+                return;
+        if (l->n == l->cap) {
+                size_t cap = l->cap ? 2 * l->cap : 64;
+                tsr_dev_array *a = realloc(l->a, cap * sizeof *a);
+                if (!a) {
+                        l->nomem = true;
+                        return;
+                }
+                l->a = a;
+                l->cap = cap;
+        }
+        l->a[l->n++] = (tsr_dev_array){.at = at, .bytes = bytes};
+}
+
+/* Copy the n arrays a into be's memory, all or nothing (tsr_dev_list_move). */
+static tsr_status arrays_move(tsr_backend *be, tsr_dev_array *a, size_t n, char *err, size_t errlen) {
         size_t need = 0, free_b = 0, total_b = 0;
         tsr_status st = TSR_OK;
 
@@ -53,6 +70,13 @@ tsr_status tsr_dev_arrays_move(tsr_backend *be, tsr_dev_array *a, size_t n, char
         }
         log_info("weights on the %s device: %.1f MB in %zu arrays", tsr_backend_name(be), (double)need / 1e6, n);
         return TSR_OK;
+}
+
+tsr_status tsr_dev_list_move(tsr_backend *be, tsr_dev_list *l, char *err, size_t errlen) {
+        tsr_status st = l->nomem ? TSR_E_NOMEM : arrays_move(be, l->a, l->n, err, errlen);
+        free(l->a);
+        *l = (tsr_dev_list){0};
+        return st;
 }
 
 tsr_status tsr_acts_bind(tsr_backend *mem, float **kept, size_t *kept_bytes, float **const *acts,

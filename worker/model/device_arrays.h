@@ -26,12 +26,22 @@ typedef struct tsr_dev_array {
         void *dev;
 } tsr_dev_array;
 
-/* Copy the n arrays into be's memory; once every copy succeeded, free the host arrays
- * and point *at[i] at the copies, and log one line.  A total larger than the device's
- * free memory is TSR_E_NOMEM before any allocation (err: the sizes); a failed
+/* The arrays a model moves, gathered one by one (zero-initialise it). */
+typedef struct tsr_dev_list {
+        tsr_dev_array *a;
+        size_t n, cap;
+        bool nomem;                     /* an add failed: the move answers TSR_E_NOMEM */
+} tsr_dev_list;
+
+/* Add the host array *at of `bytes` bytes; nothing when *at is NULL. */
+void tsr_dev_list_add(tsr_dev_list *l, void **at, size_t bytes);
+
+/* Copy the list's arrays into be's memory; once every copy succeeded, free the host
+ * arrays and point each *at at its copy, and log one line.  A total larger than the
+ * device's free memory is TSR_E_NOMEM before any allocation (err: the sizes); a failed
  * allocation or copy frees the copies made, leaves every host array as it was and names
- * the cause in err. */
-tsr_status tsr_dev_arrays_move(tsr_backend *be, tsr_dev_array *a, size_t n, char *err, size_t errlen);
+ * the cause in err.  The list is emptied either way. */
+tsr_status tsr_dev_list_move(tsr_backend *be, tsr_dev_list *l, char *err, size_t errlen);
 
 /* A step's n activation arrays *acts[i] of n_floats[i] floats (at least one each): with
  * mem NULL, fresh host arrays (malloc; the caller frees them); else views of the kept

@@ -870,17 +870,12 @@ tsr_status tsr_llama4_check_backend(const tsr_llama4 *m, const tsr_backend *be) 
 
 /* ---- on a device backend (issue #16) ----------------------------------------------------- */
 
-/* Every weight array the forward reads, into slots[] (NULL: count only); how many.  A
- * tied output is the embedding: its slot is not listed (the pointer is set after). */
-static size_t dev_arrays(tsr_llama4 *m, tsr_dev_array *slots) {
+/* Every weight array the forward reads, onto list.  A tied output is the embedding: not
+ * listed (the pointer is set after the move). */
+static void dev_arrays(tsr_llama4 *m, tsr_dev_list *list) {
         const tsr_llama4_config *c = m->cfg;
-        size_t dim = c->base.dim, hd = c->base.head_dim, n = 0;
-#define SLOT(p, b)                                                                      \
-        do {                                                                            \
-                if ((p) && slots)                                                       \
-                        slots[n] = (tsr_dev_array){.at = (void **)&(p), .bytes = (b)};  \
-                n += (p) != NULL;                                                       \
-        } while (0)
+        size_t dim = c->base.dim, hd = c->base.head_dim;
+#define SLOT(p, b) tsr_dev_list_add(list, (void **)&(p), (b))
         SLOT(m->embed, (size_t)c->base.vocab_size * dim * sizeof(float));
         SLOT(m->out_norm, dim * sizeof(float));
         SLOT(m->inv_freq, hd / 2 * sizeof(float));
@@ -904,13 +899,10 @@ static size_t dev_arrays(tsr_llama4 *m, tsr_dev_array *slots) {
                         SLOT(L->qexp[i].data, L->qexp[i].data ? tsr_tensor_n_bytes(&L->qexp[i]) : 0);
         }
 #undef SLOT
-        return n;
 }
 
 tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size_t errlen) {
         tsr_status st = TSR_OK;
-        size_t n;
-        tsr_dev_array *slots;
 
         if (!m || !be || m->dev)
                 return TSR_E_INVAL;
@@ -920,16 +912,12 @@ tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size
                      m->shard.last_layer + 1 < m->cfg->base.n_layers;
         if ((st = tsr_dev_check(be, "Llama 4", split, m->qdtype, err, errlen)) != TSR_OK)
                 return st;
-        n = dev_arrays(m, NULL);
-        if (!(m->acts = calloc(1, sizeof *m->acts)) || !(slots = calloc(n ? n : 1, sizeof *slots))) {
-                free(m->acts);
-                m->acts = NULL;
+        tsr_dev_list l = {0};
+        if (!(m->acts = calloc(1, sizeof *m->acts)))
                 return TSR_E_NOMEM;
-        }
-        dev_arrays(m, slots);
+        dev_arrays(m, &l);
         bool tied = m->output.f && m->output.f == m->embed;
-        if ((st = tsr_dev_arrays_move(be, slots, n, err, errlen)) != TSR_OK) {
-                free(slots);
+        if ((st = tsr_dev_list_move(be, &l, err, errlen)) != TSR_OK) {
                 free(m->acts);
                 m->acts = NULL;
                 return st;
@@ -937,7 +925,6 @@ tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size
         if (tied)
                 m->output.f = m->embed;
         m->dev = be;
-        free(slots);
         return TSR_OK;
 }
 

@@ -860,28 +860,24 @@ bool tsr_nemotron_h_norm_across(const tsr_nemotron_h_config *c) {
 /* ---- on a device backend (issue #16) ----------------------------------------------------- */
 
 
-/* Every array the forward reads from backend memory, into slots[] (NULL: count only); how
- * many.  A tied output is the embedding: not listed (the pointer is set after). */
-static size_t dev_arrays(tsr_nemotron_h *m, tsr_dev_array *slots) {
+/* Every array the forward reads from backend memory, onto list.  A tied output is the
+ * embedding: not listed (the pointer is set after the move). */
+static void dev_arrays(tsr_nemotron_h *m, tsr_dev_list *list) {
         const tsr_nemotron_h_config *c = &m->rank;
         size_t dim = c->dim, di = tsr_nemotron_h_d_inner(c), cd = tsr_nemotron_h_conv_dim(c), H = c->m_heads;
-        size_t F = sizeof(float), n = 0, k, max = 1 + (size_t)c->n_layers * (NH_LAYER_MATS + 2 * (size_t)c->n_experts);
+        size_t F = sizeof(float), max = 1 + (size_t)c->n_layers * (NH_LAYER_MATS + 2 * (size_t)c->n_experts);
         nh_mat **w = malloc(max * sizeof *w);
         size_t *cnt = malloc(max * sizeof *cnt);
-#define SLOT(p, b)                                                                      \
-        do {                                                                            \
-                if ((p) && slots)                                                       \
-                        slots[n] = (tsr_dev_array){.at = (void **)&(p), .bytes = (b)};       \
-                n += (p) != NULL;                                                       \
-        } while (0)
+#define SLOT(p, b) tsr_dev_list_add(list, (void **)&(p), (b))
         if (!w || !cnt) {
+                list->nomem = true;
                 free(w);
                 free(cnt);
-                return SIZE_MAX;
+                return;
         }
         SLOT(m->token_embd, (size_t)c->vocab_size * dim * F);
         SLOT(m->output_norm, dim * F);
-        k = all_mats(m, w, cnt, max);
+        size_t k = all_mats(m, w, cnt, max);
         for (size_t i = 0; i < k; i++) {
                 if (w[i]->f != m->token_embd)
                         SLOT(w[i]->f, cnt[i] * F);
@@ -902,13 +898,10 @@ static size_t dev_arrays(tsr_nemotron_h *m, tsr_dev_array *slots) {
 #undef SLOT
         free(w);
         free(cnt);
-        return n;
 }
 
 tsr_status tsr_nemotron_h_to_backend(tsr_nemotron_h *m, tsr_backend *be, char *err, size_t errlen) {
         tsr_status st = TSR_OK;
-        size_t n;
-        tsr_dev_array *slots;
 
         if (!m || !be || m->dev)
                 return TSR_E_INVAL;
@@ -934,30 +927,20 @@ tsr_status tsr_nemotron_h_to_backend(tsr_nemotron_h *m, tsr_backend *be, char *e
                 free(m->embd_q.data);
                 m->embd_q = (tsr_tensor){0};
         }
-        if ((n = dev_arrays(m, NULL)) == SIZE_MAX)
+        tsr_dev_list l = {0};
+        if (!(m->acts = calloc(1, sizeof *m->acts)))
                 return TSR_E_NOMEM;
-        if (!(m->acts = calloc(1, sizeof *m->acts)) || !(slots = calloc(n ? n : 1, sizeof *slots))) {
+        dev_arrays(m, &l);
+        bool tied = m->output.f && m->output.f == m->token_embd;
+        if ((st = tsr_dev_list_move(be, &l, err, errlen)) != TSR_OK) {
                 free(m->acts);
                 m->acts = NULL;
-                return TSR_E_NOMEM;
+                return st;
         }
-        if (dev_arrays(m, slots) == SIZE_MAX) {
-                st = TSR_E_NOMEM;
-                goto fail;
-        }
-        bool tied = m->output.f && m->output.f == m->token_embd;
-        if ((st = tsr_dev_arrays_move(be, slots, n, err, errlen)) != TSR_OK)
-                goto fail;
         if (tied)
                 m->output.f = m->token_embd;
         m->dev = be;
-        free(slots);
         return TSR_OK;
-fail:
-        free(slots);
-        free(m->acts);
-        m->acts = NULL;
-        return st;
 }
 
 /* ---- tensor parallelism ----------------------------------------------------------------- */
