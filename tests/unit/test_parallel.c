@@ -1847,8 +1847,10 @@ static void test_modelopt_tp(void **state) {
 /* What the ranks hold after a tensor- or expert-parallel split, for every family: the
  * load reads whole tensors, then each rank keeps its share, and the runner's total
  * resident bytes (the worker's "loaded" line and tessera:worker_weight_bytes) count the
- * shares, not the reads: at tp 2 more than one copy (the embedding, norms and routers are
- * whole on every rank) but well under two. */
+ * shares, not the reads: at tp 2 more than one copy (norms and routers are whole on
+ * every rank) but well under two.  The embedding is vocabulary-parallel: the two ranks
+ * together hold less than half a table more than tp 1 (a whole table on each rank would
+ * be one more). */
 static void test_tp_resident_bytes(void **state) {
         (void)state;
         static const struct { const char *rel, *family; bool ep; } cases[] = {
@@ -1883,14 +1885,116 @@ static void test_tp_resident_bytes(void **state) {
                               (unsigned long long)one.f32_bytes, (unsigned long long)two.f32_bytes);
                 assert_true(two.resident_bytes > one.resident_bytes);
                 assert_true(two.resident_bytes < one.resident_bytes * 3 / 2);
+                uint64_t table = (uint64_t)mc.desc.vocab_size * mc.desc.hidden_size * sizeof(float);
+                assert_true(two.resident_bytes - one.resident_bytes < table / 2);
                 /* each rank read its share from the file (under expert parallelism its
                  * routed experts whole, no other's) and kept all it read: under 1.5 whole
-                 * reads (the embedding, norms and routers are whole) */
+                 * reads (the norms and routers are whole) */
                 assert_true(two.f32_bytes < 2 * one.f32_bytes * 3 / 4);
                 /* (a quantized model keeps its fp8 bytes: less resident than float32) */
                 assert_true(two.f32_bytes <= two.resident_bytes || strstr(cases[c].rel, "fp8"));
                 model_close(&mc);
         }
+}
+
+/* The vocabulary-parallel embedding (tsr_tp_embed) on its own, rank threads on a local
+ * comm: a table whose rows hold -0.0f, +0.0f, a denormal and ordinary values, looked up
+ * at tp 2 and 4 with each rank holding only its rows, gives every rank the bits of the
+ * whole-table lookup, the sign of every zero included (a rank's +0.0f fill would turn
+ * the owner's -0.0f into +0.0f); a token >= vocab is refused on every rank before any
+ * collective (no rank hangs). */
+enum { EMB_V = 16, EMB_DIM = 5, EMB_ROWS = 9 };
+
+typedef struct emb_share {
+        const float *rows;      /* the rank's (n, EMB_DIM) rows */
+        size_t n;
+} emb_share;
+
+static tsr_status emb_gather(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
+        const emb_share *sh = model;
+        (void)be;
+        for (size_t r = 0; r < rows; r++) {
+                if (ids[r] >= sh->n)
+                        return TSR_E_INVAL;
+                memcpy(x + r * EMB_DIM, sh->rows + (size_t)ids[r] * EMB_DIM, EMB_DIM * sizeof(float));
+        }
+        return TSR_OK;
+}
+
+typedef struct emb_rank {
+        tsr_comm_local_group *g;
+        int rank, size;
+        const float *table;
+        const uint32_t *tokens;
+        size_t rows;
+        float x[EMB_ROWS * EMB_DIM];
+        tsr_status st;
+} emb_rank;
+
+static void *emb_rank_main(void *p) {
+        emb_rank *e = p;
+        tsr_comm_desc d = {.backend = TSR_COMM_BACKEND_LOCAL, .rank = e->rank, .size = e->size, .timeout_ms = 10000,
+                           .local = e->g};
+        tsr_comm *c = NULL;
+        tsr_backend *be = NULL;
+        char err[256];
+        size_t vl = EMB_V / (size_t)e->size;
+        emb_share sh = {e->table + (size_t)e->rank * vl * EMB_DIM, vl};
+        if ((e->st = tsr_comm_new(&d, &c, err, sizeof err)) != TSR_OK ||
+            (e->st = tsr_backend_cpu_ref_new(&be)) != TSR_OK) {
+                tsr_comm_free(&c);
+                return NULL;
+        }
+        e->st = tsr_tp_embed(c, (uint32_t)e->rank, (uint32_t)e->size, EMB_V, EMB_DIM, e->tokens, e->rows, e->x,
+                             emb_gather, &sh, be);
+        tsr_backend_free(&be);
+        tsr_comm_free(&c);
+        return NULL;
+}
+
+static void emb_run(int n, const float *table, const uint32_t *tokens, size_t rows, emb_rank *ranks) {
+        tsr_comm_local_group *g = NULL;
+        pthread_t th[4];
+        assert_int_equal(tsr_comm_local_group_new(n, &g), TSR_OK);
+        for (int q = 0; q < n; q++) {
+                ranks[q] = (emb_rank){.g = g, .rank = q, .size = n, .table = table, .tokens = tokens, .rows = rows};
+                memset(ranks[q].x, 0x7f, sizeof ranks[q].x);
+                assert_int_equal(pthread_create(&th[q], NULL, emb_rank_main, &ranks[q]), 0);
+        }
+        for (int q = 0; q < n; q++)
+                pthread_join(th[q], NULL);
+        tsr_comm_local_group_unref(&g);
+}
+
+static void test_tp_embed(void **state) {
+        (void)state;
+        float table[EMB_V * EMB_DIM];
+        static const uint32_t tokens[EMB_ROWS] = {0, 15, 3, 8, 8, 4, 12, 7, 1};
+        static const uint32_t bad[2] = {2, EMB_V};
+        float want[EMB_ROWS * EMB_DIM];
+        emb_rank ranks[4];
+        for (size_t i = 0; i < EMB_V * EMB_DIM; i++)
+                table[i] = (float)((int)(i * 7 % 11) - 5) * 0.375f;
+        for (uint32_t v = 0; v < EMB_V; v += 3) {       /* signed zeros and a denormal in every third row */
+                table[v * EMB_DIM] = -0.0f;
+                table[v * EMB_DIM + 1] = 0.0f;
+                table[v * EMB_DIM + 2] = -1e-40f;
+        }
+        for (size_t r = 0; r < EMB_ROWS; r++)
+                memcpy(want + r * EMB_DIM, table + (size_t)tokens[r] * EMB_DIM, sizeof(float) * EMB_DIM);
+        for (int n = 1; n <= 4; n *= 2) {
+                emb_run(n, table, tokens, EMB_ROWS, ranks);
+                for (int q = 0; q < n; q++) {
+                        assert_int_equal(ranks[q].st, TSR_OK);
+                        if (memcmp(ranks[q].x, want, sizeof want) != 0)
+                                fail_msg("tp %d rank %d: the embedding rows differ from the whole table's", n, q);
+                }
+                emb_run(n, table, bad, 2, ranks);
+                for (int q = 0; q < n; q++)
+                        assert_int_equal(ranks[q].st, TSR_E_INVAL);
+        }
+        print_message("tsr_tp_embed: %d rows (signed zeros, a denormal) bitwise the whole table's at tp 1, 2, 4\n",
+                      EMB_ROWS);
 }
 
 /* Bad stage arguments: no layer split, or more stages than the model has layers (the
@@ -1955,6 +2059,7 @@ int main(void) {
                 cmocka_unit_test(test_llama4_ep),
                 cmocka_unit_test(test_nemotron_h_ep),
                 cmocka_unit_test(test_expert_range),
+                cmocka_unit_test(test_tp_embed),
                 cmocka_unit_test(test_fp8_kv_vs_emulation),
                 cmocka_unit_test(test_tp_resident_bytes),
                 cmocka_unit_test(test_tp_bf16),

@@ -779,7 +779,7 @@ static void check_variant(const char *variant, uint32_t want_dtype) {
 
 /* A tensor-parallel rank's load (issue #20) of the f32 and bf16 copies: rank 1 of 2
  * reads its share only (the stats count it: under the whole model's floats, the
- * embedding and norms whole) and comes back split for that rank, so that a caller that
+ * norms whole) and comes back split for that rank, so that a caller that
  * never calls tsr_llama_shard_tp still holds a consistent model (bf16 conversion reads
  * only what was loaded: ASan would see an overflow); shard_tp for the same rank is a
  * no-op, for another rank an error naming both. */

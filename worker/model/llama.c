@@ -344,7 +344,7 @@ uint64_t tsr_llama_resident_bytes(const tsr_llama *m) {
         uint64_t dim = m->cfg.dim, b = dim * sizeof(float);    /* output_norm */
         size_t rows[MM_PER_LAYER], cols[MM_PER_LAYER];
         mm_shapes(m, rows, cols);
-        b += w->token_embd ? (uint64_t)m->cfg.vocab_size * dim * sizeof(float)
+        b += w->token_embd ? (uint64_t)m->vocab_out * dim * sizeof(float)
                            : w->token_embd_stored.data ? tsr_tensor_n_bytes(&w->token_embd_stored) : 0;
         if (m->output_bf16)
                 b += (uint64_t)m->vocab_out * dim * sizeof(uint16_t);
@@ -388,8 +388,7 @@ tsr_status tsr_llama_use_bf16(tsr_llama *m) {
          * copy and stays as it is.  A tensor-parallel rank's lm_head rows: vocab_out. */
         if (m->w->output && !(m->output_bf16 = to_bf16(m->w->output, m->vocab_out, c->dim)))
                 return TSR_E_NOMEM;
-        /* tied: output is token_embd, which the embedding reads -- unless a tensor-parallel
-         * split made it a copy of the rank's rows (tsr_tp_keep_vocab_rows) */
+        /* tied: output is token_embd, which the embedding reads */
         if (m->w->output && m->w->output != m->w->token_embd) {
                 free(m->w->output);
                 m->w->output = NULL;
@@ -716,25 +715,20 @@ static tsr_status widen_stored(tsr_tensor *t, float **dst) {
         return TSR_OK;
 }
 
-/* lm_head's vocabulary rows [first, first + n) when the embedding / lm_head are kept in
- * a block format: tsr_tp_keep_vocab_rows for stored tables.  Untied, output_stored is
- * cut to them; tied, lm_head gets a cut copy and the table stays whole where the stage
- * embeds (the lookups widen its rows), freed where it does not. */
-static tsr_status keep_vocab_rows_stored(tsr_llama_weights *w, bool embeds, size_t first, size_t n) {
+/* The vocabulary rows [first, first + n) of the embedding and lm_head kept in a block
+ * format (tsr_tp_keep_vocab_rows for stored tables): each cut, a tied table once. */
+static tsr_status keep_vocab_rows_stored(tsr_llama_weights *w, size_t first, size_t n) {
         tsr_load_slice rows = {TSR_LOAD_SLICE_ROWS, 1, {{first, n}}};
-        tsr_tensor cut;
-        tsr_status st;
+        bool tied = w->output_stored.data && w->output_stored.data == w->token_embd_stored.data;
+        tsr_status st = TSR_OK;
 
-        if (w->output_stored.data != w->token_embd_stored.data)
-                return tsr_load_stored_slice(&w->output_stored, &rows);
-        if ((st = tsr_load_stored_cut(&w->token_embd_stored, &rows, &cut)) != TSR_OK)
+        if (w->token_embd_stored.data && (st = tsr_load_stored_slice(&w->token_embd_stored, &rows)) != TSR_OK)
                 return st;
-        w->output_stored = cut;
-        if (!embeds) {
-                free(w->token_embd_stored.data);
-                w->token_embd_stored = (tsr_tensor){0};
-        }
-        return TSR_OK;
+        if (tied)
+                w->output_stored = w->token_embd_stored;
+        else if (w->output_stored.data)
+                st = tsr_load_stored_slice(&w->output_stored, &rows);
+        return st;
 }
 
 tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, char *err, size_t errlen) {
@@ -818,16 +812,12 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
                         st = tsr_tp_keep_col_slices_of(&L->w_down, &t[TSR_LLAMA_MM_DOWN], c->dim, down_cols, down_first,
                                                        sh.hid, sh.ns);
         }
-        /* tied: the embedding stays whole where it runs, lm_head gets a copy of its rows;
-         * read as the share, untied or tied on a stage that does not embed: its rows are
-         * already the rank's */
-        bool tied = w->output_stored.data ? w->output_stored.data == w->token_embd_stored.data
-                                          : w->output == w->token_embd;
-        bool output_is_share = sliced && (!tied || m->first_layer != 0);
-        if (st == TSR_OK && tp_size > 1 && w->output_stored.data && !output_is_share)
-                st = keep_vocab_rows_stored(w, m->first_layer == 0, (size_t)tp_rank * sh.vl, sh.vl);
-        else if (st == TSR_OK && tp_size > 1 && w->output && !output_is_share)
-                st = tsr_tp_keep_vocab_rows(&w->output, &w->token_embd, m->first_layer == 0, c->vocab_size, c->dim,
+        /* the embedding and lm_head by vocabulary rows (vocabulary-parallel, a tied table
+         * once); read as the share, they are already the rank's */
+        if (st == TSR_OK && split_rows)         /* those kept in a block format, */
+                st = keep_vocab_rows_stored(w, (size_t)tp_rank * sh.vl, sh.vl);
+        if (st == TSR_OK && split_rows)         /* then the float32 ones */
+                st = tsr_tp_keep_vocab_rows(&w->output, &w->token_embd, c->vocab_size, c->dim,
                                             (size_t)tp_rank * sh.vl, sh.vl);
         if (st != TSR_OK) {
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
@@ -1090,25 +1080,35 @@ static tsr_status mm(const tsr_llama *m, tsr_backend *be, float *out, const floa
         return tsr_backend_matmul(be, out, x, t.data, t.dtype, rows, n, d);
 }
 
-/* x (rows, dim) = the embedding rows of `tokens`: the backend's gather from the float32
- * table, or, for a table kept in its block format, each row widened on the host by the
- * dequantizer the load would have used (so the values are bitwise the widened table's). */
-static tsr_status embed(const tsr_llama *m, tsr_backend *be, float *x, const uint32_t *tokens, size_t rows) {
+/* x (rows, dim) = the rows `ids` of the embedding table the model holds (a
+ * tensor-parallel rank's vocab_out rows): the backend's gather from the float32 table,
+ * or, for a table kept in its block format, each row widened on the host by the
+ * dequantizer the load would have used (so the values are bitwise the widened table's).
+ * A tsr_tp_gather_fn. */
+static tsr_status embed_rows(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
+        const tsr_llama *m = model;
         const tsr_tensor *t = &m->w->token_embd_stored;
         size_t dim = m->cfg.dim, row_bytes;
         tsr_status st;
 
         if (m->dev)
-                return tsr_backend_embedding(be, x, m->dev->token_embd, m->cfg.vocab_size, dim, tokens, rows);
+                return tsr_backend_embedding(be, x, m->dev->token_embd, m->vocab_out, dim, ids, rows);
         if (!t->data)
-                return tsr_backend_embedding(be, x, m->w->token_embd, m->cfg.vocab_size, dim, tokens, rows);
+                return tsr_backend_embedding(be, x, m->w->token_embd, m->vocab_out, dim, ids, rows);
         if ((st = tsr_dtype_row_bytes(t->dtype, dim, &row_bytes)) != TSR_OK)
                 return st;
         for (size_t r = 0; r < rows; r++)
-                if ((st = tsr_dequant_row(t->dtype, (const uint8_t *)t->data + tokens[r] * row_bytes, dim,
+                if ((st = tsr_dequant_row(t->dtype, (const uint8_t *)t->data + ids[r] * row_bytes, dim,
                                           x + r * dim)) != TSR_OK)
                         return st;
         return TSR_OK;
+}
+
+/* x (rows, dim) = the embedding rows of `tokens`, vocabulary-parallel across the ranks
+ * (tsr_tp_embed: the same bits at every tp_size). */
+static tsr_status embed(const tsr_llama *m, tsr_backend *be, float *x, const uint32_t *tokens, size_t rows) {
+        return tsr_tp_embed(m->comm, m->tp_rank, m->tp_size, m->cfg.vocab_size, m->cfg.dim, tokens, rows, x,
+                            embed_rows, m, be);
 }
 
 /* A row-parallel matmul, W (d, K) @ x (rows, K) -> out (rows, d) where x holds this rank's

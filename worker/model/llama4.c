@@ -57,7 +57,7 @@ typedef struct layer {
 struct tsr_llama4 {
         tsr_llama4_config *cfg;                 /* owned copy */
         tsr_shard_spec shard;
-        float *embed;                           /* (vocab, dim) */
+        float *embed;                           /* (vocab_out, dim): a tensor-parallel rank's rows */
         float *out_norm;                        /* (dim,) */
         mat output;                             /* (vocab, dim); f == embed when tied */
         layer *layers;
@@ -221,8 +221,8 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
  * rank reads only it from the file; issue #20): what shard() keeps of a whole model --
  * the attention's heads, the dense MLP's, the shared expert's and every expert's
  * intermediate columns (the BMM stacks [E, in, out] by their gate and up column halves
- * and down's rows), lm_head's vocabulary rows; TSR_LOAD_WHOLE for what every rank holds
- * whole (embedding, norms, router) and at tp 1. */
+ * and down's rows), the embedding's and lm_head's vocabulary rows; TSR_LOAD_WHOLE for
+ * what every rank holds whole (norms, router) and at tp 1. */
 static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
         const tsr_llama4_config *c = m->cfg;
         uint32_t t = m->shard.tp_size, rk = m->shard.tp_rank;
@@ -250,12 +250,13 @@ static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
                 {"ffn_up_shexp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_down_shexp", {TSR_LOAD_SLICE_COLS, 1, {{rk * hid, hid}}}},
                 {"output", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},
+                {"token_embd", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},     /* tsr_tp_embed */
                 /* the per-expert layout's matrices */
                 {"ffn_gate_exp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_up_exp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_down_exp", {TSR_LOAD_SLICE_COLS, 1, {{rk * hid, hid}}}},
         };
-        return tsr_tp_slice_of(rule, sizeof rule / sizeof rule[0], name, m->shard.first_layer == 0, rk * vl, vl);
+        return tsr_tp_slice_of(rule, sizeof rule / sizeof rule[0], name);
 }
 
 /* Where the family's logical tensor `n` of `layer` goes (llama4_family.c's table).  A
@@ -778,10 +779,10 @@ uint64_t tsr_llama4_resident_bytes(const tsr_llama4 *m) {
         if (!m)
                 return 0;
         const tsr_llama4_config *c = m->cfg;
-        uint64_t dim = c->base.dim, vd = (uint64_t)c->base.vocab_size * dim, od = (uint64_t)m->vocab_out * dim;
+        uint64_t dim = c->base.dim, od = (uint64_t)m->vocab_out * dim;
         uint64_t n_layers, b;
         n_layers = m->shard.last_layer - m->shard.first_layer + 1;
-        b = (m->embed ? vd * sizeof(float) : 0) + (m->out_norm ? dim * sizeof(float) : 0);
+        b = (m->embed ? od * sizeof(float) : 0) + (m->out_norm ? dim * sizeof(float) : 0);
         b += m->output.b ? od * sizeof(uint16_t) : m->output.f && m->output.f != m->embed ? od * sizeof(float) : 0;
         for (size_t l = 0; l < n_layers; l++) {
                 layer *L = &m->layers[l];
@@ -1120,13 +1121,10 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
                                 st = keep_col_slices(&L->down, dim, m_cols, m0, mlp, ns);
                 }
         }
-        /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs and
-         * lm_head gets a copy of its rows; read as the share, untied or tied on a stage
-         * that does not embed: already its rows */
-        bool output_is_share = sliced && (m->output.f != m->embed || m->shard.first_layer != 0);
-        if (st == TSR_OK && split && m->output.f && !output_is_share)
-                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->embed, m->shard.first_layer == 0, c->base.vocab_size,
-                                            dim, tp_rank * vl, vl);
+        /* the embedding and lm_head by vocabulary rows (vocabulary-parallel, a tied table
+         * once); read as the share, they are already the rank's */
+        if (st == TSR_OK && split && !sliced)
+                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->embed, c->base.vocab_size, dim, tp_rank * vl, vl);
         if (st != TSR_OK) {
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
                 return st;      /* the model is half split: the caller frees it */
@@ -1719,6 +1717,13 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
         return st;
 }
 
+/* x (rows, dim) = the rows `ids` of the float32 embedding table the model holds (a
+ * tensor-parallel rank's vocab_out rows): the backend's gather.  A tsr_tp_gather_fn. */
+static tsr_status embed_rows(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
+        const tsr_llama4 *m = model;
+        return tsr_backend_embedding(be, x, m->embed, m->vocab_out, m->cfg->base.dim, ids, rows);
+}
+
 /* logits (rows, vocab) of the normed rows xb (rows, dim): a tensor-parallel rank computes
  * its vocab_out rows of lm_head and the all-gather puts the vocabulary together (tp.h). */
 static tsr_status lm_head(const tsr_llama4 *m, tsr_backend *be, float *logits, const float *xb, size_t rows) {
@@ -1771,7 +1776,8 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                         s.pos[row] = (uint32_t)(seqs[i].past_len + t);
                 }
         if (!in) {
-                TRY(tsr_backend_embedding(be, s.x, m->embed, c->base.vocab_size, dim, s.tokens, N));   /* x (N, dim) */
+                TRY(tsr_tp_embed(m->comm, m->tp_rank, m->tp_size, c->base.vocab_size, dim, s.tokens, N, s.x,
+                                 embed_rows, m, be));                                   /* x (N, dim) */
                 TRY(tsr_backend_rmsnorm(be, s.xb, s.x, m->layers[0].attn_norm, N, dim, eps));
         } else {        /* the previous stage's x and xb: the add and norm it left to this one */
                 TRY(tsr_stage_recv(be, s.x, s.xb, in, N, dim));

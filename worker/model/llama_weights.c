@@ -244,10 +244,11 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
                              cols_down = {TSR_LOAD_SLICE_COLS, 1, {{r * sh.hid, sh.hid}}},
                              rows_vocab = {TSR_LOAD_SLICE_ROWS, 1, {{r * sh.vl, sh.vl}}}, whole = {0};
         struct { float **dst; tsr_tensor *stored; uint64_t rows, cols; tsr_load_slice slice; } s[] = {
-                /* a tied last stage that does not embed reads the table only as lm_head:
-                 * a tensor-parallel rank its vocabulary rows */
+                /* a tied last stage that does not embed reads the table as lm_head; a
+                 * tensor-parallel rank its vocabulary rows (the embedding is
+                 * vocabulary-parallel, tsr_tp_embed) */
                 {first || (last && c->tied_embeddings) ? &w->token_embd : NULL,
-                 w->tables_stored ? &w->token_embd_stored : NULL, c->vocab_size, dim, tp && !first ? rows_vocab : whole},
+                 w->tables_stored ? &w->token_embd_stored : NULL, c->vocab_size, dim, tp ? rows_vocab : whole},
                 {L ? &L->attn_norm : NULL, NULL, dim, 0, whole},
                 {L ? &L->wq : NULL, st ? &st[TSR_LLAMA_MM_Q] : NULL, q_dim, dim, tp ? rows_q : whole},
                 {L ? &L->wk : NULL, st ? &st[TSR_LLAMA_MM_K] : NULL, kv_dim, dim, tp ? rows_kv : whole},

@@ -107,7 +107,7 @@ typedef struct tsr_llama_layer {
 typedef struct tsr_llama_weights {
         tsr_llama_config cfg;
         tsr_shard_spec shard;
-        float *token_embd;      /* (vocab, dim) */
+        float *token_embd;      /* (vocab, dim); a tensor-parallel rank's vocab rows only */
         tsr_llama_layer *layers;  /* [last_layer - first_layer + 1] */
         float *output_norm;     /* (dim,) */
         float *output;          /* (vocab, dim); == token_embd when tied (not a second copy) */
@@ -122,9 +122,8 @@ typedef struct tsr_llama_weights {
         /* shard.tp_size > 1: every matmul weight and an untied lm_head were read as the
          * rank's share straight from the file (tsr_llama_tp_share_of; loader.h's slices):
          * wq/wk/wv/w_gate/w_up hold its rows, wo/w_down its columns (not yet in the
-         * canonical slice order: tsr_llama_shard_tp), output its vocab rows.  The
-         * embedding stays whole where the rank embeds (the first stage looks tokens up
-         * in it); a tied last stage that does not embed reads only its vocab rows. */
+         * canonical slice order: tsr_llama_shard_tp), output and the embedding their
+         * vocab rows (the lookup is vocabulary-parallel: tsr_tp_embed). */
         bool tp_sliced;
         tsr_llama_tp_share tp_share;    /* the share read when tp_sliced */
 } tsr_llama_weights;

@@ -240,9 +240,9 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
 
 /* A tensor-parallel rank's share of logical tensor `name` (m->shard.tp_size > 1: the
  * rank reads only it from the file; issue #20): the rows and columns shard() keeps of a
- * whole model (split_mamba, split_ffn, the attention's heads, lm_head's vocabulary
- * rows), TSR_LOAD_WHOLE for what every rank holds whole (embedding, norms, router) and
- * at tp 1. */
+ * whole model (split_mamba, split_ffn, the attention's heads, the embedding's and
+ * lm_head's vocabulary rows), TSR_LOAD_WHOLE for what every rank holds whole (norms,
+ * router) and at tp 1. */
 static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
         const tsr_nemotron_h_config *c = &m->cfg;
         uint32_t t = m->shard.tp_size, rk = m->shard.tp_rank;
@@ -286,8 +286,9 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
                 {"mlp_up", {TSR_LOAD_SLICE_ROWS, 1, {{rk * r.mlp_hidden, r.mlp_hidden}}}},
                 {"mlp_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.mlp_hidden, r.mlp_hidden}}}},
                 {"output", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},
+                {"token_embd", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},     /* tsr_tp_embed */
         };
-        return tsr_tp_slice_of(rule, sizeof rule / sizeof rule[0], name, m->shard.first_layer == 0, rk * vl, vl);
+        return tsr_tp_slice_of(rule, sizeof rule / sizeof rule[0], name);
 }
 
 /* The routed experts the rank loads: all, or under expert parallelism its range
@@ -802,7 +803,7 @@ uint64_t tsr_nemotron_h_resident_bytes(const tsr_nemotron_h *m) {
         uint64_t qd = (uint64_t)r->n_heads * r->head_dim, kvd = (uint64_t)r->n_kv_heads * r->head_dim;
         uint64_t I = m->ep ? c->moe_hidden : r->moe_hidden;
 
-        b += (m->token_embd ? (uint64_t)c->vocab_size * dim * F
+        b += (m->token_embd ? (uint64_t)m->vocab_out * dim * F
                             : m->embd_q.data ? tsr_tensor_n_bytes(&m->embd_q) : 0) + (m->output_norm ? dim * F : 0);
         if (m->output.f != m->token_embd || m->output.b || m->output.q.data)
                 b += mat_bytes(&m->output, (uint64_t)m->vocab_out * dim);
@@ -1185,17 +1186,16 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
                         break;
                 }
         }
-        /* lm_head by vocabulary rows; tied: the embedding stays whole where it runs and
-         * lm_head gets a copy of its rows; read as the share, untied or tied on a stage
-         * that does not embed: already its rows */
-        bool output_is_share = sliced && (m->output.f != m->token_embd || m->shard.first_layer != 0);
-        if (st == TSR_OK && split && m->output.f && !output_is_share)
-                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->token_embd, m->shard.first_layer == 0, c->vocab_size,
-                                            dim, tp_rank * vl, vl);
-        if (st == TSR_OK && split && m->output.q.data && !sliced) {     /* kept as stored (BF16): its rows */
-                tsr_load_slice rows = {TSR_LOAD_SLICE_ROWS, 1, {{tp_rank * vl, vl}}};
-                st = tsr_load_stored_slice(&m->output.q, &rows);
-        }
+        /* the embedding and lm_head by vocabulary rows (vocabulary-parallel, a tied table
+         * once), those kept as stored (BF16) too; read as the share, they are already the
+         * rank's */
+        tsr_load_slice vocab_rows = {TSR_LOAD_SLICE_ROWS, 1, {{tp_rank * vl, vl}}};
+        if (st == TSR_OK && split && !sliced)
+                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->token_embd, c->vocab_size, dim, tp_rank * vl, vl);
+        if (st == TSR_OK && split && !sliced && m->output.q.data)
+                st = tsr_load_stored_slice(&m->output.q, &vocab_rows);
+        if (st == TSR_OK && split && !sliced && m->embd_q.data)
+                st = tsr_load_stored_slice(&m->embd_q, &vocab_rows);
         if (st != TSR_OK) {
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
                 return st;      /* the model is half split: the caller frees it */
@@ -1805,17 +1805,37 @@ static tsr_status mlp(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
         return mm_row(m, be, s, s->hid, &L->mlp_down, N, c->mlp_hidden);
 }
 
-/* x (rows, dim) = the embedding rows of `tokens`: the backend's gather from the float32
- * table, or each row of a table kept as stored widened on the host (a host backend's
- * memory: on a device the table is float32). */
-static tsr_status embed(const tsr_nemotron_h *m, tsr_backend *be, float *x, const uint32_t *tokens, size_t rows) {
+/* x (rows, dim) = the rows `ids` of the embedding table the model holds (a
+ * tensor-parallel rank's vocab_out rows): the backend's gather from the float32 table,
+ * or each row of a table kept as stored widened on the host (a host backend's memory: on
+ * a device the table is float32).  A tsr_tp_gather_fn. */
+static tsr_status embed_rows(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
+        const tsr_nemotron_h *m = model;
         size_t dim = m->cfg.dim;
         tsr_status st = TSR_OK;
         if (!m->embd_q.data)
-                return tsr_backend_embedding(be, x, m->token_embd, m->cfg.vocab_size, dim, tokens, rows);
+                return tsr_backend_embedding(be, x, m->token_embd, m->vocab_out, dim, ids, rows);
         for (size_t r = 0; r < rows && st == TSR_OK; r++)
-                st = tsr_dequant_row(m->embd_q.dtype, (const uint16_t *)m->embd_q.data + (size_t)tokens[r] * dim, dim,
+                st = tsr_dequant_row(m->embd_q.dtype, (const uint16_t *)m->embd_q.data + (size_t)ids[r] * dim, dim,
                                      x + r * dim);
+        return st;
+}
+
+/* x (N, dim) = the embedding rows of the sequences' tokens in order, in one
+ * vocabulary-parallel lookup (tsr_tp_embed: one all-reduce a step, the same bits at
+ * every tp_size). */
+static tsr_status embed(const tsr_nemotron_h *m, tsr_backend *be, float *x, const tsr_nemotron_h_seq *seqs,
+                        size_t n_seqs, size_t N) {
+        uint32_t *tokens = malloc(N * sizeof *tokens + 1);
+        tsr_status st;
+
+        if (!tokens)
+                return TSR_E_NOMEM;
+        for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
+                memcpy(tokens + row, seqs[i].tokens, seqs[i].n * sizeof *tokens);
+        st = tsr_tp_embed(m->comm, m->tp_rank, m->tp_size, m->cfg.vocab_size, m->cfg.dim, tokens, N, x, embed_rows, m,
+                          be);
+        free(tokens);
         return st;
 }
 
@@ -1929,8 +1949,7 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
         if ((st = scratch_alloc(&s, m, N, n_seqs, logit_rows)) != TSR_OK)
                 return st;
         if (!in) {
-                for (size_t i = 0, row = 0; i < n_seqs; row += seqs[i].n, i++)
-                        TRY(embed(m, be, s.x + row * dim, seqs[i].tokens, seqs[i].n));
+                TRY(embed(m, be, s.x, seqs, n_seqs, N));
                 /* exact for a bf16 checkpoint; a float32 one's rows as vLLM's bf16 table */
                 if (m->bf16)
                         TRY(tsr_backend_round_bf16(be, s.x, N * dim));

@@ -153,21 +153,48 @@ tsr_status tsr_tp_check_stored_slice(const tsr_tensor *q, size_t ks, size_t ns, 
         return TSR_E_UNSUPPORTED;
 }
 
-tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, bool embeds, size_t vocab, size_t dim, size_t first,
-                                  size_t n) {
-        float *k;
+tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, size_t vocab, size_t dim, size_t first, size_t n) {
+        bool tied = *output && *output == *embed;
+        tsr_status st = TSR_OK;
 
-        if (*output != *embed)
-                return tsr_tp_keep_rows(output, 1, vocab, dim, first, n);
-        if (!(k = malloc(n * dim * sizeof(float))))
+        if (*embed && (st = tsr_tp_keep_rows(embed, 1, vocab, dim, first, n)) != TSR_OK)
+                return st;
+        if (tied)
+                *output = *embed;
+        else if (*output)
+                st = tsr_tp_keep_rows(output, 1, vocab, dim, first, n);
+        return st;
+}
+
+tsr_status tsr_tp_embed(struct tsr_comm *comm, uint32_t tp_rank, uint32_t tp_size, size_t vocab, size_t dim,
+                        const uint32_t *tokens, size_t rows, float *x, tsr_tp_gather_fn gather, const void *model,
+                        tsr_backend *be) {
+        size_t n = tp_size ? vocab / tp_size : 0, first = (size_t)tp_rank * n;
+        uint32_t *ids;
+        tsr_status st;
+
+        if (tp_size == 0 || tp_rank >= tp_size || vocab % tp_size || (tp_size > 1 && !comm))
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++)       /* every token checked before anything is read */
+                if (tokens[r] >= vocab)
+                        return TSR_E_INVAL;
+        if (tp_size == 1)
+                return gather(model, be, x, tokens, rows);
+        if (!tsr_backend_host_memory(be))
+                return TSR_E_UNSUPPORTED;       /* the rows are masked on the host below */
+        if (!(ids = malloc(rows * sizeof *ids + 1)))
                 return TSR_E_NOMEM;
-        memcpy(k, *embed + first * dim, n * dim * sizeof(float));
-        *output = k;
-        if (!embeds) {          /* a later pipeline stage never embeds */
-                free(*embed);
-                *embed = NULL;
-        }
-        return TSR_OK;
+        for (size_t r = 0; r < rows; r++)       /* another rank's token: row 0, overwritten below */
+                ids[r] = tokens[r] - first < n ? (uint32_t)(tokens[r] - first) : 0;
+        st = gather(model, be, x, ids, rows);
+        free(ids);
+        if (st != TSR_OK)
+                return st;
+        for (size_t r = 0; r < rows; r++)
+                if (tokens[r] - first >= n)
+                        for (size_t i = 0; i < dim; i++)
+                                x[r * dim + i] = -0.0f;
+        return tsr_comm_all_reduce_sum(comm, x, rows * dim, NULL);
 }
 
 tsr_status tsr_tp_check_split(uint32_t t, uint32_t n_heads, uint32_t n_kv_heads, uint32_t vocab, char *err,
@@ -273,10 +300,7 @@ tsr_status tsr_tp_shard_begin(const tsr_shard_spec *loaded, bool canonical, uint
         return TSR_E_INVAL;
 }
 
-tsr_load_slice tsr_tp_slice_of(const tsr_tp_slice_rule *rules, size_t n, const char *name, bool embeds,
-                               uint64_t vocab_first, uint64_t vocab_n) {
-        if (strcmp(name, "token_embd") == 0 && !embeds)
-                return (tsr_load_slice){TSR_LOAD_SLICE_ROWS, 1, {{vocab_first, vocab_n}}};
+tsr_load_slice tsr_tp_slice_of(const tsr_tp_slice_rule *rules, size_t n, const char *name) {
         for (size_t i = 0; i < n; i++)
                 if (strcmp(rules[i].name, name) == 0)
                         return rules[i].s;

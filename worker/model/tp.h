@@ -1,6 +1,7 @@
 /* tp.h - the pieces of tensor parallelism (issue #20) the families share: splitting a
  * loaded float32 matrix for a rank, the canonical row-parallel sum of R7
- * (reference/distributed.md) and lm_head's vocabulary all-gather.
+ * (reference/distributed.md), the vocabulary-parallel embedding and lm_head's vocabulary
+ * all-gather.
  *
  * A row-parallel matrix W (d, K) of a rank of tp_size holds the rank's K / tp_size input
  * columns as ns = TSR_COMM_TREE_LEAVES / tp_size contiguous (d, K / S) blocks
@@ -66,12 +67,28 @@ tsr_status tsr_tp_check_stored_slice(const tsr_tensor *q, size_t ks, size_t ns, 
  * the old one is freed (a fused projection whose parts split apart, NemotronH's in_proj).
  * TSR_E_NOMEM (*w unchanged). */
 tsr_status tsr_tp_keep_row_ranges(float **w, size_t cols, const size_t (*ranges)[2], size_t n);
-/* lm_head's rows [first, first + n) of the (vocab, dim) float32 *output: tsr_tp_keep_rows,
- * or, when *output is the embedding table *embed itself (tied), a copy of them, the
- * table then freed unless `embeds` (the rank's pipeline stage runs the embedding).
- * TSR_E_NOMEM (nothing changed). */
-tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, bool embeds, size_t vocab, size_t dim, size_t first,
-                                  size_t n);
+/* The vocabulary rows [first, first + n) of the (vocab, dim) float32 embedding *embed and
+ * lm_head *output (either may be NULL: a stage without it), each through
+ * tsr_tp_keep_rows; tied (*output == *embed), the one table cut once and *output then
+ * points at the cut.  TSR_E_NOMEM: half cut, the caller frees the model. */
+tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, size_t vocab, size_t dim, size_t first, size_t n);
+/* A family's embedding lookup: x (rows, dim) = the rows `ids` of the table `model` holds
+ * (at tp_size > 1 the rank's vocabulary share). */
+typedef tsr_status (*tsr_tp_gather_fn)(const void *model, tsr_backend *be, float *x, const uint32_t *ids,
+                                       size_t rows);
+/* x (rows, dim) = the embedding of `tokens` on every rank of a vocabulary-parallel
+ * embedding (vLLM's VocabParallelEmbedding): rank tp_rank of tp_size holds only the
+ * vocab / tp_size rows from tp_rank * vocab / tp_size, and `gather` reads those; a row of
+ * a token another rank holds is set to -0.0f, and x is all-reduced over `comm`.  -0.0f
+ * is the identity of IEEE addition (a + -0.0f is a for every a, +0.0f included), so
+ * each row is its owner's bits, the sign of a zero too, in any reduction order: the same
+ * x at every tp_size.  At tp_size 1, `gather` on `tokens` itself.  TSR_E_INVAL for a
+ * token >= vocab (checked first, nothing read), a tp_size that does not divide vocab or
+ * no comm at tp_size > 1; TSR_E_UNSUPPORTED at tp_size > 1 on a backend whose memory is
+ * not the host's; TSR_E_NOMEM; gather's or the comm's status.  The rank's thread. */
+tsr_status tsr_tp_embed(struct tsr_comm *comm, uint32_t tp_rank, uint32_t tp_size, size_t vocab, size_t dim,
+                        const uint32_t *tokens, size_t rows, float *x, tsr_tp_gather_fn gather, const void *model,
+                        tsr_backend *be);
 
 /* Whether tp_size splits the counts every family's split needs; else TSR_E_UNSUPPORTED
  * with the first that does not named in err, in vLLM's words where vLLM has them:
@@ -107,11 +124,8 @@ typedef struct tsr_tp_slice_rule {
         tsr_load_slice s;
 } tsr_tp_slice_rule;
 /* The share of logical tensor `name` among the n rules (TSR_LOAD_WHOLE when none names
- * it: what every rank holds whole).  The embedding table ("token_embd") of a stage that
- * does not embed (`embeds` false: a tied model's last stage reads it only as lm_head) is
- * the rank's vocabulary rows [vocab_first, vocab_first + vocab_n). */
-tsr_load_slice tsr_tp_slice_of(const tsr_tp_slice_rule *rules, size_t n, const char *name, bool embeds,
-                               uint64_t vocab_first, uint64_t vocab_n);
+ * it: what every rank holds whole). */
+tsr_load_slice tsr_tp_slice_of(const tsr_tp_slice_rule *rules, size_t n, const char *name);
 /* The start of a family's shard call for tp_rank of tp_size (`ep`: expert parallelism)
  * on a model loaded as `loaded`'s share (tp_size 1: whole tensors), `canonical` once
  * split.  TSR_OK with *done false: split it now (the load's own call, or a whole model);
