@@ -701,11 +701,13 @@ static void per_expert_copy(const char *src, char *dir) {
 }
 
 /* A BF16 checkpoint (the fixture rounded: tsr_test_bf16_copy) loaded with keep_bf16: its
- * linears and expert stacks stay bf16 as stored, 2 bytes each, never widened, and after
- * tsr_llama4_use_bf16 its logits are bitwise those of the same file widened and then
- * converted, on the reference and the fast backends.  A tensor-parallel or
- * expert-parallel rank keeps its share of the bytes (test_parallel's test_tp_bf16 checks
- * those ranks' logits). */
+ * linears, expert stacks, lm_head and (untied) embedding table stay bf16 as stored, 2
+ * bytes each, never widened.  After tsr_llama4_use_bf16 it holds 2 bytes an embedding
+ * element less than the same file widened and then converted (whose embedding stays
+ * float32), and its logits are bitwise that model's, on the reference and the fast
+ * backends.  A tensor-parallel or expert-parallel rank keeps its share of the bytes, the
+ * embedding's vocabulary rows included, loaded as the share or loaded whole and split
+ * (test_parallel's test_tp_bf16 checks those ranks' logits). */
 static void test_bf16_kept_as_stored(void **state) {
         char dir[64] = "/tmp/tsr_llama4_bf16_XXXXXX", src[1024], err[512];
         tsr_llama4_config *c = NULL;
@@ -723,35 +725,47 @@ static void test_bf16_kept_as_stored(void **state) {
             tsr_llama4_load(dir, c, &whole, &keep, NULL, NULL, &kept, &sk, err, sizeof err) != TSR_OK)
                 fail_msg("%s", err);
         uint64_t lin = linear_elems(c);
-        assert_int_equal(sk.resident_bytes, sc.resident_bytes - 2 * lin);
+        /* an untied model's embedding and lm_head (a tied table stays float32: lm_head reads it) */
+        uint64_t table = c->base.tied_embeddings ? 0 : (uint64_t)c->base.vocab_size * c->base.dim;
+        assert_int_equal(sk.resident_bytes, sc.resident_bytes - 2 * (lin + 2 * table));
         assert_int_equal(tsr_llama4_resident_bytes(kept), sk.resident_bytes);
         assert_false(tsr_llama4_is_bf16(kept));
         assert_int_equal(tsr_llama4_check_backend(kept, ref_be), TSR_OK);
         assert_int_equal(tsr_llama4_use_bf16(conv), TSR_OK);
         assert_int_equal(tsr_llama4_use_bf16(kept), TSR_OK);
-        assert_int_equal(tsr_llama4_resident_bytes(kept), tsr_llama4_resident_bytes(conv));
+        assert_int_equal(tsr_llama4_resident_bytes(kept), tsr_llama4_resident_bytes(conv) - 2 * table);
 
         assert_int_equal(tsr_backend_cpu_new(&(tsr_cpu_backend_config){.n_threads = 2}, &fast), TSR_OK);
         float *a = malloc(MAXT * V * sizeof(float)), *b = malloc(MAXT * V * sizeof(float));
         assert_true(a && b);
         size_t rows = same_logits(conv, kept, ref_be, a, b) + same_logits(conv, kept, fast, a, b);
-        print_message("tiny-llama4 as BF16: %" PRIu64 " linear bytes kept as stored (%" PRIu64 " widened); %zu logit "
-                      "rows bitwise the converted model's\n", 2 * lin, 4 * lin, rows);
+        print_message("tiny-llama4 as BF16: %" PRIu64 " bytes of linears and tables kept as stored (%" PRIu64
+                      " widened); %zu logit rows bitwise the converted model's\n", 2 * (lin + 2 * table),
+                      4 * (lin + 2 * table), rows);
         tsr_llama4_free(&conv);
         tsr_llama4_free(&kept);
 
-        /* a tensor-parallel rank and an expert-parallel one: their shares at 2 bytes */
+        /* a tensor-parallel rank and an expert-parallel one: their shares at 2 bytes, the
+         * embedding's half of the vocabulary too; the same rank loaded whole and then
+         * split holds the same */
         for (int ep = 0; ep < 2; ep++) {
                 tsr_shard_spec r1 = {1, 2, 0, c->base.n_layers - 1, ep};
+                tsr_llama4 *split = NULL;
                 if (tsr_llama4_load(dir, c, &r1, NULL, NULL, NULL, &conv, &sc, err, sizeof err) != TSR_OK ||
-                    tsr_llama4_load(dir, c, &r1, &keep, NULL, NULL, &kept, &sk, err, sizeof err) != TSR_OK)
+                    tsr_llama4_load(dir, c, &r1, &keep, NULL, NULL, &kept, &sk, err, sizeof err) != TSR_OK ||
+                    tsr_llama4_load(dir, c, &whole, &keep, NULL, NULL, &split, NULL, err, sizeof err) != TSR_OK)
                         fail_msg("%s", err);
+                assert_int_equal(ep ? tsr_llama4_shard_ep(split, 1, 2, err, sizeof err)
+                                    : tsr_llama4_shard_tp(split, 1, 2, err, sizeof err), TSR_OK);
                 assert_true(sk.resident_bytes < sc.resident_bytes);
                 assert_int_equal(tsr_llama4_use_bf16(conv), TSR_OK);
                 assert_int_equal(tsr_llama4_use_bf16(kept), TSR_OK);
-                assert_int_equal(tsr_llama4_resident_bytes(kept), tsr_llama4_resident_bytes(conv));
+                assert_int_equal(tsr_llama4_use_bf16(split), TSR_OK);
+                assert_int_equal(tsr_llama4_resident_bytes(kept), tsr_llama4_resident_bytes(conv) - 2 * (table / 2));
+                assert_int_equal(tsr_llama4_resident_bytes(split), tsr_llama4_resident_bytes(kept));
                 tsr_llama4_free(&conv);
                 tsr_llama4_free(&kept);
+                tsr_llama4_free(&split);
         }
 
         /* the per-expert layout of the same BF16 weights: stacked as bytes, the same bits */

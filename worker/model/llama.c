@@ -1081,27 +1081,14 @@ static tsr_status mm(const tsr_llama *m, tsr_backend *be, float *out, const floa
 }
 
 /* x (rows, dim) = the rows `ids` of the embedding table the model holds (a
- * tensor-parallel rank's vocab_out rows): the backend's gather from the float32 table,
- * or, for a table kept in its block format, each row widened on the host by the
- * dequantizer the load would have used (so the values are bitwise the widened table's).
- * A tsr_tp_gather_fn. */
+ * tensor-parallel rank's vocab_out rows): float32 (on a device, always), or kept in its
+ * block format or as a BF16 checkpoint's bytes (token_embd_stored).  A tsr_tp_gather_fn. */
 static tsr_status embed_rows(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
         const tsr_llama *m = model;
-        const tsr_tensor *t = &m->w->token_embd_stored;
-        size_t dim = m->cfg.dim, row_bytes;
-        tsr_status st;
-
         if (m->dev)
-                return tsr_backend_embedding(be, x, m->dev->token_embd, m->vocab_out, dim, ids, rows);
-        if (!t->data)
-                return tsr_backend_embedding(be, x, m->w->token_embd, m->vocab_out, dim, ids, rows);
-        if ((st = tsr_dtype_row_bytes(t->dtype, dim, &row_bytes)) != TSR_OK)
-                return st;
-        for (size_t r = 0; r < rows; r++)
-                if ((st = tsr_dequant_row(t->dtype, (const uint8_t *)t->data + ids[r] * row_bytes, dim,
-                                          x + r * dim)) != TSR_OK)
-                        return st;
-        return TSR_OK;
+                return tsr_backend_embedding(be, x, m->dev->token_embd, m->vocab_out, m->cfg.dim, ids, rows);
+        return tsr_tp_table_rows(be, x, m->w->token_embd, &m->w->token_embd_stored, m->vocab_out, m->cfg.dim, ids,
+                                 rows);
 }
 
 /* x (rows, dim) = the embedding rows of `tokens`, vocabulary-parallel across the ranks

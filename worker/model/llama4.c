@@ -58,6 +58,10 @@ struct tsr_llama4 {
         tsr_llama4_config *cfg;                 /* owned copy */
         tsr_shard_spec shard;
         float *embed;                           /* (vocab_out, dim): a tensor-parallel rank's rows */
+        /* A BF16 checkpoint's untied embedding kept as stored (keep_bf16; embed NULL): the
+         * rows a step looks up are widened on the host, exactly; on a device the table
+         * goes widened (tsr_llama4_to_backend).  lm_head likewise stays in output.q. */
+        tsr_tensor embd_q;
         float *out_norm;                        /* (dim,) */
         mat output;                             /* (vocab, dim); f == embed when tied */
         layer *layers;
@@ -199,6 +203,7 @@ void tsr_llama4_free(tsr_llama4 **mp) {
                 tsr_backend_mem_free(m->dev, m->acts->p[i]);
         free(m->acts);
         release(m, m->embed);
+        free(m->embd_q.data);                   /* host only: widened on the way to a device */
         release(m, m->out_norm);
         release(m, m->inv_freq);
         release(m, m->ones);
@@ -283,7 +288,9 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                 {"token_embd", first || (last && c->base.tied_embeddings) ? &m->embed : NULL, c->base.vocab_size, dim,
                  0},
                 {"output_norm", last ? &m->out_norm : NULL, dim, 0, 0},
-                {"output", c->base.tied_embeddings || !last ? NULL : &m->output.f, c->base.vocab_size, dim, 0},
+                /* a BF16 lm_head kept as stored under keep_bf16 (output.q; a GGUF's widened) */
+                {"output", c->base.tied_embeddings || !last ? NULL : &m->output.f, c->base.vocab_size, dim, 0,
+                 c->gguf ? NULL : &m->output},
                 {"attn_norm", L ? &L->attn_norm : NULL, dim, 0, 0},
                 {"attn_q", L ? &L->q.f : NULL, qd, dim, 0, L ? &L->q : NULL},
                 {"attn_k", L ? &L->k.f : NULL, kvd, dim, 0, L ? &L->k : NULL},
@@ -323,6 +330,10 @@ static bool llama4_bind(void *model, const tsr_tensor_name *n, uint32_t l, tsr_l
                         bool ep_stack = ep && s[i].experts;
                         tsr_load_slice sl = ep_stack ? (tsr_load_slice){0} : l4_slice(m, n->logical);
                         tsr_tensor *stored = s[i].mat ? &s[i].mat->q : NULL;
+                        /* an untied embedding may be kept as stored (a tied one: lm_head
+                         * reads the float32 table) */
+                        if (s[i].dst == &m->embed && !c->base.tied_embeddings && !c->gguf)
+                                stored = &m->embd_q;
                         if (s[i].experts)       /* an FP8 BMM stack is kept as stored, then split per expert */
                                 stored = c->gguf ? NULL : s[i].dst == &L->exp_gate_up.f ? &L->stack_gu : &L->stack_dn;
                         /* a tensor-parallel rank reads a float stack's share; an FP8 stack is
@@ -753,6 +764,10 @@ tsr_status tsr_llama4_load(const char *dir, const tsr_llama4_config *cfg, const 
                          "divisor", dir);
                 goto done;
         }
+        if (m->output.q.data && m->output.q.dtype == TSR_DTYPE_BF16)
+                m->kept_bf16 = true;            /* a BF16 lm_head kept as stored */
+        else if (m->output.q.data)
+                m->qdtype = m->output.q.dtype;
         if (cfg->base.tied_embeddings)
                 m->output.f = m->embed;         /* NULL before the last stage */
         /* a tensor-parallel rank's share: split here, so load never returns half a split */
@@ -782,8 +797,12 @@ uint64_t tsr_llama4_resident_bytes(const tsr_llama4 *m) {
         uint64_t dim = c->base.dim, od = (uint64_t)m->vocab_out * dim;
         uint64_t n_layers, b;
         n_layers = m->shard.last_layer - m->shard.first_layer + 1;
-        b = (m->embed ? od * sizeof(float) : 0) + (m->out_norm ? dim * sizeof(float) : 0);
-        b += m->output.b ? od * sizeof(uint16_t) : m->output.f && m->output.f != m->embed ? od * sizeof(float) : 0;
+        b = (m->embed ? od * sizeof(float) : m->embd_q.data ? tsr_tensor_n_bytes(&m->embd_q) : 0) +
+            (m->out_norm ? dim * sizeof(float) : 0);
+        b += m->output.q.data ? tsr_tensor_n_bytes(&m->output.q)
+             : m->output.b    ? od * sizeof(uint16_t)
+             : m->output.f && m->output.f != m->embed ? od * sizeof(float)
+                                                      : 0;
         for (size_t l = 0; l < n_layers; l++) {
                 layer *L = &m->layers[l];
                 mat *w[N_MATS];
@@ -884,6 +903,7 @@ static void dev_arrays(tsr_llama4 *m, tsr_dev_list *list) {
         if (m->output.f != m->embed)
                 SLOT(m->output.f, (size_t)m->vocab_out * dim * sizeof(float));
         SLOT(m->output.b, (size_t)m->vocab_out * dim * sizeof(uint16_t));
+        SLOT(m->output.q.data, m->output.q.data ? tsr_tensor_n_bytes(&m->output.q) : 0);
         for (size_t l = 0; l <= m->shard.last_layer - m->shard.first_layer; l++) {
                 layer *L = &m->layers[l];
                 mat *w[N_MATS];
@@ -912,6 +932,9 @@ tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size
         bool split = m->tp_size > 1 || m->canonical || m->ep || m->shard.first_layer > 0 ||
                      m->shard.last_layer + 1 < m->cfg->base.n_layers;
         if ((st = tsr_dev_check(be, "Llama 4", split, m->qdtype, err, errlen)) != TSR_OK)
+                return st;
+        /* the device's gather reads float32 rows: a table kept as stored goes widened */
+        if ((st = tsr_dev_widen_table(&m->embd_q, &m->embed)) != TSR_OK)
                 return st;
         tsr_dev_list l = {0};
         if (!(m->acts = calloc(1, sizeof *m->acts)))
@@ -1123,8 +1146,13 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         }
         /* the embedding and lm_head by vocabulary rows (vocabulary-parallel, a tied table
          * once); read as the share, they are already the rank's */
+        tsr_load_slice vocab_rows = {TSR_LOAD_SLICE_ROWS, 1, {{tp_rank * vl, vl}}};
         if (st == TSR_OK && split && !sliced)
                 st = tsr_tp_keep_vocab_rows(&m->output.f, &m->embed, c->base.vocab_size, dim, tp_rank * vl, vl);
+        if (st == TSR_OK && split && !sliced && m->output.q.data)
+                st = tsr_load_stored_slice(&m->output.q, &vocab_rows);
+        if (st == TSR_OK && split && !sliced && m->embd_q.data)
+                st = tsr_load_stored_slice(&m->embd_q, &vocab_rows);
         if (st != TSR_OK) {
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
                 return st;      /* the model is half split: the caller frees it */
@@ -1717,11 +1745,12 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
         return st;
 }
 
-/* x (rows, dim) = the rows `ids` of the float32 embedding table the model holds (a
- * tensor-parallel rank's vocab_out rows): the backend's gather.  A tsr_tp_gather_fn. */
+/* x (rows, dim) = the rows `ids` of the embedding table the model holds (a
+ * tensor-parallel rank's vocab_out rows), float32 or kept as stored (embd_q; on a device
+ * the table is float32).  A tsr_tp_gather_fn. */
 static tsr_status embed_rows(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
         const tsr_llama4 *m = model;
-        return tsr_backend_embedding(be, x, m->embed, m->vocab_out, m->cfg->base.dim, ids, rows);
+        return tsr_tp_table_rows(be, x, m->embed, &m->embd_q, m->vocab_out, m->cfg->base.dim, ids, rows);
 }
 
 /* logits (rows, vocab) of the normed rows xb (rows, dim): a tensor-parallel rank computes

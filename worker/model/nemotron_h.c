@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "kernels/quant/quant.h"
 #include "worker/model/device_arrays.h"
 #include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
@@ -917,17 +916,9 @@ tsr_status tsr_nemotron_h_to_backend(tsr_nemotron_h *m, tsr_backend *be, char *e
                          "the %s backend yet (its gated norm is finished on the host)", tsr_backend_name(be));
                 return TSR_E_UNSUPPORTED;
         }
-        if (m->embd_q.data) {   /* the device's gather reads float32 rows: widen it here */
-                size_t ne = (size_t)m->cfg.vocab_size * m->cfg.dim;
-                float *wide = malloc(ne * sizeof(float) + 1);
-                if (!wide || tsr_dequant_row(m->embd_q.dtype, m->embd_q.data, ne, wide) != TSR_OK) {
-                        free(wide);
-                        return TSR_E_NOMEM;
-                }
-                m->token_embd = wide;
-                free(m->embd_q.data);
-                m->embd_q = (tsr_tensor){0};
-        }
+        /* the device's gather reads float32 rows: a table kept as stored goes widened */
+        if ((st = tsr_dev_widen_table(&m->embd_q, &m->token_embd)) != TSR_OK)
+                return st;
         tsr_dev_list l = {0};
         if (!(m->acts = calloc(1, sizeof *m->acts)))
                 return TSR_E_NOMEM;
@@ -1806,19 +1797,11 @@ static tsr_status mlp(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
 }
 
 /* x (rows, dim) = the rows `ids` of the embedding table the model holds (a
- * tensor-parallel rank's vocab_out rows): the backend's gather from the float32 table,
- * or each row of a table kept as stored widened on the host (a host backend's memory: on
- * a device the table is float32).  A tsr_tp_gather_fn. */
+ * tensor-parallel rank's vocab_out rows), float32 or kept as stored (embd_q; on a device
+ * the table is float32).  A tsr_tp_gather_fn. */
 static tsr_status embed_rows(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
         const tsr_nemotron_h *m = model;
-        size_t dim = m->cfg.dim;
-        tsr_status st = TSR_OK;
-        if (!m->embd_q.data)
-                return tsr_backend_embedding(be, x, m->token_embd, m->vocab_out, dim, ids, rows);
-        for (size_t r = 0; r < rows && st == TSR_OK; r++)
-                st = tsr_dequant_row(m->embd_q.dtype, (const uint16_t *)m->embd_q.data + (size_t)ids[r] * dim, dim,
-                                     x + r * dim);
-        return st;
+        return tsr_tp_table_rows(be, x, m->token_embd, &m->embd_q, m->vocab_out, m->cfg.dim, ids, rows);
 }
 
 /* x (N, dim) = the embedding rows of the sequences' tokens in order, in one

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/tsr_status.h"
+#include "kernels/quant/quant.h"
 
 #include "worker/parallel/comm.h"
 
@@ -164,6 +165,25 @@ tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, size_t vocab, s
         else if (*output)
                 st = tsr_tp_keep_rows(output, 1, vocab, dim, first, n);
         return st;
+}
+
+tsr_status tsr_tp_table_rows(tsr_backend *be, float *x, const float *f32, const tsr_tensor *q, size_t n_rows,
+                             size_t dim, const uint32_t *ids, size_t rows) {
+        size_t row_bytes;
+        tsr_status st;
+
+        if (!q || !q->data)
+                return tsr_backend_embedding(be, x, f32, n_rows, dim, ids, rows);
+        if ((st = tsr_dtype_row_bytes(q->dtype, dim, &row_bytes)) != TSR_OK)
+                return st;
+        for (size_t r = 0; r < rows; r++)
+                if (ids[r] >= n_rows)
+                        return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++)
+                if ((st = tsr_dequant_row(q->dtype, (const uint8_t *)q->data + ids[r] * row_bytes, dim,
+                                          x + r * dim)) != TSR_OK)
+                        return st;
+        return TSR_OK;
 }
 
 tsr_status tsr_tp_embed(struct tsr_comm *comm, uint32_t tp_rank, uint32_t tp_size, size_t vocab, size_t dim,

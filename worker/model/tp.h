@@ -76,6 +76,13 @@ tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, size_t vocab, s
  * (at tp_size > 1 the rank's vocabulary share). */
 typedef tsr_status (*tsr_tp_gather_fn)(const void *model, tsr_backend *be, float *x, const uint32_t *ids,
                                        size_t rows);
+/* The lookup a family's tsr_tp_gather_fn makes: x (rows, dim) = rows `ids` of a table of
+ * n_rows rows held as float32 (`f32`: the backend's gather) or kept as stored (q->data
+ * set: each row widened on the host by the dequantizer the load would have used, so the
+ * values are bitwise the widened table's; a host backend's memory).  TSR_E_INVAL for an
+ * id >= n_rows (nothing written); the backend's or the dequantizer's status. */
+tsr_status tsr_tp_table_rows(tsr_backend *be, float *x, const float *f32, const tsr_tensor *q, size_t n_rows,
+                             size_t dim, const uint32_t *ids, size_t rows);
 /* x (rows, dim) = the embedding of `tokens` on every rank of a vocabulary-parallel
  * embedding (vLLM's VocabParallelEmbedding): rank tp_rank of tp_size holds only the
  * vocab / tp_size rows from tp_rank * vocab / tp_size, and `gather` reads those; a row of
