@@ -31,6 +31,7 @@
 #include "worker/model/family.h"
 #include "worker/load/model_meta.h"
 #include "worker/model/runner.h"
+#include "worker/model/tp.h"
 #include "worker/notify.h"
 #include "worker/parallel/comm.h"
 #include "worker/parallel/nodes.h"
@@ -290,10 +291,17 @@ static tsr_status check_parallel(const tsr_config *cfg, const tsr_model_meta *m,
                 }
                 /* any --dtype: the split runs on the float32 weights, which --dtype bfloat16
                  * (or auto where it picks bf16) then converts rank by rank */
-                if (TSR_COMM_TREE_LEAVES % tp != 0 || desc->vocab_size % tp != 0) {
+                if (TSR_COMM_TREE_LEAVES % tp != 0) {
                         snprintf(err, errlen, "argument --tensor-parallel-size: %u must divide %d (the canonical "
-                                 "partial sums of a row-parallel layer) and the vocabulary size (%u; vLLM pads it, "
-                                 "this build does not)", tp, TSR_COMM_TREE_LEAVES, desc->vocab_size);
+                                 "partial sums of a row-parallel layer)", tp, TSR_COMM_TREE_LEAVES);
+                        return TSR_E_UNSUPPORTED;
+                }
+                /* the vocabulary is padded to 64 and split evenly, as vLLM's; a tiny one
+                 * can leave the last rank nothing */
+                if (tsr_tp_vocab_of(desc->vocab_size, tp - 1, tp).n == 0) {
+                        snprintf(err, errlen, "argument --tensor-parallel-size: %u splits the vocabulary (%u tokens, "
+                                 "padded to a multiple of %d) so that the last rank holds none of it", tp,
+                                 desc->vocab_size, TSR_TP_VOCAB_PAD);
                         return TSR_E_UNSUPPORTED;
                 }
         }

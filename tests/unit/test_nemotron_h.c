@@ -44,6 +44,7 @@
 #include "tests/unit/test_util.h"
 #include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
+#include "worker/model/tp.h"
 
 #define FIXTURE "tests/fixtures/tiny-nemotron-h"
 #define GGUF_FIXTURE "tests/fixtures/tiny-nemotron-h-gguf"
@@ -1208,9 +1209,10 @@ static void test_bf16_kept_as_stored(void **state) {
                 assert_true(st.resident_bytes < sw.resident_bytes);
                 assert_int_equal(tsr_nemotron_h_use_bf16(w), TSR_OK);
                 assert_int_equal(tsr_nemotron_h_use_bf16(m), TSR_OK);
-                /* each rank holds its half of the embedding (vocabulary-parallel): at 2
-                 * bytes an element when kept */
-                assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(w) - 2 * (table / 2));
+                /* each rank holds its vocabulary rows of the embedding (vocabulary-parallel,
+                 * tsr_tp_vocab_of): at 2 bytes an element when kept */
+                uint64_t share = table ? (uint64_t)tsr_tp_vocab_of(c->vocab_size, 1, 2).n * c->dim : 0;
+                assert_int_equal(tsr_nemotron_h_resident_bytes(m), tsr_nemotron_h_resident_bytes(w) - 2 * share);
                 tsr_nemotron_h_free(&w);
                 /* the same rank loaded whole, then split: the kept lm_head cut to its rows too */
                 if (tsr_nemotron_h_load(bf16_dir, NULL, NULL, &keep, NULL, NULL, &w, &sw, err, sizeof err) != TSR_OK)

@@ -698,8 +698,9 @@ static void test_gguf_f16_tp(void **state) {
 }
 
 /* A random 4-layer Llama in Hugging Face layout, written at run time (nothing committed):
- * hidden 64, 4 heads of 16, 2 KV heads, MLP 128, vocabulary 300, tied embeddings (so the
- * last stage's lm_head is the embedding's rows), every float from a fixed LCG.  Four
+ * hidden 64, 4 heads of 16, 2 KV heads, MLP 128, vocabulary 299 (odd: split as vLLM pads
+ * it, 160 + 139 rows at tp 2, 80 x 3 + 59 at tp 4), tied embeddings (so the last stage's
+ * lm_head is the embedding's rows), every float from a fixed LCG.  Four
  * layers allow three stages (vLLM's split 1, 2, 1) and four; the tiny fixture has two. */
 #define L4_LAYERS 4
 static bool write_llama_4layers(char *dir) {
@@ -722,7 +723,7 @@ static bool write_llama_4layers(char *dir) {
                 return false;
         fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 64, "
                    "\"intermediate_size\": 128, \"num_hidden_layers\": %d, \"num_attention_heads\": 4, "
-                   "\"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 300, \"rms_norm_eps\": 1e-05, "
+                   "\"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 299, \"rms_norm_eps\": 1e-05, "
                    "\"rope_theta\": 10000.0, \"max_position_embeddings\": 256, \"tie_word_embeddings\": true, "
                    "\"hidden_act\": \"silu\", \"attention_bias\": false, \"mlp_bias\": false, "
                    "\"torch_dtype\": \"float32\", \"bos_token_id\": 1, \"eos_token_id\": 2}\n", L4_LAYERS);
@@ -730,7 +731,7 @@ static bool write_llama_4layers(char *dir) {
         /* The header: the embedding, the final norm, then every layer's tensors in order. */
         struct { char name[96]; int rows, cols; bool norm; } t[2 + L4_LAYERS * 9];
         size_t n = 0;
-        t[n++] = (__typeof__(t[0])){"model.embed_tokens.weight", 300, 64, false};
+        t[n++] = (__typeof__(t[0])){"model.embed_tokens.weight", 299, 64, false};
         t[n++] = (__typeof__(t[0])){"model.norm.weight", 64, 1, true};
         for (int l = 0; l < L4_LAYERS; l++)
                 for (size_t i = 0; i < sizeof per_layer / sizeof per_layer[0]; i++, n++) {
@@ -1899,11 +1900,13 @@ static void test_tp_resident_bytes(void **state) {
 
 /* The vocabulary-parallel embedding (tsr_tp_embed) on its own, rank threads on a local
  * comm: a table whose rows hold -0.0f, +0.0f, a denormal and ordinary values, looked up
- * at tp 2 and 4 with each rank holding only its rows, gives every rank the bits of the
- * whole-table lookup, the sign of every zero included (a rank's +0.0f fill would turn
- * the owner's -0.0f into +0.0f); a token >= vocab is refused on every rank before any
- * collective (no rank hangs). */
-enum { EMB_V = 16, EMB_DIM = 5, EMB_ROWS = 9 };
+ * at tp 2 and 4 with each rank holding only its rows (150 padded to 192: 96 + 54 at tp
+ * 2, 48 x 3 + 6 at tp 4), gives every rank the bits of the whole-table lookup, the sign
+ * of every zero included (a rank's +0.0f fill would turn the owner's -0.0f into +0.0f);
+ * a token >= vocab is refused on every rank before any collective (no rank hangs).  And
+ * the split itself, vLLM's (pad_vocab_size, then equal parts): a few vocabularies'
+ * shares, and the one too small to split. */
+enum { EMB_V = 150, EMB_DIM = 5, EMB_ROWS = 9 };
 
 typedef struct emb_share {
         const float *rows;      /* the rank's (n, EMB_DIM) rows */
@@ -1938,8 +1941,8 @@ static void *emb_rank_main(void *p) {
         tsr_comm *c = NULL;
         tsr_backend *be = NULL;
         char err[256];
-        size_t vl = EMB_V / (size_t)e->size;
-        emb_share sh = {e->table + (size_t)e->rank * vl * EMB_DIM, vl};
+        tsr_tp_vocab v = tsr_tp_vocab_of(EMB_V, (uint32_t)e->rank, (uint32_t)e->size);
+        emb_share sh = {e->table + v.first * EMB_DIM, v.n};
         if ((e->st = tsr_comm_new(&d, &c, err, sizeof err)) != TSR_OK ||
             (e->st = tsr_backend_cpu_ref_new(&be)) != TSR_OK) {
                 tsr_comm_free(&c);
@@ -1969,7 +1972,7 @@ static void emb_run(int n, const float *table, const uint32_t *tokens, size_t ro
 static void test_tp_embed(void **state) {
         (void)state;
         float table[EMB_V * EMB_DIM];
-        static const uint32_t tokens[EMB_ROWS] = {0, 15, 3, 8, 8, 4, 12, 7, 1};
+        static const uint32_t tokens[EMB_ROWS] = {0, 149, 3, 96, 95, 144, 47, 48, 120};
         static const uint32_t bad[2] = {2, EMB_V};
         float want[EMB_ROWS * EMB_DIM];
         emb_rank ranks[4];
@@ -1995,6 +1998,29 @@ static void test_tp_embed(void **state) {
         }
         print_message("tsr_tp_embed: %d rows (signed zeros, a denormal) bitwise the whole table's at tp 1, 2, 4\n",
                       EMB_ROWS);
+        /* vLLM's split: 32001 pads to 32064, 4008 rows a rank at tp 8, the last 3945 */
+        static const struct { size_t vocab; uint32_t rank, tp; size_t first, n, per; } split[] = {
+                {32001, 0, 8, 0, 4008, 4008},   {32001, 7, 8, 28056, 3945, 4008},
+                {128256, 3, 8, 48096, 16032, 16032}, {300, 1, 2, 160, 140, 160},
+                {300, 3, 4, 240, 60, 80},       {49152, 1, 1, 49152, 0, 49152},  /* a bad rank: nothing */
+                {100, 7, 8, 100, 0, 16},                                          /* too small: none left */
+        };
+        for (size_t i = 0; i < sizeof split / sizeof split[0]; i++) {
+                tsr_tp_vocab v = tsr_tp_vocab_of(split[i].vocab, split[i].rank, split[i].tp);
+                if (split[i].rank >= split[i].tp) {
+                        assert_int_equal(v.n, 0);
+                        assert_int_equal(v.per, 0);
+                        continue;
+                }
+                if (v.first != split[i].first || v.n != split[i].n || v.per != split[i].per)
+                        fail_msg("vocab %zu rank %u of %u: [%zu, +%zu) of %zu, want [%zu, +%zu) of %zu",
+                                 split[i].vocab, split[i].rank, split[i].tp, v.first, v.n, v.per, split[i].first,
+                                 split[i].n, split[i].per);
+        }
+        char err[256] = "";
+        assert_int_equal(tsr_tp_check_split(8, 8, 8, 100, err, sizeof err), TSR_E_UNSUPPORTED);
+        assert_non_null(strstr(err, "too small to split"));
+        assert_int_equal(tsr_tp_check_split(8, 8, 8, 32001, err, sizeof err), TSR_OK);
 }
 
 /* Bad stage arguments: no layer split, or more stages than the model has layers (the

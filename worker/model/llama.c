@@ -815,10 +815,9 @@ tsr_status tsr_llama_shard_tp(tsr_llama *m, uint32_t tp_rank, uint32_t tp_size, 
         /* the embedding and lm_head by vocabulary rows (vocabulary-parallel, a tied table
          * once); read as the share, they are already the rank's */
         if (st == TSR_OK && split_rows)         /* those kept in a block format, */
-                st = keep_vocab_rows_stored(w, (size_t)tp_rank * sh.vl, sh.vl);
+                st = keep_vocab_rows_stored(w, sh.v0, sh.vl);
         if (st == TSR_OK && split_rows)         /* then the float32 ones */
-                st = tsr_tp_keep_vocab_rows(&w->output, &w->token_embd, c->vocab_size, c->dim,
-                                            (size_t)tp_rank * sh.vl, sh.vl);
+                st = tsr_tp_keep_vocab_rows(&w->output, &w->token_embd, c->vocab_size, c->dim, sh.v0, sh.vl);
         if (st != TSR_OK) {
                 tsr_errf(err, errlen, "out of memory while splitting the weights for tensor parallelism");
                 return st;      /* the model is half split: the caller frees it */
@@ -1133,7 +1132,7 @@ static tsr_status lm_head(const tsr_llama *m, tsr_backend *be, float *logits, co
         mine = malloc(rows * vl * sizeof(float));
         st = mine ? mm(m, be, mine, xb, -1, 0, m->w->output, rows, dim, vl) : TSR_E_NOMEM;
         if (st == TSR_OK)
-                st = tsr_tp_gather_vocab(m->comm, m->tp_size, mine, logits, rows, vl);
+                st = tsr_tp_gather_vocab(m->comm, m->tp_rank, m->tp_size, m->cfg.vocab_size, mine, logits, rows);
         free(mine);
         return st;
 }

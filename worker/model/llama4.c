@@ -236,7 +236,8 @@ static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
         uint64_t hd = c->base.head_dim, KVH = c->base.n_kv_heads, I = c->base.hidden_dim;
         uint64_t qr = c->base.n_heads / t * hd, nkv = t <= KVH ? KVH / t : 1;
         uint64_t kv0 = t <= KVH ? rk * nkv : rk / (t / KVH);
-        uint64_t hid = I / t, mlp = c->mlp_dim / t, vl = c->base.vocab_size / t;
+        uint64_t hid = I / t, mlp = c->mlp_dim / t;
+        tsr_tp_vocab v = tsr_tp_vocab_of(c->base.vocab_size, rk, t);
         const tsr_tp_slice_rule rule[] = {
                 {"attn_q", {TSR_LOAD_SLICE_ROWS, 1, {{rk * qr, qr}}}},
                 {"attn_k", {TSR_LOAD_SLICE_ROWS, 1, {{kv0 * hd, nkv * hd}}}},
@@ -254,8 +255,8 @@ static tsr_load_slice l4_slice(const tsr_llama4 *m, const char *name) {
                 {"ffn_gate_shexp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_up_shexp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_down_shexp", {TSR_LOAD_SLICE_COLS, 1, {{rk * hid, hid}}}},
-                {"output", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},
-                {"token_embd", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},     /* tsr_tp_embed */
+                {"output", {TSR_LOAD_SLICE_ROWS, 1, {{v.first, v.n}}}},
+                {"token_embd", {TSR_LOAD_SLICE_ROWS, 1, {{v.first, v.n}}}},    /* tsr_tp_embed */
                 /* the per-expert layout's matrices */
                 {"ffn_gate_exp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
                 {"ffn_up_exp", {TSR_LOAD_SLICE_ROWS, 1, {{rk * hid, hid}}}},
@@ -1032,7 +1033,7 @@ static tsr_status stored_slices_check(const tsr_llama4 *m, size_t ko, size_t ke,
 
 static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool ep, char *err, size_t errlen) {
         const tsr_llama4_config *c;
-        size_t dim, hd, H, KVH, I, M, E, nh, nkv, kv0, hid, mlp, vl, ns, n_local, e0 = 0, ne = 0;
+        size_t dim, hd, H, KVH, I, M, E, nh, nkv, kv0, hid, mlp, ns, n_local, e0 = 0, ne = 0;
         bool split;
         tsr_status st;
 
@@ -1058,7 +1059,8 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         nkv = tp_size <= KVH ? KVH / tp_size : 1;
         /* tp > KV heads: each KV head is replicated on tp / n_kv_heads ranks (vLLM) */
         kv0 = tp_size <= KVH ? tp_rank * nkv : tp_rank / (tp_size / KVH);
-        hid = I / tp_size, mlp = M / tp_size, vl = c->base.vocab_size / tp_size;
+        hid = I / tp_size, mlp = M / tp_size;
+        tsr_tp_vocab v = tsr_tp_vocab_of(c->base.vocab_size, tp_rank, tp_size);
         ns = TSR_COMM_TREE_LEAVES / tp_size;
         split = tp_size > 1;    /* tp 1: the canonical K slices alone */
         size_t o_cols = sliced ? nh * hd : H * hd, o0 = sliced ? 0 : tp_rank * nh * hd;
@@ -1146,9 +1148,9 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         }
         /* the embedding and lm_head by vocabulary rows (vocabulary-parallel, a tied table
          * once); read as the share, they are already the rank's */
-        tsr_load_slice vocab_rows = {TSR_LOAD_SLICE_ROWS, 1, {{tp_rank * vl, vl}}};
+        tsr_load_slice vocab_rows = {TSR_LOAD_SLICE_ROWS, 1, {{v.first, v.n}}};
         if (st == TSR_OK && split && !sliced)
-                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->embed, c->base.vocab_size, dim, tp_rank * vl, vl);
+                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->embed, c->base.vocab_size, dim, v.first, v.n);
         if (st == TSR_OK && split && !sliced && m->output.q.data)
                 st = tsr_load_stored_slice(&m->output.q, &vocab_rows);
         if (st == TSR_OK && split && !sliced && m->embd_q.data)
@@ -1163,7 +1165,7 @@ static tsr_status shard(tsr_llama4 *m, uint32_t tp_rank, uint32_t tp_size, bool 
         m->nkv = (uint32_t)nkv;
         m->hid = (uint32_t)hid;
         m->mlp = (uint32_t)mlp;
-        m->vocab_out = (uint32_t)vl;
+        m->vocab_out = (uint32_t)v.n;
         m->canonical = true;
         if (ep)         /* vLLM logs the same per EP rank ("Local/global number of experts") */
                 log_info("expert parallel rank %u of %u: routed experts %zu..%zu of %zu (%zu local)", tp_rank, tp_size,
@@ -1766,7 +1768,8 @@ static tsr_status lm_head(const tsr_llama4 *m, tsr_backend *be, float *logits, c
                 return TSR_E_NOMEM;
         st = mm(be, mine, xb, &m->output, 0, rows, dim, vl);
         if (st == TSR_OK)
-                st = tsr_tp_gather_vocab(m->comm, m->tp_size, mine, logits, rows, vl);
+                st = tsr_tp_gather_vocab(m->comm, m->tp_rank, m->tp_size, m->cfg->base.vocab_size, mine, logits,
+                                         rows);
         free(mine);
         return st;
 }

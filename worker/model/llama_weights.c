@@ -11,6 +11,7 @@
 
 #include "worker/model/family.h"
 #include "worker/model/llama_weights.h"
+#include "worker/model/tp.h"
 #include "worker/parallel/comm.h"
 
 
@@ -164,16 +165,20 @@ tsr_status tsr_llama_tp_share_of(const tsr_llama_config *c, uint32_t tp_rank, ui
         x.nkv = tp_size <= c->n_kv_heads ? c->n_kv_heads / tp_size : 1;
         x.kv0 = tp_size <= c->n_kv_heads ? tp_rank * x.nkv : tp_rank / (tp_size / c->n_kv_heads);
         x.hid = c->hidden_dim / tp_size;
-        x.vl = c->vocab_size / tp_size;
+        tsr_tp_vocab v = tsr_tp_vocab_of(c->vocab_size, tp_rank, tp_size);
+        x.v0 = (uint32_t)v.first;
+        x.vl = (uint32_t)v.n;
         x.ns = S / tp_size;
         if (S % tp_size || c->n_heads % tp_size ||
             (tp_size <= c->n_kv_heads ? c->n_kv_heads % tp_size : tp_size % c->n_kv_heads) ||
-            c->hidden_dim % tp_size || c->vocab_size % tp_size || (x.nh * hd) % x.ns || x.hid % x.ns) {
+            c->hidden_dim % tp_size || tsr_tp_vocab_of(c->vocab_size, tp_size - 1, tp_size).n == 0 ||
+            (x.nh * hd) % x.ns || x.hid % x.ns) {
                 tsr_errf(err, errlen, "tensor parallel size %u does not split this model: it needs to divide %u "
-                         "(the canonical partial sums), the %u attention heads, the %u MLP columns and the "
-                         "vocabulary of %u, and a multiple or divisor of the %u KV heads, with each rank's "
-                         "o_proj and down_proj inputs a multiple of %u", tp_size, S, c->n_heads, c->hidden_dim,
-                         c->vocab_size, c->n_kv_heads, x.ns);
+                         "(the canonical partial sums), the %u attention heads and the %u MLP columns, be a "
+                         "multiple or divisor of the %u KV heads and leave every rank some of the %u-token "
+                         "vocabulary (padded to %d), with each rank's o_proj and down_proj inputs a multiple of "
+                         "%u", tp_size, S, c->n_heads, c->hidden_dim, c->n_kv_heads, c->vocab_size,
+                         TSR_TP_VOCAB_PAD, x.ns);
                 return TSR_E_UNSUPPORTED;
         }
         *ret = x;
@@ -242,7 +247,7 @@ static bool llama_bind(void *model, const tsr_tensor_name *n, uint32_t layer, ts
                              rows_mlp = {TSR_LOAD_SLICE_ROWS, 1, {{r * sh.hid, sh.hid}}},
                              cols_o = {TSR_LOAD_SLICE_COLS, 1, {{r * sh.nh * hd, sh.nh * hd}}},
                              cols_down = {TSR_LOAD_SLICE_COLS, 1, {{r * sh.hid, sh.hid}}},
-                             rows_vocab = {TSR_LOAD_SLICE_ROWS, 1, {{r * sh.vl, sh.vl}}}, whole = {0};
+                             rows_vocab = {TSR_LOAD_SLICE_ROWS, 1, {{sh.v0, sh.vl}}}, whole = {0};
         struct { float **dst; tsr_tensor *stored; uint64_t rows, cols; tsr_load_slice slice; } s[] = {
                 /* a tied last stage that does not embed reads the table as lm_head; a
                  * tensor-parallel rank its vocabulary rows (the embedding is

@@ -69,10 +69,12 @@ tsr_status tsr_llama_weights_check(const tsr_llama_config *cfg, const tsr_shard_
 
 /* A tensor-parallel rank's share of a Llama, as vLLM lays it out: query heads
  * [rank x nh, + nh), KV heads [kv0, kv0 + nkv) (each replicated on tp / n_kv_heads ranks
- * when tp > n_kv_heads), MLP columns [rank x hid, + hid), lm_head rows [rank x vl, + vl),
- * and ns = TSR_COMM_TREE_LEAVES / tp canonical K slices of o_proj and down_proj. */
+ * when tp > n_kv_heads), MLP columns [rank x hid, + hid), the embedding's and lm_head's
+ * vocabulary rows [v0, v0 + vl) (tsr_tp_vocab_of: the vocabulary padded to 64, the last
+ * ranks fewer rows), and ns = TSR_COMM_TREE_LEAVES / tp canonical K slices of o_proj and
+ * down_proj. */
 typedef struct tsr_llama_tp_share {
-        uint32_t nh, nkv, kv0, hid, vl, ns;
+        uint32_t nh, nkv, kv0, hid, v0, vl, ns;
 } tsr_llama_tp_share;
 /* The share of rank tp_rank of tp_size; TSR_E_UNSUPPORTED with the counts tp_size must
  * divide named in err when it does not split the model. */

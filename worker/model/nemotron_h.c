@@ -253,7 +253,8 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
         bool replicated = c->n_groups % t != 0;         /* one group, every rank's (config_rank) */
         uint64_t g0 = replicated ? 0 : rk * gr;
         uint64_t hd = c->head_dim, qr = (uint64_t)r.n_heads * hd, nkv = r.n_kv_heads;
-        uint64_t kv0 = t <= c->n_kv_heads ? rk * nkv : rk / (t / c->n_kv_heads), vl = c->vocab_size / t;
+        uint64_t kv0 = t <= c->n_kv_heads ? rk * nkv : rk / (t / c->n_kv_heads);
+        tsr_tp_vocab v = tsr_tp_vocab_of(c->vocab_size, rk, t);
         uint64_t gw = di / c->n_groups;         /* a GGUF's gated norm is (groups, gw): whole groups per rank */
         const tsr_tp_slice_rule rule[] = {
                 /* in_proj's rows [z | xBC | dt]: the rank's z, its xBC channels, its heads' dt */
@@ -284,8 +285,8 @@ static tsr_load_slice nh_slice(const tsr_nemotron_h *m, const char *name) {
                 {"shared_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.shared_hidden, r.shared_hidden}}}},
                 {"mlp_up", {TSR_LOAD_SLICE_ROWS, 1, {{rk * r.mlp_hidden, r.mlp_hidden}}}},
                 {"mlp_down", {TSR_LOAD_SLICE_COLS, 1, {{rk * r.mlp_hidden, r.mlp_hidden}}}},
-                {"output", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},
-                {"token_embd", {TSR_LOAD_SLICE_ROWS, 1, {{rk * vl, vl}}}},     /* tsr_tp_embed */
+                {"output", {TSR_LOAD_SLICE_ROWS, 1, {{v.first, v.n}}}},
+                {"token_embd", {TSR_LOAD_SLICE_ROWS, 1, {{v.first, v.n}}}},    /* tsr_tp_embed */
         };
         return tsr_tp_slice_of(rule, sizeof rule / sizeof rule[0], name);
 }
@@ -1103,7 +1104,7 @@ static tsr_status stored_slices_check(const tsr_nemotron_h *m, const tsr_nemotro
 static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, bool ep, char *err, size_t errlen) {
         const tsr_nemotron_h_config *c;
         tsr_nemotron_h_config r;
-        size_t dim, hd, ns, nkv, kv0, vl, E, e0 = 0, ne = 0;
+        size_t dim, hd, ns, nkv, kv0, E, e0 = 0, ne = 0;
         bool split;
         tsr_status st = TSR_OK;
 
@@ -1141,7 +1142,7 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         dim = c->dim, hd = c->head_dim, ns = TSR_COMM_TREE_LEAVES / tp_size, nkv = r.n_kv_heads;
         /* tp > KV heads: each KV head is replicated on tp / n_kv_heads ranks (vLLM) */
         kv0 = tp_size <= c->n_kv_heads ? tp_rank * nkv : tp_rank / (tp_size / c->n_kv_heads);
-        vl = c->vocab_size / tp_size;
+        tsr_tp_vocab v = tsr_tp_vocab_of(c->vocab_size, tp_rank, tp_size);
         split = tp_size > 1;    /* tp 1: the canonical K slices alone */
         for (uint32_t l = m->shard.first_layer; l <= m->shard.last_layer && st == TSR_OK; l++) {
                 nh_layer *L = &m->layers[l];
@@ -1180,9 +1181,9 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         /* the embedding and lm_head by vocabulary rows (vocabulary-parallel, a tied table
          * once), those kept as stored (BF16) too; read as the share, they are already the
          * rank's */
-        tsr_load_slice vocab_rows = {TSR_LOAD_SLICE_ROWS, 1, {{tp_rank * vl, vl}}};
+        tsr_load_slice vocab_rows = {TSR_LOAD_SLICE_ROWS, 1, {{v.first, v.n}}};
         if (st == TSR_OK && split && !sliced)
-                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->token_embd, c->vocab_size, dim, tp_rank * vl, vl);
+                st = tsr_tp_keep_vocab_rows(&m->output.f, &m->token_embd, c->vocab_size, dim, v.first, v.n);
         if (st == TSR_OK && split && !sliced && m->output.q.data)
                 st = tsr_load_stored_slice(&m->output.q, &vocab_rows);
         if (st == TSR_OK && split && !sliced && m->embd_q.data)
@@ -1197,7 +1198,7 @@ static tsr_status shard(tsr_nemotron_h *m, uint32_t tp_rank, uint32_t tp_size, b
         m->rank = r;
         m->tp_size = tp_size;
         m->tp_rank = tp_rank;
-        m->vocab_out = split ? (uint32_t)vl : c->vocab_size;
+        m->vocab_out = split ? (uint32_t)v.n : c->vocab_size;
         m->canonical = true;
         m->ep = ep;
         m->e0 = ep ? (uint32_t)e0 : 0;
@@ -1834,7 +1835,7 @@ static tsr_status lm_head(const tsr_nemotron_h *m, tsr_backend *be, float *logit
         if (!(mine = malloc(rows * vl * sizeof(float))))
                 return TSR_E_NOMEM;
         if ((st = mm(be, mine, xb, &m->output, rows, dim, vl)) == TSR_OK)
-                st = tsr_tp_gather_vocab(m->comm, m->tp_size, mine, logits, rows, vl);
+                st = tsr_tp_gather_vocab(m->comm, m->tp_rank, m->tp_size, m->cfg.vocab_size, mine, logits, rows);
         free(mine);
         return st;
 }

@@ -189,12 +189,13 @@ tsr_status tsr_tp_table_rows(tsr_backend *be, float *x, const float *f32, const 
 tsr_status tsr_tp_embed(struct tsr_comm *comm, uint32_t tp_rank, uint32_t tp_size, size_t vocab, size_t dim,
                         const uint32_t *tokens, size_t rows, float *x, tsr_tp_gather_fn gather, const void *model,
                         tsr_backend *be) {
-        size_t n = tp_size ? vocab / tp_size : 0, first = (size_t)tp_rank * n;
         uint32_t *ids;
         tsr_status st;
 
-        if (tp_size == 0 || tp_rank >= tp_size || vocab % tp_size || (tp_size > 1 && !comm))
+        if (tp_size == 0 || tp_rank >= tp_size || (tp_size > 1 && !comm))
                 return TSR_E_INVAL;
+        tsr_tp_vocab v = tsr_tp_vocab_of(vocab, tp_rank, tp_size);
+        size_t first = v.first, n = v.n;
         for (size_t r = 0; r < rows; r++)       /* every token checked before anything is read */
                 if (tokens[r] >= vocab)
                         return TSR_E_INVAL;
@@ -228,9 +229,10 @@ tsr_status tsr_tp_check_split(uint32_t t, uint32_t n_heads, uint32_t n_kv_heads,
         else if (n_kv_heads && (t <= n_kv_heads ? n_kv_heads % t : t % n_kv_heads))
                 tsr_errf(err, errlen, "Total number of key/value heads (%u) and tensor parallel size (%u) must "
                          "divide one another.", n_kv_heads, t);
-        else if (vocab % t)
-                tsr_errf(err, errlen, "the vocabulary size (%u) must be divisible by tensor parallel size (%u) "
-                         "(vLLM pads it, this build does not)", vocab, t);
+        else if (tsr_tp_vocab_of(vocab, t - 1, t).n == 0)
+                tsr_errf(err, errlen, "the vocabulary (%u tokens, padded to a multiple of %d) is too small to "
+                         "split over tensor parallel size %u: the last rank would hold none of it", vocab,
+                         TSR_TP_VOCAB_PAD, t);
         else
                 return TSR_OK;
         return TSR_E_UNSUPPORTED;
@@ -272,20 +274,42 @@ tsr_status tsr_tp_row_reduce(tsr_comm *comm, uint32_t tp_size, const float *part
         return TSR_OK;
 }
 
-tsr_status tsr_tp_gather_vocab(tsr_comm *comm, uint32_t tp_size, const float *mine, float *logits, size_t rows,
-                               size_t vl) {
+tsr_tp_vocab tsr_tp_vocab_of(size_t vocab, uint32_t tp_rank, uint32_t tp_size) {
+        size_t padded = (vocab + TSR_TP_VOCAB_PAD - 1) / TSR_TP_VOCAB_PAD * TSR_TP_VOCAB_PAD;
+        tsr_tp_vocab v = {0};
+
+        if (tp_size == 0 || tp_rank >= tp_size)
+                return v;
+        v.per = (padded + tp_size - 1) / tp_size;       /* exact for tp_size dividing 64 */
+        v.first = (size_t)tp_rank * v.per;
+        v.n = v.first < vocab ? (vocab - v.first < v.per ? vocab - v.first : v.per) : 0;
+        if (v.n == 0)
+                v.first = vocab;
+        return v;
+}
+
+tsr_status tsr_tp_gather_vocab(struct tsr_comm *comm, uint32_t tp_rank, uint32_t tp_size, size_t vocab,
+                               const float *mine, float *logits, size_t rows) {
         size_t t = tp_size;
-        float *all;
+        tsr_tp_vocab v = tsr_tp_vocab_of(vocab, tp_rank, tp_size);
+        float *all, *part;
         tsr_status st;
 
-        if (!comm)
+        if (!comm || tp_size == 0 || tp_rank >= tp_size)
                 return TSR_E_INVAL;
-        if (!(all = malloc(t * rows * vl * sizeof(float))))
+        if (!(all = malloc((t + 1) * rows * v.per * sizeof(float) + 1)))
                 return TSR_E_NOMEM;
-        st = tsr_comm_all_gather(comm, mine, all, rows * vl * sizeof(float), NULL);
-        for (size_t q = 0; st == TSR_OK && q < t; q++)          /* (t, rows, vl) -> (rows, t * vl) */
+        part = all + t * rows * v.per;          /* this rank's rows, padded to per columns */
+        for (size_t r = 0; r < rows; r++) {
+                memcpy(part + r * v.per, mine + r * v.n, v.n * sizeof(float));
+                memset(part + r * v.per + v.n, 0, (v.per - v.n) * sizeof(float));
+        }
+        st = tsr_comm_all_gather(comm, part, all, rows * v.per * sizeof(float), NULL);
+        for (size_t q = 0; st == TSR_OK && q < t; q++) {        /* (t, rows, per) -> (rows, vocab) */
+                tsr_tp_vocab vq = tsr_tp_vocab_of(vocab, (uint32_t)q, tp_size);
                 for (size_t r = 0; r < rows; r++)
-                        memcpy(logits + r * t * vl + q * vl, all + (q * rows + r) * vl, vl * sizeof(float));
+                        memcpy(logits + r * vocab + vq.first, all + (q * rows + r) * v.per, vq.n * sizeof(float));
+        }
         free(all);
         return st;
 }

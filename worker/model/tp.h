@@ -84,23 +84,36 @@ typedef tsr_status (*tsr_tp_gather_fn)(const void *model, tsr_backend *be, float
 tsr_status tsr_tp_table_rows(tsr_backend *be, float *x, const float *f32, const tsr_tensor *q, size_t n_rows,
                              size_t dim, const uint32_t *ids, size_t rows);
 /* x (rows, dim) = the embedding of `tokens` on every rank of a vocabulary-parallel
- * embedding (vLLM's VocabParallelEmbedding): rank tp_rank of tp_size holds only the
- * vocab / tp_size rows from tp_rank * vocab / tp_size, and `gather` reads those; a row of
- * a token another rank holds is set to -0.0f, and x is all-reduced over `comm`.  -0.0f
+ * embedding (vLLM's VocabParallelEmbedding): rank tp_rank of tp_size holds only its
+ * tsr_tp_vocab_of rows, and `gather` reads those; a row of a token another rank holds is
+ * set to -0.0f, and x is all-reduced over `comm`.  -0.0f
  * is the identity of IEEE addition (a + -0.0f is a for every a, +0.0f included), so
  * each row is its owner's bits, the sign of a zero too, in any reduction order: the same
  * x at every tp_size.  At tp_size 1, `gather` on `tokens` itself.  TSR_E_INVAL for a
- * token >= vocab (checked first, nothing read), a tp_size that does not divide vocab or
- * no comm at tp_size > 1; TSR_E_UNSUPPORTED at tp_size > 1 on a backend whose memory is
+ * token >= vocab (checked first, nothing read), a bad rank or no comm at tp_size > 1; TSR_E_UNSUPPORTED at tp_size > 1 on a backend whose memory is
  * not the host's; TSR_E_NOMEM; gather's or the comm's status.  The rank's thread. */
 tsr_status tsr_tp_embed(struct tsr_comm *comm, uint32_t tp_rank, uint32_t tp_size, size_t vocab, size_t dim,
                         const uint32_t *tokens, size_t rows, float *x, tsr_tp_gather_fn gather, const void *model,
                         tsr_backend *be);
 
+/* The vocabulary's padding before it is split (vLLM's DEFAULT_VOCAB_PADDING_SIZE). */
+#define TSR_TP_VOCAB_PAD 64
+/* A rank's share of the vocabulary, the embedding's and lm_head's rows, as vLLM's
+ * VocabParallelEmbedding / ParallelLMHead split it: the vocabulary padded to a multiple
+ * of TSR_TP_VOCAB_PAD and cut into tp_size equal parts of `per` rows; rank r holds the
+ * real rows of part r, [first, first + n) (the last ranks fewer than per, the padding
+ * held by nobody).  n is 0 only for a vocabulary too small to split, which
+ * tsr_tp_check_split refuses. */
+typedef struct tsr_tp_vocab {
+        size_t first, n, per;
+} tsr_tp_vocab;
+tsr_tp_vocab tsr_tp_vocab_of(size_t vocab, uint32_t tp_rank, uint32_t tp_size);
+
 /* Whether tp_size splits the counts every family's split needs; else TSR_E_UNSUPPORTED
  * with the first that does not named in err, in vLLM's words where vLLM has them:
- * tp_size divides the TSR_COMM_TREE_LEAVES canonical partial sums, the n_heads attention
- * heads and the vocabulary, and is a divisor or a multiple of the n_kv_heads KV heads. */
+ * tp_size divides the TSR_COMM_TREE_LEAVES canonical partial sums and the n_heads
+ * attention heads, is a divisor or a multiple of the n_kv_heads KV heads, and leaves
+ * every rank some rows of the padded vocabulary (tsr_tp_vocab_of). */
 tsr_status tsr_tp_check_split(uint32_t tp_size, uint32_t n_heads, uint32_t n_kv_heads, uint32_t vocab, char *err,
                               size_t errlen);
 
@@ -141,10 +154,12 @@ tsr_load_slice tsr_tp_slice_of(const tsr_tp_slice_rule *rules, size_t n, const c
  * a whole model split twice), err naming the share read where there is one. */
 tsr_status tsr_tp_shard_begin(const tsr_shard_spec *loaded, bool canonical, uint32_t tp_rank, uint32_t tp_size,
                               bool ep, bool *done, char *err, size_t errlen);
-/* lm_head's vocabulary all-gather: each rank's logits rows mine (rows, vl) of its vl
- * vocabulary rows, all-gathered over `comm` into logits (rows, tp_size * vl) in rank
- * order (vLLM's LogitsProcessor gathers the same way).  TSR_E_NOMEM, the comm's status. */
-tsr_status tsr_tp_gather_vocab(struct tsr_comm *comm, uint32_t tp_size, const float *mine, float *logits,
-                               size_t rows, size_t vl);
+/* lm_head's vocabulary all-gather: each rank's logits rows mine (rows, n) of its
+ * tsr_tp_vocab_of rows, all-gathered over `comm` (each part padded to `per` columns)
+ * into logits (rows, vocab) in vocabulary order, the padding dropped (vLLM's
+ * LogitsProcessor gathers, then cuts to the vocabulary, the same way).  TSR_E_NOMEM, the
+ * comm's status. */
+tsr_status tsr_tp_gather_vocab(struct tsr_comm *comm, uint32_t tp_rank, uint32_t tp_size, size_t vocab,
+                               const float *mine, float *logits, size_t rows);
 
 #endif
