@@ -77,8 +77,8 @@ bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
         switch (op) {
         case TSR_OP_RMSNORM:
                 return o->rmsnorm;
-        case TSR_OP_EMBEDDING:
-                return o->embedding;
+        case TSR_OP_EMBEDDING:          /* a float32 or a bf16 table */
+                return o->embedding && (w_dtype == TSR_DTYPE_F32 || w_dtype == TSR_DTYPE_BF16);
         case TSR_OP_MATMUL:
                 return dtype_ok(be, w_dtype);
         case TSR_OP_ROPE:
@@ -237,9 +237,11 @@ tsr_status tsr_backend_rmsnorm(tsr_backend *be, float *out, const float *x, cons
         CALL(rmsnorm, out, x, w, rows, dim, eps);
 }
 
-tsr_status tsr_backend_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
-                                 const uint32_t *ids, size_t rows) {
-        CALL(embedding, out, table, vocab, dim, ids, rows);
+tsr_status tsr_backend_embedding(tsr_backend *be, float *out, const void *table, tsr_dtype dtype, size_t vocab,
+                                 size_t dim, const uint32_t *ids, size_t rows) {
+        if (dtype != TSR_DTYPE_F32 && dtype != TSR_DTYPE_BF16)
+                return TSR_E_UNSUPPORTED;
+        CALL(embedding, out, table, dtype, vocab, dim, ids, rows);
 }
 
 tsr_status tsr_backend_matmul(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,

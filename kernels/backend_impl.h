@@ -45,8 +45,8 @@ typedef struct tsr_backend_ops {
          * (the wrapper answers TSR_E_UNSUPPORTED). */
         tsr_status (*rmsnorm)(tsr_backend *be, float *out, const float *x, const float *w, size_t rows, size_t dim,
                               float eps);
-        tsr_status (*embedding)(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
-                                const uint32_t *ids, size_t rows);
+        tsr_status (*embedding)(tsr_backend *be, float *out, const void *table, tsr_dtype dtype, size_t vocab,
+                                size_t dim, const uint32_t *ids, size_t rows);
         /* Dispatches on w_dtype inside: one kernel per weight format, one slot for all. */
         tsr_status (*matmul)(tsr_backend *be, float *out, const float *x, const void *w, tsr_dtype w_dtype,
                              size_t rows, size_t n, size_t d);

@@ -285,11 +285,12 @@ void tsr_backend_graph_drop(tsr_backend *be);
  * x (rows, dim), w (dim,) -> out (rows, dim); out may alias x. */
 tsr_status tsr_backend_rmsnorm(tsr_backend *be, float *out, const float *x, const float *w, size_t rows, size_t dim,
                                float eps);
-/* out[r,:] = table[ids[r],:]
- * table (vocab, dim), ids (rows,) host memory -> out (rows, dim).  An id >= vocab is
- * TSR_E_INVAL. */
-tsr_status tsr_backend_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
-                                 const uint32_t *ids, size_t rows);
+/* out[r,:] = table[ids[r],:] as float32
+ * table (vocab, dim) of `dtype`, float32 or bf16 (each element widened: exact), ids
+ * (rows,) host memory -> out (rows, dim).  An id >= vocab is TSR_E_INVAL (checked before
+ * anything is written); another dtype TSR_E_UNSUPPORTED. */
+tsr_status tsr_backend_embedding(tsr_backend *be, float *out, const void *table, tsr_dtype dtype, size_t vocab,
+                                 size_t dim, const uint32_t *ids, size_t rows);
 /* out[r,i] = sum_k w[i,k] * x[r,k]: W (d,n) @ x[r] (n,) -> out[r] (d,), for each row r.
  * x (rows, n) float32, w (d, n) in `w_dtype`, -> out (rows, d) float32.  rows == 1 is the
  * decode GEMV, rows > 1 the prefill GEMM; both use the same per-element reduction order.

@@ -179,7 +179,7 @@ static tsr_status run_records(tsr_backend *be, const tsr_backend_ops *ref) {
                 switch (r->op) {
                 case DL_RMSNORM: st = ref->rmsnorm(be, r->out, r->a, r->b, r->n1, r->n2, r->f); break;
                 case DL_ADD_RMSNORM: st = ref->add_rmsnorm(be, r->out, r->inout, r->a, r->b, r->n1, r->n2, r->f); break;
-                case DL_EMBEDDING: st = ref->embedding(be, r->out, r->a, r->n1, r->n2, idx, r->idx_n); break;
+                case DL_EMBEDDING: st = ref->embedding(be, r->out, r->w, r->dtype, r->n1, r->n2, idx, r->idx_n); break;
                 case DL_MATMUL: st = ref->matmul(be, r->out, r->a, r->w, r->dtype, r->n1, r->n2, r->n3); break;
                 case DL_MATMUL_SCALED:
                         st = ref->matmul_scaled(be, r->out, r->a, r->w, r->dtype, &r->scales, r->n1, r->n2, r->n3);
@@ -299,19 +299,19 @@ static tsr_status dl_add_rmsnorm(tsr_backend *be, float *out, float *residual, c
         return TSR_OK;
 }
 
-static tsr_status dl_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
-                               const uint32_t *ids, size_t rows) {
+static tsr_status dl_embedding(tsr_backend *be, float *out, const void *table, tsr_dtype dtype, size_t vocab,
+                               size_t dim, const uint32_t *ids, size_t rows) {
         dl_ctx *c = ctx_of(be);
         dl_rec *r;
         if (!IN_GRAPH(be))
-                return tsr_backend_ref_ops()->embedding(be, out, table, vocab, dim, ids, rows);
+                return tsr_backend_ref_ops()->embedding(be, out, table, dtype, vocab, dim, ids, rows);
         if (!out || !table || (!ids && rows) || dim == 0)
                 return TSR_E_INVAL;
         for (size_t i = 0; i < rows; i++)
                 if (ids[i] >= vocab)
                         return TSR_E_INVAL;
         if ((r = rec_new(c, DL_EMBEDDING))) {
-                *r = (dl_rec){.op = DL_EMBEDDING, .out = out, .a = table, .n1 = vocab, .n2 = dim};
+                *r = (dl_rec){.op = DL_EMBEDDING, .out = out, .w = table, .dtype = dtype, .n1 = vocab, .n2 = dim};
                 rec_index(c, r, ids, rows);
         }
         return TSR_OK;

@@ -1315,10 +1315,10 @@ static tsr_status fast_attention(tsr_backend *be, float *out, const float *q, co
 }
 
 /* The ops without a fast version: the reference's, as they are. */
-static tsr_status fast_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
-                                 const uint32_t *ids, size_t rows) {
+static tsr_status fast_embedding(tsr_backend *be, float *out, const void *table, tsr_dtype dtype, size_t vocab,
+                                 size_t dim, const uint32_t *ids, size_t rows) {
         (void)be;
-        return tsr_ref_embedding(out, table, vocab, dim, ids, rows);
+        return tsr_ref_embedding(out, table, dtype, vocab, dim, ids, rows);
 }
 
 /* Make rc hold cos and sin for pos (rows) and inv_freq (half), unless it does already.

@@ -53,16 +53,25 @@ tsr_status tsr_ref_rmsnorm(float *out, const float *x, const float *w, size_t ro
         return TSR_OK;
 }
 
-/* table (vocab, dim), ids (rows,) -> out (rows, dim) */
-tsr_status tsr_ref_embedding(float *out, const float *table, size_t vocab, size_t dim,
-                                const uint32_t *ids, size_t rows) {
+/* table (vocab, dim) float32 or bf16, ids (rows,) -> out (rows, dim) float32 */
+tsr_status tsr_ref_embedding(float *out, const void *table, tsr_dtype dtype, size_t vocab, size_t dim,
+                             const uint32_t *ids, size_t rows) {
         if (!out || !table || (!ids && rows) || dim == 0)
                 return TSR_E_INVAL;
+        if (dtype != TSR_DTYPE_F32 && dtype != TSR_DTYPE_BF16)
+                return TSR_E_UNSUPPORTED;
         for (size_t r = 0; r < rows; r++)       /* check all ids before writing anything */
                 if (ids[r] >= vocab)
                         return TSR_E_INVAL;
-        for (size_t r = 0; r < rows; r++)
-                memcpy(out + r * dim, table + (size_t)ids[r] * dim, dim * sizeof(float));
+        for (size_t r = 0; r < rows; r++) {
+                if (dtype == TSR_DTYPE_F32) {
+                        memcpy(out + r * dim, (const float *)table + (size_t)ids[r] * dim, dim * sizeof(float));
+                        continue;
+                }
+                const uint16_t *row = (const uint16_t *)table + (size_t)ids[r] * dim;
+                for (size_t i = 0; i < dim; i++)
+                        out[r * dim + i] = tsr_bf16_to_f32(row[i]);
+        }
         return TSR_OK;
 }
 
@@ -510,10 +519,10 @@ static tsr_status ref_be_rmsnorm(tsr_backend *be, float *out, const float *x, co
         return tsr_ref_rmsnorm(out, x, w, rows, dim, eps);
 }
 
-static tsr_status ref_be_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
-                                   const uint32_t *ids, size_t rows) {
+static tsr_status ref_be_embedding(tsr_backend *be, float *out, const void *table, tsr_dtype dtype, size_t vocab,
+                                   size_t dim, const uint32_t *ids, size_t rows) {
         (void)be;
-        return tsr_ref_embedding(out, table, vocab, dim, ids, rows);
+        return tsr_ref_embedding(out, table, dtype, vocab, dim, ids, rows);
 }
 
 /* The weight dtype picks the kernel (the wrapper has checked it is one of ours). */

@@ -9,7 +9,7 @@
 #include "kernels/kernels.h"
 
 tsr_status tsr_ref_rmsnorm(float *out, const float *x, const float *w, size_t rows, size_t dim, float eps);
-tsr_status tsr_ref_embedding(float *out, const float *table, size_t vocab, size_t dim, const uint32_t *ids,
+tsr_status tsr_ref_embedding(float *out, const void *table, tsr_dtype dtype, size_t vocab, size_t dim, const uint32_t *ids,
                              size_t rows);
 tsr_status tsr_ref_matmul_f32(float *out, const float *x, const float *w, size_t rows, size_t n, size_t d);
 tsr_status tsr_ref_matmul_bf16(float *out, const float *x, const uint16_t *w, size_t rows, size_t n, size_t d);

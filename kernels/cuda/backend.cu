@@ -440,8 +440,8 @@ static tsr_status cuda_add_rmsnorm(tsr_backend *be, float *out, float *residual,
         return tsr_cuda_add_rmsnorm(ctx_of(be)->stream, out, residual, x, w, rows, dim, eps);
 }
 
-static tsr_status cuda_embedding(tsr_backend *be, float *out, const float *table, size_t vocab, size_t dim,
-                                 const uint32_t *ids, size_t rows) {
+static tsr_status cuda_embedding(tsr_backend *be, float *out, const void *table, tsr_dtype dtype, size_t vocab,
+                                 size_t dim, const uint32_t *ids, size_t rows) {
         const uint32_t *dids = NULL;
         if (!out || !table || (!ids && rows) || dim == 0 || rows > INT_MAX)
                 return TSR_E_INVAL;
@@ -454,9 +454,9 @@ static tsr_status cuda_embedding(tsr_backend *be, float *out, const float *table
         if (st == TSR_OK)
                 st = upload_indices(ctx_of(be), &ctx_of(be)->ids, ids, rows, &dids);
         if (st != TSR_OK || !graph_op(ctx_of(be), sig_of(SIG_EMBEDDING, {ptr_bits(out), ptr_bits(table), vocab, dim,
-                                                                         ptr_bits(dids), rows})))
+                                                                         ptr_bits(dids), rows, (uint64_t)dtype})))
                 return st;
-        return tsr_cuda_embedding(ctx_of(be)->stream, out, table, dim, dids, rows);
+        return tsr_cuda_embedding(ctx_of(be)->stream, out, table, dtype, dim, dids, rows);
 }
 
 // cuBLAS and cuBLASLt take int sizes, and a launch at most INT_MAX blocks (grids_fit): a

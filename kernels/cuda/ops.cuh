@@ -74,14 +74,15 @@ typedef struct tsr_cuda_rows {
 } tsr_cuda_rows;
 
 /* paged.cu: the row copies through an index table.
- * embedding: out[r,:] = table[ids[r],:], ids already checked < vocab.
+ * embedding: out[r,:] = table[ids[r],:] as float32 (a float32 or a bf16 table, dtype), ids
+ * already checked < vocab.
  * kv_write: k, v (rows.n, width) -> row r into the cache row of its position p: row
  * p % block_size of block table[p / block_size] (width = n_kv_heads * head_dim).  The
  * cache holds dtype TSR_DTYPE_F32 (floats, the scales unused), TSR_DTYPE_BF16
  * (tsr_f32_to_bf16(x), the scales unused) or TSR_DTYPE_FP8_E4M3 (bytes e4m3(x / k_scale),
  * V with v_scale: kernels.h's fp8 view). */
-tsr_status tsr_cuda_embedding(cudaStream_t stream, float *out, const float *table, size_t dim, const uint32_t *ids,
-                              size_t rows);
+tsr_status tsr_cuda_embedding(cudaStream_t stream, float *out, const void *table, tsr_dtype dtype, size_t dim,
+                              const uint32_t *ids, size_t rows);
 tsr_status tsr_cuda_kv_write(cudaStream_t stream, void *k_cache, void *v_cache, tsr_dtype dtype, float k_scale,
                              float v_scale, tsr_cuda_rows rows, size_t block_size, size_t width, const float *k,
                              const float *v);

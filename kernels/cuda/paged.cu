@@ -14,13 +14,18 @@
 
 static const int threads = 256;
 
-// table (vocab, dim), ids (rows,) -> out (rows, dim).  Block r copies row r, its threads
-// striding over the dim columns.
-__global__ static void embedding_kernel(float *out, const float *table, size_t dim, const uint32_t *ids) {
-        const float *src = table + (size_t)ids[blockIdx.x] * dim;
+// An element of a float32 or a bf16 table as float32 (bf16 widens exactly).
+__device__ static inline float table_elem(const float *t, size_t i) { return t[i]; }
+__device__ static inline float table_elem(const uint16_t *t, size_t i) { return tsr_cuda_bf16_bits_to_f32(t[i]); }
+
+// table (vocab, dim) of T (float or bf16 bits), ids (rows,) -> out (rows, dim) float32.
+// Block r copies row r, its threads striding over the dim columns.
+template <typename T>
+__global__ static void embedding_kernel(float *out, const T *table, size_t dim, const uint32_t *ids) {
+        const T *src = table + (size_t)ids[blockIdx.x] * dim;
         float *dst = out + (size_t)blockIdx.x * dim;
         for (size_t i = threadIdx.x; i < dim; i += blockDim.x)
-                dst[i] = src[i];
+                dst[i] = table_elem(src, i);
 }
 
 __device__ static inline void kv_store(float *dst, const float *src, size_t i, float) { dst[i] = src[i]; }
@@ -55,11 +60,16 @@ __global__ static void kv_write_kernel(T *k_cache, T *v_cache, tsr_cuda_rows row
         }
 }
 
-extern "C" tsr_status tsr_cuda_embedding(cudaStream_t stream, float *out, const float *table, size_t dim,
-                                         const uint32_t *ids, size_t rows) {
+extern "C" tsr_status tsr_cuda_embedding(cudaStream_t stream, float *out, const void *table, tsr_dtype dtype,
+                                         size_t dim, const uint32_t *ids, size_t rows) {
         if (rows == 0)
                 return TSR_OK;
-        embedding_kernel<<<(unsigned)rows, threads, 0, stream>>>(out, table, dim, ids);
+        if (dtype == TSR_DTYPE_BF16)
+                embedding_kernel<<<(unsigned)rows, threads, 0, stream>>>(out, (const uint16_t *)table, dim, ids);
+        else if (dtype == TSR_DTYPE_F32)
+                embedding_kernel<<<(unsigned)rows, threads, 0, stream>>>(out, (const float *)table, dim, ids);
+        else
+                return TSR_E_UNSUPPORTED;
         TSR_CUDA_TRY(cudaGetLastError());
         return TSR_OK;
 }

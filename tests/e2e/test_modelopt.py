@@ -96,8 +96,8 @@ def test_dtype_auto(spawn, variant):
 
 def test_tensor_parallel_weights_split(spawn):
     """-tp 2 on the FP8 checkpoint: the ranks together hold more than one copy (the
-    embedding, lm_head rows and norms are whole or split differently) but well under
-    two: each rank kept only its share of the fp8 linears."""
+    norms are whole on every rank) but well under two: each rank kept only its share
+    of the fp8 linears, and of the embedding's and lm_head's vocabulary rows."""
     _, base1 = serve(spawn, "fp8", "--dtype", "float32")
     _, base2 = serve(spawn, "fp8", "--dtype", "float32", "-tp", "2")
     one, two = weight_gauge(base1), weight_gauge(base2)

@@ -318,7 +318,7 @@ static void run_steps(model *m, bool stepwise) {
                 if (!stepwise)
                         printf("chained step %zu: rows %zu past_len %zu\n", s, R, past);
 
-                BOTH("embedding", tsr_backend_embedding(be_, P(a.x), P(m->table), VOCAB, DIM, ids, R));
+                BOTH("embedding", tsr_backend_embedding(be_, P(a.x), P(m->table), TSR_DTYPE_F32, VOCAB, DIM, ids, R));
                 after(stepwise, "embedding", s, &a.x, R * DIM, NULL);
 
                 BOTH("rmsnorm", tsr_backend_rmsnorm(be_, P(a.h), P(a.x), P(m->attn_norm), R, DIM, 1e-5f));

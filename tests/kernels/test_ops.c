@@ -99,6 +99,7 @@ typedef enum mop {
         MOP_SOFTMAX,
         MOP_LOG_SOFTMAX,
         MOP_EMBEDDING,
+        MOP_EMBEDDING_BF16,
         MOP_MATMUL_F32,
         MOP_MATMUL_BF16,
         MOP_ROPE_NEOX,
@@ -112,14 +113,14 @@ typedef enum mop {
 
 static const char *const mop_names[MOP_COUNT] = {
         "rmsnorm", "add_rmsnorm", "add", "silu_mul", "softmax", "log_softmax", "embedding",
-        "matmul_f32", "matmul_bf16", "rope_neox", "rope_interleaved", "kv_write", "attention", "gather_rows",
+        "embedding_bf16", "matmul_f32", "matmul_bf16", "rope_neox", "rope_interleaved", "kv_write", "attention", "gather_rows",
         "scatter_add_rows",
 };
 
 static tsr_op mop_op(mop m) {
         static const tsr_op ops[MOP_COUNT] = {
                 TSR_OP_RMSNORM, TSR_OP_ADD_RMSNORM, TSR_OP_ADD, TSR_OP_SILU_MUL, TSR_OP_SOFTMAX,
-                TSR_OP_LOG_SOFTMAX, TSR_OP_EMBEDDING, TSR_OP_MATMUL, TSR_OP_MATMUL, TSR_OP_ROPE, TSR_OP_ROPE,
+                TSR_OP_LOG_SOFTMAX, TSR_OP_EMBEDDING, TSR_OP_EMBEDDING, TSR_OP_MATMUL, TSR_OP_MATMUL, TSR_OP_ROPE, TSR_OP_ROPE,
                 TSR_OP_KV_WRITE, TSR_OP_ATTENTION, TSR_OP_GATHER_ROWS, TSR_OP_SCATTER_ADD_ROWS,
         };
         return ops[m];
@@ -189,10 +190,17 @@ static void mcase_build(mcase *c) {
                 c->out2_len = c->op == MOP_ADD_RMSNORM ? rows * n : 0;
                 break;
         case MOP_EMBEDDING:
+        case MOP_EMBEDDING_BF16:
                 c->w = rand_vec(n * d, 1.0f);
                 c->ids = malloc(rows * sizeof *c->ids);
                 for (size_t r = 0; r < rows; r++)
                         c->ids[r] = (uint32_t)(r == rows - 1 ? n - 1 : rnd() % n);    /* the last row too */
+                if (c->op == MOP_EMBEDDING_BF16) {      /* a bf16 table: signed zeros, a subnormal, an inf */
+                        c->wb = malloc(n * d * sizeof *c->wb);
+                        for (size_t i = 0; i < n * d; i++)
+                                c->wb[i] = tsr_f32_to_bf16(c->w[i]);
+                        c->wb[0] = 0x8000, c->wb[n * d - 1] = 0x0001, c->wb[(n - 1) * d] = 0xff80;
+                }
                 c->out_len = rows * d;
                 break;
         case MOP_MATMUL_F32:
@@ -332,7 +340,11 @@ static tsr_status run_case(tsr_backend *be, const mcase *c, float *out, float *o
                 break;
         case MOP_EMBEDDING:
                 dw = dev_copy(be, c->w, n * d * fb);
-                st = tsr_backend_embedding(be, dout, dw, n, d, c->ids, rows);
+                st = tsr_backend_embedding(be, dout, dw, TSR_DTYPE_F32, n, d, c->ids, rows);
+                break;
+        case MOP_EMBEDDING_BF16:
+                dw = dev_copy(be, c->wb, n * d * 2);
+                st = tsr_backend_embedding(be, dout, dw, TSR_DTYPE_BF16, n, d, c->ids, rows);
                 break;
         case MOP_MATMUL_F32:
                 da = dev_copy(be, c->a, rows * n * fb), dw = dev_copy(be, c->w, d * n * fb);
@@ -481,9 +493,13 @@ static void oracle(const mcase *c, double *want, double *bound, double *want2, d
                 }
                 break;
         case MOP_EMBEDDING:
+        case MOP_EMBEDDING_BF16:        /* a bf16 element widens exactly: its bits << 16 */
                 for (size_t r = 0; r < rows; r++)
-                        for (size_t i = 0; i < d; i++)
-                                want[r * d + i] = c->w[(size_t)c->ids[r] * d + i], bound[r * d + i] = 0;
+                        for (size_t i = 0; i < d; i++) {
+                                size_t at = (size_t)c->ids[r] * d + i;
+                                union { uint32_t u; float f; } wide = {.u = c->wb ? (uint32_t)c->wb[at] << 16 : 0};
+                                want[r * d + i] = c->wb ? wide.f : c->w[at], bound[r * d + i] = 0;
+                        }
                 break;
         case MOP_MATMUL_F32:
         case MOP_MATMUL_BF16: {
@@ -672,7 +688,7 @@ static void for_each_case(mop m, void (*fn)(mcase *c, void *ud), void *ud) {
                 bool mm = m == MOP_MATMUL_F32 || m == MOP_MATMUL_BF16;
                 if (var == VAR_SUBNORMAL && !mm)
                         continue;
-                if (var == VAR_TAIL_SPECIAL && (m == MOP_EMBEDDING || m == MOP_ATTENTION))
+                if (var == VAR_TAIL_SPECIAL && (m == MOP_EMBEDDING || m == MOP_EMBEDDING_BF16 || m == MOP_ATTENTION))
                         continue;       /* a copy has no tail; attention's specials are its own test's */
                 switch (m) {
                 case MOP_RMSNORM:
@@ -689,6 +705,7 @@ static void for_each_case(mop m, void (*fn)(mcase *c, void *ud), void *ud) {
                                 }
                         break;
                 case MOP_EMBEDDING:
+                case MOP_EMBEDDING_BF16:
                         for (size_t a = 0; a < 3; a++)
                                 for (size_t b = 0; b < 4; b++) {
                                         mcase c = {.op = m, .var = var, .rows = 5, .n = emb_vocab[a], .d = emb_dim[b]};
@@ -795,6 +812,7 @@ static void cuda_bounds(const mcase *c, const double *want, double *bound) {
         }
         case MOP_ADD:           /* one float add: bitwise */
         case MOP_EMBEDDING:     /* copies: bitwise */
+        case MOP_EMBEDDING_BF16:
         case MOP_KV_WRITE:
         case MOP_GATHER_ROWS:   /* a copy, or one multiply (__fmul_rn): bitwise */
         case MOP_SCATTER_ADD_ROWS:      /* one add (__fadd_rn): bitwise */
@@ -1332,7 +1350,7 @@ static void test_column(void **state) {
                 break;
         }
         for (int m = 0; m < MOP_COUNT; m++) {
-                tsr_dtype wt = m == MOP_MATMUL_BF16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32;
+                tsr_dtype wt = m == MOP_MATMUL_BF16 || m == MOP_EMBEDDING_BF16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32;
                 if (!tsr_backend_supports(cr.be, mop_op((mop)m), wt)) {
                         print_message("%s: %s not implemented on this backend: not run\n", tsr_backend_name(cr.be),
                                       mop_names[m]);

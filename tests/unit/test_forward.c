@@ -333,10 +333,10 @@ static void test_elementwise(void **state) {
                 assert_close(out[i], g[i] / (1 + exp(-g[i])) * u[i], 1e-6);
         assert_int_equal(tsr_backend_add(o, out, a, u, 3), TSR_OK);
         assert_close(out[2], 2.0, 0);
-        assert_int_equal(tsr_backend_embedding(o, e, table, 3, 2, ids, 2), TSR_OK);
+        assert_int_equal(tsr_backend_embedding(o, e, table, TSR_DTYPE_F32, 3, 2, ids, 2), TSR_OK);
         assert_true(e[0] == 4 && e[1] == 5 && e[2] == 0 && e[3] == 1);
         ids[1] = 3;
-        assert_int_equal(tsr_backend_embedding(o, e, table, 3, 2, ids, 2), TSR_E_INVAL);
+        assert_int_equal(tsr_backend_embedding(o, e, table, TSR_DTYPE_F32, 3, 2, ids, 2), TSR_E_INVAL);
 }
 
 /* Every dequantizer against gguf-py's, on random blocks. */

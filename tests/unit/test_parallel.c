@@ -480,6 +480,11 @@ static double g_plain_tol = 1e-3;
 /* run_steps_kv's --dtype ("float32"; "auto" keeps a GGUF's block-format weights) */
 static const char *g_dtype = "float32";
 
+/* The case being run asks for ranks that load the whole model and split it
+ * (tsr_runner_opts.tp_load_whole: the families' split of whole tensors, which a served
+ * worker never takes); compare_tp and the 4-layer test set it. */
+static bool run_whole;
+
 /* Two steps through `pp` stages of layers[] (pp 1: the whole model): a prefill of 11
  * tokens with every row's logits beside a prefill of 5 whose logits nobody wants, then a
  * step of one decode token for each plus the second's next 3 prompt tokens with the
@@ -499,7 +504,7 @@ static void run_steps_kv(model_case *mc, uint32_t pp, const uint32_t *layers, ui
                 p0[i] %= (uint32_t)V;
         tsr_runner_opts o = {.dtype = g_dtype, .backend = mc->be, .pp = pp, .pp_layers = layers,
                              .stage_threads = 1, .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical,
-                             .kv_dtype = kv_dtype};
+                             .kv_dtype = kv_dtype, .tp_load_whole = run_whole};
         if (g_micro)    /* the runner offers submit / wait (off by default on CPU stages) */
                 setenv("TESSERA_PP_MAX_IN_FLIGHT", "8", 1);
         if (tsr_runner_new(mc->path, &mc->desc, &o, N_BLOCKS, BLOCK, 0, &r, &ls, err, sizeof err) != TSR_OK)
@@ -605,6 +610,7 @@ typedef struct tp_case {
         uint32_t tp, pp;
         const uint32_t *layers;
         bool ep;                /* --enable-expert-parallel (run_hybrid_tp reads it from run_ep) */
+        bool whole;             /* each rank loads whole tensors, then splits them (run_whole) */
 } tp_case;
 
 /* The case compare_tp is running asks for expert parallelism (a run function's argument
@@ -643,16 +649,18 @@ static void compare_tp(model_case *mc, const char *name, tp_run_fn run, size_t r
                 for (size_t c = 0; c < n_cases; c++) {
                         memset(got, 0xff, rows * V * sizeof(float));
                         run_ep = cases[c].ep;
+                        run_whole = cases[c].whole;
                         run(mc, cases[c].pp, cases[c].layers, cases[c].tp, true, got, &n_got);
-                        run_ep = false;
+                        run_ep = run_whole = false;
                         assert_int_equal(n_got, n_want);
                         for (size_t i = 0; i < n_want; i++)
                                 if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
                                         fail_msg("%s, %s kernels, tp %u pp %u: logit [%zu, %zu] %.9g, tp 1 %.9g", name,
                                                  kern[k], cases[c].tp, cases[c].pp, i / V, i % V, got[i], want[i]);
-                        print_message("%s (%s kernels): tp %u pp %u%s: %zu logits bitwise equal to tp 1\n", name,
-                                      kern[k], cases[c].tp, cases[c].pp, cases[c].ep ? " expert-parallel" : "",
-                                      n_want);
+                        print_message("%s (%s kernels): tp %u pp %u%s%s: %zu logits bitwise equal to tp 1\n",
+                                      name, kern[k], cases[c].tp, cases[c].pp,
+                                      cases[c].ep ? " expert-parallel" : "",
+                                      cases[c].whole ? " (loaded whole, then split)" : "", n_want);
                 }
         }
         unsetenv("TESSERA_KERNELS");
@@ -670,7 +678,8 @@ static void test_tiny_llama3_tp(void **state) {
         (void)state;
         model_case mc = {0};
         static const uint32_t two[] = {1, 1};
-        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {1, 2, two}, {2, 2, two}, {4, 2, two}};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {1, 2, two}, {2, 2, two}, {4, 2, two},
+                                        {2, 1, NULL, false, true}, {4, 2, two, false, true}};
         if (!model_open(&mc, "tests/fixtures/tiny-llama3-hf/f32"))
                 fail_msg("the tiny Llama 3 fixture is committed: run from the source tree");
         compare_tp(&mc, "tiny-llama3", run_steps_tp, 13, cases, sizeof cases / sizeof cases[0]);
@@ -798,21 +807,25 @@ static void test_llama_4layers_tp_pp(void **state) {
                 max_abs = fabsf(want[i]) > max_abs ? fabsf(want[i]) : max_abs;
         assert_true(max_abs > 0.01f && max_abs < 1e6f);         /* real logits, not a zeroed buffer */
         static const uint32_t three[] = {1, 2, 1}, four[] = {1, 1, 1, 1}, two[] = {2, 2};
-        struct { uint32_t tp, pp; const uint32_t *layers; } cases[] = {
-                {2, 3, three}, {2, 4, four}, {4, 2, two}, {1, 3, three}};
+        struct { uint32_t tp, pp; const uint32_t *layers; bool whole; } cases[] = {
+                {2, 3, three, false}, {2, 4, four, false}, {4, 2, two, false}, {1, 3, three, false},
+                {4, 1, NULL, true}, {4, 2, two, true}};       /* loaded whole, then split */
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
                 uint32_t check[8];
                 assert_int_equal(tsr_pp_partition(L4_LAYERS, cases[c].pp, NULL, check, err, sizeof err), TSR_OK);
-                assert_memory_equal(check, cases[c].layers, cases[c].pp * sizeof(uint32_t));  /* vLLM's split */
+                if (cases[c].layers)    /* vLLM's split */
+                        assert_memory_equal(check, cases[c].layers, cases[c].pp * sizeof(uint32_t));
                 memset(got, 0xff, 13 * V * sizeof(float));
+                run_whole = cases[c].whole;
                 run_steps_tp(&mc, cases[c].pp, cases[c].layers, cases[c].tp, true, got, &n_got);
+                run_whole = false;
                 assert_int_equal(n_got, n_want);
                 for (size_t i = 0; i < n_want; i++)
                         if (memcmp(&got[i], &want[i], sizeof(float)) != 0)
                                 fail_msg("4 layers, tp %u pp %u: logit [%zu, %zu] %.9g, tp 1 pp 1 %.9g", cases[c].tp,
                                          cases[c].pp, i / V, i % V, got[i], want[i]);
-                print_message("4-layer tied llama: tp %u x pp %u: %zu logits bitwise equal to tp 1 x pp 1\n",
-                              cases[c].tp, cases[c].pp, n_want);
+                print_message("4-layer tied llama: tp %u x pp %u%s: %zu logits bitwise equal to tp 1 x pp 1\n",
+                              cases[c].tp, cases[c].pp, cases[c].whole ? " (loaded whole, then split)" : "", n_want);
         }
         free(want);
         free(got);
@@ -860,7 +873,8 @@ static void run_hybrid_tp(model_case *mc, const char *dtype, uint32_t pp, const 
                 for (size_t t = 0; t < n_tables * H_TABLE; t++)
                         tables[i][t] = (uint32_t)((i * n_tables * H_TABLE + t) * 7 % H_BLOCKS);
         tsr_runner_opts o = {.dtype = dtype, .backend = mc->be, .pp = pp, .pp_layers = layers, .stage_threads = 1,
-                             .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical, .expert_parallel = run_ep};
+                             .pp_timeout_ms = 60000, .tp = tp, .tp_canonical = canonical, .expert_parallel = run_ep,
+                             .tp_load_whole = run_whole};
         if (tsr_runner_new(mc->path, &mc->desc, &o, H_BLOCKS, H_BLOCK, H_SLOTS, &r, NULL, err, sizeof err) != TSR_OK)
                 fail_msg("%s pp %u tp %u: %s", mc->path, pp, tp, err);
         assert_int_equal(tsr_runner_stages(r), (tp > 1 ? tp : 1) * (pp > 1 ? pp : 1));
@@ -971,7 +985,8 @@ static void test_llama4_tp(void **state) {
         (void)state;
         model_case mc = {0};
         static const uint32_t two[] = {2, 2}, skew[] = {3, 1};
-        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {1, 2, two}, {2, 2, two}, {4, 2, skew}};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {1, 2, two}, {2, 2, two}, {4, 2, skew},
+                                        {4, 1, NULL, false, true}};
         if (!model_open_family(&mc, hybrid_fx[0].rel, hybrid_fx[0].family))
                 fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[0].rel);
         compare_tp(&mc, "tiny-llama4", run_hybrid_f32, H_ROWS, cases, sizeof cases / sizeof cases[0]);
@@ -989,7 +1004,7 @@ static void test_llama4_ep(void **state) {
         model_case mc = {0};
         static const uint32_t two[] = {2, 2};
         static const tp_case cases[] = {{1, 1, NULL, true}, {2, 1, NULL, true}, {4, 1, NULL, true},
-                                        {2, 2, two, true}};
+                                        {2, 2, two, true}, {4, 1, NULL, true, true}};
         if (!model_open_family(&mc, hybrid_fx[0].rel, hybrid_fx[0].family))
                 fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[0].rel);
         compare_tp(&mc, "tiny-llama4", run_hybrid_f32, H_ROWS, cases, sizeof cases / sizeof cases[0]);
@@ -1022,7 +1037,8 @@ static void test_nemotron_h_tp(void **state) {
         (void)state;
         model_case mc = {0};
         static const uint32_t two[] = {3, 3}, three[] = {2, 2, 2};
-        static const tp_case cases[] = {{2, 1, NULL}, {1, 2, two}, {2, 2, two}, {2, 3, three}};
+        static const tp_case cases[] = {{2, 1, NULL}, {1, 2, two}, {2, 2, two}, {2, 3, three},
+                                        {2, 1, NULL, false, true}};
         if (!model_open_family(&mc, hybrid_fx[1].rel, hybrid_fx[1].family))
                 fail_msg("%s is a committed fixture: run from the source tree", hybrid_fx[1].rel);
         compare_tp(&mc, "tiny-nemotron-h", run_hybrid_f32, H_ROWS, cases, sizeof cases / sizeof cases[0]);
@@ -1449,7 +1465,10 @@ static void test_tp_bf16(void **state) {
 static void runner_on_devlike(const char *rel, const char *family, bool copy_bf16) {
         static const char *const dtypes[] = {"float32", "bfloat16"};
         char src[4096], copy[64] = "/tmp/tsr_dev_XXXXXX";
-        assert_non_null(tsr_test_src_path(rel, src, sizeof src));
+        if (rel[0] == '/')      /* a model the test wrote */
+                snprintf(src, sizeof src, "%s", rel);
+        else
+                assert_non_null(tsr_test_src_path(rel, src, sizeof src));
         if (copy_bf16)
                 tsr_test_bf16_copy(src, copy);
         const char *dirs[] = {src, copy};
@@ -1491,10 +1510,17 @@ static void test_nemotron_h_device(void **state) {
 }
 
 /* The Llama family's, from a BF16 checkpoint: in bfloat16 its tables are kept as stored
- * and go to the device as float32 (the embedding) and bf16 (lm_head). */
+ * and go to the device as their bf16 bytes (the device's gather widens the embedding's
+ * rows); untied (the fixture), and tied (the 4-layer model's BF16 copy: the one table
+ * both the gather and lm_head read). */
 static void test_llama_device(void **state) {
         (void)state;
+        char dir[] = "/tmp/tsr-test-parallel-XXXXXX";
         runner_on_devlike("tests/fixtures/tiny-llama3-hf/bf16", "llama", false);
+        if (!write_llama_4layers(dir))
+                fail_msg("cannot write the 4-layer model under /tmp");
+        runner_on_devlike(dir, "llama", true);
+        tsr_test_remove_model_dir(dir);
 }
 
 /* Row d of the 2-D stored tensor t widened to float32 (its cols values). */
@@ -1703,7 +1729,7 @@ static bool write_llama_q8_0(char *path, uint32_t dim) {
 static void test_gguf_q8_0_tp(void **state) {
         (void)state;
         static const uint32_t halves[] = {1, 1};
-        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, halves}};
+        static const tp_case cases[] = {{2, 1, NULL}, {4, 1, NULL}, {2, 2, halves}, {2, 1, NULL, false, true}};
         for (uint32_t dim = 256; dim >= 128; dim /= 2) {
                 static char path[64];
                 model_case mc = {0};

@@ -4,23 +4,6 @@
 #include <stdlib.h>
 
 #include "common/log.h"
-#include "kernels/quant/quant.h"
-
-tsr_status tsr_dev_widen_table(tsr_tensor *q, float **dst) {
-        size_t ne = q->data ? tsr_tensor_n_elems(q) : 0;
-        float *wide;
-
-        if (!q->data)
-                return TSR_OK;
-        if (!(wide = malloc(ne * sizeof(float) + 1)) || tsr_dequant_row(q->dtype, q->data, ne, wide) != TSR_OK) {
-                free(wide);
-                return TSR_E_NOMEM;
-        }
-        *dst = wide;
-        free(q->data);
-        *q = (tsr_tensor){0};
-        return TSR_OK;
-}
 
 tsr_status tsr_dev_check(const tsr_backend *be, const char *family, bool split, tsr_dtype qdtype, char *err,
                          size_t errlen) {

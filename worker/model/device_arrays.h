@@ -11,7 +11,6 @@
 
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
-#include "kernels/tensor.h"
 
 /* The refusals every family's to_backend shares: a model split by tensor, expert or
  * pipeline parallelism (`split`), weights kept as `qdtype` (TSR_DTYPE_F32: none) whose
@@ -19,12 +18,6 @@
  * TSR_OK when the model may go. */
 tsr_status tsr_dev_check(const tsr_backend *be, const char *family, bool split, tsr_dtype qdtype, char *err,
                          size_t errlen);
-
-/* A table kept as stored (a BF16 checkpoint's embedding, keep_bf16) widened for a device,
- * whose gather reads float32 rows: *dst = a new float32 host array of q's elements (the
- * values exactly: bf16 widens exactly), q's bytes freed and *q zeroed.  Nothing when
- * q->data is NULL.  TSR_E_NOMEM (nothing changed). */
-tsr_status tsr_dev_widen_table(tsr_tensor *q, float **dst);
 
 /* One host array to move: where the model points at it, and its bytes (dev: scratch). */
 typedef struct tsr_dev_array {

@@ -65,7 +65,8 @@ struct llama_dev_layer {
 struct llama_dev {
         tsr_backend *be;                /* borrowed: outlives the model (the runner frees it after) */
         struct llama_dev_layer *layers; /* [n_local] */
-        float *token_embd;              /* (vocab, dim), NULL on a stage without the embedding */
+        void *token_embd;               /* (vocab, dim) in embd_dtype, NULL on a stage without the embedding */
+        tsr_dtype embd_dtype;           /* float32, or bf16 for a BF16 table kept as stored */
         void *output;                   /* (vocab_out, dim) in output_dtype; the embedding's when tied and float32 */
         float *output_norm, *inv_freq;
         tsr_dtype mm_dtype;             /* of every matmul not kept as stored:
@@ -503,45 +504,25 @@ static size_t weights_device_bytes(const tsr_llama *m) {
                         const tsr_tensor *st = &m->w->layers[l].stored[i];
                         bytes += st->data ? tsr_tensor_n_bytes(st) : rows[i] * cols[i] * esz;
                 }
-        if (m->w->token_embd || m->w->token_embd_stored.data)   /* a stored BF16 table goes widened */
+        if (m->w->token_embd_stored.data)                       /* a stored BF16 table goes as its bytes */
+                bytes += tsr_tensor_n_bytes(&m->w->token_embd_stored);
+        else if (m->w->token_embd)
                 bytes += (size_t)c->vocab_size * dim * sizeof(float);
-        if (m->w->output_stored.data)                           /* goes as its bf16 bytes */
-                bytes += (size_t)m->vocab_out * dim * sizeof(uint16_t);
+        if (m->w->output_stored.data && m->w->output_stored.data != m->w->token_embd_stored.data)
+                bytes += (size_t)m->vocab_out * dim * sizeof(uint16_t);         /* tied: the table's */
         else if (m->bf16 ? m->output_bf16 != NULL : (m->w->output && m->w->output != m->w->token_embd))
                 bytes += (size_t)m->vocab_out * dim * esz;
         return bytes;
 }
 
-/* n bf16 values of `bf16` on the device as float32 (exactly widened) at *dst, a piece at
- * a time: the host never holds the whole float32 table (4.2 GB for a 128k x 8192 one). */
-static tsr_status put_widened(struct llama_dev *d, const void *bf16, size_t n, void **dst) {
-        enum { PIECE = 1 << 20 };       /* floats widened per upload */
-        float *wide = malloc((n < PIECE ? n : PIECE) * sizeof(float) + 1);
-        tsr_status st = wide ? tsr_backend_mem_alloc(d->be, n * sizeof(float), dst) : TSR_E_NOMEM;
-        if (st != TSR_OK) {
-                free(wide);
-                *dst = NULL;
-                return st;
-        }
-        for (size_t i = 0; i < n && st == TSR_OK; i += PIECE) {
-                size_t k = n - i < PIECE ? n - i : PIECE;
-                if ((st = tsr_dequant_row(TSR_DTYPE_BF16, (const uint16_t *)bf16 + i, k, wide)) == TSR_OK)
-                        st = tsr_backend_upload(d->be, (float *)*dst + i, wide, k * sizeof(float));
-        }
-        free(wide);             /* the uploads are synchronous (kernels.h) */
-        if (st != TSR_OK) {
-                tsr_backend_mem_free(d->be, *dst);
-                *dst = NULL;
-        }
-        return st;
-}
-
-/* The embedding table on the device, float32 (the device's gather reads float32 rows): the
- * host's, or a BF16 checkpoint's kept as stored, widened on the way. */
+/* The embedding table on the device: the host's float32 one, or a BF16 checkpoint's kept
+ * as stored as its bytes (the device's gather widens each row it reads, exactly). */
 static tsr_status put_table(const tsr_llama *m, struct llama_dev *d, void **dst) {
         const tsr_tensor *t = &m->w->token_embd_stored;
         size_t n = (size_t)m->cfg.vocab_size * m->cfg.dim;
-        return t->data ? put_widened(d, t->data, n, dst) : dev_put(d, m->w->token_embd, n * sizeof(float), dst);
+        d->embd_dtype = t->data ? t->dtype : TSR_DTYPE_F32;
+        return t->data ? dev_put(d, t->data, tsr_tensor_n_bytes(t), dst)
+                       : dev_put(d, m->w->token_embd, n * sizeof(float), dst);
 }
 
 /* lm_head kept as stored (BF16): its bytes, multiplied as bf16 as on the host
@@ -629,8 +610,12 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
                 }
         }
         if (st == TSR_OK)
-                st = put_table(m, d, (void **)&d->token_embd);
-        if (st == TSR_OK && m->w->output_stored.data)   /* a BF16 checkpoint's lm_head kept as stored */
+                st = put_table(m, d, &d->token_embd);
+        bool tied_stored = m->w->output_stored.data && m->w->output_stored.data == m->w->token_embd_stored.data;
+        if (st == TSR_OK && tied_stored) {              /* the one bf16 table for both */
+                d->output = d->token_embd;
+                d->output_dtype = TSR_DTYPE_BF16;
+        } else if (st == TSR_OK && m->w->output_stored.data)    /* a BF16 checkpoint's lm_head kept as stored */
                 st = put_output_stored(m, d, &d->output);
         else if (st == TSR_OK && m->bf16 && m->output_bf16)
                 st = dev_put(d, m->output_bf16, (size_t)m->vocab_out * dim * esz, &d->output);
@@ -1085,7 +1070,8 @@ static tsr_status mm(const tsr_llama *m, tsr_backend *be, float *out, const floa
 static tsr_status embed_rows(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
         const tsr_llama *m = model;
         if (m->dev)
-                return tsr_backend_embedding(be, x, m->dev->token_embd, m->vocab_out, m->cfg.dim, ids, rows);
+                return tsr_backend_embedding(be, x, m->dev->token_embd, m->dev->embd_dtype, m->vocab_out, m->cfg.dim,
+                                             ids, rows);
         return tsr_tp_table_rows(be, x, m->w->token_embd, &m->w->token_embd_stored, m->vocab_out, m->cfg.dim, ids,
                                  rows);
 }

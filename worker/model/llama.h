@@ -226,7 +226,8 @@ tsr_status tsr_llama_forward_stage(const tsr_llama *m, tsr_backend *be, tsr_llam
  * rows (heads, KV heads replicated when tp_size exceeds them, MLP columns), lm_head by
  * vocabulary rows (the logits are all-gathered), o_proj and down_proj by input columns,
  * held as TSR_COMM_TREE_LEAVES / tp_size canonical K slices whose partial sums add in the
- * comm layer's fixed tree (R7); the embedding and the norms stay whole.  tp_size 1 makes
+ * comm layer's fixed tree (R7); the embedding by vocabulary rows too (tsr_tp_embed), the
+ * norms whole.  tp_size 1 makes
  * the canonical split alone, which the TP = 1 run needs to be bitwise equal to TP > 1.
  * The KV the model then binds has its local KV heads.  TSR_E_UNSUPPORTED (sizes that do
  * not split, weights not float32) or TSR_E_NOMEM, with the reason in err (the model is

@@ -59,11 +59,11 @@ struct tsr_llama4 {
         tsr_shard_spec shard;
         float *embed;                           /* (vocab_out, dim): a tensor-parallel rank's rows */
         /* A BF16 checkpoint's untied embedding kept as stored (keep_bf16; embed NULL): the
-         * rows a step looks up are widened on the host, exactly; on a device the table
-         * goes widened (tsr_llama4_to_backend).  lm_head likewise stays in output.q. */
+         * backend's gather widens the rows a step looks up, exactly, on the host or on a
+         * device (which holds the bf16 bytes).  lm_head likewise stays in output.q. */
         tsr_tensor embd_q;
         float *out_norm;                        /* (dim,) */
-        mat output;                             /* (vocab, dim); f == embed when tied */
+        mat output;                             /* (vocab_out, dim); f == embed when tied */
         layer *layers;
         float *inv_freq;                        /* (head_dim/2,) */
         float *rope_freqs;                      /* (head_dim/2,) a GGUF's llama3 divisors; NULL: none */
@@ -203,7 +203,7 @@ void tsr_llama4_free(tsr_llama4 **mp) {
                 tsr_backend_mem_free(m->dev, m->acts->p[i]);
         free(m->acts);
         release(m, m->embed);
-        free(m->embd_q.data);                   /* host only: widened on the way to a device */
+        release(m, m->embd_q.data);
         release(m, m->out_norm);
         release(m, m->inv_freq);
         release(m, m->ones);
@@ -905,6 +905,7 @@ static void dev_arrays(tsr_llama4 *m, tsr_dev_list *list) {
                 SLOT(m->output.f, (size_t)m->vocab_out * dim * sizeof(float));
         SLOT(m->output.b, (size_t)m->vocab_out * dim * sizeof(uint16_t));
         SLOT(m->output.q.data, m->output.q.data ? tsr_tensor_n_bytes(&m->output.q) : 0);
+        SLOT(m->embd_q.data, m->embd_q.data ? tsr_tensor_n_bytes(&m->embd_q) : 0);     /* as its bf16 bytes */
         for (size_t l = 0; l <= m->shard.last_layer - m->shard.first_layer; l++) {
                 layer *L = &m->layers[l];
                 mat *w[N_MATS];
@@ -933,9 +934,6 @@ tsr_status tsr_llama4_to_backend(tsr_llama4 *m, tsr_backend *be, char *err, size
         bool split = m->tp_size > 1 || m->canonical || m->ep || m->shard.first_layer > 0 ||
                      m->shard.last_layer + 1 < m->cfg->base.n_layers;
         if ((st = tsr_dev_check(be, "Llama 4", split, m->qdtype, err, errlen)) != TSR_OK)
-                return st;
-        /* the device's gather reads float32 rows: a table kept as stored goes widened */
-        if ((st = tsr_dev_widen_table(&m->embd_q, &m->embed)) != TSR_OK)
                 return st;
         tsr_dev_list l = {0};
         if (!(m->acts = calloc(1, sizeof *m->acts)))
@@ -1748,8 +1746,8 @@ static tsr_status attend(tsr_backend *be, const tsr_llama4 *m, const tsr_llama4_
 }
 
 /* x (rows, dim) = the rows `ids` of the embedding table the model holds (a
- * tensor-parallel rank's vocab_out rows), float32 or kept as stored (embd_q; on a device
- * the table is float32).  A tsr_tp_gather_fn. */
+ * tensor-parallel rank's vocab_out rows), float32 or kept as stored (embd_q).  A
+ * tsr_tp_gather_fn. */
 static tsr_status embed_rows(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
         const tsr_llama4 *m = model;
         return tsr_tp_table_rows(be, x, m->embed, &m->embd_q, m->vocab_out, m->cfg->base.dim, ids, rows);

@@ -109,8 +109,9 @@ typedef struct tsr_llama4 tsr_llama4;
  * `opts` (NULL: widen every tensor): opts->keep_bf16 keeps a BF16 folder's linears
  * (attention, dense MLP, shared expert) as stored, and its expert stacks as bf16 (one
  * transposition of the bytes, no float32 pass), the bits tsr_llama4_use_bf16 gives the
- * widened model; each rank reads only its share of them.  The router, embedding and
- * output are widened.  opts->modelopt: what the folder announces
+ * widened model; each rank reads only its share of them, and an untied embedding and
+ * lm_head stay bf16 as stored too (a GGUF's and a tied table are widened); the router
+ * is widened.  opts->modelopt: what the folder announces
  * (tsr_modelopt_config_read; NULL or algo NONE: none).
  * A ModelOpt FP8 / NVFP4 checkpoint's quantized linears stay as stored with their scales
  * (attention, dense MLP, shared expert; models.md §4.2), and so do its routed experts:
@@ -160,8 +161,8 @@ tsr_status tsr_llama4_reserve(const tsr_llama4 *m, size_t tokens, size_t logit_r
  * q/k/v by heads (KV heads replicated when tp_size exceeds them), o_proj by input
  * columns; every expert's gate/up by output columns and its down_proj by input columns
  * (each rank holds 1/tp_size of every expert's intermediate columns), the shared expert
- * and the dense MLP likewise; the router, the embedding and the norms whole; lm_head by
- * vocabulary rows (the logits all-gathered).  The row-parallel matrices are held as
+ * and the dense MLP likewise; the router and the norms whole; the embedding and lm_head
+ * by vocabulary rows (tsr_tp_embed; the logits all-gathered).  The row-parallel matrices are held as
  * TSR_COMM_TREE_LEAVES / tp_size canonical K slices (tp.h), and an MoE block adds its
  * shared and routed experts' partials slice by slice before one reduce (R7), so TP 1
  * (tp_size 1: the canonical split alone) and TP > 1 give the same bits.  The KV the

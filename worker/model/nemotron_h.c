@@ -108,8 +108,8 @@ struct tsr_nemotron_h {
         tsr_shard_spec shard;           /* the layers held: all, or a pipeline stage's range */
         float *token_embd, *output_norm;        /* the first stage's, the last stage's (tied: both) */
         /* A BF16 checkpoint's untied embedding kept as stored (keep_bf16; token_embd NULL):
-         * the rows a step looks up are widened on the host, exactly; on a device the
-         * table goes widened (tsr_nemotron_h_to_backend). */
+         * the backend's gather widens the rows a step looks up, exactly, on the host or on
+         * a device (which holds the bf16 bytes). */
         tsr_tensor embd_q;
         nh_mat output;                  /* output.f == token_embd when tied; NULL before the last stage */
         nh_layer *layers;               /* [n_layers], indexed by the global layer; only the shard's loaded */
@@ -224,7 +224,7 @@ void tsr_nemotron_h_free(tsr_nemotron_h **mp) {
         mat_free(m, &m->output);
         release(m, m->output_norm);
         release(m, m->token_embd);
-        free(m->embd_q.data);           /* host only: widened on the way to a device */
+        release(m, m->embd_q.data);
         for (size_t i = 0; m->acts && i < N_ACTS; i++)
                 tsr_backend_mem_free(m->dev, m->acts->p[i]);
         free(m->acts);
@@ -877,6 +877,7 @@ static void dev_arrays(tsr_nemotron_h *m, tsr_dev_list *list) {
                 return;
         }
         SLOT(m->token_embd, (size_t)c->vocab_size * dim * F);
+        SLOT(m->embd_q.data, m->embd_q.data ? tsr_tensor_n_bytes(&m->embd_q) : 0);    /* as its bf16 bytes */
         SLOT(m->output_norm, dim * F);
         size_t k = all_mats(m, w, cnt, max);
         for (size_t i = 0; i < k; i++) {
@@ -917,9 +918,6 @@ tsr_status tsr_nemotron_h_to_backend(tsr_nemotron_h *m, tsr_backend *be, char *e
                          "the %s backend yet (its gated norm is finished on the host)", tsr_backend_name(be));
                 return TSR_E_UNSUPPORTED;
         }
-        /* the device's gather reads float32 rows: a table kept as stored goes widened */
-        if ((st = tsr_dev_widen_table(&m->embd_q, &m->token_embd)) != TSR_OK)
-                return st;
         tsr_dev_list l = {0};
         if (!(m->acts = calloc(1, sizeof *m->acts)))
                 return TSR_E_NOMEM;
@@ -1798,8 +1796,8 @@ static tsr_status mlp(const tsr_nemotron_h *m, const nh_layer *L, tsr_backend *b
 }
 
 /* x (rows, dim) = the rows `ids` of the embedding table the model holds (a
- * tensor-parallel rank's vocab_out rows), float32 or kept as stored (embd_q; on a device
- * the table is float32).  A tsr_tp_gather_fn. */
+ * tensor-parallel rank's vocab_out rows), float32 or kept as stored (embd_q).  A
+ * tsr_tp_gather_fn. */
 static tsr_status embed_rows(const void *model, tsr_backend *be, float *x, const uint32_t *ids, size_t rows) {
         const tsr_nemotron_h *m = model;
         return tsr_tp_table_rows(be, x, m->token_embd, &m->embd_q, m->vocab_out, m->cfg.dim, ids, rows);

@@ -160,8 +160,8 @@ const tsr_nemotron_h_config *tsr_nemotron_h_config_of(const tsr_nemotron_h *m);
  * Attention as the Llama's: q by head, k / v by KV head (replicated where tp_size exceeds
  * them), o_proj row-parallel.  MoE and the dense MLP: every expert's, the shared
  * expert's and the MLP's up column-parallel and down row-parallel, the router whole.
- * lm_head by vocabulary rows (the logits all-gathered); the embedding and the norms
- * whole.  Every row-parallel matrix holds the rank's canonical K slices (tp.h), so the
+ * The embedding and lm_head by vocabulary rows (tsr_tp_embed; the logits all-gathered),
+ * the norms whole.  Every row-parallel matrix holds the rank's canonical K slices (tp.h), so the
  * forward's sums are the same bits at every tp_size, tp_size 1 included (that split
  * alone).  TSR_E_UNSUPPORTED (err names the count, in vLLM's words where vLLM has them)
  * when tp_size does not split the model, or the weights are not float32; TSR_E_NOMEM

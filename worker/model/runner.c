@@ -596,7 +596,7 @@ static tsr_status stage_load(tsr_runner *r, const char *path, const tsr_model_de
         /* A family that reads a rank's share from the file gets the rank's spec; the
          * others load whole tensors and split them after (tp_shard either way); under
          * expert parallelism the share is the rank's routed experts whole. */
-        bool share = split && shard->tp_size > 1 && r->fam->load_tp_share;
+        bool share = split && shard->tp_size > 1 && r->fam->load_tp_share && !opts->tp_load_whole;
         load.tp_rank = share ? shard->tp_rank : 0;
         load.tp_size = share ? shard->tp_size : 1;
         load.expert_parallel = share && opts->expert_parallel && r->fam->ep_shard;

@@ -48,6 +48,9 @@ typedef struct tsr_runner_opts {
         /* --enable-expert-parallel: the family's ep_shard instead of tp_shard (the worker
          * has checked that the family has one, or has no MoE layers). */
         bool expert_parallel;
+        /* Tests only: every tensor-parallel rank loads whole tensors and splits them after
+         * (the path of a family without load_tp_share), so that path stays checked. */
+        bool tp_load_whole;
         int stage_threads;
         uint32_t pp_timeout_ms;
         /* --quantization (NULL: from the checkpoint): must agree with what a Hugging Face

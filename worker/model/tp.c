@@ -173,7 +173,9 @@ tsr_status tsr_tp_table_rows(tsr_backend *be, float *x, const float *f32, const 
         tsr_status st;
 
         if (!q || !q->data)
-                return tsr_backend_embedding(be, x, f32, n_rows, dim, ids, rows);
+                return tsr_backend_embedding(be, x, f32, TSR_DTYPE_F32, n_rows, dim, ids, rows);
+        if (q->dtype == TSR_DTYPE_BF16)         /* the backend widens it, in its memory */
+                return tsr_backend_embedding(be, x, q->data, q->dtype, n_rows, dim, ids, rows);
         if ((st = tsr_dtype_row_bytes(q->dtype, dim, &row_bytes)) != TSR_OK)
                 return st;
         for (size_t r = 0; r < rows; r++)

@@ -77,9 +77,10 @@ tsr_status tsr_tp_keep_vocab_rows(float **output, float **embed, size_t vocab, s
 typedef tsr_status (*tsr_tp_gather_fn)(const void *model, tsr_backend *be, float *x, const uint32_t *ids,
                                        size_t rows);
 /* The lookup a family's tsr_tp_gather_fn makes: x (rows, dim) = rows `ids` of a table of
- * n_rows rows held as float32 (`f32`: the backend's gather) or kept as stored (q->data
- * set: each row widened on the host by the dequantizer the load would have used, so the
- * values are bitwise the widened table's; a host backend's memory).  TSR_E_INVAL for an
+ * n_rows rows held as float32 (`f32`) or kept as stored (q->data set): float32 and bf16
+ * through the backend's gather (in its memory: bf16 widens exactly), a GGUF block format
+ * row by row on the host by the dequantizer the load would have used (a host backend's
+ * memory), so the values are bitwise the widened table's.  TSR_E_INVAL for an
  * id >= n_rows (nothing written); the backend's or the dequantizer's status. */
 tsr_status tsr_tp_table_rows(tsr_backend *be, float *x, const float *f32, const tsr_tensor *q, size_t n_rows,
                              size_t dim, const uint32_t *ids, size_t rows);
@@ -102,8 +103,8 @@ tsr_status tsr_tp_embed(struct tsr_comm *comm, uint32_t tp_rank, uint32_t tp_siz
  * VocabParallelEmbedding / ParallelLMHead split it: the vocabulary padded to a multiple
  * of TSR_TP_VOCAB_PAD and cut into tp_size equal parts of `per` rows; rank r holds the
  * real rows of part r, [first, first + n) (the last ranks fewer than per, the padding
- * held by nobody).  n is 0 only for a vocabulary too small to split, which
- * tsr_tp_check_split refuses. */
+ * held by nobody).  n is 0 for a bad rank (per 0 then) and for a vocabulary too small
+ * to split, which tsr_tp_check_split refuses. */
 typedef struct tsr_tp_vocab {
         size_t first, n, per;
 } tsr_tp_vocab;
