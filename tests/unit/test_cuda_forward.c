@@ -200,14 +200,22 @@ static void bf16_vs_ref(tsr_llama *mg, tsr_backend *gpu, tsr_llama *mc, tsr_back
         tsr_llama_free(&mc);
 }
 
-/* 1 and 2: the tiny fixture against transformers (f32) and the CPU bf16 path. */
-static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
-        char dir[4096], path[4200];
+/* The golden.json of the fixture folder `rel` (under root), dir set to that folder; NULL,
+ * the failure counted, when it cannot be read. */
+static json_t *fixture_golden(const char *root, const char *rel, char *dir, size_t dir_len) {
+        char path[4400];
         json_error_t je;
-        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-llama3-hf", root);
+        snprintf(dir, dir_len, "%s/%s", root, rel);
         snprintf(path, sizeof path, "%s/golden.json", dir);
         json_t *g = json_load_file(path, 0, &je);
         CHECK(g, "%s: %s", path, je.text);
+        return g;
+}
+
+/* 1 and 2: the tiny fixture against transformers (f32) and the CPU bf16 path. */
+static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
+        char dir[4096], path[4200];
+        json_t *g = fixture_golden(root, "tests/fixtures/tiny-llama3-hf", dir, sizeof dir);
         if (!g)
                 return;
         json_t *prompts = json_object_get(g, "prompts"), *var = json_object_get(json_object_get(g, "variants"), "f32");
@@ -397,11 +405,7 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
 static void modelopt(tsr_backend *gpu, tsr_backend *ref, const char *root, bool devlike) {
         static const char *const variants[] = {"fp8", "nvfp4"};
         char dir[4096], path[4400], err[512] = "";
-        json_error_t je;
-        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-modelopt", root);
-        snprintf(path, sizeof path, "%s/golden.json", dir);
-        json_t *g = json_load_file(path, 0, &je);
-        CHECK(g, "%s: %s", path, je.text);
+        json_t *g = fixture_golden(root, "tests/fixtures/tiny-modelopt", dir, sizeof dir);
         for (size_t vi = 0; g && vi < sizeof variants / sizeof *variants; vi++) {
                 json_t *var = json_object_get(json_object_get(g, "variants"), variants[vi]);
                 json_t *lp = json_object_get(g, "logit_prompts"), *prompts = json_object_get(g, "prompts");
@@ -711,16 +715,12 @@ static void device_rows_check(const char *what, size_t pi, const float *want, co
 
 /* A BF16 checkpoint loaded with keep_bf16 (its matmuls and both tables kept as stored),
  * as a float32 model (no use_bf16: lm_head still multiplies as bf16, as stored) and
- * converted: on the device (the table widened on the way, lm_head's bf16 bytes) against
+ * converted: on the device (both tables as their bf16 bytes, the gather widening rows) against
  * the same load on cpu-ref, every position of every golden prompt.  cpu-devlike: bitwise;
  * CUDA: within 1e-3 x max |logit| + 1e-4. */
 static void stored_tables(tsr_backend *gpu, tsr_backend *ref, const char *root, bool devlike) {
-        char dir[4200], path[4400];
-        json_error_t je;
-        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-llama3-hf", root);
-        snprintf(path, sizeof path, "%s/golden.json", dir);
-        json_t *g = json_load_file(path, 0, &je);
-        CHECK(g, "%s: %s", path, je.text);
+        char dir[4200];
+        json_t *g = fixture_golden(root, "tests/fixtures/tiny-llama3-hf", dir, sizeof dir);
         snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/bf16");
         const tsr_load_opts keep = {.keep_bf16 = true};
         for (int bf16 = 0; g && bf16 < 2; bf16++) {
@@ -758,13 +758,9 @@ static void stored_tables(tsr_backend *gpu, tsr_backend *ref, const char *root, 
  * apart), the same argmax wherever the reference's top-2 margin exceeds the bound; the
  * distances are printed.  The bounds are first estimates: not yet run on a GPU. */
 static void llama4_on_device(tsr_backend *gpu, tsr_backend *ref, const char *root, bool devlike) {
-        char dir[4200], path[4400], err[512] = "";
-        json_error_t je;
+        char dir[4200], err[512] = "";
         tsr_llama4_config *c = NULL;
-        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-llama4", root);
-        snprintf(path, sizeof path, "%s/golden.json", dir);
-        json_t *g = json_load_file(path, 0, &je);
-        CHECK(g, "%s: %s", path, je.text);
+        json_t *g = fixture_golden(root, "tests/fixtures/tiny-llama4", dir, sizeof dir);
         if (!g || tsr_llama4_config_from_hf(dir, &c, err, sizeof err) != TSR_OK) {
                 CHECK(0, "%s: %s", dir, err);
                 json_decref(g);
@@ -827,12 +823,8 @@ static void llama4_on_device(tsr_backend *gpu, tsr_backend *ref, const char *roo
  * reference.  cpu-devlike: bitwise.  CUDA: llama4_on_device's bounds and argmax rule.
  * The bounds are first estimates: not yet run on a GPU. */
 static void nemotron_h_on_device(tsr_backend *gpu, tsr_backend *ref, const char *root, bool devlike) {
-        char dir[4200], path[4400], err[512] = "";
-        json_error_t je;
-        snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-nemotron-h", root);
-        snprintf(path, sizeof path, "%s/golden.json", dir);
-        json_t *g = json_load_file(path, 0, &je);
-        CHECK(g, "%s: %s", path, je.text);
+        char dir[4200], err[512] = "";
+        json_t *g = fixture_golden(root, "tests/fixtures/tiny-nemotron-h", dir, sizeof dir);
         if (!g)
                 return;
         snprintf(dir, sizeof dir, "%s/tests/fixtures/tiny-nemotron-h/model", root);
