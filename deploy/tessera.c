@@ -138,13 +138,17 @@ static int exec_tool(const char *name, char **argv) {
         return EXIT_BAD_CONFIG;
 }
 
+/* A probe of whether the worker could listen on the port: with SO_REUSEADDR, as
+ * ZeroMQ listens, so a port left in TIME_WAIT by the last worker's connections counts as
+ * free (it is for the worker) and one with a listener does not. */
 static int bind_loopback(int port) {
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         if (fd < 0)
                 return -1;
-        if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+        if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+            bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
                 close(fd);
                 return -1;
         }
@@ -157,10 +161,19 @@ static int bind_loopback(int port) {
  * ephemeral range (ip_local_port_range), where no outgoing connection (the router's
  * ZeroMQ reconnects, HTTP clients) can be given P+1 as its local port in the meantime:
  * CI once saw a worker restarted 7 times on a Status port held that way.  Neither may be
- * `avoid`, the router's HTTP port, which is free until the router binds it: CI once saw
- * the pair drawn on it, the worker restarted every 30 s on a port the router held and
- * the router's ZeroMQ talking to its own HTTP server. */
-static int pick_port_pair(int avoid) {
+ * one of the n_avoid ports `avoid`: the router's HTTP port, which is free until the router
+ * binds it (CI once saw the pair drawn on it, the worker restarted every 30 s on a port
+ * the router held and the router's ZeroMQ talking to its own HTTP server), and a
+ * multi-node replica's --master-port, free until node 0's worker binds it for the
+ * rendezvous (drawn there, node 0's worker fails to meet and restarts for ever). */
+static bool port_avoided(int port, const int *avoid, size_t n_avoid) {
+        for (size_t i = 0; i < n_avoid; i++)
+                if (port == avoid[i])
+                        return true;
+        return false;
+}
+
+static int pick_port_pair(const int *avoid, size_t n_avoid) {
         int lo = 32768, hi = 60999;
         FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
         if (f) {
@@ -172,7 +185,7 @@ static int pick_port_pair(int avoid) {
                 unsigned seed = (unsigned)getpid() ^ (unsigned)tsr_now_ms();
                 for (int tries = 0; tries < 200; tries++) {
                         int port = 10000 + (int)(rand_r(&seed) % (unsigned)(lo - 10000 - 1));
-                        if (port == avoid || port + 1 == avoid)
+                        if (port_avoided(port, avoid, n_avoid) || port_avoided(port + 1, avoid, n_avoid))
                                 continue;
                         int fd = bind_loopback(port), fd2 = fd >= 0 ? bind_loopback(port + 1) : -1;
                         if (fd >= 0)
@@ -191,7 +204,8 @@ static int pick_port_pair(int avoid) {
                         return -1;
                 getsockname(fd, (struct sockaddr *)&a, &alen);
                 int port = ntohs(a.sin_port);
-                fd2 = port < 65535 && port + 1 != avoid && port != avoid ? bind_loopback(port + 1) : -1;
+                fd2 = port < 65535 && !port_avoided(port, avoid, n_avoid) && !port_avoided(port + 1, avoid, n_avoid)
+                              ? bind_loopback(port + 1) : -1;
                 close(fd);
                 if (fd2 >= 0) {
                         close(fd2);
@@ -335,7 +349,9 @@ int main(int argc, char **argv) {
                 else
                         snprintf(worker_spec, sizeof(worker_spec), "%s", cfg.worker_listen);
         } else {
-                int port = pick_port_pair(cfg.port);
+                /* a follower's launcher runs no router, and node 0's router binds cfg.port */
+                const int avoid[] = {cfg.port, cfg.nnodes > 1 ? cfg.master_port : -1};
+                int port = pick_port_pair(avoid, sizeof avoid / sizeof avoid[0]);
                 if (port < 0) {
                         fprintf(stderr, "tessera serve: error: no free loopback port for the worker\n");
                         rc = 1;

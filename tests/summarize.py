@@ -97,7 +97,19 @@ def read_meson(path, s):
                 s.skip(t["name"], out)
             else:
                 s.counts["failed"] += 1
-                s.failures.append(f'{t["name"]} ({result})')
+                why = meson_why(out)
+                s.failures.append(f'{t["name"]} ({result})' + (f": {why}" if why else ""))
+
+
+# The lines of a failed non-cmocka test (a fuzz target's run_fuzz.sh, a script) that say
+# why: the sanitizer's or libFuzzer's verdict, the runner's last word, and the input.
+WHY_LINE = re.compile(r"SUMMARY: |ERROR: |FINDING|fails again|^input \(base64\)")
+
+
+def meson_why(out, limit=1500):
+    lines = [ln.strip() for ln in out.splitlines() if WHY_LINE.search(ln.strip())]
+    text = " | ".join(dict.fromkeys(lines))     # once each, in order
+    return text[:limit] + ("..." if len(text) > limit else "")
 
 
 def why_failed(elem, limit=600):

@@ -11,7 +11,8 @@ answers 503; a new follower makes it serve again, on a new group, with the prefi
 reset; with --async-scheduling too), a follower restarted by its launcher while node 0 is idle (served again with no
 failed request once it is back), a follower of another model refused naming the field,
 a node whose peer never comes (a clear error, exit non-zero), the flags vLLM would refuse
-or this build does not run, and the same two nodes in two network namespaces."""
+or this build does not run, node 0's launcher never giving its worker the master port, and
+the same two nodes in two network namespaces."""
 import json
 import os
 import re
@@ -81,8 +82,31 @@ def leader(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, mod
             raise AssertionError(proc.output()[-3000:])
         return http_status(base + "/health") == 200
     if wait and not ns:
-        wait_until(ready, timeout=120, interval=0.1, what=f"{name} ready")
+        try:
+            wait_until(ready, timeout=120, interval=0.1, what=f"{name} ready")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {every_last_line()}\n{every_log_tail()}") from None
     return proc, base
+
+
+def every_log_tail(chars=4000):
+    """The end of every live node's log: a replica that never gets ready is stuck on
+    one of its nodes (a launcher restarts a worker that failed to meet, so no process
+    exits)."""
+    return "\n".join(f"--- {Path(p.log_path).name} ---\n{log_of(p)[-chars:]}" for p in Proc.live)
+
+
+def every_last_line():
+    """Each node's last log line, for the one line a CI summary shows."""
+    def last(p):
+        lines = log_of(p).strip().splitlines()
+        return lines[-1] if lines else "(empty)"
+    return "; ".join(f"{Path(p.log_path).name} ends {last(p)!r}" for p in Proc.live)
+
+
+def log_of(p):
+    """A node's log so far, also once it has been stopped (its log file closed)."""
+    return p.output() if not p.log.closed else Path(p.log_path).read_text(errors="replace")
 
 
 def follower(tmp_path, name, master_port, *extra, master="127.0.0.1", ns=None, model=DEMO_MODEL, launcher=True,
@@ -590,6 +614,45 @@ def test_bad_flags(tmp_path, flags, msg):
     need_model()
     r = subprocess.run([LAUNCHER, "serve", DEMO_MODEL, *flags], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and msg in r.stderr, (r.returncode, r.stderr)
+
+
+@pytest.fixture
+def narrow_port_namespace():
+    """A network namespace whose ephemeral range starts at 10004 (the setting is per
+    namespace): a launcher draws its worker's two ports below that range, so from
+    10000..10002 only."""
+    assert os.geteuid() == 0, "network namespaces need root (the project's machines run tests as root)"
+    ns = f"tsr-ports{os.getpid() % 10000}"
+    try:
+        for cmd in (["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"],
+                    ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=10004 60999"]):
+            subprocess.run(cmd, check=True, capture_output=True, timeout=10)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+
+
+def test_the_launcher_never_draws_the_master_port(tmp_path, narrow_port_namespace):
+    """Node 0's launcher draws its worker's ports while --master-port is still free (its
+    worker binds it only to meet the others).  With 10001 the master port and room for
+    three pairs (10000, 10001, 10002), the only pair without it is 10002/10003: the nodes
+    meet every time (drawn on the master port, node 0's worker could not bind it and was
+    restarted for ever, as CI once saw with a replica that never got ready)."""
+    need_model()
+    ns, mp = narrow_port_namespace, 10001
+    for attempt in range(3):        # a launcher that ignored the master port met 1 time in 3
+        f = Proc([*ns_prefix(ns), WORKER, DEMO_MODEL, *COMMON, *node_flags(1, mp)], tmp_path / f"node1-{attempt}.log",
+                 env=ENV)
+        lead = Proc([*ns_prefix(ns), LAUNCHER, "serve", DEMO_MODEL, "--host", "127.0.0.1", "--port", "9000", *COMMON,
+                     *node_flags(0, mp)], tmp_path / f"node0-{attempt}.log", env=ENV)
+        try:
+            wait_until(lambda: "the 2 nodes met" in lead.output(), timeout=60, interval=0.1,
+                       what=f"the nodes to meet (attempt {attempt})")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {every_last_line()}\n{every_log_tail()}") from None
+        assert "(worker at tcp://127.0.0.1:10002)" in lead.output(), lead.output()[-3000:]
+        stop(lead)
+        f.kill_group()
 
 
 def test_two_nodes_in_two_network_namespaces(tmp_path, two_namespaces):

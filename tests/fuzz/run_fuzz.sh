@@ -35,6 +35,8 @@ if [ -d "$regress" ] && [ -n "$(ls -A "$regress" 2>/dev/null)" ]; then
         echo "$name: $(ls -A "$regress" | wc -l) regression inputs pass"
 fi
 
+stamp="$work/run-started"
+touch "$stamp"
 # libFuzzer stops itself at -max_total_time; the outer timeout only catches a hang in
 # libFuzzer itself (e.g. a merge of a huge work corpus), so it is generous.
 timeout --kill-after=10 $((secs + 300)) "$bin" \
@@ -48,6 +50,11 @@ status=$(grep -E '^#[0-9]+' "$log" | tail -n 1)
 runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
 if [ $rc -ne 0 ]; then
         tail -n 80 "$log"
+        # A CI run keeps only its summary: the input itself, when small, so that it can be
+        # replayed (base64 -d) and committed under REGRESSIONS without the machine.
+        find "$work/artifacts" -type f -newer "$stamp" -size -2049c | while read -r f; do
+                echo "input (base64) $(basename "$f"): $(base64 -w0 "$f")"
+        done
         echo "$name: FINDING (exit $rc) after ${runs:-?} runs; input saved under $work/artifacts/, log $log"
         exit 1
 fi
