@@ -2,6 +2,7 @@
 llama3 rope scaling that tests/fixtures/make_tiny_llama_hf.py builds with transformers
 (f32 in three shards, and bf16), with transformers' greedy continuations as goldens."""
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -28,12 +29,21 @@ def completion_text(base, ids):
     return ""
 
 
+# The device path too: TESSERA_KERNELS=devlike serves where a GPU would be taken, with the
+# weights and KV cache uploaded and decode on captured graphs replayed through the
+# reference kernels (or eagerly): the serving logic the GPU suite relies on, run in CI.
+PATHS = {"cpu": ([], None), "devlike": ([], "devlike"), "devlike-eager": (["--enforce-eager"], "devlike")}
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("variant", ["f32", "bf16"])
-def test_greedy_matches_transformers(spawn, variant):
+def test_greedy_matches_transformers(spawn, variant, path):
     port = free_port()
+    extra, kernels = PATHS[path]
     proc = spawn([LAUNCHER, "serve", FIX / variant, "--host", "127.0.0.1", "--port", port,
                   "--served-model-name", "tiny", "--kv-cache-memory-bytes", "64M",
-                  "--dtype", "float32"])   # the goldens are float32 math (auto may pick bf16)
+                  "--dtype", "float32", *extra],   # the goldens are float32 math (auto may pick bf16)
+                 env=dict(os.environ, TESSERA_KERNELS=kernels) if kernels else None)
     base = f"http://127.0.0.1:{port}"
 
     def ready():
@@ -48,6 +58,10 @@ def test_greedy_matches_transformers(spawn, variant):
                                                           "max_tokens": len(want), "ignore_eos": True,
                                                           "skip_special_tokens": False}, timeout=60).json()
         assert r["choices"][0]["text"] == completion_text(base, want), prompt["text"]
+    log = proc.output()
+    if kernels:
+        assert "device: cpu-devlike (TESSERA_KERNELS=devlike" in log and "kernels: cpu-devlike" in log, log[-3000:]
+        assert ("Graph capturing finished" in log) == (not extra), log[-3000:]
 
 
 def serve_tiny(spawn, model):

@@ -293,8 +293,9 @@ tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err,
         tsr_status st;
 
         if (kern && *kern && strcmp(kern, "fast") != 0 && strcmp(kern, "ref") != 0 && strcmp(kern, "avx2") != 0 &&
-            strcmp(kern, "avx512_bf16") != 0 && strcmp(kern, "amx_bf16") != 0) {
-                snprintf(err, errlen, "TESSERA_KERNELS=%s: expected fast, amx_bf16, avx512_bf16, avx2 or ref", kern);
+            strcmp(kern, "avx512_bf16") != 0 && strcmp(kern, "amx_bf16") != 0 && strcmp(kern, "devlike") != 0) {
+                snprintf(err, errlen, "TESSERA_KERNELS=%s: expected fast, amx_bf16, avx512_bf16, avx2, ref or devlike",
+                         kern);
                 return TSR_E_INVAL;
         }
         if (kern && strcmp(kern, "ref") == 0) {
@@ -329,6 +330,19 @@ tsr_status tsr_runner_backend_for(const char *device, const char *gpu_not_ok, in
         if (want_cuda && gpu_not_ok) {
                 snprintf(err, errlen, "--device cuda: %s", gpu_not_ok);
                 return TSR_E_UNSUPPORTED;
+        }
+        /* TESSERA_KERNELS=devlike: the device path (weights and KV uploaded, graphs
+         * captured and replayed) on the reference kernels, where a GPU would be chosen:
+         * how CI serves through that path without a GPU. */
+        const char *kern = getenv("TESSERA_KERNELS");
+        if (kern && strcmp(kern, "devlike") == 0 && !want_cpu && !want_cuda && !gpu_not_ok) {
+                if ((st = tsr_backend_cpu_devlike_new(ret)) != TSR_OK) {
+                        snprintf(err, errlen, "TESSERA_KERNELS=devlike: %s", tsr_status_str(st));
+                        return st;
+                }
+                log_info("device: cpu-devlike (TESSERA_KERNELS=devlike: the reference kernels behind a device's "
+                         "memory, for tests)");
+                return TSR_OK;
         }
         if (!want_cpu && !gpu_not_ok) {
                 st = tsr_backend_cuda_new(0, ret);

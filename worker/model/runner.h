@@ -98,7 +98,9 @@ tsr_dtype tsr_runner_auto_kv_dtype(const tsr_backend *be, const char *dtype);
 /* The backend for --device `device` (auto | cuda | cpu; NULL: auto): cuda is GPU 0;
  * auto takes it when there is one and the model can run there (`gpu_not_ok` NULL; else
  * it says why not: --device cuda is then refused with it), else the CPU backend of
- * tsr_runner_backend_new.  Logs the choice.  Main thread, at start-up. */
+ * tsr_runner_backend_new.  TESSERA_KERNELS=devlike makes auto take the CPU-devlike
+ * backend where it would take a GPU (tests: the device path without one).  Logs the
+ * choice.  Main thread, at start-up. */
 tsr_status tsr_runner_backend_for(const char *device, const char *gpu_not_ok, int cpu_threads, tsr_backend **ret,
                                   char *err, size_t errlen);
 /* KV blocks the runner allocated (what num_blocks asked for, or what it sized). */
@@ -111,7 +113,7 @@ uint64_t tsr_runner_kv_blocks(const tsr_runner *r);
 /* The worker's CPU backend: the fast one with `cpu_threads` threads (0 = the online
  * cores); the environment variable TESSERA_KERNELS=ref selects the scalar reference
  * instead (tests, debugging), =avx2 / =avx512_bf16 / =amx_bf16 cap the fast backend at
- * that ISA.  When the threads cannot be started, logs a warning and runs single-threaded.
+ * that ISA (=devlike is tsr_runner_backend_for's; here it is the fast backend).  When the threads cannot be started, logs a warning and runs single-threaded.
  * TSR_E_INVAL (a bad TESSERA_KERNELS or thread count) or TSR_E_NOMEM, with the reason in
  * err; *ret written only on success (tsr_backend_free).  Main thread, at startup. */
 tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err, size_t errlen);
