@@ -101,7 +101,8 @@ TESSERA_BUILD="$ROOT/build-asan" ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     .venv/bin/python -m pytest tests/e2e/test_skeleton.py tests/e2e/test_worker_wire.py tests/e2e/test_multinode.py \
     tests/e2e/test_hf_model.py::test_greedy_matches_transformers "tests/e2e/test_llama4.py::test_golden_alone_and_concurrent[devlike]" \
-    "tests/e2e/test_nemotron_h.py::test_golden_alone_and_32_concurrent[devlike]" -q -p no:cacheprovider \
+    "tests/e2e/test_nemotron_h.py::test_golden_alone_and_32_concurrent[devlike]" tests/e2e/test_device_path.py \
+    -q -p no:cacheprovider \
     -rs -m "not slow_under_sanitizers" --junitxml="$RESULTS/e2e-asan.xml" 2>&1 | tee "$RESULTS/e2e-asan.log" | tail -n 5
 e2e_asan_rc=${PIPESTATUS[0]}
 
