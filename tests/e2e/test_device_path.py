@@ -26,6 +26,10 @@ CASES = {
     "llama4-modelopt-nvfp4": (FIX / "tiny-llama4-modelopt" / "nvfp4", ["--dtype", "bfloat16"]),
     "nemotron_h-f32": (FIX / "tiny-nemotron-h" / "model", ["--dtype", "float32"]),
     "nemotron_h-fp8-bf16": (FIX / "tiny-nemotron-h-fp8" / "model", ["--dtype", "bfloat16"]),
+    # the engine's other schedules: the next step planned while one runs; prompts in chunks
+    "llama-f32-async-chunks": (FIX / "tiny-llama3-hf" / "f32",
+                               ["--dtype", "float32", "--async-scheduling", "--max-num-batched-tokens", "4"]),
+    "nemotron_h-f32-chunks": (FIX / "tiny-nemotron-h" / "model", ["--dtype", "float32", "--max-num-batched-tokens", "4"]),
 }
 
 # Token ids below every fixture's vocabulary (300), so the prompts are the same everywhere.
