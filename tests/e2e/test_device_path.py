@@ -9,6 +9,7 @@ logprobs, structured output), answer the same text on both, and the same logprob
 within 1e-4: float32 logprobs may differ in their last bits (the device path
 normalizes a row with its own kernel), bfloat16 ones agree bitwise today."""
 import os
+import re
 
 import pytest
 import requests
@@ -106,6 +107,8 @@ def test_device_path_answers_as_the_host_path(spawn, case):
     got = answers(base)
     log = dev.output()
     assert "device: cpu-devlike (TESSERA_KERNELS=devlike" in log, log[-3000:]
+    # the upload's closing line (device_arrays.h: every family)
+    assert re.search(r"weights on the cpu-devlike device: [0-9.]+ MB in [0-9]+ arrays, [0-9.]+ s \(", log), log[-3000:]
     for i, (w, g) in enumerate(zip(want, got, strict=True)):
         assert_close(g, w, f"request {i}")
     # the answers are not trivially equal: the greedy one with logprobs has text and 12

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "worker/model/device_arrays.h"
 #include "worker/model/family.h"
 #include "worker/model/llama_weights.h"
 #include "worker/model/runner.h"
@@ -288,6 +290,55 @@ static void test_read_config(void **state) {
         tsr_model_desc_done(&d);        /* twice is harmless */
 }
 
+/* A weight upload's log lines (device_arrays.h): one at each tenth of a large upload but
+ * the last (the closing line's), none for a small one, and the closing line with the
+ * bytes and arrays; the tenths themselves at their edges. */
+static void test_upload_progress(void **state) {
+        (void)state;
+        const size_t big = TSR_DEV_PROGRESS_MIN;
+        assert_int_equal(tsr_dev_progress_tenths(big - 1, big - 1), 0);      /* small: never a tenth */
+        assert_int_equal(tsr_dev_progress_tenths(0, big), 0);
+        assert_int_equal(tsr_dev_progress_tenths(big / 10 - 1, big), 0);
+        assert_int_equal(tsr_dev_progress_tenths(big / 10 + 1, big), 1);
+        assert_int_equal(tsr_dev_progress_tenths(big - 1, big), 9);
+        assert_int_equal(tsr_dev_progress_tenths(big, big), 10);
+        assert_int_equal(tsr_dev_progress_tenths(2 * big, big), 10);
+
+        tsr_backend *be = NULL;
+        assert_int_equal(tsr_backend_cpu_devlike_new(&be), TSR_OK);
+        char path[] = "/tmp/tsr-test-progress-XXXXXX";
+        int fd = mkstemp(path), saved = dup(2);
+        assert_true(fd >= 0 && saved >= 0);
+        fflush(stderr);
+        dup2(fd, 2);
+        tsr_dev_progress p, q;
+        tsr_dev_progress_start(&p, be, 4 * big);
+        for (int i = 0; i < 16; i++)            /* sixteenths: tenths 1..9 crossed, then the end */
+                tsr_dev_progress_add(&p, big / 4);
+        tsr_dev_progress_done(&p, 16);
+        tsr_dev_progress_start(&q, be, 1000);
+        tsr_dev_progress_add(&q, 600);
+        tsr_dev_progress_add(&q, 400);
+        tsr_dev_progress_done(&q, 2);
+        fflush(stderr);
+        dup2(saved, 2);
+        close(saved);
+        char log[8192] = {0};
+        assert_true(pread(fd, log, sizeof log - 1, 0) > 0);
+        close(fd);
+        unlink(path);
+        size_t lines = 0;
+        for (const char *at = log; (at = strstr(at, "copying weights to the cpu-devlike device: ")); at++)
+                lines++;
+        assert_int_equal(lines, 9);
+        assert_non_null(strstr(log, "/4295.0 MB (10%)"));
+        assert_non_null(strstr(log, "/4295.0 MB (90%)"));
+        assert_null(strstr(log, "(100%)"));
+        assert_non_null(strstr(log, "weights on the cpu-devlike device: 4295.0 MB in 16 arrays, "));
+        assert_non_null(strstr(log, "weights on the cpu-devlike device: 0.0 MB in 2 arrays, "));
+        tsr_backend_free(&be);
+}
+
 int main(void) {
         const struct CMUnitTest tests[] = {
                 cmocka_unit_test(test_find),
@@ -300,6 +351,7 @@ int main(void) {
                 cmocka_unit_test(test_kv_pool),
                 cmocka_unit_test(test_kv_pool_state_slots),
                 cmocka_unit_test(test_kv_fp8),
+                cmocka_unit_test(test_upload_progress),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

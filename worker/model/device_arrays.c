@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 tsr_status tsr_dev_check(const tsr_backend *be, const char *family, bool split, tsr_dtype qdtype, char *err,
@@ -18,6 +19,37 @@ tsr_status tsr_dev_check(const tsr_backend *be, const char *family, bool split, 
                 return TSR_E_UNSUPPORTED;
         }
         return TSR_OK;
+}
+
+unsigned tsr_dev_progress_tenths(size_t done, size_t total) {
+        if (total < TSR_DEV_PROGRESS_MIN)
+                return 0;
+        if (done >= total)
+                return 10;
+        return (unsigned)((double)done / (double)total * 10.0);
+}
+
+void tsr_dev_progress_start(tsr_dev_progress *p, const tsr_backend *be, size_t total) {
+        *p = (tsr_dev_progress){.device = tsr_backend_name(be), .total = total, .t0_ns = tsr_now_ns()};
+}
+
+static double mb_per_s(size_t bytes, double s) { return s > 0 ? (double)bytes / 1e6 / s : 0.0; }
+
+void tsr_dev_progress_add(tsr_dev_progress *p, size_t bytes) {
+        p->done += bytes;
+        unsigned t = tsr_dev_progress_tenths(p->done, p->total);
+        if (t <= p->tenths || t == 10)  /* the last tenth is the closing line's */
+                return;
+        p->tenths = t;
+        double s = (double)(tsr_now_ns() - p->t0_ns) / 1e9;
+        log_info("copying weights to the %s device: %.1f/%.1f MB (%u%%), %.1f MB/s", p->device,
+                 (double)p->done / 1e6, (double)p->total / 1e6, 10 * t, mb_per_s(p->done, s));
+}
+
+void tsr_dev_progress_done(const tsr_dev_progress *p, size_t n_arrays) {
+        double s = (double)(tsr_now_ns() - p->t0_ns) / 1e9;
+        log_info("weights on the %s device: %.1f MB in %zu arrays, %.2f s (%.1f MB/s)", p->device,
+                 (double)p->done / 1e6, n_arrays, s, mb_per_s(p->done, s));
 }
 
 void tsr_dev_list_add(tsr_dev_list *l, void **at, size_t bytes) {
@@ -52,11 +84,14 @@ static tsr_status arrays_move(tsr_backend *be, tsr_dev_array *a, size_t n, char 
         }
         /* every copy first, the host arrays untouched; then the swap: a failure leaves the
          * model as it was */
+        tsr_dev_progress pr;
+        tsr_dev_progress_start(&pr, be, need);
         for (size_t i = 0; i < n; i++)
                 a[i].dev = NULL;
         for (size_t i = 0; i < n && st == TSR_OK; i++)
-                if ((st = tsr_backend_mem_alloc(be, a[i].bytes, &a[i].dev)) == TSR_OK)
-                        st = tsr_backend_upload(be, a[i].dev, *a[i].at, a[i].bytes);
+                if ((st = tsr_backend_mem_alloc(be, a[i].bytes, &a[i].dev)) == TSR_OK &&
+                    (st = tsr_backend_upload(be, a[i].dev, *a[i].at, a[i].bytes)) == TSR_OK)
+                        tsr_dev_progress_add(&pr, a[i].bytes);
         if (st != TSR_OK) {
                 for (size_t i = 0; i < n; i++)
                         tsr_backend_mem_free(be, a[i].dev);
@@ -68,7 +103,7 @@ static tsr_status arrays_move(tsr_backend *be, tsr_dev_array *a, size_t n, char 
                 free(*a[i].at);
                 *a[i].at = a[i].dev;
         }
-        log_info("weights on the %s device: %.1f MB in %zu arrays", tsr_backend_name(be), (double)need / 1e6, n);
+        tsr_dev_progress_done(&pr, n);
         return TSR_OK;
 }
 

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
@@ -32,6 +33,28 @@ typedef struct tsr_dev_list {
         size_t n, cap;
         bool nomem;                     /* an add failed: the move answers TSR_E_NOMEM */
 } tsr_dev_list;
+
+/* A weight upload's progress, for its log lines (the loader's own progress lines stop at
+ * the host): one a tenth of the bytes when the upload is large (TSR_DEV_PROGRESS_MIN
+ * bytes or more: a GPU-sized model takes seconds), and one at the end with the time and
+ * the rate.  Main thread. */
+#define TSR_DEV_PROGRESS_MIN ((size_t)1 << 30)
+typedef struct tsr_dev_progress {
+        const char *device;             /* the backend's name */
+        size_t total, done;
+        unsigned tenths;                /* the tenths already logged */
+        uint64_t t0_ns;
+} tsr_dev_progress;
+
+/* Start counting an upload of `total` bytes to be. */
+void tsr_dev_progress_start(tsr_dev_progress *p, const tsr_backend *be, size_t total);
+/* `bytes` more copied: a line when they cross a tenth of a large upload. */
+void tsr_dev_progress_add(tsr_dev_progress *p, size_t bytes);
+/* The closing line: "weights on the D device: X MB in N arrays, S s (R MB/s)". */
+void tsr_dev_progress_done(const tsr_dev_progress *p, size_t n_arrays);
+/* The tenths of `total` that `done` has reached (0..10), for a large total; 0 below
+ * TSR_DEV_PROGRESS_MIN (no lines but the last). */
+unsigned tsr_dev_progress_tenths(size_t done, size_t total);
 
 /* Add the host array *at of `bytes` bytes; nothing when *at is NULL. */
 void tsr_dev_list_add(tsr_dev_list *l, void **at, size_t bytes);

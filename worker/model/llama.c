@@ -9,6 +9,7 @@
 #include "kernels/quant/quant.h"
 #include "worker/load/gguf.h"
 #include "worker/model/cudagraph.h"
+#include "worker/model/device_arrays.h"
 #include "worker/model/family.h"
 #include "common/log.h"
 #include "worker/model/llama.h"
@@ -86,6 +87,9 @@ struct llama_dev {
         size_t n_graph_sizes;
         uint32_t graph_width, graph_max_len;
         tsr_llama_graph_stats graph_stats;
+        /* the weights' upload (tsr_llama_to_backend, main thread): its log lines */
+        tsr_dev_progress upload;
+        size_t n_uploaded;
 };
 
 /* A view of a KV pool's one full-attention group (kv_pool.h), which the pool allocated
@@ -457,8 +461,11 @@ static tsr_status dev_put(struct llama_dev *d, const void *src, size_t bytes, vo
         if ((st = tsr_backend_upload(d->be, *dst, src, bytes)) != TSR_OK) {
                 tsr_backend_mem_free(d->be, *dst);
                 *dst = NULL;
+                return st;
         }
-        return st;
+        tsr_dev_progress_add(&d->upload, bytes);
+        d->n_uploaded++;
+        return TSR_OK;
 }
 
 /* Free the host copies of everything dev now holds. */
@@ -580,6 +587,7 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
                 return TSR_E_NOMEM;
         }
         d->be = be;
+        tsr_dev_progress_start(&d->upload, be, need);
         d->mm_dtype = m->bf16 ? TSR_DTYPE_BF16 : TSR_DTYPE_F32;
         d->output_dtype = d->mm_dtype;
         m->dev = d;             /* from here dev_free undoes a partial copy */
@@ -634,6 +642,7 @@ tsr_status tsr_llama_to_backend(tsr_llama *m, tsr_backend *be, char *err, size_t
                 return st;
         }
         host_weights_drop(m);
+        tsr_dev_progress_done(&d->upload, d->n_uploaded);
         return TSR_OK;
 }
 
