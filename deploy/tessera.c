@@ -349,7 +349,7 @@ int main(int argc, char **argv) {
                 else
                         snprintf(worker_spec, sizeof(worker_spec), "%s", cfg.worker_listen);
         } else {
-                /* a follower's launcher runs no router, and node 0's router binds cfg.port */
+                /* cfg.port is the router's (a follower's launcher runs none; avoided all the same) */
                 const int avoid[] = {cfg.port, cfg.nnodes > 1 ? cfg.master_port : -1};
                 int port = pick_port_pair(avoid, sizeof avoid / sizeof avoid[0]);
                 if (port < 0) {

@@ -113,7 +113,8 @@ uint64_t tsr_runner_kv_blocks(const tsr_runner *r);
 /* The worker's CPU backend: the fast one with `cpu_threads` threads (0 = the online
  * cores); the environment variable TESSERA_KERNELS=ref selects the scalar reference
  * instead (tests, debugging), =avx2 / =avx512_bf16 / =amx_bf16 cap the fast backend at
- * that ISA (=devlike is tsr_runner_backend_for's; here it is the fast backend).  When the threads cannot be started, logs a warning and runs single-threaded.
+ * that ISA (=devlike is tsr_runner_backend_for's: here it is the fast backend).  When
+ * the threads cannot be started, logs a warning and runs single-threaded.
  * TSR_E_INVAL (a bad TESSERA_KERNELS or thread count) or TSR_E_NOMEM, with the reason in
  * err; *ret written only on success (tsr_backend_free).  Main thread, at startup. */
 tsr_status tsr_runner_backend_new(int cpu_threads, tsr_backend **ret, char *err, size_t errlen);
