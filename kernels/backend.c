@@ -111,6 +111,10 @@ bool tsr_backend_supports(const tsr_backend *be, tsr_op op, tsr_dtype w_dtype) {
                 return o->round_bf16;
         case TSR_OP_MAMBA_MIXER:
                 return o->mamba_mixer;
+        case TSR_OP_LOGIT_RULES:
+                return o->logit_rules;
+        case TSR_OP_LOGPROBS:
+                return o->logprobs;
         case TSR_OP_COUNT:
                 break;
         }
@@ -453,6 +457,53 @@ tsr_status tsr_backend_sample(tsr_backend *be, uint32_t *out, float *x, size_t r
         if (rows == 0)
                 return TSR_OK;
         CALL(sample, out, x, rows, n, draws);
+}
+
+static bool ids_below(const uint32_t *ids, uint32_t k, size_t n) {
+        if (k && !ids)
+                return false;
+        for (uint32_t i = 0; i < k; i++)
+                if (ids[i] >= n)
+                        return false;
+        return true;
+}
+
+static bool rules_ok(const tsr_logit_rules *r, size_t n) {
+        if (!ids_below(r->allowed, r->n_allowed, n) || !ids_below(r->masked, r->n_masked, n) ||
+            !ids_below(r->bias_ids, r->n_bias, n) || !ids_below(r->pen_ids, r->n_pen, n) ||
+            (r->n_bias && !r->bias) || (r->n_pen && !r->pen_counts))
+                return false;
+        for (uint32_t j = 0; j < r->n_bias; j++)
+                if (!isfinite(r->bias[j]))
+                        return false;
+        for (uint32_t j = 0; j < r->n_pen; j++)
+                if (!(r->pen_counts[j] == -1.0f || (r->pen_counts[j] >= 1.0f && isfinite(r->pen_counts[j]))))
+                        return false;
+        return !r->n_pen || (r->repetition > 0.0f && isfinite(r->repetition) && isfinite(r->frequency) &&
+                             isfinite(r->presence));
+}
+
+tsr_status tsr_backend_logit_rules(tsr_backend *be, float *x, size_t rows, size_t n, const tsr_logit_rules *rules) {
+        if (!x || !rules || n == 0 || n > INT32_MAX)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++)
+                if (!rules_ok(&rules[r], n))
+                        return TSR_E_INVAL;
+        if (rows == 0)
+                return TSR_OK;
+        CALL(logit_rules, x, rows, n, rules);
+}
+
+tsr_status tsr_backend_logprobs(tsr_backend *be, tsr_row_logprobs *out, const float *x, size_t rows, size_t n,
+                                const uint32_t *tokens, const uint32_t *top) {
+        if (!out || !x || !tokens || !top || n == 0 || n > INT32_MAX)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++)
+                if (top[r] > TSR_LOGPROBS_TOP_MAX || top[r] > n)
+                        return TSR_E_INVAL;
+        if (rows == 0)
+                return TSR_OK;
+        CALL(logprobs, out, x, rows, n, tokens, top);
 }
 
 tsr_status tsr_backend_argmax(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n) {

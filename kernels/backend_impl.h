@@ -85,6 +85,11 @@ typedef struct tsr_backend_ops {
         tsr_status (*argmax)(tsr_backend *be, uint32_t *out, const float *x, size_t rows, size_t n);
         /* the same: draws checked, rows > 0 */
         tsr_status (*sample)(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws);
+        /* the same: rules checked (ids < n, counts, factors), rows > 0 */
+        tsr_status (*logit_rules)(tsr_backend *be, float *x, size_t rows, size_t n, const tsr_logit_rules *rules);
+        /* the same: tokens and top checked (a token >= n: the row is skipped), rows > 0 */
+        tsr_status (*logprobs)(tsr_backend *be, tsr_row_logprobs *out, const float *x, size_t rows, size_t n,
+                               const uint32_t *tokens, const uint32_t *top);
         tsr_status (*add_rmsnorm)(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
                                   size_t rows, size_t dim, float eps);
         /* CPU backends only (kernels.h, tsr_backend_host_tasks) */

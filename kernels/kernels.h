@@ -209,6 +209,8 @@ typedef enum tsr_op {
         TSR_OP_RELU_SQ,
         TSR_OP_ROUND_BF16,
         TSR_OP_MAMBA_MIXER,
+        TSR_OP_LOGIT_RULES,
+        TSR_OP_LOGPROBS,
         TSR_OP_COUNT
 } tsr_op;
 /* Whether `op` runs on this backend; for TSR_OP_MATMUL, with weights of `w_dtype` (ignored
@@ -504,6 +506,57 @@ typedef struct tsr_draw {
  * -inf; unspecified for a row not drawn (temperature 0).  x (rows, n) backend memory, CLOBBERED for the drawn rows (their e); draws
  * (rows,) and out (rows,) host memory; synchronous.  n <= INT32_MAX. */
 tsr_status tsr_backend_sample(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws);
+
+/* A request's logits processors and penalties on its row (tsr_backend_logit_rules), as
+ * the engine's sampler applies them before it picks a token (worker/engine/sampler.c,
+ * steps 2-3), so that a device picks the token of such a request without the row's
+ * download.  In this order:
+ *   allowed (n_allowed > 0): every entry not listed becomes -inf;
+ *   masked: the listed entries become -inf (min_tokens' EOS and stop ids);
+ *   bias: bias[j] added to entry bias_ids[j], j in order (an id listed twice gets both);
+ *   penalties, for each listed id t (distinct ids; pen_counts[j] is how often t was
+ *     generated, or -1 for a token of the prompt only): with repetition != 1, x_t =
+ *     x_t > 0 ? x_t / repetition : x_t * repetition; then, for a count c > 0, x_t -=
+ *     frequency * c and x_t -= presence, two roundings each (vLLM's order).
+ * Every id < n.  A row whose lists are empty is left as it is. */
+typedef struct tsr_logit_rules {
+        const uint32_t *allowed;
+        uint32_t n_allowed;
+        const uint32_t *masked;
+        uint32_t n_masked;
+        const uint32_t *bias_ids;
+        const float *bias;
+        uint32_t n_bias;
+        const uint32_t *pen_ids;
+        const float *pen_counts;
+        uint32_t n_pen;
+        float repetition, frequency, presence;
+} tsr_logit_rules;
+/* x (rows, n) backend memory, changed in place by rules (rows,) (host memory, lists
+ * too), on every backend to the same bits (each step a single IEEE operation).
+ * TSR_E_INVAL for an id >= n, a count that is neither -1 nor >= 1, a repetition
+ * penalty <= 0 or non-finite factors.  Synchronous on the host's lists: they may be
+ * freed when it returns. */
+tsr_status tsr_backend_logit_rules(tsr_backend *be, float *x, size_t rows, size_t n, const tsr_logit_rules *rules);
+
+/* One row's logprobs (tsr_backend_logprobs), OpenAI's: the token's and the top k. */
+#define TSR_LOGPROBS_TOP_MAX 20
+typedef struct tsr_row_logprobs {
+        float logprob;                  /* the token's */
+        uint32_t rank;                  /* entries whose logprob is >= the token's (itself
+                                         * included, as vLLM counts); 0: the row has no
+                                         * distribution (a NaN or +inf, or only -inf) */
+        uint32_t top_ids[TSR_LOGPROBS_TOP_MAX]; /* the k largest, the lower id first on ties */
+        float top_logprobs[TSR_LOGPROBS_TOP_MAX];
+} tsr_row_logprobs;
+/* Row r's logprobs of tokens[r] and its top[r] (<= TSR_LOGPROBS_TOP_MAX and <= n) best
+ * entries, the logprobs being exactly what this backend's tsr_backend_log_softmax writes
+ * for the row (rank and order are comparisons of those values: no rounding of their own).
+ * A row whose token is >= n is skipped (out[r] unwritten).  x (rows, n) backend memory,
+ * read only; tokens, top and out (rows,) host memory; synchronous.  Only the k entries
+ * and the token's value come back, not the row. */
+tsr_status tsr_backend_logprobs(tsr_backend *be, tsr_row_logprobs *out, const float *x, size_t rows, size_t n,
+                                const uint32_t *tokens, const uint32_t *top);
 /* The residual add of a pre-norm transformer and the RMSNorm that follows it:
  *     residual[r,:] = residual[r,:] + x[r,:]             (the running hidden state, in place)
  *     out[r,:]      = rmsnorm(residual[r,:]) * w[:]      (the next sublayer's input)

@@ -480,6 +480,16 @@ static tsr_status dl_argmax(tsr_backend *be, uint32_t *out, const float *x, size
         return IN_GRAPH(be) ? TSR_E_INVAL : tsr_backend_ref_ops()->argmax(be, out, x, rows, n);
 }
 
+/* The rules and the logprobs read host lists and write host results: not in a graph either. */
+static tsr_status dl_logit_rules(tsr_backend *be, float *x, size_t rows, size_t n, const tsr_logit_rules *rules) {
+        return IN_GRAPH(be) ? TSR_E_INVAL : tsr_backend_ref_ops()->logit_rules(be, x, rows, n, rules);
+}
+
+static tsr_status dl_logprobs(tsr_backend *be, tsr_row_logprobs *out, const float *x, size_t rows, size_t n,
+                              const uint32_t *tokens, const uint32_t *top) {
+        return IN_GRAPH(be) ? TSR_E_INVAL : tsr_backend_ref_ops()->logprobs(be, out, x, rows, n, tokens, top);
+}
+
 static tsr_status dl_sample(tsr_backend *be, uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws) {
         return IN_GRAPH(be) ? TSR_E_INVAL : tsr_backend_ref_ops()->sample(be, out, x, rows, n, draws);
 }
@@ -522,6 +532,8 @@ static const tsr_backend_ops cpu_devlike_ops = {
         .log_softmax = dl_log_softmax,
         .argmax = dl_argmax,
         .sample = dl_sample,
+        .logit_rules = dl_logit_rules,
+        .logprobs = dl_logprobs,
         .add_rmsnorm = dl_add_rmsnorm,
         .host_tasks = dl_host_tasks,
 };

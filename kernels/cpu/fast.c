@@ -1455,6 +1455,8 @@ static const tsr_backend_ops cpu_fast_ops = {
         .log_softmax = fast_log_softmax,
         .argmax = fast_argmax,
         .sample = fast_sample,
+        .logit_rules = tsr_ref_be_logit_rules,  /* the reference's: a host backend's rows are */
+        .logprobs = tsr_ref_be_logprobs,        /* the engine's already (answer.h: devices) */
         .add_rmsnorm = fast_add_rmsnorm,
         .host_tasks = fast_host_tasks,
 };

@@ -474,23 +474,117 @@ tsr_status tsr_ref_sample(uint32_t *out, float *x, size_t rows, size_t n, const 
         return TSR_OK;
 }
 
+/* log_softmax's two constants of one row: its maximum (the running one from x[0]) and
+ * log(sum exp(x - max)) with the sum in double, index order, rounded to float once. */
+static void log_softmax_consts(const float *xr, size_t n, float *max_out, float *lse_out) {
+        float max = xr[0];
+        for (size_t i = 1; i < n; i++)
+                if (xr[i] > max)
+                        max = xr[i];
+        double sum = 0.0;
+        for (size_t i = 0; i < n; i++)
+                sum += exp((double)xr[i] - (double)max);
+        *max_out = max;
+        *lse_out = (float)log(sum);
+}
+
 /* x (rows, n) -> out (rows, n): x - max - log(sum exp(x - max)), the sum in double. */
 tsr_status tsr_ref_log_softmax(float *out, const float *x, size_t rows, size_t n) {
         if (!out || !x || n == 0)
                 return TSR_E_INVAL;
         for (size_t r = 0; r < rows; r++) {
                 const float *xr = x + r * n;
-                float *outr = out + r * n;
-                float max = xr[0];
-                for (size_t i = 1; i < n; i++)
-                        if (xr[i] > max)
-                                max = xr[i];
-                double sum = 0.0;
-                for (size_t i = 0; i < n; i++)
-                        sum += exp((double)xr[i] - (double)max);
-                float lse = (float)log(sum);
+                float *outr = out + r * n, max, lse;
+                log_softmax_consts(xr, n, &max, &lse);
                 for (size_t i = 0; i < n; i++)
                         outr[i] = (xr[i] - max) - lse;
+        }
+        return TSR_OK;
+}
+
+/* kernels.h tsr_backend_logit_rules, the specification: one row at a time, the lists in
+ * order, each step one IEEE operation (the build has -ffp-contract=off). */
+tsr_status tsr_ref_logit_rules(float *x, size_t rows, size_t n, const tsr_logit_rules *rules) {
+        if (!x || !rules || n == 0)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++) {
+                const tsr_logit_rules *q = &rules[r];
+                float *xr = x + r * n;
+                if (q->n_allowed) {     /* the allowed values kept aside, the row -inf, them back */
+                        float *kept = malloc(q->n_allowed * sizeof *kept);
+                        if (!kept)
+                                return TSR_E_NOMEM;
+                        for (uint32_t j = 0; j < q->n_allowed; j++)
+                                kept[j] = xr[q->allowed[j]];
+                        for (size_t i = 0; i < n; i++)
+                                xr[i] = -INFINITY;
+                        for (uint32_t j = 0; j < q->n_allowed; j++)
+                                xr[q->allowed[j]] = kept[j];
+                        free(kept);
+                }
+                for (uint32_t j = 0; j < q->n_masked; j++)
+                        xr[q->masked[j]] = -INFINITY;
+                for (uint32_t j = 0; j < q->n_bias; j++)
+                        xr[q->bias_ids[j]] += q->bias[j];
+                for (uint32_t j = 0; j < q->n_pen; j++) {
+                        float *w = &xr[q->pen_ids[j]], c = q->pen_counts[j];
+                        if (q->repetition != 1.0f)
+                                *w = *w > 0.0f ? *w / q->repetition : *w * q->repetition;
+                        if (c > 0.0f) {
+                                *w -= q->frequency * c;
+                                *w -= q->presence;
+                        }
+                }
+        }
+        return TSR_OK;
+}
+
+/* Whether candidate (v, i) goes before (bv, bi) in the top list: larger, or as large at
+ * a lower index. */
+static bool top_before(float v, uint32_t i, float bv, uint32_t bi) { return v > bv || (v == bv && i < bi); }
+
+/* kernels.h tsr_backend_logprobs, the specification: tsr_ref_log_softmax's values of the
+ * row, the rank and the top k by comparisons of them. */
+tsr_status tsr_ref_logprobs(tsr_row_logprobs *out, const float *x, size_t rows, size_t n, const uint32_t *tokens,
+                            const uint32_t *top) {
+        if (!out || !x || !tokens || !top || n == 0)
+                return TSR_E_INVAL;
+        for (size_t r = 0; r < rows; r++) {
+                const float *xr = x + r * n;
+                uint32_t tok = tokens[r], k = top[r], n_top = 0;
+                if (tok >= n)
+                        continue;
+                tsr_row_logprobs lp;
+                memset(&lp, 0, sizeof lp);
+                bool finite = false, bad = false;
+                for (size_t i = 0; i < n; i++) {
+                        bad |= isnan(xr[i]) || xr[i] == INFINITY;
+                        finite |= xr[i] != -INFINITY;
+                }
+                if (bad || !finite) {
+                        out[r] = lp;    /* rank 0: no distribution */
+                        continue;
+                }
+                float max, lse;
+                log_softmax_consts(xr, n, &max, &lse);
+                lp.logprob = (xr[tok] - max) - lse;
+                for (size_t i = 0; i < n; i++) {
+                        float v = (xr[i] - max) - lse;
+                        if (v >= lp.logprob)
+                                lp.rank++;
+                        if (k == 0 || (n_top == k && !top_before(v, (uint32_t)i, lp.top_logprobs[k - 1],
+                                                                  lp.top_ids[k - 1])))
+                                continue;
+                        uint32_t j = n_top < k ? n_top++ : k - 1;       /* insertion into the sorted list */
+                        while (j > 0 && top_before(v, (uint32_t)i, lp.top_logprobs[j - 1], lp.top_ids[j - 1])) {
+                                lp.top_logprobs[j] = lp.top_logprobs[j - 1];
+                                lp.top_ids[j] = lp.top_ids[j - 1];
+                                j--;
+                        }
+                        lp.top_logprobs[j] = v;
+                        lp.top_ids[j] = (uint32_t)i;
+                }
+                out[r] = lp;
         }
         return TSR_OK;
 }
@@ -624,6 +718,17 @@ static tsr_status ref_be_sample(tsr_backend *be, uint32_t *out, float *x, size_t
         return tsr_ref_sample(out, x, rows, n, draws);
 }
 
+tsr_status tsr_ref_be_logit_rules(tsr_backend *be, float *x, size_t rows, size_t n, const tsr_logit_rules *rules) {
+        (void)be;
+        return tsr_ref_logit_rules(x, rows, n, rules);
+}
+
+tsr_status tsr_ref_be_logprobs(tsr_backend *be, tsr_row_logprobs *out, const float *x, size_t rows, size_t n,
+                               const uint32_t *tokens, const uint32_t *top) {
+        (void)be;
+        return tsr_ref_logprobs(out, x, rows, n, tokens, top);
+}
+
 static tsr_status ref_be_add_rmsnorm(tsr_backend *be, float *out, float *residual, const float *x, const float *w,
                                      size_t rows, size_t dim, float eps) {
         (void)be;
@@ -666,6 +771,8 @@ static tsr_status ref_be_host_tasks(tsr_backend *be, size_t n_tasks, tsr_backend
         .log_softmax = ref_be_log_softmax,                                                                \
         .argmax = ref_be_argmax,                                                                          \
         .sample = ref_be_sample,                                                                          \
+        .logit_rules = tsr_ref_be_logit_rules,                                                            \
+        .logprobs = tsr_ref_be_logprobs,                                                                  \
         .add_rmsnorm = ref_be_add_rmsnorm,                                                                \
         .host_tasks = ref_be_host_tasks,                                                                  \
         }

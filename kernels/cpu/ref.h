@@ -41,6 +41,13 @@ tsr_status tsr_ref_softmax(float *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_ref_log_softmax(float *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_ref_argmax(uint32_t *out, const float *x, size_t rows, size_t n);
 tsr_status tsr_ref_sample(uint32_t *out, float *x, size_t rows, size_t n, const tsr_draw *draws);
+tsr_status tsr_ref_logit_rules(float *x, size_t rows, size_t n, const tsr_logit_rules *rules);
+tsr_status tsr_ref_logprobs(tsr_row_logprobs *out, const float *x, size_t rows, size_t n, const uint32_t *tokens,
+                            const uint32_t *top);
+/* The two behind a backend table (ref.c's, and fast.c's: the same on every CPU backend). */
+tsr_status tsr_ref_be_logit_rules(tsr_backend *be, float *x, size_t rows, size_t n, const tsr_logit_rules *rules);
+tsr_status tsr_ref_be_logprobs(tsr_backend *be, tsr_row_logprobs *out, const float *x, size_t rows, size_t n,
+                               const uint32_t *tokens, const uint32_t *top);
 tsr_status tsr_ref_add_rmsnorm(float *out, float *residual, const float *x, const float *w, size_t rows,
                                size_t dim, float eps);
 

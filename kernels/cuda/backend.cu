@@ -100,6 +100,8 @@ struct cuda_ctx {
         cuda_scratch attn;      // attention's per-run records (attention.cu's split over the keys)
         cuda_scratch argmax;    // argmax's (and sample's) row results before their download
         cuda_scratch draws;     // sample's per-row parameters
+        cuda_scratch rules;     // logit_rules' packed lists (ops.cuh) and their kept values
+        cuda_scratch lp;        // logprobs' tokens and top counts, then its rows' results
         cuda_index_scratch mamba;       // mamba_mixer's sequence table, row map and saves
         cuda_scratch mamba_work;        // mamba_mixer's conv outputs and steps
         // graphs: the one in progress (state, key, block-table width, ops so far, whether
@@ -324,6 +326,8 @@ static void cuda_ctx_free(void *ctx) {
                 (void)cudaFree(c->attn.p);
                 (void)cudaFree(c->argmax.p);
                 (void)cudaFree(c->draws.p);
+                (void)cudaFree(c->rules.p);
+                (void)cudaFree(c->lp.p);
                 index_scratch_free(&c->mamba);
                 (void)cudaFree(c->mamba_work.p);
                 if (c->stream)
@@ -885,6 +889,100 @@ static tsr_status cuda_sample(tsr_backend *be, uint32_t *out, float *x, size_t r
         return st != TSR_OK ? st : cuda_download(be, out, c->argmax.p, rows * sizeof(uint32_t));
 }
 
+// The rules packed as ops.cuh lays them out (a header per row, then the lists, then a
+// float per allowed id for the kernel to keep its value in), up in one copy; the rows
+// changed on the stream.  The host buffer is freed once the copy is done (it waits).
+static tsr_status cuda_logit_rules(tsr_backend *be, float *x, size_t rows, size_t n, const tsr_logit_rules *rules) {
+        cuda_ctx *c = ctx_of(be);
+        if (rows > INT_MAX || c->g_state != GRAPH_OFF)  // host lists: not in a graph run
+                return TSR_E_INVAL;
+        size_t words = rows * TSR_CUDA_RULE_WORDS, kept = 0;
+        for (size_t r = 0; r < rows; r++) {
+                const tsr_logit_rules *q = &rules[r];
+                words += (size_t)q->n_allowed + q->n_masked + 2 * (size_t)q->n_bias + 2 * (size_t)q->n_pen;
+                kept += q->n_allowed;
+        }
+        if (words + kept > UINT32_MAX)
+                return TSR_E_INVAL;
+        uint32_t *pack = static_cast<uint32_t *>(malloc((words + kept) * sizeof(uint32_t)));
+        if (!pack)
+                return TSR_E_NOMEM;
+        uint32_t at = (uint32_t)(rows * TSR_CUDA_RULE_WORDS), at_kept = 0;
+        for (size_t r = 0; r < rows; r++) {
+                const tsr_logit_rules *q = &rules[r];
+                uint32_t *h = pack + r * TSR_CUDA_RULE_WORDS;
+                // the lists at word offsets (the headers come first), the row's kept
+                // values at a float offset into the kept area
+                h[TSR_CUDA_RULE_ALLOWED] = at;
+                h[TSR_CUDA_RULE_N_ALLOWED] = q->n_allowed;
+                h[TSR_CUDA_RULE_KEPT] = at_kept;
+                memcpy(pack + at, q->allowed, q->n_allowed * sizeof(uint32_t));
+                at += q->n_allowed;
+                at_kept += q->n_allowed;
+                h[TSR_CUDA_RULE_MASKED] = at;
+                h[TSR_CUDA_RULE_N_MASKED] = q->n_masked;
+                memcpy(pack + at, q->masked, q->n_masked * sizeof(uint32_t));
+                at += q->n_masked;
+                h[TSR_CUDA_RULE_BIAS] = at;
+                h[TSR_CUDA_RULE_N_BIAS] = q->n_bias;
+                memcpy(pack + at, q->bias_ids, q->n_bias * sizeof(uint32_t));
+                memcpy(pack + at + q->n_bias, q->bias, q->n_bias * sizeof(float));
+                at += 2 * q->n_bias;
+                h[TSR_CUDA_RULE_PEN] = at;
+                h[TSR_CUDA_RULE_N_PEN] = q->n_pen;
+                memcpy(pack + at, q->pen_ids, q->n_pen * sizeof(uint32_t));
+                memcpy(pack + at + q->n_pen, q->pen_counts, q->n_pen * sizeof(float));
+                at += 2 * q->n_pen;
+                memcpy(&h[TSR_CUDA_RULE_REP], &q->repetition, sizeof(float));
+                memcpy(&h[TSR_CUDA_RULE_FREQ], &q->frequency, sizeof(float));
+                memcpy(&h[TSR_CUDA_RULE_PRES], &q->presence, sizeof(float));
+        }
+        tsr_status st = use_device(be);
+        if (st == TSR_OK)
+                st = scratch_reserve(c, &c->rules, (words + kept) * sizeof(uint32_t));
+        if (st == TSR_OK)
+                st = cuda_upload(be, c->rules.p, pack, words * sizeof(uint32_t));
+        free(pack);
+        uint32_t *dev = static_cast<uint32_t *>(c->rules.p);
+        if (st == TSR_OK)
+                st = tsr_cuda_logit_rules(c->stream, x, rows, n, dev, dev, reinterpret_cast<float *>(dev + words));
+        return st;
+}
+
+// The tokens and top counts up, the rows' results down (waits); a skipped row's place in
+// out stays as it was.
+static tsr_status cuda_logprobs(tsr_backend *be, tsr_row_logprobs *out, const float *x, size_t rows, size_t n,
+                                const uint32_t *tokens, const uint32_t *top) {
+        cuda_ctx *c = ctx_of(be);
+        if (rows > INT_MAX || c->g_state != GRAPH_OFF)  // host results: not in a graph run
+                return TSR_E_INVAL;
+        size_t idx_bytes = 2 * rows * sizeof(uint32_t), res_bytes = rows * sizeof(tsr_row_logprobs);
+        idx_bytes = (idx_bytes + 15) / 16 * 16;
+        tsr_row_logprobs *res = static_cast<tsr_row_logprobs *>(malloc(res_bytes));
+        uint32_t *idx = static_cast<uint32_t *>(malloc(2 * rows * sizeof(uint32_t)));
+        tsr_status st = res && idx ? use_device(be) : TSR_E_NOMEM;
+        if (st == TSR_OK) {
+                memcpy(idx, tokens, rows * sizeof(uint32_t));
+                memcpy(idx + rows, top, rows * sizeof(uint32_t));
+                st = scratch_reserve(c, &c->lp, idx_bytes + res_bytes);
+        }
+        char *dev = static_cast<char *>(c->lp.p);
+        if (st == TSR_OK)
+                st = cuda_upload(be, dev, idx, 2 * rows * sizeof(uint32_t));
+        if (st == TSR_OK)
+                st = tsr_cuda_logprobs(c->stream, reinterpret_cast<tsr_row_logprobs *>(dev + idx_bytes), x, rows, n,
+                                       reinterpret_cast<const uint32_t *>(dev),
+                                       reinterpret_cast<const uint32_t *>(dev) + rows);
+        if (st == TSR_OK)
+                st = cuda_download(be, res, dev + idx_bytes, res_bytes);
+        for (size_t r = 0; st == TSR_OK && r < rows; r++)
+                if (tokens[r] < n)
+                        out[r] = res[r];
+        free(res);
+        free(idx);
+        return st;
+}
+
 // ---- graphs (kernels.h) ------------------------------------------------------------------
 
 // Staging of at least `bytes`: a pinned host buffer and its device copy.  Every recorded
@@ -1068,6 +1166,8 @@ static tsr_backend_ops make_cuda_ops(void) {
         o.log_softmax = cuda_log_softmax;
         o.argmax = cuda_argmax;
         o.sample = cuda_sample;
+        o.logit_rules = cuda_logit_rules;
+        o.logprobs = cuda_logprobs;
         o.add_rmsnorm = cuda_add_rmsnorm;
         return o;
 }

@@ -60,6 +60,20 @@ tsr_status tsr_cuda_argmax(cudaStream_t stream, uint32_t *out, const float *x, s
 tsr_status tsr_cuda_sample(cudaStream_t stream, uint32_t *out, float *x, size_t rows, size_t n,
                            const tsr_draw *draws);
 
+/* logits.cu: kernels.h's tsr_backend_logit_rules with each row's rules as backend.cu
+ * packs them in device memory: hdr (rows, TSR_CUDA_RULE_WORDS), its lists at word offsets
+ * into `words` (the bias values after the bias ids, the counts after the penalty ids, as
+ * float bits), kept: a float for every allowed id at the row's KEPT offset (scratch); and
+ * tsr_backend_logprobs with tokens, top and out (rows,) in device memory (a row whose
+ * token is >= n is left unwritten). */
+enum { TSR_CUDA_RULE_ALLOWED, TSR_CUDA_RULE_N_ALLOWED, TSR_CUDA_RULE_MASKED, TSR_CUDA_RULE_N_MASKED,
+       TSR_CUDA_RULE_BIAS, TSR_CUDA_RULE_N_BIAS, TSR_CUDA_RULE_PEN, TSR_CUDA_RULE_N_PEN, TSR_CUDA_RULE_REP,
+       TSR_CUDA_RULE_FREQ, TSR_CUDA_RULE_PRES, TSR_CUDA_RULE_KEPT, TSR_CUDA_RULE_WORDS };
+tsr_status tsr_cuda_logit_rules(cudaStream_t stream, float *x, size_t rows, size_t n, const uint32_t *hdr,
+                                const uint32_t *words, float *kept);
+tsr_status tsr_cuda_logprobs(cudaStream_t stream, tsr_row_logprobs *out, const float *x, size_t rows, size_t n,
+                             const uint32_t *tokens, const uint32_t *top);
+
 /* rope.cu: x (rows, n_heads, head_dim) rotated in place by pos (rows,) and inv_freq (head_dim/2,). */
 tsr_status tsr_cuda_rope(cudaStream_t stream, float *x, size_t rows, size_t n_heads, size_t head_dim,
                          const uint32_t *pos, const float *inv_freq, tsr_rope_layout layout);

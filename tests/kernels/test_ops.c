@@ -1320,6 +1320,192 @@ static void test_sample_spec(void **state) {
         assert_int_equal(tsr_backend_sample(ref, &tok, bad, 1, N, &d), TSR_E_INVAL);
 }
 
+/* ---- logit_rules: every column changes the rows to cpu-ref's bits -------------------------
+ * Row r of a call gets one of the rule shapes below over a row of argmax_row's variant:
+ * allowed ids (with a repeat), a mask, a bias list with a repeated id, penalties with a
+ * prompt-only id, every list at once, and an empty row (left as it is). */
+enum { RS_NONE, RS_ALLOWED, RS_MASKED, RS_BIAS, RS_PEN, RS_ALL, RS_COUNT };
+
+static void rules_of(int shape, size_t n, size_t r, tsr_logit_rules *q, uint32_t *ids, float *vals) {
+        memset(q, 0, sizeof *q);
+        for (size_t j = 0; j < 8; j++)
+                ids[j] = (uint32_t)((r * 131 + j * 37 + 1) % n);
+        uint32_t nd = 0;       /* the distinct ones among them, for the penalties */
+        uint32_t *pen = ids + 8;
+        for (size_t j = 0; j < 8; j++) {
+                bool seen = false;
+                for (uint32_t t = 0; t < nd; t++)
+                        seen |= pen[t] == ids[j];
+                if (!seen)
+                        pen[nd++] = ids[j];
+        }
+        for (uint32_t j = 0; j < nd; j++)
+                vals[8 + j] = j % 3 == 2 ? -1.0f : (float)(1 + j % 4);  /* every third: the prompt's only */
+        for (size_t j = 0; j < 8; j++)
+                vals[j] = j % 2 ? -3.5f : 0.75f + (float)j;
+        bool all = shape == RS_ALL;
+        if (shape == RS_ALLOWED || all) {
+                q->allowed = ids;
+                q->n_allowed = n > 1 ? 5 : 1;
+        }
+        if (shape == RS_MASKED || all) {
+                q->masked = ids + 2;
+                q->n_masked = n > 3 ? 3 : 0;
+        }
+        if (shape == RS_BIAS || all) {
+                q->bias_ids = ids;      /* ids[0] twice when n is small */
+                q->bias = vals;
+                q->n_bias = 6;
+        }
+        if (shape == RS_PEN || all) {
+                q->pen_ids = pen;
+                q->pen_counts = vals + 8;
+                q->n_pen = nd;
+                q->repetition = 1.3f;
+                q->frequency = 0.4f;
+                q->presence = 0.7f;
+        }
+}
+
+static void run_logit_rules(struct col_run *cr) {
+        static const size_t an[] = {1, 2, 255, 256, 257, 4097};
+        for (int v = 0; v < AV_COUNT; v++)
+                for (size_t i = 0; i < sizeof an / sizeof *an; i++) {
+                        size_t n = an[i], rows = RS_COUNT;
+                        seed(7000 + (uint64_t)v * 100 + i);
+                        float *x = vec(rows * n), *want = vec(rows * n), *got = vec(rows * n);
+                        tsr_logit_rules q[RS_COUNT];
+                        uint32_t ids[RS_COUNT][16];
+                        float vals[RS_COUNT][16];
+                        for (size_t r = 0; r < rows; r++) {
+                                argmax_row(x + r * n, n, v, r);
+                                rules_of((int)r, n, r, &q[r], ids[r], vals[r]);
+                        }
+                        memcpy(want, x, rows * n * sizeof(float));
+                        assert_int_equal(tsr_backend_logit_rules(ref, want, rows, n, q), TSR_OK);
+                        void *dx = dev_copy(cr->be, x, rows * n * sizeof(float));
+                        assert_int_equal(tsr_backend_logit_rules(cr->be, dx, rows, n, q), TSR_OK);
+                        assert_int_equal(tsr_backend_download(cr->be, got, dx, rows * n * sizeof(float)), TSR_OK);
+                        bool ok = memcmp(got, want, rows * n * sizeof(float)) == 0;
+                        if (!ok)
+                                print_message("FAIL logit_rules %s n=%zu: rows differ from cpu-ref's\n", av_names[v], n);
+                        ok ? cr->n_bitwise++ : cr->n_failed++;
+                        tsr_backend_mem_free(cr->be, dx);
+                        free(x), free(want), free(got);
+                }
+}
+
+/* ---- logprobs: every column's answer is its own log_softmax's values, ranked -------------
+ * The definition (kernels.h) over the values the column's tsr_backend_log_softmax writes
+ * for the row: the token's value, how many are >= it, the k largest (lower id first). */
+static tsr_row_logprobs logprobs_def(const float *x, const float *ls, size_t n, uint32_t tok, uint32_t k) {
+        tsr_row_logprobs lp;
+        memset(&lp, 0, sizeof lp);
+        bool finite = false;
+        for (size_t i = 0; i < n; i++) {
+                if (isnan(x[i]) || x[i] == INFINITY)
+                        return lp;
+                finite |= x[i] != -INFINITY;
+        }
+        if (!finite)
+                return lp;
+        lp.logprob = ls[tok];
+        for (size_t i = 0; i < n; i++)
+                lp.rank += ls[i] >= ls[tok];
+        bool *taken = calloc(n, 1);
+        assert_non_null(taken);
+        for (uint32_t j = 0; j < k; j++) {
+                size_t best = n;
+                for (size_t i = 0; i < n; i++)
+                        if (!taken[i] && (best == n || ls[i] > ls[best]))
+                                best = i;
+                taken[best] = true;
+                lp.top_ids[j] = (uint32_t)best;
+                lp.top_logprobs[j] = ls[best];
+        }
+        free(taken);
+        return lp;
+}
+
+static void run_logprobs(struct col_run *cr) {
+        static const size_t an[] = {1, 2, 255, 256, 257, 4097, 49152 + 7};
+        static const uint32_t tops[] = {0, 1, 5, 20};
+        for (int v = 0; v < AV_COUNT; v++)
+                for (size_t i = 0; i < sizeof an / sizeof *an; i++) {
+                        size_t n = an[i], rows = 5;
+                        seed(9000 + (uint64_t)v * 100 + i);
+                        float *x = vec(rows * n), *ls = vec(rows * n);
+                        uint32_t tok[5], top[5];
+                        tsr_row_logprobs got[5], sentinel;
+                        memset(&sentinel, 0xa5, sizeof sentinel);
+                        for (size_t r = 0; r < rows; r++) {
+                                argmax_row(x + r * n, n, v, r);
+                                for (size_t k = 0; k < n; k++)
+                                        x[r * n + k] *= 4.0f;
+                                tok[r] = r == 3 ? TSR_ARGMAX_NONE : (uint32_t)((r * 977 + 3) % n);
+                                top[r] = tops[r % 4] < n ? tops[r % 4] : (uint32_t)n;
+                                got[r] = sentinel;
+                        }
+                        void *dx = dev_copy(cr->be, x, rows * n * sizeof(float));
+                        void *dls = dev_copy(cr->be, NULL, rows * n * sizeof(float));
+                        assert_int_equal(tsr_backend_logprobs(cr->be, got, dx, rows, n, tok, top), TSR_OK);
+                        assert_int_equal(tsr_backend_log_softmax(cr->be, dls, dx, rows, n), TSR_OK);
+                        assert_int_equal(tsr_backend_download(cr->be, ls, dls, rows * n * sizeof(float)), TSR_OK);
+                        bool ok = true;
+                        for (size_t r = 0; r < rows; r++) {
+                                if (tok[r] >= n) {      /* skipped: left as it was */
+                                        ok &= memcmp(&got[r], &sentinel, sizeof sentinel) == 0;
+                                        continue;
+                                }
+                                tsr_row_logprobs w = logprobs_def(x + r * n, ls + r * n, n, tok[r], top[r]);
+                                bool same = got[r].rank == w.rank &&
+                                            (w.rank == 0 ||
+                                             (bits_of(got[r].logprob) == bits_of(w.logprob) &&
+                                              memcmp(got[r].top_ids, w.top_ids, top[r] * sizeof(uint32_t)) == 0 &&
+                                              memcmp(got[r].top_logprobs, w.top_logprobs, top[r] * sizeof(float)) == 0));
+                                if (!same) {
+                                        print_message("FAIL logprobs %s n=%zu row %zu (token %u, top %u): rank %u, "
+                                                      "want %u; logprob %a, want %a\n", av_names[v], n, r, tok[r],
+                                                      top[r], got[r].rank, w.rank, got[r].logprob, w.logprob);
+                                        ok = false;
+                                }
+                        }
+                        ok ? cr->n_bitwise++ : cr->n_failed++;
+                        tsr_backend_mem_free(cr->be, dx);
+                        tsr_backend_mem_free(cr->be, dls);
+                        free(x), free(ls);
+                }
+}
+
+/* The rules' arguments the wrapper refuses: an id past the row, a count that is neither
+ * -1 nor a positive count, a repetition penalty of 0, and a top list past 20. */
+static void test_logits_args(void **state) {
+        (void)state;
+        float x[4] = {1, 2, 3, 4};
+        uint32_t bad_id = 4, id = 1, tok = 0, top = 21;
+        float zero = 0.0f, one = 1.0f;
+        tsr_logit_rules q = {.masked = &bad_id, .n_masked = 1};
+        assert_int_equal(tsr_backend_logit_rules(ref, x, 1, 4, &q), TSR_E_INVAL);
+        q = (tsr_logit_rules){.pen_ids = &id, .pen_counts = &zero, .n_pen = 1, .repetition = 1.0f};
+        assert_int_equal(tsr_backend_logit_rules(ref, x, 1, 4, &q), TSR_E_INVAL);
+        q = (tsr_logit_rules){.pen_ids = &id, .pen_counts = &one, .n_pen = 1, .repetition = 0.0f};
+        assert_int_equal(tsr_backend_logit_rules(ref, x, 1, 4, &q), TSR_E_INVAL);
+        tsr_row_logprobs lp;
+        assert_int_equal(tsr_backend_logprobs(ref, &lp, x, 1, 4, &tok, &top), TSR_E_INVAL);
+        top = 5;        /* more than the row */
+        assert_int_equal(tsr_backend_logprobs(ref, &lp, x, 1, 4, &tok, &top), TSR_E_INVAL);
+        /* the reference's rules on a small row, by hand: allowed {1, 3}, mask 3, bias +1 on
+         * 1 twice, repetition 2 and frequency 0.5 x 2 and presence 0.25 on 1 */
+        uint32_t allowed[2] = {1, 3}, masked = 3, bias_ids[2] = {1, 1}, pen = 1;
+        float bias[2] = {1.0f, 1.0f}, cnt = 2.0f;
+        q = (tsr_logit_rules){.allowed = allowed, .n_allowed = 2, .masked = &masked, .n_masked = 1,
+                              .bias_ids = bias_ids, .bias = bias, .n_bias = 2, .pen_ids = &pen, .pen_counts = &cnt,
+                              .n_pen = 1, .repetition = 2.0f, .frequency = 0.5f, .presence = 0.25f};
+        assert_int_equal(tsr_backend_logit_rules(ref, x, 1, 4, &q), TSR_OK);
+        assert_true(x[0] == -INFINITY && x[2] == -INFINITY && x[3] == -INFINITY);
+        assert_true(x[1] == (2.0f + 2.0f) / 2.0f - 1.0f - 0.25f);
+}
+
 static void test_column(void **state) {
         const column *col = *state;
         struct col_run cr = {.col = col};
@@ -1365,6 +1551,14 @@ static void test_column(void **state) {
                 not_run++;
         if (tsr_backend_supports(cr.be, TSR_OP_SAMPLE, TSR_DTYPE_F32))
                 run_sample(&cr);
+        else
+                not_run++;
+        if (tsr_backend_supports(cr.be, TSR_OP_LOGIT_RULES, TSR_DTYPE_F32))
+                run_logit_rules(&cr);
+        else
+                not_run++;
+        if (tsr_backend_supports(cr.be, TSR_OP_LOGPROBS, TSR_DTYPE_F32))
+                run_logprobs(&cr);
         else
                 not_run++;
         for (int t = 0; t < TSR_DTYPE_COUNT; t++)
@@ -1786,6 +1980,7 @@ int main(void) {
                 cmocka_unit_test(test_gguf_blocks),
                 cmocka_unit_test(test_nvfp4),
                 cmocka_unit_test(test_sample_spec),
+                cmocka_unit_test(test_logits_args),
                 {"ops_cpu_ref", test_column, NULL, NULL, (void *)&col_ref},
                 {"ops_cpu_fast_scalar", test_column, NULL, NULL, (void *)&col_scalar},
                 {"ops_cpu_fast_avx2", test_column, NULL, NULL, (void *)&col_avx2},
