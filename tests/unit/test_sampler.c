@@ -256,6 +256,19 @@ static void random_row(float *logits, size_t n, uint64_t *x) {
         }
 }
 
+/* sp's lists: allowed ids and a bias (each NULL: none), one EOS id and two stop ids. */
+static void set_lists(tsr_sampling *sp, const uint32_t *allowed, size_t n_allowed, const tsr_logit_bias *bias,
+                      size_t n_bias, const uint32_t eos[1], const uint32_t stop[2]) {
+        sp->allowed_ids = allowed;
+        sp->n_allowed = allowed ? n_allowed : 0;
+        sp->bias = bias;
+        sp->n_bias = bias ? n_bias : 0;
+        sp->eos_ids = eos;
+        sp->n_eos = 1;
+        sp->stop_ids = stop;
+        sp->n_stop = 2;
+}
+
 /* The request's rules as a multi-node replica's last node gets them (nodes.c): allowed
  * ids, a logit bias and, at a position below min_tokens, the EOS and stop ids given as
  * EOS ids with min_tokens 1 (n_output 0 there), or with penalties the history too (then
@@ -280,18 +293,8 @@ static void test_uniform_given_with_rules(void **state) {
                         sp.temperature = c % 2 ? 0.8f : 0.0f;
                         sp.top_k = c == 3 ? 4 : 0;
                         sp.top_p = c == 5 ? 0.9f : 1.0f;
-                        if (c < 2 || c == 4) {
-                                sp.allowed_ids = allowed;
-                                sp.n_allowed = sizeof allowed / sizeof allowed[0];
-                        }
-                        if (c >= 2) {
-                                sp.bias = bias;
-                                sp.n_bias = sizeof bias / sizeof bias[0];
-                        }
-                        sp.eos_ids = eos;
-                        sp.n_eos = 1;
-                        sp.stop_ids = stop;
-                        sp.n_stop = 2;
+                        set_lists(&sp, c < 2 || c == 4 ? allowed : NULL, sizeof allowed / sizeof allowed[0],
+                                  c >= 2 ? bias : NULL, sizeof bias / sizeof bias[0], eos, stop);
                         sp.min_tokens = 4;
                         sp.presence_penalty = c == 6 ? 0.5f : 0.0f;
                         sp.frequency_penalty = c == 7 ? 0.3f : 0.0f;
@@ -330,6 +333,95 @@ static void test_uniform_given_with_rules(void **state) {
                 }
         assert_true(changed > 20);
         assert_int_equal(masked_pos, 9 * 4);
+        free(scratch);
+}
+
+/* A device's answer to a request with rules (worker/model/answer.c): tsr_sampling_rules'
+ * lists through the reference backend's tsr_backend_logit_rules, then its argmax, give
+ * tsr_sample's greedy token at every position (allowed ids, min_tokens' mask, a bias
+ * with a repeated id, each penalty alone and all three, over a history with repeats and
+ * prompt-only tokens), and the rules change tokens; the backend's logprobs of the raw
+ * row are tsr_logprobs_gather's (rank and top ids equal, values within 1e-5: the two
+ * sum the exponentials differently). */
+static void test_rules_on_a_device(void **state) {
+        (void)state;
+        enum { V = 300 };
+        float logits[V], row[V], *scratch = malloc(TSR_SAMPLER_SCRATCH(V) * sizeof(float));
+        const uint32_t allowed[] = {3, 17, 42, 43, 44, 250, 299, 17}, eos[] = {42}, stop[] = {250, 3};
+        const tsr_logit_bias bias[] = {{17, 3.5f}, {250, -2.0f}, {5, 9.0f}, {17, 0.25f}};
+        const uint32_t prompt[6] = {17, 17, 42, 9, 250, 6};
+        uint32_t out[12] = {6, 2, 3, 2, 5, 6, 2, 8, 9, 2, 17, 1};
+        uint64_t x = 4242;
+        size_t changed = 0;
+        tsr_backend *be = NULL;
+        assert_int_equal(tsr_backend_cpu_ref_new(&be), TSR_OK);
+        for (int c = 0; c < 8; c++)
+                for (size_t pos = 0; pos <= 12; pos++) {
+                        random_row(logits, V, &x);
+                        tsr_sampling sp;
+                        tsr_sampling_init(&sp);
+                        sp.temperature = 0.0f;
+                        set_lists(&sp, c == 0 || c == 7 ? allowed : NULL, sizeof allowed / sizeof allowed[0],
+                                  c >= 1 ? bias : NULL, sizeof bias / sizeof bias[0], eos, stop);
+                        sp.min_tokens = c == 2 || c == 7 ? 5 : 0;
+                        sp.presence_penalty = c == 3 || c >= 6 ? 1.5f : 0.0f;
+                        sp.frequency_penalty = c == 4 || c >= 6 ? 0.8f : 0.0f;
+                        sp.repetition_penalty = c == 5 || c >= 6 ? 1.7f : 1.0f;
+                        tsr_sample_history h = {.prompt = prompt, .n_prompt = 6, .output = out, .n_output = pos};
+                        tsr_sample_result want, plain;
+                        assert_int_equal(tsr_sample(&sp, &h, 1, logits, V, scratch, &want), TSR_OK);
+                        uint32_t buf[96];
+                        assert_true(tsr_sampling_rules_words(&sp, 18) <= 96);
+                        tsr_logit_rules q;
+                        assert_int_equal(tsr_sampling_rules(&sp, &h, pos < sp.min_tokens, V, buf, &q), TSR_OK);
+                        memcpy(row, logits, sizeof row);
+                        uint32_t got;
+                        assert_int_equal(tsr_backend_logit_rules(be, row, 1, V, &q), TSR_OK);
+                        assert_int_equal(tsr_backend_argmax(be, &got, row, 1, V), TSR_OK);
+                        assert_int_equal(got, want.token);
+                        /* the whole processed row: the sampler's distribution at temperature
+                         * 1 is its softmax (the masked entries 0) */
+                        tsr_sampling warm = sp;
+                        warm.temperature = 1.0f;
+                        float probs[V];
+                        double mx = -INFINITY, z = 0.0;
+                        assert_int_equal(tsr_sampler_probs(&warm, &h, logits, V, scratch, probs, NULL), TSR_OK);
+                        for (size_t i = 0; i < V; i++)
+                                mx = row[i] > mx ? row[i] : mx;
+                        for (size_t i = 0; i < V; i++)
+                                z += exp((double)row[i] - mx);
+                        for (size_t i = 0; i < V; i++)
+                                assert_true(fabs(exp((double)row[i] - mx) / z - probs[i]) <= 1e-6);
+                        tsr_sampling none;
+                        tsr_sampling_init(&none);
+                        none.temperature = 0.0f;
+                        assert_int_equal(tsr_sample(&none, &h, 1, logits, V, scratch, &plain), TSR_OK);
+                        changed += plain.token != want.token;
+                        /* the logprobs of the raw row, as the engine's */
+                        uint32_t top = 5;
+                        tsr_row_logprobs lp;
+                        tsr_token_logprobs wl;
+                        assert_int_equal(tsr_backend_logprobs(be, &lp, logits, 1, V, &got, &top), TSR_OK);
+                        assert_int_equal(tsr_logprobs_gather(logits, V, got, top, &wl), TSR_OK);
+                        assert_int_equal(lp.rank, wl.rank);
+                        assert_true(fabsf(lp.logprob - wl.logprob) <= 1e-5f);
+                        for (uint32_t k = 0; k < top; k++) {
+                                assert_int_equal(lp.top_ids[k], wl.top_ids[k]);
+                                assert_true(fabsf(lp.top_logprobs[k] - wl.top_logprobs[k]) <= 1e-5f);
+                        }
+                }
+        assert_true(changed > 40);
+        /* penalties without a history, an id past the vocabulary: refused */
+        tsr_sampling sp;
+        tsr_sampling_init(&sp);
+        sp.presence_penalty = 1.0f;
+        uint32_t buf[8];
+        tsr_logit_rules q;
+        assert_int_equal(tsr_sampling_rules(&sp, NULL, false, V, buf, &q), TSR_E_INVAL);
+        const uint32_t far[1] = {V};
+        tsr_sample_history h = {.prompt = far, .n_prompt = 1};
+        assert_int_equal(tsr_sampling_rules(&sp, &h, false, V, buf, &q), TSR_E_INVAL);
+        tsr_backend_free(&be);
         free(scratch);
 }
 
@@ -736,6 +828,7 @@ int main(void) {
                 cmocka_unit_test(test_goldens),
                 cmocka_unit_test(test_uniform_given_matches_tsr_sample),
                 cmocka_unit_test(test_uniform_given_with_rules),
+                cmocka_unit_test(test_rules_on_a_device),
                 cmocka_unit_test(test_seeded_determinism),
                 cmocka_unit_test(test_draw_statistics),
                 cmocka_unit_test(test_greedy_ties_lowest_id),

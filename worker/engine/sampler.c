@@ -8,6 +8,7 @@
 #include "worker/engine/sampler.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Philox4x32 constants (Random123): round multipliers and Weyl key increments. */
@@ -201,6 +202,97 @@ tsr_status tsr_logprobs_gather(const float *logits, size_t vocab, uint32_t token
         r.rank = rank;
         r.n_top = n;
         *out = r;
+        return TSR_OK;
+}
+
+size_t tsr_sampling_rules_words(const tsr_sampling *s, size_t n_history) {
+        /* the mask, the bias ids and values, and per history token a sort slot, an id
+         * and a count */
+        return s->n_eos + s->n_stop + 2 * s->n_bias + 3 * n_history;
+}
+
+static int cmp_u32(const void *a, const void *b) {
+        uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+/* Whether id is in sorted[0, n). */
+static bool sorted_has(const uint32_t *sorted, size_t n, uint32_t id) {
+        size_t lo = 0, hi = n;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                if (sorted[mid] < id)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo < n && sorted[lo] == id;
+}
+
+tsr_status tsr_sampling_rules(const tsr_sampling *s, const tsr_sample_history *h, bool mask_eos, size_t vocab,
+                              uint32_t *buf, tsr_logit_rules *out) {
+        bool rep = s && s->repetition_penalty != 1.0f;
+        bool pen = s && (rep || s->frequency_penalty != 0.0f || s->presence_penalty != 0.0f);
+        if (!out || tsr_sampling_check(s, vocab) != TSR_OK || (pen && !h) ||
+            (h && (!ids_ok(h->prompt, h->n_prompt, vocab) || !ids_ok(h->output, h->n_output, vocab))))
+                return TSR_E_INVAL;
+        size_t n_hist = h ? h->n_prompt + h->n_output : 0;
+        if ((tsr_sampling_rules_words(s, n_hist) && !buf) || s->n_allowed > UINT32_MAX || n_hist > UINT32_MAX)
+                return TSR_E_INVAL;
+        memset(out, 0, sizeof *out);
+        out->allowed = s->allowed_ids;
+        out->n_allowed = (uint32_t)s->n_allowed;
+        uint32_t *w = buf;
+        if (mask_eos) {
+                out->masked = w;
+                memcpy(w, s->eos_ids, s->n_eos * sizeof *w);
+                memcpy(w + s->n_eos, s->stop_ids, s->n_stop * sizeof *w);
+                out->n_masked = (uint32_t)(s->n_eos + s->n_stop);
+                w += out->n_masked;
+        }
+        if (s->n_bias) {
+                float *vals = (float *)(void *)(w + s->n_bias);
+                out->bias_ids = w;
+                out->bias = vals;
+                for (size_t j = 0; j < s->n_bias; j++) {
+                        w[j] = s->bias[j].id;
+                        vals[j] = s->bias[j].bias;
+                }
+                out->n_bias = (uint32_t)s->n_bias;
+                w += 2 * s->n_bias;
+        }
+        if (!pen)
+                return TSR_OK;
+        out->repetition = s->repetition_penalty;
+        out->frequency = s->frequency_penalty;
+        out->presence = s->presence_penalty;
+        /* the outputs sorted, counted by runs; then the prompt's other tokens (-1) */
+        uint32_t *sorted = w, *ids = w + n_hist;
+        float *counts = (float *)(void *)(ids + n_hist);
+        uint32_t n = 0;
+        memcpy(sorted, h->output, h->n_output * sizeof *sorted);
+        qsort(sorted, h->n_output, sizeof *sorted, cmp_u32);
+        for (size_t i = 0; i < h->n_output;) {
+                size_t j = i;
+                while (j < h->n_output && sorted[j] == sorted[i])
+                        j++;
+                ids[n] = sorted[i];
+                counts[n++] = (float)(j - i);
+                i = j;
+        }
+        if (rep) {
+                uint32_t *prompt = sorted + h->n_output;
+                memcpy(prompt, h->prompt, h->n_prompt * sizeof *prompt);
+                qsort(prompt, h->n_prompt, sizeof *prompt, cmp_u32);
+                for (size_t i = 0; i < h->n_prompt; i++)
+                        if ((i == 0 || prompt[i] != prompt[i - 1]) && !sorted_has(sorted, h->n_output, prompt[i])) {
+                                ids[n] = prompt[i];
+                                counts[n++] = -1.0f;
+                        }
+        }
+        out->pen_ids = ids;
+        out->pen_counts = counts;
+        out->n_pen = n;
         return TSR_OK;
 }
 

@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "common/tsr_status.h"
+#include "kernels/kernels.h"
 
 /* vLLM's _SAMPLING_EPS: a temperature below this means greedy. */
 #define TSR_SAMPLER_GREEDY_EPS 1e-5f
@@ -163,6 +164,19 @@ tsr_status tsr_logprobs_gather(const float *logits, size_t vocab, uint32_t token
 /* log_softmax of one row into out (vocab,), on success only; the values are bitwise
  * those tsr_logprobs_gather reports.  TSR_E_INVAL as for tsr_logprobs_gather. */
 tsr_status tsr_log_softmax_row(const float *logits, size_t vocab, float *out);
+
+/* The words tsr_sampling_rules needs in `buf` for s with a history of n_history tokens. */
+size_t tsr_sampling_rules_words(const tsr_sampling *s, size_t n_history);
+/* s's processors and penalties (tsr_sample's steps 2-3) as kernels.h's tsr_logit_rules,
+ * which a device applies to the row before it picks the token (tsr_backend_logit_rules
+ * then tsr_backend_argmax / tsr_backend_sample): allowed ids, min_tokens' EOS and stop
+ * ids when mask_eos, the bias list, and each distinct token of h (NULL: no penalties)
+ * with its count in the output or -1 for the prompt's only (those only with a
+ * repetition penalty).  out's lists point into buf (tsr_sampling_rules_words words) and
+ * into s.  TSR_E_INVAL for bad parameters (tsr_sampling_check), a history id >= vocab,
+ * or penalties without a history. */
+tsr_status tsr_sampling_rules(const tsr_sampling *s, const tsr_sample_history *h, bool mask_eos, size_t vocab,
+                              uint32_t *buf, tsr_logit_rules *out);
 
 /* Philox4x32-10: the block function of Random123, 10 rounds. */
 void tsr_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
