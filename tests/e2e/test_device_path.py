@@ -10,6 +10,7 @@ within 1e-4: float32 logprobs may differ in their last bits (the device path
 normalizes a row with its own kernel), bfloat16 ones agree bitwise today."""
 import os
 import re
+from pathlib import Path
 
 import pytest
 import requests
@@ -105,8 +106,18 @@ def test_device_path_answers_as_the_host_path(spawn, case):
     host.kill_group()
     dev, base = serve(spawn, model, flags, "devlike")
     got = answers(base)
-    log = dev.output()
+    dev.kill_group()            # a clean exit: the runner's closing line
+    log = Path(dev.log_path).read_text(errors="replace")
     assert "device: cpu-devlike (TESSERA_KERNELS=devlike" in log, log[-3000:]
+    # the rows the device answered (worker/model/answer.h): every sampled row but those
+    # under a grammar as its token, the logprobs and the rules with it, the prompt rows
+    # as their logprobs; only the grammar's rows and prompt_logprobs' last come whole
+    m = re.search(r"logits rows answered on the device: (\d+) as their token \((\d+) with its logprobs, (\d+) "
+                  r"under the request's rules\), (\d+) as their prompt logprobs, (\d+) whole", log)
+    assert m, log[-3000:]
+    token, with_lp, with_rules, prompt_lp, whole = map(int, m.groups())
+    assert with_lp >= 12 + 12 + 10 and with_rules >= 10 + 12 and prompt_lp >= 6, m.group(0)
+    assert whole <= 16 + 16 + 2 + 1, m.group(0)
     # the upload's closing line (device_arrays.h: every family)
     assert re.search(r"weights on the cpu-devlike device: [0-9.]+ MB in [0-9]+ arrays, [0-9.]+ s \(", log), log[-3000:]
     for i, (w, g) in enumerate(zip(want, got, strict=True)):

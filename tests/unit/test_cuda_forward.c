@@ -38,6 +38,7 @@
 
 #include "kernels/kernels.h"
 #include "worker/engine/kv_pool.h"
+#include "worker/engine/sampler.h"
 #include "worker/load/modelopt.h"
 #include "worker/model/llama.h"
 #include "worker/model/llama4.h"
@@ -327,11 +328,15 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
         tsr_llama_free(&mg);
         tsr_llama_free(&mc);
 
-        /* 3c: rows answered by their token on the device (tsr_llama_seq.token) in a batch
-         * that mixes them with whole rows: a greedy row's argmax is the first maximum of the
-         * row the same batch downloads whole, a drawn row's token the reference backend's
-         * draw from that row, the whole rows are bitwise those, and a token row's slot in
-         * the logits is left alone. */
+        /* 3c: rows answered on the device (answer.h, through tsr_llama_seq.answer) in a
+         * batch that mixes them with whole rows: a greedy row's argmax is the first
+         * maximum of the row the same batch downloads whole, with its logprobs; a
+         * prompt-logprobs chunk's prompt rows answered as the next token's logprobs, its
+         * last row whole; a drawn row under rules (allowed ids, a bias, the three
+         * penalties over a history) is the reference's draw from that row after the
+         * reference's rules, with the raw row's logprobs.  Logprobs are the engine's
+         * tsr_logprobs_gather's within 1e-4 (the same ranks and top ids), the whole rows
+         * bitwise, and an answered row's slot in the logits is left alone. */
         mg = load_on(path, gpu, false);
         CHECK(mg, "tiny f32 for token rows");
         if (mg) {
@@ -343,8 +348,8 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
                                         ids[i], 256);
                 tsr_llama_kv *pool = NULL;
                 CHECK(tsr_llama_kv_new(mg, 16 * 16, 16, &pool) == TSR_OK, "pool");
-                /* rows: seq 0 its last (argmax), seq 1 all n[1] (prompt logprobs), seq 2 its
-                 * last (whole), seq 3 its last (a draw: temperature, top_k, top_p, u) */
+                /* rows: seq 0 its last (argmax, logprobs), seq 1 all n[1] (prompt logprobs),
+                 * seq 2 its last (whole), seq 3 its last (rules, a draw, logprobs) */
                 size_t nrows = 1 + n[1] + 1 + 1, off3 = 1 + n[1] + 1;
                 float *whole = malloc(nrows * vocab * sizeof(float)), *mixed = malloc(nrows * vocab * sizeof(float));
                 uint32_t am[4] = {TSR_ARGMAX_NONE - 1, 0, 0, TSR_ARGMAX_NONE - 1};
@@ -355,32 +360,87 @@ static void tiny_fixture(tsr_backend *gpu, tsr_backend *ref, const char *root) {
                 tsr_status st = tsr_llama_forward_batch(mg, gpu, pool, seqs, 4, whole);
                 CHECK(st == TSR_OK, "batch, whole rows: %s", tsr_status_str(st));
                 tsr_draw dr = {.temperature = 0.9f, .top_k = 20, .top_p = 0.95f, .u = 0.37};
-                seqs[0].token = &am[0];
-                seqs[3].token = &am[3];
-                seqs[3].draw = &dr;
+                const uint32_t allowed[] = {1, 5, 7, 9, 11, 13, 17, 19, 23, 29, 31, 37};
+                const tsr_logit_bias bias[] = {{7, 2.5f}, {13, -1.0f}};
+                uint32_t history[6] = {ids[3][0], ids[3][1], 7, 7, 13, 5};
+                tsr_sampling rules;
+                tsr_sampling_init(&rules);
+                rules.allowed_ids = allowed;
+                rules.n_allowed = sizeof allowed / sizeof *allowed;
+                rules.bias = bias;
+                rules.n_bias = 2;
+                rules.repetition_penalty = 1.4f;
+                rules.frequency_penalty = 0.3f;
+                rules.presence_penalty = 0.6f;
+                tsr_token_logprobs lp0, lp3, *plp = calloc(n[1], sizeof *plp);
+                tsr_engine_seq e[4] = {
+                        {.want_logits = true, .token = &am[0], .lp = &lp0, .lp_top = 3},
+                        {.want_logits = true, .want_all_logits = true, .n = n[1], .tokens = ids[1],
+                         .prompt_len = (uint32_t)n[1], .prompt_lp = plp, .prompt_lp_top = 2, .next_token = 3},
+                        {.want_logits = true},
+                        {.want_logits = true, .token = &am[3], .draw = &dr, .lp = &lp3, .lp_top = 4, .rules = &rules,
+                         .history = history, .n_history = 6, .prompt_len = 2},
+                };
+                for (size_t i = 0; i < 4; i++)
+                        seqs[i].answer = &e[i];
                 memset(mixed, 0x7f, nrows * vocab * sizeof(float));
                 st = tsr_llama_forward_batch(mg, gpu, pool, seqs, 4, mixed);
-                CHECK(st == TSR_OK, "batch, token rows: %s", tsr_status_str(st));
-                /* the draw: what the reference's tsr_backend_sample draws from the whole row */
-                uint32_t want3 = TSR_ARGMAX_NONE;
+                CHECK(st == TSR_OK, "batch, answered rows: %s", tsr_status_str(st));
+                /* the draw: the reference's rules, then its tsr_backend_sample, of the whole row */
+                uint32_t want3 = TSR_ARGMAX_NONE, words[64];
                 float *row3 = malloc(vocab * sizeof(float));
                 memcpy(row3, whole + off3 * vocab, vocab * sizeof(float));
+                tsr_sample_history h = {.prompt = history, .n_prompt = 2, .output = history + 2, .n_output = 4};
+                tsr_logit_rules lr;
+                CHECK(tsr_sampling_rules(&rules, &h, false, vocab, words, &lr) == TSR_OK, "rules");
+                CHECK(tsr_backend_logit_rules(ref, row3, 1, vocab, &lr) == TSR_OK, "reference rules");
                 CHECK(tsr_backend_sample(ref, &want3, row3, 1, vocab, &dr) == TSR_OK, "reference draw");
                 free(row3);
                 CHECK(am[0] == argmax(whole, vocab) && am[3] == want3, "argmax %u, draw %u; of the rows %zu, %u",
                       am[0], am[3], argmax(whole, vocab), want3);
-                CHECK(memcmp(mixed + vocab, whole + vocab, (n[1] + 1) * vocab * sizeof(float)) == 0,
-                      "the whole rows between the argmax rows differ");
+                bool allowed3 = false;
+                for (size_t k = 0; k < sizeof allowed / sizeof *allowed; k++)
+                        allowed3 |= am[3] == allowed[k];
+                CHECK(allowed3, "the drawn token %u is not an allowed one", am[3]);
+                /* the logprobs against the engine's own gathering from the whole rows */
+                size_t lp_checked = 0;
+                struct { const tsr_token_logprobs *got; const float *row; uint32_t token, k; } lps[258];
+                size_t nl = 0;
+                lps[nl++] = (__typeof__(lps[0])){&lp0, whole, am[0], 3};
+                lps[nl++] = (__typeof__(lps[0])){&lp3, whole + off3 * vocab, am[3], 4};
+                for (size_t r = 0; r + 1 < n[1] && nl < 258; r++)
+                        lps[nl++] = (__typeof__(lps[0])){&plp[r], whole + (1 + r) * vocab, ids[1][r + 1], 2};
+                for (size_t j = 0; j < nl; j++) {
+                        tsr_token_logprobs want;
+                        CHECK(tsr_logprobs_gather(lps[j].row, vocab, lps[j].token, lps[j].k, &want) == TSR_OK, "gather");
+                        const tsr_token_logprobs *ans = lps[j].got;
+                        bool same = ans->token == lps[j].token && ans->rank == want.rank && ans->n_top == lps[j].k &&
+                                    fabsf(ans->logprob - want.logprob) <= 1e-4f;
+                        for (uint32_t k = 0; k < lps[j].k; k++)
+                                same &= ans->top_ids[k] == want.top_ids[k] &&
+                                        fabsf(ans->top_logprobs[k] - want.top_logprobs[k]) <= 1e-4f;
+                        CHECK(same, "logprobs %zu (token %u): rank %u / %u, logprob %g / %g", j, lps[j].token,
+                              ans->rank, want.rank, ans->logprob, want.logprob);
+                        lp_checked++;
+                }
+                /* seq 1's last row and seq 2's come back whole, bitwise */
+                CHECK(memcmp(mixed + n[1] * vocab, whole + n[1] * vocab, 2 * vocab * sizeof(float)) == 0,
+                      "the whole rows differ");
                 bool untouched = true;
-                for (size_t v = 0; v < vocab; v++)
+                for (size_t v = 0; v < vocab; v++) {
                         untouched &= memcmp(&mixed[v], &(uint32_t){0x7f7f7f7fu}, 4) == 0 &&
                                      memcmp(&mixed[off3 * vocab + v], &(uint32_t){0x7f7f7f7fu}, 4) == 0;
-                CHECK(untouched, "a token row's slot was written");
-                printf("token rows on the device: argmax %u (the row's first maximum), draw %u (the reference's "
-                       "tsr_backend_sample of the row); %zu whole rows bitwise\n", am[0], am[3], n[1] + 1);
+                        for (size_t r = 0; r + 1 < n[1]; r++)
+                                untouched &= memcmp(&mixed[(1 + r) * vocab + v], &(uint32_t){0x7f7f7f7fu}, 4) == 0;
+                }
+                CHECK(untouched, "an answered row's slot was written");
+                printf("rows answered on the device: argmax %u (the row's first maximum), draw %u under rules "
+                       "(the reference's), %zu logprobs as the engine's, %zu prompt rows; 2 whole rows bitwise\n",
+                       am[0], am[3], lp_checked, n[1] - 1);
                 tsr_llama_kv_free(&pool);
                 free(whole);
                 free(mixed);
+                free(plp);
         }
         tsr_llama_free(&mg);
         free(golden);

@@ -24,6 +24,7 @@
 
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
+#include "worker/engine/engine.h"
 #include "worker/engine/kv_pool.h"
 #include "worker/load/loader.h"
 
@@ -181,10 +182,11 @@ struct tsr_model_family {
          * prompt length (tsr_engine_seq.prompt_len).  NULL for families without. */
         void (*seq_set_state)(void *seq, uint32_t slot, const uint32_t *restore_from, const tsr_state_save *saves,
                               size_t n_saves, uint32_t prompt_len);
-        /* A family whose model on a device can hand back a row's token instead of the row
-         * (tsr_engine_seq.token and .draw): set them on the sequence `seq_fill` just
-         * filled.  NULL: the rows always come back whole. */
-        void (*seq_set_token)(void *seq, uint32_t *token, const tsr_draw *draw);
+        /* A family whose model on a device answers rows there instead of handing them
+         * back (answer.h: tsr_engine_seq.token, .lp, .rules, .prompt_lp): give the
+         * sequence `seq_fill` just filled its engine record (borrowed for the step).
+         * NULL: the rows always come back whole. */
+        void (*seq_set_answer)(void *seq, const tsr_engine_seq *q);
 };
 
 /* ---- pipeline stages: the forward_stage contract, shared by the families -------------- */

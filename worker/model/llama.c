@@ -8,6 +8,7 @@
 
 #include "kernels/quant/quant.h"
 #include "worker/load/gguf.h"
+#include "worker/model/answer.h"
 #include "worker/model/cudagraph.h"
 #include "worker/model/device_arrays.h"
 #include "worker/model/family.h"
@@ -1152,51 +1153,20 @@ static size_t seq_logit_rows(const tsr_llama_seq *q) {
                         goto done;              \
         } while (0)
 
-/* Whether sequence q's last row comes back as its token (seq.token). */
-static bool token_only(const tsr_llama_seq *q) { return q->token && q->which == TSR_LLAMA_LOGITS_LAST; }
+/* Chunk i of a tsr_llama_seq array for tsr_answer_rows. */
+static const tsr_engine_seq *llama_chunk(const void *seqs, size_t i, size_t *rows) {
+        const tsr_llama_seq *q = (const tsr_llama_seq *)seqs + i;
+        *rows = seq_logit_rows(q);
+        return q->answer;
+}
 
 /* The step's logits rows `lg` (n_rows, vocab) from the device into `logits`, in sequence
- * order: a sequence that asks only for its last row's token (seq.token) gets it (the
- * argmax, or with seq.draw a tsr_backend_sample draw, which overwrites that row on the
- * device) and its slot in `logits` stays unwritten; the other rows come back whole, each
- * run of neighbours in one copy.  A decode step so reads 4 bytes a row instead of
+ * order, the rows the engine offers as their token, logprobs or prompt logprobs answered
+ * on the device instead (answer.h).  A decode step so reads 4 bytes a row instead of
  * vocab * 4 (at 256 rows of a 49152-entry vocabulary, 50 MB a step). */
-static tsr_status logits_to_host(tsr_backend *be, const tsr_llama_seq *seqs, size_t n_seqs, float *logits, float *lg,
-                                 size_t n_rows, size_t vocab) {
-        size_t n_argmax = 0, n_draw = 0, row_bytes = vocab * sizeof(float);
-        for (size_t i = 0; i < n_seqs; i++)
-                if (token_only(&seqs[i]))
-                        seqs[i].draw ? n_draw++ : n_argmax++;
-        if (n_argmax + n_draw == 0)
-                return tsr_backend_download(be, logits, lg, n_rows * row_bytes);
-        uint32_t *idx = malloc(n_rows * sizeof *idx), *drawn = malloc(n_rows * sizeof *drawn);
-        tsr_draw *draws = calloc(n_rows, sizeof *draws);        /* temperature 0: not drawn */
-        tsr_status st = idx && drawn && draws ? TSR_OK : TSR_E_NOMEM;
-        for (size_t i = 0, row = 0; i < n_seqs && st == TSR_OK; row += seq_logit_rows(&seqs[i]), i++)
-                if (token_only(&seqs[i]) && seqs[i].draw)
-                        draws[row] = *seqs[i].draw;
-        if (st == TSR_OK && n_argmax)           /* before the draws: those overwrite their rows */
-                st = tsr_backend_argmax(be, idx, lg, n_rows, vocab);
-        if (st == TSR_OK && n_draw)
-                st = tsr_backend_sample(be, drawn, lg, n_rows, vocab, draws);
-        size_t row = 0, run = 0;        /* rows [run, row) still to download */
-        for (size_t i = 0; i < n_seqs && st == TSR_OK; i++) {
-                size_t rows = seq_logit_rows(&seqs[i]);
-                if (token_only(&seqs[i])) {
-                        *seqs[i].token = seqs[i].draw ? drawn[row] : idx[row];
-                        st = tsr_backend_download(be, (char *)logits + run * row_bytes, (const char *)lg + run * row_bytes,
-                                                  (row - run) * row_bytes);
-                        run = row + rows;
-                }
-                row += rows;
-        }
-        if (st == TSR_OK)
-                st = tsr_backend_download(be, (char *)logits + run * row_bytes, (const char *)lg + run * row_bytes,
-                                          (row - run) * row_bytes);
-        free(idx);
-        free(drawn);
-        free(draws);
-        return st;
+tsr_status tsr_llama_logits_to_host(tsr_backend *be, const tsr_llama_seq *seqs, size_t n_seqs, float *logits,
+                                    float *lg, size_t vocab) {
+        return tsr_answer_rows(be, llama_chunk, seqs, n_seqs, logits, lg, vocab);
 }
 
 /* One forward's working set: the (possibly padded) sequences, their stacked tokens and
@@ -1469,20 +1439,15 @@ static tsr_status forward_segments(const tsr_llama *m, tsr_backend *be, tsr_llam
                 memcpy(padded, seqs, n_seqs * sizeof *padded);
                 for (size_t i = n_seqs; i < S; i++) {
                         padded[i] = seqs[n_seqs - 1];
-                        padded[i].token = NULL;
-                        padded[i].draw = NULL;
+                        padded[i].answer = NULL;
                 }
         }
         st = fwd_setup(m, padded ? padded : seqs, padded ? m->dev->graph_sizes[k] : n_seqs, in, out, logits, &f);
         if (st == TSR_OK)
                 st = k >= 0 ? forward_graphed(m, be, kv, &f, (size_t)k, longest) : forward_ops(m, be, kv, &f);
         /* the real sequences' rows come first; the padding's are dropped */
-        if (st == TSR_OK && m->dev && logits && f.n_rows_out) {
-                size_t rows = 0;
-                for (size_t i = 0; i < n_seqs; i++)
-                        rows += seq_logit_rows(&seqs[i]);
-                st = logits_to_host(be, seqs, n_seqs, logits, f.lg, rows, m->cfg.vocab_size);
-        }
+        if (st == TSR_OK && m->dev && logits && f.n_rows_out)
+                st = tsr_llama_logits_to_host(be, seqs, n_seqs, logits, f.lg, m->cfg.vocab_size);
         fwd_done(m, &f);
         free(padded);
         return st;

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include "common/tsr_status.h"
 #include "kernels/kernels.h"
+#include "worker/engine/engine.h"
 #include "worker/engine/kv_pool.h"
 #include "worker/model/llama_weights.h"
 
@@ -194,13 +195,12 @@ typedef struct tsr_llama_seq {
         size_t n;
         size_t past_len;
         tsr_llama_logits which;         /* NONE, LAST (1 row) or ALL (n rows) */
-        /* NULL, or (which LAST) where a model on a device may put the row's token instead of
-         * downloading the row: its argmax (kernels.h tsr_backend_argmax) with `draw` NULL,
-         * else tsr_backend_sample's draw with *draw (TSR_ARGMAX_NONE for a row without a
-         * maximum); its slot in `logits` is then left unwritten.  A model on the host
-         * leaves it as it is (engine.h tsr_engine_seq.token). */
-        uint32_t *token;
-        const tsr_draw *draw;
+        /* NULL, or the chunk's engine record, whose token, logprobs and prompt logprobs
+         * a model on a device answers there instead of downloading the rows (answer.h:
+         * tsr_answer_rows; engine.h tsr_engine_seq.token and what goes with it); the
+         * answered rows' slots in `logits` are then left unwritten.  A model on the host
+         * leaves it as it is. */
+        const tsr_engine_seq *answer;
 } tsr_llama_seq;
 
 /* Several sequences over one shared pool in a single pass: their rows are stacked so
@@ -246,5 +246,11 @@ tsr_status tsr_llama_shard_for(const struct tsr_model_desc *d, uint32_t tp_rank,
                                uint32_t pp_size, tsr_shard_spec *ret);
 void tsr_llama_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
                         size_t past_len, bool want_logits, bool want_all_logits);
+void tsr_llama_seq_set_answer(void *seq, const tsr_engine_seq *q);
+/* A step's logits rows lg (backend memory, one per row the sequences ask for) to the
+ * host's `logits`, those the engine records in seq.answer offer answered on the device
+ * instead (answer.h tsr_answer_rows).  Shared by the families with tsr_llama_seq. */
+tsr_status tsr_llama_logits_to_host(tsr_backend *be, const tsr_llama_seq *seqs, size_t n_seqs, float *logits,
+                                    float *lg, size_t vocab);
 
 #endif

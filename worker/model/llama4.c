@@ -1877,8 +1877,8 @@ static tsr_status forward(const tsr_llama4 *m, tsr_backend *be, const tsr_llama4
                 TRY(tsr_backend_rmsnorm(be, s.xb, s.xb, m->out_norm, n_out, dim, eps));
                 /* on a device: into its memory, then the one download of the step */
                 TRY(lm_head(m, be, s.mem ? s.lg : logits, s.xb, n_out));
-                if (s.mem)
-                        TRY(tsr_backend_download(be, logits, s.lg, n_out * m->vocab_out * sizeof(float)));
+                if (s.mem)      /* the rows the engine offers answered on the device (answer.h) */
+                        TRY(tsr_llama_logits_to_host(be, seqs, n_seqs, logits, s.lg, m->cfg->base.vocab_size));
         }
 done:
         scratch_free(&s);

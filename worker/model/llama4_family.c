@@ -189,4 +189,5 @@ const tsr_model_family tsr_family_llama4 = {
         .tp_set_comm = llama4_tp_set_comm,
         .seq_size = sizeof(tsr_llama_seq),
         .seq_fill = tsr_llama_seq_fill,
+        .seq_set_answer = tsr_llama_seq_set_answer,
 };

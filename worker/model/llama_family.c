@@ -170,10 +170,7 @@ static tsr_status llama_tp_shard(void *model, uint32_t tp_rank, uint32_t tp_size
 
 static void llama_tp_set_comm(void *model, struct tsr_comm *comm) { tsr_llama_set_comm(model, comm); }
 
-static void llama_seq_set_token(void *seq, uint32_t *token, const tsr_draw *draw) {
-        ((tsr_llama_seq *)seq)->token = token;
-        ((tsr_llama_seq *)seq)->draw = draw;
-}
+void tsr_llama_seq_set_answer(void *seq, const tsr_engine_seq *q) { ((tsr_llama_seq *)seq)->answer = q; }
 
 void tsr_llama_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, const uint32_t *tokens, size_t n,
                         size_t past_len, bool want_logits, bool want_all_logits) {
@@ -218,5 +215,5 @@ const tsr_model_family tsr_family_llama = {
         .tp_set_comm = llama_tp_set_comm,
         .seq_size = sizeof(tsr_llama_seq),
         .seq_fill = tsr_llama_seq_fill,
-        .seq_set_token = llama_seq_set_token,
+        .seq_set_answer = tsr_llama_seq_set_answer,
 };

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "worker/model/answer.h"
 #include "worker/model/device_arrays.h"
 #include "worker/model/family.h"
 #include "worker/model/nemotron_h.h"
@@ -1894,6 +1895,13 @@ static tsr_status args_ok(const tsr_nemotron_h *m, const tsr_nemotron_h_cache *k
         return kv->n_mamba ? slots_ok(kv, seqs, n_seqs) : TSR_OK;
 }
 
+/* Chunk i of a tsr_nemotron_h_seq array for tsr_answer_rows (answer.h). */
+static const tsr_engine_seq *nh_chunk(const void *seqs, size_t i, size_t *rows) {
+        const tsr_nemotron_h_seq *q = (const tsr_nemotron_h_seq *)seqs + i;
+        *rows = q->which == TSR_LLAMA_LOGITS_ALL ? q->n : q->which == TSR_LLAMA_LOGITS_LAST;
+        return q->answer;
+}
+
 tsr_status tsr_nemotron_h_forward_batch(const tsr_nemotron_h *m, tsr_backend *be, tsr_nemotron_h_cache *kv,
                                         const tsr_nemotron_h_seq *seqs, size_t n_seqs, float *logits) {
         return tsr_nemotron_h_forward_stage(m, be, kv, seqs, n_seqs, NULL, NULL, logits);
@@ -1977,8 +1985,8 @@ tsr_status tsr_nemotron_h_forward_stage(const tsr_nemotron_h *m, tsr_backend *be
         }
         if (out_row) {          /* on a device: into the kept array, then the step's one download */
                 TRY(lm_head(m, be, s.mem ? s.lg : logits, s.xb, out_row));
-                if (s.mem)
-                        TRY(tsr_backend_download(be, logits, s.lg, out_row * m->vocab_out * sizeof(float)));
+                if (s.mem)      /* the rows the engine offers answered on the device (answer.h) */
+                        TRY(tsr_answer_rows(be, nh_chunk, seqs, n_seqs, logits, s.lg, c->vocab_size));
         }
 done:
         scratch_free(&s);

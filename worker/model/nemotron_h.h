@@ -259,6 +259,9 @@ typedef struct tsr_nemotron_h_seq {
          * that end by this position (the engine's prompt_len: generated tokens keep the
          * recurrence's bits); 0: no limit. */
         size_t chunked_end;
+        /* NULL, or the chunk's engine record: a model on a device answers its rows there
+         * (tsr_llama_seq.answer, answer.h) */
+        const tsr_engine_seq *answer;
 } tsr_nemotron_h_seq;
 
 /* Run the sequences in one pass (rows stacked for every matmul), update their K/V and

@@ -172,6 +172,8 @@ static void nh_seq_fill(void *seq, const uint32_t *block_table, size_t n_table, 
         };
 }
 
+static void nh_seq_set_answer(void *seq, const tsr_engine_seq *q) { ((tsr_nemotron_h_seq *)seq)->answer = q; }
+
 static void nh_seq_set_state(void *seq, uint32_t slot, const uint32_t *restore_from, const tsr_state_save *saves,
                              size_t n_saves, uint32_t prompt_len) {
         tsr_nemotron_h_seq *q = seq;
@@ -214,5 +216,6 @@ const tsr_model_family tsr_family_nemotron_h = {
         .tp_set_comm = nh_tp_set_comm,
         .seq_size = sizeof(tsr_nemotron_h_seq),
         .seq_fill = nh_seq_fill,
+        .seq_set_answer = nh_seq_set_answer,
         .seq_set_state = nh_seq_set_state,
 };

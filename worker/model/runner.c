@@ -55,6 +55,10 @@ struct tsr_runner {
          * returns, as a wedged kernel or device would; the engine thread's systemd watchdog
          * pings stop, so WatchdogSec restarts the worker. */
         uint64_t hang_at;
+        /* a model on a device answering rows there (answer.h): the rows of the steps so
+         * far, logged when the runner goes (engine's forward thread only) */
+        bool answers_on_device;
+        uint64_t rows_as_token, rows_with_lp, rows_with_rules, rows_prompt_lp, rows_whole;
         tsr_engine_model em;
         /* Micro-batches (pp > 1 in this process: em.submit): the steps in the pipeline,
          * oldest first, each with its sequence records and plan, alive until its wait. */
@@ -187,6 +191,26 @@ tsr_status tsr_runner_run_stage(tsr_runner *r, const tsr_engine_seq *seqs, size_
         return st;
 }
 
+/* What the device answered of a step's rows (answer.h), for the closing log line. */
+static void count_answers(tsr_runner *r, const tsr_engine_seq *seqs, size_t n_seqs) {
+        for (size_t i = 0; i < n_seqs; i++) {
+                const tsr_engine_seq *q = &seqs[i];
+                size_t rows = tsr_engine_seq_rows(q), plp = 0;
+                if (q->token && *q->token != TSR_ENGINE_TOKEN_UNSET) {
+                        r->rows_as_token++;
+                        r->rows_with_lp += q->lp != NULL;
+                        r->rows_with_rules += q->rules != NULL;
+                        continue;
+                }
+                if (q->prompt_lp && q->want_all_logits && q->prompt_len > q->past_len + 1) {
+                        plp = q->prompt_len - q->past_len - 1;
+                        plp = plp < rows ? plp : rows;
+                }
+                r->rows_prompt_lp += plp;
+                r->rows_whole += rows - plp;
+        }
+}
+
 /* The whole step in one batched forward: each weight matrix is read once for every
  * sequence in the step.  With pipeline stages, the step goes through every stage in
  * turn (tsr_pipeline_run), the logits coming back from the last. */
@@ -209,12 +233,14 @@ static tsr_status runner_forward(void *ud, const tsr_engine_seq *seqs, size_t n_
                 st = tsr_nodes_step(r->nodes, seqs, n_seqs, 2 * n_tokens * r->hidden, rows * r->em.vocab, node0_stage,
                                     &q, logits);
         } else if (r->n_stages == 1) {
-                /* one process, one rank: rows may come back as their token (argmax or draw) */
-                if (r->fam->seq_set_token)
+                /* one process, one rank: a device answers rows as their token (answer.h) */
+                if (r->fam->seq_set_answer)
                         for (size_t i = 0; i < n_seqs; i++)
-                                r->fam->seq_set_token(ls + i * r->fam->seq_size, seqs[i].token, seqs[i].draw);
+                                r->fam->seq_set_answer(ls + i * r->fam->seq_size, &seqs[i]);
                 st = r->fam->forward_batch(r->stages[0].model, r->stages[0].be, r->stages[0].pool, ls, n_seqs,
                                            logits);
+                if (st == TSR_OK && r->answers_on_device)
+                        count_answers(r, seqs, n_seqs);
         } else {
                 step_plan pl = {.seqs = ls, .n_seqs = n_seqs, .step = r->steps};
                 tsr_pipeline_step step = {.plan = &pl, .io_floats = r->pp > 1 ? 2 * n_tokens * r->hidden : 0,
@@ -871,6 +897,12 @@ tsr_status tsr_runner_new(const char *path, const tsr_model_desc *desc, const ts
         r->em.vocab = desc->vocab_size;
         r->em.ud = r;
         r->em.forward = runner_forward;
+        /* one rank on a device: the rows the engine offers are answered there (answer.h);
+         * a grammar's mask is not yet (its rows come back whole) */
+        r->answers_on_device = r->n_stages == 1 && !r->node_mode && r->fam->seq_set_answer &&
+                               !tsr_backend_host_memory(r->stages[0].be);
+        r->em.answers_logprobs = r->answers_on_device;
+        r->em.answers_rules = r->answers_on_device;
         if (!r->node_mode)     /* off by default for stages in this process (above) */
                 micro_batches_setup(r, 1);
         *ret = r;
@@ -885,6 +917,12 @@ void tsr_runner_free(tsr_runner **rp) {
         if (!rp || !*rp)
                 return;
         r = *rp;
+        if (r->rows_as_token + r->rows_whole + r->rows_prompt_lp)
+                log_info("logits rows answered on the device: %llu as their token (%llu with its logprobs, %llu under "
+                         "the request's rules), %llu as their prompt logprobs, %llu whole",
+                         (unsigned long long)r->rows_as_token, (unsigned long long)r->rows_with_lp,
+                         (unsigned long long)r->rows_with_rules, (unsigned long long)r->rows_prompt_lp,
+                         (unsigned long long)r->rows_whole);
         tsr_pipeline_free(&r->pipe);    /* joins the rank threads before their stages go */
         tsr_modelopt_config_done(&r->mo);
         for (uint32_t s = 0; s < r->n_stages; s++) {
