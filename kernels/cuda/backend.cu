@@ -889,6 +889,12 @@ static tsr_status cuda_sample(tsr_backend *be, uint32_t *out, float *x, size_t r
         return st != TSR_OK ? st : cuda_download(be, out, c->argmax.p, rows * sizeof(uint32_t));
 }
 
+// n 4-byte words from src (NULL when n is 0: memcpy's arguments may not be).
+static void copy_words(uint32_t *dst, const void *src, size_t n) {
+        if (n)
+                memcpy(dst, src, n * sizeof(uint32_t));
+}
+
 // The rules packed as ops.cuh lays them out (a header per row, then the lists, then a
 // float per allowed id for the kernel to keep its value in), up in one copy; the rows
 // changed on the stream.  The host buffer is freed once the copy is done (it waits).
@@ -916,22 +922,22 @@ static tsr_status cuda_logit_rules(tsr_backend *be, float *x, size_t rows, size_
                 h[TSR_CUDA_RULE_ALLOWED] = at;
                 h[TSR_CUDA_RULE_N_ALLOWED] = q->n_allowed;
                 h[TSR_CUDA_RULE_KEPT] = at_kept;
-                memcpy(pack + at, q->allowed, q->n_allowed * sizeof(uint32_t));
+                copy_words(pack + at, q->allowed, q->n_allowed);
                 at += q->n_allowed;
                 at_kept += q->n_allowed;
                 h[TSR_CUDA_RULE_MASKED] = at;
                 h[TSR_CUDA_RULE_N_MASKED] = q->n_masked;
-                memcpy(pack + at, q->masked, q->n_masked * sizeof(uint32_t));
+                copy_words(pack + at, q->masked, q->n_masked);
                 at += q->n_masked;
                 h[TSR_CUDA_RULE_BIAS] = at;
                 h[TSR_CUDA_RULE_N_BIAS] = q->n_bias;
-                memcpy(pack + at, q->bias_ids, q->n_bias * sizeof(uint32_t));
-                memcpy(pack + at + q->n_bias, q->bias, q->n_bias * sizeof(float));
+                copy_words(pack + at, q->bias_ids, q->n_bias);
+                copy_words(pack + at + q->n_bias, q->bias, q->n_bias);
                 at += 2 * q->n_bias;
                 h[TSR_CUDA_RULE_PEN] = at;
                 h[TSR_CUDA_RULE_N_PEN] = q->n_pen;
-                memcpy(pack + at, q->pen_ids, q->n_pen * sizeof(uint32_t));
-                memcpy(pack + at + q->n_pen, q->pen_counts, q->n_pen * sizeof(float));
+                copy_words(pack + at, q->pen_ids, q->n_pen);
+                copy_words(pack + at + q->n_pen, q->pen_counts, q->n_pen);
                 at += 2 * q->n_pen;
                 memcpy(&h[TSR_CUDA_RULE_REP], &q->repetition, sizeof(float));
                 memcpy(&h[TSR_CUDA_RULE_FREQ], &q->frequency, sizeof(float));

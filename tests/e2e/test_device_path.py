@@ -53,6 +53,10 @@ REQUESTS = [
      "response_format": {"type": "json_object"}, "logprobs": 2},
     {"prompt": [1, 277, 14], "max_tokens": 16, "temperature": 0.7, "seed": 11,
      "structured_outputs": {"regex": "[a-z]+ [0-9]+"}},
+    # min_tokens' mask over a stop id the bias makes the favourite: masked for 5 tokens,
+    # then it stops the request
+    {"prompt": [1, 281, 223, 84], "max_tokens": 12, "temperature": 0, "min_tokens": 5, "stop_token_ids": [9],
+     "logit_bias": {"9": 60}, "logprobs": 1},
 ]
 
 
@@ -124,3 +128,5 @@ def test_device_path_answers_as_the_host_path(spawn, case):
         assert_close(g, w, f"request {i}")
     # the answers are not trivially equal: the greedy one with logprobs has text and 12
     assert len(want[2][0][0][0]) > 0 and len(want[2][0][0][1]) == 12
+    # min_tokens held the biased stop id back for 5 tokens, then it ended the request
+    assert len(want[10][0][0][1]) in (5, 6), want[10]

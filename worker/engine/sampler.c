@@ -211,6 +211,12 @@ size_t tsr_sampling_rules_words(const tsr_sampling *s, size_t n_history) {
         return s->n_eos + s->n_stop + 2 * s->n_bias + 3 * n_history;
 }
 
+/* n ids from src (which may be NULL when n is 0: memcpy's arguments may not). */
+static void copy_ids(uint32_t *dst, const uint32_t *src, size_t n) {
+        if (n)
+                memcpy(dst, src, n * sizeof *dst);
+}
+
 static int cmp_u32(const void *a, const void *b) {
         uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
         return x < y ? -1 : x > y;
@@ -245,8 +251,8 @@ tsr_status tsr_sampling_rules(const tsr_sampling *s, const tsr_sample_history *h
         uint32_t *w = buf;
         if (mask_eos) {
                 out->masked = w;
-                memcpy(w, s->eos_ids, s->n_eos * sizeof *w);
-                memcpy(w + s->n_eos, s->stop_ids, s->n_stop * sizeof *w);
+                copy_ids(w, s->eos_ids, s->n_eos);
+                copy_ids(w + s->n_eos, s->stop_ids, s->n_stop);
                 out->n_masked = (uint32_t)(s->n_eos + s->n_stop);
                 w += out->n_masked;
         }
@@ -270,7 +276,7 @@ tsr_status tsr_sampling_rules(const tsr_sampling *s, const tsr_sample_history *h
         uint32_t *sorted = w, *ids = w + n_hist;
         float *counts = (float *)(void *)(ids + n_hist);
         uint32_t n = 0;
-        memcpy(sorted, h->output, h->n_output * sizeof *sorted);
+        copy_ids(sorted, h->output, h->n_output);
         qsort(sorted, h->n_output, sizeof *sorted, cmp_u32);
         for (size_t i = 0; i < h->n_output;) {
                 size_t j = i;
@@ -282,7 +288,7 @@ tsr_status tsr_sampling_rules(const tsr_sampling *s, const tsr_sample_history *h
         }
         if (rep) {
                 uint32_t *prompt = sorted + h->n_output;
-                memcpy(prompt, h->prompt, h->n_prompt * sizeof *prompt);
+                copy_ids(prompt, h->prompt, h->n_prompt);
                 qsort(prompt, h->n_prompt, sizeof *prompt, cmp_u32);
                 for (size_t i = 0; i < h->n_prompt; i++)
                         if ((i == 0 || prompt[i] != prompt[i - 1]) && !sorted_has(sorted, h->n_output, prompt[i])) {
