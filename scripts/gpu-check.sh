@@ -17,7 +17,8 @@
 #      32 and 256 (GPU_CHECK_QUICK=1: fewer prompts); then the same server flags with
 #      GPU_CHECK_EAGER_TOO=1 once more with --enforce-eager (graphs vs eager, same call).
 # Each step has its own time limit; a failed step is reported and the next one runs.
-# Knobs (environment): GPU_CHECK_SKIP_SUITE=1 skips the tiny-fixture suite and memcheck
+# Knobs (environment): GPU_CHECK_LOGPROBS=1 adds a c=256 run with 5 logprobs a token;
+# GPU_CHECK_SKIP_SUITE=1 skips the tiny-fixture suite and memcheck
 # (step 1's first half, step 2); GPU_CHECK_DEVICE (cuda) is what step 4 serves on;
 # GPU_CHECK_LEN (1024) the random input and output lengths; GPU_CHECK_MODEL_DIR a
 # model folder to use (made when it has no config.json); GPU_CHECK_EAGER_TOO=1 serves a
@@ -132,10 +133,20 @@ serve_and_bench() {     # serve_and_bench LABEL EXTRA-FLAGS...
                         --result-dir "$OUT" --result-filename "bench$label""_c$c.json"
                 grep -E "Successful|throughput|TTFT|TPOT|ITL" "$OUT/bench_serve$label""_c$c.log" | head -12
         done
+        # GPU_CHECK_LOGPROBS=1: c=256 again with 5 logprobs a token, answered on the device
+        # (worker/model/answer.c: 172 bytes a row back instead of the row)
+        if [ -n "${GPU_CHECK_LOGPROBS:-}" ]; then
+                step "bench_serve$label""_lp_c256" 240 "$B" serve --base-url "http://127.0.0.1:$PORT" \
+                        --model smollm2-random --tokenizer "$SERVE_MODEL" --dataset-name random --random-input-len "$LEN" \
+                        --random-output-len "$LEN" --ignore-eos --num-prompts "$n256" --max-concurrency 256 \
+                        --temperature 0 --logprobs 5 --save-result --result-dir "$OUT" \
+                        --result-filename "bench$label""_lp_c256.json"
+                grep -E "Successful|throughput|TTFT|TPOT|ITL" "$OUT/bench_serve$label""_lp_c256.log" | head -12
+        fi
         kill -TERM $SERVE
         wait $SERVE
         echo "gpu-check: serve$label exit $?"
-        grep -E "CUDA graphs:" "$OUT/serve$label.log"
+        grep -E "CUDA graphs:|logits rows answered on the device" "$OUT/serve$label.log"
 }
 SERVE_MODEL=$MODEL
 serve_and_bench ""

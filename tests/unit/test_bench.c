@@ -159,6 +159,24 @@ static void test_output_nul_text(void **state) {
         tsr_bench_output_done(&o);
 }
 
+/* A NUL in an object key (a top_logprobs entry's token "\u0000": jansson holds no NUL
+ * in a key) does not fail the chunk: the bench reads the text (its NUL kept) and the
+ * usage, never the logprobs. */
+static void test_output_nul_key(void **state) {
+        tsr_bench_output o;
+        (void)state;
+        tsr_bench_output_init(&o, false, 10, 0.0);
+        feed(&o, "data: {\"choices\":[{\"text\":\"\\u0000x\",\"logprobs\":{\"top_logprobs\":[{\"\\u0000\": -0.5, "
+                 "\"a\\\\u0000\":-1}]}}]}", 0.1);
+        feed(&o, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}", 0.2);
+        tsr_bench_output_finish(&o);
+        assert_true(o.success);
+        assert_int_equal(o.text.len, 2);
+        assert_memory_equal(o.text.data, "\0x", 2);
+        assert_int_equal(o.output_tokens, 1);
+        tsr_bench_output_done(&o);
+}
+
 static void test_output_failures(void **state) {
         tsr_bench_output o;
         tsr_bench_output_init(&o, false, 1, 0.0);
@@ -785,6 +803,7 @@ int main(void) {
                 cmocka_unit_test(test_output_usage_beside_choices),
                 cmocka_unit_test(test_output_chat_role_chunk_is_not_a_token),
                 cmocka_unit_test(test_output_nul_text),
+                cmocka_unit_test(test_output_nul_key),
                 cmocka_unit_test(test_output_failures),
                 cmocka_unit_test(test_percentile_matches_numpy),
                 cmocka_unit_test(test_metrics_as_calculate_metrics),
