@@ -2,18 +2,14 @@
 // index of the first maximum, or TSR_ARGMAX_NONE for a row with a NaN or +inf or only
 // -inf, exactly cpu/ref.c's tsr_ref_argmax (a comparison, so no rounding can differ).
 // One block of 256 threads per row; thread t scans elements t, t + 256, ... keeping
-// the first maximum it sees, then a tree keeps the larger value, the lower index on ties.
+// the first maximum it sees, then a tree keeps the larger value, the lower index on ties
+// (block_reduce.cuh tsr_block_first_max).
 #include <math.h>
+#include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.cuh"
 
 static const int threads = 256;   // a power of two: the tree needs it
-
-// Whether candidate (v, i) goes before (bv, bi): larger, or as large at a lower index.
-// An index of TSR_ARGMAX_NONE (nothing above -inf seen) never goes before a real one.
-__device__ static inline bool before(float v, uint32_t i, float bv, uint32_t bi) {
-        return i != TSR_ARGMAX_NONE && (bi == TSR_ARGMAX_NONE || v > bv || (v == bv && i < bi));
-}
 
 __global__ static void argmax_kernel(uint32_t *out, const float *x, int n) {
         __shared__ float val[threads];
@@ -37,19 +33,9 @@ __global__ static void argmax_kernel(uint32_t *out, const float *x, int n) {
         }
         if (mine_bad)
                 bad = 1;        // any thread's write: all write the same value
-        val[threadIdx.x] = bv;
-        idx[threadIdx.x] = bi;
-        __syncthreads();
-        for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-                if (threadIdx.x < stride && before(val[threadIdx.x + stride], idx[threadIdx.x + stride],
-                                                   val[threadIdx.x], idx[threadIdx.x])) {
-                        val[threadIdx.x] = val[threadIdx.x + stride];
-                        idx[threadIdx.x] = idx[threadIdx.x + stride];
-                }
-                __syncthreads();
-        }
+        tsr_block_first_max(&bv, &bi, val, idx);        // its first barrier follows the writes of bad
         if (threadIdx.x == 0)
-                out[blockIdx.x] = bad ? TSR_ARGMAX_NONE : idx[0];
+                out[blockIdx.x] = bad ? TSR_ARGMAX_NONE : bi;
 }
 
 extern "C" tsr_status tsr_cuda_argmax(cudaStream_t stream, uint32_t *out, const float *x, size_t rows, size_t n) {

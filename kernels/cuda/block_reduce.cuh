@@ -1,7 +1,9 @@
 // block_reduce.cuh - the block-wide reductions the row kernels share (rmsnorm.cu,
-// add_rmsnorm.cu, softmax.cu).
+// add_rmsnorm.cu, softmax.cu, argmax.cu, logits.cu).
 #ifndef TSR_CUDA_BLOCK_REDUCE_CUH
 #define TSR_CUDA_BLOCK_REDUCE_CUH
+
+#include <stdint.h>
 
 // The sum of every thread's `v` over the block, returned to all threads: a tree in a
 // fixed order (stride blockDim.x / 2 down to 1), so a row's result never depends on how
@@ -38,6 +40,34 @@ __device__ static inline float tsr_block_max_fixed_tree(float v, float *partial)
         float r = partial[0];
         __syncthreads();
         return r;
+}
+
+// Whether candidate (v, i) goes before (bv, bi) in a first-maximum order: larger, or as
+// large at a lower index.  An index of UINT32_MAX (TSR_ARGMAX_NONE: nothing seen) never
+// goes before a real one.
+__device__ static inline bool tsr_first_max_before(float v, uint32_t i, float bv, uint32_t bi) {
+        return i != UINT32_MAX && (bi == UINT32_MAX || v > bv || (v == bv && i < bi));
+}
+
+// The block's first maximum of every thread's candidate (*v, *i), returned to all threads
+// in *v, *i: a tree in a fixed order, so the answer is the first maximum whatever the
+// threads' shares.  Same rules as the sum above; `vals` and `idx` are the block's shared
+// arrays of blockDim.x elements.
+__device__ static inline void tsr_block_first_max(float *v, uint32_t *i, float *vals, uint32_t *idx) {
+        vals[threadIdx.x] = *v;
+        idx[threadIdx.x] = *i;
+        __syncthreads();
+        for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+                if (threadIdx.x < stride && tsr_first_max_before(vals[threadIdx.x + stride], idx[threadIdx.x + stride],
+                                                                 vals[threadIdx.x], idx[threadIdx.x])) {
+                        vals[threadIdx.x] = vals[threadIdx.x + stride];
+                        idx[threadIdx.x] = idx[threadIdx.x + stride];
+                }
+                __syncthreads();
+        }
+        *v = vals[0];
+        *i = idx[0];
+        __syncthreads();        // vals, idx may be reused by the caller's next reduction
 }
 
 #endif

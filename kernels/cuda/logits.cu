@@ -71,20 +71,12 @@ extern "C" tsr_status tsr_cuda_logit_rules(cudaStream_t stream, float *x, size_t
         return TSR_OK;
 }
 
-// Whether (v, i) goes before (bv, bi) in the top list: larger, or as large at a lower
-// index; an index of UINT32_MAX (nothing seen) never goes before a real one.
-__device__ static inline bool top_before(float v, uint32_t i, float bv, uint32_t bi) {
-        return i != UINT32_MAX && (bi == UINT32_MAX || v > bv || (v == bv && i < bi));
-}
-
 __global__ static void logprobs_kernel(tsr_row_logprobs *out, const float *x, int n, const uint32_t *tokens,
                                        const uint32_t *top) {
         __shared__ float fpart[threads];
         __shared__ double dpart[threads];
         __shared__ uint32_t upart[threads];
         __shared__ int flags;                   // 1: a NaN or +inf; 2: something above -inf
-        __shared__ float pick_v;
-        __shared__ uint32_t pick_i;
         const float *xr = x + (size_t)blockIdx.x * n;
         tsr_row_logprobs *o = out + blockIdx.x;
         uint32_t tok = tokens[blockIdx.x], k = top[blockIdx.x];
@@ -136,32 +128,18 @@ __global__ static void logprobs_kernel(tsr_row_logprobs *out, const float *x, in
                 for (int i = threadIdx.x; i < n; i += blockDim.x) {
                         float v = __fsub_rn(__fsub_rn(xr[i], max), lse);
                         bool after = pi == UINT32_MAX || v < pv || (v == pv && (uint32_t)i > pi);
-                        if (after && top_before(v, (uint32_t)i, bv, bi)) {
+                        if (after && tsr_first_max_before(v, (uint32_t)i, bv, bi)) {
                                 bv = v;
                                 bi = (uint32_t)i;
                         }
                 }
-                fpart[threadIdx.x] = bv;
-                upart[threadIdx.x] = bi;
-                __syncthreads();
-                for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-                        if (threadIdx.x < stride && top_before(fpart[threadIdx.x + stride], upart[threadIdx.x + stride],
-                                                               fpart[threadIdx.x], upart[threadIdx.x])) {
-                                fpart[threadIdx.x] = fpart[threadIdx.x + stride];
-                                upart[threadIdx.x] = upart[threadIdx.x + stride];
-                        }
-                        __syncthreads();
-                }
+                tsr_block_first_max(&bv, &bi, fpart, upart);    // to every thread
                 if (threadIdx.x == 0) {
-                        pick_v = fpart[0];
-                        pick_i = upart[0];
-                        o->top_logprobs[j] = fpart[0];
-                        o->top_ids[j] = upart[0];
+                        o->top_logprobs[j] = bv;
+                        o->top_ids[j] = bi;
                 }
-                __syncthreads();
-                pv = pick_v;
-                pi = pick_i;
-                __syncthreads();        // pick_* and the parts are rewritten by the next pass
+                pv = bv;
+                pi = bi;
         }
 }
 

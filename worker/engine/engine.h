@@ -154,6 +154,24 @@ static inline size_t tsr_engine_seq_rows(const tsr_engine_seq *q) {
         return q->want_all_logits ? q->n : q->want_logits ? 1 : 0;
 }
 
+/* A prompt-logprobs chunk's leading rows that are prompt rows (past_len + t + 1 <
+ * prompt_len), which a model that answers logprobs answers as the prompt's next token's
+ * logprobs (prompt_lp); its other rows are sampled from or come back whole. */
+static inline size_t tsr_engine_seq_prompt_lp_rows(const tsr_engine_seq *q) {
+        if (!q->prompt_lp || !q->want_all_logits || (size_t)q->prompt_len <= q->past_len + 1)
+                return 0;
+        size_t k = q->prompt_len - q->past_len - 1;
+        return k < q->n ? k : q->n;
+}
+
+/* The request's tokens so far (q->history: the prompt, then its outputs) as the sampler
+ * reads them. */
+static inline tsr_sample_history tsr_engine_seq_history(const tsr_engine_seq *q) {
+        size_t np = q->prompt_len < q->n_history ? q->prompt_len : q->n_history;
+        return (tsr_sample_history){.prompt = q->history, .n_prompt = np, .output = q->history + np,
+                                    .n_output = q->n_history - np};
+}
+
 /* A step's tokens and logits rows over its chunks. */
 static inline void tsr_engine_step_size(const tsr_engine_seq *seqs, size_t n_seqs, size_t *tokens, size_t *rows) {
         *tokens = *rows = 0;

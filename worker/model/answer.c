@@ -13,14 +13,8 @@ static bool token_row(const tsr_engine_seq *q, size_t rows) {
         return q && q->token && rows == 1 && !q->want_all_logits;
 }
 
-/* Its leading rows that are prompt rows (past_len + t + 1 < prompt_len), answered as
- * the prompt's next token's logprobs; the rest come back whole. */
-static size_t plp_rows(const tsr_engine_seq *q, size_t rows) {
-        if (!q || !q->prompt_lp || !q->want_all_logits || (size_t)q->prompt_len <= q->past_len + 1)
-                return 0;
-        size_t k = q->prompt_len - q->past_len - 1;
-        return k < rows ? k : rows;
-}
+/* Chunk q's prompt rows answered as their logprobs (q NULL: none). */
+static size_t plp_rows(const tsr_engine_seq *q) { return q ? tsr_engine_seq_prompt_lp_rows(q) : 0; }
 
 static tsr_token_logprobs engine_lp(uint32_t token, uint32_t k, const tsr_row_logprobs *r) {
         tsr_token_logprobs lp;
@@ -34,54 +28,39 @@ static tsr_token_logprobs engine_lp(uint32_t token, uint32_t k, const tsr_row_lo
         return lp;
 }
 
-/* Everything one call keeps per logits row (n_rows of each), in one allocation. */
+/* Everything one call keeps per logits row (n_rows of each), in one allocation (`block`,
+ * the 8-byte aligned arrays first). */
 struct rows {
+        void *block;
         tsr_draw *draws;                /* temperature 0: not drawn */
         tsr_logit_rules *rules;         /* empty: none */
+        size_t *copy;                   /* its raw copy's index, or SIZE_MAX */
+        tsr_row_logprobs *lp;
         uint32_t *argmax, *drawn;
         uint32_t *lp_token, *lp_top;    /* logprobs of the row as it is in lg (TSR_ARGMAX_NONE: none) */
-        tsr_row_logprobs *lp;
-        size_t *copy;                   /* its raw copy's index, or SIZE_MAX */
         bool *bad;                      /* a token row without an answer */
 };
 
 static tsr_status rows_alloc(struct rows *w, size_t n) {
-        w->draws = calloc(n, sizeof *w->draws);
-        w->rules = calloc(n, sizeof *w->rules);
-        w->argmax = malloc(n * sizeof *w->argmax);
-        w->drawn = malloc(n * sizeof *w->drawn);
-        w->lp_token = malloc(n * sizeof *w->lp_token);
-        w->lp_top = calloc(n, sizeof *w->lp_top);
-        w->lp = malloc(n * sizeof *w->lp);
-        w->copy = malloc(n * sizeof *w->copy);
-        w->bad = calloc(n, sizeof *w->bad);
-        if (!w->draws || !w->rules || !w->argmax || !w->drawn || !w->lp_token || !w->lp_top || !w->lp || !w->copy ||
-            !w->bad)
+        size_t per = sizeof *w->draws + sizeof *w->rules + sizeof *w->copy + sizeof *w->lp + 4 * sizeof(uint32_t) +
+                     sizeof *w->bad;
+        char *p = w->block = calloc(n, per);
+        if (!p)
                 return TSR_E_NOMEM;
+        w->draws = (tsr_draw *)(void *)p;
+        w->rules = (tsr_logit_rules *)(void *)(p += n * sizeof *w->draws);
+        w->copy = (size_t *)(void *)(p += n * sizeof *w->rules);
+        w->lp = (tsr_row_logprobs *)(void *)(p += n * sizeof *w->copy);
+        w->argmax = (uint32_t *)(void *)(p += n * sizeof *w->lp);
+        w->drawn = w->argmax + n;
+        w->lp_token = w->drawn + n;
+        w->lp_top = w->lp_token + n;
+        w->bad = (bool *)(w->lp_top + n);
         for (size_t r = 0; r < n; r++) {
                 w->lp_token[r] = TSR_ARGMAX_NONE;
                 w->copy[r] = SIZE_MAX;
         }
         return TSR_OK;
-}
-
-static void rows_free(struct rows *w) {
-        free(w->draws);
-        free(w->rules);
-        free(w->argmax);
-        free(w->drawn);
-        free(w->lp_token);
-        free(w->lp_top);
-        free(w->lp);
-        free(w->copy);
-        free(w->bad);
-}
-
-/* The history of q as tsr_sample reads it: the prompt, then the outputs. */
-static tsr_sample_history history_of(const tsr_engine_seq *q) {
-        size_t np = q->prompt_len < q->n_history ? q->prompt_len : q->n_history;
-        return (tsr_sample_history){.prompt = q->history, .n_prompt = np, .output = q->history + np,
-                                    .n_output = q->n_history - np};
 }
 
 /* The rows that come back whole, each run of neighbours in one copy. */
@@ -90,7 +69,7 @@ static tsr_status download_whole(tsr_backend *be, const tsr_engine_seq *const *a
         size_t row_bytes = vocab * sizeof(float), row = 0, run = 0;    /* rows [run, row) to copy */
         tsr_status st = TSR_OK;
         for (size_t i = 0; i < n_seqs && st == TSR_OK; i++) {
-                size_t answered = token_row(ans[i], rows[i]) ? 1 : plp_rows(ans[i], rows[i]);
+                size_t answered = token_row(ans[i], rows[i]) ? 1 : plp_rows(ans[i]);
                 if (answered) {         /* the chunk's leading rows: the run stops before them */
                         st = tsr_backend_download(be, (char *)logits + run * row_bytes,
                                                   (const char *)lg + run * row_bytes, (row - run) * row_bytes);
@@ -117,7 +96,7 @@ static tsr_status answer_rows(tsr_backend *be, const tsr_engine_seq *const *ans,
                         if (q->rules)
                                 rule_words += tsr_sampling_rules_words(q->rules, q->history ? q->n_history : 0);
                 } else {
-                        n_answered += plp_rows(q, rows[i]);
+                        n_answered += plp_rows(q);
                 }
         }
         if (n_answered == 0)
@@ -141,7 +120,7 @@ static tsr_status answer_rows(tsr_backend *be, const tsr_engine_seq *const *ans,
                 if (q->draw)
                         w.draws[row] = *q->draw;
                 if (q->rules) {
-                        tsr_sample_history h = q->history ? history_of(q) : (tsr_sample_history){0};
+                        tsr_sample_history h = q->history ? tsr_engine_seq_history(q) : (tsr_sample_history){0};
                         if (tsr_sampling_rules(q->rules, q->history ? &h : NULL, q->rules_mask_eos, vocab, wp,
                                                &w.rules[row]) != TSR_OK) {
                                 memset(&w.rules[row], 0, sizeof w.rules[row]);
@@ -196,7 +175,7 @@ static tsr_status answer_rows(tsr_backend *be, const tsr_engine_seq *const *ans,
                         }
                         continue;
                 }
-                for (size_t t = 0, np = plp_rows(q, rows[i]); t < np; t++) {
+                for (size_t t = 0, np = plp_rows(q); t < np; t++) {
                         w.lp_token[row + t] = t + 1 < q->n ? q->tokens[t + 1] : q->next_token;
                         w.lp_top[row + t] = q->prompt_lp_top;
                         if (w.lp_token[row + t] >= vocab)
@@ -222,7 +201,7 @@ static tsr_status answer_rows(tsr_backend *be, const tsr_engine_seq *const *ans,
                                 *q->lp = engine_lp(t, q->lp_top, r);
                         continue;
                 }
-                for (size_t t = 0, np = plp_rows(q, rows[i]); t < np && st == TSR_OK; t++) {
+                for (size_t t = 0, np = plp_rows(q); t < np && st == TSR_OK; t++) {
                         if (w.lp[row + t].rank == 0)
                                 st = TSR_E_INVAL;       /* as the engine's own gathering */
                         else
@@ -236,7 +215,7 @@ static tsr_status answer_rows(tsr_backend *be, const tsr_engine_seq *const *ans,
         free(copy_top);
         free(copy_lp);
         free(words);
-        rows_free(&w);
+        free(w.block);
         return st;
 }
 

@@ -195,16 +195,12 @@ tsr_status tsr_runner_run_stage(tsr_runner *r, const tsr_engine_seq *seqs, size_
 static void count_answers(tsr_runner *r, const tsr_engine_seq *seqs, size_t n_seqs) {
         for (size_t i = 0; i < n_seqs; i++) {
                 const tsr_engine_seq *q = &seqs[i];
-                size_t rows = tsr_engine_seq_rows(q), plp = 0;
+                size_t rows = tsr_engine_seq_rows(q), plp = tsr_engine_seq_prompt_lp_rows(q);
                 if (q->token && *q->token != TSR_ENGINE_TOKEN_UNSET) {
                         r->rows_as_token++;
                         r->rows_with_lp += q->lp != NULL;
                         r->rows_with_rules += q->rules != NULL;
                         continue;
-                }
-                if (q->prompt_lp && q->want_all_logits && q->prompt_len > q->past_len + 1) {
-                        plp = q->prompt_len - q->past_len - 1;
-                        plp = plp < rows ? plp : rows;
                 }
                 r->rows_prompt_lp += plp;
                 r->rows_whole += rows - plp;

@@ -117,14 +117,8 @@ static size_t masked_ids(const tsr_engine_seq *q) {
  * bytes instead of vocab x 4. */
 static bool plp_back(const tsr_engine_seq *q) { return q->prompt_lp && q->want_all_logits; }
 
-/* Its leading rows that are prompt rows (past_len + t + 1 < prompt_len); the rest come
- * back whole. */
-static size_t plp_rows(const tsr_engine_seq *q) {
-        if (!plp_back(q) || (size_t)q->prompt_len <= q->past_len + 1)
-                return 0;
-        size_t k = q->prompt_len - q->past_len - 1;
-        return k < q->n ? k : q->n;
-}
+/* Its leading rows that are prompt rows; the rest come back whole. */
+static size_t plp_rows(const tsr_engine_seq *q) { return tsr_engine_seq_prompt_lp_rows(q); }
 
 /* A token_back row under a grammar (tsr_engine_seq.grammar_mask: the engine offers it to a
  * model with answers_masks, which the runner sets for a replica over nodes, once the
@@ -226,9 +220,7 @@ static void rows_to_wire(const tsr_engine_seq *seqs, size_t n_seqs, size_t vocab
                                 const tsr_engine_seq *q = &seqs[i];
                                 tsr_sample_history h = {0};
                                 if (q->history) {
-                                        h = (tsr_sample_history){.prompt = q->history, .n_prompt = q->prompt_len,
-                                                                 .output = q->history + q->prompt_len,
-                                                                 .n_output = q->n_history - q->prompt_len};
+                                        h = tsr_engine_seq_history(q);
                                         sp.min_tokens = sp.min_tokens ? (uint32_t)h.n_output + 1 : 0;
                                 }
                                 if (tsr_sample_uniform_given(&sp, q->history ? &h : NULL, d ? d->u : 0.0, rows + rd,
